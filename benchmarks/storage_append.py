@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""Storage node append throughput: records/s and flushes (fsyncs)/s, by partitions and batch size.
+
+Starts a real storage node process on loopback (in a temporary directory unless --directory is
+given), opens one replica session stream per partition and appends 200-byte records in batches
+of 1, 10 and 100 records, first with one request in flight per stream (each batch is one flush),
+then with --window requests in flight (the node then combines queued batches into one flush:
+group commit). Prints a table; asserts nothing.
+
+    .venv/bin/python benchmarks/storage_append.py [--seconds 3] [--partitions 1,4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from waltz.protocol.records import Record, ReqId
+from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
+from waltz.services.local import LocalStorageNode
+
+FLUSHES = "waltz_storage_append_flushes_total"
+
+
+async def run_case(
+    node: LocalStorageNode, key: str, partitions: int, batch: int, window: int, seconds: float, size: int
+) -> tuple[float, float]:
+    async with StorageAdminClient(node.admin_address, key, 16) as admin:
+        before = await admin.metrics()
+        next_txn = {}
+        for pid in range(partitions):
+            next_txn[pid] = await admin.max_transaction_id(pid) + 1
+    clients = [StorageSessionClient(node.address, key, 16, session_id=1) for _ in range(partitions)]
+    for client in clients:
+        await client.open()
+    data = b"x" * size
+    deadline = time.perf_counter() + seconds
+    appended = 0
+
+    async def writer(pid: int, client: StorageSessionClient) -> None:
+        nonlocal appended
+        in_flight: list[asyncio.Future[None]] = []
+        while time.perf_counter() < deadline:
+            while len(in_flight) < window:
+                first = next_txn[pid]
+                records = [
+                    Record.create(t, ReqId(1, 1, pid, t), 0, data) for t in range(first, first + batch)
+                ]
+                next_txn[pid] = first + batch
+                in_flight.append(asyncio.ensure_future(client.append(pid, records)))
+            await in_flight.pop(0)
+            appended += batch
+        for future in in_flight:
+            await future
+            appended += batch
+
+    started = time.perf_counter()
+    await asyncio.gather(*(writer(pid, c) for pid, c in enumerate(clients)))
+    elapsed = time.perf_counter() - started
+    for client in clients:
+        await client.close()
+    async with StorageAdminClient(node.admin_address, key, 16) as admin:
+        after = await admin.metrics()
+    flushes = sum(v for k, v in after.items() if k.startswith(FLUSHES)) - sum(
+        v for k, v in before.items() if k.startswith(FLUSHES)
+    )
+    return appended / elapsed, flushes / elapsed
+
+
+async def main_async(args: argparse.Namespace, directory: Path) -> None:
+    key = str(uuid.uuid4())
+    with LocalStorageNode(directory / "storage", log_path=directory / "storage.log") as node:
+        async with StorageAdminClient(node.admin_address, key, 16) as admin:
+            for pid in range(max(args.partitions)):
+                await admin.assign_partition(pid, True)
+        print(f"storage node pid {node.process.pid}, directory {directory}, record size {args.size} bytes")
+        print(f"{'partitions':>10} {'batch':>6} {'in flight':>9} {'records/s':>12} {'flushes/s':>10}")
+        for partitions in args.partitions:
+            for window in (1, args.window):
+                for batch in (1, 10, 100):
+                    rate, flushes = await run_case(
+                        node, key, partitions, batch, window, args.seconds, args.size
+                    )
+                    print(f"{partitions:>10} {batch:>6} {window:>9} {rate:>12,.0f} {flushes:>10,.0f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=3.0, help="duration of each case (default 3)")
+    parser.add_argument(
+        "--partitions", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4], help="e.g. 1,4"
+    )
+    parser.add_argument(
+        "--window", type=int, default=16, help="requests in flight per stream when pipelining"
+    )
+    parser.add_argument("--size", type=int, default=200, help="transaction data bytes per record")
+    parser.add_argument(
+        "--directory", type=Path, help="where to put the storage directory (default: a temp dir)"
+    )
+    args = parser.parse_args()
+    if args.directory:
+        args.directory.mkdir(parents=True, exist_ok=True)
+        asyncio.run(main_async(args, args.directory))
+    else:
+        with tempfile.TemporaryDirectory(prefix="waltz-bench-") as tmp:
+            asyncio.run(main_async(args, Path(tmp)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""The control file: creation, alternating partition-info structs, torn structs, fences."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from waltz.errors import CorruptDataError
+from waltz.services.storage import format as fmt
+from waltz.services.storage.control_file import ControlFile
+
+
+def struct_offset(partition_id: int, slot: int) -> int:
+    return (
+        fmt.HEADER_SIZE + partition_id * fmt.PARTITION_INFO_SIZE + 4 + slot * fmt.PARTITION_INFO_STRUCT_SIZE
+    )
+
+
+def flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_create_and_reopen(tmp_path: Path) -> None:
+    key = uuid.uuid4()
+    with ControlFile.create(tmp_path, key, 3) as control:
+        assert control.cluster_key == key
+        assert control.num_partitions == 3
+        assert control.partition_info(2) == fmt.PartitionInfo(-1, -1, -1)
+        assert control.fence(2) == -1
+    path = ControlFile.path_in(tmp_path)
+    assert path.stat().st_size == fmt.HEADER_SIZE + 3 * fmt.PARTITION_INFO_SIZE + 3 * 2 * fmt.FENCE_SLOT_SIZE
+    with ControlFile.open(tmp_path) as control:
+        assert control.cluster_key == key
+        assert control.header.version == fmt.FORMAT_VERSION
+    with pytest.raises(FileExistsError):
+        ControlFile.create(tmp_path, key, 3)
+
+
+def test_updates_alternate_and_survive_reopen(tmp_path: Path) -> None:
+    with ControlFile.create(tmp_path, uuid.uuid4(), 2) as control:
+        control.set_partition_info(1, fmt.PartitionInfo(5, 10, 9))
+        control.set_partition_info(1, fmt.PartitionInfo(6, 20, 20))
+    raw = ControlFile.path_in(tmp_path).read_bytes()
+    # The two updates went to different structs.
+    structs = {
+        fmt.decode_partition_info_struct(1, raw[struct_offset(1, i) : struct_offset(1, i) + 28])
+        for i in (0, 1)
+    }
+    assert structs == {fmt.PartitionInfo(5, 10, 9), fmt.PartitionInfo(6, 20, 20)}
+    with ControlFile.open(tmp_path) as control:
+        assert control.partition_info(1) == fmt.PartitionInfo(6, 20, 20)
+        assert control.partition_info(0) == fmt.PartitionInfo(-1, -1, -1)
+        assert control.fence(1) == 6
+
+
+def test_torn_struct_falls_back_to_the_other(tmp_path: Path) -> None:
+    with ControlFile.create(tmp_path, uuid.uuid4(), 1) as control:
+        control.set_partition_info(0, fmt.PartitionInfo(5, 10, 9))
+        control.set_partition_info(0, fmt.PartitionInfo(6, 20, 20))
+        newest_slot = 1 - 1  # first update went to slot 1, the second to slot 0
+    path = ControlFile.path_in(tmp_path)
+    flip(path, struct_offset(0, newest_slot) + 3)
+    with ControlFile.open(tmp_path) as control:
+        # Rolled back to the older struct.
+        assert control.partition_info(0) == fmt.PartitionInfo(5, 10, 9)
+        # The next write goes into the torn slot and wins on the next open.
+        control.set_partition_info(0, fmt.PartitionInfo(7, 30, 30))
+    with ControlFile.open(tmp_path) as control:
+        assert control.partition_info(0) == fmt.PartitionInfo(7, 30, 30)
+
+
+def test_both_structs_corrupt_fails_that_partition_only(tmp_path: Path) -> None:
+    with ControlFile.create(tmp_path, uuid.uuid4(), 2):
+        pass
+    path = ControlFile.path_in(tmp_path)
+    flip(path, struct_offset(1, 0) + 1)
+    flip(path, struct_offset(1, 1) + 1)
+    with ControlFile.open(tmp_path) as control:
+        assert control.partition_info(0) == fmt.PartitionInfo(-1, -1, -1)
+        with pytest.raises(CorruptDataError, match="both partition-info structs"):
+            control.partition_info(1)
+
+
+def test_fence_is_persisted_and_survives_a_torn_slot(tmp_path: Path) -> None:
+    with ControlFile.create(tmp_path, uuid.uuid4(), 1) as control:
+        control.set_fence(0, 3)
+        control.set_fence(0, 4)
+        with pytest.raises(ValueError, match="not above"):
+            control.set_fence(0, 4)
+    with ControlFile.open(tmp_path) as control:
+        assert control.fence(0) == 4
+        # Last session info is unchanged by fencing.
+        assert control.partition_info(0).session_id == -1
+    fence_start = fmt.HEADER_SIZE + fmt.PARTITION_INFO_SIZE
+    path = ControlFile.path_in(tmp_path)
+    raw = path.read_bytes()
+    slots = [fmt.decode_fence_slot(0, raw[fence_start + i * 12 : fence_start + i * 12 + 12]) for i in (0, 1)]
+    newest = slots.index(4)
+    flip(path, fence_start + newest * 12 + 2)
+    with ControlFile.open(tmp_path) as control:
+        assert control.fence(0) == 3  # the torn write was never acknowledged: fall back
+
+
+def test_truncated_or_garbage_file_is_refused(tmp_path: Path) -> None:
+    with ControlFile.create(tmp_path, uuid.uuid4(), 4):
+        pass
+    path = ControlFile.path_in(tmp_path)
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(CorruptDataError, match="4 partitions need"):
+        ControlFile.open(tmp_path)
+    path.write_bytes(b"\x00" * 10)
+    with pytest.raises(CorruptDataError, match="expected 128"):
+        ControlFile.open(tmp_path)

@@ -1,0 +1,1 @@
+"""The ``waltz`` command line (typer)."""

@@ -1,0 +1,30 @@
+"""The ``waltz`` command: one entry point for every service and tool."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import typer
+
+from waltz import __version__
+from waltz.cli import demo, disk, storage
+
+app = typer.Typer(
+    help="Waltz: a quorum-replicated, partitioned write-ahead log with optimistic locking.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(storage.app, name="storage")
+app.add_typer(disk.app, name="disk")
+app.command("demo")(demo.demo)
+
+
+@app.command("version")
+def version() -> None:
+    """Print the waltz-py version."""
+    typer.echo(__version__)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the ``waltz`` command line."""
+    app(args=list(argv) if argv is not None else None, prog_name="waltz")

@@ -1,0 +1,110 @@
+"""Configuration loading shared by every service: a YAML file plus ``WALTZ_*`` environment variables.
+
+Keys in the YAML file are Waltz's dotted names (``storage.port``, ``storage.admin.port``, ...),
+written flat (``storage.port: 55280``) or nested (``storage: {port: 55280}``). Environment
+variables override the file; each setting's variable is listed in ``docs/configuration.md``.
+Precedence: explicit keyword arguments > environment > file > defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import yaml
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+from waltz.errors import ConfigurationError
+
+__all__ = ["WaltzSettings", "flatten_keys", "load_settings"]
+
+S = TypeVar("S", bound="WaltzSettings")
+
+
+def flatten_keys(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested mappings into dotted keys: ``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_keys(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+class _MappingSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], values: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._values = values
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+class WaltzSettings(BaseSettings):
+    """Base class of the services' settings.
+
+    Subclasses set ``model_config = SettingsConfigDict(env_prefix="WALTZ_<SERVICE>_")`` and map
+    each Waltz dotted key to a field name in ``KEYS``.
+    """
+
+    KEYS: ClassVar[dict[str, str]] = {}
+    _file_values: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _MappingSource(settings_cls, dict(cls._file_values))
+
+
+def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S:
+    """Load settings from an optional YAML file, the environment and explicit overrides.
+
+    Args:
+        cls: the settings class.
+        path: a YAML file with Waltz dotted keys, or None.
+        overrides: field values that win over everything else (e.g. from command-line options);
+            None values are ignored.
+
+    Raises:
+        ConfigurationError: the file cannot be read, holds unknown keys, or a value is invalid.
+    """
+    file_values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigurationError(f"cannot read configuration file {path}: {exc}") from exc
+        if not isinstance(loaded, Mapping):
+            raise ConfigurationError(f"configuration file {path} must hold a mapping of keys to values")
+        unknown = []
+        for key, value in flatten_keys(loaded).items():
+            field = cls.KEYS.get(key)
+            if field is None:
+                unknown.append(key)
+            else:
+                file_values[field] = value
+        if unknown:
+            raise ConfigurationError(
+                f"unknown keys in {path}: {', '.join(sorted(unknown))}; "
+                f"known keys: {', '.join(sorted(cls.KEYS))}"
+            )
+    loader = type(cls.__name__, (cls,), {"_file_values": file_values})
+    try:
+        settings = loader(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        raise ConfigurationError(f"invalid configuration{f' in {path}' if path else ''}:\n{exc}") from exc
+    return cls.model_validate(settings.model_dump())

@@ -1,0 +1,145 @@
+"""The waltz-py exception hierarchy.
+
+Every error raised on purpose by waltz-py derives from :class:`WaltzError`. Messages say what
+happened, with the values involved, and what to do next.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClusterKeyMismatchError",
+    "ConfigurationError",
+    "CorruptDataError",
+    "DiskFullError",
+    "MessageTooLargeError",
+    "PartitionNotAssignedError",
+    "PartitionUnavailableError",
+    "ProtocolError",
+    "SessionFencedError",
+    "StorageError",
+    "StorageNotInitializedError",
+    "StorageRpcError",
+    "WaltzError",
+]
+
+
+class WaltzError(Exception):
+    """Base class of every error waltz-py raises on purpose."""
+
+
+class ConfigurationError(WaltzError):
+    """A configuration file, environment variable or command-line value is invalid."""
+
+
+class ProtocolError(WaltzError):
+    """A peer sent a message that breaks the wire protocol (malformed, out of order, unknown)."""
+
+
+class MessageTooLargeError(ProtocolError):
+    """A message exceeds the configured size limit.
+
+    Attributes:
+        size: the size of the message in bytes.
+        limit: the configured limit in bytes.
+    """
+
+    def __init__(self, message: str, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class StorageError(WaltzError):
+    """Base class of errors raised by a storage node (seed 000, "Waltz Storage")."""
+
+
+class ClusterKeyMismatchError(StorageError):
+    """An open request carried a cluster key that differs from the storage's control file."""
+
+
+class SessionFencedError(StorageError):
+    """A request carried a store session ID lower than the partition's current one.
+
+    The writer has been fenced by a newer store session (seed 000, "Sessions").
+
+    Attributes:
+        partition_id: the partition.
+        session_id: the session ID of the rejected request.
+        current_session_id: the partition's current (higher) session ID.
+    """
+
+    def __init__(self, partition_id: int, session_id: int, current_session_id: int) -> None:
+        super().__init__(
+            f"partition {partition_id}: store session {session_id} is fenced by session "
+            f"{current_session_id}; a newer writer owns this partition, open a new store session"
+        )
+        self.partition_id = partition_id
+        self.session_id = session_id
+        self.current_session_id = current_session_id
+
+
+class PartitionNotAssignedError(StorageError):
+    """The partition is not assigned to this storage node (no partition directory)."""
+
+
+class StorageNotInitializedError(StorageError):
+    """The storage node has no control file yet: an admin open with the cluster key creates it."""
+
+
+class PartitionUnavailableError(StorageError):
+    """The partition is assigned but currently not readable or not writable (admin toggle).
+
+    Attributes:
+        for_writes: True when writes are switched off, False when reads are.
+    """
+
+    def __init__(self, message: str, *, for_writes: bool) -> None:
+        super().__init__(message)
+        self.for_writes = for_writes
+
+
+class CorruptDataError(StorageError):
+    """A file failed a checksum or structural check.
+
+    Attributes:
+        path: the file that failed the check.
+        partition_id: the partition, or -1 when the file is not a partition file.
+        offset: the byte offset of the failing structure in the file.
+        transaction_id: the transaction ID involved, or -1 if not known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str,
+        partition_id: int = -1,
+        offset: int = -1,
+        transaction_id: int = -1,
+    ) -> None:
+        super().__init__(
+            f"{message} (file {path}, partition {partition_id}, offset {offset}, "
+            f"transaction {transaction_id})"
+        )
+        self.path = path
+        self.partition_id = partition_id
+        self.offset = offset
+        self.transaction_id = transaction_id
+
+
+class DiskFullError(StorageError):
+    """The storage device has no space left; the append failed and the log is unchanged."""
+
+
+class StorageRpcError(StorageError):
+    """A storage node answered a request with a failure response (seed 004, "Failure Response").
+
+    Attributes:
+        code: the failure code name sent by the storage node (e.g. ``"SESSION_FENCED"``).
+        remote_message: the exception message sent by the storage node.
+    """
+
+    def __init__(self, code: str, remote_message: str) -> None:
+        super().__init__(f"storage node failed the request: {code}: {remote_message}")
+        self.code = code
+        self.remote_message = remote_message

@@ -1,0 +1,453 @@
+"""Clients of the storage protocol and of the storage admin protocol (seed 004).
+
+:class:`StorageSessionClient` is the server side of a replica session: one ordered stream to one
+storage node, requests pipelined and batched into stream messages, responses matched by sequence
+number. :class:`StorageAdminClient` speaks the admin protocol; tools use it because it never takes
+part in (or fences) a store session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+import grpc
+
+from waltz.errors import StorageRpcError
+from waltz.protocol import storage_pb2, storage_pb2_grpc
+from waltz.protocol.records import Record, RecordHeader
+
+__all__ = ["StorageAdminClient", "StorageSessionClient", "TlsConfig", "channel_options"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGE_BYTES = 32 << 20
+#: Requests sent in one stream message at most.
+MAX_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """Client TLS files (PEM). ``ca_file`` verifies the server; cert/key authenticate the client."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """Return gRPC channel credentials."""
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca_file.read_bytes() if self.ca_file else None,
+            private_key=self.key_file.read_bytes() if self.key_file else None,
+            certificate_chain=self.cert_file.read_bytes() if self.cert_file else None,
+        )
+
+
+def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """gRPC channel options shared by waltz-py clients."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+
+
+def _channel(address: str, tls: TlsConfig | None, max_message_bytes: int) -> grpc.aio.Channel:
+    options = channel_options(max_message_bytes)
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.secure_channel(address, tls.credentials(), options=options)
+
+
+class _Request(Protocol):
+    seq_num: int
+
+
+Req = TypeVar("Req", storage_pb2.StorageRequest, storage_pb2.AdminRequest)
+Resp = TypeVar("Resp", storage_pb2.StorageResponse, storage_pb2.AdminResponse)
+
+
+class _OrderedStream(Generic[Req, Resp]):
+    """A bidirectional stream with pipelined requests matched to responses by sequence number."""
+
+    def __init__(self, address: str, tls: TlsConfig | None, max_message_bytes: int, admin: bool) -> None:
+        self.address = address
+        self._channel = _channel(address, tls, max_message_bytes)
+        self._admin = admin
+        self._outgoing: asyncio.Queue[Req | None] = asyncio.Queue()
+        self._waiting: dict[int, asyncio.Future[Resp]] = {}
+        self._seq = itertools.count()
+        self._reader: asyncio.Task[None] | None = None
+        self._call: Any = None
+        self._error: BaseException | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        if self._admin:
+            stub: Any = storage_pb2_grpc.StorageAdminServiceStub(self._channel)
+        else:
+            stub = storage_pb2_grpc.StorageServiceStub(self._channel)
+        self._call = stub.Session(self._requests())
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    async def _requests(self) -> AsyncIterator[Any]:
+        batch_type: Any = storage_pb2.AdminRequests if self._admin else storage_pb2.StorageRequests
+        while True:
+            first = await self._outgoing.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < MAX_BATCH and not self._outgoing.empty():
+                item = self._outgoing.get_nowait()
+                if item is None:
+                    yield batch_type(requests=batch)
+                    return
+                batch.append(item)
+            yield batch_type(requests=batch)
+
+    async def _read(self) -> None:
+        try:
+            async for batch in self._call:
+                for response in batch.responses:
+                    future = self._waiting.pop(response.seq_num, None)
+                    if future is not None and not future.done():
+                        future.set_result(response)
+            self._fail(ConnectionError(f"storage node {self.address} closed the stream"))
+        except grpc.aio.AioRpcError as exc:
+            self._fail(
+                ConnectionError(
+                    f"stream to storage node {self.address} failed: {exc.code().name}: {exc.details()}"
+                )
+            )
+        except asyncio.CancelledError:
+            self._fail(ConnectionError(f"stream to storage node {self.address} closed"))
+            raise
+
+    def _fail(self, exc: BaseException) -> None:
+        self._error = exc
+        waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(exc)
+
+    def submit(self, request: Req) -> asyncio.Future[Resp]:
+        """Queue a request (its ``seq_num`` already set) and return the future of its response."""
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise ConnectionError(f"stream to storage node {self.address} is closed")
+        future: asyncio.Future[Resp] = asyncio.get_running_loop().create_future()
+        self._waiting[request.seq_num] = future
+        self._outgoing.put_nowait(request)
+        return future
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._outgoing.put_nowait(None)
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+        if self._call is not None:
+            self._call.cancel()
+        await self._channel.close(None)
+
+
+def _check(response: Any) -> Any:
+    if response.HasField("failure"):
+        exception = response.failure.exception
+        raise StorageRpcError(storage_pb2.FailureCode.Name(exception.code), exception.message)
+    return response
+
+
+class StorageSessionClient:
+    """One replica session stream to a storage node (seed 004), used by a store session.
+
+    Use as ``async with StorageSessionClient(address, cluster_key, num_partitions) as client``;
+    :meth:`open` sends the open request. Every request method raises
+    :class:`~waltz.errors.StorageRpcError` (with ``code``, e.g. ``"SESSION_FENCED"``) when the
+    storage node answers with a failure, and ``ConnectionError`` when the stream breaks.
+
+    Args:
+        address: ``host:port`` of the storage port.
+        cluster_key: the cluster key (UUID text).
+        num_partitions: the cluster's number of partitions.
+        session_id: the store session ID sent with every partition request.
+        tls: client TLS files, or None for plaintext.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        cluster_key: str,
+        num_partitions: int,
+        session_id: int = -1,
+        *,
+        tls: TlsConfig | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.cluster_key = cluster_key
+        self.num_partitions = num_partitions
+        self.session_id = session_id
+        self._stream: _OrderedStream[storage_pb2.StorageRequest, storage_pb2.StorageResponse] = (
+            _OrderedStream(address, tls, max_message_bytes, admin=False)
+        )
+
+    async def __aenter__(self) -> StorageSessionClient:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Start the stream and send the open request.
+
+        Raises:
+            StorageRpcError: e.g. ``CLUSTER_KEY_MISMATCH`` or ``NOT_INITIALIZED``.
+        """
+        self._stream.start()
+        request = storage_pb2.StorageRequest(
+            session_id=-1,
+            seq_num=self._stream.next_seq(),
+            partition_id=-1,
+            open=storage_pb2.OpenRequest(cluster_key=self.cluster_key, num_partitions=self.num_partitions),
+        )
+        _check(await self._stream.submit(request))
+
+    async def close(self) -> None:
+        """Close the stream and the channel. Idempotent."""
+        await self._stream.close()
+
+    def _request(self, partition_id: int, session_id: int | None, **body: Any) -> storage_pb2.StorageRequest:
+        return storage_pb2.StorageRequest(
+            session_id=self.session_id if session_id is None else session_id,
+            seq_num=self._stream.next_seq(),
+            partition_id=partition_id,
+            **body,
+        )
+
+    def submit(self, request: storage_pb2.StorageRequest) -> asyncio.Future[storage_pb2.StorageResponse]:
+        """Pipeline a raw request; its ``seq_num`` is assigned here. Failures are not raised."""
+        request.seq_num = self._stream.next_seq()
+        return self._stream.submit(request)
+
+    async def _call(self, request: storage_pb2.StorageRequest) -> storage_pb2.StorageResponse:
+        response: storage_pb2.StorageResponse = _check(await self._stream.submit(request))
+        return response
+
+    async def last_session_info(self, partition_id: int, *, session_id: int | None = None) -> tuple[int, int]:
+        """Return ``(session ID, low-water mark)`` of the partition's last session."""
+        response = await self._call(
+            self._request(partition_id, session_id, last_session_info=storage_pb2.LastSessionInfoRequest())
+        )
+        info = response.last_session_info.session_info
+        return info.session_id, info.low_water_mark
+
+    async def max_transaction_id(self, partition_id: int, *, session_id: int | None = None) -> int:
+        """Return the partition's max transaction ID on this node (-1: empty)."""
+        response = await self._call(
+            self._request(partition_id, session_id, max_transaction_id=storage_pb2.MaxTransactionIdRequest())
+        )
+        return response.max_transaction_id.transaction_id
+
+    async def truncate(
+        self, partition_id: int, transaction_id: int, *, session_id: int | None = None
+    ) -> None:
+        """Remove every record after ``transaction_id``."""
+        await self._call(
+            self._request(
+                partition_id, session_id, truncate=storage_pb2.TruncateRequest(transaction_id=transaction_id)
+            )
+        )
+
+    async def set_low_water_mark(
+        self, partition_id: int, low_water_mark: int, *, session_id: int | None = None
+    ) -> None:
+        """Record the low-water mark of this session."""
+        await self._call(
+            self._request(
+                partition_id,
+                session_id,
+                set_low_water_mark=storage_pb2.SetLowWaterMarkRequest(low_water_mark=low_water_mark),
+            )
+        )
+
+    async def append(
+        self, partition_id: int, records: Sequence[Record], *, session_id: int | None = None
+    ) -> None:
+        """Append records; returns once the storage node has flushed them."""
+        await self._call(
+            self._request(
+                partition_id,
+                session_id,
+                append=storage_pb2.AppendRequest(records=[r.to_proto() for r in records]),
+            )
+        )
+
+    async def record_header(
+        self, partition_id: int, transaction_id: int, *, session_id: int | None = None
+    ) -> RecordHeader | None:
+        """Return a record header, or None when the transaction is not stored there."""
+        response = await self._call(
+            self._request(
+                partition_id,
+                session_id,
+                record_header=storage_pb2.RecordHeaderRequest(transaction_id=transaction_id),
+            )
+        )
+        body = response.record_header
+        return RecordHeader.from_proto(body.record_header) if body.HasField("record_header") else None
+
+    async def record(
+        self, partition_id: int, transaction_id: int, *, session_id: int | None = None
+    ) -> Record | None:
+        """Return a record, or None when the transaction is not stored there."""
+        response = await self._call(
+            self._request(
+                partition_id, session_id, record=storage_pb2.RecordRequest(transaction_id=transaction_id)
+            )
+        )
+        return Record.from_proto(response.record.record) if response.record.HasField("record") else None
+
+    async def record_headers(
+        self, partition_id: int, transaction_id: int, max_records: int, *, session_id: int | None = None
+    ) -> list[RecordHeader]:
+        """Return up to ``max_records`` record headers from ``transaction_id`` on."""
+        response = await self._call(
+            self._request(
+                partition_id,
+                session_id,
+                record_header_list=storage_pb2.RecordHeaderListRequest(
+                    transaction_id=transaction_id, max_records=max_records
+                ),
+            )
+        )
+        return [RecordHeader.from_proto(h) for h in response.record_header_list.record_headers]
+
+    async def records(
+        self, partition_id: int, transaction_id: int, max_records: int, *, session_id: int | None = None
+    ) -> list[Record]:
+        """Return up to ``max_records`` records from ``transaction_id`` on (size-bounded)."""
+        response = await self._call(
+            self._request(
+                partition_id,
+                session_id,
+                record_list=storage_pb2.RecordListRequest(
+                    transaction_id=transaction_id, max_records=max_records
+                ),
+            )
+        )
+        return [Record.from_proto(r) for r in response.record_list.records]
+
+
+class StorageAdminClient:
+    """An admin stream to a storage node (seed 004 "Storage Administration").
+
+    Use as ``async with StorageAdminClient(address, cluster_key, num_partitions) as admin``; the
+    admin open initialises a new storage node for the cluster. Failures raise
+    :class:`~waltz.errors.StorageRpcError`.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        cluster_key: str,
+        num_partitions: int,
+        *,
+        tls: TlsConfig | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.cluster_key = cluster_key
+        self.num_partitions = num_partitions
+        self._stream: _OrderedStream[storage_pb2.AdminRequest, storage_pb2.AdminResponse] = _OrderedStream(
+            address, tls, max_message_bytes, admin=True
+        )
+
+    async def __aenter__(self) -> StorageAdminClient:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Start the stream and send the admin open request."""
+        self._stream.start()
+        await self._call(
+            -1,
+            open=storage_pb2.AdminOpenRequest(
+                cluster_key=self.cluster_key, num_partitions=self.num_partitions
+            ),
+        )
+
+    async def close(self) -> None:
+        """Close the stream. Idempotent."""
+        await self._stream.close()
+
+    async def _call(self, partition_id: int, **body: Any) -> storage_pb2.AdminResponse:
+        request = storage_pb2.AdminRequest(seq_num=self._stream.next_seq(), partition_id=partition_id, **body)
+        response: storage_pb2.AdminResponse = _check(await self._stream.submit(request))
+        return response
+
+    async def assign_partition(
+        self, partition_id: int, assigned: bool, *, delete_storage_files: bool = False
+    ) -> None:
+        """Create (assigned) or remove the partition on the node."""
+        await self._call(
+            partition_id,
+            partition_assignment=storage_pb2.PartitionAssignmentRequest(
+                toggled=assigned, delete_storage_files=delete_storage_files
+            ),
+        )
+
+    async def set_readable(self, partition_id: int, readable: bool) -> None:
+        """Switch reads of the partition on or off."""
+        await self._call(
+            partition_id, partition_read=storage_pb2.PartitionAvailabilityRequest(toggled=readable)
+        )
+
+    async def set_writable(self, partition_id: int, writable: bool) -> None:
+        """Switch writes to the partition on or off."""
+        await self._call(
+            partition_id, partition_write=storage_pb2.PartitionAvailabilityRequest(toggled=writable)
+        )
+
+    async def records(self, partition_id: int, transaction_id: int, max_records: int) -> list[Record]:
+        """Read records without taking part in a store session."""
+        response = await self._call(
+            partition_id,
+            record_list=storage_pb2.RecordListRequest(transaction_id=transaction_id, max_records=max_records),
+        )
+        return [Record.from_proto(r) for r in response.record_list.records]
+
+    async def last_session_info(self, partition_id: int) -> tuple[int, int]:
+        """Return ``(session ID, low-water mark)`` of the partition's last session."""
+        response = await self._call(partition_id, last_session_info=storage_pb2.LastSessionInfoRequest())
+        info = response.last_session_info.session_info
+        return info.session_id, info.low_water_mark
+
+    async def max_transaction_id(self, partition_id: int) -> int:
+        """Return the partition's max transaction ID on the node."""
+        response = await self._call(partition_id, max_transaction_id=storage_pb2.MaxTransactionIdRequest())
+        return response.max_transaction_id.transaction_id
+
+    async def metrics(self) -> dict[str, float]:
+        """Return the node's metric samples."""
+        response = await self._call(-1, metrics=storage_pb2.MetricsRequest())
+        return dict(response.metrics.values)
+
+    async def partition_status(self, partition_id: int = -1) -> storage_pb2.PartitionStatusResponse:
+        """Return the state of one partition, or of every assigned partition (-1)."""
+        response = await self._call(partition_id, partition_status=storage_pb2.PartitionStatusRequest())
+        return response.partition_status

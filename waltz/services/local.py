@@ -1,0 +1,131 @@
+"""Local clusters for the demo, tests and benchmarks: Waltz nodes as processes on loopback.
+
+Every node is its own OS process (DESIGN.md "The processes"), started with the same command a
+user would run (``python -m waltz.services.storage ...``), on free loopback ports.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from waltz.services.processes import ManagedProcess, free_port
+
+__all__ = ["LocalStorageNode"]
+
+
+def _accepts(host: str, port: int) -> bool:
+    with socket.create_connection((host, port), timeout=1.0):
+        return True
+
+
+class LocalStorageNode:
+    """A storage node process on loopback, restartable with the same directory and ports.
+
+    Args:
+        directory: the storage directory.
+        name: a short name for logs (``storage-1``).
+        log_path: file receiving the node's output; ``None`` discards it.
+        port, admin_port, metrics_port: ports (free ports are chosen when None; the metrics port
+            only when ``metrics`` is true).
+        extra_args: more ``waltz storage start`` options (e.g. ``--segment-size-threshold``).
+        env: extra environment variables for the process.
+        start_timeout: seconds to wait for the ports to accept connections.
+    """
+
+    host = "127.0.0.1"
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        name: str = "storage",
+        log_path: Path | None = None,
+        port: int | None = None,
+        admin_port: int | None = None,
+        metrics: bool = False,
+        metrics_port: int | None = None,
+        extra_args: list[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        start_timeout: float = 30.0,
+    ) -> None:
+        self.directory = directory
+        self.port = port or free_port()
+        self.admin_port = admin_port or free_port()
+        self.metrics_port = (metrics_port or free_port()) if metrics else None
+        self.start_timeout = start_timeout
+        args = [
+            sys.executable,
+            "-m",
+            "waltz.services.storage",
+            "--directory",
+            str(directory),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--admin-port",
+            str(self.admin_port),
+        ]
+        if self.metrics_port is not None:
+            args += ["--metrics-port", str(self.metrics_port)]
+        args += extra_args or []
+        process_env = None
+        if env:
+            import os
+
+            process_env = {**os.environ, **env}
+        self.process = ManagedProcess(args, name=name, log_path=log_path, env=process_env)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the storage protocol."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def admin_address(self) -> str:
+        """``host:port`` of the admin protocol."""
+        return f"{self.host}:{self.admin_port}"
+
+    def start(self) -> None:
+        """Start the process and wait until both ports accept connections.
+
+        Raises:
+            ServiceStartError: the process exited or did not open its ports in time.
+        """
+        self.process.start()
+        self.process.wait_ready(
+            lambda: _accepts(self.host, self.port) and _accepts(self.host, self.admin_port),
+            timeout=self.start_timeout,
+            what=f"storage node ports {self.port} and {self.admin_port}",
+        )
+
+    def kill(self) -> None:
+        """Kill the node with SIGKILL (a crash)."""
+        self.process.kill()
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """Stop the node gracefully (SIGTERM); returns its exit code."""
+        return self.process.terminate(timeout)
+
+    def restart(self) -> None:
+        """Kill the node if it runs, then start it again with the same directory and ports."""
+        self.process.kill()
+        self.start()
+
+    def close(self) -> None:
+        """Kill the process if it still runs. Idempotent."""
+        self.process.close()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,534 @@
+"""Run and supervise OS child processes: free ports, polling with a deadline, managed processes.
+
+Every Waltz server and storage node, and the local ZooKeeper, runs as its own OS process
+(DESIGN.md, "The processes"). :class:`ManagedProcess` owns one such child: it starts it in its
+own process group, sends its output to a log file, and can kill it hard (``kill -9``), stop it
+gracefully, freeze and thaw it, and start it again, which is what failover and crash tests need.
+A module-level registry kills every process still running when the interpreter exits, so a
+crashed test run never leaves servers behind.
+
+:func:`wait_until` is the one way to wait for a condition (never ``time.sleep`` in a loop); it
+fails with a message that says what it was waiting for.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Literal, Self, TypeVar, overload
+
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception,
+    retry_if_result,
+    stop_after_delay,
+    wait_fixed,
+)
+
+from waltz.errors import WaltzError
+
+__all__ = [
+    "ManagedProcess",
+    "ServiceStartError",
+    "close_all",
+    "free_port",
+    "wait_for_port",
+    "wait_until",
+]
+
+_LOG = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: How many bytes at the end of a log file :meth:`ManagedProcess.log_tail` reads at most.
+_LOG_TAIL_MAX_BYTES = 256 * 1024
+
+
+class ServiceStartError(WaltzError):
+    """A managed service process exited or did not become ready in time.
+
+    The message names the service, what was awaited, and ends with the tail of its log.
+    """
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that is free on ``host`` right now.
+
+    The port is found by binding port 0 and closing the socket again, so another process may take
+    it before the caller binds it; callers that start a server on it should be ready to retry with
+    another port.
+
+    Args:
+        host: the address to bind, loopback by default.
+
+    Returns:
+        A port number between 1 and 65535.
+    """
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _is_falsy(value: object) -> bool:
+    return not value
+
+
+@overload
+def wait_until(
+    condition: Callable[[], bool],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    abort_on: tuple[type[BaseException], ...] = (),
+) -> Literal[True]: ...
+
+
+@overload
+def wait_until(
+    condition: Callable[[], T | None],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    abort_on: tuple[type[BaseException], ...] = (),
+) -> T: ...
+
+
+def wait_until(
+    condition: Callable[[], object],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    abort_on: tuple[type[BaseException], ...] = (),
+) -> object:
+    """Call ``condition`` every ``interval`` seconds until it returns a truthy value.
+
+    An exception raised by ``condition`` counts as "not yet" (a refused connection while a server
+    starts, for instance), unless it is one of ``abort_on``, which ends the wait at once and
+    propagates. Exceptions that are not :class:`Exception` (``KeyboardInterrupt``) always propagate.
+
+    Args:
+        condition: a callable without arguments; falsy results (``None``, ``False``, ``0``, empty
+            containers) mean the condition does not hold yet.
+        timeout: how long to wait in seconds; the condition is called at least once.
+        what: what is awaited, in words, for the error message (e.g. ``"ZooKeeper on port 2181"``).
+        interval: the pause between calls in seconds.
+        abort_on: exception types that stop the wait immediately instead of being retried.
+
+    Returns:
+        The first truthy value ``condition`` returned.
+
+    Raises:
+        TimeoutError: ``timed out after {timeout}s waiting for {what}``, followed by the last
+            exception the condition raised, if any (which is also chained as ``__cause__``).
+    """
+
+    def retryable(exc: BaseException) -> bool:
+        return isinstance(exc, Exception) and not isinstance(exc, abort_on)
+
+    retrying = Retrying(
+        retry=retry_if_result(_is_falsy) | retry_if_exception(retryable),
+        stop=stop_after_delay(timeout),
+        wait=wait_fixed(interval),
+    )
+    try:
+        return retrying(condition)
+    except RetryError as retry_error:
+        message = f"timed out after {timeout}s waiting for {what}"
+        last_attempt = retry_error.last_attempt
+        if last_attempt.failed:
+            last_exception = last_attempt.exception()
+            raise TimeoutError(f"{message}; last error: {last_exception!r}") from last_exception
+        raise TimeoutError(message) from None
+
+
+def wait_for_port(host: str, port: int, *, timeout: float, what: str | None = None) -> None:
+    """Wait until a TCP server accepts connections on ``host:port``.
+
+    Args:
+        host: the server's address.
+        port: the server's port.
+        timeout: how long to wait in seconds.
+        what: what is awaited, for the error message; defaults to ``"a TCP listener on host:port"``.
+
+    Raises:
+        TimeoutError: nothing accepted a connection within ``timeout`` seconds.
+    """
+
+    def accepts() -> bool:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+
+    wait_until(accepts, timeout=timeout, what=what or f"a TCP listener on {host}:{port}")
+
+
+# --- the registry of running processes (atexit safety net) ---------------------------------------
+
+_registry_lock = threading.Lock()
+_registry: set[ManagedProcess] = set()
+
+
+def _register(process: ManagedProcess) -> None:
+    with _registry_lock:
+        _registry.add(process)
+
+
+def _unregister(process: ManagedProcess) -> None:
+    with _registry_lock:
+        _registry.discard(process)
+
+
+def close_all() -> int:
+    """Close (kill) every :class:`ManagedProcess` this interpreter started and did not close.
+
+    Registered with :mod:`atexit`, so it runs when the interpreter exits normally; tests and
+    supervisors should still close their processes themselves. Processes inherited through
+    ``fork`` from a parent interpreter are left to that parent.
+
+    Returns:
+        The number of processes that were closed.
+    """
+    with _registry_lock:
+        processes = [p for p in _registry if p.owner_pid == os.getpid()]
+    for process in processes:
+        try:
+            process.close()
+        except Exception:
+            _LOG.exception("could not close %r at exit", process)
+    return len(processes)
+
+
+atexit.register(close_all)
+
+
+class ManagedProcess:
+    """One OS child process in its own process group, with its output in a log file.
+
+    ``start()`` runs ``args`` with :class:`subprocess.Popen` in a new session, so signals reach
+    the process and every child it forks (unless they leave the group themselves). Used as a
+    context manager, entering starts the process (unless it is running) and leaving kills it.
+    After the process has exited (or been killed), ``start()`` runs it again with the same
+    arguments, appending to the same log file.
+
+    The object is safe to use from several threads.
+
+    Args:
+        args: the program and its arguments.
+        name: a short name for logs and error messages (e.g. ``"storage-1"``).
+        log_path: file that receives stdout and stderr (appended to, parent directories created);
+            ``None`` discards the output.
+        env: the child's complete environment; ``None`` inherits this process's environment.
+        cwd: the child's working directory; ``None`` keeps the current one.
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        name: str,
+        log_path: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if isinstance(args, str) or not args:
+            raise ValueError(f"{name}: args must be a non-empty sequence of strings, got {args!r}")
+        self._args = tuple(args)
+        self._name = name
+        self._log_path = Path(log_path) if log_path is not None else None
+        self._env = dict(env) if env is not None else None
+        self._cwd = cwd
+        self._lock = threading.RLock()
+        self._popen: subprocess.Popen[bytes] | None = None
+        # True from start() until the whole process group has been sent SIGKILL.
+        self._group_may_be_alive = False
+        self._owner_pid = os.getpid()
+
+    # --- properties -------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The short name given at construction."""
+        return self._name
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """The program and its arguments."""
+        return self._args
+
+    @property
+    def log_path(self) -> Path | None:
+        """The log file, or ``None`` when the output is discarded."""
+        return self._log_path
+
+    @property
+    def owner_pid(self) -> int:
+        """The PID of the interpreter that created this object (the one that cleans it up)."""
+        return self._owner_pid
+
+    @property
+    def pid(self) -> int | None:
+        """The PID (and process group ID) of the latest start, or ``None`` if never started."""
+        with self._lock:
+            return self._popen.pid if self._popen is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code of the latest run, ``None`` while it runs or if it never started.
+
+        A negative value ``-N`` means the process was ended by signal ``N`` (as in
+        :attr:`subprocess.Popen.returncode`).
+        """
+        with self._lock:
+            return self._popen.poll() if self._popen is not None else None
+
+    def is_running(self) -> bool:
+        """Whether the process was started and has not exited (a paused process is running)."""
+        with self._lock:
+            return self._popen is not None and self._popen.poll() is None
+
+    # --- life cycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the process (again, if it ran before).
+
+        Raises:
+            RuntimeError: the process is already running.
+            OSError: the program could not be executed (e.g. :class:`FileNotFoundError`).
+        """
+        with self._lock:
+            if self.is_running():
+                raise RuntimeError(f"{self._name} is already running (pid {self.pid}); kill it first")
+            # Leftovers of an earlier run (children of a leader that exited) must not survive.
+            self._kill_group()
+            log_file = None
+            if self._log_path is not None:
+                self._log_path.parent.mkdir(parents=True, exist_ok=True)
+                log_file = self._log_path.open("ab")
+                log_file.write(
+                    f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {self._name}: "
+                    f"{' '.join(self._args)}\n".encode()
+                )
+                log_file.flush()
+            try:
+                self._popen = subprocess.Popen(
+                    self._args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file if log_file is not None else subprocess.DEVNULL,
+                    stderr=subprocess.STDOUT,
+                    env=self._env,
+                    cwd=self._cwd,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            finally:
+                if log_file is not None:
+                    log_file.close()
+            self._group_may_be_alive = True
+            _register(self)
+            _LOG.info("started %s (pid %d): %s", self._name, self._popen.pid, " ".join(self._args))
+
+    def kill(self) -> int | None:
+        """Kill the process and its whole process group with SIGKILL (``kill -9``) and reap it.
+
+        Nothing is flushed or shut down cleanly; this is the crash that crash tests need. Works on
+        a paused process too. Does nothing harmful if the process has already exited.
+
+        Returns:
+            The exit code (``-9`` when the signal ended it), or ``None`` if never started.
+        """
+        with self._lock:
+            if self._popen is None:
+                return None
+            was_running = self._popen.poll() is None
+            self._kill_group()
+            returncode = self._popen.wait()
+            _unregister(self)
+            if was_running:
+                _LOG.info("killed %s (pid %d)", self._name, self._popen.pid)
+            return returncode
+
+    def terminate(self, timeout: float = 10.0) -> int | None:
+        """Stop the process gracefully: SIGTERM, wait, then SIGKILL if it is still alive.
+
+        The process group is sent SIGTERM followed by SIGCONT (so a paused process sees it).
+        Members of the group still alive after the leader exited are killed.
+
+        Args:
+            timeout: seconds to wait for the process to exit after SIGTERM.
+
+        Returns:
+            The exit code, or ``None`` if never started.
+        """
+        with self._lock:
+            if self._popen is None:
+                return None
+            if self._popen.poll() is None:
+                self._signal_group(signal.SIGTERM)
+                self._signal_group(signal.SIGCONT)
+                try:
+                    self._popen.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    _LOG.warning(
+                        "%s (pid %d) did not exit %.1fs after SIGTERM; killing it",
+                        self._name,
+                        self._popen.pid,
+                        timeout,
+                    )
+                else:
+                    _LOG.info("stopped %s (pid %d)", self._name, self._popen.pid)
+            return self.kill()
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the process to exit on its own.
+
+        Args:
+            timeout: seconds to wait.
+
+        Returns:
+            The exit code.
+
+        Raises:
+            RuntimeError: the process was never started.
+            TimeoutError: it is still running after ``timeout`` seconds.
+        """
+        with self._lock:
+            popen = self._popen
+        if popen is None:
+            raise RuntimeError(f"{self._name} was never started")
+        try:
+            return popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(
+                f"timed out after {timeout}s waiting for {self._name} (pid {popen.pid}) to exit"
+            ) from None
+
+    def wait_ready(
+        self,
+        condition: Callable[[], T | None],
+        *,
+        timeout: float,
+        what: str,
+        interval: float = 0.05,
+    ) -> T:
+        """Wait until ``condition`` holds, failing at once if the process exits meanwhile.
+
+        Use it after :meth:`start` to wait for a service to answer (a port, a health check).
+
+        Args:
+            condition: as for :func:`wait_until`; exceptions it raises count as "not yet".
+            timeout: how long to wait in seconds.
+            what: what is awaited, in words, for the error message.
+            interval: the pause between calls in seconds.
+
+        Returns:
+            The first truthy value ``condition`` returned.
+
+        Raises:
+            ServiceStartError: the process exited, was never started, or ``condition`` did not
+                hold within ``timeout`` seconds; the message ends with the tail of the log.
+        """
+
+        def check() -> T | None:
+            if not self.is_running():
+                raise ServiceStartError(
+                    f"{self._name} exited with code {self.returncode} while waiting for {what}; "
+                    f"its log ({self._log_path}) ends with:\n{self.log_tail()}"
+                )
+            return condition()
+
+        try:
+            return wait_until(
+                check, timeout=timeout, what=what, interval=interval, abort_on=(ServiceStartError,)
+            )
+        except TimeoutError as timeout_error:
+            raise ServiceStartError(
+                f"{self._name} (pid {self.pid}) is running but not ready: {timeout_error}; "
+                f"its log ({self._log_path}) ends with:\n{self.log_tail()}"
+            ) from timeout_error
+
+    def pause(self) -> None:
+        """Freeze the process group with SIGSTOP (a "stop the world" pause, e.g. a long GC).
+
+        Raises:
+            RuntimeError: the process is not running.
+        """
+        with self._lock:
+            if not self.is_running():
+                raise RuntimeError(f"cannot pause {self._name}: it is not running")
+            self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused process group continue (SIGCONT). Does nothing if it is not running."""
+        with self._lock:
+            if self.is_running():
+                self._signal_group(signal.SIGCONT)
+
+    def close(self) -> None:
+        """Kill the process (if it runs) and everything left in its group. Idempotent."""
+        self.kill()
+
+    def __enter__(self) -> Self:
+        if not self.is_running():
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- diagnostics ------------------------------------------------------------------------------
+
+    def log_tail(self, n_lines: int = 50) -> str:
+        """Return the last lines of the log file, for error messages.
+
+        Args:
+            n_lines: how many lines at most.
+
+        Returns:
+            The lines joined with newlines, or a short note when there is no log to show.
+        """
+        if self._log_path is None:
+            return f"(the output of {self._name} is discarded: no log file)"
+        try:
+            with self._log_path.open("rb") as log_file:
+                size = log_file.seek(0, os.SEEK_END)
+                log_file.seek(max(0, size - _LOG_TAIL_MAX_BYTES))
+                data = log_file.read()
+        except FileNotFoundError:
+            return f"(log file {self._log_path} of {self._name} does not exist)"
+        lines = data.decode(errors="replace").splitlines()
+        return "\n".join(lines[-n_lines:]) if n_lines > 0 else ""
+
+    def __repr__(self) -> str:
+        state = "running" if self.is_running() else f"exited {self.returncode}" if self._popen else "new"
+        return f"ManagedProcess(name={self._name!r}, pid={self.pid}, {state})"
+
+    # --- internals --------------------------------------------------------------------------------
+
+    def _signal_group(self, signum: signal.Signals) -> None:
+        if self._popen is None or not self._group_may_be_alive:
+            return
+        with contextlib.suppress(ProcessLookupError):  # the whole group has exited already
+            os.killpg(self._popen.pid, signum)
+
+    def _kill_group(self) -> None:
+        self._signal_group(signal.SIGKILL)
+        self._group_may_be_alive = False

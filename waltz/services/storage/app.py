@@ -1,0 +1,141 @@
+"""The storage node process: gRPC storage and admin ports, metrics, graceful stop on SIGTERM.
+
+Run it with ``waltz storage start --config storage.yaml`` or ``python -m waltz.services.storage``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any
+
+import grpc
+
+from waltz.protocol import storage_pb2_grpc
+from waltz.services.http import HealthHttpServer
+from waltz.services.storage.config import StorageConfig
+from waltz.services.storage.metrics import StorageMetrics
+from waltz.services.storage.node import StorageNode
+from waltz.services.storage.service import StorageAdminServicer, StorageServicer
+
+__all__ = ["StorageApp", "run_storage"]
+
+log = logging.getLogger(__name__)
+
+
+def _server_credentials(config: StorageConfig) -> grpc.ServerCredentials | None:
+    if config.tls_cert_file is None or config.tls_key_file is None:
+        return None
+    ca = config.tls_ca_file.read_bytes() if config.tls_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(config.tls_key_file.read_bytes(), config.tls_cert_file.read_bytes())],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
+
+
+class StorageApp:
+    """A running storage node: the node, its two gRPC servers and its HTTP endpoint."""
+
+    def __init__(self, config: StorageConfig) -> None:
+        self.config = config
+        self.metrics = StorageMetrics()
+        self.node = StorageNode(
+            config.directory,
+            segment_size_threshold=config.segment_size_threshold,
+            checkpoint_interval=config.checkpoint_interval,
+        )
+        self._servers: list[grpc.aio.Server] = []
+        self._http: HealthHttpServer | None = None
+        self.port = config.port
+        self.admin_port = config.admin_port
+
+    def _options(self) -> list[tuple[str, Any]]:
+        size = self.config.max_message_bytes
+        return [
+            ("grpc.max_receive_message_length", size),
+            ("grpc.max_send_message_length", size),
+            ("grpc.so_reuseport", 0),
+        ]
+
+    async def start(self) -> None:
+        """Open the storage directory and start serving.
+
+        Raises:
+            OSError: a port cannot be bound.
+            CorruptDataError: the control file is unreadable.
+        """
+        await asyncio.to_thread(self.node.start)
+        storage = StorageServicer(self.node, self.metrics, self.config.max_response_bytes)
+        admin = StorageAdminServicer(self.node, self.metrics, storage)
+        credentials = _server_credentials(self.config)
+        for port, is_admin in ((self.config.port, False), (self.config.admin_port, True)):
+            server = grpc.aio.server(options=self._options())
+            if is_admin:
+                storage_pb2_grpc.add_StorageAdminServiceServicer_to_server(admin, server)
+            else:
+                storage_pb2_grpc.add_StorageServiceServicer_to_server(storage, server)
+            address = f"{self.config.host}:{port}"
+            bound = (
+                server.add_secure_port(address, credentials)
+                if credentials is not None
+                else server.add_insecure_port(address)
+            )
+            if bound == 0:
+                raise OSError(f"cannot bind {address}")
+            await server.start()
+            self._servers.append(server)
+            if is_admin:
+                self.admin_port = bound
+            else:
+                self.port = bound
+        if self.config.metrics_port is not None:
+            self._http = HealthHttpServer(
+                self.config.host, self.config.metrics_port, self.metrics.registry, self._health
+            )
+            self._http.start()
+        log.info(
+            "storage node ready: directory %s, storage port %d, admin port %d%s%s",
+            self.config.directory,
+            self.port,
+            self.admin_port,
+            f", metrics port {self._http.port}" if self._http else "",
+            ", TLS" if credentials is not None else "",
+        )
+
+    def _health(self) -> tuple[bool, dict[str, Any]]:
+        node = self.node
+        details: dict[str, Any] = {"initialized": node.initialized}
+        if node.initialized:
+            details["partitions"] = node.assigned_partitions()
+        return True, details
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop serving (in-flight requests get ``grace`` seconds) and close the node."""
+        await asyncio.gather(*(server.stop(grace) for server in self._servers))
+        self._servers.clear()
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        await asyncio.to_thread(self.node.close)
+        log.info("storage node stopped")
+
+
+async def _serve(config: StorageConfig) -> None:
+    app = StorageApp(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await app.start()
+    try:
+        await stop.wait()
+        log.info("stopping on signal")
+    finally:
+        await app.stop()
+
+
+def run_storage(config: StorageConfig) -> None:
+    """Run a storage node until SIGTERM or SIGINT."""
+    asyncio.run(_serve(config))

@@ -1,0 +1,272 @@
+"""The control file ``waltz-storage.ctl``: cluster key, partition count, partition infos, fences.
+
+Source: seed 000 "Control File". Each partition has two partition-info structs, written
+alternately and flushed (fdatasync) before the write returns; a struct whose CRC fails is ignored
+and the other one is used (the partition rolls back to it); when both fail the partition does
+not open. The fence section (after the seed's body, see ``docs/format.md``) persists the highest
+store session ID a partition has seen, so that a restarted node still fences an older writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from waltz.errors import CorruptDataError, PartitionNotAssignedError
+from waltz.services.storage import format as fmt
+from waltz.services.storage.fsutil import fsync_directory
+
+__all__ = ["ControlFile"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _PartitionEntry:
+    info: fmt.PartitionInfo | None  # None: both structs failed their CRC
+    current_struct: int  # 0 or 1: the slot holding ``info``; the next write goes to the other one
+    fence: int  # the highest store session ID seen (at least info.session_id)
+    current_fence_slot: int
+    problem: str = ""
+
+
+class ControlFile:
+    """An open control file. Thread-safe: partitions update their entries from their own threads.
+
+    Use :meth:`create` for a new storage node and :meth:`open` for an existing one.
+    """
+
+    def __init__(self, path: Path, header: fmt.ControlFileHeader, entries: list[_PartitionEntry]) -> None:
+        self._path = path
+        self._header = header
+        self._entries = entries
+        self._lock = threading.Lock()
+        self._fd: int | None = os.open(path, os.O_RDWR)
+
+    # ---- life cycle ----
+
+    @staticmethod
+    def path_in(directory: Path) -> Path:
+        """Return the control file's path in a storage directory."""
+        return directory / fmt.CONTROL_FILE_NAME
+
+    @classmethod
+    def create(cls, directory: Path, cluster_key: uuid.UUID, num_partitions: int) -> ControlFile:
+        """Create a new control file atomically (temp file, fsync, rename, fsync directory).
+
+        Raises:
+            FileExistsError: the directory already holds a control file.
+        """
+        path = cls.path_in(directory)
+        if path.exists():
+            raise FileExistsError(f"{path} already exists")
+        header = fmt.ControlFileHeader(fmt.FORMAT_VERSION, fmt.now_ms(), cluster_key, num_partitions)
+        body = bytearray()
+        for pid in range(num_partitions):
+            struct_bytes = fmt.encode_partition_info_struct(pid, fmt.INITIAL_PARTITION_INFO)
+            body += fmt.encode_partition_id(pid) + struct_bytes + struct_bytes
+        for pid in range(num_partitions):
+            slot = fmt.encode_fence_slot(pid, -1)
+            body += slot + slot
+        tmp = path.with_suffix(".ctl.tmp")
+        with open(tmp, "wb") as f:
+            f.write(header.encode())
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_directory(directory)
+        log.info("created control file %s: cluster key %s, %d partitions", path, cluster_key, num_partitions)
+        return cls.open(directory)
+
+    @classmethod
+    def open(cls, directory: Path) -> ControlFile:
+        """Open and validate an existing control file.
+
+        A partition whose two structs both fail their CRC is recorded as broken: the file opens,
+        but :meth:`partition_info` raises for that partition.
+
+        Raises:
+            FileNotFoundError: there is no control file.
+            CorruptDataError: the header is invalid or the file is shorter than its header says.
+        """
+        path = cls.path_in(directory)
+        data = path.read_bytes()
+        header = fmt.ControlFileHeader.decode(data, str(path))
+        n = header.num_partitions
+        fence_start = fmt.HEADER_SIZE + n * fmt.PARTITION_INFO_SIZE
+        expected = fence_start + n * 2 * fmt.FENCE_SLOT_SIZE
+        if len(data) < expected:
+            raise CorruptDataError(
+                f"control file is {len(data)} bytes, {n} partitions need {expected}", path=str(path)
+            )
+        entries = []
+        for pid in range(n):
+            base = fmt.HEADER_SIZE + pid * fmt.PARTITION_INFO_SIZE
+            stored_pid = fmt.decode_partition_id(data[base : base + 4])
+            structs: list[fmt.PartitionInfo | None] = [None, None]
+            if stored_pid == pid:
+                for i in range(2):
+                    start = base + 4 + i * fmt.PARTITION_INFO_STRUCT_SIZE
+                    structs[i] = fmt.decode_partition_info_struct(
+                        pid, data[start : start + fmt.PARTITION_INFO_STRUCT_SIZE]
+                    )
+            fences: list[int | None] = []
+            for i in range(2):
+                start = fence_start + (pid * 2 + i) * fmt.FENCE_SLOT_SIZE
+                fences.append(fmt.decode_fence_slot(pid, data[start : start + fmt.FENCE_SLOT_SIZE]))
+            entries.append(cls._entry(pid, stored_pid, structs, fences, str(path)))
+        return cls(path, header, entries)
+
+    @staticmethod
+    def _entry(
+        pid: int,
+        stored_pid: int,
+        structs: list[fmt.PartitionInfo | None],
+        fences: list[int | None],
+        path: str,
+    ) -> _PartitionEntry:
+        valid = [(info, i) for i, info in enumerate(structs) if info is not None]
+        valid_fences = [(f, i) for i, f in enumerate(fences) if f is not None]
+        fence, fence_slot = max(valid_fences) if valid_fences else (-1, 1)
+        if not valid:
+            problem = (
+                f"partition {pid}: both partition-info structs of the control file {path} are corrupt"
+                + (f" (entry holds partition ID {stored_pid})" if stored_pid != pid else "")
+                + "; the partition cannot open: restore the control file or recover the partition"
+                " from another replica"
+            )
+            log.error("%s", problem)
+            return _PartitionEntry(None, 1, fence, fence_slot, problem)
+        if len(valid) == 1:
+            log.warning(
+                "partition %d: partition-info struct %d of %s failed its CRC; using struct %d",
+                pid,
+                1 - valid[0][1],
+                path,
+                valid[0][1],
+            )
+        # Session IDs only grow, and within one session the low-water mark only grows.
+        info, current = max(valid, key=lambda pair: pair[0])
+        return _PartitionEntry(info, current, max(fence, info.session_id), fence_slot)
+
+    def close(self) -> None:
+        """Close the file. Idempotent."""
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> ControlFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- accessors ----
+
+    @property
+    def path(self) -> Path:
+        """The control file's path."""
+        return self._path
+
+    @property
+    def header(self) -> fmt.ControlFileHeader:
+        """The control file header."""
+        return self._header
+
+    @property
+    def cluster_key(self) -> uuid.UUID:
+        """The cluster key the storage node belongs to."""
+        return self._header.cluster_key
+
+    @property
+    def num_partitions(self) -> int:
+        """The number of partitions of the cluster."""
+        return self._header.num_partitions
+
+    def _entry_for(self, partition_id: int) -> _PartitionEntry:
+        if not 0 <= partition_id < len(self._entries):
+            raise PartitionNotAssignedError(
+                f"partition {partition_id} is out of range: the cluster has {len(self._entries)} partitions"
+            )
+        return self._entries[partition_id]
+
+    def partition_info(self, partition_id: int) -> fmt.PartitionInfo:
+        """Return the current partition info of a partition.
+
+        Raises:
+            CorruptDataError: both structs of the partition are corrupt.
+            PartitionNotAssignedError: the partition ID is out of range.
+        """
+        entry = self._entry_for(partition_id)
+        if entry.info is None:
+            raise CorruptDataError(entry.problem, path=str(self._path), partition_id=partition_id)
+        return entry.info
+
+    def fence(self, partition_id: int) -> int:
+        """Return the highest store session ID the partition has seen (-1: none)."""
+        return self._entry_for(partition_id).fence
+
+    # ---- updates ----
+
+    def _write(self, offset: int, data: bytes) -> None:
+        if self._fd is None:
+            raise ValueError(f"control file {self._path} is closed")
+        written = os.pwrite(self._fd, data, offset)
+        if written != len(data):
+            raise OSError(f"short write to {self._path}: {written} of {len(data)} bytes")
+        os.fdatasync(self._fd)
+
+    def set_partition_info(self, partition_id: int, info: fmt.PartitionInfo) -> None:
+        """Write a new partition info into the struct not currently in use, and flush it.
+
+        The fence is raised to ``info.session_id`` if it is lower.
+        """
+        with self._lock:
+            entry = self._entry_for(partition_id)
+            slot = 1 - entry.current_struct
+            offset = (
+                fmt.HEADER_SIZE
+                + partition_id * fmt.PARTITION_INFO_SIZE
+                + 4
+                + slot * fmt.PARTITION_INFO_STRUCT_SIZE
+            )
+            if entry.info is None:
+                # Both structs were corrupt: rewrite the partition ID too, then both structs.
+                base = fmt.HEADER_SIZE + partition_id * fmt.PARTITION_INFO_SIZE
+                struct_bytes = fmt.encode_partition_info_struct(partition_id, info)
+                self._write(base, fmt.encode_partition_id(partition_id) + struct_bytes + struct_bytes)
+            else:
+                self._write(offset, fmt.encode_partition_info_struct(partition_id, info))
+            entry.info = info
+            entry.current_struct = slot
+            entry.problem = ""
+            entry.fence = max(entry.fence, info.session_id)
+
+    def set_fence(self, partition_id: int, session_id: int) -> None:
+        """Persist a higher fence session ID for a partition (alternate slot, flushed).
+
+        Raises:
+            ValueError: ``session_id`` is not higher than the current fence.
+        """
+        with self._lock:
+            entry = self._entry_for(partition_id)
+            if session_id <= entry.fence:
+                raise ValueError(
+                    f"partition {partition_id}: fence {session_id} is not above the current {entry.fence}"
+                )
+            slot = 1 - entry.current_fence_slot
+            n = self._header.num_partitions
+            offset = (
+                fmt.HEADER_SIZE
+                + n * fmt.PARTITION_INFO_SIZE
+                + (partition_id * 2 + slot) * fmt.FENCE_SLOT_SIZE
+            )
+            self._write(offset, fmt.encode_fence_slot(partition_id, session_id))
+            entry.fence = session_id
+            entry.current_fence_slot = slot

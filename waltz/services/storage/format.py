@@ -1,0 +1,336 @@
+"""The storage node's file formats: byte layouts and codecs, big-endian (Java ``DataOutput``).
+
+Source: seed 000 "On Disk Data Structures". ``docs/format.md`` documents every layout here; this
+module is the only place that packs or unpacks them (the Spark reader and ``waltz disk`` use it).
+
+Layouts (all integers big-endian, CRCs are CRC-32 stored as unsigned 32-bit):
+
+* control file header, 128 bytes: format version (int), creation time in ms since the epoch
+  (long), cluster key (UUID, 16 bytes), number of partitions (int), 96 reserved zero bytes.
+* control file body: per partition, partition ID (int) and two partition-info structs of
+  session ID, low-water mark, local low-water mark (longs) and a CRC (int) over the partition ID
+  and the three longs; then the fence section: per partition two slots of fence session ID
+  (long) and a CRC (int) over the partition ID and the session ID.
+* segment data and index file header, 128 bytes: format version (int), creation time (long),
+  cluster key (UUID), partition ID (int), first transaction ID (long), 88 reserved zero bytes.
+* transaction record: transaction ID (long), ReqId (four ints), transaction header (int), data
+  length (int), data CRC (int), data (bytes), record CRC (int) over every preceding byte of the
+  record.
+* index file body: one record offset (long) per transaction of the segment.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import uuid
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from waltz.errors import CorruptDataError
+from waltz.protocol.records import Record, RecordHeader, ReqId
+
+__all__ = [
+    "CONTROL_FILE_NAME",
+    "FENCE_SLOT_SIZE",
+    "FORMAT_VERSION",
+    "HEADER_SIZE",
+    "INDEX_ENTRY_SIZE",
+    "INDEX_SUFFIX",
+    "MAX_DATA_LENGTH",
+    "PARTITION_INFO_SIZE",
+    "PARTITION_INFO_STRUCT_SIZE",
+    "RECORD_FIXED_SIZE",
+    "RECORD_HEADER_SIZE",
+    "SEGMENT_SUFFIX",
+    "ControlFileHeader",
+    "PartitionInfo",
+    "RecordProblem",
+    "SegmentHeader",
+    "decode_fence_slot",
+    "decode_partition_info_struct",
+    "decode_record_at",
+    "encode_fence_slot",
+    "encode_partition_info_struct",
+    "encode_record",
+    "encode_records",
+    "iter_records",
+    "now_ms",
+    "segment_file_name",
+]
+
+FORMAT_VERSION: Final = 1
+HEADER_SIZE: Final = 128
+CONTROL_FILE_NAME: Final = "waltz-storage.ctl"
+SEGMENT_SUFFIX: Final = ".seg"
+INDEX_SUFFIX: Final = ".idx"
+INDEX_ENTRY_SIZE: Final = 8
+#: The largest transaction data a record may hold (bytes); larger lengths mean corruption.
+MAX_DATA_LENGTH: Final = 64 * 1024 * 1024
+
+_CONTROL_HEADER = struct.Struct(">iq16si")
+_SEGMENT_HEADER = struct.Struct(">iq16siq")
+_PARTITION_ID = struct.Struct(">i")
+_INFO_FIELDS = struct.Struct(">iqqq")  # partition ID + the struct's three longs, for its CRC
+_INFO_STRUCT = struct.Struct(">qqqI")
+_FENCE_FIELDS = struct.Struct(">iq")
+_FENCE_SLOT = struct.Struct(">qI")
+_RECORD_HEADER = struct.Struct(">qiiiiiiI")  # txn ID, ReqId x4, header, data length, data CRC
+_CRC = struct.Struct(">I")
+_OFFSET = struct.Struct(">q")
+
+PARTITION_INFO_STRUCT_SIZE: Final = _INFO_STRUCT.size  # 28
+PARTITION_INFO_SIZE: Final = _PARTITION_ID.size + 2 * PARTITION_INFO_STRUCT_SIZE  # 60
+FENCE_SLOT_SIZE: Final = _FENCE_SLOT.size  # 12
+RECORD_HEADER_SIZE: Final = _RECORD_HEADER.size  # 36
+RECORD_FIXED_SIZE: Final = RECORD_HEADER_SIZE + _CRC.size  # 40: a record's size without its data
+
+
+def now_ms() -> int:
+    """Return the current time in milliseconds since the epoch (the files' creation time unit)."""
+    return int(time.time() * 1000)
+
+
+def segment_file_name(first_transaction_id: int, suffix: str) -> str:
+    """Return the file name of a segment file: its first transaction ID, 19 digits, and suffix."""
+    return f"{first_transaction_id:019d}{suffix}"
+
+
+@dataclass(frozen=True, slots=True)
+class ControlFileHeader:
+    """The 128-byte header of the control file (seed 000 "Control File Header")."""
+
+    version: int
+    creation_time_ms: int
+    cluster_key: uuid.UUID
+    num_partitions: int
+
+    def encode(self) -> bytes:
+        """Return the 128-byte encoding."""
+        packed = _CONTROL_HEADER.pack(
+            self.version, self.creation_time_ms, self.cluster_key.bytes, self.num_partitions
+        )
+        return packed.ljust(HEADER_SIZE, b"\0")
+
+    @classmethod
+    def decode(cls, data: bytes, path: str) -> ControlFileHeader:
+        """Decode a header.
+
+        Raises:
+            CorruptDataError: the data is shorter than 128 bytes, or has an unknown version or a
+                negative number of partitions.
+        """
+        if len(data) < HEADER_SIZE:
+            raise CorruptDataError(f"control file header is {len(data)} bytes, expected 128", path=path)
+        version, created, key, num_partitions = _CONTROL_HEADER.unpack_from(data)
+        if version != FORMAT_VERSION:
+            raise CorruptDataError(f"unknown control file format version {version}", path=path, offset=0)
+        if num_partitions < 0:
+            raise CorruptDataError(f"negative number of partitions {num_partitions}", path=path, offset=0)
+        return cls(version, created, uuid.UUID(bytes=key), num_partitions)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class PartitionInfo:
+    """One partition-info struct of the control file (seed 000 "Control File Body").
+
+    Attributes:
+        session_id: the store session that last set the low-water mark (-1: none yet).
+        low_water_mark: the partition's cluster high-water mark when that session started.
+        local_low_water_mark: the highest valid transaction ID stored here when it started.
+    """
+
+    session_id: int
+    low_water_mark: int
+    local_low_water_mark: int
+
+
+INITIAL_PARTITION_INFO: Final = PartitionInfo(-1, -1, -1)
+
+
+def encode_partition_info_struct(partition_id: int, info: PartitionInfo) -> bytes:
+    """Return the 28-byte encoding of one partition-info struct, with its CRC."""
+    fields = _INFO_FIELDS.pack(partition_id, info.session_id, info.low_water_mark, info.local_low_water_mark)
+    return _INFO_STRUCT.pack(
+        info.session_id, info.low_water_mark, info.local_low_water_mark, zlib.crc32(fields)
+    )
+
+
+def decode_partition_info_struct(partition_id: int, data: bytes) -> PartitionInfo | None:
+    """Decode one partition-info struct; return None when its CRC does not match (torn/corrupt)."""
+    session_id, lwm, local_lwm, crc = _INFO_STRUCT.unpack(data)
+    if zlib.crc32(_INFO_FIELDS.pack(partition_id, session_id, lwm, local_lwm)) != crc:
+        return None
+    return PartitionInfo(session_id, lwm, local_lwm)
+
+
+def encode_fence_slot(partition_id: int, session_id: int) -> bytes:
+    """Return the 12-byte encoding of a fence slot (session ID and CRC)."""
+    return _FENCE_SLOT.pack(session_id, zlib.crc32(_FENCE_FIELDS.pack(partition_id, session_id)))
+
+
+def decode_fence_slot(partition_id: int, data: bytes) -> int | None:
+    """Decode a fence slot; return None when its CRC does not match."""
+    session_id, crc = _FENCE_SLOT.unpack(data)
+    if zlib.crc32(_FENCE_FIELDS.pack(partition_id, session_id)) != crc:
+        return None
+    return int(session_id)
+
+
+def encode_partition_id(partition_id: int) -> bytes:
+    """Return the 4-byte partition ID that starts a partition's entry in the control file body."""
+    return _PARTITION_ID.pack(partition_id)
+
+
+def decode_partition_id(data: bytes) -> int:
+    """Decode the 4-byte partition ID of a control file body entry."""
+    return int(_PARTITION_ID.unpack(data)[0])
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentHeader:
+    """The 128-byte header of a segment data file and of its index file (seed 000)."""
+
+    version: int
+    creation_time_ms: int
+    cluster_key: uuid.UUID
+    partition_id: int
+    first_transaction_id: int
+
+    def encode(self) -> bytes:
+        """Return the 128-byte encoding."""
+        packed = _SEGMENT_HEADER.pack(
+            self.version,
+            self.creation_time_ms,
+            self.cluster_key.bytes,
+            self.partition_id,
+            self.first_transaction_id,
+        )
+        return packed.ljust(HEADER_SIZE, b"\0")
+
+    @classmethod
+    def decode(cls, data: bytes, path: str) -> SegmentHeader:
+        """Decode a segment header.
+
+        Raises:
+            CorruptDataError: short header or unknown format version.
+        """
+        if len(data) < HEADER_SIZE:
+            raise CorruptDataError(f"segment header is {len(data)} bytes, expected 128", path=path, offset=0)
+        version, created, key, partition_id, first = _SEGMENT_HEADER.unpack_from(data)
+        if version != FORMAT_VERSION:
+            raise CorruptDataError(
+                f"unknown segment format version {version}", path=path, partition_id=partition_id, offset=0
+            )
+        return cls(version, created, uuid.UUID(bytes=key), partition_id, first)
+
+
+def encode_record(record: Record) -> bytes:
+    """Return the on-disk encoding of a record (40 bytes plus its data).
+
+    The record's own ``checksum`` is written as the data CRC; callers verify it first.
+    """
+    req = record.req_id
+    head = _RECORD_HEADER.pack(
+        record.transaction_id,
+        req.client_id,
+        req.generation,
+        req.partition_id,
+        req.seq_num,
+        record.header,
+        len(record.data),
+        record.checksum,
+    )
+    crc = zlib.crc32(record.data, zlib.crc32(head))
+    return b"".join((head, record.data, _CRC.pack(crc)))
+
+
+def encode_records(records: list[Record]) -> tuple[bytes, list[int]]:
+    """Encode records back to back.
+
+    Returns:
+        The concatenated encodings and the offset of each record relative to the start.
+    """
+    parts: list[bytes] = []
+    offsets: list[int] = []
+    position = 0
+    for record in records:
+        encoded = encode_record(record)
+        offsets.append(position)
+        parts.append(encoded)
+        position += len(encoded)
+    return b"".join(parts), offsets
+
+
+class RecordProblem(Exception):  # noqa: N818 - an outcome, not an error raised to callers
+    """Why the bytes at an offset are not a valid record (used by recovery and verification).
+
+    Attributes:
+        incomplete: True when the bytes end before the record does (a torn tail candidate).
+        reason: a human readable reason.
+    """
+
+    def __init__(self, reason: str, *, incomplete: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.incomplete = incomplete
+
+
+def decode_record_at(buffer: bytes | memoryview, position: int) -> tuple[Record, int]:
+    """Decode and verify the record starting at ``position`` in ``buffer``.
+
+    Returns:
+        The record and its total encoded size in bytes.
+
+    Raises:
+        RecordProblem: the bytes are incomplete, or a length or a CRC check fails.
+    """
+    available = len(buffer) - position
+    if available < RECORD_HEADER_SIZE:
+        raise RecordProblem(f"{available} bytes left, a record header needs 36", incomplete=True)
+    txn, client, gen, pid, seq, header, length, data_crc = _RECORD_HEADER.unpack_from(buffer, position)
+    if length < 0 or length > MAX_DATA_LENGTH:
+        raise RecordProblem(f"impossible data length {length}", incomplete=False)
+    size = RECORD_FIXED_SIZE + length
+    if available < size:
+        raise RecordProblem(f"{available} bytes left, the record needs {size}", incomplete=True)
+    end_of_data = position + RECORD_HEADER_SIZE + length
+    (record_crc,) = _CRC.unpack_from(buffer, end_of_data)
+    view = memoryview(buffer)
+    if zlib.crc32(view[position:end_of_data]) != record_crc:
+        raise RecordProblem("record CRC mismatch", incomplete=False)
+    data = bytes(view[position + RECORD_HEADER_SIZE : end_of_data])
+    if zlib.crc32(data) != data_crc:
+        raise RecordProblem("data CRC mismatch", incomplete=False)
+    return Record(txn, ReqId(client, gen, pid, seq), header, data, data_crc), size
+
+
+def decode_record_header_at(buffer: bytes | memoryview, position: int) -> RecordHeader:
+    """Decode the header fields of the record at ``position`` without verifying CRCs."""
+    txn, client, gen, pid, seq, header, _length, _crc = _RECORD_HEADER.unpack_from(buffer, position)
+    return RecordHeader(txn, ReqId(client, gen, pid, seq), header)
+
+
+def iter_records(buffer: bytes | memoryview, position: int = 0) -> Iterator[tuple[int, Record]]:
+    """Yield ``(offset, record)`` for each valid record from ``position`` to the end of ``buffer``.
+
+    Stops silently at the end of the buffer; raises RecordProblem at the first invalid record.
+    """
+    end = len(buffer)
+    while position < end:
+        record, size = decode_record_at(buffer, position)
+        yield position, record
+        position += size
+
+
+def encode_offset(offset: int) -> bytes:
+    """Return the 8-byte encoding of an index entry."""
+    return _OFFSET.pack(offset)
+
+
+def decode_offsets(data: bytes) -> list[int]:
+    """Decode a run of 8-byte index entries (a trailing partial entry is ignored)."""
+    count = len(data) // INDEX_ENTRY_SIZE
+    return list(struct.unpack(f">{count}q", data[: count * INDEX_ENTRY_SIZE]))

@@ -1,0 +1,63 @@
+"""Prometheus metrics of a storage node (one registry per node, so several can share a process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["StorageMetrics"]
+
+
+class StorageMetrics:
+    """The storage node's metrics.
+
+    Attributes:
+        registry: the registry holding them (served on ``/metrics`` and by the admin port).
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "waltz_storage_requests",
+            "Storage and admin requests handled, by request type and outcome (ok or failure code).",
+            ["type", "outcome"],
+            registry=self.registry,
+        )
+        self.appended_records = Counter(
+            "waltz_storage_appended_records",
+            "Records appended and flushed, by partition.",
+            ["partition"],
+            registry=self.registry,
+        )
+        self.appended_bytes = Counter(
+            "waltz_storage_appended_bytes",
+            "Transaction data bytes appended and flushed, by partition.",
+            ["partition"],
+            registry=self.registry,
+        )
+        self.append_flushes = Counter(
+            "waltz_storage_append_flushes",
+            "Append batches written with one data flush (fdatasync) each (group commit), by partition.",
+            ["partition"],
+            registry=self.registry,
+        )
+        self.append_seconds = Histogram(
+            "waltz_storage_append_seconds",
+            "Time to write and flush one append batch, in seconds.",
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+        )
+        self.max_transaction_id = Gauge(
+            "waltz_storage_max_transaction_id",
+            "The highest transaction ID stored, by partition (not necessarily committed).",
+            ["partition"],
+            registry=self.registry,
+        )
+
+    def snapshot(self) -> dict[str, float]:
+        """Return every sample as ``name{label="value",...}`` -> value (for the admin port)."""
+        values: dict[str, float] = {}
+        for metric in self.registry.collect():
+            for sample in metric.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+                values[f"{sample.name}{{{labels}}}" if labels else sample.name] = float(sample.value)
+        return values

@@ -1,0 +1,295 @@
+"""The storage node: the control file, the assigned partitions and one I/O thread per partition.
+
+Source: seed 000 "Waltz Storage", seed 004 "Storage Administration". The node is passive: it
+never talks to ZooKeeper; servers and the admin tools drive it over gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from waltz.errors import (
+    ClusterKeyMismatchError,
+    CorruptDataError,
+    PartitionNotAssignedError,
+    StorageNotInitializedError,
+)
+from waltz.services.storage.control_file import ControlFile
+from waltz.services.storage.partition import (
+    DEFAULT_CHECKPOINT_INTERVAL,
+    DEFAULT_SEGMENT_SIZE_THRESHOLD,
+    StoragePartition,
+)
+
+__all__ = ["StorageNode"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class StorageNode:
+    """All partitions of one storage directory.
+
+    Partition work runs on the partition's own single thread (:meth:`run`), so requests on a
+    partition are applied in order and file I/O never blocks the event loop. Node-wide changes
+    (initialisation, assignment) are serialised by a lock.
+
+    Args:
+        directory: the storage directory (created if missing).
+        segment_size_threshold: bytes after which a partition starts a new segment.
+        checkpoint_interval: transactions between index flushes.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_size_threshold: int = DEFAULT_SEGMENT_SIZE_THRESHOLD,
+        checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL,
+    ) -> None:
+        self.directory = directory
+        self._segment_size_threshold = segment_size_threshold
+        self._checkpoint_interval = checkpoint_interval
+        self._control: ControlFile | None = None
+        self._partitions: dict[int, StoragePartition] = {}
+        self._broken: dict[int, CorruptDataError] = {}
+        self._executors: dict[int, ThreadPoolExecutor] = {}
+        self._lock = threading.RLock()
+        self._closed = False
+
+    # ---- life cycle ----
+
+    def start(self) -> None:
+        """Open the control file (if the node is initialised) and every assigned partition.
+
+        A partition that fails to open is kept as broken: its requests fail with the reason.
+
+        Raises:
+            CorruptDataError: the control file header is invalid.
+        """
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if ControlFile.path_in(self.directory).exists():
+            self._control = ControlFile.open(self.directory)
+            for child in sorted(self.directory.iterdir()):
+                if child.is_dir() and child.name.isdigit():
+                    self._open_partition(int(child.name))
+            log.info(
+                "storage node %s: cluster key %s, %d partitions, %d assigned here",
+                self.directory,
+                self._control.cluster_key,
+                self._control.num_partitions,
+                len(self._partitions) + len(self._broken),
+            )
+        else:
+            log.info("storage node %s: not initialised yet (waiting for an admin open)", self.directory)
+
+    def _open_partition(self, partition_id: int) -> None:
+        control = self._require_control()
+        if partition_id >= control.num_partitions:
+            log.warning(
+                "ignoring partition directory %d: the cluster has %d partitions",
+                partition_id,
+                control.num_partitions,
+            )
+            return
+        try:
+            self._partitions[partition_id] = StoragePartition.create(
+                self.directory / str(partition_id),
+                partition_id,
+                control,
+                segment_size_threshold=self._segment_size_threshold,
+                checkpoint_interval=self._checkpoint_interval,
+            )
+            self._broken.pop(partition_id, None)
+        except CorruptDataError as exc:
+            log.error("partition %d does not open: %s", partition_id, exc)
+            self._broken[partition_id] = exc
+
+    def close(self) -> None:
+        """Close every partition and the control file. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for executor in self._executors.values():
+                executor.shutdown(wait=True)
+            for partition in self._partitions.values():
+                partition.close()
+            self._partitions.clear()
+            if self._control is not None:
+                self._control.close()
+
+    def __enter__(self) -> StorageNode:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- access ----
+
+    @property
+    def initialized(self) -> bool:
+        """True when the node has a control file."""
+        return self._control is not None
+
+    def _require_control(self) -> ControlFile:
+        if self._control is None:
+            raise StorageNotInitializedError(
+                f"storage node {self.directory} is not initialised: add it to a cluster first "
+                "(an admin open with the cluster key creates its control file)"
+            )
+        return self._control
+
+    @property
+    def control_file(self) -> ControlFile:
+        """The control file.
+
+        Raises:
+            StorageNotInitializedError: the node has no control file yet.
+        """
+        return self._require_control()
+
+    def check_open(self, cluster_key: str, num_partitions: int) -> None:
+        """Check an open request against the control file (seed 004 "Open Request").
+
+        Raises:
+            StorageNotInitializedError: the node has no control file yet.
+            ClusterKeyMismatchError: the cluster key or the number of partitions differ.
+        """
+        control = self._require_control()
+        self._check_identity(control, cluster_key, num_partitions)
+
+    @staticmethod
+    def _check_identity(control: ControlFile, cluster_key: str, num_partitions: int) -> None:
+        try:
+            key = uuid.UUID(cluster_key)
+        except ValueError:
+            raise ClusterKeyMismatchError(f"cluster key {cluster_key!r} is not a UUID") from None
+        if key != control.cluster_key:
+            raise ClusterKeyMismatchError(
+                f"cluster key {key} does not match this storage node's {control.cluster_key} "
+                f"({control.path}): the server or tool is configured for another cluster"
+            )
+        if num_partitions != control.num_partitions:
+            raise ClusterKeyMismatchError(
+                f"number of partitions {num_partitions} does not match this storage node's "
+                f"{control.num_partitions} ({control.path})"
+            )
+
+    def admin_open(self, cluster_key: str, num_partitions: int) -> None:
+        """Initialise the node for a cluster, or check that it belongs to it (seed 004 "Admin Open").
+
+        Raises:
+            ClusterKeyMismatchError: the node belongs to another cluster or partition count.
+        """
+        with self._lock:
+            if self._control is None:
+                try:
+                    key = uuid.UUID(cluster_key)
+                except ValueError:
+                    raise ClusterKeyMismatchError(f"cluster key {cluster_key!r} is not a UUID") from None
+                if num_partitions <= 0:
+                    raise ClusterKeyMismatchError(f"cannot initialise with {num_partitions} partitions")
+                self._control = ControlFile.create(self.directory, key, num_partitions)
+                return
+            self._check_identity(self._control, cluster_key, num_partitions)
+
+    def partition(self, partition_id: int) -> StoragePartition:
+        """Return an assigned, open partition.
+
+        Raises:
+            StorageNotInitializedError: the node has no control file yet.
+            PartitionNotAssignedError: the partition is not assigned to this node.
+            CorruptDataError: the partition is assigned but did not open.
+        """
+        partition = self._partitions.get(partition_id)
+        if partition is not None:
+            return partition
+        control = self._require_control()
+        broken = self._broken.get(partition_id)
+        if broken is not None:
+            raise broken
+        raise PartitionNotAssignedError(
+            f"partition {partition_id} is not assigned to this storage node"
+            + (
+                f" (the cluster has {control.num_partitions} partitions)"
+                if partition_id >= control.num_partitions
+                else ""
+            )
+        )
+
+    def assigned_partitions(self) -> list[int]:
+        """The IDs of the partitions assigned to this node (open or broken), sorted."""
+        return sorted(set(self._partitions) | set(self._broken))
+
+    def set_assignment(self, partition_id: int, assigned: bool, *, delete_files: bool = False) -> None:
+        """Create (assign) or remove (unassign) a partition on this node (seed 004).
+
+        Unassigning keeps the files unless ``delete_files`` is set.
+
+        Raises:
+            StorageNotInitializedError: the node has no control file yet.
+            PartitionNotAssignedError: the partition ID is outside the cluster's range.
+        """
+        with self._lock:
+            control = self._require_control()
+            if not 0 <= partition_id < control.num_partitions:
+                raise PartitionNotAssignedError(
+                    f"partition {partition_id} is out of range: the cluster has {control.num_partitions}"
+                )
+            if assigned:
+                if partition_id not in self._partitions:
+                    self._open_partition(partition_id)
+                    if partition_id in self._broken:
+                        raise self._broken[partition_id]
+                    log.info("partition %d assigned to this storage node", partition_id)
+                return
+            partition = self._partitions.pop(partition_id, None)
+            self._broken.pop(partition_id, None)
+            executor = self._executors.pop(partition_id, None)
+            if executor is not None:
+                executor.shutdown(wait=True)
+            if partition is not None:
+                if delete_files:
+                    partition.delete_files()
+                else:
+                    partition.close()
+            elif delete_files:
+                directory = self.directory / str(partition_id)
+                if directory.exists():
+                    import shutil
+
+                    shutil.rmtree(directory)
+            log.info(
+                "partition %d unassigned from this storage node%s",
+                partition_id,
+                " (files deleted)" if delete_files else "",
+            )
+
+    # ---- execution ----
+
+    def _executor(self, partition_id: int) -> ThreadPoolExecutor:
+        executor = self._executors.get(partition_id)
+        if executor is None:
+            with self._lock:
+                executor = self._executors.get(partition_id)
+                if executor is None:
+                    executor = ThreadPoolExecutor(
+                        max_workers=1, thread_name_prefix=f"partition-{partition_id}"
+                    )
+                    self._executors[partition_id] = executor
+        return executor
+
+    async def run(self, partition_id: int, work: Callable[[], T]) -> T:
+        """Run ``work`` on the partition's I/O thread, after every earlier work on it."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor(partition_id), work)

@@ -1,0 +1,391 @@
+"""A partition on a storage node: its segments, store-session fencing and low-water marks.
+
+Source: seed 000 "Sessions", "On Disk Data Structures"; seed 004 (the requests it serves).
+The partition is driven from one I/O thread (the storage node gives each partition its own), so
+requests on it are applied strictly in order and blocking file I/O stays off the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from waltz.errors import (
+    CorruptDataError,
+    PartitionUnavailableError,
+    ProtocolError,
+    SessionFencedError,
+)
+from waltz.protocol.records import Record, RecordHeader
+from waltz.services.storage import format as fmt
+from waltz.services.storage.control_file import ControlFile
+from waltz.services.storage.fsutil import fsync_directory
+from waltz.services.storage.segment import CorruptionInfo, Segment
+
+__all__ = ["PartitionStats", "StoragePartition"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEGMENT_SIZE_THRESHOLD = 1 << 30
+DEFAULT_CHECKPOINT_INTERVAL = 1000
+DEFAULT_MAX_RESPONSE_BYTES = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStats:
+    """Statistics of a partition (``waltz disk stats``, admin status)."""
+
+    partition_id: int
+    segments: int
+    records: int
+    data_bytes: int
+    first_transaction_id: int
+    max_transaction_id: int
+    corruption: CorruptionInfo | None
+
+
+class StoragePartition:
+    """One partition's log on a storage node.
+
+    Args:
+        directory: the partition directory (``<storage directory>/<partition id>``).
+        partition_id: the partition ID.
+        control_file: the node's control file (partition info and fence).
+        segment_size_threshold: bytes after which a new segment is started.
+        checkpoint_interval: transactions between index flushes (seed 000: 1,000).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        partition_id: int,
+        control_file: ControlFile,
+        *,
+        segment_size_threshold: int = DEFAULT_SEGMENT_SIZE_THRESHOLD,
+        checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL,
+    ) -> None:
+        self.directory = directory
+        self.partition_id = partition_id
+        self._control = control_file
+        self._cluster_key: uuid.UUID = control_file.cluster_key
+        self._threshold = segment_size_threshold
+        self._checkpoint_interval = checkpoint_interval
+        self._segments: list[Segment] = []
+        self.readable = True
+        self.writable = True
+        self._closed = False
+
+    # ---- life cycle ----
+
+    @classmethod
+    def create(
+        cls, directory: Path, partition_id: int, control_file: ControlFile, **kwargs: int
+    ) -> StoragePartition:
+        """Create the partition directory (if missing) and open the partition."""
+        created = not directory.exists()
+        directory.mkdir(parents=True, exist_ok=True)
+        if created:
+            fsync_directory(directory.parent)
+        partition = cls(directory, partition_id, control_file, **kwargs)
+        partition.open()
+        return partition
+
+    def open(self) -> None:
+        """Open the segments, recover the last one, and create the first one if there is none.
+
+        Raises:
+            CorruptDataError: a segment header is invalid, or the segments do not chain.
+        """
+        paths = sorted(self.directory.glob("*" + fmt.SEGMENT_SUFFIX))
+        segments: list[Segment] = []
+        try:
+            for i, path in enumerate(paths):
+                is_last = i == len(paths) - 1
+                if is_last and i > 0 and path.stat().st_size <= fmt.HEADER_SIZE:
+                    # A segment roll that crashed before its header was complete holds no record.
+                    try:
+                        Segment.open(
+                            path,
+                            partition_id=self.partition_id,
+                            cluster_key=self._cluster_key,
+                            recover=True,
+                            checkpoint_interval=self._checkpoint_interval,
+                        ).close()
+                    except CorruptDataError:
+                        log.warning(
+                            "partition %d: removing incomplete new segment %s", self.partition_id, path
+                        )
+                        path.unlink()
+                        path.with_suffix(fmt.INDEX_SUFFIX).unlink(missing_ok=True)
+                        fsync_directory(self.directory)
+                        continue
+                segment = Segment.open(
+                    path,
+                    partition_id=self.partition_id,
+                    cluster_key=self._cluster_key,
+                    recover=is_last,
+                    checkpoint_interval=self._checkpoint_interval,
+                )
+                if segments:
+                    previous = segments[-1]
+                    if previous.corruption is not None or (
+                        previous.max_transaction_id + 1 != segment.first_transaction_id
+                    ):
+                        segment.close()
+                        raise CorruptDataError(
+                            f"segment chain broken: {previous.data_path.name} ends at transaction "
+                            f"{previous.max_transaction_id} but the next segment starts at "
+                            f"{segment.first_transaction_id}",
+                            path=str(segment.data_path),
+                            partition_id=self.partition_id,
+                            offset=0,
+                            transaction_id=previous.max_transaction_id + 1,
+                        )
+                segments.append(segment)
+            if not segments:
+                segments.append(
+                    Segment.create(
+                        self.directory, self.partition_id, self._cluster_key, 0, self._checkpoint_interval
+                    )
+                )
+        except BaseException:
+            for segment in segments:
+                segment.close()
+            raise
+        self._segments = segments
+        log.info(
+            "partition %d: opened %d segment(s), max transaction %d%s",
+            self.partition_id,
+            len(segments),
+            self.max_transaction_id,
+            "" if self.corruption is None else f", CORRUPT at transaction {self.corruption.transaction_id}",
+        )
+
+    def close(self) -> None:
+        """Flush and close every segment. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for segment in self._segments:
+            segment.close()
+        self._segments = []
+
+    def delete_files(self) -> None:
+        """Close the partition and remove its directory with all its files."""
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        fsync_directory(self.directory.parent)
+
+    # ---- state ----
+
+    @property
+    def max_transaction_id(self) -> int:
+        """The highest transaction ID stored (-1 when empty); not necessarily committed."""
+        return self._segments[-1].max_transaction_id
+
+    @property
+    def corruption(self) -> CorruptionInfo | None:
+        """The corrupt record found at start-up, if any (reads from it on fail)."""
+        return self._segments[-1].corruption if self._segments else None
+
+    def stats(self) -> PartitionStats:
+        """Return the partition's statistics."""
+        return PartitionStats(
+            self.partition_id,
+            len(self._segments),
+            sum(s.count for s in self._segments),
+            sum(s.valid_end - fmt.HEADER_SIZE for s in self._segments),
+            self._segments[0].first_transaction_id,
+            self.max_transaction_id,
+            self.corruption,
+        )
+
+    # ---- sessions (seed 000 "Sessions") ----
+
+    def check_session(self, session_id: int) -> None:
+        """Fence by store session ID: reject a lower one, persist a higher one before returning.
+
+        Raises:
+            SessionFencedError: ``session_id`` is lower than the partition's current session.
+        """
+        fence = self._control.fence(self.partition_id)
+        if session_id < fence:
+            raise SessionFencedError(self.partition_id, session_id, fence)
+        if session_id > fence:
+            self._control.set_fence(self.partition_id, session_id)
+            log.info("partition %d: store session %d fences session %d", self.partition_id, session_id, fence)
+
+    @property
+    def current_session_id(self) -> int:
+        """The highest store session ID seen (the fence)."""
+        return self._control.fence(self.partition_id)
+
+    def last_session_info(self) -> fmt.PartitionInfo:
+        """The partition info of the last session that set the low-water mark (seed 004)."""
+        return self._control.partition_info(self.partition_id)
+
+    def set_low_water_mark(self, session_id: int, low_water_mark: int) -> None:
+        """Record that ``session_id`` started with the cluster high-water mark ``low_water_mark``.
+
+        The local low-water mark is the highest valid transaction ID stored here, capped at the
+        low-water mark (seed 000 "Control File Body").
+        """
+        self._require_writable()
+        local = min(self.max_transaction_id, low_water_mark)
+        self._control.set_partition_info(
+            self.partition_id, fmt.PartitionInfo(session_id, low_water_mark, local)
+        )
+
+    # ---- writes ----
+
+    def _require_writable(self) -> None:
+        if not self.writable:
+            raise PartitionUnavailableError(
+                f"partition {self.partition_id} is not writable on this storage node (admin toggle)",
+                for_writes=True,
+            )
+
+    def _require_readable(self) -> None:
+        if not self.readable:
+            raise PartitionUnavailableError(
+                f"partition {self.partition_id} is not readable on this storage node (admin toggle)",
+                for_writes=False,
+            )
+
+    def append(self, records: list[Record]) -> None:
+        """Append records with consecutive transaction IDs after the current max; flush once.
+
+        Raises:
+            ProtocolError: the IDs do not follow the max transaction ID, or a data CRC is wrong.
+            CorruptDataError: the partition holds a corrupt record at its tail (truncate first).
+            DiskFullError: no space left; the log is unchanged.
+            PartitionUnavailableError: writes are switched off.
+        """
+        self._require_writable()
+        if not records:
+            return
+        corruption = self.corruption
+        if corruption is not None:
+            raise CorruptDataError(
+                f"cannot append after corruption: {corruption.reason}; truncate the partition below it",
+                path=str(self._segments[-1].data_path),
+                partition_id=self.partition_id,
+                offset=corruption.offset,
+                transaction_id=corruption.transaction_id,
+            )
+        expected = self.max_transaction_id + 1
+        for i, record in enumerate(records):
+            if record.transaction_id != expected + i:
+                raise ProtocolError(
+                    f"partition {self.partition_id}: append of transaction {record.transaction_id}, "
+                    f"expected {expected + i} (records must follow the max transaction ID in order)"
+                )
+            if not record.checksum_ok():
+                raise ProtocolError(
+                    f"partition {self.partition_id}: transaction {record.transaction_id} has a data "
+                    "checksum that does not match its data"
+                )
+        encoded, offsets = fmt.encode_records(records)
+        segment = self._segments[-1]
+        segment.append(encoded, offsets)
+        if segment.valid_end >= self._threshold:
+            segment.seal()
+            self._segments.append(
+                Segment.create(
+                    self.directory,
+                    self.partition_id,
+                    self._cluster_key,
+                    self.max_transaction_id + 1,
+                    self._checkpoint_interval,
+                )
+            )
+
+    def truncate(self, transaction_id: int) -> None:
+        """Remove every record after ``transaction_id`` (seed 004 "Truncate Request").
+
+        Raises:
+            ProtocolError: ``transaction_id`` is below -1.
+        """
+        self._require_writable()
+        if transaction_id < -1:
+            raise ProtocolError(
+                f"partition {self.partition_id}: cannot truncate to transaction {transaction_id}"
+            )
+        removed = False
+        while len(self._segments) > 1 and self._segments[-1].first_transaction_id > transaction_id:
+            segment = self._segments.pop()
+            log.info("partition %d: truncate removes segment %s", self.partition_id, segment.data_path.name)
+            segment.delete()
+            removed = True
+        if removed:
+            fsync_directory(self.directory)
+        self._segments[-1].truncate_after(transaction_id)
+
+    # ---- reads ----
+
+    def _segment_for(self, transaction_id: int) -> Segment | None:
+        if transaction_id < 0 or transaction_id > self.max_transaction_id:
+            return None
+        low, high = 0, len(self._segments) - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self._segments[middle].first_transaction_id <= transaction_id:
+                low = middle
+            else:
+                high = middle - 1
+        return self._segments[low]
+
+    def read_records(
+        self, transaction_id: int, max_records: int, max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    ) -> list[Record]:
+        """Read up to ``max_records`` consecutive records from ``transaction_id`` on.
+
+        The list may span segments and stops early at ``max_bytes`` (at least one record is read)
+        or at the max transaction ID; it is empty when ``transaction_id`` is not stored here.
+
+        Raises:
+            CorruptDataError: a record fails its checks.
+            PartitionUnavailableError: reads are switched off.
+        """
+        self._require_readable()
+        corruption = self.corruption
+        if corruption is not None and transaction_id >= corruption.transaction_id:
+            raise CorruptDataError(
+                f"corrupt record: {corruption.reason}",
+                path=str(self._segments[-1].data_path),
+                partition_id=self.partition_id,
+                offset=corruption.offset,
+                transaction_id=corruption.transaction_id,
+            )
+        records: list[Record] = []
+        budget = max_bytes
+        next_id = transaction_id
+        while len(records) < max_records:
+            segment = self._segment_for(next_id)
+            if segment is None:
+                break
+            batch = segment.read_records(next_id, max_records - len(records), budget)
+            if not batch:
+                break
+            if records and sum(len(r.data) + fmt.RECORD_FIXED_SIZE for r in batch) > budget:
+                break
+            records.extend(batch)
+            budget -= sum(len(r.data) + fmt.RECORD_FIXED_SIZE for r in batch)
+            next_id = records[-1].transaction_id + 1
+            if budget <= 0:
+                break
+        return records
+
+    def read_record(self, transaction_id: int) -> Record | None:
+        """Read one record, or None when it is not stored here."""
+        records = self.read_records(transaction_id, 1)
+        return records[0] if records else None
+
+    def read_headers(
+        self, transaction_id: int, max_records: int, max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    ) -> list[RecordHeader]:
+        """Read record headers (records are read whole so that every CRC is checked)."""
+        return [r.record_header for r in self.read_records(transaction_id, max_records, max_bytes * 16)]

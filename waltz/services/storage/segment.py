@@ -1,0 +1,522 @@
+"""A segment of a partition's log: a data file of records and an index file of record offsets.
+
+Source: seed 000 "Segment Data File", "Segment Index File". Records are written with one
+``pwrite`` and one ``fdatasync`` per batch (group commit); the index is written with the data but
+flushed only every ``checkpoint_interval`` transactions, and rebuilt at start-up from the last
+checkpoint by scanning records. A torn tail (an incomplete last record, or zero bytes to the end
+of the file) is cut off at start-up; any other invalid record is corruption, which is reported and
+never cut off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from waltz.errors import CorruptDataError, DiskFullError
+from waltz.protocol.records import Record
+from waltz.services.storage import format as fmt
+from waltz.services.storage.fsutil import fsync_directory, is_no_space
+
+__all__ = ["CorruptionInfo", "Segment"]
+
+log = logging.getLogger(__name__)
+
+#: Bytes read per chunk when scanning a segment at start-up.
+_SCAN_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CorruptionInfo:
+    """Where a segment holds an invalid record that is not a torn tail."""
+
+    transaction_id: int
+    offset: int
+    reason: str
+
+
+class Segment:
+    """One open segment (data file + index file) of a partition.
+
+    All methods are called from the partition's single I/O thread; the class is not thread-safe.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        header: fmt.SegmentHeader,
+        data_fd: int,
+        index_fd: int,
+        count: int,
+        valid_end: int,
+        checkpoint_interval: int,
+        corruption: CorruptionInfo | None = None,
+    ) -> None:
+        self.directory = directory
+        self.header = header
+        self._data_fd: int | None = data_fd
+        self._index_fd: int | None = index_fd
+        #: Number of valid records (index entries) in the segment.
+        self.count = count
+        #: Byte offset just after the last valid record.
+        self.valid_end = valid_end
+        self.corruption = corruption
+        self._checkpoint_interval = checkpoint_interval
+        self._index_flushed_count = count
+
+    # ---- names ----
+
+    @property
+    def first_transaction_id(self) -> int:
+        """The ID of the segment's first transaction."""
+        return self.header.first_transaction_id
+
+    @property
+    def partition_id(self) -> int:
+        """The partition the segment belongs to."""
+        return self.header.partition_id
+
+    @property
+    def max_transaction_id(self) -> int:
+        """The ID of the last valid transaction (first - 1 when the segment is empty)."""
+        return self.first_transaction_id + self.count - 1
+
+    @property
+    def data_path(self) -> Path:
+        """The data file's path."""
+        return self.directory / fmt.segment_file_name(self.first_transaction_id, fmt.SEGMENT_SUFFIX)
+
+    @property
+    def index_path(self) -> Path:
+        """The index file's path."""
+        return self.directory / fmt.segment_file_name(self.first_transaction_id, fmt.INDEX_SUFFIX)
+
+    def _fds(self) -> tuple[int, int]:
+        if self._data_fd is None or self._index_fd is None:
+            raise ValueError(f"segment {self.data_path} is closed")
+        return self._data_fd, self._index_fd
+
+    # ---- creation and opening ----
+
+    @classmethod
+    def create(
+        cls,
+        directory: Path,
+        partition_id: int,
+        cluster_key: uuid.UUID,
+        first_transaction_id: int,
+        checkpoint_interval: int,
+    ) -> Segment:
+        """Create an empty segment whose first transaction is ``first_transaction_id``.
+
+        Both headers are flushed and so is the directory before this returns.
+
+        Raises:
+            DiskFullError: no space for the headers (nothing is left behind).
+        """
+        header = fmt.SegmentHeader(
+            fmt.FORMAT_VERSION, fmt.now_ms(), cluster_key, partition_id, first_transaction_id
+        )
+        encoded = header.encode()
+        paths = [
+            directory / fmt.segment_file_name(first_transaction_id, suffix)
+            for suffix in (fmt.SEGMENT_SUFFIX, fmt.INDEX_SUFFIX)
+        ]
+        fds: list[int] = []
+        try:
+            for path in paths:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                fds.append(fd)
+                _write_fully(fd, encoded, 0)
+                os.fsync(fd)
+            fsync_directory(directory)
+        except OSError as exc:
+            for fd in fds:
+                os.close(fd)
+            for path in paths:
+                path.unlink(missing_ok=True)
+            if is_no_space(exc):
+                raise DiskFullError(
+                    f"partition {partition_id}: no space to create segment {paths[0]}: {exc}"
+                ) from exc
+            raise
+        log.info("partition %d: created segment %s", partition_id, paths[0].name)
+        return cls(directory, header, fds[0], fds[1], 0, fmt.HEADER_SIZE, checkpoint_interval)
+
+    @classmethod
+    def open(
+        cls,
+        data_path: Path,
+        *,
+        partition_id: int,
+        cluster_key: uuid.UUID,
+        recover: bool,
+        checkpoint_interval: int,
+    ) -> Segment:
+        """Open an existing segment.
+
+        Args:
+            data_path: the segment's data file.
+            partition_id: the partition the segment must belong to.
+            cluster_key: the cluster key the segment must carry.
+            recover: scan records after the last index checkpoint and rebuild the index (the last
+                segment of a partition; also done for any segment whose index is unusable).
+            checkpoint_interval: transactions between index flushes.
+
+        Raises:
+            CorruptDataError: the header is invalid or belongs to another partition or cluster.
+        """
+        path_text = str(data_path)
+        data_fd = os.open(data_path, os.O_RDWR)
+        index_path = data_path.with_suffix(fmt.INDEX_SUFFIX)
+        index_fd = -1
+        try:
+            header = fmt.SegmentHeader.decode(os.pread(data_fd, fmt.HEADER_SIZE, 0), path_text)
+            if header.partition_id != partition_id or header.cluster_key != cluster_key:
+                raise CorruptDataError(
+                    f"segment belongs to partition {header.partition_id} of cluster {header.cluster_key}, "
+                    f"expected partition {partition_id} of cluster {cluster_key}",
+                    path=path_text,
+                    partition_id=partition_id,
+                    offset=0,
+                )
+            expected_name = fmt.segment_file_name(header.first_transaction_id, fmt.SEGMENT_SUFFIX)
+            if data_path.name != expected_name:
+                raise CorruptDataError(
+                    f"segment header says first transaction {header.first_transaction_id}, "
+                    f"but the file is named {data_path.name}",
+                    path=path_text,
+                    partition_id=partition_id,
+                    offset=0,
+                )
+            index_fd = os.open(index_path, os.O_RDWR | os.O_CREAT, 0o644)
+            index_ok = _index_header_ok(index_fd, header)
+            if not index_ok:
+                log.warning(
+                    "partition %d: index %s is missing or invalid; rebuilding it", partition_id, index_path
+                )
+                os.ftruncate(index_fd, 0)
+                _write_fully(index_fd, header.encode(), 0)
+                recover = True
+            index_entries = (os.fstat(index_fd).st_size - fmt.HEADER_SIZE) // fmt.INDEX_ENTRY_SIZE
+            segment = cls(
+                data_path.parent,
+                header,
+                data_fd,
+                index_fd,
+                index_entries,
+                os.fstat(data_fd).st_size,
+                checkpoint_interval,
+            )
+            if recover:
+                segment._recover(index_entries)
+            return segment
+        except BaseException:
+            os.close(data_fd)
+            if index_fd >= 0:
+                os.close(index_fd)
+            raise
+
+    def _recover(self, index_entries: int) -> None:
+        """Rebuild the index after the last checkpoint and cut a torn tail (seed 000)."""
+        data_fd, index_fd = self._fds()
+        first = self.first_transaction_id
+        trusted = (index_entries // self._checkpoint_interval) * self._checkpoint_interval
+        position = fmt.HEADER_SIZE
+        while trusted > 0:
+            offset = self._index_entry(trusted - 1)
+            try:
+                record, size = self._decode_at(offset, trusted - 1 + first, data_fd)
+                position = offset + size
+                break
+            except CorruptDataError:
+                # The checkpoint itself is not usable: fall back to the previous one.
+                trusted -= self._checkpoint_interval
+        file_size = os.fstat(data_fd).st_size
+        rebuilt: list[int] = []
+        corruption: CorruptionInfo | None = None
+        cut_at: int | None = None
+        buffer = b""
+        buffer_start = position
+        while True:
+            # Decode from the buffer; refill it when a record does not fit.
+            relative = position - buffer_start
+            try:
+                record, size = fmt.decode_record_at(buffer, relative)
+            except fmt.RecordProblem as problem:
+                if problem.incomplete and buffer_start + len(buffer) < file_size:
+                    buffer = buffer[relative:] + os.pread(data_fd, _SCAN_CHUNK, buffer_start + len(buffer))
+                    buffer_start = position
+                    continue
+                if position >= file_size:
+                    break
+                expected = first + trusted + len(rebuilt)
+                tail = os.pread(data_fd, file_size - position, position)
+                if problem.incomplete or not tail.strip(b"\0"):
+                    cut_at = position
+                else:
+                    corruption = CorruptionInfo(expected, position, problem.reason)
+                break
+            expected = first + trusted + len(rebuilt)
+            if record.transaction_id != expected:
+                corruption = CorruptionInfo(
+                    expected,
+                    position,
+                    f"record holds transaction {record.transaction_id}, expected {expected}",
+                )
+                break
+            rebuilt.append(position)
+            position += size
+        if cut_at is not None:
+            log.warning(
+                "partition %d: cutting a torn tail of %d bytes at offset %d of %s",
+                self.partition_id,
+                file_size - cut_at,
+                cut_at,
+                self.data_path,
+            )
+            os.ftruncate(data_fd, cut_at)
+            os.fsync(data_fd)
+        if corruption is not None:
+            log.error(
+                "partition %d: corrupt record in %s at offset %d (transaction %d): %s; "
+                "reads from there fail until the partition is truncated below it",
+                self.partition_id,
+                self.data_path,
+                corruption.offset,
+                corruption.transaction_id,
+                corruption.reason,
+            )
+        entries = b"".join(fmt.encode_offset(offset) for offset in rebuilt)
+        index_end = fmt.HEADER_SIZE + trusted * fmt.INDEX_ENTRY_SIZE
+        _write_fully(index_fd, entries, index_end)
+        os.ftruncate(index_fd, index_end + len(entries))
+        os.fsync(index_fd)
+        self.count = trusted + len(rebuilt)
+        self._index_flushed_count = self.count
+        self.valid_end = position
+        self.corruption = corruption
+
+    # ---- reads ----
+
+    def _index_entry(self, index: int) -> int:
+        return self._index_entries(index, 1)[0]
+
+    def _index_entries(self, index: int, count: int) -> list[int]:
+        _, index_fd = self._fds()
+        size = count * fmt.INDEX_ENTRY_SIZE
+        raw = os.pread(index_fd, size, fmt.HEADER_SIZE + index * fmt.INDEX_ENTRY_SIZE)
+        if len(raw) != size:
+            raise CorruptDataError(
+                f"index has fewer entries than the segment's {self.count} records",
+                path=str(self.index_path),
+                partition_id=self.partition_id,
+                offset=fmt.HEADER_SIZE + index * fmt.INDEX_ENTRY_SIZE,
+                transaction_id=self.first_transaction_id + index,
+            )
+        return fmt.decode_offsets(raw)
+
+    def _decode_at(self, offset: int, transaction_id: int, data_fd: int) -> tuple[Record, int]:
+        head = os.pread(data_fd, fmt.RECORD_HEADER_SIZE, offset)
+        try:
+            if len(head) < fmt.RECORD_HEADER_SIZE:
+                raise fmt.RecordProblem("record header beyond the end of the file", incomplete=True)
+            length = int.from_bytes(head[28:32], "big", signed=True)
+            if not 0 <= length <= fmt.MAX_DATA_LENGTH:
+                raise fmt.RecordProblem(f"impossible data length {length}", incomplete=False)
+            raw = head + os.pread(data_fd, length + 4, offset + fmt.RECORD_HEADER_SIZE)
+            record, size = fmt.decode_record_at(raw, 0)
+        except fmt.RecordProblem as problem:
+            raise self._corrupt(problem.reason, offset, transaction_id) from None
+        if record.transaction_id != transaction_id:
+            raise self._corrupt(f"record holds transaction {record.transaction_id}", offset, transaction_id)
+        return record, size
+
+    def _corrupt(self, reason: str, offset: int, transaction_id: int) -> CorruptDataError:
+        return CorruptDataError(
+            f"corrupt record: {reason}",
+            path=str(self.data_path),
+            partition_id=self.partition_id,
+            offset=offset,
+            transaction_id=transaction_id,
+        )
+
+    def _check_readable(self, transaction_id: int) -> None:
+        corruption = self.corruption
+        if corruption is not None and transaction_id >= corruption.transaction_id:
+            raise self._corrupt(corruption.reason, corruption.offset, corruption.transaction_id)
+
+    def read_records(self, transaction_id: int, max_records: int, max_bytes: int) -> list[Record]:
+        """Read up to ``max_records`` records from ``transaction_id`` on, verifying every CRC.
+
+        At least one record is returned when ``transaction_id`` is in the segment, even if it is
+        larger than ``max_bytes``; otherwise reading stops before ``max_bytes`` would be exceeded.
+
+        Raises:
+            CorruptDataError: a record fails its checks (with file, offset and transaction ID).
+        """
+        index = transaction_id - self.first_transaction_id
+        available = self.count - index
+        if index < 0 or available <= 0 or max_records <= 0:
+            return []
+        self._check_readable(transaction_id)
+        data_fd, _ = self._fds()
+        wanted = min(max_records, available)
+        offsets = self._index_entries(index, wanted)
+        start = offsets[0]
+        end_of_range = self.valid_end if index + wanted == self.count else self._index_entry(index + wanted)
+        # Keep at least one record; stop before max_bytes.
+        n = wanted
+        while n > 1 and (offsets[n] if n < wanted else end_of_range) - start > max_bytes:
+            n -= 1
+        end = end_of_range if n == wanted else offsets[n]
+        if end <= start:
+            raise self._corrupt(f"index offsets not increasing ({start} to {end})", start, transaction_id)
+        buffer = os.pread(data_fd, end - start, start)
+        records: list[Record] = []
+        position = 0
+        for i in range(n):
+            expected_txn = transaction_id + i
+            try:
+                record, size = fmt.decode_record_at(buffer, position)
+            except fmt.RecordProblem as problem:
+                raise self._corrupt(problem.reason, start + position, expected_txn) from None
+            if record.transaction_id != expected_txn:
+                raise self._corrupt(
+                    f"record holds transaction {record.transaction_id}", start + position, expected_txn
+                )
+            records.append(record)
+            position += size
+        return records
+
+    # ---- writes ----
+
+    def append(self, encoded: bytes, relative_offsets: list[int]) -> None:
+        """Append encoded records, write their index entries and flush the data (group commit).
+
+        Args:
+            encoded: records encoded back to back by :func:`format.encode_records`.
+            relative_offsets: each record's offset within ``encoded``.
+
+        Raises:
+            DiskFullError: no space left; both files are cut back to their previous size.
+            OSError: another I/O error; both files are cut back as far as possible.
+        """
+        data_fd, index_fd = self._fds()
+        start = self.valid_end
+        index_start = fmt.HEADER_SIZE + self.count * fmt.INDEX_ENTRY_SIZE
+        entries = b"".join(fmt.encode_offset(start + relative) for relative in relative_offsets)
+        try:
+            _write_fully(data_fd, encoded, start)
+            _write_fully(index_fd, entries, index_start)
+            os.fdatasync(data_fd)
+        except OSError as exc:
+            self._cut_back(start, index_start)
+            if is_no_space(exc):
+                raise DiskFullError(
+                    f"partition {self.partition_id}: no space left to append {len(relative_offsets)} "
+                    f"records to {self.data_path} ({exc.strerror}); the log is unchanged"
+                ) from exc
+            raise
+        self.count += len(relative_offsets)
+        self.valid_end = start + len(encoded)
+        if self.count // self._checkpoint_interval > self._index_flushed_count // self._checkpoint_interval:
+            os.fdatasync(index_fd)
+            self._index_flushed_count = self.count
+
+    def _cut_back(self, data_end: int, index_end: int) -> None:
+        data_fd, index_fd = self._fds()
+        for fd, size in ((data_fd, data_end), (index_fd, index_end)):
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                log.exception(
+                    "partition %d: could not cut %s back to %d bytes", self.partition_id, self.data_path, size
+                )
+
+    def truncate_after(self, transaction_id: int) -> None:
+        """Remove every record after ``transaction_id`` and flush both files.
+
+        Removing the corrupt part of a segment clears its corruption.
+        """
+        keep = max(0, min(self.count, transaction_id - self.first_transaction_id + 1))
+        corrupt = self.corruption is not None
+        if keep == self.count and not corrupt:
+            return
+        data_fd, index_fd = self._fds()
+        new_end = self.valid_end if keep == self.count else self._index_entry(keep)
+        os.ftruncate(data_fd, new_end)
+        os.ftruncate(index_fd, fmt.HEADER_SIZE + keep * fmt.INDEX_ENTRY_SIZE)
+        os.fsync(data_fd)
+        os.fsync(index_fd)
+        log.info(
+            "partition %d: truncated %s after transaction %d (%d records removed%s)",
+            self.partition_id,
+            self.data_path.name,
+            transaction_id,
+            self.count - keep,
+            ", corruption removed" if corrupt else "",
+        )
+        self.count = keep
+        self.valid_end = new_end
+        self._index_flushed_count = keep
+        self.corruption = None
+
+    def seal(self) -> None:
+        """Flush both files: the segment is complete and a new one follows it."""
+        data_fd, index_fd = self._fds()
+        os.fsync(data_fd)
+        os.fsync(index_fd)
+        self._index_flushed_count = self.count
+
+    def close(self) -> None:
+        """Flush the index and close both files. Idempotent."""
+        if self._data_fd is None or self._index_fd is None:
+            return
+        try:
+            os.fsync(self._index_fd)
+        finally:
+            os.close(self._data_fd)
+            os.close(self._index_fd)
+            self._data_fd = None
+            self._index_fd = None
+
+    def delete(self) -> None:
+        """Close the segment and remove both files (the caller flushes the directory)."""
+        if self._data_fd is not None and self._index_fd is not None:
+            os.close(self._data_fd)
+            os.close(self._index_fd)
+            self._data_fd = None
+            self._index_fd = None
+        self.data_path.unlink(missing_ok=True)
+        self.index_path.unlink(missing_ok=True)
+
+    @property
+    def data_size(self) -> int:
+        """The data file's size in bytes (its valid part ends at :attr:`valid_end`)."""
+        data_fd, _ = self._fds()
+        return os.fstat(data_fd).st_size
+
+
+def _write_fully(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def _index_header_ok(index_fd: int, header: fmt.SegmentHeader) -> bool:
+    raw = os.pread(index_fd, fmt.HEADER_SIZE, 0)
+    try:
+        index_header = fmt.SegmentHeader.decode(raw, "index")
+    except CorruptDataError:
+        return False
+    return (
+        index_header.partition_id == header.partition_id
+        and index_header.cluster_key == header.cluster_key
+        and index_header.first_transaction_id == header.first_transaction_id
+    )

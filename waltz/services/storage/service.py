@@ -1,0 +1,489 @@
+"""The gRPC services of a storage node: the storage protocol and the admin protocol.
+
+Source: seed 004 (the ten request/response patterns and "Storage Administration"), seed 000
+"Sessions". Each replica session is one ordered stream; requests on it are answered in order.
+Consecutive append requests already received for the same partition and session are written with
+one flush (group commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Final
+
+import grpc
+
+from waltz.errors import (
+    ClusterKeyMismatchError,
+    CorruptDataError,
+    DiskFullError,
+    MessageTooLargeError,
+    PartitionNotAssignedError,
+    PartitionUnavailableError,
+    ProtocolError,
+    SessionFencedError,
+    StorageNotInitializedError,
+)
+from waltz.protocol import storage_pb2, storage_pb2_grpc
+from waltz.protocol.records import Record
+from waltz.services.storage.metrics import StorageMetrics
+from waltz.services.storage.node import StorageNode
+from waltz.services.storage.partition import StoragePartition
+
+__all__ = ["StorageAdminServicer", "StorageServicer", "failure_for"]
+
+log = logging.getLogger(__name__)
+
+FailureCode = storage_pb2.FailureCode
+
+#: Records combined into one group-commit write at most.
+MAX_GROUP_RECORDS: Final = 20_000
+#: Request messages buffered per stream before the stream stops reading (back pressure).
+STREAM_QUEUE_SIZE: Final = 1024
+
+_END: Final = object()
+
+
+def failure_for(exc: BaseException) -> storage_pb2.FailureResponse:
+    """Build a failure response (seed 004 "StorageRpcException") for an exception."""
+    code: storage_pb2.FailureCode.ValueType
+    if isinstance(exc, SessionFencedError):
+        code = FailureCode.SESSION_FENCED
+    elif isinstance(exc, ClusterKeyMismatchError):
+        code = FailureCode.CLUSTER_KEY_MISMATCH
+    elif isinstance(exc, StorageNotInitializedError):
+        code = FailureCode.NOT_INITIALIZED
+    elif isinstance(exc, PartitionNotAssignedError):
+        code = FailureCode.PARTITION_NOT_ASSIGNED
+    elif isinstance(exc, PartitionUnavailableError):
+        code = FailureCode.PARTITION_NOT_WRITABLE if exc.for_writes else FailureCode.PARTITION_NOT_READABLE
+    elif isinstance(exc, CorruptDataError):
+        code = FailureCode.CORRUPT_DATA
+    elif isinstance(exc, DiskFullError):
+        code = FailureCode.DISK_FULL
+    elif isinstance(exc, MessageTooLargeError):
+        code = FailureCode.MESSAGE_TOO_LARGE
+    elif isinstance(exc, ProtocolError):
+        code = FailureCode.INVALID_REQUEST
+    else:
+        code = FailureCode.INTERNAL
+    frames = traceback.extract_tb(exc.__traceback__)
+    return storage_pb2.FailureResponse(
+        exception=storage_pb2.StorageRpcException(
+            message=f"{type(exc).__name__}: {exc}",
+            code=code,
+            stack_trace=[
+                storage_pb2.StackTraceElement(
+                    class_name=type(exc).__name__,
+                    method_name=frame.name,
+                    file_name=frame.filename,
+                    line_number=frame.lineno or 0,
+                )
+                for frame in frames
+            ],
+        )
+    )
+
+
+def _outcome(response_failure: storage_pb2.FailureResponse | None) -> str:
+    if response_failure is None:
+        return "ok"
+    return storage_pb2.FailureCode.Name(response_failure.exception.code)
+
+
+class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
+    """The storage protocol (seed 004): one stream per replica session.
+
+    Args:
+        node: the storage node.
+        metrics: the node's metrics.
+        max_response_bytes: size budget of a record list response (at least one record is sent).
+    """
+
+    def __init__(self, node: StorageNode, metrics: StorageMetrics, max_response_bytes: int) -> None:
+        self._node = node
+        self._metrics = metrics
+        self._max_response_bytes = max_response_bytes
+
+    async def Session(  # noqa: N802 - gRPC method name
+        self,
+        request_iterator: AsyncIterator[storage_pb2.StorageRequests],
+        context: grpc.aio.ServicerContext[storage_pb2.StorageRequests, storage_pb2.StorageResponses],
+    ) -> AsyncIterator[storage_pb2.StorageResponses]:
+        """Serve one replica session stream: an open request, then partition requests in order."""
+        queue: asyncio.Queue[object] = asyncio.Queue(maxsize=STREAM_QUEUE_SIZE)
+        reader = asyncio.create_task(_read_requests(request_iterator, queue))
+        pending: deque[object] = deque()
+        opened = False
+        try:
+            while True:
+                item = pending.popleft() if pending else await queue.get()
+                if item is _END:
+                    break
+                assert isinstance(item, storage_pb2.StorageRequest)
+                kind = item.WhichOneof("body")
+                if kind == "open":
+                    response = await self._open(item)
+                    opened = not response.HasField("failure")
+                    yield storage_pb2.StorageResponses(responses=[response])
+                    continue
+                if not opened:
+                    exc = ProtocolError(
+                        "the stream is not open: send an open request with the cluster key first"
+                    )
+                    failure = failure_for(exc)
+                    failure.exception.code = FailureCode.NOT_OPEN
+                    yield storage_pb2.StorageResponses(responses=[_response(item, failure=failure)])
+                    continue
+                if kind == "append":
+                    group = [item]
+                    count = len(item.append.records)
+                    while count < MAX_GROUP_RECORDS:
+                        try:
+                            following = pending.popleft() if pending else queue.get_nowait()
+                        except asyncio.QueueEmpty:
+                            break
+                        if (
+                            isinstance(following, storage_pb2.StorageRequest)
+                            and following.WhichOneof("body") == "append"
+                            and following.partition_id == item.partition_id
+                            and following.session_id == item.session_id
+                        ):
+                            group.append(following)
+                            count += len(following.append.records)
+                        else:
+                            pending.appendleft(following)
+                            break
+                    responses = await self._append_group(group)
+                else:
+                    responses = [await self._handle(item, kind)]
+                yield storage_pb2.StorageResponses(responses=responses)
+        finally:
+            reader.cancel()
+
+    async def _open(self, request: storage_pb2.StorageRequest) -> storage_pb2.StorageResponse:
+        try:
+            self._node.check_open(request.open.cluster_key, request.open.num_partitions)
+        except Exception as exc:
+            log.warning("refused an open request: %s", exc)
+            failure = failure_for(exc)
+            self._metrics.requests.labels("open", _outcome(failure)).inc()
+            return _response(request, failure=failure)
+        self._metrics.requests.labels("open", "ok").inc()
+        return _response(request, success=storage_pb2.SuccessResponse())
+
+    async def _append_group(
+        self, group: list[storage_pb2.StorageRequest]
+    ) -> list[storage_pb2.StorageResponse]:
+        first = group[0]
+        partition_id = first.partition_id
+        try:
+            partition = self._node.partition(partition_id)
+        except Exception as exc:
+            failure = failure_for(exc)
+            self._metrics.requests.labels("append", _outcome(failure)).inc(len(group))
+            return [_response(request, failure=failure) for request in group]
+
+        def work() -> None:
+            partition.check_session(first.session_id)
+            records = [Record.from_proto(r) for request in group for r in request.append.records]
+            self._append(partition, records)
+
+        try:
+            await self._node.run(partition_id, work)
+        except Exception:
+            if len(group) == 1:
+                return [await self._handle(first, "append")]
+            # Answer each request on its own so that each gets its own precise outcome.
+            return [await self._handle(request, "append") for request in group]
+        self._metrics.requests.labels("append", "ok").inc(len(group))
+        return [_response(request, success=storage_pb2.SuccessResponse()) for request in group]
+
+    def _append(self, partition: StoragePartition, records: list[Record]) -> None:
+        started = time.perf_counter()
+        partition.append(records)
+        label = str(partition.partition_id)
+        self._metrics.append_seconds.observe(time.perf_counter() - started)
+        self._metrics.append_flushes.labels(label).inc()
+        self._metrics.appended_records.labels(label).inc(len(records))
+        self._metrics.appended_bytes.labels(label).inc(sum(len(r.data) for r in records))
+        self._metrics.max_transaction_id.labels(label).set(partition.max_transaction_id)
+
+    async def _handle(
+        self, request: storage_pb2.StorageRequest, kind: str | None
+    ) -> storage_pb2.StorageResponse:
+        try:
+            partition = self._node.partition(request.partition_id)
+            response = await self._node.run(
+                request.partition_id, lambda: self._serve(partition, request, kind)
+            )
+        except Exception as exc:
+            if not isinstance(exc, (SessionFencedError, PartitionNotAssignedError)):
+                log.warning("partition %d: %s request failed: %s", request.partition_id, kind, exc)
+            response = _response(request, failure=failure_for(exc))
+        self._metrics.requests.labels(
+            kind or "unknown", _outcome(response.failure if response.HasField("failure") else None)
+        ).inc()
+        return response
+
+    def _serve(
+        self, partition: StoragePartition, request: storage_pb2.StorageRequest, kind: str | None
+    ) -> storage_pb2.StorageResponse:
+        """Serve one partition request on the partition's I/O thread."""
+        partition.check_session(request.session_id)
+        if kind == "last_session_info":
+            info = partition.last_session_info()
+            return _response(
+                request,
+                last_session_info=storage_pb2.LastSessionInfoResponse(
+                    session_info=storage_pb2.SessionInfo(
+                        session_id=info.session_id, low_water_mark=info.low_water_mark
+                    )
+                ),
+            )
+        if kind == "max_transaction_id":
+            return _response(
+                request,
+                max_transaction_id=storage_pb2.MaxTransactionIdResponse(
+                    transaction_id=partition.max_transaction_id
+                ),
+            )
+        if kind == "truncate":
+            partition.truncate(request.truncate.transaction_id)
+            self._metrics.max_transaction_id.labels(str(partition.partition_id)).set(
+                partition.max_transaction_id
+            )
+            return _response(request, success=storage_pb2.SuccessResponse())
+        if kind == "set_low_water_mark":
+            partition.set_low_water_mark(request.session_id, request.set_low_water_mark.low_water_mark)
+            return _response(request, success=storage_pb2.SuccessResponse())
+        if kind == "append":
+            self._append(partition, [Record.from_proto(r) for r in request.append.records])
+            return _response(request, success=storage_pb2.SuccessResponse())
+        if kind == "record_header":
+            record = partition.read_record(request.record_header.transaction_id)
+            body = storage_pb2.RecordHeaderResponse()
+            if record is not None:
+                body.record_header.CopyFrom(record.record_header.to_proto())
+            return _response(request, record_header=body)
+        if kind == "record":
+            record = partition.read_record(request.record.transaction_id)
+            record_body = storage_pb2.RecordResponse()
+            if record is not None:
+                record_body.record.CopyFrom(record.to_proto())
+            return _response(request, record=record_body)
+        if kind == "record_header_list":
+            max_records = _positive(request.record_header_list.max_records)
+            records = partition.read_records(
+                request.record_header_list.transaction_id, max_records, self._max_response_bytes * 16
+            )
+            return _response(
+                request,
+                record_header_list=storage_pb2.RecordHeaderListResponse(
+                    record_headers=[r.record_header.to_proto() for r in records]
+                ),
+            )
+        if kind == "record_list":
+            return _response(request, record_list=self.record_list(partition, request.record_list))
+        raise ProtocolError(f"unknown storage request {kind!r}")
+
+    def record_list(
+        self, partition: StoragePartition, request: storage_pb2.RecordListRequest
+    ) -> storage_pb2.RecordListResponse:
+        """Read a record list within the response size budget."""
+        records = partition.read_records(
+            request.transaction_id, _positive(request.max_records), self._max_response_bytes
+        )
+        return storage_pb2.RecordListResponse(records=[r.to_proto() for r in records])
+
+
+def _positive(max_records: int) -> int:
+    if max_records <= 0:
+        raise ProtocolError(f"max number of records must be positive, got {max_records}")
+    return max_records
+
+
+def _response(request: storage_pb2.StorageRequest, **body: object) -> storage_pb2.StorageResponse:
+    return storage_pb2.StorageResponse(
+        session_id=request.session_id,
+        seq_num=request.seq_num,
+        partition_id=request.partition_id,
+        **body,  # type: ignore[arg-type]
+    )
+
+
+async def _read_requests(
+    request_iterator: AsyncIterator[storage_pb2.StorageRequests] | AsyncIterator[storage_pb2.AdminRequests],
+    queue: asyncio.Queue[object],
+) -> None:
+    try:
+        async for batch in request_iterator:
+            for request in batch.requests:
+                await queue.put(request)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the peer went away or sent something gRPC could not parse
+        log.info("request stream ended: %s", exc)
+    finally:
+        try:
+            queue.put_nowait(_END)
+        except asyncio.QueueFull:
+            # The consumer is gone or far behind: make room for the end marker.
+            queue.get_nowait()
+            queue.put_nowait(_END)
+
+
+class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
+    """The storage admin protocol (seed 004 "Storage Administration").
+
+    Tools that must not take part in store sessions (cluster CLI, Spark reader, disk checks on a
+    live node) use it; it never fences a store session.
+    """
+
+    def __init__(self, node: StorageNode, metrics: StorageMetrics, storage: StorageServicer) -> None:
+        self._node = node
+        self._metrics = metrics
+        self._storage = storage
+
+    async def Session(  # noqa: N802 - gRPC method name
+        self,
+        request_iterator: AsyncIterator[storage_pb2.AdminRequests],
+        context: grpc.aio.ServicerContext[storage_pb2.AdminRequests, storage_pb2.AdminResponses],
+    ) -> AsyncIterator[storage_pb2.AdminResponses]:
+        """Serve one admin stream: an admin open request, then admin requests in order."""
+        opened = False
+        async for batch in request_iterator:
+            responses = []
+            for request in batch.requests:
+                kind = request.WhichOneof("body")
+                try:
+                    if kind == "open":
+                        await asyncio.to_thread(
+                            self._node.admin_open, request.open.cluster_key, request.open.num_partitions
+                        )
+                        opened = True
+                        response = _admin_response(request, success=storage_pb2.SuccessResponse())
+                    elif not opened:
+                        raise ProtocolError("the admin stream is not open: send an admin open request first")
+                    else:
+                        response = await self._serve(request, kind)
+                except Exception as exc:
+                    log.warning("admin %s request failed: %s", kind, exc)
+                    failure = failure_for(exc)
+                    if not opened and kind != "open":
+                        failure.exception.code = FailureCode.NOT_OPEN
+                    response = _admin_response(request, failure=failure)
+                outcome = _outcome(response.failure if response.HasField("failure") else None)
+                self._metrics.requests.labels(f"admin_{kind}", outcome).inc()
+                responses.append(response)
+            yield storage_pb2.AdminResponses(responses=responses)
+
+    async def _serve(self, request: storage_pb2.AdminRequest, kind: str | None) -> storage_pb2.AdminResponse:
+        node = self._node
+        pid = request.partition_id
+        if kind == "partition_assignment":
+            body = request.partition_assignment
+            await asyncio.to_thread(
+                node.set_assignment, pid, body.toggled, delete_files=body.delete_storage_files
+            )
+            return _admin_response(request, success=storage_pb2.SuccessResponse())
+        if kind in ("partition_read", "partition_write"):
+            partition = node.partition(pid)
+            toggled = (
+                request.partition_read.toggled
+                if kind == "partition_read"
+                else request.partition_write.toggled
+            )
+
+            def toggle() -> None:
+                if kind == "partition_read":
+                    partition.readable = toggled
+                else:
+                    partition.writable = toggled
+
+            await node.run(pid, toggle)
+            log.info(
+                "partition %d: %s set to %s",
+                pid,
+                "readable" if kind == "partition_read" else "writable",
+                toggled,
+            )
+            return _admin_response(request, success=storage_pb2.SuccessResponse())
+        if kind == "metrics":
+            return _admin_response(
+                request, metrics=storage_pb2.MetricsResponse(values=self._metrics.snapshot())
+            )
+        if kind == "partition_status":
+            return _admin_response(request, partition_status=await self._status(pid))
+        partition = node.partition(pid)
+        work: Callable[[], storage_pb2.AdminResponse]
+        if kind == "record_list":
+
+            def work() -> storage_pb2.AdminResponse:
+                return _admin_response(
+                    request, record_list=self._storage.record_list(partition, request.record_list)
+                )
+
+        elif kind == "last_session_info":
+
+            def work() -> storage_pb2.AdminResponse:
+                info = partition.last_session_info()
+                return _admin_response(
+                    request,
+                    last_session_info=storage_pb2.LastSessionInfoResponse(
+                        session_info=storage_pb2.SessionInfo(
+                            session_id=info.session_id, low_water_mark=info.low_water_mark
+                        )
+                    ),
+                )
+
+        elif kind == "max_transaction_id":
+
+            def work() -> storage_pb2.AdminResponse:
+                return _admin_response(
+                    request,
+                    max_transaction_id=storage_pb2.MaxTransactionIdResponse(
+                        transaction_id=partition.max_transaction_id
+                    ),
+                )
+
+        else:
+            raise ProtocolError(f"unknown admin request {kind!r}")
+        return await node.run(pid, work)
+
+    async def _status(self, partition_id: int) -> storage_pb2.PartitionStatusResponse:
+        node = self._node
+        control = node.control_file
+        response = storage_pb2.PartitionStatusResponse(
+            num_partitions=control.num_partitions, cluster_key=str(control.cluster_key)
+        )
+        ids = node.assigned_partitions() if partition_id < 0 else [partition_id]
+        for pid in ids:
+            partition = node.partition(pid)
+
+            def status(partition: StoragePartition = partition) -> storage_pb2.PartitionStatus:
+                info = partition.last_session_info()
+                corruption = partition.corruption
+                return storage_pb2.PartitionStatus(
+                    partition_id=partition.partition_id,
+                    readable=partition.readable,
+                    writable=partition.writable,
+                    session_id=partition.current_session_id,
+                    low_water_mark=info.low_water_mark,
+                    local_low_water_mark=info.local_low_water_mark,
+                    max_transaction_id=partition.max_transaction_id,
+                    corrupt_transaction_id=-1 if corruption is None else corruption.transaction_id,
+                    last_session_id=info.session_id,
+                )
+
+            response.partitions.append(await node.run(pid, status))
+        return response
+
+
+def _admin_response(request: storage_pb2.AdminRequest, **body: object) -> storage_pb2.AdminResponse:
+    return storage_pb2.AdminResponse(seq_num=request.seq_num, partition_id=request.partition_id, **body)  # type: ignore[arg-type]
