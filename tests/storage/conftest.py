@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+import support
+from support.storage import NUM_PARTITIONS, run
 
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.local import LocalStorageNode
-
-T = TypeVar("T")
-
-NUM_PARTITIONS = 4
-
-
-def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine to completion from a synchronous test."""
-    return asyncio.run(coroutine)
 
 
 @pytest.fixture
@@ -29,8 +21,13 @@ def cluster_key() -> str:
 
 
 @pytest.fixture
-def start_storage(tmp_path: Path) -> Iterator[Callable[..., LocalStorageNode]]:
-    """Start storage node processes (killed at teardown, even when the test fails)."""
+def start_storage(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[..., LocalStorageNode]]:
+    """Start storage node processes (killed at teardown, even when the test fails).
+
+    A failed test's report shows the tail of each node's log.
+    """
     nodes: list[LocalStorageNode] = []
 
     def start(directory: Path | None = None, name: str = "storage", **kwargs: Any) -> LocalStorageNode:
@@ -41,6 +38,7 @@ def start_storage(tmp_path: Path) -> Iterator[Callable[..., LocalStorageNode]]:
             **kwargs,
         )
         nodes.append(node)
+        support.add_failure_logs(request.node, f"{name} log", node.process.log_tail)
         node.start()
         return node
 

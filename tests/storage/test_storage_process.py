@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from storage.conftest import NUM_PARTITIONS, run
+from support.storage import NUM_PARTITIONS, run
 
 from waltz.errors import StorageRpcError
 from waltz.protocol.records import Record, ReqId

@@ -1,0 +1,114 @@
+"""Storage configuration (YAML + environment) and TLS on the storage and admin ports."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from support.storage import NUM_PARTITIONS, run
+
+from waltz.config import load_settings
+from waltz.errors import ConfigurationError
+from waltz.protocol.records import Record, ReqId
+from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient, TlsConfig
+from waltz.services.local import LocalStorageNode
+from waltz.services.storage.config import StorageConfig
+
+
+def test_yaml_flat_and_nested_keys_and_environment_override(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "storage.yaml"
+    config.write_text(
+        "storage:\n  directory: /data/w\n  admin.port: 7001\nstorage.segment.size.threshold: 4096\n"
+    )
+    monkeypatch.setenv("WALTZ_STORAGE_ADMIN_PORT", "7002")
+    settings = load_settings(StorageConfig, config)
+    assert settings.directory == Path("/data/w")
+    assert settings.segment_size_threshold == 4096
+    assert settings.admin_port == 7002  # the environment wins over the file
+    assert load_settings(StorageConfig, config, admin_port=7003).admin_port == 7003  # options win
+
+
+def test_bad_configuration_gives_clear_errors(tmp_path: Path) -> None:
+    config = tmp_path / "storage.yaml"
+    config.write_text("storage.directory: /d\nstorage.prot: 1\n")
+    with pytest.raises(ConfigurationError, match=r"unknown keys .*storage\.prot"):
+        load_settings(StorageConfig, config)
+    config.write_text("storage.directory: /d\nstorage.port: seventy\n")
+    with pytest.raises(ConfigurationError, match="port"):
+        load_settings(StorageConfig, config)
+    config.write_text("storage.directory: /d\nstorage.ssl.certFile: /c.pem\n")
+    with pytest.raises(ConfigurationError, match="set together"):
+        load_settings(StorageConfig, config)
+    config.write_text(": : :")
+    with pytest.raises(ConfigurationError, match="cannot read"):
+        load_settings(StorageConfig, config)
+
+
+def test_cli_reports_configuration_errors_without_a_traceback(tmp_path: Path) -> None:
+    config = tmp_path / "storage.yaml"
+    config.write_text("storage.directory: /d\nstorage.bogus: 1\n")
+    from typer.testing import CliRunner
+
+    from waltz.cli.main import app
+
+    result = CliRunner().invoke(app, ["storage", "start", "--config", str(config)])
+    assert result.exit_code == 2
+    assert "unknown keys" in result.output and "Traceback" not in result.output
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+def make_certificates(directory: Path) -> dict[str, Path]:
+    files = {
+        name: directory / f"{name}.pem"
+        for name in ("ca", "ca-key", "server", "server-key", "client", "client-key")
+    }
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=waltz-test-ca",
+            "-keyout", str(files["ca-key"]), "-out", str(files["ca"]))  # fmt: skip
+    ext = directory / "san.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name in ("server", "client"):
+        csr = directory / f"{name}.csr"
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                "-keyout", str(files[f"{name}-key"]), "-out", str(csr))  # fmt: skip
+        openssl("x509", "-req", "-in", str(csr), "-CA", str(files["ca"]), "-CAkey", str(files["ca-key"]),
+                "-CAcreateserial", "-days", "2", "-extfile", str(ext), "-out", str(files[name]))  # fmt: skip
+    return files
+
+
+def test_tls_on_both_ports_with_client_certificates(
+    tmp_path: Path, start_storage: Callable[..., LocalStorageNode]
+) -> None:
+    files = make_certificates(tmp_path)
+    node = start_storage(
+        env={
+            "WALTZ_STORAGE_TLS_CERT_FILE": str(files["server"]),
+            "WALTZ_STORAGE_TLS_KEY_FILE": str(files["server-key"]),
+            "WALTZ_STORAGE_TLS_CA_FILE": str(files["ca"]),
+        }
+    )
+    key = str(uuid.uuid4())
+    tls = TlsConfig(ca_file=files["ca"], cert_file=files["client"], key_file=files["client-key"])
+
+    async def scenario() -> None:
+        async with StorageAdminClient(node.admin_address, key, NUM_PARTITIONS, tls=tls) as admin:
+            await admin.assign_partition(0, True)
+        async with StorageSessionClient(node.address, key, NUM_PARTITIONS, 1, tls=tls) as s:
+            await s.append(0, [Record.create(0, ReqId(1, 1, 0, 0), 0, b"secret")])
+            assert (await s.record(0, 0)) is not None
+        # Plaintext, and TLS without a client certificate, are both refused.
+        with pytest.raises(ConnectionError):
+            await StorageSessionClient(node.address, key, NUM_PARTITIONS, 1).open()
+        with pytest.raises(ConnectionError):
+            await StorageSessionClient(
+                node.address, key, NUM_PARTITIONS, 1, tls=TlsConfig(ca_file=files["ca"])
+            ).open()
+
+    run(scenario())
