@@ -756,6 +756,7 @@ def _scan_segment(
                 f"segment ({segment.file_size - stop.offset} bytes) cannot be checked"
             )
             out.add(Severity.ERROR, message, stop.offset, first + state.expected)
+            _report_index_overflow(index, state, out)
             return state, False
         skip_to, offset = resume
         span = f"transaction {first + state.expected}"
@@ -1105,6 +1106,7 @@ def collect_stats(
     storage_dir: Path,
     partitions: Sequence[int] | None = None,
     *,
+    checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> list[PartitionSummary]:
     """Return the statistics of every (or the given) partition of a storage directory.
@@ -1115,7 +1117,9 @@ def collect_stats(
         FileNotFoundError, NotADirectoryError, StorageNotInitializedError, CorruptDataError: see
             :func:`verify_storage`.
     """
-    report = verify_storage(storage_dir, partitions, chunk_size=chunk_size)
+    report = verify_storage(
+        storage_dir, partitions, checkpoint_interval=checkpoint_interval, chunk_size=chunk_size
+    )
     summaries = []
     for partition in report.partitions:
         segments = partition.segments

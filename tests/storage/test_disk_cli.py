@@ -1,0 +1,382 @@
+"""``waltz disk``: dumps, verification and statistics on real storage directories.
+
+Each test builds a storage directory with the real ``ControlFile`` and ``StoragePartition``, then
+damages bytes at known offsets and checks what ``waltz disk`` reports (seed 000, "On Disk Data
+Structures"; docs/format.md).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import uuid
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from waltz.cli.main import app
+from waltz.protocol.records import Record, ReqId
+from waltz.services.storage import format as fmt
+from waltz.services.storage import inspect
+from waltz.services.storage.control_file import ControlFile
+from waltz.services.storage.partition import StoragePartition
+
+CLUSTER_KEY = uuid.UUID("01234567-89ab-cdef-0123-456789abcdef")
+DATA_SIZE = 100
+RECORD_SIZE = fmt.RECORD_FIXED_SIZE + DATA_SIZE  # 140
+#: With a 1,000-byte threshold a segment is sealed after 7 records (128 + 7 * 140 >= 1000).
+THRESHOLD = 1000
+RECORDS = 25  # partition 0: segments 0-6, 7-13, 14-20 (sealed) and 21-24 (last)
+SMALL_RECORDS = 3  # partition 2: one segment of 3 records of 10 bytes
+
+
+def record(transaction_id: int, size: int = DATA_SIZE) -> Record:
+    """The record written for ``transaction_id``: recognisable data of ``size`` bytes."""
+    data = bytes([transaction_id % 256]) * size
+    return Record.create(transaction_id, ReqId(1, 2, 0, transaction_id), transaction_id, data)
+
+
+def offset_of(position: int) -> int:
+    """The byte offset of the ``position``-th record of a partition 0 segment."""
+    return fmt.HEADER_SIZE + position * RECORD_SIZE
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Path:
+    """A storage directory of 3 partitions: 0 (4 segments), 2 (1 segment); 1 is not assigned."""
+    directory = tmp_path / "storage"
+    directory.mkdir()
+    with ControlFile.create(directory, CLUSTER_KEY, 3) as control:
+        partition = StoragePartition.create(directory / "0", 0, control, segment_size_threshold=THRESHOLD)
+        try:
+            for transaction_id in range(RECORDS):
+                partition.append([record(transaction_id)])  # one batch each: exact segment rolls
+            partition.set_low_water_mark(3, 20)
+        finally:
+            partition.close()
+        small = StoragePartition.create(directory / "2", 2, control, segment_size_threshold=THRESHOLD)
+        try:
+            small.append([record(i, 10) for i in range(SMALL_RECORDS)])
+        finally:
+            small.close()
+    return directory
+
+
+def segment_path(storage: Path, first: int, suffix: str = fmt.SEGMENT_SUFFIX) -> Path:
+    return storage / "0" / fmt.segment_file_name(first, suffix)
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def write_index_entry(path: Path, position: int, value: int) -> None:
+    data = bytearray(path.read_bytes())
+    start = fmt.HEADER_SIZE + position * fmt.INDEX_ENTRY_SIZE
+    data[start : start + 8] = struct.pack(">q", value)
+    path.write_bytes(bytes(data))
+
+
+def waltz(*args: str | Path) -> Result:
+    return CliRunner().invoke(app, ["disk", *(str(a) for a in args)])
+
+
+def problem_lines(result: Result, severity: str) -> list[str]:
+    return [line for line in result.output.splitlines() if line.startswith(severity + ":")]
+
+
+# ---- verify ----
+
+
+def test_verify_passes_on_a_clean_multi_segment_partition(storage: Path) -> None:
+    assert len(list((storage / "0").glob("*.seg"))) == 4
+
+    result = waltz("verify", storage)
+
+    assert result.exit_code == 0, result.output
+    assert "partition 0: PASSED (0 errors, 0 warnings): 4 segments, 25 records" in result.output
+    assert "partition 2: PASSED (0 errors, 0 warnings): 1 segments, 3 records" in result.output
+    assert f"storage {storage}: PASSED" in result.output
+    assert not problem_lines(result, "ERROR") and not problem_lines(result, "WARNING")
+
+
+@pytest.mark.parametrize(
+    ("first", "position"),
+    [(7, 3), (21, 1)],
+    ids=["middle-of-sealed-segment", "last-segment"],
+)
+def test_verify_reports_a_flipped_data_byte(storage: Path, first: int, position: int) -> None:
+    path = segment_path(storage, first)
+    flip_byte(path, offset_of(position) + fmt.RECORD_HEADER_SIZE + 10)
+
+    result = waltz("verify", storage)
+
+    assert result.exit_code == 1, result.output
+    errors = problem_lines(result, "ERROR")
+    assert len(errors) == 1, result.output
+    expected = (
+        f"ERROR: partition 0, file {path}, offset {offset_of(position)}, transaction {first + position}:"
+    )
+    assert errors[0].startswith(expected), errors
+    assert "CRC mismatch" in errors[0]
+    assert "partition 0: FAILED (1 error, 0 warnings)" in result.output
+    assert "partition 2: PASSED" in result.output
+    assert f"storage {storage}: FAILED" in result.output
+
+
+def test_verify_segment_reports_the_same_flipped_byte(storage: Path) -> None:
+    path = segment_path(storage, 7)
+    flip_byte(path, offset_of(3) + fmt.RECORD_HEADER_SIZE)
+
+    result = waltz("verify-segment", path)
+
+    assert result.exit_code == 1, result.output
+    assert f"ERROR: partition 0, file {path}, offset {offset_of(3)}, transaction 10:" in result.output
+    assert f"segment {path}: FAILED (1 error, 0 warnings): 6 records, transactions 7 to 13" in result.output
+    clean = waltz("verify-segment", segment_path(storage, 14))
+    assert clean.exit_code == 0, clean.output
+    assert "PASSED (0 errors, 0 warnings): 7 records, transactions 14 to 20" in clean.output
+
+
+def test_verify_reports_a_wrong_index_entry_of_a_sealed_segment(storage: Path) -> None:
+    index = segment_path(storage, 7, fmt.INDEX_SUFFIX)
+    write_index_entry(index, 2, 999)
+
+    result = waltz("verify", storage)
+
+    assert result.exit_code == 1, result.output
+    assert problem_lines(result, "ERROR") == [
+        f"ERROR: partition 0, file {index}, offset 144, transaction 9: "
+        f"index entry 2 holds offset 999, the record is at offset {offset_of(2)}"
+    ]
+
+
+def test_a_wrong_index_entry_after_the_last_checkpoint_is_a_warning(storage: Path) -> None:
+    index = segment_path(storage, 21, fmt.INDEX_SUFFIX)
+    write_index_entry(index, 2, 999)
+
+    result = waltz("verify", storage)
+
+    assert result.exit_code == 0, result.output
+    warnings = problem_lines(result, "WARNING")
+    assert len(warnings) == 1, result.output
+    assert warnings[0].startswith(f"WARNING: partition 0, file {index}, offset 144, transaction 23: ")
+    assert "start-up rebuilds the index" in warnings[0]
+
+
+def test_a_torn_tail_is_a_warning_and_nothing_is_modified(storage: Path) -> None:
+    last = segment_path(storage, 21)
+    end = last.stat().st_size
+    with last.open("ab") as f:
+        f.write(fmt.encode_record(record(25))[:50])  # an append that never completed
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in storage.rglob("*") if p.is_file()}
+
+    result = waltz("verify", storage)
+
+    assert result.exit_code == 0, result.output
+    warnings = problem_lines(result, "WARNING")
+    assert len(warnings) == 1, result.output
+    assert warnings[0].startswith(
+        f"WARNING: partition 0, file {last}, offset {end}, transaction 25: torn tail"
+    )
+    assert "partition 0: PASSED (0 errors, 1 warning)" in result.output
+    after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in storage.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_a_damaged_length_before_valid_records_is_corruption_not_a_torn_tail(storage: Path) -> None:
+    last = segment_path(storage, 21)
+    flip_byte(last, offset_of(1) + 29)  # the data length of transaction 22 now runs past the end
+
+    result = waltz("verify", storage)
+
+    assert result.exit_code == 1, result.output
+    errors = problem_lines(result, "ERROR")
+    assert len(errors) == 1 and errors[0].startswith(
+        f"ERROR: partition 0, file {last}, offset {offset_of(1)}, transaction 22: corrupt record"
+    ), result.output
+    assert "not a torn tail" in errors[0]
+
+
+def test_verify_reports_a_broken_segment_chain(storage: Path) -> None:
+    segment_path(storage, 7).unlink()
+    segment_path(storage, 7, fmt.INDEX_SUFFIX).unlink()
+
+    result = waltz("verify", storage, "--partition", "0")
+
+    assert result.exit_code == 1, result.output
+    assert (
+        f"ERROR: partition 0, file {segment_path(storage, 14)}, offset 0, transaction 7: segment chain broken"
+        in result.output
+    )
+    assert "partition 2" not in result.output
+
+
+def test_verify_json(storage: Path) -> None:
+    flip_byte(segment_path(storage, 14), offset_of(0) + fmt.RECORD_HEADER_SIZE)
+
+    result = waltz("verify", storage, "--json")
+
+    assert result.exit_code == 1, result.output
+    document = json.loads(result.output)
+    assert (document["passed"], document["errors"], document["warnings"]) == (False, 1, 0)
+    (partition0, partition2) = document["partitions"]
+    assert (partition0["passed"], partition2["passed"]) == (False, True)
+    assert [p["severity"] for p in partition2["problems"]] == []
+    (problem,) = partition0["problems"]
+    assert (problem["severity"], problem["offset"], problem["transaction_id"]) == ("ERROR", 128, 14)
+    assert problem["path"] == str(segment_path(storage, 14))
+
+
+def test_streaming_in_chunks_smaller_than_a_record_gives_the_same_report(storage: Path) -> None:
+    flip_byte(segment_path(storage, 7), offset_of(3) + fmt.RECORD_HEADER_SIZE)
+    with segment_path(storage, 21).open("ab") as f:
+        f.write(b"\0" * 30)  # a zero-filled tail
+
+    whole = inspect.verify_storage(storage)
+    chunked = inspect.verify_storage(storage, chunk_size=7)
+
+    assert chunked == whole
+    assert [(p.severity, p.offset, p.transaction_id) for p in whole.partitions[0].problems] == [
+        (inspect.Severity.ERROR, offset_of(3), 10),
+        (inspect.Severity.WARNING, offset_of(4), 25),
+    ]
+    assert sum(s.records for s in whole.partitions[0].segments) == RECORDS - 1
+
+
+# ---- control ----
+
+
+def test_control_dumps_header_structs_and_fences(storage: Path) -> None:
+    result = waltz("control", storage)
+
+    assert result.exit_code == 0, result.output
+    assert f"cluster key:     {CLUSTER_KEY}" in result.output
+    assert "partitions:      3" in result.output
+    assert "format version:  1" in result.output
+    created = next(line for line in result.output.splitlines() if line.startswith("creation time:"))
+    assert created.split()[2].endswith("Z")
+    lines = result.output.splitlines()
+    part0 = lines.index("partition 0 (entry at offset 128)")
+    assert lines[part0 + 1].startswith("  struct 0 (offset 132): session ID -1, ")
+    assert lines[part0 + 2] == (
+        "  struct 1 (offset 160): session ID 3, low-water mark 20, local low-water mark 20, CRC OK"
+        "  <- current"
+    )
+    assert lines[part0 + 3] == "  fence slot 0 (offset 308): session ID -1, CRC OK"
+    assert lines[part0 + 5] == "  fence session ID: 3"
+
+
+def test_control_shows_a_corrupt_struct(storage: Path) -> None:
+    flip_byte(storage / fmt.CONTROL_FILE_NAME, 160 + 3)  # partition 0, struct 1 (the current one)
+
+    result = waltz("control", storage)
+
+    assert result.exit_code == 0, result.output
+    assert "  struct 1 (offset 160): CORRUPT (CRC mismatch)" in result.output
+    assert (
+        "  struct 0 (offset 132): session ID -1, low-water mark -1, local low-water mark -1, CRC OK"
+        "  <- current"
+    ) in result.output
+    as_json = json.loads(waltz("control", storage, "--json").output)
+    entry = as_json["partitions"][0]
+    assert entry["current_struct"] == 0 and entry["structs"][1]["info"] is None
+    verify = waltz("verify", storage)
+    assert verify.exit_code == 0, verify.output  # the node rolls back to struct 0: a warning
+    assert any("partition-info struct 1 fails its CRC" in w for w in problem_lines(verify, "WARNING"))
+
+
+# ---- stats ----
+
+
+def test_stats_numbers(storage: Path) -> None:
+    result = waltz("stats", storage, "--json")
+
+    assert result.exit_code == 0, result.output
+    by_partition = {row["partition_id"]: row for row in json.loads(result.output)}
+    assert set(by_partition) == {0, 2}
+    p0 = by_partition[0]
+    assert (p0["segments"], p0["records"]) == (4, 25)
+    assert (p0["first_transaction_id"], p0["max_transaction_id"]) == (0, 24)
+    assert (p0["data_bytes"], p0["record_bytes"]) == (RECORDS * DATA_SIZE, RECORDS * RECORD_SIZE)
+    assert p0["info"] == {"session_id": 3, "low_water_mark": 20, "local_low_water_mark": 20}
+    p2 = by_partition[2]
+    assert (p2["segments"], p2["records"], p2["max_transaction_id"], p2["data_bytes"]) == (1, 3, 2, 30)
+    assert p2["info"]["session_id"] == -1
+
+    text = waltz("stats", storage)
+    assert text.exit_code == 0, text.output
+    row = next(line.split() for line in text.output.splitlines() if line.split()[:1] == ["0"])
+    assert row == ["0", "4", "25", "3500", "2500", "0", "24", "3", "20", "20", "3", "none"]
+
+
+# ---- segment dump ----
+
+
+def test_segment_dump_lists_header_and_records(storage: Path) -> None:
+    path = segment_path(storage, 7)
+
+    result = waltz("segment", path, "--hex", "4")
+
+    assert result.exit_code == 0, result.output
+    assert "first transaction ID:  7" in result.output
+    assert f"cluster key:           {CLUSTER_KEY}" in result.output
+    rows = [line.split() for line in result.output.splitlines() if line.strip()[:1].isdigit()]
+    assert [(int(r[0]), int(r[1])) for r in rows] == [(offset_of(i), 7 + i) for i in range(7)]
+    assert rows[0][2:5] == ["1/2/0/7", "7", "100"] and rows[0][-1] == "07070707..."
+    assert f"(end of file at offset {offset_of(7)}; 7 records listed)" in result.output
+
+
+def test_segment_dump_from_transaction_with_limit(storage: Path) -> None:
+    result = waltz("segment", segment_path(storage, 7), "--from-txn", "10", "--limit", "2")
+
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.output.splitlines() if line.strip()[:1].isdigit()]
+    assert [int(r[1]) for r in rows] == [10, 11]
+    assert "(stopped after 2 records: --limit)" in result.output
+
+
+# ---- unusable input ----
+
+
+@pytest.mark.parametrize("command", ["control", "verify", "stats"])
+def test_unknown_directory_is_exit_code_2(tmp_path: Path, command: str) -> None:
+    missing = tmp_path / "nowhere"
+
+    result = waltz(command, missing)
+
+    assert result.exit_code == 2
+    assert f"error: storage directory {missing} does not exist" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_not_a_storage_directory_and_corrupt_header_are_exit_code_2(tmp_path: Path, storage: Path) -> None:
+    empty = waltz("verify", tmp_path / "storage" / "0")
+    assert empty.exit_code == 2
+    assert "is not a storage directory" in empty.output
+
+    control = storage / fmt.CONTROL_FILE_NAME
+    data = bytearray(control.read_bytes())
+    data[0:4] = struct.pack(">i", 99)
+    control.write_bytes(bytes(data))
+    corrupt = waltz("control", storage)
+    assert corrupt.exit_code == 2
+    assert "unknown control file format version 99" in corrupt.output
+
+    absent = storage / "0" / "0000000000000000099.seg"
+    for command in ("segment", "verify-segment"):
+        missing = waltz(command, absent)
+        assert missing.exit_code == 2
+        assert f"error: segment file {absent} does not exist" in missing.output
+    directory = waltz("segment", storage / "0")
+    assert directory.exit_code == 2 and "is not a file" in directory.output
+
+
+def test_every_command_has_help() -> None:
+    for command in ("control", "segment", "verify", "verify-segment", "stats"):
+        result = waltz(command, "--help")
+        assert result.exit_code == 0, result.output
+        assert "Usage:" in result.output
