@@ -328,3 +328,46 @@ def test_disk_full_fails_the_append_and_leaves_the_log_unchanged(tmp_path: Path)
     finally:
         partition.close()
         partition_control.close()
+
+
+def test_damaged_length_field_is_corruption_not_a_torn_tail(store: Store) -> None:
+    records = make_records(0, 25)
+    store.partition.append(records)
+    segment = store.segments()[-1]
+    size = segment.stat().st_size
+    offset_of_21 = fmt.HEADER_SIZE + sum(fmt.RECORD_FIXED_SIZE + len(r.data) for r in records[:21])
+    raw = bytearray(segment.read_bytes())
+    raw[offset_of_21 + 29] ^= 0x10  # the data length field: the record now claims to end past the file
+    segment.write_bytes(bytes(raw))
+    partition = store.reopen()
+    assert segment.stat().st_size == size, "records after the damaged one were cut"
+    assert partition.corruption is not None and partition.corruption.transaction_id == 21
+    assert partition.read_records(0, 100) == records[:21]
+
+
+def test_garbage_index_entry_at_a_checkpoint_falls_back_and_is_rebuilt(small_store: Store) -> None:
+    small_store.threshold = 1 << 30
+    partition = small_store.reopen()
+    records = make_records(0, 25)
+    partition.append(records)
+    index = small_store.segments()[-1].with_suffix(".idx")
+    partition.close()
+    raw = bytearray(index.read_bytes())
+    raw[fmt.HEADER_SIZE + 19 * 8 : fmt.HEADER_SIZE + 20 * 8] = (-5).to_bytes(8, "big", signed=True)
+    index.write_bytes(bytes(raw))
+    partition = small_store.reopen()
+    assert partition.read_records(0, 100) == records
+
+
+def test_orphan_index_does_not_block_a_new_segment(tmp_path: Path) -> None:
+    from waltz.services.storage.segment import Segment
+
+    key = uuid.uuid4()
+    orphan = tmp_path / fmt.segment_file_name(100, fmt.INDEX_SUFFIX)
+    orphan.write_bytes(b"left over by a crash between deleting the index and the data")
+    segment = Segment.create(tmp_path, 0, key, 100, 1000)
+    try:
+        assert segment.count == 0
+        assert orphan.read_bytes()[: fmt.HEADER_SIZE] == segment.header.encode()
+    finally:
+        segment.close()

@@ -20,9 +20,38 @@ from waltz.errors import CorruptDataError, PartitionNotAssignedError
 from waltz.services.storage import format as fmt
 from waltz.services.storage.fsutil import fsync_directory
 
-__all__ = ["ControlFile"]
+__all__ = ["ControlFile", "current_fence", "current_struct"]
 
 log = logging.getLogger(__name__)
+
+
+def current_struct(structs: list[fmt.PartitionInfo | None]) -> tuple[fmt.PartitionInfo, int] | None:
+    """Choose the partition-info struct a node uses, from the two decoded ones (None: bad CRC).
+
+    Session IDs only grow, and within one session the low-water mark only grows: the valid struct
+    with the highest (session ID, low-water mark, local low-water mark) is the newest; struct 0
+    on a tie.
+
+    Returns:
+        The struct and its slot (0 or 1), or None when both are corrupt.
+    """
+    valid = [(info, slot) for slot, info in enumerate(structs) if info is not None]
+    if not valid:
+        return None
+    return max(valid, key=lambda pair: pair[0])
+
+
+def current_fence(fences: list[int | None], info: fmt.PartitionInfo | None) -> tuple[int, int]:
+    """Choose the effective fence from the two decoded fence slots (None: bad CRC).
+
+    Returns:
+        The fence (at least the current struct's session ID; -1 when nothing was ever fenced) and
+        the slot holding the highest valid fence (1 when neither is valid, so the next write goes
+        to slot 0).
+    """
+    valid = [(fence, slot) for slot, fence in enumerate(fences) if fence is not None]
+    fence, slot = max(valid) if valid else (-1, 1)
+    return max(fence, info.session_id if info is not None else -1), slot
 
 
 @dataclass(slots=True)
@@ -130,10 +159,9 @@ class ControlFile:
         fences: list[int | None],
         path: str,
     ) -> _PartitionEntry:
-        valid = [(info, i) for i, info in enumerate(structs) if info is not None]
-        valid_fences = [(f, i) for i, f in enumerate(fences) if f is not None]
-        fence, fence_slot = max(valid_fences) if valid_fences else (-1, 1)
-        if not valid:
+        chosen = current_struct(structs)
+        fence, fence_slot = current_fence(fences, chosen[0] if chosen else None)
+        if chosen is None:
             problem = (
                 f"partition {pid}: both partition-info structs of the control file {path} are corrupt"
                 + (f" (entry holds partition ID {stored_pid})" if stored_pid != pid else "")
@@ -142,17 +170,16 @@ class ControlFile:
             )
             log.error("%s", problem)
             return _PartitionEntry(None, 1, fence, fence_slot, problem)
-        if len(valid) == 1:
+        info, current = chosen
+        if structs[1 - current] is None:
             log.warning(
                 "partition %d: partition-info struct %d of %s failed its CRC; using struct %d",
                 pid,
-                1 - valid[0][1],
+                1 - current,
                 path,
-                valid[0][1],
+                current,
             )
-        # Session IDs only grow, and within one session the low-water mark only grows.
-        info, current = max(valid, key=lambda pair: pair[0])
-        return _PartitionEntry(info, current, max(fence, info.session_id), fence_slot)
+        return _PartitionEntry(info, current, fence, fence_slot)
 
     def close(self) -> None:
         """Close the file. Idempotent."""

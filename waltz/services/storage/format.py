@@ -58,6 +58,7 @@ __all__ = [
     "encode_records",
     "iter_records",
     "now_ms",
+    "record_size",
     "segment_file_name",
 ]
 
@@ -299,12 +300,27 @@ def decode_record_at(buffer: bytes | memoryview, position: int) -> tuple[Record,
     end_of_data = position + RECORD_HEADER_SIZE + length
     (record_crc,) = _CRC.unpack_from(buffer, end_of_data)
     view = memoryview(buffer)
-    if zlib.crc32(view[position:end_of_data]) != record_crc:
-        raise RecordProblem("record CRC mismatch", incomplete=False)
     data = bytes(view[position + RECORD_HEADER_SIZE : end_of_data])
+    if zlib.crc32(view[position:end_of_data]) != record_crc:
+        where = "in the header or the record CRC" if zlib.crc32(data) == data_crc else "in the data"
+        raise RecordProblem(f"record CRC mismatch (damage {where})", incomplete=False)
     if zlib.crc32(data) != data_crc:
         raise RecordProblem("data CRC mismatch", incomplete=False)
     return Record(txn, ReqId(client, gen, pid, seq), header, data, data_crc), size
+
+
+def record_size(header: bytes | memoryview) -> int:
+    """Return the encoded size of a record from its first 36 bytes (header fields).
+
+    Raises:
+        RecordProblem: the header is shorter than 36 bytes or holds an impossible data length.
+    """
+    if len(header) < RECORD_HEADER_SIZE:
+        raise RecordProblem(f"{len(header)} bytes left, a record header needs 36", incomplete=True)
+    length = _RECORD_HEADER.unpack_from(header)[6]
+    if length < 0 or length > MAX_DATA_LENGTH:
+        raise RecordProblem(f"impossible data length {length}", incomplete=False)
+    return int(RECORD_FIXED_SIZE + length)
 
 
 def decode_record_header_at(buffer: bytes | memoryview, position: int) -> RecordHeader:

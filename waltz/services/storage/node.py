@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import threading
 import uuid
 from collections.abc import Callable
@@ -33,6 +34,11 @@ __all__ = ["StorageNode"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def _is_partition_directory_name(name: str) -> bool:
+    """Partition directories are named by the partition ID in canonical decimal form."""
+    return name.isascii() and name.isdigit() and str(int(name)) == name
 
 
 class StorageNode:
@@ -79,7 +85,7 @@ class StorageNode:
         if ControlFile.path_in(self.directory).exists():
             self._control = ControlFile.open(self.directory)
             for child in sorted(self.directory.iterdir()):
-                if child.is_dir() and child.name.isdigit():
+                if child.is_dir() and _is_partition_directory_name(child.name):
                     self._open_partition(int(child.name))
             log.info(
                 "storage node %s: cluster key %s, %d partitions, %d assigned here",
@@ -112,6 +118,13 @@ class StorageNode:
         except CorruptDataError as exc:
             log.error("partition %d does not open: %s", partition_id, exc)
             self._broken[partition_id] = exc
+        except OSError as exc:
+            log.error("partition %d does not open: %s", partition_id, exc)
+            self._broken[partition_id] = CorruptDataError(
+                f"partition {partition_id} does not open: {exc}",
+                path=str(self.directory / str(partition_id)),
+                partition_id=partition_id,
+            )
 
     def close(self) -> None:
         """Close every partition and the control file. Idempotent."""
@@ -266,8 +279,6 @@ class StorageNode:
             elif delete_files:
                 directory = self.directory / str(partition_id)
                 if directory.exists():
-                    import shutil
-
                     shutil.rmtree(directory)
             log.info(
                 "partition %d unassigned from this storage node%s",

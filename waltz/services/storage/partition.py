@@ -41,7 +41,7 @@ class PartitionStats:
     partition_id: int
     segments: int
     records: int
-    data_bytes: int
+    record_bytes: int  # on-disk size of the records, their 40 bytes of framing included
     first_transaction_id: int
     max_transaction_id: int
     corruption: CorruptionInfo | None

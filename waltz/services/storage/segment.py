@@ -125,6 +125,10 @@ class Segment:
             directory / fmt.segment_file_name(first_transaction_id, suffix)
             for suffix in (fmt.SEGMENT_SUFFIX, fmt.INDEX_SUFFIX)
         ]
+        if not paths[0].exists() and paths[1].exists():
+            # Left by a crash between deleting a segment's two files (the index goes first).
+            log.warning("partition %d: removing orphan index file %s", partition_id, paths[1])
+            paths[1].unlink()
         fds: list[int] = []
         try:
             for path in paths:
@@ -224,18 +228,18 @@ class Segment:
         """Rebuild the index after the last checkpoint and cut a torn tail (seed 000)."""
         data_fd, index_fd = self._fds()
         first = self.first_transaction_id
+        file_size = os.fstat(data_fd).st_size
         trusted = (index_entries // self._checkpoint_interval) * self._checkpoint_interval
         position = fmt.HEADER_SIZE
         while trusted > 0:
-            offset = self._index_entry(trusted - 1)
             try:
-                record, size = self._decode_at(offset, trusted - 1 + first, data_fd)
+                offset = self._index_entries(trusted - 1, 1, bound=file_size)[0]
+                _record, size = self._decode_at(offset, trusted - 1 + first, data_fd, file_size)
                 position = offset + size
                 break
             except CorruptDataError:
                 # The checkpoint itself is not usable: fall back to the previous one.
                 trusted -= self._checkpoint_interval
-        file_size = os.fstat(data_fd).st_size
         rebuilt: list[int] = []
         corruption: CorruptionInfo | None = None
         cut_at: int | None = None
@@ -244,6 +248,7 @@ class Segment:
         while True:
             # Decode from the buffer; refill it when a record does not fit.
             relative = position - buffer_start
+            expected = first + trusted + len(rebuilt)
             try:
                 record, size = fmt.decode_record_at(buffer, relative)
             except fmt.RecordProblem as problem:
@@ -253,14 +258,16 @@ class Segment:
                     continue
                 if position >= file_size:
                     break
-                expected = first + trusted + len(rebuilt)
-                tail = os.pread(data_fd, file_size - position, position)
-                if problem.incomplete or not tail.strip(b"\0"):
+                torn = problem.incomplete or _all_zero(data_fd, position, file_size)
+                if torn and self._later_record_indexed(expected, position, index_entries, file_size):
+                    # A damaged length field can make a record look incomplete; a valid record
+                    # after it proves that it is not the tail.
+                    torn = False
+                if torn:
                     cut_at = position
                 else:
                     corruption = CorruptionInfo(expected, position, problem.reason)
                 break
-            expected = first + trusted + len(rebuilt)
             if record.transaction_id != expected:
                 corruption = CorruptionInfo(
                     expected,
@@ -300,35 +307,74 @@ class Segment:
         self.valid_end = position
         self.corruption = corruption
 
+    def _later_record_indexed(self, expected: int, position: int, index_entries: int, file_size: int) -> bool:
+        """Whether the index points to a valid record after ``position`` for a later transaction."""
+        data_fd, _ = self._fds()
+        first = self.first_transaction_id
+        for transaction_id in range(expected + 1, min(expected + 4, first + index_entries)):
+            try:
+                offset = self._index_entries(transaction_id - first, 1, bound=file_size)[0]
+                if offset > position:
+                    self._decode_at(offset, transaction_id, data_fd, file_size)
+                    return True
+            except CorruptDataError:
+                continue
+        return False
+
     # ---- reads ----
 
     def _index_entry(self, index: int) -> int:
         return self._index_entries(index, 1)[0]
 
-    def _index_entries(self, index: int, count: int) -> list[int]:
+    def _index_entries(self, index: int, count: int, *, bound: int | None = None) -> list[int]:
+        """Read ``count`` index entries from entry ``index`` on, checking them.
+
+        Args:
+            bound: offsets must be below this (default: the end of the valid records).
+
+        Raises:
+            CorruptDataError: an entry is missing, out of the file, or not increasing.
+        """
         _, index_fd = self._fds()
         size = count * fmt.INDEX_ENTRY_SIZE
-        raw = os.pread(index_fd, size, fmt.HEADER_SIZE + index * fmt.INDEX_ENTRY_SIZE)
+        position = fmt.HEADER_SIZE + index * fmt.INDEX_ENTRY_SIZE
+        raw = os.pread(index_fd, size, position)
         if len(raw) != size:
             raise CorruptDataError(
                 f"index has fewer entries than the segment's {self.count} records",
                 path=str(self.index_path),
                 partition_id=self.partition_id,
-                offset=fmt.HEADER_SIZE + index * fmt.INDEX_ENTRY_SIZE,
+                offset=position,
                 transaction_id=self.first_transaction_id + index,
             )
-        return fmt.decode_offsets(raw)
+        offsets = fmt.decode_offsets(raw)
+        limit = self.valid_end if bound is None else bound
+        previous = fmt.HEADER_SIZE - 1
+        for i, offset in enumerate(offsets):
+            if not previous < offset < limit:
+                raise CorruptDataError(
+                    f"index entry {offset} is outside the records (after {previous}, below {limit})",
+                    path=str(self.index_path),
+                    partition_id=self.partition_id,
+                    offset=position + i * fmt.INDEX_ENTRY_SIZE,
+                    transaction_id=self.first_transaction_id + index + i,
+                )
+            previous = offset
+        return offsets
 
-    def _decode_at(self, offset: int, transaction_id: int, data_fd: int) -> tuple[Record, int]:
-        head = os.pread(data_fd, fmt.RECORD_HEADER_SIZE, offset)
+    def _decode_at(
+        self, offset: int, transaction_id: int, data_fd: int, file_size: int
+    ) -> tuple[Record, int]:
         try:
-            if len(head) < fmt.RECORD_HEADER_SIZE:
-                raise fmt.RecordProblem("record header beyond the end of the file", incomplete=True)
-            length = int.from_bytes(head[28:32], "big", signed=True)
-            if not 0 <= length <= fmt.MAX_DATA_LENGTH:
-                raise fmt.RecordProblem(f"impossible data length {length}", incomplete=False)
-            raw = head + os.pread(data_fd, length + 4, offset + fmt.RECORD_HEADER_SIZE)
-            record, size = fmt.decode_record_at(raw, 0)
+            if not fmt.HEADER_SIZE <= offset <= file_size - fmt.RECORD_FIXED_SIZE:
+                raise fmt.RecordProblem(f"offset {offset} is outside the file", incomplete=False)
+            head = os.pread(data_fd, fmt.RECORD_HEADER_SIZE, offset)
+            size = fmt.record_size(head)
+            if offset + size > file_size:
+                raise fmt.RecordProblem("record extends beyond the end of the file", incomplete=True)
+            record, size = fmt.decode_record_at(
+                head + os.pread(data_fd, size - len(head), offset + len(head)), 0
+            )
         except fmt.RecordProblem as problem:
             raise self._corrupt(problem.reason, offset, transaction_id) from None
         if record.transaction_id != transaction_id:
@@ -367,7 +413,9 @@ class Segment:
         wanted = min(max_records, available)
         offsets = self._index_entries(index, wanted)
         start = offsets[0]
-        end_of_range = self.valid_end if index + wanted == self.count else self._index_entry(index + wanted)
+        end_of_range = (
+            self.valid_end if index + wanted == self.count else self._index_entries(index + wanted, 1)[0]
+        )
         # Keep at least one record; stop before max_bytes.
         n = wanted
         while n > 1 and (offsets[n] if n < wanted else end_of_range) - start > max_bytes:
@@ -491,14 +539,29 @@ class Segment:
             os.close(self._index_fd)
             self._data_fd = None
             self._index_fd = None
-        self.data_path.unlink(missing_ok=True)
+        # The index first: a crash in between leaves a data file that start-up re-indexes,
+        # never an orphan index that would block re-creating the segment.
         self.index_path.unlink(missing_ok=True)
+        self.data_path.unlink(missing_ok=True)
 
     @property
     def data_size(self) -> int:
         """The data file's size in bytes (its valid part ends at :attr:`valid_end`)."""
         data_fd, _ = self._fds()
         return os.fstat(data_fd).st_size
+
+
+def _all_zero(fd: int, start: int, end: int) -> bool:
+    """Whether bytes ``start`` to ``end`` of the file are all zero (read in chunks)."""
+    position = start
+    while position < end:
+        chunk = os.pread(fd, min(_SCAN_CHUNK, end - position), position)
+        if not chunk:
+            break
+        if chunk.strip(b"\0"):
+            return False
+        position += len(chunk)
+    return True
 
 
 def _write_fully(fd: int, data: bytes, offset: int) -> None:
