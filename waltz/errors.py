@@ -8,14 +8,18 @@ from __future__ import annotations
 
 __all__ = [
     "ClusterKeyMismatchError",
+    "ClusterNotFoundError",
     "ConfigurationError",
     "CorruptDataError",
     "DiskFullError",
+    "GenerationFencedError",
     "MessageTooLargeError",
+    "MetadataError",
     "PartitionNotAssignedError",
     "PartitionUnavailableError",
     "ProtocolError",
     "SessionFencedError",
+    "StaleMetadataError",
     "StorageError",
     "StorageNotInitializedError",
     "StorageRpcError",
@@ -29,6 +33,37 @@ class WaltzError(Exception):
 
 class ConfigurationError(WaltzError):
     """A configuration file, environment variable or command-line value is invalid."""
+
+
+class MetadataError(WaltzError):
+    """Cluster metadata in ZooKeeper is missing, malformed, or changed under us."""
+
+
+class ClusterNotFoundError(MetadataError):
+    """No cluster exists under the given cluster root."""
+
+
+class StaleMetadataError(MetadataError):
+    """A compare-and-set on a znode failed: someone else changed it first."""
+
+
+class GenerationFencedError(MetadataError):
+    """The partition's stored generation is higher than ours: a newer server owns the partition.
+
+    Attributes:
+        partition_id: the partition.
+        generation: our generation.
+        current_generation: the stored (higher) generation.
+    """
+
+    def __init__(self, partition_id: int, generation: int, current_generation: int) -> None:
+        super().__init__(
+            f"partition {partition_id}: generation {generation} is fenced by generation "
+            f"{current_generation}; the partition has moved to another server"
+        )
+        self.partition_id = partition_id
+        self.generation = generation
+        self.current_generation = current_generation
 
 
 class ProtocolError(WaltzError):

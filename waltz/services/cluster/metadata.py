@@ -1,0 +1,251 @@
+"""Metadata values stored in ZooKeeper, and their JSON codecs.
+
+Source: seed 003 "Partition Metadata" (generation, store session ID, replica states with closing
+high-water marks); seed 004 "Replica Assignments" and "Group Descriptor". Every value is a frozen
+dataclass with ``encode()`` (UTF-8 JSON, sorted keys) and ``decode(data, path)``; a znode that
+does not decode raises :class:`~waltz.errors.MetadataError` naming the znode.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Self
+
+from waltz.errors import MetadataError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "ClusterParams",
+    "ConnectionMetadata",
+    "GroupDescriptor",
+    "PartitionMetadata",
+    "ReplicaAssignments",
+    "ReplicaState",
+]
+
+FORMAT_VERSION = 1
+
+
+def _load(data: bytes, path: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MetadataError(f"znode {path} does not hold JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise MetadataError(f"znode {path} holds {type(value).__name__}, expected an object")
+    version = value.get("format_version", FORMAT_VERSION)
+    if version != FORMAT_VERSION:
+        raise MetadataError(
+            f"znode {path} has format version {version}; this waltz-py reads {FORMAT_VERSION}"
+        )
+    return value
+
+
+def _dump(value: dict[str, Any]) -> bytes:
+    return json.dumps({"format_version": FORMAT_VERSION, **value}, sort_keys=True).encode("utf-8")
+
+
+def _field(value: Mapping[str, Any], key: str, kind: type, path: str) -> Any:
+    if key not in value:
+        raise MetadataError(f"znode {path} lacks the field {key!r}")
+    item = value[key]
+    if kind is int and (isinstance(item, bool) or not isinstance(item, int)):
+        raise MetadataError(f"znode {path}: field {key!r} is {item!r}, expected an integer")
+    if kind is not int and not isinstance(item, kind):
+        raise MetadataError(f"znode {path}: field {key!r} is {item!r}, expected {kind.__name__}")
+    return item
+
+
+def check_connect_string(connect_string: str) -> str:
+    """Check a storage node connect string (``host:port``) and return it.
+
+    Raises:
+        MetadataError: it is not ``host:port`` with a port in 1..65535.
+    """
+    host, _, port = connect_string.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise MetadataError(f"{connect_string!r} is not a connect string of the form host:port")
+    return connect_string
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterParams:
+    """The cluster's parameters: name, number of partitions and the cluster key."""
+
+    name: str
+    num_partitions: int
+    cluster_key: uuid.UUID
+
+    def encode(self) -> bytes:
+        return _dump(
+            {"name": self.name, "num_partitions": self.num_partitions, "cluster_key": str(self.cluster_key)}
+        )
+
+    @classmethod
+    def decode(cls, data: bytes, path: str) -> Self:
+        value = _load(data, path)
+        try:
+            key = uuid.UUID(_field(value, "cluster_key", str, path))
+        except ValueError as exc:
+            raise MetadataError(f"znode {path}: cluster_key is not a UUID") from exc
+        return cls(_field(value, "name", str, path), _field(value, "num_partitions", int, path), key)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaAssignments:
+    """Which storage node holds a replica of which partition (seed 004 "Replica Assignments").
+
+    Attributes:
+        replicas: storage connect string (``host:port``) -> sorted partition IDs.
+    """
+
+    replicas: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return _dump({"replicas": {k: list(v) for k, v in sorted(self.replicas.items())}})
+
+    @classmethod
+    def decode(cls, data: bytes, path: str) -> Self:
+        raw = _field(_load(data, path), "replicas", dict, path)
+        replicas: dict[str, tuple[int, ...]] = {}
+        for storage, partitions in raw.items():
+            check_connect_string(storage)
+            if not isinstance(partitions, list) or not all(isinstance(p, int) for p in partitions):
+                raise MetadataError(f"znode {path}: partitions of {storage} are {partitions!r}")
+            replicas[storage] = tuple(sorted(partitions))
+        return cls(replicas)
+
+    def storages_of(self, partition_id: int) -> list[str]:
+        """The connect strings of the storage nodes holding a replica of ``partition_id``, sorted."""
+        return sorted(s for s, partitions in self.replicas.items() if partition_id in partitions)
+
+    def with_replica(self, storage: str, partition_id: int, assigned: bool) -> ReplicaAssignments:
+        """Return a copy with the replica of ``partition_id`` on ``storage`` added or removed."""
+        replicas = dict(self.replicas)
+        current = set(replicas.get(storage, ()))
+        if assigned:
+            current.add(partition_id)
+        else:
+            current.discard(partition_id)
+        replicas[storage] = tuple(sorted(current))
+        return ReplicaAssignments(replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescriptor:
+    """Storage connect string -> replica group ID (seed 004 "Group Descriptor")."""
+
+    groups: Mapping[str, int] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return _dump({"groups": dict(sorted(self.groups.items()))})
+
+    @classmethod
+    def decode(cls, data: bytes, path: str) -> Self:
+        raw = _field(_load(data, path), "groups", dict, path)
+        for storage, group in raw.items():
+            check_connect_string(storage)
+            if isinstance(group, bool) or not isinstance(group, int):
+                raise MetadataError(f"znode {path}: group of {storage} is {group!r}")
+        return cls(dict(raw))
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionMetadata:
+    """Storage connect string -> admin port of that storage node."""
+
+    admin_ports: Mapping[str, int] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return _dump({"admin_ports": dict(sorted(self.admin_ports.items()))})
+
+    @classmethod
+    def decode(cls, data: bytes, path: str) -> Self:
+        raw = _field(_load(data, path), "admin_ports", dict, path)
+        for storage, port in raw.items():
+            check_connect_string(storage)
+            if isinstance(port, bool) or not isinstance(port, int):
+                raise MetadataError(f"znode {path}: admin port of {storage} is {port!r}")
+        return cls(dict(raw))
+
+    def admin_address(self, storage: str) -> str:
+        """The ``host:admin_port`` of a storage node.
+
+        Raises:
+            MetadataError: the storage node has no admin port on record.
+        """
+        port = self.admin_ports.get(storage)
+        if port is None:
+            raise MetadataError(f"storage node {storage} has no admin port in store/connection")
+        return f"{storage.rpartition(':')[0]}:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """The state of one replica of a partition (seed 003 "ReplicaState").
+
+    Attributes:
+        session_id: the store session this replica is engaged in (-1: none yet).
+        closing_high_water_mark: the high-water mark at which that session closed, set by the
+            recovery of a later session that did not reach this replica; None while unresolved
+            (seed: ``ReplicaState.UNRESOLVED``).
+    """
+
+    session_id: int
+    closing_high_water_mark: int | None = None
+
+    @property
+    def unresolved(self) -> bool:
+        """True when the closing high-water mark is not set."""
+        return self.closing_high_water_mark is None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionMetadata:
+    """Partition metadata at ``store/partition/<id>`` (seed 003 "Partition Metadata").
+
+    Attributes:
+        generation: the generation of the server that created the current store session.
+        session_id: the current store session ID (-1: no session yet).
+        replicas: storage connect string -> replica state, for the replicas of the last session.
+    """
+
+    generation: int
+    session_id: int
+    replicas: Mapping[str, ReplicaState] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "generation": self.generation,
+                "session_id": self.session_id,
+                "replicas": {
+                    storage: {
+                        "session_id": state.session_id,
+                        "closing_high_water_mark": state.closing_high_water_mark,
+                    }
+                    for storage, state in sorted(self.replicas.items())
+                },
+            }
+        )
+
+    @classmethod
+    def decode(cls, data: bytes, path: str) -> Self:
+        value = _load(data, path)
+        replicas: dict[str, ReplicaState] = {}
+        for storage, raw in _field(value, "replicas", dict, path).items():
+            check_connect_string(storage)
+            if not isinstance(raw, dict):
+                raise MetadataError(f"znode {path}: replica state of {storage} is {raw!r}")
+            closing = raw.get("closing_high_water_mark")
+            if closing is not None and (isinstance(closing, bool) or not isinstance(closing, int)):
+                raise MetadataError(f"znode {path}: closing high-water mark of {storage} is {closing!r}")
+            replicas[storage] = ReplicaState(_field(raw, "session_id", int, path), closing)
+        return cls(_field(value, "generation", int, path), _field(value, "session_id", int, path), replicas)
+
+    def evolve(self, **changes: Any) -> PartitionMetadata:
+        """Return a copy with some fields changed."""
+        return replace(self, **changes)
