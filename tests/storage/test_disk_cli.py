@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import struct
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner, Result
 
 from waltz.cli.main import app
+from waltz.errors import CorruptDataError
 from waltz.protocol.records import Record, ReqId
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
@@ -29,6 +32,10 @@ RECORD_SIZE = fmt.RECORD_FIXED_SIZE + DATA_SIZE  # 140
 THRESHOLD = 1000
 RECORDS = 25  # partition 0: segments 0-6, 7-13, 14-20 (sealed) and 21-24 (last)
 SMALL_RECORDS = 3  # partition 2: one segment of 3 records of 10 bytes
+#: A byte of a record's data length field (record offset 28, docs/format.md): flipping it with
+#: 0x5A makes a 100-byte record claim 5,898,340 bytes, more than any test file holds.
+LENGTH_BYTE = 29
+ONE_SEGMENT_RECORDS = 10  # the one_segment storage: partition 0 holds one segment of 10 records
 
 
 def record(transaction_id: int, size: int = DATA_SIZE) -> Record:
@@ -189,7 +196,7 @@ def test_a_torn_tail_is_a_warning_and_nothing_is_modified(storage: Path) -> None
 
 def test_a_damaged_length_before_valid_records_is_corruption_not_a_torn_tail(storage: Path) -> None:
     last = segment_path(storage, 21)
-    flip_byte(last, offset_of(1) + 29)  # the data length of transaction 22 now runs past the end
+    flip_byte(last, offset_of(1) + LENGTH_BYTE)  # the data length of transaction 22 now runs past the end
 
     result = waltz("verify", storage)
 
@@ -199,6 +206,121 @@ def test_a_damaged_length_before_valid_records_is_corruption_not_a_torn_tail(sto
         f"ERROR: partition 0, file {last}, offset {offset_of(1)}, transaction 22: corrupt record"
     ), result.output
     assert "not a torn tail" in errors[0]
+
+
+@pytest.fixture
+def one_segment(tmp_path: Path) -> Path:
+    """A storage directory whose partition 0 holds one segment of 10 records (no index checkpoint)."""
+    directory = tmp_path / "one-segment"
+    directory.mkdir()
+    with ControlFile.create(directory, CLUSTER_KEY, 1) as control:
+        partition = StoragePartition.create(directory / "0", 0, control)
+        try:
+            partition.append([record(i) for i in range(ONE_SEGMENT_RECORDS)])
+        finally:
+            partition.close()
+    return directory
+
+
+@contextmanager
+def started_partition(storage: Path) -> Iterator[StoragePartition]:
+    """Open partition 0 as a storage node's start-up does (recovering its last segment)."""
+    with ControlFile.open(storage) as control:
+        partition = StoragePartition.create(storage / "0", 0, control)
+        try:
+            yield partition
+        finally:
+            partition.close()
+
+
+def damage_index_entries(index: Path, entries: dict[int, int]) -> None:
+    for position, value in entries.items():
+        write_index_entry(index, position, value)
+
+
+@pytest.mark.parametrize(
+    ("damage_index", "torn"),
+    [
+        # Entry 4 points to transaction 4's valid record: start-up keeps the records (corruption).
+        (lambda index: None, False),
+        # The entries after the damaged record were never flushed (a crash before a checkpoint):
+        # nothing proves that the record is not the tail, so start-up cuts it.
+        (lambda index: index.write_bytes(index.read_bytes()[: fmt.HEADER_SIZE + 3 * 8]), True),
+        # Entries 4, 5 and 6 are below the header, inside a record and past the end of the file;
+        # only entry 7 is good, but start-up looks no further than the next three transactions.
+        (lambda index: damage_index_entries(index, {4: 5, 5: offset_of(4) + 1, 6: 10**9}), True),
+    ],
+    ids=["next-record-indexed", "index-entries-lost", "next-three-entries-unusable"],
+)
+def test_verify_classifies_a_damaged_length_as_start_up_does(
+    one_segment: Path, damage_index: Callable[[Path], None], torn: bool
+) -> None:
+    data = segment_path(one_segment, 0)
+    size = data.stat().st_size
+    flip_byte(data, offset_of(3) + LENGTH_BYTE)  # transaction 3 now claims to run past the end
+    damage_index(segment_path(one_segment, 0, fmt.INDEX_SUFFIX))
+
+    result = waltz("verify", one_segment)
+    dump = waltz("segment", data)
+
+    where = f"partition 0, file {data}, offset {offset_of(3)}, transaction 3"
+    with started_partition(one_segment) as partition:
+        if torn:
+            assert result.exit_code == 0, result.output
+            assert any(w.startswith(f"WARNING: {where}: torn tail") for w in problem_lines(result, "WARNING"))
+            assert f"(torn tail at offset {offset_of(3)}" in dump.output
+            assert partition.corruption is None
+            assert data.stat().st_size == offset_of(3), "start-up did not cut the torn tail"
+        else:
+            assert result.exit_code == 1, result.output
+            assert [e.split(": corrupt record")[0] for e in problem_lines(result, "ERROR")] == [
+                f"ERROR: {where}"
+            ], result.output
+            assert f"(corrupt record at offset {offset_of(3)}" in dump.output
+            assert "not a torn tail" in dump.output
+            assert partition.corruption is not None
+            assert (partition.corruption.transaction_id, partition.corruption.offset) == (3, offset_of(3))
+            assert data.stat().st_size == size, "start-up cut records after the damaged one"
+    assert dump.exit_code == 0, dump.output
+
+
+def test_a_damaged_length_before_the_last_checkpoint_is_corruption(one_segment: Path) -> None:
+    data = segment_path(one_segment, 0)
+    size = data.stat().st_size
+    flip_byte(data, offset_of(3) + LENGTH_BYTE)
+    damage_index_entries(segment_path(one_segment, 0, fmt.INDEX_SUFFIX), {4: 5, 5: 5, 6: 5})
+
+    # With a checkpoint every 5 transactions, start-up trusts all 10 index entries and never
+    # scans transaction 3: nothing is cut, and reading it fails.
+    result = waltz("verify", one_segment, "--checkpoint-interval", "5")
+
+    assert result.exit_code == 1, result.output
+    errors = problem_lines(result, "ERROR")
+    assert errors[0].startswith(
+        f"ERROR: partition 0, file {data}, offset {offset_of(3)}, transaction 3: corrupt record"
+    ), result.output
+    assert "not a torn tail" in errors[0]
+    with ControlFile.open(one_segment) as control:
+        partition = StoragePartition.create(one_segment / "0", 0, control, checkpoint_interval=5)
+        try:
+            assert data.stat().st_size == size
+            with pytest.raises(CorruptDataError):
+                partition.read_records(3, 1)
+        finally:
+            partition.close()
+
+
+def test_a_torn_tail_that_hides_indexed_records_says_start_up_cuts_them(one_segment: Path) -> None:
+    data = segment_path(one_segment, 0)
+    flip_byte(data, offset_of(3) + LENGTH_BYTE)
+    damage_index_entries(segment_path(one_segment, 0, fmt.INDEX_SUFFIX), {4: 5, 5: 5, 6: 5})
+
+    report = inspect.verify_segment(data, partition_id=0, cluster_key=CLUSTER_KEY)
+
+    (tail,) = [p for p in report.problems if p.path == data]
+    assert (tail.severity, tail.offset, tail.transaction_id) == (inspect.Severity.WARNING, offset_of(3), 3)
+    assert f"valid record of transaction 7 the index points to at offset {offset_of(7)}" in tail.message
+    assert report.records == 3 and report.complete
 
 
 def test_verify_reports_a_broken_segment_chain(storage: Path) -> None:
@@ -213,6 +335,30 @@ def test_verify_reports_a_broken_segment_chain(storage: Path) -> None:
         in result.output
     )
     assert "partition 2" not in result.output
+
+
+def test_a_new_segment_of_another_cluster_is_an_interrupted_roll(storage: Path) -> None:
+    stray = segment_path(storage, RECORDS)
+    header = fmt.SegmentHeader(fmt.FORMAT_VERSION, fmt.now_ms(), uuid.uuid4(), 0, RECORDS)
+    stray.write_bytes(header.encode())
+
+    result = waltz("verify", storage)
+
+    assert result.exit_code == 0, result.output
+    (warning,) = problem_lines(result, "WARNING")
+    assert warning.startswith(f"WARNING: partition 0, file {stray}, offset 0: incomplete new segment")
+    assert warning.endswith("start-up removes it")
+    with started_partition(storage) as partition:
+        assert not stray.exists() and partition.max_transaction_id == RECORDS - 1
+
+
+def test_verify_ignores_a_directory_a_node_does_not_open(storage: Path) -> None:
+    (storage / "00").mkdir()  # not a canonical partition ID: StorageNode.start ignores it
+
+    result = waltz("verify", storage, "--partition", "0")
+
+    assert result.exit_code == 0, result.output
+    assert "partition 0: PASSED (0 errors, 0 warnings): 4 segments, 25 records" in result.output
 
 
 def test_verify_json(storage: Path) -> None:

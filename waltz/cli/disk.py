@@ -221,8 +221,8 @@ def segment(
     Each record is listed with its byte offset, transaction ID, ReqId
     (client/generation/partition/sequence), transaction header, data length and data CRC; every
     listed record passed both its CRCs. The listing ends with why the scan stopped: the end of
-    the file, a torn tail (what start-up cuts) or a corrupt record (run verify-segment for
-    details).
+    the file, a torn tail (what start-up cuts from the last segment) or a corrupt record (run
+    verify-segment for details).
     """
     with _usage_errors(), inspect.SegmentFile(_require_file(segment_file)) as seg:
         typer.echo(f"segment file: {seg.path} ({seg.file_size} bytes)")
@@ -236,8 +236,10 @@ def segment(
         heading = f"{'offset':>12} {'transaction':>12}  {'req id':<20} {'header':>11} {'length':>10}"
         typer.echo(f"{heading}  data CRC" + ("    data" if hex_bytes else ""))
         shown = 0
+        last_seen: int | None = None  # the transaction ID of the last valid record scanned
         scan = seg.scan(start)
         for item in scan:
+            last_seen = item.record.transaction_id
             if from_txn is not None and item.record.transaction_id < from_txn:
                 continue
             if limit is not None and shown >= limit:
@@ -245,9 +247,10 @@ def segment(
                 return
             typer.echo(_record_line(item, hex_bytes))
             shown += 1
-        stop = scan.stop
-        if stop is None:  # pragma: no cover - the scan always sets stop when it ends
+        if scan.stop is None:  # pragma: no cover - the scan always sets stop when it ends
             return
+        expected = seg.header.first_transaction_id if last_seen is None else last_seen + 1
+        stop = inspect.classify_stop(seg, scan.stop, expected)
         if stop.kind is inspect.StopKind.END:
             typer.echo(f"(end of file at offset {stop.offset}; {shown} records listed)")
         else:

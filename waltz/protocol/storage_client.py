@@ -15,7 +15,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 
@@ -62,10 +62,6 @@ def _channel(address: str, tls: TlsConfig | None, max_message_bytes: int) -> grp
     if tls is None:
         return grpc.aio.insecure_channel(address, options=options)
     return grpc.aio.secure_channel(address, tls.credentials(), options=options)
-
-
-class _Request(Protocol):
-    seq_num: int
 
 
 Req = TypeVar("Req", storage_pb2.StorageRequest, storage_pb2.AdminRequest)
@@ -294,6 +290,12 @@ class StorageSessionClient:
                 append=storage_pb2.AppendRequest(records=[r.to_proto() for r in records]),
             )
         )
+
+    async def append_message(
+        self, partition_id: int, message: storage_pb2.AppendRequest, *, session_id: int | None = None
+    ) -> None:
+        """Append the records of a prepared append message (built once, sent to every replica)."""
+        await self._call(self._request(partition_id, session_id, append=message))
 
     async def record_header(
         self, partition_id: int, transaction_id: int, *, session_id: int | None = None

@@ -247,11 +247,17 @@ class ClusterZk:
         """
         return self._write(self.paths.partition(partition_id), value, version)
 
-    def begin_store_session(self, partition_id: int, generation: int) -> Versioned[PartitionMetadata]:
+    def begin_store_session(
+        self, partition_id: int, generation: int
+    ) -> tuple[PartitionMetadata, Versioned[PartitionMetadata]]:
         """Take a new store session ID for a partition (seed 003 "Recovery Procedure", step 1).
 
         The new session ID is the stored one plus one and the stored generation becomes
         ``generation``; written by compare-and-set, retried when someone else wrote first.
+
+        Returns:
+            The metadata as it was before (the last session's replica states) and the metadata
+            of the new session with its znode version.
 
         Raises:
             GenerationFencedError: the stored generation is higher than ``generation``: a newer
@@ -270,7 +276,7 @@ class ClusterZk:
             log.info(
                 "partition %d: store session %d (generation %d)", partition_id, new.session_id, generation
             )
-            return Versioned(new, version)
+            return current.value, Versioned(new, version)
         raise StaleMetadataError(
             f"partition {partition_id}: gave up taking a new store session after {MAX_CAS_ATTEMPTS} attempts"
         )

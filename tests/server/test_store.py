@@ -1,0 +1,256 @@
+"""The replicated store through its own API: quorum writes, recovery, failover of replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+from server.conftest import StoreCluster
+from support.storage import run
+
+from waltz.protocol.records import Record, ReqId
+from waltz.protocol.storage_client import StorageAdminClient
+from waltz.services.local import LocalStorageNode
+from waltz.services.server.store.config import StoreConfig
+from waltz.services.server.store.partition import AppendFailedError, StoreClosedError, StorePartition
+
+FAST = StoreConfig(connect_timeout=2.0, request_timeout=5.0, retry_interval=0.2)
+
+
+def store(
+    cluster: StoreCluster, partition_id: int = 0, generation: int = 1, config: StoreConfig = FAST
+) -> StorePartition:
+    return StorePartition(
+        partition_id, generation, cluster.zk, cluster.cluster_key, cluster.params.num_partitions, config
+    )
+
+
+def payload(i: int) -> bytes:
+    return f"transaction {i} ".encode() * 5
+
+
+async def append_many(partition: StorePartition, first: int, count: int) -> list[int]:
+    futures = [
+        partition.submit(ReqId(1, 1, partition.partition_id, i), i % 7, payload(i))
+        for i in range(first, first + count)
+    ]
+    return list(await asyncio.gather(*futures))
+
+
+async def replica_records(
+    cluster: StoreCluster, partition_id: int, nodes: list[LocalStorageNode] | None = None
+) -> dict[str, list[Record]]:
+    result = {}
+    for node in nodes or cluster.storages:
+        async with StorageAdminClient(
+            node.admin_address, cluster.cluster_key, cluster.params.num_partitions
+        ) as admin:
+            records: list[Record] = []
+            while True:
+                page = await admin.records(partition_id, len(records), 1000)
+                if not page:
+                    break
+                records.extend(page)
+            result[node.address] = records
+    return result
+
+
+def test_appends_are_committed_in_order_and_replicated(store_cluster: StoreCluster) -> None:
+    async def scenario() -> None:
+        partition = store(store_cluster)
+        partition.start()
+        ids = await append_many(partition, 0, 500)
+        assert ids == list(range(500))
+        assert partition.high_water_mark == 499
+        records = await partition.read_records(100, 10)
+        assert [r.transaction_id for r in records] == list(range(100, 110))
+        assert records[0].data == payload(100)
+        await partition.close()
+        replicas = await replica_records(store_cluster, 0)
+        assert all(len(r) == 500 for r in replicas.values())
+        assert len({tuple(r) for r in replicas.values()}) == 1
+        metadata = store_cluster.zk.partition_metadata(0).value
+        assert metadata.generation == 1
+        assert {s.session_id for s in metadata.replicas.values()} == {metadata.session_id}
+
+    run(scenario())
+
+
+async def append_until(
+    partition: StorePartition, results: dict[int, int | Exception], stop: asyncio.Event
+) -> None:
+    """Append continuously (up to 8 in flight) until ``stop``; record each outcome."""
+    next_id = 0
+    in_flight: list[tuple[int, asyncio.Future[int]]] = []
+    for _ in range(1_000_000):  # bounded; stop ends it long before
+        if stop.is_set() and not in_flight:
+            return
+        while not stop.is_set() and len(in_flight) < 8:
+            in_flight.append((next_id, partition.submit(ReqId(2, 1, 0, next_id), 0, payload(next_id))))
+            next_id += 1
+        i, future = in_flight.pop(0)
+        try:
+            results[i] = await asyncio.wait_for(future, 30)
+        except Exception as exc:
+            results[i] = exc
+
+
+def check_log(records: list[Record], results: dict[int, int | Exception]) -> None:
+    """Every acknowledged append is in the log exactly once, at its transaction ID; no gaps."""
+    assert [r.transaction_id for r in records] == list(range(len(records)))
+    by_seq = {r.req_id.seq_num: r for r in records}
+    assert len(by_seq) == len(records), "a request is in the log twice"
+    for seq, outcome in results.items():
+        if isinstance(outcome, int):
+            assert by_seq[seq].transaction_id == outcome
+            assert by_seq[seq].data == payload(seq)
+
+
+def test_kill_one_storage_during_appends_then_it_catches_up(store_cluster: StoreCluster) -> None:
+    async def scenario() -> None:
+        partition = store(store_cluster)
+        partition.start()
+        results: dict[int, int | Exception] = {}
+        stop = asyncio.Event()
+        writer = asyncio.create_task(append_until(partition, results, stop))
+        await asyncio.sleep(0.5)
+        victim = store_cluster.storages[1]
+        victim.kill()
+        committed_before = partition.high_water_mark
+        await asyncio.sleep(1.5)
+        assert partition.high_water_mark > committed_before + 50, "appends did not continue without the node"
+        assert victim.address not in partition.replicas_in_session
+        await asyncio.to_thread(victim.start)
+        for _ in range(100):  # the session notices the node and the next recovery catches it up
+            if victim.address in partition.replicas_in_session:
+                break
+            await asyncio.sleep(0.1)
+        assert victim.address in partition.replicas_in_session
+        await asyncio.sleep(0.3)
+        stop.set()
+        await writer
+        await partition.close()
+        acknowledged = [v for v in results.values() if isinstance(v, int)]
+        assert len(acknowledged) > 100
+        replicas = await replica_records(store_cluster, 0)
+        reference = replicas[store_cluster.storages[0].address]
+        check_log(reference, results)
+        for address, records in replicas.items():
+            assert records == reference, f"replica {address} differs"
+
+    run(scenario())
+
+
+def test_two_storages_down_stops_writes_until_one_returns(store_cluster: StoreCluster) -> None:
+    async def scenario() -> None:
+        partition = store(store_cluster)
+        partition.start()
+        assert await append_many(partition, 0, 20) == list(range(20))
+        a, b = store_cluster.storages[1], store_cluster.storages[2]
+        a.kill()
+        b.kill()
+        waiting = [partition.submit(ReqId(1, 1, 0, 100 + i), 0, payload(100 + i)) for i in range(5)]
+        done, _ = await asyncio.wait(waiting, timeout=2.0)
+        assert not any(f.done() and not f.exception() for f in done), "committed without a quorum"
+        await asyncio.to_thread(a.start)
+        outcomes = await asyncio.gather(*waiting, return_exceptions=True)
+        more = await append_many(partition, 200, 10)
+        await partition.close()
+        assert more == sorted(more) and more[0] > 19
+        first = store_cluster.storages[0]
+        records = (await replica_records(store_cluster, 0, [first]))[first.address]
+        assert [r.transaction_id for r in records] == list(range(len(records)))
+        for i, outcome in enumerate(outcomes):
+            if isinstance(outcome, int):
+                assert records[outcome].req_id.seq_num == 100 + i
+        assert [r.req_id.seq_num for r in records[:20]] == list(range(20))
+
+    run(scenario())
+
+
+def test_a_newer_generation_fences_the_old_owner(store_cluster: StoreCluster) -> None:
+    async def scenario() -> None:
+        old = store(store_cluster, generation=1)
+        old.start()
+        assert await append_many(old, 0, 10) == list(range(10))
+        new = store(store_cluster, generation=2)
+        new.start()
+        await new.wait_writable(20)
+        # The old owner's next append fails, it cannot start a session with its old generation.
+        with pytest.raises((AppendFailedError, StoreClosedError)):
+            await asyncio.wait_for(old.append(ReqId(1, 1, 0, 99), 0, b"late"), 20)
+        for _ in range(100):
+            if old.closed:
+                break
+            await asyncio.sleep(0.1)
+        assert old.closed and "generation" in old.close_reason
+        assert await new.append(ReqId(1, 2, 0, 10), 0, payload(10)) == 10
+        await new.close()
+        records = (await replica_records(store_cluster, 0))[store_cluster.storages[0].address]
+        assert [r.req_id.seq_num for r in records] == list(range(11))
+
+    run(scenario())
+
+
+def test_sessions_roll_over_at_the_checkpoint_interval(store_cluster: StoreCluster) -> None:
+    async def scenario() -> None:
+        config = StoreConfig(
+            connect_timeout=2.0,
+            request_timeout=5.0,
+            retry_interval=0.2,
+            checkpoint_interval=50,
+            max_batch_records=10,
+        )
+        partition = store(store_cluster, partition_id=1, config=config)
+        partition.start()
+        assert await append_many(partition, 0, 300) == list(range(300))
+        assert partition.sessions_started >= 5
+        await partition.close()
+        replicas = await replica_records(store_cluster, 1)
+        assert len({tuple(r) for r in replicas.values()}) == 1
+
+    run(scenario())
+
+
+def test_a_storage_restored_from_an_old_backup_is_truncated_and_caught_up(
+    store_cluster: StoreCluster, tmp_path: Path
+) -> None:
+    node = store_cluster.storages[2]
+
+    async def first_part() -> None:
+        partition = store(store_cluster)
+        partition.start()
+        assert await append_many(partition, 0, 100) == list(range(100))
+        await partition.close()
+
+    run(first_part())
+    node.stop()
+    backup = tmp_path / "backup"
+    shutil.copytree(node.directory, backup)
+    node.start()
+
+    async def second_part() -> None:
+        partition = store(store_cluster)
+        partition.start()
+        assert await append_many(partition, 100, 100) == list(range(100, 200))
+        await partition.close()
+
+    run(second_part())
+    node.stop()
+    shutil.rmtree(node.directory)
+    shutil.copytree(backup, node.directory)
+    node.start()
+
+    async def third_part() -> None:
+        partition = store(store_cluster)
+        partition.start()
+        assert await append_many(partition, 200, 10) == list(range(200, 210))
+        assert node.address in partition.replicas_in_session
+        await partition.close()
+        replicas = await replica_records(store_cluster, 0)
+        assert all(len(r) == 210 for r in replicas.values())
+        assert len({tuple(r) for r in replicas.values()}) == 1
+
+    run(third_part())

@@ -1,0 +1,39 @@
+"""Settings of the replicated store (the ``storage.*`` keys of a server's configuration)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from waltz.protocol.storage_client import TlsConfig
+
+__all__ = ["StoreConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """How a server's store partitions talk to storage nodes.
+
+    Attributes:
+        max_batch_records: records sent to the replicas in one append request at most
+            (``storage.maxBatchSize``).
+        max_in_flight_batches: append batches sent and not yet committed, per partition.
+        linger: seconds to wait for more records before sending a batch smaller than the maximum
+            while another batch is in flight (0: send at once; batches form while others fly).
+        checkpoint_interval: transactions after which a new store session is started, so that a
+            recovery never has to look back far (``storage.checkpointInterval``, seed 000).
+        connect_timeout: seconds to wait for a storage node to answer an open request.
+        request_timeout: seconds to wait for any other storage request.
+        retry_interval: seconds between attempts to reach storage nodes that are down.
+        catch_up_page: records copied per request when catching a replica up.
+        tls: client TLS files for storage connections, or None for plaintext.
+    """
+
+    max_batch_records: int = 1000
+    max_in_flight_batches: int = 8
+    linger: float = 0.0
+    checkpoint_interval: int = 1_000_000
+    connect_timeout: float = 5.0
+    request_timeout: float = 15.0
+    retry_interval: float = 0.5
+    catch_up_page: int = 2000
+    tls: TlsConfig | None = None

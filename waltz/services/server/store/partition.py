@@ -1,0 +1,454 @@
+"""The store partition: a partition's log replicated to its storage nodes, one session at a time.
+
+Source: seed 000 "Store Partition Object", "Quorum Writes", "Sessions"; seed 003. A store partition
+runs store sessions one after another. Each session starts with a recovery
+(:class:`~waltz.services.server.store.recovery.RecoveryManager`), then streams batches of records
+to its clean replicas; a batch is committed once a quorum (a majority of the partition's assigned
+replicas) has flushed it. A session ends when a replica fails (the next session recovers without
+it), when a replica that was down answers again (the next session catches it up), after
+``checkpoint_interval`` transactions, or when the partition closes. Records still in flight when a
+session ends are settled by the next recovery: committed if the resolved high-water mark covers
+them, failed otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from waltz.errors import GenerationFencedError, WaltzError
+from waltz.protocol import storage_pb2
+from waltz.protocol.records import Record, ReqId, crc32
+from waltz.services.cluster.zk import ClusterZk
+from waltz.services.server.store.config import StoreConfig
+from waltz.services.server.store.recovery import RecoveryAbortedError, RecoveryManager, RecoveryResult
+from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
+from waltz.services.server.store.voting import quorum_of
+
+__all__ = ["AppendFailedError", "StoreClosedError", "StorePartition"]
+
+log = logging.getLogger(__name__)
+
+
+class AppendFailedError(WaltzError):
+    """The record was not committed: its store session ended and the recovery did not keep it."""
+
+
+class StoreClosedError(WaltzError):
+    """The store partition is closed (shut down, or fenced by a newer generation)."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    record: Record  # transaction_id is -1 until the record is put in a batch
+    future: asyncio.Future[int]
+
+
+class StorePartition:
+    """One partition's replicated log, as seen by the server that owns the partition.
+
+    Args:
+        partition_id: the partition.
+        generation: the generation under which this server owns the partition.
+        zk: the cluster's znodes (partition metadata, replica assignments).
+        cluster_key: the cluster key (storage open requests).
+        num_partitions: the cluster's number of partitions.
+        config: store settings.
+        on_commit: called on the event loop with each run of newly committed records, in
+            transaction ID order (the feed builds on it).
+    """
+
+    def __init__(
+        self,
+        partition_id: int,
+        generation: int,
+        zk: ClusterZk,
+        cluster_key: str,
+        num_partitions: int,
+        config: StoreConfig | None = None,
+        on_commit: Callable[[list[Record]], None] | None = None,
+    ) -> None:
+        self.partition_id = partition_id
+        self.generation = generation
+        self._zk = zk
+        self._cluster_key = cluster_key
+        self._num_partitions = num_partitions
+        self.config = config or StoreConfig()
+        self._on_commit = on_commit
+        self._queue: deque[_Pending] = deque()
+        self._in_flight: deque[_Pending] = deque()
+        self._high_water_mark = -1
+        self._wakeup = asyncio.Event()
+        self._writable = asyncio.Event()
+        self._session: _Session | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._close_reason: str = "closed"
+        self.sessions_started = 0
+        self.recovered = asyncio.Event()
+
+    # ---- life cycle ----
+
+    def start(self) -> None:
+        """Start the session loop (recovery, then writing) in the background."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"store-partition-{self.partition_id}"
+            )
+
+    async def close(self, reason: str = "closed") -> None:
+        """Stop writing, fail every record not yet committed, and close the replica sessions."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close_reason = reason
+        self._wakeup.set()
+        if self._session is not None:
+            self._session.end("partition closing")
+        if self._task is not None:
+            # Let the session's batches in flight be answered, then stop.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.wait({self._task}), self.config.request_timeout)
+            self._task.cancel()
+            await asyncio.wait({self._task})
+        self._fail_all(StoreClosedError(f"partition {self.partition_id}: {reason}"))
+        self._writable.clear()
+
+    @property
+    def closed(self) -> bool:
+        """True once the partition is closed (see :attr:`close_reason`)."""
+        return self._closed
+
+    @property
+    def close_reason(self) -> str:
+        """Why the partition closed."""
+        return self._close_reason
+
+    @property
+    def high_water_mark(self) -> int:
+        """The highest committed transaction ID known (-1: none; valid after the first recovery)."""
+        return self._high_water_mark
+
+    @property
+    def writable(self) -> bool:
+        """True while a store session is writing."""
+        return self._writable.is_set()
+
+    async def wait_writable(self, timeout: float) -> None:
+        """Wait until a store session writes.
+
+        Raises:
+            TimeoutError: no session became writable within ``timeout`` seconds.
+        """
+        await asyncio.wait_for(self._writable.wait(), timeout)
+
+    @property
+    def replicas_in_session(self) -> list[str]:
+        """The storage nodes the current session writes to."""
+        return sorted(self._session.writers) if self._session is not None else []
+
+    # ---- appends ----
+
+    def submit(self, req_id: ReqId, header: int, data: bytes) -> asyncio.Future[int]:
+        """Queue a transaction for the log.
+
+        Returns:
+            A future of its transaction ID, set when a quorum of replicas has flushed it. It fails
+            with :class:`AppendFailedError` when its session ended without committing it, or
+            :class:`StoreClosedError` when the partition closed.
+        """
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        if self._closed:
+            future.set_exception(StoreClosedError(f"partition {self.partition_id}: {self._close_reason}"))
+            return future
+        self._queue.append(_Pending(Record(-1, req_id, header, data, crc32(data)), future))
+        self._wakeup.set()
+        return future
+
+    async def append(self, req_id: ReqId, header: int, data: bytes) -> int:
+        """Append one transaction and wait until it is committed; returns its transaction ID."""
+        return await self.submit(req_id, header, data)
+
+    # ---- reads ----
+
+    async def read_records(self, transaction_id: int, max_records: int) -> list[Record]:
+        """Read committed records from ``transaction_id`` on (at most ``max_records``).
+
+        Raises:
+            StoreClosedError: the partition is closed.
+            TimeoutError: no store session became writable within the request timeout.
+        """
+        for _ in range(5):
+            if self._closed:
+                raise StoreClosedError(f"partition {self.partition_id}: {self._close_reason}")
+            await self.wait_writable(self.config.request_timeout)
+            last = self._high_water_mark
+            if transaction_id > last:
+                return []
+            session = self._session
+            if session is None:
+                continue
+            try:
+                records = await session.read(transaction_id, min(max_records, last - transaction_id + 1))
+            except ReplicaError as exc:
+                log.info("partition %d: read from a replica failed, retrying: %s", self.partition_id, exc)
+                continue
+            return [r for r in records if r.transaction_id <= last]
+        raise TimeoutError(f"partition {self.partition_id}: no replica answered the read of {transaction_id}")
+
+    # ---- the session loop ----
+
+    def _connect(self, session_id: int) -> Callable[[str], ReplicaConnection]:
+        def connect(storage: str) -> ReplicaConnection:
+            return ReplicaConnection(
+                storage, self.partition_id, session_id, self._cluster_key, self._num_partitions, self.config
+            )
+
+        return connect
+
+    async def _run(self) -> None:
+        while not self._closed:
+            try:
+                result, assigned = await self._recover()
+            except GenerationFencedError as exc:
+                log.warning("%s", exc)
+                self._closed = True
+                self._close_reason = str(exc)
+                self._fail_all(StoreClosedError(f"partition {self.partition_id}: {exc}"))
+                return
+            except RecoveryAbortedError as exc:
+                if self._closed:
+                    return
+                log.warning("partition %d: %s; starting a new session", self.partition_id, exc)
+                await asyncio.sleep(self.config.retry_interval)
+                continue
+            except WaltzError as exc:
+                log.error("partition %d: recovery failed: %s; retrying", self.partition_id, exc)
+                await asyncio.sleep(self.config.retry_interval)
+                continue
+            self._settle(result.high_water_mark)
+            session = _Session(self, result, assigned)
+            self._session = session
+            self._writable.set()
+            self.recovered.set()
+            try:
+                await session.run()
+            finally:
+                self._writable.clear()
+                self._session = None
+                await session.close()
+
+    async def _recover(self) -> tuple[RecoveryResult, list[str]]:
+        previous, session = await asyncio.to_thread(
+            self._zk.begin_store_session, self.partition_id, self.generation
+        )
+        assigned = (await asyncio.to_thread(self._zk.assignments)).value.storages_of(self.partition_id)
+        if not assigned:
+            raise RecoveryAbortedError(f"partition {self.partition_id} has no replica assigned")
+        self.sessions_started += 1
+        manager = RecoveryManager(
+            self.partition_id,
+            session,
+            previous,
+            assigned,
+            self._connect(session.value.session_id),
+            self._zk,
+            self.config,
+            closed=lambda: self._closed,
+        )
+        return await manager.run(), assigned
+
+    def _settle(self, high_water_mark: int) -> None:
+        """Settle records left in flight by the previous session, by the recovery's result."""
+        committed: list[Record] = []
+        while self._in_flight:
+            pending = self._in_flight.popleft()
+            if pending.record.transaction_id <= high_water_mark:
+                committed.append(pending.record)
+                if not pending.future.done():
+                    pending.future.set_result(pending.record.transaction_id)
+            elif not pending.future.done():
+                pending.future.set_exception(
+                    AppendFailedError(
+                        f"partition {self.partition_id}: transaction {pending.record.transaction_id} was not "
+                        f"committed (the store session ended; the log ends at {high_water_mark})"
+                    )
+                )
+        self._high_water_mark = high_water_mark
+        if committed and self._on_commit is not None:
+            self._on_commit(committed)
+
+    def _commit_through(self, transaction_id: int) -> None:
+        committed: list[Record] = []
+        while self._in_flight and self._in_flight[0].record.transaction_id <= transaction_id:
+            pending = self._in_flight.popleft()
+            committed.append(pending.record)
+            if not pending.future.done():
+                pending.future.set_result(pending.record.transaction_id)
+        self._high_water_mark = max(self._high_water_mark, transaction_id)
+        if committed and self._on_commit is not None:
+            self._on_commit(committed)
+
+    def _fail_all(self, exc: Exception) -> None:
+        for queue in (self._in_flight, self._queue):
+            while queue:
+                pending = queue.popleft()
+                if not pending.future.done():
+                    pending.future.set_exception(exc)
+
+
+class _Session:
+    """One store session's write pipeline (after its recovery)."""
+
+    def __init__(self, partition: StorePartition, recovery: RecoveryResult, assigned: Sequence[str]) -> None:
+        self.partition = partition
+        self.config = partition.config
+        self.session_id = recovery.metadata.value.session_id
+        self.writers: dict[str, ReplicaConnection] = dict(recovery.clean)
+        self._connections = list(self.writers.values())
+        self.assigned = list(assigned)
+        self.quorum = quorum_of(len(assigned))
+        self.start_high_water_mark = recovery.high_water_mark
+        self.next_transaction_id = recovery.high_water_mark + 1
+        # The highest transaction each replica has flushed in this session (kept after it leaves).
+        self.acked: dict[str, int] = {s: recovery.high_water_mark for s in self.writers}
+        self.batches_in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ending: str | None = None
+        self._absent = [s for s in assigned if s not in self.writers]
+        self._last_probe = time.monotonic()
+
+    def end(self, reason: str) -> None:
+        """Stop taking new records; the session ends once its batches in flight are answered."""
+        if self._ending is None:
+            self._ending = reason
+            log.info(
+                "partition %d: ending store session %d: %s",
+                self.partition.partition_id,
+                self.session_id,
+                reason,
+            )
+        self.partition._wakeup.set()
+
+    async def run(self) -> None:
+        partition = self.partition
+        probe_interval = max(2.0, 4 * self.config.retry_interval)
+        while True:
+            if partition._closed and self._ending is None:
+                self.end("partition closing")
+            if self._ending is not None:
+                if self.batches_in_flight == 0:
+                    return
+            elif self.next_transaction_id - self.start_high_water_mark > self.config.checkpoint_interval:
+                self.end(f"checkpoint interval of {self.config.checkpoint_interval} transactions reached")
+                continue
+            elif (
+                partition._queue
+                and self.batches_in_flight < self.config.max_in_flight_batches
+                and len(self.writers) >= self.quorum
+            ):
+                self._send_batch()
+                continue
+            partition._wakeup.clear()
+            timeout = probe_interval if self._absent and self._ending is None else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(partition._wakeup.wait(), timeout)
+            if (
+                self._absent
+                and self._ending is None
+                and time.monotonic() - self._last_probe >= probe_interval
+            ):
+                self._last_probe = time.monotonic()
+                self._spawn(self._probe_absent())
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _send_batch(self) -> None:
+        partition = self.partition
+        records: list[Record] = []
+        while partition._queue and len(records) < self.config.max_batch_records:
+            pending = partition._queue.popleft()
+            old = pending.record
+            pending.record = Record(self.next_transaction_id, old.req_id, old.header, old.data, old.checksum)
+            self.next_transaction_id += 1
+            records.append(pending.record)
+            partition._in_flight.append(pending)
+        message = storage_pb2.AppendRequest(records=[r.to_proto() for r in records])
+        last = records[-1].transaction_id
+        self.batches_in_flight += 1
+        remaining = {"replicas": len(self.writers)}
+        for storage, connection in list(self.writers.items()):
+            # Sent now, in order; the acknowledgements are awaited concurrently.
+            self._spawn(self._acknowledged(storage, connection.start_append(message), last, remaining))
+
+    async def _acknowledged(
+        self, storage: str, acknowledgement: Awaitable[None], last: int, remaining: dict[str, int]
+    ) -> None:
+        try:
+            await acknowledgement
+            self.acked[storage] = max(self.acked.get(storage, -1), last)
+            self._advance()
+        except ReplicaError as exc:
+            if storage in self.writers:
+                log.warning(
+                    "partition %d: replica on %s leaves session %d: %s",
+                    self.partition.partition_id,
+                    storage,
+                    self.session_id,
+                    exc,
+                )
+                del self.writers[storage]
+                self.end(f"replica on {storage} failed")
+        finally:
+            remaining["replicas"] -= 1
+            if remaining["replicas"] == 0:
+                self.batches_in_flight -= 1
+                self.partition._wakeup.set()
+
+    def _advance(self) -> None:
+        flushed = sorted(self.acked.values(), reverse=True)
+        if len(flushed) >= self.quorum:
+            committed = flushed[self.quorum - 1]
+            if committed > self.partition._high_water_mark:
+                self.partition._commit_through(committed)
+
+    async def _probe_absent(self) -> None:
+        """Try the replicas that were down; when one answers, end the session so that it joins."""
+        for storage in list(self._absent):
+            connection = self.partition._connect(self.session_id)(storage)
+            try:
+                await connection.open()
+                await connection.max_transaction_id()
+            except ReplicaError:
+                continue
+            finally:
+                await connection.close()
+            self.end(f"replica on {storage} is reachable again")
+            return
+
+    async def read(self, transaction_id: int, max_records: int) -> list[Record]:
+        """Read records from a replica that has flushed them."""
+        candidates = [s for s in self.writers if self.acked.get(s, -1) >= transaction_id]
+        if not candidates:
+            raise ReplicaError(
+                "-", self.partition.partition_id, "UNAVAILABLE", "no replica in the session holds the records"
+            )
+        return await self.writers[candidates[0]].records(transaction_id, max_records)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        for connection in self._connections:
+            await connection.close()

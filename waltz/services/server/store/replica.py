@@ -1,0 +1,173 @@
+"""Replica connections: one replica session stream per storage node and partition.
+
+Source: seed 000 "Store Partition Object" (replica sessions). Errors of any kind (connection lost,
+timeout, failure response) become :class:`ReplicaError`, after which the replica leaves the store
+session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
+
+from waltz.errors import StorageRpcError, WaltzError
+from waltz.protocol import storage_pb2
+from waltz.protocol.records import Record
+from waltz.protocol.storage_client import StorageSessionClient
+from waltz.services.server.store.config import StoreConfig
+
+__all__ = ["ReplicaConnection", "ReplicaError"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class ReplicaError(WaltzError):
+    """A replica session failed: the storage node is unreachable, timed out or refused.
+
+    Attributes:
+        storage: the storage node's connect string.
+        code: the storage failure code (e.g. ``"SESSION_FENCED"``), or ``"UNAVAILABLE"``.
+    """
+
+    def __init__(self, storage: str, partition_id: int, code: str, message: str) -> None:
+        super().__init__(f"replica of partition {partition_id} on {storage}: {code}: {message}")
+        self.storage = storage
+        self.code = code
+
+
+class ReplicaConnection:
+    """The replica session of one partition on one storage node, under one store session ID.
+
+    Args:
+        storage: the storage node's connect string (``host:port`` of its storage port).
+        partition_id: the partition.
+        session_id: the store session ID sent with every request (fences older sessions).
+        cluster_key: the cluster key for the open request.
+        num_partitions: the cluster's number of partitions.
+        config: timeouts and TLS.
+    """
+
+    def __init__(
+        self,
+        storage: str,
+        partition_id: int,
+        session_id: int,
+        cluster_key: str,
+        num_partitions: int,
+        config: StoreConfig,
+    ) -> None:
+        self.storage = storage
+        self.partition_id = partition_id
+        self.session_id = session_id
+        self._config = config
+        self._client = StorageSessionClient(storage, cluster_key, num_partitions, session_id, tls=config.tls)
+        self._closed = False
+
+    async def _guard(self, call: Awaitable[T], timeout: float | None = None) -> T:
+        try:
+            return await asyncio.wait_for(call, timeout or self._config.request_timeout)
+        except StorageRpcError as exc:
+            raise ReplicaError(self.storage, self.partition_id, exc.code, exc.remote_message) from exc
+        except (ConnectionError, TimeoutError, OSError) as exc:
+            raise ReplicaError(
+                self.storage, self.partition_id, "UNAVAILABLE", str(exc) or type(exc).__name__
+            ) from exc
+
+    async def open(self) -> None:
+        """Open the stream (open request with the cluster key).
+
+        Raises:
+            ReplicaError: the node is unreachable or refused the open request.
+        """
+        await self._guard(self._client.open(), self._config.connect_timeout)
+
+    async def close(self) -> None:
+        """Close the stream. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            await self._client.close()
+
+    async def last_session_info(self) -> tuple[int, int]:
+        """``(session ID, low-water mark)`` of the last session that set the low-water mark."""
+        return await self._guard(self._client.last_session_info(self.partition_id))
+
+    async def max_transaction_id(self) -> int:
+        """The highest transaction ID stored on the replica (may be uncommitted)."""
+        return await self._guard(self._client.max_transaction_id(self.partition_id))
+
+    async def truncate(self, transaction_id: int) -> int:
+        """Remove records after ``transaction_id``; returns the replica's new max transaction ID."""
+        await self._guard(self._client.truncate(self.partition_id, transaction_id))
+        return await self.max_transaction_id()
+
+    async def set_low_water_mark(self, low_water_mark: int) -> None:
+        """Record this session's low-water mark on the replica."""
+        await self._guard(self._client.set_low_water_mark(self.partition_id, low_water_mark))
+
+    async def append(self, records: Sequence[Record]) -> None:
+        """Append records; returns once the storage node has flushed them."""
+        await self._guard(self._client.append(self.partition_id, records))
+
+    def start_append(self, message: storage_pb2.AppendRequest) -> Awaitable[None]:
+        """Send a prepared append message now (in call order) and return its acknowledgement.
+
+        The same message object can go to every replica. Awaiting the result raises
+        :class:`ReplicaError` when the replica failed or did not answer in time.
+        """
+        request = storage_pb2.StorageRequest(
+            session_id=self.session_id, partition_id=self.partition_id, append=message
+        )
+        try:
+            future = self._client.submit(request)
+        except (ConnectionError, OSError) as exc:
+            failed: asyncio.Future[storage_pb2.StorageResponse] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            future = failed
+
+        async def acknowledged() -> None:
+            response = await future
+            if response.HasField("failure"):
+                exception = response.failure.exception
+                raise StorageRpcError(storage_pb2.FailureCode.Name(exception.code), exception.message)
+
+        return self._guard(acknowledged())
+
+    async def records(self, transaction_id: int, max_records: int) -> list[Record]:
+        """Read up to ``max_records`` records from ``transaction_id`` on."""
+        return await self._guard(self._client.records(self.partition_id, transaction_id, max_records))
+
+    async def copy_from(self, source: ReplicaConnection, first: int, last: int, page: int) -> int:
+        """Copy records ``first..last`` from ``source`` to this replica (catch-up).
+
+        Returns:
+            The last transaction ID copied (``first - 1`` when nothing was).
+
+        Raises:
+            ReplicaError: either side failed, or the source does not hold the records.
+        """
+        next_id = first
+        while next_id <= last:
+            batch = await source.records(next_id, min(page, last - next_id + 1))
+            if not batch or batch[0].transaction_id != next_id:
+                raise ReplicaError(
+                    source.storage,
+                    self.partition_id,
+                    "MISSING",
+                    f"no record {next_id} to copy to {self.storage}",
+                )
+            await self.append(batch)
+            next_id = batch[-1].transaction_id + 1
+        if last >= first:
+            log.info(
+                "partition %d: copied transactions %d..%d from %s to %s",
+                self.partition_id,
+                first,
+                last,
+                source.storage,
+                self.storage,
+            )
+        return next_id - 1
