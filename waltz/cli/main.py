@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import typer
 
 from waltz import __version__
-from waltz.cli import demo, disk, storage
+from waltz.cli import cluster, demo, disk, storage
 
 app = typer.Typer(
     help="Waltz: a quorum-replicated, partitioned write-ahead log with optimistic locking.",
@@ -16,6 +16,7 @@ app = typer.Typer(
 )
 app.add_typer(storage.app, name="storage")
 app.add_typer(disk.app, name="disk")
+app.add_typer(cluster.app, name="cluster")
 app.command("demo")(demo.demo)
 
 

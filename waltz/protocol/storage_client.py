@@ -54,6 +54,9 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
+        # A channel of its own per connection: gRPC's shared subchannel pool remembers a refused
+        # connection, so a new channel to a node that has just restarted would fail at once.
+        ("grpc.use_local_subchannel_pool", 1),
     ]
 
 

@@ -1,0 +1,227 @@
+"""Talking to storage nodes through their admin port, with a time limit, on behalf of the cluster tool.
+
+Source: seed 004 "Storage Administration". Every call opens one admin stream
+(:class:`~waltz.protocol.storage_client.StorageAdminClient`: the admin open initialises a new node
+for the cluster, or checks that the node belongs to it), runs some requests and closes the stream,
+all within ``timeout`` seconds, so an unreachable or hung node never blocks a command. The admin
+port never takes part in a store session, so nothing here fences a server.
+
+Errors are split by what the user must do next: :class:`StorageUnreachableError` (the node did not
+answer: start it, or fix its address) and :class:`~waltz.errors.StorageRpcError` (the node answered
+and refused, e.g. ``CLUSTER_KEY_MISMATCH`` when it belongs to another cluster).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import grpc
+
+from waltz.errors import StorageRpcError, WaltzError
+from waltz.protocol.storage_client import StorageAdminClient, TlsConfig
+from waltz.services.cluster.metadata import ClusterParams
+
+__all__ = [
+    "DEFAULT_STORAGE_TIMEOUT",
+    "NodeOutcome",
+    "StorageUnreachableError",
+    "call_admin",
+    "call_admin_on_nodes",
+    "describe_failure",
+    "probe_tcp",
+    "run_admin",
+]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a command waits for one storage node (connect, admin open and its requests).
+DEFAULT_STORAGE_TIMEOUT = 10.0
+
+T = TypeVar("T")
+
+
+class StorageUnreachableError(WaltzError, ConnectionError):
+    """A storage node's admin port did not answer (refused, reset, or no answer in time).
+
+    Attributes:
+        admin_address: the ``host:admin_port`` that was tried.
+    """
+
+    def __init__(
+        self,
+        admin_address: str,
+        reason: str,
+        hint: str = "check that the node runs and that its admin port is right (waltz cluster list)",
+    ) -> None:
+        super().__init__(f"storage node admin port {admin_address} is unreachable: {reason}; {hint}")
+        self.admin_address = admin_address
+
+
+async def call_admin(
+    admin_address: str,
+    cluster_key: str,
+    num_partitions: int,
+    work: Callable[[StorageAdminClient], Awaitable[T]],
+    *,
+    timeout: float = DEFAULT_STORAGE_TIMEOUT,
+    tls: TlsConfig | None = None,
+) -> T:
+    """Open an admin stream to a storage node, run ``work`` on it, and close it, within ``timeout``.
+
+    Args:
+        admin_address: ``host:admin_port`` of the node.
+        cluster_key: the cluster key (UUID text) sent in the admin open.
+        num_partitions: the cluster's number of partitions, sent in the admin open.
+        work: a coroutine function receiving the opened client.
+        timeout: seconds for the whole call.
+        tls: client TLS files, or None for plaintext.
+
+    Returns:
+        What ``work`` returned.
+
+    Raises:
+        StorageUnreachableError: the node did not answer, or not within ``timeout``.
+        StorageRpcError: the node refused a request (``CLUSTER_KEY_MISMATCH`` on the open when it
+            belongs to another cluster or has another number of partitions).
+    """
+
+    async def run() -> T:
+        async with StorageAdminClient(admin_address, cluster_key, num_partitions, tls=tls) as admin:
+            return await work(admin)
+
+    try:
+        return await asyncio.wait_for(run(), timeout)
+    except TimeoutError:
+        raise StorageUnreachableError(admin_address, f"no answer within {timeout:g}s") from None
+    except StorageRpcError:
+        raise
+    except (ConnectionError, OSError, grpc.RpcError) as exc:
+        raise StorageUnreachableError(admin_address, str(exc)) from exc
+
+
+def run_admin(
+    admin_address: str,
+    params: ClusterParams,
+    work: Callable[[StorageAdminClient], Awaitable[T]],
+    *,
+    timeout: float = DEFAULT_STORAGE_TIMEOUT,
+    tls: TlsConfig | None = None,
+) -> T:
+    """:func:`call_admin` for synchronous callers (on an event loop of its own).
+
+    Raises:
+        StorageUnreachableError, StorageRpcError: as :func:`call_admin`.
+    """
+    return asyncio.run(
+        call_admin(
+            admin_address, str(params.cluster_key), params.num_partitions, work, timeout=timeout, tls=tls
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeOutcome(Generic[T]):
+    """The result of a call on one storage node: a value, or the error that stopped it.
+
+    Attributes:
+        value: what the call returned (None when it failed).
+        error: :class:`StorageUnreachableError` or :class:`~waltz.errors.StorageRpcError`, or None.
+    """
+
+    value: T | None = None
+    error: StorageUnreachableError | StorageRpcError | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the call succeeded."""
+        return self.error is None
+
+    @property
+    def failure(self) -> str | None:
+        """A one-line description of the error (:func:`describe_failure`), or None."""
+        return None if self.error is None else describe_failure(self.error)
+
+    @property
+    def reachable(self) -> bool:
+        """True unless the node did not answer (a refusal is an answer)."""
+        return not isinstance(self.error, StorageUnreachableError)
+
+
+async def call_admin_on_nodes(
+    admin_addresses: Mapping[str, str],
+    cluster_key: str,
+    num_partitions: int,
+    work: Callable[[str, StorageAdminClient], Awaitable[T]],
+    *,
+    timeout: float = DEFAULT_STORAGE_TIMEOUT,
+    tls: TlsConfig | None = None,
+) -> dict[str, NodeOutcome[T]]:
+    """Run :func:`call_admin` on several storage nodes at once; one node's failure stops no other.
+
+    Args:
+        admin_addresses: storage connect string -> ``host:admin_port``.
+        cluster_key: the cluster key (UUID text).
+        num_partitions: the cluster's number of partitions.
+        work: a coroutine function receiving the connect string and the opened client.
+        timeout: seconds for each node's call (they run concurrently).
+        tls: client TLS files, or None for plaintext.
+
+    Returns:
+        Storage connect string -> outcome, in the order of ``admin_addresses``.
+    """
+
+    async def one(storage: str, address: str) -> NodeOutcome[T]:
+        async def bound(admin: StorageAdminClient) -> T:
+            return await work(storage, admin)
+
+        try:
+            value = await call_admin(address, cluster_key, num_partitions, bound, timeout=timeout, tls=tls)
+        except (StorageUnreachableError, StorageRpcError) as exc:
+            log.warning("storage node %s (admin %s): %s", storage, address, exc)
+            return NodeOutcome(error=exc)
+        return NodeOutcome(value=value)
+
+    storages = list(admin_addresses)
+    results = await asyncio.gather(*(one(s, admin_addresses[s]) for s in storages))
+    return dict(zip(storages, results, strict=True))
+
+
+async def probe_tcp(address: str, timeout: float = DEFAULT_STORAGE_TIMEOUT) -> str | None:
+    """Check that something accepts TCP connections on ``host:port``, without sending anything.
+
+    Used before a cluster is created: it has no side effect on the node (an admin open would
+    initialise it).
+
+    Returns:
+        None when a connection was accepted, otherwise why not (e.g. ``"connection refused"``).
+    """
+    host, _, port = address.rpartition(":")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout)
+    except TimeoutError:
+        return f"no answer within {timeout:g}s"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError as exc:
+        log.debug("closing the probe connection to %s: %s", address, exc)
+    return None
+
+
+def describe_failure(error: BaseException) -> str:
+    """A one-line description of a storage node failure for reports."""
+    if isinstance(error, StorageRpcError):
+        hint = ""
+        if error.code == "CLUSTER_KEY_MISMATCH":
+            hint = (
+                " (the node belongs to another cluster or has another number of partitions: "
+                "give this cluster a fresh storage directory)"
+            )
+        return f"refused: {error.code}: {error.remote_message}{hint}"
+    return str(error)
