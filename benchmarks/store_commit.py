@@ -31,6 +31,7 @@ import asyncio
 import collections
 import logging
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -86,11 +87,17 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     return result
 
 
-def machine_idle_seconds() -> float:
-    """Idle plus iowait CPU seconds of the whole machine so far (all cores)."""
+def machine_cpu_seconds() -> dict[str, float]:
+    """CPU seconds of the whole machine so far (all cores): busy, idle (with iowait), steal."""
     with open("/proc/stat") as f:
-        fields = f.readline().split()
-    return (int(fields[4]) + int(fields[5])) / CLOCK_TICKS
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = ticks
+    return {
+        "busy": (user + nice + system + irq + softirq) / CLOCK_TICKS,
+        "softirq": (irq + softirq) / CLOCK_TICKS,
+        "idle": (idle + iowait) / CLOCK_TICKS,
+        "steal": steal / CLOCK_TICKS,
+    }
 
 
 @dataclass
@@ -100,13 +107,13 @@ class CpuSampler:
     pids: dict[str, int]
     used: dict[str, float] = field(default_factory=dict)
     threads: dict[str, float] = field(default_factory=dict)
-    idle: float = 0.0
+    machine: dict[str, float] = field(default_factory=dict)
     elapsed: float = 0.0
 
     def start(self) -> None:
         self._before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         self._threads_before = thread_cpu_seconds(os.getpid())
-        self._idle_before = machine_idle_seconds()
+        self._machine_before = machine_cpu_seconds()
         self._started = time.perf_counter()
 
     def stop(self) -> None:
@@ -114,7 +121,7 @@ class CpuSampler:
         self.used = {name: cpu_seconds(pid) - self._before[name] for name, pid in self.pids.items()}
         after = thread_cpu_seconds(os.getpid())
         self.threads = {n: after[n] - self._threads_before.get(n, 0.0) for n in after}
-        self.idle = machine_idle_seconds() - self._idle_before
+        self.machine = {k: v - self._machine_before[k] for k, v in machine_cpu_seconds().items()}
 
     def percent(self, seconds: float) -> float:
         return 100.0 * seconds / self.elapsed
@@ -261,7 +268,7 @@ def start_profilers(
     for name, pid in pids.items():
         output = Path(f"{prefix}-{name}.txt")
         command = [str(PY_SPY), "record", "--pid", str(pid), "--duration", str(max(1, round(seconds)))]
-        command += ["--format", "raw", "--output", str(output), "--rate", "100", "--nonblocking"]
+        command += ["--format", "raw", "--output", str(output), "--rate", "100", "--nonblocking", "--threads"]
         profilers.append(
             (name, output, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         )
@@ -269,7 +276,8 @@ def start_profilers(
 
 
 def summarize_profile(name: str, path: Path, top: int) -> None:
-    """Print the top frames of a py-spy raw (folded) profile: by self samples and inclusive."""
+    """Print a py-spy raw (folded) profile: samples by thread, top functions by self and inclusive."""
+    threads: collections.Counter[str] = collections.Counter()
     own: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
     total = 0
@@ -278,18 +286,24 @@ def summarize_profile(name: str, path: Path, top: int) -> None:
         if not stack:
             continue
         count = int(count_text)
-        frames = stack.split(";")
+        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]
+        if frames[0].startswith("thread ("):
+            threads[frames.pop(0)] += count
+        if not frames:
+            continue
         total += count
         own[frames[-1]] += count
         for frame in set(frames):
             inclusive[frame] += count
-    print(f"\nprofile of {name} ({total} samples with a Python stack, {path}):")
-    print("  self  frame")
+    print(f"\nprofile of {name} ({total} samples of non-idle threads at 100/s, {path}):")
+    for thread, count in threads.most_common(6):
+        print(f"  {100 * count / total:5.1f}% {thread}")
+    print("  self   function")
     for frame, count in own.most_common(top):
-        print(f"  {100 * count / total:4.1f}% {frame}")
-    print("  incl  frame")
-    for frame, count in inclusive.most_common(top + 8):
-        print(f"  {100 * count / total:4.1f}% {frame}")
+        print(f"  {100 * count / total:5.1f}% {frame}")
+    print("  incl   function")
+    for frame, count in inclusive.most_common(top + 12):
+        print(f"  {100 * count / total:5.1f}% {frame}")
 
 
 def quantile_ms(values: list[float], q: float) -> float:
@@ -346,7 +360,13 @@ async def throughput_case(
         f" {records / max(flushes, 1):>10.0f} {sum(d.failed for d in drivers):>6}"
     )
     split = "  ".join(f"{name} {sampler.percent(s):.0f}%" for name, s in sampler.used.items())
-    print(f"{'':>10} cpu (% of one core): {split}  idle {sampler.percent(sampler.idle):.0f}%")
+    machine = {k: sampler.percent(v) for k, v in sampler.machine.items()}
+    others = machine["busy"] - sum(sampler.percent(s) for s in sampler.used.values())
+    print(f"{'':>10} cpu (% of one core): {split}")
+    print(
+        f"{'':>10} machine: busy {machine['busy']:.0f}% (irq/softirq {machine['softirq']:.0f}%,"
+        f" not in these processes {others:.0f}%), idle {machine['idle']:.0f}%, steal {machine['steal']:.0f}%"
+    )
     threads = sorted(sampler.threads.items(), key=lambda kv: -kv[1])
     busy = "  ".join(f"{name} {sampler.percent(s):.0f}%" for name, s in threads if sampler.percent(s) >= 1)
     print(f"{'':>10} bench threads: {busy}")
@@ -429,7 +449,8 @@ async def main_async(args: argparse.Namespace, directory: Path) -> None:
             print(f"command: {shlex.join(sys.orig_argv)}")
             print(
                 f"{args.storages} storage nodes (pids {', '.join(str(n.process.pid) for n in nodes)}),"
-                f" benchmark pid {os.getpid()}, ZooKeeper pid {zookeeper.process.pid}, {os.cpu_count()} cores,"
+                f" benchmark pid {os.getpid()}, ZooKeeper pid {zookeeper.process.pid},"
+                f" {os.cpu_count()} cores,"
                 f" directory {directory}"
             )
             print(

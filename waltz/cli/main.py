@@ -7,13 +7,14 @@ from collections.abc import Sequence
 import typer
 
 from waltz import __version__
-from waltz.cli import cluster, demo, disk, storage
+from waltz.cli import cluster, demo, disk, server, storage
 
 app = typer.Typer(
     help="Waltz: a quorum-replicated, partitioned write-ahead log with optimistic locking.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+app.add_typer(server.app, name="server")
 app.add_typer(storage.app, name="storage")
 app.add_typer(disk.app, name="disk")
 app.add_typer(cluster.app, name="cluster")

@@ -15,7 +15,7 @@ from typing import Self
 
 from waltz.services.processes import ManagedProcess, free_port
 
-__all__ = ["LocalStorageNode"]
+__all__ = ["LocalServer", "LocalStorageNode"]
 
 
 def _accepts(host: str, port: int) -> bool:
@@ -116,6 +116,114 @@ class LocalStorageNode:
         """Kill the node if it runs, then start it again with the same directory and ports."""
         self.process.kill()
         self.start()
+
+    def close(self) -> None:
+        """Kill the process if it still runs. Idempotent."""
+        self.process.close()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class LocalServer:
+    """A Waltz server process on loopback, restartable with the same port.
+
+    Args:
+        zookeeper: ZooKeeper connect string.
+        root: the cluster root znode.
+        name: a short name for logs (``server-1``).
+        log_path: file receiving the server's output; ``None`` discards it.
+        port: the server port (a free port when None).
+        metrics: also serve ``/metrics`` and ``/health`` on a free port.
+        session_timeout: ZooKeeper session timeout in seconds.
+        extra_args: more ``waltz server start`` options.
+        env: extra environment variables (e.g. ``WALTZ_STORAGE_RETRY_INTERVAL``).
+        start_timeout: seconds to wait for the port to accept connections.
+    """
+
+    host = "127.0.0.1"
+
+    def __init__(
+        self,
+        zookeeper: str,
+        root: str,
+        *,
+        name: str = "server",
+        log_path: Path | None = None,
+        port: int | None = None,
+        metrics: bool = False,
+        session_timeout: float = 10.0,
+        extra_args: list[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        start_timeout: float = 30.0,
+    ) -> None:
+        self.port = port or free_port()
+        self.metrics_port = free_port() if metrics else None
+        self.start_timeout = start_timeout
+        args = [
+            sys.executable,
+            "-m",
+            "waltz.services.server",
+            "--zookeeper",
+            zookeeper,
+            "--root",
+            root,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--session-timeout",
+            str(session_timeout),
+        ]
+        if self.metrics_port is not None:
+            args += ["--metrics-port", str(self.metrics_port)]
+        args += extra_args or []
+        process_env = None
+        if env:
+            import os
+
+            process_env = {**os.environ, **env}
+        self.process = ManagedProcess(args, name=name, log_path=log_path, env=process_env)
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` of the server."""
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> None:
+        """Start the process and wait until its port accepts connections.
+
+        Raises:
+            ServiceStartError: the process exited or did not open its port in time.
+        """
+        self.process.start()
+        self.process.wait_ready(
+            lambda: _accepts(self.host, self.port),
+            timeout=self.start_timeout,
+            what=f"server port {self.port}",
+        )
+
+    def kill(self) -> None:
+        """Kill the server with SIGKILL (a crash)."""
+        self.process.kill()
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """Stop the server gracefully (SIGTERM); returns its exit code."""
+        return self.process.terminate(timeout)
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP)."""
+        self.process.pause()
+
+    def resume(self) -> None:
+        """Thaw the server (SIGCONT)."""
+        self.process.resume()
 
     def close(self) -> None:
         """Kill the process if it still runs. Idempotent."""

@@ -105,6 +105,21 @@ class ClusterPaths:
     def server(self) -> str:
         return f"{self.root}/server"
 
+    @property
+    def members(self) -> str:
+        """Parent of the servers' ephemeral sequential member znodes."""
+        return f"{self.root}/server/members"
+
+    @property
+    def election(self) -> str:
+        """The cluster manager's election znode."""
+        return f"{self.root}/server/election"
+
+    @property
+    def server_assignment(self) -> str:
+        """The partition assignment written by the cluster manager."""
+        return f"{self.root}/server/assignment"
+
 
 class ClusterZk:
     """Read and write one cluster's znodes.

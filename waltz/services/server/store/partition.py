@@ -149,6 +149,11 @@ class StorePartition:
         await asyncio.wait_for(self._writable.wait(), timeout)
 
     @property
+    def pending_records(self) -> int:
+        """Records queued or in flight (not yet committed or failed)."""
+        return len(self._queue) + len(self._in_flight)
+
+    @property
     def replicas_in_session(self) -> list[str]:
         """The storage nodes the current session writes to."""
         return sorted(self._session.writers) if self._session is not None else []

@@ -1,0 +1,149 @@
+"""Partition assignment to servers: members, the assignment znode, and the placement rule.
+
+Source: seed 000 "Generation Number" (the cluster manager assigns each partition to exactly one
+server and bumps the partition's generation every time the partition moves). The elected cluster
+manager (:mod:`waltz.services.cluster.manager`) computes placements with
+:func:`compute_assignment` and writes them to ``<root>/server/assignment`` by compare-and-set;
+servers register as ephemeral sequential ``<root>/server/members/member-<n>`` znodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Self
+
+from waltz.errors import MetadataError
+from waltz.services.cluster.metadata import _dump, _field, _load
+
+__all__ = ["Member", "PartitionAssignment", "Placement", "compute_assignment"]
+
+MEMBER_PREFIX = "member-"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A live server: its member znode name, its client endpoint, its preferred partitions.
+
+    Attributes:
+        name: the member znode's name (``member-0000000007``); its number is the server ID.
+        endpoint: ``host:port`` where clients reach the server.
+        preferred_partitions: partitions this server should own when it can.
+    """
+
+    name: str
+    endpoint: str
+    preferred_partitions: tuple[int, ...] = ()
+
+    @property
+    def server_id(self) -> int:
+        """The server ID: the sequence number ZooKeeper gave the member znode."""
+        return int(self.name.removeprefix(MEMBER_PREFIX))
+
+    def encode(self) -> bytes:
+        return _dump({"endpoint": self.endpoint, "preferred_partitions": list(self.preferred_partitions)})
+
+    @classmethod
+    def decode(cls, name: str, data: bytes, path: str) -> Self:
+        value = _load(data, path)
+        preferred = value.get("preferred_partitions", [])
+        if not isinstance(preferred, list) or not all(isinstance(p, int) for p in preferred):
+            raise MetadataError(f"znode {path}: preferred_partitions is {preferred!r}")
+        return cls(name, _field(value, "endpoint", str, path), tuple(preferred))
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one partition lives: the owning member (None: no live server) and its generation."""
+
+    member: str | None
+    endpoint: str | None
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionAssignment:
+    """The content of ``<root>/server/assignment``: a placement per partition."""
+
+    placements: Mapping[int, Placement] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "partitions": {
+                    str(pid): {"member": p.member, "endpoint": p.endpoint, "generation": p.generation}
+                    for pid, p in sorted(self.placements.items())
+                }
+            }
+        )
+
+    @classmethod
+    def decode(cls, data: bytes, path: str) -> Self:
+        raw = _field(_load(data, path), "partitions", dict, path)
+        placements: dict[int, Placement] = {}
+        for key, value in raw.items():
+            if not key.isdigit() or not isinstance(value, dict):
+                raise MetadataError(f"znode {path}: bad placement {key!r}: {value!r}")
+            member, endpoint = value.get("member"), value.get("endpoint")
+            if member is not None and not isinstance(member, str):
+                raise MetadataError(f"znode {path}: partition {key} has member {member!r}")
+            if endpoint is not None and not isinstance(endpoint, str):
+                raise MetadataError(f"znode {path}: partition {key} has endpoint {endpoint!r}")
+            placements[int(key)] = Placement(member, endpoint, _field(value, "generation", int, path))
+        return cls(placements)
+
+    def partitions_of(self, member: str) -> dict[int, int]:
+        """Partition ID -> generation of every partition placed on ``member``."""
+        return {pid: p.generation for pid, p in self.placements.items() if p.member == member}
+
+
+def compute_assignment(
+    num_partitions: int, members: Sequence[Member], current: PartitionAssignment
+) -> PartitionAssignment:
+    """Place every partition on exactly one live member.
+
+    A partition stays where it is while its member is alive and holds no more than its fair share
+    (``ceil(partitions / members)``); the others go first to a member that prefers them, then to
+    the least loaded member. A partition's generation goes up by one every time its member
+    changes, and is kept otherwise. Without members every partition is unplaced.
+
+    Args:
+        num_partitions: the cluster's number of partitions.
+        members: the live servers.
+        current: the assignment now in ZooKeeper (may be empty).
+
+    Returns:
+        The new assignment (equal to ``current`` when nothing needs to move).
+    """
+    by_name = {m.name: m for m in members}
+    previous = {pid: current.placements.get(pid, Placement(None, None, 0)) for pid in range(num_partitions)}
+    if not members:
+        return PartitionAssignment({pid: Placement(None, None, p.generation) for pid, p in previous.items()})
+    share = math.ceil(num_partitions / len(members))
+    load = dict.fromkeys(by_name, 0)
+    owner: dict[int, str] = {}
+    for pid, placement in previous.items():
+        if placement.member in by_name and load[placement.member] < share:
+            owner[pid] = placement.member
+            load[placement.member] += 1
+    # Unplaced partitions go first to members that prefer them, then to the least loaded.
+    for preferred_only in (True, False):
+        for pid in range(num_partitions):
+            if pid in owner:
+                continue
+            candidates = [
+                m
+                for m in sorted(by_name)
+                if load[m] < share and (not preferred_only or pid in by_name[m].preferred_partitions)
+            ]
+            if candidates:
+                chosen = min(candidates, key=lambda m: (load[m], m))
+                owner[pid] = chosen
+                load[chosen] += 1
+    placements = {}
+    for pid, placement in previous.items():
+        member = owner[pid]
+        generation = placement.generation if placement.member == member else placement.generation + 1
+        placements[pid] = Placement(member, by_name[member].endpoint, generation)
+    return PartitionAssignment(placements)

@@ -1,0 +1,222 @@
+"""Server membership and the elected cluster manager (kazoo recipes).
+
+Source: seed 000 "Generation Number" and "Zookeeper". Every server registers an ephemeral
+sequential member znode and watches ``server/assignment``. One server, elected with kazoo's
+``Election`` recipe, is the cluster manager: it watches the member znodes and rewrites the
+assignment (by compare-and-set) whenever members come or go, so that each partition has exactly
+one live server and its generation goes up each time it moves. A server whose ZooKeeper session
+is lost loses its member znode with it, and the manager moves its partitions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.recipe.election import Election
+
+from waltz.errors import MetadataError
+from waltz.services.cluster.assignment import MEMBER_PREFIX, Member, PartitionAssignment, compute_assignment
+from waltz.services.cluster.zk import ClusterPaths
+
+__all__ = ["ClusterManager", "ServerMembership", "read_assignment", "read_members"]
+
+log = logging.getLogger(__name__)
+
+
+def read_members(
+    zk: KazooClient, paths: ClusterPaths, watch: Callable[..., None] | None = None
+) -> list[Member]:
+    """The live servers (their member znodes), sorted by name."""
+    zk.ensure_path(paths.members)
+    members = []
+    for name in sorted(zk.get_children(paths.members, watch=watch)):
+        if not name.startswith(MEMBER_PREFIX):
+            continue
+        path = f"{paths.members}/{name}"
+        try:
+            data, _ = zk.get(path)
+        except NoNodeError:
+            continue  # it left while we listed
+        members.append(Member.decode(name, data, path))
+    return members
+
+
+def read_assignment(zk: KazooClient, paths: ClusterPaths) -> tuple[PartitionAssignment, int]:
+    """The current partition assignment and its znode version (-1: not written yet)."""
+    try:
+        data, stat = zk.get(paths.server_assignment)
+    except NoNodeError:
+        return PartitionAssignment(), -1
+    return PartitionAssignment.decode(data, paths.server_assignment), stat.version
+
+
+class ServerMembership:
+    """A server's member znode and its view of the partition assignment.
+
+    Args:
+        zk: a started kazoo client (owned by the caller).
+        paths: the cluster's znode paths.
+        endpoint: ``host:port`` where clients reach this server.
+        preferred_partitions: partitions this server should own when it can.
+        on_assignment: called (on a kazoo thread) with partition ID -> generation of every
+            partition placed on this server, each time the assignment changes.
+    """
+
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        endpoint: str,
+        preferred_partitions: tuple[int, ...],
+        on_assignment: Callable[[dict[int, int]], None],
+    ) -> None:
+        self._zk = zk
+        self._paths = paths
+        self._endpoint = endpoint
+        self._preferred = preferred_partitions
+        self._on_assignment = on_assignment
+        self.member: str | None = None
+
+    def register(self) -> str:
+        """Create this server's ephemeral sequential member znode and start watching the assignment.
+
+        Returns:
+            The member name (its number is the server ID).
+        """
+        path = self._zk.create(
+            f"{self._paths.members}/{MEMBER_PREFIX}",
+            Member("", self._endpoint, self._preferred).encode(),
+            ephemeral=True,
+            sequence=True,
+            makepath=True,
+        )
+        member: str = path.rsplit("/", 1)[1]
+        self.member = member
+        log.info(
+            "registered as %s (server ID %d) at %s",
+            member,
+            int(member.removeprefix(MEMBER_PREFIX)),
+            self._endpoint,
+        )
+        self._zk.DataWatch(self._paths.server_assignment, self._assignment_changed)
+        return member
+
+    def _assignment_changed(self, data: bytes | None, stat: object, event: object = None) -> bool:
+        member = self.member
+        if member is None:
+            return False  # stops this watch: a new registration starts another one
+        if data is None or not data:
+            self._on_assignment({})
+            return True
+        try:
+            assignment = PartitionAssignment.decode(data, self._paths.server_assignment)
+        except MetadataError:
+            log.exception("cannot read the partition assignment")
+            return True
+        self._on_assignment(assignment.partitions_of(member))
+        return True
+
+    def unregister(self) -> None:
+        """Delete the member znode (partitions then move at once). Idempotent."""
+        member, self.member = self.member, None
+        if member is None:
+            return
+        with contextlib.suppress(NoNodeError):
+            self._zk.delete(f"{self._paths.members}/{member}")
+
+
+class ClusterManager:
+    """Takes part in the cluster manager election; while elected, keeps the assignment current.
+
+    Args:
+        zk: a started kazoo client (owned by the caller).
+        paths: the cluster's znode paths.
+        num_partitions: the cluster's number of partitions.
+        identifier: this server's name in the election (for logs).
+    """
+
+    def __init__(self, zk: KazooClient, paths: ClusterPaths, num_partitions: int, identifier: str) -> None:
+        self._zk = zk
+        self._paths = paths
+        self._num_partitions = num_partitions
+        self._election = Election(zk, paths.election, identifier)
+        self._changed = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.leading = False
+
+    def start(self) -> None:
+        """Join the election on a background thread."""
+        self._thread = threading.Thread(target=self._run, name="cluster-manager", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Leave the election and stop managing. Idempotent."""
+        self._stopping.set()
+        self._changed.set()
+        self._election.cancel()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._election.run(self._lead)
+            except Exception:
+                if self._stopping.is_set():
+                    return
+                log.exception("cluster manager election failed; rejoining")
+                self._stopping.wait(1.0)
+
+    def _lead(self) -> None:
+        self.leading = True
+        log.info("elected cluster manager")
+        try:
+            while not self._stopping.is_set() and self._zk.connected:
+                self._changed.clear()
+                try:
+                    self.rebalance()
+                except Exception:
+                    log.exception("cluster manager could not update the assignment; retrying")
+                    self._stopping.wait(0.5)
+                    continue
+                # Wake up on member changes (the children watch) or every few seconds.
+                self._changed.wait(5.0)
+        finally:
+            self.leading = False
+
+    def _members_changed(self, event: object) -> None:
+        self._changed.set()
+
+    def rebalance(self) -> PartitionAssignment:
+        """Recompute the assignment from the live members and write it if it changed."""
+        for _ in range(20):
+            members = read_members(self._zk, self._paths, watch=self._members_changed)
+            current, version = read_assignment(self._zk, self._paths)
+            new = compute_assignment(self._num_partitions, members, current)
+            if new == current and version >= 0:
+                return current
+            try:
+                if version < 0:
+                    self._zk.create(self._paths.server_assignment, new.encode(), makepath=True)
+                else:
+                    self._zk.set(self._paths.server_assignment, new.encode(), version=version)
+            except (BadVersionError, NodeExistsError):
+                continue
+            moved = [
+                pid
+                for pid, placement in new.placements.items()
+                if current.placements.get(pid) is None or current.placements[pid].member != placement.member
+            ]
+            log.info(
+                "assignment updated for %d member(s); partitions moved: %s",
+                len(members),
+                moved or "none",
+            )
+            return new
+        raise MetadataError("the partition assignment kept changing under the cluster manager")

@@ -1,0 +1,342 @@
+"""The server process: ZooKeeper membership, the cluster manager, store partitions, gRPC ports.
+
+Run it with ``waltz server start --config server.yaml`` or ``python -m waltz.services.server``.
+Source: seed 000 "Waltz Server", "Generation Number"; seed 003.
+
+The server registers as a member, takes part in the cluster manager election, and opens a
+:class:`~waltz.services.server.store.partition.StorePartition` for every partition the assignment
+places on it (closing it when the partition moves or its generation changes). When its ZooKeeper
+session is lost it closes every partition at once; on SIGTERM it deletes its member znode first
+so that its partitions move without waiting for the session timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from typing import Any
+
+import grpc
+from kazoo.client import KazooClient, KazooState
+
+from waltz.errors import WaltzError
+from waltz.protocol import server_pb2, server_pb2_grpc
+from waltz.protocol.records import ReqId
+from waltz.protocol.storage_client import channel_options
+from waltz.services.cluster.manager import ClusterManager, ServerMembership
+from waltz.services.cluster.zk import ClusterZk
+from waltz.services.http import HealthHttpServer
+from waltz.services.server.config import ServerConfig
+from waltz.services.server.metrics import ServerMetrics
+from waltz.services.server.store.partition import StorePartition
+
+__all__ = ["ServerApp", "run_server"]
+
+log = logging.getLogger(__name__)
+
+
+class ServerApp:
+    """A running server."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.store_config = config.store_config()
+        self.partitions: dict[int, StorePartition] = {}
+        self.metrics = ServerMetrics(lambda: self.partitions)
+        self._locks: dict[int, asyncio.Lock] = {}
+        self._desired: dict[int, int] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._zk: KazooClient | None = None
+        self._cluster: ClusterZk | None = None
+        self._membership: ServerMembership | None = None
+        self._manager: ClusterManager | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._http: HealthHttpServer | None = None
+        self._session_lost = False
+        self._stopping = False
+        self.port = config.server_port
+        self.cluster_key = ""
+        self.num_partitions = 0
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` where clients reach this server."""
+        return f"{self.config.server_host}:{self.port}"
+
+    @property
+    def member(self) -> str:
+        """The member znode name ('' before registration)."""
+        return (self._membership.member if self._membership else None) or ""
+
+    @property
+    def cluster_manager(self) -> bool:
+        """True while this server is the elected cluster manager."""
+        return self._manager is not None and self._manager.leading
+
+    # ---- life cycle ----
+
+    async def start(self) -> None:
+        """Connect to ZooKeeper, serve, register, and join the cluster manager election.
+
+        Raises:
+            ClusterNotFoundError: no cluster exists under the cluster root.
+            OSError: the port cannot be bound.
+        """
+        self._loop = asyncio.get_running_loop()
+        config = self.config
+        zk = KazooClient(hosts=config.zookeeper_connect_string, timeout=config.zookeeper_session_timeout)
+        await asyncio.to_thread(zk.start, config.zookeeper_session_timeout)
+        self._zk = zk
+        self._cluster = ClusterZk(zk, config.cluster_root)
+        params = await asyncio.to_thread(self._cluster.params)
+        self.cluster_key = str(params.cluster_key)
+        self.num_partitions = params.num_partitions
+        await self._start_grpc()
+        zk.add_listener(self._zk_state_changed)
+        self._membership = ServerMembership(
+            zk,
+            self._cluster.paths,
+            self.endpoint,
+            tuple(config.server_preferred_partitions),
+            self._assignment_changed,
+        )
+        member = await asyncio.to_thread(self._membership.register)
+        self._manager = ClusterManager(zk, self._cluster.paths, self.num_partitions, member)
+        self._manager.start()
+        if config.server_metrics_port is not None:
+            self._http = HealthHttpServer(
+                config.server_host, config.server_metrics_port, self.metrics.registry, self._health
+            )
+            self._http.start()
+        log.info(
+            "server ready: %s as %s, cluster %r (%d partitions) under %s%s",
+            self.endpoint,
+            member,
+            params.name,
+            self.num_partitions,
+            config.cluster_root,
+            f", metrics port {self._http.port}" if self._http else "",
+        )
+
+    async def _start_grpc(self) -> None:
+        config = self.config
+        server = grpc.aio.server(options=channel_options())
+        server_pb2_grpc.add_ServerAdminServiceServicer_to_server(ServerAdminServicer(self), server)
+        address = f"{config.server_host}:{config.server_port}"
+        if config.server_tls_cert_file and config.server_tls_key_file:
+            ca = config.server_tls_ca_file.read_bytes() if config.server_tls_ca_file else None
+            credentials = grpc.ssl_server_credentials(
+                [(config.server_tls_key_file.read_bytes(), config.server_tls_cert_file.read_bytes())],
+                root_certificates=ca,
+                require_client_auth=ca is not None,
+            )
+            bound = server.add_secure_port(address, credentials)
+        else:
+            bound = server.add_insecure_port(address)
+        if bound == 0:
+            raise OSError(f"cannot bind {address}")
+        self.port = bound
+        await server.start()
+        self._grpc = server
+
+    async def stop(self) -> None:
+        """Leave the cluster (partitions move at once), close partitions, stop serving."""
+        self._stopping = True
+        if self._manager is not None:
+            await asyncio.to_thread(self._manager.stop)
+        if self._membership is not None:
+            await asyncio.to_thread(self._membership.unregister)
+        await asyncio.gather(*(self._set_partition(pid, None) for pid in list(self.partitions)))
+        if self._zk is not None:
+            await asyncio.to_thread(self._zk.stop)
+            await asyncio.to_thread(self._zk.close)
+        if self._grpc is not None:
+            await self._grpc.stop(2.0)
+        if self._http is not None:
+            self._http.close()
+        log.info("server stopped")
+
+    def _health(self) -> tuple[bool, dict[str, Any]]:
+        partitions = {str(pid): p.writable for pid, p in sorted(self.partitions.items())}
+        connected = self._zk is not None and self._zk.connected
+        healthy = connected and all(partitions.values())
+        return healthy, {
+            "zookeeper_connected": connected,
+            "member": self.member,
+            "partitions_writable": partitions,
+        }
+
+    # ---- ZooKeeper events (called on kazoo threads) ----
+
+    def _zk_state_changed(self, state: str) -> None:
+        loop = self._loop
+        if loop is None or self._stopping:
+            return
+        if state == KazooState.LOST:
+            self._session_lost = True
+            log.error("ZooKeeper session lost: closing every partition")
+            loop.call_soon_threadsafe(self._reconcile, {})
+        elif state == KazooState.CONNECTED and self._session_lost:
+            self._session_lost = False
+            log.warning("ZooKeeper session re-established: registering again")
+            loop.call_soon_threadsafe(lambda: loop.create_task(self._register_again()))
+
+    async def _register_again(self) -> None:
+        if self._membership is None or self._zk is None or self._cluster is None:
+            return
+        self._membership.member = None
+        member = await asyncio.to_thread(self._membership.register)
+        if self._manager is not None:
+            await asyncio.to_thread(self._manager.stop)
+        self._manager = ClusterManager(self._zk, self._cluster.paths, self.num_partitions, member)
+        self._manager.start()
+
+    def _assignment_changed(self, partitions: dict[int, int]) -> None:
+        if self._loop is not None and not self._session_lost:
+            self._loop.call_soon_threadsafe(self._reconcile, partitions)
+
+    # ---- partitions ----
+
+    def _reconcile(self, desired: dict[int, int]) -> None:
+        if self._stopping:
+            return
+        self._desired = dict(desired)
+        for pid in set(self.partitions) | set(desired):
+            current = self.partitions.get(pid)
+            wanted = desired.get(pid)
+            if current is None or current.closed or current.generation != wanted:
+                asyncio.get_running_loop().create_task(self._set_partition(pid, wanted))
+
+    async def _set_partition(self, partition_id: int, generation: int | None) -> None:
+        lock = self._locks.setdefault(partition_id, asyncio.Lock())
+        async with lock:
+            if (
+                generation is not None
+                and self._desired.get(partition_id) != generation
+                and not self._stopping
+            ):
+                return  # superseded by a newer assignment
+            current = self.partitions.get(partition_id)
+            if current is not None and not current.closed and current.generation == generation:
+                return
+            if current is not None:
+                del self.partitions[partition_id]
+                await current.close("the partition moved" if generation is None else "a new generation")
+                log.info("partition %d closed (generation %d)", partition_id, current.generation)
+            if generation is None or self._stopping or self._cluster is None:
+                return
+            label = str(partition_id)
+            partition = StorePartition(
+                partition_id,
+                generation,
+                self._cluster,
+                self.cluster_key,
+                self.num_partitions,
+                self.store_config,
+                on_commit=lambda records: self.metrics.committed_records.labels(label).inc(len(records)),
+            )
+            self.partitions[partition_id] = partition
+            partition.start()
+            log.info("partition %d opened with generation %d", partition_id, generation)
+
+
+class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
+    """Status of the server's partitions, and store-level appends and reads (seed 003)."""
+
+    def __init__(self, app: ServerApp) -> None:
+        self._app = app
+
+    async def Status(  # noqa: N802 - gRPC method name
+        self, request: server_pb2.ServerStatusRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> server_pb2.ServerStatusResponse:
+        app = self._app
+        member = app.member
+        return server_pb2.ServerStatusResponse(
+            member=member,
+            server_id=int(member.removeprefix("member-")) if member else -1,
+            endpoint=app.endpoint,
+            cluster_manager=app.cluster_manager,
+            partitions=[
+                server_pb2.PartitionState(
+                    partition_id=pid,
+                    generation=p.generation,
+                    high_water_mark=p.high_water_mark,
+                    writable=p.writable,
+                    replicas_in_session=p.replicas_in_session,
+                    sessions_started=p.sessions_started,
+                )
+                for pid, p in sorted(app.partitions.items())
+            ],
+        )
+
+    async def _partition(
+        self, partition_id: int, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> StorePartition:
+        partition = self._app.partitions.get(partition_id)
+        if partition is None or partition.closed:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"partition {partition_id} is not on this server ({self._app.endpoint}); "
+                "read server/assignment to find its server",
+            )
+            raise AssertionError("unreachable")  # abort raises
+        return partition
+
+    async def AppendRecords(  # noqa: N802 - gRPC method name
+        self, request: server_pb2.AppendRecordsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> server_pb2.AppendRecordsResponse:
+        partition = await self._partition(request.partition_id, context)
+        started = time.perf_counter()
+        futures = [
+            partition.submit(ReqId.from_proto(t.req_id), t.header, t.data) for t in request.transactions
+        ]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        self._app.metrics.commit_seconds.observe(time.perf_counter() - started)
+        outcomes = []
+        failed = 0
+        for result in results:
+            if isinstance(result, BaseException):
+                failed += 1
+                outcomes.append(
+                    server_pb2.AppendOutcome(transaction_id=-1, error=f"{type(result).__name__}: {result}")
+                )
+            else:
+                outcomes.append(server_pb2.AppendOutcome(transaction_id=result))
+        if failed:
+            self._app.metrics.failed_appends.labels(str(request.partition_id)).inc(failed)
+        return server_pb2.AppendRecordsResponse(outcomes=outcomes)
+
+    async def ReadRecords(  # noqa: N802 - gRPC method name
+        self, request: server_pb2.ReadRecordsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> server_pb2.ReadRecordsResponse:
+        partition = await self._partition(request.partition_id, context)
+        try:
+            records = await partition.read_records(request.transaction_id, max(1, request.max_records))
+        except (WaltzError, TimeoutError) as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"partition {request.partition_id}: {exc}")
+            raise AssertionError("unreachable") from exc
+        return server_pb2.ReadRecordsResponse(
+            records=[r.to_proto() for r in records],
+            high_water_mark=partition.high_water_mark,
+        )
+
+
+async def _serve(config: ServerConfig) -> None:
+    app = ServerApp(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await app.start()
+    try:
+        await stop.wait()
+        log.info("stopping on signal")
+    finally:
+        await app.stop()
+
+
+def run_server(config: ServerConfig) -> None:
+    """Run a server until SIGTERM or SIGINT."""
+    asyncio.run(_serve(config))

@@ -1,0 +1,83 @@
+"""Prometheus metrics of a server: per partition, read from the partitions when scraped."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from waltz.services.server.store.partition import StorePartition
+
+__all__ = ["ServerMetrics"]
+
+
+class _PartitionCollector(Collector):
+    def __init__(self, partitions: Callable[[], Mapping[int, StorePartition]]) -> None:
+        self._partitions = partitions
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = {
+            "high_water_mark": GaugeMetricFamily(
+                "waltz_server_partition_high_water_mark", "Committed high-water mark.", labels=["partition"]
+            ),
+            "generation": GaugeMetricFamily(
+                "waltz_server_partition_generation",
+                "Generation under which this server owns it.",
+                labels=["partition"],
+            ),
+            "writable": GaugeMetricFamily(
+                "waltz_server_partition_writable", "1 while a store session writes.", labels=["partition"]
+            ),
+            "replicas": GaugeMetricFamily(
+                "waltz_server_partition_replicas_in_session",
+                "Replicas the store session writes to.",
+                labels=["partition"],
+            ),
+            "sessions": GaugeMetricFamily(
+                "waltz_server_partition_store_sessions",
+                "Store sessions (recoveries) started.",
+                labels=["partition"],
+            ),
+            "queued": GaugeMetricFamily(
+                "waltz_server_partition_pending_records",
+                "Records waiting or in flight.",
+                labels=["partition"],
+            ),
+        }
+        for pid, partition in sorted(self._partitions().items()):
+            label = [str(pid)]
+            families["high_water_mark"].add_metric(label, partition.high_water_mark)
+            families["generation"].add_metric(label, partition.generation)
+            families["writable"].add_metric(label, 1.0 if partition.writable else 0.0)
+            families["replicas"].add_metric(label, len(partition.replicas_in_session))
+            families["sessions"].add_metric(label, partition.sessions_started)
+            families["queued"].add_metric(label, partition.pending_records)
+        yield from families.values()
+
+
+class ServerMetrics:
+    """The server's metrics registry."""
+
+    def __init__(self, partitions: Callable[[], Mapping[int, StorePartition]]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_PartitionCollector(partitions))
+        self.committed_records = Counter(
+            "waltz_server_committed_records",
+            "Records committed, by partition.",
+            ["partition"],
+            registry=self.registry,
+        )
+        self.failed_appends = Counter(
+            "waltz_server_failed_appends",
+            "Appends not committed, by partition.",
+            ["partition"],
+            registry=self.registry,
+        )
+        self.commit_seconds = Histogram(
+            "waltz_server_commit_seconds",
+            "Time from an append request to the commit of its transactions, in seconds.",
+            registry=self.registry,
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0),
+        )
