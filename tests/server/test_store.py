@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,50 @@ def test_a_storage_restored_from_an_old_backup_is_truncated_and_caught_up(
         assert len({tuple(r) for r in replicas.values()}) == 1
 
     run(third_part())
+
+
+def test_add_a_replica_catch_up_then_remove_another(store_cluster: StoreCluster, tmp_path: Path) -> None:
+    from waltz.services.cluster.storage_admin import StorageNodeAdmin
+
+    admin = StorageNodeAdmin(store_cluster.zk, storage_timeout=10)
+    newcomer = LocalStorageNode(
+        tmp_path / "storage-new", name="storage-new", log_path=tmp_path / "storage-new.log"
+    )
+    leaving = store_cluster.storages[0]
+
+    async def wait_for(partition: StorePartition, condition: Callable[[list[str]], bool], what: str) -> None:
+        for _ in range(200):
+            if condition(partition.replicas_in_session):
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}: in session {partition.replicas_in_session}")
+
+    async def scenario() -> None:
+        partition = store(store_cluster)
+        partition.start()
+        results: dict[int, int | Exception] = {}
+        stop = asyncio.Event()
+        writer = asyncio.create_task(append_until(partition, results, stop))
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(admin.add, newcomer.address, newcomer.admin_port)
+        await asyncio.to_thread(admin.assign, newcomer.address, [0])
+        await wait_for(partition, lambda s: newcomer.address in s, "the new replica to join")
+        await asyncio.to_thread(admin.unassign, leaving.address, [0])
+        await wait_for(partition, lambda s: leaving.address not in s, "the removed replica to leave")
+        await asyncio.sleep(0.3)
+        stop.set()
+        await writer
+        await partition.close()
+        remaining = [n for n in [*store_cluster.storages[1:], newcomer]]
+        replicas = await replica_records(store_cluster, 0, remaining)
+        reference = replicas[newcomer.address]
+        check_log(reference, results)
+        assert sum(isinstance(v, int) for v in results.values()) > 100
+        for address, records in replicas.items():
+            assert records == reference, f"replica {address} differs"
+
+    try:
+        newcomer.start()
+        run(scenario())
+    finally:
+        newcomer.close()

@@ -82,6 +82,7 @@ class StorePartition:
         self.config = config or StoreConfig()
         self._on_commit = on_commit
         self._queue: deque[_Pending] = deque()
+        self._queue_since = 0.0  # when the oldest queued record arrived (for the linger)
         self._in_flight: deque[_Pending] = deque()
         self._high_water_mark = -1
         self._wakeup = asyncio.Event()
@@ -172,6 +173,8 @@ class StorePartition:
         if self._closed:
             future.set_exception(StoreClosedError(f"partition {self.partition_id}: {self._close_reason}"))
             return future
+        if not self._queue:
+            self._queue_since = time.monotonic()
         self._queue.append(_Pending(Record(-1, req_id, header, data, crc32(data)), future))
         self._wakeup.set()
         return future
@@ -345,6 +348,8 @@ class _Session:
         partition = self.partition
         probe_interval = max(2.0, 4 * self.config.retry_interval)
         while True:
+            now = time.monotonic()
+            wait: float | None = None
             if partition._closed and self._ending is None:
                 self.end("partition closing")
             if self._ending is not None:
@@ -358,19 +363,28 @@ class _Session:
                 and self.batches_in_flight < self.config.max_in_flight_batches
                 and len(self.writers) >= self.quorum
             ):
-                self._send_batch()
-                continue
+                linger = self._linger_left(now)
+                if linger <= 0:
+                    self._send_batch()
+                    continue
+                wait = linger
+            if self._ending is None:
+                if now - self._last_probe >= probe_interval:
+                    self._last_probe = now
+                    self._spawn(self._probe())
+                next_probe = self._last_probe + probe_interval - now
+                wait = next_probe if wait is None else min(wait, next_probe)
             partition._wakeup.clear()
-            timeout = probe_interval if self._absent and self._ending is None else None
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(partition._wakeup.wait(), timeout)
-            if (
-                self._absent
-                and self._ending is None
-                and time.monotonic() - self._last_probe >= probe_interval
-            ):
-                self._last_probe = time.monotonic()
-                self._spawn(self._probe_absent())
+                await asyncio.wait_for(partition._wakeup.wait(), wait)
+
+    def _linger_left(self, now: float) -> float:
+        """Seconds to wait for more records before sending a batch (0: send now)."""
+        linger = self.config.linger
+        queue = self.partition._queue
+        if linger <= 0 or self.batches_in_flight == 0 or len(queue) >= self.config.max_batch_records:
+            return 0.0
+        return linger - (now - self.partition._queue_since)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -426,10 +440,23 @@ class _Session:
             if committed > self.partition._high_water_mark:
                 self.partition._commit_through(committed)
 
-    async def _probe_absent(self) -> None:
-        """Try the replicas that were down; when one answers, end the session so that it joins."""
+    async def _probe(self) -> None:
+        """End the session when the replica assignment changed or a replica that was down answers.
+
+        The next session's recovery then adds, catches up or drops the replicas.
+        """
+        partition = self.partition
+        try:
+            assignments = await asyncio.to_thread(partition._zk.assignments)
+        except WaltzError as exc:
+            log.warning("partition %d: cannot read the replica assignment: %s", partition.partition_id, exc)
+            return
+        assigned = assignments.value.storages_of(partition.partition_id)
+        if sorted(assigned) != sorted(self.assigned):
+            self.end(f"replica assignment changed to {', '.join(assigned) or 'nothing'}")
+            return
         for storage in list(self._absent):
-            connection = self.partition._connect(self.session_id)(storage)
+            connection = partition._connect(self.session_id)(storage)
             try:
                 await connection.open()
                 await connection.max_transaction_id()
