@@ -66,12 +66,12 @@ def payload(i: int) -> bytes:
     return f"record {i}".encode() * 10
 
 
-async def append_via_owner(cluster: StoreCluster, seq: int) -> int | None:
+async def append_via_owner(cluster: StoreCluster, seq: int, timeout: float = 10) -> int | None:
     """Append one transaction through the partition's current owner; None when it failed."""
     endpoint, generation = owner(cluster)
     if endpoint is None:
         return None
-    async with ServerAdminClient(endpoint, timeout=10) as client:
+    async with ServerAdminClient(endpoint, timeout=timeout) as client:
         try:
             (outcome,) = await client.append(0, [(ReqId(5, generation, 0, seq), 0, payload(seq))])
         except grpc.aio.AioRpcError:
@@ -209,3 +209,55 @@ def test_a_paused_owner_writes_nothing_after_it_wakes_up(
         assert 9999 not in [r.req_id.seq_num for r in records]
 
     run(scenario())
+
+
+def test_verify_health_and_metrics_with_servers(
+    cluster: StoreCluster, tmp_path: Path, zookeeper: object, zk_root: str, request: pytest.FixtureRequest
+) -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    from waltz.services.cluster.admin import ClusterAdmin
+
+    server = LocalServer(
+        zookeeper.connect_string,  # type: ignore[attr-defined]
+        zk_root,
+        name="server-metrics",
+        log_path=tmp_path / "server-metrics.log",
+        metrics=True,
+        session_timeout=SESSION_TIMEOUT,
+    )
+    support.add_failure_logs(request.node, "server log", server.process.log_tail)
+    with server:
+        run(wait_writable_owner(cluster))
+        assert run(append_via_owner(cluster, 0)) == 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/health", timeout=5) as response:
+            health = json.load(response)
+        assert health["healthy"] is True and health["partitions_writable"] == {"0": True}
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        assert 'waltz_server_partition_high_water_mark{partition="0"} 0.0' in text
+        assert 'waltz_server_committed_records_total{partition="0"} 1.0' in text
+        with ClusterAdmin.connect(
+            zookeeper.connect_string,  # type: ignore[attr-defined]
+            zk_root,
+        ) as admin:
+            report = admin.verify()
+        names = {c.name: c.status.value for c in report.checks}
+        assert report.passed, [c for c in report.checks if c.status.value != "PASSED"]
+        assert names["partition 0: writable"] == "PASSED"
+        assert names["partition 0: exactly one server serves it"] == "PASSED"
+        # Two storage nodes down: the partition cannot write, /health says so.
+        cluster.storages[1].kill()
+        cluster.storages[2].kill()
+        assert run(append_via_owner(cluster, 1, timeout=3)) is None, "committed without a quorum"
+
+        def unhealthy() -> bool:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/health", timeout=5)
+            except urllib.error.HTTPError as exc:
+                return exc.code == 503
+            return False
+
+        wait_until(unhealthy, timeout=30, what="/health to report the partition unwritable")

@@ -30,6 +30,7 @@ from kazoo.client import KazooClient
 from waltz.errors import ConfigurationError, MetadataError
 from waltz.protocol.storage_client import StorageAdminClient, TlsConfig
 from waltz.services.cluster.description import ClusterDescription, describe_cluster
+from waltz.services.cluster.manager import read_assignment, read_members
 from waltz.services.cluster.metadata import (
     ClusterParams,
     ConnectionMetadata,
@@ -46,6 +47,7 @@ from waltz.services.cluster.storage_nodes import (
     probe_tcp,
 )
 from waltz.services.cluster.verify import VerifyReport, probe_storage_nodes, verify_cluster
+from waltz.services.cluster.verify_servers import probe_servers, server_checks
 from waltz.services.cluster.zk import ClusterPaths, ClusterZk
 from waltz.services.cluster.zk_session import (
     DEFAULT_ZOOKEEPER_TIMEOUT,
@@ -350,7 +352,11 @@ class ClusterAdmin:
         """
         description = self.describe()
         probes = asyncio.run(probe_storage_nodes(description, timeout=self.storage_timeout, tls=self.tls))
-        return verify_cluster(description, probes)
+        report = verify_cluster(description, probes)
+        members = read_members(self.cluster.zk, self.cluster.paths)
+        assignment, _ = read_assignment(self.cluster.zk, self.cluster.paths)
+        servers = asyncio.run(probe_servers(members, timeout=self.storage_timeout, tls=self.tls))
+        return VerifyReport(report.checks + tuple(server_checks(description, assignment, servers)))
 
     @zookeeper_errors
     def delete(self, *, unassign_storage: bool = False, delete_storage_files: bool = False) -> DeleteResult:

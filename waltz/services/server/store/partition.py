@@ -455,6 +455,17 @@ class _Session:
         if sorted(assigned) != sorted(self.assigned):
             self.end(f"replica assignment changed to {', '.join(assigned) or 'nothing'}")
             return
+        if self.batches_in_flight == 0:
+            # Idle: check that the writers are still there, so that a dead storage node is
+            # noticed (and the session replaced) before the next append needs it.
+            for storage, connection in list(self.writers.items()):
+                try:
+                    await connection.max_transaction_id()
+                except ReplicaError as exc:
+                    if storage in self.writers:
+                        del self.writers[storage]
+                        self.end(f"replica on {storage} failed: {exc}")
+                    return
         for storage in list(self._absent):
             connection = partition._connect(self.session_id)(storage)
             try:
