@@ -302,3 +302,50 @@ def test_add_a_replica_catch_up_then_remove_another(store_cluster: StoreCluster,
         run(scenario())
     finally:
         newcomer.close()
+
+
+def test_recover_partition_seeds_a_new_replica_with_committed_records(
+    store_cluster: StoreCluster, tmp_path: Path
+) -> None:
+    from waltz.errors import MetadataError
+    from waltz.services.cluster.recover import recover_partition
+    from waltz.services.cluster.replicas import ReplicaChangeRefusedError
+    from waltz.services.cluster.storage_admin import StorageNodeAdmin
+
+    admin = StorageNodeAdmin(store_cluster.zk, storage_timeout=10)
+    newcomer = LocalStorageNode(
+        tmp_path / "storage-new", name="storage-new", log_path=tmp_path / "storage-new.log"
+    )
+    source = store_cluster.storages[0]
+
+    async def write(first: int, count: int) -> None:
+        partition = store(store_cluster)
+        partition.start()
+        assert await append_many(partition, first, count) == list(range(first, first + count))
+        await partition.close()
+
+    async def scenario() -> None:
+        await write(0, 300)
+        await write(300, 5)  # the second session's low-water mark is 299: committed for sure
+        with pytest.raises(MetadataError, match="not assigned"):
+            await recover_partition(store_cluster.zk, source.address, newcomer.address, 0)
+        with pytest.raises(ReplicaChangeRefusedError, match="caught-up replica"):
+            await recover_partition(store_cluster.zk, source.address, store_cluster.storages[1].address, 0)
+        await asyncio.to_thread(admin.add, newcomer.address, newcomer.admin_port)
+        await asyncio.to_thread(admin.assign, newcomer.address, [0])
+        result = await recover_partition(store_cluster.zk, source.address, newcomer.address, 0)
+        assert (result.committed, result.kept, result.copied) == (299, -1, 300)
+        copied = (await replica_records(store_cluster, 0, [newcomer]))[newcomer.address]
+        reference = (await replica_records(store_cluster, 0, [source]))[source.address]
+        assert copied == reference[:300]
+        # The next session keeps the copy and catches up only the rest.
+        await write(305, 5)
+        replicas = await replica_records(store_cluster, 0, [*store_cluster.storages, newcomer])
+        assert len({tuple(r) for r in replicas.values()}) == 1
+        assert len(replicas[newcomer.address]) == 310
+
+    try:
+        newcomer.start()
+        run(scenario())
+    finally:
+        newcomer.close()

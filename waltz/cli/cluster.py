@@ -683,3 +683,43 @@ def storage_max_transaction_id(
         return
     for partition_id, transaction_id in sorted(result.items()):
         typer.echo(f"partition {partition_id}: {transaction_id}")
+
+
+@_command(storage_app, "recover-partition")
+def storage_recover_partition(
+    source: Annotated[str, typer.Option("--source", help="Storage node to copy from (`host:port`).")],
+    destination: Annotated[str, typer.Option("--destination", help="Storage node to copy to (`host:port`).")],
+    partition: PartitionsOption,
+    zookeeper: ZookeeperOption = None,
+    root: RootOption = None,
+    config: ConfigOption = None,
+    timeout: TimeoutOption = None,
+) -> None:
+    """Copy partitions from one storage node to another, offline, up to what is known committed
+    (the source's low-water mark). The destination must be assigned the partitions and must not be
+    a caught-up replica of the current store session; it is truncated to its own low-water mark
+    first. The next store session then catches it up only from there."""
+    import asyncio
+
+    from waltz.services.cluster.recover import recover_partition
+
+    ids = parse_partitions(partition)
+    with _connected(config, zookeeper, root, timeout) as admin:
+        for partition_id in ids:
+            try:
+                result = asyncio.run(
+                    recover_partition(
+                        admin.cluster,
+                        source,
+                        destination,
+                        partition_id,
+                        timeout=admin.storage_timeout,
+                        tls=admin.tls,
+                    )
+                )
+            except (ConnectionError, TimeoutError) as exc:
+                raise _fail(f"partition {partition_id}: a storage node did not answer: {exc}", 2) from exc
+            typer.echo(
+                f"partition {partition_id}: {destination} kept 0..{result.kept}, copied {result.copied} "
+                f"record(s) from {source} up to the committed transaction {result.committed}"
+            )

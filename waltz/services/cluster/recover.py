@@ -1,0 +1,123 @@
+"""``waltz cluster storage recover-partition``: seed a replica by copying committed records.
+
+Copies a partition from one storage node to another while neither takes part in the copy as a
+store session writer, and only up to what is known committed: the source's low-water mark (the
+cluster high-water mark when the source's last store session started, seed 000 "Control File
+Body"). The destination is first truncated to its own low-water mark (everything below it is
+committed), then given the source's records up to that mark, then its low-water mark is set to it,
+so that the next store session's recovery keeps the copy (seed 003: a replica new to the session is
+truncated to its low-water mark) and catches up only the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from waltz.errors import MetadataError
+from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient, TlsConfig
+from waltz.services.cluster.replicas import ReplicaChangeRefusedError
+from waltz.services.cluster.zk import ClusterZk
+
+__all__ = ["RecoverResult", "recover_partition"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RecoverResult:
+    """What ``recover-partition`` did.
+
+    Attributes:
+        committed: the known committed high-water mark copied up to (the source's low-water mark).
+        kept: the destination's max transaction ID after truncating it to its low-water mark.
+        copied: the number of records copied.
+    """
+
+    partition_id: int
+    source: str
+    destination: str
+    committed: int
+    kept: int
+    copied: int
+
+
+async def recover_partition(
+    cluster: ClusterZk,
+    source: str,
+    destination: str,
+    partition_id: int,
+    *,
+    timeout: float = 30.0,
+    page: int = 2000,
+    tls: TlsConfig | None = None,
+) -> RecoverResult:
+    """Copy partition ``partition_id`` from ``source`` to ``destination`` up to what is committed.
+
+    Args:
+        cluster: the cluster's znodes.
+        source: connect string of the storage node to copy from (read through its admin port).
+        destination: connect string of the storage node to copy to; it must be assigned the
+            partition and must not be a caught-up replica of the current store session.
+        partition_id: the partition.
+        timeout: seconds for each storage request.
+        page: records per request.
+        tls: client TLS files for the storage nodes.
+
+    Raises:
+        MetadataError: the destination is not assigned the partition, or a node has no admin port.
+        ReplicaChangeRefusedError: the destination is a writer of the current store session.
+        StorageRpcError, ConnectionError: a storage node failed.
+    """
+    params = await asyncio.to_thread(cluster.params)
+    metadata = (await asyncio.to_thread(cluster.partition_metadata, partition_id)).value
+    assigned = (await asyncio.to_thread(cluster.assignments)).value.storages_of(partition_id)
+    connection = (await asyncio.to_thread(cluster.connection)).value
+    if destination not in assigned:
+        raise MetadataError(
+            f"{destination} is not assigned partition {partition_id}: assign it first "
+            "(`waltz cluster storage assign`)"
+        )
+    state = metadata.replicas.get(destination)
+    if (
+        state is not None
+        and state.session_id == metadata.session_id >= 0
+        and state.closing_high_water_mark is None
+    ):
+        raise ReplicaChangeRefusedError(
+            [
+                f"partition {partition_id}: {destination} is a caught-up replica of store session "
+                f"{metadata.session_id}; copying into it would interleave with the live writer"
+            ]
+        )
+    key, n = str(params.cluster_key), params.num_partitions
+    async with StorageAdminClient(connection.admin_address(source), key, n, tls=tls) as reader:
+        _, committed = await asyncio.wait_for(reader.last_session_info(partition_id), timeout)
+        # The destination joins the current session ID: it fences no live writer.
+        async with StorageSessionClient(destination, key, n, metadata.session_id, tls=tls) as writer:
+            _, destination_lwm = await asyncio.wait_for(writer.last_session_info(partition_id), timeout)
+            await asyncio.wait_for(writer.truncate(partition_id, min(destination_lwm, committed)), timeout)
+            kept = await asyncio.wait_for(writer.max_transaction_id(partition_id), timeout)
+            next_id = kept + 1
+            while next_id <= committed:
+                records = await asyncio.wait_for(
+                    reader.records(partition_id, next_id, min(page, committed - next_id + 1)), timeout
+                )
+                if not records or records[0].transaction_id != next_id:
+                    raise MetadataError(
+                        f"{source} does not hold transaction {next_id} of partition {partition_id}"
+                    )
+                await asyncio.wait_for(writer.append(partition_id, records), timeout)
+                next_id = records[-1].transaction_id + 1
+            await asyncio.wait_for(writer.set_low_water_mark(partition_id, committed), timeout)
+    result = RecoverResult(partition_id, source, destination, committed, kept, max(0, committed - kept))
+    log.info(
+        "partition %d: copied transactions %d..%d from %s to %s",
+        partition_id,
+        kept + 1,
+        committed,
+        source,
+        destination,
+    )
+    return result
