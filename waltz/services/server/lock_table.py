@@ -1,0 +1,91 @@
+"""The optimistic lock table of a partition (seed 000 "Concurrency Control", seed 001).
+
+A fixed-size array of high-water marks, like a Bloom filter: each lock hash is spread over
+``hash_count`` slots, a committed transaction raises every slot of its WRITE and APPEND locks to
+its transaction ID, and the estimated high-water mark of a lock is the minimum over its slots.
+Slots are only ever raised, and every slot of a lock was raised to at least the lock's true
+high-water mark, so an estimate is never below it: no false negatives. Collisions can only make an
+estimate too high (a false positive lock failure), with a rate that falls as the table grows.
+
+When a server opens a partition every slot starts at the partition's high-water mark: whatever was
+committed before is assumed to have touched every lock (never below, so never a false negative).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Sequence
+
+__all__ = ["DEFAULT_HASH_COUNT", "DEFAULT_SIZE", "LockTable", "slot_indexes"]
+
+DEFAULT_SIZE = 1 << 16
+DEFAULT_HASH_COUNT = 3
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(value: int) -> int:
+    """splitmix64's finaliser: a stable 64-bit mix of a 32-bit lock hash."""
+    value = (value + 0x9E3779B97F4A7C15) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def slot_indexes(lock_hash: int, size: int, hash_count: int) -> list[int]:
+    """The slots of a lock: ``hash_count`` indexes by double hashing of its mixed 32-bit hash."""
+    mixed = _mix(lock_hash & 0xFFFFFFFF)
+    first, step = mixed & 0xFFFFFFFF, (mixed >> 32) | 1
+    return [(first + i * step) % size for i in range(hash_count)]
+
+
+class LockTable:
+    """One partition's lock table.
+
+    Args:
+        high_water_mark: the partition's high-water mark when it opens; every slot starts there.
+        size: the number of slots (``server.optimisticLockTableSize``).
+        hash_count: slots per lock (``server.optimisticLockTableHashCount``).
+
+    Raises:
+        ValueError: a non-positive size or hash count.
+    """
+
+    def __init__(
+        self, high_water_mark: int, size: int = DEFAULT_SIZE, hash_count: int = DEFAULT_HASH_COUNT
+    ) -> None:
+        if size <= 0 or hash_count <= 0:
+            raise ValueError(f"lock table size {size} and hash count {hash_count} must be positive")
+        self.size = size
+        self.hash_count = hash_count
+        self._slots = array("q", [high_water_mark]) * size
+
+    def _indexes(self, lock_hashes: Iterable[int]) -> list[list[int]]:
+        return [slot_indexes(h, self.size, self.hash_count) for h in lock_hashes]
+
+    def estimate(self, lock_hash: int) -> int:
+        """The estimated high-water mark of one lock: never below its true value."""
+        slots = self._slots
+        return min(slots[i] for i in slot_indexes(lock_hash, self.size, self.hash_count))
+
+    def estimate_all(self, lock_hashes: Sequence[int]) -> int:
+        """The highest estimate among ``lock_hashes`` (-1 when there are none)."""
+        return max((self.estimate(h) for h in lock_hashes), default=-1)
+
+    def conflict(self, client_high_water_mark: int, lock_hashes: Sequence[int]) -> int | None:
+        """The lock compatibility test (seed 001): compatible when the client has seen every
+        transaction that wrote one of the locks, i.e. ``client_high_water_mark >= estimate``.
+
+        Returns:
+            None when compatible, else the estimated high-water mark that the client must reach
+            (the ID of the transaction that made the lock request fail, as far as the table knows).
+        """
+        highest = self.estimate_all(lock_hashes)
+        return None if client_high_water_mark >= highest else highest
+
+    def update(self, transaction_id: int, lock_hashes: Iterable[int]) -> None:
+        """Record that ``transaction_id`` committed holding these WRITE/APPEND locks."""
+        slots = self._slots
+        for indexes in self._indexes(lock_hashes):
+            for i in indexes:
+                slots[i] = max(slots[i], transaction_id)
