@@ -367,6 +367,16 @@ async def throughput_case(
         f"{'':>10} machine: busy {machine['busy']:.0f}% (irq/softirq {machine['softirq']:.0f}%,"
         f" not in these processes {others:.0f}%), idle {machine['idle']:.0f}%, steal {machine['steal']:.0f}%"
     )
+    if committed:
+        bench_us = 1e6 * sampler.used["bench"] / committed
+        storage_us = 1e6 * sum(v for k, v in sampler.used.items() if k.startswith("storage")) / committed
+        cores = os.cpu_count() or 1
+        print(
+            f"{'':>10} cpu per committed record: bench {bench_us:.1f} us, storage nodes {storage_us:.1f} us"
+            f" (all replicas), together {bench_us + storage_us:.1f} us: {cores} busy cores would commit"
+            f" {cores * 1e6 / (bench_us + storage_us):,.0f}/s, the bench's one event loop"
+            f" {1e6 / bench_us:,.0f}/s"
+        )
     threads = sorted(sampler.threads.items(), key=lambda kv: -kv[1])
     busy = "  ".join(f"{name} {sampler.percent(s):.0f}%" for name, s in threads if sampler.percent(s) >= 1)
     print(f"{'':>10} bench threads: {busy}")

@@ -44,7 +44,7 @@ def start_server(
             name=name,
             log_path=tmp_path / f"{name}.log",
             session_timeout=SESSION_TIMEOUT,
-            env={"WALTZ_STORAGE_RETRY_INTERVAL": "0.2", "WALTZ_STORAGE_CONNECT_TIMEOUT": "2"},
+            env={"WALTZ_STORE_RETRY_INTERVAL": "0.2", "WALTZ_STORE_CONNECT_TIMEOUT": "2"},
         )
         servers.append(server)
         support.add_failure_logs(request.node, f"{name} log", server.process.log_tail)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import typer
 
 from waltz import __version__
-from waltz.cli import cluster, demo, disk, server, storage
+from waltz.cli import cluster, demo, disk, server, storage, up
 
 app = typer.Typer(
     help="Waltz: a quorum-replicated, partitioned write-ahead log with optimistic locking.",
@@ -19,6 +19,7 @@ app.add_typer(storage.app, name="storage")
 app.add_typer(disk.app, name="disk")
 app.add_typer(cluster.app, name="cluster")
 app.command("demo")(demo.demo)
+app.command("up")(up.up)
 
 
 @app.command("version")

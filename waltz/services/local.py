@@ -2,6 +2,10 @@
 
 Every node is its own OS process (DESIGN.md "The processes"), started with the same command a
 user would run (``python -m waltz.services.storage ...``), on free loopback ports.
+
+:class:`LocalStorageNode` and :class:`LocalServer` run one node each; the local cluster supervisor
+:class:`~waltz.services.local_cluster.LocalCluster` (ZooKeeper + N storage nodes + M servers, also
+importable from here) lives in :mod:`waltz.services.local_cluster`.
 """
 
 from __future__ import annotations
@@ -11,11 +15,26 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from waltz.services.processes import ManagedProcess, free_port
 
-__all__ = ["LocalServer", "LocalStorageNode"]
+if TYPE_CHECKING:
+    from waltz.services.local_cluster import ClusterNotReadyError, LocalCluster
+
+__all__ = ["ClusterNotReadyError", "LocalCluster", "LocalServer", "LocalStorageNode"]
+
+#: Names re-exported from :mod:`waltz.services.local_cluster`, imported on first use (that module
+#: imports this one, so a plain import here would be circular).
+_FROM_LOCAL_CLUSTER = frozenset({"ClusterNotReadyError", "LocalCluster"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _FROM_LOCAL_CLUSTER:
+        from waltz.services import local_cluster
+
+        return getattr(local_cluster, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _accepts(host: str, port: int) -> bool:
@@ -97,10 +116,31 @@ class LocalStorageNode:
         Raises:
             ServiceStartError: the process exited or did not open its ports in time.
         """
+        self.launch()
+        self.wait_started()
+
+    def launch(self) -> None:
+        """Start the process without waiting for its ports (then call :meth:`wait_started`).
+
+        Launching several nodes before waiting for any lets them start in parallel.
+
+        Raises:
+            RuntimeError: the process is already running.
+        """
         self.process.start()
+
+    def wait_started(self, timeout: float | None = None) -> None:
+        """Wait until both ports of a launched node accept connections.
+
+        Args:
+            timeout: seconds to wait; ``None`` uses ``start_timeout``.
+
+        Raises:
+            ServiceStartError: the process exited or did not open its ports in time.
+        """
         self.process.wait_ready(
             lambda: _accepts(self.host, self.port) and _accepts(self.host, self.admin_port),
-            timeout=self.start_timeout,
+            timeout=self.start_timeout if timeout is None else timeout,
             what=f"storage node ports {self.port} and {self.admin_port}",
         )
 
@@ -116,6 +156,14 @@ class LocalStorageNode:
         """Kill the node if it runs, then start it again with the same directory and ports."""
         self.process.kill()
         self.start()
+
+    def pause(self) -> None:
+        """Freeze the node (SIGSTOP)."""
+        self.process.pause()
+
+    def resume(self) -> None:
+        """Thaw the node (SIGCONT)."""
+        self.process.resume()
 
     def close(self) -> None:
         """Kill the process if it still runs. Idempotent."""
@@ -140,10 +188,11 @@ class LocalServer:
         name: a short name for logs (``server-1``).
         log_path: file receiving the server's output; ``None`` discards it.
         port: the server port (a free port when None).
-        metrics: also serve ``/metrics`` and ``/health`` on a free port.
+        metrics: also serve ``/metrics`` and ``/health`` (on ``metrics_port``, or a free port).
+        metrics_port: the metrics port when ``metrics`` is true (a free port when None).
         session_timeout: ZooKeeper session timeout in seconds.
         extra_args: more ``waltz server start`` options.
-        env: extra environment variables (e.g. ``WALTZ_STORAGE_RETRY_INTERVAL``).
+        env: extra environment variables (e.g. ``WALTZ_STORE_RETRY_INTERVAL``).
         start_timeout: seconds to wait for the port to accept connections.
     """
 
@@ -158,13 +207,14 @@ class LocalServer:
         log_path: Path | None = None,
         port: int | None = None,
         metrics: bool = False,
+        metrics_port: int | None = None,
         session_timeout: float = 10.0,
         extra_args: list[str] | None = None,
         env: Mapping[str, str] | None = None,
         start_timeout: float = 30.0,
     ) -> None:
         self.port = port or free_port()
-        self.metrics_port = free_port() if metrics else None
+        self.metrics_port = (metrics_port or free_port()) if metrics else None
         self.start_timeout = start_timeout
         args = [
             sys.executable,
@@ -202,10 +252,29 @@ class LocalServer:
         Raises:
             ServiceStartError: the process exited or did not open its port in time.
         """
+        self.launch()
+        self.wait_started()
+
+    def launch(self) -> None:
+        """Start the process without waiting for its port (then call :meth:`wait_started`).
+
+        Raises:
+            RuntimeError: the process is already running.
+        """
         self.process.start()
+
+    def wait_started(self, timeout: float | None = None) -> None:
+        """Wait until the port of a launched server accepts connections.
+
+        Args:
+            timeout: seconds to wait; ``None`` uses ``start_timeout``.
+
+        Raises:
+            ServiceStartError: the process exited or did not open its port in time.
+        """
         self.process.wait_ready(
             lambda: _accepts(self.host, self.port),
-            timeout=self.start_timeout,
+            timeout=self.start_timeout if timeout is None else timeout,
             what=f"server port {self.port}",
         )
 
@@ -216,6 +285,11 @@ class LocalServer:
     def stop(self, timeout: float = 15.0) -> int | None:
         """Stop the server gracefully (SIGTERM); returns its exit code."""
         return self.process.terminate(timeout)
+
+    def restart(self) -> None:
+        """Kill the server if it runs, then start it again on the same port."""
+        self.process.kill()
+        self.start()
 
     def pause(self) -> None:
         """Freeze the server (SIGSTOP)."""

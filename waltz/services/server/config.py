@@ -31,16 +31,16 @@ class ServerConfig(WaltzSettings):
         "server.ssl.certFile": "server_tls_cert_file",
         "server.ssl.keyFile": "server_tls_key_file",
         "server.ssl.caFile": "server_tls_ca_file",
-        "storage.maxBatchSize": "storage_max_batch_size",
-        "storage.maxInFlightBatches": "storage_max_in_flight_batches",
-        "storage.linger": "storage_linger",
-        "storage.checkpointInterval": "storage_checkpoint_interval",
-        "storage.connectTimeout": "storage_connect_timeout",
-        "storage.requestTimeout": "storage_request_timeout",
-        "storage.retryInterval": "storage_retry_interval",
-        "storage.ssl.caFile": "storage_tls_ca_file",
-        "storage.ssl.certFile": "storage_tls_cert_file",
-        "storage.ssl.keyFile": "storage_tls_key_file",
+        "storage.maxBatchSize": "store_max_batch_size",
+        "storage.maxInFlightBatches": "store_max_in_flight_batches",
+        "storage.linger": "store_linger",
+        "storage.checkpointInterval": "store_checkpoint_interval",
+        "storage.connectTimeout": "store_connect_timeout",
+        "storage.requestTimeout": "store_request_timeout",
+        "storage.retryInterval": "store_retry_interval",
+        "storage.ssl.caFile": "store_tls_ca_file",
+        "storage.ssl.certFile": "store_tls_cert_file",
+        "storage.ssl.keyFile": "store_tls_key_file",
     }
 
     zookeeper_connect_string: str = Field(description="ZooKeeper connect string, e.g. 127.0.0.1:2181.")
@@ -61,45 +61,41 @@ class ServerConfig(WaltzSettings):
     server_tls_ca_file: Path | None = Field(
         None, description="PEM CA bundle: clients must present a certificate."
     )
-    storage_max_batch_size: int = Field(
-        1000, gt=0, description="Records per append request to storage nodes."
-    )
-    storage_max_in_flight_batches: int = Field(8, gt=0, description="Append batches in flight per partition.")
-    storage_linger: float = Field(
-        0.0, ge=0, description="Seconds to wait to fill a batch while another flies."
-    )
-    storage_checkpoint_interval: int = Field(
+    store_max_batch_size: int = Field(1000, gt=0, description="Records per append request to storage nodes.")
+    store_max_in_flight_batches: int = Field(8, gt=0, description="Append batches in flight per partition.")
+    store_linger: float = Field(0.0, ge=0, description="Seconds to wait to fill a batch while another flies.")
+    store_checkpoint_interval: int = Field(
         1_000_000, gt=0, description="Transactions after which a new store session (with recovery) starts."
     )
-    storage_connect_timeout: float = Field(5.0, gt=0, description="Seconds to wait for a storage open.")
-    storage_request_timeout: float = Field(15.0, gt=0, description="Seconds to wait for a storage request.")
-    storage_retry_interval: float = Field(
+    store_connect_timeout: float = Field(5.0, gt=0, description="Seconds to wait for a storage open.")
+    store_request_timeout: float = Field(15.0, gt=0, description="Seconds to wait for a storage request.")
+    store_retry_interval: float = Field(
         0.5, gt=0, description="Seconds between attempts to reach a storage node."
     )
-    storage_tls_ca_file: Path | None = Field(None, description="PEM CA bundle to verify storage nodes (TLS).")
-    storage_tls_cert_file: Path | None = Field(None, description="PEM client certificate for storage nodes.")
-    storage_tls_key_file: Path | None = Field(None, description="PEM private key of the client certificate.")
+    store_tls_ca_file: Path | None = Field(None, description="PEM CA bundle to verify storage nodes (TLS).")
+    store_tls_cert_file: Path | None = Field(None, description="PEM client certificate for storage nodes.")
+    store_tls_key_file: Path | None = Field(None, description="PEM private key of the client certificate.")
 
     @model_validator(mode="after")
     def _check(self) -> ServerConfig:
         if (self.server_tls_cert_file is None) != (self.server_tls_key_file is None):
             raise ValueError("server.ssl.certFile and server.ssl.keyFile must be set together")
-        if (self.storage_tls_cert_file is None) != (self.storage_tls_key_file is None):
+        if (self.store_tls_cert_file is None) != (self.store_tls_key_file is None):
             raise ValueError("storage.ssl.certFile and storage.ssl.keyFile must be set together")
         return self
 
     def store_config(self) -> StoreConfig:
         """The store settings derived from the ``storage.*`` keys."""
         tls = None
-        if self.storage_tls_ca_file or self.storage_tls_cert_file:
-            tls = TlsConfig(self.storage_tls_ca_file, self.storage_tls_cert_file, self.storage_tls_key_file)
+        if self.store_tls_ca_file or self.store_tls_cert_file:
+            tls = TlsConfig(self.store_tls_ca_file, self.store_tls_cert_file, self.store_tls_key_file)
         return StoreConfig(
-            max_batch_records=self.storage_max_batch_size,
-            max_in_flight_batches=self.storage_max_in_flight_batches,
-            linger=self.storage_linger,
-            checkpoint_interval=self.storage_checkpoint_interval,
-            connect_timeout=self.storage_connect_timeout,
-            request_timeout=self.storage_request_timeout,
-            retry_interval=self.storage_retry_interval,
+            max_batch_records=self.store_max_batch_size,
+            max_in_flight_batches=self.store_max_in_flight_batches,
+            linger=self.store_linger,
+            checkpoint_interval=self.store_checkpoint_interval,
+            connect_timeout=self.store_connect_timeout,
+            request_timeout=self.store_request_timeout,
+            retry_interval=self.store_retry_interval,
             tls=tls,
         )

@@ -1,0 +1,79 @@
+"""The pytest plugin ``waltz.testing``, enabled with ``-p waltz.testing`` in a user's own test suite."""
+
+from __future__ import annotations
+
+import pytest
+
+from waltz.services.local_zookeeper import DockerZooKeeper, LocalZooKeeper
+
+pytest_plugins = ["pytester"]
+
+USER_CONFTEST = """
+import pytest
+
+
+@pytest.fixture(scope="session")
+def waltz_cluster_options(waltz_cluster_options):
+    return {**waltz_cluster_options, "partitions": 1}
+"""
+
+USER_TESTS = """
+import asyncio
+
+from waltz.protocol.records import ReqId
+from waltz.protocol.server_client import ServerAdminClient
+
+
+def test_append_and_read_one_record(waltz_cluster, waltz_log_start):
+    assert (len(waltz_cluster.storages), len(waltz_cluster.servers)) == (1, 1)
+    assert waltz_cluster.num_partitions == 1
+    assert waltz_log_start == {0: 0}
+
+    async def scenario():
+        async with ServerAdminClient(waltz_cluster.owner(0)) as client:
+            (transaction_id,) = await client.append(0, [(ReqId(1, 0, 0, 1), 0, b"from a user test")])
+            return transaction_id, await client.read(0, transaction_id, 10)
+
+    transaction_id, records = asyncio.run(scenario())
+    assert transaction_id == waltz_log_start[0]
+    assert [r.data for r in records] == [b"from a user test"]
+
+
+def test_the_next_test_starts_after_the_records_of_the_previous_one(waltz_log_start):
+    assert waltz_log_start == {0: 1}
+
+
+def test_zz_a_failure_report_shows_the_log_of_a_stopped_node(waltz_cluster):
+    waltz_cluster.kill_storage(0)
+    assert False, "failing on purpose"
+"""
+
+
+def test_a_user_suite_gets_a_session_cluster_with_the_plugin(
+    pytester: pytest.Pytester, zookeeper: LocalZooKeeper | DockerZooKeeper
+) -> None:
+    pytester.makeconftest(USER_CONFTEST)
+    pytester.makepyfile(test_user=USER_TESTS)
+
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "waltz.testing",
+        "-o",
+        "waltz_storages=1",
+        "-o",
+        "waltz_servers=1",
+        f"--waltz-zookeeper={zookeeper.connect_string}",
+        timeout=120,
+    )
+
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*waltz local cluster*", "*storage-0 is not running; its log*"])
+
+
+def test_without_the_plugin_a_user_suite_has_no_waltz_fixture(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_user="def test_it(waltz_cluster):\n    pass\n")
+
+    result = pytester.runpytest_subprocess(timeout=60)
+
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*fixture 'waltz_cluster' not found*"])

@@ -1,0 +1,180 @@
+"""``waltz up``: run a local Waltz cluster (ZooKeeper, storage nodes, servers) until Ctrl-C.
+
+A thin layer over :class:`~waltz.services.local_cluster.LocalCluster`: parse options, start the
+cluster, print how to reach it, report processes that die, and stop everything on SIGINT or
+SIGTERM. Exit codes: 0 stopped on request; 1 the cluster could not start; 2 bad options; 130
+interrupted while starting.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from waltz.cli.logs import configure_logging
+from waltz.errors import ConfigurationError, WaltzError
+
+if TYPE_CHECKING:
+    from waltz.services.local_cluster import LocalCluster
+
+#: Seconds between two looks at the processes while the cluster runs.
+_WATCH_INTERVAL = 2.0
+
+
+def up(
+    storages: Annotated[int, typer.Option(min=1, help="Number of storage nodes.")] = 3,
+    servers: Annotated[int, typer.Option(min=1, help="Number of servers.")] = 2,
+    partitions: Annotated[int, typer.Option(min=1, help="Number of partitions.")] = 4,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Replicas per partition, spread round-robin over the storage nodes "
+            "(default: 3, or --storages when fewer).",
+            show_default=False,
+        ),
+    ] = None,
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(
+            file_okay=False,
+            help="Keep data and logs in this directory; running `waltz up` again with it resumes the "
+            "same cluster (same ports, same log). Default: a temporary directory, removed at stop.",
+            show_default=False,
+        ),
+    ] = None,
+    metrics: Annotated[
+        bool, typer.Option("--metrics/--no-metrics", help="Serve /metrics and /health on every node.")
+    ] = True,
+    zookeeper: Annotated[
+        str | None,
+        typer.Option(
+            help="Use this running ZooKeeper (host:port) instead of starting one.", show_default=False
+        ),
+    ] = None,
+    name: Annotated[str, typer.Option(help="The cluster's name.")] = "local",
+    root: Annotated[
+        str | None,
+        typer.Option(
+            help="Cluster root znode (default: /waltz/NAME; on an external ZooKeeper, a unique one).",
+            show_default=False,
+        ),
+    ] = None,
+    session_timeout: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            help="Servers' ZooKeeper session timeout in seconds: a killed server's partitions move "
+            "after about this long.",
+        ),
+    ] = 4.0,
+    timeout: Annotated[
+        float, typer.Option(min=1.0, help="Seconds allowed for starting, until every partition is writable.")
+    ] = 120.0,
+    log_level: Annotated[
+        str, typer.Option(help="Log level of this process (the nodes log to files in the work dir).")
+    ] = "WARNING",
+) -> None:
+    """Run a local Waltz cluster on loopback until Ctrl-C or SIGTERM.
+
+    Starts ZooKeeper (Debian's package, tickTime 500 ms), the storage nodes and the servers as
+    processes on free 127.0.0.1 ports, creates the cluster, waits until every partition has a
+    writable owner, and prints how to connect: the ZooKeeper connect string, the cluster root, the
+    server endpoints, the storage and admin ports and the metrics ports.
+
+    Stop it with Ctrl-C or SIGTERM: servers first, then storage nodes, then ZooKeeper.
+
+    Example: waltz up --storages 3 --servers 2 --partitions 8 --work-dir ./waltz-data
+    """
+    from waltz.services.local_cluster import LocalCluster
+
+    configure_logging(log_level)
+    try:
+        cluster = LocalCluster(
+            storages=storages,
+            servers=servers,
+            partitions=partitions,
+            replicas=replicas,
+            name=name,
+            root=root,
+            work_dir=work_dir,
+            zookeeper=zookeeper,
+            metrics=metrics,
+            session_timeout=session_timeout,
+            start_timeout=timeout,
+        )
+    except ConfigurationError as exc:
+        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2) from exc
+
+    received: list[str] = []
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        received.append(signal.Signals(signum).name)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    code = 0
+    try:
+        where = f"ZooKeeper {zookeeper}" if zookeeper else "ZooKeeper"
+        typer.echo(f"starting {where}, {storages} storage node(s) and {servers} server(s)...")
+        try:
+            cluster.start()
+        except KeyboardInterrupt:
+            # start() has stopped whatever it had started before re-raising.
+            typer.echo(f"{received[-1] if received else 'interrupted'} while starting: stopped everything")
+            code = 130
+        except (WaltzError, OSError) as exc:
+            typer.secho(f"error: the local cluster could not start: {exc}", err=True, fg=typer.colors.RED)
+            code = 1
+        if code == 0:
+            typer.echo(cluster.describe())
+            typer.echo(
+                f"ready in {cluster.startup_seconds or 0.0:.1f}s. Press Ctrl-C (or run `kill {os.getpid()}`) "
+                "to stop the cluster."
+            )
+            try:
+                _watch(cluster)
+            except KeyboardInterrupt:
+                typer.echo(f"\n{received[-1] if received else 'interrupted'}: stopping the cluster...")
+    finally:
+        # Stopping takes a few seconds: a second Ctrl-C must not leave processes behind.
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            cluster.close()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    if code == 0:
+        kept = f"data and logs kept in {work_dir}" if work_dir else "its temporary directory was removed"
+        typer.echo(f"stopped the servers, the storage nodes and ZooKeeper; {kept}")
+    raise typer.Exit(code)
+
+
+# typer keeps the single line breaks of a docstring paragraph: join them so that the help wraps.
+up.__doc__ = "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(up.__doc__ or "").split("\n\n"))
+
+
+def _watch(cluster: LocalCluster) -> None:
+    """Report processes that exit on their own, until a signal raises KeyboardInterrupt."""
+    expected = set(cluster.pids())
+    tick = threading.Event()
+    while True:
+        tick.wait(_WATCH_INTERVAL)
+        running = set(cluster.pids())
+        for name in sorted(expected - running):
+            typer.secho(
+                f"warning: {name} exited; see its log in {cluster.work_dir} "
+                "(the cluster keeps running without it)",
+                err=True,
+                fg=typer.colors.YELLOW,
+            )
+        expected = running

@@ -1,0 +1,925 @@
+"""The local cluster supervisor: ZooKeeper, N storage nodes and M servers as processes on loopback.
+
+DESIGN.md, "The processes" and "Tests": every node is its own OS process on free loopback ports.
+:class:`LocalCluster` starts them, creates the cluster through
+:class:`~waltz.services.cluster.admin.ClusterAdmin`, waits until every partition has a writable
+owner, and stops everything again. ``waltz up``, the pytest plugin :mod:`waltz.testing`, tests and
+benchmarks use it::
+
+    with LocalCluster(storages=3, servers=2, partitions=4) as cluster:
+        print(cluster.describe())              # how to connect: ZooKeeper, root, ports
+        endpoint = cluster.owner(0)            # host:port of the server owning partition 0
+        cluster.kill_server(cluster.owner_index(0))
+        cluster.wait_ready()                   # another server owns it now, and can write
+
+The work directory (a temporary directory removed at :meth:`LocalCluster.close`, or a directory
+given by the caller and kept) holds::
+
+    cluster.json          the layout (name, root, ports), to start a kept cluster again
+    zookeeper/            ZooKeeper's zoo.cfg, zookeeper.log and data (unless ZooKeeper is external)
+    storage-<i>/          storage node i's directory
+    logs/storage-<i>.log  each node's output
+    logs/server-<j>.log
+
+Starting again on a kept work directory resumes the same cluster: same ports, same data, same
+cluster key (storage nodes only ever serve the cluster whose key is in their control file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from waltz.errors import ConfigurationError, MetadataError, WaltzError
+from waltz.services.cluster.admin import ClusterAdmin, StorageSpec
+from waltz.services.cluster.assignment import Member
+from waltz.services.cluster.manager import read_assignment
+from waltz.services.cluster.replicas import spread_replicas
+from waltz.services.cluster.verify_servers import probe_servers
+from waltz.services.cluster.zk import ClusterPaths, ClusterZk
+from waltz.services.cluster.zk_session import connect_zookeeper
+from waltz.services.local import LocalServer, LocalStorageNode
+from waltz.services.local_zookeeper import LocalZooKeeper
+from waltz.services.processes import ManagedProcess, ServiceStartError, wait_until
+
+__all__ = ["DEFAULT_SERVER_ENV", "ClusterNotReadyError", "LocalCluster", "PartitionOwner"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Environment of the server processes unless overridden: retry storage nodes quickly, so that a
+#: partition is writable again soon after a storage node or a server comes back.
+DEFAULT_SERVER_ENV: Mapping[str, str] = {
+    "WALTZ_STORE_RETRY_INTERVAL": "0.2",
+    "WALTZ_STORE_CONNECT_TIMEOUT": "2",
+}
+
+_LAYOUT_FILE = "cluster.json"
+_LAYOUT_VERSION = 1
+#: Seconds allowed for one server status call while polling.
+_STATUS_TIMEOUT = 2.0
+_LOG_TAIL_LINES = 25
+
+
+class ClusterNotReadyError(WaltzError, TimeoutError):
+    """A partition of a local cluster had no writable owner in time, or has no owner right now.
+
+    The message lists each partition that was not ready and why, the state of every process, and
+    the tail of the relevant logs.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOwner:
+    """The server that owns a partition and can write to it.
+
+    Attributes:
+        partition_id: the partition.
+        endpoint: ``host:port`` of the owning server.
+        generation: the generation under which it owns the partition.
+        high_water_mark: the partition's committed high-water mark (-1: nothing committed yet).
+    """
+
+    partition_id: int
+    endpoint: str
+    generation: int
+    high_water_mark: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """What ``cluster.json`` keeps of a cluster in a kept work directory."""
+
+    name: str
+    root: str
+    partitions: int
+    replicas: int
+    external_zookeeper: str | None
+    zookeeper_port: int | None
+    storages: list[dict[str, int | None]]  # port, admin_port, metrics_port
+    servers: list[dict[str, int | None]]  # port, metrics_port
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"format_version": _LAYOUT_VERSION, **asdict(self)}, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> _Layout:
+        try:
+            raw = json.loads(path.read_text())
+            if raw.pop("format_version", None) != _LAYOUT_VERSION:
+                raise ValueError(f"format_version is not {_LAYOUT_VERSION}")
+            return cls(**raw)
+        except (OSError, ValueError, TypeError) as exc:
+            raise ConfigurationError(
+                f"cannot read the local cluster layout {path}: {exc}; "
+                "use another work directory, or delete this one to start afresh"
+            ) from exc
+
+
+def _run_async(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion from synchronous code, even under a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="local-cluster") as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
+class LocalCluster:
+    """ZooKeeper, storage nodes and servers as processes on loopback, and a cluster made of them.
+
+    Nothing starts before :meth:`start` (or entering the ``with`` block), which returns once every
+    partition has a writable owner. :meth:`close` stops the servers (SIGTERM), then the storage
+    nodes, then ZooKeeper, and leaves no process behind, also when :meth:`start` fails.
+
+    The methods block; call them from synchronous code, or through ``asyncio.to_thread`` from a
+    coroutine (:class:`ClusterAdmin` runs an event loop of its own while creating the cluster).
+
+    Args:
+        storages: the number of storage nodes (at least 1).
+        servers: the number of servers (at least 1).
+        partitions: the number of partitions (at least 1).
+        replicas: replicas per partition, spread round-robin (seed 004); None means
+            ``min(3, storages)``.
+        name: the cluster's name (in ``<root>/cluster``).
+        root: the cluster root znode; None means ``/waltz/<name>`` on the cluster's own ZooKeeper
+            and ``/waltz-local/<name>-<8 hex digits>`` on an external one.
+        work_dir: where data and logs go, kept at close (and resumed by the next start); None
+            makes a temporary directory that :meth:`close` removes.
+        zookeeper: the connect string of a running ZooKeeper to use instead of starting one.
+        delete_root: delete the cluster's znodes from an external ZooKeeper at close; None means
+            "when the work directory is temporary" (a kept one may be started again).
+        metrics: serve ``/metrics`` and ``/health`` on every storage node and server.
+        tick_time_ms: ``tickTime`` of the cluster's own ZooKeeper; sessions may last 2 to 20 ticks.
+        session_timeout: the servers' ZooKeeper session timeout in seconds; a server killed with
+            SIGKILL loses its partitions after about this long.
+        server_env: environment variables for the servers (``WALTZ_*`` settings, see
+            ``docs/configuration.md``), over :data:`DEFAULT_SERVER_ENV`.
+        storage_args: more ``waltz storage start`` options for every storage node.
+        server_args: more ``waltz server start`` options for every server.
+        start_timeout: seconds :meth:`start` may take in all (and the default of
+            :meth:`wait_ready`).
+
+    Raises:
+        ConfigurationError: an argument is out of range.
+    """
+
+    def __init__(
+        self,
+        *,
+        storages: int = 3,
+        servers: int = 2,
+        partitions: int = 4,
+        replicas: int | None = None,
+        name: str = "local",
+        root: str | None = None,
+        work_dir: Path | str | None = None,
+        zookeeper: str | None = None,
+        delete_root: bool | None = None,
+        metrics: bool = False,
+        tick_time_ms: int = 500,
+        session_timeout: float = 4.0,
+        server_env: Mapping[str, str] | None = None,
+        storage_args: Sequence[str] = (),
+        server_args: Sequence[str] = (),
+        start_timeout: float = 60.0,
+    ) -> None:
+        for what, value in (("storages", storages), ("servers", servers), ("partitions", partitions)):
+            if value < 1:
+                raise ConfigurationError(f"a local cluster needs at least 1 of {what}, got {value}")
+        replicas = min(3, storages) if replicas is None else replicas
+        if not 1 <= replicas <= storages:
+            raise ConfigurationError(
+                f"replicas {replicas} must be between 1 and the number of storage nodes ({storages})"
+            )
+        if not name:
+            raise ConfigurationError("a local cluster needs a name")
+        self._root_given = root is not None
+        if root is None:
+            root = f"/waltz/{name}" if zookeeper is None else f"/waltz-local/{name}-{uuid.uuid4().hex[:8]}"
+        try:
+            self._paths = ClusterPaths.of(root)
+        except MetadataError as exc:
+            raise ConfigurationError(str(exc)) from None
+        self._num_storages = storages
+        self._num_servers = servers
+        self._partitions = partitions
+        self._replicas = replicas
+        self._name = name
+        self._external_zookeeper = zookeeper
+        self._metrics = metrics
+        self._tick_time_ms = tick_time_ms
+        self._session_timeout = session_timeout
+        self._server_env = {**DEFAULT_SERVER_ENV, **(server_env or {})}
+        self._storage_args = list(storage_args)
+        self._server_args = list(server_args)
+        self._start_timeout = start_timeout
+        self._keep = work_dir is not None
+        self._delete_root = zookeeper is not None and (not self._keep if delete_root is None else delete_root)
+        self._work_dir = Path(work_dir).resolve() if work_dir is not None else None
+        self._zookeeper: LocalZooKeeper | None = None
+        self._storages: list[LocalStorageNode] = []
+        self._servers: list[LocalServer] = []
+        self._zk: KazooClient | None = None
+        self._cluster_key: str | None = None
+        self._owns_root = False
+        self._paused: set[tuple[str, int]] = set()
+        self._state = "new"
+        self.startup_seconds: float | None = None
+        """Seconds :meth:`start` took, from launching the first process until every partition was writable."""
+
+    # --- what the cluster is ----------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The cluster's name."""
+        return self._name
+
+    @property
+    def root(self) -> str:
+        """The cluster root znode, e.g. ``/waltz/local``."""
+        return self._paths.root
+
+    @property
+    def num_partitions(self) -> int:
+        """The number of partitions."""
+        return self._partitions
+
+    @property
+    def replicas(self) -> int:
+        """Replicas per partition."""
+        return self._replicas
+
+    @property
+    def work_dir(self) -> Path:
+        """The work directory (data and logs).
+
+        Raises:
+            RuntimeError: the cluster uses a temporary directory and has not been started.
+        """
+        if self._work_dir is None:
+            raise RuntimeError("the local cluster has no work directory before start()")
+        return self._work_dir
+
+    @property
+    def zookeeper(self) -> LocalZooKeeper | None:
+        """The cluster's own ZooKeeper (to kill or pause it), or None when it is external."""
+        return self._zookeeper
+
+    @property
+    def zookeeper_connect_string(self) -> str:
+        """The ZooKeeper connect string, e.g. ``127.0.0.1:40123``.
+
+        Raises:
+            RuntimeError: the cluster's own ZooKeeper has not been started.
+        """
+        if self._external_zookeeper is not None:
+            return self._external_zookeeper
+        if self._zookeeper is None:
+            raise RuntimeError("the local cluster's ZooKeeper is not started yet")
+        return self._zookeeper.connect_string
+
+    @property
+    def storages(self) -> tuple[LocalStorageNode, ...]:
+        """The storage nodes, ``storage-0`` first (empty before :meth:`start`)."""
+        return tuple(self._storages)
+
+    @property
+    def servers(self) -> tuple[LocalServer, ...]:
+        """The servers, ``server-0`` first (empty before :meth:`start`)."""
+        return tuple(self._servers)
+
+    @property
+    def server_endpoints(self) -> list[str]:
+        """``host:port`` of every server, in index order."""
+        return [s.endpoint for s in self._servers]
+
+    @property
+    def cluster_key(self) -> str:
+        """The cluster key (a UUID string) every storage node of the cluster holds.
+
+        Raises:
+            RuntimeError: the cluster has not been created yet.
+        """
+        if self._cluster_key is None:
+            raise RuntimeError("the local cluster has no cluster key before start()")
+        return self._cluster_key
+
+    def pids(self) -> dict[str, int]:
+        """Process name (``zookeeper``, ``storage-0``, ``server-1``...) -> PID, for running processes."""
+        return {p.name: p.pid for p in self._processes() if p.is_running() and p.pid is not None}
+
+    # --- life cycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start ZooKeeper, the storage nodes and the servers, create the cluster, wait until ready.
+
+        Storage nodes start while ZooKeeper does; on a kept work directory that holds a cluster
+        already (``cluster.json``), the same ports are used and the cluster is not created again.
+
+        Raises:
+            RuntimeError: the cluster was started before (a LocalCluster starts once).
+            ConfigurationError: the work directory holds a different cluster, or a cluster exists
+                under the root already.
+            ServiceStartError: a process exited or did not open its ports, or a storage node
+                refused the cluster; the message ends with the tail of its log.
+            ClusterNotReadyError: not every partition had a writable owner within
+                ``start_timeout`` seconds.
+        """
+        if self._state != "new":
+            raise RuntimeError(f"a LocalCluster starts once (this one is {self._state}); create a new one")
+        self._state = "starting"
+        started = time.monotonic()
+        deadline = started + self._start_timeout
+
+        def remaining() -> float:
+            return max(0.5, deadline - time.monotonic())
+
+        try:
+            if self._work_dir is None:
+                self._work_dir = Path(tempfile.mkdtemp(prefix="waltz-local-")).resolve()
+            self._work_dir.mkdir(parents=True, exist_ok=True)
+            layout = self._load_layout()
+            self._build(layout)
+            for node in self._storages:
+                node.launch()
+            if self._zookeeper is not None:
+                self._zookeeper.start()
+            for node in self._storages:
+                node.wait_started(remaining())
+            self._zk = connect_zookeeper(
+                self.zookeeper_connect_string, connect_timeout=remaining(), session_timeout=10.0
+            )
+            self._create_cluster(resuming=layout is not None)
+            if self._keep:
+                self._layout().save(self.work_dir / _LAYOUT_FILE)
+            for server in self._servers:
+                server.launch()
+            for server in self._servers:
+                server.wait_started(remaining())
+            self.wait_ready(remaining())
+        except BaseException:
+            self.close()
+            raise
+        self._state = "running"
+        self.startup_seconds = time.monotonic() - started
+        log.info(
+            "local cluster %r ready in %.1fs: %d storage nodes, %d servers, %d partitions under %s on %s",
+            self._name,
+            self.startup_seconds,
+            len(self._storages),
+            len(self._servers),
+            self._partitions,
+            self.root,
+            self.zookeeper_connect_string,
+        )
+
+    def close(self) -> None:
+        """Stop the servers (SIGTERM), then the storage nodes, then ZooKeeper. Idempotent.
+
+        Processes that do not exit in time are killed; whatever happens, no process is left
+        running. A temporary work directory is removed (a given one is kept), and the cluster's
+        znodes are deleted from an external ZooKeeper as ``delete_root`` says.
+        """
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        try:
+            self._stop_all(self._servers, timeout=15.0)
+            self._stop_all(self._storages, timeout=10.0)
+            self._close_zookeeper_session()
+            if self._zookeeper is not None and self._keep:
+                self._zookeeper.stop()
+        finally:
+            for server in self._servers:
+                server.close()
+            for node in self._storages:
+                node.close()
+            if self._zookeeper is not None:
+                self._zookeeper.close()
+            if not self._keep and self._work_dir is not None:
+                shutil.rmtree(self._work_dir, ignore_errors=True)
+        log.info("local cluster %r closed", self._name)
+
+    def __enter__(self) -> Self:
+        if self._state == "new":
+            self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # --- readiness and owners ---------------------------------------------------------------------
+
+    def wait_ready(self, timeout: float | None = None) -> dict[int, PartitionOwner]:
+        """Wait until every partition has an owner that reports it writable under its generation.
+
+        The owners come from the assignment in ZooKeeper; each one's ``Status`` (server admin
+        protocol) must list the partition as writable with the assigned generation.
+
+        Args:
+            timeout: seconds to wait; None means ``start_timeout``.
+
+        Returns:
+            Partition ID -> its writable owner.
+
+        Raises:
+            ClusterNotReadyError: not ready in time; the message says, for each partition, what was
+                missing, and ends with the state of the processes and the tail of relevant logs.
+        """
+        timeout = self._start_timeout if timeout is None else timeout
+        problems: list[str] = []
+
+        def ready() -> dict[int, PartitionOwner] | None:
+            try:
+                owners, found = self._probe()
+            except Exception as exc:  # ZooKeeper unreachable, say: report it, and keep trying
+                owners, found = {}, [f"could not read the cluster's state from ZooKeeper: {exc!r}"]
+            problems[:] = found
+            return owners if not found else None
+
+        try:
+            return wait_until(
+                ready,
+                timeout=timeout,
+                what=f"a writable owner of every partition of {self.root}",
+                interval=0.1,
+            )
+        except TimeoutError as exc:
+            raise ClusterNotReadyError(self._not_ready_message(timeout, problems)) from exc
+
+    def owner(self, partition_id: int) -> str:
+        """``host:port`` of the server the assignment places ``partition_id`` on right now.
+
+        Right after a failure the owner may not be writable yet: call :meth:`wait_ready` first.
+
+        Raises:
+            ValueError: no such partition.
+            ClusterNotReadyError: no server owns the partition right now.
+        """
+        if not 0 <= partition_id < self._partitions:
+            raise ValueError(f"partition {partition_id} does not exist (0..{self._partitions - 1})")
+        assignment, _ = read_assignment(self._client(), self._paths)
+        placement = assignment.placements.get(partition_id)
+        if placement is None or placement.endpoint is None:
+            raise ClusterNotReadyError(
+                f"partition {partition_id} of {self.root} has no owner right now (no live server, or "
+                "the cluster manager has not placed it yet): call wait_ready() first"
+            )
+        return placement.endpoint
+
+    def owner_index(self, partition_id: int) -> int:
+        """The index in :attr:`servers` of the owner of ``partition_id`` (for :meth:`kill_server`).
+
+        Raises:
+            ValueError: no such partition.
+            ClusterNotReadyError: no server of this cluster owns the partition right now.
+        """
+        endpoint = self.owner(partition_id)
+        for index, server in enumerate(self._servers):
+            if server.endpoint == endpoint:
+                return index
+        raise ClusterNotReadyError(
+            f"partition {partition_id} is owned by {endpoint}, not a server of this cluster"
+        )
+
+    # --- faults -----------------------------------------------------------------------------------
+
+    def kill_server(self, index: int) -> None:
+        """Kill server ``index`` with SIGKILL (a crash); its partitions move after the session timeout."""
+        self._server(index).kill()
+
+    def stop_server(self, index: int) -> int | None:
+        """Stop server ``index`` gracefully (SIGTERM; its partitions move at once); its exit code."""
+        return self._server(index).stop()
+
+    def restart_server(self, index: int) -> None:
+        """Kill server ``index`` if it runs and start it again on the same port (waits for the port)."""
+        self._paused.discard(("server", index))
+        self._server(index).restart()
+
+    def pause_server(self, index: int) -> None:
+        """Freeze server ``index`` (SIGSTOP), e.g. to test fencing of a paused owner."""
+        self._server(index).pause()
+        self._paused.add(("server", index))
+
+    def resume_server(self, index: int) -> None:
+        """Thaw server ``index`` (SIGCONT)."""
+        self._server(index).resume()
+        self._paused.discard(("server", index))
+
+    def kill_storage(self, index: int) -> None:
+        """Kill storage node ``index`` with SIGKILL (a crash)."""
+        self._storage(index).kill()
+
+    def stop_storage(self, index: int) -> int | None:
+        """Stop storage node ``index`` gracefully (SIGTERM); its exit code."""
+        return self._storage(index).stop()
+
+    def restart_storage(self, index: int) -> None:
+        """Kill storage node ``index`` if it runs and start it again (same directory and ports)."""
+        self._paused.discard(("storage", index))
+        self._storage(index).restart()
+
+    def pause_storage(self, index: int) -> None:
+        """Freeze storage node ``index`` (SIGSTOP)."""
+        self._storage(index).pause()
+        self._paused.add(("storage", index))
+
+    def resume_storage(self, index: int) -> None:
+        """Thaw storage node ``index`` (SIGCONT)."""
+        self._storage(index).resume()
+        self._paused.discard(("storage", index))
+
+    def heal(self, timeout: float | None = None) -> dict[int, PartitionOwner]:
+        """Undo faults: resume paused processes, restart stopped ones, then :meth:`wait_ready`.
+
+        Args:
+            timeout: seconds :meth:`wait_ready` may take; None means ``start_timeout``.
+
+        Returns:
+            Partition ID -> its writable owner.
+
+        Raises:
+            ServiceStartError: a process did not start again.
+            ClusterNotReadyError: as :meth:`wait_ready`.
+        """
+        for kind, index in sorted(self._paused):
+            (self._storage(index) if kind == "storage" else self._server(index)).resume()
+        self._paused.clear()
+        if self._zookeeper is not None:
+            if self._zookeeper.is_running():
+                self._zookeeper.resume()  # in case it was paused through the zookeeper property
+            else:
+                self._zookeeper.start()
+        for node in self._storages:
+            if not node.process.is_running():
+                node.start()
+        for server in self._servers:
+            if not server.process.is_running():
+                server.start()
+        return self.wait_ready(timeout)
+
+    # --- description ------------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        """How to reach the cluster: ZooKeeper, root, servers, storage and admin ports, metrics, logs.
+
+        Returns:
+            Several lines of text, for people (``waltz up`` prints it).
+        """
+        lines = [
+            f"Waltz local cluster {self._name!r}: partitions {self._partitions}, "
+            f"replicas per partition {self._replicas}, cluster key {self._cluster_key or '(not created)'}",
+        ]
+        if self._external_zookeeper is not None:
+            lines.append(f"  ZooKeeper      {self._external_zookeeper} (external)")
+        elif self._zookeeper is not None:
+            lines.append(
+                f"  ZooKeeper      {self._zookeeper.connect_string} (tickTime {self._tick_time_ms} ms, "
+                f"pid {self._zookeeper.process.pid}, log {self._zookeeper.log_path})"
+            )
+        lines.append(f"  cluster root   {self.root}")
+        owned = self._owned_partitions()
+        lines.append(
+            "  servers (ServerAdminClient connects here; Waltz clients find them through ZooKeeper):"
+        )
+        for server in self._servers:
+            metrics = (
+                f"  metrics http://{server.host}:{server.metrics_port}/metrics" if server.metrics_port else ""
+            )
+            parts = owned.get(server.endpoint)
+            owns = f"  owns {_ids(parts)}" if parts else ""
+            lines.append(
+                f"    {server.process.name:<10} {server.endpoint}{metrics}  {self._pid(server.process)}{owns}"
+            )
+        lines.append("  storage nodes (storage port, admin port):")
+        placement = self._replica_placement()
+        for node in self._storages:
+            metrics = f"  metrics http://{node.host}:{node.metrics_port}/metrics" if node.metrics_port else ""
+            lines.append(
+                f"    {node.process.name:<10} {node.address}  admin {node.admin_address}{metrics}  "
+                f"{self._pid(node.process)}  replicas {_ids(placement.get(node.address, ()))}"
+            )
+        if self._work_dir is not None:
+            kept = "kept" if self._keep else "removed at stop"
+            lines.append(f"  work dir       {self._work_dir} ({kept}); logs in {self._work_dir / 'logs'}")
+        if self._state in ("starting", "running"):
+            lines += [
+                "  inspect it with the waltz command:",
+                f"    export WALTZ_ZOOKEEPER_CONNECT_STRING={self.zookeeper_connect_string} "
+                f"WALTZ_CLUSTER_ROOT={self.root}",
+                "    waltz cluster list; waltz cluster verify",
+            ]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (
+            f"LocalCluster({self._name!r}, root={self.root!r}, storages={self._num_storages}, "
+            f"servers={self._num_servers}, partitions={self._partitions}, {self._state})"
+        )
+
+    # --- internals --------------------------------------------------------------------------------
+
+    def _processes(self) -> list[ManagedProcess]:
+        processes = [n.process for n in self._storages] + [s.process for s in self._servers]
+        return ([self._zookeeper.process] if self._zookeeper is not None else []) + processes
+
+    def _client(self) -> KazooClient:
+        if self._zk is None:
+            raise RuntimeError("the local cluster is not started")
+        return self._zk
+
+    def _server(self, index: int) -> LocalServer:
+        if not 0 <= index < len(self._servers):
+            raise IndexError(
+                f"no server {index}: the cluster has {len(self._servers)} (0..{len(self._servers) - 1})"
+            )
+        return self._servers[index]
+
+    def _storage(self, index: int) -> LocalStorageNode:
+        if not 0 <= index < len(self._storages):
+            raise IndexError(
+                f"no storage node {index}: the cluster has {len(self._storages)} "
+                f"(0..{len(self._storages) - 1})"
+            )
+        return self._storages[index]
+
+    def _load_layout(self) -> _Layout | None:
+        """The layout of the cluster a kept work directory holds, checked against the arguments."""
+        path = self.work_dir / _LAYOUT_FILE
+        if not self._keep or not path.exists():
+            return None
+        layout = _Layout.load(path)
+        if not self._root_given:  # a generated root (external ZooKeeper) is the saved one
+            self._paths = ClusterPaths.of(layout.root)
+        wanted = {
+            "name": self._name,
+            "root": self.root,
+            "partitions": self._partitions,
+            "replicas": self._replicas,
+            "storages": self._num_storages,
+            "external ZooKeeper": self._external_zookeeper,
+        }
+        held = {
+            "name": layout.name,
+            "root": layout.root,
+            "partitions": layout.partitions,
+            "replicas": layout.replicas,
+            "storages": len(layout.storages),
+            "external ZooKeeper": layout.external_zookeeper,
+        }
+        different = [f"{k} {held[k]!r} (asked: {wanted[k]!r})" for k in wanted if wanted[k] != held[k]]
+        if different:
+            raise ConfigurationError(
+                f"work directory {self.work_dir} holds another local cluster: {', '.join(different)}; "
+                "start it with the same settings, or use another (or an empty) work directory"
+            )
+        log.info("resuming the local cluster kept in %s", self.work_dir)
+        return layout
+
+    def _layout(self) -> _Layout:
+        return _Layout(
+            name=self._name,
+            root=self.root,
+            partitions=self._partitions,
+            replicas=self._replicas,
+            external_zookeeper=self._external_zookeeper,
+            zookeeper_port=self._zookeeper.port if self._zookeeper is not None else None,
+            storages=[
+                {"port": n.port, "admin_port": n.admin_port, "metrics_port": n.metrics_port}
+                for n in self._storages
+            ],
+            servers=[{"port": s.port, "metrics_port": s.metrics_port} for s in self._servers],
+        )
+
+    def _build(self, layout: _Layout | None) -> None:
+        """Create (not start) the ZooKeeper, storage node and server objects."""
+        work_dir = self.work_dir
+        logs = work_dir / "logs"
+        if self._external_zookeeper is None:
+            self._zookeeper = LocalZooKeeper(
+                data_dir=work_dir / "zookeeper",
+                port=layout.zookeeper_port if layout else None,
+                tick_time_ms=self._tick_time_ms,
+            )
+        for i in range(self._num_storages):
+            ports = layout.storages[i] if layout else {}
+            self._storages.append(
+                LocalStorageNode(
+                    work_dir / f"storage-{i}",
+                    name=f"storage-{i}",
+                    log_path=logs / f"storage-{i}.log",
+                    port=ports.get("port"),
+                    admin_port=ports.get("admin_port"),
+                    metrics=self._metrics,
+                    metrics_port=ports.get("metrics_port"),
+                    extra_args=self._storage_args,
+                )
+            )
+        for j in range(self._num_servers):
+            ports = layout.servers[j] if layout and j < len(layout.servers) else {}
+            self._servers.append(
+                LocalServer(
+                    self.zookeeper_connect_string,
+                    self.root,
+                    name=f"server-{j}",
+                    log_path=logs / f"server-{j}.log",
+                    port=ports.get("port"),
+                    metrics=self._metrics,
+                    metrics_port=ports.get("metrics_port"),
+                    session_timeout=self._session_timeout,
+                    extra_args=self._server_args,
+                    env=self._server_env,
+                )
+            )
+
+    def _create_cluster(self, *, resuming: bool) -> None:
+        """Create the cluster in ZooKeeper and on the storage nodes (or check the resumed one)."""
+        admin = ClusterAdmin(self._client(), self.root)
+        if admin.cluster.exists():
+            params = admin.cluster.params()
+            if not resuming:
+                raise ConfigurationError(
+                    f"a cluster ({params.name!r}) already exists under {self.root} on ZooKeeper "
+                    f"{self.zookeeper_connect_string}: pass another root, or delete it with "
+                    f"`waltz cluster delete --zookeeper {self.zookeeper_connect_string} --root {self.root}`"
+                )
+            if params.num_partitions != self._partitions:
+                raise ConfigurationError(
+                    f"the cluster under {self.root} has {params.num_partitions} partitions, "
+                    f"not {self._partitions}"
+                )
+            self._cluster_key = str(params.cluster_key)
+            self._owns_root = True
+            return
+        self._owns_root = True  # from here on, whatever is under the root is this cluster's
+        specs = [StorageSpec(n.address, n.admin_port) for n in self._storages]
+        result = admin.create(self._name, self._partitions, specs, self._replicas)
+        self._cluster_key = str(result.params.cluster_key)
+        failures = [(s.spec, s.error) for s in result.storage if s.error is not None]
+        if failures:
+            node_of = {n.address: n for n in self._storages}
+            details = "\n".join(
+                f"{spec.connect_string}: {error}\n"
+                f"{node_of[spec.connect_string].process.log_tail(_LOG_TAIL_LINES)}"
+                for spec, error in failures
+            )
+            hint = (
+                " (its directory belongs to an earlier cluster: use another work directory)"
+                if resuming
+                else ""
+            )
+            raise ServiceStartError(f"storage node(s) refused the new cluster{hint}:\n{details}")
+
+    def _probe(self) -> tuple[dict[int, PartitionOwner], list[str]]:
+        """The writable owners found now, and what is wrong with the other partitions."""
+        assignment, _ = read_assignment(self._client(), self._paths)
+        problems: list[str] = []
+        placed: dict[Member, list[tuple[int, int]]] = {}
+        for pid in range(self._partitions):
+            placement = assignment.placements.get(pid)
+            if placement is None or placement.endpoint is None:
+                running = sum(s.process.is_running() for s in self._servers)
+                problems.append(
+                    f"partition {pid}: no server owns it yet ({running} of {len(self._servers)} servers run)"
+                )
+            else:
+                owner = Member(placement.member or "", placement.endpoint)
+                placed.setdefault(owner, []).append((pid, placement.generation))
+        probes = _run_async(lambda: probe_servers(list(placed), timeout=_STATUS_TIMEOUT)) if placed else []
+        owners: dict[int, PartitionOwner] = {}
+        for probe in probes:
+            endpoint, partitions = probe.member.endpoint, placed[probe.member]
+            who = self._label(endpoint)
+            if probe.status is None:
+                problems += [
+                    f"partition {pid}: its owner {who} does not answer ({probe.error})"
+                    for pid, _ in partitions
+                ]
+                continue
+            states = {p.partition_id: p for p in probe.status.partitions}
+            for pid, generation in partitions:
+                state = states.get(pid)
+                if state is None:
+                    problems.append(
+                        f"partition {pid}: its owner {who} has not opened it yet (generation {generation})"
+                    )
+                elif state.generation != generation:
+                    problems.append(
+                        f"partition {pid}: its owner {who} has generation {state.generation}, "
+                        f"assigned {generation}"
+                    )
+                elif not state.writable:
+                    problems.append(
+                        f"partition {pid}: its owner {who} cannot write yet (replicas in its store session: "
+                        f"{', '.join(state.replicas_in_session) or 'none'}; "
+                        f"a majority of its {self._replicas} replicas is needed)"
+                    )
+                else:
+                    owners[pid] = PartitionOwner(pid, endpoint, generation, state.high_water_mark)
+        return owners, problems
+
+    def _label(self, endpoint: str) -> str:
+        for server in self._servers:
+            if server.endpoint == endpoint:
+                return f"{server.process.name} ({endpoint})"
+        return endpoint
+
+    def _not_ready_message(self, timeout: float, problems: list[str]) -> str:
+        lines = [f"local cluster {self._name!r} under {self.root}: not ready after {timeout:g}s:"]
+        lines += [f"  - {p}" for p in problems]
+        lines.append("processes:")
+        for process in self._processes():
+            state = "running" if process.is_running() else f"NOT RUNNING (exit code {process.returncode})"
+            lines.append(f"  {process.name}: {state}, pid {process.pid}, log {process.log_path}")
+        text = "\n".join(problems)
+        relevant = [s.process for s in self._servers if s.process.name in text or "no server" in text]
+        relevant += [
+            n.process for n in self._storages if "cannot write" in text or not n.process.is_running()
+        ]
+        if self._zookeeper is not None and not self._zookeeper.is_running():
+            relevant.insert(0, self._zookeeper.process)
+        for process in relevant or [s.process for s in self._servers]:
+            lines.append(f"--- the last lines of {process.name}'s log ({process.log_path}):")
+            lines.append(process.log_tail(_LOG_TAIL_LINES))
+        return "\n".join(lines)
+
+    def _owned_partitions(self) -> dict[str, list[int]]:
+        if self._zk is None or not self._zk.connected:
+            return {}
+        try:
+            assignment, _ = read_assignment(self._zk, self._paths)
+        except Exception as exc:  # a description must not fail because ZooKeeper is down
+            log.debug("cannot read the assignment for describe(): %r", exc)
+            return {}
+        owned: dict[str, list[int]] = {}
+        for pid, placement in sorted(assignment.placements.items()):
+            if placement.endpoint is not None:
+                owned.setdefault(placement.endpoint, []).append(pid)
+        return owned
+
+    def _replica_placement(self) -> Mapping[str, Sequence[int]]:
+        if self._zk is not None and self._zk.connected:
+            try:
+                return ClusterZk(self._zk, self.root).assignments().value.replicas
+            except Exception as exc:  # not created yet, or ZooKeeper down: show the planned placement
+                log.debug("cannot read the replica assignments for describe(): %r", exc)
+        return spread_replicas([n.address for n in self._storages], self._partitions, self._replicas)
+
+    @staticmethod
+    def _pid(process: ManagedProcess) -> str:
+        return f"pid {process.pid}" if process.is_running() else "NOT RUNNING"
+
+    @staticmethod
+    def _stop_all(nodes: Sequence[LocalServer | LocalStorageNode], timeout: float) -> None:
+        """SIGTERM every node at once and wait for each (killing it after ``timeout`` seconds)."""
+        running = [n for n in nodes if n.process.is_running()]
+        if not running:
+            return
+        with concurrent.futures.ThreadPoolExecutor(
+            len(running), thread_name_prefix="local-cluster-stop"
+        ) as pool:
+            futures = {pool.submit(n.stop, timeout): n for n in running}
+            for future in concurrent.futures.as_completed(futures):
+                try:
+                    future.result()
+                except Exception:
+                    log.exception("could not stop %s; it will be killed", futures[future].process.name)
+
+    def _close_zookeeper_session(self) -> None:
+        client, self._zk = self._zk, None
+        if client is None:
+            return
+        try:
+            if self._delete_root and self._owns_root and client.connected:
+                with contextlib.suppress(NoNodeError):  # start() failed before creating it
+                    client.delete(self.root, recursive=True)
+        except Exception:
+            log.exception("could not delete %s from ZooKeeper %s", self.root, self._external_zookeeper)
+        finally:
+            client.stop()
+            client.close()
+
+
+def _ids(ids: Sequence[int] | None) -> str:
+    return ", ".join(str(i) for i in ids) if ids else "none"

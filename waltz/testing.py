@@ -1,0 +1,183 @@
+"""A pytest plugin for applications' own test suites: a real local Waltz cluster per test session.
+
+Enable it on the command line, ``pytest -p waltz.testing``, or in the root ``conftest.py``::
+
+    pytest_plugins = ["waltz.testing"]
+
+It needs Debian's ``zookeeper`` package and a Java runtime (or an external ZooKeeper given with
+``--waltz-zookeeper``). Nothing happens until a test asks for one of its fixtures:
+
+``waltz_cluster`` (session)
+    A started :class:`~waltz.services.local_cluster.LocalCluster`: ZooKeeper, storage nodes and
+    servers as processes on loopback; every partition has a writable owner. Data and logs are in
+    pytest's temporary directory (``<basetemp>/waltz-cluster0``), kept after the run as pytest
+    keeps its temporary directories. When a test that uses it fails, the report ends with the
+    tail of the log of every cluster process that is not running.
+
+``waltz_cluster_options`` (session)
+    The keyword arguments of :class:`LocalCluster`, as a dict built from the ini options below.
+    Override it in a ``conftest.py`` to size the cluster in code::
+
+        @pytest.fixture(scope="session")
+        def waltz_cluster_options(waltz_cluster_options):
+            return {**waltz_cluster_options, "partitions": 8, "servers": 3}
+
+``waltz_log_start`` (function)
+    Isolation by log position: undoes what earlier tests did to the cluster (restarts killed
+    processes, resumes paused ones, waits until every partition is writable) and returns
+    ``{partition_id: first transaction ID this test will append}``, so that a test reads only
+    its own records. (A cluster root per test is not cheap: a storage node serves exactly one
+    cluster key, so a fresh root needs fresh storage nodes.)
+
+Ini options (``[tool.pytest.ini_options]``, ``pytest.ini``, or ``-o name=value``):
+``waltz_storages`` (3), ``waltz_servers`` (2), ``waltz_partitions`` (2), ``waltz_replicas``
+(3, or the number of storage nodes when fewer), ``waltz_zookeeper`` (connect string of a running
+ZooKeeper; empty: start one), ``waltz_metrics`` (false), ``waltz_session_timeout`` (seconds, 4).
+The command-line option ``--waltz-zookeeper HOST:PORT`` overrides ``waltz_zookeeper``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from waltz.services.local_cluster import LocalCluster
+
+__all__ = [
+    "pytest_addoption",
+    "pytest_runtest_makereport",
+    "waltz_cluster",
+    "waltz_cluster_options",
+    "waltz_log_start",
+]
+
+#: ini option -> (help, default, converter to the LocalCluster keyword argument).
+_INI: dict[str, tuple[str, str, Callable[[str], object]]] = {
+    "waltz_storages": ("number of storage nodes of the waltz_cluster fixture", "3", int),
+    "waltz_servers": ("number of servers of the waltz_cluster fixture", "2", int),
+    "waltz_partitions": ("number of partitions of the waltz_cluster fixture", "2", int),
+    "waltz_replicas": (
+        "replicas per partition (default: 3, or the number of storage nodes when fewer)",
+        "",
+        int,
+    ),
+    "waltz_zookeeper": ("connect string of a running ZooKeeper (default: start one)", "", str),
+    "waltz_metrics": (
+        "serve /metrics and /health on every node",
+        "false",
+        lambda text: text.strip().lower() in ("1", "true", "yes", "on"),
+    ),
+    "waltz_session_timeout": ("servers' ZooKeeper session timeout in seconds", "4", float),
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Register the ``waltz_*`` ini options and ``--waltz-zookeeper``."""
+    group = parser.getgroup("waltz", "Waltz local cluster (waltz.testing)")
+    group.addoption(
+        "--waltz-zookeeper",
+        metavar="HOST:PORT",
+        default=None,
+        help="use this running ZooKeeper for the waltz_cluster fixture instead of starting one",
+    )
+    for name, (help_text, default, _) in _INI.items():
+        parser.addini(name, help_text, default=default)
+
+
+@pytest.fixture(scope="session")
+def waltz_cluster_options(pytestconfig: pytest.Config) -> dict[str, Any]:
+    """Keyword arguments of the session's :class:`LocalCluster`, from the ini options.
+
+    Returns:
+        A new dict (``storages``, ``servers``, ``partitions``, ``replicas``, ``zookeeper``,
+        ``metrics``, ``session_timeout``); override the fixture to change or add keys.
+
+    Raises:
+        pytest.UsageError: an ini option holds a value of the wrong type.
+    """
+    options: dict[str, Any] = {}
+    for name, (_, _, convert) in _INI.items():
+        text = str(pytestconfig.getini(name)).strip()
+        if not text:
+            continue
+        try:
+            options[name.removeprefix("waltz_")] = convert(text)
+        except ValueError:
+            raise pytest.UsageError(f"ini option {name} = {text!r} is not a valid value") from None
+    zookeeper = pytestconfig.getoption("waltz_zookeeper")
+    if zookeeper:
+        options["zookeeper"] = zookeeper
+    return options
+
+
+_CLUSTER_KEY = pytest.StashKey["LocalCluster"]()
+
+
+@pytest.fixture(scope="session")
+def waltz_cluster(
+    waltz_cluster_options: dict[str, Any],
+    tmp_path_factory: pytest.TempPathFactory,
+    pytestconfig: pytest.Config,
+) -> Iterator[LocalCluster]:
+    """A started local Waltz cluster shared by the whole test session, closed at its end.
+
+    Raises:
+        pytest.UsageError: ``waltz_cluster_options`` holds a key LocalCluster does not take.
+    """
+    from waltz.services.local_cluster import LocalCluster
+
+    options = {"name": "pytest", "delete_root": True, **waltz_cluster_options}
+    options.setdefault("work_dir", tmp_path_factory.mktemp("waltz-cluster"))
+    try:
+        cluster = LocalCluster(**options)
+    except TypeError as exc:
+        raise pytest.UsageError(
+            f"waltz_cluster_options {sorted(waltz_cluster_options)}: {exc}; "
+            "the keys must be keyword arguments of waltz.services.local_cluster.LocalCluster"
+        ) from None
+    with cluster:
+        pytestconfig.stash[_CLUSTER_KEY] = cluster
+        try:
+            yield cluster
+        finally:
+            del pytestconfig.stash[_CLUSTER_KEY]
+
+
+@pytest.fixture
+def waltz_log_start(waltz_cluster: LocalCluster) -> dict[int, int]:
+    """Heal the session's cluster and return where this test's records start in each partition.
+
+    Returns:
+        Partition ID -> the transaction ID the next append to that partition will get.
+
+    Raises:
+        ClusterNotReadyError: the cluster could not be made ready again.
+    """
+    owners = waltz_cluster.heal()
+    return {pid: owner.high_water_mark + 1 for pid, owner in owners.items()}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Add the log tails of stopped cluster processes to the report of a failed waltz_cluster test."""
+    report = yield
+    if not report.failed or report.when not in ("setup", "call"):
+        return report
+    if "waltz_cluster" not in getattr(item, "fixturenames", ()):
+        return report
+    cluster = item.config.stash.get(_CLUSTER_KEY, None)
+    if cluster is None:
+        return report
+    lines = [f"work dir: {cluster.work_dir}", f"running: {', '.join(sorted(cluster.pids())) or 'nothing'}"]
+    processes = [n.process for n in cluster.storages] + [s.process for s in cluster.servers]
+    for process in processes:
+        if not process.is_running():
+            lines += [f"--- {process.name} is not running; its log ({process.log_path}) ends with:"]
+            lines.append(process.log_tail(30))
+    report.sections.append(("waltz local cluster", "\n".join(lines)))
+    return report
