@@ -16,20 +16,23 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 from kazoo.client import KazooClient, KazooState
 
 from waltz.errors import WaltzError
-from waltz.protocol import server_pb2, server_pb2_grpc
-from waltz.protocol.records import ReqId
+from waltz.protocol import client_pb2_grpc, server_pb2, server_pb2_grpc
+from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import channel_options
 from waltz.services.cluster.manager import ClusterManager, ServerMembership
 from waltz.services.cluster.zk import ClusterZk
 from waltz.services.http import HealthHttpServer
+from waltz.services.server.client_service import WaltzServerServicer
 from waltz.services.server.config import ServerConfig
 from waltz.services.server.metrics import ServerMetrics
+from waltz.services.server.partition import Partition
 from waltz.services.server.store.partition import StorePartition
 
 __all__ = ["ServerApp", "run_server"]
@@ -43,8 +46,9 @@ class ServerApp:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.store_config = config.store_config()
-        self.partitions: dict[int, StorePartition] = {}
-        self.metrics = ServerMetrics(lambda: self.partitions)
+        self.partitions: dict[int, Partition] = {}
+        self.partition_config = config.partition_config()
+        self.metrics = ServerMetrics(lambda: {pid: p.store for pid, p in self.partitions.items()})
         self._locks: dict[int, asyncio.Lock] = {}
         self._desired: dict[int, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -124,6 +128,9 @@ class ServerApp:
         config = self.config
         server = grpc.aio.server(options=channel_options())
         server_pb2_grpc.add_ServerAdminServiceServicer_to_server(ServerAdminServicer(self), server)
+        client_pb2_grpc.add_WaltzServerServiceServicer_to_server(
+            WaltzServerServicer(lambda: self.partitions), server
+        )
         address = f"{config.server_host}:{config.server_port}"
         if config.server_tls_cert_file and config.server_tls_key_file:
             ca = config.server_tls_ca_file.read_bytes() if config.server_tls_ca_file else None
@@ -159,7 +166,7 @@ class ServerApp:
         log.info("server stopped")
 
     def _health(self) -> tuple[bool, dict[str, Any]]:
-        partitions = {str(pid): p.writable for pid, p in sorted(self.partitions.items())}
+        partitions = {str(pid): p.store.writable for pid, p in sorted(self.partitions.items())}
         connected = self._zk is not None and self._zk.connected
         healthy = connected and all(partitions.values())
         return healthy, {
@@ -228,15 +235,25 @@ class ServerApp:
             if generation is None or self._stopping or self._cluster is None:
                 return
             label = str(partition_id)
-            partition = StorePartition(
-                partition_id,
-                generation,
-                self._cluster,
-                self.cluster_key,
-                self.num_partitions,
-                self.store_config,
-                on_commit=lambda records: self.metrics.committed_records.labels(label).inc(len(records)),
-            )
+            cluster = self._cluster
+            committed = self.metrics.committed_records.labels(label)
+
+            def store_factory(on_commit: Callable[[list[Record]], None]) -> StorePartition:
+                def counted(records: list[Record]) -> None:
+                    committed.inc(len(records))
+                    on_commit(records)
+
+                return StorePartition(
+                    partition_id,
+                    generation,
+                    cluster,
+                    self.cluster_key,
+                    self.num_partitions,
+                    self.store_config,
+                    on_commit=counted,
+                )
+
+            partition = Partition(partition_id, generation, store_factory, self.partition_config)
             self.partitions[partition_id] = partition
             partition.start()
             log.info("partition %d opened with generation %d", partition_id, generation)
@@ -262,10 +279,10 @@ class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
                 server_pb2.PartitionState(
                     partition_id=pid,
                     generation=p.generation,
-                    high_water_mark=p.high_water_mark,
-                    writable=p.writable,
-                    replicas_in_session=p.replicas_in_session,
-                    sessions_started=p.sessions_started,
+                    high_water_mark=p.store.high_water_mark,
+                    writable=p.store.writable,
+                    replicas_in_session=p.store.replicas_in_session,
+                    sessions_started=p.store.sessions_started,
                 )
                 for pid, p in sorted(app.partitions.items())
             ],
@@ -274,7 +291,8 @@ class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
     async def _partition(
         self, partition_id: int, context: grpc.aio.ServicerContext[Any, Any]
     ) -> StorePartition:
-        partition = self._app.partitions.get(partition_id)
+        owned = self._app.partitions.get(partition_id)
+        partition = owned.store if owned is not None else None
         if partition is None or partition.closed:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,

@@ -10,6 +10,7 @@ from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
 from waltz.protocol.storage_client import TlsConfig
+from waltz.services.server.partition import PartitionConfig
 from waltz.services.server.store.config import StoreConfig
 
 __all__ = ["ServerConfig"]
@@ -31,6 +32,11 @@ class ServerConfig(WaltzSettings):
         "server.ssl.certFile": "server_tls_cert_file",
         "server.ssl.keyFile": "server_tls_key_file",
         "server.ssl.caFile": "server_tls_ca_file",
+        "server.optimisticLockTableSize": "server_lock_table_size",
+        "server.optimisticLockTableHashCount": "server_lock_table_hash_count",
+        "server.feedCacheSize": "server_feed_cache_size",
+        "server.transactionDataCacheSize": "server_transaction_data_cache_size",
+        "server.maxPendingRecords": "server_max_pending_records",
         "storage.maxBatchSize": "store_max_batch_size",
         "storage.maxInFlightBatches": "store_max_in_flight_batches",
         "storage.linger": "store_linger",
@@ -61,6 +67,15 @@ class ServerConfig(WaltzSettings):
     server_tls_ca_file: Path | None = Field(
         None, description="PEM CA bundle: clients must present a certificate."
     )
+    server_lock_table_size: int = Field(1 << 16, gt=0, description="Slots of each partition's lock table.")
+    server_lock_table_hash_count: int = Field(3, gt=0, description="Lock table slots per lock.")
+    server_feed_cache_size: int = Field(100_000, gt=0, description="Recent feed entries kept per partition.")
+    server_transaction_data_cache_size: int = Field(
+        10_000, gt=0, description="Recent transactions whose data is kept in memory per partition."
+    )
+    server_max_pending_records: int = Field(
+        20_000, gt=0, description="Records queued in a partition's store before appends wait (back pressure)."
+    )
     store_max_batch_size: int = Field(1000, gt=0, description="Records per append request to storage nodes.")
     store_max_in_flight_batches: int = Field(8, gt=0, description="Append batches in flight per partition.")
     store_linger: float = Field(0.0, ge=0, description="Seconds to wait to fill a batch while another flies.")
@@ -83,6 +98,16 @@ class ServerConfig(WaltzSettings):
         if (self.store_tls_cert_file is None) != (self.store_tls_key_file is None):
             raise ValueError("storage.ssl.certFile and storage.ssl.keyFile must be set together")
         return self
+
+    def partition_config(self) -> PartitionConfig:
+        """The partition object settings derived from the ``server.*`` keys."""
+        return PartitionConfig(
+            lock_table_size=self.server_lock_table_size,
+            lock_table_hash_count=self.server_lock_table_hash_count,
+            feed_cache_size=self.server_feed_cache_size,
+            transaction_data_cache_size=self.server_transaction_data_cache_size,
+            max_pending=self.server_max_pending_records,
+        )
 
     def store_config(self) -> StoreConfig:
         """The store settings derived from the ``storage.*`` keys."""

@@ -1,0 +1,210 @@
+"""The client-server protocol on the wire (docs/protocol.md), with raw gRPC messages."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import grpc
+import pytest
+from support.storage import run
+
+from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
+from waltz.protocol.records import crc32
+from waltz.services.local_cluster import LocalCluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
+    with LocalCluster(
+        storages=3,
+        servers=1,
+        partitions=1,
+        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
+        work_dir=tmp_path_factory.mktemp("protocol-cluster"),
+        delete_root=True,
+    ) as local:
+        yield local
+
+
+class RawClient:
+    """A client stream speaking raw protocol messages."""
+
+    def __init__(self, endpoint: str, client_id: int, generation: int) -> None:
+        self.channel = grpc.aio.insecure_channel(endpoint)
+        self.stub = client_pb2_grpc.WaltzServerServiceStub(self.channel)
+        self.client_id = client_id
+        self.generation = generation
+        self.seq = 0
+        self.outgoing: asyncio.Queue[client_pb2.ClientMessage] = asyncio.Queue()
+        self.incoming: asyncio.Queue[client_pb2.ServerMessage] = asyncio.Queue()
+        self.call = self.stub.Stream(self._requests())
+        self.reader = asyncio.ensure_future(self._read())
+
+    async def _requests(self) -> AsyncIterator[client_pb2.ClientMessages]:
+        while True:
+            message = await self.outgoing.get()
+            batch = [message]
+            while not self.outgoing.empty():
+                batch.append(self.outgoing.get_nowait())
+            yield client_pb2.ClientMessages(messages=batch)
+
+    async def _read(self) -> None:
+        async for batch in self.call:
+            for message in batch.messages:
+                await self.incoming.put(message)
+
+    def req_id(self, generation: int | None = None) -> common_pb2.ReqId:
+        self.seq += 1
+        gen = self.generation if generation is None else generation
+        return common_pb2.ReqId(client_id=self.client_id, generation=gen, partition_id=0, seq_num=self.seq)
+
+    def mount(
+        self, high_water_mark: int, network_seq: int = 1, generation: int | None = None
+    ) -> common_pb2.ReqId:
+        req_id = self.req_id(generation)
+        self.outgoing.put_nowait(
+            client_pb2.ClientMessage(
+                mount=client_pb2.MountRequest(
+                    req_id=req_id, client_high_water_mark=high_water_mark, seq_num=network_seq
+                )
+            )
+        )
+        return req_id
+
+    def append(
+        self, high_water_mark: int, data: bytes, write: list[int] = (), read: list[int] = ()
+    ) -> common_pb2.ReqId:  # type: ignore[assignment]
+        req_id = self.req_id()
+        self.outgoing.put_nowait(
+            client_pb2.ClientMessage(
+                append=client_pb2.AppendRequest(
+                    req_id=req_id,
+                    client_high_water_mark=high_water_mark,
+                    write_lock_hashes=list(write),
+                    read_lock_hashes=list(read),
+                    header=7,
+                    data=data,
+                    checksum=crc32(data),
+                )
+            )
+        )
+        return req_id
+
+    async def next(self, kind: str, timeout: float = 10) -> client_pb2.ServerMessage:
+        """The next message of ``kind``, skipping others (kept in ``skipped``)."""
+        while True:
+            message = await asyncio.wait_for(self.incoming.get(), timeout)
+            if message.WhichOneof("body") == kind:
+                return message
+
+    async def close(self) -> None:
+        self.call.cancel()
+        self.reader.cancel()
+        await self.channel.close(None)
+
+
+def generation_of(cluster: LocalCluster) -> int:
+    return cluster.wait_ready(30)[0].generation
+
+
+def test_mount_append_feed_lock_failures_flush_and_data(cluster: LocalCluster) -> None:
+    endpoint, generation = cluster.owner(0), generation_of(cluster)
+
+    async def scenario() -> None:
+        a, b = RawClient(endpoint, 901, generation), RawClient(endpoint, 902, generation)
+        try:
+            # A wrong generation is not ready.
+            a.mount(-1, generation=generation + 100)
+            assert not (await a.next("mount")).mount.partition_ready
+            a.mount(-1)
+            b.mount(-1)
+            assert (await a.next("mount")).mount.partition_ready
+            assert (await b.next("mount")).mount.partition_ready
+            hwm_request = client_pb2.HighWaterMarkRequest(req_id=a.req_id())
+            a.outgoing.put_nowait(client_pb2.ClientMessage(high_water_mark=hwm_request))
+            start = (await a.next("high_water_mark")).high_water_mark.transaction_id
+            # An append without locks: both clients see it in their feed, with its ReqId.
+            first = a.append(start, b"first")
+            feed_a = (await a.next("feed_data")).feed_data
+            feed_b = (await b.next("feed_data")).feed_data
+            assert feed_a.req_id == first and feed_b.req_id == first
+            txn = feed_a.transaction_id
+            assert txn == start + 1 and feed_a.header == 7
+            # Two appends with the same WRITE lock and the same high-water mark, both sent before
+            # either is acknowledged: exactly one commits; the other gets a lock failure naming it.
+            lock = 0x1234
+            one = a.append(txn, b"from a", write=[lock])
+            two = b.append(txn, b"from b", write=[lock])
+            committed = (await a.next("feed_data")).feed_data
+            assert committed.req_id in (one, two)
+            loser = b if committed.req_id == one else a
+            failure = (await loser.next("lock_failure")).lock_failure
+            assert failure.req_id in (one, two) and failure.req_id != committed.req_id
+            assert failure.transaction_id == committed.transaction_id
+            # A stale read of the lock fails; an up-to-date one passes.
+            stale = a.append(txn, b"stale", read=[lock])
+            assert (await a.next("lock_failure")).lock_failure.req_id == stale
+            fresh = a.append(committed.transaction_id, b"fresh", write=[lock])
+            assert (await a.next("feed_data")).feed_data.req_id == fresh
+            # Flush answers with the high-water mark once everything before it resolved.
+            a.outgoing.put_nowait(client_pb2.ClientMessage(flush=client_pb2.FlushRequest(req_id=a.req_id())))
+            flushed = (await a.next("flush")).flush.transaction_id
+            assert flushed == committed.transaction_id + 1
+            # Transaction data over the RPC.
+            response = await a.stub.GetTransactionData(
+                client_pb2.TransactionDataRequest(req_id=a.req_id(), transaction_id=txn), timeout=10
+            )
+            assert response.success and response.data == b"first" and response.checksum == crc32(b"first")
+            missing = await a.stub.GetTransactionData(
+                client_pb2.TransactionDataRequest(req_id=a.req_id(), transaction_id=10**9), timeout=10
+            )
+            assert not missing.success and "not committed" in missing.error_message
+            # A corrupted append is refused with an error, not committed.
+            bad = a.req_id()
+            a.outgoing.put_nowait(
+                client_pb2.ClientMessage(
+                    append=client_pb2.AppendRequest(
+                        req_id=bad, client_high_water_mark=flushed, data=b"x", checksum=1
+                    )
+                )
+            )
+            assert "checksum" in (await a.next("error")).error.message
+        finally:
+            await a.close()
+            await b.close()
+
+    run(scenario())
+
+
+def test_a_late_mount_replays_the_feed_and_drops_the_older_connection(cluster: LocalCluster) -> None:
+    endpoint, generation = cluster.owner(0), generation_of(cluster)
+
+    async def scenario() -> None:
+        writer = RawClient(endpoint, 903, generation)
+        try:
+            writer.mount(-1)
+            await writer.next("mount")
+            sent = [writer.append(10**9, f"t{i}".encode()) for i in range(20)]
+            ids = [(await writer.next("feed_data")).feed_data for _ in range(20)]
+            # Other appends may be in the feed too: keep ours.
+            ours = {f.req_id.seq_num: f.transaction_id for f in ids}
+            assert all(r.seq_num in ours for r in sent)
+            first_txn = min(ours.values())
+            late = RawClient(endpoint, 904, generation)
+            try:
+                late.mount(first_txn - 1, network_seq=5)
+                replay = []
+                while True:
+                    message = await late.next("feed_data")
+                    replay.append(message.feed_data.transaction_id)
+                    if message.feed_data.transaction_id >= max(ours.values()):
+                        break
+                assert replay == list(range(first_txn, max(ours.values()) + 1))
+                assert (await late.next("mount")).mount.partition_ready
+            finally:
+                await late.close()
+        finally:
+            await writer.close()
+
+    run(scenario())

@@ -1,0 +1,386 @@
+"""The partition object of a server: appends checked against the lock table, the feed, mounts.
+
+Source: seed 000 "Partition Object", "Concurrency Control"; seed 001 "Optimistic Locking"; seed
+002; ``docs/protocol.md`` (the contract with the client). One :class:`Partition` wraps the
+partition's :class:`~waltz.services.server.store.partition.StorePartition` and serves every client
+connection that mounted it. Everything runs on the server's event loop, so the lock check, the
+pending-lock bookkeeping and the feed see one consistent order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from waltz.errors import WaltzError
+from waltz.protocol import client_pb2, common_pb2
+from waltz.protocol.records import Record, ReqId, crc32
+from waltz.services.server.lock_table import DEFAULT_HASH_COUNT, DEFAULT_SIZE, LockTable, slot_indexes
+from waltz.services.server.store.partition import StorePartition
+
+__all__ = ["ClientConnection", "Partition", "PartitionConfig"]
+
+log = logging.getLogger(__name__)
+
+
+class ClientConnection(Protocol):
+    """What a partition needs of a client's stream (implemented by the client service)."""
+
+    client_id: int
+    connection_id: int
+
+    def send(self, message: client_pb2.ServerMessage) -> None:
+        """Queue a message for the client (never blocks)."""
+
+    def backlog(self) -> int:
+        """Messages queued and not yet written to the stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionConfig:
+    """Settings of the partition objects (``server.*`` keys).
+
+    Attributes:
+        lock_table_size: slots of the lock table (``server.optimisticLockTableSize``).
+        lock_table_hash_count: slots per lock (``server.optimisticLockTableHashCount``).
+        feed_cache_size: recent feed entries kept in memory (``server.feedCacheSize``).
+        transaction_data_cache_size: recent transaction data kept in memory
+            (``server.transactionDataCacheSize``, in transactions).
+        feed_page: transactions read from storage per request for far-behind clients.
+        max_backlog: messages queued for one connection before its feed falls back to catch-up.
+        max_pending: records queued in the store before appends wait (back pressure).
+    """
+
+    lock_table_size: int = DEFAULT_SIZE
+    lock_table_hash_count: int = DEFAULT_HASH_COUNT
+    feed_cache_size: int = 100_000
+    transaction_data_cache_size: int = 10_000
+    feed_page: int = 1000
+    max_backlog: int = 20_000
+    max_pending: int = 20_000
+
+
+@dataclass(slots=True)
+class _Cursor:
+    """A mounted connection's position in the feed."""
+
+    connection: ClientConnection
+    mount: client_pb2.MountRequest
+    next_id: int
+    realtime: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass(slots=True)
+class _ClientState:
+    network_seq: int = -1
+    pending: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Partition:
+    """One partition owned by this server.
+
+    Args:
+        partition_id: the partition.
+        generation: the generation under which this server owns it.
+        store_factory: builds the store partition, given the commit callback.
+        config: partition settings.
+    """
+
+    def __init__(
+        self,
+        partition_id: int,
+        generation: int,
+        store_factory: Callable[[Callable[[list[Record]], None]], StorePartition],
+        config: PartitionConfig | None = None,
+    ) -> None:
+        self.partition_id = partition_id
+        self.generation = generation
+        self.config = config or PartitionConfig()
+        self.store = store_factory(self._committed)
+        self._lock_table: LockTable | None = None
+        self._pending_slots: dict[int, asyncio.Future[int]] = {}  # slot -> latest unresolved append
+        self._feed: deque[tuple[int, common_pb2.ReqId, int]] = deque(maxlen=self.config.feed_cache_size)
+        self._data: OrderedDict[int, tuple[bytes, int]] = OrderedDict()
+        self._cursors: dict[int, _Cursor] = {}  # by connection ID
+        self._clients: dict[int, _ClientState] = {}
+        self._capacity = asyncio.Event()
+        self._capacity.set()
+        self.appends = 0
+        self.lock_failures = 0
+        self.dropped = 0
+
+    # ---- life cycle ----
+
+    def start(self) -> None:
+        """Start the store partition (recovery, then writing)."""
+        self.store.start()
+
+    async def close(self, reason: str) -> None:
+        """Suspend every feed (clients mount elsewhere) and close the store partition."""
+        for cursor in list(self._cursors.values()):
+            self._suspend(cursor)
+        await self.store.close(reason)
+
+    @property
+    def closed(self) -> bool:
+        """True once the store partition closed."""
+        return self.store.closed
+
+    @property
+    def high_water_mark(self) -> int:
+        """The committed high-water mark."""
+        return self.store.high_water_mark
+
+    async def _ready(self) -> LockTable:
+        if self._lock_table is None:
+            await self.store.recovered.wait()
+            if self._lock_table is None:
+                # Every slot starts at the recovered high-water mark, never below (seed 000).
+                self._lock_table = LockTable(
+                    self.store.high_water_mark, self.config.lock_table_size, self.config.lock_table_hash_count
+                )
+        return self._lock_table
+
+    def _client(self, client_id: int) -> _ClientState:
+        state = self._clients.get(client_id)
+        if state is None:
+            state = self._clients[client_id] = _ClientState()
+            state.idle.set()
+        return state
+
+    def _stale(self, connection: ClientConnection, req_id: common_pb2.ReqId, network_seq: int) -> bool:
+        """Drop messages of another generation, or of an older connection of the same client."""
+        if req_id.generation != self.generation:
+            self.dropped += 1
+            return True
+        if network_seq < self._client(req_id.client_id).network_seq:
+            self.dropped += 1
+            return True
+        return False
+
+    # ---- appends ----
+
+    def _slots(self, lock_hashes: Iterable[int]) -> set[int]:
+        size, count = self.config.lock_table_size, self.config.lock_table_hash_count
+        return {slot for h in lock_hashes for slot in slot_indexes(h, size, count)}
+
+    async def append(
+        self, connection: ClientConnection, request: client_pb2.AppendRequest, network_seq: int
+    ) -> None:
+        """Handle an append request (seed 000 "Append Task", ``docs/protocol.md`` "Append")."""
+        if self._stale(connection, request.req_id, network_seq):
+            return
+        table = await self._ready()
+        if crc32(request.data) != request.checksum:
+            connection.send(_error(request.req_id, "append data does not match its checksum: resend it"))
+            return
+        checked = list(request.write_lock_hashes) + list(request.read_lock_hashes)
+        conflict = table.conflict(request.client_high_water_mark, checked)
+        if conflict is not None:
+            self.lock_failures += 1
+            connection.send(_lock_failure(request.req_id, conflict))
+            return
+        blocking = [self._pending_slots[s] for s in self._slots(checked) if s in self._pending_slots]
+        if blocking:
+            # Fails at once; the failure names the blocking append's transaction once it resolves.
+            self.lock_failures += 1
+            self._defer_lock_failure(connection, request.req_id, blocking[-1])
+            return
+        while self.store.pending_records >= self.config.max_pending and not self.store.closed:
+            self._capacity.clear()
+            await self._capacity.wait()
+        state = self._client(request.req_id.client_id)
+        state.pending += 1
+        state.idle.clear()
+        written = list(request.write_lock_hashes) + list(request.append_lock_hashes)
+        future = self.store.submit(ReqId.from_proto(request.req_id), request.header, request.data)
+        slots = self._slots(written)
+        for slot in slots:
+            self._pending_slots[slot] = future
+        self.appends += 1
+        future.add_done_callback(lambda f: self._resolved(f, state, slots, written))
+
+    def _resolved(
+        self, future: asyncio.Future[int], state: _ClientState, slots: set[int], written: list[int]
+    ) -> None:
+        if not future.cancelled() and future.exception() is None and self._lock_table is not None:
+            self._lock_table.update(future.result(), written)
+        for slot in slots:
+            if self._pending_slots.get(slot) is future:
+                del self._pending_slots[slot]
+        state.pending -= 1
+        if state.pending == 0:
+            state.idle.set()
+        if self.store.pending_records < self.config.max_pending:
+            self._capacity.set()
+
+    def _defer_lock_failure(
+        self, connection: ClientConnection, req_id: common_pb2.ReqId, blocking: asyncio.Future[int]
+    ) -> None:
+        def send(future: asyncio.Future[int]) -> None:
+            committed = not future.cancelled() and future.exception() is None
+            connection.send(_lock_failure(req_id, future.result() if committed else self.high_water_mark))
+
+        blocking.add_done_callback(send)
+
+    # ---- mount, feed, flush ----
+
+    async def mount(self, connection: ClientConnection, request: client_pb2.MountRequest) -> None:
+        """Mount (``docs/protocol.md`` "Mount"): drop older connections, wait for the client's
+        appends to resolve, stream the feed from its high-water mark, then answer ready."""
+        if request.req_id.generation != self.generation or self.store.closed:
+            connection.send(_mount_response(request.req_id, ready=False))
+            return
+        state = self._client(request.req_id.client_id)
+        state.network_seq = max(state.network_seq, request.seq_num)
+        await self._ready()
+        await state.idle.wait()
+        old = self._cursors.pop(connection.connection_id, None)
+        if old is not None and old.task is not None:
+            old.task.cancel()
+        cursor = _Cursor(connection, request, request.client_high_water_mark + 1)
+        self._cursors[connection.connection_id] = cursor
+        cursor.task = asyncio.get_running_loop().create_task(self._catch_up(cursor, first=True))
+
+    async def _catch_up(self, cursor: _Cursor, first: bool) -> None:
+        """Send a cursor everything committed after it, then switch it to the realtime feed."""
+        connection = cursor.connection
+        try:
+            while not self.store.closed:
+                if connection.backlog() > self.config.max_backlog // 2:
+                    await asyncio.sleep(0.01)
+                    continue
+                if cursor.next_id > self.high_water_mark:
+                    cursor.realtime = True  # no await since the check: no commit can slip between
+                    if first:
+                        connection.send(_mount_response(cursor.mount.req_id, ready=True))
+                    return
+                entries = self._cached(cursor.next_id)
+                if entries is None:
+                    records = await self.store.read_records(cursor.next_id, self.config.feed_page)
+                    if not records:
+                        await asyncio.sleep(0.01)
+                        continue
+                    entries = [(r.transaction_id, r.req_id.to_proto(), r.header) for r in records]
+                for transaction_id, req_id, header in entries:
+                    if transaction_id == cursor.next_id:
+                        connection.send(_feed(req_id, transaction_id, header))
+                        cursor.next_id += 1
+        except (WaltzError, TimeoutError) as exc:
+            log.warning(
+                "partition %d: feed to connection %d stopped: %s",
+                self.partition_id,
+                connection.connection_id,
+                exc,
+            )
+            self._suspend(cursor)
+
+    def _cached(self, transaction_id: int) -> list[tuple[int, common_pb2.ReqId, int]] | None:
+        feed = self._feed
+        if not feed or feed[0][0] > transaction_id:
+            return None
+        start = transaction_id - feed[0][0]
+        return [feed[i] for i in range(start, min(len(feed), start + self.config.feed_page))]
+
+    def _committed(self, records: list[Record]) -> None:
+        """Called by the store, in order, with newly committed records: cache them and feed them."""
+        entries = []
+        for record in records:
+            entry = (record.transaction_id, record.req_id.to_proto(), record.header)
+            self._feed.append(entry)
+            entries.append(entry)
+            self._data[record.transaction_id] = (record.data, record.checksum)
+        while len(self._data) > self.config.transaction_data_cache_size:
+            self._data.popitem(last=False)
+        for cursor in list(self._cursors.values()):
+            if not cursor.realtime:
+                continue
+            if cursor.connection.backlog() > self.config.max_backlog:
+                # A slow client: stop pushing, let it catch up from the cache and storage.
+                cursor.realtime = False
+                cursor.task = asyncio.get_running_loop().create_task(self._catch_up(cursor, first=False))
+                continue
+            for transaction_id, req_id, header in entries:
+                if transaction_id == cursor.next_id:
+                    cursor.connection.send(_feed(req_id, transaction_id, header))
+                    cursor.next_id += 1
+
+    def _suspend(self, cursor: _Cursor) -> None:
+        self._cursors.pop(cursor.connection.connection_id, None)
+        if cursor.task is not None and cursor.task is not asyncio.current_task():
+            cursor.task.cancel()
+        cursor.connection.send(
+            client_pb2.ServerMessage(feed_suspended=client_pb2.FeedSuspended(req_id=cursor.mount.req_id))
+        )
+
+    def disconnect(self, connection: ClientConnection) -> None:
+        """Forget a closed connection's feed."""
+        cursor = self._cursors.pop(connection.connection_id, None)
+        if cursor is not None and cursor.task is not None:
+            cursor.task.cancel()
+
+    async def flush(
+        self, connection: ClientConnection, request: client_pb2.FlushRequest, network_seq: int
+    ) -> None:
+        """Answer once every append of this client received before has resolved."""
+        if self._stale(connection, request.req_id, network_seq):
+            return
+        await self._client(request.req_id.client_id).idle.wait()
+        connection.send(
+            client_pb2.ServerMessage(
+                flush=client_pb2.FlushResponse(req_id=request.req_id, transaction_id=self.high_water_mark)
+            )
+        )
+
+    async def high_water_mark_request(
+        self, connection: ClientConnection, request: client_pb2.HighWaterMarkRequest
+    ) -> None:
+        """Answer with the committed high-water mark."""
+        if request.req_id.generation != self.generation:
+            return
+        await self._ready()
+        connection.send(
+            client_pb2.ServerMessage(
+                high_water_mark=client_pb2.HighWaterMarkResponse(
+                    req_id=request.req_id, transaction_id=self.high_water_mark
+                )
+            )
+        )
+
+    async def transaction_data(self, transaction_id: int) -> tuple[bytes, int] | None:
+        """The data and checksum of a committed transaction (cache, else storage)."""
+        cached = self._data.get(transaction_id)
+        if cached is not None:
+            return cached
+        if transaction_id > self.high_water_mark or transaction_id < 0:
+            return None
+        records = await self.store.read_records(transaction_id, 1)
+        if not records or records[0].transaction_id != transaction_id:
+            return None
+        return records[0].data, records[0].checksum
+
+
+def _feed(req_id: common_pb2.ReqId, transaction_id: int, header: int) -> client_pb2.ServerMessage:
+    return client_pb2.ServerMessage(
+        feed_data=client_pb2.FeedData(req_id=req_id, transaction_id=transaction_id, header=header)
+    )
+
+
+def _lock_failure(req_id: common_pb2.ReqId, transaction_id: int) -> client_pb2.ServerMessage:
+    return client_pb2.ServerMessage(
+        lock_failure=client_pb2.LockFailure(req_id=req_id, transaction_id=transaction_id)
+    )
+
+
+def _mount_response(req_id: common_pb2.ReqId, *, ready: bool) -> client_pb2.ServerMessage:
+    return client_pb2.ServerMessage(mount=client_pb2.MountResponse(req_id=req_id, partition_ready=ready))
+
+
+def _error(req_id: common_pb2.ReqId, message: str) -> client_pb2.ServerMessage:
+    return client_pb2.ServerMessage(error=client_pb2.ServerError(req_id=req_id, message=message))
