@@ -60,6 +60,8 @@ from waltz.services.server.store.partition import StorePartition
 
 PY_SPY = Path(sys.executable).parent / "py-spy"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+#: Frames left out of the inclusive profile listing: every sample passes through them.
+PLUMBING = ("asyncio/", "threading.py", "concurrent/", "typer/", "<frozen", "<module>", "main (")
 
 
 # ---- CPU accounting from /proc ----
@@ -301,8 +303,9 @@ def summarize_profile(name: str, path: Path, top: int) -> None:
     print("  self   function")
     for frame, count in own.most_common(top):
         print(f"  {100 * count / total:5.1f}% {frame}")
-    print("  incl   function")
-    for frame, count in inclusive.most_common(top + 12):
+    print("  incl   function (event loop, thread and CLI plumbing left out)")
+    shown = [(f, c) for f, c in inclusive.most_common() if not any(p in f for p in PLUMBING)]
+    for frame, count in shown[:top]:
         print(f"  {100 * count / total:5.1f}% {frame}")
 
 
