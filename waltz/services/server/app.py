@@ -29,6 +29,7 @@ from waltz.protocol.storage_client import channel_options
 from waltz.services.cluster.manager import ClusterManager, ServerMembership
 from waltz.services.cluster.zk import ClusterZk
 from waltz.services.http import HealthHttpServer
+from waltz.services.runtime import tune_garbage_collector
 from waltz.services.server.client_service import WaltzServerServicer
 from waltz.services.server.config import ServerConfig
 from waltz.services.server.metrics import ServerMetrics
@@ -348,6 +349,7 @@ async def _serve(config: ServerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await app.start()
+    tune_garbage_collector()
     try:
         await stop.wait()
         log.info("stopping on signal")

@@ -14,6 +14,7 @@ import grpc
 
 from waltz.protocol import storage_pb2_grpc
 from waltz.services.http import HealthHttpServer
+from waltz.services.runtime import tune_garbage_collector
 from waltz.services.storage.config import StorageConfig
 from waltz.services.storage.metrics import StorageMetrics
 from waltz.services.storage.node import StorageNode
@@ -129,6 +130,7 @@ async def _serve(config: StorageConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await app.start()
+    tune_garbage_collector()
     try:
         await stop.wait()
         log.info("stopping on signal")

@@ -25,11 +25,12 @@ import struct
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from waltz.errors import CorruptDataError
+from waltz.protocol import common_pb2
 from waltz.protocol.records import Record, RecordHeader, ReqId
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "SEGMENT_SUFFIX",
     "ControlFileHeader",
     "PartitionInfo",
+    "RecordOrderError",
     "RecordProblem",
     "SegmentHeader",
     "decode_fence_slot",
@@ -56,6 +58,7 @@ __all__ = [
     "encode_partition_info_struct",
     "encode_record",
     "encode_records",
+    "encode_wire_records",
     "iter_records",
     "now_ms",
     "record_size",
@@ -262,6 +265,61 @@ def encode_records(records: list[Record]) -> tuple[bytes, list[int]]:
         offsets.append(position)
         parts.append(encoded)
         position += len(encoded)
+    return b"".join(parts), offsets
+
+
+class RecordOrderError(ValueError):
+    """A record of a batch does not carry the expected transaction ID or a valid data CRC."""
+
+
+def encode_wire_records(
+    records: Sequence[common_pb2.Record], first_transaction_id: int
+) -> tuple[bytes, list[int]]:
+    """Encode records as received on the wire straight into their on-disk form.
+
+    The batch must hold consecutive transaction IDs from ``first_transaction_id`` on, each with
+    the CRC-32 of its data; no intermediate objects are built (the storage node's append path).
+
+    Returns:
+        The concatenated encodings and the offset of each record relative to the start.
+
+    Raises:
+        RecordOrderError: a transaction ID out of sequence or a data CRC that does not match.
+    """
+    pack = _RECORD_HEADER.pack
+    pack_crc = _CRC.pack
+    crc = zlib.crc32
+    parts: list[bytes] = []
+    offsets: list[int] = []
+    position = 0
+    expected = first_transaction_id
+    for record in records:
+        if record.transaction_id != expected:
+            raise RecordOrderError(
+                f"append of transaction {record.transaction_id}, expected {expected} "
+                "(records must follow the max transaction ID in order)"
+            )
+        data = record.data
+        data_crc = crc(data)
+        if data_crc != record.checksum:
+            raise RecordOrderError(f"transaction {expected} has a data checksum that does not match its data")
+        req = record.req_id
+        head = pack(
+            expected,
+            req.client_id,
+            req.generation,
+            req.partition_id,
+            req.seq_num,
+            record.header,
+            len(data),
+            data_crc,
+        )
+        parts.append(head)
+        parts.append(data)
+        parts.append(pack_crc(crc(data, crc(head))))
+        offsets.append(position)
+        position += RECORD_FIXED_SIZE + len(data)
+        expected += 1
     return b"".join(parts), offsets
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from waltz.errors import (
     ProtocolError,
     SessionFencedError,
 )
+from waltz.protocol import common_pb2
 from waltz.protocol.records import Record, RecordHeader
 from waltz.services.storage import format as fmt
 from waltz.services.storage.control_file import ControlFile
@@ -264,9 +266,20 @@ class StoragePartition:
             DiskFullError: no space left; the log is unchanged.
             PartitionUnavailableError: writes are switched off.
         """
+        self.append_wire([r.to_proto() for r in records])
+
+    def append_wire(self, records: Sequence[common_pb2.Record]) -> int:
+        """Append records as received on the wire (the storage service's path); flush once.
+
+        Returns:
+            The number of transaction data bytes appended.
+
+        Raises:
+            As :meth:`append`.
+        """
         self._require_writable()
         if not records:
-            return
+            return 0
         corruption = self.corruption
         if corruption is not None:
             raise CorruptDataError(
@@ -276,19 +289,10 @@ class StoragePartition:
                 offset=corruption.offset,
                 transaction_id=corruption.transaction_id,
             )
-        expected = self.max_transaction_id + 1
-        for i, record in enumerate(records):
-            if record.transaction_id != expected + i:
-                raise ProtocolError(
-                    f"partition {self.partition_id}: append of transaction {record.transaction_id}, "
-                    f"expected {expected + i} (records must follow the max transaction ID in order)"
-                )
-            if not record.checksum_ok():
-                raise ProtocolError(
-                    f"partition {self.partition_id}: transaction {record.transaction_id} has a data "
-                    "checksum that does not match its data"
-                )
-        encoded, offsets = fmt.encode_records(records)
+        try:
+            encoded, offsets = fmt.encode_wire_records(records, self.max_transaction_id + 1)
+        except fmt.RecordOrderError as exc:
+            raise ProtocolError(f"partition {self.partition_id}: {exc}") from None
         segment = self._segments[-1]
         segment.append(encoded, offsets)
         if segment.valid_end >= self._threshold:
@@ -302,6 +306,7 @@ class StoragePartition:
                     self._checkpoint_interval,
                 )
             )
+        return len(encoded) - fmt.RECORD_FIXED_SIZE * len(offsets)
 
     def truncate(self, transaction_id: int) -> None:
         """Remove every record after ``transaction_id`` (seed 004 "Truncate Request").

@@ -13,7 +13,7 @@ import logging
 import time
 import traceback
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Final
 
 import grpc
@@ -29,8 +29,7 @@ from waltz.errors import (
     SessionFencedError,
     StorageNotInitializedError,
 )
-from waltz.protocol import storage_pb2, storage_pb2_grpc
-from waltz.protocol.records import Record
+from waltz.protocol import common_pb2, storage_pb2, storage_pb2_grpc
 from waltz.services.storage.metrics import StorageMetrics
 from waltz.services.storage.node import StorageNode
 from waltz.services.storage.partition import StoragePartition
@@ -191,7 +190,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
 
         def work() -> None:
             partition.check_session(first.session_id)
-            records = [Record.from_proto(r) for request in group for r in request.append.records]
+            records = [r for request in group for r in request.append.records]
             self._append(partition, records)
 
         try:
@@ -204,14 +203,14 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         self._metrics.requests.labels("append", "ok").inc(len(group))
         return [_response(request, success=storage_pb2.SuccessResponse()) for request in group]
 
-    def _append(self, partition: StoragePartition, records: list[Record]) -> None:
+    def _append(self, partition: StoragePartition, records: Sequence[common_pb2.Record]) -> None:
         started = time.perf_counter()
-        partition.append(records)
+        data_bytes = partition.append_wire(records)
         label = str(partition.partition_id)
         self._metrics.append_seconds.observe(time.perf_counter() - started)
         self._metrics.append_flushes.labels(label).inc()
         self._metrics.appended_records.labels(label).inc(len(records))
-        self._metrics.appended_bytes.labels(label).inc(sum(len(r.data) for r in records))
+        self._metrics.appended_bytes.labels(label).inc(data_bytes)
         self._metrics.max_transaction_id.labels(label).set(partition.max_transaction_id)
 
     async def _handle(
@@ -263,7 +262,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             partition.set_low_water_mark(request.session_id, request.set_low_water_mark.low_water_mark)
             return _response(request, success=storage_pb2.SuccessResponse())
         if kind == "append":
-            self._append(partition, [Record.from_proto(r) for r in request.append.records])
+            self._append(partition, request.append.records)
             return _response(request, success=storage_pb2.SuccessResponse())
         if kind == "record_header":
             record = partition.read_record(request.record_header.transaction_id)

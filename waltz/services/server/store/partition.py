@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz.errors import GenerationFencedError, WaltzError
-from waltz.protocol import storage_pb2
+from waltz.protocol import common_pb2, storage_pb2
 from waltz.protocol.records import Record, ReqId, crc32
 from waltz.services.cluster.zk import ClusterZk
 from waltz.services.server.store.config import StoreConfig
@@ -46,8 +46,16 @@ class StoreClosedError(WaltzError):
 
 @dataclass(slots=True)
 class _Pending:
-    record: Record  # transaction_id is -1 until the record is put in a batch
+    req_id: ReqId
+    header: int
+    data: bytes
+    checksum: int
     future: asyncio.Future[int]
+    transaction_id: int = -1  # set when the record is put in a batch
+
+    @property
+    def record(self) -> Record:
+        return Record(self.transaction_id, self.req_id, self.header, self.data, self.checksum)
 
 
 class StorePartition:
@@ -83,6 +91,7 @@ class StorePartition:
         self._on_commit = on_commit
         self._queue: deque[_Pending] = deque()
         self._queue_since = 0.0  # when the oldest queued record arrived (for the linger)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._in_flight: deque[_Pending] = deque()
         self._high_water_mark = -1
         self._wakeup = asyncio.Event()
@@ -99,9 +108,8 @@ class StorePartition:
     def start(self) -> None:
         """Start the session loop (recovery, then writing) in the background."""
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"store-partition-{self.partition_id}"
-            )
+            self._loop = asyncio.get_running_loop()
+            self._task = self._loop.create_task(self._run(), name=f"store-partition-{self.partition_id}")
 
     async def close(self, reason: str = "closed") -> None:
         """Stop writing, fail every record not yet committed, and close the replica sessions."""
@@ -169,13 +177,14 @@ class StorePartition:
             with :class:`AppendFailedError` when its session ended without committing it, or
             :class:`StoreClosedError` when the partition closed.
         """
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        loop = self._loop or asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
         if self._closed:
             future.set_exception(StoreClosedError(f"partition {self.partition_id}: {self._close_reason}"))
             return future
         if not self._queue:
             self._queue_since = time.monotonic()
-        self._queue.append(_Pending(Record(-1, req_id, header, data, crc32(data)), future))
+        self._queue.append(_Pending(req_id, header, data, crc32(data), future))
         self._wakeup.set()
         return future
 
@@ -277,14 +286,14 @@ class StorePartition:
         committed: list[Record] = []
         while self._in_flight:
             pending = self._in_flight.popleft()
-            if pending.record.transaction_id <= high_water_mark:
+            if pending.transaction_id <= high_water_mark:
                 committed.append(pending.record)
                 if not pending.future.done():
-                    pending.future.set_result(pending.record.transaction_id)
+                    pending.future.set_result(pending.transaction_id)
             elif not pending.future.done():
                 pending.future.set_exception(
                     AppendFailedError(
-                        f"partition {self.partition_id}: transaction {pending.record.transaction_id} was not "
+                        f"partition {self.partition_id}: transaction {pending.transaction_id} was not "
                         f"committed (the store session ended; the log ends at {high_water_mark})"
                     )
                 )
@@ -294,11 +303,11 @@ class StorePartition:
 
     def _commit_through(self, transaction_id: int) -> None:
         committed: list[Record] = []
-        while self._in_flight and self._in_flight[0].record.transaction_id <= transaction_id:
+        while self._in_flight and self._in_flight[0].transaction_id <= transaction_id:
             pending = self._in_flight.popleft()
             committed.append(pending.record)
             if not pending.future.done():
-                pending.future.set_result(pending.record.transaction_id)
+                pending.future.set_result(pending.transaction_id)
         self._high_water_mark = max(self._high_water_mark, transaction_id)
         if committed and self._on_commit is not None:
             self._on_commit(committed)
@@ -393,16 +402,31 @@ class _Session:
 
     def _send_batch(self) -> None:
         partition = self.partition
-        records: list[Record] = []
-        while partition._queue and len(records) < self.config.max_batch_records:
-            pending = partition._queue.popleft()
-            old = pending.record
-            pending.record = Record(self.next_transaction_id, old.req_id, old.header, old.data, old.checksum)
-            self.next_transaction_id += 1
-            records.append(pending.record)
+        queue = partition._queue
+        message = storage_pb2.AppendRequest()
+        add = message.records.add
+        count = min(len(queue), self.config.max_batch_records)
+        transaction_id = self.next_transaction_id
+        for _ in range(count):
+            pending = queue.popleft()
+            pending.transaction_id = transaction_id
+            req = pending.req_id
+            add(
+                transaction_id=transaction_id,
+                req_id=common_pb2.ReqId(
+                    client_id=req.client_id,
+                    generation=req.generation,
+                    partition_id=req.partition_id,
+                    seq_num=req.seq_num,
+                ),
+                header=pending.header,
+                data=pending.data,
+                checksum=pending.checksum,
+            )
             partition._in_flight.append(pending)
-        message = storage_pb2.AppendRequest(records=[r.to_proto() for r in records])
-        last = records[-1].transaction_id
+            transaction_id += 1
+        self.next_transaction_id = transaction_id
+        last = transaction_id - 1
         self.batches_in_flight += 1
         remaining = {"replicas": len(self.writers)}
         for storage, connection in list(self.writers.items()):
