@@ -40,6 +40,11 @@ class _PartitionCollector(Collector):
                 "Store sessions (recoveries) started.",
                 labels=["partition"],
             ),
+            "batches": GaugeMetricFamily(
+                "waltz_server_partition_store_batches",
+                "Append batches sent to the replicas.",
+                labels=["partition"],
+            ),
             "queued": GaugeMetricFamily(
                 "waltz_server_partition_pending_records",
                 "Records waiting or in flight.",
@@ -54,6 +59,7 @@ class _PartitionCollector(Collector):
             families["replicas"].add_metric(label, len(partition.replicas_in_session))
             families["sessions"].add_metric(label, partition.sessions_started)
             families["queued"].add_metric(label, partition.pending_records)
+            families["batches"].add_metric(label, partition.batches_sent)
         yield from families.values()
 
 

@@ -101,6 +101,7 @@ class StorePartition:
         self._closed = False
         self._close_reason: str = "closed"
         self.sessions_started = 0
+        self.batches_sent = 0
         self.recovered = asyncio.Event()
 
     # ---- life cycle ----
@@ -426,6 +427,7 @@ class _Session:
             partition._in_flight.append(pending)
             transaction_id += 1
         self.next_transaction_id = transaction_id
+        partition.batches_sent += 1
         last = transaction_id - 1
         self.batches_in_flight += 1
         remaining = {"replicas": len(self.writers)}
