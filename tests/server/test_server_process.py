@@ -278,3 +278,61 @@ def test_verify_health_and_metrics_with_servers(
             return False
 
         wait_until(unhealthy, timeout=30, what="/health to report the partition unwritable")
+
+
+def test_kill_9_of_a_storage_node_under_server_processes(tmp_path: Path, zookeeper: object) -> None:
+    from waltz.protocol.storage_client import StorageAdminClient
+    from waltz.services.local_cluster import LocalCluster
+
+    with LocalCluster(
+        storages=3,
+        servers=2,
+        partitions=1,
+        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
+        work_dir=tmp_path / "cluster",
+        delete_root=True,
+    ) as local:
+
+        async def scenario() -> None:
+            endpoint = local.owner(0)
+            acknowledged: dict[int, int] = {}
+            async with ServerAdminClient(endpoint, timeout=20) as client:
+
+                async def append_batch(first: int) -> None:
+                    batch = [(ReqId(7, 1, 0, seq), 0, payload(seq)) for seq in range(first, first + 50)]
+                    for seq, outcome in zip(
+                        range(first, first + 50), await client.append(0, batch), strict=True
+                    ):
+                        if isinstance(outcome, int):
+                            acknowledged[seq] = outcome
+
+                for first in range(0, 500, 50):
+                    await append_batch(first)
+                victim = local.storages[2]
+                victim.kill()
+                for first in range(500, 1000, 50):
+                    await append_batch(first)
+                assert len(acknowledged) >= 950, "appends did not continue with one storage node down"
+                await asyncio.to_thread(victim.start)
+                for _ in range(300):
+                    status = await client.status()
+                    if victim.address in status.partitions[0].replicas_in_session:
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    raise AssertionError("the restarted storage node did not rejoin the store session")
+                await append_batch(1000)
+                high_water_mark = (await client.status()).partitions[0].high_water_mark
+            replicas = []
+            for node in local.storages:
+                async with StorageAdminClient(node.admin_address, str(local.cluster_key), 1) as admin:
+                    records: list[Record] = []
+                    while len(records) <= high_water_mark:
+                        page = await admin.records(0, len(records), 1000)
+                        assert page, f"{node.address} lacks records after {len(records) - 1}"
+                        records.extend(page)
+                    replicas.append(records[: high_water_mark + 1])
+            assert replicas[0] == replicas[1] == replicas[2]
+            check(replicas[0], acknowledged)
+
+        run(scenario())
