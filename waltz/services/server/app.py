@@ -49,7 +49,7 @@ class ServerApp:
         self.store_config = config.store_config()
         self.partitions: dict[int, Partition] = {}
         self.partition_config = config.partition_config()
-        self.metrics = ServerMetrics(lambda: {pid: p.store for pid, p in self.partitions.items()})
+        self.metrics = ServerMetrics(lambda: self.partitions)
         self._locks: dict[int, asyncio.Lock] = {}
         self._desired: dict[int, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None

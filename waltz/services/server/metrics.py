@@ -8,13 +8,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from waltz.services.server.store.partition import StorePartition
+from waltz.services.server.partition import Partition
 
 __all__ = ["ServerMetrics"]
 
 
 class _PartitionCollector(Collector):
-    def __init__(self, partitions: Callable[[], Mapping[int, StorePartition]]) -> None:
+    def __init__(self, partitions: Callable[[], Mapping[int, Partition]]) -> None:
         self._partitions = partitions
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -45,14 +45,39 @@ class _PartitionCollector(Collector):
                 "Append batches sent to the replicas.",
                 labels=["partition"],
             ),
+            "appends": GaugeMetricFamily(
+                "waltz_server_partition_appends",
+                "Append requests accepted for the store.",
+                labels=["partition"],
+            ),
+            "lock_failures": GaugeMetricFamily(
+                "waltz_server_partition_lock_failures",
+                "Append requests refused by the lock check.",
+                labels=["partition"],
+            ),
+            "dropped": GaugeMetricFamily(
+                "waltz_server_partition_dropped_requests",
+                "Requests dropped: another generation, or an older connection of the client.",
+                labels=["partition"],
+            ),
+            "feeds": GaugeMetricFamily(
+                "waltz_server_partition_mounted_clients",
+                "Client connections receiving the feed.",
+                labels=["partition"],
+            ),
             "queued": GaugeMetricFamily(
                 "waltz_server_partition_pending_records",
                 "Records waiting or in flight.",
                 labels=["partition"],
             ),
         }
-        for pid, partition in sorted(self._partitions().items()):
+        for pid, owned in sorted(self._partitions().items()):
             label = [str(pid)]
+            families["appends"].add_metric(label, owned.appends)
+            families["lock_failures"].add_metric(label, owned.lock_failures)
+            families["dropped"].add_metric(label, owned.dropped)
+            families["feeds"].add_metric(label, owned.mounted_clients)
+            partition = owned.store
             families["high_water_mark"].add_metric(label, partition.high_water_mark)
             families["generation"].add_metric(label, partition.generation)
             families["writable"].add_metric(label, 1.0 if partition.writable else 0.0)
@@ -66,7 +91,7 @@ class _PartitionCollector(Collector):
 class ServerMetrics:
     """The server's metrics registry."""
 
-    def __init__(self, partitions: Callable[[], Mapping[int, StorePartition]]) -> None:
+    def __init__(self, partitions: Callable[[], Mapping[int, Partition]]) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_PartitionCollector(partitions))
         self.committed_records = Counter(

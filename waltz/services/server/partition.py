@@ -133,6 +133,11 @@ class Partition:
         return self.store.closed
 
     @property
+    def mounted_clients(self) -> int:
+        """Client connections that receive this partition's feed."""
+        return len(self._cursors)
+
+    @property
     def high_water_mark(self) -> int:
         """The committed high-water mark."""
         return self.store.high_water_mark
