@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -208,3 +209,48 @@ def test_a_late_mount_replays_the_feed_and_drops_the_older_connection(cluster: L
             await writer.close()
 
     run(scenario())
+
+
+def test_a_stale_append_is_still_refused_after_the_owner_is_killed(tmp_path: Path, zookeeper: object) -> None:
+    with LocalCluster(
+        storages=3,
+        servers=2,
+        partitions=1,
+        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
+        work_dir=tmp_path / "failover",
+        delete_root=True,
+    ) as local:
+        owner_before = local.wait_ready(30)[0]
+        lock = 0x5151
+
+        async def before() -> int:
+            client = RawClient(owner_before.endpoint, 905, owner_before.generation)
+            try:
+                client.mount(-1)
+                await client.next("mount")
+                client.append(10**9, b"writes the lock", write=[lock])
+                return int((await client.next("feed_data")).feed_data.transaction_id)
+            finally:
+                await client.close()
+
+        committed = run(before())
+        local.kill_server(local.owner_index(0))
+        owner_after = local.wait_ready(30)[0]
+        assert owner_after.endpoint != owner_before.endpoint
+        assert owner_after.generation > owner_before.generation
+
+        async def after() -> None:
+            client = RawClient(owner_after.endpoint, 906, owner_after.generation)
+            try:
+                client.mount(-1)
+                await client.next("mount")
+                # Computed from a state before the lock's last write: refused by the new owner too.
+                stale = client.append(committed - 1, b"stale", write=[lock])
+                failure = (await client.next("lock_failure")).lock_failure
+                assert failure.req_id == stale and failure.transaction_id >= committed
+                fresh = client.append(committed, b"fresh", write=[lock])
+                assert (await client.next("feed_data")).feed_data.req_id == fresh
+            finally:
+                await client.close()
+
+        run(after())
