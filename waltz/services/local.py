@@ -42,7 +42,89 @@ def _accepts(host: str, port: int) -> bool:
         return True
 
 
-class LocalStorageNode:
+class _LocalProcess:
+    """What the local storage node and server processes share: start, wait, stop, faults."""
+
+    host = "127.0.0.1"
+    kind = "process"
+    stop_timeout = 10.0
+    process: ManagedProcess
+    start_timeout: float
+
+    def _ready_ports(self) -> list[int]:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Start the process and wait until its ports accept connections.
+
+        Raises:
+            ServiceStartError: the process exited or did not open its ports in time.
+        """
+        self.launch()
+        self.wait_started()
+
+    def launch(self) -> None:
+        """Start the process without waiting for its ports (then call :meth:`wait_started`).
+
+        Launching several processes before waiting for any lets them start in parallel.
+
+        Raises:
+            RuntimeError: the process is already running.
+        """
+        self.process.start()
+
+    def wait_started(self, timeout: float | None = None) -> None:
+        """Wait until the ports of a launched process accept connections.
+
+        Args:
+            timeout: seconds to wait; ``None`` uses ``start_timeout``.
+
+        Raises:
+            ServiceStartError: the process exited or did not open its ports in time.
+        """
+        ports = self._ready_ports()
+        self.process.wait_ready(
+            lambda: all(_accepts(self.host, port) for port in ports),
+            timeout=self.start_timeout if timeout is None else timeout,
+            what=f"{self.kind} port(s) {', '.join(map(str, ports))}",
+        )
+
+    def kill(self) -> None:
+        """Kill the process with SIGKILL (a crash)."""
+        self.process.kill()
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """Stop the process gracefully (SIGTERM); returns its exit code."""
+        return self.process.terminate(self.stop_timeout if timeout is None else timeout)
+
+    def restart(self) -> None:
+        """Kill the process if it runs, then start it again with the same directory and ports."""
+        self.process.kill()
+        self.start()
+
+    def pause(self) -> None:
+        """Freeze the process (SIGSTOP)."""
+        self.process.pause()
+
+    def resume(self) -> None:
+        """Thaw the process (SIGCONT)."""
+        self.process.resume()
+
+    def close(self) -> None:
+        """Kill the process if it still runs. Idempotent."""
+        self.process.close()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class LocalStorageNode(_LocalProcess):
     """A storage node process on loopback, restartable with the same directory and ports.
 
     Args:
@@ -56,7 +138,7 @@ class LocalStorageNode:
         start_timeout: seconds to wait for the ports to accept connections.
     """
 
-    host = "127.0.0.1"
+    kind = "storage node"
 
     def __init__(
         self,
@@ -110,76 +192,11 @@ class LocalStorageNode:
         """``host:port`` of the admin protocol."""
         return f"{self.host}:{self.admin_port}"
 
-    def start(self) -> None:
-        """Start the process and wait until both ports accept connections.
-
-        Raises:
-            ServiceStartError: the process exited or did not open its ports in time.
-        """
-        self.launch()
-        self.wait_started()
-
-    def launch(self) -> None:
-        """Start the process without waiting for its ports (then call :meth:`wait_started`).
-
-        Launching several nodes before waiting for any lets them start in parallel.
-
-        Raises:
-            RuntimeError: the process is already running.
-        """
-        self.process.start()
-
-    def wait_started(self, timeout: float | None = None) -> None:
-        """Wait until both ports of a launched node accept connections.
-
-        Args:
-            timeout: seconds to wait; ``None`` uses ``start_timeout``.
-
-        Raises:
-            ServiceStartError: the process exited or did not open its ports in time.
-        """
-        self.process.wait_ready(
-            lambda: _accepts(self.host, self.port) and _accepts(self.host, self.admin_port),
-            timeout=self.start_timeout if timeout is None else timeout,
-            what=f"storage node ports {self.port} and {self.admin_port}",
-        )
-
-    def kill(self) -> None:
-        """Kill the node with SIGKILL (a crash)."""
-        self.process.kill()
-
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """Stop the node gracefully (SIGTERM); returns its exit code."""
-        return self.process.terminate(timeout)
-
-    def restart(self) -> None:
-        """Kill the node if it runs, then start it again with the same directory and ports."""
-        self.process.kill()
-        self.start()
-
-    def pause(self) -> None:
-        """Freeze the node (SIGSTOP)."""
-        self.process.pause()
-
-    def resume(self) -> None:
-        """Thaw the node (SIGCONT)."""
-        self.process.resume()
-
-    def close(self) -> None:
-        """Kill the process if it still runs. Idempotent."""
-        self.process.close()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
+    def _ready_ports(self) -> list[int]:
+        return [self.port, self.admin_port]
 
 
-class LocalServer:
+class LocalServer(_LocalProcess):
     """A Waltz server process on loopback, restartable with the same port.
 
     Args:
@@ -196,7 +213,8 @@ class LocalServer:
         start_timeout: seconds to wait for the port to accept connections.
     """
 
-    host = "127.0.0.1"
+    kind = "server"
+    stop_timeout = 15.0
 
     def __init__(
         self,
@@ -246,68 +264,5 @@ class LocalServer:
         """``host:port`` of the server."""
         return f"{self.host}:{self.port}"
 
-    def start(self) -> None:
-        """Start the process and wait until its port accepts connections.
-
-        Raises:
-            ServiceStartError: the process exited or did not open its port in time.
-        """
-        self.launch()
-        self.wait_started()
-
-    def launch(self) -> None:
-        """Start the process without waiting for its port (then call :meth:`wait_started`).
-
-        Raises:
-            RuntimeError: the process is already running.
-        """
-        self.process.start()
-
-    def wait_started(self, timeout: float | None = None) -> None:
-        """Wait until the port of a launched server accepts connections.
-
-        Args:
-            timeout: seconds to wait; ``None`` uses ``start_timeout``.
-
-        Raises:
-            ServiceStartError: the process exited or did not open its port in time.
-        """
-        self.process.wait_ready(
-            lambda: _accepts(self.host, self.port),
-            timeout=self.start_timeout if timeout is None else timeout,
-            what=f"server port {self.port}",
-        )
-
-    def kill(self) -> None:
-        """Kill the server with SIGKILL (a crash)."""
-        self.process.kill()
-
-    def stop(self, timeout: float = 15.0) -> int | None:
-        """Stop the server gracefully (SIGTERM); returns its exit code."""
-        return self.process.terminate(timeout)
-
-    def restart(self) -> None:
-        """Kill the server if it runs, then start it again on the same port."""
-        self.process.kill()
-        self.start()
-
-    def pause(self) -> None:
-        """Freeze the server (SIGSTOP)."""
-        self.process.pause()
-
-    def resume(self) -> None:
-        """Thaw the server (SIGCONT)."""
-        self.process.resume()
-
-    def close(self) -> None:
-        """Kill the process if it still runs. Idempotent."""
-        self.process.close()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
+    def _ready_ports(self) -> list[int]:
+        return [self.port]

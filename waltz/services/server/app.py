@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +28,7 @@ from waltz.protocol.storage_client import channel_options
 from waltz.services.cluster.manager import ClusterManager, ServerMembership
 from waltz.services.cluster.zk import ClusterZk
 from waltz.services.http import HealthHttpServer
-from waltz.services.runtime import tune_garbage_collector
+from waltz.services.runtime import run_until_signalled
 from waltz.services.server.client_service import WaltzServerServicer
 from waltz.services.server.config import ServerConfig
 from waltz.services.server.metrics import ServerMetrics
@@ -342,21 +341,6 @@ class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
         )
 
 
-async def _serve(config: ServerConfig) -> None:
-    app = ServerApp(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await app.start()
-    tune_garbage_collector()
-    try:
-        await stop.wait()
-        log.info("stopping on signal")
-    finally:
-        await app.stop()
-
-
 def run_server(config: ServerConfig) -> None:
     """Run a server until SIGTERM or SIGINT."""
-    asyncio.run(_serve(config))
+    run_until_signalled(ServerApp(config))

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from typing import Any
 
 import grpc
 
 from waltz.protocol import storage_pb2_grpc
 from waltz.services.http import HealthHttpServer
-from waltz.services.runtime import tune_garbage_collector
+from waltz.services.runtime import run_until_signalled
 from waltz.services.storage.config import StorageConfig
 from waltz.services.storage.metrics import StorageMetrics
 from waltz.services.storage.node import StorageNode
@@ -123,21 +122,6 @@ class StorageApp:
         log.info("storage node stopped")
 
 
-async def _serve(config: StorageConfig) -> None:
-    app = StorageApp(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await app.start()
-    tune_garbage_collector()
-    try:
-        await stop.wait()
-        log.info("stopping on signal")
-    finally:
-        await app.stop()
-
-
 def run_storage(config: StorageConfig) -> None:
     """Run a storage node until SIGTERM or SIGINT."""
-    asyncio.run(_serve(config))
+    run_until_signalled(StorageApp(config))
