@@ -65,6 +65,11 @@ class _PartitionCollector(Collector):
                 "Client connections receiving the feed.",
                 labels=["partition"],
             ),
+            "cache": GaugeMetricFamily(
+                "waltz_server_partition_cache_lookups",
+                "Feed cache and transaction data cache lookups, by cache and outcome.",
+                labels=["partition", "cache", "outcome"],
+            ),
             "queued": GaugeMetricFamily(
                 "waltz_server_partition_pending_records",
                 "Records waiting or in flight.",
@@ -77,6 +82,12 @@ class _PartitionCollector(Collector):
             families["lock_failures"].add_metric(label, owned.lock_failures)
             families["dropped"].add_metric(label, owned.dropped)
             families["feeds"].add_metric(label, owned.mounted_clients)
+            for cache, hits, misses in (
+                ("feed", owned.feed_cache_hits, owned.feed_cache_misses),
+                ("data", owned.data_cache_hits, owned.data_cache_misses),
+            ):
+                families["cache"].add_metric([*label, cache, "hit"], hits)
+                families["cache"].add_metric([*label, cache, "miss"], misses)
             partition = owned.store
             families["high_water_mark"].add_metric(label, partition.high_water_mark)
             families["generation"].add_metric(label, partition.generation)

@@ -114,6 +114,10 @@ class Partition:
         self.appends = 0
         self.lock_failures = 0
         self.dropped = 0
+        self.feed_cache_hits = 0
+        self.feed_cache_misses = 0
+        self.data_cache_hits = 0
+        self.data_cache_misses = 0
 
     # ---- life cycle ----
 
@@ -267,7 +271,10 @@ class Partition:
                         connection.send(_mount_response(cursor.mount.req_id, ready=True))
                     return
                 entries = self._cached(cursor.next_id)
-                if entries is None:
+                if entries is not None:
+                    self.feed_cache_hits += 1
+                else:
+                    self.feed_cache_misses += 1
                     records = await self.store.read_records(cursor.next_id, self.config.feed_page)
                     if not records:
                         await asyncio.sleep(0.01)
@@ -362,7 +369,9 @@ class Partition:
         """The data and checksum of a committed transaction (cache, else storage)."""
         cached = self._data.get(transaction_id)
         if cached is not None:
+            self.data_cache_hits += 1
             return cached
+        self.data_cache_misses += 1
         if transaction_id > self.high_water_mark or transaction_id < 0:
             return None
         records = await self.store.read_records(transaction_id, 1)
