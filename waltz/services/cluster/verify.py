@@ -43,6 +43,7 @@ __all__ = [
     "metadata_checks",
     "partition_checks",
     "probe_storage_nodes",
+    "status_of",
     "storage_checks",
     "verify_cluster",
 ]
@@ -229,7 +230,8 @@ async def probe_storage_nodes(
     return probes
 
 
-def _status(failed: bool) -> CheckStatus:
+def status_of(failed: bool) -> CheckStatus:
+    """FAILED when ``failed``, else PASSED."""
     return CheckStatus.FAILED if failed else CheckStatus.PASSED
 
 
@@ -261,7 +263,7 @@ def metadata_checks(description: ClusterDescription) -> list[CheckResult]:
     checks.append(
         CheckResult(
             "zookeeper: storage nodes",
-            _status(bool(incomplete)),
+            status_of(bool(incomplete)),
             "; ".join(incomplete) + ("; fix with waltz cluster storage add/remove" if incomplete else "")
             or "every storage node has an admin port and a group",
         )
@@ -270,7 +272,7 @@ def metadata_checks(description: ClusterDescription) -> list[CheckResult]:
     checks.append(
         CheckResult(
             "zookeeper: partition metadata",
-            _status(bool(bad)),
+            status_of(bool(bad)),
             "; ".join(f"partition {p.partition_id}: {p.error}" for p in bad)
             or f"store/partition/0..{params.num_partitions - 1} all decode",
         )
@@ -280,7 +282,7 @@ def metadata_checks(description: ClusterDescription) -> list[CheckResult]:
     checks.append(
         CheckResult(
             "zookeeper: replica assignment",
-            _status(bool(unassigned)),
+            status_of(bool(unassigned)),
             f"partitions without any replica: {_ids(unassigned)}; assign them with "
             "waltz cluster storage assign"
             if unassigned
@@ -338,7 +340,7 @@ def storage_checks(description: ClusterDescription, probes: Mapping[str, Storage
         checks.append(
             CheckResult(
                 f"{prefix}: partitions match the assignment",
-                _status(bool(problems)),
+                status_of(bool(problems)),
                 "; ".join(problems) or f"partitions {_ids(expected) or '(none)'}",
             )
         )
@@ -360,7 +362,7 @@ def partition_checks(
         checks.append(
             CheckResult(
                 f"{prefix}: quorum of replicas available",
-                _status(len(available) < needed),
+                status_of(len(available) < needed),
                 f"{len(available)} of {len(assigned)} replicas available, quorum {needed}"
                 + (f"; unavailable: {', '.join(down)}" if down else ""),
             )
@@ -403,7 +405,7 @@ def partition_checks(
         checks.append(
             CheckResult(
                 f"{prefix}: no corrupt records",
-                _status(bool(corrupt)),
+                status_of(bool(corrupt)),
                 "; ".join(corrupt) or "no replica reports a corrupt record",
             )
         )

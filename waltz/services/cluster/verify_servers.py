@@ -17,7 +17,7 @@ from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import TlsConfig
 from waltz.services.cluster.assignment import Member, PartitionAssignment
 from waltz.services.cluster.description import ClusterDescription
-from waltz.services.cluster.verify import CheckResult, CheckStatus
+from waltz.services.cluster.verify import CheckResult, CheckStatus, status_of
 
 __all__ = ["ServerProbe", "probe_servers", "server_checks"]
 
@@ -47,10 +47,6 @@ async def probe_servers(
     return list(await asyncio.gather(*(_probe(m, timeout, tls) for m in members)))
 
 
-def _status(failed: bool) -> CheckStatus:
-    return CheckStatus.FAILED if failed else CheckStatus.PASSED
-
-
 def server_checks(
     description: ClusterDescription, assignment: PartitionAssignment, probes: Sequence[ServerProbe]
 ) -> list[CheckResult]:
@@ -76,7 +72,7 @@ def server_checks(
         checks.append(
             CheckResult(
                 f"server {probe.member.name} ({probe.member.endpoint}): reachable",
-                _status(probe.status is None),
+                status_of(probe.status is None),
                 probe.error or f"serves {len(probe.status.partitions) if probe.status else 0} partition(s)",
             )
         )
@@ -102,7 +98,7 @@ def server_checks(
         checks.append(
             CheckResult(
                 f"{prefix}: generation",
-                _status(stored > placement.generation),
+                status_of(stored > placement.generation),
                 f"assignment generation {placement.generation}, store generation {stored}"
                 + (" (the store is ahead of the assignment)" if stored > placement.generation else ""),
             )
@@ -111,7 +107,7 @@ def server_checks(
         checks.append(
             CheckResult(
                 f"{prefix}: exactly one server serves it",
-                _status(claimed != [placement.member] and len(claimed) != 1),
+                status_of(claimed != [placement.member] and len(claimed) != 1),
                 f"served by {', '.join(claimed) or 'no server'}; assigned to {placement.member}",
             )
         )
@@ -121,7 +117,7 @@ def server_checks(
         checks.append(
             CheckResult(
                 f"{prefix}: writable",
-                _status(not writable),
+                status_of(not writable),
                 "no status from its server"
                 if state is None
                 else f"generation {state.generation}, high-water mark {state.high_water_mark}, "
