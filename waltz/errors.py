@@ -7,6 +7,7 @@ happened, with the values involved, and what to do next.
 from __future__ import annotations
 
 __all__ = [
+    "ClientClosedError",
     "ClusterKeyMismatchError",
     "ClusterNotFoundError",
     "ConfigurationError",
@@ -16,6 +17,7 @@ __all__ = [
     "MessageTooLargeError",
     "MetadataError",
     "PartitionNotAssignedError",
+    "PartitionNotMountedError",
     "PartitionUnavailableError",
     "ProtocolError",
     "SessionFencedError",
@@ -23,7 +25,11 @@ __all__ = [
     "StorageError",
     "StorageNotInitializedError",
     "StorageRpcError",
+    "TransactionDataError",
+    "TransactionExpiredError",
+    "WaltzClientError",
     "WaltzError",
+    "WaltzTimeoutError",
 ]
 
 
@@ -178,3 +184,66 @@ class StorageRpcError(StorageError):
         super().__init__(f"storage node failed the request: {code}: {remote_message}")
         self.code = code
         self.remote_message = remote_message
+
+
+class WaltzClientError(WaltzError):
+    """Base class of errors raised by the Waltz client (seed 000, "Waltz Client")."""
+
+
+class ClientClosedError(WaltzClientError):
+    """The Waltz client was closed: transactions still pending and new submissions fail with it."""
+
+
+class PartitionNotMountedError(WaltzClientError):
+    """A transaction context chose a partition this client has not mounted.
+
+    With ``client.autoMount`` off, mount the partition first with ``set_partitions``.
+
+    Attributes:
+        partition_id: the partition the context chose.
+    """
+
+    def __init__(self, partition_id: int, mounted: object) -> None:
+        super().__init__(
+            f"partition {partition_id} is not mounted by this client (mounted: {mounted}); add it with "
+            "set_partitions(...) or enable client.autoMount"
+        )
+        self.partition_id = partition_id
+
+
+class TransactionExpiredError(WaltzClientError):
+    """A transaction context expired before one of its attempts was committed.
+
+    It is raised from the future of the submission after ``on_expiration()``; no attempt of the
+    context is in flight any more, so it will never be committed.
+
+    Attributes:
+        partition_id: the context's partition.
+        attempts: how many append attempts were made.
+    """
+
+    def __init__(self, partition_id: int, attempts: int, timeout: float) -> None:
+        super().__init__(
+            f"transaction context on partition {partition_id} expired after {attempts} attempt(s) "
+            f"(timeout {timeout:g}s); submit it again or give it a longer timeout"
+        )
+        self.partition_id = partition_id
+        self.attempts = attempts
+
+
+class TransactionDataError(WaltzClientError):
+    """The data of a committed transaction could not be fetched, or failed its CRC-32 check.
+
+    Attributes:
+        partition_id: the partition.
+        transaction_id: the transaction.
+    """
+
+    def __init__(self, message: str, partition_id: int, transaction_id: int) -> None:
+        super().__init__(f"partition {partition_id}, transaction {transaction_id}: {message}")
+        self.partition_id = partition_id
+        self.transaction_id = transaction_id
+
+
+class WaltzTimeoutError(WaltzClientError, TimeoutError):
+    """A client operation (flush, high-water mark, mount) did not finish within its time limit."""

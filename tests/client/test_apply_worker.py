@@ -1,0 +1,114 @@
+"""The apply worker: ordered, never twice, retried with backoff, batched on request."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from waltz import Transaction, WaltzClientCallbacks
+from waltz.client.apply_worker import ApplyWorker
+from waltz.client.waiting import Watermark
+from waltz.protocol.records import ReqId
+
+
+class Callbacks(WaltzClientCallbacks):
+    def __init__(self, fail_times: int = 0) -> None:
+        self.applied: list[int] = []
+        self.threads: set[str] = set()
+        self.errors: list[tuple[int, int, str]] = []
+        self.fail_times = fail_times
+
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        return self.applied[-1] if self.applied else -1
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self.threads.add(threading.current_thread().name)
+        if transaction.transaction_id == 3 and self.fail_times > 0:
+            self.fail_times -= 1
+            raise RuntimeError("database down")
+        self.applied.append(transaction.transaction_id)
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        self.errors.append((partition_id, transaction_id, str(exception)))
+
+
+class BatchCallbacks(Callbacks):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[int]] = []
+
+    def apply_transactions(self, transactions: Sequence[Transaction]) -> None:
+        self.batches.append([t.transaction_id for t in transactions])
+        self.applied.extend(t.transaction_id for t in transactions)
+
+
+def txn(tid: int) -> Transaction:
+    return Transaction(4, tid, ReqId(1, 0, 4, tid + 100), 0, None, b"")
+
+
+def run(
+    callbacks: Callbacks, ids: list[int], floors: dict[int, int] | None = None, **kwargs: float
+) -> Watermark:
+    mark = Watermark(-1)
+    worker = ApplyWorker(4, callbacks, mark, initial_backoff=0.01, **kwargs)  # type: ignore[arg-type]
+    worker.start()
+    try:
+        for tid in ids:
+            if floors and tid in floors:
+                worker.set_floor(floors[tid])
+            worker.enqueue(txn(tid))
+        assert mark.wait(ids[-1], 10), f"applied only up to {mark.value}: {callbacks.applied}"
+    finally:
+        worker.close()
+    return mark
+
+
+def test_applies_in_order_on_one_thread_of_its_own() -> None:
+    callbacks = Callbacks()
+    run(callbacks, list(range(20)))
+    assert callbacks.applied == list(range(20))
+    assert callbacks.threads == {"waltz-apply-4"}
+
+
+def test_a_failing_apply_is_reported_and_retried_never_skipped() -> None:
+    callbacks = Callbacks(fail_times=3)
+    run(callbacks, list(range(6)))
+    assert callbacks.applied == list(range(6))
+    assert callbacks.errors == [(4, 3, "database down")] * 3
+
+
+def test_a_floor_counts_transactions_as_applied_elsewhere() -> None:
+    callbacks = Callbacks()
+    # 0, 1 queued; then the client learns that the database is at 4 (another instance applied up
+    # to it): 2..4 are not applied again by this client, 5.. are.
+    run(callbacks, [0, 1, 2, 3, 4, 5, 6], floors={2: 4})
+    assert callbacks.applied == [0, 1, 5, 6]
+
+
+def test_batches_when_the_callbacks_implement_the_hook() -> None:
+    callbacks = BatchCallbacks()
+    mark = Watermark(-1)
+    worker = ApplyWorker(4, callbacks, mark, max_batch=4)
+    gate = threading.Event()
+    original = callbacks.apply_transaction
+
+    # Hold the first transaction so that the others queue up behind it.
+    def slow_first(transaction: Transaction) -> None:
+        gate.wait(10)
+        original(transaction)
+
+    callbacks.apply_transaction = slow_first  # type: ignore[method-assign]
+    worker.start()
+    try:
+        worker.enqueue(txn(0))
+        for tid in range(1, 10):
+            worker.enqueue(txn(tid))
+        gate.set()
+        assert mark.wait(9, 10)
+    finally:
+        worker.close()
+    assert callbacks.applied == list(range(10))
+    assert all(len(b) <= 4 for b in callbacks.batches)
+    assert [t for b in callbacks.batches for t in b] == callbacks.applied[
+        -sum(len(b) for b in callbacks.batches) :
+    ]

@@ -1,0 +1,77 @@
+"""The asyncio twin of the client (AsyncWaltzClient) against the local cluster."""
+
+from __future__ import annotations
+
+import asyncio
+
+from client_helpers import Append, Increment, MemoryStore
+
+from waltz import AsyncWaltzClient, PartitionLocalLock, WaltzClientConfig
+
+
+def test_async_round_trip_and_the_write_lock_race(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    store = MemoryStore(log_start)
+
+    async def main() -> None:
+        async with (
+            AsyncWaltzClient(store, client_config) as first,
+            AsyncWaltzClient(store, client_config) as second,
+        ):
+            assert first.client_id != second.client_id
+            contexts = [Append(i % 2, b"async %d" % i) for i in range(100)]
+            ids = await asyncio.gather(
+                *(client.submit_async(c) for client, c in zip([first, second] * 50, contexts, strict=True))
+            )
+            assert all(isinstance(i, int) for i in ids)
+            await first.flush(10)
+            assert not first.has_pending_transactions()
+            marks = {pid: await first.get_high_water_mark(pid) for pid in (0, 1)}
+            for client in (first, second):
+                for pid, mark in marks.items():
+                    assert await client.wait_applied(pid, mark, 30)
+
+            # Same WRITE lock, same high-water mark, both in flight at once: exactly one commits.
+            lock = PartitionLocalLock("async race", 1)
+            for round_number in range(20):
+                mark = store.get_client_high_water_mark(0)
+                racers = [Append(0, b"r%d" % round_number, write_lock=lock, high_water_mark=mark, once=True)
+                          for _ in range(2)]  # fmt: skip
+                results = await asyncio.gather(first.submit_async(racers[0]), second.submit_async(racers[1]))
+                committed = [r for r in results if r is not None]
+                assert len(committed) == 1, f"round {round_number}: {results}"
+                assert racers[results.index(None)].outcomes.lock_failures == 1
+                assert await first.wait_applied(0, committed[0], 30)
+
+    asyncio.run(main())
+    assert store.errors == []
+    for pid, applied in store.applied.items():
+        assert [a.transaction_id for a in applied] == list(
+            range(log_start[pid] + 1, applied[-1].transaction_id + 1)
+        )
+
+
+def test_async_stale_increments_lose_no_update(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    stores = [MemoryStore(log_start), MemoryStore(log_start)]
+    lock = PartitionLocalLock("async counter", 1)
+
+    async def main() -> list[Increment]:
+        async with (
+            AsyncWaltzClient(stores[0], client_config) as first,
+            AsyncWaltzClient(stores[1], client_config) as second,
+        ):
+            contexts = [Increment(stores[i % 2], 1, lock) for i in range(100)]
+            futures = [await (first if i % 2 == 0 else second).submit(c) for i, c in enumerate(contexts)]
+            await asyncio.gather(*futures)
+            mark = await first.get_high_water_mark(1)
+            for client in (first, second):
+                assert await client.wait_applied(1, mark, 30)
+            return contexts
+
+    contexts = asyncio.run(main())
+    assert all(c.outcomes.completions == [True] for c in contexts)
+    assert sum(c.outcomes.lock_failures for c in contexts) > 0, "the race never happened"
+    assert stores[0].values[1] == stores[1].values[1] == 100

@@ -1,0 +1,293 @@
+"""The Waltz client against a real local cluster (ZooKeeper, 3 storage nodes, 2 servers)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+
+import pytest
+from client_helpers import Append, Increment, MemoryStore
+
+from waltz import PartitionLocalLock, TransactionBuilder, WaltzClient, WaltzClientConfig
+from waltz.errors import PartitionNotMountedError, TransactionExpiredError
+from waltz.services.local_cluster import LocalCluster
+from waltz.services.processes import wait_until
+
+
+def wait_applied(store: MemoryStore, marks: dict[int, int], timeout: float = 30) -> None:
+    def done() -> bool:
+        return all(store.get_client_high_water_mark(pid) >= mark for pid, mark in marks.items())
+
+    wait_until(done, timeout=timeout, what=f"the store to apply up to {marks} (at {store.marks})")
+
+
+def test_submit_and_apply_round_trip_with_two_clients_sharing_a_store(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    store = MemoryStore(log_start)
+    with WaltzClient(store, client_config) as first, WaltzClient(store, client_config) as second:
+        assert first.client_id != second.client_id
+        assert first.num_partitions == 2
+        contexts = [
+            (client, Append(i % 2, f"{client.client_id}:{i}".encode(), header=i))
+            for i in range(200)
+            for client in (first, second)
+        ]
+        futures = [client.submit(context) for client, context in contexts]
+        ids = [future.result(30) for future in futures]
+        assert all(isinstance(i, int) for i in ids)
+        for client in (first, second):
+            client.flush(10)
+            assert not client.has_pending_transactions()
+        marks = {pid: first.get_high_water_mark(pid) for pid in (0, 1)}
+        assert marks == {pid: second.get_high_water_mark(pid) for pid in (0, 1)}
+        wait_applied(store, marks)
+        for client in (first, second):
+            for pid, mark in marks.items():
+                assert client.wait_applied(pid, mark, 30), (
+                    f"client {client.client_id} did not apply {pid}:{mark}"
+                )
+
+    assert store.errors == []
+    by_id = {(a.transaction_id, pid): a for pid, applied in store.applied.items() for a in applied}
+    for pid, applied in store.applied.items():
+        # Every transaction once, in ID order, nothing else.
+        assert [a.transaction_id for a in applied] == list(range(log_start[pid] + 1, marks[pid] + 1))
+    assert len(by_id) == len(contexts)
+    for (client, context), transaction_id in zip(contexts, ids, strict=True):
+        assert transaction_id is not None
+        entry = by_id[(transaction_id, context.partition)]
+        assert entry.data == context.data  # fetched over RPC when the other client wrote it
+        assert entry.header == context.header
+        assert entry.client_id == client.client_id
+        assert context.outcomes.completions == [True]
+        assert context.outcomes.executions == 1
+    # Each client applied what it saw and the other had not applied yet: no transaction twice, and
+    # a client never asked to apply what the store already had when it mounted.
+    for pid, calls in store.calls.items():
+        assert len(calls) == len(set(calls)) + store.skipped_by_partition[pid]
+
+
+def test_same_write_lock_and_high_water_mark_from_two_clients_commits_exactly_one(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    store = MemoryStore(log_start)
+    lock = PartitionLocalLock("race", 1)
+    with (
+        WaltzClient(store, client_config) as first,
+        WaltzClient(store, client_config) as second,
+        concurrent.futures.ThreadPoolExecutor(2) as pool,
+    ):
+        barrier = threading.Barrier(2)
+
+        def submit(client: WaltzClient, context: Append) -> concurrent.futures.Future[int | None]:
+            barrier.wait(10)
+            return client.submit(context)
+
+        for round_number in range(100):
+            mark = store.get_client_high_water_mark(0)
+            contexts = [Append(0, b"race %d" % round_number, write_lock=lock, high_water_mark=mark, once=True)
+                        for _ in range(2)]  # fmt: skip
+            submitted = [
+                pool.submit(submit, c, ctx) for c, ctx in zip((first, second), contexts, strict=True)
+            ]
+            results = [s.result(10).result(30) for s in submitted]
+            committed = [r for r in results if r is not None]
+            assert len(committed) == 1, f"round {round_number}: {results}"
+            loser = contexts[results.index(None)]
+            assert loser.outcomes.lock_failures == 1, f"round {round_number}: {loser.outcomes}"
+            assert loser.outcomes.completions == [False]
+            wait_applied(store, {0: committed[0]})
+    assert store.errors == []
+    assert len(store.applied[0]) == 100
+
+
+def test_sequential_read_modify_writes_from_one_client_never_fail_their_lock(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    store = MemoryStore(log_start)
+    lock = PartitionLocalLock("counter", 7)
+    with WaltzClient(store, client_config) as client:
+        for _ in range(100):
+            context = Increment(store, 1, lock)
+            assert isinstance(client.submit(context).result(30), int)
+            assert context.outcomes.lock_failures == 0, "a read-modify-write did not see its previous write"
+            assert context.outcomes.executions == 1
+        client.flush(10)
+        wait_applied(store, {1: client.get_high_water_mark(1)})
+    assert store.values[1] == 100
+    assert store.errors == []
+
+
+def test_stale_increments_from_two_clients_fail_their_lock_and_lose_no_update(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """Seed 001's counter: two clients increment one counter from (often stale) reads."""
+    stores = [MemoryStore(log_start), MemoryStore(log_start)]
+    lock = PartitionLocalLock("counter", 1)
+    with WaltzClient(stores[0], client_config) as first, WaltzClient(stores[1], client_config) as second:
+        contexts: list[Increment] = []
+
+        def run(client: WaltzClient, store: MemoryStore) -> None:
+            futures = []
+            for _ in range(100):
+                context = Increment(store, 0, lock)
+                contexts.append(context)
+                futures.append(client.submit(context))
+            for future in futures:
+                future.result(60)
+
+        threads = [
+            threading.Thread(target=run, args=pair) for pair in zip((first, second), stores, strict=True)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        mark = first.get_high_water_mark(0)
+        for store in stores:
+            wait_applied(store, {0: mark})
+    assert all(context.outcomes.completions == [True] for context in contexts)
+    assert sum(c.outcomes.lock_failures for c in contexts) > 0, "the race never happened"
+    # No lost update: every successful increment counted.
+    assert stores[0].values[0] == stores[1].values[0] == len(contexts) == 200
+    assert [a.transaction_id for a in stores[0].applied[0]] == [
+        a.transaction_id for a in stores[1].applied[0]
+    ]
+
+
+def test_partitions_chosen_by_the_application_when_auto_mount_is_off(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    store = MemoryStore(log_start)
+    config = client_config.model_copy(update={"client_auto_mount": False})
+    with WaltzClient(store, config) as client:
+        assert client.mounted_partitions() == []
+        with pytest.raises(PartitionNotMountedError, match="set_partitions"):
+            client.submit(Append(1, b"nope"))
+        client.set_partitions([1])
+        client.wait_mounted(30)
+        transaction_id = client.submit(Append(1, b"yes")).result(30)
+        assert transaction_id == log_start[1] + 1
+        wait_applied(store, {1: transaction_id})
+        assert store.calls[0] == []  # partition 0's feed is not followed
+        with pytest.raises(PartitionNotMountedError):
+            client.submit(Append(0, b"nope"))
+
+
+def test_owner_killed_mid_stream_every_transaction_committed_once_and_applied_in_order(
+    cluster: LocalCluster, client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    stores = [MemoryStore(log_start), MemoryStore(log_start)]
+    stale_lock = PartitionLocalLock("stale", 1)
+    per_client = 300
+    with WaltzClient(stores[0], client_config) as first, WaltzClient(stores[1], client_config) as second:
+        clients = [first, second]
+        locked = first.submit(Append(0, b"locked", write_lock=stale_lock)).result(30)
+        assert locked is not None
+        submitted: list[tuple[Append, concurrent.futures.Future[int | None]]] = []
+        halfway = threading.Event()
+
+        def run(client: WaltzClient) -> None:
+            for i in range(per_client):
+                context = Append(i % 2, f"{client.client_id}/{i}".encode())
+                submitted.append((context, client.submit(context)))
+                if i == per_client // 3:
+                    halfway.set()
+                time.sleep(0.005)  # a steady stream, so that the kill lands in the middle of it
+
+        threads = [threading.Thread(target=run, args=(c,)) for c in clients]
+        for thread in threads:
+            thread.start()
+        assert halfway.wait(30)
+        cluster.kill_server(cluster.owner_index(0))
+        for thread in threads:
+            thread.join(120)
+        ids = [future.result(90) for _, future in submitted]
+
+        # A stale client's conflicting append is still rejected by the new owner.
+        stale = Append(0, b"stale", write_lock=stale_lock, high_water_mark=locked - 1, once=True)
+        assert second.submit(stale).result(30) is None
+        assert stale.outcomes.lock_failures == 1
+
+        marks = {pid: first.get_high_water_mark(pid) for pid in (0, 1)}
+        for store in stores:
+            wait_applied(store, marks, timeout=60)
+
+    for store in stores:
+        assert store.errors == []
+    for pid in (0, 1):
+        sequences = [[(a.transaction_id, a.data) for a in store.applied[pid]] for store in stores]
+        assert sequences[0] == sequences[1], f"partition {pid}: the two clients applied different logs"
+        assert [t for t, _ in sequences[0]] == list(range(log_start[pid] + 1, marks[pid] + 1))
+    log = {(pid, a.transaction_id): a.data for pid in (0, 1) for a in stores[0].applied[pid]}
+    payloads = [data for data in log.values() if b"/" in data]
+    assert len(payloads) == len(set(payloads)) == len(submitted) == 2 * per_client  # each exactly once
+    for (context, _), transaction_id in zip(submitted, ids, strict=True):
+        assert transaction_id is not None
+        assert log[(context.partition, transaction_id)] == context.data
+        assert context.outcomes.completions == [True]
+        assert context.outcomes.exceptions == []
+
+
+class Contended(Append):
+    """Always executes against a stale mark with a lock written after it: every attempt fails its
+    lock check, until the context expires."""
+
+    def __init__(self, lock: PartitionLocalLock, mark: int, timeout: float) -> None:
+        super().__init__(0, b"never", write_lock=lock, high_water_mark=mark)
+        self.timeout = timeout
+        self.expirations = 0
+
+    def on_expiration(self) -> None:
+        self.expirations += 1
+
+
+def test_a_context_that_keeps_failing_its_lock_expires_between_attempts(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    store = MemoryStore(log_start)
+    lock = PartitionLocalLock("expiry", 1)
+    with WaltzClient(store, client_config) as client:
+        written = client.submit(Append(0, b"first", write_lock=lock)).result(30)
+        assert written is not None
+        context = Contended(lock, written - 1, timeout=0.5)
+        with pytest.raises(TransactionExpiredError, match="expired after"):
+            client.submit(context).result(30)
+        assert context.expirations == 1
+        assert context.outcomes.lock_failures >= 1
+        assert context.outcomes.completions == [] and context.outcomes.exceptions == []
+        client.flush(10)
+        assert client.get_high_water_mark(0) == written  # no attempt of it was ever committed
+
+
+class Counting(Append):
+    """Counts the contexts between their first execution and their completion."""
+
+    active = 0
+    most = 0
+    lock = threading.Lock()
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        if self.outcomes.executions == 0:
+            with Counting.lock:
+                Counting.active += 1
+                Counting.most = max(Counting.most, Counting.active)
+        return super().execute(builder)
+
+    def on_completion(self, result: bool) -> None:
+        with Counting.lock:
+            Counting.active -= 1
+        super().on_completion(result)
+
+
+def test_submit_blocks_at_the_maximum_of_concurrent_transactions(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    store = MemoryStore(log_start)
+    config = client_config.model_copy(update={"client_max_concurrent_transactions": 3})
+    with WaltzClient(store, config) as client:
+        futures = [client.submit(Counting(1, b"bp %d" % i)) for i in range(60)]
+        assert all(isinstance(f.result(30), int) for f in futures)
+    assert 1 <= Counting.most <= 3

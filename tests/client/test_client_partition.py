@@ -1,0 +1,250 @@
+"""The client partition's protocol logic (seed 002) against a scripted server, without a network."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from waltz import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
+from waltz.client.context import AppendPayload
+from waltz.client.partition import ClientPartition, PartitionState
+from waltz.client.submission import Submission
+from waltz.protocol import client_pb2
+from waltz.protocol.records import ReqId
+
+CLIENT = 7
+OTHER = 8
+
+
+class Callbacks(WaltzClientCallbacks):
+    def __init__(self, mark: int) -> None:
+        self.mark = mark
+        self.applied: list[int] = []
+
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        return self.mark
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self.applied.append(transaction.transaction_id)
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        raise AssertionError(f"unexpected {exception!r}")
+
+
+class FakeConnection:
+    """Records what the partition sends; ``closed`` is set by the test."""
+
+    def __init__(self, endpoint: str, seq_num: int) -> None:
+        self.endpoint = endpoint
+        self.seq_num = seq_num
+        self.closed = False
+        self.sent: list[Any] = []
+
+    def send(self, message: client_pb2.ClientMessage) -> None:
+        self.sent.append(message)
+
+    def send_append(self, req_id: ReqId, payload: AppendPayload) -> None:
+        self.sent.append((req_id, payload))
+
+    def mounts(self) -> list[client_pb2.MountRequest]:
+        return [m.mount for m in self.sent if isinstance(m, client_pb2.ClientMessage) and m.HasField("mount")]
+
+    def appends(self) -> list[ReqId]:
+        return [m[0] for m in self.sent if isinstance(m, tuple)]
+
+
+class FakeHost:
+    def __init__(self, callbacks: Callbacks) -> None:
+        self.client_id = CLIENT
+        self.callbacks = callbacks
+        self.data_source: Any = None
+        self.seq = 0
+        self.network_seq = 0
+        self.connections: list[FakeConnection] = []
+        self.completed_ids: list[tuple[bytes, int]] = []
+        self.retried: list[tuple[bytes, int | None]] = []
+
+    def next_seq_num(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    async def connection(self, endpoint: str) -> Any:
+        if not self.connections or self.connections[-1].closed:
+            self.network_seq += 1
+            self.connections.append(FakeConnection(endpoint, self.network_seq))
+        return self.connections[-1]
+
+    def completed(self, submission: Submission, transaction_id: int) -> None:
+        self.completed_ids.append((submission.context.data, transaction_id))  # type: ignore[attr-defined]
+
+    def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
+        self.retried.append((submission.context.data, lock_target))  # type: ignore[attr-defined]
+
+    def rejected(self, submission: Submission, error: BaseException) -> None:
+        raise AssertionError(f"rejected {error!r}")
+
+    def refresh_assignment(self) -> None:
+        pass
+
+
+class Data(TransactionContext):
+    def __init__(self, data: bytes) -> None:
+        super().__init__()
+        self.data = data
+
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_raw_data(self.data)
+        return True
+
+
+def feed(req_id: ReqId, transaction_id: int) -> client_pb2.FeedData:
+    return client_pb2.FeedData(req_id=req_id.to_proto(), transaction_id=transaction_id, header=0)
+
+
+def other(seq: int) -> ReqId:
+    return ReqId(OTHER, 3, 0, seq)
+
+
+async def settle(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def run(scenario: Callable[[ClientPartition, FakeHost, Callbacks], Awaitable[None]], mark: int = 5) -> None:
+    async def main() -> None:
+        callbacks = Callbacks(mark)
+        host = FakeHost(callbacks)
+        partition = ClientPartition(0, host, max_concurrent=100, max_apply_batch=10)  # type: ignore[arg-type]
+        try:
+            await scenario(partition, host, callbacks)
+        finally:
+            worker, _ = partition.close()
+            if worker is not None:
+                await asyncio.to_thread(worker.close)
+
+    asyncio.run(main())
+
+
+async def mount(
+    partition: ClientPartition, host: FakeHost, *, entries: list[client_pb2.FeedData] = ()
+) -> FakeConnection:  # type: ignore[assignment]
+    """Drive one mount: wait for the request, stream ``entries``, answer ready."""
+
+    def total() -> int:
+        return sum(len(c.mounts()) for c in host.connections)
+
+    count = total()
+    await settle(lambda: total() > count, "a mount request")
+    connection = host.connections[-1]
+    request = connection.mounts()[-1]
+    for entry in entries:
+        partition.on_feed_data(connection, entry)  # type: ignore[arg-type]
+    response = client_pb2.MountResponse(req_id=request.req_id, partition_ready=True)
+    partition.on_message(connection, "mount", response)  # type: ignore[arg-type]
+    await settle(lambda: partition.state is PartitionState.MOUNTED, "the partition to mount")
+    return connection
+
+
+def submission(data: bytes) -> tuple[Submission, AppendPayload]:
+    sub = Submission(Data(data), 0, lambda pid: 5, 1 << 20)
+    payload = sub.attempt()
+    assert payload is not None
+    return sub, payload
+
+
+def test_appends_wait_for_the_mount_and_carry_the_generation() -> None:
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        partition.mount()
+        partition.send_append(*submission(b"early"))  # blocked: not mounted yet
+        partition.set_placement("server-a:1", 3)
+        connection = await mount(partition, host, entries=[feed(other(1), 6)])
+        request = connection.mounts()[0]
+        assert request.client_high_water_mark == 5  # the callbacks' mark on a first mount
+        assert request.seq_num == connection.seq_num == 1
+        assert request.req_id.generation == 3
+        [append] = connection.appends()  # sent once mounted, under generation 3
+        assert (append.client_id, append.generation, append.partition_id) == (CLIENT, 3, 0)
+        await settle(lambda: callbacks.applied == [6], "transaction 6 to be applied")
+
+    run(scenario)
+
+
+def test_the_feed_confirms_own_appends_and_fails_older_ones() -> None:
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        partition.mount()
+        partition.set_placement("server-a:1", 3)
+        connection = await mount(partition, host)
+        for data in (b"a", b"b", b"c"):
+            partition.send_append(*submission(data))
+        _a, b, c = connection.appends()
+        partition.on_feed_data(connection, feed(b, 6))  # type: ignore[arg-type]
+        assert host.completed_ids == [(b"b", 6)]
+        assert host.retried == [(b"a", None)]  # older than a success: failed, re-executed
+        partition.on_feed_data(connection, feed(other(9), 8))  # type: ignore[arg-type]  # a gap: ignored
+        partition.on_feed_data(connection, feed(other(9), 7))  # type: ignore[arg-type]
+        lock = client_pb2.LockFailure(req_id=c.to_proto(), transaction_id=7)
+        partition.on_message(connection, "lock_failure", lock)  # type: ignore[arg-type]
+        assert host.retried[-1] == (b"c", 7)  # retried once transaction 7 is applied
+        await settle(lambda: callbacks.applied == [6, 7], "transactions 6 and 7 to be applied")
+        assert partition.own_committed_mark == 6
+
+    run(scenario)
+
+
+def test_a_flush_fails_what_was_sent_before_it_once_the_feed_caught_up() -> None:
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        partition.mount()
+        partition.set_placement("server-a:1", 3)
+        connection = await mount(partition, host)
+        partition.send_append(*submission(b"lost"))
+        partition.send_flush()
+        partition.send_append(*submission(b"after the flush"))
+        flush = next(
+            m.flush
+            for m in connection.sent
+            if isinstance(m, client_pb2.ClientMessage) and m.HasField("flush")
+        )
+        # The server says: everything before the flush is resolved; the high-water mark is 7.
+        response = client_pb2.FlushResponse(req_id=flush.req_id, transaction_id=7)
+        partition.on_message(connection, "flush", response)  # type: ignore[arg-type]
+        assert host.retried == []  # the feed (at 5) may still carry a commit of it
+        partition.on_feed_data(connection, feed(other(1), 6))  # type: ignore[arg-type]
+        assert host.retried == []
+        partition.on_feed_data(connection, feed(other(2), 7))  # type: ignore[arg-type]
+        assert host.retried == [(b"lost", None)]  # not in the feed up to 7: it failed
+        assert len(partition.monitor) == 1  # the one sent after the flush is still pending
+
+    run(scenario)
+
+
+def test_reconnect_mounts_from_the_lower_mark_and_fails_pending_appends_at_the_response() -> None:
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        partition.mount()
+        partition.set_placement("server-a:1", 3)
+        first = await mount(partition, host, entries=[feed(other(1), 6), feed(other(2), 7)])
+        partition.send_append(*submission(b"committed"))
+        partition.send_append(*submission(b"lost"))
+        committed, _lost = first.appends()
+        # Another instance sharing the database applied up to 20 (this client has seen up to 7).
+        callbacks.mark = 20
+        first.closed = True
+        partition.connection_lost(first)  # type: ignore[arg-type]
+        assert partition.state is PartitionState.MOUNTING
+        partition.send_append(*submission(b"while mounting"))  # blocked until the mount completes
+        second = await mount(partition, host, entries=[feed(committed, 8), feed(other(3), 9)])
+        request = second.mounts()[-1]
+        assert request.client_high_water_mark == 7  # the lower mark: learn the pending appends' fate
+        assert request.seq_num == 2  # a new network client
+        assert host.completed_ids == [(b"committed", 8)]
+        assert host.retried == [(b"lost", None)]  # still pending at the mount response: failed
+        assert len(second.appends()) == 1  # the blocked one, sent after the mount
+        assert not first.appends()[2:]
+
+    run(scenario)

@@ -1,0 +1,60 @@
+"""Client configuration: code, YAML and WALTZ_* variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from waltz import WaltzClientConfig
+from waltz.config import load_settings
+from waltz.errors import ConfigurationError
+
+
+def test_yaml_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "client.yaml"
+    path.write_text(
+        "zookeeper:\n  connectString: 127.0.0.1:2181\n  sessionTimeout: 5\n"
+        "cluster.root: /waltz/c1\n"
+        "client:\n  autoMount: false\n  maxConcurrentTransactions: 10\n  longWaitThreshold: 0.5\n"
+    )
+    monkeypatch.setenv("WALTZ_CLIENT_MAX_CONCURRENT_TRANSACTIONS", "20")
+    config = load_settings(WaltzClientConfig, path)
+    assert config.zookeeper_connect_string == "127.0.0.1:2181"
+    assert config.zookeeper_session_timeout == 5
+    assert config.cluster_root == "/waltz/c1"
+    assert config.client_auto_mount is False
+    assert config.client_max_concurrent_transactions == 20  # the environment wins over the file
+    assert config.client_long_wait_threshold == 0.5
+    assert config.tls() is None
+
+
+def test_defaults_from_code() -> None:
+    config = WaltzClientConfig(zookeeper_connect_string="zk:2181", cluster_root="/w")
+    assert config.client_auto_mount is True
+    assert config.client_max_concurrent_transactions == 4000
+
+
+def test_tls_files(tmp_path: Path) -> None:
+    config = WaltzClientConfig(
+        zookeeper_connect_string="zk:2181",
+        cluster_root="/w",
+        client_tls_ca_file=tmp_path / "ca.pem",
+        client_tls_cert_file=tmp_path / "c.pem",
+        client_tls_key_file=tmp_path / "k.pem",
+    )
+    tls = config.tls()
+    assert tls is not None and tls.ca_file == tmp_path / "ca.pem"
+
+
+def test_bad_values_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "client.yaml"
+    path.write_text("zookeeper.connectString: z\ncluster.root: /w\nclient.maxConcurrentTransactions: 0\n")
+    with pytest.raises(ConfigurationError, match="client_max_concurrent_transactions"):
+        load_settings(WaltzClientConfig, path)
+    path.write_text("zookeeper.connectString: z\ncluster.root: /w\nclient.bogus: 1\n")
+    with pytest.raises(ConfigurationError, match=r"unknown keys.*client\.bogus"):
+        load_settings(WaltzClientConfig, path)
+    with pytest.raises(ConfigurationError, match="set together"):
+        load_settings(WaltzClientConfig, None, zookeeper_connect_string="z", cluster_root="/w",
+                      client_tls_cert_file=tmp_path / "c.pem")  # fmt: skip

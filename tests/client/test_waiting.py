@@ -1,0 +1,89 @@
+"""The concurrency limit and the applied-mark watermark, from threads and from coroutines."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from waltz.client.waiting import ConcurrencyLimit, Watermark
+from waltz.services.processes import wait_until
+
+
+def test_limit_blocks_at_the_limit_and_hands_over_in_order() -> None:
+    limit = ConcurrencyLimit(2)
+    assert limit.acquire(0) and limit.try_acquire()
+    assert not limit.try_acquire()
+    assert not limit.acquire(0.05)  # timed out: no slot taken
+    order: list[int] = []
+
+    def waiter(i: int) -> None:
+        assert limit.acquire(10)
+        order.append(i)
+
+    threads = [threading.Thread(target=waiter, args=(i,)) for i in range(2)]
+    for queued, t in enumerate(threads, start=1):
+        t.start()  # queue them in a known order
+        wait_until(lambda: len(limit._waiters) == queued, timeout=10, what=f"{queued} waiter(s)")  # noqa: B023
+    limit.release()
+    wait_until(lambda: order == [0], timeout=10, what="the first waiter to get the slot")
+    limit.release()
+    for t in threads:
+        t.join(10)
+    assert order == [0, 1]
+    assert limit.in_use == 2
+    limit.release()
+    limit.release()
+    assert limit.in_use == 0
+    with pytest.raises(RuntimeError, match="released more often"):
+        limit.release()
+
+
+def test_limit_from_coroutines() -> None:
+    async def main() -> None:
+        limit = ConcurrencyLimit(1)
+        assert await limit.acquire_async()
+        assert not await limit.acquire_async(0.05)
+        waiting = asyncio.ensure_future(limit.acquire_async(10))
+        await asyncio.sleep(0.01)
+        threading.Thread(target=limit.release).start()  # released from another thread
+        assert await waiting
+        cancelled = asyncio.ensure_future(limit.acquire_async())
+        await asyncio.sleep(0.01)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        limit.release()
+        assert limit.in_use == 0  # the cancelled waiter took nothing
+
+    asyncio.run(main())
+
+
+def test_watermark_wakes_threads_and_coroutines() -> None:
+    mark = Watermark(5)
+    assert mark.wait(5, 0)
+    assert not mark.wait(6, 0.02)
+    woken = threading.Event()
+
+    def waiter() -> None:
+        if mark.wait(8, 10):
+            woken.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+
+    async def main() -> None:
+        assert not await mark.wait_async(9, 0.02)
+        waiting = asyncio.ensure_future(mark.wait_async(9, 10))
+        await asyncio.sleep(0.01)
+        await asyncio.to_thread(mark.advance, 7)
+        assert not waiting.done() and not woken.is_set()
+        await asyncio.to_thread(mark.advance, 9)
+        assert await waiting
+
+    asyncio.run(main())
+    thread.join(10)
+    assert woken.is_set()
+    mark.advance(3)  # never goes back
+    assert mark.value == 9

@@ -1,0 +1,44 @@
+"""The Waltz client that applications embed (seed 000 "Client API", "Waltz Client"; seed 002).
+
+Public API (also re-exported from :mod:`waltz`): :class:`WaltzClient`, :class:`AsyncWaltzClient`,
+:class:`WaltzClientConfig`, :class:`WaltzClientCallbacks`, :class:`TransactionContext`,
+:class:`TransactionBuilder`, :class:`Transaction`, :class:`PartitionLocalLock`, :class:`LockMode`,
+:class:`Serializer` (with :class:`BytesSerializer` and :class:`JsonSerializer`).
+
+Modules: ``client`` (the two facades), ``core`` (partitions, submissions, retries),
+``event_loop`` (the process's client loop thread), ``partition`` (mount state, pending appends,
+the feed), ``monitor`` (the transaction monitor), ``connection`` (one stream per server),
+``connection_pool`` (network clients by endpoint), ``transaction_data`` (the data RPC),
+``discovery`` (ZooKeeper), ``apply_worker`` (ordered ``apply_transaction``), ``submission`` (a
+context's attempts), ``context``, ``locks``, ``transaction``, ``callbacks``, ``config``,
+``waiting``.
+"""
+
+from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.client import AsyncWaltzClient, WaltzClient
+from waltz.client.config import WaltzClientConfig
+from waltz.client.context import (
+    BytesSerializer,
+    JsonSerializer,
+    Serializer,
+    TransactionBuilder,
+    TransactionContext,
+)
+from waltz.client.locks import LockMode, PartitionLocalLock, lock_hash
+from waltz.client.transaction import Transaction
+
+__all__ = [
+    "AsyncWaltzClient",
+    "BytesSerializer",
+    "JsonSerializer",
+    "LockMode",
+    "PartitionLocalLock",
+    "Serializer",
+    "Transaction",
+    "TransactionBuilder",
+    "TransactionContext",
+    "WaltzClient",
+    "WaltzClientCallbacks",
+    "WaltzClientConfig",
+    "lock_hash",
+]

@@ -1,0 +1,188 @@
+"""The apply worker: one thread per partition calling ``apply_transaction`` in transaction-ID order.
+
+Source: seed 000 "Client-Application Interactions" (the client invokes ``applyTransaction`` for the
+feed); DESIGN.md "Concurrency" (a worker thread per partition, strictly in order, blocking code
+allowed). The partition hands over feed entries in ID order, each ID once; an exception goes to
+``uncaught_exception`` and the same transaction is applied again after a backoff, for as long as it
+takes: a transaction is never skipped. While it retries the worker reports itself unhealthy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.submission import Submission
+from waltz.client.transaction import Transaction
+from waltz.client.waiting import Watermark
+from waltz.errors import ClientClosedError
+
+__all__ = ["ApplyWorker"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    transaction: Transaction
+    submission: Submission | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Floor:
+    """Everything up to ``mark`` is applied already (by another instance sharing the database)."""
+
+    mark: int
+
+
+class ApplyWorker:
+    """Applies one partition's committed transactions on a thread of its own.
+
+    Args:
+        partition_id: the partition.
+        callbacks: the application's callbacks.
+        applied: the partition's applied high-water mark; the worker advances it.
+        max_batch: transactions per ``apply_transactions`` call when the callbacks override it.
+        initial_backoff: seconds before the first retry of a failed apply (doubles each time).
+        max_backoff: the longest pause between retries, in seconds.
+    """
+
+    def __init__(
+        self,
+        partition_id: int,
+        callbacks: WaltzClientCallbacks,
+        applied: Watermark,
+        *,
+        max_batch: int = 100,
+        initial_backoff: float = 0.05,
+        max_backoff: float = 5.0,
+    ) -> None:
+        self.partition_id = partition_id
+        self._callbacks = callbacks
+        self._applied = applied
+        self._batching = type(callbacks).apply_transactions is not WaltzClientCallbacks.apply_transactions
+        self._max_batch = max_batch if self._batching else 1
+        self._initial_backoff = initial_backoff
+        self._max_backoff = max_backoff
+        self._items: deque[_Entry | _Floor] = deque()
+        self._condition = threading.Condition()
+        self._closed = threading.Event()
+        self.healthy = True
+        """False while an apply keeps failing (the partition retries it with backoff)."""
+        self.last_error: BaseException | None = None
+        self.failures = 0
+        """Failed apply calls so far."""
+        self._thread = threading.Thread(target=self._run, name=f"waltz-apply-{partition_id}", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def is_current_thread(self) -> bool:
+        """True when called from this worker's thread (inside ``apply_transaction``)."""
+        return threading.current_thread() is self._thread
+
+    @property
+    def backlog(self) -> int:
+        """Transactions waiting to be applied."""
+        return len(self._items)
+
+    def enqueue(self, transaction: Transaction, submission: Submission | None = None) -> None:
+        """Queue the next committed transaction (IDs must come in increasing order, each once)."""
+        with self._condition:
+            self._items.append(_Entry(transaction, submission))
+            self._condition.notify()
+
+    def set_floor(self, mark: int) -> None:
+        """After what is queued, count every transaction up to ``mark`` as applied."""
+        with self._condition:
+            self._items.append(_Floor(mark))
+            self._condition.notify()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop after the apply in progress (queued transactions are left). Idempotent."""
+        self._closed.set()
+        with self._condition:
+            self._condition.notify_all()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning(
+                    "partition %d: apply_transaction still running after %gs; leaving its thread",
+                    self.partition_id,
+                    timeout,
+                )
+
+    def _take(self) -> list[_Entry] | None:
+        with self._condition:
+            while True:
+                if self._closed.is_set():
+                    return None
+                while self._items and isinstance(self._items[0], _Floor):
+                    floor = self._items.popleft()
+                    assert isinstance(floor, _Floor)
+                    self._applied.advance(floor.mark)
+                batch: list[_Entry] = []
+                while self._items and len(batch) < self._max_batch:
+                    item = self._items[0]
+                    if isinstance(item, _Floor):
+                        break
+                    self._items.popleft()
+                    if item.transaction.transaction_id <= self._applied.value:
+                        continue  # applied already (below a floor)
+                    batch.append(item)
+                if batch:
+                    return batch
+                if not self._items:
+                    self._condition.wait()
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            if not self._apply(batch):
+                return
+            self._applied.advance(batch[-1].transaction.transaction_id)
+            for entry in batch:
+                if entry.submission is not None:
+                    entry.submission.applied()
+
+    def _apply(self, batch: list[_Entry]) -> bool:
+        backoff = self._initial_backoff
+        transactions = [entry.transaction for entry in batch]
+        while not self._closed.is_set():
+            try:
+                if len(transactions) == 1:
+                    self._callbacks.apply_transaction(transactions[0])
+                else:
+                    self._callbacks.apply_transactions(transactions)
+            except ClientClosedError:
+                return False  # the client is closing: stop quietly
+            except Exception as exc:
+                self.healthy = False
+                self.last_error = exc
+                self.failures += 1
+                first = transactions[0].transaction_id
+                log.warning(
+                    "partition %d: applying transaction %d%s failed (%r); retrying in %.2fs",
+                    self.partition_id,
+                    first,
+                    f" (batch of {len(transactions)})" if len(transactions) > 1 else "",
+                    exc,
+                    backoff,
+                )
+                try:
+                    self._callbacks.uncaught_exception(self.partition_id, first, exc)
+                except Exception:
+                    log.exception("partition %d: uncaught_exception raised", self.partition_id)
+                if self._closed.wait(backoff):
+                    return False
+                backoff = min(self._max_backoff, backoff * 2)
+                continue
+            self.healthy = True
+            return True
+        return False

@@ -1,0 +1,57 @@
+"""The application's side of the client: high-water marks and applying transactions.
+
+Source: seed 000 "Waltz Client Callbacks", "Client-Application Interactions".
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from waltz.client.transaction import Transaction
+
+__all__ = ["WaltzClientCallbacks"]
+
+
+class WaltzClientCallbacks(abc.ABC):
+    """What a :class:`~waltz.client.client.WaltzClient` asks of the application.
+
+    ``apply_transaction`` runs on a worker thread per partition, strictly in transaction-ID
+    order, never twice for one ID within a client; blocking code (a database) is fine there.
+    Several application instances may share one database: each sees every transaction, and
+    the callbacks must skip those already applied (the high-water mark tells).
+    """
+
+    @abc.abstractmethod
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        """The highest transaction ID of ``partition_id`` applied to the application (-1: none).
+
+        Called before every attempt of a context and on every mount (the feed restarts after it).
+        """
+
+    @abc.abstractmethod
+    def apply_transaction(self, transaction: Transaction) -> None:
+        """Apply a committed transaction and advance the high-water mark to its ID, atomically.
+
+        Raises:
+            Exception: the client reports it with :meth:`uncaught_exception` and calls again with
+                the same transaction after a backoff; it never skips a transaction.
+        """
+
+    @abc.abstractmethod
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        """Report an exception raised by :meth:`apply_transaction` (or :meth:`apply_transactions`,
+        then ``transaction_id`` is the first of the batch)."""
+
+    def apply_transactions(self, transactions: Sequence[Transaction]) -> None:
+        """Optional hook: apply several consecutive transactions of one partition at once.
+
+        Override it to apply a batch in one database transaction (all or nothing): the client then
+        hands up to ``client.maxApplyBatchSize`` consecutive transactions, in ID order, whenever
+        more than one is waiting. On an exception the client reports it with
+        :meth:`uncaught_exception` and retries the same batch. The default applies one by one.
+        """
+        for transaction in transactions:
+            self.apply_transaction(transaction)

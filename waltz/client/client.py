@@ -1,0 +1,327 @@
+"""The Waltz client: ``WaltzClient`` (synchronous) and ``AsyncWaltzClient`` (asyncio).
+
+Source: seed 000 "Client API", "Waltz Client"; seed 002. Both share one core
+(:class:`~waltz.client.core.ClientCore`) that runs an event loop on a thread of its own::
+
+    class Deposit(TransactionContext):
+        def __init__(self, account: int, amount: int) -> None:
+            super().__init__()
+            self.account, self.amount = account, amount
+
+        def partition_id(self, num_partitions: int) -> int:
+            return self.account % num_partitions
+
+        def execute(self, builder: TransactionBuilder) -> bool:
+            builder.set_write_locks([PartitionLocalLock("account", self.account)])
+            builder.set_transaction_data({"account": self.account, "amount": self.amount}, JsonSerializer())
+            return True
+
+    with WaltzClient(callbacks, WaltzClientConfig(zookeeper_connect_string=..., cluster_root=...)) as client:
+        transaction_id = client.submit(Deposit(7, 100)).result()
+
+Guarantees: a context ends exactly once (``on_completion``, ``on_exception`` or ``on_expiration``);
+a committed transaction is committed once, even across reconnects and server failures (the
+transaction monitor and the mount procedure of seed 002); ``apply_transaction`` sees every
+transaction of a mounted partition once, in ID order, on the partition's worker thread. Before an
+attempt executes, the client waits (up to ``client.readYourWritesTimeout``) until it has applied
+its own earlier commits on the partition, so a read-modify-write sees its previous write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Self
+
+from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.config import WaltzClientConfig
+from waltz.client.context import TransactionContext
+from waltz.client.core import ClientCore
+from waltz.client.partition import ClientPartition, PartitionState
+from waltz.client.submission import Submission
+from waltz.errors import WaltzTimeoutError
+
+__all__ = ["AsyncWaltzClient", "WaltzClient"]
+
+#: Seconds ``get_high_water_mark`` waits for an answer by default.
+DEFAULT_REQUEST_TIMEOUT = 30.0
+
+
+def _read_your_writes_wait(
+    core: ClientCore, partition: ClientPartition, submission: Submission
+) -> tuple[int, float]:
+    target = core.read_your_writes_target(partition)
+    limit = core.config.client_read_your_writes_timeout
+    remaining = submission.remaining()
+    worker = partition.worker
+    if worker is not None and worker.is_current_thread():
+        limit = 0.0  # called from apply_transaction: waiting for ourselves would only time out
+    return target, limit if remaining is None else min(limit, remaining)
+
+
+class WaltzClient:
+    """A synchronous Waltz client (seed 000 ``WaltzClient``); use it as a context manager.
+
+    Construction connects to ZooKeeper, takes a client ID from ``<root>/client/id``, and (with
+    ``client.autoMount``) starts mounting every partition; it does not wait for the mounts
+    (appends wait for them).
+
+    Args:
+        callbacks: the application's callbacks.
+        config: the client configuration.
+
+    Raises:
+        ZooKeeperUnavailableError: ZooKeeper did not answer within the session timeout.
+        ClusterNotFoundError: no cluster under ``config.cluster_root``.
+    """
+
+    def __init__(self, callbacks: WaltzClientCallbacks, config: WaltzClientConfig) -> None:
+        self._core = ClientCore(callbacks, config)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @property
+    def client_id(self) -> int:
+        """This client's ID (unique in the cluster, from ZooKeeper)."""
+        return self._core.client_id
+
+    @property
+    def num_partitions(self) -> int:
+        """The cluster's number of partitions."""
+        return self._core.num_partitions
+
+    def submit(self, context: TransactionContext) -> concurrent.futures.Future[int | None]:
+        """Submit a transaction context; runs its first attempt on this thread.
+
+        Blocks while the context's partition has ``client.maxConcurrentTransactions`` contexts in
+        flight (nudging the server with a flush after ``client.longWaitThreshold``).
+
+        Returns:
+            A future of the committed transaction ID, or of None when ``execute`` returned False;
+            it raises what ``execute`` raised, :class:`~waltz.errors.TransactionExpiredError`, or
+            :class:`~waltz.errors.ClientClosedError`. It cannot be cancelled.
+
+        Raises:
+            ClientClosedError: the client is closed.
+            PartitionNotMountedError: the partition is not mounted (auto-mount off).
+            ValueError: ``partition_id`` returned a partition that does not exist.
+        """
+        core = self._core
+        partition, submission = core.new_submission(context)
+        long_wait = core.config.client_long_wait_threshold
+        while not partition.limit.acquire(long_wait):
+            core.check_open()
+            core.nudge([partition.partition_id])
+        core.admitted(submission)
+        target, timeout = _read_your_writes_wait(core, partition, submission)
+        if timeout > 0 and partition.applied.value < target:
+            partition.applied.wait(target, timeout)
+        core.run_first_attempt(partition, submission)
+        return submission.future
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every submitted context has ended (committed, dropped, failed or expired).
+
+        Raises:
+            WaltzTimeoutError: contexts are still in flight after ``timeout`` seconds.
+            ClientClosedError: the client closed meanwhile.
+        """
+        if not self._core.wait_idle(timeout):
+            raise WaltzTimeoutError(
+                f"{self._core.in_flight()} transaction(s) still in flight after {timeout:g}s of flush()"
+            )
+
+    def has_pending_transactions(self) -> bool:
+        """True while a submitted context has not ended."""
+        return self._core.in_flight() > 0
+
+    def get_high_water_mark(self, partition_id: int, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> int:
+        """The partition's committed high-water mark, asked of the server that owns it.
+
+        Raises:
+            WaltzTimeoutError: no answer within ``timeout`` seconds.
+            ValueError: no such partition.
+        """
+        return self._core.get_high_water_mark(partition_id, timeout)
+
+    def wait_applied(self, partition_id: int, transaction_id: int, timeout: float | None = None) -> bool:
+        """Block until this client has applied ``transaction_id`` of a partition it mounts.
+
+        "Applied" means ``apply_transaction`` returned for it on this client, or the callbacks'
+        high-water mark was at or past it when the partition was mounted.
+
+        Returns:
+            True when applied, False after ``timeout`` seconds (None: no limit).
+
+        Raises:
+            ValueError: no such partition.
+        """
+        return self._core.applied_mark(partition_id).wait(transaction_id, timeout)
+
+    def set_partitions(self, partition_ids: Iterable[int]) -> None:
+        """Mount exactly these partitions (for ``client.autoMount: false``); unmount the others.
+
+        Raises:
+            ValueError: a partition does not exist.
+            WaltzClientError: a partition to unmount has contexts in flight (``flush()`` first).
+        """
+        self._core.set_partitions(partition_ids)
+
+    def mounted_partitions(self) -> list[int]:
+        """The partitions this client mounts (or is mounting)."""
+        return sorted(pid for pid, p in self._core.partitions.items() if p.wanted)
+
+    def wait_mounted(
+        self, timeout: float = DEFAULT_REQUEST_TIMEOUT, partition_ids: Iterable[int] | None = None
+    ) -> None:
+        """Block until the partitions (default: all it mounts) are mounted.
+
+        Raises:
+            WaltzTimeoutError: not all mounted within ``timeout`` seconds.
+        """
+        self._core.wait_until_mounted(timeout, partition_ids)
+
+    def partition_states(self) -> dict[int, PartitionState]:
+        """Partition ID -> its state (unmounted, mounting, mounted, closed)."""
+        return self._core.partition_states()
+
+    def unhealthy_partitions(self) -> dict[int, BaseException | None]:
+        """Partitions whose ``apply_transaction`` keeps failing -> the last exception."""
+        return {
+            pid: p.worker.last_error
+            for pid, p in self._core.partitions.items()
+            if p.worker is not None and not p.worker.healthy
+        }
+
+    def close(self) -> None:
+        """Close the client (connections, threads, the ZooKeeper session). Idempotent.
+
+        Contexts still in flight fail with :class:`~waltz.errors.ClientClosedError` (their
+        appends may or may not have been committed); call :meth:`flush` first to avoid that.
+        """
+        self._core.close()
+
+
+class AsyncWaltzClient:
+    """The asyncio twin of :class:`WaltzClient`; use ``async with AsyncWaltzClient(...) as c``.
+
+    The core still runs on a thread of its own; ``execute`` of a first attempt and
+    ``get_client_high_water_mark`` run on the caller's event loop (keep them non-blocking), later
+    attempts on the client's retry threads.
+
+    Args:
+        callbacks: the application's callbacks.
+        config: the client configuration.
+    """
+
+    def __init__(self, callbacks: WaltzClientCallbacks, config: WaltzClientConfig) -> None:
+        self._callbacks = callbacks
+        self._config = config
+        self._core_or_none: ClientCore | None = None
+
+    async def start(self) -> Self:
+        """Connect to ZooKeeper and start the core (see :class:`WaltzClient`). Idempotent."""
+        if self._core_or_none is None:
+            self._core_or_none = await asyncio.to_thread(ClientCore, self._callbacks, self._config)
+        return self
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @property
+    def _core(self) -> ClientCore:
+        if self._core_or_none is None:
+            raise RuntimeError("AsyncWaltzClient is not started: use `async with` or `await client.start()`")
+        return self._core_or_none
+
+    @property
+    def client_id(self) -> int:
+        """This client's ID."""
+        return self._core.client_id
+
+    @property
+    def num_partitions(self) -> int:
+        """The cluster's number of partitions."""
+        return self._core.num_partitions
+
+    async def submit(self, context: TransactionContext) -> asyncio.Future[int | None]:
+        """Submit a context; waits only while its partition is at the concurrency limit.
+
+        Returns:
+            A future of the committed transaction ID (None when ``execute`` returned False), as
+            :meth:`WaltzClient.submit`.
+        """
+        core = self._core
+        partition, submission = core.new_submission(context)
+        long_wait = core.config.client_long_wait_threshold
+        while not await partition.limit.acquire_async(long_wait):
+            core.check_open()
+            core.nudge([partition.partition_id])
+        core.admitted(submission)
+        target, timeout = _read_your_writes_wait(core, partition, submission)
+        if timeout > 0 and partition.applied.value < target:
+            await partition.applied.wait_async(target, timeout)
+        core.run_first_attempt(partition, submission)
+        return asyncio.wrap_future(submission.future)
+
+    async def submit_async(self, context: TransactionContext) -> int | None:
+        """Submit a context and wait for its outcome.
+
+        Returns:
+            The committed transaction ID, or None when ``execute`` returned False.
+
+        Raises:
+            Exception: what the submission's future raises (see :meth:`WaltzClient.submit`).
+        """
+        return await (await self.submit(context))
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """As :meth:`WaltzClient.flush`."""
+        core = self._core
+        if not await asyncio.to_thread(core.wait_idle, timeout):
+            raise WaltzTimeoutError(
+                f"{core.in_flight()} transaction(s) still in flight after {timeout:g}s of flush()"
+            )
+
+    def has_pending_transactions(self) -> bool:
+        """True while a submitted context has not ended."""
+        return self._core.in_flight() > 0
+
+    async def get_high_water_mark(self, partition_id: int, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> int:
+        """As :meth:`WaltzClient.get_high_water_mark`."""
+        return await asyncio.to_thread(self._core.get_high_water_mark, partition_id, timeout)
+
+    async def wait_applied(
+        self, partition_id: int, transaction_id: int, timeout: float | None = None
+    ) -> bool:
+        """As :meth:`WaltzClient.wait_applied`."""
+        return await self._core.applied_mark(partition_id).wait_async(transaction_id, timeout)
+
+    async def set_partitions(self, partition_ids: Iterable[int]) -> None:
+        """As :meth:`WaltzClient.set_partitions`."""
+        await asyncio.to_thread(self._core.set_partitions, list(partition_ids))
+
+    async def wait_mounted(
+        self, timeout: float = DEFAULT_REQUEST_TIMEOUT, partition_ids: Iterable[int] | None = None
+    ) -> None:
+        """As :meth:`WaltzClient.wait_mounted`."""
+        ids = None if partition_ids is None else list(partition_ids)
+        await asyncio.to_thread(self._core.wait_until_mounted, timeout, ids)
+
+    async def close(self) -> None:
+        """As :meth:`WaltzClient.close`. Idempotent."""
+        if self._core_or_none is not None:
+            await asyncio.to_thread(self._core_or_none.close)

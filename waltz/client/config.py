@@ -1,0 +1,127 @@
+"""Client configuration (``client.yaml`` + ``WALTZ_*`` environment variables).
+
+Keys are Waltz's dotted names, written flat or nested in a YAML file and loaded with
+:func:`waltz.config.load_settings`::
+
+    config = load_settings(WaltzClientConfig, Path("client.yaml"))
+    config = WaltzClientConfig(zookeeper_connect_string="127.0.0.1:2181", cluster_root="/waltz/c1")
+
+Each key's environment variable is ``WALTZ_`` plus the field name in upper case, e.g.
+``client.maxConcurrentTransactions`` is ``WALTZ_CLIENT_MAX_CONCURRENT_TRANSACTIONS``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from waltz.config import WaltzSettings
+from waltz.protocol.storage_client import TlsConfig
+
+__all__ = ["WaltzClientConfig"]
+
+
+class WaltzClientConfig(WaltzSettings):
+    """Settings of a :class:`~waltz.client.client.WaltzClient` (seed 000, "Client API").
+
+    Keys (and fields):
+
+    - ``zookeeper.connectString`` (``zookeeper_connect_string``): ZooKeeper connect string.
+    - ``zookeeper.sessionTimeout`` (``zookeeper_session_timeout``): seconds.
+    - ``cluster.root`` (``cluster_root``): the cluster root znode.
+    - ``client.autoMount`` (``client_auto_mount``): mount every partition at start; when off, the
+      application chooses partitions with ``set_partitions``.
+    - ``client.maxConcurrentTransactions`` (``client_max_concurrent_transactions``): contexts in
+      flight per partition; ``submit`` blocks at the limit (seed 000, "Back Pressure").
+    - ``client.longWaitThreshold`` (``client_long_wait_threshold``): seconds a blocked ``submit``
+      or ``flush`` waits before nudging the server with a flush request.
+    - ``client.numTransactionRetryThreads`` (``client_num_transaction_retry_threads``): threads
+      that re-execute failed contexts and run the contexts' callbacks.
+    - ``client.maxApplyBatchSize`` (``client_max_apply_batch_size``): transactions handed at once
+      to ``apply_transactions`` when the callbacks implement that hook.
+    - ``client.transactionDataTimeout`` (``client_transaction_data_timeout``): seconds a
+      ``Transaction.get_data`` keeps retrying.
+    - ``client.readYourWritesTimeout`` (``client_read_your_writes_timeout``): seconds a new
+      attempt waits for this client's own committed transactions of the partition to be applied
+      before it executes (so that a read-modify-write sees its previous write).
+    - ``client.maxMessageBytes`` (``client_max_message_bytes``): gRPC message size limit.
+    - ``client.ssl.caFile`` / ``certFile`` / ``keyFile``: TLS to servers (CA to verify them;
+      certificate and key for mutual TLS).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="WALTZ_", extra="forbid")
+
+    KEYS: ClassVar[dict[str, str]] = {
+        "zookeeper.connectString": "zookeeper_connect_string",
+        "zookeeper.sessionTimeout": "zookeeper_session_timeout",
+        "cluster.root": "cluster_root",
+        "client.autoMount": "client_auto_mount",
+        "client.maxConcurrentTransactions": "client_max_concurrent_transactions",
+        "client.longWaitThreshold": "client_long_wait_threshold",
+        "client.numTransactionRetryThreads": "client_num_transaction_retry_threads",
+        "client.maxApplyBatchSize": "client_max_apply_batch_size",
+        "client.transactionDataTimeout": "client_transaction_data_timeout",
+        "client.readYourWritesTimeout": "client_read_your_writes_timeout",
+        "client.maxMessageBytes": "client_max_message_bytes",
+        "client.ssl.caFile": "client_tls_ca_file",
+        "client.ssl.certFile": "client_tls_cert_file",
+        "client.ssl.keyFile": "client_tls_key_file",
+    }
+
+    zookeeper_connect_string: str = Field(description="ZooKeeper connect string, e.g. 127.0.0.1:2181.")
+    zookeeper_session_timeout: float = Field(
+        default=10.0, gt=0, description="ZooKeeper session timeout in seconds."
+    )
+    cluster_root: str = Field(description="The cluster root znode, e.g. /waltz/cluster1.")
+    client_auto_mount: bool = Field(default=True, description="Mount every partition at start.")
+    client_max_concurrent_transactions: int = Field(
+        default=4000,
+        gt=0,
+        description="Transaction contexts in flight per partition; submit blocks at the limit.",
+    )
+    client_long_wait_threshold: float = Field(
+        default=1.0,
+        gt=0,
+        description="Seconds of blocking after which the client nudges the server with a flush.",
+    )
+    client_num_transaction_retry_threads: int = Field(
+        default=2, gt=0, description="Threads that re-execute failed contexts and run context callbacks."
+    )
+    client_max_apply_batch_size: int = Field(
+        default=100,
+        gt=0,
+        description="Transactions per apply_transactions call (when the callbacks have it).",
+    )
+    client_transaction_data_timeout: float = Field(
+        default=60.0, gt=0, description="Seconds Transaction.get_data retries before giving up."
+    )
+    client_read_your_writes_timeout: float = Field(
+        default=10.0, ge=0, description="Seconds an attempt waits for the client's own commits to be applied."
+    )
+    client_max_message_bytes: int = Field(
+        default=32 << 20, ge=1 << 16, description="Largest gRPC message in bytes (one transaction must fit)."
+    )
+    client_tls_ca_file: Path | None = Field(
+        default=None, description="PEM CA bundle to verify servers (TLS)."
+    )
+    client_tls_cert_file: Path | None = Field(
+        default=None, description="PEM client certificate (mutual TLS)."
+    )
+    client_tls_key_file: Path | None = Field(
+        default=None, description="PEM private key of the client certificate."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> WaltzClientConfig:
+        if (self.client_tls_cert_file is None) != (self.client_tls_key_file is None):
+            raise ValueError("client.ssl.certFile and client.ssl.keyFile must be set together")
+        return self
+
+    def tls(self) -> TlsConfig | None:
+        """The TLS files for server connections, or None for plaintext."""
+        if self.client_tls_ca_file is None and self.client_tls_cert_file is None:
+            return None
+        return TlsConfig(self.client_tls_ca_file, self.client_tls_cert_file, self.client_tls_key_file)

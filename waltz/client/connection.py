@@ -1,0 +1,266 @@
+"""A network client: one gRPC channel and one ordered ``Stream`` call to one server endpoint.
+
+Source: seed 000 "Client-Server Interactions" (``WaltzNetworkClient``, one per server endpoint),
+"Fault Recovery" (a network client is closed on any unexpected error and a new one, with the next
+sequence number, takes over); ``docs/protocol.md`` "Connections and identities". Outgoing protocol
+messages are batched: everything queued while the previous stream message was being written goes
+into the next one (DESIGN.md: one stream carries a few thousand messages per second here, so
+batching is what makes throughput). Transaction data is fetched with the unary RPC on the same
+channel. Everything here runs on the client's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+
+from waltz.client.context import AppendPayload
+from waltz.protocol import client_pb2, client_pb2_grpc
+from waltz.protocol.records import ReqId
+from waltz.protocol.storage_client import TlsConfig, channel_options
+
+__all__ = ["ServerConnection"]
+
+log = logging.getLogger(__name__)
+
+#: Protocol messages per stream message at most.
+MAX_BATCH_MESSAGES = 2000
+#: Bytes of transaction data per stream message before another one starts.
+MAX_BATCH_BYTES = 1 << 20
+
+_EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
+
+MessagesHandler = Callable[["ServerConnection", Sequence[client_pb2.ServerMessage]], None]
+ClosedHandler = Callable[["ServerConnection", BaseException | None], None]
+
+
+class ServerConnection:
+    """One stream to one server, identified by its network client sequence number.
+
+    Args:
+        endpoint: ``host:port`` of the server.
+        seq_num: this network client's sequence number (sent in every mount on this stream).
+        on_messages: called on the loop with each received batch of server messages, in order.
+        on_closed: called once on the loop when the stream ends or fails (with the error).
+        tls: TLS files, or None for plaintext.
+        max_message_bytes: the gRPC message size limit.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        seq_num: int,
+        *,
+        on_messages: MessagesHandler,
+        on_closed: ClosedHandler,
+        tls: TlsConfig | None = None,
+        max_message_bytes: int = 32 << 20,
+    ) -> None:
+        self.endpoint = endpoint
+        self.seq_num = seq_num
+        self._on_messages = on_messages
+        self._on_closed = on_closed
+        options = [
+            *channel_options(max_message_bytes),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        ]
+        self._channel = (
+            grpc.aio.secure_channel(endpoint, tls.credentials(), options=options)
+            if tls is not None
+            else grpc.aio.insecure_channel(endpoint, options=options)
+        )
+        self._stub: Any = client_pb2_grpc.WaltzServerServiceStub(self._channel)
+        self._call: Any = None
+        self._ready: deque[client_pb2.ClientMessages] = deque()
+        self._batch = client_pb2.ClientMessages()
+        self._batch_count = 0
+        self._batch_bytes = 0
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+        self.error: BaseException | None = None
+        self.messages_sent = 0
+        self.stream_messages_sent = 0
+
+    def __repr__(self) -> str:
+        return f"ServerConnection({self.endpoint}, seq {self.seq_num}{', closed' if self._closed else ''})"
+
+    @property
+    def closed(self) -> bool:
+        """True once the stream ended, failed or was closed."""
+        return self._closed
+
+    async def open(self, timeout: float) -> None:
+        """Connect and start the stream.
+
+        Raises:
+            ConnectionError: the server did not accept a connection within ``timeout`` seconds.
+        """
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+        except TimeoutError:
+            await self._channel.close(None)
+            self._closed = True
+            raise ConnectionError(
+                f"server {self.endpoint} did not accept a connection within {timeout:g}s"
+            ) from None
+        self._call = self._stub.Stream()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._read(), name=f"waltz-read-{self.endpoint}"),
+            loop.create_task(self._write(), name=f"waltz-write-{self.endpoint}"),
+        ]
+
+    # --- sending ----------------------------------------------------------------------------------
+
+    def _next_slot(self, data_bytes: int) -> client_pb2.ClientMessage:
+        full = self._batch_count >= MAX_BATCH_MESSAGES or self._batch_bytes + data_bytes > MAX_BATCH_BYTES
+        if full and self._batch_count:
+            self._ready.append(self._batch)
+            self._batch = client_pb2.ClientMessages()
+            self._batch_count = 0
+            self._batch_bytes = 0
+        self._batch_count += 1
+        self._batch_bytes += data_bytes
+        if not self._wake.is_set():
+            self._wake.set()
+        return self._batch.messages.add()
+
+    def send(self, message: client_pb2.ClientMessage) -> None:
+        """Queue a protocol message (mount, feed, flush, high-water mark) in order.
+
+        Raises:
+            ConnectionError: the connection is closed.
+        """
+        if self._closed:
+            raise ConnectionError(f"the connection to {self.endpoint} is closed")
+        self._next_slot(0).CopyFrom(message)
+
+    def send_append(self, req_id: ReqId, payload: AppendPayload) -> None:
+        """Queue an append request, written straight into the next stream message.
+
+        Raises:
+            ConnectionError: the connection is closed.
+        """
+        if self._closed:
+            raise ConnectionError(f"the connection to {self.endpoint} is closed")
+        append = self._next_slot(len(payload.data)).append
+        rid = append.req_id
+        rid.client_id = req_id.client_id
+        rid.generation = req_id.generation
+        rid.partition_id = req_id.partition_id
+        rid.seq_num = req_id.seq_num
+        append.client_high_water_mark = payload.client_high_water_mark
+        if payload.write_locks:
+            append.write_lock_hashes.extend(payload.write_locks)
+        if payload.read_locks:
+            append.read_lock_hashes.extend(payload.read_locks)
+        if payload.append_locks:
+            append.append_lock_hashes.extend(payload.append_locks)
+        append.header = payload.header
+        append.data = payload.data
+        append.checksum = payload.checksum
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._ready or self._batch_count:
+                    if self._ready:
+                        batch = self._ready.popleft()
+                    else:
+                        batch, self._batch = self._batch, client_pb2.ClientMessages()
+                        self._batch_count = 0
+                        self._batch_bytes = 0
+                    self.messages_sent += len(batch.messages)
+                    self.stream_messages_sent += 1
+                    await self._call.write(batch)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(exc)
+
+    # --- receiving --------------------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                batch = await self._call.read()
+                if batch is _EOF:
+                    self._fail(ConnectionError(f"server {self.endpoint} ended the stream"))
+                    return
+                try:
+                    self._on_messages(self, batch.messages)
+                except Exception:
+                    log.exception("handling messages from %s failed", self.endpoint)
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AioRpcError as exc:
+            self._fail(
+                ConnectionError(
+                    f"stream to server {self.endpoint} failed: {exc.code().name}: {exc.details()}"
+                )
+            )
+        except Exception as exc:
+            self._fail(exc)
+
+    def abort(self, error: BaseException) -> None:
+        """Break the connection now, as a network failure would (``on_closed`` follows)."""
+        self._fail(error)
+
+    def _fail(self, error: BaseException | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.error = error
+        if error is not None:
+            log.info("connection %r lost: %s", self, error)
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        if self._call is not None:
+            self._call.cancel()
+        try:
+            self._on_closed(self, error)
+        except Exception:
+            log.exception("handling the loss of %r failed", self)
+
+    # --- RPC --------------------------------------------------------------------------------------
+
+    async def get_transaction_data(
+        self, request: client_pb2.TransactionDataRequest, timeout: float
+    ) -> client_pb2.TransactionDataResponse:
+        """Call ``GetTransactionData`` on this server.
+
+        Raises:
+            grpc.aio.AioRpcError: the call failed (server down, deadline exceeded, ...).
+        """
+        response: client_pb2.TransactionDataResponse = await self._stub.GetTransactionData(
+            request, timeout=timeout
+        )
+        return response
+
+    async def close(self) -> None:
+        """Close the stream and the channel. Idempotent; ``on_closed`` is not called for it."""
+        if not self._closed:
+            self._closed = True
+            if self._call is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._call.done_writing(), 1.0)
+                self._call.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        await self._channel.close(None)

@@ -1,0 +1,256 @@
+"""What an application writes: transaction contexts, the builder they fill, and serializers.
+
+Source: seed 000 "Client API" (``TransactionContext``, ``TransactionBuilder``, ``Serializer``),
+"Concurrency Control - Optimistic Locking"; seed 001 "Optimistic Locking".
+
+An application subclasses :class:`TransactionContext`. For every attempt the client reads the
+partition's client high-water mark, makes a :class:`TransactionBuilder` with it and calls
+``context.execute(builder)``; the context sets the header, the data and the locks. The builder's
+high-water mark is what the server's lock check compares with the lock table, so the state the
+context read must be the state at that mark.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from waltz.client.locks import LockMode, PartitionLocalLock
+from waltz.protocol.records import crc32
+
+__all__ = [
+    "AppendPayload",
+    "BytesSerializer",
+    "JsonSerializer",
+    "Serializer",
+    "TransactionBuilder",
+    "TransactionContext",
+]
+
+T = TypeVar("T")
+
+_INT32_MIN = -(1 << 31)
+_INT32_MAX = (1 << 31) - 1
+
+
+class Serializer(abc.ABC, Generic[T]):
+    """Turns transaction data into bytes and back (seed 000 ``Serializer``)."""
+
+    @abc.abstractmethod
+    def serialize(self, data: T) -> bytes:
+        """Encode ``data`` as the transaction's bytes."""
+
+    @abc.abstractmethod
+    def deserialize(self, data: bytes) -> T:
+        """Decode a transaction's bytes."""
+
+
+class BytesSerializer(Serializer[bytes]):
+    """Transaction data that already is bytes."""
+
+    def serialize(self, data: bytes) -> bytes:
+        return bytes(data)
+
+    def deserialize(self, data: bytes) -> bytes:
+        return data
+
+
+class JsonSerializer(Serializer[Any]):
+    """Transaction data as compact UTF-8 JSON (sorted keys, so equal values give equal bytes)."""
+
+    def serialize(self, data: Any) -> bytes:
+        return json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+    def deserialize(self, data: bytes) -> Any:
+        return json.loads(data)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendPayload:
+    """Everything an append request carries besides its ReqId (seed 000 "Append Request").
+
+    Attributes:
+        client_high_water_mark: the mark the lock check uses.
+        write_locks / read_locks / append_locks: 32-bit lock hashes per mode.
+        header: the 32-bit transaction header.
+        data: the transaction data.
+        checksum: CRC-32 of ``data``.
+    """
+
+    client_high_water_mark: int
+    write_locks: tuple[int, ...]
+    read_locks: tuple[int, ...]
+    append_locks: tuple[int, ...]
+    header: int
+    data: bytes
+    checksum: int
+
+
+class TransactionBuilder:
+    """Collects a transaction's header, data and locks during ``TransactionContext.execute``.
+
+    Args:
+        client_high_water_mark: the partition's client high-water mark when the attempt began
+            (from ``WaltzClientCallbacks.get_client_high_water_mark``).
+    """
+
+    def __init__(self, client_high_water_mark: int) -> None:
+        self._high_water_mark = client_high_water_mark
+        self._header = 0
+        self._data = b""
+        self._write_locks: tuple[PartitionLocalLock, ...] = ()
+        self._read_locks: tuple[PartitionLocalLock, ...] = ()
+        self._append_locks: tuple[PartitionLocalLock, ...] = ()
+
+    @property
+    def client_high_water_mark(self) -> int:
+        """The high-water mark the server's lock check will compare with the lock table."""
+        return self._high_water_mark
+
+    def set_client_high_water_mark(self, high_water_mark: int) -> None:
+        """Override the high-water mark the lock check uses.
+
+        A framework that reads the application's state and its high-water mark in one database
+        transaction sets the mark it read here, so the lock check matches what it saw.
+
+        Raises:
+            ValueError: the mark is below -1 (no transaction applied).
+        """
+        if high_water_mark < -1:
+            raise ValueError(f"client high-water mark {high_water_mark} is below -1")
+        self._high_water_mark = high_water_mark
+
+    @property
+    def header(self) -> int:
+        """The 32-bit transaction header (0 unless set)."""
+        return self._header
+
+    def set_header(self, header: int) -> None:
+        """Set the application-defined 32-bit transaction header.
+
+        Raises:
+            ValueError: ``header`` does not fit in a signed 32-bit integer.
+        """
+        if not _INT32_MIN <= header <= _INT32_MAX:
+            raise ValueError(f"transaction header {header} does not fit in a signed 32-bit integer")
+        self._header = header
+
+    def set_transaction_data(self, data: T, serializer: Serializer[T]) -> None:
+        """Set the transaction data, encoded with ``serializer``."""
+        self._data = serializer.serialize(data)
+
+    def set_raw_data(self, data: bytes) -> None:
+        """Set the transaction data as bytes."""
+        self._data = bytes(data)
+
+    @property
+    def data(self) -> bytes:
+        """The transaction data as it will be sent."""
+        return self._data
+
+    def set_write_locks(self, locks: Iterable[PartitionLocalLock]) -> None:
+        """Lock these IDs for writing: the append fails if another transaction wrote one of them
+        after the client high-water mark; on commit the transaction is recorded on them."""
+        self._write_locks = tuple(locks)
+
+    def set_read_locks(self, locks: Iterable[PartitionLocalLock]) -> None:
+        """Lock these IDs for reading: the append fails if another transaction wrote one of them
+        after the client high-water mark; the commit leaves them unchanged."""
+        self._read_locks = tuple(locks)
+
+    def set_append_locks(self, locks: Iterable[PartitionLocalLock]) -> None:
+        """Record the transaction on these IDs at commit, without checking them against the lock
+        table (only against appends still in flight)."""
+        self._append_locks = tuple(locks)
+
+    def locks(self, mode: LockMode) -> tuple[PartitionLocalLock, ...]:
+        """The locks set for ``mode``."""
+        if mode is LockMode.WRITE:
+            return self._write_locks
+        return self._read_locks if mode is LockMode.READ else self._append_locks
+
+    def build(self) -> AppendPayload:
+        """The append payload: lock hashes, header, data and its CRC-32."""
+
+        return AppendPayload(
+            client_high_water_mark=self._high_water_mark,
+            write_locks=_hashes(self._write_locks),
+            read_locks=_hashes(self._read_locks),
+            append_locks=_hashes(self._append_locks),
+            header=self._header,
+            data=self._data,
+            checksum=crc32(self._data),
+        )
+
+
+def _hashes(locks: tuple[PartitionLocalLock, ...]) -> tuple[int, ...]:
+    """Lock hashes as sent: deduplicated and sorted (a stable wire form)."""
+    if not locks:
+        return ()
+    if len(locks) == 1:
+        return (locks[0].lock_hash,)
+    return tuple(sorted({lock.lock_hash for lock in locks}))
+
+
+class TransactionContext(abc.ABC):
+    """The code that builds one transaction; subclass it (seed 000 ``TransactionContext``).
+
+    The client calls :meth:`execute` once per attempt, again after an attempt failed (a lost
+    append, a reconnect, a lock failure), each time with a fresh builder and the current
+    high-water mark. Exactly one of :meth:`on_completion`, :meth:`on_exception` and
+    :meth:`on_expiration` ends a context, once. The callbacks run on a client thread (the
+    caller's for a first attempt that ends at once); keep them short.
+
+    Args:
+        timeout: seconds after creation when the context expires, or None (never). Expiry is
+            checked only between attempts: an attempt in flight is resolved first, so an expired
+            context never commits afterwards.
+    """
+
+    #: Seconds after creation when the context expires (None: never); see the constructor.
+    timeout: float | None = None
+
+    def __init__(self, *, timeout: float | None = None) -> None:
+        self.creation_time = time.time()
+        if timeout is not None:
+            if timeout <= 0:
+                raise ValueError(f"timeout {timeout} must be positive seconds")
+            self.timeout = timeout
+
+    @abc.abstractmethod
+    def partition_id(self, num_partitions: int) -> int:
+        """The partition of this transaction, in ``0 .. num_partitions - 1``."""
+
+    @abc.abstractmethod
+    def execute(self, builder: TransactionBuilder) -> bool:
+        """Build the transaction with ``builder``.
+
+        Returns:
+            True to append the transaction, False to drop it (the context then completes with
+            ``on_completion(False)``). An exception ends the context with ``on_exception``.
+        """
+
+    def on_completion(self, result: bool) -> None:  # noqa: B027 (optional hook)
+        """Called once when the context ends without error or expiry.
+
+        Args:
+            result: True when the transaction was committed, False when ``execute`` dropped it.
+        """
+
+    def on_application(self) -> None:  # noqa: B027 (optional hook)
+        """Called (on the partition's apply thread) once this client has applied the committed
+        transaction, i.e. ``apply_transaction`` returned for it."""
+
+    def on_exception(self, exception: BaseException) -> None:  # noqa: B027 (optional hook)
+        """Called once when ``execute`` raised (or the transaction cannot be sent); no retry follows."""
+
+    def on_lock_failure(self) -> None:  # noqa: B027 (optional hook)
+        """Called each time an attempt failed its lock check; the client retries once it has
+        applied the transaction that made the attempt fail."""
+
+    def on_expiration(self) -> None:  # noqa: B027 (optional hook)
+        """Called once when the context expired between attempts; no retry follows."""

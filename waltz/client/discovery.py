@@ -1,0 +1,135 @@
+"""Server discovery through ZooKeeper: the cluster, the client ID, and the partition assignment.
+
+Source: seed 000 "Client API" (the client connects to ZooKeeper when created), "Request ID" (the
+client ID's uniqueness is guaranteed by ZooKeeper), "Generation Number"; ``docs/protocol.md``
+"Connections and identities". Znodes read (``docs/zookeeper.md``):
+
+- ``<root>/cluster``: the number of partitions;
+- ``<root>/client/id``: a kazoo ``Counter``; each client takes the next value as its client ID;
+- ``<root>/server/assignment``: partition -> server endpoint and generation, watched.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Self
+
+from kazoo.client import KazooClient
+from kazoo.recipe.counter import Counter
+
+from waltz.errors import MetadataError
+from waltz.services.cluster.assignment import PartitionAssignment
+from waltz.services.cluster.manager import read_assignment
+from waltz.services.cluster.zk import ClusterPaths, ClusterZk
+from waltz.services.cluster.zk_session import connect_zookeeper
+
+__all__ = ["ServerDiscovery", "client_id_path"]
+
+log = logging.getLogger(__name__)
+
+_INT32_MAX = (1 << 31) - 1
+
+
+def client_id_path(paths: ClusterPaths) -> str:
+    """The znode of the client ID counter, ``<root>/client/id``."""
+    return f"{paths.root}/client/id"
+
+
+class ServerDiscovery:
+    """A ZooKeeper session that finds the servers of a cluster for a client.
+
+    Args:
+        connect_string: the ZooKeeper connect string.
+        root: the cluster root znode.
+        session_timeout: the ZooKeeper session timeout in seconds.
+        connect_timeout: seconds to wait for the first connection.
+
+    Raises:
+        ZooKeeperUnavailableError: ZooKeeper did not answer in time.
+        ClusterNotFoundError: no cluster under ``root``.
+        ConfigurationError: the connect string is malformed.
+    """
+
+    def __init__(
+        self, connect_string: str, root: str, *, session_timeout: float = 10.0, connect_timeout: float = 10.0
+    ) -> None:
+        self.paths = ClusterPaths.of(root)
+        self._zk: KazooClient = connect_zookeeper(
+            connect_string, connect_timeout=connect_timeout, session_timeout=session_timeout
+        )
+        self._closed = False
+        self._watching = False
+        self._lock = threading.Lock()
+        try:
+            self.num_partitions = ClusterZk(self._zk, self.paths.root).params().num_partitions
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def next_client_id(self) -> int:
+        """Take a new client ID from the ``<root>/client/id`` counter (1, 2, 3, ...).
+
+        Raises:
+            MetadataError: the counter passed the 32-bit range of a ReqId's client ID.
+        """
+        counter = Counter(self._zk, client_id_path(self.paths))
+        counter += 1
+        value = counter.post_value
+        if not isinstance(value, int) or not 0 < value <= _INT32_MAX:
+            raise MetadataError(
+                f"client ID counter {client_id_path(self.paths)} gave {value!r}, outside 1..{_INT32_MAX}"
+            )
+        return value
+
+    def read_assignment(self) -> PartitionAssignment:
+        """The partition assignment now (empty when the cluster manager has not written one)."""
+        assignment, _ = read_assignment(self._zk, self.paths)
+        return assignment
+
+    def watch_assignment(self, on_change: Callable[[PartitionAssignment], None]) -> None:
+        """Call ``on_change`` (on a kazoo thread) with the assignment now and after every change.
+
+        A malformed assignment is logged and skipped (the previous one stays in force).
+        """
+        with self._lock:
+            if self._watching:
+                raise RuntimeError("the assignment is already watched")
+            self._watching = True
+
+        def changed(data: bytes | None, stat: object, event: object = None) -> bool:
+            if self._closed:
+                return False
+            if not data:
+                on_change(PartitionAssignment())
+                return True
+            try:
+                assignment = PartitionAssignment.decode(data, self.paths.server_assignment)
+            except MetadataError:
+                log.exception("cannot read the partition assignment; keeping the previous one")
+                return True
+            on_change(assignment)
+            return True
+
+        self._zk.DataWatch(self.paths.server_assignment, changed)
+
+    def close(self) -> None:
+        """Stop watching and close the ZooKeeper session. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._zk.stop()
+            self._zk.close()
+        except Exception:
+            log.exception("closing the ZooKeeper session failed")

@@ -1,0 +1,52 @@
+"""The event loop thread of the client core, one per process, shared by every client in it.
+
+DESIGN.md "Concurrency": the client's asyncio core runs on a thread of its own. gRPC's asyncio
+layer binds its completion queue to each event loop that ever used it, and an event loop closed
+while still bound makes later callbacks fail ("Bad file descriptor"); one loop that lives as long
+as the process avoids that, and costs one thread however many clients the process opens. The
+loop is started on first use and never stopped (its thread is a daemon); each client cleans up
+its own tasks and connections when it closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+__all__ = ["shared_event_loop"]
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_thread: threading.Thread | None = None
+
+
+def _exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    # gRPC wakes every event loop bound to its completion queue; all but one then find nothing to
+    # read and raise from PollerCompletionQueue._handle_events (grpc/grpc#25364): harmless noise.
+    if isinstance(context.get("exception"), OSError) and "PollerCompletionQueue" in repr(
+        context.get("handle")
+    ):
+        log.debug("ignored a spurious gRPC poller wake-up: %s", context.get("exception"))
+        return
+    loop.default_exception_handler(context)
+
+
+def _run(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    loop.run_forever()
+
+
+def shared_event_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """The process's client event loop and its thread, started on first use."""
+    global _loop, _thread
+    with _lock:
+        if _loop is None or _thread is None or not _thread.is_alive():
+            _loop = asyncio.new_event_loop()
+            _loop.set_exception_handler(_exception_handler)
+            _thread = threading.Thread(target=_run, args=(_loop,), name="waltz-client-loop", daemon=True)
+            _thread.start()
+        return _loop, _thread

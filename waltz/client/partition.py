@@ -1,0 +1,505 @@
+"""The client-side partition: mount state, pending appends, the feed, and the apply worker.
+
+Source: seed 000 "Mounting a partition", "Waltz Client" ("Partition", "Fault Recovery"); seed 002
+("Detection of Failed Append Requests" and the reconnect procedure); ``docs/protocol.md``. A
+:class:`ClientPartition` is a proxy of a partition owned by some server. It lives on the client's
+event loop (only the apply worker, the concurrency limit and the applied mark are touched from
+other threads).
+
+Mounting (the seed 002 reconnect procedure, also used for every reassignment):
+
+1. appends are blocked (queued in the partition);
+2. the partition gets a connection to the server the assignment names (a new network client
+   with a new sequence number when the old one broke);
+3. it sends ``MountRequest`` with the high-water mark to restart the feed from: the
+   callbacks' mark on a first mount; with appends pending, the lower of the callbacks' mark and
+   the last transaction this client saw in its own feed, so that the fate of each pending append
+   shows in the feed even when another instance sharing the database is ahead; otherwise the
+   higher of the two;
+4. feed entries are processed by the transaction monitor as usual;
+5. on ``MountResponse(partition_ready=true)`` every append still pending failed (the server
+   holds nothing of it any more) and is re-executed;
+6. appends are unblocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from waltz.client.apply_worker import ApplyWorker
+from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.connection import ServerConnection
+from waltz.client.context import AppendPayload
+from waltz.client.monitor import TransactionMonitor
+from waltz.client.submission import Submission
+from waltz.client.transaction import Transaction, TransactionDataSource
+from waltz.client.waiting import ConcurrencyLimit, Watermark
+from waltz.errors import ProtocolError
+from waltz.protocol import client_pb2
+from waltz.protocol.records import ReqId
+
+__all__ = ["ClientPartition", "PartitionHost", "PartitionState"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Longest pause between mount attempts, in seconds.
+MAX_MOUNT_BACKOFF = 1.0
+
+
+class PartitionState(enum.Enum):
+    """Where a client partition is in its life cycle."""
+
+    UNMOUNTED = "unmounted"
+    MOUNTING = "mounting"
+    MOUNTED = "mounted"
+    CLOSED = "closed"
+
+
+class PartitionHost(Protocol):
+    """What a partition needs from the client that owns it (all on the event loop)."""
+
+    client_id: int
+    callbacks: WaltzClientCallbacks
+    data_source: TransactionDataSource
+
+    def next_seq_num(self) -> int:
+        """The next ReqId sequence number (one per request of the client, across partitions)."""
+        ...
+
+    async def connection(self, endpoint: str) -> ServerConnection:
+        """A live connection to ``endpoint`` (a new network client when there is none)."""
+        ...
+
+    def completed(self, submission: Submission, transaction_id: int) -> None:
+        """The submission's append was committed as ``transaction_id``."""
+        ...
+
+    def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
+        """Re-execute a submission whose append failed (after its lock target is applied)."""
+        ...
+
+    def rejected(self, submission: Submission, error: BaseException) -> None:
+        """End a submission whose append the server rejected for good."""
+        ...
+
+    def refresh_assignment(self) -> None:
+        """Re-read the partition assignment from ZooKeeper (it may have changed)."""
+        ...
+
+
+@dataclass(slots=True)
+class _Pending:
+    submission: Submission
+    payload: AppendPayload
+
+
+class ClientPartition:
+    """One partition as this client sees it.
+
+    Args:
+        partition_id: the partition.
+        host: the client.
+        max_concurrent: contexts in flight at most (``client.maxConcurrentTransactions``).
+        max_apply_batch: transactions per ``apply_transactions`` call.
+    """
+
+    def __init__(
+        self, partition_id: int, host: PartitionHost, max_concurrent: int, max_apply_batch: int
+    ) -> None:
+        self.partition_id = partition_id
+        self._host = host
+        self._max_apply_batch = max_apply_batch
+        self.limit = ConcurrencyLimit(max_concurrent)
+        self.applied = Watermark(-1)
+        """The highest transaction ID this client applied (or found applied) on the partition."""
+        self.monitor: TransactionMonitor[_Pending] = TransactionMonitor()
+        self.state = PartitionState.UNMOUNTED
+        self.endpoint: str | None = None
+        self.generation = -1
+        self.connection: ServerConnection | None = None
+        self.worker: ApplyWorker | None = None
+        self.own_committed_mark = -1
+        """The highest transaction ID of this client's own commits on the partition."""
+        self.mounts = 0
+        self.feed_gaps = 0
+        self._blocked: deque[tuple[Submission, AppendPayload]] = deque()
+        self._feed_mark = -1
+        self._queued_mark: int | None = None
+        self._mounted = asyncio.Event()
+        self._wakeup = asyncio.Event()
+        self._mount_task: asyncio.Task[None] | None = None
+        self._mount_req: ReqId | None = None
+        self._mount_response: asyncio.Future[bool] | None = None
+        self._flush_reqs: dict[int, int] = {}  # flush ReqId sequence number -> monitor position
+        self._flush_marks: list[tuple[int, int]] = []  # (monitor position, high-water mark)
+
+    def __repr__(self) -> str:
+        return (
+            f"ClientPartition({self.partition_id}, {self.state.value}, {self.endpoint} "
+            f"generation {self.generation}, pending {len(self.monitor)}, blocked {len(self._blocked)})"
+        )
+
+    # --- life cycle -------------------------------------------------------------------------------
+
+    @property
+    def wanted(self) -> bool:
+        """True while the application wants the partition mounted."""
+        return self.state in (PartitionState.MOUNTING, PartitionState.MOUNTED)
+
+    @property
+    def mounted(self) -> bool:
+        """True when the partition is mounted and appends flow."""
+        return self.state is PartitionState.MOUNTED
+
+    async def wait_mounted(self) -> None:
+        """Wait until the partition is mounted."""
+        await self._mounted.wait()
+
+    def mount(self) -> None:
+        """Start mounting (and applying the feed); no-op when already mounted or mounting."""
+        if self.state is PartitionState.CLOSED or self.wanted:
+            return
+        if self.worker is None:
+            self.worker = ApplyWorker(
+                self.partition_id, self._host.callbacks, self.applied, max_batch=self._max_apply_batch
+            )
+            self.worker.start()
+        self.state = PartitionState.MOUNTING
+        self._start_mounting()
+
+    def remount(self, reason: str) -> None:
+        """Run the reconnect procedure: block appends, mount again (seed 002)."""
+        if not self.wanted:
+            return
+        log.info("partition %d: mounting again (%s)", self.partition_id, reason)
+        self.state = PartitionState.MOUNTING
+        self._mounted.clear()
+        self._flush_reqs.clear()
+        self._flush_marks.clear()
+        self._start_mounting()
+
+    def _start_mounting(self) -> None:
+        self._wakeup.set()
+        if self._mount_task is None or self._mount_task.done():
+            self._mount_task = asyncio.get_running_loop().create_task(
+                self._mount_loop(), name=f"waltz-mount-{self.partition_id}"
+            )
+
+    def detach(self) -> ApplyWorker | None:
+        """Stop mounting and following the feed (unmount, or close); returns the worker to close.
+
+        The caller makes sure nothing is in flight; the feed and the queue of the worker are
+        forgotten, so the next mount starts from the callbacks' high-water mark.
+        """
+        self.state = PartitionState.UNMOUNTED
+        self._mounted.clear()
+        if self._mount_task is not None:
+            self._mount_task.cancel()
+            self._mount_task = None
+        self.connection = None
+        self._queued_mark = None
+        worker, self.worker = self.worker, None
+        return worker
+
+    def close(self) -> tuple[ApplyWorker | None, list[Submission]]:
+        """Stop for good; returns the worker to close and every submission still held."""
+        worker = self.detach()
+        self.state = PartitionState.CLOSED
+        held = [p.submission for p in self.monitor.fail_all()] + [s for s, _ in self._blocked]
+        self._blocked.clear()
+        return worker, held
+
+    def set_placement(self, endpoint: str | None, generation: int) -> None:
+        """Take the partition's place from the assignment; a change means mounting again."""
+        if generation < self.generation or (generation == self.generation and endpoint == self.endpoint):
+            return  # older news, or no news
+        moved = self.generation >= 0
+        self.endpoint, self.generation = endpoint, generation
+        if moved:
+            self.remount(f"assigned to {endpoint or 'no server'} with generation {generation}")
+        else:
+            self._wakeup.set()
+
+    def connection_lost(self, connection: ServerConnection) -> None:
+        """The partition's connection broke: mount again (with a new network client)."""
+        if connection is self.connection:
+            self.connection = None
+            self.remount(f"connection to {connection.endpoint} lost")
+
+    async def _mount_loop(self) -> None:
+        backoff = 0.05
+        loop = asyncio.get_running_loop()
+        while self.state is PartitionState.MOUNTING:
+            self._wakeup.clear()
+            endpoint, generation = self.endpoint, self.generation
+            if endpoint is None:
+                await self._wakeup.wait()
+                continue
+            try:
+                # A connection to a dead server takes a while to fail: a new assignment wins.
+                connection = await self._unless_woken(self._host.connection(endpoint))
+            except Exception as exc:
+                log.info("partition %d: cannot mount on %s yet: %s", self.partition_id, endpoint, exc)
+                await self._pause(backoff)
+                backoff = min(MAX_MOUNT_BACKOFF, backoff * 2)
+                continue
+            if connection is None:
+                continue
+            try:
+                high_water_mark = await asyncio.to_thread(
+                    self._host.callbacks.get_client_high_water_mark, self.partition_id
+                )
+            except Exception as exc:
+                log.warning(
+                    "partition %d: get_client_high_water_mark raised %r; mounting again in %.2fs",
+                    self.partition_id,
+                    exc,
+                    backoff,
+                )
+                self._report(exc)
+                await self._pause(backoff)
+                backoff = min(MAX_MOUNT_BACKOFF, backoff * 2)
+                continue
+            if self._wakeup.is_set() or self.state is not PartitionState.MOUNTING:
+                continue  # the assignment changed meanwhile
+            self.connection = connection
+            mount_mark = self._mount_mark(high_water_mark)
+            req_id = ReqId(self._host.client_id, generation, self.partition_id, self._host.next_seq_num())
+            response: asyncio.Future[bool] = loop.create_future()
+            self._mount_req, self._mount_response = req_id, response
+            self._feed_mark = mount_mark
+            message = client_pb2.ClientMessage(
+                mount=client_pb2.MountRequest(
+                    req_id=req_id.to_proto(), client_high_water_mark=mount_mark, seq_num=connection.seq_num
+                )
+            )
+            try:
+                connection.send(message)
+            except ConnectionError:
+                continue
+            wakeup = loop.create_task(self._wakeup.wait())
+            waiting: set[asyncio.Future[Any]] = {response, wakeup}
+            try:
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                wakeup.cancel()
+            changed = self._wakeup.is_set() or connection is not self.connection or connection.closed
+            if changed or not response.done() or self.state is not PartitionState.MOUNTING:
+                continue  # something changed (connection, assignment): start over
+            if response.result():
+                if self._mount_succeeded(mount_mark):
+                    return
+                continue  # lost again while unblocking appends: this task mounts again
+            log.info(
+                "partition %d: %s is not ready for it under generation %d; retrying",
+                self.partition_id,
+                endpoint,
+                generation,
+            )
+            self._host.refresh_assignment()
+            await self._pause(backoff)
+            backoff = min(MAX_MOUNT_BACKOFF, backoff * 2)
+
+    def _report(self, exception: BaseException) -> None:
+        """Tell the application about an exception of its callbacks (transaction ID -1: none)."""
+        try:
+            self._host.callbacks.uncaught_exception(self.partition_id, -1, exception)
+        except Exception:
+            log.exception("partition %d: uncaught_exception raised", self.partition_id)
+
+    async def _unless_woken(self, awaitable: Coroutine[Any, Any, T]) -> T | None:
+        """Await ``awaitable`` unless a remount (new assignment, lost connection) comes first."""
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(awaitable)
+        wakeup = loop.create_task(self._wakeup.wait())
+        waiting: set[asyncio.Future[Any]] = {task, wakeup}
+        try:
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wakeup.cancel()
+        if not task.done():
+            task.cancel()
+            return None
+        return task.result()
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), seconds)
+
+    def _mount_mark(self, callbacks_mark: int) -> int:
+        """The high-water mark to mount from (see the module docstring, step 3)."""
+        worker = self.worker
+        assert worker is not None
+        if self._queued_mark is None:
+            self._queued_mark = callbacks_mark
+            worker.set_floor(callbacks_mark)
+            return callbacks_mark
+        if self.monitor:
+            return min(callbacks_mark, self._queued_mark)
+        if callbacks_mark > self._queued_mark:
+            self._queued_mark = callbacks_mark
+            worker.set_floor(callbacks_mark)
+        return self._queued_mark
+
+    def _mount_succeeded(self, mount_mark: int) -> bool:
+        """Fail what is pending, unblock appends; False when the partition was lost meanwhile."""
+        self.mounts += 1
+        self._mount_req = self._mount_response = None
+        failed = self.monitor.fail_all()
+        log.info(
+            "partition %d: mounted on %s (generation %d, from transaction %d, feed at %d); "
+            "%d pending append(s) failed, %d blocked",
+            self.partition_id,
+            self.endpoint,
+            self.generation,
+            mount_mark,
+            self._feed_mark,
+            len(failed),
+            len(self._blocked),
+        )
+        self.state = PartitionState.MOUNTED
+        self._mounted.set()
+        for pending in failed:
+            self._host.retry(self, pending.submission, None)
+        blocked, self._blocked = self._blocked, deque()
+        for submission, payload in blocked:
+            self.send_append(submission, payload)
+        return self.state is PartitionState.MOUNTED
+
+    # --- appends ----------------------------------------------------------------------------------
+
+    def send_append(self, submission: Submission, payload: AppendPayload) -> None:
+        """Send an attempt's append, or hold it until the partition is mounted."""
+        if self.state is PartitionState.CLOSED:
+            self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
+            return
+        connection = self.connection
+        if self.state is not PartitionState.MOUNTED or connection is None or connection.closed:
+            self._blocked.append((submission, payload))
+            if self.state is PartitionState.MOUNTED:
+                self.remount("connection lost")
+            return
+        req_id = ReqId(self._host.client_id, self.generation, self.partition_id, self._host.next_seq_num())
+        self.monitor.register(req_id, _Pending(submission, payload))
+        connection.send_append(req_id, payload)
+
+    def send_flush(self) -> None:
+        """Nudge the server with a flush request when appends are pending (learn their fate)."""
+        connection = self.connection
+        if not self.mounted or not self.monitor or connection is None or connection.closed:
+            return
+        req_id = ReqId(self._host.client_id, self.generation, self.partition_id, self._host.next_seq_num())
+        self._flush_reqs[req_id.seq_num] = self.monitor.position
+        connection.send(client_pb2.ClientMessage(flush=client_pb2.FlushRequest(req_id=req_id.to_proto())))
+
+    # --- the feed and other server messages -------------------------------------------------------
+
+    def on_feed_data(self, connection: ServerConnection, feed: client_pb2.FeedData) -> None:
+        """Process one feed entry: contiguity, the transaction monitor, the apply queue."""
+        if connection is not self.connection or not self.wanted:
+            return  # a stale connection's leftovers, or not following this partition
+        transaction_id = feed.transaction_id
+        expected = self._feed_mark + 1
+        if transaction_id != expected:
+            if transaction_id > expected:
+                self.feed_gaps += 1
+                log.warning(
+                    "partition %d: feed jumped from %d to %d; ignoring it until the feed catches up",
+                    self.partition_id,
+                    self._feed_mark,
+                    transaction_id,
+                )
+            return
+        self._feed_mark = transaction_id
+        proto_req = feed.req_id
+        req_id: ReqId | None = None
+        data: bytes | None = None
+        own: Submission | None = None
+        if proto_req.client_id == self._host.client_id and self.monitor:
+            req_id = ReqId.from_proto(proto_req)
+            succeeded, failed = self.monitor.on_feed(req_id)
+            for pending in failed:
+                self._host.retry(self, pending.submission, None)
+            if succeeded is not None:
+                own, data = succeeded.submission, succeeded.payload.data
+                self.own_committed_mark = transaction_id
+                self._host.completed(own, transaction_id)
+        queued = self._queued_mark
+        if queued is not None and transaction_id > queued and self.worker is not None:
+            self._queued_mark = transaction_id
+            self.worker.enqueue(
+                Transaction(
+                    self.partition_id,
+                    transaction_id,
+                    req_id or ReqId.from_proto(proto_req),
+                    feed.header,
+                    self._host.data_source,
+                    data,
+                ),
+                own,
+            )
+        if self._flush_marks:
+            self._check_flushes()
+
+    def on_message(self, connection: ServerConnection, kind: str, body: object) -> None:
+        """Process a server message other than feed data (``kind`` is its oneof field name)."""
+        if connection is not self.connection:
+            return
+        if kind == "mount":
+            assert isinstance(body, client_pb2.MountResponse)
+            if self._mount_req is not None and ReqId.from_proto(body.req_id) == self._mount_req:
+                response = self._mount_response
+                if response is not None and not response.done():
+                    response.set_result(body.partition_ready)
+        elif kind == "lock_failure":
+            assert isinstance(body, client_pb2.LockFailure)
+            pending = self.monitor.on_lock_failure(ReqId.from_proto(body.req_id))
+            if pending is not None:
+                self._host.retry(self, pending.submission, body.transaction_id)
+        elif kind == "flush":
+            assert isinstance(body, client_pb2.FlushResponse)
+            position = self._flush_reqs.pop(body.req_id.seq_num, None)
+            if position is not None:
+                self._flush_marks.append((position, body.transaction_id))
+                self._check_flushes()
+        elif kind == "feed_suspended":
+            self._host.refresh_assignment()
+            self.remount(f"{connection.endpoint} suspended the feed")
+        elif kind == "error":
+            assert isinstance(body, client_pb2.ServerError)
+            self._on_server_error(body)
+
+    def _check_flushes(self) -> None:
+        """Fail appends sent before a flush once the feed reached the flush's high-water mark."""
+        remaining = []
+        for position, mark in self._flush_marks:
+            if self._feed_mark >= mark:
+                for pending in self.monitor.fail_before(position):
+                    self._host.retry(self, pending.submission, None)
+            else:
+                remaining.append((position, mark))
+        self._flush_marks = remaining
+
+    def _on_server_error(self, error: client_pb2.ServerError) -> None:
+        req_id = ReqId.from_proto(error.req_id)
+        log.warning("partition %d: server error for %s: %s", self.partition_id, req_id, error.message)
+        if self._mount_req is not None and req_id == self._mount_req:
+            response = self._mount_response
+            if response is not None and not response.done():
+                response.set_result(False)
+            return
+        pending = self.monitor.remove(req_id)
+        if pending is not None:
+            self._host.rejected(
+                pending.submission,
+                ProtocolError(f"server {self.endpoint} rejected the append {req_id}: {error.message}"),
+            )

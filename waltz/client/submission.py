@@ -1,0 +1,188 @@
+"""One submitted transaction context through its attempts, up to exactly one outcome.
+
+Source: seed 000 "Client-Application Interactions" (execute, append, retry queue), "Client API"
+(``TransactionContext`` callbacks). A :class:`Submission` runs attempts (``execute`` with a fresh
+builder at the current client high-water mark) until one is committed, ``execute`` drops the
+transaction, raises, or the context expires between attempts. It does no networking: the client
+sends what :meth:`Submission.attempt` returns and reports back what the feed says.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from waltz.client.context import AppendPayload, TransactionBuilder, TransactionContext
+from waltz.errors import MessageTooLargeError, TransactionExpiredError
+
+__all__ = ["Submission"]
+
+log = logging.getLogger(__name__)
+
+#: Bytes an append request needs besides its data (ReqId, mark, header, checksum, framing).
+APPEND_OVERHEAD_BYTES = 256
+
+
+class _SubmissionFuture(concurrent.futures.Future[int | None]):
+    """The future of a submission: an append in flight cannot be recalled, so it cannot be cancelled."""
+
+    def cancel(self) -> bool:
+        return False
+
+
+class Submission:
+    """A context's attempts and its single outcome.
+
+    Args:
+        context: the application's context.
+        partition_id: the partition ``context.partition_id`` chose.
+        high_water_mark: returns the partition's client high-water mark (the callbacks').
+        max_message_bytes: the largest append message; bigger data ends the context with
+            :class:`~waltz.errors.MessageTooLargeError`.
+        on_finished: called once when the context ends (before the future resolves), e.g. to
+            release its concurrency slot.
+    """
+
+    def __init__(
+        self,
+        context: TransactionContext,
+        partition_id: int,
+        high_water_mark: Callable[[int], int],
+        max_message_bytes: int,
+        on_finished: Callable[[Submission], None] | None = None,
+    ) -> None:
+        self.context = context
+        self.partition_id = partition_id
+        self.future: concurrent.futures.Future[int | None] = _SubmissionFuture()
+        self.attempts = 0
+        self.lock_failures = 0
+        self.lost_appends = 0
+        """Attempts that failed without a lock failure (lost with a connection, a server, ...)."""
+        self.last_lock_target = -2
+        self.repeated_lock_failures = 0
+        """Lock failures in a row naming the same transaction (the client paces those)."""
+        self.submitted_at = time.monotonic()
+        timeout = getattr(context, "timeout", None)
+        self.timeout: float | None = timeout
+        self.deadline: float | None = None if timeout is None else self.submitted_at + timeout
+        self._high_water_mark = high_water_mark
+        self._max_message_bytes = max_message_bytes
+        self._on_finished = on_finished
+        self._lock = threading.Lock()
+        self._finished = False
+
+    def __repr__(self) -> str:
+        return (
+            f"Submission({type(self.context).__name__}, partition {self.partition_id}, "
+            f"attempts {self.attempts}, finished {self._finished})"
+        )
+
+    @property
+    def finished(self) -> bool:
+        """True once the context ended (committed, dropped, failed or expired)."""
+        return self._finished
+
+    def expired(self, now: float | None = None) -> bool:
+        """True when the context has a timeout and it has passed."""
+        return self.deadline is not None and (time.monotonic() if now is None else now) >= self.deadline
+
+    def remaining(self) -> float | None:
+        """Seconds until expiry (never negative), or None without a timeout."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def attempt(self) -> AppendPayload | None:
+        """Run one attempt: check expiry, read the high-water mark, call ``execute``.
+
+        Returns:
+            The append to send, or None when the context ended here (expired, dropped by
+            ``execute``, or ``execute`` raised), its callbacks already called.
+        """
+        if self._finished:
+            return None
+        if self.expired():
+            self.expire()
+            return None
+        self.attempts += 1
+        try:
+            builder = TransactionBuilder(self._high_water_mark(self.partition_id))
+            if not self.context.execute(builder):
+                self.complete(None)
+                return None
+            payload = builder.build()
+            size = len(payload.data) + APPEND_OVERHEAD_BYTES
+            if size > self._max_message_bytes:
+                raise MessageTooLargeError(
+                    f"transaction data of {len(payload.data)} bytes does not fit in a message of "
+                    f"{self._max_message_bytes} bytes (client.maxMessageBytes); make it smaller",
+                    size,
+                    self._max_message_bytes,
+                )
+        except Exception as exc:
+            self.fail(exc)
+            return None
+        return payload
+
+    def complete(self, transaction_id: int | None) -> None:
+        """End the context: committed as ``transaction_id``, or dropped by ``execute`` (None)."""
+        if not self._finish():
+            return
+        try:
+            self.context.on_completion(transaction_id is not None)
+        except Exception:
+            log.exception("%r: on_completion raised", self)
+        self._resolve(lambda: self.future.set_result(transaction_id))
+
+    def fail(self, exception: BaseException) -> None:
+        """End the context with an exception (``execute`` raised, a server rejected the append,
+        the client closed)."""
+        if not self._finish():
+            return
+        try:
+            self.context.on_exception(exception)
+        except Exception:
+            log.exception("%r: on_exception raised", self)
+        self._resolve(lambda: self.future.set_exception(exception))
+
+    def expire(self) -> None:
+        """End the context as expired (only ever between attempts)."""
+        if not self._finish():
+            return
+        try:
+            self.context.on_expiration()
+        except Exception:
+            log.exception("%r: on_expiration raised", self)
+        error = TransactionExpiredError(self.partition_id, self.attempts, self.timeout or 0.0)
+        self._resolve(lambda: self.future.set_exception(error))
+
+    def lock_failed(self) -> None:
+        """Note a lock failure of the last attempt and tell the context."""
+        self.lock_failures += 1
+        try:
+            self.context.on_lock_failure()
+        except Exception:
+            log.exception("%r: on_lock_failure raised", self)
+
+    def applied(self) -> None:
+        """Tell the context that this client applied its committed transaction."""
+        try:
+            self.context.on_application()
+        except Exception:
+            log.exception("%r: on_application raised", self)
+
+    def _finish(self) -> bool:
+        with self._lock:
+            if self._finished:
+                return False
+            self._finished = True
+        return True
+
+    def _resolve(self, set_future: Callable[[], None]) -> None:
+        if self._on_finished is not None:
+            try:
+                self._on_finished(self)
+            except Exception:
+                log.exception("%r: finishing hook raised", self)
+        set_future()

@@ -1,0 +1,206 @@
+"""Thread-safe waiting primitives usable from plain threads and from any event loop.
+
+:class:`ConcurrencyLimit` bounds the contexts in flight per partition (seed 000 "Back Pressure");
+:class:`Watermark` is a monotonic mark (a partition's applied high-water mark) that threads and
+coroutines wait on. Both are advanced from client threads and woken across threads and loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = ["ConcurrencyLimit", "Watermark"]
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+@dataclass(eq=False, slots=True)
+class _SlotWaiter:
+    event: threading.Event | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    future: asyncio.Future[None] | None = None
+    granted: bool = False
+
+    def wake(self) -> None:
+        if self.event is not None:
+            self.event.set()
+        elif self.loop is not None and self.future is not None:
+            with contextlib.suppress(RuntimeError):  # the waiter's loop closed
+                self.loop.call_soon_threadsafe(_wake, self.future)
+
+
+class ConcurrencyLimit:
+    """A counting limit with FIFO hand-over, for threads and coroutines alike.
+
+    Args:
+        limit: how many holders at most.
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit <= 0:
+            raise ValueError(f"limit {limit} must be positive")
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._in_use = 0
+        self._waiters: deque[_SlotWaiter] = deque()
+
+    @property
+    def in_use(self) -> int:
+        """Slots held right now."""
+        return self._in_use
+
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free (and nobody waits); never blocks."""
+        with self._lock:
+            if self._in_use < self.limit and not self._waiters:
+                self._in_use += 1
+                return True
+            return False
+
+    def acquire(self, timeout: float | None = None) -> bool:
+        """Take a slot, waiting at most ``timeout`` seconds (None: forever).
+
+        Returns:
+            True when a slot was taken, False on timeout.
+        """
+        with self._lock:
+            if self._in_use < self.limit and not self._waiters:
+                self._in_use += 1
+                return True
+            waiter = _SlotWaiter(event=threading.Event())
+            self._waiters.append(waiter)
+        assert waiter.event is not None
+        waiter.event.wait(timeout)
+        with self._lock:
+            if waiter.granted:
+                return True
+            self._waiters.remove(waiter)
+            return False
+
+    async def acquire_async(self, timeout: float | None = None) -> bool:
+        """Take a slot from a coroutine, waiting at most ``timeout`` seconds (None: forever).
+
+        Returns:
+            True when a slot was taken, False on timeout. Cancellation gives no slot.
+        """
+        with self._lock:
+            if self._in_use < self.limit and not self._waiters:
+                self._in_use += 1
+                return True
+            loop = asyncio.get_running_loop()
+            waiter = _SlotWaiter(loop=loop, future=loop.create_future())
+            self._waiters.append(waiter)
+        assert waiter.future is not None
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), timeout)
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            with self._lock:
+                if not waiter.granted:
+                    self._waiters.remove(waiter)
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                    return False
+            if isinstance(exc, asyncio.CancelledError):
+                self.release()  # granted while being cancelled: pass it on
+                raise
+        return True
+
+    def release(self) -> None:
+        """Give a slot back (to the longest waiter, if any)."""
+        with self._lock:
+            if self._waiters:
+                waiter = self._waiters.popleft()
+                waiter.granted = True  # the slot passes on; in_use is unchanged
+                waiter.wake()
+                return
+            if self._in_use <= 0:
+                raise RuntimeError("ConcurrencyLimit released more often than acquired")
+            self._in_use -= 1
+
+
+@dataclass(eq=False, slots=True)
+class _MarkWaiter:
+    target: int
+    event: threading.Event | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    future: asyncio.Future[None] | None = None
+    done: bool = field(default=False)
+
+
+class Watermark:
+    """A monotonic integer mark; threads and coroutines wait until it reaches a target.
+
+    Args:
+        value: the initial mark.
+    """
+
+    def __init__(self, value: int = -1) -> None:
+        self._lock = threading.Lock()
+        self._value = value
+        self._waiters: list[_MarkWaiter] = []
+
+    @property
+    def value(self) -> int:
+        """The current mark."""
+        return self._value
+
+    def advance(self, value: int) -> None:
+        """Raise the mark to ``value`` (lower values are ignored) and wake whoever it satisfies."""
+        with self._lock:
+            if value <= self._value:
+                return
+            self._value = value
+            ready = [w for w in self._waiters if w.target <= value]
+            if not ready:
+                return
+            self._waiters = [w for w in self._waiters if w.target > value]
+        for waiter in ready:
+            waiter.done = True
+            if waiter.event is not None:
+                waiter.event.set()
+            elif waiter.loop is not None and waiter.future is not None:
+                with contextlib.suppress(RuntimeError):  # that loop closed
+                    waiter.loop.call_soon_threadsafe(_wake, waiter.future)
+
+    def wait(self, target: int, timeout: float | None = None) -> bool:
+        """Block until the mark is at least ``target``; False after ``timeout`` seconds."""
+        with self._lock:
+            if self._value >= target:
+                return True
+            waiter = _MarkWaiter(target, event=threading.Event())
+            self._waiters.append(waiter)
+        assert waiter.event is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        reached = waiter.event.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if not reached:
+            with self._lock:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        return reached or self._value >= target
+
+    async def wait_async(self, target: int, timeout: float | None = None) -> bool:
+        """Wait from a coroutine until the mark is at least ``target``; False after ``timeout``."""
+        with self._lock:
+            if self._value >= target:
+                return True
+            loop = asyncio.get_running_loop()
+            waiter = _MarkWaiter(target, loop=loop, future=loop.create_future())
+            self._waiters.append(waiter)
+        assert waiter.future is not None
+        try:
+            await asyncio.wait_for(waiter.future, timeout)
+        except TimeoutError:
+            return self._value >= target
+        finally:
+            with self._lock:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        return True
