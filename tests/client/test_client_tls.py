@@ -1,4 +1,4 @@
-"""The client over mutual TLS: a server that requires client certificates (test CA from openssl)."""
+"""The client over mutual TLS: a server that requires client certificates (made with `cryptography`)."""
 
 from __future__ import annotations
 
