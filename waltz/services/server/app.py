@@ -253,7 +253,13 @@ class ServerApp:
                     on_commit=counted,
                 )
 
-            partition = Partition(partition_id, generation, store_factory, self.partition_config)
+            partition = Partition(
+                partition_id,
+                generation,
+                store_factory,
+                self.partition_config,
+                observe_commit=self.metrics.commit_seconds.observe,
+            )
             self.partitions[partition_id] = partition
             partition.start()
             log.info("partition %d opened with generation %d", partition_id, generation)

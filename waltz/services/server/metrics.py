@@ -119,7 +119,7 @@ class ServerMetrics:
         )
         self.commit_seconds = Histogram(
             "waltz_server_commit_seconds",
-            "Time from an append request to the commit of its transactions, in seconds.",
+            "Time from receiving an append (client or admin) to its commit, in seconds.",
             registry=self.registry,
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0),
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -98,11 +99,13 @@ class Partition:
         generation: int,
         store_factory: Callable[[Callable[[list[Record]], None]], StorePartition],
         config: PartitionConfig | None = None,
+        observe_commit: Callable[[float], None] | None = None,
     ) -> None:
         self.partition_id = partition_id
         self.generation = generation
         self.config = config or PartitionConfig()
         self.store = store_factory(self._committed)
+        self._observe_commit = observe_commit
         self._lock_table: LockTable | None = None
         self._pending_slots: dict[int, asyncio.Future[int]] = {}  # slot -> latest unresolved append
         self._feed: deque[tuple[int, common_pb2.ReqId, int]] = deque(maxlen=self.config.feed_cache_size)
@@ -208,18 +211,27 @@ class Partition:
         state.pending += 1
         state.idle.clear()
         written = list(request.write_lock_hashes) + list(request.append_lock_hashes)
+        received = time.perf_counter()
         future = self.store.submit(ReqId.from_proto(request.req_id), request.header, request.data)
         slots = self._slots(written)
         for slot in slots:
             self._pending_slots[slot] = future
         self.appends += 1
-        future.add_done_callback(lambda f: self._resolved(f, state, slots, written))
+        future.add_done_callback(lambda f: self._resolved(f, state, slots, written, received))
 
     def _resolved(
-        self, future: asyncio.Future[int], state: _ClientState, slots: set[int], written: list[int]
+        self,
+        future: asyncio.Future[int],
+        state: _ClientState,
+        slots: set[int],
+        written: list[int],
+        received: float,
     ) -> None:
-        if not future.cancelled() and future.exception() is None and self._lock_table is not None:
+        committed = not future.cancelled() and future.exception() is None
+        if committed and self._lock_table is not None:
             self._lock_table.update(future.result(), written)
+        if committed and self._observe_commit is not None:
+            self._observe_commit(time.perf_counter() - received)
         for slot in slots:
             if self._pending_slots.get(slot) is future:
                 del self._pending_slots[slot]
