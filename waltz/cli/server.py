@@ -32,6 +32,10 @@ def start(
     host: Annotated[str | None, typer.Option(help="Address to bind and advertise (server.host).")] = None,
     port: Annotated[int | None, typer.Option(help="Server port, 0 for any free port (server.port).")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="HTTP port for /metrics and /health.")] = None,
+    advertised_endpoint: Annotated[
+        str | None,
+        typer.Option(help="host:port clients are told to use, e.g. a proxy's (server.advertisedEndpoint)."),
+    ] = None,
     session_timeout: Annotated[
         float | None, typer.Option(help="ZooKeeper session timeout in seconds (zookeeper.sessionTimeout).")
     ] = None,
@@ -57,6 +61,7 @@ def start(
             server_host=host,
             server_port=port,
             server_metrics_port=metrics_port,
+            server_advertised_endpoint=advertised_endpoint,
             zookeeper_session_timeout=session_timeout,
         )
     except ConfigurationError as exc:

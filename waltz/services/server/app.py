@@ -66,8 +66,8 @@ class ServerApp:
 
     @property
     def endpoint(self) -> str:
-        """``host:port`` where clients reach this server."""
-        return f"{self.config.server_host}:{self.port}"
+        """``host:port`` where clients reach this server (``server.advertisedEndpoint`` if set)."""
+        return self.config.server_advertised_endpoint or f"{self.config.server_host}:{self.port}"
 
     @property
     def member(self) -> str:

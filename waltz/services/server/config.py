@@ -28,6 +28,7 @@ class ServerConfig(WaltzSettings):
         "server.host": "server_host",
         "server.port": "server_port",
         "server.metrics.port": "server_metrics_port",
+        "server.advertisedEndpoint": "server_advertised_endpoint",
         "server.preferredPartitions": "server_preferred_partitions",
         "server.ssl.certFile": "server_tls_cert_file",
         "server.ssl.keyFile": "server_tls_key_file",
@@ -55,6 +56,11 @@ class ServerConfig(WaltzSettings):
     server_host: str = Field("127.0.0.1", description="Address the server port binds to and advertises.")
     server_port: int = Field(
         55180, ge=0, le=65535, description="Port for clients and tools (0: any free port)."
+    )
+    server_advertised_endpoint: str | None = Field(
+        None,
+        description="host:port that clients are told to use (a proxy or NAT in front of the server); "
+        "default: server.host and the bound port.",
     )
     server_metrics_port: int | None = Field(
         None, ge=0, le=65535, description="HTTP port for /metrics and /health."
