@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from waltz import (
@@ -13,7 +14,9 @@ from waltz import (
     Transaction,
     TransactionBuilder,
     TransactionContext,
+    WaltzClient,
     WaltzClientCallbacks,
+    WaltzClientConfig,
 )
 
 
@@ -172,3 +175,83 @@ class Increment(TransactionContext):
 
     def on_lock_failure(self) -> None:
         self.outcomes.lock_failures += 1
+
+
+def run_with_cuts(
+    client_config: WaltzClientConfig,
+    log_start: dict[int, int],
+    per_client: int,
+    cut: Callable[[list[WaltzClient], random.Random], None] | None = None,
+) -> None:
+    """Two clients append ``per_client`` transactions each while connections are cut at random.
+
+    ``cut(clients, rng)`` cuts connections; by default the clients drop their own connections
+    (also right after some submits). Asserts the fault-test invariants.
+    """
+    stores = [MemoryStore(log_start), MemoryStore(log_start)]
+    rng = random.Random(20261122)
+    in_client = cut is None
+    with WaltzClient(stores[0], client_config) as first, WaltzClient(stores[1], client_config) as second:
+        clients = [first, second]
+        submitted: list[tuple[Append, object]] = []
+        done = threading.Event()
+        cuts = 0
+
+        def cutter() -> None:
+            nonlocal cuts
+            while not done.wait(rng.uniform(0.01, 0.08)):
+                if cut is None:
+                    rng.choice(clients)._core.drop_connections("cut by the fault test")
+                else:
+                    cut(clients, rng)
+                cuts += 1
+
+        def run(client: WaltzClient) -> None:
+            nonlocal cuts
+            local = random.Random(client.client_id)
+            # Groups of 10 in flight, so that the run lasts long enough for many cuts; some cuts
+            # land right after a submit (appends still in buffers or in the server's pipeline).
+            for start in range(0, per_client, 10):
+                group = []
+                for i in range(start, min(per_client, start + 10)):
+                    context = Append(i % 2, f"{client.client_id}/{i}".encode())
+                    group.append(client.submit(context))
+                    submitted.append((context, group[-1]))
+                    if in_client and local.random() < 0.02:
+                        client._core.drop_connections("cut by the fault test, right after a submit")
+                        cuts += 1
+                for future in group:
+                    future.result(120)
+
+        chaos = threading.Thread(target=cutter)
+        chaos.start()
+        try:
+            threads = [threading.Thread(target=run, args=(c,)) for c in clients]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(300)
+            ids = [future.result(120) for _, future in submitted]  # type: ignore[attr-defined]
+        finally:
+            done.set()
+            chaos.join(10)
+        assert cuts > 3, "too few cuts to mean anything"
+        marks = {pid: first.get_high_water_mark(pid) for pid in (0, 1)}
+        for client in clients:
+            for pid, mark in marks.items():
+                assert client.wait_applied(pid, mark, 60), (
+                    f"client {client.client_id} stuck on partition {pid}"
+                )
+
+    for store in stores:
+        assert store.errors == []
+    for pid in (0, 1):
+        sequences = [[(a.transaction_id, a.data) for a in store.applied[pid]] for store in stores]
+        assert sequences[0] == sequences[1]
+        assert [t for t, _ in sequences[0]] == list(range(log_start[pid] + 1, marks[pid] + 1))
+    log = {(pid, a.transaction_id): a.data for pid in (0, 1) for a in stores[0].applied[pid]}
+    assert len(log) == len(set(log.values())) == len(submitted) == 2 * per_client  # each exactly once
+    for (context, _), transaction_id in zip(submitted, ids, strict=True):
+        assert transaction_id is not None
+        assert log[(context.partition, transaction_id)] == context.data
+        assert context.outcomes.completions == [True]
