@@ -13,90 +13,56 @@ from waltz.services.server.partition import Partition
 __all__ = ["ServerMetrics"]
 
 
+#: Per-partition gauges: name suffix, help text, and how to read the value from a partition.
+_GAUGES: tuple[tuple[str, str, Callable[[Partition], float]], ...] = (
+    ("high_water_mark", "Committed high-water mark.", lambda p: p.store.high_water_mark),
+    ("generation", "Generation under which this server owns it.", lambda p: p.generation),
+    ("writable", "1 while a store session writes.", lambda p: 1.0 if p.store.writable else 0.0),
+    (
+        "replicas_in_session",
+        "Replicas the store session writes to.",
+        lambda p: len(p.store.replicas_in_session),
+    ),
+    ("store_sessions", "Store sessions (recoveries) started.", lambda p: p.store.sessions_started),
+    ("store_batches", "Append batches sent to the replicas.", lambda p: p.store.batches_sent),
+    ("pending_records", "Records waiting or in flight.", lambda p: p.store.pending_records),
+    ("appends", "Append requests accepted for the store.", lambda p: p.appends),
+    ("lock_failures", "Append requests refused by the lock check.", lambda p: p.lock_failures),
+    (
+        "dropped_requests",
+        "Requests dropped: another generation, or an older connection of the client.",
+        lambda p: p.dropped,
+    ),
+    ("mounted_clients", "Client connections receiving the feed.", lambda p: p.mounted_clients),
+)
+
+
 class _PartitionCollector(Collector):
     def __init__(self, partitions: Callable[[], Mapping[int, Partition]]) -> None:
         self._partitions = partitions
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        families = {
-            "high_water_mark": GaugeMetricFamily(
-                "waltz_server_partition_high_water_mark", "Committed high-water mark.", labels=["partition"]
-            ),
-            "generation": GaugeMetricFamily(
-                "waltz_server_partition_generation",
-                "Generation under which this server owns it.",
-                labels=["partition"],
-            ),
-            "writable": GaugeMetricFamily(
-                "waltz_server_partition_writable", "1 while a store session writes.", labels=["partition"]
-            ),
-            "replicas": GaugeMetricFamily(
-                "waltz_server_partition_replicas_in_session",
-                "Replicas the store session writes to.",
-                labels=["partition"],
-            ),
-            "sessions": GaugeMetricFamily(
-                "waltz_server_partition_store_sessions",
-                "Store sessions (recoveries) started.",
-                labels=["partition"],
-            ),
-            "batches": GaugeMetricFamily(
-                "waltz_server_partition_store_batches",
-                "Append batches sent to the replicas.",
-                labels=["partition"],
-            ),
-            "appends": GaugeMetricFamily(
-                "waltz_server_partition_appends",
-                "Append requests accepted for the store.",
-                labels=["partition"],
-            ),
-            "lock_failures": GaugeMetricFamily(
-                "waltz_server_partition_lock_failures",
-                "Append requests refused by the lock check.",
-                labels=["partition"],
-            ),
-            "dropped": GaugeMetricFamily(
-                "waltz_server_partition_dropped_requests",
-                "Requests dropped: another generation, or an older connection of the client.",
-                labels=["partition"],
-            ),
-            "feeds": GaugeMetricFamily(
-                "waltz_server_partition_mounted_clients",
-                "Client connections receiving the feed.",
-                labels=["partition"],
-            ),
-            "cache": GaugeMetricFamily(
-                "waltz_server_partition_cache_lookups",
-                "Feed cache and transaction data cache lookups, by cache and outcome.",
-                labels=["partition", "cache", "outcome"],
-            ),
-            "queued": GaugeMetricFamily(
-                "waltz_server_partition_pending_records",
-                "Records waiting or in flight.",
-                labels=["partition"],
-            ),
-        }
-        for pid, owned in sorted(self._partitions().items()):
-            label = [str(pid)]
-            families["appends"].add_metric(label, owned.appends)
-            families["lock_failures"].add_metric(label, owned.lock_failures)
-            families["dropped"].add_metric(label, owned.dropped)
-            families["feeds"].add_metric(label, owned.mounted_clients)
-            for cache, hits, misses in (
-                ("feed", owned.feed_cache_hits, owned.feed_cache_misses),
-                ("data", owned.data_cache_hits, owned.data_cache_misses),
+        partitions = sorted(self._partitions().items())
+        for suffix, documentation, read in _GAUGES:
+            family = GaugeMetricFamily(
+                f"waltz_server_partition_{suffix}", documentation, labels=["partition"]
+            )
+            for pid, partition in partitions:
+                family.add_metric([str(pid)], read(partition))
+            yield family
+        cache = GaugeMetricFamily(
+            "waltz_server_partition_cache_lookups",
+            "Feed cache and transaction data cache lookups, by cache and outcome.",
+            labels=["partition", "cache", "outcome"],
+        )
+        for pid, p in partitions:
+            for name, hits, misses in (
+                ("feed", p.feed_cache_hits, p.feed_cache_misses),
+                ("data", p.data_cache_hits, p.data_cache_misses),
             ):
-                families["cache"].add_metric([*label, cache, "hit"], hits)
-                families["cache"].add_metric([*label, cache, "miss"], misses)
-            partition = owned.store
-            families["high_water_mark"].add_metric(label, partition.high_water_mark)
-            families["generation"].add_metric(label, partition.generation)
-            families["writable"].add_metric(label, 1.0 if partition.writable else 0.0)
-            families["replicas"].add_metric(label, len(partition.replicas_in_session))
-            families["sessions"].add_metric(label, partition.sessions_started)
-            families["queued"].add_metric(label, partition.pending_records)
-            families["batches"].add_metric(label, partition.batches_sent)
-        yield from families.values()
+                cache.add_metric([str(pid), name, "hit"], hits)
+                cache.add_metric([str(pid), name, "miss"], misses)
+        yield cache
 
 
 class ServerMetrics:
