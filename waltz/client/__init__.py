@@ -10,8 +10,8 @@ Modules: ``client`` (the two facades), ``core`` (partitions, submissions, retrie
 the feed), ``monitor`` (the transaction monitor), ``connection`` (one stream per server),
 ``connection_pool`` (network clients by endpoint), ``transaction_data`` (the data RPC),
 ``discovery`` (ZooKeeper), ``apply_worker`` (ordered ``apply_transaction``), ``submission`` (a
-context's attempts), ``context``, ``locks``, ``transaction``, ``callbacks``, ``config``,
-``waiting``.
+context's attempts), ``metrics`` (Prometheus), ``context``, ``locks``, ``transaction``,
+``callbacks``, ``config``, ``waiting``.
 """
 
 from waltz.client.callbacks import WaltzClientCallbacks

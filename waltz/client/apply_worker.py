@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.metrics import PartitionMetrics
 from waltz.client.submission import Submission
 from waltz.client.transaction import Transaction
 from waltz.client.waiting import Watermark
@@ -48,6 +49,7 @@ class ApplyWorker:
         max_batch: transactions per ``apply_transactions`` call when the callbacks override it.
         initial_backoff: seconds before the first retry of a failed apply (doubles each time).
         max_backoff: the longest pause between retries, in seconds.
+        metrics: the partition's counters (transactions applied, apply errors), or None.
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class ApplyWorker:
         max_batch: int = 100,
         initial_backoff: float = 0.05,
         max_backoff: float = 5.0,
+        metrics: PartitionMetrics | None = None,
     ) -> None:
         self.partition_id = partition_id
         self._callbacks = callbacks
@@ -67,6 +70,7 @@ class ApplyWorker:
         self._max_batch = max_batch if self._batching else 1
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
+        self._metrics = metrics
         self._items: deque[_Entry | _Floor] = deque()
         self._condition = threading.Condition()
         self._closed = threading.Event()
@@ -147,6 +151,8 @@ class ApplyWorker:
             if not self._apply(batch):
                 return
             self._applied.advance(batch[-1].transaction.transaction_id)
+            if self._metrics is not None:
+                self._metrics.applied.inc(len(batch))
             for entry in batch:
                 if entry.submission is not None:
                     entry.submission.applied()
@@ -166,6 +172,8 @@ class ApplyWorker:
                 self.healthy = False
                 self.last_error = exc
                 self.failures += 1
+                if self._metrics is not None:
+                    self._metrics.apply_errors.inc()
                 first = transactions[0].transaction_id
                 log.warning(
                     "partition %d: applying transaction %d%s failed (%r); retrying in %.2fs",

@@ -35,10 +35,13 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Self
 
+from prometheus_client import CollectorRegistry
+
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.config import WaltzClientConfig
 from waltz.client.context import TransactionContext
 from waltz.client.core import ClientCore
+from waltz.client.metrics import ClientMetrics
 from waltz.client.partition import ClientPartition, PartitionState
 from waltz.client.submission import Submission
 from waltz.errors import WaltzTimeoutError
@@ -68,6 +71,12 @@ class WaltzClient:
     ``client.autoMount``) starts mounting every partition; it does not wait for the mounts
     (appends wait for them).
 
+    Metrics: :attr:`metrics` is a Prometheus ``CollectorRegistry`` of this client alone (see
+    :mod:`waltz.client.metrics` for the metric names): serve it with
+    ``prometheus_client.start_http_server(port, registry=client.metrics)``, or merge it into the
+    application's registry (``REGISTRY.register(client.metrics)``; one client per registry, as
+    two clients' samples carry the same names and labels).
+
     Args:
         callbacks: the application's callbacks.
         config: the client configuration.
@@ -79,6 +88,11 @@ class WaltzClient:
 
     def __init__(self, callbacks: WaltzClientCallbacks, config: WaltzClientConfig) -> None:
         self._core = ClientCore(callbacks, config)
+
+    @property
+    def metrics(self) -> CollectorRegistry:
+        """This client's Prometheus registry: counters per partition, gauges read when scraped."""
+        return self._core.metrics.registry
 
     def __enter__(self) -> Self:
         return self
@@ -195,11 +209,7 @@ class WaltzClient:
 
     def unhealthy_partitions(self) -> dict[int, BaseException | None]:
         """Partitions whose ``apply_transaction`` keeps failing -> the last exception."""
-        return {
-            pid: p.worker.last_error
-            for pid, p in self._core.partitions.items()
-            if p.worker is not None and not p.worker.healthy
-        }
+        return self._core.unhealthy_partitions()
 
     def close(self) -> None:
         """Close the client (connections, threads, the ZooKeeper session). Idempotent.
@@ -217,6 +227,10 @@ class AsyncWaltzClient:
     ``get_client_high_water_mark`` run on the caller's event loop (keep them non-blocking), later
     attempts on the client's retry threads.
 
+    Metrics: :attr:`metrics` is the client's Prometheus ``CollectorRegistry``, as
+    :attr:`WaltzClient.metrics`, available before :meth:`start` (its gauges show the partitions
+    once started): ``prometheus_client.start_http_server(port, registry=client.metrics)``.
+
     Args:
         callbacks: the application's callbacks.
         config: the client configuration.
@@ -225,12 +239,15 @@ class AsyncWaltzClient:
     def __init__(self, callbacks: WaltzClientCallbacks, config: WaltzClientConfig) -> None:
         self._callbacks = callbacks
         self._config = config
+        self._metrics = ClientMetrics()
         self._core_or_none: ClientCore | None = None
 
     async def start(self) -> Self:
         """Connect to ZooKeeper and start the core (see :class:`WaltzClient`). Idempotent."""
         if self._core_or_none is None:
-            self._core_or_none = await asyncio.to_thread(ClientCore, self._callbacks, self._config)
+            self._core_or_none = await asyncio.to_thread(
+                ClientCore, self._callbacks, self._config, self._metrics
+            )
         return self
 
     async def __aenter__(self) -> Self:
@@ -246,6 +263,11 @@ class AsyncWaltzClient:
         if self._core_or_none is None:
             raise RuntimeError("AsyncWaltzClient is not started: use `async with` or `await client.start()`")
         return self._core_or_none
+
+    @property
+    def metrics(self) -> CollectorRegistry:
+        """This client's Prometheus registry (see :attr:`WaltzClient.metrics`)."""
+        return self._metrics.registry
 
     @property
     def client_id(self) -> int:

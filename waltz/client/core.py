@@ -17,7 +17,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ from waltz.client.connection_pool import ConnectionPool
 from waltz.client.context import AppendPayload, TransactionContext
 from waltz.client.discovery import ServerDiscovery
 from waltz.client.event_loop import shared_event_loop
+from waltz.client.metrics import ClientMetrics, PartitionGauges
 from waltz.client.partition import ClientPartition, PartitionState
 from waltz.client.submission import Submission
 from waltz.client.transaction import TransactionDataSource
@@ -58,14 +59,23 @@ class ClientCore:
     Construction blocks: it connects to ZooKeeper, takes a client ID, reads the number of
     partitions, starts the event loop thread and (with auto-mount) starts mounting every partition.
 
+    Args:
+        callbacks: the application's callbacks.
+        config: the client configuration.
+        metrics: the metrics to count in (default: new ones); their gauges then read this core's
+            partitions.
+
     Raises:
         ZooKeeperUnavailableError: ZooKeeper did not answer.
         ClusterNotFoundError: no cluster under ``config.cluster_root``.
     """
 
-    def __init__(self, callbacks: WaltzClientCallbacks, config: WaltzClientConfig) -> None:
+    def __init__(
+        self, callbacks: WaltzClientCallbacks, config: WaltzClientConfig, metrics: ClientMetrics | None = None
+    ) -> None:
         self.callbacks = callbacks
         self.config = config
+        self.metrics = metrics if metrics is not None else ClientMetrics()
         self._discovery = ServerDiscovery(
             config.zookeeper_connect_string,
             config.cluster_root,
@@ -91,6 +101,7 @@ class ClientCore:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             config.client_num_transaction_retry_threads, thread_name_prefix="waltz-retry"
         )
+        self.metrics.watch(self.partition_gauges)
         try:
             self.client_id = self._discovery.next_client_id()
             self.num_partitions = self._discovery.num_partitions
@@ -144,6 +155,7 @@ class ClientCore:
                 self,
                 self.config.client_max_concurrent_transactions,
                 self.config.client_max_apply_batch_size,
+                self.metrics.partition(pid),
             )
             for pid in range(self.num_partitions)
         }
@@ -161,11 +173,18 @@ class ClientCore:
 
     def completed(self, submission: Submission, transaction_id: int) -> None:
         """Complete a submission (batched: the contexts' callbacks run on a retry thread)."""
+        metrics = self.partitions[submission.partition_id].metrics
+        metrics.committed.inc()
+        metrics.commit_seconds.observe(time.monotonic() - submission.submitted_at)
         self._completions.append((submission, transaction_id))
 
     def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
         """Re-execute a failed attempt; after a lock failure, once ``lock_target`` is applied."""
         if not self._closed:
+            if lock_target is None:
+                partition.metrics.failed_appends.inc()
+            else:
+                partition.metrics.lock_failures.inc()
             self._spawn(self._retry(partition, submission, lock_target))
 
     def rejected(self, submission: Submission, error: BaseException) -> None:
@@ -211,9 +230,13 @@ class ClientCore:
                 if partition is not None:
                     partition.on_feed_data(connection, feed)
             elif kind == "high_water_mark":
-                future = self._hwm_requests.pop(message.high_water_mark.req_id.seq_num, None)
+                answer = message.high_water_mark
+                partition = partitions.get(answer.req_id.partition_id)
+                if partition is not None and answer.transaction_id > partition.server_high_water_mark:
+                    partition.server_high_water_mark = answer.transaction_id
+                future = self._hwm_requests.pop(answer.req_id.seq_num, None)
                 if future is not None and not future.done():
-                    future.set_result(message.high_water_mark.transaction_id)
+                    future.set_result(answer.transaction_id)
             elif kind is not None:
                 body = getattr(message, kind)
                 partition = partitions.get(body.req_id.partition_id)
@@ -266,6 +289,7 @@ class ClientCore:
         """Count a submission in flight (it holds a concurrency slot)."""
         with self._in_flight_changed:
             self._in_flight.add(submission)
+        self.partitions[submission.partition_id].metrics.submitted.inc()
 
     def _finished(self, submission: Submission) -> None:
         partition = self.partitions[submission.partition_id]
@@ -555,6 +579,32 @@ class ClientCore:
     def partition_states(self) -> dict[int, PartitionState]:
         """Partition ID -> its state."""
         return {pid: p.state for pid, p in self.partitions.items()}
+
+    def unhealthy_partitions(self) -> dict[int, BaseException | None]:
+        """Partitions whose ``apply_transaction`` keeps failing -> the last exception."""
+        return {
+            pid: p.worker.last_error
+            for pid, p in getattr(self, "partitions", {}).items()
+            if p.worker is not None and not p.worker.healthy
+        }
+
+    def partition_gauges(self) -> list[PartitionGauges]:
+        """Every partition's gauges (thread-safe: the metrics registry calls it when scraped)."""
+        partitions: dict[int, ClientPartition] = dict(getattr(self, "partitions", {}))
+        with self._in_flight_changed:
+            in_flight = Counter(s.partition_id for s in self._in_flight)
+        unhealthy = self.unhealthy_partitions()
+        return [
+            PartitionGauges(
+                partition_id=pid,
+                in_flight=in_flight[pid],
+                client_high_water_mark=p.applied.value,
+                server_high_water_mark=p.server_high_water_mark,
+                mounted=p.mounted,
+                unhealthy=pid in unhealthy,
+            )
+            for pid, p in partitions.items()
+        ]
 
 
 def _complete_all(completions: list[tuple[Submission, int]]) -> None:

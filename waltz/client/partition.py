@@ -37,6 +37,7 @@ from waltz.client.apply_worker import ApplyWorker
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.connection import ServerConnection
 from waltz.client.context import AppendPayload
+from waltz.client.metrics import ClientMetrics, PartitionMetrics
 from waltz.client.monitor import TransactionMonitor
 from waltz.client.submission import Submission
 from waltz.client.transaction import Transaction, TransactionDataSource
@@ -110,12 +111,19 @@ class ClientPartition:
         host: the client.
         max_concurrent: contexts in flight at most (``client.maxConcurrentTransactions``).
         max_apply_batch: transactions per ``apply_transactions`` call.
+        metrics: the partition's counters (default: counters of a registry of its own).
     """
 
     def __init__(
-        self, partition_id: int, host: PartitionHost, max_concurrent: int, max_apply_batch: int
+        self,
+        partition_id: int,
+        host: PartitionHost,
+        max_concurrent: int,
+        max_apply_batch: int,
+        metrics: PartitionMetrics | None = None,
     ) -> None:
         self.partition_id = partition_id
+        self.metrics = metrics if metrics is not None else ClientMetrics().partition(partition_id)
         self._host = host
         self._max_apply_batch = max_apply_batch
         self.limit = ConcurrencyLimit(max_concurrent)
@@ -129,6 +137,8 @@ class ClientPartition:
         self.worker: ApplyWorker | None = None
         self.own_committed_mark = -1
         """The highest transaction ID of this client's own commits on the partition."""
+        self.server_high_water_mark = -1
+        """The server's committed high-water mark as last known (feed, flush and mark responses)."""
         self.mounts = 0
         self.feed_gaps = 0
         self._blocked: deque[tuple[Submission, AppendPayload]] = deque()
@@ -170,7 +180,11 @@ class ClientPartition:
             return
         if self.worker is None:
             self.worker = ApplyWorker(
-                self.partition_id, self._host.callbacks, self.applied, max_batch=self._max_apply_batch
+                self.partition_id,
+                self._host.callbacks,
+                self.applied,
+                max_batch=self._max_apply_batch,
+                metrics=self.metrics,
             )
             self.worker.start()
         self.state = PartitionState.MOUNTING
@@ -181,6 +195,7 @@ class ClientPartition:
         if not self.wanted:
             return
         log.info("partition %d: mounting again (%s)", self.partition_id, reason)
+        self.metrics.remounts.inc()
         self.state = PartitionState.MOUNTING
         self._mounted.clear()
         self._flush_reqs.clear()
@@ -408,6 +423,7 @@ class ClientPartition:
         if connection is not self.connection or not self.wanted:
             return  # a stale connection's leftovers, or not following this partition
         transaction_id = feed.transaction_id
+        self.server_high_water_mark = max(self.server_high_water_mark, transaction_id)
         expected = self._feed_mark + 1
         if transaction_id != expected:
             if transaction_id > expected:
@@ -468,6 +484,7 @@ class ClientPartition:
         elif kind == "flush":
             assert isinstance(body, client_pb2.FlushResponse)
             position = self._flush_reqs.pop(body.req_id.seq_num, None)
+            self.server_high_water_mark = max(self.server_high_water_mark, body.transaction_id)
             if position is not None:
                 self._flush_marks.append((position, body.transaction_id))
                 self._check_flushes()

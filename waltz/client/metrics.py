@@ -1,0 +1,180 @@
+"""Prometheus metrics of a client: counters per partition, gauges read from the partitions when scraped.
+
+Each client owns a :class:`ClientMetrics` with a ``CollectorRegistry`` of its own (exposed as
+``WaltzClient.metrics``). A transaction costs a counter increment on a child bound once per
+partition (:class:`PartitionMetrics`) and one histogram observation; the gauges (in flight,
+high-water marks, mounted, unhealthy) are read from the client's state only when the registry is
+collected. Serve it with ``prometheus_client.start_http_server(port, registry=client.metrics)``.
+
+Metric names (``partition`` label on all but the histogram):
+
+- ``waltz_client_transactions_submitted_total``: contexts admitted by ``submit``.
+- ``waltz_client_transactions_committed_total``: own appends seen committed in the feed.
+- ``waltz_client_failed_appends_total``: appends that failed without a lock failure (lost with a
+  connection, a server, a reassignment) and were re-executed.
+- ``waltz_client_lock_failures_total``: appends the server's lock check refused (re-executed).
+- ``waltz_client_transactions_applied_total``: transactions ``apply_transaction`` returned for.
+- ``waltz_client_apply_errors_total``: exceptions raised by ``apply_transaction(s)``.
+- ``waltz_client_remounts_total``: runs of the reconnect procedure (seed 002) after a mount.
+- ``waltz_client_commit_seconds``: histogram of submit-to-commit latency, in seconds.
+- ``waltz_client_partition_transactions_in_flight``: contexts submitted and not ended.
+- ``waltz_client_partition_client_high_water_mark``: the highest transaction ID applied.
+- ``waltz_client_partition_server_high_water_mark``: the server's mark as last known (feed,
+  flush and high-water-mark responses); -1 before any news.
+- ``waltz_client_partition_mounted``: 1 while mounted.
+- ``waltz_client_partition_unhealthy``: 1 while ``apply_transaction`` keeps failing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["ClientMetrics", "PartitionGauges", "PartitionMetrics"]
+
+#: Buckets of the submit-to-commit histogram, in seconds.
+COMMIT_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionGauges:
+    """One partition's state as the gauges show it, read at scrape time."""
+
+    partition_id: int
+    in_flight: int
+    client_high_water_mark: int
+    server_high_water_mark: int
+    mounted: bool
+    unhealthy: bool
+
+
+class _PartitionCollector(Collector):
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[PartitionGauges]] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = {
+            "in_flight": GaugeMetricFamily(
+                "waltz_client_partition_transactions_in_flight",
+                "Transaction contexts submitted and not ended yet.",
+                labels=["partition"],
+            ),
+            "client_mark": GaugeMetricFamily(
+                "waltz_client_partition_client_high_water_mark",
+                "The highest transaction ID this client applied (or found applied).",
+                labels=["partition"],
+            ),
+            "server_mark": GaugeMetricFamily(
+                "waltz_client_partition_server_high_water_mark",
+                "The server's committed high-water mark as last known to this client (-1: no news).",
+                labels=["partition"],
+            ),
+            "mounted": GaugeMetricFamily(
+                "waltz_client_partition_mounted", "1 while the partition is mounted.", labels=["partition"]
+            ),
+            "unhealthy": GaugeMetricFamily(
+                "waltz_client_partition_unhealthy",
+                "1 while apply_transaction keeps failing on the partition.",
+                labels=["partition"],
+            ),
+        }
+        source = self.source
+        for gauges in sorted(source() if source is not None else (), key=lambda g: g.partition_id):
+            label = [str(gauges.partition_id)]
+            families["in_flight"].add_metric(label, gauges.in_flight)
+            families["client_mark"].add_metric(label, gauges.client_high_water_mark)
+            families["server_mark"].add_metric(label, gauges.server_high_water_mark)
+            families["mounted"].add_metric(label, 1.0 if gauges.mounted else 0.0)
+            families["unhealthy"].add_metric(label, 1.0 if gauges.unhealthy else 0.0)
+        yield from families.values()
+
+
+class PartitionMetrics:
+    """The counters of one partition, bound once so that counting costs one increment.
+
+    Args:
+        metrics: the client's metrics.
+        partition_id: the partition (its ``partition`` label).
+    """
+
+    __slots__ = (
+        "applied",
+        "apply_errors",
+        "commit_seconds",
+        "committed",
+        "failed_appends",
+        "lock_failures",
+        "remounts",
+        "submitted",
+    )
+
+    def __init__(self, metrics: ClientMetrics, partition_id: int) -> None:
+        label = str(partition_id)
+        self.submitted = metrics.transactions_submitted.labels(label)
+        self.committed = metrics.transactions_committed.labels(label)
+        self.failed_appends = metrics.failed_appends.labels(label)
+        self.lock_failures = metrics.lock_failures.labels(label)
+        self.applied = metrics.transactions_applied.labels(label)
+        self.apply_errors = metrics.apply_errors.labels(label)
+        self.remounts = metrics.remounts.labels(label)
+        self.commit_seconds = metrics.commit_seconds
+
+
+class ClientMetrics:
+    """A client's metrics registry (see the module docstring for the metric names).
+
+    The registry is :attr:`registry`; the client exposes it as ``WaltzClient.metrics``. The
+    gauges show nothing until :meth:`watch` names where to read them from.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._collector = _PartitionCollector()
+        self.registry.register(self._collector)
+
+        def counter(name: str, documentation: str) -> Counter:
+            return Counter(name, documentation, ["partition"], registry=self.registry)
+
+        self.transactions_submitted = counter(
+            "waltz_client_transactions_submitted", "Transaction contexts admitted by submit, by partition."
+        )
+        self.transactions_committed = counter(
+            "waltz_client_transactions_committed",
+            "This client's appends seen committed in the feed, by partition.",
+        )
+        self.failed_appends = counter(
+            "waltz_client_failed_appends",
+            "Appends that failed without a lock failure and were re-executed, by partition.",
+        )
+        self.lock_failures = counter(
+            "waltz_client_lock_failures", "Appends refused by the server's lock check, by partition."
+        )
+        self.transactions_applied = counter(
+            "waltz_client_transactions_applied",
+            "Transactions apply_transaction(s) returned for on this client, by partition.",
+        )
+        self.apply_errors = counter(
+            "waltz_client_apply_errors",
+            "Exceptions raised by apply_transaction(s) (the transaction is applied again), by partition.",
+        )
+        self.remounts = counter(
+            "waltz_client_remounts", "Runs of the reconnect procedure (mounting again), by partition."
+        )
+        self.commit_seconds = Histogram(
+            "waltz_client_commit_seconds",
+            "Time from submit to seeing the commit in the feed, in seconds.",
+            registry=self.registry,
+            buckets=COMMIT_SECONDS_BUCKETS,
+        )
+
+    def partition(self, partition_id: int) -> PartitionMetrics:
+        """The counters of a partition (its samples exist, at 0, from this call on)."""
+        return PartitionMetrics(self, partition_id)
+
+    def watch(self, source: Callable[[], Iterable[PartitionGauges]]) -> None:
+        """Read the gauges from ``source`` at every collection (called on the scraping thread)."""
+        self._collector.source = source
