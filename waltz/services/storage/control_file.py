@@ -124,31 +124,11 @@ class ControlFile:
             CorruptDataError: the header is invalid or the file is shorter than its header says.
         """
         path = cls.path_in(directory)
-        data = path.read_bytes()
-        header = fmt.ControlFileHeader.decode(data, str(path))
-        n = header.num_partitions
-        fence_start = fmt.HEADER_SIZE + n * fmt.PARTITION_INFO_SIZE
-        expected = fence_start + n * 2 * fmt.FENCE_SLOT_SIZE
-        if len(data) < expected:
-            raise CorruptDataError(
-                f"control file is {len(data)} bytes, {n} partitions need {expected}", path=str(path)
-            )
-        entries = []
-        for pid in range(n):
-            base = fmt.HEADER_SIZE + pid * fmt.PARTITION_INFO_SIZE
-            stored_pid = fmt.decode_partition_id(data[base : base + 4])
-            structs: list[fmt.PartitionInfo | None] = [None, None]
-            if stored_pid == pid:
-                for i in range(2):
-                    start = base + 4 + i * fmt.PARTITION_INFO_STRUCT_SIZE
-                    structs[i] = fmt.decode_partition_info_struct(
-                        pid, data[start : start + fmt.PARTITION_INFO_STRUCT_SIZE]
-                    )
-            fences: list[int | None] = []
-            for i in range(2):
-                start = fence_start + (pid * 2 + i) * fmt.FENCE_SLOT_SIZE
-                fences.append(fmt.decode_fence_slot(pid, data[start : start + fmt.FENCE_SLOT_SIZE]))
-            entries.append(cls._entry(pid, stored_pid, structs, fences, str(path)))
+        header, decoded = fmt.decode_control_file(path.read_bytes(), str(path))
+        entries = [
+            cls._entry(e.partition_id, e.stored_partition_id, list(e.structs), list(e.fences), str(path))
+            for e in decoded
+        ]
         return cls(path, header, entries)
 
     @staticmethod
@@ -257,19 +237,18 @@ class ControlFile:
         with self._lock:
             entry = self._entry_for(partition_id)
             slot = 1 - entry.current_struct
-            offset = (
-                fmt.HEADER_SIZE
-                + partition_id * fmt.PARTITION_INFO_SIZE
-                + 4
-                + slot * fmt.PARTITION_INFO_STRUCT_SIZE
-            )
             if entry.info is None:
                 # Both structs were corrupt: rewrite the partition ID too, then both structs.
-                base = fmt.HEADER_SIZE + partition_id * fmt.PARTITION_INFO_SIZE
                 struct_bytes = fmt.encode_partition_info_struct(partition_id, info)
-                self._write(base, fmt.encode_partition_id(partition_id) + struct_bytes + struct_bytes)
+                self._write(
+                    fmt.partition_entry_offset(partition_id),
+                    fmt.encode_partition_id(partition_id) + struct_bytes + struct_bytes,
+                )
             else:
-                self._write(offset, fmt.encode_partition_info_struct(partition_id, info))
+                self._write(
+                    fmt.partition_info_struct_offset(partition_id, slot),
+                    fmt.encode_partition_info_struct(partition_id, info),
+                )
             entry.info = info
             entry.current_struct = slot
             entry.problem = ""
@@ -288,12 +267,7 @@ class ControlFile:
                     f"partition {partition_id}: fence {session_id} is not above the current {entry.fence}"
                 )
             slot = 1 - entry.current_fence_slot
-            n = self._header.num_partitions
-            offset = (
-                fmt.HEADER_SIZE
-                + n * fmt.PARTITION_INFO_SIZE
-                + (partition_id * 2 + slot) * fmt.FENCE_SLOT_SIZE
-            )
+            offset = fmt.fence_slot_offset(self._header.num_partitions, partition_id, slot)
             self._write(offset, fmt.encode_fence_slot(partition_id, session_id))
             entry.fence = session_id
             entry.current_fence_slot = slot

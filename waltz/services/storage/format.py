@@ -46,11 +46,14 @@ __all__ = [
     "RECORD_FIXED_SIZE",
     "RECORD_HEADER_SIZE",
     "SEGMENT_SUFFIX",
+    "ControlEntry",
     "ControlFileHeader",
     "PartitionInfo",
     "RecordOrderError",
     "RecordProblem",
     "SegmentHeader",
+    "control_file_size",
+    "decode_control_file",
     "decode_fence_slot",
     "decode_partition_info_struct",
     "decode_record_at",
@@ -59,8 +62,11 @@ __all__ = [
     "encode_record",
     "encode_records",
     "encode_wire_records",
+    "fence_slot_offset",
     "iter_records",
     "now_ms",
+    "partition_entry_offset",
+    "partition_info_struct_offset",
     "record_size",
     "segment_file_name",
 ]
@@ -181,6 +187,78 @@ def decode_fence_slot(partition_id: int, data: bytes) -> int | None:
     if zlib.crc32(_FENCE_FIELDS.pack(partition_id, session_id)) != crc:
         return None
     return int(session_id)
+
+
+def partition_entry_offset(partition_id: int) -> int:
+    """Byte offset of a partition's entry (partition ID + two structs) in the control file."""
+    return HEADER_SIZE + partition_id * PARTITION_INFO_SIZE
+
+
+def partition_info_struct_offset(partition_id: int, slot: int) -> int:
+    """Byte offset of partition-info struct ``slot`` (0 or 1) of a partition."""
+    return partition_entry_offset(partition_id) + _PARTITION_ID.size + slot * PARTITION_INFO_STRUCT_SIZE
+
+
+def fence_slot_offset(num_partitions: int, partition_id: int, slot: int) -> int:
+    """Byte offset of fence slot ``slot`` (0 or 1) of a partition, after the body's entries."""
+    return HEADER_SIZE + num_partitions * PARTITION_INFO_SIZE + (partition_id * 2 + slot) * FENCE_SLOT_SIZE
+
+
+def control_file_size(num_partitions: int) -> int:
+    """The size of a control file for ``num_partitions`` partitions (header, body, fences)."""
+    return fence_slot_offset(num_partitions, num_partitions, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlEntry:
+    """One partition's part of a decoded control file, with the byte offset of every piece.
+
+    Attributes:
+        structs: the two partition-info structs (None: failed its CRC, or the entry holds another
+            partition ID).
+        fences: the two fence slots (None: failed its CRC).
+    """
+
+    partition_id: int
+    stored_partition_id: int
+    struct_offsets: tuple[int, int]
+    structs: tuple[PartitionInfo | None, PartitionInfo | None]
+    fence_offsets: tuple[int, int]
+    fences: tuple[int | None, int | None]
+
+
+def _struct_at(data: bytes, partition_id: int, offset: int) -> PartitionInfo | None:
+    return decode_partition_info_struct(partition_id, data[offset : offset + PARTITION_INFO_STRUCT_SIZE])
+
+
+def decode_control_file(data: bytes, path: str) -> tuple[ControlFileHeader, list[ControlEntry]]:
+    """Decode a whole control file without judging it (a broken struct decodes as None).
+
+    Raises:
+        CorruptDataError: the header is invalid or the file is shorter than its header says.
+    """
+    header = ControlFileHeader.decode(data, path)
+    n = header.num_partitions
+    if len(data) < control_file_size(n):
+        raise CorruptDataError(
+            f"control file is {len(data)} bytes, {n} partitions need {control_file_size(n)}", path=path
+        )
+    entries = []
+    for pid in range(n):
+        base = partition_entry_offset(pid)
+        stored = decode_partition_id(data[base : base + _PARTITION_ID.size])
+        struct_offsets = (partition_info_struct_offset(pid, 0), partition_info_struct_offset(pid, 1))
+        structs = (
+            _struct_at(data, pid, struct_offsets[0]) if stored == pid else None,
+            _struct_at(data, pid, struct_offsets[1]) if stored == pid else None,
+        )
+        fence_offsets = (fence_slot_offset(n, pid, 0), fence_slot_offset(n, pid, 1))
+        fences = (
+            decode_fence_slot(pid, data[fence_offsets[0] : fence_offsets[0] + FENCE_SLOT_SIZE]),
+            decode_fence_slot(pid, data[fence_offsets[1] : fence_offsets[1] + FENCE_SLOT_SIZE]),
+        )
+        entries.append(ControlEntry(pid, stored, struct_offsets, structs, fence_offsets, fences))
+    return header, entries
 
 
 def encode_partition_id(partition_id: int) -> bytes:

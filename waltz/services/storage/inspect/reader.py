@@ -46,7 +46,6 @@ _INDEX_CHUNK_ENTRIES: Final = 64 * 1024
 #: Transactions after an invalid record whose index entries start-up consults (``segment.py``).
 _TORN_TAIL_LOOKAHEAD: Final = 3
 #: Size of the partition ID field that starts each control file body entry, before its structs.
-_ENTRY_ID_SIZE: Final = fmt.PARTITION_INFO_SIZE - 2 * fmt.PARTITION_INFO_STRUCT_SIZE
 
 
 # ---- control file ----
@@ -152,35 +151,24 @@ def read_control_file(storage_dir: Path) -> ControlFileDump:
     """
     path = require_storage_directory(storage_dir)
     data = path.read_bytes()
-    header = fmt.ControlFileHeader.decode(data, str(path))
-    n = header.num_partitions
-    fence_start = fmt.HEADER_SIZE + n * fmt.PARTITION_INFO_SIZE
-    expected = fence_start + n * 2 * fmt.FENCE_SLOT_SIZE
-    if len(data) < expected:
-        raise CorruptDataError(
-            f"control file is {len(data)} bytes, {n} partitions need {expected}", path=str(path)
-        )
+    header, decoded = fmt.decode_control_file(data, str(path))
     partitions = []
-    for pid in range(n):
-        base = fmt.HEADER_SIZE + pid * fmt.PARTITION_INFO_SIZE
-        stored_pid = fmt.decode_partition_id(data[base : base + _ENTRY_ID_SIZE])
-        structs = []
-        for i in range(2):
-            start = base + _ENTRY_ID_SIZE + i * fmt.PARTITION_INFO_STRUCT_SIZE
-            raw = data[start : start + fmt.PARTITION_INFO_STRUCT_SIZE]
-            info = fmt.decode_partition_info_struct(pid, raw) if stored_pid == pid else None
-            structs.append(PartitionInfoStruct(i, start, info))
-        slots = []
-        for i in range(2):
-            start = fence_start + (pid * 2 + i) * fmt.FENCE_SLOT_SIZE
-            raw = data[start : start + fmt.FENCE_SLOT_SIZE]
-            slots.append(FenceSlot(i, start, fmt.decode_fence_slot(pid, raw)))
+    for entry in decoded:
+        pid, stored_pid = entry.partition_id, entry.stored_partition_id
+        structs = [
+            PartitionInfoStruct(i, offset, info)
+            for i, (offset, info) in enumerate(zip(entry.struct_offsets, entry.structs, strict=True))
+        ]
+        slots = [
+            FenceSlot(i, offset, fence)
+            for i, (offset, fence) in enumerate(zip(entry.fence_offsets, entry.fences, strict=True))
+        ]
         chosen = current_struct([s.info for s in structs])
         fence, _slot = current_fence([s.session_id for s in slots], None if chosen is None else chosen[0])
         partitions.append(
             ControlPartition(
                 pid,
-                base,
+                fmt.partition_entry_offset(pid),
                 stored_pid,
                 (structs[0], structs[1]),
                 None if chosen is None else chosen[1],
@@ -188,7 +176,8 @@ def read_control_file(storage_dir: Path) -> ControlFileDump:
                 fence,
             )
         )
-    return ControlFileDump(path, len(data), header, tuple(partitions), len(data) - expected)
+    trailing = len(data) - fmt.control_file_size(header.num_partitions)
+    return ControlFileDump(path, len(data), header, tuple(partitions), trailing)
 
 
 # ---- segment data files ----
