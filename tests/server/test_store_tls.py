@@ -12,8 +12,9 @@ from kazoo.client import KazooClient
 from support.storage import run
 from support.tls import make_certificates
 
+from waltz.protocol.channels import TlsConfig
 from waltz.protocol.records import ReqId
-from waltz.protocol.storage_client import StorageAdminClient, TlsConfig
+from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.cluster.metadata import (
     ClusterParams,
     ConnectionMetadata,

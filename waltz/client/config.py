@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
-from waltz.protocol.storage_client import TlsConfig
+from waltz.protocol.channels import TlsConfig
 
 __all__ = ["WaltzClientConfig"]
 

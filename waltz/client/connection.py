@@ -22,8 +22,8 @@ import grpc
 
 from waltz.client.context import AppendPayload
 from waltz.protocol import client_pb2, client_pb2_grpc
+from waltz.protocol.channels import TlsConfig, open_channel
 from waltz.protocol.records import ReqId
-from waltz.protocol.storage_client import TlsConfig, channel_options
 
 __all__ = ["ServerConnection"]
 
@@ -66,16 +66,15 @@ class ServerConnection:
         self.seq_num = seq_num
         self._on_messages = on_messages
         self._on_closed = on_closed
-        options = [
-            *channel_options(max_message_bytes),
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000),
-        ]
-        self._channel = (
-            grpc.aio.secure_channel(endpoint, tls.credentials(), options=options)
-            if tls is not None
-            else grpc.aio.insecure_channel(endpoint, options=options)
+        self._channel = open_channel(
+            endpoint,
+            tls,
+            max_message_bytes=max_message_bytes,
+            extra_options=(
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+            ),
         )
         self._stub: Any = client_pb2_grpc.WaltzServerServiceStub(self._channel)
         self._call: Any = None

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 
 from waltz.client.connection import MessagesHandler, ServerConnection
-from waltz.protocol.storage_client import TlsConfig
+from waltz.protocol.channels import TlsConfig
 
 __all__ = ["CONNECT_TIMEOUT", "ConnectionPool"]
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import grpc
-
 from waltz.protocol import server_pb2, server_pb2_grpc
+from waltz.protocol.channels import TlsConfig, open_channel
 from waltz.protocol.records import Record, ReqId
-from waltz.protocol.storage_client import TlsConfig, channel_options
 
 __all__ = ["ServerAdminClient"]
 
@@ -26,12 +24,7 @@ class ServerAdminClient:
     def __init__(self, endpoint: str, *, tls: TlsConfig | None = None, timeout: float = 30.0) -> None:
         self.endpoint = endpoint
         self._timeout = timeout
-        options = channel_options()
-        self._channel = (
-            grpc.aio.secure_channel(endpoint, tls.credentials(), options=options)
-            if tls
-            else grpc.aio.insecure_channel(endpoint, options=options)
-        )
+        self._channel = open_channel(endpoint, tls)
         self._stub = server_pb2_grpc.ServerAdminServiceStub(self._channel)
 
     async def __aenter__(self) -> ServerAdminClient:

@@ -13,58 +13,21 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import grpc
 
 from waltz.errors import StorageRpcError
 from waltz.protocol import storage_pb2, storage_pb2_grpc
+from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES, TlsConfig, open_channel
 from waltz.protocol.records import Record, RecordHeader
 
-__all__ = ["StorageAdminClient", "StorageSessionClient", "TlsConfig", "channel_options"]
+__all__ = ["StorageAdminClient", "StorageSessionClient"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_MESSAGE_BYTES = 32 << 20
 #: Requests sent in one stream message at most.
 MAX_BATCH = 500
-
-
-@dataclass(frozen=True, slots=True)
-class TlsConfig:
-    """Client TLS files (PEM). ``ca_file`` verifies the server; cert/key authenticate the client."""
-
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        """Return gRPC channel credentials."""
-        return grpc.ssl_channel_credentials(
-            root_certificates=self.ca_file.read_bytes() if self.ca_file else None,
-            private_key=self.key_file.read_bytes() if self.key_file else None,
-            certificate_chain=self.cert_file.read_bytes() if self.cert_file else None,
-        )
-
-
-def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
-    """gRPC channel options shared by waltz-py clients."""
-    return [
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
-        # A channel of its own per connection: gRPC's shared subchannel pool remembers a refused
-        # connection, so a new channel to a node that has just restarted would fail at once.
-        ("grpc.use_local_subchannel_pool", 1),
-    ]
-
-
-def _channel(address: str, tls: TlsConfig | None, max_message_bytes: int) -> grpc.aio.Channel:
-    options = channel_options(max_message_bytes)
-    if tls is None:
-        return grpc.aio.insecure_channel(address, options=options)
-    return grpc.aio.secure_channel(address, tls.credentials(), options=options)
 
 
 Req = TypeVar("Req", storage_pb2.StorageRequest, storage_pb2.AdminRequest)
@@ -76,7 +39,7 @@ class _OrderedStream(Generic[Req, Resp]):
 
     def __init__(self, address: str, tls: TlsConfig | None, max_message_bytes: int, admin: bool) -> None:
         self.address = address
-        self._channel = _channel(address, tls, max_message_bytes)
+        self._channel = open_channel(address, tls, max_message_bytes=max_message_bytes)
         self._admin = admin
         self._outgoing: asyncio.Queue[Req | None] = asyncio.Queue()
         self._waiting: dict[int, asyncio.Future[Resp]] = {}

@@ -28,7 +28,8 @@ from typing import Self
 from kazoo.client import KazooClient
 
 from waltz.errors import ConfigurationError, MetadataError
-from waltz.protocol.storage_client import StorageAdminClient, TlsConfig
+from waltz.protocol.channels import TlsConfig
+from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.cluster.description import ClusterDescription, describe_cluster
 from waltz.services.cluster.manager import read_assignment, read_members
 from waltz.services.cluster.metadata import (

@@ -22,7 +22,7 @@ from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
 from waltz.errors import ConfigurationError
-from waltz.protocol.storage_client import TlsConfig
+from waltz.protocol.channels import TlsConfig
 
 __all__ = ["ClusterAdminConfig"]
 

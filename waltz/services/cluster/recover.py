@@ -16,7 +16,8 @@ import logging
 from dataclasses import dataclass
 
 from waltz.errors import MetadataError
-from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient, TlsConfig
+from waltz.protocol.channels import TlsConfig
+from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
 from waltz.services.cluster.replicas import ReplicaChangeRefusedError
 from waltz.services.cluster.zk import ClusterZk
 

@@ -28,7 +28,8 @@ from typing import TypeVar
 from kazoo.exceptions import BadVersionError, RolledBackError
 
 from waltz.errors import ConfigurationError, MetadataError, StaleMetadataError, WaltzError
-from waltz.protocol.storage_client import StorageAdminClient, TlsConfig
+from waltz.protocol.channels import TlsConfig
+from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.cluster.description import describe_cluster
 from waltz.services.cluster.metadata import (
     ClusterParams,

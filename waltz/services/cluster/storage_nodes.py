@@ -22,7 +22,8 @@ from typing import Generic, TypeVar
 import grpc
 
 from waltz.errors import StorageRpcError, WaltzError
-from waltz.protocol.storage_client import StorageAdminClient, TlsConfig
+from waltz.protocol.channels import TlsConfig
+from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.cluster.metadata import ClusterParams
 
 __all__ = [

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from waltz.errors import StorageRpcError
-from waltz.protocol.storage_client import StorageAdminClient, TlsConfig
+from waltz.protocol.channels import TlsConfig
+from waltz.protocol.storage_client import StorageAdminClient
 from waltz.protocol.storage_pb2 import PartitionStatus
 from waltz.services.cluster.description import ClusterDescription, replica_states
 from waltz.services.cluster.replicas import quorum_of

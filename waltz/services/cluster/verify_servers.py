@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import grpc
 
 from waltz.protocol import server_pb2
+from waltz.protocol.channels import TlsConfig
 from waltz.protocol.server_client import ServerAdminClient
-from waltz.protocol.storage_client import TlsConfig
 from waltz.services.cluster.assignment import Member, PartitionAssignment
 from waltz.services.cluster.description import ClusterDescription
 from waltz.services.cluster.verify import CheckResult, CheckStatus, status_of

@@ -23,8 +23,8 @@ from kazoo.client import KazooClient, KazooState
 
 from waltz.errors import WaltzError
 from waltz.protocol import client_pb2_grpc, server_pb2, server_pb2_grpc
+from waltz.protocol.channels import bind_port, server_credentials, server_options
 from waltz.protocol.records import Record, ReqId
-from waltz.protocol.storage_client import channel_options
 from waltz.services.cluster.manager import ClusterManager, ServerMembership
 from waltz.services.cluster.zk import ClusterZk
 from waltz.services.http import HealthHttpServer
@@ -126,25 +126,16 @@ class ServerApp:
 
     async def _start_grpc(self) -> None:
         config = self.config
-        server = grpc.aio.server(options=channel_options())
+        server = grpc.aio.server(options=server_options())
         server_pb2_grpc.add_ServerAdminServiceServicer_to_server(ServerAdminServicer(self), server)
         client_pb2_grpc.add_WaltzServerServiceServicer_to_server(
             WaltzServerServicer(lambda: self.partitions), server
         )
         address = f"{config.server_host}:{config.server_port}"
-        if config.server_tls_cert_file and config.server_tls_key_file:
-            ca = config.server_tls_ca_file.read_bytes() if config.server_tls_ca_file else None
-            credentials = grpc.ssl_server_credentials(
-                [(config.server_tls_key_file.read_bytes(), config.server_tls_cert_file.read_bytes())],
-                root_certificates=ca,
-                require_client_auth=ca is not None,
-            )
-            bound = server.add_secure_port(address, credentials)
-        else:
-            bound = server.add_insecure_port(address)
-        if bound == 0:
-            raise OSError(f"cannot bind {address}")
-        self.port = bound
+        credentials = server_credentials(
+            config.server_tls_cert_file, config.server_tls_key_file, config.server_tls_ca_file
+        )
+        self.port = bind_port(server, address, credentials)
         await server.start()
         self._grpc = server
 

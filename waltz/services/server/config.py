@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
-from waltz.protocol.storage_client import TlsConfig
+from waltz.protocol.channels import TlsConfig
 from waltz.services.server.partition import PartitionConfig
 from waltz.services.server.store.config import StoreConfig
 

@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 
 from waltz.protocol import storage_pb2_grpc
+from waltz.protocol.channels import bind_port, server_credentials, server_options
 from waltz.services.http import HealthHttpServer
 from waltz.services.runtime import run_until_signalled
 from waltz.services.storage.config import StorageConfig
@@ -22,17 +23,6 @@ from waltz.services.storage.service import StorageAdminServicer, StorageServicer
 __all__ = ["StorageApp", "run_storage"]
 
 log = logging.getLogger(__name__)
-
-
-def _server_credentials(config: StorageConfig) -> grpc.ServerCredentials | None:
-    if config.tls_cert_file is None or config.tls_key_file is None:
-        return None
-    ca = config.tls_ca_file.read_bytes() if config.tls_ca_file else None
-    return grpc.ssl_server_credentials(
-        [(config.tls_key_file.read_bytes(), config.tls_cert_file.read_bytes())],
-        root_certificates=ca,
-        require_client_auth=ca is not None,
-    )
 
 
 class StorageApp:
@@ -51,14 +41,6 @@ class StorageApp:
         self.port = config.port
         self.admin_port = config.admin_port
 
-    def _options(self) -> list[tuple[str, Any]]:
-        size = self.config.max_message_bytes
-        return [
-            ("grpc.max_receive_message_length", size),
-            ("grpc.max_send_message_length", size),
-            ("grpc.so_reuseport", 0),
-        ]
-
     async def start(self) -> None:
         """Open the storage directory and start serving.
 
@@ -69,21 +51,15 @@ class StorageApp:
         await asyncio.to_thread(self.node.start)
         storage = StorageServicer(self.node, self.metrics, self.config.max_response_bytes)
         admin = StorageAdminServicer(self.node, self.metrics, storage)
-        credentials = _server_credentials(self.config)
+        config = self.config
+        credentials = server_credentials(config.tls_cert_file, config.tls_key_file, config.tls_ca_file)
         for port, is_admin in ((self.config.port, False), (self.config.admin_port, True)):
-            server = grpc.aio.server(options=self._options())
+            server = grpc.aio.server(options=server_options(config.max_message_bytes))
             if is_admin:
                 storage_pb2_grpc.add_StorageAdminServiceServicer_to_server(admin, server)
             else:
                 storage_pb2_grpc.add_StorageServiceServicer_to_server(storage, server)
-            address = f"{self.config.host}:{port}"
-            bound = (
-                server.add_secure_port(address, credentials)
-                if credentials is not None
-                else server.add_insecure_port(address)
-            )
-            if bound == 0:
-                raise OSError(f"cannot bind {address}")
+            bound = bind_port(server, f"{config.host}:{port}", credentials)
             await server.start()
             self._servers.append(server)
             if is_admin:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from waltz.protocol.storage_client import TlsConfig
+from waltz.protocol.channels import TlsConfig
 
 __all__ = ["StoreConfig"]
 

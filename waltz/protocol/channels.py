@@ -1,0 +1,107 @@
+"""gRPC transport set-up shared by every waltz-py client and server: options, TLS, channels, ports."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "TlsConfig",
+    "bind_port",
+    "channel_options",
+    "open_channel",
+    "server_credentials",
+    "server_options",
+]
+
+DEFAULT_MAX_MESSAGE_BYTES = 32 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """Client TLS files (PEM). ``ca_file`` verifies the server; cert/key authenticate the client."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """Return gRPC channel credentials."""
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca_file.read_bytes() if self.ca_file else None,
+            private_key=self.key_file.read_bytes() if self.key_file else None,
+            certificate_chain=self.cert_file.read_bytes() if self.cert_file else None,
+        )
+
+
+def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """gRPC channel and server options shared by waltz-py (message size limits)."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        # A channel of its own per connection: gRPC's shared subchannel pool remembers a refused
+        # connection, so a new channel to a node that has just restarted would fail at once.
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+
+
+def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """gRPC server options shared by waltz-py services: size limits, and no port sharing (a
+    second process on the same port must fail to bind, not silently split the traffic)."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def open_channel(
+    address: str,
+    tls: TlsConfig | None = None,
+    *,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    extra_options: Sequence[tuple[str, Any]] = (),
+) -> grpc.aio.Channel:
+    """Open an asyncio channel to ``host:port``, with TLS when ``tls`` is given."""
+    options = [*channel_options(max_message_bytes), *extra_options]
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.secure_channel(address, tls.credentials(), options=options)
+
+
+def server_credentials(
+    cert_file: Path | None, key_file: Path | None, ca_file: Path | None
+) -> grpc.ServerCredentials | None:
+    """Server TLS credentials from PEM files, or None without a certificate (plaintext).
+
+    With a CA bundle, clients must present a certificate signed by it (mutual TLS).
+    """
+    if cert_file is None or key_file is None:
+        return None
+    ca = ca_file.read_bytes() if ca_file else None
+    return grpc.ssl_server_credentials(
+        [(key_file.read_bytes(), cert_file.read_bytes())],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
+
+
+def bind_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Bind ``host:port`` (port 0: any free port) on a server and return the bound port.
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    bound = (
+        server.add_secure_port(address, credentials)
+        if credentials is not None
+        else server.add_insecure_port(address)
+    )
+    if bound == 0:
+        raise OSError(f"cannot bind {address}")
+    return bound
