@@ -60,7 +60,8 @@ class LockTable:
         self.hash_count = hash_count
         self._slots = array("q", [high_water_mark]) * size
 
-    def _indexes(self, lock_hashes: Iterable[int]) -> list[list[int]]:
+    def slots_of(self, lock_hashes: Iterable[int]) -> list[list[int]]:
+        """The slots of each lock (compute once per append and reuse for checks and updates)."""
         return [slot_indexes(h, self.size, self.hash_count) for h in lock_hashes]
 
     def estimate(self, lock_hash: int) -> int:
@@ -70,7 +71,11 @@ class LockTable:
 
     def estimate_all(self, lock_hashes: Sequence[int]) -> int:
         """The highest estimate among ``lock_hashes`` (-1 when there are none)."""
-        return max((self.estimate(h) for h in lock_hashes), default=-1)
+        return self._highest(self.slots_of(lock_hashes))
+
+    def _highest(self, lock_slots: Sequence[Sequence[int]]) -> int:
+        slots = self._slots
+        return max((min(slots[i] for i in indexes) for indexes in lock_slots), default=-1)
 
     def conflict(self, client_high_water_mark: int, lock_hashes: Sequence[int]) -> int | None:
         """The lock compatibility test (seed 001): compatible when the client has seen every
@@ -80,12 +85,21 @@ class LockTable:
             None when compatible, else the estimated high-water mark that the client must reach
             (the ID of the transaction that made the lock request fail, as far as the table knows).
         """
-        highest = self.estimate_all(lock_hashes)
+        return self.conflict_in_slots(client_high_water_mark, self.slots_of(lock_hashes))
+
+    def conflict_in_slots(
+        self, client_high_water_mark: int, lock_slots: Sequence[Sequence[int]]
+    ) -> int | None:
+        """:meth:`conflict` for locks given by their slots (:meth:`slots_of`)."""
+        highest = self._highest(lock_slots)
         return None if client_high_water_mark >= highest else highest
 
     def update(self, transaction_id: int, lock_hashes: Iterable[int]) -> None:
         """Record that ``transaction_id`` committed holding these WRITE/APPEND locks."""
+        self.update_slots(transaction_id, {i for indexes in self.slots_of(lock_hashes) for i in indexes})
+
+    def update_slots(self, transaction_id: int, slot_set: Iterable[int]) -> None:
+        """:meth:`update` for locks given by their slots."""
         slots = self._slots
-        for indexes in self._indexes(lock_hashes):
-            for i in indexes:
-                slots[i] = max(slots[i], transaction_id)
+        for i in slot_set:
+            slots[i] = max(slots[i], transaction_id)

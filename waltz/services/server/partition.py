@@ -13,14 +13,14 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from waltz.errors import WaltzError
 from waltz.protocol import client_pb2, common_pb2
 from waltz.protocol.records import Record, ReqId, crc32
-from waltz.services.server.lock_table import DEFAULT_HASH_COUNT, DEFAULT_SIZE, LockTable, slot_indexes
+from waltz.services.server.lock_table import DEFAULT_HASH_COUNT, DEFAULT_SIZE, LockTable
 from waltz.services.server.store.partition import StorePartition
 
 __all__ = ["ClientConnection", "Partition", "PartitionConfig"]
@@ -178,58 +178,58 @@ class Partition:
 
     # ---- appends ----
 
-    def _slots(self, lock_hashes: Iterable[int]) -> set[int]:
-        size, count = self.config.lock_table_size, self.config.lock_table_hash_count
-        return {slot for h in lock_hashes for slot in slot_indexes(h, size, count)}
-
     async def append(
         self, connection: ClientConnection, request: client_pb2.AppendRequest, network_seq: int
     ) -> None:
         """Handle an append request (seed 000 "Append Task", ``docs/protocol.md`` "Append")."""
+        table = await self._ready()
+        # Back pressure first: from the checks below to marking the pending locks nothing may
+        # await, or two appends on the same lock could both pass, or a mount could slip between.
+        while self.store.pending_records >= self.config.max_pending and not self.store.closed:
+            self._capacity.clear()
+            await self._capacity.wait()
         if self._stale(connection, request.req_id, network_seq):
             return
-        table = await self._ready()
         if crc32(request.data) != request.checksum:
             connection.send(_error(request.req_id, "append data does not match its checksum: resend it"))
             return
-        checked = list(request.write_lock_hashes) + list(request.read_lock_hashes)
-        conflict = table.conflict(request.client_high_water_mark, checked)
+        # Each lock's slots are computed once and serve the check, the pending locks and the update.
+        write_slots = table.slots_of(request.write_lock_hashes)
+        checked_slots = write_slots + table.slots_of(request.read_lock_hashes)
+        conflict = table.conflict_in_slots(request.client_high_water_mark, checked_slots)
         if conflict is not None:
             self.lock_failures += 1
             connection.send(_lock_failure(request.req_id, conflict))
             return
-        blocking = [self._pending_slots[s] for s in self._slots(checked) if s in self._pending_slots]
+        pending = self._pending_slots
+        blocking = [pending[s] for indexes in checked_slots for s in indexes if s in pending]
         if blocking:
             # Fails at once; the failure names the blocking append's transaction once it resolves.
             self.lock_failures += 1
             self._defer_lock_failure(connection, request.req_id, blocking[-1])
             return
-        while self.store.pending_records >= self.config.max_pending and not self.store.closed:
-            self._capacity.clear()
-            await self._capacity.wait()
         state = self._client(request.req_id.client_id)
         state.pending += 1
         state.idle.clear()
-        written = list(request.write_lock_hashes) + list(request.append_lock_hashes)
         received = time.perf_counter()
         future = self.store.submit(ReqId.from_proto(request.req_id), request.header, request.data)
-        slots = self._slots(written)
+        written_slots = write_slots + table.slots_of(request.append_lock_hashes)
+        slots = {slot for indexes in written_slots for slot in indexes}
         for slot in slots:
             self._pending_slots[slot] = future
         self.appends += 1
-        future.add_done_callback(lambda f: self._resolved(f, state, slots, written, received))
+        future.add_done_callback(lambda f: self._resolved(f, state, slots, received))
 
     def _resolved(
         self,
         future: asyncio.Future[int],
         state: _ClientState,
         slots: set[int],
-        written: list[int],
         received: float,
     ) -> None:
         committed = not future.cancelled() and future.exception() is None
         if committed and self._lock_table is not None:
-            self._lock_table.update(future.result(), written)
+            self._lock_table.update_slots(future.result(), slots)
         if committed and self._observe_commit is not None:
             self._observe_commit(time.perf_counter() - received)
         for slot in slots:
