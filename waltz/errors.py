@@ -7,13 +7,16 @@ happened, with the values involved, and what to do next.
 from __future__ import annotations
 
 __all__ = [
+    "ApplyContractError",
     "ClientClosedError",
     "ClusterKeyMismatchError",
     "ClusterNotFoundError",
     "ConfigurationError",
     "CorruptDataError",
+    "CrossPartitionError",
     "DiskFullError",
     "GenerationFencedError",
+    "HighWaterMarkGapError",
     "MessageTooLargeError",
     "MetadataError",
     "PartitionNotAssignedError",
@@ -21,10 +24,12 @@ __all__ = [
     "PartitionUnavailableError",
     "ProtocolError",
     "SessionFencedError",
+    "SqlFrameworkError",
     "StaleMetadataError",
     "StorageError",
     "StorageNotInitializedError",
     "StorageRpcError",
+    "TransactionApplyError",
     "TransactionDataError",
     "TransactionExpiredError",
     "WaltzClientError",
@@ -247,3 +252,73 @@ class TransactionDataError(WaltzClientError):
 
 class WaltzTimeoutError(WaltzClientError, TimeoutError):
     """A client operation (flush, high-water mark, mount) did not finish within its time limit."""
+
+
+class SqlFrameworkError(WaltzError):
+    """Base class of errors raised by the SQL framework (``waltz.jdbc_style``)."""
+
+
+class ApplyContractError(SqlFrameworkError):
+    """``apply`` tried to end or reshape the framework's database transaction.
+
+    The framework owns the transaction that applies a log transaction and moves the high-water
+    mark (seed 001, "Basic Idea": both change together or not at all): ``apply`` may read, write,
+    flush and use savepoints (``begin_nested``), but must not commit, roll back, begin, or change
+    the isolation level.
+    """
+
+
+class HighWaterMarkGapError(SqlFrameworkError):
+    """The database's high-water mark is below ``transaction_id - 1``: transactions are missing.
+
+    A gap is never skipped: applying past it would make the database diverge from the log. It
+    means the database was restored from an old backup or edited by hand; restore a consistent
+    copy (or rebuild it from the log) and restart the application.
+
+    Attributes:
+        cluster_name: the log the mark belongs to.
+        partition_id: the partition.
+        high_water_mark: the mark found in the database.
+        transaction_id: the transaction the client handed over.
+    """
+
+    def __init__(
+        self, cluster_name: str, partition_id: int, high_water_mark: int, transaction_id: int
+    ) -> None:
+        super().__init__(
+            f"cluster {cluster_name!r} partition {partition_id}: the database's high-water mark is "
+            f"{high_water_mark} but the next transaction to apply is {transaction_id}; transactions "
+            f"{high_water_mark + 1}..{transaction_id - 1} are missing (database restored from an old "
+            "backup or edited by hand?). Restore a consistent copy or rebuild it from the log."
+        )
+        self.cluster_name = cluster_name
+        self.partition_id = partition_id
+        self.high_water_mark = high_water_mark
+        self.transaction_id = transaction_id
+
+
+class CrossPartitionError(SqlFrameworkError):
+    """A transaction's entities map to more than one partition.
+
+    Locks are scoped to a partition (seed 000, "Concurrency Control"), so one transaction cannot
+    cover entities of two partitions: split it (e.g. a two-step transfer) or change the entities'
+    partition mapping so that they land together.
+    """
+
+
+class TransactionApplyError(SqlFrameworkError):
+    """Applying one transaction of a batch failed; names the transaction (the cause is chained).
+
+    The client reports ``cause`` for ``transaction_id`` (not for the first of the batch).
+
+    Attributes:
+        partition_id: the partition.
+        transaction_id: the transaction whose apply failed.
+        cause: the exception ``apply`` raised.
+    """
+
+    def __init__(self, partition_id: int, transaction_id: int, cause: BaseException) -> None:
+        super().__init__(f"partition {partition_id}: applying transaction {transaction_id} failed: {cause!r}")
+        self.partition_id = partition_id
+        self.transaction_id = transaction_id
+        self.cause = cause

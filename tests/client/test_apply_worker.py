@@ -112,3 +112,52 @@ def test_batches_when_the_callbacks_implement_the_hook() -> None:
     assert [t for b in callbacks.batches for t in b] == callbacks.applied[
         -sum(len(b) for b in callbacks.batches) :
     ]
+
+
+def test_linger_waits_for_a_fuller_batch() -> None:
+    callbacks = BatchCallbacks()
+    mark = Watermark(-1)
+    worker = ApplyWorker(4, callbacks, mark, max_batch=10, linger=5.0, initial_backoff=0.01)
+    worker.start()
+    try:
+        for tid in range(4):
+            worker.enqueue(txn(tid))  # fewer than max_batch: the worker lingers
+        assert not mark.wait(0, 0.3)
+        for tid in range(4, 10):
+            worker.enqueue(txn(tid))  # the batch is full: applied at once, long before the linger ends
+        assert mark.wait(9, 3)
+    finally:
+        worker.close()
+    assert callbacks.batches == [list(range(10))]
+
+
+class FailingBatchCallbacks(BatchCallbacks):
+    """A batch whose third transaction fails once, reported as the SQL framework does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def apply_transactions(self, transactions: Sequence[Transaction]) -> None:
+        from waltz.errors import TransactionApplyError
+
+        if not self.failed:
+            self.failed = True
+            self.applied.extend(t.transaction_id for t in transactions[:2])
+            raise TransactionApplyError(4, transactions[2].transaction_id, KeyError("no such row"))
+        super().apply_transactions([t for t in transactions if t.transaction_id not in self.applied])
+
+
+def test_a_batch_failure_is_reported_for_the_transaction_that_failed() -> None:
+    callbacks = FailingBatchCallbacks()
+    mark = Watermark(-1)
+    worker = ApplyWorker(4, callbacks, mark, max_batch=10, linger=1.0, initial_backoff=0.01)
+    worker.start()
+    try:
+        for tid in range(5):
+            worker.enqueue(txn(tid))
+        assert mark.wait(4, 10)
+    finally:
+        worker.close()
+    assert callbacks.errors == [(4, 2, "'no such row'")]  # transaction 2 and its cause, not 0
+    assert callbacks.applied == list(range(5))

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import typer
 
 from waltz import __version__
-from waltz.cli import cluster, demo, disk, server, storage, up
+from waltz.cli import cluster, db, demo, disk, server, storage, up
 
 app = typer.Typer(
     help="Waltz: a quorum-replicated, partitioned write-ahead log with optimistic locking.",
@@ -18,6 +18,7 @@ app.add_typer(server.app, name="server")
 app.add_typer(storage.app, name="storage")
 app.add_typer(disk.app, name="disk")
 app.add_typer(cluster.app, name="cluster")
+app.add_typer(db.app, name="db")
 app.command("demo")(demo.demo)
 app.command("up")(up.up)
 

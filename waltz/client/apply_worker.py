@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from waltz.client.metrics import PartitionMetrics
 from waltz.client.submission import Submission
 from waltz.client.transaction import Transaction
 from waltz.client.waiting import Watermark
-from waltz.errors import ClientClosedError
+from waltz.errors import ClientClosedError, TransactionApplyError
 
 __all__ = ["ApplyWorker"]
 
@@ -47,6 +48,8 @@ class ApplyWorker:
         callbacks: the application's callbacks.
         applied: the partition's applied high-water mark; the worker advances it.
         max_batch: transactions per ``apply_transactions`` call when the callbacks override it.
+        linger: seconds to wait for more transactions when fewer than ``max_batch`` are queued
+            (only when batching; 0: apply what is there at once).
         initial_backoff: seconds before the first retry of a failed apply (doubles each time).
         max_backoff: the longest pause between retries, in seconds.
         metrics: the partition's counters (transactions applied, apply errors), or None.
@@ -59,6 +62,7 @@ class ApplyWorker:
         applied: Watermark,
         *,
         max_batch: int = 100,
+        linger: float = 0.0,
         initial_backoff: float = 0.05,
         max_backoff: float = 5.0,
         metrics: PartitionMetrics | None = None,
@@ -68,6 +72,7 @@ class ApplyWorker:
         self._applied = applied
         self._batching = type(callbacks).apply_transactions is not WaltzClientCallbacks.apply_transactions
         self._max_batch = max_batch if self._batching else 1
+        self._linger = linger if self._batching else 0.0
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
         self._metrics = metrics
@@ -129,6 +134,10 @@ class ApplyWorker:
                     floor = self._items.popleft()
                     assert isinstance(floor, _Floor)
                     self._applied.advance(floor.mark)
+                if self._linger > 0 and 0 < len(self._items) < self._max_batch:
+                    self._wait_to_fill()
+                    if self._closed.is_set():
+                        return None
                 batch: list[_Entry] = []
                 while self._items and len(batch) < self._max_batch:
                     item = self._items[0]
@@ -142,6 +151,15 @@ class ApplyWorker:
                     return batch
                 if not self._items:
                     self._condition.wait()
+
+    def _wait_to_fill(self) -> None:
+        """Wait (holding the condition) up to ``linger`` seconds for a full batch."""
+        deadline = time.monotonic() + self._linger
+        while len(self._items) < self._max_batch and not self._closed.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._condition.wait(remaining)
 
     def _run(self) -> None:
         while True:
@@ -175,6 +193,9 @@ class ApplyWorker:
                 if self._metrics is not None:
                     self._metrics.apply_errors.inc()
                 first = transactions[0].transaction_id
+                reported: BaseException = exc
+                if isinstance(exc, TransactionApplyError):  # a batch names its failing transaction
+                    first, reported = exc.transaction_id, exc.cause
                 log.warning(
                     "partition %d: applying transaction %d%s failed (%r); retrying in %.2fs",
                     self.partition_id,
@@ -184,7 +205,7 @@ class ApplyWorker:
                     backoff,
                 )
                 try:
-                    self._callbacks.uncaught_exception(self.partition_id, first, exc)
+                    self._callbacks.uncaught_exception(self.partition_id, first, reported)
                 except Exception:
                     log.exception("partition %d: uncaught_exception raised", self.partition_id)
                 if self._closed.wait(backoff):

@@ -42,6 +42,9 @@ class WaltzClientConfig(WaltzSettings):
       that re-execute failed contexts and run the contexts' callbacks.
     - ``client.maxApplyBatchSize`` (``client_max_apply_batch_size``): transactions handed at once
       to ``apply_transactions`` when the callbacks implement that hook.
+    - ``client.applyLinger`` (``client_apply_linger``): seconds the apply worker waits for more
+      transactions when fewer than ``client.maxApplyBatchSize`` are ready (group apply; 0: hand
+      over what is there at once).
     - ``client.transactionDataTimeout`` (``client_transaction_data_timeout``): seconds a
       ``Transaction.get_data`` keeps retrying.
     - ``client.readYourWritesTimeout`` (``client_read_your_writes_timeout``): seconds a new
@@ -63,6 +66,7 @@ class WaltzClientConfig(WaltzSettings):
         "client.longWaitThreshold": "client_long_wait_threshold",
         "client.numTransactionRetryThreads": "client_num_transaction_retry_threads",
         "client.maxApplyBatchSize": "client_max_apply_batch_size",
+        "client.applyLinger": "client_apply_linger",
         "client.transactionDataTimeout": "client_transaction_data_timeout",
         "client.readYourWritesTimeout": "client_read_your_writes_timeout",
         "client.maxMessageBytes": "client_max_message_bytes",
@@ -94,6 +98,12 @@ class WaltzClientConfig(WaltzSettings):
         default=100,
         gt=0,
         description="Transactions per apply_transactions call (when the callbacks have it).",
+    )
+    client_apply_linger: float = Field(
+        default=0.0,
+        ge=0,
+        le=10,
+        description="Seconds the apply worker waits to fill a group apply batch (0: no wait).",
     )
     client_transaction_data_timeout: float = Field(
         default=60.0, gt=0, description="Seconds Transaction.get_data retries before giving up."

@@ -156,6 +156,7 @@ class ClientCore:
                 self.config.client_max_concurrent_transactions,
                 self.config.client_max_apply_batch_size,
                 self.metrics.partition(pid),
+                apply_linger=self.config.client_apply_linger,
             )
             for pid in range(self.num_partitions)
         }

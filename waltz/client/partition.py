@@ -121,11 +121,14 @@ class ClientPartition:
         max_concurrent: int,
         max_apply_batch: int,
         metrics: PartitionMetrics | None = None,
+        *,
+        apply_linger: float = 0.0,
     ) -> None:
         self.partition_id = partition_id
         self.metrics = metrics if metrics is not None else ClientMetrics().partition(partition_id)
         self._host = host
         self._max_apply_batch = max_apply_batch
+        self._apply_linger = apply_linger
         self.limit = ConcurrencyLimit(max_concurrent)
         self.applied = Watermark(-1)
         """The highest transaction ID this client applied (or found applied) on the partition."""
@@ -184,6 +187,7 @@ class ClientPartition:
                 self._host.callbacks,
                 self.applied,
                 max_batch=self._max_apply_batch,
+                linger=self._apply_linger,
                 metrics=self.metrics,
             )
             self.worker.start()

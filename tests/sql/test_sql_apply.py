@@ -1,0 +1,435 @@
+"""The SQL callbacks' apply path on SQLite, PostgreSQL and MariaDB (real databases, no cluster).
+
+Transactions are made by hand (as the client would hand them over), so each rule of
+``AbstractClientCallbacksForSQL`` is checked directly: mark = id - 1 applies, mark >= id skips,
+a gap is an error, failures roll back without moving the mark, the apply cannot end the
+transaction, transient errors (a real deadlock, a killed connection) are retried, group apply
+finishes a batch another instance applied in part, read-your-writes, idempotency keys, and the
+operator's audited skip.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from waltz.client.transaction import Transaction
+from waltz.errors import ApplyContractError, HighWaterMarkGapError, TransactionApplyError
+from waltz.jdbc_style import (
+    AbstractClientCallbacksForSQL,
+    ChangeSet,
+    ChangeSetApplyError,
+    ChangeSetCallbacks,
+    EntityRegistry,
+    WaltzEntity,
+    create_framework_engine,
+)
+from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, Operation, RowChange
+from waltz.jdbc_style.migrations_api import request_skip, upgrade
+from waltz.protocol.records import ReqId
+
+BACKENDS = ["sqlite", "postgresql", "mariadb"]
+
+items = sa.Table(
+    "items",
+    sa.MetaData(),
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("value", sa.Integer, nullable=False),
+)
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'app.db'}"
+    fixture = "postgres_url" if request.param == "postgresql" else "mariadb_url"
+    return str(request.getfixturevalue(fixture))
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    engine = create_framework_engine(db_url)
+    upgrade(engine)
+    items.metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(items.insert(), [{"id": i, "value": 0} for i in range(1, 4)])
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+Apply = Callable[[Transaction, Session, int], None]
+
+
+class Recorder(AbstractClientCallbacksForSQL):
+    """Callbacks whose ``apply`` adds 1 to item 1 (unless ``touch_item`` is off) and runs a hook.
+
+    ``attempts[(pid, tid)]`` counts apply calls (including rolled-back ones); ``applied`` lists
+    the (pid, tid) of calls that returned.
+    """
+
+    def __init__(
+        self, engine: Engine, hook: Apply | None = None, *, touch_item: bool = True, **kwargs: Any
+    ) -> None:
+        super().__init__(engine, cluster_name="test-cluster", **kwargs)
+        self.hook = hook
+        self.touch_item = touch_item
+        self.attempts: dict[tuple[int, int], int] = {}
+        self.applied: list[tuple[int, int]] = []
+        self.uncaught: list[tuple[int, int, BaseException]] = []
+        self._lock = threading.Lock()
+
+    def apply(self, transaction: Transaction, session: Session) -> None:
+        key = (transaction.partition_id, transaction.transaction_id)
+        with self._lock:
+            self.attempts[key] = attempt = self.attempts.get(key, 0) + 1
+        if self.touch_item:
+            session.execute(items.update().where(items.c.id == 1).values(value=items.c.value + 1))
+        if self.hook is not None:
+            self.hook(transaction, session, attempt)
+        with self._lock:
+            self.applied.append(key)
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        self.uncaught.append((partition_id, transaction_id, exception))
+
+
+def txn(partition_id: int, transaction_id: int, data: bytes = b"x", header: int = 0) -> Transaction:
+    return Transaction(
+        partition_id, transaction_id, ReqId(1, 1, partition_id, transaction_id), header, None, data
+    )
+
+
+def item(engine: Engine, item_id: int = 1) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.select(items.c.value).where(items.c.id == item_id)).scalar_one())
+
+
+def mark_rows(engine: Engine) -> list[tuple[str, int, int]]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT cluster_name, partition_id, high_water_mark FROM waltz_high_water_marks")
+        )
+        return sorted((str(c), int(p), int(m)) for c, p, m in rows)
+
+
+def test_missing_mark_rows_are_created_once_under_concurrency(engine: Engine, db_url: str) -> None:
+    # Eight instances (own engines) ask for the same partitions' marks at the same moment.
+    engines = [create_framework_engine(db_url) for _ in range(8)]
+    instances = [Recorder(e) for e in engines]
+    start = threading.Barrier(len(instances), timeout=30)
+    results: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def ask(callbacks: Recorder) -> None:
+        try:
+            start.wait()
+            results.append([callbacks.get_client_high_water_mark(p) for p in (0, 1, 2)])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask, args=(c,)) for c in instances]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for e in engines:
+        e.dispose()
+    assert errors == []
+    assert results == [[-1, -1, -1]] * len(instances)
+    assert mark_rows(engine) == [("test-cluster", p, -1) for p in (0, 1, 2)]
+
+
+def test_apply_moves_the_mark_skips_what_is_applied_and_refuses_gaps(engine: Engine) -> None:
+    callbacks = Recorder(engine)
+    assert callbacks.get_client_high_water_mark(0) == -1
+    callbacks.apply_transaction(txn(0, 0))
+    callbacks.apply_transaction(txn(0, 1))
+    assert callbacks.high_water_marks() == {0: 1}
+    assert item(engine) == 2
+
+    # Another instance sharing the database sees 0 and 1 again: both skipped, apply not called.
+    other = Recorder(engine)
+    other.apply_transaction(txn(0, 0))
+    other.apply_transaction(txn(0, 1))
+    assert other.attempts == {}
+    assert item(engine) == 2
+
+    # Transaction 3 without 2: a gap, never a skip.
+    with pytest.raises(HighWaterMarkGapError, match=r"transactions 2\.\.2 are missing"):
+        callbacks.apply_transaction(txn(0, 3))
+    assert callbacks.high_water_marks() == {0: 1}
+    assert item(engine) == 2
+    # Partitions are independent; another cluster name is another log.
+    callbacks.apply_transaction(txn(1, 0))
+    assert callbacks.high_water_marks() == {0: 1, 1: 0}
+    second_log = Recorder.__new__(Recorder)
+    AbstractClientCallbacksForSQL.__init__(second_log, engine, cluster_name="other-log")
+    assert second_log.get_client_high_water_mark(0) == -1
+
+
+def test_a_failing_apply_rolls_back_and_keeps_the_mark(engine: Engine) -> None:
+    def fail(transaction: Transaction, session: Session, attempt: int) -> None:
+        session.execute(items.update().where(items.c.id == 2).values(value=99))
+        raise ValueError("the application refused it")
+
+    callbacks = Recorder(engine, fail)
+    assert callbacks.get_client_high_water_mark(0) == -1  # as the client does on mount
+    with pytest.raises(ValueError, match="refused"):
+        callbacks.apply_transaction(txn(0, 0))
+    assert callbacks.attempts == {(0, 0): 1}  # not retried by the framework: not transient
+    assert callbacks.high_water_marks() == {0: -1}
+    assert item(engine, 1) == 0
+    assert item(engine, 2) == 0
+
+
+@pytest.mark.parametrize(
+    "misbehaviour",
+    [
+        "session.commit",
+        "session.rollback",
+        "session.begin",
+        "sql COMMIT",
+        "sql ROLLBACK",
+        "isolation",
+        "conn.commit",
+    ],
+)
+def test_apply_cannot_end_or_reshape_the_framework_transaction(engine: Engine, misbehaviour: str) -> None:
+    def misbehave(transaction: Transaction, session: Session, attempt: int) -> None:
+        if misbehaviour == "session.commit":
+            session.commit()
+        elif misbehaviour == "session.rollback":
+            session.rollback()
+        elif misbehaviour == "session.begin":
+            session.begin()
+        elif misbehaviour == "sql COMMIT":
+            session.execute(text("COMMIT"))
+        elif misbehaviour == "sql ROLLBACK":
+            session.execute(text("ROLLBACK"))
+        elif misbehaviour == "isolation":
+            session.connection(execution_options={"isolation_level": "SERIALIZABLE"})
+        else:
+            session.connection().commit()
+
+    callbacks = Recorder(engine, misbehave)
+    assert callbacks.get_client_high_water_mark(0) == -1
+    with pytest.raises(ApplyContractError, match="apply\\(\\) must not"):
+        callbacks.apply_transaction(txn(0, 0))
+    assert callbacks.high_water_marks() == {0: -1}
+    assert item(engine) == 0  # the write before the misbehaviour was rolled back
+    # Savepoints are allowed, and the next apply works on the same pooled connections.
+    ok = Recorder(engine, lambda t, s, a: s.begin_nested().rollback())
+    ok.apply_transaction(txn(0, 0))
+    assert ok.high_water_marks() == {0: 0}
+    assert item(engine) == 1
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_a_real_deadlock_is_retried(request: pytest.FixtureRequest, backend: str) -> None:
+    url = str(request.getfixturevalue("postgres_url" if backend == "postgresql" else "mariadb_url"))
+    engine = create_framework_engine(url)
+    upgrade(engine)
+    items.metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(items.insert(), [{"id": i, "value": 0} for i in range(1, 4)])
+    both_hold_one = threading.Barrier(2, timeout=20)
+
+    def cross(transaction: Transaction, session: Session, attempt: int) -> None:
+        # Partition 0 locks item 2 then 3; partition 1 locks 3 then 2: on the first attempt both
+        # hold one lock when they ask for the other, and the database kills one of them.
+        first, second = (2, 3) if transaction.partition_id == 0 else (3, 2)
+        session.execute(items.update().where(items.c.id == first).values(value=items.c.value + 1))
+        if attempt == 1:
+            both_hold_one.wait()
+        session.execute(items.update().where(items.c.id == second).values(value=items.c.value + 1))
+
+    callbacks = Recorder(engine, cross, touch_item=False)
+    errors: list[BaseException] = []
+
+    def run(pid: int) -> None:
+        try:
+            callbacks.apply_transaction(txn(pid, 0))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(pid,)) for pid in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        assert errors == []
+        assert sorted(callbacks.attempts.values()) == [1, 2]  # the victim was retried once
+        assert callbacks.high_water_marks() == {0: 0, 1: 0}
+        assert (item(engine, 1), item(engine, 2), item(engine, 3)) == (0, 2, 2)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_a_lost_connection_is_retried(request: pytest.FixtureRequest, backend: str) -> None:
+    url = str(request.getfixturevalue("postgres_url" if backend == "postgresql" else "mariadb_url"))
+    engine = create_framework_engine(url)
+    upgrade(engine)
+    items.metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(items.insert(), [{"id": 1, "value": 0}])
+
+    def kill_own_connection(transaction: Transaction, session: Session, attempt: int) -> None:
+        if attempt == 1:
+            if backend == "postgresql":
+                session.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
+            else:
+                session.execute(text("KILL CONNECTION CONNECTION_ID()"))
+
+    callbacks = Recorder(engine, kill_own_connection)
+    try:
+        callbacks.apply_transaction(txn(0, 0))
+        assert callbacks.attempts == {(0, 0): 2}
+        assert callbacks.high_water_marks() == {0: 0}
+        assert item(engine) == 1  # the killed attempt's write is gone, the retry's is there
+    finally:
+        engine.dispose()
+
+
+def test_group_apply_finishes_a_batch_another_instance_applied_in_part(engine: Engine) -> None:
+    first = Recorder(engine)
+    first.apply_transaction(txn(0, 0))
+    first.apply_transaction(txn(0, 1))
+    second = Recorder(engine)
+    second.apply_transactions([txn(0, i) for i in range(5)])
+    assert second.applied == [(0, 2), (0, 3), (0, 4)]
+    assert second.high_water_marks() == {0: 4}
+    assert item(engine) == 5
+
+
+def test_a_failing_group_keeps_what_precedes_the_failure_and_names_it(engine: Engine) -> None:
+    def fail_on_3(transaction: Transaction, session: Session, attempt: int) -> None:
+        if transaction.transaction_id == 3:
+            raise LookupError("no such account")
+
+    callbacks = Recorder(engine, fail_on_3)
+    with pytest.raises(TransactionApplyError) as caught:
+        callbacks.apply_transactions([txn(0, i) for i in range(6)])
+    assert caught.value.transaction_id == 3
+    assert isinstance(caught.value.cause, LookupError)
+    assert callbacks.high_water_marks() == {0: 2}
+    assert item(engine) == 3
+
+
+def test_wait_for_sees_applies_of_this_and_of_other_instances(engine: Engine) -> None:
+    reader = Recorder(engine)
+    writer = Recorder(engine)
+    assert reader.wait_for(0, 0, timeout=0.2) is False
+    done = threading.Event()
+    result: list[bool] = []
+
+    def wait() -> None:
+        result.append(reader.wait_for(0, 1, timeout=30))
+        done.set()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    writer.apply_transaction(txn(0, 0))
+    assert not done.wait(0.3)  # 0 is not 1
+    writer.apply_transaction(txn(0, 1))  # another instance: the reader polls the database
+    waiter.join(30)
+    assert result == [True]
+    reader.apply_transaction(txn(0, 2))
+    assert reader.wait_for(0, 2, timeout=0) is True
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Account(Base):
+    __tablename__ = "accounts"
+    __waltz__ = WaltzEntity("account")
+    account_id: Mapped[int] = mapped_column(primary_key=True)
+    balance: Mapped[int] = mapped_column(default=0)
+
+
+def change_set_txn(tid: int, balance: int, key: str | None, insert: bool = False) -> Transaction:
+    operation = Operation.INSERT if insert else Operation.UPDATE
+    change = RowChange(operation, "account", {"account_id": 1}, {"account_id": 1, "balance": balance})
+    return txn(0, tid, ChangeSet([change], idempotency_key=key).encode(), header=CHANGE_SET_HEADER)
+
+
+def test_an_idempotency_key_applies_a_request_once(engine: Engine) -> None:
+    Base.metadata.create_all(engine)
+    callbacks = ChangeSetCallbacks(engine, cluster_name="test-cluster", registry=EntityRegistry([Account]))
+    callbacks.apply_transaction(change_set_txn(0, 10, None, insert=True))
+    callbacks.apply_transaction(change_set_txn(1, 20, "req-1"))
+    callbacks.apply_transaction(change_set_txn(2, 30, "req-1"))  # the same request, submitted again
+    callbacks.apply_transaction(change_set_txn(3, 40, "req-2"))
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(Account.balance)).scalar_one() == 40
+    found = callbacks.find_idempotency_key("req-1")
+    assert found is not None and (found.partition_id, found.transaction_id) == (0, 1)
+    assert callbacks.find_idempotency_key("req-3") is None
+    assert callbacks.high_water_marks() == {0: 3}
+    # A database replaying the same log makes the same choice.
+    with engine.begin() as conn:
+        conn.execute(sa.delete(Account))
+        conn.execute(text("DELETE FROM waltz_idempotency_keys"))
+        conn.execute(text("DELETE FROM waltz_high_water_marks"))
+    replay = ChangeSetCallbacks(engine, cluster_name="test-cluster", registry=EntityRegistry([Account]))
+    replay.apply_transactions(
+        [change_set_txn(0, 10, None, insert=True)]
+        + [change_set_txn(i, b, k) for i, b, k in ((1, 20, "req-1"), (2, 30, "req-1"), (3, 40, "req-2"))]
+    )
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(Account.balance)).scalar_one() == 40
+    assert replay.uncaught_count == 0
+
+
+def test_an_update_of_a_missing_row_is_an_error_not_a_skip(engine: Engine) -> None:
+    Base.metadata.create_all(engine)
+    callbacks = ChangeSetCallbacks(engine, cluster_name="test-cluster", registry=EntityRegistry([Account]))
+    assert callbacks.get_client_high_water_mark(0) == -1
+    with pytest.raises(ChangeSetApplyError, match="found no row"):
+        callbacks.apply_transaction(change_set_txn(0, 10, None))
+    assert callbacks.high_water_marks() == {0: -1}
+
+
+def test_an_operator_skip_passes_over_a_stuck_transaction_and_is_audited(engine: Engine, db_url: str) -> None:
+    def poison(transaction: Transaction, session: Session, attempt: int) -> None:
+        if transaction.transaction_id == 1:
+            raise ValueError("cannot apply transaction 1")
+
+    callbacks = Recorder(engine, poison)
+    callbacks.apply_transaction(txn(0, 0))
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            callbacks.apply_transaction(txn(0, 1))
+    assert callbacks.high_water_marks() == {0: 0}
+    request_skip(
+        engine,
+        cluster_name="test-cluster",
+        partition_id=0,
+        transaction_id=1,
+        reason="bad data, ticket 42",
+        operator="ops",
+    )
+    callbacks.apply_transaction(txn(0, 1))
+    callbacks.apply_transaction(txn(0, 2))
+    assert callbacks.high_water_marks() == {0: 2}
+    assert callbacks.skipped == [(0, 1)]
+    assert item(engine) == 2  # 0 and 2 applied, 1 skipped
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT reason, operator, skipped_at FROM waltz_skipped_transactions WHERE transaction_id = 1"
+            )
+        ).one()
+    assert row[0] == "bad data, ticket 42" and row[1] == "ops" and row[2] is not None

@@ -1,0 +1,367 @@
+"""``waltz db``: create and upgrade the SQL framework's tables; inspect marks; skip a stuck transaction.
+
+The logic lives in :mod:`waltz.jdbc_style.migrations_api`; this module parses options and prints
+results. ``docs/sql.md`` ("Migrations and operator commands") documents the tables and the skip
+procedure.
+
+Every command needs the application database's SQLAlchemy URL: ``--url`` or ``WALTZ_DB_URL``.
+
+Exit codes: 0 success; 1 refused or not as expected (``skip`` refused the request, ``current``
+found the tables missing or not at head); 2 the command could not run (bad usage, unparsable URL,
+missing driver, database unreachable or refusing the statement, framework tables missing).
+"""
+
+from __future__ import annotations
+
+import getpass
+import inspect
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
+
+import typer
+from alembic.util.exc import CommandError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
+
+from waltz.cli.logs import configure_logging
+from waltz.errors import SqlFrameworkError
+from waltz.jdbc_style import migrations_api as api
+
+F = TypeVar("F", bound=Callable[..., None])
+
+app = typer.Typer(
+    help=(
+        "Create and upgrade the SQL framework's own tables (high-water marks, idempotency keys, "
+        "skipped transactions) in an application database, show its high-water marks, and skip a "
+        "transaction whose apply keeps failing. Every command needs the database's SQLAlchemy URL: "
+        "--url or WALTZ_DB_URL. "
+        "Exit codes: 0 success, 1 refused (skip) or not at head (current), 2 usage, URL, driver or "
+        "connection error, or framework tables missing. Tables and procedures: docs/sql.md."
+    ),
+    no_args_is_help=True,
+)
+
+
+def _unwrap(doc: str) -> str:
+    """Join the lines of each docstring paragraph, so that the help is wrapped to the terminal."""
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
+
+
+def _command(name: str) -> Callable[[F], F]:
+    """Register a command whose help is its docstring with unwrapped paragraphs."""
+
+    def register(function: F) -> F:
+        app.command(name, help=_unwrap(function.__doc__ or ""))(function)
+        return function
+
+    return register
+
+
+UrlOption = Annotated[
+    str,
+    typer.Option(
+        "--url",
+        envvar="WALTZ_DB_URL",
+        help="The application database's SQLAlchemy URL, e.g. "
+        "`postgresql+psycopg://user:password@host:5432/app` or `mysql+pymysql://user@host/app`.",
+        show_default=False,
+    ),
+]
+ClusterFilterOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster", help="Only this Waltz cluster's rows (default: every cluster).", show_default=False
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of text.")]
+
+
+@app.callback()
+def _logging() -> None:
+    """Log warnings and errors only (WALTZ_LOG_LEVEL overrides): the commands print their results."""
+    configure_logging(os.environ.get("WALTZ_LOG_LEVEL", "ERROR"))
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+    return typer.Exit(code)
+
+
+def _safe_url(url: str) -> str:
+    """The URL with its password hidden, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(the URL given)"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+@contextmanager
+def _database_errors(url: str) -> Iterator[None]:
+    """Turn refusals and database errors into one-line messages and exit codes (no traceback)."""
+    safe = _safe_url(url)
+    try:
+        yield
+    except api.SkipRefusedError as exc:
+        raise _fail(f"refused: {exc}", 1) from exc
+    except SqlFrameworkError as exc:
+        raise _fail(str(exc), 2) from exc
+    except ArgumentError as exc:
+        raise _fail(
+            f"cannot use the database URL {safe}: {_first_line(exc)} (expected "
+            "dialect+driver://user:password@host:port/database)",
+            2,
+        ) from exc
+    except DBAPIError as exc:
+        cause = exc.orig if exc.orig is not None else exc
+        raise _fail(f"cannot use the database at {safe}: {_first_line(cause)}", 2) from exc
+    except SQLAlchemyError as exc:
+        raise _fail(f"database {safe}: {_first_line(exc)}", 2) from exc
+    except CommandError as exc:
+        raise _fail(f"alembic: {exc}", 2) from exc
+    except ModuleNotFoundError as exc:
+        raise _fail(
+            f"the database driver for {safe} is not installed ({exc.name}): install it, or "
+            "waltz-py[sql] for psycopg and PyMySQL",
+            2,
+        ) from exc
+
+
+def _iso(value: datetime | None) -> str:
+    return "-" if value is None else value.isoformat(timespec="seconds")
+
+
+def _echo_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+def _default_operator() -> str:
+    """``$USER``, else the login name; empty when neither is known."""
+    user = os.environ.get("USER")
+    if user:
+        return user
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name in the environment nor in the password database
+        return ""
+
+
+def _revision_text(revision: str | None, head: str) -> str:
+    if revision is None:
+        return f"none: the framework tables are missing (this waltz-py's head is {head})"
+    if revision == head:
+        return f"{revision} (head)"
+    return f"{revision} (not head: this waltz-py's head is {head})"
+
+
+# ---- migrations ----------------------------------------------------------------------------------
+
+
+@_command("upgrade")
+def upgrade(
+    url: UrlOption,
+    revision: Annotated[
+        str, typer.Option("--revision", help="Target revision: `heads`, `waltz@head` or a revision ID.")
+    ] = "heads",
+    sql: Annotated[
+        bool,
+        typer.Option(
+            "--sql",
+            help="Print the DDL instead of running it (offline: nothing connects to the database, "
+            "the URL only names the dialect, e.g. `postgresql://` or `mysql://`).",
+        ),
+    ] = False,
+) -> None:
+    """Create or upgrade the framework's tables in the database (idempotent).
+
+    The revision is recorded in the table `waltz_alembic_version`; an application's own
+    `alembic_version` is left alone. Run it before starting the application after installing or
+    upgrading waltz-py: an application refuses to start when the tables are not at head.
+    """
+    with _database_errors(url):
+        if sql:
+            typer.echo(api.upgrade_sql(url, revision), nl=False)
+            return
+        api.upgrade(url, revision)
+        reached = api.current(url)
+    typer.echo(f"waltz framework tables on {_safe_url(url)}: {_revision_text(reached, api.head())}")
+
+
+@_command("downgrade")
+def downgrade(
+    url: UrlOption,
+    revision: Annotated[
+        str,
+        typer.Option(
+            "--revision",
+            help="Target revision: a revision ID, `-1`, or `base` (drops the tables).",
+            show_default=False,
+        ),
+    ],
+) -> None:
+    """Downgrade the framework's tables to a revision.
+
+    `--revision base` DROPS the tables: the high-water marks are lost, and an application started
+    on this database would apply the whole log again on top of its data. Only for a database that
+    is being discarded, or to undo an upgrade together with the waltz-py version that needed it.
+    """
+    with _database_errors(url):
+        api.downgrade(url, revision)
+        reached = api.current(url)
+    typer.echo(f"waltz framework tables on {_safe_url(url)}: {_revision_text(reached, api.head())}")
+
+
+@_command("current")
+def current(
+    url: UrlOption,
+    version_table: Annotated[
+        str,
+        typer.Option(
+            "--version-table",
+            help="Where the revision is recorded: `alembic_version` when the application adopted the "
+            "framework's revisions as a branch of its own history.",
+        ),
+    ] = api.VERSION_TABLE,
+) -> None:
+    """Print the database's framework revision and whether it is this waltz-py's head.
+
+    Exit code 1 when it is not at head (tables missing or older): run `waltz db upgrade`.
+    """
+    with _database_errors(url):
+        revision = api.current(url, version_table=version_table)
+    head = api.head()
+    typer.echo(_revision_text(revision, head))
+    if revision != head:
+        raise typer.Exit(1)
+
+
+# ---- operator commands ---------------------------------------------------------------------------
+
+
+@_command("marks")
+def marks(url: UrlOption, cluster: ClusterFilterOption = None, json_output: JsonOption = False) -> None:
+    """Show the high-water marks: per cluster and partition, the highest transaction ID applied to
+    this database (-1: none yet) and when it last moved (UTC)."""
+    with _database_errors(url):
+        rows = api.list_marks(url, cluster)
+    if json_output:
+        _echo_json(
+            [
+                {
+                    "cluster": row.cluster_name,
+                    "partition": row.partition_id,
+                    "high_water_mark": row.high_water_mark,
+                    "updated_at": None if row.updated_at is None else row.updated_at.isoformat(),
+                }
+                for row in rows
+            ]
+        )
+        return
+    if not rows:
+        typer.echo("(no high-water marks: no application has used this database for that cluster yet)")
+        return
+    width = max(len("CLUSTER"), *(len(row.cluster_name) for row in rows))
+    typer.echo(f"{'CLUSTER':<{width}}  {'PARTITION':>9}  {'HIGH-WATER MARK':>15}  UPDATED AT (UTC)")
+    for row in rows:
+        typer.echo(
+            f"{row.cluster_name:<{width}}  {row.partition_id:>9}  {row.high_water_mark:>15}  "
+            f"{_iso(row.updated_at)}"
+        )
+
+
+@_command("skip")
+def skip(
+    url: UrlOption,
+    cluster: Annotated[
+        str,
+        typer.Option(
+            "--cluster", help="The Waltz cluster (log) the application follows.", show_default=False
+        ),
+    ],
+    partition: Annotated[int, typer.Option("--partition", min=0, help="The partition.", show_default=False)],
+    transaction: Annotated[
+        int,
+        typer.Option(
+            "--transaction",
+            min=0,
+            help="The stuck transaction: the partition's high-water mark + 1 (see `waltz db marks`).",
+            show_default=False,
+        ),
+    ],
+    reason: Annotated[
+        str, typer.Option("--reason", help="Why, for the audit trail (required).", show_default=False)
+    ],
+    operator: Annotated[
+        str | None,
+        typer.Option(
+            "--operator", help="Who asks, for the audit trail (default: $USER).", show_default=False
+        ),
+    ] = None,
+) -> None:
+    """Ask every application instance using this database to pass over a transaction whose apply
+    keeps failing.
+
+    Only the next transaction to apply (high-water mark + 1) can be skipped. The request is
+    recorded with the operator, reason and time; an instance whose apply of that transaction
+    failed moves the high-water mark past it at its next attempt, without applying it, and records
+    when (`waltz db skips`). The transaction stays in the log: other databases following the log are
+    not affected. Refused (exit 1, nothing recorded) when the transaction is already applied, is
+    not the next one, or was already requested.
+    """
+    who = operator if operator is not None else _default_operator()
+    with _database_errors(url):
+        api.request_skip(
+            url,
+            cluster_name=cluster,
+            partition_id=partition,
+            transaction_id=transaction,
+            reason=reason,
+            operator=who,
+        )
+    typer.echo(
+        f"recorded: {who} asks to skip transaction {transaction} of cluster {cluster!r} partition "
+        f"{partition}. An instance whose apply of it failed passes over it at its next attempt; "
+        "`waltz db skips` shows when it did."
+    )
+
+
+@_command("skips")
+def skips(url: UrlOption, cluster: ClusterFilterOption = None, json_output: JsonOption = False) -> None:
+    """Show the operators' skip requests: pending (not yet acted on) or done, with who asked, why,
+    and when (UTC)."""
+    with _database_errors(url):
+        rows = api.list_skips(url, cluster)
+    if json_output:
+        _echo_json(
+            [
+                {
+                    "cluster": row.cluster_name,
+                    "partition": row.partition_id,
+                    "transaction": row.transaction_id,
+                    "reason": row.reason,
+                    "operator": row.operator,
+                    "requested_at": row.requested_at.isoformat(),
+                    "skipped_at": None if row.skipped_at is None else row.skipped_at.isoformat(),
+                }
+                for row in rows
+            ]
+        )
+        return
+    if not rows:
+        typer.echo("(no skip requests)")
+        return
+    for row in rows:
+        status = "pending" if row.skipped_at is None else f"skipped at {_iso(row.skipped_at)}"
+        typer.echo(
+            f"cluster {row.cluster_name!r} partition {row.partition_id} transaction {row.transaction_id}: "
+            f"{status}; requested by {row.operator} at {_iso(row.requested_at)}: {row.reason}"
+        )

@@ -1,0 +1,57 @@
+"""The SQL framework: exactly-once apply of the Waltz log into SQLAlchemy databases.
+
+Source: seed 001, "Basic Idea", "Optimistic Locking", "Limitations and Requirements"; seed 000,
+"Application Programming Model"; DESIGN.md, "The SQL framework". ``docs/sql.md`` is the guide.
+
+Public API:
+
+- :class:`AbstractClientCallbacksForSQL`: subclass it and implement ``apply(transaction, session)``
+  for command-style transactions; it keeps each partition's high-water mark in
+  ``waltz_high_water_marks`` and applies every transaction exactly once across instances that
+  share the database.
+- :class:`ChangeSetCallbacks`: applies change-set transactions of declared entities itself.
+- :class:`WaltzEntity`, :class:`EntityRegistry`: a model's lock name, key and partition mapping.
+- :class:`EntityTransactionContext`, :class:`EntityTransaction`: read-modify-write of entities with
+  READ/WRITE locks and an exact lock check.
+- :class:`ChangeSet`, :data:`CHANGE_SET_HEADER`: the change-set format.
+- :func:`create_framework_engine`, :func:`prepare_engine`: engines for the framework.
+- ``waltz.jdbc_style.migrations_api``: alembic migrations of the framework's tables
+  (``waltz db upgrade``), and the operator's audited skip.
+"""
+
+from waltz.jdbc_style.callbacks import AbstractClientCallbacksForSQL, ApplySession, MarkSnapshot
+from waltz.jdbc_style.changeset import (
+    CHANGE_SET_HEADER,
+    ChangeSet,
+    ChangeSetFormatError,
+    Operation,
+    RowChange,
+)
+from waltz.jdbc_style.changeset_callbacks import ChangeSetApplyError, ChangeSetCallbacks
+from waltz.jdbc_style.engine import create_framework_engine, is_transient, prepare_engine
+from waltz.jdbc_style.entities import EntityRegistry, UnknownEntityError, WaltzEntity, lock_id_of
+from waltz.jdbc_style.entity_context import EntityTransaction, EntityTransactionContext
+from waltz.jdbc_style.idempotency import AppliedRequest
+
+__all__ = [
+    "CHANGE_SET_HEADER",
+    "AbstractClientCallbacksForSQL",
+    "AppliedRequest",
+    "ApplySession",
+    "ChangeSet",
+    "ChangeSetApplyError",
+    "ChangeSetCallbacks",
+    "ChangeSetFormatError",
+    "EntityRegistry",
+    "EntityTransaction",
+    "EntityTransactionContext",
+    "MarkSnapshot",
+    "Operation",
+    "RowChange",
+    "UnknownEntityError",
+    "WaltzEntity",
+    "create_framework_engine",
+    "is_transient",
+    "lock_id_of",
+    "prepare_engine",
+]

@@ -1,0 +1,468 @@
+"""``AbstractClientCallbacksForSQL``: exactly-once apply of the log into a SQLAlchemy database.
+
+Source: seed 001, "Basic Idea" (the database is a materialized view of the log, applied in log
+order), "Limitations and Requirements" (the database stores its high-water mark); seed 000,
+"Application Programming Model", "Waltz Client Callbacks"; DESIGN.md, "The SQL framework". It is
+the SQLAlchemy successor of upstream Waltz's ``AbstractClientCallbacksForJDBC``.
+
+Several application instances may share one database; each receives every transaction of the
+partitions it mounts. One database transaction applies a log transaction (or a run of them) and
+moves the partition's high-water mark, after locking the mark row:
+
+- mark = id − 1: ``apply(transaction, session)``, then mark = id, commit;
+- mark ≥ id: another instance applied it already: skip;
+- mark < id − 1: a gap (:class:`HighWaterMarkGapError`), never skipped.
+
+Deadlocks, serialization failures, lock wait timeouts and lost connections are retried with
+exponential backoff (tenacity); any other error rolls the transaction back and is raised to the
+client, which reports it to :meth:`uncaught_exception` and retries the same transaction later
+without moving the mark. A transaction whose apply keeps failing can be skipped only by an
+operator (``waltz db skip``), audited in ``waltz_skipped_transactions``.
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import tenacity
+from sqlalchemy import Engine, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.transaction import Transaction
+from waltz.errors import ApplyContractError, HighWaterMarkGapError, TransactionApplyError
+from waltz.jdbc_style.engine import SQLITE_BEGIN, apply_guard, is_transient, prepare_engine
+from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key, record_idempotency_key
+from waltz.jdbc_style.marks import HighWaterMarks
+from waltz.jdbc_style.schema import skipped_transactions
+
+__all__ = ["AbstractClientCallbacksForSQL", "ApplySession", "MarkSnapshot"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Isolation level of entity reads (mark first, then the entities, in one snapshot).
+SNAPSHOT_ISOLATION = "REPEATABLE READ"
+
+
+class ApplySession(Session):
+    """The ORM session ``apply`` receives: joined to the framework's transaction, which it may
+    not end. ``commit``, ``rollback``, ``begin`` and an isolation level change raise
+    :class:`ApplyContractError`;
+    ``begin_nested`` (a savepoint), ``flush``, queries and ``add``/``delete`` work as usual."""
+
+    def commit(self) -> None:
+        raise ApplyContractError(
+            "apply() must not commit: the framework commits the apply and the high-water mark "
+            "together when apply() returns"
+        )
+
+    def rollback(self) -> None:
+        raise ApplyContractError(
+            "apply() must not roll back: raise an exception instead, and the framework rolls back "
+            "the apply and leaves the high-water mark where it was"
+        )
+
+    def connection(self, *args: Any, **kwargs: Any) -> Connection:
+        options = kwargs.get("execution_options") or {}
+        if "isolation_level" in options:
+            raise ApplyContractError(
+                f"apply() must not change the isolation level (to {options['isolation_level']!r}): "
+                "the framework's transaction is already running"
+            )
+        return super().connection(*args, **kwargs)
+
+    def begin(self, nested: bool = False) -> Any:
+        if not nested:
+            raise ApplyContractError(
+                "apply() must not begin a transaction: it already runs in the framework's; use "
+                "session.begin_nested() for a savepoint"
+            )
+        return super().begin(nested=True)
+
+
+class MarkSnapshot:
+    """A read-only database transaction that read a partition's mark first (see
+    :meth:`AbstractClientCallbacksForSQL.snapshot`).
+
+    Attributes:
+        partition_id: the partition.
+        high_water_mark: the partition's mark in this snapshot (-1: nothing applied).
+        connection: the snapshot's connection (read through it, or through :attr:`session`).
+        session: an ORM session on the same connection and transaction.
+    """
+
+    def __init__(self, partition_id: int, high_water_mark: int, connection: Connection, session: Session):
+        self.partition_id = partition_id
+        self.high_water_mark = high_water_mark
+        self.connection = connection
+        self.session = session
+
+
+class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
+    """Waltz client callbacks that apply transactions to a SQLAlchemy database exactly once.
+
+    Subclasses implement :meth:`apply` (and :meth:`uncaught_exception`). Give one instance to a
+    :class:`~waltz.client.client.WaltzClient`; the framework's tables must exist (``waltz db
+    upgrade --url ...``).
+
+    Args:
+        engine: the application database (SQLite, PostgreSQL or MySQL/MariaDB); prepared with
+            :func:`~waltz.jdbc_style.engine.prepare_engine`.
+        cluster_name: the name of the log this database follows (the key of its mark rows); one
+            database can follow several clusters under different names.
+        retry_timeout: seconds a transient database error (deadlock, serialization failure, lost
+            connection) is retried before it is raised to the client (which retries later).
+        check_schema: check at construction that the framework's tables are at the latest
+            migration (raises ``FrameworkTablesMissingError`` with the command to run).
+
+    Raises:
+        ValueError: ``cluster_name`` is empty or too long.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        cluster_name: str,
+        retry_timeout: float = 60.0,
+        check_schema: bool = True,
+    ) -> None:
+        from waltz.jdbc_style.schema import CLUSTER_NAME_LENGTH
+
+        if not cluster_name or len(cluster_name) > CLUSTER_NAME_LENGTH:
+            raise ValueError(
+                f"cluster_name must have 1..{CLUSTER_NAME_LENGTH} characters, got {cluster_name!r}"
+            )
+        self.engine = prepare_engine(engine)
+        self.cluster_name = cluster_name
+        self.marks = HighWaterMarks(cluster_name)
+        self.retry_timeout = retry_timeout
+        self._applied: dict[int, int] = {}
+        self._applied_changed = threading.Condition()
+        self._failing: set[int] = set()
+        self._rows: set[int] = set()  # partitions whose mark row is known to exist
+        self.skipped: list[tuple[int, int]] = []
+        """(partition, transaction) pairs this instance skipped on an operator's request."""
+        if check_schema:
+            from waltz.jdbc_style.migrations_api import check_current
+
+            check_current(self.engine)
+
+    # --- what subclasses implement ----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def apply(self, transaction: Transaction, session: Session) -> None:
+        """Apply one committed transaction to the database through ``session``.
+
+        Runs inside the framework's database transaction, after the partition's mark row was
+        locked and found at ``transaction.transaction_id - 1``; the framework flushes the session,
+        moves the mark and commits when it returns. Must be deterministic (every database that
+        follows the log applies the same transactions in the same order).
+
+        Args:
+            transaction: the committed transaction (its data via ``transaction.get_data(...)``).
+            session: an :class:`ApplySession` on the framework's connection.
+
+        Raises:
+            Exception: rolls back the apply; the mark stays; the client reports the exception to
+                :meth:`uncaught_exception` and retries the same transaction after a backoff.
+            ApplyContractError: raised to ``apply`` itself if it commits, rolls back, begins or
+                changes the isolation level.
+        """
+
+    # --- WaltzClientCallbacks ---------------------------------------------------------------------
+
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        """The partition's mark in this database (-1: none applied); creates a missing row.
+
+        Row creation is race-free: another instance may create it at the same moment.
+        """
+
+        def read() -> int:
+            with self.engine.begin() as conn:
+                mark = self.marks.read(conn, partition_id)
+                if mark is None:
+                    self.marks.ensure(conn, partition_id)
+                    mark = self.marks.read(conn, partition_id)
+                return -1 if mark is None else int(mark)
+
+        mark = self._retry(read)
+        self._rows.add(partition_id)
+        self._note_applied(partition_id, mark)
+        return mark
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        """Apply one transaction exactly once (see the module docstring).
+
+        Raises:
+            HighWaterMarkGapError: the database's mark is below ``transaction_id - 1``.
+            Exception: what ``apply`` raised (after rollback), or a database error that retries
+                did not cure within ``retry_timeout``.
+        """
+        self._retry(lambda: self._apply_batch([transaction]))
+
+    def apply_transactions(self, transactions: Sequence[Transaction]) -> None:
+        """Group apply: consecutive transactions of one partition in one database transaction.
+
+        Those at or below the locked mark are skipped (another instance applied them; a batch it
+        applied in part is finished here, never skipped), the rest applied in order, and the mark
+        set to the last. When the group fails for a reason other than a transient database
+        error, the transactions are applied one database transaction each, so those before the
+        failing one are kept and the failure names its transaction.
+
+        Raises:
+            TransactionApplyError: applying ``transaction_id`` failed (the cause is chained).
+            HighWaterMarkGapError: see :meth:`apply_transaction`.
+        """
+        if not transactions:
+            return
+        if len(transactions) == 1:
+            self.apply_transaction(transactions[0])
+            return
+        try:
+            self._retry(lambda: self._apply_batch(transactions))
+            return
+        except HighWaterMarkGapError:
+            raise
+        except Exception as exc:
+            log.info(
+                "partition %d: group apply of transactions %d..%d failed (%r); applying them one by one",
+                transactions[0].partition_id,
+                transactions[0].transaction_id,
+                transactions[-1].transaction_id,
+                exc,
+            )
+        for transaction in transactions:
+            try:
+                self.apply_transaction(transaction)
+            except HighWaterMarkGapError:
+                raise
+            except Exception as exc:
+                raise TransactionApplyError(
+                    transaction.partition_id, transaction.transaction_id, exc
+                ) from exc
+
+    # --- read-your-writes -------------------------------------------------------------------------
+
+    def wait_for(self, partition_id: int, transaction_id: int, timeout: float | None = None) -> bool:
+        """Block until this database has applied ``transaction_id`` of the partition.
+
+        Use it with the ID from ``submit``'s future for read-your-writes. Another instance may
+        apply it: the database's mark is polled (every 10 ms at first, backing off to 0.5 s) as
+        well as this instance's own applies.
+
+        Args:
+            partition_id: the partition.
+            transaction_id: the transaction's ID.
+            timeout: seconds to wait at most (None: no limit).
+
+        Returns:
+            True once applied, False when ``timeout`` passed first.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.01
+        while True:
+            with self._applied_changed:
+                if self._applied.get(partition_id, -1) >= transaction_id:
+                    return True
+            mark = self._retry(lambda: self._read_mark(partition_id))
+            if mark >= transaction_id:
+                self._note_applied(partition_id, mark)
+                return True
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return False
+            wait = pause if deadline is None else min(pause, deadline - now)
+            with self._applied_changed:
+                if self._applied.get(partition_id, -1) < transaction_id:
+                    self._applied_changed.wait(wait)
+            pause = min(0.5, pause * 2)
+
+    def high_water_marks(self) -> dict[int, int]:
+        """Every partition's mark in this database: ``{partition_id: high_water_mark}``."""
+
+        def read() -> dict[int, int]:
+            with self.engine.connect() as conn:
+                return self.marks.read_all(conn)
+
+        return self._retry(read)
+
+    # --- idempotency keys --------------------------------------------------------------------------
+
+    def record_idempotency_key(self, session: Session, key: str, transaction: Transaction) -> bool:
+        """Record a request key with the apply in progress (for command-style ``apply`` too).
+
+        Returns:
+            True when this transaction is the first to carry ``key`` (apply it), False when an
+            earlier one did (skip its changes).
+        """
+        return record_idempotency_key(
+            session.connection(),
+            cluster_name=self.cluster_name,
+            key=key,
+            partition_id=transaction.partition_id,
+            transaction_id=transaction.transaction_id,
+        )
+
+    def find_idempotency_key(self, key: str) -> AppliedRequest | None:
+        """Where request ``key`` was applied in this database, or None (not applied yet)."""
+        with self.engine.connect() as conn:
+            return find_idempotency_key(conn, cluster_name=self.cluster_name, key=key)
+
+    # --- snapshots for entity reads ---------------------------------------------------------------
+
+    @contextmanager
+    def snapshot(self, partition_id: int) -> Iterator[MarkSnapshot]:
+        """A read transaction that reads the partition's mark first, then whatever the caller reads.
+
+        REPEATABLE READ on PostgreSQL and MySQL/MariaDB, a deferred transaction on SQLite (a
+        snapshot from the first read in WAL mode): everything read in it is the state at the
+        mark, even when other instances apply transactions meanwhile. The transaction is rolled
+        back at the end (it only reads).
+        """
+        with self.engine.connect() as conn:
+            if conn.dialect.name != "sqlite":
+                conn.execution_options(isolation_level=SNAPSHOT_ISOLATION)
+            with conn.begin() as transaction:
+                mark = self.marks.read(conn, partition_id)
+                session = Session(bind=conn)
+                try:
+                    yield MarkSnapshot(partition_id, -1 if mark is None else int(mark), conn, session)
+                finally:
+                    session.close()
+                    transaction.rollback()
+
+    # --- internals ---------------------------------------------------------------------------------
+
+    def _retry(self, fn: Callable[[], T]) -> T:
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(is_transient),
+            wait=tenacity.wait_random_exponential(multiplier=0.02, max=2.0),
+            stop=tenacity.stop_after_delay(self.retry_timeout),
+            reraise=True,
+            before_sleep=_log_retry,
+        )
+        return retrying(fn)
+
+    def _read_mark(self, partition_id: int) -> int:
+        with self.engine.connect() as conn:
+            mark = self.marks.read(conn, partition_id)
+            return -1 if mark is None else int(mark)
+
+    def _note_applied(self, partition_id: int, mark: int) -> None:
+        with self._applied_changed:
+            if mark > self._applied.get(partition_id, -1):
+                self._applied[partition_id] = mark
+                self._applied_changed.notify_all()
+
+    def _apply_batch(self, transactions: Sequence[Transaction]) -> None:
+        partition_id = transactions[0].partition_id
+        if partition_id not in self._rows:
+            # Create a missing mark row in a transaction of its own: locking a row that does not
+            # exist takes gap locks on MySQL/MariaDB, which would serialise unrelated partitions.
+            self.get_client_high_water_mark(partition_id)
+        with self.engine.connect() as conn:
+            conn.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
+            try:
+                new_mark = self._apply_locked(conn, partition_id, transactions)
+            except ApplyContractError:
+                # The guard may have interrupted a commit half-way: never reuse that DBAPI connection.
+                conn.invalidate()
+                raise
+            self._failing.discard(partition_id)
+        self._note_applied(partition_id, new_mark)
+
+    def _apply_locked(self, conn: Connection, partition_id: int, transactions: Sequence[Transaction]) -> int:
+        with conn.begin():
+            mark = self.marks.lock(conn, partition_id)
+            pending = [t for t in transactions if t.transaction_id > mark]
+            if not pending:
+                log.debug(
+                    "partition %d: transactions up to %d applied by another instance; skipped",
+                    partition_id,
+                    transactions[-1].transaction_id,
+                )
+                new_mark = mark
+            else:
+                first = pending[0].transaction_id
+                if first != mark + 1:
+                    raise HighWaterMarkGapError(self.cluster_name, partition_id, mark, first)
+                skips = (
+                    self._operator_skips(conn, partition_id, first)
+                    if partition_id in self._failing
+                    else set()
+                )
+                self._run_apply(conn, pending, skips)
+                new_mark = pending[-1].transaction_id
+                self.marks.advance(conn, partition_id, mark, new_mark)
+        return new_mark
+
+    def _run_apply(self, conn: Connection, pending: Sequence[Transaction], skips: set[int]) -> None:
+        session = ApplySession(bind=conn)
+        try:
+            with apply_guard(conn):
+                for transaction in pending:
+                    if transaction.transaction_id in skips:
+                        self._record_skip(conn, transaction)
+                        continue
+                    self.apply(transaction, session)
+                session.flush()
+        except BaseException as exc:
+            if not is_transient(exc):
+                self._failing.add(pending[0].partition_id)
+            raise
+        finally:
+            if not conn.invalidated:
+                Session.close(session)
+
+    def _operator_skips(self, conn: Connection, partition_id: int, first: int) -> set[int]:
+        rows = conn.execute(
+            select(skipped_transactions.c.transaction_id).where(
+                (skipped_transactions.c.cluster_name == self.cluster_name)
+                & (skipped_transactions.c.partition_id == partition_id)
+                & (skipped_transactions.c.transaction_id >= first)
+                & skipped_transactions.c.skipped_at.is_(None)
+            )
+        )
+        return {int(row[0]) for row in rows}
+
+    def _record_skip(self, conn: Connection, transaction: Transaction) -> None:
+        table = skipped_transactions
+        conn.execute(
+            update(table)
+            .where(
+                (table.c.cluster_name == self.cluster_name)
+                & (table.c.partition_id == transaction.partition_id)
+                & (table.c.transaction_id == transaction.transaction_id)
+            )
+            .values(skipped_at=dt.datetime.now(dt.UTC))
+        )
+        self.skipped.append((transaction.partition_id, transaction.transaction_id))
+        log.warning(
+            "cluster %r partition %d: transaction %d SKIPPED on the operator's request (waltz db skip); "
+            "it was not applied to this database",
+            self.cluster_name,
+            transaction.partition_id,
+            transaction.transaction_id,
+        )
+
+
+def _log_retry(state: tenacity.RetryCallState) -> None:
+    outcome = state.outcome
+    exc = outcome.exception() if outcome is not None else None
+    log.info(
+        "transient database error (%r); retry %d in %.2fs",
+        exc,
+        state.attempt_number,
+        state.next_action.sleep if state.next_action is not None else 0.0,
+    )

@@ -1,0 +1,138 @@
+"""``ChangeSetCallbacks``: the framework applies change-set transactions itself.
+
+Source: DESIGN.md, "The SQL framework"; seed 001, "Limitations and Requirements" (one message maps to
+several DML statements in one SQL transaction). A service built from declared entities
+(:mod:`waltz.jdbc_style.entities`) and entity transaction contexts
+(:mod:`waltz.jdbc_style.entity_context`) needs no hand-written ``apply``; command-style transactions
+(any other header) go to :meth:`ChangeSetCallbacks.apply_command`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from typing import Any
+
+from sqlalchemy import Engine, and_, delete, insert, update
+from sqlalchemy.orm import Session
+
+from waltz.client.transaction import Transaction
+from waltz.jdbc_style.callbacks import AbstractClientCallbacksForSQL
+from waltz.jdbc_style.changeset import (
+    CHANGE_SET_HEADER,
+    ChangeSet,
+    ChangeSetFormatError,
+    Operation,
+    RowChange,
+)
+from waltz.jdbc_style.entities import EntityRegistry
+
+__all__ = ["ChangeSetApplyError", "ChangeSetCallbacks"]
+
+log = logging.getLogger(__name__)
+
+
+class ChangeSetApplyError(ChangeSetFormatError):
+    """A change-set does not fit the database: an update or delete found no row to change.
+
+    The database has diverged from the log (edited by hand, or restored inconsistently); the
+    transaction is not skipped.
+    """
+
+
+class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
+    """Callbacks that apply change-set transactions of declared entities, exactly once.
+
+    Args:
+        engine: the application database.
+        cluster_name: the log this database follows (see :class:`AbstractClientCallbacksForSQL`).
+        registry: the application's declared models.
+        kwargs: more :class:`AbstractClientCallbacksForSQL` arguments.
+
+    Attributes:
+        uncaught: the last 100 ``(partition_id, transaction_id, exception)`` reported to
+            :meth:`uncaught_exception`; ``uncaught_count`` counts them all.
+    """
+
+    def __init__(self, engine: Engine, *, cluster_name: str, registry: EntityRegistry, **kwargs: Any) -> None:
+        super().__init__(engine, cluster_name=cluster_name, **kwargs)
+        self.registry = registry
+        self.uncaught: deque[tuple[int, int, BaseException]] = deque(maxlen=100)
+        self.uncaught_count = 0
+        self._uncaught_lock = threading.Lock()
+
+    def apply(self, transaction: Transaction, session: Session) -> None:
+        """Apply a change-set transaction; hand others to :meth:`apply_command`.
+
+        Raises:
+            ChangeSetFormatError: the data is not a valid change-set.
+            ChangeSetApplyError: an update or delete found no row.
+            UnknownEntityError: the change-set names an entity the registry does not know.
+        """
+        if transaction.header != CHANGE_SET_HEADER:
+            self.apply_command(transaction, session)
+            return
+        change_set = ChangeSet.decode(transaction.get_raw_data())
+        if change_set.idempotency_key is not None and not self.record_idempotency_key(
+            session, change_set.idempotency_key, transaction
+        ):
+            log.info(
+                "partition %d transaction %d: request %r was applied before; its changes are skipped",
+                transaction.partition_id,
+                transaction.transaction_id,
+                change_set.idempotency_key,
+            )
+            return
+        for change in change_set.changes:
+            self.apply_change(change, session, transaction)
+
+    def apply_change(self, change: RowChange, session: Session, transaction: Transaction) -> None:
+        """Apply one row change (override to customise, e.g. to keep history rows).
+
+        Raises:
+            ChangeSetApplyError: an update or delete found no row.
+        """
+        info = self.registry.by_name(change.entity)
+        model = info.model
+        if change.operation is Operation.INSERT:
+            session.execute(insert(model).values(**change.values))
+            return
+        where = and_(*(getattr(model, name) == value for name, value in change.key.items()))
+        if change.operation is Operation.UPDATE:
+            stmt: Any = update(model).where(where).values(**change.values)
+        else:
+            stmt = delete(model).where(where)
+        result: Any = session.execute(stmt.execution_options(synchronize_session=False))
+        if result.rowcount == 0:
+            raise ChangeSetApplyError(
+                f"partition {transaction.partition_id} transaction {transaction.transaction_id}: "
+                f"{change.operation.value} of {change.entity} {dict(change.key)} found no row; the "
+                "database has diverged from the log (restore it or rebuild it from the log)"
+            )
+
+    def apply_command(self, transaction: Transaction, session: Session) -> None:
+        """Apply a transaction that is not a change-set (override for command-style data).
+
+        Raises:
+            NotImplementedError: by default, naming the header.
+        """
+        raise NotImplementedError(
+            f"partition {transaction.partition_id} transaction {transaction.transaction_id} has header "
+            f"{transaction.header}, not a change-set ({CHANGE_SET_HEADER}); override apply_command() "
+            "to apply command-style transactions"
+        )
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        """Log the failure (ERROR, with traceback) and keep it in :attr:`uncaught`."""
+        with self._uncaught_lock:
+            self.uncaught.append((partition_id, transaction_id, exception))
+            self.uncaught_count += 1
+        log.error(
+            "cluster %r partition %d: applying transaction %d failed; it is retried and never skipped "
+            "(an operator can skip it with `waltz db skip`)",
+            self.cluster_name,
+            partition_id,
+            transaction_id,
+            exc_info=exception,
+        )

@@ -1,0 +1,212 @@
+"""Engines for the SQL framework: SQLite transaction modes, the apply guard, transient errors.
+
+Source: DESIGN.md, "The SQL framework"; seed 001, "Basic Idea" (the apply and the high-water mark
+change together in one database transaction, which the framework owns).
+
+:func:`prepare_engine` is applied to every engine the framework is given (idempotent):
+
+- **SQLite** (the embedded default): pysqlite's own transaction handling is switched off and the
+  framework emits ``BEGIN`` itself, ``BEGIN IMMEDIATE`` for applies (SQLite has no ``SELECT ... FOR
+  UPDATE``; an immediate transaction takes the write lock before the mark is read, so two
+  instances cannot both apply the same transaction) and a deferred ``BEGIN`` otherwise (a snapshot
+  from the first read, which is what entity reads need). File databases get WAL and a busy
+  timeout so several processes can share them.
+- **Every backend**: while ``apply`` runs, statements and calls that would end or reshape the
+  framework's transaction (``COMMIT``, ``ROLLBACK`` other than to a savepoint, ``BEGIN``, ``SET
+  TRANSACTION``, an ``isolation_level`` execution option) raise :class:`ApplyContractError`.
+
+:func:`is_transient` tells the errors worth retrying (deadlocks, serialization failures, lock wait
+timeouts, lost connections, a busy SQLite database) from the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from waltz.errors import ApplyContractError
+
+__all__ = [
+    "SQLITE_BEGIN",
+    "apply_guard",
+    "create_framework_engine",
+    "is_transient",
+    "prepare_engine",
+]
+
+log = logging.getLogger(__name__)
+
+_guarded: weakref.WeakSet[Connection] = weakref.WeakSet()
+#: Execution option naming the SQLite ``BEGIN`` mode of a connection (``IMMEDIATE`` or ``DEFERRED``).
+SQLITE_BEGIN = "waltz_sqlite_begin"
+#: Seconds a SQLite connection waits for another process's write lock before "database is locked".
+SQLITE_BUSY_TIMEOUT = 30.0
+
+_PREPARED = "_waltz_prepared"
+
+_FORBIDDEN = re.compile(
+    r"^\s*(?:COMMIT|END|BEGIN|START\s+TRANSACTION|ROLLBACK(?!\s+TO\b)|ABORT|"
+    r"SET\s+(?:SESSION\s+|GLOBAL\s+|LOCAL\s+)?TRANSACTION|SET\s+SESSION\s+CHARACTERISTICS|"
+    r"SET\s+(?:SESSION\s+|@@)?(?:TX_|TRANSACTION_)ISOLATION|PRAGMA\s+READ_UNCOMMITTED)\b",
+    re.IGNORECASE,
+)
+
+# PostgreSQL SQLSTATEs: serialization failure, deadlock, lock timeout, admin shutdown / crash /
+# cannot connect now, connection exceptions.
+_PG_TRANSIENT = {
+    "40001",
+    "40P01",
+    "55P03",
+    "57P01",
+    "57P02",
+    "57P03",
+    "08000",
+    "08001",
+    "08003",
+    "08004",
+    "08006",
+}
+# MySQL/MariaDB error numbers: deadlock, lock wait timeout, server gone away, lost connection,
+# can't connect, connection killed, server shutdown, WSREP not ready, read-only during failover.
+_MYSQL_TRANSIENT = {1213, 1205, 2006, 2013, 2003, 1927, 1053, 1047, 4031, 1290}
+
+
+@contextmanager
+def apply_guard(conn: Connection) -> Iterator[None]:
+    """While inside, statements and calls on ``conn`` that would end or reshape its transaction
+    raise :class:`ApplyContractError` (see the module docstring)."""
+    _guarded.add(conn)
+    try:
+        yield
+    finally:
+        _guarded.discard(conn)
+
+
+def _contract_error(what: str) -> ApplyContractError:
+    return ApplyContractError(
+        f"apply() must not {what}: the framework owns the database transaction that applies a log "
+        "transaction and moves the high-water mark together. Read and write through the session "
+        "(savepoints with session.begin_nested() are fine) and return; raise to abort."
+    )
+
+
+def _guard_statement(
+    conn: Connection, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
+) -> None:
+    if conn in _guarded and _FORBIDDEN.match(statement):
+        raise _contract_error(f"execute {statement.strip().split()[0].upper()} ({statement.strip()[:60]!r})")
+
+
+def _guard_commit(conn: Connection) -> None:
+    if conn in _guarded:
+        raise _contract_error("commit")
+
+
+def _guard_rollback(conn: Connection) -> None:
+    if conn in _guarded:
+        raise _contract_error("roll back")
+
+
+def _guard_options(conn: Connection, opts: dict[str, Any]) -> None:
+    if conn in _guarded and "isolation_level" in opts:
+        raise _contract_error(f"change the isolation level (to {opts['isolation_level']!r})")
+
+
+def _sqlite_connect(dbapi_connection: Any, connection_record: Any) -> None:
+    dbapi_connection.isolation_level = None  # the framework emits BEGIN itself (see module doc)
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT * 1000)}")
+        cursor.execute("PRAGMA database_list")
+        files = [row[2] for row in cursor.fetchall() if row[1] == "main"]
+        if files and files[0]:  # a file database (not :memory:): WAL lets readers run beside a writer
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+    finally:
+        cursor.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    mode = conn.get_execution_options().get(SQLITE_BEGIN, "DEFERRED")
+    conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def prepare_engine(engine: Engine) -> Engine:
+    """Install the framework's engine hooks (see the module docstring); idempotent.
+
+    Call it before the engine's first connection for SQLite (pooled connections made before are
+    discarded so the hooks apply to all). Other code may keep using the engine as before; on
+    SQLite its transactions then begin with a plain (deferred) ``BEGIN``.
+
+    Args:
+        engine: a SQLAlchemy engine for SQLite, PostgreSQL or MySQL/MariaDB.
+
+    Returns:
+        The same engine.
+    """
+    if getattr(engine, _PREPARED, False):
+        return engine
+    event.listen(engine, "before_cursor_execute", _guard_statement)
+    event.listen(engine, "commit", _guard_commit)
+    event.listen(engine, "rollback", _guard_rollback)
+    event.listen(engine, "set_connection_execution_options", _guard_options)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_connect)
+        event.listen(engine, "begin", _sqlite_begin)
+        engine.dispose()
+    elif engine.dialect.name not in ("postgresql", "mysql", "mariadb"):
+        log.warning(
+            "the SQL framework is tested on SQLite, PostgreSQL and MySQL/MariaDB, not %s",
+            engine.dialect.name,
+        )
+    setattr(engine, _PREPARED, True)
+    return engine
+
+
+def create_framework_engine(url: str, **kwargs: Any) -> Engine:
+    """``sqlalchemy.create_engine(url, pool_pre_ping=True, **kwargs)`` prepared for the framework.
+
+    Args:
+        url: a SQLAlchemy URL, e.g. ``sqlite:///app.db``,
+            ``postgresql+psycopg://user@host/db`` or ``mysql+pymysql://user@host/db``.
+        kwargs: more ``create_engine`` arguments.
+    """
+    kwargs.setdefault("pool_pre_ping", True)
+    return prepare_engine(create_engine(url, **kwargs))
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for database errors that a retry of the whole transaction can cure.
+
+    Deadlocks, serialization failures, lock wait timeouts, lost or refused connections (the pool
+    replaces them), server shutdowns and a busy SQLite database. Anything else (constraint
+    violations, programming errors, the application's own exceptions) is not.
+    """
+    if not isinstance(exc, DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    orig = exc.orig
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if isinstance(sqlstate, str):
+        return sqlstate in _PG_TRANSIENT or sqlstate.startswith("08")
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int) and args[0] in _MYSQL_TRANSIENT:
+        return True
+    if isinstance(exc, OperationalError):
+        message = str(orig).lower()
+        return (
+            "database is locked" in message
+            or "database is busy" in message
+            or "database table is locked" in message
+        )
+    return False

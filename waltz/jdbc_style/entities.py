@@ -1,0 +1,252 @@
+"""Declarative Waltz identity for SQLAlchemy models: lock name, lock ID, partition.
+
+Source: seed 000, "Concurrency Control" (a lock is a partition-local name and 64-bit ID) and
+"Client API" (the application chooses the partition); seed 001, "Optimistic Locking"; DESIGN.md,
+"The SQL framework". A model declares::
+
+    class Account(Base):
+        __tablename__ = "accounts"
+        __waltz__ = WaltzEntity("account")                      # key: the primary key
+        account_id: Mapped[int] = mapped_column(primary_key=True)
+        balance: Mapped[int]
+
+    class Membership(Base):
+        __tablename__ = "memberships"
+        __waltz__ = WaltzEntity("membership", key=("group_id", "user_id"),
+                                partition_by=lambda key, n: key[0] % n)   # by group
+
+The **lock ID** of an entity is its key when the key is one integer attribute, otherwise the first
+8 bytes (big-endian, signed) of BLAKE2b over the key's canonical JSON. The default **partition** is
+``crc32(lock_id as 8 bytes big-endian) mod num_partitions``: stable across processes, Python
+versions and machines. ``partition_by(key, num_partitions)`` overrides it per model (e.g. all the
+accounts of one customer in one partition, so transfers between them are one transaction).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import inspect
+from sqlalchemy.orm import DeclarativeBase, Mapper
+
+from waltz.client.locks import PartitionLocalLock
+from waltz.errors import SqlFrameworkError
+
+__all__ = ["EntityInfo", "EntityRegistry", "UnknownEntityError", "WaltzEntity", "lock_id_of"]
+
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+
+#: ``partition_by(key, num_partitions) -> partition_id``: ``key`` is the tuple of key values.
+Partitioner = Callable[[tuple[Any, ...], int], int]
+
+
+class UnknownEntityError(SqlFrameworkError):
+    """A model without ``__waltz__``, or an entity name no registered model has."""
+
+
+@dataclass(frozen=True)
+class WaltzEntity:
+    """A model's Waltz identity; set it as the model's ``__waltz__`` class attribute.
+
+    Args:
+        lock_name: the lock name, also the entity's name in change-sets; unique per registry.
+        key: attribute names forming the lock ID, in order (default: the primary key columns).
+            They must identify a row (the framework updates and deletes rows by them).
+        partition_by: ``(key values, num_partitions) -> partition``, overriding the default
+            stable hash of the lock ID.
+    """
+
+    lock_name: str
+    key: tuple[str, ...] = ()
+    partition_by: Partitioner | None = None
+
+
+def lock_id_of(key: tuple[Any, ...]) -> int:
+    """The 64-bit lock ID of an entity key (see the module docstring).
+
+    Args:
+        key: the key's values in declared order.
+    """
+    first = key[0] if len(key) == 1 else None
+    if isinstance(first, int) and not isinstance(first, bool) and _INT64_MIN <= first <= _INT64_MAX:
+        return first
+    canonical = json.dumps([_canonical(v) for v in key], separators=(",", ":"), ensure_ascii=False)
+    digest = hashlib.blake2b(canonical.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _canonical(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | str | float):
+        return value
+    return str(value)
+
+
+class EntityInfo:
+    """What the framework knows of one declared model (made by :class:`EntityRegistry`).
+
+    Attributes:
+        model: the mapped class.
+        spec: its ``__waltz__``.
+        key: the key attribute names.
+        attributes: every column attribute name (what change-sets carry).
+    """
+
+    def __init__(self, model: type[Any], spec: WaltzEntity) -> None:
+        mapper: Mapper[Any] = inspect(model)
+        self.model = model
+        self.spec = spec
+        self.mapper = mapper
+        self.attributes: tuple[str, ...] = tuple(prop.key for prop in mapper.column_attrs)
+        if spec.key:
+            missing = [name for name in spec.key if name not in self.attributes]
+            if missing:
+                raise UnknownEntityError(
+                    f"{model.__name__}.__waltz__ key names {missing}, which are not column attributes "
+                    f"of the model (it has {list(self.attributes)})"
+                )
+            self.key: tuple[str, ...] = spec.key
+        else:
+            self.key = tuple(mapper.get_property_by_column(col).key for col in mapper.primary_key)
+        self.defaults: dict[str, Any] = {}
+        for prop in mapper.column_attrs:
+            column = prop.columns[0]
+            default = getattr(column, "default", None)
+            if default is not None and getattr(default, "is_scalar", False):
+                self.defaults[prop.key] = default.arg
+
+    @property
+    def name(self) -> str:
+        """The entity's name (its lock name)."""
+        return self.spec.lock_name
+
+    def key_of(self, entity: Any) -> tuple[Any, ...]:
+        """The key values of an instance."""
+        return tuple(getattr(entity, name) for name in self.key)
+
+    def normalize_key(self, key: Any) -> tuple[Any, ...]:
+        """A key given as a scalar, tuple or mapping, as the tuple of key values.
+
+        Raises:
+            ValueError: wrong number of values or missing names.
+        """
+        if isinstance(key, Mapping):
+            try:
+                return tuple(key[name] for name in self.key)
+            except KeyError as exc:
+                raise ValueError(
+                    f"{self.model.__name__} key needs {list(self.key)}, got {dict(key)}"
+                ) from exc
+        values = key if isinstance(key, tuple) else (key,)
+        if len(values) != len(self.key):
+            raise ValueError(
+                f"{self.model.__name__} key is {list(self.key)}: expected {len(self.key)} value(s), "
+                f"got {values!r}"
+            )
+        return values
+
+    def lock(self, key: tuple[Any, ...]) -> PartitionLocalLock:
+        """The lock of the entity with these key values."""
+        return PartitionLocalLock(self.spec.lock_name, lock_id_of(key))
+
+    def partition_of(self, key: tuple[Any, ...], num_partitions: int) -> int:
+        """The partition of the entity with these key values.
+
+        Raises:
+            ValueError: ``partition_by`` returned a partition outside ``0 .. num_partitions - 1``.
+        """
+        if self.spec.partition_by is not None:
+            partition = self.spec.partition_by(key, num_partitions)
+        else:
+            partition = zlib.crc32(lock_id_of(key).to_bytes(8, "big", signed=True)) % num_partitions
+        if not 0 <= partition < num_partitions:
+            raise ValueError(
+                f"{self.model.__name__}: partition_by{key!r} returned {partition}, "
+                f"outside 0..{num_partitions - 1}"
+            )
+        return partition
+
+    def row_of(self, entity: Any) -> dict[str, Any]:
+        """Every column attribute of an instance (the whole row, as change-sets carry it)."""
+        return {name: getattr(entity, name) for name in self.attributes}
+
+
+class EntityRegistry:
+    """The declared models of an application, by class and by entity name.
+
+    Args:
+        models: mapped classes with a ``__waltz__`` attribute.
+
+    Raises:
+        UnknownEntityError: a model lacks ``__waltz__``, or two share a lock name.
+    """
+
+    def __init__(self, models: Iterable[type[Any]] = ()) -> None:
+        self._by_model: dict[type[Any], EntityInfo] = {}
+        self._by_name: dict[str, EntityInfo] = {}
+        for model in models:
+            self.register(model)
+
+    @classmethod
+    def from_base(cls, base: type[DeclarativeBase]) -> EntityRegistry:
+        """Every model of a declarative base that has ``__waltz__``."""
+        models = [
+            m.class_
+            for m in base.registry.mappers
+            if isinstance(getattr(m.class_, "__waltz__", None), WaltzEntity)
+        ]
+        return cls(sorted(models, key=lambda m: m.__name__))
+
+    def register(self, model: type[Any]) -> EntityInfo:
+        """Add a model.
+
+        Raises:
+            UnknownEntityError: no ``__waltz__``, or its lock name is taken by another model.
+        """
+        spec = getattr(model, "__waltz__", None)
+        if not isinstance(spec, WaltzEntity):
+            raise UnknownEntityError(
+                f"{model.__name__} has no __waltz__ = WaltzEntity(...) declaration; add one to use it "
+                "as a Waltz entity"
+            )
+        existing = self._by_name.get(spec.lock_name)
+        if existing is not None and existing.model is not model:
+            raise UnknownEntityError(
+                f"{model.__name__} and {existing.model.__name__} both declare the lock name "
+                f"{spec.lock_name!r}"
+            )
+        info = EntityInfo(model, spec)
+        self._by_model[model] = info
+        self._by_name[spec.lock_name] = info
+        return info
+
+    def info(self, model: type[Any]) -> EntityInfo:
+        """The entity info of a model (registers it on first use).
+
+        Raises:
+            UnknownEntityError: the model has no ``__waltz__``.
+        """
+        info = self._by_model.get(model)
+        return info if info is not None else self.register(model)
+
+    def by_name(self, name: str) -> EntityInfo:
+        """The entity info of an entity name (as in change-sets).
+
+        Raises:
+            UnknownEntityError: no registered model has that lock name.
+        """
+        info = self._by_name.get(name)
+        if info is None:
+            raise UnknownEntityError(
+                f"no registered model has the entity name {name!r} (registered: {sorted(self._by_name)}); "
+                "register its model with the callbacks' EntityRegistry"
+            )
+        return info
+
+    def __iter__(self) -> Any:
+        return iter(self._by_model.values())

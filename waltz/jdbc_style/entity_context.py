@@ -1,0 +1,326 @@
+"""Transaction contexts for read-modify-write of declared entities.
+
+Source: seed 001, "Optimistic Locking" (the client high-water mark sent with an append must be the
+state the transaction was built from); seed 000, "Client API" (``TransactionContext.execute``),
+"Concurrency Control"; DESIGN.md, "The SQL framework".
+
+For each attempt the framework opens one snapshot transaction (REPEATABLE READ; SQLite: a WAL
+snapshot), reads the partition's high-water mark **first**, then lets :meth:`run` read entities
+through :class:`EntityTransaction`, and hands that mark to the builder. Everything the
+transaction read is therefore exactly the state at the mark, even if other instances apply
+transactions between the two reads, so the server's lock check is exact: an attempt built on
+stale rows fails with a lock failure and is retried, never committed. Each read registers a READ
+lock, each change a WRITE lock; the changes become a change-set transaction
+(:mod:`waltz.jdbc_style.changeset`) that :class:`~waltz.jdbc_style.changeset_callbacks.ChangeSetCallbacks`
+applies on every instance::
+
+    class Withdraw(EntityTransactionContext):
+        def __init__(self, callbacks, account_id, amount):
+            super().__init__(callbacks, (Account, account_id))
+            self.account_id, self.amount = account_id, amount
+
+        def run(self, tx: EntityTransaction) -> bool:
+            account = tx.get(Account, self.account_id)
+            if account is None or account.balance < self.amount:
+                return False                      # dropped: on_completion(False)
+            tx.update(account, balance=account.balance - self.amount)
+            return True
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from sqlalchemy import and_, select
+
+from waltz.client.context import TransactionBuilder, TransactionContext
+from waltz.client.locks import PartitionLocalLock
+from waltz.errors import CrossPartitionError
+from waltz.jdbc_style.callbacks import MarkSnapshot
+from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, RowChange
+from waltz.jdbc_style.changeset_callbacks import ChangeSetCallbacks
+from waltz.jdbc_style.entities import EntityInfo
+from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key
+
+__all__ = ["EntityTransaction", "EntityTransactionContext"]
+
+E = TypeVar("E")
+
+
+class EntityTransaction:
+    """What :meth:`EntityTransactionContext.run` reads and changes, for one attempt.
+
+    Attributes:
+        partition_id: the transaction's partition.
+        high_water_mark: the partition's mark in the snapshot (what the lock check uses).
+        session: an ORM session on the snapshot, for reads the framework does not lock (queries
+            over many rows); lock what they depend on with :meth:`lock_read`.
+        idempotency_key: set it to the request's key: the change-set then carries it and is
+            applied at most once per key (see :mod:`waltz.jdbc_style.idempotency`).
+        meta: JSON-able application data carried in the change-set, never interpreted.
+    """
+
+    def __init__(self, callbacks: ChangeSetCallbacks, snapshot: MarkSnapshot, num_partitions: int) -> None:
+        self._callbacks = callbacks
+        self._snapshot = snapshot
+        self._num_partitions = num_partitions
+        self.partition_id = snapshot.partition_id
+        self.high_water_mark = snapshot.high_water_mark
+        self.session = snapshot.session
+        self.idempotency_key: str | None = None
+        self.meta: dict[str, Any] = {}
+        self._changes: list[RowChange] = []
+        self._read_locks: dict[PartitionLocalLock, None] = {}
+        self._write_locks: dict[PartitionLocalLock, None] = {}
+
+    # --- reads -------------------------------------------------------------------------------------
+
+    def get(self, model: type[E], key: Any) -> E | None:
+        """Read one entity by key (READ lock on it, also when it does not exist).
+
+        Args:
+            model: a declared model.
+            key: its key: a scalar for a one-attribute key, a tuple in declared order, or a
+                mapping of attribute names.
+
+        Returns:
+            A detached instance holding the row at the snapshot's mark, or None.
+
+        Raises:
+            CrossPartitionError: the entity belongs to another partition.
+            UnknownEntityError: the model has no ``__waltz__``.
+        """
+        info, values = self._locate(model, key)
+        self.lock_read(model, values)
+        where = and_(*(getattr(model, name) == value for name, value in zip(info.key, values, strict=True)))
+        entity = self.session.execute(select(model).where(where)).scalar_one_or_none()
+        if entity is not None:
+            self.session.expunge(entity)
+        return entity
+
+    def get_many(self, model: type[E], keys: Iterable[Any]) -> dict[tuple[Any, ...], E | None]:
+        """:meth:`get` for several keys: ``{key tuple: entity or None}``."""
+        result: dict[tuple[Any, ...], E | None] = {}
+        for key in keys:
+            info, values = self._locate(model, key)
+            del info
+            result[values] = self.get(model, values)
+        return result
+
+    def lock_read(self, model: type[Any], key: Any) -> None:
+        """Register a READ lock on an entity without reading it (e.g. rows a query depended on).
+
+        Raises:
+            CrossPartitionError: the entity belongs to another partition.
+        """
+        info, values = self._locate(model, key)
+        lock = info.lock(values)
+        if lock not in self._write_locks:
+            self._read_locks[lock] = None
+
+    def lock_write(self, model: type[Any], key: Any) -> None:
+        """Register a WRITE lock on an entity without changing it.
+
+        Raises:
+            CrossPartitionError: the entity belongs to another partition.
+        """
+        info, values = self._locate(model, key)
+        lock = info.lock(values)
+        self._read_locks.pop(lock, None)
+        self._write_locks[lock] = None
+
+    def already_applied(self, idempotency_key: str) -> AppliedRequest | None:
+        """Where a request key was applied, as of the snapshot (None: not applied at the mark).
+
+        A request may still be in flight (submitted, not yet applied): setting
+        :attr:`idempotency_key` covers that case at apply time.
+        """
+        return find_idempotency_key(
+            self._snapshot.connection, cluster_name=self._callbacks.cluster_name, key=idempotency_key
+        )
+
+    # --- changes -----------------------------------------------------------------------------------
+
+    def insert(self, model: type[E], **values: Any) -> E:
+        """Insert a new entity (WRITE lock on its key); scalar column defaults are filled in.
+
+        Returns:
+            A transient instance with the row's values (not attached to any session).
+
+        Raises:
+            ValueError: a key attribute is missing, or an unknown attribute is given.
+            CrossPartitionError: the entity belongs to another partition.
+        """
+        info = self._callbacks.registry.info(model)
+        unknown = sorted(set(values) - set(info.attributes))
+        if unknown:
+            raise ValueError(f"{model.__name__} has no column attributes {unknown}")
+        row = {**info.defaults, **values}
+        missing = [name for name in info.key if row.get(name) is None]
+        if missing:
+            raise ValueError(f"insert of {model.__name__} needs its key attributes {missing}")
+        key = tuple(row[name] for name in info.key)
+        self.lock_write(model, key)
+        self._changes.append(
+            RowChange(Operation.INSERT, info.name, dict(zip(info.key, key, strict=True)), row)
+        )
+        return model(**row)
+
+    def update(self, entity: E, **changes: Any) -> E:
+        """Change attributes of an entity read with :meth:`get` (WRITE lock); the change-set carries
+        the whole new row. The instance is updated in place and returned.
+
+        Raises:
+            ValueError: an unknown attribute, or a change of a key attribute.
+            CrossPartitionError: the entity belongs to another partition.
+        """
+        info = self._callbacks.registry.info(type(entity))
+        unknown = sorted(set(changes) - set(info.attributes))
+        if unknown:
+            raise ValueError(f"{type(entity).__name__} has no column attributes {unknown}")
+        key = info.key_of(entity)
+        touched = [name for name in info.key if name in changes and changes[name] != getattr(entity, name)]
+        if touched:
+            raise ValueError(
+                f"update cannot change the key attributes {touched} of {type(entity).__name__}; "
+                "delete it and insert a new one"
+            )
+        self.lock_write(type(entity), key)
+        for name, value in changes.items():
+            setattr(entity, name, value)
+        self._changes.append(
+            RowChange(Operation.UPDATE, info.name, dict(zip(info.key, key, strict=True)), info.row_of(entity))
+        )
+        return entity
+
+    def delete(self, entity: Any) -> None:
+        """Delete an entity read with :meth:`get` (WRITE lock).
+
+        Raises:
+            CrossPartitionError: the entity belongs to another partition.
+        """
+        info = self._callbacks.registry.info(type(entity))
+        key = info.key_of(entity)
+        self.lock_write(type(entity), key)
+        self._changes.append(RowChange(Operation.DELETE, info.name, dict(zip(info.key, key, strict=True))))
+
+    # --- results -----------------------------------------------------------------------------------
+
+    @property
+    def changes(self) -> list[RowChange]:
+        """The row changes so far, in order."""
+        return list(self._changes)
+
+    @property
+    def read_locks(self) -> list[PartitionLocalLock]:
+        """READ locks (entities read, not changed)."""
+        return list(self._read_locks)
+
+    @property
+    def write_locks(self) -> list[PartitionLocalLock]:
+        """WRITE locks (entities changed)."""
+        return list(self._write_locks)
+
+    def change_set(self) -> ChangeSet:
+        """The change-set of this attempt."""
+        return ChangeSet(list(self._changes), self.idempotency_key, dict(self.meta))
+
+    def _locate(self, model: type[Any], key: Any) -> tuple[EntityInfo, tuple[Any, ...]]:
+        info = self._callbacks.registry.info(model)
+        values = info.normalize_key(key)
+        partition = info.partition_of(values, self._num_partitions)
+        if partition != self.partition_id:
+            raise CrossPartitionError(
+                f"{model.__name__} {values!r} belongs to partition {partition}, but this transaction "
+                f"is on partition {self.partition_id}; a transaction's entities must share a partition "
+                "(split it, e.g. into a two-step transfer, or map them together with partition_by)"
+            )
+        return info, values
+
+
+class EntityTransactionContext(TransactionContext):
+    """A transaction context over declared entities; subclass it and implement :meth:`run`.
+
+    Args:
+        callbacks: the application's :class:`ChangeSetCallbacks` (database, registry, log name).
+        entities: ``(model, key)`` pairs the transaction is about; they choose the partition and
+            must all map to the same one. Entities read or changed in :meth:`run` are checked too.
+        timeout: seconds until the context expires (see :class:`TransactionContext`).
+
+    Raises:
+        ValueError: no entity given.
+        CrossPartitionError: from :meth:`partition_id` (so from ``submit``) when the declared
+            entities map to different partitions.
+    """
+
+    def __init__(
+        self, callbacks: ChangeSetCallbacks, *entities: tuple[type[Any], Any], timeout: float | None = None
+    ) -> None:
+        super().__init__(timeout=timeout)
+        if not entities:
+            raise ValueError(
+                "an entity transaction context needs at least one (model, key) to choose its partition"
+            )
+        self.callbacks = callbacks
+        self._entities = [
+            (info, info.normalize_key(key))
+            for info, key in ((callbacks.registry.info(model), key) for model, key in entities)
+        ]
+        self._num_partitions = 0
+        self._partition_id = -1
+        self.last_transaction: EntityTransaction | None = None
+        """The last attempt's :class:`EntityTransaction` (what was read and changed)."""
+
+    @abc.abstractmethod
+    def run(self, tx: EntityTransaction) -> bool:
+        """Read entities and declare changes through ``tx``; called once per attempt.
+
+        Returns:
+            True to append the change-set, False to drop the transaction (``on_completion(False)``).
+        """
+
+    def partition_id(self, num_partitions: int) -> int:
+        """The partition of the declared entities.
+
+        Raises:
+            CrossPartitionError: they map to more than one partition.
+        """
+        partitions: dict[int, list[str]] = {}
+        for info, key in self._entities:
+            partitions.setdefault(info.partition_of(key, num_partitions), []).append(
+                f"{info.model.__name__}{key!r}"
+            )
+        if len(partitions) > 1:
+            detail = "; ".join(
+                f"partition {p}: {', '.join(names)}" for p, names in sorted(partitions.items())
+            )
+            raise CrossPartitionError(
+                f"{type(self).__name__} spans {len(partitions)} partitions ({detail}); a transaction's "
+                "entities must share a partition (split it, e.g. into a two-step transfer, or map them "
+                "together with partition_by)"
+            )
+        self._num_partitions = num_partitions
+        self._partition_id = next(iter(partitions))
+        return self._partition_id
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        """Open the snapshot, read the mark, call :meth:`run`, and build the change-set append."""
+        if self._num_partitions == 0:
+            raise RuntimeError("partition_id() must be called before execute()")
+        with self.callbacks.snapshot(self._partition_id) as snapshot:
+            self._after_mark_read(snapshot)
+            tx = EntityTransaction(self.callbacks, snapshot, self._num_partitions)
+            self.last_transaction = tx
+            if not self.run(tx):
+                return False
+        builder.set_client_high_water_mark(snapshot.high_water_mark)
+        builder.set_header(CHANGE_SET_HEADER)
+        builder.set_raw_data(tx.change_set().encode())
+        builder.set_write_locks(tx.write_locks)
+        builder.set_read_locks(tx.read_locks)
+        return True
+
+    def _after_mark_read(self, snapshot: MarkSnapshot) -> None:
+        """Hook between the mark read and the entity reads (tests put a concurrent apply here)."""

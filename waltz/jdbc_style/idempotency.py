@@ -1,0 +1,78 @@
+"""Idempotency keys: a request applied once even when a service submits it twice.
+
+Source: DESIGN.md, "The SQL framework". A service that crashes after ``submit`` cannot know
+whether its transaction was committed; when it retries the request, the log may end up holding
+it twice. The key is recorded in ``waltz_idempotency_keys`` in the same database transaction as
+the apply that carried it, so the second copy finds it and changes nothing. Every database that
+follows the log makes the same choice (the first copy in log order wins).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from waltz.jdbc_style.marks import insert_if_absent
+from waltz.jdbc_style.schema import IDEMPOTENCY_KEY_LENGTH, idempotency_keys
+
+__all__ = ["AppliedRequest", "find_idempotency_key", "record_idempotency_key"]
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedRequest:
+    """Where a request key was first applied.
+
+    Attributes:
+        partition_id: the partition of the transaction that carried it.
+        transaction_id: that transaction's ID.
+    """
+
+    partition_id: int
+    transaction_id: int
+
+
+def _check(key: str) -> None:
+    if not key or len(key) > IDEMPOTENCY_KEY_LENGTH:
+        raise ValueError(f"an idempotency key has 1..{IDEMPOTENCY_KEY_LENGTH} characters, got {len(key)}")
+
+
+def record_idempotency_key(
+    conn: Connection, *, cluster_name: str, key: str, partition_id: int, transaction_id: int
+) -> bool:
+    """Record ``key`` as applied by this transaction, inside the caller's (apply) transaction.
+
+    Returns:
+        True when this transaction is the first to carry the key (apply it); False when an
+        earlier transaction did (skip the request's changes). Idempotent for the same transaction.
+
+    Raises:
+        ValueError: the key is empty or longer than the column allows.
+    """
+    _check(key)
+    insert_if_absent(
+        conn,
+        idempotency_keys,
+        {
+            "cluster_name": cluster_name,
+            "idempotency_key": key,
+            "partition_id": partition_id,
+            "transaction_id": transaction_id,
+            "applied_at": dt.datetime.now(dt.UTC),
+        },
+    )
+    found = find_idempotency_key(conn, cluster_name=cluster_name, key=key)
+    return found == AppliedRequest(partition_id, transaction_id)
+
+
+def find_idempotency_key(conn: Connection, *, cluster_name: str, key: str) -> AppliedRequest | None:
+    """Where ``key`` was applied in this database, or None (not applied, perhaps not yet)."""
+    _check(key)
+    row = conn.execute(
+        select(idempotency_keys.c.partition_id, idempotency_keys.c.transaction_id).where(
+            (idempotency_keys.c.cluster_name == cluster_name) & (idempotency_keys.c.idempotency_key == key)
+        )
+    ).first()
+    return None if row is None else AppliedRequest(int(row[0]), int(row[1]))

@@ -1,0 +1,123 @@
+"""High-water-mark rows: created race-free, read, locked for an apply, and advanced.
+
+Source: seed 001, "Limitations and Requirements" (the database stores the highest transaction ID
+it has applied); DESIGN.md, "The SQL framework". Rows live in ``waltz_high_water_marks`` keyed by
+(cluster name, partition ID); see :mod:`waltz.jdbc_style.schema`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Table, select, update
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from waltz.jdbc_style.schema import high_water_marks as _marks
+
+__all__ = ["HighWaterMarks", "insert_if_absent"]
+
+
+def insert_if_absent(conn: Connection, table: Table, values: Mapping[str, Any]) -> None:
+    """Insert a row unless one with the same primary key exists, without failing on a race.
+
+    Another instance may insert the same key at the same moment: PostgreSQL and SQLite use ``ON
+    CONFLICT DO NOTHING``, MySQL/MariaDB ``ON DUPLICATE KEY UPDATE`` of a key column to itself
+    (a no-op), other backends a savepoint that swallows the duplicate-key error.
+    """
+    name = conn.dialect.name
+    if name == "postgresql":
+        conn.execute(postgresql.insert(table).values(**values).on_conflict_do_nothing())
+    elif name == "sqlite":
+        conn.execute(sqlite.insert(table).values(**values).on_conflict_do_nothing())
+    elif name in ("mysql", "mariadb"):
+        first_key = table.primary_key.columns.values()[0].name
+        stmt = mysql.insert(table).values(**values)
+        conn.execute(stmt.on_duplicate_key_update({first_key: stmt.inserted[first_key]}))
+    else:
+        savepoint = conn.begin_nested()
+        try:
+            conn.execute(table.insert().values(**values))
+        except IntegrityError:
+            savepoint.rollback()
+        else:
+            savepoint.commit()
+
+
+class HighWaterMarks:
+    """The mark rows of one Waltz cluster (log) in one database.
+
+    Args:
+        cluster_name: the log's name, the first half of every row's key.
+    """
+
+    def __init__(self, cluster_name: str) -> None:
+        self.cluster_name = cluster_name
+        self._where_cluster = _marks.c.cluster_name == cluster_name
+
+    def _where(self, partition_id: int) -> Any:
+        return self._where_cluster & (_marks.c.partition_id == partition_id)
+
+    def ensure(self, conn: Connection, partition_id: int) -> None:
+        """Create the partition's row at -1 unless it exists (race-free, see :func:`insert_if_absent`)."""
+        insert_if_absent(
+            conn,
+            _marks,
+            {
+                "cluster_name": self.cluster_name,
+                "partition_id": partition_id,
+                "high_water_mark": -1,
+                "updated_at": _now(),
+            },
+        )
+
+    def read(self, conn: Connection, partition_id: int) -> int | None:
+        """The partition's mark as this transaction sees it, or None when it has no row."""
+        return conn.execute(select(_marks.c.high_water_mark).where(self._where(partition_id))).scalar()
+
+    def read_all(self, conn: Connection) -> dict[int, int]:
+        """Every partition's mark: ``{partition_id: high_water_mark}``."""
+        rows = conn.execute(
+            select(_marks.c.partition_id, _marks.c.high_water_mark).where(self._where_cluster)
+        )
+        return {int(pid): int(mark) for pid, mark in rows}
+
+    def lock(self, conn: Connection, partition_id: int) -> int:
+        """Lock the partition's row for the rest of the transaction and return its mark.
+
+        ``SELECT ... FOR UPDATE`` on PostgreSQL and MySQL/MariaDB (SQLite holds its database
+        write lock already: the framework begins apply transactions with ``BEGIN IMMEDIATE``).
+        A missing row is created first.
+        """
+        stmt = select(_marks.c.high_water_mark).where(self._where(partition_id)).with_for_update()
+        mark = conn.execute(stmt).scalar()
+        if mark is None:
+            self.ensure(conn, partition_id)
+            mark = conn.execute(stmt).scalar()
+            if mark is None:  # pragma: no cover - the insert above guarantees a row
+                raise RuntimeError(f"high-water-mark row of partition {partition_id} vanished")
+        return int(mark)
+
+    def advance(self, conn: Connection, partition_id: int, expected: int, new: int) -> None:
+        """Move the locked row from ``expected`` to ``new`` (checked: the row must hold ``expected``).
+
+        Raises:
+            RuntimeError: the row did not hold ``expected`` (it was not locked by this transaction).
+        """
+        result = conn.execute(
+            update(_marks)
+            .where(self._where(partition_id) & (_marks.c.high_water_mark == expected))
+            .values(high_water_mark=new, updated_at=_now())
+        )
+        if result.rowcount != 1:
+            raise RuntimeError(
+                f"cluster {self.cluster_name!r} partition {partition_id}: the high-water mark moved "
+                f"from {expected} while its row was locked (is another writer bypassing the lock?)"
+            )
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)

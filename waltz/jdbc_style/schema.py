@@ -1,0 +1,86 @@
+"""The SQL framework's own tables (created by its alembic migrations, ``waltz db upgrade``).
+
+Source: seed 001, "Limitations and Requirements" ("the application database must store the
+high-water mark which is the highest transaction ID the service has consumed"); DESIGN.md, "The SQL
+framework". One database can follow several Waltz clusters, so every row is keyed by the cluster
+name (the log) as well as the partition.
+
+- ``waltz_high_water_marks``: one row per (cluster, partition): the highest transaction ID applied
+  to this database (-1: none). Locked (``SELECT ... FOR UPDATE``) by every apply.
+- ``waltz_idempotency_keys``: request keys recorded in the same database transaction as the apply
+  that carried them, so a request submitted twice is applied once.
+- ``waltz_skipped_transactions``: the operator's audited skips (``waltz db skip``): a transaction
+  whose apply keeps failing is passed over (the mark moves, ``apply`` is not called) and the row
+  records who asked, why, and when it took effect.
+
+Applications that keep their own alembic environment include :data:`metadata` in their
+``target_metadata`` (or exclude these tables from autogenerate) and run ours with
+:func:`waltz.jdbc_style.migrations_api.upgrade`.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+)
+
+__all__ = [
+    "CLUSTER_NAME_LENGTH",
+    "IDEMPOTENCY_KEY_LENGTH",
+    "high_water_marks",
+    "idempotency_keys",
+    "metadata",
+    "skipped_transactions",
+]
+
+#: Longest cluster (log) name, in characters.
+CLUSTER_NAME_LENGTH = 190
+#: Longest idempotency key, in characters (fits a MariaDB utf8mb4 primary key with the cluster name).
+IDEMPOTENCY_KEY_LENGTH = 190
+
+metadata = MetaData()
+"""The framework's tables (include it in an application's alembic ``target_metadata``)."""
+
+high_water_marks = Table(
+    "waltz_high_water_marks",
+    metadata,
+    Column("cluster_name", String(CLUSTER_NAME_LENGTH), nullable=False),
+    Column("partition_id", Integer, nullable=False),
+    Column("high_water_mark", BigInteger, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=True),
+    PrimaryKeyConstraint("cluster_name", "partition_id", name="pk_waltz_high_water_marks"),
+)
+
+idempotency_keys = Table(
+    "waltz_idempotency_keys",
+    metadata,
+    Column("cluster_name", String(CLUSTER_NAME_LENGTH), nullable=False),
+    Column("idempotency_key", String(IDEMPOTENCY_KEY_LENGTH), nullable=False),
+    Column("partition_id", Integer, nullable=False),
+    Column("transaction_id", BigInteger, nullable=False),
+    Column("applied_at", DateTime(timezone=True), nullable=True),
+    PrimaryKeyConstraint("cluster_name", "idempotency_key", name="pk_waltz_idempotency_keys"),
+)
+
+skipped_transactions = Table(
+    "waltz_skipped_transactions",
+    metadata,
+    Column("cluster_name", String(CLUSTER_NAME_LENGTH), nullable=False),
+    Column("partition_id", Integer, nullable=False),
+    Column("transaction_id", BigInteger, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("operator", String(190), nullable=False),
+    Column("requested_at", DateTime(timezone=True), nullable=False),
+    Column("skipped_at", DateTime(timezone=True), nullable=True),
+    PrimaryKeyConstraint(
+        "cluster_name", "partition_id", "transaction_id", name="pk_waltz_skipped_transactions"
+    ),
+)
