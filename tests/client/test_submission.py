@@ -167,3 +167,18 @@ def test_retry_pacing() -> None:
     # Appends lost with connections: a few at once, then exponentially, up to a second.
     lost = [_retry_pause(submission, None) for _ in range(12)]
     assert lost[:3] == [0.0] * 3 and 0 < lost[3] < lost[4] and lost[-1] == 1.0
+
+
+def test_a_context_that_sets_its_own_mark_is_not_given_one() -> None:
+    class OwnMark(Recording):
+        sets_client_high_water_mark = True
+
+    context = OwnMark([True])
+    reads: list[int] = []
+    submission = Submission(
+        context, 0, lambda pid: reads.append(pid) or 5, 1 << 20, on_finished=lambda s: None
+    )
+    payload = submission.attempt()
+    assert reads == []  # get_client_high_water_mark was not called
+    assert context.marks == [-1]  # the conservative start; this context never set one
+    assert payload is not None and payload.client_high_water_mark == -1

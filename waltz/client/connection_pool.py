@@ -64,6 +64,9 @@ class ConnectionPool:
         task = self._connecting.get(endpoint)
         if task is None:
             task = asyncio.get_running_loop().create_task(self._connect(endpoint))
+            # Callers may stop waiting (their own timeout): the failure is theirs to report, not
+            # asyncio's "exception was never retrieved".
+            task.add_done_callback(_retrieve_exception)
             self._connecting[endpoint] = task
         return await asyncio.shield(task)
 
@@ -112,3 +115,8 @@ class ConnectionPool:
             await connection.close()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+def _retrieve_exception(task: asyncio.Task[ServerConnection]) -> None:
+    if not task.cancelled():
+        task.exception()

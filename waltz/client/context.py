@@ -214,6 +214,12 @@ class TransactionContext(abc.ABC):
     #: Seconds after creation when the context expires (None: never); see the constructor.
     timeout: float | None = None
 
+    #: True when ``execute`` always sets the builder's mark itself (``set_client_high_water_mark``,
+    #: e.g. read in the same database transaction as the state it reads): the client then skips
+    #: ``get_client_high_water_mark`` before each attempt and starts the builder at -1, the most
+    #: conservative mark (an attempt that forgot to set it fails the lock check, never passes it).
+    sets_client_high_water_mark: bool = False
+
     def __init__(self, *, timeout: float | None = None) -> None:
         self.creation_time = time.time()
         if timeout is not None:

@@ -107,7 +107,9 @@ class Submission:
             return None
         self.attempts += 1
         try:
-            builder = TransactionBuilder(self._high_water_mark(self.partition_id))
+            context = self.context
+            mark = -1 if context.sets_client_high_water_mark else self._high_water_mark(self.partition_id)
+            builder = TransactionBuilder(mark)
             if not self.context.execute(builder):
                 self.complete(None)
                 return None

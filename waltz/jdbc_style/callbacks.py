@@ -189,11 +189,16 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         """
 
         def read() -> int:
-            with self.engine.begin() as conn:
+            with self.engine.connect() as conn:
                 mark = self.marks.read(conn, partition_id)
+                conn.rollback()
                 if mark is None:
-                    self.marks.ensure(conn, partition_id)
-                    mark = self.marks.read(conn, partition_id)
+                    # Create it in a write transaction of its own (SQLite: BEGIN IMMEDIATE, which
+                    # waits for another writer instead of failing the insert at once).
+                    conn.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
+                    with conn.begin():
+                        self.marks.ensure(conn, partition_id)
+                        mark = self.marks.read(conn, partition_id)
                 return -1 if mark is None else int(mark)
 
         mark = self._retry(read)
@@ -271,22 +276,27 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.01
+        next_poll = time.monotonic()
         while True:
-            with self._applied_changed:
-                if self._applied.get(partition_id, -1) >= transaction_id:
-                    return True
-            mark = self._retry(lambda: self._read_mark(partition_id))
-            if mark >= transaction_id:
-                self._note_applied(partition_id, mark)
-                return True
             now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                return False
-            wait = pause if deadline is None else min(pause, deadline - now)
-            with self._applied_changed:
-                if self._applied.get(partition_id, -1) < transaction_id:
-                    self._applied_changed.wait(wait)
-            pause = min(0.5, pause * 2)
+            if now >= next_poll:  # the database, for other instances' applies (on a schedule)
+                mark = self._retry(lambda: self._read_mark(partition_id))
+                if mark >= transaction_id:
+                    self._note_applied(partition_id, mark)
+                    return True
+                next_poll = time.monotonic() + pause
+                pause = min(0.5, pause * 2)
+            with self._applied_changed:  # this instance's own applies wake us at once
+                while self._applied.get(partition_id, -1) < transaction_id:
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline:
+                        return False
+                    wake = next_poll if deadline is None else min(next_poll, deadline)
+                    if now >= wake:
+                        break
+                    self._applied_changed.wait(wake - now)
+                else:
+                    return True
 
     def high_water_marks(self) -> dict[int, int]:
         """Every partition's mark in this database: ``{partition_id: high_water_mark}``."""

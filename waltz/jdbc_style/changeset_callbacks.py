@@ -73,7 +73,16 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         if transaction.header != CHANGE_SET_HEADER:
             self.apply_command(transaction, session)
             return
-        change_set = ChangeSet.decode(transaction.get_raw_data())
+        self.apply_change_set(ChangeSet.decode(transaction.get_raw_data()), transaction, session)
+
+    def apply_change_set(self, change_set: ChangeSet, transaction: Transaction, session: Session) -> None:
+        """Apply a decoded change-set: record its idempotency key (skipping a repeated request's
+        changes), then each row change in order. Override to add to it (e.g. an audit row from
+        ``change_set.meta``) and call ``super()``.
+
+        Raises:
+            ChangeSetApplyError: an update or delete found no row.
+        """
         if change_set.idempotency_key is not None and not self.record_idempotency_key(
             session, change_set.idempotency_key, transaction
         ):

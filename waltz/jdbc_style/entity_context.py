@@ -255,6 +255,9 @@ class EntityTransactionContext(TransactionContext):
             entities map to different partitions.
     """
 
+    #: The mark comes from the snapshot :meth:`execute` opens, not from a separate read.
+    sets_client_high_water_mark = True
+
     def __init__(
         self, callbacks: ChangeSetCallbacks, *entities: tuple[type[Any], Any], timeout: float | None = None
     ) -> None:
@@ -272,6 +275,11 @@ class EntityTransactionContext(TransactionContext):
         self._partition_id = -1
         self.last_transaction: EntityTransaction | None = None
         """The last attempt's :class:`EntityTransaction` (what was read and changed)."""
+
+    @property
+    def chosen_partition(self) -> int:
+        """The partition :meth:`partition_id` chose (-1 before the context was submitted)."""
+        return self._partition_id
 
     @abc.abstractmethod
     def run(self, tx: EntityTransaction) -> bool:

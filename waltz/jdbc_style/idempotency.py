@@ -3,8 +3,10 @@
 Source: DESIGN.md, "The SQL framework". A service that crashes after ``submit`` cannot know
 whether its transaction was committed; when it retries the request, the log may end up holding
 it twice. The key is recorded in ``waltz_idempotency_keys`` in the same database transaction as
-the apply that carried it, so the second copy finds it and changes nothing. Every database that
-follows the log makes the same choice (the first copy in log order wins).
+the apply that carried it, so the second copy finds it and changes nothing. When both copies are in
+one partition (the usual case: the request's entities choose the partition), every database that
+follows the log makes the same choice: the first copy in log order wins. Copies in two partitions
+are ordered by apply timing, which can differ between databases: keep a request's partition stable.
 """
 
 from __future__ import annotations

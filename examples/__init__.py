@@ -1,0 +1,1 @@
+"""Example services built on waltz-py: ``examples.counter`` and ``examples.ledger`` (see their READMEs)."""

@@ -1,0 +1,227 @@
+"""The demo: the ledger under the SmallBank mix on a local Waltz cluster, with faults, then checked.
+
+``waltz demo`` (README command one) runs :func:`run_demo`:
+
+1. starts a local cluster (ZooKeeper, 3 storage nodes, 2 servers, as processes on loopback) and
+   ``instances`` ledger instances sharing one database (SQLite by default);
+2. opens the accounts and runs the SmallBank mix for ``transactions`` draws, with progress;
+3. unless ``faults`` is off: ``kill -9`` of one storage node at a third of the run and of the
+   server owning partition 0 at half of it, both restarted a few seconds later;
+4. waits for the sweepers to finish every transfer, then checks the invariants of
+   :mod:`examples.ledger.checks` and prints them;
+5. returns whether every check passed (the command's exit code).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from examples.ledger.checks import Check, read_log, replica_digests, run_checks
+from examples.ledger.models import TransferOut, TransferOutStatus
+from examples.ledger.service import LedgerService, prepare_database
+from examples.ledger.smallbank import SmallBankConfig, SmallBankStats, SmallBankWorkload
+from waltz.jdbc_style import create_framework_engine
+from waltz.services.local_cluster import LocalCluster
+from waltz.services.processes import wait_until
+
+__all__ = ["DemoOptions", "DemoResult", "run_demo"]
+
+log = logging.getLogger(__name__)
+
+Say = Callable[[str], None]
+Progress = Callable[[str, int], Callable[[int], None]]
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What the demo runs (the ``waltz demo`` options)."""
+
+    work_dir: Path
+    db_url: str | None = None
+    transactions: int = 3000
+    instances: int = 3
+    partitions: int = 4
+    accounts: int = 200
+    faults: bool = True
+    seed: int = 7
+    in_flight: int = 64
+
+
+@dataclass
+class DemoResult:
+    """What happened."""
+
+    stats: SmallBankStats
+    checks: list[Check] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """Every check passed and the workload raised no error."""
+        return bool(self.checks) and all(c.passed for c in self.checks) and not self.stats.errors
+
+
+class _Faults:
+    """Kills a storage node and a server at set points of the run and restarts them later."""
+
+    def __init__(self, cluster: LocalCluster, total: int, say: Say) -> None:
+        self.cluster = cluster
+        self.total = total
+        self.say = say
+        self.done = 0
+        self.events: list[str] = []
+        self._timers: list[threading.Timer] = []
+        self._lock = threading.Lock()
+
+    def progress(self, n: int) -> None:
+        with self._lock:
+            before, self.done = self.done, self.done + n
+        if before < self.total // 3 <= self.done:
+            self._kill_storage()
+        if before < self.total // 2 <= self.done:
+            self._kill_server()
+
+    def _kill_storage(self) -> None:
+        self.cluster.kill_storage(0)
+        self._note("kill -9 storage node 0")
+        self._later(3.0, lambda: self._restart("storage node 0", lambda: self.cluster.restart_storage(0)))
+
+    def _kill_server(self) -> None:
+        index = self.cluster.owner_index(0)
+        self.cluster.kill_server(index)
+        self._note(f"kill -9 server {index} (owner of partition 0)")
+        self._later(3.0, lambda: self._restart(f"server {index}", lambda: self.cluster.restart_server(index)))
+
+    def _restart(self, what: str, restart: Callable[[], None]) -> None:
+        restart()
+        self._note(f"restarted {what}")
+
+    def _note(self, event: str) -> None:
+        self.events.append(event)
+        self.say(f"  fault: {event}")
+
+    def _later(self, seconds: float, action: Callable[[], object]) -> None:
+        timer = threading.Timer(seconds, action)
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    def finish(self) -> None:
+        for timer in self._timers:
+            timer.join(30)
+
+
+def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
+    """Run the demo (see the module docstring).
+
+    Args:
+        options: what to run.
+        say: prints a line.
+        progress: ``progress(label, total)`` returns a function to call with increments.
+
+    Returns:
+        The workload's statistics and every check's result.
+    """
+    db_url = options.db_url or f"sqlite:///{options.work_dir / 'ledger.db'}"
+    started = time.monotonic()
+    say(
+        "starting a local Waltz cluster: ZooKeeper, 3 storage nodes, 2 servers, "
+        f"{options.partitions} partitions"
+    )
+    with LocalCluster(
+        storages=3, servers=2, partitions=options.partitions, work_dir=options.work_dir / "cluster"
+    ) as cluster:
+        cluster.wait_ready(60)
+        say(f"  ready in {time.monotonic() - started:.1f}s (work directory {options.work_dir})")
+        engine = create_framework_engine(db_url)
+        prepare_database(engine)
+        say(
+            f"database {engine.url.render_as_string(hide_password=True)}: "
+            "framework and ledger tables migrated"
+        )
+        zk, root = cluster.zookeeper_connect_string, cluster.root
+        services = [
+            LedgerService(db_url, zookeeper=zk, cluster_root=root, prepare=False)
+            for _ in range(options.instances)
+        ]
+        try:
+            workload = SmallBankWorkload(
+                services,
+                SmallBankConfig(accounts=options.accounts, seed=options.seed, in_flight=options.in_flight),
+            )
+            say(
+                f"{options.instances} ledger instances share the database; "
+                f"opening {options.accounts} accounts"
+            )
+            workload.populate(progress("opening accounts", options.accounts))
+            faults = _Faults(cluster, options.transactions, say) if options.faults else None
+            bar = progress("SmallBank mix", options.transactions)
+
+            def step(n: int) -> None:
+                bar(n)
+                if faults is not None:
+                    faults.progress(n)
+
+            stats = workload.run(options.transactions, step)
+            if faults is not None:
+                faults.finish()
+            say(
+                f"ran {stats.submitted} transactions and {stats.balances_read} balance reads in "
+                f"{stats.seconds:.1f}s: {stats.committed} committed "
+                f"({stats.transactions_per_second:,.0f}/s), "
+                f"{stats.dropped} dropped by the rules, {stats.lock_failures} lock failures retried"
+            )
+            for reason, count in stats.drop_reasons.most_common(4):
+                say(f"  dropped {count}: {reason}")
+            say("waiting for the sweepers to finish every two-step transfer")
+            _wait_quiet(services[0], timeout=120)
+            server_marks = {p: services[0].client.get_high_water_mark(p) for p in range(options.partitions)}
+            for service in services:
+                for pid, mark in server_marks.items():
+                    if mark >= 0 and not service.callbacks.wait_for(pid, mark, 60):
+                        raise TimeoutError(f"partition {pid} not applied up to {mark} within 60s")
+            say("reading the whole log back with a fresh client, and every replica from the storage nodes")
+            tally = read_log(zk, root, server_marks)
+            replicas = replica_digests(cluster, server_marks)
+            checks = run_checks(
+                engine,
+                cluster_name=services[0].callbacks.cluster_name,
+                server_marks=server_marks,
+                tally=tally,
+                replicas=replicas,
+            )
+            uncaught = sum(s.callbacks.uncaught_count for s in services)
+            checks.append(
+                Check("no apply ever failed", uncaught == 0, f"uncaught_exception calls: {uncaught}")
+            )
+            result = DemoResult(stats, checks, faults.events if faults is not None else [])
+        finally:
+            for service in services:
+                service.close()
+            engine.dispose()
+    for check in result.checks:
+        say(f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.detail}")
+    for error in result.stats.errors[:5]:
+        say(f"ERROR {error}")
+    say(f"{'PASSED' if result.passed else 'FAILED'} in {time.monotonic() - started:.0f}s")
+    return result
+
+
+def _wait_quiet(service: LedgerService, timeout: float) -> None:
+    def no_pending() -> bool:
+        with service.engine.connect() as conn:
+            count = conn.execute(
+                select(func.count())
+                .select_from(TransferOut)
+                .where(TransferOut.status == TransferOutStatus.PENDING.value)
+            ).scalar_one()
+        return int(count) == 0
+
+    wait_until(no_pending, timeout=timeout, what="every two-step transfer to be credited or refunded")

@@ -1,0 +1,243 @@
+"""``LedgerService``: one application instance of the ledger (a Waltz client, its database, a sweeper).
+
+Several instances share one database; each mounts every partition and applies every transaction
+through :class:`LedgerCallbacks` (the SQL framework's change-set callbacks plus one row per applied
+transaction in ``ledger_applied_transactions``, for the exactly-once check). Operations are
+submitted as transaction contexts; those between customers of different partitions become two-step
+transfers (``transfers.py``) that every instance's sweeper moves forward.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, insert, select
+from sqlalchemy.orm import Session
+
+from examples.ledger import migrations_api
+from examples.ledger.models import Checking, Savings, applied_transactions, by_customer, registry
+from examples.ledger.operations import (
+    Amalgamate,
+    Deactivate,
+    DepositChecking,
+    LedgerOperation,
+    OpenAccount,
+    SendPayment,
+    TransactSavings,
+    Withdraw,
+    WriteCheck,
+)
+from examples.ledger.transfers import DebitForTransfer, Sweeper, TransferKind
+from waltz import WaltzClient, WaltzClientConfig
+from waltz.client.transaction import Transaction
+from waltz.jdbc_style import ChangeSet, ChangeSetCallbacks, create_framework_engine
+from waltz.jdbc_style import migrations_api as framework_migrations
+
+__all__ = ["LedgerCallbacks", "LedgerService", "Outcome", "prepare_database"]
+
+log = logging.getLogger(__name__)
+
+
+class LedgerCallbacks(ChangeSetCallbacks):
+    """Change-set callbacks that also record each applied transaction (op and delta from its meta)."""
+
+    def apply_change_set(self, change_set: ChangeSet, transaction: Transaction, session: Session) -> None:
+        super().apply_change_set(change_set, transaction, session)
+        session.execute(
+            insert(applied_transactions).values(
+                partition_id=transaction.partition_id,
+                transaction_id=transaction.transaction_id,
+                op=str(change_set.meta.get("op", "?"))[:24],
+                delta=int(change_set.meta.get("delta", 0)),
+            )
+        )
+
+
+def prepare_database(url_or_engine: str | Engine) -> Engine:
+    """Create or upgrade the framework's and the ledger's tables (both alembic); returns the engine."""
+    engine = create_framework_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
+    framework_migrations.upgrade(engine)
+    migrations_api.upgrade(engine)
+    return engine
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The end of an operation.
+
+    Attributes:
+        committed: True when its transaction is in the log.
+        transaction_id: its ID (None unless committed).
+        partition_id: its partition.
+        reason: why it was dropped (None when committed).
+        lock_failures: attempts refused by the lock check (each retried).
+        transfer_id: for a transfer across partitions, the transfer's ID (its debit committed;
+            the credit follows asynchronously).
+    """
+
+    committed: bool
+    transaction_id: int | None
+    partition_id: int
+    reason: str | None
+    lock_failures: int
+    transfer_id: str | None = None
+
+
+class LedgerService:
+    """One instance of the ledger service.
+
+    Args:
+        db_url: the shared application database (SQLAlchemy URL).
+        zookeeper: ZooKeeper connect string of the Waltz cluster.
+        cluster_root: the cluster's root znode.
+        cluster_name: the log's name in the database's mark rows.
+        client_settings: more ``WaltzClientConfig`` fields (e.g. ``client_max_apply_batch_size``).
+        sweep_interval: seconds between outbox scans (None: no sweeper in this instance).
+        prepare: run the migrations at start (several instances may; they are idempotent).
+    """
+
+    def __init__(
+        self,
+        db_url: str,
+        *,
+        zookeeper: str,
+        cluster_root: str,
+        cluster_name: str = "ledger",
+        client_settings: Mapping[str, Any] | None = None,
+        sweep_interval: float | None = 0.2,
+        prepare: bool = True,
+    ) -> None:
+        self.engine = create_framework_engine(db_url)
+        if prepare:
+            prepare_database(self.engine)
+        self.callbacks = LedgerCallbacks(self.engine, cluster_name=cluster_name, registry=registry())
+        settings: dict[str, Any] = {"client_max_apply_batch_size": 50, **(client_settings or {})}
+        config = WaltzClientConfig(zookeeper_connect_string=zookeeper, cluster_root=cluster_root, **settings)
+        self.client = WaltzClient(self.callbacks, config)
+        self.sweeper: Sweeper | None = None
+        if sweep_interval is not None:
+            self.sweeper = Sweeper(self.callbacks, self.submit, interval=sweep_interval)
+            self.sweeper.start()
+
+    def __enter__(self) -> LedgerService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the sweeper, close the client, dispose of the engine. Idempotent."""
+        if self.sweeper is not None:
+            self.sweeper.close()
+        self.client.close()
+        self.engine.dispose()
+
+    @property
+    def num_partitions(self) -> int:
+        """The log's partitions."""
+        return self.client.num_partitions
+
+    def partition_of(self, custid: int) -> int:
+        """The partition of a customer's entities."""
+        return by_customer((custid,), self.num_partitions)
+
+    # --- submitting --------------------------------------------------------------------------------
+
+    def submit(self, operation: LedgerOperation) -> Future[int | None]:
+        """Submit an operation; the future gives its transaction ID, or None when dropped."""
+        return self.client.submit(operation)
+
+    def run(
+        self, operation: LedgerOperation, timeout: float = 60.0, transfer_id: str | None = None
+    ) -> Outcome:
+        """Submit an operation and wait for its end."""
+        transaction_id = self.submit(operation).result(timeout)
+        return Outcome(
+            committed=transaction_id is not None,
+            transaction_id=transaction_id,
+            partition_id=operation._partition_id,
+            reason=operation.reason,
+            lock_failures=operation.lock_failures,
+            transfer_id=transfer_id,
+        )
+
+    def payment(self, from_custid: int, to_custid: int, amount: int) -> LedgerOperation:
+        """SendPayment: one transaction within a partition, a two-step transfer across."""
+        if self.partition_of(from_custid) == self.partition_of(to_custid):
+            return SendPayment(self.callbacks, from_custid, to_custid, amount)
+        return DebitForTransfer(self.callbacks, from_custid, to_custid, amount, TransferKind.PAYMENT)
+
+    def amalgamate_operation(self, custid0: int, custid1: int) -> LedgerOperation:
+        """Amalgamate: one transaction within a partition, a two-step transfer across."""
+        if self.partition_of(custid0) == self.partition_of(custid1):
+            return Amalgamate(self.callbacks, custid0, custid1)
+        return DebitForTransfer(self.callbacks, custid0, custid1, 0, TransferKind.AMALGAMATE)
+
+    # --- the bank demo's operations ----------------------------------------------------------------
+
+    def open_account(self, custid: int, name: str, savings: int = 0, checking: int = 0) -> Outcome:
+        """Open an account with initial balances (cents)."""
+        return self.run(OpenAccount(self.callbacks, custid, name, savings, checking))
+
+    def deposit(self, custid: int, amount: int) -> Outcome:
+        """Deposit into checking."""
+        return self.run(DepositChecking(self.callbacks, custid, amount))
+
+    def withdraw(self, custid: int, amount: int) -> Outcome:
+        """Withdraw from checking (refused when the balance is lower)."""
+        return self.run(Withdraw(self.callbacks, custid, amount))
+
+    def transact_savings(self, custid: int, amount: int) -> Outcome:
+        """Add to (or, negative, take from) savings; never below zero."""
+        return self.run(TransactSavings(self.callbacks, custid, amount))
+
+    def write_check(self, custid: int, amount: int) -> Outcome:
+        """Write a check against checking (overdraft penalty of 1 when savings + checking < amount)."""
+        return self.run(WriteCheck(self.callbacks, custid, amount))
+
+    def transfer(self, from_custid: int, to_custid: int, amount: int) -> Outcome:
+        """Pay from one customer's checking to another's (two-step across partitions)."""
+        operation = self.payment(from_custid, to_custid, amount)
+        transfer_id = operation.transfer_id if isinstance(operation, DebitForTransfer) else None
+        return self.run(operation, transfer_id=transfer_id)
+
+    def amalgamate(self, custid0: int, custid1: int) -> Outcome:
+        """Move all of ``custid0``'s money to ``custid1``'s checking."""
+        operation = self.amalgamate_operation(custid0, custid1)
+        transfer_id = operation.transfer_id if isinstance(operation, DebitForTransfer) else None
+        return self.run(operation, transfer_id=transfer_id)
+
+    def deactivate(self, custid: int) -> Outcome:
+        """Close an account."""
+        return self.run(Deactivate(self.callbacks, custid))
+
+    def balance(self, custid: int, wait_for: Outcome | None = None, timeout: float = 30.0) -> tuple[int, int]:
+        """SmallBank Balance: ``(savings, checking)`` in cents, as this database has them.
+
+        Args:
+            custid: the customer.
+            wait_for: an outcome of this service to read after (read-your-writes).
+            timeout: seconds to wait for it to be applied.
+
+        Raises:
+            KeyError: no such customer.
+            TimeoutError: ``wait_for`` was not applied in time.
+        """
+        pending = wait_for.transaction_id if wait_for is not None else None
+        applied = (
+            wait_for is None
+            or pending is None
+            or self.callbacks.wait_for(wait_for.partition_id, pending, timeout)
+        )
+        if not applied:
+            raise TimeoutError(f"transaction {pending} not applied within {timeout}s")
+        with self.engine.connect() as conn:
+            savings = conn.execute(select(Savings.balance).where(Savings.custid == custid)).scalar()
+            checking = conn.execute(select(Checking.balance).where(Checking.custid == custid)).scalar()
+        if savings is None or checking is None:
+            raise KeyError(f"customer {custid} has no account")
+        return int(savings), int(checking)

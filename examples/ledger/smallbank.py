@@ -1,0 +1,240 @@
+"""The SmallBank mix on the ledger (Alomari et al., ICDE 2008; as OLTPBench/BenchBase run it).
+
+Customers ``0 .. accounts-1`` start with savings and checking balances drawn from 10,000..50,000
+cents. Each transaction is drawn from BenchBase's mix: Amalgamate 15 %, Balance 15 %,
+DepositChecking 15 %, SendPayment 25 %, TransactSavings 15 %, WriteCheck 15 %, with BenchBase's
+amounts (DepositChecking 1.30, TransactSavings ±20.20, WriteCheck 5.00, SendPayment 5.00, in
+cents). Hotspot skew as in H-Store's and DrTM's SmallBank: 90 % of transactions pick their
+customers from a hotspot of the first ``hotspot_fraction`` of the customers. Amalgamate and
+SendPayment between customers of different partitions become two-step transfers.
+
+Transactions are spread round-robin over the given ledger instances and kept ``in_flight`` at a
+time; a lock failure is retried by the client, a rule violation (insufficient funds) drops the
+transaction, as SmallBank's user aborts do.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from examples.ledger.operations import (
+    DepositChecking,
+    LedgerOperation,
+    OpenAccount,
+    TransactSavings,
+    WriteCheck,
+)
+from examples.ledger.service import LedgerService
+
+__all__ = ["MIX", "SmallBankConfig", "SmallBankStats", "SmallBankWorkload"]
+
+#: BenchBase's SmallBank mix, in percent.
+MIX: dict[str, int] = {
+    "amalgamate": 15,
+    "balance": 15,
+    "deposit_checking": 15,
+    "send_payment": 25,
+    "transact_savings": 15,
+    "write_check": 15,
+}
+
+
+@dataclass(frozen=True)
+class SmallBankConfig:
+    """Workload parameters.
+
+    Attributes:
+        accounts: customers.
+        hotspot_fraction: share of customers in the hotspot (at least 2 customers).
+        hotspot_probability: share of transactions that pick hotspot customers.
+        in_flight: transactions submitted and not yet resolved, at most.
+        seed: the random seed (the run is reproducible up to timing).
+        deactivate: customers closed half-way through (credits to them are refunded).
+    """
+
+    accounts: int = 1000
+    hotspot_fraction: float = 0.1
+    hotspot_probability: float = 0.9
+    in_flight: int = 64
+    seed: int = 7
+    deactivate: int = 3
+
+
+@dataclass
+class SmallBankStats:
+    """What a run did."""
+
+    submitted: int = 0
+    committed: int = 0
+    dropped: int = 0
+    balances_read: int = 0
+    lock_failures: int = 0
+    errors: list[str] = field(default_factory=list)
+    by_op: Counter[str] = field(default_factory=Counter)
+    drop_reasons: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    @property
+    def transactions_per_second(self) -> float:
+        """Committed log transactions per second of the run."""
+        return self.committed / self.seconds if self.seconds else 0.0
+
+
+class SmallBankWorkload:
+    """Runs the mix against one or more ledger instances (see the module docstring)."""
+
+    def __init__(self, services: Sequence[LedgerService], config: SmallBankConfig | None = None) -> None:
+        if not services:
+            raise ValueError("SmallBank needs at least one ledger instance")
+        self.services = list(services)
+        self.config = config or SmallBankConfig()
+        self._random = random.Random(self.config.seed)
+        self._slots = threading.BoundedSemaphore(self.config.in_flight)
+        self._lock = threading.Lock()
+        self._next = 0
+        self.stats = SmallBankStats()
+        hot = max(2, int(self.config.accounts * self.config.hotspot_fraction))
+        self._hotspot = min(hot, self.config.accounts)
+        self.closed: list[int] = []
+
+    # --- choosing ----------------------------------------------------------------------------------
+
+    def _customer(self) -> int:
+        if self._random.random() < self.config.hotspot_probability:
+            return self._random.randrange(self._hotspot)
+        return self._random.randrange(self.config.accounts)
+
+    def _two_customers(self) -> tuple[int, int]:
+        first = self._customer()
+        second = self._customer()
+        while second == first:
+            second = self._customer()
+        return first, second
+
+    def _service(self) -> LedgerService:
+        self._next = (self._next + 1) % len(self.services)
+        return self.services[self._next]
+
+    def _draw(self) -> str:
+        pick = self._random.randrange(100)
+        for name, weight in MIX.items():
+            if pick < weight:
+                return name
+            pick -= weight
+        return "balance"
+
+    # --- running -----------------------------------------------------------------------------------
+
+    def populate(self, progress: Callable[[int], None] | None = None) -> None:
+        """Open every customer's account (skips customers that exist already)."""
+        for custid in range(self.config.accounts):
+            service = self._service()
+            savings = self._random.randint(10_000, 50_000)
+            checking = self._random.randint(10_000, 50_000)
+            self._submit(
+                service, OpenAccount(service.callbacks, custid, f"customer-{custid}", savings, checking)
+            )
+            if progress is not None:
+                progress(1)
+        self.drain()
+
+    def run(self, transactions: int, progress: Callable[[int], None] | None = None) -> SmallBankStats:
+        """Run ``transactions`` draws of the mix (Balance reads included), then wait for the rest."""
+        self.stats = SmallBankStats()  # the accounts' openings are not part of the mix
+        started = time.monotonic()
+        halfway = transactions // 2
+        for i in range(transactions):
+            if i == halfway and self.config.deactivate:
+                self._deactivate_some()
+            self._one(self._draw())
+            if progress is not None:
+                progress(1)
+        self.drain()
+        self.stats.seconds = time.monotonic() - started
+        return self.stats
+
+    def drain(self, timeout: float = 300.0) -> None:
+        """Wait until every submitted transaction is resolved.
+
+        Raises:
+            TimeoutError: some are still unresolved after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        for _ in range(self.config.in_flight):
+            if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"SmallBank transactions still unresolved after {timeout}s")
+        for _ in range(self.config.in_flight):
+            self._slots.release()
+
+    def _deactivate_some(self) -> None:
+        from examples.ledger.operations import Deactivate
+
+        # Close customers outside the hotspot so that most of the mix still finds open accounts.
+        pool = list(range(self._hotspot, self.config.accounts)) or list(range(self.config.accounts))
+        for custid in self._random.sample(pool, min(self.config.deactivate, len(pool))):
+            service = self._service()
+            self.closed.append(custid)
+            self._submit(service, Deactivate(service.callbacks, custid))
+
+    def _one(self, name: str) -> None:
+        service = self._service()
+        cb = service.callbacks
+        operation: LedgerOperation
+        if name == "balance":
+            try:
+                service.balance(self._customer())
+                with self._lock:
+                    self.stats.balances_read += 1
+                    self.stats.by_op[name] += 1
+            except KeyError as exc:
+                with self._lock:
+                    self.stats.errors.append(str(exc))
+            return
+        if name == "amalgamate":
+            operation = service.amalgamate_operation(*self._two_customers())
+        elif name == "send_payment":
+            source, target = self._two_customers()
+            operation = service.payment(source, target, 500)
+        elif name == "deposit_checking":
+            operation = DepositChecking(cb, self._customer(), 130)
+        elif name == "transact_savings":
+            operation = TransactSavings(cb, self._customer(), 2020 if self._random.random() < 0.5 else -2020)
+        else:
+            operation = WriteCheck(cb, self._customer(), 500)
+        self._submit(service, operation, name)
+
+    def _submit(self, service: LedgerService, operation: LedgerOperation, name: str | None = None) -> None:
+        self._slots.acquire()
+        with self._lock:
+            self.stats.submitted += 1
+        try:
+            future = service.submit(operation)
+        except Exception as exc:
+            self._slots.release()
+            with self._lock:
+                self.stats.errors.append(f"{operation.op}: {exc!r}")
+            return
+        future.add_done_callback(lambda f: self._resolved(f, operation, name or operation.op))
+
+    def _resolved(self, future: Future[int | None], operation: LedgerOperation, name: str) -> None:
+        try:
+            exc = future.exception()
+            with self._lock:
+                self.stats.lock_failures += operation.lock_failures
+                self.stats.by_op[name] += 1
+                if exc is not None:
+                    self.stats.errors.append(f"{operation.op}: {exc!r}")
+                elif future.result() is None:
+                    self.stats.dropped += 1
+                    self.stats.drop_reasons[re.sub(r"\d+", "N", operation.reason or "dropped")] += 1
+                else:
+                    self.stats.committed += 1
+        finally:
+            self._slots.release()

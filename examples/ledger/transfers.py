@@ -1,0 +1,345 @@
+"""Two-step transfers between customers of different partitions, and the sweeper.
+
+Locks are scoped to a partition (seed 000, "Concurrency Control"), so a transfer between two
+partitions cannot be one Waltz transaction. As real ledgers do, it is two, keyed by a transfer ID:
+
+1. **Debit** (source partition): the sender's money leaves (checking for a payment; savings and
+   checking for an amalgamation) and a ``TransferOut`` row, status ``pending``, is written in the
+   same change-set: an outbox, applied in the same database transaction as the debit.
+2. **Credit** (target partition): WRITE lock on the transfer's ``TransferIn`` row. If it exists
+   the credit happened already: nothing to do. If the target account is open its checking
+   receives the amount (``TransferIn`` ``credited``), otherwise the credit is ``rejected``.
+3. **Settle** or **Refund** (source partition): a ``pending`` outbox row whose credit landed is
+   marked ``credited``; one whose credit was rejected is ``refunded``: the sender's checking gets
+   the money back. Both do nothing unless the row is still ``pending``.
+
+A :class:`Sweeper` thread on every application instance scans the shared database for
+``pending`` outbox rows and submits the next step (never from the apply thread). Several
+instances may submit the same step: the WRITE locks let one commit and the others find it done.
+A ``kill -9`` between a debit's apply and its credit loses nothing: the outbox row is in the
+database, and any instance's sweeper resumes it. Money in flight (debited, not yet credited or
+refunded) is :func:`money_in_flight`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, and_, func, select
+
+from examples.ledger.models import (
+    Account,
+    AccountStatus,
+    Checking,
+    TransferIn,
+    TransferInStatus,
+    TransferOut,
+    TransferOutStatus,
+)
+from examples.ledger.operations import LedgerOperation
+from waltz.jdbc_style import ChangeSetCallbacks, EntityTransaction
+
+__all__ = [
+    "CreditTransfer",
+    "DebitForTransfer",
+    "RefundTransfer",
+    "SettleTransfer",
+    "Sweeper",
+    "TransferKind",
+    "money_in_flight",
+    "new_transfer_id",
+]
+
+log = logging.getLogger(__name__)
+
+
+class TransferKind:
+    """What a transfer moves: a payment (checking to checking) or an amalgamation (everything)."""
+
+    PAYMENT = "payment"
+    AMALGAMATE = "amalgamate"
+
+
+def new_transfer_id() -> str:
+    """A fresh transfer ID (32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+class DebitForTransfer(LedgerOperation):
+    """Step 1: take the money from the sender and write the outbox row (source partition).
+
+    Args:
+        callbacks: the ledger's callbacks.
+        from_custid / to_custid: sender and receiver (different partitions).
+        amount: cents to pay (``PAYMENT``); ignored for ``AMALGAMATE`` (everything moves).
+        kind: :class:`TransferKind`.
+        transfer_id: the transfer's ID (default: a new one).
+    """
+
+    op = "transfer_debit"
+
+    def __init__(
+        self,
+        callbacks: ChangeSetCallbacks,
+        from_custid: int,
+        to_custid: int,
+        amount: int,
+        kind: str = TransferKind.PAYMENT,
+        transfer_id: str | None = None,
+    ):
+        super().__init__(callbacks, (Account, from_custid))
+        if from_custid == to_custid:
+            raise ValueError("a transfer needs two different customers")
+        if kind == TransferKind.PAYMENT and amount <= 0:
+            raise ValueError(f"payment amount must be a positive number of cents, got {amount}")
+        self.from_custid, self.to_custid, self.amount, self.kind = from_custid, to_custid, amount, kind
+        self.transfer_id = transfer_id or new_transfer_id()
+        self.moved = 0
+        """Cents debited by the committed attempt."""
+
+    def apply_rules(self, tx: EntityTransaction) -> int | None:
+        if self.open_account(tx, self.from_custid) is None:
+            return None
+        rows = self.balances(tx, self.from_custid)
+        if rows is None:
+            return None
+        savings, checking = rows
+        if self.kind == TransferKind.AMALGAMATE:
+            moved = savings.balance + checking.balance
+            tx.update(savings, balance=0)
+            tx.update(checking, balance=0)
+        else:
+            if checking.balance < self.amount:
+                self.drop(f"customer {self.from_custid} has insufficient funds for {self.amount}")
+                return None
+            moved = self.amount
+            tx.update(checking, balance=checking.balance - moved)
+        tx.insert(
+            TransferOut,
+            from_custid=self.from_custid,
+            transfer_id=self.transfer_id,
+            to_custid=self.to_custid,
+            amount=moved,
+            kind=self.kind,
+            status=TransferOutStatus.PENDING.value,
+        )
+        self.moved = moved
+        return 0
+
+
+class CreditTransfer(LedgerOperation):
+    """Step 2: credit the receiver once, or reject the credit (target partition)."""
+
+    op = "transfer_credit"
+
+    def __init__(self, callbacks: ChangeSetCallbacks, transfer: TransferOut):
+        super().__init__(callbacks, (TransferIn, (transfer.to_custid, transfer.transfer_id)))
+        self.transfer = transfer
+        self.outcome: str | None = None
+
+    def apply_rules(self, tx: EntityTransaction) -> int | None:
+        t = self.transfer
+        if tx.get(TransferIn, (t.to_custid, t.transfer_id)) is not None:
+            self.drop(f"transfer {t.transfer_id} was credited already")
+            return None
+        account = tx.get(Account, t.to_custid)
+        checking = tx.get(Checking, t.to_custid)
+        if account is not None and account.status == AccountStatus.OPEN and checking is not None:
+            tx.update(checking, balance=checking.balance + t.amount)
+            self.outcome = TransferInStatus.CREDITED.value
+            if t.amount < 0:
+                tx.meta["overdraft_custid"] = t.to_custid  # an amalgamated overdraft (checks.py)
+        else:
+            self.outcome = TransferInStatus.REJECTED.value
+        tx.insert(
+            TransferIn,
+            to_custid=t.to_custid,
+            transfer_id=t.transfer_id,
+            from_custid=t.from_custid,
+            amount=t.amount,
+            status=self.outcome,
+        )
+        return 0
+
+
+class SettleTransfer(LedgerOperation):
+    """Step 3a: mark a credited transfer's outbox row ``credited`` (source partition)."""
+
+    op = "transfer_settle"
+
+    def __init__(self, callbacks: ChangeSetCallbacks, transfer: TransferOut):
+        super().__init__(callbacks, (TransferOut, (transfer.from_custid, transfer.transfer_id)))
+        self.transfer = transfer
+
+    def apply_rules(self, tx: EntityTransaction) -> int | None:
+        row = tx.get(TransferOut, (self.transfer.from_custid, self.transfer.transfer_id))
+        if row is None or row.status != TransferOutStatus.PENDING:
+            self.drop(f"transfer {self.transfer.transfer_id} is settled already")
+            return None
+        tx.update(row, status=TransferOutStatus.CREDITED.value)
+        return 0
+
+
+class RefundTransfer(LedgerOperation):
+    """Step 3b: a rejected credit: the sender's checking gets the money back (source partition)."""
+
+    op = "transfer_refund"
+
+    def __init__(self, callbacks: ChangeSetCallbacks, transfer: TransferOut):
+        super().__init__(callbacks, (TransferOut, (transfer.from_custid, transfer.transfer_id)))
+        self.transfer = transfer
+
+    def apply_rules(self, tx: EntityTransaction) -> int | None:
+        row = tx.get(TransferOut, (self.transfer.from_custid, self.transfer.transfer_id))
+        if row is None or row.status != TransferOutStatus.PENDING:
+            self.drop(f"transfer {self.transfer.transfer_id} is settled already")
+            return None
+        checking = tx.get(Checking, row.from_custid)
+        if checking is None:
+            self.drop(f"customer {row.from_custid} has no checking balance")
+            return None
+        tx.update(row, status=TransferOutStatus.REFUNDED.value)
+        tx.update(checking, balance=checking.balance + row.amount)
+        if checking.balance < 0:
+            tx.meta["overdraft_custid"] = row.from_custid  # an amalgamated overdraft came back (checks.py)
+        return 0
+
+
+def money_in_flight(engine: Engine) -> int:
+    """Cents debited by transfers and neither credited nor refunded yet.
+
+    A pending outbox row counts unless its credit has landed (then the money is in the receiver's
+    balance, and only the settle step is missing).
+    """
+    credited = and_(
+        TransferIn.transfer_id == TransferOut.transfer_id,
+        TransferIn.to_custid == TransferOut.to_custid,
+        TransferIn.status == TransferInStatus.CREDITED.value,
+    )
+    stmt = (
+        select(func.coalesce(func.sum(TransferOut.amount), 0))
+        .select_from(TransferOut)
+        .outerjoin(TransferIn, credited)
+        .where(TransferOut.status == TransferOutStatus.PENDING.value, TransferIn.transfer_id.is_(None))
+    )
+    with engine.connect() as conn:
+        return int(conn.execute(stmt).scalar_one())
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    transfer: TransferOut
+    credit: str | None  # TransferIn status, or None when no credit yet
+
+
+#: ``submit(context) -> future``: how the sweeper hands a step to the Waltz client.
+Submit = Callable[[LedgerOperation], "Future[int | None]"]
+
+
+class Sweeper:
+    """Moves pending transfers forward: submits credits, settles and refunds (every instance runs one).
+
+    Args:
+        callbacks: the ledger's callbacks (database, registry).
+        submit: submits a context to this instance's Waltz client.
+        interval: seconds between scans of the outbox.
+        batch: outbox rows looked at per scan.
+    """
+
+    def __init__(
+        self, callbacks: ChangeSetCallbacks, submit: Submit, *, interval: float = 0.2, batch: int = 500
+    ):
+        self._callbacks = callbacks
+        self._submit = submit
+        self._interval = interval
+        self._batch = batch
+        self._in_flight: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ledger-sweeper", daemon=True)
+        self.submitted = 0
+        """Steps submitted so far."""
+        self.scans = 0
+
+    def start(self) -> None:
+        """Start the sweeper thread."""
+        self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop scanning (steps already submitted finish in the client). Idempotent."""
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def pending(self) -> list[_Pending]:
+        """Pending outbox rows with the state of their credit."""
+        stmt = (
+            select(TransferOut, TransferIn.status)
+            .outerjoin(
+                TransferIn,
+                and_(
+                    TransferIn.transfer_id == TransferOut.transfer_id,
+                    TransferIn.to_custid == TransferOut.to_custid,
+                ),
+            )
+            .where(TransferOut.status == TransferOutStatus.PENDING.value)
+            .order_by(TransferOut.from_custid, TransferOut.transfer_id)
+            .limit(self._batch)
+        )
+        from sqlalchemy.orm import Session
+
+        with Session(self._callbacks.engine) as session:
+            rows = [(transfer, status) for transfer, status in session.execute(stmt)]
+            session.expunge_all()
+        return [_Pending(transfer, status) for transfer, status in rows]
+
+    def sweep_once(self) -> int:
+        """Submit the next step of every pending transfer not already in flight from here.
+
+        Returns:
+            Steps submitted.
+        """
+        submitted = 0
+        for item in self.pending():
+            t = item.transfer
+            step: LedgerOperation
+            if item.credit is None:
+                step, name = CreditTransfer(self._callbacks, t), "credit"
+            elif item.credit == TransferInStatus.CREDITED:
+                step, name = SettleTransfer(self._callbacks, t), "settle"
+            else:
+                step, name = RefundTransfer(self._callbacks, t), "refund"
+            key = (t.transfer_id, name)
+            with self._lock:
+                if key in self._in_flight:
+                    continue
+                self._in_flight.add(key)
+            try:
+                future = self._submit(step)
+            except Exception as exc:
+                with self._lock:
+                    self._in_flight.discard(key)
+                log.warning("sweeper: could not submit the %s of transfer %s: %r", name, t.transfer_id, exc)
+                continue
+            future.add_done_callback(functools.partial(self._done, key))
+            submitted += 1
+        self.submitted += submitted
+        return submitted
+
+    def _done(self, key: tuple[str, str], future: object) -> None:
+        with self._lock:
+            self._in_flight.discard(key)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.sweep_once()
+                self.scans += 1
+            except Exception:
+                log.exception("sweeper: scan failed; trying again in %.1fs", self._interval)

@@ -1,0 +1,36 @@
+"""A ledger instance that debits a cross-partition transfer, reports it, and waits to be killed.
+
+Run by tests/examples/test_ledger_example.py: it has no sweeper, so the transfer's credit can only
+come from another instance after this one is killed with SIGKILL.
+
+Usage: python ledger_debit_then_hang.py DB_URL ZOOKEEPER ROOT FROM_CUSTID TO_CUSTID AMOUNT
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from examples.ledger.service import LedgerService
+
+
+def main() -> None:
+    db_url, zookeeper, root, source, target, amount = sys.argv[1:7]
+    service = LedgerService(
+        db_url,
+        zookeeper=zookeeper,
+        cluster_root=root,
+        cluster_name=os.environ["LEDGER_CLUSTER_NAME"],
+        sweep_interval=None,
+        prepare=False,
+    )
+    outcome = service.transfer(int(source), int(target), int(amount))
+    assert outcome.committed and outcome.transaction_id is not None, outcome
+    assert service.callbacks.wait_for(outcome.partition_id, outcome.transaction_id, 30)
+    print(f"DEBITED {outcome.transfer_id}", flush=True)
+    time.sleep(120)  # the test kills this process long before
+
+
+if __name__ == "__main__":
+    main()

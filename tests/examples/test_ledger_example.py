@@ -1,0 +1,201 @@
+"""The ledger example against a real local cluster: its rules, its transfers, and the demo."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from examples.ledger.checks import read_log, run_checks
+from examples.ledger.demo import DemoOptions, run_demo
+from examples.ledger.models import TransferIn, TransferOut
+from examples.ledger.service import LedgerService, prepare_database
+from examples.ledger.transfers import money_in_flight
+from waltz.jdbc_style import create_framework_engine
+from waltz.services.local_cluster import LocalCluster
+from waltz.services.processes import wait_until
+
+PARTITIONS = 4
+
+
+@pytest.fixture(scope="module")
+def ledger_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
+    with LocalCluster(
+        storages=3,
+        servers=2,
+        partitions=PARTITIONS,
+        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
+        work_dir=tmp_path_factory.mktemp("ledger-cluster"),
+        delete_root=True,
+    ) as cluster:
+        cluster.wait_ready(60)
+        yield cluster
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    else:
+        url = str(request.getfixturevalue("postgres_url"))
+    engine = create_framework_engine(url)
+    prepare_database(engine)
+    engine.dispose()
+    return url
+
+
+def service(cluster: LocalCluster, db_url: str, cluster_name: str, **kwargs: object) -> LedgerService:
+    return LedgerService(
+        db_url,
+        zookeeper=cluster.zookeeper_connect_string,
+        cluster_root=cluster.root,
+        cluster_name=cluster_name,
+        prepare=False,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def wait_settled(ledger: LedgerService, transfer_id: str) -> str:
+    def status() -> str | None:
+        with ledger.engine.connect() as conn:
+            value = conn.execute(
+                select(TransferOut.status).where(TransferOut.transfer_id == transfer_id)
+            ).scalar()
+        return None if value in (None, "pending") else str(value)
+
+    wait_until(lambda: status() is not None, timeout=30, what=f"transfer {transfer_id} to settle")
+    result = status()
+    assert result is not None
+    return result
+
+
+def test_the_bank_operations_keep_their_rules(ledger_cluster: LocalCluster, ledger_db: str) -> None:
+    # The log is shared by this module's tests (a fresh database replays all of it): customers of
+    # this test are b+1, b+2, b+5 for a fresh b, a multiple of PARTITIONS, so that b+1 and b+5 share
+    # a partition and b+2 is in another.
+    name = f"bank-{os.urandom(4).hex()}"
+    b = random.randrange(1, 10**9) * PARTITIONS
+    one, two, five = b + 1, b + 2, b + 5
+    with service(ledger_cluster, ledger_db, name) as ledger:
+        for custid in (one, two, five):
+            assert ledger.open_account(custid, f"c{custid}", savings=1000, checking=1000).committed
+        assert not ledger.open_account(one, "again").committed
+
+        deposit = ledger.deposit(one, 500)
+        assert ledger.balance(one, wait_for=deposit) == (1000, 1500)
+        refused = ledger.withdraw(one, 10_000)
+        assert not refused.committed and "insufficient funds" in (refused.reason or "")
+        check = ledger.write_check(five, 2500)  # savings + checking = 2000 < 2500: penalty of 1
+        assert ledger.balance(five, wait_for=check) == (1000, 1000 - 2501)
+        assert not ledger.transact_savings(two, -5000).committed  # savings never below zero
+
+        same = ledger.transfer(one, five, 300)  # one partition: one transaction
+        assert same.committed and same.transfer_id is None
+        assert ledger.balance(five, wait_for=same) == (1000, -1501 + 300)
+
+        across = ledger.transfer(one, two, 200)  # two partitions: debit now, credit by the sweeper
+        assert across.committed and across.transfer_id is not None
+        assert wait_settled(ledger, across.transfer_id) == "credited"
+        assert ledger.balance(one) == (1000, 1500 - 300 - 200)
+        assert ledger.balance(two) == (1000, 1200)
+
+        assert ledger.deactivate(two).committed
+        refunded = ledger.transfer(one, two, 100)  # the credit is rejected: the money comes back
+        assert refunded.transfer_id is not None
+        assert wait_settled(ledger, refunded.transfer_id) == "refunded"
+        assert ledger.balance(one) == (1000, 1000)
+        assert not ledger.deposit(two, 1).committed  # closed
+
+        marks = {p: ledger.client.get_high_water_mark(p) for p in range(PARTITIONS)}
+        for pid, mark in marks.items():
+            assert mark < 0 or ledger.callbacks.wait_for(pid, mark, 30)
+        wait_until(lambda: money_in_flight(ledger.engine) == 0, timeout=30, what="no money in flight")
+        tally = read_log(ledger_cluster.zookeeper_connect_string, ledger_cluster.root, marks)
+        # This database applied the whole shared log, so the invariants hold over all of it.
+        checks = run_checks(ledger.engine, cluster_name=name, server_marks=marks, tally=tally)
+        assert [c for c in checks if not c.passed] == []
+        assert ledger.callbacks.uncaught_count == 0
+
+
+def test_kill_9_between_a_debit_and_its_credit_loses_nothing(
+    ledger_cluster: LocalCluster, ledger_db: str, tmp_path: Path
+) -> None:
+    name = f"kill-{os.urandom(4).hex()}"
+    b = random.randrange(1, 10**9) * PARTITIONS
+    source, target = b + 3, b + 4  # two partitions
+    with service(ledger_cluster, ledger_db, name, sweep_interval=None) as setup:
+        for custid in (source, target):
+            assert setup.open_account(custid, f"c{custid}", savings=0, checking=1000).committed
+    script = Path(__file__).with_name("ledger_debit_then_hang.py")
+    env = {**os.environ, "LEDGER_CLUSTER_NAME": name}
+    stderr = (tmp_path / "instance.log").open("w")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(script),
+            ledger_db,
+            ledger_cluster.zookeeper_connect_string,
+            ledger_cluster.root,
+            str(source),
+            str(target),
+            "250",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        env=env,
+        cwd=Path(__file__).parents[2],
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()  # bounded: the script times out its own waits
+        log = (tmp_path / "instance.log").read_text()[-3000:]
+        assert line.startswith("DEBITED "), f"the instance did not debit: {line!r}\n{log}"
+        transfer_id = line.split()[1]
+        os.kill(process.pid, signal.SIGKILL)
+        assert process.wait(10) == -signal.SIGKILL
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        stderr.close()
+
+    with service(ledger_cluster, ledger_db, name) as survivor:
+        with survivor.engine.connect() as conn:
+            assert (
+                conn.execute(select(TransferIn).where(TransferIn.transfer_id == transfer_id)).first() is None
+            )
+        assert survivor.balance(source) == (0, 750)  # debited: the money is in flight, not lost
+        assert wait_settled(survivor, transfer_id) == "credited"
+        assert survivor.balance(target) == (0, 1250)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_demo_passes_its_checks_under_faults(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
+    db_url = None if backend == "sqlite" else str(request.getfixturevalue("postgres_url"))
+    lines: list[str] = []
+    options = DemoOptions(
+        work_dir=tmp_path, db_url=db_url, transactions=200, accounts=40, partitions=2, instances=3
+    )
+    result = run_demo(options, lines.append, lambda label, total: lambda n: None)
+    report = "\n".join(lines)
+    assert result.passed, report
+    assert [c.name for c in result.checks if not c.passed] == []
+    assert len(result.faults) == 4, report  # two kills, two restarts
+    assert result.stats.committed > 100, report
+
+
+@pytest.mark.slow
+def test_the_full_demo(tmp_path: Path) -> None:
+    lines: list[str] = []
+    result = run_demo(DemoOptions(work_dir=tmp_path), lines.append, lambda label, total: lambda n: None)
+    assert result.passed, "\n".join(lines)

@@ -1,0 +1,315 @@
+"""Entity transactions against a real cluster: two instances (clients) share one database.
+
+Each instance is a :class:`~waltz.WaltzClient` with its own
+:class:`~waltz.jdbc_style.ChangeSetCallbacks` and engine on the same database, as two processes of
+one service would be. Read-modify-write contexts (:class:`~waltz.jdbc_style.EntityTransactionContext`)
+must lose no update under contention (the lock check refuses stale attempts, which are retried),
+must stay within one partition, and a request carrying an idempotency key must change the database
+once however often it is committed.
+
+The session's log is shared with other tests, and each database is fresh (marks at -1), so it
+applies their transactions too: :class:`SharedLogCallbacks` ignores what is not this module's.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import support
+from sqlalchemy import BigInteger, Engine, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from waltz import Transaction, WaltzClient, WaltzClientConfig
+from waltz.errors import CrossPartitionError
+from waltz.jdbc_style import (
+    AppliedRequest,
+    ChangeSetCallbacks,
+    EntityRegistry,
+    EntityTransaction,
+    EntityTransactionContext,
+    RowChange,
+    WaltzEntity,
+    create_framework_engine,
+)
+from waltz.services.local_cluster import LocalCluster
+from waltz.services.processes import wait_until
+
+#: Seconds a test waits for one outcome (a future, a mark).
+TIMEOUT = 60
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ClusterCounter(Base):
+    """A counter; its lock ID is its key, so its partition is a stable hash of the key."""
+
+    __tablename__ = "cluster_counters"
+    __waltz__ = WaltzEntity("cluster_counter")
+
+    counter_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    value: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class SharedLogCallbacks(ChangeSetCallbacks):
+    """Change-set callbacks for a database following the session's shared log.
+
+    Command-style transactions and changes of entities this module does not declare were written
+    by other tests: they are passed over (the mark still moves past them).
+    """
+
+    def apply_command(self, transaction: Transaction, session: Session) -> None:
+        return None
+
+    def apply_change(self, change: RowChange, session: Session, transaction: Transaction) -> None:
+        if change.entity in {info.name for info in self.registry}:
+            super().apply_change(change, session, transaction)
+
+
+class CreateCounter(EntityTransactionContext):
+    """Inserts a counter at 0 (dropped if it exists)."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int) -> None:
+        super().__init__(callbacks, (ClusterCounter, counter_id))
+        self.counter_id = counter_id
+
+    def run(self, tx: EntityTransaction) -> bool:
+        if tx.get(ClusterCounter, self.counter_id) is not None:
+            return False
+        tx.insert(ClusterCounter, counter_id=self.counter_id, value=0)
+        return True
+
+
+class Increment(EntityTransactionContext):
+    """Reads a counter and writes ``value + by``; counts its lock failures.
+
+    Args:
+        request_key: the request's idempotency key, or None.
+    """
+
+    def __init__(
+        self, callbacks: ChangeSetCallbacks, counter_id: int, by: int = 1, request_key: str | None = None
+    ) -> None:
+        super().__init__(callbacks, (ClusterCounter, counter_id))
+        self.counter_id = counter_id
+        self.by = by
+        self.request_key = request_key
+        self.lock_failures = 0
+
+    def run(self, tx: EntityTransaction) -> bool:
+        counter = tx.get(ClusterCounter, self.counter_id)
+        if counter is None:
+            raise LookupError(f"counter {self.counter_id} does not exist at mark {tx.high_water_mark}")
+        tx.idempotency_key = self.request_key
+        tx.update(counter, value=counter.value + self.by)
+        return True
+
+    def on_lock_failure(self) -> None:
+        self.lock_failures += 1
+
+
+class TwoCounters(EntityTransactionContext):
+    """Declares two counters (a transfer between them); increments both."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, first: int, second: int) -> None:
+        super().__init__(callbacks, (ClusterCounter, first), (ClusterCounter, second))
+        self.ids = (first, second)
+
+    def run(self, tx: EntityTransaction) -> bool:
+        for counter_id in self.ids:
+            counter = tx.get(ClusterCounter, counter_id)
+            if counter is not None:
+                tx.update(counter, value=counter.value + 1)
+        return True
+
+
+class ReadsAnother(EntityTransactionContext):
+    """Declares counter ``declared`` but reads counter ``other`` in ``run``."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, declared: int, other: int) -> None:
+        super().__init__(callbacks, (ClusterCounter, declared))
+        self.other = other
+        self.exceptions: list[BaseException] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        tx.get(ClusterCounter, self.other)
+        return True
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.exceptions.append(exception)
+
+
+@dataclass
+class Instance:
+    """One application instance: its engine, callbacks and client."""
+
+    engine: Engine
+    callbacks: SharedLogCallbacks
+    client: WaltzClient
+
+
+@dataclass
+class Service:
+    """Two instances of a service sharing one database."""
+
+    first: Instance
+    second: Instance
+    num_partitions: int
+    rng: random.Random
+
+    @property
+    def instances(self) -> tuple[Instance, Instance]:
+        return (self.first, self.second)
+
+    def partition_of(self, counter_id: int) -> int:
+        info = self.first.callbacks.registry.info(ClusterCounter)
+        return info.partition_of((counter_id,), self.num_partitions)
+
+    def new_counter_id(self, partition: int | None = None) -> int:
+        """A counter ID no earlier test used (in ``partition`` if given)."""
+        for _ in range(10_000):
+            counter_id = self.rng.randrange(1, 1 << 62)
+            if partition is None or self.partition_of(counter_id) == partition:
+                return counter_id
+        raise AssertionError(f"no counter ID maps to partition {partition} in 10,000 draws")
+
+    def create_counter(self, partition: int | None = None) -> int:
+        """Create a counter at 0 and wait until the database has it."""
+        counter_id = self.new_counter_id(partition)
+        instance = self.first
+        transaction_id = instance.client.submit(CreateCounter(instance.callbacks, counter_id)).result(TIMEOUT)
+        assert isinstance(transaction_id, int)
+        pid = self.partition_of(counter_id)
+        assert instance.callbacks.wait_for(pid, transaction_id, timeout=TIMEOUT), (
+            f"the database did not apply partition {pid} transaction {transaction_id}"
+        )
+        return counter_id
+
+    def counter_value(self, counter_id: int) -> int | None:
+        with self.first.engine.connect() as conn:
+            return conn.execute(
+                select(ClusterCounter.value).where(ClusterCounter.counter_id == counter_id)
+            ).scalar()
+
+    def wait_caught_up(self) -> dict[int, int]:
+        """Flush both clients, then wait until the database's marks equal the server's; returns them."""
+        for instance in self.instances:
+            instance.client.flush(TIMEOUT)
+        server = {pid: self.first.client.get_high_water_mark(pid) for pid in range(self.num_partitions)}
+        callbacks = self.first.callbacks
+
+        def caught_up() -> bool:
+            return callbacks.high_water_marks() == server
+
+        wait_until(
+            caught_up,
+            timeout=TIMEOUT,
+            what=f"the database's marks to reach the server's {server} (now {callbacks.high_water_marks()})",
+        )
+        return server
+
+
+@pytest.fixture
+def service(sql_cluster_ready: LocalCluster, app_db_url: str) -> Iterator[Service]:
+    """Two instances (engine, ChangeSetCallbacks, client) on one fresh database; closed afterwards."""
+    setup = create_framework_engine(app_db_url)
+    try:
+        Base.metadata.create_all(setup)
+    finally:
+        setup.dispose()
+    config = WaltzClientConfig(
+        zookeeper_connect_string=sql_cluster_ready.zookeeper_connect_string,
+        cluster_root=sql_cluster_ready.root,
+        zookeeper_session_timeout=10.0,
+    )
+    cluster_name = f"entities-{support.unique_suffix()}"
+    registry = EntityRegistry.from_base(Base)
+    made: list[Instance] = []
+    try:
+        for _ in range(2):
+            engine = create_framework_engine(app_db_url)
+            try:
+                callbacks = SharedLogCallbacks(engine, cluster_name=cluster_name, registry=registry)
+                client = WaltzClient(callbacks, config)
+            except BaseException:
+                engine.dispose()
+                raise
+            made.append(Instance(engine, callbacks, client))
+        for instance in made:
+            instance.client.wait_mounted(TIMEOUT)
+        yield Service(made[0], made[1], made[0].client.num_partitions, random.Random())
+        for instance in made:
+            assert instance.callbacks.uncaught_count == 0, list(instance.callbacks.uncaught)
+    finally:
+        for instance in made:
+            instance.client.close()
+            instance.engine.dispose()
+
+
+def submit_increments(instance: Instance, counter_id: int, count: int) -> list[tuple[Increment, Any]]:
+    """Submit ``count`` increments without waiting for their outcomes."""
+    contexts = [Increment(instance.callbacks, counter_id) for _ in range(count)]
+    return [(context, instance.client.submit(context)) for context in contexts]
+
+
+def test_concurrent_increments_from_two_instances_lose_no_update(service: Service) -> None:
+    counter_id = service.create_counter()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        jobs = [pool.submit(submit_increments, instance, counter_id, 50) for instance in service.instances]
+        submitted = [pair for job in jobs for pair in job.result(TIMEOUT)]
+    ids = [future.result(TIMEOUT) for _, future in submitted]
+    assert all(isinstance(i, int) for i in ids)
+    assert len(set(ids)) == 100, "two increments were committed as one transaction ID"
+
+    server = service.wait_caught_up()
+    assert service.counter_value(counter_id) == 100, "an increment was lost"
+    lock_failures = sum(context.lock_failures for context, _ in submitted)
+    assert lock_failures > 0, "100 concurrent read-modify-writes of one counter never failed a lock check"
+    for instance in service.instances:
+        assert instance.callbacks.high_water_marks() == server
+        assert instance.callbacks.uncaught_count == 0, list(instance.callbacks.uncaught)
+
+
+def test_a_transaction_spanning_two_partitions_is_refused(service: Service) -> None:
+    first = service.create_counter(partition=0)
+    second = service.create_counter(partition=1)
+    instance = service.first
+
+    with pytest.raises(CrossPartitionError, match="spans 2 partitions"):
+        instance.client.submit(TwoCounters(instance.callbacks, first, second))
+
+    context = ReadsAnother(instance.callbacks, first, second)
+    future = instance.client.submit(context)
+    exception = future.exception(TIMEOUT)
+    assert isinstance(exception, CrossPartitionError), exception
+    assert context.exceptions == [exception]
+
+    service.wait_caught_up()
+    assert (service.counter_value(first), service.counter_value(second)) == (0, 0)
+
+
+def test_a_request_committed_twice_changes_the_database_once(service: Service) -> None:
+    counter_id = service.create_counter()
+    pid = service.partition_of(counter_id)
+    key = f"deposit-{uuid.uuid4()}"
+
+    ids = []
+    for instance in service.instances:  # a retry of the same request, from another instance
+        context = Increment(instance.callbacks, counter_id, by=10, request_key=key)
+        ids.append(instance.client.submit(context).result(TIMEOUT))
+    another = Increment(service.first.callbacks, counter_id, by=5, request_key=f"deposit-{uuid.uuid4()}")
+    ids.append(service.first.client.submit(another).result(TIMEOUT))
+    assert all(isinstance(i, int) for i in ids) and len(set(ids)) == 3, (
+        f"expected three committed log transactions, got {ids}"
+    )
+
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 15, "the request was applied twice (or not at all)"
+    assert service.first.callbacks.find_idempotency_key(key) == AppliedRequest(pid, ids[0])
