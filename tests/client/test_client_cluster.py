@@ -5,11 +5,12 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from collections.abc import Sequence
 
 import pytest
 from client_helpers import Append, Increment, MemoryStore
 
-from waltz import PartitionLocalLock, TransactionBuilder, WaltzClient, WaltzClientConfig
+from waltz import PartitionLocalLock, Transaction, TransactionBuilder, WaltzClient, WaltzClientConfig
 from waltz.errors import PartitionNotMountedError, TransactionExpiredError
 from waltz.services.local_cluster import LocalCluster
 from waltz.services.processes import wait_until
@@ -291,3 +292,37 @@ def test_submit_blocks_at_the_maximum_of_concurrent_transactions(
         futures = [client.submit(Counting(1, b"bp %d" % i)) for i in range(60)]
         assert all(isinstance(f.result(30), int) for f in futures)
     assert 1 <= Counting.most <= 3
+
+
+class PrefetchingStore(MemoryStore):
+    """A store that asks the client to load each apply batch's data before the apply call."""
+
+    prefetch_transaction_data = True
+
+    def __init__(self, start: dict[int, int]) -> None:
+        super().__init__(start)
+        self.loaded_before_apply: list[bool] = []
+
+    def apply_transactions(self, transactions: Sequence[Transaction]) -> None:
+        self.loaded_before_apply.extend(t.data_loaded for t in transactions)
+        for transaction in transactions:
+            self.apply_transaction(transaction)
+
+
+def test_prefetching_callbacks_get_each_batch_with_its_data_loaded(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    writer_store = MemoryStore(log_start)
+    reader_store = PrefetchingStore(log_start)
+    with WaltzClient(writer_store, client_config) as writer:
+        ids = [writer.submit(Append(i % 2, f"prefetch-{i}".encode())).result(30) for i in range(60)]
+        assert all(isinstance(i, int) for i in ids)
+        marks = {pid: writer.get_high_water_mark(pid) for pid in (0, 1)}
+    # The reader mounts afterwards: none of the data is its own, all of it comes from the server.
+    with WaltzClient(reader_store, client_config) as reader:
+        for pid, mark in marks.items():
+            assert reader.wait_applied(pid, mark, 30)
+    assert reader_store.errors == []
+    assert reader_store.loaded_before_apply and all(reader_store.loaded_before_apply)
+    applied = [a.data for pid in (0, 1) for a in reader_store.applied[pid]]
+    assert sorted(applied) == sorted(f"prefetch-{i}".encode() for i in range(60))

@@ -73,6 +73,7 @@ class ApplyWorker:
         self._batching = type(callbacks).apply_transactions is not WaltzClientCallbacks.apply_transactions
         self._max_batch = max_batch if self._batching else 1
         self._linger = linger if self._batching else 0.0
+        self._prefetch = callbacks.prefetch_transaction_data
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
         self._metrics = metrics
@@ -180,6 +181,8 @@ class ApplyWorker:
         transactions = [entry.transaction for entry in batch]
         while not self._closed.is_set():
             try:
+                if self._prefetch:
+                    Transaction.load_data(transactions)
                 if len(transactions) == 1:
                     self._callbacks.apply_transaction(transactions[0])
                 else:

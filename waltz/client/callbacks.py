@@ -24,6 +24,12 @@ class WaltzClientCallbacks(abc.ABC):
     the callbacks must skip those already applied (the high-water mark tells).
     """
 
+    #: True when the application reads the data of (nearly) every transaction it applies: the
+    #: client then fetches a whole apply batch's data concurrently before the apply call, instead
+    #: of one blocking fetch per ``get_data``. False keeps the data lazy (seed 000, "Application
+    #: Programming Model").
+    prefetch_transaction_data: bool = False
+
     @abc.abstractmethod
     def get_client_high_water_mark(self, partition_id: int) -> int:
         """The highest transaction ID of ``partition_id`` applied to the application (-1: none).

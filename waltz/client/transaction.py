@@ -36,6 +36,10 @@ class TransactionDataSource(Protocol):
         """As :meth:`fetch`, for coroutines."""
         ...
 
+    def fetch_many(self, partition_id: int, transaction_ids: list[int]) -> list[bytes]:
+        """:meth:`fetch` for several transactions at once, in the order given."""
+        ...
+
 
 class Transaction:
     """A committed transaction handed to ``WaltzClientCallbacks.apply_transaction``.
@@ -71,6 +75,34 @@ class Transaction:
             f"Transaction(partition_id={self.partition_id}, transaction_id={self.transaction_id}, "
             f"req_id={self.req_id}, header={self.header})"
         )
+
+    @property
+    def data_loaded(self) -> bool:
+        """True when the data is here (this client's own append, or fetched already)."""
+        return self._data is not None
+
+    def _set_data(self, data: bytes) -> None:
+        with self._lock:
+            if self._data is None:
+                self._data = data
+
+    @staticmethod
+    def load_data(transactions: list[Transaction]) -> None:
+        """Fetch the data of those not loaded yet, all at once (one source, one partition).
+
+        Raises:
+            TransactionDataError: a fetch failed (see :meth:`get_raw_data`).
+            ClientClosedError: the client closed.
+        """
+        missing = [t for t in transactions if t._data is None and t._source is not None]
+        if not missing:
+            return
+        source = missing[0]._source
+        assert source is not None
+        pid = missing[0].partition_id
+        datas = source.fetch_many(pid, [t.transaction_id for t in missing])
+        for transaction, data in zip(missing, datas, strict=True):
+            transaction._set_data(data)
 
     def get_raw_data(self) -> bytes:
         """The transaction data; fetched over RPC (blocking) the first time, then kept.

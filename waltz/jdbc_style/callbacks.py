@@ -129,6 +129,9 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         ValueError: ``cluster_name`` is empty or too long.
     """
 
+    #: Nearly every apply reads its transaction's data: fetch a batch's data at once.
+    prefetch_transaction_data = True
+
     def __init__(
         self,
         engine: Engine,

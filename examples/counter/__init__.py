@@ -1,0 +1,37 @@
+"""The counter example of the Waltz announcement (seed 001): counters that never go negative.
+
+A plain log cannot enforce "never negative": a service reading the counter from its database may
+read a stale value, because the log may hold changes its database has not applied yet. Waltz's
+optimistic locking makes the check exact: each change carries the high-water mark its read was
+based on, and the server refuses it when the counter was written after that mark. See README.md.
+
+- :class:`CounterService`: increment, decrement (raising :class:`InsufficientCountError`), get.
+- :class:`CounterHttpServer`: the JSON HTTP API.
+- :mod:`examples.counter.models`: the ``counters`` table; :mod:`examples.counter.transactions`:
+  the read-modify-write context and the callbacks that apply it.
+- ``python -m examples.counter``: ``serve``, ``local`` and ``load`` commands.
+"""
+
+from examples.counter.errors import (
+    CounterOverflowError,
+    CounterRequestTimeoutError,
+    CounterServiceError,
+    InsufficientCountError,
+)
+from examples.counter.http_api import CounterHttpServer
+from examples.counter.models import Counter, create_tables
+from examples.counter.service import CounterService, CounterState, CounterStats, CounterUpdate
+
+__all__ = [
+    "Counter",
+    "CounterHttpServer",
+    "CounterOverflowError",
+    "CounterRequestTimeoutError",
+    "CounterService",
+    "CounterServiceError",
+    "CounterState",
+    "CounterStats",
+    "CounterUpdate",
+    "InsufficientCountError",
+    "create_tables",
+]
