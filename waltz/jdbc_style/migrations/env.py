@@ -21,8 +21,8 @@ from typing import Any
 from alembic import context
 from sqlalchemy import Connection, Engine, engine_from_config, pool
 from sqlalchemy.engine import URL
-from waltz.jdbc_style.migrations_api import VERSION_TABLE
 
+from waltz.jdbc_style.migrations_api import VERSION_TABLE
 from waltz.jdbc_style.schema import metadata
 
 config = context.config
