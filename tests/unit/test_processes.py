@@ -58,6 +58,15 @@ def test_free_port_can_be_bound() -> None:
         sock.bind(("127.0.0.1", port))
 
 
+def test_free_ports_are_outside_the_range_outgoing_connections_use() -> None:
+    # An outgoing connection gets an ephemeral port; a port chosen below that range cannot be
+    # taken by one between free_port() and the server's bind (a flake seen in CI).
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(20000 <= port < low for port in ports)
+    assert len(ports) > 1
+
+
 def test_wait_until_returns_the_first_truthy_value() -> None:
     results = iter([None, 0, "", "found", "later"])
     assert wait_until(lambda: next(results), timeout=5, what="a value", interval=0.01) == "found"

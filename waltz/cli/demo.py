@@ -6,10 +6,11 @@ Exit codes: 0 every check passed; 1 a check failed; 2 the demo could not run.
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -56,7 +57,18 @@ def demo(
 
     configure_logging(log_level)
 
+    bars: list[Any] = []
+
     def progress(label: str, total: int) -> Callable[[int], None]:
+        """A progress bar on a terminal; a line per tenth of the way otherwise (logs, CI)."""
+        for bar in bars:  # the previous phase is over
+            bar.__exit__(None, None, None)
+        bars.clear()
+        if sys.stdout.isatty():
+            bar = typer.progressbar(length=total, label=label, show_pos=True, show_eta=True)
+            bar.__enter__()
+            bars.append(bar)
+            return bar.update
         state = {"done": 0, "last": 0}
         typer.echo(f"{label}: 0/{total}")
 
@@ -67,6 +79,11 @@ def demo(
                 typer.echo(f"{label}: {state['done']}/{total}")
 
         return step
+
+    def say(line: str) -> None:
+        if bars and bars[0].pos >= bars[0].length:
+            bars.pop().__exit__(None, None, None)
+        typer.echo(("\n" if bars else "") + line)
 
     def run(directory: Path) -> bool:
         options = DemoOptions(
@@ -79,7 +96,11 @@ def demo(
             faults=faults,
             seed=seed,
         )
-        return run_demo(options, typer.echo, progress).passed
+        try:
+            return run_demo(options, say, progress).passed
+        finally:
+            for bar in bars:
+                bar.__exit__(None, None, None)
 
     try:
         if work_dir is not None:

@@ -17,6 +17,7 @@ import atexit
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -62,12 +63,22 @@ class ServiceStartError(WaltzError):
     """
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to outgoing connections (Linux: ip_local_port_range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """Return a TCP port that is free on ``host`` right now.
 
-    The port is found by binding port 0 and closing the socket again, so another process may take
-    it before the caller binds it; callers that start a server on it should be ready to retry with
-    another port.
+    Ports are drawn at random below the kernel's ephemeral range (``ip_local_port_range``, from
+    20000 up), so that an outgoing connection (which gets an ephemeral port) cannot take the port
+    between this call and the caller's bind; a candidate is checked by binding it. Another process
+    may still take it first; callers that start a server on it should be ready to retry with
+    another port. Falls back to a kernel-chosen port when no candidate is free.
 
     Args:
         host: the address to bind, loopback by default.
@@ -75,7 +86,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     Returns:
         A port number between 1 and 65535.
     """
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    low, high = 20000, _ephemeral_low() - 1
+    for _ in range(100 if high > low else 0):
+        candidate = random.randint(low, high)
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, candidate))
+            except OSError:
+                continue
+            return candidate
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
