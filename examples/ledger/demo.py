@@ -169,7 +169,10 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 if faults is not None:
                     faults.progress(n)
 
-            stats = workload.run(options.transactions, step)
+            try:
+                stats = workload.run(options.transactions, step)
+            finally:
+                workload.close()
             if faults is not None:
                 faults.finish()
             say(

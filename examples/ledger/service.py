@@ -108,7 +108,7 @@ class LedgerService:
         cluster_root: str,
         cluster_name: str = "ledger",
         client_settings: Mapping[str, Any] | None = None,
-        sweep_interval: float | None = 0.2,
+        sweep_interval: float | None = 0.5,
         prepare: bool = True,
     ) -> None:
         self.engine = create_framework_engine(db_url)

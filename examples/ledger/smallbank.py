@@ -21,7 +21,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from examples.ledger.operations import (
@@ -57,6 +57,7 @@ class SmallBankConfig:
         in_flight: transactions submitted and not yet resolved, at most.
         seed: the random seed (the run is reproducible up to timing).
         deactivate: customers closed half-way through (credits to them are refunded).
+        submitters: threads that submit (each runs a first attempt's database reads).
     """
 
     accounts: int = 1000
@@ -65,6 +66,7 @@ class SmallBankConfig:
     in_flight: int = 64
     seed: int = 7
     deactivate: int = 3
+    submitters: int = 4
 
 
 @dataclass
@@ -103,6 +105,13 @@ class SmallBankWorkload:
         hot = max(2, int(self.config.accounts * self.config.hotspot_fraction))
         self._hotspot = min(hot, self.config.accounts)
         self.closed: list[int] = []
+        self._submitters = ThreadPoolExecutor(
+            max_workers=self.config.submitters, thread_name_prefix="smallbank"
+        )
+
+    def close(self) -> None:
+        """Stop the submitter threads (after :meth:`drain`)."""
+        self._submitters.shutdown(wait=True)
 
     # --- choosing ----------------------------------------------------------------------------------
 
@@ -150,9 +159,12 @@ class SmallBankWorkload:
         self.stats = SmallBankStats()  # the accounts' openings are not part of the mix
         started = time.monotonic()
         halfway = transactions // 2
+        late = (3 * transactions) // 4
         for i in range(transactions):
             if i == halfway and self.config.deactivate:
                 self._deactivate_some()
+            if i == late and self.closed:
+                self._pay_closed_accounts()
             self._one(self._draw())
             if progress is not None:
                 progress(1)
@@ -182,6 +194,17 @@ class SmallBankWorkload:
             service = self._service()
             self.closed.append(custid)
             self._submit(service, Deactivate(service.callbacks, custid))
+
+    def _pay_closed_accounts(self) -> None:
+        """Payments to the closed accounts: across partitions their credits are rejected and the
+        money goes back to the payers (refunds); within a partition they are refused at once."""
+        for custid in self.closed:
+            for _ in range(2):
+                payer = self._customer()
+                if payer == custid:
+                    continue
+                service = self._service()
+                self._submit(service, service.payment(payer, custid, 100), "send_payment")
 
     def _one(self, name: str) -> None:
         service = self._service()
@@ -214,6 +237,11 @@ class SmallBankWorkload:
         self._slots.acquire()
         with self._lock:
             self.stats.submitted += 1
+        # submit() runs the first attempt (a database snapshot) on the calling thread: a few
+        # submitters let those reads overlap instead of queueing behind one another.
+        self._submitters.submit(self._submit_now, service, operation, name or operation.op)
+
+    def _submit_now(self, service: LedgerService, operation: LedgerOperation, name: str) -> None:
         try:
             future = service.submit(operation)
         except Exception as exc:
@@ -221,7 +249,7 @@ class SmallBankWorkload:
             with self._lock:
                 self.stats.errors.append(f"{operation.op}: {exc!r}")
             return
-        future.add_done_callback(lambda f: self._resolved(f, operation, name or operation.op))
+        future.add_done_callback(lambda f: self._resolved(f, operation, name))
 
     def _resolved(self, future: Future[int | None], operation: LedgerOperation, name: str) -> None:
         try:

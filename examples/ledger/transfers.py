@@ -278,26 +278,37 @@ class Sweeper:
             self._thread.join(timeout)
 
     def pending(self) -> list[_Pending]:
-        """Pending outbox rows with the state of their credit."""
+        """Pending outbox rows with the state of their credit (one Core query, no ORM loading)."""
+        out, into = TransferOut.__table__, TransferIn.__table__
         stmt = (
-            select(TransferOut, TransferIn.status)
-            .outerjoin(
-                TransferIn,
-                and_(
-                    TransferIn.transfer_id == TransferOut.transfer_id,
-                    TransferIn.to_custid == TransferOut.to_custid,
-                ),
+            select(
+                out.c.from_custid, out.c.transfer_id, out.c.to_custid, out.c.amount, out.c.kind, into.c.status
             )
-            .where(TransferOut.status == TransferOutStatus.PENDING.value)
-            .order_by(TransferOut.from_custid, TransferOut.transfer_id)
+            .select_from(
+                out.outerjoin(
+                    into, and_(into.c.transfer_id == out.c.transfer_id, into.c.to_custid == out.c.to_custid)
+                )
+            )
+            .where(out.c.status == TransferOutStatus.PENDING.value)
+            .order_by(out.c.from_custid, out.c.transfer_id)
             .limit(self._batch)
         )
-        from sqlalchemy.orm import Session
-
-        with Session(self._callbacks.engine) as session:
-            rows = [(transfer, status) for transfer, status in session.execute(stmt)]
-            session.expunge_all()
-        return [_Pending(transfer, status) for transfer, status in rows]
+        with self._callbacks.engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        return [
+            _Pending(
+                TransferOut(
+                    from_custid=int(source),
+                    transfer_id=str(transfer_id),
+                    to_custid=int(target),
+                    amount=int(amount),
+                    kind=str(kind),
+                    status=TransferOutStatus.PENDING.value,
+                ),
+                None if credit is None else str(credit),
+            )
+            for source, transfer_id, target, amount, kind, credit in rows
+        ]
 
     def sweep_once(self) -> int:
         """Submit the next step of every pending transfer not already in flight from here.

@@ -154,6 +154,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self._applied_changed = threading.Condition()
         self._failing: set[int] = set()
         self._rows: set[int] = set()  # partitions whose mark row is known to exist
+        self._shared: set[int] = set()  # partitions another instance was seen applying
         self.skipped: list[tuple[int, int]] = []
         """(partition, transaction) pairs this instance skipped on an operator's request."""
         if check_schema:
@@ -384,6 +385,18 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             # Create a missing mark row in a transaction of its own: locking a row that does not
             # exist takes gap locks on MySQL/MariaDB, which would serialise unrelated partitions.
             self.get_client_high_water_mark(partition_id)
+        last = transactions[-1].transaction_id
+        with self._applied_changed:
+            known = self._applied.get(partition_id, -1)
+        if known >= last:
+            return  # applied already (marks never go down)
+        if partition_id in self._shared:
+            # Other instances apply this partition too: most batches are theirs already. A plain
+            # read tells without taking the row lock (or SQLite's database write lock).
+            mark = self._read_mark(partition_id)
+            if mark >= last:
+                self._note_applied(partition_id, mark)
+                return
         with self.engine.connect() as conn:
             conn.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
             try:
@@ -399,6 +412,8 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         with conn.begin():
             mark = self.marks.lock(conn, partition_id)
             pending = [t for t in transactions if t.transaction_id > mark]
+            if len(pending) < len(transactions):
+                self._shared.add(partition_id)  # another instance applied some: read first next time
             if not pending:
                 log.debug(
                     "partition %d: transactions up to %d applied by another instance; skipped",

@@ -173,14 +173,16 @@ def prepare_engine(engine: Engine) -> Engine:
 
 
 def create_framework_engine(url: str, **kwargs: Any) -> Engine:
-    """``sqlalchemy.create_engine(url, pool_pre_ping=True, **kwargs)`` prepared for the framework.
+    """``sqlalchemy.create_engine(url, **kwargs)`` prepared for the framework (with
+    ``pool_pre_ping`` for database servers).
 
     Args:
         url: a SQLAlchemy URL, e.g. ``sqlite:///app.db``,
             ``postgresql+psycopg://user@host/db`` or ``mysql+pymysql://user@host/db``.
         kwargs: more ``create_engine`` arguments.
     """
-    kwargs.setdefault("pool_pre_ping", True)
+    if not url.startswith("sqlite"):
+        kwargs.setdefault("pool_pre_ping", True)  # a server may have closed pooled connections
     return prepare_engine(create_engine(url, **kwargs))
 
 
