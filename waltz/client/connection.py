@@ -134,7 +134,7 @@ class ServerConnection:
         return self._batch.messages.add()
 
     def send(self, message: client_pb2.ClientMessage) -> None:
-        """Queue a protocol message (mount, feed, flush, high-water mark) in order.
+        """Queue a protocol message (mount, unmount, flush, high-water mark) in order.
 
         Raises:
             ConnectionError: the connection is closed.

@@ -213,12 +213,20 @@ class ClientPartition:
                 self._mount_loop(), name=f"waltz-mount-{self.partition_id}"
             )
 
-    def detach(self) -> ApplyWorker | None:
+    def detach(self, *, unmount: bool = True) -> ApplyWorker | None:
         """Stop mounting and following the feed (unmount, or close); returns the worker to close.
 
         The caller makes sure nothing is in flight; the feed and the queue of the worker are
-        forgotten, so the next mount starts from the callbacks' high-water mark.
+        forgotten, so the next mount starts from the callbacks' high-water mark. Feed entries
+        already on their way are ignored.
+
+        Args:
+            unmount: tell the server on the partition's connection to stop its feed
+                (``UnmountRequest``, ``docs/protocol.md`` "Unmount"); False when the connections
+                close anyway (the client closes).
         """
+        if unmount and self.wanted:
+            self._send_unmount()
         self.state = PartitionState.UNMOUNTED
         self._mounted.clear()
         if self._mount_task is not None:
@@ -229,9 +237,24 @@ class ClientPartition:
         worker, self.worker = self.worker, None
         return worker
 
+    def _send_unmount(self) -> None:
+        """Ask the server of the current connection to stop feeding this partition to it."""
+        connection = self.connection
+        if connection is None or connection.closed:
+            return  # no mount sent on a live connection: nothing to stop
+        req_id = ReqId(self._host.client_id, self.generation, self.partition_id, self._host.next_seq_num())
+        message = client_pb2.ClientMessage(
+            unmount=client_pb2.UnmountRequest(req_id=req_id.to_proto(), seq_num=connection.seq_num)
+        )
+        try:
+            connection.send(message)
+        except ConnectionError:
+            return  # the stream just ended: the server forgets its feeds with it
+        log.info("partition %d: unmounted from %s", self.partition_id, connection.endpoint)
+
     def close(self) -> tuple[ApplyWorker | None, list[Submission]]:
         """Stop for good; returns the worker to close and every submission still held."""
-        worker = self.detach()
+        worker = self.detach(unmount=False)
         self.state = PartitionState.CLOSED
         held = [p.submission for p in self.monitor.fail_all()] + [s for s, _ in self._blocked]
         self._blocked.clear()

@@ -71,6 +71,7 @@ class ClientMessage(_message.Message):
     FEED_FIELD_NUMBER: _builtins.int
     FLUSH_FIELD_NUMBER: _builtins.int
     HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
+    UNMOUNT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def mount(self) -> Global___MountRequest: ...
     @_builtins.property
@@ -81,6 +82,8 @@ class ClientMessage(_message.Message):
     def flush(self) -> Global___FlushRequest: ...
     @_builtins.property
     def high_water_mark(self) -> Global___HighWaterMarkRequest: ...
+    @_builtins.property
+    def unmount(self) -> Global___UnmountRequest: ...
     def __init__(
         self,
         *,
@@ -89,12 +92,13 @@ class ClientMessage(_message.Message):
         feed: Global___FeedRequest | None = ...,
         flush: Global___FlushRequest | None = ...,
         high_water_mark: Global___HighWaterMarkRequest | None = ...,
+        unmount: Global___UnmountRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "feed", b"feed", "flush", b"flush", "high_water_mark", b"high_water_mark", "mount", b"mount"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "feed", b"feed", "flush", b"flush", "high_water_mark", b"high_water_mark", "mount", b"mount", "unmount", b"unmount"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "feed", b"feed", "flush", b"flush", "high_water_mark", b"high_water_mark", "mount", b"mount"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "feed", b"feed", "flush", b"flush", "high_water_mark", b"high_water_mark", "mount", b"mount", "unmount", b"unmount"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["mount", "append", "feed", "flush", "high_water_mark"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["mount", "append", "feed", "flush", "high_water_mark", "unmount"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -198,6 +202,32 @@ class MountResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MountResponse: _TypeAlias = MountResponse  # noqa: Y015
+
+@_typing.final
+class UnmountRequest(_message.Message):
+    """Unmount a partition: stop feeding it to this connection (docs/protocol.md "Unmount"); no answer."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQ_ID_FIELD_NUMBER: _builtins.int
+    SEQ_NUM_FIELD_NUMBER: _builtins.int
+    seq_num: _builtins.int
+    """sequence number of the network client; detects stale clients"""
+    @_builtins.property
+    def req_id(self) -> _common_pb2.ReqId: ...
+    def __init__(
+        self,
+        *,
+        req_id: _common_pb2.ReqId | None = ...,
+        seq_num: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id", "seq_num", b"seq_num"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnmountRequest: _TypeAlias = UnmountRequest  # noqa: Y015
 
 @_typing.final
 class AppendRequest(_message.Message):

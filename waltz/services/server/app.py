@@ -280,6 +280,7 @@ class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
                     writable=p.store.writable,
                     replicas_in_session=p.store.replicas_in_session,
                     sessions_started=p.store.sessions_started,
+                    mounted_clients=p.mounted_clients,
                 )
                 for pid, p in sorted(app.partitions.items())
             ],

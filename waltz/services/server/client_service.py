@@ -128,13 +128,15 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
                         mount=client_pb2.MountResponse(req_id=req_id, partition_ready=False)
                     )
                 )
-            return  # appends, flushes, ... for a partition not here are dropped (docs/protocol.md)
+            return  # appends, unmounts, ... for a partition not here are dropped (docs/protocol.md)
         seq = connection.network_seq.get(req_id.partition_id, -1)
         if kind == "append":
             await partition.append(connection, body, seq)
         elif kind == "mount":
             connection.network_seq[req_id.partition_id] = body.seq_num
             spawn(partition.mount(connection, body))
+        elif kind == "unmount":
+            partition.unmount(connection, body)
         elif kind == "flush":
             spawn(partition.flush(connection, body, seq))
         elif kind == "high_water_mark":

@@ -13,9 +13,9 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from waltz.errors import WaltzError
 from waltz.protocol import client_pb2, common_pb2
@@ -111,6 +111,7 @@ class Partition:
         self._feed: deque[tuple[int, common_pb2.ReqId, int]] = deque(maxlen=self.config.feed_cache_size)
         self._data: OrderedDict[int, tuple[bytes, int]] = OrderedDict()
         self._cursors: dict[int, _Cursor] = {}  # by connection ID
+        self._unmounts: dict[int, int] = {}  # connection ID -> unmounts received (cancels mounts under way)
         self._clients: dict[int, _ClientState] = {}
         self._capacity = asyncio.Event()
         self._capacity.set()
@@ -252,9 +253,20 @@ class Partition:
 
     # ---- mount, feed, flush ----
 
-    async def mount(self, connection: ClientConnection, request: client_pb2.MountRequest) -> None:
+    def mount(
+        self, connection: ClientConnection, request: client_pb2.MountRequest
+    ) -> Coroutine[Any, Any, None]:
         """Mount (``docs/protocol.md`` "Mount"): drop older connections, wait for the client's
-        appends to resolve, stream the feed from its high-water mark, then answer ready."""
+        appends to resolve, stream the feed from its high-water mark, then answer ready.
+
+        Call it in the order the connection's messages arrive: an unmount received later cancels
+        this mount even while it waits (the returned awaitable does the waiting).
+        """
+        return self._mount(connection, request, self._unmounts.get(connection.connection_id, 0))
+
+    async def _mount(
+        self, connection: ClientConnection, request: client_pb2.MountRequest, unmounts: int
+    ) -> None:
         if request.req_id.generation != self.generation or self.store.closed:
             connection.send(_mount_response(request.req_id, ready=False))
             return
@@ -262,6 +274,8 @@ class Partition:
         state.network_seq = max(state.network_seq, request.seq_num)
         await self._ready()
         await state.idle.wait()
+        if self._unmounts.get(connection.connection_id, 0) != unmounts:
+            return  # an unmount received after this mount cancels it (docs/protocol.md "Unmount")
         old = self._cursors.pop(connection.connection_id, None)
         if old is not None and old.task is not None:
             old.task.cancel()
@@ -343,8 +357,34 @@ class Partition:
             client_pb2.ServerMessage(feed_suspended=client_pb2.FeedSuspended(req_id=cursor.mount.req_id))
         )
 
+    def unmount(self, connection: ClientConnection, request: client_pb2.UnmountRequest) -> None:
+        """Unmount (``docs/protocol.md`` "Unmount"): stop this connection's feed, no answer.
+
+        Removes the connection's realtime or catch-up feed and cancels a mount of it still waiting
+        for the client's appends. Idempotent: unmounting a partition the connection has not mounted
+        does nothing. Dropped when it comes from an older connection of the client (lower network
+        ``seq_num``) or carries another generation, like the other requests.
+
+        Args:
+            connection: the client stream the request came on.
+            request: the unmount request.
+        """
+        if self._stale(connection, request.req_id, request.seq_num):
+            return
+        self._unmounts[connection.connection_id] = self._unmounts.get(connection.connection_id, 0) + 1
+        cursor = self._cursors.pop(connection.connection_id, None)
+        if cursor is not None and cursor.task is not None:
+            cursor.task.cancel()
+        log.info(
+            "partition %d: client %d unmounted it on connection %d",
+            self.partition_id,
+            request.req_id.client_id,
+            connection.connection_id,
+        )
+
     def disconnect(self, connection: ClientConnection) -> None:
         """Forget a closed connection's feed."""
+        self._unmounts.pop(connection.connection_id, None)
         cursor = self._cursors.pop(connection.connection_id, None)
         if cursor is not None and cursor.task is not None:
             cursor.task.cancel()
