@@ -7,7 +7,7 @@ test's in-memory store starts where the shared log is now.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import support
@@ -19,33 +19,14 @@ from waltz.services.local_cluster import LocalCluster
 @pytest.fixture(scope="session")
 def client_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
     """ZooKeeper (the session's), 3 storage nodes, 2 servers, 2 partitions."""
-    with LocalCluster(
-        storages=3,
-        servers=2,
-        partitions=2,
-        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
-        work_dir=tmp_path_factory.mktemp("client-cluster"),
-        delete_root=True,
-    ) as local:
+    with support.session_cluster(tmp_path_factory, zookeeper, name="client", partitions=2) as local:
         yield local
-
-
-def _server_logs(cluster: LocalCluster) -> Callable[[], str]:
-    def logs() -> str:
-        parts = []
-        for i, server in enumerate(cluster.servers):
-            parts.append(f"--- server {i} ({server.endpoint}) ---\n{server.process.log_tail(40)}")
-        return "\n".join(parts)
-
-    return logs
 
 
 @pytest.fixture
 def cluster(request: pytest.FixtureRequest, client_cluster: LocalCluster) -> LocalCluster:
     """The session's cluster with every process running and every partition writable."""
-    client_cluster.heal(timeout=60)
-    support.add_failure_logs(request.node, "server logs", _server_logs(client_cluster))
-    return client_cluster
+    return support.healed_cluster(request, client_cluster)
 
 
 @pytest.fixture

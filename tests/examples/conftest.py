@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,34 +29,14 @@ EXAMPLE_DB_BACKENDS = ("sqlite", "postgresql")
 @pytest.fixture(scope="session")
 def examples_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
     """ZooKeeper (the session's), 3 storage nodes, 2 servers, 2 partitions; root deleted at the end."""
-    with LocalCluster(
-        storages=3,
-        servers=2,
-        partitions=2,
-        name="examples",
-        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
-        work_dir=tmp_path_factory.mktemp("examples-cluster"),
-        delete_root=True,
-    ) as local:
+    with support.session_cluster(tmp_path_factory, zookeeper, name="examples", partitions=2) as local:
         yield local
-
-
-def _server_logs(cluster: LocalCluster) -> Callable[[], str]:
-    def logs() -> str:
-        parts = []
-        for i, server in enumerate(cluster.servers):
-            parts.append(f"--- server {i} ({server.endpoint}) ---\n{server.process.log_tail(40)}")
-        return "\n".join(parts)
-
-    return logs
 
 
 @pytest.fixture
 def examples_cluster_ready(request: pytest.FixtureRequest, examples_cluster: LocalCluster) -> LocalCluster:
     """The session's examples cluster with every process running and every partition writable."""
-    examples_cluster.heal(timeout=60)
-    support.add_failure_logs(request.node, "server logs", _server_logs(examples_cluster))
-    return examples_cluster
+    return support.healed_cluster(request, examples_cluster)
 
 
 @pytest.fixture(params=EXAMPLE_DB_BACKENDS)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import support
 from sqlalchemy import select
 
 from examples.ledger.checks import read_log, run_checks
@@ -27,13 +28,8 @@ PARTITIONS = 4
 
 @pytest.fixture(scope="module")
 def ledger_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
-    with LocalCluster(
-        storages=3,
-        servers=2,
-        partitions=PARTITIONS,
-        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
-        work_dir=tmp_path_factory.mktemp("ledger-cluster"),
-        delete_root=True,
+    with support.session_cluster(
+        tmp_path_factory, zookeeper, name="ledger", partitions=PARTITIONS
     ) as cluster:
         cluster.wait_ready(60)
         yield cluster

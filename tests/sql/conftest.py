@@ -15,7 +15,7 @@ this file does not use those names.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,34 +32,14 @@ APP_DB_BACKENDS = ("sqlite", "postgresql", "mariadb")
 @pytest.fixture(scope="session")
 def sql_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
     """ZooKeeper (the session's), 3 storage nodes, 2 servers, 4 partitions; root deleted at the end."""
-    with LocalCluster(
-        storages=3,
-        servers=2,
-        partitions=4,
-        name="sql",
-        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
-        work_dir=tmp_path_factory.mktemp("sql-cluster"),
-        delete_root=True,
-    ) as local:
+    with support.session_cluster(tmp_path_factory, zookeeper, name="sql", partitions=4) as local:
         yield local
-
-
-def _server_logs(cluster: LocalCluster) -> Callable[[], str]:
-    def logs() -> str:
-        parts = []
-        for i, server in enumerate(cluster.servers):
-            parts.append(f"--- server {i} ({server.endpoint}) ---\n{server.process.log_tail(40)}")
-        return "\n".join(parts)
-
-    return logs
 
 
 @pytest.fixture
 def sql_cluster_ready(request: pytest.FixtureRequest, sql_cluster: LocalCluster) -> LocalCluster:
     """The session's SQL cluster with every process running and every partition writable."""
-    sql_cluster.heal(timeout=60)
-    support.add_failure_logs(request.node, "server logs", _server_logs(sql_cluster))
-    return sql_cluster
+    return support.healed_cluster(request, sql_cluster)
 
 
 @pytest.fixture(params=APP_DB_BACKENDS)

@@ -27,6 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import NullPool
 
+from waltz.services.local_cluster import LocalCluster
 from waltz.services.processes import ManagedProcess
 
 __all__ = [
@@ -36,10 +37,12 @@ __all__ = [
     "DatabaseServer",
     "ProcessFactory",
     "add_failure_logs",
+    "healed_cluster",
     "in_ci",
     "pid_is_alive",
     "pid_state",
     "safe_name",
+    "session_cluster",
     "unavailable",
     "unique_suffix",
 ]
@@ -311,3 +314,44 @@ class ProcessFactory:
         for process in self._processes:
             parts.append(f"=== {process!r}, log {process.log_path}:\n{process.log_tail(n_lines)}")
         return "\n".join(parts) if parts else "(no processes)"
+
+
+# --- local clusters shared by a test session ---------------------------------------------------
+
+
+@contextmanager
+def session_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+    zookeeper: object,
+    *,
+    name: str,
+    partitions: int,
+    servers: int = 2,
+) -> Iterator[LocalCluster]:
+    """A LocalCluster on the session's ZooKeeper: 3 storage nodes, ``servers`` servers, its own root
+    (deleted at the end), data and logs under pytest's temporary directory."""
+    with LocalCluster(
+        storages=3,
+        servers=servers,
+        partitions=partitions,
+        name=name,
+        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
+        work_dir=tmp_path_factory.mktemp(f"{name}-cluster"),
+        delete_root=True,
+    ) as local:
+        yield local
+
+
+def healed_cluster(request: pytest.FixtureRequest, cluster: LocalCluster) -> LocalCluster:
+    """``cluster`` with every process running and every partition writable again (earlier tests may
+    have killed some); a failed test's report shows the servers' log tails."""
+    cluster.heal(timeout=60)
+
+    def logs() -> str:
+        return "\n".join(
+            f"--- server {i} ({server.endpoint}) ---\n{server.process.log_tail(40)}"
+            for i, server in enumerate(cluster.servers)
+        )
+
+    add_failure_logs(request.node, "server logs", logs)
+    return cluster
