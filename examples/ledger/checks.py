@@ -35,10 +35,9 @@ from examples.ledger.models import (
     TransferIn,
     TransferInStatus,
     TransferOut,
-    TransferOutStatus,
     applied_transactions,
 )
-from examples.ledger.transfers import money_in_flight
+from examples.ledger.transfers import money_in_flight, pending_transfers
 from waltz import WaltzClient, WaltzClientCallbacks, WaltzClientConfig
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style import CHANGE_SET_HEADER, ChangeSet
@@ -191,11 +190,6 @@ def run_checks(
         checking_total = int(conn.execute(select(func.coalesce(func.sum(Checking.balance), 0))).scalar_one())
         negative_savings = conn.execute(select(func.count()).where(Savings.balance < 0)).scalar_one()
         overdrawn = {int(c) for (c,) in conn.execute(select(Checking.custid).where(Checking.balance < 0))}
-        pending = conn.execute(
-            select(func.count())
-            .select_from(TransferOut)
-            .where(TransferOut.status == TransferOutStatus.PENDING.value)
-        ).scalar_one()
         outs = {
             (int(a), str(b)): str(s)
             for a, b, s in conn.execute(
@@ -209,6 +203,7 @@ def run_checks(
             )
         }
     in_flight = money_in_flight(engine)
+    pending = pending_transfers(engine)
 
     wrong_marks = {p: (db_marks.get(p), m) for p, m in server_marks.items() if db_marks.get(p, -1) != m}
     checks.append(

@@ -21,12 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import func, select
-
 from examples.ledger.checks import Check, read_log, replica_digests, run_checks
-from examples.ledger.models import TransferOut, TransferOutStatus
 from examples.ledger.service import LedgerService, prepare_database
 from examples.ledger.smallbank import SmallBankConfig, SmallBankStats, SmallBankWorkload
+from examples.ledger.transfers import pending_transfers
 from waltz.jdbc_style import create_framework_engine
 from waltz.services.local_cluster import LocalCluster
 from waltz.services.processes import wait_until
@@ -218,13 +216,8 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
 
 
 def _wait_quiet(service: LedgerService, timeout: float) -> None:
-    def no_pending() -> bool:
-        with service.engine.connect() as conn:
-            count = conn.execute(
-                select(func.count())
-                .select_from(TransferOut)
-                .where(TransferOut.status == TransferOutStatus.PENDING.value)
-            ).scalar_one()
-        return int(count) == 0
-
-    wait_until(no_pending, timeout=timeout, what="every two-step transfer to be credited or refunded")
+    wait_until(
+        lambda: pending_transfers(service.engine) == 0,
+        timeout=timeout,
+        what="every two-step transfer to be credited or refunded",
+    )

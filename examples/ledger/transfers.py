@@ -54,6 +54,7 @@ __all__ = [
     "TransferKind",
     "money_in_flight",
     "new_transfer_id",
+    "pending_transfers",
 ]
 
 log = logging.getLogger(__name__)
@@ -209,6 +210,17 @@ class RefundTransfer(LedgerOperation):
         if checking.balance < 0:
             tx.meta["overdraft_custid"] = row.from_custid  # an amalgamated overdraft came back (checks.py)
         return 0
+
+
+def pending_transfers(engine: Engine) -> int:
+    """Outbox rows still ``pending`` (neither settled nor refunded)."""
+    stmt = (
+        select(func.count())
+        .select_from(TransferOut)
+        .where(TransferOut.status == TransferOutStatus.PENDING.value)
+    )
+    with engine.connect() as conn:
+        return int(conn.execute(stmt).scalar_one())
 
 
 def money_in_flight(engine: Engine) -> int:

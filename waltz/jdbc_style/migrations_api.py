@@ -47,6 +47,7 @@ import datetime as dt
 import io
 import logging
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -244,9 +245,32 @@ def upgrade(bind: Bind, revision: str = "heads") -> None:
         sqlalchemy.exc.DBAPIError: the database could not be reached or refused the DDL.
         alembic.util.exc.CommandError: ``revision`` is unknown.
     """
-    with _preserving_alembic_context():
+    with _ALEMBIC_RUN, _preserving_alembic_context():
         command.upgrade(alembic_config(bind), revision)
     logger.info("waltz framework tables upgraded to %s on %s", revision, _describe(bind))
+
+
+def upgrade_environment(location: Path, bind: Engine | Connection, revision: str = "heads") -> None:
+    """Upgrade with another alembic environment that, like ours, takes its database from
+    ``config.attributes["connection"]`` (e.g. an application's migrations shipped in its package,
+    as ``examples/ledger`` does), with the same care as :func:`upgrade`: one alembic run at a time
+    in this process, and an enclosing run's ``alembic.context`` restored afterwards.
+
+    Args:
+        location: the environment's directory (``env.py``, ``versions/``).
+        bind: the database (an engine, or a connection used as is).
+        revision: the target revision.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the database could not be reached or refused the DDL.
+        alembic.util.exc.CommandError: ``revision`` is unknown.
+    """
+    config = Config()
+    config.set_main_option("script_location", str(location))
+    config.attributes["connection"] = bind
+    with _ALEMBIC_RUN, _preserving_alembic_context():
+        command.upgrade(config, revision)
+    logger.info("alembic environment %s upgraded to %s on %s", location, revision, _describe(bind))
 
 
 def upgrade_sql(url: str | URL, revision: str = "heads", from_revision: str | None = None) -> str:
@@ -661,6 +685,11 @@ def _transaction(bind: Bind) -> Iterator[Connection]:
     else:
         with _engine_for(bind) as engine, engine.begin() as connection:
             yield connection
+
+
+#: Alembic's ``context`` and ``op`` are module globals: one run at a time per process (re-entrant,
+#: for a run started from inside another's ``env.py``).
+_ALEMBIC_RUN = threading.RLock()
 
 
 @contextmanager
