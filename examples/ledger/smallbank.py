@@ -141,8 +141,15 @@ class SmallBankWorkload:
 
     # --- running -----------------------------------------------------------------------------------
 
-    def populate(self, progress: Callable[[int], None] | None = None) -> None:
-        """Open every customer's account (skips customers that exist already)."""
+    def populate(self, progress: Callable[[int], None] | None = None, timeout: float = 120.0) -> None:
+        """Open every customer's account (skips customers that exist already).
+
+        Returns once the openings are applied to the database, not merely committed to the log:
+        the mix reads balances at once, and a failover can hold applies back for seconds.
+
+        Raises:
+            TimeoutError: the openings were not committed and applied within ``timeout`` seconds.
+        """
         for custid in range(self.config.accounts):
             service = self._service()
             savings = self._random.randint(10_000, 50_000)
@@ -152,7 +159,12 @@ class SmallBankWorkload:
             )
             if progress is not None:
                 progress(1)
-        self.drain()
+        self.drain(timeout)
+        service = self.services[0]  # the instances share one database: one of them is enough
+        for pid in range(service.client.num_partitions):
+            mark = service.client.get_high_water_mark(pid)
+            if mark >= 0 and not service.callbacks.wait_for(pid, mark, timeout):
+                raise TimeoutError(f"partition {pid}: the accounts' openings not applied within {timeout}s")
 
     def run(self, transactions: int, progress: Callable[[int], None] | None = None) -> SmallBankStats:
         """Run ``transactions`` draws of the mix (Balance reads included), then wait for the rest."""

@@ -1,4 +1,4 @@
-"""Fault test with a TCP proxy of our own between the clients and the server (like upstream's).
+"""Fault test with our TCP fault proxy (``waltz.chaos.proxy``) between clients and server, like upstream.
 
 The server advertises the proxy's address, so every client connection goes through it; the proxy
 cuts all connections at random points while two clients append. Invariants: every transaction
@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 from client_helpers import run_with_cuts
-from support.proxy import TcpProxy
 
 from waltz import WaltzClientConfig
+from waltz.chaos.proxy import FaultProxy
 from waltz.services.local_cluster import LocalCluster
 
 
 @pytest.fixture
-def proxied_cluster(tmp_path: Path, zookeeper: object) -> Iterator[tuple[LocalCluster, TcpProxy]]:
+def proxied_cluster(tmp_path: Path, zookeeper: object) -> Iterator[tuple[LocalCluster, FaultProxy]]:
     holder: dict[str, LocalCluster] = {}
-    proxy = TcpProxy(lambda: ("127.0.0.1", holder["cluster"].servers[0].port))
+    proxy = FaultProxy(lambda: ("127.0.0.1", holder["cluster"].servers[0].port), name="server-0")
     local = LocalCluster(
         storages=3,
         servers=1,
@@ -40,7 +40,7 @@ def proxied_cluster(tmp_path: Path, zookeeper: object) -> Iterator[tuple[LocalCl
 
 
 def test_proxy_cuts_connections_during_1000_transactions(
-    proxied_cluster: tuple[LocalCluster, TcpProxy],
+    proxied_cluster: tuple[LocalCluster, FaultProxy],
 ) -> None:
     local, proxy = proxied_cluster
     config = WaltzClientConfig(

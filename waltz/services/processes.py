@@ -63,6 +63,11 @@ class ServiceStartError(WaltzError):
     """
 
 
+#: Ports :func:`free_port` returned in this process, never returned again (guarded by the lock).
+_HANDED_OUT: set[int] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def _ephemeral_low() -> int:
     """The lowest port the kernel hands out to outgoing connections (Linux: ip_local_port_range)."""
     try:
@@ -78,7 +83,9 @@ def free_port(host: str = "127.0.0.1") -> int:
     20000 up), so that an outgoing connection (which gets an ephemeral port) cannot take the port
     between this call and the caller's bind; a candidate is checked by binding it. Another process
     may still take it first; callers that start a server on it should be ready to retry with
-    another port. Falls back to a kernel-chosen port when no candidate is free.
+    another port. A port is never handed out twice by one process (a cluster asks for a dozen
+    ports before it binds any: two equal random draws made a node fail "Failed to bind to address"
+    about once per test run). Falls back to a kernel-chosen port when no candidate is free.
 
     Args:
         host: the address to bind, loopback by default.
@@ -88,18 +95,25 @@ def free_port(host: str = "127.0.0.1") -> int:
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     low, high = 20000, _ephemeral_low() - 1
-    for _ in range(100 if high > low else 0):
-        candidate = random.randint(low, high)
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, candidate))
-            except OSError:
+    with _HANDED_OUT_LOCK:
+        if len(_HANDED_OUT) > (high - low) // 2:
+            _HANDED_OUT.clear()  # a very long-lived process: start over rather than run dry
+        for _ in range(100 if high > low else 0):
+            candidate = random.randint(low, high)
+            if candidate in _HANDED_OUT:
                 continue
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, candidate))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(candidate)
             return candidate
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port: int = sock.getsockname()[1]
+            _HANDED_OUT.add(port)
+            return port
 
 
 def _is_falsy(value: object) -> bool:
