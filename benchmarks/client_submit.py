@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
+import resource
 import sys
 import threading
 import time
@@ -28,6 +30,7 @@ from waltz import (
     WaltzClient,
     WaltzClientCallbacks,
     WaltzClientConfig,
+    tune_garbage_collector,
 )
 from waltz.services.local_cluster import LocalCluster
 
@@ -72,6 +75,8 @@ def run_client(config: WaltzClientConfig, args: argparse.Namespace) -> tuple[flo
     latencies: list[float] = []
     with WaltzClient(Marks(), config) as client:
         client.wait_mounted(30)
+        if not args.no_gc_tuning:
+            tune_garbage_collector()
         for future in [client.submit(Append(i, data)) for i in range(200)]:  # warm-up
             future.result(60)
         started = time.perf_counter()
@@ -94,6 +99,23 @@ def run_client(config: WaltzClientConfig, args: argparse.Namespace) -> tuple[flo
         return args.n / (time.perf_counter() - started), latencies
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a live process has used so far (/proc/<pid>/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu() -> float:
+    """CPU seconds of this process and of its reaped children (the client processes)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _process(config: WaltzClientConfig, args: argparse.Namespace, results: Any, index: int) -> None:
     results[index] = run_client(config, args)
 
@@ -113,6 +135,11 @@ def main() -> None:
     parser.add_argument(
         "--sequential", action="store_true", help="wait for each commit before the next submit"
     )
+    parser.add_argument(
+        "--no-gc-tuning",
+        action="store_true",
+        help="leave the client process's garbage collector at its defaults (waltz.tune_garbage_collector)",
+    )
     args = parser.parse_args()
     print("command:", " ".join(sys.argv))
     with LocalCluster(storages=3, servers=2, partitions=args.partitions) as cluster:
@@ -121,6 +148,9 @@ def main() -> None:
             cluster_root=cluster.root,
             client_max_concurrent_transactions=args.max_concurrent,
         )
+        pids = cluster.pids()
+        cpu_before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+        client_before = _own_cpu()
         if args.clients == 1:
             results = {0: run_client(config, args)}
         else:
@@ -136,6 +166,8 @@ def main() -> None:
                 for process in processes:
                     process.join()
                 results = dict(shared)
+        cpu = {name: _cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+        cpu["client(s)"] = _own_cpu() - client_before
     total = sum(rate for rate, _ in results.values())
     latencies = sorted(x for _, lat in results.values() for x in lat)
 
@@ -148,6 +180,16 @@ def main() -> None:
         f"clients={len(results)} transactions/client={args.n} size={args.size}B "
         f"partitions={args.partitions}: {total:,.0f} transactions/s; "
         f"submit->commit p50 {percentile(0.5):.1f} ms, p99 {percentile(0.99):.1f} ms"
+    )
+    transactions = args.n * len(results)
+    by_role: dict[str, float] = {}
+    for name, seconds in cpu.items():
+        role = name.rstrip("0123456789-")
+        by_role[role] = by_role.get(role, 0.0) + seconds
+    print(
+        "CPU per committed transaction (incl. warm-up), microseconds: "
+        + ", ".join(f"{role} {seconds / transactions * 1e6:.0f}" for role, seconds in sorted(by_role.items()))
+        + f"; total {sum(by_role.values()) / transactions * 1e6:.0f}"
     )
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from waltz import errors
 from waltz.errors import WaltzError
+from waltz.tuning import tune_garbage_collector
 
 if TYPE_CHECKING:
     from waltz.client import (
@@ -47,11 +48,12 @@ __all__ = [
     "WaltzError",
     "__version__",
     "errors",
+    "tune_garbage_collector",
 ]
 
 __version__ = "0.1.0"
 
-_CLIENT_API = frozenset(__all__) - {"WaltzError", "__version__", "errors"}
+_CLIENT_API = frozenset(__all__) - {"WaltzError", "__version__", "errors", "tune_garbage_collector"}
 
 
 def __getattr__(name: str) -> object:

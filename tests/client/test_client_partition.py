@@ -145,7 +145,7 @@ async def mount(
     connection = host.connections[-1]
     request = connection.mounts()[-1]
     for entry in entries:
-        partition.on_feed_data(connection, entry)  # type: ignore[arg-type]
+        deliver(partition, connection, entry)
     response = client_pb2.MountResponse(req_id=request.req_id, partition_ready=True)
     partition.on_message(connection, "mount", response)  # type: ignore[arg-type]
     await settle(lambda: partition.state is PartitionState.MOUNTED, "the partition to mount")
@@ -157,6 +157,12 @@ def submission(data: bytes) -> tuple[Submission, AppendPayload]:
     payload = sub.attempt()
     assert payload is not None
     return sub, payload
+
+
+def deliver(partition: ClientPartition, connection: object, entry: object) -> None:
+    """One feed entry in a batch of its own, as the client's message handler delivers it."""
+    partition.on_feed_data(connection, entry)  # type: ignore[arg-type]
+    partition.end_of_batch()
 
 
 def test_appends_wait_for_the_mount_and_carry_the_generation() -> None:
@@ -184,11 +190,11 @@ def test_the_feed_confirms_own_appends_and_fails_older_ones() -> None:
         for data in (b"a", b"b", b"c"):
             partition.send_append(*submission(data))
         _a, b, c = connection.appends()
-        partition.on_feed_data(connection, feed(b, 6))  # type: ignore[arg-type]
+        deliver(partition, connection, feed(b, 6))
         assert host.completed_ids == [(b"b", 6)]
         assert host.retried == [(b"a", None)]  # older than a success: failed, re-executed
-        partition.on_feed_data(connection, feed(other(9), 8))  # type: ignore[arg-type]  # a gap: ignored
-        partition.on_feed_data(connection, feed(other(9), 7))  # type: ignore[arg-type]
+        deliver(partition, connection, feed(other(9), 8))  # a gap: ignored
+        deliver(partition, connection, feed(other(9), 7))
         lock = client_pb2.LockFailure(req_id=c.to_proto(), transaction_id=7)
         partition.on_message(connection, "lock_failure", lock)  # type: ignore[arg-type]
         assert host.retried[-1] == (b"c", 7)  # retried once transaction 7 is applied
@@ -215,9 +221,9 @@ def test_a_flush_fails_what_was_sent_before_it_once_the_feed_caught_up() -> None
         response = client_pb2.FlushResponse(req_id=flush.req_id, transaction_id=7)
         partition.on_message(connection, "flush", response)  # type: ignore[arg-type]
         assert host.retried == []  # the feed (at 5) may still carry a commit of it
-        partition.on_feed_data(connection, feed(other(1), 6))  # type: ignore[arg-type]
+        deliver(partition, connection, feed(other(1), 6))
         assert host.retried == []
-        partition.on_feed_data(connection, feed(other(2), 7))  # type: ignore[arg-type]
+        deliver(partition, connection, feed(other(2), 7))
         assert host.retried == [(b"lost", None)]  # not in the feed up to 7: it failed
         assert len(partition.monitor) == 1  # the one sent after the flush is still pending
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -61,13 +62,20 @@ class RawClient:
         return common_pb2.ReqId(client_id=self.client_id, generation=gen, partition_id=0, seq_num=self.seq)
 
     def mount(
-        self, high_water_mark: int, network_seq: int = 1, generation: int | None = None
+        self,
+        high_water_mark: int,
+        network_seq: int = 1,
+        generation: int | None = None,
+        feed_window: int = 0,
     ) -> common_pb2.ReqId:
         req_id = self.req_id(generation)
         self.outgoing.put_nowait(
             client_pb2.ClientMessage(
                 mount=client_pb2.MountRequest(
-                    req_id=req_id, client_high_water_mark=high_water_mark, seq_num=network_seq
+                    req_id=req_id,
+                    client_high_water_mark=high_water_mark,
+                    seq_num=network_seq,
+                    feed_window=feed_window,
                 )
             )
         )
@@ -92,12 +100,36 @@ class RawClient:
         )
         return req_id
 
+    def feed_window(self, window_end: int, generation: int | None = None) -> common_pb2.ReqId:
+        req_id = self.req_id(generation)
+        self.outgoing.put_nowait(
+            client_pb2.ClientMessage(feed_window=client_pb2.FeedWindow(req_id=req_id, window_end=window_end))
+        )
+        return req_id
+
     async def next(self, kind: str, timeout: float = 10) -> client_pb2.ServerMessage:
-        """The next message of ``kind``, skipping others (kept in ``skipped``)."""
+        """The next message of ``kind``, skipping others."""
         while True:
             message = await asyncio.wait_for(self.incoming.get(), timeout)
             if message.WhichOneof("body") == kind:
                 return message
+
+    async def feed_ids(self, count: int) -> list[int]:
+        """The transaction IDs of the next ``count`` feed entries (failing on a mount response)."""
+        ids = []
+        while len(ids) < count:
+            message = await asyncio.wait_for(self.incoming.get(), 10)
+            kind = message.WhichOneof("body")
+            assert kind != "mount", f"mount response after {ids}: the feed had not reached the mark"
+            if kind == "feed_data":
+                ids.append(message.feed_data.transaction_id)
+        return ids
+
+    async def nothing_more(self, seconds: float = 0.5) -> None:
+        """Fail when a feed entry or a mount response arrives within ``seconds``."""
+        with contextlib.suppress(TimeoutError):
+            message = await asyncio.wait_for(self.incoming.get(), seconds)
+            assert message.WhichOneof("body") not in ("feed_data", "mount"), message
 
     async def close(self) -> None:
         self.call.cancel()
@@ -207,6 +239,52 @@ def test_a_late_mount_replays_the_feed_and_drops_the_older_connection(cluster: L
                 await late.close()
         finally:
             await writer.close()
+
+    run(scenario())
+
+
+def test_the_feed_window_bounds_a_mount_and_grants_resume_it(cluster: LocalCluster) -> None:
+    """docs/protocol.md "Feed window": parked at the window end, in catch-up and in realtime."""
+    endpoint, generation = cluster.owner(0), generation_of(cluster)
+
+    async def scenario() -> None:
+        writer = RawClient(endpoint, 905, generation)
+        reader = RawClient(endpoint, 906, generation)
+        try:
+            writer.mount(-1)  # no window: the replay of the whole log, then the response
+            assert (await writer.next("mount")).mount.partition_ready
+            sent = [writer.append(10**9, f"w{i}".encode()) for i in range(30)]
+            ours = {}
+            while len(ours) < len(sent):
+                feed = (await writer.next("feed_data")).feed_data
+                ours[feed.req_id.seq_num] = feed.transaction_id
+            assert all(r.seq_num in ours for r in sent)
+            first, last = min(ours.values()), max(ours.values())
+
+            # Catch-up: fed up to mark + window, then parked; no mount response before the mark.
+            reader.mount(first - 1, feed_window=10)
+            assert await reader.feed_ids(10) == list(range(first, first + 10))
+            await reader.nothing_more()
+            reader.feed_window(first + 5)  # lower than the window: ignored
+            reader.feed_window(first + 100, generation=generation + 1)  # another generation: dropped
+            await reader.nothing_more()
+            reader.feed_window(first + 19)
+            assert await reader.feed_ids(10) == list(range(first + 10, first + 20))
+            await reader.nothing_more()
+            reader.feed_window(last + 3)
+            assert await reader.feed_ids(last - first - 19) == list(range(first + 20, last + 1))
+            assert (await reader.next("mount")).mount.partition_ready
+
+            # Realtime: new commits stop at the window end until the next grant.
+            more = [writer.append(10**9, f"m{i}".encode()) for i in range(6)]
+            assert await reader.feed_ids(3) == [last + 1, last + 2, last + 3]
+            await reader.nothing_more()
+            reader.feed_window(last + 100)
+            assert await reader.feed_ids(3) == [last + 4, last + 5, last + 6]
+            assert len(more) == 6
+        finally:
+            await writer.close()
+            await reader.close()
 
     run(scenario())
 

@@ -78,6 +78,7 @@ class ApplyWorker:
         self._max_backoff = max_backoff
         self._metrics = metrics
         self._items: deque[_Entry | _Floor] = deque()
+        self._in_progress = 0  # transactions of the batch being applied
         self._condition = threading.Condition()
         self._closed = threading.Event()
         self.healthy = True
@@ -97,13 +98,19 @@ class ApplyWorker:
 
     @property
     def backlog(self) -> int:
-        """Transactions waiting to be applied."""
-        return len(self._items)
+        """Transactions held for the application: queued, plus the batch being applied."""
+        return len(self._items) + self._in_progress
 
     def enqueue(self, transaction: Transaction, submission: Submission | None = None) -> None:
         """Queue the next committed transaction (IDs must come in increasing order, each once)."""
         with self._condition:
             self._items.append(_Entry(transaction, submission))
+            self._condition.notify()
+
+    def enqueue_many(self, entries: list[tuple[Transaction, Submission | None]]) -> None:
+        """Queue several committed transactions at once (one wake-up), like :meth:`enqueue`."""
+        with self._condition:
+            self._items.extend(_Entry(transaction, submission) for transaction, submission in entries)
             self._condition.notify()
 
     def set_floor(self, mark: int) -> None:
@@ -149,6 +156,7 @@ class ApplyWorker:
                         continue  # applied already (below a floor)
                     batch.append(item)
                 if batch:
+                    self._in_progress = len(batch)
                     return batch
                 if not self._items:
                     self._condition.wait()
@@ -170,6 +178,7 @@ class ApplyWorker:
             if not self._apply(batch):
                 return
             self._applied.advance(batch[-1].transaction.transaction_id)
+            self._in_progress = 0
             if self._metrics is not None:
                 self._metrics.applied.inc(len(batch))
             for entry in batch:

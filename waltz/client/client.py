@@ -211,6 +211,12 @@ class WaltzClient:
         """Partitions whose ``apply_transaction`` keeps failing -> the last exception."""
         return self._core.unhealthy_partitions()
 
+    def apply_backlogs(self) -> dict[int, int]:
+        """Partition -> committed transactions queued for ``apply_transaction``: about
+        ``client.maxApplyBacklog`` each at most (the feed window, ``docs/protocol.md`` "Feed
+        window")."""
+        return self._core.apply_backlogs()
+
     def close(self) -> None:
         """Close the client (connections, threads, the ZooKeeper session). Idempotent.
 
@@ -317,6 +323,11 @@ class AsyncWaltzClient:
             raise WaltzTimeoutError(
                 f"{core.in_flight()} transaction(s) still in flight after {timeout:g}s of flush()"
             )
+
+    def apply_backlogs(self) -> dict[int, int]:
+        """Partition -> committed transactions queued for ``apply_transaction`` (see
+        :meth:`WaltzClient.apply_backlogs`)."""
+        return self._core.apply_backlogs()
 
     def has_pending_transactions(self) -> bool:
         """True while a submitted context has not ended."""

@@ -45,6 +45,10 @@ class WaltzClientConfig(WaltzSettings):
     - ``client.applyLinger`` (``client_apply_linger``): seconds the apply worker waits for more
       transactions when fewer than ``client.maxApplyBatchSize`` are ready (group apply; 0: hand
       over what is there at once).
+    - ``client.maxApplyBacklog`` (``client_max_apply_backlog``): the feed window per partition:
+      the server feeds at most this many transactions beyond what the application applied, and
+      the client grants more as it applies (``docs/protocol.md`` "Feed window"), so memory stays
+      bounded when the application applies more slowly than the log grows; 0: no limit.
     - ``client.transactionDataTimeout`` (``client_transaction_data_timeout``): seconds a
       ``Transaction.get_data`` keeps retrying.
     - ``client.readYourWritesTimeout`` (``client_read_your_writes_timeout``): seconds a new
@@ -67,6 +71,7 @@ class WaltzClientConfig(WaltzSettings):
         "client.numTransactionRetryThreads": "client_num_transaction_retry_threads",
         "client.maxApplyBatchSize": "client_max_apply_batch_size",
         "client.applyLinger": "client_apply_linger",
+        "client.maxApplyBacklog": "client_max_apply_backlog",
         "client.transactionDataTimeout": "client_transaction_data_timeout",
         "client.readYourWritesTimeout": "client_read_your_writes_timeout",
         "client.maxMessageBytes": "client_max_message_bytes",
@@ -104,6 +109,11 @@ class WaltzClientConfig(WaltzSettings):
         ge=0,
         le=10,
         description="Seconds the apply worker waits to fill a group apply batch (0: no wait).",
+    )
+    client_max_apply_backlog: int = Field(
+        default=10_000,
+        ge=0,
+        description="Feed window: transactions fed beyond what the application applied, at most (0: none).",
     )
     client_transaction_data_timeout: float = Field(
         default=60.0, gt=0, description="Seconds Transaction.get_data retries before giving up."

@@ -157,6 +157,7 @@ class ClientCore:
                 self.config.client_max_apply_batch_size,
                 self.metrics.partition(pid),
                 apply_linger=self.config.client_apply_linger,
+                max_apply_backlog=self.config.client_max_apply_backlog,
             )
             for pid in range(self.num_partitions)
         }
@@ -223,6 +224,7 @@ class ClientCore:
         self, connection: ServerConnection, messages: Sequence[client_pb2.ServerMessage]
     ) -> None:
         partitions = self.partitions
+        fed: set[ClientPartition] = set()
         for message in messages:
             kind = message.WhichOneof("body")
             if kind == "feed_data":
@@ -230,6 +232,7 @@ class ClientCore:
                 partition = partitions.get(feed.req_id.partition_id)
                 if partition is not None:
                     partition.on_feed_data(connection, feed)
+                    fed.add(partition)
             elif kind == "high_water_mark":
                 answer = message.high_water_mark
                 partition = partitions.get(answer.req_id.partition_id)
@@ -245,6 +248,8 @@ class ClientCore:
                     partition.on_message(connection, kind, body)
                 elif kind == "error":
                     log.warning("server %s reported an error: %s", connection.endpoint, body.message)
+        for partition in fed:
+            partition.end_of_batch()
         if self._completions:
             completions, self._completions = self._completions, []
             self._executor.submit(_complete_all, completions)
@@ -589,6 +594,14 @@ class ClientCore:
             if p.worker is not None and not p.worker.healthy
         }
 
+    def apply_backlogs(self) -> dict[int, int]:
+        """Partition -> committed transactions queued for ``apply_transaction`` (mounted ones)."""
+        return {
+            pid: p.worker.backlog
+            for pid, p in getattr(self, "partitions", {}).items()
+            if p.worker is not None
+        }
+
     def partition_gauges(self) -> list[PartitionGauges]:
         """Every partition's gauges (thread-safe: the metrics registry calls it when scraped)."""
         partitions: dict[int, ClientPartition] = dict(getattr(self, "partitions", {}))
@@ -603,6 +616,7 @@ class ClientCore:
                 server_high_water_mark=p.server_high_water_mark,
                 mounted=p.mounted,
                 unhealthy=pid in unhealthy,
+                apply_backlog=p.worker.backlog if p.worker is not None else 0,
             )
             for pid, p in partitions.items()
         ]

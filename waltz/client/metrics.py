@@ -16,6 +16,8 @@ Metric names (``partition`` label on all but the histogram):
 - ``waltz_client_transactions_applied_total``: transactions ``apply_transaction`` returned for.
 - ``waltz_client_apply_errors_total``: exceptions raised by ``apply_transaction(s)``.
 - ``waltz_client_remounts_total``: runs of the reconnect procedure (seed 002) after a mount.
+- ``waltz_client_feed_windows_total``: ``FeedWindow`` grants sent (the feed window of
+  ``client.maxApplyBacklog`` moved on as the application applied).
 - ``waltz_client_commit_seconds``: histogram of submit-to-commit latency, in seconds.
 - ``waltz_client_partition_transactions_in_flight``: contexts submitted and not ended.
 - ``waltz_client_partition_client_high_water_mark``: the highest transaction ID applied.
@@ -23,6 +25,8 @@ Metric names (``partition`` label on all but the histogram):
   flush and high-water-mark responses); -1 before any news.
 - ``waltz_client_partition_mounted``: 1 while mounted.
 - ``waltz_client_partition_unhealthy``: 1 while ``apply_transaction`` keeps failing.
+- ``waltz_client_partition_apply_backlog``: committed transactions queued for
+  ``apply_transaction`` (bounded by ``client.maxApplyBacklog``).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class PartitionGauges:
     server_high_water_mark: int
     mounted: bool
     unhealthy: bool
+    apply_backlog: int = 0
 
 
 class _PartitionCollector(Collector):
@@ -81,6 +86,11 @@ class _PartitionCollector(Collector):
                 "1 while apply_transaction keeps failing on the partition.",
                 labels=["partition"],
             ),
+            "apply_backlog": GaugeMetricFamily(
+                "waltz_client_partition_apply_backlog",
+                "Committed transactions queued for apply_transaction (at most client.maxApplyBacklog).",
+                labels=["partition"],
+            ),
         }
         source = self.source
         for gauges in sorted(source() if source is not None else (), key=lambda g: g.partition_id):
@@ -90,6 +100,7 @@ class _PartitionCollector(Collector):
             families["server_mark"].add_metric(label, gauges.server_high_water_mark)
             families["mounted"].add_metric(label, 1.0 if gauges.mounted else 0.0)
             families["unhealthy"].add_metric(label, 1.0 if gauges.unhealthy else 0.0)
+            families["apply_backlog"].add_metric(label, gauges.apply_backlog)
         yield from families.values()
 
 
@@ -107,6 +118,7 @@ class PartitionMetrics:
         "commit_seconds",
         "committed",
         "failed_appends",
+        "feed_windows",
         "lock_failures",
         "remounts",
         "submitted",
@@ -121,6 +133,7 @@ class PartitionMetrics:
         self.applied = metrics.transactions_applied.labels(label)
         self.apply_errors = metrics.apply_errors.labels(label)
         self.remounts = metrics.remounts.labels(label)
+        self.feed_windows = metrics.feed_windows.labels(label)
         self.commit_seconds = metrics.commit_seconds
 
 
@@ -163,6 +176,10 @@ class ClientMetrics:
         )
         self.remounts = counter(
             "waltz_client_remounts", "Runs of the reconnect procedure (mounting again), by partition."
+        )
+        self.feed_windows = counter(
+            "waltz_client_feed_windows",
+            "FeedWindow grants sent as the application applied (client.maxApplyBacklog), by partition.",
         )
         self.commit_seconds = Histogram(
             "waltz_client_commit_seconds",

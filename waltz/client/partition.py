@@ -20,6 +20,14 @@ Mounting (the seed 002 reconnect procedure, also used for every reassignment):
 5. on ``MountResponse(partition_ready=true)`` every append still pending failed (the server
    holds nothing of it any more) and is re-executed;
 6. appends are unblocked.
+
+Apply flow control (``client.maxApplyBacklog`` = L; ``docs/protocol.md`` "Feed window"): the
+mount carries a feed window, so the server feeds at most up to transaction ``applied + L``; each
+time the application has applied half a window more, a ``FeedWindow`` grants up to the new
+``applied + L``. Transactions held for the application stay below about L whatever the apply rate,
+and a far-behind client is fed as fast as it applies, never faster. While the window is full the
+feed also stops telling this client about its own commits, so its submissions wait (back pressure
+on writers whose application cannot keep up) instead of piling up.
 """
 
 from __future__ import annotations
@@ -112,6 +120,9 @@ class ClientPartition:
         max_concurrent: contexts in flight at most (``client.maxConcurrentTransactions``).
         max_apply_batch: transactions per ``apply_transactions`` call.
         metrics: the partition's counters (default: counters of a registry of its own).
+        apply_linger: seconds the apply worker waits to fill a batch (``client.applyLinger``).
+        max_apply_backlog: the feed window: transactions the server may feed beyond what the
+            application applied (``client.maxApplyBacklog``; 0: no limit).
     """
 
     def __init__(
@@ -123,12 +134,14 @@ class ClientPartition:
         metrics: PartitionMetrics | None = None,
         *,
         apply_linger: float = 0.0,
+        max_apply_backlog: int = 0,
     ) -> None:
         self.partition_id = partition_id
         self.metrics = metrics if metrics is not None else ClientMetrics().partition(partition_id)
         self._host = host
         self._max_apply_batch = max_apply_batch
         self._apply_linger = apply_linger
+        self._max_apply_backlog = max_apply_backlog
         self.limit = ConcurrencyLimit(max_concurrent)
         self.applied = Watermark(-1)
         """The highest transaction ID this client applied (or found applied) on the partition."""
@@ -147,6 +160,10 @@ class ClientPartition:
         self._blocked: deque[tuple[Submission, AppendPayload]] = deque()
         self._feed_mark = -1
         self._queued_mark: int | None = None
+        self._to_queue: list[tuple[Transaction, Submission | None]] = []  # handed over by end_of_batch
+        self._window_task: asyncio.Task[None] | None = None  # grants more feed as applies progress
+        self.window_end: int | None = None
+        """The highest transaction ID the server may feed (``client.maxApplyBacklog``), or None."""
         self._mounted = asyncio.Event()
         self._wakeup = asyncio.Event()
         self._mount_task: asyncio.Task[None] | None = None
@@ -200,6 +217,7 @@ class ClientPartition:
             return
         log.info("partition %d: mounting again (%s)", self.partition_id, reason)
         self.metrics.remounts.inc()
+        self._stop_window()
         self.state = PartitionState.MOUNTING
         self._mounted.clear()
         self._flush_reqs.clear()
@@ -232,8 +250,10 @@ class ClientPartition:
         if self._mount_task is not None:
             self._mount_task.cancel()
             self._mount_task = None
+        self._stop_window()
         self.connection = None
         self._queued_mark = None
+        self._to_queue.clear()
         worker, self.worker = self.worker, None
         return worker
 
@@ -319,15 +339,20 @@ class ClientPartition:
             response: asyncio.Future[bool] = loop.create_future()
             self._mount_req, self._mount_response = req_id, response
             self._feed_mark = mount_mark
+            window_end = self._first_window_end(mount_mark)
             message = client_pb2.ClientMessage(
                 mount=client_pb2.MountRequest(
-                    req_id=req_id.to_proto(), client_high_water_mark=mount_mark, seq_num=connection.seq_num
+                    req_id=req_id.to_proto(),
+                    client_high_water_mark=mount_mark,
+                    seq_num=connection.seq_num,
+                    feed_window=0 if window_end is None else window_end - mount_mark,
                 )
             )
             try:
                 connection.send(message)
             except ConnectionError:
                 continue
+            self._start_window(connection, generation, window_end)
             wakeup = loop.create_task(self._wakeup.wait())
             waiting: set[asyncio.Future[Any]] = {response, wakeup}
             try:
@@ -479,19 +504,76 @@ class ClientPartition:
         queued = self._queued_mark
         if queued is not None and transaction_id > queued and self.worker is not None:
             self._queued_mark = transaction_id
-            self.worker.enqueue(
-                Transaction(
-                    self.partition_id,
-                    transaction_id,
-                    req_id or ReqId.from_proto(proto_req),
-                    feed.header,
-                    self._host.data_source,
-                    data,
-                ),
-                own,
+            self._to_queue.append(
+                (
+                    Transaction(
+                        self.partition_id,
+                        transaction_id,
+                        req_id or ReqId.from_proto(proto_req),
+                        feed.header,
+                        self._host.data_source,
+                        data,
+                    ),
+                    own,
+                )
             )
         if self._flush_marks:
             self._check_flushes()
+
+    def end_of_batch(self) -> None:
+        """Hand the feed entries of the last batch of server messages to the apply worker at once."""
+        if self._to_queue and self.worker is not None:
+            self.worker.enqueue_many(self._to_queue)
+            self._to_queue = []
+
+    # --- the feed window (client.maxApplyBacklog) -------------------------------------------------
+
+    def _first_window_end(self, mount_mark: int) -> int | None:
+        """The feed window of a mount: ``applied + L`` (at least one past the mount's mark, for a
+        remount while a full window still waits to be applied); None without a limit."""
+        limit = self._max_apply_backlog
+        if limit <= 0:
+            return None
+        return max(self.applied.value + limit, mount_mark + 1)
+
+    def _start_window(self, connection: ServerConnection, generation: int, window_end: int | None) -> None:
+        """Grant the mount's feed window more as the application applies (a task per mount)."""
+        self._stop_window()
+        self.window_end = window_end
+        if window_end is not None:
+            self._window_task = asyncio.get_running_loop().create_task(
+                self._grant_windows(connection, generation, window_end),
+                name=f"waltz-feed-window-{self.partition_id}",
+            )
+
+    def _stop_window(self) -> None:
+        task, self._window_task = self._window_task, None
+        if task is not None:
+            task.cancel()
+
+    async def _grant_windows(self, connection: ServerConnection, generation: int, window_end: int) -> None:
+        """Each time half a window more is applied, send ``FeedWindow(applied + L)``.
+
+        Ends with the mount it belongs to (cancelled by a remount, an unmount or a close) or when
+        its connection breaks; every round waits for the application to apply more.
+        """
+        limit = self._max_apply_backlog
+        step = max(1, limit // 2)
+        while connection is self.connection and not connection.closed:
+            await self.applied.wait_async(window_end - limit + step)
+            if connection is not self.connection or connection.closed:
+                return
+            new_end = self.applied.value + limit
+            req_id = ReqId(self._host.client_id, generation, self.partition_id, self._host.next_seq_num())
+            message = client_pb2.ClientMessage(
+                feed_window=client_pb2.FeedWindow(req_id=req_id.to_proto(), window_end=new_end)
+            )
+            try:
+                connection.send(message)
+            except ConnectionError:
+                return  # the remount sends a window of its own
+            window_end = self.window_end = new_end
+            self.metrics.feed_windows.inc()
 
     def on_message(self, connection: ServerConnection, kind: str, body: object) -> None:
         """Process a server message other than feed data (``kind`` is its oneof field name)."""

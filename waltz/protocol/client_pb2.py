@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from waltz.protocol import common_pb2 as waltz_dot_protocol_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bwaltz/protocol/client.proto\x12\x0cwaltz.client\x1a\x1bwaltz/protocol/common.proto\"?\n\x0e\x43lientMessages\x12-\n\x08messages\x18\x01 \x03(\x0b\x32\x1b.waltz.client.ClientMessage\"?\n\x0eServerMessages\x12-\n\x08messages\x18\x01 \x03(\x0b\x32\x1b.waltz.client.ServerMessage\"\xbb\x02\n\rClientMessage\x12+\n\x05mount\x18\x01 \x01(\x0b\x32\x1a.waltz.client.MountRequestH\x00\x12-\n\x06\x61ppend\x18\x02 \x01(\x0b\x32\x1b.waltz.client.AppendRequestH\x00\x12)\n\x04\x66\x65\x65\x64\x18\x03 \x01(\x0b\x32\x19.waltz.client.FeedRequestH\x00\x12+\n\x05\x66lush\x18\x04 \x01(\x0b\x32\x1a.waltz.client.FlushRequestH\x00\x12=\n\x0fhigh_water_mark\x18\x05 \x01(\x0b\x32\".waltz.client.HighWaterMarkRequestH\x00\x12/\n\x07unmount\x18\x06 \x01(\x0b\x32\x1c.waltz.client.UnmountRequestH\x00\x42\x06\n\x04\x62ody\"\xf6\x02\n\rServerMessage\x12,\n\x05mount\x18\x01 \x01(\x0b\x32\x1b.waltz.client.MountResponseH\x00\x12+\n\tfeed_data\x18\x02 \x01(\x0b\x32\x16.waltz.client.FeedDataH\x00\x12\x35\n\x0e\x66\x65\x65\x64_suspended\x18\x03 \x01(\x0b\x32\x1b.waltz.client.FeedSuspendedH\x00\x12,\n\x05\x66lush\x18\x04 \x01(\x0b\x32\x1b.waltz.client.FlushResponseH\x00\x12\x31\n\x0clock_failure\x18\x05 \x01(\x0b\x32\x19.waltz.client.LockFailureH\x00\x12>\n\x0fhigh_water_mark\x18\x06 \x01(\x0b\x32#.waltz.client.HighWaterMarkResponseH\x00\x12*\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x19.waltz.client.ServerErrorH\x00\x42\x06\n\x04\x62ody\"d\n\x0cMountRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1e\n\x16\x63lient_high_water_mark\x18\x02 \x01(\x03\x12\x0f\n\x07seq_num\x18\x03 \x01(\x05\"M\n\rMountResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x17\n\x0fpartition_ready\x18\x02 \x01(\x08\"F\n\x0eUnmountRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x0f\n\x07seq_num\x18\x02 \x01(\x05\"\xd5\x01\n\rAppendRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1e\n\x16\x63lient_high_water_mark\x18\x02 \x01(\x03\x12\x19\n\x11write_lock_hashes\x18\x03 \x03(\x05\x12\x18\n\x10read_lock_hashes\x18\x04 \x03(\x05\x12\x1a\n\x12\x61ppend_lock_hashes\x18\x05 \x03(\x05\x12\x0e\n\x06header\x18\x06 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x08 \x01(\r\"R\n\x0b\x46\x65\x65\x64Request\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1e\n\x16\x63lient_high_water_mark\x18\x02 \x01(\x03\"W\n\x08\x46\x65\x65\x64\x44\x61ta\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\x12\x0e\n\x06header\x18\x03 \x01(\x05\"4\n\rFeedSuspended\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\"U\n\x16TransactionDataRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\"\x9e\x01\n\x17TransactionDataResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\x12\x0f\n\x07success\x18\x03 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\r\x12\x15\n\rerror_message\x18\x06 \x01(\t\"3\n\x0c\x46lushRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\"L\n\rFlushResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\"J\n\x0bLockFailure\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\";\n\x14HighWaterMarkRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\"T\n\x15HighWaterMarkResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\"C\n\x0bServerError\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x0f\n\x07message\x18\x02 \x01(\t2\xc1\x01\n\x12WaltzServerService\x12H\n\x06Stream\x12\x1c.waltz.client.ClientMessages\x1a\x1c.waltz.client.ServerMessages(\x01\x30\x01\x12\x61\n\x12GetTransactionData\x12$.waltz.client.TransactionDataRequest\x1a%.waltz.client.TransactionDataResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bwaltz/protocol/client.proto\x12\x0cwaltz.client\x1a\x1bwaltz/protocol/common.proto\"?\n\x0e\x43lientMessages\x12-\n\x08messages\x18\x01 \x03(\x0b\x32\x1b.waltz.client.ClientMessage\"?\n\x0eServerMessages\x12-\n\x08messages\x18\x01 \x03(\x0b\x32\x1b.waltz.client.ServerMessage\"\xec\x02\n\rClientMessage\x12+\n\x05mount\x18\x01 \x01(\x0b\x32\x1a.waltz.client.MountRequestH\x00\x12-\n\x06\x61ppend\x18\x02 \x01(\x0b\x32\x1b.waltz.client.AppendRequestH\x00\x12)\n\x04\x66\x65\x65\x64\x18\x03 \x01(\x0b\x32\x19.waltz.client.FeedRequestH\x00\x12+\n\x05\x66lush\x18\x04 \x01(\x0b\x32\x1a.waltz.client.FlushRequestH\x00\x12=\n\x0fhigh_water_mark\x18\x05 \x01(\x0b\x32\".waltz.client.HighWaterMarkRequestH\x00\x12/\n\x07unmount\x18\x06 \x01(\x0b\x32\x1c.waltz.client.UnmountRequestH\x00\x12/\n\x0b\x66\x65\x65\x64_window\x18\x07 \x01(\x0b\x32\x18.waltz.client.FeedWindowH\x00\x42\x06\n\x04\x62ody\"\xf6\x02\n\rServerMessage\x12,\n\x05mount\x18\x01 \x01(\x0b\x32\x1b.waltz.client.MountResponseH\x00\x12+\n\tfeed_data\x18\x02 \x01(\x0b\x32\x16.waltz.client.FeedDataH\x00\x12\x35\n\x0e\x66\x65\x65\x64_suspended\x18\x03 \x01(\x0b\x32\x1b.waltz.client.FeedSuspendedH\x00\x12,\n\x05\x66lush\x18\x04 \x01(\x0b\x32\x1b.waltz.client.FlushResponseH\x00\x12\x31\n\x0clock_failure\x18\x05 \x01(\x0b\x32\x19.waltz.client.LockFailureH\x00\x12>\n\x0fhigh_water_mark\x18\x06 \x01(\x0b\x32#.waltz.client.HighWaterMarkResponseH\x00\x12*\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x19.waltz.client.ServerErrorH\x00\x42\x06\n\x04\x62ody\"y\n\x0cMountRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1e\n\x16\x63lient_high_water_mark\x18\x02 \x01(\x03\x12\x0f\n\x07seq_num\x18\x03 \x01(\x05\x12\x13\n\x0b\x66\x65\x65\x64_window\x18\x04 \x01(\x03\"E\n\nFeedWindow\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x12\n\nwindow_end\x18\x02 \x01(\x03\"M\n\rMountResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x17\n\x0fpartition_ready\x18\x02 \x01(\x08\"F\n\x0eUnmountRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x0f\n\x07seq_num\x18\x02 \x01(\x05\"\xd5\x01\n\rAppendRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1e\n\x16\x63lient_high_water_mark\x18\x02 \x01(\x03\x12\x19\n\x11write_lock_hashes\x18\x03 \x03(\x05\x12\x18\n\x10read_lock_hashes\x18\x04 \x03(\x05\x12\x1a\n\x12\x61ppend_lock_hashes\x18\x05 \x03(\x05\x12\x0e\n\x06header\x18\x06 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x08 \x01(\r\"R\n\x0b\x46\x65\x65\x64Request\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1e\n\x16\x63lient_high_water_mark\x18\x02 \x01(\x03\"W\n\x08\x46\x65\x65\x64\x44\x61ta\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\x12\x0e\n\x06header\x18\x03 \x01(\x05\"4\n\rFeedSuspended\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\"U\n\x16TransactionDataRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\"\x9e\x01\n\x17TransactionDataResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\x12\x0f\n\x07success\x18\x03 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\r\x12\x15\n\rerror_message\x18\x06 \x01(\t\"3\n\x0c\x46lushRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\"L\n\rFlushResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\"J\n\x0bLockFailure\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\";\n\x14HighWaterMarkRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\"T\n\x15HighWaterMarkResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\"C\n\x0bServerError\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x0f\n\x07message\x18\x02 \x01(\t2\xc1\x01\n\x12WaltzServerService\x12H\n\x06Stream\x12\x1c.waltz.client.ClientMessages\x1a\x1c.waltz.client.ServerMessages(\x01\x30\x01\x12\x61\n\x12GetTransactionData\x12$.waltz.client.TransactionDataRequest\x1a%.waltz.client.TransactionDataResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,39 +37,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SERVERMESSAGES']._serialized_start=139
   _globals['_SERVERMESSAGES']._serialized_end=202
   _globals['_CLIENTMESSAGE']._serialized_start=205
-  _globals['_CLIENTMESSAGE']._serialized_end=520
-  _globals['_SERVERMESSAGE']._serialized_start=523
-  _globals['_SERVERMESSAGE']._serialized_end=897
-  _globals['_MOUNTREQUEST']._serialized_start=899
-  _globals['_MOUNTREQUEST']._serialized_end=999
-  _globals['_MOUNTRESPONSE']._serialized_start=1001
-  _globals['_MOUNTRESPONSE']._serialized_end=1078
-  _globals['_UNMOUNTREQUEST']._serialized_start=1080
-  _globals['_UNMOUNTREQUEST']._serialized_end=1150
-  _globals['_APPENDREQUEST']._serialized_start=1153
-  _globals['_APPENDREQUEST']._serialized_end=1366
-  _globals['_FEEDREQUEST']._serialized_start=1368
-  _globals['_FEEDREQUEST']._serialized_end=1450
-  _globals['_FEEDDATA']._serialized_start=1452
-  _globals['_FEEDDATA']._serialized_end=1539
-  _globals['_FEEDSUSPENDED']._serialized_start=1541
-  _globals['_FEEDSUSPENDED']._serialized_end=1593
-  _globals['_TRANSACTIONDATAREQUEST']._serialized_start=1595
-  _globals['_TRANSACTIONDATAREQUEST']._serialized_end=1680
-  _globals['_TRANSACTIONDATARESPONSE']._serialized_start=1683
-  _globals['_TRANSACTIONDATARESPONSE']._serialized_end=1841
-  _globals['_FLUSHREQUEST']._serialized_start=1843
-  _globals['_FLUSHREQUEST']._serialized_end=1894
-  _globals['_FLUSHRESPONSE']._serialized_start=1896
-  _globals['_FLUSHRESPONSE']._serialized_end=1972
-  _globals['_LOCKFAILURE']._serialized_start=1974
-  _globals['_LOCKFAILURE']._serialized_end=2048
-  _globals['_HIGHWATERMARKREQUEST']._serialized_start=2050
-  _globals['_HIGHWATERMARKREQUEST']._serialized_end=2109
-  _globals['_HIGHWATERMARKRESPONSE']._serialized_start=2111
-  _globals['_HIGHWATERMARKRESPONSE']._serialized_end=2195
-  _globals['_SERVERERROR']._serialized_start=2197
-  _globals['_SERVERERROR']._serialized_end=2264
-  _globals['_WALTZSERVERSERVICE']._serialized_start=2267
-  _globals['_WALTZSERVERSERVICE']._serialized_end=2460
+  _globals['_CLIENTMESSAGE']._serialized_end=569
+  _globals['_SERVERMESSAGE']._serialized_start=572
+  _globals['_SERVERMESSAGE']._serialized_end=946
+  _globals['_MOUNTREQUEST']._serialized_start=948
+  _globals['_MOUNTREQUEST']._serialized_end=1069
+  _globals['_FEEDWINDOW']._serialized_start=1071
+  _globals['_FEEDWINDOW']._serialized_end=1140
+  _globals['_MOUNTRESPONSE']._serialized_start=1142
+  _globals['_MOUNTRESPONSE']._serialized_end=1219
+  _globals['_UNMOUNTREQUEST']._serialized_start=1221
+  _globals['_UNMOUNTREQUEST']._serialized_end=1291
+  _globals['_APPENDREQUEST']._serialized_start=1294
+  _globals['_APPENDREQUEST']._serialized_end=1507
+  _globals['_FEEDREQUEST']._serialized_start=1509
+  _globals['_FEEDREQUEST']._serialized_end=1591
+  _globals['_FEEDDATA']._serialized_start=1593
+  _globals['_FEEDDATA']._serialized_end=1680
+  _globals['_FEEDSUSPENDED']._serialized_start=1682
+  _globals['_FEEDSUSPENDED']._serialized_end=1734
+  _globals['_TRANSACTIONDATAREQUEST']._serialized_start=1736
+  _globals['_TRANSACTIONDATAREQUEST']._serialized_end=1821
+  _globals['_TRANSACTIONDATARESPONSE']._serialized_start=1824
+  _globals['_TRANSACTIONDATARESPONSE']._serialized_end=1982
+  _globals['_FLUSHREQUEST']._serialized_start=1984
+  _globals['_FLUSHREQUEST']._serialized_end=2035
+  _globals['_FLUSHRESPONSE']._serialized_start=2037
+  _globals['_FLUSHRESPONSE']._serialized_end=2113
+  _globals['_LOCKFAILURE']._serialized_start=2115
+  _globals['_LOCKFAILURE']._serialized_end=2189
+  _globals['_HIGHWATERMARKREQUEST']._serialized_start=2191
+  _globals['_HIGHWATERMARKREQUEST']._serialized_end=2250
+  _globals['_HIGHWATERMARKRESPONSE']._serialized_start=2252
+  _globals['_HIGHWATERMARKRESPONSE']._serialized_end=2336
+  _globals['_SERVERERROR']._serialized_start=2338
+  _globals['_SERVERERROR']._serialized_end=2405
+  _globals['_WALTZSERVERSERVICE']._serialized_start=2408
+  _globals['_WALTZSERVERSERVICE']._serialized_end=2601
 # @@protoc_insertion_point(module_scope)

@@ -72,6 +72,7 @@ class ClientMessage(_message.Message):
     FLUSH_FIELD_NUMBER: _builtins.int
     HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
     UNMOUNT_FIELD_NUMBER: _builtins.int
+    FEED_WINDOW_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def mount(self) -> Global___MountRequest: ...
     @_builtins.property
@@ -84,6 +85,8 @@ class ClientMessage(_message.Message):
     def high_water_mark(self) -> Global___HighWaterMarkRequest: ...
     @_builtins.property
     def unmount(self) -> Global___UnmountRequest: ...
+    @_builtins.property
+    def feed_window(self) -> Global___FeedWindow: ...
     def __init__(
         self,
         *,
@@ -93,12 +96,13 @@ class ClientMessage(_message.Message):
         flush: Global___FlushRequest | None = ...,
         high_water_mark: Global___HighWaterMarkRequest | None = ...,
         unmount: Global___UnmountRequest | None = ...,
+        feed_window: Global___FeedWindow | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "feed", b"feed", "flush", b"flush", "high_water_mark", b"high_water_mark", "mount", b"mount", "unmount", b"unmount"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "feed", b"feed", "feed_window", b"feed_window", "flush", b"flush", "high_water_mark", b"high_water_mark", "mount", b"mount", "unmount", b"unmount"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "feed", b"feed", "flush", b"flush", "high_water_mark", b"high_water_mark", "mount", b"mount", "unmount", b"unmount"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "feed", b"feed", "feed_window", b"feed_window", "flush", b"flush", "high_water_mark", b"high_water_mark", "mount", b"mount", "unmount", b"unmount"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["mount", "append", "feed", "flush", "high_water_mark", "unmount"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["mount", "append", "feed", "flush", "high_water_mark", "unmount", "feed_window"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -159,10 +163,15 @@ class MountRequest(_message.Message):
     REQ_ID_FIELD_NUMBER: _builtins.int
     CLIENT_HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
     SEQ_NUM_FIELD_NUMBER: _builtins.int
+    FEED_WINDOW_FIELD_NUMBER: _builtins.int
     client_high_water_mark: _builtins.int
     """highest transaction ID applied to the client's database"""
     seq_num: _builtins.int
     """sequence number of the network client; detects stale clients"""
+    feed_window: _builtins.int
+    """Feed flow control (docs/protocol.md "Feed window"): the server feeds this mount at most up to
+    transaction client_high_water_mark + feed_window until a FeedWindow grants more; 0: no limit.
+    """
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId: ...
     def __init__(
@@ -171,14 +180,41 @@ class MountRequest(_message.Message):
         req_id: _common_pb2.ReqId | None = ...,
         client_high_water_mark: _builtins.int = ...,
         seq_num: _builtins.int = ...,
+        feed_window: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_high_water_mark", b"client_high_water_mark", "req_id", b"req_id", "seq_num", b"seq_num"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_high_water_mark", b"client_high_water_mark", "feed_window", b"feed_window", "req_id", b"req_id", "seq_num", b"seq_num"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MountRequest: _TypeAlias = MountRequest  # noqa: Y015
+
+@_typing.final
+class FeedWindow(_message.Message):
+    """Grant more of the feed of a mounted partition (docs/protocol.md "Feed window"); no answer."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQ_ID_FIELD_NUMBER: _builtins.int
+    WINDOW_END_FIELD_NUMBER: _builtins.int
+    window_end: _builtins.int
+    """the highest transaction ID the server may now feed on this connection"""
+    @_builtins.property
+    def req_id(self) -> _common_pb2.ReqId: ...
+    def __init__(
+        self,
+        *,
+        req_id: _common_pb2.ReqId | None = ...,
+        window_end: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id", "window_end", b"window_end"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FeedWindow: _TypeAlias = FeedWindow  # noqa: Y015
 
 @_typing.final
 class MountResponse(_message.Message):

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 from typing import Protocol
+
+from waltz.tuning import tune_garbage_collector
 
 __all__ = ["Service", "run_until_signalled", "tune_garbage_collector"]
 
@@ -19,18 +20,6 @@ class Service(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
-
-
-def tune_garbage_collector() -> None:
-    """Move start-up objects out of the collector's way and collect young objects less often.
-
-    The append path allocates many short-lived objects; the default thresholds make full
-    collections (tens of milliseconds, measured with benchmarks/store_commit.py) frequent enough
-    to dominate tail latency. Call once the service has started.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
 
 
 def run_until_signalled(service: Service) -> None:

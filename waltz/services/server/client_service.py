@@ -11,12 +11,13 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 import grpc
 
 from waltz.protocol import client_pb2, client_pb2_grpc
+from waltz.protocol.records import ReqId
 from waltz.services.server.partition import Partition
 
 __all__ = ["WaltzServerServicer"]
@@ -30,31 +31,65 @@ _connection_ids = itertools.count(1)
 
 
 class _Connection:
-    """One client stream: an outbound queue and the network sequence numbers of its mounts."""
+    """One client stream: outgoing stream messages and the network sequence numbers of its mounts.
+
+    Protocol messages are written straight into the next outgoing stream message (at most
+    ``MAX_BATCH`` each): a feed entry costs no message of its own, no copy.
+    """
 
     def __init__(self) -> None:
         self.connection_id = next(_connection_ids)
         self.client_id = -1
         self.network_seq: dict[int, int] = {}
-        self._outbound: deque[client_pb2.ServerMessage] = deque()
+        self._full: deque[client_pb2.ServerMessages] = deque()
+        self._batch = client_pb2.ServerMessages()
+        self._batch_count = 0
+        self._queued = 0
         self._ready = asyncio.Event()
         self.closed = False
+        self.error: str | None = None  # why reading the client's stream failed, if it did
+
+    def _slot(self) -> client_pb2.ServerMessage:
+        if self._batch_count >= MAX_BATCH:
+            self._full.append(self._batch)
+            self._batch = client_pb2.ServerMessages()
+            self._batch_count = 0
+        self._batch_count += 1
+        self._queued += 1
+        if not self._ready.is_set():
+            self._ready.set()
+        return self._batch.messages.add()
 
     def send(self, message: client_pb2.ServerMessage) -> None:
         if not self.closed:
-            self._outbound.append(message)
-            self._ready.set()
+            self._slot().CopyFrom(message)
+
+    def send_feed(self, req_id: ReqId, transaction_id: int, header: int) -> None:
+        if not self.closed:
+            feed = self._slot().feed_data
+            rid = feed.req_id
+            rid.client_id = req_id.client_id
+            rid.generation = req_id.generation
+            rid.partition_id = req_id.partition_id
+            rid.seq_num = req_id.seq_num
+            feed.transaction_id = transaction_id
+            feed.header = header
 
     def backlog(self) -> int:
-        return len(self._outbound)
+        return self._queued
 
     async def batches(self) -> AsyncIterator[client_pb2.ServerMessages]:
         while not self.closed:
             await self._ready.wait()
             self._ready.clear()
-            while self._outbound:
-                count = min(MAX_BATCH, len(self._outbound))
-                yield client_pb2.ServerMessages(messages=[self._outbound.popleft() for _ in range(count)])
+            while self._full or self._batch_count:
+                if self._full:
+                    batch = self._full.popleft()
+                else:
+                    batch, self._batch = self._batch, client_pb2.ServerMessages()
+                    self._batch_count = 0
+                self._queued -= len(batch.messages)
+                yield batch
 
 
 class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
@@ -75,10 +110,15 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         """Serve one client connection."""
         connection = _Connection()
         tasks: set[asyncio.Task[None]] = set()
-        reader = asyncio.get_running_loop().create_task(self._read(connection, request_iterator, tasks))
+        reader = asyncio.get_running_loop().create_task(
+            self._read(connection, request_iterator, tasks, context.peer())
+        )
         try:
             async for batch in connection.batches():
                 yield batch
+            if connection.error is not None:
+                # Bytes that do not parse, say: the client learns it from the status, not silence.
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, connection.error)
         finally:
             connection.closed = True
             reader.cancel()
@@ -92,6 +132,7 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         connection: _Connection,
         request_iterator: AsyncIterator[client_pb2.ClientMessages],
         tasks: set[asyncio.Task[None]],
+        peer: str,
     ) -> None:
         def spawn(coroutine: Any) -> None:
             task = asyncio.get_running_loop().create_task(coroutine)
@@ -101,22 +142,26 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         try:
             async for batch in request_iterator:
                 for message in batch.messages:
-                    await self._dispatch(connection, message, spawn)
+                    waiting = self._dispatch(connection, message, spawn)
+                    if waiting is not None:
+                        await waiting  # an append waiting for recovery or room: later ones wait too
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.info("client connection %d ended: %s", connection.connection_id, exc)
+            log.info("client connection %d from %s ended: %s", connection.connection_id, peer, exc)
+            connection.error = f"unreadable client stream: {type(exc).__name__}: {exc}"
         finally:
             connection.closed = True
             connection._ready.set()
 
-    async def _dispatch(
+    def _dispatch(
         self, connection: _Connection, message: client_pb2.ClientMessage, spawn: Callable[[Any], None]
-    ) -> None:
+    ) -> Coroutine[Any, Any, None] | None:
+        """Route one message; returns what to await before the next message (a waiting append)."""
         kind = message.WhichOneof("body")
         if kind is None:
             connection.send(_error(None, "empty client message"))
-            return
+            return None
         body: Any = getattr(message, kind)
         req_id = body.req_id
         connection.client_id = req_id.client_id
@@ -128,10 +173,11 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
                         mount=client_pb2.MountResponse(req_id=req_id, partition_ready=False)
                     )
                 )
-            return  # appends, unmounts, ... for a partition not here are dropped (docs/protocol.md)
+            return None  # appends, unmounts, ... for a partition not here are dropped (docs/protocol.md)
         seq = connection.network_seq.get(req_id.partition_id, -1)
         if kind == "append":
-            await partition.append(connection, body, seq)
+            if not partition.append_now(connection, body, seq):
+                return partition.append(connection, body, seq)
         elif kind == "mount":
             connection.network_seq[req_id.partition_id] = body.seq_num
             spawn(partition.mount(connection, body))
@@ -141,10 +187,13 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
             spawn(partition.flush(connection, body, seq))
         elif kind == "high_water_mark":
             spawn(partition.high_water_mark_request(connection, body))
+        elif kind == "feed_window":
+            partition.feed_window(connection, body, seq)
         elif kind == "feed":
             connection.send(
                 _error(req_id, "feed requests are not used: mount the partition to start its feed")
             )
+        return None
 
     async def GetTransactionData(  # noqa: N802 - gRPC method name
         self, request: client_pb2.TransactionDataRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -34,6 +34,16 @@ _GAUGES: tuple[tuple[str, str, Callable[[Partition], float]], ...] = (
         lambda p: p.dropped,
     ),
     ("mounted_clients", "Client connections receiving the feed.", lambda p: p.mounted_clients),
+    (
+        "feed_windows",
+        "FeedWindow grants that raised a connection's feed window (client.maxApplyBacklog).",
+        lambda p: p.feed_windows,
+    ),
+    (
+        "parked_feeds",
+        "Times a connection's feed stopped at the end of its window until the client granted more.",
+        lambda p: p.parked_feeds,
+    ),
 )
 
 

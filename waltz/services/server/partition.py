@@ -37,6 +37,9 @@ class ClientConnection(Protocol):
     def send(self, message: client_pb2.ServerMessage) -> None:
         """Queue a message for the client (never blocks)."""
 
+    def send_feed(self, req_id: ReqId, transaction_id: int, header: int) -> None:
+        """Queue a ``FeedData`` entry for the client (never blocks)."""
+
     def backlog(self) -> int:
         """Messages queued and not yet written to the stream."""
 
@@ -74,6 +77,8 @@ class _Cursor:
     next_id: int
     realtime: bool = False
     task: asyncio.Task[None] | None = None
+    answered: bool = False  # the mount response was sent
+    parked: bool = False  # stopped at the end of the client's feed window, waiting for a FeedWindow
 
 
 @dataclass(slots=True)
@@ -108,9 +113,12 @@ class Partition:
         self._observe_commit = observe_commit
         self._lock_table: LockTable | None = None
         self._pending_slots: dict[int, asyncio.Future[int]] = {}  # slot -> latest unresolved append
-        self._feed: deque[tuple[int, common_pb2.ReqId, int]] = deque(maxlen=self.config.feed_cache_size)
+        self._feed: deque[tuple[int, ReqId, int]] = deque(maxlen=self.config.feed_cache_size)
         self._data: OrderedDict[int, tuple[bytes, int]] = OrderedDict()
         self._cursors: dict[int, _Cursor] = {}  # by connection ID
+        # Connection ID -> the highest transaction ID its feed may reach (docs/protocol.md "Feed
+        # window"); absent: no limit. Set by a mount when it arrives, raised by FeedWindow.
+        self._windows: dict[int, int] = {}
         self._unmounts: dict[int, int] = {}  # connection ID -> unmounts received (cancels mounts under way)
         self._clients: dict[int, _ClientState] = {}
         self._capacity = asyncio.Event()
@@ -120,6 +128,8 @@ class Partition:
         self.dropped = 0
         self.feed_cache_hits = 0
         self.feed_cache_misses = 0
+        self.feed_windows = 0
+        self.parked_feeds = 0
         self.data_cache_hits = 0
         self.data_cache_misses = 0
 
@@ -182,13 +192,41 @@ class Partition:
     async def append(
         self, connection: ClientConnection, request: client_pb2.AppendRequest, network_seq: int
     ) -> None:
-        """Handle an append request (seed 000 "Append Task", ``docs/protocol.md`` "Append")."""
+        """Handle an append request (seed 000 "Append Task", ``docs/protocol.md`` "Append").
+
+        Waits for the partition's recovery and for room in the store first (back pressure);
+        :meth:`append_now` is the same without the waits.
+        """
         table = await self._ready()
         # Back pressure first: from the checks below to marking the pending locks nothing may
         # await, or two appends on the same lock could both pass, or a mount could slip between.
         while self.store.pending_records >= self.config.max_pending and not self.store.closed:
             self._capacity.clear()
             await self._capacity.wait()
+        self._append(table, connection, request, network_seq)
+
+    def append_now(
+        self, connection: ClientConnection, request: client_pb2.AppendRequest, network_seq: int
+    ) -> bool:
+        """Handle an append at once when nothing needs waiting for (the common case).
+
+        Returns:
+            False, having done nothing, when the partition is still recovering or the store is full:
+            then call :meth:`append` (in the same order relative to the connection's other requests).
+        """
+        table = self._lock_table
+        if table is None or self.store.pending_records >= self.config.max_pending:
+            return False
+        self._append(table, connection, request, network_seq)
+        return True
+
+    def _append(
+        self,
+        table: LockTable,
+        connection: ClientConnection,
+        request: client_pb2.AppendRequest,
+        network_seq: int,
+    ) -> None:
         if self._stale(connection, request.req_id, network_seq):
             return
         if crc32(request.data) != request.checksum:
@@ -260,8 +298,14 @@ class Partition:
         appends to resolve, stream the feed from its high-water mark, then answer ready.
 
         Call it in the order the connection's messages arrive: an unmount received later cancels
-        this mount even while it waits (the returned awaitable does the waiting).
+        this mount even while it waits (the returned awaitable does the waiting), and the mount's
+        feed window (``feed_window``) applies from here on, raised by the FeedWindow messages that
+        follow it.
         """
+        if request.feed_window > 0:
+            self._windows[connection.connection_id] = request.client_high_water_mark + request.feed_window
+        else:
+            self._windows.pop(connection.connection_id, None)
         return self._mount(connection, request, self._unmounts.get(connection.connection_id, 0))
 
     async def _mount(
@@ -284,17 +328,28 @@ class Partition:
         cursor.task = asyncio.get_running_loop().create_task(self._catch_up(cursor, first=True))
 
     async def _catch_up(self, cursor: _Cursor, first: bool) -> None:
-        """Send a cursor everything committed after it, then switch it to the realtime feed."""
+        """Send a cursor everything committed after it, then switch it to the realtime feed.
+
+        It parks the cursor instead when the client's feed window ends first (a FeedWindow resumes
+        it); the mount response (``first``) waits until the feed reached the high-water mark.
+        """
         connection = cursor.connection
+        windows = self._windows
         try:
             while not self.store.closed:
                 if connection.backlog() > self.config.max_backlog // 2:
                     await asyncio.sleep(0.01)
                     continue
+                window = windows.get(connection.connection_id)
+                if window is not None and cursor.next_id > window and cursor.next_id <= self.high_water_mark:
+                    cursor.parked = True  # no await since the check: a FeedWindow sees it parked
+                    self.parked_feeds += 1
+                    return
                 if cursor.next_id > self.high_water_mark:
                     cursor.realtime = True  # no await since the check: no commit can slip between
                     if first:
                         connection.send(_mount_response(cursor.mount.req_id, ready=True))
+                        cursor.answered = True
                     return
                 entries = self._cached(cursor.next_id)
                 if entries is not None:
@@ -305,10 +360,10 @@ class Partition:
                     if not records:
                         await asyncio.sleep(0.01)
                         continue
-                    entries = [(r.transaction_id, r.req_id.to_proto(), r.header) for r in records]
+                    entries = [(r.transaction_id, r.req_id, r.header) for r in records]
                 for transaction_id, req_id, header in entries:
-                    if transaction_id == cursor.next_id:
-                        connection.send(_feed(req_id, transaction_id, header))
+                    if transaction_id == cursor.next_id and (window is None or transaction_id <= window):
+                        connection.send_feed(req_id, transaction_id, header)
                         cursor.next_id += 1
         except (WaltzError, TimeoutError) as exc:
             log.warning(
@@ -319,7 +374,7 @@ class Partition:
             )
             self._suspend(cursor)
 
-    def _cached(self, transaction_id: int) -> list[tuple[int, common_pb2.ReqId, int]] | None:
+    def _cached(self, transaction_id: int) -> list[tuple[int, ReqId, int]] | None:
         feed = self._feed
         if not feed or feed[0][0] > transaction_id:
             return None
@@ -330,12 +385,13 @@ class Partition:
         """Called by the store, in order, with newly committed records: cache them and feed them."""
         entries = []
         for record in records:
-            entry = (record.transaction_id, record.req_id.to_proto(), record.header)
+            entry = (record.transaction_id, record.req_id, record.header)
             self._feed.append(entry)
             entries.append(entry)
             self._data[record.transaction_id] = (record.data, record.checksum)
         while len(self._data) > self.config.transaction_data_cache_size:
             self._data.popitem(last=False)
+        windows = self._windows
         for cursor in list(self._cursors.values()):
             if not cursor.realtime:
                 continue
@@ -344,10 +400,19 @@ class Partition:
                 cursor.realtime = False
                 cursor.task = asyncio.get_running_loop().create_task(self._catch_up(cursor, first=False))
                 continue
+            send_feed = cursor.connection.send_feed
+            window = windows.get(cursor.connection.connection_id)
             for transaction_id, req_id, header in entries:
-                if transaction_id == cursor.next_id:
-                    cursor.connection.send(_feed(req_id, transaction_id, header))
-                    cursor.next_id += 1
+                if transaction_id != cursor.next_id:
+                    continue
+                if window is not None and transaction_id > window:
+                    # The client's feed window is full: park until a FeedWindow grants more.
+                    cursor.realtime = False
+                    cursor.parked = True
+                    self.parked_feeds += 1
+                    break
+                send_feed(req_id, transaction_id, header)
+                cursor.next_id += 1
 
     def _suspend(self, cursor: _Cursor) -> None:
         self._cursors.pop(cursor.connection.connection_id, None)
@@ -356,6 +421,38 @@ class Partition:
         cursor.connection.send(
             client_pb2.ServerMessage(feed_suspended=client_pb2.FeedSuspended(req_id=cursor.mount.req_id))
         )
+
+    def feed_window(
+        self, connection: ClientConnection, request: client_pb2.FeedWindow, network_seq: int
+    ) -> None:
+        """Let this connection's feed go up to ``window_end`` (``docs/protocol.md`` "Feed window").
+
+        A client bounds the transactions it holds for its application (``client.maxApplyBacklog``)
+        by mounting with a feed window and granting more as its application applies them. The
+        window only grows; a feed parked at its end resumes from where it stopped (feed cache,
+        else storage, then realtime), and a mount still catching up gets its response once the
+        feed reaches the high-water mark. No answer; dropped like the other requests when it
+        carries another generation or comes from an older connection of the client.
+
+        Args:
+            connection: the client stream the request came on.
+            request: the grant.
+            network_seq: the network sequence number of the connection's latest mount.
+        """
+        if self._stale(connection, request.req_id, network_seq):
+            return
+        connection_id = connection.connection_id
+        window = self._windows.get(connection_id)
+        if window is None or request.window_end <= window:
+            return  # no limit (mounted without a window), or nothing new
+        self._windows[connection_id] = request.window_end
+        self.feed_windows += 1
+        cursor = self._cursors.get(connection_id)
+        if cursor is not None and cursor.parked and cursor.next_id <= request.window_end:
+            cursor.parked = False
+            cursor.task = asyncio.get_running_loop().create_task(
+                self._catch_up(cursor, first=not cursor.answered)
+            )
 
     def unmount(self, connection: ClientConnection, request: client_pb2.UnmountRequest) -> None:
         """Unmount (``docs/protocol.md`` "Unmount"): stop this connection's feed, no answer.
@@ -372,6 +469,7 @@ class Partition:
         if self._stale(connection, request.req_id, request.seq_num):
             return
         self._unmounts[connection.connection_id] = self._unmounts.get(connection.connection_id, 0) + 1
+        self._windows.pop(connection.connection_id, None)
         cursor = self._cursors.pop(connection.connection_id, None)
         if cursor is not None and cursor.task is not None:
             cursor.task.cancel()
@@ -385,6 +483,7 @@ class Partition:
     def disconnect(self, connection: ClientConnection) -> None:
         """Forget a closed connection's feed."""
         self._unmounts.pop(connection.connection_id, None)
+        self._windows.pop(connection.connection_id, None)
         cursor = self._cursors.pop(connection.connection_id, None)
         if cursor is not None and cursor.task is not None:
             cursor.task.cancel()
@@ -430,12 +529,6 @@ class Partition:
         if not records or records[0].transaction_id != transaction_id:
             return None
         return records[0].data, records[0].checksum
-
-
-def _feed(req_id: common_pb2.ReqId, transaction_id: int, header: int) -> client_pb2.ServerMessage:
-    return client_pb2.ServerMessage(
-        feed_data=client_pb2.FeedData(req_id=req_id, transaction_id=transaction_id, header=header)
-    )
 
 
 def _lock_failure(req_id: common_pb2.ReqId, transaction_id: int) -> client_pb2.ServerMessage:
