@@ -24,16 +24,38 @@ __all__ = ["WaltzSettings", "flatten_keys", "load_settings"]
 S = TypeVar("S", bound="WaltzSettings")
 
 
+#: Dotted keys a configuration file may expand to at most (YAML aliases can multiply them).
+MAX_FLATTENED_KEYS = 10_000
+
+
 def flatten_keys(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested mappings into dotted keys: ``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    """Flatten nested mappings into dotted keys: ``{"a": {"b": 1}}`` -> ``{"a.b": 1}``.
+
+    Raises:
+        ConfigurationError: a mapping contains itself (a YAML alias to an enclosing node), or the
+            keys expand past :data:`MAX_FLATTENED_KEYS` (aliases of aliases).
+    """
     flat: dict[str, Any] = {}
+    _flatten_into(flat, data, prefix, ())
+    return flat
+
+
+def _flatten_into(
+    flat: dict[str, Any], data: Mapping[str, Any], prefix: str, enclosing: tuple[int, ...]
+) -> None:
+    if id(data) in enclosing:
+        raise ConfigurationError(
+            f"the value of {prefix.rstrip('.') or 'the file'} contains itself (a YAML alias)"
+        )
+    enclosing = (*enclosing, id(data))
     for key, value in data.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            flat.update(flatten_keys(value, name + "."))
+            _flatten_into(flat, value, name + ".", enclosing)
         else:
             flat[name] = value
-    return flat
+            if len(flat) > MAX_FLATTENED_KEYS:
+                raise ConfigurationError(f"more than {MAX_FLATTENED_KEYS} keys (YAML aliases of aliases?)")
 
 
 class _MappingSource(PydanticBaseSettingsSource):
@@ -85,13 +107,17 @@ def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S
     file_values: dict[str, Any] = {}
     if path is not None:
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: not UTF-8
             raise ConfigurationError(f"cannot read configuration file {path}: {exc}") from exc
         if not isinstance(loaded, Mapping):
             raise ConfigurationError(f"configuration file {path} must hold a mapping of keys to values")
+        try:
+            flat = flatten_keys(loaded)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"configuration file {path}: {exc}") from exc
         unknown = []
-        for key, value in flatten_keys(loaded).items():
+        for key, value in flat.items():
             field = cls.KEYS.get(key)
             if field is None:
                 unknown.append(key)

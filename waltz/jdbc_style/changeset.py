@@ -134,7 +134,9 @@ class ChangeSet:
         """
         try:
             document = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:
+            # ValueError: not UTF-8 or not JSON (JSONDecodeError), or an integer literal longer than
+            # Python's digit limit; RecursionError: nesting deeper than the interpreter's stack.
             raise ChangeSetFormatError(f"change-set data is not UTF-8 JSON: {exc}") from exc
         if not isinstance(document, dict) or document.get("v") != FORMAT_VERSION:
             version = document.get("v") if isinstance(document, dict) else None

@@ -46,6 +46,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from waltz.errors import ConfigurationError, MetadataError, WaltzError
+from waltz.protocol.channels import TlsConfig
 from waltz.services.cluster.admin import ClusterAdmin, StorageSpec
 from waltz.services.cluster.assignment import Member
 from waltz.services.cluster.manager import read_assignment
@@ -173,9 +174,19 @@ class LocalCluster:
         server_env: environment variables for the servers (``WALTZ_*`` settings, see
             ``docs/configuration.md``), over :data:`DEFAULT_SERVER_ENV`.
         storage_args: more ``waltz storage start`` options for every storage node.
+        storage_env: environment variables for the storage nodes (``WALTZ_STORAGE_*`` settings,
+            e.g. the TLS files of ``docs/configuration.md``).
         server_args: more ``waltz server start`` options for every server.
+        server_args_of: more ``waltz server start`` options for server ``j`` alone (after
+            ``server_args``), e.g. ``--advertised-endpoint`` of a fault proxy in front of it.
+        storage_connect_string_of: the connect string registered in ZooKeeper for a storage node
+            (what servers dial), e.g. a fault proxy in front of it; None means its own address.
+            Its admin port stays the node's own (``StorageSpec.admin_address``).
         start_timeout: seconds :meth:`start` may take in all (and the default of
             :meth:`wait_ready`).
+        tls: client TLS files the supervisor itself uses for the storage admin ports (creating
+            the cluster) and the server ports (status probes), when the nodes serve TLS (set
+            through ``storage_env`` and ``server_env``); None: plaintext.
 
     Raises:
         ConfigurationError: an argument is out of range.
@@ -200,6 +211,10 @@ class LocalCluster:
         storage_args: Sequence[str] = (),
         server_args: Sequence[str] = (),
         start_timeout: float = 60.0,
+        storage_env: Mapping[str, str] | None = None,
+        tls: TlsConfig | None = None,
+        server_args_of: Callable[[int], Sequence[str]] | None = None,
+        storage_connect_string_of: Callable[[LocalStorageNode], str] | None = None,
     ) -> None:
         for what, value in (("storages", storages), ("servers", servers), ("partitions", partitions)):
             if value < 1:
@@ -229,7 +244,11 @@ class LocalCluster:
         self._session_timeout = session_timeout
         self._server_env = {**DEFAULT_SERVER_ENV, **(server_env or {})}
         self._storage_args = list(storage_args)
+        self._storage_env = dict(storage_env or {})
+        self._tls = tls
         self._server_args = list(server_args)
+        self._server_args_of = server_args_of
+        self._storage_connect_string_of = storage_connect_string_of
         self._start_timeout = start_timeout
         self._keep = work_dir is not None
         self._delete_root = zookeeper is not None and (not self._keep if delete_root is None else delete_root)
@@ -618,7 +637,7 @@ class LocalCluster:
             metrics = f"  metrics http://{node.host}:{node.metrics_port}/metrics" if node.metrics_port else ""
             lines.append(
                 f"    {node.process.name:<10} {node.address}  admin {node.admin_address}{metrics}  "
-                f"{self._pid(node.process)}  replicas {_ids(placement.get(node.address, ()))}"
+                f"{self._pid(node.process)}  replicas {_ids(placement.get(self._connect_string(node), ()))}"
             )
         if self._work_dir is not None:
             kept = "kept" if self._keep else "removed at stop"
@@ -663,6 +682,12 @@ class LocalCluster:
                 f"(0..{len(self._storages) - 1})"
             )
         return self._storages[index]
+
+    def _connect_string(self, node: LocalStorageNode) -> str:
+        """The connect string of a storage node in ZooKeeper (its address, or as the caller chose)."""
+        if self._storage_connect_string_of is None:
+            return node.address
+        return self._storage_connect_string_of(node)
 
     def _load_layout(self) -> _Layout | None:
         """The layout of the cluster a kept work directory holds, checked against the arguments."""
@@ -734,6 +759,7 @@ class LocalCluster:
                     metrics=self._metrics,
                     metrics_port=ports.get("metrics_port"),
                     extra_args=self._storage_args,
+                    env=self._storage_env,
                 )
             )
         for j in range(self._num_servers):
@@ -748,14 +774,15 @@ class LocalCluster:
                     metrics=self._metrics,
                     metrics_port=ports.get("metrics_port"),
                     session_timeout=self._session_timeout,
-                    extra_args=self._server_args,
+                    extra_args=self._server_args
+                    + list(self._server_args_of(j) if self._server_args_of is not None else ()),
                     env=self._server_env,
                 )
             )
 
     def _create_cluster(self, *, resuming: bool) -> None:
         """Create the cluster in ZooKeeper and on the storage nodes (or check the resumed one)."""
-        admin = ClusterAdmin(self._client(), self.root)
+        admin = ClusterAdmin(self._client(), self.root, tls=self._tls)
         if admin.cluster.exists():
             params = admin.cluster.params()
             if not resuming:
@@ -773,12 +800,12 @@ class LocalCluster:
             self._owns_root = True
             return
         self._owns_root = True  # from here on, whatever is under the root is this cluster's
-        specs = [StorageSpec(n.address, n.admin_port) for n in self._storages]
+        specs = [StorageSpec(self._connect_string(n), n.admin_port) for n in self._storages]
         result = admin.create(self._name, self._partitions, specs, self._replicas)
         self._cluster_key = str(result.params.cluster_key)
         failures = [(s.spec, s.error) for s in result.storage if s.error is not None]
         if failures:
-            node_of = {n.address: n for n in self._storages}
+            node_of = {self._connect_string(n): n for n in self._storages}
             details = "\n".join(
                 f"{spec.connect_string}: {error}\n"
                 f"{node_of[spec.connect_string].process.log_tail(_LOG_TAIL_LINES)}"
@@ -806,7 +833,11 @@ class LocalCluster:
             else:
                 owner = Member(placement.member or "", placement.endpoint)
                 placed.setdefault(owner, []).append((pid, placement.generation))
-        probes = _run_async(lambda: probe_servers(list(placed), timeout=_STATUS_TIMEOUT)) if placed else []
+        probes = (
+            _run_async(lambda: probe_servers(list(placed), timeout=_STATUS_TIMEOUT, tls=self._tls))
+            if placed
+            else []
+        )
         owners: dict[int, PartitionOwner] = {}
         for probe in probes:
             endpoint, partitions = probe.member.endpoint, placed[probe.member]
@@ -884,7 +915,9 @@ class LocalCluster:
                 return ClusterZk(self._zk, self.root).assignments().value.replicas
             except Exception as exc:  # not created yet, or ZooKeeper down: show the planned placement
                 log.debug("cannot read the replica assignments for describe(): %r", exc)
-        return spread_replicas([n.address for n in self._storages], self._partitions, self._replicas)
+        return spread_replicas(
+            [self._connect_string(n) for n in self._storages], self._partitions, self._replicas
+        )
 
     @staticmethod
     def _pid(process: ManagedProcess) -> str:

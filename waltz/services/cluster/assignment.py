@@ -83,7 +83,7 @@ class PartitionAssignment:
         raw = _field(_load(data, path), "partitions", dict, path)
         placements: dict[int, Placement] = {}
         for key, value in raw.items():
-            if not key.isdigit() or not isinstance(value, dict):
+            if not (key.isascii() and key.isdigit()) or not isinstance(value, dict):
                 raise MetadataError(f"znode {path}: bad placement {key!r}: {value!r}")
             member, endpoint = value.get("member"), value.get("endpoint")
             if member is not None and not isinstance(member, str):

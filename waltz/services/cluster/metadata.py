@@ -32,7 +32,9 @@ FORMAT_VERSION = 1
 def _load(data: bytes, path: str) -> dict[str, Any]:
     try:
         value = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # ValueError: not UTF-8 or not JSON, or an integer past Python's digit limit;
+        # RecursionError: nesting deeper than the interpreter's stack.
         raise MetadataError(f"znode {path} does not hold JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise MetadataError(f"znode {path} holds {type(value).__name__}, expected an object")

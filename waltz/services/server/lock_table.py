@@ -13,6 +13,7 @@ committed before is assumed to have touched every lock (never below, so never a 
 
 from __future__ import annotations
 
+import functools
 from array import array
 from collections.abc import Iterable, Sequence
 
@@ -32,11 +33,15 @@ def _mix(value: int) -> int:
     return value ^ (value >> 31)
 
 
-def slot_indexes(lock_hash: int, size: int, hash_count: int) -> list[int]:
-    """The slots of a lock: ``hash_count`` indexes by double hashing of its mixed 32-bit hash."""
+@functools.lru_cache(maxsize=1 << 16)
+def slot_indexes(lock_hash: int, size: int, hash_count: int) -> tuple[int, ...]:
+    """The slots of a lock: ``hash_count`` indexes by double hashing of its mixed 32-bit hash.
+
+    Cached (the most recent 65,536 locks): applications reuse their locks, and every append asks.
+    """
     mixed = _mix(lock_hash & 0xFFFFFFFF)
     first, step = mixed & 0xFFFFFFFF, (mixed >> 32) | 1
-    return [(first + i * step) % size for i in range(hash_count)]
+    return tuple((first + i * step) % size for i in range(hash_count))
 
 
 class LockTable:
@@ -60,7 +65,7 @@ class LockTable:
         self.hash_count = hash_count
         self._slots = array("q", [high_water_mark]) * size
 
-    def slots_of(self, lock_hashes: Iterable[int]) -> list[list[int]]:
+    def slots_of(self, lock_hashes: Iterable[int]) -> list[tuple[int, ...]]:
         """The slots of each lock (compute once per append and reuse for checks and updates)."""
         return [slot_indexes(h, self.size, self.hash_count) for h in lock_hashes]
 

@@ -460,7 +460,14 @@ def record_size(header: bytes | memoryview) -> int:
 
 
 def decode_record_header_at(buffer: bytes | memoryview, position: int) -> RecordHeader:
-    """Decode the header fields of the record at ``position`` without verifying CRCs."""
+    """Decode the header fields of the record at ``position`` without verifying CRCs.
+
+    Raises:
+        RecordProblem: fewer than 36 bytes are left at ``position``.
+    """
+    available = len(buffer) - position
+    if position < 0 or available < RECORD_HEADER_SIZE:
+        raise RecordProblem(f"{max(available, 0)} bytes left, a record header needs 36", incomplete=True)
     txn, client, gen, pid, seq, header, _length, _crc = _RECORD_HEADER.unpack_from(buffer, position)
     return RecordHeader(txn, ReqId(client, gen, pid, seq), header)
 

@@ -14,6 +14,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 import grpc
@@ -116,7 +117,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     ) -> AsyncIterator[storage_pb2.StorageResponses]:
         """Serve one replica session stream: an open request, then partition requests in order."""
         queue: asyncio.Queue[object] = asyncio.Queue(maxsize=STREAM_QUEUE_SIZE)
-        reader = asyncio.create_task(_read_requests(request_iterator, queue))
+        reader = asyncio.create_task(_read_requests(request_iterator, queue, context.peer()))
         pending: deque[object] = deque()
         opened = False
         try:
@@ -124,10 +125,15 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 item = pending.popleft() if pending else await queue.get()
                 if item is _END:
                     break
+                if isinstance(item, _StreamFailed):
+                    # Something the peer sent could not be read (bytes that do not parse): say so.
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT, f"unreadable request stream: {item}"
+                    )
                 assert isinstance(item, storage_pb2.StorageRequest)
                 kind = item.WhichOneof("body")
                 if kind == "open":
-                    response = await self._open(item)
+                    response = await self._open(item, context.peer())
                     opened = not response.HasField("failure")
                     yield storage_pb2.StorageResponses(responses=[response])
                     continue
@@ -165,11 +171,11 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         finally:
             reader.cancel()
 
-    async def _open(self, request: storage_pb2.StorageRequest) -> storage_pb2.StorageResponse:
+    async def _open(self, request: storage_pb2.StorageRequest, peer: str) -> storage_pb2.StorageResponse:
         try:
             self._node.check_open(request.open.cluster_key, request.open.num_partitions)
         except Exception as exc:
-            log.warning("refused an open request: %s", exc)
+            log.warning("refused an open request from %s: %s", peer, exc)
             failure = failure_for(exc)
             self._metrics.requests.labels("open", _outcome(failure)).inc()
             return _response(request, failure=failure)
@@ -316,10 +322,19 @@ def _response(request: storage_pb2.StorageRequest, **body: object) -> storage_pb
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _StreamFailed:
+    """The end of a request stream that failed (the peer sent bytes that do not parse, ...)."""
+
+    reason: str
+
+
 async def _read_requests(
     request_iterator: AsyncIterator[storage_pb2.StorageRequests] | AsyncIterator[storage_pb2.AdminRequests],
     queue: asyncio.Queue[object],
+    peer: str,
 ) -> None:
+    end: object = _END
     try:
         async for batch in request_iterator:
             for request in batch.requests:
@@ -327,14 +342,15 @@ async def _read_requests(
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # the peer went away or sent something gRPC could not parse
-        log.info("request stream ended: %s", exc)
+        log.info("request stream from %s ended: %s", peer, exc)
+        end = _StreamFailed(f"{type(exc).__name__}: {exc}")
     finally:
         try:
-            queue.put_nowait(_END)
+            queue.put_nowait(end)
         except asyncio.QueueFull:
             # The consumer is gone or far behind: make room for the end marker.
             queue.get_nowait()
-            queue.put_nowait(_END)
+            queue.put_nowait(end)
 
 
 class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
