@@ -1,0 +1,203 @@
+"""eventsourcing peer: the ``eventsourcing`` library on PostgreSQL (127.0.0.1:5432, user postgres).
+
+One aggregate per lock of the pool (``Lock``, 1,000 of them, created before the measured phase).
+A transaction triggers a ``Written`` event (the 200-byte payload, as text) on the writer's
+last-seen copy of the aggregate and saves it: the event's originator version is the last-seen
+version + 1, and the stored-events table's primary key (originator_id, originator_version) is the
+optimistic concurrency check. On ``RecordConflictError`` the writer reloads the aggregate from the
+repository and retries (a retry). Writers are ``--in-flight`` threads, each with a pooled
+connection.
+
+A projection (``eventsourcing.projection.ProjectionRunner``) follows the application's
+notification log in the same process and upserts one SQL row per lock together with its tracking
+record, in one transaction (``PostgresTrackingRecorder``): the "apply" side, like a Waltz client's
+callbacks. The figures are commit (event stored) figures; the projection's lag after the last
+commit is reported beside them. The database is created for the run and dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import singledispatchmethod
+from typing import Any
+
+import psycopg
+from common import result
+from eventsourcing.application import Application
+from eventsourcing.domain import Aggregate, event
+from eventsourcing.persistence import RecordConflictError, Tracking
+from eventsourcing.postgres import PostgresTrackingRecorder
+from eventsourcing.projection import Projection, ProjectionRunner
+from psycopg.sql import SQL
+
+from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
+
+HOST, PORT, USER = "127.0.0.1", 5432, "postgres"
+NAMESPACE = uuid.UUID("6f1d3c1e-9a7b-4e53-9c51-1c1b4a5f0b21")
+
+
+def lock_uuid(lock_id: int) -> uuid.UUID:
+    return uuid.uuid5(NAMESPACE, f"lock-{lock_id}")
+
+
+class Lock(Aggregate):
+    """One lock of the pool; its events are the transactions written under it."""
+
+    def __init__(self, lock_id: int) -> None:
+        self.lock_id = lock_id
+        self.writes = 0
+
+    @staticmethod
+    def create_id(lock_id: int) -> uuid.UUID:
+        return lock_uuid(lock_id)
+
+    @event("Written")
+    def write(self, data: str) -> None:
+        self.writes += 1
+
+
+class Locks(Application[uuid.UUID]):
+    """The application: saves ``Lock`` aggregates."""
+
+
+class LockView(PostgresTrackingRecorder):
+    """The SQL view: one row per lock (writes, last payload size), with tracking records."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sql_create_statements.append(
+            SQL(
+                "CREATE TABLE IF NOT EXISTS lock_view "
+                "(lock_id uuid PRIMARY KEY, writes bigint, last_size int)"
+            )
+        )
+
+    def record_write(self, lock_id: uuid.UUID, size: int, tracking: Tracking) -> None:
+        with self.datastore.transaction(commit=True) as curs:
+            curs.execute(
+                "INSERT INTO lock_view VALUES (%s, 1, %s) ON CONFLICT (lock_id) DO UPDATE "
+                "SET writes = lock_view.writes + 1, last_size = EXCLUDED.last_size",
+                (lock_id, size),
+            )
+            self._insert_tracking(curs, tracking)
+
+
+class LockProjection(Projection[LockView]):
+    """Projects ``Lock.Written`` events into ``lock_view``."""
+
+    name = "lockview"
+    topics = (f"{__name__}:Lock.Written",)
+
+    @singledispatchmethod
+    def process_event(self, domain_event: Any, tracking: Tracking) -> None:
+        self.view.insert_tracking(tracking)
+
+    @process_event.register
+    def _(self, domain_event: Lock.Written, tracking: Tracking) -> None:
+        self.view.record_write(domain_event.originator_id, len(domain_event.data), tracking)  # type: ignore[attr-defined]
+
+
+def env_for(dbname: str, pool: int) -> dict[str, str]:
+    base = {
+        "PERSISTENCE_MODULE": "eventsourcing.postgres",
+        "POSTGRES_DBNAME": dbname,
+        "POSTGRES_HOST": HOST,
+        "POSTGRES_PORT": str(PORT),
+        "POSTGRES_USER": USER,
+        "POSTGRES_PASSWORD": "trust",
+        "POSTGRES_POOL_SIZE": str(pool),
+        "POSTGRES_MAX_OVERFLOW": "4",
+    }
+    return base | {f"LOCKVIEW_{k}": v for k, v in base.items()}
+
+
+def es_submitter(
+    app: Locks, pool: ThreadPoolExecutor
+) -> Callable[[Request, Callable[[Outcome], None]], None]:
+    """Submit on a writer thread: write on the last-seen aggregate, save, reload and retry on conflict."""
+    seen: dict[int, Lock] = {}
+    lock = threading.Lock()
+
+    def job(request: Request) -> Outcome:
+        lock_id = request.lock_id or 0
+        data = request.payload.decode("latin-1")
+        retries = 0
+        while True:
+            with lock:
+                last = seen.get(lock_id)
+            aggregate = copy.deepcopy(last) if last is not None else app.repository.get(lock_uuid(lock_id))
+            aggregate.write(data)
+            try:
+                app.save(aggregate)
+            except RecordConflictError:
+                retries += 1
+                fresh = app.repository.get(lock_uuid(lock_id))
+                with lock:
+                    if lock_id not in seen or seen[lock_id].version < fresh.version:
+                        seen[lock_id] = fresh
+                continue
+            with lock:
+                if lock_id not in seen or seen[lock_id].version < aggregate.version:
+                    seen[lock_id] = aggregate
+            return Outcome(retries)
+
+    def submit(request: Request, done: Callable[[Outcome], None]) -> None:
+        future = pool.submit(job, request)
+        future.add_done_callback(
+            lambda f: done(f.result() if f.exception() is None else Outcome(0, f.exception()))
+        )
+
+    return submit
+
+
+def run(spec: LoadSpec, warmup: int = 300) -> dict[str, Any]:
+    """Create a database, run the load with a projection following, drop the database; the result row."""
+    dbname = f"waltz_peer_es_{uuid.uuid4().hex[:8]}"
+    admin = f"host={HOST} port={PORT} user={USER} dbname=postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    threads = spec.max_in_flight
+    try:
+        env = env_for(dbname, threads)
+        app = Locks(env=env)
+        try:
+            app.save(*[Lock(i) for i in range(spec.lock_pool_size or 1)])
+            with (
+                ProjectionRunner(
+                    application_class=Locks, projection_class=LockProjection, view_class=LockView, env=env
+                ) as runner,
+                ThreadPoolExecutor(threads, thread_name_prefix="es-writer") as pool,
+            ):
+                submit = es_submitter(app, pool)
+                run_load(submit, LoadSpec(warmup, spec.payload_size, spec.lock_pool_size, spec.max_in_flight))
+                stats = run_load(submit, spec)
+                last = app.recorder.max_notification_id()
+                waited = time.perf_counter()
+                runner.wait(last, timeout=spec.timeout)
+                lag = time.perf_counter() - waited
+                with psycopg.connect(f"host={HOST} port={PORT} user={USER} dbname={dbname}") as conn:
+                    row = conn.execute("SELECT sum(writes) FROM lock_view").fetchone()
+                projected = int(row[0]) if row and row[0] is not None else 0
+        finally:
+            app.close()
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+    settings = (
+        f"PostgreSQL 15 defaults (synchronous_commit on, fsync per commit), {threads} writer threads "
+        f"with pooled connections; projection in-process, lag after last commit {lag:.2f} s"
+    )
+    return result(
+        "eventsourcing+PostgreSQL",
+        "1 PostgreSQL 15 (no replication)",
+        settings,
+        spec,
+        stats,
+        projection_lag_s=round(lag, 3),
+        projected_writes=projected,
+    )

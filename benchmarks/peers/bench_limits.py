@@ -1,0 +1,123 @@
+"""The machine's limits: fsyncs per second, and records per second through one gRPC stream.
+
+- fsync: append a 200-byte record to a file in the temporary directory and ``os.fsync`` it, one
+  record per fsync; then 100 records per fsync (group commit). Latency is per fsync.
+- gRPC stream: a ``grpc.aio`` server in another process acknowledges every message of one
+  bidirectional stream; the client sends messages of ``batch`` 200-byte records with up to
+  ``window`` messages unacknowledged. Latency is per message, from send to acknowledgement.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+from common import result
+
+from waltz.perf.stats import RunStats
+from waltz.services.processes import free_port, wait_for_port
+
+RECORD = 200
+_METHOD = "/peerbench.Sink/Stream"
+
+
+def fsync_case(records: int, per_fsync: int) -> dict[str, Any]:
+    """Append ``records`` records of 200 bytes, fsync after every ``per_fsync``; the result row."""
+    stats = RunStats()
+    chunk = b"r" * (RECORD * per_fsync)
+    fd, path = tempfile.mkstemp(prefix="waltz-peer-fsync-")
+    try:
+        stats.started = time.time()
+        for _ in range(max(1, records // per_fsync)):
+            begun = time.perf_counter()
+            os.write(fd, chunk)
+            os.fsync(fd)
+            stats.latency.record(time.perf_counter() - begun)
+            stats.committed += per_fsync
+            stats.payload_bytes += len(chunk)
+        stats.ended = time.time()
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    what = "fsyncs/s" if per_fsync == 1 else f"records/s, {per_fsync} per fsync"
+    return result(
+        "machine: fsync",
+        f"{RECORD} B appends, {what}",
+        f"{per_fsync} record(s) per write+fsync, file in {tempfile.gettempdir()}",
+        None,
+        stats,
+    )
+
+
+def _serve(port: int) -> None:
+    import asyncio
+
+    async def stream(requests: Any, context: Any) -> Any:
+        async for message in requests:
+            yield struct.pack(">q", len(message))
+
+    async def main() -> None:
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+        handler = grpc.method_handlers_generic_handler(
+            "peerbench.Sink",
+            {"Stream": grpc.stream_stream_rpc_method_handler(stream)},
+        )
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
+def grpc_case(records: int, batch: int, window: int = 64, timeout: float = 300.0) -> dict[str, Any]:
+    """Stream ``records`` records in messages of ``batch`` through one gRPC stream; the result row."""
+    port = free_port()
+    context = multiprocessing.get_context("spawn")
+    server = context.Process(target=_serve, args=(port,), daemon=True, name="peer-grpc-sink")
+    server.start()
+    stats = RunStats()
+    try:
+        wait_for_port("127.0.0.1", port, timeout=30, what="the gRPC sink")
+        channel = grpc.insecure_channel(
+            f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)]
+        )
+        call = channel.stream_stream(_METHOD, request_serializer=None, response_deserializer=None)
+        slots = threading.Semaphore(window)
+        sent: collections.deque[float] = collections.deque()
+        message = b"r" * (RECORD * batch)
+        messages = max(1, records // batch)
+
+        def requests() -> Iterator[bytes]:
+            for _ in range(messages):
+                if not slots.acquire(timeout=timeout):
+                    return
+                sent.append(time.perf_counter())
+                yield message
+
+        stats.started = time.time()
+        for _ack in call(requests(), timeout=timeout):
+            stats.latency.record(time.perf_counter() - sent.popleft())
+            stats.committed += batch
+            stats.payload_bytes += len(message)
+            slots.release()
+        stats.ended = time.time()
+        channel.close()
+    finally:
+        server.kill()
+        server.join(5)
+    return result(
+        "machine: gRPC stream",
+        f"1 bidi stream, {batch} record(s) of {RECORD} B per message",
+        f"batch {batch}, window {window} messages, no linger; server in another process",
+        None,
+        stats,
+    )

@@ -1,0 +1,56 @@
+"""waltz-py: a LocalCluster (3 storage nodes, RF 3) and ``waltz perf producer``'s clients.
+
+Each transaction has the 200-byte payload as raw data and one WRITE lock from the pool; the
+client high-water mark (the client's last applied transaction of the partition) is the
+concurrency check, and a lock failure makes the client re-execute (a retry). Storage nodes fsync
+every batch before the server counts it toward the quorum (group commit).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from common import result
+
+from waltz.perf.loadgen import LoadSpec
+from waltz.perf.producer import ProducerSettings, run_producer
+from waltz.perf.target import LocalClusterSpec, perf_cluster
+from waltz.services.server.config import ServerConfig
+
+_BATCH_KEYS = {
+    "store_max_batch_size": "WALTZ_STORE_MAX_BATCH_SIZE",
+    "store_max_in_flight_batches": "WALTZ_STORE_MAX_IN_FLIGHT_BATCHES",
+    "store_linger": "WALTZ_STORE_LINGER",
+}
+
+
+def batch_settings(server_env: Mapping[str, str]) -> str:
+    """The servers' batch and linger settings in effect: given, from this environment, or the defaults."""
+    parts = []
+    for field, variable in _BATCH_KEYS.items():
+        value = server_env.get(variable, os.environ.get(variable))
+        if value is None:
+            value = str(ServerConfig.model_fields[field].default)
+        parts.append(f"{variable.removeprefix('WALTZ_').lower()}={value}")
+    return ", ".join(parts)
+
+
+def run(
+    partitions: int,
+    servers: int,
+    spec: LoadSpec,
+    clients: int = 1,
+    server_env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Start a local cluster, run ``clients`` producer clients, stop it; the result row."""
+    env = dict(server_env or {})
+    with perf_cluster(LocalClusterSpec(3, servers, partitions, env)) as config:
+        stats = run_producer(config, ProducerSettings(clients, spec))
+    settings = (
+        f"{batch_settings(env)}; fsync per storage batch; {clients} client process(es), "
+        f"client.maxConcurrentTransactions={max(spec.max_in_flight, 4000)}"
+    )
+    topology = f"{partitions} partition(s), {servers} server(s), 3 storage nodes RF 3"
+    return result("waltz-py", topology, settings, spec, stats)

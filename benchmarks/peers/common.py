@@ -1,0 +1,31 @@
+"""Helpers shared by the peer benchmarks: the result record every case returns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from waltz.perf.loadgen import LoadSpec
+from waltz.perf.stats import RunStats
+
+
+def result(
+    system: str, config: str, settings: str, spec: LoadSpec | None, stats: RunStats, **extra: Any
+) -> dict[str, Any]:
+    """One row of the results table, JSON-ready.
+
+    Args:
+        system: the system's name (``waltz-py``, ``etcd``...).
+        config: its topology (``1 partition, 1 server, RF 3``).
+        settings: its batch/linger/durability settings, printed beside the figure.
+        spec: the load offered (None for the machine-limit cases).
+        stats: what was measured.
+        extra: more keys (e.g. ``projection_lag_s``).
+    """
+    return {
+        "system": system,
+        "config": config,
+        "settings": settings,
+        "load": spec.describe() if spec is not None else "",
+        **stats.summary(),
+        **extra,
+    }

@@ -1,0 +1,321 @@
+#!/usr/bin/env python
+"""Run waltz-py and its peers under the same workload, one after the other, and print one table.
+
+The workload (``waltz.perf.loadgen``, the load generator of ``waltz perf``): 200-byte
+transactions, each with one write lock drawn uniformly from a pool of 1,000, the writer's
+last-seen position of that lock as the concurrency check (a conflict is retried), closed loop
+with a fixed number in flight. Systems:
+
+- waltz-py: 1 and 4 partitions x 1 and 2 servers, 3 storage nodes, RF 3 (``bench_waltz.py``);
+- eventsourcing on PostgreSQL, with a tracking-record projection into SQL (``bench_eventsourcing.py``);
+- etcd, 3 nodes on loopback, Txn comparing the key's mod revision (``bench_etcd.py``);
+- the machine: fsyncs/s, and records/s through one gRPC stream with batching (``bench_limits.py``).
+
+Each case runs in a child process of its own (own session; killed with its children after its
+time limit), on 127.0.0.1 only, with free ports and temporary directories it removes. Install the
+peers first with ``benchmarks/peers/setup.sh``. Usage::
+
+    .venv/bin/python benchmarks/peers/run_all.py --quick          # a few minutes
+    .venv/bin/python benchmarks/peers/run_all.py                  # the full run
+    .venv/bin/python benchmarks/peers/run_all.py --only etcd,waltz-p4-s2 --json results.json
+
+Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Transactions (or records) per case."""
+
+    waltz: int
+    etcd: int
+    eventsourcing: int
+    fsync: int
+    fsync_batched: int
+    grpc: int
+    grpc_batched: int
+
+
+QUICK = Sizes(
+    waltz=4_000,
+    etcd=4_000,
+    eventsourcing=1_500,
+    fsync=2_000,
+    fsync_batched=50_000,
+    grpc=3_000,
+    grpc_batched=100_000,
+)
+FULL = Sizes(
+    waltz=40_000,
+    etcd=30_000,
+    eventsourcing=8_000,
+    fsync=10_000,
+    fsync_batched=500_000,
+    grpc=20_000,
+    grpc_batched=1_000_000,
+)
+
+WALTZ_CASES = [(p, s) for s in (1, 2) for p in (1, 4)]
+CASES = [f"waltz-p{p}-s{s}" for p, s in WALTZ_CASES] + [
+    "eventsourcing",
+    "etcd",
+    "fsync-1",
+    "fsync-100",
+    "grpc-1",
+    "grpc-100",
+]
+
+
+def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run one case in this process; its result row."""
+    from waltz.perf.loadgen import LoadSpec
+
+    sizes = QUICK if args.quick else FULL
+
+    def spec(n: int, in_flight: int) -> LoadSpec:
+        return LoadSpec(
+            args.transactions or n,
+            payload_size=200,
+            lock_pool_size=1000,
+            max_in_flight=in_flight,
+            timeout=args.case_timeout,
+            seed=args.seed,
+        )
+
+    if name.startswith("waltz-"):
+        import bench_waltz
+
+        partitions, servers = (int(part[1:]) for part in name.split("-")[1:])
+        env = dict(item.split("=", 1) for item in args.waltz_env)
+        return bench_waltz.run(partitions, servers, spec(sizes.waltz, args.in_flight), args.clients, env)
+    if name == "eventsourcing":
+        import bench_eventsourcing
+
+        return bench_eventsourcing.run(spec(sizes.eventsourcing, args.es_threads))
+    if name == "etcd":
+        import bench_etcd
+
+        return bench_etcd.run(spec(sizes.etcd, args.in_flight))
+    import bench_limits
+
+    if name == "fsync-1":
+        return bench_limits.fsync_case(sizes.fsync, 1)
+    if name == "fsync-100":
+        return bench_limits.fsync_case(sizes.fsync_batched, 100)
+    if name == "grpc-1":
+        return bench_limits.grpc_case(sizes.grpc, 1)
+    if name == "grpc-100":
+        return bench_limits.grpc_case(sizes.grpc_batched, 100)
+    raise ValueError(f"unknown case {name!r}; cases: {', '.join(CASES)}")
+
+
+def unavailable(name: str) -> str | None:
+    """Why a case cannot run here (a peer not installed or not running), or None."""
+    if name == "etcd" and shutil.which("etcd") is None:
+        return "etcd not installed (run benchmarks/peers/setup.sh)"
+    if name == "eventsourcing":
+        try:
+            import eventsourcing  # noqa: F401
+        except ImportError:
+            return "eventsourcing not installed (run benchmarks/peers/setup.sh)"
+        try:
+            socket.create_connection(("127.0.0.1", 5432), timeout=2).close()
+        except OSError:
+            return "PostgreSQL not listening on 127.0.0.1:5432"
+    return None
+
+
+def spawn_case(name: str, args: argparse.Namespace, forwarded: list[str]) -> dict[str, Any]:
+    """Run a case in a child process (own session) and parse its result; an error row on failure."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--case", name, *forwarded]
+    started = time.monotonic()
+    load_before = os.getloadavg()[0]
+    child = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = child.communicate(timeout=args.case_timeout + 180)
+    except subprocess.TimeoutExpired:
+        # SIGTERM first: the case unwinds its context managers and stops what it started (its
+        # servers run in sessions of their own, out of reach of a signal to its group).
+        os.killpg(child.pid, signal.SIGTERM)
+        try:
+            out, err = child.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            out, err = child.communicate()
+        return {
+            "system": name,
+            "error": f"timed out after {time.monotonic() - started:.0f}s",
+            "stderr": err[-2000:],
+        }
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    for line in reversed(out.splitlines()):
+        if line.startswith("RESULT "):
+            row: dict[str, Any] = json.loads(line[len("RESULT ") :])
+            row["case"] = name
+            row["wall_s"] = round(time.monotonic() - started, 1)
+            row["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            return row
+    return {"system": name, "case": name, "error": f"exit code {child.returncode}", "stderr": err[-2000:]}
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table of the rows, with each row's throughput over the best waltz-py row's."""
+    waltz = [r["transactions_per_second"] for r in rows if r.get("system") == "waltz-py" and "error" not in r]
+    best = max(waltz) if waltz else None
+    lines = [
+        "| system | configuration | tx/s | ratio to best waltz-py | MB/s | retries/tx | p50 ms | p90 ms "
+        "| p99 ms | p99.9 ms | load | batch / linger / durability settings |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(
+                f"| {r.get('case', r['system'])} | - | - | - | - | - | - | - | - | - | - | {r['error']} |"
+            )
+            continue
+        lat = r["latency_ms"]
+        ratio = f"{r['transactions_per_second'] / best:.2f}" if best else "-"
+        lines.append(
+            f"| {r['system']} | {r['config']} | {fmt(r['transactions_per_second'])} | {ratio} | "
+            f"{fmt(r['mb_per_second'], 3)} | {fmt(r['retries_per_transaction'], 3)} | {fmt(lat['p50'], 2)} | "
+            f"{fmt(lat['p90'], 2)} | {fmt(lat['p99'], 2)} | {fmt(lat['p99.9'], 2)} | {r['load'] or '-'} | "
+            f"{r['settings']} |"
+        )
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    cpus = os.cpu_count()
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        memory = float("nan")
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    python = platform.python_version()
+    return f"{platform.platform()}, {cpus} CPU(s) {model}, {memory:.0f} GiB RAM, Python {python}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="small runs: the whole set in a few minutes")
+    parser.add_argument("--only", default="", help=f"comma-separated cases (default all): {', '.join(CASES)}")
+    parser.add_argument(
+        "--transactions", type=int, default=0, help="transactions per system case (overrides)"
+    )
+    parser.add_argument(
+        "--in-flight", type=int, default=200, help="closed loop: outstanding (waltz-py, etcd)"
+    )
+    parser.add_argument(
+        "--es-threads", type=int, default=16, help="eventsourcing writer threads (= in flight)"
+    )
+    parser.add_argument("--clients", type=int, default=1, help="waltz-py client processes")
+    parser.add_argument(
+        "--waltz-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="server setting, e.g. WALTZ_STORE_LINGER=0.001",
+    )
+    parser.add_argument("--seed", type=int, default=8, help="seed of lock draws")
+    parser.add_argument("--case-timeout", type=float, default=900.0, help="seconds each case may run")
+    parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.case:
+        import logging
+
+        logging.basicConfig(level=logging.WARNING)
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        print("RESULT " + json.dumps(run_case(args.case, args)), flush=True)
+        return
+
+    forwarded = [
+        *(["--quick"] if args.quick else []),
+        *("--transactions", str(args.transactions), "--in-flight", str(args.in_flight)),
+        *("--es-threads", str(args.es_threads), "--clients", str(args.clients), "--seed", str(args.seed)),
+        *("--case-timeout", str(args.case_timeout)),
+        *(x for kv in args.waltz_env for x in ("--waltz-env", kv)),
+    ]
+    cases = [c.strip() for c in args.only.split(",") if c.strip()] or CASES
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(CASES)}")
+    started = time.time()
+    print(f"# peer benchmarks, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}")
+    print(f"machine: {machine()}")
+    print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+    print(
+        f"1-min load average before: {os.getloadavg()[0]:.2f} (other work on the machine skews figures)",
+        flush=True,
+    )
+    rows: list[dict[str, Any]] = []
+    for name in cases:
+        reason = unavailable(name)
+        row = (
+            {"system": name, "case": name, "error": f"skipped: {reason}"}
+            if reason
+            else spawn_case(name, args, forwarded)
+        )
+        rows.append(row)
+        if "error" in row:
+            print(f"{name}: {row['error']}\n{row.get('stderr', '')}", file=sys.stderr, flush=True)
+        else:
+            print(
+                f"{name}: {row['transactions_per_second']:,.1f} tx/s, p50 {row['latency_ms']['p50']} ms, "
+                f"p99 {row['latency_ms']['p99']} ms ({row['wall_s']} s; 1-min load average "
+                f"{row['load_average'][0]} -> {row['load_average'][1]} on {os.cpu_count()} CPUs)",
+                flush=True,
+            )
+    print()
+    print(table(rows))
+    print(f"\n(total {time.time() - started:.0f} s)")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"machine": machine(), "command": sys.argv, "rows": rows}, indent=2) + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""``waltz perf producer`` / ``consumer`` and the load generator: counts and the output's shape.
+
+Never timings: the figures depend on the machine. A shared local cluster (3 storage nodes, one
+server, 2 partitions) on the session's ZooKeeper serves every test of the module.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import support
+from typer.testing import CliRunner
+
+from waltz.cli.main import app
+from waltz.perf.loadgen import LoadSpec, Outcome, Request, payload_submit_time, run_load
+from waltz.perf.producer import WARMUP_TRANSACTIONS
+from waltz.services.local_cluster import LocalCluster
+
+PERCENTILE_KEYS = ["p50", "p90", "p99", "p99.9"]
+
+
+@pytest.fixture(scope="module")
+def perf_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
+    with support.session_cluster(tmp_path_factory, zookeeper, name="perf", partitions=2, servers=1) as local:
+        yield local
+
+
+def invoke(cluster: LocalCluster, *args: str) -> Any:
+    target = ["--zookeeper", cluster.zookeeper_connect_string, "--root", cluster.root]
+    result = CliRunner().invoke(app, ["perf", *args, *target])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result
+
+
+def assert_latency_shape(latency: dict[str, Any], count: int) -> None:
+    assert latency["count"] == count
+    values = [latency[key] for key in [*PERCENTILE_KEYS, "max"]]
+    assert all(isinstance(v, float) and v > 0 for v in values), latency
+    assert values == sorted(values), f"percentiles must not decrease: {latency}"
+
+
+def test_producer_json_counts_every_transaction_of_every_client(perf_cluster: LocalCluster) -> None:
+    result = invoke(perf_cluster, "producer", "--clients", "2", "-n", "300", "--in-flight", "50", "--json")
+    report = json.loads(result.output)
+    assert report["transactions"] == 600
+    assert report["failed"] == 0
+    assert report["errors"] == []
+    assert report["transactions_per_second"] > 0
+    assert report["mb_per_second"] > 0
+    assert report["retries"] >= 0
+    assert report["retries_per_transaction"] == pytest.approx(report["retries"] / 600, abs=1e-4)
+    assert_latency_shape(report["latency_ms"], 600)
+    assert report["settings"]["lock_pool_size"] == 1000
+
+
+def test_producer_without_locks_never_retries(perf_cluster: LocalCluster) -> None:
+    result = invoke(perf_cluster, "producer", "-n", "200", "--lock-pool-size", "0", "--json")
+    report = json.loads(result.output)
+    assert (report["transactions"], report["failed"], report["retries"]) == (200, 0, 0)
+
+
+def test_producer_one_hot_lock_retries_and_still_commits_all(perf_cluster: LocalCluster) -> None:
+    # one lock and 20 in flight: the high-water mark lags, so lock failures must happen and be retried
+    result = invoke(
+        perf_cluster, "producer", "-n", "100", "--lock-pool-size", "1", "--in-flight", "20", "--json"
+    )
+    report = json.loads(result.output)
+    assert (report["transactions"], report["failed"]) == (100, 0)
+    assert report["retries"] > 0
+
+
+def test_producer_text_output_and_poisson_arrivals(perf_cluster: LocalCluster) -> None:
+    result = invoke(perf_cluster, "producer", "-n", "100", "--rate", "500", "--active-partitions", "1")
+    lines = result.output.splitlines()
+    assert lines[0].startswith("producer: 1 client(s) x 100 transactions; 200 B payload")
+    assert "Poisson 500/s" in lines[0]
+    assert lines[1].startswith("appended 100 transactions (0 failed)")
+    for label in ("transactions/s: ", "MB/s: ", "retries/transaction: "):
+        assert any(line.startswith(label) for line in lines), label
+    latency = next(line for line in lines if line.startswith("latency submit->commit (ms):"))
+    for key in PERCENTILE_KEYS:
+        assert f" {key} " in latency
+    assert "100 values" in latency
+
+
+def test_consumer_catch_up_reads_everything_written(perf_cluster: LocalCluster) -> None:
+    result = invoke(perf_cluster, "consumer", "-n", "300", "--json")
+    report = json.loads(result.output)
+    assert report["mode"] == "catch-up"
+    assert report["producers"]["transactions"] == 300
+    consumer = report["consumer"]
+    assert consumer["transactions"] == 300 + WARMUP_TRANSACTIONS
+    assert consumer["failed"] == 0
+    assert consumer["mb_per_second"] > 0
+    assert consumer["latency_ms"]["count"] == 0
+
+
+def test_consumer_live_measures_submit_to_read(perf_cluster: LocalCluster) -> None:
+    result = invoke(perf_cluster, "consumer", "-n", "200", "--live", "--json")
+    consumer = json.loads(result.output)["consumer"]
+    assert consumer["transactions"] == 200 + WARMUP_TRANSACTIONS
+    assert_latency_shape(consumer["latency_ms"], 200 + WARMUP_TRANSACTIONS)
+
+
+def test_bad_target_options_exit_2(perf_cluster: LocalCluster) -> None:
+    runner = CliRunner()
+    both = runner.invoke(app, ["perf", "producer", "--local", "--zookeeper", "127.0.0.1:1", "--root", "/x"])
+    assert both.exit_code == 2
+    assert "--local" in both.output
+    missing = runner.invoke(
+        app,
+        [
+            "perf",
+            "producer",
+            "-n",
+            "1",
+            "--zookeeper",
+            perf_cluster.zookeeper_connect_string,
+            "--root",
+            "/no/such",
+        ],
+    )
+    assert missing.exit_code == 2, missing.output
+    too_many = runner.invoke(
+        app,
+        [
+            "perf", "producer", "-n", "1", "--active-partitions", "5",
+            "--zookeeper", perf_cluster.zookeeper_connect_string, "--root", perf_cluster.root,
+        ],
+    )  # fmt: skip
+    assert too_many.exit_code == 2, too_many.output
+    assert "exceeds the cluster's 2 partitions" in too_many.output
+
+
+# --- the load generator on its own -----------------------------------------------------------------
+
+
+def threaded_submitter(
+    outcome: Callable[[Request], Outcome],
+) -> Callable[[Request, Callable[[Outcome], None]], None]:
+    def submit(request: Request, done: Callable[[Outcome], None]) -> None:
+        threading.Thread(target=lambda: done(outcome(request))).start()
+
+    return submit
+
+
+def test_load_generator_counts_retries_failures_and_payloads() -> None:
+    seen: list[Request] = []
+    lock = threading.Lock()
+
+    def outcome(request: Request) -> Outcome:
+        with lock:
+            seen.append(request)
+        if request.index % 10 == 0:
+            return Outcome(1, RuntimeError("refused"))
+        return Outcome(2)
+
+    stats = run_load(threaded_submitter(outcome), LoadSpec(100, payload_size=50, lock_pool_size=7, seed=1))
+    assert (stats.committed, stats.failed, stats.retries) == (90, 10, 10 * 1 + 90 * 2)
+    assert stats.payload_bytes == 90 * 50
+    assert stats.latency.count == 90
+    assert stats.errors == ["RuntimeError: refused"]
+    assert sorted(r.index for r in seen) == list(range(100))
+    assert {r.lock_id for r in seen} <= set(range(7))
+    assert all(len(r.payload) == 50 and payload_submit_time(r.payload) is not None for r in seen)
+
+
+def test_load_generator_keeps_at_most_max_in_flight_and_reports_stuck_transactions() -> None:
+    in_flight = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def submit(request: Request, done: Callable[[Outcome], None]) -> None:
+        nonlocal in_flight, peak
+        with lock:
+            in_flight += 1
+            peak = max(peak, in_flight)
+        if request.index == 5:
+            return  # never ends
+
+        def finish() -> None:
+            nonlocal in_flight
+            with lock:
+                in_flight -= 1
+            done(Outcome())
+
+        threading.Timer(0.001, finish).start()
+
+    stats = run_load(submit, LoadSpec(50, max_in_flight=4, lock_pool_size=0, timeout=2.0))
+    assert peak <= 4
+    assert (stats.committed, stats.failed) == (49, 1)
+    assert any("not ended" in e for e in stats.errors)
+
+
+def test_load_generator_counts_a_raising_submitter_as_failed() -> None:
+    def submit(request: Request, done: Callable[[Outcome], None]) -> None:
+        raise ValueError("no")
+
+    stats = run_load(submit, LoadSpec(5, rate=1000.0, lock_pool_size=0))
+    assert (stats.committed, stats.failed) == (0, 5)

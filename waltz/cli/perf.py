@@ -1,0 +1,281 @@
+"""``waltz perf``: producer and consumer performance runs (upstream Waltz's ProducerPerf/ConsumerPerf).
+
+The logic lives in :mod:`waltz.perf`; this module parses options and prints the figures. Exit
+codes: 0 the run finished (failed transactions are reported, not fatal); 1 the run could not
+complete (a client process failed, the consumer timed out); 2 bad options or configuration, or the
+cluster could not be reached or started.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from waltz.cli.logs import configure_logging
+from waltz.errors import ConfigurationError, WaltzError, WaltzTimeoutError
+
+app = typer.Typer(
+    help=(
+        "Measure a Waltz cluster: producers (transactions/s, MB/s, retries per transaction, "
+        "submit-to-commit latency percentiles from an HdrHistogram) and consumers (read throughput). "
+        "Target an existing cluster with --zookeeper/--root (or --config, or WALTZ_* variables), or "
+        "start a local one with --local and --storages/--servers/--partitions."
+    ),
+    no_args_is_help=True,
+)
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        exists=True,
+        dir_okay=False,
+        help="Client YAML file (zookeeper.connectString, cluster.root, client.* keys).",
+        show_default=False,
+    ),
+]
+ZookeeperOption = Annotated[
+    str | None,
+    typer.Option(
+        "--zookeeper", "-z", help="ZooKeeper connect string of an existing cluster.", show_default=False
+    ),
+]
+RootOption = Annotated[
+    str | None,
+    typer.Option("--root", "-r", help="Cluster root znode of an existing cluster.", show_default=False),
+]
+LocalOption = Annotated[
+    bool,
+    typer.Option("--local", help="Start a local cluster (processes on loopback) for the run, then stop it."),
+]
+StoragesOption = Annotated[int, typer.Option(min=1, help="--local: storage nodes (replication min(3, N)).")]
+ServersOption = Annotated[int, typer.Option(min=1, help="--local: servers.")]
+PartitionsOption = Annotated[int, typer.Option(min=1, help="--local: the cluster's partitions.")]
+ActiveOption = Annotated[
+    int | None,
+    typer.Option(
+        "--active-partitions",
+        min=1,
+        help="Write partitions 0..N-1 only (default: every partition).",
+        show_default=False,
+    ),
+]
+SizeOption = Annotated[int, typer.Option("--size", "-s", min=0, help="Payload bytes per transaction.")]
+InFlightOption = Annotated[
+    int, typer.Option("--in-flight", min=1, help="Transactions each client keeps in flight at most.")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+TimeoutOption = Annotated[float, typer.Option(min=1.0, help="Seconds the measured phase may take.")]
+
+
+@app.callback()
+def _logging() -> None:
+    """Log warnings and errors only (WALTZ_LOG_LEVEL overrides): the commands print their figures."""
+    configure_logging(os.environ.get("WALTZ_LOG_LEVEL", "WARNING"))
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+    return typer.Exit(code)
+
+
+@contextmanager
+def _target(
+    local: bool,
+    storages: int,
+    servers: int,
+    partitions: int,
+    config: Path | None,
+    zk: str | None,
+    root: str | None,
+) -> Iterator[Any]:
+    from waltz.perf.target import LocalClusterSpec, perf_cluster
+    from waltz.services.processes import ServiceStartError
+
+    if local and (zk or root):
+        raise _fail("--local starts its own cluster: drop --zookeeper/--root", 2)
+    spec = LocalClusterSpec(storages, servers, partitions) if local else None
+    try:
+        with perf_cluster(spec, config_file=config, zookeeper=zk, root=root) as client_config:
+            yield client_config
+    except typer.Exit:
+        raise
+    except WaltzTimeoutError as exc:
+        raise _fail(str(exc), 1) from exc
+    except (ConfigurationError, ServiceStartError, TimeoutError) as exc:
+        raise _fail(str(exc), 2) from exc
+    except RuntimeError as exc:
+        raise _fail(str(exc), 1) from exc
+    except WaltzError as exc:
+        raise _fail(str(exc), 2) from exc
+
+
+def _describe(local: bool, storages: int, servers: int, partitions: int, root: str) -> str:
+    where = (
+        f"local cluster: {storages} storage node(s), RF {min(3, storages)}, {servers} server(s), "
+        f"{partitions} partition(s)"
+        if local
+        else f"cluster {root}"
+    )
+    return where
+
+
+def _unwrap(doc: str | None) -> str:
+    """Join the lines of each docstring paragraph, so that the help is wrapped to the terminal."""
+    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
+
+
+def producer(
+    clients: Annotated[int, typer.Option("--clients", "-t", min=1, help="Client processes.")] = 1,
+    transactions: Annotated[
+        int, typer.Option("--transactions", "-n", min=0, help="Transactions per client.")
+    ] = 10_000,
+    size: SizeOption = 200,
+    lock_pool_size: Annotated[
+        int,
+        typer.Option(
+            "--lock-pool-size",
+            "-l",
+            min=0,
+            help="Each transaction takes one write lock drawn from this many; 0: no lock (no retries).",
+        ),
+    ] = 1000,
+    in_flight: InFlightOption = 500,
+    rate: Annotated[
+        float,
+        typer.Option(
+            "--rate",
+            min=0.0,
+            help="Poisson arrivals at this mean rate per client (transactions/s); 0: closed loop "
+            "(--in-flight outstanding at all times).",
+        ),
+    ] = 0.0,
+    active_partitions: ActiveOption = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of lock and arrival draws.", show_default=False)
+    ] = None,
+    timeout: TimeoutOption = 600.0,
+    local: LocalOption = False,
+    storages: StoragesOption = 3,
+    servers: ServersOption = 1,
+    partitions: PartitionsOption = 1,
+    config: ConfigOption = None,
+    zookeeper: ZookeeperOption = None,
+    root: RootOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Submit transactions from N clients and print transactions/s, MB/s, retries per transaction and
+    submit-to-commit latency percentiles (p50, p90, p99, p99.9; HdrHistogram).
+
+    Each transaction carries --size bytes and one write lock drawn from --lock-pool-size locks; the
+    concurrency check is the client's last applied transaction (its high-water mark), so a lock
+    failure makes the client re-execute the transaction, counted as a retry.
+
+    Example: waltz perf producer --local --partitions 4 --clients 2 -n 20000
+    """
+    from waltz.perf.loadgen import LoadSpec
+    from waltz.perf.producer import ProducerSettings, run_producer
+
+    try:
+        settings = ProducerSettings(
+            clients,
+            LoadSpec(transactions, size, lock_pool_size, in_flight, rate, timeout, seed),
+            active_partitions,
+        )
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from exc
+    with _target(local, storages, servers, partitions, config, zookeeper, root) as client_config:
+        try:
+            stats = run_producer(client_config, settings)
+        except ValueError as exc:
+            raise _fail(str(exc), 2) from exc
+    if as_json:
+        summary = stats.summary()
+        summary["settings"] = {
+            "clients": clients,
+            "transactions_per_client": transactions,
+            "payload_size": size,
+            "lock_pool_size": lock_pool_size,
+            "max_in_flight": in_flight,
+            "rate": rate,
+            "active_partitions": active_partitions,
+        }
+        typer.echo(json.dumps(summary))
+        return
+    typer.echo(
+        f"producer: {clients} client(s) x {transactions:,} transactions; {settings.load.describe()}; "
+        f"{_describe(local, storages, servers, partitions, client_config.cluster_root)}"
+    )
+    typer.echo(stats.text("appended"))
+
+
+def consumer(
+    transactions: Annotated[
+        int, typer.Option("--transactions", "-n", min=1, help="Transactions to write, then read.")
+    ] = 10_000,
+    size: SizeOption = 200,
+    producers: Annotated[int, typer.Option(min=1, help="Producer client processes writing them.")] = 1,
+    in_flight: InFlightOption = 500,
+    live: Annotated[
+        bool,
+        typer.Option(
+            "--live/--catch-up",
+            help="live: read while the producers write (latency submit -> read); catch-up: read after "
+            "they finished (upstream ConsumerPerf).",
+        ),
+    ] = False,
+    active_partitions: ActiveOption = None,
+    timeout: TimeoutOption = 600.0,
+    local: LocalOption = False,
+    storages: StoragesOption = 3,
+    servers: ServersOption = 1,
+    partitions: PartitionsOption = 1,
+    config: ConfigOption = None,
+    zookeeper: ZookeeperOption = None,
+    root: RootOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write transactions, read them with a fresh client, and print its transactions/s and MB/s (and,
+    with --live, latency percentiles from submit to read).
+
+    Example: waltz perf consumer --local --partitions 2 -n 20000 --live
+    """
+    from waltz.perf.consumer import ConsumerMode, ConsumerSettings, run_consumer
+
+    mode = ConsumerMode.LIVE if live else ConsumerMode.CATCH_UP
+    settings = ConsumerSettings(transactions, size, producers, in_flight, active_partitions, mode, timeout)
+    with _target(local, storages, servers, partitions, config, zookeeper, root) as client_config:
+        try:
+            report = run_consumer(client_config, settings)
+        except ValueError as exc:
+            raise _fail(str(exc), 2) from exc
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "mode": mode.value,
+                    "consumer": report.consumer.summary(),
+                    "producers": report.producers.summary(),
+                }
+            )
+        )
+        return
+    typer.echo(
+        f"consumer ({mode.value}): {transactions:,} transactions of {size} B written by {producers} "
+        f"producer(s); {_describe(local, storages, servers, partitions, client_config.cluster_root)}"
+    )
+    typer.echo(report.consumer.text("read", "submit->read"))
+    typer.echo(f"(producers: {report.producers.transactions_per_second:,.1f} transactions/s)")
+
+
+app.command("producer", help=_unwrap(producer.__doc__))(producer)
+app.command("consumer", help=_unwrap(consumer.__doc__))(consumer)

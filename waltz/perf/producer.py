@@ -1,0 +1,298 @@
+"""``waltz perf producer``: clients submitting transactions, like upstream Waltz's ProducerPerf.
+
+Each client is a :class:`~waltz.client.client.WaltzClient` in a process of its own (one client
+runs in the calling process), driven by :func:`waltz.perf.loadgen.run_load`. A transaction carries
+``payload_size`` bytes of raw data and, with a lock pool, one WRITE lock drawn from it; its
+partition is ``lock_id % active_partitions`` (``index % active_partitions`` without locks). The
+client high-water mark (the concurrency check) is the client's last applied transaction of the
+partition, kept in memory by :class:`PerfCallbacks`; a lock failure makes the client re-run
+``execute``, counted as a retry.
+
+Every client first mounts, starting from the partitions' current high-water marks (so a long
+existing log is not replayed), submits a few warm-up transactions, and then waits for the other
+clients (a barrier) before the measured phase.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from waltz.client import (
+    PartitionLocalLock,
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClient,
+    WaltzClientCallbacks,
+    WaltzClientConfig,
+)
+from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
+from waltz.perf.stats import RunStats
+from waltz.tuning import tune_garbage_collector
+
+__all__ = [
+    "LOCK_NAME",
+    "PerfCallbacks",
+    "PerfContext",
+    "ProducerSettings",
+    "current_high_water_marks",
+    "run_producer",
+    "waltz_submitter",
+]
+
+#: The name of the perf tool's write locks.
+LOCK_NAME = "perf"
+#: Warm-up transactions per client before the measured phase (not counted).
+WARMUP_TRANSACTIONS = 20
+#: Seconds a client may take to mount its partitions.
+MOUNT_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerSettings:
+    """A producer run.
+
+    Attributes:
+        clients: client processes (1: the client runs in this process).
+        load: what each client offers (its ``transactions`` are per client).
+        active_partitions: partitions written, ``0 .. active_partitions - 1``; None means all.
+    """
+
+    clients: int
+    load: LoadSpec
+    active_partitions: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.clients < 1:
+            raise ValueError(f"clients must be at least 1, got {self.clients}")
+        if self.active_partitions is not None and self.active_partitions < 1:
+            raise ValueError(f"active_partitions must be at least 1, got {self.active_partitions}")
+
+
+class PerfCallbacks(WaltzClientCallbacks):
+    """In-memory high-water marks: a transaction is applied by recording its ID.
+
+    Args:
+        start_marks: partition ID -> the mark to start from (-1 for partitions not given).
+        on_apply: called with each applied transaction (on the partition's apply thread).
+    """
+
+    def __init__(
+        self,
+        start_marks: Mapping[int, int] | None = None,
+        on_apply: Callable[[Transaction], None] | None = None,
+    ) -> None:
+        self._marks = dict(start_marks or {})
+        self._lock = threading.Lock()
+        self._on_apply = on_apply
+
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        """The last applied transaction ID of the partition (-1: none)."""
+        with self._lock:
+            return self._marks.get(partition_id, -1)
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        """Record the transaction's ID as the partition's mark, then call ``on_apply``."""
+        with self._lock:
+            self._marks[transaction.partition_id] = transaction.transaction_id
+        if self._on_apply is not None:
+            self._on_apply(transaction)
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        """Ignore: ``on_apply`` of the perf tools does not raise."""
+
+
+class PerfContext(TransactionContext):
+    """One perf transaction: raw data and at most one WRITE lock; counts its attempts.
+
+    Args:
+        request: the load generator's request (payload, lock ID).
+        partition: the partition to write.
+    """
+
+    def __init__(self, request: Request, partition: int) -> None:
+        super().__init__()
+        self.request = request
+        self.partition = partition
+        self.attempts = 0
+
+    def partition_id(self, num_partitions: int) -> int:
+        """The partition chosen at construction."""
+        return self.partition
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        """Set the payload and the write lock; always append."""
+        self.attempts += 1
+        builder.set_raw_data(self.request.payload)
+        if self.request.lock_id is not None:
+            builder.set_write_locks([PartitionLocalLock(LOCK_NAME, self.request.lock_id)])
+        return True
+
+
+def waltz_submitter(
+    client: WaltzClient, active_partitions: int
+) -> Callable[[Request, Callable[[Outcome], None]], None]:
+    """A load-generator submitter that submits :class:`PerfContext` contexts to ``client``.
+
+    Raises (from the submitter):
+        ClientClosedError: the client is closed.
+    """
+
+    def submit(request: Request, done: Callable[[Outcome], None]) -> None:
+        key = request.lock_id if request.lock_id is not None else request.index
+        context = PerfContext(request, key % active_partitions)
+        future = client.submit(context)
+
+        def ended(f: concurrent.futures.Future[int | None]) -> None:
+            error = f.exception()
+            done(Outcome(max(0, context.attempts - 1), error))
+
+        future.add_done_callback(ended)
+
+    return submit
+
+
+def current_high_water_marks(config: WaltzClientConfig) -> dict[int, int]:
+    """Every partition's committed high-water mark, asked of the owning servers.
+
+    Uses a client that mounts nothing (``client.autoMount`` off).
+
+    Raises:
+        WaltzError: ZooKeeper or a server did not answer.
+    """
+    quiet = config.model_copy(update={"client_auto_mount": False})
+    with WaltzClient(PerfCallbacks(), quiet) as client:
+        return {pid: client.get_high_water_mark(pid) for pid in range(client.num_partitions)}
+
+
+def _run_client(
+    config: WaltzClientConfig,
+    settings: ProducerSettings,
+    start_marks: Mapping[int, int],
+    index: int,
+    barrier: Any,
+) -> RunStats:
+    """Mount, warm up, wait at the barrier, then run one client's load."""
+    with WaltzClient(PerfCallbacks(start_marks), config) as client:
+        active = settings.active_partitions or client.num_partitions
+        if active > client.num_partitions:
+            raise ValueError(
+                f"active partitions {active} exceeds the cluster's {client.num_partitions} partitions"
+            )
+        client.wait_mounted(MOUNT_TIMEOUT, range(active))
+        submit = waltz_submitter(client, active)
+        seed = None if settings.load.seed is None else settings.load.seed + index
+        warmup = LoadSpec(
+            WARMUP_TRANSACTIONS,
+            settings.load.payload_size,
+            settings.load.lock_pool_size,
+            settings.load.max_in_flight,
+            timeout=settings.load.timeout,
+            seed=seed,
+        )
+        run_load(submit, warmup)
+        tune_garbage_collector()  # as a throughput-minded application would (docs/configuration.md)
+        if barrier is not None:
+            barrier.wait(MOUNT_TIMEOUT)
+        load = LoadSpec(
+            settings.load.transactions,
+            settings.load.payload_size,
+            settings.load.lock_pool_size,
+            settings.load.max_in_flight,
+            settings.load.rate,
+            settings.load.timeout,
+            None if seed is None else seed + 1_000_003,
+        )
+        stats = run_load(submit, load)
+        client.flush(settings.load.timeout)
+        return stats
+
+
+def _client_process(
+    config: dict[str, Any],
+    settings: ProducerSettings,
+    start_marks: dict[int, int],
+    index: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    try:
+        stats = _run_client(WaltzClientConfig(**config), settings, start_marks, index, barrier)
+        results.put((index, stats.to_wire(), None))
+    except BaseException as exc:
+        if barrier is not None:
+            barrier.abort()
+        results.put((index, None, f"{type(exc).__name__}: {exc}"))
+
+
+def run_producer(config: WaltzClientConfig, settings: ProducerSettings) -> RunStats:
+    """Run the producer clients against a cluster and merge their stats.
+
+    ``config.client_max_concurrent_transactions`` is raised to ``load.max_in_flight`` when lower,
+    so that the load generator, not the client, decides how many transactions are in flight.
+
+    Returns:
+        The merged stats of the measured phase (warm-up excluded); throughput is the committed
+        transactions of all clients over the span from the first client's start to the last
+        client's end.
+
+    Raises:
+        WaltzError: the cluster could not be reached.
+        RuntimeError: a client process failed (the message names it and its error).
+        ValueError: more active partitions than the cluster has.
+    """
+    if config.client_max_concurrent_transactions < settings.load.max_in_flight:
+        config = config.model_copy(update={"client_max_concurrent_transactions": settings.load.max_in_flight})
+    start_marks = current_high_water_marks(config)
+    if settings.clients == 1:
+        return _run_client(config, settings, start_marks, 0, None)
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(settings.clients)
+    results = context.Queue()
+    processes = [
+        context.Process(
+            target=_client_process,
+            args=(config.model_dump(), settings, start_marks, i, barrier, results),
+            name=f"waltz-perf-client-{i}",
+            daemon=True,
+        )
+        for i in range(settings.clients)
+    ]
+    for process in processes:
+        process.start()
+    return _collect(processes, results, settings.load.timeout + 2 * MOUNT_TIMEOUT + 30)
+
+
+def _collect(processes: Sequence[Any], results: Any, timeout: float) -> RunStats:
+    """Gather one result per process; kill the processes on failure or timeout."""
+    import queue
+    import time
+
+    merged = RunStats()
+    failures: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        for _ in processes:
+            try:
+                index, wire, error = results.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                failures.append(f"no result from the client processes within {timeout:g}s")
+                break
+            if error is not None:
+                failures.append(f"client {index}: {error}")
+            else:
+                merged.merge(RunStats.from_wire(wire))
+    finally:
+        for process in processes:
+            process.join(max(0.1, min(10.0, deadline - time.monotonic())))
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+    if failures:
+        raise RuntimeError("perf client process(es) failed: " + "; ".join(failures))
+    return merged

@@ -1,0 +1,230 @@
+"""Latency histograms (HdrHistogram) and the figures a perf run prints.
+
+Latencies are recorded in microseconds in an :class:`hdrh.histogram.HdrHistogram` (the
+``hdrhistogram`` package) that tracks 1 µs to 1 hour with 3 significant digits. Histograms travel
+between processes in HdrHistogram's compressed encoding (:meth:`LatencyHistogram.encode`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
+
+__all__ = ["PERCENTILES", "LatencyHistogram", "RunStats"]
+
+#: The percentiles every report prints.
+PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
+
+_LOWEST_US = 1
+_HIGHEST_US = 3_600_000_000
+_SIGNIFICANT_DIGITS = 3
+_BYTES_PER_MB = 1024 * 1024
+
+
+class LatencyHistogram:
+    """A thread-safe HdrHistogram of latencies in microseconds (1 µs to 1 h, 3 significant digits).
+
+    Values above one hour are recorded as one hour; values below 1 µs as 1 µs.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._histogram = HdrHistogram(_LOWEST_US, _HIGHEST_US, _SIGNIFICANT_DIGITS)
+
+    def record(self, seconds: float) -> None:
+        """Record one latency given in seconds."""
+        micros = min(_HIGHEST_US, max(_LOWEST_US, round(seconds * 1_000_000)))
+        with self._lock:
+            self._histogram.record_value(micros)
+
+    @property
+    def count(self) -> int:
+        """The number of recorded latencies."""
+        with self._lock:
+            return int(self._histogram.get_total_count())
+
+    def percentile_ms(self, percentile: float) -> float:
+        """The latency at ``percentile`` (0 to 100) in milliseconds; NaN when nothing was recorded."""
+        with self._lock:
+            if self._histogram.get_total_count() == 0:
+                return float("nan")
+            return float(self._histogram.get_value_at_percentile(percentile)) / 1000.0
+
+    def max_ms(self) -> float:
+        """The largest latency in milliseconds; NaN when nothing was recorded."""
+        with self._lock:
+            if self._histogram.get_total_count() == 0:
+                return float("nan")
+            return float(self._histogram.get_max_value()) / 1000.0
+
+    def mean_ms(self) -> float:
+        """The mean latency in milliseconds; NaN when nothing was recorded."""
+        with self._lock:
+            if self._histogram.get_total_count() == 0:
+                return float("nan")
+            return float(self._histogram.get_mean_value()) / 1000.0
+
+    def add(self, other: LatencyHistogram) -> None:
+        """Add every value of ``other`` to this histogram."""
+        with other._lock:
+            encoded = other._histogram.encode()
+        with self._lock:
+            self._histogram.decode_and_add(encoded)
+
+    def encode(self) -> bytes:
+        """HdrHistogram's compressed, base64 encoding (to send the histogram to another process)."""
+        with self._lock:
+            return bytes(self._histogram.encode())
+
+    @classmethod
+    def decode(cls, encoded: bytes) -> LatencyHistogram:
+        """The histogram of an :meth:`encode` result.
+
+        Raises:
+            ValueError: ``encoded`` is not an HdrHistogram encoding.
+        """
+        histogram = cls()
+        try:
+            histogram._histogram.decode_and_add(encoded)
+        except Exception as exc:  # hdrh raises assorted errors on bad input
+            raise ValueError(f"not an HdrHistogram encoding: {exc!r}") from exc
+        return histogram
+
+
+@dataclass(slots=True)
+class RunStats:
+    """What a load run measured (one client, or several merged with :meth:`merge`).
+
+    Attributes:
+        committed: transactions committed (or, for a consumer, applied).
+        failed: transactions that ended with an error.
+        retries: attempts beyond the first, summed over the transactions.
+        payload_bytes: payload bytes of the committed transactions.
+        started: wall-clock time (``time.time()``, seconds) when the measured phase started.
+        ended: wall-clock time when its last transaction ended.
+        latency: submit-to-commit latencies (seconds in, microseconds inside).
+        errors: up to 10 distinct error descriptions, for the report.
+    """
+
+    committed: int = 0
+    failed: int = 0
+    retries: int = 0
+    payload_bytes: int = 0
+    started: float = 0.0
+    ended: float = 0.0
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        """Seconds from the start to the end of the measured phase (never below 1 µs)."""
+        return max(1e-6, self.ended - self.started)
+
+    @property
+    def transactions_per_second(self) -> float:
+        """Committed transactions per second."""
+        return self.committed / self.seconds
+
+    @property
+    def megabytes_per_second(self) -> float:
+        """Committed payload in MiB (2**20 bytes) per second."""
+        return self.payload_bytes / _BYTES_PER_MB / self.seconds
+
+    @property
+    def retries_per_transaction(self) -> float:
+        """Retries per committed transaction (0 when none committed)."""
+        return self.retries / self.committed if self.committed else 0.0
+
+    def merge(self, other: RunStats) -> None:
+        """Add another client's figures: counts add up, the phase spans both, histograms merge."""
+        if self.committed + self.failed == 0 and self.started == 0.0:
+            self.started, self.ended = other.started, other.ended
+        else:
+            self.started = min(self.started, other.started)
+            self.ended = max(self.ended, other.ended)
+        self.committed += other.committed
+        self.failed += other.failed
+        self.retries += other.retries
+        self.payload_bytes += other.payload_bytes
+        self.latency.add(other.latency)
+        self.errors.extend(e for e in other.errors if e not in self.errors)
+        del self.errors[10:]
+
+    def to_wire(self) -> dict[str, Any]:
+        """A picklable dict (the histogram encoded) for :meth:`from_wire` in another process."""
+        return {
+            "committed": self.committed,
+            "failed": self.failed,
+            "retries": self.retries,
+            "payload_bytes": self.payload_bytes,
+            "started": self.started,
+            "ended": self.ended,
+            "latency": self.latency.encode(),
+            "errors": list(self.errors),
+        }
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> RunStats:
+        """The stats of a :meth:`to_wire` dict."""
+        return cls(
+            committed=int(wire["committed"]),
+            failed=int(wire["failed"]),
+            retries=int(wire["retries"]),
+            payload_bytes=int(wire["payload_bytes"]),
+            started=float(wire["started"]),
+            ended=float(wire["ended"]),
+            latency=LatencyHistogram.decode(wire["latency"]),
+            errors=list(wire["errors"]),
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The figures as a JSON-ready dict.
+
+        Keys: ``transactions`` (committed), ``failed``, ``seconds``, ``transactions_per_second``,
+        ``mb_per_second``, ``retries``, ``retries_per_transaction``, ``latency_ms`` (``p50``,
+        ``p90``, ``p99``, ``p99.9``, ``max``, ``mean``, ``count``; values NaN-free: None when no
+        latency was recorded) and ``errors``.
+        """
+        latency: dict[str, float | int | None] = {}
+        for p in PERCENTILES:
+            value = self.latency.percentile_ms(p)
+            latency[f"p{p:g}"] = None if math.isnan(value) else round(value, 3)
+        for key, value in (("max", self.latency.max_ms()), ("mean", self.latency.mean_ms())):
+            latency[key] = None if math.isnan(value) else round(value, 3)
+        latency["count"] = self.latency.count
+        return {
+            "transactions": self.committed,
+            "failed": self.failed,
+            "seconds": round(self.seconds, 3),
+            "transactions_per_second": round(self.transactions_per_second, 1),
+            "mb_per_second": round(self.megabytes_per_second, 4),
+            "retries": self.retries,
+            "retries_per_transaction": round(self.retries_per_transaction, 4),
+            "latency_ms": latency,
+            "errors": list(self.errors),
+        }
+
+    def text(self, what: str = "committed", latency_label: str = "submit->commit") -> str:
+        """The figures as the lines the CLI prints (upstream ProducerPerf's, plus percentiles)."""
+        mb = self.payload_bytes / _BYTES_PER_MB
+        lines = [
+            f"{what} {self.committed:,} transactions ({self.failed:,} failed), {mb:.4f} MB, "
+            f"in {self.seconds:.2f} s",
+            f"transactions/s: {self.transactions_per_second:,.1f}",
+            f"MB/s: {self.megabytes_per_second:.4f}",
+            f"retries/transaction: {self.retries_per_transaction:.4f}",
+        ]
+        if self.latency.count:
+            parts = " ".join(f"p{p:g} {self.latency.percentile_ms(p):.2f}" for p in PERCENTILES)
+            lines.append(
+                f"latency {latency_label} (ms): {parts} max {self.latency.max_ms():.2f} "
+                f"(HdrHistogram, {self.latency.count:,} values)"
+            )
+        else:
+            lines.append(f"latency {latency_label} (ms): none recorded")
+        lines += [f"error: {e}" for e in self.errors]
+        return "\n".join(lines)

@@ -1,0 +1,72 @@
+"""The cluster a perf run targets: an existing one (ZooKeeper + root) or a LocalCluster it starts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from waltz.client import WaltzClientConfig
+from waltz.config import load_settings
+
+__all__ = ["LocalClusterSpec", "perf_cluster"]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalClusterSpec:
+    """A local cluster to start for the run (see :class:`~waltz.services.local_cluster.LocalCluster`).
+
+    Attributes:
+        storages: storage nodes (replicas: ``min(3, storages)``).
+        servers: servers.
+        partitions: partitions.
+        server_env: ``WALTZ_*`` settings of the servers (batch and linger settings, for instance).
+    """
+
+    storages: int = 3
+    servers: int = 1
+    partitions: int = 1
+    server_env: Mapping[str, str] = field(default_factory=dict)
+
+
+@contextmanager
+def perf_cluster(
+    local: LocalClusterSpec | None,
+    *,
+    config_file: Path | None = None,
+    zookeeper: str | None = None,
+    root: str | None = None,
+) -> Iterator[WaltzClientConfig]:
+    """Yield the client configuration of the target cluster, starting a local one if asked.
+
+    Args:
+        local: start this local cluster (stopped when the block ends); None targets an existing
+            cluster named by ``config_file``/``zookeeper``/``root`` (or ``WALTZ_*`` variables).
+        config_file: a client YAML file (``zookeeper.connectString``, ``cluster.root``, ``client.*``).
+        zookeeper: ZooKeeper connect string, over the file's.
+        root: cluster root znode, over the file's.
+
+    Raises:
+        ConfigurationError: no ZooKeeper or root for an existing cluster, or a bad file.
+        ServiceStartError, ClusterNotReadyError: the local cluster did not start.
+    """
+    if local is None:
+        yield load_settings(
+            WaltzClientConfig, config_file, zookeeper_connect_string=zookeeper, cluster_root=root
+        )
+        return
+    from waltz.services.local_cluster import LocalCluster
+
+    with LocalCluster(
+        storages=local.storages,
+        servers=local.servers,
+        partitions=local.partitions,
+        server_env=local.server_env,
+        start_timeout=120.0,
+    ) as cluster:
+        overrides = {
+            "zookeeper_connect_string": cluster.zookeeper_connect_string,
+            "cluster_root": cluster.root,
+        }
+        yield load_settings(WaltzClientConfig, config_file, **overrides)
