@@ -1,0 +1,314 @@
+"""``waltz chaos`` in the default suite (short) and on demand (the full run, ``-m slow``).
+
+Issue 8: the short run (3,000 transactions, fixed seed, three fixed faults: kill -9 of a storage
+node, kill -9 of a server, a cut between the servers and a storage node) must pass every check;
+the full run (1,000,000 transactions, 5 storage nodes, random schedule of every fault kind,
+ZooKeeper kills and pauses included) runs with ``-m slow``. The tests assert the invariants, never
+that no failover happened.
+
+Unit tests of the pieces that can fail on their own: the fault proxy (cut, block, delay), the
+schedules (seeded, minority only), and the on-disk replica comparison (a flipped byte is caught).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from waltz.chaos import ChaosOptions, FaultKind, FaultProxy, fixed_schedule, parse_fault_kinds, run_chaos
+from waltz.chaos.checks import (
+    LogObserver,
+    LogReading,
+    WorkerResult,
+    check_replicas_on_disk,
+    check_run,
+    segment_digests,
+)
+from waltz.chaos.schedule import random_schedule
+from waltz.chaos.sequence import ChecksumCallbacks, counter_key_for, counter_payload, payload_for
+from waltz.client.transaction import Transaction
+from waltz.protocol.records import ReqId
+from waltz.services.local_zookeeper import find_java, find_zookeeper_classpath
+
+
+def _require_zookeeper() -> None:
+    try:
+        find_java()
+        find_zookeeper_classpath()
+    except Exception as exc:  # ConfigurationError: java or the jars are missing
+        import support
+
+        support.unavailable(f"ZooKeeper cannot run here: {exc}")
+
+
+# --- the fault proxy ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def echo_server() -> Iterator[int]:
+    """A loopback TCP echo server; yields its port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.2)
+    done = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            while chunk := conn.recv(65536):
+                conn.sendall(chunk)
+
+    def accept() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        done.set()
+        listener.close()
+        thread.join(5)
+
+
+def _roundtrip(port: int, payload: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(payload)
+        received = b""
+        while len(received) < len(payload):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+        return received
+
+
+def test_proxy_forwards_delays_cuts_and_blocks(echo_server: int) -> None:
+    with FaultProxy(lambda: ("127.0.0.1", echo_server), name="echo") as proxy:
+        payload = bytes(range(256)) * 1000
+        assert _roundtrip(proxy.port, payload) == payload
+
+        proxy.set_delay(0.3)
+        started = time.monotonic()
+        assert _roundtrip(proxy.port, b"slow") == b"slow"
+        assert time.monotonic() - started >= 0.55  # 0.3 s each way
+        proxy.set_delay(0.0)
+
+        conn = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        conn.sendall(b"x")
+        assert conn.recv(1) == b"x"
+        proxy.cut()
+        with pytest.raises(OSError):
+            for _ in range(50):  # the abort reaches us as a reset or an end of stream
+                conn.sendall(b"y")
+                if conn.recv(1) == b"":
+                    raise ConnectionResetError("end of stream")
+                time.sleep(0.02)
+        conn.close()
+        assert _roundtrip(proxy.port, b"again") == b"again"  # a cut is a blip
+
+        proxy.block()
+        try:
+            got = _roundtrip(proxy.port, b"blocked")
+        except OSError:  # refused by a reset rather than an end of stream
+            got = b""
+        assert got == b""
+        assert proxy.refused >= 1
+        proxy.unblock()
+        assert _roundtrip(proxy.port, b"open") == b"open"
+
+
+# --- schedules ------------------------------------------------------------------------------------
+
+
+def test_random_schedule_is_seeded_and_hits_only_a_minority() -> None:
+    kinds = tuple(FaultKind)
+    first = random_schedule(42, kinds, count=200, storages=5, servers=3)
+    assert first == random_schedule(42, kinds, count=200, storages=5, servers=3)
+    assert first != random_schedule(43, kinds, count=200, storages=5, servers=3)
+    assert [f.at for f in first] == sorted(f.at for f in first)
+    assert {f.kind for f in first} == set(kinds)
+    for fault in first:
+        if "storage" in fault.kind.value:
+            assert 1 <= len(fault.targets) <= 2 and all(0 <= t < 5 for t in fault.targets)
+        elif "zookeeper" in fault.kind.value:
+            assert fault.targets == ()
+        else:
+            assert len(fault.targets) == 1 and 0 <= fault.targets[0] < 3
+    three = random_schedule(1, kinds, count=100, storages=3, servers=3)
+    assert all(len(f.targets) <= 1 for f in three)
+
+
+def test_fault_kinds_parse() -> None:
+    assert parse_fault_kinds("all") == tuple(FaultKind)
+    assert parse_fault_kinds("none") == ()
+    assert parse_fault_kinds("kill-storage, cut-clients") == (FaultKind.KILL_STORAGE, FaultKind.CUT_CLIENTS)
+    with pytest.raises(ValueError, match="unknown fault kind"):
+        parse_fault_kinds("kill-everything")
+    assert [f.kind for f in fixed_schedule()] == [
+        FaultKind.KILL_STORAGE,
+        FaultKind.KILL_SERVER,
+        FaultKind.CUT_STORAGE,
+    ]
+
+
+# --- the checks catch what they are for ------------------------------------------------------------
+
+
+def _apply(callbacks: ChecksumCallbacks, partition: int, transaction_id: int, data: bytes) -> None:
+    req_id = ReqId(1, 1, partition, transaction_id)
+    callbacks.apply_transactions([Transaction(partition, transaction_id, req_id, 0, None, data)])
+
+
+def _read(seed: int, log: list[bytes], workload: str = "raw", keys: int = 10) -> LogReading:
+    """What a reader sees of a one-partition log holding ``log`` (transaction IDs 0, 1, ...)."""
+    reading = LogReading()
+    observer = LogObserver(reading, seed, workload, keys)
+    callbacks = ChecksumCallbacks(observer)
+    for tid, data in enumerate(log):
+        _apply(callbacks, 0, tid, data)
+    state = callbacks.sequence(0)
+    reading.marks[0], reading.checksums[0], reading.counts[0] = state.mark, state.checksum, state.count
+    reading.counter_keys = len(observer.values)
+    return reading
+
+
+def _worker(acked: list[tuple[int, int, int]], reading: LogReading) -> WorkerResult:
+    return WorkerResult(0, 7, acked, [], 0, {0: (reading.marks[0], reading.checksums[0], 0, [])}, [])
+
+
+def test_checks_catch_lost_doubled_and_damaged_transactions() -> None:
+    log = [payload_for(9, 0, s) for s in range(3)]
+    good = _read(9, log)
+    acked = [(0, 0, 0), (1, 0, 1), (2, 0, 2)]
+    assert all(
+        c.passed
+        for c in check_run(workers=[_worker(acked, good)], submitted={0: 3}, marks={0: 2}, reading=good)
+    )
+
+    def failed(reading: LogReading, acked: list[tuple[int, int, int]], mark: int) -> set[str]:
+        checks = check_run(workers=[_worker(acked, good)], submitted={0: 3}, marks={0: mark}, reading=reading)
+        return {c.name for c in checks if not c.passed}
+
+    lost = _read(9, log[:2])  # the third acknowledged transaction is not in the log
+    assert "every acknowledged transaction is in the log exactly once" in failed(lost, acked, 1)
+    doubled = _read(9, [*log, log[1]])
+    assert "no transaction in the log twice, none unsubmitted or damaged" in failed(doubled, acked, 3)
+    damaged = _read(9, [log[0], log[1][:-1] + b"?", log[2]])
+    assert "no transaction in the log twice, none unsubmitted or damaged" in failed(damaged, acked, 2)
+    # A client whose checksum differs from the reader's (it applied something else).
+    other = _read(9, [log[0], log[2], log[1]])
+    checks = check_run(workers=[_worker(acked, other)], submitted={0: 3}, marks={0: 2}, reading=good)
+    assert "every client applied the same sequence as a fresh reader (checksums match)" in {
+        c.name for c in checks if not c.passed
+    }
+
+
+def test_counter_check_catches_a_lost_update() -> None:
+    keys = 1
+    increments = [counter_payload(0, s, counter_key_for(4, 0, s, keys), s + 1) for s in range(3)]
+    assert _read(4, increments, "counter", keys).counter_errors == []
+    lost = [*increments[:2], counter_payload(0, 2, counter_key_for(4, 0, 2, keys), 2)]  # read a stale value
+    assert len(_read(4, lost, "counter", keys).counter_errors) == 1
+
+
+def test_callbacks_refuse_gaps_and_repeats() -> None:
+    callbacks = ChecksumCallbacks()
+    _apply(callbacks, 0, 0, b"a")
+    _apply(callbacks, 0, 0, b"a")
+    _apply(callbacks, 0, 2, b"c")
+    state = callbacks.sequence(0)
+    assert state.mark == 0 and len(state.errors) == 2
+
+
+# --- the short run, and the replica check catching a damaged replica -------------------------------
+
+
+def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
+    """3,000 transactions, seed 1, the three fixed faults; then a flipped byte on one replica is caught."""
+    _require_zookeeper()
+    lines: list[str] = []
+    options = ChaosOptions(
+        transactions=3000, seed=1, schedule="fixed", work_dir=tmp_path / "chaos", keep=True
+    )
+    result = run_chaos(options, lines.append)
+    report = "\n".join(lines)
+    assert result.passed, report
+    names = [c.name for c in result.checks]
+    for expected in (
+        "every acknowledged transaction is in the log exactly once",
+        "no gaps in transaction IDs, nothing applied twice",
+        "every client applied the same sequence as a fresh reader (checksums match)",
+        "all replicas byte-identical on disk (CRC-32 of every segment body)",
+        "after a clean restart of everything, a fresh reader sees the same",
+    ):
+        assert expected in names, report
+    assert len(result.faults) == 3, report
+    assert result.acknowledged + result.failed == 3000, report
+    assert "replay: waltz chaos --seed 1" in report
+
+    # The on-disk check is not vacuous: flip one byte of one replica's segment body.
+    storage_dirs = {p.name: p for p in sorted((tmp_path / "chaos" / "cluster").glob("storage-*"))}
+    digests = segment_digests(storage_dirs)
+    marks = {pid: next(iter(held.values())).records - 1 for pid, held in digests.items()}
+    assert check_replicas_on_disk(digests, marks, 3).passed
+    segment = sorted((storage_dirs["storage-1"]).glob("*/*.seg"))[0]
+    data = bytearray(segment.read_bytes())
+    data[200] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    damaged = check_replicas_on_disk(segment_digests(storage_dirs), marks, 3)
+    assert not damaged.passed, damaged.detail
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(6 * 3600)
+def test_full_chaos_run_with_random_faults(tmp_path: Path) -> None:
+    """1,000,000 transactions, 5 storage nodes, a random schedule of every fault kind."""
+    _require_zookeeper()
+    lines: list[str] = []
+    options = ChaosOptions(
+        transactions=1_000_000,
+        seed=20261122,
+        storages=5,
+        schedule="random",
+        fault_count=60,
+        in_flight=64,
+        work_dir=tmp_path / "chaos",
+    )
+    result = run_chaos(options, lines.append)
+    assert result.passed, "\n".join(lines[-60:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["counter", "ledger"])
+def test_short_chaos_run_of_the_other_workloads(tmp_path: Path, workload: str) -> None:
+    """The counter (no lost update) and ledger (money conserved) workloads under the fixed faults."""
+    _require_zookeeper()
+    lines: list[str] = []
+    options = ChaosOptions(
+        transactions=1500,
+        seed=3,
+        schedule="fixed",
+        workload=workload,
+        lock_pool=40,
+        work_dir=tmp_path / "chaos",
+    )
+    result = run_chaos(options, lines.append)
+    assert result.passed, "\n".join(lines[-60:])
+    names = {c.name for c in result.checks}
+    if workload == "counter":
+        assert "counter: every increment read its key's latest value (no lost update)" in names
+    else:
+        assert "ledger: money conserved" in names

@@ -1,0 +1,185 @@
+"""Striking and healing the faults of a schedule on a local cluster and its fault proxies.
+
+:class:`FaultInjector` runs on a thread of its own: it waits until the run reaches each fault's
+point, strikes it, waits its duration, heals it, and waits until every partition is writable
+again before the next one (faults never overlap, so at most a minority is ever down). Every
+event is reported through ``say`` with the time since the run started (issue 8, "waltz chaos").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from waltz.chaos.proxy import FaultProxy
+from waltz.chaos.schedule import Fault, FaultKind
+from waltz.services.local_cluster import LocalCluster
+
+__all__ = ["FaultInjector"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds allowed for the cluster to be writable again after a fault is healed.
+_READY_TIMEOUT = 90.0
+
+
+def _for_each(action: Callable[[int], object], targets: Sequence[int]) -> Callable[[], None]:
+    def run() -> None:
+        for index in targets:
+            action(index)
+
+    return run
+
+
+class FaultInjector:
+    """Strikes the faults of a schedule when the run's progress reaches them, one at a time.
+
+    Args:
+        cluster: returns the running cluster.
+        schedule: the faults, by increasing ``at``.
+        progress: returns the run's progress, 0..1.
+        client_proxies: the proxy in front of each server (index = server index); may be empty
+            when the schedule has no client network fault.
+        storage_proxies: the proxy in front of each storage node.
+        say: receives one line per event.
+        gate: called with the fraction of the run the clients may submit up to: the next fault's
+            point while it has not struck, so that every fault strikes under load however fast
+            the clients are (1.0 once the last fault struck); None lets them run free.
+    """
+
+    def __init__(
+        self,
+        cluster: Callable[[], LocalCluster],
+        schedule: Sequence[Fault],
+        progress: Callable[[], float],
+        client_proxies: Sequence[FaultProxy],
+        storage_proxies: Sequence[FaultProxy],
+        say: Callable[[str], None],
+        gate: Callable[[float], None] | None = None,
+    ) -> None:
+        self._cluster = cluster
+        self._schedule = list(schedule)
+        self._progress = progress
+        self._client_proxies = client_proxies
+        self._storage_proxies = storage_proxies
+        self._say = say
+        self._gate = gate or (lambda fraction: None)
+        self._stop = threading.Event()
+        self._started = time.monotonic()
+        self.struck: list[str] = []
+        """The faults struck so far, as described."""
+        self.errors: list[str] = []
+        """Faults that could not be struck or healed (the run fails on them)."""
+        self.not_ready: list[str] = []
+        """Faults after whose healing the cluster was not writable in time (information)."""
+        self._healing: Callable[[], None] | None = None
+        self._thread = threading.Thread(target=self._run, name="chaos-faults", daemon=True)
+
+    def start(self) -> None:
+        """Start striking faults."""
+        self._started = time.monotonic()
+        self._thread.start()
+
+    def stop(self, timeout: float = 120.0) -> None:
+        """Strike no more faults, heal the current one, and wait for the thread.
+
+        Args:
+            timeout: seconds to wait for the thread (a heal in progress finishes first).
+        """
+        self._stop.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self.errors.append(f"the fault thread did not stop within {timeout:g}s")
+
+    def _note(self, text: str) -> None:
+        self._say(f"[{time.monotonic() - self._started:7.1f}s] fault: {text}")
+
+    def _run(self) -> None:
+        try:
+            self._strike_all()
+        finally:
+            self._gate(1.0)
+
+    def _strike_all(self) -> None:
+        points = [f.at for f in self._schedule[1:]] + [1.0]
+        self._gate(self._schedule[0].at if self._schedule else 1.0)
+        for fault, next_point in zip(self._schedule, points, strict=True):
+            while not self._stop.is_set() and self._progress() < fault.at - 1e-9:
+                self._stop.wait(0.1)
+            if self._stop.is_set():
+                return
+            try:
+                heal = self._strike(fault)
+            except Exception as exc:
+                log.exception("could not strike %s", fault.describe())
+                self.errors.append(f"could not strike {fault.describe()}: {exc!r}")
+                self._gate(next_point)
+                continue
+            self._gate(next_point)
+            self.struck.append(fault.describe())
+            self._note(f"{fault.describe()} struck")
+            self._stop.wait(fault.duration)  # stop() cuts the fault short, but still heals it
+            try:
+                heal()
+            except Exception as exc:
+                log.exception("could not heal %s", fault.describe())
+                self.errors.append(f"could not heal {fault.describe()}: {exc!r}")
+                continue
+            started = time.monotonic()
+            try:
+                self._cluster().wait_ready(_READY_TIMEOUT)
+                self._note(f"healed; every partition writable again after {time.monotonic() - started:.1f}s")
+            except Exception as exc:
+                self.not_ready.append(f"{fault.describe()}: {exc}")
+                self._note(f"healed, but not every partition is writable after {_READY_TIMEOUT:g}s")
+
+    def _strike(self, fault: Fault) -> Callable[[], None]:
+        """Strike a fault; return what heals it."""
+        cluster = self._cluster()
+        kind, targets = fault.kind, fault.targets
+        if kind is FaultKind.KILL_STORAGE:
+            _for_each(cluster.kill_storage, targets)()
+            return _for_each(cluster.restart_storage, targets)
+        if kind is FaultKind.PAUSE_STORAGE:
+            _for_each(cluster.pause_storage, targets)()
+            return _for_each(cluster.resume_storage, targets)
+        if kind is FaultKind.KILL_SERVER:
+            _for_each(cluster.kill_server, targets)()
+            return _for_each(cluster.restart_server, targets)
+        if kind is FaultKind.PAUSE_SERVER:
+            _for_each(cluster.pause_server, targets)()
+            return _for_each(cluster.resume_server, targets)
+        if kind in (FaultKind.KILL_ZOOKEEPER, FaultKind.PAUSE_ZOOKEEPER):
+            zookeeper = cluster.zookeeper
+            if zookeeper is None:
+                raise RuntimeError("the cluster's ZooKeeper is external: it cannot be killed or paused here")
+            if kind is FaultKind.KILL_ZOOKEEPER:
+                zookeeper.kill()
+                return zookeeper.start
+            zookeeper.pause()
+            return zookeeper.resume
+        if kind in (FaultKind.CUT_CLIENTS, FaultKind.DELAY_CLIENTS):
+            proxies = [self._client_proxies[i] for i in targets]
+        elif kind in (FaultKind.CUT_STORAGE, FaultKind.DELAY_STORAGE):
+            proxies = [self._storage_proxies[i] for i in targets]
+        else:
+            raise ValueError(f"unknown fault kind {kind}")
+        if kind in (FaultKind.CUT_CLIENTS, FaultKind.CUT_STORAGE):
+            for proxy in proxies:
+                proxy.block()
+
+            def unblock() -> None:
+                for proxy in proxies:
+                    proxy.unblock()
+
+            return unblock
+        for proxy in proxies:
+            proxy.set_delay(fault.delay)
+
+        def undelay() -> None:
+            for proxy in proxies:
+                proxy.set_delay(0.0)
+
+        return undelay

@@ -1,0 +1,179 @@
+"""Fault kinds and fault schedules for ``waltz chaos``: random from a seed, or fixed, always printable.
+
+A schedule is a list of :class:`Fault` s, each struck when the run has acknowledged a fraction of
+its transactions (``at``) and healed ``duration`` seconds later. Faults never overlap, so at most
+one storage node (or two of five), one server, or ZooKeeper is down at a time: always a minority
+(issue 8, "waltz chaos"). The same seed and options give the same schedule, printed at the start
+of a run so that a failure can be replayed with ``--seed``.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "DEFAULT_FAULTS",
+    "NETWORK_FAULTS",
+    "Fault",
+    "FaultKind",
+    "fixed_schedule",
+    "parse_fault_kinds",
+    "random_schedule",
+]
+
+
+class FaultKind(enum.Enum):
+    """What a fault does; its value is the name used by ``--faults``."""
+
+    KILL_STORAGE = "kill-storage"
+    """``kill -9`` a minority of the storage nodes, restart them after the duration."""
+    KILL_SERVER = "kill-server"
+    """``kill -9`` one server, restart it after the duration."""
+    KILL_ZOOKEEPER = "kill-zookeeper"
+    """``kill -9`` ZooKeeper, restart it after the duration."""
+    PAUSE_STORAGE = "pause-storage"
+    """``SIGSTOP`` a minority of the storage nodes, ``SIGCONT`` after the duration."""
+    PAUSE_SERVER = "pause-server"
+    """``SIGSTOP`` one server, ``SIGCONT`` after the duration."""
+    PAUSE_ZOOKEEPER = "pause-zookeeper"
+    """``SIGSTOP`` ZooKeeper, ``SIGCONT`` after the duration."""
+    CUT_CLIENTS = "cut-clients"
+    """Cut the client connections of one server and refuse new ones for the duration."""
+    CUT_STORAGE = "cut-storage"
+    """Cut the server connections of a minority of storage nodes, refuse new ones for the duration."""
+    DELAY_CLIENTS = "delay-clients"
+    """Delay every byte between clients and one server for the duration."""
+    DELAY_STORAGE = "delay-storage"
+    """Delay every byte between the servers and a minority of storage nodes for the duration."""
+
+
+#: Kinds that need the fault proxies.
+NETWORK_FAULTS = frozenset(
+    {FaultKind.CUT_CLIENTS, FaultKind.CUT_STORAGE, FaultKind.DELAY_CLIENTS, FaultKind.DELAY_STORAGE}
+)
+#: Kinds of the random schedule when ``--faults`` is not given (every kind).
+DEFAULT_FAULTS: tuple[FaultKind, ...] = tuple(FaultKind)
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One fault of a schedule.
+
+    Attributes:
+        at: the fraction (0..1) of the run's transactions acknowledged when it strikes.
+        kind: what it does.
+        targets: indexes of the storage nodes or servers it hits (empty for ZooKeeper).
+        duration: seconds until it is healed (restart, resume, unblock, no more delay).
+        delay: seconds of added latency (delay kinds only).
+    """
+
+    at: float
+    kind: FaultKind
+    targets: tuple[int, ...] = ()
+    duration: float = 3.0
+    delay: float = 0.0
+
+    def describe(self) -> str:
+        """One line for people, e.g. ``at 25%: kill-storage [1] for 3.0s``."""
+        targets = f" {list(self.targets)}" if self.targets else ""
+        delay = f" by {self.delay * 1000:.0f}ms" if self.delay else ""
+        return f"at {self.at:.0%}: {self.kind.value}{targets}{delay} for {self.duration:.1f}s"
+
+
+def parse_fault_kinds(text: str) -> tuple[FaultKind, ...]:
+    """Parse ``--faults``: comma-separated kind names, ``all``, or ``none``.
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+    """
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names in (["all"], []):
+        return DEFAULT_FAULTS if names else ()
+    if names == ["none"]:
+        return ()
+    known = {k.value: k for k in FaultKind}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown fault kind(s) {', '.join(unknown)}; known: {', '.join(known)}, all, none")
+    return tuple(dict.fromkeys(known[n] for n in names))
+
+
+def _minority(count: int) -> int:
+    """The largest minority of ``count`` nodes (1 of 3, 2 of 5)."""
+    return max(1, (count - 1) // 2)
+
+
+def random_schedule(
+    seed: int,
+    kinds: Sequence[FaultKind],
+    *,
+    count: int,
+    storages: int,
+    servers: int,
+    max_duration: float = 6.0,
+) -> list[Fault]:
+    """A random schedule of ``count`` faults of the given kinds, spread over the run.
+
+    The same arguments always give the same schedule.
+
+    Args:
+        seed: the run's seed.
+        kinds: the kinds to draw from (empty: no fault).
+        count: how many faults.
+        storages: the number of storage nodes (a minority of them may be hit at once).
+        servers: the number of servers.
+        max_duration: the longest duration in seconds (durations are drawn from 1 to this).
+
+    Returns:
+        The faults by increasing ``at``, between 5% and 85% of the run.
+    """
+    if not kinds or count <= 0:
+        return []
+    rng = random.Random(f"chaos-schedule-{seed}")
+    points = sorted(rng.uniform(0.05, 0.85) for _ in range(count))
+    faults: list[Fault] = []
+    for at in points:
+        kind = rng.choice(list(kinds))
+        targets: tuple[int, ...] = ()
+        if kind in (
+            FaultKind.KILL_STORAGE,
+            FaultKind.PAUSE_STORAGE,
+            FaultKind.CUT_STORAGE,
+            FaultKind.DELAY_STORAGE,
+        ):
+            targets = tuple(sorted(rng.sample(range(storages), rng.randint(1, _minority(storages)))))
+        elif kind in (
+            FaultKind.KILL_SERVER,
+            FaultKind.PAUSE_SERVER,
+            FaultKind.CUT_CLIENTS,
+            FaultKind.DELAY_CLIENTS,
+        ):
+            targets = (rng.randrange(servers),)
+        delay = (
+            round(rng.uniform(0.02, 0.3), 3)
+            if kind in (FaultKind.DELAY_CLIENTS, FaultKind.DELAY_STORAGE)
+            else 0.0
+        )
+        faults.append(Fault(round(at, 3), kind, targets, round(rng.uniform(1.0, max_duration), 1), delay))
+    return faults
+
+
+def fixed_schedule(kinds: Iterable[FaultKind] | None = None) -> list[Fault]:
+    """The short run's fixed schedule: kill -9 a storage node, a server, and cut server→storage.
+
+    Args:
+        kinds: keep only faults of these kinds (None: all three).
+
+    Returns:
+        Three faults at 20%, 45% and 70% of the run.
+    """
+    schedule = [
+        Fault(0.20, FaultKind.KILL_STORAGE, (0,), 2.0),
+        Fault(0.45, FaultKind.KILL_SERVER, (1,), 2.0),
+        Fault(0.70, FaultKind.CUT_STORAGE, (2,), 2.0),
+    ]
+    wanted = set(FaultKind) if kinds is None else set(kinds)
+    return [f for f in schedule if f.kind in wanted]

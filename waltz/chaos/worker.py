@@ -1,0 +1,340 @@
+"""A chaos client process: submits transactions with random write locks, applies the whole log.
+
+Each worker is its own OS process (started with ``spawn`` by :mod:`waltz.chaos.runner`) with one
+:class:`~waltz.client.client.WaltzClient`. Like upstream Waltz's smoke test it submits
+``transactions`` transactions, each to a random partition with one WRITE lock drawn from a pool
+and a random payload (:func:`~waltz.chaos.sequence.payload_for`), at most ``in_flight`` at once;
+a lock failure makes the client run the context again (seed 001, "lock compatibility test").
+Meanwhile it applies every partition into a running checksum
+(:class:`~waltz.chaos.sequence.ChecksumCallbacks`).
+
+Messages to the coordinator on the pipe: ``("ready", client_id)``, ``("progress", acked,
+failed)`` about twice a second, ``("submitted", acked, failed)``, then after it received
+``("marks", {partition: mark})`` and applied up to them, ``("done", result_path)``; on an error
+``("error", text)``. The result file is JSON: acknowledged submissions ``[sequence, partition,
+transaction ID]``, failed ones ``[sequence, error]``, lock failures, and per partition
+``[mark, checksum, count, errors]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import math
+import random
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.sharedctypes import Synchronized
+from multiprocessing.synchronize import Event
+from pathlib import Path
+
+from waltz.chaos.sequence import ChecksumCallbacks, counter_key_for, counter_payload, payload_for
+from waltz.client import (
+    PartitionLocalLock,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClient,
+    WaltzClientConfig,
+)
+
+__all__ = ["ChaosAppend", "CounterIncrement", "WorkerSpec", "worker_main"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds between progress messages.
+_PROGRESS_INTERVAL = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """What one chaos client process does.
+
+    Attributes:
+        index: the worker's index (the writer number in its payloads).
+        zookeeper: ZooKeeper connect string.
+        root: the cluster root znode.
+        seed: the run's seed (payloads, partitions and locks are drawn from it).
+        transactions: how many transactions to submit.
+        in_flight: the most submissions without an outcome at once.
+        lock_pool: write locks are drawn from ``0..lock_pool-1``.
+        result_path: where the JSON result goes.
+        stall_timeout: seconds without any outcome after which the worker gives up (an error).
+        apply_timeout: seconds allowed to apply up to the final marks.
+        log_path: the worker's log file.
+        workload: ``raw`` or ``counter`` (this module), or ``ledger`` (:mod:`waltz.chaos.ledger`).
+        db_url: the shared application database (ledger).
+        accounts: SmallBank customers (ledger).
+    """
+
+    index: int
+    zookeeper: str
+    root: str
+    seed: int
+    transactions: int
+    in_flight: int
+    lock_pool: int
+    result_path: str
+    stall_timeout: float = 180.0
+    apply_timeout: float = 300.0
+    log_path: str | None = None
+    workload: str = "raw"
+    db_url: str | None = None
+    accounts: int = 200
+
+
+class ChaosAppend(TransactionContext):
+    """One chaos transaction: a payload on a partition under one WRITE lock.
+
+    The client high-water mark is what this client applied (the callbacks' mark), so the append
+    fails the lock check when another client wrote the same lock since; the client then runs it
+    again once it has applied more.
+    """
+
+    def __init__(self, partition: int, lock_id: int, payload: bytes, header: int) -> None:
+        super().__init__()
+        self.partition = partition
+        self.lock = PartitionLocalLock("chaos", lock_id)
+        self.payload = payload
+        self.header = header
+        self.lock_failures = 0
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self.partition
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_header(self.header)
+        builder.set_write_locks([self.lock])
+        builder.set_raw_data(self.payload)
+        return True
+
+    def on_lock_failure(self) -> None:
+        self.lock_failures += 1
+
+
+class CounterIncrement(TransactionContext):
+    """One counter increment (seed 001's counter): read the key's value, write value + 1.
+
+    The value and the high-water mark are read together from what this client applied; the WRITE
+    lock on the key makes the server refuse the append when another increment of the key
+    committed since, and the client then runs it again on fresher state. A lost update (two
+    increments from the same value) would show in the log as a repeated value.
+    """
+
+    def __init__(
+        self, callbacks: ChecksumCallbacks, partition: int, key: int, writer: int, sequence: int
+    ) -> None:
+        super().__init__()
+        self.callbacks = callbacks
+        self.partition = partition
+        self.key = key
+        self.lock = PartitionLocalLock("counter", key)
+        self.writer = writer
+        self.sequence = sequence
+        self.lock_failures = 0
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self.partition
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        mark, value = self.callbacks.snapshot(self.partition, self.key)
+        builder.set_client_high_water_mark(mark)
+        builder.set_header(self.writer)
+        builder.set_write_locks([self.lock])
+        builder.set_raw_data(counter_payload(self.writer, self.sequence, self.key, value + 1))
+        return True
+
+    def on_lock_failure(self) -> None:
+        self.lock_failures += 1
+
+
+class _Outcomes:
+    """Outcomes of the submissions, filled in by the futures' callbacks."""
+
+    def __init__(self, in_flight: int) -> None:
+        self.lock = threading.Lock()
+        self.slots = threading.Semaphore(in_flight)
+        self.acked: list[tuple[int, int, int]] = []
+        self.failed: list[tuple[int, str]] = []
+        self.lock_failures = 0
+        self.last_outcome = time.monotonic()
+
+
+def _wait_for_gate(
+    spec: WorkerSpec, sequence: int, gate: Synchronized[float], stop: Event, report: Callable[[], None]
+) -> None:
+    """Wait while ``sequence`` is past the share of the run the fault injector lets through."""
+    deadline = time.monotonic() + 3 * spec.stall_timeout
+    while sequence >= math.ceil(gate.value * spec.transactions) and not stop.is_set():
+        report()
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"worker {spec.index}: held at transaction {sequence} by the fault schedule for "
+                f"{3 * spec.stall_timeout:g}s"
+            )
+        stop.wait(0.02)
+
+
+def _submit_all(
+    spec: WorkerSpec,
+    client: WaltzClient,
+    callbacks: ChecksumCallbacks,
+    conn: Connection,
+    stop: Event,
+    gate: Synchronized[float],
+) -> _Outcomes:
+    rng = random.Random(f"chaos-worker-{spec.seed}-{spec.index}")
+    outcomes = _Outcomes(spec.in_flight)
+    partitions = client.num_partitions
+    last_report = 0.0
+
+    def report() -> None:
+        nonlocal last_report
+        now = time.monotonic()
+        if now - last_report >= _PROGRESS_INTERVAL:
+            conn.send(("progress", len(outcomes.acked), len(outcomes.failed)))
+            last_report = now
+
+    def record(sequence: int, context: ChaosAppend | CounterIncrement, future: Future[int | None]) -> None:
+        try:
+            transaction_id = future.result()
+            with outcomes.lock:
+                if transaction_id is None:
+                    outcomes.failed.append((sequence, "execute returned False"))
+                else:
+                    outcomes.acked.append((sequence, context.partition, transaction_id))
+        except Exception as exc:
+            with outcomes.lock:
+                outcomes.failed.append((sequence, repr(exc)))
+        with outcomes.lock:
+            outcomes.lock_failures += context.lock_failures
+        outcomes.last_outcome = time.monotonic()
+        outcomes.slots.release()
+
+    for sequence in range(spec.transactions):
+        _wait_for_gate(spec, sequence, gate, stop, report)
+        if stop.is_set():
+            break
+        while not outcomes.slots.acquire(timeout=1.0):
+            if time.monotonic() - outcomes.last_outcome > spec.stall_timeout:
+                raise TimeoutError(
+                    f"worker {spec.index}: no submission ended for {spec.stall_timeout:g}s "
+                    f"({len(outcomes.acked)} acknowledged so far)"
+                )
+        context: ChaosAppend | CounterIncrement
+        if spec.workload == "counter":
+            key = counter_key_for(spec.seed, spec.index, sequence, spec.lock_pool)
+            context = CounterIncrement(callbacks, key % partitions, key, spec.index, sequence)
+        else:
+            payload = payload_for(spec.seed, spec.index, sequence)
+            context = ChaosAppend(
+                rng.randrange(partitions), rng.randrange(spec.lock_pool), payload, spec.index
+            )
+        future = client.submit(context)
+        future.add_done_callback(functools.partial(record, sequence, context))
+        report()
+    # Wait for every outcome: take back every slot.
+    for _ in range(spec.in_flight):
+        while not outcomes.slots.acquire(timeout=1.0):
+            if time.monotonic() - outcomes.last_outcome > spec.stall_timeout:
+                raise TimeoutError(
+                    f"worker {spec.index}: {spec.in_flight} submissions still without an outcome "
+                    f"after {spec.stall_timeout:g}s"
+                )
+            conn.send(("progress", len(outcomes.acked), len(outcomes.failed)))
+    return outcomes
+
+
+def worker_main(spec: WorkerSpec, conn: Connection, stop: Event, gate: Synchronized[float]) -> None:
+    """Run one chaos client (the process's target; see the module docstring for the messages).
+
+    Args:
+        spec: what to do.
+        conn: the pipe to the coordinator.
+        stop: set by the coordinator when ``--duration`` is over: submit no more.
+        gate: the fraction (0..1) of its transactions the worker may have submitted; the fault
+            injector holds the clients at the next fault's point until it has struck.
+    """
+    if spec.log_path is not None:
+        logging.basicConfig(
+            filename=spec.log_path,
+            level=logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        )
+    try:
+        if spec.workload == "ledger":
+            _ledger_main(spec, conn, stop, gate)
+            return
+        callbacks = ChecksumCallbacks(counters=spec.workload == "counter")
+        config = WaltzClientConfig(
+            zookeeper_connect_string=spec.zookeeper,
+            cluster_root=spec.root,
+            client_max_concurrent_transactions=max(spec.in_flight, 1),
+        )
+        with WaltzClient(callbacks, config) as client:
+            client.wait_mounted(120)
+            conn.send(("ready", client.client_id))
+            outcomes = _submit_all(spec, client, callbacks, conn, stop, gate)
+            conn.send(("submitted", len(outcomes.acked), len(outcomes.failed)))
+            if not conn.poll(spec.apply_timeout + 600):
+                raise TimeoutError(f"worker {spec.index}: the coordinator never sent the final marks")
+            kind, marks = conn.recv()
+            if kind != "marks":
+                raise RuntimeError(f"worker {spec.index}: expected the final marks, got {kind!r}")
+            deadline = time.monotonic() + spec.apply_timeout
+            for pid, mark in sorted(marks.items()):
+                if not client.wait_applied(int(pid), int(mark), max(1.0, deadline - time.monotonic())):
+                    applied = callbacks.sequence(int(pid)).mark
+                    raise TimeoutError(
+                        f"worker {spec.index} (client {client.client_id}): partition {pid} applied up to "
+                        f"{applied}, not {mark}, after {spec.apply_timeout:g}s"
+                    )
+            result = {
+                "worker": spec.index,
+                "client_id": client.client_id,
+                "acked": outcomes.acked,
+                "failed": outcomes.failed,
+                "lock_failures": outcomes.lock_failures,
+                "partitions": {
+                    str(pid): [s.mark, s.checksum, s.count, s.errors]
+                    for pid, s in callbacks.partitions.items()
+                },
+                "uncaught": callbacks.uncaught,
+            }
+        Path(spec.result_path).write_text(json.dumps(result))
+        conn.send(("done", spec.result_path))
+    except BaseException as exc:
+        log.exception("chaos worker %d failed", spec.index)
+        with contextlib.suppress(OSError):
+            conn.send(("error", f"worker {spec.index}: {exc!r}\n{traceback.format_exc()}"))
+        raise SystemExit(1) from None
+
+
+def _ledger_main(spec: WorkerSpec, conn: Connection, stop: Event, gate: Synchronized[float]) -> None:
+    from waltz.chaos.ledger import run_ledger_worker
+
+    if spec.db_url is None:
+        raise ValueError("the ledger workload needs db_url")
+    result = run_ledger_worker(
+        index=spec.index,
+        db_url=spec.db_url,
+        zookeeper=spec.zookeeper,
+        cluster_root=spec.root,
+        accounts=spec.accounts,
+        seed=spec.seed,
+        transactions=spec.transactions,
+        in_flight=spec.in_flight,
+        conn=conn,
+        stop=stop,
+        gate=gate,
+        wait_for_gate=lambda sequence, report: _wait_for_gate(spec, sequence, gate, stop, report),
+        apply_timeout=spec.apply_timeout,
+    )
+    Path(spec.result_path).write_text(json.dumps(result))
+    conn.send(("done", spec.result_path))
