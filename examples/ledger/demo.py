@@ -9,7 +9,11 @@
    server owning partition 0 at half of it, both restarted a few seconds later;
 4. waits for the sweepers to finish every transfer, then checks the invariants of
    :mod:`examples.ledger.checks` and prints them;
-5. returns whether every check passed (the command's exit code).
+5. unless ``spark`` is off: rebuilds the ledger from the log with Spark (``waltz rebuild``, into
+   ``ledger-rebuilt.db`` in the work directory) at the live database's marks and checks that the
+   live database has no drift from it (``docs/spark.md``); without PySpark this check fails and
+   says what to install;
+6. returns whether every check passed (the command's exit code).
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ class DemoOptions:
     faults: bool = True
     seed: int = 7
     in_flight: int = 64
+    spark: bool = True
+    spark_master: str | None = None
 
 
 @dataclass
@@ -198,6 +204,18 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 tally=tally,
                 replicas=replicas,
             )
+            if options.spark:
+                checks.append(
+                    spark_rebuild_check(
+                        zk,
+                        root,
+                        db_url,
+                        f"sqlite:///{options.work_dir / 'ledger-rebuilt.db'}",
+                        services[0].callbacks.cluster_name,
+                        say,
+                        master=options.spark_master,
+                    )
+                )
             uncaught = sum(s.callbacks.uncaught_count for s in services)
             checks.append(
                 Check("no apply ever failed", uncaught == 0, f"uncaught_exception calls: {uncaught}")
@@ -213,6 +231,68 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
         say(f"ERROR {error}")
     say(f"{'PASSED' if result.passed else 'FAILED'} in {time.monotonic() - started:.0f}s")
     return result
+
+
+def spark_rebuild_check(
+    zookeeper: str,
+    cluster_root: str,
+    live_url: str,
+    rebuilt_url: str,
+    cluster_name: str,
+    say: Say,
+    *,
+    master: str | None = None,
+) -> Check:
+    """Rebuild the ledger from the log with Spark and compare it with the live database.
+
+    The live database is read in one snapshot with its marks, the log up to exactly those marks
+    (``waltz.spark.rebuild.verify``); the views are also written to ``rebuilt_url``.
+
+    Returns:
+        A check that passes when no table differs; it fails (saying what to install) when PySpark
+        or pyarrow is missing, and when the rebuild could not run.
+    """
+    name = "Spark rebuild from the log equals the live database"
+    from waltz.spark.errors import SparkUnavailableError
+    from waltz.spark.session import require_spark
+
+    try:
+        require_spark()
+    except SparkUnavailableError as exc:
+        say(f"Spark rebuild: cannot run: {exc}")
+        return Check(name, False, f"not run: {exc}")
+    from pyspark.sql import SparkSession
+
+    from examples.ledger.views import VIEWS
+    from waltz.errors import WaltzError
+    from waltz.spark.rebuild import LogSource, verify
+    from waltz.spark.session import spark_session
+
+    say(f"rebuilding the ledger from the log with Spark ({master or 'local[*]'}) and checking for drift")
+    shared = SparkSession.getActiveSession() is not None  # a caller's session (tests) is left running
+    spark = spark_session(master, app_name="waltz-demo-rebuild")
+    try:
+        spark.sparkContext.setLogLevel("ERROR")
+        report = verify(
+            spark,
+            VIEWS,
+            LogSource(zookeeper=zookeeper, cluster_root=cluster_root),
+            live_url,
+            db_url=rebuilt_url,
+            cluster_name=cluster_name,
+            progress=lambda line: say(f"  {line}"),
+        )
+    except (WaltzError, OSError) as exc:
+        return Check(name, False, f"the rebuild failed: {exc}")
+    finally:
+        if not shared:
+            spark.stop()
+    for line in report.lines():
+        say(f"  {line}")
+    detail = f"{len(report.tables)} tables compared at marks {dict(report.marks)}" + (
+        "" if not report.drift else ": " + "; ".join(f"{t.table} differs" for t in report.tables if t.drift)
+    )
+    return Check(name, not report.drift, detail)
 
 
 def _wait_quiet(service: LedgerService, timeout: float) -> None:

@@ -39,6 +39,13 @@ def demo(
         bool, typer.Option(help="kill -9 a storage node and a server during the run, then restart them.")
     ] = True,
     seed: Annotated[int, typer.Option(help="Random seed of the workload.")] = 7,
+    spark: Annotated[
+        bool,
+        typer.Option(help="End with the Spark rebuild of the ledger from the log and the drift check."),
+    ] = True,
+    spark_master: Annotated[
+        str | None, typer.Option(help="Spark master URL of the rebuild (default local[*]).")
+    ] = None,
     work_dir: Annotated[
         Path | None, typer.Option(help="Keep the cluster's data, logs and the SQLite database here.")
     ] = None,
@@ -51,7 +58,8 @@ def demo(
     two-step transfers); kills a storage node and a server with SIGKILL and restarts them; then
     checks that every transaction was applied exactly once, money is conserved (counting money
     in flight), every transfer completed once, no balance broke the rules, and every replica holds
-    the same records. Exits 1 if any check fails.
+    the same records; finally rebuilds the ledger from the log with Spark and checks that the live
+    database has not drifted from it (needs the spark extra). Exits 1 if any check fails.
     """
     from examples.ledger.demo import DemoOptions, run_demo
 
@@ -95,6 +103,8 @@ def demo(
             accounts=accounts,
             faults=faults,
             seed=seed,
+            spark=spark,
+            spark_master=spark_master,
         )
         try:
             return run_demo(options, say, progress).passed

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import typer
 
 from waltz import __version__
-from waltz.cli import cluster, db, demo, disk, server, storage, up
+from waltz.cli import chaos, cluster, db, demo, disk, perf, rebuild, server, storage, up
 
 app = typer.Typer(
     help="Waltz: a quorum-replicated, partitioned write-ahead log with optimistic locking.",
@@ -19,8 +19,11 @@ app.add_typer(storage.app, name="storage")
 app.add_typer(disk.app, name="disk")
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(db.app, name="db")
+app.add_typer(perf.app, name="perf")
 app.command("demo")(demo.demo)
 app.command("up")(up.up)
+app.command("rebuild")(rebuild.rebuild_command)
+app.command("chaos")(chaos.chaos)
 
 
 @app.command("version")

@@ -1,0 +1,230 @@
+#!/usr/bin/env python
+"""Spark rebuild of a ledger database from the log versus replaying the log through the client and
+the SQL callbacks (prints figures; asserts nothing about timings).
+
+Starts a LocalCluster (its own ZooKeeper, 3 storage nodes, 1 server, ``--partitions``
+partitions) and writes ``--transactions`` ledger change-sets through the server's admin append
+(store-level, no lock checks, batches of ``--append-batch``): first one ``open`` per customer
+(account, savings and checking rows), then deposits that rewrite a customer's checking row, each
+with the ``op``/``delta`` meta the ledger records. Then, each into a fresh PostgreSQL database on
+the server of ``--db`` (dropped at the end):
+
+1. **Spark rebuild** (``waltz.spark.rebuild.rebuild``, ``--master``, default ``local[*]``): read
+   the committed log through the storage nodes' admin ports, replay it, write the six ledger
+   tables through JDBC and swap them in. The Spark session start is timed apart.
+2. **Replay through the client**: a ``LedgerService`` (``WaltzClient`` + ``LedgerCallbacks``,
+   apply batches of ``--apply-batch``) on an empty database applies the log from the start until
+   its marks reach the log's high-water marks.
+
+Prints both times, the transactions per second and the ratio, and checks that both databases hold
+the same rows (a mismatch is reported, not asserted).
+
+    .venv/bin/python benchmarks/spark_rebuild.py                       # 1,000,000 transactions
+    .venv/bin/python benchmarks/spark_rebuild.py --transactions 50000 --partitions 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import make_url
+
+from examples.ledger.models import Account, Checking, Savings
+from examples.ledger.service import LedgerService
+from examples.ledger.views import VIEWS
+from waltz.jdbc_style import ChangeSet, Operation, RowChange
+from waltz.jdbc_style.changeset import CHANGE_SET_HEADER
+from waltz.protocol.records import ReqId
+from waltz.protocol.server_client import ServerAdminClient
+from waltz.services.local_cluster import LocalCluster
+from waltz.services.processes import wait_until
+
+CLUSTER_NAME = "ledger"
+
+
+def _open(custid: int) -> bytes:
+    return ChangeSet(
+        [
+            RowChange(
+                Operation.INSERT,
+                "ledger.account",
+                {"custid": custid},
+                {"custid": custid, "name": f"c{custid}", "status": "open"},
+            ),
+            RowChange(
+                Operation.INSERT, "ledger.savings", {"custid": custid}, {"custid": custid, "balance": 0}
+            ),
+            RowChange(
+                Operation.INSERT, "ledger.checking", {"custid": custid}, {"custid": custid, "balance": 0}
+            ),
+        ],
+        meta={"op": "open_account", "delta": 0},
+    ).encode()
+
+
+def _deposit(custid: int, balance: int, amount: int) -> bytes:
+    return ChangeSet(
+        [
+            RowChange(
+                Operation.UPDATE,
+                "ledger.checking",
+                {"custid": custid},
+                {"custid": custid, "balance": balance},
+            )
+        ],
+        meta={"op": "deposit_checking", "delta": amount},
+    ).encode()
+
+
+def generate(partitions: int, transactions: int, customers: int) -> dict[int, list[bytes]]:
+    """Per partition, the change-sets in log order (customer ``c`` lives in partition ``c mod p``)."""
+    logs: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+    balances = [0] * customers
+    for custid in range(min(customers, transactions)):
+        logs[custid % partitions].append(_open(custid))
+    for i in range(transactions - min(customers, transactions)):
+        custid = (i * 7919) % customers
+        amount = 1 + i % 97
+        balances[custid] += amount
+        logs[custid % partitions].append(_deposit(custid, balances[custid], amount))
+    return logs
+
+
+async def append_all(endpoint: str, logs: dict[int, list[bytes]], batch: int) -> None:
+    """Append every partition's change-sets through the server's admin port, in order."""
+    async with ServerAdminClient(endpoint, timeout=120) as admin:
+
+        async def one(pid: int, items: list[bytes]) -> None:
+            for start in range(0, len(items), batch):
+                chunk = items[start : start + batch]
+                outcomes = await admin.append(
+                    pid, [(ReqId(9, 1, pid, start + i), CHANGE_SET_HEADER, d) for i, d in enumerate(chunk)]
+                )
+                bad = [o for o in outcomes if isinstance(o, str)]
+                if bad:
+                    raise RuntimeError(f"partition {pid}: append failed: {bad[0]}")
+
+        await asyncio.gather(*(one(pid, items) for pid, items in logs.items()))
+
+
+@contextmanager
+def fresh_database(server_url: str) -> Iterator[str]:
+    """A new PostgreSQL database on the server of ``server_url``, dropped afterwards."""
+    url = make_url(server_url)
+    name = f"waltz_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def table_rows(db_url: str) -> dict[str, list[tuple[object, ...]]]:
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            return {
+                t.__tablename__: sorted(tuple(r) for r in conn.execute(select(*t.__table__.columns)))
+                for t in (Account, Savings, Checking)
+            }
+    finally:
+        engine.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--transactions", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--customers", type=int, default=10_000)
+    parser.add_argument("--db", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--append-batch", type=int, default=500)
+    parser.add_argument("--apply-batch", type=int, default=500)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    from waltz.spark.rebuild import LogSource, rebuild
+    from waltz.spark.session import spark_session
+
+    with (
+        tempfile.TemporaryDirectory(prefix="waltz-bench-spark-") as tmp,
+        LocalCluster(storages=3, servers=1, partitions=args.partitions, work_dir=Path(tmp)) as cluster,
+    ):
+        cluster.wait_ready(120)
+        logs = generate(args.partitions, args.transactions, args.customers)
+        started = time.monotonic()
+        asyncio.run(append_all(cluster.owner(0), logs, args.append_batch))
+        print(
+            f"log: {args.transactions:,} transactions in {args.partitions} partitions, "
+            f"written in {time.monotonic() - started:.1f}s",
+            flush=True,
+        )
+        source = LogSource(zookeeper=cluster.zookeeper_connect_string, cluster_root=cluster.root)
+
+        with fresh_database(args.db) as spark_db, fresh_database(args.db) as replay_db:
+            started = time.monotonic()
+            spark = spark_session(args.master, app_name="waltz-bench-rebuild")
+            spark.sparkContext.setLogLevel("ERROR")
+            session_seconds = time.monotonic() - started
+            result = rebuild(spark, VIEWS, source, spark_db, cluster_name=CLUSTER_NAME)
+            spark_seconds = result.seconds
+            spark.stop()
+            print(
+                f"spark rebuild ({args.master}, {os.cpu_count()} cores): {spark_seconds:.1f}s "
+                f"({args.transactions / spark_seconds:,.0f} transactions/s), session start "
+                f"{session_seconds:.1f}s apart; rows {dict(result.rows)}",
+                flush=True,
+            )
+
+            started = time.monotonic()
+            service = LedgerService(
+                replay_db,
+                zookeeper=cluster.zookeeper_connect_string,
+                cluster_root=cluster.root,
+                cluster_name=CLUSTER_NAME,
+                client_settings={"client_max_apply_batch_size": args.apply_batch},
+                sweep_interval=None,
+            )
+            try:
+                for pid, mark in result.marks.items():
+                    wait_until(
+                        lambda p=pid, m=mark: m < 0 or service.callbacks.wait_for(p, m, 5),
+                        timeout=24 * 3600,
+                        what=f"partition {pid} applied up to {mark}",
+                    )
+                replay_seconds = time.monotonic() - started
+            finally:
+                service.close()
+            print(
+                f"replay through client + SQL callbacks (apply batch {args.apply_batch}): "
+                f"{replay_seconds:.1f}s ({args.transactions / replay_seconds:,.0f} transactions/s)"
+            )
+            print(
+                f"ratio replay / spark rebuild: {replay_seconds / spark_seconds:.2f}x "
+                "(with the Spark session start: "
+                f"{replay_seconds / (spark_seconds + session_seconds):.2f}x)"
+            )
+            same = table_rows(spark_db) == table_rows(replay_db)
+            print(f"both databases hold the same account, savings and checking rows: {same}")
+            if not same:
+                sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

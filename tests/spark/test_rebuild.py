@@ -1,0 +1,233 @@
+"""The Spark rebuild of the ledger and the counter: equal to the live database, resumable, drift found."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text, update
+from typer.testing import CliRunner
+
+from examples.counter.service import CounterService
+from examples.counter.views import VIEWS as COUNTER_VIEWS
+from examples.ledger.models import Checking, TransferOut
+from examples.ledger.service import LedgerService, prepare_database
+from examples.ledger.smallbank import SmallBankConfig, SmallBankWorkload
+from examples.ledger.transfers import pending_transfers
+from examples.ledger.views import VIEWS as LEDGER_VIEWS
+from waltz.cli.main import app as waltz_app
+from waltz.jdbc_style import create_framework_engine
+from waltz.jdbc_style.marks import HighWaterMarks
+from waltz.services.local_cluster import LocalCluster
+from waltz.services.processes import wait_until
+from waltz.spark.rebuild import LogSource, rebuild, verify
+
+pytestmark = pytest.mark.timeout(600)
+
+LEDGER_NAME = "spark-ledger"
+
+
+def _live(cluster: LocalCluster) -> LogSource:
+    return LogSource(zookeeper=cluster.zookeeper_connect_string, cluster_root=cluster.root)
+
+
+def _offline(cluster: LocalCluster) -> LogSource:
+    return LogSource(storage_dirs=[str(s.directory) for s in cluster.storages])
+
+
+def _ledger(cluster: LocalCluster, db_url: str, sweep_interval: float | None = 0.5) -> LedgerService:
+    return LedgerService(
+        db_url,
+        zookeeper=cluster.zookeeper_connect_string,
+        cluster_root=cluster.root,
+        cluster_name=LEDGER_NAME,
+        prepare=False,
+        sweep_interval=sweep_interval,
+    )
+
+
+def _settle(services: list[LedgerService], partitions: int) -> dict[int, int]:
+    """Wait until no transfer is pending and every instance applied up to the servers' marks."""
+    wait_until(
+        lambda: pending_transfers(services[0].engine) == 0, timeout=60, what="every transfer to complete"
+    )
+    marks = {p: services[0].client.get_high_water_mark(p) for p in range(partitions)}
+    for service in services:
+        for pid, mark in marks.items():
+            assert mark < 0 or service.callbacks.wait_for(pid, mark, 60), (
+                f"partition {pid} not applied to {mark}"
+            )
+    return marks
+
+
+@pytest.fixture(scope="module")
+def ledger_live(
+    spark_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, list[LedgerService]]]:
+    """A SQLite ledger database that followed the log live: SmallBank with transfers across partitions."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('ledger-live') / 'ledger.db'}"
+    engine = create_framework_engine(url)
+    prepare_database(engine)
+    engine.dispose()
+    services = [_ledger(spark_cluster, url) for _ in range(2)]
+    try:
+        workload = SmallBankWorkload(
+            services, SmallBankConfig(accounts=30, seed=3, in_flight=16, submitters=2)
+        )
+        workload.populate()
+        try:
+            stats = workload.run(150)
+        finally:
+            workload.close()
+        assert stats.committed > 50, stats
+        _settle(services, spark_cluster.num_partitions)
+        yield url, services
+    finally:
+        for service in services:
+            service.close()
+
+
+def _rows(url: str, table: Any) -> list[tuple[Any, ...]]:
+    engine = create_framework_engine(url)
+    try:
+        with engine.connect() as conn:
+            return sorted(tuple(r) for r in conn.execute(select(*table.columns)))
+    finally:
+        engine.dispose()
+
+
+def _marks(url: str, name: str) -> dict[int, int]:
+    engine = create_framework_engine(url)
+    try:
+        with engine.connect() as conn:
+            return HighWaterMarks(name).read_all(conn)
+    finally:
+        engine.dispose()
+
+
+def test_ledger_rebuilt_from_live_cluster_and_from_directories_equals_live_db(
+    spark: Any, spark_cluster: LocalCluster, ledger_live: tuple[str, list[LedgerService]], postgres_url: str
+) -> None:
+    live_url, _ = ledger_live
+    report = verify(
+        spark, LEDGER_VIEWS, _live(spark_cluster), live_url, cluster_name=LEDGER_NAME, progress=print
+    )
+    assert not report.drift, "\n".join(report.lines())
+    assert sum(report.marks.values()) > 0
+    # Offline: the storage directories (a majority proves each record), written into PostgreSQL.
+    offline = verify(
+        spark, LEDGER_VIEWS, _offline(spark_cluster), live_url, db_url=postgres_url, cluster_name=LEDGER_NAME
+    )
+    assert not offline.drift, "\n".join(offline.lines())
+    assert _marks(postgres_url, LEDGER_NAME) == _marks(live_url, LEDGER_NAME)
+    for table in LEDGER_VIEWS.tables:
+        assert _rows(postgres_url, table) == _rows(live_url, table), table.name
+    assert _rows(postgres_url, TransferOut.__table__), "the workload made no cross-partition transfer"
+
+
+def test_drift_is_reported_and_fails_the_command(
+    spark: Any, spark_cluster: LocalCluster, ledger_live: tuple[str, list[LedgerService]], tmp_path: Path
+) -> None:
+    live_url, _ = ledger_live
+    # A copy of the live database (SQLite's online backup: one consistent snapshot), changed by
+    # hand: one balance more, one applied-transaction row deleted.
+    copy_path = tmp_path / "copy.db"
+    source = sqlite3.connect(live_url.removeprefix("sqlite:///"))
+    target = sqlite3.connect(copy_path)
+    try:
+        source.backup(target)
+    finally:
+        source.close()
+        target.close()
+    copy_url = f"sqlite:///{copy_path}"
+    engine = create_framework_engine(copy_url)
+    with engine.begin() as conn:
+        custid = conn.execute(select(Checking.custid).order_by(Checking.custid).limit(1)).scalar_one()
+        conn.execute(update(Checking).where(Checking.custid == custid).values(balance=Checking.balance + 1))
+        conn.execute(
+            text("DELETE FROM ledger_applied_transactions WHERE transaction_id = 0 AND partition_id = 0")
+        )
+    engine.dispose()
+    outcome = CliRunner().invoke(
+        waltz_app,
+        [
+            "rebuild",
+            "--app",
+            "examples.ledger",
+            "--zookeeper",
+            spark_cluster.zookeeper_connect_string,
+            "--cluster-root",
+            spark_cluster.root,
+            "--cluster-name",
+            LEDGER_NAME,
+            "--verify-against",
+            copy_url,
+        ],
+    )
+    assert outcome.exit_code == 1, outcome.output
+    output = outcome.output
+    assert "DRIFT  ledger_checking: 0 missing, 0 extra, 1 different" in output, output
+    assert f"different: {{'custid': {custid}}}" in output, output
+    assert "DRIFT  ledger_applied_transactions: 1 missing, 0 extra, 0 different" in output, output
+    assert "same  ledger_savings: 0 missing, 0 extra, 0 different" in output, output
+
+
+def test_instance_resumes_from_rebuilt_database_and_converges(
+    spark: Any, spark_cluster: LocalCluster, ledger_live: tuple[str, list[LedgerService]], postgres_url: str
+) -> None:
+    live_url, services = ledger_live
+    result = rebuild(spark, LEDGER_VIEWS, _live(spark_cluster), postgres_url, cluster_name=LEDGER_NAME)
+    assert _marks(postgres_url, LEDGER_NAME) == dict(result.marks)
+    # No sweeper in the resumed instance: it only applies the log (the live instances sweep).
+    resumed = _ledger(spark_cluster, postgres_url, sweep_interval=None)
+    try:
+        for custid in range(5):
+            assert services[0].deposit(custid, 7 + custid).committed
+        services[0].transfer(1, 2, 3)
+        marks = _settle([*services, resumed], spark_cluster.num_partitions)
+        assert any(m > result.marks[p] for p, m in marks.items()), "nothing was written after the rebuild"
+        assert resumed.callbacks.uncaught_count == 0
+
+        def converged() -> bool:
+            # The live instances' sweepers may still commit a step: compare at equal marks.
+            if _marks(postgres_url, LEDGER_NAME) != _marks(live_url, LEDGER_NAME):
+                return False
+            return all(_rows(postgres_url, t) == _rows(live_url, t) for t in LEDGER_VIEWS.tables)
+
+        wait_until(
+            converged,
+            timeout=90,
+            interval=0.5,
+            what="the resumed database to equal the live one at the same marks",
+        )
+        assert all(m >= marks[p] for p, m in _marks(postgres_url, LEDGER_NAME).items())
+    finally:
+        resumed.close()
+
+
+def test_counter_rebuilt_into_mariadb_equals_live_db(
+    spark: Any, spark_cluster: LocalCluster, tmp_path: Path, mariadb_url: str
+) -> None:
+    live_url = f"sqlite:///{tmp_path / 'counter.db'}"
+    with CounterService(
+        live_url,
+        spark_cluster.zookeeper_connect_string,
+        spark_cluster.root,
+        ignore_foreign_transactions=True,
+    ) as service:
+        for i in range(12):
+            service.increment(i % 4, 5 + i)
+        service.decrement(1, 3)
+    report = verify(spark, COUNTER_VIEWS, _live(spark_cluster), live_url, db_url=mariadb_url)
+    assert not report.drift, "\n".join(report.lines())
+    offline = verify(spark, COUNTER_VIEWS, _offline(spark_cluster), live_url)
+    assert not offline.drift, "\n".join(offline.lines())
+    rows = _rows(mariadb_url, COUNTER_VIEWS.tables[0])
+    assert rows == _rows(live_url, COUNTER_VIEWS.tables[0])
+    assert len(rows) == 4 and all(updated_tx >= 0 for _, _, updated_tx in rows)
+    # A rerun gives the same tables (idempotent).
+    rebuild(spark, COUNTER_VIEWS, _live(spark_cluster), mariadb_url, up_to=report.marks)
+    assert _rows(mariadb_url, COUNTER_VIEWS.tables[0]) == rows

@@ -1,0 +1,142 @@
+"""``waltz rebuild``: rebuild an application's database from the log with Spark, or check it for drift.
+
+The logic lives in :mod:`waltz.spark.rebuild`; this module parses options and prints progress.
+Exit codes: 0 done (no drift); 1 drift found by ``--verify-against``; 2 the rebuild could not run
+(bad options, PySpark missing, the log unreadable as committed, the database unreachable).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from sqlalchemy.exc import SQLAlchemyError
+
+from waltz.cli.logs import configure_logging
+from waltz.errors import WaltzError
+
+__all__ = ["load_app", "rebuild_command"]
+
+
+def load_app(name: str) -> object:
+    """The ``VIEWS`` of an application module (``<name>.views`` first, then ``<name>``).
+
+    Raises:
+        typer.BadParameter: no such module or no ``VIEWS`` in it.
+    """
+    from waltz.spark.views import AppViews
+
+    for candidate in (f"{name}.views", name):
+        try:
+            module = importlib.import_module(candidate)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and candidate.startswith(exc.name):
+                continue
+            raise
+        views = getattr(module, "VIEWS", None)
+        if isinstance(views, AppViews):
+            return views
+    raise typer.BadParameter(f"no module {name}.views or {name} defines VIEWS (a waltz.spark.views.AppViews)")
+
+
+def _marks(items: list[str]) -> dict[int, int]:
+    from waltz.spark.source import parse_marks
+
+    return parse_marks(",".join(items), "--high-water-mark")
+
+
+def rebuild_command(
+    app: Annotated[
+        str,
+        typer.Option(help="The application module, e.g. examples.ledger (its views module defines VIEWS)."),
+    ],
+    db: Annotated[
+        str | None,
+        typer.Option(help="The database to rebuild (SQLAlchemy URL); optional with --verify-against."),
+    ] = None,
+    zookeeper: Annotated[str | None, typer.Option(help="ZooKeeper connect string of a live cluster.")] = None,
+    cluster_root: Annotated[
+        str | None, typer.Option(help="The cluster root znode of a live cluster.")
+    ] = None,
+    storage_dir: Annotated[
+        list[Path] | None,
+        typer.Option(help="Read storage directories on disk instead (repeat for each replica)."),
+    ] = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option(help="Offline: replicas per partition (default: the directories holding it)."),
+    ] = None,
+    high_water_mark: Annotated[
+        list[str] | None,
+        typer.Option(help="Offline: PARTITION:MARK known committed (you vouch for it); repeatable."),
+    ] = None,
+    verify_against: Annotated[
+        str | None,
+        typer.Option(
+            help="Compare the log's views with this live database at its own marks; exit 1 on drift."
+        ),
+    ] = None,
+    cluster_name: Annotated[
+        str | None, typer.Option(help="The log's name in the mark rows (default: the application's).")
+    ] = None,
+    master: Annotated[str, typer.Option(help="The Spark master URL.")] = "local[*]",
+    log_level: Annotated[str, typer.Option(help="Log level of this process.")] = "WARNING",
+) -> None:
+    """Rebuild an application's tables from the committed Waltz log with Spark (docs/spark.md).
+
+    Reads the log from a live cluster (admin ports, never a store session) or from replica
+    directories, computes the application's views, writes them into fresh tables that replace
+    the old ones when complete, and sets the high-water-mark rows so that an instance started on
+    the database resumes from the log. With --verify-against, compares the views at the live
+    database's marks and reports missing, extra and different rows.
+    """
+    configure_logging(log_level)
+    started = time.monotonic()
+
+    def say(line: str) -> None:
+        typer.echo(f"[{time.monotonic() - started:6.1f}s] {line}")
+
+    if db is None and verify_against is None:
+        raise typer.BadParameter("give --db, --verify-against, or both")
+    try:
+        from waltz.spark.rebuild import LogSource, rebuild, verify
+        from waltz.spark.session import spark_session
+        from waltz.spark.views import AppViews
+
+        views = load_app(app)
+        assert isinstance(views, AppViews)
+        source = LogSource(
+            zookeeper=zookeeper,
+            cluster_root=cluster_root,
+            storage_dirs=[str(d) for d in storage_dir or []],
+            replicas=replicas,
+            high_water_marks=_marks(high_water_mark) if high_water_mark else None,
+        )
+        say(f"starting Spark ({master})")
+        spark = spark_session(master, app_name=f"waltz-rebuild-{app}")
+        if verify_against is not None:
+            report = verify(
+                spark, views, source, verify_against, db_url=db, cluster_name=cluster_name, progress=say
+            )
+            for line in report.lines():
+                typer.echo(line)
+            if report.drift:
+                say("DRIFT: the live database differs from the log")
+                raise typer.Exit(1)
+            say("no drift: the live database equals the log's views")
+            return
+        assert db is not None
+        result = rebuild(spark, views, source, db, cluster_name=cluster_name, progress=say)
+        say(f"rebuilt {sum(result.rows.values())} rows in {len(result.rows)} tables in {result.seconds:.1f}s")
+    except (WaltzError, ImportError, OSError, SQLAlchemyError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    except Exception as exc:
+        # A failed Spark job (e.g. a read that could not be proven committed, raised in a task).
+        if type(exc).__module__.startswith(("pyspark", "py4j")):
+            typer.echo(f"error: the Spark job failed: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        raise

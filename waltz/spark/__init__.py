@@ -1,0 +1,32 @@
+"""Spark over the Waltz log: the ``waltz`` data source and the rebuild of an application's views.
+
+Source: DESIGN.md, "Spark"; seed 001 (the log is the source of truth, databases derive from it);
+``docs/spark.md`` is the guide. Importing :mod:`waltz.spark.source` needs PySpark and pyarrow (the
+``spark`` extra); :mod:`waltz.spark.committed` and :mod:`waltz.spark.readers` do not.
+
+- :func:`register`: register the ``waltz`` data source with a Spark session.
+- :mod:`waltz.spark.committed`: which records are committed and where to read them.
+- :mod:`waltz.spark.decoders`: transaction data to row changes (change-sets, command decoders).
+- :mod:`waltz.spark.views`: replay row changes into tables (last write per key wins).
+- :mod:`waltz.spark.rebuild`: the rebuild job and the drift check (``waltz rebuild``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(spark: Any) -> None:
+    """Register the ``waltz`` data source with ``spark`` (a ``pyspark.sql.SparkSession``).
+
+    Raises:
+        SparkUnavailableError: PySpark or pyarrow is not importable.
+    """
+    from waltz.spark.session import require_spark
+
+    require_spark()
+    from waltz.spark.source import WaltzDataSource
+
+    spark.dataSource.register(WaltzDataSource)

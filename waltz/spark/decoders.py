@@ -1,0 +1,176 @@
+"""Transaction data to row changes: change-sets decode generically, applications add decoders.
+
+Source: DESIGN.md, "Spark"; ``docs/sql.md`` ("Change-set format"), decoded with
+:class:`waltz.jdbc_style.ChangeSet`. A row change becomes one row of :data:`CHANGES_SCHEMA`:
+
+``partition_id, transaction_id, op_index`` (position in the log), ``header``, ``entity``, ``operation``
+(``insert``/``update``/``delete``), ``key`` (canonical JSON text of the key, for grouping),
+``key_values`` and ``values`` (``map<string,string>``: every value rendered as text, see
+:func:`render_value`, cast to the column's type by :mod:`waltz.spark.views`), ``meta`` (the
+change-set's ``meta`` as JSON text) and ``idempotency_key``.
+
+Command-style transactions (any other header) go to a decoder the application registers for
+their header: ``decoders.register(header, fn)`` with ``fn(data: bytes) -> Sequence[RowChange]``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import enum
+import json
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, ChangeSetFormatError, RowChange
+
+__all__ = ["CHANGES_SCHEMA", "CommandDecoder", "DecoderRegistry", "decode_changes", "render_value"]
+
+#: The schema of decoded row changes (Spark DDL).
+CHANGES_SCHEMA = (
+    "partition_id INT, transaction_id BIGINT, header INT, op_index INT, entity STRING, operation STRING, "
+    "key STRING, "
+    "key_values MAP<STRING, STRING>, `values` MAP<STRING, STRING>, meta STRING, idempotency_key STRING"
+)
+
+#: Decodes a command-style transaction's data into row changes.
+CommandDecoder = Callable[[bytes], Sequence[RowChange]]
+
+
+def render_value(value: Any) -> str | None:
+    """A column value as text that Spark casts back to the column's type.
+
+    ``None`` stays None; booleans become ``true``/``false``; numbers and decimals their exact
+    text; datetimes, dates and times ISO-8601; bytes base64 (the views decode it with
+    ``unbase64``); UUIDs their canonical text; enums their value.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | str | decimal.Decimal | uuid.UUID):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, enum.Enum):
+        return render_value(value.value)
+    return str(value)
+
+
+class DecoderRegistry:
+    """Which decoder turns a transaction into row changes, by transaction header.
+
+    Args:
+        on_unknown: ``"fail"`` (default): a transaction with a header nobody decodes fails the
+            job; ``"skip"``: it yields no row change (its mark still counts as read).
+    """
+
+    def __init__(self, on_unknown: str = "fail") -> None:
+        if on_unknown not in ("fail", "skip"):
+            raise ValueError(f"on_unknown must be 'fail' or 'skip', got {on_unknown!r}")
+        self.on_unknown = on_unknown
+        self._decoders: dict[int, CommandDecoder] = {}
+
+    def register(self, header: int, decoder: CommandDecoder) -> None:
+        """Decode transactions with ``header`` with ``decoder`` (must be picklable by cloudpickle).
+
+        Raises:
+            ValueError: ``header`` is the change-set header (decoded by the framework).
+        """
+        if header == CHANGE_SET_HEADER:
+            raise ValueError("change-sets are decoded by the framework; register command headers only")
+        self._decoders[header] = decoder
+
+    def decode(self, header: int, data: bytes) -> ChangeSet:
+        """Decode one transaction.
+
+        Raises:
+            ChangeSetFormatError: malformed change-set data, or an unknown header with ``"fail"``.
+        """
+        if header == CHANGE_SET_HEADER:
+            return ChangeSet.decode(data)
+        decoder = self._decoders.get(header)
+        if decoder is None:
+            if self.on_unknown == "skip":
+                return ChangeSet(())
+            raise ChangeSetFormatError(
+                f"no decoder for transaction header {header}: register one (DecoderRegistry.register) "
+                "or use on_unknown='skip'"
+            )
+        return ChangeSet(tuple(decoder(data)))
+
+
+def _render_map(values: Mapping[str, Any]) -> dict[str, str | None]:
+    return {k: render_value(v) for k, v in values.items()}
+
+
+def _decode_one(
+    registry: DecoderRegistry, pid: int, txid: int, header: int, data: bytes
+) -> list[tuple[Any, ...]]:
+    """The row changes of one transaction as tuples of the struct fields after ``transaction_id``."""
+    try:
+        change_set = registry.decode(header, bytes(data))
+    except ChangeSetFormatError as exc:
+        raise ChangeSetFormatError(f"partition {pid} transaction {txid}: {exc}") from exc
+    meta = json.dumps(dict(change_set.meta), sort_keys=True) if change_set.meta else None
+    rows: list[tuple[Any, ...]] = []
+    for index, change in enumerate(change_set.changes):
+        key_values = _render_map(change.key)
+        rows.append(
+            (
+                index,
+                change.entity,
+                change.operation.value,
+                json.dumps(key_values, sort_keys=True, separators=(",", ":")),
+                key_values,
+                _render_map(change.values),
+                meta,
+                change_set.idempotency_key,
+            )
+        )
+    if not rows:
+        # A transaction without row changes still carries its meta (applications may count it).
+        rows.append((-1, None, None, None, None, None, meta, change_set.idempotency_key))
+    return rows
+
+
+def decode_changes(log: Any, registry: DecoderRegistry | None = None) -> Any:
+    """Decode a log DataFrame (the ``waltz`` source's columns) into row changes.
+
+    Args:
+        log: a DataFrame with at least ``partition_id, transaction_id, header, data``.
+        registry: decoders for command-style headers (default: change-sets only, others fail).
+
+    Returns:
+        A DataFrame of :data:`CHANGES_SCHEMA`; a transaction without row changes gives one row
+        with ``op_index`` -1 and null entity (so its ``meta`` is kept).
+
+    Raises:
+        ChangeSetFormatError: (when the job runs) a transaction could not be decoded.
+    """
+    from pyspark.sql import functions as func
+
+    chosen = registry or DecoderRegistry()
+    struct = (
+        "op_index INT, entity STRING, operation STRING, key STRING, key_values MAP<STRING, STRING>, "
+        "`values` MAP<STRING, STRING>, meta STRING, idempotency_key STRING"
+    )
+
+    def decode(pid: int, txid: int, header: int, data: bytes) -> list[tuple[Any, ...]]:
+        return _decode_one(chosen, pid, txid, header, data)
+
+    # A plain Python UDF (not Arrow-optimized): it needs neither pandas nor a schema per batch.
+    udf = func.udf(decode, f"ARRAY<STRUCT<{struct}>>", useArrow=False)
+    exploded = log.select(
+        "partition_id",
+        "transaction_id",
+        "header",
+        func.explode(udf("partition_id", "transaction_id", "header", "data")).alias("c"),
+    )
+    return exploded.select("partition_id", "transaction_id", "header", "c.*")

@@ -1,0 +1,252 @@
+"""Read a range of committed records of one partition (a Spark task's work), CRC-checked.
+
+Source: seed 004 "Storage Administration" (record lists through the admin port), seed 000 "On Disk
+Data Structures" (segment files, read with :mod:`waltz.services.storage.inspect`). The ranges come
+from :mod:`waltz.spark.committed`, which proved them committed; these readers only fetch, check
+each record's CRC and the contiguity of transaction IDs, and fail over between replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from waltz.errors import WaltzError
+from waltz.protocol.records import Record
+from waltz.protocol.storage_client import StorageAdminClient
+from waltz.services.storage import format as fmt
+from waltz.services.storage import inspect
+from waltz.spark.committed import LiveReplica, LiveSource, OfflineReplica, OfflineSource
+from waltz.spark.errors import CommittedReadError, CorruptRecordError
+
+__all__ = ["DEFAULT_BATCH_RECORDS", "read_committed", "read_directory"]
+
+log = logging.getLogger(__name__)
+
+#: Records asked for in one admin record-list request (the node also bounds the reply's bytes).
+DEFAULT_BATCH_RECORDS = 5000
+
+
+def _check(record: Record, partition_id: int, expected: int, where: str) -> None:
+    if record.transaction_id != expected:
+        raise CorruptRecordError(
+            f"partition {partition_id}: {where} returned transaction {record.transaction_id} where "
+            f"{expected} was expected"
+        )
+    if not record.checksum_ok():
+        raise CorruptRecordError(
+            f"partition {partition_id} transaction {expected} from {where}: data CRC mismatch"
+        )
+
+
+def read_committed(
+    partition_id: int,
+    first: int,
+    last: int,
+    source: LiveSource | OfflineSource,
+    *,
+    batch_records: int = DEFAULT_BATCH_RECORDS,
+    timeout: float = 30.0,
+) -> Iterator[Record]:
+    """Yield the committed records ``first..last`` (inclusive) of a partition, in order.
+
+    Args:
+        partition_id: the partition.
+        first: the first transaction ID (>= 0).
+        last: the last transaction ID; must not exceed the plan's committed high-water mark.
+        source: where the plan found the committed records.
+        batch_records: records per admin request (live).
+        timeout: seconds for each admin request (live).
+
+    Raises:
+        CommittedReadError: no replica could deliver a record of the range as committed.
+        CorruptRecordError: a record failed its CRC, or replicas below their low-water marks disagree.
+    """
+    if last < first:
+        return
+    if isinstance(source, LiveSource):
+        yield from _read_live(partition_id, first, last, source, batch_records, timeout)
+    else:
+        yield from _read_offline(partition_id, first, last, source)
+
+
+# ---- live ----
+
+
+def _read_live(
+    partition_id: int, first: int, last: int, source: LiveSource, batch_records: int, timeout: float
+) -> Iterator[Record]:
+    candidates = [r for r in source.replicas if r.max_transaction_id >= last]
+    if not candidates:
+        raise CommittedReadError(
+            f"partition {partition_id}: no replica of session {source.session_id} held transaction {last} "
+            "when the plan was made"
+        )
+    # Spread the ranges of a partition over its replicas.
+    start = (first // max(1, batch_records)) % len(candidates)
+    ordered = candidates[start:] + candidates[:start]
+    next_id = first
+    failures: list[str] = []
+    loop = asyncio.new_event_loop()
+    try:
+        for replica in ordered:
+            try:
+                for record in _read_replica(
+                    loop, partition_id, next_id, last, replica, source, batch_records, timeout
+                ):
+                    yield record
+                    next_id = record.transaction_id + 1
+                return
+            except (WaltzError, ConnectionError, OSError, TimeoutError) as exc:
+                failures.append(f"{replica.admin_address}: {exc!r}")
+                log.warning(
+                    "partition %d: reading from %s failed at %d (%r); trying the next replica",
+                    partition_id,
+                    replica.admin_address,
+                    next_id,
+                    exc,
+                )
+    finally:
+        loop.run_until_complete(asyncio.sleep(0.05))  # gRPC's poller delivers its last events
+        loop.close()
+    raise CommittedReadError(
+        f"partition {partition_id}: transactions {next_id}..{last} could not be read from any replica of "
+        f"session {source.session_id}: {'; '.join(failures)}"
+    )
+
+
+def _read_replica(
+    loop: asyncio.AbstractEventLoop,
+    partition_id: int,
+    first: int,
+    last: int,
+    replica: LiveReplica,
+    source: LiveSource,
+    batch_records: int,
+    timeout: float,
+) -> Iterator[Record]:
+    async def connect() -> StorageAdminClient:
+        # gRPC aio channels belong to the loop running when they are made: make it on ``loop``.
+        client = StorageAdminClient(
+            replica.admin_address, source.cluster_key, source.num_partitions, tls=source.tls
+        )
+        try:
+            await asyncio.wait_for(client.open(), timeout)
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    admin = loop.run_until_complete(connect())
+    try:
+        next_id = first
+        while next_id <= last:
+            batch = loop.run_until_complete(
+                asyncio.wait_for(
+                    admin.records(partition_id, next_id, min(batch_records, last - next_id + 1)), timeout
+                )
+            )
+            if not batch:
+                raise CommittedReadError(
+                    f"partition {partition_id}: {replica.admin_address} returned no record at {next_id}"
+                )
+            for record in batch:
+                if record.transaction_id > last:
+                    break
+                _check(record, partition_id, next_id, replica.admin_address)
+                yield record
+                next_id += 1
+    finally:
+        loop.run_until_complete(admin.close())
+
+
+# ---- offline ----
+
+
+def read_directory(storage_dir: str | Path, partition_id: int, first: int, last: int) -> Iterator[Record]:
+    """Yield the valid records ``first..last`` of one replica directory, in order, CRC-checked.
+
+    Stops early (without error) where the directory's records end or the first invalid record
+    starts: what lies beyond is for a quorum of other replicas to prove.
+
+    Raises:
+        OSError: a segment file cannot be read.
+    """
+    partition_dir = Path(storage_dir) / str(partition_id)
+    paths = sorted(partition_dir.glob("*" + fmt.SEGMENT_SUFFIX))
+    firsts = [int(p.stem) for p in paths]
+    chosen = [p for p, f in zip(paths, firsts, strict=True) if f <= first]
+    start_index = paths.index(chosen[-1]) if chosen else 0
+    next_id = first
+    for path in paths[start_index:]:
+        with inspect.SegmentFile(path) as segment:
+            if segment.header.first_transaction_id > next_id:
+                return
+            for scanned in segment.scan(inspect.find_record_offset(segment, next_id)):
+                record = scanned.record
+                if record.transaction_id < next_id:
+                    continue
+                if record.transaction_id != next_id or record.transaction_id > last:
+                    return
+                yield record
+                next_id += 1
+        if next_id > last:
+            return
+
+
+def _same(a: Record, b: Record) -> bool:
+    return a.req_id == b.req_id and a.header == b.header and a.checksum == b.checksum and a.data == b.data
+
+
+def _read_offline(partition_id: int, first: int, last: int, source: OfflineSource) -> Iterator[Record]:
+    replicas: list[OfflineReplica] = list(source.replicas)
+    iterators = [read_directory(r.directory, partition_id, first, last) for r in replicas]
+    current: list[Record | None] = [next(it, None) for it in iterators]
+    top_session = max(r.session_id for r in replicas)
+    for txid in range(first, last + 1):
+        held = [
+            (r, rec)
+            for r, rec in zip(replicas, current, strict=True)
+            if rec is not None and rec.transaction_id == txid
+        ]
+        chosen: Record | None = None
+        proven_low = [rec for r, rec in held if txid <= r.low_water_mark]
+        if proven_low:
+            chosen = proven_low[0]
+            if any(not _same(chosen, other) for other in proven_low[1:]):
+                raise CorruptRecordError(
+                    f"partition {partition_id} transaction {txid}: replica directories below their low-water "
+                    "marks hold different records"
+                )
+        elif source.quorum is not None:
+            for _, candidate in held:
+                if sum(1 for _, other in held if _same(candidate, other)) >= source.quorum:
+                    chosen = candidate
+                    break
+            if chosen is None:
+                raise CommittedReadError(
+                    f"partition {partition_id} transaction {txid}: fewer than {source.quorum} of the given "
+                    f"replica directories hold identical records ({len(held)} hold one): give every replica "
+                    "directory, or "
+                    "an explicit high-water mark"
+                )
+        else:
+            latest = [rec for r, rec in held if r.session_id == top_session]
+            if not latest:
+                raise CommittedReadError(
+                    f"partition {partition_id} transaction {txid}: no directory of the latest session "
+                    f"({top_session}) holds it; the given high-water mark is beyond what the directories hold"
+                )
+            chosen = latest[0]
+            if any(not _same(chosen, other) for other in latest[1:]):
+                raise CommittedReadError(
+                    f"partition {partition_id} transaction {txid}: directories of session {top_session} "
+                    "disagree"
+                )
+        _check(chosen, partition_id, txid, "the replica directories")
+        yield chosen
+        for i, rec in enumerate(current):
+            if rec is not None and rec.transaction_id == txid:
+                current[i] = next(iterators[i], None)

@@ -1,0 +1,85 @@
+"""A Spark session set up for Waltz (PLATFORM.md, "PySpark"): loopback, no UI, our Python, JDBC jars.
+
+Source: DESIGN.md, "Spark" (``local[*]`` by default, any master with ``--master``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from waltz.spark.errors import SparkUnavailableError
+
+__all__ = ["JDBC_JARS", "require_spark", "spark_session"]
+
+#: JDBC drivers from Debian (``libpostgresql-jdbc-java``, ``libmariadb-java``), used when present.
+JDBC_JARS = ("/usr/share/java/postgresql.jar", "/usr/share/java/mariadb-java-client.jar")
+
+
+def require_spark() -> None:
+    """Check that PySpark and pyarrow are importable.
+
+    Raises:
+        SparkUnavailableError: either is missing, saying what to install.
+    """
+    missing = []
+    for module in ("pyspark", "pyarrow"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise SparkUnavailableError(
+            f"{' and '.join(missing)} not importable: install the spark extra "
+            "(pip install -e '.[spark]', or WALTZ_EXTRAS=dev,sql,spark scripts/setup)"
+        )
+
+
+def spark_session(
+    master: str | None = None, *, app_name: str = "waltz", shuffle_partitions: int | None = None
+) -> Any:
+    """Get or create a Spark session with the ``waltz`` data source registered.
+
+    Sets ``SPARK_LOCAL_IP=127.0.0.1`` (unless set) and ``PYSPARK_PYTHON`` to this interpreter for a
+    local master, disables the UI, enables Python data source filter pushdown, and adds the
+    Debian JDBC jars that exist.
+
+    Args:
+        master: the Spark master URL (default ``local[*]``).
+        app_name: the application name.
+        shuffle_partitions: ``spark.sql.shuffle.partitions`` (default: 2 x the local cores).
+
+    Returns:
+        A ``pyspark.sql.SparkSession``.
+
+    Raises:
+        SparkUnavailableError: PySpark or pyarrow is missing.
+    """
+    require_spark()
+    from pyspark.sql import SparkSession
+
+    from waltz.spark import register
+
+    master = master or "local[*]"
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    jars = ",".join(j for j in JDBC_JARS if Path(j).exists())
+    shuffle = shuffle_partitions or max(2, 2 * (os.cpu_count() or 1))
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "true")
+        .config("spark.sql.python.filterPushdown.enabled", "true")
+        .config("spark.sql.shuffle.partitions", str(shuffle))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
+    )
+    if jars:
+        builder = builder.config("spark.jars", jars)
+    spark = builder.getOrCreate()
+    register(spark)
+    return spark

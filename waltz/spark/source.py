@@ -1,0 +1,298 @@
+"""The ``waltz`` PySpark data source: ``spark.read.format("waltz")`` reads the committed log.
+
+Source: DESIGN.md, "Spark"; seed 000 "Sessions", "Recovery Procedure"; ``docs/spark.md`` documents
+the options and why only committed records are returned.
+
+Columns (:data:`LOG_SCHEMA`): ``partition_id`` (int), ``transaction_id`` (bigint), ``header``
+(int), the ReqId fields ``req_client_id``, ``req_generation``, ``req_partition_id``,
+``req_seq_num`` (int) and ``data`` (binary). Each partition's committed range is split into
+ranges of ``range_size`` transactions, one Spark partition each. Filters on ``partition_id``
+(``=``, ``IN``) and ``transaction_id`` (``=``, ``<``, ``<=``, ``>``, ``>=``) prune the ranges;
+Spark still evaluates them on the rows.
+
+Options (all strings, as Spark passes them):
+
+- live cluster: ``zookeeper`` (connect string) and ``cluster_root`` (znode path);
+- offline: ``storage_dirs`` (comma-separated storage directories, or ``load(path)``),
+  ``replicas`` (replicas per partition, default the directories holding it, at least 2) and
+  ``high_water_mark`` (the user vouches: ``"120"`` for every partition or ``"0:120,1:98"``);
+- ``partitions`` (``"0,2"``), ``from_transaction_id``, ``to_transaction_id`` (inclusive),
+  ``up_to`` (per-partition inclusive upper bounds ``"0:120,1:98"``; more than the committed
+  high-water mark is an error), ``range_size`` (default 100000), ``batch_records`` (default 5000),
+  ``timeout`` (seconds per admin call, default 30).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyspark.sql.types import StructType
+
+from waltz.errors import ConfigurationError
+from waltz.services.storage import inspect
+from waltz.spark.committed import CommittedPartition, LiveSource, OfflineSource, plan_live, plan_offline
+from waltz.spark.errors import CommittedReadError
+from waltz.spark.readers import DEFAULT_BATCH_RECORDS, read_committed
+
+__all__ = ["LOG_SCHEMA", "LogRange", "WaltzDataSource", "parse_marks"]
+
+log = logging.getLogger(__name__)
+
+#: The data source's schema (Spark DDL).
+LOG_SCHEMA = (
+    "partition_id INT, transaction_id BIGINT, header INT, req_client_id INT, req_generation INT, "
+    "req_partition_id INT, req_seq_num INT, data BINARY"
+)
+
+_ARROW_SCHEMA = pa.schema(
+    [
+        ("partition_id", pa.int32()),
+        ("transaction_id", pa.int64()),
+        ("header", pa.int32()),
+        ("req_client_id", pa.int32()),
+        ("req_generation", pa.int32()),
+        ("req_partition_id", pa.int32()),
+        ("req_seq_num", pa.int32()),
+        ("data", pa.binary()),
+    ]
+)
+
+#: Rows per Arrow batch handed to Spark.
+_ROWS_PER_BATCH = 8192
+#: Default transactions per Spark partition.
+DEFAULT_RANGE_SIZE = 100_000
+
+
+def parse_marks(text: str, option: str) -> dict[int, int]:
+    """Parse ``"0:120,1:98"`` into ``{0: 120, 1: 98}``.
+
+    Raises:
+        ConfigurationError: malformed text (names ``option``).
+    """
+    marks: dict[int, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        pid, sep, mark = item.partition(":")
+        try:
+            if not sep:
+                raise ValueError(item)
+            marks[int(pid)] = int(mark)
+        except ValueError:
+            raise ConfigurationError(
+                f"option {option}={text!r}: expected partition:transaction pairs such as 0:120,1:98"
+            ) from None
+    return marks
+
+
+@dataclass(frozen=True)
+class LogRange(InputPartition):
+    """One Spark partition: transactions ``first..last`` of one Waltz partition, and where they are."""
+
+    partition_id: int
+    first: int
+    last: int
+    source: LiveSource | OfflineSource
+
+
+class WaltzDataSource(DataSource):
+    """``spark.read.format("waltz")``: the committed records of a Waltz log (see the module docstring)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "waltz"
+
+    def schema(self) -> str:
+        return LOG_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return WaltzLogReader(dict(self.options))
+
+
+def _int_option(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = options.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(f"option {name}={raw!r} is not an integer") from None
+
+
+class WaltzLogReader(DataSourceReader):
+    """Plans the committed ranges on the driver and reads them in the tasks."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.options = {k.lower(): v for k, v in options.items()}
+        self.partition_filter: set[int] | None = None
+        self.low = 0
+        self.high: int | None = None
+
+    # ---- filters ----
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:  # noqa: N802 - Spark's name
+        for item in filters:
+            path: tuple[str, ...] = getattr(item, "attribute", ())
+            column = path[0] if len(path) == 1 else None
+            if column == "partition_id":
+                if isinstance(item, EqualTo):
+                    self._restrict_partitions({int(item.value)})
+                elif isinstance(item, In):
+                    self._restrict_partitions({int(v) for v in item.value})
+            elif column == "transaction_id":
+                if isinstance(item, EqualTo):
+                    self.low = max(self.low, int(item.value))
+                    self._cap(int(item.value))
+                elif isinstance(item, GreaterThan):
+                    self.low = max(self.low, int(item.value) + 1)
+                elif isinstance(item, GreaterThanOrEqual):
+                    self.low = max(self.low, int(item.value))
+                elif isinstance(item, LessThan):
+                    self._cap(int(item.value) - 1)
+                elif isinstance(item, LessThanOrEqual):
+                    self._cap(int(item.value))
+            yield item  # Spark evaluates every filter on the rows as well
+
+    def _restrict_partitions(self, ids: set[int]) -> None:
+        self.partition_filter = ids if self.partition_filter is None else self.partition_filter & ids
+
+    def _cap(self, value: int) -> None:
+        self.high = value if self.high is None else min(self.high, value)
+
+    # ---- planning ----
+
+    def plan(self) -> list[CommittedPartition]:
+        """The committed partitions of the configured log (live or offline).
+
+        Raises:
+            ConfigurationError: neither or both of a live cluster and storage directories given.
+            CommittedReadError: a partition's committed records cannot be proven.
+        """
+        options = self.options
+        partitions: Sequence[int] | None = None
+        if options.get("partitions"):
+            partitions = [int(p) for p in options["partitions"].split(",") if p.strip()]
+        dirs = options.get("storage_dirs") or options.get("path")
+        zookeeper = options.get("zookeeper")
+        if bool(dirs) == bool(zookeeper):
+            raise ConfigurationError(
+                "give either zookeeper and cluster_root (a live cluster) or storage_dirs "
+                "(directories on disk)"
+            )
+        if zookeeper:
+            root = options.get("cluster_root")
+            if not root:
+                raise ConfigurationError("option cluster_root is required with zookeeper")
+            timeout = float(options.get("timeout", "30"))
+            return plan_live(zookeeper, root, partitions, timeout=timeout)
+        directories = [d.strip() for d in (dirs or "").split(",") if d.strip()]
+        explicit: dict[int, int] | None = None
+        raw = options.get("high_water_mark")
+        if raw:
+            if ":" in raw:
+                explicit = parse_marks(raw, "high_water_mark")
+            else:
+                mark = _int_option(options, "high_water_mark", -1)
+                assert mark is not None
+                count = inspect.read_control_file(Path(directories[0])).header.num_partitions
+                explicit = dict.fromkeys(range(count), mark)
+        return plan_offline(
+            directories,
+            partitions,
+            replicas=_int_option(options, "replicas", None),
+            high_water_marks=explicit,
+        )
+
+    def partitions(self) -> Sequence[InputPartition]:
+        options = self.options
+        range_size = _int_option(options, "range_size", DEFAULT_RANGE_SIZE) or DEFAULT_RANGE_SIZE
+        low = max(self.low, _int_option(options, "from_transaction_id", 0) or 0)
+        high = self.high
+        to_option = _int_option(options, "to_transaction_id", None)
+        if to_option is not None:
+            high = to_option if high is None else min(high, to_option)
+        up_to = parse_marks(options.get("up_to", ""), "up_to")
+        ranges: list[InputPartition] = []
+        for committed in self.plan():
+            pid = committed.partition_id
+            if self.partition_filter is not None and pid not in self.partition_filter:
+                continue
+            last = committed.high_water_mark
+            if pid in up_to:
+                if up_to[pid] > committed.high_water_mark:
+                    raise CommittedReadError(
+                        f"partition {pid}: asked to read up to {up_to[pid]}, "
+                        f"but only {committed.high_water_mark} "
+                        f"is proven committed ({committed.proof})"
+                    )
+                last = up_to[pid]
+            if high is not None:
+                last = min(last, high)
+            log.info("partition %d: reading %d..%d (%s)", pid, low, last, committed.proof)
+            for first in range(low, last + 1, range_size):
+                ranges.append(LogRange(pid, first, min(last, first + range_size - 1), committed.source))
+        if not ranges:
+            # Spark needs at least one partition; an empty range reads nothing.
+            ranges.append(LogRange(0, 0, -1, OfflineSource((), None)))
+        return ranges
+
+    # ---- reading (in the tasks) ----
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, LogRange)
+        batch_records = (
+            _int_option(self.options, "batch_records", DEFAULT_BATCH_RECORDS) or DEFAULT_BATCH_RECORDS
+        )
+        timeout = float(self.options.get("timeout", "30"))
+        columns: list[list[Any]] = [[] for _ in range(8)]
+        records = read_committed(
+            partition.partition_id,
+            partition.first,
+            partition.last,
+            partition.source,
+            batch_records=batch_records,
+            timeout=timeout,
+        )
+        for record in records:
+            req = record.req_id
+            for column, value in zip(
+                columns,
+                (
+                    partition.partition_id,
+                    record.transaction_id,
+                    record.header,
+                    req.client_id,
+                    req.generation,
+                    req.partition_id,
+                    req.seq_num,
+                    record.data,
+                ),
+                strict=True,
+            ):
+                column.append(value)
+            if len(columns[0]) >= _ROWS_PER_BATCH:
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array(c, t.type) for c, t in zip(columns, _ARROW_SCHEMA, strict=True)],
+                    schema=_ARROW_SCHEMA,
+                )
+                columns = [[] for _ in range(8)]
+        if columns[0]:
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(c, t.type) for c, t in zip(columns, _ARROW_SCHEMA, strict=True)],
+                schema=_ARROW_SCHEMA,
+            )

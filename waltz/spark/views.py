@@ -1,0 +1,154 @@
+"""Replaying row changes into tables with Spark: the last write per key in log order wins.
+
+Source: DESIGN.md, "Spark"; seed 001, "Basic Idea" (the database is derived from the log);
+``docs/spark.md`` ("Views"). An application describes its views with :class:`AppViews` (its
+module's ``VIEWS``); entity tables come from :func:`entity_table`, anything else (audit rows from
+``meta``, derived columns) from the application's own transformations.
+
+Replay rules (those of :class:`waltz.jdbc_style.ChangeSetCallbacks`): changes apply in log order
+``(partition_id, transaction_id, op_index)``; ``insert`` and ``update`` carry the whole row, so the
+last one per ``(entity, key)`` is the row, unless a later ``delete`` removed it; a change-set whose
+idempotency key appeared in an earlier transaction is not applied (first in ``(partition_id,
+transaction_id)`` order). An entity key lives in one partition (the framework partitions by key),
+so log order per key is well defined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, Table, types
+
+from waltz.jdbc_style.entities import EntityRegistry
+from waltz.spark.decoders import DecoderRegistry
+
+__all__ = ["AppViews", "apply_idempotency", "entity_table", "replay", "spark_type"]
+
+
+@dataclass(frozen=True)
+class AppViews:
+    """An application's views of the log, as the rebuild job computes them.
+
+    Attributes:
+        cluster_name: the default name of the log in the database's mark rows.
+        tables: the tables the rebuild replaces (SQLAlchemy tables of the application schema).
+        prepare: creates or upgrades the application's and the framework's tables (idempotent).
+        build: ``build(changes, log) -> {table name: DataFrame}`` from the decoded row changes
+            (:func:`waltz.spark.decoders.decode_changes`) and the raw log; one DataFrame per
+            table of ``tables``, with its columns.
+        decoders: decoders of command-style transactions.
+    """
+
+    cluster_name: str
+    tables: Sequence[Table]
+    prepare: Callable[[Engine], None]
+    build: Callable[[Any, Any], Mapping[str, Any]]
+    decoders: DecoderRegistry = field(default_factory=DecoderRegistry)
+
+
+def spark_type(column_type: types.TypeEngine[Any]) -> str:
+    """The Spark SQL type of a SQLAlchemy column type (for casting rendered values).
+
+    Raises:
+        TypeError: a type the rebuild cannot cast to (override the table's DataFrame yourself).
+    """
+    checks: list[tuple[type[Any], str]] = [
+        (types.Boolean, "boolean"),
+        (types.BigInteger, "bigint"),
+        (types.SmallInteger, "smallint"),
+        (types.Integer, "int"),
+        (types.Float, "double"),
+        (types.DateTime, "timestamp"),
+        (types.Date, "date"),
+        (types.LargeBinary, "binary"),
+        (types.String, "string"),
+        (types.Uuid, "string"),
+    ]
+    if isinstance(column_type, types.Numeric) and not isinstance(column_type, types.Float):
+        precision = column_type.precision or 38
+        scale = column_type.scale if column_type.scale is not None else 10
+        return f"decimal({precision},{scale})"
+    for kind, name in checks:
+        if isinstance(column_type, kind):
+            return name
+    raise TypeError(f"no Spark type for the SQL type {column_type!r}")
+
+
+def apply_idempotency(changes: Any) -> Any:
+    """Drop the changes of change-sets whose idempotency key appeared in an earlier transaction."""
+    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+
+    first = (
+        changes.where(F.col("idempotency_key").isNotNull())
+        .groupBy("idempotency_key")
+        .agg(F.min(F.struct("partition_id", "transaction_id")).alias("first"))
+    )
+    joined = changes.join(first, on="idempotency_key", how="left")
+    keep = F.col("first").isNull() | (
+        (F.col("first.partition_id") == F.col("partition_id"))
+        & (F.col("first.transaction_id") == F.col("transaction_id"))
+    )
+    return joined.where(keep).drop("first")
+
+
+def replay(changes: Any) -> Any:
+    """The surviving row per ``(entity, key)``: its last insert/update, none when last deleted.
+
+    Args:
+        changes: row changes (:data:`~waltz.spark.decoders.CHANGES_SCHEMA`), idempotency applied.
+
+    Returns:
+        The rows of the last change per key that is not a delete, with the change's columns
+        (``transaction_id`` is the transaction that last wrote the row).
+    """
+    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+    from pyspark.sql.window import Window
+
+    window = Window.partitionBy("entity", "key").orderBy(
+        F.col("partition_id").desc(), F.col("transaction_id").desc(), F.col("op_index").desc()
+    )
+    last = (
+        changes.where(F.col("entity").isNotNull())
+        .withColumn("_rank", F.row_number().over(window))
+        .where(F.col("_rank") == 1)
+        .drop("_rank")
+    )
+    return last.where(F.col("operation") != "delete")
+
+
+def entity_table(
+    rows: Any,
+    registry: EntityRegistry,
+    model: type[Any],
+    overrides: Mapping[str, Any] | None = None,
+) -> Any:
+    """One entity's table from replayed rows: every column cast to its type.
+
+    Args:
+        rows: :func:`replay`'s result.
+        registry: the application's entities.
+        model: the entity's mapped class.
+        overrides: column name -> a Spark Column expression replacing the logged value (e.g.
+            ``updated_tx`` from ``transaction_id``).
+
+    Returns:
+        A DataFrame with the table's columns, in table order.
+    """
+    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+
+    info = next(i for i in registry if i.model is model)
+    table: Table = model.__table__
+    by_column = {prop.columns[0].name: prop.key for prop in info.mapper.column_attrs}
+    chosen = overrides or {}
+    selected = []
+    for column in table.columns:
+        target = spark_type(column.type)
+        if column.name in chosen:
+            expression = chosen[column.name]
+        else:
+            raw = F.col("values").getItem(by_column.get(column.name, column.name))
+            expression = F.unbase64(raw) if target == "binary" else raw
+        selected.append(expression.cast(target).alias(column.name))
+    return rows.where(F.col("entity") == info.spec.lock_name).select(*selected)
