@@ -4,7 +4,9 @@ Recipe (issue 7): the record X at ID T reaches one replica (A) only, the server 
 record Y is committed at T while A is down, then A comes back with X (no server runs, so nobody
 repairs A). Two storage nodes are *paused* while X is appended rather than made unwritable: a
 node that refuses the append at once lets the next recovery truncate A before the test can stop
-the servers, while a paused node keeps the server waiting for its 15 s request timeout.
+the servers, while a paused node keeps the server waiting for its 15 s request timeout. The paused
+nodes are then killed (not resumed): resumed, they would read the append still in their socket
+buffers and write X as well.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import pytest
 import support
 
+from waltz.errors import ConfigurationError
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient
@@ -73,8 +76,11 @@ def dirty_cluster(
         asyncio.run(append_then_give_up())
         _kill_servers(cluster)
         cluster.kill_storage(0)
-        cluster.resume_storage(1)
-        cluster.resume_storage(2)
+        # The append still waits in the paused nodes' socket buffers: resumed, they could write it
+        # too. Killed while paused they never read it; they restart with records 0..2 only.
+        for index in (1, 2):
+            cluster.kill_storage(index)
+            cluster.restart_storage(index)
         for index in range(len(cluster.servers)):
             cluster.restart_server(index)
         cluster.wait_ready(90)
@@ -117,12 +123,23 @@ def test_offline_reader_needs_a_majority_above_the_low_water_mark(
 ) -> None:
     cluster, dirty_id = dirty_cluster
     directories = [str(s.directory) for s in cluster.storages]
-    (plan,) = plan_offline(directories)
+    (plan,) = plan_offline(directories, replicas=3)
     assert plan.high_water_mark == dirty_id
     assert [r.data for r in read_committed(0, dirty_id, dirty_id, plan.source)] == [Y]
     # The dirty replica's directory alone proves only its low-water mark, below the dirty record.
-    (alone,) = plan_offline(directories[:1])
+    (alone,) = plan_offline(directories[:1], replicas=3)
     assert alone.high_water_mark < dirty_id
-    rows = spark.read.format("waltz").option("storage_dirs", ",".join(directories)).load().collect()
+    # The quorum is a majority of the cluster's replicas, which the directories cannot tell.
+    with pytest.raises(ConfigurationError, match="how many replicas"):
+        plan_offline(directories)
+    with pytest.raises(ConfigurationError, match="3 directories hold it, but replicas is 2"):
+        plan_offline(directories, replicas=2)
+    rows = (
+        spark.read.format("waltz")
+        .option("storage_dirs", ",".join(directories))
+        .option("replicas", "3")
+        .load()
+        .collect()
+    )
     assert {r.transaction_id: bytes(r.data) for r in rows}[dirty_id] == Y
     assert len(rows) == dirty_id + 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +22,16 @@ from examples.ledger.views import VIEWS as LEDGER_VIEWS
 from waltz.cli.main import app as waltz_app
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks
+from waltz.services.cluster.zk import ClusterZk
+from waltz.services.cluster.zk_session import connect_zookeeper
 from waltz.services.local_cluster import LocalCluster
 from waltz.services.processes import wait_until
-from waltz.spark.rebuild import LogSource, rebuild, verify
+from waltz.services.storage import format as fmt
+from waltz.spark.committed import plan_offline
+from waltz.spark.drift import verify
+from waltz.spark.errors import CommittedReadError
+from waltz.spark.readers import read_committed
+from waltz.spark.rebuild import LogSource, rebuild
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -35,7 +43,8 @@ def _live(cluster: LocalCluster) -> LogSource:
 
 
 def _offline(cluster: LocalCluster) -> LogSource:
-    return LogSource(storage_dirs=[str(s.directory) for s in cluster.storages])
+    directories = [str(s.directory) for s in cluster.storages]
+    return LogSource(storage_dirs=directories, replicas=len(directories))
 
 
 def _ledger(cluster: LocalCluster, db_url: str, sweep_interval: float | None = 0.5) -> LedgerService:
@@ -231,3 +240,53 @@ def test_counter_rebuilt_into_mariadb_equals_live_db(
     # A rerun gives the same tables (idempotent).
     rebuild(spark, COUNTER_VIEWS, _live(spark_cluster), mariadb_url, up_to=report.marks)
     assert _rows(mariadb_url, COUNTER_VIEWS.tables[0]) == rows
+
+
+def _sessions(cluster: LocalCluster) -> dict[int, int]:
+    zk = connect_zookeeper(cluster.zookeeper_connect_string)
+    try:
+        metadata = ClusterZk(zk, cluster.root)
+        return {p: metadata.partition_metadata(p).value.session_id for p in range(cluster.num_partitions)}
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_live_reads_never_fence_the_owner_and_filters_prune_the_plan(
+    spark: Any, spark_cluster: LocalCluster, ledger_live: tuple[str, list[LedgerService]]
+) -> None:
+    _, services = ledger_live
+    before = _sessions(spark_cluster)
+    log = (
+        spark.read.format("waltz")
+        .option("zookeeper", spark_cluster.zookeeper_connect_string)
+        .option("cluster_root", spark_cluster.root)
+        .option("range_size", "10")
+        .load()
+    )
+    everything = log.count()
+    assert everything > 40 and log.rdd.getNumPartitions() > 4
+    picked = log.where("partition_id = 1 AND transaction_id >= 5 AND transaction_id < 15")
+    # Pushed down: one planned range of 10 transactions instead of every range of both partitions.
+    assert picked.rdd.getNumPartitions() == 1
+    assert sorted(r.transaction_id for r in picked.collect()) == list(range(5, 15))
+    # The reads went through the admin ports: the owners' store sessions are the same, and write.
+    assert _sessions(spark_cluster) == before
+    assert services[0].deposit(0, 1).committed
+    assert _sessions(spark_cluster) == before
+
+
+def test_a_corrupt_record_is_never_returned(
+    spark_cluster: LocalCluster, ledger_live: tuple[str, list[LedgerService]], tmp_path: Path
+) -> None:
+    copy = tmp_path / "storage"
+    shutil.copytree(spark_cluster.storages[0].directory, copy)
+    segment = sorted((copy / "0").glob("*.seg"))[0]
+    with segment.open("r+b") as f:  # a byte of the first record's data flipped
+        f.seek(fmt.HEADER_SIZE + fmt.RECORD_HEADER_SIZE + 1)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    (plan,) = plan_offline([str(copy)], [0], high_water_marks={0: 5})
+    with pytest.raises(CommittedReadError, match="partition 0 transaction 0"):
+        list(read_committed(0, 0, 5, plan.source))

@@ -10,18 +10,22 @@ from __future__ import annotations
 import importlib
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from sqlalchemy.exc import SQLAlchemyError
 
+if TYPE_CHECKING:
+    from waltz.spark.views import AppViews
+
 from waltz.cli.logs import configure_logging
 from waltz.errors import WaltzError
+from waltz.protocol.channels import TlsConfig
 
 __all__ = ["load_app", "rebuild_command"]
 
 
-def load_app(name: str) -> object:
+def load_app(name: str) -> AppViews:
     """The ``VIEWS`` of an application module (``<name>.views`` first, then ``<name>``).
 
     Raises:
@@ -67,7 +71,9 @@ def rebuild_command(
     ] = None,
     replicas: Annotated[
         int | None,
-        typer.Option(help="Offline: replicas per partition (default: the directories holding it)."),
+        typer.Option(
+            help="Offline: replicas per partition in the cluster (required unless --high-water-mark)."
+        ),
     ] = None,
     high_water_mark: Annotated[
         list[str] | None,
@@ -81,6 +87,21 @@ def rebuild_command(
     ] = None,
     cluster_name: Annotated[
         str | None, typer.Option(help="The log's name in the mark rows (default: the application's).")
+    ] = None,
+    ssl_ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Live: CA file verifying the storage nodes' admin ports (TLS).",
+            envvar="WALTZ_CLUSTER_SSL_CA_FILE",
+        ),
+    ] = None,
+    ssl_cert_file: Annotated[
+        Path | None,
+        typer.Option(help="Live: client certificate (mutual TLS).", envvar="WALTZ_CLUSTER_SSL_CERT_FILE"),
+    ] = None,
+    ssl_key_file: Annotated[
+        Path | None,
+        typer.Option(help="Live: client private key (mutual TLS).", envvar="WALTZ_CLUSTER_SSL_KEY_FILE"),
     ] = None,
     master: Annotated[str, typer.Option(help="The Spark master URL.")] = "local[*]",
     log_level: Annotated[str, typer.Option(help="Log level of this process.")] = "WARNING",
@@ -102,18 +123,18 @@ def rebuild_command(
     if db is None and verify_against is None:
         raise typer.BadParameter("give --db, --verify-against, or both")
     try:
-        from waltz.spark.rebuild import LogSource, rebuild, verify
+        from waltz.spark.drift import verify
+        from waltz.spark.rebuild import LogSource, rebuild
         from waltz.spark.session import spark_session
-        from waltz.spark.views import AppViews
 
         views = load_app(app)
-        assert isinstance(views, AppViews)
         source = LogSource(
             zookeeper=zookeeper,
             cluster_root=cluster_root,
             storage_dirs=[str(d) for d in storage_dir or []],
             replicas=replicas,
             high_water_marks=_marks(high_water_mark) if high_water_mark else None,
+            tls=TlsConfig(ssl_ca_file, ssl_cert_file, ssl_key_file) if ssl_ca_file or ssl_cert_file else None,
         )
         say(f"starting Spark ({master})")
         spark = spark_session(master, app_name=f"waltz-rebuild-{app}")
@@ -128,7 +149,8 @@ def rebuild_command(
                 raise typer.Exit(1)
             say("no drift: the live database equals the log's views")
             return
-        assert db is not None
+        if db is None:  # checked above: --db or --verify-against
+            raise typer.BadParameter("give --db")
         result = rebuild(spark, views, source, db, cluster_name=cluster_name, progress=say)
         say(f"rebuilt {sum(result.rows.values())} rows in {len(result.rows)} tables in {result.seconds:.1f}s")
     except (WaltzError, ImportError, OSError, SQLAlchemyError) as exc:

@@ -8,7 +8,8 @@ Source: DESIGN.md, "Spark"; seed 001 (the log is the source of truth, databases 
 - :mod:`waltz.spark.committed`: which records are committed and where to read them.
 - :mod:`waltz.spark.decoders`: transaction data to row changes (change-sets, command decoders).
 - :mod:`waltz.spark.views`: replay row changes into tables (last write per key wins).
-- :mod:`waltz.spark.rebuild`: the rebuild job and the drift check (``waltz rebuild``).
+- :mod:`waltz.spark.rebuild`: the rebuild job (``waltz rebuild``); :mod:`waltz.spark.target`:
+  writing the views into a database; :mod:`waltz.spark.drift`: the drift check (``--verify-against``).
 """
 
 from __future__ import annotations

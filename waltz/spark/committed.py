@@ -350,9 +350,12 @@ def plan_offline(
     Args:
         directories: storage directories (each holding ``waltz-storage.ctl``), of one cluster.
         partitions: partition IDs (None: every partition of the control files).
-        replicas: replicas per partition in the cluster (default: the number of directories
-            holding the partition, at least 2). Majority mode needs a quorum of them among
-            ``directories``; with fewer, a partition is read up to its highest low-water mark.
+        replicas: replicas per partition in the cluster (its replication factor). Required for
+            every partition without an entry in ``high_water_marks``: the quorum is a majority of
+            the cluster's replicas, never of the directories given (three directories of a
+            five-replica partition are a majority, but two of them agreeing prove nothing).
+            With fewer than a quorum of directories, a partition is read up to its highest
+            low-water mark only.
         high_water_marks: partition -> a committed high-water mark vouched for by the user
             (explicit mode for those partitions: no quorum needed).
 
@@ -361,11 +364,14 @@ def plan_offline(
 
     Raises:
         ConfigurationError: no directory, directories of different clusters, unknown partitions,
-            or too few directories for a quorum without an explicit high-water mark.
+            ``replicas`` missing (or fewer than the directories holding a partition) for a
+            partition without an explicit high-water mark.
         StorageNotInitializedError, CorruptDataError, OSError: a control file is unusable.
     """
     if not directories:
         raise ConfigurationError("give at least one storage directory")
+    if replicas is not None and replicas < 1:
+        raise ConfigurationError(f"replicas must be at least 1, not {replicas}")
     dumps = [inspect.read_control_file(Path(d)) for d in directories]
     keys = {str(d.header.cluster_key) for d in dumps}
     if len(keys) != 1:
@@ -401,8 +407,18 @@ def plan_offline(
                 )
             )
             continue
-        # One directory alone never counts as every replica: it proves only its low-water mark.
-        count = replicas if replicas is not None else max(len(holders), 2)
+        if replicas is None:
+            raise ConfigurationError(
+                f"partition {pid}: say how many replicas each partition has in the cluster (replicas / "
+                "--replicas N): the quorum that proves a record committed is a majority of all of them, "
+                "not of the directories given; or give a high-water mark you vouch for"
+            )
+        if len(holders) > replicas:
+            raise ConfigurationError(
+                f"partition {pid}: {len(holders)} directories hold it, but replicas is {replicas}: "
+                "give the cluster's replication factor"
+            )
+        count = replicas
         quorum = quorum_of(count)
         low = max(r.low_water_mark for r in holders)
         maxima = sorted((r.max_transaction_id for r in holders), reverse=True)

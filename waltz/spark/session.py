@@ -12,7 +12,7 @@ from typing import Any
 
 from waltz.spark.errors import SparkUnavailableError
 
-__all__ = ["JDBC_JARS", "require_spark", "spark_session"]
+__all__ = ["JDBC_JARS", "is_local_master", "require_spark", "spark_session"]
 
 #: JDBC drivers from Debian (``libpostgresql-jdbc-java``, ``libmariadb-java``), used when present.
 JDBC_JARS = ("/usr/share/java/postgresql.jar", "/usr/share/java/mariadb-java-client.jar")
@@ -42,9 +42,13 @@ def spark_session(
 ) -> Any:
     """Get or create a Spark session with the ``waltz`` data source registered.
 
-    Sets ``SPARK_LOCAL_IP=127.0.0.1`` (unless set) and ``PYSPARK_PYTHON`` to this interpreter for a
-    local master, disables the UI, enables Python data source filter pushdown, and adds the
-    Debian JDBC jars that exist.
+    For a local master (``local``, ``local[N]``, ``local[*]``, the default) it keeps everything on
+    this machine's loopback: ``SPARK_LOCAL_IP=127.0.0.1`` and the driver bound to it (unless
+    ``SPARK_LOCAL_IP`` is set), and ``PYSPARK_PYTHON`` set to this interpreter so workers import
+    waltz. For any other master it sets none of these: the cluster's executors must reach the
+    driver, and run a Python with waltz-py installed (``PYSPARK_PYTHON`` on the executors, as
+    Spark documents). Always: no UI, Python data source filter pushdown, and the Debian JDBC jars
+    that exist (``spark.jars``, shipped to the executors).
 
     Args:
         master: the Spark master URL (default ``local[*]``).
@@ -63,9 +67,11 @@ def spark_session(
     from waltz.spark import register
 
     master = master or "local[*]"
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    local = is_local_master(master)
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     jars = ",".join(j for j in JDBC_JARS if Path(j).exists())
     shuffle = shuffle_partitions or max(2, 2 * (os.cpu_count() or 1))
     builder = (
@@ -76,10 +82,16 @@ def spark_session(
         .config("spark.sql.python.filterPushdown.enabled", "true")
         .config("spark.sql.shuffle.partitions", str(shuffle))
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
     )
+    if local:
+        builder = builder.config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
     if jars:
         builder = builder.config("spark.jars", jars)
     spark = builder.getOrCreate()
     register(spark)
     return spark
+
+
+def is_local_master(master: str) -> bool:
+    """True for Spark's in-process masters: ``local``, ``local[N]``, ``local[*]``, ``local[N,F]``."""
+    return master == "local" or master.startswith("local[")

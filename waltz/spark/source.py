@@ -12,10 +12,14 @@ Spark still evaluates them on the rows.
 
 Options (all strings, as Spark passes them):
 
-- live cluster: ``zookeeper`` (connect string) and ``cluster_root`` (znode path);
+- live cluster: ``zookeeper`` (connect string) and ``cluster_root`` (znode path); on a cluster
+  whose storage nodes serve TLS, ``ssl_ca_file``, ``ssl_cert_file`` and ``ssl_key_file`` (PEM
+  files, readable where the tasks run);
 - offline: ``storage_dirs`` (comma-separated storage directories, or ``load(path)``),
-  ``replicas`` (replicas per partition, default the directories holding it, at least 2) and
-  ``high_water_mark`` (the user vouches: ``"120"`` for every partition or ``"0:120,1:98"``);
+  ``replicas`` (replicas per partition in the cluster: required unless ``high_water_mark`` is
+  given) and ``high_water_mark`` (the user vouches: ``"120"`` for every partition or
+  ``"0:120,1:98"``); the directories must be readable where the Spark tasks run (a shared
+  filesystem on a cluster);
 - ``partitions`` (``"0,2"``), ``from_transaction_id``, ``to_transaction_id`` (inclusive),
   ``up_to`` (per-partition inclusive upper bounds ``"0:120,1:98"``; more than the committed
   high-water mark is an error), ``range_size`` (default 100000), ``batch_records`` (default 5000),
@@ -46,12 +50,13 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from waltz.errors import ConfigurationError
+from waltz.protocol.channels import TlsConfig
 from waltz.services.storage import inspect
 from waltz.spark.committed import CommittedPartition, LiveSource, OfflineSource, plan_live, plan_offline
 from waltz.spark.errors import CommittedReadError
 from waltz.spark.readers import DEFAULT_BATCH_RECORDS, read_committed
 
-__all__ = ["LOG_SCHEMA", "LogRange", "WaltzDataSource", "parse_marks"]
+__all__ = ["LOG_SCHEMA", "LogRange", "WaltzDataSource", "WaltzLogReader", "parse_marks", "tls_option"]
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +127,15 @@ class WaltzDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return WaltzLogReader(dict(self.options))
+
+
+def tls_option(options: Mapping[str, str]) -> TlsConfig | None:
+    """Client TLS files from the ``ssl_ca_file``, ``ssl_cert_file``, ``ssl_key_file`` options."""
+    files = [options.get(name) or None for name in ("ssl_ca_file", "ssl_cert_file", "ssl_key_file")]
+    if not any(files):
+        return None
+    ca, cert, key = (Path(f) if f else None for f in files)
+    return TlsConfig(ca, cert, key)
 
 
 def _int_option(options: Mapping[str, str], name: str, default: int | None) -> int | None:
@@ -199,7 +213,7 @@ class WaltzLogReader(DataSourceReader):
             if not root:
                 raise ConfigurationError("option cluster_root is required with zookeeper")
             timeout = float(options.get("timeout", "30"))
-            return plan_live(zookeeper, root, partitions, timeout=timeout)
+            return plan_live(zookeeper, root, partitions, timeout=timeout, tls=tls_option(options))
         directories = [d.strip() for d in (dirs or "").split(",") if d.strip()]
         explicit: dict[int, int] | None = None
         raw = options.get("high_water_mark")
@@ -208,9 +222,8 @@ class WaltzLogReader(DataSourceReader):
                 explicit = parse_marks(raw, "high_water_mark")
             else:
                 mark = _int_option(options, "high_water_mark", -1)
-                assert mark is not None
                 count = inspect.read_control_file(Path(directories[0])).header.num_partitions
-                explicit = dict.fromkeys(range(count), mark)
+                explicit = dict.fromkeys(range(count), -1 if mark is None else mark)
         return plan_offline(
             directories,
             partitions,
@@ -254,7 +267,14 @@ class WaltzLogReader(DataSourceReader):
     # ---- reading (in the tasks) ----
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, LogRange)
+        """Read one planned range (in a Spark task): committed records, CRC-checked, as Arrow batches.
+
+        Raises:
+            CorruptRecordError: a record failed its CRC or broke the ID sequence on every replica.
+            CommittedReadError: no proven replica could serve the range.
+        """
+        if not isinstance(partition, LogRange):
+            raise TypeError(f"not a planned Waltz range: {partition!r}")
         batch_records = (
             _int_option(self.options, "batch_records", DEFAULT_BATCH_RECORDS) or DEFAULT_BATCH_RECORDS
         )

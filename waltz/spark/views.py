@@ -24,7 +24,7 @@ from sqlalchemy import Engine, Table, types
 from waltz.jdbc_style.entities import EntityRegistry
 from waltz.spark.decoders import DecoderRegistry
 
-__all__ = ["AppViews", "apply_idempotency", "entity_table", "replay", "spark_type"]
+__all__ = ["AppViews", "apply_idempotency", "entity_table", "idempotency_key_rows", "replay", "spark_type"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,36 @@ def apply_idempotency(changes: Any) -> Any:
         & (F.col("first.transaction_id") == F.col("transaction_id"))
     )
     return joined.where(keep).drop("first")
+
+
+def idempotency_key_rows(changes: Any, cluster_name: str) -> Any:
+    """The ``waltz_idempotency_keys`` rows of the log: each key where it first appears.
+
+    As the SQL callbacks record them (``docs/sql.md``, "Idempotency keys"): one row per key, the
+    first transaction in ``(partition_id, transaction_id)`` order that carried it; ``applied_at``
+    is unknown (NULL).
+
+    Args:
+        changes: row changes (:data:`~waltz.spark.decoders.CHANGES_SCHEMA`).
+        cluster_name: the log's name in the rows.
+
+    Returns:
+        A DataFrame with the columns of ``waltz_idempotency_keys``.
+    """
+    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+
+    first = (
+        changes.where(F.col("idempotency_key").isNotNull())
+        .groupBy("idempotency_key")
+        .agg(F.min(F.struct("partition_id", "transaction_id")).alias("first"))
+    )
+    return first.select(
+        F.lit(cluster_name).alias("cluster_name"),
+        F.col("idempotency_key"),
+        F.col("first.partition_id").cast("int").alias("partition_id"),
+        F.col("first.transaction_id").cast("bigint").alias("transaction_id"),
+        F.lit(None).cast("timestamp").alias("applied_at"),
+    )
 
 
 def replay(changes: Any) -> Any:

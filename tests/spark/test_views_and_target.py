@@ -1,0 +1,114 @@
+"""The rebuild's views and its writes to a database, on a synthetic log (no cluster needed).
+
+The log is a DataFrame of the data source's schema holding change-sets of the counter example, two
+of them carrying the same idempotency key; the target databases already hold another log's marks
+and keys, which a rebuild must leave as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import insert, select
+
+from examples.counter.models import Counter
+from examples.counter.views import VIEWS as COUNTER_VIEWS
+from waltz.jdbc_style import create_framework_engine
+from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, RowChange
+from waltz.jdbc_style.schema import high_water_marks, idempotency_keys
+from waltz.spark.decoders import decode_changes
+from waltz.spark.source import LOG_SCHEMA
+from waltz.spark.target import write_views
+from waltz.spark.views import idempotency_key_rows
+
+OTHER = "another-log"
+
+
+def _set(counter_id: int, value: int, key: str | None = None) -> bytes:
+    change = RowChange(
+        Operation.UPDATE if value else Operation.INSERT,
+        "counter",
+        {"counter_id": counter_id},
+        {"counter_id": counter_id, "value": value, "updated_tx": -1},
+    )
+    return ChangeSet([change], idempotency_key=key).encode()
+
+
+def _log(spark: Any) -> Any:
+    """Partition 0: counter 1 set to 0, 5, then 9 under key req-1; partition 1: counter 2 set to 3
+    under key req-1 (a duplicate in a later partition: not applied), then to 4 under req-2."""
+    entries = [
+        (0, 0, _set(1, 0)),
+        (0, 1, _set(1, 5)),
+        (0, 2, _set(1, 9, "req-1")),
+        (1, 0, _set(2, 3, "req-1")),
+        (1, 1, _set(2, 4, "req-2")),
+    ]
+    rows = [(p, t, CHANGE_SET_HEADER, 7, 1, p, t, data) for p, t, data in entries]
+    return spark.createDataFrame(rows, LOG_SCHEMA)
+
+
+def test_idempotency_keys_are_where_each_key_first_appears(spark: Any) -> None:
+    log = _log(spark)
+    changes = decode_changes(log, COUNTER_VIEWS.decoders)
+    keys = {
+        r.idempotency_key: (r.partition_id, r.transaction_id)
+        for r in idempotency_key_rows(changes, "c").collect()
+    }
+    assert keys == {"req-1": (0, 2), "req-2": (1, 1)}
+    counters = {
+        r.counter_id: (r.value, r.updated_tx)
+        for r in COUNTER_VIEWS.build(changes, log)[Counter.__tablename__].collect()
+    }
+    # Counter 2's first change carried req-1, already used in partition 0: not applied.
+    assert counters == {1: (9, 2), 2: (4, 1)}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mariadb"])
+def test_a_rebuild_replaces_its_log_rows_and_keeps_other_logs(
+    spark: Any, request: pytest.FixtureRequest, tmp_path: Any, backend: str
+) -> None:
+    url = {
+        "sqlite": lambda: f"sqlite:///{tmp_path / 'target.db'}",
+        "postgresql": lambda: str(request.getfixturevalue("postgres_url")),
+        "mariadb": lambda: str(request.getfixturevalue("mariadb_url")),
+    }[backend]()
+    engine = create_framework_engine(url)
+    COUNTER_VIEWS.prepare(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            insert(high_water_marks),
+            [
+                {"cluster_name": OTHER, "partition_id": 0, "high_water_mark": 41, "updated_at": None},
+                {"cluster_name": "counter", "partition_id": 7, "high_water_mark": 99, "updated_at": None},
+            ],
+        )
+        conn.execute(
+            insert(idempotency_keys),
+            [
+                {"cluster_name": OTHER, "idempotency_key": "req-1", "partition_id": 0, "transaction_id": 3},
+                {"cluster_name": "counter", "idempotency_key": "old", "partition_id": 0, "transaction_id": 0},
+            ],
+        )
+        conn.execute(insert(Counter.__table__), [{"counter_id": 77, "value": 1, "updated_tx": 0}])
+    log = _log(spark)
+    changes = decode_changes(log, COUNTER_VIEWS.decoders)
+    views = COUNTER_VIEWS.build(changes, log)
+    for _ in range(2):  # a rerun gives the same database
+        rows = write_views(
+            views,
+            COUNTER_VIEWS,
+            url,
+            {0: 2, 1: 1},
+            idempotency_keys_df=idempotency_key_rows(changes, "counter"),
+        )
+        assert rows == {"counters": 2, "waltz_idempotency_keys": 2}
+        with engine.connect() as conn:
+            marks = {tuple(r) for r in conn.execute(select(*list(high_water_marks.c)[:3]))}
+            keys = {tuple(r) for r in conn.execute(select(*list(idempotency_keys.c)[:4]))}
+            counters = {tuple(r) for r in conn.execute(select(*Counter.__table__.columns))}
+        assert marks == {(OTHER, 0, 41), ("counter", 0, 2), ("counter", 1, 1)}
+        assert keys == {(OTHER, "req-1", 0, 3), ("counter", "req-1", 0, 2), ("counter", "req-2", 1, 1)}
+        assert counters == {(1, 9, 2), (2, 4, 1)}
+    engine.dispose()

@@ -1,0 +1,314 @@
+"""Writing rebuilt views into a database: staging tables, then one swap with the marks.
+
+Source: seed 001, "Limitations and Requirements" (a database stores its high-water marks, updated
+with the data they cover); DESIGN.md, "Spark"; ``docs/spark.md`` ("``waltz rebuild``").
+
+Each table is written into a fresh ``<table>__rebuild`` (JDBC for PostgreSQL and MariaDB,
+SQLAlchemy for SQLite). Only when every table is complete are they swapped in, together with the
+framework's rows of this log: its ``waltz_high_water_marks`` rows set to the marks read up to and
+its ``waltz_idempotency_keys`` rows replaced by the keys of the log. On PostgreSQL and SQLite that
+is one transaction; on MariaDB, where DDL commits, the mark and key tables are staged too (their
+rows of other logs copied over) and everything is renamed in one atomic ``RENAME TABLE``. A failure
+before the swap leaves the old tables; a rerun gives the same tables.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Engine, Table, column, delete, insert, select, text
+from sqlalchemy import table as table_clause
+from sqlalchemy.engine import Connection, make_url
+
+from waltz.jdbc_style import create_framework_engine
+from waltz.jdbc_style.schema import high_water_marks, idempotency_keys
+from waltz.spark.errors import RebuildError
+from waltz.spark.views import AppViews
+
+__all__ = ["STAGING_SUFFIX", "WRITE_BATCH", "backend_of", "jdbc_target", "marks_text", "write_views"]
+
+Progress = Callable[[str], None]
+
+#: Suffix of the staging tables a rebuild writes before swapping them in.
+STAGING_SUFFIX = "__rebuild"
+#: Suffix of the tables a MariaDB swap moves out of the way (dropped right after).
+_OLD_SUFFIX = "__old"
+#: Rows per INSERT batch (SQLite) and per JDBC batch.
+WRITE_BATCH = 5000
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+def marks_text(marks: Mapping[int, int]) -> str:
+    """``{0: 120, 1: 98}`` as ``"0:120,1:98"`` (the form of the ``up_to`` option and of reports)."""
+    return ",".join(f"{p}:{m}" for p, m in sorted(marks.items()))
+
+
+def backend_of(engine: Engine) -> str:
+    """``postgresql``, ``mariadb`` (MySQL too) or ``sqlite``: the backend a rebuild writes."""
+    name = engine.dialect.name
+    return "mariadb" if name in ("mysql", "mariadb") else name
+
+
+def jdbc_target(db_url: str) -> tuple[str, dict[str, str]]:
+    """The JDBC URL and connection properties of a PostgreSQL or MariaDB SQLAlchemy URL.
+
+    Only host, port, database, user and password are carried over; a URL's query parameters
+    (``sslmode``, a socket path) are not: give the database over TCP.
+
+    Raises:
+        RebuildError: another backend.
+    """
+    url = make_url(db_url)
+    backend = url.get_backend_name()
+    props: dict[str, str] = {}
+    if url.username:
+        props["user"] = url.username
+    if url.password:
+        props["password"] = str(url.password)
+    if backend == "postgresql":
+        address = f"{url.host or '127.0.0.1'}:{url.port or 5432}"
+        jdbc = f"jdbc:postgresql://{address}/{url.database}?reWriteBatchedInserts=true"
+        props["driver"] = "org.postgresql.Driver"
+    elif backend in ("mysql", "mariadb"):
+        address = f"{url.host or '127.0.0.1'}:{url.port or 3306}"
+        jdbc = f"jdbc:mysql://{address}/{url.database}?rewriteBatchedStatements=true"
+        props["driver"] = "org.mariadb.jdbc.Driver"
+    else:
+        raise RebuildError(f"no JDBC writer for {backend} databases")
+    props["batchsize"] = str(WRITE_BATCH)
+    return jdbc, props
+
+
+def _create_staging(conn: Connection, backend: str, table: Table, staging: str) -> list[str]:
+    """Create ``staging`` like ``table``; returns statements to run after the swap (SQLite indexes)."""
+    preparer = conn.dialect.identifier_preparer
+    quoted, quoted_staging = preparer.quote(table.name), preparer.quote(staging)
+    conn.execute(text(f"DROP TABLE IF EXISTS {quoted_staging}"))
+    if backend == "postgresql":
+        conn.execute(text(f"CREATE TABLE {quoted_staging} (LIKE {quoted} INCLUDING ALL)"))
+        return []
+    if backend == "mariadb":
+        conn.execute(text(f"CREATE TABLE {quoted_staging} LIKE {quoted}"))
+        return []
+    # SQLite: the table's own DDL (what its migrations made, CHECK constraints included) under the
+    # staging name; its indexes are created after the swap (SQLite index names are per database).
+    sql = conn.execute(
+        text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = :name"), {"name": table.name}
+    ).scalar()
+    if not sql:
+        raise RebuildError(f"table {table.name} does not exist in the target database")
+    created = re.sub(
+        r"^\s*CREATE\s+TABLE\s+(\"[^\"]+\"|`[^`]+`|\[[^\]]+\]|\S+)",
+        f"CREATE TABLE {quoted_staging}",
+        sql,
+        count=1,
+        flags=re.IGNORECASE,
+    )
+    conn.execute(text(created))
+    indexes = conn.execute(
+        text("SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = :name AND sql IS NOT NULL"),
+        {"name": table.name},
+    ).scalars()
+    return [str(s) for s in indexes]
+
+
+def _pg_index_names(conn: Connection, table: str) -> dict[str, str]:
+    """Index definition with names blanked -> index name, of a PostgreSQL table."""
+    rows = conn.execute(
+        text(
+            "SELECT indexname, indexdef FROM pg_indexes "
+            "WHERE tablename = :t AND schemaname = current_schema()"
+        ),
+        {"t": table},
+    )
+    out = {}
+    for name, definition in rows:
+        shape = re.sub(r"INDEX \S+ ON \S+", "INDEX ON", str(definition))
+        out[shape] = str(name)
+    return out
+
+
+def _write_rows(spark_df: Any, engine: Engine, backend: str, db_url: str, table: Table, staging: str) -> int:
+    names = [c.name for c in table.columns]
+    if backend in ("postgresql", "mariadb"):
+        jdbc, props = jdbc_target(db_url)
+        spark_df.select(*names).write.jdbc(jdbc, staging, mode="append", properties=props)
+        with engine.connect() as conn:
+            quoted = conn.dialect.identifier_preparer.quote(staging)
+            return int(conn.execute(text(f"SELECT COUNT(*) FROM {quoted}")).scalar() or 0)
+    count = 0
+    target = table_clause(staging, *(column(name) for name in names))
+    batch: list[dict[str, Any]] = []
+    with engine.begin() as conn:
+        for row in spark_df.select(*names).toLocalIterator():
+            batch.append(dict(zip(names, row, strict=True)))
+            if len(batch) >= WRITE_BATCH:
+                conn.execute(insert(target), batch)
+                count += len(batch)
+                batch = []
+        if batch:
+            conn.execute(insert(target), batch)
+            count += len(batch)
+    return count
+
+
+def write_views(
+    views: Mapping[str, Any],
+    app: AppViews,
+    db_url: str,
+    marks: Mapping[int, int],
+    *,
+    idempotency_keys_df: Any = None,
+    cluster_name: str | None = None,
+    progress: Progress = _quiet,
+) -> dict[str, int]:
+    """Write the views into fresh tables, swap them in when all are complete, and set the marks.
+
+    Args:
+        views: table name -> DataFrame (from :func:`waltz.spark.rebuild.compute_views`).
+        app: the application (its ``prepare`` creates the tables first when missing).
+        db_url: the target database (SQLAlchemy URL).
+        marks: partition -> transaction ID the views include (the mark rows written).
+        idempotency_keys_df: the log's idempotency keys (:func:`waltz.spark.views.idempotency_key_rows`)
+            to replace this log's ``waltz_idempotency_keys`` rows with; None leaves them.
+        cluster_name: the log's name in the mark rows (default ``app.cluster_name``).
+        progress: called with a line per step.
+
+    Returns:
+        Table name -> rows written (``waltz_idempotency_keys`` included when given).
+
+    Raises:
+        RebuildError: the target backend is not supported.
+        sqlalchemy.exc.DBAPIError: the database refused (the old tables stay as they were).
+    """
+    name = cluster_name or app.cluster_name
+    engine = create_framework_engine(db_url)
+    try:
+        backend = backend_of(engine)
+        if backend not in ("postgresql", "mariadb", "sqlite"):
+            raise RebuildError(f"rebuild writes PostgreSQL, MariaDB or SQLite, not {backend}")
+        app.prepare(engine)
+        staged: list[tuple[Table, Any]] = [(table, views[table.name]) for table in app.tables]
+        if idempotency_keys_df is not None:
+            staged.append((idempotency_keys, idempotency_keys_df))
+        after_swap: list[str] = []
+        pg_names: dict[str, dict[str, str]] = {}
+        rows: dict[str, int] = {}
+        for table, frame in staged:
+            staging = table.name + STAGING_SUFFIX
+            with engine.begin() as conn:
+                index_statements = _create_staging(conn, backend, table, staging)
+                if table is not idempotency_keys:  # its rows are copied over, the table stays
+                    after_swap += index_statements
+                    if backend == "postgresql":
+                        pg_names[table.name] = _pg_index_names(conn, table.name)
+            progress(f"writing {table.name} into {staging}")
+            rows[table.name] = _write_rows(frame, engine, backend, db_url, table, staging)
+            progress(f"  {table.name}: {rows[table.name]} rows")
+        swap = _Swap(engine, backend, name, marks, with_keys=idempotency_keys_df is not None)
+        if backend == "mariadb":
+            swap.mariadb(app.tables)
+        else:
+            swap.in_one_transaction(app.tables, pg_names, after_swap)
+        progress(f"swapped in {len(staged)} tables; marks of {name!r} set to {marks_text(marks)}")
+        return rows
+    finally:
+        engine.dispose()
+
+
+class _Swap:
+    """Puts the staged tables in place with the log's marks and keys (see the module docstring)."""
+
+    def __init__(
+        self, engine: Engine, backend: str, cluster_name: str, marks: Mapping[int, int], *, with_keys: bool
+    ) -> None:
+        self.engine = engine
+        self.backend = backend
+        self.cluster_name = cluster_name
+        self.marks = marks
+        self.with_keys = with_keys
+        self.quote = engine.dialect.identifier_preparer.quote
+
+    def _mark_rows(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "cluster_name": self.cluster_name,
+                "partition_id": pid,
+                "high_water_mark": mark,
+                "updated_at": None,
+            }
+            for pid, mark in sorted(self.marks.items())
+        ]
+
+    def in_one_transaction(
+        self, tables: Sequence[Table], pg_names: Mapping[str, Mapping[str, str]], after_swap: Sequence[str]
+    ) -> None:
+        """PostgreSQL and SQLite: DDL is transactional, so tables, marks and keys move at once."""
+        quote = self.quote
+        with self.engine.begin() as conn:
+            for t in tables:
+                conn.execute(text(f"DROP TABLE {quote(t.name)}"))
+                conn.execute(text(f"ALTER TABLE {quote(t.name + STAGING_SUFFIX)} RENAME TO {quote(t.name)}"))
+                if self.backend == "postgresql":
+                    for shape, staged in _pg_index_names(conn, t.name).items():
+                        original = pg_names.get(t.name, {}).get(shape)
+                        if original and original != staged:
+                            conn.execute(text(f"ALTER INDEX {quote(staged)} RENAME TO {quote(original)}"))
+            for statement in after_swap:
+                conn.execute(text(statement))
+            conn.execute(delete(high_water_marks).where(high_water_marks.c.cluster_name == self.cluster_name))
+            if self.marks:
+                conn.execute(insert(high_water_marks), self._mark_rows())
+            if self.with_keys:
+                keys_staging = quote(idempotency_keys.name + STAGING_SUFFIX)
+                names = ", ".join(quote(c.name) for c in idempotency_keys.columns)
+                conn.execute(
+                    delete(idempotency_keys).where(idempotency_keys.c.cluster_name == self.cluster_name)
+                )
+                target = quote(idempotency_keys.name)
+                conn.execute(text(f"INSERT INTO {target} ({names}) SELECT {names} FROM {keys_staging}"))
+                conn.execute(text(f"DROP TABLE {keys_staging}"))
+
+    def mariadb(self, tables: Sequence[Table]) -> None:
+        """MariaDB: DDL commits, so the marks and keys of other logs are copied into staged framework
+        tables and every table is renamed in one atomic ``RENAME TABLE``."""
+        quote = self.quote
+        framework: list[Table] = [high_water_marks]
+        with self.engine.begin() as conn:
+            marks_staging = high_water_marks.name + STAGING_SUFFIX
+            conn.execute(text(f"DROP TABLE IF EXISTS {quote(marks_staging)}"))
+            conn.execute(text(f"CREATE TABLE {quote(marks_staging)} LIKE {quote(high_water_marks.name)}"))
+            self._copy_other_logs(conn, high_water_marks)
+            if self.marks:
+                conn.execute(insert(_renamed(high_water_marks, marks_staging)), self._mark_rows())
+            if self.with_keys:
+                self._copy_other_logs(conn, idempotency_keys)
+                framework.append(idempotency_keys)
+        moved = [*tables, *framework]
+        renames = ", ".join(
+            f"{quote(t.name)} TO {quote(t.name + _OLD_SUFFIX)}, "
+            f"{quote(t.name + STAGING_SUFFIX)} TO {quote(t.name)}"
+            for t in moved
+        )
+        with self.engine.begin() as conn:
+            for t in moved:
+                conn.execute(text(f"DROP TABLE IF EXISTS {quote(t.name + _OLD_SUFFIX)}"))
+            conn.execute(text(f"RENAME TABLE {renames}"))
+            for t in moved:
+                conn.execute(text(f"DROP TABLE {quote(t.name + _OLD_SUFFIX)}"))
+
+    def _copy_other_logs(self, conn: Connection, table: Table) -> None:
+        """Copy the rows of other logs (other cluster names) into the table's staging copy."""
+        staging = _renamed(table, table.name + STAGING_SUFFIX)
+        others = select(*table.columns).where(table.c.cluster_name != self.cluster_name)
+        conn.execute(insert(staging).from_select([c.name for c in table.columns], others))
+
+
+def _renamed(table: Table, name: str) -> Any:
+    """A lightweight table clause with ``table``'s columns under another name (a staging copy)."""
+    return table_clause(name, *(column(c.name) for c in table.columns))
