@@ -19,9 +19,7 @@ What the demo and the tests assert (issue "The counter and ledger services"):
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,11 +36,10 @@ from examples.ledger.models import (
     applied_transactions,
 )
 from examples.ledger.transfers import money_in_flight, pending_transfers
-from waltz import WaltzClient, WaltzClientCallbacks, WaltzClientConfig
+from waltz import WaltzClientCallbacks
+from waltz.client.reading import read_up_to
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style import CHANGE_SET_HEADER, ChangeSet
-from waltz.protocol.storage_client import StorageAdminClient
-from waltz.services.local_cluster import LocalCluster
 
 __all__ = ["Check", "LogTally", "read_log", "run_checks"]
 
@@ -101,61 +98,8 @@ def read_log(
 ) -> LogTally:
     """Read every transaction from the start with a fresh client (no database) and tally it."""
     tally = LogTally()
-    reader = _Reader(tally)
-    config = WaltzClientConfig(
-        zookeeper_connect_string=zookeeper, cluster_root=cluster_root, client_max_apply_batch_size=500
-    )
-    with WaltzClient(reader, config) as client:
-        for pid, mark in high_water_marks.items():
-            if mark >= 0 and not client.wait_applied(pid, mark, timeout):
-                raise TimeoutError(f"the log reader did not reach {pid}:{mark} within {timeout}s")
+    read_up_to(_Reader(tally), zookeeper, cluster_root, high_water_marks, timeout=timeout)
     return tally
-
-
-def replica_digests(
-    cluster: LocalCluster, high_water_marks: dict[int, int], timeout: float = 60.0
-) -> dict[int, set[int]]:
-    """Per partition, the set of CRC-32 digests of the replicas' records 0..mark (one digest: identical).
-
-    A replica still catching up (a restarted node) is read again until it holds the records or
-    ``timeout`` seconds pass.
-
-    Raises:
-        TimeoutError: a replica lacked records up to the mark for ``timeout`` seconds.
-    """
-
-    async def digest(admin: StorageAdminClient, pid: int, mark: int) -> int | None:
-        crc = 0
-        next_id = 0
-        while next_id <= mark:
-            page = await admin.records(pid, next_id, min(1000, mark + 1 - next_id))
-            if not page:
-                return None  # not caught up yet
-            for record in page[: mark + 1 - next_id]:
-                crc = zlib.crc32(
-                    repr((record.transaction_id, record.header, bytes(record.data))).encode(), crc
-                )
-            next_id += len(page)
-        return crc
-
-    async def all_digests() -> dict[int, set[int]]:
-        deadline = asyncio.get_running_loop().time() + timeout
-        result: dict[int, set[int]] = {pid: set() for pid in high_water_marks}
-        for node in cluster.storages:
-            async with StorageAdminClient(
-                node.admin_address, str(cluster.cluster_key), cluster.num_partitions
-            ) as admin:
-                for pid, mark in high_water_marks.items():
-                    while (found := await digest(admin, pid, mark)) is None:
-                        if asyncio.get_running_loop().time() > deadline:
-                            raise TimeoutError(
-                                f"replica {node.admin_address} of partition {pid} lacks records up to {mark}"
-                            )
-                        await asyncio.sleep(0.2)
-                    result[pid].add(found)
-        return result
-
-    return asyncio.run(all_digests())
 
 
 def run_checks(

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from examples.ledger.checks import Check, read_log, replica_digests, run_checks
+from examples.ledger.checks import Check, read_log, run_checks
 from examples.ledger.service import LedgerService, prepare_database
 from examples.ledger.smallbank import SmallBankConfig, SmallBankStats, SmallBankWorkload
 from examples.ledger.transfers import pending_transfers
@@ -196,7 +196,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                         raise TimeoutError(f"partition {pid} not applied up to {mark} within 60s")
             say("reading the whole log back with a fresh client, and every replica from the storage nodes")
             tally = read_log(zk, root, server_marks)
-            replicas = replica_digests(cluster, server_marks)
+            replicas = cluster.replica_digests(server_marks)
             checks = run_checks(
                 engine,
                 cluster_name=services[0].callbacks.cluster_name,
@@ -246,7 +246,7 @@ def spark_rebuild_check(
     """Rebuild the ledger from the log with Spark and compare it with the live database.
 
     The live database is read in one snapshot with its marks, the log up to exactly those marks
-    (``waltz.spark.rebuild.verify``); the views are also written to ``rebuilt_url``.
+    (``waltz.spark.drift.verify``); the views are also written to ``rebuilt_url``.
 
     Returns:
         A check that passes when no table differs; it fails (saying what to install) when PySpark
@@ -264,8 +264,8 @@ def spark_rebuild_check(
     from pyspark.sql import SparkSession
 
     from examples.ledger.views import VIEWS
-    from waltz.errors import WaltzError
-    from waltz.spark.rebuild import LogSource, verify
+    from waltz.spark.drift import verify
+    from waltz.spark.rebuild import LogSource
     from waltz.spark.session import spark_session
 
     say(f"rebuilding the ledger from the log with Spark ({master or 'local[*]'}) and checking for drift")
@@ -282,8 +282,9 @@ def spark_rebuild_check(
             cluster_name=cluster_name,
             progress=lambda line: say(f"  {line}"),
         )
-    except (WaltzError, OSError) as exc:
-        return Check(name, False, f"the rebuild failed: {exc}")
+    except Exception as exc:  # a failed Spark job (Py4J's errors), the log or a database: a failed check
+        log.warning("the Spark rebuild failed", exc_info=True)
+        return Check(name, False, f"the rebuild failed: {type(exc).__name__}: {str(exc)[:500]}")
     finally:
         if not shared:
             spark.stop()

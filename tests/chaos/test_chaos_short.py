@@ -32,8 +32,9 @@ from waltz.chaos.checks import (
 from waltz.chaos.schedule import random_schedule
 from waltz.chaos.sequence import ChecksumCallbacks, counter_key_for, counter_payload, payload_for
 from waltz.client.transaction import Transaction
-from waltz.protocol.records import ReqId
+from waltz.protocol.records import Record, ReqId
 from waltz.services.local_zookeeper import find_java, find_zookeeper_classpath
+from waltz.services.storage import format as fmt
 
 
 def _require_zookeeper() -> None:
@@ -265,11 +266,40 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     marks = {pid: next(iter(held.values())).records - 1 for pid, held in digests.items()}
     assert check_replicas_on_disk(digests, marks, 3).passed
     segment = sorted((storage_dirs["storage-1"]).glob("*/*.seg"))[0]
-    data = bytearray(segment.read_bytes())
+    original = segment.read_bytes()
+    data = bytearray(original)
     data[200] ^= 0xFF
     segment.write_bytes(bytes(data))
     damaged = check_replicas_on_disk(segment_digests(storage_dirs), marks, 3)
     assert not damaged.passed, damaged.detail
+    # A replica whose records are all valid but one differs (another payload of the same length,
+    # its CRC right): only the comparison of segment bodies between replicas can catch that.
+    record, size = fmt.decode_record_at(original, fmt.HEADER_SIZE)
+    other = Record.create(record.transaction_id, record.req_id, record.header, bytes(len(record.data)))
+    assert other.data != record.data and len(fmt.encode_record(other)) == size
+    data = bytearray(original)
+    data[fmt.HEADER_SIZE : fmt.HEADER_SIZE + size] = fmt.encode_record(other)
+    segment.write_bytes(bytes(data))
+    differing = check_replicas_on_disk(segment_digests(storage_dirs), marks, 3)
+    assert not differing.passed, differing.detail
+    segment.write_bytes(original)
+    assert check_replicas_on_disk(segment_digests(storage_dirs), marks, 3).passed
+
+
+def test_options_replay_and_duration() -> None:
+    """The replay line names what shapes a run; --duration makes the transactions a bound only."""
+    options = ChaosOptions(seed=7, workload="counter", lock_pool=40, clients=2, partitions=2)
+    line = options.replay_command()
+    for part in ("--seed 7", "--transactions 3000", "--workload counter", "--lock-pool 40", "--clients 2"):
+        assert part in line, line
+    timed = ChaosOptions(duration=120.0)
+    assert timed.transaction_bound > 10**6 and "--duration 120" in timed.replay_command()
+    assert "--transactions" not in timed.replay_command()
+    assert len(timed.make_schedule()) == 4  # one fault per 30 s of the duration
+    with pytest.raises(ValueError, match="storages must be 3 or 5"):
+        ChaosOptions(storages=4).validate()
+    with pytest.raises(ValueError, match="at least clients"):
+        ChaosOptions(transactions=2, clients=3).validate()
 
 
 @pytest.mark.slow
@@ -287,6 +317,8 @@ def test_full_chaos_run_with_random_faults(tmp_path: Path) -> None:
         in_flight=64,
         work_dir=tmp_path / "chaos",
     )
+    kinds = {fault.kind for fault in options.make_schedule()}
+    assert {FaultKind.KILL_ZOOKEEPER, FaultKind.PAUSE_ZOOKEEPER} <= kinds, kinds
     result = run_chaos(options, lines.append)
     assert result.passed, "\n".join(lines[-60:])
 

@@ -1,20 +1,23 @@
 """``waltz chaos``: a local cluster under a seeded fault schedule, and the invariants it must keep.
 
 Issue 8, "waltz chaos". :func:`run_chaos` runs it (:mod:`waltz.chaos.runner`); the pieces are the
-TCP fault proxy (:mod:`waltz.chaos.proxy`), fault schedules (:mod:`waltz.chaos.schedule`), the
-injector (:mod:`waltz.chaos.faults`), the client processes (:mod:`waltz.chaos.worker`) and the
-checks (:mod:`waltz.chaos.checks`). See ``docs/chaos.md``.
+options (:mod:`waltz.chaos.options`), the TCP fault proxy (:mod:`waltz.chaos.proxy`), fault
+schedules (:mod:`waltz.chaos.schedule`), the injector (:mod:`waltz.chaos.faults`), the client
+processes (:mod:`waltz.chaos.worker`, coordinated by :mod:`waltz.chaos.clients`) and the checks
+(:mod:`waltz.chaos.checks`). See ``docs/chaos.md``.
 """
 
 from __future__ import annotations
 
-from waltz.chaos.proxy import FaultProxy
-from waltz.chaos.runner import ChaosOptions, ChaosResult, run_chaos
+from waltz.chaos.options import ChaosOptions, ChaosResult
+from waltz.chaos.proxy import ClusterProxies, FaultProxy
+from waltz.chaos.runner import run_chaos
 from waltz.chaos.schedule import Fault, FaultKind, fixed_schedule, parse_fault_kinds, random_schedule
 
 __all__ = [
     "ChaosOptions",
     "ChaosResult",
+    "ClusterProxies",
     "Fault",
     "FaultKind",
     "FaultProxy",

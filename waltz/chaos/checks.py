@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from waltz.chaos.sequence import ChecksumCallbacks, counter_key_for, decode_counter, decode_tag, payload_for
-from waltz.client import WaltzClient, WaltzClientConfig
+from waltz.client.reading import read_up_to
 from waltz.client.transaction import Transaction
 from waltz.services.storage import format as fmt
 from waltz.services.storage.inspect.reader import SegmentFile, StopKind
@@ -191,16 +191,7 @@ def read_log(
     observer = LogObserver(reading, seed, workload, keys)
 
     callbacks = ChecksumCallbacks(observer if workload in ("raw", "counter") else None)
-    config = WaltzClientConfig(
-        zookeeper_connect_string=zookeeper, cluster_root=cluster_root, client_max_apply_batch_size=500
-    )
-    with WaltzClient(callbacks, config) as client:
-        for pid, mark in sorted(marks.items()):
-            if mark >= 0 and not client.wait_applied(pid, mark, timeout):
-                got = callbacks.sequence(pid).mark
-                raise TimeoutError(
-                    f"the log reader read partition {pid} up to {got}, not {mark}, in {timeout:g}s"
-                )
+    read_up_to(callbacks, zookeeper, cluster_root, marks, timeout=timeout)
     for pid in marks:
         state = callbacks.sequence(pid)
         reading.marks[pid] = state.mark

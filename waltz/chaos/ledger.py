@@ -22,7 +22,7 @@ from multiprocessing.synchronize import Event
 from typing import Any
 
 from examples.ledger.checks import read_log as read_ledger_log
-from examples.ledger.checks import replica_digests, run_checks
+from examples.ledger.checks import run_checks
 from examples.ledger.service import LedgerService, prepare_database
 from examples.ledger.smallbank import SmallBankConfig, SmallBankWorkload
 from examples.ledger.transfers import pending_transfers
@@ -181,7 +181,7 @@ def ledger_checks(
     engine = create_framework_engine(db_url)
     try:
         tally = read_ledger_log(cluster.zookeeper_connect_string, cluster.root, dict(marks))
-        replicas = replica_digests(cluster, dict(marks), timeout=120.0)
+        replicas = cluster.replica_digests(marks, timeout=120.0)
         checks = [
             ChaosCheck(f"ledger: {c.name}", c.passed, c.detail)
             for c in run_checks(

@@ -24,11 +24,15 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from waltz.services.processes import free_port
 
-__all__ = ["FaultProxy"]
+if TYPE_CHECKING:
+    from waltz.services.local import LocalStorageNode
+    from waltz.services.local_cluster import LocalCluster
+
+__all__ = ["ClusterProxies", "FaultProxy"]
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +130,8 @@ class FaultProxy:
             self.refused += 1
             client_writer.transport.abort()
             return
-        host, port = self._target()
         try:
+            host, port = self._target()  # the node's address now (it may have restarted elsewhere)
             server_reader, server_writer = await asyncio.open_connection(host, port)
         except OSError:
             self.refused += 1
@@ -255,3 +259,90 @@ class FaultProxy:
     def __repr__(self) -> str:
         state = "blocked" if self._blocked else f"delay {self._delay:g}s"
         return f"FaultProxy({self.name}, {self.address}, {state}, {self.connections} connections)"
+
+
+class ClusterProxies:
+    """A fault proxy in front of every server and every storage node of a local cluster.
+
+    Clients reach a server through its proxy because the server advertises it
+    (:meth:`server_args`); servers reach a storage node through its proxy because the connect string
+    registered in ZooKeeper is the proxy's (:meth:`storage_connect_string`). The proxies follow the
+    nodes across restarts (they look the node's address up at each connection), so a cluster can be
+    stopped and started again behind the same proxies. With ``enabled`` False there are none, and
+    the nodes are reached directly.
+
+    Args:
+        servers: the cluster's number of servers.
+        storages: its number of storage nodes.
+        enabled: make the proxies (False: a no-op set).
+
+    Raises:
+        RuntimeError: a proxy could not start (the ones started are closed).
+    """
+
+    def __init__(self, servers: int, storages: int, *, enabled: bool) -> None:
+        self.cluster: LocalCluster | None = None
+        """The cluster the proxies forward to (set by its maker before it starts)."""
+        self.clients: list[FaultProxy] = []
+        self.storages: list[FaultProxy] = []
+        if not enabled:
+            return
+        try:
+            for j in range(servers):
+                self.clients.append(FaultProxy(self._server_target(j), name=f"server-{j}"))
+            for i in range(storages):
+                self.storages.append(FaultProxy(self._storage_target(i), name=f"storage-{i}"))
+        except BaseException:
+            self.close()
+            raise
+
+    def _running(self) -> LocalCluster:
+        if self.cluster is None:
+            raise ConnectionRefusedError("no cluster behind the fault proxies yet")
+        return self.cluster
+
+    def _server_target(self, index: int) -> Callable[[], tuple[str, int]]:
+        def target() -> tuple[str, int]:
+            server = self._running().servers[index]
+            return server.host, server.port
+
+        return target
+
+    def _storage_target(self, index: int) -> Callable[[], tuple[str, int]]:
+        def target() -> tuple[str, int]:
+            node = self._running().storages[index]
+            return node.host, node.port
+
+        return target
+
+    def server_args(self, index: int) -> list[str]:
+        """Extra ``waltz server start`` options of server ``index`` (its advertised endpoint)."""
+        if not self.clients:
+            return []
+        return ["--advertised-endpoint", self.clients[index].address]
+
+    def storage_connect_string(self, node: LocalStorageNode) -> str:
+        """The connect string registered in ZooKeeper for a storage node (its proxy's address)."""
+        if not self.storages:
+            return node.address
+        index = int(node.process.name.rsplit("-", 1)[1])
+        return self.storages[index].address
+
+    def heal(self) -> None:
+        """Unblock every proxy and remove every delay."""
+        for proxy in self.clients + self.storages:
+            proxy.unblock()
+            proxy.set_delay(0.0)
+
+    def close(self) -> None:
+        """Close every proxy. Idempotent."""
+        for proxy in self.clients + self.storages:
+            proxy.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -18,12 +18,23 @@ from waltz.cli.logs import configure_logging
 
 def chaos(
     transactions: Annotated[
-        int, typer.Option(help="Transactions to submit in all, split between the clients.", min=1)
-    ] = 3000,
+        int | None,
+        typer.Option(
+            help=(
+                "Transactions to submit in all, split between the clients (default 3,000; with "
+                "--duration, no bound but time)."
+            ),
+            min=1,
+        ),
+    ] = None,
     duration: Annotated[
         float | None,
         typer.Option(
-            help="Seconds after which the clients submit no more (default: all transactions).", min=1
+            help=(
+                "Seconds the clients submit for; the fault points become fractions of it, and the run "
+                "goes on until every fault struck (default: until --transactions are submitted)."
+            ),
+            min=1,
         ),
     ] = None,
     seed: Annotated[

@@ -447,6 +447,27 @@ class LocalCluster:
     ) -> None:
         self.close()
 
+    def replica_digests(
+        self, high_water_marks: Mapping[int, int], timeout: float = 60.0
+    ) -> dict[int, set[int]]:
+        """Per partition, the digests of every storage node's records ``0..mark`` (one: identical).
+
+        See :func:`waltz.services.cluster.replica_digests.replica_digests` (admin ports only).
+
+        Raises:
+            TimeoutError: a replica lacked records up to the mark for ``timeout`` seconds.
+        """
+        from waltz.services.cluster.replica_digests import replica_digests
+
+        return replica_digests(
+            [node.admin_address for node in self._storages],
+            str(self.cluster_key),
+            self.num_partitions,
+            high_water_marks,
+            timeout=timeout,
+            tls=self._tls,
+        )
+
     # --- readiness and owners ---------------------------------------------------------------------
 
     def wait_ready(self, timeout: float | None = None) -> dict[int, PartitionOwner]:
@@ -623,9 +644,8 @@ class LocalCluster:
             "  servers (ServerAdminClient connects here; Waltz clients find them through ZooKeeper):"
         )
         for server in self._servers:
-            metrics = (
-                f"  metrics http://{server.host}:{server.metrics_port}/metrics" if server.metrics_port else ""
-            )
+            url = f"{self._http_scheme}://{server.host}:{server.metrics_port}/metrics"
+            metrics = f"  metrics {url}" if server.metrics_port else ""
             parts = owned.get(server.endpoint)
             owns = f"  owns {_ids(parts)}" if parts else ""
             lines.append(
@@ -634,7 +654,8 @@ class LocalCluster:
         lines.append("  storage nodes (storage port, admin port):")
         placement = self._replica_placement()
         for node in self._storages:
-            metrics = f"  metrics http://{node.host}:{node.metrics_port}/metrics" if node.metrics_port else ""
+            url = f"{self._http_scheme}://{node.host}:{node.metrics_port}/metrics"
+            metrics = f"  metrics {url}" if node.metrics_port else ""
             lines.append(
                 f"    {node.process.name:<10} {node.address}  admin {node.admin_address}{metrics}  "
                 f"{self._pid(node.process)}  replicas {_ids(placement.get(self._connect_string(node), ()))}"
@@ -682,6 +703,11 @@ class LocalCluster:
                 f"(0..{len(self._storages) - 1})"
             )
         return self._storages[index]
+
+    @property
+    def _http_scheme(self) -> str:
+        """``https`` when the nodes serve TLS (their metrics ports too), else ``http``."""
+        return "https" if self._tls is not None else "http"
 
     def _connect_string(self, node: LocalStorageNode) -> str:
         """The connect string of a storage node in ZooKeeper (its address, or as the caller chose)."""

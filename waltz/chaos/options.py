@@ -1,0 +1,211 @@
+"""What a chaos run does (:class:`ChaosOptions`, the ``waltz chaos`` options) and what it saw.
+
+Issue 8, "waltz chaos"; ``docs/chaos.md``. A run is bounded by a number of transactions or, with
+``duration``, by time (the transactions are then only an upper bound); its fault schedule is drawn
+from the seed or fixed, and :meth:`ChaosOptions.replay_command` prints the command that runs the
+same schedule again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from waltz.chaos.checks import ChaosCheck
+from waltz.chaos.schedule import DEFAULT_FAULTS, Fault, FaultKind, fixed_schedule, random_schedule
+
+__all__ = ["DEFAULT_TRANSACTIONS", "DURATION_TRANSACTION_CAP", "ChaosOptions", "ChaosResult"]
+
+#: Transactions of a run without ``duration`` when none are given.
+DEFAULT_TRANSACTIONS = 3000
+#: The bound on transactions of a ``duration`` run when none is given (time ends it first).
+DURATION_TRANSACTION_CAP = 100_000_000
+#: Seconds of a ``duration`` run per fault of a random schedule (default fault count).
+SECONDS_PER_FAULT = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosOptions:
+    """What a chaos run does (the ``waltz chaos`` options).
+
+    Attributes:
+        transactions: transactions to submit in all (split evenly between the clients); None:
+            3,000, or with ``duration`` no bound but time (:data:`DURATION_TRANSACTION_CAP`).
+        duration: seconds the clients submit for; the fault points are then fractions of it
+            (None: the run ends when ``transactions`` are submitted).
+        seed: the seed of the payloads, partitions, locks and the random schedule.
+        faults: the fault kinds the schedule may use.
+        schedule: ``"random"`` (``fault_count`` faults drawn from ``seed``) or ``"fixed"``
+            (:func:`~waltz.chaos.schedule.fixed_schedule`).
+        fault_count: faults of a random schedule; None means one per 5,000 transactions (one per
+            30 s with ``duration``), at least 3 and at most 200.
+        max_fault_duration: the longest fault of a random schedule, in seconds.
+        workload: ``"raw"`` (random payloads under random WRITE locks, as upstream's smoke test)
+            ``"counter"`` (read-modify-write increments of ``lock_pool`` counters, seed 001's
+            counter: no update may be lost), or ``"ledger"`` (the SmallBank mix of
+            ``examples/ledger``; money must be conserved).
+        db_url: the ledger's shared database (None: SQLite in the work directory).
+        accounts: SmallBank customers of the ledger workload.
+        storages: storage nodes (3 or 5); every partition has a replica on each, so a fault on a
+            minority of the nodes hits a minority of every partition's replicas.
+        servers: servers.
+        partitions: partitions.
+        clients: client processes.
+        in_flight: submissions in flight per client.
+        lock_pool: the WRITE lock of each transaction is drawn from this many.
+        work_dir: where data and logs go, always kept (None: a temporary directory).
+        keep: keep the temporary work directory after a passing run (a failing run always keeps it).
+        timeout: seconds the submission phase may take (None: 600 s + 20 ms per transaction, or
+            the duration + 600 s).
+        restart_check: stop everything cleanly and check again after starting it again.
+        tick_time_ms: ZooKeeper's tickTime.
+        session_timeout: the servers' ZooKeeper session timeout in seconds.
+    """
+
+    transactions: int | None = None
+    duration: float | None = None
+    seed: int = 1
+    faults: tuple[FaultKind, ...] = DEFAULT_FAULTS
+    schedule: str = "random"
+    fault_count: int | None = None
+    max_fault_duration: float = 6.0
+    workload: str = "raw"
+    db_url: str | None = None
+    accounts: int = 200
+    storages: int = 3
+    servers: int = 3
+    partitions: int = 4
+    clients: int = 3
+    in_flight: int = 32
+    lock_pool: int = 1000
+    work_dir: Path | None = None
+    keep: bool = False
+    timeout: float | None = None
+    restart_check: bool = True
+    tick_time_ms: int = 500
+    session_timeout: float = 4.0
+
+    @property
+    def transaction_bound(self) -> int:
+        """The most transactions the run submits (the cap of a ``duration`` run)."""
+        if self.transactions is not None:
+            return self.transactions
+        return DEFAULT_TRANSACTIONS if self.duration is None else DURATION_TRANSACTION_CAP
+
+    @property
+    def submit_timeout(self) -> float:
+        """Seconds the submission phase may take before the run fails."""
+        if self.timeout is not None:
+            return self.timeout
+        if self.duration is not None:
+            return self.duration + 600.0
+        return 600.0 + 0.02 * self.transaction_bound
+
+    def validate(self) -> None:
+        """Check the options that cannot be checked one at a time.
+
+        Raises:
+            ValueError: storages not 3 or 5, an unknown workload or schedule, fewer transactions
+                than clients, a duration that is not positive.
+        """
+        if self.storages not in (3, 5):
+            raise ValueError(f"storages must be 3 or 5, got {self.storages}")
+        if self.workload not in ("raw", "counter", "ledger"):
+            raise ValueError(f"unknown workload {self.workload!r}: use raw, counter or ledger")
+        if self.schedule not in ("random", "fixed"):
+            raise ValueError(f"unknown schedule {self.schedule!r}: use random or fixed")
+        if self.transaction_bound < self.clients:
+            raise ValueError(
+                f"transactions ({self.transaction_bound}) must be at least clients ({self.clients})"
+            )
+        if self.duration is not None and self.duration <= 0:
+            raise ValueError(f"duration must be positive, got {self.duration}")
+
+    def make_schedule(self) -> list[Fault]:
+        """The run's fault schedule.
+
+        Raises:
+            ValueError: an unknown ``schedule``.
+        """
+        if self.schedule == "fixed":
+            return fixed_schedule(self.faults)
+        if self.schedule == "random":
+            count = self.fault_count
+            if count is None:
+                basis = (
+                    self.duration / SECONDS_PER_FAULT
+                    if self.duration is not None
+                    else self.transaction_bound / 5000
+                )
+                count = min(200, max(3, int(basis)))
+            return random_schedule(
+                self.seed,
+                self.faults,
+                count=count,
+                storages=self.storages,
+                servers=self.servers,
+                max_duration=self.max_fault_duration,
+            )
+        raise ValueError(f"unknown schedule {self.schedule!r}: use random or fixed")
+
+    def replay_command(self) -> str:
+        """The ``waltz chaos`` command that runs the same schedule and workload again.
+
+        Everything that shapes the schedule, the payloads or the cluster is spelled out; the work
+        directory and the database are not (give them again if they matter).
+        """
+        kinds = ",".join(k.value for k in self.faults) or "none"
+        parts = [f"waltz chaos --seed {self.seed}"]
+        if self.transactions is not None or self.duration is None:
+            parts.append(f"--transactions {self.transaction_bound}")
+        if self.duration is not None:
+            parts.append(f"--duration {self.duration:g}")
+        parts += [
+            f"--schedule {self.schedule}",
+            f"--faults {kinds}",
+            f"--workload {self.workload}",
+            f"--storages {self.storages}",
+            f"--servers {self.servers}",
+            f"--partitions {self.partitions}",
+            f"--clients {self.clients}",
+            f"--in-flight {self.in_flight}",
+            f"--lock-pool {self.lock_pool}",
+            f"--max-fault-duration {self.max_fault_duration:g}",
+        ]
+        if self.fault_count is not None:
+            parts.append(f"--fault-count {self.fault_count}")
+        if self.workload == "ledger":
+            parts.append(f"--accounts {self.accounts}")
+        if not self.restart_check:
+            parts.append("--no-restart-check")
+        return " ".join(parts)
+
+
+@dataclass
+class ChaosResult:
+    """What a chaos run saw.
+
+    Attributes:
+        checks: every invariant's verdict, in order.
+        faults: the faults struck, as described.
+        acknowledged: transactions the clients saw committed.
+        failed: submissions that ended with an exception.
+        lock_failures: lock failures the clients retried.
+        seconds: the submission phase's duration.
+        work_dir: the work directory (kept when the run failed or ``keep`` was set).
+        errors: what stopped the run before its checks (a worker error, a timeout).
+    """
+
+    checks: list[ChaosCheck] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
+    acknowledged: int = 0
+    failed: int = 0
+    lock_failures: int = 0
+    seconds: float = 0.0
+    work_dir: Path | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """True when there were checks, all passed, and nothing stopped the run."""
+        return bool(self.checks) and all(c.passed for c in self.checks) and not self.errors
