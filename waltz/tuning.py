@@ -3,15 +3,17 @@
 Every layer of Waltz allocates a few short-lived objects per transaction (protobuf messages,
 futures, feed entries). With CPython's default thresholds (700, 10, 10) the collector runs a young
 collection every few hundred transactions and a full one, over every object of the process, every
-hundred young ones: measured with ``benchmarks/client_submit.py`` (one client process, 2 cores),
-that cost the client about a fifth of its CPU per transaction, and the services their tail latency.
+hundred young ones: measured with one client process on 2 cores, that cost the client about a
+fifth of its CPU per transaction (98 against 76 µs), and the services their tail latency.
 """
 
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-__all__ = ["tune_garbage_collector"]
+__all__ = ["tune_garbage_collector", "tuned_garbage_collector"]
 
 #: Young-generation threshold after tuning (allocations minus deallocations of tracked objects).
 YOUNG_THRESHOLD = 50_000
@@ -30,3 +32,21 @@ def tune_garbage_collector() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_THRESHOLD, 20, 100)
+
+
+@contextmanager
+def tuned_garbage_collector() -> Iterator[None]:
+    """:func:`tune_garbage_collector` for the duration of a block, then the previous settings back.
+
+    For code that runs a hot phase inside a longer-lived process (``waltz perf`` run in-process,
+    tests): the thresholds are restored and the frozen objects unfrozen at the end.
+    """
+    thresholds = gc.get_threshold()
+    was_frozen = gc.get_freeze_count() > 0
+    tune_garbage_collector()
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        if not was_frozen:
+            gc.unfreeze()

@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import Any
 
 import grpc
-from common import result
+from common import MAX_RETRIES, TooManyRetriesError, result
 
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
 from waltz.services.processes import ManagedProcess, free_port, wait_until
@@ -132,6 +132,13 @@ def etcd_submitter(
             kvs = response.responses[0].response_range.kvs
             with lock:
                 seen[request.lock_id or 0] = kvs[0].mod_revision if kvs else 0
+            if retries + 1 >= MAX_RETRIES:
+                done(
+                    Outcome(
+                        retries + 1, TooManyRetriesError(f"lock {request.lock_id}: {MAX_RETRIES} conflicts")
+                    )
+                )
+                return
             attempt(request, done, retries + 1)
 
         future.add_done_callback(ended)

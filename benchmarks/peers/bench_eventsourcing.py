@@ -27,7 +27,7 @@ from functools import singledispatchmethod
 from typing import Any
 
 import psycopg
-from common import result
+from common import MAX_RETRIES, TooManyRetriesError, result
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, event
 from eventsourcing.persistence import RecordConflictError, Tracking
@@ -126,8 +126,7 @@ def es_submitter(
     def job(request: Request) -> Outcome:
         lock_id = request.lock_id or 0
         data = request.payload.decode("latin-1")
-        retries = 0
-        while True:
+        for retries in range(MAX_RETRIES):
             with lock:
                 last = seen.get(lock_id)
             aggregate = copy.deepcopy(last) if last is not None else app.repository.get(lock_uuid(lock_id))
@@ -135,7 +134,6 @@ def es_submitter(
             try:
                 app.save(aggregate)
             except RecordConflictError:
-                retries += 1
                 fresh = app.repository.get(lock_uuid(lock_id))
                 with lock:
                     if lock_id not in seen or seen[lock_id].version < fresh.version:
@@ -145,6 +143,7 @@ def es_submitter(
                 if lock_id not in seen or seen[lock_id].version < aggregate.version:
                     seen[lock_id] = aggregate
             return Outcome(retries)
+        return Outcome(MAX_RETRIES, TooManyRetriesError(f"lock {lock_id}: {MAX_RETRIES} conflicts"))
 
     def submit(request: Request, done: Callable[[Outcome], None]) -> None:
         future = pool.submit(job, request)

@@ -239,7 +239,7 @@ def check_config(text: str) -> None:
             try:
                 load_settings(settings_class, path)
             except ConfigurationError as error:
-                assert "config" in str(error).lower()
+                assert str(path) in str(error), f"the error does not name the file: {error}"
 
 
 @fuzz_settings(0.5)

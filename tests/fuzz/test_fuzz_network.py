@@ -224,7 +224,7 @@ def test_a_stream_message_that_does_not_parse_ends_the_call_with_an_error(nodes:
         assert_server_serves(nodes)
 
 
-@fuzz_settings(0.2)
+@fuzz_settings(0.2, io=True)
 @given(st.binary(min_size=1, max_size=64), st.sampled_from(sorted(UNARY)))
 @example(UNPARSABLE, "/waltz.server.ServerAdminService/AppendRecords")
 def test_unary_calls_with_arbitrary_bytes(nodes: Nodes, data: bytes, method: str) -> None:
@@ -234,7 +234,7 @@ def test_unary_calls_with_arbitrary_bytes(nodes: Nodes, data: bytes, method: str
         assert outcome.code != grpc.StatusCode.OK, f"{method} accepted bytes that do not parse"
 
 
-@fuzz_settings(0.2)
+@fuzz_settings(0.2, io=True)
 @given(st.binary(min_size=1, max_size=64), st.sampled_from(sorted(STREAMS)))
 def test_storage_streams_with_arbitrary_bytes(nodes: Nodes, data: bytes, method: str) -> None:
     """Whatever the bytes, the node answers or ends the call in time, and keeps serving."""
@@ -325,7 +325,7 @@ def storage_requests(draw: st.DrawFn) -> list[storage_pb2.StorageRequest]:
     return requests
 
 
-@fuzz_settings(0.3)
+@fuzz_settings(0.3, io=True)
 @given(storage_requests(), st.booleans())
 def test_storage_answers_every_well_formed_request(
     nodes: Nodes, requests: list[storage_pb2.StorageRequest], open_first: bool
@@ -414,7 +414,7 @@ def client_messages(draw: st.DrawFn, generation: int) -> list[client_pb2.ClientM
     return messages
 
 
-@fuzz_settings(0.2)
+@fuzz_settings(0.2, io=True)
 @given(st.data())
 def test_server_keeps_a_stream_with_malformed_messages_open(nodes: Nodes, data: st.DataObject) -> None:
     owner = nodes.cluster.wait_ready(60)[0]

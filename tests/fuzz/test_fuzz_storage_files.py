@@ -97,7 +97,7 @@ BATCHES = st.lists(st.lists(st.binary(max_size=90), min_size=1, max_size=4), max
 EDITS = st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 255)), max_size=3)
 
 
-@fuzz_settings(0.3)
+@fuzz_settings(0.3, io=True)
 @given(
     BATCHES,
     st.integers(0, 2**16),  # which file to damage
@@ -141,7 +141,7 @@ def test_damaged_storage_files(
         assert records == written[: len(records)], f"damaged {target.name}: served a record not written"
 
 
-@fuzz_settings(0.3)
+@fuzz_settings(0.3, io=True)
 @given(st.integers(fmt.MAX_DATA_LENGTH // 2, 2**31 - 1), st.binary(min_size=0, max_size=64))
 def test_a_huge_length_in_the_last_record_allocates_nothing(length: int, tail: bytes) -> None:
     """Start-up recovery reads a record announcing up to 2 GiB in a small file without allocating it."""

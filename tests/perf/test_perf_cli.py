@@ -51,7 +51,6 @@ def test_producer_json_counts_every_transaction_of_every_client(perf_cluster: Lo
     assert report["errors"] == []
     assert report["transactions_per_second"] > 0
     assert report["mb_per_second"] > 0
-    assert report["retries"] >= 0
     assert report["retries_per_transaction"] == pytest.approx(report["retries"] / 600, abs=1e-4)
     assert_latency_shape(report["latency_ms"], 600)
     assert report["settings"]["lock_pool_size"] == 1000
@@ -190,7 +189,7 @@ def test_load_generator_keeps_at_most_max_in_flight_and_reports_stuck_transactio
 
         threading.Timer(0.001, finish).start()
 
-    stats = run_load(submit, LoadSpec(50, max_in_flight=4, lock_pool_size=0, timeout=2.0))
+    stats = run_load(submit, LoadSpec(50, max_in_flight=4, lock_pool_size=0, timeout=5.0))
     assert peak <= 4
     assert (stats.committed, stats.failed) == (49, 1)
     assert any("not ended" in e for e in stats.errors)

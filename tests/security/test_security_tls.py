@@ -1,12 +1,13 @@
 """End to end: a whole cluster with TLS and mutual TLS on every port, probed by intruders.
 
-Issue 8, "Bad input and security". One :class:`LocalCluster` whose storage nodes (storage and
-admin ports) and server (client and admin services, one port) require client certificates of the
-cluster's CA. Every port is probed with plain text, with TLS but no client certificate, with a
-client certificate of another CA, and, as the control that makes the probes mean something, with
-the cluster's own client certificate. Then, over TLS: a server configured for another cluster key
-cannot open store sessions on the storage nodes, the server drops appends of a stale generation,
-and a storage node refuses a store session older than the real server's.
+Issue 8, "Bad input and security". One :class:`LocalCluster` whose storage nodes (storage, admin
+and metrics ports) and server (client and admin services on one port, and its metrics port) require
+client certificates of the cluster's CA. Every port is probed with plain text, with TLS but no
+client certificate, with a client certificate of another CA, and, as the control that makes the
+probes mean something, with the cluster's own client certificate. Then, over TLS: a server
+configured for another cluster key cannot open store sessions on the storage nodes, the server
+drops appends of a stale generation, and a storage node refuses a store session older than the real
+server's.
 
 What the other suites already cover is not repeated here: plaintext and certificate-less clients
 of one storage node (tests/storage/test_config_and_tls.py), store sessions without a client
@@ -19,6 +20,8 @@ certificate (tests/server/test_store_tls.py), a Waltz client without a certifica
 from __future__ import annotations
 
 import asyncio
+import ssl
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -307,8 +310,34 @@ def test_a_client_that_trusts_another_ca_refuses_the_cluster(secured: Secured) -
         assert outcome == grpc.StatusCode.UNAVAILABLE, f"{port.name}: {outcome!r}"
 
 
-def test_metrics_ports_serve_no_transaction_data(secured: Secured) -> None:
-    """The HTTP metrics ports are plain HTTP (no TLS setting): they must carry no log data."""
+def _https_context(secured: Secured, kind: str) -> ssl.SSLContext | None:
+    """A client TLS context of a kind of caller (as :func:`_credentials`); None means plain HTTP."""
+    own, foreign = secured.files, secured.foreign
+    if kind == "plaintext":
+        return None
+    context = ssl.create_default_context(cafile=str(own["ca"]))
+    if kind == "foreign client certificate":
+        context.load_cert_chain(foreign["client"], foreign["client-key"])
+    elif kind == "cluster client certificate":
+        context.load_cert_chain(own["client"], own["client-key"])
+    return context
+
+
+def _get(url: str, context: ssl.SSLContext | None) -> bytes | str:
+    """The body, or what refused the request (its exception's type name)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10, context=context) as response:
+            return bytes(response.read())
+    except urllib.error.HTTPError as exc:
+        return bytes(exc.read()) if exc.code == 503 else type(exc).__name__
+    except (urllib.error.URLError, OSError) as exc:
+        return type(exc).__name__
+
+
+def test_metrics_ports_are_https_with_client_certificates_and_carry_no_data(secured: Secured) -> None:
+    """The metrics ports use the node's TLS files: plain HTTP, no certificate and another CA's
+    certificate are refused; the cluster's client certificate reads /metrics and /health, which
+    never carry transaction data."""
     cluster = secured.cluster
     owner = cluster.wait_ready(60)[0]
 
@@ -321,11 +350,17 @@ def test_metrics_ports_serve_no_transaction_data(secured: Secured) -> None:
     metrics_ports = [n.metrics_port for n in cluster.storages] + [s.metrics_port for s in cluster.servers]
     assert all(metrics_ports), metrics_ports
     for port in metrics_ports:
+        plain = _get(f"http://127.0.0.1:{port}/metrics", None)
+        assert not isinstance(plain, bytes) or not plain.startswith(b"#"), f"port {port} answered plain HTTP"
+        for kind in ("no client certificate", "foreign client certificate"):
+            refused = _get(f"https://127.0.0.1:{port}/metrics", _https_context(secured, kind))
+            assert isinstance(refused, str), f"port {port} answered a caller with {kind}"
+        context = _https_context(secured, "cluster client certificate")
         for path in ("/metrics", "/health"):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-                body = response.read()
-            assert body, f"port {port}{path} answered nothing"
+            body = _get(f"https://127.0.0.1:{port}{path}", context)
+            assert isinstance(body, bytes) and body, f"port {port}{path}: {body!r}"
             assert SECRET not in body and SECRET.hex().encode() not in body, f"port {port}{path}"
+        assert b"waltz_" in _get(f"https://127.0.0.1:{port}/metrics", context)  # type: ignore[operator]
 
 
 def test_a_server_of_another_cluster_key_cannot_open_store_sessions(

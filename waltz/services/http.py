@@ -1,17 +1,25 @@
-"""The optional HTTP endpoint of a service: Prometheus ``/metrics`` and ``/health``."""
+"""The optional HTTP endpoint of a service: Prometheus ``/metrics`` and ``/health``.
+
+With the service's TLS files it serves HTTPS only, and with a CA it requires a client certificate
+signed by it, as the service's gRPC ports do (``docs/configuration.md``): a port of a TLS cluster
+never answers plain text.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import ssl
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
+from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-__all__ = ["HealthHttpServer"]
+__all__ = ["HealthHttpServer", "server_ssl_context"]
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +27,27 @@ log = logging.getLogger(__name__)
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http: " + format, *args)
+
+
+class _ThreadingWsgiServer(ThreadingMixIn, WSGIServer):
+    """One thread per request: a slow or stuck peer (a TLS handshake that never ends) blocks no one."""
+
+    daemon_threads = True
+
+
+def server_ssl_context(cert_file: Path, key_file: Path, ca_file: Path | None) -> ssl.SSLContext:
+    """The TLS context of an HTTPS endpoint: TLS 1.2 or newer; client certificates required with a CA.
+
+    Raises:
+        OSError, ssl.SSLError: a file is missing or not a PEM certificate/key.
+    """
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_file, key_file)
+    if ca_file is not None:
+        context.load_verify_locations(ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 class HealthHttpServer:
@@ -29,6 +58,7 @@ class HealthHttpServer:
         port: the port to bind (0: any free port; see :attr:`port`).
         registry: the metrics registry to expose.
         health: returns ``(healthy, details)``; ``/health`` answers 200 or 503 with the details.
+        tls: an SSL context (:func:`server_ssl_context`): HTTPS only; None: plain HTTP.
     """
 
     def __init__(
@@ -37,6 +67,7 @@ class HealthHttpServer:
         port: int,
         registry: CollectorRegistry,
         health: Callable[[], tuple[bool, dict[str, Any]]],
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         metrics_app = make_wsgi_app(registry)
 
@@ -49,7 +80,12 @@ class HealthHttpServer:
                 return [body]
             return metrics_app(environ, start_response)  # type: ignore[no-any-return]
 
-        self._server: WSGIServer = make_server(host, port, app, handler_class=_QuietHandler)
+        self._server: WSGIServer = make_server(
+            host, port, app, server_class=_ThreadingWsgiServer, handler_class=_QuietHandler
+        )
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
+        self.tls = tls is not None
         self.port: int = self._server.server_port
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
 

@@ -27,7 +27,7 @@ from waltz.protocol.channels import bind_port, server_credentials, server_option
 from waltz.protocol.records import Record, ReqId
 from waltz.services.cluster.manager import ClusterManager, ServerMembership
 from waltz.services.cluster.zk import ClusterZk
-from waltz.services.http import HealthHttpServer
+from waltz.services.http import HealthHttpServer, server_ssl_context
 from waltz.services.runtime import run_until_signalled
 from waltz.services.server.client_service import WaltzServerServicer
 from waltz.services.server.config import ServerConfig
@@ -110,8 +110,14 @@ class ServerApp:
         self._manager = ClusterManager(zk, self._cluster.paths, self.num_partitions, member)
         self._manager.start()
         if config.server_metrics_port is not None:
+            cert, key = config.server_tls_cert_file, config.server_tls_key_file
+            tls = (
+                server_ssl_context(cert, key, config.server_tls_ca_file)
+                if cert is not None and key is not None
+                else None
+            )
             self._http = HealthHttpServer(
-                config.server_host, config.server_metrics_port, self.metrics.registry, self._health
+                config.server_host, config.server_metrics_port, self.metrics.registry, self._health, tls
             )
             self._http.start()
         log.info(

@@ -13,7 +13,7 @@ import grpc
 
 from waltz.protocol import storage_pb2_grpc
 from waltz.protocol.channels import bind_port, server_credentials, server_options
-from waltz.services.http import HealthHttpServer
+from waltz.services.http import HealthHttpServer, server_ssl_context
 from waltz.services.runtime import run_until_signalled
 from waltz.services.storage.config import StorageConfig
 from waltz.services.storage.metrics import StorageMetrics
@@ -66,9 +66,15 @@ class StorageApp:
                 self.admin_port = bound
             else:
                 self.port = bound
-        if self.config.metrics_port is not None:
+        config = self.config
+        if config.metrics_port is not None:
+            tls = (
+                server_ssl_context(config.tls_cert_file, config.tls_key_file, config.tls_ca_file)
+                if config.tls_cert_file is not None and config.tls_key_file is not None
+                else None
+            )
             self._http = HealthHttpServer(
-                self.config.host, self.config.metrics_port, self.metrics.registry, self._health
+                config.host, config.metrics_port, self.metrics.registry, self._health, tls
             )
             self._http.start()
         log.info(
