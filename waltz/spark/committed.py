@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,8 +54,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Attempts at a consistent live plan (the current session must not change while it is made).
-MAX_PLAN_ATTEMPTS = 5
+#: Attempts at a consistent live plan: the current session must not change while it is made, and
+#: a partition in the middle of a recovery proves nothing until its new session is recorded.
+MAX_PLAN_ATTEMPTS = 20
+#: Seconds between attempts when no replica of the current session proved its state yet.
+PLAN_RETRY_PAUSE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +263,8 @@ def _plan_live_partition(
             log.info("partition %d: a new store session started while planning; planning again", partition_id)
             continue
         if not proven:
-            break
+            time.sleep(PLAN_RETRY_PAUSE)  # a recovery under way, or a node restarting: ask again
+            continue
         maxima = sorted((r.max_transaction_id for r in proven), reverse=True)
         low = max(r.low_water_mark for r in proven)
         quorum_mark = maxima[quorum - 1] if len(maxima) >= quorum else -1

@@ -1,0 +1,198 @@
+"""Fuzzing what a client does with the messages a server sends: arbitrary, out of order, absurd.
+
+A bad or buggy server (or a stale connection) can send feed entries that jump or repeat, lock
+failures and flush responses for requests never made, mount responses with other ReqIds, errors and
+suspensions at any time. Whatever arrives, the client partition must not raise, and what it hands
+to ``apply_transaction`` must stay a contiguous run of transaction IDs from its mark, each once:
+the feed's contiguity check is the client's last line of defence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from fuzz_settings import fuzz_settings
+from hypothesis import given
+from hypothesis import strategies as st
+
+from waltz import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
+from waltz.client.context import AppendPayload
+from waltz.client.partition import ClientPartition, PartitionState
+from waltz.client.submission import Submission
+from waltz.protocol import client_pb2, common_pb2
+from waltz.protocol.records import ReqId
+
+CLIENT = 7
+MARK = 5
+
+
+class Recorder(WaltzClientCallbacks):
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.applied: list[int] = []
+
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        return MARK
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        with self.lock:
+            self.applied.append(transaction.transaction_id)
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        raise AssertionError(f"apply failed: {exception!r}")
+
+
+class Connection:
+    def __init__(self, seq_num: int) -> None:
+        self.endpoint = "server:1"
+        self.seq_num = seq_num
+        self.closed = False
+        self.sent: list[Any] = []
+
+    def send(self, message: client_pb2.ClientMessage) -> None:
+        self.sent.append(message)
+
+    def send_append(self, req_id: ReqId, payload: AppendPayload) -> None:
+        self.sent.append((req_id, payload))
+
+
+class Host:
+    """The partition's client: records outcomes instead of acting on them."""
+
+    def __init__(self, callbacks: Recorder) -> None:
+        self.client_id = CLIENT
+        self.callbacks = callbacks
+        self.data_source: Any = None
+        self.seq = 0
+        self.connections: list[Connection] = []
+        self.outcomes: list[tuple[str, object]] = []
+
+    def next_seq_num(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    async def connection(self, endpoint: str) -> Any:
+        if not self.connections or self.connections[-1].closed:
+            self.connections.append(Connection(len(self.connections) + 1))
+        return self.connections[-1]
+
+    def completed(self, submission: Submission, transaction_id: int) -> None:
+        self.outcomes.append(("completed", transaction_id))
+
+    def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
+        self.outcomes.append(("retry", lock_target))
+
+    def rejected(self, submission: Submission, error: BaseException) -> None:
+        self.outcomes.append(("rejected", error))
+
+    def refresh_assignment(self) -> None:
+        self.outcomes.append(("refresh", None))
+
+
+class Data(TransactionContext):
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_raw_data(b"x")
+        return True
+
+
+INTS = st.integers(-3, 40)
+REQ_IDS = st.builds(
+    lambda client, generation, seq: common_pb2.ReqId(
+        client_id=client, generation=generation, partition_id=0, seq_num=seq
+    ),
+    st.sampled_from([CLIENT, 8, -1]),
+    st.integers(0, 3),
+    st.integers(-1, 12),
+)
+
+
+def _message(kind: str) -> Any:
+    if kind == "feed_data":
+        return st.builds(
+            lambda r, t: client_pb2.FeedData(req_id=r, transaction_id=t, header=1), REQ_IDS, INTS
+        )
+    if kind == "lock_failure":
+        return st.builds(lambda r, t: client_pb2.LockFailure(req_id=r, transaction_id=t), REQ_IDS, INTS)
+    if kind == "flush":
+        return st.builds(lambda r, t: client_pb2.FlushResponse(req_id=r, transaction_id=t), REQ_IDS, INTS)
+    if kind == "mount":
+        return st.builds(
+            lambda r, ok: client_pb2.MountResponse(req_id=r, partition_ready=ok), REQ_IDS, st.booleans()
+        )
+    if kind == "error":
+        return st.builds(lambda r: client_pb2.ServerError(req_id=r, message="fuzz"), REQ_IDS)
+    return st.builds(lambda r: client_pb2.FeedSuspended(req_id=r), REQ_IDS)
+
+
+KINDS = ("feed_data", "lock_failure", "flush", "mount", "error", "feed_suspended")
+MESSAGES = st.one_of(
+    *(st.tuples(st.just(kind), _message(kind)) for kind in KINDS),
+    st.just(("contiguous", None)),  # a well-behaved entry now and then: the feed can progress
+)
+
+
+@fuzz_settings(0.5, io=True)
+@given(st.lists(MESSAGES, max_size=60), st.integers(0, 4))
+def test_any_server_messages_leave_the_applied_sequence_contiguous(
+    messages: list[tuple[str, Any]], appends: int
+) -> None:
+    async def scenario() -> None:
+        callbacks = Recorder()
+        host = Host(callbacks)
+        partition = ClientPartition(0, host, max_concurrent=100, max_apply_batch=10)  # type: ignore[arg-type]
+        try:
+            partition.set_placement("server:1", 1)
+            partition.mount()
+            for _ in range(200):  # the mount request goes out on the loop
+                if host.connections and host.connections[-1].sent:
+                    break
+                await asyncio.sleep(0.001)
+            connection = host.connections[-1]
+            request = connection.sent[0].mount
+            partition.on_message(  # type: ignore[arg-type]
+                connection, "mount", client_pb2.MountResponse(req_id=request.req_id, partition_ready=True)
+            )
+            await asyncio.sleep(0)
+            for _ in range(appends):
+                submission = Submission(Data(), 0, lambda _: MARK, 1 << 20)
+                payload = submission.attempt()
+                assert payload is not None
+                partition.send_append(submission, payload)
+            next_id = MARK + 1
+            for kind, body in messages:
+                connection = host.connections[-1]
+                if kind == "contiguous":
+                    entry = client_pb2.FeedData(
+                        req_id=common_pb2.ReqId(client_id=8, generation=1, partition_id=0, seq_num=1),
+                        transaction_id=next_id,
+                        header=0,
+                    )
+                    next_id += 1
+                    partition.on_feed_data(connection, entry)  # type: ignore[arg-type]
+                    partition.end_of_batch()
+                elif kind == "feed_data":
+                    partition.on_feed_data(connection, body)  # type: ignore[arg-type]
+                    partition.end_of_batch()
+                else:
+                    partition.on_message(connection, kind, body)  # type: ignore[arg-type]
+                await asyncio.sleep(0)
+            worker = partition.worker
+            if worker is not None:
+                for _ in range(2000):
+                    if worker.backlog == 0:
+                        break
+                    await asyncio.sleep(0.001)
+            applied = list(callbacks.applied)
+            assert applied == list(range(MARK + 1, MARK + 1 + len(applied))), applied
+            assert partition.state is not PartitionState.CLOSED
+        finally:
+            worker, _ = partition.close()
+            if worker is not None:
+                await asyncio.to_thread(worker.close)
+
+    asyncio.run(scenario())
