@@ -17,12 +17,12 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
-from waltz.errors import StorageRpcError
+from waltz.errors import ProtocolError, StorageRpcError
 from waltz.protocol import storage_pb2, storage_pb2_grpc
 from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES, TlsConfig, open_channel
 from waltz.protocol.records import Record, RecordHeader
 
-__all__ = ["StorageAdminClient", "StorageSessionClient"]
+__all__ = ["StorageAdminClient", "StorageSessionClient", "failure_code_name"]
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +125,47 @@ class _OrderedStream(Generic[Req, Resp]):
         await self._channel.close(None)
 
 
-def _check(response: Any) -> Any:
+#: The body a storage node answers each storage request kind with, when it does not fail it
+#: (seed 004; ``waltz/services/storage/service.py``).
+_ANSWERS = {
+    "open": "success",
+    "last_session_info": "last_session_info",
+    "max_transaction_id": "max_transaction_id",
+    "truncate": "success",
+    "set_low_water_mark": "success",
+    "append": "success",
+    "record_header": "record_header",
+    "record": "record",
+    "record_header_list": "record_header_list",
+    "record_list": "record_list",
+}
+
+
+def failure_code_name(code: int) -> str:
+    """The name of a storage failure code; a code this version does not know is named, not raised.
+
+    Protobuf enums are open: a newer (or broken) storage node can send any number.
+    """
+    try:
+        return storage_pb2.FailureCode.Name(storage_pb2.FailureCode.ValueType(code))
+    except ValueError:
+        return f"UNKNOWN_FAILURE_CODE_{code}"
+
+
+def _check(response: Any, peer: str, request_kind: str | None = None) -> Any:
+    """Raise the failure a response carries, or a :class:`ProtocolError` for a body that does not
+    answer ``request_kind`` (a storage request kind); return the response otherwise."""
     if response.HasField("failure"):
         exception = response.failure.exception
-        raise StorageRpcError(storage_pb2.FailureCode.Name(exception.code), exception.message)
+        raise StorageRpcError(failure_code_name(exception.code), exception.message)
+    if request_kind is not None:
+        expected = _ANSWERS.get(request_kind)
+        kind = response.WhichOneof("body")
+        if expected is not None and kind != expected:
+            raise ProtocolError(
+                f"storage node {peer} answered a {request_kind} request (seq {response.seq_num}) with "
+                f"{kind or 'no body'}, not {expected}"
+            )
     return response
 
 
@@ -185,7 +222,7 @@ class StorageSessionClient:
             partition_id=-1,
             open=storage_pb2.OpenRequest(cluster_key=self.cluster_key, num_partitions=self.num_partitions),
         )
-        _check(await self._stream.submit(request))
+        _check(await self._stream.submit(request), self._stream.address, "open")
 
     async def close(self) -> None:
         """Close the stream and the channel. Idempotent."""
@@ -205,7 +242,9 @@ class StorageSessionClient:
         return self._stream.submit(request)
 
     async def _call(self, request: storage_pb2.StorageRequest) -> storage_pb2.StorageResponse:
-        response: storage_pb2.StorageResponse = _check(await self._stream.submit(request))
+        response: storage_pb2.StorageResponse = _check(
+            await self._stream.submit(request), self._stream.address, request.WhichOneof("body")
+        )
         return response
 
     async def last_session_info(self, partition_id: int, *, session_id: int | None = None) -> tuple[int, int]:
@@ -365,7 +404,7 @@ class StorageAdminClient:
 
     async def _call(self, partition_id: int, **body: Any) -> storage_pb2.AdminResponse:
         request = storage_pb2.AdminRequest(seq_num=self._stream.next_seq(), partition_id=partition_id, **body)
-        response: storage_pb2.AdminResponse = _check(await self._stream.submit(request))
+        response: storage_pb2.AdminResponse = _check(await self._stream.submit(request), self._stream.address)
         return response
 
     async def assign_partition(

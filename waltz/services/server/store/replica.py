@@ -1,8 +1,11 @@
 """Replica connections: one replica session stream per storage node and partition.
 
 Source: seed 000 "Store Partition Object" (replica sessions). Errors of any kind (connection lost,
-timeout, failure response) become :class:`ReplicaError`, after which the replica leaves the store
-session.
+timeout, failure response, an answer that breaks the protocol) become :class:`ReplicaError`, after
+which the replica leaves the store session. What a storage node answers is checked before it is
+used: the body answers the request, marks are -1 or more, and records read are the ones asked for
+(contiguous from the first ID asked, no more than asked, each with its data CRC-32 right), so a
+broken or lying node costs a replica, never a wrong record in the feed or in a catch-up copy.
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ import logging
 from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
-from waltz.errors import StorageRpcError, WaltzError
+from waltz.errors import ProtocolError, StorageRpcError, WaltzError
 from waltz.protocol import storage_pb2
 from waltz.protocol.records import Record
-from waltz.protocol.storage_client import StorageSessionClient
+from waltz.protocol.storage_client import StorageSessionClient, failure_code_name
 from waltz.services.server.store.config import StoreConfig
 
 __all__ = ["ReplicaConnection", "ReplicaError"]
@@ -30,7 +33,8 @@ class ReplicaError(WaltzError):
 
     Attributes:
         storage: the storage node's connect string.
-        code: the storage failure code (e.g. ``"SESSION_FENCED"``), or ``"UNAVAILABLE"``.
+        code: the storage failure code (e.g. ``"SESSION_FENCED"``), ``"UNAVAILABLE"``, or
+            ``"BAD_RESPONSE"`` (the node's answer broke the protocol).
     """
 
     def __init__(self, storage: str, partition_id: int, code: str, message: str) -> None:
@@ -72,6 +76,8 @@ class ReplicaConnection:
             return await asyncio.wait_for(call, timeout or self._config.request_timeout)
         except StorageRpcError as exc:
             raise ReplicaError(self.storage, self.partition_id, exc.code, exc.remote_message) from exc
+        except ProtocolError as exc:
+            raise ReplicaError(self.storage, self.partition_id, "BAD_RESPONSE", str(exc)) from exc
         except (ConnectionError, TimeoutError, OSError) as exc:
             raise ReplicaError(
                 self.storage, self.partition_id, "UNAVAILABLE", str(exc) or type(exc).__name__
@@ -92,12 +98,32 @@ class ReplicaConnection:
             await self._client.close()
 
     async def last_session_info(self) -> tuple[int, int]:
-        """``(session ID, low-water mark)`` of the last session that set the low-water mark."""
-        return await self._guard(self._client.last_session_info(self.partition_id))
+        """``(session ID, low-water mark)`` of the last session that set the low-water mark.
+
+        Raises:
+            ReplicaError: as any request, and ``BAD_RESPONSE`` for a value below -1.
+        """
+        session_id, low_water_mark = await self._guard(self._client.last_session_info(self.partition_id))
+        if session_id < -1 or low_water_mark < -1:
+            raise self._bad_response(
+                f"last session info: session {session_id}, low-water mark {low_water_mark} "
+                "(both must be >= -1)"
+            )
+        return session_id, low_water_mark
 
     async def max_transaction_id(self) -> int:
-        """The highest transaction ID stored on the replica (may be uncommitted)."""
-        return await self._guard(self._client.max_transaction_id(self.partition_id))
+        """The highest transaction ID stored on the replica (may be uncommitted; -1: none).
+
+        Raises:
+            ReplicaError: as any request, and ``BAD_RESPONSE`` for a value below -1.
+        """
+        transaction_id = await self._guard(self._client.max_transaction_id(self.partition_id))
+        if transaction_id < -1:
+            raise self._bad_response(f"max transaction ID {transaction_id} (must be >= -1)")
+        return transaction_id
+
+    def _bad_response(self, what: str) -> ReplicaError:
+        return ReplicaError(self.storage, self.partition_id, "BAD_RESPONSE", what)
 
     async def truncate(self, transaction_id: int) -> int:
         """Remove records after ``transaction_id``; returns the replica's new max transaction ID."""
@@ -132,13 +158,39 @@ class ReplicaConnection:
             response = await future
             if response.HasField("failure"):
                 exception = response.failure.exception
-                raise StorageRpcError(storage_pb2.FailureCode.Name(exception.code), exception.message)
+                raise StorageRpcError(failure_code_name(exception.code), exception.message)
+            if not response.HasField("success"):
+                raise ProtocolError(
+                    f"storage node {self.storage} answered an append (seq {response.seq_num}) with "
+                    f"{response.WhichOneof('body') or 'no body'}, not success"
+                )
 
         return self._guard(acknowledged())
 
     async def records(self, transaction_id: int, max_records: int) -> list[Record]:
-        """Read up to ``max_records`` records from ``transaction_id`` on."""
-        return await self._guard(self._client.records(self.partition_id, transaction_id, max_records))
+        """Read up to ``max_records`` records from ``transaction_id`` on.
+
+        Returns:
+            Records ``transaction_id, transaction_id + 1, ...`` (at most ``max_records``; none when
+            the replica does not hold ``transaction_id``), each with its data CRC-32 verified.
+
+        Raises:
+            ReplicaError: as any request, and ``BAD_RESPONSE`` when the answer holds more records
+                than asked, a record out of sequence, or a record whose data fails its CRC-32.
+        """
+        records = await self._guard(self._client.records(self.partition_id, transaction_id, max_records))
+        if len(records) > max(1, max_records):
+            raise self._bad_response(f"{len(records)} records answer a read of at most {max_records}")
+        expected = transaction_id
+        for record in records:
+            if record.transaction_id != expected:
+                raise self._bad_response(
+                    f"record {record.transaction_id} where the read from {transaction_id} expected {expected}"
+                )
+            if not record.checksum_ok():
+                raise self._bad_response(f"record {expected} has data that does not match its CRC-32")
+            expected += 1
+        return records
 
     async def copy_from(self, source: ReplicaConnection, first: int, last: int, page: int) -> int:
         """Copy records ``first..last`` from ``source`` to this replica (catch-up).
