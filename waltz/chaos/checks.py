@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,6 +167,7 @@ def read_log(
     *,
     workload: str = "raw",
     keys: int = 1000,
+    progress: Callable[[int, int], None] | None = None,
 ) -> LogReading:
     """Read every partition from transaction 0 up to ``marks`` with a fresh client.
 
@@ -179,6 +180,7 @@ def read_log(
         workload: ``raw`` (payloads re-derived from the seed and located), ``counter`` (also every
             increment must have read the key's latest value), or ``ledger`` (only checksums).
         keys: the counter workload's number of keys.
+        progress: called now and then with ``(transactions read, transactions to read)``.
 
     Returns:
         What was read.
@@ -191,7 +193,7 @@ def read_log(
     observer = LogObserver(reading, seed, workload, keys)
 
     callbacks = ChecksumCallbacks(observer if workload in ("raw", "counter") else None)
-    read_up_to(callbacks, zookeeper, cluster_root, marks, timeout=timeout)
+    read_up_to(callbacks, zookeeper, cluster_root, marks, timeout=timeout, progress=progress)
     for pid in marks:
         state = callbacks.sequence(pid)
         reading.marks[pid] = state.mark

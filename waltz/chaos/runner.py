@@ -232,6 +232,7 @@ def _run(
             timeout=_read_timeout(marks),
             workload=workload,
             keys=options.lock_pool,
+            progress=_read_progress(say),
         )
         say(
             f"read {sum(reading.counts.values()):,} transactions in "
@@ -265,6 +266,7 @@ def _run(
             timeout=_read_timeout(marks),
             workload=workload,
             keys=options.lock_pool,
+            progress=_read_progress(say),
         )
         say(f"restarted and read the whole log again in {time.monotonic() - restart_started:.0f}s")
     check = compare_readings(
@@ -283,6 +285,15 @@ def _run(
             "same CRC-32s" if digests_again == digests else "segment CRCs changed across the restart",
         )
     )
+
+
+def _read_progress(say: Say) -> Callable[[int, int], None]:
+    """A progress callback of a whole-log read that reports to ``say``."""
+
+    def report(done: int, total: int) -> None:
+        say(f"  read {done:,} of {total:,} transactions ({100 * done // max(1, total)}%)")
+
+    return report
 
 
 def _read_timeout(marks: Mapping[int, int]) -> float:

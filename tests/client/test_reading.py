@@ -1,0 +1,59 @@
+"""``read_up_to`` (a fresh client reading the log up to known marks) on a cluster: it applies every
+transaction once, in order, and a long read reports its progress while it goes on."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from client_helpers import Append, MemoryStore
+
+from waltz import Transaction, WaltzClient, WaltzClientConfig
+from waltz.client import reading
+from waltz.client.reading import read_up_to
+from waltz.services.local_cluster import LocalCluster
+
+TIMEOUT = 60.0
+COUNT = 30
+
+
+class SlowStore(MemoryStore):
+    """A :class:`MemoryStore` that takes 20 ms per apply (a read long enough to report on)."""
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        time.sleep(0.02)
+        super().apply_transaction(transaction)
+
+
+def test_a_long_read_reports_its_progress_until_done(
+    cluster: LocalCluster,
+    client_config: WaltzClientConfig,
+    log_start: dict[int, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with WaltzClient(MemoryStore(log_start), client_config) as writer:
+        ids = [writer.submit(Append(0, f"read {i}".encode())).result(TIMEOUT) for i in range(COUNT)]
+    assert all(i is not None for i in ids)
+    marks = dict(log_start)
+    marks[0] = max(i for i in ids if i is not None)
+    monkeypatch.setattr(reading, "PROGRESS_INTERVAL", 0.05)
+    reports: list[tuple[int, int]] = []
+    reader = SlowStore(log_start)
+    read_up_to(
+        reader,
+        cluster.zookeeper_connect_string,
+        cluster.root,
+        marks,
+        timeout=TIMEOUT,
+        progress=lambda done, total: reports.append((done, total)),
+    )
+    total = sum(mark + 1 for mark in marks.values() if mark >= 0)
+    # 30 applies of 20 ms against reports every 50 ms: several reports, each of a read not done yet.
+    assert len(reports) >= 3, reports
+    assert {t for _, t in reports} == {total}
+    done = [d for d, _ in reports]
+    assert done == sorted(done) and done[-1] < total, reports
+    assert done[-1] > done[0], f"no progress between reports: {reports}"
+    assert reader.marks == marks
+    assert [a.transaction_id for a in reader.applied[0]] == list(range(log_start[0] + 1, marks[0] + 1))
+    assert reader.errors == []
