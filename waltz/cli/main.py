@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
+from types import FrameType
 
 import typer
 
@@ -32,6 +34,18 @@ def version() -> None:
     typer.echo(__version__)
 
 
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the ``waltz`` command line."""
+    """Run the ``waltz`` command line.
+
+    SIGTERM (``timeout``, a CI job cancelled, ``kill``) unwinds the command as Ctrl-C would, so
+    that a tool which started processes (``waltz chaos``, ``waltz perf --local``, ``waltz demo``)
+    stops them before it exits with 143; commands that serve until SIGTERM install their own
+    handler.
+    """
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     app(args=list(argv) if argv is not None else None, prog_name="waltz")
