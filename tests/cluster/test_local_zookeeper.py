@@ -105,7 +105,9 @@ def test_pause_makes_the_server_unresponsive_until_resumed(private_zookeeper: Lo
     with pytest.raises(OSError):
         private_zookeeper.four_letter_word("ruok", timeout=0.3)
     private_zookeeper.resume()
-    assert private_zookeeper.four_letter_word("ruok") == "imok"
+    # A JVM resumed on a loaded machine may take more than one 2 s read to answer (a CI run failed
+    # so): the check is that it serves again, within a bound.
+    wait_until(private_zookeeper.ruok, timeout=30.0, what="the resumed ZooKeeper to answer ruok")
 
 
 def test_context_manager_starts_then_removes_its_temporary_data_dir() -> None:
