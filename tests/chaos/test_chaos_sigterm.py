@@ -3,7 +3,8 @@
 A 1,000,000-transaction ``waltz chaos`` run cut by ``timeout`` (SIGTERM) once left ZooKeeper, five
 storage nodes and three servers running: Python's default SIGTERM ends the process without
 unwinding it. The CLI now turns SIGTERM into ``SystemExit(143)``, so every context manager (the
-cluster, the client processes, the fault proxies) stops what it started.
+cluster, the client processes, the fault proxies) stops what it started: every process the run
+started (found as its descendants before the signal) must be gone soon after it exits.
 """
 
 from __future__ import annotations
@@ -23,19 +24,42 @@ START_TIMEOUT = 120.0
 STOP_TIMEOUT = 60.0
 
 
-def _processes_using(path: Path) -> list[str]:
-    """Command lines of running processes that name ``path`` (the run's work directory)."""
-    found = []
+def _descendants(root: int) -> dict[int, str]:
+    """Process ID -> command line of every running descendant of ``root``."""
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # gone meanwhile, or not ours to read
-        if str(path) in cmdline:
-            found.append(f"{entry.name}: {cmdline[:200]}")
-    return found
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in found]
+        found.update(children)
+        frontier += children
+    return {pid: _cmdline(pid) for pid in sorted(found)}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (
+            (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
+def _alive(pid: int, cmdline: str) -> bool:
+    """Whether ``pid`` still runs the same program (not a reused process ID, not a zombie)."""
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z" and _cmdline(pid) == cmdline
 
 
 @pytest.mark.timeout(300)
@@ -54,22 +78,25 @@ def test_sigterm_stops_the_cluster_the_run_started(tmp_path: Path) -> None:
             if "submitting" in line or time.monotonic() > deadline:
                 break
         assert any("submitting" in line for line in seen), "\n".join(seen[-30:])
-        assert _processes_using(work), "the run started no process in its work directory"
+        started = _descendants(run.pid)
+        kinds = " ".join(started.values())
+        for kind in ("waltz.services.storage", "waltz.services.server", "ZooKeeperServerMain"):
+            assert kind in kinds, f"no {kind} process among {started}"
         run.send_signal(signal.SIGTERM)
         returncode = run.wait(STOP_TIMEOUT)
     finally:
         if run.poll() is None:
             run.kill()
             run.wait(10)
-    left: list[str] = []
+    left: dict[int, str] = {}
     stop_deadline = time.monotonic() + 10
     while time.monotonic() < stop_deadline:
-        left = _processes_using(work)
+        left = {pid: cmd for pid, cmd in started.items() if _alive(pid, cmd)}
         if not left:
             break
         time.sleep(0.2)
-    for line in left:  # never leave them running, even when the test fails
+    for pid in left:  # never leave them running, even when the test fails
         with contextlib.suppress(ProcessLookupError):
-            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
     assert returncode == 128 + signal.SIGTERM, "\n".join(seen[-30:])
-    assert left == [], f"processes left running after SIGTERM: {left}"
+    assert left == {}, f"processes left running after SIGTERM: {left}"
