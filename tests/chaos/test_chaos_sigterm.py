@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import support
 
 #: Seconds the run has to start its cluster, then to stop after SIGTERM.
 START_TIMEOUT = 120.0
@@ -55,11 +56,7 @@ def _cmdline(pid: int) -> str:
 
 def _alive(pid: int, cmdline: str) -> bool:
     """Whether ``pid`` still runs the same program (not a reused process ID, not a zombie)."""
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z" and _cmdline(pid) == cmdline
+    return support.pid_is_alive(pid) and _cmdline(pid) == cmdline
 
 
 @pytest.mark.timeout(300)

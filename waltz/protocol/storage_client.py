@@ -22,7 +22,7 @@ from waltz.protocol import storage_pb2, storage_pb2_grpc
 from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES, TlsConfig, open_channel
 from waltz.protocol.records import Record, RecordHeader
 
-__all__ = ["StorageAdminClient", "StorageSessionClient", "failure_code_name"]
+__all__ = ["StorageAdminClient", "StorageSessionClient", "check_response"]
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ _ANSWERS = {
 }
 
 
-def failure_code_name(code: int) -> str:
+def _failure_code_name(code: int) -> str:
     """The name of a storage failure code; a code this version does not know is named, not raised.
 
     Protobuf enums are open: a newer (or broken) storage node can send any number.
@@ -152,12 +152,16 @@ def failure_code_name(code: int) -> str:
         return f"UNKNOWN_FAILURE_CODE_{code}"
 
 
-def _check(response: Any, peer: str, request_kind: str | None = None) -> Any:
-    """Raise the failure a response carries, or a :class:`ProtocolError` for a body that does not
-    answer ``request_kind`` (a storage request kind); return the response otherwise."""
+def check_response(response: Any, peer: str, request_kind: str | None = None) -> Any:
+    """Return a storage or admin response, or raise what is wrong with it.
+
+    Raises:
+        StorageRpcError: the response is a failure (its code named even when unknown here).
+        ProtocolError: its body does not answer ``request_kind`` (a storage request kind).
+    """
     if response.HasField("failure"):
         exception = response.failure.exception
-        raise StorageRpcError(failure_code_name(exception.code), exception.message)
+        raise StorageRpcError(_failure_code_name(exception.code), exception.message)
     if request_kind is not None:
         expected = _ANSWERS.get(request_kind)
         kind = response.WhichOneof("body")
@@ -222,7 +226,7 @@ class StorageSessionClient:
             partition_id=-1,
             open=storage_pb2.OpenRequest(cluster_key=self.cluster_key, num_partitions=self.num_partitions),
         )
-        _check(await self._stream.submit(request), self._stream.address, "open")
+        check_response(await self._stream.submit(request), self._stream.address, "open")
 
     async def close(self) -> None:
         """Close the stream and the channel. Idempotent."""
@@ -242,7 +246,7 @@ class StorageSessionClient:
         return self._stream.submit(request)
 
     async def _call(self, request: storage_pb2.StorageRequest) -> storage_pb2.StorageResponse:
-        response: storage_pb2.StorageResponse = _check(
+        response: storage_pb2.StorageResponse = check_response(
             await self._stream.submit(request), self._stream.address, request.WhichOneof("body")
         )
         return response
@@ -404,7 +408,9 @@ class StorageAdminClient:
 
     async def _call(self, partition_id: int, **body: Any) -> storage_pb2.AdminResponse:
         request = storage_pb2.AdminRequest(seq_num=self._stream.next_seq(), partition_id=partition_id, **body)
-        response: storage_pb2.AdminResponse = _check(await self._stream.submit(request), self._stream.address)
+        response: storage_pb2.AdminResponse = check_response(
+            await self._stream.submit(request), self._stream.address
+        )
         return response
 
     async def assign_partition(

@@ -361,13 +361,10 @@ class Partition:
                         await asyncio.sleep(0.01)
                         continue
                     entries = [(r.transaction_id, r.req_id, r.header) for r in records]
-                start = cursor.next_id
                 for transaction_id, req_id, header in entries:
                     if transaction_id == cursor.next_id and (window is None or transaction_id <= window):
                         connection.send_feed(req_id, transaction_id, header)
                         cursor.next_id += 1
-                if cursor.next_id == start:
-                    await asyncio.sleep(0.01)  # nothing usable in this page: never spin
         except (WaltzError, TimeoutError) as exc:
             log.warning(
                 "partition %d: feed to connection %d stopped: %s",

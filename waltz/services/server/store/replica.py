@@ -18,7 +18,7 @@ from typing import TypeVar
 from waltz.errors import ProtocolError, StorageRpcError, WaltzError
 from waltz.protocol import storage_pb2
 from waltz.protocol.records import Record
-from waltz.protocol.storage_client import StorageSessionClient, failure_code_name
+from waltz.protocol.storage_client import StorageSessionClient, check_response
 from waltz.services.server.store.config import StoreConfig
 
 __all__ = ["ReplicaConnection", "ReplicaError"]
@@ -155,15 +155,7 @@ class ReplicaConnection:
             future = failed
 
         async def acknowledged() -> None:
-            response = await future
-            if response.HasField("failure"):
-                exception = response.failure.exception
-                raise StorageRpcError(failure_code_name(exception.code), exception.message)
-            if not response.HasField("success"):
-                raise ProtocolError(
-                    f"storage node {self.storage} answered an append (seq {response.seq_num}) with "
-                    f"{response.WhichOneof('body') or 'no body'}, not success"
-                )
+            check_response(await future, self.storage, "append")
 
         return self._guard(acknowledged())
 
