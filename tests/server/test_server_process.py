@@ -14,6 +14,7 @@ from kazoo.client import KazooClient
 from server.conftest import StoreCluster, make_store_cluster
 from support.storage import run
 
+from waltz.chaos.proxy import FaultProxy
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.services.cluster.manager import read_assignment
@@ -336,3 +337,37 @@ def test_kill_9_of_a_storage_node_under_server_processes(tmp_path: Path, zookeep
             check(replicas[0], acknowledged)
 
         run(scenario())
+
+
+def test_sigterm_while_zookeeper_is_unreachable_still_stops_the_server(
+    cluster: StoreCluster, tmp_path: Path, zookeeper: object, zk_root: str, request: pytest.FixtureRequest
+) -> None:
+    """A server told to stop while its ZooKeeper is cut off exits on its own, with code 0.
+
+    It cannot delete its member znode then (the ephemeral node goes with the session) and must not
+    wait for ZooKeeper to come back to close its partitions and exit.
+    """
+    host, port = zookeeper.connect_string.split(",")[0].rsplit(":", 1)  # type: ignore[attr-defined]
+    with FaultProxy(lambda: (host, int(port)), name="zookeeper") as proxy:
+        server = LocalServer(
+            proxy.address,
+            zk_root,
+            name="server-cut-off",
+            log_path=tmp_path / "server-cut-off.log",
+            session_timeout=SESSION_TIMEOUT,
+            env={"WALTZ_STORE_RETRY_INTERVAL": "0.2", "WALTZ_STORE_CONNECT_TIMEOUT": "2"},
+        )
+        support.add_failure_logs(request.node, "server log", server.process.log_tail)
+        server.start()
+        try:
+            run(wait_writable_owner(cluster))
+            assert run(append_via_owner(cluster, 0)) == 0
+            proxy.block()
+            # The server's ZooKeeper client has seen its connection go and tries to reconnect.
+            wait_until(lambda: proxy.refused > 0, timeout=30, what="the server to try to reconnect")
+            # More than the session timeout: the server may have been told nothing of its session.
+            code = server.stop(timeout=40)
+            assert code == 0, f"the server did not exit by itself after SIGTERM (exit code {code})"
+            assert "server stopped" in server.process.log_tail()
+        finally:
+            server.close()

@@ -10,13 +10,12 @@ is lost loses its member znode with it, and the manager moves its partitions.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.recipe.election import Election
 
 from waltz.errors import MetadataError
@@ -121,13 +120,34 @@ class ServerMembership:
         self._on_assignment(assignment.partitions_of(member))
         return True
 
-    def unregister(self) -> None:
-        """Delete the member znode (partitions then move at once). Idempotent."""
+    def unregister(self, timeout: float = 5.0) -> bool:
+        """Delete the member znode (partitions then move at once). Idempotent.
+
+        Args:
+            timeout: seconds to wait for ZooKeeper's answer. A client cut off from ZooKeeper
+                would otherwise queue the delete until the connection comes back.
+
+        Returns:
+            True if the znode is gone; False if ZooKeeper did not answer in time or the connection
+            was lost (the ephemeral znode then goes when the session expires, and a warning says so).
+        """
         member, self.member = self.member, None
         if member is None:
-            return
-        with contextlib.suppress(NoNodeError):
-            self._zk.delete(f"{self._paths.members}/{member}")
+            return True
+        path = f"{self._paths.members}/{member}"
+        try:
+            self._zk.delete_async(path).get(timeout=timeout)
+        except NoNodeError:
+            pass
+        except (KazooException, self._zk.handler.timeout_exception) as exc:
+            log.warning(
+                "could not delete member znode %s (%s): it goes when the ZooKeeper session expires, "
+                "and the partitions move then",
+                path,
+                type(exc).__name__,
+            )
+            return False
+        return True
 
 
 class ClusterManager:

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 from kazoo.client import KazooClient, KazooState
+from kazoo.retry import KazooRetry
 
 from waltz.errors import WaltzError
 from waltz.protocol import client_pb2_grpc, server_pb2, server_pb2_grpc
@@ -38,6 +39,24 @@ from waltz.services.server.store.partition import StorePartition
 __all__ = ["ServerApp", "run_server"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds a stopping server waits for ZooKeeper to delete its member znode.
+UNREGISTER_TIMEOUT = 5.0
+
+
+def reconnect_policy(session_timeout: float) -> KazooRetry:
+    """kazoo's retry policy for reconnecting to ZooKeeper: forever, at most a quarter session apart.
+
+    kazoo's default backs off up to a minute between attempts, so a server whose ZooKeeper came
+    back could miss its own session and lose its partitions for nothing, and a stop could wait on
+    the sleeping connection thread.
+
+    Args:
+        session_timeout: the ZooKeeper session timeout in seconds.
+    """
+    return KazooRetry(
+        max_tries=-1, delay=0.1, backoff=2, max_jitter=0.2, max_delay=min(1.0, session_timeout / 4)
+    )
 
 
 class ServerApp:
@@ -90,7 +109,11 @@ class ServerApp:
         """
         self._loop = asyncio.get_running_loop()
         config = self.config
-        zk = KazooClient(hosts=config.zookeeper_connect_string, timeout=config.zookeeper_session_timeout)
+        zk = KazooClient(
+            hosts=config.zookeeper_connect_string,
+            timeout=config.zookeeper_session_timeout,
+            connection_retry=reconnect_policy(config.zookeeper_session_timeout),
+        )
         await asyncio.to_thread(zk.start, config.zookeeper_session_timeout)
         self._zk = zk
         self._cluster = ClusterZk(zk, config.cluster_root)
@@ -146,16 +169,29 @@ class ServerApp:
         self._grpc = server
 
     async def stop(self) -> None:
-        """Leave the cluster (partitions move at once), close partitions, stop serving."""
+        """Leave the cluster (partitions move at once), close partitions, stop serving.
+
+        Cut off from ZooKeeper, the server stops its ZooKeeper client first: every call waiting for
+        the connection fails at once instead of holding the stop until ZooKeeper comes back, and
+        the member znode goes when the session expires (the partitions move then).
+        """
         self._stopping = True
+        zk = self._zk
+        reachable = zk is not None and zk.connected
+        if zk is not None and not reachable:
+            log.warning(
+                "stopping while cut off from ZooKeeper (%s): the member znode goes when the session expires",
+                zk.state,
+            )
+            await asyncio.to_thread(zk.stop)
         if self._manager is not None:
             await asyncio.to_thread(self._manager.stop)
-        if self._membership is not None:
-            await asyncio.to_thread(self._membership.unregister)
+        if self._membership is not None and reachable:
+            await asyncio.to_thread(self._membership.unregister, UNREGISTER_TIMEOUT)
         await asyncio.gather(*(self._set_partition(pid, None) for pid in list(self.partitions)))
-        if self._zk is not None:
-            await asyncio.to_thread(self._zk.stop)
-            await asyncio.to_thread(self._zk.close)
+        if zk is not None:
+            await asyncio.to_thread(zk.stop)
+            await asyncio.to_thread(zk.close)
         if self._grpc is not None:
             await self._grpc.stop(2.0)
         if self._http is not None:
