@@ -4,6 +4,7 @@ transaction once, in order, and a long read reports its progress while it goes o
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import pytest
 from client_helpers import Append, MemoryStore
@@ -57,3 +58,42 @@ def test_a_long_read_reports_its_progress_until_done(
     assert reader.marks == marks
     assert [a.transaction_id for a in reader.applied[0]] == list(range(log_start[0] + 1, marks[0] + 1))
     assert reader.errors == []
+
+
+class PrefetchingStore(MemoryStore):
+    """A :class:`MemoryStore` fed in batches whose data is fetched before each batch is applied."""
+
+    prefetch_transaction_data = True
+
+    def __init__(self, start: dict[int, int]) -> None:
+        super().__init__(start)
+        self.loaded_before_apply: list[bool] = []
+
+    def apply_transactions(self, transactions: Sequence[Transaction]) -> None:
+        self.loaded_before_apply.extend(t.data_loaded for t in transactions)
+        for transaction in transactions:
+            self.apply_transaction(transaction)
+
+
+def test_a_reader_fetches_batches_of_large_transactions_in_pages(
+    cluster: LocalCluster, client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """Apply batches whose data exceeds one GetTransactionDataRange answer (4 MiB) arrive whole."""
+    datas = [bytes([i]) * (300 * 1024) if i % 3 else f"small {i}".encode() for i in range(40)]
+    with WaltzClient(MemoryStore(log_start), client_config) as writer:
+        ids = [writer.submit(Append(0, data)).result(TIMEOUT) for data in datas]
+        assert ids == list(range(log_start[0] + 1, log_start[0] + 1 + len(datas)))
+        # The data client itself: 7.6 MiB of consecutive transactions (two answers at least), and
+        # runs with gaps between them (fetched concurrently), each in the order asked.
+        fetcher = writer._core.data_client
+        assert fetcher.fetch_many(0, list(ids)) == datas
+        assert fetcher.fetch_many(0, ids[::2]) == datas[::2]
+        assert fetcher.fetch_many(0, [ids[5], ids[6], ids[30]]) == [datas[5], datas[6], datas[30]]
+        assert fetcher.fetch(0, ids[-1]) == datas[-1]
+    marks = dict(log_start)
+    marks[0] = log_start[0] + len(datas)
+    reader = PrefetchingStore(dict(log_start))
+    read_up_to(reader, cluster.zookeeper_connect_string, cluster.root, marks, timeout=TIMEOUT)
+    assert reader.errors == []
+    assert [a.data for a in reader.applied[0]] == datas
+    assert reader.loaded_before_apply and all(reader.loaded_before_apply)

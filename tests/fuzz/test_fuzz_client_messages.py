@@ -21,8 +21,13 @@ from waltz import Transaction, TransactionBuilder, TransactionContext, WaltzClie
 from waltz.client.context import AppendPayload
 from waltz.client.partition import ClientPartition, PartitionState
 from waltz.client.submission import Submission
+from waltz.client.transaction_data import (
+    MalformedDataResponseError,
+    _TransientDataError,
+    check_range_response,
+)
 from waltz.protocol import client_pb2, common_pb2
-from waltz.protocol.records import ReqId
+from waltz.protocol.records import ReqId, crc32
 
 CLIENT = 7
 MARK = 5
@@ -196,3 +201,50 @@ def test_any_server_messages_leave_the_applied_sequence_contiguous(
                 await asyncio.to_thread(worker.close)
 
     asyncio.run(scenario())
+
+
+@st.composite
+def data_range_answers(draw: st.DrawFn) -> tuple[int, int, client_pb2.TransactionDataRangeResponse]:
+    """A request (first ID, count) and an answer to it: mostly well formed, sometimes subtly not."""
+    first = draw(st.integers(-1, 2**40))
+    count = draw(st.integers(1, 20))
+    datas = draw(st.lists(st.binary(max_size=64), max_size=count + 3))
+    checksums = [crc32(d) for d in datas]
+    if checksums and draw(st.booleans()):
+        i = draw(st.integers(0, len(checksums) - 1))
+        checksums[i] = draw(st.integers(0, 2**32 - 1))
+    if draw(st.integers(0, 4)) == 0:
+        checksums = checksums[: draw(st.integers(0, len(checksums)))] + draw(
+            st.lists(st.integers(0, 2**32 - 1), max_size=2)
+        )
+    answered_first = first if draw(st.integers(0, 3)) else draw(st.integers(-(2**63), 2**63 - 1))
+    response = client_pb2.TransactionDataRangeResponse(
+        first_transaction_id=answered_first,
+        success=draw(st.integers(0, 5)) > 0,
+        data=datas,
+        checksums=checksums,
+        error_message=draw(st.text(max_size=20)),
+    )
+    return first, count, response
+
+
+@fuzz_settings()
+@given(data_range_answers())
+def test_any_transaction_data_answer_is_returned_whole_and_checked_or_refused(
+    answer: tuple[int, int, client_pb2.TransactionDataRangeResponse],
+) -> None:
+    """What the client takes from a data-range answer is a run of 1..count transactions from the ID
+    asked, each matching its CRC-32; anything else is refused with an error naming the server."""
+    first, count, response = answer
+    try:
+        page = check_range_response("server-9:7000", response, first, count)
+    except MalformedDataResponseError as exc:
+        assert "server-9:7000" in str(exc)
+        assert response.success
+        return
+    except _TransientDataError as exc:
+        assert not response.success and "server-9:7000" in str(exc)
+        return
+    assert response.success and response.first_transaction_id == first
+    assert 1 <= len(page) <= count and page == list(response.data)
+    assert [crc32(d) for d in page] == list(response.checksums)

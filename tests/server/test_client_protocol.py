@@ -15,6 +15,8 @@ from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
 from waltz.protocol.records import crc32
 from waltz.services.local_cluster import LocalCluster
 
+DATA_CACHE_SIZE = 8
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
@@ -25,6 +27,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iter
         zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
         work_dir=tmp_path_factory.mktemp("protocol-cluster"),
         delete_root=True,
+        # A small data cache: data ranges come partly from the cache, partly from storage.
+        server_env={"WALTZ_SERVER_TRANSACTION_DATA_CACHE_SIZE": str(DATA_CACHE_SIZE)},
     ) as local:
         yield local
 
@@ -206,6 +210,75 @@ def test_mount_append_feed_lock_failures_flush_and_data(cluster: LocalCluster) -
         finally:
             await a.close()
             await b.close()
+
+    run(scenario())
+
+
+def test_data_ranges_come_in_pages_from_cache_and_storage(cluster: LocalCluster) -> None:
+    """GetTransactionDataRange answers a prefix of the range: at most 4 MiB, at most the mark."""
+    endpoint, generation = cluster.owner(0), generation_of(cluster)
+    big = 100 * 1024
+    datas = [bytes([i]) * big if i % 2 == 0 else f"small {i}".encode() for i in range(90)]
+
+    async def scenario() -> None:
+        a = RawClient(endpoint, 905, generation)
+        try:
+            a.mount(-1)
+            assert (await a.next("mount")).mount.partition_ready
+            a.outgoing.put_nowait(
+                client_pb2.ClientMessage(high_water_mark=client_pb2.HighWaterMarkRequest(req_id=a.req_id()))
+            )
+            start = (await a.next("high_water_mark")).high_water_mark.transaction_id
+            for i, data in enumerate(datas):
+                a.append(start + i, data)
+            first = start + 1
+            assert await a.feed_ids(len(datas)) == list(range(first, first + len(datas)))
+
+            async def data_range(first_id: int, count: int) -> client_pb2.TransactionDataRangeResponse:
+                request = client_pb2.TransactionDataRangeRequest(
+                    req_id=a.req_id(), first_transaction_id=first_id, count=count
+                )
+                response: client_pb2.TransactionDataRangeResponse = await a.stub.GetTransactionDataRange(
+                    request, timeout=10
+                )
+                return response
+
+            # 45 transactions of 100 KiB do not fit in 4 MiB: the answer stops before, from storage
+            # (the cache holds only the last 8).
+            got: list[bytes] = []
+            pages = 0
+            while len(got) < len(datas):
+                pages += 1
+                page = await data_range(first + len(got), len(datas) + 50)
+                assert page.success, page.error_message
+                assert page.first_transaction_id == first + len(got)
+                assert len(page.data) == len(page.checksums) > 0
+                assert len(page.data) == 1 or sum(map(len, page.data)) <= 4 << 20
+                assert [crc32(d) for d in page.data] == list(page.checksums)
+                got.extend(page.data)
+                assert len(got) <= len(datas), "the answer went past the high-water mark"
+            assert got == datas
+            assert pages >= 2, f"4.4 MiB of data came in {pages} page(s) of at most 4 MiB"
+            # The last few come from the cache, and a count stops where asked.
+            tail = await data_range(first + len(datas) - 3, 2)
+            assert list(tail.data) == datas[-3:-1]
+            # Refusals: nothing committed there, a count that is not positive, another partition.
+            for first_id, count, why in (
+                (first + len(datas), 1, "not committed"),
+                (-5, 3, "not committed"),
+                (first, 0, "count must be positive"),
+            ):
+                refused = await data_range(first_id, count)
+                assert not refused.success and why in refused.error_message, refused
+                assert list(refused.data) == []
+            elsewhere = common_pb2.ReqId(client_id=905, generation=generation, partition_id=5, seq_num=10**6)
+            refused = await a.stub.GetTransactionDataRange(
+                client_pb2.TransactionDataRangeRequest(req_id=elsewhere, first_transaction_id=first, count=1),
+                timeout=10,
+            )
+            assert not refused.success and "not on this server" in refused.error_message
+        finally:
+            await a.close()
 
     run(scenario())
 

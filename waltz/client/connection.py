@@ -235,15 +235,15 @@ class ServerConnection:
 
     # --- RPC --------------------------------------------------------------------------------------
 
-    async def get_transaction_data(
-        self, request: client_pb2.TransactionDataRequest, timeout: float
-    ) -> client_pb2.TransactionDataResponse:
-        """Call ``GetTransactionData`` on this server.
+    async def get_transaction_data_range(
+        self, request: client_pb2.TransactionDataRangeRequest, timeout: float
+    ) -> client_pb2.TransactionDataRangeResponse:
+        """Call ``GetTransactionDataRange`` on this server.
 
         Raises:
             grpc.aio.AioRpcError: the call failed (server down, deadline exceeded, ...).
         """
-        response: client_pb2.TransactionDataResponse = await self._stub.GetTransactionData(
+        response: client_pb2.TransactionDataRangeResponse = await self._stub.GetTransactionDataRange(
             request, timeout=timeout
         )
         return response

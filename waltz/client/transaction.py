@@ -2,7 +2,7 @@
 
 Source: seed 000 "Application Programming Model" (lazy loading of transaction data), "Transaction
 Data Request/Response". The feed carries only the transaction ID, the ReqId and the header; the
-data is fetched with the ``GetTransactionData`` RPC the first time the application asks for it,
+data is fetched with the ``GetTransactionDataRange`` RPC the first time the application asks for it,
 checked against its CRC-32, and kept. The data of this client's own appends is already known and
 never fetched.
 """

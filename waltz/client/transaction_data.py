@@ -1,10 +1,13 @@
-"""Fetching the data of committed transactions: the ``GetTransactionData`` RPC, retried.
+"""Fetching the data of committed transactions: the ``GetTransactionDataRange`` RPC, retried.
 
-Source: seed 000 "Transaction Data Request/Response", "InternalRpcClient"; ``docs/protocol.md``.
-The request goes to the server that owns the partition now (it may move while we retry); the data
-is checked against its CRC-32. Transient failures (no owner, a connection lost under the call, the
-server not ready, a bad checksum) are retried with exponential backoff (tenacity) until
-``client.transactionDataTimeout``.
+Source: seed 000 "Transaction Data Request/Response", "InternalRpcClient"; ``docs/protocol.md``
+"Transaction data". Where upstream Waltz asks for one transaction per call, the client asks for
+a run of consecutive transactions (an apply batch, a reader's page) and the server answers with as
+many as fit in one response, so a reader costs one call per page instead of one per transaction.
+The request goes to the server that owns the partition now (it may move while we retry); each
+transaction's data is checked against its CRC-32. Transient failures (no owner, a connection lost
+under the call, the server not ready, a bad checksum, a malformed answer) are retried with
+exponential backoff (tenacity) until ``client.transactionDataTimeout``.
 """
 
 from __future__ import annotations
@@ -23,14 +26,14 @@ from waltz.errors import ClientClosedError, TransactionDataError
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId, crc32
 
-__all__ = ["REQUEST_TIMEOUT", "TransactionDataClient"]
+__all__ = ["REQUEST_TIMEOUT", "MalformedDataResponseError", "TransactionDataClient", "check_range_response"]
 
-#: Seconds one GetTransactionData call may take before it is tried again.
+#: Seconds one GetTransactionDataRange call may take before it is tried again.
 REQUEST_TIMEOUT = 5.0
 
 
 class _TransientDataError(Exception):
-    """A GetTransactionData attempt failed in a way worth retrying."""
+    """A GetTransactionDataRange attempt failed in a way worth retrying."""
 
 
 class TransactionDataClient:
@@ -79,34 +82,30 @@ class TransactionDataClient:
             ClientClosedError: the client closed.
             RuntimeError: called on the client's event loop thread.
         """
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("Transaction.get_data blocks: use get_data_async on the client's event loop")
-        self._check_open()
-        future = asyncio.run_coroutine_threadsafe(self._fetch(partition_id, transaction_id), self._loop)
-        try:
-            return future.result(self._timeout + 10)
-        except concurrent.futures.TimeoutError:
-            self._check_open()
-            raise
+        return self.fetch_many(partition_id, [transaction_id])[0]
 
     def fetch_many(self, partition_id: int, transaction_ids: list[int]) -> list[bytes]:
-        """Fetch several transactions' data at once (concurrent requests), blocking.
+        """Fetch several transactions' data, blocking (not on the client's event loop).
 
-        The apply worker uses it to load a whole apply batch in one round trip's time instead of
-        one per transaction.
+        Consecutive IDs are asked for in one call per response's worth; separate runs of them are
+        fetched concurrently. The apply worker uses it to load a whole apply batch at once.
+
+        Args:
+            partition_id: the partition.
+            transaction_ids: committed transaction IDs, in increasing order.
+
+        Returns:
+            The data of each transaction, in the order of ``transaction_ids``.
 
         Raises:
             TransactionDataError: one of them was not fetched within ``client.transactionDataTimeout``.
             ClientClosedError: the client closed.
+            RuntimeError: called on the client's event loop thread.
         """
         if threading.current_thread() is self._thread:
-            raise RuntimeError("fetch_many blocks: not on the client's event loop")
+            raise RuntimeError("Transaction.get_data blocks: use get_data_async on the client's event loop")
         self._check_open()
-
-        async def gather() -> list[bytes]:
-            return list(await asyncio.gather(*(self._fetch(partition_id, t) for t in transaction_ids)))
-
-        future = asyncio.run_coroutine_threadsafe(gather(), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._fetch_ids(partition_id, transaction_ids), self._loop)
         try:
             return future.result(self._timeout + 10)
         except concurrent.futures.TimeoutError:
@@ -117,31 +116,52 @@ class TransactionDataClient:
         """As :meth:`fetch`, from any event loop."""
         self._check_open()
         if asyncio.get_running_loop() is self._loop:
-            return await self._fetch(partition_id, transaction_id)
-        return await asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(self._fetch(partition_id, transaction_id), self._loop)
-        )
+            return (await self._fetch_range(partition_id, transaction_id, 1))[0]
+        return (
+            await asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(
+                    self._fetch_range(partition_id, transaction_id, 1), self._loop
+                )
+            )
+        )[0]
 
-    async def _fetch(self, partition_id: int, transaction_id: int) -> bytes:
+    async def _fetch_ids(self, partition_id: int, transaction_ids: list[int]) -> list[bytes]:
+        runs: list[tuple[int, int]] = []  # (first ID, count) of each run of consecutive IDs
+        for transaction_id in transaction_ids:
+            if runs and runs[-1][0] + runs[-1][1] == transaction_id:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((transaction_id, 1))
+        if len(runs) == 1:
+            return await self._fetch_range(partition_id, *runs[0])
+        fetched = await asyncio.gather(*(self._fetch_range(partition_id, first, n) for first, n in runs))
+        return [data for run in fetched for data in run]
+
+    async def _fetch_range(self, partition_id: int, first: int, count: int) -> list[bytes]:
+        """The data of ``count`` consecutive transactions from ``first``, in as many calls as needed."""
         partition = self._partitions[partition_id]
-        try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_delay(self._timeout),
-                wait=wait_exponential(multiplier=0.05, max=2.0),
-                retry=retry_if_exception_type(_TransientDataError),
-            ):
-                with attempt:
-                    return await self._fetch_once(partition, transaction_id)
-        except RetryError as exc:
-            cause = exc.last_attempt.exception()
-            raise TransactionDataError(
-                f"data not fetched within {self._timeout:g}s (client.transactionDataTimeout): {cause}",
-                partition_id,
-                transaction_id,
-            ) from cause
-        raise AssertionError("unreachable")  # pragma: no cover
+        found: list[bytes] = []
+        while len(found) < count:
+            next_id = first + len(found)
+            try:
+                async for attempt in AsyncRetrying(
+                    stop=stop_after_delay(self._timeout),
+                    wait=wait_exponential(multiplier=0.05, max=2.0),
+                    retry=retry_if_exception_type(_TransientDataError),
+                ):
+                    with attempt:
+                        page = await self._fetch_once(partition, next_id, count - len(found))
+            except RetryError as exc:
+                cause = exc.last_attempt.exception()
+                raise TransactionDataError(
+                    f"data not fetched within {self._timeout:g}s (client.transactionDataTimeout): {cause}",
+                    partition_id,
+                    next_id,
+                ) from cause
+            found.extend(page)
+        return found
 
-    async def _fetch_once(self, partition: ClientPartition, transaction_id: int) -> bytes:
+    async def _fetch_once(self, partition: ClientPartition, first: int, count: int) -> list[bytes]:
         self._check_open()
         endpoint = partition.endpoint
         if endpoint is None:
@@ -151,8 +171,10 @@ class TransactionDataClient:
             req_id = ReqId(
                 self._client_id, partition.generation, partition.partition_id, self._next_seq_num()
             )
-            response = await connection.get_transaction_data(
-                client_pb2.TransactionDataRequest(req_id=req_id.to_proto(), transaction_id=transaction_id),
+            response = await connection.get_transaction_data_range(
+                client_pb2.TransactionDataRangeRequest(
+                    req_id=req_id.to_proto(), first_transaction_id=first, count=count
+                ),
                 REQUEST_TIMEOUT,
             )
         except (ConnectionError, grpc.aio.AioRpcError) as exc:
@@ -163,11 +185,47 @@ class TransactionDataClient:
                 raise  # we are being cancelled (the client closes)
             # The connection closed under the call (its channel went with it): try again.
             raise _TransientDataError(f"{endpoint}: the connection closed during the call") from None
-        if not response.success:
-            raise _TransientDataError(f"{endpoint} could not read it: {response.error_message}")
-        if crc32(response.data) != response.checksum:
-            raise _TransientDataError(
-                f"{endpoint} sent data of CRC-32 {crc32(response.data):#010x}, "
-                f"expected {response.checksum:#010x}"
+        return check_range_response(endpoint, response, first, count)
+
+
+class MalformedDataResponseError(_TransientDataError):
+    """A ``GetTransactionDataRange`` answer that does not answer the request (or fails a CRC)."""
+
+
+def check_range_response(
+    endpoint: str, response: client_pb2.TransactionDataRangeResponse, first: int, count: int
+) -> list[bytes]:
+    """The data of a ``GetTransactionDataRange`` answer, checked against the request.
+
+    Args:
+        endpoint: the server that answered (for messages).
+        response: its answer.
+        first: the first transaction ID asked for.
+        count: how many were asked for.
+
+    Returns:
+        The data of transactions ``first``, ``first + 1``, ... (between 1 and ``count`` of them).
+
+    Raises:
+        _TransientDataError: the server could not answer (``success`` false).
+        MalformedDataResponseError: the answer starts at another ID, holds no data or more than
+            asked, data and checksums of different lengths, or data failing its CRC-32; the message
+            names the server and the transaction.
+    """
+    if not response.success:
+        raise _TransientDataError(f"{endpoint} could not read transaction {first}: {response.error_message}")
+    datas, checksums = response.data, response.checksums
+    if response.first_transaction_id != first or not 0 < len(datas) <= count or len(checksums) != len(datas):
+        raise MalformedDataResponseError(
+            f"{endpoint} answered a request for {count} transaction(s) from {first} with "
+            f"{len(datas)} data and {len(checksums)} checksum(s) from {response.first_transaction_id}"
+        )
+    page = []
+    for offset, (data, checksum) in enumerate(zip(datas, checksums, strict=True)):
+        if crc32(data) != checksum:
+            raise MalformedDataResponseError(
+                f"{endpoint} sent data of transaction {first + offset} with CRC-32 "
+                f"{crc32(data):#010x}, expected {checksum:#010x}"
             )
-        return bytes(response.data)
+        page.append(bytes(data))
+    return page

@@ -455,6 +455,79 @@ class TransactionDataResponse(_message.Message):
 Global___TransactionDataResponse: _TypeAlias = TransactionDataResponse  # noqa: Y015
 
 @_typing.final
+class TransactionDataRangeRequest(_message.Message):
+    """Up to `count` consecutive transactions from `first_transaction_id` on. The answer holds a
+    prefix of them: fewer at the high-water mark or at the server's response size limit, at least one
+    when `first_transaction_id` is committed.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQ_ID_FIELD_NUMBER: _builtins.int
+    FIRST_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    first_transaction_id: _builtins.int
+    count: _builtins.int
+    @_builtins.property
+    def req_id(self) -> _common_pb2.ReqId: ...
+    def __init__(
+        self,
+        *,
+        req_id: _common_pb2.ReqId | None = ...,
+        first_transaction_id: _builtins.int = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "first_transaction_id", b"first_transaction_id", "req_id", b"req_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TransactionDataRangeRequest: _TypeAlias = TransactionDataRangeRequest  # noqa: Y015
+
+@_typing.final
+class TransactionDataRangeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQ_ID_FIELD_NUMBER: _builtins.int
+    FIRST_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    SUCCESS_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    CHECKSUMS_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    first_transaction_id: _builtins.int
+    success: _builtins.bool
+    error_message: _builtins.str
+    """only when success is false"""
+    @_builtins.property
+    def req_id(self) -> _common_pb2.ReqId: ...
+    @_builtins.property
+    def data(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """transactions first_transaction_id, first_transaction_id + 1, ..."""
+
+    @_builtins.property
+    def checksums(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """CRC-32 of each data, in the same order"""
+
+    def __init__(
+        self,
+        *,
+        req_id: _common_pb2.ReqId | None = ...,
+        first_transaction_id: _builtins.int = ...,
+        success: _builtins.bool = ...,
+        data: _abc.Iterable[_builtins.bytes] | None = ...,
+        checksums: _abc.Iterable[_builtins.int] | None = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksums", b"checksums", "data", b"data", "error_message", b"error_message", "first_transaction_id", b"first_transaction_id", "req_id", b"req_id", "success", b"success"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TransactionDataRangeResponse: _TypeAlias = TransactionDataRangeResponse  # noqa: Y015
+
+@_typing.final
 class FlushRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

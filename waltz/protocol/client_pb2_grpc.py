@@ -46,6 +46,11 @@ class WaltzServerServiceStub:
                 request_serializer=waltz_dot_protocol_dot_client__pb2.TransactionDataRequest.SerializeToString,
                 response_deserializer=waltz_dot_protocol_dot_client__pb2.TransactionDataResponse.FromString,
                 _registered_method=True)
+        self.GetTransactionDataRange = channel.unary_unary(
+                '/waltz.client.WaltzServerService/GetTransactionDataRange',
+                request_serializer=waltz_dot_protocol_dot_client__pb2.TransactionDataRangeRequest.SerializeToString,
+                response_deserializer=waltz_dot_protocol_dot_client__pb2.TransactionDataRangeResponse.FromString,
+                _registered_method=True)
 
 
 class WaltzServerServiceServicer:
@@ -65,6 +70,13 @@ class WaltzServerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTransactionDataRange(self, request, context):
+        """The data of consecutive committed transactions in one call (not in upstream Waltz).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WaltzServerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +89,11 @@ def add_WaltzServerServiceServicer_to_server(servicer, server):
                     servicer.GetTransactionData,
                     request_deserializer=waltz_dot_protocol_dot_client__pb2.TransactionDataRequest.FromString,
                     response_serializer=waltz_dot_protocol_dot_client__pb2.TransactionDataResponse.SerializeToString,
+            ),
+            'GetTransactionDataRange': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTransactionDataRange,
+                    request_deserializer=waltz_dot_protocol_dot_client__pb2.TransactionDataRangeRequest.FromString,
+                    response_serializer=waltz_dot_protocol_dot_client__pb2.TransactionDataRangeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -135,6 +152,33 @@ class WaltzServerService:
             '/waltz.client.WaltzServerService/GetTransactionData',
             waltz_dot_protocol_dot_client__pb2.TransactionDataRequest.SerializeToString,
             waltz_dot_protocol_dot_client__pb2.TransactionDataResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTransactionDataRange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/waltz.client.WaltzServerService/GetTransactionDataRange',
+            waltz_dot_protocol_dot_client__pb2.TransactionDataRangeRequest.SerializeToString,
+            waltz_dot_protocol_dot_client__pb2.TransactionDataRangeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,8 @@ class WaltzServerServiceStub:
     def __new__(cls, channel: _aio.Channel) -> WaltzServerServiceAsyncStub: ...
     Stream: _grpc.StreamStreamMultiCallable[_client_pb2.ClientMessages, _client_pb2.ServerMessages]
     GetTransactionData: _grpc.UnaryUnaryMultiCallable[_client_pb2.TransactionDataRequest, _client_pb2.TransactionDataResponse]
+    GetTransactionDataRange: _grpc.UnaryUnaryMultiCallable[_client_pb2.TransactionDataRangeRequest, _client_pb2.TransactionDataRangeResponse]
+    """The data of consecutive committed transactions in one call (not in upstream Waltz)."""
 
 @_typing.type_check_only
 class WaltzServerServiceAsyncStub(WaltzServerServiceStub):
@@ -50,6 +52,8 @@ class WaltzServerServiceAsyncStub(WaltzServerServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Stream: _aio.StreamStreamMultiCallable[_client_pb2.ClientMessages, _client_pb2.ServerMessages]  # type: ignore[assignment]
     GetTransactionData: _aio.UnaryUnaryMultiCallable[_client_pb2.TransactionDataRequest, _client_pb2.TransactionDataResponse]  # type: ignore[assignment]
+    GetTransactionDataRange: _aio.UnaryUnaryMultiCallable[_client_pb2.TransactionDataRangeRequest, _client_pb2.TransactionDataRangeResponse]  # type: ignore[assignment]
+    """The data of consecutive committed transactions in one call (not in upstream Waltz)."""
 
 class WaltzServerServiceServicer(metaclass=_abc_1.ABCMeta):
     """A client keeps one ordered bidirectional stream per server connection; a stream message carries a
@@ -69,5 +73,13 @@ class WaltzServerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _client_pb2.TransactionDataRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_client_pb2.TransactionDataResponse, _abc.Awaitable[_client_pb2.TransactionDataResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetTransactionDataRange(
+        self,
+        request: _client_pb2.TransactionDataRangeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_client_pb2.TransactionDataRangeResponse, _abc.Awaitable[_client_pb2.TransactionDataRangeResponse]]:
+        """The data of consecutive committed transactions in one call (not in upstream Waltz)."""
 
 def add_WaltzServerServiceServicer_to_server(servicer: WaltzServerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -229,6 +229,42 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
             checksum=checksum,
         )
 
+    async def GetTransactionDataRange(  # noqa: N802 - gRPC method name
+        self, request: client_pb2.TransactionDataRangeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> client_pb2.TransactionDataRangeResponse:
+        """The data of consecutive committed transactions (not in upstream Waltz; docs/protocol.md).
+
+        The answer holds a prefix of the range asked (see
+        :meth:`~waltz.services.server.partition.Partition.transaction_data_range`); it fails with
+        an error message when the partition is not here, the first transaction is not committed or
+        the count is not positive.
+        """
+        first = request.first_transaction_id
+
+        def failed(message: str) -> client_pb2.TransactionDataRangeResponse:
+            return client_pb2.TransactionDataRangeResponse(
+                req_id=request.req_id, first_transaction_id=first, success=False, error_message=message
+            )
+
+        if request.count <= 0:
+            return failed(f"count must be positive, got {request.count}")
+        partition = self._partitions().get(request.req_id.partition_id)
+        if partition is None or partition.closed:
+            return failed(f"partition {request.req_id.partition_id} is not on this server")
+        try:
+            found = await partition.transaction_data_range(first, request.count)
+        except Exception as exc:
+            return failed(f"{type(exc).__name__}: {exc}")
+        if not found:
+            return failed(f"transaction {first} is not committed")
+        return client_pb2.TransactionDataRangeResponse(
+            req_id=request.req_id,
+            first_transaction_id=first,
+            success=True,
+            data=[data for data, _ in found],
+            checksums=[checksum for _, checksum in found],
+        )
+
 
 def _error(req_id: Any, message: str) -> client_pb2.ServerMessage:
     error = client_pb2.ServerError(message=message)

@@ -44,6 +44,13 @@ class ClientConnection(Protocol):
         """Messages queued and not yet written to the stream."""
 
 
+#: Most transactions one ``GetTransactionDataRange`` call returns.
+DATA_RANGE_MAX_COUNT = 10_000
+#: Data bytes one ``GetTransactionDataRange`` answer holds at most (a single larger transaction
+#: is still returned alone); well under the channels' 32 MiB message limit.
+DATA_RANGE_MAX_BYTES = 4 << 20
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionConfig:
     """Settings of the partition objects (``server.*`` keys).
@@ -529,6 +536,55 @@ class Partition:
         if not records or records[0].transaction_id != transaction_id:
             return None
         return records[0].data, records[0].checksum
+
+    async def transaction_data_range(
+        self, first: int, count: int, max_bytes: int = DATA_RANGE_MAX_BYTES
+    ) -> list[tuple[bytes, int]]:
+        """Data and checksums of consecutive committed transactions ``first``, ``first + 1``, ...
+
+        Served from the recent-data cache while it has them, then with one read from storage.
+
+        Args:
+            first: the first transaction ID.
+            count: transactions wanted (at most :data:`DATA_RANGE_MAX_COUNT` are returned).
+            max_bytes: stop before the data would exceed this many bytes (one is always returned).
+
+        Returns:
+            A prefix of the range: empty when ``first`` is not committed (or is negative), shorter
+            than ``count`` at the high-water mark or at ``max_bytes``.
+
+        Raises:
+            StoreClosedError: the partition closed.
+            TimeoutError: no replica answered the read.
+        """
+        last = min(self.high_water_mark, first + min(count, DATA_RANGE_MAX_COUNT) - 1)
+        found: list[tuple[bytes, int]] = []
+        if first < 0:
+            return found
+        size = 0
+        next_id = first
+        cache = self._data
+        while next_id <= last:
+            cached = cache.get(next_id)
+            if cached is None:
+                break
+            if found and size + len(cached[0]) > max_bytes:
+                return found
+            found.append(cached)
+            size += len(cached[0])
+            next_id += 1
+        self.data_cache_hits += len(found)
+        if next_id > last:
+            return found
+        records = await self.store.read_records(next_id, last - next_id + 1)
+        self.data_cache_misses += len(records)
+        for record in records:
+            if record.transaction_id != next_id or (found and size + len(record.data) > max_bytes):
+                break
+            found.append((record.data, record.checksum))
+            size += len(record.data)
+            next_id += 1
+        return found
 
 
 def _lock_failure(req_id: common_pb2.ReqId, transaction_id: int) -> client_pb2.ServerMessage:
