@@ -181,13 +181,23 @@ class ClientCore:
         self._completions.append((submission, transaction_id))
 
     def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
-        """Re-execute a failed attempt; after a lock failure, once ``lock_target`` is applied."""
-        if not self._closed:
-            if lock_target is None:
-                partition.metrics.failed_appends.inc()
-            else:
-                partition.metrics.lock_failures.inc()
-            self._spawn(self._retry(partition, submission, lock_target))
+        """Re-execute a failed attempt; after a lock failure, once ``lock_target`` is applied.
+
+        When nothing is to be waited for (no pause, the mark already there), the attempt goes
+        straight to a retry thread; otherwise a task waits on the loop first.
+        """
+        if self._closed:
+            return
+        if lock_target is None:
+            partition.metrics.failed_appends.inc()
+        else:
+            partition.metrics.lock_failures.inc()
+        pause = _retry_pause(submission, lock_target)
+        target = self.read_your_writes_target(partition) if lock_target is None else lock_target
+        if not pause and partition.applied.value >= target:
+            self._submit_attempt(partition, submission, lock_target is not None)
+        else:
+            self._spawn(self._retry(partition, submission, lock_target, pause))
 
     def rejected(self, submission: Submission, error: BaseException) -> None:
         """End a submission with an error (on a retry thread)."""
@@ -349,15 +359,12 @@ class ClientCore:
                 partition.send_append(submission, payload)
 
     async def _retry(
-        self, partition: ClientPartition, submission: Submission, lock_target: int | None
+        self, partition: ClientPartition, submission: Submission, lock_target: int | None, pause: float
     ) -> None:
-        loop = asyncio.get_running_loop()
-        pause = _retry_pause(submission, lock_target)
         if pause:  # a context that keeps failing: pace it (never past its expiry)
             remaining = submission.remaining()
             await asyncio.sleep(pause if remaining is None else min(pause, remaining))
         if lock_target is not None:
-            await loop.run_in_executor(self._executor, submission.lock_failed)
             # Wait until this client has applied the transaction that made the lock check fail.
             await partition.applied.wait_async(lock_target, submission.remaining())
         else:
@@ -366,11 +373,26 @@ class ClientCore:
             await partition.applied.wait_async(
                 self.read_your_writes_target(partition), limit if remaining is None else min(limit, remaining)
             )
-        if self._closed:
-            return
-        payload = await loop.run_in_executor(self._executor, submission.attempt)
+        if not self._closed:
+            self._submit_attempt(partition, submission, lock_target is not None)
+
+    def _submit_attempt(self, partition: ClientPartition, submission: Submission, lock_failed: bool) -> None:
+        try:
+            self._executor.submit(self._attempt_again, partition, submission, lock_failed)
+        except RuntimeError:  # the executor shut down: the client closed under us
+            submission.fail(ClientClosedError(f"Waltz client {self.client_id} is closed"))
+
+    def _attempt_again(self, partition: ClientPartition, submission: Submission, lock_failed: bool) -> None:
+        """On a retry thread: tell the context of its lock failure, run its next attempt, send it.
+
+        One hand-off per retry: the append joins the loop's inbox like a first attempt's (no
+        executor future chained back into the loop).
+        """
+        if lock_failed:
+            submission.lock_failed()
+        payload = submission.attempt()
         if payload is not None:
-            partition.send_append(submission, payload)
+            self.post_append(partition, submission, payload)
 
     def in_flight(self, partition_id: int | None = None) -> int:
         """Submissions not finished yet (of one partition, or all)."""
