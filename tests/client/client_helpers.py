@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from waltz import (
@@ -82,6 +82,21 @@ class MemoryStore(WaltzClientCallbacks):
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
         self.errors.append(f"partition {partition_id}, transaction {transaction_id}: {exception!r}")
+
+
+class PrefetchingStore(MemoryStore):
+    """A store fed in batches that asks the client to load each batch's data before the apply call."""
+
+    prefetch_transaction_data = True
+
+    def __init__(self, start: Mapping[int, int]) -> None:
+        super().__init__(start)
+        self.loaded_before_apply: list[bool] = []
+
+    def apply_transactions(self, transactions: Sequence[Transaction]) -> None:
+        self.loaded_before_apply.extend(t.data_loaded for t in transactions)
+        for transaction in transactions:
+            self.apply_transaction(transaction)
 
 
 @dataclass

@@ -5,12 +5,11 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Sequence
 
 import pytest
-from client_helpers import Append, Increment, MemoryStore
+from client_helpers import Append, Increment, MemoryStore, PrefetchingStore
 
-from waltz import PartitionLocalLock, Transaction, TransactionBuilder, WaltzClient, WaltzClientConfig
+from waltz import PartitionLocalLock, TransactionBuilder, WaltzClient, WaltzClientConfig
 from waltz.errors import PartitionNotMountedError, TransactionExpiredError
 from waltz.services.local_cluster import LocalCluster
 from waltz.services.processes import wait_until
@@ -292,21 +291,6 @@ def test_submit_blocks_at_the_maximum_of_concurrent_transactions(
         futures = [client.submit(Counting(1, b"bp %d" % i)) for i in range(60)]
         assert all(isinstance(f.result(30), int) for f in futures)
     assert 1 <= Counting.most <= 3
-
-
-class PrefetchingStore(MemoryStore):
-    """A store that asks the client to load each apply batch's data before the apply call."""
-
-    prefetch_transaction_data = True
-
-    def __init__(self, start: dict[int, int]) -> None:
-        super().__init__(start)
-        self.loaded_before_apply: list[bool] = []
-
-    def apply_transactions(self, transactions: Sequence[Transaction]) -> None:
-        self.loaded_before_apply.extend(t.data_loaded for t in transactions)
-        for transaction in transactions:
-            self.apply_transaction(transaction)
 
 
 def test_prefetching_callbacks_get_each_batch_with_its_data_loaded(

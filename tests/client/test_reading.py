@@ -4,10 +4,9 @@ transaction once, in order, and a long read reports its progress while it goes o
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 
 import pytest
-from client_helpers import Append, MemoryStore
+from client_helpers import Append, MemoryStore, PrefetchingStore
 
 from waltz import Transaction, WaltzClient, WaltzClientConfig
 from waltz.client import reading
@@ -58,21 +57,6 @@ def test_a_long_read_reports_its_progress_until_done(
     assert reader.marks == marks
     assert [a.transaction_id for a in reader.applied[0]] == list(range(log_start[0] + 1, marks[0] + 1))
     assert reader.errors == []
-
-
-class PrefetchingStore(MemoryStore):
-    """A :class:`MemoryStore` fed in batches whose data is fetched before each batch is applied."""
-
-    prefetch_transaction_data = True
-
-    def __init__(self, start: dict[int, int]) -> None:
-        super().__init__(start)
-        self.loaded_before_apply: list[bool] = []
-
-    def apply_transactions(self, transactions: Sequence[Transaction]) -> None:
-        self.loaded_before_apply.extend(t.data_loaded for t in transactions)
-        for transaction in transactions:
-            self.apply_transaction(transaction)
 
 
 def test_a_reader_fetches_batches_of_large_transactions_in_pages(

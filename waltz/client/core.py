@@ -197,7 +197,7 @@ class ClientCore:
         if not pause and partition.applied.value >= target:
             self._submit_attempt(partition, submission, lock_target is not None)
         else:
-            self._spawn(self._retry(partition, submission, lock_target, pause))
+            self._spawn(self._retry(partition, submission, lock_target, target, pause))
 
     def rejected(self, submission: Submission, error: BaseException) -> None:
         """End a submission with an error (on a retry thread)."""
@@ -359,20 +359,23 @@ class ClientCore:
                 partition.send_append(submission, payload)
 
     async def _retry(
-        self, partition: ClientPartition, submission: Submission, lock_target: int | None, pause: float
+        self,
+        partition: ClientPartition,
+        submission: Submission,
+        lock_target: int | None,
+        target: int,
+        pause: float,
     ) -> None:
+        """Wait ``pause``, then until ``target`` is applied (the transaction a lock failure named,
+        or this client's own last commit), then hand the next attempt to a retry thread."""
         if pause:  # a context that keeps failing: pace it (never past its expiry)
             remaining = submission.remaining()
             await asyncio.sleep(pause if remaining is None else min(pause, remaining))
-        if lock_target is not None:
-            # Wait until this client has applied the transaction that made the lock check fail.
-            await partition.applied.wait_async(lock_target, submission.remaining())
-        else:
-            remaining = submission.remaining()
+        remaining = submission.remaining()
+        if lock_target is None:  # read your writes, within its own limit
             limit = self.config.client_read_your_writes_timeout
-            await partition.applied.wait_async(
-                self.read_your_writes_target(partition), limit if remaining is None else min(limit, remaining)
-            )
+            remaining = limit if remaining is None else min(limit, remaining)
+        await partition.applied.wait_async(target, remaining)
         if not self._closed:
             self._submit_attempt(partition, submission, lock_target is not None)
 

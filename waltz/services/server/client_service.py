@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from waltz.protocol import client_pb2, client_pb2_grpc
+from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
 from waltz.protocol.records import ReqId
 from waltz.services.server.partition import Partition
 
@@ -195,32 +195,32 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
             )
         return None
 
+    async def _data_range(
+        self, req_id: common_pb2.ReqId, first: int, count: int
+    ) -> list[tuple[bytes, int]] | str:
+        """The data and checksums of ``count`` transactions from ``first`` (a prefix), or why not."""
+        partition = self._partitions().get(req_id.partition_id)
+        if partition is None or partition.closed:
+            return f"partition {req_id.partition_id} is not on this server"
+        try:
+            found = await partition.transaction_data_range(first, count)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return found or f"transaction {first} is not committed"
+
     async def GetTransactionData(  # noqa: N802 - gRPC method name
         self, request: client_pb2.TransactionDataRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> client_pb2.TransactionDataResponse:
         """The data of a committed transaction (seed 002 "Transaction Data Request")."""
-        partition = self._partitions().get(request.req_id.partition_id)
-        if partition is None or partition.closed:
+        found = await self._data_range(request.req_id, request.transaction_id, 1)
+        if isinstance(found, str):
             return client_pb2.TransactionDataResponse(
                 req_id=request.req_id,
                 transaction_id=request.transaction_id,
                 success=False,
-                error_message=f"partition {request.req_id.partition_id} is not on this server",
+                error_message=found,
             )
-        try:
-            found = await partition.transaction_data(request.transaction_id)
-        except Exception as exc:
-            found, error = None, f"{type(exc).__name__}: {exc}"
-        else:
-            error = f"transaction {request.transaction_id} is not committed"
-        if found is None:
-            return client_pb2.TransactionDataResponse(
-                req_id=request.req_id,
-                transaction_id=request.transaction_id,
-                success=False,
-                error_message=error,
-            )
-        data, checksum = found
+        data, checksum = found[0]
         return client_pb2.TransactionDataResponse(
             req_id=request.req_id,
             transaction_id=request.transaction_id,
@@ -240,23 +240,15 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         the count is not positive.
         """
         first = request.first_transaction_id
-
-        def failed(message: str) -> client_pb2.TransactionDataRangeResponse:
+        found = (
+            await self._data_range(request.req_id, first, request.count)
+            if request.count > 0
+            else f"count must be positive, got {request.count}"
+        )
+        if isinstance(found, str):
             return client_pb2.TransactionDataRangeResponse(
-                req_id=request.req_id, first_transaction_id=first, success=False, error_message=message
+                req_id=request.req_id, first_transaction_id=first, success=False, error_message=found
             )
-
-        if request.count <= 0:
-            return failed(f"count must be positive, got {request.count}")
-        partition = self._partitions().get(request.req_id.partition_id)
-        if partition is None or partition.closed:
-            return failed(f"partition {request.req_id.partition_id} is not on this server")
-        try:
-            found = await partition.transaction_data_range(first, request.count)
-        except Exception as exc:
-            return failed(f"{type(exc).__name__}: {exc}")
-        if not found:
-            return failed(f"transaction {first} is not committed")
         return client_pb2.TransactionDataRangeResponse(
             req_id=request.req_id,
             first_transaction_id=first,

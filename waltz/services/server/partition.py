@@ -524,18 +524,10 @@ class Partition:
         )
 
     async def transaction_data(self, transaction_id: int) -> tuple[bytes, int] | None:
-        """The data and checksum of a committed transaction (cache, else storage)."""
-        cached = self._data.get(transaction_id)
-        if cached is not None:
-            self.data_cache_hits += 1
-            return cached
-        self.data_cache_misses += 1
-        if transaction_id > self.high_water_mark or transaction_id < 0:
-            return None
-        records = await self.store.read_records(transaction_id, 1)
-        if not records or records[0].transaction_id != transaction_id:
-            return None
-        return records[0].data, records[0].checksum
+        """The data and checksum of a committed transaction (cache, else storage); None if not
+        committed. Raises as :meth:`transaction_data_range`."""
+        found = await self.transaction_data_range(transaction_id, 1)
+        return found[0] if found else None
 
     async def transaction_data_range(
         self, first: int, count: int, max_bytes: int = DATA_RANGE_MAX_BYTES
