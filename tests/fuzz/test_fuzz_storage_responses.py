@@ -154,7 +154,9 @@ async def _drive(address: str, operation: str) -> Any:
         if operation == "set_low_water_mark":
             return await connection.set_low_water_mark(FIRST)
         record = Record.create(FIRST, ReqId(1, 1, PARTITION, 1), 0, b"x")
-        return await connection.start_append(storage_pb2.AppendRequest(records=[record.to_proto()]))
+        return await connection.start_append(
+            storage_pb2.AppendRequest(records=[record.to_proto()]).SerializeToString()
+        )
     finally:
         await connection.close()
 

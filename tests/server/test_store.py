@@ -15,7 +15,12 @@ from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.local import LocalStorageNode
 from waltz.services.server.store.config import StoreConfig
-from waltz.services.server.store.partition import AppendFailedError, StoreClosedError, StorePartition
+from waltz.services.server.store.partition import (
+    RECORD_OVERHEAD_BYTES,
+    AppendFailedError,
+    StoreClosedError,
+    StorePartition,
+)
 
 FAST = StoreConfig(connect_timeout=2.0, request_timeout=5.0, retry_interval=0.2)
 
@@ -75,6 +80,38 @@ def test_appends_are_committed_in_order_and_replicated(store_cluster: StoreClust
         metadata = store_cluster.zk.partition_metadata(0).value
         assert metadata.generation == 1
         assert {s.session_id for s in metadata.replicas.values()} == {metadata.session_id}
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("max_batch_bytes", [4 << 20, 16 << 20])
+def test_large_transactions_in_flight_stay_under_the_message_limit(
+    store_cluster: StoreCluster, max_batch_bytes: int
+) -> None:
+    """Ten 5 MiB transactions at once (50 MiB, past the 32 MiB gRPC limit) commit in one session:
+    the server's batches and the stream messages that merge them keep under their byte budgets."""
+    big = 5 << 20
+
+    async def scenario() -> None:
+        config = StoreConfig(
+            connect_timeout=2.0, request_timeout=30.0, retry_interval=0.2, max_batch_bytes=max_batch_bytes
+        )
+        partition = store(store_cluster, config=config)
+        partition.start()
+        datas = [bytes([i]) * big for i in range(10)]
+        futures = [partition.submit(ReqId(1, 1, 0, i), 0, data) for i, data in enumerate(datas)]
+        assert list(await asyncio.gather(*futures)) == list(range(10))
+        assert partition.sessions_started == 1  # no replica failed on an oversized message
+        per_batch = max(1, max_batch_bytes // (big + RECORD_OVERHEAD_BYTES))
+        assert partition.batches_sent >= -(-10 // per_batch)  # 10 batches of 1, or 4 of at most 3
+        records = await partition.read_records(0, 10)
+        assert [r.data[:1] for r in records[:3]] == [bytes([i]) for i in range(len(records[:3]))]
+        await partition.close()
+        for node in store_cluster.storages:
+            async with StorageAdminClient(
+                node.admin_address, store_cluster.cluster_key, store_cluster.params.num_partitions
+            ) as admin:
+                assert await admin.max_transaction_id(0) == 9
 
     run(scenario())
 

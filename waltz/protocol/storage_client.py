@@ -18,16 +18,51 @@ from typing import Any, Generic, TypeVar
 import grpc
 
 from waltz.errors import ProtocolError, StorageRpcError
-from waltz.protocol import storage_pb2, storage_pb2_grpc
+from waltz.protocol import storage_pb2
 from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES, TlsConfig, open_channel
 from waltz.protocol.records import Record, RecordHeader
 
-__all__ = ["StorageAdminClient", "StorageSessionClient", "check_response"]
+__all__ = ["StorageAdminClient", "StorageSessionClient", "append_request", "check_response", "frame_requests"]
 
 log = logging.getLogger(__name__)
 
 #: Requests sent in one stream message at most.
 MAX_BATCH = 500
+#: Bytes of requests merged into one stream message at most (a larger request goes alone), so that
+#: several queued append batches never add up past the channel's message size limit.
+MAX_BATCH_BYTES = 4 << 20
+
+#: The tag of ``StorageRequest.append`` (field 15, length-delimited) and of the repeated
+#: ``requests`` field (1) of ``StorageRequests`` / ``AdminRequests``: protobuf's wire format.
+_APPEND_TAG = b"\x7a"
+_REQUESTS_TAG = b"\x0a"
+
+
+def _varint(value: int) -> bytes:
+    """Protobuf's base-128 varint of a non-negative integer."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def append_request(session_id: int, seq_num: int, partition_id: int, append: bytes) -> bytes:
+    """A serialized ``StorageRequest`` whose body is the serialized ``AppendRequest`` ``append``."""
+    head = storage_pb2.StorageRequest(
+        session_id=session_id, seq_num=seq_num, partition_id=partition_id
+    ).SerializeToString()
+    # Protobuf fields may come in any order: the head's fields, then the append field.
+    return b"".join((head, _APPEND_TAG, _varint(len(append)), append))
+
+
+def frame_requests(requests: Sequence[bytes]) -> bytes:
+    """A ``StorageRequests`` (or ``AdminRequests``) message from serialized requests, as bytes."""
+    parts: list[bytes] = []
+    for request in requests:
+        parts += (_REQUESTS_TAG, _varint(len(request)), request)
+    return b"".join(parts)
 
 
 Req = TypeVar("Req", storage_pb2.StorageRequest, storage_pb2.AdminRequest)
@@ -41,7 +76,7 @@ class _OrderedStream(Generic[Req, Resp]):
         self.address = address
         self._channel = open_channel(address, tls, max_message_bytes=max_message_bytes)
         self._admin = admin
-        self._outgoing: asyncio.Queue[Req | None] = asyncio.Queue()
+        self._outgoing: asyncio.Queue[bytes | None] = asyncio.Queue()  # serialized requests
         self._waiting: dict[int, asyncio.Future[Resp]] = {}
         self._seq = itertools.count()
         self._reader: asyncio.Task[None] | None = None
@@ -50,30 +85,47 @@ class _OrderedStream(Generic[Req, Resp]):
         self._closed = False
 
     def start(self) -> None:
-        if self._admin:
-            stub: Any = storage_pb2_grpc.StorageAdminServiceStub(self._channel)
-        else:
-            stub = storage_pb2_grpc.StorageServiceStub(self._channel)
-        self._call = stub.Session(self._requests())
+        # The generated stub's method, with requests that are already bytes (see _requests).
+        service = "StorageAdminService" if self._admin else "StorageService"
+        method = storage_pb2.DESCRIPTOR.services_by_name[service].methods_by_name["Session"]
+        responses: Any = storage_pb2.AdminResponses if self._admin else storage_pb2.StorageResponses
+        session = self._channel.stream_stream(
+            f"/{method.containing_service.full_name}/{method.name}",
+            request_serializer=None,
+            response_deserializer=responses.FromString,
+        )
+        self._call = session(self._requests())
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     def next_seq(self) -> int:
         return next(self._seq)
 
-    async def _requests(self) -> AsyncIterator[Any]:
-        batch_type: Any = storage_pb2.AdminRequests if self._admin else storage_pb2.StorageRequests
+    async def _requests(self) -> AsyncIterator[bytes]:
+        """The stream's messages: queued requests merged, at most MAX_BATCH and MAX_BATCH_BYTES
+        (a larger request alone), framed as a serialized ``StorageRequests``/``AdminRequests``."""
+        outgoing = self._outgoing
+        held: bytes | None = None  # a request that did not fit in the previous message
         while True:
-            first = await self._outgoing.get()
+            first = held if held is not None else await outgoing.get()
+            held = None
             if first is None:
                 return
             batch = [first]
-            while len(batch) < MAX_BATCH and not self._outgoing.empty():
-                item = self._outgoing.get_nowait()
+            size = len(first)
+            end = False
+            while len(batch) < MAX_BATCH and not outgoing.empty():
+                item = outgoing.get_nowait()
                 if item is None:
-                    yield batch_type(requests=batch)
-                    return
+                    end = True
+                    break
+                if size + len(item) > MAX_BATCH_BYTES:
+                    held = item
+                    break
                 batch.append(item)
-            yield batch_type(requests=batch)
+                size += len(item)
+            yield frame_requests(batch)
+            if end:
+                return
 
     async def _read(self) -> None:
         try:
@@ -102,12 +154,16 @@ class _OrderedStream(Generic[Req, Resp]):
 
     def submit(self, request: Req) -> asyncio.Future[Resp]:
         """Queue a request (its ``seq_num`` already set) and return the future of its response."""
+        return self.submit_serialized(request.seq_num, request.SerializeToString())
+
+    def submit_serialized(self, seq_num: int, request: bytes) -> asyncio.Future[Resp]:
+        """:meth:`submit` for a request already serialized, whose sequence number is ``seq_num``."""
         if self._error is not None:
             raise self._error
         if self._closed:
             raise ConnectionError(f"stream to storage node {self.address} is closed")
         future: asyncio.Future[Resp] = asyncio.get_running_loop().create_future()
-        self._waiting[request.seq_num] = future
+        self._waiting[seq_num] = future
         self._outgoing.put_nowait(request)
         return future
 
@@ -245,6 +301,15 @@ class StorageSessionClient:
         request.seq_num = self._stream.next_seq()
         return self._stream.submit(request)
 
+    def submit_append(
+        self, partition_id: int, append: bytes, *, session_id: int | None = None
+    ) -> asyncio.Future[storage_pb2.StorageResponse]:
+        """Pipeline an append whose ``AppendRequest`` is already serialized (one serialization
+        serves every replica of a batch); returns the future of the response, failures not raised."""
+        seq_num = self._stream.next_seq()
+        session = self.session_id if session_id is None else session_id
+        return self._stream.submit_serialized(seq_num, append_request(session, seq_num, partition_id, append))
+
     async def _call(self, request: storage_pb2.StorageRequest) -> storage_pb2.StorageResponse:
         response: storage_pb2.StorageResponse = check_response(
             await self._stream.submit(request), self._stream.address, request.WhichOneof("body")
@@ -299,12 +364,6 @@ class StorageSessionClient:
                 append=storage_pb2.AppendRequest(records=[r.to_proto() for r in records]),
             )
         )
-
-    async def append_message(
-        self, partition_id: int, message: storage_pb2.AppendRequest, *, session_id: int | None = None
-    ) -> None:
-        """Append the records of a prepared append message (built once, sent to every replica)."""
-        await self._call(self._request(partition_id, session_id, append=message))
 
     async def record_header(
         self, partition_id: int, transaction_id: int, *, session_id: int | None = None

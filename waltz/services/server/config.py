@@ -39,6 +39,7 @@ class ServerConfig(WaltzSettings):
         "server.transactionDataCacheSize": "server_transaction_data_cache_size",
         "server.maxPendingRecords": "server_max_pending_records",
         "storage.maxBatchSize": "store_max_batch_size",
+        "storage.maxBatchBytes": "store_max_batch_bytes",
         "storage.maxInFlightBatches": "store_max_in_flight_batches",
         "storage.linger": "store_linger",
         "storage.checkpointInterval": "store_checkpoint_interval",
@@ -83,6 +84,13 @@ class ServerConfig(WaltzSettings):
         20_000, gt=0, description="Records queued in a partition's store before appends wait (back pressure)."
     )
     store_max_batch_size: int = Field(1000, gt=0, description="Records per append request to storage nodes.")
+    store_max_batch_bytes: int = Field(
+        4 << 20,
+        ge=1 << 16,
+        le=16 << 20,
+        description="Transaction data bytes per append request to storage nodes (a larger transaction goes "
+        "alone); at most 16 MiB, half the storage nodes' default gRPC message limit.",
+    )
     store_max_in_flight_batches: int = Field(8, gt=0, description="Append batches in flight per partition.")
     store_linger: float = Field(0.0, ge=0, description="Seconds to wait to fill a batch while another flies.")
     store_checkpoint_interval: int = Field(
@@ -122,6 +130,7 @@ class ServerConfig(WaltzSettings):
             tls = TlsConfig(self.store_tls_ca_file, self.store_tls_cert_file, self.store_tls_key_file)
         return StoreConfig(
             max_batch_records=self.store_max_batch_size,
+            max_batch_bytes=self.store_max_batch_bytes,
             max_in_flight_batches=self.store_max_in_flight_batches,
             linger=self.store_linger,
             checkpoint_interval=self.store_checkpoint_interval,

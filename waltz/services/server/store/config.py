@@ -16,6 +16,8 @@ class StoreConfig:
     Attributes:
         max_batch_records: records sent to the replicas in one append request at most
             (``storage.maxBatchSize``).
+        max_batch_bytes: transaction data bytes in one append request at most
+            (``storage.maxBatchBytes``); a larger transaction goes alone.
         max_in_flight_batches: append batches sent and not yet committed, per partition.
         linger: seconds to wait for more records before sending a batch smaller than the maximum
             while another batch is in flight (0: send at once; batches form while others fly).
@@ -29,6 +31,7 @@ class StoreConfig:
     """
 
     max_batch_records: int = 1000
+    max_batch_bytes: int = 4 << 20
     max_in_flight_batches: int = 8
     linger: float = 0.0
     checkpoint_interval: int = 1_000_000

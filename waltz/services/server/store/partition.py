@@ -35,6 +35,10 @@ __all__ = ["AppendFailedError", "StoreClosedError", "StorePartition"]
 
 log = logging.getLogger(__name__)
 
+#: Bytes a record takes in an append request besides its data (transaction ID, ReqId, header,
+#: checksum and their tags), rounded up: what a batch's byte budget counts per record.
+RECORD_OVERHEAD_BYTES = 64
+
 
 class AppendFailedError(WaltzError):
     """The record was not committed: its store session ended and the recovery did not keep it."""
@@ -407,8 +411,14 @@ class _Session:
         message = storage_pb2.AppendRequest()
         add = message.records.add
         count = min(len(queue), self.config.max_batch_records)
+        budget = self.config.max_batch_bytes
         transaction_id = self.next_transaction_id
-        for _ in range(count):
+        for index in range(count):
+            # At least one record; then no more than the byte budget (large transactions would
+            # otherwise add up past the gRPC message limit and fail the replicas' streams).
+            budget -= len(queue[0].data) + RECORD_OVERHEAD_BYTES
+            if budget < 0 and index:
+                break
             pending = queue.popleft()
             pending.transaction_id = transaction_id
             req = pending.req_id
@@ -431,9 +441,10 @@ class _Session:
         last = transaction_id - 1
         self.batches_in_flight += 1
         remaining = {"replicas": len(self.writers)}
+        append = message.SerializeToString()  # once for every replica
         for storage, connection in list(self.writers.items()):
             # Sent now, in order; the acknowledgements are awaited concurrently.
-            self._spawn(self._acknowledged(storage, connection.start_append(message), last, remaining))
+            self._spawn(self._acknowledged(storage, connection.start_append(append), last, remaining))
 
     async def _acknowledged(
         self, storage: str, acknowledgement: Awaitable[None], last: int, remaining: dict[str, int]

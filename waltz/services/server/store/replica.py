@@ -138,17 +138,14 @@ class ReplicaConnection:
         """Append records; returns once the storage node has flushed them."""
         await self._guard(self._client.append(self.partition_id, records))
 
-    def start_append(self, message: storage_pb2.AppendRequest) -> Awaitable[None]:
-        """Send a prepared append message now (in call order) and return its acknowledgement.
+    def start_append(self, append: bytes) -> Awaitable[None]:
+        """Send a serialized ``AppendRequest`` now (in call order) and return its acknowledgement.
 
-        The same message object can go to every replica. Awaiting the result raises
+        The same bytes go to every replica (serialized once per batch). Awaiting the result raises
         :class:`ReplicaError` when the replica failed or did not answer in time.
         """
-        request = storage_pb2.StorageRequest(
-            session_id=self.session_id, partition_id=self.partition_id, append=message
-        )
         try:
-            future = self._client.submit(request)
+            future = self._client.submit_append(self.partition_id, append, session_id=self.session_id)
         except (ConnectionError, OSError) as exc:
             failed: asyncio.Future[storage_pb2.StorageResponse] = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
