@@ -197,6 +197,20 @@ def test_mount_append_feed_lock_failures_flush_and_data(cluster: LocalCluster) -
                 client_pb2.TransactionDataRequest(req_id=a.req_id(), transaction_id=10**9), timeout=10
             )
             assert not missing.success and "not committed" in missing.error_message
+            # Two appends of one client on one lock in a row: the second finds the first pending
+            # and is refused once the first commits, naming it, after the feed entry of the first.
+            pair_lock = 0x5678
+            one_of_two = a.append(flushed, b"one of two", write=[pair_lock])
+            two_of_two = a.append(flushed, b"two of two", write=[pair_lock])
+            seen: list[tuple[str, int]] = []
+            while not seen or seen[-1][0] != "lock_failure":
+                message = await asyncio.wait_for(a.incoming.get(), 10)
+                if message.WhichOneof("body") == "feed_data" and message.feed_data.req_id == one_of_two:
+                    seen.append(("feed_data", message.feed_data.transaction_id))
+                elif message.WhichOneof("body") == "lock_failure":
+                    assert message.lock_failure.req_id == two_of_two
+                    seen.append(("lock_failure", message.lock_failure.transaction_id))
+            assert seen == [("feed_data", flushed + 1), ("lock_failure", flushed + 1)]
             # A corrupted append is refused with an error, not committed.
             bad = a.req_id()
             a.outgoing.put_nowait(

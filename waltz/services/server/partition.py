@@ -95,6 +95,23 @@ class _ClientState:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+class _InFlight:
+    """An append in the store, not yet resolved: the lock table slots it holds pending, and the
+    lock failures that wait to name its transaction (``_defer_lock_failure``)."""
+
+    __slots__ = ("partition", "received", "slots", "state", "waiters")
+
+    def __init__(self, partition: Partition, state: _ClientState, slots: set[int], received: float) -> None:
+        self.partition = partition
+        self.state = state
+        self.slots = slots
+        self.received = received
+        self.waiters: list[tuple[ClientConnection, common_pb2.ReqId]] | None = None
+
+    def resolved(self, transaction_id: int, error: BaseException | None) -> None:
+        self.partition._resolved(self, None if error is not None else transaction_id)
+
+
 class Partition:
     """One partition owned by this server.
 
@@ -119,7 +136,7 @@ class Partition:
         self.store = store_factory(self._committed)
         self._observe_commit = observe_commit
         self._lock_table: LockTable | None = None
-        self._pending_slots: dict[int, asyncio.Future[int]] = {}  # slot -> latest unresolved append
+        self._pending_slots: dict[int, _InFlight] = {}  # slot -> latest unresolved append
         self._feed: deque[tuple[int, ReqId, int]] = deque(maxlen=self.config.feed_cache_size)
         self._data: OrderedDict[int, tuple[bytes, int]] = OrderedDict()
         self._cursors: dict[int, _Cursor] = {}  # by connection ID
@@ -257,30 +274,34 @@ class Partition:
         state = self._client(request.req_id.client_id)
         state.pending += 1
         state.idle.clear()
-        received = time.perf_counter()
-        future = self.store.submit(ReqId.from_proto(request.req_id), request.header, request.data)
         written_slots = write_slots + table.slots_of(request.append_lock_hashes)
         slots = {slot for indexes in written_slots for slot in indexes}
+        entry = _InFlight(self, state, slots, time.perf_counter())
         for slot in slots:
-            self._pending_slots[slot] = future
+            pending[slot] = entry
         self.appends += 1
-        future.add_done_callback(lambda f: self._resolved(f, state, slots, received))
+        # Resolved within the commit (no future, no loop round per append): the lock table is
+        # raised in the same step that hands the transaction to the feed.
+        self.store.enqueue(
+            ReqId.from_proto(request.req_id), request.header, request.data, request.checksum, entry.resolved
+        )
 
-    def _resolved(
-        self,
-        future: asyncio.Future[int],
-        state: _ClientState,
-        slots: set[int],
-        received: float,
-    ) -> None:
-        committed = not future.cancelled() and future.exception() is None
-        if committed and self._lock_table is not None:
-            self._lock_table.update_slots(future.result(), slots)
-        if committed and self._observe_commit is not None:
-            self._observe_commit(time.perf_counter() - received)
-        for slot in slots:
-            if self._pending_slots.get(slot) is future:
-                del self._pending_slots[slot]
+    def _resolved(self, entry: _InFlight, transaction_id: int | None) -> None:
+        """An append left the store: committed as ``transaction_id``, or failed (None)."""
+        if transaction_id is not None:
+            if self._lock_table is not None:
+                self._lock_table.update_slots(transaction_id, entry.slots)
+            if self._observe_commit is not None:
+                self._observe_commit(time.perf_counter() - entry.received)
+        pending = self._pending_slots
+        for slot in entry.slots:
+            if pending.get(slot) is entry:
+                del pending[slot]
+        if entry.waiters:
+            named = self.high_water_mark if transaction_id is None else transaction_id
+            for connection, req_id in entry.waiters:
+                connection.send(_lock_failure(req_id, named))
+        state = entry.state
         state.pending -= 1
         if state.pending == 0:
             state.idle.set()
@@ -288,13 +309,13 @@ class Partition:
             self._capacity.set()
 
     def _defer_lock_failure(
-        self, connection: ClientConnection, req_id: common_pb2.ReqId, blocking: asyncio.Future[int]
+        self, connection: ClientConnection, req_id: common_pb2.ReqId, blocking: _InFlight
     ) -> None:
-        def send(future: asyncio.Future[int]) -> None:
-            committed = not future.cancelled() and future.exception() is None
-            connection.send(_lock_failure(req_id, future.result() if committed else self.high_water_mark))
-
-        blocking.add_done_callback(send)
+        """Refuse an append whose lock a pending append holds, once that one is resolved (the
+        failure then names its transaction, or the high-water mark when it failed)."""
+        if blocking.waiters is None:
+            blocking.waiters = []
+        blocking.waiters.append((connection, req_id))
 
     # ---- mount, feed, flush ----
 

@@ -48,18 +48,41 @@ class StoreClosedError(WaltzError):
     """The store partition is closed (shut down, or fenced by a newer generation)."""
 
 
+#: What :meth:`StorePartition.enqueue` calls once a transaction is resolved: with its transaction ID
+#: and None when committed, or with an error when it will never be.
+AppendDone = Callable[[int, "BaseException | None"], None]
+
+
 @dataclass(slots=True)
 class _Pending:
     req_id: ReqId
     header: int
     data: bytes
     checksum: int
-    future: asyncio.Future[int]
+    future: asyncio.Future[int] | None
+    on_done: AppendDone | None = None
     transaction_id: int = -1  # set when the record is put in a batch
 
     @property
     def record(self) -> Record:
         return Record(self.transaction_id, self.req_id, self.header, self.data, self.checksum)
+
+    def resolve(self, error: BaseException | None) -> None:
+        """Commit (``error`` None) or fail the transaction, once."""
+        on_done = self.on_done
+        if on_done is not None:
+            self.on_done = None
+            try:
+                on_done(self.transaction_id, error)
+            except Exception:
+                log.exception("append callback of transaction %d raised", self.transaction_id)
+            return
+        future = self.future
+        if future is not None and not future.done():
+            if error is None:
+                future.set_result(self.transaction_id)
+            else:
+                future.set_exception(error)
 
 
 class StorePartition:
@@ -184,14 +207,24 @@ class StorePartition:
         """
         loop = self._loop or asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
+        self._enqueue(_Pending(req_id, header, data, crc32(data), future))
+        return future
+
+    def enqueue(self, req_id: ReqId, header: int, data: bytes, checksum: int, on_done: AppendDone) -> None:
+        """:meth:`submit` without a future, for the append path: ``on_done(transaction_id, None)``
+        runs on the loop within the commit of the transaction (after ``on_commit`` has seen it), or
+        ``on_done(-1 or its ID, error)`` when it fails (:class:`AppendFailedError`,
+        :class:`StoreClosedError`). ``checksum`` is the CRC-32 of ``data``, checked by the caller."""
+        self._enqueue(_Pending(req_id, header, data, checksum, None, on_done))
+
+    def _enqueue(self, pending: _Pending) -> None:
         if self._closed:
-            future.set_exception(StoreClosedError(f"partition {self.partition_id}: {self._close_reason}"))
-            return future
+            pending.resolve(StoreClosedError(f"partition {self.partition_id}: {self._close_reason}"))
+            return
         if not self._queue:
             self._queue_since = time.monotonic()
-        self._queue.append(_Pending(req_id, header, data, crc32(data), future))
+        self._queue.append(pending)
         self._wakeup.set()
-        return future
 
     async def append(self, req_id: ReqId, header: int, data: bytes) -> int:
         """Append one transaction and wait until it is committed; returns its transaction ID."""
@@ -288,41 +321,42 @@ class StorePartition:
 
     def _settle(self, high_water_mark: int) -> None:
         """Settle records left in flight by the previous session, by the recovery's result."""
-        committed: list[Record] = []
+        kept: list[_Pending] = []
         while self._in_flight:
             pending = self._in_flight.popleft()
             if pending.transaction_id <= high_water_mark:
-                committed.append(pending.record)
-                if not pending.future.done():
-                    pending.future.set_result(pending.transaction_id)
-            elif not pending.future.done():
-                pending.future.set_exception(
+                kept.append(pending)
+            else:
+                pending.resolve(
                     AppendFailedError(
                         f"partition {self.partition_id}: transaction {pending.transaction_id} was not "
                         f"committed (the store session ended; the log ends at {high_water_mark})"
                     )
                 )
         self._high_water_mark = high_water_mark
-        if committed and self._on_commit is not None:
-            self._on_commit(committed)
+        self._committed(kept)
+
+    def _committed(self, kept: list[_Pending]) -> None:
+        """Hand newly committed records to ``on_commit``, then resolve their appends."""
+        if not kept:
+            return
+        if self._on_commit is not None:
+            self._on_commit([pending.record for pending in kept])
+        for pending in kept:
+            pending.resolve(None)
 
     def _commit_through(self, transaction_id: int) -> None:
-        committed: list[Record] = []
-        while self._in_flight and self._in_flight[0].transaction_id <= transaction_id:
-            pending = self._in_flight.popleft()
-            committed.append(pending.record)
-            if not pending.future.done():
-                pending.future.set_result(pending.transaction_id)
+        kept: list[_Pending] = []
+        in_flight = self._in_flight
+        while in_flight and in_flight[0].transaction_id <= transaction_id:
+            kept.append(in_flight.popleft())
         self._high_water_mark = max(self._high_water_mark, transaction_id)
-        if committed and self._on_commit is not None:
-            self._on_commit(committed)
+        self._committed(kept)
 
     def _fail_all(self, exc: Exception) -> None:
         for queue in (self._in_flight, self._queue):
             while queue:
-                pending = queue.popleft()
-                if not pending.future.done():
-                    pending.future.set_exception(exc)
+                queue.popleft().resolve(exc)
 
 
 class _Session:
