@@ -11,6 +11,7 @@ from client_helpers import Append, MemoryStore, PrefetchingStore
 from waltz import Transaction, WaltzClient, WaltzClientConfig
 from waltz.client import reading
 from waltz.client.reading import read_up_to
+from waltz.errors import TransactionDataError
 from waltz.services.local_cluster import LocalCluster
 
 TIMEOUT = 60.0
@@ -81,3 +82,21 @@ def test_a_reader_fetches_batches_of_large_transactions_in_pages(
     assert reader.errors == []
     assert [a.data for a in reader.applied[0]] == datas
     assert reader.loaded_before_apply and all(reader.loaded_before_apply)
+
+
+def test_a_fetch_that_cannot_finish_fails_with_a_transaction_data_error(
+    cluster: LocalCluster, client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """Pages that arrive, then one that never can (not committed): the whole fetch ends at
+    ``client.transactionDataTimeout`` with the error naming that transaction, not a bare timeout."""
+    config = client_config.model_copy(update={"client_transaction_data_timeout": 1.0})
+    datas = [bytes([i]) * (300 * 1024) for i in range(16)]  # 4.7 MiB: two answers
+    with WaltzClient(MemoryStore(log_start), config) as writer:
+        ids = [writer.submit(Append(0, data)).result(TIMEOUT) for data in datas]
+        fetcher = writer._core.data_client
+        beyond = ids[-1] + 1  # the next transaction: not committed
+        with pytest.raises(TransactionDataError) as info:
+            fetcher.fetch_many(0, [*ids, beyond])
+        assert (info.value.partition_id, info.value.transaction_id) == (0, beyond)
+        assert "client.transactionDataTimeout" in str(info.value)
+        assert fetcher.fetch_many(0, ids[-2:]) == datas[-2:]  # the client still fetches

@@ -107,10 +107,17 @@ class TransactionDataClient:
         self._check_open()
         future = asyncio.run_coroutine_threadsafe(self._fetch_ids(partition_id, transaction_ids), self._loop)
         try:
-            return future.result(self._timeout + 10)
+            # The fetch keeps its own deadline; this wait only covers a loop that stopped answering.
+            return future.result(self._timeout + REQUEST_TIMEOUT + 10)
         except concurrent.futures.TimeoutError:
+            future.cancel()
             self._check_open()
-            raise
+            raise TransactionDataError(
+                f"data not fetched within {self._timeout:g}s (client.transactionDataTimeout): the "
+                "client's event loop did not answer",
+                partition_id,
+                transaction_ids[0],
+            ) from None
 
     async def fetch_async(self, partition_id: int, transaction_id: int) -> bytes:
         """As :meth:`fetch`, from any event loop."""
@@ -126,6 +133,7 @@ class TransactionDataClient:
         )[0]
 
     async def _fetch_ids(self, partition_id: int, transaction_ids: list[int]) -> list[bytes]:
+        deadline = asyncio.get_running_loop().time() + self._timeout  # one for every run and page
         runs: list[tuple[int, int]] = []  # (first ID, count) of each run of consecutive IDs
         for transaction_id in transaction_ids:
             if runs and runs[-1][0] + runs[-1][1] == transaction_id:
@@ -133,19 +141,28 @@ class TransactionDataClient:
             else:
                 runs.append((transaction_id, 1))
         if len(runs) == 1:
-            return await self._fetch_range(partition_id, *runs[0])
-        fetched = await asyncio.gather(*(self._fetch_range(partition_id, first, n) for first, n in runs))
+            return await self._fetch_range(partition_id, *runs[0], deadline)
+        fetched = await asyncio.gather(
+            *(self._fetch_range(partition_id, first, n, deadline) for first, n in runs)
+        )
         return [data for run in fetched for data in run]
 
-    async def _fetch_range(self, partition_id: int, first: int, count: int) -> list[bytes]:
-        """The data of ``count`` consecutive transactions from ``first``, in as many calls as needed."""
+    async def _fetch_range(
+        self, partition_id: int, first: int, count: int, deadline: float | None = None
+    ) -> list[bytes]:
+        """The data of ``count`` consecutive transactions from ``first``, in as many calls as needed,
+        retrying until ``deadline`` (loop time; default ``client.transactionDataTimeout`` from now)."""
+        loop = asyncio.get_running_loop()
+        if deadline is None:
+            deadline = loop.time() + self._timeout
         partition = self._partitions[partition_id]
         found: list[bytes] = []
         while len(found) < count:
             next_id = first + len(found)
             try:
                 async for attempt in AsyncRetrying(
-                    stop=stop_after_delay(self._timeout),
+                    # Every page tries at least once; retries stop at the fetch's deadline.
+                    stop=stop_after_delay(max(0.0, deadline - loop.time())),
                     wait=wait_exponential(multiplier=0.05, max=2.0),
                     retry=retry_if_exception_type(_TransientDataError),
                 ):
