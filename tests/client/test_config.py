@@ -52,6 +52,11 @@ def test_bad_values_are_refused(tmp_path: Path) -> None:
     path.write_text("zookeeper.connectString: z\ncluster.root: /w\nclient.maxConcurrentTransactions: 0\n")
     with pytest.raises(ConfigurationError, match="client_max_concurrent_transactions"):
         load_settings(WaltzClientConfig, path)
+    # Servers accept messages of 32 MiB: a client allowed more would lose its connection to every
+    # append above it, again and again, instead of failing that one transaction.
+    path.write_text("zookeeper.connectString: z\ncluster.root: /w\nclient.maxMessageBytes: 67108864\n")
+    with pytest.raises(ConfigurationError, match=r"(?s)client_max_message_bytes.*33554432"):
+        load_settings(WaltzClientConfig, path)
     path.write_text("zookeeper.connectString: z\ncluster.root: /w\nclient.bogus: 1\n")
     with pytest.raises(ConfigurationError, match=r"unknown keys.*client\.bogus"):
         load_settings(WaltzClientConfig, path)

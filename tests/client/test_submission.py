@@ -134,6 +134,21 @@ def test_data_too_large_ends_the_context() -> None:
     assert context.calls == ["exception:MessageTooLargeError"]
 
 
+def test_lock_hashes_count_toward_the_message_size() -> None:
+    class ManyLocks(Recording):
+        def execute(self, builder: TransactionBuilder) -> bool:
+            builder.set_raw_data(b"x" * 3000)
+            builder.set_write_locks([PartitionLocalLock("many", i) for i in range(100)])
+            return True
+
+    # 3,000 bytes of data fit in 4,096 alone; with 100 lock hashes (up to 10 bytes each) they do not.
+    context = ManyLocks([])
+    submission, _ = make(context, max_bytes=4096)
+    assert submission.attempt() is None
+    with pytest.raises(MessageTooLargeError, match="3000 bytes and 100 lock"):
+        submission.future.result(0)
+
+
 def test_the_future_cannot_be_cancelled() -> None:
     submission, _ = make(Recording([True]))
     assert not submission.future.cancel()

@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
-from waltz.protocol.channels import TlsConfig
+from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES, TlsConfig
 
 __all__ = ["WaltzClientConfig"]
 
@@ -122,7 +122,11 @@ class WaltzClientConfig(WaltzSettings):
         default=10.0, ge=0, description="Seconds an attempt waits for the client's own commits to be applied."
     )
     client_max_message_bytes: int = Field(
-        default=32 << 20, ge=1 << 16, description="Largest gRPC message in bytes (one transaction must fit)."
+        default=DEFAULT_MAX_MESSAGE_BYTES,
+        ge=1 << 16,
+        le=DEFAULT_MAX_MESSAGE_BYTES,
+        description="Largest gRPC message in bytes (one transaction must fit); at most 32 MiB, what "
+        "servers accept (a larger append would break the connection to the server again and again).",
     )
     client_tls_ca_file: Path | None = Field(
         default=None, description="PEM CA bundle to verify servers (TLS)."

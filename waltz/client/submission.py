@@ -22,8 +22,11 @@ __all__ = ["Submission"]
 
 log = logging.getLogger(__name__)
 
-#: Bytes an append request needs besides its data (ReqId, mark, header, checksum, framing).
+#: Bytes an append request needs besides its data and lock hashes (ReqId, mark, header, checksum,
+#: framing).
 APPEND_OVERHEAD_BYTES = 256
+#: Bytes a lock hash can take in an append request at most (a 64-bit varint).
+LOCK_HASH_BYTES = 10
 
 
 class _SubmissionFuture(concurrent.futures.Future[int | None]):
@@ -114,11 +117,12 @@ class Submission:
                 self.complete(None)
                 return None
             payload = builder.build()
-            size = len(payload.data) + APPEND_OVERHEAD_BYTES
+            locks = len(payload.write_locks) + len(payload.read_locks) + len(payload.append_locks)
+            size = len(payload.data) + APPEND_OVERHEAD_BYTES + LOCK_HASH_BYTES * locks
             if size > self._max_message_bytes:
                 raise MessageTooLargeError(
-                    f"transaction data of {len(payload.data)} bytes does not fit in a message of "
-                    f"{self._max_message_bytes} bytes (client.maxMessageBytes); make it smaller",
+                    f"transaction data of {len(payload.data)} bytes and {locks} lock(s) do not fit in a "
+                    f"message of {self._max_message_bytes} bytes (client.maxMessageBytes); make it smaller",
                     size,
                     self._max_message_bytes,
                 )
