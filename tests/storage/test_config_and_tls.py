@@ -45,6 +45,10 @@ def test_bad_configuration_gives_clear_errors(tmp_path: Path) -> None:
     config.write_text("storage.directory: /d\nstorage.ssl.certFile: /c.pem\n")
     with pytest.raises(ConfigurationError, match="set together"):
         load_settings(StorageConfig, config)
+    # Below the 32 MiB a client may send, a node would refuse a transaction and stall its partition.
+    config.write_text("storage.directory: /d\nstorage.grpc.maxMessageBytes: 8388608\n")
+    with pytest.raises(ConfigurationError, match=r"(?s)max_message_bytes.*33554432"):
+        load_settings(StorageConfig, config)
     config.write_text(": : :")
     with pytest.raises(ConfigurationError, match="cannot read"):
         load_settings(StorageConfig, config)

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
+from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = ["StorageConfig"]
 
@@ -45,7 +46,10 @@ class StorageConfig(WaltzSettings):
     )
     checkpoint_interval: int = Field(1000, gt=0, description="Transactions between index file flushes.")
     max_message_bytes: int = Field(
-        32 << 20, ge=1 << 20, description="Largest gRPC message accepted or sent, in bytes."
+        DEFAULT_MAX_MESSAGE_BYTES,
+        ge=DEFAULT_MAX_MESSAGE_BYTES,
+        description="Largest gRPC message accepted or sent, in bytes; at least 32 MiB, the largest "
+        "transaction a client may send (a node that refused one would stop its partitions' writes).",
     )
     max_response_bytes: int = Field(
         4 << 20, ge=1 << 10, description="Size budget of one record list response, in bytes."
