@@ -37,6 +37,7 @@ class ServerConfig(WaltzSettings):
         "server.optimisticLockTableHashCount": "server_lock_table_hash_count",
         "server.feedCacheSize": "server_feed_cache_size",
         "server.transactionDataCacheSize": "server_transaction_data_cache_size",
+        "server.transactionDataCacheBytes": "server_transaction_data_cache_bytes",
         "server.maxPendingRecords": "server_max_pending_records",
         "storage.maxBatchSize": "store_max_batch_size",
         "storage.maxBatchBytes": "store_max_batch_bytes",
@@ -80,6 +81,9 @@ class ServerConfig(WaltzSettings):
     server_transaction_data_cache_size: int = Field(
         10_000, gt=0, description="Recent transactions whose data is kept in memory per partition."
     )
+    server_transaction_data_cache_bytes: int = Field(
+        64 << 20, ge=0, description="Bytes of recent transaction data kept in memory per partition at most."
+    )
     server_max_pending_records: int = Field(
         20_000, gt=0, description="Records queued in a partition's store before appends wait (back pressure)."
     )
@@ -120,6 +124,7 @@ class ServerConfig(WaltzSettings):
             lock_table_hash_count=self.server_lock_table_hash_count,
             feed_cache_size=self.server_feed_cache_size,
             transaction_data_cache_size=self.server_transaction_data_cache_size,
+            transaction_data_cache_bytes=self.server_transaction_data_cache_bytes,
             max_pending=self.server_max_pending_records,
         )
 

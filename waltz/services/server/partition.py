@@ -61,6 +61,8 @@ class PartitionConfig:
         feed_cache_size: recent feed entries kept in memory (``server.feedCacheSize``).
         transaction_data_cache_size: recent transaction data kept in memory
             (``server.transactionDataCacheSize``, in transactions).
+        transaction_data_cache_bytes: at most this many bytes of it
+            (``server.transactionDataCacheBytes``).
         feed_page: transactions read from storage per request for far-behind clients.
         max_backlog: messages queued for one connection before its feed falls back to catch-up.
         max_pending: records queued in the store before appends wait (back pressure).
@@ -70,9 +72,43 @@ class PartitionConfig:
     lock_table_hash_count: int = DEFAULT_HASH_COUNT
     feed_cache_size: int = 100_000
     transaction_data_cache_size: int = 10_000
+    transaction_data_cache_bytes: int = 64 << 20
     feed_page: int = 1000
     max_backlog: int = 20_000
     max_pending: int = 20_000
+
+
+class TransactionDataCache:
+    """The data and checksums of a partition's most recent transactions, bounded by count and by
+    bytes (the oldest leave first; one transaction larger than the byte budget is not kept).
+
+    Args:
+        max_transactions: transactions kept at most.
+        max_bytes: bytes of data kept at most.
+    """
+
+    def __init__(self, max_transactions: int, max_bytes: int) -> None:
+        self.max_transactions = max_transactions
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        """Bytes of data held now."""
+        self._entries: OrderedDict[int, tuple[bytes, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, transaction_id: int) -> tuple[bytes, int] | None:
+        """``(data, checksum)`` of a cached transaction, or None."""
+        return self._entries.get(transaction_id)
+
+    def put(self, transaction_id: int, data: bytes, checksum: int) -> None:
+        """Keep a newly committed transaction (IDs come in increasing order)."""
+        entries = self._entries
+        entries[transaction_id] = (data, checksum)
+        self.bytes += len(data)
+        while len(entries) > self.max_transactions or self.bytes > self.max_bytes:
+            _, (evicted, _) = entries.popitem(last=False)
+            self.bytes -= len(evicted)
 
 
 @dataclass(slots=True)
@@ -138,7 +174,9 @@ class Partition:
         self._lock_table: LockTable | None = None
         self._pending_slots: dict[int, _InFlight] = {}  # slot -> latest unresolved append
         self._feed: deque[tuple[int, ReqId, int]] = deque(maxlen=self.config.feed_cache_size)
-        self._data: OrderedDict[int, tuple[bytes, int]] = OrderedDict()
+        self._data = TransactionDataCache(
+            self.config.transaction_data_cache_size, self.config.transaction_data_cache_bytes
+        )
         self._cursors: dict[int, _Cursor] = {}  # by connection ID
         # Connection ID -> the highest transaction ID its feed may reach (docs/protocol.md "Feed
         # window"); absent: no limit. Set by a mount when it arrives, raised by FeedWindow.
@@ -416,9 +454,7 @@ class Partition:
             entry = (record.transaction_id, record.req_id, record.header)
             self._feed.append(entry)
             entries.append(entry)
-            self._data[record.transaction_id] = (record.data, record.checksum)
-        while len(self._data) > self.config.transaction_data_cache_size:
-            self._data.popitem(last=False)
+            self._data.put(record.transaction_id, record.data, record.checksum)
         windows = self._windows
         for cursor in list(self._cursors.values()):
             if not cursor.realtime:
