@@ -419,3 +419,41 @@ def test_a_stale_append_is_still_refused_after_the_owner_is_killed(tmp_path: Pat
                 await client.close()
 
         run(after())
+
+
+def test_appends_wait_while_the_store_holds_the_byte_budget(tmp_path: Path, zookeeper: object) -> None:
+    """``server.maxPendingBytes`` of 1: every append waits until the one before it is committed,
+    so 30 appends sent at once reach the storage nodes in 30 batches, all of them committed."""
+    import urllib.request
+
+    with LocalCluster(
+        storages=3,
+        servers=1,
+        partitions=1,
+        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
+        work_dir=tmp_path,
+        delete_root=True,
+        metrics=True,
+        server_env={"WALTZ_SERVER_MAX_PENDING_BYTES": "1"},
+    ) as local:
+        endpoint, generation = local.owner(0), generation_of(local)
+
+        async def scenario() -> None:
+            a = RawClient(endpoint, 907, generation)
+            try:
+                a.mount(-1)
+                assert (await a.next("mount")).mount.partition_ready
+                for i in range(30):
+                    a.append(i - 1, f"pressure {i}".encode())
+                assert await a.feed_ids(30) == list(range(30))
+            finally:
+                await a.close()
+
+        run(scenario())
+        url = f"http://127.0.0.1:{local.servers[0].metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        batches = [
+            line for line in text.splitlines() if line.startswith("waltz_server_partition_store_batches")
+        ]
+        assert batches and float(batches[0].split()[-1]) >= 30, batches

@@ -39,6 +39,7 @@ class ServerConfig(WaltzSettings):
         "server.transactionDataCacheSize": "server_transaction_data_cache_size",
         "server.transactionDataCacheBytes": "server_transaction_data_cache_bytes",
         "server.maxPendingRecords": "server_max_pending_records",
+        "server.maxPendingBytes": "server_max_pending_bytes",
         "storage.maxBatchSize": "store_max_batch_size",
         "storage.maxBatchBytes": "store_max_batch_bytes",
         "storage.maxInFlightBatches": "store_max_in_flight_batches",
@@ -87,6 +88,12 @@ class ServerConfig(WaltzSettings):
     server_max_pending_records: int = Field(
         20_000, gt=0, description="Records queued in a partition's store before appends wait (back pressure)."
     )
+    server_max_pending_bytes: int = Field(
+        256 << 20,
+        gt=0,
+        description="Bytes of transaction data queued in a partition's store before appends wait (back "
+        "pressure; one append always goes when less is queued).",
+    )
     store_max_batch_size: int = Field(1000, gt=0, description="Records per append request to storage nodes.")
     store_max_batch_bytes: int = Field(
         4 << 20,
@@ -126,6 +133,7 @@ class ServerConfig(WaltzSettings):
             transaction_data_cache_size=self.server_transaction_data_cache_size,
             transaction_data_cache_bytes=self.server_transaction_data_cache_bytes,
             max_pending=self.server_max_pending_records,
+            max_pending_bytes=self.server_max_pending_bytes,
         )
 
     def store_config(self) -> StoreConfig:

@@ -66,6 +66,8 @@ class PartitionConfig:
         feed_page: transactions read from storage per request for far-behind clients.
         max_backlog: messages queued for one connection before its feed falls back to catch-up.
         max_pending: records queued in the store before appends wait (back pressure).
+        max_pending_bytes: bytes of their data queued before appends wait (one append always
+            goes when less is queued, however large).
     """
 
     lock_table_size: int = DEFAULT_SIZE
@@ -76,6 +78,7 @@ class PartitionConfig:
     feed_page: int = 1000
     max_backlog: int = 20_000
     max_pending: int = 20_000
+    max_pending_bytes: int = 256 << 20
 
 
 class TransactionDataCache:
@@ -135,10 +138,13 @@ class _InFlight:
     """An append in the store, not yet resolved: the lock table slots it holds pending, and the
     lock failures that wait to name its transaction (``_defer_lock_failure``)."""
 
-    __slots__ = ("partition", "received", "slots", "state", "waiters")
+    __slots__ = ("partition", "received", "size", "slots", "state", "waiters")
 
-    def __init__(self, partition: Partition, state: _ClientState, slots: set[int], received: float) -> None:
+    def __init__(
+        self, partition: Partition, state: _ClientState, slots: set[int], received: float, size: int
+    ) -> None:
         self.partition = partition
+        self.size = size
         self.state = state
         self.slots = slots
         self.received = received
@@ -183,6 +189,7 @@ class Partition:
         self._windows: dict[int, int] = {}
         self._unmounts: dict[int, int] = {}  # connection ID -> unmounts received (cancels mounts under way)
         self._clients: dict[int, _ClientState] = {}
+        self._pending_bytes = 0  # data of this partition's appends in the store, not yet resolved
         self._capacity = asyncio.Event()
         self._capacity.set()
         self.appends = 0
@@ -262,7 +269,7 @@ class Partition:
         table = await self._ready()
         # Back pressure first: from the checks below to marking the pending locks nothing may
         # await, or two appends on the same lock could both pass, or a mount could slip between.
-        while self.store.pending_records >= self.config.max_pending and not self.store.closed:
+        while self._full() and not self.store.closed:
             self._capacity.clear()
             await self._capacity.wait()
         self._append(table, connection, request, network_seq)
@@ -277,7 +284,7 @@ class Partition:
             then call :meth:`append` (in the same order relative to the connection's other requests).
         """
         table = self._lock_table
-        if table is None or self.store.pending_records >= self.config.max_pending:
+        if table is None or self._full():
             return False
         self._append(table, connection, request, network_seq)
         return True
@@ -314,7 +321,8 @@ class Partition:
         state.idle.clear()
         written_slots = write_slots + table.slots_of(request.append_lock_hashes)
         slots = {slot for indexes in written_slots for slot in indexes}
-        entry = _InFlight(self, state, slots, time.perf_counter())
+        entry = _InFlight(self, state, slots, time.perf_counter(), len(request.data))
+        self._pending_bytes += entry.size
         for slot in slots:
             pending[slot] = entry
         self.appends += 1
@@ -343,8 +351,17 @@ class Partition:
         state.pending -= 1
         if state.pending == 0:
             state.idle.set()
-        if self.store.pending_records < self.config.max_pending:
+        self._pending_bytes -= entry.size
+        if not self._full():
             self._capacity.set()
+
+    def _full(self) -> bool:
+        """True while the store holds as many records or bytes as appends may queue (back pressure)."""
+        config = self.config
+        return (
+            self.store.pending_records >= config.max_pending
+            or self._pending_bytes >= config.max_pending_bytes
+        )
 
     def _defer_lock_failure(
         self, connection: ClientConnection, req_id: common_pb2.ReqId, blocking: _InFlight
