@@ -340,10 +340,12 @@ class StorePartition:
         """Hand newly committed records to ``on_commit``, then resolve their appends."""
         if not kept:
             return
-        if self._on_commit is not None:
-            self._on_commit([pending.record for pending in kept])
-        for pending in kept:
-            pending.resolve(None)
+        try:
+            if self._on_commit is not None:
+                self._on_commit([pending.record for pending in kept])
+        finally:
+            for pending in kept:  # committed whatever on_commit did
+                pending.resolve(None)
 
     def _commit_through(self, transaction_id: int) -> None:
         kept: list[_Pending] = []
