@@ -138,13 +138,10 @@ class _InFlight:
     """An append in the store, not yet resolved: the lock table slots it holds pending, and the
     lock failures that wait to name its transaction (``_defer_lock_failure``)."""
 
-    __slots__ = ("partition", "received", "size", "slots", "state", "waiters")
+    __slots__ = ("partition", "received", "slots", "state", "waiters")
 
-    def __init__(
-        self, partition: Partition, state: _ClientState, slots: set[int], received: float, size: int
-    ) -> None:
+    def __init__(self, partition: Partition, state: _ClientState, slots: set[int], received: float) -> None:
         self.partition = partition
-        self.size = size
         self.state = state
         self.slots = slots
         self.received = received
@@ -189,7 +186,6 @@ class Partition:
         self._windows: dict[int, int] = {}
         self._unmounts: dict[int, int] = {}  # connection ID -> unmounts received (cancels mounts under way)
         self._clients: dict[int, _ClientState] = {}
-        self._pending_bytes = 0  # data of this partition's appends in the store, not yet resolved
         self._capacity = asyncio.Event()
         self._capacity.set()
         self.appends = 0
@@ -321,8 +317,7 @@ class Partition:
         state.idle.clear()
         written_slots = write_slots + table.slots_of(request.append_lock_hashes)
         slots = {slot for indexes in written_slots for slot in indexes}
-        entry = _InFlight(self, state, slots, time.perf_counter(), len(request.data))
-        self._pending_bytes += entry.size
+        entry = _InFlight(self, state, slots, time.perf_counter())
         for slot in slots:
             pending[slot] = entry
         self.appends += 1
@@ -351,7 +346,6 @@ class Partition:
         state.pending -= 1
         if state.pending == 0:
             state.idle.set()
-        self._pending_bytes -= entry.size
         if not self._full():
             self._capacity.set()
 
@@ -360,7 +354,7 @@ class Partition:
         config = self.config
         return (
             self.store.pending_records >= config.max_pending
-            or self._pending_bytes >= config.max_pending_bytes
+            or self.store.pending_bytes >= config.max_pending_bytes
         )
 
     def _defer_lock_failure(
@@ -596,12 +590,6 @@ class Partition:
                 )
             )
         )
-
-    async def transaction_data(self, transaction_id: int) -> tuple[bytes, int] | None:
-        """The data and checksum of a committed transaction (cache, else storage); None if not
-        committed. Raises as :meth:`transaction_data_range`."""
-        found = await self.transaction_data_range(transaction_id, 1)
-        return found[0] if found else None
 
     async def transaction_data_range(
         self, first: int, count: int, max_bytes: int = DATA_RANGE_MAX_BYTES

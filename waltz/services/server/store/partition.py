@@ -120,6 +120,8 @@ class StorePartition:
         self._queue_since = 0.0  # when the oldest queued record arrived (for the linger)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._in_flight: deque[_Pending] = deque()
+        self.pending_bytes = 0
+        """Data bytes of the records queued or in flight (the server's back pressure reads it)."""
         self._high_water_mark = -1
         self._wakeup = asyncio.Event()
         self._writable = asyncio.Event()
@@ -224,6 +226,7 @@ class StorePartition:
         if not self._queue:
             self._queue_since = time.monotonic()
         self._queue.append(pending)
+        self.pending_bytes += len(pending.data)
         self._wakeup.set()
 
     async def append(self, req_id: ReqId, header: int, data: bytes) -> int:
@@ -327,11 +330,12 @@ class StorePartition:
             if pending.transaction_id <= high_water_mark:
                 kept.append(pending)
             else:
-                pending.resolve(
+                self._resolve(
+                    pending,
                     AppendFailedError(
                         f"partition {self.partition_id}: transaction {pending.transaction_id} was not "
                         f"committed (the store session ended; the log ends at {high_water_mark})"
-                    )
+                    ),
                 )
         self._high_water_mark = high_water_mark
         self._committed(kept)
@@ -345,7 +349,7 @@ class StorePartition:
                 self._on_commit([pending.record for pending in kept])
         finally:
             for pending in kept:  # committed whatever on_commit did
-                pending.resolve(None)
+                self._resolve(pending, None)
 
     def _commit_through(self, transaction_id: int) -> None:
         kept: list[_Pending] = []
@@ -358,7 +362,12 @@ class StorePartition:
     def _fail_all(self, exc: Exception) -> None:
         for queue in (self._in_flight, self._queue):
             while queue:
-                queue.popleft().resolve(exc)
+                self._resolve(queue.popleft(), exc)
+
+    def _resolve(self, pending: _Pending, error: BaseException | None) -> None:
+        """A queued or in-flight record leaves the store (committed, or failed with ``error``)."""
+        self.pending_bytes -= len(pending.data)
+        pending.resolve(error)
 
 
 class _Session:
