@@ -24,6 +24,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from kazoo.exceptions import KazooException
 
+from waltz.cli.groups import HELP
 from waltz.cli.logs import configure_logging
 from waltz.config import load_settings
 from waltz.errors import StorageRpcError, WaltzError
@@ -36,14 +37,7 @@ from waltz.services.cluster.verify import CheckStatus, VerifyReport
 F = TypeVar("F", bound=Callable[..., None])
 
 app = typer.Typer(
-    help=(
-        "Create, inspect, verify and delete a Waltz cluster in ZooKeeper, and manage its storage "
-        "nodes. Every command needs the ZooKeeper connect string and the cluster root: "
-        "--zookeeper/--root, WALTZ_ZOOKEEPER_CONNECT_STRING/WALTZ_CLUSTER_ROOT, or "
-        "zookeeper.connectString/cluster.root in a --config YAML file. "
-        "Exit codes: 0 success, 1 a check failed or a storage node refused, 2 usage, configuration "
-        "or connection error. Znodes and rules: docs/zookeeper.md."
-    ),
+    help=HELP["cluster"],
     no_args_is_help=True,
 )
 storage_app = typer.Typer(

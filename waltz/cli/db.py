@@ -27,6 +27,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
+from waltz.cli.groups import HELP
 from waltz.cli.logs import configure_logging
 from waltz.errors import SqlFrameworkError
 from waltz.jdbc_style import migrations_api as api
@@ -34,14 +35,7 @@ from waltz.jdbc_style import migrations_api as api
 F = TypeVar("F", bound=Callable[..., None])
 
 app = typer.Typer(
-    help=(
-        "Create and upgrade the SQL framework's own tables (high-water marks, idempotency keys, "
-        "skipped transactions) in an application database, show its high-water marks, and skip a "
-        "transaction whose apply keeps failing. Every command needs the database's SQLAlchemy URL: "
-        "--url or WALTZ_DB_URL. "
-        "Exit codes: 0 success, 1 refused (skip) or not at head (current), 2 usage, URL, driver or "
-        "connection error, or framework tables missing. Tables and procedures: docs/sql.md."
-    ),
+    help=HELP["db"],
     no_args_is_help=True,
 )
 

@@ -20,16 +20,14 @@ from typing import Annotated
 
 import typer
 
+from waltz.cli.groups import HELP
 from waltz.errors import WaltzError
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
 from waltz.services.storage.partition import DEFAULT_CHECKPOINT_INTERVAL
 
 app = typer.Typer(
-    help=(
-        "Inspect and verify a storage node's files directly, without a running node. "
-        "Read-only: no file is ever modified. Byte layouts: docs/format.md."
-    ),
+    help=HELP["disk"],
     no_args_is_help=True,
     # Markdown joins the wrapped lines of a docstring paragraph; "rich" mode would keep them.
     rich_markup_mode="markdown",

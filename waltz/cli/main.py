@@ -9,18 +9,17 @@ from types import FrameType
 import typer
 
 from waltz import __version__
-from waltz.cli import chaos, cluster, db, demo, disk, perf, rebuild, server, storage, up
+from waltz.cli import chaos, demo, perf, rebuild, server, storage, up
+from waltz.cli.groups import LazyGroup
 
 app = typer.Typer(
     help="Waltz: a quorum-replicated, partitioned write-ahead log with optimistic locking.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    cls=LazyGroup,  # disk, cluster and db are imported when used (waltz.cli.groups)
 )
 app.add_typer(server.app, name="server")
 app.add_typer(storage.app, name="storage")
-app.add_typer(disk.app, name="disk")
-app.add_typer(cluster.app, name="cluster")
-app.add_typer(db.app, name="db")
 app.add_typer(perf.app, name="perf")
 app.command("demo")(demo.demo)
 app.command("up")(up.up)

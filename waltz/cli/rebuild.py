@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from sqlalchemy.exc import SQLAlchemyError
 
 if TYPE_CHECKING:
     from waltz.spark.views import AppViews
@@ -122,6 +121,8 @@ def rebuild_command(
 
     if db is None and verify_against is None:
         raise typer.BadParameter("give --db, --verify-against, or both")
+    from sqlalchemy.exc import SQLAlchemyError  # here, not at the top: every `waltz` would import SQLAlchemy
+
     try:
         from waltz.spark.drift import verify
         from waltz.spark.rebuild import LogSource, rebuild

@@ -1,0 +1,61 @@
+"""The ``waltz`` command imports its heavy sub-command groups only when they are used."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from waltz.cli.groups import HELP
+from waltz.cli.main import app
+
+HEAVY = ("sqlalchemy", "alembic", "kazoo", "waltz.cli.db", "waltz.cli.cluster", "waltz.cli.disk")
+
+
+def _imported_after(code: str) -> set[str]:
+    """The HEAVY modules a fresh interpreter has imported after running ``code``."""
+    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    return set(result.stdout.split())
+
+
+def test_the_top_level_help_lists_every_group_without_importing_the_heavy_ones() -> None:
+    code = (
+        "from typer.testing import CliRunner\n"
+        "from waltz.cli.main import app\n"
+        "result = CliRunner().invoke(app, ['--help'], terminal_width=200)\n"
+        "assert result.exit_code == 0, result.output\n"
+        "assert all(name in result.output for name in ('disk', 'cluster', 'db', 'perf', 'up'))\n"
+    )
+    assert _imported_after(code) == set()
+
+
+def test_a_group_is_imported_when_it_runs() -> None:
+    code = (
+        "from typer.testing import CliRunner\n"
+        "from waltz.cli.main import app\n"
+        "result = CliRunner().invoke(app, ['db', '--help'])\n"
+        "assert result.exit_code == 0, result.output\n"
+    )
+    imported = _imported_after(code)
+    assert {"waltz.cli.db", "sqlalchemy", "alembic"} <= imported
+    assert "waltz.cli.cluster" not in imported
+
+
+def test_each_lazy_group_shows_its_own_help_and_commands() -> None:
+    runner = CliRunner()
+    expected = {"disk": "verify", "cluster": "create", "db": "upgrade"}
+    for name, command in expected.items():
+        result = runner.invoke(app, [name, "--help"])
+        assert result.exit_code == 0, result.output
+        assert " ".join(HELP[name].split()[:4]) in " ".join(result.output.split())
+        assert command in result.output
+
+
+def test_an_unknown_command_is_still_a_usage_error() -> None:
+    result = CliRunner().invoke(app, ["dbb"])
+    assert result.exit_code == 2
+    assert "db" in result.output

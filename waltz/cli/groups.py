@@ -1,0 +1,75 @@
+"""Sub-command groups of ``waltz`` that are imported only when they run.
+
+``waltz cluster`` imports kazoo, gRPC and the cluster admin; ``waltz db`` alembic and SQLAlchemy;
+``waltz disk`` the storage format. Importing them all made every ``waltz`` invocation (``--help``,
+``waltz perf``, ``waltz up``) pay about a second of imports on a 2-core machine. Their help texts
+live here, so that ``waltz --help`` lists them without importing them; each group's module uses
+the same text for its own ``--help``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import typer
+import typer.core
+
+__all__ = ["HELP", "LazyGroup"]
+
+#: The help of each lazily imported group (its module's ``app`` uses the same text).
+HELP = {
+    "disk": (
+        "Inspect and verify a storage node's files directly, without a running node. "
+        "Read-only: no file is ever modified. Byte layouts: docs/format.md."
+    ),
+    "cluster": (
+        "Create, inspect, verify and delete a Waltz cluster in ZooKeeper, and manage its storage "
+        "nodes. Every command needs the ZooKeeper connect string and the cluster root: "
+        "--zookeeper/--root, WALTZ_ZOOKEEPER_CONNECT_STRING/WALTZ_CLUSTER_ROOT, or "
+        "zookeeper.connectString/cluster.root in a --config YAML file. "
+        "Exit codes: 0 success, 1 a check failed or a storage node refused, 2 usage, configuration "
+        "or connection error. Znodes and rules: docs/zookeeper.md."
+    ),
+    "db": (
+        "Create and upgrade the SQL framework's own tables (high-water marks, idempotency keys, "
+        "skipped transactions) in an application database, show its high-water marks, and skip a "
+        "transaction whose apply keeps failing. Every command needs the database's SQLAlchemy URL: "
+        "--url or WALTZ_DB_URL. "
+        "Exit codes: 0 success, 1 refused (skip) or not at head (current), 2 usage, URL, driver or "
+        "connection error, or framework tables missing. Tables and procedures: docs/sql.md."
+    ),
+}
+
+#: The module whose ``app`` is each lazily imported group.
+_MODULES = {"disk": "waltz.cli.disk", "cluster": "waltz.cli.cluster", "db": "waltz.cli.db"}
+
+
+class _Unloaded(typer.core.TyperGroup):
+    """Stands in for a group in the listing of ``waltz --help`` until the group is used."""
+
+
+class LazyGroup(typer.core.TyperGroup):
+    """The ``waltz`` group: lists every group, imports a lazy one when its name is resolved.
+
+    Click resolves a sub-command through :meth:`resolve_command` both to run it and to complete
+    it in a shell, so loading there covers ``waltz db upgrade``, ``waltz db --help`` and
+    completion; the top-level help only needs the stand-in's name and help text.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name, text in HELP.items():
+            if name not in self.commands:
+                self.add_command(_Unloaded(name=name, help=text), name)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        if args and isinstance(self.commands.get(args[0]), _Unloaded):
+            self._load(args[0])
+        return super().resolve_command(ctx, args)
+
+    def _load(self, name: str) -> None:
+        module = importlib.import_module(_MODULES[name])
+        command = typer.main.get_command(module.app)
+        command.name = name
+        self.commands[name] = command
