@@ -18,6 +18,7 @@ peers first with ``benchmarks/peers/setup.sh``. Usage::
     .venv/bin/python benchmarks/peers/run_all.py --quick          # a few minutes
     .venv/bin/python benchmarks/peers/run_all.py                  # the full run
     .venv/bin/python benchmarks/peers/run_all.py --only etcd,waltz-p4-s2 --json results.json
+    .venv/bin/python benchmarks/peers/run_all.py --repeat 3        # median of 3 runs per case
 
 Figures are printed, never asserted.
 """
@@ -190,25 +191,48 @@ def fmt(value: Any, digits: int = 1) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row for the runs of one case: the successful run of median throughput (the lower of
+    the two middle ones for an even count), with every run's throughput in ``runs_tx_s`` and the
+    number of failed runs in ``failed_runs``; the first failure when no run succeeded."""
+    ok = sorted((r for r in runs if "error" not in r), key=lambda r: r["transactions_per_second"])
+    if not ok:
+        return runs[0]
+    row = dict(ok[(len(ok) - 1) // 2])
+    row["runs_tx_s"] = [r["transactions_per_second"] for r in runs if "error" not in r]
+    row["failed_runs"] = len(runs) - len(ok)
+    return row
+
+
+def _spread(row: dict[str, Any]) -> str:
+    runs = row.get("runs_tx_s") or [row["transactions_per_second"]]
+    failed = f", {row['failed_runs']} failed" if row.get("failed_runs") else ""
+    if len(runs) == 1 and not failed:
+        return "1"
+    return f"{len(runs)}: {fmt(min(runs), 0)} to {fmt(max(runs), 0)}{failed}"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    """A Markdown table of the rows, with each row's throughput over the best waltz-py row's."""
+    """A Markdown table of the rows (one per case, see :func:`summarize`), with each row's
+    throughput over the best waltz-py row's."""
     waltz = [r["transactions_per_second"] for r in rows if r.get("system") == "waltz-py" and "error" not in r]
     best = max(waltz) if waltz else None
     lines = [
-        "| system | configuration | tx/s | ratio to best waltz-py | MB/s | retries/tx | p50 ms | p90 ms "
-        "| p99 ms | p99.9 ms | load | batch / linger / durability settings |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        "| system | configuration | tx/s | runs: tx/s min to max | ratio to best waltz-py | MB/s "
+        "| retries/tx | p50 ms | p90 ms | p99 ms | p99.9 ms | load | batch / linger / durability settings |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for r in rows:
         if "error" in r:
             lines.append(
-                f"| {r.get('case', r['system'])} | - | - | - | - | - | - | - | - | - | - | {r['error']} |"
+                f"| {r.get('case', r['system'])} | - | - | - | - | - | - | - | - | - | - | - | {r['error']} |"
             )
             continue
         lat = r["latency_ms"]
         ratio = f"{r['transactions_per_second'] / best:.2f}" if best else "-"
         lines.append(
-            f"| {r['system']} | {r['config']} | {fmt(r['transactions_per_second'])} | {ratio} | "
+            f"| {r['system']} | {r['config']} | {fmt(r['transactions_per_second'])} | {_spread(r)} | "
+            f"{ratio} | "
             f"{fmt(r['mb_per_second'], 3)} | {fmt(r['retries_per_transaction'], 3)} | {fmt(lat['p50'], 2)} | "
             f"{fmt(lat['p90'], 2)} | {fmt(lat['p99'], 2)} | {fmt(lat['p99.9'], 2)} | {r['load'] or '-'} | "
             f"{r['settings']} |"
@@ -259,7 +283,14 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=8, help="seed of lock draws")
     parser.add_argument("--case-timeout", type=float, default=900.0, help="seconds each case may run")
-    parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every case this many times, round by round (drift of the machine hits every case "
+        "alike); the table shows each case's median run and the range",
+    )
+    parser.add_argument("--json", type=Path, help="also write the rows (and every run) to this JSON file")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -290,30 +321,37 @@ def main() -> None:
         f"1-min load average before: {os.getloadavg()[0]:.2f} (other work on the machine skews figures)",
         flush=True,
     )
-    rows: list[dict[str, Any]] = []
-    for name in cases:
-        reason = unavailable(name)
-        row = (
-            {"system": name, "case": name, "error": f"skipped: {reason}"}
-            if reason
-            else spawn_case(name, args, forwarded)
-        )
-        rows.append(row)
-        if "error" in row:
-            print(f"{name}: {row['error']}\n{row.get('stderr', '')}", file=sys.stderr, flush=True)
-        else:
-            print(
-                f"{name}: {row['transactions_per_second']:,.1f} tx/s, p50 {row['latency_ms']['p50']} ms, "
-                f"p99 {row['latency_ms']['p99']} ms ({row['wall_s']} s; 1-min load average "
-                f"{row['load_average'][0]} -> {row['load_average'][1]} on {os.cpu_count()} CPUs)",
-                flush=True,
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
+    for round_number in range(1, args.repeat + 1):
+        if args.repeat > 1:
+            print(f"round {round_number} of {args.repeat}", flush=True)
+        for name in cases:
+            reason = unavailable(name)
+            row = (
+                {"system": name, "case": name, "error": f"skipped: {reason}"}
+                if reason
+                else spawn_case(name, args, forwarded)
             )
+            runs[name].append(row)
+            if "error" in row:
+                print(f"{name}: {row['error']}\n{row.get('stderr', '')}", file=sys.stderr, flush=True)
+            else:
+                print(
+                    f"{name}: {row['transactions_per_second']:,.1f} tx/s, p50 {row['latency_ms']['p50']} ms, "
+                    f"p99 {row['latency_ms']['p99']} ms ({row['wall_s']} s; 1-min load average "
+                    f"{row['load_average'][0]} -> {row['load_average'][1]} on {os.cpu_count()} CPUs)",
+                    flush=True,
+                )
+    rows = [summarize(runs[name]) for name in cases]
     print()
     print(table(rows))
     print(f"\n(total {time.time() - started:.0f} s)")
     if args.json:
         args.json.write_text(
-            json.dumps({"machine": machine(), "command": sys.argv, "rows": rows}, indent=2) + "\n"
+            json.dumps({"machine": machine(), "command": sys.argv, "rows": rows, "runs": runs}, indent=2)
+            + "\n"
         )
 
 

@@ -1,0 +1,51 @@
+"""The peer benchmark's summary of repeated runs (benchmarks/peers/run_all.py --repeat)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "peers" / "run_all.py"
+_SPEC = importlib.util.spec_from_file_location("peer_run_all", _PATH)
+assert _SPEC is not None and _SPEC.loader is not None
+run_all = importlib.util.module_from_spec(_SPEC)
+sys.modules[_SPEC.name] = run_all  # its dataclasses look their module up
+_SPEC.loader.exec_module(run_all)
+
+
+def _run(tx_s: float) -> dict[str, Any]:
+    return {
+        "system": "waltz-py",
+        "config": "c",
+        "transactions_per_second": tx_s,
+        "mb_per_second": 1.0,
+        "retries_per_transaction": 0.1,
+        "latency_ms": {"p50": tx_s, "p90": 1.0, "p99": 1.0, "p99.9": 1.0},
+        "load": "l",
+        "settings": "s",
+    }
+
+
+def test_the_median_run_stands_for_the_case_with_the_range_and_the_failures() -> None:
+    failed = {"system": "waltz-py", "case": "waltz-p1-s1", "error": "exit code 1"}
+    row = run_all.summarize([_run(300.0), failed, _run(100.0), _run(200.0)])
+    assert row["transactions_per_second"] == 200.0
+    assert row["latency_ms"]["p50"] == 200.0  # the whole row of that run, not a mix
+    assert row["runs_tx_s"] == [300.0, 100.0, 200.0]
+    assert row["failed_runs"] == 1
+    line = run_all.table([row]).splitlines()[-1]
+    assert "| 200.0 | 3: 100 to 300, 1 failed | 1.00 |" in line
+
+
+def test_an_even_count_takes_the_lower_middle_run_and_all_failures_give_the_first() -> None:
+    assert run_all.summarize([_run(4.0), _run(1.0), _run(3.0), _run(2.0)])["transactions_per_second"] == 2.0
+    first = {"system": "etcd", "case": "etcd", "error": "timed out after 900s"}
+    assert run_all.summarize([first, {**first, "error": "exit code 2"}]) is first
+    assert "| etcd | - |" in run_all.table([first])
+
+
+def test_a_single_run_shows_one_run() -> None:
+    row = run_all.summarize([_run(150.0)])
+    assert "| 150.0 | 1 | 1.00 |" in run_all.table([row])
