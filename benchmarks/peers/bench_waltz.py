@@ -46,8 +46,8 @@ def run(
 ) -> dict[str, Any]:
     """Start a local cluster, run ``clients`` producer clients, stop it; the result row."""
     env = dict(server_env or {})
-    with perf_cluster(LocalClusterSpec(3, servers, partitions, env)) as config:
-        stats = run_producer(config, ProducerSettings(clients, spec))
+    with perf_cluster(LocalClusterSpec(3, servers, partitions, env)) as target:
+        stats = run_producer(target.config, ProducerSettings(clients, spec), target.metrics_urls)
     settings = (
         f"{batch_settings(env)}; fsync per storage batch; {clients} client process(es), "
         f"client.maxConcurrentTransactions={max(spec.max_in_flight, 4000)}"

@@ -212,6 +212,16 @@ def _spread(row: dict[str, Any]) -> str:
     return f"{len(runs)}: {fmt(min(runs), 0)} to {fmt(max(runs), 0)}{failed}"
 
 
+def _cpu(row: dict[str, Any]) -> str:
+    """CPU microseconds per transaction of every process of the run (waltz-py rows: the client's
+    and, when all were read, the cluster's), or ``-``."""
+    cpu = row.get("cpu_us_per_transaction") or {}
+    if not cpu:
+        return "-"
+    nodes = sum(us for name, us in cpu.items() if name != "client")
+    return f"{sum(cpu.values()):,.0f} (client {cpu.get('client', 0):,.0f}, cluster {nodes:,.0f})"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """A Markdown table of the rows (one per case, see :func:`summarize`), with each row's
     throughput over the best waltz-py row's."""
@@ -219,14 +229,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     best = max(waltz) if waltz else None
     lines = [
         "| system | configuration | tx/s | runs: tx/s min to max | ratio to best waltz-py | MB/s "
-        "| retries/tx | p50 ms | p90 ms | p99 ms | p99.9 ms | load | batch / linger / durability settings |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        "| retries/tx | p50 ms | p90 ms | p99 ms | p99.9 ms | CPU µs/tx | load "
+        "| batch / linger / durability settings |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(
-                f"| {r.get('case', r['system'])} | - | - | - | - | - | - | - | - | - | - | - | {r['error']} |"
-            )
+            dashes = " | ".join("-" * 12)
+            lines.append(f"| {r.get('case', r['system'])} | {dashes} | {r['error']} |")
             continue
         lat = r["latency_ms"]
         ratio = f"{r['transactions_per_second'] / best:.2f}" if best else "-"
@@ -234,7 +244,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['system']} | {r['config']} | {fmt(r['transactions_per_second'])} | {_spread(r)} | "
             f"{ratio} | "
             f"{fmt(r['mb_per_second'], 3)} | {fmt(r['retries_per_transaction'], 3)} | {fmt(lat['p50'], 2)} | "
-            f"{fmt(lat['p90'], 2)} | {fmt(lat['p99'], 2)} | {fmt(lat['p99.9'], 2)} | {r['load'] or '-'} | "
+            f"{fmt(lat['p90'], 2)} | {fmt(lat['p99'], 2)} | {fmt(lat['p99.9'], 2)} | {_cpu(r)} | "
+            f"{r['load'] or '-'} | "
             f"{r['settings']} |"
         )
     return "\n".join(lines)

@@ -16,8 +16,9 @@ import support
 from typer.testing import CliRunner
 
 from waltz.cli.main import app
+from waltz.client import WaltzClientConfig
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, payload_submit_time, run_load
-from waltz.perf.producer import WARMUP_TRANSACTIONS
+from waltz.perf.producer import WARMUP_TRANSACTIONS, ProducerSettings, run_producer
 from waltz.services.local_cluster import LocalCluster
 
 PERCENTILE_KEYS = ["p50", "p90", "p99", "p99.9"]
@@ -25,8 +26,14 @@ PERCENTILE_KEYS = ["p50", "p90", "p99", "p99.9"]
 
 @pytest.fixture(scope="module")
 def perf_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
-    with support.session_cluster(tmp_path_factory, zookeeper, name="perf", partitions=2, servers=1) as local:
+    with support.session_cluster(
+        tmp_path_factory, zookeeper, name="perf", partitions=2, servers=1, metrics=True
+    ) as local:
         yield local
+
+
+def client_overrides(cluster: LocalCluster) -> dict[str, Any]:
+    return {"zookeeper_connect_string": cluster.zookeeper_connect_string, "cluster_root": cluster.root}
 
 
 def invoke(cluster: LocalCluster, *args: str) -> Any:
@@ -54,6 +61,26 @@ def test_producer_json_counts_every_transaction_of_every_client(perf_cluster: Lo
     assert report["retries_per_transaction"] == pytest.approx(report["retries"] / 600, abs=1e-4)
     assert_latency_shape(report["latency_ms"], 600)
     assert report["settings"]["lock_pool_size"] == 1000
+
+
+def test_producer_reports_the_cpu_of_the_client_and_of_every_node(perf_cluster: LocalCluster) -> None:
+    settings = ProducerSettings(1, LoadSpec(300, max_in_flight=50))
+    config = WaltzClientConfig(**client_overrides(perf_cluster))
+    stats = run_producer(config, settings, perf_cluster.metrics_urls())
+    assert stats.committed == 300
+    assert stats.client_cpu_seconds > 0
+    assert set(stats.node_cpu_seconds) == {"server-0", "storage-0", "storage-1", "storage-2"}
+    assert stats.node_cpu_seconds["server-0"] > 0  # it served 300 appends (10 ms ticks)
+    assert all(seconds >= 0 for seconds in stats.node_cpu_seconds.values())
+    cpu = stats.summary()["cpu_us_per_transaction"]
+    assert list(cpu) == ["client", "server-0", "storage-0", "storage-1", "storage-2"]
+    assert cpu["client"] == pytest.approx(stats.client_cpu_seconds * 1e6 / 300, abs=0.1)
+    line = next(line for line in stats.text().splitlines() if line.startswith("CPU per transaction"))
+    assert "server-0" in line and ", all " in line
+    # without the nodes' URLs (a cluster the run did not start): the client's alone, and said so
+    alone = run_producer(config, settings)
+    assert list(alone.summary()["cpu_us_per_transaction"]) == ["client"]
+    assert "(cluster processes unknown)" in alone.text()
 
 
 def test_producer_without_locks_never_retries(perf_cluster: LocalCluster) -> None:

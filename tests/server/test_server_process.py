@@ -257,6 +257,7 @@ def test_verify_health_and_metrics_with_servers(
             text = response.read().decode()
         assert 'waltz_server_partition_high_water_mark{partition="0"} 0.0' in text
         assert 'waltz_server_committed_records_total{partition="0"} 1.0' in text
+        assert "process_cpu_seconds_total" in text  # what `waltz perf --local` reads per node
         with ClusterAdmin.connect(
             zookeeper.connect_string,  # type: ignore[attr-defined]
             zk_root,

@@ -241,7 +241,9 @@ def test_admin_port(start_storage: Callable[..., LocalStorageNode], cluster_key:
         health = json.load(response)
     assert health["healthy"] is True and health["initialized"] is True
     with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=5) as response:
-        assert b"waltz_storage_appended_records_total" in response.read()
+        text = response.read()
+    assert b"waltz_storage_appended_records_total" in text
+    assert b"process_cpu_seconds_total" in text  # what `waltz perf --local` reads per node
 
 
 def test_oversized_message_is_refused_and_the_node_stays_up(

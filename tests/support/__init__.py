@@ -327,13 +327,16 @@ def session_cluster(
     name: str,
     partitions: int,
     servers: int = 2,
+    metrics: bool = False,
 ) -> Iterator[LocalCluster]:
     """A LocalCluster on the session's ZooKeeper: 3 storage nodes, ``servers`` servers, its own root
-    (deleted at the end), data and logs under pytest's temporary directory."""
+    (deleted at the end), data and logs under pytest's temporary directory; ``metrics``: the nodes
+    serve ``/metrics``."""
     with LocalCluster(
         storages=3,
         servers=servers,
         partitions=partitions,
+        metrics=metrics,
         name=name,
         zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
         work_dir=tmp_path_factory.mktemp(f"{name}-cluster"),

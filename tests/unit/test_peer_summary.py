@@ -46,6 +46,9 @@ def test_an_even_count_takes_the_lower_middle_run_and_all_failures_give_the_firs
     assert "| etcd | - |" in run_all.table([first])
 
 
-def test_a_single_run_shows_one_run() -> None:
+def test_a_single_run_shows_one_run_and_the_cpu_per_transaction_when_measured() -> None:
     row = run_all.summarize([_run(150.0)])
     assert "| 150.0 | 1 | 1.00 |" in run_all.table([row])
+    assert "| 1.00 | 1.00 | - | l |" in run_all.table([row])  # no CPU figures: a peer's row
+    row["cpu_us_per_transaction"] = {"client": 140.0, "server-0": 90.0, "storage-0": 30.0}
+    assert "| 260 (client 140, cluster 120) | l |" in run_all.table([row])

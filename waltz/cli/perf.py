@@ -104,8 +104,8 @@ def _target(
         raise _fail("--local starts its own cluster: drop --zookeeper/--root", 2)
     spec = LocalClusterSpec(storages, servers, partitions) if local else None
     try:
-        with perf_cluster(spec, config_file=config, zookeeper=zk, root=root) as client_config:
-            yield client_config
+        with perf_cluster(spec, config_file=config, zookeeper=zk, root=root) as target:
+            yield target
     except typer.Exit:
         raise
     except WaltzTimeoutError as exc:
@@ -193,9 +193,10 @@ def producer(
         )
     except ValueError as exc:
         raise _fail(str(exc), 2) from exc
-    with _target(local, storages, servers, partitions, config, zookeeper, root) as client_config:
+    with _target(local, storages, servers, partitions, config, zookeeper, root) as target:
+        client_config = target.config
         try:
-            stats = run_producer(client_config, settings)
+            stats = run_producer(client_config, settings, target.metrics_urls)
         except ValueError as exc:
             raise _fail(str(exc), 2) from exc
     if as_json:
@@ -253,7 +254,8 @@ def consumer(
 
     mode = ConsumerMode.LIVE if live else ConsumerMode.CATCH_UP
     settings = ConsumerSettings(transactions, size, producers, in_flight, active_partitions, mode, timeout)
-    with _target(local, storages, servers, partitions, config, zookeeper, root) as client_config:
+    with _target(local, storages, servers, partitions, config, zookeeper, root) as target:
+        client_config = target.config
         try:
             report = run_consumer(client_config, settings)
         except ValueError as exc:

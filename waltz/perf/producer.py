@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ from waltz.client import (
     WaltzClientCallbacks,
     WaltzClientConfig,
 )
+from waltz.perf.cost import measure_node_cpu
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
 from waltz.perf.stats import RunStats
 from waltz.tuning import tuned_garbage_collector
@@ -209,9 +211,11 @@ def _run_client(
         )
         # As a throughput-minded application would (docs/configuration.md); restored afterwards,
         # for a producer run inside a longer-lived process.
+        cpu_started = time.process_time()
         with tuned_garbage_collector():
             stats = run_load(submit, load)
         client.flush(settings.load.timeout)
+        stats.client_cpu_seconds = time.process_time() - cpu_started
         return stats
 
 
@@ -232,11 +236,20 @@ def _client_process(
         results.put((index, None, f"{type(exc).__name__}: {exc}"))
 
 
-def run_producer(config: WaltzClientConfig, settings: ProducerSettings) -> RunStats:
+def run_producer(
+    config: WaltzClientConfig, settings: ProducerSettings, metrics_urls: Mapping[str, str] | None = None
+) -> RunStats:
     """Run the producer clients against a cluster and merge their stats.
 
     ``config.client_max_concurrent_transactions`` is raised to ``load.max_in_flight`` when lower,
     so that the load generator, not the client, decides how many transactions are in flight.
+
+    Args:
+        config: the client configuration of the target cluster.
+        settings: clients and load.
+        metrics_urls: ``/metrics`` URL of each cluster process by name
+            (``LocalCluster.metrics_urls()``), to report their CPU per transaction
+            (``RunStats.node_cpu_seconds``); None or empty: the client's CPU alone.
 
     Returns:
         The merged stats of the measured phase (warm-up excluded); throughput is the committed
@@ -250,6 +263,13 @@ def run_producer(config: WaltzClientConfig, settings: ProducerSettings) -> RunSt
     """
     if config.client_max_concurrent_transactions < settings.load.max_in_flight:
         config = config.model_copy(update={"client_max_concurrent_transactions": settings.load.max_in_flight})
+    with measure_node_cpu(metrics_urls or {}) as node_cpu:
+        stats = _run_clients(config, settings)
+    stats.node_cpu_seconds = node_cpu
+    return stats
+
+
+def _run_clients(config: WaltzClientConfig, settings: ProducerSettings) -> RunStats:
     start_marks = current_high_water_marks(config)
     if settings.clients == 1:
         return _run_client(config, settings, start_marks, 0, None)
@@ -273,7 +293,6 @@ def run_producer(config: WaltzClientConfig, settings: ProducerSettings) -> RunSt
 def _collect(processes: Sequence[Any], results: Any, timeout: float) -> RunStats:
     """Gather one result per process; kill the processes on failure or timeout."""
     import queue
-    import time
 
     merged = RunStats()
     failures: list[str] = []

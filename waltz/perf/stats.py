@@ -108,6 +108,12 @@ class RunStats:
         ended: wall-clock time when its last transaction ended.
         latency: submit-to-commit latencies (seconds in, microseconds inside).
         errors: up to 10 distinct error descriptions, for the report.
+        client_cpu_seconds: CPU seconds (user + system, every thread) the client processes spent in
+            the measured phase.
+        node_cpu_seconds: CPU seconds each cluster process spent during the run, by name (empty
+            when the nodes are unknown: a cluster the run did not start). Read from the nodes'
+            ``process_cpu_seconds_total``, from before the clients connect to after they end (their
+            mount and warm-up included).
     """
 
     committed: int = 0
@@ -118,6 +124,8 @@ class RunStats:
     ended: float = 0.0
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     errors: list[str] = field(default_factory=list)
+    client_cpu_seconds: float = 0.0
+    node_cpu_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:
@@ -139,6 +147,15 @@ class RunStats:
         """Retries per committed transaction (0 when none committed)."""
         return self.retries / self.committed if self.committed else 0.0
 
+    def cpu_microseconds_per_transaction(self) -> dict[str, float]:
+        """CPU microseconds per committed transaction: ``client`` (all client processes, when
+        measured), then each cluster process by name; empty when nothing committed."""
+        if not self.committed:
+            return {}
+        spent = {"client": self.client_cpu_seconds} if self.client_cpu_seconds else {}
+        spent.update(self.node_cpu_seconds)
+        return {name: seconds * 1e6 / self.committed for name, seconds in spent.items()}
+
     def merge(self, other: RunStats) -> None:
         """Add another client's figures: counts add up, the phase spans both, histograms merge."""
         if self.committed + self.failed == 0 and self.started == 0.0:
@@ -151,6 +168,7 @@ class RunStats:
         self.retries += other.retries
         self.payload_bytes += other.payload_bytes
         self.latency.add(other.latency)
+        self.client_cpu_seconds += other.client_cpu_seconds
         self.errors.extend(e for e in other.errors if e not in self.errors)
         del self.errors[10:]
 
@@ -165,6 +183,7 @@ class RunStats:
             "ended": self.ended,
             "latency": self.latency.encode(),
             "errors": list(self.errors),
+            "client_cpu_seconds": self.client_cpu_seconds,
         }
 
     @classmethod
@@ -179,6 +198,7 @@ class RunStats:
             ended=float(wire["ended"]),
             latency=LatencyHistogram.decode(wire["latency"]),
             errors=list(wire["errors"]),
+            client_cpu_seconds=float(wire["client_cpu_seconds"]),
         )
 
     def summary(self) -> dict[str, Any]:
@@ -187,7 +207,8 @@ class RunStats:
         Keys: ``transactions`` (committed), ``failed``, ``seconds``, ``transactions_per_second``,
         ``mb_per_second``, ``retries``, ``retries_per_transaction``, ``latency_ms`` (``p50``,
         ``p90``, ``p99``, ``p99.9``, ``max``, ``mean``, ``count``; values NaN-free: None when no
-        latency was recorded) and ``errors``.
+        latency was recorded), ``cpu_us_per_transaction`` (:meth:`cpu_microseconds_per_transaction`,
+        rounded) and ``errors``.
         """
         latency: dict[str, float | int | None] = {}
         for p in PERCENTILES:
@@ -205,6 +226,9 @@ class RunStats:
             "retries": self.retries,
             "retries_per_transaction": round(self.retries_per_transaction, 4),
             "latency_ms": latency,
+            "cpu_us_per_transaction": {
+                name: round(us, 1) for name, us in self.cpu_microseconds_per_transaction().items()
+            },
             "errors": list(self.errors),
         }
 
@@ -226,5 +250,11 @@ class RunStats:
             )
         else:
             lines.append(f"latency {latency_label} (ms): none recorded")
+        cpu = self.cpu_microseconds_per_transaction()
+        if cpu:
+            parts = ", ".join(f"{name} {us:,.0f}" for name, us in cpu.items())
+            known = self.node_cpu_seconds
+            nodes = f", all {sum(cpu.values()):,.0f}" if known else " (cluster processes unknown)"
+            lines.append(f"CPU per transaction (µs): {parts}{nodes}")
         lines += [f"error: {e}" for e in self.errors]
         return "\n".join(lines)

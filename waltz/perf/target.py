@@ -10,7 +10,7 @@ from pathlib import Path
 from waltz.client import WaltzClientConfig
 from waltz.config import load_settings
 
-__all__ = ["LocalClusterSpec", "perf_cluster"]
+__all__ = ["LocalClusterSpec", "PerfTarget", "perf_cluster"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,20 @@ class LocalClusterSpec:
     server_env: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class PerfTarget:
+    """The cluster of a perf run.
+
+    Attributes:
+        config: the client configuration that reaches it.
+        metrics_urls: ``/metrics`` URL of each server and storage node by name, for their CPU per
+            transaction; empty for an existing cluster (its nodes are not known to the run).
+    """
+
+    config: WaltzClientConfig
+    metrics_urls: Mapping[str, str] = field(default_factory=dict)
+
+
 @contextmanager
 def perf_cluster(
     local: LocalClusterSpec | None,
@@ -37,8 +51,8 @@ def perf_cluster(
     config_file: Path | None = None,
     zookeeper: str | None = None,
     root: str | None = None,
-) -> Iterator[WaltzClientConfig]:
-    """Yield the client configuration of the target cluster, starting a local one if asked.
+) -> Iterator[PerfTarget]:
+    """Yield the target cluster (its client configuration), starting a local one if asked.
 
     Args:
         local: start this local cluster (stopped when the block ends); None targets an existing
@@ -52,9 +66,10 @@ def perf_cluster(
         ServiceStartError, ClusterNotReadyError: the local cluster did not start.
     """
     if local is None:
-        yield load_settings(
+        config = load_settings(
             WaltzClientConfig, config_file, zookeeper_connect_string=zookeeper, cluster_root=root
         )
+        yield PerfTarget(config)
         return
     from waltz.services.local_cluster import LocalCluster
 
@@ -63,10 +78,11 @@ def perf_cluster(
         servers=local.servers,
         partitions=local.partitions,
         server_env=local.server_env,
+        metrics=True,  # for the nodes' CPU per transaction (process_cpu_seconds_total)
         start_timeout=120.0,
     ) as cluster:
         overrides = {
             "zookeeper_connect_string": cluster.zookeeper_connect_string,
             "cluster_root": cluster.root,
         }
-        yield load_settings(WaltzClientConfig, config_file, **overrides)
+        yield PerfTarget(load_settings(WaltzClientConfig, config_file, **overrides), cluster.metrics_urls())

@@ -621,6 +621,14 @@ class LocalCluster:
 
     # --- description ------------------------------------------------------------------------------
 
+    def metrics_urls(self) -> dict[str, str]:
+        """The ``/metrics`` URL of each server and storage node that serves metrics, by process
+        name (``server-0``, ``storage-0``, ...); ``https`` when the nodes use TLS."""
+        nodes = [(s.process.name, s.host, s.metrics_port) for s in self._servers] + [
+            (n.process.name, n.host, n.metrics_port) for n in self._storages
+        ]
+        return {name: f"{self._http_scheme}://{host}:{port}/metrics" for name, host, port in nodes if port}
+
     def describe(self) -> str:
         """How to reach the cluster: ZooKeeper, root, servers, storage and admin ports, metrics, logs.
 
@@ -643,9 +651,10 @@ class LocalCluster:
         lines.append(
             "  servers (ServerAdminClient connects here; Waltz clients find them through ZooKeeper):"
         )
+        urls = self.metrics_urls()
         for server in self._servers:
-            url = f"{self._http_scheme}://{server.host}:{server.metrics_port}/metrics"
-            metrics = f"  metrics {url}" if server.metrics_port else ""
+            url = urls.get(server.process.name)
+            metrics = f"  metrics {url}" if url else ""
             parts = owned.get(server.endpoint)
             owns = f"  owns {_ids(parts)}" if parts else ""
             lines.append(
@@ -654,8 +663,8 @@ class LocalCluster:
         lines.append("  storage nodes (storage port, admin port):")
         placement = self._replica_placement()
         for node in self._storages:
-            url = f"{self._http_scheme}://{node.host}:{node.metrics_port}/metrics"
-            metrics = f"  metrics {url}" if node.metrics_port else ""
+            url = urls.get(node.process.name)
+            metrics = f"  metrics {url}" if url else ""
             lines.append(
                 f"    {node.process.name:<10} {node.address}  admin {node.admin_address}{metrics}  "
                 f"{self._pid(node.process)}  replicas {_ids(placement.get(self._connect_string(node), ()))}"

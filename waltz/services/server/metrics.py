@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -81,6 +81,8 @@ class ServerMetrics:
     def __init__(self, partitions: Callable[[], Mapping[int, Partition]]) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_PartitionCollector(partitions))
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
+        ProcessCollector(registry=self.registry)
         self.committed_records = Counter(
             "waltz_server_committed_records",
             "Records committed, by partition.",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 __all__ = ["StorageMetrics"]
 
@@ -16,6 +16,8 @@ class StorageMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
+        ProcessCollector(registry=self.registry)
         self.requests = Counter(
             "waltz_storage_requests",
             "Storage and admin requests handled, by request type and outcome (ok or failure code).",

@@ -1,0 +1,50 @@
+"""Reading the cluster processes' CPU from their metrics (waltz.perf.cost), against real HTTP
+endpoints served by prometheus-client."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector, start_http_server
+
+from waltz.perf.cost import measure_node_cpu, node_cpu_seconds
+from waltz.services.processes import free_port
+
+
+@contextmanager
+def endpoint(registry: CollectorRegistry) -> Iterator[str]:
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        yield f"http://127.0.0.1:{port}/metrics"
+    finally:
+        server.shutdown()
+        thread.join(5)
+
+
+def test_cpu_seconds_come_from_each_nodes_process_collector() -> None:
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    with endpoint(registry) as url:
+        with measure_node_cpu({"server-0": url}) as spent:
+            sum(i * i for i in range(3_000_000))  # CPU of this process, which the endpoint reports
+        assert spent["server-0"] > 0
+        assert node_cpu_seconds({"server-0": url})["server-0"] > spent["server-0"]
+
+
+def test_nodes_that_do_not_answer_or_export_no_cpu_are_left_out(caplog: pytest.LogCaptureFixture) -> None:
+    registry = CollectorRegistry()
+    Counter("waltz_something", "not a process metric", registry=registry).inc()
+    down = f"http://127.0.0.1:{free_port()}/metrics"
+    with (
+        endpoint(registry) as bare,
+        caplog.at_level(logging.WARNING, logger="waltz.perf.cost"),
+        measure_node_cpu({"storage-0": bare, "storage-1": down}) as spent,
+    ):
+        pass
+    assert spent == {}
+    assert "storage-0 exports no process_cpu_seconds_total" in caplog.text
+    assert "cannot read the metrics of storage-1" in caplog.text
