@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from waltz.cli.main import app
 from waltz.client import WaltzClientConfig
+from waltz.perf.consumer import ConsumerSettings, run_consumer
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, payload_submit_time, run_load
 from waltz.perf.producer import WARMUP_TRANSACTIONS, ProducerSettings, run_producer
 from waltz.services.local_cluster import LocalCluster
@@ -81,6 +82,11 @@ def test_producer_reports_the_cpu_of_the_client_and_of_every_node(perf_cluster: 
     alone = run_producer(config, settings)
     assert list(alone.summary()["cpu_us_per_transaction"]) == ["client"]
     assert "(cluster processes unknown)" in alone.text()
+    # a catch-up read measures the reading client and the nodes while it reads
+    report = run_consumer(config, ConsumerSettings(200, max_in_flight=50), perf_cluster.metrics_urls())
+    assert report.consumer.client_cpu_seconds > 0
+    assert set(report.consumer.node_cpu_seconds) == set(stats.node_cpu_seconds)
+    assert set(report.producers.node_cpu_seconds) == set(stats.node_cpu_seconds)
 
 
 def test_producer_without_locks_never_retries(perf_cluster: LocalCluster) -> None:
@@ -123,6 +129,7 @@ def test_consumer_catch_up_reads_everything_written(perf_cluster: LocalCluster) 
     assert consumer["failed"] == 0
     assert consumer["mb_per_second"] > 0
     assert consumer["latency_ms"]["count"] == 0
+    assert list(consumer["cpu_us_per_transaction"]) == ["client"]  # the reader's; nodes unknown here
 
 
 def test_consumer_live_measures_submit_to_read(perf_cluster: LocalCluster) -> None:
@@ -130,6 +137,7 @@ def test_consumer_live_measures_submit_to_read(perf_cluster: LocalCluster) -> No
     consumer = json.loads(result.output)["consumer"]
     assert consumer["transactions"] == 200 + WARMUP_TRANSACTIONS
     assert_latency_shape(consumer["latency_ms"], 200 + WARMUP_TRANSACTIONS)
+    assert consumer["cpu_us_per_transaction"] == {}  # reader and producer share the process
 
 
 def test_bad_target_options_exit_2(perf_cluster: LocalCluster) -> None:

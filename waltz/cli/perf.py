@@ -257,7 +257,7 @@ def consumer(
     with _target(local, storages, servers, partitions, config, zookeeper, root) as target:
         client_config = target.config
         try:
-            report = run_consumer(client_config, settings)
+            report = run_consumer(client_config, settings, target.metrics_urls)
         except ValueError as exc:
             raise _fail(str(exc), 2) from exc
     if as_json:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from waltz.client import Transaction, WaltzClient, WaltzClientConfig
 from waltz.errors import WaltzTimeoutError
+from waltz.perf.cost import measure_node_cpu
 from waltz.perf.loadgen import LoadSpec, payload_submit_time
 from waltz.perf.producer import (
     MOUNT_TIMEOUT,
@@ -122,8 +123,16 @@ class _ConsumerCallbacks(PerfCallbacks):
         return True
 
 
-def run_consumer(config: WaltzClientConfig, settings: ConsumerSettings) -> ConsumerReport:
+def run_consumer(
+    config: WaltzClientConfig, settings: ConsumerSettings, metrics_urls: Mapping[str, str] | None = None
+) -> ConsumerReport:
     """Write ``settings.transactions`` transactions, read them with a fresh client, and measure.
+
+    In catch-up mode the consumer's stats also hold the CPU the reading client spent
+    (``client_cpu_seconds``, this process) and, with ``metrics_urls`` (each cluster process's
+    ``/metrics``), what every server and storage node spent while it read; the producers' stats
+    hold theirs. In live mode both run at once: only the producers' are measured, the cluster's
+    including what feeding the reader cost.
 
     Returns:
         The consumer's stats (transactions applied and bytes read; latency in live mode) and the
@@ -168,13 +177,17 @@ def run_consumer(config: WaltzClientConfig, settings: ConsumerSettings) -> Consu
         with WaltzClient(callbacks, reader_config) as reader:
             reader.set_partitions(partitions)
             reader.wait_mounted(MOUNT_TIMEOUT, partitions)
-            produced = run_producer(config, producer_settings)
+            produced = run_producer(config, producer_settings, metrics_urls)
             targets = {p: m for p, m in current_high_water_marks(config).items() if p in partitions}
             read(targets)
     else:
-        produced = run_producer(config, producer_settings)
+        produced = run_producer(config, producer_settings, metrics_urls)
         targets = {p: m for p, m in current_high_water_marks(config).items() if p in partitions}
-        with WaltzClient(callbacks, reader_config) as reader:
-            reader.set_partitions(partitions)
-            read(targets)
+        cpu_started = time.process_time()
+        with measure_node_cpu(metrics_urls or {}) as node_cpu:
+            with WaltzClient(callbacks, reader_config) as reader:
+                reader.set_partitions(partitions)
+                read(targets)
+            callbacks.stats.client_cpu_seconds = time.process_time() - cpu_started
+        callbacks.stats.node_cpu_seconds = node_cpu
     return ConsumerReport(callbacks.stats, produced)
