@@ -3,7 +3,9 @@ endpoints served by prometheus-client."""
 
 from __future__ import annotations
 
+import http.server
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -48,3 +50,30 @@ def test_nodes_that_do_not_answer_or_export_no_cpu_are_left_out(caplog: pytest.L
     assert spent == {}
     assert "storage-0 exports no process_cpu_seconds_total" in caplog.text
     assert "cannot read the metrics of storage-1" in caplog.text
+
+
+class _NotMetrics(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"<html><body>a proxy's page</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_an_answer_that_is_not_prometheus_text_is_left_out(caplog: pytest.LogCaptureFixture) -> None:
+    server = http.server.HTTPServer(("127.0.0.1", 0), _NotMetrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        with caplog.at_level(logging.WARNING, logger="waltz.perf.cost"):
+            assert node_cpu_seconds({"server-0": url}) == {}
+    finally:
+        server.shutdown()
+        thread.join(5)
+        server.server_close()
+    assert "cannot parse the metrics of server-0" in caplog.text

@@ -55,6 +55,23 @@ def test_each_lazy_group_shows_its_own_help_and_commands() -> None:
         assert command in result.output
 
 
+def test_commands_whose_optional_dependency_is_missing_say_which_extra_to_install() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['sqlalchemy'] = None  # as if waltz-py was installed without the sql extra\n"
+        "from typer.testing import CliRunner\n"
+        "from waltz.cli.main import app\n"
+        "for args in (['db', 'current', '--url', 'sqlite://'], ['rebuild', '--app', 'x', '--db', 'sqlite://']):\n"
+        "    result = CliRunner().invoke(app, args)\n"
+        "    print(result.exit_code, ' '.join(result.output.split()))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    db, rebuild = run.stdout.splitlines()
+    assert db.startswith("2 ") and "pip install 'waltz-py[sql]'" in db, run.stdout + run.stderr
+    assert rebuild.startswith("2 ") and "install waltz-py[sql,spark]" in rebuild, run.stdout
+    assert "Traceback" not in run.stdout
+
+
 def test_an_unknown_command_is_still_a_usage_error() -> None:
     result = CliRunner().invoke(app, ["dbb"])
     assert result.exit_code == 2

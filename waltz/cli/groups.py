@@ -43,6 +43,8 @@ HELP = {
 
 #: The module whose ``app`` is each lazily imported group.
 _MODULES = {"disk": "waltz.cli.disk", "cluster": "waltz.cli.cluster", "db": "waltz.cli.db"}
+#: The package extra a group needs beyond waltz-py's own dependencies.
+_EXTRAS = {"db": "sql"}
 
 
 class _Unloaded(typer.core.TyperGroup):
@@ -69,7 +71,13 @@ class LazyGroup(typer.core.TyperGroup):
         return super().resolve_command(ctx, args)
 
     def _load(self, name: str) -> None:
-        module = importlib.import_module(_MODULES[name])
+        try:
+            module = importlib.import_module(_MODULES[name])
+        except ImportError as exc:  # an optional dependency is not installed
+            extra = _EXTRAS.get(name)
+            hint = f": install it with pip install 'waltz-py[{extra}]'" if extra else ""
+            typer.echo(f"error: waltz {name} cannot run here ({exc}){hint}", err=True)
+            raise typer.Exit(2) from exc
         command = typer.main.get_command(module.app)
         command.name = name
         self.commands[name] = command

@@ -121,7 +121,11 @@ def rebuild_command(
 
     if db is None and verify_against is None:
         raise typer.BadParameter("give --db, --verify-against, or both")
-    from sqlalchemy.exc import SQLAlchemyError  # here, not at the top: every `waltz` would import SQLAlchemy
+    try:  # here, not at the top: every `waltz` command would import SQLAlchemy
+        from sqlalchemy.exc import SQLAlchemyError
+    except ImportError as exc:
+        typer.echo(f"error: {exc}: install waltz-py[sql,spark] for waltz rebuild", err=True)
+        raise typer.Exit(2) from exc
 
     try:
         from waltz.spark.drift import verify

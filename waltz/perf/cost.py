@@ -31,8 +31,9 @@ def node_cpu_seconds(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str,
         timeout: seconds to wait for each node.
 
     Returns:
-        CPU seconds by node name; a node that does not answer, or exports no
-        ``process_cpu_seconds_total`` (not on Linux), is left out with a warning in the log.
+        CPU seconds by node name; a node that does not answer (or answers what does not parse as
+        Prometheus text), or exports no ``process_cpu_seconds_total`` (not on Linux), is left out
+        with a warning in the log.
     """
     seconds: dict[str, float] = {}
     for name, url in urls.items():
@@ -42,12 +43,18 @@ def node_cpu_seconds(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str,
         except OSError as exc:
             log.warning("cannot read the metrics of %s at %s: %s", name, url, exc)
             continue
-        for family in text_string_to_metric_families(text):
-            if family.name == CPU_METRIC and family.samples:
-                seconds[name] = float(family.samples[0].value)
-                break
-        else:
+        try:
+            value = next(
+                (f.samples[0].value for f in text_string_to_metric_families(text) if f.name == CPU_METRIC),
+                None,
+            )
+        except (ValueError, IndexError) as exc:  # not the Prometheus text format
+            log.warning("cannot parse the metrics of %s at %s: %s", name, url, exc)
+            continue
+        if value is None:
             log.warning("%s exports no %s_total at %s", name, CPU_METRIC, url)
+        else:
+            seconds[name] = float(value)
     return seconds
 
 
