@@ -13,6 +13,9 @@ assert _SPEC is not None and _SPEC.loader is not None
 run_all = importlib.util.module_from_spec(_SPEC)
 sys.modules[_SPEC.name] = run_all  # its dataclasses look their module up
 _SPEC.loader.exec_module(run_all)
+# run_all puts benchmarks/peers first on sys.path for its case modules: not for the other tests
+while str(_PATH.parent) in sys.path:
+    sys.path.remove(str(_PATH.parent))
 
 
 def _run(tx_s: float) -> dict[str, Any]:
