@@ -213,8 +213,8 @@ def _spread(row: dict[str, Any]) -> str:
 
 
 def _cpu(row: dict[str, Any]) -> str:
-    """CPU microseconds per transaction of every process of the run (waltz-py rows: the client's
-    and, when all were read, the cluster's), or ``-``."""
+    """CPU microseconds per transaction of the run's processes (waltz-py rows: the client's and
+    the cluster's, summed over the nodes whose CPU could be read), or ``-``."""
     cpu = row.get("cpu_us_per_transaction") or {}
     if not cpu:
         return "-"
