@@ -120,33 +120,28 @@ def test_expiry_is_checked_only_between_attempts() -> None:
     assert finished == [submission]
 
 
-def test_data_too_large_ends_the_context() -> None:
+@pytest.mark.parametrize(
+    ("data_bytes", "locks", "message"),
+    [
+        (5000, 0, "5000 bytes"),
+        # 3,000 bytes of data fit in 4,096 alone; with 100 lock hashes (up to 10 bytes each) they do not.
+        (3000, 100, "3000 bytes and 100 lock"),
+    ],
+)
+def test_data_too_large_ends_the_context(data_bytes: int, locks: int, message: str) -> None:
     class Big(Recording):
         def execute(self, builder: TransactionBuilder) -> bool:
-            builder.set_raw_data(b"x" * 5000)
+            builder.set_raw_data(b"x" * data_bytes)
+            if locks:
+                builder.set_write_locks([PartitionLocalLock("many", i) for i in range(locks)])
             return True
 
     context = Big([])
     submission, _ = make(context, max_bytes=4096)
     assert submission.attempt() is None
-    with pytest.raises(MessageTooLargeError, match="5000 bytes"):
+    with pytest.raises(MessageTooLargeError, match=message):
         submission.future.result(0)
     assert context.calls == ["exception:MessageTooLargeError"]
-
-
-def test_lock_hashes_count_toward_the_message_size() -> None:
-    class ManyLocks(Recording):
-        def execute(self, builder: TransactionBuilder) -> bool:
-            builder.set_raw_data(b"x" * 3000)
-            builder.set_write_locks([PartitionLocalLock("many", i) for i in range(100)])
-            return True
-
-    # 3,000 bytes of data fit in 4,096 alone; with 100 lock hashes (up to 10 bytes each) they do not.
-    context = ManyLocks([])
-    submission, _ = make(context, max_bytes=4096)
-    assert submission.attempt() is None
-    with pytest.raises(MessageTooLargeError, match="3000 bytes and 100 lock"):
-        submission.future.result(0)
 
 
 def test_the_future_cannot_be_cancelled() -> None:

@@ -59,8 +59,7 @@ class _Pending:
     header: int
     data: bytes
     checksum: int
-    future: asyncio.Future[int] | None
-    on_done: AppendDone | None = None
+    on_done: AppendDone | None
     transaction_id: int = -1  # set when the record is put in a batch
 
     @property
@@ -76,13 +75,19 @@ class _Pending:
                 on_done(self.transaction_id, error)
             except Exception:
                 log.exception("append callback of transaction %d raised", self.transaction_id)
-            return
-        future = self.future
-        if future is not None and not future.done():
+
+
+def _settle_future(future: asyncio.Future[int]) -> AppendDone:
+    """The ``on_done`` of :meth:`StorePartition.submit`: settles its future."""
+
+    def done(transaction_id: int, error: BaseException | None) -> None:
+        if not future.done():
             if error is None:
-                future.set_result(self.transaction_id)
+                future.set_result(transaction_id)
             else:
                 future.set_exception(error)
+
+    return done
 
 
 class StorePartition:
@@ -209,7 +214,7 @@ class StorePartition:
         """
         loop = self._loop or asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
-        self._enqueue(_Pending(req_id, header, data, crc32(data), future))
+        self.enqueue(req_id, header, data, crc32(data), _settle_future(future))
         return future
 
     def enqueue(self, req_id: ReqId, header: int, data: bytes, checksum: int, on_done: AppendDone) -> None:
@@ -217,9 +222,7 @@ class StorePartition:
         runs on the loop within the commit of the transaction (after ``on_commit`` has seen it), or
         ``on_done(-1 or its ID, error)`` when it fails (:class:`AppendFailedError`,
         :class:`StoreClosedError`). ``checksum`` is the CRC-32 of ``data``, checked by the caller."""
-        self._enqueue(_Pending(req_id, header, data, checksum, None, on_done))
-
-    def _enqueue(self, pending: _Pending) -> None:
+        pending = _Pending(req_id, header, data, checksum, on_done)
         if self._closed:
             pending.resolve(StoreClosedError(f"partition {self.partition_id}: {self._close_reason}"))
             return
