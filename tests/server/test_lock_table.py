@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from waltz.services.server.lock_table import LockTable, slot_indexes
+from waltz.services.server.lock_table import LockTable, PendingLocks, slot_indexes
 
 int32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 
@@ -75,3 +75,77 @@ def test_slot_indexes_are_stable() -> None:
     assert slot_indexes(42, 1000, 3) == slot_indexes(42, 1000, 3)
     assert len(set(slot_indexes(42, 1 << 16, 3))) == 3
     assert slot_indexes(-1, 97, 2) == slot_indexes(0xFFFFFFFF, 97, 2)
+
+
+class _Append:
+    """An append in flight in the tests below: its order and the slots of its locks."""
+
+    def __init__(self, order: int, locks: list[int], table: LockTable) -> None:
+        self.order = order
+        self.locks = locks
+        self.slots = {slot for indexes in table.slots_of(locks) for slot in indexes}
+
+    def __repr__(self) -> str:
+        return f"_Append({self.order}, {self.locks})"
+
+
+@given(
+    st.integers(min_value=1, max_value=40),
+    st.integers(min_value=1, max_value=4),
+    st.lists(st.lists(int32, min_size=1, max_size=3), min_size=1, max_size=30),
+    st.randoms(use_true_random=False),
+    st.lists(int32, max_size=20),
+)
+def test_pending_locks_find_every_lock_in_flight(
+    size: int, hash_count: int, appends: list[list[int]], rng: random.Random, probes: list[int]
+) -> None:
+    """Hold appends in order, release a random subset in a random order (resolution is in order in
+    the server; the filter must not depend on it), then probe: a lock an unreleased append holds is
+    always found, and the append named is unreleased and never earlier than the latest holder of
+    that very lock."""
+    table = LockTable(-1, size, hash_count)
+    pending: PendingLocks[_Append] = PendingLocks()
+    held = [_Append(order, locks, table) for order, locks in enumerate(appends)]
+    for entry in held:
+        pending.hold(entry.slots, entry)
+    released = rng.sample(held, rng.randrange(len(held) + 1))
+    for entry in released:
+        pending.release(entry.slots, entry)
+    live = [entry for entry in held if entry not in released]
+    for lock in probes + [lock for entry in held for lock in entry.locks]:
+        holders = [entry for entry in live if lock in entry.locks]
+        found, named = pending.holder(table.slots_of([lock]))
+        if holders:
+            assert found
+        if named is not None:
+            assert found and named in live
+            if holders:
+                assert named.order >= max(entry.order for entry in holders)
+        covered = {slot for entry in live for slot in entry.slots}
+        if not set(table.slots_of([lock])[0]) <= covered:
+            assert not found
+    if not live:
+        assert len(pending) == 0
+        assert pending.holder(table.slots_of(probes)) == (False, None)
+
+
+def test_pending_locks_sharing_some_slots_is_no_conflict() -> None:
+    """Two locks that share one slot of three: while one is in flight the other is free; the same
+    lock is held, named by its append; released, it is free again."""
+    table = LockTable(-1, 64, 3)
+    first = 1
+    first_slots = set(table.slots_of([first])[0])
+    other = next(
+        lock
+        for lock in range(2, 100_000)
+        if first_slots & set(table.slots_of([lock])[0]) and not set(table.slots_of([lock])[0]) <= first_slots
+    )
+    pending: PendingLocks[str] = PendingLocks()
+    pending.hold(first_slots, "first")
+    assert pending.holder(table.slots_of([other])) == (False, None)
+    assert pending.holder(table.slots_of([other, first])) == (True, "first")
+    pending.hold(set(table.slots_of([other])[0]), "other")
+    assert pending.holder(table.slots_of([first])) == (True, "first")
+    pending.release(first_slots, "first")
+    assert pending.holder(table.slots_of([first])) == (False, None)
+    assert pending.holder(table.slots_of([other])) == (True, "other")

@@ -9,15 +9,23 @@ estimate too high (a false positive lock failure), with a rate that falls as the
 
 When a server opens a partition every slot starts at the partition's high-water mark: whatever was
 committed before is assumed to have touched every lock (never below, so never a false negative).
+
+:class:`PendingLocks` applies the same rule to appends still in the store pipeline (``docs/protocol.md``
+"Append"): it counts, per slot, the unresolved appends that hold it, and a lock is held in flight
+when every one of its slots is held.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 from array import array
 from collections.abc import Iterable, Sequence
+from typing import Generic, TypeVar
 
-__all__ = ["DEFAULT_HASH_COUNT", "DEFAULT_SIZE", "LockTable", "slot_indexes"]
+__all__ = ["DEFAULT_HASH_COUNT", "DEFAULT_SIZE", "LockTable", "PendingLocks", "slot_indexes"]
+
+T = TypeVar("T")
 
 DEFAULT_SIZE = 1 << 16
 DEFAULT_HASH_COUNT = 3
@@ -108,3 +116,76 @@ class LockTable:
         slots = self._slots
         for i in slot_set:
             slots[i] = max(slots[i], transaction_id)
+
+
+class PendingLocks(Generic[T]):
+    """The lock slots held by appends that are not resolved yet (one partition's store pipeline).
+
+    A counting filter over the lock table's slots (``docs/protocol.md`` "Append"): :meth:`hold`
+    counts an append on each slot of its WRITE and APPEND locks until :meth:`release`. A lock is
+    *held* when every one of its slots is held. An append that holds a lock holds all of its slots,
+    so a lock in flight is always found (no false negatives, whatever order appends resolve in); a
+    lock that only shares some slots with the locks in flight is not held. Each slot also remembers
+    its latest holder, so that a lock failure can name the append to wait for.
+
+    Entries are compared by identity; hold each at most once at a time.
+    """
+
+    __slots__ = ("_counts", "_latest", "_order")
+
+    def __init__(self) -> None:
+        self._counts: dict[int, int] = {}  # slot -> unresolved appends holding it
+        self._latest: dict[int, tuple[int, T]] = {}  # slot -> (hold order, latest holder)
+        self._order = itertools.count()
+
+    def __len__(self) -> int:
+        """The number of slots held."""
+        return len(self._counts)
+
+    def hold(self, slots: Iterable[int], entry: T) -> None:
+        """Count ``entry`` on each of ``slots`` (distinct slot indexes) until it is released."""
+        counts = self._counts
+        latest = self._latest
+        held = (next(self._order), entry)
+        for slot in slots:
+            counts[slot] = counts.get(slot, 0) + 1
+            latest[slot] = held
+
+    def release(self, slots: Iterable[int], entry: T) -> None:
+        """Stop counting ``entry`` (resolved) on the ``slots`` it was held on."""
+        counts = self._counts
+        latest = self._latest
+        for slot in slots:
+            left = counts.get(slot, 0) - 1
+            if left > 0:
+                counts[slot] = left
+            else:
+                counts.pop(slot, None)
+            holder = latest.get(slot)
+            if holder is not None and holder[1] is entry:
+                del latest[slot]
+
+    def holder(self, lock_slots: Sequence[Sequence[int]]) -> tuple[bool, T | None]:
+        """Whether one of these locks (given by their slots, :meth:`LockTable.slots_of`) is held
+        in flight, and by which append.
+
+        Returns:
+            ``(False, None)`` when no lock is held. ``(True, entry)`` when one is: ``entry`` is the
+            earliest of the latest holders of its slots, the first append after which every one of
+            its slots saw its latest holder (an append holding that very lock is never later).
+            ``(True, None)`` when a held lock's slots have no latest holder left (their latest
+            holders resolved before older ones): held, but no one to name.
+        """
+        counts = self._counts
+        if not counts:
+            return False, None
+        latest = self._latest
+        for indexes in lock_slots:
+            if all(slot in counts for slot in indexes):
+                holders = [latest[slot] for slot in indexes if slot in latest]
+                return True, (min(holders, key=_order_of)[1] if holders else None)
+        return False, None
+
+
+def _order_of(held: tuple[int, object]) -> int:
+    return held[0]

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from waltz.errors import WaltzError
 from waltz.protocol import client_pb2, common_pb2
 from waltz.protocol.records import Record, ReqId, crc32
-from waltz.services.server.lock_table import DEFAULT_HASH_COUNT, DEFAULT_SIZE, LockTable
+from waltz.services.server.lock_table import DEFAULT_HASH_COUNT, DEFAULT_SIZE, LockTable, PendingLocks
 from waltz.services.server.store.partition import StorePartition
 
 __all__ = ["ClientConnection", "Partition", "PartitionConfig"]
@@ -175,7 +175,7 @@ class Partition:
         self.store = store_factory(self._committed)
         self._observe_commit = observe_commit
         self._lock_table: LockTable | None = None
-        self._pending_slots: dict[int, _InFlight] = {}  # slot -> latest unresolved append
+        self._pending_locks: PendingLocks[_InFlight] = PendingLocks()  # locks of unresolved appends
         self._feed: deque[tuple[int, ReqId, int]] = deque(maxlen=self.config.feed_cache_size)
         self._data = TransactionDataCache(
             self.config.transaction_data_cache_size, self.config.transaction_data_cache_bytes
@@ -305,12 +305,16 @@ class Partition:
             self.lock_failures += 1
             connection.send(_lock_failure(request.req_id, conflict))
             return
-        pending = self._pending_slots
-        blocking = [pending[s] for indexes in checked_slots for s in indexes if s in pending]
-        if blocking:
-            # Fails at once; the failure names the blocking append's transaction once it resolves.
+        pending = self._pending_locks
+        held, holder = pending.holder(checked_slots)
+        if held:
+            # Fails at once; the failure names the holding append's transaction once it resolves
+            # (or, with no holder to name, the high-water mark now).
             self.lock_failures += 1
-            self._defer_lock_failure(connection, request.req_id, blocking[-1])
+            if holder is None:
+                connection.send(_lock_failure(request.req_id, self.high_water_mark))
+            else:
+                self._defer_lock_failure(connection, request.req_id, holder)
             return
         state = self._client(request.req_id.client_id)
         state.pending += 1
@@ -318,8 +322,7 @@ class Partition:
         written_slots = write_slots + table.slots_of(request.append_lock_hashes)
         slots = {slot for indexes in written_slots for slot in indexes}
         entry = _InFlight(self, state, slots, time.perf_counter())
-        for slot in slots:
-            pending[slot] = entry
+        pending.hold(slots, entry)
         self.appends += 1
         # Resolved within the commit (no future, no loop round per append): the lock table is
         # raised in the same step that hands the transaction to the feed.
@@ -334,10 +337,7 @@ class Partition:
                 self._lock_table.update_slots(transaction_id, entry.slots)
             if self._observe_commit is not None:
                 self._observe_commit(time.perf_counter() - entry.received)
-        pending = self._pending_slots
-        for slot in entry.slots:
-            if pending.get(slot) is entry:
-                del pending[slot]
+        self._pending_locks.release(entry.slots, entry)
         if entry.waiters:
             named = self.high_water_mark if transaction_id is None else transaction_id
             for connection, req_id in entry.waiters:
