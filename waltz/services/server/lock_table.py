@@ -75,7 +75,9 @@ class LockTable:
 
     def slots_of(self, lock_hashes: Iterable[int]) -> list[tuple[int, ...]]:
         """The slots of each lock (compute once per append and reuse for checks and updates)."""
-        return [slot_indexes(h, self.size, self.hash_count) for h in lock_hashes]
+        size = self.size
+        hash_count = self.hash_count
+        return [slot_indexes(h, size, hash_count) for h in lock_hashes]
 
     def estimate(self, lock_hash: int) -> int:
         """The estimated high-water mark of one lock: never below its true value."""
@@ -87,8 +89,8 @@ class LockTable:
         return self._highest(self.slots_of(lock_hashes))
 
     def _highest(self, lock_slots: Sequence[Sequence[int]]) -> int:
-        slots = self._slots
-        return max((min(slots[i] for i in indexes) for indexes in lock_slots), default=-1)
+        value = self._slots.__getitem__
+        return max([min(map(value, indexes)) for indexes in lock_slots], default=-1)
 
     def conflict(self, client_high_water_mark: int, lock_hashes: Sequence[int]) -> int | None:
         """The lock compatibility test (seed 001): compatible when the client has seen every
@@ -143,7 +145,8 @@ class PendingLocks(Generic[T]):
         return len(self._counts)
 
     def hold(self, slots: Iterable[int], entry: T) -> None:
-        """Count ``entry`` on each of ``slots`` (distinct slot indexes) until it is released."""
+        """Count ``entry`` on each of ``slots`` until it is released (a slot given twice counts
+        twice: release the same ``slots``)."""
         counts = self._counts
         latest = self._latest
         held = (next(self._order), entry)

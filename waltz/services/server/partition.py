@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -140,7 +140,9 @@ class _InFlight:
 
     __slots__ = ("partition", "received", "slots", "state", "waiters")
 
-    def __init__(self, partition: Partition, state: _ClientState, slots: set[int], received: float) -> None:
+    def __init__(
+        self, partition: Partition, state: _ClientState, slots: Collection[int], received: float
+    ) -> None:
         self.partition = partition
         self.state = state
         self.slots = slots
@@ -292,52 +294,66 @@ class Partition:
         request: client_pb2.AppendRequest,
         network_seq: int,
     ) -> None:
-        if self._stale(connection, request.req_id, network_seq):
+        proto_req = request.req_id
+        if self._stale(connection, proto_req, network_seq):
             return
-        if crc32(request.data) != request.checksum:
-            connection.send(_error(request.req_id, "append data does not match its checksum: resend it"))
+        data = request.data
+        checksum = request.checksum
+        if crc32(data) != checksum:
+            connection.send(_error(proto_req, "append data does not match its checksum: resend it"))
             return
         # Each lock's slots are computed once and serve the check, the pending locks and the update.
-        write_slots = table.slots_of(request.write_lock_hashes)
-        checked_slots = write_slots + table.slots_of(request.read_lock_hashes)
-        conflict = table.conflict_in_slots(request.client_high_water_mark, checked_slots)
-        if conflict is not None:
-            self.lock_failures += 1
-            connection.send(_lock_failure(request.req_id, conflict))
-            return
+        write_hashes = request.write_lock_hashes
+        read_hashes = request.read_lock_hashes
+        append_hashes = request.append_lock_hashes
+        slots_of = table.slots_of
+        write_slots = slots_of(write_hashes) if write_hashes else []
+        checked_slots = write_slots + slots_of(read_hashes) if read_hashes else write_slots
         pending = self._pending_locks
-        held, holder = pending.holder(checked_slots)
-        if held:
-            # Fails at once; the failure names the holding append's transaction once it resolves
-            # (or, with no holder to name, the high-water mark now).
-            self.lock_failures += 1
-            if holder is None:
-                connection.send(_lock_failure(request.req_id, self.high_water_mark))
-            else:
-                self._defer_lock_failure(connection, request.req_id, holder)
-            return
-        state = self._client(request.req_id.client_id)
+        if checked_slots:
+            conflict = table.conflict_in_slots(request.client_high_water_mark, checked_slots)
+            if conflict is not None:
+                self.lock_failures += 1
+                connection.send(_lock_failure(proto_req, conflict))
+                return
+            held, holder = pending.holder(checked_slots)
+            if held:
+                # Fails at once; the failure names the holding append's transaction once it
+                # resolves (or, with no holder to name, the high-water mark now).
+                self.lock_failures += 1
+                if holder is None:
+                    connection.send(_lock_failure(proto_req, self.high_water_mark))
+                else:
+                    self._defer_lock_failure(connection, proto_req, holder)
+                return
+        state = self._client(proto_req.client_id)
         state.pending += 1
-        state.idle.clear()
-        written_slots = write_slots + table.slots_of(request.append_lock_hashes)
-        slots = {slot for indexes in written_slots for slot in indexes}
+        if state.pending == 1:
+            state.idle.clear()
+        written_slots = write_slots + slots_of(append_hashes) if append_hashes else write_slots
+        slots: Collection[int]
+        if len(written_slots) == 1:
+            slots = written_slots[0]  # one lock: its slot indexes as they are
+        else:
+            slots = {slot for indexes in written_slots for slot in indexes}
         entry = _InFlight(self, state, slots, time.perf_counter())
-        pending.hold(slots, entry)
+        if slots:
+            pending.hold(slots, entry)
         self.appends += 1
         # Resolved within the commit (no future, no loop round per append): the lock table is
         # raised in the same step that hands the transaction to the feed.
-        self.store.enqueue(
-            ReqId.from_proto(request.req_id), request.header, request.data, request.checksum, entry.resolved
-        )
+        self.store.enqueue(ReqId.from_proto(proto_req), request.header, data, checksum, entry.resolved)
 
     def _resolved(self, entry: _InFlight, transaction_id: int | None) -> None:
         """An append left the store: committed as ``transaction_id``, or failed (None)."""
+        slots = entry.slots
         if transaction_id is not None:
-            if self._lock_table is not None:
-                self._lock_table.update_slots(transaction_id, entry.slots)
+            if slots and self._lock_table is not None:
+                self._lock_table.update_slots(transaction_id, slots)
             if self._observe_commit is not None:
                 self._observe_commit(time.perf_counter() - entry.received)
-        self._pending_locks.release(entry.slots, entry)
+        if slots:
+            self._pending_locks.release(slots, entry)
         if entry.waiters:
             named = self.high_water_mark if transaction_id is None else transaction_id
             for connection, req_id in entry.waiters:
