@@ -101,8 +101,16 @@ class Data(TransactionContext):
         return True
 
 
-def feed(req_id: ReqId, transaction_id: int) -> client_pb2.FeedData:
-    return client_pb2.FeedData(req_id=req_id.to_proto(), transaction_id=transaction_id, header=0)
+def feed(req_id: ReqId, transaction_id: int) -> client_pb2.FeedEntries:
+    """A run of one feed entry."""
+    return client_pb2.FeedEntries(
+        partition_id=req_id.partition_id,
+        first_transaction_id=transaction_id,
+        client_ids=[req_id.client_id],
+        generations=[req_id.generation],
+        seq_nums=[req_id.seq_num],
+        headers=[0],
+    )
 
 
 def other(seq: int) -> ReqId:
@@ -133,7 +141,7 @@ def run(scenario: Callable[[ClientPartition, FakeHost, Callbacks], Awaitable[Non
 
 
 async def mount(
-    partition: ClientPartition, host: FakeHost, *, entries: list[client_pb2.FeedData] = ()
+    partition: ClientPartition, host: FakeHost, *, entries: list[client_pb2.FeedEntries] = ()
 ) -> FakeConnection:  # type: ignore[assignment]
     """Drive one mount: wait for the request, stream ``entries``, answer ready."""
 
@@ -160,8 +168,8 @@ def submission(data: bytes) -> tuple[Submission, AppendPayload]:
 
 
 def deliver(partition: ClientPartition, connection: object, entry: object) -> None:
-    """One feed entry in a batch of its own, as the client's message handler delivers it."""
-    partition.on_feed_data(connection, entry)  # type: ignore[arg-type]
+    """One run of feed entries in a batch of its own, as the client's message handler delivers it."""
+    partition.on_feed_entries(connection, entry)  # type: ignore[arg-type]
     partition.end_of_batch()
 
 
@@ -252,5 +260,69 @@ def test_reconnect_mounts_from_the_lower_mark_and_fails_pending_appends_at_the_r
         assert host.retried == [(b"lost", None)]  # still pending at the mount response: failed
         assert len(second.appends()) == 1  # the blocked one, sent after the mount
         assert not first.appends()[2:]
+
+    run(scenario)
+
+
+def run_of(first: int, *req_ids: ReqId) -> client_pb2.FeedEntries:
+    """A run of feed entries: transactions ``first``, ``first + 1``, ... appended as ``req_ids``."""
+    return client_pb2.FeedEntries(
+        partition_id=0,
+        first_transaction_id=first,
+        client_ids=[r.client_id for r in req_ids],
+        generations=[r.generation for r in req_ids],
+        seq_nums=[r.seq_num for r in req_ids],
+        headers=[r.seq_num * 10 for r in req_ids],
+    )
+
+
+def test_a_run_of_feed_entries_is_each_entry_in_turn() -> None:
+    """docs/protocol.md "Feed entries": own appends in a run succeed (older pending ones fail),
+    entries already had are skipped, a run past the next transaction is a gap, and every entry is
+    applied once, in order, with its ReqId and header."""
+
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        partition.mount()
+        partition.set_placement("server-a:1", 3)
+        connection = await mount(partition, host)
+        for data in (b"a", b"b", b"c"):
+            partition.send_append(*submission(data))
+        _a, b, c = connection.appends()
+        deliver(partition, connection, run_of(6, other(1), b, other(2)))
+        assert host.completed_ids == [(b"b", 7)]
+        assert host.retried == [(b"a", None)]
+        deliver(partition, connection, run_of(7, b, other(2), c, other(3)))  # 7 and 8 again: skipped
+        assert host.completed_ids == [(b"b", 7), (b"c", 9)]
+        deliver(partition, connection, run_of(12, other(4)))  # past 11: a gap, ignored
+        assert partition.feed_gaps == 1
+        deliver(partition, connection, run_of(11, other(5), other(6)))
+        await settle(lambda: callbacks.applied == [6, 7, 8, 9, 10, 11, 12], "transactions 6 to 12")
+        assert partition.own_committed_mark == 9
+        assert partition.server_high_water_mark == 12
+        assert not partition.monitor
+
+    run(scenario)
+
+
+def test_a_run_with_columns_of_different_lengths_is_dropped_and_the_partition_mounts_again() -> None:
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        partition.mount()
+        partition.set_placement("server-a:1", 3)
+        connection = await mount(partition, host)
+        broken = run_of(6, other(1), other(2))
+        del broken.headers[1]
+        deliver(partition, connection, broken)
+        assert partition.state is PartitionState.MOUNTING
+        await settle(lambda: len(connection.mounts()) == 2, "a second mount request")
+        assert not callbacks.applied
+        empty = client_pb2.FeedEntries(partition_id=0, first_transaction_id=6)
+        deliver(partition, connection, empty)
+        await settle(lambda: len(connection.mounts()) == 3, "a third mount request")
+        deliver(partition, connection, run_of(6, other(1), other(2)))  # the feed again, well formed
+        request = connection.mounts()[-1]
+        ready = client_pb2.MountResponse(req_id=request.req_id, partition_ready=True)
+        partition.on_message(connection, "mount", ready)  # type: ignore[arg-type]
+        await settle(lambda: partition.state is PartitionState.MOUNTED, "the partition to mount")
+        await settle(lambda: callbacks.applied == [6, 7], "transactions 6 and 7")
 
     run(scenario)

@@ -1,10 +1,11 @@
 """Fuzzing what a client does with the messages a server sends: arbitrary, out of order, absurd.
 
-A bad or buggy server (or a stale connection) can send feed entries that jump or repeat, lock
-failures and flush responses for requests never made, mount responses with other ReqIds, errors and
-suspensions at any time. Whatever arrives, the client partition must not raise, and what it hands
-to ``apply_transaction`` must stay a contiguous run of transaction IDs from its mark, each once:
-the feed's contiguity check is the client's last line of defence.
+A bad or buggy server (or a stale connection) can send feed entries that jump or repeat, runs of
+feed entries whose columns differ in length, lock failures and flush responses for requests never
+made, mount responses with other ReqIds, errors and suspensions at any time. Whatever arrives, the
+client partition must not raise, and what it hands to ``apply_transaction`` must stay a contiguous
+run of transaction IDs from its mark, each once: the feed's contiguity check is the client's last
+line of defence.
 """
 
 from __future__ import annotations
@@ -116,10 +117,29 @@ REQ_IDS = st.builds(
 )
 
 
+def _feed_entries(first: int, req_ids: list[common_pb2.ReqId], drop: int | None) -> client_pb2.FeedEntries:
+    """A run of feed entries; ``drop`` removes one column's last element (a malformed run)."""
+    run = client_pb2.FeedEntries(
+        partition_id=0,
+        first_transaction_id=first,
+        client_ids=[r.client_id for r in req_ids],
+        generations=[r.generation for r in req_ids],
+        seq_nums=[r.seq_num for r in req_ids],
+        headers=[1] * len(req_ids),
+    )
+    if drop is not None and req_ids:
+        column = (run.client_ids, run.generations, run.seq_nums, run.headers)[drop]
+        del column[-1]
+    return run
+
+
 def _message(kind: str) -> Any:
-    if kind == "feed_data":
+    if kind == "feed_entries":
         return st.builds(
-            lambda r, t: client_pb2.FeedData(req_id=r, transaction_id=t, header=1), REQ_IDS, INTS
+            _feed_entries,
+            INTS,
+            st.lists(REQ_IDS, max_size=4),
+            st.one_of(st.none(), st.none(), st.none(), st.integers(0, 3)),
         )
     if kind == "lock_failure":
         return st.builds(lambda r, t: client_pb2.LockFailure(req_id=r, transaction_id=t), REQ_IDS, INTS)
@@ -134,7 +154,7 @@ def _message(kind: str) -> Any:
     return st.builds(lambda r: client_pb2.FeedSuspended(req_id=r), REQ_IDS)
 
 
-KINDS = ("feed_data", "lock_failure", "flush", "mount", "error", "feed_suspended")
+KINDS = ("feed_entries", "lock_failure", "flush", "mount", "error", "feed_suspended")
 MESSAGES = st.one_of(
     *(st.tuples(st.just(kind), _message(kind)) for kind in KINDS),
     st.just(("contiguous", None)),  # a well-behaved entry now and then: the feed can progress
@@ -172,16 +192,13 @@ def test_any_server_messages_leave_the_applied_sequence_contiguous(
             for kind, body in messages:
                 connection = host.connections[-1]
                 if kind == "contiguous":
-                    entry = client_pb2.FeedData(
-                        req_id=common_pb2.ReqId(client_id=8, generation=1, partition_id=0, seq_num=1),
-                        transaction_id=next_id,
-                        header=0,
-                    )
+                    other = common_pb2.ReqId(client_id=8, generation=1, partition_id=0, seq_num=1)
+                    entry = _feed_entries(next_id, [other], None)
                     next_id += 1
-                    partition.on_feed_data(connection, entry)  # type: ignore[arg-type]
+                    partition.on_feed_entries(connection, entry)  # type: ignore[arg-type]
                     partition.end_of_batch()
-                elif kind == "feed_data":
-                    partition.on_feed_data(connection, body)  # type: ignore[arg-type]
+                elif kind == "feed_entries":
+                    partition.on_feed_entries(connection, body)  # type: ignore[arg-type]
                     partition.end_of_batch()
                 else:
                     partition.on_message(connection, kind, body)  # type: ignore[arg-type]

@@ -32,6 +32,7 @@ import grpc
 import pytest
 import support
 from kazoo.client import KazooClient
+from support.feed import FeedEntry, feed_entries
 from support.storage import run
 from support.tls import make_certificates
 
@@ -442,6 +443,8 @@ class _TlsRawClient:
             response_deserializer=client_pb2.ServerMessages.FromString,
         )(self._requests())
         self.received: list[client_pb2.ServerMessage] = []
+        self.feed: list[FeedEntry] = []  # every feed entry received, in order
+        self._feed_read = 0  # how many of them next_feed returned
 
     async def _requests(self):  # type: ignore[no-untyped-def]
         while (message := await self.outgoing.get()) is not None:
@@ -456,16 +459,29 @@ class _TlsRawClient:
     def send(self, **body: object) -> None:
         self.outgoing.put_nowait(client_pb2.ClientMessage(**body))  # type: ignore[arg-type]
 
+    async def _read_batch(self) -> list[client_pb2.ServerMessage]:
+        batch = await self.call.read()
+        assert batch is not grpc.aio.EOF, "the server closed the stream"
+        for message in batch.messages:
+            self.received.append(message)
+            if message.WhichOneof("body") == "feed_entries":
+                self.feed += feed_entries(message.feed_entries)
+        return list(batch.messages)
+
     async def next(self, kind: str, timeout: float = 20) -> client_pb2.ServerMessage:
         async with asyncio.timeout(timeout):
             while True:
-                batch = await self.call.read()
-                assert batch is not grpc.aio.EOF, "the server closed the stream"
-                for message in batch.messages:
-                    self.received.append(message)
-                for message in batch.messages:
+                for message in await self._read_batch():
                     if message.WhichOneof("body") == kind:
                         return message
+
+    async def next_feed(self, timeout: float = 20) -> FeedEntry:
+        """The next feed entry not returned yet (reading more of the stream when needed)."""
+        async with asyncio.timeout(timeout):
+            while self._feed_read >= len(self.feed):
+                await self._read_batch()
+        self._feed_read += 1
+        return self.feed[self._feed_read - 1]
 
     async def close(self) -> None:
         self.outgoing.put_nowait(None)
@@ -509,14 +525,10 @@ def test_server_drops_appends_of_a_stale_generation_and_storage_refuses_a_stale_
                     req_id=good, client_high_water_mark=start, header=1, data=b"good", checksum=crc32(b"good")
                 )
             )
-            while (feed := (await client.next("feed_data")).feed_data).req_id != good:
+            while (feed := await client.next_feed()).req_id != good:
                 assert feed.req_id not in stale_ids, f"a stale-generation append was committed: {feed}"
             assert feed.transaction_id == start + 1
-            assert not [
-                m
-                for m in client.received
-                if m.WhichOneof("body") == "feed_data" and m.feed_data.req_id in stale_ids
-            ]
+            assert not [entry for entry in client.feed if entry.req_id in stale_ids]
         finally:
             await client.close()
         async with ServerAdminClient(owner.endpoint, tls=secured.tls, timeout=30) as admin:

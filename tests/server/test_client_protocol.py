@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from support.feed import FeedEntry, feed_entries
 from support.storage import run
 
 from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
@@ -43,7 +44,8 @@ class RawClient:
         self.generation = generation
         self.seq = 0
         self.outgoing: asyncio.Queue[client_pb2.ClientMessage] = asyncio.Queue()
-        self.incoming: asyncio.Queue[client_pb2.ServerMessage] = asyncio.Queue()
+        # Server messages in order, each FeedEntries run as its entries (docs/protocol.md).
+        self.incoming: asyncio.Queue[client_pb2.ServerMessage | FeedEntry] = asyncio.Queue()
         self.call = self.stub.Stream(self._requests())
         self.reader = asyncio.ensure_future(self._read())
 
@@ -58,7 +60,11 @@ class RawClient:
     async def _read(self) -> None:
         async for batch in self.call:
             for message in batch.messages:
-                await self.incoming.put(message)
+                if message.WhichOneof("body") == "feed_entries":
+                    for entry in feed_entries(message.feed_entries):
+                        await self.incoming.put(entry)
+                else:
+                    await self.incoming.put(message)
 
     def req_id(self, generation: int | None = None) -> common_pb2.ReqId:
         self.seq += 1
@@ -112,33 +118,45 @@ class RawClient:
         return req_id
 
     async def next(self, kind: str, timeout: float = 10) -> client_pb2.ServerMessage:
-        """The next message of ``kind``, skipping others."""
+        """The next message of ``kind`` (not a feed entry), skipping others."""
         while True:
-            message = await asyncio.wait_for(self.incoming.get(), timeout)
-            if message.WhichOneof("body") == kind:
-                return message
+            item = await asyncio.wait_for(self.incoming.get(), timeout)
+            if kind_of(item) == kind:
+                assert not isinstance(item, FeedEntry)
+                return item
+
+    async def next_feed(self, timeout: float = 10) -> FeedEntry:
+        """The next feed entry, skipping other messages."""
+        while True:
+            item = await asyncio.wait_for(self.incoming.get(), timeout)
+            if isinstance(item, FeedEntry):
+                return item
 
     async def feed_ids(self, count: int) -> list[int]:
         """The transaction IDs of the next ``count`` feed entries (failing on a mount response)."""
         ids = []
         while len(ids) < count:
-            message = await asyncio.wait_for(self.incoming.get(), 10)
-            kind = message.WhichOneof("body")
-            assert kind != "mount", f"mount response after {ids}: the feed had not reached the mark"
-            if kind == "feed_data":
-                ids.append(message.feed_data.transaction_id)
+            item = await asyncio.wait_for(self.incoming.get(), 10)
+            assert kind_of(item) != "mount", f"mount response after {ids}: the feed had not reached the mark"
+            if isinstance(item, FeedEntry):
+                ids.append(item.transaction_id)
         return ids
 
     async def nothing_more(self, seconds: float = 0.5) -> None:
         """Fail when a feed entry or a mount response arrives within ``seconds``."""
         with contextlib.suppress(TimeoutError):
-            message = await asyncio.wait_for(self.incoming.get(), seconds)
-            assert message.WhichOneof("body") not in ("feed_data", "mount"), message
+            item = await asyncio.wait_for(self.incoming.get(), seconds)
+            assert kind_of(item) not in ("feed", "mount"), item
 
     async def close(self) -> None:
         self.call.cancel()
         self.reader.cancel()
         await self.channel.close(None)
+
+
+def kind_of(item: client_pb2.ServerMessage | FeedEntry) -> str | None:
+    """``feed`` for a feed entry, else the server message's kind."""
+    return "feed" if isinstance(item, FeedEntry) else item.WhichOneof("body")
 
 
 def generation_of(cluster: LocalCluster) -> int:
@@ -163,8 +181,8 @@ def test_mount_append_feed_lock_failures_flush_and_data(cluster: LocalCluster) -
             start = (await a.next("high_water_mark")).high_water_mark.transaction_id
             # An append without locks: both clients see it in their feed, with its ReqId.
             first = a.append(start, b"first")
-            feed_a = (await a.next("feed_data")).feed_data
-            feed_b = (await b.next("feed_data")).feed_data
+            feed_a = await a.next_feed()
+            feed_b = await b.next_feed()
             assert feed_a.req_id == first and feed_b.req_id == first
             txn = feed_a.transaction_id
             assert txn == start + 1 and feed_a.header == 7
@@ -173,7 +191,7 @@ def test_mount_append_feed_lock_failures_flush_and_data(cluster: LocalCluster) -
             lock = 0x1234
             one = a.append(txn, b"from a", write=[lock])
             two = b.append(txn, b"from b", write=[lock])
-            committed = (await a.next("feed_data")).feed_data
+            committed = await a.next_feed()
             assert committed.req_id in (one, two)
             loser = b if committed.req_id == one else a
             failure = (await loser.next("lock_failure")).lock_failure
@@ -183,7 +201,7 @@ def test_mount_append_feed_lock_failures_flush_and_data(cluster: LocalCluster) -
             stale = a.append(txn, b"stale", read=[lock])
             assert (await a.next("lock_failure")).lock_failure.req_id == stale
             fresh = a.append(committed.transaction_id, b"fresh", write=[lock])
-            assert (await a.next("feed_data")).feed_data.req_id == fresh
+            assert (await a.next_feed()).req_id == fresh
             # Flush answers with the high-water mark once everything before it resolved.
             a.outgoing.put_nowait(client_pb2.ClientMessage(flush=client_pb2.FlushRequest(req_id=a.req_id())))
             flushed = (await a.next("flush")).flush.transaction_id
@@ -204,13 +222,14 @@ def test_mount_append_feed_lock_failures_flush_and_data(cluster: LocalCluster) -
             two_of_two = a.append(flushed, b"two of two", write=[pair_lock])
             seen: list[tuple[str, int]] = []
             while not seen or seen[-1][0] != "lock_failure":
-                message = await asyncio.wait_for(a.incoming.get(), 10)
-                if message.WhichOneof("body") == "feed_data" and message.feed_data.req_id == one_of_two:
-                    seen.append(("feed_data", message.feed_data.transaction_id))
-                elif message.WhichOneof("body") == "lock_failure":
-                    assert message.lock_failure.req_id == two_of_two
-                    seen.append(("lock_failure", message.lock_failure.transaction_id))
-            assert seen == [("feed_data", flushed + 1), ("lock_failure", flushed + 1)]
+                item = await asyncio.wait_for(a.incoming.get(), 10)
+                if isinstance(item, FeedEntry):
+                    if item.req_id == one_of_two:
+                        seen.append(("feed", item.transaction_id))
+                elif item.WhichOneof("body") == "lock_failure":
+                    assert item.lock_failure.req_id == two_of_two
+                    seen.append(("lock_failure", item.lock_failure.transaction_id))
+            assert seen == [("feed", flushed + 1), ("lock_failure", flushed + 1)]
             # A corrupted append is refused with an error, not committed.
             bad = a.req_id()
             a.outgoing.put_nowait(
@@ -306,7 +325,7 @@ def test_a_late_mount_replays_the_feed_and_drops_the_older_connection(cluster: L
             writer.mount(-1)
             await writer.next("mount")
             sent = [writer.append(10**9, f"t{i}".encode()) for i in range(20)]
-            ids = [(await writer.next("feed_data")).feed_data for _ in range(20)]
+            ids = [await writer.next_feed() for _ in range(20)]
             # Other appends may be in the feed too: keep ours.
             ours = {f.req_id.seq_num: f.transaction_id for f in ids}
             assert all(r.seq_num in ours for r in sent)
@@ -316,9 +335,9 @@ def test_a_late_mount_replays_the_feed_and_drops_the_older_connection(cluster: L
                 late.mount(first_txn - 1, network_seq=5)
                 replay = []
                 while True:
-                    message = await late.next("feed_data")
-                    replay.append(message.feed_data.transaction_id)
-                    if message.feed_data.transaction_id >= max(ours.values()):
+                    entry = await late.next_feed()
+                    replay.append(entry.transaction_id)
+                    if entry.transaction_id >= max(ours.values()):
                         break
                 assert replay == list(range(first_txn, max(ours.values()) + 1))
                 assert (await late.next("mount")).mount.partition_ready
@@ -343,7 +362,7 @@ def test_the_feed_window_bounds_a_mount_and_grants_resume_it(cluster: LocalClust
             sent = [writer.append(10**9, f"w{i}".encode()) for i in range(30)]
             ours = {}
             while len(ours) < len(sent):
-                feed = (await writer.next("feed_data")).feed_data
+                feed = await writer.next_feed()
                 ours[feed.req_id.seq_num] = feed.transaction_id
             assert all(r.seq_num in ours for r in sent)
             first, last = min(ours.values()), max(ours.values())
@@ -394,7 +413,7 @@ def test_a_stale_append_is_still_refused_after_the_owner_is_killed(tmp_path: Pat
                 client.mount(-1)
                 await client.next("mount")
                 client.append(10**9, b"writes the lock", write=[lock])
-                return int((await client.next("feed_data")).feed_data.transaction_id)
+                return (await client.next_feed()).transaction_id
             finally:
                 await client.close()
 
@@ -414,7 +433,7 @@ def test_a_stale_append_is_still_refused_after_the_owner_is_killed(tmp_path: Pat
                 failure = (await client.next("lock_failure")).lock_failure
                 assert failure.req_id == stale and failure.transaction_id >= committed
                 fresh = client.append(committed, b"fresh", write=[lock])
-                assert (await client.next("feed_data")).feed_data.req_id == fresh
+                assert (await client.next_feed()).req_id == fresh
             finally:
                 await client.close()
 

@@ -237,11 +237,11 @@ class ClientCore:
         fed: set[ClientPartition] = set()
         for message in messages:
             kind = message.WhichOneof("body")
-            if kind == "feed_data":
-                feed = message.feed_data
-                partition = partitions.get(feed.req_id.partition_id)
+            if kind == "feed_entries":
+                feed = message.feed_entries
+                partition = partitions.get(feed.partition_id)
                 if partition is not None:
-                    partition.on_feed_data(connection, feed)
+                    partition.on_feed_entries(connection, feed)
                     fed.add(partition)
             elif kind == "high_water_mark":
                 answer = message.high_water_mark

@@ -470,55 +470,77 @@ class ClientPartition:
 
     # --- the feed and other server messages -------------------------------------------------------
 
-    def on_feed_data(self, connection: ServerConnection, feed: client_pb2.FeedData) -> None:
-        """Process one feed entry: contiguity, the transaction monitor, the apply queue."""
+    def on_feed_entries(self, connection: ServerConnection, feed: client_pb2.FeedEntries) -> None:
+        """Process a run of feed entries (``FeedEntries``, docs/protocol.md "Feed entries"), each in
+        turn: contiguity, the transaction monitor, the apply queue. A run whose columns differ in
+        length (or are empty) is malformed: it is dropped whole and the partition mounts again, which
+        restarts the feed after what was applied."""
         if connection is not self.connection or not self.wanted:
             return  # a stale connection's leftovers, or not following this partition
-        transaction_id = feed.transaction_id
-        self.server_high_water_mark = max(self.server_high_water_mark, transaction_id)
-        expected = self._feed_mark + 1
-        if transaction_id != expected:
-            if transaction_id > expected:
-                self.feed_gaps += 1
-                log.warning(
-                    "partition %d: feed jumped from %d to %d; ignoring it until the feed catches up",
-                    self.partition_id,
-                    self._feed_mark,
-                    transaction_id,
-                )
-            return
-        self._feed_mark = transaction_id
-        proto_req = feed.req_id
-        req_id: ReqId | None = None
-        data: bytes | None = None
-        own: Submission | None = None
-        if proto_req.client_id == self._host.client_id and self.monitor:
-            req_id = ReqId.from_proto(proto_req)
-            succeeded, failed = self.monitor.on_feed(req_id)
-            for pending in failed:
-                self._host.retry(self, pending.submission, None)
-            if succeeded is not None:
-                own, data = succeeded.submission, succeeded.payload.data
-                self.own_committed_mark = transaction_id
-                self._host.completed(own, transaction_id)
-        queued = self._queued_mark
-        if queued is not None and transaction_id > queued and self.worker is not None:
-            self._queued_mark = transaction_id
-            self._to_queue.append(
-                (
-                    Transaction(
-                        self.partition_id,
-                        transaction_id,
-                        req_id or ReqId.from_proto(proto_req),
-                        feed.header,
-                        self._host.data_source,
-                        data,
-                    ),
-                    own,
-                )
+        client_ids = list(feed.client_ids)
+        generations = list(feed.generations)
+        seq_nums = list(feed.seq_nums)
+        headers = list(feed.headers)
+        count = len(client_ids)
+        if not count or not count == len(generations) == len(seq_nums) == len(headers):
+            log.warning(
+                "partition %d: %s sent feed entries with columns of %d, %d, %d and %d; mounting again",
+                self.partition_id,
+                connection.endpoint,
+                count,
+                len(generations),
+                len(seq_nums),
+                len(headers),
             )
-        if self._flush_marks:
-            self._check_flushes()
+            self.remount("malformed feed entries")
+            return
+        first = feed.first_transaction_id
+        last = first + count - 1
+        self.server_high_water_mark = max(self.server_high_water_mark, last)
+        expected = self._feed_mark + 1
+        if first > expected:
+            self.feed_gaps += 1
+            log.warning(
+                "partition %d: feed jumped from %d to %d; ignoring it until the feed catches up",
+                self.partition_id,
+                self._feed_mark,
+                first,
+            )
+            return
+        partition_id = self.partition_id
+        own_client = self._host.client_id
+        monitor = self.monitor
+        data_source = self._host.data_source
+        to_queue = self._to_queue
+        for index in range(expected - first, count):
+            transaction_id = first + index
+            self._feed_mark = transaction_id
+            client_id = client_ids[index]
+            req_id: ReqId | None = None
+            data: bytes | None = None
+            own: Submission | None = None
+            if client_id == own_client and monitor:
+                req_id = ReqId(client_id, generations[index], partition_id, seq_nums[index])
+                succeeded, failed = monitor.on_feed(req_id)
+                for pending in failed:
+                    self._host.retry(self, pending.submission, None)
+                if succeeded is not None:
+                    own, data = succeeded.submission, succeeded.payload.data
+                    self.own_committed_mark = transaction_id
+                    self._host.completed(own, transaction_id)
+            queued = self._queued_mark
+            if queued is not None and transaction_id > queued and self.worker is not None:
+                self._queued_mark = transaction_id
+                if req_id is None:
+                    req_id = ReqId(client_id, generations[index], partition_id, seq_nums[index])
+                to_queue.append(
+                    (
+                        Transaction(partition_id, transaction_id, req_id, headers[index], data_source, data),
+                        own,
+                    )
+                )
+            if self._flush_marks:
+                self._check_flushes()
 
     def end_of_batch(self) -> None:
         """Hand the feed entries of the last batch of server messages to the apply worker at once."""

@@ -113,16 +113,14 @@ class ServerMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MOUNT_FIELD_NUMBER: _builtins.int
-    FEED_DATA_FIELD_NUMBER: _builtins.int
     FEED_SUSPENDED_FIELD_NUMBER: _builtins.int
     FLUSH_FIELD_NUMBER: _builtins.int
     LOCK_FAILURE_FIELD_NUMBER: _builtins.int
     HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    FEED_ENTRIES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def mount(self) -> Global___MountResponse: ...
-    @_builtins.property
-    def feed_data(self) -> Global___FeedData: ...
     @_builtins.property
     def feed_suspended(self) -> Global___FeedSuspended: ...
     @_builtins.property
@@ -133,22 +131,24 @@ class ServerMessage(_message.Message):
     def high_water_mark(self) -> Global___HighWaterMarkResponse: ...
     @_builtins.property
     def error(self) -> Global___ServerError: ...
+    @_builtins.property
+    def feed_entries(self) -> Global___FeedEntries: ...
     def __init__(
         self,
         *,
         mount: Global___MountResponse | None = ...,
-        feed_data: Global___FeedData | None = ...,
         feed_suspended: Global___FeedSuspended | None = ...,
         flush: Global___FlushResponse | None = ...,
         lock_failure: Global___LockFailure | None = ...,
         high_water_mark: Global___HighWaterMarkResponse | None = ...,
         error: Global___ServerError | None = ...,
+        feed_entries: Global___FeedEntries | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "error", b"error", "feed_data", b"feed_data", "feed_suspended", b"feed_suspended", "flush", b"flush", "high_water_mark", b"high_water_mark", "lock_failure", b"lock_failure", "mount", b"mount"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "error", b"error", "feed_entries", b"feed_entries", "feed_suspended", b"feed_suspended", "flush", b"flush", "high_water_mark", b"high_water_mark", "lock_failure", b"lock_failure", "mount", b"mount"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "error", b"error", "feed_data", b"feed_data", "feed_suspended", b"feed_suspended", "flush", b"flush", "high_water_mark", b"high_water_mark", "lock_failure", b"lock_failure", "mount", b"mount"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "error", b"error", "feed_entries", b"feed_entries", "feed_suspended", b"feed_suspended", "flush", b"flush", "high_water_mark", b"high_water_mark", "lock_failure", b"lock_failure", "mount", b"mount"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["mount", "feed_data", "feed_suspended", "flush", "lock_failure", "high_water_mark", "error"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["mount", "feed_suspended", "flush", "lock_failure", "high_water_mark", "error", "feed_entries"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -344,32 +344,49 @@ class FeedRequest(_message.Message):
 Global___FeedRequest: _TypeAlias = FeedRequest  # noqa: Y015
 
 @_typing.final
-class FeedData(_message.Message):
+class FeedEntries(_message.Message):
+    """The feed (seed 002 "FeedData"), a run at a time, in columns (docs/protocol.md "Feed entries"):
+    consecutive committed transactions of one partition. Entry i is transaction
+    first_transaction_id + i, appended with ReqId (client_ids[i], generations[i], partition_id,
+    seq_nums[i]), with transaction header headers[i]: what as many FeedData messages in order would say.
+    The four lists have the same length, at least 1.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    REQ_ID_FIELD_NUMBER: _builtins.int
-    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
-    HEADER_FIELD_NUMBER: _builtins.int
-    transaction_id: _builtins.int
-    header: _builtins.int
+    PARTITION_ID_FIELD_NUMBER: _builtins.int
+    FIRST_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    CLIENT_IDS_FIELD_NUMBER: _builtins.int
+    GENERATIONS_FIELD_NUMBER: _builtins.int
+    SEQ_NUMS_FIELD_NUMBER: _builtins.int
+    HEADERS_FIELD_NUMBER: _builtins.int
+    partition_id: _builtins.int
+    first_transaction_id: _builtins.int
     @_builtins.property
-    def req_id(self) -> _common_pb2.ReqId:
-        """the ReqId of the appended transaction"""
-
+    def client_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def generations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def seq_nums(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def headers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
-        req_id: _common_pb2.ReqId | None = ...,
-        transaction_id: _builtins.int = ...,
-        header: _builtins.int = ...,
+        partition_id: _builtins.int = ...,
+        first_transaction_id: _builtins.int = ...,
+        client_ids: _abc.Iterable[_builtins.int] | None = ...,
+        generations: _abc.Iterable[_builtins.int] | None = ...,
+        seq_nums: _abc.Iterable[_builtins.int] | None = ...,
+        headers: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "req_id", b"req_id", "transaction_id", b"transaction_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_ids", b"client_ids", "first_transaction_id", b"first_transaction_id", "generations", b"generations", "headers", b"headers", "partition_id", b"partition_id", "seq_nums", b"seq_nums"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___FeedData: _TypeAlias = FeedData  # noqa: Y015
+Global___FeedEntries: _TypeAlias = FeedEntries  # noqa: Y015
 
 @_typing.final
 class FeedSuspended(_message.Message):

@@ -17,8 +17,7 @@ from typing import Any
 import grpc
 
 from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
-from waltz.protocol.records import ReqId
-from waltz.services.server.partition import Partition
+from waltz.services.server.partition import FeedColumns, Partition
 
 __all__ = ["WaltzServerServicer"]
 
@@ -34,28 +33,31 @@ class _Connection:
     """One client stream: outgoing stream messages and the network sequence numbers of its mounts.
 
     Protocol messages are written straight into the next outgoing stream message (at most
-    ``MAX_BATCH`` each): a feed entry costs no message of its own, no copy.
+    ``MAX_BATCH`` each): a run of feed entries is one ``FeedEntries`` message of columns.
     """
 
     def __init__(self) -> None:
         self.connection_id = next(_connection_ids)
         self.client_id = -1
         self.network_seq: dict[int, int] = {}
-        self._full: deque[client_pb2.ServerMessages] = deque()
+        self._full: deque[tuple[client_pb2.ServerMessages, int]] = deque()  # (batch, its entries)
         self._batch = client_pb2.ServerMessages()
-        self._batch_count = 0
+        self._batch_count = 0  # messages in _batch
+        self._batch_entries = 0  # protocol messages in _batch, each feed entry counted
         self._queued = 0
         self._ready = asyncio.Event()
         self.closed = False
         self.error: str | None = None  # why reading the client's stream failed, if it did
 
-    def _slot(self) -> client_pb2.ServerMessage:
+    def _slot(self, entries: int = 1) -> client_pb2.ServerMessage:
         if self._batch_count >= MAX_BATCH:
-            self._full.append(self._batch)
+            self._full.append((self._batch, self._batch_entries))
             self._batch = client_pb2.ServerMessages()
             self._batch_count = 0
+            self._batch_entries = 0
         self._batch_count += 1
-        self._queued += 1
+        self._batch_entries += entries
+        self._queued += entries
         if not self._ready.is_set():
             self._ready.set()
         return self._batch.messages.add()
@@ -64,16 +66,16 @@ class _Connection:
         if not self.closed:
             self._slot().CopyFrom(message)
 
-    def send_feed(self, req_id: ReqId, transaction_id: int, header: int) -> None:
+    def send_feed(self, partition_id: int, first_transaction_id: int, columns: FeedColumns) -> None:
         if not self.closed:
-            feed = self._slot().feed_data
-            rid = feed.req_id
-            rid.client_id = req_id.client_id
-            rid.generation = req_id.generation
-            rid.partition_id = req_id.partition_id
-            rid.seq_num = req_id.seq_num
-            feed.transaction_id = transaction_id
-            feed.header = header
+            client_ids, generations, seq_nums, headers = columns
+            entries = self._slot(len(client_ids)).feed_entries
+            entries.partition_id = partition_id
+            entries.first_transaction_id = first_transaction_id
+            entries.client_ids.extend(client_ids)
+            entries.generations.extend(generations)
+            entries.seq_nums.extend(seq_nums)
+            entries.headers.extend(headers)
 
     def backlog(self) -> int:
         return self._queued
@@ -84,11 +86,13 @@ class _Connection:
             self._ready.clear()
             while self._full or self._batch_count:
                 if self._full:
-                    batch = self._full.popleft()
+                    batch, entries = self._full.popleft()
                 else:
-                    batch, self._batch = self._batch, client_pb2.ServerMessages()
+                    batch, entries = self._batch, self._batch_entries
+                    self._batch = client_pb2.ServerMessages()
                     self._batch_count = 0
-                self._queued -= len(batch.messages)
+                    self._batch_entries = 0
+                self._queued -= entries
                 yield batch
 
 

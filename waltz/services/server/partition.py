@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +28,22 @@ __all__ = ["ClientConnection", "Partition", "PartitionConfig"]
 log = logging.getLogger(__name__)
 
 
+#: A run of feed entries in columns: client IDs, generations, sequence numbers, headers.
+FeedColumns = tuple[Sequence[int], Sequence[int], Sequence[int], Sequence[int]]
+#: A feed entry as the feed cache keeps it: transaction ID, ReqId, header.
+FeedEntry = tuple[int, ReqId, int]
+
+
+def feed_columns(entries: Sequence[FeedEntry]) -> FeedColumns:
+    """The columns of a ``FeedEntries`` message for ``entries``."""
+    return (
+        [req_id.client_id for _, req_id, _ in entries],
+        [req_id.generation for _, req_id, _ in entries],
+        [req_id.seq_num for _, req_id, _ in entries],
+        [header for _, _, header in entries],
+    )
+
+
 class ClientConnection(Protocol):
     """What a partition needs of a client's stream (implemented by the client service)."""
 
@@ -37,8 +53,9 @@ class ClientConnection(Protocol):
     def send(self, message: client_pb2.ServerMessage) -> None:
         """Queue a message for the client (never blocks)."""
 
-    def send_feed(self, req_id: ReqId, transaction_id: int, header: int) -> None:
-        """Queue a ``FeedData`` entry for the client (never blocks)."""
+    def send_feed(self, partition_id: int, first_transaction_id: int, columns: FeedColumns) -> None:
+        """Queue a ``FeedEntries`` message for the client (never blocks): the consecutive
+        transactions from ``first_transaction_id`` on, one per element of the columns."""
 
     def backlog(self) -> int:
         """Messages queued and not yet written to the stream."""
@@ -454,10 +471,7 @@ class Partition:
                         await asyncio.sleep(0.01)
                         continue
                     entries = [(r.transaction_id, r.req_id, r.header) for r in records]
-                for transaction_id, req_id, header in entries:
-                    if transaction_id == cursor.next_id and (window is None or transaction_id <= window):
-                        connection.send_feed(req_id, transaction_id, header)
-                        cursor.next_id += 1
+                self._feed_run(cursor, entries, window)
         except (WaltzError, TimeoutError) as exc:
             log.warning(
                 "partition %d: feed to connection %d stopped: %s",
@@ -476,13 +490,16 @@ class Partition:
 
     def _committed(self, records: list[Record]) -> None:
         """Called by the store, in order, with newly committed records: cache them and feed them."""
-        entries = []
+        entries: list[FeedEntry] = []
         for record in records:
             entry = (record.transaction_id, record.req_id, record.header)
             self._feed.append(entry)
             entries.append(entry)
             self._data.put(record.transaction_id, record.data, record.checksum)
+        if not entries or not self._cursors:
+            return
         windows = self._windows
+        columns = feed_columns(entries)  # shared by every client that takes the whole run
         for cursor in list(self._cursors.values()):
             if not cursor.realtime:
                 continue
@@ -491,19 +508,46 @@ class Partition:
                 cursor.realtime = False
                 cursor.task = asyncio.get_running_loop().create_task(self._catch_up(cursor, first=False))
                 continue
-            send_feed = cursor.connection.send_feed
-            window = windows.get(cursor.connection.connection_id)
-            for transaction_id, req_id, header in entries:
-                if transaction_id != cursor.next_id:
-                    continue
-                if window is not None and transaction_id > window:
-                    # The client's feed window is full: park until a FeedWindow grants more.
-                    cursor.realtime = False
-                    cursor.parked = True
-                    self.parked_feeds += 1
-                    break
-                send_feed(req_id, transaction_id, header)
-                cursor.next_id += 1
+            if self._feed_run(cursor, entries, windows.get(cursor.connection.connection_id), columns):
+                # The client's feed window is full: park until a FeedWindow grants more.
+                cursor.realtime = False
+                cursor.parked = True
+                self.parked_feeds += 1
+
+    def _feed_run(
+        self,
+        cursor: _Cursor,
+        entries: Sequence[FeedEntry],
+        window: int | None,
+        columns: FeedColumns | None = None,
+    ) -> bool:
+        """Send ``cursor`` the consecutive entries from its next transaction on, up to ``window``,
+        as one ``FeedEntries`` message (``columns``: those of all of ``entries``, if known).
+
+        Returns:
+            True when the window stopped the run before the end of ``entries``.
+        """
+        count = len(entries)
+        if not count:
+            return False
+        first = entries[0][0]
+        start = cursor.next_id - first
+        if start < 0 or start >= count or entries[start][0] != cursor.next_id:
+            return False
+        end = count
+        if entries[-1][0] != first + count - 1:  # not consecutive: the consecutive run from start
+            end = start + 1
+            while end < count and entries[end][0] == first + end:
+                end += 1
+        stopped = window is not None and first + end - 1 > window
+        if window is not None and stopped:
+            end = max(start, window - first + 1)
+        if end > start:
+            if columns is None or start or end != count:
+                columns = feed_columns(entries[start:end])
+            cursor.connection.send_feed(self.partition_id, cursor.next_id, columns)
+            cursor.next_id = first + end
+        return stopped
 
     def _suspend(self, cursor: _Cursor) -> None:
         self._cursors.pop(cursor.connection.connection_id, None)
