@@ -174,10 +174,11 @@ class PendingLocks(Generic[T]):
 
         Returns:
             ``(False, None)`` when no lock is held. ``(True, entry)`` when one is: ``entry`` is the
-            earliest of the latest holders of its slots, the first append after which every one of
-            its slots saw its latest holder (an append holding that very lock is never later).
-            ``(True, None)`` when a held lock's slots have no latest holder left (their latest
-            holders resolved before older ones): held, but no one to name.
+            earliest of the latest holders of its slots. It was held no earlier than any append
+            holding that very lock, so once ``entry`` is committed (commits follow the order
+            appends are held in) so is every such append. ``(True, None)`` when a held lock's
+            slots have no latest holder left (their latest holders resolved before older ones):
+            held, but no one to name.
         """
         counts = self._counts
         if not counts:
