@@ -58,7 +58,7 @@ class ClientConnection(Protocol):
         transactions from ``first_transaction_id`` on, one per element of the columns."""
 
     def backlog(self) -> int:
-        """Messages queued and not yet written to the stream."""
+        """Protocol messages queued and not yet written to the stream (each feed entry counted)."""
 
 
 #: Most transactions one ``GetTransactionDataRange`` call returns.
@@ -81,7 +81,8 @@ class PartitionConfig:
         transaction_data_cache_bytes: at most this many bytes of it
             (``server.transactionDataCacheBytes``).
         feed_page: transactions read from storage per request for far-behind clients.
-        max_backlog: messages queued for one connection before its feed falls back to catch-up.
+        max_backlog: protocol messages (each feed entry counted) queued for one connection before
+            its feed falls back to catch-up.
         max_pending: records queued in the store before appends wait (back pressure).
         max_pending_bytes: bytes of their data queued before appends wait (one append always
             goes when less is queued, however large).
