@@ -1,5 +1,5 @@
-"""Reading the cluster processes' CPU from their metrics (waltz.perf.cost), against real HTTP
-endpoints served by prometheus-client."""
+"""Reading the cluster processes' CPU and the storage nodes' batching from their metrics
+(waltz.perf.cost), against real HTTP endpoints served by prometheus-client."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pytest
 from prometheus_client import CollectorRegistry, Counter, ProcessCollector, start_http_server
 
-from waltz.perf.cost import measure_node_cpu, node_cpu_seconds
+from waltz.perf.cost import measure_nodes, node_cpu_seconds, read_nodes
 from waltz.services.processes import free_port
 
 
@@ -31,10 +31,11 @@ def test_cpu_seconds_come_from_each_nodes_process_collector() -> None:
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     with endpoint(registry) as url:
-        with measure_node_cpu({"server-0": url}) as spent:
+        with measure_nodes({"server-0": url}) as usage:
             sum(i * i for i in range(3_000_000))  # CPU of this process, which the endpoint reports
-        assert spent["server-0"] > 0
-        assert node_cpu_seconds({"server-0": url})["server-0"] > spent["server-0"]
+        assert usage.cpu_seconds["server-0"] > 0
+        assert node_cpu_seconds({"server-0": url})["server-0"] > usage.cpu_seconds["server-0"]
+        assert usage.storage_batches == {}  # no storage counters: not a storage node
 
 
 def test_nodes_that_do_not_answer_or_export_no_cpu_are_left_out(caplog: pytest.LogCaptureFixture) -> None:
@@ -44,10 +45,11 @@ def test_nodes_that_do_not_answer_or_export_no_cpu_are_left_out(caplog: pytest.L
     with (
         endpoint(registry) as bare,
         caplog.at_level(logging.WARNING, logger="waltz.perf.cost"),
-        measure_node_cpu({"storage-0": bare, "storage-1": down}) as spent,
+        measure_nodes({"storage-0": bare, "storage-1": down}) as usage,
     ):
         pass
-    assert spent == {}
+    assert usage.cpu_seconds == {}
+    assert usage.storage_batches == {}
     assert "storage-0 exports no process_cpu_seconds_total" in caplog.text
     assert "cannot read the metrics of storage-1" in caplog.text
 
@@ -77,3 +79,24 @@ def test_an_answer_that_is_not_prometheus_text_is_left_out(caplog: pytest.LogCap
         thread.join(5)
         server.server_close()
     assert "cannot parse the metrics of server-0" in caplog.text
+
+
+def test_storage_batches_are_the_records_and_flushes_of_the_block_over_all_partitions() -> None:
+    """The storage node's counters carry a partition label: the reading sums them; a node that did
+    not flush during the block is left out of the batches (nothing to divide)."""
+    registry = CollectorRegistry()
+    records = Counter("waltz_storage_appended_records", "records", ["partition"], registry=registry)
+    flushes = Counter("waltz_storage_append_flushes", "flushes", ["partition"], registry=registry)
+    records.labels("0").inc(500)
+    flushes.labels("0").inc(7)
+    idle_registry = CollectorRegistry()
+    idle_flushes = Counter("waltz_storage_append_flushes", "flushes", ["partition"], registry=idle_registry)
+    idle_flushes.labels("0").inc(3)
+    with endpoint(registry) as busy, endpoint(idle_registry) as idle:
+        assert read_nodes({"storage-0": busy})["storage-0"].appended_records == 500
+        with measure_nodes({"storage-0": busy, "storage-1": idle}) as usage:
+            records.labels("0").inc(120)
+            records.labels("3").inc(80)
+            flushes.labels("0").inc(3)
+            flushes.labels("3").inc(1)
+        assert usage.storage_batches == {"storage-0": (200.0, 4.0)}

@@ -78,6 +78,13 @@ def test_producer_reports_the_cpu_of_the_client_and_of_every_node(perf_cluster: 
     assert cpu["client"] == pytest.approx(stats.client_cpu_seconds * 1e6 / 1000, abs=0.1)
     line = next(line for line in stats.text().splitlines() if line.startswith("CPU per transaction"))
     assert "server-0" in line and ", all " in line
+    # Every storage node flushed; a flush holds at least one record and at most all 1,000 (plus the
+    # warm-up's). (The replicas' record counts may differ by a last batch: a quorum is two.)
+    batches = stats.records_per_storage_flush()
+    assert set(batches) == {"storage-0", "storage-1", "storage-2"}
+    assert all(1 <= records <= 1200 for records in batches.values())
+    assert stats.summary()["records_per_storage_flush"].keys() == batches.keys()
+    assert any(line.startswith("records per storage flush: storage-0") for line in stats.text().splitlines())
     # without the nodes' URLs (a cluster the run did not start): the client's alone, and said so
     alone = run_producer(config, settings)
     assert list(alone.summary()["cpu_us_per_transaction"]) == ["client"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from waltz.client import Transaction, WaltzClient, WaltzClientConfig
 from waltz.errors import WaltzTimeoutError
-from waltz.perf.cost import measure_node_cpu
+from waltz.perf.cost import measure_nodes
 from waltz.perf.loadgen import LoadSpec, payload_submit_time
 from waltz.perf.producer import (
     MOUNT_TIMEOUT,
@@ -184,10 +184,10 @@ def run_consumer(
         produced = run_producer(config, producer_settings, metrics_urls)
         targets = {p: m for p, m in current_high_water_marks(config).items() if p in partitions}
         cpu_started = time.process_time()
-        with measure_node_cpu(metrics_urls or {}) as node_cpu:
+        with measure_nodes(metrics_urls or {}) as usage:
             with WaltzClient(callbacks, reader_config) as reader:
                 reader.set_partitions(partitions)
                 read(targets)
             callbacks.stats.client_cpu_seconds = time.process_time() - cpu_started
-        callbacks.stats.node_cpu_seconds = node_cpu
+        callbacks.stats.node_cpu_seconds = usage.cpu_seconds
     return ConsumerReport(callbacks.stats, produced)

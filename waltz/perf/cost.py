@@ -1,9 +1,12 @@
-"""What a perf run costs in CPU: the cluster processes' CPU seconds, read from their metrics.
+"""What a perf run costs in CPU, and how well the storage nodes batched, read from the nodes' metrics.
 
 Servers and storage nodes export ``process_cpu_seconds_total`` (prometheus-client's process
 collector) on ``/metrics``; a run reads it from every node before and after, so that
 ``waltz perf producer`` can say how many microseconds of CPU each process spent per committed
 transaction, beside the client processes' own (``time.process_time`` around the measured phase).
+From the same readings come the records each storage node wrote per flush (fsync), from
+``waltz_storage_appended_records_total`` and ``waltz_storage_append_flushes_total``: a storage
+node's CPU per transaction falls as its batches grow (``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -12,15 +15,72 @@ import logging
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["CPU_METRIC", "measure_node_cpu", "node_cpu_seconds"]
+__all__ = ["CPU_METRIC", "NodeReading", "NodeUsage", "measure_nodes", "node_cpu_seconds", "read_nodes"]
 
 log = logging.getLogger(__name__)
 
 #: The family of prometheus-client's process collector that counts user + system CPU seconds.
 CPU_METRIC = "process_cpu_seconds"
+
+
+#: Storage node counters (summed over partitions) of the records appended and of the flushes.
+RECORDS_METRIC = "waltz_storage_appended_records"
+FLUSHES_METRIC = "waltz_storage_append_flushes"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReading:
+    """What one node's ``/metrics`` said.
+
+    Attributes:
+        cpu_seconds: user + system CPU seconds of its process so far; None when not exported.
+        appended_records: records a storage node appended so far, all partitions (0 elsewhere).
+        append_flushes: its flushes (one fsync each) so far (0 elsewhere).
+    """
+
+    cpu_seconds: float | None
+    appended_records: float = 0.0
+    append_flushes: float = 0.0
+
+
+def read_nodes(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, NodeReading]:
+    """Read each node's ``/metrics`` endpoint.
+
+    Args:
+        urls: ``/metrics`` URL of each node, by name (``LocalCluster.metrics_urls()``).
+        timeout: seconds to wait for each node.
+
+    Returns:
+        The reading of each node that answered with Prometheus text; a node that does not answer,
+        or answers what does not parse, is left out with a warning in the log.
+    """
+    readings: dict[str, NodeReading] = {}
+    for name, url in urls.items():
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                text = response.read().decode("utf-8")
+        except OSError as exc:
+            log.warning("cannot read the metrics of %s at %s: %s", name, url, exc)
+            continue
+        cpu: float | None = None
+        totals = {RECORDS_METRIC: 0.0, FLUSHES_METRIC: 0.0}
+        try:
+            for family in text_string_to_metric_families(text):
+                if family.name == CPU_METRIC:
+                    cpu = float(family.samples[0].value)
+                elif family.name in totals:
+                    totals[family.name] = sum(
+                        sample.value for sample in family.samples if sample.name.endswith("_total")
+                    )
+        except (ValueError, IndexError) as exc:  # not the Prometheus text format
+            log.warning("cannot parse the metrics of %s at %s: %s", name, url, exc)
+            continue
+        readings[name] = NodeReading(cpu, totals[RECORDS_METRIC], totals[FLUSHES_METRIC])
+    return readings
 
 
 def node_cpu_seconds(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, float]:
@@ -35,40 +95,53 @@ def node_cpu_seconds(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str,
         Prometheus text), or exports no ``process_cpu_seconds_total`` (not on Linux), is left out
         with a warning in the log.
     """
+    return _cpu_of(read_nodes(urls, timeout), urls)
+
+
+def _cpu_of(readings: Mapping[str, NodeReading], urls: Mapping[str, str]) -> dict[str, float]:
     seconds: dict[str, float] = {}
-    for name, url in urls.items():
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
-                text = response.read().decode("utf-8")
-        except OSError as exc:
-            log.warning("cannot read the metrics of %s at %s: %s", name, url, exc)
-            continue
-        try:
-            value = next(
-                (f.samples[0].value for f in text_string_to_metric_families(text) if f.name == CPU_METRIC),
-                None,
-            )
-        except (ValueError, IndexError) as exc:  # not the Prometheus text format
-            log.warning("cannot parse the metrics of %s at %s: %s", name, url, exc)
-            continue
-        if value is None:
-            log.warning("%s exports no %s_total at %s", name, CPU_METRIC, url)
+    for name, reading in readings.items():
+        if reading.cpu_seconds is None:
+            log.warning("%s exports no %s_total at %s", name, CPU_METRIC, urls[name])
         else:
-            seconds[name] = float(value)
+            seconds[name] = reading.cpu_seconds
     return seconds
 
 
-@contextmanager
-def measure_node_cpu(urls: Mapping[str, str]) -> Iterator[dict[str, float]]:
-    """Yield a dict that holds, once the block ends, each node's CPU seconds spent during it.
+@dataclass(slots=True)
+class NodeUsage:
+    """What the nodes spent during a :func:`measure_nodes` block (filled in when it ends).
 
-    Nodes missing from either reading (unreachable, restarted in between: the counter went
-    down) are left out.
+    Attributes:
+        cpu_seconds: CPU seconds each node's process spent, by name.
+        storage_batches: for each storage node that flushed: ``(records, flushes)`` appended and
+            made durable during the block.
     """
-    spent: dict[str, float] = {}
-    before = node_cpu_seconds(urls)
-    yield spent
-    after = node_cpu_seconds(urls)
-    for name, value in after.items():
-        if name in before and value >= before[name]:
-            spent[name] = value - before[name]
+
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
+    storage_batches: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+@contextmanager
+def measure_nodes(urls: Mapping[str, str]) -> Iterator[NodeUsage]:
+    """Yield a :class:`NodeUsage` that holds, once the block ends, what each node spent during it.
+
+    Nodes missing from either reading (unreachable, restarted in between: a counter went down)
+    are left out.
+    """
+    usage = NodeUsage()
+    before = read_nodes(urls)
+    yield usage
+    after = read_nodes(urls)
+    cpu_before, cpu_after = _cpu_of(before, urls), _cpu_of(after, urls)
+    for name, value in cpu_after.items():
+        if name in cpu_before and value >= cpu_before[name]:
+            usage.cpu_seconds[name] = value - cpu_before[name]
+    for name, reading in after.items():
+        earlier = before.get(name)
+        if earlier is None:
+            continue
+        flushes = reading.append_flushes - earlier.append_flushes
+        records = reading.appended_records - earlier.appended_records
+        if flushes > 0 and records >= 0:
+            usage.storage_batches[name] = (records, flushes)

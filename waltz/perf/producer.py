@@ -32,7 +32,7 @@ from waltz.client import (
     WaltzClientCallbacks,
     WaltzClientConfig,
 )
-from waltz.perf.cost import measure_node_cpu
+from waltz.perf.cost import measure_nodes
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
 from waltz.perf.stats import RunStats
 from waltz.tuning import tuned_garbage_collector
@@ -249,7 +249,8 @@ def run_producer(
         settings: clients and load.
         metrics_urls: ``/metrics`` URL of each cluster process by name
             (``LocalCluster.metrics_urls()``), to report their CPU per transaction
-            (``RunStats.node_cpu_seconds``); None or empty: the client's CPU alone.
+            (``RunStats.node_cpu_seconds``) and the storage nodes' records per flush
+            (``RunStats.storage_batches``); None or empty: the client's CPU alone.
 
     Returns:
         The merged stats of the measured phase (warm-up excluded); throughput is the committed
@@ -263,9 +264,10 @@ def run_producer(
     """
     if config.client_max_concurrent_transactions < settings.load.max_in_flight:
         config = config.model_copy(update={"client_max_concurrent_transactions": settings.load.max_in_flight})
-    with measure_node_cpu(metrics_urls or {}) as node_cpu:
+    with measure_nodes(metrics_urls or {}) as usage:
         stats = _run_clients(config, settings)
-    stats.node_cpu_seconds = node_cpu
+    stats.node_cpu_seconds = usage.cpu_seconds
+    stats.storage_batches = usage.storage_batches
     return stats
 
 

@@ -114,6 +114,9 @@ class RunStats:
             when the nodes are unknown: a cluster the run did not start). Read from the nodes'
             ``process_cpu_seconds_total``, from before the clients connect to after they end (their
             mount and warm-up included).
+        storage_batches: for each storage node of the run, ``(records, flushes)`` it appended and
+            made durable over the same span (``waltz_storage_*_total``); see
+            :meth:`records_per_storage_flush`.
     """
 
     committed: int = 0
@@ -126,6 +129,7 @@ class RunStats:
     errors: list[str] = field(default_factory=list)
     client_cpu_seconds: float = 0.0
     node_cpu_seconds: dict[str, float] = field(default_factory=dict)
+    storage_batches: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:
@@ -155,6 +159,11 @@ class RunStats:
         spent = {"client": self.client_cpu_seconds} if self.client_cpu_seconds else {}
         spent.update(self.node_cpu_seconds)
         return {name: seconds * 1e6 / self.committed for name, seconds in spent.items()}
+
+    def records_per_storage_flush(self) -> dict[str, float]:
+        """Records each storage node wrote per flush (fsync) on average, by name (nodes that
+        flushed); the larger, the less CPU per transaction a storage node spends."""
+        return {name: records / flushes for name, (records, flushes) in self.storage_batches.items()}
 
     def merge(self, other: RunStats) -> None:
         """Add another client's figures: counts add up, the phase spans both, histograms merge."""
@@ -208,7 +217,8 @@ class RunStats:
         ``mb_per_second``, ``retries``, ``retries_per_transaction``, ``latency_ms`` (``p50``,
         ``p90``, ``p99``, ``p99.9``, ``max``, ``mean``, ``count``; values NaN-free: None when no
         latency was recorded), ``cpu_us_per_transaction`` (:meth:`cpu_microseconds_per_transaction`,
-        rounded) and ``errors``.
+        rounded), ``records_per_storage_flush`` (:meth:`records_per_storage_flush`, rounded) and
+        ``errors``.
         """
         latency: dict[str, float | int | None] = {}
         for p in PERCENTILES:
@@ -228,6 +238,9 @@ class RunStats:
             "latency_ms": latency,
             "cpu_us_per_transaction": {
                 name: round(us, 1) for name, us in self.cpu_microseconds_per_transaction().items()
+            },
+            "records_per_storage_flush": {
+                name: round(records, 1) for name, records in self.records_per_storage_flush().items()
             },
             "errors": list(self.errors),
         }
@@ -256,5 +269,9 @@ class RunStats:
             known = self.node_cpu_seconds
             nodes = f", all {sum(cpu.values()):,.0f}" if known else " (cluster processes unknown)"
             lines.append(f"CPU per transaction (µs): {parts}{nodes}")
+        batches = self.records_per_storage_flush()
+        if batches:
+            parts = ", ".join(f"{name} {records:,.1f}" for name, records in batches.items())
+            lines.append(f"records per storage flush: {parts}")
         lines += [f"error: {e}" for e in self.errors]
         return "\n".join(lines)
