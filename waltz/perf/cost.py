@@ -19,7 +19,16 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["CPU_METRIC", "NodeReading", "NodeUsage", "measure_nodes", "node_cpu_seconds", "read_nodes"]
+__all__ = [
+    "CPU_METRIC",
+    "FLUSHES_METRIC",
+    "RECORDS_METRIC",
+    "NodeReading",
+    "NodeUsage",
+    "measure_nodes",
+    "node_cpu_seconds",
+    "read_nodes",
+]
 
 log = logging.getLogger(__name__)
 
