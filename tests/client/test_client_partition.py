@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from support.feed import feed_run
+
 from waltz import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
 from waltz.client.context import AppendPayload
 from waltz.client.partition import ClientPartition, PartitionState
@@ -103,14 +105,7 @@ class Data(TransactionContext):
 
 def feed(req_id: ReqId, transaction_id: int) -> client_pb2.FeedEntries:
     """A run of one feed entry."""
-    return client_pb2.FeedEntries(
-        partition_id=req_id.partition_id,
-        first_transaction_id=transaction_id,
-        client_ids=[req_id.client_id],
-        generations=[req_id.generation],
-        seq_nums=[req_id.seq_num],
-        headers=[0],
-    )
+    return feed_run(transaction_id, [req_id], partition_id=req_id.partition_id)
 
 
 def other(seq: int) -> ReqId:
@@ -266,14 +261,7 @@ def test_reconnect_mounts_from_the_lower_mark_and_fails_pending_appends_at_the_r
 
 def run_of(first: int, *req_ids: ReqId) -> client_pb2.FeedEntries:
     """A run of feed entries: transactions ``first``, ``first + 1``, ... appended as ``req_ids``."""
-    return client_pb2.FeedEntries(
-        partition_id=0,
-        first_transaction_id=first,
-        client_ids=[r.client_id for r in req_ids],
-        generations=[r.generation for r in req_ids],
-        seq_nums=[r.seq_num for r in req_ids],
-        headers=[r.seq_num * 10 for r in req_ids],
-    )
+    return feed_run(first, req_ids, [r.seq_num * 10 for r in req_ids])
 
 
 def test_a_run_of_feed_entries_is_each_entry_in_turn() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from fuzz_settings import fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
+from support.feed import feed_run
 
 from waltz import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
 from waltz.client.context import AppendPayload
@@ -119,14 +120,7 @@ REQ_IDS = st.builds(
 
 def _feed_entries(first: int, req_ids: list[common_pb2.ReqId], drop: int | None) -> client_pb2.FeedEntries:
     """A run of feed entries; ``drop`` removes one column's last element (a malformed run)."""
-    run = client_pb2.FeedEntries(
-        partition_id=0,
-        first_transaction_id=first,
-        client_ids=[r.client_id for r in req_ids],
-        generations=[r.generation for r in req_ids],
-        seq_nums=[r.seq_num for r in req_ids],
-        headers=[1] * len(req_ids),
-    )
+    run = feed_run(first, req_ids, [1] * len(req_ids))
     if drop is not None and req_ids:
         column = (run.client_ids, run.generations, run.seq_nums, run.headers)[drop]
         del column[-1]

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
 
 from waltz.protocol import client_pb2, common_pb2
 
-__all__ = ["FeedEntry", "feed_entries"]
+__all__ = ["FeedEntry", "feed_entries", "feed_run"]
+
+
+class _ReqIdLike(Protocol):
+    """A ReqId, protobuf or ``waltz.protocol.records.ReqId``."""
+
+    @property
+    def client_id(self) -> int: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def seq_num(self) -> int: ...
 
 
 class FeedEntry(NamedTuple):
@@ -31,3 +43,18 @@ def feed_entries(run: client_pb2.FeedEntries) -> list[FeedEntry]:
         )
         for index, (client_id, generation, seq_num, header) in enumerate(zip(*columns, strict=True))
     ]
+
+
+def feed_run(
+    first: int, req_ids: Sequence[_ReqIdLike], headers: Sequence[int] | None = None, partition_id: int = 0
+) -> client_pb2.FeedEntries:
+    """A run of feed entries as a server sends it: transactions ``first``, ``first + 1``, ...
+    appended as ``req_ids``, with ``headers`` (default 0 each)."""
+    return client_pb2.FeedEntries(
+        partition_id=partition_id,
+        first_transaction_id=first,
+        client_ids=[r.client_id for r in req_ids],
+        generations=[r.generation for r in req_ids],
+        seq_nums=[r.seq_num for r in req_ids],
+        headers=list(headers) if headers is not None else [0] * len(req_ids),
+    )

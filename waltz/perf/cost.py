@@ -104,12 +104,8 @@ def node_cpu_seconds(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str,
         Prometheus text), or exports no ``process_cpu_seconds_total`` (not on Linux), is left out
         with a warning in the log.
     """
-    return _cpu_of(read_nodes(urls, timeout), urls)
-
-
-def _cpu_of(readings: Mapping[str, NodeReading], urls: Mapping[str, str]) -> dict[str, float]:
     seconds: dict[str, float] = {}
-    for name, reading in readings.items():
+    for name, reading in read_nodes(urls, timeout).items():
         if reading.cpu_seconds is None:
             log.warning("%s exports no %s_total at %s", name, CPU_METRIC, urls[name])
         else:
@@ -142,14 +138,14 @@ def measure_nodes(urls: Mapping[str, str]) -> Iterator[NodeUsage]:
     before = read_nodes(urls)
     yield usage
     after = read_nodes(urls)
-    cpu_before, cpu_after = _cpu_of(before, urls), _cpu_of(after, urls)
-    for name, value in cpu_after.items():
-        if name in cpu_before and value >= cpu_before[name]:
-            usage.cpu_seconds[name] = value - cpu_before[name]
     for name, reading in after.items():
         earlier = before.get(name)
         if earlier is None:
             continue
+        if reading.cpu_seconds is None or earlier.cpu_seconds is None:
+            log.warning("%s exports no %s_total at %s", name, CPU_METRIC, urls[name])
+        elif reading.cpu_seconds >= earlier.cpu_seconds:
+            usage.cpu_seconds[name] = reading.cpu_seconds - earlier.cpu_seconds
         flushes = reading.append_flushes - earlier.append_flushes
         records = reading.appended_records - earlier.appended_records
         if flushes > 0 and records >= 0:

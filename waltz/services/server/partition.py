@@ -196,7 +196,7 @@ class Partition:
         self._observe_commit = observe_commit
         self._lock_table: LockTable | None = None
         self._pending_locks: PendingLocks[_InFlight] = PendingLocks()  # locks of unresolved appends
-        self._feed: deque[tuple[int, ReqId, int]] = deque(maxlen=self.config.feed_cache_size)
+        self._feed: deque[FeedEntry] = deque(maxlen=self.config.feed_cache_size)
         self._data = TransactionDataCache(
             self.config.transaction_data_cache_size, self.config.transaction_data_cache_bytes
         )
@@ -482,7 +482,7 @@ class Partition:
             )
             self._suspend(cursor)
 
-    def _cached(self, transaction_id: int) -> list[tuple[int, ReqId, int]] | None:
+    def _cached(self, transaction_id: int) -> list[FeedEntry] | None:
         feed = self._feed
         if not feed or feed[0][0] > transaction_id:
             return None
