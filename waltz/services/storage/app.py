@@ -35,6 +35,7 @@ class StorageApp:
             config.directory,
             segment_size_threshold=config.segment_size_threshold,
             checkpoint_interval=config.checkpoint_interval,
+            inline_appends=config.inline_appends,
         )
         self._servers: list[grpc.aio.Server] = []
         self._http: HealthHttpServer | None = None

@@ -1,0 +1,144 @@
+"""Where :meth:`StorageNode.run` runs a partition's work: its I/O thread, or the event loop for an
+append of the only partition appending (``storage.inlineAppends``); work of a partition stays in
+order either way."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from waltz.services.storage.node import INLINE_QUIET_SECONDS, StorageNode
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[StorageNode]:
+    node = StorageNode(tmp_path / "storage", inline_appends=True)
+    node.start()
+    node.admin_open(str(uuid.uuid4()), 2)
+    node.set_assignment(0, True)
+    node.set_assignment(1, True)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+def _thread_name() -> str:
+    return threading.current_thread().name
+
+
+def test_an_append_of_the_only_writing_partition_runs_on_the_loop(node: StorageNode) -> None:
+    async def scenario() -> tuple[str, str, str]:
+        loop_thread = _thread_name()
+        append = await node.run(0, _thread_name, append=True)
+        other = await node.run(0, _thread_name)  # not an append: always the I/O thread
+        return loop_thread, append, other
+
+    loop_thread, append, other = asyncio.run(scenario())
+    assert append == loop_thread
+    assert other.startswith("partition-0")
+    assert node.inline_runs == 1
+
+
+def test_appends_go_to_the_io_thread_while_another_partition_appends(node: StorageNode) -> None:
+    async def scenario() -> list[str]:
+        names = [await node.run(1, _thread_name, append=True)]  # partition 1 alone: inline
+        names.append(await node.run(0, _thread_name, append=True))  # 1 appended just now
+        names.append(await node.run(1, _thread_name, append=True))  # and 0 too
+        return names
+
+    first, second, third = asyncio.run(scenario())
+    assert not first.startswith("partition-")
+    assert second.startswith("partition-0")
+    assert third.startswith("partition-1")
+    assert node.inline_runs == 1
+
+
+def test_appends_run_inline_again_once_the_other_partition_is_quiet(node: StorageNode) -> None:
+    async def scenario() -> tuple[str, str]:
+        await node.run(1, _thread_name, append=True)
+        busy = await node.run(0, _thread_name, append=True)
+        await asyncio.sleep(INLINE_QUIET_SECONDS * 1.5)
+        return busy, await node.run(0, _thread_name, append=True)
+
+    busy, quiet = asyncio.run(scenario())
+    assert busy.startswith("partition-0")
+    assert not quiet.startswith("partition-")
+
+
+def test_an_append_waits_behind_work_queued_on_the_partition_thread(node: StorageNode) -> None:
+    """Order within a partition: an append never overtakes earlier work still on the I/O thread."""
+    order: list[str] = []
+    release = threading.Event()
+
+    def slow() -> str:
+        assert release.wait(10)
+        order.append("slow")
+        return _thread_name()
+
+    def append() -> str:
+        order.append("append")
+        return _thread_name()
+
+    async def scenario() -> tuple[str, str]:
+        first = asyncio.ensure_future(node.run(0, slow))
+        await asyncio.sleep(0)  # the slow work is on the partition's thread now
+        second = asyncio.ensure_future(node.run(0, append, append=True))
+        await asyncio.sleep(0.05)
+        assert order == []  # the append did not run ahead on the loop
+        release.set()
+        return await first, await second
+
+    slow_thread, append_thread = asyncio.run(scenario())
+    assert order == ["slow", "append"]
+    assert slow_thread.startswith("partition-0") and append_thread.startswith("partition-0")
+    assert node.inline_runs == 0
+
+
+def test_no_inline_append_while_the_node_lock_is_held(node: StorageNode) -> None:
+    """An assignment change (or a close) holds the node lock: an append then takes the I/O thread."""
+    held = threading.Event()
+    done = threading.Event()
+
+    def hold_lock() -> None:
+        with node._lock:
+            held.set()
+            done.wait(10)
+
+    asyncio.run(node.run(0, _thread_name))  # the partition's thread exists (made under the lock)
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    try:
+        assert held.wait(10)
+        name = asyncio.run(node.run(0, _thread_name, append=True))
+    finally:
+        done.set()
+        holder.join(10)
+    assert name.startswith("partition-0")
+    assert node.inline_runs == 0
+
+
+def test_inline_appends_off_keeps_every_append_on_the_io_thread(tmp_path: Path) -> None:
+    with StorageNode(tmp_path / "storage") as node:
+        node.admin_open(str(uuid.uuid4()), 1)
+        node.set_assignment(0, True)
+        name = asyncio.run(node.run(0, _thread_name, append=True))
+    assert name.startswith("partition-0")
+    assert node.inline_runs == 0
+
+
+def test_an_inline_append_raises_what_its_work_raises(node: StorageNode) -> None:
+    def fail() -> None:
+        raise ValueError("bad records")
+
+    with pytest.raises(ValueError, match="bad records"):
+        asyncio.run(node.run(0, fail, append=True))
+    assert node.inline_runs == 1
+    # The lock was released: the node still changes its assignment.
+    node.set_assignment(1, False)
+    assert node.assigned_partitions() == [0]
