@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, start_http_server
 
 from waltz.perf.cost import measure_nodes, node_cpu_seconds, read_nodes
 from waltz.services.processes import free_port
@@ -100,3 +100,24 @@ def test_storage_batches_are_the_records_and_flushes_of_the_block_over_all_parti
             flushes.labels("0").inc(3)
             flushes.labels("3").inc(1)
         assert usage.storage_batches == {"storage-0": (200.0, 4.0)}
+
+
+def test_server_commits_are_the_commit_seconds_and_count_of_the_block() -> None:
+    """A server's commit histogram gives the mean receipt-to-commit time of the block's commits;
+    a server without commits during the block (or without the histogram) is left out."""
+    registry = CollectorRegistry()
+    commits = Histogram("waltz_server_commit_seconds", "commits", registry=registry)
+    commits.observe(1.0)  # before the block: not counted
+    idle_registry = CollectorRegistry()
+    Histogram("waltz_server_commit_seconds", "commits", registry=idle_registry).observe(0.5)
+    with endpoint(registry) as busy, endpoint(idle_registry) as idle:
+        reading = read_nodes({"server-0": busy})["server-0"]
+        assert (reading.commit_seconds, reading.commits) == (1.0, 1.0)
+        with measure_nodes({"server-0": busy, "server-1": idle}) as usage:
+            for seconds in (0.002, 0.004, 0.009):
+                commits.observe(seconds)
+    assert usage.server_commits.keys() == {"server-0"}
+    total, count = usage.server_commits["server-0"]
+    assert count == 3
+    assert total == pytest.approx(0.015)
+    assert usage.storage_batches == {}

@@ -85,9 +85,18 @@ def test_producer_reports_the_cpu_of_the_client_and_of_every_node(perf_cluster: 
     assert all(1 <= records <= 1200 for records in batches.values())
     assert stats.summary()["records_per_storage_flush"].keys() == batches.keys()
     assert any(line.startswith("records per storage flush: storage-0") for line in stats.text().splitlines())
+    # The server committed every transaction after a storage round trip (well over 10 µs) and
+    # within what the client saw as its slowest submit-to-commit latency (give or take warm-up).
+    commit_ms = stats.server_commit_ms()
+    assert set(commit_ms) == {"server-0"}
+    assert 0.01 < commit_ms["server-0"] <= stats.latency.max_ms()
+    assert stats.summary()["server_commit_ms"].keys() == {"server-0"}
+    lines = stats.text().splitlines()
+    assert any(line.startswith("server receipt->commit, mean (ms): server-0") for line in lines)
     # without the nodes' URLs (a cluster the run did not start): the client's alone, and said so
     alone = run_producer(config, settings)
     assert list(alone.summary()["cpu_us_per_transaction"]) == ["client"]
+    assert alone.server_commit_ms() == {}
     assert "(cluster processes unknown)" in alone.text()
     # a catch-up read measures the reading client and the nodes while it reads
     report = run_consumer(config, ConsumerSettings(200, max_in_flight=50), perf_cluster.metrics_urls())

@@ -6,7 +6,10 @@ collector) on ``/metrics``; a run reads it from every node before and after, so 
 transaction, beside the client processes' own (``time.process_time`` around the measured phase).
 From the same readings come the records each storage node wrote per flush (fsync), from
 ``waltz_storage_appended_records_total`` and ``waltz_storage_append_flushes_total``: a storage
-node's CPU per transaction falls as its batches grow (``benchmarks/RESULTS.md``).
+node's CPU per transaction falls as its batches grow (``benchmarks/RESULTS.md``). And from each
+server's ``waltz_server_commit_seconds`` histogram (its ``_sum`` and ``_count``), the mean time
+from receiving an append to its commit (quorum of replicas durable): the part of a client's
+submit-to-commit latency spent in the server and the storage nodes.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = [
+    "COMMIT_METRIC",
     "CPU_METRIC",
     "FLUSHES_METRIC",
     "RECORDS_METRIC",
@@ -39,6 +43,8 @@ CPU_METRIC = "process_cpu_seconds"
 #: Storage node counters (summed over partitions) of the records appended and of the flushes.
 RECORDS_METRIC = "waltz_storage_appended_records"
 FLUSHES_METRIC = "waltz_storage_append_flushes"
+#: A server's histogram of the seconds from receiving an append to its commit.
+COMMIT_METRIC = "waltz_server_commit_seconds"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +55,16 @@ class NodeReading:
         cpu_seconds: user + system CPU seconds of its process so far; None when not exported.
         appended_records: records a storage node appended so far, all partitions (0 elsewhere).
         append_flushes: its flushes (one fsync each) so far (0 elsewhere).
+        commit_seconds: seconds a server's commits took so far, summed (receipt to commit; 0
+            elsewhere).
+        commits: the commits they add up (0 elsewhere).
     """
 
     cpu_seconds: float | None
     appended_records: float = 0.0
     append_flushes: float = 0.0
+    commit_seconds: float = 0.0
+    commits: float = 0.0
 
 
 def read_nodes(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, NodeReading]:
@@ -77,6 +88,7 @@ def read_nodes(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, NodeR
             continue
         cpu: float | None = None
         totals = {RECORDS_METRIC: 0.0, FLUSHES_METRIC: 0.0}
+        commit_seconds = commits = 0.0
         try:
             for family in text_string_to_metric_families(text):
                 if family.name == CPU_METRIC:
@@ -85,10 +97,18 @@ def read_nodes(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, NodeR
                     totals[family.name] = sum(
                         sample.value for sample in family.samples if sample.name.endswith("_total")
                     )
+                elif family.name == COMMIT_METRIC:
+                    for sample in family.samples:
+                        if sample.name == f"{COMMIT_METRIC}_sum":
+                            commit_seconds += sample.value
+                        elif sample.name == f"{COMMIT_METRIC}_count":
+                            commits += sample.value
         except (ValueError, IndexError) as exc:  # not the Prometheus text format
             log.warning("cannot parse the metrics of %s at %s: %s", name, url, exc)
             continue
-        readings[name] = NodeReading(cpu, totals[RECORDS_METRIC], totals[FLUSHES_METRIC])
+        readings[name] = NodeReading(
+            cpu, totals[RECORDS_METRIC], totals[FLUSHES_METRIC], commit_seconds, commits
+        )
     return readings
 
 
@@ -121,10 +141,13 @@ class NodeUsage:
         cpu_seconds: CPU seconds each node's process spent, by name.
         storage_batches: for each storage node that flushed: ``(records, flushes)`` appended and
             made durable during the block.
+        server_commits: for each server that committed: ``(seconds, commits)``, the receipt-to-commit
+            seconds of its commits during the block, summed, and their number.
     """
 
     cpu_seconds: dict[str, float] = field(default_factory=dict)
     storage_batches: dict[str, tuple[float, float]] = field(default_factory=dict)
+    server_commits: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @contextmanager
@@ -150,3 +173,7 @@ def measure_nodes(urls: Mapping[str, str]) -> Iterator[NodeUsage]:
         records = reading.appended_records - earlier.appended_records
         if flushes > 0 and records >= 0:
             usage.storage_batches[name] = (records, flushes)
+        commits = reading.commits - earlier.commits
+        commit_seconds = reading.commit_seconds - earlier.commit_seconds
+        if commits > 0 and commit_seconds >= 0:
+            usage.server_commits[name] = (commit_seconds, commits)

@@ -249,8 +249,9 @@ def run_producer(
         settings: clients and load.
         metrics_urls: ``/metrics`` URL of each cluster process by name
             (``LocalCluster.metrics_urls()``), to report their CPU per transaction
-            (``RunStats.node_cpu_seconds``) and the storage nodes' records per flush
-            (``RunStats.storage_batches``); None or empty: the client's CPU alone.
+            (``RunStats.node_cpu_seconds``), the storage nodes' records per flush
+            (``RunStats.storage_batches``) and the servers' receipt-to-commit time
+            (``RunStats.server_commits``); None or empty: the client's CPU alone.
 
     Returns:
         The merged stats of the measured phase (warm-up excluded); throughput is the committed
@@ -268,6 +269,7 @@ def run_producer(
         stats = _run_clients(config, settings)
     stats.node_cpu_seconds = usage.cpu_seconds
     stats.storage_batches = usage.storage_batches
+    stats.server_commits = usage.server_commits
     return stats
 
 

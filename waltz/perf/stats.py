@@ -117,6 +117,9 @@ class RunStats:
         storage_batches: for each storage node of the run, ``(records, flushes)`` it appended and
             made durable over the same span (``waltz_storage_*_total``); see
             :meth:`records_per_storage_flush`.
+        server_commits: for each server of the run, ``(seconds, commits)``: the seconds from
+            receiving an append to its commit, summed over its commits, and their number
+            (``waltz_server_commit_seconds``); see :meth:`server_commit_ms`.
     """
 
     committed: int = 0
@@ -130,6 +133,7 @@ class RunStats:
     client_cpu_seconds: float = 0.0
     node_cpu_seconds: dict[str, float] = field(default_factory=dict)
     storage_batches: dict[str, tuple[float, float]] = field(default_factory=dict)
+    server_commits: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:
@@ -164,6 +168,12 @@ class RunStats:
         """Records each storage node wrote per flush (fsync) on average, by name (nodes that
         flushed); the larger, the less CPU per transaction a storage node spends."""
         return {name: records / flushes for name, (records, flushes) in self.storage_batches.items()}
+
+    def server_commit_ms(self) -> dict[str, float]:
+        """Mean milliseconds from a server receiving an append to its commit (a quorum of
+        replicas durable), by server (servers that committed): the share of the submit-to-commit
+        latency spent in the cluster rather than in the client and on the way."""
+        return {name: seconds * 1e3 / commits for name, (seconds, commits) in self.server_commits.items()}
 
     def merge(self, other: RunStats) -> None:
         """Add another client's figures: counts add up, the phase spans both, histograms merge."""
@@ -217,8 +227,8 @@ class RunStats:
         ``mb_per_second``, ``retries``, ``retries_per_transaction``, ``latency_ms`` (``p50``,
         ``p90``, ``p99``, ``p99.9``, ``max``, ``mean``, ``count``; values NaN-free: None when no
         latency was recorded), ``cpu_us_per_transaction`` (:meth:`cpu_microseconds_per_transaction`,
-        rounded), ``records_per_storage_flush`` (:meth:`records_per_storage_flush`, rounded) and
-        ``errors``.
+        rounded), ``records_per_storage_flush`` (:meth:`records_per_storage_flush`, rounded),
+        ``server_commit_ms`` (:meth:`server_commit_ms`, rounded) and ``errors``.
         """
         latency: dict[str, float | int | None] = {}
         for p in PERCENTILES:
@@ -242,6 +252,7 @@ class RunStats:
             "records_per_storage_flush": {
                 name: round(records, 1) for name, records in self.records_per_storage_flush().items()
             },
+            "server_commit_ms": {name: round(ms, 3) for name, ms in self.server_commit_ms().items()},
             "errors": list(self.errors),
         }
 
@@ -273,5 +284,9 @@ class RunStats:
         if batches:
             parts = ", ".join(f"{name} {records:,.1f}" for name, records in batches.items())
             lines.append(f"records per storage flush: {parts}")
+        commits = self.server_commit_ms()
+        if commits:
+            parts = ", ".join(f"{name} {ms:,.2f}" for name, ms in commits.items())
+            lines.append(f"server receipt->commit, mean (ms): {parts}")
         lines += [f"error: {e}" for e in self.errors]
         return "\n".join(lines)
