@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from waltz.services.storage.node import INLINE_QUIET_SECONDS, StorageNode
+from waltz.services.storage.node import INLINE_MAX_BYTES, INLINE_QUIET_SECONDS, StorageNode
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def _thread_name() -> str:
 def test_an_append_of_the_only_writing_partition_runs_on_the_loop(node: StorageNode) -> None:
     async def scenario() -> tuple[str, str, str]:
         loop_thread = _thread_name()
-        append = await node.run(0, _thread_name, append=True)
+        append = await node.run(0, _thread_name, append_bytes=100)
         other = await node.run(0, _thread_name)  # not an append: always the I/O thread
         return loop_thread, append, other
 
@@ -45,11 +45,25 @@ def test_an_append_of_the_only_writing_partition_runs_on_the_loop(node: StorageN
     assert node.inline_runs == 1
 
 
+def test_a_large_append_goes_to_the_io_thread(node: StorageNode) -> None:
+    """Writing and flushing many bytes would hold up the node's other streams: not on the loop."""
+
+    async def scenario() -> tuple[str, str]:
+        large = await node.run(0, _thread_name, append_bytes=INLINE_MAX_BYTES + 1)
+        small = await node.run(0, _thread_name, append_bytes=INLINE_MAX_BYTES)
+        return large, small
+
+    large, small = asyncio.run(scenario())
+    assert large.startswith("partition-0")
+    assert not small.startswith("partition-")
+    assert node.inline_runs == 1
+
+
 def test_appends_go_to_the_io_thread_while_another_partition_appends(node: StorageNode) -> None:
     async def scenario() -> list[str]:
-        names = [await node.run(1, _thread_name, append=True)]  # partition 1 alone: inline
-        names.append(await node.run(0, _thread_name, append=True))  # 1 appended just now
-        names.append(await node.run(1, _thread_name, append=True))  # and 0 too
+        names = [await node.run(1, _thread_name, append_bytes=100)]  # partition 1 alone: inline
+        names.append(await node.run(0, _thread_name, append_bytes=100))  # 1 appended just now
+        names.append(await node.run(1, _thread_name, append_bytes=100))  # and 0 too
         return names
 
     first, second, third = asyncio.run(scenario())
@@ -61,10 +75,10 @@ def test_appends_go_to_the_io_thread_while_another_partition_appends(node: Stora
 
 def test_appends_run_inline_again_once_the_other_partition_is_quiet(node: StorageNode) -> None:
     async def scenario() -> tuple[str, str]:
-        await node.run(1, _thread_name, append=True)
-        busy = await node.run(0, _thread_name, append=True)
+        await node.run(1, _thread_name, append_bytes=100)
+        busy = await node.run(0, _thread_name, append_bytes=100)
         await asyncio.sleep(INLINE_QUIET_SECONDS * 1.5)
-        return busy, await node.run(0, _thread_name, append=True)
+        return busy, await node.run(0, _thread_name, append_bytes=100)
 
     busy, quiet = asyncio.run(scenario())
     assert busy.startswith("partition-0")
@@ -88,7 +102,7 @@ def test_an_append_waits_behind_work_queued_on_the_partition_thread(node: Storag
     async def scenario() -> tuple[str, str]:
         first = asyncio.ensure_future(node.run(0, slow))
         await asyncio.sleep(0)  # the slow work is on the partition's thread now
-        second = asyncio.ensure_future(node.run(0, append, append=True))
+        second = asyncio.ensure_future(node.run(0, append, append_bytes=100))
         await asyncio.sleep(0.05)
         assert order == []  # the append did not run ahead on the loop
         release.set()
@@ -115,7 +129,7 @@ def test_no_inline_append_while_the_node_lock_is_held(node: StorageNode) -> None
     holder.start()
     try:
         assert held.wait(10)
-        name = asyncio.run(node.run(0, _thread_name, append=True))
+        name = asyncio.run(node.run(0, _thread_name, append_bytes=100))
     finally:
         done.set()
         holder.join(10)
@@ -127,7 +141,7 @@ def test_inline_appends_off_keeps_every_append_on_the_io_thread(tmp_path: Path) 
     with StorageNode(tmp_path / "storage") as node:
         node.admin_open(str(uuid.uuid4()), 1)
         node.set_assignment(0, True)
-        name = asyncio.run(node.run(0, _thread_name, append=True))
+        name = asyncio.run(node.run(0, _thread_name, append_bytes=100))
     assert name.startswith("partition-0")
     assert node.inline_runs == 0
 
@@ -137,7 +151,7 @@ def test_an_inline_append_raises_what_its_work_raises(node: StorageNode) -> None
         raise ValueError("bad records")
 
     with pytest.raises(ValueError, match="bad records"):
-        asyncio.run(node.run(0, fail, append=True))
+        asyncio.run(node.run(0, fail, append_bytes=100))
     assert node.inline_runs == 1
     # The lock was released: the node still changes its assignment.
     node.set_assignment(1, False)

@@ -39,6 +39,9 @@ T = TypeVar("T")
 #: Seconds since another partition's last append within which an append runs on its partition's
 #: I/O thread, not on the event loop (see :meth:`StorageNode.run`).
 INLINE_QUIET_SECONDS = 0.1
+#: Bytes of records above which an append runs on its partition's I/O thread, not on the event loop
+#: (writing and flushing them would hold up the node's other streams for longer).
+INLINE_MAX_BYTES = 1 << 20
 
 
 def _is_partition_directory_name(name: str) -> bool:
@@ -314,14 +317,15 @@ class StorageNode:
                     self._executors[partition_id] = executor
         return executor
 
-    async def run(self, partition_id: int, work: Callable[[], T], *, append: bool = False) -> T:
+    async def run(self, partition_id: int, work: Callable[[], T], *, append_bytes: int | None = None) -> T:
         """Run ``work`` on the partition's I/O thread, after every earlier work on it.
 
-        An append (``append=True``: a write and its fsync) runs on the calling event loop instead,
-        saving the hand-off to the I/O thread and back (two thread switches, the largest part of
-        a small batch's cost on a 2-core machine: benchmarks/RESULTS.md), when all of these hold:
-        inline appends are on; no work of this partition is queued or running on its thread (so
-        its work stays in order); no other partition of this node appended within
+        An append (``append_bytes``: the size of the records it writes and flushes) runs on the
+        calling event loop instead, saving the hand-off to the I/O thread and back (two thread
+        switches, the largest part of a small batch's cost on a 2-core machine:
+        benchmarks/RESULTS.md), when all of these hold: inline appends are on; the records take
+        at most :data:`INLINE_MAX_BYTES`; no work of this partition is queued or running on its
+        thread (so its work stays in order); no other partition of this node appended within
         :data:`INLINE_QUIET_SECONDS` (a blocked loop would hold up its flushes: measured -15 to
         -26 % at 4 partitions); and the node lock is free (an assignment change or a close, which
         take it, never overlap the append).
@@ -329,11 +333,12 @@ class StorageNode:
         Raises:
             Whatever ``work`` raises.
         """
-        if append:
+        if append_bytes is not None:
             now = time.monotonic()
             self._last_append[partition_id] = now
             if (
                 self.inline_appends
+                and append_bytes <= INLINE_MAX_BYTES
                 and not self._outstanding.get(partition_id)
                 and self._alone(partition_id, now)
                 and self._lock.acquire(blocking=False)

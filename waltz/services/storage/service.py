@@ -200,7 +200,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             self._append(partition, records)
 
         try:
-            await self._node.run(partition_id, work, append=True)
+            await self._node.run(partition_id, work, append_bytes=sum(r.ByteSize() for r in group))
         except Exception:
             if len(group) == 1:
                 return [await self._handle(first, "append")]
