@@ -41,7 +41,8 @@ class CorruptionInfo:
 class Segment:
     """One open segment (data file + index file) of a partition.
 
-    All methods are called from the partition's single I/O thread; the class is not thread-safe.
+    All methods are called from one thread at a time (the partition's I/O thread, or the node's
+    event loop for an inline append: ``StorageNode.run``); the class is not thread-safe.
     """
 
     def __init__(
