@@ -540,8 +540,9 @@ class Partition:
             end = start + 1
             while end < count and entries[end][0] == first + end:
                 end += 1
-        stopped = window is not None and first + end - 1 > window
-        if window is not None and stopped:
+        stopped = False
+        if window is not None and first + end - 1 > window:
+            stopped = True
             end = max(start, window - first + 1)
         if end > start:
             if columns is None or start or end != count:
