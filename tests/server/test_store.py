@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,16 +22,39 @@ from waltz.services.server.store.partition import (
     StoreClosedError,
     StorePartition,
 )
+from waltz.services.server.store.replica import ReplicaConnection, ReplicaError, StorageStreams
+
+SHARED = pytest.mark.parametrize("shared", [False, True], ids=["own-streams", "shared-streams"])
 
 FAST = StoreConfig(connect_timeout=2.0, request_timeout=5.0, retry_interval=0.2)
 
 
 def store(
-    cluster: StoreCluster, partition_id: int = 0, generation: int = 1, config: StoreConfig = FAST
+    cluster: StoreCluster,
+    partition_id: int = 0,
+    generation: int = 1,
+    config: StoreConfig = FAST,
+    streams: StorageStreams | None = None,
 ) -> StorePartition:
     return StorePartition(
-        partition_id, generation, cluster.zk, cluster.cluster_key, cluster.params.num_partitions, config
+        partition_id,
+        generation,
+        cluster.zk,
+        cluster.cluster_key,
+        cluster.params.num_partitions,
+        config,
+        streams=streams,
     )
+
+
+def streams_of(cluster: StoreCluster, shared: bool) -> StorageStreams | None:
+    """The server's shared streams (one per storage node), or None: a stream per replica session."""
+    return StorageStreams(cluster.cluster_key, cluster.params.num_partitions, FAST) if shared else None
+
+
+async def close_streams(streams: StorageStreams | None) -> None:
+    if streams is not None:
+        await streams.close()
 
 
 def payload(i: int) -> bytes:
@@ -80,6 +104,89 @@ def test_appends_are_committed_in_order_and_replicated(store_cluster: StoreClust
         metadata = store_cluster.zk.partition_metadata(0).value
         assert metadata.generation == 1
         assert {s.session_id for s in metadata.replicas.values()} == {metadata.session_id}
+
+    run(scenario())
+
+
+def test_partitions_share_one_stream_per_storage_node(store_cluster: StoreCluster) -> None:
+    """Two partitions of one server write through the same three streams, concurrently; closing
+    the partitions keeps the streams for the next sessions, and closing the pool ends them."""
+
+    async def scenario() -> None:
+        streams = StorageStreams(store_cluster.cluster_key, store_cluster.params.num_partitions, FAST)
+        zero, one = store(store_cluster, 0, streams=streams), store(store_cluster, 1, streams=streams)
+        zero.start()
+        one.start()
+        ids = await asyncio.gather(append_many(zero, 0, 300), append_many(one, 1000, 300))
+        assert ids == [list(range(300)), list(range(300))]
+        assert streams.open_streams == len(store_cluster.storages)
+        await zero.close()
+        await one.close()
+        assert streams.open_streams == len(store_cluster.storages)
+        again = store(store_cluster, 0, generation=2, streams=streams)
+        again.start()
+        assert await append_many(again, 300, 5) == list(range(300, 305))
+        await again.close()
+        await streams.close()
+        assert streams.open_streams == 0
+        for pid, first_seq in ((0, 0), (1, 1000)):
+            replicas = await replica_records(store_cluster, pid)
+            reference = replicas[store_cluster.storages[0].address]
+            assert [r.req_id.seq_num for r in reference[:300]] == list(range(first_seq, first_seq + 300))
+            assert all(records == reference for records in replicas.values())
+
+    run(scenario())
+
+
+def test_shared_streams_refuse_a_wrong_cluster_key_and_replace_a_broken_stream(
+    store_cluster: StoreCluster,
+) -> None:
+    """A refused or failed stream never stays in the pool: the next replica connection opens a new
+    one (after the node restarts), and the others' errors are the usual ReplicaErrors."""
+    n = store_cluster.params.num_partitions
+    key = store_cluster.cluster_key
+    node = store_cluster.storages[0]
+
+    async def scenario() -> None:
+        wrong = StorageStreams(str(uuid.uuid4()), n, FAST)
+        refused = ReplicaConnection(node.address, 0, 1, key, n, FAST, wrong)
+        with pytest.raises(ReplicaError) as info:
+            await refused.open()
+        assert info.value.code == "CLUSTER_KEY_MISMATCH"
+        assert wrong.open_streams == 0
+        await refused.close()
+        await wrong.close()
+
+        streams = StorageStreams(key, n, FAST)
+        first = ReplicaConnection(node.address, 0, 1, key, n, FAST, streams)
+        second = ReplicaConnection(node.address, 1, 1, key, n, FAST, streams)
+        await first.open()
+        await second.open()
+        assert streams.open_streams == 1
+        assert await first.max_transaction_id() == -1
+        await asyncio.to_thread(node.kill)
+        for connection in (first, second):
+            with pytest.raises(ReplicaError) as info:
+                await connection.max_transaction_id()
+            assert info.value.code == "UNAVAILABLE"
+            await connection.close()
+        assert streams.open_streams == 0
+        unreachable = ReplicaConnection(node.address, 0, 1, key, n, FAST, streams)
+        with pytest.raises(ReplicaError) as info:
+            await unreachable.open()
+        assert info.value.code == "UNAVAILABLE"
+        await unreachable.close()
+        assert streams.open_streams == 0
+        await asyncio.to_thread(node.start)
+        again = ReplicaConnection(node.address, 0, 1, key, n, FAST, streams)
+        await again.open()
+        assert await again.max_transaction_id() == -1
+        assert streams.open_streams == 1
+        await again.close()
+        await streams.close()
+        with pytest.raises(ReplicaError) as info:  # the pool is closed: nothing opens any more
+            await ReplicaConnection(node.address, 0, 1, key, n, FAST, streams).open()
+        assert info.value.code == "UNAVAILABLE"
 
     run(scenario())
 
@@ -146,9 +253,13 @@ def check_log(records: list[Record], results: dict[int, int | Exception]) -> Non
             assert by_seq[seq].data == payload(seq)
 
 
-def test_kill_one_storage_during_appends_then_it_catches_up(store_cluster: StoreCluster) -> None:
+@SHARED
+def test_kill_one_storage_during_appends_then_it_catches_up(
+    store_cluster: StoreCluster, shared: bool
+) -> None:
     async def scenario() -> None:
-        partition = store(store_cluster)
+        streams = streams_of(store_cluster, shared)
+        partition = store(store_cluster, streams=streams)
         partition.start()
         results: dict[int, int | Exception] = {}
         stop = asyncio.Event()
@@ -170,6 +281,7 @@ def test_kill_one_storage_during_appends_then_it_catches_up(store_cluster: Store
         stop.set()
         await writer
         await partition.close()
+        await close_streams(streams)
         acknowledged = [v for v in results.values() if isinstance(v, int)]
         assert len(acknowledged) > 100
         replicas = await replica_records(store_cluster, 0)
@@ -181,9 +293,11 @@ def test_kill_one_storage_during_appends_then_it_catches_up(store_cluster: Store
     run(scenario())
 
 
-def test_two_storages_down_stops_writes_until_one_returns(store_cluster: StoreCluster) -> None:
+@SHARED
+def test_two_storages_down_stops_writes_until_one_returns(store_cluster: StoreCluster, shared: bool) -> None:
     async def scenario() -> None:
-        partition = store(store_cluster)
+        streams = streams_of(store_cluster, shared)
+        partition = store(store_cluster, streams=streams)
         partition.start()
         assert await append_many(partition, 0, 20) == list(range(20))
         a, b = store_cluster.storages[1], store_cluster.storages[2]
@@ -196,6 +310,7 @@ def test_two_storages_down_stops_writes_until_one_returns(store_cluster: StoreCl
         outcomes = await asyncio.gather(*waiting, return_exceptions=True)
         more = await append_many(partition, 200, 10)
         await partition.close()
+        await close_streams(streams)
         assert more == sorted(more) and more[0] > 19
         first = store_cluster.storages[0]
         records = (await replica_records(store_cluster, 0, [first]))[first.address]
@@ -208,12 +323,16 @@ def test_two_storages_down_stops_writes_until_one_returns(store_cluster: StoreCl
     run(scenario())
 
 
-def test_a_newer_generation_fences_the_old_owner(store_cluster: StoreCluster) -> None:
+@SHARED
+def test_a_newer_generation_fences_the_old_owner(store_cluster: StoreCluster, shared: bool) -> None:
+    """Shared: both owners' sessions on the same streams; fencing is per request, not per stream."""
+
     async def scenario() -> None:
-        old = store(store_cluster, generation=1)
+        streams = streams_of(store_cluster, shared)
+        old = store(store_cluster, generation=1, streams=streams)
         old.start()
         assert await append_many(old, 0, 10) == list(range(10))
-        new = store(store_cluster, generation=2)
+        new = store(store_cluster, generation=2, streams=streams)
         new.start()
         await new.wait_writable(20)
         # The old owner's next append fails, it cannot start a session with its old generation.
@@ -226,6 +345,7 @@ def test_a_newer_generation_fences_the_old_owner(store_cluster: StoreCluster) ->
         assert old.closed and "generation" in old.close_reason
         assert await new.append(ReqId(1, 2, 0, 10), 0, payload(10)) == 10
         await new.close()
+        await close_streams(streams)
         records = (await replica_records(store_cluster, 0))[store_cluster.storages[0].address]
         assert [r.req_id.seq_num for r in records] == list(range(11))
 

@@ -100,6 +100,11 @@ class _OrderedStream(Generic[Req, Resp]):
     def next_seq(self) -> int:
         return next(self._seq)
 
+    @property
+    def broken(self) -> bool:
+        """True once the stream failed or was closed."""
+        return self._error is not None or self._closed
+
     async def _requests(self) -> AsyncIterator[bytes]:
         """The stream's messages: queued requests merged, at most MAX_BATCH and MAX_BATCH_BYTES
         (a larger request alone), framed as a serialized ``StorageRequests``/``AdminRequests``."""
@@ -287,6 +292,16 @@ class StorageSessionClient:
     async def close(self) -> None:
         """Close the stream and the channel. Idempotent."""
         await self._stream.close()
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the storage node."""
+        return self._stream.address
+
+    @property
+    def broken(self) -> bool:
+        """True once the stream failed or was closed (every request then raises)."""
+        return self._stream.broken
 
     def _request(self, partition_id: int, session_id: int | None, **body: Any) -> storage_pb2.StorageRequest:
         return storage_pb2.StorageRequest(

@@ -26,8 +26,10 @@ if _version_not_supported:
 
 
 class StorageServiceStub:
-    """One ordered bidirectional stream per replica session. A stream message carries a batch of
-    protocol messages, processed in order; each request gets exactly one response, in order.
+    """A store session stream: an open request, then the requests of one or more replica sessions
+    (a server shares one stream per storage node among its partitions). A stream message carries a
+    batch of protocol messages; each request gets exactly one response, matched by sequence number.
+    Each partition's requests are processed and answered in order; partitions concurrently.
     """
 
     def __init__(self, channel):
@@ -44,8 +46,10 @@ class StorageServiceStub:
 
 
 class StorageServiceServicer:
-    """One ordered bidirectional stream per replica session. A stream message carries a batch of
-    protocol messages, processed in order; each request gets exactly one response, in order.
+    """A store session stream: an open request, then the requests of one or more replica sessions
+    (a server shares one stream per storage node among its partitions). A stream message carries a
+    batch of protocol messages; each request gets exactly one response, matched by sequence number.
+    Each partition's requests are processed and answered in order; partitions concurrently.
     """
 
     def Session(self, request_iterator, context):
@@ -71,8 +75,10 @@ def add_StorageServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class StorageService:
-    """One ordered bidirectional stream per replica session. A stream message carries a batch of
-    protocol messages, processed in order; each request gets exactly one response, in order.
+    """A store session stream: an open request, then the requests of one or more replica sessions
+    (a server shares one stream per storage node among its partitions). A stream message carries a
+    batch of protocol messages; each request gets exactly one response, matched by sequence number.
+    Each partition's requests are processed and answered in order; partitions concurrently.
     """
 
     @staticmethod

@@ -30,8 +30,10 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class StorageServiceStub:
-    """One ordered bidirectional stream per replica session. A stream message carries a batch of
-    protocol messages, processed in order; each request gets exactly one response, in order.
+    """A store session stream: an open request, then the requests of one or more replica sessions
+    (a server shares one stream per storage node among its partitions). A stream message carries a
+    batch of protocol messages; each request gets exactly one response, matched by sequence number.
+    Each partition's requests are processed and answered in order; partitions concurrently.
     """
 
     @_typing.overload
@@ -42,16 +44,20 @@ class StorageServiceStub:
 
 @_typing.type_check_only
 class StorageServiceAsyncStub(StorageServiceStub):
-    """One ordered bidirectional stream per replica session. A stream message carries a batch of
-    protocol messages, processed in order; each request gets exactly one response, in order.
+    """A store session stream: an open request, then the requests of one or more replica sessions
+    (a server shares one stream per storage node among its partitions). A stream message carries a
+    batch of protocol messages; each request gets exactly one response, matched by sequence number.
+    Each partition's requests are processed and answered in order; partitions concurrently.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Session: _aio.StreamStreamMultiCallable[_storage_pb2.StorageRequests, _storage_pb2.StorageResponses]  # type: ignore[assignment]
 
 class StorageServiceServicer(metaclass=_abc_1.ABCMeta):
-    """One ordered bidirectional stream per replica session. A stream message carries a batch of
-    protocol messages, processed in order; each request gets exactly one response, in order.
+    """A store session stream: an open request, then the requests of one or more replica sessions
+    (a server shares one stream per storage node among its partitions). A stream message carries a
+    batch of protocol messages; each request gets exactly one response, matched by sequence number.
+    Each partition's requests are processed and answered in order; partitions concurrently.
     """
 
     @_abc_1.abstractmethod

@@ -35,6 +35,7 @@ from waltz.services.server.config import ServerConfig
 from waltz.services.server.metrics import ServerMetrics
 from waltz.services.server.partition import Partition
 from waltz.services.server.store.partition import StorePartition
+from waltz.services.server.store.replica import StorageStreams
 
 __all__ = ["ServerApp", "run_server"]
 
@@ -78,6 +79,7 @@ class ServerApp:
         self._grpc: grpc.aio.Server | None = None
         self._http: HealthHttpServer | None = None
         self._session_lost = False
+        self._streams: StorageStreams | None = None
         self._stopping = False
         self.port = config.server_port
         self.cluster_key = ""
@@ -120,6 +122,8 @@ class ServerApp:
         params = await asyncio.to_thread(self._cluster.params)
         self.cluster_key = str(params.cluster_key)
         self.num_partitions = params.num_partitions
+        if config.store_shared_streams:
+            self._streams = StorageStreams(self.cluster_key, self.num_partitions, self.store_config)
         await self._start_grpc()
         zk.add_listener(self._zk_state_changed)
         self._membership = ServerMembership(
@@ -189,6 +193,8 @@ class ServerApp:
         if self._membership is not None and reachable:
             await asyncio.to_thread(self._membership.unregister, UNREGISTER_TIMEOUT)
         await asyncio.gather(*(self._set_partition(pid, None) for pid in list(self.partitions)))
+        if self._streams is not None:
+            await self._streams.close()
         if zk is not None:
             await asyncio.to_thread(zk.stop)
             await asyncio.to_thread(zk.close)
@@ -284,6 +290,7 @@ class ServerApp:
                     self.num_partitions,
                     self.store_config,
                     on_commit=counted,
+                    streams=self._streams,
                 )
 
             partition = Partition(

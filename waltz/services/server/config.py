@@ -44,6 +44,7 @@ class ServerConfig(WaltzSettings):
         "storage.maxBatchBytes": "store_max_batch_bytes",
         "storage.maxInFlightBatches": "store_max_in_flight_batches",
         "storage.linger": "store_linger",
+        "storage.sharedStreams": "store_shared_streams",
         "storage.checkpointInterval": "store_checkpoint_interval",
         "storage.connectTimeout": "store_connect_timeout",
         "storage.requestTimeout": "store_request_timeout",
@@ -104,6 +105,11 @@ class ServerConfig(WaltzSettings):
     )
     store_max_in_flight_batches: int = Field(8, gt=0, description="Append batches in flight per partition.")
     store_linger: float = Field(0.0, ge=0, description="Seconds to wait to fill a batch while another flies.")
+    store_shared_streams: bool = Field(
+        True,
+        description="One store session stream per storage node, shared by every partition of the server "
+        "(false: a stream per partition and storage node).",
+    )
     store_checkpoint_interval: int = Field(
         1_000_000, gt=0, description="Transactions after which a new store session (with recovery) starts."
     )

@@ -1,9 +1,10 @@
 """The gRPC services of a storage node: the storage protocol and the admin protocol.
 
 Source: seed 004 (the ten request/response patterns and "Storage Administration"), seed 000
-"Sessions". Each replica session is one ordered stream; requests on it are answered in order.
-Consecutive append requests already received for the same partition and session are written with
-one flush (group commit).
+"Sessions". A store session stream carries the replica sessions of one or more partitions; each
+partition's requests on it are answered in order, partitions concurrently. Consecutive append
+requests already received for the same partition and session are written with one flush (group
+commit).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import asyncio
 import logging
 import time
 import traceback
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -43,8 +43,17 @@ FailureCode = storage_pb2.FailureCode
 
 #: Records combined into one group-commit write at most.
 MAX_GROUP_RECORDS: Final = 20_000
-#: Request messages buffered per stream before the stream stops reading (back pressure).
+#: Requests queued per partition lane of a stream, and answers per stream, before the stream stops
+#: reading (back pressure: gRPC flow control then slows the server down).
 STREAM_QUEUE_SIZE: Final = 1024
+
+#: Partitions served concurrently on one stream at most (a lane each); requests naming further
+#: partitions are answered one at a time by the stream's dispatcher.
+MAX_LANES: Final = 4096
+#: Small responses (acknowledgements) merged into one stream message at most.
+MAX_MERGED_RESPONSES: Final = 1000
+#: Request kinds whose responses may be large (records): never merged with others.
+_LARGE: Final = frozenset({"record", "record_list", "record_header_list"})
 
 _END: Final = object()
 
@@ -97,7 +106,7 @@ def _outcome(response_failure: storage_pb2.FailureResponse | None) -> str:
 
 
 class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
-    """The storage protocol (seed 004): one stream per replica session.
+    """The storage protocol (seed 004): store session streams, each carrying one or more partitions.
 
     Args:
         node: the storage node.
@@ -115,61 +124,144 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         request_iterator: AsyncIterator[storage_pb2.StorageRequests],
         context: grpc.aio.ServicerContext[storage_pb2.StorageRequests, storage_pb2.StorageResponses],
     ) -> AsyncIterator[storage_pb2.StorageResponses]:
-        """Serve one replica session stream: an open request, then partition requests in order."""
-        queue: asyncio.Queue[object] = asyncio.Queue(maxsize=STREAM_QUEUE_SIZE)
-        reader = asyncio.create_task(_read_requests(request_iterator, queue, context.peer()))
-        pending: deque[object] = deque()
-        opened = False
+        """Serve one store session stream: an open request, then partition requests.
+
+        A server may carry the replica sessions of several partitions on one stream (seed 004:
+        the open request opens the connection; every other request names its partition and
+        session). Each partition's requests are served in the order they came, on a lane of
+        their own, so that one partition's flush never waits for another's; responses carry the
+        request's sequence number and may come back in another order across partitions.
+        """
+        outgoing: asyncio.Queue[object] = asyncio.Queue(maxsize=STREAM_QUEUE_SIZE)
+        dispatcher = asyncio.create_task(self._dispatch(request_iterator, outgoing, context.peer()))
         try:
-            while True:
-                item = pending.popleft() if pending else await queue.get()
-                if item is _END:
-                    break
+            item = await outgoing.get()
+            while item is not _END:
                 if isinstance(item, _StreamFailed):
                     # Something the peer sent could not be read (bytes that do not parse): say so.
                     await context.abort(
                         grpc.StatusCode.INVALID_ARGUMENT, f"unreadable request stream: {item}"
                     )
-                assert isinstance(item, storage_pb2.StorageRequest)
-                kind = item.WhichOneof("body")
-                if kind == "open":
-                    response = await self._open(item, context.peer())
-                    opened = not response.HasField("failure")
-                    yield storage_pb2.StorageResponses(responses=[response])
-                    continue
-                if not opened:
-                    exc = ProtocolError(
-                        "the stream is not open: send an open request with the cluster key first"
-                    )
-                    failure = failure_for(exc)
-                    failure.exception.code = FailureCode.NOT_OPEN
-                    yield storage_pb2.StorageResponses(responses=[_response(item, failure=failure)])
-                    continue
-                if kind == "append":
-                    group = [item]
-                    count = len(item.append.records)
-                    while count < MAX_GROUP_RECORDS:
-                        try:
-                            following = pending.popleft() if pending else queue.get_nowait()
-                        except asyncio.QueueEmpty:
+                assert isinstance(item, _Answer)
+                responses = item.responses
+                following: object = None
+                if item.small:
+                    # Merge the small answers already waiting (appends' acknowledgements, mostly):
+                    # one stream message for many partitions.
+                    responses = list(responses)
+                    while len(responses) < MAX_MERGED_RESPONSES and not outgoing.empty():
+                        following = outgoing.get_nowait()
+                        if not (isinstance(following, _Answer) and following.small):
                             break
-                        if (
-                            isinstance(following, storage_pb2.StorageRequest)
-                            and following.WhichOneof("body") == "append"
-                            and following.partition_id == item.partition_id
-                            and following.session_id == item.session_id
-                        ):
-                            group.append(following)
-                            count += len(following.append.records)
-                        else:
-                            pending.appendleft(following)
-                            break
-                    responses = await self._append_group(group)
-                else:
-                    responses = [await self._handle(item, kind)]
+                        responses.extend(following.responses)
+                        following = None
                 yield storage_pb2.StorageResponses(responses=responses)
+                item = following if following is not None else await outgoing.get()
         finally:
-            reader.cancel()
+            dispatcher.cancel()
+
+    async def _dispatch(
+        self,
+        request_iterator: AsyncIterator[storage_pb2.StorageRequests],
+        outgoing: asyncio.Queue[object],
+        peer: str,
+    ) -> None:
+        """Read a stream's requests and route them: the open request is answered here, the others
+        go to their partition's lane. Ends ``outgoing`` with ``_END``, or ``_StreamFailed`` when
+        the peer's messages could not be read (after every lane has answered what it received)."""
+        lanes: dict[int, _Lane] = {}
+        opened = False
+        end: object = _END
+        iterator = request_iterator.__aiter__()
+        try:
+            while True:
+                try:
+                    batch = await iterator.__anext__()
+                except StopAsyncIteration:
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the peer went away or sent something gRPC could not parse
+                    log.info("request stream from %s ended: %s", peer, exc)
+                    end = _StreamFailed(f"{type(exc).__name__}: {exc}")
+                    break
+                for item in batch.requests:
+                    kind = item.WhichOneof("body")
+                    if kind == "open":
+                        response = await self._open(item, peer)
+                        opened = opened or not response.HasField("failure")
+                        await outgoing.put(_Answer([response], True))
+                        continue
+                    if not opened:
+                        refusal = ProtocolError(
+                            "the stream is not open: send an open request with the cluster key first"
+                        )
+                        failure = failure_for(refusal)
+                        failure.exception.code = FailureCode.NOT_OPEN
+                        await outgoing.put(_Answer([_response(item, failure=failure)], True))
+                        continue
+                    lane = lanes.get(item.partition_id)
+                    if lane is None:
+                        if len(lanes) >= MAX_LANES:
+                            # A peer naming ever more partitions: answer the rest in turn, here.
+                            await outgoing.put(_Answer([await self._handle(item, kind)], kind not in _LARGE))
+                            continue
+                        queue: asyncio.Queue[object] = asyncio.Queue(maxsize=STREAM_QUEUE_SIZE)
+                        lane = _Lane(queue, asyncio.create_task(self._serve_lane(queue, outgoing)))
+                        lanes[item.partition_id] = lane
+                    await lane.requests.put(item)
+            for lane in lanes.values():
+                await lane.requests.put(_END)
+            await asyncio.gather(*(lane.task for lane in lanes.values()))
+            await outgoing.put(end)
+        except asyncio.CancelledError:
+            for lane in lanes.values():
+                lane.task.cancel()
+            raise
+        except Exception as exc:  # a bug of ours: end the stream with a clear reason, never hang it
+            log.exception("store session stream from %s failed", peer)
+            for lane in lanes.values():
+                lane.task.cancel()
+            await outgoing.put(_StreamFailed(f"{type(exc).__name__}: {exc}"))
+
+    async def _serve_lane(self, requests: asyncio.Queue[object], outgoing: asyncio.Queue[object]) -> None:
+        """Serve one partition's requests of a stream in order; consecutive appends of one
+        session already received are written with one flush (group commit)."""
+        try:
+            await self._serve_requests(requests, outgoing)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug of ours: end the stream with a clear reason, never hang it
+            log.exception("a store session stream's partition lane failed")
+            await outgoing.put(_StreamFailed(f"{type(exc).__name__}: {exc}"))
+
+    async def _serve_requests(self, requests: asyncio.Queue[object], outgoing: asyncio.Queue[object]) -> None:
+        held: object = None
+        while True:
+            item = held if held is not None else await requests.get()
+            held = None
+            if item is _END:
+                return
+            assert isinstance(item, storage_pb2.StorageRequest)
+            kind = item.WhichOneof("body")
+            if kind == "append":
+                group = [item]
+                count = len(item.append.records)
+                while count < MAX_GROUP_RECORDS and not requests.empty():
+                    following = requests.get_nowait()
+                    if (
+                        isinstance(following, storage_pb2.StorageRequest)
+                        and following.WhichOneof("body") == "append"
+                        and following.session_id == item.session_id
+                    ):
+                        group.append(following)
+                        count += len(following.append.records)
+                    else:
+                        held = following
+                        break
+                await outgoing.put(_Answer(await self._append_group(group), True))
+            else:
+                await outgoing.put(_Answer([await self._handle(item, kind)], kind not in _LARGE))
 
     async def _open(self, request: storage_pb2.StorageRequest, peer: str) -> storage_pb2.StorageResponse:
         try:
@@ -323,34 +415,26 @@ def _response(request: storage_pb2.StorageRequest, **body: object) -> storage_pb
 
 
 @dataclass(frozen=True, slots=True)
+class _Lane:
+    """One partition's requests on a stream, and the task that serves them in order."""
+
+    requests: asyncio.Queue[object]
+    task: asyncio.Task[None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """Responses to put on a stream; ``small`` ones may share a stream message with others."""
+
+    responses: list[storage_pb2.StorageResponse]
+    small: bool
+
+
+@dataclass(frozen=True, slots=True)
 class _StreamFailed:
     """The end of a request stream that failed (the peer sent bytes that do not parse, ...)."""
 
     reason: str
-
-
-async def _read_requests(
-    request_iterator: AsyncIterator[storage_pb2.StorageRequests] | AsyncIterator[storage_pb2.AdminRequests],
-    queue: asyncio.Queue[object],
-    peer: str,
-) -> None:
-    end: object = _END
-    try:
-        async for batch in request_iterator:
-            for request in batch.requests:
-                await queue.put(request)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # the peer went away or sent something gRPC could not parse
-        log.info("request stream from %s ended: %s", peer, exc)
-        end = _StreamFailed(f"{type(exc).__name__}: {exc}")
-    finally:
-        try:
-            queue.put_nowait(end)
-        except asyncio.QueueFull:
-            # The consumer is gone or far behind: make room for the end marker.
-            queue.get_nowait()
-            queue.put_nowait(end)
 
 
 class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):

@@ -28,7 +28,7 @@ from waltz.protocol.records import Record, ReqId, crc32
 from waltz.services.cluster.zk import ClusterZk
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.recovery import RecoveryAbortedError, RecoveryManager, RecoveryResult
-from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
+from waltz.services.server.store.replica import ReplicaConnection, ReplicaError, StorageStreams
 from waltz.services.server.store.voting import quorum_of
 
 __all__ = ["AppendFailedError", "StoreClosedError", "StorePartition"]
@@ -102,6 +102,8 @@ class StorePartition:
         config: store settings.
         on_commit: called on the event loop with each run of newly committed records, in
             transaction ID order (the feed builds on it).
+        streams: the server's store session streams, one per storage node, shared with its other
+            partitions; None: a stream per replica session.
     """
 
     def __init__(
@@ -113,8 +115,10 @@ class StorePartition:
         num_partitions: int,
         config: StoreConfig | None = None,
         on_commit: Callable[[list[Record]], None] | None = None,
+        streams: StorageStreams | None = None,
     ) -> None:
         self.partition_id = partition_id
+        self._streams = streams
         self.generation = generation
         self._zk = zk
         self._cluster_key = cluster_key
@@ -268,7 +272,13 @@ class StorePartition:
     def _connect(self, session_id: int) -> Callable[[str], ReplicaConnection]:
         def connect(storage: str) -> ReplicaConnection:
             return ReplicaConnection(
-                storage, self.partition_id, session_id, self._cluster_key, self._num_partitions, self.config
+                storage,
+                self.partition_id,
+                session_id,
+                self._cluster_key,
+                self._num_partitions,
+                self.config,
+                self._streams,
             )
 
         return connect

@@ -1,6 +1,10 @@
-"""Replica connections: one replica session stream per storage node and partition.
+"""Replica connections: the replica session of one partition on one storage node.
 
-Source: seed 000 "Store Partition Object" (replica sessions). Errors of any kind (connection lost,
+Source: seed 000 "Store Partition Object" (replica sessions), seed 004 (the open request opens a
+connection to a storage node; every other request names its partition and store session). A
+server carries the replica sessions of all its partitions on one stream per storage node
+(:class:`StorageStreams`), so that one stream message takes appends of many partitions: a
+stream's messages, not its records, are what costs CPU on both sides. Errors of any kind (connection lost,
 timeout, failure response, an answer that breaks the protocol) become :class:`ReplicaError`, after
 which the replica leaves the store session. What a storage node answers is checked before it is
 used: the body answers the request, marks are -1 or more, and records read are the ones asked for
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from waltz.errors import ProtocolError, StorageRpcError, WaltzError
@@ -21,7 +25,7 @@ from waltz.protocol.records import Record
 from waltz.protocol.storage_client import StorageSessionClient, check_response
 from waltz.services.server.store.config import StoreConfig
 
-__all__ = ["ReplicaConnection", "ReplicaError"]
+__all__ = ["ReplicaConnection", "ReplicaError", "StorageStreams"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,106 @@ class ReplicaError(WaltzError):
         self.code = code
 
 
+class _SharedStream:
+    """A store session stream to one storage node and the replica connections that use it."""
+
+    __slots__ = ("client", "discarded", "opening", "refs")
+
+    def __init__(self, client: StorageSessionClient) -> None:
+        self.client = client
+        self.opening: asyncio.Future[None] | None = None
+        self.refs = 0
+        self.discarded = False
+
+
+class StorageStreams:
+    """A server's store session streams: one per storage node, shared by every partition.
+
+    Each replica connection takes the node's stream when it opens (:meth:`acquire`, which starts
+    the stream and sends the open request when there is none yet) and gives it back when it
+    closes (:meth:`release`). A stream that failed or timed out is discarded: the next replica
+    connection to that node opens a new one, and the old one closes when its last user is gone.
+
+    Args:
+        cluster_key: the cluster key for the open requests.
+        num_partitions: the cluster's number of partitions.
+        config: timeouts and TLS.
+    """
+
+    def __init__(self, cluster_key: str, num_partitions: int, config: StoreConfig) -> None:
+        self._cluster_key = cluster_key
+        self._num_partitions = num_partitions
+        self._config = config
+        self._streams: dict[str, _SharedStream] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @property
+    def open_streams(self) -> int:
+        """Storage nodes with a stream in the pool (for tests and metrics)."""
+        return len(self._streams)
+
+    async def acquire(self, storage: str) -> _SharedStream:
+        """The open stream to ``storage``, opened first if need be.
+
+        Raises:
+            StorageRpcError: the node refused the open request (e.g. ``CLUSTER_KEY_MISMATCH``).
+            ConnectionError: the node is unreachable, or the pool is closed.
+        """
+        if self._closed:
+            raise ConnectionError("the server's storage streams are closed")
+        shared = self._streams.get(storage)
+        if shared is None or shared.discarded or shared.client.broken:
+            if shared is not None:
+                self.discard(shared)
+            shared = _SharedStream(
+                StorageSessionClient(
+                    storage, self._cluster_key, self._num_partitions, -1, tls=self._config.tls
+                )
+            )
+            shared.opening = asyncio.ensure_future(shared.client.open())
+            self._streams[storage] = shared
+        shared.refs += 1
+        assert shared.opening is not None
+        try:
+            # Shielded: one waiter giving up does not cancel the open request the others wait for.
+            await asyncio.shield(shared.opening)
+        except BaseException:
+            self.discard(shared)
+            self.release(shared)
+            raise
+        return shared
+
+    def discard(self, shared: _SharedStream) -> None:
+        """Stop handing out ``shared`` (it failed or timed out); it closes with its last user."""
+        shared.discarded = True
+        if self._streams.get(shared.client.address) is shared:
+            del self._streams[shared.client.address]
+
+    def release(self, shared: _SharedStream) -> None:
+        """Give a stream back; a discarded one closes once no replica connection uses it."""
+        shared.refs -= 1
+        if shared.refs <= 0 and (shared.discarded or self._closed):
+            self._close_later(shared)
+
+    def _close_later(self, shared: _SharedStream) -> None:
+        if shared.opening is not None and not shared.opening.done():
+            shared.opening.cancel()
+        task = asyncio.ensure_future(shared.client.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        """Close every stream (their users get ``ConnectionError``). Idempotent."""
+        self._closed = True
+        streams, self._streams = list(self._streams.values()), {}
+        for shared in streams:
+            shared.discarded = True
+            self._close_later(shared)
+        if self._closing:
+            await asyncio.wait(set(self._closing))
+
+
 class ReplicaConnection:
     """The replica session of one partition on one storage node, under one store session ID.
 
@@ -53,6 +157,7 @@ class ReplicaConnection:
         cluster_key: the cluster key for the open request.
         num_partitions: the cluster's number of partitions.
         config: timeouts and TLS.
+        streams: the server's shared streams, one per storage node; None: a stream of its own.
     """
 
     def __init__(
@@ -63,13 +168,32 @@ class ReplicaConnection:
         cluster_key: str,
         num_partitions: int,
         config: StoreConfig,
+        streams: StorageStreams | None = None,
     ) -> None:
         self.storage = storage
         self.partition_id = partition_id
         self.session_id = session_id
         self._config = config
-        self._client = StorageSessionClient(storage, cluster_key, num_partitions, session_id, tls=config.tls)
+        self._streams = streams
+        self._shared: _SharedStream | None = None
+        self._client = (
+            StorageSessionClient(storage, cluster_key, num_partitions, session_id, tls=config.tls)
+            if streams is None
+            else None
+        )
         self._closed = False
+
+    async def _on_stream(self, call: Callable[[StorageSessionClient], Awaitable[T]]) -> T:
+        """Await ``call`` on the stream client (``ConnectionError`` when not open, or closed)."""
+        return await call(self._session)
+
+    @property
+    def _session(self) -> StorageSessionClient:
+        """The stream client (raises ``ConnectionError`` before :meth:`open`, or after close)."""
+        client = self._client
+        if client is None:
+            raise ConnectionError(f"the replica connection to {self.storage} is not open")
+        return client
 
     async def _guard(self, call: Awaitable[T], timeout: float | None = None) -> T:
         try:
@@ -79,6 +203,9 @@ class ReplicaConnection:
         except ProtocolError as exc:
             raise ReplicaError(self.storage, self.partition_id, "BAD_RESPONSE", str(exc)) from exc
         except (ConnectionError, TimeoutError, OSError) as exc:
+            if self._shared is not None and self._streams is not None:
+                # The node's stream may be dead or stuck: the next connection opens a new one.
+                self._streams.discard(self._shared)
             raise ReplicaError(
                 self.storage, self.partition_id, "UNAVAILABLE", str(exc) or type(exc).__name__
             ) from exc
@@ -89,13 +216,25 @@ class ReplicaConnection:
         Raises:
             ReplicaError: the node is unreachable or refused the open request.
         """
-        await self._guard(self._client.open(), self._config.connect_timeout)
+        if self._streams is None:
+            await self._guard(self._session.open(), self._config.connect_timeout)
+            return
+        if self._closed or self._shared is not None:
+            raise ReplicaError(self.storage, self.partition_id, "UNAVAILABLE", "opened twice, or closed")
+        self._shared = await self._guard(self._streams.acquire(self.storage), self._config.connect_timeout)
+        self._client = self._shared.client
 
     async def close(self) -> None:
-        """Close the stream. Idempotent."""
-        if not self._closed:
-            self._closed = True
-            await self._client.close()
+        """Close the stream (give the shared stream back). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._streams is None:
+            await self._session.close()
+        elif self._shared is not None:
+            self._client = None
+            shared, self._shared = self._shared, None
+            self._streams.release(shared)
 
     async def last_session_info(self) -> tuple[int, int]:
         """``(session ID, low-water mark)`` of the last session that set the low-water mark.
@@ -103,7 +242,9 @@ class ReplicaConnection:
         Raises:
             ReplicaError: as any request, and ``BAD_RESPONSE`` for a value below -1.
         """
-        session_id, low_water_mark = await self._guard(self._client.last_session_info(self.partition_id))
+        session_id, low_water_mark = await self._guard(
+            self._on_stream(lambda c: c.last_session_info(self.partition_id, session_id=self.session_id))
+        )
         if session_id < -1 or low_water_mark < -1:
             raise self._bad_response(
                 f"last session info: session {session_id}, low-water mark {low_water_mark} "
@@ -117,7 +258,9 @@ class ReplicaConnection:
         Raises:
             ReplicaError: as any request, and ``BAD_RESPONSE`` for a value below -1.
         """
-        transaction_id = await self._guard(self._client.max_transaction_id(self.partition_id))
+        transaction_id = await self._guard(
+            self._on_stream(lambda c: c.max_transaction_id(self.partition_id, session_id=self.session_id))
+        )
         if transaction_id < -1:
             raise self._bad_response(f"max transaction ID {transaction_id} (must be >= -1)")
         return transaction_id
@@ -127,16 +270,26 @@ class ReplicaConnection:
 
     async def truncate(self, transaction_id: int) -> int:
         """Remove records after ``transaction_id``; returns the replica's new max transaction ID."""
-        await self._guard(self._client.truncate(self.partition_id, transaction_id))
+        await self._guard(
+            self._on_stream(
+                lambda c: c.truncate(self.partition_id, transaction_id, session_id=self.session_id)
+            )
+        )
         return await self.max_transaction_id()
 
     async def set_low_water_mark(self, low_water_mark: int) -> None:
         """Record this session's low-water mark on the replica."""
-        await self._guard(self._client.set_low_water_mark(self.partition_id, low_water_mark))
+        await self._guard(
+            self._on_stream(
+                lambda c: c.set_low_water_mark(self.partition_id, low_water_mark, session_id=self.session_id)
+            )
+        )
 
     async def append(self, records: Sequence[Record]) -> None:
         """Append records; returns once the storage node has flushed them."""
-        await self._guard(self._client.append(self.partition_id, records))
+        await self._guard(
+            self._on_stream(lambda c: c.append(self.partition_id, records, session_id=self.session_id))
+        )
 
     def start_append(self, append: bytes) -> Awaitable[None]:
         """Send a serialized ``AppendRequest`` now (in call order) and return its acknowledgement.
@@ -145,7 +298,7 @@ class ReplicaConnection:
         :class:`ReplicaError` when the replica failed or did not answer in time.
         """
         try:
-            future = self._client.submit_append(self.partition_id, append, session_id=self.session_id)
+            future = self._session.submit_append(self.partition_id, append, session_id=self.session_id)
         except (ConnectionError, OSError) as exc:
             failed: asyncio.Future[storage_pb2.StorageResponse] = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
@@ -167,7 +320,13 @@ class ReplicaConnection:
             ReplicaError: as any request, and ``BAD_RESPONSE`` when the answer holds more records
                 than asked, a record out of sequence, or a record whose data fails its CRC-32.
         """
-        records = await self._guard(self._client.records(self.partition_id, transaction_id, max_records))
+        records = await self._guard(
+            self._on_stream(
+                lambda c: c.records(
+                    self.partition_id, transaction_id, max_records, session_id=self.session_id
+                )
+            )
+        )
         if len(records) > max(1, max_records):
             raise self._bad_response(f"{len(records)} records answer a read of at most {max_records}")
         expected = transaction_id
