@@ -1,6 +1,6 @@
 """Where :meth:`StorageNode.run` runs a partition's work: its I/O thread, or the event loop for an
-append of the only partition appending (``storage.inlineAppends``); work of a partition stays in
-order either way."""
+append from the only source appending (a store session stream, or the partition by default;
+``storage.inlineAppends``); work of a partition stays in order either way."""
 
 from __future__ import annotations
 
@@ -83,6 +83,24 @@ def test_appends_run_inline_again_once_the_other_partition_is_quiet(node: Storag
     busy, quiet = asyncio.run(scenario())
     assert busy.startswith("partition-0")
     assert not quiet.startswith("partition-")
+
+
+def test_appends_of_several_partitions_from_one_stream_run_on_the_loop(node: StorageNode) -> None:
+    """A server's shared stream carries every partition: its appends run inline one after another;
+    a second stream appending at the same time sends both streams' appends to the I/O threads."""
+    shared, other = object(), object()
+
+    async def scenario() -> list[str]:
+        names = [await node.run(0, _thread_name, append_bytes=100, source=shared)]
+        names.append(await node.run(1, _thread_name, append_bytes=100, source=shared))
+        names.append(await node.run(0, _thread_name, append_bytes=100, source=other))  # 2 streams
+        names.append(await node.run(1, _thread_name, append_bytes=100, source=shared))
+        return names
+
+    first, second, third, fourth = asyncio.run(scenario())
+    assert not first.startswith("partition-") and not second.startswith("partition-")
+    assert third.startswith("partition-0") and fourth.startswith("partition-1")
+    assert node.inline_runs == 2
 
 
 def test_an_append_waits_behind_work_queued_on_the_partition_thread(node: StorageNode) -> None:

@@ -12,7 +12,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Seconds since another partition's last append within which an append runs on its partition's
-#: I/O thread, not on the event loop (see :meth:`StorageNode.run`).
+#: Seconds since another source's last append (another store session stream's, or another
+#: partition's) within which an append runs on its partition's I/O thread, not on the event loop
+#: (see :meth:`StorageNode.run`).
 INLINE_QUIET_SECONDS = 0.1
 #: Bytes of records above which an append runs on its partition's I/O thread, not on the event loop
 #: (writing and flushing them would hold up the node's other streams for longer).
@@ -78,7 +79,7 @@ class StorageNode:
         self.inline_runs = 0
         """Appends that ran on the event loop (see :meth:`run`)."""
         self._outstanding: dict[int, int] = {}  # partition -> work submitted to its thread, not awaited yet
-        self._last_append: dict[int, float] = {}  # partition -> monotonic time of its last append
+        self._last_append: dict[Hashable, float] = {}  # source -> monotonic time of its last append
         self._segment_size_threshold = segment_size_threshold
         self._checkpoint_interval = checkpoint_interval
         self._control: ControlFile | None = None
@@ -317,7 +318,14 @@ class StorageNode:
                     self._executors[partition_id] = executor
         return executor
 
-    async def run(self, partition_id: int, work: Callable[[], T], *, append_bytes: int | None = None) -> T:
+    async def run(
+        self,
+        partition_id: int,
+        work: Callable[[], T],
+        *,
+        append_bytes: int | None = None,
+        source: Hashable | None = None,
+    ) -> T:
         """Run ``work`` on the partition's I/O thread, after every earlier work on it.
 
         An append (``append_bytes``: the size of the records it writes and flushes) runs on the
@@ -325,22 +333,29 @@ class StorageNode:
         switches, the largest part of a small batch's cost on a 2-core machine:
         benchmarks/RESULTS.md), when all of these hold: inline appends are on; the records take
         at most :data:`INLINE_MAX_BYTES`; no work of this partition is queued or running on its
-        thread (so its work stays in order); no other partition of this node appended within
-        :data:`INLINE_QUIET_SECONDS` (a blocked loop would hold up its flushes: measured -15 to
-        -26 % at 4 partitions); and the node lock is free (an assignment change or a close, which
-        take it, never overlap the append).
+        thread (so its work stays in order); no other source appended on this node within
+        :data:`INLINE_QUIET_SECONDS`; and the node lock is free (an assignment change or a close,
+        which take it, never overlap the append).
+
+        ``source`` is where the append came from: the store session stream, which may carry the
+        appends of many partitions (default: the partition). One stream's appends of several
+        partitions run on the loop one after another (measured at 4 partitions on one shared
+        stream: +16 and +39 % transactions/s, storage CPU per transaction down by a third), but
+        appends of several streams at once go to the I/O threads (on the loop they held up each
+        other's streams: -5 to -26 % at 4 partitions with a stream each; benchmarks/RESULTS.md).
 
         Raises:
             Whatever ``work`` raises.
         """
         if append_bytes is not None:
             now = time.monotonic()
-            self._last_append[partition_id] = now
+            key = partition_id if source is None else source
+            self._last_append[key] = now
             if (
                 self.inline_appends
                 and append_bytes <= INLINE_MAX_BYTES
                 and not self._outstanding.get(partition_id)
-                and self._alone(partition_id, now)
+                and self._alone(key, now)
                 and self._lock.acquire(blocking=False)
             ):
                 try:
@@ -361,15 +376,15 @@ class StorageNode:
             else:
                 del outstanding[partition_id]
 
-    def _alone(self, partition_id: int, now: float) -> bool:
-        """True when no other partition appended within :data:`INLINE_QUIET_SECONDS`."""
+    def _alone(self, source: Hashable, now: float) -> bool:
+        """True when no other source appended within :data:`INLINE_QUIET_SECONDS`."""
         last = self._last_append
         if len(last) == 1:
             return True
         quiet = now - INLINE_QUIET_SECONDS
-        for pid, at in list(last.items()):
-            if pid != partition_id:
+        for other, at in list(last.items()):
+            if other != source:
                 if at > quiet:
                     return False
-                del last[pid]  # quiet for long enough: forget it until it appends again
+                del last[other]  # quiet for long enough: forget it until it appends again
         return True

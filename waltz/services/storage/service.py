@@ -170,6 +170,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         go to their partition's lane. Ends ``outgoing`` with ``_END``, or ``_StreamFailed`` when
         the peer's messages could not be read (after every lane has answered what it received)."""
         lanes: dict[int, _Lane] = {}
+        stream = object()  # this stream, as the source of its appends (StorageNode.run)
         opened = False
         end: object = _END
         iterator = request_iterator.__aiter__()
@@ -207,7 +208,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                             await outgoing.put(_Answer([await self._handle(item, kind)], kind not in _LARGE))
                             continue
                         queue: asyncio.Queue[object] = asyncio.Queue(maxsize=STREAM_QUEUE_SIZE)
-                        lane = _Lane(queue, asyncio.create_task(self._serve_lane(queue, outgoing)))
+                        lane = _Lane(queue, asyncio.create_task(self._serve_lane(queue, outgoing, stream)))
                         lanes[item.partition_id] = lane
                     await lane.requests.put(item)
             for lane in lanes.values():
@@ -224,18 +225,22 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 lane.task.cancel()
             await outgoing.put(_StreamFailed(f"{type(exc).__name__}: {exc}"))
 
-    async def _serve_lane(self, requests: asyncio.Queue[object], outgoing: asyncio.Queue[object]) -> None:
+    async def _serve_lane(
+        self, requests: asyncio.Queue[object], outgoing: asyncio.Queue[object], stream: object
+    ) -> None:
         """Serve one partition's requests of a stream in order; consecutive appends of one
         session already received are written with one flush (group commit)."""
         try:
-            await self._serve_requests(requests, outgoing)
+            await self._serve_requests(requests, outgoing, stream)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug of ours: end the stream with a clear reason, never hang it
             log.exception("a store session stream's partition lane failed")
             await outgoing.put(_StreamFailed(f"{type(exc).__name__}: {exc}"))
 
-    async def _serve_requests(self, requests: asyncio.Queue[object], outgoing: asyncio.Queue[object]) -> None:
+    async def _serve_requests(
+        self, requests: asyncio.Queue[object], outgoing: asyncio.Queue[object], stream: object
+    ) -> None:
         held: object = None
         while True:
             item = held if held is not None else await requests.get()
@@ -259,7 +264,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                     else:
                         held = following
                         break
-                await outgoing.put(_Answer(await self._append_group(group), True))
+                await outgoing.put(_Answer(await self._append_group(group, stream), True))
             else:
                 await outgoing.put(_Answer([await self._handle(item, kind)], kind not in _LARGE))
 
@@ -275,8 +280,10 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         return _response(request, success=storage_pb2.SuccessResponse())
 
     async def _append_group(
-        self, group: list[storage_pb2.StorageRequest]
+        self, group: list[storage_pb2.StorageRequest], stream: object
     ) -> list[storage_pb2.StorageResponse]:
+        """Write consecutive appends of one partition and session with one flush (``stream``: the
+        stream they came on, the node's rule for appends on the event loop)."""
         first = group[0]
         partition_id = first.partition_id
         try:
@@ -292,7 +299,9 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             self._append(partition, records)
 
         try:
-            await self._node.run(partition_id, work, append_bytes=sum(r.ByteSize() for r in group))
+            await self._node.run(
+                partition_id, work, append_bytes=sum(r.ByteSize() for r in group), source=stream
+            )
         except Exception:
             if len(group) == 1:
                 return [await self._handle(first, "append")]
