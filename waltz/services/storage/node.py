@@ -340,9 +340,10 @@ class StorageNode:
         ``source`` is where the append came from: the store session stream, which may carry the
         appends of many partitions (default: the partition). One stream's appends of several
         partitions run on the loop one after another (measured at 4 partitions on one shared
-        stream: +16 and +39 % transactions/s, storage CPU per transaction down by a third), but
-        appends of several streams at once go to the I/O threads (on the loop they held up each
-        other's streams: -5 to -26 % at 4 partitions with a stream each; benchmarks/RESULTS.md).
+        stream, 3 A/B pairs: +12, +6 and +20 % transactions/s, storage CPU per transaction down
+        by 31 to 39 %), but appends of several streams at once go to the I/O threads (on the loop
+        they held up each other's streams: -5 to -26 % at 4 partitions with a stream each;
+        benchmarks/RESULTS.md).
 
         Raises:
             Whatever ``work`` raises.
