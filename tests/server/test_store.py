@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import uuid
 from collections.abc import Callable
@@ -139,13 +140,15 @@ def test_partitions_share_one_stream_per_storage_node(store_cluster: StoreCluste
 
 
 def test_shared_streams_refuse_a_wrong_cluster_key_and_replace_a_broken_stream(
-    store_cluster: StoreCluster,
+    store_cluster: StoreCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A refused or failed stream never stays in the pool: the next replica connection opens a new
     one (after the node restarts), and the others' errors are the usual ReplicaErrors."""
     n = store_cluster.params.num_partitions
     key = store_cluster.cluster_key
     node = store_cluster.storages[0]
+
+    caplog.set_level(logging.INFO, logger="waltz.services.server.store.replica")
 
     async def scenario() -> None:
         wrong = StorageStreams(str(uuid.uuid4()), n, FAST)
@@ -171,6 +174,8 @@ def test_shared_streams_refuse_a_wrong_cluster_key_and_replace_a_broken_stream(
             assert info.value.code == "UNAVAILABLE"
             await connection.close()
         assert streams.open_streams == 0
+        dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+        assert dropped and node.address in dropped[-1] and "partition 0" in dropped[-1], dropped
         unreachable = ReplicaConnection(node.address, 0, 1, key, n, FAST, streams)
         with pytest.raises(ReplicaError) as info:
             await unreachable.open()

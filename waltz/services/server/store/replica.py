@@ -98,7 +98,8 @@ class StorageStreams:
         shared = self._streams.get(storage)
         if shared is None or shared.discarded or shared.client.broken:
             if shared is not None:
-                self.discard(shared)
+                self.discard(shared, "it broke")
+            log.info("opening the store session stream to storage node %s", storage)
             shared = _SharedStream(
                 StorageSessionClient(
                     storage, self._cluster_key, self._num_partitions, -1, tls=self._config.tls
@@ -111,17 +112,23 @@ class StorageStreams:
         try:
             # Shielded: one waiter giving up does not cancel the open request the others wait for.
             await asyncio.shield(shared.opening)
-        except BaseException:
-            self.discard(shared)
+        except BaseException as exc:
+            self.discard(shared, f"its open request failed: {type(exc).__name__}: {exc}")
             self.release(shared)
             raise
         return shared
 
-    def discard(self, shared: _SharedStream) -> None:
+    def discard(self, shared: _SharedStream, reason: str) -> None:
         """Stop handing out ``shared`` (it failed or timed out); it closes with its last user."""
         shared.discarded = True
         if self._streams.get(shared.client.address) is shared:
             del self._streams[shared.client.address]
+            log.info(
+                "store session stream to storage node %s dropped (%s); the next replica connection "
+                "opens a new one",
+                shared.client.address,
+                reason,
+            )
 
     def release(self, shared: _SharedStream) -> None:
         """Give a stream back; a discarded one closes once no replica connection uses it."""
@@ -205,7 +212,9 @@ class ReplicaConnection:
         except (ConnectionError, TimeoutError, OSError) as exc:
             if self._shared is not None and self._streams is not None:
                 # The node's stream may be dead or stuck: the next connection opens a new one.
-                self._streams.discard(self._shared)
+                self._streams.discard(
+                    self._shared, f"partition {self.partition_id}: {type(exc).__name__}: {exc}"
+                )
             raise ReplicaError(
                 self.storage, self.partition_id, "UNAVAILABLE", str(exc) or type(exc).__name__
             ) from exc
