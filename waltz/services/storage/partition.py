@@ -3,8 +3,9 @@
 Source: seed 000 "Sessions", "On Disk Data Structures"; seed 004 (the requests it serves).
 The partition is driven from one I/O thread (the storage node gives each partition its own), so
 requests on it are applied strictly in order and blocking file I/O stays off the event loop;
-the one exception is an append of the only partition appending on the node, which the node may
-run on its event loop while nothing of the partition is on that thread (``StorageNode.run``).
+the one exception is an append from the only store session stream appending on the node, which
+the node may run on its event loop while nothing of the partition is on that thread
+(``StorageNode.run``).
 Either way, one thread at a time.
 """
 

@@ -183,7 +183,8 @@ class ReplicaConnection:
         self._config = config
         self._streams = streams
         self._shared: _SharedStream | None = None
-        self._client = (
+        # A stream of its own (no shared streams), else the borrowed one of _shared once open.
+        self._own = (
             StorageSessionClient(storage, cluster_key, num_partitions, session_id, tls=config.tls)
             if streams is None
             else None
@@ -197,10 +198,11 @@ class ReplicaConnection:
     @property
     def _session(self) -> StorageSessionClient:
         """The stream client (raises ``ConnectionError`` before :meth:`open`, or after close)."""
-        client = self._client
-        if client is None:
+        if self._own is not None:
+            return self._own
+        if self._shared is None:
             raise ConnectionError(f"the replica connection to {self.storage} is not open")
-        return client
+        return self._shared.client
 
     async def _guard(self, call: Awaitable[T], timeout: float | None = None) -> T:
         try:
@@ -225,23 +227,21 @@ class ReplicaConnection:
         Raises:
             ReplicaError: the node is unreachable or refused the open request.
         """
-        if self._streams is None:
-            await self._guard(self._session.open(), self._config.connect_timeout)
+        if self._own is not None:
+            await self._guard(self._own.open(), self._config.connect_timeout)
             return
-        if self._closed or self._shared is not None:
+        if self._closed or self._shared is not None or self._streams is None:
             raise ReplicaError(self.storage, self.partition_id, "UNAVAILABLE", "opened twice, or closed")
         self._shared = await self._guard(self._streams.acquire(self.storage), self._config.connect_timeout)
-        self._client = self._shared.client
 
     async def close(self) -> None:
         """Close the stream (give the shared stream back). Idempotent."""
         if self._closed:
             return
         self._closed = True
-        if self._streams is None:
-            await self._session.close()
-        elif self._shared is not None:
-            self._client = None
+        if self._own is not None:
+            await self._own.close()
+        elif self._shared is not None and self._streams is not None:
             shared, self._shared = self._shared, None
             self._streams.release(shared)
 
