@@ -103,6 +103,42 @@ def test_same_write_lock_and_high_water_mark_from_two_clients_commits_exactly_on
     assert len(store.applied[0]) == 100
 
 
+def test_a_lock_refused_behind_an_append_in_flight_is_a_lock_failure_not_a_lost_append(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """Appends sent in one burst: a pair on one lock and the same mark, then one without locks.
+
+    The second of a pair finds the first in flight and is refused once it commits; the third
+    commits with it. The client must hear of the lock failure (the context's ``on_lock_failure``,
+    the lock failure counter) rather than take the refused append for a lost one when its
+    transaction monitor sees the third (seed 002), which is what the feed alone would say.
+    """
+    store = MemoryStore(log_start)
+    pairs = 20
+    with WaltzClient(store, client_config) as client:
+        registry = client.metrics
+        mark = store.get_client_high_water_mark(0)
+        seconds: list[Append] = []
+        futures = []
+        for index in range(pairs):  # one thread, no waiting: the appends leave in few messages
+            lock = PartitionLocalLock("burst", index)
+            first = Append(0, b"first %d" % index, write_lock=lock, high_water_mark=mark, once=True)
+            second = Append(0, b"second %d" % index, write_lock=lock, high_water_mark=mark, once=True)
+            third = Append(0, b"third %d" % index)
+            seconds.append(second)
+            futures += [client.submit(first), client.submit(second), client.submit(third)]
+        results = [f.result(30) for f in futures]
+        assert all(isinstance(r, int) for i, r in enumerate(results) if i % 3 != 1), results
+        assert all(r is None for r in results[1::3]), "a second append of a pair committed"
+        for index, second in enumerate(seconds):
+            assert second.outcomes.lock_failures == 1, f"pair {index}: {second.outcomes}"
+            assert second.outcomes.completions == [False]
+        client.flush(10)
+        assert registry.get_sample_value("waltz_client_lock_failures_total", {"partition": "0"}) == pairs
+        assert registry.get_sample_value("waltz_client_failed_appends_total", {"partition": "0"}) == 0
+    assert store.errors == []
+
+
 def test_sequential_read_modify_writes_from_one_client_never_fail_their_lock(
     client_config: WaltzClientConfig, log_start: dict[int, int]
 ) -> None:

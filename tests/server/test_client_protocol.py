@@ -215,21 +215,24 @@ def test_mount_append_feed_lock_failures_flush_and_data(cluster: LocalCluster) -
                 client_pb2.TransactionDataRequest(req_id=a.req_id(), transaction_id=10**9), timeout=10
             )
             assert not missing.success and "not committed" in missing.error_message
-            # Two appends of one client on one lock in a row: the second finds the first pending
-            # and is refused once the first commits, naming it, after the feed entry of the first.
+            # Two appends of one client on one lock in a row, then one without locks: the second
+            # finds the first pending and is refused once the first commits, naming it, before
+            # the feed entries of the first and the third (else the client's transaction monitor
+            # would take the refused append for a lost one on seeing the third, seed 002).
             pair_lock = 0x5678
             one_of_two = a.append(flushed, b"one of two", write=[pair_lock])
             two_of_two = a.append(flushed, b"two of two", write=[pair_lock])
+            after_two = a.append(flushed, b"after two")
             seen: list[tuple[str, int]] = []
-            while not seen or seen[-1][0] != "lock_failure":
+            while len(seen) < 3:
                 item = await asyncio.wait_for(a.incoming.get(), 10)
                 if isinstance(item, FeedEntry):
-                    if item.req_id == one_of_two:
+                    if item.req_id in (one_of_two, after_two):
                         seen.append(("feed", item.transaction_id))
                 elif item.WhichOneof("body") == "lock_failure":
                     assert item.lock_failure.req_id == two_of_two
                     seen.append(("lock_failure", item.lock_failure.transaction_id))
-            assert seen == [("feed", flushed + 1), ("lock_failure", flushed + 1)]
+            assert seen == [("lock_failure", flushed + 1), ("feed", flushed + 1), ("feed", flushed + 2)]
             # A corrupted append is refused with an error, not committed.
             bad = a.req_id()
             a.outgoing.put_nowait(

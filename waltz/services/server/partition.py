@@ -359,7 +359,8 @@ class Partition:
             pending.hold(slots, entry)
         self.appends += 1
         # Resolved within the commit (no future, no loop round per append): the lock table is
-        # raised in the same step that hands the transaction to the feed.
+        # raised, and the lock failures waiting for this append are sent, in the same step that
+        # hands the transaction to the feed, just before it.
         self.store.enqueue(ReqId.from_proto(proto_req), request.header, data, checksum, entry.resolved)
 
     def _resolved(self, entry: _InFlight, transaction_id: int | None) -> None:

@@ -223,7 +223,7 @@ class StorePartition:
 
     def enqueue(self, req_id: ReqId, header: int, data: bytes, checksum: int, on_done: AppendDone) -> None:
         """:meth:`submit` without a future, for the append path: ``on_done(transaction_id, None)``
-        runs on the loop within the commit of the transaction (after ``on_commit`` has seen it), or
+        runs on the loop within the commit of the transaction (just before ``on_commit`` sees it), or
         ``on_done(-1 or its ID, error)`` when it fails (:class:`AppendFailedError`,
         :class:`StoreClosedError`). ``checksum`` is the CRC-32 of ``data``, checked by the caller."""
         pending = _Pending(req_id, header, data, checksum, on_done)
@@ -354,15 +354,20 @@ class StorePartition:
         self._committed(kept)
 
     def _committed(self, kept: list[_Pending]) -> None:
-        """Hand newly committed records to ``on_commit``, then resolve their appends."""
+        """Resolve the appends of newly committed records, then hand the records to ``on_commit``.
+
+        In this order, so that what resolving an append sends a client (the lock failures that
+        waited for it, ``docs/protocol.md`` "Append") goes out before the feed entries of the same
+        commit: otherwise a client whose refused append is followed by one of its own in this
+        commit would take the refusal for a lost append (its transaction monitor, seed 002) before
+        the lock failure arrived.
+        """
         if not kept:
             return
-        try:
-            if self._on_commit is not None:
-                self._on_commit([pending.record for pending in kept])
-        finally:
-            for pending in kept:  # committed whatever on_commit did
-                self._resolve(pending, None)
+        for pending in kept:
+            self._resolve(pending, None)
+        if self._on_commit is not None:
+            self._on_commit([pending.record for pending in kept])
 
     def _commit_through(self, transaction_id: int) -> None:
         kept: list[_Pending] = []
