@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz.errors import GenerationFencedError, WaltzError
-from waltz.protocol import common_pb2, storage_pb2
+from waltz.protocol import storage_pb2
 from waltz.protocol.records import Record, ReqId, crc32
 from waltz.services.cluster.zk import ClusterZk
 from waltz.services.server.store.config import StoreConfig
@@ -485,18 +485,15 @@ class _Session:
             pending = queue.popleft()
             pending.transaction_id = transaction_id
             req = pending.req_id
-            add(
-                transaction_id=transaction_id,
-                req_id=common_pb2.ReqId(
-                    client_id=req.client_id,
-                    generation=req.generation,
-                    partition_id=req.partition_id,
-                    seq_num=req.seq_num,
-                ),
-                header=pending.header,
-                data=pending.data,
-                checksum=pending.checksum,
-            )
+            # The ReqId's fields set in place: a ReqId message built and copied in costs about
+            # three times as much per record.
+            record = add(transaction_id=transaction_id, header=pending.header, data=pending.data)
+            record.checksum = pending.checksum
+            rid = record.req_id
+            rid.client_id = req.client_id
+            rid.generation = req.generation
+            rid.partition_id = req.partition_id
+            rid.seq_num = req.seq_num
             partition._in_flight.append(pending)
             transaction_id += 1
         self.next_transaction_id = transaction_id
