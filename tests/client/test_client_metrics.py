@@ -79,6 +79,16 @@ def test_counters_and_gauges_after_commits_and_a_lock_failure(
             assert sample(registry, "waltz_client_partition_unhealthy", pid) == 0
         assert sample(registry, "waltz_client_commit_seconds_count") == 8
         assert 0 < sample(registry, "waltz_client_commit_seconds_sum") < 8 * 30
+        # The client's own delays: 9 appends sent (the stale context's retry dropped itself before
+        # sending), 8 commits completed (the last batch's total is added once its loop ends).
+        assert sample(registry, "waltz_client_append_queue_seconds_count") == 9
+        assert 0 < sample(registry, "waltz_client_append_queue_seconds_sum") < 9 * 30
+        wait_until(
+            lambda: sample(registry, "waltz_client_completion_delay_seconds_count") == 8,
+            timeout=10,
+            what="the completion delays of the 8 commits",
+        )
+        assert 0 < sample(registry, "waltz_client_completion_delay_seconds_sum") < 8 * 30
     assert store.errors == []
 
 

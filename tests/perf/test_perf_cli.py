@@ -61,6 +61,9 @@ def test_producer_json_counts_every_transaction_of_every_client(perf_cluster: Lo
     assert report["mb_per_second"] > 0
     assert report["retries_per_transaction"] == pytest.approx(report["retries"] / 600, abs=1e-4)
     assert_latency_shape(report["latency_ms"], 600)
+    # both client processes' stage totals arrive and merge
+    assert list(report["client_stage_ms"]) == ["append queue", "submit->commit", "commit->completion"]
+    assert all(ms > 0 for ms in report["client_stage_ms"].values()), report["client_stage_ms"]
     assert report["settings"]["lock_pool_size"] == 1000
 
 
@@ -93,6 +96,16 @@ def test_producer_reports_the_cpu_of_the_client_and_of_every_node(perf_cluster: 
     assert stats.summary()["server_commit_ms"].keys() == {"server-0"}
     lines = stats.text().splitlines()
     assert any(line.startswith("server receipt->commit, mean (ms): server-0") for line in lines)
+    # The client's stages of the measured phase: 1,000 commits (and an append sent per attempt);
+    # the attempts of a transaction wait in turn within its submit-to-commit time, so the mean
+    # wait per attempt stays below the mean submit-to-commit time.
+    assert stats.client_stages["submit->commit"][1] == 1000
+    assert stats.client_stages["commit->completion"][1] == 1000
+    assert stats.client_stages["append queue"][1] == 1000 + stats.retries
+    stages = stats.client_stage_ms()
+    assert 0 < stages["append queue"] <= stages["submit->commit"]
+    assert stages["commit->completion"] > 0
+    assert any(line.startswith("client stages, mean (ms): append queue") for line in lines)
     # without the nodes' URLs (a cluster the run did not start): the client's alone, and said so
     alone = run_producer(config, settings)
     assert list(alone.summary()["cpu_us_per_transaction"]) == ["client"]

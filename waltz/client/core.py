@@ -28,7 +28,7 @@ from waltz.client.connection_pool import ConnectionPool
 from waltz.client.context import AppendPayload, TransactionContext
 from waltz.client.discovery import ServerDiscovery
 from waltz.client.event_loop import shared_event_loop
-from waltz.client.metrics import ClientMetrics, PartitionGauges
+from waltz.client.metrics import ClientMetrics, PartitionGauges, StageTotals
 from waltz.client.partition import ClientPartition, PartitionState
 from waltz.client.submission import Submission
 from waltz.client.transaction import TransactionDataSource
@@ -93,7 +93,7 @@ class ClientCore:
         self._hwm_requests: dict[int, asyncio.Future[int]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._completions: list[tuple[Submission, int]] = []
-        self._inbox: deque[tuple[ClientPartition, Submission, AppendPayload]] = deque()
+        self._inbox: deque[tuple[ClientPartition, Submission, AppendPayload, float]] = deque()
         self._inbox_lock = threading.Lock()
         self._inbox_scheduled = False
         self._in_flight: set[Submission] = set()
@@ -262,7 +262,9 @@ class ClientCore:
             partition.end_of_batch()
         if self._completions:
             completions, self._completions = self._completions, []
-            self._executor.submit(_complete_all, completions)
+            self._executor.submit(
+                _complete_all, completions, time.monotonic(), self.metrics.completion_delay_seconds
+            )
 
     def _connection_lost(self, connection: ServerConnection) -> None:
         for partition in self.partitions.values():
@@ -339,7 +341,7 @@ class ClientCore:
     def post_append(self, partition: ClientPartition, submission: Submission, payload: AppendPayload) -> None:
         """Hand an append to the loop (thread-safe; one wake-up for many appends)."""
         with self._inbox_lock:
-            self._inbox.append((partition, submission, payload))
+            self._inbox.append((partition, submission, payload, time.monotonic()))
             if self._inbox_scheduled:
                 return
             self._inbox_scheduled = True
@@ -352,11 +354,15 @@ class ClientCore:
         with self._inbox_lock:
             items, self._inbox = self._inbox, deque()
             self._inbox_scheduled = False
-        for partition, submission, payload in items:
+        now = time.monotonic()
+        queued = 0.0
+        for partition, submission, payload, queued_at in items:
+            queued += now - queued_at
             if self._closed:
                 submission.fail(ClientClosedError(f"Waltz client {self.client_id} is closed"))
             else:
                 partition.send_append(submission, payload)
+        self.metrics.append_queue_seconds.add(queued, len(items))
 
     async def _retry(
         self,
@@ -647,9 +653,15 @@ class ClientCore:
         ]
 
 
-def _complete_all(completions: list[tuple[Submission, int]]) -> None:
+def _complete_all(completions: list[tuple[Submission, int]], fed_at: float, delays: StageTotals) -> None:
+    """Complete the submissions committed in one batch of server messages (seen at ``fed_at``,
+    ``time.monotonic()``), adding each one's completion delay to ``delays``."""
+    monotonic = time.monotonic
+    delay = 0.0
     for submission, transaction_id in completions:
         submission.complete(transaction_id)
+        delay += monotonic() - fed_at
+    delays.add(delay, len(completions))
 
 
 def _retry_pause(submission: Submission, lock_target: int | None) -> float:

@@ -2,11 +2,12 @@
 
 Each client owns a :class:`ClientMetrics` with a ``CollectorRegistry`` of its own (exposed as
 ``WaltzClient.metrics``). A transaction costs a counter increment on a child bound once per
-partition (:class:`PartitionMetrics`) and one histogram observation; the gauges (in flight,
-high-water marks, mounted, unhealthy) are read from the client's state only when the registry is
+partition (:class:`PartitionMetrics`) and one histogram observation; the two summaries of the
+client's own delays add to plain totals once per batch (:class:`StageTotals`), and they and the
+gauges (in flight, high-water marks, mounted, unhealthy) are read only when the registry is
 collected. Serve it with ``prometheus_client.start_http_server(port, registry=client.metrics)``.
 
-Metric names (``partition`` label on all but the histogram):
+Metric names (``partition`` label on all but the histogram and the summaries):
 
 - ``waltz_client_transactions_submitted_total``: contexts admitted by ``submit``.
 - ``waltz_client_transactions_committed_total``: own appends seen committed in the feed.
@@ -19,6 +20,13 @@ Metric names (``partition`` label on all but the histogram):
 - ``waltz_client_feed_windows_total``: ``FeedWindow`` grants sent (the feed window of
   ``client.maxApplyBacklog`` moved on as the application applied).
 - ``waltz_client_commit_seconds``: histogram of submit-to-commit latency, in seconds.
+- ``waltz_client_append_queue_seconds``: summary of the time an attempt's append waits for the
+  client's event loop (from the end of ``execute`` to the loop writing it into the next stream
+  message to the server, or holding it while its partition mounts), in seconds: the client's own
+  share of the commit latency on the way out (like a Kafka producer's record queue time).
+- ``waltz_client_completion_delay_seconds``: summary of the time from seeing a commit in the feed
+  to the end of its context's completion (``on_completion`` and the ``submit`` future's callbacks,
+  on a retry thread), in seconds: the client's share on the way back.
 - ``waltz_client_partition_transactions_in_flight``: contexts submitted and not ended.
 - ``waltz_client_partition_client_high_water_mark``: the highest transaction ID applied.
 - ``waltz_client_partition_server_high_water_mark``: the server's mark as last known (feed,
@@ -31,14 +39,15 @@ Metric names (``partition`` label on all but the histogram):
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["ClientMetrics", "PartitionGauges", "PartitionMetrics"]
+__all__ = ["ClientMetrics", "PartitionGauges", "PartitionMetrics", "StageTotals"]
 
 #: Buckets of the submit-to-commit histogram, in seconds.
 COMMIT_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -102,6 +111,50 @@ class _PartitionCollector(Collector):
             families["unhealthy"].add_metric(label, 1.0 if gauges.unhealthy else 0.0)
             families["apply_backlog"].add_metric(label, gauges.apply_backlog)
         yield from families.values()
+
+
+class StageTotals:
+    """The count and the sum of seconds of one summary, added to a batch at a time.
+
+    A summary observation of ``prometheus_client`` costs a lock and two increments per value; the
+    client times its own stages for every transaction, so it sums a batch first and adds it here
+    once (thread-safe). Exposed as a ``SummaryMetricFamily`` when the registry is collected.
+
+    Args:
+        name: the metric name (``_count`` and ``_sum`` samples).
+        documentation: its help text.
+    """
+
+    __slots__ = ("_lock", "count", "documentation", "name", "seconds")
+
+    def __init__(self, name: str, documentation: str) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.count = 0
+        self.seconds = 0.0
+        self._lock = threading.Lock()
+
+    def add(self, seconds: float, count: int) -> None:
+        """Add ``count`` observations of ``seconds`` in all."""
+        with self._lock:
+            self.seconds += seconds
+            self.count += count
+
+    def family(self) -> SummaryMetricFamily:
+        """The summary's samples now."""
+        with self._lock:
+            return SummaryMetricFamily(
+                self.name, self.documentation, count_value=self.count, sum_value=self.seconds
+            )
+
+
+class _StageCollector(Collector):
+    def __init__(self, stages: Iterable[StageTotals]) -> None:
+        self._stages = list(stages)
+
+    def collect(self) -> Iterator[SummaryMetricFamily]:
+        for stage in self._stages:
+            yield stage.family()
 
 
 class PartitionMetrics:
@@ -187,6 +240,17 @@ class ClientMetrics:
             registry=self.registry,
             buckets=COMMIT_SECONDS_BUCKETS,
         )
+        self.append_queue_seconds = StageTotals(
+            "waltz_client_append_queue_seconds",
+            "Time from the end of an attempt's execute to the client's event loop sending its append "
+            "(or holding it while the partition mounts), in seconds.",
+        )
+        self.completion_delay_seconds = StageTotals(
+            "waltz_client_completion_delay_seconds",
+            "Time from seeing a commit in the feed to the end of its context's completion callbacks, "
+            "in seconds.",
+        )
+        self.registry.register(_StageCollector([self.append_queue_seconds, self.completion_delay_seconds]))
 
     def partition(self, partition_id: int) -> PartitionMetrics:
         """The counters of a partition (its samples exist, at 0, from this call on)."""

@@ -38,10 +38,12 @@ from waltz.perf.stats import RunStats
 from waltz.tuning import tuned_garbage_collector
 
 __all__ = [
+    "CLIENT_STAGES",
     "LOCK_NAME",
     "PerfCallbacks",
     "PerfContext",
     "ProducerSettings",
+    "client_stage_totals",
     "current_high_water_marks",
     "run_producer",
     "waltz_submitter",
@@ -53,6 +55,15 @@ LOCK_NAME = "perf"
 WARMUP_TRANSACTIONS = 20
 #: Seconds a client may take to mount its partitions.
 MOUNT_TIMEOUT = 60.0
+#: The stages of a transaction's latency that the producer reports (``RunStats.client_stages``), by
+#: the client metric that times them (``waltz/client/metrics.py``): from the end of an attempt's
+#: ``execute`` to its append leaving for the server; from ``submit`` to seeing the commit in the
+#: feed (every attempt and the cluster's share included); from that to the end of the completion.
+CLIENT_STAGES = {
+    "append queue": "waltz_client_append_queue_seconds",
+    "submit->commit": "waltz_client_commit_seconds",
+    "commit->completion": "waltz_client_completion_delay_seconds",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +170,17 @@ def waltz_submitter(
     return submit
 
 
+def client_stage_totals(client: WaltzClient) -> dict[str, tuple[float, float]]:
+    """The client's stage metrics so far (:data:`CLIENT_STAGES`): stage -> (seconds, count)."""
+    registry = client.metrics
+    totals: dict[str, tuple[float, float]] = {}
+    for stage, name in CLIENT_STAGES.items():
+        seconds = registry.get_sample_value(f"{name}_sum") or 0.0
+        count = registry.get_sample_value(f"{name}_count") or 0.0
+        totals[stage] = (seconds, count)
+    return totals
+
+
 def current_high_water_marks(config: WaltzClientConfig) -> dict[int, int]:
     """Every partition's committed high-water mark, asked of the owning servers.
 
@@ -212,10 +234,16 @@ def _run_client(
         # As a throughput-minded application would (docs/configuration.md); restored afterwards,
         # for a producer run inside a longer-lived process.
         cpu_started = time.process_time()
+        stages_started = client_stage_totals(client)
         with tuned_garbage_collector():
             stats = run_load(submit, load)
         client.flush(settings.load.timeout)
         stats.client_cpu_seconds = time.process_time() - cpu_started
+        stages = client_stage_totals(client)
+        stats.client_stages = {
+            stage: (seconds - stages_started[stage][0], count - stages_started[stage][1])
+            for stage, (seconds, count) in stages.items()
+        }
         return stats
 
 

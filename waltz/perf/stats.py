@@ -120,6 +120,9 @@ class RunStats:
         server_commits: for each server of the run, ``(seconds, commits)``: the seconds from
             receiving an append to its commit, summed over its commits, and their number
             (``waltz_server_commit_seconds``); see :meth:`server_commit_ms`.
+        client_stages: for each stage of a transaction's latency that the clients time (the
+            producer's ``CLIENT_STAGES``), ``(seconds, count)`` summed over the clients' measured
+            phases; see :meth:`client_stage_ms`.
     """
 
     committed: int = 0
@@ -134,6 +137,7 @@ class RunStats:
     node_cpu_seconds: dict[str, float] = field(default_factory=dict)
     storage_batches: dict[str, tuple[float, float]] = field(default_factory=dict)
     server_commits: dict[str, tuple[float, float]] = field(default_factory=dict)
+    client_stages: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:
@@ -175,6 +179,12 @@ class RunStats:
         latency spent in the cluster rather than in the client and on the way."""
         return {name: seconds * 1e3 / commits for name, (seconds, commits) in self.server_commits.items()}
 
+    def client_stage_ms(self) -> dict[str, float]:
+        """Mean milliseconds of each stage the clients timed (stages with observations), in the
+        order they were recorded: where a transaction's latency goes inside the client."""
+        stages = self.client_stages.items()
+        return {stage: seconds * 1e3 / count for stage, (seconds, count) in stages if count}
+
     def merge(self, other: RunStats) -> None:
         """Add another client's figures: counts add up, the phase spans both, histograms merge."""
         if self.committed + self.failed == 0 and self.started == 0.0:
@@ -188,6 +198,9 @@ class RunStats:
         self.payload_bytes += other.payload_bytes
         self.latency.add(other.latency)
         self.client_cpu_seconds += other.client_cpu_seconds
+        for stage, (seconds, count) in other.client_stages.items():
+            mine = self.client_stages.get(stage, (0.0, 0.0))
+            self.client_stages[stage] = (mine[0] + seconds, mine[1] + count)
         self.errors.extend(e for e in other.errors if e not in self.errors)
         del self.errors[10:]
 
@@ -203,6 +216,7 @@ class RunStats:
             "latency": self.latency.encode(),
             "errors": list(self.errors),
             "client_cpu_seconds": self.client_cpu_seconds,
+            "client_stages": {stage: list(pair) for stage, pair in self.client_stages.items()},
         }
 
     @classmethod
@@ -218,6 +232,10 @@ class RunStats:
             latency=LatencyHistogram.decode(wire["latency"]),
             errors=list(wire["errors"]),
             client_cpu_seconds=float(wire["client_cpu_seconds"]),
+            client_stages={
+                stage: (float(seconds), float(count))
+                for stage, (seconds, count) in wire.get("client_stages", {}).items()
+            },
         )
 
     def summary(self) -> dict[str, Any]:
@@ -228,7 +246,8 @@ class RunStats:
         ``p90``, ``p99``, ``p99.9``, ``max``, ``mean``, ``count``; values NaN-free: None when no
         latency was recorded), ``cpu_us_per_transaction`` (:meth:`cpu_microseconds_per_transaction`,
         rounded), ``records_per_storage_flush`` (:meth:`records_per_storage_flush`, rounded),
-        ``server_commit_ms`` (:meth:`server_commit_ms`, rounded) and ``errors``.
+        ``server_commit_ms`` (:meth:`server_commit_ms`, rounded), ``client_stage_ms``
+        (:meth:`client_stage_ms`, rounded) and ``errors``.
         """
         latency: dict[str, float | int | None] = {}
         for p in PERCENTILES:
@@ -253,6 +272,7 @@ class RunStats:
                 name: round(records, 1) for name, records in self.records_per_storage_flush().items()
             },
             "server_commit_ms": {name: round(ms, 3) for name, ms in self.server_commit_ms().items()},
+            "client_stage_ms": {stage: round(ms, 3) for stage, ms in self.client_stage_ms().items()},
             "errors": list(self.errors),
         }
 
@@ -288,5 +308,9 @@ class RunStats:
         if commits:
             parts = ", ".join(f"{name} {ms:,.2f}" for name, ms in commits.items())
             lines.append(f"server receipt->commit, mean (ms): {parts}")
+        stages = self.client_stage_ms()
+        if stages:
+            parts = ", ".join(f"{stage} {ms:,.2f}" for stage, ms in stages.items())
+            lines.append(f"client stages, mean (ms): {parts}")
         lines += [f"error: {e}" for e in self.errors]
         return "\n".join(lines)
