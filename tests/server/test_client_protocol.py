@@ -132,6 +132,18 @@ class RawClient:
             if isinstance(item, FeedEntry):
                 return item
 
+    async def next_feed_keeping(
+        self, kind: str, timeout: float = 10
+    ) -> tuple[FeedEntry, list[client_pb2.ServerMessage]]:
+        """The next feed entry, and the messages of ``kind`` that came before it (others skipped)."""
+        kept = []
+        while True:
+            item = await asyncio.wait_for(self.incoming.get(), timeout)
+            if isinstance(item, FeedEntry):
+                return item, kept
+            if kind_of(item) == kind:
+                kept.append(item)
+
     async def feed_ids(self, count: int) -> list[int]:
         """The transaction IDs of the next ``count`` feed entries (failing on a mount response)."""
         ids = []
@@ -187,14 +199,20 @@ def test_mount_append_feed_lock_failures_flush_and_data(cluster: LocalCluster) -
             txn = feed_a.transaction_id
             assert txn == start + 1 and feed_a.header == 7
             # Two appends with the same WRITE lock and the same high-water mark, both sent before
-            # either is acknowledged: exactly one commits; the other gets a lock failure naming it.
+            # either is acknowledged: exactly one commits; the other gets a lock failure naming it
+            # (before the feed entry of the winner when it waited for it in the store pipeline,
+            # after it when the winner had committed already).
             lock = 0x1234
             one = a.append(txn, b"from a", write=[lock])
             two = b.append(txn, b"from b", write=[lock])
-            committed = await a.next_feed()
+            committed, failures_of_a = await a.next_feed_keeping("lock_failure")
             assert committed.req_id in (one, two)
             loser = b if committed.req_id == one else a
-            failure = (await loser.next("lock_failure")).lock_failure
+            if loser is a and failures_of_a:
+                failure = failures_of_a[0].lock_failure
+            else:
+                assert not failures_of_a, "the winner got a lock failure"
+                failure = (await loser.next("lock_failure")).lock_failure
             assert failure.req_id in (one, two) and failure.req_id != committed.req_id
             assert failure.transaction_id == committed.transaction_id
             # A stale read of the lock fails; an up-to-date one passes.
