@@ -87,3 +87,37 @@ def test_watermark_wakes_threads_and_coroutines() -> None:
     assert woken.is_set()
     mark.advance(3)  # never goes back
     assert mark.value == 9
+
+
+class CountingLoop(asyncio.SelectorEventLoop):
+    """An event loop that counts the callbacks other threads schedule on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threadsafe_calls = 0
+
+    def call_soon_threadsafe(self, callback, *args, context=None):  # type: ignore[no-untyped-def]
+        self.threadsafe_calls += 1
+        return super().call_soon_threadsafe(callback, *args, context=context)
+
+
+def test_watermark_wakes_the_coroutines_of_one_loop_with_one_callback() -> None:
+    mark = Watermark(0)
+    loop = CountingLoop()
+
+    async def main() -> list[bool]:
+        waiting = [asyncio.ensure_future(mark.wait_async(target, 10)) for target in (1, 2, 2, 3, 5)]
+        await asyncio.sleep(0.01)
+        before = loop.threadsafe_calls
+        await asyncio.get_running_loop().run_in_executor(None, mark.advance, 3)
+        woken = await asyncio.gather(*waiting[:4])
+        assert not waiting[4].done()
+        # one callback for the four waiters (the executor's own hand-back is one more)
+        assert loop.threadsafe_calls - before == 2
+        await asyncio.to_thread(mark.advance, 5)
+        return [*woken, await waiting[4]]
+
+    try:
+        assert loop.run_until_complete(main()) == [True] * 5
+    finally:
+        loop.close()

@@ -22,6 +22,11 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def _wake_all(futures: list[asyncio.Future[None]]) -> None:
+    for future in futures:
+        _wake(future)
+
+
 @dataclass(eq=False, slots=True)
 class _SlotWaiter:
     event: threading.Event | None = None
@@ -153,7 +158,11 @@ class Watermark:
         return self._value
 
     def advance(self, value: int) -> None:
-        """Raise the mark to ``value`` (lower values are ignored) and wake whoever it satisfies."""
+        """Raise the mark to ``value`` (lower values are ignored) and wake whoever it satisfies.
+
+        Coroutines waiting on the same event loop are woken by one callback on that loop (one
+        wake-up of the loop, whatever their number: the retries waiting for the same apply batch).
+        """
         with self._lock:
             if value <= self._value:
                 return
@@ -162,13 +171,16 @@ class Watermark:
             if not ready:
                 return
             self._waiters = [w for w in self._waiters if w.target > value]
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
         for waiter in ready:
             waiter.done = True
             if waiter.event is not None:
                 waiter.event.set()
             elif waiter.loop is not None and waiter.future is not None:
-                with contextlib.suppress(RuntimeError):  # that loop closed
-                    waiter.loop.call_soon_threadsafe(_wake, waiter.future)
+                by_loop.setdefault(waiter.loop, []).append(waiter.future)
+        for loop, futures in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # that loop closed
+                loop.call_soon_threadsafe(_wake_all, futures)
 
     def wait(self, target: int, timeout: float | None = None) -> bool:
         """Block until the mark is at least ``target``; False after ``timeout`` seconds."""
