@@ -107,7 +107,7 @@ def test_watermark_wakes_the_coroutines_of_one_loop_with_one_callback() -> None:
 
     async def main() -> list[bool]:
         waiting = [asyncio.ensure_future(mark.wait_async(target, 10)) for target in (1, 2, 2, 3, 5)]
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # one turn of the loop: each waiter has registered
         before = loop.threadsafe_calls
         await asyncio.get_running_loop().run_in_executor(None, mark.advance, 3)
         woken = await asyncio.gather(*waiting[:4])
