@@ -340,8 +340,9 @@ class ClientCore:
 
     def post_append(self, partition: ClientPartition, submission: Submission, payload: AppendPayload) -> None:
         """Hand an append to the loop (thread-safe; one wake-up for many appends)."""
+        queued_at = time.monotonic()  # read outside the lock the loop's drain also takes
         with self._inbox_lock:
-            self._inbox.append((partition, submission, payload, time.monotonic()))
+            self._inbox.append((partition, submission, payload, queued_at))
             if self._inbox_scheduled:
                 return
             self._inbox_scheduled = True

@@ -487,9 +487,12 @@ class _Session:
             req = pending.req_id
             # The ReqId's fields set in place: a ReqId message built and copied in costs about
             # three times as much per record.
-            record = add(transaction_id=transaction_id, header=pending.header, data=pending.data)
-            record.checksum = pending.checksum
-            rid = record.req_id
+            rid = add(
+                transaction_id=transaction_id,
+                header=pending.header,
+                data=pending.data,
+                checksum=pending.checksum,
+            ).req_id
             rid.client_id = req.client_id
             rid.generation = req.generation
             rid.partition_id = req.partition_id
