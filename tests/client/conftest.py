@@ -18,8 +18,10 @@ from waltz.services.local_cluster import LocalCluster
 
 @pytest.fixture(scope="session")
 def client_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
-    """ZooKeeper (the session's), 3 storage nodes, 2 servers, 2 partitions."""
-    with support.session_cluster(tmp_path_factory, zookeeper, name="client", partitions=2) as local:
+    """ZooKeeper (the session's), 3 storage nodes, 2 servers, 2 partitions; the nodes serve metrics."""
+    with support.session_cluster(
+        tmp_path_factory, zookeeper, name="client", partitions=2, metrics=True
+    ) as local:
         yield local
 
 

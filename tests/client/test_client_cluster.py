@@ -5,9 +5,11 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+import urllib.request
 
 import pytest
 from client_helpers import Append, Increment, MemoryStore, PrefetchingStore
+from prometheus_client.parser import text_string_to_metric_families
 
 from waltz import PartitionLocalLock, TransactionBuilder, WaltzClient, WaltzClientConfig
 from waltz.errors import PartitionNotMountedError, TransactionExpiredError
@@ -103,39 +105,81 @@ def test_same_write_lock_and_high_water_mark_from_two_clients_commits_exactly_on
     assert len(store.applied[0]) == 100
 
 
-def test_a_lock_refused_behind_an_append_in_flight_is_a_lock_failure_not_a_lost_append(
-    client_config: WaltzClientConfig, log_start: dict[int, int]
-) -> None:
+def server_lock_failures(cluster: LocalCluster, partition_id: int) -> float:
+    """Appends the servers' lock checks refused on a partition (``waltz_server_partition_lock_failures``)."""
+    total = 0.0
+    for name, url in cluster.metrics_urls().items():
+        if name.startswith("server"):
+            with urllib.request.urlopen(url, timeout=10) as response:
+                text = response.read().decode("utf-8")
+            for family in text_string_to_metric_families(text):
+                if family.name == "waltz_server_partition_lock_failures":
+                    label = str(partition_id)
+                    total += sum(s.value for s in family.samples if s.labels["partition"] == label)
+    return total
+
+
+def burst_of_refused_pairs(store: MemoryStore, client: WaltzClient, pairs: int) -> None:
     """Appends sent in one burst: a pair on one lock and the same mark, then one without locks.
 
-    The second of a pair finds the first in flight and is refused once it commits; the third
-    commits with it. The client must hear of the lock failure (the context's ``on_lock_failure``,
-    the lock failure counter) rather than take the refused append for a lost one when its
-    transaction monitor sees the third (seed 002), which is what the feed alone would say.
+    The second of a pair finds the first pending and fails once it commits; the third commits with
+    it. Whoever finds the conflict (the server, or the client holding the second back), the client
+    must report a lock failure (the context's ``on_lock_failure``, the lock failure counter) and
+    never take the refused append for a lost one when its transaction monitor sees the third
+    (seed 002), which is what the feed alone would say.
     """
+    registry = client.metrics
+    mark = store.get_client_high_water_mark(0)
+    seconds: list[Append] = []
+    futures = []
+    for index in range(pairs):  # one thread, no waiting: the appends leave in few messages
+        lock = PartitionLocalLock("burst", index)
+        first = Append(0, b"first %d" % index, write_lock=lock, high_water_mark=mark, once=True)
+        second = Append(0, b"second %d" % index, write_lock=lock, high_water_mark=mark, once=True)
+        third = Append(0, b"third %d" % index)
+        seconds.append(second)
+        futures += [client.submit(first), client.submit(second), client.submit(third)]
+    results = [f.result(30) for f in futures]
+    assert all(isinstance(r, int) for i, r in enumerate(results) if i % 3 != 1), results
+    assert all(r is None for r in results[1::3]), "a second append of a pair committed"
+    for index, second in enumerate(seconds):
+        assert second.outcomes.lock_failures == 1, f"pair {index}: {second.outcomes}"
+        assert second.outcomes.completions == [False]
+    client.flush(10)
+    assert registry.get_sample_value("waltz_client_lock_failures_total", {"partition": "0"}) == pairs
+    assert registry.get_sample_value("waltz_client_failed_appends_total", {"partition": "0"}) == 0
+
+
+def test_a_lock_refused_behind_an_append_in_flight_is_a_lock_failure_not_a_lost_append(
+    cluster: LocalCluster, client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """The server finds the conflicts (the client sends every append: holding back is off)."""
     store = MemoryStore(log_start)
     pairs = 20
+    refused_before = server_lock_failures(cluster, 0)
+    config = client_config.model_copy(update={"client_hold_conflicting_appends": False})
+    with WaltzClient(store, config) as client:
+        burst_of_refused_pairs(store, client, pairs)
+        assert client.metrics.get_sample_value("waltz_client_held_appends_total", {"partition": "0"}) == 0
+    assert server_lock_failures(cluster, 0) - refused_before == pairs
+    assert store.errors == []
+
+
+def test_an_append_behind_a_pending_append_of_its_own_client_on_its_lock_is_held_back(
+    cluster: LocalCluster, client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """With ``client.holdConflictingAppends`` (the default) the client keeps the second of a pair
+    whose first is still pending to itself: a lock failure once the first commits, never sent."""
+    store = MemoryStore(log_start)
+    pairs = 20
+    refused_before = server_lock_failures(cluster, 0)
     with WaltzClient(store, client_config) as client:
-        registry = client.metrics
-        mark = store.get_client_high_water_mark(0)
-        seconds: list[Append] = []
-        futures = []
-        for index in range(pairs):  # one thread, no waiting: the appends leave in few messages
-            lock = PartitionLocalLock("burst", index)
-            first = Append(0, b"first %d" % index, write_lock=lock, high_water_mark=mark, once=True)
-            second = Append(0, b"second %d" % index, write_lock=lock, high_water_mark=mark, once=True)
-            third = Append(0, b"third %d" % index)
-            seconds.append(second)
-            futures += [client.submit(first), client.submit(second), client.submit(third)]
-        results = [f.result(30) for f in futures]
-        assert all(isinstance(r, int) for i, r in enumerate(results) if i % 3 != 1), results
-        assert all(r is None for r in results[1::3]), "a second append of a pair committed"
-        for index, second in enumerate(seconds):
-            assert second.outcomes.lock_failures == 1, f"pair {index}: {second.outcomes}"
-            assert second.outcomes.completions == [False]
-        client.flush(10)
-        assert registry.get_sample_value("waltz_client_lock_failures_total", {"partition": "0"}) == pairs
-        assert registry.get_sample_value("waltz_client_failed_appends_total", {"partition": "0"}) == 0
+        burst_of_refused_pairs(store, client, pairs)
+        held = client.metrics.get_sample_value("waltz_client_held_appends_total", {"partition": "0"})
+    refused = server_lock_failures(cluster, 0) - refused_before
+    # A second sent after its first committed (the burst's thread descheduled that long) would
+    # reach the server and be refused there; every one is one or the other, and they are held.
+    assert held is not None and held + refused == pairs and held >= 1, (held, refused)
     assert store.errors == []
 
 

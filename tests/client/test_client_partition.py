@@ -8,7 +8,13 @@ from typing import Any
 
 from support.feed import feed_run
 
-from waltz import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
+from waltz import (
+    PartitionLocalLock,
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClientCallbacks,
+)
 from waltz.client.context import AppendPayload
 from waltz.client.partition import ClientPartition, PartitionState
 from waltz.client.submission import Submission
@@ -314,3 +320,140 @@ def test_a_run_with_columns_of_different_lengths_is_dropped_and_the_partition_mo
         await settle(lambda: callbacks.applied == [6, 7], "transactions 6 and 7")
 
     run(scenario)
+
+
+class Locked(TransactionContext):
+    """A context with locks per mode (names of ``PartitionLocalLock("k", n)`` by number)."""
+
+    def __init__(
+        self,
+        data: bytes,
+        write: tuple[int, ...] = (),
+        read: tuple[int, ...] = (),
+        append: tuple[int, ...] = (),
+    ) -> None:
+        super().__init__()
+        self.data = data
+        self.modes = (write, read, append)
+
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_raw_data(self.data)
+        write, read, append = self.modes
+        builder.set_write_locks(PartitionLocalLock("k", n) for n in write)
+        builder.set_read_locks(PartitionLocalLock("k", n) for n in read)
+        builder.set_append_locks(PartitionLocalLock("k", n) for n in append)
+        return True
+
+
+def locked(data: bytes, mark: int = 5, **modes: tuple[int, ...]) -> tuple[Submission, AppendPayload]:
+    sub = Submission(Locked(data, **modes), 0, lambda pid: mark, 1 << 20)
+    payload = sub.attempt()
+    assert payload is not None
+    return sub, payload
+
+
+def sent_data(connection: FakeConnection) -> list[bytes]:
+    return [m[1].data for m in connection.sent if isinstance(m, tuple)]
+
+
+def held(partition: ClientPartition) -> float:
+    return partition.metrics.held_appends._value.get()  # type: ignore[attr-defined]
+
+
+def test_an_append_behind_an_own_pending_write_lock_is_held_and_fails_when_that_one_commits() -> None:
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        partition.mount()
+        partition.set_placement("server-a:1", 3)
+        connection = await mount(partition, host)
+        partition.send_append(*locked(b"holder", write=(1,)))
+        partition.send_append(*locked(b"writes it too", write=(1,)))
+        partition.send_append(*locked(b"reads it", read=(1,)))
+        partition.send_append(*locked(b"another lock", write=(2,)))
+        partition.send_append(*locked(b"reads only, is no holder", read=(3,)))
+        partition.send_append(*locked(b"behind a read", write=(3,)))
+        sent = [b"holder", b"another lock", b"reads only, is no holder", b"behind a read"]
+        assert sent_data(connection) == sent
+        assert held(partition) == 2
+        holder = connection.appends()[0]
+        deliver(partition, connection, feed(holder, 6))
+        assert host.completed_ids == [(b"holder", 6)]
+        # Both would fail the server's check (mark 5 < 6): lock failures on 6, without a round trip.
+        assert host.retried == [(b"writes it too", 6), (b"reads it", 6)]
+        assert len(sent_data(connection)) == 4
+        assert len(partition.monitor) == 3
+
+    run(scenario)
+
+
+def test_a_held_append_is_sent_when_its_holder_fails_or_its_mark_covers_the_commit() -> None:
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        partition.mount()
+        partition.set_placement("server-a:1", 3)
+        connection = await mount(partition, host)
+        partition.send_append(*locked(b"refused holder", write=(1,)))
+        partition.send_append(*locked(b"behind the refused", write=(1,)))
+        partition.send_append(*locked(b"appends to 2", append=(2,)))
+        partition.send_append(*locked(b"mark 7, behind 2", mark=7, read=(2,)))
+        partition.send_append(*locked(b"mark 5, behind 2", read=(2,)))
+        assert sent_data(connection) == [b"refused holder", b"appends to 2"]
+        refused, appends = connection.appends()
+        lock = client_pb2.LockFailure(req_id=refused.to_proto(), transaction_id=6)
+        partition.on_message(connection, "lock_failure", lock)  # type: ignore[arg-type]
+        assert host.retried == [(b"refused holder", 6)]
+        assert sent_data(connection)[2:] == [b"behind the refused"]  # as it was: the server decides
+        deliver(partition, connection, feed(other(1), 6))
+        deliver(partition, connection, feed(appends, 7))
+        # Its mark (7, read from a database another instance applied 7 to, say) covers the
+        # holder's commit: the server's check passes it, so it is sent as it is; the other fails.
+        assert sent_data(connection)[3:] == [b"mark 7, behind 2"]
+        assert host.retried[1:] == [(b"mark 5, behind 2", 7)]
+        assert held(partition) == 3
+
+    run(scenario)
+
+
+def test_what_a_pending_append_holds_back_is_sent_after_a_remount_and_returned_by_close() -> None:
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        partition.mount()
+        partition.set_placement("server-a:1", 3)
+        first = await mount(partition, host)
+        partition.send_append(*locked(b"holder", write=(1,)))
+        partition.send_append(*locked(b"held", write=(1,)))
+        first.closed = True
+        partition.connection_lost(first)  # type: ignore[arg-type]
+        second = await mount(partition, host)
+        # The holder was pending at the mount response: it failed (re-executed), and what it held
+        # went out on the new connection, now holding the lock itself.
+        assert host.retried == [(b"holder", None)]
+        assert sent_data(second) == [b"held"]
+        partition.send_append(*locked(b"held again", write=(1,)))
+        assert sent_data(second) == [b"held"]
+        worker, submissions = partition.close()
+        assert sorted(s.context.data for s in submissions) == [b"held", b"held again"]  # type: ignore[attr-defined]
+        if worker is not None:
+            await asyncio.to_thread(worker.close)
+
+    run(scenario)
+
+
+def test_appends_are_not_held_when_hold_conflicting_appends_is_off() -> None:
+    async def main() -> None:
+        host = FakeHost(Callbacks(5))
+        partition = ClientPartition(0, host, 100, 10, hold_conflicting_appends=False)  # type: ignore[arg-type]
+        try:
+            partition.mount()
+            partition.set_placement("server-a:1", 3)
+            connection = await mount(partition, host)
+            partition.send_append(*locked(b"first", write=(1,)))
+            partition.send_append(*locked(b"second", write=(1,)))
+            assert sent_data(connection) == [b"first", b"second"]
+            assert held(partition) == 0
+        finally:
+            worker, _ = partition.close()
+            if worker is not None:
+                await asyncio.to_thread(worker.close)
+
+    asyncio.run(main())

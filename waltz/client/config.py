@@ -49,6 +49,9 @@ class WaltzClientConfig(WaltzSettings):
       the server feeds at most this many transactions beyond what the application applied, and
       the client grants more as it applies (``docs/protocol.md`` "Feed window"), so memory stays
       bounded when the application applies more slowly than the log grows; 0: no limit.
+    - ``client.holdConflictingAppends`` (``client_hold_conflicting_appends``): hold back an
+      append whose lock a pending append of this client holds (it would fail if that one
+      commits; ``docs/protocol.md`` "Append"), instead of sending it for the server to refuse.
     - ``client.transactionDataTimeout`` (``client_transaction_data_timeout``): seconds a
       ``Transaction.get_data`` keeps retrying.
     - ``client.readYourWritesTimeout`` (``client_read_your_writes_timeout``): seconds a new
@@ -72,6 +75,7 @@ class WaltzClientConfig(WaltzSettings):
         "client.maxApplyBatchSize": "client_max_apply_batch_size",
         "client.applyLinger": "client_apply_linger",
         "client.maxApplyBacklog": "client_max_apply_backlog",
+        "client.holdConflictingAppends": "client_hold_conflicting_appends",
         "client.transactionDataTimeout": "client_transaction_data_timeout",
         "client.readYourWritesTimeout": "client_read_your_writes_timeout",
         "client.maxMessageBytes": "client_max_message_bytes",
@@ -114,6 +118,11 @@ class WaltzClientConfig(WaltzSettings):
         default=10_000,
         ge=0,
         description="Feed window: transactions fed beyond what the application applied, at most (0: none).",
+    )
+    client_hold_conflicting_appends: bool = Field(
+        default=True,
+        description="Hold back an append whose lock a pending append of this client holds, until that "
+        "one commits (then a lock failure, without a round trip to the server) or fails (then sent).",
     )
     client_transaction_data_timeout: float = Field(
         default=60.0, gt=0, description="Seconds Transaction.get_data retries before giving up."

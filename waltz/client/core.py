@@ -158,6 +158,7 @@ class ClientCore:
                 self.metrics.partition(pid),
                 apply_linger=self.config.client_apply_linger,
                 max_apply_backlog=self.config.client_max_apply_backlog,
+                hold_conflicting_appends=self.config.client_hold_conflicting_appends,
             )
             for pid in range(self.num_partitions)
         }

@@ -13,7 +13,12 @@ Metric names (``partition`` label on all but the histogram and the summaries):
 - ``waltz_client_transactions_committed_total``: own appends seen committed in the feed.
 - ``waltz_client_failed_appends_total``: appends that failed without a lock failure (lost with a
   connection, a server, a reassignment) and were re-executed.
-- ``waltz_client_lock_failures_total``: appends the server's lock check refused (re-executed).
+- ``waltz_client_lock_failures_total``: appends the server's lock check refused, or that the client
+  held back behind a pending append of its own holding their lock which then committed
+  (re-executed).
+- ``waltz_client_held_appends_total``: appends held back behind a pending append of this client
+  holding one of their locks (``client.holdConflictingAppends``; sent once that one fails, a lock
+  failure once it commits).
 - ``waltz_client_transactions_applied_total``: transactions ``apply_transaction`` returned for.
 - ``waltz_client_apply_errors_total``: exceptions raised by ``apply_transaction(s)``.
 - ``waltz_client_remounts_total``: runs of the reconnect procedure (seed 002) after a mount.
@@ -172,6 +177,7 @@ class PartitionMetrics:
         "committed",
         "failed_appends",
         "feed_windows",
+        "held_appends",
         "lock_failures",
         "remounts",
         "submitted",
@@ -183,6 +189,7 @@ class PartitionMetrics:
         self.committed = metrics.transactions_committed.labels(label)
         self.failed_appends = metrics.failed_appends.labels(label)
         self.lock_failures = metrics.lock_failures.labels(label)
+        self.held_appends = metrics.held_appends.labels(label)
         self.applied = metrics.transactions_applied.labels(label)
         self.apply_errors = metrics.apply_errors.labels(label)
         self.remounts = metrics.remounts.labels(label)
@@ -217,7 +224,14 @@ class ClientMetrics:
             "Appends that failed without a lock failure and were re-executed, by partition.",
         )
         self.lock_failures = counter(
-            "waltz_client_lock_failures", "Appends refused by the server's lock check, by partition."
+            "waltz_client_lock_failures",
+            "Appends refused by the server's lock check, or held back behind an own pending append "
+            "holding their lock that committed, by partition.",
+        )
+        self.held_appends = counter(
+            "waltz_client_held_appends",
+            "Appends held back behind a pending append of this client holding one of their locks, "
+            "by partition.",
         )
         self.transactions_applied = counter(
             "waltz_client_transactions_applied",

@@ -107,8 +107,11 @@ class PartitionHost(Protocol):
 
 @dataclass(slots=True)
 class _Pending:
+    """An append sent and not resolved yet, with the appends held back behind its locks."""
+
     submission: Submission
     payload: AppendPayload
+    held: list[tuple[Submission, AppendPayload]] | None = None
 
 
 class ClientPartition:
@@ -123,6 +126,9 @@ class ClientPartition:
         apply_linger: seconds the apply worker waits to fill a batch (``client.applyLinger``).
         max_apply_backlog: the feed window: transactions the server may feed beyond what the
             application applied (``client.maxApplyBacklog``; 0: no limit).
+        hold_conflicting_appends: hold back an append whose WRITE or READ lock a pending append of
+            this client holds as a WRITE or APPEND lock (``client.holdConflictingAppends``; see
+            :meth:`send_append`).
     """
 
     def __init__(
@@ -135,6 +141,7 @@ class ClientPartition:
         *,
         apply_linger: float = 0.0,
         max_apply_backlog: int = 0,
+        hold_conflicting_appends: bool = True,
     ) -> None:
         self.partition_id = partition_id
         self.metrics = metrics if metrics is not None else ClientMetrics().partition(partition_id)
@@ -142,6 +149,7 @@ class ClientPartition:
         self._max_apply_batch = max_apply_batch
         self._apply_linger = apply_linger
         self._max_apply_backlog = max_apply_backlog
+        self._hold_conflicting = hold_conflicting_appends
         self.limit = ConcurrencyLimit(max_concurrent)
         self.applied = Watermark(-1)
         """The highest transaction ID this client applied (or found applied) on the partition."""
@@ -158,6 +166,7 @@ class ClientPartition:
         self.mounts = 0
         self.feed_gaps = 0
         self._blocked: deque[tuple[Submission, AppendPayload]] = deque()
+        self._holders: dict[int, _Pending] = {}  # lock hash -> the latest pending append locking it
         self._feed_mark = -1
         self._queued_mark: int | None = None
         self._to_queue: list[tuple[Transaction, Submission | None]] = []  # handed over by end_of_batch
@@ -276,8 +285,11 @@ class ClientPartition:
         """Stop for good; returns the worker to close and every submission still held."""
         worker = self.detach(unmount=False)
         self.state = PartitionState.CLOSED
-        held = [p.submission for p in self.monitor.fail_all()] + [s for s, _ in self._blocked]
+        pending = self.monitor.fail_all()
+        held = [p.submission for p in pending] + [s for s, _ in self._blocked]
+        held += [submission for p in pending for submission, _ in p.held or ()]
         self._blocked.clear()
+        self._holders.clear()
         return worker, held
 
     def set_placement(self, endpoint: str | None, generation: int) -> None:
@@ -437,6 +449,8 @@ class ClientPartition:
         self._mounted.set()
         for pending in failed:
             self._host.retry(self, pending.submission, None)
+        for pending in failed:  # after the state is MOUNTED: what they held is sent now
+            self._resolved(pending, None)
         blocked, self._blocked = self._blocked, deque()
         for submission, payload in blocked:
             self.send_append(submission, payload)
@@ -445,7 +459,17 @@ class ClientPartition:
     # --- appends ----------------------------------------------------------------------------------
 
     def send_append(self, submission: Submission, payload: AppendPayload) -> None:
-        """Send an attempt's append, or hold it until the partition is mounted."""
+        """Send an attempt's append, or hold it until the partition is mounted.
+
+        An append one of whose WRITE or READ locks is a WRITE or APPEND lock of a pending append of
+        this client (its *holder*, the latest such one) is held back (``docs/protocol.md``
+        "Append", client side): its client high-water mark is below the holder's transaction, so
+        the server would refuse it if the holder commits. When the holder commits, the held append
+        is a lock failure on the holder's transaction ID, found by the client (re-executed once that
+        transaction is applied, like one the server refused, without its round trip to the server);
+        when the holder fails, or the held attempt's mark turns out to cover the holder's commit (a
+        mark read from a database another instance had already applied it to), it is sent as it is.
+        """
         if self.state is PartitionState.CLOSED:
             self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
             return
@@ -455,9 +479,44 @@ class ClientPartition:
             if self.state is PartitionState.MOUNTED:
                 self.remount("connection lost")
             return
+        holders = self._holders
+        if holders:
+            for lock in payload.write_locks + payload.read_locks:
+                holder = holders.get(lock)
+                if holder is not None:
+                    if holder.held is None:
+                        holder.held = [(submission, payload)]
+                    else:
+                        holder.held.append((submission, payload))
+                    self.metrics.held_appends.inc()
+                    return
         req_id = ReqId(self._host.client_id, self.generation, self.partition_id, self._host.next_seq_num())
-        self.monitor.register(req_id, _Pending(submission, payload))
+        pending = _Pending(submission, payload)
+        self.monitor.register(req_id, pending)
+        if self._hold_conflicting:
+            for lock in payload.write_locks:
+                holders[lock] = pending
+            for lock in payload.append_locks:
+                holders[lock] = pending
         connection.send_append(req_id, payload)
+
+    def _resolved(self, pending: _Pending, committed_as: int | None) -> None:
+        """A pending append left the transaction monitor (``committed_as``: its transaction ID, or
+        None when it failed): release its locks and what it held back (see :meth:`send_append`)."""
+        holders = self._holders
+        if holders:
+            payload = pending.payload
+            for lock in payload.write_locks + payload.append_locks:
+                if holders.get(lock) is pending:
+                    del holders[lock]
+        held = pending.held
+        if held:
+            pending.held = None
+            for submission, payload in held:
+                if committed_as is not None and payload.client_high_water_mark < committed_as:
+                    self._host.retry(self, submission, committed_as)
+                else:  # the holder failed, or the attempt's mark already covers its commit
+                    self.send_append(submission, payload)
 
     def send_flush(self) -> None:
         """Nudge the server with a flush request when appends are pending (learn their fate)."""
@@ -524,10 +583,12 @@ class ClientPartition:
                 succeeded, failed = monitor.on_feed(req_id)
                 for pending in failed:
                     self._host.retry(self, pending.submission, None)
+                    self._resolved(pending, None)
                 if succeeded is not None:
                     own, data = succeeded.submission, succeeded.payload.data
                     self.own_committed_mark = transaction_id
                     self._host.completed(own, transaction_id)
+                    self._resolved(succeeded, transaction_id)
             queued = self._queued_mark
             if queued is not None and transaction_id > queued and self.worker is not None:
                 self._queued_mark = transaction_id
@@ -612,6 +673,7 @@ class ClientPartition:
             pending = self.monitor.on_lock_failure(ReqId.from_proto(body.req_id))
             if pending is not None:
                 self._host.retry(self, pending.submission, body.transaction_id)
+                self._resolved(pending, None)
         elif kind == "flush":
             assert isinstance(body, client_pb2.FlushResponse)
             position = self._flush_reqs.pop(body.req_id.seq_num, None)
@@ -633,6 +695,7 @@ class ClientPartition:
             if self._feed_mark >= mark:
                 for pending in self.monitor.fail_before(position):
                     self._host.retry(self, pending.submission, None)
+                    self._resolved(pending, None)
             else:
                 remaining.append((position, mark))
         self._flush_marks = remaining
@@ -651,3 +714,4 @@ class ClientPartition:
                 pending.submission,
                 ProtocolError(f"server {self.endpoint} rejected the append {req_id}: {error.message}"),
             )
+            self._resolved(pending, None)
