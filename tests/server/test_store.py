@@ -511,3 +511,55 @@ def test_recover_partition_seeds_a_new_replica_with_committed_records(
         run(scenario())
     finally:
         newcomer.close()
+
+
+def test_the_linger_waits_only_while_a_batch_flies() -> None:
+    """``StoreConfig.linger`` (``storage.linger``): a queue smaller than a batch waits for more
+    records while another batch of the partition is in flight, never when none is, and never
+    once it holds a full batch (group commit without a timer on an idle partition)."""
+    from types import SimpleNamespace
+
+    from waltz.services.server.store.partition import _Session
+
+    config = StoreConfig(linger=0.002, max_batch_records=10)
+    queue = [object()] * 3
+    session = SimpleNamespace(
+        config=config, batches_in_flight=0, partition=SimpleNamespace(_queue=queue, _queue_since=100.0)
+    )
+    linger_left = _Session._linger_left
+    assert linger_left(session, 100.0005) == 0.0  # nothing in flight: send now
+    session.batches_in_flight = 1
+    assert linger_left(session, 100.0005) == pytest.approx(0.0015)  # wait for more
+    assert linger_left(session, 100.003) < 0  # waited long enough
+    session.partition._queue = [object()] * 10
+    assert linger_left(session, 100.0005) == 0.0  # a full batch goes at once
+    session.config = StoreConfig(linger=0.0, max_batch_records=10)
+    session.partition._queue = queue
+    assert linger_left(session, 100.0005) == 0.0  # no linger configured
+
+
+def test_a_long_linger_never_holds_a_lone_append_and_ends_when_the_flying_batch_resolves(
+    store_cluster: StoreCluster,
+) -> None:
+    async def scenario() -> None:
+        partition = store(store_cluster, config=StoreConfig(connect_timeout=2.0, linger=60.0))
+        partition.start()
+        try:
+            # One at a time: nothing else is in flight, so each is sent at once.
+            for i in range(5):
+                assert await asyncio.wait_for(partition.append(ReqId(1, 1, 0, i), 0, payload(i)), 20) == i
+            sent = partition.batches_sent
+            first = asyncio.ensure_future(partition.append(ReqId(1, 1, 0, 5), 0, payload(5)))
+            for _ in range(2000):  # bounded: until the first batch has left
+                if partition.batches_sent > sent:
+                    break
+                await asyncio.sleep(0.001)
+            assert partition.batches_sent == sent + 1
+            # Queued while that batch flies: it waits for it (or 60 s), then goes.
+            second = partition.append(ReqId(1, 1, 0, 6), 0, payload(6))
+            assert await asyncio.wait_for(asyncio.gather(first, second), 20) == [5, 6]
+            assert partition.batches_sent == sent + 2
+        finally:
+            await partition.close()
+
+    run(scenario())

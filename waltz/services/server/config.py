@@ -104,7 +104,12 @@ class ServerConfig(WaltzSettings):
         "alone); at most 16 MiB, half the storage nodes' default gRPC message limit.",
     )
     store_max_in_flight_batches: int = Field(8, gt=0, description="Append batches in flight per partition.")
-    store_linger: float = Field(0.0, ge=0, description="Seconds to wait to fill a batch while another flies.")
+    store_linger: float = Field(
+        0.002,
+        ge=0,
+        description="Seconds to wait to fill a batch while another of the partition flies (group commit; "
+        "never when none flies).",
+    )
     store_shared_streams: bool = Field(
         True,
         description="One store session stream per storage node, shared by every partition of the server "
