@@ -24,7 +24,7 @@ class StoreConfig:
             The wait ends early when no batch is in flight any more: appends that arrive while a
             batch flies go together (group commit; several clients' appends share one flush)
             rather than one small batch per client message, and a lone append never waits.
-            2 ms: benchmarks/RESULTS.md (2026-11-24 12:30 UTC).
+            2 ms: benchmarks/RESULTS.md (2026-11-24 12:42 UTC).
         checkpoint_interval: transactions after which a new store session is started, so that a
             recovery never has to look back far (``storage.checkpointInterval``, seed 000).
         connect_timeout: seconds to wait for a storage node to answer an open request.
