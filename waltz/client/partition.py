@@ -463,8 +463,9 @@ class ClientPartition:
 
         An append one of whose WRITE or READ locks is a WRITE or APPEND lock of a pending append of
         this client (its *holder*, the latest such one) is held back (``docs/protocol.md``
-        "Append", client side): its client high-water mark is below the holder's transaction, so
-        the server would refuse it if the holder commits. When the holder commits, the held append
+        "Append", client side): as a rule its client high-water mark is below the holder's
+        transaction (this client has not seen it commit), so the server would refuse it if the
+        holder commits. When the holder commits, the held append
         is a lock failure on the holder's transaction ID, found by the client (re-executed once that
         transaction is applied, like one the server refused, without its round trip to the server);
         when the holder fails, or the held attempt's mark turns out to cover the holder's commit (a
