@@ -126,11 +126,22 @@ async def settle(condition: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def run(scenario: Callable[[ClientPartition, FakeHost, Callbacks], Awaitable[None]], mark: int = 5) -> None:
+def run(
+    scenario: Callable[[ClientPartition, FakeHost, Callbacks], Awaitable[None]],
+    mark: int = 5,
+    *,
+    hold_conflicting_appends: bool = True,
+) -> None:
     async def main() -> None:
         callbacks = Callbacks(mark)
         host = FakeHost(callbacks)
-        partition = ClientPartition(0, host, max_concurrent=100, max_apply_batch=10)  # type: ignore[arg-type]
+        partition = ClientPartition(
+            0,
+            host,  # type: ignore[arg-type]
+            max_concurrent=100,
+            max_apply_batch=10,
+            hold_conflicting_appends=hold_conflicting_appends,
+        )
         try:
             await scenario(partition, host, callbacks)
         finally:
@@ -159,6 +170,13 @@ async def mount(
     partition.on_message(connection, "mount", response)  # type: ignore[arg-type]
     await settle(lambda: partition.state is PartitionState.MOUNTED, "the partition to mount")
     return connection
+
+
+async def mounted(partition: ClientPartition, host: FakeHost) -> FakeConnection:
+    """Mount the partition on ``server-a:1``, generation 3, with an empty feed."""
+    partition.mount()
+    partition.set_placement("server-a:1", 3)
+    return await mount(partition, host)
 
 
 def submission(data: bytes) -> tuple[Submission, AppendPayload]:
@@ -365,9 +383,7 @@ def held(partition: ClientPartition) -> float:
 
 def test_an_append_behind_an_own_pending_write_lock_is_held_and_fails_when_that_one_commits() -> None:
     async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
-        partition.mount()
-        partition.set_placement("server-a:1", 3)
-        connection = await mount(partition, host)
+        connection = await mounted(partition, host)
         partition.send_append(*locked(b"holder", write=(1,)))
         partition.send_append(*locked(b"writes it too", write=(1,)))
         partition.send_append(*locked(b"reads it", read=(1,)))
@@ -390,9 +406,7 @@ def test_an_append_behind_an_own_pending_write_lock_is_held_and_fails_when_that_
 
 def test_a_held_append_is_sent_when_its_holder_fails_or_its_mark_covers_the_commit() -> None:
     async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
-        partition.mount()
-        partition.set_placement("server-a:1", 3)
-        connection = await mount(partition, host)
+        connection = await mounted(partition, host)
         partition.send_append(*locked(b"refused holder", write=(1,)))
         partition.send_append(*locked(b"behind the refused", write=(1,)))
         partition.send_append(*locked(b"appends to 2", append=(2,)))
@@ -417,9 +431,7 @@ def test_a_held_append_is_sent_when_its_holder_fails_or_its_mark_covers_the_comm
 
 def test_what_a_pending_append_holds_back_is_sent_after_a_remount_and_returned_by_close() -> None:
     async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
-        partition.mount()
-        partition.set_placement("server-a:1", 3)
-        first = await mount(partition, host)
+        first = await mounted(partition, host)
         partition.send_append(*locked(b"holder", write=(1,)))
         partition.send_append(*locked(b"held", write=(1,)))
         first.closed = True
@@ -440,20 +452,11 @@ def test_what_a_pending_append_holds_back_is_sent_after_a_remount_and_returned_b
 
 
 def test_appends_are_not_held_when_hold_conflicting_appends_is_off() -> None:
-    async def main() -> None:
-        host = FakeHost(Callbacks(5))
-        partition = ClientPartition(0, host, 100, 10, hold_conflicting_appends=False)  # type: ignore[arg-type]
-        try:
-            partition.mount()
-            partition.set_placement("server-a:1", 3)
-            connection = await mount(partition, host)
-            partition.send_append(*locked(b"first", write=(1,)))
-            partition.send_append(*locked(b"second", write=(1,)))
-            assert sent_data(connection) == [b"first", b"second"]
-            assert held(partition) == 0
-        finally:
-            worker, _ = partition.close()
-            if worker is not None:
-                await asyncio.to_thread(worker.close)
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        connection = await mounted(partition, host)
+        partition.send_append(*locked(b"first", write=(1,)))
+        partition.send_append(*locked(b"second", write=(1,)))
+        assert sent_data(connection) == [b"first", b"second"]
+        assert held(partition) == 0
 
-    asyncio.run(main())
+    run(scenario, hold_conflicting_appends=False)

@@ -447,10 +447,8 @@ class ClientPartition:
         )
         self.state = PartitionState.MOUNTED
         self._mounted.set()
-        for pending in failed:
-            self._host.retry(self, pending.submission, None)
         for pending in failed:  # after the state is MOUNTED: what they held is sent now
-            self._resolved(pending, None)
+            self._failed(pending, None)
         blocked, self._blocked = self._blocked, deque()
         for submission, payload in blocked:
             self.send_append(submission, payload)
@@ -500,6 +498,12 @@ class ClientPartition:
             for lock in payload.append_locks:
                 holders[lock] = pending
         connection.send_append(req_id, payload)
+
+    def _failed(self, pending: _Pending, lock_target: int | None) -> None:
+        """A pending append failed (a lock failure naming ``lock_target``, or lost: None): run its
+        context again, and release what it held back."""
+        self._host.retry(self, pending.submission, lock_target)
+        self._resolved(pending, None)
 
     def _resolved(self, pending: _Pending, committed_as: int | None) -> None:
         """A pending append left the transaction monitor (``committed_as``: its transaction ID, or
@@ -583,8 +587,7 @@ class ClientPartition:
                 req_id = ReqId(client_id, generations[index], partition_id, seq_nums[index])
                 succeeded, failed = monitor.on_feed(req_id)
                 for pending in failed:
-                    self._host.retry(self, pending.submission, None)
-                    self._resolved(pending, None)
+                    self._failed(pending, None)
                 if succeeded is not None:
                     own, data = succeeded.submission, succeeded.payload.data
                     self.own_committed_mark = transaction_id
@@ -673,8 +676,7 @@ class ClientPartition:
             assert isinstance(body, client_pb2.LockFailure)
             pending = self.monitor.on_lock_failure(ReqId.from_proto(body.req_id))
             if pending is not None:
-                self._host.retry(self, pending.submission, body.transaction_id)
-                self._resolved(pending, None)
+                self._failed(pending, body.transaction_id)
         elif kind == "flush":
             assert isinstance(body, client_pb2.FlushResponse)
             position = self._flush_reqs.pop(body.req_id.seq_num, None)
@@ -695,8 +697,7 @@ class ClientPartition:
         for position, mark in self._flush_marks:
             if self._feed_mark >= mark:
                 for pending in self.monitor.fail_before(position):
-                    self._host.retry(self, pending.submission, None)
-                    self._resolved(pending, None)
+                    self._failed(pending, None)
             else:
                 remaining.append((position, mark))
         self._flush_marks = remaining
