@@ -52,8 +52,8 @@ class FakeConnection:
     def send(self, message: client_pb2.ClientMessage) -> None:
         self.sent.append(message)
 
-    def send_append(self, req_id: ReqId, payload: AppendPayload) -> None:
-        self.sent.append((req_id, payload))
+    def send_append(self, req_id: ReqId, payload: AppendPayload, linger: float = 0.0) -> None:
+        self.sent.append((req_id, payload, linger))
 
     def mounts(self) -> list[client_pb2.MountRequest]:
         return [m.mount for m in self.sent if isinstance(m, client_pb2.ClientMessage) and m.HasField("mount")]
@@ -131,6 +131,7 @@ def run(
     mark: int = 5,
     *,
     hold_conflicting_appends: bool = True,
+    retry_linger: float = 0.0,
 ) -> None:
     async def main() -> None:
         callbacks = Callbacks(mark)
@@ -141,6 +142,7 @@ def run(
             max_concurrent=100,
             max_apply_batch=10,
             hold_conflicting_appends=hold_conflicting_appends,
+            retry_linger=retry_linger,
         )
         try:
             await scenario(partition, host, callbacks)
@@ -460,3 +462,20 @@ def test_appends_are_not_held_when_hold_conflicting_appends_is_off() -> None:
         assert held(partition) == 0
 
     run(scenario, hold_conflicting_appends=False)
+
+
+def test_a_re_attempt_s_append_is_sent_with_the_retry_linger_a_first_attempt_s_without() -> None:
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        connection = await mounted(partition, host)
+        first, first_payload = locked(b"first", write=(1,))
+        partition.send_append(first, first_payload)
+        again, _ = locked(b"again", write=(2,))
+        payload = again.attempt()  # its second attempt (after a lock failure, say)
+        assert payload is not None and again.attempts == 2
+        partition.send_append(again, payload)
+        assert [(m[1].data, m[2]) for m in connection.sent if isinstance(m, tuple)] == [
+            (b"first", 0.0),
+            (b"again", 0.003),
+        ]
+
+    run(scenario, retry_linger=0.003)

@@ -61,8 +61,8 @@ class Connection:
     def send(self, message: client_pb2.ClientMessage) -> None:
         self.sent.append(message)
 
-    def send_append(self, req_id: ReqId, payload: AppendPayload) -> None:
-        self.sent.append((req_id, payload))
+    def send_append(self, req_id: ReqId, payload: AppendPayload, linger: float = 0.0) -> None:
+        self.sent.append((req_id, payload, linger))
 
 
 class Host:

@@ -52,6 +52,9 @@ class WaltzClientConfig(WaltzSettings):
     - ``client.holdConflictingAppends`` (``client_hold_conflicting_appends``): hold back an
       append whose lock a pending append of this client holds (it would fail if that one
       commits; ``docs/protocol.md`` "Append"), instead of sending it for the server to refuse.
+    - ``client.retryLinger`` (``client_retry_linger``): seconds the append of a re-attempt (after
+      a lock failure or a lost append) may wait for a first attempt's append to share its stream
+      message, when nothing else is being sent (``docs/protocol.md`` "Append"); 0: sent at once.
     - ``client.transactionDataTimeout`` (``client_transaction_data_timeout``): seconds a
       ``Transaction.get_data`` keeps retrying.
     - ``client.readYourWritesTimeout`` (``client_read_your_writes_timeout``): seconds a new
@@ -76,6 +79,7 @@ class WaltzClientConfig(WaltzSettings):
         "client.applyLinger": "client_apply_linger",
         "client.maxApplyBacklog": "client_max_apply_backlog",
         "client.holdConflictingAppends": "client_hold_conflicting_appends",
+        "client.retryLinger": "client_retry_linger",
         "client.transactionDataTimeout": "client_transaction_data_timeout",
         "client.readYourWritesTimeout": "client_read_your_writes_timeout",
         "client.maxMessageBytes": "client_max_message_bytes",
@@ -123,6 +127,13 @@ class WaltzClientConfig(WaltzSettings):
         default=True,
         description="Hold back an append whose lock a pending append of this client holds, until that "
         "one commits (then a lock failure, without a round trip to the server) or fails (then sent).",
+    )
+    client_retry_linger: float = Field(
+        default=0.003,
+        ge=0,
+        le=1,
+        description="Seconds a re-attempt's append may wait to share the stream message of the next "
+        "first attempt's append (0: sent at once).",
     )
     client_transaction_data_timeout: float = Field(
         default=60.0, gt=0, description="Seconds Transaction.get_data retries before giving up."

@@ -5,8 +5,9 @@ Source: seed 000 "Client-Server Interactions" (``WaltzNetworkClient``, one per s
 sequence number, takes over); ``docs/protocol.md`` "Connections and identities". Outgoing protocol
 messages are batched: everything queued while the previous stream message was being written goes
 into the next one (DESIGN.md: one stream carries a few thousand messages per second here, so
-batching is what makes throughput). Transaction data is fetched with the unary RPC on the same
-channel. Everything here runs on the client's event loop.
+batching is what makes throughput); an append queued with a linger (a re-attempt's) lets an idle
+writer wait that long for company (``docs/protocol.md`` "Append"). Transaction data is fetched
+with the unary RPC on the same channel. Everything here runs on the client's event loop.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class ServerConnection:
         self._batch_count = 0
         self._batch_bytes = 0
         self._wake = asyncio.Event()
+        self._late_wake: asyncio.TimerHandle | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self.error: BaseException | None = None
@@ -120,7 +122,7 @@ class ServerConnection:
 
     # --- sending ----------------------------------------------------------------------------------
 
-    def _next_slot(self, data_bytes: int) -> client_pb2.ClientMessage:
+    def _next_slot(self, data_bytes: int, linger: float = 0.0) -> client_pb2.ClientMessage:
         full = self._batch_count >= MAX_BATCH_MESSAGES or self._batch_bytes + data_bytes > MAX_BATCH_BYTES
         if full and self._batch_count:
             self._ready.append(self._batch)
@@ -130,8 +132,16 @@ class ServerConnection:
         self._batch_count += 1
         self._batch_bytes += data_bytes
         if not self._wake.is_set():
-            self._wake.set()
+            if linger <= 0 or full:
+                self._wake.set()
+            elif self._late_wake is None:
+                self._late_wake = asyncio.get_running_loop().call_later(linger, self._wake.set)
         return self._batch.messages.add()
+
+    def _cancel_late_wake(self) -> None:
+        if self._late_wake is not None:
+            self._late_wake.cancel()
+            self._late_wake = None
 
     def send(self, message: client_pb2.ClientMessage) -> None:
         """Queue a protocol message (mount, unmount, flush, high-water mark) in order.
@@ -143,15 +153,22 @@ class ServerConnection:
             raise ConnectionError(f"the connection to {self.endpoint} is closed")
         self._next_slot(0).CopyFrom(message)
 
-    def send_append(self, req_id: ReqId, payload: AppendPayload) -> None:
+    def send_append(self, req_id: ReqId, payload: AppendPayload, linger: float = 0.0) -> None:
         """Queue an append request, written straight into the next stream message.
+
+        Args:
+            req_id: the append's ReqId.
+            payload: what the attempt produced.
+            linger: seconds the append may wait for something else to be sent with it, when the
+                writer is idle (0: the writer wakes at once); anything queued without a linger,
+                or a full stream message, wakes it sooner.
 
         Raises:
             ConnectionError: the connection is closed.
         """
         if self._closed:
             raise ConnectionError(f"the connection to {self.endpoint} is closed")
-        append = self._next_slot(len(payload.data)).append
+        append = self._next_slot(len(payload.data), linger).append
         rid = append.req_id
         rid.client_id = req_id.client_id
         rid.generation = req_id.generation
@@ -173,6 +190,7 @@ class ServerConnection:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
+                self._cancel_late_wake()  # what waited for company leaves now
                 while self._ready or self._batch_count:
                     if self._ready:
                         batch = self._ready.popleft()
@@ -221,6 +239,7 @@ class ServerConnection:
             return
         self._closed = True
         self.error = error
+        self._cancel_late_wake()
         if error is not None:
             log.info("connection %r lost: %s", self, error)
         for task in self._tasks:
@@ -250,6 +269,7 @@ class ServerConnection:
 
     async def close(self) -> None:
         """Close the stream and the channel. Idempotent; ``on_closed`` is not called for it."""
+        self._cancel_late_wake()
         if not self._closed:
             self._closed = True
             if self._call is not None:

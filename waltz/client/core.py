@@ -159,6 +159,7 @@ class ClientCore:
                 apply_linger=self.config.client_apply_linger,
                 max_apply_backlog=self.config.client_max_apply_backlog,
                 hold_conflicting_appends=self.config.client_hold_conflicting_appends,
+                retry_linger=self.config.client_retry_linger,
             )
             for pid in range(self.num_partitions)
         }

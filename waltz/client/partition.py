@@ -129,6 +129,8 @@ class ClientPartition:
         hold_conflicting_appends: hold back an append whose WRITE or READ lock a pending append of
             this client holds as a WRITE or APPEND lock (``client.holdConflictingAppends``; see
             :meth:`send_append`).
+        retry_linger: seconds a re-attempt's append may wait for the next first attempt's append
+            to share its stream message (``client.retryLinger``; see :meth:`send_append`).
     """
 
     def __init__(
@@ -142,6 +144,7 @@ class ClientPartition:
         apply_linger: float = 0.0,
         max_apply_backlog: int = 0,
         hold_conflicting_appends: bool = True,
+        retry_linger: float = 0.0,
     ) -> None:
         self.partition_id = partition_id
         self.metrics = metrics if metrics is not None else ClientMetrics().partition(partition_id)
@@ -150,6 +153,7 @@ class ClientPartition:
         self._apply_linger = apply_linger
         self._max_apply_backlog = max_apply_backlog
         self._hold_conflicting = hold_conflicting_appends
+        self._retry_linger = retry_linger
         self.limit = ConcurrencyLimit(max_concurrent)
         self.applied = Watermark(-1)
         """The highest transaction ID this client applied (or found applied) on the partition."""
@@ -468,6 +472,12 @@ class ClientPartition:
         transaction is applied, like one the server refused, without its round trip to the server);
         when the holder fails, or the held attempt's mark turns out to cover the holder's commit (a
         mark read from a database another instance had already applied it to), it is sent as it is.
+
+        The append of a re-attempt (after a lock failure or a lost append) may wait up to
+        ``retry_linger`` seconds for another append to wake the connection's writer, so that it
+        shares a stream message, and then a store batch, with the first attempts that follow it
+        (``docs/protocol.md`` "Append"): a re-attempt starts when the transaction it waited for is
+        applied, just before the completions of that commit let new transactions in.
         """
         if self.state is PartitionState.CLOSED:
             self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
@@ -497,7 +507,7 @@ class ClientPartition:
                 holders[lock] = pending
             for lock in payload.append_locks:
                 holders[lock] = pending
-        connection.send_append(req_id, payload)
+        connection.send_append(req_id, payload, self._retry_linger if submission.attempts > 1 else 0.0)
 
     def _failed(self, pending: _Pending, lock_target: int | None) -> None:
         """A pending append failed (a lock failure naming ``lock_target``, or lost: None): run its
