@@ -48,9 +48,11 @@ def run(
     env = dict(server_env or {})
     with perf_cluster(LocalClusterSpec(3, servers, partitions, env)) as target:
         stats = run_producer(target.config, ProducerSettings(clients, spec), target.metrics_urls)
+        retry_linger = target.config.client_retry_linger
     settings = (
         f"{batch_settings(env)}; fsync per storage batch; {clients} client process(es), "
-        f"client.maxConcurrentTransactions={max(spec.max_in_flight, 4000)}"
+        f"client.maxConcurrentTransactions={max(spec.max_in_flight, 4000)}, "
+        f"client.retryLinger={retry_linger:g}"
     )
     topology = f"{partitions} partition(s), {servers} server(s), 3 storage nodes RF 3"
     return result("waltz-py", topology, settings, spec, stats)
