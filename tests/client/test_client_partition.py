@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from support import settle
 from support.feed import feed_run
 
 from waltz import (
@@ -116,14 +117,6 @@ def feed(req_id: ReqId, transaction_id: int) -> client_pb2.FeedEntries:
 
 def other(seq: int) -> ReqId:
     return ReqId(OTHER, 3, 0, seq)
-
-
-async def settle(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def run(

@@ -8,6 +8,7 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
+from support import settle
 
 from waltz.client.connection import ServerConnection
 from waltz.client.context import AppendPayload
@@ -59,11 +60,7 @@ def with_connection(scenario: Callable[[ServerConnection, Recorder], Awaitable[N
 
 
 async def received(recorder: Recorder, count: int) -> None:
-    for _ in range(500):  # 5 s at most
-        if len(recorder.messages) >= count:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"the server received {recorder.messages}, expected {count} stream message(s)")
+    await settle(lambda: len(recorder.messages) >= count, f"{count} stream message(s)", timeout=5.0)
 
 
 def test_an_append_with_a_linger_waits_for_the_next_one_without_and_shares_its_message() -> None:

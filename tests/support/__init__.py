@@ -13,8 +13,10 @@ Import as ``import support`` (``tests`` is on ``pythonpath`` in pyproject.toml).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -58,6 +60,17 @@ def unavailable(message: str) -> NoReturn:
     if in_ci():
         pytest.fail(f"{message} (CI is set, so this is a failure, not a skip)", pytrace=False)
     pytest.skip(message)
+
+
+async def settle(condition: Callable[[], bool], what: str, timeout: float = 1.0) -> None:
+    """Poll ``condition`` on the running event loop (every millisecond) until it holds; raise
+    AssertionError naming ``what`` after ``timeout`` seconds (the asyncio twin of
+    :func:`waltz.services.processes.wait_until`, for tests whose loop must keep running)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.001)
 
 
 def unique_suffix() -> str:
