@@ -54,6 +54,7 @@ class Sizes:
     fsync_batched: int
     grpc: int
     grpc_batched: int
+    skeleton: int
 
 
 QUICK = Sizes(
@@ -64,6 +65,7 @@ QUICK = Sizes(
     fsync_batched=50_000,
     grpc=3_000,
     grpc_batched=100_000,
+    skeleton=4_000,
 )
 FULL = Sizes(
     waltz=40_000,
@@ -73,6 +75,7 @@ FULL = Sizes(
     fsync_batched=500_000,
     grpc=20_000,
     grpc_batched=1_000_000,
+    skeleton=100_000,
 )
 
 WALTZ_CASES = [(p, s) for s in (1, 2) for p in (1, 4)]
@@ -83,6 +86,7 @@ CASES = [f"waltz-p{p}-s{s}" for p, s in WALTZ_CASES] + [
     "fsync-100",
     "grpc-1",
     "grpc-100",
+    "skeleton",
 ]
 
 
@@ -116,6 +120,10 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
         import bench_etcd
 
         return bench_etcd.run(spec(sizes.etcd, args.in_flight))
+    if name == "skeleton":
+        import bench_skeleton
+
+        return bench_skeleton.run(spec(sizes.skeleton, args.in_flight))
     import bench_limits
 
     if name == "fsync-1":

@@ -1,0 +1,444 @@
+"""The machine's limit for this design in CPython: a skeleton of waltz-py's data path.
+
+How fast can *any* Python implementation of a quorum-replicated log with optimistic locking go on
+this machine, with waltz-py's process topology and the benchmark's workload? The skeleton keeps
+only what the design cannot do without, each piece as cheap as Python allows, and the same load
+generator (``waltz/perf/loadgen.py``) drives it:
+
+- one client (this process: the load generator's thread and an asyncio thread), one server process
+  and three storage processes; every hop a ``grpc.aio`` bidirectional stream on loopback carrying
+  raw struct-packed bytes (no protobuf);
+- each transaction: the 200-byte payload, one write lock from the pool and the client's
+  high-water mark as the concurrency check (seed 000, "Concurrency Control"); the server refuses a
+  record whose lock was written after that mark, and the client sends it again with its newer
+  mark (a retry);
+- batching on every hop: the client sends everything submitted while its last message was being
+  written as one message; the server makes each client message one store batch (transaction IDs,
+  data CRC-32s) and writes it to the three storage nodes; a storage node writes and
+  ``fdatasync``\\ s each batch before acknowledging it; the server commits batches in order on 2 of 3
+  acknowledgements (seed 001, quorum) and answers each client message with every record's outcome.
+
+Left out, so that the figure bounds a real implementation from above: protobuf, ZooKeeper,
+generations and store sessions, recovery, a feed to other clients, apply callbacks and completion
+threads (the load generator's callback runs on the client's event loop), the transaction data
+cache, metrics, per-record checks on the storage node, index files and segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import multiprocessing
+import os
+import struct
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from common import MAX_RETRIES, TooManyRetriesError, result
+
+from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
+from waltz.perf.stats import RunStats
+from waltz.services.processes import free_port, wait_for_port
+
+_APPEND = "/skeleton.Server/Append"
+_STORE = "/skeleton.Storage/Store"
+#: A client record: lock ID (-1: none), the client's high-water mark, payload length; the payload follows.
+_RECORD = struct.Struct(">iqI")
+#: A stored record: transaction ID, lock ID, the client's mark, payload length, payload CRC-32; the
+#: payload follows.
+_STORED = struct.Struct(">qiqII")
+#: A store batch's head: its first transaction ID and record count. A storage node echoes it back.
+_BATCH = struct.Struct(">qI")
+_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+SETTINGS = (
+    "raw bytes on grpc.aio streams, {messages} client message(s) in flight, a store batch per client "
+    "message, fdatasync per batch on each storage node, quorum 2 of 3, no linger"
+)
+
+
+class ReplicaError(RuntimeError):
+    """A storage file of the skeleton is not what the run acknowledged."""
+
+
+def _storage_main(port: int, path: str) -> None:
+    """A storage node: append every batch of the stream to ``path``, fdatasync, echo its head."""
+
+    async def store(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            async for batch in requests:
+                view = memoryview(batch)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fdatasync(fd)
+                yield batch[: _BATCH.size]
+        finally:
+            os.close(fd)
+
+    async def main() -> None:
+        server = grpc.aio.server(options=_OPTIONS)
+        handler = grpc.method_handlers_generic_handler(
+            "skeleton.Storage", {"Store": grpc.stream_stream_rpc_method_handler(store)}
+        )
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
+class _Batch:
+    """A client message on its way through the store: its outcomes and acknowledgements."""
+
+    __slots__ = ("acks", "outcomes")
+
+    def __init__(self, outcomes: bytes, acks: int) -> None:
+        self.outcomes = outcomes
+        self.acks = acks
+
+
+def _server_main(port: int, storage_ports: list[int]) -> None:
+    """The server: lock check and transaction IDs per record, quorum writes, in-order commits."""
+
+    async def append(requests: AsyncIterator[bytes], context: Any) -> None:
+        calls = []
+        for storage_port in storage_ports:
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{storage_port}", options=_OPTIONS)
+            calls.append(channel.stream_stream(_STORE, request_serializer=None, response_deserializer=None)())
+        quorum = len(calls) // 2 + 1
+        batches: collections.deque[_Batch] = collections.deque()
+        sent: list[collections.deque[_Batch]] = [collections.deque() for _ in calls]
+        replies: asyncio.Queue[bytes | None] = asyncio.Queue()
+        locks: dict[int, int] = {}
+        next_id = 0
+        drained = asyncio.Event()  # every batch sent is on every storage node (set once asked for)
+        ending: list[bool] = []
+
+        def commit_ready() -> None:
+            while batches and batches[0].acks >= quorum:
+                replies.put_nowait(batches.popleft().outcomes)
+            if ending and not any(sent):
+                drained.set()
+
+        async def acknowledgements(index: int) -> None:
+            call = calls[index]
+            while await call.read() is not grpc.aio.EOF:
+                sent[index].popleft().acks += 1
+                commit_ready()
+
+        async def answer() -> None:
+            while (reply := await replies.get()) is not None:
+                await context.write(reply)
+
+        tasks = [asyncio.ensure_future(acknowledgements(i)) for i in range(len(calls))]
+        writer = asyncio.ensure_future(answer())
+        unpack = _RECORD.unpack_from
+        pack_stored = _STORED.pack
+        crc = zlib.crc32
+        try:
+            async for message in requests:
+                outcomes: list[int] = []
+                parts: list[bytes] = []
+                first = next_id
+                position = 0
+                end = len(message)
+                while position < end:
+                    lock, mark, size = unpack(message, position)
+                    position += _RECORD.size
+                    payload = message[position : position + size]
+                    position += size
+                    if lock >= 0:
+                        last = locks.get(lock, -1)
+                        if last > mark:
+                            outcomes.append(-last - 2)  # a lock failure on transaction `last`
+                            continue
+                        locks[lock] = next_id
+                    parts.append(pack_stored(next_id, lock, mark, size, crc(payload)))
+                    parts.append(payload)
+                    outcomes.append(next_id)
+                    next_id += 1
+                count = next_id - first
+                batch = _Batch(struct.pack(f">{len(outcomes)}q", *outcomes), 0 if count else quorum)
+                batches.append(batch)
+                if count:
+                    blob = b"".join([_BATCH.pack(first, count), *parts])
+                    for index, call in enumerate(calls):
+                        sent[index].append(batch)
+                        await call.write(blob)
+                else:
+                    commit_ready()
+            # The client is done: end once every storage node holds every batch (a clean stop,
+            # so that the run can compare the replicas).
+            ending.append(True)
+            commit_ready()
+            await asyncio.wait_for(drained.wait(), 30)
+            for call in calls:
+                await call.done_writing()
+            await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        finally:
+            replies.put_nowait(None)
+            await writer
+            for call in calls:
+                call.cancel()
+            for task in tasks:
+                task.cancel()
+
+    async def main() -> None:
+        server = grpc.aio.server(options=_OPTIONS)
+        handler = grpc.method_handlers_generic_handler(
+            "skeleton.Server", {"Append": grpc.stream_stream_rpc_method_handler(append)}
+        )
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
+class _Item:
+    """A submitted transaction until its outcome: lock, payload, callback, retries so far."""
+
+    __slots__ = ("done", "lock", "payload", "retries")
+
+    def __init__(self, lock: int, payload: bytes, done: Callable[[Outcome], None]) -> None:
+        self.lock = lock
+        self.payload = payload
+        self.done = done
+        self.retries = 0
+
+
+class SkeletonClient:
+    """The client: a :data:`~waltz.perf.loadgen.Submitter` whose sends and outcomes run on an
+    asyncio thread; each stream message carries everything queued since the last one."""
+
+    def __init__(self, port: int, timeout: float, max_in_flight_messages: int) -> None:
+        self._timeout = timeout
+        self._max_in_flight_messages = max_in_flight_messages
+        self._lock = threading.Lock()
+        self._queued: list[_Item] = []
+        self._scheduled = False
+        self._retries: list[_Item] = []
+        self._sent: collections.deque[list[_Item]] = collections.deque()
+        self._mark = -1
+        self._closing = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="skeleton-client", daemon=True)
+        self._thread.start()
+        self._wake = asyncio.run_coroutine_threadsafe(self._event(), self._loop).result(timeout)
+        self._channel: grpc.aio.Channel | None = None
+        self._done = asyncio.run_coroutine_threadsafe(self._run(port), self._loop)
+
+    async def _event(self) -> asyncio.Event:
+        return asyncio.Event()
+
+    def submit(self, request: Request, done: Callable[[Outcome], None]) -> None:
+        item = _Item(-1 if request.lock_id is None else request.lock_id, request.payload, done)
+        with self._lock:
+            self._queued.append(item)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def _run(self, port: int) -> None:
+        self._channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=_OPTIONS)
+        call = self._channel.stream_stream(_APPEND, request_serializer=None, response_deserializer=None)()
+        reader = asyncio.ensure_future(self._read(call))
+        pack = _RECORD.pack
+        try:
+            while not reader.done():
+                await self._wake.wait()
+                self._wake.clear()
+                with self._lock:
+                    items, self._queued, self._scheduled = self._queued, [], False
+                if self._retries:
+                    items, self._retries = self._retries + items, []
+                if not items:
+                    if self._closing and not self._sent:
+                        await call.done_writing()
+                        await reader  # the server answers EOF once every storage node has all
+                        return
+                    continue
+                if len(self._sent) >= self._max_in_flight_messages:
+                    # Like Kafka's max.in.flight.requests.per.connection: what is queued waits for
+                    # a reply and then leaves as one message, so messages stay large (waves).
+                    with self._lock:
+                        self._queued[:0] = items
+                    continue
+                mark = self._mark
+                parts: list[bytes] = []
+                for item in items:
+                    parts.append(pack(item.lock, mark, len(item.payload)))
+                    parts.append(item.payload)
+                self._sent.append(items)
+                await call.write(b"".join(parts))
+        finally:
+            reader.cancel()
+            call.cancel()
+
+    async def _read(self, call: Any) -> None:
+        try:
+            while (reply := await call.read()) is not grpc.aio.EOF:
+                self._outcomes(reply)
+        finally:
+            self._wake.set()  # the writer sees the reader done and ends
+
+    def _outcomes(self, reply: bytes) -> None:
+        """Settle the items of the oldest message in flight: committed, or queued for a retry."""
+        items = self._sent.popleft()
+        retry: list[_Item] = []
+        for item, outcome in zip(items, struct.unpack(f">{len(items)}q", reply), strict=True):
+            if outcome >= 0:
+                self._mark = max(self._mark, outcome)
+                item.done(Outcome(item.retries))
+            elif item.retries >= MAX_RETRIES:
+                item.done(Outcome(item.retries, TooManyRetriesError(f"lock {item.lock}")))
+            else:
+                item.retries += 1
+                retry.append(item)
+        if retry:
+            self._retries.extend(retry)
+        self._wake.set()  # a message slot is free
+
+    def close(self) -> None:
+        """End the stream once everything sent is answered (the server then has every batch on
+        every storage node), then stop the client's thread.
+
+        Raises:
+            TimeoutError: the stream did not end within the client's timeout.
+            grpc.aio.AioRpcError: the stream failed.
+        """
+
+        def begin() -> None:
+            self._closing = True
+            self._wake.set()
+
+        async def stop() -> None:
+            self._done.cancel()
+            if self._channel is not None:
+                await self._channel.close()
+
+        try:
+            self._loop.call_soon_threadsafe(begin)
+            self._done.result(self._timeout)
+        finally:
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(self._timeout)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(self._timeout)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def verify_replicas(paths: list[Path]) -> int:
+    """Check the storage files of a run: identical, transaction IDs 0, 1, 2... in batches of
+    consecutive IDs, every payload's CRC-32 right, and no record written over a lock that changed
+    after its mark (the optimistic-locking rule).
+
+    Returns:
+        The number of records (the same in every file).
+
+    Raises:
+        ReplicaError: what is wrong, with the file and byte offset.
+    """
+    data = paths[0].read_bytes()
+    for path in paths[1:]:
+        if path.read_bytes() != data:
+            raise ReplicaError(f"{path} differs from {paths[0]}")
+    last: dict[int, int] = {}
+    expected = 0
+    position = 0
+    while position < len(data):
+        if position + _BATCH.size > len(data):
+            raise ReplicaError(f"{paths[0]}: a batch head cut short at byte {position}")
+        first, count = _BATCH.unpack_from(data, position)
+        if first != expected:
+            raise ReplicaError(f"{paths[0]}: batch at byte {position} starts at {first}, not {expected}")
+        position += _BATCH.size
+        for _ in range(count):
+            if position + _STORED.size > len(data):
+                raise ReplicaError(f"{paths[0]}: a record cut short at byte {position}")
+            transaction_id, lock, mark, size, checksum = _STORED.unpack_from(data, position)
+            payload = data[position + _STORED.size : position + _STORED.size + size]
+            if transaction_id != expected or len(payload) != size or zlib.crc32(payload) != checksum:
+                raise ReplicaError(f"{paths[0]}: record at byte {position} is not transaction {expected}")
+            if lock >= 0:
+                if last.get(lock, -1) > mark:
+                    raise ReplicaError(
+                        f"{paths[0]}: transaction {expected} wrote lock {lock} at mark {mark}, after "
+                        f"transaction {last[lock]} wrote it"
+                    )
+                last[lock] = transaction_id
+            expected += 1
+            position += _STORED.size + size
+    return expected
+
+
+def run(spec: LoadSpec, storages: int = 3, max_in_flight_messages: int = 1) -> dict[str, Any]:
+    """Start the skeleton's server and ``storages`` storage processes, run the load, stop them, and
+    check what the storage nodes hold (:func:`verify_replicas`); the result row (CPU per
+    transaction of every process, as the waltz-py rows).
+
+    Args:
+        spec: the load.
+        storages: storage processes (the quorum is a majority of them).
+        max_in_flight_messages: client messages sent and not yet answered, at most.
+
+    Raises:
+        ReplicaError: the storage files do not hold exactly the committed transactions.
+    """
+    context = multiprocessing.get_context("spawn")
+    processes: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="waltz-skeleton-") as work:
+        try:
+            storage_ports = [free_port() for _ in range(storages)]
+            for i, port in enumerate(storage_ports):
+                path = str(Path(work) / f"storage-{i}.log")
+                processes[f"storage-{i}"] = context.Process(
+                    target=_storage_main, args=(port, path), daemon=True, name=f"skeleton-storage-{i}"
+                )
+            port = free_port()
+            processes["server"] = context.Process(
+                target=_server_main, args=(port, storage_ports), daemon=True, name="skeleton-server"
+            )
+            for process in processes.values():
+                process.start()
+            for i, storage_port in enumerate(storage_ports):
+                wait_for_port("127.0.0.1", storage_port, timeout=30, what=f"skeleton storage {i}")
+            wait_for_port("127.0.0.1", port, timeout=30, what="the skeleton server")
+            client = SkeletonClient(port, timeout=30, max_in_flight_messages=max_in_flight_messages)
+            try:
+                before = {name: _cpu_seconds(p.pid) for name, p in processes.items()}
+                client_before = time.process_time()
+                stats: RunStats = run_load(client.submit, spec)
+                stats.client_cpu_seconds = time.process_time() - client_before
+                stats.node_cpu_seconds = {
+                    name: _cpu_seconds(p.pid) - before[name] for name, p in processes.items()
+                }
+            finally:
+                client.close()
+        finally:
+            for process in processes.values():
+                process.kill()
+                process.join(5)
+        stored = verify_replicas([Path(work) / f"storage-{i}.log" for i in range(storages)])
+        if stored != stats.committed:
+            raise ReplicaError(f"the storage nodes hold {stored} records; {stats.committed} were committed")
+    return result(
+        "machine: Python log skeleton",
+        f"1 client, 1 server, {storages} storage processes, quorum {storages // 2 + 1} of {storages}",
+        SETTINGS.format(messages=max_in_flight_messages),
+        spec,
+        stats,
+    )

@@ -1,0 +1,89 @@
+"""The log skeleton of the peer benchmarks (benchmarks/peers/bench_skeleton.py): it must do the work
+it claims (every committed transaction on every storage node, the lock rule kept) for its figure
+to bound waltz-py's."""
+
+from __future__ import annotations
+
+import struct
+import sys
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from waltz.perf.loadgen import LoadSpec
+
+_PEERS = Path(__file__).resolve().parents[2] / "benchmarks" / "peers"
+
+
+@pytest.fixture
+def skeleton() -> Iterator[ModuleType]:
+    """bench_skeleton, imported with benchmarks/peers on sys.path (its spawned processes import it
+    from there too); the path is removed afterwards."""
+    sys.path.insert(0, str(_PEERS))
+    try:
+        import bench_skeleton
+
+        yield bench_skeleton
+    finally:
+        while str(_PEERS) in sys.path:
+            sys.path.remove(str(_PEERS))
+
+
+def test_a_run_commits_every_transaction_once_on_every_storage_node_with_lock_failures_retried(
+    skeleton: ModuleType,
+) -> None:
+    # 5 locks and 50 in flight: conflicts are certain, so the lock check and the retries run.
+    row = skeleton.run(LoadSpec(400, payload_size=200, lock_pool_size=5, max_in_flight=50, timeout=120))
+    assert row["system"] == "machine: Python log skeleton"
+    assert (row["transactions"], row["failed"]) == (400, 0)
+    assert row["retries"] > 0
+    assert row["latency_ms"]["count"] == 400
+    assert set(row["cpu_us_per_transaction"]) == {"client", "server", "storage-0", "storage-1", "storage-2"}
+    assert "1 client message(s) in flight" in row["settings"]
+
+
+def _record(transaction_id: int, lock: int, mark: int, payload: bytes, crc: int | None = None) -> bytes:
+    return (
+        struct.pack(
+            ">qiqII", transaction_id, lock, mark, len(payload), zlib.crc32(payload) if crc is None else crc
+        )
+        + payload
+    )
+
+
+def _batch(first: int, *records: bytes) -> bytes:
+    return struct.pack(">qI", first, len(records)) + b"".join(records)
+
+
+def _files(tmp_path: Path, *contents: bytes) -> list[Path]:
+    paths = []
+    for i, content in enumerate(contents):
+        path = tmp_path / f"storage-{i}.log"
+        path.write_bytes(content)
+        paths.append(path)
+    return paths
+
+
+def test_the_replica_check_counts_good_files_and_names_what_is_wrong(
+    skeleton: ModuleType, tmp_path: Path
+) -> None:
+    good = _batch(0, _record(0, 7, -1, b"a"), _record(1, 8, -1, b"b")) + _batch(2, _record(2, 7, 0, b"c"))
+    assert skeleton.verify_replicas(_files(tmp_path, good, good, good)) == 3
+
+    cases = {
+        "differs from": (good, good, good[:-1]),
+        "wrote lock 7 at mark -1, after transaction 0": (
+            _batch(0, _record(0, 7, -1, b"a"), _record(1, 7, -1, b"b")),
+        ),
+        "is not transaction 1": (_batch(0, _record(0, 7, -1, b"a"), _record(1, 8, -1, b"b", crc=1)),),
+        "starts at 5, not 0": (_batch(5, _record(5, 7, -1, b"a")),),
+        "cut short": (good[:-3],),
+    }
+    for i, (message, contents) in enumerate(cases.items()):
+        directory = tmp_path / str(i)
+        directory.mkdir()
+        with pytest.raises(skeleton.ReplicaError, match=message):
+            skeleton.verify_replicas(_files(directory, *contents))
