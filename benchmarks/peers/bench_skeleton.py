@@ -22,14 +22,26 @@ Left out, so that the figure bounds a real implementation from above: protobuf, 
 generations and store sessions, recovery, a feed to other clients, apply callbacks and completion
 threads (the load generator's callback runs on the client's event loop), the transaction data
 cache, metrics, per-record checks on the storage node, index files and segments.
+
+Two of those can be put back, one at a time, to price them (the ``skeleton-*`` cases of
+``run_all.py``):
+
+- ``store_protobuf``: the server-to-storage hop in waltz-py's own messages (``StorageRequests`` with
+  a ``Record`` and its ``ReqId`` per transaction, serialized once for the three nodes), and the
+  storage node's own encoder (``format.encode_wire_records``: order and data CRC-32 checks, the
+  on-disk record format);
+- ``client_futures``: a ``concurrent.futures.Future`` per transaction, as ``WaltzClient.submit``
+  returns, resolved on a completion thread that the event loop hands each answer's commits to.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import multiprocessing
 import os
+import queue
 import struct
 import tempfile
 import threading
@@ -44,7 +56,9 @@ from common import MAX_RETRIES, TooManyRetriesError, result
 
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
 from waltz.perf.stats import RunStats
+from waltz.protocol import storage_pb2
 from waltz.services.processes import free_port, wait_for_port
+from waltz.services.storage import format as fmt
 
 _APPEND = "/skeleton.Server/Append"
 _STORE = "/skeleton.Storage/Store"
@@ -66,18 +80,27 @@ class ReplicaError(RuntimeError):
     """A storage file of the skeleton is not what the run acknowledged."""
 
 
-def _storage_main(port: int, path: str) -> None:
-    """A storage node: append every batch of the stream to ``path``, fdatasync, echo its head."""
+def _storage_main(port: int, path: str, store_protobuf: bool) -> None:
+    """A storage node: append every batch of the stream to ``path``, fdatasync, echo its head.
+    With ``store_protobuf`` a batch's records are waltz-py's ``Record`` messages, written in
+    waltz-py's on-disk format after the head."""
 
     async def store(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            async for batch in requests:
+            async for received in requests:
+                head = received[: _BATCH.size]
+                batch = received
+                if store_protobuf:
+                    message = storage_pb2.StorageRequests.FromString(received[_BATCH.size :])
+                    first = _BATCH.unpack_from(head)[0]
+                    encoded, _offsets = fmt.encode_wire_records(message.requests[0].append.records, first)
+                    batch = head + encoded
                 view = memoryview(batch)
                 while view:
                     view = view[os.write(fd, view) :]
                 os.fdatasync(fd)
-                yield batch[: _BATCH.size]
+                yield head
         finally:
             os.close(fd)
 
@@ -104,8 +127,10 @@ class _Batch:
         self.acks = acks
 
 
-def _server_main(port: int, storage_ports: list[int]) -> None:
-    """The server: lock check and transaction IDs per record, quorum writes, in-order commits."""
+def _server_main(port: int, storage_ports: list[int], store_protobuf: bool) -> None:
+    """The server: lock check and transaction IDs per record, quorum writes, in-order commits.
+    With ``store_protobuf`` a store batch is a ``StorageRequests`` message (the lock in each
+    record's header, the client's mark in its ReqId's sequence number, for :func:`verify_replicas`)."""
 
     async def append(requests: AsyncIterator[bytes], context: Any) -> None:
         calls = []
@@ -146,6 +171,10 @@ def _server_main(port: int, storage_ports: list[int]) -> None:
             async for message in requests:
                 outcomes: list[int] = []
                 parts: list[bytes] = []
+                store_message = storage_pb2.StorageRequests()
+                if store_protobuf:
+                    request = store_message.requests.add(session_id=1, seq_num=1, partition_id=0)
+                    records = request.append.records
                 first = next_id
                 position = 0
                 end = len(message)
@@ -160,15 +189,28 @@ def _server_main(port: int, storage_ports: list[int]) -> None:
                             outcomes.append(-last - 2)  # a lock failure on transaction `last`
                             continue
                         locks[lock] = next_id
-                    parts.append(pack_stored(next_id, lock, mark, size, crc(payload)))
-                    parts.append(payload)
+                    if store_protobuf:
+                        record = records.add()
+                        record.transaction_id = next_id
+                        record.req_id.client_id = 1
+                        record.req_id.generation = 1
+                        record.req_id.seq_num = mark
+                        record.header = lock
+                        record.data = payload
+                        record.checksum = crc(payload)
+                    else:
+                        parts.append(pack_stored(next_id, lock, mark, size, crc(payload)))
+                        parts.append(payload)
                     outcomes.append(next_id)
                     next_id += 1
                 count = next_id - first
                 batch = _Batch(struct.pack(f">{len(outcomes)}q", *outcomes), 0 if count else quorum)
                 batches.append(batch)
                 if count:
-                    blob = b"".join([_BATCH.pack(first, count), *parts])
+                    if store_protobuf:
+                        blob = _BATCH.pack(first, count) + store_message.SerializeToString()
+                    else:
+                        blob = b"".join([_BATCH.pack(first, count), *parts])
                     for index, call in enumerate(calls):
                         sent[index].append(batch)
                         await call.write(blob)
@@ -215,13 +257,39 @@ class _Item:
         self.retries = 0
 
 
+def _resolve_all(
+    completions: queue.SimpleQueue[list[tuple[Callable[[Outcome], None], Outcome]] | None],
+) -> None:
+    """The completion thread of ``client_futures``: resolve each handed-over list, until None."""
+    while (finished := completions.get()) is not None:
+        for resolve, outcome in finished:
+            resolve(outcome)
+
+
 class SkeletonClient:
     """The client: a :data:`~waltz.perf.loadgen.Submitter` whose sends and outcomes run on an
-    asyncio thread; each stream message carries everything queued since the last one."""
+    asyncio thread; each stream message carries everything queued since the last one.
 
-    def __init__(self, port: int, timeout: float, max_in_flight_messages: int) -> None:
+    Args:
+        port: the skeleton server's port on 127.0.0.1.
+        timeout: seconds to start and to close, at most.
+        max_in_flight_messages: stream messages sent and not yet answered, at most.
+        client_futures: a ``concurrent.futures.Future`` per transaction, resolved on a completion
+            thread (the load generator's callback is the future's done callback).
+    """
+
+    def __init__(self, port: int, timeout: float, max_in_flight_messages: int, client_futures: bool) -> None:
         self._timeout = timeout
         self._max_in_flight_messages = max_in_flight_messages
+        self._completions: queue.SimpleQueue[list[tuple[Callable[[Outcome], None], Outcome]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._completer: threading.Thread | None = None
+        if client_futures:
+            self._completer = threading.Thread(
+                target=_resolve_all, args=(self._completions,), name="skeleton-completions", daemon=True
+            )
+            self._completer.start()
         self._lock = threading.Lock()
         self._queued: list[_Item] = []
         self._scheduled = False
@@ -240,7 +308,12 @@ class SkeletonClient:
         return asyncio.Event()
 
     def submit(self, request: Request, done: Callable[[Outcome], None]) -> None:
-        item = _Item(-1 if request.lock_id is None else request.lock_id, request.payload, done)
+        resolve = done
+        if self._completer is not None:
+            future: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
+            future.add_done_callback(lambda resolved: done(resolved.result()))
+            resolve = future.set_result
+        item = _Item(-1 if request.lock_id is None else request.lock_id, request.payload, resolve)
         with self._lock:
             self._queued.append(item)
             if self._scheduled:
@@ -295,15 +368,21 @@ class SkeletonClient:
         """Settle the items of the oldest message in flight: committed, or queued for a retry."""
         items = self._sent.popleft()
         retry: list[_Item] = []
+        finished: list[tuple[Callable[[Outcome], None], Outcome]] = []
         for item, outcome in zip(items, struct.unpack(f">{len(items)}q", reply), strict=True):
             if outcome >= 0:
                 self._mark = max(self._mark, outcome)
-                item.done(Outcome(item.retries))
+                if self._completer is not None:
+                    finished.append((item.done, Outcome(item.retries)))
+                else:
+                    item.done(Outcome(item.retries))
             elif item.retries >= MAX_RETRIES:
                 item.done(Outcome(item.retries, TooManyRetriesError(f"lock {item.lock}")))
             else:
                 item.retries += 1
                 retry.append(item)
+        if finished:
+            self._completions.put(finished)
         if retry:
             self._retries.extend(retry)
         self._wake.set()  # a message slot is free
@@ -333,6 +412,9 @@ class SkeletonClient:
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(self._timeout)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(self._timeout)
+            if self._completer is not None:
+                self._completions.put(None)
+                self._completer.join(self._timeout)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -341,10 +423,45 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def verify_replicas(paths: list[Path]) -> int:
+def _raw_record(data: bytes, position: int) -> tuple[int, int, int, int]:
+    """The raw record at ``position``: transaction ID, lock, mark and encoded size.
+
+    Raises:
+        ValueError: the record is cut short or its payload CRC-32 is wrong.
+    """
+    if position + _STORED.size > len(data):
+        raise ValueError("a record cut short")
+    transaction_id, lock, mark, size, checksum = _STORED.unpack_from(data, position)
+    payload = data[position + _STORED.size : position + _STORED.size + size]
+    if len(payload) != size:
+        raise ValueError("a record cut short")
+    if zlib.crc32(payload) != checksum:
+        raise ValueError("a payload CRC-32 mismatch")
+    return transaction_id, lock, mark, _STORED.size + size
+
+
+def _waltz_record(data: bytes, position: int) -> tuple[int, int, int, int]:
+    """The record in waltz-py's on-disk format at ``position`` (``store_protobuf``): transaction
+    ID, lock (its header), mark (its ReqId's sequence number) and encoded size.
+
+    Raises:
+        ValueError: the record is cut short or a CRC-32 is wrong.
+    """
+    try:
+        record, size = fmt.decode_record_at(data, position)
+    except fmt.RecordProblem as exc:
+        raise ValueError(exc.reason) from None
+    return record.transaction_id, record.header, record.req_id.seq_num, size
+
+
+def verify_replicas(paths: list[Path], store_protobuf: bool = False) -> int:
     """Check the storage files of a run: identical, transaction IDs 0, 1, 2... in batches of
-    consecutive IDs, every payload's CRC-32 right, and no record written over a lock that changed
-    after its mark (the optimistic-locking rule).
+    consecutive IDs, every CRC-32 right, and no record written over a lock that changed after its
+    mark (the optimistic-locking rule).
+
+    Args:
+        paths: the storage nodes' files.
+        store_protobuf: the records are in waltz-py's on-disk format (the run's ``store_protobuf``).
 
     Returns:
         The number of records (the same in every file).
@@ -356,6 +473,7 @@ def verify_replicas(paths: list[Path]) -> int:
     for path in paths[1:]:
         if path.read_bytes() != data:
             raise ReplicaError(f"{path} differs from {paths[0]}")
+    decode = _waltz_record if store_protobuf else _raw_record
     last: dict[int, int] = {}
     expected = 0
     position = 0
@@ -367,11 +485,11 @@ def verify_replicas(paths: list[Path]) -> int:
             raise ReplicaError(f"{paths[0]}: batch at byte {position} starts at {first}, not {expected}")
         position += _BATCH.size
         for _ in range(count):
-            if position + _STORED.size > len(data):
-                raise ReplicaError(f"{paths[0]}: a record cut short at byte {position}")
-            transaction_id, lock, mark, size, checksum = _STORED.unpack_from(data, position)
-            payload = data[position + _STORED.size : position + _STORED.size + size]
-            if transaction_id != expected or len(payload) != size or zlib.crc32(payload) != checksum:
+            try:
+                transaction_id, lock, mark, size = decode(data, position)
+            except ValueError as exc:
+                raise ReplicaError(f"{paths[0]}: {exc} at byte {position}") from None
+            if transaction_id != expected:
                 raise ReplicaError(f"{paths[0]}: record at byte {position} is not transaction {expected}")
             if lock >= 0:
                 if last.get(lock, -1) > mark:
@@ -381,11 +499,17 @@ def verify_replicas(paths: list[Path]) -> int:
                     )
                 last[lock] = transaction_id
             expected += 1
-            position += _STORED.size + size
+            position += size
     return expected
 
 
-def run(spec: LoadSpec, storages: int = 3, max_in_flight_messages: int = 1) -> dict[str, Any]:
+def run(
+    spec: LoadSpec,
+    storages: int = 3,
+    max_in_flight_messages: int = 1,
+    store_protobuf: bool = False,
+    client_futures: bool = False,
+) -> dict[str, Any]:
     """Start the skeleton's server and ``storages`` storage processes, run the load, stop them, and
     check what the storage nodes hold (:func:`verify_replicas`); the result row (CPU per
     transaction of every process, as the waltz-py rows).
@@ -394,6 +518,9 @@ def run(spec: LoadSpec, storages: int = 3, max_in_flight_messages: int = 1) -> d
         spec: the load.
         storages: storage processes (the quorum is a majority of them).
         max_in_flight_messages: client messages sent and not yet answered, at most.
+        store_protobuf: the server-to-storage hop in waltz-py's messages and on-disk format.
+        client_futures: a ``concurrent.futures.Future`` per transaction, resolved on a
+            completion thread.
 
     Raises:
         ReplicaError: the storage files do not hold exactly the committed transactions.
@@ -406,18 +533,24 @@ def run(spec: LoadSpec, storages: int = 3, max_in_flight_messages: int = 1) -> d
             for i, port in enumerate(storage_ports):
                 path = str(Path(work) / f"storage-{i}.log")
                 processes[f"storage-{i}"] = context.Process(
-                    target=_storage_main, args=(port, path), daemon=True, name=f"skeleton-storage-{i}"
+                    target=_storage_main,
+                    args=(port, path, store_protobuf),
+                    daemon=True,
+                    name=f"skeleton-storage-{i}",
                 )
             port = free_port()
             processes["server"] = context.Process(
-                target=_server_main, args=(port, storage_ports), daemon=True, name="skeleton-server"
+                target=_server_main,
+                args=(port, storage_ports, store_protobuf),
+                daemon=True,
+                name="skeleton-server",
             )
             for process in processes.values():
                 process.start()
             for i, storage_port in enumerate(storage_ports):
                 wait_for_port("127.0.0.1", storage_port, timeout=30, what=f"skeleton storage {i}")
             wait_for_port("127.0.0.1", port, timeout=30, what="the skeleton server")
-            client = SkeletonClient(port, timeout=30, max_in_flight_messages=max_in_flight_messages)
+            client = SkeletonClient(port, 30, max_in_flight_messages, client_futures)
             try:
                 before = {name: _cpu_seconds(p.pid) for name, p in processes.items()}
                 client_before = time.process_time()
@@ -432,12 +565,17 @@ def run(spec: LoadSpec, storages: int = 3, max_in_flight_messages: int = 1) -> d
             for process in processes.values():
                 process.kill()
                 process.join(5)
-        stored = verify_replicas([Path(work) / f"storage-{i}.log" for i in range(storages)])
+        stored = verify_replicas([Path(work) / f"storage-{i}.log" for i in range(storages)], store_protobuf)
         if stored != stats.committed:
             raise ReplicaError(f"the storage nodes hold {stored} records; {stats.committed} were committed")
+    added = [
+        *(["waltz-py's storage messages and record format"] if store_protobuf else []),
+        *(["a Future per transaction, completion thread"] if client_futures else []),
+    ]
     return result(
         "machine: Python log skeleton",
-        f"1 client, 1 server, {storages} storage processes, quorum {storages // 2 + 1} of {storages}",
+        f"1 client, 1 server, {storages} storage processes, quorum {storages // 2 + 1} of {storages}"
+        + (f"; with {' and '.join(added)}" if added else ""),
         SETTINGS.format(messages=max_in_flight_messages),
         spec,
         stats,

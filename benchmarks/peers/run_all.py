@@ -87,6 +87,8 @@ CASES = [f"waltz-p{p}-s{s}" for p, s in WALTZ_CASES] + [
     "grpc-1",
     "grpc-100",
     "skeleton",
+    "skeleton-store-protobuf",
+    "skeleton-futures",
 ]
 
 
@@ -120,10 +122,14 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
         import bench_etcd
 
         return bench_etcd.run(spec(sizes.etcd, args.in_flight))
-    if name == "skeleton":
+    if name.startswith("skeleton"):
         import bench_skeleton
 
-        return bench_skeleton.run(spec(sizes.skeleton, args.in_flight))
+        return bench_skeleton.run(
+            spec(sizes.skeleton, args.in_flight),
+            store_protobuf=name == "skeleton-store-protobuf",
+            client_futures=name == "skeleton-futures",
+        )
     import bench_limits
 
     if name == "fsync-1":

@@ -14,6 +14,8 @@ from types import ModuleType
 import pytest
 
 from waltz.perf.loadgen import LoadSpec
+from waltz.protocol.records import Record, ReqId
+from waltz.services.storage.format import encode_record
 
 _PEERS = Path(__file__).resolve().parents[2] / "benchmarks" / "peers"
 
@@ -32,12 +34,21 @@ def skeleton() -> Iterator[ModuleType]:
             sys.path.remove(str(_PEERS))
 
 
+@pytest.mark.parametrize(
+    ("store_protobuf", "client_futures"),
+    [(False, False), (True, False), (False, True)],
+    ids=["raw", "protobuf", "futures"],
+)
 def test_a_run_commits_every_transaction_once_on_every_storage_node_with_lock_failures_retried(
-    skeleton: ModuleType,
+    skeleton: ModuleType, store_protobuf: bool, client_futures: bool
 ) -> None:
-    # 5 locks and 50 in flight: conflicts are certain, so the lock check and the retries run.
-    row = skeleton.run(LoadSpec(400, payload_size=200, lock_pool_size=5, max_in_flight=50, timeout=120))
+    # 5 locks and 50 in flight: conflicts are certain, so the lock check and the retries run. The
+    # run itself compares the storage files with what was committed (verify_replicas).
+    spec = LoadSpec(400, payload_size=200, lock_pool_size=5, max_in_flight=50, timeout=60)
+    row = skeleton.run(spec, store_protobuf=store_protobuf, client_futures=client_futures)
     assert row["system"] == "machine: Python log skeleton"
+    assert ("storage messages" in row["config"]) == store_protobuf
+    assert ("a Future per transaction" in row["config"]) == client_futures
     assert (row["transactions"], row["failed"]) == (400, 0)
     assert row["retries"] > 0
     assert row["latency_ms"]["count"] == 400
@@ -52,6 +63,12 @@ def _record(transaction_id: int, lock: int, mark: int, payload: bytes, crc: int 
         )
         + payload
     )
+
+
+def _waltz(transaction_id: int, lock: int, mark: int, payload: bytes) -> bytes:
+    """A record in waltz-py's on-disk format, as the skeleton's ``store_protobuf`` writes it."""
+    record = Record.create(transaction_id, ReqId(1, 1, 0, mark), lock, payload)
+    return encode_record(record)
 
 
 def _batch(first: int, *records: bytes) -> bytes:
@@ -73,12 +90,20 @@ def test_the_replica_check_counts_good_files_and_names_what_is_wrong(
     good = _batch(0, _record(0, 7, -1, b"a"), _record(1, 8, -1, b"b")) + _batch(2, _record(2, 7, 0, b"c"))
     assert skeleton.verify_replicas(_files(tmp_path, good, good, good)) == 3
 
+    waltz_format = b"".join([struct.pack(">qI", 0, 2), _waltz(0, 7, -1, b"a"), _waltz(1, 7, 0, b"b")])
+    assert skeleton.verify_replicas(_files(tmp_path, waltz_format), store_protobuf=True) == 2
+    with pytest.raises(skeleton.ReplicaError, match="record CRC mismatch"):
+        skeleton.verify_replicas(_files(tmp_path, waltz_format[:-1] + b"X"), store_protobuf=True)
+
     cases = {
         "differs from": (good, good, good[:-1]),
         "wrote lock 7 at mark -1, after transaction 0": (
             _batch(0, _record(0, 7, -1, b"a"), _record(1, 7, -1, b"b")),
         ),
-        "is not transaction 1": (_batch(0, _record(0, 7, -1, b"a"), _record(1, 8, -1, b"b", crc=1)),),
+        "a payload CRC-32 mismatch at byte 41": (
+            _batch(0, _record(0, 7, -1, b"a"), _record(1, 8, -1, b"b", crc=1)),
+        ),
+        "is not transaction 1": (_batch(0, _record(0, 7, -1, b"a"), _record(2, 8, -1, b"b")),),
         "starts at 5, not 0": (_batch(5, _record(5, 7, -1, b"a")),),
         "cut short": (good[:-3],),
     }
