@@ -9,7 +9,10 @@ with a fixed number in flight. Systems:
 - waltz-py: 1 and 4 partitions x 1 and 2 servers, 3 storage nodes, RF 3 (``bench_waltz.py``);
 - eventsourcing on PostgreSQL, with a tracking-record projection into SQL (``bench_eventsourcing.py``);
 - etcd, 3 nodes on loopback, Txn comparing the key's mod revision (``bench_etcd.py``);
-- the machine: fsyncs/s, and records/s through one gRPC stream with batching (``bench_limits.py``).
+- the machine: fsyncs/s, and records/s through one gRPC stream with batching (``bench_limits.py``);
+- the machine's limit for this design in CPython: a skeleton of waltz-py's data path (client,
+  server and 3 storage processes, raw bytes, quorum writes with fdatasync, the lock check), alone
+  and with waltz-py's storage messages or a Future per transaction put back (``bench_skeleton.py``).
 
 Each case runs in a child process of its own (own session; killed with its children after its
 time limit), on 127.0.0.1 only, with free ports and temporary directories it removes. Install the
