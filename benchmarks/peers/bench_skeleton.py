@@ -31,7 +31,11 @@ Two of those can be put back, one at a time, to price them (the ``skeleton-*`` c
   storage node's own encoder (``format.encode_wire_records``: order and data CRC-32 checks, the
   on-disk record format);
 - ``client_futures``: a ``concurrent.futures.Future`` per transaction, as ``WaltzClient.submit``
-  returns, resolved on a completion thread that the event loop hands each answer's commits to.
+  returns, resolved on a completion thread that the event loop hands each answer's commits to;
+- ``client_protobuf``: the client-to-server hop in waltz-py's own messages: ``ClientMessages`` with
+  an ``AppendRequest`` (ReqId, mark, lock hash, data, data CRC-32) per transaction one way, and
+  ``ServerMessages`` with the commits as ``FeedEntries`` columns and a ``LockFailure`` per refused
+  append the other; the client finds its transactions by their ReqId's sequence number.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from common import MAX_RETRIES, TooManyRetriesError, result
 
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
 from waltz.perf.stats import RunStats
-from waltz.protocol import storage_pb2
+from waltz.protocol import client_pb2, storage_pb2
 from waltz.services.processes import free_port, wait_for_port
 from waltz.services.storage import format as fmt
 
@@ -127,10 +131,11 @@ class _Batch:
         self.acks = acks
 
 
-def _server_main(port: int, storage_ports: list[int], store_protobuf: bool) -> None:
+def _server_main(port: int, storage_ports: list[int], store_protobuf: bool, client_protobuf: bool) -> None:
     """The server: lock check and transaction IDs per record, quorum writes, in-order commits.
     With ``store_protobuf`` a store batch is a ``StorageRequests`` message (the lock in each
-    record's header, the client's mark in its ReqId's sequence number, for :func:`verify_replicas`)."""
+    record's header, the client's mark in its ReqId's sequence number, for :func:`verify_replicas`).
+    With ``client_protobuf`` the client's messages and the answers are waltz-py's."""
 
     async def append(requests: AsyncIterator[bytes], context: Any) -> None:
         calls = []
@@ -176,19 +181,49 @@ def _server_main(port: int, storage_ports: list[int], store_protobuf: bool) -> N
                     request = store_message.requests.add(session_id=1, seq_num=1, partition_id=0)
                     records = request.append.records
                 first = next_id
-                position = 0
-                end = len(message)
-                while position < end:
-                    lock, mark, size = unpack(message, position)
-                    position += _RECORD.size
-                    payload = message[position : position + size]
-                    position += size
+                if client_protobuf:
+                    answer_message = client_pb2.ServerMessages()
+                    feed = answer_message.messages.add().feed_entries
+                    feed.first_transaction_id = first
+                    appends = [m.append for m in client_pb2.ClientMessages.FromString(message).messages]
+                    received = [
+                        (
+                            a.write_lock_hashes[0] if a.write_lock_hashes else -1,
+                            a.client_high_water_mark,
+                            a.data,
+                            a,
+                        )
+                        for a in appends
+                    ]
+                else:
+                    received = []
+                    position = 0
+                    end = len(message)
+                    while position < end:
+                        lock, mark, size = unpack(message, position)
+                        position += _RECORD.size
+                        received.append((lock, mark, message[position : position + size], None))
+                        position += size
+                for lock, mark, payload, append_request in received:
+                    size = len(payload)
+                    if append_request is not None and crc(payload) != append_request.checksum:
+                        raise ValueError(f"append {append_request.req_id.seq_num}: data CRC-32 mismatch")
                     if lock >= 0:
                         last = locks.get(lock, -1)
                         if last > mark:
+                            if append_request is not None:
+                                failure = answer_message.messages.add().lock_failure
+                                failure.req_id.CopyFrom(append_request.req_id)
+                                failure.transaction_id = last
                             outcomes.append(-last - 2)  # a lock failure on transaction `last`
                             continue
                         locks[lock] = next_id
+                    if append_request is not None:
+                        rid = append_request.req_id
+                        feed.client_ids.append(rid.client_id)
+                        feed.generations.append(rid.generation)
+                        feed.seq_nums.append(rid.seq_num)
+                        feed.headers.append(append_request.header)
                     if store_protobuf:
                         record = records.add()
                         record.transaction_id = next_id
@@ -204,7 +239,12 @@ def _server_main(port: int, storage_ports: list[int], store_protobuf: bool) -> N
                     outcomes.append(next_id)
                     next_id += 1
                 count = next_id - first
-                batch = _Batch(struct.pack(f">{len(outcomes)}q", *outcomes), 0 if count else quorum)
+                reply = (
+                    answer_message.SerializeToString()
+                    if client_protobuf
+                    else struct.pack(f">{len(outcomes)}q", *outcomes)
+                )
+                batch = _Batch(reply, 0 if count else quorum)
                 batches.append(batch)
                 if count:
                     if store_protobuf:
@@ -248,13 +288,14 @@ def _server_main(port: int, storage_ports: list[int], store_protobuf: bool) -> N
 class _Item:
     """A submitted transaction until its outcome: lock, payload, callback, retries so far."""
 
-    __slots__ = ("done", "lock", "payload", "retries")
+    __slots__ = ("done", "lock", "payload", "retries", "seq")
 
     def __init__(self, lock: int, payload: bytes, done: Callable[[Outcome], None]) -> None:
         self.lock = lock
         self.payload = payload
         self.done = done
         self.retries = 0
+        self.seq = 0
 
 
 def _resolve_all(
@@ -276,10 +317,21 @@ class SkeletonClient:
         max_in_flight_messages: stream messages sent and not yet answered, at most.
         client_futures: a ``concurrent.futures.Future`` per transaction, resolved on a completion
             thread (the load generator's callback is the future's done callback).
+        client_protobuf: waltz-py's client messages and answers on the stream.
     """
 
-    def __init__(self, port: int, timeout: float, max_in_flight_messages: int, client_futures: bool) -> None:
+    def __init__(
+        self,
+        port: int,
+        timeout: float,
+        max_in_flight_messages: int,
+        client_futures: bool,
+        client_protobuf: bool = False,
+    ) -> None:
         self._timeout = timeout
+        self._client_protobuf = client_protobuf
+        self._by_seq: dict[int, _Item] = {}
+        self._next_seq = 0
         self._max_in_flight_messages = max_in_flight_messages
         self._completions: queue.SimpleQueue[list[tuple[Callable[[Outcome], None], Outcome]] | None] = (
             queue.SimpleQueue()
@@ -346,16 +398,39 @@ class SkeletonClient:
                     with self._lock:
                         self._queued[:0] = items
                     continue
-                mark = self._mark
-                parts: list[bytes] = []
-                for item in items:
-                    parts.append(pack(item.lock, mark, len(item.payload)))
-                    parts.append(item.payload)
                 self._sent.append(items)
-                await call.write(b"".join(parts))
+                await call.write(self._encode(items) if self._client_protobuf else self._pack(items, pack))
         finally:
             reader.cancel()
             call.cancel()
+
+    def _pack(self, items: list[_Item], pack: Callable[..., bytes]) -> bytes:
+        mark = self._mark
+        parts: list[bytes] = []
+        for item in items:
+            parts.append(pack(item.lock, mark, len(item.payload)))
+            parts.append(item.payload)
+        return b"".join(parts)
+
+    def _encode(self, items: list[_Item]) -> bytes:
+        """``client_protobuf``: the items as waltz-py's ``ClientMessages``, one ``AppendRequest`` each."""
+        mark = self._mark
+        message = client_pb2.ClientMessages()
+        for item in items:
+            item.seq = seq = self._next_seq
+            self._next_seq = (seq + 1) & 0x7FFFFFFF
+            self._by_seq[seq] = item
+            append = message.messages.add().append
+            rid = append.req_id
+            rid.client_id = 1
+            rid.generation = 1
+            rid.seq_num = seq
+            append.client_high_water_mark = mark
+            if item.lock >= 0:
+                append.write_lock_hashes.append(item.lock)
+            append.data = item.payload
+            append.checksum = zlib.crc32(item.payload)
+        return message.SerializeToString()
 
     async def _read(self, call: Any) -> None:
         try:
@@ -364,12 +439,31 @@ class SkeletonClient:
         finally:
             self._wake.set()  # the writer sees the reader done and ends
 
+    def _decode(self, reply: bytes) -> list[tuple[_Item, int]]:
+        """``client_protobuf``: each item of an answer (``ServerMessages``) and its outcome."""
+        outcomes: list[tuple[_Item, int]] = []
+        for message in client_pb2.ServerMessages.FromString(reply).messages:
+            if message.WhichOneof("body") == "feed_entries":
+                feed = message.feed_entries
+                first = feed.first_transaction_id
+                for i, seq in enumerate(feed.seq_nums):
+                    outcomes.append((self._by_seq.pop(seq), first + i))
+            else:
+                failure = message.lock_failure
+                outcomes.append((self._by_seq.pop(failure.req_id.seq_num), -failure.transaction_id - 2))
+        return outcomes
+
     def _outcomes(self, reply: bytes) -> None:
         """Settle the items of the oldest message in flight: committed, or queued for a retry."""
         items = self._sent.popleft()
         retry: list[_Item] = []
         finished: list[tuple[Callable[[Outcome], None], Outcome]] = []
-        for item, outcome in zip(items, struct.unpack(f">{len(items)}q", reply), strict=True):
+        settled = (
+            self._decode(reply)
+            if self._client_protobuf
+            else zip(items, struct.unpack(f">{len(items)}q", reply), strict=True)
+        )
+        for item, outcome in settled:
             if outcome >= 0:
                 self._mark = max(self._mark, outcome)
                 if self._completer is not None:
@@ -509,6 +603,7 @@ def run(
     max_in_flight_messages: int = 1,
     store_protobuf: bool = False,
     client_futures: bool = False,
+    client_protobuf: bool = False,
 ) -> dict[str, Any]:
     """Start the skeleton's server and ``storages`` storage processes, run the load, stop them, and
     check what the storage nodes hold (:func:`verify_replicas`); the result row (CPU per
@@ -521,6 +616,7 @@ def run(
         store_protobuf: the server-to-storage hop in waltz-py's messages and on-disk format.
         client_futures: a ``concurrent.futures.Future`` per transaction, resolved on a
             completion thread.
+        client_protobuf: the client-to-server hop in waltz-py's messages.
 
     Raises:
         ReplicaError: the storage files do not hold exactly the committed transactions.
@@ -541,7 +637,7 @@ def run(
             port = free_port()
             processes["server"] = context.Process(
                 target=_server_main,
-                args=(port, storage_ports, store_protobuf),
+                args=(port, storage_ports, store_protobuf, client_protobuf),
                 daemon=True,
                 name="skeleton-server",
             )
@@ -550,7 +646,7 @@ def run(
             for i, storage_port in enumerate(storage_ports):
                 wait_for_port("127.0.0.1", storage_port, timeout=30, what=f"skeleton storage {i}")
             wait_for_port("127.0.0.1", port, timeout=30, what="the skeleton server")
-            client = SkeletonClient(port, 30, max_in_flight_messages, client_futures)
+            client = SkeletonClient(port, 30, max_in_flight_messages, client_futures, client_protobuf)
             try:
                 before = {name: _cpu_seconds(p.pid) for name, p in processes.items()}
                 client_before = time.process_time()
@@ -571,6 +667,7 @@ def run(
     added = [
         *(["waltz-py's storage messages and record format"] if store_protobuf else []),
         *(["a Future per transaction, completion thread"] if client_futures else []),
+        *(["waltz-py's client messages and feed entries"] if client_protobuf else []),
     ]
     return result(
         "machine: Python log skeleton",
