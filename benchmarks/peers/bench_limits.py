@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-from common import result
+from common import result, serve_stream
 
 from waltz.perf.stats import RunStats
 from waltz.services.processes import free_port, wait_for_port
@@ -58,24 +58,11 @@ def fsync_case(records: int, per_fsync: int) -> dict[str, Any]:
 
 
 def _serve(port: int) -> None:
-    import asyncio
-
     async def stream(requests: Any, context: Any) -> Any:
         async for message in requests:
             yield struct.pack(">q", len(message))
 
-    async def main() -> None:
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
-        handler = grpc.method_handlers_generic_handler(
-            "peerbench.Sink",
-            {"Stream": grpc.stream_stream_rpc_method_handler(stream)},
-        )
-        server.add_generic_rpc_handlers((handler,))
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        await server.start()
-        await server.wait_for_termination()
-
-    asyncio.run(main())
+    serve_stream(port, "peerbench.Sink", "Stream", stream)
 
 
 def grpc_case(records: int, batch: int, window: int = 64, timeout: float = 300.0) -> dict[str, Any]:

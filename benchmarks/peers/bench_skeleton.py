@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from common import MAX_RETRIES, TooManyRetriesError, result
+from common import GRPC_OPTIONS, MAX_RETRIES, TooManyRetriesError, result, serve_stream
 
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
 from waltz.perf.stats import RunStats
@@ -73,7 +73,6 @@ _RECORD = struct.Struct(">iqI")
 _STORED = struct.Struct(">qiqII")
 #: A store batch's head: its first transaction ID and record count. A storage node echoes it back.
 _BATCH = struct.Struct(">qI")
-_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 SETTINGS = (
     "raw bytes on grpc.aio streams, {messages} client message(s) in flight, a store batch per client "
     "message, fdatasync per batch on each storage node, quorum 2 of 3, no linger"
@@ -108,17 +107,7 @@ def _storage_main(port: int, path: str, store_protobuf: bool) -> None:
         finally:
             os.close(fd)
 
-    async def main() -> None:
-        server = grpc.aio.server(options=_OPTIONS)
-        handler = grpc.method_handlers_generic_handler(
-            "skeleton.Storage", {"Store": grpc.stream_stream_rpc_method_handler(store)}
-        )
-        server.add_generic_rpc_handlers((handler,))
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        await server.start()
-        await server.wait_for_termination()
-
-    asyncio.run(main())
+    serve_stream(port, "skeleton.Storage", "Store", store)
 
 
 class _Batch:
@@ -140,7 +129,7 @@ def _server_main(port: int, storage_ports: list[int], store_protobuf: bool, clie
     async def append(requests: AsyncIterator[bytes], context: Any) -> None:
         calls = []
         for storage_port in storage_ports:
-            channel = grpc.aio.insecure_channel(f"127.0.0.1:{storage_port}", options=_OPTIONS)
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{storage_port}", options=GRPC_OPTIONS)
             calls.append(channel.stream_stream(_STORE, request_serializer=None, response_deserializer=None)())
         quorum = len(calls) // 2 + 1
         batches: collections.deque[_Batch] = collections.deque()
@@ -272,17 +261,7 @@ def _server_main(port: int, storage_ports: list[int], store_protobuf: bool, clie
             for task in tasks:
                 task.cancel()
 
-    async def main() -> None:
-        server = grpc.aio.server(options=_OPTIONS)
-        handler = grpc.method_handlers_generic_handler(
-            "skeleton.Server", {"Append": grpc.stream_stream_rpc_method_handler(append)}
-        )
-        server.add_generic_rpc_handlers((handler,))
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        await server.start()
-        await server.wait_for_termination()
-
-    asyncio.run(main())
+    serve_stream(port, "skeleton.Server", "Append", append)
 
 
 class _Item:
@@ -374,7 +353,7 @@ class SkeletonClient:
         self._loop.call_soon_threadsafe(self._wake.set)
 
     async def _run(self, port: int) -> None:
-        self._channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=_OPTIONS)
+        self._channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=GRPC_OPTIONS)
         call = self._channel.stream_stream(_APPEND, request_serializer=None, response_deserializer=None)()
         reader = asyncio.ensure_future(self._read(call))
         pack = _RECORD.pack

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+import grpc
 
 from waltz.perf.loadgen import LoadSpec
 from waltz.perf.stats import RunStats
@@ -37,3 +41,29 @@ def result(
         **stats.summary(),
         **extra,
     }
+
+
+#: Message size limit of the benchmarks' own gRPC servers and channels, both ways.
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+
+
+def serve_stream(
+    port: int, service: str, method: str, handler: Callable[[AsyncIterator[bytes], Any], Any]
+) -> None:
+    """Serve one raw-bytes bidirectional stream method (``/service/method``) on 127.0.0.1:``port``
+    with ``grpc.aio`` until the process ends (the target of a benchmark's server process)."""
+
+    async def main() -> None:
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    service, {method: grpc.stream_stream_rpc_method_handler(handler)}
+                ),
+            )
+        )
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(main())
