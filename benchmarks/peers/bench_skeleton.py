@@ -32,6 +32,9 @@ Two of those can be put back, one at a time, to price them (the ``skeleton-*`` c
   on-disk record format);
 - ``client_futures``: a ``concurrent.futures.Future`` per transaction, as ``WaltzClient.submit``
   returns, resolved on a completion thread that the event loop hands each answer's commits to;
+- ``client_threads``: each answer's commits handed from the event loop to an apply thread (one
+  apply call per transaction, as the client's apply worker makes) and then to a completion thread
+  that calls the load generator back (as the client's retry threads do);
 - ``client_protobuf``: the client-to-server hop in waltz-py's own messages: ``ClientMessages`` with
   an ``AppendRequest`` (ReqId, mark, lock hash, data, data CRC-32) per transaction one way, and
   ``ServerMessages`` with the commits as ``FeedEntries`` columns and a ``LockFailure`` per refused
@@ -277,13 +280,29 @@ class _Item:
         self.seq = 0
 
 
-def _resolve_all(
-    completions: queue.SimpleQueue[list[tuple[Callable[[Outcome], None], Outcome]] | None],
-) -> None:
-    """The completion thread of ``client_futures``: resolve each handed-over list, until None."""
+_Handover = queue.SimpleQueue[list[tuple[Callable[[Outcome], None], Outcome]] | None]
+
+
+def _resolve_all(completions: _Handover) -> None:
+    """The completion thread (``client_futures``, ``client_threads``): resolve each handed-over
+    list, until None."""
     while (finished := completions.get()) is not None:
         for resolve, outcome in finished:
             resolve(outcome)
+
+
+def _apply(outcome: Outcome) -> None:
+    """The application's apply callback of ``client_threads``: one call per transaction, nothing
+    applied."""
+
+
+def _apply_all(applies: _Handover, completions: _Handover) -> None:
+    """The apply thread of ``client_threads``: apply each handed-over list, then hand it to the
+    completion thread, until None."""
+    while (committed := applies.get()) is not None:
+        for _resolve, outcome in committed:
+            _apply(outcome)
+        completions.put(committed)
 
 
 class SkeletonClient:
@@ -297,6 +316,8 @@ class SkeletonClient:
         client_futures: a ``concurrent.futures.Future`` per transaction, resolved on a completion
             thread (the load generator's callback is the future's done callback).
         client_protobuf: waltz-py's client messages and answers on the stream.
+        client_threads: each answer's commits go from the event loop to an apply thread (one
+            apply call per transaction), then to a completion thread that calls back.
     """
 
     def __init__(
@@ -306,21 +327,28 @@ class SkeletonClient:
         max_in_flight_messages: int,
         client_futures: bool,
         client_protobuf: bool = False,
+        client_threads: bool = False,
     ) -> None:
         self._timeout = timeout
+        self._futures = client_futures
         self._client_protobuf = client_protobuf
         self._by_seq: dict[int, _Item] = {}
         self._next_seq = 0
         self._max_in_flight_messages = max_in_flight_messages
-        self._completions: queue.SimpleQueue[list[tuple[Callable[[Outcome], None], Outcome]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._completions: _Handover = queue.SimpleQueue()
+        self._applies: _Handover = queue.SimpleQueue()
         self._completer: threading.Thread | None = None
-        if client_futures:
+        self._applier: threading.Thread | None = None
+        if client_futures or client_threads:
             self._completer = threading.Thread(
                 target=_resolve_all, args=(self._completions,), name="skeleton-completions", daemon=True
             )
             self._completer.start()
+        if client_threads:
+            self._applier = threading.Thread(
+                target=_apply_all, args=(self._applies, self._completions), name="skeleton-apply", daemon=True
+            )
+            self._applier.start()
         self._lock = threading.Lock()
         self._queued: list[_Item] = []
         self._scheduled = False
@@ -340,7 +368,7 @@ class SkeletonClient:
 
     def submit(self, request: Request, done: Callable[[Outcome], None]) -> None:
         resolve = done
-        if self._completer is not None:
+        if self._futures:
             future: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
             future.add_done_callback(lambda resolved: done(resolved.result()))
             resolve = future.set_result
@@ -455,7 +483,7 @@ class SkeletonClient:
                 item.retries += 1
                 retry.append(item)
         if finished:
-            self._completions.put(finished)
+            (self._completions if self._applier is None else self._applies).put(finished)
         if retry:
             self._retries.extend(retry)
         self._wake.set()  # a message slot is free
@@ -485,6 +513,9 @@ class SkeletonClient:
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(self._timeout)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(self._timeout)
+            if self._applier is not None:
+                self._applies.put(None)
+                self._applier.join(self._timeout)
             if self._completer is not None:
                 self._completions.put(None)
                 self._completer.join(self._timeout)
@@ -583,6 +614,7 @@ def run(
     store_protobuf: bool = False,
     client_futures: bool = False,
     client_protobuf: bool = False,
+    client_threads: bool = False,
 ) -> dict[str, Any]:
     """Start the skeleton's server and ``storages`` storage processes, run the load, stop them, and
     check what the storage nodes hold (:func:`verify_replicas`); the result row (CPU per
@@ -596,6 +628,7 @@ def run(
         client_futures: a ``concurrent.futures.Future`` per transaction, resolved on a
             completion thread.
         client_protobuf: the client-to-server hop in waltz-py's messages.
+        client_threads: commits go through an apply thread and a completion thread.
 
     Raises:
         ReplicaError: the storage files do not hold exactly the committed transactions.
@@ -625,7 +658,9 @@ def run(
             for i, storage_port in enumerate(storage_ports):
                 wait_for_port("127.0.0.1", storage_port, timeout=30, what=f"skeleton storage {i}")
             wait_for_port("127.0.0.1", port, timeout=30, what="the skeleton server")
-            client = SkeletonClient(port, 30, max_in_flight_messages, client_futures, client_protobuf)
+            client = SkeletonClient(
+                port, 30, max_in_flight_messages, client_futures, client_protobuf, client_threads
+            )
             try:
                 before = {name: _cpu_seconds(p.pid) for name, p in processes.items()}
                 client_before = time.process_time()
@@ -647,6 +682,7 @@ def run(
         *(["waltz-py's storage messages and record format"] if store_protobuf else []),
         *(["a Future per transaction, completion thread"] if client_futures else []),
         *(["waltz-py's client messages and feed entries"] if client_protobuf else []),
+        *(["an apply thread and a completion thread"] if client_threads else []),
     ]
     return result(
         "machine: Python log skeleton",

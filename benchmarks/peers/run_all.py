@@ -12,8 +12,8 @@ with a fixed number in flight. Systems:
 - the machine: fsyncs/s, and records/s through one gRPC stream with batching (``bench_limits.py``);
 - the machine's limit for this design in CPython: a skeleton of waltz-py's data path (client,
   server and 3 storage processes, raw bytes, quorum writes with fdatasync, the lock check), alone
-  and with waltz-py's storage messages, its client messages or a Future per transaction put back
-  (``bench_skeleton.py``).
+  and with waltz-py's storage messages, its client messages, a Future per transaction or its
+  client threads put back (``bench_skeleton.py``).
 
 Each case runs in a child process of its own (own session; killed with its children after its
 time limit), on 127.0.0.1 only, with free ports and temporary directories it removes. Install the
@@ -94,6 +94,7 @@ CASES = [f"waltz-p{p}-s{s}" for p, s in WALTZ_CASES] + [
     "skeleton-store-protobuf",
     "skeleton-futures",
     "skeleton-client-protobuf",
+    "skeleton-threads",
 ]
 
 
@@ -135,6 +136,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
             store_protobuf=name == "skeleton-store-protobuf",
             client_futures=name == "skeleton-futures",
             client_protobuf=name == "skeleton-client-protobuf",
+            client_threads=name == "skeleton-threads",
         )
     import bench_limits
 

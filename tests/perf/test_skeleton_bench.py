@@ -35,23 +35,38 @@ def skeleton() -> Iterator[ModuleType]:
 
 
 @pytest.mark.parametrize(
-    ("store_protobuf", "client_futures", "client_protobuf"),
-    [(False, False, False), (True, False, False), (False, True, False), (False, False, True)],
-    ids=["raw", "store-protobuf", "futures", "client-protobuf"],
+    ("store_protobuf", "client_futures", "client_protobuf", "client_threads"),
+    [
+        (False, False, False, False),
+        (True, False, False, False),
+        (False, True, False, False),
+        (False, False, True, False),
+        (False, False, False, True),
+    ],
+    ids=["raw", "store-protobuf", "futures", "client-protobuf", "threads"],
 )
 def test_a_run_commits_every_transaction_once_on_every_storage_node_with_lock_failures_retried(
-    skeleton: ModuleType, store_protobuf: bool, client_futures: bool, client_protobuf: bool
+    skeleton: ModuleType,
+    store_protobuf: bool,
+    client_futures: bool,
+    client_protobuf: bool,
+    client_threads: bool,
 ) -> None:
     # 5 locks and 50 in flight: conflicts are certain, so the lock check and the retries run. The
     # run itself compares the storage files with what was committed (verify_replicas).
     spec = LoadSpec(400, payload_size=200, lock_pool_size=5, max_in_flight=50, timeout=60)
     row = skeleton.run(
-        spec, store_protobuf=store_protobuf, client_futures=client_futures, client_protobuf=client_protobuf
+        spec,
+        store_protobuf=store_protobuf,
+        client_futures=client_futures,
+        client_protobuf=client_protobuf,
+        client_threads=client_threads,
     )
     assert row["system"] == "machine: Python log skeleton"
     assert ("storage messages" in row["config"]) == store_protobuf
     assert ("a Future per transaction" in row["config"]) == client_futures
     assert ("client messages and feed entries" in row["config"]) == client_protobuf
+    assert ("an apply thread and a completion thread" in row["config"]) == client_threads
     assert (row["transactions"], row["failed"]) == (400, 0)
     assert row["retries"] > 0
     assert row["latency_ms"]["count"] == 400
