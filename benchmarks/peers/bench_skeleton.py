@@ -12,19 +12,20 @@ generator (``waltz/perf/loadgen.py``) drives it:
   high-water mark as the concurrency check (seed 000, "Concurrency Control"); the server refuses a
   record whose lock was written after that mark, and the client sends it again with its newer
   mark (a retry);
-- batching on every hop: the client sends everything submitted while its last message was being
-  written as one message; the server makes each client message one store batch (transaction IDs,
-  data CRC-32s) and writes it to the three storage nodes; a storage node writes and
-  ``fdatasync``\\ s each batch before acknowledging it; the server commits batches in order on 2 of 3
-  acknowledgements (seed 001, quorum) and answers each client message with every record's outcome.
+- batching on every hop: the client sends everything submitted while its last message was
+  unanswered as one message (``max_in_flight_messages``, 1 by default: one message in flight); the
+  server makes each client message one store batch (transaction IDs, data CRC-32s) and writes it to
+  the three storage nodes; a storage node writes and ``fdatasync``\\ s each batch before
+  acknowledging it; the server commits batches in order on 2 of 3 acknowledgements (seed 000,
+  "Quorum Writes") and answers each client message with every record's outcome.
 
 Left out, so that the figure bounds a real implementation from above: protobuf, ZooKeeper,
 generations and store sessions, recovery, a feed to other clients, apply callbacks and completion
 threads (the load generator's callback runs on the client's event loop), the transaction data
 cache, metrics, per-record checks on the storage node, index files and segments.
 
-Two of those can be put back, one at a time, to price them (the ``skeleton-*`` cases of
-``run_all.py``):
+Four of waltz-py's choices can be put back, one at a time, to price them (the ``skeleton-*`` cases
+of ``run_all.py``):
 
 - ``store_protobuf``: the server-to-storage hop in waltz-py's own messages (``StorageRequests`` with
   a ``Record`` and its ``ReqId`` per transaction, serialized once for the three nodes), and the
@@ -140,8 +141,8 @@ def _server_main(port: int, storage_ports: list[int], store_protobuf: bool, clie
         replies: asyncio.Queue[bytes | None] = asyncio.Queue()
         locks: dict[int, int] = {}
         next_id = 0
-        drained = asyncio.Event()  # every batch sent is on every storage node (set once asked for)
-        ending: list[bool] = []
+        drained = asyncio.Event()  # every batch sent is on every storage node (set once ending)
+        ending = False
 
         def commit_ready() -> None:
             while batches and batches[0].acks >= quorum:
@@ -168,10 +169,11 @@ def _server_main(port: int, storage_ports: list[int], store_protobuf: bool, clie
             async for message in requests:
                 outcomes: list[int] = []
                 parts: list[bytes] = []
-                store_message = storage_pb2.StorageRequests()
                 if store_protobuf:
-                    request = store_message.requests.add(session_id=1, seq_num=1, partition_id=0)
-                    records = request.append.records
+                    store_message = storage_pb2.StorageRequests()
+                    records = store_message.requests.add(
+                        session_id=1, seq_num=1, partition_id=0
+                    ).append.records
                 first = next_id
                 if client_protobuf:
                     answer_message = client_pb2.ServerMessages()
@@ -250,7 +252,7 @@ def _server_main(port: int, storage_ports: list[int], store_protobuf: bool, clie
                     commit_ready()
             # The client is done: end once every storage node holds every batch (a clean stop,
             # so that the run can compare the replicas).
-            ending.append(True)
+            ending = True
             commit_ready()
             await asyncio.wait_for(drained.wait(), 30)
             for call in calls:
@@ -401,9 +403,11 @@ class SkeletonClient:
                     continue
                 if len(self._sent) >= self._max_in_flight_messages:
                     # Like Kafka's max.in.flight.requests.per.connection: what is queued waits for
-                    # a reply and then leaves as one message, so messages stay large (waves).
+                    # a reply and then leaves as one message, so messages stay large (waves). The
+                    # reply wakes the writer; submissions meanwhile need not.
                     with self._lock:
                         self._queued[:0] = items
+                        self._scheduled = True
                     continue
                 self._sent.append(items)
                 await call.write(self._encode(items) if self._client_protobuf else self._pack(items, pack))
