@@ -44,6 +44,7 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 
+from waltz.perf.cost import process_cpu_seconds
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.cluster.metadata import (
@@ -65,13 +66,6 @@ PLUMBING = ("asyncio/", "threading.py", "concurrent/", "typer/", "<frozen", "<mo
 
 
 # ---- CPU accounting from /proc ----
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU seconds of a process (all its threads) so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
@@ -113,14 +107,14 @@ class CpuSampler:
     elapsed: float = 0.0
 
     def start(self) -> None:
-        self._before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._before = {name: process_cpu_seconds(pid) for name, pid in self.pids.items()}
         self._threads_before = thread_cpu_seconds(os.getpid())
         self._machine_before = machine_cpu_seconds()
         self._started = time.perf_counter()
 
     def stop(self) -> None:
         self.elapsed = time.perf_counter() - self._started
-        self.used = {name: cpu_seconds(pid) - self._before[name] for name, pid in self.pids.items()}
+        self.used = {name: process_cpu_seconds(pid) - self._before[name] for name, pid in self.pids.items()}
         after = thread_cpu_seconds(os.getpid())
         self.threads = {n: after[n] - self._threads_before.get(n, 0.0) for n in after}
         self.machine = {k: v - self._machine_before[k] for k, v in machine_cpu_seconds().items()}

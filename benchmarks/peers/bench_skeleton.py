@@ -62,6 +62,7 @@ from typing import Any
 import grpc
 from common import GRPC_OPTIONS, MAX_RETRIES, TooManyRetriesError, result, serve_stream
 
+from waltz.perf.cost import process_cpu_seconds
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
 from waltz.perf.stats import RunStats
 from waltz.protocol import client_pb2, storage_pb2
@@ -525,12 +526,6 @@ class SkeletonClient:
                 self._completer.join(self._timeout)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _raw_record(data: bytes, position: int) -> tuple[int, int, int, int]:
     """The raw record at ``position``: transaction ID, lock, mark and encoded size.
 
@@ -666,12 +661,12 @@ def run(
                 port, 30, max_in_flight_messages, client_futures, client_protobuf, client_threads
             )
             try:
-                before = {name: _cpu_seconds(p.pid) for name, p in processes.items()}
+                before = {name: process_cpu_seconds(p.pid) for name, p in processes.items()}
                 client_before = time.process_time()
                 stats: RunStats = run_load(client.submit, spec)
                 stats.client_cpu_seconds = time.process_time() - client_before
                 stats.node_cpu_seconds = {
-                    name: _cpu_seconds(p.pid) - before[name] for name, p in processes.items()
+                    name: process_cpu_seconds(p.pid) - before[name] for name, p in processes.items()
                 }
             finally:
                 client.close()

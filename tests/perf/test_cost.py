@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import http.server
 import logging
+import os
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, start_http_server
 
-from waltz.perf.cost import measure_nodes, node_cpu_seconds, read_nodes
+from waltz.perf.cost import measure_nodes, node_cpu_seconds, process_cpu_seconds, read_nodes
 from waltz.services.processes import free_port
 
 
@@ -121,3 +125,17 @@ def test_server_commits_are_the_commit_seconds_and_count_of_the_block() -> None:
     assert count == 3
     assert total == pytest.approx(0.015)
     assert usage.storage_batches == {}
+
+
+def test_process_cpu_seconds_follow_the_process_and_a_gone_process_raises() -> None:
+    before, own_before = process_cpu_seconds(os.getpid()), time.process_time()
+    deadline = time.monotonic() + 5
+    while time.process_time() - own_before < 0.2 and time.monotonic() < deadline:
+        sum(range(10_000))  # burn CPU in this process
+    spent, own = process_cpu_seconds(os.getpid()) - before, time.process_time() - own_before
+    assert own >= 0.2
+    assert abs(spent - own) < 0.05  # /proc counts in clock ticks (10 ms)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    with pytest.raises(OSError):
+        process_cpu_seconds(gone.pid)

@@ -15,6 +15,7 @@ submit-to-commit latency spent in the server and the storage nodes.
 from __future__ import annotations
 
 import logging
+import os
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ __all__ = [
     "NodeUsage",
     "measure_nodes",
     "node_cpu_seconds",
+    "process_cpu_seconds",
     "read_nodes",
 ]
 
@@ -45,6 +47,18 @@ RECORDS_METRIC = "waltz_storage_appended_records"
 FLUSHES_METRIC = "waltz_storage_append_flushes"
 #: A server's histogram of the seconds from receiving an append to its commit.
 COMMIT_METRIC = "waltz_server_commit_seconds"
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds that local process ``pid`` (all its threads) has spent so far,
+    from ``/proc/<pid>/stat`` (Linux): for processes that export no metrics.
+
+    Raises:
+        OSError: no such process, or no ``/proc`` (not Linux).
+    """
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True, slots=True)
