@@ -161,3 +161,26 @@ def test_a_batch_failure_is_reported_for_the_transaction_that_failed() -> None:
         worker.close()
     assert callbacks.errors == [(4, 2, "'no such row'")]  # transaction 2 and its cause, not 0
     assert callbacks.applied == list(range(5))
+
+
+def test_without_the_hook_each_transaction_of_a_run_is_applied_and_marked_in_turn() -> None:
+    marks_seen: list[int] = []
+
+    class Watching(Callbacks):
+        def apply_transaction(self, transaction: Transaction) -> None:
+            marks_seen.append(mark.value)  # the mark when this one is applied: its predecessor
+            super().apply_transaction(transaction)
+
+    callbacks = Watching(fail_times=2)
+    mark = Watermark(-1)
+    worker = ApplyWorker(4, callbacks, mark, initial_backoff=0.01)
+    worker.enqueue_many([(txn(tid), None) for tid in range(6)])  # one run, taken at once
+    worker.start()
+    try:
+        assert mark.wait(5, 10), f"applied only up to {mark.value}: {callbacks.applied}"
+    finally:
+        worker.close()
+    assert callbacks.applied == list(range(6))
+    # 3 failed twice and was retried alone: 0..2 were applied and marked before it, 4 and 5 after.
+    assert marks_seen == [-1, 0, 1, 2, 2, 2, 3, 4]
+    assert callbacks.errors == [(4, 3, "database down")] * 2

@@ -192,3 +192,29 @@ def test_a_context_that_sets_its_own_mark_is_not_given_one() -> None:
     assert reads == []  # get_client_high_water_mark was not called
     assert context.marks == [-1]  # the conservative start; this context never set one
     assert payload is not None and payload.client_high_water_mark == -1
+
+
+def test_complete_all_frees_every_submission_before_any_future_resolves() -> None:
+    order: list[str] = []
+    contexts = [Recording([True]) for _ in range(3)]
+    submissions = [make(context)[0] for context in contexts]
+    for submission in submissions:
+        assert submission.attempt() is not None
+    submissions[1].fail(RuntimeError("ended before"))  # already ended: left alone
+    for i, submission in enumerate(submissions):
+        submission.future.add_done_callback(lambda f, i=i: order.append(f"future {i}"))
+
+    def on_finished(ended: list[Submission]) -> None:
+        assert not any(s.future.done() for s in ended)
+        order.append(f"finished {[submissions.index(s) for s in ended]}")
+
+    fed_at = time.monotonic()
+    delay, count = Submission.complete_all(
+        [(s, 10 + i) for i, s in enumerate(submissions)], on_finished, fed_at
+    )
+    assert count == 2 and delay >= 0
+    assert order == ["future 1", "finished [0, 2]", "future 0", "future 2"]
+    assert [s.future.result(0) for s in (submissions[0], submissions[2])] == [10, 12]
+    assert contexts[0].calls == ["execute", "completion:True"]
+    assert contexts[1].calls == ["execute", "exception:RuntimeError"]
+    assert Submission.complete_all([(submissions[0], 99)], on_finished) == (0.0, 0)  # once only

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -121,3 +122,34 @@ def test_watermark_wakes_the_coroutines_of_one_loop_with_one_callback() -> None:
         assert loop.run_until_complete(main()) == [True] * 5
     finally:
         loop.close()
+
+
+def test_call_when_calls_now_or_on_the_thread_that_advances_the_mark(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    mark = Watermark(5)
+    calls: list[tuple[str, str]] = []
+
+    def recorder(name: str) -> Callable[[], None]:
+        return lambda: calls.append((name, threading.current_thread().name))
+
+    mark.call_when(5, recorder("reached"))  # already there: at once, on this thread
+    assert calls == [("reached", threading.current_thread().name)]
+    mark.call_when(8, recorder("eight"))
+    mark.call_when(7, recorder("seven"))
+
+    def boom() -> None:
+        raise RuntimeError("callback failed")
+
+    mark.call_when(7, boom)
+    mark.advance(6)
+    assert len(calls) == 1  # neither target reached
+    thread = threading.Thread(target=mark.advance, args=(7,), name="advancer")
+    thread.start()
+    thread.join(10)
+    assert calls[1:] == [("seven", "advancer")]  # the other waiter's exception was logged, not raised
+    assert "callback failed" in caplog.text
+    mark.advance(10)
+    assert calls[2:] == [("eight", threading.current_thread().name)]
+    mark.advance(11)
+    assert len(calls) == 3  # each callback once

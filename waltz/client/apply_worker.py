@@ -13,7 +13,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.metrics import PartitionMetrics
@@ -27,8 +29,7 @@ __all__ = ["ApplyWorker"]
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class _Entry:
+class _Entry(NamedTuple):
     transaction: Transaction
     submission: Submission | None
 
@@ -71,7 +72,9 @@ class ApplyWorker:
         self._callbacks = callbacks
         self._applied = applied
         self._batching = type(callbacks).apply_transactions is not WaltzClientCallbacks.apply_transactions
-        self._max_batch = max_batch if self._batching else 1
+        # Without apply_transactions the worker still takes what is ready (up to max_batch) at once,
+        # then applies and marks each transaction in turn: one wake-up per run, not per transaction.
+        self._max_batch = max_batch
         self._linger = linger if self._batching else 0.0
         self._prefetch = callbacks.prefetch_transaction_data
         self._initial_backoff = initial_backoff
@@ -110,7 +113,7 @@ class ApplyWorker:
     def enqueue_many(self, entries: list[tuple[Transaction, Submission | None]]) -> None:
         """Queue several committed transactions at once (one wake-up), like :meth:`enqueue`."""
         with self._condition:
-            self._items.extend(_Entry(transaction, submission) for transaction, submission in entries)
+            self._items.extend(map(_Entry._make, entries))
             self._condition.notify()
 
     def set_floor(self, mark: int) -> None:
@@ -175,23 +178,40 @@ class ApplyWorker:
             batch = self._take()
             if batch is None:
                 return
-            if not self._apply(batch):
-                return
-            self._applied.advance(batch[-1].transaction.transaction_id)
+            if self._batching:
+                if not self._apply([entry.transaction for entry in batch]):
+                    return
+                self._applied.advance(batch[-1].transaction.transaction_id)
+                for entry in batch:
+                    if entry.submission is not None:
+                        entry.submission.applied()
+            else:
+                advance = self._applied.advance
+                prefetch = [entry.transaction for entry in batch] if self._prefetch else None
+                for entry in batch:  # each applied, then marked, before the next one
+                    transaction = entry.transaction
+                    if not self._apply((transaction,), prefetch):
+                        return
+                    prefetch = None  # the first call fetched the run's data
+                    advance(transaction.transaction_id)
+                    self._in_progress -= 1
+                    if entry.submission is not None:
+                        entry.submission.applied()
             self._in_progress = 0
             if self._metrics is not None:
                 self._metrics.applied.inc(len(batch))
-            for entry in batch:
-                if entry.submission is not None:
-                    entry.submission.applied()
 
-    def _apply(self, batch: list[_Entry]) -> bool:
+    def _apply(self, transactions: Sequence[Transaction], prefetch: list[Transaction] | None = None) -> bool:
+        """Apply ``transactions`` (one: ``apply_transaction``; more: ``apply_transactions``),
+        retrying with backoff until it succeeds; False when the worker closed meanwhile.
+
+        With ``prefetch_transaction_data``, the data of ``prefetch`` (default: ``transactions``) is
+        fetched first, inside the retry."""
         backoff = self._initial_backoff
-        transactions = [entry.transaction for entry in batch]
         while not self._closed.is_set():
             try:
                 if self._prefetch:
-                    Transaction.load_data(transactions)
+                    Transaction.load_data(list(transactions) if prefetch is None else prefetch)
                 if len(transactions) == 1:
                     self._callbacks.apply_transaction(transactions[0])
                 else:

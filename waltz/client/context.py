@@ -16,8 +16,7 @@ import abc
 import json
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from waltz.client.locks import LockMode, PartitionLocalLock
 from waltz.protocol.records import crc32
@@ -69,9 +68,10 @@ class JsonSerializer(Serializer[Any]):
         return json.loads(data)
 
 
-@dataclass(frozen=True, slots=True)
-class AppendPayload:
+class AppendPayload(NamedTuple):
     """Everything an append request carries besides its ReqId (seed 000 "Append Request").
+
+    A named tuple (immutable, and cheap to make: one per attempt).
 
     Attributes:
         client_high_water_mark: the mark the lock check uses.

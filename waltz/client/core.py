@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -28,7 +29,7 @@ from waltz.client.connection_pool import ConnectionPool
 from waltz.client.context import AppendPayload, TransactionContext
 from waltz.client.discovery import ServerDiscovery
 from waltz.client.event_loop import shared_event_loop
-from waltz.client.metrics import ClientMetrics, PartitionGauges, StageTotals
+from waltz.client.metrics import ClientMetrics, PartitionGauges
 from waltz.client.partition import ClientPartition, PartitionState
 from waltz.client.submission import Submission
 from waltz.client.transaction import TransactionDataSource
@@ -198,8 +199,18 @@ class ClientCore:
         target = self.read_your_writes_target(partition) if lock_target is None else lock_target
         if not pause and partition.applied.value >= target:
             self._submit_attempt(partition, submission, lock_target is not None)
+        elif not pause and lock_target is not None and submission.deadline is None:
+            # Nothing to time out: the thread that applies the target hands the attempt over.
+            partition.applied.call_when(
+                target, functools.partial(self._attempt_when_applied, partition, submission)
+            )
         else:
             self._spawn(self._retry(partition, submission, lock_target, target, pause))
+
+    def _attempt_when_applied(self, partition: ClientPartition, submission: Submission) -> None:
+        """A lock failure's target is applied (on the thread that applied it): re-attempt."""
+        if not self._closed:
+            self._submit_attempt(partition, submission, True)
 
     def rejected(self, submission: Submission, error: BaseException) -> None:
         """End a submission with an error (on a retry thread)."""
@@ -264,9 +275,7 @@ class ClientCore:
             partition.end_of_batch()
         if self._completions:
             completions, self._completions = self._completions, []
-            self._executor.submit(
-                _complete_all, completions, time.monotonic(), self.metrics.completion_delay_seconds
-            )
+            self._executor.submit(self._complete_all, completions, time.monotonic())
 
     def _connection_lost(self, connection: ServerConnection) -> None:
         for partition in self.partitions.values():
@@ -312,12 +321,25 @@ class ClientCore:
         self.partitions[submission.partition_id].metrics.submitted.inc()
 
     def _finished(self, submission: Submission) -> None:
-        partition = self.partitions[submission.partition_id]
+        self._finished_all((submission,))
+
+    def _finished_all(self, submissions: Iterable[Submission]) -> None:
+        """Take ended submissions out of flight and give their concurrency slots back."""
+        partitions = self.partitions
         with self._in_flight_changed:
-            if submission in self._in_flight:
-                self._in_flight.discard(submission)
-                partition.limit.release()
+            in_flight = self._in_flight
+            for submission in submissions:
+                if submission in in_flight:
+                    in_flight.discard(submission)
+                    partitions[submission.partition_id].limit.release()
             self._in_flight_changed.notify_all()
+
+    def _complete_all(self, completions: list[tuple[Submission, int]], fed_at: float) -> None:
+        """Complete the submissions committed in one batch of server messages (seen at ``fed_at``,
+        ``time.monotonic()``; on a retry thread), adding their completion delay to its metric."""
+        delay, count = Submission.complete_all(completions, self._finished_all, fed_at)
+        if count:
+            self.metrics.completion_delay_seconds.add(delay, count)
 
     def run_first_attempt(self, partition: ClientPartition, submission: Submission) -> None:
         """Run the first attempt on the calling thread and send its append."""
@@ -654,17 +676,6 @@ class ClientCore:
             )
             for pid, p in partitions.items()
         ]
-
-
-def _complete_all(completions: list[tuple[Submission, int]], fed_at: float, delays: StageTotals) -> None:
-    """Complete the submissions committed in one batch of server messages (seen at ``fed_at``,
-    ``time.monotonic()``), adding each one's completion delay to ``delays``."""
-    monotonic = time.monotonic
-    delay = 0.0
-    for submission, transaction_id in completions:
-        submission.complete(transaction_id)
-        delay += monotonic() - fed_at
-    delays.add(delay, len(completions))
 
 
 def _retry_pause(submission: Submission, lock_target: int | None) -> float:

@@ -17,6 +17,7 @@ which never changes between processes or Python versions (unlike ``hash()``). Do
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 from waltz.protocol.records import crc32
@@ -57,6 +58,13 @@ def lock_hash(name: str, lock_id: int) -> int:
     """
     if not _INT64_MIN <= lock_id <= _INT64_MAX:
         raise ValueError(f"lock ID {lock_id} does not fit in a signed 64-bit integer")
+    return _hash(name, lock_id)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _hash(name: str, lock_id: int) -> int:
+    """:func:`lock_hash` of a valid ID; cached (the most recent 65,536 locks): applications take
+    the same locks again and again, and every attempt hashes its locks."""
     value = crc32(name.encode("utf-8") + lock_id.to_bytes(8, "big", signed=True))
     return value - (1 << 32) if value >= 1 << 31 else value
 
@@ -83,4 +91,4 @@ class PartitionLocalLock:
     @property
     def lock_hash(self) -> int:
         """The 32-bit hash sent on the wire (see :func:`lock_hash`)."""
-        return lock_hash(self.name, self.id)
+        return _hash(self.name, self.id)  # the ID was checked on construction

@@ -73,6 +73,12 @@ class PartitionState(enum.Enum):
     CLOSED = "closed"
 
 
+# Module constants for the per-append checks (an enum member read through its class costs more).
+_MOUNTING = PartitionState.MOUNTING
+_MOUNTED = PartitionState.MOUNTED
+_CLOSED = PartitionState.CLOSED
+
+
 class PartitionHost(Protocol):
     """What a partition needs from the client that owns it (all on the event loop)."""
 
@@ -196,12 +202,13 @@ class ClientPartition:
     @property
     def wanted(self) -> bool:
         """True while the application wants the partition mounted."""
-        return self.state in (PartitionState.MOUNTING, PartitionState.MOUNTED)
+        state = self.state
+        return state is _MOUNTED or state is _MOUNTING
 
     @property
     def mounted(self) -> bool:
         """True when the partition is mounted and appends flow."""
-        return self.state is PartitionState.MOUNTED
+        return self.state is _MOUNTED
 
     async def wait_mounted(self) -> None:
         """Wait until the partition is mounted."""
@@ -479,13 +486,14 @@ class ClientPartition:
         (``docs/protocol.md`` "Append"): a re-attempt starts when the transaction it waited for is
         applied, just before the completions of that commit let new transactions in.
         """
-        if self.state is PartitionState.CLOSED:
+        state = self.state
+        if state is _CLOSED:
             self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
             return
         connection = self.connection
-        if self.state is not PartitionState.MOUNTED or connection is None or connection.closed:
+        if state is not _MOUNTED or connection is None or connection.closed:
             self._blocked.append((submission, payload))
-            if self.state is PartitionState.MOUNTED:
+            if state is _MOUNTED:
                 self.remount("connection lost")
             return
         holders = self._holders

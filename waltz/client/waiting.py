@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = ["ConcurrencyLimit", "Watermark"]
+
+log = logging.getLogger(__name__)
 
 
 def _wake(future: asyncio.Future[None]) -> None:
@@ -137,6 +141,7 @@ class _MarkWaiter:
     event: threading.Event | None = None
     loop: asyncio.AbstractEventLoop | None = None
     future: asyncio.Future[None] | None = None
+    callback: Callable[[], None] | None = None
     done: bool = field(default=False)
 
 
@@ -167,6 +172,8 @@ class Watermark:
             if value <= self._value:
                 return
             self._value = value
+            if not self._waiters:
+                return
             ready = [w for w in self._waiters if w.target <= value]
             if not ready:
                 return
@@ -176,11 +183,30 @@ class Watermark:
             waiter.done = True
             if waiter.event is not None:
                 waiter.event.set()
+            elif waiter.callback is not None:
+                try:
+                    waiter.callback()
+                except Exception:
+                    log.exception("a callback waiting for mark %d raised", waiter.target)
             elif waiter.loop is not None and waiter.future is not None:
                 by_loop.setdefault(waiter.loop, []).append(waiter.future)
         for loop, futures in by_loop.items():
             with contextlib.suppress(RuntimeError):  # that loop closed
                 loop.call_soon_threadsafe(_wake_all, futures)
+
+    def call_when(self, target: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the mark is at least ``target``: now (on this thread) when it is
+        already, else on the thread that advances the mark that far, right after it does.
+
+        No task, future or event-loop wake-up: what a lock failure's re-attempt waits with. The
+        callback must be quick and must not raise (an exception is logged). There is no timeout
+        and no cancel: a callback that is no longer wanted must check that itself.
+        """
+        with self._lock:
+            if self._value < target:
+                self._waiters.append(_MarkWaiter(target, callback=callback))
+                return
+        callback()
 
     def wait(self, target: int, timeout: float | None = None) -> bool:
         """Block until the mark is at least ``target``; False after ``timeout`` seconds."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from waltz.protocol import common_pb2
 
@@ -18,11 +19,11 @@ def crc32(data: bytes | bytearray | memoryview) -> int:
     return zlib.crc32(data) & 0xFFFFFFFF
 
 
-@dataclass(frozen=True, slots=True)
-class ReqId:
+class ReqId(NamedTuple):
     """A request ID: client ID, generation, partition ID and sequence number, each a 32-bit int.
 
-    Source: seed 000 "Request ID (ReqId)".
+    Source: seed 000 "Request ID (ReqId)". A named tuple (immutable, hashed and compared in C):
+    the client and the server make one or two per transaction.
     """
 
     client_id: int
