@@ -20,6 +20,7 @@ from waltz.client import WaltzClientConfig
 from waltz.perf.consumer import ConsumerSettings, run_consumer
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, payload_submit_time, run_load
 from waltz.perf.producer import WARMUP_TRANSACTIONS, ProducerSettings, run_producer
+from waltz.perf.stats import LatencyHistogram
 from waltz.services.local_cluster import LocalCluster
 
 PERCENTILE_KEYS = ["p50", "p90", "p99", "p99.9"]
@@ -265,3 +266,18 @@ def test_load_generator_counts_a_raising_submitter_as_failed() -> None:
 
     stats = run_load(submit, LoadSpec(5, rate=1000.0, lock_pool_size=0))
     assert (stats.committed, stats.failed) == (0, 5)
+
+
+def test_load_generator_latencies_reach_the_histogram_when_the_run_ends() -> None:
+    def submit(request: Request, done: Callable[[Outcome], None]) -> None:
+        threading.Timer(0.02, lambda: done(Outcome())).start()
+
+    stats = run_load(submit, LoadSpec(20, max_in_flight=5, lock_pool_size=0))
+    assert stats.latency.count == 20
+    assert stats.latency.percentile_ms(0) >= 20.0  # each waited for its timer, at least
+    one_by_one = LatencyHistogram()
+    for seconds in (0.0000001, 0.004, 0.0125, 7200.0):  # below 1 µs and above 1 h are clamped
+        one_by_one.record(seconds)
+    folded = LatencyHistogram()
+    folded.record_all([0.0000001, 0.004, 0.0125, 7200.0])
+    assert folded.encode() == one_by_one.encode()

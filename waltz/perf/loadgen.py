@@ -17,12 +17,14 @@ Arrival processes:
 
 from __future__ import annotations
 
+import queue
 import random
 import struct
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from waltz.perf.stats import RunStats
 
@@ -75,17 +77,19 @@ class LoadSpec:
         return f"{self.payload_size} B payload, {locks}, {arrival}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Request:
-    """One transaction to run: its index in the run, its write lock (None: no lock), its payload."""
+    """One transaction to run: its index in the run, its write lock (None: no lock), its payload.
+
+    Not frozen: a frozen dataclass costs more to make, and the generator makes one per transaction.
+    """
 
     index: int
     lock_id: int | None
     payload: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):
     """How a transaction ended: attempts beyond the first, and the error (None: committed)."""
 
     retries: int = 0
@@ -114,6 +118,11 @@ def payload_submit_time(payload: bytes) -> float | None:
 def run_load(submit: Submitter, spec: LoadSpec) -> RunStats:
     """Offer ``spec.transactions`` transactions to ``submit`` and measure them.
 
+    The generator runs on the calling thread; the completions come on the submitter's threads. It
+    keeps its own cost per transaction low (about 4 µs here), since it shares the client's process
+    and, in CPython, its interpreter lock: the in-flight slots are tokens in a ``SimpleQueue`` and
+    the latencies go to a list, folded into the histogram once the run is over.
+
     Args:
         submit: starts a transaction and calls back once it ended (see :data:`Submitter`); an
             exception it raises counts the transaction as failed.
@@ -127,13 +136,17 @@ def run_load(submit: Submitter, spec: LoadSpec) -> RunStats:
     """
     stats = RunStats()
     rng = random.Random(spec.seed)
-    slots = threading.Semaphore(spec.max_in_flight)
+    slots: queue.SimpleQueue[None] = queue.SimpleQueue()  # one token per transaction that may start
+    for _ in range(spec.max_in_flight):
+        slots.put(None)
     lock = threading.Lock()
     all_done = threading.Condition(lock)
+    latencies: list[float] = []  # seconds, committed transactions only
     outstanding = 0
     closed = False
+    size = spec.payload_size
 
-    def finish(begun: float, size: int, outcome: Outcome) -> None:
+    def finish(begun: float, outcome: Outcome) -> None:
         nonlocal outstanding
         now = time.perf_counter()
         with lock:
@@ -143,6 +156,7 @@ def run_load(submit: Submitter, spec: LoadSpec) -> RunStats:
             if outcome.error is None:
                 stats.committed += 1
                 stats.payload_bytes += size
+                latencies.append(now - begun)
             else:
                 stats.failed += 1
                 text = f"{type(outcome.error).__name__}: {outcome.error}"
@@ -152,42 +166,40 @@ def run_load(submit: Submitter, spec: LoadSpec) -> RunStats:
             stats.ended = time.time()
             if outstanding == 0:
                 all_done.notify_all()
-        if outcome.error is None:
-            stats.latency.record(now - begun)
-        slots.release()
+        slots.put(None)
 
     stats.started = stats.ended = time.time()
     start = time.perf_counter()
     deadline = start + spec.timeout
     arrival = start
     timed_out = False
+    perf_counter = time.perf_counter
+    randrange = rng.randrange
+    pool = spec.lock_pool_size
     for index in range(spec.transactions):
-        lock_id = rng.randrange(spec.lock_pool_size) if spec.lock_pool_size else None
+        lock_id = randrange(pool) if pool else None
         if spec.rate:
             arrival += rng.expovariate(spec.rate)
-            delay = arrival - time.perf_counter()
+            delay = arrival - perf_counter()
             if delay > 0:
-                time.sleep(min(delay, max(0.0, deadline - time.perf_counter())))
-        if not slots.acquire(timeout=max(0.0, deadline - time.perf_counter())):
+                time.sleep(min(delay, max(0.0, deadline - perf_counter())))
+        try:
+            slots.get(timeout=max(0.0, deadline - perf_counter()))
+        except queue.Empty:
             timed_out = True
             break
-        begun = arrival if spec.rate else time.perf_counter()
-        request = Request(index, lock_id, make_payload(spec.payload_size))
+        begun = arrival if spec.rate else perf_counter()
+        request = Request(index, lock_id, make_payload(size))
         with lock:
             outstanding += 1
         token = [True]  # list.pop is atomic: only the first call of done() gets it
 
-        def done(
-            outcome: Outcome,
-            begun: float = begun,
-            size: int = spec.payload_size,
-            token: list[bool] = token,
-        ) -> None:
+        def done(outcome: Outcome, begun: float = begun, token: list[bool] = token) -> None:
             try:
                 token.pop()
             except IndexError:
                 return  # a submitter that calls back twice must not count twice
-            finish(begun, size, outcome)
+            finish(begun, outcome)
 
         try:
             submit(request, done)
@@ -201,4 +213,5 @@ def run_load(submit: Submitter, spec: LoadSpec) -> RunStats:
             stats.failed += never
             stats.errors.append(f"{never} transaction(s) not ended after the {spec.timeout:g}s timeout")
         closed = True
+    stats.latency.record_all(latencies)
     return stats

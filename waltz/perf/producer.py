@@ -15,7 +15,6 @@ clients (a barrier) before the measured phase.
 
 from __future__ import annotations
 
-import concurrent.futures
 import multiprocessing
 import threading
 import time
@@ -123,16 +122,24 @@ class PerfCallbacks(WaltzClientCallbacks):
 class PerfContext(TransactionContext):
     """One perf transaction: raw data and at most one WRITE lock; counts its attempts.
 
+    Tells the load generator how it ended from the context's own callbacks (seed 000
+    "TransactionContext": ``onCompletion``, ``onException``), not from the future ``submit``
+    returns: what an application that does not wait on each transaction does.
+
     Args:
         request: the load generator's request (payload, lock ID).
         partition: the partition to write.
+        done: the load generator's callback, called once when the context ends.
     """
 
-    def __init__(self, request: Request, partition: int) -> None:
+    def __init__(
+        self, request: Request, partition: int, done: Callable[[Outcome], None] | None = None
+    ) -> None:
         super().__init__()
         self.request = request
         self.partition = partition
         self.attempts = 0
+        self._done = done
 
     def partition_id(self, num_partitions: int) -> int:
         """The partition chosen at construction."""
@@ -146,6 +153,21 @@ class PerfContext(TransactionContext):
             builder.set_write_locks([PartitionLocalLock(LOCK_NAME, self.request.lock_id)])
         return True
 
+    def on_completion(self, result: bool) -> None:
+        """Committed (``execute`` never drops): tell the load generator."""
+        if self._done is not None:
+            self._done(Outcome(max(0, self.attempts - 1), None))
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Failed: tell the load generator."""
+        if self._done is not None:
+            self._done(Outcome(max(0, self.attempts - 1), exception))
+
+    def on_expiration(self) -> None:
+        """Expired (perf contexts have no timeout, so only if one is set): tell the load generator."""
+        if self._done is not None:
+            self._done(Outcome(max(0, self.attempts - 1), TimeoutError("the transaction context expired")))
+
 
 def waltz_submitter(
     client: WaltzClient, active_partitions: int
@@ -158,14 +180,7 @@ def waltz_submitter(
 
     def submit(request: Request, done: Callable[[Outcome], None]) -> None:
         key = request.lock_id if request.lock_id is not None else request.index
-        context = PerfContext(request, key % active_partitions)
-        future = client.submit(context)
-
-        def ended(f: concurrent.futures.Future[int | None]) -> None:
-            error = f.exception()
-            done(Outcome(max(0, context.attempts - 1), error))
-
-        future.add_done_callback(ended)
+        client.submit(PerfContext(request, key % active_partitions, done))
 
     return submit
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,13 @@ class LatencyHistogram:
         micros = min(_HIGHEST_US, max(_LOWEST_US, round(seconds * 1_000_000)))
         with self._lock:
             self._histogram.record_value(micros)
+
+    def record_all(self, seconds: Iterable[float]) -> None:
+        """Record latencies given in seconds (like :meth:`record`, under one lock)."""
+        with self._lock:
+            record = self._histogram.record_value
+            for value in seconds:
+                record(min(_HIGHEST_US, max(_LOWEST_US, round(value * 1_000_000))))
 
     @property
     def count(self) -> int:

@@ -6,7 +6,6 @@ Source: seed 000 "Request ID (ReqId)"; seed 004 "RecordHeader" and "Record".
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from waltz.protocol import common_pb2
@@ -46,11 +45,10 @@ class ReqId(NamedTuple):
         return cls(message.client_id, message.generation, message.partition_id, message.seq_num)
 
 
-@dataclass(frozen=True, slots=True)
-class RecordHeader:
+class RecordHeader(NamedTuple):
     """The header of a transaction record: transaction ID, ReqId and 32-bit transaction header.
 
-    Source: seed 004 "RecordHeader".
+    Source: seed 004 "RecordHeader". A named tuple, like :class:`ReqId`.
     """
 
     transaction_id: int
@@ -69,12 +67,12 @@ class RecordHeader:
         return cls(message.transaction_id, ReqId.from_proto(message.req_id), message.header)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
     """A transaction record: header fields, the opaque transaction data and its CRC-32.
 
     Source: seed 004 "Record". ``checksum`` is the CRC-32 of ``data`` as sent by the writer; use
-    :meth:`checksum_ok` to verify it.
+    :meth:`checksum_ok` to verify it. A named tuple, like :class:`ReqId` (the server makes one
+    per committed transaction).
     """
 
     transaction_id: int
