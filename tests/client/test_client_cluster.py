@@ -237,6 +237,26 @@ def test_stale_increments_from_two_clients_fail_their_lock_and_lose_no_update(
     ]
 
 
+def test_execute_reports_through_the_context_alone_and_flush_waits_for_it(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """Seed 000's ``execute``: no future; the context's callbacks tell the outcome, lock
+    failures and re-attempts included, and ``flush`` waits until every context ended."""
+    store = MemoryStore(log_start)
+    lock = PartitionLocalLock("counter", 3)
+    contexts = [Increment(store, 1, lock) for _ in range(60)]
+    with WaltzClient(store, client_config) as client:
+        for context in contexts:
+            assert client.execute(context) is None
+        client.flush(60)
+        assert not client.has_pending_transactions()
+        wait_applied(store, {1: client.get_high_water_mark(1)})
+    assert all(context.outcomes.completions == [True] for context in contexts)
+    assert sum(c.outcomes.lock_failures for c in contexts) > 0, "no context was re-attempted"
+    assert store.values[1] == 60  # every increment counted once
+    assert store.errors == []
+
+
 def test_partitions_chosen_by_the_application_when_auto_mount_is_off(
     client_config: WaltzClientConfig, log_start: dict[int, int]
 ) -> None:

@@ -128,8 +128,29 @@ class WaltzClient:
             PartitionNotMountedError: the partition is not mounted (auto-mount off).
             ValueError: ``partition_id`` returned a partition that does not exist.
         """
+        future = self._start(context, with_future=True).future
+        assert future is not None
+        return future
+
+    def execute(self, context: TransactionContext) -> None:
+        """Execute a transaction context: seed 000's ``WaltzClient.execute``, :meth:`submit` without
+        a future. The context's own callbacks tell how it ended (``on_completion``,
+        ``on_exception``, ``on_expiration``); :meth:`flush` waits for every context to end.
+
+        For applications that do not wait on each transaction: no ``concurrent.futures.Future``
+        is made and resolved per transaction (a few microseconds each, on the client's threads).
+
+        Raises:
+            ClientClosedError: the client is closed.
+            PartitionNotMountedError: the partition is not mounted (auto-mount off).
+            ValueError: ``partition_id`` returned a partition that does not exist.
+        """
+        self._start(context, with_future=False)
+
+    def _start(self, context: TransactionContext, with_future: bool) -> Submission:
+        """Admit a context (blocking at the concurrency limit), then run its first attempt."""
         core = self._core
-        partition, submission = core.new_submission(context)
+        partition, submission = core.new_submission(context, with_future)
         long_wait = core.config.client_long_wait_threshold
         while not partition.limit.acquire(long_wait):
             core.check_open()
@@ -139,7 +160,7 @@ class WaltzClient:
         if timeout > 0 and partition.applied.value < target:
             partition.applied.wait(target, timeout)
         core.run_first_attempt(partition, submission)
-        return submission.future
+        return submission
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every submitted context has ended (committed, dropped, failed or expired).
@@ -303,6 +324,7 @@ class AsyncWaltzClient:
         if timeout > 0 and partition.applied.value < target:
             await partition.applied.wait_async(target, timeout)
         core.run_first_attempt(partition, submission)
+        assert submission.future is not None
         return asyncio.wrap_future(submission.future)
 
     async def submit_async(self, context: TransactionContext) -> int | None:

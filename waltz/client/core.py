@@ -287,8 +287,11 @@ class ClientCore:
         if self._closed:
             raise ClientClosedError(f"Waltz client {self.client_id} is closed; create a new one")
 
-    def new_submission(self, context: TransactionContext) -> tuple[ClientPartition, Submission]:
-        """Choose the partition of a context and make its submission (not yet admitted).
+    def new_submission(
+        self, context: TransactionContext, with_future: bool = True
+    ) -> tuple[ClientPartition, Submission]:
+        """Choose the partition of a context and make its submission (not yet admitted; with a
+        future, or without one for ``WaltzClient.execute``).
 
         Raises:
             ClientClosedError: the client is closed.
@@ -311,6 +314,7 @@ class ClientCore:
             self.callbacks.get_client_high_water_mark,
             self.config.client_max_message_bytes,
             on_finished=self._finished,
+            with_future=with_future,
         )
         return partition, submission
 

@@ -47,6 +47,8 @@ class Submission:
             :class:`~waltz.errors.MessageTooLargeError`.
         on_finished: called once when the context ends (before the future resolves), e.g. to
             release its concurrency slot.
+        with_future: False for a submission without a future (``WaltzClient.execute``): only the
+            context's callbacks tell how it ended; :attr:`future` is then None.
     """
 
     def __init__(
@@ -56,10 +58,13 @@ class Submission:
         high_water_mark: Callable[[int], int],
         max_message_bytes: int,
         on_finished: Callable[[Submission], None] | None = None,
+        with_future: bool = True,
     ) -> None:
         self.context = context
         self.partition_id = partition_id
-        self.future: concurrent.futures.Future[int | None] = _SubmissionFuture()
+        self.future: concurrent.futures.Future[int | None] | None = (
+            _SubmissionFuture() if with_future else None
+        )
         self.attempts = 0
         self.lock_failures = 0
         self.lost_appends = 0
@@ -139,7 +144,8 @@ class Submission:
             self.context.on_completion(transaction_id is not None)
         except Exception:
             log.exception("%r: on_completion raised", self)
-        self._resolve(lambda: self.future.set_result(transaction_id))
+        future = self.future
+        self._resolve(None if future is None else lambda: future.set_result(transaction_id))
 
     @staticmethod
     def complete_all(
@@ -181,7 +187,9 @@ class Submission:
         monotonic = time.monotonic
         delay = 0.0
         for submission, transaction_id in ended:
-            submission.future.set_result(transaction_id)
+            future = submission.future
+            if future is not None:
+                future.set_result(transaction_id)
             delay += monotonic() - fed_at
         return delay, len(ended)
 
@@ -194,7 +202,8 @@ class Submission:
             self.context.on_exception(exception)
         except Exception:
             log.exception("%r: on_exception raised", self)
-        self._resolve(lambda: self.future.set_exception(exception))
+        future = self.future
+        self._resolve(None if future is None else lambda: future.set_exception(exception))
 
     def expire(self) -> None:
         """End the context as expired (only ever between attempts)."""
@@ -205,7 +214,8 @@ class Submission:
         except Exception:
             log.exception("%r: on_expiration raised", self)
         error = TransactionExpiredError(self.partition_id, self.attempts, self.timeout or 0.0)
-        self._resolve(lambda: self.future.set_exception(error))
+        future = self.future
+        self._resolve(None if future is None else lambda: future.set_exception(error))
 
     def lock_failed(self) -> None:
         """Note a lock failure of the last attempt and tell the context."""
@@ -229,10 +239,11 @@ class Submission:
             self._finished = True
         return True
 
-    def _resolve(self, set_future: Callable[[], None]) -> None:
+    def _resolve(self, set_future: Callable[[], None] | None) -> None:
         if self._on_finished is not None:
             try:
                 self._on_finished(self)
             except Exception:
                 log.exception("%r: finishing hook raised", self)
-        set_future()
+        if set_future is not None:
+            set_future()

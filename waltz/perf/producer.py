@@ -123,8 +123,8 @@ class PerfContext(TransactionContext):
     """One perf transaction: raw data and at most one WRITE lock; counts its attempts.
 
     Tells the load generator how it ended from the context's own callbacks (seed 000
-    "TransactionContext": ``onCompletion``, ``onException``), not from the future ``submit``
-    returns: what an application that does not wait on each transaction does.
+    "TransactionContext": ``onCompletion``, ``onException``); submitted with
+    ``WaltzClient.execute`` (no future), as an application that does not wait on each transaction.
 
     Args:
         request: the load generator's request (payload, lock ID).
@@ -180,7 +180,7 @@ def waltz_submitter(
 
     def submit(request: Request, done: Callable[[Outcome], None]) -> None:
         key = request.lock_id if request.lock_id is not None else request.index
-        client.submit(PerfContext(request, key % active_partitions, done))
+        client.execute(PerfContext(request, key % active_partitions, done))
 
     return submit
 
