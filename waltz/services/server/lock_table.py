@@ -10,9 +10,9 @@ estimate too high (a false positive lock failure), with a rate that falls as the
 When a server opens a partition every slot starts at the partition's high-water mark: whatever was
 committed before is assumed to have touched every lock (never below, so never a false negative).
 
-:class:`PendingLocks` applies the same rule to appends still in the store pipeline (``docs/protocol.md``
-"Append"): it counts, per slot, the unresolved appends that hold it, and a lock is held in flight
-when every one of its slots is held.
+:class:`PendingLocks` keeps the locks of appends still in the store pipeline (``docs/protocol.md``
+"Append"): per lock hash, the unresolved appends that hold it; a lock is held in flight when one of
+them holds that very hash.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ DEFAULT_SIZE = 1 << 16
 DEFAULT_HASH_COUNT = 3
 
 _MASK64 = (1 << 64) - 1
+_INDEX_CACHE_SIZE = 1 << 16
 
 
 def _mix(value: int) -> int:
@@ -72,12 +73,24 @@ class LockTable:
         self.size = size
         self.hash_count = hash_count
         self._slots = array("q", [high_water_mark]) * size
+        self._indexes: dict[int, tuple[int, ...]] = {}  # lock hash -> its slots (recent locks)
 
     def slots_of(self, lock_hashes: Iterable[int]) -> list[tuple[int, ...]]:
-        """The slots of each lock (compute once per append and reuse for checks and updates)."""
-        size = self.size
-        hash_count = self.hash_count
-        return [slot_indexes(h, size, hash_count) for h in lock_hashes]
+        """The slots of each lock (compute once per append and reuse for checks and updates).
+
+        Remembered for the most recent locks (up to 65,536, then forgotten all at once): the
+        same locks come again and again, and a dictionary lookup is cheaper than the hashing.
+        """
+        cache = self._indexes
+        result: list[tuple[int, ...]] = []
+        for h in lock_hashes:
+            indexes = cache.get(h)
+            if indexes is None:
+                if len(cache) >= _INDEX_CACHE_SIZE:
+                    cache.clear()
+                indexes = cache[h] = slot_indexes(h, self.size, self.hash_count)
+            result.append(indexes)
+        return result
 
     def estimate(self, lock_hash: int) -> int:
         """The estimated high-water mark of one lock: never below its true value."""
@@ -121,14 +134,13 @@ class LockTable:
 
 
 class PendingLocks(Generic[T]):
-    """The lock slots held by appends that are not resolved yet (one partition's store pipeline).
+    """The locks held by appends that are not resolved yet (one partition's store pipeline).
 
-    A counting filter over the lock table's slots (``docs/protocol.md`` "Append"): :meth:`hold`
-    counts an append on each slot of its WRITE and APPEND locks until :meth:`release`. A lock is
-    *held* when every one of its slots is held. An append that holds a lock holds all of its slots,
-    so a lock in flight is always found (no false negatives, whatever order appends resolve in); a
-    lock that only shares some slots with the locks in flight is not held. Each slot also remembers
-    its latest holder, so that a lock failure can name the append to wait for.
+    Keyed by lock hash (``docs/protocol.md`` "Append"): :meth:`hold` counts an append on each of its
+    WRITE and APPEND lock hashes until :meth:`release`; a lock is *held* while an unresolved append
+    holds that hash. Two appends on the same lock always find each other, and locks that only share
+    lock-table slots do not (one dictionary operation per lock, not one per slot). Each hash also
+    remembers its latest holder, so that a lock failure can name the append to wait for.
 
     Entries are compared by identity; hold each at most once at a time.
     """
@@ -136,60 +148,53 @@ class PendingLocks(Generic[T]):
     __slots__ = ("_counts", "_latest", "_order")
 
     def __init__(self) -> None:
-        self._counts: dict[int, int] = {}  # slot -> unresolved appends holding it
-        self._latest: dict[int, tuple[int, T]] = {}  # slot -> (hold order, latest holder)
+        self._counts: dict[int, int] = {}  # lock hash -> unresolved appends holding it
+        self._latest: dict[int, tuple[int, T]] = {}  # lock hash -> (hold order, latest holder)
         self._order = itertools.count()
 
     def __len__(self) -> int:
-        """The number of slots held."""
+        """The number of lock hashes held."""
         return len(self._counts)
 
-    def hold(self, slots: Iterable[int], entry: T) -> None:
-        """Count ``entry`` on each of ``slots`` until it is released (a slot given twice counts
-        twice: release the same ``slots``)."""
+    def hold(self, lock_hashes: Iterable[int], entry: T) -> None:
+        """Count ``entry`` on each of ``lock_hashes`` until it is released (a hash given twice
+        counts twice: release the same hashes)."""
         counts = self._counts
         latest = self._latest
         held = (next(self._order), entry)
-        for slot in slots:
-            counts[slot] = counts.get(slot, 0) + 1
-            latest[slot] = held
+        for lock in lock_hashes:
+            counts[lock] = counts.get(lock, 0) + 1
+            latest[lock] = held
 
-    def release(self, slots: Iterable[int], entry: T) -> None:
-        """Stop counting ``entry`` (resolved) on the ``slots`` it was held on."""
+    def release(self, lock_hashes: Iterable[int], entry: T) -> None:
+        """Stop counting ``entry`` (resolved) on the ``lock_hashes`` it was held on."""
         counts = self._counts
         latest = self._latest
-        for slot in slots:
-            left = counts.get(slot, 0) - 1
+        for lock in lock_hashes:
+            left = counts.get(lock, 0) - 1
             if left > 0:
-                counts[slot] = left
+                counts[lock] = left
             else:
-                counts.pop(slot, None)
-            holder = latest.get(slot)
+                counts.pop(lock, None)
+            holder = latest.get(lock)
             if holder is not None and holder[1] is entry:
-                del latest[slot]
+                del latest[lock]
 
-    def holder(self, lock_slots: Sequence[Sequence[int]]) -> tuple[bool, T | None]:
-        """Whether one of these locks (given by their slots, :meth:`LockTable.slots_of`) is held
-        in flight, and by which append.
+    def holder(self, lock_hashes: Iterable[int]) -> tuple[bool, T | None]:
+        """Whether one of these locks is held in flight, and by which append.
 
         Returns:
             ``(False, None)`` when no lock is held. ``(True, entry)`` when one is: ``entry`` is the
-            earliest of the latest holders of its slots. It was held no earlier than any append
-            holding that very lock, so once ``entry`` is committed (commits follow the order
-            appends are held in) so is every such append. ``(True, None)`` when a held lock's
-            slots have no latest holder left (their latest holders resolved before older ones):
-            held, but no one to name.
+            latest append that took the first held lock. Every append holding that lock took it no
+            later, so once ``entry`` is committed (commits follow the order appends are held in)
+            so is every such append. ``(True, None)`` when the lock's latest holder resolved before
+            older ones: held, but no one to name.
         """
         counts = self._counts
         if not counts:
             return False, None
-        latest = self._latest
-        for indexes in lock_slots:
-            if all(slot in counts for slot in indexes):
-                holders = [latest[slot] for slot in indexes if slot in latest]
-                return True, (min(holders, key=_order_of)[1] if holders else None)
+        for lock in lock_hashes:
+            if lock in counts:
+                held = self._latest.get(lock)
+                return True, (None if held is None else held[1])
         return False, None
-
-
-def _order_of(held: tuple[int, object]) -> int:
-    return held[0]

@@ -156,14 +156,20 @@ class _InFlight:
     """An append in the store, not yet resolved: the lock table slots it holds pending, and the
     lock failures that wait to name its transaction (``_defer_lock_failure``)."""
 
-    __slots__ = ("partition", "received", "slots", "state", "waiters")
+    __slots__ = ("hashes", "partition", "received", "slots", "state", "waiters")
 
     def __init__(
-        self, partition: Partition, state: _ClientState, slots: Collection[int], received: float
+        self,
+        partition: Partition,
+        state: _ClientState,
+        slots: Collection[int],
+        hashes: Sequence[int],
+        received: float,
     ) -> None:
         self.partition = partition
         self.state = state
-        self.slots = slots
+        self.slots = slots  # lock table slots of its WRITE and APPEND locks (raised on commit)
+        self.hashes = hashes  # its WRITE and APPEND lock hashes (held in flight until resolved)
         self.received = received
         self.waiters: list[tuple[ClientConnection, common_pb2.ReqId]] | None = None
 
@@ -334,7 +340,7 @@ class Partition:
                 self.lock_failures += 1
                 connection.send(_lock_failure(proto_req, conflict))
                 return
-            held, holder = pending.holder(checked_slots)
+            held, holder = pending.holder(write_hashes if not read_hashes else [*write_hashes, *read_hashes])
             if held:
                 # Fails at once; the failure names the holding append's transaction once it
                 # resolves (or, with no holder to name, the high-water mark now).
@@ -354,9 +360,10 @@ class Partition:
             slots = written_slots[0]  # one lock: its slot indexes as they are
         else:
             slots = {slot for indexes in written_slots for slot in indexes}
-        entry = _InFlight(self, state, slots, time.perf_counter())
-        if slots:
-            pending.hold(slots, entry)
+        hashes = (*write_hashes, *append_hashes) if append_hashes else tuple(write_hashes)
+        entry = _InFlight(self, state, slots, hashes, time.perf_counter())
+        if hashes:
+            pending.hold(hashes, entry)
         self.appends += 1
         # Resolved within the commit (no future, no loop round per append): the lock table is
         # raised, and the lock failures waiting for this append are sent, in the same step that
@@ -371,8 +378,8 @@ class Partition:
                 self._lock_table.update_slots(transaction_id, slots)
             if self._observe_commit is not None:
                 self._observe_commit(time.perf_counter() - entry.received)
-        if slots:
-            self._pending_locks.release(slots, entry)
+        if entry.hashes:
+            self._pending_locks.release(entry.hashes, entry)
         if entry.waiters:
             named = self.high_water_mark if transaction_id is None else transaction_id
             for connection, req_id in entry.waiters:
