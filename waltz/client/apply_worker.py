@@ -187,12 +187,20 @@ class ApplyWorker:
                         entry.submission.applied()
             else:
                 advance = self._applied.advance
-                prefetch = [entry.transaction for entry in batch] if self._prefetch else None
+                apply = self._callbacks.apply_transaction
+                if self._prefetch and not self._apply((), [entry.transaction for entry in batch]):
+                    return  # the run's data fetched first (retried like an apply)
                 for entry in batch:  # each applied, then marked, before the next one
                     transaction = entry.transaction
-                    if not self._apply((transaction,), prefetch):
-                        return
-                    prefetch = None  # the first call fetched the run's data
+                    try:
+                        apply(transaction)
+                    except ClientClosedError:
+                        return  # the client is closing: stop quietly
+                    except Exception as exc:  # reported and retried with backoff, never skipped
+                        if not self._apply((transaction,), failed=exc):
+                            return
+                    else:
+                        self.healthy = True
                     advance(transaction.transaction_id)
                     self._in_progress -= 1
                     if entry.submission is not None:
@@ -201,49 +209,61 @@ class ApplyWorker:
             if self._metrics is not None:
                 self._metrics.applied.inc(len(batch))
 
-    def _apply(self, transactions: Sequence[Transaction], prefetch: list[Transaction] | None = None) -> bool:
-        """Apply ``transactions`` (one: ``apply_transaction``; more: ``apply_transactions``),
-        retrying with backoff until it succeeds; False when the worker closed meanwhile.
+    def _apply(
+        self,
+        transactions: Sequence[Transaction],
+        prefetch: list[Transaction] | None = None,
+        failed: Exception | None = None,
+    ) -> bool:
+        """Apply ``transactions`` (one: ``apply_transaction``; more: ``apply_transactions``; none:
+        only the fetch), retrying with backoff until it succeeds; False when the worker closed.
 
         With ``prefetch_transaction_data``, the data of ``prefetch`` (default: ``transactions``) is
-        fetched first, inside the retry."""
+        fetched first, inside the retry. ``failed``: a first try already raised this (it is
+        reported and backed off from before the next try).
+        """
         backoff = self._initial_backoff
+        error = failed
         while not self._closed.is_set():
-            try:
-                if self._prefetch:
-                    Transaction.load_data(list(transactions) if prefetch is None else prefetch)
-                if len(transactions) == 1:
-                    self._callbacks.apply_transaction(transactions[0])
-                else:
-                    self._callbacks.apply_transactions(transactions)
-            except ClientClosedError:
-                return False  # the client is closing: stop quietly
-            except Exception as exc:
-                self.healthy = False
-                self.last_error = exc
-                self.failures += 1
-                if self._metrics is not None:
-                    self._metrics.apply_errors.inc()
-                first = transactions[0].transaction_id
-                reported: BaseException = exc
-                if isinstance(exc, TransactionApplyError):  # a batch names its failing transaction
-                    first, reported = exc.transaction_id, exc.cause
-                log.warning(
-                    "partition %d: applying transaction %d%s failed (%r); retrying in %.2fs",
-                    self.partition_id,
-                    first,
-                    f" (batch of {len(transactions)})" if len(transactions) > 1 else "",
-                    exc,
-                    backoff,
-                )
+            if error is None:
                 try:
-                    self._callbacks.uncaught_exception(self.partition_id, first, reported)
-                except Exception:
-                    log.exception("partition %d: uncaught_exception raised", self.partition_id)
-                if self._closed.wait(backoff):
-                    return False
-                backoff = min(self._max_backoff, backoff * 2)
-                continue
-            self.healthy = True
-            return True
+                    if self._prefetch:
+                        Transaction.load_data(list(transactions) if prefetch is None else prefetch)
+                    if len(transactions) == 1:
+                        self._callbacks.apply_transaction(transactions[0])
+                    elif transactions:
+                        self._callbacks.apply_transactions(transactions)
+                except ClientClosedError:
+                    return False  # the client is closing: stop quietly
+                except Exception as exc:
+                    error = exc
+                else:
+                    self.healthy = True
+                    return True
+            self.healthy = False
+            self.last_error = error
+            self.failures += 1
+            if self._metrics is not None:
+                self._metrics.apply_errors.inc()
+            failing = transactions or prefetch
+            first_id = failing[0].transaction_id if failing else -1
+            reported: BaseException = error
+            if isinstance(error, TransactionApplyError):  # a batch names its failing transaction
+                first_id, reported = error.transaction_id, error.cause
+            log.warning(
+                "partition %d: applying transaction %d%s failed (%r); retrying in %.2fs",
+                self.partition_id,
+                first_id,
+                f" (batch of {len(transactions)})" if len(transactions) > 1 else "",
+                error,
+                backoff,
+            )
+            try:
+                self._callbacks.uncaught_exception(self.partition_id, first_id, reported)
+            except Exception:
+                log.exception("partition %d: uncaught_exception raised", self.partition_id)
+            if self._closed.wait(backoff):
+                return False
+            backoff = min(self._max_backoff, backoff * 2)
+            error = None
         return False

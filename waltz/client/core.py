@@ -98,7 +98,8 @@ class ClientCore:
         self._inbox_lock = threading.Lock()
         self._inbox_scheduled = False
         self._in_flight: set[Submission] = set()
-        self._in_flight_changed = threading.Condition()
+        self._in_flight_lock = threading.Lock()  # taken alone on the per-transaction paths
+        self._in_flight_changed = threading.Condition(self._in_flight_lock)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             config.client_num_transaction_retry_threads, thread_name_prefix="waltz-retry"
         )
@@ -177,10 +178,11 @@ class ClientCore:
         return await self._pool.get(endpoint)
 
     def completed(self, submission: Submission, transaction_id: int) -> None:
-        """Complete a submission (batched: the contexts' callbacks run on a retry thread)."""
-        metrics = self.partitions[submission.partition_id].metrics
-        metrics.committed.inc()
-        metrics.commit_seconds.observe(time.monotonic() - submission.submitted_at)
+        """Complete a submission (batched: the contexts' callbacks run on a retry thread; the
+        partition counts its commits once per run of feed entries)."""
+        self.partitions[submission.partition_id].metrics.commit_seconds.observe(
+            time.monotonic() - submission.submitted_at
+        )
         self._completions.append((submission, transaction_id))
 
     def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
@@ -320,7 +322,7 @@ class ClientCore:
 
     def admitted(self, submission: Submission) -> None:
         """Count a submission in flight (it holds a concurrency slot)."""
-        with self._in_flight_changed:
+        with self._in_flight_lock:
             self._in_flight.add(submission)
         self.partitions[submission.partition_id].metrics.submitted.inc()
 

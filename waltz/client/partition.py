@@ -594,6 +594,7 @@ class ClientPartition:
         monitor = self.monitor
         data_source = self._host.data_source
         to_queue = self._to_queue
+        committed = 0
         for index in range(expected - first, count):
             transaction_id = first + index
             self._feed_mark = transaction_id
@@ -611,6 +612,7 @@ class ClientPartition:
                     self.own_committed_mark = transaction_id
                     self._host.completed(own, transaction_id)
                     self._resolved(succeeded, transaction_id)
+                    committed += 1
             queued = self._queued_mark
             if queued is not None and transaction_id > queued and self.worker is not None:
                 self._queued_mark = transaction_id
@@ -624,6 +626,8 @@ class ClientPartition:
                 )
             if self._flush_marks:
                 self._check_flushes()
+        if committed:
+            self.metrics.committed.inc(committed)
 
     def end_of_batch(self) -> None:
         """Hand the feed entries of the last batch of server messages to the apply worker at once."""

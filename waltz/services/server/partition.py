@@ -388,8 +388,8 @@ class Partition:
         state.pending -= 1
         if state.pending == 0:
             state.idle.set()
-        if not self._full():
-            self._capacity.set()
+        if not self._capacity.is_set() and not self._full():
+            self._capacity.set()  # appends wait for room only while it is clear
 
     def _full(self) -> bool:
         """True while the store holds as many records or bytes as appends may queue (back pressure)."""
