@@ -145,10 +145,12 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
 
         try:
             async for batch in request_iterator:
+                partitions = self._partitions()  # the partitions owned now (for this message)
                 for message in batch.messages:
-                    waiting = self._dispatch(connection, message, spawn)
+                    waiting = self._dispatch(connection, message, spawn, partitions)
                     if waiting is not None:
                         await waiting  # an append waiting for recovery or room: later ones wait too
+                        partitions = self._partitions()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -159,9 +161,16 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
             connection._ready.set()
 
     def _dispatch(
-        self, connection: _Connection, message: client_pb2.ClientMessage, spawn: Callable[[Any], None]
+        self,
+        connection: _Connection,
+        message: client_pb2.ClientMessage,
+        spawn: Callable[[Any], None],
+        partitions: Mapping[int, Partition] | None = None,
     ) -> Coroutine[Any, Any, None] | None:
-        """Route one message; returns what to await before the next message (a waiting append)."""
+        """Route one message; returns what to await before the next message (a waiting append).
+
+        ``partitions``: the partitions owned now, when the caller has them at hand.
+        """
         kind = message.WhichOneof("body")
         if kind is None:
             connection.send(_error(None, "empty client message"))
@@ -169,7 +178,7 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         body: Any = getattr(message, kind)
         req_id = body.req_id
         connection.client_id = req_id.client_id
-        partition = self._partitions().get(req_id.partition_id)
+        partition = (self._partitions() if partitions is None else partitions).get(req_id.partition_id)
         if partition is None or partition.closed:
             if kind == "mount":
                 connection.send(

@@ -103,6 +103,8 @@ class LockTable:
 
     def _highest(self, lock_slots: Sequence[Sequence[int]]) -> int:
         value = self._slots.__getitem__
+        if len(lock_slots) == 1:  # the common case: one lock
+            return min(map(value, lock_slots[0]))
         return max([min(map(value, indexes)) for indexes in lock_slots], default=-1)
 
     def conflict(self, client_high_water_mark: int, lock_hashes: Sequence[int]) -> int | None:

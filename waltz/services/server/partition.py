@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict, deque
+import zlib
+from collections import deque
 from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from waltz.errors import WaltzError
 from waltz.protocol import client_pb2, common_pb2
-from waltz.protocol.records import Record, ReqId, crc32
+from waltz.protocol.records import Record, ReqId
 from waltz.services.server.lock_table import DEFAULT_HASH_COUNT, DEFAULT_SIZE, LockTable, PendingLocks
 from waltz.services.server.store.partition import StorePartition
 
@@ -103,6 +104,9 @@ class TransactionDataCache:
     """The data and checksums of a partition's most recent transactions, bounded by count and by
     bytes (the oldest leave first; one transaction larger than the byte budget is not kept).
 
+    A run of consecutive transaction IDs in a deque (commits come in ID order; an ID that does not
+    follow the run starts a new one): a put is an append, a get an index.
+
     Args:
         max_transactions: transactions kept at most.
         max_bytes: bytes of data kept at most.
@@ -113,22 +117,30 @@ class TransactionDataCache:
         self.max_bytes = max_bytes
         self.bytes = 0
         """Bytes of data held now."""
-        self._entries: OrderedDict[int, tuple[bytes, int]] = OrderedDict()
+        self._first = 0  # transaction ID of _entries[0]
+        self._entries: deque[tuple[bytes, int]] = deque()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def get(self, transaction_id: int) -> tuple[bytes, int] | None:
         """``(data, checksum)`` of a cached transaction, or None."""
-        return self._entries.get(transaction_id)
+        index = transaction_id - self._first
+        entries = self._entries
+        return entries[index] if 0 <= index < len(entries) else None
 
     def put(self, transaction_id: int, data: bytes, checksum: int) -> None:
         """Keep a newly committed transaction (IDs come in increasing order)."""
         entries = self._entries
-        entries[transaction_id] = (data, checksum)
+        if transaction_id != self._first + len(entries):  # not the next one: a new run
+            entries.clear()
+            self.bytes = 0
+            self._first = transaction_id
+        entries.append((data, checksum))
         self.bytes += len(data)
         while len(entries) > self.max_transactions or self.bytes > self.max_bytes:
-            _, (evicted, _) = entries.popitem(last=False)
+            evicted, _ = entries.popleft()
+            self._first += 1
             self.bytes -= len(evicted)
 
 
@@ -319,11 +331,16 @@ class Partition:
         network_seq: int,
     ) -> None:
         proto_req = request.req_id
-        if self._stale(connection, proto_req, network_seq):
+        if proto_req.generation != self.generation:
+            self.dropped += 1
+            return
+        state = self._client(proto_req.client_id)
+        if network_seq < state.network_seq:  # an older connection of the client (_stale)
+            self.dropped += 1
             return
         data = request.data
         checksum = request.checksum
-        if crc32(data) != checksum:
+        if zlib.crc32(data) != checksum:
             connection.send(_error(proto_req, "append data does not match its checksum: resend it"))
             return
         # Each lock's slots are computed once and serve the check, the pending locks and the update.
@@ -350,7 +367,6 @@ class Partition:
                 else:
                     self._defer_lock_failure(connection, proto_req, holder)
                 return
-        state = self._client(proto_req.client_id)
         state.pending += 1
         if state.pending == 1:
             state.idle.clear()
