@@ -29,17 +29,17 @@ def test_entries_of_other_clients_or_generations_are_ignored() -> None:
     monitor: TransactionMonitor[str] = TransactionMonitor()
     monitor.register(rid(1), "a1")
     monitor.register(rid(2), "a2")
-    assert monitor.on_feed(rid(2, client=9)) == (None, [])
-    assert monitor.on_feed(rid(2, generation=4)) == (None, [])  # same seq, another ReqId
-    assert monitor.on_feed(rid(3)) == (None, [])
+    assert monitor.on_feed(rid(2, client=9)) == (None, ())
+    assert monitor.on_feed(rid(2, generation=4)) == (None, ())  # same seq, another ReqId
+    assert monitor.on_feed(rid(3)) == (None, ())
     assert len(monitor) == 2
 
 
 def test_an_entry_seen_twice_is_ignored_the_second_time() -> None:
     monitor: TransactionMonitor[str] = TransactionMonitor()
     monitor.register(rid(1), "a1")
-    assert monitor.on_feed(rid(1)) == ("a1", [])
-    assert monitor.on_feed(rid(1)) == (None, [])
+    assert monitor.on_feed(rid(1)) == ("a1", ())
+    assert monitor.on_feed(rid(1)) == (None, ())
 
 
 def test_lock_failure_removes_only_its_append() -> None:

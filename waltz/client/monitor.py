@@ -14,6 +14,7 @@ not the ReqId sequence number, which is a 32-bit value that wraps after 2**31 re
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 from waltz.protocol.records import ReqId
@@ -58,7 +59,7 @@ class TransactionMonitor(Generic[T]):
         self._pending[req_id.seq_num] = (req_id, self._position, item)
         self._position += 1
 
-    def on_feed(self, req_id: ReqId) -> tuple[T | None, list[T]]:
+    def on_feed(self, req_id: ReqId) -> tuple[T | None, Sequence[T]]:
         """Process a feed entry's ReqId (seed 002, steps 1 to 3).
 
         Returns:
@@ -66,13 +67,18 @@ class TransactionMonitor(Generic[T]):
             ReqId is not pending: another client's, or already resolved), and the items of the
             older pending appends, which failed, oldest first. Both leave the monitor.
         """
-        entry = self._pending.get(req_id.seq_num)
+        seq_num = req_id.seq_num
+        pending = self._pending
+        entry = pending.get(seq_num)
         if entry is None or entry[0] != req_id:
-            return None, []
-        failed: list[T] = []
+            return None, ()
+        seq, (_, _, item) = pending.popitem(last=False)
+        if seq == seq_num:
+            return item, ()  # the oldest pending one: the common case
+        failed = [item]
         while True:
-            seq, (_, _, item) = self._pending.popitem(last=False)
-            if seq == req_id.seq_num:
+            seq, (_, _, item) = pending.popitem(last=False)
+            if seq == seq_num:
                 return item, failed
             failed.append(item)
 

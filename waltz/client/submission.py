@@ -22,6 +22,8 @@ __all__ = ["Submission"]
 
 log = logging.getLogger(__name__)
 
+_FINISH_LOCK = threading.Lock()
+
 #: Bytes an append request needs besides its data and lock hashes (ReqId, mark, header, checksum,
 #: framing).
 APPEND_OVERHEAD_BYTES = 256
@@ -79,7 +81,6 @@ class Submission:
         self._high_water_mark = high_water_mark
         self._max_message_bytes = max_message_bytes
         self._on_finished = on_finished
-        self._lock = threading.Lock()
         self._finished = False
 
     def __repr__(self) -> str:
@@ -233,7 +234,7 @@ class Submission:
             log.exception("%r: on_application raised", self)
 
     def _finish(self) -> bool:
-        with self._lock:
+        with _FINISH_LOCK:  # one lock for all: held a moment, once per submission
             if self._finished:
                 return False
             self._finished = True

@@ -19,6 +19,8 @@ __all__ = ["Transaction", "TransactionDataSource"]
 
 T = TypeVar("T")
 
+_LOCK_GUARD = threading.Lock()  # makes each transaction's fetch lock once
+
 
 class TransactionDataSource(Protocol):
     """Fetches a committed transaction's data (the client's RPC side)."""
@@ -68,7 +70,7 @@ class Transaction:
         self.header = header
         self._source = source
         self._data = data
-        self._lock = threading.Lock()
+        self._lock: threading.Lock | None = None  # made on the first fetch (see _fetch_lock)
 
     def __repr__(self) -> str:
         return (
@@ -81,8 +83,19 @@ class Transaction:
         """True when the data is here (this client's own append, or fetched already)."""
         return self._data is not None
 
+    def _fetch_lock(self) -> threading.Lock:
+        """This transaction's lock around fetching its data, made when first needed (most
+        transactions are applied without a fetch: a lock each would cost more than they do)."""
+        lock = self._lock
+        if lock is None:
+            with _LOCK_GUARD:
+                lock = self._lock
+                if lock is None:
+                    lock = self._lock = threading.Lock()
+        return lock
+
     def _set_data(self, data: bytes) -> None:
-        with self._lock:
+        with self._fetch_lock():
             if self._data is None:
                 self._data = data
 
@@ -113,7 +126,7 @@ class Transaction:
             TransactionDataError: the data could not be fetched in time or failed its CRC check.
             ClientClosedError: the client closed.
         """
-        with self._lock:
+        with self._fetch_lock():
             if self._data is None:
                 if self._source is None:
                     raise RuntimeError(f"{self!r} has no data source")
