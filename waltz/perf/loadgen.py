@@ -17,6 +17,7 @@ Arrival processes:
 
 from __future__ import annotations
 
+import functools
 import queue
 import random
 import struct
@@ -104,7 +105,12 @@ def make_payload(size: int) -> bytes:
     """A payload of ``size`` bytes: marker and submit time (when it fits), then ``x`` bytes."""
     if size < _STAMP.size:
         return b"x" * size
-    return _STAMP.pack(PAYLOAD_MARKER, time.time_ns()) + b"x" * (size - _STAMP.size)
+    return _STAMP.pack(PAYLOAD_MARKER, time.time_ns()) + _filler(size - _STAMP.size)
+
+
+@functools.lru_cache(maxsize=16)
+def _filler(size: int) -> bytes:
+    return b"x" * size
 
 
 def payload_submit_time(payload: bytes) -> float | None:
