@@ -84,8 +84,9 @@ class FakeHost:
             self.connections.append(FakeConnection(endpoint, self.network_seq))
         return self.connections[-1]
 
-    def completed(self, submission: Submission, transaction_id: int) -> None:
-        self.completed_ids.append((submission.context.data, transaction_id))  # type: ignore[attr-defined]
+    def completed(self, committed: list[tuple[Submission, int]]) -> None:
+        for submission, transaction_id in committed:
+            self.completed_ids.append((submission.context.data, transaction_id))  # type: ignore[attr-defined]
 
     def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
         self.retried.append((submission.context.data, lock_target))  # type: ignore[attr-defined]

@@ -95,6 +95,11 @@ class ApplyWorker:
         """Start the thread."""
         self._thread.start()
 
+    @property
+    def thread_ident(self) -> int | None:
+        """The worker thread's identifier (``threading.get_ident()`` on it; None before start)."""
+        return self._thread.ident
+
     def is_current_thread(self) -> bool:
         """True when called from this worker's thread (inside ``apply_transaction``)."""
         return threading.current_thread() is self._thread

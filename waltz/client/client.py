@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Self
@@ -59,7 +60,7 @@ def _read_your_writes_wait(
     limit = core.config.client_read_your_writes_timeout
     remaining = submission.remaining()
     worker = partition.worker
-    if worker is not None and worker.is_current_thread():
+    if worker is not None and worker.thread_ident == threading.get_ident():
         limit = 0.0  # called from apply_transaction: waiting for ourselves would only time out
     return target, limit if remaining is None else min(limit, remaining)
 

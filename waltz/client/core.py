@@ -177,13 +177,10 @@ class ClientCore:
         """A live connection to ``endpoint`` (see :meth:`ConnectionPool.get`)."""
         return await self._pool.get(endpoint)
 
-    def completed(self, submission: Submission, transaction_id: int) -> None:
-        """Complete a submission (batched: the contexts' callbacks run on a retry thread; the
-        partition counts its commits once per run of feed entries)."""
-        self.partitions[submission.partition_id].metrics.commit_seconds.observe(
-            time.monotonic() - submission.submitted_at
-        )
-        self._completions.append((submission, transaction_id))
+    def completed(self, committed: list[tuple[Submission, int]]) -> None:
+        """Complete submissions committed as these transaction IDs (batched: the contexts'
+        callbacks run on a retry thread once this batch of server messages is processed)."""
+        self._completions.extend(committed)
 
     def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
         """Re-execute a failed attempt; after a lock failure, once ``lock_target`` is applied.

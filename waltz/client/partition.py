@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import time
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -94,8 +95,8 @@ class PartitionHost(Protocol):
         """A live connection to ``endpoint`` (a new network client when there is none)."""
         ...
 
-    def completed(self, submission: Submission, transaction_id: int) -> None:
-        """The submission's append was committed as ``transaction_id``."""
+    def completed(self, committed: list[tuple[Submission, int]]) -> None:
+        """These submissions' appends were committed (as the transaction IDs paired with them)."""
         ...
 
     def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
@@ -529,7 +530,10 @@ class ClientPartition:
         holders = self._holders
         if holders:
             payload = pending.payload
-            for lock in payload.write_locks + payload.append_locks:
+            for lock in payload.write_locks:
+                if holders.get(lock) is pending:
+                    del holders[lock]
+            for lock in payload.append_locks:
                 if holders.get(lock) is pending:
                     del holders[lock]
         held = pending.held
@@ -594,7 +598,7 @@ class ClientPartition:
         monitor = self.monitor
         data_source = self._host.data_source
         to_queue = self._to_queue
-        committed = 0
+        committed: list[tuple[Submission, int]] = []
         for index in range(expected - first, count):
             transaction_id = first + index
             self._feed_mark = transaction_id
@@ -610,9 +614,8 @@ class ClientPartition:
                 if succeeded is not None:
                     own, data = succeeded.submission, succeeded.payload.data
                     self.own_committed_mark = transaction_id
-                    self._host.completed(own, transaction_id)
+                    committed.append((own, transaction_id))
                     self._resolved(succeeded, transaction_id)
-                    committed += 1
             queued = self._queued_mark
             if queued is not None and transaction_id > queued and self.worker is not None:
                 self._queued_mark = transaction_id
@@ -627,7 +630,12 @@ class ClientPartition:
             if self._flush_marks:
                 self._check_flushes()
         if committed:
-            self.metrics.committed.inc(committed)
+            self.metrics.committed.inc(len(committed))
+            observe = self.metrics.commit_seconds.observe
+            now = time.monotonic()
+            for submission, _ in committed:
+                observe(now - submission.submitted_at)
+            self._host.completed(committed)
 
     def end_of_batch(self) -> None:
         """Hand the feed entries of the last batch of server messages to the apply worker at once."""
