@@ -98,6 +98,8 @@ class TransactionBuilder:
             (from ``WaltzClientCallbacks.get_client_high_water_mark``).
     """
 
+    __slots__ = ("_append_locks", "_data", "_header", "_high_water_mark", "_read_locks", "_write_locks")
+
     def __init__(self, client_high_water_mark: int) -> None:
         self._high_water_mark = client_high_water_mark
         self._header = 0

@@ -53,6 +53,24 @@ class Submission:
             context's callbacks tell how it ended; :attr:`future` is then None.
     """
 
+    __slots__ = (
+        "_finished",
+        "_high_water_mark",
+        "_max_message_bytes",
+        "_on_finished",
+        "attempts",
+        "context",
+        "deadline",
+        "future",
+        "last_lock_target",
+        "lock_failures",
+        "lost_appends",
+        "partition_id",
+        "repeated_lock_failures",
+        "submitted_at",
+        "timeout",
+    )
+
     def __init__(
         self,
         context: TransactionContext,
