@@ -364,15 +364,8 @@ class StorePartition:
         """
         if not kept:
             return
-        for pending in kept:  # _resolve(pending, None), inlined: once per committed transaction
-            self.pending_bytes -= len(pending.data)
-            on_done = pending.on_done
-            if on_done is not None:
-                pending.on_done = None
-                try:
-                    on_done(pending.transaction_id, None)
-                except Exception:
-                    log.exception("append callback of transaction %d raised", pending.transaction_id)
+        for pending in kept:
+            self._resolve(pending, None)
         if self._on_commit is not None:
             self._on_commit([pending.record for pending in kept])
 
