@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from support import settle
 from support.feed import feed_run
 
@@ -308,6 +309,30 @@ def test_a_run_of_feed_entries_is_each_entry_in_turn() -> None:
         assert partition.own_committed_mark == 9
         assert partition.server_high_water_mark == 12
         assert not partition.monitor
+
+    run(scenario)
+
+
+def test_commits_of_a_run_are_handed_over_even_when_a_later_entry_of_it_fails() -> None:
+    """The commits seen in a run of feed entries go to the host once at the end of the run, also
+    when handling a later entry raised (here: re-executing a failed append)."""
+
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        partition.mount()
+        partition.set_placement("server-a:1", 3)
+        connection = await mount(partition, host)
+        for data in (b"a", b"b", b"c"):
+            partition.send_append(*submission(data))
+        a, _b, c = connection.appends()
+
+        def broken_retry(*args: object) -> None:
+            raise RuntimeError("retry failed")
+
+        host.retry = broken_retry  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="retry failed"):
+            # a commits as 6; c as 7 fails b, whose re-execution raises
+            deliver(partition, connection, run_of(6, a, c))
+        assert host.completed_ids == [(b"a", 6)]
 
     run(scenario)
 

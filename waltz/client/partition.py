@@ -599,43 +599,47 @@ class ClientPartition:
         data_source = self._host.data_source
         to_queue = self._to_queue
         committed: list[tuple[Submission, int]] = []
-        for index in range(expected - first, count):
-            transaction_id = first + index
-            self._feed_mark = transaction_id
-            client_id = client_ids[index]
-            req_id: ReqId | None = None
-            data: bytes | None = None
-            own: Submission | None = None
-            if client_id == own_client and monitor:
-                req_id = ReqId(client_id, generations[index], partition_id, seq_nums[index])
-                succeeded, failed = monitor.on_feed(req_id)
-                for pending in failed:
-                    self._failed(pending, None)
-                if succeeded is not None:
-                    own, data = succeeded.submission, succeeded.payload.data
-                    self.own_committed_mark = transaction_id
-                    committed.append((own, transaction_id))
-                    self._resolved(succeeded, transaction_id)
-            queued = self._queued_mark
-            if queued is not None and transaction_id > queued and self.worker is not None:
-                self._queued_mark = transaction_id
-                if req_id is None:
+        try:
+            for index in range(expected - first, count):
+                transaction_id = first + index
+                self._feed_mark = transaction_id
+                client_id = client_ids[index]
+                req_id: ReqId | None = None
+                data: bytes | None = None
+                own: Submission | None = None
+                if client_id == own_client and monitor:
                     req_id = ReqId(client_id, generations[index], partition_id, seq_nums[index])
-                to_queue.append(
-                    (
-                        Transaction(partition_id, transaction_id, req_id, headers[index], data_source, data),
-                        own,
+                    succeeded, failed = monitor.on_feed(req_id)
+                    for pending in failed:
+                        self._failed(pending, None)
+                    if succeeded is not None:
+                        own, data = succeeded.submission, succeeded.payload.data
+                        self.own_committed_mark = transaction_id
+                        committed.append((own, transaction_id))
+                        self._resolved(succeeded, transaction_id)
+                queued = self._queued_mark
+                if queued is not None and transaction_id > queued and self.worker is not None:
+                    self._queued_mark = transaction_id
+                    if req_id is None:
+                        req_id = ReqId(client_id, generations[index], partition_id, seq_nums[index])
+                    to_queue.append(
+                        (
+                            Transaction(
+                                partition_id, transaction_id, req_id, headers[index], data_source, data
+                            ),
+                            own,
+                        )
                     )
-                )
-            if self._flush_marks:
-                self._check_flushes()
-        if committed:
-            self.metrics.committed.inc(len(committed))
-            observe = self.metrics.commit_seconds.observe
-            now = time.monotonic()
-            for submission, _ in committed:
-                observe(now - submission.submitted_at)
-            self._host.completed(committed)
+                if self._flush_marks:
+                    self._check_flushes()
+        finally:  # what committed before an error is still completed
+            if committed:
+                self.metrics.committed.inc(len(committed))
+                observe = self.metrics.commit_seconds.observe
+                now = time.monotonic()
+                for submission, _ in committed:
+                    observe(now - submission.submitted_at)
+                self._host.completed(committed)
 
     def end_of_batch(self) -> None:
         """Hand the feed entries of the last batch of server messages to the apply worker at once."""
