@@ -282,13 +282,19 @@ class Partition:
 
     def _stale(self, connection: ClientConnection, req_id: common_pb2.ReqId, network_seq: int) -> bool:
         """Drop messages of another generation, or of an older connection of the same client."""
+        return self._sender(req_id, network_seq) is None
+
+    def _sender(self, req_id: common_pb2.ReqId, network_seq: int) -> _ClientState | None:
+        """The state of the client that sent a message, or None (counted as dropped) when the
+        message is stale: of another generation, or of an older connection of that client."""
         if req_id.generation != self.generation:
             self.dropped += 1
-            return True
-        if network_seq < self._client(req_id.client_id).network_seq:
+            return None
+        state = self._client(req_id.client_id)
+        if network_seq < state.network_seq:
             self.dropped += 1
-            return True
-        return False
+            return None
+        return state
 
     # ---- appends ----
 
@@ -331,12 +337,8 @@ class Partition:
         network_seq: int,
     ) -> None:
         proto_req = request.req_id
-        if proto_req.generation != self.generation:
-            self.dropped += 1
-            return
-        state = self._client(proto_req.client_id)
-        if network_seq < state.network_seq:  # an older connection of the client (_stale)
-            self.dropped += 1
+        state = self._sender(proto_req, network_seq)
+        if state is None:
             return
         data = request.data
         checksum = request.checksum
