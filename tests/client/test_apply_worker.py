@@ -9,6 +9,7 @@ from waltz import Transaction, WaltzClientCallbacks
 from waltz.client.apply_worker import ApplyWorker
 from waltz.client.waiting import Watermark
 from waltz.protocol.records import ReqId
+from waltz.services.processes import wait_until
 
 
 class Callbacks(WaltzClientCallbacks):
@@ -184,3 +185,29 @@ def test_without_the_hook_each_transaction_of_a_run_is_applied_and_marked_in_tur
     # 3 failed twice and was retried alone: 0..2 were applied and marked before it, 4 and 5 after.
     assert marks_seen == [-1, 0, 1, 2, 2, 2, 3, 4]
     assert callbacks.errors == [(4, 3, "database down")] * 2
+
+
+def test_close_stops_after_the_apply_in_progress_even_within_a_run() -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    class Slow(Callbacks):
+        def apply_transaction(self, transaction: Transaction) -> None:
+            super().apply_transaction(transaction)
+            if transaction.transaction_id == 1:
+                started.set()
+                release.wait(10)
+
+    callbacks = Slow()
+    mark = Watermark(-1)
+    worker = ApplyWorker(4, callbacks, mark)
+    worker.enqueue_many([(txn(tid), None) for tid in range(6)])  # one run, taken at once
+    worker.start()
+    assert started.wait(10)
+    closing = threading.Thread(target=worker.close)
+    closing.start()
+    wait_until(worker._closed.is_set, timeout=10, what="the worker to be closing")
+    release.set()
+    closing.join(10)
+    assert callbacks.applied == [0, 1]  # 2..5 of the same run are left, as queued ones are
+    assert mark.value == 1

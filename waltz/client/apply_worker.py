@@ -193,9 +193,12 @@ class ApplyWorker:
             else:
                 advance = self._applied.advance
                 apply = self._callbacks.apply_transaction
+                closed = self._closed.is_set
                 if self._prefetch and not self._apply((), [entry.transaction for entry in batch]):
                     return  # the run's data fetched first (retried like an apply)
                 for entry in batch:  # each applied, then marked, before the next one
+                    if closed():
+                        return  # close() stops after the apply in progress
                     transaction = entry.transaction
                     try:
                         apply(transaction)
