@@ -186,8 +186,9 @@ class Submission:
             fed_at: ``time.monotonic()`` when the commits were seen.
 
         Returns:
-            ``(delay, count)``: how many submissions ended here, and the sum over them of
-            ``time.monotonic() - fed_at`` when each future resolved (seconds: the completion delay).
+            ``(delay, count)``: the sum over the submissions that ended here of
+            ``time.monotonic() - fed_at`` when each was resolved (seconds: the completion delay),
+            and how many they were.
         """
         ended: list[tuple[Submission, int]] = []
         for submission, transaction_id in committed:
