@@ -183,6 +183,14 @@ def submission(data: bytes) -> tuple[Submission, AppendPayload]:
     return sub, payload
 
 
+async def mounted_with_appends(partition: ClientPartition, host: FakeHost, *datas: bytes) -> FakeConnection:
+    """:func:`mounted`, then an append of each of ``datas``."""
+    connection = await mounted(partition, host)
+    for data in datas:
+        partition.send_append(*submission(data))
+    return connection
+
+
 def deliver(partition: ClientPartition, connection: object, entry: object) -> None:
     """One run of feed entries in a batch of its own, as the client's message handler delivers it."""
     partition.on_feed_entries(connection, entry)  # type: ignore[arg-type]
@@ -208,11 +216,7 @@ def test_appends_wait_for_the_mount_and_carry_the_generation() -> None:
 
 def test_the_feed_confirms_own_appends_and_fails_older_ones() -> None:
     async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
-        partition.mount()
-        partition.set_placement("server-a:1", 3)
-        connection = await mount(partition, host)
-        for data in (b"a", b"b", b"c"):
-            partition.send_append(*submission(data))
+        connection = await mounted_with_appends(partition, host, b"a", b"b", b"c")
         _a, b, c = connection.appends()
         deliver(partition, connection, feed(b, 6))
         assert host.completed_ids == [(b"b", 6)]
@@ -291,11 +295,7 @@ def test_a_run_of_feed_entries_is_each_entry_in_turn() -> None:
     applied once, in order, with its ReqId and header."""
 
     async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
-        partition.mount()
-        partition.set_placement("server-a:1", 3)
-        connection = await mount(partition, host)
-        for data in (b"a", b"b", b"c"):
-            partition.send_append(*submission(data))
+        connection = await mounted_with_appends(partition, host, b"a", b"b", b"c")
         _a, b, c = connection.appends()
         deliver(partition, connection, run_of(6, other(1), b, other(2)))
         assert host.completed_ids == [(b"b", 7)]
@@ -318,11 +318,7 @@ def test_commits_of_a_run_are_handed_over_even_when_a_later_entry_of_it_fails() 
     when handling a later entry raised (here: re-executing a failed append)."""
 
     async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
-        partition.mount()
-        partition.set_placement("server-a:1", 3)
-        connection = await mount(partition, host)
-        for data in (b"a", b"b", b"c"):
-            partition.send_append(*submission(data))
+        connection = await mounted_with_appends(partition, host, b"a", b"b", b"c")
         a, _b, c = connection.appends()
 
         def broken_retry(*args: object) -> None:

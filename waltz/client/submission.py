@@ -157,14 +157,21 @@ class Submission:
 
     def complete(self, transaction_id: int | None) -> None:
         """End the context: committed as ``transaction_id``, or dropped by ``execute`` (None)."""
-        if not self._finish():
+        if not self._end_completed(transaction_id):
             return
+        future = self.future
+        self._resolve(None if future is None else lambda: future.set_result(transaction_id))
+
+    def _end_completed(self, transaction_id: int | None) -> bool:
+        """End the context as completed and tell it (``on_completion``); False, doing nothing,
+        when it had ended already."""
+        if not self._finish():
+            return False
         try:
             self.context.on_completion(transaction_id is not None)
         except Exception:
             log.exception("%r: on_completion raised", self)
-        future = self.future
-        self._resolve(None if future is None else lambda: future.set_result(transaction_id))
+        return True
 
     @staticmethod
     def complete_all(
@@ -192,11 +199,7 @@ class Submission:
         """
         ended: list[tuple[Submission, int]] = []
         for submission, transaction_id in committed:
-            if submission._finish():
-                try:
-                    submission.context.on_completion(True)
-                except Exception:
-                    log.exception("%r: on_completion raised", submission)
+            if submission._end_completed(transaction_id):
                 ended.append((submission, transaction_id))
         if not ended:
             return 0.0, 0

@@ -165,12 +165,10 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         connection: _Connection,
         message: client_pb2.ClientMessage,
         spawn: Callable[[Any], None],
-        partitions: Mapping[int, Partition] | None = None,
+        partitions: Mapping[int, Partition],
     ) -> Coroutine[Any, Any, None] | None:
-        """Route one message; returns what to await before the next message (a waiting append).
-
-        ``partitions``: the partitions owned now, when the caller has them at hand.
-        """
+        """Route one message to its partition among ``partitions`` (those owned now); returns what
+        to await before the next message (a waiting append)."""
         kind = message.WhichOneof("body")
         if kind is None:
             connection.send(_error(None, "empty client message"))
@@ -178,7 +176,7 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         body: Any = getattr(message, kind)
         req_id = body.req_id
         connection.client_id = req_id.client_id
-        partition = (self._partitions() if partitions is None else partitions).get(req_id.partition_id)
+        partition = partitions.get(req_id.partition_id)
         if partition is None or partition.closed:
             if kind == "mount":
                 connection.send(

@@ -17,7 +17,6 @@ them holds that very hash.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from array import array
 from collections.abc import Iterable, Sequence
@@ -42,11 +41,10 @@ def _mix(value: int) -> int:
     return value ^ (value >> 31)
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def slot_indexes(lock_hash: int, size: int, hash_count: int) -> tuple[int, ...]:
     """The slots of a lock: ``hash_count`` indexes by double hashing of its mixed 32-bit hash.
 
-    Cached (the most recent 65,536 locks): applications reuse their locks, and every append asks.
+    Not cached here: :meth:`LockTable.slots_of` remembers each table's recent locks.
     """
     mixed = _mix(lock_hash & 0xFFFFFFFF)
     first, step = mixed & 0xFFFFFFFF, (mixed >> 32) | 1
@@ -94,8 +92,7 @@ class LockTable:
 
     def estimate(self, lock_hash: int) -> int:
         """The estimated high-water mark of one lock: never below its true value."""
-        slots = self._slots
-        return min(slots[i] for i in slot_indexes(lock_hash, self.size, self.hash_count))
+        return self._highest(self.slots_of((lock_hash,)))
 
     def estimate_all(self, lock_hashes: Sequence[int]) -> int:
         """The highest estimate among ``lock_hashes`` (-1 when there are none)."""

@@ -345,10 +345,11 @@ class Partition:
         if zlib.crc32(data) != checksum:
             connection.send(_error(proto_req, "append data does not match its checksum: resend it"))
             return
-        # Each lock's slots are computed once and serve the check, the pending locks and the update.
-        write_hashes = request.write_lock_hashes
-        read_hashes = request.read_lock_hashes
-        append_hashes = request.append_lock_hashes
+        # Each lock's hash is read from the message once, and its slots computed once: they serve
+        # the check, the locks in flight and the update.
+        write_hashes = tuple(request.write_lock_hashes)
+        read_hashes = tuple(request.read_lock_hashes)
+        append_hashes = tuple(request.append_lock_hashes)
         slots_of = table.slots_of
         write_slots = slots_of(write_hashes) if write_hashes else []
         checked_slots = write_slots + slots_of(read_hashes) if read_hashes else write_slots
@@ -359,7 +360,7 @@ class Partition:
                 self.lock_failures += 1
                 connection.send(_lock_failure(proto_req, conflict))
                 return
-            held, holder = pending.holder(write_hashes if not read_hashes else [*write_hashes, *read_hashes])
+            held, holder = pending.holder(write_hashes + read_hashes)
             if held:
                 # Fails at once; the failure names the holding append's transaction once it
                 # resolves (or, with no holder to name, the high-water mark now).
@@ -378,7 +379,7 @@ class Partition:
             slots = written_slots[0]  # one lock: its slot indexes as they are
         else:
             slots = {slot for indexes in written_slots for slot in indexes}
-        hashes = (*write_hashes, *append_hashes) if append_hashes else tuple(write_hashes)
+        hashes = write_hashes + append_hashes
         entry = _InFlight(self, state, slots, hashes, time.perf_counter())
         if hashes:
             pending.hold(hashes, entry)
