@@ -319,9 +319,10 @@ class ClientCore:
 
     def admitted(self, submission: Submission) -> None:
         """Count a submission in flight (it holds a concurrency slot)."""
+        partition = self.partitions[submission.partition_id]
         with self._in_flight_lock:
             self._in_flight.add(submission)
-        self.partitions[submission.partition_id].metrics.submitted.inc()
+            partition.submitted += 1  # waltz_client_transactions_submitted, read when scraped
 
     def _finished(self, submission: Submission) -> None:
         self._finished_all((submission,))
@@ -666,6 +667,7 @@ class ClientCore:
         partitions: dict[int, ClientPartition] = dict(getattr(self, "partitions", {}))
         with self._in_flight_changed:
             in_flight = Counter(s.partition_id for s in self._in_flight)
+            submitted = {pid: p.submitted for pid, p in partitions.items()}
         unhealthy = self.unhealthy_partitions()
         return [
             PartitionGauges(
@@ -676,6 +678,7 @@ class ClientCore:
                 mounted=p.mounted,
                 unhealthy=pid in unhealthy,
                 apply_backlog=p.worker.backlog if p.worker is not None else 0,
+                submitted=submitted[pid],
             )
             for pid, p in partitions.items()
         ]

@@ -1,11 +1,15 @@
 """Prometheus metrics of a client: counters per partition, gauges read from the partitions when scraped.
 
 Each client owns a :class:`ClientMetrics` with a ``CollectorRegistry`` of its own (exposed as
-``WaltzClient.metrics``). A transaction costs a counter increment on a child bound once per
-partition (:class:`PartitionMetrics`) and one histogram observation; the two summaries of the
-client's own delays add to plain totals once per batch (:class:`StageTotals`), and they and the
-gauges (in flight, high-water marks, mounted, unhealthy) are read only when the registry is
-collected. Serve it with ``prometheus_client.start_http_server(port, registry=client.metrics)``.
+``WaltzClient.metrics``). Nothing is counted per transaction through ``prometheus_client``: the
+submitted count is a plain integer of the partition, kept under the lock that admits a context;
+counters of events (commits, failures, remounts) are incremented once per batch on a child bound
+once per partition (:class:`PartitionMetrics`); the commit latencies of a batch of feed entries go
+into a :class:`~waltz.batched_histogram.BatchedHistogram` at once; the two summaries of the
+client's own delays add to plain totals once per batch (:class:`StageTotals`). The submitted count,
+the summaries and the gauges (in flight, high-water marks, mounted, unhealthy) are read only when
+the registry is collected. Serve it with
+``prometheus_client.start_http_server(port, registry=client.metrics)``.
 
 Metric names (``partition`` label on all but the histogram and the summaries):
 
@@ -48,9 +52,11 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
+
+from waltz.batched_histogram import BatchedHistogram
 
 __all__ = ["ClientMetrics", "PartitionGauges", "PartitionMetrics", "StageTotals"]
 
@@ -69,14 +75,15 @@ class PartitionGauges:
     mounted: bool
     unhealthy: bool
     apply_backlog: int = 0
+    submitted: int = 0
 
 
 class _PartitionCollector(Collector):
     def __init__(self) -> None:
         self.source: Callable[[], Iterable[PartitionGauges]] | None = None
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        families = {
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "in_flight": GaugeMetricFamily(
                 "waltz_client_partition_transactions_in_flight",
                 "Transaction contexts submitted and not ended yet.",
@@ -100,6 +107,11 @@ class _PartitionCollector(Collector):
                 "1 while apply_transaction keeps failing on the partition.",
                 labels=["partition"],
             ),
+            "submitted": CounterMetricFamily(
+                "waltz_client_transactions_submitted",
+                "Transaction contexts admitted by submit, by partition.",
+                labels=["partition"],
+            ),
             "apply_backlog": GaugeMetricFamily(
                 "waltz_client_partition_apply_backlog",
                 "Committed transactions queued for apply_transaction (at most client.maxApplyBacklog).",
@@ -115,6 +127,7 @@ class _PartitionCollector(Collector):
             families["mounted"].add_metric(label, 1.0 if gauges.mounted else 0.0)
             families["unhealthy"].add_metric(label, 1.0 if gauges.unhealthy else 0.0)
             families["apply_backlog"].add_metric(label, gauges.apply_backlog)
+            families["submitted"].add_metric(label, gauges.submitted)
         yield from families.values()
 
 
@@ -180,12 +193,10 @@ class PartitionMetrics:
         "held_appends",
         "lock_failures",
         "remounts",
-        "submitted",
     )
 
     def __init__(self, metrics: ClientMetrics, partition_id: int) -> None:
         label = str(partition_id)
-        self.submitted = metrics.transactions_submitted.labels(label)
         self.committed = metrics.transactions_committed.labels(label)
         self.failed_appends = metrics.failed_appends.labels(label)
         self.lock_failures = metrics.lock_failures.labels(label)
@@ -212,9 +223,6 @@ class ClientMetrics:
         def counter(name: str, documentation: str) -> Counter:
             return Counter(name, documentation, ["partition"], registry=self.registry)
 
-        self.transactions_submitted = counter(
-            "waltz_client_transactions_submitted", "Transaction contexts admitted by submit, by partition."
-        )
         self.transactions_committed = counter(
             "waltz_client_transactions_committed",
             "This client's appends seen committed in the feed, by partition.",
@@ -248,11 +256,11 @@ class ClientMetrics:
             "waltz_client_feed_windows",
             "FeedWindow grants sent as the application applied (client.maxApplyBacklog), by partition.",
         )
-        self.commit_seconds = Histogram(
+        self.commit_seconds = BatchedHistogram(
             "waltz_client_commit_seconds",
             "Time from submit to seeing the commit in the feed, in seconds.",
-            registry=self.registry,
             buckets=COMMIT_SECONDS_BUCKETS,
+            registry=self.registry,
         )
         self.append_queue_seconds = StageTotals(
             "waltz_client_append_queue_seconds",

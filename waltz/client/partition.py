@@ -174,6 +174,8 @@ class ClientPartition:
         """The highest transaction ID of this client's own commits on the partition."""
         self.server_high_water_mark = -1
         """The server's committed high-water mark as last known (feed, flush and mark responses)."""
+        self.submitted = 0
+        """Contexts admitted on the partition (counted under the client's in-flight lock)."""
         self.mounts = 0
         self.feed_gaps = 0
         self._blocked: deque[tuple[Submission, AppendPayload]] = deque()
@@ -635,10 +637,8 @@ class ClientPartition:
         finally:  # what committed before an error is still completed
             if committed:
                 self.metrics.committed.inc(len(committed))
-                observe = self.metrics.commit_seconds.observe
                 now = time.monotonic()
-                for submission, _ in committed:
-                    observe(now - submission.submitted_at)
+                self.metrics.commit_seconds.observe_all([now - s.submitted_at for s, _ in committed])
                 self._host.completed(committed)
 
     def end_of_batch(self) -> None:

@@ -298,7 +298,7 @@ class ServerApp:
                 generation,
                 store_factory,
                 self.partition_config,
-                observe_commit=self.metrics.commit_seconds.observe,
+                observe_commits=self.metrics.commit_seconds.observe_all,
             )
             self.partitions[partition_id] = partition
             partition.start()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from waltz.batched_histogram import BatchedHistogram
 from waltz.services.server.partition import Partition
 
 __all__ = ["ServerMetrics"]
@@ -95,9 +96,9 @@ class ServerMetrics:
             ["partition"],
             registry=self.registry,
         )
-        self.commit_seconds = Histogram(
+        self.commit_seconds = BatchedHistogram(
             "waltz_server_commit_seconds",
             "Time from receiving an append (client or admin) to its commit, in seconds.",
-            registry=self.registry,
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0),
+            registry=self.registry,
         )
