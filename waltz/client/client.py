@@ -55,14 +55,20 @@ DEFAULT_REQUEST_TIMEOUT = 30.0
 
 def _read_your_writes_wait(
     core: ClientCore, partition: ClientPartition, submission: Submission
-) -> tuple[int, float]:
+) -> tuple[int, float] | None:
+    """What a first attempt waits for: (the applied mark to reach, seconds at most), or None when
+    there is nothing to wait for (the partition applied this client's own last commit already,
+    checked first as the common case; or no time is left to wait)."""
     target = core.read_your_writes_target(partition)
+    if partition.applied.value >= target:
+        return None
     limit = core.config.client_read_your_writes_timeout
     remaining = submission.remaining()
     worker = partition.worker
     if worker is not None and worker.thread_ident == threading.get_ident():
-        limit = 0.0  # called from apply_transaction: waiting for ourselves would only time out
-    return target, limit if remaining is None else min(limit, remaining)
+        return None  # called from apply_transaction: waiting for ourselves would only time out
+    timeout = limit if remaining is None else min(limit, remaining)
+    return (target, timeout) if timeout > 0 else None
 
 
 class WaltzClient:
@@ -157,9 +163,9 @@ class WaltzClient:
             core.check_open()
             core.nudge([partition.partition_id])
         core.admitted(submission)
-        target, timeout = _read_your_writes_wait(core, partition, submission)
-        if timeout > 0 and partition.applied.value < target:
-            partition.applied.wait(target, timeout)
+        wait = _read_your_writes_wait(core, partition, submission)
+        if wait is not None:
+            partition.applied.wait(*wait)
         core.run_first_attempt(partition, submission)
         return submission
 
@@ -321,9 +327,9 @@ class AsyncWaltzClient:
             core.check_open()
             core.nudge([partition.partition_id])
         core.admitted(submission)
-        target, timeout = _read_your_writes_wait(core, partition, submission)
-        if timeout > 0 and partition.applied.value < target:
-            await partition.applied.wait_async(target, timeout)
+        wait = _read_your_writes_wait(core, partition, submission)
+        if wait is not None:
+            await partition.applied.wait_async(*wait)
         core.run_first_attempt(partition, submission)
         assert submission.future is not None
         return asyncio.wrap_future(submission.future)
