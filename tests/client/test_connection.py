@@ -17,16 +17,25 @@ from waltz.protocol.records import ReqId
 
 
 class Recorder(client_pb2_grpc.WaltzServerServiceServicer):
-    """Keeps the ReqId sequence numbers of each received stream message's appends; answers nothing."""
+    """Keeps the ReqId sequence numbers of each received stream message's appends, and each
+    message's protocol messages; answers nothing."""
 
     def __init__(self) -> None:
         self.messages: list[list[int]] = []
+        self.bodies: list[list[client_pb2.ClientMessage]] = []
 
     async def Stream(
         self, request_iterator: AsyncIterator[client_pb2.ClientMessages], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[client_pb2.ServerMessages]:
         async for batch in request_iterator:
-            self.messages.append([m.append.req_id.seq_num for m in batch.messages if m.HasField("append")])
+            seq_nums: list[int] = []
+            for message in batch.messages:
+                if message.HasField("append"):
+                    seq_nums.append(message.append.req_id.seq_num)
+                elif message.HasField("appends"):
+                    seq_nums += message.appends.seq_nums
+            self.messages.append(seq_nums)
+            self.bodies.append(list(batch.messages))
         return
         yield  # an async generator that ends when the client does
 
@@ -35,8 +44,8 @@ def payload(data: bytes) -> AppendPayload:
     return AppendPayload(5, (1,), (), (), 0, data, zlib.crc32(data))
 
 
-def rid(seq: int) -> ReqId:
-    return ReqId(7, 1, 0, seq)
+def rid(seq: int, partition_id: int = 0, generation: int = 1) -> ReqId:
+    return ReqId(7, generation, partition_id, seq)
 
 
 def with_connection(scenario: Callable[[ServerConnection, Recorder], Awaitable[None]]) -> None:
@@ -89,5 +98,39 @@ def test_a_lone_append_with_a_linger_is_sent_when_its_linger_ends() -> None:
         connection.send(client_pb2.ClientMessage(flush=client_pb2.FlushRequest()))
         await received(recorder, 2)
         assert recorder.messages[1] == [3]
+
+    with_connection(scenario)
+
+
+def test_appends_go_in_columns_per_partition_in_the_order_queued() -> None:
+    """docs/protocol.md "Appends": a partition's appends join its AppendRequests in the stream
+    message until another message is queued after them (or its generation changes)."""
+
+    async def scenario(connection: ServerConnection, recorder: Recorder) -> None:
+        connection.send_append(rid(1), payload(b"r1"))  # all queued before the writer runs
+        connection.send_append(rid(2, partition_id=1), AppendPayload(9, (), (4, 5), (6,), 3, b"r2", 7))
+        connection.send_append(rid(3), AppendPayload(8, (1, 2), (), (), 0, b"r3", zlib.crc32(b"r3")))
+        connection.send(client_pb2.ClientMessage(flush=client_pb2.FlushRequest()))
+        connection.send_append(rid(4), payload(b"r4"))
+        connection.send_append(rid(5, generation=2), payload(b"r5"))
+        await received(recorder, 1)
+        bodies = recorder.bodies[0]
+        assert [m.WhichOneof("body") for m in bodies] == ["appends", "appends", "flush", "appends", "appends"]
+        first, other, _, after_flush, new_generation = [m.appends for m in bodies]
+        assert (first.partition_id, list(first.seq_nums), list(first.client_high_water_marks)) == (
+            0,
+            [1, 3],
+            [5, 8],
+        )
+        assert list(first.data) == [b"r1", b"r3"]
+        assert list(first.checksums) == [zlib.crc32(b"r1"), zlib.crc32(b"r3")]
+        assert (list(first.write_lock_counts), list(first.write_lock_hashes)) == ([1, 2], [1, 1, 2])
+        assert list(first.read_lock_counts) == [] and list(first.append_lock_counts) == []
+        assert (other.partition_id, other.client_id, other.generation, list(other.seq_nums)) == (1, 7, 1, [2])
+        assert (list(other.read_lock_counts), list(other.read_lock_hashes)) == ([2], [4, 5])
+        assert (list(other.append_lock_counts), list(other.append_lock_hashes)) == ([1], [6])
+        assert (list(other.headers), list(other.checksums)) == ([3], [7])
+        assert list(after_flush.seq_nums) == [4]
+        assert (new_generation.generation, list(new_generation.seq_nums)) == (2, [5])
 
     with_connection(scenario)

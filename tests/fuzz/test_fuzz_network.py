@@ -385,7 +385,9 @@ def client_messages(draw: st.DrawFn, generation: int) -> list[client_pb2.ClientM
     messages = []
     for _ in range(draw(st.integers(1, 6))):
         kind = draw(
-            st.sampled_from(["mount", "append", "feed", "flush", "high_water_mark", "unmount", "none"])
+            st.sampled_from(
+                ["mount", "append", "appends", "feed", "flush", "high_water_mark", "unmount", "none"]
+            )
         )
         message = client_pb2.ClientMessage()
         if kind == "mount":
@@ -408,6 +410,31 @@ def client_messages(draw: st.DrawFn, generation: int) -> list[client_pb2.ClientM
                     checksum=crc32(data) if draw(st.booleans()) else draw(st.integers(0, 2**32 - 1)),
                 )
             )
+        elif kind == "appends":
+            # Columns of random lengths (usually consistent, as a client sends them), counts
+            # that may not add up to the hashes.
+            rows = draw(st.integers(0, 3))
+            length = st.sampled_from([rows, rows, rows, rows + 1, max(rows - 1, 0)])
+            column_data = draw(st.lists(st.binary(max_size=20), min_size=rows, max_size=rows))
+            appends = message.appends
+            ids = req_id()
+            appends.client_id, appends.generation = ids.client_id, ids.generation
+            appends.partition_id = ids.partition_id
+            appends.seq_nums.extend(draw(st.lists(SMALL, min_size=rows, max_size=rows)))
+            marks = draw(st.lists(SMALL | I64, min_size=rows + 1, max_size=rows + 1))
+            appends.client_high_water_marks.extend(marks[: draw(length)])
+            appends.headers.extend(draw(st.lists(I32, min_size=rows + 1, max_size=rows + 1))[: draw(length)])
+            appends.data.extend(column_data[: draw(length)])
+            appends.checksums.extend(
+                crc32(d) if draw(st.booleans()) else draw(st.integers(0, 2**32 - 1)) for d in column_data
+            )
+            for counts, hashes in (
+                (appends.write_lock_counts, appends.write_lock_hashes),
+                (appends.read_lock_counts, appends.read_lock_hashes),
+                (appends.append_lock_counts, appends.append_lock_hashes),
+            ):
+                counts.extend(draw(st.lists(st.integers(0, 2), max_size=rows + 1)))
+                hashes.extend(draw(st.lists(I32, max_size=4)))
         elif kind == "feed":
             message.feed.CopyFrom(
                 client_pb2.FeedRequest(req_id=req_id(), client_high_water_mark=draw(SMALL | I64))

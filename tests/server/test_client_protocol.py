@@ -268,6 +268,84 @@ def test_mount_append_feed_lock_failures_flush_and_data(cluster: LocalCluster) -
     run(scenario())
 
 
+def test_appends_in_columns_are_handled_row_by_row_in_order(cluster: LocalCluster) -> None:
+    """docs/protocol.md "Appends": each row of an AppendRequests is what an AppendRequest with its
+    values would be, in order; a malformed one is refused whole with an error."""
+    endpoint, generation = cluster.owner(0), generation_of(cluster)
+
+    async def scenario() -> None:
+        a = RawClient(endpoint, 903, generation)
+        try:
+            a.mount(-1)
+            assert (await a.next("mount")).mount.partition_ready
+            a.outgoing.put_nowait(
+                client_pb2.ClientMessage(high_water_mark=client_pb2.HighWaterMarkRequest(req_id=a.req_id()))
+            )
+            start = (await a.next("high_water_mark")).high_water_mark.transaction_id
+            lock, other, third = 0x4321, 0x8765, 0x9876
+            seqs = [a.req_id().seq_num for _ in range(4)]
+            data = [b"row 0", b"row 1", b"row 2", b"row 3"]
+            checksums = [crc32(d) for d in data]
+            checksums[2] ^= 1  # row 2 is damaged
+            rows = client_pb2.AppendRequests(
+                client_id=903,
+                generation=generation,
+                partition_id=0,
+                seq_nums=seqs,
+                client_high_water_marks=[start] * 4,
+                headers=[1, 2, 3, 4],
+                data=data,
+                checksums=checksums,
+                # row 0 writes lock; row 1 writes it too (in flight: refused); row 3 writes two.
+                write_lock_counts=[1, 1, 0, 2],
+                write_lock_hashes=[lock, lock, other, third],
+            )
+            a.outgoing.put_nowait(client_pb2.ClientMessage(appends=rows))
+
+            def req(seq: int) -> common_pb2.ReqId:
+                return common_pb2.ReqId(client_id=903, generation=generation, partition_id=0, seq_num=seq)
+
+            feed: list[FeedEntry] = []
+            others: list[client_pb2.ServerMessage] = []
+            while len(feed) < 2 or len(others) < 2:
+                item = await asyncio.wait_for(a.incoming.get(), 10)
+                if isinstance(item, FeedEntry):
+                    feed.append(item)
+                elif kind_of(item) in ("lock_failure", "error"):
+                    others.append(item)
+            assert [(e.req_id, e.header, e.transaction_id) for e in feed] == [
+                (req(seqs[0]), 1, start + 1),
+                (req(seqs[3]), 4, start + 2),
+            ]
+            failure = next(m.lock_failure for m in others if kind_of(m) == "lock_failure")
+            assert (failure.req_id, failure.transaction_id) == (req(seqs[1]), start + 1)
+            error = next(m.error for m in others if kind_of(m) == "error")
+            assert error.req_id == req(seqs[2]) and "checksum" in error.message
+            # Counts that do not add up: nothing of the message is appended.
+            broken = client_pb2.AppendRequests(
+                client_id=903,
+                generation=generation,
+                partition_id=0,
+                seq_nums=[a.req_id().seq_num],
+                client_high_water_marks=[start + 2],
+                headers=[0],
+                data=[b"broken"],
+                checksums=[crc32(b"broken")],
+                write_lock_counts=[2],
+                write_lock_hashes=[lock],
+            )
+            a.outgoing.put_nowait(client_pb2.ClientMessage(appends=broken))
+            message = (await a.next("error")).error.message
+            assert "malformed AppendRequests" in message and "add up to 2" in message, message
+            after = a.append(start + 2, b"after", write=[lock])
+            entry = await a.next_feed()
+            assert (entry.req_id, entry.transaction_id) == (after, start + 3)
+        finally:
+            await a.close()
+
+    run(scenario())
+
+
 def test_data_ranges_come_in_pages_from_cache_and_storage(cluster: LocalCluster) -> None:
     """GetTransactionDataRange answers a prefix of the range: at most 4 MiB, at most the mark."""
     endpoint, generation = cluster.owner(0), generation_of(cluster)

@@ -5,7 +5,8 @@ Source: seed 000 "Client-Server Interactions" (``WaltzNetworkClient``, one per s
 sequence number, takes over); ``docs/protocol.md`` "Connections and identities". Outgoing protocol
 messages are batched: everything queued while the previous stream message was being written goes
 into the next one (DESIGN.md: one stream carries a few thousand messages per second here, so
-batching is what makes throughput); an append queued with a linger (a re-attempt's) lets an idle
+batching is what makes throughput), a partition's appends in columns (one ``AppendRequests``,
+``docs/protocol.md`` "Appends"); an append queued with a linger (a re-attempt's) lets an idle
 writer wait that long for company (``docs/protocol.md`` "Append"). Transaction data is fetched
 with the unary RPC on the same channel. Everything here runs on the client's event loop.
 """
@@ -83,6 +84,11 @@ class ServerConnection:
         self._batch = client_pb2.ClientMessages()
         self._batch_count = 0
         self._batch_bytes = 0
+        # The next stream message's appends, by partition, in columns (docs/protocol.md
+        # "Appends"): filled in when the message is sealed. A partition's open columns take its
+        # appends until another message of that connection is queued after them.
+        self._columns: list[_AppendColumns] = []
+        self._open_columns: dict[int, _AppendColumns] = {}
         self._wake = asyncio.Event()
         self._late_wake: asyncio.TimerHandle | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -122,13 +128,25 @@ class ServerConnection:
 
     # --- sending ----------------------------------------------------------------------------------
 
-    def _next_slot(self, data_bytes: int, linger: float = 0.0) -> client_pb2.ClientMessage:
+    def _seal(self) -> client_pb2.ClientMessages:
+        """Take the stream message under construction (its append columns filled in) and start
+        the next one."""
+        batch = self._batch
+        for columns in self._columns:
+            columns.fill()
+        self._columns = []
+        self._open_columns = {}
+        self._batch = client_pb2.ClientMessages()
+        self._batch_count = 0
+        self._batch_bytes = 0
+        return batch
+
+    def _count(self, data_bytes: int, linger: float = 0.0) -> None:
+        """Count one more protocol message in the stream message under construction (sealing
+        it first when full) and wake the writer as ``linger`` says."""
         full = self._batch_count >= MAX_BATCH_MESSAGES or self._batch_bytes + data_bytes > MAX_BATCH_BYTES
         if full and self._batch_count:
-            self._ready.append(self._batch)
-            self._batch = client_pb2.ClientMessages()
-            self._batch_count = 0
-            self._batch_bytes = 0
+            self._ready.append(self._seal())
         self._batch_count += 1
         self._batch_bytes += data_bytes
         if not self._wake.is_set():
@@ -136,7 +154,6 @@ class ServerConnection:
                 self._wake.set()
             elif self._late_wake is None:
                 self._late_wake = asyncio.get_running_loop().call_later(linger, self._wake.set)
-        return self._batch.messages.add()
 
     def _cancel_late_wake(self) -> None:
         if self._late_wake is not None:
@@ -151,7 +168,9 @@ class ServerConnection:
         """
         if self._closed:
             raise ConnectionError(f"the connection to {self.endpoint} is closed")
-        self._next_slot(0).CopyFrom(message)
+        self._count(0)
+        self._open_columns.clear()  # later appends go after this message, as they were queued
+        self._batch.messages.add().CopyFrom(message)
 
     def send_append(self, req_id: ReqId, payload: AppendPayload, linger: float = 0.0) -> None:
         """Queue an append request, written straight into the next stream message.
@@ -168,22 +187,13 @@ class ServerConnection:
         """
         if self._closed:
             raise ConnectionError(f"the connection to {self.endpoint} is closed")
-        append = self._next_slot(len(payload.data), linger).append
-        rid = append.req_id
-        rid.client_id = req_id.client_id
-        rid.generation = req_id.generation
-        rid.partition_id = req_id.partition_id
-        rid.seq_num = req_id.seq_num
-        append.client_high_water_mark = payload.client_high_water_mark
-        if payload.write_locks:
-            append.write_lock_hashes.extend(payload.write_locks)
-        if payload.read_locks:
-            append.read_lock_hashes.extend(payload.read_locks)
-        if payload.append_locks:
-            append.append_lock_hashes.extend(payload.append_locks)
-        append.header = payload.header
-        append.data = payload.data
-        append.checksum = payload.checksum
+        self._count(len(payload.data), linger)
+        columns = self._open_columns.get(req_id.partition_id)
+        if columns is None or not columns.takes(req_id):
+            columns = _AppendColumns(self._batch.messages.add().appends, req_id)
+            self._columns.append(columns)
+            self._open_columns[req_id.partition_id] = columns
+        columns.add(req_id.seq_num, payload)
 
     async def _write(self) -> None:
         try:
@@ -192,12 +202,7 @@ class ServerConnection:
                 self._wake.clear()
                 self._cancel_late_wake()  # what waited for company leaves now
                 while self._ready or self._batch_count:
-                    if self._ready:
-                        batch = self._ready.popleft()
-                    else:
-                        batch, self._batch = self._batch, client_pb2.ClientMessages()
-                        self._batch_count = 0
-                        self._batch_bytes = 0
+                    batch = self._ready.popleft() if self._ready else self._seal()
                     self.messages_sent += len(batch.messages)
                     self.stream_messages_sent += 1
                     await self._call.write(batch)
@@ -283,3 +288,89 @@ class ServerConnection:
                 await task
         self._tasks = []
         await self._channel.close(None)
+
+
+class _AppendColumns:
+    """The appends of one partition in one stream message, gathered in lists and written into
+    their ``AppendRequests`` at once when the message is sealed (``docs/protocol.md`` "Appends").
+
+    Args:
+        message: the ``AppendRequests`` in the stream message (at the place of the first append).
+        req_id: the first append's ReqId (the client ID, generation and partition of them all).
+    """
+
+    __slots__ = (
+        "append_counts",
+        "append_hashes",
+        "checksums",
+        "data",
+        "headers",
+        "marks",
+        "message",
+        "read_counts",
+        "read_hashes",
+        "req_id",
+        "seq_nums",
+        "write_counts",
+        "write_hashes",
+    )
+
+    def __init__(self, message: client_pb2.AppendRequests, req_id: ReqId) -> None:
+        self.message = message
+        self.req_id = req_id
+        self.seq_nums: list[int] = []
+        self.marks: list[int] = []
+        self.headers: list[int] = []
+        self.data: list[bytes] = []
+        self.checksums: list[int] = []
+        self.write_counts: list[int] = []
+        self.write_hashes: list[int] = []
+        self.read_counts: list[int] = []
+        self.read_hashes: list[int] = []
+        self.append_counts: list[int] = []
+        self.append_hashes: list[int] = []
+
+    def takes(self, req_id: ReqId) -> bool:
+        """Whether an append with ``req_id`` belongs here (same client ID and generation)."""
+        first = self.req_id
+        return req_id.generation == first.generation and req_id.client_id == first.client_id
+
+    def add(self, seq_num: int, payload: AppendPayload) -> None:
+        """Add an append as the next row."""
+        self.seq_nums.append(seq_num)
+        self.marks.append(payload.client_high_water_mark)
+        self.headers.append(payload.header)
+        self.data.append(payload.data)
+        self.checksums.append(payload.checksum)
+        write, read, append = payload.write_locks, payload.read_locks, payload.append_locks
+        self.write_counts.append(len(write))
+        if write:
+            self.write_hashes += write
+        self.read_counts.append(len(read))
+        if read:
+            self.read_hashes += read
+        self.append_counts.append(len(append))
+        if append:
+            self.append_hashes += append
+
+    def fill(self) -> None:
+        """Write the rows into the message (lock counts only for kinds some row has)."""
+        message = self.message
+        req_id = self.req_id
+        message.client_id = req_id.client_id
+        message.generation = req_id.generation
+        message.partition_id = req_id.partition_id
+        message.seq_nums.extend(self.seq_nums)
+        message.client_high_water_marks.extend(self.marks)
+        message.headers.extend(self.headers)
+        message.data.extend(self.data)
+        message.checksums.extend(self.checksums)
+        if self.write_hashes:
+            message.write_lock_counts.extend(self.write_counts)
+            message.write_lock_hashes.extend(self.write_hashes)
+        if self.read_hashes:
+            message.read_lock_counts.extend(self.read_counts)
+            message.read_lock_hashes.extend(self.read_hashes)
+        if self.append_hashes:
+            message.append_lock_counts.extend(self.append_counts)
+            message.append_lock_hashes.extend(self.append_hashes)

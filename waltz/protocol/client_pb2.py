@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from waltz.protocol import common_pb2 as waltz_dot_protocol_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bwaltz/protocol/client.proto\x12\x0cwaltz.client\x1a\x1bwaltz/protocol/common.proto\"?\n\x0e\x43lientMessages\x12-\n\x08messages\x18\x01 \x03(\x0b\x32\x1b.waltz.client.ClientMessage\"?\n\x0eServerMessages\x12-\n\x08messages\x18\x01 \x03(\x0b\x32\x1b.waltz.client.ServerMessage\"\xec\x02\n\rClientMessage\x12+\n\x05mount\x18\x01 \x01(\x0b\x32\x1a.waltz.client.MountRequestH\x00\x12-\n\x06\x61ppend\x18\x02 \x01(\x0b\x32\x1b.waltz.client.AppendRequestH\x00\x12)\n\x04\x66\x65\x65\x64\x18\x03 \x01(\x0b\x32\x19.waltz.client.FeedRequestH\x00\x12+\n\x05\x66lush\x18\x04 \x01(\x0b\x32\x1a.waltz.client.FlushRequestH\x00\x12=\n\x0fhigh_water_mark\x18\x05 \x01(\x0b\x32\".waltz.client.HighWaterMarkRequestH\x00\x12/\n\x07unmount\x18\x06 \x01(\x0b\x32\x1c.waltz.client.UnmountRequestH\x00\x12/\n\x0b\x66\x65\x65\x64_window\x18\x07 \x01(\x0b\x32\x18.waltz.client.FeedWindowH\x00\x42\x06\n\x04\x62ody\"\x8d\x03\n\rServerMessage\x12,\n\x05mount\x18\x01 \x01(\x0b\x32\x1b.waltz.client.MountResponseH\x00\x12\x35\n\x0e\x66\x65\x65\x64_suspended\x18\x03 \x01(\x0b\x32\x1b.waltz.client.FeedSuspendedH\x00\x12,\n\x05\x66lush\x18\x04 \x01(\x0b\x32\x1b.waltz.client.FlushResponseH\x00\x12\x31\n\x0clock_failure\x18\x05 \x01(\x0b\x32\x19.waltz.client.LockFailureH\x00\x12>\n\x0fhigh_water_mark\x18\x06 \x01(\x0b\x32#.waltz.client.HighWaterMarkResponseH\x00\x12*\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x19.waltz.client.ServerErrorH\x00\x12\x31\n\x0c\x66\x65\x65\x64_entries\x18\x08 \x01(\x0b\x32\x19.waltz.client.FeedEntriesH\x00\x42\x06\n\x04\x62odyJ\x04\x08\x02\x10\x03R\tfeed_data\"y\n\x0cMountRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1e\n\x16\x63lient_high_water_mark\x18\x02 \x01(\x03\x12\x0f\n\x07seq_num\x18\x03 \x01(\x05\x12\x13\n\x0b\x66\x65\x65\x64_window\x18\x04 \x01(\x03\"E\n\nFeedWindow\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x12\n\nwindow_end\x18\x02 \x01(\x03\"M\n\rMountResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x17\n\x0fpartition_ready\x18\x02 \x01(\x08\"F\n\x0eUnmountRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x0f\n\x07seq_num\x18\x02 \x01(\x05\"\xd5\x01\n\rAppendRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1e\n\x16\x63lient_high_water_mark\x18\x02 \x01(\x03\x12\x19\n\x11write_lock_hashes\x18\x03 \x03(\x05\x12\x18\n\x10read_lock_hashes\x18\x04 \x03(\x05\x12\x1a\n\x12\x61ppend_lock_hashes\x18\x05 \x03(\x05\x12\x0e\n\x06header\x18\x06 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x08 \x01(\r\"R\n\x0b\x46\x65\x65\x64Request\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1e\n\x16\x63lient_high_water_mark\x18\x02 \x01(\x03\"\x8d\x01\n\x0b\x46\x65\x65\x64\x45ntries\x12\x14\n\x0cpartition_id\x18\x01 \x01(\x05\x12\x1c\n\x14\x66irst_transaction_id\x18\x02 \x01(\x03\x12\x12\n\nclient_ids\x18\x03 \x03(\x05\x12\x13\n\x0bgenerations\x18\x04 \x03(\x05\x12\x10\n\x08seq_nums\x18\x05 \x03(\x05\x12\x0f\n\x07headers\x18\x06 \x03(\x05\"4\n\rFeedSuspended\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\"U\n\x16TransactionDataRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\"\x9e\x01\n\x17TransactionDataResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\x12\x0f\n\x07success\x18\x03 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\r\x12\x15\n\rerror_message\x18\x06 \x01(\t\"o\n\x1bTransactionDataRangeRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1c\n\x14\x66irst_transaction_id\x18\x02 \x01(\x03\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\"\xaa\x01\n\x1cTransactionDataRangeResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1c\n\x14\x66irst_transaction_id\x18\x02 \x01(\x03\x12\x0f\n\x07success\x18\x03 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x04 \x03(\x0c\x12\x11\n\tchecksums\x18\x05 \x03(\r\x12\x15\n\rerror_message\x18\x06 \x01(\t\"3\n\x0c\x46lushRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\"L\n\rFlushResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\"J\n\x0bLockFailure\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\";\n\x14HighWaterMarkRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\"T\n\x15HighWaterMarkResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\"C\n\x0bServerError\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x0f\n\x07message\x18\x02 \x01(\t2\xb3\x02\n\x12WaltzServerService\x12H\n\x06Stream\x12\x1c.waltz.client.ClientMessages\x1a\x1c.waltz.client.ServerMessages(\x01\x30\x01\x12\x61\n\x12GetTransactionData\x12$.waltz.client.TransactionDataRequest\x1a%.waltz.client.TransactionDataResponse\x12p\n\x17GetTransactionDataRange\x12).waltz.client.TransactionDataRangeRequest\x1a*.waltz.client.TransactionDataRangeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bwaltz/protocol/client.proto\x12\x0cwaltz.client\x1a\x1bwaltz/protocol/common.proto\"?\n\x0e\x43lientMessages\x12-\n\x08messages\x18\x01 \x03(\x0b\x32\x1b.waltz.client.ClientMessage\"?\n\x0eServerMessages\x12-\n\x08messages\x18\x01 \x03(\x0b\x32\x1b.waltz.client.ServerMessage\"\x9d\x03\n\rClientMessage\x12+\n\x05mount\x18\x01 \x01(\x0b\x32\x1a.waltz.client.MountRequestH\x00\x12-\n\x06\x61ppend\x18\x02 \x01(\x0b\x32\x1b.waltz.client.AppendRequestH\x00\x12)\n\x04\x66\x65\x65\x64\x18\x03 \x01(\x0b\x32\x19.waltz.client.FeedRequestH\x00\x12+\n\x05\x66lush\x18\x04 \x01(\x0b\x32\x1a.waltz.client.FlushRequestH\x00\x12=\n\x0fhigh_water_mark\x18\x05 \x01(\x0b\x32\".waltz.client.HighWaterMarkRequestH\x00\x12/\n\x07unmount\x18\x06 \x01(\x0b\x32\x1c.waltz.client.UnmountRequestH\x00\x12/\n\x0b\x66\x65\x65\x64_window\x18\x07 \x01(\x0b\x32\x18.waltz.client.FeedWindowH\x00\x12/\n\x07\x61ppends\x18\x08 \x01(\x0b\x32\x1c.waltz.client.AppendRequestsH\x00\x42\x06\n\x04\x62ody\"\x8d\x03\n\rServerMessage\x12,\n\x05mount\x18\x01 \x01(\x0b\x32\x1b.waltz.client.MountResponseH\x00\x12\x35\n\x0e\x66\x65\x65\x64_suspended\x18\x03 \x01(\x0b\x32\x1b.waltz.client.FeedSuspendedH\x00\x12,\n\x05\x66lush\x18\x04 \x01(\x0b\x32\x1b.waltz.client.FlushResponseH\x00\x12\x31\n\x0clock_failure\x18\x05 \x01(\x0b\x32\x19.waltz.client.LockFailureH\x00\x12>\n\x0fhigh_water_mark\x18\x06 \x01(\x0b\x32#.waltz.client.HighWaterMarkResponseH\x00\x12*\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x19.waltz.client.ServerErrorH\x00\x12\x31\n\x0c\x66\x65\x65\x64_entries\x18\x08 \x01(\x0b\x32\x19.waltz.client.FeedEntriesH\x00\x42\x06\n\x04\x62odyJ\x04\x08\x02\x10\x03R\tfeed_data\"y\n\x0cMountRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1e\n\x16\x63lient_high_water_mark\x18\x02 \x01(\x03\x12\x0f\n\x07seq_num\x18\x03 \x01(\x05\x12\x13\n\x0b\x66\x65\x65\x64_window\x18\x04 \x01(\x03\"E\n\nFeedWindow\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x12\n\nwindow_end\x18\x02 \x01(\x03\"M\n\rMountResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x17\n\x0fpartition_ready\x18\x02 \x01(\x08\"F\n\x0eUnmountRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x0f\n\x07seq_num\x18\x02 \x01(\x05\"\xd5\x01\n\rAppendRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1e\n\x16\x63lient_high_water_mark\x18\x02 \x01(\x03\x12\x19\n\x11write_lock_hashes\x18\x03 \x03(\x05\x12\x18\n\x10read_lock_hashes\x18\x04 \x03(\x05\x12\x1a\n\x12\x61ppend_lock_hashes\x18\x05 \x03(\x05\x12\x0e\n\x06header\x18\x06 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x08 \x01(\r\"\xd4\x02\n\x0e\x41ppendRequests\x12\x11\n\tclient_id\x18\x01 \x01(\x05\x12\x12\n\ngeneration\x18\x02 \x01(\x05\x12\x14\n\x0cpartition_id\x18\x03 \x01(\x05\x12\x10\n\x08seq_nums\x18\x04 \x03(\x05\x12\x1f\n\x17\x63lient_high_water_marks\x18\x05 \x03(\x03\x12\x0f\n\x07headers\x18\x06 \x03(\x05\x12\x0c\n\x04\x64\x61ta\x18\x07 \x03(\x0c\x12\x11\n\tchecksums\x18\x08 \x03(\r\x12\x19\n\x11write_lock_counts\x18\t \x03(\r\x12\x19\n\x11write_lock_hashes\x18\n \x03(\x05\x12\x18\n\x10read_lock_counts\x18\x0b \x03(\r\x12\x18\n\x10read_lock_hashes\x18\x0c \x03(\x05\x12\x1a\n\x12\x61ppend_lock_counts\x18\r \x03(\r\x12\x1a\n\x12\x61ppend_lock_hashes\x18\x0e \x03(\x05\"R\n\x0b\x46\x65\x65\x64Request\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1e\n\x16\x63lient_high_water_mark\x18\x02 \x01(\x03\"\x8d\x01\n\x0b\x46\x65\x65\x64\x45ntries\x12\x14\n\x0cpartition_id\x18\x01 \x01(\x05\x12\x1c\n\x14\x66irst_transaction_id\x18\x02 \x01(\x03\x12\x12\n\nclient_ids\x18\x03 \x03(\x05\x12\x13\n\x0bgenerations\x18\x04 \x03(\x05\x12\x10\n\x08seq_nums\x18\x05 \x03(\x05\x12\x0f\n\x07headers\x18\x06 \x03(\x05\"4\n\rFeedSuspended\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\"U\n\x16TransactionDataRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\"\x9e\x01\n\x17TransactionDataResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\x12\x0f\n\x07success\x18\x03 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\r\x12\x15\n\rerror_message\x18\x06 \x01(\t\"o\n\x1bTransactionDataRangeRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1c\n\x14\x66irst_transaction_id\x18\x02 \x01(\x03\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\"\xaa\x01\n\x1cTransactionDataRangeResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x1c\n\x14\x66irst_transaction_id\x18\x02 \x01(\x03\x12\x0f\n\x07success\x18\x03 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x04 \x03(\x0c\x12\x11\n\tchecksums\x18\x05 \x03(\r\x12\x15\n\rerror_message\x18\x06 \x01(\t\"3\n\x0c\x46lushRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\"L\n\rFlushResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\"J\n\x0bLockFailure\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\";\n\x14HighWaterMarkRequest\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\"T\n\x15HighWaterMarkResponse\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\"C\n\x0bServerError\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x0f\n\x07message\x18\x02 \x01(\t2\xb3\x02\n\x12WaltzServerService\x12H\n\x06Stream\x12\x1c.waltz.client.ClientMessages\x1a\x1c.waltz.client.ServerMessages(\x01\x30\x01\x12\x61\n\x12GetTransactionData\x12$.waltz.client.TransactionDataRequest\x1a%.waltz.client.TransactionDataResponse\x12p\n\x17GetTransactionDataRange\x12).waltz.client.TransactionDataRangeRequest\x1a*.waltz.client.TransactionDataRangeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,45 +37,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SERVERMESSAGES']._serialized_start=139
   _globals['_SERVERMESSAGES']._serialized_end=202
   _globals['_CLIENTMESSAGE']._serialized_start=205
-  _globals['_CLIENTMESSAGE']._serialized_end=569
-  _globals['_SERVERMESSAGE']._serialized_start=572
-  _globals['_SERVERMESSAGE']._serialized_end=969
-  _globals['_MOUNTREQUEST']._serialized_start=971
-  _globals['_MOUNTREQUEST']._serialized_end=1092
-  _globals['_FEEDWINDOW']._serialized_start=1094
-  _globals['_FEEDWINDOW']._serialized_end=1163
-  _globals['_MOUNTRESPONSE']._serialized_start=1165
-  _globals['_MOUNTRESPONSE']._serialized_end=1242
-  _globals['_UNMOUNTREQUEST']._serialized_start=1244
-  _globals['_UNMOUNTREQUEST']._serialized_end=1314
-  _globals['_APPENDREQUEST']._serialized_start=1317
-  _globals['_APPENDREQUEST']._serialized_end=1530
-  _globals['_FEEDREQUEST']._serialized_start=1532
-  _globals['_FEEDREQUEST']._serialized_end=1614
-  _globals['_FEEDENTRIES']._serialized_start=1617
-  _globals['_FEEDENTRIES']._serialized_end=1758
-  _globals['_FEEDSUSPENDED']._serialized_start=1760
-  _globals['_FEEDSUSPENDED']._serialized_end=1812
-  _globals['_TRANSACTIONDATAREQUEST']._serialized_start=1814
-  _globals['_TRANSACTIONDATAREQUEST']._serialized_end=1899
-  _globals['_TRANSACTIONDATARESPONSE']._serialized_start=1902
-  _globals['_TRANSACTIONDATARESPONSE']._serialized_end=2060
-  _globals['_TRANSACTIONDATARANGEREQUEST']._serialized_start=2062
-  _globals['_TRANSACTIONDATARANGEREQUEST']._serialized_end=2173
-  _globals['_TRANSACTIONDATARANGERESPONSE']._serialized_start=2176
-  _globals['_TRANSACTIONDATARANGERESPONSE']._serialized_end=2346
-  _globals['_FLUSHREQUEST']._serialized_start=2348
-  _globals['_FLUSHREQUEST']._serialized_end=2399
-  _globals['_FLUSHRESPONSE']._serialized_start=2401
-  _globals['_FLUSHRESPONSE']._serialized_end=2477
-  _globals['_LOCKFAILURE']._serialized_start=2479
-  _globals['_LOCKFAILURE']._serialized_end=2553
-  _globals['_HIGHWATERMARKREQUEST']._serialized_start=2555
-  _globals['_HIGHWATERMARKREQUEST']._serialized_end=2614
-  _globals['_HIGHWATERMARKRESPONSE']._serialized_start=2616
-  _globals['_HIGHWATERMARKRESPONSE']._serialized_end=2700
-  _globals['_SERVERERROR']._serialized_start=2702
-  _globals['_SERVERERROR']._serialized_end=2769
-  _globals['_WALTZSERVERSERVICE']._serialized_start=2772
-  _globals['_WALTZSERVERSERVICE']._serialized_end=3079
+  _globals['_CLIENTMESSAGE']._serialized_end=618
+  _globals['_SERVERMESSAGE']._serialized_start=621
+  _globals['_SERVERMESSAGE']._serialized_end=1018
+  _globals['_MOUNTREQUEST']._serialized_start=1020
+  _globals['_MOUNTREQUEST']._serialized_end=1141
+  _globals['_FEEDWINDOW']._serialized_start=1143
+  _globals['_FEEDWINDOW']._serialized_end=1212
+  _globals['_MOUNTRESPONSE']._serialized_start=1214
+  _globals['_MOUNTRESPONSE']._serialized_end=1291
+  _globals['_UNMOUNTREQUEST']._serialized_start=1293
+  _globals['_UNMOUNTREQUEST']._serialized_end=1363
+  _globals['_APPENDREQUEST']._serialized_start=1366
+  _globals['_APPENDREQUEST']._serialized_end=1579
+  _globals['_APPENDREQUESTS']._serialized_start=1582
+  _globals['_APPENDREQUESTS']._serialized_end=1922
+  _globals['_FEEDREQUEST']._serialized_start=1924
+  _globals['_FEEDREQUEST']._serialized_end=2006
+  _globals['_FEEDENTRIES']._serialized_start=2009
+  _globals['_FEEDENTRIES']._serialized_end=2150
+  _globals['_FEEDSUSPENDED']._serialized_start=2152
+  _globals['_FEEDSUSPENDED']._serialized_end=2204
+  _globals['_TRANSACTIONDATAREQUEST']._serialized_start=2206
+  _globals['_TRANSACTIONDATAREQUEST']._serialized_end=2291
+  _globals['_TRANSACTIONDATARESPONSE']._serialized_start=2294
+  _globals['_TRANSACTIONDATARESPONSE']._serialized_end=2452
+  _globals['_TRANSACTIONDATARANGEREQUEST']._serialized_start=2454
+  _globals['_TRANSACTIONDATARANGEREQUEST']._serialized_end=2565
+  _globals['_TRANSACTIONDATARANGERESPONSE']._serialized_start=2568
+  _globals['_TRANSACTIONDATARANGERESPONSE']._serialized_end=2738
+  _globals['_FLUSHREQUEST']._serialized_start=2740
+  _globals['_FLUSHREQUEST']._serialized_end=2791
+  _globals['_FLUSHRESPONSE']._serialized_start=2793
+  _globals['_FLUSHRESPONSE']._serialized_end=2869
+  _globals['_LOCKFAILURE']._serialized_start=2871
+  _globals['_LOCKFAILURE']._serialized_end=2945
+  _globals['_HIGHWATERMARKREQUEST']._serialized_start=2947
+  _globals['_HIGHWATERMARKREQUEST']._serialized_end=3006
+  _globals['_HIGHWATERMARKRESPONSE']._serialized_start=3008
+  _globals['_HIGHWATERMARKRESPONSE']._serialized_end=3092
+  _globals['_SERVERERROR']._serialized_start=3094
+  _globals['_SERVERERROR']._serialized_end=3161
+  _globals['_WALTZSERVERSERVICE']._serialized_start=3164
+  _globals['_WALTZSERVERSERVICE']._serialized_end=3471
 # @@protoc_insertion_point(module_scope)

@@ -73,6 +73,7 @@ class ClientMessage(_message.Message):
     HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
     UNMOUNT_FIELD_NUMBER: _builtins.int
     FEED_WINDOW_FIELD_NUMBER: _builtins.int
+    APPENDS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def mount(self) -> Global___MountRequest: ...
     @_builtins.property
@@ -87,6 +88,8 @@ class ClientMessage(_message.Message):
     def unmount(self) -> Global___UnmountRequest: ...
     @_builtins.property
     def feed_window(self) -> Global___FeedWindow: ...
+    @_builtins.property
+    def appends(self) -> Global___AppendRequests: ...
     def __init__(
         self,
         *,
@@ -97,12 +100,13 @@ class ClientMessage(_message.Message):
         high_water_mark: Global___HighWaterMarkRequest | None = ...,
         unmount: Global___UnmountRequest | None = ...,
         feed_window: Global___FeedWindow | None = ...,
+        appends: Global___AppendRequests | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "feed", b"feed", "feed_window", b"feed_window", "flush", b"flush", "high_water_mark", b"high_water_mark", "mount", b"mount", "unmount", b"unmount"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "appends", b"appends", "body", b"body", "feed", b"feed", "feed_window", b"feed_window", "flush", b"flush", "high_water_mark", b"high_water_mark", "mount", b"mount", "unmount", b"unmount"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "feed", b"feed", "feed_window", b"feed_window", "flush", b"flush", "high_water_mark", b"high_water_mark", "mount", b"mount", "unmount", b"unmount"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "appends", b"appends", "body", b"body", "feed", b"feed", "feed_window", b"feed_window", "flush", b"flush", "high_water_mark", b"high_water_mark", "mount", b"mount", "unmount", b"unmount"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["mount", "append", "feed", "flush", "high_water_mark", "unmount", "feed_window"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["mount", "append", "feed", "flush", "high_water_mark", "unmount", "feed_window", "appends"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -319,6 +323,83 @@ class AppendRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AppendRequest: _TypeAlias = AppendRequest  # noqa: Y015
+
+@_typing.final
+class AppendRequests(_message.Message):
+    """Appends of one partition in columns (docs/protocol.md "Appends"; not in upstream Waltz): row i
+    is the AppendRequest with ReqId (client_id, generation, partition_id, seq_nums[i]),
+    client_high_water_marks[i], headers[i], data[i] and checksums[i], handled as that many
+    AppendRequests in order would be. Each kind of lock hash is the rows' hashes back to back,
+    row i having *_lock_counts[i] of them; an empty count list means no such locks in any row.
+    The five row lists have the same length, at least 1.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    PARTITION_ID_FIELD_NUMBER: _builtins.int
+    SEQ_NUMS_FIELD_NUMBER: _builtins.int
+    CLIENT_HIGH_WATER_MARKS_FIELD_NUMBER: _builtins.int
+    HEADERS_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    CHECKSUMS_FIELD_NUMBER: _builtins.int
+    WRITE_LOCK_COUNTS_FIELD_NUMBER: _builtins.int
+    WRITE_LOCK_HASHES_FIELD_NUMBER: _builtins.int
+    READ_LOCK_COUNTS_FIELD_NUMBER: _builtins.int
+    READ_LOCK_HASHES_FIELD_NUMBER: _builtins.int
+    APPEND_LOCK_COUNTS_FIELD_NUMBER: _builtins.int
+    APPEND_LOCK_HASHES_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.int
+    generation: _builtins.int
+    partition_id: _builtins.int
+    @_builtins.property
+    def seq_nums(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def client_high_water_marks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def headers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def data(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
+    @_builtins.property
+    def checksums(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def write_lock_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def write_lock_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def read_lock_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def read_lock_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def append_lock_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def append_lock_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.int = ...,
+        generation: _builtins.int = ...,
+        partition_id: _builtins.int = ...,
+        seq_nums: _abc.Iterable[_builtins.int] | None = ...,
+        client_high_water_marks: _abc.Iterable[_builtins.int] | None = ...,
+        headers: _abc.Iterable[_builtins.int] | None = ...,
+        data: _abc.Iterable[_builtins.bytes] | None = ...,
+        checksums: _abc.Iterable[_builtins.int] | None = ...,
+        write_lock_counts: _abc.Iterable[_builtins.int] | None = ...,
+        write_lock_hashes: _abc.Iterable[_builtins.int] | None = ...,
+        read_lock_counts: _abc.Iterable[_builtins.int] | None = ...,
+        read_lock_hashes: _abc.Iterable[_builtins.int] | None = ...,
+        append_lock_counts: _abc.Iterable[_builtins.int] | None = ...,
+        append_lock_hashes: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append_lock_counts", b"append_lock_counts", "append_lock_hashes", b"append_lock_hashes", "checksums", b"checksums", "client_high_water_marks", b"client_high_water_marks", "client_id", b"client_id", "data", b"data", "generation", b"generation", "headers", b"headers", "partition_id", b"partition_id", "read_lock_counts", b"read_lock_counts", "read_lock_hashes", b"read_lock_hashes", "seq_nums", b"seq_nums", "write_lock_counts", b"write_lock_counts", "write_lock_hashes", b"write_lock_hashes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendRequests: _TypeAlias = AppendRequests  # noqa: Y015
 
 @_typing.final
 class FeedRequest(_message.Message):

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
+from waltz.services.server.appends import AppendRow, append_rows
 from waltz.services.server.partition import FeedColumns, Partition
 
 __all__ = ["WaltzServerServicer"]
@@ -174,6 +175,8 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
             connection.send(_error(None, "empty client message"))
             return None
         body: Any = getattr(message, kind)
+        if kind == "appends":
+            return self._dispatch_appends(connection, body, partitions)
         req_id = body.req_id
         connection.client_id = req_id.client_id
         partition = partitions.get(req_id.partition_id)
@@ -187,8 +190,9 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
             return None  # appends, unmounts, ... for a partition not here are dropped (docs/protocol.md)
         seq = connection.network_seq.get(req_id.partition_id, -1)
         if kind == "append":
-            if not partition.append_now(connection, body, seq):
-                return partition.append(connection, body, seq)
+            row = AppendRow.from_proto(body)
+            if not partition.append_now(connection, row, seq):
+                return partition.append(connection, row, seq)
         elif kind == "mount":
             connection.network_seq[req_id.partition_id] = body.seq_num
             spawn(partition.mount(connection, body))
@@ -204,6 +208,33 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
             connection.send(
                 _error(req_id, "feed requests are not used: mount the partition to start its feed")
             )
+        return None
+
+    def _dispatch_appends(
+        self,
+        connection: _Connection,
+        message: client_pb2.AppendRequests,
+        partitions: Mapping[int, Partition],
+    ) -> Coroutine[Any, Any, None] | None:
+        """Append the rows of an ``AppendRequests`` in order (``docs/protocol.md`` "Appends"), as
+        many ``AppendRequest`` messages would be; returns what to await before the next message
+        when a row has to wait (the rows after it wait too)."""
+        connection.client_id = message.client_id
+        partition = partitions.get(message.partition_id)
+        if partition is None or partition.closed:
+            return None  # dropped, as appends for a partition not here are
+        try:
+            rows = append_rows(message)
+        except ValueError as exc:
+            connection.send(
+                _error(None, f"malformed AppendRequests for partition {message.partition_id}: {exc}")
+            )
+            return None
+        seq = connection.network_seq.get(message.partition_id, -1)
+        append_now = partition.append_now
+        for index, row in enumerate(rows):
+            if not append_now(connection, row, seq):
+                return _append_in_turn(partition, connection, rows[index:], seq)
         return None
 
     async def _data_range(
@@ -267,6 +298,17 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
             data=[data for data, _ in found],
             checksums=[checksum for _, checksum in found],
         )
+
+
+async def _append_in_turn(
+    partition: Partition, connection: _Connection, rows: list[AppendRow], network_seq: int
+) -> None:
+    """Append rows one after the other, each waiting as it needs (recovery, room in the store);
+    the rest is dropped if the partition closes meanwhile."""
+    for row in rows:
+        if partition.closed:
+            return
+        await partition.append(connection, row, network_seq)
 
 
 def _error(req_id: Any, message: str) -> client_pb2.ServerMessage:

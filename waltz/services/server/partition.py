@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from waltz.errors import WaltzError
 from waltz.protocol import client_pb2, common_pb2
 from waltz.protocol.records import Record, ReqId
+from waltz.services.server.appends import AppendRow
 from waltz.services.server.lock_table import DEFAULT_HASH_COUNT, DEFAULT_SIZE, LockTable, PendingLocks
 from waltz.services.server.store.partition import StorePartition
 
@@ -183,7 +184,7 @@ class _InFlight:
         self.slots = slots  # lock table slots of its WRITE and APPEND locks (raised on commit)
         self.hashes = hashes  # its WRITE and APPEND lock hashes (held in flight until resolved)
         self.received = received
-        self.waiters: list[tuple[ClientConnection, common_pb2.ReqId]] | None = None
+        self.waiters: list[tuple[ClientConnection, ReqId]] | None = None
 
     def resolved(self, transaction_id: int, error: BaseException | None) -> None:
         self.partition._resolved(self, None if error is not None else transaction_id)
@@ -289,7 +290,7 @@ class Partition:
         """Drop messages of another generation, or of an older connection of the same client."""
         return self._sender(req_id, network_seq) is None
 
-    def _sender(self, req_id: common_pb2.ReqId, network_seq: int) -> _ClientState | None:
+    def _sender(self, req_id: common_pb2.ReqId | ReqId, network_seq: int) -> _ClientState | None:
         """The state of the client that sent a message, or None (counted as dropped) when the
         message is stale: of another generation, or of an older connection of that client."""
         if req_id.generation != self.generation:
@@ -303,9 +304,7 @@ class Partition:
 
     # ---- appends ----
 
-    async def append(
-        self, connection: ClientConnection, request: client_pb2.AppendRequest, network_seq: int
-    ) -> None:
+    async def append(self, connection: ClientConnection, row: AppendRow, network_seq: int) -> None:
         """Handle an append request (seed 000 "Append Task", ``docs/protocol.md`` "Append").
 
         Waits for the partition's recovery and for room in the store first (back pressure);
@@ -317,11 +316,9 @@ class Partition:
         while self._full() and not self.store.closed:
             self._capacity.clear()
             await self._capacity.wait()
-        self._append(table, connection, request, network_seq)
+        self._append(table, connection, row, network_seq)
 
-    def append_now(
-        self, connection: ClientConnection, request: client_pb2.AppendRequest, network_seq: int
-    ) -> bool:
+    def append_now(self, connection: ClientConnection, row: AppendRow, network_seq: int) -> bool:
         """Handle an append at once when nothing needs waiting for (the common case).
 
         Returns:
@@ -331,39 +328,34 @@ class Partition:
         table = self._lock_table
         if table is None or self._full():
             return False
-        self._append(table, connection, request, network_seq)
+        self._append(table, connection, row, network_seq)
         return True
 
     def _append(
         self,
         table: LockTable,
         connection: ClientConnection,
-        request: client_pb2.AppendRequest,
+        row: AppendRow,
         network_seq: int,
     ) -> None:
-        proto_req = request.req_id
-        state = self._sender(proto_req, network_seq)
+        req_id, mark, write_hashes, read_hashes, append_hashes, header, data, checksum = row
+        state = self._sender(req_id, network_seq)
         if state is None:
             return
-        data = request.data
-        checksum = request.checksum
         if zlib.crc32(data) != checksum:
-            connection.send(_error(proto_req, "append data does not match its checksum: resend it"))
+            connection.send(_error(req_id.to_proto(), "append data does not match its checksum: resend it"))
             return
-        # Each lock's hash is read from the message once, and its slots computed once: they serve
-        # the check, the locks in flight and the update.
-        write_hashes = tuple(request.write_lock_hashes)
-        read_hashes = tuple(request.read_lock_hashes)
-        append_hashes = tuple(request.append_lock_hashes)
+        # Each lock's slots are computed once: they serve the check, the locks in flight and the
+        # update.
         slots_of = table.slots_of
         write_slots = slots_of(write_hashes) if write_hashes else []
         checked_slots = write_slots + slots_of(read_hashes) if read_hashes else write_slots
         pending = self._pending_locks
         if checked_slots:
-            conflict = table.conflict_in_slots(request.client_high_water_mark, checked_slots)
+            conflict = table.conflict_in_slots(mark, checked_slots)
             if conflict is not None:
                 self.lock_failures += 1
-                connection.send(_lock_failure(proto_req, conflict))
+                connection.send(_lock_failure(req_id, conflict))
                 return
             held, holder = pending.holder(write_hashes + read_hashes)
             if held:
@@ -371,9 +363,9 @@ class Partition:
                 # resolves (or, with no holder to name, the high-water mark now).
                 self.lock_failures += 1
                 if holder is None:
-                    connection.send(_lock_failure(proto_req, self.high_water_mark))
+                    connection.send(_lock_failure(req_id, self.high_water_mark))
                 else:
-                    self._defer_lock_failure(connection, proto_req, holder)
+                    self._defer_lock_failure(connection, req_id, holder)
                 return
         state.pending += 1
         if state.pending == 1:
@@ -392,7 +384,7 @@ class Partition:
         # Resolved within the commit (no future, no loop round per append): the lock table is
         # raised, and the lock failures waiting for this append are sent, in the same step that
         # hands the transaction to the feed, just before it.
-        self.store.enqueue(ReqId.from_proto(proto_req), request.header, data, checksum, entry.resolved)
+        self.store.enqueue(req_id, header, data, checksum, entry.resolved)
 
     def _resolved(self, entry: _InFlight, transaction_id: int | None) -> None:
         """An append left the store: committed as ``transaction_id``, or failed (None)."""
@@ -423,9 +415,7 @@ class Partition:
             or self.store.pending_bytes >= config.max_pending_bytes
         )
 
-    def _defer_lock_failure(
-        self, connection: ClientConnection, req_id: common_pb2.ReqId, blocking: _InFlight
-    ) -> None:
+    def _defer_lock_failure(self, connection: ClientConnection, req_id: ReqId, blocking: _InFlight) -> None:
         """Refuse an append whose lock a pending append holds, once that one is resolved (the
         failure then names its transaction, or the high-water mark when it failed)."""
         if blocking.waiters is None:
@@ -739,9 +729,9 @@ class Partition:
         return found
 
 
-def _lock_failure(req_id: common_pb2.ReqId, transaction_id: int) -> client_pb2.ServerMessage:
+def _lock_failure(req_id: ReqId, transaction_id: int) -> client_pb2.ServerMessage:
     return client_pb2.ServerMessage(
-        lock_failure=client_pb2.LockFailure(req_id=req_id, transaction_id=transaction_id)
+        lock_failure=client_pb2.LockFailure(req_id=req_id.to_proto(), transaction_id=transaction_id)
     )
 
 

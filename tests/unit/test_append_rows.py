@@ -1,0 +1,76 @@
+"""Reading an AppendRequests into rows (waltz.services.server.appends, docs/protocol.md "Appends")."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from waltz.protocol import client_pb2
+from waltz.protocol.records import ReqId
+from waltz.services.server.appends import AppendRow, append_rows
+
+I32 = st.integers(-(2**31), 2**31 - 1)
+LOCKS = st.lists(I32, max_size=3).map(tuple)
+ROW = st.tuples(
+    st.integers(0, 2**31 - 1), st.integers(-1, 2**40), LOCKS, LOCKS, LOCKS, I32, st.binary(max_size=8)
+)
+#: seq_num, client high-water mark, write, read and append lock hashes, header, data.
+Row = tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...], int, bytes]
+
+
+def columns(rows: list[Row]) -> client_pb2.AppendRequests:
+    message = client_pb2.AppendRequests(client_id=7, generation=3, partition_id=1)
+    for seq, mark, write, read, append, header, data in rows:
+        message.seq_nums.append(seq)
+        message.client_high_water_marks.append(mark)
+        message.headers.append(header)
+        message.data.append(data)
+        message.checksums.append(len(data))
+        for counts, hashes, locks in (
+            (message.write_lock_counts, message.write_lock_hashes, write),
+            (message.read_lock_counts, message.read_lock_hashes, read),
+            (message.append_lock_counts, message.append_lock_hashes, append),
+        ):
+            counts.append(len(locks))
+            hashes.extend(locks)
+    return message
+
+
+@given(st.lists(ROW, min_size=1, max_size=6), st.booleans())
+def test_rows_are_the_columns_read_back(rows: list[Row], drop_empty_counts: bool) -> None:
+    message = columns(rows)
+    if drop_empty_counts:  # a kind no row has may come without counts
+        for counts, hashes in (
+            (message.write_lock_counts, message.write_lock_hashes),
+            (message.read_lock_counts, message.read_lock_hashes),
+            (message.append_lock_counts, message.append_lock_hashes),
+        ):
+            if not hashes:
+                del counts[:]
+    assert append_rows(message) == [
+        AppendRow(ReqId(7, 3, 1, seq), mark, write, read, append, header, data, len(data))
+        for seq, mark, write, read, append, header, data in rows
+    ]
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (lambda m: m.headers.append(1), "must be as long as seq_nums"),
+        (lambda m: m.data.pop(), "must be as long as seq_nums"),
+        (lambda m: m.write_lock_hashes.append(5), "add up to"),
+        (lambda m: m.read_lock_counts.append(0), "read_lock_counts for 2 rows"),
+        (lambda m: (m.append_lock_hashes.append(5), m.ClearField("append_lock_counts")), "no append_lock"),
+    ],
+)
+def test_malformed_columns_are_refused(damage, says: str) -> None:  # type: ignore[no-untyped-def]
+    message = columns([(1, 0, (9,), (), (), 0, b"a"), (2, 0, (8, 7), (), (), 0, b"b")])
+    damage(message)
+    with pytest.raises(ValueError, match=says):
+        append_rows(message)
+
+
+def test_no_rows_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        append_rows(client_pb2.AppendRequests(client_id=7))
