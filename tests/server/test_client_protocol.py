@@ -110,6 +110,15 @@ class RawClient:
         )
         return req_id
 
+    async def mount_at_high_water_mark(self) -> int:
+        """Mount from the start (the feed replays what is there) and return the partition's
+        high-water mark, asked after the mount was answered."""
+        self.mount(-1)
+        assert (await self.next("mount")).mount.partition_ready
+        request = client_pb2.HighWaterMarkRequest(req_id=self.req_id())
+        self.outgoing.put_nowait(client_pb2.ClientMessage(high_water_mark=request))
+        return (await self.next("high_water_mark")).high_water_mark.transaction_id
+
     def feed_window(self, window_end: int, generation: int | None = None) -> common_pb2.ReqId:
         req_id = self.req_id(generation)
         self.outgoing.put_nowait(
@@ -276,12 +285,7 @@ def test_appends_in_columns_are_handled_row_by_row_in_order(cluster: LocalCluste
     async def scenario() -> None:
         a = RawClient(endpoint, 903, generation)
         try:
-            a.mount(-1)
-            assert (await a.next("mount")).mount.partition_ready
-            a.outgoing.put_nowait(
-                client_pb2.ClientMessage(high_water_mark=client_pb2.HighWaterMarkRequest(req_id=a.req_id()))
-            )
-            start = (await a.next("high_water_mark")).high_water_mark.transaction_id
+            start = await a.mount_at_high_water_mark()
             lock, other, third = 0x4321, 0x8765, 0x9876
             seqs = [a.req_id().seq_num for _ in range(4)]
             data = [b"row 0", b"row 1", b"row 2", b"row 3"]
@@ -355,12 +359,7 @@ def test_data_ranges_come_in_pages_from_cache_and_storage(cluster: LocalCluster)
     async def scenario() -> None:
         a = RawClient(endpoint, 905, generation)
         try:
-            a.mount(-1)
-            assert (await a.next("mount")).mount.partition_ready
-            a.outgoing.put_nowait(
-                client_pb2.ClientMessage(high_water_mark=client_pb2.HighWaterMarkRequest(req_id=a.req_id()))
-            )
-            start = (await a.next("high_water_mark")).high_water_mark.transaction_id
+            start = await a.mount_at_high_water_mark()
             for i, data in enumerate(datas):
                 a.append(start + i, data)
             first = start + 1
