@@ -257,3 +257,46 @@ def test_wire_records_are_checked_before_encoding(
         return
     assert [r.transaction_id for _, r in fmt.iter_records(encoded)] == list(range(first, first + len(wire)))
     assert len(offsets) == len(wire)
+
+
+@fuzz_settings()
+@given(
+    st.lists(st.tuples(INT32, INT32, INT32, INT32, st.binary(max_size=32)), min_size=1, max_size=5),
+    INT64,
+    INT32,
+    st.sampled_from(["client_ids", "generations", "seq_nums", "headers", "data", "checksums", None]),
+)
+def test_record_columns_encode_as_the_same_records_do(
+    fields: list[tuple[int, int, int, int, bytes]], first: int, partition_id: int, shorter: str | None
+) -> None:
+    """``AppendRequest.columns`` (storage.proto ``RecordColumns``) is the same records as messages:
+    the same bytes on disk; columns of different lengths are refused."""
+    from waltz.protocol import common_pb2, storage_pb2
+
+    records = [
+        common_pb2.Record(
+            transaction_id=first + i,
+            req_id=common_pb2.ReqId(client_id=c, generation=g, partition_id=partition_id, seq_num=s),
+            header=h,
+            data=data,
+            checksum=zlib.crc32(data),
+        )
+        for i, (c, g, s, h, data) in enumerate(fields)
+    ]
+    columns = storage_pb2.RecordColumns(
+        first_transaction_id=first,
+        client_ids=[f[0] for f in fields],
+        generations=[f[1] for f in fields],
+        seq_nums=[f[2] for f in fields],
+        headers=[f[3] for f in fields],
+        data=[f[4] for f in fields],
+        checksums=[zlib.crc32(f[4]) for f in fields],
+    )
+    if shorter is not None:
+        del getattr(columns, shorter)[-1]
+        with pytest.raises(fmt.RecordOrderError, match=f"differ in length.*{shorter} {len(fields) - 1}"):
+            fmt.encode_wire_rows(fmt.column_rows(columns, partition_id), first)
+        return
+    assert fmt.encode_wire_rows(fmt.column_rows(columns, partition_id), first) == fmt.encode_wire_records(
+        records, first
+    )

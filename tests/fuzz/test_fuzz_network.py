@@ -291,6 +291,21 @@ WIRE_RECORD = st.builds(
 )
 
 
+#: Record columns (storage.proto RecordColumns), of equal lengths or not, with good or bad CRCs.
+WIRE_COLUMNS = st.integers(0, 3).flatmap(
+    lambda n: st.builds(
+        storage_pb2.RecordColumns,
+        first_transaction_id=SMALL | I64,
+        client_ids=st.lists(I32, min_size=n, max_size=n),
+        generations=st.lists(I32, min_size=n, max_size=n + 1),
+        seq_nums=st.lists(I32, min_size=n, max_size=n),
+        headers=st.lists(I32, min_size=max(0, n - 1), max_size=n),
+        data=st.lists(st.binary(max_size=20), min_size=n, max_size=n),
+        checksums=st.lists(st.integers(0, 2**32 - 1), min_size=n, max_size=n),
+    )
+)
+
+
 @st.composite
 def storage_requests(draw: st.DrawFn) -> list[storage_pb2.StorageRequest]:
     bodies = {
@@ -298,7 +313,8 @@ def storage_requests(draw: st.DrawFn) -> list[storage_pb2.StorageRequest]:
         "max_transaction_id": st.just(storage_pb2.MaxTransactionIdRequest()),
         "truncate": st.builds(storage_pb2.TruncateRequest, transaction_id=SMALL | I64),
         "set_low_water_mark": st.builds(storage_pb2.SetLowWaterMarkRequest, low_water_mark=SMALL | I64),
-        "append": st.builds(storage_pb2.AppendRequest, records=st.lists(WIRE_RECORD, max_size=3)),
+        "append": st.builds(storage_pb2.AppendRequest, records=st.lists(WIRE_RECORD, max_size=3))
+        | st.builds(storage_pb2.AppendRequest, columns=WIRE_COLUMNS),
         "record_header": st.builds(storage_pb2.RecordHeaderRequest, transaction_id=SMALL | I64),
         "record": st.builds(storage_pb2.RecordRequest, transaction_id=SMALL | I64),
         "record_header_list": st.builds(

@@ -353,6 +353,17 @@ class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
         self, request: server_pb2.AppendRecordsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> server_pb2.AppendRecordsResponse:
         partition = await self._partition(request.partition_id, context)
+        target = request.partition_id
+        strays = [t.req_id.partition_id for t in request.transactions if t.req_id.partition_id != target]
+        if strays:
+            # A record's ReqId names the partition it is in (the store sends it in columns
+            # without one: storage.proto RecordColumns).
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{len(strays)} transaction(s) carry a ReqId of partition {strays[0]}, "
+                f"not of partition {request.partition_id} they are appended to",
+            )
+            raise AssertionError("unreachable")  # abort raises
         started = time.perf_counter()
         futures = [
             partition.submit(ReqId.from_proto(t.req_id), t.header, t.data) for t in request.transactions

@@ -25,12 +25,12 @@ import struct
 import time
 import uuid
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from waltz.errors import CorruptDataError
-from waltz.protocol import common_pb2
+from waltz.protocol import common_pb2, storage_pb2
 from waltz.protocol.records import Record, RecordHeader, ReqId
 
 __all__ = [
@@ -52,6 +52,8 @@ __all__ = [
     "RecordOrderError",
     "RecordProblem",
     "SegmentHeader",
+    "WireRow",
+    "column_rows",
     "control_file_size",
     "decode_control_file",
     "decode_fence_slot",
@@ -62,6 +64,7 @@ __all__ = [
     "encode_record",
     "encode_records",
     "encode_wire_records",
+    "encode_wire_rows",
     "fence_slot_offset",
     "iter_records",
     "now_ms",
@@ -69,6 +72,7 @@ __all__ = [
     "partition_info_struct_offset",
     "record_size",
     "segment_file_name",
+    "wire_rows",
 ]
 
 FORMAT_VERSION: Final = 1
@@ -350,9 +354,68 @@ class RecordOrderError(ValueError):
     """A record of a batch does not carry the expected transaction ID or a valid data CRC."""
 
 
+#: A record as the append path encodes it: transaction ID, the ReqId's client ID, generation,
+#: partition and sequence number, header, data, and the CRC-32 of the data as the writer sent it.
+WireRow = tuple[int, int, int, int, int, int, bytes, int]
+
+
+def wire_rows(records: Iterable[common_pb2.Record]) -> Iterator[WireRow]:
+    """The rows of records received as messages (``AppendRequest.records``)."""
+    for record in records:
+        req = record.req_id
+        yield (
+            record.transaction_id,
+            req.client_id,
+            req.generation,
+            req.partition_id,
+            req.seq_num,
+            record.header,
+            record.data,
+            record.checksum,
+        )
+
+
+def column_rows(columns: storage_pb2.RecordColumns, partition_id: int) -> Iterator[WireRow]:
+    """The rows of records received in columns (``AppendRequest.columns``) for ``partition_id``.
+
+    Raises:
+        RecordOrderError: the columns differ in length (when the rows are read).
+    """
+    client_ids = columns.client_ids
+    count = len(client_ids)
+    lengths = {
+        "generations": len(columns.generations),
+        "seq_nums": len(columns.seq_nums),
+        "headers": len(columns.headers),
+        "data": len(columns.data),
+        "checksums": len(columns.checksums),
+    }
+    if any(length != count for length in lengths.values()):
+        others = ", ".join(f"{name} {length}" for name, length in lengths.items())
+        raise RecordOrderError(f"record columns differ in length: client_ids {count}, {others}")
+    first = columns.first_transaction_id
+    for index, (client_id, generation, seq_num, header, data, checksum) in enumerate(
+        zip(
+            client_ids,
+            columns.generations,
+            columns.seq_nums,
+            columns.headers,
+            columns.data,
+            columns.checksums,
+            strict=True,
+        )
+    ):
+        yield first + index, client_id, generation, partition_id, seq_num, header, data, checksum
+
+
 def encode_wire_records(
     records: Sequence[common_pb2.Record], first_transaction_id: int
 ) -> tuple[bytes, list[int]]:
+    """:func:`encode_wire_rows` of records received as messages."""
+    return encode_wire_rows(wire_rows(records), first_transaction_id)
+
+
+def encode_wire_rows(rows: Iterable[WireRow], first_transaction_id: int) -> tuple[bytes, list[int]]:
     """Encode records as received on the wire straight into their on-disk form.
 
     The batch must hold consecutive transaction IDs from ``first_transaction_id`` on, each with
@@ -371,27 +434,16 @@ def encode_wire_records(
     offsets: list[int] = []
     position = 0
     expected = first_transaction_id
-    for record in records:
-        if record.transaction_id != expected:
+    for transaction_id, client_id, generation, partition_id, seq_num, header, data, checksum in rows:
+        if transaction_id != expected:
             raise RecordOrderError(
-                f"append of transaction {record.transaction_id}, expected {expected} "
+                f"append of transaction {transaction_id}, expected {expected} "
                 "(records must follow the max transaction ID in order)"
             )
-        data = record.data
         data_crc = crc(data)
-        if data_crc != record.checksum:
+        if data_crc != checksum:
             raise RecordOrderError(f"transaction {expected} has a data checksum that does not match its data")
-        req = record.req_id
-        head = pack(
-            expected,
-            req.client_id,
-            req.generation,
-            req.partition_id,
-            req.seq_num,
-            record.header,
-            len(data),
-            data_crc,
-        )
+        head = pack(expected, client_id, generation, partition_id, seq_num, header, len(data), data_crc)
         parts.append(head)
         parts.append(data)
         parts.append(pack_crc(crc(data, crc(head))))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +24,6 @@ from waltz.errors import (
     ProtocolError,
     SessionFencedError,
 )
-from waltz.protocol import common_pb2
 from waltz.protocol.records import Record, RecordHeader
 from waltz.services.storage import format as fmt
 from waltz.services.storage.control_file import ControlFile
@@ -270,10 +269,11 @@ class StoragePartition:
             DiskFullError: no space left; the log is unchanged.
             PartitionUnavailableError: writes are switched off.
         """
-        self.append_wire([r.to_proto() for r in records])
+        self.append_rows((r.transaction_id, *r.req_id, r.header, r.data, r.checksum) for r in records)
 
-    def append_wire(self, records: Sequence[common_pb2.Record]) -> int:
-        """Append records as received on the wire (the storage service's path); flush once.
+    def append_rows(self, rows: Iterable[fmt.WireRow]) -> int:
+        """Append records as received on the wire (the storage service's path: rows of
+        :func:`format.wire_rows` or :func:`format.column_rows`); flush once.
 
         Returns:
             The number of transaction data bytes appended.
@@ -282,8 +282,6 @@ class StoragePartition:
             As :meth:`append`.
         """
         self._require_writable()
-        if not records:
-            return 0
         corruption = self.corruption
         if corruption is not None:
             raise CorruptDataError(
@@ -294,9 +292,11 @@ class StoragePartition:
                 transaction_id=corruption.transaction_id,
             )
         try:
-            encoded, offsets = fmt.encode_wire_records(records, self.max_transaction_id + 1)
+            encoded, offsets = fmt.encode_wire_rows(rows, self.max_transaction_id + 1)
         except fmt.RecordOrderError as exc:
             raise ProtocolError(f"partition {self.partition_id}: {exc}") from None
+        if not offsets:
+            return 0
         segment = self._segments[-1]
         segment.append(encoded, offsets)
         if segment.valid_end >= self._threshold:

@@ -13,8 +13,9 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import Final
 
 import grpc
@@ -30,7 +31,8 @@ from waltz.errors import (
     SessionFencedError,
     StorageNotInitializedError,
 )
-from waltz.protocol import common_pb2, storage_pb2, storage_pb2_grpc
+from waltz.protocol import storage_pb2, storage_pb2_grpc
+from waltz.services.storage import format as fmt
 from waltz.services.storage.metrics import StorageMetrics
 from waltz.services.storage.node import StorageNode
 from waltz.services.storage.partition import StoragePartition
@@ -295,8 +297,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
 
         def work() -> None:
             partition.check_session(first.session_id)
-            records = [r for request in group for r in request.append.records]
-            self._append(partition, records)
+            self._append(partition, chain.from_iterable(_rows(request) for request in group))
 
         try:
             await self._node.run(
@@ -310,13 +311,14 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         self._metrics.requests.labels("append", "ok").inc(len(group))
         return [_response(request, success=storage_pb2.SuccessResponse()) for request in group]
 
-    def _append(self, partition: StoragePartition, records: Sequence[common_pb2.Record]) -> None:
+    def _append(self, partition: StoragePartition, rows: Iterable[fmt.WireRow]) -> None:
         started = time.perf_counter()
-        data_bytes = partition.append_wire(records)
+        before = partition.max_transaction_id
+        data_bytes = partition.append_rows(rows)
         label = str(partition.partition_id)
         self._metrics.append_seconds.observe(time.perf_counter() - started)
         self._metrics.append_flushes.labels(label).inc()
-        self._metrics.appended_records.labels(label).inc(len(records))
+        self._metrics.appended_records.labels(label).inc(partition.max_transaction_id - before)
         self._metrics.appended_bytes.labels(label).inc(data_bytes)
         self._metrics.max_transaction_id.labels(label).set(partition.max_transaction_id)
 
@@ -369,7 +371,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             partition.set_low_water_mark(request.session_id, request.set_low_water_mark.low_water_mark)
             return _response(request, success=storage_pb2.SuccessResponse())
         if kind == "append":
-            self._append(partition, request.append.records)
+            self._append(partition, _rows(request))
             return _response(request, success=storage_pb2.SuccessResponse())
         if kind == "record_header":
             record = partition.read_record(request.record_header.transaction_id)
@@ -412,6 +414,14 @@ def _positive(max_records: int) -> int:
     if max_records <= 0:
         raise ProtocolError(f"max number of records must be positive, got {max_records}")
     return max_records
+
+
+def _rows(request: storage_pb2.StorageRequest) -> Iterator[fmt.WireRow]:
+    """The records of an append request, in columns or as messages (``AppendRequest``)."""
+    append = request.append
+    if append.HasField("columns"):
+        return fmt.column_rows(append.columns, request.partition_id)
+    return fmt.wire_rows(append.records)
 
 
 def _response(request: storage_pb2.StorageRequest, **body: object) -> storage_pb2.StorageResponse:
