@@ -163,6 +163,13 @@ def test_sigterm_moves_partitions_without_waiting_for_the_session_timeout(
     async def scenario() -> None:
         first = await wait_writable_owner(cluster)
         assert await append_via_owner(cluster, 0) == 0
+        # A ReqId of another partition is refused (nothing appended: the next append is 1).
+        _, generation = owner(cluster)
+        async with ServerAdminClient(first, timeout=10) as client:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await client.append(0, [(ReqId(5, generation, 3, 77), 0, payload(77))])
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "partition 3" in (refused.value.details() or "")
         victim = next(s for s in servers if s.endpoint == first)
         started = time.monotonic()
         assert victim.stop() == 0
