@@ -178,14 +178,15 @@ class TransactionBuilder:
     def build(self) -> AppendPayload:
         """The append payload: lock hashes, header, data and its CRC-32."""
 
-        return AppendPayload(
-            client_high_water_mark=self._high_water_mark,
-            write_locks=_hashes(self._write_locks),
-            read_locks=_hashes(self._read_locks),
-            append_locks=_hashes(self._append_locks),
-            header=self._header,
-            data=self._data,
-            checksum=crc32(self._data),
+        data = self._data
+        return AppendPayload(  # positional: half the cost of keywords, once per attempt
+            self._high_water_mark,
+            _hashes(self._write_locks),
+            _hashes(self._read_locks),
+            _hashes(self._append_locks),
+            self._header,
+            data,
+            crc32(data),
         )
 
 
