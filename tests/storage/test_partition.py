@@ -218,6 +218,7 @@ def test_corruption_before_the_tail_is_reported_and_never_cut(store: Store) -> N
     assert (info.value.partition_id, info.value.offset, info.value.transaction_id) == (0, offset_of_10, 10)
     with pytest.raises(CorruptDataError, match="truncate"):
         partition.append(make_records(10, 1))
+    assert partition.append_rows(iter(())) == 0  # appending nothing is no error
     # Reopening again finds the same corruption: it is never cut away at start-up.
     partition = store.reopen()
     assert partition.corruption is not None and segment.stat().st_size == size

@@ -16,6 +16,7 @@ import shutil
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 from waltz.errors import (
@@ -282,21 +283,23 @@ class StoragePartition:
             As :meth:`append`.
         """
         self._require_writable()
-        corruption = self.corruption
-        if corruption is not None:
-            raise CorruptDataError(
-                f"cannot append after corruption: {corruption.reason}; truncate the partition below it",
-                path=str(self._segments[-1].data_path),
-                partition_id=self.partition_id,
-                offset=corruption.offset,
-                transaction_id=corruption.transaction_id,
-            )
+        rows = iter(rows)
         try:
-            encoded, offsets = fmt.encode_wire_rows(rows, self.max_transaction_id + 1)
+            first = next(rows, None)  # nothing to append is no error, even after corruption
+            if first is None:
+                return 0
+            corruption = self.corruption
+            if corruption is not None:
+                raise CorruptDataError(
+                    f"cannot append after corruption: {corruption.reason}; truncate the partition below it",
+                    path=str(self._segments[-1].data_path),
+                    partition_id=self.partition_id,
+                    offset=corruption.offset,
+                    transaction_id=corruption.transaction_id,
+                )
+            encoded, offsets = fmt.encode_wire_rows(chain((first,), rows), self.max_transaction_id + 1)
         except fmt.RecordOrderError as exc:
             raise ProtocolError(f"partition {self.partition_id}: {exc}") from None
-        if not offsets:
-            return 0
         segment = self._segments[-1]
         segment.append(encoded, offsets)
         if segment.valid_end >= self._threshold:
