@@ -53,7 +53,7 @@ from waltz.client.transaction import Transaction, TransactionDataSource
 from waltz.client.waiting import ConcurrencyLimit, Watermark
 from waltz.errors import ProtocolError
 from waltz.protocol import client_pb2
-from waltz.protocol.records import ReqId
+from waltz.protocol.records import ReqId, unequal_columns
 
 __all__ = ["ClientPartition", "PartitionHost", "PartitionState"]
 
@@ -570,15 +570,20 @@ class ClientPartition:
         seq_nums = list(feed.seq_nums)
         headers = list(feed.headers)
         count = len(client_ids)
-        if not count or not count == len(generations) == len(seq_nums) == len(headers):
+        problem = unequal_columns(
+            {
+                "client_ids": count,
+                "generations": len(generations),
+                "seq_nums": len(seq_nums),
+                "headers": len(headers),
+            }
+        )
+        if problem is not None or not count:
             log.warning(
-                "partition %d: %s sent feed entries with columns of %d, %d, %d and %d; mounting again",
+                "partition %d: %s sent feed entries whose %s; mounting again",
                 self.partition_id,
                 connection.endpoint,
-                count,
-                len(generations),
-                len(seq_nums),
-                len(headers),
+                problem or "columns hold no entry",
             )
             self.remount("malformed feed entries")
             return

@@ -6,16 +6,30 @@ Source: seed 000 "Request ID (ReqId)"; seed 004 "RecordHeader" and "Record".
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from waltz.protocol import common_pb2
 
-__all__ = ["Record", "RecordHeader", "ReqId", "crc32"]
+__all__ = ["Record", "RecordHeader", "ReqId", "crc32", "unequal_columns"]
 
 
 def crc32(data: bytes | bytearray | memoryview) -> int:
     """Return the CRC-32 (IEEE 802.3, as ``java.util.zip.CRC32``) of ``data`` as an unsigned int."""
     return zlib.crc32(data) & 0xFFFFFFFF
+
+
+def unequal_columns(lengths: Mapping[str, int]) -> str | None:
+    """Why the columns of a message in column form (``FeedEntries``, ``AppendRequests``,
+    ``RecordColumns``) do not make rows: None when every column is as long as the first.
+
+    Args:
+        lengths: each column's name and length, in the message's order.
+    """
+    counts = list(lengths.values())
+    if all(count == counts[0] for count in counts):
+        return None
+    return "columns differ in length: " + ", ".join(f"{name} {count}" for name, count in lengths.items())
 
 
 class ReqId(NamedTuple):

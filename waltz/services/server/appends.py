@@ -13,7 +13,7 @@ from itertools import repeat
 from typing import NamedTuple
 
 from waltz.protocol import client_pb2
-from waltz.protocol.records import ReqId
+from waltz.protocol.records import ReqId, unequal_columns
 
 __all__ = ["AppendRow", "append_rows"]
 
@@ -55,15 +55,17 @@ def append_rows(message: client_pb2.AppendRequests) -> list[AppendRow]:
     """
     seq_nums = message.seq_nums
     count = len(seq_nums)
-    columns = {
-        "client_high_water_marks": len(message.client_high_water_marks),
-        "headers": len(message.headers),
-        "data": len(message.data),
-        "checksums": len(message.checksums),
-    }
-    if count == 0 or any(length != count for length in columns.values()):
-        lengths = ", ".join(f"{name} {length}" for name, length in columns.items())
-        raise ValueError(f"its row columns must be as long as seq_nums ({count}, at least 1): {lengths}")
+    problem = unequal_columns(
+        {
+            "seq_nums": count,
+            "client_high_water_marks": len(message.client_high_water_marks),
+            "headers": len(message.headers),
+            "data": len(message.data),
+            "checksums": len(message.checksums),
+        }
+    )
+    if problem is not None or count == 0:
+        raise ValueError(f"its {problem or 'columns hold no row'}")
     writes = _split("write", message.write_lock_counts, message.write_lock_hashes, count)
     reads = _split("read", message.read_lock_counts, message.read_lock_hashes, count)
     appends = _split("append", message.append_lock_counts, message.append_lock_hashes, count)

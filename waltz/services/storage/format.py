@@ -31,7 +31,7 @@ from typing import Final
 
 from waltz.errors import CorruptDataError
 from waltz.protocol import common_pb2, storage_pb2
-from waltz.protocol.records import Record, RecordHeader, ReqId
+from waltz.protocol.records import Record, RecordHeader, ReqId, unequal_columns
 
 __all__ = [
     "CONTROL_FILE_NAME",
@@ -382,17 +382,18 @@ def column_rows(columns: storage_pb2.RecordColumns, partition_id: int) -> Iterat
         RecordOrderError: the columns differ in length (when the rows are read).
     """
     client_ids = columns.client_ids
-    count = len(client_ids)
-    lengths = {
-        "generations": len(columns.generations),
-        "seq_nums": len(columns.seq_nums),
-        "headers": len(columns.headers),
-        "data": len(columns.data),
-        "checksums": len(columns.checksums),
-    }
-    if any(length != count for length in lengths.values()):
-        others = ", ".join(f"{name} {length}" for name, length in lengths.items())
-        raise RecordOrderError(f"record columns differ in length: client_ids {count}, {others}")
+    problem = unequal_columns(
+        {
+            "client_ids": len(client_ids),
+            "generations": len(columns.generations),
+            "seq_nums": len(columns.seq_nums),
+            "headers": len(columns.headers),
+            "data": len(columns.data),
+            "checksums": len(columns.checksums),
+        }
+    )
+    if problem is not None:
+        raise RecordOrderError(f"record {problem}")
     first = columns.first_transaction_id
     for index, (client_id, generation, seq_num, header, data, checksum) in enumerate(
         zip(
