@@ -272,6 +272,16 @@ class StoragePartition:
         """
         self.append_rows((r.transaction_id, *r.req_id, r.header, r.data, r.checksum) for r in records)
 
+    def _corrupt(self, corruption: CorruptionInfo, message: str) -> CorruptDataError:
+        """The error for a request the corrupt record at the tail stops (file, offset, transaction)."""
+        return CorruptDataError(
+            message,
+            path=str(self._segments[-1].data_path),
+            partition_id=self.partition_id,
+            offset=corruption.offset,
+            transaction_id=corruption.transaction_id,
+        )
+
     def append_rows(self, rows: Iterable[fmt.WireRow]) -> int:
         """Append records as received on the wire (the storage service's path: rows of
         :func:`format.wire_rows` or :func:`format.column_rows`); flush once.
@@ -290,12 +300,9 @@ class StoragePartition:
                 return 0
             corruption = self.corruption
             if corruption is not None:
-                raise CorruptDataError(
+                raise self._corrupt(
+                    corruption,
                     f"cannot append after corruption: {corruption.reason}; truncate the partition below it",
-                    path=str(self._segments[-1].data_path),
-                    partition_id=self.partition_id,
-                    offset=corruption.offset,
-                    transaction_id=corruption.transaction_id,
                 )
             encoded, offsets = fmt.encode_wire_rows(chain((first,), rows), self.max_transaction_id + 1)
         except fmt.RecordOrderError as exc:
@@ -365,13 +372,7 @@ class StoragePartition:
         self._require_readable()
         corruption = self.corruption
         if corruption is not None and transaction_id >= corruption.transaction_id:
-            raise CorruptDataError(
-                f"corrupt record: {corruption.reason}",
-                path=str(self._segments[-1].data_path),
-                partition_id=self.partition_id,
-                offset=corruption.offset,
-                transaction_id=corruption.transaction_id,
-            )
+            raise self._corrupt(corruption, f"corrupt record: {corruption.reason}")
         records: list[Record] = []
         budget = max_bytes
         next_id = transaction_id
