@@ -70,6 +70,7 @@ __all__ = [
     "now_ms",
     "partition_entry_offset",
     "partition_info_struct_offset",
+    "record_row",
     "record_size",
     "segment_file_name",
     "wire_rows",
@@ -313,24 +314,22 @@ class SegmentHeader:
         return cls(version, created, uuid.UUID(bytes=key), partition_id, first)
 
 
+#: A record as the append path encodes it: transaction ID, the ReqId's client ID, generation,
+#: partition and sequence number, header, data, and the CRC-32 of the data as the writer sent it.
+WireRow = tuple[int, int, int, int, int, int, bytes, int]
+
+
 def encode_record(record: Record) -> bytes:
     """Return the on-disk encoding of a record (40 bytes plus its data).
 
     The record's own ``checksum`` is written as the data CRC; callers verify it first.
     """
-    req = record.req_id
+    transaction_id, client_id, generation, partition_id, seq_num, header, data, checksum = record_row(record)
     head = _RECORD_HEADER.pack(
-        record.transaction_id,
-        req.client_id,
-        req.generation,
-        req.partition_id,
-        req.seq_num,
-        record.header,
-        len(record.data),
-        record.checksum,
+        transaction_id, client_id, generation, partition_id, seq_num, header, len(data), checksum
     )
-    crc = zlib.crc32(record.data, zlib.crc32(head))
-    return b"".join((head, record.data, _CRC.pack(crc)))
+    crc = zlib.crc32(data, zlib.crc32(head))
+    return b"".join((head, data, _CRC.pack(crc)))
 
 
 def encode_records(records: list[Record]) -> tuple[bytes, list[int]]:
@@ -354,25 +353,24 @@ class RecordOrderError(ValueError):
     """A record of a batch does not carry the expected transaction ID or a valid data CRC."""
 
 
-#: A record as the append path encodes it: transaction ID, the ReqId's client ID, generation,
-#: partition and sequence number, header, data, and the CRC-32 of the data as the writer sent it.
-WireRow = tuple[int, int, int, int, int, int, bytes, int]
+def record_row(record: Record | common_pb2.Record) -> WireRow:
+    """The row of a record (a :class:`Record`, or its protobuf form as received on the wire)."""
+    req = record.req_id
+    return (
+        record.transaction_id,
+        req.client_id,
+        req.generation,
+        req.partition_id,
+        req.seq_num,
+        record.header,
+        record.data,
+        record.checksum,
+    )
 
 
 def wire_rows(records: Iterable[common_pb2.Record]) -> Iterator[WireRow]:
     """The rows of records received as messages (``AppendRequest.records``)."""
-    for record in records:
-        req = record.req_id
-        yield (
-            record.transaction_id,
-            req.client_id,
-            req.generation,
-            req.partition_id,
-            req.seq_num,
-            record.header,
-            record.data,
-            record.checksum,
-        )
+    return map(record_row, records)
 
 
 def column_rows(columns: storage_pb2.RecordColumns, partition_id: int) -> Iterator[WireRow]:

@@ -270,7 +270,7 @@ class StoragePartition:
             DiskFullError: no space left; the log is unchanged.
             PartitionUnavailableError: writes are switched off.
         """
-        self.append_rows((r.transaction_id, *r.req_id, r.header, r.data, r.checksum) for r in records)
+        self.append_rows(map(fmt.record_row, records))
 
     def _corrupt(self, corruption: CorruptionInfo, message: str) -> CorruptDataError:
         """The error for a request the corrupt record at the tail stops (file, offset, transaction)."""
