@@ -3,7 +3,8 @@
 
 Source: seed 000 "Append Task" (the fields of an append); ``docs/protocol.md`` "Append" and
 "Appends" (the column form, not in upstream Waltz). Reading a run of appends from packed columns
-costs the server about a fifth of what reading as many nested ``AppendRequest`` messages does.
+costs the server about a third of what reading as many nested ``AppendRequest`` messages does
+(``benchmarks/wire_forms.py``).
 """
 
 from __future__ import annotations
