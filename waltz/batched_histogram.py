@@ -61,10 +61,7 @@ class BatchedHistogram(Collector):
 
     def observe(self, value: float) -> None:
         """Count one value (seconds, or whatever unit the name says)."""
-        index = bisect_left(self._bounds, value)
-        with self._lock:
-            self._counts[index] += 1
-            self._sum += value
+        self.observe_all((value,))
 
     def observe_all(self, values: Iterable[float]) -> None:
         """Count several values under one lock."""
