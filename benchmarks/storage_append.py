@@ -5,9 +5,11 @@ Starts a real storage node process on loopback (in a temporary directory unless 
 given), opens one replica session stream per partition and appends 200-byte records in batches
 of 1, 10 and 100 records, first with one request in flight per stream (each batch is one flush),
 then with --window requests in flight (the node then combines queued batches into one flush:
-group commit). Prints a table; asserts nothing.
+group commit). Batches go in columns (storage.proto ``RecordColumns``, as servers send them) or,
+with --form records, as a message per record. Prints a table (with the storage node's CPU time,
+user and system, per request: the fixed cost of a request shows at batch 1); asserts nothing.
 
-    .venv/bin/python benchmarks/storage_append.py [--seconds 3] [--partitions 1,4]
+    .venv/bin/python benchmarks/storage_append.py [--seconds 3] [--partitions 1,4] [--form records]
 """
 
 from __future__ import annotations
@@ -19,16 +21,39 @@ import time
 import uuid
 from pathlib import Path
 
+from waltz.perf.cost import process_cpu_seconds
 from waltz.protocol.records import Record, ReqId
-from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
+from waltz.protocol.storage_client import (
+    StorageAdminClient,
+    StorageSessionClient,
+    check_response,
+    columns_append,
+)
 from waltz.services.local import LocalStorageNode
 
 FLUSHES = "waltz_storage_append_flushes_total"
 
 
+async def send_columns(client: StorageSessionClient, pid: int, records: list[Record]) -> None:
+    check_response(await client.submit_append(pid, columns_append(records)), client.address, "append")
+
+
+async def send_records(client: StorageSessionClient, pid: int, records: list[Record]) -> None:
+    await client.append(pid, records)
+
+
 async def run_case(
-    node: LocalStorageNode, key: str, partitions: int, batch: int, window: int, seconds: float, size: int
-) -> tuple[float, float]:
+    node: LocalStorageNode,
+    key: str,
+    partitions: int,
+    batch: int,
+    window: int,
+    seconds: float,
+    size: int,
+    form: str = "columns",
+) -> tuple[float, float, float]:
+    """Returns records/s, flushes/s and the node's CPU microseconds per request."""
+    send = send_columns if form == "columns" else send_records
     async with StorageAdminClient(node.admin_address, key, 16) as admin:
         before = await admin.metrics()
         next_txn = {}
@@ -38,6 +63,7 @@ async def run_case(
     for client in clients:
         await client.open()
     data = b"x" * size
+    cpu_before = process_cpu_seconds(node.process.pid)
     deadline = time.perf_counter() + seconds
     appended = 0
 
@@ -51,7 +77,7 @@ async def run_case(
                     Record.create(t, ReqId(1, 1, pid, t), 0, data) for t in range(first, first + batch)
                 ]
                 next_txn[pid] = first + batch
-                in_flight.append(asyncio.ensure_future(client.append(pid, records)))
+                in_flight.append(asyncio.ensure_future(send(client, pid, records)))
             await in_flight.pop(0)
             appended += batch
         for future in in_flight:
@@ -61,6 +87,7 @@ async def run_case(
     started = time.perf_counter()
     await asyncio.gather(*(writer(pid, c) for pid, c in enumerate(clients)))
     elapsed = time.perf_counter() - started
+    cpu = process_cpu_seconds(node.process.pid) - cpu_before
     for client in clients:
         await client.close()
     async with StorageAdminClient(node.admin_address, key, 16) as admin:
@@ -68,7 +95,7 @@ async def run_case(
     flushes = sum(v for k, v in after.items() if k.startswith(FLUSHES)) - sum(
         v for k, v in before.items() if k.startswith(FLUSHES)
     )
-    return appended / elapsed, flushes / elapsed
+    return appended / elapsed, flushes / elapsed, cpu * 1e6 / (appended / batch)
 
 
 async def main_async(args: argparse.Namespace, directory: Path) -> None:
@@ -77,15 +104,24 @@ async def main_async(args: argparse.Namespace, directory: Path) -> None:
         async with StorageAdminClient(node.admin_address, key, 16) as admin:
             for pid in range(max(args.partitions)):
                 await admin.assign_partition(pid, True)
-        print(f"storage node pid {node.process.pid}, directory {directory}, record size {args.size} bytes")
-        print(f"{'partitions':>10} {'batch':>6} {'in flight':>9} {'records/s':>12} {'flushes/s':>10}")
+        print(
+            f"storage node pid {node.process.pid}, directory {directory}, record size {args.size} bytes, "
+            f"requests in {args.form}"
+        )
+        print(
+            f"{'partitions':>10} {'batch':>6} {'in flight':>9} {'records/s':>12} {'flushes/s':>10} "
+            f"{'CPU µs/request':>14}"
+        )
         for partitions in args.partitions:
             for window in (1, args.window):
                 for batch in (1, 10, 100):
-                    rate, flushes = await run_case(
-                        node, key, partitions, batch, window, args.seconds, args.size
+                    rate, flushes, cpu = await run_case(
+                        node, key, partitions, batch, window, args.seconds, args.size, args.form
                     )
-                    print(f"{partitions:>10} {batch:>6} {window:>9} {rate:>12,.0f} {flushes:>10,.0f}")
+                    print(
+                        f"{partitions:>10} {batch:>6} {window:>9} {rate:>12,.0f} {flushes:>10,.0f} "
+                        f"{cpu:>14,.0f}"
+                    )
 
 
 def main() -> None:
@@ -100,6 +136,12 @@ def main() -> None:
         "--window", type=int, default=16, help="requests in flight per stream when pipelining"
     )
     parser.add_argument("--size", type=int, default=200, help="transaction data bytes per record")
+    parser.add_argument(
+        "--form",
+        choices=("columns", "records"),
+        default="columns",
+        help="append requests in columns (as servers send them; default) or a message per record",
+    )
     parser.add_argument(
         "--directory", type=Path, help="where to put the storage directory (default: a temp dir)"
     )

@@ -12,10 +12,12 @@ import threading
 import uuid
 from pathlib import Path
 
+import pytest
 from support.storage import NUM_PARTITIONS, run
 
 from waltz.protocol.records import Record, ReqId
-from waltz.protocol.storage_client import StorageSessionClient
+from waltz.protocol.storage_client import StorageSessionClient, columns_append
+from waltz.services.storage import service
 from waltz.services.storage.app import StorageApp
 from waltz.services.storage.config import StorageConfig
 
@@ -56,6 +58,50 @@ def test_a_partition_waiting_for_its_io_thread_does_not_hold_up_another(tmp_path
                 assert await stream.records(0, 0, 10) == records(0, 0, 5)
                 assert await stream.records(1, 0, 10) == records(1, 0, 5)
             assert await held is True
+        finally:
+            gate.set()
+            await app.stop()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("form", ["columns", "records"])
+def test_queued_appends_share_a_flush_up_to_the_group_limit_in_either_form(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str
+) -> None:
+    """Appends queued behind a flush are written together (group commit), as many records as
+    ``MAX_GROUP_RECORDS`` allows: counted in columns as in record messages."""
+    monkeypatch.setattr(service, "MAX_GROUP_RECORDS", 5)
+    key = str(uuid.uuid4())
+    gate = threading.Event()
+
+    async def scenario() -> None:
+        app = StorageApp(
+            StorageConfig(directory=tmp_path / "storage", port=0, admin_port=0, inline_appends=False)
+        )
+        await app.start()
+        try:
+            app.node.admin_open(key, NUM_PARTITIONS)
+            app.node.set_assignment(0, True)
+            held = asyncio.ensure_future(app.node.run(0, lambda: gate.wait(60)))
+            async with StorageSessionClient(f"127.0.0.1:{app.port}", key, NUM_PARTITIONS, 1) as stream:
+                futures = []
+                for first in (0, 3, 6, 9):  # four appends of three records
+                    if form == "columns":
+                        futures.append(stream.submit_append(0, columns_append(records(0, first, 3))))
+                    else:
+                        futures.append(asyncio.ensure_future(stream.append(0, records(0, first, 3))))
+                    await asyncio.sleep(0.2)  # each received and queued behind the held thread
+                gate.set()
+                for response in await asyncio.wait_for(asyncio.gather(*futures), 20):
+                    if response is not None:
+                        assert response.HasField("success"), response
+                assert await stream.records(0, 0, 20) == records(0, 0, 12)
+            assert await held is True
+            flushes = app.metrics.snapshot()['waltz_storage_append_flushes_total{partition="0"}']
+            # The first alone (taken before the others came), then 3 + 3 (6 >= 5 stops there),
+            # then the last: three flushes. Counting no record would have put all three together.
+            assert flushes == 3
         finally:
             gate.set()
             await app.stop()

@@ -22,7 +22,14 @@ from waltz.protocol import storage_pb2
 from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES, TlsConfig, open_channel
 from waltz.protocol.records import Record, RecordHeader
 
-__all__ = ["StorageAdminClient", "StorageSessionClient", "append_request", "check_response", "frame_requests"]
+__all__ = [
+    "StorageAdminClient",
+    "StorageSessionClient",
+    "append_request",
+    "check_response",
+    "columns_append",
+    "frame_requests",
+]
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +207,25 @@ _ANSWERS = {
     "record_header_list": "record_header_list",
     "record_list": "record_list",
 }
+
+
+def columns_append(records: Sequence[Record]) -> bytes:
+    """A serialized ``AppendRequest`` carrying consecutive ``records`` in columns (storage.proto
+    ``RecordColumns``, the form of a server's store batch), for :meth:`StorageSessionClient.submit_append`.
+
+    Raises:
+        IndexError: ``records`` is empty (columns start at the first record's transaction ID).
+    """
+    message = storage_pb2.AppendRequest()
+    columns = message.columns
+    columns.first_transaction_id = records[0].transaction_id
+    columns.client_ids.extend([r.req_id.client_id for r in records])
+    columns.generations.extend([r.req_id.generation for r in records])
+    columns.seq_nums.extend([r.req_id.seq_num for r in records])
+    columns.headers.extend([r.header for r in records])
+    columns.data.extend([r.data for r in records])
+    columns.checksums.extend([r.checksum for r in records])
+    return message.SerializeToString()
 
 
 def _failure_code_name(code: int) -> str:

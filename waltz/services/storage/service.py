@@ -253,7 +253,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             kind = item.WhichOneof("body")
             if kind == "append":
                 group = [item]
-                count = len(item.append.records)
+                count = _record_count(item)
                 while count < MAX_GROUP_RECORDS and not requests.empty():
                     following = requests.get_nowait()
                     if (
@@ -262,7 +262,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                         and following.session_id == item.session_id
                     ):
                         group.append(following)
-                        count += len(following.append.records)
+                        count += _record_count(following)
                     else:
                         held = following
                         break
@@ -308,19 +308,19 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 return [await self._handle(first, "append")]
             # Answer each request on its own so that each gets its own precise outcome.
             return [await self._handle(request, "append") for request in group]
-        self._metrics.requests.labels("append", "ok").inc(len(group))
+        self._metrics.partition_appends(partition_id).ok_requests.inc(len(group))
         return [_response(request, success=storage_pb2.SuccessResponse()) for request in group]
 
     def _append(self, partition: StoragePartition, rows: Iterable[fmt.WireRow]) -> None:
         started = time.perf_counter()
         before = partition.max_transaction_id
         data_bytes = partition.append_rows(rows)
-        label = str(partition.partition_id)
         self._metrics.append_seconds.observe(time.perf_counter() - started)
-        self._metrics.append_flushes.labels(label).inc()
-        self._metrics.appended_records.labels(label).inc(partition.max_transaction_id - before)
-        self._metrics.appended_bytes.labels(label).inc(data_bytes)
-        self._metrics.max_transaction_id.labels(label).set(partition.max_transaction_id)
+        metrics = self._metrics.partition_appends(partition.partition_id)
+        metrics.flushes.inc()
+        metrics.records.inc(partition.max_transaction_id - before)
+        metrics.data_bytes.inc(data_bytes)
+        metrics.max_transaction_id.set(partition.max_transaction_id)
 
     async def _handle(
         self, request: storage_pb2.StorageRequest, kind: str | None
@@ -422,6 +422,14 @@ def _rows(request: storage_pb2.StorageRequest) -> Iterator[fmt.WireRow]:
     if append.HasField("columns"):
         return fmt.column_rows(append.columns, request.partition_id)
     return fmt.wire_rows(append.records)
+
+
+def _record_count(request: storage_pb2.StorageRequest) -> int:
+    """The number of records an append request carries, in either form."""
+    append = request.append
+    if append.HasField("columns"):
+        return len(append.columns.seq_nums)
+    return len(append.records)
 
 
 def _response(request: storage_pb2.StorageRequest, **body: object) -> storage_pb2.StorageResponse:
