@@ -207,6 +207,15 @@ def test_index_entries_from_arbitrary_bytes(data: bytes) -> None:
     assert b"".join(fmt.encode_offset(o) for o in offsets) == data[: len(offsets) * 8]
 
 
+@fuzz_settings()
+@given(st.lists(st.integers(0, 2**40), max_size=300), st.integers(0, 2**40))
+def test_a_run_of_index_entries_is_each_entry_in_turn(offsets: list[int], base: int) -> None:
+    """``encode_offsets`` (the append path's, one pack per run) is ``encode_offset`` of each."""
+    encoded = fmt.encode_offsets(offsets, base)
+    assert encoded == b"".join(fmt.encode_offset(base + o) for o in offsets)
+    assert fmt.decode_offsets(encoded) == [base + o for o in offsets]
+
+
 @pytest.mark.parametrize("length", [fmt.MAX_DATA_LENGTH, fmt.MAX_DATA_LENGTH + 1, 2**31 - 1])
 def test_a_huge_data_length_allocates_nothing(length: int) -> None:
     """A record header announcing up to 2 GiB in a 100-byte buffer is refused without copying."""

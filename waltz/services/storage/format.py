@@ -540,6 +540,12 @@ def encode_offset(offset: int) -> bytes:
     return _OFFSET.pack(offset)
 
 
+def encode_offsets(offsets: Sequence[int], base: int = 0) -> bytes:
+    """Return the index entries of ``base + offset`` for each offset, back to back (one
+    ``struct.pack`` for the run: the append path writes one per record)."""
+    return struct.pack(f">{len(offsets)}q", *[base + offset for offset in offsets])
+
+
 def decode_offsets(data: bytes) -> list[int]:
     """Decode a run of 8-byte index entries (a trailing partial entry is ignored)."""
     count = len(data) // INDEX_ENTRY_SIZE

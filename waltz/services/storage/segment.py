@@ -298,7 +298,7 @@ class Segment:
                 corruption.transaction_id,
                 corruption.reason,
             )
-        entries = b"".join(fmt.encode_offset(offset) for offset in rebuilt)
+        entries = fmt.encode_offsets(rebuilt)
         index_end = fmt.HEADER_SIZE + trusted * fmt.INDEX_ENTRY_SIZE
         _write_fully(index_fd, entries, index_end)
         os.ftruncate(index_fd, index_end + len(entries))
@@ -457,7 +457,7 @@ class Segment:
         data_fd, index_fd = self._fds()
         start = self.valid_end
         index_start = fmt.HEADER_SIZE + self.count * fmt.INDEX_ENTRY_SIZE
-        entries = b"".join(fmt.encode_offset(start + relative) for relative in relative_offsets)
+        entries = fmt.encode_offsets(relative_offsets, start)
         try:
             _write_fully(data_fd, encoded, start)
             _write_fully(index_fd, entries, index_start)
