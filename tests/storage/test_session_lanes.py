@@ -91,7 +91,15 @@ def test_queued_appends_share_a_flush_up_to_the_group_limit_in_either_form(
                         futures.append(stream.submit_append(0, columns_append(records(0, first, 3))))
                     else:
                         futures.append(asyncio.ensure_future(stream.append(0, records(0, first, 3))))
-                    await asyncio.sleep(0.2)  # each received and queued behind the held thread
+                    if first == 0:
+                        # The first is taken alone: it waits on the I/O thread behind the held work.
+                        for _ in range(200):
+                            if app.node._outstanding.get(0, 0) == 2:
+                                break
+                            await asyncio.sleep(0.05)
+                        assert app.node._outstanding.get(0, 0) == 2
+                    await asyncio.sleep(0.2)  # each received and queued behind the first
+                await asyncio.sleep(0.5)
                 gate.set()
                 for response in await asyncio.wait_for(asyncio.gather(*futures), 20):
                     if response is not None:

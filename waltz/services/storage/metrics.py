@@ -13,11 +13,11 @@ class PartitionAppendMetrics(NamedTuple):
     """One partition's append metrics, resolved once (``labels()`` looks its arguments up each
     time it is called: a few microseconds for each of the five per append batch)."""
 
-    flushes: Counter
-    records: Counter
-    data_bytes: Counter
-    max_transaction_id: Gauge
-    ok_requests: Counter
+    flushes: Counter  # waltz_storage_append_flushes{partition}
+    records: Counter  # waltz_storage_appended_records{partition}
+    data_bytes: Counter  # waltz_storage_appended_bytes{partition}
+    max_transaction_id: Gauge  # waltz_storage_max_transaction_id{partition}
+    ok_requests: Counter  # waltz_storage_requests{type="append", outcome="ok"} (every partition's)
 
 
 class StorageMetrics:
