@@ -8,8 +8,10 @@ can hold one partition's I/O thread."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -29,19 +31,33 @@ def records(partition_id: int, first: int, count: int) -> list[Record]:
     ]
 
 
+@contextlib.asynccontextmanager
+async def storage_app(
+    tmp_path: Path, key: str, partitions: tuple[int, ...], gate: threading.Event
+) -> AsyncIterator[StorageApp]:
+    """A storage node in this process whose appends always go to the partitions' I/O threads
+    (``inline_appends`` off, so that a test can hold a thread until ``gate`` opens), open with
+    ``key`` and assigned ``partitions``; at the end the gate opens and the node stops."""
+    app = StorageApp(
+        StorageConfig(directory=tmp_path / "storage", port=0, admin_port=0, inline_appends=False)
+    )
+    await app.start()
+    try:
+        app.node.admin_open(key, NUM_PARTITIONS)
+        for partition_id in partitions:
+            app.node.set_assignment(partition_id, True)
+        yield app
+    finally:
+        gate.set()
+        await app.stop()
+
+
 def test_a_partition_waiting_for_its_io_thread_does_not_hold_up_another(tmp_path: Path) -> None:
     key = str(uuid.uuid4())
     gate = threading.Event()
 
     async def scenario() -> None:
-        app = StorageApp(
-            StorageConfig(directory=tmp_path / "storage", port=0, admin_port=0, inline_appends=False)
-        )
-        await app.start()
-        try:
-            app.node.admin_open(key, NUM_PARTITIONS)
-            app.node.set_assignment(0, True)
-            app.node.set_assignment(1, True)
+        async with storage_app(tmp_path, key, (0, 1), gate) as app:
             # Partition 0's I/O thread is busy until the gate opens (bounded: 60 s at most).
             held = asyncio.ensure_future(app.node.run(0, lambda: gate.wait(60)))
             async with StorageSessionClient(f"127.0.0.1:{app.port}", key, NUM_PARTITIONS, 1) as stream:
@@ -58,9 +74,6 @@ def test_a_partition_waiting_for_its_io_thread_does_not_hold_up_another(tmp_path
                 assert await stream.records(0, 0, 10) == records(0, 0, 5)
                 assert await stream.records(1, 0, 10) == records(1, 0, 5)
             assert await held is True
-        finally:
-            gate.set()
-            await app.stop()
 
     run(scenario())
 
@@ -76,13 +89,7 @@ def test_queued_appends_share_a_flush_up_to_the_group_limit_in_either_form(
     gate = threading.Event()
 
     async def scenario() -> None:
-        app = StorageApp(
-            StorageConfig(directory=tmp_path / "storage", port=0, admin_port=0, inline_appends=False)
-        )
-        await app.start()
-        try:
-            app.node.admin_open(key, NUM_PARTITIONS)
-            app.node.set_assignment(0, True)
+        async with storage_app(tmp_path, key, (0,), gate) as app:
             held = asyncio.ensure_future(app.node.run(0, lambda: gate.wait(60)))
             async with StorageSessionClient(f"127.0.0.1:{app.port}", key, NUM_PARTITIONS, 1) as stream:
                 futures = []
@@ -110,8 +117,5 @@ def test_queued_appends_share_a_flush_up_to_the_group_limit_in_either_form(
             # The first alone (taken before the others came), then 3 + 3 (6 >= 5 stops there),
             # then the last: three flushes. Counting no record would have put all three together.
             assert flushes == 3
-        finally:
-            gate.set()
-            await app.stop()
 
     run(scenario())
