@@ -17,7 +17,6 @@ class PartitionAppendMetrics(NamedTuple):
     records: Counter  # waltz_storage_appended_records{partition}
     data_bytes: Counter  # waltz_storage_appended_bytes{partition}
     max_transaction_id: Gauge  # waltz_storage_max_transaction_id{partition}
-    ok_requests: Counter  # waltz_storage_requests{type="append", outcome="ok"} (every partition's)
 
 
 class StorageMetrics:
@@ -68,6 +67,7 @@ class StorageMetrics:
             registry=self.registry,
         )
         self._partition_appends: dict[int, PartitionAppendMetrics] = {}
+        self.appends_ok = self.requests.labels("append", "ok")  # once per append batch
 
     def partition_appends(self, partition_id: int) -> PartitionAppendMetrics:
         """The metrics an append batch of ``partition_id`` updates (made once per partition)."""
@@ -79,7 +79,6 @@ class StorageMetrics:
                 self.appended_records.labels(label),
                 self.appended_bytes.labels(label),
                 self.max_transaction_id.labels(label),
-                self.requests.labels("append", "ok"),
             )
         return found
 
