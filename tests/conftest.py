@@ -16,13 +16,22 @@ Real components only (DESIGN.md, "Tests"):
 A missing service (database server, java) skips the tests that need it, or fails them when the
 ``CI`` environment variable is set. Hypothesis uses the "ci" profile under CI and "dev" otherwise
 (``--hypothesis-profile`` overrides it).
+
+kazoo's connection threads (of the session clusters' ZooKeeper clients, alive while hypothesis
+tests run) draw ping jitter and host order from the global ``random`` on every loop; hypothesis
+takes a change of the global state during a draw for a strategy using ``random`` (a
+``HypothesisDeprecationWarning`` now, an error in later versions). They get a generator of their
+own here.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
+import kazoo.protocol.connection
+import kazoo.retry
 import pytest
 import support
 from hypothesis import settings
@@ -34,6 +43,10 @@ from waltz.services.local_zookeeper import DockerZooKeeper, LocalZooKeeper, dock
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=100)
 settings.register_profile("dev", deadline=None)
 settings.load_profile("ci" if support.in_ci() else "dev")
+
+# kazoo uses only randint, shuffle and uniform of the module: a Random instance has them all.
+kazoo.protocol.connection.random = random.Random()
+kazoo.retry.random = random.Random()
 
 #: ZooKeeper's tickTime in the tests: sessions expire within 1 to 10 s (2 to 20 ticks).
 TEST_TICK_TIME_MS = 500
