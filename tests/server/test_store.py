@@ -513,28 +513,34 @@ def test_recover_partition_seeds_a_new_replica_with_committed_records(
         newcomer.close()
 
 
-def test_the_linger_waits_only_while_a_batch_flies() -> None:
+def test_the_linger_waits_only_while_a_batch_awaits_its_quorum() -> None:
     """``StoreConfig.linger`` (``storage.linger``): a queue smaller than a batch waits for more
-    records while another batch of the partition is in flight, never when none is, and never
-    once it holds a full batch (group commit without a timer on an idle partition)."""
+    records while a batch sent earlier is not committed, never when every batch sent is (even if
+    a replica beyond the quorum has not answered), and never once it holds a full batch (group
+    commit without a timer on an idle partition)."""
     from types import SimpleNamespace
 
     from waltz.services.server.store.partition import _Session
 
     config = StoreConfig(linger=0.002, max_batch_records=10)
     queue = [object()] * 3
-    session = SimpleNamespace(
-        config=config, batches_in_flight=0, partition=SimpleNamespace(_queue=queue, _queue_since=100.0)
-    )
+    # Transactions up to 41 sent, up to 41 committed.
+    partition = SimpleNamespace(_queue=queue, _queue_since=100.0, _high_water_mark=41)
+    session = SimpleNamespace(config=config, next_transaction_id=42, batches_in_flight=0, partition=partition)
     linger_left = _Session._linger_left
     assert linger_left(session, 100.0005) == 0.0  # nothing in flight: send now
-    session.batches_in_flight = 1
+    session.batches_in_flight = 1  # committed, but the third replica has not answered yet
+    assert linger_left(session, 100.0005) == 0.0  # the slow replica holds nothing back
+    session.next_transaction_id = 52  # a batch of 10 awaits its quorum
     assert linger_left(session, 100.0005) == pytest.approx(0.0015)  # wait for more
     assert linger_left(session, 100.003) < 0  # waited long enough
-    session.partition._queue = [object()] * 10
+    partition._queue = [object()] * 10
     assert linger_left(session, 100.0005) == 0.0  # a full batch goes at once
+    partition._queue = queue
+    partition._high_water_mark = 51
+    assert linger_left(session, 100.0005) == 0.0  # that batch committed: send now
+    partition._high_water_mark = 41
     session.config = StoreConfig(linger=0.0, max_batch_records=10)
-    session.partition._queue = queue
     assert linger_left(session, 100.0005) == 0.0  # no linger configured
 
 
@@ -555,7 +561,7 @@ def test_a_long_linger_never_holds_a_lone_append_and_ends_when_the_flying_batch_
                     break
                 await asyncio.sleep(0.001)
             assert partition.batches_sent == sent + 1
-            # Queued while that batch flies: it waits for it (or 60 s), then goes.
+            # Queued while that batch awaits its quorum: it waits for the commit (or 60 s), then goes.
             second = partition.append(ReqId(1, 1, 0, 6), 0, payload(6))
             assert await asyncio.wait_for(asyncio.gather(first, second), 20) == [5, 6]
             assert partition.batches_sent == sent + 2
@@ -563,3 +569,38 @@ def test_a_long_linger_never_holds_a_lone_append_and_ends_when_the_flying_batch_
             await partition.close()
 
     run(scenario())
+
+
+def test_a_paused_replica_beyond_the_quorum_does_not_hold_the_lingering_batch(
+    store_cluster: StoreCluster,
+) -> None:
+    """With one of three replicas frozen (SIGSTOP), its answers never come; the batch queued
+    behind a flying one still goes as soon as that one commits on the other two, long before the
+    60 s linger or the replica's request timeout."""
+    slow = store_cluster.storages[2]
+
+    async def scenario() -> None:
+        config = StoreConfig(connect_timeout=2.0, request_timeout=60.0, retry_interval=0.2, linger=60.0)
+        partition = store(store_cluster, config=config)
+        partition.start()
+        try:
+            assert await asyncio.wait_for(partition.append(ReqId(1, 1, 0, 0), 0, payload(0)), 20) == 0
+            slow.process.pause()
+            sent = partition.batches_sent
+            first = asyncio.ensure_future(partition.append(ReqId(1, 1, 0, 1), 0, payload(1)))
+            for _ in range(2000):  # bounded: until the first batch has left
+                if partition.batches_sent > sent:
+                    break
+                await asyncio.sleep(0.001)
+            assert partition.batches_sent == sent + 1
+            second = partition.append(ReqId(1, 1, 0, 2), 0, payload(2))
+            assert await asyncio.wait_for(asyncio.gather(first, second), 20) == [1, 2]
+            assert partition.batches_sent == sent + 2
+        finally:
+            slow.process.resume()
+            await partition.close()
+
+    try:
+        run(scenario())
+    finally:
+        slow.process.resume()

@@ -105,10 +105,10 @@ class ServerConfig(WaltzSettings):
     )
     store_max_in_flight_batches: int = Field(8, gt=0, description="Append batches in flight per partition.")
     store_linger: float = Field(
-        0.002,
+        0.005,
         ge=0,
-        description="Seconds to wait to fill a batch while another of the partition flies (group commit; "
-        "never when none flies).",
+        description="Seconds at most to wait to fill a batch while an earlier batch of the partition awaits "
+        "its quorum (group commit; never when every batch sent is committed).",
     )
     store_shared_streams: bool = Field(
         True,

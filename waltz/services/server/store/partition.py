@@ -462,12 +462,24 @@ class _Session:
                 await asyncio.wait_for(partition._wakeup.wait(), wait)
 
     def _linger_left(self, now: float) -> float:
-        """Seconds to wait for more records before sending a batch (0: send now)."""
+        """Seconds to wait for more records before sending a batch (0: send now).
+
+        A batch smaller than the maximum waits while an earlier batch of the session awaits its
+        quorum, at most ``linger`` after its oldest record arrived: the records that arrive during
+        a store round trip go as one batch when it commits (group commit, one flush per replica
+        for all of them). Waiting for the quorum, not for every replica, keeps a slow replica from
+        holding the next batch back; ``max_in_flight_batches`` bounds how far it may lag.
+        """
         linger = self.config.linger
-        queue = self.partition._queue
-        if linger <= 0 or self.batches_in_flight == 0 or len(queue) >= self.config.max_batch_records:
+        partition = self.partition
+        queue = partition._queue
+        if (
+            linger <= 0
+            or self.next_transaction_id - 1 <= partition._high_water_mark  # every batch sent committed
+            or len(queue) >= self.config.max_batch_records
+        ):
             return 0.0
-        return linger - (now - self.partition._queue_since)
+        return linger - (now - partition._queue_since)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -552,8 +564,11 @@ class _Session:
         flushed = sorted(self.acked.values(), reverse=True)
         if len(flushed) >= self.quorum:
             committed = flushed[self.quorum - 1]
-            if committed > self.partition._high_water_mark:
-                self.partition._commit_through(committed)
+            partition = self.partition
+            if committed > partition._high_water_mark:
+                partition._commit_through(committed)
+                if partition._queue:
+                    partition._wakeup.set()  # the records lingering for this commit go now
 
     async def _probe(self) -> None:
         """End the session when the replica assignment changed or a replica that was down answers.
