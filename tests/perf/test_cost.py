@@ -14,7 +14,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
 
 from waltz.perf.cost import measure_nodes, node_cpu_seconds, process_cpu_seconds, read_nodes
 from waltz.services.processes import free_port
@@ -124,6 +131,35 @@ def test_server_commits_are_the_commit_seconds_and_count_of_the_block() -> None:
     total, count = usage.server_commits["server-0"]
     assert count == 3
     assert total == pytest.approx(0.015)
+    assert usage.storage_batches == {}
+
+
+def test_server_batches_are_the_committed_records_and_store_batches_of_the_block() -> None:
+    """Records committed and store batches sent, summed over partitions: the server's counter and
+    its per-partition gauge; a server whose batch count went down (a partition left it) or that
+    sent nothing during the block is left out."""
+    registry = CollectorRegistry()
+    committed = Counter("waltz_server_committed_records", "records", ["partition"], registry=registry)
+    batches = Gauge("waltz_server_partition_store_batches", "batches", ["partition"], registry=registry)
+    committed.labels("0").inc(1000)
+    batches.labels("0").set(10)
+    idle_registry = CollectorRegistry()
+    Gauge("waltz_server_partition_store_batches", "batches", ["partition"], registry=idle_registry).labels(
+        "0"
+    ).set(4)
+    moved_registry = CollectorRegistry()
+    moved = Gauge("waltz_server_partition_store_batches", "batches", ["partition"], registry=moved_registry)
+    moved.labels("1").set(50)
+    with endpoint(registry) as busy, endpoint(idle_registry) as idle, endpoint(moved_registry) as gone:
+        reading = read_nodes({"server-0": busy})["server-0"]
+        assert (reading.committed_records, reading.store_batches) == (1000.0, 10.0)
+        with measure_nodes({"server-0": busy, "server-1": idle, "server-2": gone}) as usage:
+            committed.labels("0").inc(300)
+            committed.labels("3").inc(100)
+            batches.labels("0").set(12)
+            batches.labels("3").set(3)
+            moved.remove("1")
+    assert usage.server_batches == {"server-0": (400.0, 5.0)}
     assert usage.storage_batches == {}
 
 

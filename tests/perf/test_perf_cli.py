@@ -89,6 +89,13 @@ def test_producer_reports_the_cpu_of_the_client_and_of_every_node(perf_cluster: 
     assert all(1 <= records <= 1200 for records in batches.values())
     assert stats.summary()["records_per_storage_flush"].keys() == batches.keys()
     assert any(line.startswith("records per storage flush: storage-0") for line in stats.text().splitlines())
+    # The server sent store batches of at least one record; together they hold every commit.
+    per_batch = stats.records_per_store_batch()
+    assert set(per_batch) == {"server-0"}
+    records, sent = stats.server_batches["server-0"]
+    assert records >= 1000 and 1 <= sent <= records
+    assert stats.summary()["records_per_store_batch"] == {"server-0": round(records / sent, 1)}
+    assert any(line.startswith("records per store batch: server-0") for line in stats.text().splitlines())
     # The server committed every transaction after a storage round trip (well over 10 µs) and
     # within what the client saw as its slowest submit-to-commit latency (give or take warm-up).
     commit_ms = stats.server_commit_ms()

@@ -47,6 +47,10 @@ RECORDS_METRIC = "waltz_storage_appended_records"
 FLUSHES_METRIC = "waltz_storage_append_flushes"
 #: A server's histogram of the seconds from receiving an append to its commit.
 COMMIT_METRIC = "waltz_server_commit_seconds"
+#: A server's counter of the records it committed, and its gauge of the store batches (append
+#: requests to the replicas) each partition sent, both by partition.
+COMMITTED_METRIC = "waltz_server_committed_records"
+STORE_BATCHES_METRIC = "waltz_server_partition_store_batches"
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -72,6 +76,9 @@ class NodeReading:
         commit_seconds: seconds a server's commits took so far, summed (receipt to commit; 0
             elsewhere).
         commits: the commits they add up (0 elsewhere).
+        committed_records: records a server committed so far, all partitions (0 elsewhere).
+        store_batches: store batches a server sent to the replicas so far, summed over the
+            partitions it owns now (0 elsewhere).
     """
 
     cpu_seconds: float | None
@@ -79,6 +86,8 @@ class NodeReading:
     append_flushes: float = 0.0
     commit_seconds: float = 0.0
     commits: float = 0.0
+    committed_records: float = 0.0
+    store_batches: float = 0.0
 
 
 def read_nodes(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, NodeReading]:
@@ -101,8 +110,8 @@ def read_nodes(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, NodeR
             log.warning("cannot read the metrics of %s at %s: %s", name, url, exc)
             continue
         cpu: float | None = None
-        totals = {RECORDS_METRIC: 0.0, FLUSHES_METRIC: 0.0}
-        commit_seconds = commits = 0.0
+        totals = {RECORDS_METRIC: 0.0, FLUSHES_METRIC: 0.0, COMMITTED_METRIC: 0.0}
+        commit_seconds = commits = store_batches = 0.0
         try:
             for family in text_string_to_metric_families(text):
                 if family.name == CPU_METRIC:
@@ -111,6 +120,8 @@ def read_nodes(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, NodeR
                     totals[family.name] = sum(
                         sample.value for sample in family.samples if sample.name.endswith("_total")
                     )
+                elif family.name == STORE_BATCHES_METRIC:
+                    store_batches = sum(sample.value for sample in family.samples)
                 elif family.name == COMMIT_METRIC:
                     for sample in family.samples:
                         if sample.name == f"{COMMIT_METRIC}_sum":
@@ -121,7 +132,13 @@ def read_nodes(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, NodeR
             log.warning("cannot parse the metrics of %s at %s: %s", name, url, exc)
             continue
         readings[name] = NodeReading(
-            cpu, totals[RECORDS_METRIC], totals[FLUSHES_METRIC], commit_seconds, commits
+            cpu,
+            totals[RECORDS_METRIC],
+            totals[FLUSHES_METRIC],
+            commit_seconds,
+            commits,
+            totals[COMMITTED_METRIC],
+            store_batches,
         )
     return readings
 
@@ -157,11 +174,14 @@ class NodeUsage:
             made durable during the block.
         server_commits: for each server that committed: ``(seconds, commits)``, the receipt-to-commit
             seconds of its commits during the block, summed, and their number.
+        server_batches: for each server that sent store batches: ``(records, batches)``, the
+            records it committed and the store batches it sent during the block.
     """
 
     cpu_seconds: dict[str, float] = field(default_factory=dict)
     storage_batches: dict[str, tuple[float, float]] = field(default_factory=dict)
     server_commits: dict[str, tuple[float, float]] = field(default_factory=dict)
+    server_batches: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @contextmanager
@@ -191,3 +211,8 @@ def measure_nodes(urls: Mapping[str, str]) -> Iterator[NodeUsage]:
         commit_seconds = reading.commit_seconds - earlier.commit_seconds
         if commits > 0 and commit_seconds >= 0:
             usage.server_commits[name] = (commit_seconds, commits)
+        # A partition that left the server took its batch count with it: a count that went down is left out.
+        sent = reading.store_batches - earlier.store_batches
+        committed = reading.committed_records - earlier.committed_records
+        if sent > 0 and committed >= 0:
+            usage.server_batches[name] = (committed, sent)

@@ -291,8 +291,9 @@ def run_producer(
         metrics_urls: ``/metrics`` URL of each cluster process by name
             (``LocalCluster.metrics_urls()``), to report their CPU per transaction
             (``RunStats.node_cpu_seconds``), the storage nodes' records per flush
-            (``RunStats.storage_batches``) and the servers' receipt-to-commit time
-            (``RunStats.server_commits``); None or empty: the client's CPU alone.
+            (``RunStats.storage_batches``), the servers' receipt-to-commit time
+            (``RunStats.server_commits``) and records per store batch
+            (``RunStats.server_batches``); None or empty: the client's CPU alone.
 
     Returns:
         The merged stats of the measured phase (warm-up excluded); throughput is the committed
@@ -311,6 +312,7 @@ def run_producer(
     stats.node_cpu_seconds = usage.cpu_seconds
     stats.storage_batches = usage.storage_batches
     stats.server_commits = usage.server_commits
+    stats.server_batches = usage.server_batches
     return stats
 
 

@@ -128,6 +128,9 @@ class RunStats:
         server_commits: for each server of the run, ``(seconds, commits)``: the seconds from
             receiving an append to its commit, summed over its commits, and their number
             (``waltz_server_commit_seconds``); see :meth:`server_commit_ms`.
+        server_batches: for each server of the run, ``(records, batches)``: the records it
+            committed and the store batches it sent to the replicas over the same span; see
+            :meth:`records_per_store_batch`.
         client_stages: for each stage of a transaction's latency that the clients time (the
             producer's ``CLIENT_STAGES``), ``(seconds, count)`` summed over the clients' measured
             phases; see :meth:`client_stage_ms`.
@@ -145,6 +148,7 @@ class RunStats:
     node_cpu_seconds: dict[str, float] = field(default_factory=dict)
     storage_batches: dict[str, tuple[float, float]] = field(default_factory=dict)
     server_commits: dict[str, tuple[float, float]] = field(default_factory=dict)
+    server_batches: dict[str, tuple[float, float]] = field(default_factory=dict)
     client_stages: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
@@ -180,6 +184,12 @@ class RunStats:
         """Records each storage node wrote per flush (fsync) on average, by name (nodes that
         flushed); the larger, the less CPU per transaction a storage node spends."""
         return {name: records / flushes for name, (records, flushes) in self.storage_batches.items()}
+
+    def records_per_store_batch(self) -> dict[str, float]:
+        """Records each server committed per store batch it sent to the replicas, on average, by
+        server (servers that sent batches): a storage flush can hold several batches of one
+        partition (``storage.linger``, ``docs/configuration.md``)."""
+        return {name: records / batches for name, (records, batches) in self.server_batches.items()}
 
     def server_commit_ms(self) -> dict[str, float]:
         """Mean milliseconds from a server receiving an append to its commit (a quorum of
@@ -254,6 +264,7 @@ class RunStats:
         ``p90``, ``p99``, ``p99.9``, ``max``, ``mean``, ``count``; values NaN-free: None when no
         latency was recorded), ``cpu_us_per_transaction`` (:meth:`cpu_microseconds_per_transaction`,
         rounded), ``records_per_storage_flush`` (:meth:`records_per_storage_flush`, rounded),
+        ``records_per_store_batch`` (:meth:`records_per_store_batch`, rounded),
         ``server_commit_ms`` (:meth:`server_commit_ms`, rounded), ``client_stage_ms``
         (:meth:`client_stage_ms`, rounded) and ``errors``.
         """
@@ -278,6 +289,9 @@ class RunStats:
             },
             "records_per_storage_flush": {
                 name: round(records, 1) for name, records in self.records_per_storage_flush().items()
+            },
+            "records_per_store_batch": {
+                name: round(records, 1) for name, records in self.records_per_store_batch().items()
             },
             "server_commit_ms": {name: round(ms, 3) for name, ms in self.server_commit_ms().items()},
             "client_stage_ms": {stage: round(ms, 3) for stage, ms in self.client_stage_ms().items()},
@@ -312,6 +326,10 @@ class RunStats:
         if batches:
             parts = ", ".join(f"{name} {records:,.1f}" for name, records in batches.items())
             lines.append(f"records per storage flush: {parts}")
+        per_batch = self.records_per_store_batch()
+        if per_batch:
+            parts = ", ".join(f"{name} {records:,.1f}" for name, records in per_batch.items())
+            lines.append(f"records per store batch: {parts}")
         commits = self.server_commit_ms()
         if commits:
             parts = ", ".join(f"{name} {ms:,.2f}" for name, ms in commits.items())

@@ -25,7 +25,7 @@ class StoreConfig:
             trip go together (group commit; several clients' appends share one flush) rather than
             one small batch per client message, a lone append never waits, and a slow replica
             (beyond the quorum) holds nothing back. 5 ms: benchmarks/RESULTS.md (2026-11-25
-            16:40 UTC; less CPU per transaction than 2 ms at 4 partitions, the same at 1).
+            16:25 UTC; less CPU per transaction than 2 ms at 4 partitions, the same at 1).
         checkpoint_interval: transactions after which a new store session is started, so that a
             recovery never has to look back far (``storage.checkpointInterval``, seed 000).
         connect_timeout: seconds to wait for a storage node to answer an open request.
