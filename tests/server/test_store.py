@@ -544,6 +544,22 @@ def test_the_linger_waits_only_while_a_batch_awaits_its_quorum() -> None:
     assert linger_left(session, 100.0005) == 0.0  # no linger configured
 
 
+async def append_behind_a_flying_batch(partition: StorePartition, seq_num: int) -> None:
+    """Append ``seq_num`` alone, then ``seq_num + 1`` while its batch awaits its quorum: the second
+    waits for that commit (not for the linger), then goes in a batch of its own. The partition's
+    log must end at ``seq_num - 1``."""
+    sent = partition.batches_sent
+    first = asyncio.ensure_future(partition.append(ReqId(1, 1, 0, seq_num), 0, payload(seq_num)))
+    for _ in range(2000):  # bounded: until the first batch has left
+        if partition.batches_sent > sent:
+            break
+        await asyncio.sleep(0.001)
+    assert partition.batches_sent == sent + 1
+    second = partition.append(ReqId(1, 1, 0, seq_num + 1), 0, payload(seq_num + 1))
+    assert await asyncio.wait_for(asyncio.gather(first, second), 20) == [seq_num, seq_num + 1]
+    assert partition.batches_sent == sent + 2
+
+
 def test_a_long_linger_never_holds_a_lone_append_and_ends_when_the_flying_batch_resolves(
     store_cluster: StoreCluster,
 ) -> None:
@@ -554,17 +570,7 @@ def test_a_long_linger_never_holds_a_lone_append_and_ends_when_the_flying_batch_
             # One at a time: nothing else is in flight, so each is sent at once.
             for i in range(5):
                 assert await asyncio.wait_for(partition.append(ReqId(1, 1, 0, i), 0, payload(i)), 20) == i
-            sent = partition.batches_sent
-            first = asyncio.ensure_future(partition.append(ReqId(1, 1, 0, 5), 0, payload(5)))
-            for _ in range(2000):  # bounded: until the first batch has left
-                if partition.batches_sent > sent:
-                    break
-                await asyncio.sleep(0.001)
-            assert partition.batches_sent == sent + 1
-            # Queued while that batch awaits its quorum: it waits for the commit (or 60 s), then goes.
-            second = partition.append(ReqId(1, 1, 0, 6), 0, payload(6))
-            assert await asyncio.wait_for(asyncio.gather(first, second), 20) == [5, 6]
-            assert partition.batches_sent == sent + 2
+            await append_behind_a_flying_batch(partition, 5)
         finally:
             await partition.close()
 
@@ -586,16 +592,7 @@ def test_a_paused_replica_beyond_the_quorum_does_not_hold_the_lingering_batch(
         try:
             assert await asyncio.wait_for(partition.append(ReqId(1, 1, 0, 0), 0, payload(0)), 20) == 0
             slow.process.pause()
-            sent = partition.batches_sent
-            first = asyncio.ensure_future(partition.append(ReqId(1, 1, 0, 1), 0, payload(1)))
-            for _ in range(2000):  # bounded: until the first batch has left
-                if partition.batches_sent > sent:
-                    break
-                await asyncio.sleep(0.001)
-            assert partition.batches_sent == sent + 1
-            second = partition.append(ReqId(1, 1, 0, 2), 0, payload(2))
-            assert await asyncio.wait_for(asyncio.gather(first, second), 20) == [1, 2]
-            assert partition.batches_sent == sent + 2
+            await append_behind_a_flying_batch(partition, 1)
         finally:
             slow.process.resume()
             await partition.close()
