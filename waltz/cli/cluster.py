@@ -12,19 +12,18 @@ root, unknown storage node).
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from kazoo.exceptions import KazooException
 
-from waltz.cli.groups import HELP
+from waltz.cli.groups import HELP, MARKUP
 from waltz.cli.logs import configure_logging
 from waltz.config import load_settings
 from waltz.errors import StorageRpcError, WaltzError
@@ -34,11 +33,10 @@ from waltz.services.cluster.description import ClusterDescription
 from waltz.services.cluster.replicas import ReplicaChangeRefusedError
 from waltz.services.cluster.verify import CheckStatus, VerifyReport
 
-F = TypeVar("F", bound=Callable[..., None])
-
 app = typer.Typer(
     help=HELP["cluster"],
     no_args_is_help=True,
+    rich_markup_mode=MARKUP,
 )
 storage_app = typer.Typer(
     help=(
@@ -47,24 +45,9 @@ storage_app = typer.Typer(
         "partition; never fewer caught-up replicas than a quorum): see docs/zookeeper.md."
     ),
     no_args_is_help=True,
+    rich_markup_mode=MARKUP,
 )
 app.add_typer(storage_app, name="storage")
-
-
-def _unwrap(doc: str) -> str:
-    """Join the lines of each docstring paragraph, so that the help is wrapped to the terminal."""
-    paragraphs = inspect.cleandoc(doc).split("\n\n")
-    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
-
-
-def _command(typer_app: typer.Typer, name: str) -> Callable[[F], F]:
-    """Register a command whose help is its docstring with unwrapped paragraphs."""
-
-    def register(function: F) -> F:
-        typer_app.command(name, help=_unwrap(function.__doc__ or ""))(function)
-        return function
-
-    return register
 
 
 # ---- shared options ------------------------------------------------------------------------------
@@ -93,7 +76,7 @@ ConfigOption = Annotated[
     typer.Option(
         "--config",
         "-c",
-        help="YAML file with zookeeper.* and cluster.* keys (see docs/zookeeper.md).",
+        help="YAML file with `zookeeper.*` and `cluster.*` keys (see docs/zookeeper.md).",
         exists=True,
         dir_okay=False,
         show_default=False,
@@ -231,7 +214,7 @@ def _warn(lines: Iterable[str]) -> None:
 # ---- cluster commands ----------------------------------------------------------------------------
 
 
-@_command(app, "create")
+@app.command("create")
 def create(
     name: Annotated[str, typer.Option("--name", "-n", help="The cluster's name.", show_default=False)],
     partitions: Annotated[
@@ -320,7 +303,7 @@ def _print_create(admin: ClusterAdmin, result: CreateResult, zookeeper: str | No
             )
 
 
-@_command(app, "list")
+@app.command("list")
 def list_cluster(
     json_output: JsonOption = False,
     zookeeper: ZookeeperOption = None,
@@ -376,7 +359,7 @@ def _print_description(description: ClusterDescription) -> None:
             typer.echo(f"    {storage:<{width}}  {role}  {text}")
 
 
-@_command(app, "verify")
+@app.command("verify")
 def verify(
     json_output: JsonOption = False,
     zookeeper: ZookeeperOption = None,
@@ -423,7 +406,7 @@ def _print_report(report: VerifyReport) -> None:
     )
 
 
-@_command(app, "delete")
+@app.command("delete")
 def delete(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     unassign_storage: Annotated[
@@ -487,7 +470,7 @@ def delete(
 # ---- storage commands ----------------------------------------------------------------------------
 
 
-@_command(storage_app, "add")
+@storage_app.command("add")
 def storage_add(
     storage: StorageArgument,
     admin_port: Annotated[
@@ -510,7 +493,7 @@ def storage_add(
     typer.echo(f"added storage {storage} (admin port {admin_port}, group {group}) to {admin.root}")
 
 
-@_command(storage_app, "remove")
+@storage_app.command("remove")
 def storage_remove(
     storage: StorageArgument,
     zookeeper: ZookeeperOption = None,
@@ -528,7 +511,7 @@ def storage_remove(
     typer.echo(f"removed storage {storage} from {admin.root}")
 
 
-@_command(storage_app, "assign")
+@storage_app.command("assign")
 def storage_assign(
     storage: StorageArgument,
     partition: PartitionsOption,
@@ -555,7 +538,7 @@ def storage_assign(
     )
 
 
-@_command(storage_app, "unassign")
+@storage_app.command("unassign")
 def storage_unassign(
     storage: StorageArgument,
     partition: PartitionsOption,
@@ -593,7 +576,7 @@ def storage_unassign(
         raise typer.Exit(1)
 
 
-@_command(storage_app, "auto-assign")
+@storage_app.command("auto-assign")
 def storage_auto_assign(
     group: Annotated[int, typer.Option("--group", "-g", help="The replica group.", show_default=False)],
     force: ForceOption = False,
@@ -625,7 +608,7 @@ def storage_auto_assign(
         raise typer.Exit(1)
 
 
-@_command(storage_app, "availability")
+@storage_app.command("availability")
 def storage_availability(
     storage: StorageArgument,
     partition: PartitionsOption,
@@ -657,7 +640,7 @@ def storage_availability(
     typer.echo(f"storage {storage}: partitions {format_partitions(ids)}: {', '.join(switches)}")
 
 
-@_command(storage_app, "max-transaction-id")
+@storage_app.command("max-transaction-id")
 def storage_max_transaction_id(
     storage: StorageArgument,
     partition: PartitionsOption,
@@ -679,7 +662,7 @@ def storage_max_transaction_id(
         typer.echo(f"partition {partition_id}: {transaction_id}")
 
 
-@_command(storage_app, "recover-partition")
+@storage_app.command("recover-partition")
 def storage_recover_partition(
     source: Annotated[str, typer.Option("--source", help="Storage node to copy from (`host:port`).")],
     destination: Annotated[str, typer.Option("--destination", help="Storage node to copy to (`host:port`).")],

@@ -14,46 +14,28 @@ missing driver, database unreachable or refusing the statement, framework tables
 from __future__ import annotations
 
 import getpass
-import inspect
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from alembic.util.exc import CommandError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
-from waltz.cli.groups import HELP
+from waltz.cli.groups import HELP, MARKUP
 from waltz.cli.logs import configure_logging
 from waltz.errors import SqlFrameworkError
 from waltz.jdbc_style import migrations_api as api
 
-F = TypeVar("F", bound=Callable[..., None])
-
 app = typer.Typer(
     help=HELP["db"],
     no_args_is_help=True,
+    rich_markup_mode=MARKUP,
 )
-
-
-def _unwrap(doc: str) -> str:
-    """Join the lines of each docstring paragraph, so that the help is wrapped to the terminal."""
-    paragraphs = inspect.cleandoc(doc).split("\n\n")
-    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
-
-
-def _command(name: str) -> Callable[[F], F]:
-    """Register a command whose help is its docstring with unwrapped paragraphs."""
-
-    def register(function: F) -> F:
-        app.command(name, help=_unwrap(function.__doc__ or ""))(function)
-        return function
-
-    return register
 
 
 UrlOption = Annotated[
@@ -160,7 +142,7 @@ def _revision_text(revision: str | None, head: str) -> str:
 # ---- migrations ----------------------------------------------------------------------------------
 
 
-@_command("upgrade")
+@app.command("upgrade")
 def upgrade(
     url: UrlOption,
     revision: Annotated[
@@ -190,7 +172,7 @@ def upgrade(
     typer.echo(f"waltz framework tables on {_safe_url(url)}: {_revision_text(reached, api.head())}")
 
 
-@_command("downgrade")
+@app.command("downgrade")
 def downgrade(
     url: UrlOption,
     revision: Annotated[
@@ -214,7 +196,7 @@ def downgrade(
     typer.echo(f"waltz framework tables on {_safe_url(url)}: {_revision_text(reached, api.head())}")
 
 
-@_command("current")
+@app.command("current")
 def current(
     url: UrlOption,
     version_table: Annotated[
@@ -241,7 +223,7 @@ def current(
 # ---- operator commands ---------------------------------------------------------------------------
 
 
-@_command("marks")
+@app.command("marks")
 def marks(url: UrlOption, cluster: ClusterFilterOption = None, json_output: JsonOption = False) -> None:
     """Show the high-water marks: per cluster and partition, the highest transaction ID applied to
     this database (-1: none yet) and when it last moved (UTC)."""
@@ -272,7 +254,7 @@ def marks(url: UrlOption, cluster: ClusterFilterOption = None, json_output: Json
         )
 
 
-@_command("skip")
+@app.command("skip")
 def skip(
     url: UrlOption,
     cluster: Annotated[
@@ -328,7 +310,7 @@ def skip(
     )
 
 
-@_command("skips")
+@app.command("skips")
 def skips(url: UrlOption, cluster: ClusterFilterOption = None, json_output: JsonOption = False) -> None:
     """Show the operators' skip requests: pending (not yet acted on) or done, with who asked, why,
     and when (UTC)."""

@@ -44,7 +44,7 @@ def demo(
         typer.Option(help="End with the Spark rebuild of the ledger from the log and the drift check."),
     ] = True,
     spark_master: Annotated[
-        str | None, typer.Option(help="Spark master URL of the rebuild (default local[*]).")
+        str | None, typer.Option(help="Spark master URL of the rebuild (default `local[*]`).")
     ] = None,
     work_dir: Annotated[
         Path | None, typer.Option(help="Keep the cluster's data, logs and the SQLite database here.")

@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from waltz.cli.groups import HELP
+from waltz.cli.groups import HELP, MARKUP
 from waltz.errors import WaltzError
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
@@ -29,8 +29,7 @@ from waltz.services.storage.partition import DEFAULT_CHECKPOINT_INTERVAL
 app = typer.Typer(
     help=HELP["disk"],
     no_args_is_help=True,
-    # Markdown joins the wrapped lines of a docstring paragraph; "rich" mode would keep them.
-    rich_markup_mode="markdown",
+    rich_markup_mode=MARKUP,
 )
 
 StorageDir = Annotated[
@@ -40,7 +39,7 @@ StorageDir = Annotated[
 SegmentPath = Annotated[
     Path,
     typer.Argument(
-        help="A segment data file: <storage dir>/<partition>/<first transaction ID, 19 digits>.seg.",
+        help="A segment data file: `<storage dir>/<partition>/<first transaction ID, 19 digits>.seg`.",
         show_default=False,
     ),
 ]
@@ -349,7 +348,7 @@ def verify_segment(
 ) -> None:
     """Verify one segment data file and its index file.
 
-    The same checks as verify, for one segment. When the file lies in <storage dir>/<partition>/,
+    The same checks as verify, for one segment. When the file lies in `<storage dir>/<partition>/`,
     its partition and cluster key are checked against the directory and the control file, and it
     is judged as the last segment (torn tail is a WARNING) only when no later segment follows it.
     Exits with 1 when an ERROR was found (an unreadable header is one), 0 otherwise.

@@ -10,12 +10,17 @@ the same text for its own ``--help``.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Final
 
 import typer
 import typer.core
 
-__all__ = ["HELP", "LazyGroup"]
+__all__ = ["HELP", "MARKUP", "LazyGroup"]
+
+#: How every ``waltz`` command renders its help (``typer.Typer(rich_markup_mode=MARKUP)``):
+#: Markdown joins the hard-wrapped lines of a docstring paragraph and wraps them to the terminal,
+#: where Typer's "rich" mode keeps every line break (ragged at 80 columns, and when piped).
+MARKUP: Final = "markdown"
 
 #: The help of each lazily imported group (its module's ``app`` uses the same text).
 HELP = {

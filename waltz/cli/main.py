@@ -10,11 +10,12 @@ import typer
 
 from waltz import __version__
 from waltz.cli import chaos, demo, perf, rebuild, server, storage, up
-from waltz.cli.groups import LazyGroup
+from waltz.cli.groups import MARKUP, LazyGroup
 
 app = typer.Typer(
     help="Waltz: a quorum-replicated, partitioned write-ahead log with optimistic locking.",
     no_args_is_help=True,
+    rich_markup_mode=MARKUP,
     pretty_exceptions_enable=False,
     cls=LazyGroup,  # disk, cluster and db are imported when used (waltz.cli.groups)
 )

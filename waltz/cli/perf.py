@@ -8,7 +8,6 @@ cluster could not be reached or started.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
+from waltz.cli.groups import MARKUP
 from waltz.cli.logs import configure_logging
 from waltz.errors import ConfigurationError, WaltzError, WaltzTimeoutError
 
@@ -25,10 +25,11 @@ app = typer.Typer(
     help=(
         "Measure a Waltz cluster: producers (transactions/s, MB/s, retries per transaction, "
         "submit-to-commit latency percentiles from an HdrHistogram) and consumers (read throughput). "
-        "Target an existing cluster with --zookeeper/--root (or --config, or WALTZ_* variables), or "
+        "Target an existing cluster with --zookeeper/--root (or --config, or `WALTZ_*` variables), or "
         "start a local one with --local and --storages/--servers/--partitions."
     ),
     no_args_is_help=True,
+    rich_markup_mode=MARKUP,
 )
 
 ConfigOption = Annotated[
@@ -38,7 +39,7 @@ ConfigOption = Annotated[
         "-c",
         exists=True,
         dir_okay=False,
-        help="Client YAML file (zookeeper.connectString, cluster.root, client.* keys).",
+        help="Client YAML file (zookeeper.connectString, cluster.root, `client.*` keys).",
         show_default=False,
     ),
 ]
@@ -126,12 +127,6 @@ def _describe(local: bool, storages: int, servers: int, partitions: int, root: s
         else f"cluster {root}"
     )
     return where
-
-
-def _unwrap(doc: str | None) -> str:
-    """Join the lines of each docstring paragraph, so that the help is wrapped to the terminal."""
-    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
-    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
 def producer(
@@ -279,5 +274,5 @@ def consumer(
     typer.echo(f"(producers: {report.producers.transactions_per_second:,.1f} transactions/s)")
 
 
-app.command("producer", help=_unwrap(producer.__doc__))(producer)
-app.command("consumer", help=_unwrap(consumer.__doc__))(consumer)
+app.command("producer")(producer)
+app.command("consumer")(consumer)

@@ -7,11 +7,12 @@ from typing import Annotated
 
 import typer
 
+from waltz.cli.groups import MARKUP
 from waltz.cli.logs import configure_logging
 from waltz.config import load_settings
 from waltz.errors import ConfigurationError, WaltzError
 
-app = typer.Typer(help="Run a Waltz server.", no_args_is_help=True)
+app = typer.Typer(help="Run a Waltz server.", no_args_is_help=True, rich_markup_mode=MARKUP)
 
 
 @app.command("start")
@@ -21,7 +22,7 @@ def start(
         typer.Option(
             "--config",
             "-c",
-            help="YAML file with zookeeper.*, cluster.*, server.*, storage.* keys.",
+            help="YAML file with `zookeeper.*`, `cluster.*`, `server.*` and `storage.*` keys.",
             exists=True,
         ),
     ] = None,

@@ -8,11 +8,12 @@ from typing import Annotated
 
 import typer
 
+from waltz.cli.groups import MARKUP
 from waltz.cli.logs import configure_logging
 from waltz.config import load_settings
 from waltz.errors import ConfigurationError
 
-app = typer.Typer(help="Run a Waltz storage node.", no_args_is_help=True)
+app = typer.Typer(help="Run a Waltz storage node.", no_args_is_help=True, rich_markup_mode=MARKUP)
 
 
 @app.command("start")
