@@ -32,6 +32,9 @@ def test_yaml_flat_and_nested_keys_and_environment_override(
     assert settings.segment_size_threshold == 4096
     assert settings.admin_port == 7002  # the environment wins over the file
     assert load_settings(StorageConfig, config, admin_port=7003).admin_port == 7003  # options win
+    assert settings.inline_append_streams == 2
+    monkeypatch.setenv("WALTZ_STORAGE_INLINE_APPEND_STREAMS", "1")
+    assert load_settings(StorageConfig, config).inline_append_streams == 1
 
 
 def test_bad_configuration_gives_clear_errors(tmp_path: Path) -> None:
@@ -48,6 +51,9 @@ def test_bad_configuration_gives_clear_errors(tmp_path: Path) -> None:
     # Below the 32 MiB a client may send, a node would refuse a transaction and stall its partition.
     config.write_text("storage.directory: /d\nstorage.grpc.maxMessageBytes: 8388608\n")
     with pytest.raises(ConfigurationError, match=r"(?s)max_message_bytes.*33554432"):
+        load_settings(StorageConfig, config)
+    config.write_text("storage.directory: /d\nstorage.inlineAppendStreams: 0\n")
+    with pytest.raises(ConfigurationError, match="inline_append_streams"):
         load_settings(StorageConfig, config)
     config.write_text(": : :")
     with pytest.raises(ConfigurationError, match="cannot read"):

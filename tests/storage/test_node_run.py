@@ -1,6 +1,7 @@
 """Where :meth:`StorageNode.run` runs a partition's work: its I/O thread, or the event loop for an
-append from the only source appending (a store session stream, or the partition by default;
-``storage.inlineAppends``); work of a partition stays in order either way."""
+append while few sources append (store session streams, or partitions by default;
+``storage.inlineAppends``, ``storage.inlineAppendStreams``); work of a partition stays in order
+either way."""
 
 from __future__ import annotations
 
@@ -12,16 +13,29 @@ from pathlib import Path
 
 import pytest
 
-from waltz.services.storage.node import INLINE_MAX_BYTES, INLINE_QUIET_SECONDS, StorageNode
+from waltz.services.storage.node import (
+    DEFAULT_INLINE_APPEND_STREAMS,
+    INLINE_MAX_BYTES,
+    INLINE_QUIET_SECONDS,
+    StorageNode,
+)
+
+
+def _open_node(
+    path: Path, partitions: int, inline_append_streams: int = DEFAULT_INLINE_APPEND_STREAMS
+) -> StorageNode:
+    node = StorageNode(path, inline_appends=True, inline_append_streams=inline_append_streams)
+    node.start()
+    node.admin_open(str(uuid.uuid4()), partitions)
+    for partition in range(partitions):
+        node.set_assignment(partition, True)
+    return node
 
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[StorageNode]:
-    node = StorageNode(tmp_path / "storage", inline_appends=True)
-    node.start()
-    node.admin_open(str(uuid.uuid4()), 2)
-    node.set_assignment(0, True)
-    node.set_assignment(1, True)
+    """A node with partitions 0 and 1 whose appends run on the loop only for one source at a time."""
+    node = _open_node(tmp_path / "storage", 2, inline_append_streams=1)
     try:
         yield node
     finally:
@@ -101,6 +115,37 @@ def test_appends_of_several_partitions_from_one_stream_run_on_the_loop(node: Sto
     assert not first.startswith("partition-") and not second.startswith("partition-")
     assert third.startswith("partition-0") and fourth.startswith("partition-1")
     assert node.inline_runs == 2
+
+
+def test_by_default_appends_of_up_to_two_streams_run_on_the_loop(tmp_path: Path) -> None:
+    """One stream per server: 2 servers appending at once still append on the loop; a third
+    stream sends every stream's appends to the I/O threads until the others are quiet again."""
+    assert DEFAULT_INLINE_APPEND_STREAMS == 2
+    node = _open_node(tmp_path / "storage", 3)
+    streams = [object() for _ in range(3)]
+
+    async def append(i: int) -> str:
+        return await node.run(i, _thread_name, append_bytes=100, source=streams[i])
+
+    async def scenario() -> tuple[list[str], list[str], str]:
+        two = [await append(i) for i in range(2)]
+        three = [await append(i) for i in (2, 0, 1)]  # the third stream, then the two again
+        await asyncio.sleep(INLINE_QUIET_SECONDS * 1.5)
+        return two, three, await append(2)
+
+    try:
+        two, three, quiet = asyncio.run(scenario())
+    finally:
+        node.close()
+    assert not any(name.startswith("partition-") for name in two)
+    assert [name.split("_")[0] for name in three] == [f"partition-{i}" for i in (2, 0, 1)]
+    assert not quiet.startswith("partition-")
+    assert node.inline_runs == 3
+
+
+def test_inline_append_streams_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="inline_append_streams must be at least 1"):
+        StorageNode(tmp_path / "storage", inline_appends=True, inline_append_streams=0)
 
 
 def test_an_append_waits_behind_work_queued_on_the_partition_thread(node: StorageNode) -> None:

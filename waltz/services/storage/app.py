@@ -36,6 +36,7 @@ class StorageApp:
             segment_size_threshold=config.segment_size_threshold,
             checkpoint_interval=config.checkpoint_interval,
             inline_appends=config.inline_appends,
+            inline_append_streams=config.inline_append_streams,
         )
         self._servers: list[grpc.aio.Server] = []
         self._http: HealthHttpServer | None = None

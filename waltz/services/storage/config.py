@@ -10,6 +10,7 @@ from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
 from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES
+from waltz.services.storage.node import DEFAULT_INLINE_APPEND_STREAMS
 
 __all__ = ["StorageConfig"]
 
@@ -30,6 +31,7 @@ class StorageConfig(WaltzSettings):
         "storage.grpc.maxMessageBytes": "max_message_bytes",
         "storage.maxResponseBytes": "max_response_bytes",
         "storage.inlineAppends": "inline_appends",
+        "storage.inlineAppendStreams": "inline_append_streams",
         "storage.ssl.certFile": "tls_cert_file",
         "storage.ssl.keyFile": "tls_key_file",
         "storage.ssl.caFile": "tls_ca_file",
@@ -58,8 +60,15 @@ class StorageConfig(WaltzSettings):
     inline_appends: bool = Field(
         True,
         description="Write and fsync an append on the event loop, not the partition's I/O thread, "
-        "while its partition is the only one appending on this node (saves two thread switches "
-        "per batch; off: always the I/O thread).",
+        "while at most storage.inlineAppendStreams store session streams append on this node "
+        "(saves two thread switches per batch; off: always the I/O thread).",
+    )
+    inline_append_streams: int = Field(
+        DEFAULT_INLINE_APPEND_STREAMS,
+        ge=1,
+        description="Store session streams (one per server writing here) whose appends may run on "
+        "the event loop at once; with more appending, appends go to the partitions' I/O threads, "
+        "which flush in parallel.",
     )
     tls_cert_file: Path | None = Field(None, description="PEM certificate chain; TLS on both ports when set.")
     tls_key_file: Path | None = Field(None, description="PEM private key of the certificate.")

@@ -36,10 +36,13 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Seconds since another source's last append (another store session stream's, or another
-#: partition's) within which an append runs on its partition's I/O thread, not on the event loop
-#: (see :meth:`StorageNode.run`).
+#: Seconds since a source's last append (a store session stream's, or a partition's) within which
+#: it counts as appending on the node (see :meth:`StorageNode.run`).
 INLINE_QUIET_SECONDS = 0.1
+#: Sources (store session streams: one per server writing here) that may append on the event loop
+#: at once; when more are appending, appends run on their partitions' I/O threads
+#: (``storage.inlineAppendStreams``; see :meth:`StorageNode.run`).
+DEFAULT_INLINE_APPEND_STREAMS = 2
 #: Bytes of records above which an append runs on its partition's I/O thread, not on the event loop
 #: (writing and flushing them would hold up the node's other streams for longer).
 INLINE_MAX_BYTES = 1 << 20
@@ -54,8 +57,8 @@ class StorageNode:
     """All partitions of one storage directory.
 
     Partition work runs on the partition's own single thread (:meth:`run`), so requests on a
-    partition are applied in order and file I/O of one partition never holds up another's. Only
-    an append of the one partition writing on this node may run on the event loop itself (see
+    partition are applied in order and file I/O of one partition never holds up another's. An
+    append may run on the event loop itself while few streams append on this node (see
     :meth:`run`). Node-wide changes (initialisation, assignment) are serialised by a lock.
 
     Args:
@@ -64,6 +67,11 @@ class StorageNode:
         checkpoint_interval: transactions between index flushes.
         inline_appends: let :meth:`run` run an append on the event loop when that is safe and
             saves the two thread switches (``storage.inlineAppends``).
+        inline_append_streams: how many sources may append on the event loop at once
+            (``storage.inlineAppendStreams``, at least 1).
+
+    Raises:
+        ValueError: ``inline_append_streams`` is below 1.
     """
 
     def __init__(
@@ -73,9 +81,13 @@ class StorageNode:
         segment_size_threshold: int = DEFAULT_SEGMENT_SIZE_THRESHOLD,
         checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL,
         inline_appends: bool = False,
+        inline_append_streams: int = DEFAULT_INLINE_APPEND_STREAMS,
     ) -> None:
+        if inline_append_streams < 1:
+            raise ValueError(f"inline_append_streams must be at least 1, not {inline_append_streams}")
         self.directory = directory
         self.inline_appends = inline_appends
+        self.inline_append_streams = inline_append_streams
         self.inline_runs = 0
         """Appends that ran on the event loop (see :meth:`run`)."""
         self._outstanding: dict[int, int] = {}  # partition -> work submitted to its thread, not awaited yet
@@ -333,17 +345,20 @@ class StorageNode:
         switches, the largest part of a small batch's cost on a 2-core machine:
         benchmarks/RESULTS.md), when all of these hold: inline appends are on; the records take
         at most :data:`INLINE_MAX_BYTES`; no work of this partition is queued or running on its
-        thread (so its work stays in order); no other source appended on this node within
-        :data:`INLINE_QUIET_SECONDS`; and the node lock is free (an assignment change or a close,
-        which take it, never overlap the append).
+        thread (so its work stays in order); fewer than ``inline_append_streams`` other sources
+        appended on this node within :data:`INLINE_QUIET_SECONDS`; and the node lock is free (an
+        assignment change or a close, which take it, never overlap the append).
 
         ``source`` is where the append came from: the store session stream, which may carry the
         appends of many partitions (default: the partition). One stream's appends of several
         partitions run on the loop one after another (measured at 4 partitions on one shared
         stream, 3 A/B pairs: +12, +6 and +20 % transactions/s, storage CPU per transaction down
-        by 31 to 39 %), but appends of several streams at once go to the I/O threads (on the loop
-        they held up each other's streams: -5 to -26 % at 4 partitions with a stream each;
-        benchmarks/RESULTS.md).
+        by 31 to 39 %), and so do those of up to 2 streams (one per server) by default. Against
+        1 stream (the rule before), 2 servers gained 10 to 69 % transactions/s in every one of 6
+        A/B pairs, storage CPU per transaction down by a quarter to a half; at 3 streams the
+        loop's one-at-a-time flushes made store batches smaller and the gain was within the
+        noise (-17 to +29 %, 7 pairs), at 4 it vanished (benchmarks/RESULTS.md). With more
+        streams appending, appends go to the I/O threads, which flush partitions in parallel.
 
         Raises:
             Whatever ``work`` raises.
@@ -356,7 +371,7 @@ class StorageNode:
                 self.inline_appends
                 and append_bytes <= INLINE_MAX_BYTES
                 and not self._outstanding.get(partition_id)
-                and self._alone(key, now)
+                and self._few_sources(key, now)
                 and self._lock.acquire(blocking=False)
             ):
                 try:
@@ -377,15 +392,19 @@ class StorageNode:
             else:
                 del outstanding[partition_id]
 
-    def _alone(self, source: Hashable, now: float) -> bool:
-        """True when no other source appended within :data:`INLINE_QUIET_SECONDS`."""
+    def _few_sources(self, source: Hashable, now: float) -> bool:
+        """True when fewer than ``inline_append_streams`` other sources appended within
+        :data:`INLINE_QUIET_SECONDS`."""
         last = self._last_append
-        if len(last) == 1:
+        limit = self.inline_append_streams
+        if len(last) <= limit:
             return True
         quiet = now - INLINE_QUIET_SECONDS
+        others = 0
         for other, at in list(last.items()):
             if other != source:
-                if at > quiet:
-                    return False
-                del last[other]  # quiet for long enough: forget it until it appends again
-        return True
+                if at <= quiet:
+                    del last[other]  # quiet for long enough: forget it until it appends again
+                else:
+                    others += 1
+        return others < limit
