@@ -63,7 +63,7 @@ def test_every_command_is_found() -> None:
 
 @pytest.mark.parametrize(("path", "command"), COMMANDS, ids=[" ".join(p) or "waltz" for p, _ in COMMANDS])
 def test_the_help_shows_the_whole_description_wrapped_to_the_terminal(path: list[str], command: Any) -> None:
-    # The loaded lazy groups must be invoked on their own app: `app` still holds the stand-ins.
+    # As a user runs it: `waltz <path> --help` (a lazy group loads on the way, waltz.cli.groups).
     result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": str(WIDTH), "TERM": "dumb"})
     assert result.exit_code == 0, result.output
     described = _description(result.output)
