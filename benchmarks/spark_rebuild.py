@@ -45,10 +45,10 @@ from examples.ledger.service import LedgerService
 from examples.ledger.views import VIEWS
 from waltz.jdbc_style import ChangeSet, Operation, RowChange
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import wait_until
 from waltz.protocol.records import ReqId
 from waltz.protocol.server_client import ServerAdminClient
-from waltz.services.local_cluster import LocalCluster
-from waltz.services.processes import wait_until
 
 CLUSTER_NAME = "ledger"
 

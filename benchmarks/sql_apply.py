@@ -426,7 +426,7 @@ def run_through_cluster(
         WaltzClientCallbacks,
         WaltzClientConfig,
     )
-    from waltz.services.local_cluster import LocalCluster
+    from waltz.local.cluster import LocalCluster
 
     class MemoryMarks(WaltzClientCallbacks):
         def __init__(self) -> None:

@@ -21,6 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
+from waltz.local.nodes import LocalStorageNode
 from waltz.perf.cost import process_cpu_seconds
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import (
@@ -29,7 +30,6 @@ from waltz.protocol.storage_client import (
     check_response,
     columns_append,
 )
-from waltz.services.local import LocalStorageNode
 
 FLUSHES = "waltz_storage_append_flushes_total"
 

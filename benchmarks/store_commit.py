@@ -44,20 +44,20 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from waltz.perf.cost import process_cpu_seconds
-from waltz.protocol.records import Record, ReqId
-from waltz.protocol.storage_client import StorageAdminClient
-from waltz.services.cluster.metadata import (
+from waltz.local.nodes import LocalStorageNode
+from waltz.local.zookeeper import LocalZooKeeper
+from waltz.metadata.values import (
     ClusterParams,
     ConnectionMetadata,
     GroupDescriptor,
     ReplicaAssignments,
 )
-from waltz.services.cluster.zk import ClusterZk
-from waltz.services.local import LocalStorageNode
-from waltz.services.local_zookeeper import LocalZooKeeper
+from waltz.metadata.zk import ClusterZk
+from waltz.perf.cost import process_cpu_seconds
+from waltz.protocol.records import Record, ReqId
+from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.server.store.config import StoreConfig
-from waltz.services.server.store.partition import StorePartition
+from waltz.services.server.store.store_partition import StorePartition
 
 PY_SPY = Path(sys.executable).parent / "py-spy"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

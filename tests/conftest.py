@@ -38,7 +38,7 @@ from hypothesis import settings
 from kazoo.client import KazooClient
 
 from waltz.errors import ConfigurationError
-from waltz.services.local_zookeeper import DockerZooKeeper, LocalZooKeeper, docker_engine_available
+from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper, docker_engine_available
 
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=100)
 settings.register_profile("dev", deadline=None)

@@ -8,7 +8,7 @@ It needs Debian's ``zookeeper`` package and a Java runtime (or an external ZooKe
 ``--waltz-zookeeper``). Nothing happens until a test asks for one of its fixtures:
 
 ``waltz_cluster`` (session)
-    A started :class:`~waltz.services.local_cluster.LocalCluster`: ZooKeeper, storage nodes and
+    A started :class:`~waltz.local.cluster.LocalCluster`: ZooKeeper, storage nodes and
     servers as processes on loopback; every partition has a writable owner. Data and logs are in
     pytest's temporary directory (``<basetemp>/waltz-cluster0``), kept after the run as pytest
     keeps its temporary directories. When a test that uses it fails, the report ends with the
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from waltz.services.local_cluster import LocalCluster
+    from waltz.local.cluster import LocalCluster
 
 __all__ = [
     "pytest_addoption",
@@ -127,7 +127,7 @@ def waltz_cluster(
     Raises:
         pytest.UsageError: ``waltz_cluster_options`` holds a key LocalCluster does not take.
     """
-    from waltz.services.local_cluster import LocalCluster
+    from waltz.local.cluster import LocalCluster
 
     options = {"name": "pytest", "delete_root": True, **waltz_cluster_options}
     options.setdefault("work_dir", tmp_path_factory.mktemp("waltz-cluster"))
@@ -136,7 +136,7 @@ def waltz_cluster(
     except TypeError as exc:
         raise pytest.UsageError(
             f"waltz_cluster_options {sorted(waltz_cluster_options)}: {exc}; "
-            "the keys must be keyword arguments of waltz.services.local_cluster.LocalCluster"
+            "the keys must be keyword arguments of waltz.local.cluster.LocalCluster"
         ) from None
     with cluster:
         pytestconfig.stash[_CLUSTER_KEY] = cluster

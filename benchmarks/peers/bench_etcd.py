@@ -26,8 +26,8 @@ from typing import Any
 import grpc
 from common import MAX_RETRIES, TooManyRetriesError, result
 
+from waltz.local.processes import ManagedProcess, free_port, wait_until
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
-from waltz.services.processes import ManagedProcess, free_port, wait_until
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 SETTINGS = "etcd 3.4 defaults: WAL fsync per Raft batch, heartbeat 100 ms, election 1000 ms; gRPC client"

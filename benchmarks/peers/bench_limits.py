@@ -22,8 +22,8 @@ from typing import Any
 import grpc
 from common import result, serve_stream
 
+from waltz.local.processes import free_port, wait_for_port
 from waltz.perf.stats import RunStats
-from waltz.services.processes import free_port, wait_for_port
 
 RECORD = 200
 _METHOD = "/peerbench.Sink/Stream"

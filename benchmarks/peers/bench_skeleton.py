@@ -62,11 +62,11 @@ from typing import Any
 import grpc
 from common import GRPC_OPTIONS, MAX_RETRIES, TooManyRetriesError, result, serve_stream
 
+from waltz.local.processes import free_port, wait_for_port
 from waltz.perf.cost import process_cpu_seconds
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
 from waltz.perf.stats import RunStats
 from waltz.protocol import client_pb2, storage_pb2
-from waltz.services.processes import free_port, wait_for_port
 from waltz.services.storage import format as fmt
 
 _APPEND = "/skeleton.Server/Append"

@@ -25,8 +25,8 @@ from typing import Annotated
 
 import typer
 
-from waltz.cli.logs import configure_logging
 from waltz.errors import WaltzError
+from waltz.logs import configure_logging
 
 __all__ = ["app", "main"]
 
@@ -177,7 +177,7 @@ def local(
     """
     from examples.counter.http_api import CounterHttpServer
     from examples.counter.service import CounterService
-    from waltz.services.local_cluster import LocalCluster
+    from waltz.local.cluster import LocalCluster
 
     configure_logging(log_level)
 

@@ -30,8 +30,8 @@ from examples.ledger.service import LedgerService, prepare_database
 from examples.ledger.smallbank import SmallBankConfig, SmallBankStats, SmallBankWorkload
 from examples.ledger.transfers import pending_transfers
 from waltz.jdbc_style import create_framework_engine
-from waltz.services.local_cluster import LocalCluster
-from waltz.services.processes import wait_until
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import wait_until
 
 __all__ = ["DemoOptions", "DemoResult", "run_demo"]
 

@@ -32,8 +32,8 @@ from waltz.chaos.checks import (
 from waltz.chaos.schedule import random_schedule
 from waltz.chaos.sequence import ChecksumCallbacks, counter_key_for, counter_payload, payload_for
 from waltz.client.transaction import Transaction
+from waltz.local.zookeeper import find_java, find_zookeeper_classpath
 from waltz.protocol.records import Record, ReqId
-from waltz.services.local_zookeeper import find_java, find_zookeeper_classpath
 from waltz.services.storage import format as fmt
 
 

@@ -13,7 +13,7 @@ import pytest
 import support
 
 from waltz import WaltzClientConfig
-from waltz.services.local_cluster import LocalCluster
+from waltz.local.cluster import LocalCluster
 
 
 @pytest.fixture(scope="session")

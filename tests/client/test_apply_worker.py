@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from waltz import Transaction, WaltzClientCallbacks
 from waltz.client.apply_worker import ApplyWorker
 from waltz.client.waiting import Watermark
+from waltz.local.processes import wait_until
 from waltz.protocol.records import ReqId
-from waltz.services.processes import wait_until
 
 
 class Callbacks(WaltzClientCallbacks):

@@ -16,9 +16,9 @@ import pytest
 from client_helpers import Append, MemoryStore
 
 from waltz import Transaction, WaltzClient, WaltzClientConfig
-from waltz.client.partition import PartitionState
-from waltz.services.local_cluster import LocalCluster
-from waltz.services.processes import wait_until
+from waltz.client.client_partition import PartitionState
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import wait_until
 
 TIMEOUT = 60.0
 LIMIT = 40

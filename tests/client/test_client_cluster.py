@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from waltz import PartitionLocalLock, TransactionBuilder, WaltzClient, WaltzClientConfig
 from waltz.errors import PartitionNotMountedError, TransactionExpiredError
-from waltz.services.local_cluster import LocalCluster
-from waltz.services.processes import wait_until
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import wait_until
 
 
 def wait_applied(store: MemoryStore, marks: dict[int, int], timeout: float = 30) -> None:

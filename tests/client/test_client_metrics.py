@@ -8,7 +8,7 @@ from client_helpers import Append, MemoryStore
 from prometheus_client import CollectorRegistry
 
 from waltz import AsyncWaltzClient, PartitionLocalLock, Transaction, WaltzClient, WaltzClientConfig
-from waltz.services.processes import wait_until
+from waltz.local.processes import wait_until
 
 
 def sample(registry: CollectorRegistry, name: str, partition: int | None = None) -> float:

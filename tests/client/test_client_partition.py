@@ -17,8 +17,8 @@ from waltz import (
     TransactionContext,
     WaltzClientCallbacks,
 )
+from waltz.client.client_partition import ClientPartition, PartitionState
 from waltz.client.context import AppendPayload
-from waltz.client.partition import ClientPartition, PartitionState
 from waltz.client.submission import Submission
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId

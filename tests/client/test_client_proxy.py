@@ -15,7 +15,7 @@ from client_helpers import run_with_cuts
 
 from waltz import WaltzClientConfig
 from waltz.chaos.proxy import FaultProxy
-from waltz.services.local_cluster import LocalCluster
+from waltz.local.cluster import LocalCluster
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from support.tls import make_certificates
 
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.errors import WaltzTimeoutError
-from waltz.services.local import LocalServer
-from waltz.services.local_cluster import LocalCluster
+from waltz.local.cluster import LocalCluster
+from waltz.local.nodes import LocalServer
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import asyncio
 from client_helpers import Append, MemoryStore
 
 from waltz import WaltzClient, WaltzClientConfig
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import wait_until
 from waltz.protocol.server_client import ServerAdminClient
-from waltz.services.local_cluster import LocalCluster
-from waltz.services.processes import wait_until
 
 TIMEOUT = 30.0
 

@@ -12,7 +12,7 @@ from waltz import Transaction, WaltzClient, WaltzClientConfig
 from waltz.client import reading
 from waltz.client.reading import read_up_to
 from waltz.errors import TransactionDataError
-from waltz.services.local_cluster import LocalCluster
+from waltz.local.cluster import LocalCluster
 
 TIMEOUT = 60.0
 COUNT = 30

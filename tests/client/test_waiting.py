@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from waltz.client.waiting import ConcurrencyLimit, Watermark
-from waltz.services.processes import wait_until
+from waltz.local.processes import wait_until
 
 
 def test_limit_blocks_at_the_limit_and_hands_over_in_order() -> None:

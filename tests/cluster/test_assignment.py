@@ -7,7 +7,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from waltz.services.cluster.assignment import Member, PartitionAssignment, Placement, compute_assignment
+from waltz.metadata.assignment import Member, PartitionAssignment, Placement, compute_assignment
 
 
 def member(i: int, preferred: tuple[int, ...] = ()) -> Member:

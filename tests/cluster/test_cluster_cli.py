@@ -17,13 +17,13 @@ from kazoo.client import KazooClient
 from typer.testing import CliRunner, Result
 
 from waltz.cli.main import app
+from waltz.local.nodes import LocalStorageNode
+from waltz.local.processes import free_port, wait_until
+from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper
+from waltz.metadata.values import PartitionMetadata, ReplicaState
+from waltz.metadata.zk import ClusterZk
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
-from waltz.services.cluster.metadata import PartitionMetadata, ReplicaState
-from waltz.services.cluster.zk import ClusterZk
-from waltz.services.local import LocalStorageNode
-from waltz.services.local_zookeeper import DockerZooKeeper, LocalZooKeeper
-from waltz.services.processes import free_port, wait_until
 from waltz.services.storage import format as fmt
 
 StartStorage = Callable[[], LocalStorageNode]

@@ -12,11 +12,11 @@ from kazoo.client import KazooClient
 from support.storage import run
 
 from waltz.errors import ConfigurationError
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import ServiceStartError
+from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.server_client import ServerAdminClient
-from waltz.services.local import LocalCluster
-from waltz.services.local_zookeeper import DockerZooKeeper, LocalZooKeeper
-from waltz.services.processes import ServiceStartError
 
 SESSION_TIMEOUT = 3.0
 

@@ -13,14 +13,14 @@ import support
 from kazoo.client import KazooClient, KazooState
 
 from waltz.errors import ConfigurationError
-from waltz.services.local_zookeeper import (
+from waltz.local.processes import ServiceStartError, wait_until
+from waltz.local.zookeeper import (
     DockerZooKeeper,
     LocalZooKeeper,
     find_java,
     find_zookeeper_classpath,
     four_letter_word,
 )
-from waltz.services.processes import ServiceStartError, wait_until
 
 
 @contextmanager

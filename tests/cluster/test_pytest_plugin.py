@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from waltz.services.local_zookeeper import DockerZooKeeper, LocalZooKeeper
+from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper
 
 pytest_plugins = ["pytester"]
 

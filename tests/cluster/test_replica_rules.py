@@ -1,4 +1,4 @@
-"""The replica-change safety rules and replica placement (waltz.services.cluster.replicas;
+"""The replica-change safety rules and replica placement (waltz.metadata.replicas;
 docs/zookeeper.md "Replica changes")."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from waltz.services.cluster.metadata import PartitionMetadata, ReplicaState
-from waltz.services.cluster.replicas import (
+from waltz.metadata.replicas import (
     assign_refusal,
     is_caught_up,
     quorum_of,
     spread_replicas,
     unassign_refusal,
 )
+from waltz.metadata.values import PartitionMetadata, ReplicaState
 
 NODES = [f"10.0.0.{i}:55280" for i in range(1, 6)]
 A, B, C, D, _ = NODES

@@ -1,19 +1,19 @@
 """The checks of ``waltz cluster verify`` on hand-made metadata and probes (no processes):
-corner cases the process tests cannot reach cheaply (waltz.services.cluster.verify)."""
+corner cases the process tests cannot reach cheaply (waltz.admin.verify)."""
 
 from __future__ import annotations
 
 import uuid
 
-from waltz.services.cluster.description import ClusterDescription, PartitionInfo, StorageNodeInfo
-from waltz.services.cluster.metadata import ClusterParams, PartitionMetadata, ReplicaState
-from waltz.services.cluster.verify import (
+from waltz.admin.description import ClusterDescription, PartitionInfo, StorageNodeInfo
+from waltz.admin.verify import (
     CheckStatus,
     ReplicaStatus,
     StorageProbe,
     VerifyReport,
     verify_cluster,
 )
+from waltz.metadata.values import ClusterParams, PartitionMetadata, ReplicaState
 
 A, B, C = "10.0.0.1:55280", "10.0.0.2:55280", "10.0.0.3:55280"
 PARAMS = ClusterParams("test", 2, uuid.UUID(int=7))

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import support
 
-from waltz.services.local_cluster import LocalCluster
+from waltz.local.cluster import LocalCluster
 
 #: The backends ``example_db_url`` is parametrized over (also its test IDs).
 EXAMPLE_DB_BACKENDS = ("sqlite", "postgresql")

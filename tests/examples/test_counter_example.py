@@ -34,8 +34,8 @@ from typer.testing import CliRunner
 from examples.counter import CounterHttpServer, CounterService, InsufficientCountError
 from examples.counter.cli import app
 from examples.counter.load import run_load
-from waltz.services.local_cluster import LocalCluster
-from waltz.services.processes import wait_until
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import wait_until
 
 #: Seconds a test waits for one outcome (a change, a catch-up, a failover).
 TIMEOUT = 60.0

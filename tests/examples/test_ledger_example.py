@@ -20,8 +20,8 @@ from examples.ledger.models import TransferIn, TransferOut
 from examples.ledger.service import LedgerService, prepare_database
 from examples.ledger.transfers import money_in_flight
 from waltz.jdbc_style import create_framework_engine
-from waltz.services.local_cluster import LocalCluster
-from waltz.services.processes import wait_until
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import wait_until
 
 PARTITIONS = 4
 

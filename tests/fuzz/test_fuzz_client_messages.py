@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from support.feed import feed_run
 
 from waltz import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
+from waltz.client.client_partition import ClientPartition, PartitionState
 from waltz.client.context import AppendPayload
-from waltz.client.partition import ClientPartition, PartitionState
 from waltz.client.submission import Submission
 from waltz.client.transaction_data import (
     MalformedDataResponseError,

@@ -2,7 +2,7 @@
 
 * change-set transaction data (``waltz/jdbc_style/changeset.py``): ``ChangeSetFormatError`` only;
 * protobuf records as received on the wire and their conversion (``waltz/protocol/records.py``);
-* ZooKeeper znode codecs (``waltz/services/cluster/metadata.py``, ``assignment.py``):
+* ZooKeeper znode codecs (``waltz/metadata/values.py``, ``assignment.py``):
   ``MetadataError`` naming the znode;
 * YAML configuration files (``waltz/config.py``): ``ConfigurationError`` naming the file.
 
@@ -30,16 +30,16 @@ from hypothesis import strategies as st
 from waltz.config import load_settings
 from waltz.errors import ConfigurationError, MetadataError
 from waltz.jdbc_style.changeset import ChangeSet, ChangeSetFormatError, Operation, RowChange
-from waltz.protocol import common_pb2
-from waltz.protocol.records import Record, RecordHeader, ReqId
-from waltz.services.cluster.assignment import Member, PartitionAssignment
-from waltz.services.cluster.metadata import (
+from waltz.metadata.assignment import Member, PartitionAssignment
+from waltz.metadata.values import (
     ClusterParams,
     ConnectionMetadata,
     GroupDescriptor,
     PartitionMetadata,
     ReplicaAssignments,
 )
+from waltz.protocol import common_pb2
+from waltz.protocol.records import Record, RecordHeader, ReqId
 from waltz.services.server.config import ServerConfig
 from waltz.services.storage.config import StorageConfig
 
@@ -275,13 +275,13 @@ def test_config_files_with_wrong_values(values: dict[str, Any]) -> None:
     ],
 )
 def test_znode_json_limits_raise_metadata_error(data: bytes) -> None:
-    """waltz/services/cluster/metadata.py ``_load`` once let ValueError and RecursionError out."""
+    """waltz/metadata/values.py ``_load`` once let ValueError and RecursionError out."""
     with pytest.raises(MetadataError):
         ClusterParams.decode(data, ZNODE)
 
 
 def test_assignment_with_a_unicode_digit_partition_raises_metadata_error() -> None:
-    """waltz/services/cluster/assignment.py: ``"²".isdigit()`` is True, but ``int("²")`` raises."""
+    """waltz/metadata/assignment.py: ``"²".isdigit()`` is True, but ``int("²")`` raises."""
     data = json.dumps({"partitions": {"²": {"member": None, "endpoint": None, "generation": 1}}}).encode()
     with pytest.raises(MetadataError):
         PartitionAssignment.decode(data, ZNODE)

@@ -27,12 +27,12 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from support.storage import run
 
+from waltz.local.cluster import LocalCluster
+from waltz.local.nodes import LocalStorageNode
 from waltz.protocol import client_pb2, common_pb2, server_pb2, storage_pb2
 from waltz.protocol.records import crc32
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
-from waltz.services.local import LocalStorageNode
-from waltz.services.local_cluster import LocalCluster
 
 #: Seconds a node has to answer a malformed call.
 ANSWER_TIMEOUT = 10.0

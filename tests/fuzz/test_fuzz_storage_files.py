@@ -28,7 +28,7 @@ from waltz.services.storage import format as fmt
 from waltz.services.storage.control_file import ControlFile
 from waltz.services.storage.inspect import verify_partition, verify_storage
 from waltz.services.storage.inspect.report import Severity
-from waltz.services.storage.partition import StoragePartition
+from waltz.services.storage.storage_partition import StoragePartition
 
 KEY = uuid.UUID("01234567-89ab-cdef-0123-456789abcdef")
 #: Small segments and checkpoints, so that a few records make several segments and checkpoints.

@@ -31,9 +31,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from support.storage import run
 
+from waltz.local.processes import free_port
 from waltz.protocol import common_pb2, storage_pb2, storage_pb2_grpc
 from waltz.protocol.records import Record, ReqId, crc32
-from waltz.services.processes import free_port
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
 

@@ -23,8 +23,8 @@ from prometheus_client import (
     start_http_server,
 )
 
+from waltz.local.processes import free_port
 from waltz.perf.cost import measure_nodes, node_cpu_seconds, process_cpu_seconds, read_nodes
-from waltz.services.processes import free_port
 
 
 @contextmanager

@@ -17,11 +17,11 @@ from typer.testing import CliRunner
 
 from waltz.cli.main import app
 from waltz.client import WaltzClientConfig
+from waltz.local.cluster import LocalCluster
 from waltz.perf.consumer import ConsumerSettings, run_consumer
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, payload_submit_time, run_load
 from waltz.perf.producer import WARMUP_TRANSACTIONS, ProducerSettings, run_producer
 from waltz.perf.stats import LatencyHistogram
-from waltz.services.local_cluster import LocalCluster
 
 PERCENTILE_KEYS = ["p50", "p90", "p99", "p99.9"]
 

@@ -37,21 +37,21 @@ from support.storage import run
 from support.tls import make_certificates
 
 from waltz.errors import StorageRpcError
-from waltz.protocol import client_pb2, common_pb2, server_pb2, storage_pb2
-from waltz.protocol.channels import TlsConfig
-from waltz.protocol.records import Record, ReqId, crc32
-from waltz.protocol.server_client import ServerAdminClient
-from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
-from waltz.services.cluster.metadata import (
+from waltz.local.cluster import LocalCluster
+from waltz.local.nodes import LocalServer
+from waltz.local.processes import wait_until
+from waltz.metadata.values import (
     ClusterParams,
     ConnectionMetadata,
     GroupDescriptor,
     ReplicaAssignments,
 )
-from waltz.services.cluster.zk import ClusterZk
-from waltz.services.local import LocalServer
-from waltz.services.local_cluster import LocalCluster
-from waltz.services.processes import wait_until
+from waltz.metadata.zk import ClusterZk
+from waltz.protocol import client_pb2, common_pb2, server_pb2, storage_pb2
+from waltz.protocol.channels import TlsConfig
+from waltz.protocol.records import Record, ReqId, crc32
+from waltz.protocol.server_client import ServerAdminClient
+from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
 
 #: Seconds a refused probe may take (a TLS handshake failure is reported at once).
 PROBE_TIMEOUT = 10.0

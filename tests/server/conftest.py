@@ -12,15 +12,15 @@ import pytest
 import support
 from kazoo.client import KazooClient
 
-from waltz.protocol.storage_client import StorageAdminClient
-from waltz.services.cluster.metadata import (
+from waltz.local.nodes import LocalStorageNode
+from waltz.metadata.values import (
     ClusterParams,
     ConnectionMetadata,
     GroupDescriptor,
     ReplicaAssignments,
 )
-from waltz.services.cluster.zk import ClusterZk
-from waltz.services.local import LocalStorageNode
+from waltz.metadata.zk import ClusterZk
+from waltz.protocol.storage_client import StorageAdminClient
 
 
 @dataclass

@@ -12,9 +12,9 @@ import pytest
 from support.feed import FeedEntry, feed_entries
 from support.storage import run
 
+from waltz.local.cluster import LocalCluster
 from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
 from waltz.protocol.records import crc32
-from waltz.services.local_cluster import LocalCluster
 
 DATA_CACHE_SIZE = 8
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from waltz.services.server.partition import TransactionDataCache
+from waltz.services.server.server_partition import TransactionDataCache
 
 
 def test_the_oldest_leave_first_by_count_and_by_bytes() -> None:

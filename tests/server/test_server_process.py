@@ -15,11 +15,11 @@ from server.conftest import StoreCluster, make_store_cluster
 from support.storage import run
 
 from waltz.chaos.proxy import FaultProxy
+from waltz.local.nodes import LocalServer
+from waltz.local.processes import wait_until
+from waltz.metadata.assignment import read_assignment
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.server_client import ServerAdminClient
-from waltz.services.cluster.manager import read_assignment
-from waltz.services.local import LocalServer
-from waltz.services.processes import wait_until
 
 SESSION_TIMEOUT = 3.0
 
@@ -243,7 +243,7 @@ def test_verify_health_and_metrics_with_servers(
     import urllib.error
     import urllib.request
 
-    from waltz.services.cluster.admin import ClusterAdmin
+    from waltz.admin.cluster_admin import ClusterAdmin
 
     server = LocalServer(
         zookeeper.connect_string,  # type: ignore[attr-defined]
@@ -290,8 +290,8 @@ def test_verify_health_and_metrics_with_servers(
 
 
 def test_kill_9_of_a_storage_node_under_server_processes(tmp_path: Path, zookeeper: object) -> None:
+    from waltz.local.cluster import LocalCluster
     from waltz.protocol.storage_client import StorageAdminClient
-    from waltz.services.local_cluster import LocalCluster
 
     with LocalCluster(
         storages=3,

@@ -13,17 +13,17 @@ import pytest
 from server.conftest import StoreCluster
 from support.storage import run
 
+from waltz.local.nodes import LocalStorageNode
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient
-from waltz.services.local import LocalStorageNode
 from waltz.services.server.store.config import StoreConfig
-from waltz.services.server.store.partition import (
+from waltz.services.server.store.replica import ReplicaConnection, ReplicaError, StorageStreams
+from waltz.services.server.store.store_partition import (
     RECORD_OVERHEAD_BYTES,
     AppendFailedError,
     StoreClosedError,
     StorePartition,
 )
-from waltz.services.server.store.replica import ReplicaConnection, ReplicaError, StorageStreams
 
 SHARED = pytest.mark.parametrize("shared", [False, True], ids=["own-streams", "shared-streams"])
 
@@ -420,7 +420,7 @@ def test_a_storage_restored_from_an_old_backup_is_truncated_and_caught_up(
 
 
 def test_add_a_replica_catch_up_then_remove_another(store_cluster: StoreCluster, tmp_path: Path) -> None:
-    from waltz.services.cluster.storage_admin import StorageNodeAdmin
+    from waltz.admin.storage_admin import StorageNodeAdmin
 
     admin = StorageNodeAdmin(store_cluster.zk, storage_timeout=10)
     newcomer = LocalStorageNode(
@@ -469,10 +469,10 @@ def test_add_a_replica_catch_up_then_remove_another(store_cluster: StoreCluster,
 def test_recover_partition_seeds_a_new_replica_with_committed_records(
     store_cluster: StoreCluster, tmp_path: Path
 ) -> None:
+    from waltz.admin.recover import recover_partition
+    from waltz.admin.storage_admin import StorageNodeAdmin
     from waltz.errors import MetadataError
-    from waltz.services.cluster.recover import recover_partition
-    from waltz.services.cluster.replicas import ReplicaChangeRefusedError
-    from waltz.services.cluster.storage_admin import StorageNodeAdmin
+    from waltz.metadata.replicas import ReplicaChangeRefusedError
 
     admin = StorageNodeAdmin(store_cluster.zk, storage_timeout=10)
     newcomer = LocalStorageNode(
@@ -520,7 +520,7 @@ def test_the_linger_waits_only_while_a_batch_awaits_its_quorum() -> None:
     commit without a timer on an idle partition)."""
     from types import SimpleNamespace
 
-    from waltz.services.server.store.partition import _Session
+    from waltz.services.server.store.store_partition import _Session
 
     config = StoreConfig(linger=0.002, max_batch_records=10)
     queue = [object()] * 3

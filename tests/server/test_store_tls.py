@@ -12,19 +12,19 @@ from kazoo.client import KazooClient
 from support.storage import run
 from support.tls import make_certificates
 
-from waltz.protocol.channels import TlsConfig
-from waltz.protocol.records import ReqId
-from waltz.protocol.storage_client import StorageAdminClient
-from waltz.services.cluster.metadata import (
+from waltz.local.nodes import LocalStorageNode
+from waltz.metadata.values import (
     ClusterParams,
     ConnectionMetadata,
     GroupDescriptor,
     ReplicaAssignments,
 )
-from waltz.services.cluster.zk import ClusterZk
-from waltz.services.local import LocalStorageNode
+from waltz.metadata.zk import ClusterZk
+from waltz.protocol.channels import TlsConfig
+from waltz.protocol.records import ReqId
+from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.server.store.config import StoreConfig
-from waltz.services.server.store.partition import StorePartition
+from waltz.services.server.store.store_partition import StorePartition
 
 
 def test_store_sessions_over_tls(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import support
 
-from waltz.services.local_cluster import LocalCluster
+from waltz.local.cluster import LocalCluster
 
 
 @pytest.fixture(scope="session")

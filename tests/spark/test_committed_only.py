@@ -20,10 +20,10 @@ import pytest
 import support
 
 from waltz.errors import ConfigurationError
+from waltz.local.cluster import LocalCluster
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient
-from waltz.services.local_cluster import LocalCluster
 from waltz.spark.committed import plan_live, plan_offline
 from waltz.spark.readers import read_committed
 

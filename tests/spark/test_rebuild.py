@@ -22,10 +22,10 @@ from examples.ledger.views import VIEWS as LEDGER_VIEWS
 from waltz.cli.main import app as waltz_app
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks
-from waltz.services.cluster.zk import ClusterZk
-from waltz.services.cluster.zk_session import connect_zookeeper
-from waltz.services.local_cluster import LocalCluster
-from waltz.services.processes import wait_until
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import wait_until
+from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_session import connect_zookeeper
 from waltz.services.storage import format as fmt
 from waltz.spark.committed import plan_offline
 from waltz.spark.drift import verify

@@ -23,7 +23,7 @@ import support
 
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.migrations_api import upgrade
-from waltz.services.local_cluster import LocalCluster
+from waltz.local.cluster import LocalCluster
 
 #: The backends ``app_db_url`` is parametrized over (also its test IDs).
 APP_DB_BACKENDS = ("sqlite", "postgresql", "mariadb")

@@ -37,8 +37,8 @@ from waltz.jdbc_style import (
     WaltzEntity,
     create_framework_engine,
 )
-from waltz.services.local_cluster import LocalCluster
-from waltz.services.processes import wait_until
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import wait_until
 
 #: Seconds a test waits for one outcome (a future, a mark).
 TIMEOUT = 60

@@ -34,8 +34,8 @@ from waltz import (
 )
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.migrations_api import list_marks
-from waltz.services.local_cluster import LocalCluster
-from waltz.services.processes import ManagedProcess, wait_until
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import ManagedProcess, wait_until
 
 INSTANCE_SCRIPT = Path(__file__).with_name("sql_instance.py")
 #: Transactions the test submits before waiting for their outcomes.

@@ -11,8 +11,8 @@ import pytest
 import support
 from support.storage import NUM_PARTITIONS, run
 
+from waltz.local.nodes import LocalStorageNode
 from waltz.protocol.storage_client import StorageAdminClient
-from waltz.services.local import LocalStorageNode
 
 
 @pytest.fixture

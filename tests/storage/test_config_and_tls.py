@@ -12,10 +12,10 @@ from support.tls import make_certificates
 
 from waltz.config import load_settings
 from waltz.errors import ConfigurationError
+from waltz.local.nodes import LocalStorageNode
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
-from waltz.services.local import LocalStorageNode
 from waltz.services.storage.config import StorageConfig
 
 

@@ -11,9 +11,9 @@ import pytest
 from support.storage import NUM_PARTITIONS, run
 
 from waltz.errors import StorageRpcError
+from waltz.local.nodes import LocalStorageNode
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
-from waltz.services.local import LocalStorageNode
 from waltz.services.storage import format as fmt
 from waltz.services.storage.control_file import ControlFile
 

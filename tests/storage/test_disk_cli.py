@@ -23,7 +23,7 @@ from waltz.protocol.records import Record, ReqId
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
 from waltz.services.storage.control_file import ControlFile
-from waltz.services.storage.partition import StoragePartition
+from waltz.services.storage.storage_partition import StoragePartition
 
 CLUSTER_KEY = uuid.UUID("01234567-89ab-cdef-0123-456789abcdef")
 DATA_SIZE = 100

@@ -20,7 +20,7 @@ from waltz.errors import (
 from waltz.protocol.records import Record, ReqId
 from waltz.services.storage import format as fmt
 from waltz.services.storage.control_file import ControlFile
-from waltz.services.storage.partition import StoragePartition
+from waltz.services.storage.storage_partition import StoragePartition
 
 
 def make_records(first: int, count: int, size: int = 100) -> list[Record]:
@@ -286,7 +286,7 @@ DISK_FULL_SCRIPT = textwrap.dedent(
     from waltz.errors import DiskFullError
     from waltz.protocol.records import Record, ReqId
     from waltz.services.storage.control_file import ControlFile
-    from waltz.services.storage.partition import StoragePartition
+    from waltz.services.storage.storage_partition import StoragePartition
 
     root = Path(sys.argv[1])
     control = ControlFile.create(root, uuid.uuid4(), 1)

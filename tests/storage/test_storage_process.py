@@ -11,9 +11,9 @@ import pytest
 from support.storage import NUM_PARTITIONS, run
 
 from waltz.errors import StorageRpcError
+from waltz.local.nodes import LocalStorageNode
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
-from waltz.services.local import LocalStorageNode
 
 
 def records(first: int, count: int, size: int = 200, partition_id: int = 0) -> list[Record]:

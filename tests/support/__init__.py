@@ -29,8 +29,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import NullPool
 
-from waltz.services.local_cluster import LocalCluster
-from waltz.services.processes import ManagedProcess
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import ManagedProcess
 
 __all__ = [
     "FAILURE_LOGS_KEY",
@@ -65,7 +65,7 @@ def unavailable(message: str) -> NoReturn:
 async def settle(condition: Callable[[], bool], what: str, timeout: float = 1.0) -> None:
     """Poll ``condition`` on the running event loop (every millisecond) until it holds; raise
     AssertionError naming ``what`` after ``timeout`` seconds (the asyncio twin of
-    :func:`waltz.services.processes.wait_until`, for tests whose loop must keep running)."""
+    :func:`waltz.local.processes.wait_until`, for tests whose loop must keep running)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() >= deadline:

@@ -7,7 +7,7 @@ import sqlalchemy as sa
 import support
 from sqlalchemy.engine import make_url
 
-from waltz.services.processes import free_port
+from waltz.local.processes import free_port
 
 
 def exercise(url: str) -> None:

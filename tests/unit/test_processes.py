@@ -1,4 +1,4 @@
-"""Tests of waltz.services.processes: ports, wait_until, and ManagedProcess's life cycle."""
+"""Tests of waltz.local.processes: ports, wait_until, and ManagedProcess's life cycle."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import support
 
 import waltz
-from waltz.services.processes import (
+from waltz.local.processes import (
     ManagedProcess,
     ServiceStartError,
     free_port,
@@ -385,7 +385,7 @@ def test_processes_left_running_are_killed_at_interpreter_exit(ending: str, tmp_
     script = textwrap.dedent(
         f"""
         import sys
-        from waltz.services.processes import ManagedProcess
+        from waltz.local.processes import ManagedProcess
         forgotten = ManagedProcess(
             [sys.executable, "-c", "import time; time.sleep(120)"], name="forgotten"
         )

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from waltz.chaos.proxy import FaultProxy
 from waltz.chaos.schedule import Fault, FaultKind
-from waltz.services.local_cluster import LocalCluster
+from waltz.local.cluster import LocalCluster
 
 __all__ = ["FaultInjector"]
 

@@ -28,8 +28,8 @@ from examples.ledger.smallbank import SmallBankConfig, SmallBankWorkload
 from examples.ledger.transfers import pending_transfers
 from waltz.chaos.checks import ChaosCheck
 from waltz.jdbc_style import create_framework_engine
-from waltz.services.local_cluster import LocalCluster
-from waltz.services.processes import wait_until
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import wait_until
 
 __all__ = ["ledger_checks", "prepare_ledger", "run_ledger_worker", "wait_transfers_settled"]
 

@@ -26,11 +26,11 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-from waltz.services.processes import free_port
+from waltz.local.processes import free_port
 
 if TYPE_CHECKING:
-    from waltz.services.local import LocalStorageNode
-    from waltz.services.local_cluster import LocalCluster
+    from waltz.local.cluster import LocalCluster
+    from waltz.local.nodes import LocalStorageNode
 
 __all__ = ["ClusterProxies", "FaultProxy"]
 

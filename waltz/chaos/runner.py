@@ -50,7 +50,7 @@ from waltz.chaos.options import ChaosOptions, ChaosResult
 from waltz.chaos.proxy import ClusterProxies
 from waltz.chaos.schedule import NETWORK_FAULTS, Fault
 from waltz.chaos.worker import WorkerSpec
-from waltz.services.local_cluster import LocalCluster
+from waltz.local.cluster import LocalCluster
 
 __all__ = ["run_chaos"]
 

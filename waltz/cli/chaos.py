@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from waltz.cli.logs import configure_logging
+from waltz.logs import configure_logging
 
 
 def chaos(

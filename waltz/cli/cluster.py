@@ -1,7 +1,7 @@
 """``waltz cluster``: create, list, verify and delete a cluster; manage its storage nodes.
 
-The logic lives in :mod:`waltz.services.cluster.admin` and
-:mod:`waltz.services.cluster.storage_admin`; this module parses options and prints results.
+The logic lives in :mod:`waltz.admin.cluster_admin` and
+:mod:`waltz.admin.storage_admin`; this module parses options and prints results.
 ``docs/zookeeper.md`` documents the znodes and the replica-change safety rules.
 
 Exit codes: 0 success; 1 a check failed (``verify`` found a FAILED check, a safety rule refused a
@@ -23,15 +23,15 @@ from typing import Annotated, Any
 import typer
 from kazoo.exceptions import KazooException
 
+from waltz.admin.cluster_admin import ClusterAdmin, CreateResult, StorageSpec
+from waltz.admin.config import ClusterAdminConfig
+from waltz.admin.description import ClusterDescription
+from waltz.admin.verify import CheckStatus, VerifyReport
 from waltz.cli.groups import HELP, MARKUP
-from waltz.cli.logs import configure_logging
 from waltz.config import load_settings
 from waltz.errors import StorageRpcError, WaltzError
-from waltz.services.cluster.admin import ClusterAdmin, CreateResult, StorageSpec
-from waltz.services.cluster.admin_config import ClusterAdminConfig
-from waltz.services.cluster.description import ClusterDescription
-from waltz.services.cluster.replicas import ReplicaChangeRefusedError
-from waltz.services.cluster.verify import CheckStatus, VerifyReport
+from waltz.logs import configure_logging
+from waltz.metadata.replicas import ReplicaChangeRefusedError
 
 app = typer.Typer(
     help=HELP["cluster"],
@@ -678,7 +678,7 @@ def storage_recover_partition(
     first. The next store session then catches it up only from there."""
     import asyncio
 
-    from waltz.services.cluster.recover import recover_partition
+    from waltz.admin.recover import recover_partition
 
     ids = parse_partitions(partition)
     with _connected(config, zookeeper, root, timeout) as admin:

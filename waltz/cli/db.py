@@ -27,9 +27,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from waltz.cli.groups import HELP, MARKUP
-from waltz.cli.logs import configure_logging
 from waltz.errors import SqlFrameworkError
 from waltz.jdbc_style import migrations_api as api
+from waltz.logs import configure_logging
 
 app = typer.Typer(
     help=HELP["db"],

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from waltz.cli.logs import configure_logging
+from waltz.logs import configure_logging
 
 
 def demo(

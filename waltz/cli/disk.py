@@ -24,7 +24,7 @@ from waltz.cli.groups import HELP, MARKUP
 from waltz.errors import WaltzError
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
-from waltz.services.storage.partition import DEFAULT_CHECKPOINT_INTERVAL
+from waltz.services.storage.storage_partition import DEFAULT_CHECKPOINT_INTERVAL
 
 app = typer.Typer(
     help=HELP["disk"],

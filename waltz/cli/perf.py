@@ -18,8 +18,8 @@ from typing import Annotated, Any
 import typer
 
 from waltz.cli.groups import MARKUP
-from waltz.cli.logs import configure_logging
 from waltz.errors import ConfigurationError, WaltzError, WaltzTimeoutError
+from waltz.logs import configure_logging
 
 app = typer.Typer(
     help=(
@@ -98,8 +98,8 @@ def _target(
     zk: str | None,
     root: str | None,
 ) -> Iterator[Any]:
+    from waltz.local.processes import ServiceStartError
     from waltz.perf.target import LocalClusterSpec, perf_cluster
-    from waltz.services.processes import ServiceStartError
 
     if local and (zk or root):
         raise _fail("--local starts its own cluster: drop --zookeeper/--root", 2)

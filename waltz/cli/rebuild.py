@@ -17,8 +17,8 @@ import typer
 if TYPE_CHECKING:
     from waltz.spark.views import AppViews
 
-from waltz.cli.logs import configure_logging
 from waltz.errors import WaltzError
+from waltz.logs import configure_logging
 from waltz.protocol.channels import TlsConfig
 
 __all__ = ["load_app", "rebuild_command"]

@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 
 from waltz.cli.groups import MARKUP
-from waltz.cli.logs import configure_logging
 from waltz.config import load_settings
 from waltz.errors import ConfigurationError, WaltzError
+from waltz.logs import configure_logging
 
 app = typer.Typer(help="Run a Waltz server.", no_args_is_help=True, rich_markup_mode=MARKUP)
 

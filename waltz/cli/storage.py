@@ -9,9 +9,9 @@ from typing import Annotated
 import typer
 
 from waltz.cli.groups import MARKUP
-from waltz.cli.logs import configure_logging
 from waltz.config import load_settings
 from waltz.errors import ConfigurationError
+from waltz.logs import configure_logging
 
 app = typer.Typer(help="Run a Waltz storage node.", no_args_is_help=True, rich_markup_mode=MARKUP)
 
@@ -81,7 +81,7 @@ def smoke(
     byte for byte, and checks that the fence of the newest store session survived the crash.
     Exits non-zero if anything was lost or changed.
     """
-    from waltz.services.storage.smoke import run_storage_smoke
+    from waltz.local.storage_smoke import run_storage_smoke
 
     configure_logging(log_level)
 

@@ -1,6 +1,6 @@
 """``waltz up``: run a local Waltz cluster (ZooKeeper, storage nodes, servers) until Ctrl-C.
 
-A thin layer over :class:`~waltz.services.local_cluster.LocalCluster`: parse options, start the
+A thin layer over :class:`~waltz.local.cluster.LocalCluster`: parse options, start the
 cluster, print how to reach it, report processes that die, and stop everything on SIGINT or
 SIGTERM. Exit codes: 0 stopped on request; 1 the cluster could not start; 2 bad options; 130
 interrupted while starting.
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from waltz.cli.logs import configure_logging
 from waltz.errors import ConfigurationError, WaltzError
+from waltz.logs import configure_logging
 
 if TYPE_CHECKING:
-    from waltz.services.local_cluster import LocalCluster
+    from waltz.local.cluster import LocalCluster
 
 #: Seconds between two looks at the processes while the cluster runs.
 _WATCH_INTERVAL = 2.0
@@ -93,7 +93,7 @@ def up(
 
     Example: waltz up --storages 3 --servers 2 --partitions 8 --work-dir ./waltz-data
     """
-    from waltz.services.local_cluster import LocalCluster
+    from waltz.local.cluster import LocalCluster
 
     configure_logging(log_level)
     try:

@@ -23,6 +23,7 @@ from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
 from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.client_partition import ClientPartition, PartitionState
 from waltz.client.config import WaltzClientConfig
 from waltz.client.connection import ServerConnection
 from waltz.client.connection_pool import ConnectionPool
@@ -30,7 +31,6 @@ from waltz.client.context import AppendPayload, TransactionContext
 from waltz.client.discovery import ServerDiscovery
 from waltz.client.event_loop import shared_event_loop
 from waltz.client.metrics import ClientMetrics, PartitionGauges
-from waltz.client.partition import ClientPartition, PartitionState
 from waltz.client.submission import Submission
 from waltz.client.transaction import TransactionDataSource
 from waltz.client.transaction_data import REQUEST_TIMEOUT, TransactionDataClient
@@ -41,9 +41,9 @@ from waltz.errors import (
     WaltzClientError,
     WaltzTimeoutError,
 )
+from waltz.metadata.assignment import PartitionAssignment
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId
-from waltz.services.cluster.assignment import PartitionAssignment
 
 __all__ = ["ClientCore"]
 

@@ -21,10 +21,9 @@ from kazoo.client import KazooClient
 from kazoo.recipe.counter import Counter
 
 from waltz.errors import MetadataError
-from waltz.services.cluster.assignment import PartitionAssignment
-from waltz.services.cluster.manager import read_assignment
-from waltz.services.cluster.zk import ClusterPaths, ClusterZk
-from waltz.services.cluster.zk_session import connect_zookeeper
+from waltz.metadata.assignment import PartitionAssignment, read_assignment
+from waltz.metadata.zk import ClusterPaths, ClusterZk
+from waltz.metadata.zk_session import connect_zookeeper
 
 __all__ = ["ServerDiscovery", "client_id_path"]
 

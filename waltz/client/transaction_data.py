@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 import grpc
 from tenacity import AsyncRetrying, RetryError, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from waltz.client.client_partition import ClientPartition
 from waltz.client.connection_pool import ConnectionPool
-from waltz.client.partition import ClientPartition
 from waltz.errors import ClientClosedError, TransactionDataError
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId, crc32

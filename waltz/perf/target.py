@@ -15,7 +15,7 @@ __all__ = ["LocalClusterSpec", "PerfTarget", "perf_cluster"]
 
 @dataclass(frozen=True, slots=True)
 class LocalClusterSpec:
-    """A local cluster to start for the run (see :class:`~waltz.services.local_cluster.LocalCluster`).
+    """A local cluster to start for the run (see :class:`~waltz.local.cluster.LocalCluster`).
 
     Attributes:
         storages: storage nodes (replicas: ``min(3, storages)``).
@@ -71,7 +71,7 @@ def perf_cluster(
         )
         yield PerfTarget(config)
         return
-    from waltz.services.local_cluster import LocalCluster
+    from waltz.local.cluster import LocalCluster
 
     with LocalCluster(
         storages=local.storages,

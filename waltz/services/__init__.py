@@ -1,5 +1,3 @@
-"""The Waltz services (storage node, server node, cluster management) and the helpers that run them.
-
-``waltz.services.processes`` starts and supervises OS child processes; ``local_zookeeper`` runs a
-real standalone Apache ZooKeeper on loopback for tests, the demo and local clusters.
+"""The two Waltz node processes: the storage node (:mod:`waltz.services.storage`) and the server
+(:mod:`waltz.services.server`, with its cluster manager), and what both runtimes share.
 """

@@ -29,14 +29,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, call_admin
 from waltz.errors import ConfigurationError, WaltzError
+from waltz.metadata.replicas import quorum_of
+from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol import storage_pb2
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.storage_client import StorageAdminClient
-from waltz.services.cluster.replicas import quorum_of
-from waltz.services.cluster.storage_nodes import DEFAULT_STORAGE_TIMEOUT, call_admin
-from waltz.services.cluster.zk import ClusterZk
-from waltz.services.cluster.zk_session import connect_zookeeper
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
 from waltz.spark.errors import CommittedReadError

@@ -4,7 +4,7 @@ Run it with ``waltz server start --config server.yaml`` or ``python -m waltz.ser
 Source: seed 000 "Waltz Server", "Generation Number"; seed 003.
 
 The server registers as a member, takes part in the cluster manager election, and opens a
-:class:`~waltz.services.server.store.partition.StorePartition` for every partition the assignment
+:class:`~waltz.services.server.store.store_partition.StorePartition` for every partition the assignment
 places on it (closing it when the partition moves or its generation changes). When its ZooKeeper
 session is lost it closes every partition at once; on SIGTERM it deletes its member znode first
 so that its partitions move without waiting for the session timeout.
@@ -23,19 +23,19 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.retry import KazooRetry
 
 from waltz.errors import WaltzError
+from waltz.metadata.zk import ClusterZk
 from waltz.protocol import client_pb2_grpc, server_pb2, server_pb2_grpc
 from waltz.protocol.channels import bind_port, server_credentials, server_options
 from waltz.protocol.records import Record, ReqId
-from waltz.services.cluster.manager import ClusterManager, ServerMembership
-from waltz.services.cluster.zk import ClusterZk
 from waltz.services.http import HealthHttpServer, server_ssl_context
 from waltz.services.runtime import run_until_signalled
 from waltz.services.server.client_service import WaltzServerServicer
+from waltz.services.server.cluster_manager import ClusterManager, ServerMembership
 from waltz.services.server.config import ServerConfig
 from waltz.services.server.metrics import ServerMetrics
-from waltz.services.server.partition import Partition
-from waltz.services.server.store.partition import StorePartition
+from waltz.services.server.server_partition import Partition
 from waltz.services.server.store.replica import StorageStreams
+from waltz.services.server.store.store_partition import StorePartition
 
 __all__ = ["ServerApp", "run_server"]
 

@@ -18,7 +18,7 @@ import grpc
 
 from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
 from waltz.services.server.appends import AppendRow, append_rows
-from waltz.services.server.partition import FeedColumns, Partition
+from waltz.services.server.server_partition import FeedColumns, Partition
 
 __all__ = ["WaltzServerServicer"]
 
@@ -277,7 +277,7 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         """The data of consecutive committed transactions (not in upstream Waltz; docs/protocol.md).
 
         The answer holds a prefix of the range asked (see
-        :meth:`~waltz.services.server.partition.Partition.transaction_data_range`); it fails with
+        :meth:`~waltz.services.server.server_partition.Partition.transaction_data_range`); it fails with
         an error message when the partition is not here, the first transaction is not committed or
         the count is not positive.
         """

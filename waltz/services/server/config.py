@@ -10,7 +10,7 @@ from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
 from waltz.protocol.channels import TlsConfig
-from waltz.services.server.partition import PartitionConfig
+from waltz.services.server.server_partition import PartitionConfig
 from waltz.services.server.store.config import StoreConfig
 
 __all__ = ["ServerConfig"]

@@ -9,7 +9,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from waltz.batched_histogram import BatchedHistogram
-from waltz.services.server.partition import Partition
+from waltz.services.server.server_partition import Partition
 
 __all__ = ["ServerMetrics"]
 

@@ -24,7 +24,7 @@ from waltz.errors import (
     StorageNotInitializedError,
 )
 from waltz.services.storage.control_file import ControlFile
-from waltz.services.storage.partition import (
+from waltz.services.storage.storage_partition import (
     DEFAULT_CHECKPOINT_INTERVAL,
     DEFAULT_SEGMENT_SIZE_THRESHOLD,
     StoragePartition,

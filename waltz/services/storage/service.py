@@ -35,7 +35,7 @@ from waltz.protocol import storage_pb2, storage_pb2_grpc
 from waltz.services.storage import format as fmt
 from waltz.services.storage.metrics import StorageMetrics
 from waltz.services.storage.node import StorageNode
-from waltz.services.storage.partition import StoragePartition
+from waltz.services.storage.storage_partition import StoragePartition
 
 __all__ = ["StorageAdminServicer", "StorageServicer", "failure_for"]
 

@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from waltz.errors import StaleMetadataError, WaltzError
-from waltz.services.cluster.metadata import PartitionMetadata, ReplicaState
-from waltz.services.cluster.zk import ClusterZk, Versioned
+from waltz.metadata.values import PartitionMetadata, ReplicaState
+from waltz.metadata.zk import ClusterZk, Versioned
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
 from waltz.services.server.store.voting import quorum_of, resolve_high_water_mark

@@ -12,7 +12,7 @@ from pathlib import Path
 from waltz.services.storage.inspect.reader import DEFAULT_CHUNK_SIZE
 from waltz.services.storage.inspect.report import PartitionSummary
 from waltz.services.storage.inspect.verify import verify_storage
-from waltz.services.storage.partition import DEFAULT_CHECKPOINT_INTERVAL
+from waltz.services.storage.storage_partition import DEFAULT_CHECKPOINT_INTERVAL
 
 __all__ = ["collect_stats"]
 

@@ -38,7 +38,7 @@ from waltz.services.storage.inspect.report import (
     Severity,
     StorageReport,
 )
-from waltz.services.storage.partition import DEFAULT_CHECKPOINT_INTERVAL
+from waltz.services.storage.storage_partition import DEFAULT_CHECKPOINT_INTERVAL
 
 __all__ = ["verify_partition", "verify_segment", "verify_storage"]
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import grpc
 
+from waltz.admin.description import ClusterDescription
+from waltz.admin.verify import CheckResult, CheckStatus, status_of
+from waltz.metadata.assignment import Member, PartitionAssignment
 from waltz.protocol import server_pb2
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.server_client import ServerAdminClient
-from waltz.services.cluster.assignment import Member, PartitionAssignment
-from waltz.services.cluster.description import ClusterDescription
-from waltz.services.cluster.verify import CheckResult, CheckStatus, status_of
 
 __all__ = ["ServerProbe", "probe_servers", "server_checks"]
 

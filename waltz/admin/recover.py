@@ -16,10 +16,10 @@ import logging
 from dataclasses import dataclass
 
 from waltz.errors import MetadataError
+from waltz.metadata.replicas import ReplicaChangeRefusedError
+from waltz.metadata.zk import ClusterZk
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
-from waltz.services.cluster.replicas import ReplicaChangeRefusedError
-from waltz.services.cluster.zk import ClusterZk
 
 __all__ = ["RecoverResult", "recover_partition"]
 

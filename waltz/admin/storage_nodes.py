@@ -22,9 +22,9 @@ from typing import Generic, TypeVar
 import grpc
 
 from waltz.errors import StorageRpcError, WaltzError
+from waltz.metadata.values import ClusterParams
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.storage_client import StorageAdminClient
-from waltz.services.cluster.metadata import ClusterParams
 
 __all__ = [
     "DEFAULT_STORAGE_TIMEOUT",

@@ -23,7 +23,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from waltz.errors import ClusterNotFoundError, GenerationFencedError, MetadataError, StaleMetadataError
-from waltz.services.cluster.metadata import (
+from waltz.metadata.values import (
     ClusterParams,
     ConnectionMetadata,
     GroupDescriptor,

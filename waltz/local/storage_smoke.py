@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from waltz.errors import StorageRpcError
+from waltz.local.nodes import LocalStorageNode
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
-from waltz.services.local import LocalStorageNode
 
 __all__ = ["SmokeResult", "run_storage_smoke"]
 

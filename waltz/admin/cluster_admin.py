@@ -2,7 +2,7 @@
 
 Source: seed 004 "Replica Assignments", "Group Descriptor", "Storage Administration"; seed 003
 "Partition Metadata". :mod:`waltz.cli.cluster` is a thin layer over :class:`ClusterAdmin`; storage
-node and replica changes are :class:`~waltz.services.cluster.storage_admin.StorageNodeAdmin`
+node and replica changes are :class:`~waltz.admin.storage_admin.StorageNodeAdmin`
 (``ClusterAdmin.storage``). ``docs/zookeeper.md`` documents every znode and rule.
 
 Public API::
@@ -27,35 +27,35 @@ from typing import Self
 
 from kazoo.client import KazooClient
 
+from waltz.admin.description import ClusterDescription, describe_cluster
+from waltz.admin.storage_admin import StorageNodeAdmin
+from waltz.admin.storage_nodes import (
+    DEFAULT_STORAGE_TIMEOUT,
+    StorageUnreachableError,
+    call_admin_on_nodes,
+    probe_tcp,
+)
+from waltz.admin.verify import VerifyReport, probe_storage_nodes, verify_cluster
+from waltz.admin.verify_servers import probe_servers, server_checks
 from waltz.errors import ConfigurationError, MetadataError
-from waltz.protocol.channels import TlsConfig
-from waltz.protocol.storage_client import StorageAdminClient
-from waltz.services.cluster.description import ClusterDescription, describe_cluster
-from waltz.services.cluster.manager import read_assignment, read_members
-from waltz.services.cluster.metadata import (
+from waltz.metadata.assignment import read_assignment, read_members
+from waltz.metadata.replicas import spread_replicas
+from waltz.metadata.values import (
     ClusterParams,
     ConnectionMetadata,
     GroupDescriptor,
     ReplicaAssignments,
     check_connect_string,
 )
-from waltz.services.cluster.replicas import spread_replicas
-from waltz.services.cluster.storage_admin import StorageNodeAdmin
-from waltz.services.cluster.storage_nodes import (
-    DEFAULT_STORAGE_TIMEOUT,
-    StorageUnreachableError,
-    call_admin_on_nodes,
-    probe_tcp,
-)
-from waltz.services.cluster.verify import VerifyReport, probe_storage_nodes, verify_cluster
-from waltz.services.cluster.verify_servers import probe_servers, server_checks
-from waltz.services.cluster.zk import ClusterPaths, ClusterZk
-from waltz.services.cluster.zk_session import (
+from waltz.metadata.zk import ClusterPaths, ClusterZk
+from waltz.metadata.zk_session import (
     DEFAULT_ZOOKEEPER_TIMEOUT,
     ZooKeeperUnavailableError,
     connect_zookeeper,
     zookeeper_errors,
 )
+from waltz.protocol.channels import TlsConfig
+from waltz.protocol.storage_client import StorageAdminClient
 
 __all__ = [
     "ClusterAdmin",

@@ -2,7 +2,7 @@
 
 DESIGN.md, "The processes" and "Tests": every node is its own OS process on free loopback ports.
 :class:`LocalCluster` starts them, creates the cluster through
-:class:`~waltz.services.cluster.admin.ClusterAdmin`, waits until every partition has a writable
+:class:`~waltz.admin.cluster_admin.ClusterAdmin`, waits until every partition has a writable
 owner, and stops everything again. ``waltz up``, the pytest plugin :mod:`waltz.testing`, tests and
 benchmarks use it::
 
@@ -45,18 +45,17 @@ from typing import Any, Self, TypeVar
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from waltz.admin.cluster_admin import ClusterAdmin, StorageSpec
+from waltz.admin.verify_servers import probe_servers
 from waltz.errors import ConfigurationError, MetadataError, WaltzError
+from waltz.local.nodes import LocalServer, LocalStorageNode
+from waltz.local.processes import ManagedProcess, ServiceStartError, wait_until
+from waltz.local.zookeeper import LocalZooKeeper
+from waltz.metadata.assignment import Member, read_assignment
+from waltz.metadata.replicas import spread_replicas
+from waltz.metadata.zk import ClusterPaths, ClusterZk
+from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol.channels import TlsConfig
-from waltz.services.cluster.admin import ClusterAdmin, StorageSpec
-from waltz.services.cluster.assignment import Member
-from waltz.services.cluster.manager import read_assignment
-from waltz.services.cluster.replicas import spread_replicas
-from waltz.services.cluster.verify_servers import probe_servers
-from waltz.services.cluster.zk import ClusterPaths, ClusterZk
-from waltz.services.cluster.zk_session import connect_zookeeper
-from waltz.services.local import LocalServer, LocalStorageNode
-from waltz.services.local_zookeeper import LocalZooKeeper
-from waltz.services.processes import ManagedProcess, ServiceStartError, wait_until
 
 __all__ = ["DEFAULT_SERVER_ENV", "ClusterNotReadyError", "LocalCluster", "PartitionOwner"]
 
@@ -452,12 +451,12 @@ class LocalCluster:
     ) -> dict[int, set[int]]:
         """Per partition, the digests of every storage node's records ``0..mark`` (one: identical).
 
-        See :func:`waltz.services.cluster.replica_digests.replica_digests` (admin ports only).
+        See :func:`waltz.admin.replica_digests.replica_digests` (admin ports only).
 
         Raises:
             TimeoutError: a replica lacked records up to the mark for ``timeout`` seconds.
         """
-        from waltz.services.cluster.replica_digests import replica_digests
+        from waltz.admin.replica_digests import replica_digests
 
         return replica_digests(
             [node.admin_address for node in self._storages],

@@ -2,7 +2,7 @@
 
 Source: seed 000 "Partition Object", "Concurrency Control"; seed 001 "Optimistic Locking"; seed
 002; ``docs/protocol.md`` (the contract with the client). One :class:`Partition` wraps the
-partition's :class:`~waltz.services.server.store.partition.StorePartition` and serves every client
+partition's :class:`~waltz.services.server.store.store_partition.StorePartition` and serves every client
 connection that mounted it. Everything runs on the server's event loop, so the lock check, the
 pending-lock bookkeeping and the feed see one consistent order.
 """
@@ -23,7 +23,7 @@ from waltz.protocol import client_pb2, common_pb2
 from waltz.protocol.records import Record, ReqId
 from waltz.services.server.appends import AppendRow
 from waltz.services.server.lock_table import DEFAULT_HASH_COUNT, DEFAULT_SIZE, LockTable, PendingLocks
-from waltz.services.server.store.partition import StorePartition
+from waltz.services.server.store.store_partition import StorePartition
 
 __all__ = ["ClientConnection", "Partition", "PartitionConfig"]
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz.errors import GenerationFencedError, WaltzError
+from waltz.metadata.zk import ClusterZk
 from waltz.protocol import storage_pb2
 from waltz.protocol.records import Record, ReqId, crc32
-from waltz.services.cluster.zk import ClusterZk
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.recovery import RecoveryAbortedError, RecoveryManager, RecoveryResult
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError, StorageStreams

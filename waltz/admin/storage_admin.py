@@ -5,7 +5,7 @@ Source: seed 004 "Replica Assignments", "Group Descriptor", "Storage Administrat
 
 Every change to ``store/assignment``, ``store/group`` and ``store/connection`` is a
 compare-and-set in one ZooKeeper transaction, retried from a fresh read when someone else wrote
-first. A replica change checks the safety rules of :mod:`waltz.services.cluster.replicas`, and its
+first. A replica change checks the safety rules of :mod:`waltz.metadata.replicas`, and its
 transaction also checks the versions of the partition metadata the decision was based on: a store
 session that starts meanwhile makes the change retry with fresh replica states.
 
@@ -27,21 +27,21 @@ from typing import TypeVar
 
 from kazoo.exceptions import BadVersionError, RolledBackError
 
+from waltz.admin.description import describe_cluster
+from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, describe_failure, run_admin
 from waltz.errors import ConfigurationError, MetadataError, StaleMetadataError, WaltzError
-from waltz.protocol.channels import TlsConfig
-from waltz.protocol.storage_client import StorageAdminClient
-from waltz.services.cluster.description import describe_cluster
-from waltz.services.cluster.metadata import (
+from waltz.metadata.replicas import ReplicaChangeRefusedError, assign_refusal, unassign_refusal
+from waltz.metadata.values import (
     ClusterParams,
     ConnectionMetadata,
     GroupDescriptor,
     ReplicaAssignments,
     check_connect_string,
 )
-from waltz.services.cluster.replicas import ReplicaChangeRefusedError, assign_refusal, unassign_refusal
-from waltz.services.cluster.storage_nodes import DEFAULT_STORAGE_TIMEOUT, describe_failure, run_admin
-from waltz.services.cluster.zk import ClusterZk
-from waltz.services.cluster.zk_session import ZooKeeperUnavailableError, zookeeper_errors
+from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_session import ZooKeeperUnavailableError, zookeeper_errors
+from waltz.protocol.channels import TlsConfig
+from waltz.protocol.storage_client import StorageAdminClient
 
 __all__ = ["AutoAssignResult", "ReplicaChangeResult", "StorageNodeAdmin"]
 

@@ -4,8 +4,8 @@ Every node is its own OS process (DESIGN.md "The processes"), started with the s
 user would run (``python -m waltz.services.storage ...``), on free loopback ports.
 
 :class:`LocalStorageNode` and :class:`LocalServer` run one node each; the local cluster supervisor
-:class:`~waltz.services.local_cluster.LocalCluster` (ZooKeeper + N storage nodes + M servers, also
-importable from here) lives in :mod:`waltz.services.local_cluster`.
+:class:`~waltz.local.cluster.LocalCluster` (ZooKeeper + N storage nodes + M servers) lives in
+:mod:`waltz.local.cluster`.
 """
 
 from __future__ import annotations
@@ -15,26 +15,11 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import Self
 
-from waltz.services.processes import ManagedProcess, free_port
+from waltz.local.processes import ManagedProcess, free_port
 
-if TYPE_CHECKING:
-    from waltz.services.local_cluster import ClusterNotReadyError, LocalCluster
-
-__all__ = ["ClusterNotReadyError", "LocalCluster", "LocalServer", "LocalStorageNode"]
-
-#: Names re-exported from :mod:`waltz.services.local_cluster`, imported on first use (that module
-#: imports this one, so a plain import here would be circular).
-_FROM_LOCAL_CLUSTER = frozenset({"ClusterNotReadyError", "LocalCluster"})
-
-
-def __getattr__(name: str) -> object:
-    if name in _FROM_LOCAL_CLUSTER:
-        from waltz.services import local_cluster
-
-        return getattr(local_cluster, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["LocalServer", "LocalStorageNode"]
 
 
 def _accepts(host: str, port: int) -> bool:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz.errors import ClusterNotFoundError, MetadataError
-from waltz.services.cluster.metadata import ClusterParams, PartitionMetadata, ReplicaState
-from waltz.services.cluster.zk import ClusterZk
+from waltz.metadata.values import ClusterParams, PartitionMetadata, ReplicaState
+from waltz.metadata.zk import ClusterZk
 
 __all__ = ["ClusterDescription", "PartitionInfo", "StorageNodeInfo", "describe_cluster", "replica_states"]
 

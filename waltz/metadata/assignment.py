@@ -2,7 +2,7 @@
 
 Source: seed 000 "Generation Number" (the cluster manager assigns each partition to exactly one
 server and bumps the partition's generation every time the partition moves). The elected cluster
-manager (:mod:`waltz.services.cluster.manager`) computes placements with
+manager (:mod:`waltz.services.server.cluster_manager`) computes placements with
 :func:`compute_assignment` and writes them to ``<root>/server/assignment`` by compare-and-set;
 servers register as ephemeral sequential ``<root>/server/members/member-<n>`` znodes.
 """
@@ -10,14 +10,25 @@ servers register as ephemeral sequential ``<root>/server/members/member-<n>`` zn
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Self
 
-from waltz.errors import MetadataError
-from waltz.services.cluster.metadata import _dump, _field, _load
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
-__all__ = ["Member", "PartitionAssignment", "Placement", "compute_assignment"]
+from waltz.errors import MetadataError
+from waltz.metadata.values import _dump, _field, _load
+from waltz.metadata.zk import ClusterPaths
+
+__all__ = [
+    "Member",
+    "PartitionAssignment",
+    "Placement",
+    "compute_assignment",
+    "read_assignment",
+    "read_members",
+]
 
 MEMBER_PREFIX = "member-"
 
@@ -147,3 +158,30 @@ def compute_assignment(
         generation = placement.generation if placement.member == member else placement.generation + 1
         placements[pid] = Placement(member, by_name[member].endpoint, generation)
     return PartitionAssignment(placements)
+
+
+def read_members(
+    zk: KazooClient, paths: ClusterPaths, watch: Callable[..., None] | None = None
+) -> list[Member]:
+    """The live servers (their member znodes), sorted by name."""
+    zk.ensure_path(paths.members)
+    members = []
+    for name in sorted(zk.get_children(paths.members, watch=watch)):
+        if not name.startswith(MEMBER_PREFIX):
+            continue
+        path = f"{paths.members}/{name}"
+        try:
+            data, _ = zk.get(path)
+        except NoNodeError:
+            continue  # it left while we listed
+        members.append(Member.decode(name, data, path))
+    return members
+
+
+def read_assignment(zk: KazooClient, paths: ClusterPaths) -> tuple[PartitionAssignment, int]:
+    """The current partition assignment and its znode version (-1: not written yet)."""
+    try:
+        data, stat = zk.get(paths.server_assignment)
+    except NoNodeError:
+        return PartitionAssignment(), -1
+    return PartitionAssignment.decode(data, paths.server_assignment), stat.version

@@ -6,7 +6,7 @@ Source: seed 003 "Partition Metadata" (replica states), seed 004 "Replica Assign
 1. :func:`probe_storage_nodes` asks every storage node, through its admin port, for its identity
    (the admin open checks the cluster key and number of partitions) and the state of its
    partitions (``partition_status``).
-2. :func:`verify_cluster` turns a :class:`~waltz.services.cluster.description.ClusterDescription`
+2. :func:`verify_cluster` turns a :class:`~waltz.admin.description.ClusterDescription`
    and the probes into :class:`CheckResult` lines, in three groups: ZooKeeper metadata, storage
    nodes, partitions. Server checks (membership, partition ownership) become a fourth group,
    ``server_checks``, once the cluster manager exists; :class:`VerifyReport` does not care where a
@@ -22,18 +22,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from waltz.errors import StorageRpcError
-from waltz.protocol.channels import TlsConfig
-from waltz.protocol.storage_client import StorageAdminClient
-from waltz.protocol.storage_pb2 import PartitionStatus
-from waltz.services.cluster.description import ClusterDescription, replica_states
-from waltz.services.cluster.replicas import quorum_of
-from waltz.services.cluster.storage_nodes import (
+from waltz.admin.description import ClusterDescription, replica_states
+from waltz.admin.storage_nodes import (
     DEFAULT_STORAGE_TIMEOUT,
     StorageUnreachableError,
     call_admin_on_nodes,
     describe_failure,
 )
+from waltz.errors import StorageRpcError
+from waltz.metadata.replicas import quorum_of
+from waltz.protocol.channels import TlsConfig
+from waltz.protocol.storage_client import StorageAdminClient
+from waltz.protocol.storage_pb2 import PartitionStatus
 
 __all__ = [
     "CheckResult",

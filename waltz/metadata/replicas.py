@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from waltz.errors import WaltzError
-from waltz.services.cluster.metadata import PartitionMetadata
+from waltz.metadata.values import PartitionMetadata
 
 __all__ = [
     "ReplicaChangeRefusedError",

@@ -19,39 +19,19 @@ from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, N
 from kazoo.recipe.election import Election
 
 from waltz.errors import MetadataError
-from waltz.services.cluster.assignment import MEMBER_PREFIX, Member, PartitionAssignment, compute_assignment
-from waltz.services.cluster.zk import ClusterPaths
+from waltz.metadata.assignment import (
+    MEMBER_PREFIX,
+    Member,
+    PartitionAssignment,
+    compute_assignment,
+    read_assignment,
+    read_members,
+)
+from waltz.metadata.zk import ClusterPaths
 
-__all__ = ["ClusterManager", "ServerMembership", "read_assignment", "read_members"]
+__all__ = ["ClusterManager", "ServerMembership"]
 
 log = logging.getLogger(__name__)
-
-
-def read_members(
-    zk: KazooClient, paths: ClusterPaths, watch: Callable[..., None] | None = None
-) -> list[Member]:
-    """The live servers (their member znodes), sorted by name."""
-    zk.ensure_path(paths.members)
-    members = []
-    for name in sorted(zk.get_children(paths.members, watch=watch)):
-        if not name.startswith(MEMBER_PREFIX):
-            continue
-        path = f"{paths.members}/{name}"
-        try:
-            data, _ = zk.get(path)
-        except NoNodeError:
-            continue  # it left while we listed
-        members.append(Member.decode(name, data, path))
-    return members
-
-
-def read_assignment(zk: KazooClient, paths: ClusterPaths) -> tuple[PartitionAssignment, int]:
-    """The current partition assignment and its znode version (-1: not written yet)."""
-    try:
-        data, stat = zk.get(paths.server_assignment)
-    except NoNodeError:
-        return PartitionAssignment(), -1
-    return PartitionAssignment.decode(data, paths.server_assignment), stat.version
 
 
 class ServerMembership:

@@ -2,7 +2,7 @@
 
 Tests, the demo and the local cluster supervisor need a ZooKeeper they can start, kill and restart
 (DESIGN.md, "Tests"). :class:`LocalZooKeeper` runs ``ZooKeeperServerMain`` as a
-:class:`~waltz.services.processes.ManagedProcess` with a ``zoo.cfg`` it writes, bound to
+:class:`~waltz.local.processes.ManagedProcess` with a ``zoo.cfg`` it writes, bound to
 127.0.0.1 only, the admin server disabled, and a data directory it owns (PLATFORM.md)::
 
     with LocalZooKeeper(tick_time_ms=500) as zookeeper:
@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from waltz.errors import ConfigurationError
-from waltz.services.processes import ManagedProcess, ServiceStartError, free_port, wait_until
+from waltz.local.processes import ManagedProcess, ServiceStartError, free_port, wait_until
 
 __all__ = [
     "DEBIAN_JAVA_DIR",
