@@ -40,15 +40,15 @@ from pathlib import Path
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
 
-from examples.ledger.models import Account, Checking, Savings
-from examples.ledger.service import LedgerService
-from examples.ledger.views import VIEWS
 from waltz.jdbc_style import ChangeSet, Operation, RowChange
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
 from waltz.protocol.records import ReqId
 from waltz.protocol.server_client import ServerAdminClient
+from waltz_examples.ledger.models import Account, Checking, Savings
+from waltz_examples.ledger.service import LedgerService
+from waltz_examples.ledger.views import VIEWS
 
 CLUSTER_NAME = "ledger"
 

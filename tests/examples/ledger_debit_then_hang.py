@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from examples.ledger.service import LedgerService
+from waltz_examples.ledger.service import LedgerService
 
 
 def main() -> None:

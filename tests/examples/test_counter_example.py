@@ -31,11 +31,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from examples.counter import CounterHttpServer, CounterService, InsufficientCountError
-from examples.counter.cli import app
-from examples.counter.load import run_load
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
+from waltz_examples.counter import CounterHttpServer, CounterService, InsufficientCountError
+from waltz_examples.counter.cli import app
+from waltz_examples.counter.load import run_load
 
 #: Seconds a test waits for one outcome (a change, a catch-up, a failover).
 TIMEOUT = 60.0

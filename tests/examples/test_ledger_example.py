@@ -14,14 +14,14 @@ import pytest
 import support
 from sqlalchemy import select
 
-from examples.ledger.checks import read_log, run_checks
-from examples.ledger.demo import DemoOptions, run_demo
-from examples.ledger.models import TransferIn, TransferOut
-from examples.ledger.service import LedgerService, prepare_database
-from examples.ledger.transfers import money_in_flight
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
+from waltz_examples.ledger.checks import read_log, run_checks
+from waltz_examples.ledger.demo import DemoOptions, run_demo
+from waltz_examples.ledger.models import TransferIn, TransferOut
+from waltz_examples.ledger.service import LedgerService, prepare_database
+from waltz_examples.ledger.transfers import money_in_flight
 
 PARTITIONS = 4
 

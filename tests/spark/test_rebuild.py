@@ -12,13 +12,6 @@ import pytest
 from sqlalchemy import select, text, update
 from typer.testing import CliRunner
 
-from examples.counter.service import CounterService
-from examples.counter.views import VIEWS as COUNTER_VIEWS
-from examples.ledger.models import Checking, TransferOut
-from examples.ledger.service import LedgerService, prepare_database
-from examples.ledger.smallbank import SmallBankConfig, SmallBankWorkload
-from examples.ledger.transfers import pending_transfers
-from examples.ledger.views import VIEWS as LEDGER_VIEWS
 from waltz.cli.main import app as waltz_app
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks
@@ -32,6 +25,13 @@ from waltz.spark.drift import verify
 from waltz.spark.errors import CommittedReadError
 from waltz.spark.readers import read_committed
 from waltz.spark.rebuild import LogSource, rebuild
+from waltz_examples.counter.service import CounterService
+from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
+from waltz_examples.ledger.models import Checking, TransferOut
+from waltz_examples.ledger.service import LedgerService, prepare_database
+from waltz_examples.ledger.smallbank import SmallBankConfig, SmallBankWorkload
+from waltz_examples.ledger.transfers import pending_transfers
+from waltz_examples.ledger.views import VIEWS as LEDGER_VIEWS
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -165,7 +165,7 @@ def test_drift_is_reported_and_fails_the_command(
         [
             "rebuild",
             "--app",
-            "examples.ledger",
+            "waltz_examples.ledger",
             "--zookeeper",
             spark_cluster.zookeeper_connect_string,
             "--cluster-root",

@@ -12,8 +12,6 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select
 
-from examples.counter.models import Counter
-from examples.counter.views import VIEWS as COUNTER_VIEWS
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, RowChange
 from waltz.jdbc_style.schema import high_water_marks, idempotency_keys
@@ -21,6 +19,8 @@ from waltz.spark.decoders import decode_changes
 from waltz.spark.source import LOG_SCHEMA
 from waltz.spark.target import write_views
 from waltz.spark.views import idempotency_key_rows
+from waltz_examples.counter.models import Counter
+from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
 
 OTHER = "another-log"
 

@@ -1,10 +1,10 @@
-"""The ledger workload of ``waltz chaos``: the SmallBank mix of ``examples/ledger`` in client processes.
+"""The ledger workload of ``waltz chaos``: the SmallBank mix of ``waltz_examples.ledger`` in client processes.
 
 Issue 8: "the ledger example's money is conserved when it is the workload". The coordinator
 prepares the shared application database and opens the accounts (:func:`prepare_ledger`); each
-client process runs one :class:`~examples.ledger.service.LedgerService` (with its transfer sweeper)
+client process runs one :class:`~waltz_examples.ledger.service.LedgerService` (with its transfer sweeper)
 on that database and draws its share of the SmallBank mix (:func:`run_ledger_worker`); at the end
-the ledger's own invariants (:func:`examples.ledger.checks.run_checks`: applied exactly once, money
+the ledger's own invariants (:func:`waltz_examples.ledger.checks.run_checks`: applied exactly once, money
 conserved counting money in flight, transfers exactly once, balance rules, replicas identical) are
 reused as chaos checks (:func:`ledger_checks`).
 
@@ -21,15 +21,15 @@ from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 from typing import Any
 
-from examples.ledger.checks import read_log as read_ledger_log
-from examples.ledger.checks import run_checks
-from examples.ledger.service import LedgerService, prepare_database
-from examples.ledger.smallbank import SmallBankConfig, SmallBankWorkload
-from examples.ledger.transfers import pending_transfers
 from waltz.chaos.checks import ChaosCheck
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
+from waltz_examples.ledger.checks import read_log as read_ledger_log
+from waltz_examples.ledger.checks import run_checks
+from waltz_examples.ledger.service import LedgerService, prepare_database
+from waltz_examples.ledger.smallbank import SmallBankConfig, SmallBankWorkload
+from waltz_examples.ledger.transfers import pending_transfers
 
 __all__ = ["ledger_checks", "prepare_ledger", "run_ledger_worker", "wait_transfers_settled"]
 

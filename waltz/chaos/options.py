@@ -43,7 +43,7 @@ class ChaosOptions:
         workload: ``"raw"`` (random payloads under random WRITE locks, as upstream's smoke test)
             ``"counter"`` (read-modify-write increments of ``lock_pool`` counters, seed 001's
             counter: no update may be lost), or ``"ledger"`` (the SmallBank mix of
-            ``examples/ledger``; money must be conserved).
+            ``examples/waltz_examples/ledger``; money must be conserved).
         db_url: the ledger's shared database (None: SQLite in the work directory).
         accounts: SmallBank customers of the ledger workload.
         storages: storage nodes (3 or 5); every partition has a replica on each, so a fault on a

@@ -70,7 +70,8 @@ def chaos(
         typer.Option(
             help=(
                 "raw: random payloads under random write locks; counter: read-modify-write increments of "
-                "--lock-pool counters (no update may be lost); ledger: the SmallBank mix (examples/ledger)."
+                "--lock-pool counters (no update may be lost); ledger: the SmallBank mix "
+                "(waltz_examples.ledger)."
             )
         ),
     ] = "raw",

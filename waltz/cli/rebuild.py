@@ -54,7 +54,9 @@ def _marks(items: list[str]) -> dict[int, int]:
 def rebuild_command(
     app: Annotated[
         str,
-        typer.Option(help="The application module, e.g. examples.ledger (its views module defines VIEWS)."),
+        typer.Option(
+            help="The application module, e.g. waltz_examples.ledger (its views module defines VIEWS)."
+        ),
     ],
     db: Annotated[
         str | None,

@@ -1,7 +1,8 @@
 """Create, upgrade and inspect the SQL framework's own tables; record an operator's skip.
 
 The tables of :mod:`waltz.jdbc_style.schema` (high-water marks, idempotency keys, skipped
-transactions) are made by an alembic environment shipped in ``waltz/jdbc_style/migrations``. Its
+transactions) are made by an alembic environment shipped in the top-level ``migrations/``
+directory (installed as ``waltz/jdbc_style/migrations``). Its
 revisions carry the branch label ``waltz`` and, run through this module or ``waltz db upgrade``,
 record themselves in their own version table, ``waltz_alembic_version``: an application's
 ``alembic_version`` is never read nor written. Source: seed 001, "Limitations and Requirements"
@@ -184,10 +185,16 @@ class SkipRow:
 def script_location() -> Path:
     """The directory of the framework's alembic environment (``env.py``, ``versions/``).
 
+    The environment lives in the repository's top-level ``migrations/`` directory, which a wheel
+    installs as ``waltz/jdbc_style/migrations`` (setup.py).
+
     Returns:
-        An absolute path inside the installed ``waltz`` package.
+        An absolute path: inside the installed ``waltz`` package, or, in a source checkout (an
+        editable install), the repository's ``migrations/``.
     """
-    return Path(__file__).resolve().parent / "migrations"
+    here = Path(__file__).resolve().parent
+    packaged = here / "migrations"
+    return packaged if packaged.is_dir() else here.parents[1] / "migrations"
 
 
 def alembic_config(url_or_connection: Bind | None = None) -> Config:
@@ -253,7 +260,7 @@ def upgrade(bind: Bind, revision: str = "heads") -> None:
 def upgrade_environment(location: Path, bind: Engine | Connection, revision: str = "heads") -> None:
     """Upgrade with another alembic environment that, like ours, takes its database from
     ``config.attributes["connection"]`` (e.g. an application's migrations shipped in its package,
-    as ``examples/ledger`` does), with the same care as :func:`upgrade`: one alembic run at a time
+    as ``waltz_examples.ledger`` does), with the same care as :func:`upgrade`: one alembic run at a time
     in this process, and an enclosing run's ``alembic.context`` restored afterwards.
 
     Args:

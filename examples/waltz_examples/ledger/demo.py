@@ -8,7 +8,7 @@
 3. unless ``faults`` is off: ``kill -9`` of one storage node at a third of the run and of the
    server owning partition 0 at half of it, both restarted a few seconds later;
 4. waits for the sweepers to finish every transfer, then checks the invariants of
-   :mod:`examples.ledger.checks` and prints them;
+   :mod:`waltz_examples.ledger.checks` and prints them;
 5. unless ``spark`` is off: rebuilds the ledger from the log with Spark (``waltz rebuild``, into
    ``ledger-rebuilt.db`` in the work directory) at the live database's marks and checks that the
    live database has no drift from it (``docs/spark.md``); without PySpark this check fails and
@@ -25,13 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from examples.ledger.checks import Check, read_log, run_checks
-from examples.ledger.service import LedgerService, prepare_database
-from examples.ledger.smallbank import SmallBankConfig, SmallBankStats, SmallBankWorkload
-from examples.ledger.transfers import pending_transfers
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
+from waltz_examples.ledger.checks import Check, read_log, run_checks
+from waltz_examples.ledger.service import LedgerService, prepare_database
+from waltz_examples.ledger.smallbank import SmallBankConfig, SmallBankStats, SmallBankWorkload
+from waltz_examples.ledger.transfers import pending_transfers
 
 __all__ = ["DemoOptions", "DemoResult", "run_demo"]
 
@@ -263,10 +263,10 @@ def spark_rebuild_check(
         return Check(name, False, f"not run: {exc}")
     from pyspark.sql import SparkSession
 
-    from examples.ledger.views import VIEWS
     from waltz.spark.drift import verify
     from waltz.spark.rebuild import LogSource
     from waltz.spark.session import spark_session
+    from waltz_examples.ledger.views import VIEWS
 
     say(f"rebuilding the ledger from the log with Spark ({master or 'local[*]'}) and checking for drift")
     shared = SparkSession.getActiveSession() is not None  # a caller's session (tests) is left running

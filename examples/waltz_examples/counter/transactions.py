@@ -26,8 +26,6 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from examples.counter.errors import CounterOverflowError
-from examples.counter.models import MAX_VALUE, Counter
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style import (
     ChangeSetCallbacks,
@@ -37,6 +35,8 @@ from waltz.jdbc_style import (
     Operation,
     RowChange,
 )
+from waltz_examples.counter.errors import CounterOverflowError
+from waltz_examples.counter.models import MAX_VALUE, Counter
 
 __all__ = ["COUNTER_ENTITY", "ChangeCounter", "CounterCallbacks"]
 

@@ -7,20 +7,20 @@ based on, and the server refuses it when the counter was written after that mark
 
 - :class:`CounterService`: increment, decrement (raising :class:`InsufficientCountError`), get.
 - :class:`CounterHttpServer`: the JSON HTTP API.
-- :mod:`examples.counter.models`: the ``counters`` table; :mod:`examples.counter.transactions`:
+- :mod:`waltz_examples.counter.models`: the ``counters`` table; :mod:`waltz_examples.counter.transactions`:
   the read-modify-write context and the callbacks that apply it.
-- ``python -m examples.counter``: ``serve``, ``local`` and ``load`` commands.
+- ``python -m waltz_examples.counter``: ``serve``, ``local`` and ``load`` commands.
 """
 
-from examples.counter.errors import (
+from waltz_examples.counter.errors import (
     CounterOverflowError,
     CounterRequestTimeoutError,
     CounterServiceError,
     InsufficientCountError,
 )
-from examples.counter.http_api import CounterHttpServer
-from examples.counter.models import Counter, create_tables
-from examples.counter.service import CounterService, CounterState, CounterStats, CounterUpdate
+from waltz_examples.counter.http_api import CounterHttpServer
+from waltz_examples.counter.models import Counter, create_tables
+from waltz_examples.counter.service import CounterService, CounterState, CounterStats, CounterUpdate
 
 __all__ = [
     "Counter",

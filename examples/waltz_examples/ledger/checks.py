@@ -27,7 +27,11 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select, text
 
-from examples.ledger.models import (
+from waltz import WaltzClientCallbacks
+from waltz.client.reading import read_up_to
+from waltz.client.transaction import Transaction
+from waltz.jdbc_style import CHANGE_SET_HEADER, ChangeSet
+from waltz_examples.ledger.models import (
     Checking,
     Savings,
     TransferIn,
@@ -35,11 +39,7 @@ from examples.ledger.models import (
     TransferOut,
     applied_transactions,
 )
-from examples.ledger.transfers import money_in_flight, pending_transfers
-from waltz import WaltzClientCallbacks
-from waltz.client.reading import read_up_to
-from waltz.client.transaction import Transaction
-from waltz.jdbc_style import CHANGE_SET_HEADER, ChangeSet
+from waltz_examples.ledger.transfers import money_in_flight, pending_transfers
 
 __all__ = ["Check", "LogTally", "read_log", "run_checks"]
 

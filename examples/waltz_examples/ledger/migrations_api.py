@@ -1,4 +1,4 @@
-"""The ledger's alembic migrations (``examples/ledger/migrations``), run in code.
+"""The ledger's alembic migrations (``examples/waltz_examples/ledger/migrations``), run in code.
 
 The ledger records its revision in ``ledger_alembic_version``, beside the framework's
 ``waltz_alembic_version``: the two histories never mix. Run them once before starting instances

@@ -3,7 +3,7 @@
 Source: seed 001, "Difficulty in Implementing Constraints" (a counter that must not go negative)
 and "Optimistic Locking". The model declares its Waltz identity (``__waltz__``), so the SQL
 framework derives its lock (``counter:<counter_id>``) and its partition from the key, and applies
-the change-sets that :mod:`examples.counter.service` submits.
+the change-sets that :mod:`waltz_examples.counter.service` submits.
 
 The ``CHECK (value >= 0)`` constraint is a second line of defence only: the service refuses a
 decrement before it reaches the log, so a negative value would mean a bug, and its apply would
@@ -56,7 +56,7 @@ def create_tables(engine: Engine) -> None:
     """Create the ``counters`` table if it does not exist (``metadata.create_all``, checkfirst).
 
     Good enough for an example; a service whose schema evolves keeps it in alembic migrations
-    (see ``examples/ledger``).
+    (see ``examples/waltz_examples/ledger``).
 
     Args:
         engine: the application database.

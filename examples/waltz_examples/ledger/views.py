@@ -1,4 +1,4 @@
-"""The ledger's views of the log for ``waltz rebuild --app examples.ledger`` (``VIEWS``).
+"""The ledger's views of the log for ``waltz rebuild --app waltz_examples.ledger`` (``VIEWS``).
 
 Source: DESIGN.md, "Spark"; ``docs/spark.md`` ("Views"). The five entity tables replay
 generically (last write per key wins, deletes remove); ``ledger_applied_transactions`` gets one row
@@ -13,7 +13,9 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from examples.ledger.models import (
+from waltz.jdbc_style.changeset import CHANGE_SET_HEADER
+from waltz.spark.views import AppViews, apply_idempotency, entity_table, replay
+from waltz_examples.ledger.models import (
     Account,
     Base,
     Checking,
@@ -23,9 +25,7 @@ from examples.ledger.models import (
     applied_transactions,
     registry,
 )
-from examples.ledger.service import prepare_database
-from waltz.jdbc_style.changeset import CHANGE_SET_HEADER
-from waltz.spark.views import AppViews, apply_idempotency, entity_table, replay
+from waltz_examples.ledger.service import prepare_database
 
 __all__ = ["VIEWS", "build"]
 
@@ -56,7 +56,7 @@ def _prepare(engine: Engine) -> None:
     prepare_database(engine)
 
 
-#: The ledger's views (``waltz rebuild --app examples.ledger``).
+#: The ledger's views (``waltz rebuild --app waltz_examples.ledger``).
 VIEWS = AppViews(
     cluster_name="ledger",
     tables=[Base.metadata.tables[model.__tablename__] for model in _ENTITIES] + [applied_transactions],

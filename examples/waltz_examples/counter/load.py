@@ -1,4 +1,4 @@
-"""A load generator for the counter HTTP API (``python -m examples.counter load``).
+"""A load generator for the counter HTTP API (``python -m waltz_examples.counter load``).
 
 Threads send random increments and decrements to a few counters over kept-alive HTTP/1.1
 connections (``http.client``), and the report gives the request rate, the answers by status (409:

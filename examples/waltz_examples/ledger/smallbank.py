@@ -24,14 +24,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from examples.ledger.operations import (
+from waltz_examples.ledger.operations import (
     DepositChecking,
     LedgerOperation,
     OpenAccount,
     TransactSavings,
     WriteCheck,
 )
-from examples.ledger.service import LedgerService
+from waltz_examples.ledger.service import LedgerService
 
 __all__ = ["MIX", "SmallBankConfig", "SmallBankStats", "SmallBankWorkload"]
 
@@ -198,7 +198,7 @@ class SmallBankWorkload:
             self._slots.release()
 
     def _deactivate_some(self) -> None:
-        from examples.ledger.operations import Deactivate
+        from waltz_examples.ledger.operations import Deactivate
 
         # Close customers outside the hotspot so that most of the mix still finds open accounts.
         pool = list(range(self._hotspot, self.config.accounts)) or list(range(self.config.accounts))

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, and_, func, select
 
-from examples.ledger.models import (
+from waltz.jdbc_style import ChangeSetCallbacks, EntityTransaction
+from waltz_examples.ledger.models import (
     Account,
     AccountStatus,
     Checking,
@@ -42,8 +43,7 @@ from examples.ledger.models import (
     TransferOut,
     TransferOutStatus,
 )
-from examples.ledger.operations import LedgerOperation
-from waltz.jdbc_style import ChangeSetCallbacks, EntityTransaction
+from waltz_examples.ledger.operations import LedgerOperation
 
 __all__ = [
     "CreditTransfer",

@@ -4,9 +4,9 @@ Source: seed 001, "Difficulty in Implementing Constraints" (the counter service 
 announcement) and "Optimistic Locking"; docs/sql.md ("Read your writes", "Entities").
 
 A service instance owns three things: a database engine (the materialized view of the log),
-:class:`~examples.counter.transactions.CounterCallbacks` (which apply the log to it exactly once)
+:class:`~waltz_examples.counter.transactions.CounterCallbacks` (which apply the log to it exactly once)
 and a :class:`~waltz.WaltzClient`. Any number of instances may share one database; each change is
-a :class:`~examples.counter.transactions.ChangeCounter` transaction::
+a :class:`~waltz_examples.counter.transactions.ChangeCounter` transaction::
 
     with CounterService("sqlite:///counters.db", "127.0.0.1:2181", "/waltz/local") as service:
         service.increment(7, 10)      # -> 10
@@ -33,12 +33,16 @@ from typing import Any, Self
 from sqlalchemy import Engine, select
 from sqlalchemy.engine import make_url
 
-from examples.counter.errors import CounterOverflowError, CounterRequestTimeoutError, InsufficientCountError
-from examples.counter.models import MAX_VALUE, Counter, create_tables
-from examples.counter.transactions import ChangeCounter, CounterCallbacks
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.errors import TransactionExpiredError
 from waltz.jdbc_style import create_framework_engine, migrations_api
+from waltz_examples.counter.errors import (
+    CounterOverflowError,
+    CounterRequestTimeoutError,
+    InsufficientCountError,
+)
+from waltz_examples.counter.models import MAX_VALUE, Counter, create_tables
+from waltz_examples.counter.transactions import ChangeCounter, CounterCallbacks
 
 __all__ = ["CounterService", "CounterState", "CounterStats", "CounterUpdate"]
 
@@ -125,7 +129,7 @@ class CounterService:
         request_timeout: seconds a change may take, from submit until this database applied it.
         mount_timeout: seconds construction waits for the client to mount every partition.
         ignore_foreign_transactions: pass over other applications' transactions in a shared log
-            (see :class:`~examples.counter.transactions.CounterCallbacks`).
+            (see :class:`~waltz_examples.counter.transactions.CounterCallbacks`).
         engine_options: more ``create_engine`` arguments.
 
     Raises:
@@ -229,7 +233,7 @@ class CounterService:
         """Add ``delta`` (positive or negative) to a counter; :meth:`increment` and :meth:`decrement`
         in one, with the transaction's details.
 
-        Submits a :class:`~examples.counter.transactions.ChangeCounter`, waits until the log
+        Submits a :class:`~waltz_examples.counter.transactions.ChangeCounter`, waits until the log
         committed it, then until this database applied it (read-your-writes).
 
         Returns:

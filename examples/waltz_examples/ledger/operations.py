@@ -18,8 +18,8 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from examples.ledger.models import Account, AccountStatus, Checking, Savings
 from waltz.jdbc_style import ChangeSetCallbacks, EntityTransaction, EntityTransactionContext
+from waltz_examples.ledger.models import Account, AccountStatus, Checking, Savings
 
 __all__ = [
     "Amalgamate",

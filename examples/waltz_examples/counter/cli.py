@@ -1,4 +1,4 @@
-"""``python -m examples.counter``: serve the counter API, try it on a local cluster, load it.
+"""``python -m waltz_examples.counter``: serve the counter API, try it on a local cluster, load it.
 
 Commands:
 
@@ -89,7 +89,7 @@ def _usage(url: str) -> str:
             f"  curl -s -X POST {url}/counters/7/increment -d '{{\"amount\": 10}}'",
             f"  curl -s -X POST {url}/counters/7/decrement -d '{{\"amount\": 25}}'   # 409: never negative",
             f"  curl -s {url}/counters/7",
-            f"  python -m examples.counter load --url {url} --requests 2000 --concurrency 16",
+            f"  python -m waltz_examples.counter load --url {url} --requests 2000 --concurrency 16",
             "Press Ctrl-C (or send SIGTERM) to stop.",
         ]
     )
@@ -129,11 +129,11 @@ def serve(
     cluster, waits until every partition is mounted, then listens. Several instances may share one
     database; start the first one alone on a new database.
 
-    Example: python -m examples.counter serve --db sqlite:///counter.db --zookeeper 127.0.0.1:2181
+    Example: python -m waltz_examples.counter serve --db sqlite:///counter.db --zookeeper 127.0.0.1:2181
     --root /waltz/local --port 8080
     """
-    from examples.counter.http_api import CounterHttpServer
-    from examples.counter.service import CounterService
+    from waltz_examples.counter.http_api import CounterHttpServer
+    from waltz_examples.counter.service import CounterService
 
     configure_logging(log_level)
 
@@ -173,11 +173,11 @@ def local(
     The cluster's processes (ZooKeeper, storage nodes, servers) run on free loopback ports; they
     are stopped, and a temporary work directory removed, when this command stops.
 
-    Example: python -m examples.counter local --port 8080
+    Example: python -m waltz_examples.counter local --port 8080
     """
-    from examples.counter.http_api import CounterHttpServer
-    from examples.counter.service import CounterService
     from waltz.local.cluster import LocalCluster
+    from waltz_examples.counter.http_api import CounterHttpServer
+    from waltz_examples.counter.service import CounterService
 
     configure_logging(log_level)
 
@@ -227,10 +227,10 @@ def load(
 ) -> None:
     """Send random increments and decrements and report requests/s, 409s and latency percentiles.
 
-    Example: python -m examples.counter load --url http://127.0.0.1:8080 --requests 2000
+    Example: python -m waltz_examples.counter load --url http://127.0.0.1:8080 --requests 2000
     --concurrency 16 --counters 4 --decrement-ratio 0.4
     """
-    from examples.counter.load import run_load
+    from waltz_examples.counter.load import run_load
 
     try:
         report = run_load(
@@ -264,4 +264,4 @@ for _command in (serve, local, load):
 
 def main() -> None:
     """Run the command line."""
-    app(prog_name="python -m examples.counter")
+    app(prog_name="python -m waltz_examples.counter")

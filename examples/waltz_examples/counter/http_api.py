@@ -1,4 +1,4 @@
-"""A small JSON HTTP API over :class:`~examples.counter.service.CounterService` (standard library).
+"""A small JSON HTTP API over :class:`~waltz_examples.counter.service.CounterService` (standard library).
 
 Routes (bodies and answers are JSON objects; errors are ``{"error": "<what happened and what to
 do>"}``):
@@ -35,10 +35,14 @@ from types import TracebackType
 from typing import Any, Self, cast
 from urllib.parse import parse_qs, urlsplit
 
-from examples.counter.errors import CounterOverflowError, CounterRequestTimeoutError, InsufficientCountError
-from examples.counter.models import MAX_VALUE
-from examples.counter.service import CounterService
 from waltz.errors import ClientClosedError
+from waltz_examples.counter.errors import (
+    CounterOverflowError,
+    CounterRequestTimeoutError,
+    InsufficientCountError,
+)
+from waltz_examples.counter.models import MAX_VALUE
+from waltz_examples.counter.service import CounterService
 
 __all__ = ["MAX_BODY_BYTES", "CounterHttpServer"]
 

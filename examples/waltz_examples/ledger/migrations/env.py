@@ -1,6 +1,6 @@
 """Alembic environment of the ledger example's tables (its own version table, ``ledger_alembic_version``).
 
-Configured in code by :func:`examples.ledger.migrations_api.upgrade`: the connection or engine is
+Configured in code by :func:`waltz_examples.ledger.migrations_api.upgrade`: the connection or engine is
 passed in ``config.attributes["connection"]``.
 """
 
@@ -11,8 +11,8 @@ from typing import Any
 from alembic import context
 from sqlalchemy import Connection, Engine
 
-from examples.ledger.migrations_api import VERSION_TABLE
-from examples.ledger.models import Base
+from waltz_examples.ledger.migrations_api import VERSION_TABLE
+from waltz_examples.ledger.models import Base
 
 config = context.config
 

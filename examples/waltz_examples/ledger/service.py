@@ -18,9 +18,13 @@ from typing import Any
 from sqlalchemy import Engine, insert, select
 from sqlalchemy.orm import Session
 
-from examples.ledger import migrations_api
-from examples.ledger.models import Checking, Savings, applied_transactions, by_customer, registry
-from examples.ledger.operations import (
+from waltz import WaltzClient, WaltzClientConfig
+from waltz.client.transaction import Transaction
+from waltz.jdbc_style import ChangeSet, ChangeSetCallbacks, create_framework_engine
+from waltz.jdbc_style import migrations_api as framework_migrations
+from waltz_examples.ledger import migrations_api
+from waltz_examples.ledger.models import Checking, Savings, applied_transactions, by_customer, registry
+from waltz_examples.ledger.operations import (
     Amalgamate,
     Deactivate,
     DepositChecking,
@@ -31,11 +35,7 @@ from examples.ledger.operations import (
     Withdraw,
     WriteCheck,
 )
-from examples.ledger.transfers import DebitForTransfer, Sweeper, TransferKind
-from waltz import WaltzClient, WaltzClientConfig
-from waltz.client.transaction import Transaction
-from waltz.jdbc_style import ChangeSet, ChangeSetCallbacks, create_framework_engine
-from waltz.jdbc_style import migrations_api as framework_migrations
+from waltz_examples.ledger.transfers import DebitForTransfer, Sweeper, TransferKind
 
 __all__ = ["LedgerCallbacks", "LedgerService", "Outcome", "prepare_database"]
 

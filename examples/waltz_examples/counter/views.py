@@ -1,4 +1,4 @@
-"""The counter service's view of the log for ``waltz rebuild --app examples.counter`` (``VIEWS``).
+"""The counter service's view of the log for ``waltz rebuild --app waltz_examples.counter`` (``VIEWS``).
 
 Source: DESIGN.md, "Spark"; ``docs/spark.md`` ("Views"). ``counters`` replays generically (last
 write per key wins), with ``updated_tx`` set to the transaction that last wrote the row, as
@@ -12,11 +12,11 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from examples.counter.models import Counter, create_tables
 from waltz.jdbc_style import EntityRegistry
 from waltz.jdbc_style import migrations_api as framework_migrations
 from waltz.spark.decoders import DecoderRegistry
 from waltz.spark.views import AppViews, apply_idempotency, entity_table, replay
+from waltz_examples.counter.models import Counter, create_tables
 
 __all__ = ["VIEWS", "build"]
 

@@ -1,0 +1,5 @@
+"""Example services built on waltz-py: ``waltz_examples.counter`` and ``waltz_examples.ledger``.
+
+The source lives in the repository's top-level ``examples/`` directory; a wheel installs it as the
+``waltz_examples`` package (``waltz demo`` and ``waltz chaos --workload ledger`` run the ledger).
+"""
