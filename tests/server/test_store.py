@@ -18,12 +18,8 @@ from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError, StorageStreams
-from waltz.services.server.store.store_partition import (
-    RECORD_OVERHEAD_BYTES,
-    AppendFailedError,
-    StoreClosedError,
-    StorePartition,
-)
+from waltz.services.server.store.store_partition import AppendFailedError, StoreClosedError, StorePartition
+from waltz.services.server.store.store_session import RECORD_OVERHEAD_BYTES
 
 SHARED = pytest.mark.parametrize("shared", [False, True], ids=["own-streams", "shared-streams"])
 
@@ -520,14 +516,14 @@ def test_the_linger_waits_only_while_a_batch_awaits_its_quorum() -> None:
     commit without a timer on an idle partition)."""
     from types import SimpleNamespace
 
-    from waltz.services.server.store.store_partition import _Session
+    from waltz.services.server.store.store_session import StoreSession
 
     config = StoreConfig(linger=0.002, max_batch_records=10)
     queue = [object()] * 3
     # Transactions up to 41 sent, up to 41 committed.
     partition = SimpleNamespace(_queue=queue, _queue_since=100.0, _high_water_mark=41)
     session = SimpleNamespace(config=config, next_transaction_id=42, batches_in_flight=0, partition=partition)
-    linger_left = _Session._linger_left
+    linger_left = StoreSession._linger_left
     assert linger_left(session, 100.0005) == 0.0  # nothing in flight: send now
     session.batches_in_flight = 1  # committed, but the third replica has not answered yet
     assert linger_left(session, 100.0005) == 0.0  # the slow replica holds nothing back

@@ -7,7 +7,8 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from waltz.services.server.store.voting import quorum_of, resolve_high_water_mark
+from waltz.metadata.replicas import quorum_of
+from waltz.services.server.store.voting import resolve_high_water_mark
 
 
 def committed_high_water_mark(high_water_marks: list[int], quorum: int) -> int | None:

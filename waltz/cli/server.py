@@ -1,75 +1,11 @@
-"""``waltz server``: run a Waltz server."""
+"""``waltz server``: run a Waltz server (the command lives in :mod:`waltz.services.server.command`)."""
 
 from __future__ import annotations
-
-from pathlib import Path
-from typing import Annotated
 
 import typer
 
 from waltz.cli.groups import MARKUP
-from waltz.config import load_settings
-from waltz.errors import ConfigurationError, WaltzError
-from waltz.logs import configure_logging
+from waltz.services.server.command import start
 
 app = typer.Typer(help="Run a Waltz server.", no_args_is_help=True, rich_markup_mode=MARKUP)
-
-
-@app.command("start")
-def start(
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            "-c",
-            help="YAML file with `zookeeper.*`, `cluster.*`, `server.*` and `storage.*` keys.",
-            exists=True,
-        ),
-    ] = None,
-    zookeeper: Annotated[
-        str | None, typer.Option(help="ZooKeeper connect string (zookeeper.connectString).")
-    ] = None,
-    root: Annotated[str | None, typer.Option(help="Cluster root znode (cluster.root).")] = None,
-    host: Annotated[str | None, typer.Option(help="Address to bind and advertise (server.host).")] = None,
-    port: Annotated[int | None, typer.Option(help="Server port, 0 for any free port (server.port).")] = None,
-    metrics_port: Annotated[int | None, typer.Option(help="HTTP port for /metrics and /health.")] = None,
-    advertised_endpoint: Annotated[
-        str | None,
-        typer.Option(help="host:port clients are told to use, e.g. a proxy's (server.advertisedEndpoint)."),
-    ] = None,
-    session_timeout: Annotated[
-        float | None, typer.Option(help="ZooKeeper session timeout in seconds (zookeeper.sessionTimeout).")
-    ] = None,
-    log_level: Annotated[
-        str | None, typer.Option(help="Log level (default: WALTZ_LOG_LEVEL or INFO).")
-    ] = None,
-) -> None:
-    """Start a server and serve until SIGTERM or SIGINT.
-
-    Settings come from --config, then WALTZ_* environment variables (WALTZ_ZOOKEEPER_CONNECT_STRING,
-    WALTZ_CLUSTER_ROOT, WALTZ_SERVER_PORT, ...), then these options (docs/configuration.md).
-    """
-    from waltz.services.server.app import run_server
-    from waltz.services.server.config import ServerConfig
-
-    configure_logging(log_level)
-    try:
-        settings = load_settings(
-            ServerConfig,
-            config,
-            zookeeper_connect_string=zookeeper,
-            cluster_root=root,
-            server_host=host,
-            server_port=port,
-            server_metrics_port=metrics_port,
-            server_advertised_endpoint=advertised_endpoint,
-            zookeeper_session_timeout=session_timeout,
-        )
-    except ConfigurationError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    try:
-        run_server(settings)
-    except WaltzError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+app.command("start")(start)

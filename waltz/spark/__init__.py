@@ -14,20 +14,6 @@ Source: DESIGN.md, "Spark"; seed 001 (the log is the source of truth, databases 
 
 from __future__ import annotations
 
-from typing import Any
+from waltz.spark.session import register
 
 __all__ = ["register"]
-
-
-def register(spark: Any) -> None:
-    """Register the ``waltz`` data source with ``spark`` (a ``pyspark.sql.SparkSession``).
-
-    Raises:
-        SparkUnavailableError: PySpark or pyarrow is not importable.
-    """
-    from waltz.spark.session import require_spark
-
-    require_spark()
-    from waltz.spark.source import WaltzDataSource
-
-    spark.dataSource.register(WaltzDataSource)

@@ -12,10 +12,22 @@ from typing import Any
 
 from waltz.spark.errors import SparkUnavailableError
 
-__all__ = ["JDBC_JARS", "is_local_master", "require_spark", "spark_session"]
+__all__ = ["JDBC_JARS", "is_local_master", "register", "require_spark", "spark_session"]
 
 #: JDBC drivers from Debian (``libpostgresql-jdbc-java``, ``libmariadb-java``), used when present.
 JDBC_JARS = ("/usr/share/java/postgresql.jar", "/usr/share/java/mariadb-java-client.jar")
+
+
+def register(spark: Any) -> None:
+    """Register the ``waltz`` data source with ``spark`` (a ``pyspark.sql.SparkSession``).
+
+    Raises:
+        SparkUnavailableError: PySpark or pyarrow is not importable.
+    """
+    require_spark()
+    from waltz.spark.source import WaltzDataSource
+
+    spark.dataSource.register(WaltzDataSource)
 
 
 def require_spark() -> None:
@@ -63,8 +75,6 @@ def spark_session(
     """
     require_spark()
     from pyspark.sql import SparkSession
-
-    from waltz.spark import register
 
     master = master or "local[*]"
     local = is_local_master(master)

@@ -29,11 +29,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from waltz.errors import StaleMetadataError, WaltzError
+from waltz.metadata.replicas import quorum_of
 from waltz.metadata.values import PartitionMetadata, ReplicaState
 from waltz.metadata.zk import ClusterZk, Versioned
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
-from waltz.services.server.store.voting import quorum_of, resolve_high_water_mark
+from waltz.services.server.store.voting import resolve_high_water_mark
 
 __all__ = ["RecoveryAbortedError", "RecoveryManager", "RecoveryResult"]
 

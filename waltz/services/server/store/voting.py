@@ -12,12 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["quorum_of", "resolve_high_water_mark"]
-
-
-def quorum_of(replicas: int) -> int:
-    """The quorum (majority) of ``replicas`` replicas."""
-    return replicas // 2 + 1
+__all__ = ["resolve_high_water_mark"]
 
 
 def resolve_high_water_mark(votes: Sequence[int], offline: int, quorum: int) -> int | None:

@@ -1,0 +1,315 @@
+"""The store session: one session of a store partition's writes, after its recovery.
+
+Source: docs/design/server.md, "Store sessions". A store partition
+(:class:`~waltz.services.server.store.store_partition.StorePartition`) runs its store sessions one
+after another; each has its own session ID (from the partition's metadata in ZooKeeper), writes
+batches of records to its clean replicas and commits a batch once a quorum of them has flushed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from waltz.errors import WaltzError
+from waltz.metadata.replicas import quorum_of
+from waltz.protocol import storage_pb2
+from waltz.protocol.records import Record, ReqId
+from waltz.services.server.store.recovery import RecoveryResult
+from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
+
+if TYPE_CHECKING:
+    from waltz.services.server.store.store_partition import StorePartition
+
+__all__ = ["RECORD_OVERHEAD_BYTES", "AppendDone", "PendingAppend", "StoreSession"]
+
+log = logging.getLogger(__name__)
+
+#: Bytes a record takes in an append request besides its data (transaction ID, ReqId, header,
+#: checksum and their tags), rounded up: what a batch's byte budget counts per record.
+RECORD_OVERHEAD_BYTES = 64
+
+
+#: What :meth:`StorePartition.enqueue` calls once a transaction is resolved: with its transaction ID
+#: and None when committed, or with an error when it will never be.
+AppendDone = Callable[[int, "BaseException | None"], None]
+
+
+@dataclass(slots=True)
+class PendingAppend:
+    """A transaction queued in a store partition or in flight in one of its store sessions.
+
+    Attributes:
+        req_id: the client's request ID of the append.
+        header: the transaction header (an application value, 32 bits).
+        data: the transaction data.
+        checksum: the CRC-32 of ``data``.
+        on_done: called once when the transaction is committed or has failed (None after).
+        transaction_id: the transaction ID, set when the record is put in a batch (-1 before).
+    """
+
+    req_id: ReqId
+    header: int
+    data: bytes
+    checksum: int
+    on_done: AppendDone | None
+    transaction_id: int = -1  # set when the record is put in a batch
+
+    @property
+    def record(self) -> Record:
+        return Record(self.transaction_id, self.req_id, self.header, self.data, self.checksum)
+
+    def resolve(self, error: BaseException | None) -> None:
+        """Commit (``error`` None) or fail the transaction, once."""
+        on_done = self.on_done
+        if on_done is not None:
+            self.on_done = None
+            try:
+                on_done(self.transaction_id, error)
+            except Exception:
+                log.exception("append callback of transaction %d raised", self.transaction_id)
+
+
+class StoreSession:
+    """One store session's write pipeline, after its recovery (docs/design/server.md, "Store sessions").
+
+    Args:
+        partition: the store partition that runs the session (its queue, its commits).
+        recovery: the recovery that opened the session: its session ID, high-water mark and the
+            replicas that are in step (the writers).
+        assigned: every replica assigned to the partition; a quorum is a majority of them.
+    """
+
+    def __init__(self, partition: StorePartition, recovery: RecoveryResult, assigned: Sequence[str]) -> None:
+        self.partition = partition
+        self.config = partition.config
+        self.session_id = recovery.metadata.value.session_id
+        self.writers: dict[str, ReplicaConnection] = dict(recovery.clean)
+        self._connections = list(self.writers.values())
+        self.assigned = list(assigned)
+        self.quorum = quorum_of(len(assigned))
+        self.start_high_water_mark = recovery.high_water_mark
+        self.next_transaction_id = recovery.high_water_mark + 1
+        # The highest transaction each replica has flushed in this session (kept after it leaves).
+        self.acked: dict[str, int] = {s: recovery.high_water_mark for s in self.writers}
+        self.batches_in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ending: str | None = None
+        self._absent = [s for s in assigned if s not in self.writers]
+        self._last_probe = time.monotonic()
+
+    def end(self, reason: str) -> None:
+        """Stop taking new records; the session ends once its batches in flight are answered."""
+        if self._ending is None:
+            self._ending = reason
+            log.info(
+                "partition %d: ending store session %d: %s",
+                self.partition.partition_id,
+                self.session_id,
+                reason,
+            )
+        self.partition._wakeup.set()
+
+    async def run(self) -> None:
+        partition = self.partition
+        probe_interval = max(2.0, 4 * self.config.retry_interval)
+        while True:
+            now = time.monotonic()
+            wait: float | None = None
+            if partition._closed and self._ending is None:
+                self.end("partition closing")
+            if self._ending is not None:
+                if self.batches_in_flight == 0:
+                    return
+            elif self.next_transaction_id - self.start_high_water_mark > self.config.checkpoint_interval:
+                self.end(f"checkpoint interval of {self.config.checkpoint_interval} transactions reached")
+                continue
+            elif (
+                partition._queue
+                and self.batches_in_flight < self.config.max_in_flight_batches
+                and len(self.writers) >= self.quorum
+            ):
+                linger = self._linger_left(now)
+                if linger <= 0:
+                    self._send_batch()
+                    continue
+                wait = linger
+            if self._ending is None:
+                if now - self._last_probe >= probe_interval:
+                    self._last_probe = now
+                    self._spawn(self._probe())
+                next_probe = self._last_probe + probe_interval - now
+                wait = next_probe if wait is None else min(wait, next_probe)
+            partition._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(partition._wakeup.wait(), wait)
+
+    def _linger_left(self, now: float) -> float:
+        """Seconds to wait for more records before sending a batch (0: send now).
+
+        A batch smaller than the maximum waits while an earlier batch of the session awaits its
+        quorum, at most ``linger`` after its oldest record arrived: the records that arrive during
+        a store round trip go as one batch when it commits (group commit, one flush per replica
+        for all of them). Waiting for the quorum, not for every replica, keeps a slow replica from
+        holding the next batch back; ``max_in_flight_batches`` bounds how far it may lag.
+        """
+        linger = self.config.linger
+        partition = self.partition
+        queue = partition._queue
+        if (
+            linger <= 0
+            or self.next_transaction_id - 1 <= partition._high_water_mark  # every batch sent committed
+            or len(queue) >= self.config.max_batch_records
+        ):
+            return 0.0
+        return linger - (now - partition._queue_since)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _send_batch(self) -> None:
+        partition = self.partition
+        queue = partition._queue
+        count = min(len(queue), self.config.max_batch_records)
+        budget = self.config.max_batch_bytes
+        first = transaction_id = self.next_transaction_id
+        in_flight = partition._in_flight
+        client_ids: list[int] = []
+        generations: list[int] = []
+        seq_nums: list[int] = []
+        headers: list[int] = []
+        data: list[bytes] = []
+        checksums: list[int] = []
+        for index in range(count):
+            # At least one record; then no more than the byte budget (large transactions would
+            # otherwise add up past the gRPC message limit and fail the replicas' streams).
+            budget -= len(queue[0].data) + RECORD_OVERHEAD_BYTES
+            if budget < 0 and index:
+                break
+            pending = queue.popleft()
+            pending.transaction_id = transaction_id
+            req = pending.req_id
+            client_ids.append(req.client_id)
+            generations.append(req.generation)
+            seq_nums.append(req.seq_num)
+            headers.append(pending.header)
+            data.append(pending.data)
+            checksums.append(pending.checksum)
+            in_flight.append(pending)
+            transaction_id += 1
+        # In columns (storage.proto RecordColumns): packed lists, not a message per record.
+        message = storage_pb2.AppendRequest()
+        columns = message.columns
+        columns.first_transaction_id = first
+        columns.client_ids.extend(client_ids)
+        columns.generations.extend(generations)
+        columns.seq_nums.extend(seq_nums)
+        columns.headers.extend(headers)
+        columns.data.extend(data)
+        columns.checksums.extend(checksums)
+        self.next_transaction_id = transaction_id
+        partition.batches_sent += 1
+        last = transaction_id - 1
+        self.batches_in_flight += 1
+        remaining = {"replicas": len(self.writers)}
+        append = message.SerializeToString()  # once for every replica
+        for storage, connection in list(self.writers.items()):
+            # Sent now, in order; the acknowledgements are awaited concurrently.
+            self._spawn(self._acknowledged(storage, connection.start_append(append), last, remaining))
+
+    async def _acknowledged(
+        self, storage: str, acknowledgement: Awaitable[None], last: int, remaining: dict[str, int]
+    ) -> None:
+        try:
+            await acknowledgement
+            self.acked[storage] = max(self.acked.get(storage, -1), last)
+            self._advance()
+        except ReplicaError as exc:
+            if storage in self.writers:
+                log.warning(
+                    "partition %d: replica on %s leaves session %d: %s",
+                    self.partition.partition_id,
+                    storage,
+                    self.session_id,
+                    exc,
+                )
+                del self.writers[storage]
+                self.end(f"replica on {storage} failed")
+        finally:
+            remaining["replicas"] -= 1
+            if remaining["replicas"] == 0:
+                self.batches_in_flight -= 1
+                self.partition._wakeup.set()
+
+    def _advance(self) -> None:
+        flushed = sorted(self.acked.values(), reverse=True)
+        if len(flushed) >= self.quorum:
+            committed = flushed[self.quorum - 1]
+            partition = self.partition
+            if committed > partition._high_water_mark:
+                partition._commit_through(committed)
+                if partition._queue:
+                    partition._wakeup.set()  # the records lingering for this commit go now
+
+    async def _probe(self) -> None:
+        """End the session when the replica assignment changed or a replica that was down answers.
+
+        The next session's recovery then adds, catches up or drops the replicas.
+        """
+        partition = self.partition
+        try:
+            assignments = await asyncio.to_thread(partition._zk.assignments)
+        except WaltzError as exc:
+            log.warning("partition %d: cannot read the replica assignment: %s", partition.partition_id, exc)
+            return
+        assigned = assignments.value.storages_of(partition.partition_id)
+        if sorted(assigned) != sorted(self.assigned):
+            self.end(f"replica assignment changed to {', '.join(assigned) or 'nothing'}")
+            return
+        if self.batches_in_flight == 0:
+            # Idle: check that the writers are still there, so that a dead storage node is
+            # noticed (and the session replaced) before the next append needs it.
+            for storage, connection in list(self.writers.items()):
+                try:
+                    await connection.max_transaction_id()
+                except ReplicaError as exc:
+                    if storage in self.writers:
+                        del self.writers[storage]
+                        self.end(f"replica on {storage} failed: {exc}")
+                    return
+        for storage in list(self._absent):
+            connection = partition._connect(self.session_id)(storage)
+            try:
+                await connection.open()
+                await connection.max_transaction_id()
+            except ReplicaError:
+                continue
+            finally:
+                await connection.close()
+            self.end(f"replica on {storage} is reachable again")
+            return
+
+    async def read(self, transaction_id: int, max_records: int) -> list[Record]:
+        """Read records from a replica that has flushed them."""
+        candidates = [s for s in self.writers if self.acked.get(s, -1) >= transaction_id]
+        if not candidates:
+            raise ReplicaError(
+                "-", self.partition.partition_id, "UNAVAILABLE", "no replica in the session holds the records"
+            )
+        return await self.writers[candidates[0]].records(transaction_id, max_records)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        for connection in self._connections:
+            await connection.close()

@@ -1,0 +1,75 @@
+"""The storage node's start command: ``waltz storage start`` and ``python -m waltz.services.storage``.
+
+Both run :func:`start`, which loads the settings (docs/configuration.md) and calls
+:func:`~waltz.services.storage.app.run_storage`. ``python -m`` builds a command of :func:`start`
+alone (:func:`main`), without importing every other command of ``waltz``: the process starts in a
+third of the time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from waltz.config import load_settings
+from waltz.errors import ConfigurationError
+from waltz.logs import configure_logging
+
+__all__ = ["main", "start"]
+
+
+def main(argv: Sequence[str], prog_name: str = "waltz storage start") -> None:
+    """Run :func:`start` as a command with ``argv`` (exits with its status)."""
+    app = typer.Typer(add_completion=False, rich_markup_mode="markdown")
+    app.command()(start)
+    typer.main.get_command(app).main(args=list(argv), prog_name=prog_name)
+
+
+def start(
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="YAML file with storage.* keys (see docs/configuration.md).", exists=True
+        ),
+    ] = None,
+    directory: Annotated[Path | None, typer.Option(help="Storage directory (storage.directory).")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (storage.host).")] = None,
+    port: Annotated[int | None, typer.Option(help="Storage protocol port (storage.port).")] = None,
+    admin_port: Annotated[int | None, typer.Option(help="Admin protocol port (storage.admin.port).")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="HTTP port for /metrics and /health (storage.metrics.port).")
+    ] = None,
+    segment_size_threshold: Annotated[
+        int | None,
+        typer.Option(help="Bytes after which a new segment starts (storage.segment.size.threshold)."),
+    ] = None,
+    log_level: Annotated[
+        str | None, typer.Option(help="Log level (default: WALTZ_LOG_LEVEL or INFO).")
+    ] = None,
+) -> None:
+    """Start a storage node and serve until SIGTERM or SIGINT.
+
+    Settings come from --config, then WALTZ_STORAGE_* environment variables, then these options.
+    """
+    from waltz.services.storage.app import run_storage
+    from waltz.services.storage.config import StorageConfig
+
+    configure_logging(log_level)
+    try:
+        settings = load_settings(
+            StorageConfig,
+            config,
+            directory=directory,
+            host=host,
+            port=port,
+            admin_port=admin_port,
+            metrics_port=metrics_port,
+            segment_size_threshold=segment_size_threshold,
+        )
+    except ConfigurationError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    run_storage(settings)
