@@ -3,8 +3,8 @@
 Every layer of Waltz allocates a few short-lived objects per transaction (protobuf messages,
 futures, feed entries). With CPython's default thresholds (700, 10, 10) the collector runs a young
 collection every few hundred transactions and a full one, over every object of the process, every
-hundred young ones: measured with one client process on 2 cores, that cost the client about a
-fifth of its CPU per transaction (98 against 76 µs), and the services their tail latency.
+hundred young ones, a cost that grows with the live objects of the process. Hot processes
+therefore collect less often (docs/decisions/0015-garbage-collector-tuning.md).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 ``AppendRequest`` or from a row of the columns of an ``AppendRequests``.
 
 Source: seed 000 "Append Task" (the fields of an append); ``docs/protocol.md`` "Append" and
-"Appends" (the column form, not in upstream Waltz). Reading a run of appends from packed columns
-costs the server about a third of what reading as many nested ``AppendRequest`` messages does
-(``benchmarks/wire_forms.py``).
+"Appends" (the column form, not in upstream Waltz). A run of appends travels as packed columns
+rather than nested messages, since reading columns costs the server less per append
+(docs/decisions/0002-column-wire-forms.md).
 """
 
 from __future__ import annotations

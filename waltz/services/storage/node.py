@@ -41,7 +41,8 @@ T = TypeVar("T")
 INLINE_QUIET_SECONDS = 0.1
 #: Sources (store session streams: one per server writing here) that may append on the event loop
 #: at once; when more are appending, appends run on their partitions' I/O threads
-#: (``storage.inlineAppendStreams``; see :meth:`StorageNode.run`).
+#: (``storage.inlineAppendStreams``; see :meth:`StorageNode.run` and
+#: docs/decisions/0006-inline-append-streams.md).
 DEFAULT_INLINE_APPEND_STREAMS = 2
 #: Bytes of records above which an append runs on its partition's I/O thread, not on the event loop
 #: (writing and flushing them would hold up the node's other streams for longer).
@@ -342,23 +343,19 @@ class StorageNode:
 
         An append (``append_bytes``: the size of the records it writes and flushes) runs on the
         calling event loop instead, saving the hand-off to the I/O thread and back (two thread
-        switches, the largest part of a small batch's cost on a 2-core machine:
-        benchmarks/RESULTS.md), when all of these hold: inline appends are on; the records take
-        at most :data:`INLINE_MAX_BYTES`; no work of this partition is queued or running on its
+        switches per batch), when all of these hold: inline appends are on; the records take at
+        most :data:`INLINE_MAX_BYTES`; no work of this partition is queued or running on its
         thread (so its work stays in order); fewer than ``inline_append_streams`` other sources
         appended on this node within :data:`INLINE_QUIET_SECONDS`; and the node lock is free (an
         assignment change or a close, which take it, never overlap the append).
 
         ``source`` is where the append came from: the store session stream, which may carry the
         appends of many partitions (default: the partition). One stream's appends of several
-        partitions run on the loop one after another (measured at 4 partitions on one shared
-        stream, 3 A/B pairs: +12, +6 and +20 % transactions/s, storage CPU per transaction down
-        by 31 to 39 %), and so do those of up to 2 streams (one per server) by default. Against
-        1 stream (the rule before), 2 servers gained 10 to 69 % transactions/s in every one of 6
-        A/B pairs, storage CPU per transaction down by a quarter to a half; at 3 streams the
-        loop's one-at-a-time flushes made store batches smaller and the gain was within the
-        noise (-17 to +29 %, 7 pairs), at 4 it vanished (benchmarks/RESULTS.md). With more
-        streams appending, appends go to the I/O threads, which flush partitions in parallel.
+        partitions run on the loop one after another, and so do those of up to
+        ``inline_append_streams`` streams (one per server; 2 by default). With more streams
+        appending, appends go to the I/O threads, which flush partitions in parallel. Why and
+        measured: docs/decisions/0004-appends-on-the-storage-event-loop.md and
+        docs/decisions/0006-inline-append-streams.md.
 
         Raises:
             Whatever ``work`` raises.

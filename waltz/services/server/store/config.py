@@ -24,8 +24,8 @@ class StoreConfig:
             once). The wait ends when that batch commits: appends that arrive during a store round
             trip go together (group commit; several clients' appends share one flush) rather than
             one small batch per client message, a lone append never waits, and a slow replica
-            (beyond the quorum) holds nothing back. 5 ms: benchmarks/RESULTS.md (2026-11-25
-            16:25 UTC; less CPU per transaction than 2 ms at 4 partitions, the same at 1).
+            (beyond the quorum) holds nothing back. Why the quorum and 5 ms:
+            docs/decisions/0008-linger-while-awaiting-quorum.md.
         checkpoint_interval: transactions after which a new store session is started, so that a
             recovery never has to look back far (``storage.checkpointInterval``, seed 000).
         connect_timeout: seconds to wait for a storage node to answer an open request.
