@@ -6,7 +6,8 @@ collector) on ``/metrics``; a run reads it from every node before and after, so 
 transaction, beside the client processes' own (``time.process_time`` around the measured phase).
 From the same readings come the records each storage node wrote per flush (fsync), from
 ``waltz_storage_appended_records_total`` and ``waltz_storage_append_flushes_total``: a storage
-node's CPU per transaction falls as its batches grow (docs/decisions/0001-group-commit-on-storage-nodes.md). And from each
+node's CPU per transaction falls as its batches grow
+(docs/decisions/0001-group-commit-on-storage-nodes.md). And from each
 server's ``waltz_server_commit_seconds`` histogram (its ``_sum`` and ``_count``), the mean time
 from receiving an append to its commit (quorum of replicas durable): the part of a client's
 submit-to-commit latency spent in the server and the storage nodes.
