@@ -10,12 +10,14 @@ the same text for its own ``--help``.
 from __future__ import annotations
 
 import importlib
+import inspect
+import re
 from typing import Any, Final
 
 import typer
 import typer.core
 
-__all__ = ["HELP", "MARKUP", "LazyGroup"]
+__all__ = ["HELP", "MARKUP", "SHORT_HELP", "LazyGroup", "first_sentence", "shorten_listings"]
 
 #: How every ``waltz`` command renders its help (``typer.Typer(rich_markup_mode=MARKUP)``):
 #: Markdown joins the hard-wrapped lines of a docstring paragraph and wraps them to the terminal,
@@ -46,10 +48,37 @@ HELP = {
     ),
 }
 
+#: The line each lazily imported group has in the listing of ``waltz --help``.
+SHORT_HELP = {
+    "disk": "Inspect and verify a storage node's files offline.",
+    "cluster": "Create, inspect and verify a cluster; manage its storage nodes.",
+    "db": "The SQL framework's tables: create, upgrade, show marks, skip.",
+}
+
 #: The module whose ``app`` is each lazily imported group.
 _MODULES = {"disk": "waltz.cli.disk", "cluster": "waltz.cli.cluster", "db": "waltz.cli.db"}
 #: The package extra a group needs beyond waltz-py's own dependencies.
 _EXTRAS = {"db": "sql"}
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a help text's first paragraph, on one line."""
+    paragraph = inspect.cleandoc(text).split("\n\n", 1)[0].replace("\n", " ")
+    match = re.match(r"(.+?[.!?])(?:\s|$)", paragraph)
+    return match.group(1) if match else paragraph
+
+
+def shorten_listings(command: Any) -> None:
+    """Give every sub-command of ``command`` (at any depth) a one-sentence ``short_help``.
+
+    A group's help lists its sub-commands by their ``short_help``, else by their whole help text,
+    which runs to several lines; a short help set by hand is kept. The full text stays in each
+    command's own ``--help``.
+    """
+    for sub in getattr(command, "commands", {}).values():
+        if sub.short_help is None and sub.help:
+            sub.short_help = first_sentence(sub.help)
+        shorten_listings(sub)
 
 
 class _Unloaded(typer.core.TyperGroup):
@@ -68,7 +97,8 @@ class LazyGroup(typer.core.TyperGroup):
         super().__init__(*args, **kwargs)
         for name, text in HELP.items():
             if name not in self.commands:
-                self.add_command(_Unloaded(name=name, help=text), name)
+                self.add_command(_Unloaded(name=name, help=text, short_help=SHORT_HELP[name]), name)
+        shorten_listings(self)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
         if args and isinstance(self.commands.get(args[0]), _Unloaded):
@@ -85,4 +115,6 @@ class LazyGroup(typer.core.TyperGroup):
             raise typer.Exit(2) from exc
         command = typer.main.get_command(module.app)
         command.name = name
+        command.short_help = SHORT_HELP[name]
+        shorten_listings(command)
         self.commands[name] = command

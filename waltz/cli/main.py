@@ -22,10 +22,14 @@ app = typer.Typer(
 app.add_typer(server.app, name="server")
 app.add_typer(storage.app, name="storage")
 app.add_typer(perf.app, name="perf")
-app.command("demo")(demo.demo)
-app.command("up")(up.up)
-app.command("rebuild")(rebuild.rebuild_command)
-app.command("chaos")(chaos.chaos)
+app.command("demo", short_help="Run the ledger demo on a local cluster under faults, then check it.")(
+    demo.demo
+)
+app.command("up", short_help="Run a local cluster on loopback until Ctrl-C.")(up.up)
+app.command("rebuild", short_help="Rebuild an application's tables from the log with Spark.")(
+    rebuild.rebuild_command
+)
+app.command("chaos", short_help="Run a local cluster under faults and check every invariant.")(chaos.chaos)
 
 
 @app.command("version")

@@ -28,6 +28,7 @@ app = typer.Typer(
         "Target an existing cluster with --zookeeper/--root (or --config, or `WALTZ_*` variables), or "
         "start a local one with --local and --storages/--servers/--partitions."
     ),
+    short_help="Measure a cluster: producer and consumer throughput and latency.",
     no_args_is_help=True,
     rich_markup_mode=MARKUP,
 )

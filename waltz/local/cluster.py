@@ -27,37 +27,43 @@ cluster key (storage nodes only ever serve the cluster whose key is in their con
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
-import json
 import logging
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Self, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from waltz.admin.cluster_admin import ClusterAdmin, StorageSpec
-from waltz.admin.verify_servers import probe_servers
-from waltz.errors import ConfigurationError, MetadataError, WaltzError
+from waltz.errors import ConfigurationError, MetadataError
+from waltz.local.layout import LAYOUT_FILE, ClusterLayout
 from waltz.local.nodes import LocalServer, LocalStorageNode
 from waltz.local.processes import ManagedProcess, ServiceStartError, wait_until
+from waltz.local.readiness import (
+    LOG_TAIL_LINES,
+    ClusterNotReadyError,
+    PartitionOwner,
+    PartitionProblem,
+    Problem,
+    not_ready_message,
+    probe_partitions,
+)
 from waltz.local.zookeeper import LocalZooKeeper
-from waltz.metadata.assignment import Member, read_assignment
+from waltz.metadata.assignment import read_assignment
 from waltz.metadata.replicas import spread_replicas
 from waltz.metadata.zk import ClusterPaths, ClusterZk
 from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol.channels import TlsConfig
 
-__all__ = ["DEFAULT_SERVER_ENV", "ClusterNotReadyError", "LocalCluster", "PartitionOwner"]
+__all__ = ["DEFAULT_SERVER_ENV", "LocalCluster"]
 
 log = logging.getLogger(__name__)
 
@@ -69,77 +75,6 @@ DEFAULT_SERVER_ENV: Mapping[str, str] = {
     "WALTZ_STORE_RETRY_INTERVAL": "0.2",
     "WALTZ_STORE_CONNECT_TIMEOUT": "2",
 }
-
-_LAYOUT_FILE = "cluster.json"
-_LAYOUT_VERSION = 1
-#: Seconds allowed for one server status call while polling.
-_STATUS_TIMEOUT = 2.0
-_LOG_TAIL_LINES = 25
-
-
-class ClusterNotReadyError(WaltzError, TimeoutError):
-    """A partition of a local cluster had no writable owner in time, or has no owner right now.
-
-    The message lists each partition that was not ready and why, the state of every process, and
-    the tail of the relevant logs.
-    """
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionOwner:
-    """The server that owns a partition and can write to it.
-
-    Attributes:
-        partition_id: the partition.
-        endpoint: ``host:port`` of the owning server.
-        generation: the generation under which it owns the partition.
-        high_water_mark: the partition's committed high-water mark (-1: nothing committed yet).
-    """
-
-    partition_id: int
-    endpoint: str
-    generation: int
-    high_water_mark: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Layout:
-    """What ``cluster.json`` keeps of a cluster in a kept work directory."""
-
-    name: str
-    root: str
-    partitions: int
-    replicas: int
-    external_zookeeper: str | None
-    zookeeper_port: int | None
-    storages: list[dict[str, int | None]]  # port, admin_port, metrics_port
-    servers: list[dict[str, int | None]]  # port, metrics_port
-
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps({"format_version": _LAYOUT_VERSION, **asdict(self)}, indent=2) + "\n")
-
-    @classmethod
-    def load(cls, path: Path) -> _Layout:
-        try:
-            raw = json.loads(path.read_text())
-            if raw.pop("format_version", None) != _LAYOUT_VERSION:
-                raise ValueError(f"format_version is not {_LAYOUT_VERSION}")
-            return cls(**raw)
-        except (OSError, ValueError, TypeError) as exc:
-            raise ConfigurationError(
-                f"cannot read the local cluster layout {path}: {exc}; "
-                "use another work directory, or delete this one to start afresh"
-            ) from exc
-
-
-def _run_async(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine to completion from synchronous code, even under a running event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make())
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="local-cluster") as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()
 
 
 class LocalCluster:
@@ -387,7 +322,7 @@ class LocalCluster:
             )
             self._create_cluster(resuming=layout is not None)
             if self._keep:
-                self._layout().save(self.work_dir / _LAYOUT_FILE)
+                self._layout().save(self.work_dir / LAYOUT_FILE)
             for server in self._servers:
                 server.launch()
             for server in self._servers:
@@ -486,13 +421,15 @@ class LocalCluster:
                 missing, and ends with the state of the processes and the tail of relevant logs.
         """
         timeout = self._start_timeout if timeout is None else timeout
-        problems: list[str] = []
+        problems: list[PartitionProblem] = []
 
         def ready() -> dict[int, PartitionOwner] | None:
             try:
-                owners, found = self._probe()
+                owners, found = probe_partitions(
+                    self._client(), self._paths, self._partitions, self._replicas, self._servers, self._tls
+                )
             except Exception as exc:  # ZooKeeper unreachable, say: report it, and keep trying
-                owners, found = {}, [f"could not read the cluster's state from ZooKeeper: {exc!r}"]
+                owners, found = {}, [PartitionProblem(Problem.ZOOKEEPER_UNREADABLE, detail=repr(exc))]
             problems[:] = found
             return owners if not found else None
 
@@ -504,7 +441,9 @@ class LocalCluster:
                 interval=0.1,
             )
         except TimeoutError as exc:
-            raise ClusterNotReadyError(self._not_ready_message(timeout, problems)) from exc
+            title = f"local cluster {self._name!r} under {self.root}: not ready after {timeout:g}s:"
+            message = not_ready_message(title, problems, self._servers, self._storages, self._zookeeper)
+            raise ClusterNotReadyError(message) from exc
 
     def owner(self, partition_id: int) -> str:
         """``host:port`` of the server the assignment places ``partition_id`` on right now.
@@ -723,12 +662,12 @@ class LocalCluster:
             return node.address
         return self._storage_connect_string_of(node)
 
-    def _load_layout(self) -> _Layout | None:
+    def _load_layout(self) -> ClusterLayout | None:
         """The layout of the cluster a kept work directory holds, checked against the arguments."""
-        path = self.work_dir / _LAYOUT_FILE
+        path = self.work_dir / LAYOUT_FILE
         if not self._keep or not path.exists():
             return None
-        layout = _Layout.load(path)
+        layout = ClusterLayout.load(path)
         if not self._root_given:  # a generated root (external ZooKeeper) is the saved one
             self._paths = ClusterPaths.of(layout.root)
         wanted = {
@@ -756,8 +695,8 @@ class LocalCluster:
         log.info("resuming the local cluster kept in %s", self.work_dir)
         return layout
 
-    def _layout(self) -> _Layout:
-        return _Layout(
+    def _layout(self) -> ClusterLayout:
+        return ClusterLayout(
             name=self._name,
             root=self.root,
             partitions=self._partitions,
@@ -771,7 +710,7 @@ class LocalCluster:
             servers=[{"port": s.port, "metrics_port": s.metrics_port} for s in self._servers],
         )
 
-    def _build(self, layout: _Layout | None) -> None:
+    def _build(self, layout: ClusterLayout | None) -> None:
         """Create (not start) the ZooKeeper, storage node and server objects."""
         work_dir = self.work_dir
         logs = work_dir / "logs"
@@ -842,7 +781,7 @@ class LocalCluster:
             node_of = {self._connect_string(n): n for n in self._storages}
             details = "\n".join(
                 f"{spec.connect_string}: {error}\n"
-                f"{node_of[spec.connect_string].process.log_tail(_LOG_TAIL_LINES)}"
+                f"{node_of[spec.connect_string].process.log_tail(LOG_TAIL_LINES)}"
                 for spec, error in failures
             )
             hint = (
@@ -851,83 +790,6 @@ class LocalCluster:
                 else ""
             )
             raise ServiceStartError(f"storage node(s) refused the new cluster{hint}:\n{details}")
-
-    def _probe(self) -> tuple[dict[int, PartitionOwner], list[str]]:
-        """The writable owners found now, and what is wrong with the other partitions."""
-        assignment, _ = read_assignment(self._client(), self._paths)
-        problems: list[str] = []
-        placed: dict[Member, list[tuple[int, int]]] = {}
-        for pid in range(self._partitions):
-            placement = assignment.placements.get(pid)
-            if placement is None or placement.endpoint is None:
-                running = sum(s.process.is_running() for s in self._servers)
-                problems.append(
-                    f"partition {pid}: no server owns it yet ({running} of {len(self._servers)} servers run)"
-                )
-            else:
-                owner = Member(placement.member or "", placement.endpoint)
-                placed.setdefault(owner, []).append((pid, placement.generation))
-        probes = (
-            _run_async(lambda: probe_servers(list(placed), timeout=_STATUS_TIMEOUT, tls=self._tls))
-            if placed
-            else []
-        )
-        owners: dict[int, PartitionOwner] = {}
-        for probe in probes:
-            endpoint, partitions = probe.member.endpoint, placed[probe.member]
-            who = self._label(endpoint)
-            if probe.status is None:
-                problems += [
-                    f"partition {pid}: its owner {who} does not answer ({probe.error})"
-                    for pid, _ in partitions
-                ]
-                continue
-            states = {p.partition_id: p for p in probe.status.partitions}
-            for pid, generation in partitions:
-                state = states.get(pid)
-                if state is None:
-                    problems.append(
-                        f"partition {pid}: its owner {who} has not opened it yet (generation {generation})"
-                    )
-                elif state.generation != generation:
-                    problems.append(
-                        f"partition {pid}: its owner {who} has generation {state.generation}, "
-                        f"assigned {generation}"
-                    )
-                elif not state.writable:
-                    problems.append(
-                        f"partition {pid}: its owner {who} cannot write yet (replicas in its store session: "
-                        f"{', '.join(state.replicas_in_session) or 'none'}; "
-                        f"a majority of its {self._replicas} replicas is needed)"
-                    )
-                else:
-                    owners[pid] = PartitionOwner(pid, endpoint, generation, state.high_water_mark)
-        return owners, problems
-
-    def _label(self, endpoint: str) -> str:
-        for server in self._servers:
-            if server.endpoint == endpoint:
-                return f"{server.process.name} ({endpoint})"
-        return endpoint
-
-    def _not_ready_message(self, timeout: float, problems: list[str]) -> str:
-        lines = [f"local cluster {self._name!r} under {self.root}: not ready after {timeout:g}s:"]
-        lines += [f"  - {p}" for p in problems]
-        lines.append("processes:")
-        for process in self._processes():
-            state = "running" if process.is_running() else f"NOT RUNNING (exit code {process.returncode})"
-            lines.append(f"  {process.name}: {state}, pid {process.pid}, log {process.log_path}")
-        text = "\n".join(problems)
-        relevant = [s.process for s in self._servers if s.process.name in text or "no server" in text]
-        relevant += [
-            n.process for n in self._storages if "cannot write" in text or not n.process.is_running()
-        ]
-        if self._zookeeper is not None and not self._zookeeper.is_running():
-            relevant.insert(0, self._zookeeper.process)
-        for process in relevant or [s.process for s in self._servers]:
-            lines.append(f"--- the last lines of {process.name}'s log ({process.log_path}):")
-            lines.append(process.log_tail(_LOG_TAIL_LINES))
-        return "\n".join(lines)
 
     def _owned_partitions(self) -> dict[str, list[int]]:
         if self._zk is None or not self._zk.connected:

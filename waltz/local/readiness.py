@@ -1,0 +1,230 @@
+"""Whether a local cluster can write: each partition's owner, or what keeps it from writing.
+
+A partition is ready when the assignment in ZooKeeper places it on a server, and that server's
+``Status`` (server admin protocol) lists it as writable under the assigned generation. Each
+partition that is not ready yields a :class:`PartitionProblem`: a record of what is missing and
+which process it concerns, from which :func:`not_ready_message` chooses the logs worth showing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from kazoo.client import KazooClient
+
+from waltz.admin.verify_servers import probe_servers
+from waltz.errors import WaltzError
+from waltz.local.nodes import LocalServer, LocalStorageNode
+from waltz.local.processes import ManagedProcess
+from waltz.local.zookeeper import LocalZooKeeper
+from waltz.metadata.assignment import Member, read_assignment
+from waltz.metadata.zk import ClusterPaths
+from waltz.protocol.channels import TlsConfig
+
+__all__ = [
+    "ClusterNotReadyError",
+    "PartitionOwner",
+    "PartitionProblem",
+    "Problem",
+    "not_ready_message",
+    "probe_partitions",
+]
+
+T = TypeVar("T")
+
+#: Seconds allowed for one server status call while polling.
+STATUS_TIMEOUT = 2.0
+#: Lines of a process's log shown when the cluster is not ready.
+LOG_TAIL_LINES = 25
+
+
+class ClusterNotReadyError(WaltzError, TimeoutError):
+    """A partition of a local cluster had no writable owner in time, or has no owner right now.
+
+    The message lists each partition that was not ready and why, the state of every process, and
+    the tail of the relevant logs.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOwner:
+    """The server that owns a partition and can write to it.
+
+    Attributes:
+        partition_id: the partition.
+        endpoint: ``host:port`` of the owning server.
+        generation: the generation under which it owns the partition.
+        high_water_mark: the partition's committed high-water mark (-1: nothing committed yet).
+    """
+
+    partition_id: int
+    endpoint: str
+    generation: int
+    high_water_mark: int
+
+
+class Problem(enum.Enum):
+    """What keeps a partition from being written, from the first step to the last."""
+
+    ZOOKEEPER_UNREADABLE = "the cluster's state could not be read from ZooKeeper"
+    UNASSIGNED = "no server owns the partition yet"
+    OWNER_SILENT = "the owner does not answer"
+    NOT_OPENED = "the owner has not opened the partition yet"
+    STALE_GENERATION = "the owner has another generation than the assigned one"
+    NO_QUORUM = "the owner's store session has no quorum of replicas yet"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionProblem:
+    """Why one partition is not ready (``str()`` gives the sentence shown to the user).
+
+    Attributes:
+        problem: what is missing.
+        partition_id: the partition; None when the problem concerns the whole cluster.
+        owner: the process name of the owning server (``server-1``), when one is assigned and
+            is one of the cluster's servers.
+        detail: the values that complete the sentence (an error, generations, replicas).
+    """
+
+    problem: Problem
+    partition_id: int | None = None
+    owner: str | None = None
+    detail: str = ""
+
+    def __str__(self) -> str:
+        where = "the cluster" if self.partition_id is None else f"partition {self.partition_id}"
+        return f"{where}: {self.problem.value}" + (f" ({self.detail})" if self.detail else "")
+
+
+def _run_async(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion from synchronous code, even under a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="local-cluster") as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
+def probe_partitions(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    partitions: int,
+    replicas: int,
+    servers: Sequence[LocalServer],
+    tls: TlsConfig | None,
+) -> tuple[dict[int, PartitionOwner], list[PartitionProblem]]:
+    """The writable owners found now, and what is wrong with the other partitions.
+
+    Args:
+        zk: a started kazoo client of the cluster's ZooKeeper.
+        paths: the cluster's znode paths.
+        partitions: the cluster's number of partitions.
+        replicas: replicas per partition (the message of :attr:`Problem.NO_QUORUM` names it).
+        servers: the cluster's servers (to name an owner by its process, and count the running).
+        tls: client TLS files for the servers' ports; None: plaintext.
+
+    Returns:
+        Partition ID -> its writable owner, and one problem per partition that is not ready.
+    """
+    assignment, _ = read_assignment(zk, paths)
+    names = {server.endpoint: server.process.name for server in servers}
+    problems: list[PartitionProblem] = []
+    placed: dict[Member, list[tuple[int, int]]] = {}
+    for pid in range(partitions):
+        placement = assignment.placements.get(pid)
+        if placement is None or placement.endpoint is None:
+            running = sum(s.process.is_running() for s in servers)
+            problems.append(
+                PartitionProblem(Problem.UNASSIGNED, pid, detail=f"{running} of {len(servers)} servers run")
+            )
+        else:
+            owner = Member(placement.member or "", placement.endpoint)
+            placed.setdefault(owner, []).append((pid, placement.generation))
+    probes = (
+        _run_async(lambda: probe_servers(list(placed), timeout=STATUS_TIMEOUT, tls=tls)) if placed else []
+    )
+    owners: dict[int, PartitionOwner] = {}
+    for probe in probes:
+        endpoint, placements = probe.member.endpoint, placed[probe.member]
+        name = names.get(endpoint)
+        who = f"{name} at {endpoint}" if name else endpoint
+        if probe.status is None:
+            problems += [
+                PartitionProblem(Problem.OWNER_SILENT, pid, name, f"{who}: {probe.error}")
+                for pid, _ in placements
+            ]
+            continue
+        states = {p.partition_id: p for p in probe.status.partitions}
+        for pid, generation in placements:
+            state = states.get(pid)
+            if state is None:
+                problems.append(
+                    PartitionProblem(Problem.NOT_OPENED, pid, name, f"{who}, generation {generation}")
+                )
+            elif state.generation != generation:
+                problems.append(
+                    PartitionProblem(
+                        Problem.STALE_GENERATION,
+                        pid,
+                        name,
+                        f"{who} has generation {state.generation}, assigned {generation}",
+                    )
+                )
+            elif not state.writable:
+                in_session = ", ".join(state.replicas_in_session) or "none"
+                problems.append(
+                    PartitionProblem(
+                        Problem.NO_QUORUM,
+                        pid,
+                        name,
+                        f"{who}; replicas in its store session: {in_session}; "
+                        f"a majority of its {replicas} replicas is needed",
+                    )
+                )
+            else:
+                owners[pid] = PartitionOwner(pid, endpoint, generation, state.high_water_mark)
+    return owners, problems
+
+
+def not_ready_message(
+    title: str,
+    problems: Sequence[PartitionProblem],
+    servers: Sequence[LocalServer],
+    storages: Sequence[LocalStorageNode],
+    zookeeper: LocalZooKeeper | None,
+) -> str:
+    """The message of a :class:`ClusterNotReadyError`: the problems, the processes, relevant logs.
+
+    The logs shown are those the problems point at: each owner named by a problem, every server
+    when a partition has no owner, the storage nodes when a store session lacks its quorum, and
+    any process (ZooKeeper included) that is no longer running; every server's when none is.
+    """
+    lines = [title]
+    lines += [f"  - {p}" for p in problems]
+    lines.append("processes:")
+    processes: list[ManagedProcess] = [*(n.process for n in storages), *(s.process for s in servers)]
+    if zookeeper is not None:
+        processes.insert(0, zookeeper.process)
+    for process in processes:
+        state = "running" if process.is_running() else f"NOT RUNNING (exit code {process.returncode})"
+        lines.append(f"  {process.name}: {state}, pid {process.pid}, log {process.log_path}")
+    kinds = {p.problem for p in problems}
+    owners = {p.owner for p in problems if p.owner is not None}
+    relevant = [
+        s.process
+        for s in servers
+        if s.process.name in owners or Problem.UNASSIGNED in kinds or not s.process.is_running()
+    ]
+    relevant += [n.process for n in storages if Problem.NO_QUORUM in kinds or not n.process.is_running()]
+    if zookeeper is not None and not zookeeper.is_running():
+        relevant.insert(0, zookeeper.process)
+    for process in relevant or [s.process for s in servers]:
+        lines.append(f"--- the last lines of {process.name}'s log ({process.log_path}):")
+        lines.append(process.log_tail(LOG_TAIL_LINES))
+    return "\n".join(lines)
