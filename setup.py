@@ -6,12 +6,13 @@ the example services of ``examples/`` as ``waltz_examples``. pyproject.toml alon
 directory found outside the package tree, hence this file.
 """
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, find_packages, setup
 
 setup(
     packages=[
         *find_packages(include=["waltz", "waltz.*"]),
-        *find_packages("examples", include=["waltz_examples", "waltz_examples.*"]),
+        # The ledger ships its own alembic environment (a directory without __init__.py).
+        *find_namespace_packages("examples", include=["waltz_examples", "waltz_examples.*"]),
         "waltz.jdbc_style.migrations",
         "waltz.jdbc_style.migrations.versions",
     ],

@@ -1,6 +1,7 @@
 """waltz-py: a Python implementation of Waltz, the quorum-replicated, partitioned write-ahead log.
 
-The public client API is re-exported here (DESIGN.md, "Package layout"); see :mod:`waltz.client`::
+The public client API is re-exported here (docs/design/overview.md "Packages and their imports");
+see :mod:`waltz.client`::
 
     from waltz import TransactionContext, WaltzClient, WaltzClientConfig
 

@@ -96,7 +96,7 @@ class MessageTooLargeError(ProtocolError):
 
 
 class StorageError(WaltzError):
-    """Base class of errors raised by a storage node (seed 000, "Waltz Storage")."""
+    """Base class of errors raised by a storage node (docs/design/storage.md "What a storage node does")."""
 
 
 class ClusterKeyMismatchError(StorageError):
@@ -106,7 +106,8 @@ class ClusterKeyMismatchError(StorageError):
 class SessionFencedError(StorageError):
     """A request carried a store session ID lower than the partition's current one.
 
-    The writer has been fenced by a newer store session (seed 000, "Sessions").
+    The writer has been fenced by a newer store session (docs/design/storage.md "Fencing by store
+    session ID").
 
     Attributes:
         partition_id: the partition.
@@ -178,7 +179,7 @@ class DiskFullError(StorageError):
 
 
 class StorageRpcError(StorageError):
-    """A storage node answered a request with a failure response (seed 004, "Failure Response").
+    """A storage node answered a request with a failure response (docs/design/storage.md "Storage requests").
 
     Attributes:
         code: the failure code name sent by the storage node (e.g. ``"SESSION_FENCED"``).
@@ -192,7 +193,7 @@ class StorageRpcError(StorageError):
 
 
 class WaltzClientError(WaltzError):
-    """Base class of errors raised by the Waltz client (seed 000, "Waltz Client")."""
+    """Base class of errors raised by the Waltz client (docs/design/client.md "The client's parts")."""
 
 
 class ClientClosedError(WaltzClientError):
@@ -262,9 +263,9 @@ class ApplyContractError(SqlFrameworkError):
     """``apply`` tried to end or reshape the framework's database transaction.
 
     The framework owns the transaction that applies a log transaction and moves the high-water
-    mark (seed 001, "Basic Idea": both change together or not at all): ``apply`` may read, write,
-    flush and use savepoints (``begin_nested``), but must not commit, roll back, begin, or change
-    the isolation level.
+    mark (docs/design/sql.md "The apply contract": both change together or not at all): ``apply``
+    may read, write, flush and use savepoints (``begin_nested``), but must not commit, roll back,
+    begin, or change the isolation level.
     """
 
 
@@ -300,9 +301,9 @@ class HighWaterMarkGapError(SqlFrameworkError):
 class CrossPartitionError(SqlFrameworkError):
     """A transaction's entities map to more than one partition.
 
-    Locks are scoped to a partition (seed 000, "Concurrency Control"), so one transaction cannot
-    cover entities of two partitions: split it (e.g. a two-step transfer) or change the entities'
-    partition mapping so that they land together.
+    Locks are scoped to a partition (docs/design/locks.md "Locks and their scope"), so one
+    transaction cannot cover entities of two partitions: split it (e.g. a two-step transfer) or
+    change the entities' partition mapping so that they land together.
     """
 
 

@@ -1,9 +1,10 @@
 """Cluster administration: create, describe, verify and delete a cluster (``waltz cluster``).
 
-Source: seed 004 "Replica Assignments", "Group Descriptor", "Storage Administration"; seed 003
-"Partition Metadata". :mod:`waltz.cli.cluster` is a thin layer over :class:`ClusterAdmin`; storage
-node and replica changes are :class:`~waltz.admin.storage_admin.StorageNodeAdmin`
-(``ClusterAdmin.storage``). ``docs/zookeeper.md`` documents every znode and rule.
+Design: docs/design/zookeeper.md "Replica assignments and groups", "Partition metadata";
+docs/design/storage.md "Admin port". :mod:`waltz.cli.cluster` is a thin layer over
+:class:`ClusterAdmin`; storage node and replica changes are
+:class:`~waltz.admin.storage_admin.StorageNodeAdmin` (``ClusterAdmin.storage``).
+``docs/zookeeper.md`` documents every znode and rule.
 
 Public API::
 
@@ -80,7 +81,8 @@ class StorageSpec:
     Attributes:
         connect_string: ``host:port`` of the storage port (the node's name in ZooKeeper).
         admin_port: the node's admin port.
-        group: the node's replica group (seed 004 "Group Descriptor"), 0 by default.
+        group: the node's replica group (docs/design/zookeeper.md "Replica assignments and
+            groups"), 0 by default.
     """
 
     connect_string: str

@@ -1,6 +1,6 @@
 """A snapshot of one cluster's metadata in ZooKeeper, as ``waltz cluster list`` shows it.
 
-Source: seed 003 "Partition Metadata"; seed 004 "Replica Assignments", "Group Descriptor".
+Design: docs/design/zookeeper.md "Partition metadata", "Replica assignments and groups".
 :func:`describe_cluster` reads every znode of the cluster once (not atomically: each znode is
 consistent, the set may straddle a concurrent change) and joins them per storage node and per
 partition.

@@ -2,11 +2,12 @@
 
 Copies a partition from one storage node to another while neither takes part in the copy as a
 store session writer, and only up to what is known committed: the source's low-water mark (the
-cluster high-water mark when the source's last store session started, seed 000 "Control File
-Body"). The destination is first truncated to its own low-water mark (everything below it is
-committed), then given the source's records up to that mark, then its low-water mark is set to it,
-so that the next store session's recovery keeps the copy (seed 003: a replica new to the session is
-truncated to its low-water mark) and catches up only the rest.
+cluster high-water mark when the source's last store session started, docs/design/storage.md
+"Control file"). The destination is first truncated to its own low-water mark (everything below it
+is committed), then given the source's records up to that mark, then its low-water mark is set to
+it, so that the next store session's recovery keeps the copy (a replica new to the session is
+truncated to its low-water mark, docs/design/recovery.md "Cleaning each replica") and catches up
+only the rest.
 """
 
 from __future__ import annotations

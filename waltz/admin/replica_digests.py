@@ -1,10 +1,11 @@
 """Digests of every replica's committed records, read through the storage nodes' admin ports.
 
-Source: seed 004, "Storage Administration" (the admin port's record reads); seed 000, "Quorum
-Writes" (every replica of a partition must end up with the same records up to the high-water
-mark). Used by the ledger demo's and ``waltz chaos``'s checks: with no server writing, each
-replica's records ``0..mark`` are read and hashed; one digest per partition means the replicas are
-identical. Reads go through the admin port only: no store session is opened, nobody is fenced.
+Design: docs/design/storage.md "Admin port" (the admin port's record reads); docs/design/server.md
+"Quorum writes and batching" (every replica of a partition must end up with the same records up
+to the high-water mark). Used by the ledger demo's and ``waltz chaos``'s checks: with no server
+writing, each replica's records ``0..mark`` are read and hashed; one digest per partition means
+the replicas are identical. Reads go through the admin port only: no store session is opened,
+nobody is fenced.
 """
 
 from __future__ import annotations

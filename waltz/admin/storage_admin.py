@@ -1,7 +1,8 @@
 """Manage a cluster's storage nodes and replica assignments (``waltz cluster storage ...``).
 
-Source: seed 004 "Replica Assignments", "Group Descriptor", "Storage Administration"; seed 003
-"Partition Metadata". ``docs/zookeeper.md`` documents the znodes and the rules enforced here.
+Design: docs/design/zookeeper.md "Replica assignments and groups", "Partition metadata";
+docs/design/storage.md "Admin port". ``docs/zookeeper.md`` documents the znodes and the rules
+enforced here.
 
 Every change to ``store/assignment``, ``store/group`` and ``store/connection`` is a
 compare-and-set in one ZooKeeper transaction, retried from a fresh read when someone else wrote

@@ -1,6 +1,6 @@
 """Talking to storage nodes through their admin port, with a time limit, on behalf of the cluster tool.
 
-Source: seed 004 "Storage Administration". Every call opens one admin stream
+Design: docs/design/storage.md "Admin port". Every call opens one admin stream
 (:class:`~waltz.protocol.storage_client.StorageAdminClient`: the admin open initialises a new node
 for the cluster, or checks that the node belongs to it), runs some requests and closes the stream,
 all within ``timeout`` seconds, so an unreachable or hung node never blocks a command. The admin

@@ -1,7 +1,7 @@
 """``waltz cluster verify``: check ZooKeeper's view of the cluster against the storage nodes.
 
-Source: seed 003 "Partition Metadata" (replica states), seed 004 "Replica Assignments" and
-"Storage Administration". Two steps, so the checks are pure and testable:
+Design: docs/design/zookeeper.md "Partition metadata" (replica states), "Replica assignments and
+groups"; docs/design/storage.md "Admin port". Two steps, so the checks are pure and testable:
 
 1. :func:`probe_storage_nodes` asks every storage node, through its admin port, for its identity
    (the admin open checks the cluster key and number of partitions) and the state of its

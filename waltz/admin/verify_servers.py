@@ -1,6 +1,7 @@
 """Server checks of ``waltz cluster verify``: membership, partition ownership and generations.
 
-Source: seed 000 "Generation Number" (one server per partition, generations bumped on moves).
+Design: docs/design/zookeeper.md "Generations and store session IDs"; docs/design/server.md
+"Cluster manager" (one server per partition, generations bumped on moves).
 :func:`probe_servers` does the I/O; :func:`server_checks` is pure.
 """
 

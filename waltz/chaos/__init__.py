@@ -1,6 +1,6 @@
 """``waltz chaos``: a local cluster under a seeded fault schedule, and the invariants it must keep.
 
-Issue 8, "waltz chaos". :func:`run_chaos` runs it (:mod:`waltz.chaos.runner`); the pieces are the
+The guide is docs/chaos.md. :func:`run_chaos` runs it (:mod:`waltz.chaos.runner`); the pieces are the
 options (:mod:`waltz.chaos.options`), the TCP fault proxy (:mod:`waltz.chaos.proxy`), fault
 schedules (:mod:`waltz.chaos.schedule`), the injector (:mod:`waltz.chaos.faults`), the client
 processes (:mod:`waltz.chaos.worker`, coordinated by :mod:`waltz.chaos.clients`) and the checks

@@ -1,10 +1,10 @@
-"""The invariants ``waltz chaos`` asserts at the end of a run (issue 8, "waltz chaos").
+"""The invariants ``waltz chaos`` asserts at the end of a run (docs/chaos.md "The checks").
 
 - :func:`read_log`: a fresh client reads every partition from the start and keeps what it saw
   (per partition a running checksum, and where every tagged payload lies);
 - :func:`segment_digests`: with every node stopped, the CRC-32 of every segment body (the bytes
-  after the 128-byte header up to the end of the last valid record, seed 000 "On Disk Data
-  Structures") of every replica of every partition, read from the storage directories;
+  after the 128-byte header up to the end of the last valid record, docs/design/storage.md
+  "Segments and index files") of every replica of every partition, read from the storage directories;
 - :func:`check_run`: the checks themselves, each a :class:`ChaosCheck` with a verdict and details.
 """
 

@@ -1,6 +1,6 @@
 """The chaos run's client processes, as the coordinator sees them: start, listen, wait, stop.
 
-Issue 8, "waltz chaos". Each client process runs :func:`waltz.chaos.worker.worker_main` (spawned:
+See docs/chaos.md "What runs". Each client process runs :func:`waltz.chaos.worker.worker_main` (spawned:
 gRPC and kazoo do not survive a fork) and reports on a pipe (``ready``, ``progress``,
 ``submitted``, ``done`` or ``error``; see :mod:`waltz.chaos.worker`). :class:`ClientProcesses` keeps
 what each reported and owns the processes: closing it terminates, then kills, whatever still runs.

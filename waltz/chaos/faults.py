@@ -3,7 +3,7 @@
 :class:`FaultInjector` runs on a thread of its own: it waits until the run reaches each fault's
 point, strikes it, waits its duration, heals it, and waits until every partition is writable
 again before the next one (faults never overlap, so at most a minority is ever down). Every
-event is reported through ``say`` with the time since the run started (issue 8, "waltz chaos").
+event is reported through ``say`` with the time since the run started (docs/chaos.md "The fault schedule").
 """
 
 from __future__ import annotations

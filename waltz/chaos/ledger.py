@@ -1,12 +1,13 @@
 """The ledger workload of ``waltz chaos``: the SmallBank mix of ``waltz_examples.ledger`` in client processes.
 
-Issue 8: "the ledger example's money is conserved when it is the workload". The coordinator
-prepares the shared application database and opens the accounts (:func:`prepare_ledger`); each
-client process runs one :class:`~waltz_examples.ledger.service.LedgerService` (with its transfer sweeper)
-on that database and draws its share of the SmallBank mix (:func:`run_ledger_worker`); at the end
-the ledger's own invariants (:func:`waltz_examples.ledger.checks.run_checks`: applied exactly once, money
-conserved counting money in flight, transfers exactly once, balance rules, replicas identical) are
-reused as chaos checks (:func:`ledger_checks`).
+The ledger example's money is conserved when it is the workload (docs/chaos.md "The checks"). The
+coordinator prepares the shared application database and opens the accounts
+(:func:`prepare_ledger`); each client process runs one
+:class:`~waltz_examples.ledger.service.LedgerService` (with its transfer sweeper) on that database
+and draws its share of the SmallBank mix (:func:`run_ledger_worker`); at the end the ledger's own
+invariants (:func:`waltz_examples.ledger.checks.run_checks`: applied exactly once, money conserved
+counting money in flight, transfers exactly once, balance rules, replicas identical) are reused as
+chaos checks (:func:`ledger_checks`).
 
 This module imports SQLAlchemy and the examples: it is only imported for ``--workload ledger``.
 """

@@ -1,6 +1,6 @@
 """What a chaos run does (:class:`ChaosOptions`, the ``waltz chaos`` options) and what it saw.
 
-Issue 8, "waltz chaos"; ``docs/chaos.md``. A run is bounded by a number of transactions or, with
+See ``docs/chaos.md`` "What runs", "The fault schedule". A run is bounded by a number of transactions or, with
 ``duration``, by time (the transactions are then only an upper bound); its fault schedule is drawn
 from the seed or fixed, and :meth:`ChaosOptions.replay_command` prints the command that runs the
 same schedule again.
@@ -41,9 +41,10 @@ class ChaosOptions:
             30 s with ``duration``), at least 3 and at most 200.
         max_fault_duration: the longest fault of a random schedule, in seconds.
         workload: ``"raw"`` (random payloads under random WRITE locks, as upstream's smoke test)
-            ``"counter"`` (read-modify-write increments of ``lock_pool`` counters, seed 001's
-            counter: no update may be lost), or ``"ledger"`` (the SmallBank mix of
-            ``examples/waltz_examples/ledger``; money must be conserved).
+            ``"counter"`` (read-modify-write increments of ``lock_pool`` counters, the counter of
+            docs/design/overview.md "Why the log is the source of truth": no update may be lost), or
+            ``"ledger"`` (the SmallBank mix of ``examples/waltz_examples/ledger``; money must be
+            conserved).
         db_url: the ledger's shared database (None: SQLite in the work directory).
         accounts: SmallBank customers of the ledger workload.
         storages: storage nodes (3 or 5); every partition has a replica on each, so a fault on a

@@ -3,7 +3,7 @@
 ``waltz chaos`` puts one in front of every server (clients reach it through the server's
 ``server.advertisedEndpoint``) and one in front of every storage node (servers reach it through the
 connect string registered in ZooKeeper), so that it can cut the network between client and server
-and between server and storage, or slow it down (issue 8, "waltz chaos"). It grew from the test
+and between server and storage, or slow it down (docs/chaos.md "What runs"). It grew from the test
 proxy ``tests/support/proxy.py``.
 
 The proxy runs an asyncio loop on a thread of its own::

@@ -1,6 +1,6 @@
 """``waltz chaos``: a local cluster, client processes writing with random locks, faults, then checks.
 
-Issue 8, "waltz chaos". :func:`run_chaos`:
+See docs/chaos.md "What runs", "The fault schedule", "The checks". :func:`run_chaos`:
 
 1. prints the fault schedule (random from ``seed``, or the fixed one) and how to replay it;
 2. starts fault proxies (when the schedule has network faults: one in front of every server, which

@@ -3,7 +3,7 @@
 A schedule is a list of :class:`Fault` s, each struck when the run has acknowledged a fraction of
 its transactions (``at``) and healed ``duration`` seconds later. Faults never overlap, so at most
 one storage node (or two of five), one server, or ZooKeeper is down at a time: always a minority
-(issue 8, "waltz chaos"). The same seed and options give the same schedule, printed at the start
+(docs/chaos.md "The fault schedule"). The same seed and options give the same schedule, printed at the start
 of a run so that a failure can be replayed with ``--seed``.
 """
 

@@ -4,11 +4,12 @@ Like upstream Waltz's smoke test, every client folds each transaction it applies
 checksum per partition (CRC-32 over transaction ID, header and data, in ID order); two clients that
 applied the same sequence hold the same checksum at the same high-water mark. Payloads are random
 but derived from ``(seed, writer, sequence number)``, so a reader can tell exactly which submission
-a logged transaction came from and whether its bytes are intact (issue 8, "waltz chaos").
+a logged transaction came from and whether its bytes are intact (docs/chaos.md "What runs").
 
 Payload layout (big-endian): writer index (4 bytes), sequence number (8 bytes), then 40 to 400
 random bytes (raw workload), or the counter's key (4 bytes) and its new value (8 bytes) (counter
-workload: a read-modify-write of seed 001's counter under the key's WRITE lock).
+workload: a read-modify-write of a counter under the key's WRITE lock, as in docs/design/overview.md
+"Why the log is the source of truth").
 """
 
 from __future__ import annotations

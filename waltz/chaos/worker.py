@@ -4,7 +4,7 @@ Each worker is its own OS process (started with ``spawn`` by :mod:`waltz.chaos.r
 :class:`~waltz.client.client.WaltzClient`. Like upstream Waltz's smoke test it submits
 ``transactions`` transactions, each to a random partition with one WRITE lock drawn from a pool
 and a random payload (:func:`~waltz.chaos.sequence.payload_for`), at most ``in_flight`` at once;
-a lock failure makes the client run the context again (seed 001, "lock compatibility test").
+a lock failure makes the client run the context again (docs/design/locks.md "The compatibility rule").
 Meanwhile it applies every partition into a running checksum
 (:class:`~waltz.chaos.sequence.ChecksumCallbacks`).
 
@@ -119,9 +119,10 @@ class ChaosAppend(TransactionContext):
 
 
 class CounterIncrement(TransactionContext):
-    """One counter increment (seed 001's counter): read the key's value, write value + 1.
+    """One counter increment: read the key's value, write value + 1.
 
-    The value and the high-water mark are read together from what this client applied; the WRITE
+    The read-modify-write of docs/design/overview.md "Why the log is the source of truth". The
+    value and the high-water mark are read together from what this client applied; the WRITE
     lock on the key makes the server refuse the append when another increment of the key
     committed since, and the client then runs it again on fresher state. A lost update (two
     increments from the same value) would show in the log as a repeated value.

@@ -1,4 +1,4 @@
-"""The Waltz client that applications embed (seed 000 "Client API", "Waltz Client"; seed 002).
+"""The Waltz client that applications embed (docs/design/client.md "The client's parts").
 
 Public API (also re-exported from :mod:`waltz`): :class:`WaltzClient`, :class:`AsyncWaltzClient`,
 :class:`WaltzClientConfig`, :class:`WaltzClientCallbacks`, :class:`TransactionContext`,

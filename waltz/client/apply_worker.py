@@ -1,8 +1,8 @@
 """The apply worker: one thread per partition calling ``apply_transaction`` in transaction-ID order.
 
-Source: seed 000 "Client-Application Interactions" (the client invokes ``applyTransaction`` for the
-feed); DESIGN.md "Concurrency" (a worker thread per partition, strictly in order, blocking code
-allowed). The partition hands over feed entries in ID order, each ID once; an exception goes to
+Source: docs/design/client.md "Applying transactions" (the client invokes ``apply_transaction``
+for the feed), "The client's parts" (a worker thread per partition, strictly in order, blocking
+code allowed). The partition hands over feed entries in ID order, each ID once; an exception goes to
 ``uncaught_exception`` and the same transaction is applied again after a backoff, for as long as it
 takes: a transaction is never skipped. While it retries the worker reports itself unhealthy.
 """

@@ -1,6 +1,6 @@
 """The application's side of the client: high-water marks and applying transactions.
 
-Source: seed 000 "Waltz Client Callbacks", "Client-Application Interactions".
+Source: docs/design/client.md "Transaction contexts and callbacks", "Applying transactions".
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ class WaltzClientCallbacks(abc.ABC):
 
     #: True when the application reads the data of (nearly) every transaction it applies: the
     #: client then fetches a whole apply batch's data concurrently before the apply call, instead
-    #: of one blocking fetch per ``get_data``. False keeps the data lazy (seed 000, "Application
-    #: Programming Model").
+    #: of one blocking fetch per ``get_data``. False keeps the data lazy (docs/design/client.md
+    #: "Appends, the feed and flush").
     prefetch_transaction_data: bool = False
 
     @abc.abstractmethod

@@ -1,7 +1,7 @@
 """The Waltz client: ``WaltzClient`` (synchronous) and ``AsyncWaltzClient`` (asyncio).
 
-Source: seed 000 "Client API", "Waltz Client"; seed 002. Both share one core
-(:class:`~waltz.client.core.ClientCore`) that runs an event loop on a thread of its own::
+Source: docs/design/client.md "WaltzClient and AsyncWaltzClient", "The client's parts". Both share
+one core (:class:`~waltz.client.core.ClientCore`) that runs an event loop on a thread of its own::
 
     class Deposit(TransactionContext):
         def __init__(self, account: int, amount: int) -> None:
@@ -21,10 +21,11 @@ Source: seed 000 "Client API", "Waltz Client"; seed 002. Both share one core
 
 Guarantees: a context ends exactly once (``on_completion``, ``on_exception`` or ``on_expiration``);
 a committed transaction is committed once, even across reconnects and server failures (the
-transaction monitor and the mount procedure of seed 002); ``apply_transaction`` sees every
-transaction of a mounted partition once, in ID order, on the partition's worker thread. Before an
-attempt executes, the client waits (up to ``client.readYourWritesTimeout``) until it has applied
-its own earlier commits on the partition, so a read-modify-write sees its previous write.
+transaction monitor and the mount procedure: docs/design/client.md "Failed-append detection",
+"Mount and the client high-water mark"); ``apply_transaction`` sees every transaction of a mounted
+partition once, in ID order, on the partition's worker thread. Before an attempt executes, the
+client waits (up to ``client.readYourWritesTimeout``) until it has applied its own earlier commits
+on the partition, so a read-modify-write sees its previous write.
 """
 
 from __future__ import annotations
@@ -72,11 +73,11 @@ def _read_your_writes_wait(
 
 
 class WaltzClient:
-    """A synchronous Waltz client (seed 000 ``WaltzClient``); use it as a context manager.
+    """A synchronous Waltz client; use it as a context manager.
 
-    Construction connects to ZooKeeper, takes a client ID from ``<root>/client/id``, and (with
-    ``client.autoMount``) starts mounting every partition; it does not wait for the mounts
-    (appends wait for them).
+    See docs/design/client.md "WaltzClient and AsyncWaltzClient". Construction connects to
+    ZooKeeper, takes a client ID from ``<root>/client/id``, and (with ``client.autoMount``) starts
+    mounting every partition; it does not wait for the mounts (appends wait for them).
 
     Metrics: :attr:`metrics` is a Prometheus ``CollectorRegistry`` of this client alone (see
     :mod:`waltz.client.metrics` for the metric names): serve it with
@@ -140,9 +141,10 @@ class WaltzClient:
         return future
 
     def execute(self, context: TransactionContext) -> None:
-        """Execute a transaction context: seed 000's ``WaltzClient.execute``, :meth:`submit` without
-        a future. The context's own callbacks tell how it ended (``on_completion``,
-        ``on_exception``, ``on_expiration``); :meth:`flush` waits for every context to end.
+        """Execute a transaction context: :meth:`submit` without a future (docs/design/client.md
+        "WaltzClient and AsyncWaltzClient"). The context's own callbacks tell how it ended
+        (``on_completion``, ``on_exception``, ``on_expiration``); :meth:`flush` waits for every
+        context to end.
 
         For applications that do not wait on each transaction: no ``concurrent.futures.Future``
         is made and resolved per transaction (a few microseconds each, on the client's threads).

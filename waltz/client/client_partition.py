@@ -1,12 +1,12 @@
 """The client-side partition: mount state, pending appends, the feed, and the apply worker.
 
-Source: seed 000 "Mounting a partition", "Waltz Client" ("Partition", "Fault Recovery"); seed 002
-("Detection of Failed Append Requests" and the reconnect procedure); ``docs/protocol.md``. A
-:class:`ClientPartition` is a proxy of a partition owned by some server. It lives on the client's
-event loop (only the apply worker, the concurrency limit and the applied mark are touched from
-other threads).
+Source: docs/design/client.md "Mount and the client high-water mark", "Failed-append detection",
+"Reconnect"; ``docs/protocol.md``. A :class:`ClientPartition` is a proxy of a partition owned by
+some server. It lives on the client's event loop (only the apply worker, the concurrency limit and
+the applied mark are touched from other threads).
 
-Mounting (the seed 002 reconnect procedure, also used for every reassignment):
+Mounting (the reconnect procedure of docs/design/client.md "Mount and the client high-water
+mark", also used for every reassignment):
 
 1. appends are blocked (queued in the partition);
 2. the partition gets a connection to the server the assignment names (a new network client
@@ -235,7 +235,7 @@ class ClientPartition:
         self._start_mounting()
 
     def remount(self, reason: str) -> None:
-        """Run the reconnect procedure: block appends, mount again (seed 002)."""
+        """Run the reconnect procedure: block appends, mount again (docs/design/client.md "Reconnect")."""
         if not self.wanted:
             return
         log.info("partition %d: mounting again (%s)", self.partition_id, reason)

@@ -25,9 +25,9 @@ __all__ = ["WaltzClientConfig"]
 
 
 class WaltzClientConfig(WaltzSettings):
-    """Settings of a :class:`~waltz.client.client.WaltzClient` (seed 000, "Client API").
+    """Settings of a :class:`~waltz.client.client.WaltzClient`.
 
-    Keys (and fields):
+    See docs/design/client.md "WaltzClient and AsyncWaltzClient". Keys (and fields):
 
     - ``zookeeper.connectString`` (``zookeeper_connect_string``): ZooKeeper connect string.
     - ``zookeeper.sessionTimeout`` (``zookeeper_session_timeout``): seconds.
@@ -35,7 +35,7 @@ class WaltzClientConfig(WaltzSettings):
     - ``client.autoMount`` (``client_auto_mount``): mount every partition at start; when off, the
       application chooses partitions with ``set_partitions``.
     - ``client.maxConcurrentTransactions`` (``client_max_concurrent_transactions``): contexts in
-      flight per partition; ``submit`` blocks at the limit (seed 000, "Back Pressure").
+      flight per partition; ``submit`` blocks at the limit (docs/design/client.md "Back pressure").
     - ``client.longWaitThreshold`` (``client_long_wait_threshold``): seconds a blocked ``submit``
       or ``flush`` waits before nudging the server with a flush request.
     - ``client.numTransactionRetryThreads`` (``client_num_transaction_retry_threads``): threads

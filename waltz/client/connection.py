@@ -1,14 +1,15 @@
 """A network client: one gRPC channel and one ordered ``Stream`` call to one server endpoint.
 
-Source: seed 000 "Client-Server Interactions" (``WaltzNetworkClient``, one per server endpoint),
-"Fault Recovery" (a network client is closed on any unexpected error and a new one, with the next
+Source: docs/design/client.md "The client's parts" (one network client per server endpoint),
+"Reconnect" (a network client is closed on any unexpected error and a new one, with the next
 sequence number, takes over); ``docs/protocol.md`` "Connections and identities". Outgoing protocol
 messages are batched: everything queued while the previous stream message was being written goes
-into the next one (DESIGN.md: one stream carries a few thousand messages per second here, so
-batching is what makes throughput), a partition's appends in columns (one ``AppendRequests``,
-``docs/protocol.md`` "Appends"); an append queued with a linger (a re-attempt's) lets an idle
-writer wait that long for company (``docs/protocol.md`` "Append"). Transaction data is fetched
-with the unary RPC on the same channel. Everything here runs on the client's event loop.
+into the next one (docs/design/client.md "Appends, the feed and flush": one stream carries a few
+thousand messages per second here, so batching is what makes throughput), a partition's appends in
+columns (one ``AppendRequests``, ``docs/protocol.md`` "Appends"); an append queued with a linger (a
+re-attempt's) lets an idle writer wait that long for company (``docs/protocol.md`` "Append").
+Transaction data is fetched with the unary RPC on the same channel. Everything here runs on the
+client's event loop.
 """
 
 from __future__ import annotations

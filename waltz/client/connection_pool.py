@@ -1,7 +1,7 @@
 """The network clients of one Waltz client: one live :class:`ServerConnection` per server endpoint.
 
-Source: seed 000 "InternalBaseClient" (a network client map keyed by endpoint) and "Fault
-Recovery" (a broken network client is replaced by a new one with the next sequence number). Runs
+Source: docs/design/client.md "The client's parts" (a network client map keyed by endpoint) and
+"Reconnect" (a broken network client is replaced by a new one with the next sequence number). Runs
 on the client's event loop.
 """
 

@@ -1,7 +1,8 @@
 """What an application writes: transaction contexts, the builder they fill, and serializers.
 
-Source: seed 000 "Client API" (``TransactionContext``, ``TransactionBuilder``, ``Serializer``),
-"Concurrency Control - Optimistic Locking"; seed 001 "Optimistic Locking".
+Source: docs/design/client.md "Transaction contexts and callbacks" (``TransactionContext``,
+``TransactionBuilder``, ``Serializer``); docs/design/locks.md "Optimistic locking in Waltz", "Lock
+modes".
 
 An application subclasses :class:`TransactionContext`. For every attempt the client reads the
 partition's client high-water mark, makes a :class:`TransactionBuilder` with it and calls
@@ -37,7 +38,10 @@ _INT32_MAX = (1 << 31) - 1
 
 
 class Serializer(abc.ABC, Generic[T]):
-    """Turns transaction data into bytes and back (seed 000 ``Serializer``)."""
+    """Turns transaction data into bytes and back.
+
+    See docs/design/client.md "Transaction contexts and callbacks".
+    """
 
     @abc.abstractmethod
     def serialize(self, data: T) -> bytes:
@@ -69,7 +73,7 @@ class JsonSerializer(Serializer[Any]):
 
 
 class AppendPayload(NamedTuple):
-    """Everything an append request carries besides its ReqId (seed 000 "Append Request").
+    """Everything an append request carries besides its ReqId (``docs/protocol.md`` "Append").
 
     A named tuple (immutable, and cheap to make: one per attempt).
 
@@ -200,13 +204,14 @@ def _hashes(locks: tuple[PartitionLocalLock, ...]) -> tuple[int, ...]:
 
 
 class TransactionContext(abc.ABC):
-    """The code that builds one transaction; subclass it (seed 000 ``TransactionContext``).
+    """The code that builds one transaction; subclass it.
 
-    The client calls :meth:`execute` once per attempt, again after an attempt failed (a lost
-    append, a reconnect, a lock failure), each time with a fresh builder and the current
-    high-water mark. Exactly one of :meth:`on_completion`, :meth:`on_exception` and
-    :meth:`on_expiration` ends a context, once. The callbacks run on a client thread (the
-    caller's for a first attempt that ends at once); keep them short.
+    See docs/design/client.md "Transaction contexts and callbacks". The client calls :meth:`execute`
+    once per attempt, again after an attempt failed (a lost append, a reconnect, a lock failure),
+    each time with a fresh builder and the current high-water mark. Exactly one of
+    :meth:`on_completion`, :meth:`on_exception` and :meth:`on_expiration` ends a context, once. The
+    callbacks run on a client thread (the caller's for a first attempt that ends at once); keep them
+    short.
 
     Args:
         timeout: seconds after creation when the context expires, or None (never). Expiry is

@@ -1,12 +1,12 @@
 """The client's core: partitions, submissions and their retries, discovery, on the client loop.
 
-Source: seed 000 "Waltz Client" (``InternalStreamClient``, the retry queue; the connections are in
-:mod:`waltz.client.connection_pool`, the data RPCs in :mod:`waltz.client.transaction_data`),
-DESIGN.md "Concurrency" (an asyncio core on its own thread; a synchronous facade and an async API
-on top, in :mod:`waltz.client.client`). Application code never runs on the core's event loop:
-``execute`` runs on the submitting thread (first attempt) or a retry thread, the context callbacks
-on a retry thread, ``apply_transaction`` on the partition's apply thread, and
-``get_client_high_water_mark`` of a mount on a worker thread of the loop.
+Source: docs/design/client.md "The client's parts" (the connections are in
+:mod:`waltz.client.connection_pool`, the data RPCs in :mod:`waltz.client.transaction_data`; an
+asyncio core on its own thread, a synchronous facade and an async API on top, in
+:mod:`waltz.client.client`), "Retries and lock failures" (the retry queue). Application code never
+runs on the core's event loop: ``execute`` runs on the submitting thread (first attempt) or a retry
+thread, the context callbacks on a retry thread, ``apply_transaction`` on the partition's apply
+thread, and ``get_client_high_water_mark`` of a mount on a worker thread of the loop.
 """
 
 from __future__ import annotations
@@ -633,7 +633,8 @@ class ClientCore:
     def drop_connections(self, reason: str = "dropped on purpose") -> None:
         """Fault injection: break every server connection now, as a network failure would.
 
-        Every mounted partition then runs the reconnect procedure (seed 002). For fault tests.
+        Every mounted partition then runs the reconnect procedure (docs/design/client.md
+        "Reconnect"). For fault tests.
         """
 
         if not self._closed:

@@ -1,7 +1,8 @@
 """Server discovery through ZooKeeper: the cluster, the client ID, and the partition assignment.
 
-Source: seed 000 "Client API" (the client connects to ZooKeeper when created), "Request ID" (the
-client ID's uniqueness is guaranteed by ZooKeeper), "Generation Number"; ``docs/protocol.md``
+Source: docs/design/client.md "WaltzClient and AsyncWaltzClient" (the client connects to
+ZooKeeper when created), "ReqId and identities" (the client ID's uniqueness is guaranteed by
+ZooKeeper), "Discovery through ZooKeeper" (the assignment's generations); ``docs/protocol.md``
 "Connections and identities". Znodes read (``docs/zookeeper.md``):
 
 - ``<root>/cluster``: the number of partitions;

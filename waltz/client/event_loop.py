@@ -1,11 +1,11 @@
 """The event loop thread of the client core, one per process, shared by every client in it.
 
-DESIGN.md "Concurrency": the client's asyncio core runs on a thread of its own. gRPC's asyncio
-layer binds its completion queue to each event loop that ever used it, and an event loop closed
-while still bound makes later callbacks fail ("Bad file descriptor"); one loop that lives as long
-as the process avoids that, and costs one thread however many clients the process opens. The
-loop is started on first use and never stopped (its thread is a daemon); each client cleans up
-its own tasks and connections when it closes.
+docs/design/client.md "The client's parts": the client's asyncio core runs on a thread of its own.
+gRPC's asyncio layer binds its completion queue to each event loop that ever used it, and an event
+loop closed while still bound makes later callbacks fail ("Bad file descriptor"); one loop that
+lives as long as the process avoids that, and costs one thread however many clients the process
+opens. The loop is started on first use and never stopped (its thread is a daemon); each client
+cleans up its own tasks and connections when it closes.
 """
 
 from __future__ import annotations

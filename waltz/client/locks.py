@@ -1,4 +1,4 @@
-"""Partition-local lock IDs and their stable 32-bit wire hash (seed 000 "Concurrency Control").
+"""Partition-local lock IDs and their stable 32-bit wire hash (docs/design/locks.md "Lock hashes").
 
 A lock ID is an application-defined name and a 64-bit integer ID; Waltz does not know what it
 stands for. Its scope is one partition. On the wire a lock is its 32-bit hash (``docs/protocol.md``,
@@ -29,7 +29,7 @@ _INT64_MAX = (1 << 63) - 1
 
 
 class LockMode(enum.Enum):
-    """How an append holds a lock (seed 001 "Optimistic Locking", DESIGN.md "Locks").
+    """How an append holds a lock (docs/design/locks.md "Lock modes").
 
     - ``WRITE``: checked against the lock table; the commit records the transaction on the lock.
     - ``READ``: checked against the lock table; the commit leaves the lock unchanged.

@@ -25,7 +25,8 @@ Metric names (``partition`` label on all but the histogram and the summaries):
   failure once it commits).
 - ``waltz_client_transactions_applied_total``: transactions ``apply_transaction`` returned for.
 - ``waltz_client_apply_errors_total``: exceptions raised by ``apply_transaction(s)``.
-- ``waltz_client_remounts_total``: runs of the reconnect procedure (seed 002) after a mount.
+- ``waltz_client_remounts_total``: runs of the reconnect procedure (docs/design/client.md "Mount
+  and the client high-water mark") after a mount.
 - ``waltz_client_feed_windows_total``: ``FeedWindow`` grants sent (the feed window of
   ``client.maxApplyBacklog`` moved on as the application applied).
 - ``waltz_client_commit_seconds``: histogram of submit-to-commit latency, in seconds.

@@ -1,11 +1,12 @@
 """The transaction monitor: success and failure of append requests from the feed.
 
-Source: seed 000 / seed 002 "Detection of Failed Append Requests"; ``docs/protocol.md``,
-"Transaction monitor". One monitor per partition holds the client's pending appends in the order
-they were sent. The server commits a partition's appends in the order it received them, so when
-the feed shows one of them, that one succeeded and every older pending one failed. A mount response
-(seed 002 reconnect procedure) fails everything still pending; a flush response fails everything
-sent before the flush once the feed has reached the flush's high-water mark.
+Source: docs/design/client.md "Failed-append detection"; ``docs/protocol.md``, "Transaction
+monitor". One monitor per partition holds the client's pending appends in the order they were
+sent. The server commits a partition's appends in the order it received them, so when the feed
+shows one of them, that one succeeded and every older pending one failed. A mount response (the
+reconnect procedure, docs/design/client.md "Mount and the client high-water mark") fails everything
+still pending; a flush response fails everything sent before the flush once the feed has reached
+the flush's high-water mark.
 
 Order is the order of :meth:`TransactionMonitor.register` calls (a position that never wraps),
 not the ReqId sequence number, which is a 32-bit value that wraps after 2**31 requests.
@@ -60,7 +61,7 @@ class TransactionMonitor(Generic[T]):
         self._position += 1
 
     def on_feed(self, req_id: ReqId) -> tuple[T | None, Sequence[T]]:
-        """Process a feed entry's ReqId (seed 002, steps 1 to 3).
+        """Process a feed entry's ReqId (docs/design/client.md "Failed-append detection").
 
         Returns:
             ``(succeeded, failed)``: the item of the append the entry confirms (None when the

@@ -1,6 +1,6 @@
 """Reading a log up to known marks with a client of its own (checks, tools, tests).
 
-Source: seed 000, "Client-Application Interactions" (a client applies every committed transaction
+Source: docs/design/client.md "Applying transactions" (a client applies every committed transaction
 of the partitions it mounts, in order). The demo's and ``waltz chaos``'s checks read the whole log
 back from the start with a fresh client to compare it with what the applications applied.
 """

@@ -1,10 +1,11 @@
 """One submitted transaction context through its attempts, up to exactly one outcome.
 
-Source: seed 000 "Client-Application Interactions" (execute, append, retry queue), "Client API"
-(``TransactionContext`` callbacks). A :class:`Submission` runs attempts (``execute`` with a fresh
-builder at the current client high-water mark) until one is committed, ``execute`` drops the
-transaction, raises, or the context expires between attempts. It does no networking: the client
-sends what :meth:`Submission.attempt` returns and reports back what the feed says.
+Source: docs/design/client.md "Retries and lock failures" (execute, append, retry queue),
+"Transaction contexts and callbacks" (``TransactionContext`` callbacks). A :class:`Submission` runs
+attempts (``execute`` with a fresh builder at the current client high-water mark) until one is
+committed, ``execute`` drops the transaction, raises, or the context expires between attempts. It
+does no networking: the client sends what :meth:`Submission.attempt` returns and reports back what
+the feed says.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """A committed transaction as the application sees it, with its data loaded lazily.
 
-Source: seed 000 "Application Programming Model" (lazy loading of transaction data), "Transaction
-Data Request/Response". The feed carries only the transaction ID, the ReqId and the header; the
-data is fetched with the ``GetTransactionDataRange`` RPC the first time the application asks for it,
-checked against its CRC-32, and kept. The data of this client's own appends is already known and
-never fetched.
+Source: docs/design/client.md "Appends, the feed and flush" (lazy loading of transaction data);
+``docs/protocol.md`` "Transaction data". The feed carries only the transaction ID, the ReqId and the
+header; the data is fetched with the ``GetTransactionDataRange`` RPC the first time the application
+asks for it, checked against its CRC-32, and kept. The data of this client's own appends is already
+known and never fetched.
 """
 
 from __future__ import annotations

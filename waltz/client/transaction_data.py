@@ -1,13 +1,13 @@
 """Fetching the data of committed transactions: the ``GetTransactionDataRange`` RPC, retried.
 
-Source: seed 000 "Transaction Data Request/Response", "InternalRpcClient"; ``docs/protocol.md``
-"Transaction data". Where upstream Waltz asks for one transaction per call, the client asks for
-a run of consecutive transactions (an apply batch, a reader's page) and the server answers with as
-many as fit in one response, so a reader costs one call per page instead of one per transaction.
-The request goes to the server that owns the partition now (it may move while we retry); each
-transaction's data is checked against its CRC-32. Transient failures (no owner, a connection lost
-under the call, the server not ready, a bad checksum, a malformed answer) are retried with
-exponential backoff (tenacity) until ``client.transactionDataTimeout``.
+Source: docs/design/client.md "Appends, the feed and flush"; docs/design/server.md "Transaction data
+cache"; ``docs/protocol.md`` "Transaction data". Where upstream Waltz asks for one transaction per
+call, the client asks for a run of consecutive transactions (an apply batch, a reader's page) and
+the server answers with as many as fit in one response, so a reader costs one call per page instead
+of one per transaction. The request goes to the server that owns the partition now (it may move
+while we retry); each transaction's data is checked against its CRC-32. Transient failures (no
+owner, a connection lost under the call, the server not ready, a bad checksum, a malformed answer)
+are retried with exponential backoff (tenacity) until ``client.transactionDataTimeout``.
 """
 
 from __future__ import annotations

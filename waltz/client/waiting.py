@@ -1,6 +1,6 @@
 """Thread-safe waiting primitives usable from plain threads and from any event loop.
 
-:class:`ConcurrencyLimit` bounds the contexts in flight per partition (seed 000 "Back Pressure");
+:class:`ConcurrencyLimit` bounds the contexts in flight per partition (docs/design/client.md "Back pressure");
 :class:`Watermark` is a monotonic mark (a partition's applied high-water mark) that threads and
 coroutines wait on. Both are advanced from client threads and woken across threads and loops.
 """

@@ -1,7 +1,7 @@
 """The SQL framework: exactly-once apply of the Waltz log into SQLAlchemy databases.
 
-Source: seed 001, "Basic Idea", "Optimistic Locking", "Limitations and Requirements"; seed 000,
-"Application Programming Model"; DESIGN.md, "The SQL framework". ``docs/sql.md`` is the guide.
+Source: docs/design/sql.md "What the framework guarantees", "The high-water-mark table",
+"Exactly-once across instances", "Entity transactions". ``docs/sql.md`` is the guide.
 
 Public API:
 

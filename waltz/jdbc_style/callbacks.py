@@ -1,9 +1,10 @@
 """``AbstractClientCallbacksForSQL``: exactly-once apply of the log into a SQLAlchemy database.
 
-Source: seed 001, "Basic Idea" (the database is a materialized view of the log, applied in log
-order), "Limitations and Requirements" (the database stores its high-water mark); seed 000,
-"Application Programming Model", "Waltz Client Callbacks"; DESIGN.md, "The SQL framework". It is
-the SQLAlchemy successor of upstream Waltz's ``AbstractClientCallbacksForJDBC``.
+Source: docs/design/sql.md "What the framework guarantees" (the database is a materialized view of
+the log, applied in log order), "The high-water-mark table" (the database stores its high-water
+mark), "The apply contract", "Exactly-once across instances"; docs/design/client.md "Transaction
+contexts and callbacks". It is the SQLAlchemy successor of upstream Waltz's
+``AbstractClientCallbacksForJDBC``.
 
 Several application instances may share one database; each receives every transaction of the
 partitions it mounts. One database transaction applies a log transaction (or a run of them) and

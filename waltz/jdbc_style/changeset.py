@@ -1,9 +1,8 @@
 """The generic change-set transaction format for declared entities.
 
-Source: seed 001, "Basic Idea" (a transaction message "consists of descriptions of intended data
-change") and "Limitations and Requirements" (one message, several DML statements applied in one SQL
-transaction); DESIGN.md, "The SQL framework". ``docs/sql.md`` ("Change-set format") is the
-reference; the Spark rebuild decodes the same bytes.
+Source: docs/design/sql.md "Change-sets" (a transaction message consists of descriptions of
+intended data change; one message, several DML statements applied in one SQL transaction).
+``docs/sql.md`` ("Change-set format") is the reference; the Spark rebuild decodes the same bytes.
 
 A change-set transaction has the header :data:`CHANGE_SET_HEADER` and UTF-8 JSON data (compact,
 sorted keys)::

@@ -1,10 +1,9 @@
 """``ChangeSetCallbacks``: the framework applies change-set transactions itself.
 
-Source: DESIGN.md, "The SQL framework"; seed 001, "Limitations and Requirements" (one message maps to
-several DML statements in one SQL transaction). A service built from declared entities
-(:mod:`waltz.jdbc_style.entities`) and entity transaction contexts
-(:mod:`waltz.jdbc_style.entity_context`) needs no hand-written ``apply``; command-style transactions
-(any other header) go to :meth:`ChangeSetCallbacks.apply_command`.
+Source: docs/design/sql.md "Change-sets" (one message maps to several DML statements in one SQL
+transaction). A service built from declared entities (:mod:`waltz.jdbc_style.entities`) and entity
+transaction contexts (:mod:`waltz.jdbc_style.entity_context`) needs no hand-written ``apply``;
+command-style transactions (any other header) go to :meth:`ChangeSetCallbacks.apply_command`.
 """
 
 from __future__ import annotations

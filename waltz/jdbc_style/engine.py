@@ -1,7 +1,7 @@
 """Engines for the SQL framework: SQLite transaction modes, the apply guard, transient errors.
 
-Source: DESIGN.md, "The SQL framework"; seed 001, "Basic Idea" (the apply and the high-water mark
-change together in one database transaction, which the framework owns).
+Source: docs/design/sql.md "The apply contract" (the apply and the high-water mark change
+together in one database transaction, which the framework owns).
 
 :func:`prepare_engine` is applied to every engine the framework is given (idempotent):
 

@@ -1,8 +1,8 @@
 """Declarative Waltz identity for SQLAlchemy models: lock name, lock ID, partition.
 
-Source: seed 000, "Concurrency Control" (a lock is a partition-local name and 64-bit ID) and
-"Client API" (the application chooses the partition); seed 001, "Optimistic Locking"; DESIGN.md,
-"The SQL framework". A model declares::
+Source: docs/design/locks.md "Locks and their scope" (a lock is a partition-local name and 64-bit
+ID); docs/design/client.md "Transaction contexts and callbacks" (the application chooses the
+partition); docs/design/sql.md "Entity transactions". A model declares::
 
     class Account(Base):
         __tablename__ = "accounts"

@@ -1,8 +1,9 @@
 """Transaction contexts for read-modify-write of declared entities.
 
-Source: seed 001, "Optimistic Locking" (the client high-water mark sent with an append must be the
-state the transaction was built from); seed 000, "Client API" (``TransactionContext.execute``),
-"Concurrency Control"; DESIGN.md, "The SQL framework".
+Source: docs/design/locks.md "Optimistic locking in Waltz" (the client high-water mark sent with
+an append must be the state the transaction was built from), "Locks and their scope";
+docs/design/client.md "Transaction contexts and callbacks" (``TransactionContext.execute``);
+docs/design/sql.md "Entity transactions".
 
 For each attempt the framework opens one snapshot transaction (REPEATABLE READ; SQLite: a WAL
 snapshot), reads the partition's high-water mark **first**, then lets :meth:`run` read entities

@@ -1,6 +1,6 @@
 """Idempotency keys: a request applied once even when a service submits it twice.
 
-Source: DESIGN.md, "The SQL framework". A service that crashes after ``submit`` cannot know
+Source: docs/design/sql.md "Idempotency keys". A service that crashes after ``submit`` cannot know
 whether its transaction was committed; when it retries the request, the log may end up holding
 it twice. The key is recorded in ``waltz_idempotency_keys`` in the same database transaction as
 the apply that carried it, so the second copy finds it and changes nothing. When both copies are in

@@ -1,7 +1,7 @@
 """High-water-mark rows: created race-free, read, locked for an apply, and advanced.
 
-Source: seed 001, "Limitations and Requirements" (the database stores the highest transaction ID
-it has applied); DESIGN.md, "The SQL framework". Rows live in ``waltz_high_water_marks`` keyed by
+Source: docs/design/sql.md "The high-water-mark table" (the database stores the highest
+transaction ID it has applied). Rows live in ``waltz_high_water_marks`` keyed by
 (cluster name, partition ID); see :mod:`waltz.jdbc_style.schema`.
 """
 

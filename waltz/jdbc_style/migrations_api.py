@@ -5,8 +5,9 @@ transactions) are made by an alembic environment shipped in the top-level ``migr
 directory (installed as ``waltz/jdbc_style/migrations``). Its
 revisions carry the branch label ``waltz`` and, run through this module or ``waltz db upgrade``,
 record themselves in their own version table, ``waltz_alembic_version``: an application's
-``alembic_version`` is never read nor written. Source: seed 001, "Limitations and Requirements"
-(the database stores the high-water mark); ``docs/sql.md``, "Migrations and operator commands".
+``alembic_version`` is never read nor written. Source: docs/design/sql.md "The high-water-mark
+table" (the database stores the high-water mark), "Migrations"; ``docs/sql.md``, "Migrations and
+operator commands".
 
 An application that keeps its own alembic environment chooses one of two ways:
 

@@ -1,8 +1,8 @@
 """The SQL framework's own tables (created by its alembic migrations, ``waltz db upgrade``).
 
-Source: seed 001, "Limitations and Requirements" ("the application database must store the
-high-water mark which is the highest transaction ID the service has consumed"); DESIGN.md, "The SQL
-framework". One database can follow several Waltz clusters, so every row is keyed by the cluster
+Source: docs/design/sql.md "The high-water-mark table" (the application database must store the
+high-water mark, the highest transaction ID the service has consumed), "Idempotency keys", "Skipping
+a transaction". One database can follow several Waltz clusters, so every row is keyed by the cluster
 name (the log) as well as the partition.
 
 - ``waltz_high_water_marks``: one row per (cluster, partition): the highest transaction ID applied

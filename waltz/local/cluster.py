@@ -1,6 +1,7 @@
 """The local cluster supervisor: ZooKeeper, N storage nodes and M servers as processes on loopback.
 
-DESIGN.md, "The processes" and "Tests": every node is its own OS process on free loopback ports.
+Design: docs/design/overview.md "Processes and links", "Packages and their imports": every node is
+its own OS process on free loopback ports.
 :class:`LocalCluster` starts them, creates the cluster through
 :class:`~waltz.admin.cluster_admin.ClusterAdmin`, waits until every partition has a writable
 owner, and stops everything again. ``waltz up``, the pytest plugin :mod:`waltz.testing`, tests and
@@ -91,8 +92,8 @@ class LocalCluster:
         storages: the number of storage nodes (at least 1).
         servers: the number of servers (at least 1).
         partitions: the number of partitions (at least 1).
-        replicas: replicas per partition, spread round-robin (seed 004); None means
-            ``min(3, storages)``.
+        replicas: replicas per partition, spread round-robin (docs/design/zookeeper.md "Replica
+            assignments and groups"); None means ``min(3, storages)``.
         name: the cluster's name (in ``<root>/cluster``).
         root: the cluster root znode; None means ``/waltz/<name>`` on the cluster's own ZooKeeper
             and ``/waltz-local/<name>-<8 hex digits>`` on an external one.

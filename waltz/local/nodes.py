@@ -1,7 +1,7 @@
 """Local clusters for the demo, tests and benchmarks: Waltz nodes as processes on loopback.
 
-Every node is its own OS process (DESIGN.md "The processes"), started with the same command a
-user would run (``python -m waltz.services.storage ...``), on free loopback ports.
+Every node is its own OS process (docs/design/overview.md "Processes and links"), started with the
+same command a user would run (``python -m waltz.services.storage ...``), on free loopback ports.
 
 :class:`LocalStorageNode` and :class:`LocalServer` run one node each; the local cluster supervisor
 :class:`~waltz.local.cluster.LocalCluster` (ZooKeeper + N storage nodes + M servers) lives in

@@ -1,9 +1,10 @@
 """Run and supervise OS child processes: free ports, polling with a deadline, managed processes.
 
 Every Waltz server and storage node, and the local ZooKeeper, runs as its own OS process
-(DESIGN.md, "The processes"). :class:`ManagedProcess` owns one such child: it starts it in its
-own process group, sends its output to a log file, and can kill it hard (``kill -9``), stop it
-gracefully, freeze and thaw it, and start it again, which is what failover and crash tests need.
+(docs/design/overview.md "Processes and links"). :class:`ManagedProcess` owns one such child: it
+starts it in its own process group, sends its output to a log file, and can kill it hard
+(``kill -9``), stop it gracefully, freeze and thaw it, and start it again, which is what failover
+and crash tests need.
 A module-level registry kills every process still running when the interpreter exits, so a
 crashed test run never leaves servers behind.
 

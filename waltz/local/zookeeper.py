@@ -1,9 +1,9 @@
 """A real standalone Apache ZooKeeper on loopback, run from Debian's ``zookeeper`` package.
 
 Tests, the demo and the local cluster supervisor need a ZooKeeper they can start, kill and restart
-(DESIGN.md, "Tests"). :class:`LocalZooKeeper` runs ``ZooKeeperServerMain`` as a
-:class:`~waltz.local.processes.ManagedProcess` with a ``zoo.cfg`` it writes, bound to
-127.0.0.1 only, the admin server disabled, and a data directory it owns (PLATFORM.md)::
+(docs/design/overview.md "Packages and their imports"). :class:`LocalZooKeeper` runs
+``ZooKeeperServerMain`` as a :class:`~waltz.local.processes.ManagedProcess` with a ``zoo.cfg`` it
+writes, bound to 127.0.0.1 only, the admin server disabled, and a data directory it owns::
 
     with LocalZooKeeper(tick_time_ms=500) as zookeeper:
         client = KazooClient(hosts=zookeeper.connect_string)

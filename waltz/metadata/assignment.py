@@ -1,8 +1,9 @@
 """Partition assignment to servers: members, the assignment znode, and the placement rule.
 
-Source: seed 000 "Generation Number" (the cluster manager assigns each partition to exactly one
-server and bumps the partition's generation every time the partition moves). The elected cluster
-manager (:mod:`waltz.services.server.cluster_manager`) computes placements with
+Design: docs/design/server.md "Cluster manager"; docs/design/zookeeper.md "Generations and store
+session IDs" (the cluster manager assigns each partition to exactly one server and bumps the
+partition's generation every time the partition moves). The elected cluster manager
+(:mod:`waltz.services.server.cluster_manager`) computes placements with
 :func:`compute_assignment` and writes them to ``<root>/server/assignment`` by compare-and-set;
 servers register as ephemeral sequential ``<root>/server/members/member-<n>`` znodes.
 """

@@ -1,8 +1,8 @@
 """Replica placement and the safety rules of replica changes (``docs/zookeeper.md``).
 
-Source: seed 003 "Partition Metadata" and "Recovery Procedure" (replica states, closing
-high-water marks), seed 004 "Replica Assignments". Pure functions: they read values, never
-ZooKeeper, so the rules are tested on their own.
+Design: docs/design/zookeeper.md "Partition metadata" (replica states, closing high-water marks),
+"Replica assignments and groups". Pure functions: they read values, never ZooKeeper, so the rules
+are tested on their own.
 
 The rules, for one partition:
 

@@ -1,9 +1,10 @@
 """Metadata values stored in ZooKeeper, and their JSON codecs.
 
-Source: seed 003 "Partition Metadata" (generation, store session ID, replica states with closing
-high-water marks); seed 004 "Replica Assignments" and "Group Descriptor". Every value is a frozen
-dataclass with ``encode()`` (UTF-8 JSON, sorted keys) and ``decode(data, path)``; a znode that
-does not decode raises :class:`~waltz.errors.MetadataError` naming the znode.
+Design: docs/design/zookeeper.md "Partition metadata" (generation, store session ID, replica states
+with closing high-water marks), "Replica assignments and groups" (replica assignments, group
+descriptor). Every value is a frozen dataclass with ``encode()`` (UTF-8 JSON, sorted keys) and
+``decode(data, path)``; a znode that does not decode raises :class:`~waltz.errors.MetadataError`
+naming the znode.
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ class ClusterParams:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaAssignments:
-    """Which storage node holds a replica of which partition (seed 004 "Replica Assignments").
+    """Which storage node holds a replica of which partition.
+
+    See docs/design/zookeeper.md "Replica assignments and groups".
 
     Attributes:
         replicas: storage connect string (``host:port``) -> sorted partition IDs.
@@ -138,7 +141,10 @@ class ReplicaAssignments:
 
 @dataclass(frozen=True, slots=True)
 class GroupDescriptor:
-    """Storage connect string -> replica group ID (seed 004 "Group Descriptor")."""
+    """Storage connect string -> replica group ID.
+
+    See docs/design/zookeeper.md "Replica assignments and groups" (the group descriptor).
+    """
 
     groups: Mapping[str, int] = field(default_factory=dict)
 
@@ -187,13 +193,13 @@ class ConnectionMetadata:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaState:
-    """The state of one replica of a partition (seed 003 "ReplicaState").
+    """The state of one replica of a partition (docs/design/zookeeper.md "Partition metadata").
 
     Attributes:
         session_id: the store session this replica is engaged in (-1: none yet).
         closing_high_water_mark: the high-water mark at which that session closed, set by the
             recovery of a later session that did not reach this replica; None while unresolved
-            (seed: ``ReplicaState.UNRESOLVED``).
+            (``ReplicaState.UNRESOLVED`` in the original design).
     """
 
     session_id: int
@@ -207,7 +213,7 @@ class ReplicaState:
 
 @dataclass(frozen=True, slots=True)
 class PartitionMetadata:
-    """Partition metadata at ``store/partition/<id>`` (seed 003 "Partition Metadata").
+    """Partition metadata at ``store/partition/<id>`` (docs/design/zookeeper.md "Partition metadata").
 
     Attributes:
         generation: the generation of the server that created the current store session.

@@ -265,7 +265,7 @@ class ClusterZk:
     def begin_store_session(
         self, partition_id: int, generation: int
     ) -> tuple[PartitionMetadata, Versioned[PartitionMetadata]]:
-        """Take a new store session ID for a partition (seed 003 "Recovery Procedure", step 1).
+        """Take a new store session ID for a partition (docs/design/recovery.md "Taking a store session ID").
 
         The new session ID is the stored one plus one and the stored generation becomes
         ``generation``; written by compare-and-set, retried when someone else wrote first.

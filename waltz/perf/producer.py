@@ -120,8 +120,8 @@ class PerfCallbacks(WaltzClientCallbacks):
 class PerfContext(TransactionContext):
     """One perf transaction: raw data and at most one WRITE lock; counts its attempts.
 
-    Tells the load generator how it ended from the context's own callbacks (seed 000
-    "TransactionContext": ``onCompletion``, ``onException``); submitted with
+    Tells the load generator how it ended from the context's own callbacks (docs/design/client.md
+    "Transaction contexts and callbacks": ``on_completion``, ``on_exception``); submitted with
     ``WaltzClient.execute`` (no future), as an application that does not wait on each transaction.
 
     Args:

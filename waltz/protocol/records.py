@@ -1,6 +1,7 @@
 """Value types of the log: ReqId, record headers and records, with their protobuf conversions.
 
-Source: seed 000 "Request ID (ReqId)"; seed 004 "RecordHeader" and "Record".
+Design: docs/design/client.md "ReqId and identities"; docs/design/storage.md "Segments and index
+files" (records and their headers).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ def unequal_columns(lengths: Mapping[str, int]) -> str | None:
 class ReqId(NamedTuple):
     """A request ID: client ID, generation, partition ID and sequence number, each a 32-bit int.
 
-    Source: seed 000 "Request ID (ReqId)". A named tuple (immutable, hashed and compared in C):
-    the client and the server make one or two per transaction.
+    Design: docs/design/client.md "ReqId and identities". A named tuple (immutable, hashed and
+    compared in C): the client and the server make one or two per transaction.
     """
 
     client_id: int
@@ -62,7 +63,7 @@ class ReqId(NamedTuple):
 class RecordHeader(NamedTuple):
     """The header of a transaction record: transaction ID, ReqId and 32-bit transaction header.
 
-    Source: seed 004 "RecordHeader". A named tuple, like :class:`ReqId`.
+    Design: docs/design/storage.md "Segments and index files". A named tuple, like :class:`ReqId`.
     """
 
     transaction_id: int
@@ -84,9 +85,9 @@ class RecordHeader(NamedTuple):
 class Record(NamedTuple):
     """A transaction record: header fields, the opaque transaction data and its CRC-32.
 
-    Source: seed 004 "Record". ``checksum`` is the CRC-32 of ``data`` as sent by the writer; use
-    :meth:`checksum_ok` to verify it. A named tuple, like :class:`ReqId` (the server makes one
-    per committed transaction).
+    Design: docs/design/storage.md "Segments and index files". ``checksum`` is the CRC-32 of
+    ``data`` as sent by the writer; use :meth:`checksum_ok` to verify it. A named tuple, like
+    :class:`ReqId` (the server makes one per committed transaction).
     """
 
     transaction_id: int

@@ -1,4 +1,6 @@
-"""Clients of the storage protocol and of the storage admin protocol (seed 004).
+"""Clients of the storage protocol and of the storage admin protocol.
+
+Design: docs/design/storage.md "Storage requests", "Admin port".
 
 :class:`StorageSessionClient` is the server side of a replica session: one ordered stream to one
 storage node, requests pipelined and batched into stream messages, responses matched by sequence
@@ -194,7 +196,7 @@ class _OrderedStream(Generic[Req, Resp]):
 
 
 #: The body a storage node answers each storage request kind with, when it does not fail it
-#: (seed 004; ``waltz/services/storage/service.py``).
+#: (docs/design/storage.md "Storage requests"; ``waltz/services/storage/service.py``).
 _ANSWERS = {
     "open": "success",
     "last_session_info": "last_session_info",
@@ -261,7 +263,9 @@ def check_response(response: Any, peer: str, request_kind: str | None = None) ->
 
 
 class StorageSessionClient:
-    """One replica session stream to a storage node (seed 004), used by a store session.
+    """One replica session stream to a storage node, used by a store session.
+
+    See docs/design/storage.md "Storage requests".
 
     Use as ``async with StorageSessionClient(address, cluster_key, num_partitions) as client``;
     :meth:`open` sends the open request. Every request method raises
@@ -463,7 +467,7 @@ class StorageSessionClient:
 
 
 class StorageAdminClient:
-    """An admin stream to a storage node (seed 004 "Storage Administration").
+    """An admin stream to a storage node (docs/design/storage.md "Admin port").
 
     Use as ``async with StorageAdminClient(address, cluster_key, num_partitions) as admin``; the
     admin open initialises a new storage node for the cluster. Failures raise

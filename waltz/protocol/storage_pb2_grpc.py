@@ -110,7 +110,7 @@ class StorageService:
 
 
 class StorageAdminServiceStub:
-    """The storage admin port (seed 004 "Storage Administration"): tools that must not take part in
+    """The storage admin port (docs/design/storage.md "Admin port"): tools that must not take part in
     store sessions (the cluster CLI, the Spark reader, live disk checks) use this service.
     """
 
@@ -128,7 +128,7 @@ class StorageAdminServiceStub:
 
 
 class StorageAdminServiceServicer:
-    """The storage admin port (seed 004 "Storage Administration"): tools that must not take part in
+    """The storage admin port (docs/design/storage.md "Admin port"): tools that must not take part in
     store sessions (the cluster CLI, the Spark reader, live disk checks) use this service.
     """
 
@@ -155,7 +155,7 @@ def add_StorageAdminServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class StorageAdminService:
-    """The storage admin port (seed 004 "Storage Administration"): tools that must not take part in
+    """The storage admin port (docs/design/storage.md "Admin port"): tools that must not take part in
     store sessions (the cluster CLI, the Spark reader, live disk checks) use this service.
     """
 

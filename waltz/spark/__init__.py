@@ -1,8 +1,9 @@
 """Spark over the Waltz log: the ``waltz`` data source and the rebuild of an application's views.
 
-Source: DESIGN.md, "Spark"; seed 001 (the log is the source of truth, databases derive from it);
-``docs/spark.md`` is the guide. Importing :mod:`waltz.spark.source` needs PySpark and pyarrow (the
-``spark`` extra); :mod:`waltz.spark.committed` and :mod:`waltz.spark.readers` do not.
+Source: docs/design/spark.md "What the rebuild is for"; docs/design/overview.md "Why the log is the
+source of truth" (the log is the source of truth, databases derive from it); ``docs/spark.md`` is
+the guide. Importing :mod:`waltz.spark.source` needs PySpark and pyarrow (the ``spark`` extra);
+:mod:`waltz.spark.committed` and :mod:`waltz.spark.readers` do not.
 
 - :func:`register`: register the ``waltz`` data source with a Spark session.
 - :mod:`waltz.spark.committed`: which records are committed and where to read them.

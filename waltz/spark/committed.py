@@ -1,7 +1,8 @@
 """Which records of the log are committed, and where a reader may fetch them from.
 
-Source: seed 000 "Sessions", "Recovery Procedure", "Quorum Writes"; seed 003 "Partition Metadata",
-"Recovery Procedure"; seed 004 "Storage Administration". ``docs/spark.md`` gives the argument.
+Source: docs/design/spark.md "Reading committed records only", "Live reads through admin ports",
+"Offline reads from replica directories"; docs/design/storage.md "Admin port". ``docs/spark.md``
+gives the argument.
 
 A replica may hold records above the committed high-water mark (written by a session that ended
 before a quorum flushed them), and a replica that missed a recovery may hold a *dirty* record at
@@ -156,10 +157,11 @@ def plan_live(
     timeout: float = DEFAULT_STORAGE_TIMEOUT,
     tls: TlsConfig | None = None,
 ) -> list[CommittedPartition]:
-    """Find each partition's committed high-water mark on a live cluster (seed 003, "Recovery Procedure").
+    """Find each partition's committed high-water mark on a live cluster.
 
     Reads ``store/partition/<id>``, ``store/assignment`` and ``store/connection`` from ZooKeeper and
-    each current-session replica's partition status through its admin port (never a store session).
+    each current-session replica's partition status through its admin port (never a store session);
+    see docs/design/spark.md "Live reads through admin ports".
 
     Args:
         zookeeper: ZooKeeper connect string.
@@ -350,7 +352,9 @@ def plan_offline(
     replicas: int | None = None,
     high_water_marks: Mapping[int, int] | None = None,
 ) -> list[CommittedPartition]:
-    """Find what replica directories prove committed (seed 000, "Sessions", "Recovery Procedure").
+    """Find what replica directories prove committed.
+
+    See docs/design/spark.md "Offline reads from replica directories".
 
     Args:
         directories: storage directories (each holding ``waltz-storage.ctl``), of one cluster.

@@ -1,6 +1,6 @@
 """Transaction data to row changes: change-sets decode generically, applications add decoders.
 
-Source: DESIGN.md, "Spark"; ``docs/sql.md`` ("Change-set format"), decoded with
+Source: docs/design/spark.md "Computing views"; ``docs/sql.md`` ("Change-set format"), decoded with
 :class:`waltz.jdbc_style.ChangeSet`. A row change becomes one row of :data:`CHANGES_SCHEMA`:
 
 ``partition_id, transaction_id, op_index`` (position in the log), ``header``, ``entity``, ``operation``

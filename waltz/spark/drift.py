@@ -1,9 +1,10 @@
 """Drift between a live database and the log: ``waltz rebuild --verify-against``.
 
-Source: seed 001, "Basic Idea" (a database is derived from the log, so it can be checked against
-it); ``docs/spark.md`` ("``waltz rebuild``"). :func:`verify` reads the live database's marks and
-tables in one snapshot, computes the views of the log at exactly those marks, and reports per table
-the rows the live database lacks, the ones it has and the log does not, and the ones that differ.
+Source: docs/design/spark.md "Drift check" (a database is derived from the log, so it can be checked
+against it); ``docs/spark.md`` ("``waltz rebuild``"). :func:`verify` reads the live database's marks
+and tables in one snapshot, computes the views of the log at exactly those marks, and reports per
+table the rows the live database lacks, the ones it has and the log does not, and the ones that
+differ.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Read a range of committed records of one partition (a Spark task's work), CRC-checked.
 
-Source: seed 004 "Storage Administration" (record lists through the admin port), seed 000 "On Disk
-Data Structures" (segment files, read with :mod:`waltz.services.storage.inspect`). The ranges come
+Source: docs/design/storage.md "Admin port" (record lists through the admin port), "Files on
+disk" (segment files, read with :mod:`waltz.services.storage.inspect`). The ranges come
 from :mod:`waltz.spark.committed`, which proved them committed; these readers only fetch, check
 each record's CRC and the contiguity of transaction IDs, and fail over between replicas.
 """

@@ -1,8 +1,9 @@
 """The rebuild job: an application's views computed from the committed log with Spark, and written
 to a database that an application instance can resume from.
 
-Source: seed 001, "Basic Idea" and "Limitations and Requirements" (databases derive from the log;
-a database stores its high-water marks); DESIGN.md, "Spark"; ``docs/spark.md``.
+Source: docs/design/spark.md "What the rebuild is for" (databases derive from the log),
+"Computing views", "Swapping tables with the marks" (a database stores its high-water marks);
+``docs/spark.md``.
 
 :func:`compute_views` reads the committed log up to fixed marks and runs the application's
 :class:`~waltz.spark.views.AppViews`; :func:`rebuild` writes them with

@@ -1,6 +1,7 @@
-"""A Spark session set up for Waltz (PLATFORM.md, "PySpark"): loopback, no UI, our Python, JDBC jars.
+"""A Spark session set up for Waltz: loopback, no UI, our Python, JDBC jars.
 
-Source: DESIGN.md, "Spark" (``local[*]`` by default, any master with ``--master``).
+Source: ``docs/spark.md`` ("``waltz rebuild``": ``local[*]`` by default, any master with
+``--master``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ``waltz`` PySpark data source: ``spark.read.format("waltz")`` reads the committed log.
 
-Source: DESIGN.md, "Spark"; seed 000 "Sessions", "Recovery Procedure"; ``docs/spark.md`` documents
-the options and why only committed records are returned.
+Source: docs/design/spark.md "What the rebuild is for", "Reading committed records only";
+``docs/spark.md`` documents the options and why only committed records are returned.
 
 Columns (:data:`LOG_SCHEMA`): ``partition_id`` (int), ``transaction_id`` (bigint), ``header``
 (int), the ReqId fields ``req_client_id``, ``req_generation``, ``req_partition_id``,

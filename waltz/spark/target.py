@@ -1,7 +1,7 @@
 """Writing rebuilt views into a database: staging tables, then one swap with the marks.
 
-Source: seed 001, "Limitations and Requirements" (a database stores its high-water marks, updated
-with the data they cover); DESIGN.md, "Spark"; ``docs/spark.md`` ("``waltz rebuild``").
+Source: docs/design/spark.md "Swapping tables with the marks" (a database stores its high-water
+marks, updated with the data they cover); ``docs/spark.md`` ("``waltz rebuild``").
 
 Each table is written into a fresh ``<table>__rebuild`` (JDBC for PostgreSQL and MariaDB,
 SQLAlchemy for SQLite). Only when every table is complete are they swapped in, together with the

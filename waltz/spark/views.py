@@ -1,6 +1,6 @@
 """Replaying row changes into tables with Spark: the last write per key in log order wins.
 
-Source: DESIGN.md, "Spark"; seed 001, "Basic Idea" (the database is derived from the log);
+Source: docs/design/spark.md "Computing views" (the database is derived from the log);
 ``docs/spark.md`` ("Views"). An application describes its views with :class:`AppViews` (its
 module's ``VIEWS``); entity tables come from :func:`entity_table`, anything else (audit rows from
 ``meta``, derived columns) from the application's own transformations.

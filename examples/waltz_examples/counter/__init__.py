@@ -1,9 +1,10 @@
-"""The counter example of the Waltz announcement (seed 001): counters that never go negative.
+"""The counter example of the Waltz announcement: counters that never go negative.
 
 A plain log cannot enforce "never negative": a service reading the counter from its database may
 read a stale value, because the log may hold changes its database has not applied yet. Waltz's
 optimistic locking makes the check exact: each change carries the high-water mark its read was
-based on, and the server refuses it when the counter was written after that mark. See README.md.
+based on, and the server refuses it when the counter was written after that mark. See README.md and
+docs/design/overview.md "Why the log is the source of truth".
 
 - :class:`CounterService`: increment, decrement (raising :class:`InsufficientCountError`), get.
 - :class:`CounterHttpServer`: the JSON HTTP API.

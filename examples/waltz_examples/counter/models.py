@@ -1,9 +1,9 @@
 """The counter service's table: one row per counter, never negative.
 
-Source: seed 001, "Difficulty in Implementing Constraints" (a counter that must not go negative)
-and "Optimistic Locking". The model declares its Waltz identity (``__waltz__``), so the SQL
-framework derives its lock (``counter:<counter_id>``) and its partition from the key, and applies
-the change-sets that :mod:`waltz_examples.counter.service` submits.
+Source: docs/design/overview.md "Why the log is the source of truth" (a counter that must not go
+negative); docs/design/locks.md "Optimistic locking in Waltz". The model declares its Waltz identity
+(``__waltz__``), so the SQL framework derives its lock (``counter:<counter_id>``) and its partition
+from the key, and applies the change-sets that :mod:`waltz_examples.counter.service` submits.
 
 The ``CHECK (value >= 0)`` constraint is a second line of defence only: the service refuses a
 decrement before it reaches the log, so a negative value would mean a bug, and its apply would

@@ -1,7 +1,8 @@
 """``CounterService``: counters that never go negative, with Waltz as the source of truth.
 
-Source: seed 001, "Difficulty in Implementing Constraints" (the counter service of the Waltz
-announcement) and "Optimistic Locking"; docs/sql.md ("Read your writes", "Entities").
+Source: docs/design/overview.md "Why the log is the source of truth" (the counter service of the
+Waltz announcement); docs/design/locks.md "Optimistic locking in Waltz"; docs/sql.md ("Applying the
+log exactly once", "Entities: declarative locks and partitions").
 
 A service instance owns three things: a database engine (the materialized view of the log),
 :class:`~waltz_examples.counter.transactions.CounterCallbacks` (which apply the log to it exactly once)

@@ -1,7 +1,8 @@
 """The counter's Waltz transactions: how a change is built, and how it is applied.
 
-Source: seed 001, "Difficulty in Read-Modify-Write", "Difficulty in Implementing Constraints" and
-"Optimistic Locking"; docs/sql.md, "Entities: declarative locks and partitions".
+Source: docs/design/overview.md "Why the log is the source of truth" (read-modify-write races,
+constraints); docs/design/locks.md "Optimistic locking in Waltz"; docs/sql.md, "Entities:
+declarative locks and partitions".
 
 :class:`ChangeCounter` is the read-modify-write: it reads the counter (a READ lock on
 ``counter:<id>``), checks the constraint against what it read, and writes the new value (a WRITE

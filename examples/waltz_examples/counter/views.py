@@ -1,8 +1,8 @@
 """The counter service's view of the log for ``waltz rebuild --app waltz_examples.counter`` (``VIEWS``).
 
-Source: DESIGN.md, "Spark"; ``docs/spark.md`` ("Views"). ``counters`` replays generically (last
-write per key wins), with ``updated_tx`` set to the transaction that last wrote the row, as
-``CounterCallbacks.apply_change`` does (the value logged in the change-set is not used).
+Source: docs/design/spark.md "Computing views"; ``docs/spark.md`` ("Views"). ``counters`` replays
+generically (last write per key wins), with ``updated_tx`` set to the transaction that last wrote
+the row, as ``CounterCallbacks.apply_change`` does (the value logged in the change-set is not used).
 """
 
 from __future__ import annotations

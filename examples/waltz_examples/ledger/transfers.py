@@ -1,6 +1,6 @@
 """Two-step transfers between customers of different partitions, and the sweeper.
 
-Locks are scoped to a partition (seed 000, "Concurrency Control"), so a transfer between two
+Locks are scoped to a partition (docs/design/locks.md "Locks and their scope"), so a transfer between two
 partitions cannot be one Waltz transaction. As real ledgers do, it is two, keyed by a transfer ID:
 
 1. **Debit** (source partition): the sender's money leaves (checking for a payment; savings and

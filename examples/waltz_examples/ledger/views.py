@@ -1,6 +1,6 @@
 """The ledger's views of the log for ``waltz rebuild --app waltz_examples.ledger`` (``VIEWS``).
 
-Source: DESIGN.md, "Spark"; ``docs/spark.md`` ("Views"). The five entity tables replay
+Source: docs/design/spark.md "Computing views"; ``docs/spark.md`` ("Views"). The five entity tables replay
 generically (last write per key wins, deletes remove); ``ledger_applied_transactions`` gets one row
 per change-set transaction with the ``op`` and ``delta`` of its ``meta``, as
 ``LedgerCallbacks.apply_change_set`` writes it.

@@ -1,4 +1,4 @@
 """The Waltz server: partitions (append and feed), the lock table, and the replicated store.
 
-Source: seed 000 "Waltz Server", seed 003.
+Design: docs/design/server.md "What a server does"; docs/design/recovery.md "When a recovery runs".
 """

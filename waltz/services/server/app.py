@@ -1,7 +1,7 @@
 """The server process: ZooKeeper membership, the cluster manager, store partitions, gRPC ports.
 
 Run it with ``waltz server start --config server.yaml`` or ``python -m waltz.services.server``.
-Source: seed 000 "Waltz Server", "Generation Number"; seed 003.
+Design: docs/design/server.md "What a server does", "Generations and server fencing".
 
 The server registers as a member, takes part in the cluster manager election, and opens a
 :class:`~waltz.services.server.store.store_partition.StorePartition` for every partition the assignment
@@ -306,7 +306,10 @@ class ServerApp:
 
 
 class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
-    """Status of the server's partitions, and store-level appends and reads (seed 003)."""
+    """Status of the server's partitions, and store-level appends and reads.
+
+    See docs/design/server.md "What a server does".
+    """
 
     def __init__(self, app: ServerApp) -> None:
         self._app = app

@@ -1,10 +1,10 @@
 """Append requests as the server handles them: one :class:`AppendRow` per append, read from an
 ``AppendRequest`` or from a row of the columns of an ``AppendRequests``.
 
-Source: seed 000 "Append Task" (the fields of an append); ``docs/protocol.md`` "Append" and
-"Appends" (the column form, not in upstream Waltz). A run of appends travels as packed columns
-rather than nested messages, since reading columns costs the server less per append
-(docs/decisions/0002-column-wire-forms.md).
+Design: docs/design/server.md "Appends and the lock check" (the fields of an append);
+``docs/protocol.md`` "Append" and "Appends" (the column form, not in upstream Waltz). A run of
+appends travels as packed columns rather than nested messages, since reading columns costs the
+server less per append (docs/decisions/0002-column-wire-forms.md).
 """
 
 from __future__ import annotations

@@ -253,7 +253,7 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
     async def GetTransactionData(  # noqa: N802 - gRPC method name
         self, request: client_pb2.TransactionDataRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> client_pb2.TransactionDataResponse:
-        """The data of a committed transaction (seed 002 "Transaction Data Request")."""
+        """The data of a committed transaction (docs/design/server.md "Transaction data cache")."""
         found = await self._data_range(request.req_id, request.transaction_id, 1)
         if isinstance(found, str):
             return client_pb2.TransactionDataResponse(

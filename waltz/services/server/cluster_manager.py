@@ -1,6 +1,7 @@
 """Server membership and the elected cluster manager (kazoo recipes).
 
-Source: seed 000 "Generation Number" and "Zookeeper". Every server registers an ephemeral
+Design: docs/design/server.md "Cluster manager"; docs/design/zookeeper.md "Generations and store
+session IDs", "Server members and partition assignment". Every server registers an ephemeral
 sequential member znode and watches ``server/assignment``. One server, elected with kazoo's
 ``Election`` recipe, is the cluster manager: it watches the member znodes and rewrites the
 assignment (by compare-and-set) whenever members come or go, so that each partition has exactly

@@ -1,4 +1,4 @@
-"""The optimistic lock table of a partition (seed 000 "Concurrency Control", seed 001).
+"""The optimistic lock table of a partition (docs/design/locks.md "The lock table").
 
 A fixed-size array of high-water marks, like a Bloom filter: each lock hash is spread over
 ``hash_count`` slots, a committed transaction raises every slot of its WRITE and APPEND locks to
@@ -105,8 +105,9 @@ class LockTable:
         return max([min(map(value, indexes)) for indexes in lock_slots], default=-1)
 
     def conflict(self, client_high_water_mark: int, lock_hashes: Sequence[int]) -> int | None:
-        """The lock compatibility test (seed 001): compatible when the client has seen every
-        transaction that wrote one of the locks, i.e. ``client_high_water_mark >= estimate``.
+        """The lock compatibility test (docs/design/locks.md "The compatibility rule"): compatible
+        when the client has seen every transaction that wrote one of the locks, i.e.
+        ``client_high_water_mark >= estimate``.
 
         Returns:
             None when compatible, else the estimated high-water mark that the client must reach

@@ -1,7 +1,8 @@
 """The partition object of a server: appends checked against the lock table, the feed, mounts.
 
-Source: seed 000 "Partition Object", "Concurrency Control"; seed 001 "Optimistic Locking"; seed
-002; ``docs/protocol.md`` (the contract with the client). One :class:`Partition` wraps the
+Design: docs/design/server.md "The partition object", "Appends and the lock check", "Mount and
+feed"; docs/design/locks.md "Optimistic locking in Waltz", "How a lock failure is decided and
+reported"; ``docs/protocol.md`` (the contract with the client). One :class:`Partition` wraps the
 partition's :class:`~waltz.services.server.store.store_partition.StorePartition` and serves every client
 connection that mounted it. Everything runs on the server's event loop, so the lock check, the
 pending-lock bookkeeping and the feed see one consistent order.
@@ -273,7 +274,8 @@ class Partition:
         if self._lock_table is None:
             await self.store.recovered.wait()
             if self._lock_table is None:
-                # Every slot starts at the recovered high-water mark, never below (seed 000).
+                # Every slot starts at the recovered high-water mark, never below
+                # (docs/design/locks.md "The lock table").
                 self._lock_table = LockTable(
                     self.store.high_water_mark, self.config.lock_table_size, self.config.lock_table_hash_count
                 )
@@ -305,7 +307,8 @@ class Partition:
     # ---- appends ----
 
     async def append(self, connection: ClientConnection, row: AppendRow, network_seq: int) -> None:
-        """Handle an append request (seed 000 "Append Task", ``docs/protocol.md`` "Append").
+        """Handle an append request (docs/design/server.md "Appends and the lock check";
+        ``docs/protocol.md`` "Append").
 
         Waits for the partition's recovery and for room in the store first (back pressure);
         :meth:`append_now` is the same without the waits.

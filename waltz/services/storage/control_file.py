@@ -1,9 +1,9 @@
 """The control file ``waltz-storage.ctl``: cluster key, partition count, partition infos, fences.
 
-Source: seed 000 "Control File". Each partition has two partition-info structs, written
+Design: docs/design/storage.md "Control file". Each partition has two partition-info structs, written
 alternately and flushed (fdatasync) before the write returns; a struct whose CRC fails is ignored
 and the other one is used (the partition rolls back to it); when both fail the partition does
-not open. The fence section (after the seed's body, see ``docs/format.md``) persists the highest
+not open. The fence section (after the partition-info body, see ``docs/format.md``) persists the highest
 store session ID a partition has seen, so that a restarted node still fences an older writer.
 """
 

@@ -1,7 +1,8 @@
 """The storage node's file formats: byte layouts and codecs, big-endian (Java ``DataOutput``).
 
-Source: seed 000 "On Disk Data Structures". ``docs/format.md`` documents every layout here; this
-module is the only place that packs or unpacks them (the Spark reader and ``waltz disk`` use it).
+Design: docs/design/storage.md "Files on disk". ``docs/format.md`` documents every layout here;
+this module is the only place that packs or unpacks them (the Spark reader and ``waltz disk`` use
+it).
 
 Layouts (all integers big-endian, CRCs are CRC-32 stored as unsigned 32-bit):
 
@@ -115,7 +116,7 @@ def segment_file_name(first_transaction_id: int, suffix: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ControlFileHeader:
-    """The 128-byte header of the control file (seed 000 "Control File Header")."""
+    """The 128-byte header of the control file (docs/design/storage.md "Control file")."""
 
     version: int
     creation_time_ms: int
@@ -149,7 +150,7 @@ class ControlFileHeader:
 
 @dataclass(frozen=True, slots=True, order=True)
 class PartitionInfo:
-    """One partition-info struct of the control file (seed 000 "Control File Body").
+    """One partition-info struct of the control file (docs/design/storage.md "Control file").
 
     Attributes:
         session_id: the store session that last set the low-water mark (-1: none yet).
@@ -278,7 +279,10 @@ def decode_partition_id(data: bytes) -> int:
 
 @dataclass(frozen=True, slots=True)
 class SegmentHeader:
-    """The 128-byte header of a segment data file and of its index file (seed 000)."""
+    """The 128-byte header of a segment data file and of its index file.
+
+    See docs/design/storage.md "Segments and index files".
+    """
 
     version: int
     creation_time_ms: int

@@ -1,6 +1,6 @@
 """The storage node: the control file, the assigned partitions and one I/O thread per partition.
 
-Source: seed 000 "Waltz Storage", seed 004 "Storage Administration". The node is passive: it
+Design: docs/design/storage.md "What a storage node does", "Admin port". The node is passive: it
 never talks to ZooKeeper; servers and the admin tools drive it over gRPC.
 """
 
@@ -203,7 +203,7 @@ class StorageNode:
         return self._require_control()
 
     def check_open(self, cluster_key: str, num_partitions: int) -> None:
-        """Check an open request against the control file (seed 004 "Open Request").
+        """Check an open request against the control file (docs/design/storage.md "Storage requests").
 
         Raises:
             StorageNotInitializedError: the node has no control file yet.
@@ -230,7 +230,9 @@ class StorageNode:
             )
 
     def admin_open(self, cluster_key: str, num_partitions: int) -> None:
-        """Initialise the node for a cluster, or check that it belongs to it (seed 004 "Admin Open").
+        """Initialise the node for a cluster, or check that it belongs to it.
+
+        The admin open of docs/design/storage.md "Admin port".
 
         Raises:
             ClusterKeyMismatchError: the node belongs to another cluster or partition count.
@@ -276,9 +278,10 @@ class StorageNode:
         return sorted(set(self._partitions) | set(self._broken))
 
     def set_assignment(self, partition_id: int, assigned: bool, *, delete_files: bool = False) -> None:
-        """Create (assign) or remove (unassign) a partition on this node (seed 004).
+        """Create (assign) or remove (unassign) a partition on this node.
 
-        Unassigning keeps the files unless ``delete_files`` is set.
+        Unassigning keeps the files unless ``delete_files`` is set (docs/design/storage.md "Admin
+        port").
 
         Raises:
             StorageNotInitializedError: the node has no control file yet.

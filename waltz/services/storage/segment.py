@@ -1,11 +1,11 @@
 """A segment of a partition's log: a data file of records and an index file of record offsets.
 
-Source: seed 000 "Segment Data File", "Segment Index File". Records are written with one
-``pwrite`` and one ``fdatasync`` per batch (group commit); the index is written with the data but
-flushed only every ``checkpoint_interval`` transactions, and rebuilt at start-up from the last
-checkpoint by scanning records. A torn tail (an incomplete last record, or zero bytes to the end
-of the file) is cut off at start-up; any other invalid record is corruption, which is reported and
-never cut off.
+Design: docs/design/storage.md "Segments and index files", "Durability", "Start-up checks and torn
+tails". Records are written with one ``pwrite`` and one ``fdatasync`` per batch (group commit); the
+index is written with the data but flushed only every ``checkpoint_interval`` transactions, and
+rebuilt at start-up from the last checkpoint by scanning records. A torn tail (an incomplete last
+record, or zero bytes to the end of the file) is cut off at start-up; any other invalid record is
+corruption, which is reported and never cut off.
 """
 
 from __future__ import annotations
@@ -226,7 +226,10 @@ class Segment:
             raise
 
     def _recover(self, index_entries: int) -> None:
-        """Rebuild the index after the last checkpoint and cut a torn tail (seed 000)."""
+        """Rebuild the index after the last checkpoint and cut a torn tail.
+
+        See docs/design/storage.md "Start-up checks and torn tails".
+        """
         data_fd, index_fd = self._fds()
         first = self.first_transaction_id
         file_size = os.fstat(data_fd).st_size

@@ -1,10 +1,10 @@
 """The gRPC services of a storage node: the storage protocol and the admin protocol.
 
-Source: seed 004 (the ten request/response patterns and "Storage Administration"), seed 000
-"Sessions". A store session stream carries the replica sessions of one or more partitions; each
-partition's requests on it are answered in order, partitions concurrently. Consecutive append
-requests already received for the same partition and session are written with one flush (group
-commit).
+Design: docs/design/storage.md "Storage requests" (the ten request/response patterns), "Admin
+port", "Fencing by store session ID", "Group commit and I/O threads". A store session stream
+carries the replica sessions of one or more partitions; each partition's requests on it are
+answered in order, partitions concurrently. Consecutive append requests already received for the
+same partition and session are written with one flush (group commit).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ _END: Final = object()
 
 
 def failure_for(exc: BaseException) -> storage_pb2.FailureResponse:
-    """Build a failure response (seed 004 "StorageRpcException") for an exception."""
+    """Build a failure response (docs/design/storage.md "Storage requests") for an exception."""
     code: storage_pb2.FailureCode.ValueType
     if isinstance(exc, SessionFencedError):
         code = FailureCode.SESSION_FENCED
@@ -108,7 +108,9 @@ def _outcome(response_failure: storage_pb2.FailureResponse | None) -> str:
 
 
 class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
-    """The storage protocol (seed 004): store session streams, each carrying one or more partitions.
+    """The storage protocol: store session streams, each carrying one or more partitions.
+
+    See docs/design/storage.md "Storage requests".
 
     Args:
         node: the storage node.
@@ -128,11 +130,12 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     ) -> AsyncIterator[storage_pb2.StorageResponses]:
         """Serve one store session stream: an open request, then partition requests.
 
-        A server may carry the replica sessions of several partitions on one stream (seed 004:
-        the open request opens the connection; every other request names its partition and
-        session). Each partition's requests are served in the order they came, on a lane of
-        their own, so that one partition's flush never waits for another's; responses carry the
-        request's sequence number and may come back in another order across partitions.
+        A server may carry the replica sessions of several partitions on one stream
+        (docs/design/storage.md "Storage requests": the open request opens the connection; every
+        other request names its partition and session). Each partition's requests are served in
+        the order they came, on a lane of their own, so that one partition's flush never waits for
+        another's; responses carry the request's sequence number and may come back in another
+        order across partitions.
         """
         outgoing: asyncio.Queue[object] = asyncio.Queue(maxsize=STREAM_QUEUE_SIZE)
         dispatcher = asyncio.create_task(self._dispatch(request_iterator, outgoing, context.peer()))
@@ -465,7 +468,7 @@ class _StreamFailed:
 
 
 class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
-    """The storage admin protocol (seed 004 "Storage Administration").
+    """The storage admin protocol (docs/design/storage.md "Admin port").
 
     Tools that must not take part in store sessions (cluster CLI, Spark reader, disk checks on a
     live node) use it; it never fences a store session.

@@ -1,6 +1,7 @@
 """A partition on a storage node: its segments, store-session fencing and low-water marks.
 
-Source: seed 000 "Sessions", "On Disk Data Structures"; seed 004 (the requests it serves).
+Design: docs/design/storage.md "Fencing by store session ID", "Files on disk", "Storage requests"
+(the requests it serves).
 The partition is driven from one I/O thread (the storage node gives each partition its own), so
 requests on it are applied strictly in order and blocking file I/O stays off the event loop;
 the one exception is an append from the only store session stream appending on the node, which
@@ -61,7 +62,8 @@ class StoragePartition:
         partition_id: the partition ID.
         control_file: the node's control file (partition info and fence).
         segment_size_threshold: bytes after which a new segment is started.
-        checkpoint_interval: transactions between index flushes (seed 000: 1,000).
+        checkpoint_interval: transactions between index flushes (1,000 by default,
+            docs/design/storage.md "Durability").
     """
 
     def __init__(
@@ -209,7 +211,7 @@ class StoragePartition:
             self.corruption,
         )
 
-    # ---- sessions (seed 000 "Sessions") ----
+    # ---- sessions (docs/design/storage.md "Fencing by store session ID") ----
 
     def check_session(self, session_id: int) -> None:
         """Fence by store session ID: reject a lower one, persist a higher one before returning.
@@ -230,14 +232,17 @@ class StoragePartition:
         return self._control.fence(self.partition_id)
 
     def last_session_info(self) -> fmt.PartitionInfo:
-        """The partition info of the last session that set the low-water mark (seed 004)."""
+        """The partition info of the last session that set the low-water mark.
+
+        See docs/design/storage.md "Storage requests" (last session info) and "Control file".
+        """
         return self._control.partition_info(self.partition_id)
 
     def set_low_water_mark(self, session_id: int, low_water_mark: int) -> None:
         """Record that ``session_id`` started with the cluster high-water mark ``low_water_mark``.
 
         The local low-water mark is the highest valid transaction ID stored here, capped at the
-        low-water mark (seed 000 "Control File Body").
+        low-water mark (docs/design/storage.md "Control file").
         """
         self._require_writable()
         local = min(self.max_transaction_id, low_water_mark)
@@ -323,7 +328,7 @@ class StoragePartition:
         return len(encoded) - fmt.RECORD_FIXED_SIZE * len(offsets)
 
     def truncate(self, transaction_id: int) -> None:
-        """Remove every record after ``transaction_id`` (seed 004 "Truncate Request").
+        """Remove every record after ``transaction_id`` (docs/design/storage.md "Storage requests").
 
         Raises:
             ProtocolError: ``transaction_id`` is below -1.

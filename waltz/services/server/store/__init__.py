@@ -1,6 +1,6 @@
 """The replicated store: store sessions, replica sessions, recovery and quorum voting.
 
-Source: seed 000 "Server-Storage Communications", "Recovery Procedure", "Quorum Checking";
-seed 003 "Store Partition Object", "Recovery Procedure", "Quorum Checking in the Recovery
-Process".
+Design: docs/design/server.md "Store partition", "Store sessions"; docs/design/recovery.md "When a
+recovery runs" and the sections after it, notably "Quorum checking with offline replicas" and
+"Undecidable high-water mark".
 """

@@ -27,7 +27,8 @@ class StoreConfig:
             (beyond the quorum) holds nothing back. Why the quorum and 5 ms:
             docs/decisions/0008-linger-while-awaiting-quorum.md.
         checkpoint_interval: transactions after which a new store session is started, so that a
-            recovery never has to look back far (``storage.checkpointInterval``, seed 000).
+            recovery never has to look back far (``storage.checkpointInterval``,
+            docs/design/server.md "Store sessions").
         connect_timeout: seconds to wait for a storage node to answer an open request.
         request_timeout: seconds to wait for any other storage request.
         retry_interval: seconds between attempts to reach storage nodes that are down.

@@ -1,13 +1,13 @@
-"""The recovery of a new store session (seed 003 "Recovery Procedure", "Quorum Checking").
+"""The recovery of a new store session (docs/design/recovery.md, from "When a recovery runs").
 
 Run whenever a store session starts, before it writes anything:
 
 1. Every reachable replica is cleaned by what ZooKeeper and the replica itself say about it:
    a replica that is not in the last session's replica set (new), or whose last session on disk is
-   older than its replica state (restored from an old backup, seed 000 "Handling Snapshot or
-   Backup"), is truncated to its own low-water mark; a replica whose closing high-water mark is
-   known is truncated to it; any other replica of the last session keeps its records, which are a
-   prefix of what the last session wrote, and votes with its max transaction ID.
+   older than its replica state (restored from an old backup, docs/design/recovery.md "Cleaning
+   each replica"), is truncated to its own low-water mark; a replica whose closing high-water mark
+   is known is truncated to it; any other replica of the last session keeps its records, which
+   are a prefix of what the last session wrote, and votes with its max transaction ID.
 2. The replicas of the last session vote (:func:`voting.resolve_high_water_mark`). While the
    result is undecidable, replicas behind the highest one are caught up from it (copying the
    last session's records, which may decide the vote), and replicas that were down are tried again.
@@ -194,7 +194,10 @@ class RecoveryManager:
         self._replicas[storage] = _Replica(connection, high_water_mark, storage in self._last_set)
 
     async def _clean_replica(self, storage: str, connection: ReplicaConnection) -> int:
-        """Apply step 1 to one replica and return its high-water mark (seed 003)."""
+        """Apply step 1 to one replica and return its high-water mark.
+
+        See docs/design/recovery.md "Cleaning each replica".
+        """
         last_session, low_water_mark = await connection.last_session_info()
         state = self.previous.replicas.get(storage)
         if self._fresh:

@@ -1,8 +1,9 @@
 """Replica connections: the replica session of one partition on one storage node.
 
-Source: seed 000 "Store Partition Object" (replica sessions), seed 004 (the open request opens a
-connection to a storage node; every other request names its partition and store session). A
-server carries the replica sessions of all its partitions on one stream per storage node
+Design: docs/design/server.md "Store partition" (replica sessions), "Quorum writes and batching"
+(shared streams); docs/design/storage.md "Storage requests" (the open request opens a connection
+to a storage node; every other request names its partition and store session). A server carries
+the replica sessions of all its partitions on one stream per storage node
 (:class:`StorageStreams`), so that one stream message takes appends of many partitions: a
 stream's messages, not its records, are what costs CPU on both sides. Errors of any kind (connection lost,
 timeout, failure response, an answer that breaks the protocol) become :class:`ReplicaError`, after

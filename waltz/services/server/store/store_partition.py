@@ -1,7 +1,8 @@
 """The store partition: a partition's log replicated to its storage nodes, one session at a time.
 
-Source: seed 000 "Store Partition Object", "Quorum Writes", "Sessions"; seed 003. A store partition
-runs store sessions one after another. Each session starts with a recovery
+Design: docs/design/server.md "Store partition", "Store sessions", "Quorum writes and batching";
+docs/design/recovery.md "When a recovery runs". A store partition runs store sessions one after
+another. Each session starts with a recovery
 (:class:`~waltz.services.server.store.recovery.RecoveryManager`), then streams batches of records
 to its clean replicas; a batch is committed once a quorum (a majority of the partition's assigned
 replicas) has flushed it. A session ends when a replica fails (the next session recovers without
@@ -329,8 +330,8 @@ class StorePartition:
         In this order, so that what resolving an append sends a client (the lock failures that
         waited for it, ``docs/protocol.md`` "Append") goes out before the feed entries of the same
         commit: otherwise a client whose refused append is followed by one of its own in this
-        commit would take the refusal for a lost append (its transaction monitor, seed 002) before
-        the lock failure arrived.
+        commit would take the refusal for a lost append (its transaction monitor,
+        docs/design/client.md "Failed-append detection") before the lock failure arrived.
         """
         if not kept:
             return

@@ -1,11 +1,12 @@
-"""Quorum voting on the closing high-water mark of a store session (seed 003).
+"""Quorum voting on the closing high-water mark of a store session.
 
-A replica with high-water mark X votes for every high-water mark H <= X. The closing high-water
-mark is the highest H that a quorum (a majority of the last session's replicas) votes for. With
-replicas offline it can be undecidable: examining the voted high-water marks in descending order,
-one whose votes do not reach the quorum but whose votes plus the offline replicas do could still
-be the answer once those replicas return, so the recovery must wait (seed 003 "Quorum Checking in
-the Recovery Process").
+Design: docs/design/recovery.md "Voting the high-water mark". A replica with high-water mark X
+votes for every high-water mark H <= X. The closing high-water mark is the highest H that a quorum
+(a majority of the last session's replicas) votes for. With replicas offline it can be
+undecidable: examining the voted high-water marks in descending order, one whose votes do not
+reach the quorum but whose votes plus the offline replicas do could still be the answer once those
+replicas return, so the recovery must wait (docs/design/recovery.md "Quorum checking with offline
+replicas", "Undecidable high-water mark").
 """
 
 from __future__ import annotations

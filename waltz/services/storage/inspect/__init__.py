@@ -1,7 +1,7 @@
 """Read-only inspection of a storage node's files: control file dump, record scans, verification.
 
-Source: seed 000 "On Disk Data Structures"; ``docs/format.md``. Used by ``waltz disk`` and meant for
-later tools (the Spark reader, chaos checks). Nothing here writes, truncates or creates a file.
+Design: docs/design/storage.md "Files on disk"; ``docs/format.md``. Used by ``waltz disk`` and meant
+for later tools (the Spark reader, chaos checks). Nothing here writes, truncates or creates a file.
 
 Reading files and checking them, in separate modules, re-exported here:
 

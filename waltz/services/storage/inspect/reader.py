@@ -1,6 +1,6 @@
 """Reading a storage node's files read-only: the control file dump, segment and index files.
 
-Source: seed 000 "On Disk Data Structures"; ``docs/format.md``. Nothing here writes, truncates or
+Design: docs/design/storage.md "Files on disk"; ``docs/format.md``. Nothing here writes, truncates or
 creates a file: files are opened read-only and segment data files are streamed in chunks (a
 segment can be 1 GiB). Every byte layout comes from :mod:`waltz.services.storage.format`, and the
 rules that pick the current partition-info struct and the fence come from
@@ -138,7 +138,7 @@ def require_storage_directory(storage_dir: Path) -> Path:
 
 
 def read_control_file(storage_dir: Path) -> ControlFileDump:
-    """Read and decode the control file of a storage directory (seed 000 "Control File").
+    """Read and decode the control file of a storage directory (docs/design/storage.md "Control file").
 
     Structs and fence slots that fail their CRC are reported as such, not raised. The current
     struct and the fence are chosen by ``control_file.current_struct`` and ``current_fence``, the
@@ -441,11 +441,11 @@ def find_record_offset(segment: SegmentFile, transaction_id: int) -> int:
 def later_record_indexed(segment: SegmentFile, index: IndexFile, transaction_id: int, position: int) -> bool:
     """Whether the index proves that an invalid record which looks torn is not the tail.
 
-    The rule of start-up (``Segment._recover`` and ``_later_record_indexed``, docs/format.md
-    "Torn tail rule"): for each of the three transactions after ``transaction_id`` that has an
-    index entry, the entry must lie in the data file (at least 128, below its size) and after
-    ``position``, and the record there must be whole, pass both CRCs and hold that transaction ID.
-    One such record is enough; a damaged entry is skipped.
+    The rule of start-up (``Segment._recover`` and ``_later_record_indexed``, the torn tail rule of
+    docs/format.md "Durability rules"): for each of the three transactions after ``transaction_id``
+    that has an index entry, the entry must lie in the data file (at least 128, below its size) and
+    after ``position``, and the record there must be whole, pass both CRCs and hold that
+    transaction ID. One such record is enough; a damaged entry is skipped.
 
     Args:
         segment: the data file.

@@ -1,6 +1,6 @@
 """What checking a storage node's files finds: problems, their severity, and the reports.
 
-Source: seed 000 "On Disk Data Structures"; ``docs/format.md``. These are the values that
+Design: docs/design/storage.md "Files on disk"; ``docs/format.md``. These are the values that
 :mod:`waltz.services.storage.inspect.verify` returns and ``waltz disk`` prints (as text or JSON):
 frozen dataclasses whose fields are the JSON fields.
 """

@@ -1,6 +1,6 @@
 """Statistics of a storage node's partitions (``waltz disk stats``), from a full verification.
 
-Source: seed 000 "On Disk Data Structures". Read-only: every record is read and its CRCs checked
+Design: docs/design/storage.md "Files on disk". Read-only: every record is read and its CRCs checked
 by :func:`~waltz.services.storage.inspect.verify.verify_storage`, so the numbers are exact.
 """
 

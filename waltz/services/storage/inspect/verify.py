@@ -1,7 +1,8 @@
 """Checking a storage node's files: verify segments, partitions and a storage directory.
 
-Source: seed 000 "On Disk Data Structures"; ``docs/format.md``. Read-only, like
-:mod:`waltz.services.storage.inspect.reader`, which does all the reading.
+Design: docs/design/storage.md "Files on disk", "Start-up checks and torn tails";
+``docs/format.md``. Read-only, like :mod:`waltz.services.storage.inspect.reader`, which does all
+the reading.
 
 The verifier judges files the way a storage node's start-up would (``segment.py``,
 ``partition.py``, ``node.py``): what start-up repairs by itself (a torn tail of the last segment,
