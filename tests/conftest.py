@@ -15,7 +15,9 @@ Real components only (DESIGN.md, "Tests"):
 
 A missing service (database server, java) skips the tests that need it, or fails them when the
 ``CI`` environment variable is set. Hypothesis uses the "ci" profile under CI and "dev" otherwise
-(``--hypothesis-profile`` overrides it).
+(``--hypothesis-profile`` overrides it). The fuzz tests (marker ``fuzz``) apply the profiles
+``fuzz`` and ``fuzz-deep`` registered here (``support/fuzz_settings.py``) with
+``@fuzz_settings(share)``, so they never change the profile of other tests.
 
 kazoo's connection threads (of the session clusters' ZooKeeper clients, alive while hypothesis
 tests run) draw ping jitter and host order from the global ``random`` on every loop; hypothesis
@@ -36,6 +38,7 @@ import pytest
 import support
 from hypothesis import settings
 from kazoo.client import KazooClient
+from support.fuzz_settings import register_profiles
 
 from waltz.errors import ConfigurationError
 from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper, docker_engine_available
@@ -43,6 +46,7 @@ from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper, docker_engine
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=100)
 settings.register_profile("dev", deadline=None)
 settings.load_profile("ci" if support.in_ci() else "dev")
+register_profiles()
 
 # kazoo uses only randint, shuffle and uniform of the module: a Random instance has them all.
 kazoo.protocol.connection.random = random.Random()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from client_helpers import Append, Increment, MemoryStore
-
+from tests.client.client_helpers import Append, Increment, MemoryStore
 from waltz import AsyncWaltzClient, PartitionLocalLock, WaltzClientConfig
 
 

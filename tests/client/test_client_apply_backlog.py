@@ -13,8 +13,8 @@ import threading
 from concurrent.futures import Future
 
 import pytest
-from client_helpers import Append, MemoryStore
 
+from tests.client.client_helpers import Append, MemoryStore
 from waltz import Transaction, WaltzClient, WaltzClientConfig
 from waltz.client.client_partition import PartitionState
 from waltz.local.cluster import LocalCluster

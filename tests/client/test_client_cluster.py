@@ -8,9 +8,9 @@ import time
 import urllib.request
 
 import pytest
-from client_helpers import Append, Increment, MemoryStore, PrefetchingStore
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.client.client_helpers import Append, Increment, MemoryStore, PrefetchingStore
 from waltz import PartitionLocalLock, TransactionBuilder, WaltzClient, WaltzClientConfig
 from waltz.errors import PartitionNotMountedError, TransactionExpiredError
 from waltz.local.cluster import LocalCluster

@@ -9,8 +9,8 @@ both clients apply the same sequence, each context completes once.
 from __future__ import annotations
 
 import pytest
-from client_helpers import run_with_cuts
 
+from tests.client.client_helpers import run_with_cuts
 from waltz import WaltzClientConfig
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from client_helpers import Append, MemoryStore
 from prometheus_client import CollectorRegistry
 
+from tests.client.client_helpers import Append, MemoryStore
 from waltz import AsyncWaltzClient, PartitionLocalLock, Transaction, WaltzClient, WaltzClientConfig
 from waltz.local.processes import wait_until
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from client_helpers import run_with_cuts
 
+from tests.client.client_helpers import run_with_cuts
 from waltz import WaltzClientConfig
 from waltz.chaos.proxy import FaultProxy
 from waltz.local.cluster import LocalCluster

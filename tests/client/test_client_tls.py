@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from client_helpers import Append, MemoryStore
 from support.tls import make_certificates
 
+from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.errors import WaltzTimeoutError
 from waltz.local.cluster import LocalCluster

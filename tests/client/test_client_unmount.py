@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from client_helpers import Append, MemoryStore
-
+from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until

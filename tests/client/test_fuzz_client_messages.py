@@ -14,10 +14,11 @@ import asyncio
 import threading
 from typing import Any
 
-from fuzz_settings import fuzz_settings
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from support.feed import feed_run
+from support.fuzz_settings import fuzz_settings
 
 from waltz import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
 from waltz.client.client_partition import ClientPartition, PartitionState
@@ -30,6 +31,8 @@ from waltz.client.transaction_data import (
 )
 from waltz.protocol import client_pb2, common_pb2
 from waltz.protocol.records import ReqId, crc32
+
+pytestmark = pytest.mark.fuzz
 
 CLIENT = 7
 MARK = 5

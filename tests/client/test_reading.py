@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from client_helpers import Append, MemoryStore, PrefetchingStore
 
+from tests.client.client_helpers import Append, MemoryStore, PrefetchingStore
 from waltz import Transaction, WaltzClient, WaltzClientConfig
 from waltz.client import reading
 from waltz.client.reading import read_up_to

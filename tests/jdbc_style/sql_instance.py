@@ -9,7 +9,7 @@ turns an apply twice into an error, which ``uncaught_exception`` would record.
 
 Usage (the test creates ``applied_transactions`` and the framework's tables first)::
 
-    python tests/sql/sql_instance.py --db URL --zookeeper HOST:PORT --root /waltz-local/sql-1234 \\
+    python tests/jdbc_style/sql_instance.py --db URL --zookeeper HOST:PORT --root /waltz-local/sql-1234 \\
         --cluster-name NAME --name inst1 --ready-file PATH --uncaught-file PATH \\
         [--kill-at PARTITION:TRANSACTION]
 

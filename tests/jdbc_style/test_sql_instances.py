@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 import support
-from sql_instance import FAILPOINT_PATTERN, applied_transactions, metadata
 
+from tests.jdbc_style.sql_instance import FAILPOINT_PATTERN, applied_transactions, metadata
 from waltz import (
     Transaction,
     TransactionBuilder,

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 import yaml
-from fuzz_settings import fuzz_settings
 from google.protobuf.message import DecodeError
 from hypothesis import example, given
 from hypothesis import strategies as st
+from support.fuzz_settings import fuzz_settings
 
 from waltz.config import load_settings
 from waltz.errors import ConfigurationError, MetadataError
@@ -42,6 +42,8 @@ from waltz.protocol import common_pb2
 from waltz.protocol.records import Record, RecordHeader, ReqId
 from waltz.services.server.config import ServerConfig
 from waltz.services.storage.config import StorageConfig
+
+pytestmark = pytest.mark.fuzz
 
 JSON_SCALARS = (
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text()

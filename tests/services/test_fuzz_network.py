@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import grpc
 import pytest
 import support
-from fuzz_settings import fuzz_settings
 from google.protobuf.message import DecodeError, Message
 from hypothesis import example, given
 from hypothesis import strategies as st
+from support.fuzz_settings import fuzz_settings
 from support.storage import run
 
 from waltz.local.cluster import LocalCluster
@@ -33,6 +33,8 @@ from waltz.protocol import client_pb2, common_pb2, server_pb2, storage_pb2
 from waltz.protocol.records import crc32
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
+
+pytestmark = pytest.mark.fuzz
 
 #: Seconds a node has to answer a malformed call.
 ANSWER_TIMEOUT = 10.0

@@ -10,11 +10,11 @@ drops appends of a stale generation, and a storage node refuses a store session 
 server's.
 
 What the other suites already cover is not repeated here: plaintext and certificate-less clients
-of one storage node (tests/storage/test_config_and_tls.py), store sessions without a client
-certificate (tests/server/test_store_tls.py), a Waltz client without a certificate
+of one storage node (tests/services/storage/test_config_and_tls.py), store sessions without a client
+certificate (tests/services/server/store/test_store_tls.py), a Waltz client without a certificate
 (tests/client/test_client_tls.py), raw wrong-key and stale-session requests on a plaintext node
-(tests/storage/test_storage_process.py), mounts of a wrong generation
-(tests/server/test_client_protocol.py).
+(tests/services/storage/test_storage_process.py), mounts of a wrong generation
+(tests/services/server/test_client_protocol.py).
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ from waltz.protocol.channels import TlsConfig
 from waltz.protocol.records import Record, ReqId, crc32
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
+
+pytestmark = pytest.mark.security
 
 #: Seconds a refused probe may take (a TLS handshake failure is reported at once).
 PROBE_TIMEOUT = 10.0

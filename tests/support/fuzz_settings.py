@@ -1,4 +1,4 @@
-"""Hypothesis settings of the fuzz suite (tests/fuzz), registered as profiles by its conftest.
+"""Hypothesis settings of the fuzz tests (marker ``fuzz``), registered as profiles by tests/conftest.py.
 
 Two profiles:
 

@@ -64,7 +64,8 @@ _EXTRAS = {"db": "sql"}
 def first_sentence(text: str) -> str:
     """The first sentence of a help text's first paragraph, on one line."""
     paragraph = inspect.cleandoc(text).split("\n\n", 1)[0].replace("\n", " ")
-    match = re.match(r"(.+?[.!?])(?:\s|$)", paragraph)
+    # A sentence ends at a full stop followed by the end or by a capital ("e.g. 2" goes on).
+    match = re.match(r"(.+?[.!?])(?=\s+[A-Z`]|\s*$)", paragraph)
     return match.group(1) if match else paragraph
 
 

@@ -11,9 +11,9 @@ import grpc
 import pytest
 import support
 from kazoo.client import KazooClient
-from server.conftest import StoreCluster, make_store_cluster
 from support.storage import run
 
+from tests.services.server.conftest import StoreCluster, make_store_cluster
 from waltz.chaos.proxy import FaultProxy
 from waltz.local.nodes import LocalServer
 from waltz.local.processes import wait_until

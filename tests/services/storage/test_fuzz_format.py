@@ -14,13 +14,15 @@ import uuid
 import zlib
 
 import pytest
-from fuzz_settings import fuzz_settings
 from hypothesis import example, given
 from hypothesis import strategies as st
+from support.fuzz_settings import fuzz_settings
 
 from waltz.errors import CorruptDataError
 from waltz.protocol.records import Record, ReqId
 from waltz.services.storage import format as fmt
+
+pytestmark = pytest.mark.fuzz
 
 PATH = "/fuzz/waltz-storage.ctl"
 INT32 = st.integers(-(2**31), 2**31 - 1)

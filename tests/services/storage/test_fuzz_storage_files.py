@@ -18,9 +18,10 @@ import tracemalloc
 import uuid
 from pathlib import Path
 
-from fuzz_settings import fuzz_settings
+import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
+from support.fuzz_settings import fuzz_settings
 
 from waltz.errors import CorruptDataError
 from waltz.protocol.records import Record, ReqId
@@ -29,6 +30,8 @@ from waltz.services.storage.control_file import ControlFile
 from waltz.services.storage.inspect import verify_partition, verify_storage
 from waltz.services.storage.inspect.report import Severity
 from waltz.services.storage.storage_partition import StoragePartition
+
+pytestmark = pytest.mark.fuzz
 
 KEY = uuid.UUID("01234567-89ab-cdef-0123-456789abcdef")
 #: Small segments and checkpoints, so that a few records make several segments and checkpoints.

@@ -26,9 +26,9 @@ from typing import Any
 
 import grpc
 import pytest
-from fuzz_settings import fuzz_settings
 from hypothesis import example, given
 from hypothesis import strategies as st
+from support.fuzz_settings import fuzz_settings
 from support.storage import run
 
 from waltz.local.processes import free_port
@@ -36,6 +36,8 @@ from waltz.protocol import common_pb2, storage_pb2, storage_pb2_grpc
 from waltz.protocol.records import Record, ReqId, crc32
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
+
+pytestmark = pytest.mark.fuzz
 
 PARTITION = 0
 SESSION = 5

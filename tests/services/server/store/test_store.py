@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from server.conftest import StoreCluster
 from support.storage import run
 
+from tests.services.server.conftest import StoreCluster
 from waltz.local.nodes import LocalStorageNode
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient

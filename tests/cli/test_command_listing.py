@@ -1,0 +1,57 @@
+"""How a group lists its commands: ``waltz --help`` one line per command at 80 columns, every
+other group the first sentence of each command's help (the whole text stays in its own help)."""
+
+from __future__ import annotations
+
+import re
+
+from typer.testing import CliRunner
+
+from waltz.cli.groups import first_sentence
+from waltz.cli.main import app
+
+ENV = {"COLUMNS": "80", "TERM": "dumb"}
+
+
+def _listing(args: list[str]) -> list[str]:
+    """The rows of the Commands box of ``waltz <args> --help`` (inner text, box drawing removed)."""
+    result = CliRunner().invoke(app, [*args, "--help"], env=ENV)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    start = next(i for i, line in enumerate(lines) if "Commands" in line and line.startswith("╭"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("╰"))
+    return [line.strip("│ ").rstrip() for line in lines[start + 1 : end]]
+
+
+def test_waltz_help_lists_every_command_on_one_line() -> None:
+    rows = _listing([])
+    names = [row.split()[0] for row in rows]
+    assert set(names) >= {
+        "demo",
+        "up",
+        "rebuild",
+        "chaos",
+        "server",
+        "storage",
+        "perf",
+        "disk",
+        "cluster",
+        "db",
+    }
+    assert len(names) == len(set(names)), "a command's line runs on:\n" + "\n".join(rows)
+
+
+def test_a_group_lists_the_first_sentence_of_each_command() -> None:
+    rows = {row.split()[0]: row for row in _listing(["cluster", "storage"]) if re.match(r"\S", row)}
+    assert rows["add"].split(None, 1)[1] == "Add a storage node to the cluster, with no partition."
+    result = CliRunner().invoke(app, ["cluster", "storage", "add", "--help"], env=ENV)
+    assert "Add a storage node to the cluster, with no partition." in result.output
+
+
+def test_the_first_sentence_ends_at_the_first_full_stop_of_the_first_paragraph() -> None:
+    assert first_sentence("Print the version.\n\nMore text.") == "Print the version."
+    assert (
+        first_sentence("Copy partitions (e.g. 1.2)\nfrom A to B. Then more.")
+        == "Copy partitions (e.g. 1.2) from A to B."
+    )
+    assert first_sentence("No full stop at all") == "No full stop at all"

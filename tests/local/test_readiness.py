@@ -1,0 +1,93 @@
+"""What a not-ready local cluster reports: problems as records, and the logs they point at.
+
+The processes are real (a sleeping Python each, with a log file of its own) so that "running" and
+"not running" are what the operating system says; no Waltz node is needed to choose logs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from waltz.local.nodes import LocalServer, LocalStorageNode
+from waltz.local.processes import ManagedProcess
+from waltz.local.readiness import PartitionProblem, Problem, not_ready_message
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[tuple[list[LocalServer], list[LocalStorageNode]]]:
+    """Two servers and two storage nodes whose processes sleep; each log holds its own name."""
+    servers = [LocalServer("127.0.0.1:1", "/waltz/x", name=f"server-{j}") for j in range(2)]
+    storages = [LocalStorageNode(tmp_path / f"storage-{i}", name=f"storage-{i}") for i in range(2)]
+    processes = []
+    for node in [*servers, *storages]:
+        log = tmp_path / f"{node.process.name}.log"
+        log.write_text(f"log line of {node.process.name}\n")
+        node.process = ManagedProcess(SLEEP, name=node.process.name, log_path=log)
+        processes.append(node.process)
+    try:
+        for process in processes:
+            process.start()
+        yield servers, storages
+    finally:
+        for process in processes:
+            process.close()
+
+
+def _logs_shown(message: str) -> set[str]:
+    return {line.split("log line of ")[1] for line in message.splitlines() if line.startswith("log line of ")}
+
+
+def test_a_problem_reads_as_a_sentence_with_its_partition_and_values() -> None:
+    problem = PartitionProblem(Problem.NO_QUORUM, 3, "server-1", "replicas in its store session: none")
+    assert str(problem) == (
+        "partition 3: the owner's store session has no quorum of replicas yet "
+        "(replicas in its store session: none)"
+    )
+    assert str(PartitionProblem(Problem.ZOOKEEPER_UNREADABLE, detail="ConnectionLoss()")) == (
+        "the cluster: the cluster's state could not be read from ZooKeeper (ConnectionLoss())"
+    )
+
+
+def test_a_store_session_without_quorum_shows_its_owner_and_the_storage_nodes(
+    nodes: tuple[list[LocalServer], list[LocalStorageNode]],
+) -> None:
+    servers, storages = nodes
+    problems = [PartitionProblem(Problem.NO_QUORUM, 0, "server-1", "replicas in its store session: none")]
+    message = not_ready_message("not ready:", problems, servers, storages, None)
+    assert _logs_shown(message) == {"server-1", "storage-0", "storage-1"}
+    assert "  - partition 0: the owner's store session has no quorum" in message
+
+
+def test_a_partition_without_owner_shows_every_server_and_no_storage_node(
+    nodes: tuple[list[LocalServer], list[LocalStorageNode]],
+) -> None:
+    servers, storages = nodes
+    problems = [PartitionProblem(Problem.UNASSIGNED, 1, detail="2 of 2 servers run")]
+    message = not_ready_message("not ready:", problems, servers, storages, None)
+    assert _logs_shown(message) == {"server-0", "server-1"}
+
+
+def test_a_silent_owner_shows_that_owner_alone(
+    nodes: tuple[list[LocalServer], list[LocalStorageNode]],
+) -> None:
+    servers, storages = nodes
+    problems = [PartitionProblem(Problem.OWNER_SILENT, 2, "server-0", "server-0 at 127.0.0.1:1: timeout")]
+    message = not_ready_message("not ready:", problems, servers, storages, None)
+    assert _logs_shown(message) == {"server-0"}
+
+
+def test_a_stopped_process_is_shown_whatever_the_problems(
+    nodes: tuple[list[LocalServer], list[LocalStorageNode]],
+) -> None:
+    servers, storages = nodes
+    storages[1].process.kill()
+    problems = [PartitionProblem(Problem.OWNER_SILENT, 2, "server-0", "timeout")]
+    message = not_ready_message("not ready:", problems, servers, storages, None)
+    assert _logs_shown(message) == {"server-0", "storage-1"}
+    assert "storage-1: NOT RUNNING" in message
