@@ -26,6 +26,7 @@ from typer.testing import CliRunner, Result
 from waltz.cli.main import app
 from waltz.errors import SqlFrameworkError
 from waltz.jdbc_style import migrations_api as api
+from waltz.jdbc_style import skips
 from waltz.jdbc_style.schema import high_water_marks, metadata, skipped_transactions
 
 FRAMEWORK_TABLES = {"waltz_high_water_marks", "waltz_idempotency_keys", "waltz_skipped_transactions"}
@@ -87,7 +88,7 @@ def skip(engine: sa.Engine, transaction_id: int, partition_id: int = 0, **overri
         "operator": "alice",
     }
     arguments.update(overrides)
-    api.request_skip(engine, **arguments)
+    skips.request_skip(engine, **arguments)
 
 
 # ---- migrations ----------------------------------------------------------------------------------
@@ -133,7 +134,7 @@ def test_current_is_head_after_upgrade_and_a_second_upgrade_changes_nothing(
     api.upgrade(db_url)
     assert api.current(engine) == api.head()
     assert version_rows(engine, api.VERSION_TABLE) == [api.head()]
-    assert [(m.partition_id, m.high_water_mark) for m in api.list_marks(db_url)] == [(0, 41)]
+    assert [(m.partition_id, m.high_water_mark) for m in skips.list_marks(db_url)] == [(0, 41)]
 
 
 def test_upgrade_takes_an_engine_or_a_connection_in_the_caller_s_transaction(
@@ -197,9 +198,9 @@ def test_check_current_hides_the_password() -> None:
 
 def test_operator_reads_on_a_database_without_the_tables_say_to_upgrade(db_url: str) -> None:
     with pytest.raises(api.FrameworkTablesMissingError, match=r"waltz_high_water_marks.*waltz db upgrade"):
-        api.list_marks(db_url)
+        skips.list_marks(db_url)
     with pytest.raises(api.FrameworkTablesMissingError, match="waltz_skipped_transactions"):
-        api.list_skips(db_url)
+        skips.list_skips(db_url)
 
 
 def test_upgrade_sql_prints_the_ddl_without_a_database() -> None:
@@ -340,15 +341,15 @@ def test_request_skip_refuses_what_is_not_the_stuck_transaction(db_url: str, eng
         ({"transaction_id": 5, "cluster_name": "other"}, "no high-water mark row"),
     ]
     for overrides, message in refusals:
-        with pytest.raises(api.SkipRefusedError, match=message):
+        with pytest.raises(skips.SkipRefusedError, match=message):
             skip(engine, **overrides)
-    assert api.list_skips(engine) == []
+    assert skips.list_skips(engine) == []
 
     skip(engine, 5)
-    with pytest.raises(api.SkipRefusedError, match=r"already requested by alice .* pending"):
+    with pytest.raises(skips.SkipRefusedError, match=r"already requested by alice .* pending"):
         skip(engine, 5, operator="bob", reason="again")
-    assert [(s.transaction_id, s.operator) for s in api.list_skips(engine)] == [(5, "alice")]
-    assert issubclass(api.SkipRefusedError, SqlFrameworkError)
+    assert [(s.transaction_id, s.operator) for s in skips.list_skips(engine)] == [(5, "alice")]
+    assert issubclass(skips.SkipRefusedError, SqlFrameworkError)
 
 
 def test_request_skip_records_an_audited_pending_request(db_url: str, engine: sa.Engine) -> None:
@@ -361,7 +362,7 @@ def test_request_skip_records_an_audited_pending_request(db_url: str, engine: sa
     skip(engine, 0, partition_id=0, cluster_name="billing")
 
     after = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
-    rows = api.list_skips(db_url, CLUSTER)
+    rows = skips.list_skips(db_url, CLUSTER)
     assert [(r.partition_id, r.transaction_id, r.operator, r.reason) for r in rows] == [
         (3, 10, "alice", "poison message"),
         (7, 0, "bob", "row violates a constraint the application added later"),
@@ -370,13 +371,13 @@ def test_request_skip_records_an_audited_pending_request(db_url: str, engine: sa
         assert row.pending and row.skipped_at is None
         assert row.requested_at.tzinfo is not None
         assert before <= row.requested_at <= after
-    assert [r.cluster_name for r in api.list_skips(db_url)] == ["billing", CLUSTER, CLUSTER]
+    assert [r.cluster_name for r in skips.list_skips(db_url)] == ["billing", CLUSTER, CLUSTER]
 
     # The apply path marks it done; a new request for it is then refused, naming when.
     with engine.begin() as connection:
         connection.execute(skipped_transactions.update().values(skipped_at=dt.datetime.now(dt.UTC)))
-    assert not api.list_skips(db_url, CLUSTER)[0].pending
-    with pytest.raises(api.SkipRefusedError, match=r"already requested .* skipped at"):
+    assert not skips.list_skips(db_url, CLUSTER)[0].pending
+    with pytest.raises(skips.SkipRefusedError, match=r"already requested .* skipped at"):
         skip(engine, 10, partition_id=3)
 
 
@@ -386,14 +387,14 @@ def test_list_marks_filters_by_cluster_and_gives_utc_times(db_url: str, engine: 
     set_mark(engine, 0, -1)
     set_mark(engine, 0, 3, cluster_name="billing")
 
-    marks = api.list_marks(db_url)
+    marks = skips.list_marks(db_url)
     assert [(m.cluster_name, m.partition_id, m.high_water_mark) for m in marks] == [
         ("billing", 0, 3),
         (CLUSTER, 0, -1),
         (CLUSTER, 1, 7),
     ]
-    assert [m.partition_id for m in api.list_marks(db_url, CLUSTER)] == [0, 1]
-    assert api.list_marks(db_url, "nobody") == []
+    assert [m.partition_id for m in skips.list_marks(db_url, CLUSTER)] == [0, 1]
+    assert skips.list_marks(db_url, "nobody") == []
     for mark in marks:
         assert mark.updated_at is not None and mark.updated_at.utcoffset() == dt.timedelta(0)
         assert abs(mark.updated_at - dt.datetime.now(dt.UTC)) < dt.timedelta(minutes=1)
@@ -435,11 +436,11 @@ def test_cli_upgrade_current_marks_and_skip(db_url: str, engine: sa.Engine) -> N
     accepted = waltz_db("skip", *common, "--transaction", "13", expect=0, env={"USER": "carol"})
     assert "carol asks to skip transaction 13" in accepted.output
     assert "already requested by carol" in waltz_db("skip", *common, "--transaction", "13", expect=1).output
-    [row] = api.list_skips(engine)
+    [row] = skips.list_skips(engine)
     assert (row.transaction_id, row.operator, row.reason, row.pending) == (13, "carol", "bad payload", True)
 
-    skips = waltz_db("skips", "--url", db_url, expect=0).output
-    assert f"cluster {CLUSTER!r} partition 0 transaction 13: pending; requested by carol" in skips
+    listed = waltz_db("skips", "--url", db_url, expect=0).output
+    assert f"cluster {CLUSTER!r} partition 0 transaction 13: pending; requested by carol" in listed
     assert json.loads(waltz_db("skips", "--url", db_url, "--json", expect=0).output)[0]["skipped_at"] is None
 
     assert "none: the framework tables are missing" in (

@@ -29,6 +29,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from waltz.cli.groups import HELP, MARKUP
 from waltz.errors import SqlFrameworkError
 from waltz.jdbc_style import migrations_api as api
+from waltz.jdbc_style import skips as skip_records
 from waltz.logs import configure_logging
 
 app = typer.Typer(
@@ -87,7 +88,7 @@ def _database_errors(url: str) -> Iterator[None]:
     safe = _safe_url(url)
     try:
         yield
-    except api.SkipRefusedError as exc:
+    except skip_records.SkipRefusedError as exc:
         raise _fail(f"refused: {exc}", 1) from exc
     except SqlFrameworkError as exc:
         raise _fail(str(exc), 2) from exc
@@ -228,7 +229,7 @@ def marks(url: UrlOption, cluster: ClusterFilterOption = None, json_output: Json
     """Show the high-water marks: per cluster and partition, the highest transaction ID applied to
     this database (-1: none yet) and when it last moved (UTC)."""
     with _database_errors(url):
-        rows = api.list_marks(url, cluster)
+        rows = skip_records.list_marks(url, cluster)
     if json_output:
         _echo_json(
             [
@@ -295,7 +296,7 @@ def skip(
     """
     who = operator if operator is not None else _default_operator()
     with _database_errors(url):
-        api.request_skip(
+        skip_records.request_skip(
             url,
             cluster_name=cluster,
             partition_id=partition,
@@ -315,7 +316,7 @@ def skips(url: UrlOption, cluster: ClusterFilterOption = None, json_output: Json
     """Show the operators' skip requests: pending (not yet acted on) or done, with who asked, why,
     and when (UTC)."""
     with _database_errors(url):
-        rows = api.list_skips(url, cluster)
+        rows = skip_records.list_skips(url, cluster)
     if json_output:
         _echo_json(
             [

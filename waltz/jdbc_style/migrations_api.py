@@ -1,4 +1,4 @@
-"""Create, upgrade and inspect the SQL framework's own tables; record an operator's skip.
+"""Create, upgrade and inspect the SQL framework's own tables (alembic).
 
 The tables of :mod:`waltz.jdbc_style.schema` (high-water marks, idempotency keys, skipped
 transactions) are made by an alembic environment shipped in the top-level ``migrations/``
@@ -45,47 +45,37 @@ Operators use the same functions through ``waltz db`` (:mod:`waltz.cli.db`).
 
 from __future__ import annotations
 
-import datetime as dt
 import io
 import logging
 import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, Table, create_engine, inspect, select
+from sqlalchemy import Connection, Engine, Table, inspect
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import SchemaItem
 
 from waltz.errors import SqlFrameworkError
-from waltz.jdbc_style.schema import high_water_marks, metadata, skipped_transactions
+from waltz.jdbc_style.binding import Bind, connection_for, describe, url_text
+from waltz.jdbc_style.schema import metadata
 
 __all__ = [
     "BRANCH_LABEL",
     "VERSION_TABLE",
-    "Bind",
     "FrameworkTablesMissingError",
-    "MarkRow",
-    "SkipRefusedError",
-    "SkipRow",
     "alembic_config",
     "check_current",
     "current",
     "downgrade",
     "exclude_framework_tables",
     "head",
-    "list_marks",
-    "list_skips",
-    "request_skip",
+    "require_tables",
     "script_location",
     "upgrade",
     "upgrade_sql",
@@ -98,8 +88,6 @@ VERSION_TABLE = "waltz_alembic_version"
 #: The branch label of the framework's revisions (``waltz@head``).
 BRANCH_LABEL = "waltz"
 
-Bind = str | URL | Engine | Connection
-"""A database: a SQLAlchemy URL (as text or :class:`~sqlalchemy.engine.URL`), an engine, or a connection."""
 
 _FRAMEWORK_TABLES = frozenset(metadata.tables) | {VERSION_TABLE}
 
@@ -128,56 +116,6 @@ class FrameworkTablesMissingError(SqlFrameworkError):
         self.revision = revision
         self.head = head
         self.missing = tuple(missing)
-
-
-class SkipRefusedError(SqlFrameworkError):
-    """An operator's skip request was refused; nothing was recorded (the message says why)."""
-
-
-@dataclass(frozen=True, slots=True)
-class MarkRow:
-    """One row of ``waltz_high_water_marks``.
-
-    Attributes:
-        cluster_name: the Waltz cluster (log) the mark belongs to.
-        partition_id: the partition.
-        high_water_mark: the highest transaction ID applied to this database (-1: none).
-        updated_at: when it last moved (UTC), or None.
-    """
-
-    cluster_name: str
-    partition_id: int
-    high_water_mark: int
-    updated_at: dt.datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class SkipRow:
-    """One row of ``waltz_skipped_transactions``: an operator's skip request.
-
-    Attributes:
-        cluster_name: the Waltz cluster (log).
-        partition_id: the partition.
-        transaction_id: the transaction to pass over.
-        reason: why the operator asked for it.
-        operator: who asked.
-        requested_at: when the request was recorded (UTC).
-        skipped_at: when an application instance passed over the transaction (UTC); None while
-            the request is pending.
-    """
-
-    cluster_name: str
-    partition_id: int
-    transaction_id: int
-    reason: str
-    operator: str
-    requested_at: dt.datetime
-    skipped_at: dt.datetime | None
-
-    @property
-    def pending(self) -> bool:
-        """Whether no application instance has passed over the transaction yet."""
-        return self.skipped_at is None
 
 
 # ---- alembic configuration -----------------------------------------------------------------------
@@ -217,7 +155,7 @@ def alembic_config(url_or_connection: Bind | None = None) -> Config:
     config.set_main_option("script_location", str(script_location()))
     if isinstance(url_or_connection, str | URL):
         # ConfigParser interpolates "%": escape it (URL-encoded passwords contain it).
-        text = _url_text(url_or_connection, hide_password=False)
+        text = url_text(url_or_connection, hide_password=False)
         config.set_main_option("sqlalchemy.url", text.replace("%", "%%"))
     elif url_or_connection is not None:
         config.attributes["connection"] = url_or_connection
@@ -255,7 +193,7 @@ def upgrade(bind: Bind, revision: str = "heads") -> None:
     """
     with _ALEMBIC_RUN, _preserving_alembic_context():
         command.upgrade(alembic_config(bind), revision)
-    logger.info("waltz framework tables upgraded to %s on %s", revision, _describe(bind))
+    logger.info("waltz framework tables upgraded to %s on %s", revision, describe(bind))
 
 
 def upgrade_environment(location: Path, bind: Engine | Connection, revision: str = "heads") -> None:
@@ -278,7 +216,7 @@ def upgrade_environment(location: Path, bind: Engine | Connection, revision: str
     config.attributes["connection"] = bind
     with _ALEMBIC_RUN, _preserving_alembic_context():
         command.upgrade(config, revision)
-    logger.info("alembic environment %s upgraded to %s on %s", location, revision, _describe(bind))
+    logger.info("alembic environment %s upgraded to %s on %s", location, revision, describe(bind))
 
 
 def upgrade_sql(url: str | URL, revision: str = "heads", from_revision: str | None = None) -> str:
@@ -320,7 +258,7 @@ def downgrade(bind: Bind, revision: str) -> None:
     """
     with _preserving_alembic_context():
         command.downgrade(alembic_config(bind), revision)
-    logger.info("waltz framework tables downgraded to %s on %s", revision, _describe(bind))
+    logger.info("waltz framework tables downgraded to %s on %s", revision, describe(bind))
 
 
 def current(bind: Bind, *, version_table: str = VERSION_TABLE) -> str | None:
@@ -339,14 +277,14 @@ def current(bind: Bind, *, version_table: str = VERSION_TABLE) -> str | None:
         SqlFrameworkError: the version table holds several framework revisions.
         sqlalchemy.exc.DBAPIError: the database could not be reached.
     """
-    with _connection(bind) as connection:
+    with connection_for(bind) as connection:
         heads = _heads(connection, version_table)
     if version_table != VERSION_TABLE:
         ours = {script.revision for script in _script().walk_revisions()}
         heads = [revision for revision in heads if revision in ours]
     if len(heads) > 1:
         raise SqlFrameworkError(
-            f"{version_table} on {_describe(bind)} holds several waltz framework revisions "
+            f"{version_table} on {describe(bind)} holds several waltz framework revisions "
             f"{sorted(heads)}; repair it by hand (one revision per branch) or ask the waltz-py maintainers"
         )
     return heads[0] if heads else None
@@ -369,7 +307,7 @@ def check_current(bind: Bind, *, version_table: str = VERSION_TABLE) -> None:
     revision = current(bind, version_table=version_table)
     wanted = head()
     if revision != wanted:
-        raise FrameworkTablesMissingError(_describe(bind), revision, wanted)
+        raise FrameworkTablesMissingError(describe(bind), revision, wanted)
 
 
 def exclude_framework_tables(
@@ -401,199 +339,6 @@ def exclude_framework_tables(
     return not (isinstance(table, Table) and table.name in _FRAMEWORK_TABLES)
 
 
-# ---- operator commands ---------------------------------------------------------------------------
-
-
-def request_skip(
-    bind: Bind,
-    *,
-    cluster_name: str,
-    partition_id: int,
-    transaction_id: int,
-    reason: str,
-    operator: str,
-) -> None:
-    """Record an operator's request to pass over a transaction whose apply keeps failing.
-
-    Only the transaction an application is stuck on can be skipped: the one right after the
-    partition's high-water mark. The request is a row in ``waltz_skipped_transactions``
-    (``skipped_at`` NULL); an application instance whose apply of that transaction failed moves
-    the mark past it at its next attempt, without applying it, and sets ``skipped_at``. The
-    transaction stays in the log: other databases that follow the log are not affected.
-
-    The partition's mark row is locked (``SELECT ... FOR UPDATE``) while the request is checked
-    and recorded, so it cannot race with an apply.
-
-    Args:
-        bind: the application's database (see :func:`upgrade`; a connection inside a transaction
-            is left for the caller to commit).
-        cluster_name: the Waltz cluster (log) the application follows.
-        partition_id: the partition.
-        transaction_id: the stuck transaction: the partition's high-water mark + 1 (0 when the
-            partition has no mark row yet).
-        reason: why, for the audit trail (not blank).
-        operator: who asks, for the audit trail (not blank).
-
-    Raises:
-        SkipRefusedError: a blank reason or operator; the transaction is already applied, or is
-            not the next one to apply; a request for it already exists. Nothing is recorded.
-        FrameworkTablesMissingError: the database has no framework tables (run :func:`upgrade`).
-        sqlalchemy.exc.DBAPIError: the database could not be reached.
-    """
-    where = f"cluster {cluster_name!r} partition {partition_id}"
-    if not reason.strip():
-        raise SkipRefusedError(
-            f"{where}: give a reason for skipping transaction {transaction_id} (it is kept for the audit)"
-        )
-    if not operator.strip():
-        raise SkipRefusedError(f"{where}: give the operator's name (it is kept for the audit)")
-    if not cluster_name:
-        raise SkipRefusedError("give the cluster name (the log the application follows)")
-    try:
-        with _transaction(bind) as connection:
-            _require_tables(connection, high_water_marks, skipped_transactions)
-            mark = connection.execute(
-                select(high_water_marks.c.high_water_mark)
-                .where(
-                    high_water_marks.c.cluster_name == cluster_name,
-                    high_water_marks.c.partition_id == partition_id,
-                )
-                .with_for_update()
-            ).scalar_one_or_none()
-            _check_skippable(where, mark, transaction_id)
-            existing = connection.execute(
-                select(skipped_transactions).where(
-                    skipped_transactions.c.cluster_name == cluster_name,
-                    skipped_transactions.c.partition_id == partition_id,
-                    skipped_transactions.c.transaction_id == transaction_id,
-                )
-            ).one_or_none()
-            if existing is not None:
-                raise SkipRefusedError(_already_requested(where, _skip_row(existing._mapping)))
-            connection.execute(
-                skipped_transactions.insert().values(
-                    cluster_name=cluster_name,
-                    partition_id=partition_id,
-                    transaction_id=transaction_id,
-                    reason=reason.strip(),
-                    operator=operator.strip(),
-                    requested_at=dt.datetime.now(dt.UTC),
-                    skipped_at=None,
-                )
-            )
-    except IntegrityError as exc:  # another operator recorded the same request concurrently
-        raise SkipRefusedError(
-            f"{where}: a skip of transaction {transaction_id} was recorded concurrently by someone "
-            "else; see `waltz db skips`"
-        ) from exc
-    logger.warning(
-        "%s: %s requested to skip transaction %d: %s", where, operator.strip(), transaction_id, reason.strip()
-    )
-
-
-def _check_skippable(where: str, mark: int | None, transaction_id: int) -> None:
-    if mark is None:
-        if transaction_id != 0:
-            raise SkipRefusedError(
-                f"{where} has no high-water mark row in this database: nothing was applied yet, so "
-                f"only transaction 0 can be stuck, not {transaction_id}; check the cluster name and "
-                "partition with `waltz db marks`"
-            )
-        return
-    if transaction_id <= mark:
-        raise SkipRefusedError(
-            f"{where}: transaction {transaction_id} is already applied (high-water mark {mark}); "
-            "there is nothing to skip"
-        )
-    if transaction_id > mark + 1:
-        raise SkipRefusedError(
-            f"{where}: only the next transaction to apply, {mark + 1} (the one an application is "
-            f"stuck on), can be skipped, not {transaction_id}; transactions are applied in order, "
-            f"so {transaction_id} has not been tried yet"
-        )
-
-
-def _already_requested(where: str, row: SkipRow) -> str:
-    if row.skipped_at is None:
-        state = "pending: it takes effect at an application's next attempt after a failed apply of it"
-    else:
-        state = f"skipped at {row.skipped_at.isoformat()}"
-    return (
-        f"{where}: a skip of transaction {row.transaction_id} was already requested by "
-        f"{row.operator} at {row.requested_at.isoformat()} ({row.reason!r}); {state}"
-    )
-
-
-def list_marks(bind: Bind, cluster_name: str | None = None) -> list[MarkRow]:
-    """The high-water marks recorded in the database.
-
-    Args:
-        bind: the database (see :func:`upgrade`).
-        cluster_name: only this cluster's marks; None: every cluster's.
-
-    Returns:
-        The rows, ordered by cluster name and partition.
-
-    Raises:
-        FrameworkTablesMissingError: the database has no framework tables (run :func:`upgrade`).
-        sqlalchemy.exc.DBAPIError: the database could not be reached.
-    """
-    table = high_water_marks
-    query = select(table).order_by(table.c.cluster_name, table.c.partition_id)
-    if cluster_name is not None:
-        query = query.where(table.c.cluster_name == cluster_name)
-    with _connection(bind) as connection:
-        _require_tables(connection, table)
-        rows = connection.execute(query).all()
-    return [
-        MarkRow(
-            cluster_name=row.cluster_name,
-            partition_id=row.partition_id,
-            high_water_mark=row.high_water_mark,
-            updated_at=_utc(row.updated_at),
-        )
-        for row in rows
-    ]
-
-
-def list_skips(bind: Bind, cluster_name: str | None = None) -> list[SkipRow]:
-    """The operators' skip requests recorded in the database (pending and done).
-
-    Args:
-        bind: the database (see :func:`upgrade`).
-        cluster_name: only this cluster's requests; None: every cluster's.
-
-    Returns:
-        The rows, ordered by cluster name, partition and transaction.
-
-    Raises:
-        FrameworkTablesMissingError: the database has no framework tables (run :func:`upgrade`).
-        sqlalchemy.exc.DBAPIError: the database could not be reached.
-    """
-    table = skipped_transactions
-    query = select(table).order_by(table.c.cluster_name, table.c.partition_id, table.c.transaction_id)
-    if cluster_name is not None:
-        query = query.where(table.c.cluster_name == cluster_name)
-    with _connection(bind) as connection:
-        _require_tables(connection, table)
-        rows = connection.execute(query).all()
-    return [_skip_row(row._mapping) for row in rows]
-
-
-def _skip_row(row: Any) -> SkipRow:
-    requested_at = _utc(row["requested_at"])
-    assert requested_at is not None  # NOT NULL column
-    return SkipRow(
-        cluster_name=row["cluster_name"],
-        partition_id=row["partition_id"],
-        transaction_id=row["transaction_id"],
-        reason=row["reason"],
-        operator=row["operator"],
-        requested_at=requested_at,
-        skipped_at=_utc(row["skipped_at"]),
-    )
-
-
 # ---- helpers -------------------------------------------------------------------------------------
 
 
@@ -606,93 +351,15 @@ def _heads(connection: Connection, version_table: str) -> Sequence[str]:
     return context.get_current_heads()
 
 
-def _require_tables(connection: Connection, *tables: Table) -> None:
+def require_tables(connection: Connection, *tables: Table) -> None:
     """Raise a clear error, rather than the database's "no such table", when tables are missing."""
     inspector = inspect(connection)
     missing = [table.name for table in tables if not inspector.has_table(table.name)]
     if missing:
         heads = _heads(connection, VERSION_TABLE)
         raise FrameworkTablesMissingError(
-            _describe(connection), heads[0] if heads else None, head(), missing=missing
+            describe(connection), heads[0] if heads else None, head(), missing=missing
         )
-
-
-def _utc(value: dt.datetime | None) -> dt.datetime | None:
-    """Aware UTC; SQLite and MariaDB return naive datetimes, which we always write in UTC."""
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        return value.replace(tzinfo=dt.UTC)
-    return value.astimezone(dt.UTC)
-
-
-def _url_text(url: str | URL, *, hide_password: bool) -> str:
-    if isinstance(url, URL):
-        return url.render_as_string(hide_password=hide_password)
-    if not hide_password:
-        return url
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "(unparsable URL)"
-
-
-def _describe(bind: Bind) -> str:
-    """The database's URL with the password hidden, for messages."""
-    if isinstance(bind, str | URL):
-        return _url_text(bind, hide_password=True)
-    return bind.engine.url.render_as_string(hide_password=True)
-
-
-@contextmanager
-def _engine_for(url: str | URL) -> Iterator[Engine]:
-    engine = create_engine(url, poolclass=NullPool)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-
-
-@contextmanager
-def _connection(bind: Bind) -> Iterator[Connection]:
-    """A connection for reads: the given one, or a new one closed afterwards.
-
-    A given connection that was outside a transaction is left outside one (the transaction the
-    reads began is rolled back), so that a following :func:`upgrade` on it commits its own.
-    """
-    if isinstance(bind, Connection):
-        began = not bind.in_transaction()
-        try:
-            yield bind
-        finally:
-            if began and bind.in_transaction():
-                bind.rollback()
-    elif isinstance(bind, Engine):
-        with bind.connect() as connection:
-            yield connection
-    else:
-        with _engine_for(bind) as engine, engine.connect() as connection:
-            yield connection
-
-
-@contextmanager
-def _transaction(bind: Bind) -> Iterator[Connection]:
-    """A connection in a transaction committed on success (a caller's transaction is left to it)."""
-    if isinstance(bind, Connection):
-        if bind.in_transaction():
-            yield bind
-        else:
-            with bind.begin():
-                yield bind
-    elif isinstance(bind, Engine):
-        with bind.begin() as connection:
-            yield connection
-    else:
-        with _engine_for(bind) as engine, engine.begin() as connection:
-            yield connection
 
 
 #: Alembic's ``context`` and ``op`` are module globals: one run at a time per process (re-entrant,
