@@ -1,6 +1,6 @@
 """Fixtures shared by every test suite: ZooKeeper, databases, storage directories, processes.
 
-Real components only (DESIGN.md, "Tests"):
+Real components only:
 
 - ``zookeeper`` (session): one real ZooKeeper for the whole run, ``tickTime`` 500 ms. Do not stop
   or kill it; a test that crashes ZooKeeper uses ``private_zookeeper``.

@@ -9,15 +9,15 @@ generator (``waltz/perf/loadgen.py``) drives it:
   and three storage processes; every hop a ``grpc.aio`` bidirectional stream on loopback carrying
   raw struct-packed bytes (no protobuf);
 - each transaction: the 200-byte payload, one write lock from the pool and the client's
-  high-water mark as the concurrency check (seed 000, "Concurrency Control"); the server refuses a
-  record whose lock was written after that mark, and the client sends it again with its newer
-  mark (a retry);
+  high-water mark as the concurrency check (docs/design/locks.md "Optimistic locking in Waltz");
+  the server refuses a record whose lock was written after that mark, and the client sends it
+  again with its newer mark (a retry);
 - batching on every hop: the client sends everything submitted while its last message was
   unanswered as one message (``max_in_flight_messages``, 1 by default: one message in flight); the
   server makes each client message one store batch (transaction IDs, data CRC-32s) and writes it to
   the three storage nodes; a storage node writes and ``fdatasync``\\ s each batch before
-  acknowledging it; the server commits batches in order on 2 of 3 acknowledgements (seed 000,
-  "Quorum Writes") and answers each client message with every record's outcome.
+  acknowledging it; the server commits batches in order on 2 of 3 acknowledgements (docs/design/server.md
+  "Quorum writes and batching") and answers each client message with every record's outcome.
 
 Left out, so that the figure bounds a real implementation from above: protobuf, ZooKeeper,
 generations and store sessions, recovery, a feed to other clients, apply callbacks and completion

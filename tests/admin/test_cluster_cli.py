@@ -1,6 +1,6 @@
 """``waltz cluster``: create, list, verify, delete and storage commands against a real ZooKeeper and
-real storage node processes (docs/zookeeper.md; seed 004 "Replica Assignments", "Storage
-Administration"; seed 003 "Partition Metadata")."""
+real storage node processes (docs/zookeeper.md; docs/design/zookeeper.md "Replica assignments and
+groups", "Storage admin ports", "Partition metadata")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``waltz chaos`` in the default suite (short) and on demand (the full run, ``-m slow``).
 
-Issue 8: the short run (3,000 transactions, fixed seed, three fixed faults: kill -9 of a storage
+The short run (3,000 transactions, fixed seed, three fixed faults: kill -9 of a storage
 node, kill -9 of a server, a cut between the servers and a storage node) must pass every check;
 the full run (1,000,000 transactions, 5 storage nodes, random schedule of every fault kind,
 ZooKeeper kills and pauses included) runs with ``-m slow``. The tests assert the invariants, never

@@ -161,7 +161,9 @@ class Append(TransactionContext):
 
 
 class Increment(TransactionContext):
-    """A read-modify-write of the store's counter under a WRITE lock (seed 001's counter).
+    """A read-modify-write of the store's counter under a WRITE lock.
+
+    The counter of docs/design/overview.md "Why the log is the source of truth".
 
     It reads the counter and the high-water mark together, and writes ``{"set": value + 1}``; the
     lock check refuses the append when the read was stale.

@@ -126,7 +126,7 @@ def burst_of_refused_pairs(store: MemoryStore, client: WaltzClient, pairs: int) 
     it. Whoever finds the conflict (the server, or the client holding the second back), the client
     must report a lock failure (the context's ``on_lock_failure``, the lock failure counter) and
     never take the refused append for a lost one when its transaction monitor sees the third
-    (seed 002), which is what the feed alone would say.
+    (docs/design/client.md "Failed-append detection"), which is what the feed alone would say.
     """
     registry = client.metrics
     mark = store.get_client_high_water_mark(0)

@@ -2,8 +2,9 @@
 
 Like upstream's network-fault test: the cut can land anywhere (an append sent and not received, a
 commit whose feed entry is lost with the connection, a mount in progress); every client runs the
-reconnect procedure of seed 002 each time. Invariants: every transaction committed exactly once,
-both clients apply the same sequence, each context completes once.
+reconnect procedure (docs/design/client.md "Reconnect") each time. Invariants: every
+transaction committed exactly once, both clients apply the same sequence, each context completes
+once.
 """
 
 from __future__ import annotations

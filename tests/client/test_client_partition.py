@@ -1,4 +1,7 @@
-"""The client partition's protocol logic (seed 002) against a scripted server, without a network."""
+"""The client partition's protocol logic against a scripted server, without a network.
+
+Design: docs/design/client.md "Appends, the feed and flush".
+"""
 
 from __future__ import annotations
 

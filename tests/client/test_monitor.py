@@ -1,4 +1,4 @@
-"""The transaction monitor of seed 002, "Detection of Failed Append Requests"."""
+"""The transaction monitor (docs/design/client.md "Failed-append detection")."""
 
 from __future__ import annotations
 

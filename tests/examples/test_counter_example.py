@@ -1,4 +1,4 @@
-"""The counter example (seed 001, "Difficulty in Implementing Constraints") against a real cluster.
+"""The counter example (docs/design/overview.md "Why the log is the source of truth") against a real cluster.
 
 Three :class:`CounterService` instances share one database and hammer a few hot counters with
 increments and decrements that often exceed the value, while the server owning a partition is

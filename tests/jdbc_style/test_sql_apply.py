@@ -32,7 +32,8 @@ from waltz.jdbc_style import (
     create_framework_engine,
 )
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, Operation, RowChange
-from waltz.jdbc_style.migrations_api import request_skip, upgrade
+from waltz.jdbc_style.migrations_api import upgrade
+from waltz.jdbc_style.skips import request_skip
 from waltz.protocol.records import ReqId
 
 BACKENDS = ["sqlite", "postgresql", "mariadb"]

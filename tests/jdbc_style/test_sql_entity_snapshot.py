@@ -1,6 +1,6 @@
 """Entity transactions without a cluster: partition mapping, locks, and the exact lock check.
 
-The heart of it (DESIGN.md, "The SQL framework"): an attempt reads the partition's high-water mark
+The heart of it (docs/design/sql.md "Entity transactions"): an attempt reads the partition's high-water mark
 first and the entities after it in one REPEATABLE READ snapshot, so a transaction another instance
 applies between the two reads is invisible to both: what the attempt read is exactly the state at
 the mark it sends, and the server's lock check (the mark against the lock's last write) is exact.

@@ -33,7 +33,7 @@ from waltz import (
     WaltzClientConfig,
 )
 from waltz.jdbc_style import create_framework_engine
-from waltz.jdbc_style.migrations_api import list_marks
+from waltz.jdbc_style.skips import list_marks
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import ManagedProcess, wait_until
 

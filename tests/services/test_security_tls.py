@@ -1,6 +1,6 @@
 """End to end: a whole cluster with TLS and mutual TLS on every port, probed by intruders.
 
-Issue 8, "Bad input and security". One :class:`LocalCluster` whose storage nodes (storage, admin
+One :class:`LocalCluster` whose storage nodes (storage, admin
 and metrics ports) and server (client and admin services on one port, and its metrics port) require
 client certificates of the cluster's CA. Every port is probed with plain text, with TLS but no
 client certificate, with a client certificate of another CA, and, as the control that makes the

@@ -1,6 +1,6 @@
 """The reader returns committed records only: a replica left with a dirty record is never read.
 
-Recipe (issue 7): the record X at ID T reaches one replica (A) only, the server dies, a different
+Recipe: the record X at ID T reaches one replica (A) only, the server dies, a different
 record Y is committed at T while A is down, then A comes back with X (no server runs, so nobody
 repairs A). Two storage nodes are *paused* while X is appended rather than made unwritable: a
 node that refuses the append at once lets the next recovery truncate A before the test can stop

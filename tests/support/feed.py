@@ -22,7 +22,7 @@ class _ReqIdLike(Protocol):
 
 
 class FeedEntry(NamedTuple):
-    """One entry of a ``FeedEntries`` run: what seed 002's ``FeedData`` says."""
+    """One entry of a ``FeedEntries`` run: what docs/design/server.md "Mount and feed" says."""
 
     req_id: common_pb2.ReqId
     transaction_id: int

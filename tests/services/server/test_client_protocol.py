@@ -245,7 +245,8 @@ def test_mount_append_feed_lock_failures_flush_and_data(cluster: LocalCluster) -
             # Two appends of one client on one lock in a row, then one without locks: the second
             # finds the first pending and is refused once the first commits, naming it, before
             # the feed entries of the first and the third (else the client's transaction monitor
-            # would take the refused append for a lost one on seeing the third, seed 002).
+            # would take the refused append for a lost one on seeing the third:
+            # docs/design/client.md "Failed-append detection").
             pair_lock = 0x5678
             one_of_two = a.append(flushed, b"one of two", write=[pair_lock])
             two_of_two = a.append(flushed, b"two of two", write=[pair_lock])

@@ -1,8 +1,8 @@
 """``waltz disk``: dumps, verification and statistics on real storage directories.
 
 Each test builds a storage directory with the real ``ControlFile`` and ``StoragePartition``, then
-damages bytes at known offsets and checks what ``waltz disk`` reports (seed 000, "On Disk Data
-Structures"; docs/format.md).
+damages bytes at known offsets and checks what ``waltz disk`` reports (docs/format.md;
+docs/design/storage.md "Files on disk").
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""One store session stream carrying several partitions (seed 004): each partition's requests are
-answered in order, partitions concurrently, so that a partition waiting for its flush never holds
-up another partition's appends on the same stream.
+"""One store session stream carrying several partitions (docs/design/storage.md "Storage
+requests"): each partition's requests are answered in order, partitions concurrently, so
+that a partition waiting for its flush never holds up another partition's appends on the same
+stream.
 
 The storage node runs in this process (a real ``StorageApp`` on a loopback port) so that the test
 can hold one partition's I/O thread."""

@@ -10,8 +10,8 @@ Whatever it sends, :class:`~waltz.services.server.store.replica.ReplicaConnectio
 session, a recovery and a catch-up copy use) either returns a value that could be true (records
 contiguous from the ID asked, no more than asked, each CRC-checked; marks -1 or more) or raises
 :class:`ReplicaError`, which takes the replica out of the session. Nothing else escapes: no
-``ValueError`` from an unknown enum value, no ``AttributeError``, no hang. Source: seed 004
-(the storage protocol), seed 000 "Store Partition Object" (replica sessions).
+``ValueError`` from an unknown enum value, no ``AttributeError``, no hang. Design:
+docs/design/storage.md "Storage requests"; docs/design/server.md "Store sessions".
 """
 
 from __future__ import annotations
