@@ -416,8 +416,9 @@ def test_an_append_behind_an_own_pending_write_lock_is_held_and_fails_when_that_
         holder = connection.appends()[0]
         deliver(partition, connection, feed(holder, 6))
         assert host.completed_ids == [(b"holder", 6)]
-        # Both would fail the server's check (mark 5 < 6): lock failures on 6, without a round trip.
-        assert host.retried == [(b"writes it too", 6), (b"reads it", 6)]
+        # Both would fail the server's check (mark 5 < 6): lock failures on 6, found without a
+        # round trip. The first runs again; the other waits for its turn behind that attempt.
+        assert host.retried == [(b"writes it too", 6)]
         assert len(sent_data(connection)) == 4
         assert len(partition.monitor) == 3
 
@@ -437,12 +438,13 @@ def test_a_held_append_is_sent_when_its_holder_fails_or_its_mark_covers_the_comm
         lock = client_pb2.LockFailure(req_id=refused.to_proto(), transaction_id=6)
         partition.on_message(connection, "lock_failure", lock)  # type: ignore[arg-type]
         assert host.retried == [(b"refused holder", 6)]
-        assert sent_data(connection)[2:] == [b"behind the refused"]  # as it was: the server decides
+        # What it held waits behind its next attempt: 6 most likely wrote the lock they share.
+        assert sent_data(connection)[2:] == []
         deliver(partition, connection, feed(other(1), 6))
         deliver(partition, connection, feed(appends, 7))
         # Its mark (7, read from a database another instance applied 7 to, say) covers the
         # holder's commit: the server's check passes it, so it is sent as it is; the other fails.
-        assert sent_data(connection)[3:] == [b"mark 7, behind 2"]
+        assert sent_data(connection)[2:] == [b"mark 7, behind 2"]
         assert host.retried[1:] == [(b"mark 5, behind 2", 7)]
         assert held(partition) == 3
 
@@ -497,3 +499,54 @@ def test_a_re_attempt_s_append_is_sent_with_the_retry_linger_a_first_attempt_s_w
         ]
 
     run(scenario, retry_linger=0.003)
+
+
+def test_contexts_waiting_for_a_hot_lock_run_again_one_per_commit_in_their_order() -> None:
+    """A commit of the lock re-executes the next waiting context only, not every one of them."""
+
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        connection = await mounted(partition, host)
+        mark = {"value": 5}
+        subs = {
+            name: Submission(Locked(name, write=(1,)), 0, lambda pid: mark["value"], 1 << 20)
+            for name in (b"holder", b"a", b"b", b"c")
+        }
+        for sub in subs.values():
+            payload = sub.attempt()
+            assert payload is not None
+            partition.send_append(sub, payload)
+        assert sent_data(connection) == [b"holder"]
+        deliver(partition, connection, feed(connection.appends()[0], 6))
+        assert host.retried == [(b"a", 6)]  # b and c wait behind a's next attempt
+
+        mark["value"] = 6  # a runs again once 6 is applied (the client's retry does that)
+        again = subs[b"a"].attempt()
+        assert again is not None
+        partition.send_append(subs[b"a"], again)
+        assert sent_data(connection) == [b"holder", b"a"]
+        deliver(partition, connection, feed(connection.appends()[1], 7))
+        assert host.retried == [(b"a", 6), (b"b", 7)]  # one re-execution per commit
+
+        partition.leader_ended(subs[b"b"])  # b ended without an append (it expired, say)
+        assert host.retried == [(b"a", 6), (b"b", 7), (b"c", 7)]
+        assert partition.close()[1] == []
+
+    run(scenario)
+
+
+def test_contexts_waiting_behind_a_context_that_runs_again_are_returned_by_close() -> None:
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        connection = await mounted(partition, host)
+        for name in (b"holder", b"a", b"b", b"c"):
+            partition.send_append(*locked(name, write=(1,)))
+        refused = connection.appends()[0]
+        lock = client_pb2.LockFailure(req_id=refused.to_proto(), transaction_id=6)
+        partition.on_message(connection, "lock_failure", lock)  # type: ignore[arg-type]
+        assert host.retried == [(b"holder", 6)]  # a, b, c wait behind its next attempt
+        assert sent_data(connection) == [b"holder"]
+        worker, submissions = partition.close()
+        assert sorted(s.context.data for s in submissions) == [b"a", b"b", b"c"]  # type: ignore[attr-defined]
+        if worker is not None:
+            await asyncio.to_thread(worker.close)
+
+    run(scenario)

@@ -48,7 +48,7 @@ from waltz.client.connection import ServerConnection
 from waltz.client.context import AppendPayload
 from waltz.client.metrics import ClientMetrics, PartitionMetrics
 from waltz.client.monitor import TransactionMonitor
-from waltz.client.submission import Submission
+from waltz.client.submission import Submission, Waiting
 from waltz.client.transaction import Transaction, TransactionDataSource
 from waltz.client.waiting import ConcurrencyLimit, Watermark
 from waltz.errors import ProtocolError
@@ -118,7 +118,7 @@ class _Pending:
 
     submission: Submission
     payload: AppendPayload
-    held: list[tuple[Submission, AppendPayload]] | None = None
+    held: list[Waiting] | None = None
 
 
 class ClientPartition:
@@ -180,6 +180,8 @@ class ClientPartition:
         self.feed_gaps = 0
         self._blocked: deque[tuple[Submission, AppendPayload]] = deque()
         self._holders: dict[int, _Pending] = {}  # lock hash -> the latest pending append locking it
+        # Contexts running again whose followers wait for their next attempt (see _release).
+        self._leaders: set[Submission] = set()
         self._feed_mark = -1
         self._queued_mark: int | None = None
         self._to_queue: list[tuple[Transaction, Submission | None]] = []  # handed over by end_of_batch
@@ -301,7 +303,11 @@ class ClientPartition:
         self.state = PartitionState.CLOSED
         pending = self.monitor.fail_all()
         held = [p.submission for p in pending] + [s for s, _ in self._blocked]
-        held += [submission for p in pending for submission, _ in p.held or ()]
+        held += [submission for p in pending for submission, _, _ in p.held or ()]
+        for leader in self._leaders:
+            held += [submission for submission, _, _ in leader.followers or ()]
+            leader.followers = None
+        self._leaders.clear()
         self._blocked.clear()
         self._holders.clear()
         return worker, held
@@ -499,19 +505,25 @@ class ClientPartition:
             if state is _MOUNTED:
                 self.remount("connection lost")
             return
+        followers = submission.followers
+        if followers is not None:  # its turn came: those waiting behind it wait behind this attempt
+            submission.followers = None
+            self._leaders.discard(submission)
         holders = self._holders
         if holders:
             for lock in payload.write_locks + payload.read_locks:
                 holder = holders.get(lock)
                 if holder is not None:
                     if holder.held is None:
-                        holder.held = [(submission, payload)]
+                        holder.held = [(submission, payload, -1)]
                     else:
-                        holder.held.append((submission, payload))
+                        holder.held.append((submission, payload, -1))
+                    if followers:
+                        holder.held += followers
                     self.metrics.held_appends.inc()
                     return
         req_id = ReqId(self._host.client_id, self.generation, self.partition_id, self._host.next_seq_num())
-        pending = _Pending(submission, payload)
+        pending = _Pending(submission, payload, followers or None)
         self.monitor.register(req_id, pending)
         if self._hold_conflicting:
             for lock in payload.write_locks:
@@ -522,13 +534,25 @@ class ClientPartition:
 
     def _failed(self, pending: _Pending, lock_target: int | None) -> None:
         """A pending append failed (a lock failure naming ``lock_target``, or lost: None): run its
-        context again, and release what it held back."""
-        self._host.retry(self, pending.submission, lock_target)
-        self._resolved(pending, None)
+        context again.
 
-    def _resolved(self, pending: _Pending, committed_as: int | None) -> None:
+        What it held back waits behind that next attempt after a lock failure (the transaction
+        that failed it most likely wrote the lock they share, so they would fail too); after a lost
+        append it is sent as it is (nothing it waited for was written).
+        """
+        # Followers first: the next attempt may run (and end) on a retry thread at once.
+        self._resolved(pending, None, retried_after=lock_target)
+        self._host.retry(self, pending.submission, lock_target)
+
+    def _resolved(
+        self, pending: _Pending, committed_as: int | None, retried_after: int | None = None
+    ) -> None:
         """A pending append left the transaction monitor (``committed_as``: its transaction ID, or
-        None when it failed): release its locks and what it held back (see :meth:`send_append`)."""
+        None when it failed): release its locks and what it held back (see :meth:`send_append`).
+
+        ``retried_after`` is set when the append's own context runs again after a lock failure
+        on that transaction: what it held back then follows that next attempt, in order.
+        """
         holders = self._holders
         if holders:
             payload = pending.payload
@@ -541,11 +565,51 @@ class ClientPartition:
         held = pending.held
         if held:
             pending.held = None
-            for submission, payload in held:
-                if committed_as is not None and payload.client_high_water_mark < committed_as:
-                    self._host.retry(self, submission, committed_as)
-                else:  # the holder failed, or the attempt's mark already covers its commit
-                    self.send_append(submission, payload)
+            if retried_after is not None:
+                self._follow(pending.submission, [(s, p, max(after, retried_after)) for s, p, after in held])
+            else:
+                self._release(held, -1 if committed_as is None else committed_as)
+
+    def _release(self, waiting: list[Waiting], barrier: int) -> None:
+        """Let contexts that waited for a lock go on, in order, now that its holder has resolved
+        (committed as ``barrier``, or failed: -1).
+
+        An attempt whose client high-water mark covers what it must have seen is sent as it is
+        (it may wait again behind another holder). Of the others, only the first runs again (a
+        lock failure found by the client, once the transaction is applied); the rest follow its
+        next attempt and run again when their turn comes, so that a commit re-executes one waiting
+        context, not every one (docs/design/locks.md "Locks of appends in flight").
+        """
+        leader: Waiting | None = None
+        followers: list[Waiting] = []
+        for submission, payload, after in waiting:
+            after = max(after, barrier)
+            if payload.client_high_water_mark >= after:
+                self.send_append(submission, payload)
+            elif leader is None:
+                leader = (submission, payload, after)
+            else:
+                followers.append((submission, payload, after))
+        if leader is not None:
+            if followers:  # before the retry: its next attempt may run (and end) at once
+                self._follow(leader[0], followers)
+            self._host.retry(self, leader[0], leader[2])
+
+    def _follow(self, leader: Submission, waiting: list[Waiting]) -> None:
+        """Queue ``waiting`` behind the next attempt of ``leader``, which runs again."""
+        if leader.followers is None:
+            leader.followers = waiting
+        else:
+            leader.followers += waiting
+        self._leaders.add(leader)
+
+    def leader_ended(self, leader: Submission) -> None:
+        """``leader`` ended without another append (on the loop): release those following it."""
+        followers = leader.followers
+        if followers is not None:
+            leader.followers = None
+            self._leaders.discard(leader)
+            self._release(followers, -1)
 
     def send_flush(self) -> None:
         """Nudge the server with a flush request when appends are pending (learn their fate)."""

@@ -431,6 +431,9 @@ class ClientCore:
         payload = submission.attempt()
         if payload is not None:
             self.post_append(partition, submission, payload)
+        elif submission.followers is not None:  # it ended: those waiting behind it go on
+            with contextlib.suppress(RuntimeError):  # the loop closed: closing fails them
+                self._loop.call_soon_threadsafe(partition.leader_ended, submission)
 
     def in_flight(self, partition_id: int | None = None) -> int:
         """Submissions not finished yet (of one partition, or all)."""

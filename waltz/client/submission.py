@@ -19,7 +19,12 @@ from collections.abc import Callable, Sequence
 from waltz.client.context import AppendPayload, TransactionBuilder, TransactionContext
 from waltz.errors import MessageTooLargeError, TransactionExpiredError
 
-__all__ = ["Submission"]
+__all__ = ["Submission", "Waiting"]
+
+#: A context waiting for a lock of its partition: its submission, the append of its last attempt,
+#: and the transaction ID that attempt must have seen (its client high-water mark at least that
+#: high) to be sent as it is; otherwise it runs again once that transaction is applied.
+Waiting = tuple["Submission", AppendPayload, int]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +67,7 @@ class Submission:
         "attempts",
         "context",
         "deadline",
+        "followers",
         "future",
         "last_lock_target",
         "lock_failures",
@@ -93,6 +99,8 @@ class Submission:
         self.last_lock_target = -2
         self.repeated_lock_failures = 0
         """Lock failures in a row naming the same transaction (the client paces those)."""
+        self.followers: list[Waiting] | None = None
+        """Contexts waiting on a lock behind this one's next attempt (see ``ClientPartition``)."""
         self.submitted_at = time.monotonic()
         timeout = getattr(context, "timeout", None)
         self.timeout: float | None = timeout
