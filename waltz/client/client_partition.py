@@ -582,8 +582,8 @@ class ClientPartition:
         """
         leader: Waiting | None = None
         followers: list[Waiting] = []
-        for submission, payload, after in waiting:
-            after = max(after, barrier)
+        for submission, payload, own_barrier in waiting:
+            after = max(own_barrier, barrier)
             if payload.client_high_water_mark >= after:
                 self.send_append(submission, payload)
             elif leader is None:
