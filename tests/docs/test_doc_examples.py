@@ -211,7 +211,7 @@ def test_fences_and_markers() -> None:
     blocks = [(index, info, body) for index, info, body in code_blocks(page)]
     assert [(index, info) for index, info, _ in blocks] == [
         (1, "python"),
-        (7, 'py title="x"'),
+        (8, 'py title="x"'),
         (11, "markdown"),
         (16, "sh"),
     ]
