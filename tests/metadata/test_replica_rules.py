@@ -1,5 +1,5 @@
 """The replica-change safety rules and replica placement (waltz.metadata.replicas;
-docs/zookeeper.md "Replica changes")."""
+docs/zookeeper.md "Replica changes and their safety rules")."""
 
 from __future__ import annotations
 
