@@ -184,3 +184,35 @@ def test_entities_of_two_partitions_are_refused(callbacks: ChangeSetCallbacks) -
     context = ReadsElsewhere(callbacks, (Counter, 1))
     with pytest.raises(CrossPartitionError, match="belongs to partition 2"):
         _build(context)
+
+
+class InsertInstance(EntityTransactionContext):
+    """Inserts as a SQLAlchemy user would: ``tx.insert(Counter(...))``."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int, **extra: int) -> None:
+        super().__init__(callbacks, (Counter, counter_id))
+        self.counter_id = counter_id
+        self.extra = extra
+
+    def run(self, tx: EntityTransaction) -> bool:
+        tx.insert(Counter(counter_id=self.counter_id, value=7), **self.extra)
+        return True
+
+
+def test_an_instance_can_be_inserted_as_with_a_session(callbacks: ChangeSetCallbacks) -> None:
+    pid, builder, ok = _build(InsertInstance(callbacks, 9))
+    assert ok
+    [change] = ChangeSet.decode(builder.build().data).changes
+    assert change.operation is Operation.INSERT
+    assert dict(change.values) == {"counter_id": 9, "value": 7, "label": ""}  # unset: the default
+    callbacks.apply_transaction(_committed(pid, 0, builder))
+    assert _read(callbacks.engine, 9) == 7
+
+
+def test_an_instance_with_attribute_values_as_well_is_refused_with_how_to_call_it(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    context = InsertInstance(callbacks, 9, value=8)
+    context.partition_id(NUM_PARTITIONS)
+    with pytest.raises(ValueError, match=r"tx.insert\(Counter\(...\)\) or tx.insert\(Counter, \*\*values\)"):
+        context.execute(TransactionBuilder(-1))

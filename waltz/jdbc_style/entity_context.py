@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from sqlalchemy import and_, select
 
@@ -144,16 +144,36 @@ class EntityTransaction:
 
     # --- changes -----------------------------------------------------------------------------------
 
-    def insert(self, model: type[E], **values: Any) -> E:
+    @overload
+    def insert(self, model: type[E], **values: Any) -> E: ...
+
+    @overload
+    def insert(self, model: E) -> E: ...
+
+    def insert(self, model: Any, **values: Any) -> Any:
         """Insert a new entity (WRITE lock on its key); scalar column defaults are filled in.
+
+        Either ``tx.insert(Account, id=7, balance=0)`` or, as with a SQLAlchemy session,
+        ``tx.insert(Account(id=7, balance=0))``: an instance gives the attributes it was made
+        with (those never set take their column defaults).
 
         Returns:
             A transient instance with the row's values (not attached to any session).
 
         Raises:
-            ValueError: a key attribute is missing, or an unknown attribute is given.
+            ValueError: a key attribute is missing, an unknown attribute is given, or both an
+                instance and attribute values are given.
             CrossPartitionError: the entity belongs to another partition.
         """
+        if not isinstance(model, type):  # an instance, the SQLAlchemy habit
+            if values:
+                raise ValueError(
+                    f"insert takes an instance or a model with attribute values, not both: "
+                    f"tx.insert({type(model).__name__}(...)) or tx.insert({type(model).__name__}, **values)"
+                )
+            entity, model = model, type(model)
+            attributes = self._callbacks.registry.info(model).attributes
+            values = {name: value for name, value in vars(entity).items() if name in attributes}
         info = self._callbacks.registry.info(model)
         unknown = sorted(set(values) - set(info.attributes))
         if unknown:
