@@ -2,7 +2,8 @@
 
 import sys
 
-from waltz.services.storage.command import main
+from waltz.services.runtime import run_command
+from waltz.services.storage.command import start
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_command(start, sys.argv[1:], "waltz storage start")

@@ -1,14 +1,12 @@
 """The storage node's start command: ``waltz storage start`` and ``python -m waltz.services.storage``.
 
 Both run :func:`start`, which loads the settings (docs/configuration.md) and calls
-:func:`~waltz.services.storage.app.run_storage`. ``python -m`` builds a command of :func:`start`
-alone (:func:`main`), without importing every other command of ``waltz``: the process starts in a
-third of the time.
+:func:`~waltz.services.storage.app.run_storage`; ``python -m`` runs it alone
+(:func:`~waltz.services.runtime.run_command`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -18,14 +16,7 @@ from waltz.config import load_settings
 from waltz.errors import ConfigurationError
 from waltz.logs import configure_logging
 
-__all__ = ["main", "start"]
-
-
-def main(argv: Sequence[str], prog_name: str = "waltz storage start") -> None:
-    """Run :func:`start` as a command with ``argv`` (exits with its status)."""
-    app = typer.Typer(add_completion=False, rich_markup_mode="markdown")
-    app.command()(start)
-    typer.main.get_command(app).main(args=list(argv), prog_name=prog_name)
+__all__ = ["start"]
 
 
 def start(
