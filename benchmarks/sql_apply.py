@@ -18,7 +18,11 @@ partition k mod partitions, so partitions never touch the same rows; ``--shared-
 every partition update every account) and ``INSERT`` of one history row keyed by (partition,
 transaction ID). Every group size runs on tables of its own under a cluster name of its own.
 
-Printed per group size: log transactions applied/s, database transactions committed/s, p50/p99
+``--style`` chooses how ``apply`` writes: ``plain`` executes the UPDATE and the INSERT (a round
+trip each), ``staged`` stages them with ``ApplySession.stage`` (one ``executemany`` per statement
+for a whole group, the UPDATE checked to change exactly one row per transaction); both by default.
+
+Printed per style and group size: log transactions applied/s, database transactions committed/s, p50/p99
 latency of one apply call (``apply_transaction`` or ``apply_transactions``), and the transient
 database errors the framework retried. After each run the marks must be n/partitions - 1 in
 every partition, the history must hold n rows and every balance must be the sum of its amounts;
@@ -63,6 +67,7 @@ from sqlalchemy import (
     MetaData,
     PrimaryKeyConstraint,
     Table,
+    bindparam,
     create_engine,
     event,
     func,
@@ -76,7 +81,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from waltz.client.transaction import Transaction
-from waltz.jdbc_style import AbstractClientCallbacksForSQL, create_framework_engine
+from waltz.jdbc_style import AbstractClientCallbacksForSQL, ApplySession, create_framework_engine
 from waltz.jdbc_style.migrations_api import upgrade
 from waltz.protocol.records import ReqId
 
@@ -132,13 +137,29 @@ def make_payloads(n: int, partitions: int, shared: bool, seed: int = 1) -> list[
     return result
 
 
+#: How ``apply`` writes: ``plain`` executes its two statements (a round trip each, what a
+#: SQLAlchemy user writes by habit); ``staged`` stages them (``ApplySession.stage``: one
+#: ``executemany`` per statement for a whole group).
+STYLES = ("plain", "staged")
+
+
 class AccountCallbacks(AbstractClientCallbacksForSQL):
     """Applies a payload: one UPDATE of the account's balance and one INSERT into the history."""
 
-    def __init__(self, engine: Engine, *, cluster_name: str, accounts: Table, history: Table) -> None:
+    def __init__(
+        self, engine: Engine, *, cluster_name: str, accounts: Table, history: Table, style: str = "plain"
+    ) -> None:
         super().__init__(engine, cluster_name=cluster_name)
         self.accounts = accounts
         self.history = history
+        self.style = style
+        # Built once, so that every parameter set of a group shares one compiled statement.
+        self.deposit = (
+            update(accounts)
+            .where(accounts.c.id == bindparam("k"))
+            .values(balance=accounts.c.balance + bindparam("a"))
+        )
+        self.record = insert(history)
         self.errors: list[str] = []
         self.fetch_seconds: dict[int, float] = collections.defaultdict(float)
         """Per partition, seconds spent getting transaction data (an RPC through a cluster)."""
@@ -149,6 +170,19 @@ class AccountCallbacks(AbstractClientCallbacksForSQL):
         self.fetch_seconds[transaction.partition_id] += time.perf_counter() - began
         data = json.loads(raw)
         account, amount = data["account"], data["amount"]
+        if self.style == "staged":
+            assert isinstance(session, ApplySession)
+            session.stage(self.deposit, {"k": account, "a": amount}, rows=1)  # the account must exist
+            session.stage(
+                self.record,
+                {
+                    "partition_id": transaction.partition_id,
+                    "transaction_id": transaction.transaction_id,
+                    "account": account,
+                    "amount": amount,
+                },
+            )
+            return
         accounts = self.accounts
         result = session.execute(
             update(accounts).where(accounts.c.id == account).values(balance=accounts.c.balance + amount)
@@ -353,12 +387,15 @@ def run_direct(
     transactions: list[list[Transaction]],
     payloads: Sequence[bytes],
     counters: tuple[Commits, FrameworkLog],
+    style: str = "plain",
 ) -> Result:
     """Apply every partition's transactions on a thread each, in groups of ``batch``."""
     commits, framework_log = counters
     partitions = len(transactions)
     accounts, history = create_run_tables(engine, run)
-    callbacks = AccountCallbacks(engine, cluster_name=f"bench-{run}", accounts=accounts, history=history)
+    callbacks = AccountCallbacks(
+        engine, cluster_name=f"bench-{run}", accounts=accounts, history=history, style=style
+    )
     for p in range(partitions):  # as the client does when it mounts a partition
         if (mark := callbacks.get_client_high_water_mark(p)) != -1:
             sys.exit(f"partition {p} starts at mark {mark}, not -1")
@@ -395,10 +432,10 @@ def run_direct(
     n = sum(len(t) for t in transactions)
     committed, rolled_back = commits.counts()
     if failures:
-        sys.exit(f"batch {batch}: an apply failed: {failures[0]!r}")
-    verify(callbacks, n, partitions, payloads, f"batch {batch}")
+        sys.exit(f"{style} batch {batch}: an apply failed: {failures[0]!r}")
+    verify(callbacks, n, partitions, payloads, f"{style} batch {batch}")
     return Result(
-        label=f"batch {batch}",
+        label=f"{style} batch {batch}",
         seconds=seconds,
         transactions=n,
         commits=committed,
@@ -475,7 +512,7 @@ def run_through_cluster(
             run = f"c{index}_b{batch}"
             accounts, history = create_run_tables(engine, run)
             callbacks = AccountCallbacks(
-                engine, cluster_name=f"bench-{run}", accounts=accounts, history=history
+                engine, cluster_name=f"bench-{run}", accounts=accounts, history=history, style=args.style[-1]
             )
             config = WaltzClientConfig(**base, client_max_apply_batch_size=batch)
             commits.reset()
@@ -568,6 +605,13 @@ def main() -> None:
         "--batch", type=int_list, default=[1, 10, 100], help="group sizes to try (1: apply_transaction each)"
     )
     parser.add_argument(
+        "--style",
+        type=lambda text: [s for s in text.split(",") if s],
+        default=list(STYLES),
+        help="how apply writes: plain (a round trip per statement), staged (ApplySession.stage); "
+        "--through-cluster uses the last",
+    )
+    parser.add_argument(
         "--shared-accounts",
         action="store_true",
         help="every partition updates any account (row lock contention across partitions)",
@@ -613,10 +657,12 @@ def main() -> None:
                 flush=True,
             )
             counters = (Commits(engine), framework_log)
-            for index, batch in enumerate(args.batch):
-                result = run_direct(engine, f"r{index}_b{batch}", batch, transactions, payloads, counters)
-                print_result(result)
-                results.append(result)
+            for style in args.style:
+                for index, batch in enumerate(args.batch):
+                    run = f"r{index}_b{batch}_{style}"
+                    result = run_direct(engine, run, batch, transactions, payloads, counters, style)
+                    print_result(result)
+                    results.append(result)
             if args.through_cluster:
                 results.extend(run_through_cluster(engine, args, payloads, counters))
         finally:

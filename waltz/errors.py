@@ -25,6 +25,7 @@ __all__ = [
     "ProtocolError",
     "SessionFencedError",
     "SqlFrameworkError",
+    "StagedRowCountError",
     "StaleMetadataError",
     "StorageError",
     "StorageNotInitializedError",
@@ -257,6 +258,30 @@ class WaltzTimeoutError(WaltzClientError, TimeoutError):
 
 class SqlFrameworkError(WaltzError):
     """Base class of errors raised by the SQL framework (``waltz.jdbc_style``)."""
+
+
+class StagedRowCountError(SqlFrameworkError):
+    """Writes staged with ``ApplySession.stage`` changed another number of rows than they said.
+
+    Attributes:
+        statement: the staged statement.
+        parameter_sets: how many parameter sets ran with it.
+        expected: the rows they said they change, in all.
+        changed: the rows the database reported changed.
+    """
+
+    def __init__(self, statement: object, parameter_sets: int, expected: int, changed: int) -> None:
+        text = " ".join(str(statement).split())
+        super().__init__(
+            f"the staged statement {text[:120]!r} with {parameter_sets} parameter set(s) changed "
+            f"{changed} row(s), not the {expected} they said: a row it should change is missing "
+            "(or a key matches several rows); the group is rolled back and applied one transaction "
+            "at a time, so the error names the transaction"
+        )
+        self.statement = statement
+        self.parameter_sets = parameter_sets
+        self.expected = expected
+        self.changed = changed
 
 
 class ApplyContractError(SqlFrameworkError):

@@ -28,18 +28,19 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import tenacity
 from sqlalchemy import Engine, select, update
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Result
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.base import Executable
 
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.transaction import Transaction
-from waltz.errors import ApplyContractError, HighWaterMarkGapError, TransactionApplyError
+from waltz.errors import ApplyContractError, HighWaterMarkGapError, StagedRowCountError, TransactionApplyError
 from waltz.jdbc_style.engine import SQLITE_BEGIN, apply_guard, is_transient, prepare_engine
 from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key, record_idempotency_key
 from waltz.jdbc_style.marks import HighWaterMarks
@@ -55,11 +56,99 @@ T = TypeVar("T")
 SNAPSHOT_ISOLATION = "REPEATABLE READ"
 
 
+class _Staged:
+    """The parameter sets staged for one statement, and the rows they should change in all."""
+
+    __slots__ = ("checked", "parameters", "rows")
+
+    def __init__(self) -> None:
+        self.parameters: list[Mapping[str, Any]] = []
+        self.rows = 0
+        self.checked = True
+
+
 class ApplySession(Session):
     """The ORM session ``apply`` receives: joined to the framework's transaction, which it may
     not end. ``commit``, ``rollback``, ``begin`` and an isolation level change raise
     :class:`ApplyContractError`;
-    ``begin_nested`` (a savepoint), ``flush``, queries and ``add``/``delete`` work as usual."""
+    ``begin_nested`` (a savepoint), ``flush``, queries and ``add``/``delete`` work as usual.
+
+    :meth:`stage` batches the writes of a group of log transactions: one ``executemany`` per
+    statement for the whole group instead of a round trip per row (docs/design/sql.md "Group
+    apply").
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._staged: dict[Executable, _Staged] = {}
+
+    def stage(self, statement: Executable, parameters: Mapping[str, Any], *, rows: int | None = None) -> None:
+        """Run ``statement`` with ``parameters`` later, with every other parameter set staged for it.
+
+        The staged writes of an apply (of a whole group, in group apply) run when ``apply``
+        returns, or before the next statement, query or flush of this session, so reads see
+        them: one ``executemany`` per statement (SQLAlchemy's insertmanyvalues for an ``INSERT``,
+        the driver's batching otherwise), the statements in the order each was first staged.
+        So the writes of different statements are reordered within a group: stage only writes
+        whose effects do not depend on that order (increments, inserts of distinct keys, updates
+        of distinct rows); run the others with :meth:`execute`. Build each statement once (a
+        module constant with :func:`~sqlalchemy.sql.expression.bindparam` placeholders), so that
+        it is compiled once and the parameter sets of a group share it.
+
+        Args:
+            statement: an ``INSERT``, ``UPDATE`` or ``DELETE`` (Core), the same object each time.
+            parameters: one parameter set (bind parameter or column name -> value).
+            rows: the rows this parameter set must change (e.g. 1 for an update by primary key);
+                when every parameter set of the statement gives it, their sum is checked against
+                the rows the statement changed.
+
+        Raises:
+            StagedRowCountError: (when the staged writes run) the statement changed another
+                number of rows than its parameter sets said.
+        """
+        staged = self._staged.get(statement)
+        if staged is None:
+            staged = self._staged[statement] = _Staged()
+        staged.parameters.append(parameters)
+        if rows is None:
+            staged.checked = False
+        else:
+            staged.rows += rows
+
+    def flush_staged(self) -> None:
+        """Run the staged writes now (see :meth:`stage`).
+
+        Raises:
+            StagedRowCountError: a statement changed another number of rows than staged.
+        """
+        staged, self._staged = self._staged, {}
+        if not staged:
+            return
+        connection = super().connection()
+        for statement, batch in staged.items():
+            result = connection.execute(statement, batch.parameters)
+            if batch.checked and result.rowcount >= 0 and result.rowcount != batch.rows:
+                raise StagedRowCountError(statement, len(batch.parameters), batch.rows, result.rowcount)
+
+    def execute(self, *args: Any, **kwargs: Any) -> Result[Any]:
+        if self._staged:
+            self.flush_staged()
+        return super().execute(*args, **kwargs)
+
+    def scalar(self, *args: Any, **kwargs: Any) -> Any:
+        if self._staged:
+            self.flush_staged()
+        return super().scalar(*args, **kwargs)
+
+    def scalars(self, *args: Any, **kwargs: Any) -> Any:
+        if self._staged:
+            self.flush_staged()
+        return super().scalars(*args, **kwargs)
+
+    def flush(self, objects: Any = None) -> None:
+        if self._staged:
+            self.flush_staged()
+        super().flush(objects)
 
     def commit(self) -> None:
         raise ApplyContractError(
@@ -80,6 +169,8 @@ class ApplySession(Session):
                 f"apply() must not change the isolation level (to {options['isolation_level']!r}): "
                 "the framework's transaction is already running"
             )
+        if self._staged:  # a statement on the connection comes after the staged writes
+            self.flush_staged()
         return super().connection(*args, **kwargs)
 
     def begin(self, nested: bool = False) -> Any:
@@ -445,7 +536,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                         self._record_skip(conn, transaction)
                         continue
                     self.apply(transaction, session)
-                session.flush()
+                session.flush()  # the staged writes too
         except BaseException as exc:
             if not is_transient(exc):
                 self._failing.add(pending[0].partition_id)

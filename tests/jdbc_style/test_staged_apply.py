@@ -1,0 +1,156 @@
+"""Staged writes (``ApplySession.stage``) on SQLite, PostgreSQL and MariaDB, without a cluster.
+
+A group's staged writes run as one ``executemany`` per statement when ``apply`` returns (or
+before the session's next statement), in the group's database transaction with the mark; a row
+count that differs from the staged one fails the group, which is then applied one transaction at
+a time and names the transaction (docs/design/sql.md "Group apply").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import Engine, bindparam, event
+from sqlalchemy.orm import Session
+
+from waltz.client.transaction import Transaction
+from waltz.errors import StagedRowCountError, TransactionApplyError
+from waltz.jdbc_style import AbstractClientCallbacksForSQL, ApplySession, create_framework_engine
+from waltz.jdbc_style.migrations_api import upgrade
+from waltz.protocol.records import ReqId
+
+metadata = sa.MetaData()
+accounts = sa.Table(
+    "staged_accounts",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("balance", sa.Integer, nullable=False),
+)
+history = sa.Table(
+    "staged_history",
+    metadata,
+    sa.Column("transaction_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("account", sa.Integer, nullable=False),
+    sa.Column("balance_seen", sa.Integer),
+)
+DEPOSIT = (
+    sa.update(accounts)
+    .where(accounts.c.id == bindparam("k"))
+    .values(balance=accounts.c.balance + bindparam("amount"))
+)
+RECORD = sa.insert(history)
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'staged.db'}"
+    else:
+        url = str(request.getfixturevalue("postgres_url" if request.param == "postgresql" else "mariadb_url"))
+    engine = create_framework_engine(url)
+    upgrade(engine)
+    metadata.drop_all(engine)
+    metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(accounts), [{"id": k, "balance": 0} for k in (1, 2, 3)])
+    try:
+        yield engine
+    finally:
+        metadata.drop_all(engine)
+        engine.dispose()
+
+
+class Deposits(AbstractClientCallbacksForSQL):
+    """Each transaction's data is ``b"<account> <amount>"``: stage a deposit and a history row.
+
+    With ``read_back`` set, the transaction with that ID reads its account's balance through the
+    session (which must see the deposits staged before it) and records it in its history row.
+    """
+
+    def __init__(self, engine: Engine, read_back: int | None = None) -> None:
+        super().__init__(engine, cluster_name="staged")
+        self.read_back = read_back
+        self.uncaught: list[tuple[int, int, BaseException]] = []
+
+    def apply(self, transaction: Transaction, session: Session) -> None:
+        assert isinstance(session, ApplySession)
+        account, amount = (int(x) for x in transaction.get_raw_data().split())
+        session.stage(DEPOSIT, {"k": account, "amount": amount}, rows=1)
+        seen = None
+        if transaction.transaction_id == self.read_back:
+            seen = session.execute(sa.select(accounts.c.balance).where(accounts.c.id == account)).scalar_one()
+        session.stage(
+            RECORD, {"transaction_id": transaction.transaction_id, "account": account, "balance_seen": seen}
+        )
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        self.uncaught.append((partition_id, transaction_id, exception))
+
+
+def _deposits(*pairs: tuple[int, int]) -> list[Transaction]:
+    return [
+        Transaction(0, tid, ReqId(1, 1, 0, tid), 0, None, f"{account} {amount}".encode())
+        for tid, (account, amount) in enumerate(pairs)
+    ]
+
+
+def _balances(engine: Engine) -> dict[int, int]:
+    with engine.connect() as conn:
+        return dict(conn.execute(sa.select(accounts.c.id, accounts.c.balance)).all())
+
+
+def _history(engine: Engine) -> list[tuple[int, int, int | None]]:
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(history).order_by(history.c.transaction_id)).all()
+        return [(int(t), int(a), None if s is None else int(s)) for t, a, s in rows]
+
+
+def _statements(engine: Engine) -> list[tuple[str, bool]]:
+    """Records (statement's first word, executemany) of every statement run on ``engine``."""
+    seen: list[tuple[str, bool]] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def record(conn: object, cursor: object, statement: str, params: object, ctx: object, many: bool) -> None:
+        seen.append((statement.split(maxsplit=1)[0].upper(), many))
+
+    return seen
+
+
+def test_a_group_s_staged_writes_run_as_one_executemany_per_statement_with_the_mark(engine: Engine) -> None:
+    callbacks = Deposits(engine)
+    assert callbacks.get_client_high_water_mark(0) == -1
+    statements = _statements(engine)
+    callbacks.apply_transactions(_deposits((1, 5), (2, 7), (1, 1), (3, 3)))
+    assert _balances(engine) == {1: 6, 2: 7, 3: 3}
+    assert [row[:2] for row in _history(engine)] == [(0, 1), (1, 2), (2, 1), (3, 3)]
+    assert callbacks.get_client_high_water_mark(0) == 3
+    writes = [(word, many) for word, many in statements if word in ("UPDATE", "INSERT")]
+    # One UPDATE of the four deposits, one INSERT of the four history rows (insertmanyvalues may
+    # send it as a single statement), then the mark's UPDATE.
+    deposits = [w for w in writes if w[0] == "UPDATE"][:-1]
+    assert deposits == [("UPDATE", True)]
+    assert len([w for w in writes if w[0] == "INSERT"]) == 1
+
+
+def test_a_read_in_apply_sees_the_writes_staged_before_it(engine: Engine) -> None:
+    callbacks = Deposits(engine, read_back=2)
+    callbacks.get_client_high_water_mark(0)
+    callbacks.apply_transactions(_deposits((1, 5), (1, 7), (1, 1)))
+    assert _history(engine)[2] == (2, 1, 13)  # 5 + 7 + 1: its own deposit and the two before it
+    assert _balances(engine)[1] == 13
+
+
+def test_a_row_count_other_than_staged_fails_the_group_and_names_the_transaction(engine: Engine) -> None:
+    callbacks = Deposits(engine)
+    callbacks.get_client_high_water_mark(0)
+    with pytest.raises(TransactionApplyError) as raised:
+        callbacks.apply_transactions(_deposits((1, 5), (9, 1), (2, 2)))  # account 9 does not exist
+    assert raised.value.transaction_id == 1
+    assert isinstance(raised.value.__cause__, StagedRowCountError)
+    assert "changed 0 row(s), not the 1" in str(raised.value.__cause__)
+    # The transaction before it was kept (applied on its own), nothing of the failing one.
+    assert _balances(engine) == {1: 5, 2: 0, 3: 0}
+    assert callbacks.get_client_high_water_mark(0) == 0
