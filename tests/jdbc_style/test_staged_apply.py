@@ -17,7 +17,7 @@ from sqlalchemy import Engine, bindparam, event
 from sqlalchemy.orm import Session
 
 from waltz.client.transaction import Transaction
-from waltz.errors import StagedRowCountError, TransactionApplyError
+from waltz.errors import ApplyContractError, StagedRowCountError, TransactionApplyError
 from waltz.jdbc_style import AbstractClientCallbacksForSQL, ApplySession, create_framework_engine
 from waltz.jdbc_style.migrations_api import upgrade
 from waltz.protocol.records import ReqId
@@ -154,3 +154,37 @@ def test_a_row_count_other_than_staged_fails_the_group_and_names_the_transaction
     # The transaction before it was kept (applied on its own), nothing of the failing one.
     assert _balances(engine) == {1: 5, 2: 0, 3: 0}
     assert callbacks.get_client_high_water_mark(0) == 0
+
+
+class StagesInSavepoint(Deposits):
+    """Stages a deposit, then tries to stage another inside a savepoint it rolls back."""
+
+    def apply(self, transaction: Transaction, session: Session) -> None:
+        assert isinstance(session, ApplySession)
+        session.stage(DEPOSIT, {"k": 1, "amount": 5}, rows=1)
+        savepoint = session.begin_nested()  # the deposit staged before it runs now
+        try:
+            session.stage(DEPOSIT, {"k": 2, "amount": 7}, rows=1)
+        finally:
+            savepoint.rollback()
+
+
+def test_staging_inside_a_savepoint_is_refused_and_writes_staged_before_it_are_kept(engine: Engine) -> None:
+    callbacks = StagesInSavepoint(engine)
+    callbacks.get_client_high_water_mark(0)
+    with pytest.raises(ApplyContractError, match="inside a savepoint"):
+        callbacks.apply_transaction(_deposits((1, 5))[0])
+    assert _balances(engine) == {1: 0, 2: 0, 3: 0}  # the apply failed: rolled back as a whole
+    assert callbacks.get_client_high_water_mark(0) == -1
+
+    class Kept(Deposits):
+        def apply(self, transaction: Transaction, session: Session) -> None:
+            assert isinstance(session, ApplySession)
+            session.stage(DEPOSIT, {"k": 1, "amount": 5}, rows=1)
+            savepoint = session.begin_nested()
+            session.execute(sa.update(accounts).where(accounts.c.id == 2).values(balance=99))
+            savepoint.rollback()  # takes back the update of 2, not the deposit staged before
+
+    kept = Kept(engine)
+    kept.apply_transaction(_deposits((1, 5))[0])
+    assert _balances(engine) == {1: 5, 2: 0, 3: 0}

@@ -103,9 +103,16 @@ class ApplySession(Session):
                 the rows the statement changed.
 
         Raises:
+            ApplyContractError: called inside a savepoint (``begin_nested``), whose rollback could
+                not take back writes that have not run yet; execute them instead.
             StagedRowCountError: (when the staged writes run) the statement changed another
                 number of rows than its parameter sets said.
         """
+        if self.in_nested_transaction():
+            raise ApplyContractError(
+                "apply() must not stage writes inside a savepoint (begin_nested): they run later, "
+                "outside it, where its rollback cannot take them back; execute them instead"
+            )
         staged = self._staged.get(statement)
         if staged is None:
             staged = self._staged[statement] = _Staged()
@@ -174,6 +181,8 @@ class ApplySession(Session):
         return super().connection(*args, **kwargs)
 
     def begin(self, nested: bool = False) -> Any:
+        if self._staged:  # the writes staged before a savepoint are not the savepoint's
+            self.flush_staged()
         if not nested:
             raise ApplyContractError(
                 "apply() must not begin a transaction: it already runs in the framework's; use "
