@@ -511,6 +511,14 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
 
     def _apply_locked(self, conn: Connection, partition_id: int, transactions: Sequence[Transaction]) -> int:
         with conn.begin():
+            first, last = transactions[0].transaction_id, transactions[-1].transaction_id
+            if partition_id not in self._failing and self.marks.try_advance(
+                conn, partition_id, first - 1, last
+            ):
+                # The usual case in one statement: the row held the mark right before the group;
+                # it is locked and moved, and rolls back with the apply if the apply fails.
+                self._run_apply(conn, transactions, set())
+                return last
             mark = self.marks.lock(conn, partition_id)
             pending = [t for t in transactions if t.transaction_id > mark]
             if len(pending) < len(transactions):

@@ -101,6 +101,24 @@ class HighWaterMarks:
                 raise RuntimeError(f"high-water-mark row of partition {partition_id} vanished")
         return int(mark)
 
+    def try_advance(self, conn: Connection, partition_id: int, expected: int, new: int) -> bool:
+        """Move the row from ``expected`` to ``new`` if it holds ``expected``, locking it.
+
+        One statement where :meth:`lock` and :meth:`advance` take two: the row is locked (the
+        ``UPDATE`` takes its row lock, SQLite's write lock is held already) for the rest of the
+        transaction whether or not it moved.
+
+        Returns:
+            True when the row held ``expected`` and now holds ``new``; False otherwise (another
+            instance moved it, the row is missing, or there is a gap), with nothing changed.
+        """
+        result = conn.execute(
+            update(_marks)
+            .where(self._where(partition_id) & (_marks.c.high_water_mark == expected))
+            .values(high_water_mark=new, updated_at=_now())
+        )
+        return bool(result.rowcount == 1)
+
     def advance(self, conn: Connection, partition_id: int, expected: int, new: int) -> None:
         """Move the locked row from ``expected`` to ``new`` (checked: the row must hold ``expected``).
 
