@@ -14,11 +14,21 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import Engine, bindparam, event
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from waltz.client.transaction import Transaction
 from waltz.errors import ApplyContractError, StagedRowCountError, TransactionApplyError
-from waltz.jdbc_style import AbstractClientCallbacksForSQL, ApplySession, create_framework_engine
+from waltz.jdbc_style import (
+    AbstractClientCallbacksForSQL,
+    ApplySession,
+    ChangeSet,
+    ChangeSetApplyError,
+    ChangeSetCallbacks,
+    EntityRegistry,
+    WaltzEntity,
+    create_framework_engine,
+)
+from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, Operation, RowChange
 from waltz.jdbc_style.migrations_api import upgrade
 from waltz.protocol.records import ReqId
 
@@ -187,3 +197,95 @@ def test_staging_inside_a_savepoint_is_refused_and_writes_staged_before_it_are_k
     kept = Kept(engine)
     kept.apply_transaction(_deposits((1, 5))[0])
     assert _balances(engine) == {1: 5, 2: 0, 3: 0}
+
+
+# ---- change-sets: ChangeSetCallbacks stages the row changes of a group --------------------------
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Wallet(Base):
+    __tablename__ = "staged_wallets"
+    __waltz__ = WaltzEntity("wallet")
+    wallet_id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    balance: Mapped[int] = mapped_column()
+
+
+@pytest.fixture
+def wallets(engine: Engine) -> Iterator[ChangeSetCallbacks]:
+    Base.metadata.drop_all(engine)
+    Base.metadata.create_all(engine)
+    callbacks = ChangeSetCallbacks(
+        engine, cluster_name="staged-wallets", registry=EntityRegistry.from_base(Base)
+    )
+    assert callbacks.get_client_high_water_mark(0) == -1
+    try:
+        yield callbacks
+    finally:
+        Base.metadata.drop_all(engine)
+
+
+def _change_sets(*changes: list[RowChange]) -> list[Transaction]:
+    return [
+        Transaction(0, tid, ReqId(1, 1, 0, tid), CHANGE_SET_HEADER, None, ChangeSet(rows).encode())
+        for tid, rows in enumerate(changes)
+    ]
+
+
+def _put(op: Operation, wallet_id: int, balance: int | None = None) -> RowChange:
+    values = {} if balance is None else {"wallet_id": wallet_id, "balance": balance}
+    return RowChange(op, "wallet", {"wallet_id": wallet_id}, values)
+
+
+def _wallets(engine: Engine) -> dict[int, int]:
+    with engine.connect() as conn:
+        return {int(k): int(v) for k, v in conn.execute(sa.select(Wallet.wallet_id, Wallet.balance)).all()}
+
+
+def test_a_group_of_change_sets_runs_its_row_changes_as_one_statement_each(
+    engine: Engine, wallets: ChangeSetCallbacks
+) -> None:
+    statements = _statements(engine)
+    group = _change_sets(
+        [_put(Operation.INSERT, 1, 10), _put(Operation.INSERT, 2, 20)],
+        [_put(Operation.UPDATE, 1, 11)],
+        [_put(Operation.INSERT, 3, 30), _put(Operation.UPDATE, 2, 21)],
+        [_put(Operation.DELETE, 3)],
+        [_put(Operation.UPDATE, 1, 12)],
+    )
+    wallets.apply_transactions(group)
+    assert _wallets(engine) == {1: 12, 2: 21}
+    assert wallets.get_client_high_water_mark(0) == 4
+    wallet_updates = [many for text, many in statements if text.upper().startswith("UPDATE STAGED_WALLETS")]
+    assert wallet_updates == [True]  # the three updates in one executemany, in log order
+    assert len([t for t, _ in statements if t.upper().startswith("INSERT INTO STAGED_WALLETS")]) == 1
+    assert wallets.uncaught_count == 0
+
+
+def test_a_group_whose_changes_depend_on_their_order_is_applied_in_order(
+    engine: Engine, wallets: ChangeSetCallbacks
+) -> None:
+    # By statement, the two inserts of wallet 1 would run before its delete: a duplicate key. The
+    # group fails and is applied again one transaction at a time, in log order.
+    group = _change_sets(
+        [_put(Operation.INSERT, 1, 10)],
+        [_put(Operation.DELETE, 1)],
+        [_put(Operation.INSERT, 1, 15)],
+    )
+    wallets.apply_transactions(group)
+    assert _wallets(engine) == {1: 15}
+    assert wallets.get_client_high_water_mark(0) == 2
+
+
+def test_a_staged_update_of_a_missing_row_fails_as_a_change_set_apply_error(
+    engine: Engine, wallets: ChangeSetCallbacks
+) -> None:
+    group = _change_sets([_put(Operation.INSERT, 1, 10)], [_put(Operation.UPDATE, 7, 1)])
+    with pytest.raises(TransactionApplyError) as raised:
+        wallets.apply_transactions(group)
+    assert raised.value.transaction_id == 1
+    assert isinstance(raised.value.__cause__, ChangeSetApplyError)  # named by the one-by-one retry
+    assert _wallets(engine) == {1: 10}
+    assert wallets.get_client_high_water_mark(0) == 0

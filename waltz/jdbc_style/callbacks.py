@@ -81,6 +81,8 @@ class ApplySession(Session):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._staged: dict[Executable, _Staged] = {}
+        self.grouped = False
+        """True while the session applies a group of more than one log transaction."""
 
     def stage(self, statement: Executable, parameters: Mapping[str, Any], *, rows: int | None = None) -> None:
         """Run ``statement`` with ``parameters`` later, with every other parameter set staged for it.
@@ -546,6 +548,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
 
     def _run_apply(self, conn: Connection, pending: Sequence[Transaction], skips: set[int]) -> None:
         session = ApplySession(bind=conn)
+        session.grouped = len(pending) > 1
         try:
             with apply_guard(conn):
                 for transaction in pending:

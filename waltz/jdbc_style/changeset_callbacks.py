@@ -13,11 +13,11 @@ import threading
 from collections import deque
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, insert, update
+from sqlalchemy import Engine, and_, bindparam, delete, insert, inspect, update
 from sqlalchemy.orm import Session
 
 from waltz.client.transaction import Transaction
-from waltz.jdbc_style.callbacks import AbstractClientCallbacksForSQL
+from waltz.jdbc_style.callbacks import AbstractClientCallbacksForSQL, ApplySession
 from waltz.jdbc_style.changeset import (
     CHANGE_SET_HEADER,
     ChangeSet,
@@ -56,6 +56,9 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
 
     def __init__(self, engine: Engine, *, cluster_name: str, registry: EntityRegistry, **kwargs: Any) -> None:
         super().__init__(engine, cluster_name=cluster_name, **kwargs)
+        # Statements of staged row changes, built once per (model, operation, attribute names).
+        self._statements: dict[tuple[Any, ...], Any] = {}
+        self._primary_keys: dict[type[Any], frozenset[str]] = {}
         self.registry = registry
         self.uncaught: deque[tuple[int, int, BaseException]] = deque(maxlen=100)
         self.uncaught_count = 0
@@ -103,6 +106,9 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         """
         info = self.registry.by_name(change.entity)
         model = info.model
+        if isinstance(session, ApplySession) and session.grouped and self._stageable(model, change):
+            self._stage(model, change, session)
+            return
         if change.operation is Operation.INSERT:
             session.execute(insert(model).values(**change.values))
             return
@@ -118,6 +124,49 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
                 f"{change.operation.value} of {change.entity} {dict(change.key)} found no row; the "
                 "database has diverged from the log (restore it or rebuild it from the log)"
             )
+
+    def _stageable(self, model: type[Any], change: RowChange) -> bool:
+        """Whether a row change of a group may be staged: an insert, or an update or delete by the
+        whole primary key (so that each hits at most one row, and the group's summed row count
+        is exactly the check that every one hit one). A staged group runs its changes by
+        statement, not in log order; a change that depended on that order (a row inserted,
+        deleted and inserted again in one group) then fails the row count or a unique key, and the
+        group is applied again one transaction at a time, in order."""
+        if change.operation is Operation.INSERT:
+            return True
+        primary_key = self._primary_keys.get(model)
+        if primary_key is None:
+            mapper = inspect(model)
+            primary_key = frozenset(mapper.get_property_by_column(c).key for c in mapper.primary_key)
+            self._primary_keys[model] = primary_key
+        return set(change.key) == primary_key
+
+    def _stage(self, model: type[Any], change: RowChange, session: ApplySession) -> None:
+        """Stage one row change (see :meth:`_stageable`), with a statement built once per shape."""
+        operation = change.operation
+        keys = tuple(sorted(change.key)) if operation is not Operation.INSERT else ()
+        values = tuple(sorted(change.values)) if operation is not Operation.DELETE else ()
+        shape = (model, operation, keys, values)
+        statement = self._statements.get(shape)
+        if statement is None:
+            if operation is Operation.INSERT:
+                statement = insert(model)
+            else:
+                where = and_(*(getattr(model, name) == bindparam(f"k_{name}") for name in keys))
+                if operation is Operation.UPDATE:
+                    statement = (
+                        update(model).where(where).values({name: bindparam(f"v_{name}") for name in values})
+                    )
+                else:
+                    statement = delete(model).where(where)
+            self._statements[shape] = statement
+        if operation is Operation.INSERT:
+            session.stage(statement, dict(change.values))
+            return
+        parameters = {f"k_{name}": value for name, value in change.key.items()}
+        if operation is Operation.UPDATE:
+            parameters.update({f"v_{name}": value for name, value in change.values.items()})
+        session.stage(statement, parameters, rows=1)
 
     def apply_command(self, transaction: Transaction, session: Session) -> None:
         """Apply a transaction that is not a change-set (override for command-style data).
