@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.client.transaction import Transaction
-from waltz.jdbc_style import ChangeSet, ChangeSetCallbacks, create_framework_engine
+from waltz.jdbc_style import ApplySession, ChangeSet, ChangeSetCallbacks, create_framework_engine
 from waltz.jdbc_style import migrations_api as framework_migrations
 from waltz_examples.ledger import migrations_api
 from waltz_examples.ledger.models import Checking, Savings, applied_transactions, by_customer, registry
@@ -41,20 +41,25 @@ __all__ = ["LedgerCallbacks", "LedgerService", "Outcome", "prepare_database"]
 
 log = logging.getLogger(__name__)
 
+#: The record of an applied transaction, built once: staged, a group's records go in one INSERT.
+RECORD_APPLIED = insert(applied_transactions)
+
 
 class LedgerCallbacks(ChangeSetCallbacks):
     """Change-set callbacks that also record each applied transaction (op and delta from its meta)."""
 
     def apply_change_set(self, change_set: ChangeSet, transaction: Transaction, session: Session) -> None:
         super().apply_change_set(change_set, transaction, session)
-        session.execute(
-            insert(applied_transactions).values(
-                partition_id=transaction.partition_id,
-                transaction_id=transaction.transaction_id,
-                op=str(change_set.meta.get("op", "?"))[:24],
-                delta=int(change_set.meta.get("delta", 0)),
-            )
-        )
+        record = {
+            "partition_id": transaction.partition_id,
+            "transaction_id": transaction.transaction_id,
+            "op": str(change_set.meta.get("op", "?"))[:24],
+            "delta": int(change_set.meta.get("delta", 0)),
+        }
+        if isinstance(session, ApplySession):  # with the group's other writes (docs/sql.md)
+            session.stage(RECORD_APPLIED, record)
+        else:
+            session.execute(RECORD_APPLIED, record)
 
 
 def prepare_database(url_or_engine: str | Engine) -> Engine:
