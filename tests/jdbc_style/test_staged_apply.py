@@ -9,7 +9,6 @@ a time and names the transaction (docs/design/sql.md "Group apply").
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -29,7 +28,6 @@ from waltz.jdbc_style import (
     create_framework_engine,
 )
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, Operation, RowChange
-from waltz.jdbc_style.migrations_api import upgrade
 from waltz.protocol.records import ReqId
 
 metadata = sa.MetaData()
@@ -54,14 +52,10 @@ DEPOSIT = (
 RECORD = sa.insert(history)
 
 
-@pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'staged.db'}"
-    else:
-        url = str(request.getfixturevalue("postgres_url" if request.param == "postgresql" else "mariadb_url"))
-    engine = create_framework_engine(url)
-    upgrade(engine)
+@pytest.fixture
+def engine(app_db_url: str) -> Iterator[Engine]:
+    """The application database (SQLite, PostgreSQL, MariaDB) with three accounts."""
+    engine = create_framework_engine(app_db_url)
     metadata.drop_all(engine)
     metadata.create_all(engine)
     with engine.begin() as conn:
