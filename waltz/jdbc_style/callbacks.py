@@ -130,9 +130,9 @@ class ApplySession(Session):
         Raises:
             StagedRowCountError: a statement changed another number of rows than staged.
         """
-        staged, self._staged = self._staged, {}
-        if not staged:
+        if not self._staged:
             return
+        staged, self._staged = self._staged, {}
         connection = super().connection()
         for statement, batch in staged.items():
             result = connection.execute(statement, batch.parameters)
@@ -140,23 +140,19 @@ class ApplySession(Session):
                 raise StagedRowCountError(statement, len(batch.parameters), batch.rows, result.rowcount)
 
     def execute(self, *args: Any, **kwargs: Any) -> Result[Any]:
-        if self._staged:
-            self.flush_staged()
+        self.flush_staged()  # the staged writes come before this statement
         return super().execute(*args, **kwargs)
 
     def scalar(self, *args: Any, **kwargs: Any) -> Any:
-        if self._staged:
-            self.flush_staged()
+        self.flush_staged()  # the staged writes come before this statement
         return super().scalar(*args, **kwargs)
 
     def scalars(self, *args: Any, **kwargs: Any) -> Any:
-        if self._staged:
-            self.flush_staged()
+        self.flush_staged()  # the staged writes come before this statement
         return super().scalars(*args, **kwargs)
 
     def flush(self, objects: Any = None) -> None:
-        if self._staged:
-            self.flush_staged()
+        self.flush_staged()  # the staged writes come before this statement
         super().flush(objects)
 
     def commit(self) -> None:
@@ -178,13 +174,11 @@ class ApplySession(Session):
                 f"apply() must not change the isolation level (to {options['isolation_level']!r}): "
                 "the framework's transaction is already running"
             )
-        if self._staged:  # a statement on the connection comes after the staged writes
-            self.flush_staged()
+        self.flush_staged()  # a statement on the connection comes after the staged writes
         return super().connection(*args, **kwargs)
 
     def begin(self, nested: bool = False) -> Any:
-        if self._staged:  # the writes staged before a savepoint are not the savepoint's
-            self.flush_staged()
+        self.flush_staged()  # the writes staged before a savepoint are not the savepoint's
         if not nested:
             raise ApplyContractError(
                 "apply() must not begin a transaction: it already runs in the framework's; use "

@@ -13,7 +13,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, delete, insert, inspect, update
+from sqlalchemy import Engine, and_, bindparam, delete, insert, update
 from sqlalchemy.orm import Session
 
 from waltz.client.transaction import Transaction
@@ -25,7 +25,7 @@ from waltz.jdbc_style.changeset import (
     Operation,
     RowChange,
 )
-from waltz.jdbc_style.entities import EntityRegistry
+from waltz.jdbc_style.entities import EntityInfo, EntityRegistry
 
 __all__ = ["ChangeSetApplyError", "ChangeSetCallbacks"]
 
@@ -58,7 +58,6 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         super().__init__(engine, cluster_name=cluster_name, **kwargs)
         # Statements of staged row changes, built once per (model, operation, attribute names).
         self._statements: dict[tuple[Any, ...], Any] = {}
-        self._primary_keys: dict[type[Any], frozenset[str]] = {}
         self.registry = registry
         self.uncaught: deque[tuple[int, int, BaseException]] = deque(maxlen=100)
         self.uncaught_count = 0
@@ -106,7 +105,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         """
         info = self.registry.by_name(change.entity)
         model = info.model
-        if isinstance(session, ApplySession) and session.grouped and self._stageable(model, change):
+        if isinstance(session, ApplySession) and session.grouped and self._stageable(info, change):
             self._stage(model, change, session)
             return
         if change.operation is Operation.INSERT:
@@ -125,21 +124,15 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
                 "database has diverged from the log (restore it or rebuild it from the log)"
             )
 
-    def _stageable(self, model: type[Any], change: RowChange) -> bool:
+    @staticmethod
+    def _stageable(info: EntityInfo, change: RowChange) -> bool:
         """Whether a row change of a group may be staged: an insert, or an update or delete by the
         whole primary key (so that each hits at most one row, and the group's summed row count
         is exactly the check that every one hit one). A staged group runs its changes by
         statement, not in log order; a change that depended on that order (a row inserted,
         deleted and inserted again in one group) then fails the row count or a unique key, and the
         group is applied again one transaction at a time, in order."""
-        if change.operation is Operation.INSERT:
-            return True
-        primary_key = self._primary_keys.get(model)
-        if primary_key is None:
-            mapper = inspect(model)
-            primary_key = frozenset(mapper.get_property_by_column(c).key for c in mapper.primary_key)
-            self._primary_keys[model] = primary_key
-        return set(change.key) == primary_key
+        return change.operation is Operation.INSERT or set(change.key) == set(info.primary_key)
 
     def _stage(self, model: type[Any], change: RowChange, session: ApplySession) -> None:
         """Stage one row change (see :meth:`_stageable`), with a statement built once per shape."""

@@ -94,6 +94,7 @@ class EntityInfo:
         model: the mapped class.
         spec: its ``__waltz__``.
         key: the key attribute names.
+        primary_key: the attribute names of the model's primary key columns.
         attributes: every column attribute name (what change-sets carry).
     """
 
@@ -103,6 +104,9 @@ class EntityInfo:
         self.spec = spec
         self.mapper = mapper
         self.attributes: tuple[str, ...] = tuple(prop.key for prop in mapper.column_attrs)
+        self.primary_key: tuple[str, ...] = tuple(
+            mapper.get_property_by_column(col).key for col in mapper.primary_key
+        )
         if spec.key:
             missing = [name for name in spec.key if name not in self.attributes]
             if missing:
@@ -112,7 +116,7 @@ class EntityInfo:
                 )
             self.key: tuple[str, ...] = spec.key
         else:
-            self.key = tuple(mapper.get_property_by_column(col).key for col in mapper.primary_key)
+            self.key = self.primary_key
         self.defaults: dict[str, Any] = {}
         for prop in mapper.column_attrs:
             column = prop.columns[0]

@@ -125,12 +125,7 @@ class HighWaterMarks:
         Raises:
             RuntimeError: the row did not hold ``expected`` (it was not locked by this transaction).
         """
-        result = conn.execute(
-            update(_marks)
-            .where(self._where(partition_id) & (_marks.c.high_water_mark == expected))
-            .values(high_water_mark=new, updated_at=_now())
-        )
-        if result.rowcount != 1:
+        if not self.try_advance(conn, partition_id, expected, new):
             raise RuntimeError(
                 f"cluster {self.cluster_name!r} partition {partition_id}: the high-water mark moved "
                 f"from {expected} while its row was locked (is another writer bypassing the lock?)"
