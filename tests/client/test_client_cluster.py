@@ -410,3 +410,26 @@ def test_prefetching_callbacks_get_each_batch_with_its_data_loaded(
     assert reader_store.loaded_before_apply and all(reader_store.loaded_before_apply)
     applied = [a.data for pid in (0, 1) for a in reader_store.applied[pid]]
     assert sorted(applied) == sorted(f"prefetch-{i}".encode() for i in range(60))
+
+
+def test_when_applied_calls_back_once_the_transaction_is_applied_and_at_once_after(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    store = MemoryStore(log_start)
+    with WaltzClient(store, client_config) as client:
+        transaction_id = client.submit(Append(0, b"applied?")).result(30)
+        assert transaction_id is not None
+        seen: list[tuple[str, int, int]] = []
+        done = threading.Event()
+
+        def called(name: str) -> None:
+            seen.append((name, threading.get_ident(), store.get_client_high_water_mark(0)))
+            done.set()
+
+        client.when_applied(0, transaction_id, lambda: called("first"))
+        assert done.wait(30), "when_applied never called back"
+        assert seen[0][2] >= transaction_id  # the store had it when the callback ran
+        client.when_applied(0, transaction_id, lambda: called("again"))
+        assert seen[-1][:2] == ("again", threading.get_ident())  # applied already: at once, here
+        with pytest.raises(ValueError):
+            client.when_applied(99, 0, lambda: None)

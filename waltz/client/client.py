@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Self
 
@@ -209,6 +209,19 @@ class WaltzClient:
             ValueError: no such partition.
         """
         return self._core.applied_mark(partition_id).wait(transaction_id, timeout)
+
+    def when_applied(self, partition_id: int, transaction_id: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once this client has applied ``transaction_id`` (as :meth:`wait_applied`
+        means it), without blocking: at once on this thread when it is applied already, else on the
+        thread that applies it, right after.
+
+        The callback must be quick and must not raise (an exception is logged, not propagated);
+        there is no timeout or cancel (a callback that is no longer wanted checks that itself).
+
+        Raises:
+            ValueError: no such partition.
+        """
+        self._core.applied_mark(partition_id).call_when(transaction_id, callback)
 
     def set_partitions(self, partition_ids: Iterable[int]) -> None:
         """Mount exactly these partitions (for ``client.autoMount: false``); unmount the others.
