@@ -61,3 +61,11 @@ class WaltzClientCallbacks(abc.ABC):
         """
         for transaction in transactions:
             self.apply_transaction(transaction)
+
+    def client_closed(self) -> None:
+        """Optional hook: a client using these callbacks closed (after its apply workers stopped).
+
+        Release what the callbacks keep for the client (idle database connections, say); they
+        may be used again by another client. The default does nothing. An exception is logged.
+        """
+        return None

@@ -631,6 +631,14 @@ class ClientCore:
         for submission in in_flight:
             submission.fail(error)
         self._executor.shutdown(wait=True, cancel_futures=False)
+        try:
+            callbacks = getattr(self, "callbacks", None)
+            if callbacks is not None:
+                callbacks.client_closed()
+        except Exception:
+            log.exception(
+                "Waltz client %s: its callbacks' client_closed raised", getattr(self, "client_id", "?")
+            )
         log.info("Waltz client %s closed", getattr(self, "client_id", "?"))
 
     def drop_connections(self, reason: str = "dropped on purpose") -> None:

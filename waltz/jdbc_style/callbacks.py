@@ -55,6 +55,9 @@ T = TypeVar("T")
 #: Isolation level of entity reads (mark first, then the entities, in one snapshot).
 SNAPSHOT_ISOLATION = "REPEATABLE READ"
 
+#: Idle reader connections an instance keeps (more in use at once are closed when given back).
+_IDLE_READERS = 8
+
 
 class _Staged:
     """The parameter sets staged for one statement, and the rows they should change in all."""
@@ -195,14 +198,26 @@ class MarkSnapshot:
         partition_id: the partition.
         high_water_mark: the partition's mark in this snapshot (-1: nothing applied).
         connection: the snapshot's connection (read through it, or through :attr:`session`).
-        session: an ORM session on the same connection and transaction.
     """
 
-    def __init__(self, partition_id: int, high_water_mark: int, connection: Connection, session: Session):
+    def __init__(self, partition_id: int, high_water_mark: int, connection: Connection) -> None:
         self.partition_id = partition_id
         self.high_water_mark = high_water_mark
         self.connection = connection
-        self.session = session
+        self._session: Session | None = None
+
+    @property
+    def session(self) -> Session:
+        """An ORM session on the snapshot's connection and transaction (made when first used)."""
+        if self._session is None:
+            self._session = Session(bind=self.connection)
+        return self._session
+
+    def close(self) -> None:
+        """Close the session, if one was made (the snapshot's owner ends the transaction)."""
+        if self._session is not None:
+            self._session.close()
+            self._session = None
 
 
 class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
@@ -252,6 +267,11 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self._failing: set[int] = set()
         self._rows: set[int] = set()  # partitions whose mark row is known to exist
         self._shared: set[int] = set()  # partitions another instance was seen applying
+        # Idle reader connections (snapshots, mark reads) on database servers; SQLite's pool
+        # checkouts are cheap and its in-memory databases are per thread.
+        self._keep_readers = self.engine.dialect.name != "sqlite"
+        self._readers: list[Connection] = []
+        self._readers_lock = threading.Lock()
         self.skipped: list[tuple[int, int]] = []
         """(partition, transaction) pairs this instance skipped on an operator's request."""
         if check_schema:
@@ -439,19 +459,34 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         REPEATABLE READ on PostgreSQL and MySQL/MariaDB, a deferred transaction on SQLite (a
         snapshot from the first read in WAL mode): everything read in it is the state at the
         mark, even when other instances apply transactions meanwhile. The transaction is rolled
-        back at the end (it only reads).
+        back at the end (it only reads). On a database server the connection is one of the
+        instance's reader connections (see :meth:`release_connections`); a transient error
+        opening the snapshot (a connection the server closed) is retried on a new connection.
         """
-        with self.engine.connect() as conn:
-            if conn.dialect.name != "sqlite":
-                conn.execution_options(isolation_level=SNAPSHOT_ISOLATION)
-            with conn.begin() as transaction:
-                mark = self.marks.read(conn, partition_id)
-                session = Session(bind=conn)
-                try:
-                    yield MarkSnapshot(partition_id, -1 if mark is None else int(mark), conn, session)
-                finally:
-                    session.close()
-                    transaction.rollback()
+        conn, mark = self._retry(lambda: self._open_snapshot(partition_id))
+        snapshot = MarkSnapshot(partition_id, mark, conn)
+        try:
+            yield snapshot
+        finally:
+            snapshot.close()
+            self._end_read(conn)
+
+    def release_connections(self) -> None:
+        """Close the idle reader connections this instance keeps (the client calls it when it
+        closes; the callbacks stay usable and open new ones when needed). Idempotent.
+
+        On a database server, snapshots and mark reads reuse up to a few connections kept out of
+        the engine's pool, with the snapshot isolation level set once: no pool pre-ping, reset or
+        isolation change per read. SQLite takes a connection from the pool each time.
+        """
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+        for conn in readers:
+            conn.close()
+
+    def client_closed(self) -> None:
+        """A client using these callbacks closed: release the idle reader connections."""
+        self.release_connections()
 
     # --- internals ---------------------------------------------------------------------------------
 
@@ -466,9 +501,51 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         return retrying(fn)
 
     def _read_mark(self, partition_id: int) -> int:
-        with self.engine.connect() as conn:
+        conn = self._take_reader()
+        try:
             mark = self.marks.read(conn, partition_id)
-            return -1 if mark is None else int(mark)
+        except BaseException:
+            conn.close()
+            raise
+        self._end_read(conn)
+        return -1 if mark is None else int(mark)
+
+    def _open_snapshot(self, partition_id: int) -> tuple[Connection, int]:
+        """A reader connection in a new transaction, and the partition's mark read first in it."""
+        conn = self._take_reader()
+        try:
+            conn.begin()
+            mark = self.marks.read(conn, partition_id)
+        except BaseException:
+            conn.close()  # a broken connection is never kept
+            raise
+        return conn, -1 if mark is None else int(mark)
+
+    def _take_reader(self) -> Connection:
+        """An idle reader connection, or a new one with the snapshot isolation level set."""
+        if self._keep_readers:
+            with self._readers_lock:
+                if self._readers:
+                    return self._readers.pop()
+        conn = self.engine.connect()
+        if self._keep_readers:
+            conn.execution_options(isolation_level=SNAPSHOT_ISOLATION)
+        return conn
+
+    def _end_read(self, conn: Connection) -> None:
+        """Roll back the read and keep the connection for the next one (a few at most)."""
+        try:
+            if conn.in_transaction():
+                conn.rollback()
+        except BaseException:
+            conn.close()
+            raise
+        if self._keep_readers and not conn.invalidated:
+            with self._readers_lock:
+                if len(self._readers) < _IDLE_READERS:
+                    self._readers.append(conn)
+                    return
+        conn.close()
 
     def _note_applied(self, partition_id: int, mark: int) -> None:
         with self._applied_changed:

@@ -31,8 +31,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import inspect
-from sqlalchemy.orm import DeclarativeBase, Mapper
+from sqlalchemy import Column, Select, and_, bindparam, inspect, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import DeclarativeBase, Mapper, Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from waltz.client.locks import PartitionLocalLock
 from waltz.errors import SqlFrameworkError
@@ -178,6 +180,48 @@ class EntityInfo:
     def row_of(self, entity: Any) -> dict[str, Any]:
         """Every column attribute of an instance (the whole row, as change-sets carry it)."""
         return {name: getattr(entity, name) for name in self.attributes}
+
+    def load(self, conn: Connection, key: tuple[Any, ...]) -> Any | None:
+        """Read the entity with these key values through ``conn``, or None when it has no row.
+
+        Returns:
+            An instance not attached to any session, its attributes loaded as committed values
+            (no pending changes), or None.
+        """
+        by_key = self._by_key
+        if by_key is None:  # several tables or computed columns: the ORM knows how to load it
+            where = and_(*(getattr(self.model, n) == v for n, v in zip(self.key, key, strict=True)))
+            with Session(bind=conn) as session:
+                entity = session.execute(select(self.model).where(where)).scalar_one_or_none()
+                if entity is not None:
+                    session.expunge(entity)
+                return entity
+        row = conn.execute(by_key, {f"key_{i}": value for i, value in enumerate(key)}).first()
+        if row is None:
+            return None
+        entity = self.mapper.class_manager.new_instance()
+        for name, value in zip(self.attributes, row, strict=True):
+            set_committed_value(entity, name, value)
+        return entity
+
+    @property
+    def _by_key(self) -> Select[Any] | None:
+        """The statement that reads one row by key, built once (None: the model needs the ORM)."""
+        if not hasattr(self, "_by_key_statement"):
+            columns = [prop.columns[0] for prop in self.mapper.column_attrs]
+            simple = (
+                len(self.mapper.tables) == 1
+                and all(len(prop.columns) == 1 for prop in self.mapper.column_attrs)
+                and all(isinstance(column, Column) for column in columns)
+            )
+            statement: Select[Any] | None = None
+            if simple:
+                by_name = {prop.key: prop.columns[0] for prop in self.mapper.column_attrs}
+                statement = select(*columns).where(
+                    and_(*(by_name[name] == bindparam(f"key_{i}") for i, name in enumerate(self.key)))
+                )
+            self._by_key_statement = statement
+        return self._by_key_statement
 
 
 class EntityRegistry:

@@ -34,7 +34,7 @@ import abc
 from collections.abc import Iterable
 from typing import Any, TypeVar, overload
 
-from sqlalchemy import and_, select
+from sqlalchemy.orm import Session
 
 from waltz.client.context import TransactionBuilder, TransactionContext
 from waltz.client.locks import PartitionLocalLock
@@ -69,7 +69,6 @@ class EntityTransaction:
         self._num_partitions = num_partitions
         self.partition_id = snapshot.partition_id
         self.high_water_mark = snapshot.high_water_mark
-        self.session = snapshot.session
         self.idempotency_key: str | None = None
         self.meta: dict[str, Any] = {}
         self._changes: list[RowChange] = []
@@ -87,7 +86,7 @@ class EntityTransaction:
                 mapping of attribute names.
 
         Returns:
-            A detached instance holding the row at the snapshot's mark, or None.
+            An instance holding the row at the snapshot's mark (attached to no session), or None.
 
         Raises:
             CrossPartitionError: the entity belongs to another partition.
@@ -95,11 +94,12 @@ class EntityTransaction:
         """
         info, values = self._locate(model, key)
         self.lock_read(model, values)
-        where = and_(*(getattr(model, name) == value for name, value in zip(info.key, values, strict=True)))
-        entity = self.session.execute(select(model).where(where)).scalar_one_or_none()
-        if entity is not None:
-            self.session.expunge(entity)
-        return entity
+        return info.load(self._snapshot.connection, values)
+
+    @property
+    def session(self) -> Session:
+        """An ORM session on the snapshot (see the class docstring)."""
+        return self._snapshot.session
 
     def get_many(self, model: type[E], keys: Iterable[Any]) -> dict[tuple[Any, ...], E | None]:
         """:meth:`get` for several keys: ``{key tuple: entity or None}``."""

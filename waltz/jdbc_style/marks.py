@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Table, select, update
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
@@ -57,9 +57,21 @@ class HighWaterMarks:
     def __init__(self, cluster_name: str) -> None:
         self.cluster_name = cluster_name
         self._where_cluster = _marks.c.cluster_name == cluster_name
+        # Built once: a statement object reused with new parameters skips SQLAlchemy's cache-key
+        # walk, which costs more than the round trip of these one-row statements.
+        where = (_marks.c.cluster_name == bindparam("mark_cluster")) & (
+            _marks.c.partition_id == bindparam("mark_partition")
+        )
+        self._read = select(_marks.c.high_water_mark).where(where)
+        self._lock = self._read.with_for_update()
+        self._advance = (
+            update(_marks)
+            .where(where & (_marks.c.high_water_mark == bindparam("expected_mark")))
+            .values(high_water_mark=bindparam("new_mark"), updated_at=bindparam("now"))
+        )
 
-    def _where(self, partition_id: int) -> Any:
-        return self._where_cluster & (_marks.c.partition_id == partition_id)
+    def _key(self, partition_id: int) -> dict[str, Any]:
+        return {"mark_cluster": self.cluster_name, "mark_partition": partition_id}
 
     def ensure(self, conn: Connection, partition_id: int) -> None:
         """Create the partition's row at -1 unless it exists (race-free, see :func:`insert_if_absent`)."""
@@ -76,7 +88,7 @@ class HighWaterMarks:
 
     def read(self, conn: Connection, partition_id: int) -> int | None:
         """The partition's mark as this transaction sees it, or None when it has no row."""
-        return conn.execute(select(_marks.c.high_water_mark).where(self._where(partition_id))).scalar()
+        return conn.execute(self._read, self._key(partition_id)).scalar()
 
     def read_all(self, conn: Connection) -> dict[int, int]:
         """Every partition's mark: ``{partition_id: high_water_mark}``."""
@@ -92,11 +104,11 @@ class HighWaterMarks:
         write lock already: the framework begins apply transactions with ``BEGIN IMMEDIATE``).
         A missing row is created first.
         """
-        stmt = select(_marks.c.high_water_mark).where(self._where(partition_id)).with_for_update()
-        mark = conn.execute(stmt).scalar()
+        key = self._key(partition_id)
+        mark = conn.execute(self._lock, key).scalar()
         if mark is None:
             self.ensure(conn, partition_id)
-            mark = conn.execute(stmt).scalar()
+            mark = conn.execute(self._lock, key).scalar()
             if mark is None:  # pragma: no cover - the insert above guarantees a row
                 raise RuntimeError(f"high-water-mark row of partition {partition_id} vanished")
         return int(mark)
@@ -113,9 +125,8 @@ class HighWaterMarks:
             instance moved it, the row is missing, or there is a gap), with nothing changed.
         """
         result = conn.execute(
-            update(_marks)
-            .where(self._where(partition_id) & (_marks.c.high_water_mark == expected))
-            .values(high_water_mark=new, updated_at=_now())
+            self._advance,
+            {**self._key(partition_id), "expected_mark": expected, "new_mark": new, "now": _now()},
         )
         return bool(result.rowcount == 1)
 
