@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
-from sqlalchemy import Engine, String, select
+from sqlalchemy import Engine, ForeignKey, String, inspect, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from waltz.client.context import TransactionBuilder
@@ -216,3 +217,131 @@ def test_an_instance_with_attribute_values_as_well_is_refused_with_how_to_call_i
     context.partition_id(NUM_PARTITIONS)
     with pytest.raises(ValueError, match=r"tx.insert\(Counter\(...\)\) or tx.insert\(Counter, \*\*values\)"):
         context.execute(TransactionBuilder(-1))
+
+
+def _close_other_connections(engine: Engine) -> int:
+    """Close, server side, every other connection to the engine's database (as a restart would)."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            closed = conn.exec_driver_sql(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).scalar()
+            return int(closed or 0)
+        ids = [
+            int(row[0])
+            for row in conn.exec_driver_sql(
+                "SELECT id FROM information_schema.processlist "
+                "WHERE db = database() AND id <> connection_id()"
+            )
+        ]
+        for connection_id in ids:
+            conn.exec_driver_sql(f"KILL {connection_id}")
+        return len(ids)
+
+
+def test_kept_connections_closed_by_the_server_are_replaced_without_an_error(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    """Snapshots, mark reads and applies reuse connections kept out of the pool (no pre-ping):
+    one the server closed fails its first statement, and the read or apply is retried on a new
+    connection instead of failing the attempt."""
+    if callbacks.engine.dialect.name == "sqlite":
+        pytest.skip("SQLite takes a pooled connection for each use; nothing is kept")
+    pid, builder, _ = _build(Increment(callbacks, 9))
+    callbacks.apply_transaction(_committed(pid, 0, builder))
+    pid, builder, _ = _build(Increment(callbacks, 9))  # a reader and an applier are kept now
+    # Close the engine's pooled connections too, so that only what the callbacks keep remains.
+    callbacks.engine.dispose()
+    assert _close_other_connections(callbacks.engine) >= 2
+    callbacks.apply_transaction(_committed(pid, 1, builder))  # on a replaced applier
+    assert _read(callbacks.engine, 9) == 2
+    assert _close_other_connections(callbacks.engine) >= 1
+    racing = Increment(callbacks, 9)
+    pid, builder, ok = _build(racing)  # the snapshot opens on a replaced reader
+    assert ok and racing.seen == [2] and builder.build().client_high_water_mark == 1
+
+
+def test_release_connections_closes_what_the_callbacks_keep(callbacks: ChangeSetCallbacks) -> None:
+    if callbacks.engine.dialect.name == "sqlite":
+        pytest.skip("SQLite takes a pooled connection for each use; nothing is kept")
+    pid, builder, _ = _build(Increment(callbacks, 10))
+    callbacks.apply_transaction(_committed(pid, 0, builder))
+    callbacks.engine.dispose()  # the pool's idle connections: only the kept ones remain open
+    assert _close_other_connections(callbacks.engine) == 2  # one reader, one applier
+    _build(Increment(callbacks, 10))
+    callbacks.apply_transaction(_committed(pid, 1, _build(Increment(callbacks, 10))[1]))
+    callbacks.release_connections()
+    callbacks.engine.dispose()
+    assert _close_other_connections(callbacks.engine) == 0
+    assert _read(callbacks.engine, 10) == 2  # and the callbacks still work
+    _build(Increment(callbacks, 10))
+
+
+class Renamed(Base):
+    """Attribute names that differ from the column names."""
+
+    __tablename__ = "renamed"
+    __waltz__ = WaltzEntity("renamed", partition_by=lambda key, n: key[0] % n)
+    renamed_id: Mapped[int] = mapped_column("id", primary_key=True)
+    amount: Mapped[int] = mapped_column("amount_cents", default=0)
+
+
+class Vehicle(Base):
+    __tablename__ = "vehicles"
+    __mapper_args__: ClassVar[dict[str, Any]] = {"polymorphic_on": "kind", "polymorphic_identity": "vehicle"}
+    __waltz__ = WaltzEntity("vehicle", partition_by=lambda key, n: key[0] % n)
+    vehicle_id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(20))
+
+
+class Truck(Vehicle):
+    """Joined-table inheritance: its rows span two tables (read through the ORM)."""
+
+    __tablename__ = "trucks"
+    __mapper_args__: ClassVar[dict[str, Any]] = {"polymorphic_identity": "truck"}
+    __waltz__ = WaltzEntity("truck", partition_by=lambda key, n: key[0] % n)
+    vehicle_id: Mapped[int] = mapped_column(ForeignKey("vehicles.vehicle_id"), primary_key=True)
+    payload_kg: Mapped[int] = mapped_column(default=0)
+
+
+class ReadBoth(EntityTransactionContext):
+    def __init__(self, callbacks: ChangeSetCallbacks) -> None:
+        super().__init__(callbacks, (Renamed, 4), (Truck, 8))
+        self.read: list[Any] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        self.read = [tx.get(Renamed, 4), tx.get(Truck, 8), tx.get(Renamed, 12)]
+        renamed = self.read[0]
+        tx.update(renamed, amount=renamed.amount + 1)
+        return True
+
+
+def test_entities_are_read_as_unattached_instances_with_committed_values(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    """Columns named unlike their attributes, and a model over two tables, read as the ORM would."""
+    callbacks.registry.register(Renamed)
+    callbacks.registry.register(Truck)
+    with callbacks.engine.begin() as conn:
+        conn.execute(Renamed.__table__.insert().values(id=4, amount_cents=250))
+        conn.execute(Vehicle.__table__.insert().values(vehicle_id=8, kind="truck"))
+        conn.execute(Truck.__table__.insert().values(vehicle_id=8, payload_kg=900))
+    context = ReadBoth(callbacks)
+    _, builder, ok = _build(context)
+    assert ok
+    renamed, truck, missing = context.read
+    assert (renamed.renamed_id, truck.vehicle_id, truck.kind, truck.payload_kg, missing) == (
+        4,
+        8,
+        "truck",
+        900,
+        None,
+    )
+    for entity in (renamed, truck):
+        state = inspect(entity)
+        assert state.session is None and not state.pending
+    assert inspect(truck).detached  # loaded by the ORM, then expunged
+    [change] = ChangeSet.decode(builder.build().data).changes
+    assert change.operation is Operation.UPDATE
+    assert dict(change.values) == {"renamed_id": 4, "amount": 251}
