@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, ForeignKey, String, inspect, select
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from waltz.client.context import TransactionBuilder
 from waltz.client.transaction import Transaction
@@ -289,7 +289,7 @@ class Renamed(Base):
 
 class Vehicle(Base):
     __tablename__ = "vehicles"
-    __mapper_args__: ClassVar[dict[str, Any]] = {"polymorphic_on": "kind", "polymorphic_identity": "vehicle"}
+    __mapper_args__ = {"polymorphic_on": "kind", "polymorphic_identity": "vehicle"}  # noqa: RUF012
     __waltz__ = WaltzEntity("vehicle", partition_by=lambda key, n: key[0] % n)
     vehicle_id: Mapped[int] = mapped_column(primary_key=True)
     kind: Mapped[str] = mapped_column(String(20))
@@ -299,7 +299,7 @@ class Truck(Vehicle):
     """Joined-table inheritance: its rows span two tables (read through the ORM)."""
 
     __tablename__ = "trucks"
-    __mapper_args__: ClassVar[dict[str, Any]] = {"polymorphic_identity": "truck"}
+    __mapper_args__ = {"polymorphic_identity": "truck"}  # noqa: RUF012
     __waltz__ = WaltzEntity("truck", partition_by=lambda key, n: key[0] % n)
     vehicle_id: Mapped[int] = mapped_column(ForeignKey("vehicles.vehicle_id"), primary_key=True)
     payload_kg: Mapped[int] = mapped_column(default=0)
@@ -323,10 +323,9 @@ def test_entities_are_read_as_unattached_instances_with_committed_values(
     """Columns named unlike their attributes, and a model over two tables, read as the ORM would."""
     callbacks.registry.register(Renamed)
     callbacks.registry.register(Truck)
-    with callbacks.engine.begin() as conn:
-        conn.execute(Renamed.__table__.insert().values(id=4, amount_cents=250))
-        conn.execute(Vehicle.__table__.insert().values(vehicle_id=8, kind="truck"))
-        conn.execute(Truck.__table__.insert().values(vehicle_id=8, payload_kg=900))
+    with Session(callbacks.engine) as session:
+        session.add_all([Renamed(renamed_id=4, amount=250), Truck(vehicle_id=8, payload_kg=900)])
+        session.commit()
     context = ReadBoth(callbacks)
     _, builder, ok = _build(context)
     assert ok
