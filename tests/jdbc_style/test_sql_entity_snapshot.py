@@ -344,3 +344,33 @@ def test_entities_are_read_as_unattached_instances_with_committed_values(
     [change] = ChangeSet.decode(builder.build().data).changes
     assert change.operation is Operation.UPDATE
     assert dict(change.values) == {"renamed_id": 4, "amount": 251}
+
+
+class ReadMany(EntityTransactionContext):
+    def __init__(self, callbacks: ChangeSetCallbacks, keys: list[int]) -> None:
+        super().__init__(callbacks, (Counter, keys[0]))
+        self.keys = keys
+        self.read: dict[tuple[Any, ...], Counter | None] = {}
+
+    def run(self, tx: EntityTransaction) -> bool:
+        self.read = tx.get_many(Counter, self.keys)
+        return False
+
+
+def test_get_many_reads_several_entities_and_locks_each(callbacks: ChangeSetCallbacks) -> None:
+    for counter_id in (1, 5):
+        pid, builder, _ = _build(Increment(callbacks, counter_id))
+        callbacks.apply_transaction(_committed(pid, callbacks.get_client_high_water_mark(pid) + 1, builder))
+    context = ReadMany(callbacks, [5, 9, 1])
+    _build(context)
+    assert list(context.read) == [(5,), (9,), (1,)]  # in the order asked
+    assert {key: None if c is None else c.value for key, c in context.read.items()} == {
+        (5,): 1,
+        (9,): None,
+        (1,): 1,
+    }
+    assert context.last_transaction is not None
+    info = callbacks.registry.info(Counter)
+    assert set(context.last_transaction.read_locks) == {info.lock((k,)) for k in (1, 5, 9)}
+    with pytest.raises(CrossPartitionError):
+        _build(ReadMany(callbacks, [5, 6]))

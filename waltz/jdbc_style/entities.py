@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,6 +203,37 @@ class EntityInfo:
         for name, value in zip(self.attributes, row, strict=True):
             set_committed_value(entity, name, value)
         return entity
+
+    def load_many(
+        self, conn: Connection, keys: Sequence[tuple[Any, ...]]
+    ) -> dict[tuple[Any, ...], Any | None]:
+        """:meth:`load` for several keys: one ``IN`` statement for a one-attribute key, else one
+        statement per key. Returns ``{key tuple: instance or None}`` in the order given."""
+        by_key = self._by_key
+        if by_key is None or len(self.key) != 1 or len(keys) < 2:
+            return {key: self.load(conn, key) for key in keys}
+        found: dict[tuple[Any, ...], Any | None] = dict.fromkeys(keys)
+        key_index = self.attributes.index(self.key[0])
+        for row in conn.execute(self._by_keys, {"keys": [key[0] for key in found]}):
+            key = (row[key_index],)
+            if key not in found:  # the database converted a key value (e.g. "7" for 7): key by key
+                return {key: self.load(conn, key) for key in keys}
+            entity = self.mapper.class_manager.new_instance()
+            for name, value in zip(self.attributes, row, strict=True):
+                set_committed_value(entity, name, value)
+            found[key] = entity
+        return found
+
+    @property
+    def _by_keys(self) -> Select[Any]:
+        """The statement that reads rows by a list of one-attribute keys (``keys``, expanding)."""
+        if not hasattr(self, "_by_keys_statement"):
+            prop = self.mapper.get_property(self.key[0])
+            columns = [p.columns[0] for p in self.mapper.column_attrs]
+            self._by_keys_statement = select(*columns).where(
+                prop.columns[0].in_(bindparam("keys", expanding=True))
+            )
+        return self._by_keys_statement
 
     @property
     def _by_key(self) -> Select[Any] | None:

@@ -102,13 +102,16 @@ class EntityTransaction:
         return self._snapshot.session
 
     def get_many(self, model: type[E], keys: Iterable[Any]) -> dict[tuple[Any, ...], E | None]:
-        """:meth:`get` for several keys: ``{key tuple: entity or None}``."""
-        result: dict[tuple[Any, ...], E | None] = {}
-        for key in keys:
-            info, values = self._locate(model, key)
-            del info
-            result[values] = self.get(model, values)
-        return result
+        """:meth:`get` for several keys in one statement: ``{key tuple: entity or None}``.
+
+        Raises:
+            CrossPartitionError: an entity belongs to another partition.
+        """
+        info = self._callbacks.registry.info(model)
+        located = [self._locate(model, key)[1] for key in keys]
+        for values in located:
+            self.lock_read(model, values)
+        return info.load_many(self._snapshot.connection, located)
 
     def lock_read(self, model: type[Any], key: Any) -> None:
         """Register a READ lock on an entity without reading it (e.g. rows a query depended on).
