@@ -1,9 +1,12 @@
-"""``waltz perf``: producer and consumer performance runs (upstream Waltz's ProducerPerf/ConsumerPerf).
+"""``waltz perf``: producer and consumer performance runs (upstream Waltz's ProducerPerf/ConsumerPerf),
+and the ledger example's SmallBank mix from application instances (``waltz perf smallbank``).
 
-The logic lives in :mod:`waltz.perf`; this module parses options and prints the figures. Exit
-codes: 0 the run finished (failed transactions are reported, not fatal); 1 the run could not
-complete (a client process failed, the consumer timed out); 2 bad options or configuration, or the
-cluster could not be reached or started.
+The logic lives in :mod:`waltz.perf` and, for ``smallbank``, in :mod:`waltz_examples.ledger.perf`
+(imported inside the command); this module parses options and prints the figures. Exit codes: 0
+the run finished (failed transactions are reported, not fatal); 1 the run could not complete (a
+client or instance process failed, the consumer timed out) or, for ``smallbank``, a ledger check
+failed; 2 bad options or configuration, an unusable database, or the cluster could not be reached
+or started.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ from waltz.logs import configure_logging
 app = typer.Typer(
     help=(
         "Measure a Waltz cluster: producers (transactions/s, MB/s, retries per transaction, "
-        "submit-to-commit latency percentiles from an HdrHistogram) and consumers (read throughput). "
+        "submit-to-commit latency percentiles from an HdrHistogram), consumers (read throughput), and "
+        "the ledger example's SmallBank mix from application instances sharing one database "
+        "(committed/s, submit-to-commit and submit-to-applied latencies). "
         "Target an existing cluster with --zookeeper/--root (or --config, or `WALTZ_*` variables), or "
         "start a local one with --local and --storages/--servers/--partitions."
     ),
-    short_help="Measure a cluster: producer and consumer throughput and latency.",
+    short_help="Measure throughput and latency: producers, consumers, SmallBank.",
     no_args_is_help=True,
     rich_markup_mode=MARKUP,
 )
@@ -275,5 +280,124 @@ def consumer(
     typer.echo(f"(producers: {report.producers.transactions_per_second:,.1f} transactions/s)")
 
 
+def smallbank(
+    instances: Annotated[
+        int, typer.Option(min=1, help="Ledger instances, each in a process of its own.")
+    ] = 3,
+    transactions: Annotated[
+        int,
+        typer.Option(
+            "--transactions",
+            "-n",
+            min=0,
+            help="Measured SmallBank draws in all (Balance reads included), split across the instances.",
+        ),
+    ] = 6000,
+    accounts: Annotated[int, typer.Option(min=2, help="SmallBank customers, opened before the run.")] = 200,
+    in_flight: Annotated[
+        int,
+        typer.Option(
+            "--in-flight", min=1, help="Log transactions each instance keeps submitted and unresolved."
+        ),
+    ] = 21,
+    submitters: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Threads per instance that submit (default: the workload's, 4).",
+            show_default=False,
+        ),
+    ] = None,
+    seed: Annotated[
+        int, typer.Option(help="Seed of the opening balances; instance i draws with seed + 1 + i.")
+    ] = 7,
+    db: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Shared application database URL, e.g. postgresql+psycopg://postgres@127.0.0.1/bench "
+                "or mysql+pymysql://root@127.0.0.1/bench: empty, or holding only this ledger's "
+                "tables. Default: SQLite in a temporary directory, removed afterwards."
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    timeout: TimeoutOption = 600.0,
+    local: LocalOption = False,
+    storages: StoragesOption = 3,
+    servers: ServersOption = 2,
+    partitions: PartitionsOption = 4,
+    config: ConfigOption = None,
+    zookeeper: ZookeeperOption = None,
+    root: RootOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run the ledger example's SmallBank mix (the demo's workload) from N ledger instances, each in
+    a process of its own, sharing one database, and print what a user of the application sees.
+
+    The database is migrated and the accounts opened first; then every instance (a LedgerService:
+    Waltz client, SQL callbacks, transfer sweeper) mounts, and all start the measured phase
+    together, each drawing its share of the mix with its own seed.
+
+    Printed: committed/s over the common window (all instances) and per instance; submitted,
+    committed, dropped by the rules (by reason), balances read, lock failures per committed
+    transaction, errors; p50, p90, p99 and p99.9 (HdrHistogram) of submit -> commit (the
+    submit future gives the transaction ID) and of submit -> applied (the submitting instance has
+    applied it: read-your-writes), over the committed transactions of the mix. Then the ledger's
+    checks (applied exactly once, money conserved, transfers exactly once, balance rules); a
+    failed check exits 1.
+
+    Example: waltz perf smallbank --local --db postgresql+psycopg://postgres@127.0.0.1/bench
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from waltz_examples.ledger.perf import (
+        SmallBankPerfSettings,
+        UnusableDatabaseError,
+        check_database,
+        perf_database,
+        run_smallbank,
+    )
+    from waltz_examples.ledger.smallbank import SmallBankConfig
+
+    try:
+        settings = SmallBankPerfSettings(
+            instances=instances,
+            transactions=transactions,
+            accounts=accounts,
+            in_flight=in_flight,
+            submitters=submitters if submitters is not None else SmallBankConfig.submitters,
+            seed=seed,
+            timeout=timeout,
+        )
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from exc
+    if local and (zookeeper or root):
+        raise _fail("--local starts its own cluster: drop --zookeeper/--root", 2)
+    say = None if as_json else lambda line: typer.echo(line, err=True)
+    with perf_database(db) as db_url:
+        try:
+            check_database(db_url, new_log=local, cluster_name=settings.cluster_name)
+        except UnusableDatabaseError as exc:
+            raise _fail(str(exc), 2) from exc
+        with _target(local, storages, servers, partitions, config, zookeeper, root) as target:
+            client_config = target.config
+            try:
+                report = run_smallbank(
+                    client_config, settings, db_url, metrics_urls=target.metrics_urls, say=say
+                )
+            except SQLAlchemyError as exc:
+                raise _fail(f"the database failed: {type(exc).__name__}: {exc}", 1) from exc
+    if as_json:
+        typer.echo(json.dumps(report.summary()))
+    else:
+        where = _describe(local, storages, servers, partitions, client_config.cluster_root)
+        typer.echo(f"smallbank: {settings.describe()}; database {report.database}; {where}")
+        typer.echo(report.text())
+    if not report.passed:
+        raise typer.Exit(1)
+
+
 app.command("producer")(producer)
 app.command("consumer")(consumer)
+app.command("smallbank")(smallbank)

@@ -4,7 +4,9 @@
 
 1. starts a local cluster (ZooKeeper, 3 storage nodes, 2 servers, as processes on loopback) and
    ``instances`` ledger instances sharing one database (SQLite by default);
-2. opens the accounts and runs the SmallBank mix for ``transactions`` draws, with progress;
+2. opens the accounts and runs the SmallBank mix for ``transactions`` draws, with progress, then
+   prints committed/s and the p50/p99 of submit -> commit and submit -> applied
+   (:meth:`~waltz_examples.ledger.smallbank.SmallBankStats.latency_line`);
 3. unless ``faults`` is off: ``kill -9`` of one storage node at a third of the run and of the
    server owning partition 0 at half of it, both restarted a few seconds later;
 4. waits for the sweepers to finish every transfer, then checks the invariants of
@@ -175,6 +177,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
 
             try:
                 stats = workload.run(options.transactions, step)
+                workload.wait_applied(60)  # the submit->applied latencies of the last ones
             finally:
                 workload.close()
             if faults is not None:
@@ -185,6 +188,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 f"({stats.transactions_per_second:,.0f}/s), "
                 f"{stats.dropped} dropped by the rules, {stats.lock_failures} lock failures retried"
             )
+            say(f"  {stats.latency_line()}")
             for reason, count in stats.drop_reasons.most_common(4):
                 say(f"  dropped {count}: {reason}")
             say("waiting for the sweepers to finish every two-step transfer")

@@ -11,10 +11,17 @@ SendPayment between customers of different partitions become two-step transfers.
 Transactions are spread round-robin over the given ledger instances and kept ``in_flight`` at a
 time; a lock failure is retried by the client, a rule violation (insufficient funds) drops the
 transaction, as SmallBank's user aborts do.
+
+Each committed log transaction the workload submitted is timed twice (HdrHistograms on
+:class:`SmallBankStats`): submit -> commit (``LedgerService.submit`` called to its future giving a
+transaction ID) and submit -> applied (to the submitting instance's client having applied that
+transaction, ``WaltzClient.when_applied``: when a read on that instance sees the write). Dropped
+transactions, errors, Balance reads and the sweepers' transfer steps are counted, not timed.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import threading
@@ -24,6 +31,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from waltz.perf.stats import LatencyHistogram
 from waltz_examples.ledger.operations import (
     DepositChecking,
     LedgerOperation,
@@ -58,6 +66,8 @@ class SmallBankConfig:
         seed: the random seed (the run is reproducible up to timing).
         deactivate: customers closed half-way through (credits to them are refunded).
         submitters: threads that submit (each runs a first attempt's database reads).
+        record_latency: time each committed transaction (:attr:`SmallBankStats.commit_latency`,
+            :attr:`SmallBankStats.applied_latency`); off, the histograms stay empty.
     """
 
     accounts: int = 1000
@@ -67,11 +77,29 @@ class SmallBankConfig:
     seed: int = 7
     deactivate: int = 3
     submitters: int = 4
+    record_latency: bool = True
 
 
 @dataclass
 class SmallBankStats:
-    """What a run did."""
+    """What a run did.
+
+    Attributes:
+        submitted: log transactions submitted (Balance reads are not).
+        committed: of those, committed (their future gave a transaction ID).
+        dropped: dropped by the rules (their future gave None); ``drop_reasons`` says why, with
+            numbers replaced by ``N``.
+        balances_read: Balance reads.
+        lock_failures: attempts refused by the lock check, summed over the resolved transactions.
+        errors: descriptions of the transactions and reads that failed.
+        by_op: resolved transactions and reads per SmallBank operation.
+        seconds: the run's wall-clock seconds, from its first draw to its last resolution.
+        commit_latency: per committed transaction, seconds from ``LedgerService.submit`` to its
+            future giving the transaction ID (microseconds inside).
+        applied_latency: per committed transaction, seconds from ``LedgerService.submit`` to the
+            submitting instance's client having applied it (read-your-writes on that instance);
+            complete once :meth:`SmallBankWorkload.wait_applied` returned True.
+    """
 
     submitted: int = 0
     committed: int = 0
@@ -82,11 +110,30 @@ class SmallBankStats:
     by_op: Counter[str] = field(default_factory=Counter)
     drop_reasons: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
+    commit_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    applied_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
     @property
     def transactions_per_second(self) -> float:
         """Committed log transactions per second of the run."""
         return self.committed / self.seconds if self.seconds else 0.0
+
+    def latency_line(self) -> str:
+        """Committed/s and the p50/p99 of both latencies in one line, e.g. ``committed/s 812;
+        submit->commit p50 9.1 ms, p99 41.3 ms; submit->applied p50 12.0 ms, p99 55.2 ms``
+        ("n/a" when nothing was timed)."""
+
+        def ms(histogram: LatencyHistogram, percentile: float) -> str:
+            value = histogram.percentile_ms(percentile)
+            return "n/a" if math.isnan(value) else f"{value:,.1f} ms"
+
+        parts = [f"committed/s {self.transactions_per_second:,.0f}"]
+        for label, histogram in (
+            ("submit->commit", self.commit_latency),
+            ("submit->applied", self.applied_latency),
+        ):
+            parts.append(f"{label} p50 {ms(histogram, 50.0)}, p99 {ms(histogram, 99.0)}")
+        return "; ".join(parts)
 
 
 class SmallBankWorkload:
@@ -100,6 +147,8 @@ class SmallBankWorkload:
         self._random = random.Random(self.config.seed)
         self._slots = threading.BoundedSemaphore(self.config.in_flight)
         self._lock = threading.Lock()
+        self._applied_changed = threading.Condition(self._lock)
+        self._applied_pending = 0  # committed transactions whose apply this workload still awaits
         self._next = 0
         self.stats = SmallBankStats()
         hot = max(2, int(self.config.accounts * self.config.hotspot_fraction))
@@ -197,6 +246,28 @@ class SmallBankWorkload:
         for _ in range(self.config.in_flight):
             self._slots.release()
 
+    def wait_applied(self, timeout: float = 60.0) -> bool:
+        """Wait until the instances have applied every transaction this workload saw commit (so
+        that :attr:`SmallBankStats.applied_latency` holds one value per committed transaction).
+
+        Returns:
+            True once they all are; False when some are not after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        with self._applied_changed:
+            while self._applied_pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._applied_changed.wait(remaining)
+        return True
+
+    @property
+    def unapplied(self) -> int:
+        """Committed transactions not yet applied by the instance that submitted them."""
+        with self._lock:
+            return self._applied_pending
+
     def _deactivate_some(self) -> None:
         from waltz_examples.ledger.operations import Deactivate
 
@@ -247,34 +318,70 @@ class SmallBankWorkload:
 
     def _submit(self, service: LedgerService, operation: LedgerOperation, name: str | None = None) -> None:
         self._slots.acquire()
+        stats = self.stats  # this run's (a later run starts new stats)
         with self._lock:
-            self.stats.submitted += 1
+            stats.submitted += 1
         # submit() runs the first attempt (a database snapshot) on the calling thread: a few
         # submitters let those reads overlap instead of queueing behind one another.
-        self._submitters.submit(self._submit_now, service, operation, name or operation.op)
+        self._submitters.submit(self._submit_now, service, operation, name or operation.op, stats)
 
-    def _submit_now(self, service: LedgerService, operation: LedgerOperation, name: str) -> None:
+    def _submit_now(
+        self, service: LedgerService, operation: LedgerOperation, name: str, stats: SmallBankStats
+    ) -> None:
+        started = time.perf_counter()  # the latencies start at the application's submit call
         try:
             future = service.submit(operation)
         except Exception as exc:
             self._slots.release()
             with self._lock:
-                self.stats.errors.append(f"{operation.op}: {exc!r}")
+                stats.errors.append(f"{operation.op}: {exc!r}")
             return
-        future.add_done_callback(lambda f: self._resolved(f, operation, name))
+        future.add_done_callback(lambda f: self._resolved(f, service, operation, name, stats, started))
 
-    def _resolved(self, future: Future[int | None], operation: LedgerOperation, name: str) -> None:
+    def _resolved(
+        self,
+        future: Future[int | None],
+        service: LedgerService,
+        operation: LedgerOperation,
+        name: str,
+        stats: SmallBankStats,
+        started: float,
+    ) -> None:
+        transaction_id: int | None = None
         try:
             exc = future.exception()
             with self._lock:
-                self.stats.lock_failures += operation.lock_failures
-                self.stats.by_op[name] += 1
+                stats.lock_failures += operation.lock_failures
+                stats.by_op[name] += 1
                 if exc is not None:
-                    self.stats.errors.append(f"{operation.op}: {exc!r}")
-                elif future.result() is None:
-                    self.stats.dropped += 1
-                    self.stats.drop_reasons[re.sub(r"\d+", "N", operation.reason or "dropped")] += 1
+                    stats.errors.append(f"{operation.op}: {exc!r}")
+                elif (transaction_id := future.result()) is None:
+                    stats.dropped += 1
+                    stats.drop_reasons[re.sub(r"\d+", "N", operation.reason or "dropped")] += 1
                 else:
-                    self.stats.committed += 1
+                    stats.committed += 1
+                    if self.config.record_latency:
+                        stats.commit_latency.record(time.perf_counter() - started)
+                        self._applied_pending += 1
+                    else:
+                        transaction_id = None
         finally:
             self._slots.release()
+        if transaction_id is not None:
+            # Outside the lock: the callback runs on this thread when the client applied it already.
+            try:
+                service.client.when_applied(
+                    operation.chosen_partition, transaction_id, lambda: self._applied(stats, started)
+                )
+            except Exception as exc:  # no such partition: never timed
+                with self._applied_changed:
+                    stats.errors.append(f"{operation.op}: when_applied: {exc!r}")
+                    self._applied_pending -= 1
+                    self._applied_changed.notify_all()
+
+    def _applied(self, stats: SmallBankStats, started: float) -> None:
+        stats.applied_latency.record(time.perf_counter() - started)
+        with self._applied_changed:
+            self._applied_pending -= 1
+            if not self._applied_pending:
+                self._applied_changed.notify_all()

@@ -1,0 +1,151 @@
+"""``waltz perf smallbank`` and the SmallBank workload's latencies: counts and the output's shape.
+
+Never timings: the figures depend on the machine. The CLI runs use ``--local`` (a cluster of their
+own, with its own ZooKeeper); the workload's own test uses a cluster on the session's ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import support
+from typer.testing import CliRunner
+
+from waltz.local.cluster import LocalCluster
+from waltz_examples.ledger.service import LedgerService, prepare_database
+from waltz_examples.ledger.smallbank import SmallBankConfig, SmallBankWorkload
+
+PERCENTILE_KEYS = ["p50", "p90", "p99", "p99.9"]
+
+
+@pytest.fixture(scope="module")
+def smallbank_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
+    with support.session_cluster(tmp_path_factory, zookeeper, name="smallbank", partitions=2) as cluster:
+        cluster.wait_ready(60)
+        yield cluster
+
+
+def run_cli(*args: str) -> Any:
+    from waltz.cli.main import app
+
+    return CliRunner().invoke(app, ["perf", "smallbank", *args])
+
+
+def assert_report(report: dict[str, Any], instances: int, draws: int) -> None:
+    committed = report["committed"]
+    assert committed > 0, report
+    assert report["draws"] == draws
+    assert report["submitted"] == committed + report["dropped"] + report["errors"]
+    assert report["errors"] == 0, report["error_samples"]
+    assert sum(report["drop_reasons"].values()) == report["dropped"]
+    assert report["committed_per_second"] > 0
+    for name in ("submit_to_commit", "submit_to_applied"):
+        latency = report["latency_ms"][name]
+        assert latency["count"] == committed, (name, latency)
+        values = [latency[key] for key in [*PERCENTILE_KEYS, "max"]]
+        assert values == sorted(values), f"percentiles must not decrease: {latency}"
+    # per transaction, applied comes after committed: so does every order statistic
+    for key in [*PERCENTILE_KEYS, "max"]:
+        assert report["latency_ms"]["submit_to_applied"][key] >= report["latency_ms"]["submit_to_commit"][key]
+    per_instance = report["per_instance"]
+    assert [f["instance"] for f in per_instance] == list(range(instances))
+    assert sum(f["draws"] for f in per_instance) == draws
+    assert sum(f["committed"] for f in per_instance) == committed
+    assert all(f["committed_per_second"] > 0 for f in per_instance), per_instance
+    assert len({f["seed"] for f in per_instance}) == instances
+    assert report["checks"] and all(c["passed"] for c in report["checks"]), report["checks"]
+    assert "money conserved" in [c["name"] for c in report["checks"]]
+    assert report["passed"] is True
+    assert report["settings"]["instances"] == instances
+    # --local: the cluster's processes are known, so their CPU is reported beside the instances'
+    assert {"instances", "server-0", "storage-0"} <= set(report["cpu_us_per_transaction"])
+
+
+def test_smallbank_json_on_sqlite_counts_every_instance() -> None:
+    result = run_cli("--local", "--instances", "2", "--transactions", "200", "--json")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    report = json.loads(result.stdout)
+    assert_report(report, instances=2, draws=200)
+    assert report["database"].startswith("sqlite:///")
+
+
+def test_smallbank_json_on_postgresql(postgres_url: str) -> None:
+    args = ["--local", "--instances", "2", "--transactions", "200", "--accounts", "40", "--json"]
+    result = run_cli(*args, "--db", postgres_url)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    report = json.loads(result.stdout)
+    assert_report(report, instances=2, draws=200)
+    assert report["database"].startswith("postgresql+psycopg://")
+
+
+def test_a_bad_db_url_is_refused_before_anything_starts() -> None:
+    result = run_cli("--local", "--db", "nosuchdialect://nowhere/db")
+    assert result.exit_code == 2, result.output
+    assert "not a usable database URL" in result.stderr
+
+
+def test_an_unreachable_database_is_refused() -> None:
+    result = run_cli("--local", "--db", "postgresql+psycopg://postgres@127.0.0.1:1/nothing")
+    assert result.exit_code == 2, result.output
+    assert "cannot use the database postgresql+psycopg://postgres@127.0.0.1:1/nothing" in result.stderr
+
+
+def test_a_database_with_other_tables_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
+    result = run_cli("--local", "--db", f"sqlite:///{path}")
+    assert result.exit_code == 2, result.output
+    assert "holds tables that are not the ledger's (invoices)" in result.stderr
+    assert "empty database" in result.stderr
+
+
+def test_bad_options_exit_2() -> None:
+    result = run_cli("--local", "--zookeeper", "127.0.0.1:2181")
+    assert result.exit_code == 2, result.output
+    assert "--local starts its own cluster" in result.stderr
+
+
+def test_the_workload_times_submit_to_commit_and_to_applied(
+    smallbank_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    prepare_database(url).dispose()
+    with LedgerService(
+        url,
+        zookeeper=smallbank_cluster.zookeeper_connect_string,
+        cluster_root=smallbank_cluster.root,
+        prepare=False,
+    ) as service:
+        workload = SmallBankWorkload(
+            [service], SmallBankConfig(accounts=20, in_flight=8, seed=3, submitters=2)
+        )
+        quiet = SmallBankWorkload(
+            [service], SmallBankConfig(accounts=20, in_flight=8, seed=4, submitters=2, record_latency=False)
+        )
+        try:
+            workload.populate(timeout=60)
+            stats = workload.run(120)
+            assert workload.wait_applied(30)
+            assert workload.unapplied == 0
+            untimed = quiet.run(20)
+        finally:
+            workload.close()
+            quiet.close()
+    assert stats.committed > 0, stats
+    assert stats.commit_latency.count == stats.committed
+    assert stats.applied_latency.count == stats.committed
+    for percentile in (50.0, 99.0, 100.0):
+        assert stats.applied_latency.percentile_ms(percentile) >= stats.commit_latency.percentile_ms(
+            percentile
+        )
+    line = stats.latency_line()
+    assert line.startswith("committed/s ") and "submit->commit p50 " in line and "submit->applied p50" in line
+    assert untimed.committed > 0
+    assert untimed.commit_latency.count == 0 and untimed.applied_latency.count == 0
+    assert "submit->commit p50 n/a" in untimed.latency_line()
