@@ -433,3 +433,44 @@ def test_when_applied_calls_back_once_the_transaction_is_applied_and_at_once_aft
         assert seen[-1][:2] == ("again", threading.get_ident())  # applied already: at once, here
         with pytest.raises(ValueError):
             client.when_applied(99, 0, lambda: None)
+
+
+class BlockedRetry(Append):
+    """Its re-attempt blocks the (only) retry thread until ``release`` is set."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.retrying = threading.Event()
+        self.release = threading.Event()
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        if self.outcomes.executions >= 1:
+            self.retrying.set()
+            self.release.wait(30)
+            self.outcomes.executions += 1
+            return False
+        return super().execute(builder)
+
+
+def test_a_commit_completes_while_a_reattempt_holds_the_retry_thread(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """Completions run on a thread of their own: a re-attempt (which reads the application's
+    database in a real service) never delays the futures of committed transactions."""
+    store = MemoryStore(log_start)
+    config = client_config.model_copy(update={"client_num_transaction_retry_threads": 1})
+    lock = PartitionLocalLock("blocking", 7)
+    with WaltzClient(store, config) as client:
+        assert client.submit(Append(0, b"first", write_lock=lock)).result(30) is not None
+        stale = BlockedRetry(0, b"stale", write_lock=lock, high_water_mark=log_start[0])
+        stale_future = client.submit(stale)
+        try:
+            assert stale.retrying.wait(30), "the stale context was never re-attempted"
+            started = time.monotonic()
+            committed = client.submit(Append(1, b"meanwhile")).result(20)
+            assert committed is not None, "a commit did not complete while the retry thread was busy"
+            assert time.monotonic() - started < 20
+        finally:
+            stale.release.set()
+        assert stale_future.result(30) is None
+        assert stale.outcomes.lock_failures == 1

@@ -105,7 +105,10 @@ class WaltzClientConfig(WaltzSettings):
         description="Seconds of blocking after which the client nudges the server with a flush.",
     )
     client_num_transaction_retry_threads: int = Field(
-        default=2, gt=0, description="Threads that re-execute failed contexts and run context callbacks."
+        default=2,
+        gt=0,
+        description="Threads that re-execute failed contexts and run their callbacks (completions of "
+        "committed transactions run on a thread of their own).",
     )
     client_max_apply_batch_size: int = Field(
         default=100,

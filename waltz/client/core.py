@@ -5,8 +5,9 @@ Source: docs/design/client.md "The client's parts" (the connections are in
 asyncio core on its own thread, a synchronous facade and an async API on top, in
 :mod:`waltz.client.client`), "Retries and lock failures" (the retry queue). Application code never
 runs on the core's event loop: ``execute`` runs on the submitting thread (first attempt) or a retry
-thread, the context callbacks on a retry thread, ``apply_transaction`` on the partition's apply
-thread, and ``get_client_high_water_mark`` of a mount on a worker thread of the loop.
+thread, the context callbacks on a retry thread (a committed context's on the completion thread),
+``apply_transaction`` on the partition's apply thread, and ``get_client_high_water_mark`` of a
+mount on a worker thread of the loop.
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ class ClientCore:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             config.client_num_transaction_retry_threads, thread_name_prefix="waltz-retry"
         )
+        # Completions (futures, on_completion) on a thread of their own, in commit order: behind
+        # re-attempts, which read the application's database, they waited tens of milliseconds.
+        self._completer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="waltz-complete")
         self.metrics.watch(self.partition_gauges)
         try:
             self.client_id = self._discovery.next_client_id()
@@ -179,7 +183,7 @@ class ClientCore:
 
     def completed(self, committed: list[tuple[Submission, int]]) -> None:
         """Complete submissions committed as these transaction IDs (batched: the contexts'
-        callbacks run on a retry thread once this batch of server messages is processed)."""
+        callbacks run on the completion thread once this batch of server messages is processed)."""
         self._completions.extend(committed)
 
     def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
@@ -274,7 +278,7 @@ class ClientCore:
             partition.end_of_batch()
         if self._completions:
             completions, self._completions = self._completions, []
-            self._executor.submit(self._complete_all, completions, time.monotonic())
+            self._completer.submit(self._complete_all, completions, time.monotonic())
 
     def _connection_lost(self, connection: ServerConnection) -> None:
         for partition in self.partitions.values():
@@ -340,7 +344,7 @@ class ClientCore:
 
     def _complete_all(self, completions: list[tuple[Submission, int]], fed_at: float) -> None:
         """Complete the submissions committed in one batch of server messages (seen at ``fed_at``,
-        ``time.monotonic()``; on a retry thread), adding their completion delay to its metric."""
+        ``time.monotonic()``; on the completion thread), adding their completion delay to its metric."""
         delay, count = Submission.complete_all(completions, self._finished_all, fed_at)
         if count:
             self.metrics.completion_delay_seconds.add(delay, count)
@@ -630,6 +634,7 @@ class ClientCore:
         )
         for submission in in_flight:
             submission.fail(error)
+        self._completer.shutdown(wait=True, cancel_futures=False)
         self._executor.shutdown(wait=True, cancel_futures=False)
         try:
             callbacks = getattr(self, "callbacks", None)

@@ -36,7 +36,7 @@ Metric names (``partition`` label on all but the histogram and the summaries):
   share of the commit latency on the way out (like a Kafka producer's record queue time).
 - ``waltz_client_completion_delay_seconds``: summary of the time from seeing a commit in the feed
   to the end of its context's completion (``on_completion`` and the ``submit`` future's callbacks,
-  on a retry thread), in seconds: the client's share on the way back.
+  on the completion thread), in seconds: the client's share on the way back.
 - ``waltz_client_partition_transactions_in_flight``: contexts submitted and not ended.
 - ``waltz_client_partition_client_high_water_mark``: the highest transaction ID applied.
 - ``waltz_client_partition_server_high_water_mark``: the server's mark as last known (feed,
