@@ -8,6 +8,7 @@ the mark it sends, and the server's lock check (the mark against the lock's last
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -374,3 +375,14 @@ def test_get_many_reads_several_entities_and_locks_each(callbacks: ChangeSetCall
     assert set(context.last_transaction.read_locks) == {info.lock((k,)) for k in (1, 5, 9)}
     with pytest.raises(CrossPartitionError):
         _build(ReadMany(callbacks, [5, 6]))
+
+
+def test_the_callbacks_keep_at_most_half_the_pool_idle_per_kind(callbacks: ChangeSetCallbacks) -> None:
+    if callbacks.engine.dialect.name == "sqlite":
+        pytest.skip("SQLite takes a pooled connection for each use; nothing is kept")
+    assert callbacks.engine.pool.size() == 10  # type: ignore[attr-defined]  # the framework's default
+    with contextlib.ExitStack() as stack:
+        snapshots = [stack.enter_context(callbacks.snapshot(0)) for _ in range(7)]
+        assert len({id(s.connection) for s in snapshots}) == 7
+    callbacks.engine.dispose()  # the pool's idle connections: only the kept ones remain open
+    assert _close_other_connections(callbacks.engine) == 5

@@ -55,9 +55,6 @@ T = TypeVar("T")
 #: Isolation level of entity reads (mark first, then the entities, in one snapshot).
 SNAPSHOT_ISOLATION = "REPEATABLE READ"
 
-#: Idle connections an instance keeps of each kind, readers and appliers (see _KeptConnections).
-_IDLE_CONNECTIONS = 8
-
 
 class _Staged:
     """The parameter sets staged for one statement, and the rows they should change in all."""
@@ -200,17 +197,22 @@ class _KeptConnections:
     closed fails its first statement with a transient error, which the callers' retries cure on
     a new connection; a connection that failed is never kept.
 
+    Kept connections are checked out of the engine's pool and count against its limits; each
+    kind keeps at most half the pool's size idle (at least one), so that the connections open
+    when idle stay within what the pool would keep anyway, and more given back at once return to
+    the pool.
+
     Args:
         engine: the application's engine.
         isolation_level: set once on each new connection (None: the engine's).
-        limit: idle connections kept at most (more given back at once are closed).
     """
 
-    def __init__(self, engine: Engine, isolation_level: str | None, limit: int = _IDLE_CONNECTIONS) -> None:
+    def __init__(self, engine: Engine, isolation_level: str | None) -> None:
         self._engine = engine
         self._keep = engine.dialect.name != "sqlite"
         self._isolation_level = isolation_level if self._keep else None
-        self._limit = limit
+        size = getattr(engine.pool, "size", None)
+        self._limit = max(1, size() // 2) if callable(size) else 1
         self._idle: list[Connection] = []
         self._lock = threading.Lock()
 
@@ -231,7 +233,8 @@ class _KeptConnections:
         return conn
 
     def give_back(self, conn: Connection) -> None:
-        """Keep a connection whose transaction ended (close it when it broke or too many are idle)."""
+        """Keep a connection whose transaction ended (closed, i.e. returned to the pool, when it
+        broke or enough are kept idle)."""
         if self._keep and not conn.invalidated and not conn.closed and not conn.in_transaction():
             with self._lock:
                 if len(self._idle) < self._limit:

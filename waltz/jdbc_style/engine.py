@@ -173,8 +173,8 @@ def prepare_engine(engine: Engine) -> Engine:
 
 
 def create_framework_engine(url: str, **kwargs: Any) -> Engine:
-    """``sqlalchemy.create_engine(url, **kwargs)`` prepared for the framework (with
-    ``pool_pre_ping`` for database servers).
+    """``sqlalchemy.create_engine(url, **kwargs)`` prepared for the framework (for database
+    servers with ``pool_pre_ping`` and a ``pool_size`` of 10 unless given).
 
     Args:
         url: a SQLAlchemy URL, e.g. ``sqlite:///app.db``,
@@ -183,6 +183,9 @@ def create_framework_engine(url: str, **kwargs: Any) -> Engine:
     """
     if not url.startswith("sqlite"):
         kwargs.setdefault("pool_pre_ping", True)  # a server may have closed pooled connections
+        # Room for the framework's threads of one instance: an apply worker per partition,
+        # snapshots of first attempts and re-attempts, the connections the callbacks keep.
+        kwargs.setdefault("pool_size", 10)
     return prepare_engine(create_engine(url, **kwargs))
 
 
