@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from collections.abc import Callable
 import pytest
 from support.storage import NUM_PARTITIONS, run
 
-from waltz.errors import StorageRpcError
+from waltz.errors import ProtocolError, StorageRpcError
 from waltz.local.nodes import LocalStorageNode
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
@@ -122,11 +123,16 @@ def test_wrong_cluster_key_or_partition_count_is_refused(
         with pytest.raises(StorageRpcError) as info:
             await session(storage_node, other, 1).open()
         assert info.value.code == "CLUSTER_KEY_MISMATCH"
-        assert other in info.value.remote_message and cluster_key in info.value.remote_message
+        # The answer names the key presented, never the node's own (the admin port's credential)
+        # nor where the node keeps its files.
+        assert other in info.value.remote_message and cluster_key not in info.value.remote_message
+        assert str(storage_node.directory) not in info.value.remote_message
         with pytest.raises(StorageRpcError, match="CLUSTER_KEY_MISMATCH"):
             await StorageSessionClient(storage_node.address, cluster_key, NUM_PARTITIONS + 1, 1).open()
-        with pytest.raises(StorageRpcError, match="CLUSTER_KEY_MISMATCH"):
+        with pytest.raises(StorageRpcError, match="CLUSTER_KEY_MISMATCH") as info:
             await StorageAdminClient(storage_node.admin_address, other, NUM_PARTITIONS).open()
+        assert cluster_key not in info.value.remote_message
+        assert str(storage_node.directory) not in info.value.remote_message
         with pytest.raises(StorageRpcError, match="not a UUID"):
             await session(storage_node, "not-a-key", 1).open()
 
@@ -267,3 +273,15 @@ def test_oversized_message_is_refused_and_the_node_stays_up(
             assert await s.max_transaction_id(0) == 0
 
     run(scenario())
+
+
+def test_a_failure_response_names_no_path_of_the_node() -> None:
+    from waltz.services.storage.service import failure_for
+
+    try:
+        raise ProtocolError("malformed")
+    except ProtocolError as exc:
+        response = failure_for(exc)
+    frames = list(response.exception.stack_trace)
+    assert frames and all(os.sep not in frame.file_name for frame in frames)
+    assert frames[-1].file_name == os.path.basename(__file__)

@@ -219,14 +219,21 @@ class StorageNode:
         except ValueError:
             raise ClusterKeyMismatchError(f"cluster key {cluster_key!r} is not a UUID") from None
         if key != control.cluster_key:
+            # The node's own key and paths stay in its log: the answer goes to whoever asked,
+            # and the key is what a storage admin request is authorised with.
+            log.warning(
+                "refused a request for cluster key %s: this storage node belongs to the cluster in %s",
+                key,
+                control.path,
+            )
             raise ClusterKeyMismatchError(
-                f"cluster key {key} does not match this storage node's {control.cluster_key} "
-                f"({control.path}): the server or tool is configured for another cluster"
+                f"cluster key {key} does not match this storage node's: the server or tool is "
+                "configured for another cluster (the node's log says which)"
             )
         if num_partitions != control.num_partitions:
             raise ClusterKeyMismatchError(
                 f"number of partitions {num_partitions} does not match this storage node's "
-                f"{control.num_partitions} ({control.path})"
+                f"{control.num_partitions}"
             )
 
     def admin_open(self, cluster_key: str, num_partitions: int) -> None:

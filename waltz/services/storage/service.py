@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -92,7 +93,7 @@ def failure_for(exc: BaseException) -> storage_pb2.FailureResponse:
                 storage_pb2.StackTraceElement(
                     class_name=type(exc).__name__,
                     method_name=frame.name,
-                    file_name=frame.filename,
+                    file_name=os.path.basename(frame.filename),  # no paths of this host
                     line_number=frame.lineno or 0,
                 )
                 for frame in frames
