@@ -23,12 +23,15 @@ from waltz.errors import CrossPartitionError
 from waltz.jdbc_style import (
     CHANGE_SET_HEADER,
     ChangeSet,
+    ChangeSetApplyError,
     ChangeSetCallbacks,
+    ChangeSetFormatError,
     EntityRegistry,
     EntityTransaction,
     EntityTransactionContext,
     MarkSnapshot,
     Operation,
+    RowChange,
     WaltzEntity,
     create_framework_engine,
 )
@@ -386,3 +389,69 @@ def test_the_callbacks_keep_at_most_half_the_pool_idle_per_kind(callbacks: Chang
         assert len({id(s.connection) for s in snapshots}) == 7
     callbacks.engine.dispose()  # the pool's idle connections: only the kept ones remain open
     assert _close_other_connections(callbacks.engine) == 5
+
+
+class Tagged(Base):
+    """Keyed (for Waltz) by a column that is not unique: a misdeclared entity."""
+
+    __tablename__ = "tagged"
+    __waltz__ = WaltzEntity("tagged", key=("tag",), partition_by=lambda key, n: 0)
+    row_id: Mapped[int] = mapped_column(primary_key=True)
+    tag: Mapped[str] = mapped_column(String(20))
+    amount: Mapped[int] = mapped_column(default=0)
+
+
+def _forged(callbacks: ChangeSetCallbacks, changes: list[RowChange]) -> Transaction:
+    """A committed change-set transaction on partition 0 right after the database's mark."""
+    mark = callbacks.get_client_high_water_mark(0)
+    return Transaction(
+        0, mark + 1, ReqId(9, 1, 0, mark + 1), CHANGE_SET_HEADER, None, ChangeSet(changes).encode()
+    )
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (RowChange(Operation.DELETE, "counter", {}), r"key attributes \[\], but the entity's key is"),
+        (
+            RowChange(Operation.UPDATE, "counter", {"label": ""}, {"value": 0}),
+            r"key attributes \['label'\]",
+        ),
+        (
+            RowChange(Operation.UPDATE, "counter", {"counter_id": 4}, {"counter_id": 4, "balance": 1}),
+            r"sets \['balance'\], which are not column attributes",
+        ),
+        (
+            RowChange(Operation.UPDATE, "counter", {"counter_id": 4}, {"counter_id": 8, "value": 1}),
+            r"changes its key attributes \['counter_id'\]",
+        ),
+    ],
+)
+def test_a_change_set_that_does_not_fit_its_model_is_refused_and_changes_nothing(
+    callbacks: ChangeSetCallbacks, change: RowChange, message: str
+) -> None:
+    for counter_id in (4, 8):
+        pid, builder, _ = _build(Increment(callbacks, counter_id))
+        callbacks.apply_transaction(_committed(pid, callbacks.get_client_high_water_mark(pid) + 1, builder))
+    mark = callbacks.get_client_high_water_mark(0)
+    with pytest.raises(ChangeSetFormatError, match=message):
+        callbacks.apply_transaction(_forged(callbacks, [change]))
+    assert (_read(callbacks.engine, 4), _read(callbacks.engine, 8)) == (1, 1)  # no row deleted or changed
+    assert callbacks.get_client_high_water_mark(0) == mark
+
+
+@pytest.mark.security
+def test_an_update_that_finds_several_rows_by_the_declared_key_is_refused(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    callbacks.registry.register(Tagged)
+    with Session(callbacks.engine) as session:
+        session.add_all([Tagged(row_id=1, tag="same", amount=1), Tagged(row_id=2, tag="same", amount=2)])
+        session.commit()
+    change = RowChange(Operation.UPDATE, "tagged", {"tag": "same"}, {"tag": "same", "amount": 0})
+    with pytest.raises(ChangeSetApplyError, match="found 2 rows, not one"):
+        callbacks.apply_transaction(_forged(callbacks, [change]))
+    with callbacks.engine.connect() as conn:
+        amounts = conn.execute(select(Tagged.amount).order_by(Tagged.row_id)).scalars().all()
+    assert amounts == [1, 2]

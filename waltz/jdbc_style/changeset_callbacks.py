@@ -104,6 +104,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             ChangeSetApplyError: an update or delete found no row.
         """
         info = self.registry.by_name(change.entity)
+        self._check_change(info, change, transaction)
         model = info.model
         if isinstance(session, ApplySession) and session.grouped and self._stageable(info, change):
             self._stage(model, change, session)
@@ -117,11 +118,41 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         else:
             stmt = delete(model).where(where)
         result: Any = session.execute(stmt.execution_options(synchronize_session=False))
-        if result.rowcount == 0:
+        if result.rowcount != 1:
+            found = "no row" if result.rowcount == 0 else f"{result.rowcount} rows"
             raise ChangeSetApplyError(
                 f"partition {transaction.partition_id} transaction {transaction.transaction_id}: "
-                f"{change.operation.value} of {change.entity} {dict(change.key)} found no row; the "
-                "database has diverged from the log (restore it or rebuild it from the log)"
+                f"{change.operation.value} of {change.entity} {dict(change.key)} found {found}, not "
+                "one; the database has diverged from the log, or the entity's key does not identify "
+                "a row (restore the database or rebuild it from the log; nothing was changed)"
+            )
+
+    @staticmethod
+    def _check_change(info: EntityInfo, change: RowChange, transaction: Transaction) -> None:
+        """Refuse a row change that does not fit its model before it reaches the database: its key
+        must name exactly the entity's key attributes, its values only column attributes, and
+        the key values in an insert's or update's row must be the key's.
+
+        Raises:
+            ChangeSetFormatError: naming the transaction and what does not fit.
+        """
+        where = f"partition {transaction.partition_id} transaction {transaction.transaction_id}"
+        if set(change.key) != set(info.key):
+            raise ChangeSetFormatError(
+                f"{where}: {change.operation.value} of {change.entity} has the key attributes "
+                f"{sorted(change.key)}, but the entity's key is {list(info.key)}; refused"
+            )
+        unknown = sorted(set(change.values) - set(info.attributes))
+        if unknown:
+            raise ChangeSetFormatError(
+                f"{where}: {change.operation.value} of {change.entity} sets {unknown}, which are not "
+                f"column attributes of {info.model.__name__}; refused"
+            )
+        moved = [n for n in info.key if n in change.values and change.values[n] != change.key[n]]
+        if moved:
+            raise ChangeSetFormatError(
+                f"{where}: {change.operation.value} of {change.entity} {dict(change.key)} changes its "
+                f"key attributes {moved}; refused"
             )
 
     @staticmethod
