@@ -9,6 +9,12 @@ with a fixed number in flight. Systems:
 - waltz-py: 1 and 4 partitions x 1 and 2 servers, 3 storage nodes, RF 3 (``bench_waltz.py``);
 - eventsourcing on PostgreSQL, with a tracking-record projection into SQL (``bench_eventsourcing.py``);
 - etcd, 3 nodes on loopback, Txn comparing the key's mod revision (``bench_etcd.py``);
+- SmallBank without waltz-py, the ledger example's workload (BenchBase's mix on 200 customers with
+  a hotspot; its own load, not the one above): straight on PostgreSQL, an operation one transaction
+  with ``SELECT ... FOR UPDATE`` in customer order (``smallbank-pg``, ``bench_smallbank_pg.py``),
+  and on eventsourcing with an aggregate per customer (``smallbank-es``, ``bench_smallbank_es.py``);
+  ``--smallbank-processes`` x ``--smallbank-threads`` connections in a closed loop, the money
+  check in the row;
 - the machine: fsyncs/s, and records/s through one gRPC stream with batching (``bench_limits.py``);
 - the machine's limit for this design in CPython: a skeleton of waltz-py's data path (client,
   server and 3 storage processes, raw bytes, quorum writes with fdatasync, the lock check), alone
@@ -23,6 +29,7 @@ peers first with ``benchmarks/peers/setup.sh``. Usage::
     .venv/bin/python benchmarks/peers/run_all.py                  # the full run
     .venv/bin/python benchmarks/peers/run_all.py --only etcd,waltz-p4-s2 --json results.json
     .venv/bin/python benchmarks/peers/run_all.py --repeat 3        # median of 3 runs per case
+    .venv/bin/python benchmarks/peers/run_all.py --only smallbank-pg,smallbank-es
 
 Figures are printed, never asserted.
 """
@@ -59,6 +66,8 @@ class Sizes:
     grpc: int
     grpc_batched: int
     skeleton: int
+    smallbank_pg: int
+    smallbank_es: int
 
 
 QUICK = Sizes(
@@ -70,6 +79,8 @@ QUICK = Sizes(
     grpc=3_000,
     grpc_batched=100_000,
     skeleton=4_000,
+    smallbank_pg=2_000,
+    smallbank_es=2_000,
 )
 FULL = Sizes(
     waltz=40_000,
@@ -80,12 +91,16 @@ FULL = Sizes(
     grpc=20_000,
     grpc_batched=1_000_000,
     skeleton=100_000,
+    smallbank_pg=6_000,
+    smallbank_es=6_000,
 )
 
 WALTZ_CASES = [(p, s) for s in (1, 2) for p in (1, 4)]
 CASES = [f"waltz-p{p}-s{s}" for p, s in WALTZ_CASES] + [
     "eventsourcing",
     "etcd",
+    "smallbank-pg",
+    "smallbank-es",
     "fsync-1",
     "fsync-100",
     "grpc-1",
@@ -128,6 +143,23 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
         import bench_etcd
 
         return bench_etcd.run(spec(sizes.etcd, args.in_flight))
+    if name.startswith("smallbank-"):
+        import bench_smallbank_pg
+
+        options = bench_smallbank_pg.Options(
+            transactions=args.transactions
+            or (sizes.smallbank_pg if name == "smallbank-pg" else sizes.smallbank_es),
+            processes=args.smallbank_processes,
+            threads=args.smallbank_threads,
+            accounts=args.smallbank_accounts,
+            seed=args.seed,
+            time_limit=args.case_timeout,
+        )
+        if name == "smallbank-pg":
+            return bench_smallbank_pg.run(options)
+        import bench_smallbank_es
+
+        return bench_smallbank_es.run(options)
     if name.startswith("skeleton"):
         import bench_skeleton
 
@@ -155,11 +187,12 @@ def unavailable(name: str) -> str | None:
     """Why a case cannot run here (a peer not installed or not running), or None."""
     if name == "etcd" and shutil.which("etcd") is None:
         return "etcd not installed (run benchmarks/peers/setup.sh)"
-    if name == "eventsourcing":
+    if name in ("eventsourcing", "smallbank-es"):
         try:
             import eventsourcing  # noqa: F401
         except ImportError:
             return "eventsourcing not installed (run benchmarks/peers/setup.sh)"
+    if name in ("eventsourcing", "smallbank-pg", "smallbank-es"):
         try:
             socket.create_connection(("127.0.0.1", 5432), timeout=2).close()
         except OSError:
@@ -308,6 +341,13 @@ def main() -> None:
     )
     parser.add_argument("--clients", type=int, default=1, help="waltz-py client processes")
     parser.add_argument(
+        "--smallbank-processes", type=int, default=3, help="SmallBank peers: worker processes"
+    )
+    parser.add_argument(
+        "--smallbank-threads", type=int, default=21, help="SmallBank peers: threads (connections) per process"
+    )
+    parser.add_argument("--smallbank-accounts", type=int, default=200, help="SmallBank peers: customers")
+    parser.add_argument(
         "--waltz-env",
         action="append",
         default=[],
@@ -339,6 +379,9 @@ def main() -> None:
         *(["--quick"] if args.quick else []),
         *("--transactions", str(args.transactions), "--in-flight", str(args.in_flight)),
         *("--es-threads", str(args.es_threads), "--clients", str(args.clients), "--seed", str(args.seed)),
+        *("--smallbank-processes", str(args.smallbank_processes)),
+        *("--smallbank-threads", str(args.smallbank_threads)),
+        *("--smallbank-accounts", str(args.smallbank_accounts)),
         *("--case-timeout", str(args.case_timeout)),
         *(x for kv in args.waltz_env for x in ("--waltz-env", kv)),
     ]

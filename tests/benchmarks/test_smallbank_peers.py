@@ -1,0 +1,140 @@
+"""The SmallBank peers of the peer benchmarks (benchmarks/peers/bench_smallbank_pg.py and
+bench_smallbank_es.py): a short run of each on the real PostgreSQL must commit, keep the money
+(balances = opening balances + deposits − withdrawals) and follow the ledger example's mix and
+rules, and the two, run one operation at a time, must decide every operation alike, for their
+figures to stand beside the ledger's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import support
+
+from waltz_examples.ledger.smallbank import MIX
+
+_PEERS = Path(__file__).resolve().parents[2] / "benchmarks" / "peers"
+_DRAWS = 400
+
+
+@pytest.fixture
+def smallbank() -> Iterator[ModuleType]:
+    """bench_smallbank_pg, imported with benchmarks/peers on sys.path (removed afterwards)."""
+    sys.path.insert(0, str(_PEERS))
+    try:
+        import bench_smallbank_pg
+
+        yield bench_smallbank_pg
+    finally:
+        while str(_PEERS) in sys.path:
+            sys.path.remove(str(_PEERS))
+
+
+def _eventsourcing() -> None:
+    try:
+        import eventsourcing  # noqa: F401
+    except ImportError:
+        support.unavailable("eventsourcing is not installed (benchmarks/peers/setup.sh)")
+
+
+def _run(script: str, threads: int = 4, draws: int = _DRAWS) -> dict[str, Any]:
+    """Run a peer briefly (1 process x ``threads``) and parse the JSON line it prints."""
+    command = [
+        sys.executable,
+        str(_PEERS / script),
+        *("--transactions", str(draws), "--processes", "1", "--threads", str(threads)),
+        *("--warmup", "20", "--time-limit", "60"),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return row
+
+
+def _check(row: dict[str, Any]) -> None:
+    assert row["errors"] == []
+    assert row["failed"] == 0
+    assert row["committed"] > 0
+    assert row["transactions"] == row["committed"] == row["latency_ms"]["count"]
+    assert row["money_conserved"] is True
+    money = row["money"]
+    assert money["final"] == money["initial"] + money["deposits"] - money["withdrawals"]
+    assert row["negative_savings"] == 0
+    assert row["draws"] == _DRAWS and row["time_limited_threads"] == 0
+    assert row["committed"] + row["dropped"] + row["balances_read"] == _DRAWS
+    by_op = row["by_op"]
+    assert set(by_op) == set(MIX)
+    for name, percent in MIX.items():
+        share = by_op[name]["draws"] / _DRAWS
+        assert abs(share - percent / 100) < 0.08, (name, share)
+        assert by_op[name]["committed"] + by_op[name]["dropped"] <= by_op[name]["draws"]
+    assert by_op["balance"]["committed"] == 0
+    assert by_op["balance"]["draws"] == row["balances_read"]
+    # Only the operations with a funds rule are dropped (operations.py)
+    for name in ("amalgamate", "deposit_checking", "write_check"):
+        assert by_op[name]["dropped"] == 0, name
+    assert set(row["drop_reasons"]) <= {
+        "customer N has insufficient funds for N",
+        "customer N's savings cannot cover N",
+    }
+
+
+def test_the_mix_and_the_rules_are_the_ledger_examples(smallbank: ModuleType) -> None:
+    assert smallbank.MIX == MIX
+    options = smallbank.Options(accounts=200)
+    assert options.hotspot == 20
+    assert smallbank.Options(accounts=5).hotspot == 2
+    op, decide = smallbank.Op, smallbank.decide
+    rich, poor = ("open", 1000, 1000), ("open", 100, 300)
+    assert decide(op("send_payment", (1, 2), 500), [poor, rich]).reason == (
+        "customer 1 has insufficient funds for 500"
+    )
+    paid = decide(op("send_payment", (2, 1), 500), [rich, poor])
+    assert (paid.delta, paid.checking) == (0, {2: 500, 1: 800})
+    assert decide(op("transact_savings", (1,), -2020), [rich]).delta is None
+    check = decide(op("write_check", (1,), 500), [("open", 100, 300)])  # 400 < 500: penalty of 1
+    assert (check.delta, check.checking) == (-501, {1: -201})
+    merged = decide(op("amalgamate", (1, 2), 0), [poor, rich])
+    assert (merged.delta, merged.savings, merged.checking) == (0, {1: 0}, {1: 0, 2: 1400})
+    assert decide(op("deposit_checking", (1,), 130), [("closed", 0, 0)]).reason == (
+        "customer 1's account is closed"
+    )
+    assert decide(op("deposit_checking", (1,), 130), [None]).reason == "customer 1 has no account"
+
+
+def test_smallbank_on_postgresql_commits_and_keeps_the_money(postgres_server: support.DatabaseServer) -> None:
+    row = _run("bench_smallbank_pg.py")
+    _check(row)
+    assert row["system"] == "PostgreSQL (SmallBank)"
+    assert set(row["retry_reasons"]) <= {"DeadlockDetected", "SerializationFailure"}
+
+
+def test_smallbank_on_eventsourcing_commits_and_keeps_the_money(
+    postgres_server: support.DatabaseServer,
+) -> None:
+    _eventsourcing()
+    row = _run("bench_smallbank_es.py")
+    _check(row)
+    assert row["system"] == "eventsourcing+PostgreSQL (SmallBank)"
+    assert set(row["retry_reasons"]) <= {"RecordConflictError"}
+
+
+def test_run_one_after_the_other_both_peers_decide_every_operation_alike(
+    postgres_server: support.DatabaseServer,
+) -> None:
+    # One thread: both draw the same operations (same seed) and run them in the same order, so
+    # every outcome and the final balances must agree; with threads only the interleaving differs.
+    _eventsourcing()
+    plain, events = _run("bench_smallbank_pg.py", 1, 300), _run("bench_smallbank_es.py", 1, 300)
+    for key in ("committed", "dropped", "balances_read", "drop_reasons", "money"):
+        assert plain[key] == events[key], key
+    for name in MIX:
+        outcomes = ("draws", "committed", "dropped")
+        assert [plain["by_op"][name][k] for k in outcomes] == [events["by_op"][name][k] for k in outcomes]
+    assert plain["retries"] == events["retries"] == 0
