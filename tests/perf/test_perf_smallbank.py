@@ -17,6 +17,7 @@ import support
 from typer.testing import CliRunner
 
 from waltz.local.cluster import LocalCluster
+from waltz.local.processes import wait_until
 from waltz_examples.ledger.service import LedgerService, prepare_database
 from waltz_examples.ledger.smallbank import SmallBankConfig, SmallBankWorkload
 
@@ -149,3 +150,50 @@ def test_the_workload_times_submit_to_commit_and_to_applied(
     assert untimed.committed > 0
     assert untimed.commit_latency.count == 0 and untimed.applied_latency.count == 0
     assert "submit->commit p50 n/a" in untimed.latency_line()
+
+
+def test_partition_routed_instances_on_sqlite() -> None:
+    args = ["--local", "--instances", "2", "--transactions", "200", "--partition-routing", "--json"]
+    result = run_cli(*args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    report = json.loads(result.stdout)
+    assert_report(report, instances=2, draws=200)
+    assert report["settings"]["partition_routing"] is True
+
+
+def test_partition_routing_needs_a_partition_per_instance() -> None:
+    args = ["--local", "--partitions", "2", "--instances", "3", "--transactions", "30", "--partition-routing"]
+    result = run_cli(*args)
+    assert result.exit_code == 1, result.output
+    assert "partition routing needs at most one instance per partition: 3 instances, 2 partitions" in (
+        result.stderr
+    )
+
+
+def test_a_workload_over_partition_routed_instances_submits_each_transaction_to_its_partition(
+    smallbank_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    from waltz_examples.ledger.transfers import pending_transfers
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    prepare_database(url).dispose()
+    where = {"zookeeper": smallbank_cluster.zookeeper_connect_string, "cluster_root": smallbank_cluster.root}
+    with (
+        LedgerService(url, prepare=False, partitions=[0], sweep_interval=0.1, **where) as first,
+        LedgerService(url, prepare=False, partitions=[1], sweep_interval=0.1, **where) as second,
+    ):
+        assert first.client.mounted_partitions() == [0] and second.client.mounted_partitions() == [1]
+        assert [first.owns_customer(c) for c in range(4)] == [first.partition_of(c) == 0 for c in range(4)]
+        workload = SmallBankWorkload([first, second], SmallBankConfig(accounts=20, in_flight=8, seed=5))
+        try:
+            workload.populate(timeout=60)
+            stats = workload.run(150)
+        finally:
+            workload.close()
+        # A transaction for a partition its instance does not mount would have failed to submit.
+        assert stats.errors == [] and stats.committed > 0, stats
+        assert stats.by_op["send_payment"] + stats.by_op["amalgamate"] > 0
+        # Each sweeper moves the steps of its own partition: between them every transfer ends.
+        wait_until(lambda: pending_transfers(first.engine) == 0, timeout=60, what="every transfer to end")
+    with pytest.raises(ValueError, match=r"partitions \[5\] do not exist"):
+        LedgerService(url, prepare=False, partitions=[5], **where)

@@ -311,6 +311,18 @@ def smallbank(
     seed: Annotated[
         int, typer.Option(help="Seed of the opening balances; instance i draws with seed + 1 + i.")
     ] = 7,
+    partition_routing: Annotated[
+        bool,
+        typer.Option(
+            "--partition-routing",
+            help=(
+                "Partition-routed instances: instance i of N mounts the partitions p with p mod N = i "
+                "and submits for their customers only (requests routed by the customer's partition), "
+                "so each partition is applied by one instance. Default: every instance mounts every "
+                "partition and takes any request."
+            ),
+        ),
+    ] = False,
     db: Annotated[
         str | None,
         typer.Option(
@@ -369,6 +381,7 @@ def smallbank(
             submitters=submitters if submitters is not None else SmallBankConfig.submitters,
             seed=seed,
             timeout=timeout,
+            partition_routing=partition_routing,
         )
     except ValueError as exc:
         raise _fail(str(exc), 2) from exc

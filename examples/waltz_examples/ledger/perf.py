@@ -124,6 +124,11 @@ class SmallBankPerfSettings:
         seed: the accounts' opening balances use it; instance ``i`` draws with ``seed + 1 + i``.
         timeout: seconds the measured phase may take.
         cluster_name: the log's name in the database's mark rows.
+        partition_routing: partition-routed instances: instance ``i`` of ``N`` mounts the
+            partitions ``p`` with ``p mod N == i`` and submits the transactions of their
+            customers (a request goes to the instance of its customer's partition), so each
+            partition is applied by one instance. Off: every instance mounts every partition
+            and submits for any customer (requests spread round-robin).
 
     Raises:
         ValueError: a count below its minimum, or a timeout not above 0.
@@ -137,6 +142,7 @@ class SmallBankPerfSettings:
     seed: int = 7
     timeout: float = 600.0
     cluster_name: str = "ledger"
+    partition_routing: bool = False
 
     def __post_init__(self) -> None:
         minimums = {"instances": 1, "transactions": 0, "accounts": 2, "in_flight": 1, "submitters": 1}
@@ -158,7 +164,7 @@ class SmallBankPerfSettings:
         return (
             f"{self.instances} instance process(es) x {each} draws ({self.transactions:,} in all), "
             f"{self.accounts} accounts, {self.in_flight} in flight and {self.submitters} submitter(s) "
-            f"per instance, seed {self.seed}"
+            f"per instance, seed {self.seed}" + (", partition-routed" if self.partition_routing else "")
         )
 
     def summary(self) -> dict[str, Any]:
@@ -171,6 +177,7 @@ class SmallBankPerfSettings:
             "submitters": self.submitters,
             "seed": self.seed,
             "timeout": self.timeout,
+            "partition_routing": self.partition_routing,
         }
 
 
@@ -265,6 +272,7 @@ class _InstanceSpec:
     cluster_root: str
     client_settings: dict[str, Any]
     settings: SmallBankPerfSettings
+    partitions: tuple[int, ...] | None = None
 
 
 def _stats_to_wire(stats: SmallBankStats) -> dict[str, Any]:
@@ -296,6 +304,7 @@ def _run_instance(spec: _InstanceSpec, start: Any, stop: Any, results: Any) -> N
         client_settings=spec.client_settings,
         sweep_interval=SWEEP_INTERVAL,
         prepare=False,
+        partitions=spec.partitions,
     )
     try:
         service.client.wait_mounted(START_TIMEOUT)
@@ -639,8 +648,9 @@ def _client_settings(config: WaltzClientConfig) -> dict[str, Any]:
 
 def _open_accounts(
     db_url: str, zookeeper: str, root: str, client_settings: dict[str, Any], settings: SmallBankPerfSettings
-) -> int:
-    """Open every account through one instance in this process; returns its failed applies."""
+) -> tuple[int, int]:
+    """Open every account through one instance in this process; returns its failed applies and
+    the log's number of partitions."""
     with LedgerService(
         db_url,
         zookeeper=zookeeper,
@@ -667,7 +677,7 @@ def _open_accounts(
             workload.close()
         if workload.stats.errors:
             raise SmallBankRunError(f"opening the accounts failed: {workload.stats.errors[:3]}")
-        return opener.callbacks.uncaught_count
+        return opener.callbacks.uncaught_count, opener.num_partitions
 
 
 class _Instances:
@@ -773,9 +783,20 @@ def run_smallbank(
     try:
         prepare_database(engine)
         tell(f"opening {settings.accounts} accounts (migrated {_render(db_url)})")
-        uncaught = _open_accounts(db_url, zookeeper, root, client_settings, settings)
+        uncaught, num_partitions = _open_accounts(db_url, zookeeper, root, client_settings, settings)
+        if settings.partition_routing and settings.instances > num_partitions:
+            raise SmallBankRunError(
+                f"partition routing needs at most one instance per partition: {settings.instances} "
+                f"instances, {num_partitions} partitions"
+            )
+
+        def mounted(index: int) -> tuple[int, ...] | None:
+            if not settings.partition_routing:
+                return None
+            return tuple(p for p in range(num_partitions) if p % settings.instances == index)
+
         specs = [
-            _InstanceSpec(i, draws, db_url, zookeeper, root, client_settings, settings)
+            _InstanceSpec(i, draws, db_url, zookeeper, root, client_settings, settings, mounted(i))
             for i, draws in enumerate(settings.shares())
         ]
         tell(f"starting {settings.instances} instance process(es)")

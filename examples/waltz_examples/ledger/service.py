@@ -10,7 +10,7 @@ transfers (``transfers.py``) that every instance's sweeper moves forward.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +103,10 @@ class LedgerService:
         client_settings: more ``WaltzClientConfig`` fields (e.g. ``client_max_apply_batch_size``).
         sweep_interval: seconds between outbox scans (None: no sweeper in this instance).
         prepare: run the migrations at start (several instances may; they are idempotent).
+        partitions: mount only these partitions (partition-routed instances: requests for a
+            customer go to an instance mounting its partition, each partition is applied by
+            the instances mounting it, and the sweeper moves only the steps of these
+            partitions). None: every partition.
     """
 
     def __init__(
@@ -115,17 +119,28 @@ class LedgerService:
         client_settings: Mapping[str, Any] | None = None,
         sweep_interval: float | None = 0.5,
         prepare: bool = True,
+        partitions: Collection[int] | None = None,
     ) -> None:
         self.engine = create_framework_engine(db_url)
         if prepare:
             prepare_database(self.engine)
         self.callbacks = LedgerCallbacks(self.engine, cluster_name=cluster_name, registry=registry())
         settings: dict[str, Any] = {"client_max_apply_batch_size": 50, **(client_settings or {})}
+        self.partitions: frozenset[int] | None = None if partitions is None else frozenset(partitions)
+        if self.partitions is not None:
+            settings["client_auto_mount"] = False
         config = WaltzClientConfig(zookeeper_connect_string=zookeeper, cluster_root=cluster_root, **settings)
         self.client = WaltzClient(self.callbacks, config)
+        if self.partitions is not None:
+            outside = sorted(p for p in self.partitions if not 0 <= p < self.client.num_partitions)
+            if outside:
+                self.client.close()
+                raise ValueError(f"partitions {outside} do not exist (0..{self.client.num_partitions - 1})")
+            self.client.set_partitions(self.partitions)
         self.sweeper: Sweeper | None = None
         if sweep_interval is not None:
-            self.sweeper = Sweeper(self.callbacks, self.submit, interval=sweep_interval)
+            owns = None if self.partitions is None else self.owns_operation
+            self.sweeper = Sweeper(self.callbacks, self.submit, interval=sweep_interval, owns=owns)
             self.sweeper.start()
 
     def __enter__(self) -> LedgerService:
@@ -149,6 +164,14 @@ class LedgerService:
     def partition_of(self, custid: int) -> int:
         """The partition of a customer's entities."""
         return by_customer((custid,), self.num_partitions)
+
+    def owns_customer(self, custid: int) -> bool:
+        """Whether this instance mounts the customer's partition (can submit its transactions)."""
+        return self.partitions is None or self.partition_of(custid) in self.partitions
+
+    def owns_operation(self, operation: LedgerOperation) -> bool:
+        """Whether this instance mounts the operation's partition."""
+        return self.partitions is None or operation.partition_id(self.num_partitions) in self.partitions
 
     # --- submitting --------------------------------------------------------------------------------
 

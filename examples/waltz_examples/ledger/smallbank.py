@@ -154,6 +154,13 @@ class SmallBankWorkload:
         hot = max(2, int(self.config.accounts * self.config.hotspot_fraction))
         self._hotspot = min(hot, self.config.accounts)
         self.closed: list[int] = []
+        # Customers whose transactions these instances can submit: all of them, unless the
+        # instances mount only some partitions (partition-routed instances, see LedgerService).
+        everyone = range(self.config.accounts)
+        self._owned = [c for c in everyone if any(s.owns_customer(c) for s in self.services)]
+        if not self._owned:
+            raise ValueError("no customer belongs to a partition these ledger instances mount")
+        self._owned_hot = [c for c in self._owned if c < self._hotspot] or self._owned
         self._submitters = ThreadPoolExecutor(
             max_workers=self.config.submitters, thread_name_prefix="smallbank"
         )
@@ -169,16 +176,34 @@ class SmallBankWorkload:
             return self._random.randrange(self._hotspot)
         return self._random.randrange(self.config.accounts)
 
+    def _own_customer(self) -> int:
+        """A customer drawn like :meth:`_customer` among those the instances' partitions hold
+        (the one whose partition a transaction goes to: its source)."""
+        if len(self._owned) == self.config.accounts:
+            return self._customer()
+        if self._random.random() < self.config.hotspot_probability:
+            return self._random.choice(self._owned_hot)
+        return self._random.choice(self._owned)
+
     def _two_customers(self) -> tuple[int, int]:
-        first = self._customer()
+        """A source the instances can submit for and a distinct target of any partition."""
+        first = self._own_customer()
         second = self._customer()
-        while second == first:
+        for _ in range(1000):  # bounded: the hotspot has at least 2 customers
+            if second != first:
+                break
             second = self._customer()
+        else:
+            second = (first + 1) % self.config.accounts
         return first, second
 
-    def _service(self) -> LedgerService:
-        self._next = (self._next + 1) % len(self.services)
-        return self.services[self._next]
+    def _service(self, custid: int | None = None) -> LedgerService:
+        """The next instance in turn, among those mounting ``custid``'s partition (None: any)."""
+        owners = self.services
+        if custid is not None:
+            owners = [s for s in self.services if s.owns_customer(custid)]
+        self._next = (self._next + 1) % len(owners)
+        return owners[self._next]
 
     def _draw(self) -> str:
         pick = self._random.randrange(100)
@@ -200,7 +225,7 @@ class SmallBankWorkload:
             TimeoutError: the openings were not committed and applied within ``timeout`` seconds.
         """
         for custid in range(self.config.accounts):
-            service = self._service()
+            service = self._service(custid)
             savings = self._random.randint(10_000, 50_000)
             checking = self._random.randint(10_000, 50_000)
             self._submit(
@@ -272,9 +297,9 @@ class SmallBankWorkload:
         from waltz_examples.ledger.operations import Deactivate
 
         # Close customers outside the hotspot so that most of the mix still finds open accounts.
-        pool = list(range(self._hotspot, self.config.accounts)) or list(range(self.config.accounts))
+        pool = [c for c in self._owned if c >= self._hotspot] or list(self._owned)
         for custid in self._random.sample(pool, min(self.config.deactivate, len(pool))):
-            service = self._service()
+            service = self._service(custid)
             self.closed.append(custid)
             self._submit(service, Deactivate(service.callbacks, custid))
 
@@ -283,17 +308,16 @@ class SmallBankWorkload:
         money goes back to the payers (refunds); within a partition they are refused at once."""
         for custid in self.closed:
             for _ in range(2):
-                payer = self._customer()
+                payer = self._own_customer()
                 if payer == custid:
                     continue
-                service = self._service()
+                service = self._service(payer)
                 self._submit(service, service.payment(payer, custid, 100), "send_payment")
 
     def _one(self, name: str) -> None:
-        service = self._service()
-        cb = service.callbacks
         operation: LedgerOperation
         if name == "balance":
+            service = self._service()
             try:
                 service.balance(self._customer())
                 with self._lock:
@@ -303,17 +327,24 @@ class SmallBankWorkload:
                 with self._lock:
                     self.stats.errors.append(str(exc))
             return
-        if name == "amalgamate":
-            operation = service.amalgamate_operation(*self._two_customers())
-        elif name == "send_payment":
+        if name in ("amalgamate", "send_payment"):
             source, target = self._two_customers()
-            operation = service.payment(source, target, 500)
-        elif name == "deposit_checking":
-            operation = DepositChecking(cb, self._customer(), 130)
-        elif name == "transact_savings":
-            operation = TransactSavings(cb, self._customer(), 2020 if self._random.random() < 0.5 else -2020)
+            service = self._service(source)
+            if name == "amalgamate":
+                operation = service.amalgamate_operation(source, target)
+            else:
+                operation = service.payment(source, target, 500)
         else:
-            operation = WriteCheck(cb, self._customer(), 500)
+            custid = self._own_customer()
+            service = self._service(custid)
+            cb = service.callbacks
+            if name == "deposit_checking":
+                operation = DepositChecking(cb, custid, 130)
+            elif name == "transact_savings":
+                amount = 2020 if self._random.random() < 0.5 else -2020
+                operation = TransactSavings(cb, custid, amount)
+            else:
+                operation = WriteCheck(cb, custid, 500)
         self._submit(service, operation, name)
 
     def _submit(self, service: LedgerService, operation: LedgerOperation, name: str | None = None) -> None:

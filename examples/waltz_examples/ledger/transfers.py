@@ -262,13 +262,21 @@ class Sweeper:
         submit: submits a context to this instance's Waltz client.
         interval: seconds between scans of the outbox.
         batch: outbox rows looked at per scan.
+        owns: whether this instance moves a step (one of the partitions it mounts); None: all.
     """
 
     def __init__(
-        self, callbacks: ChangeSetCallbacks, submit: Submit, *, interval: float = 0.2, batch: int = 500
+        self,
+        callbacks: ChangeSetCallbacks,
+        submit: Submit,
+        *,
+        interval: float = 0.2,
+        batch: int = 500,
+        owns: Callable[[LedgerOperation], bool] | None = None,
     ):
         self._callbacks = callbacks
         self._submit = submit
+        self._owns = owns
         self._interval = interval
         self._batch = batch
         self._in_flight: set[tuple[str, str]] = set()
@@ -338,6 +346,8 @@ class Sweeper:
                 step, name = SettleTransfer(self._callbacks, t), "settle"
             else:
                 step, name = RefundTransfer(self._callbacks, t), "refund"
+            if self._owns is not None and not self._owns(step):
+                continue  # an instance mounting that partition moves it
             key = (t.transfer_id, name)
             with self._lock:
                 if key in self._in_flight:
