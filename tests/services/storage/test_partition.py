@@ -8,6 +8,7 @@ import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -372,3 +373,27 @@ def test_orphan_index_does_not_block_a_new_segment(tmp_path: Path) -> None:
         assert orphan.read_bytes()[: fmt.HEADER_SIZE] == segment.header.encode()
     finally:
         segment.close()
+
+
+@pytest.mark.security
+def test_a_read_decodes_no_more_index_entries_than_its_answer_can_hold(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request for 2^31 - 1 records costs what its byte budget can carry, not a walk of the index."""
+    from waltz.services.storage.segment import Segment
+    from waltz.services.storage.service import MAX_RECORDS_PER_READ, _positive
+
+    store.partition.append(make_records(0, 300, size=10))
+    decoded: list[int] = []
+    real = Segment._index_entries
+
+    def counting(self: Segment, index: int, count: int, **kwargs: Any) -> list[int]:
+        decoded.append(count)
+        return real(self, index, count, **kwargs)
+
+    monkeypatch.setattr(Segment, "_index_entries", counting)
+    got = store.partition.read_records(0, 2**31 - 1, max_bytes=400)
+    assert 1 <= len(got) <= 400 // fmt.RECORD_FIXED_SIZE
+    assert max(decoded) <= 400 // fmt.RECORD_FIXED_SIZE + 1 + 1  # the entries, and one end offset
+    assert store.partition.read_records(0, 2**31 - 1) == make_records(0, 300, size=10)  # all fit
+    assert _positive(2**31 - 1) == MAX_RECORDS_PER_READ and _positive(5) == 5

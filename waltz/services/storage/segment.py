@@ -414,7 +414,9 @@ class Segment:
             return []
         self._check_readable(transaction_id)
         data_fd, _ = self._fds()
-        wanted = min(max_records, available)
+        # No more index entries than the byte budget can hold records (each has a fixed part):
+        # a request for millions of records costs what its answer can carry, not more.
+        wanted = min(max_records, available, max_bytes // fmt.RECORD_FIXED_SIZE + 1)
         offsets = self._index_entries(index, wanted)
         start = offsets[0]
         end_of_range = (

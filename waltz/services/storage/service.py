@@ -55,6 +55,8 @@ STREAM_QUEUE_SIZE: Final = 1024
 MAX_LANES: Final = 4096
 #: Small responses (acknowledgements) merged into one stream message at most.
 MAX_MERGED_RESPONSES: Final = 1000
+#: Records one read request returns at most, whatever it asks for.
+MAX_RECORDS_PER_READ: Final = 10_000
 #: Request kinds whose responses may be large (records): never merged with others.
 _LARGE: Final = frozenset({"record", "record_list", "record_header_list"})
 
@@ -415,9 +417,15 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
 
 
 def _positive(max_records: int) -> int:
+    """A request's record count, at most :data:`MAX_RECORDS_PER_READ` (a read answers "up to"
+    that many: the reader asks again from where the answer ended).
+
+    Raises:
+        ProtocolError: not positive.
+    """
     if max_records <= 0:
         raise ProtocolError(f"max number of records must be positive, got {max_records}")
-    return max_records
+    return min(max_records, MAX_RECORDS_PER_READ)
 
 
 def _rows(request: storage_pb2.StorageRequest) -> Iterator[fmt.WireRow]:
