@@ -32,6 +32,7 @@ from waltz.config import load_settings
 from waltz.errors import StorageRpcError, WaltzError
 from waltz.logs import configure_logging
 from waltz.metadata.replicas import ReplicaChangeRefusedError
+from waltz.protocol.records import MAX_PARTITIONS
 
 app = typer.Typer(
     help=HELP["cluster"],
@@ -218,7 +219,10 @@ def _warn(lines: Iterable[str]) -> None:
 def create(
     name: Annotated[str, typer.Option("--name", "-n", help="The cluster's name.", show_default=False)],
     partitions: Annotated[
-        int, typer.Option("--partitions", min=1, help="Number of partitions.", show_default=False)
+        int,
+        typer.Option(
+            "--partitions", min=1, max=MAX_PARTITIONS, help="Number of partitions.", show_default=False
+        ),
     ],
     storage: Annotated[
         list[str],

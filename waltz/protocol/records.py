@@ -12,7 +12,10 @@ from typing import NamedTuple
 
 from waltz.protocol import common_pb2
 
-__all__ = ["Record", "RecordHeader", "ReqId", "crc32", "unequal_columns"]
+__all__ = ["MAX_PARTITIONS", "Record", "RecordHeader", "ReqId", "crc32", "unequal_columns"]
+
+#: Partitions a cluster may have at most (a storage node refuses to be initialised with more).
+MAX_PARTITIONS = 65_536
 
 
 def crc32(data: bytes | bytearray | memoryview) -> int:

@@ -219,3 +219,23 @@ def test_an_inline_append_raises_what_its_work_raises(node: StorageNode) -> None
     # The lock was released: the node still changes its assignment.
     node.set_assignment(1, False)
     assert node.assigned_partitions() == [0]
+
+
+@pytest.mark.security
+def test_an_admin_open_with_an_absurd_partition_count_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    from waltz.errors import ClusterKeyMismatchError
+    from waltz.protocol.records import MAX_PARTITIONS
+    from waltz.services.storage import format as fmt
+
+    node = StorageNode(tmp_path / "node")
+    node.start()
+    try:
+        for count in (0, MAX_PARTITIONS + 1, 2**31 - 1):
+            with pytest.raises(ClusterKeyMismatchError, match=rf"cannot initialise with {count} partitions"):
+                node.admin_open(str(uuid.uuid4()), count)
+        assert not (tmp_path / "node" / fmt.CONTROL_FILE_NAME).exists()  # no control file was made
+        node.admin_open(str(uuid.uuid4()), MAX_PARTITIONS)  # the limit itself is accepted
+    finally:
+        node.close()

@@ -23,6 +23,7 @@ from waltz.errors import (
     PartitionNotAssignedError,
     StorageNotInitializedError,
 )
+from waltz.protocol.records import MAX_PARTITIONS
 from waltz.services.storage.control_file import ControlFile
 from waltz.services.storage.storage_partition import (
     DEFAULT_CHECKPOINT_INTERVAL,
@@ -250,8 +251,10 @@ class StorageNode:
                     key = uuid.UUID(cluster_key)
                 except ValueError:
                     raise ClusterKeyMismatchError(f"cluster key {cluster_key!r} is not a UUID") from None
-                if num_partitions <= 0:
-                    raise ClusterKeyMismatchError(f"cannot initialise with {num_partitions} partitions")
+                if not 0 < num_partitions <= MAX_PARTITIONS:
+                    raise ClusterKeyMismatchError(
+                        f"cannot initialise with {num_partitions} partitions (1..{MAX_PARTITIONS})"
+                    )
                 self._control = ControlFile.create(self.directory, key, num_partitions)
                 return
             self._check_identity(self._control, cluster_key, num_partitions)
