@@ -16,6 +16,7 @@ from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, RowChange
 from waltz.jdbc_style.schema import high_water_marks, idempotency_keys
 from waltz.spark.decoders import decode_changes
+from waltz.spark.errors import RebuildError
 from waltz.spark.source import LOG_SCHEMA
 from waltz.spark.target import write_views
 from waltz.spark.views import idempotency_key_rows
@@ -111,4 +112,40 @@ def test_a_rebuild_replaces_its_log_rows_and_keeps_other_logs(
         assert marks == {(OTHER, 0, 41), ("counter", 0, 2), ("counter", 1, 1)}
         assert keys == {(OTHER, "req-1", 0, 3), ("counter", "req-1", 0, 2), ("counter", "req-2", 1, 1)}
         assert counters == {(1, 9, 2), (2, 4, 1)}
+    engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mariadb"])
+def test_a_rebuild_never_moves_a_live_mark_backwards(
+    spark: Any, request: pytest.FixtureRequest, tmp_path: Any, backend: str
+) -> None:
+    """Instances applied past the rebuild's marks while it ran: swapping would move the marks back
+    (and the instances would skip what the rebuilt tables lack), so nothing is swapped."""
+    url = {
+        "sqlite": lambda: f"sqlite:///{tmp_path / 'target.db'}",
+        "postgresql": lambda: str(request.getfixturevalue("postgres_url")),
+        "mariadb": lambda: str(request.getfixturevalue("mariadb_url")),
+    }[backend]()
+    engine = create_framework_engine(url)
+    COUNTER_VIEWS.prepare(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            insert(high_water_marks),
+            [
+                {"cluster_name": "counter", "partition_id": 0, "high_water_mark": 5, "updated_at": None},
+                {"cluster_name": "counter", "partition_id": 1, "high_water_mark": 1, "updated_at": None},
+            ],
+        )
+        conn.execute(insert(Counter.__table__), [{"counter_id": 1, "value": 11, "updated_tx": 5}])
+    log = _log(spark)
+    changes = decode_changes(log, COUNTER_VIEWS.decoders)
+    with pytest.raises(RebuildError, match=r"partition 0: 5 live, 2 rebuilt.*nothing was swapped"):
+        write_views(COUNTER_VIEWS.build(changes, log), COUNTER_VIEWS, url, {0: 2, 1: 1})
+    with engine.connect() as conn:
+        marks = {tuple(r) for r in conn.execute(select(*list(high_water_marks.c)[:3]))}
+        counters = {tuple(r) for r in conn.execute(select(*Counter.__table__.columns))}
+    assert marks == {("counter", 0, 5), ("counter", 1, 1)}
+    assert counters == {(1, 11, 5)}  # the live table, not the rebuilt one
+    # Up to the live marks or beyond, the swap goes ahead.
+    write_views(COUNTER_VIEWS.build(changes, log), COUNTER_VIEWS, url, {0: 5, 1: 1})
     engine.dispose()

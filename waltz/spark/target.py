@@ -23,6 +23,7 @@ from sqlalchemy import table as table_clause
 from sqlalchemy.engine import Connection, make_url
 
 from waltz.jdbc_style import create_framework_engine
+from waltz.jdbc_style.engine import SQLITE_BEGIN
 from waltz.jdbc_style.schema import high_water_marks, idempotency_keys
 from waltz.spark.errors import RebuildError
 from waltz.spark.views import AppViews
@@ -248,31 +249,42 @@ class _Swap:
     def in_one_transaction(
         self, tables: Sequence[Table], pg_names: Mapping[str, Mapping[str, str]], after_swap: Sequence[str]
     ) -> None:
-        """PostgreSQL and SQLite: DDL is transactional, so tables, marks and keys move at once."""
+        """PostgreSQL and SQLite: DDL is transactional, so tables, marks and keys move at once,
+        after the marks were found not to go backwards (their rows locked until the commit)."""
+        with self.engine.connect() as conn:
+            conn.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})  # SQLite: the writers wait for the swap
+            with conn.begin():
+                self._check_forward(conn, lock=True)
+                self._swap_in_transaction(conn, tables, pg_names, after_swap)
+
+    def _swap_in_transaction(
+        self,
+        conn: Connection,
+        tables: Sequence[Table],
+        pg_names: Mapping[str, Mapping[str, str]],
+        after_swap: Sequence[str],
+    ) -> None:
         quote = self.quote
-        with self.engine.begin() as conn:
-            for t in tables:
-                conn.execute(text(f"DROP TABLE {quote(t.name)}"))
-                conn.execute(text(f"ALTER TABLE {quote(t.name + STAGING_SUFFIX)} RENAME TO {quote(t.name)}"))
-                if self.backend == "postgresql":
-                    for shape, staged in _pg_index_names(conn, t.name).items():
-                        original = pg_names.get(t.name, {}).get(shape)
-                        if original and original != staged:
-                            conn.execute(text(f"ALTER INDEX {quote(staged)} RENAME TO {quote(original)}"))
-            for statement in after_swap:
-                conn.execute(text(statement))
-            conn.execute(delete(high_water_marks).where(high_water_marks.c.cluster_name == self.cluster_name))
-            if self.marks:
-                conn.execute(insert(high_water_marks), self._mark_rows())
-            if self.with_keys:
-                keys_staging = quote(idempotency_keys.name + STAGING_SUFFIX)
-                names = ", ".join(quote(c.name) for c in idempotency_keys.columns)
-                conn.execute(
-                    delete(idempotency_keys).where(idempotency_keys.c.cluster_name == self.cluster_name)
-                )
-                target = quote(idempotency_keys.name)
-                conn.execute(text(f"INSERT INTO {target} ({names}) SELECT {names} FROM {keys_staging}"))
-                conn.execute(text(f"DROP TABLE {keys_staging}"))
+        for t in tables:
+            conn.execute(text(f"DROP TABLE {quote(t.name)}"))
+            conn.execute(text(f"ALTER TABLE {quote(t.name + STAGING_SUFFIX)} RENAME TO {quote(t.name)}"))
+            if self.backend == "postgresql":
+                for shape, staged in _pg_index_names(conn, t.name).items():
+                    original = pg_names.get(t.name, {}).get(shape)
+                    if original and original != staged:
+                        conn.execute(text(f"ALTER INDEX {quote(staged)} RENAME TO {quote(original)}"))
+        for statement in after_swap:
+            conn.execute(text(statement))
+        conn.execute(delete(high_water_marks).where(high_water_marks.c.cluster_name == self.cluster_name))
+        if self.marks:
+            conn.execute(insert(high_water_marks), self._mark_rows())
+        if self.with_keys:
+            keys_staging = quote(idempotency_keys.name + STAGING_SUFFIX)
+            names = ", ".join(quote(c.name) for c in idempotency_keys.columns)
+            conn.execute(delete(idempotency_keys).where(idempotency_keys.c.cluster_name == self.cluster_name))
+            target = quote(idempotency_keys.name)
+            conn.execute(text(f"INSERT INTO {target} ({names}) SELECT {names} FROM {keys_staging}"))
+            conn.execute(text(f"DROP TABLE {keys_staging}"))
 
     def mariadb(self, tables: Sequence[Table]) -> None:
         """MariaDB: DDL commits, so the marks and keys of other logs are copied into staged framework
@@ -298,9 +310,42 @@ class _Swap:
         with self.engine.begin() as conn:
             for t in moved:
                 conn.execute(text(f"DROP TABLE IF EXISTS {quote(t.name + _OLD_SUFFIX)}"))
+            # DDL commits on MariaDB: the marks are compared right before the atomic rename, and an
+            # instance that applies in between is caught by its next apply's mark check only.
+            self._check_forward(conn, lock=False)
             conn.execute(text(f"RENAME TABLE {renames}"))
             for t in moved:
                 conn.execute(text(f"DROP TABLE {quote(t.name + _OLD_SUFFIX)}"))
+
+    def _check_forward(self, conn: Connection, *, lock: bool) -> None:
+        """Refuse a swap that would move a partition's mark backwards (instances that applied past
+        the rebuild's marks meanwhile would then skip what the rebuilt tables lack).
+
+        Args:
+            lock: lock the log's mark rows until the swap commits (applies wait for it).
+
+        Raises:
+            RebuildError: naming each partition whose live mark is past the rebuilt one.
+        """
+        stmt = select(high_water_marks.c.partition_id, high_water_marks.c.high_water_mark).where(
+            high_water_marks.c.cluster_name == self.cluster_name
+        )
+        if lock and self.backend != "sqlite":
+            stmt = stmt.with_for_update()
+        ahead = {
+            int(pid): int(mark)
+            for pid, mark in conn.execute(stmt)
+            if int(pid) in self.marks and int(mark) > self.marks[int(pid)]
+        }
+        if ahead:
+            detail = ", ".join(
+                f"partition {p}: {m} live, {self.marks[p]} rebuilt" for p, m in sorted(ahead.items())
+            )
+            raise RebuildError(
+                f"the live database of log {self.cluster_name!r} has applied past the rebuild ({detail}); "
+                "swapping would move its marks backwards, so nothing was swapped: rebuild again up to "
+                "the live marks or beyond (or stop the instances first)"
+            )
 
     def _copy_other_logs(self, conn: Connection, table: Table) -> None:
         """Copy the rows of other logs (other cluster names) into the table's staging copy."""
