@@ -24,15 +24,29 @@ __all__ = ["HealthHttpServer", "server_ssl_context"]
 log = logging.getLogger(__name__)
 
 
+#: Seconds a peer may take for each read of a request, the TLS handshake included.
+REQUEST_TIMEOUT = 10.0
+
+
 class _QuietHandler(WSGIRequestHandler):
+    timeout = REQUEST_TIMEOUT  # set on the connection before the first read (the TLS handshake)
+
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http: " + format, *args)
 
 
 class _ThreadingWsgiServer(ThreadingMixIn, WSGIServer):
-    """One thread per request: a slow or stuck peer (a TLS handshake that never ends) blocks no one."""
+    """One thread per request: a slow or stuck peer (a TLS handshake that never ends) blocks no one.
+
+    With TLS the listening socket accepts without a handshake; the request's own thread makes it
+    at its first read, within :data:`REQUEST_TIMEOUT`, so an idle connection never holds up
+    ``accept`` and the requests behind it.
+    """
 
     daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("http: request from %s failed", client_address, exc_info=True)
 
 
 def server_ssl_context(cert_file: Path, key_file: Path, ca_file: Path | None) -> ssl.SSLContext:
@@ -84,7 +98,9 @@ class HealthHttpServer:
             host, port, app, server_class=_ThreadingWsgiServer, handler_class=_QuietHandler
         )
         if tls is not None:
-            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
+            self._server.socket = tls.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
         self.tls = tls is not None
         self.port: int = self._server.server_port
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
