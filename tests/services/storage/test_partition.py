@@ -397,3 +397,55 @@ def test_a_read_decodes_no_more_index_entries_than_its_answer_can_hold(
     assert max(decoded) <= 400 // fmt.RECORD_FIXED_SIZE + 1 + 1  # the entries, and one end offset
     assert store.partition.read_records(0, 2**31 - 1) == make_records(0, 300, size=10)  # all fit
     assert _positive(2**31 - 1) == MAX_RECORDS_PER_READ and _positive(5) == 5
+
+
+def test_a_failed_roll_after_a_durable_append_is_not_reported_as_a_failed_append(
+    small_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills up just as a segment is full: the records are written and flushed, so the
+    append succeeds; the roll is tried again by the next append, which fails honestly (nothing
+    appended) while the disk stays full and goes on once there is room."""
+    from waltz.errors import DiskFullError
+    from waltz.services.storage.segment import Segment
+
+    real_create = Segment.create
+    full = {"on": True}
+
+    def create(*args: Any, **kwargs: Any) -> Segment:
+        if full["on"]:
+            raise DiskFullError("partition 0: no space to create segment (simulated)")
+        return real_create(*args, **kwargs)
+
+    monkeypatch.setattr(Segment, "create", create)
+    records = make_records(0, 60, size=100)  # past the 4,096-byte threshold
+    small_store.partition.append(records)  # no error: the records are durable
+    assert small_store.partition.max_transaction_id == 59
+    assert len(small_store.segments()) == 1
+    with pytest.raises(DiskFullError):
+        small_store.partition.append(make_records(60, 1))
+    assert small_store.partition.max_transaction_id == 59  # that append changed nothing
+    full["on"] = False
+    small_store.partition.append(make_records(60, 1))  # rolls first, then appends
+    assert small_store.partition.max_transaction_id == 60
+    assert len(small_store.segments()) == 2
+    partition = small_store.reopen()
+    assert partition.read_records(0, 100) == [*records, *make_records(60, 1)]
+
+
+@pytest.mark.parametrize("length", [0, 10, fmt.HEADER_SIZE - 1])
+def test_a_first_segment_cut_short_while_being_created_is_made_again(tmp_path: Path, length: int) -> None:
+    """A crash while the partition's first segment was being created leaves a file shorter than
+    its header: it holds no record, so start-up replaces it instead of refusing the partition."""
+    control = ControlFile.create(tmp_path, uuid.uuid4(), 1)
+    directory = tmp_path / "0"
+    directory.mkdir()
+    name = fmt.segment_file_name(0, fmt.SEGMENT_SUFFIX)
+    (directory / name).write_bytes(b"\x00" * length)
+    try:
+        partition = StoragePartition.create(directory, 0, control)
+        assert partition.max_transaction_id == -1
+        partition.append(make_records(0, 3))
+        assert partition.read_records(0, 10) == make_records(0, 3)
+        partition.close()
+    finally:
+        control.close()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from waltz.errors import (
     CorruptDataError,
+    DiskFullError,
     PartitionUnavailableError,
     ProtocolError,
     SessionFencedError,
@@ -109,11 +110,13 @@ class StoragePartition:
         """
         paths = sorted(self.directory.glob("*" + fmt.SEGMENT_SUFFIX))
         segments: list[Segment] = []
+        first_id = 0  # of the segment created when none is left
         try:
             for i, path in enumerate(paths):
                 is_last = i == len(paths) - 1
-                if is_last and i > 0 and path.stat().st_size <= fmt.HEADER_SIZE:
-                    # A segment roll that crashed before its header was complete holds no record.
+                if is_last and path.stat().st_size <= fmt.HEADER_SIZE:
+                    # A segment roll (or the first segment's creation) that crashed before its
+                    # header was complete holds no record.
                     try:
                         Segment.open(
                             path,
@@ -129,6 +132,7 @@ class StoragePartition:
                         path.unlink()
                         path.with_suffix(fmt.INDEX_SUFFIX).unlink(missing_ok=True)
                         fsync_directory(self.directory)
+                        first_id = _first_id_of(path)
                         continue
                 segment = Segment.open(
                     path,
@@ -156,7 +160,11 @@ class StoragePartition:
             if not segments:
                 segments.append(
                     Segment.create(
-                        self.directory, self.partition_id, self._cluster_key, 0, self._checkpoint_interval
+                        self.directory,
+                        self.partition_id,
+                        self._cluster_key,
+                        first_id,
+                        self._checkpoint_interval,
                     )
                 )
         except BaseException:
@@ -312,20 +320,41 @@ class StoragePartition:
             encoded, offsets = fmt.encode_wire_rows(chain((first,), rows), self.max_transaction_id + 1)
         except fmt.RecordOrderError as exc:
             raise ProtocolError(f"partition {self.partition_id}: {exc}") from None
+        if self._segments[-1].valid_end >= self._threshold:
+            self._roll()  # an earlier roll failed: nothing is appended yet, so its error is honest
         segment = self._segments[-1]
         segment.append(encoded, offsets)
         if segment.valid_end >= self._threshold:
-            segment.seal()
-            self._segments.append(
-                Segment.create(
-                    self.directory,
+            try:
+                self._roll()
+            except (OSError, DiskFullError) as exc:
+                # The records are on disk and flushed: the append succeeded. The next one rolls.
+                log.warning(
+                    "partition %d: appended up to transaction %d, but rolling to a new segment failed "
+                    "(%s); the next append tries again",
                     self.partition_id,
-                    self._cluster_key,
-                    self.max_transaction_id + 1,
-                    self._checkpoint_interval,
+                    self.max_transaction_id,
+                    exc,
                 )
-            )
         return len(encoded) - fmt.RECORD_FIXED_SIZE * len(offsets)
+
+    def _roll(self) -> None:
+        """Seal the last segment and start a new one after it.
+
+        Raises:
+            DiskFullError: no space for the new segment (nothing of it is left behind).
+            OSError: another I/O error.
+        """
+        self._segments[-1].seal()
+        self._segments.append(
+            Segment.create(
+                self.directory,
+                self.partition_id,
+                self._cluster_key,
+                self.max_transaction_id + 1,
+                self._checkpoint_interval,
+            )
+        )
 
     def truncate(self, transaction_id: int) -> None:
         """Remove every record after ``transaction_id`` (docs/design/storage.md "Storage requests").
@@ -407,3 +436,11 @@ class StoragePartition:
     ) -> list[RecordHeader]:
         """Read record headers (records are read whole so that every CRC is checked)."""
         return [r.record_header for r in self.read_records(transaction_id, max_records, max_bytes * 16)]
+
+
+def _first_id_of(path: Path) -> int:
+    """The first transaction ID a segment file's name gives (0 when the name is not a number)."""
+    try:
+        return max(0, int(path.stem))
+    except ValueError:
+        return 0
