@@ -239,47 +239,54 @@ def damage_index_entries(index: Path, entries: dict[int, int]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("damage_index", "torn"),
+    ("damage_index", "damaged", "torn"),
     [
         # Entry 4 points to transaction 4's valid record: start-up keeps the records (corruption).
-        (lambda index: None, False),
-        # The entries after the damaged record were never flushed (a crash before a checkpoint):
-        # nothing proves that the record is not the tail, so start-up cuts it.
-        (lambda index: index.write_bytes(index.read_bytes()[: fmt.HEADER_SIZE + 3 * 8]), True),
+        (lambda index: None, 3, False),
+        # The entries after the damaged record were never flushed (a crash before a checkpoint),
+        # but transaction 4's valid record follows it in the data: corruption, nothing is cut.
+        (lambda index: index.write_bytes(index.read_bytes()[: fmt.HEADER_SIZE + 3 * 8]), 3, False),
         # Entries 4, 5 and 6 are below the header, inside a record and past the end of the file;
-        # only entry 7 is good, but start-up looks no further than the next three transactions.
-        (lambda index: damage_index_entries(index, {4: 5, 5: offset_of(4) + 1, 6: 10**9}), True),
+        # the data still holds transaction 4 right after the damaged record.
+        (lambda index: damage_index_entries(index, {4: 5, 5: offset_of(4) + 1, 6: 10**9}), 3, False),
+        # The last record claims to run past the end and nothing follows it: a torn tail, cut.
+        (lambda index: None, ONE_SEGMENT_RECORDS - 1, True),
     ],
-    ids=["next-record-indexed", "index-entries-lost", "next-three-entries-unusable"],
+    ids=["next-record-indexed", "index-entries-lost", "next-three-entries-unusable", "last-record"],
 )
 def test_verify_classifies_a_damaged_length_as_start_up_does(
-    one_segment: Path, damage_index: Callable[[Path], None], torn: bool
+    one_segment: Path, damage_index: Callable[[Path], None], damaged: int, torn: bool
 ) -> None:
     data = segment_path(one_segment, 0)
     size = data.stat().st_size
-    flip_byte(data, offset_of(3) + LENGTH_BYTE)  # transaction 3 now claims to run past the end
+    flip_byte(data, offset_of(damaged) + LENGTH_BYTE)  # the record now claims to run past the end
     damage_index(segment_path(one_segment, 0, fmt.INDEX_SUFFIX))
 
     result = waltz("verify", one_segment)
     dump = waltz("segment", data)
 
-    where = f"partition 0, file {data}, offset {offset_of(3)}, transaction 3"
+    where = f"partition 0, file {data}, offset {offset_of(damaged)}, transaction {damaged}"
     with started_partition(one_segment) as partition:
         if torn:
             assert result.exit_code == 0, result.output
             assert any(w.startswith(f"WARNING: {where}: torn tail") for w in problem_lines(result, "WARNING"))
-            assert f"(torn tail at offset {offset_of(3)}" in dump.output
+            assert f"(torn tail at offset {offset_of(damaged)}" in dump.output
             assert partition.corruption is None
-            assert data.stat().st_size == offset_of(3), "start-up did not cut the torn tail"
+            assert data.stat().st_size == offset_of(damaged), "start-up did not cut the torn tail"
+            [kept] = data.parent.glob("*.tail-*")  # the cut bytes are kept beside the segment
+            assert kept.stat().st_size == size - offset_of(damaged)
         else:
             assert result.exit_code == 1, result.output
             assert [e.split(": corrupt record")[0] for e in problem_lines(result, "ERROR")] == [
                 f"ERROR: {where}"
             ], result.output
-            assert f"(corrupt record at offset {offset_of(3)}" in dump.output
+            assert f"(corrupt record at offset {offset_of(damaged)}" in dump.output
             assert "not a torn tail" in dump.output
             assert partition.corruption is not None
-            assert (partition.corruption.transaction_id, partition.corruption.offset) == (3, offset_of(3))
+            assert (partition.corruption.transaction_id, partition.corruption.offset) == (
+                damaged,
+                offset_of(damaged),
+            )
             assert data.stat().st_size == size, "start-up cut records after the damaged one"
     assert dump.exit_code == 0, dump.output
 
@@ -310,17 +317,21 @@ def test_a_damaged_length_before_the_last_checkpoint_is_corruption(one_segment: 
             partition.close()
 
 
-def test_a_torn_tail_that_hides_indexed_records_says_start_up_cuts_them(one_segment: Path) -> None:
+def test_a_damaged_length_whose_next_records_the_index_misses_is_corruption(one_segment: Path) -> None:
+    """The index's next three entries are unusable, but the data holds transaction 4 right after
+    the damaged record: not a torn tail (start-up would otherwise cut seven acknowledged records)."""
     data = segment_path(one_segment, 0)
     flip_byte(data, offset_of(3) + LENGTH_BYTE)
     damage_index_entries(segment_path(one_segment, 0, fmt.INDEX_SUFFIX), {4: 5, 5: 5, 6: 5})
 
     report = inspect.verify_segment(data, partition_id=0, cluster_key=CLUSTER_KEY)
 
-    (tail,) = [p for p in report.problems if p.path == data]
-    assert (tail.severity, tail.offset, tail.transaction_id) == (inspect.Severity.WARNING, offset_of(3), 3)
-    assert f"valid record of transaction 7 the index points to at offset {offset_of(7)}" in tail.message
-    assert report.records == 3 and report.complete
+    (problem,) = [p for p in report.problems if p.path == data]
+    assert problem.severity is inspect.Severity.ERROR
+    assert (problem.offset, problem.transaction_id) == (offset_of(3), 3)
+    with started_partition(one_segment) as partition:
+        assert partition.corruption is not None and partition.corruption.transaction_id == 3
+        assert data.stat().st_size == offset_of(ONE_SEGMENT_RECORDS)  # nothing cut
 
 
 def test_verify_reports_a_broken_segment_chain(storage: Path) -> None:

@@ -449,3 +449,41 @@ def test_a_first_segment_cut_short_while_being_created_is_made_again(tmp_path: P
         partition.close()
     finally:
         control.close()
+
+
+def test_a_damaged_length_before_unindexed_records_is_corruption_not_a_torn_tail(store: Store) -> None:
+    """A length field damaged so that its record seems to run past the end of the file looks like a
+    torn tail; but the records after it are valid (their index entries are not flushed yet: the
+    index checkpoints every 1,000), so nothing is cut and the damage is reported."""
+    records = make_records(0, 100)
+    store.partition.append(records)
+    segment = store.segments()[-1]
+    size = segment.stat().st_size
+    offset_of_50 = fmt.HEADER_SIZE + sum(fmt.RECORD_FIXED_SIZE + len(r.data) for r in records[:50])
+    raw = bytearray(segment.read_bytes())
+    length_at = offset_of_50 + fmt.RECORD_HEADER_SIZE - 8  # the data length, before the data CRC
+    raw[length_at : length_at + 4] = (size * 2).to_bytes(4, "big")  # past the end, yet possible
+    segment.write_bytes(bytes(raw))
+    partition = store.reopen()
+    assert segment.stat().st_size == size  # the 50 acknowledged records after it are still there
+    assert partition.corruption is not None and partition.corruption.transaction_id == 50
+    assert not list(segment.parent.glob("*.tail-*"))
+    partition.truncate(49)  # what a store session's recovery does; it then copies them back
+    partition.append(records[50:])
+    assert store.reopen().read_records(0, 200) == records
+
+
+def test_the_bytes_of_a_cut_tail_are_kept_beside_the_segment(store: Store) -> None:
+    records = make_records(0, 20)
+    store.partition.append(records)
+    segment = store.segments()[-1]
+    good_size = segment.stat().st_size
+    partial = fmt.encode_record(make_records(20, 1)[0])[:-7]
+    with open(segment, "ab") as f:
+        f.write(partial)
+    partition = store.reopen()
+    assert partition.max_transaction_id == 19 and segment.stat().st_size == good_size
+    [kept] = segment.parent.glob("*.tail-*")
+    assert kept.name == f"{segment.name}.tail-{good_size}"
+    assert kept.read_bytes() == partial
+    assert store.reopen().max_transaction_id == 19  # the kept file is not taken for a segment

@@ -46,6 +46,7 @@ __all__ = [
     "PARTITION_INFO_STRUCT_SIZE",
     "RECORD_FIXED_SIZE",
     "RECORD_HEADER_SIZE",
+    "RESYNC_REACH",
     "SEGMENT_SUFFIX",
     "ControlEntry",
     "ControlFileHeader",
@@ -71,6 +72,7 @@ __all__ = [
     "now_ms",
     "partition_entry_offset",
     "partition_info_struct_offset",
+    "record_follows",
     "record_row",
     "record_size",
     "segment_file_name",
@@ -498,6 +500,32 @@ def decode_record_at(buffer: bytes | memoryview, position: int) -> tuple[Record,
     if zlib.crc32(data) != data_crc:
         raise RecordProblem("data CRC mismatch", incomplete=False)
     return Record(txn, ReqId(client, gen, pid, seq), header, data, data_crc), size
+
+
+#: Bytes after an invalid record searched for the next one: a record's reach at most.
+RESYNC_REACH: Final = 2 * RECORD_FIXED_SIZE + MAX_DATA_LENGTH
+
+
+def record_follows(region: bytes, transaction_id: int) -> bool:
+    """Whether a whole, valid record of ``transaction_id`` starts in ``region`` after its first
+    byte (``region`` starts at an invalid record and spans up to :data:`RESYNC_REACH` bytes).
+
+    The torn-tail rule's second proof (docs/design/storage.md "Start-up checks and torn tails"):
+    invalid bytes followed by the next transaction's valid record are not a torn tail, even when
+    the index has no entry for that record yet.
+    """
+    marker = _OFFSET.pack(transaction_id)  # a record starts with its transaction ID, big-endian
+    found = region.find(marker, 1)
+    while found >= 0:
+        try:
+            record, _size = decode_record_at(region, found)
+        except RecordProblem:
+            pass
+        else:
+            if record.transaction_id == transaction_id:
+                return True
+        found = region.find(marker, found + 1)
+    return False
 
 
 def record_size(header: bytes | memoryview) -> int:

@@ -263,7 +263,10 @@ class Segment:
                 if position >= file_size:
                     break
                 torn = problem.incomplete or _all_zero(data_fd, position, file_size)
-                if torn and self._later_record_indexed(expected, position, index_entries, file_size):
+                if torn and (
+                    self._later_record_indexed(expected, position, index_entries, file_size)
+                    or self._next_record_follows(expected, position, file_size)
+                ):
                     # A damaged length field can make a record look incomplete; a valid record
                     # after it proves that it is not the tail.
                     torn = False
@@ -282,12 +285,14 @@ class Segment:
             rebuilt.append(position)
             position += size
         if cut_at is not None:
+            kept = self._quarantine_tail(cut_at, file_size)
             log.warning(
-                "partition %d: cutting a torn tail of %d bytes at offset %d of %s",
+                "partition %d: cutting a torn tail of %d bytes at offset %d of %s%s",
                 self.partition_id,
                 file_size - cut_at,
                 cut_at,
                 self.data_path,
+                "" if kept is None else f" (its bytes are kept in {kept})",
             )
             os.ftruncate(data_fd, cut_at)
             os.fsync(data_fd)
@@ -310,6 +315,33 @@ class Segment:
         self._index_flushed_count = self.count
         self.valid_end = position
         self.corruption = corruption
+
+    def _next_record_follows(self, expected: int, position: int, file_size: int) -> bool:
+        """Whether a valid record of transaction ``expected + 1`` starts after ``position`` (within a
+        record's reach): the index may not have reached it yet (it is flushed at checkpoints)."""
+        data_fd, _ = self._fds()
+        end = min(file_size, position + fmt.RESYNC_REACH)
+        return fmt.record_follows(os.pread(data_fd, end - position, position), expected + 1)
+
+    def _quarantine_tail(self, cut_at: int, file_size: int) -> Path | None:
+        """Copy the bytes a torn-tail cut removes into ``<segment>.tail-<offset>`` (flushed), unless
+        they are all zero: start-up never throws away bytes it could have misjudged."""
+        data_fd, _ = self._fds()
+        if _all_zero(data_fd, cut_at, file_size):
+            return None
+        target = self.data_path.with_name(f"{self.data_path.name}.tail-{cut_at}")
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            position = cut_at
+            while position < file_size:
+                chunk = os.pread(data_fd, min(_SCAN_CHUNK, file_size - position), position)
+                _write_fully(fd, chunk, position - cut_at)
+                position += len(chunk)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_directory(self.data_path.parent)
+        return target
 
     def _later_record_indexed(self, expected: int, position: int, index_entries: int, file_size: int) -> bool:
         """Whether the index points to a valid record after ``position`` for a later transaction."""

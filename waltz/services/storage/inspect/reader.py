@@ -473,8 +473,9 @@ def classify_stop(segment: SegmentFile, stop: ScanStop, transaction_id: int) -> 
     """Return ``stop`` as start-up would classify it, consulting the segment's index file.
 
     A TORN_TAIL stop becomes CORRUPT when :func:`later_record_indexed` finds a valid record after
-    it through the index (a damaged length field made a record look incomplete); any other stop,
-    or a segment whose index is missing or belongs to another data file, is returned unchanged.
+    it through the index, or :func:`~waltz.services.storage.format.record_follows` finds the next
+    transaction's valid record in the bytes after it (a damaged length field made a record look
+    incomplete); any other stop is returned unchanged.
 
     Args:
         segment: the data file the stop was found in.
@@ -483,13 +484,18 @@ def classify_stop(segment: SegmentFile, stop: ScanStop, transaction_id: int) -> 
     """
     if stop.kind is not StopKind.TORN_TAIL:
         return stop
+    indexed = False
     try:
         with IndexFile(segment.path.with_suffix(fmt.INDEX_SUFFIX)) as index:
-            if not index.belongs_to(segment.header):
-                return stop
-            if not later_record_indexed(segment, index, transaction_id, stop.offset):
-                return stop
+            if index.belongs_to(segment.header):
+                indexed = later_record_indexed(segment, index, transaction_id, stop.offset)
     except OSError:
-        return stop
-    reason = f"{stop.reason}; the index points to a valid record after it, so this is not a torn tail"
-    return ScanStop(StopKind.CORRUPT, stop.offset, reason)
+        pass
+    if indexed:
+        why = "the index points to a valid record after it"
+    else:
+        reach = min(segment.file_size, stop.offset + fmt.RESYNC_REACH) - stop.offset
+        if not fmt.record_follows(segment.pread(reach, stop.offset), transaction_id + 1):
+            return stop
+        why = f"transaction {transaction_id + 1}'s valid record follows it"
+    return ScanStop(StopKind.CORRUPT, stop.offset, f"{stop.reason}; {why}, so this is not a torn tail")

@@ -8,7 +8,8 @@ The verifier judges files the way a storage node's start-up would (``segment.py`
 ``partition.py``, ``node.py``): what start-up repairs by itself (a torn tail of the last segment,
 index entries after the last index checkpoint of the last segment, a missing index, an incomplete
 new segment) is a WARNING; everything else is an ERROR. Whether invalid bytes are a torn tail or
-corruption follows start-up's rule (:func:`~waltz.services.storage.inspect.reader.later_record_indexed`).
+corruption follows start-up's rule (:func:`~waltz.services.storage.inspect.reader.later_record_indexed`,
+:func:`~waltz.services.storage.format.record_follows`).
 """
 
 from __future__ import annotations
@@ -315,7 +316,10 @@ def _is_torn_tail(
     if expected < trusted:
         return False  # start-up trusts the index up to its last checkpoint and never scans there
     first = segment.header.first_transaction_id
-    return index is None or not later_record_indexed(segment, index, first + expected, stop.offset)
+    if index is not None and later_record_indexed(segment, index, first + expected, stop.offset):
+        return False
+    reach = min(segment.file_size, stop.offset + fmt.RESYNC_REACH) - stop.offset
+    return not fmt.record_follows(segment.pread(reach, stop.offset), first + expected + 1)
 
 
 def _report_tail(
