@@ -120,3 +120,28 @@ def test_queued_appends_share_a_flush_up_to_the_group_limit_in_either_form(
             assert flushes == 3
 
     run(scenario())
+
+
+@pytest.mark.security
+def test_requests_for_partitions_not_served_here_get_no_lane(tmp_path: Path) -> None:
+    """A peer naming partitions that do not exist (or are not assigned) is answered at once with
+    the failure, and no lane (a task and a queue) is made for any of them."""
+    from waltz.errors import StorageRpcError
+
+    key = str(uuid.uuid4())
+    gate = threading.Event()
+
+    async def scenario() -> None:
+        async with (
+            storage_app(tmp_path, key, (0,), gate) as app,
+            StorageSessionClient(f"127.0.0.1:{app.port}", key, NUM_PARTITIONS, 1) as stream,
+        ):
+            await stream.max_transaction_id(0)  # partition 0's lane
+            tasks_before = len(asyncio.all_tasks())
+            for partition_id in (1, NUM_PARTITIONS, 2**31 - 1, 7_000, 8_000):
+                with pytest.raises(StorageRpcError, match="PARTITION_NOT_ASSIGNED"):
+                    await stream.max_transaction_id(partition_id)
+            assert len(asyncio.all_tasks()) <= tasks_before  # no lane task was started
+            assert await stream.max_transaction_id(0) == -1
+
+    run(scenario())

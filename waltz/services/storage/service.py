@@ -211,6 +211,13 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                         continue
                     lane = lanes.get(item.partition_id)
                     if lane is None:
+                        try:
+                            self._node.partition(item.partition_id)
+                        except Exception as exc:
+                            # Not a partition served here: answered at once, no lane for it.
+                            self._metrics.requests.labels(kind or "unknown", _outcome(failure_for(exc))).inc()
+                            await outgoing.put(_Answer([_response(item, failure=failure_for(exc))], True))
+                            continue
                         if len(lanes) >= MAX_LANES:
                             # A peer naming ever more partitions: answer the rest in turn, here.
                             await outgoing.put(_Answer([await self._handle(item, kind)], kind not in _LARGE))
