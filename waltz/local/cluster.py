@@ -75,6 +75,9 @@ T = TypeVar("T")
 DEFAULT_SERVER_ENV: Mapping[str, str] = {
     "WALTZ_STORE_RETRY_INTERVAL": "0.2",
     "WALTZ_STORE_CONNECT_TIMEOUT": "2",
+    # A harness for development, tests and benchmarks: their tools append through the admin
+    # protocol (a deployment leaves it off, the server's default).
+    "WALTZ_SERVER_ADMIN_APPENDS": "true",
 }
 
 

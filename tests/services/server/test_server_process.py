@@ -15,6 +15,7 @@ from support.storage import run
 
 from tests.services.server.conftest import StoreCluster, make_store_cluster
 from waltz.chaos.proxy import FaultProxy
+from waltz.local.cluster import DEFAULT_SERVER_ENV
 from waltz.local.nodes import LocalServer
 from waltz.local.processes import wait_until
 from waltz.metadata.assignment import read_assignment
@@ -45,7 +46,7 @@ def start_server(
             name=name,
             log_path=tmp_path / f"{name}.log",
             session_timeout=SESSION_TIMEOUT,
-            env={"WALTZ_STORE_RETRY_INTERVAL": "0.2", "WALTZ_STORE_CONNECT_TIMEOUT": "2"},
+            env=dict(DEFAULT_SERVER_ENV),
         )
         servers.append(server)
         support.add_failure_logs(request.node, f"{name} log", server.process.log_tail)
@@ -252,6 +253,7 @@ def test_verify_health_and_metrics_with_servers(
         log_path=tmp_path / "server-metrics.log",
         metrics=True,
         session_timeout=SESSION_TIMEOUT,
+        env=dict(DEFAULT_SERVER_ENV),
     )
     support.add_failure_logs(request.node, "server log", server.process.log_tail)
     with server:
@@ -363,7 +365,7 @@ def test_sigterm_while_zookeeper_is_unreachable_still_stops_the_server(
             name="server-cut-off",
             log_path=tmp_path / "server-cut-off.log",
             session_timeout=SESSION_TIMEOUT,
-            env={"WALTZ_STORE_RETRY_INTERVAL": "0.2", "WALTZ_STORE_CONNECT_TIMEOUT": "2"},
+            env=dict(DEFAULT_SERVER_ENV),
         )
         support.add_failure_logs(request.node, "server log", server.process.log_tail)
         server.start()
@@ -379,3 +381,34 @@ def test_sigterm_while_zookeeper_is_unreachable_still_stops_the_server(
             assert "server stopped" in server.process.log_tail()
         finally:
             server.close()
+
+
+@pytest.mark.security
+def test_admin_appends_are_refused_unless_an_operator_turned_them_on(
+    cluster: StoreCluster, tmp_path: Path, zookeeper: object, zk_root: str, request: pytest.FixtureRequest
+) -> None:
+    """AppendRecords writes with caller-chosen ReqIds and no lock checks: a server refuses it by
+    default (a deployment's), while status and reads still answer."""
+    env = {k: v for k, v in DEFAULT_SERVER_ENV.items() if k != "WALTZ_SERVER_ADMIN_APPENDS"}
+    server = LocalServer(
+        zookeeper.connect_string,  # type: ignore[attr-defined]
+        zk_root,
+        name="server-defaults",
+        log_path=tmp_path / "server-defaults.log",
+        session_timeout=SESSION_TIMEOUT,
+        env=env,
+    )
+    support.add_failure_logs(request.node, "server log", server.process.log_tail)
+    with server:
+        endpoint = run(wait_writable_owner(cluster))
+
+        async def scenario() -> None:
+            async with ServerAdminClient(endpoint, timeout=10) as client:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await client.append(0, [(ReqId(5, owner(cluster)[1], 0, 1), 0, payload(1))])
+                assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
+                assert "server.adminAppends" in (info.value.details() or "")
+                assert any(p.partition_id == 0 for p in (await client.status()).partitions)
+                assert await client.read(0, 0, 10) == []
+
+        run(scenario())

@@ -355,6 +355,13 @@ class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
     async def AppendRecords(  # noqa: N802 - gRPC method name
         self, request: server_pb2.AppendRecordsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> server_pb2.AppendRecordsResponse:
+        if not self._app.config.server_admin_appends:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "admin appends (no lock checks, caller-chosen ReqIds) are off on this server; an "
+                "operator turns them on with server.adminAppends (WALTZ_SERVER_ADMIN_APPENDS=true)",
+            )
+            raise AssertionError("unreachable")  # abort raises
         partition = await self._partition(request.partition_id, context)
         target = request.partition_id
         strays = [t.req_id.partition_id for t in request.transactions if t.req_id.partition_id != target]

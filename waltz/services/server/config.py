@@ -40,6 +40,7 @@ class ServerConfig(WaltzSettings):
         "server.transactionDataCacheBytes": "server_transaction_data_cache_bytes",
         "server.maxPendingRecords": "server_max_pending_records",
         "server.maxPendingBytes": "server_max_pending_bytes",
+        "server.adminAppends": "server_admin_appends",
         "storage.maxBatchSize": "store_max_batch_size",
         "storage.maxBatchBytes": "store_max_batch_bytes",
         "storage.maxInFlightBatches": "store_max_in_flight_batches",
@@ -94,6 +95,11 @@ class ServerConfig(WaltzSettings):
         gt=0,
         description="Bytes of transaction data queued in a partition's store before appends wait (back "
         "pressure; one append always goes when less is queued).",
+    )
+    server_admin_appends: bool = Field(
+        False,
+        description="Serve the admin AppendRecords request: appends with caller-chosen ReqIds and no "
+        "lock checks, for tools, tests and benchmarks (off: refused with PERMISSION_DENIED).",
     )
     store_max_batch_size: int = Field(1000, gt=0, description="Records per append request to storage nodes.")
     store_max_batch_bytes: int = Field(
