@@ -455,3 +455,50 @@ def test_an_update_that_finds_several_rows_by_the_declared_key_is_refused(
     with callbacks.engine.connect() as conn:
         amounts = conn.execute(select(Tagged.amount).order_by(Tagged.row_id)).scalars().all()
     assert amounts == [1, 2]
+
+
+class Animal(Base):
+    """Single-table inheritance: one table, a type column, a class per type."""
+
+    __tablename__ = "animals"
+    __mapper_args__ = {"polymorphic_on": "kind", "polymorphic_identity": "animal"}  # noqa: RUF012
+    __waltz__ = WaltzEntity("animal", partition_by=lambda key, n: 0)
+    animal_id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(20))
+
+
+class Dog(Animal):
+    __mapper_args__ = {"polymorphic_identity": "dog"}  # noqa: RUF012
+    __waltz__ = WaltzEntity("dog", partition_by=lambda key, n: 0)
+
+
+class Cat(Animal):
+    __mapper_args__ = {"polymorphic_identity": "cat"}  # noqa: RUF012
+    __waltz__ = WaltzEntity("cat", partition_by=lambda key, n: 0)
+
+
+class ReadAnimals(EntityTransactionContext):
+    def __init__(self, callbacks: ChangeSetCallbacks) -> None:
+        super().__init__(callbacks, (Animal, 1))
+        self.read: list[Any] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        self.read = [tx.get(Animal, 1), tx.get(Dog, 1), tx.get(Dog, 2), tx.get(Renamed, 4)]
+        return False
+
+
+def test_entities_read_as_the_orm_reads_them_single_table_inheritance_included(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    for model in (Animal, Dog, Cat, Renamed):
+        callbacks.registry.register(model)
+    with Session(callbacks.engine) as session:
+        session.add_all([Dog(animal_id=1), Cat(animal_id=2), Renamed(renamed_id=4, amount=7)])
+        session.commit()
+    context = ReadAnimals(callbacks)
+    _build(context)
+    animal, dog, not_a_dog, renamed = context.read
+    assert type(animal) is Dog and type(dog) is Dog and not_a_dog is None  # as the ORM does
+    assert renamed.amount == 7
+    for entity in (animal, renamed):
+        assert inspect(entity).detached  # as after the ORM loaded and expunged it

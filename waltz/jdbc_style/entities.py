@@ -33,7 +33,8 @@ from typing import Any
 
 from sqlalchemy import Column, Select, and_, bindparam, inspect, select
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import DeclarativeBase, Mapper, Session
+from sqlalchemy.exc import MultipleResultsFound
+from sqlalchemy.orm import DeclarativeBase, Mapper, Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 
 from waltz.client.locks import PartitionLocalLock
@@ -185,8 +186,10 @@ class EntityInfo:
         """Read the entity with these key values through ``conn``, or None when it has no row.
 
         Returns:
-            An instance not attached to any session, its attributes loaded as committed values
-            (no pending changes), or None.
+            A detached instance (attached to no session) holding the row, or None.
+
+        Raises:
+            MultipleResultsFound: the key matches more than one row (it must identify one).
         """
         by_key = self._by_key
         if by_key is None:  # several tables or computed columns: the ORM knows how to load it
@@ -196,12 +199,16 @@ class EntityInfo:
                 if entity is not None:
                     session.expunge(entity)
                 return entity
-        row = conn.execute(by_key, {f"key_{i}": value for i, value in enumerate(key)}).first()
-        if row is None:
-            return None
+        row = conn.execute(by_key, {f"key_{i}": value for i, value in enumerate(key)}).one_or_none()
+        return None if row is None else self._entity(row)
+
+    def _entity(self, row: Any) -> Any:
+        """An instance of the model from a row of :attr:`_by_key`'s columns, as the ORM would leave
+        it after loading and expunging it: detached, its attributes committed values."""
         entity = self.mapper.class_manager.new_instance()
         for name, value in zip(self.attributes, row, strict=True):
             set_committed_value(entity, name, value)
+        make_transient_to_detached(entity)
         return entity
 
     def load_many(
@@ -218,10 +225,9 @@ class EntityInfo:
             key = (row[key_index],)
             if key not in found:  # the database converted a key value (e.g. "7" for 7): key by key
                 return {key: self.load(conn, key) for key in keys}
-            entity = self.mapper.class_manager.new_instance()
-            for name, value in zip(self.attributes, row, strict=True):
-                set_committed_value(entity, name, value)
-            found[key] = entity
+            if found[key] is not None:
+                raise MultipleResultsFound(f"{self.model.__name__}: more than one row with the key {key!r}")
+            found[key] = self._entity(row)
         return found
 
     @property
@@ -240,9 +246,13 @@ class EntityInfo:
         """The statement that reads one row by key, built once (None: the model needs the ORM)."""
         if not hasattr(self, "_by_key_statement"):
             columns = [prop.columns[0] for prop in self.mapper.column_attrs]
-            simple = (
-                len(self.mapper.tables) == 1
-                and all(len(prop.columns) == 1 for prop in self.mapper.column_attrs)
+            mapper = self.mapper
+            simple = (  # else the ORM: inheritance, several tables, computed columns, load hooks
+                len(mapper.tables) == 1
+                and mapper.inherits is None
+                and mapper.polymorphic_on is None
+                and not mapper.class_manager.dispatch.load
+                and all(len(prop.columns) == 1 for prop in mapper.column_attrs)
                 and all(isinstance(column, Column) for column in columns)
             )
             statement: Select[Any] | None = None

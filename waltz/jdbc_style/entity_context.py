@@ -86,7 +86,7 @@ class EntityTransaction:
                 mapping of attribute names.
 
         Returns:
-            An instance holding the row at the snapshot's mark (attached to no session), or None.
+            A detached instance holding the row at the snapshot's mark, or None.
 
         Raises:
             CrossPartitionError: the entity belongs to another partition.
