@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import support
@@ -195,3 +196,40 @@ def test_the_full_demo(tmp_path: Path) -> None:
     lines: list[str] = []
     result = run_demo(DemoOptions(work_dir=tmp_path), lines.append, lambda label, total: lambda n: None)
     assert result.passed, "\n".join(lines)
+
+
+def test_a_partition_routed_sweeper_finds_its_steps_behind_other_partitions_pages(tmp_path: Path) -> None:
+    """With other instances' pending transfers first in the outbox's order (a whole page and more),
+    a sweeper that moves only its own partitions' steps still reaches them."""
+    from concurrent.futures import Future
+
+    from waltz_examples.ledger.models import registry
+    from waltz_examples.ledger.service import LedgerCallbacks
+    from waltz_examples.ledger.transfers import Sweeper
+
+    engine = prepare_database(f"sqlite:///{tmp_path / 'ledger.db'}")
+    # Credits go to the target's partition: customers 0..9 (targets of the first 120 rows, by
+    # sender order) are another instance's; the last 5 rows credit customer 11, this instance's.
+    pairs = [*((s, s % 10) for s in range(100, 220)), *((s, 11) for s in range(300, 305))]
+    rows = [
+        {"from_custid": f, "transfer_id": f"t{f:04d}", "to_custid": t, "amount": 1, "kind": "payment"}
+        for f, t in pairs
+    ]
+    with engine.begin() as conn:
+        conn.execute(TransferOut.__table__.insert(), rows)
+    callbacks = LedgerCallbacks(engine, cluster_name="ledger", registry=registry())
+    submitted: list[Any] = []
+
+    def submit(step: Any) -> Future[int | None]:
+        submitted.append(step)
+        future: Future[int | None] = Future()
+        future.set_result(None)
+        return future
+
+    def owns(step: Any) -> bool:
+        return bool(step.transfer.to_custid == 11)  # a credit goes to its target's partition
+
+    sweeper = Sweeper(callbacks, submit, batch=50, owns=owns)
+    assert sweeper.sweep_once() == 5
+    assert sorted(step.transfer.from_custid for step in submitted) == list(range(300, 305))
+    engine.dispose()

@@ -27,11 +27,11 @@ import functools
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, and_, func, select
+from sqlalchemy import Engine, and_, func, or_, select
 
 from waltz.jdbc_style import ChangeSetCallbacks, EntityTransaction
 from waltz_examples.ledger.models import (
@@ -58,6 +58,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: Outbox pages one sweep reads at most (see ``Sweeper._scan``).
+MAX_PAGES = 100
 
 
 class TransferKind:
@@ -297,8 +300,9 @@ class Sweeper:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
-    def pending(self) -> list[_Pending]:
-        """Pending outbox rows with the state of their credit (one Core query, no ORM loading)."""
+    def pending(self, after: tuple[int, str] | None = None) -> list[_Pending]:
+        """Pending outbox rows with the state of their credit (one Core query, no ORM loading):
+        ``batch`` rows at most, in (sender, transfer ID) order, after ``after`` if given."""
         out, into = TransferOut.__table__, TransferIn.__table__
         stmt = (
             select(
@@ -313,6 +317,13 @@ class Sweeper:
             .order_by(out.c.from_custid, out.c.transfer_id)
             .limit(self._batch)
         )
+        if after is not None:
+            stmt = stmt.where(
+                or_(
+                    out.c.from_custid > after[0],
+                    and_(out.c.from_custid == after[0], out.c.transfer_id > after[1]),
+                )
+            )
         with self._callbacks.engine.connect() as conn:
             rows = conn.execute(stmt).all()
         return [
@@ -337,15 +348,9 @@ class Sweeper:
             Steps submitted.
         """
         submitted = 0
-        for item in self.pending():
+        for item in self._scan():
             t = item.transfer
-            step: LedgerOperation
-            if item.credit is None:
-                step, name = CreditTransfer(self._callbacks, t), "credit"
-            elif item.credit == TransferInStatus.CREDITED:
-                step, name = SettleTransfer(self._callbacks, t), "settle"
-            else:
-                step, name = RefundTransfer(self._callbacks, t), "refund"
+            step, name = self._step(item)
             if self._owns is not None and not self._owns(step):
                 continue  # an instance mounting that partition moves it
             key = (t.transfer_id, name)
@@ -364,6 +369,29 @@ class Sweeper:
             submitted += 1
         self.submitted += submitted
         return submitted
+
+    def _step(self, item: _Pending) -> tuple[LedgerOperation, str]:
+        """The next step of a pending transfer and its name."""
+        if item.credit is None:
+            return CreditTransfer(self._callbacks, item.transfer), "credit"
+        if item.credit == TransferInStatus.CREDITED:
+            return SettleTransfer(self._callbacks, item.transfer), "settle"
+        return RefundTransfer(self._callbacks, item.transfer), "refund"
+
+    def _scan(self) -> Iterator[_Pending]:
+        """The pending rows this sweep looks at: the first page, and further pages (at most
+        :data:`MAX_PAGES` in all) while no row so far was this instance's to move, so that the
+        rows of partitions other instances move never hide its own."""
+        after: tuple[int, str] | None = None
+        for _ in range(MAX_PAGES):
+            page = self.pending(after)
+            owned = False
+            for item in page:
+                owned = owned or self._owns is None or self._owns(self._step(item)[0])
+                yield item
+            if owned or len(page) < self._batch:
+                return
+            after = (page[-1].transfer.from_custid, page[-1].transfer.transfer_id)
 
     def _done(self, key: tuple[str, str], future: object) -> None:
         with self._lock:
