@@ -474,3 +474,38 @@ def test_a_commit_completes_while_a_reattempt_holds_the_retry_thread(
             stale.release.set()
         assert stale_future.result(30) is None
         assert stale.outcomes.lock_failures == 1
+
+
+class SubmitsOnCompletion(Append):
+    """Submits another context from its own completion (on the completion thread)."""
+
+    def __init__(self, client: WaltzClient, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.client = client
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def on_completion(self, result: bool) -> None:
+        super().on_completion(result)
+        try:
+            self.client.submit(Append(self.partition, b"from a completion"))
+        except BaseException as exc:
+            self.error = exc
+        self.done.set()
+
+
+def test_submit_from_a_completion_at_the_limit_fails_instead_of_deadlocking(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    from waltz.errors import WaltzClientError
+
+    store = MemoryStore(log_start)
+    config = client_config.model_copy(update={"client_max_concurrent_transactions": 1})
+    with WaltzClient(store, config) as client:
+        context = SubmitsOnCompletion(client, 0, b"first")
+        client.submit(context)
+        assert context.done.wait(30)
+        # Its own slot is freed only after its completion returns: the partition is at its limit.
+        assert isinstance(context.error, WaltzClientError), context.error
+        assert "would deadlock" in str(context.error)
+        assert client.submit(Append(0, b"later")).result(30) is not None  # the client goes on

@@ -46,7 +46,7 @@ from waltz.client.context import TransactionContext
 from waltz.client.core import ClientCore
 from waltz.client.metrics import ClientMetrics
 from waltz.client.submission import Submission
-from waltz.errors import WaltzTimeoutError
+from waltz.errors import WaltzClientError, WaltzTimeoutError
 
 __all__ = ["AsyncWaltzClient", "WaltzClient"]
 
@@ -135,6 +135,9 @@ class WaltzClient:
             ClientClosedError: the client is closed.
             PartitionNotMountedError: the partition is not mounted (auto-mount off).
             ValueError: ``partition_id`` returned a partition that does not exist.
+            WaltzClientError: called from a completion callback (``on_completion``, a future's
+                done-callback) while the partition is at its limit: only that thread could free a
+                slot, so waiting would never end.
         """
         future = self._start(context, with_future=True).future
         assert future is not None
@@ -161,9 +164,19 @@ class WaltzClient:
         core = self._core
         partition, submission = core.new_submission(context, with_future)
         long_wait = core.config.client_long_wait_threshold
-        while not partition.limit.acquire(long_wait):
-            core.check_open()
-            core.nudge([partition.partition_id])
+        if core.on_completion_thread():
+            if not partition.limit.try_acquire():
+                # Waiting here would wait for completions, which only this thread runs.
+                raise WaltzClientError(
+                    f"submit() from a completion callback found partition {partition.partition_id} at "
+                    f"its limit of {core.config.client_max_concurrent_transactions} transactions in "
+                    "flight; waiting would deadlock (completions run on this thread): submit from "
+                    "another thread"
+                )
+        else:
+            while not partition.limit.acquire(long_wait):
+                core.check_open()
+                core.nudge([partition.partition_id])
         core.admitted(submission)
         wait = _read_your_writes_wait(core, partition, submission)
         if wait is not None:

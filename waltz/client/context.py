@@ -251,6 +251,10 @@ class TransactionContext(abc.ABC):
     def on_completion(self, result: bool) -> None:  # noqa: B027 (optional hook)
         """Called once when the context ends without error or expiry.
 
+        A committed context's completion runs on the client's completion thread, in commit order
+        with the others (and so do the done-callbacks of ``submit``'s future): keep it short and
+        never wait in it for another transaction to end.
+
         Args:
             result: True when the transaction was committed, False when ``execute`` dropped it.
         """

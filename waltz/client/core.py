@@ -106,7 +106,10 @@ class ClientCore:
         )
         # Completions (futures, on_completion) on a thread of their own, in commit order: behind
         # re-attempts, which read the application's database, they waited tens of milliseconds.
-        self._completer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="waltz-complete")
+        self._completer_ident: int | None = None
+        self._completer = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="waltz-complete", initializer=self._note_completer
+        )
         self.metrics.watch(self.partition_gauges)
         try:
             self.client_id = self._discovery.next_client_id()
@@ -341,6 +344,14 @@ class ClientCore:
                     in_flight.discard(submission)
                     partitions[submission.partition_id].limit.release()
             self._in_flight_changed.notify_all()
+
+    def _note_completer(self) -> None:
+        self._completer_ident = threading.get_ident()
+
+    def on_completion_thread(self) -> bool:
+        """Whether the calling thread is the one running completions (their callbacks must not
+        wait for other completions: only this thread would end them)."""
+        return self._completer_ident == threading.get_ident()
 
     def _complete_all(self, completions: list[tuple[Submission, int]], fed_at: float) -> None:
         """Complete the submissions committed in one batch of server messages (seen at ``fed_at``,
