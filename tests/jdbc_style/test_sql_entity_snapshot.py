@@ -455,6 +455,12 @@ def test_an_update_that_finds_several_rows_by_the_declared_key_is_refused(
     with callbacks.engine.connect() as conn:
         amounts = conn.execute(select(Tagged.amount).order_by(Tagged.row_id)).scalars().all()
     assert amounts == [1, 2]
+    # Keyed by the primary key instead (it identifies one row too): applied.
+    by_row = RowChange(Operation.UPDATE, "tagged", {"row_id": 2}, {"row_id": 2, "tag": "same", "amount": 5})
+    callbacks.apply_transaction(_forged(callbacks, [by_row]))
+    with callbacks.engine.connect() as conn:
+        amounts = conn.execute(select(Tagged.amount).order_by(Tagged.row_id)).scalars().all()
+    assert amounts == [1, 5]
 
 
 class Animal(Base):

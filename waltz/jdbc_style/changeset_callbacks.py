@@ -130,17 +130,19 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
     @staticmethod
     def _check_change(info: EntityInfo, change: RowChange, transaction: Transaction) -> None:
         """Refuse a row change that does not fit its model before it reaches the database: its key
-        must name exactly the entity's key attributes, its values only column attributes, and
-        the key values in an insert's or update's row must be the key's.
+        must name exactly the entity's key attributes (or its primary key's, which identify one row
+        too), its values only column attributes, and the key values in an insert's or update's row
+        must be the key's.
 
         Raises:
             ChangeSetFormatError: naming the transaction and what does not fit.
         """
         where = f"partition {transaction.partition_id} transaction {transaction.transaction_id}"
-        if set(change.key) != set(info.key):
+        if set(change.key) != set(info.key) and set(change.key) != set(info.primary_key):
             raise ChangeSetFormatError(
                 f"{where}: {change.operation.value} of {change.entity} has the key attributes "
-                f"{sorted(change.key)}, but the entity's key is {list(info.key)}; refused"
+                f"{sorted(change.key)}, but the entity's key is {list(info.key)} (or its primary key "
+                f"{list(info.primary_key)}); refused"
             )
         unknown = sorted(set(change.values) - set(info.attributes))
         if unknown:
@@ -148,7 +150,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
                 f"{where}: {change.operation.value} of {change.entity} sets {unknown}, which are not "
                 f"column attributes of {info.model.__name__}; refused"
             )
-        moved = [n for n in info.key if n in change.values and change.values[n] != change.key[n]]
+        moved = [n for n in change.key if n in change.values and change.values[n] != change.key[n]]
         if moved:
             raise ChangeSetFormatError(
                 f"{where}: {change.operation.value} of {change.entity} {dict(change.key)} changes its "
