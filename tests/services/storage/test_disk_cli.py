@@ -537,3 +537,20 @@ def test_every_command_has_help() -> None:
         result = waltz(command, "--help")
         assert result.exit_code == 0, result.output
         assert "Usage:" in result.output
+
+
+def test_a_lone_segment_cut_short_at_its_creation_is_a_warning_as_start_up_repairs_it(
+    one_segment: Path,
+) -> None:
+    data = segment_path(one_segment, 0)
+    data.write_bytes(data.read_bytes()[:60])  # a crash while the first segment's header was written
+    segment_path(one_segment, 0, fmt.INDEX_SUFFIX).unlink()
+
+    result = waltz("verify", one_segment)
+
+    assert result.exit_code == 0, result.output
+    first, second = problem_lines(result, "WARNING")
+    assert first.startswith(f"WARNING: partition 0, file {data}, offset 0: incomplete new segment")
+    assert second.endswith("no segment files; start-up creates the first segment")
+    with started_partition(one_segment) as partition:
+        assert partition.max_transaction_id == -1 and data.stat().st_size == fmt.HEADER_SIZE

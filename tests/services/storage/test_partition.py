@@ -487,3 +487,49 @@ def test_the_bytes_of_a_cut_tail_are_kept_beside_the_segment(store: Store) -> No
     assert kept.name == f"{segment.name}.tail-{good_size}"
     assert kept.read_bytes() == partial
     assert store.reopen().max_transaction_id == 19  # the kept file is not taken for a segment
+
+
+QUARANTINE_FULL_SCRIPT = textwrap.dedent(
+    """
+    import resource, signal, sys, uuid
+    from pathlib import Path
+    from waltz.protocol.records import Record, ReqId
+    from waltz.services.storage import format as fmt
+    from waltz.services.storage.control_file import ControlFile
+    from waltz.services.storage.storage_partition import StoragePartition
+
+    root = Path(sys.argv[1])
+    control = ControlFile.create(root, uuid.uuid4(), 1)
+    partition = StoragePartition.create(root / "0", 0, control)
+    partition.append([Record.create(i, ReqId(1, 1, 0, i), 0, b"a" * 20) for i in range(5)])
+    partition.close()
+    segment = root / "0" / "0000000000000000000.seg"
+    good = segment.stat().st_size
+    torn = fmt.encode_record(Record.create(5, ReqId(1, 1, 0, 5), 0, b"b" * 3000))[:2000]
+    with open(segment, "ab") as f:
+        f.write(torn)
+    # No file may grow past the records kept: the tail's copy cannot be written.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (good + 100, resource.RLIM_INFINITY))
+    partition = StoragePartition.create(root / "0", 0, control)
+    assert partition.max_transaction_id == 4, partition.max_transaction_id
+    assert segment.stat().st_size == good
+    assert not list(segment.parent.glob("*.tail-*")), list(segment.parent.glob("*.tail-*"))
+    print("OK")
+    """
+)
+
+
+def test_a_torn_tail_is_cut_even_when_its_copy_cannot_be_written(tmp_path: Path) -> None:
+    """A full disk (often why the node stopped) does not keep the partition from opening: the
+    copy of the cut bytes is dropped, with an error in the log."""
+    result = subprocess.run(
+        [sys.executable, "-c", QUARANTINE_FULL_SCRIPT, str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("OK")
+    assert "could not keep the 2000 bytes of the torn tail" in result.stderr

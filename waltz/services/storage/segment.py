@@ -324,23 +324,43 @@ class Segment:
         return fmt.record_follows(os.pread(data_fd, end - position, position), expected + 1)
 
     def _quarantine_tail(self, cut_at: int, file_size: int) -> Path | None:
-        """Copy the bytes a torn-tail cut removes into ``<segment>.tail-<offset>`` (flushed), unless
-        they are all zero: start-up never throws away bytes it could have misjudged."""
+        """Copy the bytes a torn-tail cut removes into ``<segment>.tail-<offset>`` (flushed; a
+        further ``-<n>`` when that name is taken), unless they are all zero: start-up throws away
+        no bytes it could have misjudged. When the copy cannot be written (a full disk, often why
+        the node stopped), the partition still opens: the copy is dropped with an error logged.
+        """
         data_fd, _ = self._fds()
         if _all_zero(data_fd, cut_at, file_size):
             return None
         target = self.data_path.with_name(f"{self.data_path.name}.tail-{cut_at}")
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        for n in range(1, 1000):
+            if not target.exists():
+                break
+            target = self.data_path.with_name(f"{self.data_path.name}.tail-{cut_at}-{n}")
         try:
-            position = cut_at
-            while position < file_size:
-                chunk = os.pread(data_fd, min(_SCAN_CHUNK, file_size - position), position)
-                _write_fully(fd, chunk, position - cut_at)
-                position += len(chunk)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        fsync_directory(self.data_path.parent)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                position = cut_at
+                while position < file_size:
+                    chunk = os.pread(data_fd, min(_SCAN_CHUNK, file_size - position), position)
+                    _write_fully(fd, chunk, position - cut_at)
+                    position += len(chunk)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_directory(self.data_path.parent)
+        except OSError as exc:
+            target.unlink(missing_ok=True)
+            log.error(
+                "partition %d: could not keep the %d bytes of the torn tail at offset %d of %s (%s); "
+                "they are cut without a copy",
+                self.partition_id,
+                file_size - cut_at,
+                cut_at,
+                self.data_path,
+                exc,
+            )
+            return None
         return target
 
     def _later_record_indexed(self, expected: int, position: int, index_entries: int, file_size: int) -> bool:

@@ -430,9 +430,9 @@ def _segment_paths(
                 "a segment with this first transaction ID"
             )
             out.append(Problem(Severity.WARNING, message, index_path, partition_id))
-    if len(paths) > 1 and paths[-1].stat().st_size <= fmt.HEADER_SIZE:
+    if paths and paths[-1].stat().st_size <= fmt.HEADER_SIZE:
         # As StoragePartition.open: a last segment of at most a header that does not open is an
-        # interrupted segment roll.
+        # interrupted segment roll (or an interrupted creation of the first segment).
         try:
             with SegmentFile(paths[-1]) as segment:
                 wrong = _header_mismatches(segment.header, paths[-1], partition_id, cluster_key)
