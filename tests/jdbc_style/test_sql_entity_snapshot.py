@@ -380,7 +380,7 @@ def test_get_many_reads_several_entities_and_locks_each(callbacks: ChangeSetCall
         _build(ReadMany(callbacks, [5, 6]))
 
 
-def test_the_callbacks_keep_at_most_half_the_pool_idle_per_kind(callbacks: ChangeSetCallbacks) -> None:
+def test_the_callbacks_keep_at_most_half_the_pool_idle(callbacks: ChangeSetCallbacks) -> None:
     if callbacks.engine.dialect.name == "sqlite":
         pytest.skip("SQLite takes a pooled connection for each use; nothing is kept")
     assert callbacks.engine.pool.size() == 10  # type: ignore[attr-defined]  # the framework's default
@@ -508,3 +508,16 @@ def test_entities_read_as_the_orm_reads_them_single_table_inheritance_included(
     assert renamed.amount == 7
     for entity in (animal, renamed):
         assert inspect(entity).detached  # as after the ORM loaded and expunged it
+
+
+def test_readers_and_appliers_share_one_idle_limit(callbacks: ChangeSetCallbacks) -> None:
+    if callbacks.engine.dialect.name == "sqlite":
+        pytest.skip("SQLite takes a pooled connection for each use; nothing is kept")
+    with contextlib.ExitStack() as stack:
+        for _ in range(7):
+            stack.enter_context(callbacks.snapshot(0))
+    # Five readers are idle now: the limit. An applier given back then goes back to the pool.
+    pid, builder, _ = _build(Increment(callbacks, 21))  # takes and gives back a reader
+    callbacks.apply_transaction(_committed(pid, callbacks.get_client_high_water_mark(pid) + 1, builder))
+    callbacks.engine.dispose()
+    assert _close_other_connections(callbacks.engine) == 5  # half the pool of 10, all kinds

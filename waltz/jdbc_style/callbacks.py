@@ -187,34 +187,42 @@ class ApplySession(Session):
         return super().begin(nested=True)
 
 
+class _IdleBudget:
+    """How many kept connections may sit idle, all kinds together: half the engine pool's size
+    (at least one), so that idle kept connections stay within what the pool would keep anyway
+    and leave the rest of it to the application and to peaks."""
+
+    def __init__(self, engine: Engine) -> None:
+        size = getattr(engine.pool, "size", None)
+        self.limit = max(1, size() // 2) if callable(size) else 1
+        self.idle = 0
+        self.lock = threading.Lock()
+
+
 class _KeptConnections:
-    """Connections kept checked out of an engine between uses, on database servers (SQLite takes
-    a pooled connection each time: its checkouts are cheap and in-memory databases are per
-    thread).
+    """Connections of one kind kept checked out of an engine between uses, on database servers
+    (SQLite takes a pooled connection each time: its checkouts are cheap and in-memory databases
+    are per thread).
 
     A kept connection skips what a pool checkout costs on every use: the pre-ping round trip,
     the reset on return, and (for readers) setting the isolation level. A connection the server
     closed fails its first statement with a transient error, which the callers' retries cure on
-    a new connection; a connection that failed is never kept.
-
-    Kept connections are checked out of the engine's pool and count against its limits; each
-    kind keeps at most half the pool's size idle (at least one), so that the connections open
-    when idle stay within what the pool would keep anyway, and more given back at once return to
-    the pool.
+    a new connection; a connection that failed is never kept. Kept connections count against
+    the pool's limits; at most ``budget.limit`` are idle, all kinds together (more given back at
+    once return to the pool).
 
     Args:
         engine: the application's engine.
         isolation_level: set once on each new connection (None: the engine's).
+        budget: the idle limit shared with the other kinds.
     """
 
-    def __init__(self, engine: Engine, isolation_level: str | None) -> None:
+    def __init__(self, engine: Engine, isolation_level: str | None, budget: _IdleBudget) -> None:
         self._engine = engine
         self._keep = engine.dialect.name != "sqlite"
         self._isolation_level = isolation_level if self._keep else None
-        size = getattr(engine.pool, "size", None)
-        self._limit = max(1, size() // 2) if callable(size) else 1
+        self._budget = budget
         self._idle: list[Connection] = []
-        self._lock = threading.Lock()
 
     @property
     def per_use(self) -> bool:
@@ -224,8 +232,9 @@ class _KeptConnections:
     def take(self) -> Connection:
         """An idle connection, or a new one (with the isolation level set)."""
         if self._keep:
-            with self._lock:
+            with self._budget.lock:
                 if self._idle:
+                    self._budget.idle -= 1
                     return self._idle.pop()
         conn = self._engine.connect()
         if self._isolation_level is not None:
@@ -236,16 +245,18 @@ class _KeptConnections:
         """Keep a connection whose transaction ended (closed, i.e. returned to the pool, when it
         broke or enough are kept idle)."""
         if self._keep and not conn.invalidated and not conn.closed and not conn.in_transaction():
-            with self._lock:
-                if len(self._idle) < self._limit:
+            with self._budget.lock:
+                if self._budget.idle < self._budget.limit:
+                    self._budget.idle += 1
                     self._idle.append(conn)
                     return
         conn.close()
 
     def close(self) -> None:
         """Close the idle connections (new ones are made when needed). Idempotent."""
-        with self._lock:
+        with self._budget.lock:
             idle, self._idle = self._idle, []
+            self._budget.idle -= len(idle)
         for conn in idle:
             conn.close()
 
@@ -327,8 +338,9 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self._failing: set[int] = set()
         self._rows: set[int] = set()  # partitions whose mark row is known to exist
         self._shared: set[int] = set()  # partitions another instance was seen applying
-        self._readers = _KeptConnections(self.engine, SNAPSHOT_ISOLATION)  # snapshots, mark reads
-        self._appliers = _KeptConnections(self.engine, None)  # apply transactions
+        budget = _IdleBudget(self.engine)
+        self._readers = _KeptConnections(self.engine, SNAPSHOT_ISOLATION, budget)  # snapshots, marks
+        self._appliers = _KeptConnections(self.engine, None, budget)  # apply transactions
         self.skipped: list[tuple[int, int]] = []
         """(partition, transaction) pairs this instance skipped on an operator's request."""
         if check_schema:
