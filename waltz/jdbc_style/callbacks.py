@@ -653,9 +653,10 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 return last
             if partition_id not in self._failing:
                 # Another instance moved the row (the usual loser of a race): a plain read says
-                # whether it applied the whole group, without keeping the row locked while the
-                # winner goes on to its next group. Marks never go down, so a stale read can
-                # only send this to the locking path below.
+                # whether it applied the whole group, and the transaction ends at once instead of
+                # locking the row for reading (PostgreSQL takes no lock for the UPDATE that
+                # matched nothing; InnoDB keeps one until this commit, which follows at once).
+                # Marks never go down, so a stale read can only send this to the locking path.
                 mark = self.marks.read(conn, partition_id)
                 if mark is not None and mark >= last:
                     self._shared.add(partition_id)
