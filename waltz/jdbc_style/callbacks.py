@@ -537,8 +537,10 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         try:
             yield snapshot
         finally:
-            snapshot.close()
-            self._end_read(conn)
+            try:
+                snapshot.close()
+            finally:
+                self._end_read(conn)
 
     def release_connections(self) -> None:
         """Close the idle connections this instance keeps (the client calls it when it closes;
@@ -552,7 +554,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self._appliers.close()
 
     def client_closed(self) -> None:
-        """A client using these callbacks closed: release the idle reader connections."""
+        """A client using these callbacks closed: release the idle connections they keep."""
         self.release_connections()
 
     # --- internals ---------------------------------------------------------------------------------
