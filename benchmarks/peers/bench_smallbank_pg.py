@@ -68,26 +68,20 @@ from psycopg import IsolationLevel
 from psycopg import errors as pg_errors
 
 from waltz.perf.stats import PERCENTILES, LatencyHistogram, RunStats
+from waltz_examples.ledger.models import AccountStatus
+from waltz_examples.ledger.smallbank import (  # the ledger's mix and amounts, exactly
+    DEPOSIT_CHECKING,
+    MIX,
+    SEND_PAYMENT,
+    TRANSACT_SAVINGS,
+    WRITE_CHECK,
+)
 
 HOST, PORT, USER = "127.0.0.1", 5432, "postgres"
 ADMIN_DSN = f"host={HOST} port={PORT} user={USER} dbname=postgres"
 
-#: BenchBase's SmallBank mix, in percent (the ledger example's ``smallbank.MIX``).
-MIX: dict[str, int] = {
-    "amalgamate": 15,
-    "balance": 15,
-    "deposit_checking": 15,
-    "send_payment": 25,
-    "transact_savings": 15,
-    "write_check": 15,
-}
-#: BenchBase's amounts, in cents (the ledger example's).
-DEPOSIT_CHECKING = 130
-SEND_PAYMENT = 500
-TRANSACT_SAVINGS = 2020
-WRITE_CHECK = 500
 #: An account's status while it takes debits and credits (``AccountStatus.OPEN``).
-OPEN = "open"
+OPEN = AccountStatus.OPEN.value
 
 #: Seconds the worker processes may take to connect and warm up before the measured phase.
 SETUP_TIMEOUT = 120.0

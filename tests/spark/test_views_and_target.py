@@ -66,15 +66,18 @@ def test_idempotency_keys_are_where_each_key_first_appears(spark: Any) -> None:
     assert counters == {1: (9, 2), 2: (4, 1)}
 
 
+def _target_url(request: pytest.FixtureRequest, tmp_path: Any, backend: str) -> str:
+    """An empty target database of the backend (a fresh one on the local server)."""
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'target.db'}"
+    return str(request.getfixturevalue("postgres_url" if backend == "postgresql" else "mariadb_url"))
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mariadb"])
 def test_a_rebuild_replaces_its_log_rows_and_keeps_other_logs(
     spark: Any, request: pytest.FixtureRequest, tmp_path: Any, backend: str
 ) -> None:
-    url = {
-        "sqlite": lambda: f"sqlite:///{tmp_path / 'target.db'}",
-        "postgresql": lambda: str(request.getfixturevalue("postgres_url")),
-        "mariadb": lambda: str(request.getfixturevalue("mariadb_url")),
-    }[backend]()
+    url = _target_url(request, tmp_path, backend)
     engine = create_framework_engine(url)
     COUNTER_VIEWS.prepare(engine)
     with engine.begin() as conn:
@@ -121,11 +124,7 @@ def test_a_rebuild_never_moves_a_live_mark_backwards(
 ) -> None:
     """Instances applied past the rebuild's marks while it ran: swapping would move the marks back
     (and the instances would skip what the rebuilt tables lack), so nothing is swapped."""
-    url = {
-        "sqlite": lambda: f"sqlite:///{tmp_path / 'target.db'}",
-        "postgresql": lambda: str(request.getfixturevalue("postgres_url")),
-        "mariadb": lambda: str(request.getfixturevalue("mariadb_url")),
-    }[backend]()
+    url = _target_url(request, tmp_path, backend)
     engine = create_framework_engine(url)
     COUNTER_VIEWS.prepare(engine)
     with engine.begin() as conn:

@@ -76,6 +76,25 @@ class LatencyHistogram:
                 return float("nan")
             return float(self._histogram.get_mean_value()) / 1000.0
 
+    def summary(self) -> dict[str, float | int | None]:
+        """``p50``, ``p90``, ``p99``, ``p99.9``, ``max`` and ``mean`` in milliseconds (rounded to
+        the microsecond; None when nothing was recorded) and ``count``: JSON-ready."""
+        summary: dict[str, float | int | None] = {}
+        for p in PERCENTILES:
+            value = self.percentile_ms(p)
+            summary[f"p{p:g}"] = None if math.isnan(value) else round(value, 3)
+        for key, value in (("max", self.max_ms()), ("mean", self.mean_ms())):
+            summary[key] = None if math.isnan(value) else round(value, 3)
+        summary["count"] = self.count
+        return summary
+
+    def text(self, label: str) -> str:
+        """One line: ``latency <label> (ms): p50 .. p99.9 .. max .. (HdrHistogram, N values)``."""
+        if not self.count:
+            return f"latency {label} (ms): none recorded"
+        parts = " ".join(f"p{p:g} {self.percentile_ms(p):.2f}" for p in PERCENTILES)
+        return f"latency {label} (ms): {parts} max {self.max_ms():.2f} (HdrHistogram, {self.count:,} values)"
+
     def add(self, other: LatencyHistogram) -> None:
         """Add every value of ``other`` to this histogram."""
         with other._lock:
@@ -268,13 +287,6 @@ class RunStats:
         ``server_commit_ms`` (:meth:`server_commit_ms`, rounded), ``client_stage_ms``
         (:meth:`client_stage_ms`, rounded) and ``errors``.
         """
-        latency: dict[str, float | int | None] = {}
-        for p in PERCENTILES:
-            value = self.latency.percentile_ms(p)
-            latency[f"p{p:g}"] = None if math.isnan(value) else round(value, 3)
-        for key, value in (("max", self.latency.max_ms()), ("mean", self.latency.mean_ms())):
-            latency[key] = None if math.isnan(value) else round(value, 3)
-        latency["count"] = self.latency.count
         return {
             "transactions": self.committed,
             "failed": self.failed,
@@ -283,7 +295,7 @@ class RunStats:
             "mb_per_second": round(self.megabytes_per_second, 4),
             "retries": self.retries,
             "retries_per_transaction": round(self.retries_per_transaction, 4),
-            "latency_ms": latency,
+            "latency_ms": self.latency.summary(),
             "cpu_us_per_transaction": {
                 name: round(us, 1) for name, us in self.cpu_microseconds_per_transaction().items()
             },
@@ -308,14 +320,7 @@ class RunStats:
             f"MB/s: {self.megabytes_per_second:.4f}",
             f"retries/transaction: {self.retries_per_transaction:.4f}",
         ]
-        if self.latency.count:
-            parts = " ".join(f"p{p:g} {self.latency.percentile_ms(p):.2f}" for p in PERCENTILES)
-            lines.append(
-                f"latency {latency_label} (ms): {parts} max {self.latency.max_ms():.2f} "
-                f"(HdrHistogram, {self.latency.count:,} values)"
-            )
-        else:
-            lines.append(f"latency {latency_label} (ms): none recorded")
+        lines.append(self.latency.text(latency_label))
         cpu = self.cpu_microseconds_per_transaction()
         if cpu:
             parts = ", ".join(f"{name} {us:,.0f}" for name, us in cpu.items())

@@ -30,7 +30,6 @@ reaped. Figures are reported, never asserted.
 from __future__ import annotations
 
 import contextlib
-import math
 import multiprocessing
 import queue
 import shutil
@@ -54,7 +53,7 @@ from waltz.jdbc_style.schema import metadata as framework_metadata
 from waltz.local.processes import wait_until
 from waltz.perf.cost import measure_nodes
 from waltz.perf.producer import client_stage_totals
-from waltz.perf.stats import PERCENTILES, LatencyHistogram
+from waltz.perf.stats import LatencyHistogram
 from waltz_examples.ledger import migrations_api as ledger_migrations
 from waltz_examples.ledger.checks import Check, read_log, run_checks
 from waltz_examples.ledger.models import Base
@@ -369,27 +368,6 @@ def _instance_process(spec: _InstanceSpec, start: Any, stop: Any, results: Any) 
 # --- the figures -------------------------------------------------------------------------------------
 
 
-def _latency_summary(histogram: LatencyHistogram) -> dict[str, float | int | None]:
-    summary: dict[str, float | int | None] = {}
-    for p in PERCENTILES:
-        value = histogram.percentile_ms(p)
-        summary[f"p{p:g}"] = None if math.isnan(value) else round(value, 3)
-    for key, value in (("max", histogram.max_ms()), ("mean", histogram.mean_ms())):
-        summary[key] = None if math.isnan(value) else round(value, 3)
-    summary["count"] = histogram.count
-    return summary
-
-
-def _latency_text(label: str, histogram: LatencyHistogram) -> str:
-    if not histogram.count:
-        return f"latency {label} (ms): none recorded"
-    parts = " ".join(f"p{p:g} {histogram.percentile_ms(p):,.2f}" for p in PERCENTILES)
-    return (
-        f"latency {label} (ms): {parts} max {histogram.max_ms():,.2f} "
-        f"(HdrHistogram, {histogram.count:,} values)"
-    )
-
-
 @dataclass
 class InstanceFigures:
     """What one instance process measured.
@@ -588,8 +566,8 @@ class SmallBankPerfReport:
             "error_samples": list(total.errors),
             "unapplied": self.unapplied,
             "latency_ms": {
-                "submit_to_commit": _latency_summary(total.commit_latency),
-                "submit_to_applied": _latency_summary(total.applied_latency),
+                "submit_to_commit": total.commit_latency.summary(),
+                "submit_to_applied": total.applied_latency.summary(),
             },
             "cpu_us_per_transaction": {
                 name: round(us, 1) for name, us in self.cpu_microseconds_per_transaction().items()
@@ -616,8 +594,8 @@ class SmallBankPerfReport:
             f"lock failures per committed transaction: {self.lock_failures_per_committed:.4f} "
             f"({total.lock_failures:,} in all)"
         )
-        lines.append(_latency_text("submit->commit", total.commit_latency))
-        lines.append(_latency_text("submit->applied", total.applied_latency))
+        lines.append(total.commit_latency.text("submit->commit"))
+        lines.append(total.applied_latency.text("submit->applied"))
         if self.unapplied:
             lines.append(f"not seen applied in time (left out of submit->applied): {self.unapplied:,}")
         per = ", ".join(f"{f.index} {f.committed_per_second:,.1f}" for f in self.instances)

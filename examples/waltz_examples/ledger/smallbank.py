@@ -41,7 +41,16 @@ from waltz_examples.ledger.operations import (
 )
 from waltz_examples.ledger.service import LedgerService
 
-__all__ = ["MIX", "SmallBankConfig", "SmallBankStats", "SmallBankWorkload"]
+__all__ = [
+    "DEPOSIT_CHECKING",
+    "MIX",
+    "SEND_PAYMENT",
+    "TRANSACT_SAVINGS",
+    "WRITE_CHECK",
+    "SmallBankConfig",
+    "SmallBankStats",
+    "SmallBankWorkload",
+]
 
 #: BenchBase's SmallBank mix, in percent.
 MIX: dict[str, int] = {
@@ -52,6 +61,11 @@ MIX: dict[str, int] = {
     "transact_savings": 15,
     "write_check": 15,
 }
+#: BenchBase's amounts, in cents.
+DEPOSIT_CHECKING = 130
+SEND_PAYMENT = 500
+TRANSACT_SAVINGS = 2020  # added or taken, at even odds
+WRITE_CHECK = 500
 
 
 @dataclass(frozen=True)
@@ -333,18 +347,18 @@ class SmallBankWorkload:
             if name == "amalgamate":
                 operation = service.amalgamate_operation(source, target)
             else:
-                operation = service.payment(source, target, 500)
+                operation = service.payment(source, target, SEND_PAYMENT)
         else:
             custid = self._own_customer()
             service = self._service(custid)
             cb = service.callbacks
             if name == "deposit_checking":
-                operation = DepositChecking(cb, custid, 130)
+                operation = DepositChecking(cb, custid, DEPOSIT_CHECKING)
             elif name == "transact_savings":
-                amount = 2020 if self._random.random() < 0.5 else -2020
+                amount = TRANSACT_SAVINGS if self._random.random() < 0.5 else -TRANSACT_SAVINGS
                 operation = TransactSavings(cb, custid, amount)
             else:
-                operation = WriteCheck(cb, custid, 500)
+                operation = WriteCheck(cb, custid, WRITE_CHECK)
         self._submit(service, operation, name)
 
     def _submit(self, service: LedgerService, operation: LedgerOperation, name: str | None = None) -> None:

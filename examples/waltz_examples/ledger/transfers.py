@@ -348,11 +348,7 @@ class Sweeper:
             Steps submitted.
         """
         submitted = 0
-        for item in self._scan():
-            t = item.transfer
-            step, name = self._step(item)
-            if self._owns is not None and not self._owns(step):
-                continue  # an instance mounting that partition moves it
+        for t, step, name in self._scan():
             key = (t.transfer_id, name)
             with self._lock:
                 if key in self._in_flight:
@@ -378,17 +374,20 @@ class Sweeper:
             return SettleTransfer(self._callbacks, item.transfer), "settle"
         return RefundTransfer(self._callbacks, item.transfer), "refund"
 
-    def _scan(self) -> Iterator[_Pending]:
-        """The pending rows this sweep looks at: the first page, and further pages (at most
-        :data:`MAX_PAGES` in all) while no row so far was this instance's to move, so that the
-        rows of partitions other instances move never hide its own."""
+    def _scan(self) -> Iterator[tuple[TransferOut, LedgerOperation, str]]:
+        """The next steps this instance moves (transfer, step, step name), of the pending rows: the
+        first page, and further pages (at most :data:`MAX_PAGES` in all) while no row so far was
+        this instance's to move, so that the rows of partitions other instances move (an
+        instance mounting their partition does) never hide its own."""
         after: tuple[int, str] | None = None
         for _ in range(MAX_PAGES):
             page = self.pending(after)
             owned = False
             for item in page:
-                owned = owned or self._owns is None or self._owns(self._step(item)[0])
-                yield item
+                step, name = self._step(item)
+                if self._owns is None or self._owns(step):
+                    owned = True
+                    yield item.transfer, step, name
             if owned or len(page) < self._batch:
                 return
             after = (page[-1].transfer.from_custid, page[-1].transfer.transfer_id)

@@ -184,6 +184,12 @@ def test_torn_tail_is_cut_at_start_up(store: Store) -> None:
     assert partition.max_transaction_id == 19
     assert segment.stat().st_size == good_size
     assert partition.read_records(0, 100) == records
+    # The cut bytes are kept beside the segment, and never taken for a segment.
+    [kept] = segment.parent.glob("*.tail-*")
+    assert kept.name == f"{segment.name}.tail-{good_size}"
+    assert kept.read_bytes() == partial
+    partition = store.reopen()
+    assert partition.max_transaction_id == 19
     partition.append(make_records(20, 1))
     assert partition.max_transaction_id == 20
 
@@ -471,22 +477,6 @@ def test_a_damaged_length_before_unindexed_records_is_corruption_not_a_torn_tail
     partition.truncate(49)  # what a store session's recovery does; it then copies them back
     partition.append(records[50:])
     assert store.reopen().read_records(0, 200) == records
-
-
-def test_the_bytes_of_a_cut_tail_are_kept_beside_the_segment(store: Store) -> None:
-    records = make_records(0, 20)
-    store.partition.append(records)
-    segment = store.segments()[-1]
-    good_size = segment.stat().st_size
-    partial = fmt.encode_record(make_records(20, 1)[0])[:-7]
-    with open(segment, "ab") as f:
-        f.write(partial)
-    partition = store.reopen()
-    assert partition.max_transaction_id == 19 and segment.stat().st_size == good_size
-    [kept] = segment.parent.glob("*.tail-*")
-    assert kept.name == f"{segment.name}.tail-{good_size}"
-    assert kept.read_bytes() == partial
-    assert store.reopen().max_transaction_id == 19  # the kept file is not taken for a segment
 
 
 QUARANTINE_FULL_SCRIPT = textwrap.dedent(
