@@ -1,7 +1,7 @@
 """Client-side checks of a cluster (``waltz client ...``): serializability, high-water marks, reachability.
 
-Design: docs/design/locks.md "Lock table" (a WRITE lock rejects an append whose client high-water
-mark is older than the lock's last writer); docs/design/client.md "The client's parts".
+Design: docs/design/locks.md "The compatibility rule" (a WRITE lock rejects an append whose client
+high-water mark is older than the lock's last writer); docs/design/client.md "The client's parts".
 
 :func:`run_validation` is upstream Waltz's client validation: ``producers`` clients in this process
 each submit ``transactions`` transactions to the chosen partitions; every transaction takes the

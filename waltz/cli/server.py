@@ -35,8 +35,8 @@ app.command("start")(start)
 preferred_app = typer.Typer(
     help=(
         "Change a server's preferred partitions at run time. They go to the `server/preferred` znode "
-        "and replace the server's `server.preferredPartitions`. The cluster manager moves a preferred partition to "
-        "its server once that server has been a live member for "
+        "and replace the server's `server.preferredPartitions`. The cluster manager moves a preferred "
+        "partition to its server once that server has been a live member for "
         "`server.preferredPartitionsReclaimDelay` seconds; see docs/operations.md."
     ),
     no_args_is_help=True,
