@@ -260,12 +260,15 @@ def run_validation(
             clients.append(_mounted_client(config, _MarkCallbacks(start_marks), ids))
 
         def produce(client: WaltzClient, index: int) -> None:
-            for n in range(transactions):
-                context = _ValidationContext(ids[(index + n) % len(ids)])
-                contexts.append(context)
-                future = client.submit(context)
-                future.add_done_callback(on_end)
-                futures.append(future)
+            try:
+                for n in range(transactions):
+                    context = _ValidationContext(ids[(index + n) % len(ids)])
+                    contexts.append(context)
+                    future = client.submit(context)
+                    future.add_done_callback(on_end)
+                    futures.append(future)
+            except WaltzError as exc:
+                errors.append(f"producer {index} could not submit: {exc}")
 
         threads = [
             threading.Thread(target=produce, args=(c, i), name=f"waltz-validate-{i}", daemon=True)

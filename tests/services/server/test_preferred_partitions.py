@@ -15,6 +15,7 @@ from waltz.cli.main import app
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
 from waltz.metadata.assignment import Member
+from waltz.metadata.preferred import preferred_path, update_preferred
 from waltz.metadata.zk import ClusterPaths
 from waltz.services.server.cluster_manager import ClusterManager
 
@@ -110,3 +111,15 @@ def test_a_member_settles_after_the_reclaim_delay_and_a_new_incarnation_starts_o
     assert manager._next_wakeup() == pytest.approx(3.05)
     now[0] += 3.0
     assert manager._settled([a, b2]) == {a.name, b2.name}
+
+
+def test_a_malformed_preferences_znode_falls_back_to_the_configured_ones(
+    zk_client: KazooClient, zk_root: str
+) -> None:
+    paths = ClusterPaths.of(zk_root)
+    manager = ClusterManager(zk_client, paths, 2, "test")
+    a = Member("member-0000000001", "127.0.0.1:1", (1,))
+    update_preferred(zk_client, paths, a.endpoint, a.preferred_partitions, add=[0])
+    assert manager.effective_members([a]) == [Member(a.name, a.endpoint, (0, 1))]
+    zk_client.set(preferred_path(paths), b"not json")
+    assert manager.effective_members([a]) == [a]

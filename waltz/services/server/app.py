@@ -139,7 +139,10 @@ class ServerApp:
             )
             self._http.start()
             scheme = "https" if tls is not None else "http"
-            health_url = f"{scheme}://{self.endpoint.rpartition(':')[0]}:{self._http.port}/health"
+            host = config.server_host
+            if host in ("", "0.0.0.0", "::"):  # bound to every address: the advertised host reaches it
+                host = self.endpoint.rpartition(":")[0]
+            health_url = f"{scheme}://{host}:{self._http.port}/health"
         self._membership = ServerMembership(
             zk,
             self._cluster.paths,

@@ -247,7 +247,16 @@ class ClusterManager:
 
     def effective_members(self, members: Sequence[Member], watch: bool = False) -> list[Member]:
         """The members with their run-time preferred partitions (``server/preferred`` over config)."""
-        preferred, _ = read_preferred(self._zk, self._paths, watch=self._members_changed if watch else None)
+        try:
+            preferred, _ = read_preferred(
+                self._zk, self._paths, watch=self._members_changed if watch else None
+            )
+        except MetadataError:
+            # A bad run-time preference must never stop failover: use the configured ones.
+            log.exception(
+                "ignoring the run-time preferred partitions: fix the znode with waltz server preferred"
+            )
+            return list(members)
         return [
             dataclasses.replace(m, preferred_partitions=preferred.of(m.endpoint, m.preferred_partitions))
             for m in members
