@@ -86,7 +86,11 @@ def test_server_list_shows_partitions_generations_and_health(healthy: LocalClust
     assert [p["partition_id"] for p in server["partitions"]] == [0, 1]
     assert all(p["writable"] and p["generation"] >= 1 for p in server["partitions"])
     text = waltz(healthy, "server", "list").stdout
-    assert "cluster manager health: healthy" in text and "partition 1: generation" in text
+    assert (
+        "127.0.0.1:" in text
+        and ", cluster manager, health: healthy" in text
+        and "partition 1: generation" in text
+    )
     waltz(healthy, "server", "preferred", "add", server["member"], "--partition", "1")
     (server,) = waltz_json(healthy, "server", "list")["servers"]
     assert server["preferred_partitions"] == [1] and server["configured_preferred_partitions"] == []

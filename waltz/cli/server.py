@@ -82,8 +82,8 @@ def list_servers(
         typer.echo("no live server")
         return
     for server in servers:
-        role = " cluster manager" if server.cluster_manager else ""
-        health = f" health: {server.health}" if server.health is not None else ""
+        role = ", cluster manager" if server.cluster_manager else ""
+        health = f", health: {server.health}" if server.health is not None else ""
         typer.echo(f"{server.member} (server {server.server_id}) {server.endpoint}{role}{health}")
         if server.status_error is not None:
             typer.secho(f"  status: UNREACHABLE: {server.status_error}", fg=typer.colors.RED)
