@@ -19,8 +19,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     cls=LazyGroup,  # disk, cluster and db are imported when used (waltz.cli.groups)
 )
-app.add_typer(server.app, name="server")
-app.add_typer(storage.app, name="storage")
+app.add_typer(
+    server.app, name="server", short_help="Run a server; list servers; change preferred partitions."
+)
+app.add_typer(
+    storage.app, name="storage", short_help="Run a storage node; list and sync a node's partitions."
+)
 app.add_typer(perf.app, name="perf")
 app.command("demo", short_help="Run the ledger demo on a local cluster under faults, then check it.")(
     demo.demo
