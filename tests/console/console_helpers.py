@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import ssl
 import sys
 import urllib.request
 from dataclasses import dataclass
@@ -32,19 +33,34 @@ class RunningConsole:
 
     process: ManagedProcess
     url: str
+    tls: ssl.SSLContext | None = None
 
     def get_json(self, path: str) -> Any:
-        with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=5) as response:
+        with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=5, context=self.tls) as response:
             return json.loads(response.read())
+
+    def wait_ready(self) -> None:
+        """Wait until the console answers with a cluster map."""
+        wait_until(
+            lambda: self.get_json("/api/map.json")["map"] is not None,
+            timeout=30,
+            what=f"the console at {self.url} to show the cluster map",
+            interval=0.1,
+        )
 
     def close(self) -> None:
         self.process.terminate(timeout=10)
 
 
-def start_console(
-    tmp_path: Path, cluster: LocalCluster, *extra: str, name: str = "console"
+def launch_console(
+    tmp_path: Path,
+    cluster: LocalCluster,
+    *extra: str,
+    name: str = "console",
+    tls: ssl.SSLContext | None = None,
 ) -> RunningConsole:
-    """Start ``waltz console`` on a free port against ``cluster`` and wait for its first look."""
+    """Start ``waltz console`` on a free port against ``cluster`` (over HTTPS with ``tls``, the
+    client context that trusts it); :meth:`RunningConsole.wait_ready` waits for its first look."""
     port = free_port()
     args = [
         sys.executable,
@@ -66,15 +82,4 @@ def start_console(
     ]
     process = ManagedProcess(args, name=name, log_path=tmp_path / f"{name}.log")
     process.start()
-    console = RunningConsole(process, f"http://127.0.0.1:{port}/")
-    try:
-        wait_until(
-            lambda: console.get_json("/api/map.json")["map"] is not None,
-            timeout=30,
-            what=f"the console on port {port} to show the cluster map",
-            interval=0.1,
-        )
-    except BaseException:
-        console.close()
-        raise
-    return console
+    return RunningConsole(process, f"{'https' if tls else 'http'}://127.0.0.1:{port}/", tls)

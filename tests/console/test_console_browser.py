@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,8 +18,9 @@ from typing import Any
 
 import pytest
 import support
+from support.tls import make_certificates
 
-from tests.console.console_helpers import RunningConsole, start_console
+from tests.console.console_helpers import RunningConsole, launch_console
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
 from waltz.metadata.zk import ClusterZk
@@ -33,14 +35,34 @@ WAIT_MS = 30_000
 
 
 @pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return make_certificates(tmp_path_factory.mktemp("console-tls"))
+
+
+@pytest.fixture(scope="module")
 def consoles(
-    console_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+    console_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory, certificates: dict[str, Path]
 ) -> Iterator[dict[str, RunningConsole]]:
     logs = tmp_path_factory.mktemp("consoles")
+    files = certificates
+    trusted = ssl.create_default_context(cafile=str(files["ca"]))
+    trusted.load_cert_chain(files["client"], files["client-key"])
+    https = (
+        "--tls-cert",
+        str(files["server"]),
+        "--tls-key",
+        str(files["server-key"]),
+        "--tls-ca",
+        str(files["ca"]),
+    )
     started: dict[str, RunningConsole] = {}
     try:
-        started["read-only"] = start_console(logs, console_cluster, name="console-read-only")
-        started["operator"] = start_console(logs, console_cluster, "--operator", name="console-operator")
+        # Started together, they import and connect at the same time.
+        started["read-only"] = launch_console(logs, console_cluster, name="console-read-only")
+        started["operator"] = launch_console(logs, console_cluster, "--operator", name="console-operator")
+        started["https"] = launch_console(logs, console_cluster, *https, name="console-https", tls=trusted)
+        for console in started.values():
+            console.wait_ready()
         yield started
     finally:
         for console in started.values():
@@ -110,6 +132,19 @@ def test_the_read_only_console_has_no_mutating_endpoint(
     expect(page.locator("tr.partition")).to_have_count(cluster.num_partitions)
     expect(page.locator("#operator")).to_have_count(0)
     expect(page.locator("form")).to_have_count(0)
+
+
+def test_with_a_certificate_the_console_serves_https_only(
+    cluster: LocalCluster, consoles: dict[str, RunningConsole], certificates: dict[str, Path]
+) -> None:
+    console = consoles["https"]
+    assert console.get_json("/api/map.json")["map"]["root"] == cluster.root
+    plain = console.url.replace("https://", "http://")
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        urllib.request.urlopen(plain, timeout=5)
+    anonymous = ssl.create_default_context(cafile=str(certificates["ca"]))  # shows no certificate
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+        urllib.request.urlopen(console.url, timeout=5, context=anonymous).read()
 
 
 async def _append(endpoint: str, generation: int, partition_id: int, count: int) -> int:
