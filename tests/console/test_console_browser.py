@@ -134,6 +134,20 @@ def test_the_read_only_console_has_no_mutating_endpoint(
     expect(page.locator("form")).to_have_count(0)
 
 
+def test_a_request_for_another_host_name_is_refused(consoles: dict[str, RunningConsole]) -> None:
+    """A page of another site whose name resolves to 127.0.0.1 (DNS rebinding) reads nothing."""
+    operator = consoles["operator"]
+    assert operator.get_json("/api/map.json")["map"] is not None  # addressed to 127.0.0.1
+    for host in ("evil.example", f"evil.example:{operator.url.rsplit(':', 1)[1].strip('/')}"):
+        request = urllib.request.Request(operator.url + "api/map.json", headers={"Host": host})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 400
+    request = urllib.request.Request(operator.url.replace("127.0.0.1", "localhost"))
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 200
+
+
 def test_with_a_certificate_the_console_serves_https_only(
     cluster: LocalCluster, consoles: dict[str, RunningConsole], certificates: dict[str, Path]
 ) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import httpx
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
@@ -47,6 +49,9 @@ log = logging.getLogger(__name__)
 PACKAGE_DIR = Path(__file__).resolve().parent
 #: Bytes of an action form read at most.
 MAX_FORM_BYTES = 4096
+
+#: The addresses of the loopback interface, as a bind address or a Host header says them.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 #: Sent with every response: scripts and styles from the console only, no framing.
 SECURITY_HEADERS = {
@@ -171,8 +176,6 @@ def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Star
 
     def context(request: Request, **extra: Any) -> dict[str, Any]:
         look = observer().look
-        import time
-
         now = time.time()
         return {
             "look": look,
@@ -271,4 +274,9 @@ def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Star
             Route("/actions/confirm", confirm, methods=["POST"]),
             Route("/actions/run", run, methods=["POST"]),
         ]
-    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(_SecurityHeaders)])
+    middleware = [Middleware(_SecurityHeaders)]
+    if config.console_host in LOOPBACK_HOSTS:
+        # Bound to loopback, the console answers only requests addressed to loopback: a page of
+        # another site whose name was made to resolve to 127.0.0.1 (DNS rebinding) gets 400.
+        middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=list(LOOPBACK_HOSTS)))
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)

@@ -92,7 +92,6 @@ class Observer:
         self._http = http
         self._last_seen: LastSeen = {}
         self._previous: dict[str, Scrape] = {}
-        self._changed = asyncio.Condition()
 
     @property
     def timeout(self) -> float:
@@ -104,14 +103,20 @@ class Observer:
         """Look again and again until cancelled; a failed look is recorded, never raised."""
         while True:
             started = time.monotonic()
-            await self.look_once()
+            try:
+                await self.look_once()
+            except Exception as exc:  # a defect in a look must not end the looking
+                log.exception("console: a look at %s failed", self.admin.root)
+                previous = self.look
+                self.look = Look(
+                    previous.map,
+                    f"{type(exc).__name__}: {exc}",
+                    previous.zookeeper,
+                    previous.partitions,
+                    previous.targets,
+                    previous.round + 1,
+                )
             await asyncio.sleep(max(0.0, self.refresh - (time.monotonic() - started)))
-
-    async def wait_for_round(self, after: int, timeout: float) -> Look:
-        """Wait until a look later than round ``after`` was taken (or ``timeout`` seconds)."""
-        async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: self.look.round > after), timeout)
-        return self.look
 
     async def look_once(self) -> Look:
         """Take one look: the cluster map and the metrics, concurrently."""
@@ -132,9 +137,7 @@ class Observer:
             targets,
             self.look.round + 1,
         )
-        async with self._changed:
-            self.look = look
-            self._changed.notify_all()
+        self.look = look
         return look
 
     async def _map(self, taken_at: float) -> tuple[ClusterMap | None, str | None, ZooKeeperHealth | None]:
