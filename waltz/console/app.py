@@ -228,8 +228,8 @@ def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Star
             return {k: v[0] for k, v in parse_qs(body.decode("utf-8", errors="replace")).items()}
 
         async def confirm(request: Request) -> Response:
-            fields = await form(request)
             try:
+                fields = await form(request)
                 action = Action.parse(
                     fields.get("kind", ""),
                     fields.get("partition", ""),
@@ -244,7 +244,10 @@ def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Star
             return templates.TemplateResponse(request, "_confirm.html", {"action": action, "token": token})
 
         async def run(request: Request) -> Response:
-            fields = await form(request)
+            try:
+                fields = await form(request)
+            except WaltzError:
+                fields = {}
             action = confirmations.take(fields.get("token", ""))
             if action is None:
                 return templates.TemplateResponse(

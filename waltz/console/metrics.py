@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 import ssl
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -345,8 +346,6 @@ class MetricsHistory:
 
 def _natural(name: str) -> tuple[Any, ...]:
     """Sort ``p10`` after ``p9``."""
-    import re
-
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
 
