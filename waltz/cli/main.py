@@ -9,7 +9,7 @@ from types import FrameType
 import typer
 
 from waltz import __version__
-from waltz.cli import chaos, demo, perf, rebuild, server, storage, up
+from waltz.cli import chaos, console, demo, perf, rebuild, server, storage, up
 from waltz.cli.groups import MARKUP, LazyGroup
 
 app = typer.Typer(
@@ -34,6 +34,9 @@ app.command("rebuild", short_help="Rebuild an application's tables from the log 
     rebuild.rebuild_command
 )
 app.command("chaos", short_help="Run a local cluster under faults and check every invariant.")(chaos.chaos)
+app.command("console", short_help="Serve a web console of a cluster: map, metrics, operator actions.")(
+    console.console
+)
 
 
 @app.command("version")
