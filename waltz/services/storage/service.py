@@ -679,7 +679,7 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
         response = storage_pb2.PartitionStatusResponse(
             num_partitions=control.num_partitions, cluster_key=str(control.cluster_key)
         )
-        ids = node.assigned_partitions() if partition_id < 0 else [partition_id]
+        ids = node.assigned_partitions() if partition_id == -1 else [partition_id]
         for pid in ids:
             partition = node.partition(pid)
 
