@@ -451,6 +451,10 @@ def test_set_fence_puts_a_poisoned_fence_back_after_confirmation_and_is_audited(
 
     run(poison())
     assert not run(next_session_opens())
+    verify = cli("verify", expect=None)
+    (line,) = lines_with(verify.output, "partition 0: replica sessions consistent with ZooKeeper")
+    assert line.startswith("WARNING") and f"fences the partition at session {poisoned}" in line, line
+    assert f"set-fence {node.address} --partition 0" in line
     # Below ZooKeeper's session ID: refused without --force, nothing asked, nothing changed.
     result = cli("storage", "set-fence", node.address, "-p", "0", "--to", "1", "--yes", expect=1)
     assert "below ZooKeeper's store session ID 3" in result.output and "--force" in result.output
@@ -461,6 +465,9 @@ def test_set_fence_puts_a_poisoned_fence_back_after_confirmation_and_is_audited(
     result = cli("storage", "set-fence", node.address, "-p", "0", "--reason", "forged ID", input="y\n")
     assert f"fence set {poisoned} -> 3" in result.output
     assert node_partitions(node, key, 2)[0].session_id == 3
+    verify = cli("verify", expect=None)
+    (line,) = lines_with(verify.output, "partition 0: replica sessions consistent with ZooKeeper")
+    assert "fences the partition" not in line, line
     assert run(next_session_opens())
     assert node_partitions(node, key, 2)[0].max_transaction_id == 3
     # Session 4 was never taken in ZooKeeper: the default value is ZooKeeper's, 3.
