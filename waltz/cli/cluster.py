@@ -41,9 +41,10 @@ app = typer.Typer(
 )
 storage_app = typer.Typer(
     help=(
-        "Add and remove storage nodes, assign partitions to them, and switch their partitions' "
-        "availability. Replica changes follow safety rules (one new replica at a time per "
-        "partition; never fewer caught-up replicas than a quorum): see docs/zookeeper.md."
+        "Add and remove storage nodes, assign partitions to them, switch their partitions' "
+        "availability, and set a poisoned fence back. Replica changes follow safety rules (one new "
+        "replica at a time per partition; never fewer caught-up replicas than a quorum): see "
+        "docs/zookeeper.md."
     ),
     no_args_is_help=True,
     rich_markup_mode=MARKUP,
