@@ -24,6 +24,8 @@ __all__ = [
     "PartitionUnavailableError",
     "ProtocolError",
     "SessionFencedError",
+    "SessionJumpTooLargeError",
+    "SessionNotOpenError",
     "SqlFrameworkError",
     "StagedRowCountError",
     "StaleMetadataError",
@@ -119,11 +121,66 @@ class SessionFencedError(StorageError):
     def __init__(self, partition_id: int, session_id: int, current_session_id: int) -> None:
         super().__init__(
             f"partition {partition_id}: store session {session_id} is fenced by session "
-            f"{current_session_id}; a newer writer owns this partition, open a new store session"
+            f"{current_session_id}; a newer writer owns this partition, open a new store session (if "
+            f"ZooKeeper's store session ID of the partition stays below {current_session_id}, a "
+            "forged or corrupt ID raised the fence: an operator sets it back with `waltz cluster "
+            "storage set-fence`)"
         )
         self.partition_id = partition_id
         self.session_id = session_id
         self.current_session_id = current_session_id
+
+
+class SessionNotOpenError(StorageError):
+    """A read carried a store session ID above the partition's fence.
+
+    Reads never move the fence: a store session opens its replica session on the partition (an
+    open-session request, or its first write) before it reads (docs/design/storage.md "Fencing by
+    store session ID").
+
+    Attributes:
+        partition_id: the partition.
+        session_id: the session ID of the refused read.
+        fence: the partition's fence, unchanged.
+    """
+
+    def __init__(self, partition_id: int, session_id: int, fence: int) -> None:
+        super().__init__(
+            f"partition {partition_id}: store session {session_id} has not opened its replica session "
+            f"on this storage node (the fence is {fence}); reads never move the fence: send an "
+            "open-session request first"
+        )
+        self.partition_id = partition_id
+        self.session_id = session_id
+        self.fence = fence
+
+
+class SessionJumpTooLargeError(StorageError):
+    """A write or open-session request would raise a partition's fence further than allowed.
+
+    Store session IDs come from a ZooKeeper counter that grows by one per store session, so a jump
+    far above the fence is a forged or corrupt ID; the fence stays where it was
+    (docs/design/storage.md "Fencing by store session ID", ``storage.fence.maxJump``).
+
+    Attributes:
+        partition_id: the partition.
+        session_id: the session ID of the refused request.
+        fence: the partition's fence, unchanged.
+        max_jump: the largest raise the node accepts in one request.
+    """
+
+    def __init__(self, partition_id: int, session_id: int, fence: int, max_jump: int) -> None:
+        super().__init__(
+            f"partition {partition_id}: store session {session_id} is {session_id - fence} above the "
+            f"fence {fence}, more than storage.fence.maxJump ({max_jump}); refused, the fence stays "
+            f"{fence}. Store session IDs grow by one per session, so this ID is forged or corrupt; if "
+            "ZooKeeper really holds it, an operator sets the fence with `waltz cluster storage "
+            "set-fence`"
+        )
+        self.partition_id = partition_id
+        self.session_id = session_id
+        self.fence = fence
+        self.max_jump = max_jump
 
 
 class PartitionNotAssignedError(StorageError):

@@ -17,6 +17,7 @@ from kazoo.client import KazooClient
 from typer.testing import CliRunner, Result
 
 from waltz.cli.main import app
+from waltz.errors import StorageRpcError
 from waltz.local.nodes import LocalStorageNode
 from waltz.local.processes import free_port, wait_until
 from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper
@@ -421,6 +422,71 @@ def test_availability_and_max_transaction_id(
     status = node_partitions(node, key, 2)
     assert (status[1].readable, status[1].writable) == (False, True)
     cli("storage", "availability", node.address, "-p", "1", expect=2)  # neither switch
+
+
+def test_set_fence_puts_a_poisoned_fence_back_after_confirmation_and_is_audited(
+    cli: Cli, start_storage: StartStorage, zk_client: KazooClient, zk_root: str
+) -> None:
+    node = start_storage()
+    create(cli, [node], 2)
+    cluster = ClusterZk(zk_client, zk_root)
+    key = str(cluster.params().cluster_key)
+    set_metadata(cluster, 0, 3, {node.address: ReplicaState(3, None)})  # ZooKeeper: session 3
+    poisoned = 3 + (1 << 32)  # a forged session ID, as far as one request may raise the fence
+
+    async def poison() -> None:
+        async with StorageSessionClient(node.address, key, 2, 3) as real:
+            await real.append(0, [Record.create(t, ReqId(1, 2, 0, t), 0, b"z") for t in range(4)])
+        async with StorageSessionClient(node.address, key, 2, poisoned) as forged:
+            await forged.open_session(0)
+
+    async def next_session_opens() -> bool:
+        async with StorageSessionClient(node.address, key, 2, 4) as real:
+            try:
+                await real.open_session(0)
+            except StorageRpcError as exc:
+                assert exc.code == "SESSION_FENCED", exc
+                return False
+            return True
+
+    run(poison())
+    assert not run(next_session_opens())
+    verify = cli("verify", expect=None)
+    (line,) = lines_with(verify.output, "partition 0: replica sessions consistent with ZooKeeper")
+    assert line.startswith("WARNING") and f"fences the partition at session {poisoned}" in line, line
+    assert f"set-fence {node.address} --partition 0" in line
+    # Below ZooKeeper's session ID: refused without --force, nothing asked, nothing changed.
+    result = cli("storage", "set-fence", node.address, "-p", "0", "--to", "1", "--yes", expect=1)
+    assert "below ZooKeeper's store session ID 3" in result.output and "--force" in result.output
+    # Declined at the confirmation: nothing changed.
+    result = cli("storage", "set-fence", node.address, "-p", "0", input="n\n", expect=1)
+    assert f"fence {poisoned} -> 3" in result.output
+    assert node_partitions(node, key, 2)[0].session_id == poisoned
+    result = cli("storage", "set-fence", node.address, "-p", "0", "--reason", "forged ID", input="y\n")
+    assert f"fence set {poisoned} -> 3" in result.output
+    assert node_partitions(node, key, 2)[0].session_id == 3
+    verify = cli("verify", expect=None)
+    (line,) = lines_with(verify.output, "partition 0: replica sessions consistent with ZooKeeper")
+    assert "fences the partition" not in line, line
+    assert run(next_session_opens())
+    assert node_partitions(node, key, 2)[0].max_transaction_id == 3
+    # Session 4 was never taken in ZooKeeper: the default value is ZooKeeper's, 3.
+    result = cli("storage", "set-fence", node.address, "-p", "0", "--yes")
+    assert "fence set 4 -> 3" in result.output
+    result = cli("storage", "set-fence", node.address, "-p", "0", "--yes")
+    assert "the fence is already 3" in result.output
+    # Above ZooKeeper's session ID needs --force as well; with it, it is done.
+    cli("storage", "set-fence", node.address, "-p", "1", "--to", "9", "--yes", expect=1)
+    cli("storage", "set-fence", node.address, "-p", "1", "--to", "9", "--yes", "--force")
+    assert node_partitions(node, key, 2)[1].session_id == 9
+    log_path = node.process.log_path
+    assert log_path is not None
+    audit = [line for line in log_path.read_text().splitlines() if "AUDIT set-fence" in line]
+    assert len(audit) == 3, audit  # nothing sent when the fence already was the value
+    assert " WARNING " in audit[0] and f"partition 0 fence {poisoned} -> 3" in audit[0]
+    assert "'forged ID'" in audit[0] and "@" in audit[0]  # the operator's user@host
+    assert "partition 0 fence 4 -> 3" in audit[1]
+    assert "partition 1 fence -1 -> 9" in audit[2]
 
 
 # ---- delete ----------------------------------------------------------------------------------------

@@ -311,6 +311,7 @@ WIRE_COLUMNS = st.integers(0, 3).flatmap(
 @st.composite
 def storage_requests(draw: st.DrawFn) -> list[storage_pb2.StorageRequest]:
     bodies = {
+        "open_session": st.just(storage_pb2.OpenSessionRequest()),
         "last_session_info": st.just(storage_pb2.LastSessionInfoRequest()),
         "max_transaction_id": st.just(storage_pb2.MaxTransactionIdRequest()),
         "truncate": st.builds(storage_pb2.TruncateRequest, transaction_id=SMALL | I64),

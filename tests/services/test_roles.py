@@ -95,6 +95,9 @@ def test_an_operator_reads_but_cannot_change_a_storage_node(secured: LocalCluste
             assert [p.partition_id for p in status.partitions] == [0]
             with pytest.raises(ConnectionError, match=r"PERMISSION_DENIED.*partition_assignment"):
                 await admin.assign_partition(0, False, delete_storage_files=True)
+        async with admin_client(secured, "operator") as admin:
+            with pytest.raises(ConnectionError, match=r"PERMISSION_DENIED.*set_fence"):
+                await admin.set_fence(0, -1, operator="not an admin")
         async with admin_client(secured, "admin") as admin:  # nothing was deleted
             status = await admin.partition_status(0)
             assert [p.partition_id for p in status.partitions] == [0]

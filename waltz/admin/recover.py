@@ -98,6 +98,7 @@ async def recover_partition(
         _, committed = await asyncio.wait_for(reader.last_session_info(partition_id), timeout)
         # The destination joins the current session ID: it fences no live writer.
         async with StorageSessionClient(destination, key, n, metadata.session_id, tls=tls) as writer:
+            await asyncio.wait_for(writer.open_session(partition_id), timeout)
             _, destination_lwm = await asyncio.wait_for(writer.last_session_info(partition_id), timeout)
             await asyncio.wait_for(writer.truncate(partition_id, min(destination_lwm, committed)), timeout)
             kept = await asyncio.wait_for(writer.max_transaction_id(partition_id), timeout)

@@ -379,6 +379,14 @@ def partition_checks(
                     f"session {state.session_id} for it: restored from a backup? recovery will "
                     "truncate it to its low-water mark and catch it up"
                 )
+            current = partition.metadata.session_id if partition.metadata is not None else None
+            if current is not None and status.session_id > current:
+                behind.append(
+                    f"{storage} fences the partition at session {status.session_id}, above ZooKeeper's "
+                    f"store session ID {current}: the server's next sessions are refused there until "
+                    "ZooKeeper passes it; if no server took that session, set the fence back with "
+                    f"waltz cluster storage set-fence {storage} --partition {pid}"
+                )
         checks.append(
             CheckResult(
                 f"{prefix}: replica sessions consistent with ZooKeeper",

@@ -41,9 +41,10 @@ app = typer.Typer(
 )
 storage_app = typer.Typer(
     help=(
-        "Add and remove storage nodes, assign partitions to them, and switch their partitions' "
-        "availability. Replica changes follow safety rules (one new replica at a time per "
-        "partition; never fewer caught-up replicas than a quorum): see docs/zookeeper.md."
+        "Add and remove storage nodes, assign partitions to them, switch their partitions' "
+        "availability, and set a poisoned fence back. Replica changes follow safety rules (one new "
+        "replica at a time per partition; never fewer caught-up replicas than a quorum): see "
+        "docs/zookeeper.md."
     ),
     no_args_is_help=True,
     rich_markup_mode=MARKUP,
@@ -703,4 +704,92 @@ def storage_recover_partition(
             typer.echo(
                 f"partition {partition_id}: {destination} kept 0..{result.kept}, copied {result.copied} "
                 f"record(s) from {source} up to the committed transaction {result.committed}"
+            )
+
+
+@storage_app.command("set-fence")
+def storage_set_fence(
+    storage: StorageArgument,
+    partition: PartitionsOption,
+    to: Annotated[
+        int | None,
+        typer.Option(
+            "--to",
+            min=-1,
+            help="The new fence (a store session ID). Default: the partition's store session ID in "
+            "ZooKeeper, the one value that is always safe.",
+            show_default=False,
+        ),
+    ] = None,
+    reason: Annotated[
+        str, typer.Option("--reason", help="Why, for the storage node's audit line.", show_default=False)
+    ] = "",
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Set a value below or above ZooKeeper's store session ID. DANGEROUS: below it, an "
+            "older store session could write again; above it, the current one is fenced.",
+        ),
+    ] = False,
+    zookeeper: ZookeeperOption = None,
+    root: RootOption = None,
+    config: ConfigOption = None,
+    timeout: TimeoutOption = None,
+) -> None:
+    """Set partitions' fences on a storage node back to a store session ID (admin port).
+
+    A storage node refuses every store session below a partition's fence. A forged or corrupt
+    session ID can raise the fence above the partition's store session ID in ZooKeeper; the
+    server's new sessions are then refused on that node. This command sets it back (to ZooKeeper's
+    session ID unless --to says otherwise) after a confirmation; the node logs who, from where,
+    the old and new value and the reason at WARNING. A value other than ZooKeeper's session ID is
+    refused (exit 1) unless --force. See docs/operations.md.
+    """
+    from waltz.admin.fences import fence_refusals, read_fence, set_fence
+
+    ids = parse_partitions(partition)
+    with _connected(config, zookeeper, root, timeout) as admin:
+        changes = []
+        for partition_id in ids:
+            state = read_fence(
+                admin.cluster, storage, partition_id, timeout=admin.storage_timeout, tls=admin.tls
+            )
+            value = state.zookeeper_session_id if to is None else to
+            refusals = fence_refusals(state, value)
+            if refusals and not force:
+                raise _fail("; ".join(refusals) + " (--force to do it anyway)", 1)
+            _warn(refusals)
+            if value == state.fence and value >= state.last_session_id:
+                typer.echo(f"partition {partition_id} on {storage}: the fence is already {value}")
+                continue
+            changes.append((state, value))
+        for state, value in changes:
+            typer.echo(
+                f"partition {state.partition_id} on {storage}: fence {state.fence} -> {value} "
+                f"(ZooKeeper's store session ID {state.zookeeper_session_id}, last session info's "
+                f"session {state.last_session_id})"
+            )
+        if changes and not yes:
+            typer.confirm("set these fences?", abort=True)
+        for state, value in changes:
+            result = set_fence(
+                admin.cluster,
+                storage,
+                state.partition_id,
+                value,
+                reason=reason,
+                timeout=admin.storage_timeout,
+                tls=admin.tls,
+            )
+            typer.echo(
+                f"partition {result.partition_id} on {storage}: fence set {result.previous_fence} -> "
+                f"{result.fence}"
+                + (
+                    f" (last session info's session {result.previous_last_session_id} -> "
+                    f"{result.last_session_id})"
+                    if result.previous_last_session_id != result.last_session_id
+                    else ""
+                )
             )

@@ -104,7 +104,7 @@ async def _verify(
                 txn = page[-1].transaction_id + 1
     # The session that wrote before the crash is still fenced by a newer one after it.
     async with StorageSessionClient(node.address, key, partitions, session_id=2) as newer:
-        await newer.max_transaction_id(0)
+        await newer.open_session(0)
     async with StorageSessionClient(node.address, key, partitions, session_id=1) as older:
         try:
             await older.max_transaction_id(0)

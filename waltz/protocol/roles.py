@@ -10,7 +10,7 @@ peer's certificate carries a role that may make it:
 - ``operator``: the read-only operations of the admin services (status, record reads, partition
   status, metrics; the storage admin open, which only checks the cluster key);
 - ``admin``: everything ``operator`` may do, and the operations that change or destroy the log:
-  appends without lock checks, partition assignment and file deletion, read and write switches,
+  appends without lock checks, partition assignment and file deletion, read and write switches, fences,
   store sessions of the recovery tools.
 
 Without mutual TLS a port has no peer identity to check (plaintext or server-only TLS): it

@@ -199,6 +199,7 @@ class _OrderedStream(Generic[Req, Resp]):
 #: (docs/design/storage.md "Storage requests"; ``waltz/services/storage/service.py``).
 _ANSWERS = {
     "open": "success",
+    "open_session": "success",
     "last_session_info": "last_session_info",
     "max_transaction_id": "max_transaction_id",
     "truncate": "success",
@@ -360,6 +361,20 @@ class StorageSessionClient:
             await self._stream.submit(request), self._stream.address, request.WhichOneof("body")
         )
         return response
+
+    async def open_session(self, partition_id: int, *, session_id: int | None = None) -> None:
+        """Open the store session's replica session on a partition: raise its fence to the session.
+
+        The request by which a store session takes a partition on this node before it reads its
+        state (docs/design/storage.md "Fencing by store session ID"); reads never move a fence, and
+        a read from a session above the fence is refused with ``SESSION_NOT_OPEN``.
+
+        Raises:
+            StorageRpcError: ``SESSION_FENCED`` (a newer session owns the partition),
+                ``SESSION_JUMP_TOO_LARGE`` (the ID is too far above the fence), ...
+        """
+        request = self._request(partition_id, session_id, open_session=storage_pb2.OpenSessionRequest())
+        await self._call(request)
 
     async def last_session_info(self, partition_id: int, *, session_id: int | None = None) -> tuple[int, int]:
         """Return ``(session ID, low-water mark)`` of the partition's last session."""
@@ -563,6 +578,27 @@ class StorageAdminClient:
         """Return the node's metric samples."""
         response = await self._call(-1, metrics=storage_pb2.MetricsRequest())
         return dict(response.metrics.values)
+
+    async def set_fence(
+        self, partition_id: int, session_id: int, *, operator: str = "", reason: str = ""
+    ) -> storage_pb2.SetFenceResponse:
+        """Set a partition's fence to ``session_id``, lower or higher (docs/design/storage.md
+        "Admin port"); the node logs who asked, from where, the old and new fence, and why.
+
+        Args:
+            partition_id: the partition.
+            session_id: the new fence, at least -1.
+            operator: who asks (logged as stated).
+            reason: why (logged).
+
+        Returns:
+            The fence and last session ID before and after.
+        """
+        response = await self._call(
+            partition_id,
+            set_fence=storage_pb2.SetFenceRequest(session_id=session_id, operator=operator, reason=reason),
+        )
+        return response.set_fence
 
     async def partition_status(self, partition_id: int = -1) -> storage_pb2.PartitionStatusResponse:
         """Return the state of one partition, or of every assigned partition (-1)."""

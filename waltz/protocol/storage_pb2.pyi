@@ -54,6 +54,10 @@ class _FailureCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FailureCo
     """a malformed request (bad IDs, gaps, bad checksum, ...)"""
     MESSAGE_TOO_LARGE: _FailureCode.ValueType  # 12
     """a request or its response exceeds the size limit"""
+    SESSION_NOT_OPEN: _FailureCode.ValueType  # 13
+    """a read from a session above the fence: open the session first"""
+    SESSION_JUMP_TOO_LARGE: _FailureCode.ValueType  # 14
+    """a session ID too far above the fence (storage.fence.maxJump)"""
 
 class FailureCode(_FailureCode, metaclass=_FailureCodeEnumTypeWrapper):
     """Why a request failed; lets the peer react without parsing the message text."""
@@ -83,6 +87,10 @@ INVALID_REQUEST: FailureCode.ValueType  # 11
 """a malformed request (bad IDs, gaps, bad checksum, ...)"""
 MESSAGE_TOO_LARGE: FailureCode.ValueType  # 12
 """a request or its response exceeds the size limit"""
+SESSION_NOT_OPEN: FailureCode.ValueType  # 13
+"""a read from a session above the fence: open the session first"""
+SESSION_JUMP_TOO_LARGE: FailureCode.ValueType  # 14
+"""a session ID too far above the fence (storage.fence.maxJump)"""
 Global___FailureCode: _TypeAlias = FailureCode  # noqa: Y015
 
 @_typing.final
@@ -142,6 +150,7 @@ class StorageRequest(_message.Message):
     RECORD_FIELD_NUMBER: _builtins.int
     RECORD_HEADER_LIST_FIELD_NUMBER: _builtins.int
     RECORD_LIST_FIELD_NUMBER: _builtins.int
+    OPEN_SESSION_FIELD_NUMBER: _builtins.int
     session_id: _builtins.int
     """the store session ID (-1 in an open request)"""
     seq_num: _builtins.int
@@ -168,6 +177,8 @@ class StorageRequest(_message.Message):
     def record_header_list(self) -> Global___RecordHeaderListRequest: ...
     @_builtins.property
     def record_list(self) -> Global___RecordListRequest: ...
+    @_builtins.property
+    def open_session(self) -> Global___OpenSessionRequest: ...
     def __init__(
         self,
         *,
@@ -184,12 +195,13 @@ class StorageRequest(_message.Message):
         record: Global___RecordRequest | None = ...,
         record_header_list: Global___RecordHeaderListRequest | None = ...,
         record_list: Global___RecordListRequest | None = ...,
+        open_session: Global___OpenSessionRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "open", b"open", "record", b"record", "record_header", b"record_header", "record_header_list", b"record_header_list", "record_list", b"record_list", "set_low_water_mark", b"set_low_water_mark", "truncate", b"truncate"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "open", b"open", "open_session", b"open_session", "record", b"record", "record_header", b"record_header", "record_header_list", b"record_header_list", "record_list", b"record_list", "set_low_water_mark", b"set_low_water_mark", "truncate", b"truncate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "open", b"open", "partition_id", b"partition_id", "record", b"record", "record_header", b"record_header", "record_header_list", b"record_header_list", "record_list", b"record_list", "seq_num", b"seq_num", "session_id", b"session_id", "set_low_water_mark", b"set_low_water_mark", "truncate", b"truncate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "open", b"open", "open_session", b"open_session", "partition_id", b"partition_id", "record", b"record", "record_header", b"record_header", "record_header_list", b"record_header_list", "record_list", b"record_list", "seq_num", b"seq_num", "session_id", b"session_id", "set_low_water_mark", b"set_low_water_mark", "truncate", b"truncate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["open", "last_session_info", "max_transaction_id", "truncate", "set_low_water_mark", "append", "record_header", "record", "record_header_list", "record_list"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["open", "last_session_info", "max_transaction_id", "truncate", "set_low_water_mark", "append", "record_header", "record", "record_header_list", "record_list", "open_session"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -278,6 +290,27 @@ class OpenRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OpenRequest: _TypeAlias = OpenRequest  # noqa: Y015
+
+@_typing.final
+class OpenSessionRequest(_message.Message):
+    """Open the store session's replica session on a partition: the request by which a store session
+    takes the partition on this node. It raises the partition's fence to the request's session ID
+    (persisted before the answer), so that no older session writes here any more. Reads never move
+    the fence; a read from a session above the fence is refused with SESSION_NOT_OPEN.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenSessionRequest: _TypeAlias = OpenSessionRequest  # noqa: Y015
 
 @_typing.final
 class LastSessionInfoRequest(_message.Message):
@@ -804,6 +837,7 @@ class AdminRequest(_message.Message):
     MAX_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
     PARTITION_STATUS_FIELD_NUMBER: _builtins.int
+    SET_FENCE_FIELD_NUMBER: _builtins.int
     seq_num: _builtins.int
     """the message sequence number (-1 in an open request)"""
     partition_id: _builtins.int
@@ -826,6 +860,8 @@ class AdminRequest(_message.Message):
     def metrics(self) -> Global___MetricsRequest: ...
     @_builtins.property
     def partition_status(self) -> Global___PartitionStatusRequest: ...
+    @_builtins.property
+    def set_fence(self) -> Global___SetFenceRequest: ...
     def __init__(
         self,
         *,
@@ -840,12 +876,13 @@ class AdminRequest(_message.Message):
         max_transaction_id: Global___MaxTransactionIdRequest | None = ...,
         metrics: Global___MetricsRequest | None = ...,
         partition_status: Global___PartitionStatusRequest | None = ...,
+        set_fence: Global___SetFenceRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list", "set_fence", b"set_fence"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_id", b"partition_id", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list", "seq_num", b"seq_num"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_id", b"partition_id", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list", "seq_num", b"seq_num", "set_fence", b"set_fence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["open", "partition_assignment", "partition_read", "partition_write", "record_list", "last_session_info", "max_transaction_id", "metrics", "partition_status"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["open", "partition_assignment", "partition_read", "partition_write", "record_list", "last_session_info", "max_transaction_id", "metrics", "partition_status", "set_fence"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -864,6 +901,7 @@ class AdminResponse(_message.Message):
     MAX_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
     PARTITION_STATUS_FIELD_NUMBER: _builtins.int
+    SET_FENCE_FIELD_NUMBER: _builtins.int
     seq_num: _builtins.int
     partition_id: _builtins.int
     @_builtins.property
@@ -880,6 +918,8 @@ class AdminResponse(_message.Message):
     def metrics(self) -> Global___MetricsResponse: ...
     @_builtins.property
     def partition_status(self) -> Global___PartitionStatusResponse: ...
+    @_builtins.property
+    def set_fence(self) -> Global___SetFenceResponse: ...
     def __init__(
         self,
         *,
@@ -892,12 +932,13 @@ class AdminResponse(_message.Message):
         max_transaction_id: Global___MaxTransactionIdResponse | None = ...,
         metrics: Global___MetricsResponse | None = ...,
         partition_status: Global___PartitionStatusResponse | None = ...,
+        set_fence: Global___SetFenceResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "failure", b"failure", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "partition_status", b"partition_status", "record_list", b"record_list", "success", b"success"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "failure", b"failure", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "partition_status", b"partition_status", "record_list", b"record_list", "set_fence", b"set_fence", "success", b"success"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "failure", b"failure", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "partition_id", b"partition_id", "partition_status", b"partition_status", "record_list", b"record_list", "seq_num", b"seq_num", "success", b"success"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "failure", b"failure", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "partition_id", b"partition_id", "partition_status", b"partition_status", "record_list", b"record_list", "seq_num", b"seq_num", "set_fence", b"set_fence", "success", b"success"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["success", "failure", "record_list", "last_session_info", "max_transaction_id", "metrics", "partition_status"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["success", "failure", "record_list", "last_session_info", "max_transaction_id", "metrics", "partition_status", "set_fence"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -974,6 +1015,70 @@ class PartitionAvailabilityRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PartitionAvailabilityRequest: _TypeAlias = PartitionAvailabilityRequest  # noqa: Y015
+
+@_typing.final
+class SetFenceRequest(_message.Message):
+    """Set a partition's fence to a given store session ID, lower or higher (an operator repairing a
+    fence raised by a forged or corrupt session ID). The node logs an audit line at WARNING.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.int
+    """the new fence, at least -1"""
+    operator: _builtins.str
+    """who asks, as the tool states it (e.g. the operating-system user)"""
+    reason: _builtins.str
+    """why, as the operator states it"""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.int = ...,
+        operator: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["operator", b"operator", "reason", b"reason", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetFenceRequest: _TypeAlias = SetFenceRequest  # noqa: Y015
+
+@_typing.final
+class SetFenceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREVIOUS_FENCE_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
+    PREVIOUS_LAST_SESSION_ID_FIELD_NUMBER: _builtins.int
+    LAST_SESSION_ID_FIELD_NUMBER: _builtins.int
+    previous_fence: _builtins.int
+    """the fence before the request"""
+    fence: _builtins.int
+    """the fence now"""
+    previous_last_session_id: _builtins.int
+    """the session ID of the last session info before"""
+    last_session_id: _builtins.int
+    """and now (lowered with the fence when it was above it)"""
+    def __init__(
+        self,
+        *,
+        previous_fence: _builtins.int = ...,
+        fence: _builtins.int = ...,
+        previous_last_session_id: _builtins.int = ...,
+        last_session_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence", "last_session_id", b"last_session_id", "previous_fence", b"previous_fence", "previous_last_session_id", b"previous_last_session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetFenceResponse: _TypeAlias = SetFenceResponse  # noqa: Y015
 
 @_typing.final
 class MetricsRequest(_message.Message):

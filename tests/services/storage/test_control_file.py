@@ -105,6 +105,30 @@ def test_fence_is_persisted_and_survives_a_torn_slot(tmp_path: Path) -> None:
         assert control.fence(0) == 3  # the torn write was never acknowledged: fall back
 
 
+def test_reset_fence_lowers_both_slots_and_the_partition_info_durably(tmp_path: Path) -> None:
+    """The operator's set-fence: the highest valid slot wins on load, so both slots (and both
+    partition-info structs, when their session is above the new fence) are rewritten."""
+    with ControlFile.create(tmp_path, uuid.uuid4(), 2) as control:
+        control.set_fence(0, 7)
+        control.set_partition_info(0, fmt.PartitionInfo(7, 40, 38))
+        control.set_fence(0, 2**62)
+        control.set_partition_info(0, fmt.PartitionInfo(2**62, 50, 41))
+        reset = control.reset_fence(0, 9)
+        assert (reset.previous_fence, reset.fence) == (2**62, 9)
+        assert (reset.previous_last_session_id, reset.last_session_id) == (2**62, 9)
+        with pytest.raises(ValueError, match="at least -1"):
+            control.reset_fence(0, -2)
+    with ControlFile.open(tmp_path) as control:
+        assert control.fence(0) == 9
+        assert control.partition_info(0) == fmt.PartitionInfo(9, 50, 41)
+        assert control.fence(1) == -1  # other partitions untouched
+        control.set_fence(0, 10)  # writers raise it again from there
+        reset = control.reset_fence(0, 12)  # raising works too; the info stays below it
+        assert (reset.previous_fence, reset.fence, reset.last_session_id) == (10, 12, 9)
+    with ControlFile.open(tmp_path) as control:
+        assert (control.fence(0), control.partition_info(0).session_id) == (12, 9)
+
+
 def test_truncated_or_garbage_file_is_refused(tmp_path: Path) -> None:
     with ControlFile.create(tmp_path, uuid.uuid4(), 4):
         pass

@@ -63,7 +63,7 @@ def test_kill_9_while_streaming_loses_no_acknowledged_record(
 ) -> None:
     async def fence_first() -> None:
         async with StorageSessionClient(storage_node.address, cluster_key, NUM_PARTITIONS, 4) as s:
-            await s.max_transaction_id(0)
+            await s.open_session(0)
 
     run(fence_first())
     acked = run(stream_until_killed(storage_node, cluster_key, 5, kill_after))
@@ -104,6 +104,7 @@ def test_torn_control_struct_opens_with_the_other(
 ) -> None:
     async def write(session_id: int, lwm: int) -> None:
         async with StorageSessionClient(storage_node.address, cluster_key, NUM_PARTITIONS, session_id) as s:
+            await s.open_session(0)
             if await s.max_transaction_id(0) < 0:
                 await s.append(0, [record(t) for t in range(50)])
             await s.set_low_water_mark(0, lwm)

@@ -258,14 +258,14 @@ def test_flipped_byte_in_a_sealed_segment_is_reported_on_read(small_store: Store
 
 def test_session_fencing_is_persisted(store: Store) -> None:
     partition = store.partition
-    partition.check_session(5)
-    partition.check_session(5)
+    partition.check_session(5, opens=True)
+    partition.check_session(5, opens=False)
     with pytest.raises(SessionFencedError) as info:
-        partition.check_session(4)
+        partition.check_session(4, opens=True)
     assert info.value.current_session_id == 5
     partition = store.reopen()
     with pytest.raises(SessionFencedError):
-        partition.check_session(4)
+        partition.check_session(4, opens=False)
     # The last session info is what the last low-water mark set, not the fence.
     assert partition.last_session_info().session_id == -1
     partition.append(make_records(0, 10))

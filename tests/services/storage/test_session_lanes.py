@@ -136,7 +136,7 @@ def test_requests_for_partitions_not_served_here_get_no_lane(tmp_path: Path) -> 
             storage_app(tmp_path, key, (0,), gate) as app,
             StorageSessionClient(f"127.0.0.1:{app.port}", key, NUM_PARTITIONS, 1) as stream,
         ):
-            await stream.max_transaction_id(0)  # partition 0's lane
+            await stream.open_session(0)  # partition 0's lane
             tasks_before = len(asyncio.all_tasks())
             for partition_id in (1, NUM_PARTITIONS, 2**31 - 1, 7_000, 8_000):
                 with pytest.raises(StorageRpcError, match="PARTITION_NOT_ASSIGNED"):

@@ -35,6 +35,8 @@ def test_all_requests_round_trip(storage_node: LocalStorageNode, cluster_key: st
 
     async def scenario() -> None:
         async with session(storage_node, cluster_key, 1) as s:
+            await s.open_session(0)
+            await s.open_session(1)
             assert await s.last_session_info(0) == (-1, -1)
             assert await s.max_transaction_id(0) == -1
             # Pipelined appends: all in flight at once, answered in order.
@@ -87,7 +89,8 @@ def test_fencing_by_session_id_survives_a_crash(storage_node: LocalStorageNode, 
     async def before() -> None:
         async with session(storage_node, cluster_key, 6) as old, session(storage_node, cluster_key, 7) as new:
             await old.append(0, records(0, 10))
-            # A higher session takes over with a read: from now on session 6 is fenced.
+            # A higher session takes over by opening its session: from now on session 6 is fenced.
+            await new.open_session(0)
             assert await new.max_transaction_id(0) == 9
             with pytest.raises(StorageRpcError) as info:
                 await old.append(0, records(10, 1))
@@ -189,6 +192,12 @@ def test_truncate_and_low_water_marks_survive_restarts(
     run(check(3))
     storage_node.kill()
     storage_node.start()
+
+    async def open_session(session_id: int) -> None:
+        async with session(storage_node, cluster_key, session_id) as s:
+            await s.open_session(0)
+
+    run(open_session(4))
     run(check(4))
 
     async def status() -> None:

@@ -37,6 +37,7 @@ class StorageApp:
             checkpoint_interval=config.checkpoint_interval,
             inline_appends=config.inline_appends,
             inline_append_streams=config.inline_append_streams,
+            max_fence_jump=config.fence_max_jump,
         )
         self._servers: list[grpc.aio.Server] = []
         self._http: HealthHttpServer | None = None

@@ -11,6 +11,7 @@ from pydantic_settings import SettingsConfigDict
 from waltz.config import WaltzSettings
 from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES
 from waltz.services.storage.node import DEFAULT_INLINE_APPEND_STREAMS
+from waltz.services.storage.storage_partition import DEFAULT_MAX_FENCE_JUMP
 
 __all__ = ["StorageConfig"]
 
@@ -32,6 +33,7 @@ class StorageConfig(WaltzSettings):
         "storage.maxResponseBytes": "max_response_bytes",
         "storage.inlineAppends": "inline_appends",
         "storage.inlineAppendStreams": "inline_append_streams",
+        "storage.fence.maxJump": "fence_max_jump",
         "storage.ssl.certFile": "tls_cert_file",
         "storage.ssl.keyFile": "tls_key_file",
         "storage.ssl.caFile": "tls_ca_file",
@@ -69,6 +71,13 @@ class StorageConfig(WaltzSettings):
         description="Store session streams (one per server writing here) whose appends may run on "
         "the event loop at once; with more appending, appends go to the partitions' I/O threads, "
         "which flush in parallel.",
+    )
+    fence_max_jump: int = Field(
+        DEFAULT_MAX_FENCE_JUMP,
+        ge=1,
+        description="The largest raise of a partition's fence (the highest store session ID it has "
+        "seen) that one request may make; a request further above is refused and the fence stays. "
+        "Store session IDs grow by one per session, so only a forged or corrupt ID jumps that far.",
     )
     tls_cert_file: Path | None = Field(None, description="PEM certificate chain; TLS on both ports when set.")
     tls_key_file: Path | None = Field(None, description="PEM private key of the certificate.")

@@ -20,7 +20,7 @@ from waltz.errors import CorruptDataError, PartitionNotAssignedError
 from waltz.services.storage import format as fmt
 from waltz.services.storage.fsutil import fsync_directory
 
-__all__ = ["ControlFile", "current_fence", "current_struct"]
+__all__ = ["ControlFile", "FenceReset", "current_fence", "current_struct"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,24 @@ def current_fence(fences: list[int | None], info: fmt.PartitionInfo | None) -> t
     valid = [(fence, slot) for slot, fence in enumerate(fences) if fence is not None]
     fence, slot = max(valid) if valid else (-1, 1)
     return max(fence, info.session_id if info is not None else -1), slot
+
+
+@dataclass(frozen=True, slots=True)
+class FenceReset:
+    """What :meth:`ControlFile.reset_fence` changed.
+
+    Attributes:
+        previous_fence: the fence before.
+        fence: the fence now (the value asked for).
+        previous_last_session_id: the session ID of the current partition-info struct before.
+        last_session_id: and now: lowered to the new fence when it was above it (-2: both structs
+            are corrupt, so there is none).
+    """
+
+    previous_fence: int
+    fence: int
+    previous_last_session_id: int
+    last_session_id: int
 
 
 @dataclass(slots=True)
@@ -271,3 +289,50 @@ class ControlFile:
             self._write(offset, fmt.encode_fence_slot(partition_id, session_id))
             entry.fence = session_id
             entry.current_fence_slot = slot
+
+    def reset_fence(self, partition_id: int, session_id: int) -> FenceReset:
+        """Set a partition's fence to ``session_id``, lower or higher (the operator's repair of a
+        fence raised by a forged or corrupt session ID; docs/design/storage.md "Fencing by store
+        session ID").
+
+        Both fence slots are rewritten, since the highest valid slot wins on load. The effective
+        fence is never below the current partition-info struct's session ID, so when that is above
+        ``session_id`` both structs are rewritten too, with ``session_id`` and the same low-water
+        marks. Every write is flushed before the next; a crash in between leaves the old value in
+        force in the slots not yet written (the highest valid one wins), never a mix that opens
+        wrong: run the command again.
+
+        Args:
+            partition_id: the partition.
+            session_id: the new fence, at least -1.
+
+        Returns:
+            What changed.
+
+        Raises:
+            ValueError: ``session_id`` is below -1.
+            PartitionNotAssignedError: the partition ID is out of range.
+        """
+        if session_id < -1:
+            raise ValueError(f"partition {partition_id}: a fence cannot be {session_id} (at least -1)")
+        with self._lock:
+            entry = self._entry_for(partition_id)
+            previous_fence = entry.fence
+            info = entry.info
+            previous_last = -2 if info is None else info.session_id
+            if info is not None and info.session_id > session_id:
+                lowered = fmt.PartitionInfo(session_id, info.low_water_mark, info.local_low_water_mark)
+                struct_bytes = fmt.encode_partition_info_struct(partition_id, lowered)
+                for slot in (1 - entry.current_struct, entry.current_struct):
+                    self._write(fmt.partition_info_struct_offset(partition_id, slot), struct_bytes)
+                entry.info = lowered
+                info = lowered
+            slot_bytes = fmt.encode_fence_slot(partition_id, session_id)
+            for slot in (1 - entry.current_fence_slot, entry.current_fence_slot):
+                self._write(
+                    fmt.fence_slot_offset(self._header.num_partitions, partition_id, slot), slot_bytes
+                )
+            entry.fence = session_id
+            return FenceReset(
+                previous_fence, session_id, previous_last, -2 if info is None else info.session_id
+            )

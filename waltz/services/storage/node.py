@@ -27,6 +27,7 @@ from waltz.protocol.records import MAX_PARTITIONS
 from waltz.services.storage.control_file import ControlFile
 from waltz.services.storage.storage_partition import (
     DEFAULT_CHECKPOINT_INTERVAL,
+    DEFAULT_MAX_FENCE_JUMP,
     DEFAULT_SEGMENT_SIZE_THRESHOLD,
     StoragePartition,
 )
@@ -71,9 +72,12 @@ class StorageNode:
             saves the two thread switches (``storage.inlineAppends``).
         inline_append_streams: how many sources may append on the event loop at once
             (``storage.inlineAppendStreams``, at least 1).
+        max_fence_jump: the largest raise of a partition's fence one request may make
+            (``storage.fence.maxJump``, at least 1; docs/design/storage.md "Fencing by store
+            session ID").
 
     Raises:
-        ValueError: ``inline_append_streams`` is below 1.
+        ValueError: ``inline_append_streams`` or ``max_fence_jump`` is below 1.
     """
 
     def __init__(
@@ -84,9 +88,13 @@ class StorageNode:
         checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL,
         inline_appends: bool = False,
         inline_append_streams: int = DEFAULT_INLINE_APPEND_STREAMS,
+        max_fence_jump: int = DEFAULT_MAX_FENCE_JUMP,
     ) -> None:
         if inline_append_streams < 1:
             raise ValueError(f"inline_append_streams must be at least 1, not {inline_append_streams}")
+        if max_fence_jump < 1:
+            raise ValueError(f"max_fence_jump must be at least 1, not {max_fence_jump}")
+        self.max_fence_jump = max_fence_jump
         self.directory = directory
         self.inline_appends = inline_appends
         self.inline_append_streams = inline_append_streams
@@ -145,6 +153,7 @@ class StorageNode:
                 control,
                 segment_size_threshold=self._segment_size_threshold,
                 checkpoint_interval=self._checkpoint_interval,
+                max_fence_jump=self.max_fence_jump,
             )
             self._broken.pop(partition_id, None)
         except CorruptDataError as exc:

@@ -17,7 +17,7 @@ import traceback
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain
-from typing import Final
+from typing import Any, Final
 
 import grpc
 
@@ -30,6 +30,8 @@ from waltz.errors import (
     PartitionUnavailableError,
     ProtocolError,
     SessionFencedError,
+    SessionJumpTooLargeError,
+    SessionNotOpenError,
     StorageNotInitializedError,
 )
 from waltz.protocol import storage_pb2, storage_pb2_grpc
@@ -49,6 +51,8 @@ from waltz.services.storage.storage_partition import StoragePartition
 __all__ = ["StorageAdminServicer", "StorageServicer", "failure_for"]
 
 log = logging.getLogger(__name__)
+#: The audit trail of operator commands that change what fences store sessions (``set-fence``).
+audit_log = logging.getLogger("waltz.services.storage.audit")
 
 FailureCode = storage_pb2.FailureCode
 
@@ -67,12 +71,26 @@ MAX_MERGED_RESPONSES: Final = 1000
 MAX_RECORDS_PER_READ: Final = 10_000
 #: Request kinds whose responses may be large (records): never merged with others.
 _LARGE: Final = frozenset({"record", "record_list", "record_header_list"})
+#: Request kinds by which a store session may take a partition (raise its fence): the explicit
+#: open-session request and the writes. Reads never move a fence (docs/design/storage.md
+#: "Fencing by store session ID").
+_OPENS_SESSION: Final = frozenset({"open_session", "truncate", "set_low_water_mark", "append"})
+
+#: Failures a storage request may routinely meet (or that the partition logs itself): not logged.
+_QUIET_FAILURES: Final = (
+    SessionFencedError,
+    SessionNotOpenError,
+    SessionJumpTooLargeError,
+    PartitionNotAssignedError,
+)
 
 _END: Final = object()
 
-#: Admin requests that change the node (assignment and file deletion, read and write switches):
-#: with mutual TLS only the ``admin`` role may make them.
-CHANGING_ADMIN_REQUESTS: Final = frozenset({"partition_assignment", "partition_read", "partition_write"})
+#: Admin requests that change the node (assignment and file deletion, read and write switches,
+#: fences): with mutual TLS only the ``admin`` role may make them.
+CHANGING_ADMIN_REQUESTS: Final = frozenset(
+    {"partition_assignment", "partition_read", "partition_write", "set_fence"}
+)
 
 
 def failure_for(exc: BaseException) -> storage_pb2.FailureResponse:
@@ -80,6 +98,10 @@ def failure_for(exc: BaseException) -> storage_pb2.FailureResponse:
     code: storage_pb2.FailureCode.ValueType
     if isinstance(exc, SessionFencedError):
         code = FailureCode.SESSION_FENCED
+    elif isinstance(exc, SessionNotOpenError):
+        code = FailureCode.SESSION_NOT_OPEN
+    elif isinstance(exc, SessionJumpTooLargeError):
+        code = FailureCode.SESSION_JUMP_TOO_LARGE
     elif isinstance(exc, ClusterKeyMismatchError):
         code = FailureCode.CLUSTER_KEY_MISMATCH
     elif isinstance(exc, StorageNotInitializedError):
@@ -322,7 +344,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             return [_response(request, failure=failure) for request in group]
 
         def work() -> None:
-            partition.check_session(first.session_id)
+            partition.check_session(first.session_id, opens=True)
             self._append(partition, chain.from_iterable(_rows(request) for request in group))
 
         try:
@@ -357,7 +379,14 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 request.partition_id, lambda: self._serve(partition, request, kind)
             )
         except Exception as exc:
-            if not isinstance(exc, (SessionFencedError, PartitionNotAssignedError)):
+            # Fencing refusals are routine (or logged by the partition); other failures are not.
+            quiet = (
+                SessionFencedError,
+                SessionNotOpenError,
+                SessionJumpTooLargeError,
+                PartitionNotAssignedError,
+            )
+            if not isinstance(exc, quiet):
                 log.warning("partition %d: %s request failed: %s", request.partition_id, kind, exc)
             response = _response(request, failure=failure_for(exc))
         self._metrics.requests.labels(
@@ -369,7 +398,9 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         self, partition: StoragePartition, request: storage_pb2.StorageRequest, kind: str | None
     ) -> storage_pb2.StorageResponse:
         """Serve one partition request on the partition's I/O thread."""
-        partition.check_session(request.session_id)
+        partition.check_session(request.session_id, opens=kind in _OPENS_SESSION)
+        if kind == "open_session":
+            return _response(request, success=storage_pb2.SuccessResponse())
         if kind == "last_session_info":
             info = partition.last_session_info()
             return _response(
@@ -500,7 +531,8 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
     """The storage admin protocol (docs/design/storage.md "Admin port").
 
     Tools that must not take part in store sessions (cluster CLI, Spark reader, disk checks on a
-    live node) use it; it never fences a store session.
+    live node) use it; it never fences a store session, except for the operator's explicit
+    ``set_fence``, which is logged at WARNING on the ``waltz.services.storage.audit`` logger.
     """
 
     def __init__(self, node: StorageNode, metrics: StorageMetrics, storage: StorageServicer) -> None:
@@ -541,7 +573,7 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
                     elif not opened:
                         raise ProtocolError("the admin stream is not open: send an admin open request first")
                     else:
-                        response = await self._serve(request, kind)
+                        response = await self._serve(request, kind, context)
                 except Exception as exc:
                     log.warning("admin %s request failed: %s", kind, exc)
                     failure = failure_for(exc)
@@ -553,9 +585,13 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
                 responses.append(response)
             yield storage_pb2.AdminResponses(responses=responses)
 
-    async def _serve(self, request: storage_pb2.AdminRequest, kind: str | None) -> storage_pb2.AdminResponse:
+    async def _serve(
+        self, request: storage_pb2.AdminRequest, kind: str | None, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> storage_pb2.AdminResponse:
         node = self._node
         pid = request.partition_id
+        if kind == "set_fence":
+            return _admin_response(request, set_fence=await self._set_fence(request, context))
         if kind == "partition_assignment":
             body = request.partition_assignment
             await asyncio.to_thread(
@@ -626,13 +662,51 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
             raise ProtocolError(f"unknown admin request {kind!r}")
         return await node.run(pid, work)
 
+    async def _set_fence(
+        self, request: storage_pb2.AdminRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> storage_pb2.SetFenceResponse:
+        """Set a partition's fence (docs/design/storage.md "Admin port") and log the audit line.
+
+        Raises:
+            ProtocolError: the new fence is below -1.
+            PartitionNotAssignedError, CorruptDataError: as any partition request.
+        """
+        body = request.set_fence
+        pid = request.partition_id
+        if body.session_id < -1:
+            raise ProtocolError(f"partition {pid}: a fence cannot be {body.session_id} (at least -1)")
+        partition = self._node.partition(pid)
+        reset = await self._node.run(pid, lambda: partition.reset_fence(body.session_id))
+        audit_log.warning(
+            "AUDIT set-fence: partition %d fence %d -> %d%s; by operator %r (as the tool states it) "
+            "from %s%s; reason: %r",
+            pid,
+            reset.previous_fence,
+            reset.fence,
+            (
+                f", last session info's session {reset.previous_last_session_id} -> {reset.last_session_id}"
+                if reset.previous_last_session_id != reset.last_session_id
+                else ""
+            ),
+            body.operator or "(not given)",
+            context.peer(),
+            _peer_identity(context),
+            body.reason or "(not given)",
+        )
+        return storage_pb2.SetFenceResponse(
+            previous_fence=reset.previous_fence,
+            fence=reset.fence,
+            previous_last_session_id=reset.previous_last_session_id,
+            last_session_id=reset.last_session_id,
+        )
+
     async def _status(self, partition_id: int) -> storage_pb2.PartitionStatusResponse:
         node = self._node
         control = node.control_file
         response = storage_pb2.PartitionStatusResponse(
             num_partitions=control.num_partitions, cluster_key=str(control.cluster_key)
         )
-        ids = node.assigned_partitions() if partition_id < 0 else [partition_id]
+        ids = node.assigned_partitions() if partition_id == -1 else [partition_id]
         for pid in ids:
             partition = node.partition(pid)
 
@@ -653,6 +727,13 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
 
             response.partitions.append(await node.run(pid, status))
         return response
+
+
+def _peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The peer's TLS client certificate subject, as ``", certificate CN=..."`` (empty without one)."""
+    auth = context.auth_context() or {}
+    names = auth.get("x509_subject") or auth.get("x509_common_name") or []
+    return ", certificate " + ", ".join(n.decode(errors="replace") for n in names) if names else ""
 
 
 def _admin_response(request: storage_pb2.AdminRequest, **body: object) -> storage_pb2.AdminResponse:

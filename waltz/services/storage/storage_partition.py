@@ -26,20 +26,27 @@ from waltz.errors import (
     PartitionUnavailableError,
     ProtocolError,
     SessionFencedError,
+    SessionJumpTooLargeError,
+    SessionNotOpenError,
 )
 from waltz.protocol.records import Record, RecordHeader
 from waltz.services.storage import format as fmt
-from waltz.services.storage.control_file import ControlFile
+from waltz.services.storage.control_file import ControlFile, FenceReset
 from waltz.services.storage.fsutil import fsync_directory
 from waltz.services.storage.segment import CorruptionInfo, Segment
 
-__all__ = ["PartitionStats", "StoragePartition"]
+__all__ = ["DEFAULT_MAX_FENCE_JUMP", "PartitionStats", "StoragePartition"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_SIZE_THRESHOLD = 1 << 30
 DEFAULT_CHECKPOINT_INTERVAL = 1000
 DEFAULT_MAX_RESPONSE_BYTES = 4 << 20
+#: The largest raise of a partition's fence one request may make (``storage.fence.maxJump``):
+#: 2^32 sessions. ZooKeeper's counter grows by one per store session, so no replica misses that
+#: many, while one forged request moves the fence at most 2^-31 of the ID space (the reasons:
+#: docs/decisions/0028-fences-only-writers-raise.md).
+DEFAULT_MAX_FENCE_JUMP = 1 << 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +72,8 @@ class StoragePartition:
         segment_size_threshold: bytes after which a new segment is started.
         checkpoint_interval: transactions between index flushes (1,000 by default,
             docs/design/storage.md "Durability").
+        max_fence_jump: the largest raise of the fence one request may make
+            (``storage.fence.maxJump``, at least 1).
     """
 
     def __init__(
@@ -75,7 +84,11 @@ class StoragePartition:
         *,
         segment_size_threshold: int = DEFAULT_SEGMENT_SIZE_THRESHOLD,
         checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL,
+        max_fence_jump: int = DEFAULT_MAX_FENCE_JUMP,
     ) -> None:
+        if max_fence_jump < 1:
+            raise ValueError(f"max_fence_jump must be at least 1, not {max_fence_jump}")
+        self.max_fence_jump = max_fence_jump
         self.directory = directory
         self.partition_id = partition_id
         self._control = control_file
@@ -221,18 +234,59 @@ class StoragePartition:
 
     # ---- sessions (docs/design/storage.md "Fencing by store session ID") ----
 
-    def check_session(self, session_id: int) -> None:
-        """Fence by store session ID: reject a lower one, persist a higher one before returning.
+    def check_session(self, session_id: int, *, opens: bool) -> None:
+        """Fence by store session ID (docs/design/storage.md "Fencing by store session ID").
+
+        A session ID equal to the fence is served. A lower one is refused. A higher one raises the
+        fence, persisted before this returns, only when the request ``opens`` the session here (an
+        open-session request or a write) and stays within :attr:`max_fence_jump` of the fence;
+        a read never moves the fence.
+
+        Args:
+            session_id: the request's store session ID.
+            opens: the request may take the partition for its session (open-session, truncate,
+                set low-water mark, append); False for reads.
 
         Raises:
-            SessionFencedError: ``session_id`` is lower than the partition's current session.
+            ProtocolError: ``session_id`` is negative (store session IDs start at 0).
+            SessionFencedError: ``session_id`` is lower than the fence.
+            SessionNotOpenError: a read whose ``session_id`` is above the fence.
+            SessionJumpTooLargeError: ``session_id`` is more than :attr:`max_fence_jump` above the
+                fence; the fence stays.
         """
+        if session_id < 0:
+            raise ProtocolError(
+                f"partition {self.partition_id}: store session ID {session_id} is negative "
+                "(store session IDs start at 0)"
+            )
         fence = self._control.fence(self.partition_id)
+        if session_id == fence:
+            return
         if session_id < fence:
             raise SessionFencedError(self.partition_id, session_id, fence)
-        if session_id > fence:
-            self._control.set_fence(self.partition_id, session_id)
-            log.info("partition %d: store session %d fences session %d", self.partition_id, session_id, fence)
+        if not opens:
+            raise SessionNotOpenError(self.partition_id, session_id, fence)
+        if session_id - fence > self.max_fence_jump:
+            log.warning(
+                "partition %d: refused store session %d: %d above the fence %d (storage.fence.maxJump %d)",
+                self.partition_id,
+                session_id,
+                session_id - fence,
+                fence,
+                self.max_fence_jump,
+            )
+            raise SessionJumpTooLargeError(self.partition_id, session_id, fence, self.max_fence_jump)
+        self._control.set_fence(self.partition_id, session_id)
+        log.info("partition %d: store session %d fences session %d", self.partition_id, session_id, fence)
+
+    def reset_fence(self, session_id: int) -> FenceReset:
+        """Set the fence to ``session_id``, lower or higher: an operator's repair of a fence a
+        forged or corrupt session ID raised (docs/design/storage.md "Fencing by store session ID").
+
+        Raises:
+            ValueError: ``session_id`` is below -1.
+        """
+        return self._control.reset_fence(self.partition_id, session_id)
 
     @property
     def current_session_id(self) -> int:

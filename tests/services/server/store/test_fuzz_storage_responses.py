@@ -1,10 +1,11 @@
 """Fuzzing what a server does with the answers of a storage node: arbitrary, lying, out of order.
 
 A real gRPC server on loopback plays a broken (or malicious) storage node: it accepts the open
-request, then answers every request of the replica session with a response drawn by hypothesis:
-any body kind (not always the one asked for), failure codes this version does not know, marks
-below -1, record lists that skip, repeat, overflow the read or carry data that fails its CRC-32,
-wrong sequence numbers (the answer never matches, the request times out), or no answer at all.
+and open-session requests, then answers every request of the replica session with a response
+drawn by hypothesis: any body kind (not always the one asked for), failure codes this version
+does not know, marks below -1, record lists that skip, repeat, overflow the read or carry data
+that fails its CRC-32, wrong sequence numbers (the answer never matches, the request times out),
+or no answer at all.
 
 Whatever it sends, :class:`~waltz.services.server.store.replica.ReplicaConnection` (what a store
 session, a recovery and a catch-up copy use) either returns a value that could be true (records
@@ -82,7 +83,8 @@ class Script:
         with self.lock:
             self.requests.append(kind or "?")
             answer, echo = self.answer, self.echo_seq
-        if kind == "open":
+        if kind in ("open", "open_session"):
+            # The stream's open and the replica session's (ReplicaConnection.open) succeed.
             response = storage_pb2.StorageResponse(success=storage_pb2.SuccessResponse())
         elif answer is None:
             return None

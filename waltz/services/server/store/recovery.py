@@ -186,9 +186,11 @@ class RecoveryManager:
                 raise RecoveryAbortedError(
                     f"partition {self.partition_id}: session {self.session_id} was fenced: {exc}"
                 ) from exc
-            # A replica of another cluster (wrong cluster key) is a configuration error to fix, not
-            # a node that is down for a while: say it loudly.
-            level = logging.WARNING if exc.code == "CLUSTER_KEY_MISMATCH" else logging.INFO
+            # A replica of another cluster (wrong cluster key), or one whose fence is too far
+            # below this session to raise, needs an operator, not a node that is down for a
+            # while: say it loudly.
+            loud = exc.code in ("CLUSTER_KEY_MISMATCH", "SESSION_JUMP_TOO_LARGE")
+            level = logging.WARNING if loud else logging.INFO
             log.log(level, "partition %d: replica on %s unavailable: %s", self.partition_id, storage, exc)
             return
         self._replicas[storage] = _Replica(connection, high_water_mark, storage in self._last_set)

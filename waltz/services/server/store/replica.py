@@ -223,17 +223,26 @@ class ReplicaConnection:
             ) from exc
 
     async def open(self) -> None:
-        """Open the stream (open request with the cluster key).
+        """Open the stream (open request with the cluster key), then the replica session: an
+        open-session request raises the partition's fence on the node to this session, so that
+        no older session writes there before this one reads the replica's state
+        (docs/design/storage.md "Fencing by store session ID"; reads never move a fence).
 
         Raises:
-            ReplicaError: the node is unreachable or refused the open request.
+            ReplicaError: the node is unreachable or refused the open request, or refused the
+                session (``SESSION_FENCED``: a newer session owns the partition;
+                ``SESSION_JUMP_TOO_LARGE``: the node's fence is far below this session).
         """
         if self._own is not None:
             await self._guard(self._own.open(), self._config.connect_timeout)
-            return
-        if self._closed or self._shared is not None or self._streams is None:
-            raise ReplicaError(self.storage, self.partition_id, "UNAVAILABLE", "opened twice, or closed")
-        self._shared = await self._guard(self._streams.acquire(self.storage), self._config.connect_timeout)
+        else:
+            if self._closed or self._shared is not None or self._streams is None:
+                raise ReplicaError(self.storage, self.partition_id, "UNAVAILABLE", "opened twice, or closed")
+            acquiring = self._streams.acquire(self.storage)
+            self._shared = await self._guard(acquiring, self._config.connect_timeout)
+        await self._guard(
+            self._on_stream(lambda c: c.open_session(self.partition_id, session_id=self.session_id))
+        )
 
     async def close(self) -> None:
         """Close the stream (give the shared stream back). Idempotent."""
