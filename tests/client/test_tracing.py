@@ -246,6 +246,48 @@ def test_a_lock_failure_is_an_event_before_the_second_attempt(
     assert marks["waltz.client_high_water_mark"] >= writer
 
 
+class ReadsTheStore(Append):
+    """Writes ``lock`` from the store's client high-water mark at each attempt."""
+
+    sets_client_high_water_mark = True
+
+    def __init__(self, store: MemoryStore, lock: PartitionLocalLock) -> None:
+        super().__init__(0, b"follower", write_lock=lock)
+        self.store = store
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        super().execute(builder)
+        builder.set_client_high_water_mark(self.store.snapshot(0)[0])
+        return True
+
+
+def test_an_append_held_behind_the_clients_own_is_an_event(
+    traced_cluster: LocalCluster, client_spans: InMemorySpanExporter
+) -> None:
+    """The second of two writers of a lock, submitted while the first is in flight, is held back
+    and then fails on the first's commit, found by the client (docs/protocol.md "Append")."""
+    start = {pid: owner.high_water_mark for pid, owner in traced_cluster.wait_ready(30).items()}
+    store = MemoryStore(start)
+    lock = PartitionLocalLock("account", 7)
+    with WaltzClient(store, _config(traced_cluster, client_tracing=True)) as client:
+        first = client.submit(ReadsTheStore(store, lock))
+        second = client.submit(ReadsTheStore(store, lock))
+        holder, transaction_id = first.result(30), second.result(30)
+        assert holder is not None and transaction_id is not None
+        finished = _wait_for(
+            client_spans, lambda spans: any(_transaction_of(s) == transaction_id for s in spans)
+        )
+    events = [(e.name, dict(e.attributes or {})) for e in _root_of(finished, transaction_id).events]
+    assert [name for name, _ in events] == [
+        "attempt",
+        "append held back",
+        "lock failure",
+        "attempt",
+        "committed",
+    ]
+    assert events[2][1]["waltz.lock_failure.transaction_id"] == holder
+
+
 def test_a_client_samples_the_share_of_transactions_it_is_told(
     traced_cluster: LocalCluster, client_spans: InMemorySpanExporter
 ) -> None:
