@@ -17,8 +17,9 @@ import pytest
 ERRORS = "waltz.errors"
 
 #: The modules of the top level that the client may use besides the wire protocol and the
-#: metadata layer: errors, configuration loading and a histogram of its metrics.
-CLIENT_MAY_ALSO_IMPORT = frozenset({ERRORS, "waltz.config", "waltz.batched_histogram"})
+#: metadata layer: errors, configuration loading, a histogram of its metrics and the hooks of
+#: its traces.
+CLIENT_MAY_ALSO_IMPORT = frozenset({ERRORS, "waltz.config", "waltz.batched_histogram", "waltz.tracing"})
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,18 @@ def test_the_client_imports_only_the_protocol_and_the_metadata_layer(graph: grim
     assert not bad, (
         "waltz.client may import only waltz.protocol, waltz.metadata and "
         f"{sorted(CLIENT_MAY_ALSO_IMPORT)}; it imports:\n{_describe(bad)}"
+    )
+
+
+def test_the_tracing_hooks_import_only_the_protocol_and_the_errors(graph: grimp.ImportGraph) -> None:
+    """The client and the server both load ``waltz.tracing``: it stands below them."""
+    bad = [
+        (a, b)
+        for a, b in _imports_from(graph, "waltz.tracing")
+        if b != ERRORS and not _within(b, "waltz.protocol")
+    ]
+    assert not bad, (
+        f"waltz.tracing may import only waltz.protocol and the errors; it imports:\n{_describe(bad)}"
     )
 
 

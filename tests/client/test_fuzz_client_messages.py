@@ -64,7 +64,9 @@ class Connection:
     def send(self, message: client_pb2.ClientMessage) -> None:
         self.sent.append(message)
 
-    def send_append(self, req_id: ReqId, payload: AppendPayload, linger: float = 0.0) -> None:
+    def send_append(
+        self, req_id: ReqId, payload: AppendPayload, linger: float = 0.0, traceparent: str = ""
+    ) -> None:
         self.sent.append((req_id, payload, linger))
 
 

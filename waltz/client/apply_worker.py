@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from waltz import tracing
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.metrics import PartitionMetrics
 from waltz.client.submission import Submission
@@ -183,6 +184,8 @@ class ApplyWorker:
             batch = self._take()
             if batch is None:
                 return
+            if tracing.client_tracing_on:
+                tracing.apply_taken(batch)
             if self._batching:
                 if not self._apply([entry.transaction for entry in batch]):
                     return

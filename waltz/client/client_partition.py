@@ -525,6 +525,8 @@ class ClientPartition:
                         holder.held.append((submission, payload, -1))
                     if followers:
                         holder.held += followers
+                    if submission.trace is not None:
+                        submission.trace.held()
                     self.metrics.held_appends.inc()
                     return
         req_id = ReqId(self._host.client_id, self.generation, self.partition_id, self._host.next_seq_num())
@@ -535,7 +537,13 @@ class ClientPartition:
                 holders[lock] = pending
             for lock in payload.append_locks:
                 holders[lock] = pending
-        connection.send_append(req_id, payload, self._retry_linger if submission.attempts > 1 else 0.0)
+        trace = submission.trace
+        connection.send_append(
+            req_id,
+            payload,
+            self._retry_linger if submission.attempts > 1 else 0.0,
+            "" if trace is None else trace.traceparent,
+        )
 
     def holds_any(self, lock_hashes: Sequence[int]) -> bool:
         """Whether a pending append of this client holds one of these locks now (read from any

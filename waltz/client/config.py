@@ -61,6 +61,10 @@ class WaltzClientConfig(WaltzSettings):
       attempt waits for this client's own committed transactions of the partition to be applied
       before it executes (so that a read-modify-write sees its previous write).
     - ``client.maxMessageBytes`` (``client_max_message_bytes``): gRPC message size limit.
+    - ``client.tracing`` (``client_tracing``): OpenTelemetry traces of this client's transactions
+      (docs/tracing.md; needs the ``waltz-py[tracing]`` extra).
+    - ``client.tracingSampleRatio`` (``client_tracing_sample_ratio``): the share of transactions
+      traced when tracing is on.
     - ``client.ssl.caFile`` / ``certFile`` / ``keyFile``: TLS to servers (CA to verify them;
       certificate and key for mutual TLS).
     """
@@ -83,6 +87,8 @@ class WaltzClientConfig(WaltzSettings):
         "client.transactionDataTimeout": "client_transaction_data_timeout",
         "client.readYourWritesTimeout": "client_read_your_writes_timeout",
         "client.maxMessageBytes": "client_max_message_bytes",
+        "client.tracing": "client_tracing",
+        "client.tracingSampleRatio": "client_tracing_sample_ratio",
         "client.ssl.caFile": "client_tls_ca_file",
         "client.ssl.certFile": "client_tls_cert_file",
         "client.ssl.keyFile": "client_tls_key_file",
@@ -150,6 +156,14 @@ class WaltzClientConfig(WaltzSettings):
         le=DEFAULT_MAX_MESSAGE_BYTES,
         description="Largest gRPC message in bytes (one transaction must fit); at most 32 MiB, what "
         "servers accept (a larger append would break the connection to the server again and again).",
+    )
+    client_tracing: bool = Field(
+        default=False,
+        description="OpenTelemetry traces of this client's transactions, exported over OTLP (the "
+        "waltz-py[tracing] extra; OTEL_* variables configure the exporter).",
+    )
+    client_tracing_sample_ratio: float = Field(
+        default=1.0, ge=0, le=1, description="The share of transactions traced when tracing is on (0 to 1)."
     )
     client_tls_ca_file: Path | None = Field(
         default=None, description="PEM CA bundle to verify servers (TLS)."

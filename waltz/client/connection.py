@@ -173,7 +173,9 @@ class ServerConnection:
         self._open_columns.clear()  # later appends go after this message, as they were queued
         self._batch.messages.add().CopyFrom(message)
 
-    def send_append(self, req_id: ReqId, payload: AppendPayload, linger: float = 0.0) -> None:
+    def send_append(
+        self, req_id: ReqId, payload: AppendPayload, linger: float = 0.0, traceparent: str = ""
+    ) -> None:
         """Queue an append request, written straight into the next stream message.
 
         Args:
@@ -182,6 +184,8 @@ class ServerConnection:
             linger: seconds the append may wait for something else to be sent with it, when the
                 writer is idle (0: the writer wakes at once); anything queued without a linger,
                 or a full stream message, wakes it sooner.
+            traceparent: the W3C trace context of a traced transaction ("" when not traced;
+                ``docs/protocol.md`` "Trace context").
 
         Raises:
             ConnectionError: the connection is closed.
@@ -195,6 +199,8 @@ class ServerConnection:
             self._columns.append(columns)
             self._open_columns[req_id.partition_id] = columns
         columns.add(req_id.seq_num, payload)
+        if traceparent:
+            columns.trace(traceparent)
 
     async def _write(self) -> None:
         try:
@@ -312,6 +318,7 @@ class _AppendColumns:
         "read_hashes",
         "req_id",
         "seq_nums",
+        "traceparents",
         "write_counts",
         "write_hashes",
     )
@@ -330,6 +337,7 @@ class _AppendColumns:
         self.read_hashes: list[int] = []
         self.append_counts: list[int] = []
         self.append_hashes: list[int] = []
+        self.traceparents: list[tuple[int, str]] | None = None  # (row, traceparent) of traced rows
 
     def takes(self, req_id: ReqId) -> bool:
         """Whether an append with ``req_id`` belongs here (same client ID and generation)."""
@@ -354,6 +362,14 @@ class _AppendColumns:
         if append:
             self.append_hashes += append
 
+    def trace(self, traceparent: str) -> None:
+        """Give the last row added its trace context (only traced rows are noted)."""
+        row = len(self.seq_nums) - 1
+        if self.traceparents is None:
+            self.traceparents = [(row, traceparent)]
+        else:
+            self.traceparents.append((row, traceparent))
+
     def fill(self) -> None:
         """Write the rows into the message (lock counts only for kinds some row has)."""
         message = self.message
@@ -375,3 +391,8 @@ class _AppendColumns:
         if self.append_hashes:
             message.append_lock_counts.extend(self.append_counts)
             message.append_lock_hashes.extend(self.append_hashes)
+        if self.traceparents is not None:  # one per row, "" for rows not traced
+            traceparents = [""] * len(self.seq_nums)
+            for row, traceparent in self.traceparents:
+                traceparents[row] = traceparent
+            message.traceparents.extend(traceparents)

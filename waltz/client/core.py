@@ -21,7 +21,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Coroutine, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.client_partition import ClientPartition, PartitionState
@@ -45,6 +45,10 @@ from waltz.errors import (
 from waltz.metadata.assignment import PartitionAssignment
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId
+from waltz.tracing import client_tracing
+
+if TYPE_CHECKING:
+    from waltz.tracing._otel import ClientTracing
 
 __all__ = ["ClientCore"]
 
@@ -111,8 +115,11 @@ class ClientCore:
             1, thread_name_prefix="waltz-complete", initializer=self._note_completer
         )
         self.metrics.watch(self.partition_gauges)
+        self._tracing: ClientTracing | None = None
         try:
             self.client_id = self._discovery.next_client_id()
+            if config.client_tracing:  # OpenTelemetry is imported only then (docs/tracing.md)
+                self._tracing = client_tracing(self.client_id, config.client_tracing_sample_ratio)
             self.num_partitions = self._discovery.num_partitions
             self._loop, self._thread = shared_event_loop()
             self.partitions: dict[int, ClientPartition] = {}
@@ -197,6 +204,8 @@ class ClientCore:
         """
         if self._closed:
             return
+        if submission.trace is not None:
+            submission.trace.retry(lock_target)
         if lock_target is None:
             partition.metrics.failed_appends.inc()
         else:
@@ -322,6 +331,8 @@ class ClientCore:
             on_finished=self._finished,
             with_future=with_future,
         )
+        if self._tracing is not None:
+            submission.trace = self._tracing.begin(pid, context)
         return partition, submission
 
     def admitted(self, submission: Submission) -> None:
@@ -669,6 +680,8 @@ class ClientCore:
             submission.fail(error)
         self._completer.shutdown(wait=True, cancel_futures=False)
         self._executor.shutdown(wait=True, cancel_futures=False)
+        if self._tracing is not None:
+            self._tracing.close()
         try:
             callbacks = getattr(self, "callbacks", None)
             if callbacks is not None:

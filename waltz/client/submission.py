@@ -15,9 +15,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from waltz.client.context import AppendPayload, TransactionBuilder, TransactionContext
 from waltz.errors import MessageTooLargeError, TransactionExpiredError
+
+if TYPE_CHECKING:
+    from waltz.tracing._otel import TransactionTrace
 
 __all__ = ["Submission", "Waiting"]
 
@@ -77,6 +81,7 @@ class Submission:
         "repeated_lock_failures",
         "submitted_at",
         "timeout",
+        "trace",
     )
 
     def __init__(
@@ -110,6 +115,8 @@ class Submission:
         self._max_message_bytes = max_message_bytes
         self._on_finished = on_finished
         self._finished = False
+        self.trace: TransactionTrace | None = None
+        """Its trace when tracing is on and it is sampled (docs/design/client.md, "Traces")."""
 
     def __repr__(self) -> str:
         return (
@@ -146,6 +153,8 @@ class Submission:
         try:
             context = self.context
             mark = -1 if context.sets_client_high_water_mark else self._high_water_mark(self.partition_id)
+            if self.trace is not None:
+                self.trace.attempt(self.attempts, mark)
             builder = TransactionBuilder(mark)
             if not self.context.execute(builder):
                 self.complete(None)
@@ -177,6 +186,8 @@ class Submission:
         when it had ended already."""
         if not self._finish():
             return False
+        if self.trace is not None:
+            self.trace.committed(transaction_id)
         try:
             self.context.on_completion(transaction_id is not None)
         except Exception:
@@ -231,6 +242,8 @@ class Submission:
         the client closed)."""
         if not self._finish():
             return
+        if self.trace is not None:
+            self.trace.failed(exception)
         try:
             self.context.on_exception(exception)
         except Exception:
@@ -247,6 +260,8 @@ class Submission:
         except Exception:
             log.exception("%r: on_expiration raised", self)
         error = TransactionExpiredError(self.partition_id, self.attempts, self.timeout or 0.0)
+        if self.trace is not None:
+            self.trace.failed(error, "expired")
         future = self.future
         self._resolve(None if future is None else lambda: future.set_exception(error))
 
@@ -260,6 +275,8 @@ class Submission:
 
     def applied(self) -> None:
         """Tell the context that this client applied its committed transaction."""
+        if self.trace is not None:
+            self.trace.applied()
         try:
             self.context.on_application()
         except Exception:

@@ -283,6 +283,7 @@ class AppendRequest(_message.Message):
     HEADER_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     CHECKSUM_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     client_high_water_mark: _builtins.int
     header: _builtins.int
     """application defined 32-bit metadata"""
@@ -290,6 +291,8 @@ class AppendRequest(_message.Message):
     """the transaction data"""
     checksum: _builtins.int
     """CRC-32 of the transaction data"""
+    traceparent: _builtins.str
+    """W3C trace context of the transaction (docs/protocol.md "Trace context"); empty: not traced."""
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId: ...
     @_builtins.property
@@ -315,10 +318,11 @@ class AppendRequest(_message.Message):
         header: _builtins.int = ...,
         data: _builtins.bytes = ...,
         checksum: _builtins.int = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append_lock_hashes", b"append_lock_hashes", "checksum", b"checksum", "client_high_water_mark", b"client_high_water_mark", "data", b"data", "header", b"header", "read_lock_hashes", b"read_lock_hashes", "req_id", b"req_id", "write_lock_hashes", b"write_lock_hashes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append_lock_hashes", b"append_lock_hashes", "checksum", b"checksum", "client_high_water_mark", b"client_high_water_mark", "data", b"data", "header", b"header", "read_lock_hashes", b"read_lock_hashes", "req_id", b"req_id", "traceparent", b"traceparent", "write_lock_hashes", b"write_lock_hashes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -331,7 +335,8 @@ class AppendRequests(_message.Message):
     client_high_water_marks[i], headers[i], data[i] and checksums[i], handled as that many
     AppendRequests in order would be. Each kind of lock hash is the rows' hashes back to back,
     row i having *_lock_counts[i] of them; an empty count list means no such locks in any row.
-    The five row lists have the same length, at least 1.
+    The five row lists have the same length, at least 1. traceparents is empty when no row is traced,
+    else one W3C traceparent per row, "" for a row not traced (docs/protocol.md "Trace context").
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -350,6 +355,7 @@ class AppendRequests(_message.Message):
     READ_LOCK_HASHES_FIELD_NUMBER: _builtins.int
     APPEND_LOCK_COUNTS_FIELD_NUMBER: _builtins.int
     APPEND_LOCK_HASHES_FIELD_NUMBER: _builtins.int
+    TRACEPARENTS_FIELD_NUMBER: _builtins.int
     client_id: _builtins.int
     generation: _builtins.int
     partition_id: _builtins.int
@@ -375,6 +381,8 @@ class AppendRequests(_message.Message):
     def append_lock_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def append_lock_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def traceparents(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -392,10 +400,11 @@ class AppendRequests(_message.Message):
         read_lock_hashes: _abc.Iterable[_builtins.int] | None = ...,
         append_lock_counts: _abc.Iterable[_builtins.int] | None = ...,
         append_lock_hashes: _abc.Iterable[_builtins.int] | None = ...,
+        traceparents: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append_lock_counts", b"append_lock_counts", "append_lock_hashes", b"append_lock_hashes", "checksums", b"checksums", "client_high_water_marks", b"client_high_water_marks", "client_id", b"client_id", "data", b"data", "generation", b"generation", "headers", b"headers", "partition_id", b"partition_id", "read_lock_counts", b"read_lock_counts", "read_lock_hashes", b"read_lock_hashes", "seq_nums", b"seq_nums", "write_lock_counts", b"write_lock_counts", "write_lock_hashes", b"write_lock_hashes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append_lock_counts", b"append_lock_counts", "append_lock_hashes", b"append_lock_hashes", "checksums", b"checksums", "client_high_water_marks", b"client_high_water_marks", "client_id", b"client_id", "data", b"data", "generation", b"generation", "headers", b"headers", "partition_id", b"partition_id", "read_lock_counts", b"read_lock_counts", "read_lock_hashes", b"read_lock_hashes", "seq_nums", b"seq_nums", "traceparents", b"traceparents", "write_lock_counts", b"write_lock_counts", "write_lock_hashes", b"write_lock_hashes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

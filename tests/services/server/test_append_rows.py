@@ -17,6 +17,8 @@ ROW = st.tuples(
 )
 #: seq_num, client high-water mark, write, read and append lock hashes, header, data.
 Row = tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...], int, bytes]
+#: A W3C trace context (docs/protocol.md "Trace context").
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def columns(rows: list[Row]) -> client_pb2.AppendRequests:
@@ -62,6 +64,7 @@ def test_rows_are_the_columns_read_back(rows: list[Row], drop_empty_counts: bool
         (lambda m: m.write_lock_hashes.append(5), "add up to"),
         (lambda m: m.read_lock_counts.append(0), "read_lock_counts for 2 rows"),
         (lambda m: (m.append_lock_hashes.append(5), m.ClearField("append_lock_counts")), "no append_lock"),
+        (lambda m: m.traceparents.append(TRACEPARENT), "1 traceparents for 2 rows"),
     ],
 )
 def test_malformed_columns_are_refused(damage, says: str) -> None:  # type: ignore[no-untyped-def]
@@ -69,6 +72,13 @@ def test_malformed_columns_are_refused(damage, says: str) -> None:  # type: igno
     damage(message)
     with pytest.raises(ValueError, match=says):
         append_rows(message)
+
+
+def test_trace_contexts_go_with_their_rows() -> None:
+    message = columns([(1, 0, (), (), (), 0, b"a"), (2, 0, (), (), (), 0, b"b")])
+    assert [row.traceparent for row in append_rows(message)] == ["", ""]
+    message.traceparents.extend(["", TRACEPARENT])
+    assert [row.traceparent for row in append_rows(message)] == ["", TRACEPARENT]
 
 
 def test_no_rows_is_refused() -> None:

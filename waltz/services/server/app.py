@@ -22,6 +22,7 @@ import grpc
 from kazoo.client import KazooClient, KazooState
 from kazoo.retry import KazooRetry
 
+from waltz import tracing
 from waltz.errors import WaltzError
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol import client_pb2_grpc, server_pb2, server_pb2_grpc
@@ -126,6 +127,8 @@ class ServerApp:
         if config.store_shared_streams:
             self._streams = StorageStreams(self.cluster_key, self.num_partitions, self.store_config)
         await self._start_grpc()
+        if config.server_tracing:  # OpenTelemetry is imported only then (docs/tracing.md)
+            tracing.start_server_tracing(self.endpoint)
         zk.add_listener(self._zk_state_changed)
         health_url = None
         if config.server_metrics_port is not None:
@@ -223,6 +226,8 @@ class ServerApp:
             await self._grpc.stop(2.0)
         if self._http is not None:
             self._http.close()
+        if self.config.server_tracing:
+            await asyncio.to_thread(tracing.stop_server_tracing)
         log.info("server stopped")
 
     def _health(self) -> tuple[bool, dict[str, Any]]:

@@ -21,7 +21,9 @@ __all__ = ["AppendRow", "append_rows"]
 
 class AppendRow(NamedTuple):
     """One append: its ReqId, the client's high-water mark, its lock hashes by kind (32-bit), the
-    transaction header, the transaction data and its CRC-32 as the client sent it."""
+    transaction header, the transaction data and its CRC-32 as the client sent it, and the W3C
+    ``traceparent`` of a traced transaction ("" when not traced; ``docs/protocol.md`` "Trace
+    context")."""
 
     req_id: ReqId
     client_high_water_mark: int
@@ -31,6 +33,7 @@ class AppendRow(NamedTuple):
     header: int
     data: bytes
     checksum: int
+    traceparent: str = ""
 
     @classmethod
     def from_proto(cls, request: client_pb2.AppendRequest) -> AppendRow:
@@ -44,6 +47,7 @@ class AppendRow(NamedTuple):
             request.header,
             request.data,
             request.checksum,
+            request.traceparent,
         )
 
 
@@ -51,8 +55,9 @@ def append_rows(message: client_pb2.AppendRequests) -> list[AppendRow]:
     """The appends an ``AppendRequests`` carries, in order (``docs/protocol.md`` "Appends").
 
     Raises:
-        ValueError: the columns are empty or differ in length, or a kind of lock hashes does not
-            match its counts (the message says what); nothing of the message should be appended.
+        ValueError: the columns are empty or differ in length, a kind of lock hashes does not
+            match its counts, or there are trace contexts but not one per row (the message says
+            what); nothing of the message should be appended.
     """
     seq_nums = message.seq_nums
     count = len(seq_nums)
@@ -70,12 +75,24 @@ def append_rows(message: client_pb2.AppendRequests) -> list[AppendRow]:
     writes = _split("write", message.write_lock_counts, message.write_lock_hashes, count)
     reads = _split("read", message.read_lock_counts, message.read_lock_hashes, count)
     appends = _split("append", message.append_lock_counts, message.append_lock_hashes, count)
+    sent = message.traceparents
+    if sent and len(sent) != count:
+        raise ValueError(f"it has {len(sent)} traceparents for {count} rows")
+    traceparents: Sequence[str] | repeat[str] = sent if sent else repeat("", count)
     client_id, generation, partition_id = message.client_id, message.generation, message.partition_id
     return [
         AppendRow(
-            ReqId(client_id, generation, partition_id, seq), mark, write, read, append, header, data, crc
+            ReqId(client_id, generation, partition_id, seq),
+            mark,
+            write,
+            read,
+            append,
+            header,
+            data,
+            crc,
+            trace,
         )
-        for seq, mark, write, read, append, header, data, crc in zip(
+        for seq, mark, write, read, append, header, data, crc, trace in zip(
             seq_nums,
             message.client_high_water_marks,
             writes,
@@ -84,6 +101,7 @@ def append_rows(message: client_pb2.AppendRequests) -> list[AppendRow]:
             message.headers,
             message.data,
             message.checksums,
+            traceparents,
             strict=False,  # the lengths are checked above; repeat() has no length
         )
     ]

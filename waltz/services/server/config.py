@@ -42,6 +42,7 @@ class ServerConfig(WaltzSettings):
         "server.maxPendingRecords": "server_max_pending_records",
         "server.maxPendingBytes": "server_max_pending_bytes",
         "server.adminAppends": "server_admin_appends",
+        "server.tracing": "server_tracing",
         "storage.maxBatchSize": "store_max_batch_size",
         "storage.maxBatchBytes": "store_max_batch_bytes",
         "storage.maxInFlightBatches": "store_max_in_flight_batches",
@@ -108,6 +109,11 @@ class ServerConfig(WaltzSettings):
         False,
         description="Serve the admin AppendRecords request: appends with caller-chosen ReqIds and no "
         "lock checks, for tools, tests and benchmarks (off: refused with PERMISSION_DENIED).",
+    )
+    server_tracing: bool = Field(
+        False,
+        description="OpenTelemetry spans of traced appends and their store batches, exported over OTLP "
+        "(the waltz-py[tracing] extra; OTEL_* variables configure the exporter; docs/tracing.md).",
     )
     store_max_batch_size: int = Field(1000, gt=0, description="Records per append request to storage nodes.")
     store_max_batch_bytes: int = Field(

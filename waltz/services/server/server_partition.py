@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from waltz import tracing
 from waltz.errors import WaltzError
 from waltz.protocol import client_pb2, common_pb2
 from waltz.protocol.records import Record, ReqId
@@ -170,7 +171,7 @@ class _InFlight:
     """An append in the store, not yet resolved: the lock table slots it holds pending, and the
     lock failures that wait to name its transaction (``_defer_lock_failure``)."""
 
-    __slots__ = ("hashes", "partition", "received", "slots", "state", "waiters")
+    __slots__ = ("hashes", "partition", "received", "slots", "span", "state", "waiters")
 
     def __init__(
         self,
@@ -186,6 +187,7 @@ class _InFlight:
         self.hashes = hashes  # its WRITE and APPEND lock hashes (held in flight until resolved)
         self.received = received
         self.waiters: list[tuple[ClientConnection, ReqId]] | None = None
+        self.span: Any = None  # its waltz.server.append span when traced (docs/tracing.md)
 
     def resolved(self, transaction_id: int, error: BaseException | None) -> None:
         self.partition._resolved(self, None if error is not None else transaction_id)
@@ -341,7 +343,7 @@ class Partition:
         row: AppendRow,
         network_seq: int,
     ) -> None:
-        req_id, mark, write_hashes, read_hashes, append_hashes, header, data, checksum = row
+        req_id, mark, write_hashes, read_hashes, append_hashes, header, data, checksum, traceparent = row
         state = self._sender(req_id, network_seq)
         if state is None:
             return
@@ -384,13 +386,17 @@ class Partition:
         if hashes:
             pending.hold(hashes, entry)
         self.appends += 1
+        if traceparent and tracing.server is not None:  # a traced transaction (docs/tracing.md)
+            entry.span = tracing.server.append_started(traceparent, req_id, mark)
         # Resolved within the commit (no future, no loop round per append): the lock table is
         # raised, and the lock failures waiting for this append are sent, in the same step that
         # hands the transaction to the feed, just before it.
-        self.store.enqueue(req_id, header, data, checksum, entry.resolved)
+        self.store.enqueue(req_id, header, data, checksum, entry.resolved, entry.span)
 
     def _resolved(self, entry: _InFlight, transaction_id: int | None) -> None:
         """An append left the store: committed as ``transaction_id``, or failed (None)."""
+        if entry.span is not None and tracing.server is not None:
+            tracing.server.append_resolved(entry.span, transaction_id)
         slots = entry.slots
         if transaction_id is not None:
             if slots and self._lock_table is not None:

@@ -20,7 +20,9 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
+from waltz import tracing
 from waltz.errors import GenerationFencedError, WaltzError
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol.records import Record, ReqId, crc32
@@ -105,6 +107,8 @@ class StorePartition:
         self._close_reason: str = "closed"
         self.sessions_started = 0
         self.batches_sent = 0
+        self.traced_queued = 0
+        """Traced records queued and not yet in a batch (docs/tracing.md)."""
         self.recovered = asyncio.Event()
 
     # ---- life cycle ----
@@ -186,11 +190,14 @@ class StorePartition:
         self.enqueue(req_id, header, data, crc32(data), _settle_future(future))
         return future
 
-    def enqueue(self, req_id: ReqId, header: int, data: bytes, checksum: int, on_done: AppendDone) -> None:
+    def enqueue(
+        self, req_id: ReqId, header: int, data: bytes, checksum: int, on_done: AppendDone, trace: Any = None
+    ) -> None:
         """:meth:`submit` without a future, for the append path: ``on_done(transaction_id, None)``
         runs on the loop within the commit of the transaction (just before ``on_commit`` sees it), or
         ``on_done(-1 or its ID, error)`` when it fails (:class:`AppendFailedError`,
         :class:`StoreClosedError`). ``checksum`` is the CRC-32 of ``data``, checked by the caller.
+        ``trace``: the server append span of a traced transaction (its store batch gets a span).
 
         Raises:
             ValueError: ``req_id`` names another partition.
@@ -198,6 +205,9 @@ class StorePartition:
         if req_id.partition_id != self.partition_id:  # the store batch's columns have no partition
             raise ValueError(f"{req_id} of another partition appended to partition {self.partition_id}")
         pending = PendingAppend(req_id, header, data, checksum, on_done)
+        if trace is not None:
+            pending.trace = trace
+            self.traced_queued += 1
         if self._closed:
             pending.resolve(StoreClosedError(f"partition {self.partition_id}: {self._close_reason}"))
             return
@@ -356,4 +366,6 @@ class StorePartition:
     def _resolve(self, pending: PendingAppend, error: BaseException | None) -> None:
         """A queued or in-flight record leaves the store (committed, or failed with ``error``)."""
         self.pending_bytes -= len(pending.data)
+        if pending.trace is not None:
+            tracing.store_record_done(pending.trace, error)
         pending.resolve(error)

@@ -14,8 +14,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from waltz import tracing
 from waltz.errors import WaltzError
 from waltz.metadata.replicas import quorum_of
 from waltz.protocol import storage_pb2
@@ -51,6 +53,8 @@ class PendingAppend:
         checksum: the CRC-32 of ``data``.
         on_done: called once when the transaction is committed or has failed (None after).
         transaction_id: the transaction ID, set when the record is put in a batch (-1 before).
+        trace: None, unless the transaction is traced: its server append span, then its store
+            batch's span once in a batch (``waltz.tracing.store_batch``).
     """
 
     req_id: ReqId
@@ -59,6 +63,7 @@ class PendingAppend:
     checksum: int
     on_done: AppendDone | None
     transaction_id: int = -1  # set when the record is put in a batch
+    trace: Any = None
 
     @property
     def record(self) -> Record:
@@ -215,6 +220,15 @@ class StoreSession:
         columns.data.extend(data)
         columns.checksums.extend(checksums)
         self.next_transaction_id = transaction_id
+        if partition.traced_queued:  # traced records were queued (docs/tracing.md)
+            partition.traced_queued = tracing.store_batch(
+                list(islice(in_flight, len(in_flight) - (transaction_id - first), None)),
+                partition.partition_id,
+                first,
+                transaction_id - 1,
+                len(self.writers),
+                partition.traced_queued,
+            )
         partition.batches_sent += 1
         last = transaction_id - 1
         self.batches_in_flight += 1
