@@ -294,8 +294,8 @@ def run_of(first: int, *req_ids: ReqId) -> client_pb2.FeedEntries:
 
 def test_a_run_of_feed_entries_is_each_entry_in_turn() -> None:
     """docs/protocol.md "Feed entries": own appends in a run succeed (older pending ones fail),
-    entries already had are skipped, a run past the next transaction is a gap, and every entry is
-    applied once, in order, with its ReqId and header."""
+    entries already had are skipped, a run past the next transaction is a gap that mounts again
+    from what was seen, and every entry is applied once, in order, with its ReqId and header."""
 
     async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
         connection = await mounted_with_appends(partition, host, b"a", b"b", b"c")
@@ -305,9 +305,12 @@ def test_a_run_of_feed_entries_is_each_entry_in_turn() -> None:
         assert host.retried == [(b"a", None)]
         deliver(partition, connection, run_of(7, b, other(2), c, other(3)))  # 7 and 8 again: skipped
         assert host.completed_ids == [(b"b", 7), (b"c", 9)]
-        deliver(partition, connection, run_of(12, other(4)))  # past 11: a gap, ignored
+        deliver(partition, connection, run_of(12, other(4)))  # past 11: a gap
         assert partition.feed_gaps == 1
-        deliver(partition, connection, run_of(11, other(5), other(6)))
+        assert partition.metrics.feed_gaps._value.get() == 1
+        assert partition.state is PartitionState.MOUNTING  # never stalls behind the gap
+        remounted = await mount(partition, host, entries=[run_of(11, other(5), other(6))])
+        assert remounted.mounts()[-1].client_high_water_mark == 10  # the feed restarts after 10
         await settle(lambda: callbacks.applied == [6, 7, 8, 9, 10, 11, 12], "transactions 6 to 12")
         assert partition.own_committed_mark == 9
         assert partition.server_high_water_mark == 12

@@ -1,8 +1,11 @@
 """Test certificates made with the `cryptography` package: a CA, a server and a client certificate.
 
-The server certificate names 127.0.0.1 and localhost; every key is EC P-256 and every certificate is
-valid for two days. ``make_certificates(directory)`` writes PEM files and returns their paths by name
-(``ca``, ``ca-key``, ``server``, ``server-key``, ``client``, ``client-key``).
+The certificates name 127.0.0.1 and localhost; every key is EC P-256 and every certificate is
+valid for two days. The client certificate holds every role (``urn:waltz:role:*``), so that one
+certificate reaches every port, as the tests of TLS itself need; the server certificate holds the
+``server`` role. The tests of the roles use a secure ``LocalCluster`` (waltz/local/certificates.py).
+``make_certificates(directory)`` writes PEM files and returns their paths by name (``ca``,
+``ca-key``, ``server``, ``server-key``, ``client``, ``client-key``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from waltz.protocol.roles import Role, role_uri
 
 
 def _name(common_name: str) -> x509.Name:
@@ -49,13 +54,14 @@ def make_certificates(directory: Path) -> dict[str, Path]:
     )
     files["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     _write_key(files["ca-key"], ca_key)
-    names = x509.SubjectAlternativeName(
-        [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-    )
-    for name, usage in (
-        ("server", ExtendedKeyUsageOID.SERVER_AUTH),
-        ("client", ExtendedKeyUsageOID.CLIENT_AUTH),
+    hosts = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+    for name, usage, roles in (
+        ("server", ExtendedKeyUsageOID.SERVER_AUTH, (Role.SERVER,)),
+        ("client", ExtendedKeyUsageOID.CLIENT_AUTH, tuple(Role)),
     ):
+        names = x509.SubjectAlternativeName(
+            [*hosts, *(x509.UniformResourceIdentifier(role_uri(role)) for role in roles)]
+        )
         key = ec.generate_private_key(ec.SECP256R1())
         certificate = (
             x509.CertificateBuilder()

@@ -89,6 +89,14 @@ def up(
     log_level: Annotated[
         str, typer.Option(help="Log level of this process (the nodes log to files in the work dir).")
     ] = "WARNING",
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="Make a CA and role certificates (node, client, operator, admin) in WORK_DIR/tls and "
+            "serve mutual TLS with role checks on every port; the output says which files to use.",
+        ),
+    ] = False,
 ) -> None:
     """Run a local Waltz cluster on loopback until Ctrl-C or SIGTERM.
 
@@ -100,6 +108,9 @@ def up(
     Stop it with Ctrl-C or SIGTERM: servers first, then storage nodes, then ZooKeeper.
 
     Example: waltz up --storages 3 --servers 2 --partitions 8 --work-dir ./waltz-data
+
+    With --secure, every port serves mutual TLS and checks the role in each peer's certificate
+    (client, server, operator, admin); the certificates are made in the work directory.
     """
     from waltz.local.cluster import LocalCluster
 
@@ -118,6 +129,7 @@ def up(
             session_timeout=session_timeout,
             start_timeout=timeout,
             zookeeper_auth=zookeeper_auth,
+            secure=secure,
         )
     except ConfigurationError as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)

@@ -625,8 +625,9 @@ class ClientPartition:
     def on_feed_entries(self, connection: ServerConnection, feed: client_pb2.FeedEntries) -> None:
         """Process a run of feed entries (``FeedEntries``, docs/protocol.md "Feed entries"), each in
         turn: contiguity, the transaction monitor, the apply queue. A run whose columns differ in
-        length (or are empty) is malformed: it is dropped whole and the partition mounts again, which
-        restarts the feed after what was applied."""
+        length (or are empty) is malformed, and a run that starts past the next transaction is a
+        gap: either is dropped whole and the partition mounts again, which restarts the feed after
+        what was applied."""
         if connection is not self.connection or not self.wanted:
             return  # a stale connection's leftovers, or not following this partition
         client_ids = list(feed.client_ids)
@@ -655,14 +656,17 @@ class ClientPartition:
         last = first + count - 1
         self.server_high_water_mark = max(self.server_high_water_mark, last)
         expected = self._feed_mark + 1
-        if first > expected:
+        if first > expected:  # transactions missing: restart the feed after what was applied
             self.feed_gaps += 1
+            self.metrics.feed_gaps.inc()
             log.warning(
-                "partition %d: feed jumped from %d to %d; ignoring it until the feed catches up",
+                "partition %d: %s sent transaction %d after %d (a gap in the feed); mounting again",
                 self.partition_id,
-                self._feed_mark,
+                connection.endpoint,
                 first,
+                self._feed_mark,
             )
+            self.remount(f"feed gap after transaction {self._feed_mark}")
             return
         partition_id = self.partition_id
         own_client = self._host.client_id

@@ -27,6 +27,8 @@ Metric names (``partition`` label on all but the histogram and the summaries):
 - ``waltz_client_apply_errors_total``: exceptions raised by ``apply_transaction(s)``.
 - ``waltz_client_remounts_total``: runs of the reconnect procedure (docs/design/client.md "Mount
   and the client high-water mark") after a mount.
+- ``waltz_client_feed_gaps_total``: feed entries that skipped past the next transaction (the
+  partition mounts again, which restarts the feed after what was applied).
 - ``waltz_client_feed_windows_total``: ``FeedWindow`` grants sent (the feed window of
   ``client.maxApplyBacklog`` moved on as the application applied).
 - ``waltz_client_commit_seconds``: histogram of submit-to-commit latency, in seconds.
@@ -190,6 +192,7 @@ class PartitionMetrics:
         "commit_seconds",
         "committed",
         "failed_appends",
+        "feed_gaps",
         "feed_windows",
         "held_appends",
         "lock_failures",
@@ -205,6 +208,7 @@ class PartitionMetrics:
         self.applied = metrics.transactions_applied.labels(label)
         self.apply_errors = metrics.apply_errors.labels(label)
         self.remounts = metrics.remounts.labels(label)
+        self.feed_gaps = metrics.feed_gaps.labels(label)
         self.feed_windows = metrics.feed_windows.labels(label)
         self.commit_seconds = metrics.commit_seconds
 
@@ -252,6 +256,10 @@ class ClientMetrics:
         )
         self.remounts = counter(
             "waltz_client_remounts", "Runs of the reconnect procedure (mounting again), by partition."
+        )
+        self.feed_gaps = counter(
+            "waltz_client_feed_gaps",
+            "Feed entries that skipped past the next transaction (the partition mounts again), by partition.",
         )
         self.feed_windows = counter(
             "waltz_client_feed_windows",

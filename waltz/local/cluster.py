@@ -48,6 +48,7 @@ from kazoo.exceptions import NoNodeError
 
 from waltz.admin.cluster_admin import ClusterAdmin, StorageSpec
 from waltz.errors import ConfigurationError, MetadataError
+from waltz.local.certificates import ClusterCertificates, make_cluster_certificates
 from waltz.local.layout import LAYOUT_FILE, ClusterLayout
 from waltz.local.nodes import LocalServer, LocalStorageNode
 from waltz.local.processes import ManagedProcess, ServiceStartError, wait_until
@@ -140,6 +141,11 @@ class LocalCluster:
         zookeeper_security: ZooKeeper TLS files (and a credential) for the supervisor and the
             servers, e.g. for an external ZooKeeper's secure port; with ``zookeeper_auth`` and no
             credential in it, one is made.
+        secure: a secured cluster: a CA and role certificates are made in ``<work dir>/tls``
+            (:mod:`waltz.local.certificates`), every port of every node serves mutual TLS and
+            checks roles, and the supervisor uses the ``admin`` certificate
+            (:attr:`certificates` gives the files, e.g. the ``client`` certificate's settings for
+            applications). Not with ``tls``, nor with TLS files in ``storage_env``/``server_env``.
 
     Raises:
         ConfigurationError: an argument is out of range.
@@ -170,6 +176,7 @@ class LocalCluster:
         storage_connect_string_of: Callable[[LocalStorageNode], str] | None = None,
         zookeeper_auth: bool = False,
         zookeeper_security: ZooKeeperSecurity | None = None,
+        secure: bool = False,
     ) -> None:
         for what, value in (("storages", storages), ("servers", servers), ("partitions", partitions)):
             if value < 1:
@@ -200,9 +207,14 @@ class LocalCluster:
         self._server_env = {**DEFAULT_SERVER_ENV, **(server_env or {})}
         self._storage_args = list(storage_args)
         self._storage_env = dict(storage_env or {})
+        if secure and tls is not None:
+            raise ConfigurationError("a secure local cluster makes its own certificates: give secure or tls")
         self._tls = tls
         self._zookeeper_auth = zookeeper_auth
         self._zookeeper_security = zookeeper_security or ZooKeeperSecurity()
+        self._secure = secure
+        self.certificates: ClusterCertificates | None = None
+        """The CA and role certificates of a secure cluster (made at :meth:`start`), else None."""
         self._server_args = list(server_args)
         self._server_args_of = server_args_of
         self._storage_connect_string_of = storage_connect_string_of
@@ -378,6 +390,8 @@ class LocalCluster:
             if self._work_dir is None:
                 self._work_dir = Path(tempfile.mkdtemp(prefix="waltz-local-")).resolve()
             self._work_dir.mkdir(parents=True, exist_ok=True)
+            if self._secure:
+                self._secure_with(make_cluster_certificates(self._work_dir / "tls"))
             layout = self._load_layout()
             self._prepare_credential()
             self._build(layout)
@@ -683,14 +697,29 @@ class LocalCluster:
         if self._work_dir is not None:
             kept = "kept" if self._keep else "removed at stop"
             lines.append(f"  work dir       {self._work_dir} ({kept}); logs in {self._work_dir / 'logs'}")
+        files = self.certificates
+        if files is not None:
+            lines.append(
+                f"  mutual TLS     CA {files.ca_file}; role certificates node, client, operator, admin "
+                f"in {files.directory} (<role>.pem, <role>-key.pem)"
+            )
         if self._state in ("starting", "running"):
             lines += [
                 "  inspect it with the waltz command:",
                 f"    export WALTZ_ZOOKEEPER_CONNECT_STRING={self.zookeeper_connect_string} "
                 f"WALTZ_CLUSTER_ROOT={self.root}"
                 + "".join(f" {name}={value}" for name, value in self.zookeeper_env().items()),
-                "    waltz cluster list; waltz cluster verify",
             ]
+            if files is not None:
+                lines.append(
+                    f"    export WALTZ_CLUSTER_SSL_CA_FILE={files.ca_file} "
+                    f"WALTZ_CLUSTER_SSL_CERT_FILE={files.cert_file('operator')} "
+                    f"WALTZ_CLUSTER_SSL_KEY_FILE={files.key_file('operator')}"
+                )
+            lines.append("    waltz cluster list; waltz cluster verify")
+            if files is not None:
+                client = " ".join(f"{k}={v}" for k, v in files.client_env().items())
+                lines.append(f"  applications connect with: export {client}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -797,6 +826,13 @@ class LocalCluster:
             ],
             servers=[{"port": s.port, "metrics_port": s.metrics_port} for s in self._servers],
         )
+
+    def _secure_with(self, certificates: ClusterCertificates) -> None:
+        """Serve mutual TLS with role checks on every node; the supervisor acts as ``admin``."""
+        self.certificates = certificates
+        self._storage_env = {**self._storage_env, **certificates.storage_env()}
+        self._server_env = {**self._server_env, **certificates.server_env()}
+        self._tls = certificates.tls("admin")
 
     def _build(self, layout: ClusterLayout | None) -> None:
         """Create (not start) the ZooKeeper, storage node and server objects."""

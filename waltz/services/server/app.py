@@ -28,6 +28,7 @@ from waltz.metadata.zk_session import make_kazoo_client
 from waltz.protocol import client_pb2_grpc, server_pb2, server_pb2_grpc
 from waltz.protocol.channels import bind_port, server_credentials, server_options
 from waltz.protocol.records import Record, ReqId
+from waltz.protocol.roles import ADMIN_ROLES, OPERATOR_ROLES, authorize
 from waltz.services.http import HealthHttpServer, server_ssl_context
 from waltz.services.runtime import run_until_signalled
 from waltz.services.server.client_service import WaltzServerServicer
@@ -171,6 +172,13 @@ class ServerApp:
             config.server_tls_cert_file, config.server_tls_key_file, config.server_tls_ca_file
         )
         self.port = bind_port(server, address, credentials)
+        if config.server_tls_ca_file is None or credentials is None:
+            log.warning(
+                "port %d serves %s without client certificates: no peer roles are checked, every peer may "
+                'make every request (set server.ssl.caFile for mutual TLS; docs/operations.md, "Roles")',
+                self.port,
+                "TLS" if credentials is not None else "plaintext",
+            )
         await server.start()
         self._grpc = server
 
@@ -319,6 +327,7 @@ class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
     async def Status(  # noqa: N802 - gRPC method name
         self, request: server_pb2.ServerStatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> server_pb2.ServerStatusResponse:
+        await authorize(context, OPERATOR_ROLES, "the server admin service")
         app = self._app
         member = app.member
         return server_pb2.ServerStatusResponse(
@@ -357,6 +366,7 @@ class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
     async def AppendRecords(  # noqa: N802 - gRPC method name
         self, request: server_pb2.AppendRecordsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> server_pb2.AppendRecordsResponse:
+        await authorize(context, ADMIN_ROLES, "an admin append")
         if not self._app.config.server_admin_appends:
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -399,6 +409,7 @@ class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
     async def ReadRecords(  # noqa: N802 - gRPC method name
         self, request: server_pb2.ReadRecordsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> server_pb2.ReadRecordsResponse:
+        await authorize(context, OPERATOR_ROLES, "the server admin service")
         partition = await self._partition(request.partition_id, context)
         try:
             records = await partition.read_records(request.transaction_id, max(1, request.max_records))

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
+from waltz.protocol.roles import CLIENT_ROLES, authorize
 from waltz.services.server.appends import AppendRow, append_rows
 from waltz.services.server.server_partition import FeedColumns, Partition
 
@@ -113,6 +114,7 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[client_pb2.ServerMessages]:
         """Serve one client connection."""
+        await authorize(context, CLIENT_ROLES, "the client service")
         connection = _Connection()
         tasks: set[asyncio.Task[None]] = set()
         reader = asyncio.get_running_loop().create_task(
@@ -254,6 +256,7 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         self, request: client_pb2.TransactionDataRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> client_pb2.TransactionDataResponse:
         """The data of a committed transaction (docs/design/server.md "Transaction data cache")."""
+        await authorize(context, CLIENT_ROLES, "the client service")
         found = await self._data_range(request.req_id, request.transaction_id, 1)
         if isinstance(found, str):
             return client_pb2.TransactionDataResponse(
@@ -281,6 +284,7 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         an error message when the partition is not here, the first transaction is not committed or
         the count is not positive.
         """
+        await authorize(context, CLIENT_ROLES, "the client service")
         first = request.first_transaction_id
         found = (
             await self._data_range(request.req_id, first, request.count)

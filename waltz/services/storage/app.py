@@ -55,6 +55,13 @@ class StorageApp:
         admin = StorageAdminServicer(self.node, self.metrics, storage)
         config = self.config
         credentials = server_credentials(config.tls_cert_file, config.tls_key_file, config.tls_ca_file)
+        if credentials is None or config.tls_ca_file is None:
+            log.warning(
+                "storage and admin ports serve %s without client certificates: no peer roles are checked, "
+                "the cluster key alone guards the admin port (set storage.ssl.caFile for mutual TLS; "
+                'docs/operations.md, "Roles")',
+                "TLS" if credentials is not None else "plaintext",
+            )
         for port, is_admin in ((self.config.port, False), (self.config.admin_port, True)):
             server = grpc.aio.server(options=server_options(config.max_message_bytes))
             if is_admin:

@@ -33,6 +33,14 @@ from waltz.errors import (
     StorageNotInitializedError,
 )
 from waltz.protocol import storage_pb2, storage_pb2_grpc
+from waltz.protocol.roles import (
+    ADMIN_ROLES,
+    OPERATOR_ROLES,
+    STORE_SESSION_ROLES,
+    authorize,
+    denial,
+    peer_roles,
+)
 from waltz.services.storage import format as fmt
 from waltz.services.storage.metrics import StorageMetrics
 from waltz.services.storage.node import StorageNode
@@ -61,6 +69,10 @@ MAX_RECORDS_PER_READ: Final = 10_000
 _LARGE: Final = frozenset({"record", "record_list", "record_header_list"})
 
 _END: Final = object()
+
+#: Admin requests that change the node (assignment and file deletion, read and write switches):
+#: with mutual TLS only the ``admin`` role may make them.
+CHANGING_ADMIN_REQUESTS: Final = frozenset({"partition_assignment", "partition_read", "partition_write"})
 
 
 def failure_for(exc: BaseException) -> storage_pb2.FailureResponse:
@@ -140,6 +152,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         another's; responses carry the request's sequence number and may come back in another
         order across partitions.
         """
+        await authorize(context, STORE_SESSION_ROLES, "a store session")
         outgoing: asyncio.Queue[object] = asyncio.Queue(maxsize=STREAM_QUEUE_SIZE)
         dispatcher = asyncio.create_task(self._dispatch(request_iterator, outgoing, context.peer()))
         try:
@@ -500,12 +513,24 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
         request_iterator: AsyncIterator[storage_pb2.AdminRequests],
         context: grpc.aio.ServicerContext[storage_pb2.AdminRequests, storage_pb2.AdminResponses],
     ) -> AsyncIterator[storage_pb2.AdminResponses]:
-        """Serve one admin stream: an admin open request, then admin requests in order."""
+        """Serve one admin stream: an admin open request, then admin requests in order.
+
+        With mutual TLS the stream needs the ``operator`` or ``admin`` role, and the requests that
+        change the node (:data:`CHANGING_ADMIN_REQUESTS`) the ``admin`` role: one of those from an
+        operator ends the stream with PERMISSION_DENIED (docs/design/overview.md, "Roles").
+        """
+        await authorize(context, OPERATOR_ROLES, "the storage admin service")
+        roles = peer_roles(context)
         opened = False
         async for batch in request_iterator:
             responses = []
             for request in batch.requests:
                 kind = request.WhichOneof("body")
+                if kind in CHANGING_ADMIN_REQUESTS:
+                    refused = denial(roles, ADMIN_ROLES, f"the admin request {kind}")
+                    if refused is not None:
+                        log.warning("admin stream from %s: %s", context.peer(), refused)
+                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
                 try:
                     if kind == "open":
                         await asyncio.to_thread(

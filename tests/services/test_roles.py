@@ -1,0 +1,145 @@
+"""Roles on a secured cluster: each certificate may do what its role allows and nothing else.
+
+One ``LocalCluster(secure=True)``: a CA and role certificates made by the harness, mutual TLS on
+every port, the supervisor acting as ``admin``. Each test presents one role's certificate to a real
+port and checks both what it may do (the control that makes each refusal mean something) and what
+it may not, and that a refused request changed nothing.
+
+Design: docs/design/overview.md, "Roles".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from tests.client.client_helpers import Append, MemoryStore
+from waltz import WaltzClient, WaltzClientConfig
+from waltz.local.certificates import ClusterCertificates
+from waltz.local.cluster import LocalCluster
+from waltz.protocol.records import ReqId
+from waltz.protocol.server_client import ServerAdminClient
+from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
+
+pytestmark = pytest.mark.security
+
+TIMEOUT = 30.0
+
+
+@pytest.fixture(scope="module")
+def secured(zookeeper: object) -> Iterator[LocalCluster]:
+    with LocalCluster(
+        storages=1,
+        servers=1,
+        partitions=1,
+        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
+        secure=True,
+    ) as cluster:
+        yield cluster
+
+
+def certificates(cluster: LocalCluster) -> ClusterCertificates:
+    assert cluster.certificates is not None
+    return cluster.certificates
+
+
+def admin_client(cluster: LocalCluster, role: str) -> StorageAdminClient:
+    node = cluster.storages[0]
+    return StorageAdminClient(
+        node.admin_address, cluster.cluster_key, cluster.num_partitions, tls=certificates(cluster).tls(role)
+    )
+
+
+def client_config(cluster: LocalCluster, role: str) -> WaltzClientConfig:
+    files = certificates(cluster)
+    return WaltzClientConfig(
+        zookeeper_connect_string=cluster.zookeeper_connect_string,
+        cluster_root=cluster.root,
+        client_tls_ca_file=files.ca_file,
+        client_tls_cert_file=files.cert_file(role),
+        client_tls_key_file=files.key_file(role),
+    )
+
+
+def test_a_client_certificate_commits_but_cannot_open_an_admin_session(secured: LocalCluster) -> None:
+    store = MemoryStore({0: -1})
+    with WaltzClient(store, client_config(secured, "client")) as client:
+        transaction_id = client.submit(Append(0, b"with the client role")).result(60)
+        assert transaction_id is not None
+
+    async def admin_as_client() -> None:
+        async with admin_client(secured, "client") as admin:
+            await admin.partition_status(0)
+
+    with pytest.raises(ConnectionError, match=r"PERMISSION_DENIED.*urn:waltz:role"):
+        asyncio.run(admin_as_client())
+
+    async def server_status_as_client() -> None:
+        async with ServerAdminClient(
+            secured.servers[0].endpoint, tls=certificates(secured).tls("client")
+        ) as admin:
+            await admin.status()
+
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        asyncio.run(server_status_as_client())
+    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_an_operator_reads_but_cannot_change_a_storage_node(secured: LocalCluster) -> None:
+    async def scenario() -> None:
+        async with admin_client(secured, "operator") as admin:
+            status = await admin.partition_status(0)  # the control: reads are allowed
+            assert [p.partition_id for p in status.partitions] == [0]
+            with pytest.raises(ConnectionError, match=r"PERMISSION_DENIED.*partition_assignment"):
+                await admin.assign_partition(0, False, delete_storage_files=True)
+        async with admin_client(secured, "admin") as admin:  # nothing was deleted
+            status = await admin.partition_status(0)
+            assert [p.partition_id for p in status.partitions] == [0]
+
+    asyncio.run(scenario())
+
+
+def test_a_server_certificate_cannot_delete_a_partition(secured: LocalCluster) -> None:
+    async def scenario() -> None:
+        async with admin_client(secured, "node") as admin:
+            await admin.assign_partition(0, False, delete_storage_files=True)
+
+    with pytest.raises(ConnectionError, match="PERMISSION_DENIED"):
+        asyncio.run(scenario())
+    store = MemoryStore({0: -1})
+    with WaltzClient(store, client_config(secured, "client")) as client:  # the partition still serves
+        assert client.submit(Append(0, b"still here")).result(60) is not None
+
+
+def test_only_a_server_or_admin_certificate_opens_a_store_session(secured: LocalCluster) -> None:
+    node = secured.storages[0]
+    files = certificates(secured)
+
+    async def session(role: str) -> None:
+        async with StorageSessionClient(
+            node.address, secured.cluster_key, secured.num_partitions, session_id=0, tls=files.tls(role)
+        ) as storage:
+            await storage.max_transaction_id(0)
+
+    for role in ("client", "operator"):
+        with pytest.raises(ConnectionError, match=r"PERMISSION_DENIED.*store session"):
+            asyncio.run(session(role))
+
+
+def test_admin_appends_need_the_admin_role(secured: LocalCluster) -> None:
+    endpoint = secured.servers[0].endpoint
+    files = certificates(secured)
+    forged = [(ReqId(99, 0, 0, 1), 0, b"forged")]
+
+    async def append(role: str) -> list[int | str]:
+        async with ServerAdminClient(endpoint, tls=files.tls(role), timeout=TIMEOUT) as admin:
+            return await admin.append(0, forged)
+
+    with pytest.raises(grpc.aio.AioRpcError, match="admin append") as refused:
+        asyncio.run(append("operator"))
+    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    [outcome] = asyncio.run(append("admin"))  # the control: the admin role may
+    assert isinstance(outcome, int) and outcome >= 0

@@ -1,0 +1,130 @@
+"""Roles of the peers of a mutual-TLS port, read from their certificates (docs/design/overview.md,
+"Roles").
+
+A certificate names its roles as subject alternative names of the form ``urn:waltz:role:<role>``
+(one URI per role). With mutual TLS, every RPC of a Waltz server or storage node checks that its
+peer's certificate carries a role that may make it:
+
+- ``client``: the client service of servers (mount, append, feed, transaction data);
+- ``server``: store sessions on storage nodes (a server's replica sessions);
+- ``operator``: the read-only operations of the admin services (status, record reads, partition
+  status, metrics; the storage admin open, which only checks the cluster key);
+- ``admin``: everything ``operator`` may do, and the operations that change or destroy the log:
+  appends without lock checks, partition assignment and file deletion, read and write switches,
+  store sessions of the recovery tools.
+
+Without mutual TLS a port has no peer identity to check (plaintext or server-only TLS): it
+authorises nothing and every peer may call everything, which the nodes log at start-up.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Iterable
+from typing import Any
+
+import grpc
+
+__all__ = [
+    "ADMIN_ROLES",
+    "CLIENT_ROLES",
+    "OPERATOR_ROLES",
+    "ROLE_URI_PREFIX",
+    "STORE_SESSION_ROLES",
+    "Role",
+    "authorize",
+    "denial",
+    "peer_roles",
+    "role_uri",
+    "roles_of_certificate",
+]
+
+ROLE_URI_PREFIX = "urn:waltz:role:"
+
+
+class Role(enum.Enum):
+    """What the holder of a certificate may do (see the module docstring)."""
+
+    CLIENT = "client"
+    SERVER = "server"
+    OPERATOR = "operator"
+    ADMIN = "admin"
+
+
+#: Roles that may use a server's client service.
+CLIENT_ROLES = frozenset({Role.CLIENT})
+#: Roles that may open store sessions on a storage node's storage port.
+STORE_SESSION_ROLES = frozenset({Role.SERVER, Role.ADMIN})
+#: Roles that may make the read-only admin requests.
+OPERATOR_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
+#: Roles that may make the admin requests that change or destroy the log.
+ADMIN_ROLES = frozenset({Role.ADMIN})
+
+
+def role_uri(role: Role) -> str:
+    """The subject alternative name URI that gives a certificate ``role``."""
+    return ROLE_URI_PREFIX + role.value
+
+
+@functools.lru_cache(maxsize=256)
+def roles_of_certificate(pem: bytes) -> frozenset[Role]:
+    """The roles a PEM certificate names (``urn:waltz:role:<role>`` URIs; unknown roles ignored).
+
+    Raises:
+        ValueError: ``pem`` is not a PEM certificate.
+    """
+    from cryptography import x509  # imported here: only mutual-TLS ports need it
+
+    certificate = x509.load_pem_x509_certificate(pem)
+    try:
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return frozenset()
+    known = {role.value: role for role in Role}
+    roles = set()
+    for uri in names.get_values_for_type(x509.UniformResourceIdentifier):
+        if uri.startswith(ROLE_URI_PREFIX):
+            role = known.get(uri.removeprefix(ROLE_URI_PREFIX))
+            if role is not None:
+                roles.add(role)
+    return frozenset(roles)
+
+
+def peer_roles(context: grpc.aio.ServicerContext[Any, Any]) -> frozenset[Role] | None:
+    """The roles of an RPC's peer, or None when it presented no certificate (no mutual TLS)."""
+    certificates = list(context.auth_context().get("x509_pem_cert", ()))
+    if not certificates:
+        return None
+    return roles_of_certificate(bytes(certificates[0]))
+
+
+def denial(roles: frozenset[Role] | None, allowed: Iterable[Role], what: str) -> str | None:
+    """Why a peer with ``roles`` may not do ``what`` (None: it may; no roles known: it may).
+
+    Args:
+        roles: the peer's roles (:func:`peer_roles`); None without mutual TLS.
+        allowed: the roles any one of which allows it.
+        what: the operation, for the message (e.g. "a store session").
+    """
+    allowed = frozenset(allowed)
+    if roles is None or roles & allowed:
+        return None
+    needed = " or ".join(sorted(role_uri(role) for role in allowed))
+    held = ", ".join(sorted(role.value for role in roles)) or "none"
+    return (
+        f"{what} needs a certificate with the role {needed} (this certificate's roles: {held}); "
+        'see docs/operations.md, "Roles"'
+    )
+
+
+async def authorize(context: grpc.aio.ServicerContext[Any, Any], allowed: Iterable[Role], what: str) -> None:
+    """End the RPC with PERMISSION_DENIED unless its peer holds one of ``allowed`` (or has no
+    certificate: no mutual TLS, nothing to check).
+
+    Raises:
+        grpc.aio.AbortError: the peer may not (raised by ``context.abort``).
+    """
+    message = denial(peer_roles(context), allowed, what)
+    if message is not None:
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, message)
