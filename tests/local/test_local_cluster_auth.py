@@ -15,6 +15,8 @@ from support.tls import make_certificates
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.local.cluster import LocalCluster
+from waltz.local.nodes import LocalServer
+from waltz.local.processes import ServiceStartError
 from waltz.local.zookeeper import LocalZooKeeper
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.metadata.zk_session import ZooKeeperAuthError, ZooKeeperUnavailableError, connect_zookeeper
@@ -72,6 +74,18 @@ def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_protects_every_
         )
         with pytest.raises(ZooKeeperAuthError, match="has none"):
             WaltzClient(MemoryStore({0: -1}), anonymous)
+        intruder = LocalServer(
+            zookeeper.connect_string,
+            cluster.root,
+            name="wrong-credential",
+            log_path=tmp_path / "wrong-credential.log",
+            env={"WALTZ_ZOOKEEPER_AUTH_DIGEST": "waltz:not-the-password"},
+        )
+        try:
+            with pytest.raises(ServiceStartError, match=r"ZooKeeper refused reading .*not the one"):
+                intruder.start()
+        finally:
+            intruder.close()
 
 
 @pytest.fixture

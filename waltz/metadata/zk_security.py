@@ -22,11 +22,18 @@ from typing import Any, ClassVar, Self
 
 from kazoo.security import ACL, make_digest_acl
 from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
 from waltz.errors import ConfigurationError
 
-__all__ = ["DIGEST_SETTINGS_HINT", "ZOOKEEPER_SECURITY_KEYS", "ZooKeeperSecurity", "ZooKeeperSettings"]
+__all__ = [
+    "DIGEST_SETTINGS_HINT",
+    "ZOOKEEPER_SECURITY_KEYS",
+    "ZooKeeperSecurity",
+    "ZooKeeperSettings",
+    "security_from_environment",
+]
 
 #: Where a digest credential is configured, for error messages.
 DIGEST_SETTINGS_HINT = (
@@ -207,3 +214,23 @@ class ZooKeeperSettings(WaltzSettings):
             cert_file=self.zookeeper_ssl_cert_file,
             key_file=self.zookeeper_ssl_key_file,
         )
+
+
+class _ZooKeeperEnvironment(ZooKeeperSettings):
+    model_config = SettingsConfigDict(env_prefix="WALTZ_", extra="ignore")
+
+
+def security_from_environment() -> ZooKeeperSecurity:
+    """The ZooKeeper security the ``WALTZ_ZOOKEEPER_AUTH_*`` and ``WALTZ_ZOOKEEPER_SSL_*``
+    variables give (for readers with no settings object of their own, such as the Spark source).
+
+    Raises:
+        ConfigurationError: a value is malformed, or the digest file cannot be read.
+    """
+    from pydantic import ValidationError
+
+    try:
+        settings = _ZooKeeperEnvironment()
+    except ValidationError as exc:
+        raise ConfigurationError(f"invalid WALTZ_ZOOKEEPER_* environment:\n{exc}") from exc
+    return settings.zookeeper_security()
