@@ -15,6 +15,9 @@ setup(
         *find_namespace_packages("examples", include=["waltz_examples", "waltz_examples.*"]),
         "waltz.jdbc_style.migrations",
         "waltz.jdbc_style.migrations.versions",
+        # The console's pages and browser files (directories of data, without __init__.py).
+        "waltz.console.static",
+        "waltz.console.templates",
     ],
     package_dir={
         "waltz_examples": "examples/waltz_examples",

@@ -152,3 +152,35 @@ def test_the_circle_check_finds_a_circle() -> None:
     graph.add_import(importer="a.c", imported="a.b")
     graph.add_import(importer="a.c", imported="a.d")
     assert _cycles(graph) == [["a.b", "a.c"]]
+
+
+#: What the operator console may import besides itself: the admin tools, the metadata layer and the
+#: wire protocol (which the admin tools' values carry), and the shared top-level modules.
+CONSOLE_MAY_ALSO_IMPORT = frozenset({ERRORS, "waltz.config", "waltz"})
+
+
+def test_the_console_imports_only_the_admin_tools_and_the_metadata_layer(graph: grimp.ImportGraph) -> None:
+    bad = [
+        (a, b)
+        for a, b in _imports_from(graph, "waltz.console")
+        if b not in CONSOLE_MAY_ALSO_IMPORT
+        and not _within(b, "waltz.admin")
+        and not _within(b, "waltz.metadata")
+        and not _within(b, "waltz.protocol")
+    ]
+    assert not bad, (
+        "waltz.console may import only waltz.admin, waltz.metadata, waltz.protocol and "
+        f"{sorted(CONSOLE_MAY_ALSO_IMPORT)}; it imports:\n{_describe(bad)}"
+    )
+
+
+def test_only_the_cli_imports_the_console(graph: grimp.ImportGraph) -> None:
+    importers = {
+        importer
+        for module in graph.modules
+        if _within(module, "waltz.console")
+        for importer in graph.find_modules_that_directly_import(module)
+        if not _within(importer, "waltz.console")
+    }
+    bad = sorted(i for i in importers if not _within(i, "waltz.cli"))
+    assert not bad, f"only waltz.cli may import waltz.console; imported by: {', '.join(bad)}"

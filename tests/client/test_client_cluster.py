@@ -200,6 +200,59 @@ def test_sequential_read_modify_writes_from_one_client_never_fail_their_lock(
     assert store.errors == []
 
 
+class ExpectingIncrement(Increment):
+    """An :class:`Increment` that tells the client its lock before it runs (``expected_locks``)."""
+
+    def __init__(self, store: MemoryStore, partition: int, lock: PartitionLocalLock) -> None:
+        super().__init__(store, partition, lock)
+        self.first_thread: int | None = None
+
+    def expected_locks(self) -> list[PartitionLocalLock]:
+        return [self.lock]
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        if self.first_thread is None:
+            self.first_thread = threading.get_ident()
+        return super().execute(builder)
+
+
+def test_contexts_queued_behind_an_own_append_on_their_expected_lock_execute_once(
+    cluster: LocalCluster, client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """docs/design/locks.md "Locks of appends in flight": a context whose expected lock a pending
+    append of its client holds waits for it without executing, then executes once, in order."""
+    store = MemoryStore(log_start)
+    lock = PartitionLocalLock("counter", 11)
+    with WaltzClient(store, client_config) as client:
+        client.wait_mounted(30)
+        owner = cluster.owner_index(0)
+        holder = ExpectingIncrement(store, 0, lock)
+        partition = client._core.partitions[0]
+        cluster.pause_server(owner)  # the holder stays pending until the server resumes
+        try:
+            first = client.submit(holder)
+            wait_until(
+                lambda: partition.holds_any([lock.lock_hash]),
+                timeout=10,
+                what="the holder's append to be sent",
+            )
+            queued = [ExpectingIncrement(store, 0, lock) for _ in range(20)]
+            futures = [client.submit(context) for context in queued]
+            assert all(context.outcomes.executions == 0 for context in queued)  # none executed yet
+        finally:
+            cluster.resume_server(owner)
+        for future in [first, *futures]:
+            assert isinstance(future.result(60), int)
+        client.flush(10)
+        wait_applied(store, {0: client.get_high_water_mark(0)})
+    submitter = threading.get_ident()
+    # Each queued context executed once, after the one before it was applied: no lock failure.
+    assert [(c.outcomes.executions, c.outcomes.lock_failures) for c in queued] == [(1, 0)] * 20
+    assert all(context.first_thread != submitter for context in queued)
+    assert store.values[0] == 21
+    assert store.errors == []
+
+
 def test_stale_increments_from_two_clients_fail_their_lock_and_lose_no_update(
     client_config: WaltzClientConfig, log_start: dict[int, int]
 ) -> None:

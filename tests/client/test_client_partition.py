@@ -77,6 +77,7 @@ class FakeHost:
         self.connections: list[FakeConnection] = []
         self.completed_ids: list[tuple[bytes, int]] = []
         self.retried: list[tuple[bytes, int | None]] = []
+        self.first_attempts: list[tuple[bytes, int]] = []
 
     def next_seq_num(self) -> int:
         self.seq += 1
@@ -94,6 +95,9 @@ class FakeHost:
 
     def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
         self.retried.append((submission.context.data, lock_target))  # type: ignore[attr-defined]
+
+    def queued_attempt(self, partition: ClientPartition, submission: Submission, target: int) -> None:
+        self.first_attempts.append((submission.context.data, target))  # type: ignore[attr-defined]
 
     def rejected(self, submission: Submission, error: BaseException) -> None:
         raise AssertionError(f"rejected {error!r}")
@@ -551,5 +555,46 @@ def test_contexts_waiting_behind_a_context_that_runs_again_are_returned_by_close
         assert sorted(s.context.data for s in submissions) == [b"a", b"b", b"c"]  # type: ignore[attr-defined]
         if worker is not None:
             await asyncio.to_thread(worker.close)
+
+    run(scenario)
+
+
+def test_a_context_whose_expected_lock_an_own_append_holds_is_queued_before_its_first_attempt() -> None:
+    """TransactionContext.expected_locks: a context queued behind the holder runs its first attempt
+    once the holder commits (after the holder's transaction, not as a lock failure), in its turn
+    among the contexts held back behind the same lock; once the holder failed, at once."""
+
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        connection = await mounted(partition, host)
+        partition.send_append(*locked(b"holder", write=(1,)))
+        held_back, payload = locked(b"held", write=(1,))
+        partition.send_append(held_back, payload)
+        hashes = [PartitionLocalLock("k", 1).lock_hash]
+        assert partition.holds_any(hashes)
+        assert not partition.holds_any([PartitionLocalLock("k", 2).lock_hash])
+        queued = Submission(Locked(b"queued", write=(1,)), 0, lambda pid: 5, 1 << 20)
+        partition.queue_first_attempt(queued, hashes)
+        assert queued.attempts == 0  # nothing executed
+        assert sent_data(connection) == [b"holder"]
+        assert held(partition) == 2
+        deliver(partition, connection, feed(connection.appends()[0], 6))
+        assert host.retried == [(b"held", 6)]  # its turn comes after "held"'s next attempt
+        assert host.first_attempts == []
+        partition.leader_ended(held_back)  # "held" ended without an append (dropped, say)
+        assert host.first_attempts == [(b"queued", 6)]  # runs once 6 is applied
+
+        # Nobody holds the lock any more: the first attempt runs at once.
+        free = Submission(Locked(b"free", write=(2,)), 0, lambda pid: 5, 1 << 20)
+        partition.queue_first_attempt(free, [PartitionLocalLock("k", 2).lock_hash])
+        assert host.first_attempts[-1] == (b"free", -1)
+
+        # A holder lost with its connection: what was queued behind it runs at once.
+        partition.send_append(*locked(b"second holder", write=(3,)))
+        lost = Submission(Locked(b"behind a lost one", write=(3,)), 0, lambda pid: 5, 1 << 20)
+        partition.queue_first_attempt(lost, [PartitionLocalLock("k", 3).lock_hash])
+        connection.closed = True
+        partition.connection_lost(connection)  # type: ignore[arg-type]
+        await mount(partition, host)
+        assert host.first_attempts[-1] == (b"behind a lost one", -1)
 
     run(scenario)

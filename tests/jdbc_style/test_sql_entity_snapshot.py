@@ -521,3 +521,27 @@ def test_readers_and_appliers_share_one_idle_limit(callbacks: ChangeSetCallbacks
     callbacks.apply_transaction(_committed(pid, callbacks.get_client_high_water_mark(pid) + 1, builder))
     callbacks.engine.dispose()
     assert _close_other_connections(callbacks.engine) == 5  # half the pool of 10, all kinds
+
+
+def test_expected_locks_are_the_declared_entities_or_the_expected_models_with_their_keys(
+    tmp_path: Path,
+) -> None:
+    """What the client looks for before a first attempt (docs/design/sql.md "Entity transactions")."""
+    engine = create_framework_engine(f"sqlite:///{tmp_path / 'expected.db'}")
+    upgrade(engine)
+    try:
+        callbacks = ChangeSetCallbacks(
+            engine, cluster_name="entities", registry=EntityRegistry.from_base(Base)
+        )
+        registry = callbacks.registry
+
+        class WritesTags(Increment):
+            expected_models = (Counter, Tagged)
+
+        assert Increment(callbacks, 5).expected_locks() == [registry.info(Counter).lock((5,))]
+        assert WritesTags(callbacks, 6).expected_locks() == [
+            registry.info(Counter).lock((6,)),
+            registry.info(Tagged).lock((6,)),
+        ]
+    finally:
+        engine.dispose()

@@ -30,12 +30,13 @@ def scenarios(draw: st.DrawFn) -> tuple[int, list[Member], PartitionAssignment]:
     return partitions, members, current
 
 
-@given(scenarios())
+@given(scenarios(), st.data())
 def test_every_partition_on_one_live_member_with_fair_shares(
-    scenario: tuple[int, list[Member], PartitionAssignment],
+    scenario: tuple[int, list[Member], PartitionAssignment], data: st.DataObject
 ) -> None:
     partitions, members, current = scenario
-    new = compute_assignment(partitions, members, current)
+    settled = data.draw(st.sets(st.sampled_from([m.name for m in members])) if members else st.just(set()))
+    new = compute_assignment(partitions, members, current, settled)
     assert set(new.placements) == set(range(partitions))
     live = {m.name for m in members}
     for pid, placement in new.placements.items():
@@ -47,16 +48,30 @@ def test_every_partition_on_one_live_member_with_fair_shares(
         # The generation goes up exactly when the partition moves.
         assert placement.generation == old.generation + (placement.member != old.member)
     if members:
-        loads = [len(new.partitions_of(m.name)) for m in members]
-        assert max(loads) <= math.ceil(partitions / len(members))
-        # Partitions whose member is alive stay unless that member was over its fair share.
         share = math.ceil(partitions / len(members))
         for m in members:
+            owned = new.partitions_of(m.name)
+            # Only preferred partitions take a member past its fair share.
+            assert len([pid for pid in owned if pid not in m.preferred_partitions]) <= share
+            if len(owned) > share:
+                assert all(pid in m.preferred_partitions for pid in owned)
+            # A preferred partition on a preferring member never moves.
+            for pid, p in current.placements.items():
+                if p.member == m.name and pid in m.preferred_partitions:
+                    assert new.placements[pid].member == m.name
+            # A settled member gets every partition it prefers, unless another preferring member
+            # holds it.
+            prefers = {x.name: x.preferred_partitions for x in members}
+            for pid in m.preferred_partitions if m.name in settled else ():
+                holder = new.placements[pid].member
+                assert holder is not None and pid in prefers[holder]
+        # Without preferences, partitions whose member is alive stay unless it was over its share.
+        for m in members:
             kept_before = [pid for pid, p in current.placements.items() if p.member == m.name]
-            if len(kept_before) <= share:
+            if not any(x.preferred_partitions for x in members) and len(kept_before) <= share:
                 assert all(new.placements[pid].member == m.name for pid in kept_before)
     # Recomputing changes nothing.
-    assert compute_assignment(partitions, members, new) == new
+    assert compute_assignment(partitions, members, new, settled) == new
 
 
 def test_preferred_partitions_and_failover() -> None:
@@ -74,9 +89,39 @@ def test_preferred_partitions_and_failover() -> None:
         )
 
 
+def test_a_settled_preferred_member_reclaims_its_partitions_and_nothing_flaps() -> None:
+    a, b = member(1, preferred=(0, 1)), member(2)
+    # a was away: b holds everything.
+    current = compute_assignment(4, [b], PartitionAssignment())
+    # a is back but not settled: nothing that b holds within its share moves to it.
+    back = compute_assignment(4, [a, b], current)
+    assert back.placements[0].member == b.name and back.placements[1].member == b.name
+    # Settled, a takes 0 and 1 back (new generations), and b keeps the rest.
+    settled = compute_assignment(4, [a, b], back, {a.name, b.name})
+    assert [settled.placements[p].member for p in range(4)] == [a.name, a.name, b.name, b.name]
+    assert settled.placements[0].generation == back.placements[0].generation + 1
+    assert compute_assignment(4, [a, b], settled, {a.name, b.name}) == settled
+
+
+def test_two_members_preferring_a_partition_do_not_take_it_from_each_other() -> None:
+    a, b = member(1, preferred=(0,)), member(2, preferred=(0,))
+    on_b = PartitionAssignment({0: Placement(b.name, None, 3), 1: Placement(a.name, None, 1)})
+    new = compute_assignment(2, [a, b], on_b, {a.name, b.name})
+    assert new.placements[0].member == b.name and new.placements[0].generation == 3
+
+
+def test_preferred_partitions_beyond_the_fair_share_stay() -> None:
+    a, b = member(1, preferred=(0, 1, 2)), member(2)
+    new = compute_assignment(4, [a, b], PartitionAssignment(), {a.name})
+    assert sorted(new.partitions_of(a.name)) == [0, 1, 2]
+    assert compute_assignment(4, [a, b], new, {a.name, b.name}) == new
+
+
 def test_codecs_round_trip() -> None:
     m = member(7, (1, 2))
     assert Member.decode(m.name, m.encode(), "/x") == m
+    with_health = Member(m.name, m.endpoint, (), "http://127.0.0.1:9/health")
+    assert Member.decode(m.name, with_health.encode(), "/x") == with_health
     assert m.server_id == 7
     assignment = compute_assignment(3, [m], PartitionAssignment())
     assert PartitionAssignment.decode(assignment.encode(), "/x") == assignment

@@ -31,6 +31,7 @@ from waltz.config import load_settings
 from waltz.errors import ConfigurationError, MetadataError
 from waltz.jdbc_style.changeset import ChangeSet, ChangeSetFormatError, Operation, RowChange
 from waltz.metadata.assignment import Member, PartitionAssignment
+from waltz.metadata.preferred import PreferredPartitions
 from waltz.metadata.values import (
     ClusterParams,
     ConnectionMetadata,
@@ -173,6 +174,7 @@ DECODERS: dict[str, Callable[[bytes], object]] = {
     "PartitionMetadata": lambda data: PartitionMetadata.decode(data, ZNODE),
     "PartitionAssignment": lambda data: PartitionAssignment.decode(data, ZNODE),
     "Member": lambda data: Member.decode("member-0000000001", data, ZNODE),
+    "PreferredPartitions": lambda data: PreferredPartitions.decode(data, ZNODE),
 }
 ASCII_KEYS = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=12)
 ZNODE_JSON = st.recursive(
@@ -183,7 +185,7 @@ ZNODE_JSON = st.recursive(
 FIELDS = [
     "format_version", "name", "num_partitions", "cluster_key", "assignments", "groups", "connections",
     "generation", "session_id", "replicas", "partitions", "endpoint", "preferred_partitions",
-    "member", "closing_high_water_mark", "127.0.0.1:55280", "0", "1",
+    "member", "closing_high_water_mark", "127.0.0.1:55280", "0", "1", "health_url", "servers",
 ]  # fmt: skip
 ZNODE_OBJECTS = st.recursive(
     ZNODE_JSON,
@@ -218,7 +220,8 @@ def test_znode_decoders_on_damaged_valid_znodes(decoder: str, data: st.DataObjec
         "ConnectionMetadata": ConnectionMetadata({"127.0.0.1:1": 2}).encode(),
         "PartitionMetadata": PartitionMetadata(3, 4, {}).encode(),
         "PartitionAssignment": PartitionAssignment({}).encode(),
-        "Member": Member("member-0000000001", "127.0.0.1:1", (0,)).encode(),
+        "Member": Member("member-0000000001", "127.0.0.1:1", (0,), "http://127.0.0.1:2/health").encode(),
+        "PreferredPartitions": PreferredPartitions({"127.0.0.1:1": (0, 1)}).encode(),
     }[decoder]
     document = json.loads(valid)
     key = data.draw(st.sampled_from(sorted(document)))

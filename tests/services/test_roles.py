@@ -143,3 +143,19 @@ def test_admin_appends_need_the_admin_role(secured: LocalCluster) -> None:
     assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
     [outcome] = asyncio.run(append("admin"))  # the control: the admin role may
     assert isinstance(outcome, int) and outcome >= 0
+
+
+def test_check_connectivity_with_a_client_and_an_operator_certificate(secured: LocalCluster) -> None:
+    """``waltz client check-connectivity`` on a secured cluster: the client certificate reaches the
+    servers' client service, the operator certificate the storage admin ports."""
+    from waltz.admin.client_tools import check_connectivity
+
+    checks = check_connectivity(
+        client_config(secured, "client"), timeout=TIMEOUT, storage_tls=certificates(secured).tls("operator")
+    )
+    assert [(c.kind, c.error) for c in checks if not c.ok] == []
+    assert {c.kind for c in checks} == {"server", "storage", "storage-admin"}
+    refused = check_connectivity(
+        client_config(secured, "client"), timeout=TIMEOUT, storage_tls=certificates(secured).tls("client")
+    )
+    assert [c.kind for c in refused if not c.ok] == ["storage-admin"]

@@ -7,7 +7,8 @@ client certificate, with a client certificate of another CA, and, as the control
 probes mean something, with the cluster's own client certificate. Then, over TLS: a server
 configured for another cluster key cannot open store sessions on the storage nodes, the server
 drops appends of a stale generation, and a storage node refuses a store session older than the real
-server's.
+server's. The operator commands (`waltz client check-connectivity`, `waltz server list`) reach every
+node with the cluster's client certificate, and fail without it.
 
 What the other suites already cover is not repeated here: plaintext and certificate-less clients
 of one storage node (tests/services/storage/test_config_and_tls.py), store sessions without a client
@@ -20,6 +21,7 @@ certificate (tests/services/server/store/test_store_tls.py), a Waltz client with
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 import urllib.error
 import urllib.request
@@ -35,7 +37,9 @@ from kazoo.client import KazooClient
 from support.feed import FeedEntry, feed_entries
 from support.storage import run
 from support.tls import make_certificates
+from typer.testing import CliRunner
 
+from waltz.cli.main import app
 from waltz.errors import StorageRpcError
 from waltz.local.cluster import LocalCluster
 from waltz.local.nodes import LocalServer
@@ -364,6 +368,35 @@ def test_metrics_ports_are_https_with_client_certificates_and_carry_no_data(secu
             assert isinstance(body, bytes) and body, f"port {port}{path}: {body!r}"
             assert SECRET not in body and SECRET.hex().encode() not in body, f"port {port}{path}"
         assert b"waltz_" in _get(f"https://127.0.0.1:{port}/metrics", context)  # type: ignore[operator]
+
+
+def test_operator_commands_reach_every_node_over_tls(secured: Secured) -> None:
+    """``waltz client check-connectivity`` and ``waltz server list`` with the cluster's client
+    certificate: every node answers, ``/health`` over HTTPS; without TLS every node fails."""
+    cluster, files = secured.cluster, secured.files
+    where = ["--zookeeper", cluster.zookeeper_connect_string, "--root", cluster.root]
+    ssl_options = [
+        *("--ssl-ca-file", str(files["ca"])),
+        *("--ssl-cert-file", str(files["client"])),
+        *("--ssl-key-file", str(files["client-key"])),
+    ]
+    runner = CliRunner()
+    result = runner.invoke(app, ["client", "check-connectivity", "--json", *ssl_options, *where])
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout)["nodes"]) == 1 + 2 * 2
+    plain = runner.invoke(app, ["client", "check-connectivity", "--timeout", "3", *where])
+    assert plain.exit_code == 1, plain.output
+    failed = {line.split()[1] for line in plain.stdout.splitlines() if line.startswith("FAILED")}
+    assert failed == {"server", "storage-admin"}, plain.stdout  # the storage port's TCP probe passes
+    env = {
+        "WALTZ_CLUSTER_SSL_CA_FILE": str(files["ca"]),
+        "WALTZ_CLUSTER_SSL_CERT_FILE": str(files["client"]),
+        "WALTZ_CLUSTER_SSL_KEY_FILE": str(files["client-key"]),
+    }
+    listing = runner.invoke(app, ["server", "list", "--json", *where], env=env)
+    assert listing.exit_code == 0, listing.output
+    (server,) = json.loads(listing.stdout)["servers"]
+    assert server["status_error"] is None and server["health"] == "healthy", server
 
 
 def test_a_server_of_another_cluster_key_cannot_open_store_sessions(

@@ -1,7 +1,8 @@
 """Sub-command groups of ``waltz`` that are imported only when they run.
 
 ``waltz cluster`` imports kazoo, gRPC and the cluster admin; ``waltz db`` alembic and SQLAlchemy;
-``waltz disk`` the storage format. Importing them all made every ``waltz`` invocation (``--help``,
+``waltz disk`` the storage format; ``waltz client`` the client. Importing them all made every
+``waltz`` invocation (``--help``,
 ``waltz perf``, ``waltz up``) pay about a second of imports on a 2-core machine. Their help texts
 live here, so that ``waltz --help`` lists them without importing them; each group's module uses
 the same text for its own ``--help``.
@@ -38,6 +39,14 @@ HELP = {
         "Exit codes: 0 success, 1 a check failed or a storage node refused, 2 usage, configuration "
         "or connection error. Znodes and rules: docs/zookeeper.md."
     ),
+    "client": (
+        "Check a cluster as a client sees it: the serializability check (validate), each partition's "
+        "high-water mark, and whether every server and storage node answers. Every command needs the "
+        "cluster's ZooKeeper connect string and root: --zookeeper/--root, "
+        "WALTZ_ZOOKEEPER_CONNECT_STRING/WALTZ_CLUSTER_ROOT, or a client --config YAML file. "
+        "Exit codes: 0 success, 1 a check failed, 2 usage, configuration or connection error. "
+        "See docs/operations.md."
+    ),
     "db": (
         "Create and upgrade the SQL framework's own tables (high-water marks, idempotency keys, "
         "skipped transactions) in an application database, show its high-water marks, and skip a "
@@ -53,10 +62,16 @@ SHORT_HELP = {
     "disk": "Inspect and verify a storage node's files offline.",
     "cluster": "Create, inspect and verify a cluster; manage its storage nodes.",
     "db": "The SQL framework's tables: create, upgrade, show marks, skip.",
+    "client": "Client checks: validate, high-water marks, connectivity.",
 }
 
 #: The module whose ``app`` is each lazily imported group.
-_MODULES = {"disk": "waltz.cli.disk", "cluster": "waltz.cli.cluster", "db": "waltz.cli.db"}
+_MODULES = {
+    "disk": "waltz.cli.disk",
+    "cluster": "waltz.cli.cluster",
+    "db": "waltz.cli.db",
+    "client": "waltz.cli.client",
+}
 #: The package extra a group needs beyond waltz-py's own dependencies.
 _EXTRAS = {"db": "sql"}
 

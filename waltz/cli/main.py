@@ -9,7 +9,7 @@ from types import FrameType
 import typer
 
 from waltz import __version__
-from waltz.cli import chaos, demo, perf, rebuild, server, storage, up
+from waltz.cli import chaos, console, demo, perf, rebuild, server, storage, up
 from waltz.cli.groups import MARKUP, LazyGroup
 
 app = typer.Typer(
@@ -19,8 +19,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     cls=LazyGroup,  # disk, cluster and db are imported when used (waltz.cli.groups)
 )
-app.add_typer(server.app, name="server")
-app.add_typer(storage.app, name="storage")
+app.add_typer(
+    server.app, name="server", short_help="Run a server; list servers; change preferred partitions."
+)
+app.add_typer(
+    storage.app, name="storage", short_help="Run a storage node; list and sync a node's partitions."
+)
 app.add_typer(perf.app, name="perf")
 app.command("demo", short_help="Run the ledger demo on a local cluster under faults, then check it.")(
     demo.demo
@@ -30,6 +34,9 @@ app.command("rebuild", short_help="Rebuild an application's tables from the log 
     rebuild.rebuild_command
 )
 app.command("chaos", short_help="Run a local cluster under faults and check every invariant.")(chaos.chaos)
+app.command("console", short_help="Serve a web console of a cluster: map, metrics, operator actions.")(
+    console.console
+)
 
 
 @app.command("version")

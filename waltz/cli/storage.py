@@ -1,18 +1,37 @@
-"""``waltz storage``: run a storage node."""
+"""``waltz storage``: run a storage node; list a node's partitions; sync them with ZooKeeper.
+
+``list`` and ``sync-partitions`` live in :mod:`waltz.admin.storage_partitions` (imported when they
+run). Their exit codes: 0 success; 1 a storage node did not answer or refused (``list`` of every
+node still lists the others); 2 bad usage or configuration, ZooKeeper unreachable, no cluster
+under the root, unknown storage node.
+"""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from waltz.cli.groups import MARKUP
+from waltz.cli.options import (
+    AdminConfigOption,
+    JsonOption,
+    RootOption,
+    TimeoutOption,
+    ZookeeperOption,
+    quiet_logging,
+)
 from waltz.logs import configure_logging
 from waltz.services.storage.command import start
 
-app = typer.Typer(help="Run a Waltz storage node.", no_args_is_help=True, rich_markup_mode=MARKUP)
+app = typer.Typer(
+    help="Run a Waltz storage node; list a node's partitions; bring them in line with ZooKeeper.",
+    no_args_is_help=True,
+    rich_markup_mode=MARKUP,
+)
 
 
 app.command("start")(start)
@@ -66,3 +85,125 @@ def smoke(
         with tempfile.TemporaryDirectory(prefix="waltz-demo-") as tmp:
             passed = run(Path(tmp))
     raise typer.Exit(0 if passed else 1)
+
+
+@app.command("list")
+def list_partitions(
+    storage: Annotated[
+        str | None,
+        typer.Argument(
+            help="The storage node's connect string `host:port` (its storage port); default: every node.",
+            show_default=False,
+        ),
+    ] = None,
+    json_output: JsonOption = False,
+    zookeeper: ZookeeperOption = None,
+    root: RootOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
+) -> None:
+    """List a storage node's partitions and their state, as the node reports them on its admin port.
+
+    For each partition the node holds: readable/writable (R/W), its store session ID, its max
+    transaction ID and low-water mark, and whether ZooKeeper assigns it to the node; then the
+    partitions ZooKeeper assigns but the node lacks (`waltz storage sync-partitions` creates them).
+    """
+    from waltz.admin.description import describe_cluster
+    from waltz.admin.storage_nodes import StorageUnreachableError, describe_failure
+    from waltz.admin.storage_partitions import node_partitions
+    from waltz.cli import cluster as cluster_cli
+    from waltz.errors import StorageRpcError
+
+    quiet_logging()
+    listings: list[dict[str, Any]] = []
+    failed = False
+    with cluster_cli._connected(config, zookeeper, root, timeout) as admin:
+        names = (
+            [storage]
+            if storage is not None
+            else [n.connect_string for n in describe_cluster(admin.cluster).storage_nodes]
+        )
+        for name in names:
+            try:
+                listing = node_partitions(admin, name)
+            except (StorageUnreachableError, StorageRpcError) as exc:
+                failed = True
+                listings.append({"storage": name, "error": describe_failure(exc)})
+                continue
+            listings.append(listing.to_json())
+    if json_output:
+        typer.echo(json.dumps({"storage_nodes": listings}, indent=2))
+    else:
+        for item in listings:
+            if "error" in item:
+                typer.secho(f"{item['storage']}: ERROR: {item['error']}", fg=typer.colors.RED)
+                continue
+            typer.echo(f"{item['storage']} (admin {item['admin_address']})")
+            for p in item["partitions"]:
+                flags = ("R" if p["readable"] else "-") + ("W" if p["writable"] else "-")
+                note = "" if p["assigned_in_zookeeper"] else "  NOT assigned in ZooKeeper"
+                typer.echo(
+                    f"  partition {p['partition_id']}: {flags} session {p['session_id']}, "
+                    f"max transaction {p['max_transaction_id']}, low-water mark {p['low_water_mark']}{note}"
+                )
+            if not item["partitions"]:
+                typer.echo("  no partitions")
+            if item["missing"]:
+                typer.echo(
+                    "  assigned in ZooKeeper but missing on the node: "
+                    + cluster_cli.format_partitions(item["missing"])
+                )
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command("sync-partitions")
+def sync_partitions(
+    storage: Annotated[
+        str, typer.Argument(help="The storage node's connect string `host:port`.", show_default=False)
+    ],
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Make the changes (default: show them only, a dry run).")
+    ] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="With --apply: do not ask for confirmation.")
+    ] = False,
+    delete_storage_files: Annotated[
+        bool,
+        typer.Option(
+            "--delete-storage-files",
+            help="Also delete the files of the partitions removed from the node (default: keep them).",
+        ),
+    ] = False,
+    zookeeper: ZookeeperOption = None,
+    root: RootOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
+) -> None:
+    """Bring a storage node's partitions in line with ZooKeeper's replica assignment.
+
+    Creates on the node the partitions `store/assignment` gives it but it lacks, and removes from it
+    the partitions it holds but ZooKeeper does not give it (their files stay unless
+    --delete-storage-files). ZooKeeper is not changed. A dry run by default: it prints the plan;
+    --apply makes the changes after a confirmation (--yes skips it).
+    """
+    from waltz.admin.storage_partitions import apply_sync, node_partitions, plan_sync
+    from waltz.cli import cluster as cluster_cli
+
+    quiet_logging()
+    with cluster_cli._connected(config, zookeeper, root, timeout) as admin:
+        plan = plan_sync(node_partitions(admin, storage))
+        create = cluster_cli.format_partitions(plan.create)
+        remove = cluster_cli.format_partitions(plan.remove)
+        if plan.empty:
+            typer.echo(f"{storage}: in line with ZooKeeper, nothing to change")
+            return
+        typer.echo(f"{storage}: create partitions {create}; remove partitions {remove}")
+        if not apply:
+            typer.echo("dry run: nothing changed (rerun with --apply to make these changes)")
+            return
+        if not yes:
+            typer.confirm("make these changes?", abort=True)
+        listing = node_partitions(admin, storage)
+        apply_sync(admin, plan, listing.admin_address, delete_storage_files=delete_storage_files)
+    typer.echo(f"{storage}: created {create}; removed {remove}")

@@ -38,7 +38,7 @@ import enum
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -101,6 +101,11 @@ class PartitionHost(Protocol):
 
     def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
         """Re-execute a submission whose append failed (after its lock target is applied)."""
+        ...
+
+    def queued_attempt(self, partition: ClientPartition, submission: Submission, target: int) -> None:
+        """Run the first attempt of a context that was queued behind a lock, once ``target`` (the
+        transaction its holder committed as, or -1) is applied."""
         ...
 
     def rejected(self, submission: Submission, error: BaseException) -> None:
@@ -532,6 +537,32 @@ class ClientPartition:
                 holders[lock] = pending
         connection.send_append(req_id, payload, self._retry_linger if submission.attempts > 1 else 0.0)
 
+    def holds_any(self, lock_hashes: Sequence[int]) -> bool:
+        """Whether a pending append of this client holds one of these locks now (read from any
+        thread: a hint, confirmed on the loop by :meth:`queue_first_attempt`)."""
+        holders = self._holders
+        return bool(holders) and any(lock in holders for lock in lock_hashes)
+
+    def queue_first_attempt(self, submission: Submission, lock_hashes: Sequence[int]) -> None:
+        """Queue a context behind the pending append holding one of its expected locks, before its
+        first attempt runs (``TransactionContext.expected_locks``); when none holds them any more,
+        the attempt runs now, on a retry thread (on the loop)."""
+        if self.state is _CLOSED:
+            self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
+            return
+        holders = self._holders
+        for lock in lock_hashes:
+            holder = holders.get(lock)
+            if holder is not None:
+                waiting: Waiting = (submission, None, -1)
+                if holder.held is None:
+                    holder.held = [waiting]
+                else:
+                    holder.held.append(waiting)
+                self.metrics.held_appends.inc()
+                return
+        self._host.queued_attempt(self, submission, -1)
+
     def _failed(self, pending: _Pending, lock_target: int | None) -> None:
         """A pending append failed (a lock failure naming ``lock_target``, or lost: None): run its
         context again.
@@ -584,7 +615,7 @@ class ClientPartition:
         followers: list[Waiting] = []
         for submission, payload, own_barrier in waiting:
             after = max(own_barrier, barrier)
-            if payload.client_high_water_mark >= after:
+            if payload is not None and payload.client_high_water_mark >= after:
                 self.send_append(submission, payload)
             elif leader is None:
                 leader = (submission, payload, after)
@@ -593,7 +624,10 @@ class ClientPartition:
         if leader is not None:
             if followers:  # before the retry: its next attempt may run (and end) at once
                 self._follow(leader[0], followers)
-            self._host.retry(self, leader[0], leader[2])
+            if leader[1] is None:  # queued before its first attempt: no lock failure of its own
+                self._host.queued_attempt(self, leader[0], leader[2])
+            else:
+                self._host.retry(self, leader[0], leader[2])
 
     def _follow(self, leader: Submission, waiting: list[Waiting]) -> None:
         """Queue ``waiting`` behind the next attempt of ``leader``, which runs again."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from waltz.client.locks import LockMode, PartitionLocalLock
@@ -247,6 +247,18 @@ class TransactionContext(abc.ABC):
             True to append the transaction, False to drop it (the context then completes with
             ``on_completion(False)``). An exception ends the context with ``on_exception``.
         """
+
+    def expected_locks(self) -> Sequence[PartitionLocalLock]:
+        """Locks this context's attempts are expected to take, known before an attempt runs (an
+        optional hint; none by default).
+
+        While a pending append of this client holds one of them (as a WRITE or APPEND lock), the
+        client queues the context behind that append instead of running its first attempt now:
+        the attempt would be held back behind it and run again once it commits anyway
+        (docs/design/locks.md, "Locks of appends in flight"). A wrong hint costs only that wait;
+        the locks the attempt really takes are what the server checks.
+        """
+        return ()
 
     def on_completion(self, result: bool) -> None:  # noqa: B027 (optional hook)
         """Called once when the context ends without error or expiry.

@@ -362,10 +362,32 @@ class ClientCore:
             self.metrics.completion_delay_seconds.add(delay, count)
 
     def run_first_attempt(self, partition: ClientPartition, submission: Submission) -> None:
-        """Run the first attempt on the calling thread and send its append."""
+        """Run the first attempt on the calling thread and send its append; or, when a pending
+        append of this client holds one of the context's expected locks, queue the context behind
+        it (``TransactionContext.expected_locks``; docs/design/locks.md, "Locks of appends in
+        flight")."""
+        expected = submission.context.expected_locks()
+        if expected and self.config.client_hold_conflicting_appends:
+            hashes = [lock.lock_hash for lock in expected]
+            if partition.holds_any(hashes):
+                try:
+                    self._loop.call_soon_threadsafe(partition.queue_first_attempt, submission, hashes)
+                except RuntimeError:
+                    submission.fail(ClientClosedError(f"Waltz client {self.client_id} is closed"))
+                return
         payload = submission.attempt()
         if payload is not None:
             self.post_append(partition, submission, payload)
+
+    def queued_attempt(self, partition: ClientPartition, submission: Submission, target: int) -> None:
+        """Run the first attempt of a context queued behind a lock (on a retry thread), once
+        ``target`` is applied (the holder's commit, this client's own: read your writes)."""
+        if self._closed:
+            return
+        if partition.applied.value >= target:
+            self._submit_attempt(partition, submission, False)
+        else:
+            self._spawn(self._retry(partition, submission, None, target, 0.0))
 
     def applied_mark(self, partition_id: int) -> Watermark:
         """The applied high-water mark of a partition (see ``WaltzClient.wait_applied``).

@@ -21,10 +21,11 @@ from waltz.errors import MessageTooLargeError, TransactionExpiredError
 
 __all__ = ["Submission", "Waiting"]
 
-#: A context waiting for a lock of its partition: its submission, the append of its last attempt,
-#: and the transaction ID that attempt must have seen (its client high-water mark at least that
-#: high) to be sent as it is; otherwise it runs again once that transaction is applied.
-Waiting = tuple["Submission", AppendPayload, int]
+#: A context waiting for a lock of its partition: its submission, the append of its last attempt
+#: (None: a context queued before its first attempt ran), and the transaction ID that attempt must
+#: have seen (its client high-water mark at least that high) to be sent as it is; otherwise it runs
+#: again once that transaction is applied.
+Waiting = tuple["Submission", AppendPayload | None, int]
 
 log = logging.getLogger(__name__)
 

@@ -282,6 +282,12 @@ class EntityTransactionContext(TransactionContext):
     #: The mark comes from the snapshot :meth:`execute` opens, not from a separate read.
     sets_client_high_water_mark = True
 
+    #: Models whose entities, with the keys of the declared entities, :meth:`run` is expected to
+    #: lock (e.g. ``(Checking,)`` for a context declared by ``(Account, custid)`` that changes the
+    #: customer's checking row); None: the declared entities themselves. A hint only
+    #: (:meth:`expected_locks`): what :meth:`run` really reads and changes is what is locked.
+    expected_models: tuple[type[Any], ...] | None = None
+
     def __init__(
         self, callbacks: ChangeSetCallbacks, *entities: tuple[type[Any], Any], timeout: float | None = None
     ) -> None:
@@ -336,6 +342,18 @@ class EntityTransactionContext(TransactionContext):
         self._num_partitions = num_partitions
         self._partition_id = next(iter(partitions))
         return self._partition_id
+
+    def expected_locks(self) -> list[PartitionLocalLock]:
+        """The locks of the declared entities (or of :attr:`expected_models` with their keys):
+        while an append of this client holds one, the client queues this context behind it
+        rather than run an attempt that would wait anyway (``TransactionContext.expected_locks``).
+        """
+        models = self.expected_models
+        if models is None:
+            return [info.lock(key) for info, key in self._entities]
+        registry = self.callbacks.registry
+        infos = [registry.info(model) for model in models]
+        return [info.lock(key) for _, key in self._entities for info in infos]
 
     def execute(self, builder: TransactionBuilder) -> bool:
         """Open the snapshot, read the mark, call :meth:`run`, and build the change-set append."""

@@ -11,7 +11,7 @@ servers register as ephemeral sequential ``<root>/server/members/member-<n>`` zn
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Self
 
@@ -41,12 +41,15 @@ class Member:
     Attributes:
         name: the member znode's name (``member-0000000007``); its number is the server ID.
         endpoint: ``host:port`` where clients reach the server.
-        preferred_partitions: partitions this server should own when it can.
+        preferred_partitions: partitions this server should own when it can (its configured
+            ``server.preferredPartitions``; ``<root>/server/preferred`` may override them).
+        health_url: the server's ``/health`` URL when it serves one, else None.
     """
 
     name: str
     endpoint: str
     preferred_partitions: tuple[int, ...] = ()
+    health_url: str | None = None
 
     @property
     def server_id(self) -> int:
@@ -54,7 +57,13 @@ class Member:
         return int(self.name.removeprefix(MEMBER_PREFIX))
 
     def encode(self) -> bytes:
-        return _dump({"endpoint": self.endpoint, "preferred_partitions": list(self.preferred_partitions)})
+        value: dict[str, object] = {
+            "endpoint": self.endpoint,
+            "preferred_partitions": list(self.preferred_partitions),
+        }
+        if self.health_url is not None:
+            value["health_url"] = self.health_url
+        return _dump(value)
 
     @classmethod
     def decode(cls, name: str, data: bytes, path: str) -> Self:
@@ -62,7 +71,10 @@ class Member:
         preferred = value.get("preferred_partitions", [])
         if not isinstance(preferred, list) or not all(isinstance(p, int) for p in preferred):
             raise MetadataError(f"znode {path}: preferred_partitions is {preferred!r}")
-        return cls(name, _field(value, "endpoint", str, path), tuple(preferred))
+        health_url = value.get("health_url")
+        if health_url is not None and not isinstance(health_url, str):
+            raise MetadataError(f"znode {path}: health_url is {health_url!r}")
+        return cls(name, _field(value, "endpoint", str, path), tuple(preferred), health_url)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,19 +123,33 @@ class PartitionAssignment:
 
 
 def compute_assignment(
-    num_partitions: int, members: Sequence[Member], current: PartitionAssignment
+    num_partitions: int,
+    members: Sequence[Member],
+    current: PartitionAssignment,
+    settled: Collection[str] = (),
 ) -> PartitionAssignment:
-    """Place every partition on exactly one live member.
+    """Place every partition on exactly one live member (docs/design/server.md "Preferred partitions").
 
-    A partition stays where it is while its member is alive and holds no more than its fair share
-    (``ceil(partitions / members)``); the others go first to a member that prefers them, then to
-    the least loaded member. A partition's generation goes up by one every time its member
-    changes, and is kept otherwise. Without members every partition is unplaced.
+    In order:
+
+    1. a partition stays on its member while that member is alive and prefers it;
+    2. a partition that a *settled* member prefers moves to it (the least loaded such member):
+       this is how a preferred server reclaims its partitions once it has been back long enough;
+    3. any other partition stays where it is while its member is alive and holds no more than
+       its fair share (``ceil(partitions / members)``);
+    4. the rest go first to a member that prefers them, then to the least loaded member, each
+       below its fair share.
+
+    Only preferred partitions take a member past its fair share. A partition's generation goes up
+    by one every time its member changes, and is kept otherwise. Without members every partition
+    is unplaced. Recomputing from the result changes nothing.
 
     Args:
         num_partitions: the cluster's number of partitions.
-        members: the live servers.
+        members: the live servers, with their effective preferred partitions.
         current: the assignment now in ZooKeeper (may be empty).
+        settled: names of the members allowed to take their preferred partitions back from a
+            live member (the cluster manager's hysteresis); empty: none may.
 
     Returns:
         The new assignment (equal to ``current`` when nothing needs to move).
@@ -133,26 +159,34 @@ def compute_assignment(
     if not members:
         return PartitionAssignment({pid: Placement(None, None, p.generation) for pid, p in previous.items()})
     share = math.ceil(num_partitions / len(members))
+    prefers = {m.name: frozenset(m.preferred_partitions) for m in members}
     load = dict.fromkeys(by_name, 0)
     owner: dict[int, str] = {}
+
+    def place(pid: int, member: str) -> None:
+        owner[pid] = member
+        load[member] += 1
+
     for pid, placement in previous.items():
-        if placement.member in by_name and load[placement.member] < share:
-            owner[pid] = placement.member
-            load[placement.member] += 1
+        if placement.member in by_name and pid in prefers[placement.member]:
+            place(pid, placement.member)
+    for pid in range(num_partitions):
+        claimants = [m for m in sorted(by_name) if m in settled and pid in prefers[m]]
+        if pid not in owner and claimants:
+            place(pid, min(claimants, key=lambda m: (load[m], m)))
+    for pid, placement in previous.items():
+        if pid not in owner and placement.member in by_name and load[placement.member] < share:
+            place(pid, placement.member)
     # Unplaced partitions go first to members that prefer them, then to the least loaded.
     for preferred_only in (True, False):
         for pid in range(num_partitions):
             if pid in owner:
                 continue
             candidates = [
-                m
-                for m in sorted(by_name)
-                if load[m] < share and (not preferred_only or pid in by_name[m].preferred_partitions)
+                m for m in sorted(by_name) if load[m] < share and (not preferred_only or pid in prefers[m])
             ]
             if candidates:
-                chosen = min(candidates, key=lambda m: (load[m], m))
-                owner[pid] = chosen
-                load[chosen] += 1
+                place(pid, min(candidates, key=lambda m: (load[m], m)))
     placements = {}
     for pid, placement in previous.items():
         member = owner[pid]

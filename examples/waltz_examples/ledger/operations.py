@@ -105,6 +105,7 @@ class OpenAccount(LedgerOperation):
     """Open an account with initial balances (the money comes in: delta = savings + checking)."""
 
     op = "open"
+    expected_models = (Account, Savings, Checking)
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid: int, name: str, savings: int, checking: int):
         super().__init__(callbacks, (Account, custid))
@@ -126,6 +127,7 @@ class DepositChecking(LedgerOperation):
     """SmallBank DepositChecking / the bank demo's deposit: checking += amount."""
 
     op = "deposit_checking"
+    expected_models = (Checking,)
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid: int, amount: int):
         super().__init__(callbacks, (Account, custid))
@@ -146,6 +148,7 @@ class Withdraw(LedgerOperation):
     """The bank demo's withdraw: checking -= amount, refused when checking < amount."""
 
     op = "withdraw"
+    expected_models = (Checking,)
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid: int, amount: int):
         super().__init__(callbacks, (Account, custid))
@@ -166,6 +169,7 @@ class TransactSavings(LedgerOperation):
     """SmallBank TransactSavings: savings += amount (negative: a withdrawal), never below zero."""
 
     op = "transact_savings"
+    expected_models = (Savings,)
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid: int, amount: int):
         super().__init__(callbacks, (Account, custid))
@@ -189,6 +193,7 @@ class WriteCheck(LedgerOperation):
     < amount. Reads savings (READ lock): a concurrent savings withdrawal makes it retry."""
 
     op = "write_check"
+    expected_models = (Savings, Checking)
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid: int, amount: int):
         super().__init__(callbacks, (Account, custid))
@@ -213,6 +218,7 @@ class Amalgamate(LedgerOperation):
     checking. Across partitions use ``transfers.start_transfer``."""
 
     op = "amalgamate"
+    expected_models = (Savings, Checking)
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid0: int, custid1: int):
         super().__init__(callbacks, (Account, custid0), (Account, custid1))
@@ -243,6 +249,7 @@ class SendPayment(LedgerOperation):
     refused when the sender's checking < amount. Across partitions use ``transfers.start_transfer``."""
 
     op = "send_payment"
+    expected_models = (Checking,)
 
     def __init__(self, callbacks: ChangeSetCallbacks, from_custid: int, to_custid: int, amount: int):
         super().__init__(callbacks, (Account, from_custid), (Account, to_custid))
@@ -268,6 +275,7 @@ class Deactivate(LedgerOperation):
     arrive later are refunded to their senders."""
 
     op = "deactivate"
+    expected_models = (Account,)
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid: int):
         super().__init__(callbacks, (Account, custid))

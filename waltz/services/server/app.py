@@ -129,16 +129,7 @@ class ServerApp:
             self._streams = StorageStreams(self.cluster_key, self.num_partitions, self.store_config)
         await self._start_grpc()
         zk.add_listener(self._zk_state_changed)
-        self._membership = ServerMembership(
-            zk,
-            self._cluster.paths,
-            self.endpoint,
-            tuple(config.server_preferred_partitions),
-            self._assignment_changed,
-        )
-        member = await asyncio.to_thread(self._membership.register)
-        self._manager = ClusterManager(zk, self._cluster.paths, self.num_partitions, member)
-        self._manager.start()
+        health_url = None
         if config.server_metrics_port is not None:
             cert, key = config.server_tls_cert_file, config.server_tls_key_file
             tls = (
@@ -150,6 +141,28 @@ class ServerApp:
                 config.server_host, config.server_metrics_port, self.metrics.registry, self._health, tls
             )
             self._http.start()
+            scheme = "https" if tls is not None else "http"
+            host = config.server_host
+            if host in ("", "0.0.0.0", "::"):  # bound to every address: the advertised host reaches it
+                host = self.endpoint.rpartition(":")[0]
+            health_url = f"{scheme}://{host}:{self._http.port}/health"
+        self._membership = ServerMembership(
+            zk,
+            self._cluster.paths,
+            self.endpoint,
+            tuple(config.server_preferred_partitions),
+            self._assignment_changed,
+            health_url,
+        )
+        member = await asyncio.to_thread(self._membership.register)
+        self._manager = ClusterManager(
+            zk,
+            self._cluster.paths,
+            self.num_partitions,
+            member,
+            reclaim_delay=config.server_preferred_partitions_reclaim_delay,
+        )
+        self._manager.start()
         log.info(
             "server ready: %s as %s, cluster %r (%d partitions) under %s%s",
             self.endpoint,

@@ -7,13 +7,20 @@ sequential member znode and watches ``server/assignment``. One server, elected w
 assignment (by compare-and-set) whenever members come or go, so that each partition has exactly
 one live server and its generation goes up each time it moves. A server whose ZooKeeper session
 is lost loses its member znode with it, and the manager moves its partitions.
+
+Preferred partitions (docs/design/server.md "Preferred partitions"): the manager also watches
+``server/preferred`` (run-time preferences, :mod:`waltz.metadata.preferred`) and lets a member take
+its preferred partitions back from another live server once the manager has seen it registered
+for ``reclaim_delay`` seconds without a break (a restarted server is a new member and waits again).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
@@ -28,6 +35,7 @@ from waltz.metadata.assignment import (
     read_assignment,
     read_members,
 )
+from waltz.metadata.preferred import read_preferred
 from waltz.metadata.zk import ClusterPaths
 
 __all__ = ["ClusterManager", "ServerMembership"]
@@ -45,6 +53,8 @@ class ServerMembership:
         preferred_partitions: partitions this server should own when it can.
         on_assignment: called (on a kazoo thread) with partition ID -> generation of every
             partition placed on this server, each time the assignment changes.
+        health_url: the server's ``/health`` URL, published in the member znode for tools, or
+            None when it serves none.
     """
 
     def __init__(
@@ -54,11 +64,13 @@ class ServerMembership:
         endpoint: str,
         preferred_partitions: tuple[int, ...],
         on_assignment: Callable[[dict[int, int]], None],
+        health_url: str | None = None,
     ) -> None:
         self._zk = zk
         self._paths = paths
         self._endpoint = endpoint
         self._preferred = preferred_partitions
+        self._health_url = health_url
         self._on_assignment = on_assignment
         self.member: str | None = None
 
@@ -70,7 +82,7 @@ class ServerMembership:
         """
         path = self._zk.create(
             f"{self._paths.members}/{MEMBER_PREFIX}",
-            Member("", self._endpoint, self._preferred).encode(),
+            Member("", self._endpoint, self._preferred, self._health_url).encode(),
             ephemeral=True,
             sequence=True,
             makepath=True,
@@ -139,12 +151,32 @@ class ClusterManager:
         paths: the cluster's znode paths.
         num_partitions: the cluster's number of partitions.
         identifier: this server's name in the election (for logs).
+        reclaim_delay: seconds a member must have been seen registered, without a break, before
+            it takes its preferred partitions back from another live server
+            (``server.preferredPartitionsReclaimDelay``).
+        clock: monotonic seconds (tests may pass their own).
     """
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, num_partitions: int, identifier: str) -> None:
+    #: Seconds between rebalances when nothing wakes the manager earlier.
+    IDLE_WAKEUP = 5.0
+
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        num_partitions: int,
+        identifier: str,
+        *,
+        reclaim_delay: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._zk = zk
         self._paths = paths
         self._num_partitions = num_partitions
+        self._reclaim_delay = reclaim_delay
+        self._clock = clock
+        # Member name -> when this manager first saw it (reset each time it is elected).
+        self._first_seen: dict[str, float] = {}
         self._election = Election(zk, paths.election, identifier)
         self._changed = threading.Event()
         self._stopping = threading.Event()
@@ -176,6 +208,7 @@ class ClusterManager:
 
     def _lead(self) -> None:
         self.leading = True
+        self._first_seen.clear()
         log.info("elected cluster manager")
         try:
             while not self._stopping.is_set() and self._zk.connected:
@@ -186,10 +219,48 @@ class ClusterManager:
                     log.exception("cluster manager could not update the assignment; retrying")
                     self._stopping.wait(0.5)
                     continue
-                # Wake up on member changes (the children watch) or every few seconds.
-                self._changed.wait(5.0)
+                # Wake up on member or preference changes (the watches), when a member settles,
+                # or every few seconds.
+                self._changed.wait(self._next_wakeup())
         finally:
             self.leading = False
+
+    def _next_wakeup(self) -> float:
+        now = self._clock()
+        pending = [
+            seen + self._reclaim_delay - now
+            for seen in self._first_seen.values()
+            if seen + self._reclaim_delay > now
+        ]
+        return min([self.IDLE_WAKEUP, *(p + 0.05 for p in pending)])
+
+    def _settled(self, members: Sequence[Member]) -> set[str]:
+        """Members seen for ``reclaim_delay`` seconds without a break (first sight starts the clock)."""
+        now = self._clock()
+        live = {m.name for m in members}
+        for name in list(self._first_seen):
+            if name not in live:
+                del self._first_seen[name]
+        for name in live:
+            self._first_seen.setdefault(name, now)
+        return {name for name in live if now - self._first_seen[name] >= self._reclaim_delay}
+
+    def effective_members(self, members: Sequence[Member], watch: bool = False) -> list[Member]:
+        """The members with their run-time preferred partitions (``server/preferred`` over config)."""
+        try:
+            preferred, _ = read_preferred(
+                self._zk, self._paths, watch=self._members_changed if watch else None
+            )
+        except MetadataError:
+            # A bad run-time preference must never stop failover: use the configured ones.
+            log.exception(
+                "ignoring the run-time preferred partitions: fix the znode with waltz server preferred"
+            )
+            return list(members)
+        return [
+            dataclasses.replace(m, preferred_partitions=preferred.of(m.endpoint, m.preferred_partitions))
+            for m in members
+        ]
 
     def _members_changed(self, event: object) -> None:
         self._changed.set()
@@ -197,9 +268,11 @@ class ClusterManager:
     def rebalance(self) -> PartitionAssignment:
         """Recompute the assignment from the live members and write it if it changed."""
         for _ in range(20):
-            members = read_members(self._zk, self._paths, watch=self._members_changed)
+            members = self.effective_members(
+                read_members(self._zk, self._paths, watch=self._members_changed), watch=True
+            )
             current, version = read_assignment(self._zk, self._paths)
-            new = compute_assignment(self._num_partitions, members, current)
+            new = compute_assignment(self._num_partitions, members, current, self._settled(members))
             if new == current and version >= 0:
                 return current
             try:

@@ -31,6 +31,7 @@ class ServerConfig(ZooKeeperSettings):
         "server.metrics.port": "server_metrics_port",
         "server.advertisedEndpoint": "server_advertised_endpoint",
         "server.preferredPartitions": "server_preferred_partitions",
+        "server.preferredPartitionsReclaimDelay": "server_preferred_partitions_reclaim_delay",
         "server.ssl.certFile": "server_tls_cert_file",
         "server.ssl.keyFile": "server_tls_key_file",
         "server.ssl.caFile": "server_tls_ca_file",
@@ -73,6 +74,13 @@ class ServerConfig(ZooKeeperSettings):
     )
     server_preferred_partitions: list[int] = Field(
         default_factory=list, description="Partitions this server should own when it can."
+    )
+    server_preferred_partitions_reclaim_delay: float = Field(
+        30.0,
+        ge=0,
+        description="Seconds a server must have been a live member, without a break, before the cluster "
+        "manager gives it back its preferred partitions from another live server (applied by the elected "
+        "cluster manager).",
     )
     server_tls_cert_file: Path | None = Field(None, description="PEM certificate: TLS on the server port.")
     server_tls_key_file: Path | None = Field(None, description="PEM private key of the server certificate.")

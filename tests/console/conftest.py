@@ -1,0 +1,43 @@
+"""Fixtures of the console tests: one local cluster and one browser per module.
+
+The browser is Debian's ``chromium`` driven by Playwright for Python (``executable_path``; no
+browser download). Without a chromium binary the browser tests are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import support
+
+from tests.console.console_helpers import chromium_path
+from waltz.local.cluster import LocalCluster
+
+
+@pytest.fixture(scope="module")
+def console_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
+    """3 storage nodes, 2 servers, 2 partitions, every node serving /metrics."""
+    with support.session_cluster(
+        tmp_path_factory, zookeeper, name="console", partitions=2, servers=2, metrics=True
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    """A headless chromium (Playwright), shared by the module's tests."""
+    executable = chromium_path()
+    if executable is None:
+        pytest.skip("no chromium binary (Debian: apt-get install -y chromium chromium-driver)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        support.unavailable("Playwright for Python is not installed (the dev extra has it)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()

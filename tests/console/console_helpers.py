@@ -1,0 +1,85 @@
+"""Helpers of the console tests: a ``waltz console`` process, the chromium binary."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import ManagedProcess, free_port, wait_until
+
+#: Seconds between two looks of the consoles under test.
+REFRESH = 0.5
+
+
+def chromium_path() -> str | None:
+    """The chromium binary to drive, or None."""
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+
+
+@dataclass
+class RunningConsole:
+    """A ``waltz console`` process and its URL."""
+
+    process: ManagedProcess
+    url: str
+    tls: ssl.SSLContext | None = None
+
+    def get_json(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=5, context=self.tls) as response:
+            return json.loads(response.read())
+
+    def wait_ready(self) -> None:
+        """Wait until the console answers with a cluster map."""
+        wait_until(
+            lambda: self.get_json("/api/map.json")["map"] is not None,
+            timeout=30,
+            what=f"the console at {self.url} to show the cluster map",
+            interval=0.1,
+        )
+
+    def close(self) -> None:
+        self.process.terminate(timeout=10)
+
+
+def launch_console(
+    tmp_path: Path,
+    cluster: LocalCluster,
+    *extra: str,
+    name: str = "console",
+    tls: ssl.SSLContext | None = None,
+) -> RunningConsole:
+    """Start ``waltz console`` on a free port against ``cluster`` (over HTTPS with ``tls``, the
+    client context that trusts it); :meth:`RunningConsole.wait_ready` waits for its first look."""
+    port = free_port()
+    args = [
+        sys.executable,
+        "-c",
+        "from waltz.cli.main import main; main()",
+        "console",
+        "--zookeeper",
+        cluster.zookeeper_connect_string,
+        "--root",
+        cluster.root,
+        "--port",
+        str(port),
+        "--refresh",
+        str(REFRESH),
+        "--timeout",
+        "2",
+        *(arg for name_, url in cluster.metrics_urls().items() for arg in ("--metrics", f"{name_}={url}")),
+        *extra,
+    ]
+    process = ManagedProcess(args, name=name, log_path=tmp_path / f"{name}.log")
+    process.start()
+    return RunningConsole(process, f"{'https' if tls else 'http'}://127.0.0.1:{port}/", tls)

@@ -1,0 +1,125 @@
+"""Preferred partitions with real servers: set at run time through ZooKeeper (``waltz server
+preferred add``), reclaimed by a preferred server that comes back, after the cluster manager's
+hysteresis (docs/design/server.md "Preferred partitions")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+from typer.testing import CliRunner
+
+from waltz.cli.main import app
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import wait_until
+from waltz.metadata.assignment import Member
+from waltz.metadata.preferred import preferred_path, update_preferred
+from waltz.metadata.zk import ClusterPaths
+from waltz.services.server.cluster_manager import ClusterManager
+
+#: The hysteresis of the test cluster's managers, seconds.
+RECLAIM_DELAY = 2.0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, zookeeper: object) -> Iterator[LocalCluster]:
+    with LocalCluster(
+        storages=1,
+        servers=2,
+        partitions=2,
+        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
+        work_dir=tmp_path / "cluster",
+        delete_root=True,
+        server_env={"WALTZ_SERVER_PREFERRED_PARTITIONS_RECLAIM_DELAY": str(RECLAIM_DELAY)},
+    ) as local:
+        yield local
+
+
+def _preferred(cluster: LocalCluster, verb: str, server: str, partition: int) -> None:
+    result = CliRunner().invoke(
+        app,
+        [
+            "server",
+            "preferred",
+            verb,
+            server,
+            "--partition",
+            str(partition),
+            "--zookeeper",
+            cluster.zookeeper_connect_string,
+            "--root",
+            cluster.root,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+
+
+def _owner_becomes(cluster: LocalCluster, partition: int, endpoint: str, what: str) -> None:
+    def owned() -> bool:
+        try:
+            return cluster.owner(partition) == endpoint
+        except Exception:
+            return False
+
+    wait_until(owned, timeout=60, what=what, interval=0.1)
+
+
+def test_a_run_time_preference_moves_the_partition_and_a_restarted_preferred_server_reclaims_it(
+    cluster: LocalCluster,
+) -> None:
+    other = cluster.servers[1 - cluster.owner_index(0)]
+    # A preference set at run time moves partition 0 to a server that has been up long enough.
+    _preferred(cluster, "add", other.endpoint, 0)
+    _owner_becomes(
+        cluster, 0, other.endpoint, f"partition 0 to move to its preferred server {other.endpoint}"
+    )
+    cluster.wait_ready(timeout=60)
+    preferred_index = cluster.servers.index(other)
+    survivor = cluster.servers[1 - preferred_index]
+
+    # The preferred server crashes: its partitions move to the survivor.
+    cluster.kill_server(preferred_index)
+    _owner_becomes(cluster, 0, survivor.endpoint, "partition 0 to fail over to the surviving server")
+    # It comes back: after the hysteresis it owns partition 0 again, and the cluster is writable.
+    cluster.restart_server(preferred_index)
+    _owner_becomes(cluster, 0, other.endpoint, "the restarted preferred server to reclaim partition 0")
+    cluster.wait_ready(timeout=60)
+
+    # Removing the preference leaves the partition where it is; preferring it elsewhere moves it.
+    _preferred(cluster, "remove", other.endpoint, 0)
+    _preferred(cluster, "add", survivor.endpoint, 0)
+    _owner_becomes(cluster, 0, survivor.endpoint, "partition 0 to move to its new preferred server")
+    cluster.wait_ready(timeout=60)
+
+
+def test_a_member_settles_after_the_reclaim_delay_and_a_new_incarnation_starts_over(
+    zk_client: KazooClient, zk_root: str
+) -> None:
+    now = [100.0]
+    manager = ClusterManager(
+        zk_client, ClusterPaths.of(zk_root), 2, "test", reclaim_delay=3.0, clock=lambda: now[0]
+    )
+    a, b = Member("member-0000000001", "127.0.0.1:1"), Member("member-0000000002", "127.0.0.1:2")
+    assert manager._settled([a, b]) == set()
+    now[0] += 3.0
+    assert manager._settled([a, b]) == {a.name, b.name}
+    # b restarts: a new member name, which waits the whole delay again.
+    b2 = Member("member-0000000003", "127.0.0.1:2")
+    assert manager._settled([a, b2]) == {a.name}
+    assert manager._next_wakeup() == pytest.approx(3.05)
+    now[0] += 3.0
+    assert manager._settled([a, b2]) == {a.name, b2.name}
+
+
+def test_a_malformed_preferences_znode_falls_back_to_the_configured_ones(
+    zk_client: KazooClient, zk_root: str
+) -> None:
+    paths = ClusterPaths.of(zk_root)
+    manager = ClusterManager(zk_client, paths, 2, "test")
+    a = Member("member-0000000001", "127.0.0.1:1", (1,))
+    update_preferred(zk_client, paths, a.endpoint, a.preferred_partitions, add=[0])
+    assert manager.effective_members([a]) == [Member(a.name, a.endpoint, (0, 1))]
+    zk_client.set(preferred_path(paths), b"not json")
+    assert manager.effective_members([a]) == [a]

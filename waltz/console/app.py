@@ -1,0 +1,286 @@
+"""The console's web application: Starlette routes, Jinja2 pages, htmx fragments, chart data.
+
+Design: docs/design/console.md "Pages and endpoints", "Operator actions". :func:`create_app`
+builds the application; nothing connects until it starts (its lifespan opens the ZooKeeper
+session, the HTTP client of the scrapes and the :class:`~waltz.console.observer.Observer`).
+
+Read-only routes (always): ``GET /`` (the page), ``GET /fragments/map`` and
+``GET /fragments/metrics`` (what htmx swaps in every refresh), ``GET /api/map.json`` and
+``GET /api/charts.json``, ``GET /static/...``. Only with ``operator=True`` does the application
+have any other route: ``POST /actions/confirm`` (renders a confirmation, changes nothing) and
+``POST /actions/run`` (runs a confirmed action).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import httpx
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from waltz import __version__
+from waltz.admin.cluster_admin import ClusterAdmin
+from waltz.console.actions import Action, Confirmations, run_action
+from waltz.console.config import ConsoleConfig
+from waltz.console.metrics import MetricsHistory, client_ssl_context
+from waltz.console.observer import Observer
+from waltz.errors import WaltzError
+
+__all__ = ["PACKAGE_DIR", "connect_admin", "create_app"]
+
+log = logging.getLogger(__name__)
+
+#: Where the templates and the static files are (installed as package data).
+PACKAGE_DIR = Path(__file__).resolve().parent
+#: Bytes of an action form read at most.
+MAX_FORM_BYTES = 4096
+
+#: The addresses of the loopback interface, as a bind address or a Host header says them.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+#: Sent with every response: scripts and styles from the console only, no framing.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; form-action 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+class _SecurityHeaders(BaseHTTPMiddleware):
+    async def dispatch(
+        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        response = await call_next(request)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
+
+def _format_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 60:
+        return f"{seconds:.0f}s ago"
+    return f"{seconds / 60:.0f} min ago"
+
+
+def _rate(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.0f}" if value >= 10 else f"{value:.1f}"
+
+
+def connect_admin(config: ConsoleConfig) -> ClusterAdmin:
+    """Open the console's ZooKeeper session (blocking): a cluster admin the caller owns.
+
+    Raises:
+        ConfigurationError: the connect string or the cluster root is missing or malformed.
+        ZooKeeperUnavailableError: no ZooKeeper server answered in time.
+        MetadataError: the root is not an absolute znode path.
+    """
+    connect_string, root = config.require()
+    return ClusterAdmin.connect(
+        connect_string,
+        root,
+        connect_timeout=config.zookeeper_connect_timeout,
+        session_timeout=config.zookeeper_session_timeout,
+        storage_timeout=config.cluster_storage_timeout,
+        tls=config.tls(),
+        security=config.zookeeper_security(),
+    )
+
+
+def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Starlette:
+    """Build the console's application (nothing connects before it starts).
+
+    Args:
+        config: the console's settings; ``console_operator`` adds the operator routes.
+        admin: a connected cluster admin the caller owns (:func:`connect_admin`); None: the
+            application connects when it starts and closes the session when it stops.
+
+    Returns:
+        The ASGI application, for uvicorn (:func:`waltz.console.server.serve`) or a test client.
+
+    Raises:
+        ConfigurationError: the metrics targets are malformed, or the ZooKeeper connect string or
+            the cluster root is missing.
+    """
+    config.require()
+    targets = config.metrics_targets()
+    operator = config.console_operator
+    templates = Jinja2Templates(directory=str(PACKAGE_DIR / "templates"))
+    templates.env.filters["age"] = _format_age
+    templates.env.filters["rate"] = _rate
+    templates.env.globals.update(
+        version=__version__,
+        operator=operator,
+        refresh=config.console_refresh,
+        charts=MetricsHistory.CHARTS,
+    )
+    confirmations = Confirmations()
+    state: dict[str, Any] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        connect_string, _ = config.require()
+        owned = await asyncio.to_thread(connect_admin, config) if admin is None else None
+        cluster_admin = owned if owned is not None else admin
+        assert cluster_admin is not None
+        tls = config.tls()
+        context = client_ssl_context(
+            str(tls.ca_file) if tls and tls.ca_file else None,
+            str(tls.cert_file) if tls and tls.cert_file else None,
+            str(tls.key_file) if tls and tls.key_file else None,
+        )
+        try:
+            async with httpx.AsyncClient(verify=context if context is not None else True) as http:
+                observer = Observer(cluster_admin, connect_string, targets, config.console_refresh, http)
+                state["observer"] = observer
+                state["admin"] = cluster_admin
+                await observer.look_once()
+                task = asyncio.create_task(observer.run(), name="console-observer")
+                try:
+                    yield
+                finally:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+        finally:
+            state.clear()
+            if owned is not None:
+                await asyncio.to_thread(owned.close)
+
+    def observer() -> Observer:
+        found = state.get("observer")
+        if not isinstance(found, Observer):
+            raise RuntimeError("the console is not started")
+        return found
+
+    def context(request: Request, **extra: Any) -> dict[str, Any]:
+        look = observer().look
+        now = time.time()
+        return {
+            "look": look,
+            "map": look.map,
+            "now": now,
+            "age": None if look.map is None else now - look.map.taken_at,
+            "targets": look.targets,
+            "figures": look.partitions,
+            "metrics_configured": bool(targets),
+            **extra,
+        }
+
+    async def index(request: Request) -> Response:
+        return templates.TemplateResponse(request, "index.html", context(request))
+
+    async def map_fragment(request: Request) -> Response:
+        return templates.TemplateResponse(request, "_map.html", context(request))
+
+    async def metrics_fragment(request: Request) -> Response:
+        return templates.TemplateResponse(request, "_metrics.html", context(request))
+
+    async def map_json(request: Request) -> Response:
+        look = observer().look
+        return JSONResponse(
+            {
+                "round": look.round,
+                "error": look.error,
+                "map": None if look.map is None else look.map.to_json(),
+                "zookeeper": None if look.zookeeper is None else look.zookeeper.to_json(),
+            }
+        )
+
+    async def charts_json(request: Request) -> Response:
+        return JSONResponse({"charts": observer().history.charts()})
+
+    routes: list[BaseRoute] = [
+        Route("/", index, methods=["GET"]),
+        Route("/fragments/map", map_fragment, methods=["GET"]),
+        Route("/fragments/metrics", metrics_fragment, methods=["GET"]),
+        Route("/api/map.json", map_json, methods=["GET"]),
+        Route("/api/charts.json", charts_json, methods=["GET"]),
+        Mount("/static", StaticFiles(directory=str(PACKAGE_DIR / "static")), name="static"),
+    ]
+    if operator:
+
+        async def form(request: Request) -> dict[str, str]:
+            body = await request.body()
+            if len(body) > MAX_FORM_BYTES:
+                raise WaltzError(f"the form is larger than {MAX_FORM_BYTES} bytes")
+            return {k: v[0] for k, v in parse_qs(body.decode("utf-8", errors="replace")).items()}
+
+        async def confirm(request: Request) -> Response:
+            try:
+                fields = await form(request)
+                action = Action.parse(
+                    fields.get("kind", ""),
+                    fields.get("partition", ""),
+                    fields.get("storage", ""),
+                    fields.get("source"),
+                )
+            except WaltzError as exc:
+                return templates.TemplateResponse(
+                    request, "_result.html", {"ok": False, "message": str(exc)}, status_code=422
+                )
+            token = confirmations.issue(action)
+            return templates.TemplateResponse(request, "_confirm.html", {"action": action, "token": token})
+
+        async def run(request: Request) -> Response:
+            try:
+                fields = await form(request)
+            except WaltzError:
+                fields = {}
+            action = confirmations.take(fields.get("token", ""))
+            if action is None:
+                return templates.TemplateResponse(
+                    request,
+                    "_result.html",
+                    {"ok": False, "message": "This confirmation is unknown, used or expired: ask again."},
+                    status_code=409,
+                )
+            admin = state["admin"]
+            log.warning("console: operator action: %s", action.command())
+            try:
+                message = await asyncio.to_thread(run_action, admin, action)
+            except (WaltzError, ConnectionError, TimeoutError) as exc:
+                log.warning("console: %s failed: %s", action.command(), exc)
+                return templates.TemplateResponse(
+                    request,
+                    "_result.html",
+                    {"ok": False, "message": str(exc), "action": action},
+                    status_code=409,
+                )
+            await observer().look_once()
+            return templates.TemplateResponse(
+                request, "_result.html", {"ok": True, "message": message, "action": action}
+            )
+
+        routes += [
+            Route("/actions/confirm", confirm, methods=["POST"]),
+            Route("/actions/run", run, methods=["POST"]),
+        ]
+    middleware = [Middleware(_SecurityHeaders)]
+    if config.console_host in LOOPBACK_HOSTS:
+        # Bound to loopback, the console answers only requests addressed to loopback: a page of
+        # another site whose name was made to resolve to 127.0.0.1 (DNS rebinding) gets 400.
+        middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=list(LOOPBACK_HOSTS)))
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
