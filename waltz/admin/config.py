@@ -22,6 +22,7 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from waltz.config import WaltzSettings
 from waltz.errors import ConfigurationError
 from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
 from waltz.protocol.channels import TlsConfig
@@ -29,7 +30,7 @@ from waltz.protocol.channels import TlsConfig
 __all__ = ["ClusterAdminConfig"]
 
 
-class ClusterAdminConfig(ZooKeeperSettings):
+class ClusterAdminConfig(WaltzSettings, ZooKeeperSettings):
     """Settings of ``waltz cluster``: where ZooKeeper and the cluster root are, and time limits."""
 
     model_config = SettingsConfigDict(env_prefix="WALTZ_", extra="forbid")

@@ -18,13 +18,14 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from waltz.config import WaltzSettings
 from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
 from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES, TlsConfig
 
 __all__ = ["WaltzClientConfig"]
 
 
-class WaltzClientConfig(ZooKeeperSettings):
+class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
     """Settings of a :class:`~waltz.client.client.WaltzClient`.
 
     See docs/design/client.md "WaltzClient and AsyncWaltzClient". Keys (and fields):

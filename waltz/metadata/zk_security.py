@@ -18,13 +18,12 @@ import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, Self
 
 from kazoo.security import ACL, make_digest_acl
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from waltz.config import WaltzSettings
 from waltz.errors import ConfigurationError
 
 __all__ = [
@@ -162,15 +161,15 @@ class ZooKeeperSecurity:
         return f"{auth}, {'TLS' if self.tls else 'plaintext'}"
 
 
-class ZooKeeperSettings(WaltzSettings):
+class ZooKeeperSettings(BaseSettings):
     """The ``zookeeper.auth.*`` and ``zookeeper.ssl.*`` settings every ZooKeeper user shares.
 
-    A subclass adds :data:`ZOOKEEPER_SECURITY_KEYS` to its ``KEYS``. The digest credential comes
+    A mixin of the settings classes (``class ServerConfig(WaltzSettings, ZooKeeperSettings)``,
+    :class:`waltz.config.WaltzSettings` first, so that its file source applies), each adding
+    :data:`ZOOKEEPER_SECURITY_KEYS` to its ``KEYS``. The digest credential comes
     from ``zookeeper.auth.digestFile`` (a file holding ``user:password``, better kept out of the
     configuration file) or ``zookeeper.auth.digest``; setting both is an error.
     """
-
-    KEYS: ClassVar[dict[str, str]] = dict(ZOOKEEPER_SECURITY_KEYS)
 
     zookeeper_auth_digest: SecretStr | None = Field(
         default=None,

@@ -8,6 +8,7 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from waltz.config import WaltzSettings
 from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
 from waltz.protocol.channels import TlsConfig
 from waltz.services.server.server_partition import PartitionConfig
@@ -16,7 +17,7 @@ from waltz.services.server.store.config import StoreConfig
 __all__ = ["ServerConfig"]
 
 
-class ServerConfig(ZooKeeperSettings):
+class ServerConfig(WaltzSettings, ZooKeeperSettings):
     """Settings of a server; ``docs/configuration.md`` lists keys and variables."""
 
     model_config = SettingsConfigDict(env_prefix="WALTZ_", extra="forbid")
