@@ -32,7 +32,9 @@ It needs Debian's ``zookeeper`` package and a Java runtime (or an external ZooKe
 Ini options (``[tool.pytest.ini_options]``, ``pytest.ini``, or ``-o name=value``):
 ``waltz_storages`` (3), ``waltz_servers`` (2), ``waltz_partitions`` (2), ``waltz_replicas``
 (3, or the number of storage nodes when fewer), ``waltz_zookeeper`` (connect string of a running
-ZooKeeper; empty: start one), ``waltz_metrics`` (false), ``waltz_session_timeout`` (seconds, 4).
+ZooKeeper; empty: start one), ``waltz_metrics`` (false), ``waltz_session_timeout`` (seconds, 4),
+``waltz_zookeeper_auth`` (true: the cluster's znodes are protected by a digest credential made for
+it; build clients with ``WaltzClientConfig(**waltz_cluster.zookeeper_settings())``).
 The command-line option ``--waltz-zookeeper HOST:PORT`` overrides ``waltz_zookeeper``.
 """
 
@@ -71,6 +73,11 @@ _INI: dict[str, tuple[str, str, Callable[[str], object]]] = {
         lambda text: text.strip().lower() in ("1", "true", "yes", "on"),
     ),
     "waltz_session_timeout": ("servers' ZooKeeper session timeout in seconds", "4", float),
+    "waltz_zookeeper_auth": (
+        "protect the cluster's znodes with a ZooKeeper digest credential",
+        "true",
+        lambda text: text.strip().lower() in ("1", "true", "yes", "on"),
+    ),
 }
 
 

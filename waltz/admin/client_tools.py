@@ -365,6 +365,7 @@ def _targets(config: WaltzClientConfig, timeout: float) -> _Targets:
         config.zookeeper_connect_string,
         connect_timeout=timeout,
         session_timeout=config.zookeeper_session_timeout,
+        security=config.zookeeper_security(),
     )
     try:
         cluster = ClusterZk(zk, config.cluster_root)

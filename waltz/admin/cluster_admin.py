@@ -49,6 +49,7 @@ from waltz.metadata.values import (
     check_connect_string,
 )
 from waltz.metadata.zk import ClusterPaths, ClusterZk
+from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.metadata.zk_session import (
     DEFAULT_ZOOKEEPER_TIMEOUT,
     ZooKeeperUnavailableError,
@@ -205,8 +206,12 @@ class ClusterAdmin:
         session_timeout: float = DEFAULT_ZOOKEEPER_TIMEOUT,
         storage_timeout: float = DEFAULT_STORAGE_TIMEOUT,
         tls: TlsConfig | None = None,
+        security: ZooKeeperSecurity | None = None,
     ) -> ClusterAdmin:
         """Connect to ZooKeeper; the returned admin owns the session (close it, or use ``with``).
+
+        ``security`` is the cluster's ZooKeeper credential and TLS (docs/design/zookeeper.md,
+        "Security"): znodes the admin creates are protected by the credential.
 
         Raises:
             ZooKeeperUnavailableError: no ZooKeeper server answered within ``connect_timeout``.
@@ -215,7 +220,10 @@ class ClusterAdmin:
         """
         ClusterPaths.of(root)  # a bad root fails before waiting for ZooKeeper
         client = connect_zookeeper(
-            connect_string, connect_timeout=connect_timeout, session_timeout=session_timeout
+            connect_string,
+            connect_timeout=connect_timeout,
+            session_timeout=session_timeout,
+            security=security,
         )
         try:
             admin = cls(client, root, storage_timeout=storage_timeout, tls=tls)
@@ -334,6 +342,22 @@ class ClusterAdmin:
             if setup_result.error is not None:
                 log.warning("storage node %s: %s", setup_result.spec.connect_string, setup_result.error)
         return CreateResult(params, results)
+
+    @zookeeper_errors
+    def secure(self) -> int:
+        """Protect every znode of the cluster with the session's credential (``waltz cluster secure``).
+
+        See :meth:`~waltz.metadata.zk.ClusterZk.secure` (docs/design/zookeeper.md, "Security").
+
+        Returns:
+            The number of znodes protected.
+
+        Raises:
+            MetadataError: the session has no digest credential.
+            ClusterNotFoundError: no cluster exists under the root.
+            ZooKeeperAuthError: a znode is protected by another credential.
+        """
+        return self.cluster.secure()
 
     @zookeeper_errors
     def describe(self) -> ClusterDescription:

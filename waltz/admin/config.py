@@ -10,6 +10,8 @@ Keys (YAML, flat or nested), their environment variables, and defaults:
 - ``cluster.storageTimeout`` (``WALTZ_CLUSTER_STORAGE_TIMEOUT``, 10): seconds per storage node call.
 - ``cluster.ssl.caFile``, ``cluster.ssl.certFile``, ``cluster.ssl.keyFile``
   (``WALTZ_CLUSTER_SSL_CA_FILE``, ...; unset): TLS to the storage nodes' admin ports.
+- ``zookeeper.auth.digestFile``, ``zookeeper.auth.digest``, ``zookeeper.ssl.*``: the cluster's
+  ZooKeeper credential and TLS (:class:`~waltz.metadata.zk_security.ZooKeeperSettings`).
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
 from waltz.errors import ConfigurationError
+from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
 from waltz.protocol.channels import TlsConfig
 
 __all__ = ["ClusterAdminConfig"]
 
 
-class ClusterAdminConfig(WaltzSettings):
+class ClusterAdminConfig(WaltzSettings, ZooKeeperSettings):
     """Settings of ``waltz cluster``: where ZooKeeper and the cluster root are, and time limits."""
 
     model_config = SettingsConfigDict(env_prefix="WALTZ_", extra="forbid")
@@ -36,6 +39,7 @@ class ClusterAdminConfig(WaltzSettings):
         "zookeeper.connectString": "zookeeper_connect_string",
         "zookeeper.connectTimeout": "zookeeper_connect_timeout",
         "zookeeper.sessionTimeout": "zookeeper_session_timeout",
+        **ZOOKEEPER_SECURITY_KEYS,
         "cluster.root": "cluster_root",
         "cluster.storageTimeout": "cluster_storage_timeout",
         "cluster.ssl.caFile": "cluster_ssl_ca_file",

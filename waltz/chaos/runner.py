@@ -21,13 +21,15 @@ Every node's log stays in the work directory when the run fails.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
+import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -50,7 +52,7 @@ from waltz.chaos.options import ChaosOptions, ChaosResult
 from waltz.chaos.proxy import ClusterProxies
 from waltz.chaos.schedule import NETWORK_FAULTS, Fault
 from waltz.chaos.worker import WorkerSpec
-from waltz.local.cluster import LocalCluster
+from waltz.local.cluster import DIGEST_FILE, LocalCluster
 
 __all__ = ["run_chaos"]
 
@@ -77,6 +79,7 @@ def _make_cluster(options: ChaosOptions, work_dir: Path, proxies: ClusterProxies
         start_timeout=180.0,
         server_args_of=proxies.server_args,
         storage_connect_string_of=proxies.storage_connect_string,
+        zookeeper_auth=True,
     )
     proxies.cluster = cluster
     return cluster
@@ -115,9 +118,12 @@ def run_chaos(options: ChaosOptions, say: Say = log.info) -> ChaosResult:
         say(f"  {fault.describe()}")
     say(f"replay: {options.replay_command()}")
     try:
-        with ClusterProxies(
-            options.servers, options.storages, enabled=any(f.kind in NETWORK_FAULTS for f in schedule)
-        ) as proxies:
+        with (
+            ClusterProxies(
+                options.servers, options.storages, enabled=any(f.kind in NETWORK_FAULTS for f in schedule)
+            ) as proxies,
+            _zookeeper_credential(work_dir / "cluster" / DIGEST_FILE),
+        ):
             _run(options, schedule, work_dir, proxies, result, say)
     except Exception as exc:
         log.exception("the chaos run stopped")
@@ -133,6 +139,26 @@ def run_chaos(options: ChaosOptions, say: Say = log.info) -> ChaosResult:
     kept = f"; logs and data kept in {work_dir}" if result.work_dir is not None else ""
     say(f"{verdict}: {result.acknowledged:,} transactions acknowledged, {len(result.faults)} faults{kept}")
     return result
+
+
+@contextlib.contextmanager
+def _zookeeper_credential(path: Path) -> Iterator[None]:
+    """Name the chaos cluster's ZooKeeper credential file in this process's environment for the run.
+
+    Every client of the run (the worker processes, spawned with this environment, the readers,
+    the ledger's setup) builds a ``WaltzClientConfig``, which reads ``WALTZ_ZOOKEEPER_*``; the
+    previous value comes back afterwards.
+    """
+    name = "WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE"
+    previous = os.environ.get(name)
+    os.environ[name] = str(path)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
 
 
 def _worker_specs(

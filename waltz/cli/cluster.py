@@ -152,6 +152,7 @@ def _connected(
             session_timeout=settings.zookeeper_session_timeout,
             storage_timeout=settings.cluster_storage_timeout,
             tls=settings.tls(),
+            security=settings.zookeeper_security(),
         )
     except WaltzError as exc:
         raise _fail(str(exc), 2) from exc
@@ -470,6 +471,25 @@ def delete(
         )
         raise typer.Exit(1)
     typer.echo(f"deleted the cluster under {description.root}")
+
+
+@app.command("secure")
+def secure(
+    zookeeper: ZookeeperOption = None,
+    root: RootOption = None,
+    config: ConfigOption = None,
+    timeout: TimeoutOption = None,
+) -> None:
+    """Protect an existing cluster's znodes with the configured ZooKeeper credential.
+
+    Sets, on the root and every znode below it, an ACL granting all rights to the digest
+    credential of zookeeper.auth.digestFile (WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE) alone; sessions
+    without it can then neither read nor write them. Give every server, client and tool the
+    credential first (see docs/operations.md). Idempotent.
+    """
+    with _connected(config, zookeeper, root, timeout) as admin:
+        count = admin.secure()
+    typer.echo(f"protected {count} znodes under {admin.root} with the configured credential")
 
 
 # ---- storage commands ----------------------------------------------------------------------------

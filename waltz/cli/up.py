@@ -59,6 +59,14 @@ def up(
             help="Use this running ZooKeeper (host:port) instead of starting one.", show_default=False
         ),
     ] = None,
+    zookeeper_auth: Annotated[
+        bool,
+        typer.Option(
+            "--zookeeper-auth/--no-zookeeper-auth",
+            help="Protect the cluster's znodes with a ZooKeeper digest credential made for it, kept in "
+            "WORK_DIR/zookeeper-digest (the printed exports name it for clients and tools).",
+        ),
+    ] = True,
     name: Annotated[str, typer.Option(help="The cluster's name.")] = "local",
     root: Annotated[
         str | None,
@@ -120,6 +128,7 @@ def up(
             metrics=metrics,
             session_timeout=session_timeout,
             start_timeout=timeout,
+            zookeeper_auth=zookeeper_auth,
             secure=secure,
         )
     except ConfigurationError as exc:

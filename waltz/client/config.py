@@ -19,12 +19,13 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
+from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
 from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES, TlsConfig
 
 __all__ = ["WaltzClientConfig"]
 
 
-class WaltzClientConfig(WaltzSettings):
+class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
     """Settings of a :class:`~waltz.client.client.WaltzClient`.
 
     See docs/design/client.md "WaltzClient and AsyncWaltzClient". Keys (and fields):
@@ -67,6 +68,8 @@ class WaltzClientConfig(WaltzSettings):
       traced when tracing is on.
     - ``client.ssl.caFile`` / ``certFile`` / ``keyFile``: TLS to servers (CA to verify them;
       certificate and key for mutual TLS).
+    - ``zookeeper.auth.digestFile`` / ``zookeeper.auth.digest`` / ``zookeeper.ssl.*``: the
+      cluster's ZooKeeper credential and TLS (:class:`~waltz.metadata.zk_security.ZooKeeperSettings`).
     """
 
     model_config = SettingsConfigDict(env_prefix="WALTZ_", extra="forbid")
@@ -74,6 +77,7 @@ class WaltzClientConfig(WaltzSettings):
     KEYS: ClassVar[dict[str, str]] = {
         "zookeeper.connectString": "zookeeper_connect_string",
         "zookeeper.sessionTimeout": "zookeeper_session_timeout",
+        **ZOOKEEPER_SECURITY_KEYS,
         "cluster.root": "cluster_root",
         "client.autoMount": "client_auto_mount",
         "client.maxConcurrentTransactions": "client_max_concurrent_transactions",

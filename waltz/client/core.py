@@ -87,6 +87,7 @@ class ClientCore:
             config.cluster_root,
             session_timeout=config.zookeeper_session_timeout,
             connect_timeout=config.zookeeper_session_timeout,
+            security=config.zookeeper_security(),
         )
         self._closed = False
         self._seq = 0

@@ -24,7 +24,8 @@ from kazoo.recipe.counter import Counter
 from waltz.errors import MetadataError
 from waltz.metadata.assignment import PartitionAssignment, read_assignment
 from waltz.metadata.zk import ClusterPaths, ClusterZk
-from waltz.metadata.zk_session import connect_zookeeper
+from waltz.metadata.zk_security import ZooKeeperSecurity
+from waltz.metadata.zk_session import connect_zookeeper, zookeeper_access
 
 __all__ = ["ServerDiscovery", "client_id_path"]
 
@@ -46,19 +47,31 @@ class ServerDiscovery:
         root: the cluster root znode.
         session_timeout: the ZooKeeper session timeout in seconds.
         connect_timeout: seconds to wait for the first connection.
+        security: the cluster's ZooKeeper credential and TLS (docs/design/zookeeper.md,
+            "Security"); None: no authentication, plaintext.
 
     Raises:
         ZooKeeperUnavailableError: ZooKeeper did not answer in time.
+        ZooKeeperAuthError: the cluster's znodes refuse this session's credential (or its lack).
         ClusterNotFoundError: no cluster under ``root``.
         ConfigurationError: the connect string is malformed.
     """
 
     def __init__(
-        self, connect_string: str, root: str, *, session_timeout: float = 10.0, connect_timeout: float = 10.0
+        self,
+        connect_string: str,
+        root: str,
+        *,
+        session_timeout: float = 10.0,
+        connect_timeout: float = 10.0,
+        security: ZooKeeperSecurity | None = None,
     ) -> None:
         self.paths = ClusterPaths.of(root)
         self._zk: KazooClient = connect_zookeeper(
-            connect_string, connect_timeout=connect_timeout, session_timeout=session_timeout
+            connect_string,
+            connect_timeout=connect_timeout,
+            session_timeout=session_timeout,
+            security=security,
         )
         self._closed = False
         self._watching = False
@@ -84,7 +97,8 @@ class ServerDiscovery:
             MetadataError: the counter passed the 32-bit range of a ReqId's client ID.
         """
         counter = Counter(self._zk, client_id_path(self.paths))
-        counter += 1
+        with zookeeper_access(self._zk, f"taking a client ID from {client_id_path(self.paths)}"):
+            counter += 1
         value = counter.post_value
         if not isinstance(value, int) or not 0 < value <= _INT32_MAX:
             raise MetadataError(
@@ -94,7 +108,8 @@ class ServerDiscovery:
 
     def read_assignment(self) -> PartitionAssignment:
         """The partition assignment now (empty when the cluster manager has not written one)."""
-        assignment, _ = read_assignment(self._zk, self.paths)
+        with zookeeper_access(self._zk, f"reading {self.paths.server_assignment}"):
+            assignment, _ = read_assignment(self._zk, self.paths)
         return assignment
 
     def watch_assignment(self, on_change: Callable[[PartitionAssignment], None]) -> None:

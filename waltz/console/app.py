@@ -105,6 +105,7 @@ def connect_admin(config: ConsoleConfig) -> ClusterAdmin:
         session_timeout=config.zookeeper_session_timeout,
         storage_timeout=config.cluster_storage_timeout,
         tls=config.tls(),
+        security=config.zookeeper_security(),
     )
 
 

@@ -17,6 +17,8 @@ The work directory (a temporary directory removed at :meth:`LocalCluster.close`,
 given by the caller and kept) holds::
 
     cluster.json          the layout (name, root, ports), to start a kept cluster again
+    zookeeper-digest      the cluster's ZooKeeper credential ``user:password`` (mode 0600), when
+                          ``zookeeper_auth`` is on (kept with the work directory, reused on resume)
     zookeeper/            ZooKeeper's zoo.cfg, zookeeper.log and data (unless ZooKeeper is external)
     storage-<i>/          storage node i's directory
     logs/storage-<i>.log  each node's output
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -62,10 +65,11 @@ from waltz.local.zookeeper import LocalZooKeeper
 from waltz.metadata.assignment import read_assignment
 from waltz.metadata.replicas import spread_replicas
 from waltz.metadata.zk import ClusterPaths, ClusterZk
+from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol.channels import TlsConfig
 
-__all__ = ["DEFAULT_SERVER_ENV", "LocalCluster"]
+__all__ = ["DEFAULT_SERVER_ENV", "DIGEST_FILE", "LocalCluster"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +84,10 @@ DEFAULT_SERVER_ENV: Mapping[str, str] = {
     # protocol (a deployment leaves it off, the server's default).
     "WALTZ_SERVER_ADMIN_APPENDS": "true",
 }
+
+
+#: The file of the cluster's ZooKeeper credential in the work directory.
+DIGEST_FILE = "zookeeper-digest"
 
 
 class LocalCluster:
@@ -126,6 +134,13 @@ class LocalCluster:
         tls: client TLS files the supervisor itself uses for the storage admin ports (creating
             the cluster) and the server ports (status probes), when the nodes serve TLS (set
             through ``storage_env`` and ``server_env``); None: plaintext.
+        zookeeper_auth: protect the cluster's znodes with a digest credential made for this
+            cluster (docs/design/zookeeper.md, "Security"), kept in ``zookeeper-digest`` in the
+            work directory and given to the servers as ``WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE``;
+            clients and tools then need it (:meth:`zookeeper_settings`).
+        zookeeper_security: ZooKeeper TLS files (and a credential) for the supervisor and the
+            servers, e.g. for an external ZooKeeper's secure port; with ``zookeeper_auth`` and no
+            credential in it, one is made.
         secure: a secured cluster: a CA and role certificates are made in ``<work dir>/tls``
             (:mod:`waltz.local.certificates`), every port of every node serves mutual TLS and
             checks roles, and the supervisor uses the ``admin`` certificate
@@ -159,6 +174,8 @@ class LocalCluster:
         tls: TlsConfig | None = None,
         server_args_of: Callable[[int], Sequence[str]] | None = None,
         storage_connect_string_of: Callable[[LocalStorageNode], str] | None = None,
+        zookeeper_auth: bool = False,
+        zookeeper_security: ZooKeeperSecurity | None = None,
         secure: bool = False,
     ) -> None:
         for what, value in (("storages", storages), ("servers", servers), ("partitions", partitions)):
@@ -193,6 +210,8 @@ class LocalCluster:
         if secure and tls is not None:
             raise ConfigurationError("a secure local cluster makes its own certificates: give secure or tls")
         self._tls = tls
+        self._zookeeper_auth = zookeeper_auth
+        self._zookeeper_security = zookeeper_security or ZooKeeperSecurity()
         self._secure = secure
         self.certificates: ClusterCertificates | None = None
         """The CA and role certificates of a secure cluster (made at :meth:`start`), else None."""
@@ -291,6 +310,52 @@ class LocalCluster:
             raise RuntimeError("the local cluster has no cluster key before start()")
         return self._cluster_key
 
+    @property
+    def zookeeper_security(self) -> ZooKeeperSecurity:
+        """The security of the cluster's ZooKeeper sessions (its credential once :meth:`start` ran)."""
+        return self._zookeeper_security
+
+    @property
+    def zookeeper_digest_file(self) -> Path | None:
+        """The file holding the cluster's ZooKeeper credential, or None without one."""
+        if self._zookeeper_security.digest is None or self._work_dir is None:
+            return None
+        return self._work_dir / DIGEST_FILE
+
+    def zookeeper_settings(self) -> dict[str, object]:
+        """Settings fields (``WaltzClientConfig``, ``ClusterAdminConfig``) that reach this cluster.
+
+        The connect string, the root and, when set, the credential file and ZooKeeper TLS files::
+
+            WaltzClientConfig(**cluster.zookeeper_settings(), client_max_concurrent_transactions=8)
+        """
+        return {
+            "zookeeper_connect_string": self.zookeeper_connect_string,
+            "cluster_root": self.root,
+            **self._security_settings(),
+        }
+
+    def _security_settings(self) -> dict[str, Path]:
+        security = self._zookeeper_security
+        settings = {
+            "zookeeper_auth_digest_file": self.zookeeper_digest_file,
+            "zookeeper_ssl_ca_file": security.ca_file,
+            "zookeeper_ssl_cert_file": security.cert_file,
+            "zookeeper_ssl_key_file": security.key_file,
+        }
+        return {k: v for k, v in settings.items() if v is not None}
+
+    def zookeeper_env(self) -> dict[str, str]:
+        """The ``WALTZ_ZOOKEEPER_*`` variables giving a process this cluster's credential and TLS files."""
+        names = {
+            "zookeeper_auth_digest_file": "WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE",
+            "zookeeper_ssl_ca_file": "WALTZ_ZOOKEEPER_SSL_CA_FILE",
+            "zookeeper_ssl_cert_file": "WALTZ_ZOOKEEPER_SSL_CERT_FILE",
+            "zookeeper_ssl_key_file": "WALTZ_ZOOKEEPER_SSL_KEY_FILE",
+        }
+        settings = self._security_settings()
+        return {env: str(settings[field]) for field, env in names.items() if field in settings}
+
     def pids(self) -> dict[str, int]:
         """Process name (``zookeeper``, ``storage-0``, ``server-1``...) -> PID, for running processes."""
         return {p.name: p.pid for p in self._processes() if p.is_running() and p.pid is not None}
@@ -328,6 +393,7 @@ class LocalCluster:
             if self._secure:
                 self._secure_with(make_cluster_certificates(self._work_dir / "tls"))
             layout = self._load_layout()
+            self._prepare_credential()
             self._build(layout)
             for node in self._storages:
                 node.launch()
@@ -336,7 +402,10 @@ class LocalCluster:
             for node in self._storages:
                 node.wait_started(remaining())
             self._zk = connect_zookeeper(
-                self.zookeeper_connect_string, connect_timeout=remaining(), session_timeout=10.0
+                self.zookeeper_connect_string,
+                connect_timeout=remaining(),
+                session_timeout=10.0,
+                security=self._zookeeper_security,
             )
             self._create_cluster(resuming=layout is not None)
             if self._keep:
@@ -638,7 +707,8 @@ class LocalCluster:
             lines += [
                 "  inspect it with the waltz command:",
                 f"    export WALTZ_ZOOKEEPER_CONNECT_STRING={self.zookeeper_connect_string} "
-                f"WALTZ_CLUSTER_ROOT={self.root}",
+                f"WALTZ_CLUSTER_ROOT={self.root}"
+                + "".join(f" {name}={value}" for name, value in self.zookeeper_env().items()),
             ]
             if files is not None:
                 lines.append(
@@ -694,6 +764,20 @@ class LocalCluster:
         if self._storage_connect_string_of is None:
             return node.address
         return self._storage_connect_string_of(node)
+
+    def _prepare_credential(self) -> None:
+        """Make (or, resuming a kept work directory, read) the cluster's credential; tell the servers."""
+        if self._zookeeper_auth and self._zookeeper_security.digest is None:
+            path = self.work_dir / DIGEST_FILE
+            digest = (
+                ZooKeeperSecurity.read_digest_file(path)
+                if path.exists()
+                else ZooKeeperSecurity.generate().digest
+            )
+            self._zookeeper_security = dataclasses.replace(self._zookeeper_security, digest=digest)
+        if self._zookeeper_security.digest is not None:
+            self._zookeeper_security.write_digest_file(self.work_dir / DIGEST_FILE)
+        self._server_env = {**self.zookeeper_env(), **self._server_env}
 
     def _load_layout(self) -> ClusterLayout | None:
         """The layout of the cluster a kept work directory holds, checked against the arguments."""

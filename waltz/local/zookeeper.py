@@ -8,6 +8,10 @@ writes, bound to 127.0.0.1 only, the admin server disabled, and a data directory
     with LocalZooKeeper(tick_time_ms=500) as zookeeper:
         client = KazooClient(hosts=zookeeper.connect_string)
 
+Given a PEM key store and trust store, it also serves TLS on a secure client port (ZooKeeper's
+Netty connection factory, from Debian's ``libnetty-java`` jars), for testing ZooKeeper TLS
+(docs/design/zookeeper.md, "Security").
+
 When the Debian jars are missing but a Docker engine answers, :class:`DockerZooKeeper` runs the
 ``zookeeper:3.8`` image through testcontainers instead (start and close only).
 """
@@ -50,6 +54,16 @@ _REQUIRED_JARS = (
     "slf4j-api.jar",
     "metrics-core.jar",
     "snappy-java.jar",
+)
+#: Netty jars of the secure client port (ZooKeeper's NettyServerCnxnFactory).
+_NETTY_JARS = (
+    "netty-handler.jar",
+    "netty-transport.jar",
+    "netty-buffer.jar",
+    "netty-codec.jar",
+    "netty-common.jar",
+    "netty-resolver.jar",
+    "netty-transport-native-epoll.jar",
 )
 #: An SLF4J binding; without it ZooKeeper logs nothing at all.
 _LOGGING_JAR = "slf4j-simple.jar"
@@ -155,9 +169,14 @@ class LocalZooKeeper:
         java_dir: where the ZooKeeper jars are (Debian's ``/usr/share/java``).
         heap_mb: the JVM's maximum heap in MiB.
         startup_timeout: seconds :meth:`start` waits for the server to answer.
+        tls_key_store: a PEM file holding the server's private key and certificate; set (with
+            ``tls_trust_store``), the server also serves TLS on :attr:`secure_port` and asks
+            clients for a certificate the trust store verifies.
+        tls_trust_store: a PEM CA bundle verifying client certificates.
 
     Raises:
-        ConfigurationError: java or the ZooKeeper jars are missing (the message says what to install).
+        ConfigurationError: java or the ZooKeeper jars (or, for TLS, the Netty jars) are missing
+            (the message says what to install).
     """
 
     def __init__(
@@ -170,11 +189,26 @@ class LocalZooKeeper:
         java_dir: Path = DEBIAN_JAVA_DIR,
         heap_mb: int = 256,
         startup_timeout: float = 30.0,
+        tls_key_store: Path | None = None,
+        tls_trust_store: Path | None = None,
     ) -> None:
         if tick_time_ms <= 0:
             raise ValueError(f"tick_time_ms must be positive, got {tick_time_ms}")
+        if (tls_key_store is None) != (tls_trust_store is None):
+            raise ValueError("tls_key_store and tls_trust_store go together")
         self._java = find_java(java)
         self._classpath = find_zookeeper_classpath(java_dir)
+        self._tls = (tls_key_store, tls_trust_store) if tls_key_store and tls_trust_store else None
+        self._secure_port: int | None = None
+        if self._tls is not None:
+            missing = [jar for jar in _NETTY_JARS if not (java_dir / jar).is_file()]
+            if missing:
+                raise ConfigurationError(
+                    f"cannot serve ZooKeeper TLS: {', '.join(missing)} not found in {java_dir}; "
+                    "install Debian's Netty: apt-get install -y libnetty-java"
+                )
+            self._classpath += "".join(f":{java_dir / jar}" for jar in _NETTY_JARS)
+            self._secure_port = free_port(_HOST)
         self._tick_time_ms = tick_time_ms
         self._heap_mb = heap_mb
         self._startup_timeout = startup_timeout
@@ -219,6 +253,22 @@ class LocalZooKeeper:
     def connect_string(self) -> str:
         """The connect string for clients, ``"127.0.0.1:PORT"``."""
         return f"{_HOST}:{self._port}"
+
+    @property
+    def secure_port(self) -> int | None:
+        """The TLS client port, or None without TLS."""
+        return self._secure_port
+
+    @property
+    def secure_connect_string(self) -> str:
+        """The connect string of the TLS client port, ``"127.0.0.1:PORT"``.
+
+        Raises:
+            RuntimeError: the server was made without TLS.
+        """
+        if self._secure_port is None:
+            raise RuntimeError("this LocalZooKeeper serves no TLS port (no tls_key_store)")
+        return f"{_HOST}:{self._secure_port}"
 
     @property
     def tick_time_ms(self) -> int:
@@ -372,20 +422,27 @@ class LocalZooKeeper:
         return f"LocalZooKeeper({self.connect_string}, data_dir={str(self._data_dir)!r}, {self._process!r})"
 
     def _write_config(self) -> None:
-        self.config_path.write_text(
-            "\n".join(
-                [
-                    f"tickTime={self._tick_time_ms}",
-                    f"dataDir={self._data_dir}",
-                    f"clientPort={self._port}",
-                    f"clientPortAddress={_HOST}",
-                    "admin.enableServer=false",
-                    "maxClientCnxns=0",
-                    f"4lw.commands.whitelist={_FOUR_LETTER_WORDS}",
-                    "",
-                ]
-            )
-        )
+        lines = [
+            f"tickTime={self._tick_time_ms}",
+            f"dataDir={self._data_dir}",
+            f"clientPort={self._port}",
+            f"clientPortAddress={_HOST}",
+            "admin.enableServer=false",
+            "maxClientCnxns=0",
+            f"4lw.commands.whitelist={_FOUR_LETTER_WORDS}",
+        ]
+        if self._tls is not None:
+            key_store, trust_store = self._tls
+            lines += [
+                f"secureClientPort={self._secure_port}",
+                f"secureClientPortAddress={_HOST}",
+                "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+                f"ssl.keyStore.location={key_store}",
+                "ssl.keyStore.type=PEM",
+                f"ssl.trustStore.location={trust_store}",
+                "ssl.trustStore.type=PEM",
+            ]
+        self.config_path.write_text("\n".join([*lines, ""]))
 
 
 def docker_engine_available() -> bool:

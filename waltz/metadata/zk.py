@@ -9,6 +9,10 @@ Layout under the cluster root (``docs/zookeeper.md``)::
     <root>/store/partition/<id>     PartitionMetadata (generation, session ID, replica states)
     <root>/server/...               server membership and partition assignment (cluster manager)
 
+Every znode is created with the session's default ACL: with a digest credential, all rights to
+that credential alone (docs/design/zookeeper.md, "Security"); a refused access raises
+:class:`~waltz.metadata.zk_session.ZooKeeperAuthError`.
+
 Nothing here is on the append path: znodes change only on faults and assignment changes.
 The methods block (kazoo's synchronous API); async callers run them with ``asyncio.to_thread``.
 """
@@ -21,6 +25,7 @@ from typing import Generic, Protocol, Self, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.security import OPEN_ACL_UNSAFE
 
 from waltz.errors import ClusterNotFoundError, GenerationFencedError, MetadataError, StaleMetadataError
 from waltz.metadata.values import (
@@ -30,6 +35,7 @@ from waltz.metadata.values import (
     PartitionMetadata,
     ReplicaAssignments,
 )
+from waltz.metadata.zk_session import zookeeper_access
 
 __all__ = ["ClusterPaths", "ClusterZk", "Versioned"]
 
@@ -159,7 +165,8 @@ class ClusterZk:
                 raise MetadataError(
                     f"storage {storage} is assigned partitions {bad} outside 0..{params.num_partitions - 1}"
                 )
-        self.zk.ensure_path(self.paths.root)
+        with zookeeper_access(self.zk, f"creating the cluster under {self.paths.root}"):
+            self._ensure_root()
         transaction = self.zk.transaction()
         transaction.create(self.paths.cluster, params.encode())
         transaction.create(self.paths.store, b"")
@@ -169,13 +176,68 @@ class ClusterZk:
         transaction.create(self.paths.partitions, b"")
         for pid in range(params.num_partitions):
             transaction.create(self.paths.partition(pid), PartitionMetadata(0, -1, {}).encode())
-        results = transaction.commit()
+        with zookeeper_access(self.zk, f"creating the cluster under {self.paths.root}"):
+            results = transaction.commit()
         failures = [r for r in results if isinstance(r, Exception)]
         if failures:
             if any(isinstance(r, NodeExistsError) for r in failures):
                 raise MetadataError(f"a cluster already exists under {self.paths.root}; delete it first")
             raise MetadataError(f"creating the cluster under {self.paths.root} failed: {failures[0]!r}")
         log.info("created cluster %r under %s", params.name, self.paths.root)
+
+    def _ensure_root(self) -> None:
+        """Create the root with the session's ACL; its parents, holding nothing, open to all.
+
+        Open parents let clusters with different credentials share one (``/waltz``); nobody can
+        delete a protected root holding znodes through them. A root that exists already (made by
+        an operator, or left by an older version) and holds nothing gets the session's ACL.
+        """
+        parent = self.paths.root.rsplit("/", 1)[0]
+        if parent:
+            self.zk.ensure_path(parent, acl=OPEN_ACL_UNSAFE)
+        try:
+            self.zk.create(self.paths.root, b"")
+        except NodeExistsError:
+            if self.zk.default_acl and not self.zk.get_children(self.paths.root):
+                self.zk.set_acls(self.paths.root, self.zk.default_acl)
+
+    def secure(self) -> int:
+        """Give every znode of the cluster the session's ACL (an existing cluster made without one).
+
+        Walks the root and everything below it, ephemeral member znodes included, setting the ACL
+        of the session's digest credential (docs/design/zookeeper.md, "Security"). Idempotent;
+        znodes deleted during the walk are skipped.
+
+        Returns:
+            The number of znodes whose ACL was set.
+
+        Raises:
+            MetadataError: the session has no digest credential (nothing to apply).
+            ClusterNotFoundError: no cluster exists under the root.
+            ZooKeeperAuthError: a znode is protected by another credential.
+        """
+        acl = self.zk.default_acl
+        if not acl:
+            raise MetadataError(
+                "no digest credential is configured: set the one the cluster should be protected "
+                "with (zookeeper.auth.digestFile or WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE), then run this again"
+            )
+        if not self.exists():
+            raise ClusterNotFoundError(f"no cluster under {self.paths.root}")
+        count = 0
+        pending = [self.paths.root]
+        with zookeeper_access(self.zk, f"setting the ACLs under {self.paths.root}"):
+            while pending:
+                path = pending.pop()
+                try:
+                    children = self.zk.get_children(path)
+                    self.zk.set_acls(path, acl)
+                except NoNodeError:
+                    continue
+                count += 1
+                pending.extend(f"{path}/{child}" for child in children)
+        log.info("set the digest ACL of %d znodes under %s", count, self.paths.root)
+        return count
 
     def delete(self) -> None:
         """Delete the cluster's znodes (everything under the root, and the root).
@@ -185,14 +247,16 @@ class ClusterZk:
         """
         if not self.exists():
             raise ClusterNotFoundError(f"no cluster under {self.paths.root}")
-        self.zk.delete(self.paths.root, recursive=True)
+        with zookeeper_access(self.zk, f"deleting the cluster under {self.paths.root}"):
+            self.zk.delete(self.paths.root, recursive=True)
         log.info("deleted the cluster under %s", self.paths.root)
 
     # ---- single znodes ----
 
     def _read(self, path: str) -> tuple[bytes, int]:
         try:
-            data, stat = self.zk.get(path)
+            with zookeeper_access(self.zk, f"reading {path}"):
+                data, stat = self.zk.get(path)
         except NoNodeError:
             if not self.exists():
                 raise ClusterNotFoundError(
@@ -203,7 +267,8 @@ class ClusterZk:
 
     def _write(self, path: str, value: _Codec, version: int) -> int:
         try:
-            stat = self.zk.set(path, value.encode(), version=version)
+            with zookeeper_access(self.zk, f"writing {path}"):
+                stat = self.zk.set(path, value.encode(), version=version)
         except BadVersionError:
             raise StaleMetadataError(f"znode {path} changed since version {version}") from None
         return int(stat.version)

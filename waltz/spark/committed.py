@@ -34,6 +34,7 @@ from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, call_admin
 from waltz.errors import ConfigurationError, WaltzError
 from waltz.metadata.replicas import quorum_of
 from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_security import ZooKeeperSecurity, security_from_environment
 from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol import storage_pb2
 from waltz.protocol.channels import TlsConfig
@@ -156,6 +157,7 @@ def plan_live(
     *,
     timeout: float = DEFAULT_STORAGE_TIMEOUT,
     tls: TlsConfig | None = None,
+    security: ZooKeeperSecurity | None = None,
 ) -> list[CommittedPartition]:
     """Find each partition's committed high-water mark on a live cluster.
 
@@ -169,6 +171,8 @@ def plan_live(
         partitions: partition IDs (None: every partition).
         timeout: seconds for each storage node's admin call.
         tls: client TLS files for the admin ports.
+        security: the cluster's ZooKeeper credential and TLS (docs/design/zookeeper.md,
+            "Security"); None: from the ``WALTZ_ZOOKEEPER_AUTH_*``/``SSL_*`` environment.
 
     Returns:
         One :class:`CommittedPartition` per partition, in partition order.
@@ -179,7 +183,7 @@ def plan_live(
         CommittedReadError: no replica of the current session of a partition answered and proved
             its state (the message lists each replica's answer).
     """
-    zk = connect_zookeeper(zookeeper)
+    zk = connect_zookeeper(zookeeper, security=security or security_from_environment())
     loop = asyncio.new_event_loop()
     try:
         cluster = ClusterZk(zk, cluster_root)

@@ -25,6 +25,7 @@ from kazoo.retry import KazooRetry
 from waltz import tracing
 from waltz.errors import WaltzError
 from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_session import make_kazoo_client
 from waltz.protocol import client_pb2_grpc, server_pb2, server_pb2_grpc
 from waltz.protocol.channels import bind_port, server_credentials, server_options
 from waltz.protocol.records import Record, ReqId
@@ -113,9 +114,10 @@ class ServerApp:
         """
         self._loop = asyncio.get_running_loop()
         config = self.config
-        zk = KazooClient(
-            hosts=config.zookeeper_connect_string,
-            timeout=config.zookeeper_session_timeout,
+        zk = make_kazoo_client(
+            config.zookeeper_connect_string,
+            security=config.zookeeper_security(),
+            session_timeout=config.zookeeper_session_timeout,
             connection_retry=reconnect_policy(config.zookeeper_session_timeout),
         )
         await asyncio.to_thread(zk.start, config.zookeeper_session_timeout)

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
+from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
 from waltz.protocol.channels import TlsConfig
 from waltz.services.server.server_partition import PartitionConfig
 from waltz.services.server.store.config import StoreConfig
@@ -16,7 +17,7 @@ from waltz.services.server.store.config import StoreConfig
 __all__ = ["ServerConfig"]
 
 
-class ServerConfig(WaltzSettings):
+class ServerConfig(WaltzSettings, ZooKeeperSettings):
     """Settings of a server; ``docs/configuration.md`` lists keys and variables."""
 
     model_config = SettingsConfigDict(env_prefix="WALTZ_", extra="forbid")
@@ -24,6 +25,7 @@ class ServerConfig(WaltzSettings):
     KEYS: ClassVar[dict[str, str]] = {
         "zookeeper.connectString": "zookeeper_connect_string",
         "zookeeper.sessionTimeout": "zookeeper_session_timeout",
+        **ZOOKEEPER_SECURITY_KEYS,
         "cluster.root": "cluster_root",
         "server.host": "server_host",
         "server.port": "server_port",

@@ -1,0 +1,127 @@
+"""A local cluster whose znodes are protected by a ZooKeeper digest credential, and one that speaks
+TLS to ZooKeeper: servers, tools and a client still work end to end (docs/design/zookeeper.md
+"Security")."""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+from support.tls import make_certificates
+
+from tests.client.client_helpers import Append, MemoryStore
+from waltz import WaltzClient, WaltzClientConfig
+from waltz.local.cluster import LocalCluster
+from waltz.local.nodes import LocalServer
+from waltz.local.processes import ServiceStartError
+from waltz.local.zookeeper import LocalZooKeeper
+from waltz.metadata.zk_security import ZooKeeperSecurity
+from waltz.metadata.zk_session import ZooKeeperAuthError, ZooKeeperUnavailableError, connect_zookeeper
+
+
+def walk(zk: KazooClient, root: str) -> list[str]:
+    paths, pending = [], [root]
+    while pending:
+        path = pending.pop()
+        paths.append(path)
+        pending.extend(f"{path}/{child}" for child in zk.get_children(path))
+    return sorted(paths)
+
+
+def append_and_apply(cluster: LocalCluster, data: bytes) -> None:
+    store = MemoryStore({0: -1})
+    with WaltzClient(store, WaltzClientConfig(**cluster.zookeeper_settings())) as client:  # type: ignore[arg-type]
+        transaction_id = client.submit(Append(0, data)).result(60)
+        assert transaction_id is not None
+        assert client.wait_applied(0, transaction_id, 30)
+    assert [a.data for a in store.applied[0]][-1] == data
+
+
+def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_protects_every_znode(
+    tmp_path: Path, zookeeper: LocalZooKeeper
+) -> None:
+    with LocalCluster(
+        storages=1,
+        servers=1,
+        partitions=1,
+        zookeeper=zookeeper.connect_string,
+        work_dir=tmp_path / "cluster",
+        delete_root=True,
+        zookeeper_auth=True,
+    ) as cluster:
+        append_and_apply(cluster, b"authenticated")
+        digest_file = cluster.zookeeper_digest_file
+        assert digest_file is not None and stat.S_IMODE(digest_file.stat().st_mode) == 0o600
+        assert "WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE" in cluster.describe()
+        security = cluster.zookeeper_security
+        zk = connect_zookeeper(zookeeper.connect_string, security=security)
+        try:
+            paths = walk(zk, cluster.root)
+            # servers' members and election, the assignment and the client ID counter included
+            assert {"/server/members", "/server/election", "/server/assignment", "/client/id"} <= {
+                p.removeprefix(cluster.root) for p in paths
+            }
+            for path in paths:
+                assert zk.get_acls(path)[0] == security.acl(), path
+        finally:
+            zk.stop()
+            zk.close()
+        anonymous = WaltzClientConfig(
+            zookeeper_connect_string=zookeeper.connect_string, cluster_root=cluster.root
+        )
+        with pytest.raises(ZooKeeperAuthError, match="has none"):
+            WaltzClient(MemoryStore({0: -1}), anonymous)
+        intruder = LocalServer(
+            zookeeper.connect_string,
+            cluster.root,
+            name="wrong-credential",
+            log_path=tmp_path / "wrong-credential.log",
+            env={"WALTZ_ZOOKEEPER_AUTH_DIGEST": "waltz:not-the-password"},
+        )
+        try:
+            with pytest.raises(ServiceStartError, match=r"ZooKeeper refused reading .*not the one"):
+                intruder.start()
+        finally:
+            intruder.close()
+
+
+@pytest.fixture
+def tls_zookeeper(tmp_path: Path) -> Iterator[tuple[LocalZooKeeper, dict[str, Path]]]:
+    files = make_certificates(tmp_path)
+    key_store = tmp_path / "zookeeper-keystore.pem"
+    key_store.write_bytes(files["server-key"].read_bytes() + files["server"].read_bytes())
+    with LocalZooKeeper(
+        data_dir=tmp_path / "zookeeper",
+        tick_time_ms=500,
+        tls_key_store=key_store,
+        tls_trust_store=files["ca"],
+    ) as server:
+        yield server, files
+
+
+def test_servers_tools_and_a_client_reach_zookeeper_over_tls(
+    tmp_path: Path, tls_zookeeper: tuple[LocalZooKeeper, dict[str, Path]]
+) -> None:
+    server, files = tls_zookeeper
+    security = ZooKeeperSecurity(ca_file=files["ca"], cert_file=files["client"], key_file=files["client-key"])
+    with pytest.raises(ZooKeeperUnavailableError, match=r"zookeeper\.ssl"):
+        connect_zookeeper(
+            server.secure_connect_string,
+            connect_timeout=2,
+            security=ZooKeeperSecurity(ca_file=files["ca"]),  # no client certificate: refused
+        )
+    with LocalCluster(
+        storages=1,
+        servers=1,
+        partitions=1,
+        zookeeper=server.secure_connect_string,
+        work_dir=tmp_path / "cluster",
+        delete_root=True,
+        zookeeper_auth=True,
+        zookeeper_security=security,
+    ) as cluster:
+        assert cluster.zookeeper_env()["WALTZ_ZOOKEEPER_SSL_CA_FILE"] == str(files["ca"])
+        append_and_apply(cluster, b"over ZooKeeper TLS")
