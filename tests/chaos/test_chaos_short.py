@@ -355,3 +355,24 @@ def test_short_chaos_run_of_the_other_workloads(tmp_path: Path, workload: str) -
         assert "counter: every increment read its key's latest value (no lost update)" in names
     else:
         assert "ledger: money conserved" in names
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["raw", "counter"])
+def test_chaos_run_with_paused_owners(tmp_path: Path, workload: str) -> None:
+    """Owners paused past their ZooKeeper session timeout while the workers' flushes wait on them
+    (docs/design/server.md "What a client hears from a fenced owner"): nothing lost or doubled."""
+    _require_zookeeper()
+    lines: list[str] = []
+    options = ChaosOptions(
+        transactions=3000,
+        seed=1,
+        faults=(FaultKind.PAUSE_OWNER,),
+        fault_count=3,
+        workload=workload,
+        lock_pool=40 if workload == "counter" else 1000,
+        work_dir=tmp_path / "chaos",
+    )
+    result = run_chaos(options, lines.append)
+    assert result.passed, "\n".join(lines[-60:])
+    assert len(result.faults) == 3 and all("pause-owner" in f for f in result.faults), result.faults
