@@ -29,7 +29,7 @@ from waltz.chaos.checks import (
     check_run,
     segment_digests,
 )
-from waltz.chaos.schedule import random_schedule
+from waltz.chaos.schedule import OWNER_PAUSE_MARGIN, random_schedule
 from waltz.chaos.sequence import ChecksumCallbacks, counter_key_for, counter_payload, payload_for
 from waltz.client.transaction import Transaction
 from waltz.local.zookeeper import find_java, find_zookeeper_classpath
@@ -150,6 +150,17 @@ def test_random_schedule_is_seeded_and_hits_only_a_minority() -> None:
             assert len(fault.targets) == 1 and 0 <= fault.targets[0] < 3
     three = random_schedule(1, kinds, count=100, storages=3, servers=3)
     assert all(len(f.targets) <= 1 for f in three)
+
+
+def test_pause_owner_faults_target_a_partition_and_outlast_the_session_timeout() -> None:
+    schedule = random_schedule(
+        5, (FaultKind.PAUSE_OWNER,), count=50, storages=3, servers=3, partitions=4, session_timeout=4.0
+    )
+    assert {f.targets for f in schedule} == {(0,), (1,), (2,), (3,)}
+    shortest, longest = 4.0 + OWNER_PAUSE_MARGIN + 1.0, 4.0 + OWNER_PAUSE_MARGIN + 6.0
+    assert all(shortest <= f.duration <= longest for f in schedule)
+    assert "pause-owner of partition" in schedule[0].describe()
+    assert parse_fault_kinds("pause-owner") == (FaultKind.PAUSE_OWNER,)
 
 
 def test_fault_kinds_parse() -> None:
@@ -344,3 +355,24 @@ def test_short_chaos_run_of_the_other_workloads(tmp_path: Path, workload: str) -
         assert "counter: every increment read its key's latest value (no lost update)" in names
     else:
         assert "ledger: money conserved" in names
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["raw", "counter"])
+def test_chaos_run_with_paused_owners(tmp_path: Path, workload: str) -> None:
+    """Owners paused past their ZooKeeper session timeout while the workers' flushes wait on them
+    (docs/design/server.md "What a client hears from a fenced owner"): nothing lost or doubled."""
+    _require_zookeeper()
+    lines: list[str] = []
+    options = ChaosOptions(
+        transactions=3000,
+        seed=1,
+        faults=(FaultKind.PAUSE_OWNER,),
+        fault_count=3,
+        workload=workload,
+        lock_pool=40 if workload == "counter" else 1000,
+        work_dir=tmp_path / "chaos",
+    )
+    result = run_chaos(options, lines.append)
+    assert result.passed, "\n".join(lines[-60:])
+    assert len(result.faults) == 3 and all("pause-owner" in f for f in result.faults), result.faults

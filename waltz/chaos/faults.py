@@ -135,6 +135,18 @@ class FaultInjector:
                 self.not_ready.append(f"{fault.describe()}: {exc}")
                 self._note(f"healed, but not every partition is writable after {_READY_TIMEOUT:g}s")
 
+    def _owner_index(self, cluster: LocalCluster, partition_id: int) -> int:
+        """The index of the server owning a partition now (which may advertise its proxy).
+
+        Raises:
+            ClusterNotReadyError: no server of the cluster owns the partition right now.
+        """
+        endpoint = cluster.owner(partition_id)
+        for index, proxy in enumerate(self._client_proxies):
+            if proxy.address == endpoint:
+                return index
+        return cluster.owner_index(partition_id)
+
     def _strike(self, fault: Fault) -> Callable[[], None]:
         """Strike a fault; return what heals it."""
         cluster = self._cluster()
@@ -151,6 +163,12 @@ class FaultInjector:
         if kind is FaultKind.PAUSE_SERVER:
             _for_each(cluster.pause_server, targets)()
             return _for_each(cluster.resume_server, targets)
+        if kind is FaultKind.PAUSE_OWNER:
+            # The owner now: the partition may have moved since the schedule was drawn.
+            owners = sorted({self._owner_index(cluster, pid) for pid in targets})
+            self._note(f"pausing server(s) {owners}, the owner of partition(s) {list(targets)}")
+            _for_each(cluster.pause_server, owners)()
+            return _for_each(cluster.resume_server, owners)
         if kind in (FaultKind.KILL_ZOOKEEPER, FaultKind.PAUSE_ZOOKEEPER):
             zookeeper = cluster.zookeeper
             if zookeeper is None:

@@ -146,6 +146,8 @@ class ChaosOptions:
                 storages=self.storages,
                 servers=self.servers,
                 max_duration=self.max_fault_duration,
+                partitions=self.partitions,
+                session_timeout=self.session_timeout,
             )
         raise ValueError(f"unknown schedule {self.schedule!r}: use random or fixed")
 

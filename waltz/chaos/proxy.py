@@ -149,6 +149,10 @@ class FaultProxy:
             await asyncio.gather(
                 self._pipe(client_reader, server_writer), self._pipe(server_reader, client_writer)
             )
+        except asyncio.CancelledError:
+            # The proxy is closing (a delayed chunk may still be waiting). Ending normally keeps
+            # asyncio's stream callback (Python 3.11) from logging the cancellation as an error.
+            pass
         finally:
             for transport in transports:
                 self._transports.discard(transport)

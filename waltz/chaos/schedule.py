@@ -17,6 +17,7 @@ from dataclasses import dataclass
 __all__ = [
     "DEFAULT_FAULTS",
     "NETWORK_FAULTS",
+    "OWNER_PAUSE_MARGIN",
     "Fault",
     "FaultKind",
     "fixed_schedule",
@@ -40,6 +41,10 @@ class FaultKind(enum.Enum):
     """``SIGSTOP`` one server, ``SIGCONT`` after the duration."""
     PAUSE_ZOOKEEPER = "pause-zookeeper"
     """``SIGSTOP`` ZooKeeper, ``SIGCONT`` after the duration."""
+    PAUSE_OWNER = "pause-owner"
+    """``SIGSTOP`` the server owning a partition for longer than the servers' ZooKeeper session
+    timeout, ``SIGCONT`` after the duration: its partitions move while it sleeps, and it wakes up
+    with the clients' appends in flight and their flushes waiting on it."""
     CUT_CLIENTS = "cut-clients"
     """Cut the client connections of one server and refuse new ones for the duration."""
     CUT_STORAGE = "cut-storage"
@@ -49,6 +54,11 @@ class FaultKind(enum.Enum):
     DELAY_STORAGE = "delay-storage"
     """Delay every byte between the servers and a minority of storage nodes for the duration."""
 
+
+#: Seconds a ``pause-owner`` fault lasts beyond the servers' ZooKeeper session timeout (at least):
+#: time for ZooKeeper to expire the session, the cluster manager to move the partitions and their
+#: new owners to recover them while the old owner still sleeps.
+OWNER_PAUSE_MARGIN = 2.0
 
 #: Kinds that need the fault proxies.
 NETWORK_FAULTS = frozenset(
@@ -65,7 +75,8 @@ class Fault:
     Attributes:
         at: the fraction (0..1) of the run's transactions acknowledged when it strikes.
         kind: what it does.
-        targets: indexes of the storage nodes or servers it hits (empty for ZooKeeper).
+        targets: indexes of the storage nodes or servers it hits (empty for ZooKeeper; for
+            ``pause-owner`` the partition whose owner it pauses, found when it strikes).
         duration: seconds until it is healed (restart, resume, unblock, no more delay).
         delay: seconds of added latency (delay kinds only).
     """
@@ -78,7 +89,10 @@ class Fault:
 
     def describe(self) -> str:
         """One line for people, e.g. ``at 25%: kill-storage [1] for 3.0s``."""
-        targets = f" {list(self.targets)}" if self.targets else ""
+        if self.kind is FaultKind.PAUSE_OWNER:
+            targets = "".join(f" of partition {t}" for t in self.targets)
+        else:
+            targets = f" {list(self.targets)}" if self.targets else ""
         delay = f" by {self.delay * 1000:.0f}ms" if self.delay else ""
         return f"at {self.at:.0%}: {self.kind.value}{targets}{delay} for {self.duration:.1f}s"
 
@@ -114,6 +128,8 @@ def random_schedule(
     storages: int,
     servers: int,
     max_duration: float = 6.0,
+    partitions: int = 1,
+    session_timeout: float = 4.0,
 ) -> list[Fault]:
     """A random schedule of ``count`` faults of the given kinds, spread over the run.
 
@@ -126,6 +142,10 @@ def random_schedule(
         storages: the number of storage nodes (a minority of them may be hit at once).
         servers: the number of servers.
         max_duration: the longest duration in seconds (durations are drawn from 1 to this).
+        partitions: the number of partitions (``pause-owner`` pauses the owner of one of them).
+        session_timeout: the servers' ZooKeeper session timeout in seconds: a ``pause-owner``
+            fault lasts that long plus :data:`OWNER_PAUSE_MARGIN` plus its drawn duration, so
+            that the session expires and the partitions move while the owner sleeps.
 
     Returns:
         The faults by increasing ``at``, between 5% and 85% of the run.
@@ -152,12 +172,17 @@ def random_schedule(
             FaultKind.DELAY_CLIENTS,
         ):
             targets = (rng.randrange(servers),)
+        elif kind is FaultKind.PAUSE_OWNER:
+            targets = (rng.randrange(partitions),)
         delay = (
             round(rng.uniform(0.02, 0.3), 3)
             if kind in (FaultKind.DELAY_CLIENTS, FaultKind.DELAY_STORAGE)
             else 0.0
         )
-        faults.append(Fault(round(at, 3), kind, targets, round(rng.uniform(1.0, max_duration), 1), delay))
+        duration = rng.uniform(1.0, max_duration)
+        if kind is FaultKind.PAUSE_OWNER:
+            duration += session_timeout + OWNER_PAUSE_MARGIN
+        faults.append(Fault(round(at, 3), kind, targets, round(duration, 1), delay))
     return faults
 
 

@@ -5,6 +5,8 @@ Each worker is its own OS process (started with ``spawn`` by :mod:`waltz.chaos.r
 ``transactions`` transactions, each to a random partition with one WRITE lock drawn from a pool
 and a random payload (:func:`~waltz.chaos.sequence.payload_for`), at most ``in_flight`` at once;
 a lock failure makes the client run the context again (docs/design/locks.md "The compatibility rule").
+A worker that has waited a second for a free slot flushes briefly, so that flush requests wait
+on the servers that hold its stalled appends.
 Meanwhile it applies every partition into a running checksum
 (:class:`~waltz.chaos.sequence.ChecksumCallbacks`).
 
@@ -43,6 +45,7 @@ from waltz.client import (
     WaltzClient,
     WaltzClientConfig,
 )
+from waltz.errors import WaltzTimeoutError
 
 __all__ = ["ChaosAppend", "CounterIncrement", "WorkerSpec", "worker_main"]
 
@@ -50,6 +53,12 @@ log = logging.getLogger(__name__)
 
 #: Seconds between progress messages.
 _PROGRESS_INTERVAL = 0.5
+#: Seconds a worker waits for a free slot before it flushes, as an application waiting for its
+#: transactions would: the flush requests then wait on the owners of the stalled partitions
+#: (docs/chaos.md "The fault schedule", ``pause-owner``).
+_FLUSH_WHEN_STALLED = 1.0
+#: The workers' ``client.longWaitThreshold``: a waiting flush sends its flush requests after this.
+_NUDGE_AFTER = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +191,13 @@ def _wait_for_gate(
         stop.wait(0.02)
 
 
+def _flush_briefly(client: WaltzClient) -> None:
+    """Flush for a moment (long enough to send flush requests to the partitions with appends
+    pending), without waiting for the outcome."""
+    with contextlib.suppress(WaltzTimeoutError):
+        client.flush(timeout=2 * _NUDGE_AFTER)
+
+
 def _submit_all(
     spec: WorkerSpec,
     client: WaltzClient,
@@ -222,7 +238,8 @@ def _submit_all(
         _wait_for_gate(spec, sequence, gate, stop, report)
         if stop.is_set():
             break
-        while not outcomes.slots.acquire(timeout=1.0):
+        while not outcomes.slots.acquire(timeout=_FLUSH_WHEN_STALLED):
+            _flush_briefly(client)
             if time.monotonic() - outcomes.last_outcome > spec.stall_timeout:
                 raise TimeoutError(
                     f"worker {spec.index}: no submission ended for {spec.stall_timeout:g}s "
@@ -242,7 +259,8 @@ def _submit_all(
         report()
     # Wait for every outcome: take back every slot.
     for _ in range(spec.in_flight):
-        while not outcomes.slots.acquire(timeout=1.0):
+        while not outcomes.slots.acquire(timeout=_FLUSH_WHEN_STALLED):
+            _flush_briefly(client)
             if time.monotonic() - outcomes.last_outcome > spec.stall_timeout:
                 raise TimeoutError(
                     f"worker {spec.index}: {spec.in_flight} submissions still without an outcome "
@@ -277,6 +295,7 @@ def worker_main(spec: WorkerSpec, conn: Connection, stop: Event, gate: Synchroni
             zookeeper_connect_string=spec.zookeeper,
             cluster_root=spec.root,
             client_max_concurrent_transactions=max(spec.in_flight, 1),
+            client_long_wait_threshold=_NUDGE_AFTER,
         )
         with WaltzClient(callbacks, config) as client:
             client.wait_mounted(120)

@@ -45,8 +45,8 @@ def chaos(
         typer.Option(
             help=(
                 "Fault kinds, comma-separated, or all / none: kill-storage, kill-server, kill-zookeeper, "
-                "pause-storage, pause-server, pause-zookeeper, cut-clients, cut-storage, delay-clients, "
-                "delay-storage."
+                "pause-storage, pause-server, pause-zookeeper, pause-owner, cut-clients, cut-storage, "
+                "delay-clients, delay-storage."
             )
         ),
     ] = "all",

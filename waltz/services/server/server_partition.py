@@ -217,6 +217,7 @@ class Partition:
         self.generation = generation
         self.config = config or PartitionConfig()
         self.store = store_factory(self._committed)
+        self.store.on_close = self._store_closing
         self._observe_commits = observe_commits
         # perf_counter() at which each append of the commit being resolved arrived: timed at once
         # when the commit's records reach _committed (one clock read and one histogram lock).
@@ -253,9 +254,22 @@ class Partition:
 
     async def close(self, reason: str) -> None:
         """Suspend every feed (clients mount elsewhere) and close the store partition."""
+        self._store_closing(reason)
+        await self.store.close(reason)
+
+    def _store_closing(self, reason: str) -> None:
+        """Suspend every feed: the store partition closes (the partition moved, the server stops,
+        or a newer generation fenced the store).
+
+        Called before the store settles the appends it still holds, and a closed partition answers
+        no flush and no mount with "ready": the fate of an append in flight is undecided here, so a
+        client must learn it from the feed of the partition's next owner, never from this server's
+        old high-water mark (docs/design/server.md "Generations and server fencing").
+        """
+        if self._cursors:
+            log.info("partition %d: suspending %d feed(s): %s", self.partition_id, len(self._cursors), reason)
         for cursor in list(self._cursors.values()):
             self._suspend(cursor)
-        await self.store.close(reason)
 
     @property
     def closed(self) -> bool:
@@ -462,6 +476,10 @@ class Partition:
         await state.idle.wait()
         if self._unmounts.get(connection.connection_id, 0) != unmounts:
             return  # an unmount received after this mount cancels it (docs/protocol.md "Unmount")
+        if self.store.closed:
+            # The client's appends may be undecided: only the next owner can answer "ready".
+            connection.send(_mount_response(request.req_id, ready=False))
+            return
         old = self._cursors.pop(connection.connection_id, None)
         if old is not None and old.task is not None:
             old.task.cancel()
@@ -663,10 +681,17 @@ class Partition:
     async def flush(
         self, connection: ClientConnection, request: client_pb2.FlushRequest, network_seq: int
     ) -> None:
-        """Answer once every append of this client received before has resolved."""
+        """Answer once every append of this client received before has resolved.
+
+        A partition whose store closed meanwhile does not answer: the appends it left in flight are
+        undecided, and the client (whose feed was suspended) learns their fate from the next owner
+        (docs/design/server.md "Flush and high-water-mark requests").
+        """
         if self._stale(connection, request.req_id, network_seq):
             return
         await self._client(request.req_id.client_id).idle.wait()
+        if self.store.closed:
+            return
         connection.send(
             client_pb2.ServerMessage(
                 flush=client_pb2.FlushResponse(req_id=request.req_id, transaction_id=self.high_water_mark)
@@ -680,6 +705,8 @@ class Partition:
         if request.req_id.generation != self.generation:
             return
         await self._ready()
+        if self.store.closed:
+            return  # dropped, as for a partition not here: the client asks the next owner
         connection.send(
             client_pb2.ServerMessage(
                 high_water_mark=client_pb2.HighWaterMarkResponse(

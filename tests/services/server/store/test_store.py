@@ -18,7 +18,12 @@ from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError, StorageStreams
-from waltz.services.server.store.store_partition import AppendFailedError, StoreClosedError, StorePartition
+from waltz.services.server.store.store_partition import (
+    AppendFailedError,
+    AppendUndecidedError,
+    StoreClosedError,
+    StorePartition,
+)
 from waltz.services.server.store.store_session import RECORD_OVERHEAD_BYTES
 
 SHARED = pytest.mark.parametrize("shared", [False, True], ids=["own-streams", "shared-streams"])
@@ -349,6 +354,44 @@ def test_a_newer_generation_fences_the_old_owner(store_cluster: StoreCluster, sh
         await close_streams(streams)
         records = (await replica_records(store_cluster, 0))[store_cluster.storages[0].address]
         assert [r.req_id.seq_num for r in records] == list(range(11))
+
+    run(scenario())
+
+
+def test_a_fenced_store_tells_its_owner_first_and_leaves_its_records_in_flight_undecided(
+    store_cluster: StoreCluster,
+) -> None:
+    """docs/design/server.md "What a client hears from a fenced owner": the record reached one
+    replica only, so the next owner's recovery may commit it; the old store must not call it
+    failed, and its owner hears of the close before the record is settled."""
+
+    async def scenario() -> None:
+        partition = store(store_cluster)
+        closes: list[tuple[str, bool]] = []
+        in_flight: asyncio.Future[int] | None = None
+
+        def closing(reason: str) -> None:
+            closes.append((reason, in_flight is not None and in_flight.done()))
+
+        partition.on_close = closing
+        partition.start()
+        assert await append_many(partition, 0, 5) == list(range(5))
+        # A newer owner takes the next store session ID; the old store writes on meanwhile.
+        await asyncio.to_thread(store_cluster.zk.begin_store_session, 0, 2)
+        for node in store_cluster.storages[1:]:
+            node.kill()
+        in_flight = partition.submit(ReqId(1, 1, 0, 100), 0, payload(100))
+        with pytest.raises(AppendUndecidedError, match="next store session"):
+            await asyncio.wait_for(in_flight, 30)
+        assert partition.closed and "generation 1 is fenced by generation 2" in partition.close_reason
+        assert [done for _, done in closes] == [False], closes
+        with pytest.raises(StoreClosedError) as refused:
+            await partition.append(ReqId(1, 1, 0, 101), 0, b"after the close")
+        assert not isinstance(refused.value, AppendUndecidedError)
+        await partition.close()
+        first = store_cluster.storages[0]
+        records = (await replica_records(store_cluster, 0, [first]))[first.address]
+        assert [r.req_id.seq_num for r in records] == [0, 1, 2, 3, 4, 100]
 
     run(scenario())
 

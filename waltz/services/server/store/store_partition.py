@@ -9,7 +9,10 @@ replicas) has flushed it. A session ends when a replica fails (the next session 
 it), when a replica that was down answers again (the next session catches it up), after
 ``checkpoint_interval`` transactions, or when the partition closes. Records still in flight when a
 session ends are settled by the next recovery: committed if the resolved high-water mark covers
-them, failed otherwise.
+them, failed otherwise. Records still in flight when the store partition closes (it moved, the
+server stops, or a newer generation fenced it) are undecided: the next owner's recovery commits or
+drops them, so the store reports them with :class:`AppendUndecidedError`, never as failed
+(docs/design/server.md "Generations and server fencing").
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from waltz.services.server.store.recovery import RecoveryAbortedError, RecoveryM
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError, StorageStreams
 from waltz.services.server.store.store_session import AppendDone, PendingAppend, StoreSession
 
-__all__ = ["AppendFailedError", "StoreClosedError", "StorePartition"]
+__all__ = ["AppendFailedError", "AppendUndecidedError", "StoreClosedError", "StorePartition"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,16 @@ class AppendFailedError(WaltzError):
 
 class StoreClosedError(WaltzError):
     """The store partition is closed (shut down, or fenced by a newer generation)."""
+
+
+class AppendUndecidedError(StoreClosedError):
+    """The store partition closed while the record was in flight: its fate is undecided.
+
+    The record was sent to the replicas but no quorum acknowledged it before the store closed, so
+    some replicas may hold it. The recovery of the partition's next store session (on this server
+    or on the partition's next owner) commits it or drops it; the partition's log (its feed) tells
+    which. See docs/design/server.md "Generations and server fencing".
+    """
 
 
 def _settle_future(future: asyncio.Future[int]) -> AppendDone:
@@ -71,6 +84,13 @@ class StorePartition:
             transaction ID order (the feed builds on it).
         streams: the server's store session streams, one per storage node, shared with its other
             partitions; None: a stream per replica session.
+
+    Attributes:
+        on_close: called once on the event loop with the reason when the store partition closes
+            (by :meth:`close`, or fenced by a newer generation), before any record left in it is
+            settled: the owner stops its feeds there, so that no client takes the settling of an
+            undecided record for its outcome (docs/design/server.md "Generations and server
+            fencing"). None: nobody is told.
     """
 
     def __init__(
@@ -110,6 +130,7 @@ class StorePartition:
         self.traced_queued = 0
         """Traced records queued and not yet in a batch (docs/tracing.md)."""
         self.recovered = asyncio.Event()
+        self.on_close: Callable[[str], None] | None = None
 
     # ---- life cycle ----
 
@@ -120,7 +141,12 @@ class StorePartition:
             self._task = self._loop.create_task(self._run(), name=f"store-partition-{self.partition_id}")
 
     async def close(self, reason: str = "closed") -> None:
-        """Stop writing, fail every record not yet committed, and close the replica sessions."""
+        """Stop writing, settle every record not yet committed, and close the replica sessions.
+
+        The batches in flight may still be answered (for at most the request timeout); then the
+        records still in flight are undecided (:class:`AppendUndecidedError`) and the queued ones,
+        never sent to a replica, fail (:class:`StoreClosedError`).
+        """
         if self._closed:
             return
         self._closed = True
@@ -134,8 +160,8 @@ class StorePartition:
                 await asyncio.wait_for(asyncio.wait({self._task}), self.config.request_timeout)
             self._task.cancel()
             await asyncio.wait({self._task})
-        self._fail_all(StoreClosedError(f"partition {self.partition_id}: {reason}"))
         self._writable.clear()
+        self._close_out()
 
     @property
     def closed(self) -> bool:
@@ -182,8 +208,10 @@ class StorePartition:
 
         Returns:
             A future of its transaction ID, set when a quorum of replicas has flushed it. It fails
-            with :class:`AppendFailedError` when its session ended without committing it, or
-            :class:`StoreClosedError` when the partition closed.
+            with :class:`AppendFailedError` when a recovery dropped it, with
+            :class:`AppendUndecidedError` when the partition closed while it was in flight (the
+            next recovery decides it), or with :class:`StoreClosedError` when the partition closed
+            before it was sent.
         """
         loop = self._loop or asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
@@ -195,8 +223,9 @@ class StorePartition:
     ) -> None:
         """:meth:`submit` without a future, for the append path: ``on_done(transaction_id, None)``
         runs on the loop within the commit of the transaction (just before ``on_commit`` sees it), or
-        ``on_done(-1 or its ID, error)`` when it fails (:class:`AppendFailedError`,
-        :class:`StoreClosedError`). ``checksum`` is the CRC-32 of ``data``, checked by the caller.
+        ``on_done(-1 or its ID, error)`` when it fails or is left undecided
+        (:class:`AppendFailedError`, :class:`AppendUndecidedError`, :class:`StoreClosedError`).
+        ``checksum`` is the CRC-32 of ``data``, checked by the caller.
         ``trace``: the server append span of a traced transaction (its store batch gets a span).
 
         Raises:
@@ -272,7 +301,7 @@ class StorePartition:
                 log.warning("%s", exc)
                 self._closed = True
                 self._close_reason = str(exc)
-                self._fail_all(StoreClosedError(f"partition {self.partition_id}: {exc}"))
+                self._close_out()
                 return
             except RecoveryAbortedError as exc:
                 if self._closed:
@@ -358,10 +387,29 @@ class StorePartition:
         self._high_water_mark = max(self._high_water_mark, transaction_id)
         self._committed(kept)
 
-    def _fail_all(self, exc: Exception) -> None:
-        for queue in (self._in_flight, self._queue):
-            while queue:
-                self._resolve(queue.popleft(), exc)
+    def _close_out(self) -> None:
+        """Settle what is left in a closed store partition, after telling ``on_close``.
+
+        Records in flight were sent to the replicas and may be on some of them: the next recovery
+        decides them (:class:`AppendUndecidedError`). Queued records were never sent: they fail
+        (:class:`StoreClosedError`).
+        """
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            try:
+                on_close(self._close_reason)
+            except Exception:
+                log.exception("partition %d: the close callback raised", self.partition_id)
+        reason = f"partition {self.partition_id}: {self._close_reason}"
+        undecided = AppendUndecidedError(
+            f"{reason}; the store closed before a quorum of replicas acknowledged the record: the "
+            "recovery of the partition's next store session commits or drops it (read the log)"
+        )
+        while self._in_flight:
+            self._resolve(self._in_flight.popleft(), undecided)
+        closed = StoreClosedError(reason)
+        while self._queue:
+            self._resolve(self._queue.popleft(), closed)
 
     def _resolve(self, pending: PendingAppend, error: BaseException | None) -> None:
         """A queued or in-flight record leaves the store (committed, or failed with ``error``)."""
