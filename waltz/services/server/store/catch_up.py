@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from waltz.errors import StaleMetadataError, WaltzError
 from waltz.metadata.values import PartitionMetadata, ReplicaState
 from waltz.metadata.zk import ClusterZk, Versioned
+from waltz.protocol.storage_client import columns_append
 from waltz.services.server.store.recovery import LaggingReplica, clean_replica
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
 
@@ -222,7 +223,7 @@ class ReplicaCatchUp:
                     "MISSING",
                     f"no record {next_id} to copy to {self.storage}",
                 )
-            await connection.append(records)
+            await connection.start_append(columns_append(records))  # in columns, as a store batch
             next_id = records[-1].transaction_id + 1
             self.copied += len(records)
             if rate > 0:

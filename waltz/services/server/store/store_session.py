@@ -402,7 +402,7 @@ class StoreSession:
         Returns:
             True when it joined; False when it must copy more first, or the session is ending.
         """
-        if self._ending is not None or storage in self.writers:
+        if self._ending is not None:
             return False
         sent = self.next_transaction_id - 1
         if last > sent:
