@@ -9,7 +9,7 @@ appends kept in flight. Storage node 2 is stopped (SIGTERM) and the others write
 --window in flight again, it is restarted. From the restart until --after seconds after it is a
 writer of the store session again, every commit is timed: the figure is the longest gap between
 two commits (the write stall) and when it began after the restart, with the time the replica took
-to join, the store sessions started meanwhile and the records committed per second. The two
+to join, the store sessions started meanwhile and the records committed per second. The --steady
 seconds just before the restart give the longest gap and the rate of steady writing.
 
 Run it against another tree (e.g. main) by putting that tree first on PYTHONPATH; the script
@@ -43,6 +43,7 @@ from waltz.metadata.values import ClusterParams, ConnectionMetadata, GroupDescri
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient
+from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.store_partition import StorePartition
 
 
@@ -116,7 +117,15 @@ async def one_lag(directory: Path, lag: int, args: argparse.Namespace) -> None:
                 async with StorageAdminClient(node.admin_address, str(params.cluster_key), 1) as admin:
                     await admin.assign_partition(0, True)
             writer = Writer(args.fill_window, os.urandom(args.size))
-            partition = StorePartition(0, 1, zk, str(params.cluster_key), 1, on_commit=writer.on_commit)
+            settings: dict[str, float] = {}
+            if args.page is not None:
+                settings["catch_up_page"] = args.page
+            if args.rate is not None:
+                settings["catch_up_rate"] = args.rate  # a setting the tree measured may not have
+            config = StoreConfig(**settings)  # type: ignore[arg-type]
+            partition = StorePartition(
+                0, 1, zk, str(params.cluster_key), 1, config=config, on_commit=writer.on_commit
+            )
             writer.partition = partition
             partition.start()
             await partition.wait_writable(30.0)
@@ -134,7 +143,7 @@ async def one_lag(directory: Path, lag: int, args: argparse.Namespace) -> None:
                 writer.window = args.window
                 await asyncio.sleep(2.0)  # steady writing with the measured window
                 quiet_start = time.perf_counter()
-                await asyncio.sleep(2.0)
+                await asyncio.sleep(args.steady)
                 restart = time.perf_counter()
                 steady_gap, _ = longest_gap(writer.commits, quiet_start, restart)
                 steady_rate = sum(
@@ -197,6 +206,11 @@ def main() -> None:
         type=int,
         default=2000,
         help="appends in flight while the lag builds up (default 2000)",
+    )
+    parser.add_argument("--page", type=int, help="storage.catchUpPage (default: the tree's default)")
+    parser.add_argument("--rate", type=float, help="storage.catchUpRate in bytes/s (default: the default)")
+    parser.add_argument(
+        "--steady", type=float, default=10.0, help="seconds of steady writing measured before the restart"
     )
     parser.add_argument("--after", type=float, default=2.0, help="seconds measured after the replica joins")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed for it to join")

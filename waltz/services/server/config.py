@@ -132,7 +132,7 @@ class ServerConfig(WaltzSettings):
         0.5, gt=0, description="Seconds between attempts to reach a storage node."
     )
     store_catch_up_page: int = Field(
-        2000, gt=0, description="Records copied per read and append when catching a replica up."
+        500, gt=0, description="Records copied per read and append when catching a replica up."
     )
     store_catch_up_rate: float = Field(
         32 << 20,

@@ -47,6 +47,6 @@ class StoreConfig:
     connect_timeout: float = 5.0
     request_timeout: float = 15.0
     retry_interval: float = 0.5
-    catch_up_page: int = 2000
+    catch_up_page: int = 500
     catch_up_rate: float = 32 << 20
     tls: TlsConfig | None = None
