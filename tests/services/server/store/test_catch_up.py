@@ -9,8 +9,12 @@ from support.storage import run
 
 from tests.services.server.conftest import StoreCluster
 from tests.services.server.store.test_store import append_many, append_until, replica_records, store
+from waltz.protocol import storage_pb2
+from waltz.protocol.records import Record, ReqId, crc32
+from waltz.protocol.storage_client import columns_append
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.store_partition import StorePartition
+from waltz.services.server.store.store_session import _SentBatch, _tail_of
 
 # A slow copy (about 6,000 records of ~85 bytes per second, in pages of 500) keeps a replica a few
 # thousand records behind catching up for a second or more while the writer keeps appending.
@@ -128,3 +132,17 @@ def test_a_replica_failing_during_its_catch_up_does_not_end_the_session(store_cl
             assert records == reference, f"replica {address} differs"
 
     run(scenario())
+
+
+def test_a_kept_batch_is_cut_to_start_at_the_joining_replicas_next_record() -> None:
+    """A replica that joins in the middle of a kept batch gets the rest of it, from the record after
+    its last one: the same columns, the first transaction ID moved."""
+    records = [Record(100 + i, ReqId(7, 3, 0, i), i, b"x" * i, crc32(b"x" * i)) for i in range(5)]
+    batch = _SentBatch(100, 104, columns_append(records))
+    assert _tail_of(batch, 100) == batch.append
+    tail = storage_pb2.AppendRequest.FromString(_tail_of(batch, 102)).columns
+    assert tail.first_transaction_id == 102
+    assert list(tail.seq_nums) == [2, 3, 4] and list(tail.client_ids) == [7, 7, 7]
+    assert list(tail.headers) == [2, 3, 4] and list(tail.data) == [b"xx", b"xxx", b"xxxx"]
+    assert list(tail.checksums) == [r.checksum for r in records[2:]]
+    assert list(tail.generations) == [3, 3, 3]

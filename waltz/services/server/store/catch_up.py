@@ -123,7 +123,9 @@ class ReplicaCatchUp:
             await self._copy(connection, mark)
         except ReplicaError as exc:
             # A node that is still down is no news: the session's probe tries it again.
-            level = logging.WARNING if self._reached else logging.INFO
+            # A node of another cluster is a configuration error to fix: say it loudly.
+            loud = self._reached or exc.code == "CLUSTER_KEY_MISMATCH"
+            level = logging.WARNING if loud else logging.DEBUG
             log.log(
                 level,
                 "partition %d: catch-up of the replica on %s stopped after %d records: %s",
