@@ -54,6 +54,8 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
         "storage.connectTimeout": "store_connect_timeout",
         "storage.requestTimeout": "store_request_timeout",
         "storage.retryInterval": "store_retry_interval",
+        "storage.catchUpPage": "store_catch_up_page",
+        "storage.catchUpRate": "store_catch_up_rate",
         "storage.ssl.caFile": "store_tls_ca_file",
         "storage.ssl.certFile": "store_tls_cert_file",
         "storage.ssl.keyFile": "store_tls_key_file",
@@ -145,6 +147,15 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
     store_retry_interval: float = Field(
         0.5, gt=0, description="Seconds between attempts to reach a storage node."
     )
+    store_catch_up_page: int = Field(
+        500, gt=0, description="Records copied per read and append when catching a replica up."
+    )
+    store_catch_up_rate: float = Field(
+        32 << 20,
+        ge=0,
+        description="Transaction data bytes per second at most copied to one lagging replica while its "
+        "session writes (0: no limit).",
+    )
     store_tls_ca_file: Path | None = Field(None, description="PEM CA bundle to verify storage nodes (TLS).")
     store_tls_cert_file: Path | None = Field(None, description="PEM client certificate for storage nodes.")
     store_tls_key_file: Path | None = Field(None, description="PEM private key of the client certificate.")
@@ -183,5 +194,7 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
             connect_timeout=self.store_connect_timeout,
             request_timeout=self.store_request_timeout,
             retry_interval=self.store_retry_interval,
+            catch_up_page=self.store_catch_up_page,
+            catch_up_rate=self.store_catch_up_rate,
             tls=tls,
         )

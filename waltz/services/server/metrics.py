@@ -24,6 +24,11 @@ _GAUGES: tuple[tuple[str, str, Callable[[Partition], float]], ...] = (
         "Replicas the store session writes to.",
         lambda p: len(p.store.replicas_in_session),
     ),
+    (
+        "replicas_catching_up",
+        "Replicas the store session catches up in the background.",
+        lambda p: len(p.store.replicas_catching_up),
+    ),
     ("store_sessions", "Store sessions (recoveries) started.", lambda p: p.store.sessions_started),
     ("store_batches", "Append batches sent to the replicas.", lambda p: p.store.batches_sent),
     ("pending_records", "Records waiting or in flight.", lambda p: p.store.pending_records),

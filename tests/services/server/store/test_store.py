@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import settle
 from support.storage import run
 
 from tests.services.server.conftest import StoreCluster
@@ -449,7 +450,8 @@ def test_a_storage_restored_from_an_old_backup_is_truncated_and_caught_up(
         partition = store(store_cluster)
         partition.start()
         assert await append_many(partition, 200, 10) == list(range(200, 210))
-        assert node.address in partition.replicas_in_session
+        # Truncated to its low-water mark, it is caught up in the background and joins.
+        await settle(lambda: node.address in partition.replicas_in_session, "the restored replica joins", 30)
         await partition.close()
         replicas = await replica_records(store_cluster, 0)
         assert all(len(r) == 210 for r in replicas.values())
@@ -519,10 +521,12 @@ def test_recover_partition_seeds_a_new_replica_with_committed_records(
     )
     source = store_cluster.storages[0]
 
-    async def write(first: int, count: int) -> None:
+    async def write(first: int, count: int, joins: str | None = None) -> None:
         partition = store(store_cluster)
         partition.start()
         assert await append_many(partition, first, count) == list(range(first, first + count))
+        if joins is not None:  # a lagging replica is caught up while the session writes
+            await settle(lambda: joins in partition.replicas_in_session, f"{joins} joins", 30)
         await partition.close()
 
     async def scenario() -> None:
@@ -540,7 +544,7 @@ def test_recover_partition_seeds_a_new_replica_with_committed_records(
         reference = (await replica_records(store_cluster, 0, [source]))[source.address]
         assert copied == reference[:300]
         # The next session keeps the copy and catches up only the rest.
-        await write(305, 5)
+        await write(305, 5, joins=newcomer.address)
         replicas = await replica_records(store_cluster, 0, [*store_cluster.storages, newcomer])
         assert len({tuple(r) for r in replicas.values()}) == 1
         assert len(replicas[newcomer.address]) == 310

@@ -32,7 +32,10 @@ class StoreConfig:
         connect_timeout: seconds to wait for a storage node to answer an open request.
         request_timeout: seconds to wait for any other storage request.
         retry_interval: seconds between attempts to reach storage nodes that are down.
-        catch_up_page: records copied per request when catching a replica up.
+        catch_up_page: records copied per read and append when catching a replica up
+            (``storage.catchUpPage``, docs/design/recovery.md "Catching up in the background").
+        catch_up_rate: transaction data bytes per second at most that one lagging replica is
+            copied at while its session writes (``storage.catchUpRate``; 0: no limit).
         tls: client TLS files for storage connections, or None for plaintext.
     """
 
@@ -44,5 +47,6 @@ class StoreConfig:
     connect_timeout: float = 5.0
     request_timeout: float = 15.0
     retry_interval: float = 0.5
-    catch_up_page: int = 2000
+    catch_up_page: int = 500
+    catch_up_rate: float = 32 << 20
     tls: TlsConfig | None = None

@@ -11,10 +11,13 @@ Run whenever a store session starts, before it writes anything:
 2. The replicas of the last session vote (:func:`voting.resolve_high_water_mark`). While the
    result is undecidable, replicas behind the highest one are caught up from it (copying the
    last session's records, which may decide the vote), and replicas that were down are tried again.
-3. Every reachable replica is truncated to the resolved high-water mark or caught up to it, and
-   its low-water mark is set; those are the clean replicas that the new session writes to.
-4. The partition metadata is updated by compare-and-set: clean replicas join the new session;
-   replicas of the last session that were not reached get the closing high-water mark.
+3. Every reachable replica above the resolved high-water mark is truncated to it, and its
+   low-water mark is set. Replicas at the mark are the clean replicas that the new session writes
+   to; if fewer than a quorum are, the most advanced replicas below it are caught up first. The
+   other replicas below it are lagging: the session catches them up in the background
+   (:mod:`~waltz.services.server.store.catch_up`) while it writes.
+4. The partition metadata is updated by compare-and-set: clean and lagging replicas join the new
+   session; replicas of the last session that were not reached get the closing high-water mark.
 
 The log never forks: records above the resolved high-water mark are removed from every replica
 before the session writes, and a replica that missed the recovery is truncated to the closing
@@ -26,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from waltz.errors import StaleMetadataError, WaltzError
 from waltz.metadata.replicas import quorum_of
@@ -36,7 +39,7 @@ from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
 from waltz.services.server.store.voting import resolve_high_water_mark
 
-__all__ = ["RecoveryAbortedError", "RecoveryManager", "RecoveryResult"]
+__all__ = ["LaggingReplica", "RecoveryAbortedError", "RecoveryManager", "RecoveryResult", "clean_replica"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,20 @@ class _Replica:
     high_water_mark: int
     in_last_set: bool
     clean: bool = False
+    lagging: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LaggingReplica:
+    """A replica that joined a session below its starting high-water mark.
+
+    Attributes:
+        connection: its replica connection, open under the session's ID.
+        high_water_mark: its highest transaction ID (every record up to it is committed).
+    """
+
+    connection: ReplicaConnection
+    high_water_mark: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +79,56 @@ class RecoveryResult:
             none above it exists on any clean replica.
         clean: the replica connections the new session writes to (all at the high-water mark).
         metadata: the partition metadata written at the end, with its version.
+        lagging: replicas of the new session below the high-water mark, which the session catches
+            up in the background (docs/design/recovery.md "Catching up in the background").
     """
 
     high_water_mark: int
     clean: dict[str, ReplicaConnection]
     metadata: Versioned[PartitionMetadata]
+    lagging: dict[str, LaggingReplica] = field(default_factory=dict)
+
+
+async def clean_replica(
+    partition_id: int, storage: str, connection: ReplicaConnection, state: ReplicaState | None
+) -> int:
+    """Clean one replica by the rules of docs/design/recovery.md "Cleaning each replica".
+
+    Args:
+        partition_id: the partition.
+        storage: the replica's storage node.
+        connection: its replica connection, open under the new session's ID.
+        state: its replica state in the partition metadata (None: new to the partition).
+
+    Returns:
+        The replica's highest transaction ID after cleaning.
+
+    Raises:
+        ReplicaError: the replica failed a request.
+    """
+    last_session, low_water_mark = await connection.last_session_info()
+    if state is None:
+        log.info(
+            "partition %d: new replica on %s: truncating to its low-water mark %d",
+            partition_id,
+            storage,
+            low_water_mark,
+        )
+        return await connection.truncate(low_water_mark)
+    if last_session < state.session_id:
+        log.warning(
+            "partition %d: replica on %s was last in session %d but ZooKeeper says %d (restored from "
+            "a backup?): truncating to its low-water mark %d and catching it up",
+            partition_id,
+            storage,
+            last_session,
+            state.session_id,
+            low_water_mark,
+        )
+        return await connection.truncate(low_water_mark)
+    if state.closing_high_water_mark is not None:
+        return await connection.truncate(state.closing_high_water_mark)
+    return await connection.max_transaction_id()
 
 
 class RecoveryManager:
@@ -129,8 +191,8 @@ class RecoveryManager:
                 if high_water_mark is None:
                     high_water_mark = await self._resolve()
                 if high_water_mark is not None:
-                    await self._clean_to(high_water_mark)
-                    if len(self._replicas) >= write_quorum:
+                    await self._clean_to(high_water_mark, write_quorum)
+                    if sum(r.clean for r in self._replicas.values()) >= write_quorum:
                         break
                 attempt += 1
                 if attempt == 1 or attempt % 20 == 0:
@@ -148,14 +210,19 @@ class RecoveryManager:
         except BaseException:
             await self._close_all()
             raise
+        clean = {s: r.connection for s, r in self._replicas.items() if r.clean}
+        lagging = {
+            s: LaggingReplica(r.connection, r.high_water_mark) for s, r in self._replicas.items() if r.lagging
+        }
         log.info(
-            "partition %d: session %d recovered: high-water mark %d, clean replicas %s",
+            "partition %d: session %d recovered: high-water mark %d, clean replicas %s%s",
             self.partition_id,
             self.session_id,
             high_water_mark,
-            ", ".join(sorted(self._replicas)),
+            ", ".join(sorted(clean)),
+            "".join(f", {s} lagging at {r.high_water_mark}" for s, r in sorted(lagging.items())),
         )
-        return RecoveryResult(high_water_mark, {s: r.connection for s, r in self._replicas.items()}, metadata)
+        return RecoveryResult(high_water_mark, clean, metadata, lagging)
 
     def _check_open(self) -> None:
         if self._closed():
@@ -196,36 +263,9 @@ class RecoveryManager:
         self._replicas[storage] = _Replica(connection, high_water_mark, storage in self._last_set)
 
     async def _clean_replica(self, storage: str, connection: ReplicaConnection) -> int:
-        """Apply step 1 to one replica and return its high-water mark.
-
-        See docs/design/recovery.md "Cleaning each replica".
-        """
-        last_session, low_water_mark = await connection.last_session_info()
-        state = self.previous.replicas.get(storage)
-        if self._fresh:
-            state = ReplicaState(-1, None)
-        if state is None:
-            log.info(
-                "partition %d: new replica on %s: truncating to its low-water mark %d",
-                self.partition_id,
-                storage,
-                low_water_mark,
-            )
-            return await connection.truncate(low_water_mark)
-        if last_session < state.session_id:
-            log.warning(
-                "partition %d: replica on %s was last in session %d but ZooKeeper says %d (restored from "
-                "a backup?): truncating to its low-water mark %d and catching it up",
-                self.partition_id,
-                storage,
-                last_session,
-                state.session_id,
-                low_water_mark,
-            )
-            return await connection.truncate(low_water_mark)
-        if state.closing_high_water_mark is not None:
-            return await connection.truncate(state.closing_high_water_mark)
-        return await connection.max_transaction_id()
+        """Apply step 1 to one replica and return its high-water mark."""
+        state = ReplicaState(-1, None) if self._fresh else self.previous.replicas.get(storage)
+        return await clean_replica(self.partition_id, storage, connection, state)
 
     # ---- step 2: vote ----
 
@@ -271,14 +311,25 @@ class RecoveryManager:
 
     # ---- step 3: bring every reachable replica to the high-water mark ----
 
-    async def _clean_to(self, high_water_mark: int) -> None:
-        for storage, replica in list(self._replicas.items()):
-            if replica.clean:
+    async def _clean_to(self, high_water_mark: int, write_quorum: int) -> None:
+        """Make replicas clean at ``high_water_mark``: those above or at it first, then, while
+        fewer than ``write_quorum`` are clean, the most advanced of those below it (copying what
+        they lack). Once a quorum is clean, the others below it are lagging: the session catches
+        them up while it writes (docs/design/recovery.md "Catching up in the background")."""
+        pending = [(s, r) for s, r in self._replicas.items() if not r.clean and not r.lagging]
+        pending.sort(key=lambda item: item[1].high_water_mark, reverse=True)
+        for storage, replica in pending:
+            if storage not in self._replicas:
                 continue
             try:
                 if replica.high_water_mark > high_water_mark:
                     replica.high_water_mark = await replica.connection.truncate(high_water_mark)
                 if replica.high_water_mark < high_water_mark:
+                    if sum(r.clean for r in self._replicas.values()) >= write_quorum:
+                        # Its records are committed ones; the session copies the rest.
+                        await replica.connection.set_low_water_mark(high_water_mark)
+                        replica.lagging = True
+                        continue
                     sources = [r for r in self._replicas.values() if r.high_water_mark >= high_water_mark]
                     if not sources:
                         raise ReplicaError(

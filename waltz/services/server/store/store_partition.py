@@ -5,9 +5,11 @@ docs/design/recovery.md "When a recovery runs". A store partition runs store ses
 another. Each session starts with a recovery
 (:class:`~waltz.services.server.store.recovery.RecoveryManager`), then streams batches of records
 to its clean replicas; a batch is committed once a quorum (a majority of the partition's assigned
-replicas) has flushed it. A session ends when a replica fails (the next session recovers without
-it), when a replica that was down answers again (the next session catches it up), after
-``checkpoint_interval`` transactions, or when the partition closes. Records still in flight when a
+replicas) has flushed it, while replicas below its high-water mark (down at its start, or back
+since) are caught up in the background and join it (docs/design/recovery.md "Catching up in the
+background"). A session ends when one of its writers fails (the next session recovers without it),
+when the replica assignment changes, after ``checkpoint_interval`` transactions, or when the
+partition closes. Records still in flight when a
 session ends are settled by the next recovery: committed if the resolved high-water mark covers
 them, failed otherwise. Records still in flight when the store partition closes (it moved, the
 server stops, or a newer generation fenced it) are undecided: the next owner's recovery commits or
@@ -200,6 +202,11 @@ class StorePartition:
     def replicas_in_session(self) -> list[str]:
         """The storage nodes the current session writes to."""
         return sorted(self._session.writers) if self._session is not None else []
+
+    @property
+    def replicas_catching_up(self) -> list[str]:
+        """The storage nodes the current session is catching up (not yet writing to)."""
+        return sorted(self._session.catch_ups) if self._session is not None else []
 
     # ---- appends ----
 

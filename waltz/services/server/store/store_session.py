@@ -4,6 +4,8 @@ Source: docs/design/server.md, "Store sessions". A store partition
 (:class:`~waltz.services.server.store.store_partition.StorePartition`) runs its store sessions one
 after another; each has its own session ID (from the partition's metadata in ZooKeeper), writes
 batches of records to its clean replicas and commits a batch once a quorum of them has flushed it.
+Replicas below the session's high-water mark are caught up meanwhile and join its writers
+(:mod:`~waltz.services.server.store.catch_up`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -22,7 +25,8 @@ from waltz.errors import WaltzError
 from waltz.metadata.replicas import quorum_of
 from waltz.protocol import storage_pb2
 from waltz.protocol.records import Record, ReqId
-from waltz.services.server.store.recovery import RecoveryResult
+from waltz.services.server.store.catch_up import ReplicaCatchUp
+from waltz.services.server.store.recovery import LaggingReplica, RecoveryResult
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
 
 if TYPE_CHECKING:
@@ -80,6 +84,33 @@ class PendingAppend:
                 log.exception("append callback of transaction %d raised", self.transaction_id)
 
 
+@dataclass(frozen=True, slots=True)
+class _SentBatch:
+    """A batch the session keeps for a replica that joins it (transactions ``first..last``)."""
+
+    first: int
+    last: int
+    append: bytes  # the serialized AppendRequest
+
+
+def _tail_of(batch: _SentBatch, first: int) -> bytes:
+    """The part of ``batch`` from transaction ``first`` on, as a serialized AppendRequest."""
+    if first == batch.first:
+        return batch.append
+    skip = first - batch.first
+    whole = storage_pb2.AppendRequest.FromString(batch.append).columns
+    message = storage_pb2.AppendRequest()
+    columns = message.columns
+    columns.first_transaction_id = first
+    columns.client_ids.extend(whole.client_ids[skip:])
+    columns.generations.extend(whole.generations[skip:])
+    columns.seq_nums.extend(whole.seq_nums[skip:])
+    columns.headers.extend(whole.headers[skip:])
+    columns.data.extend(whole.data[skip:])
+    columns.checksums.extend(whole.checksums[skip:])
+    return message.SerializeToString()
+
+
 class StoreSession:
     """One store session's write pipeline, after its recovery (docs/design/server.md, "Store sessions").
 
@@ -107,6 +138,12 @@ class StoreSession:
         self._ending: str | None = None
         self._absent = [s for s in assigned if s not in self.writers]
         self._last_probe = time.monotonic()
+        # Background catch-ups of lagging replicas, and the batches kept for them to join with.
+        self._lagging: dict[str, LaggingReplica] = dict(recovery.lagging)
+        self.catch_ups: dict[str, ReplicaCatchUp] = {}
+        self._recent: deque[_SentBatch] = deque()
+        self._recent_records = 0
+        self._acknowledgements = asyncio.Event()
 
     def end(self, reason: str) -> None:
         """Stop taking new records; the session ends once its batches in flight are answered."""
@@ -120,9 +157,17 @@ class StoreSession:
             )
         self.partition._wakeup.set()
 
+    @property
+    def ending(self) -> bool:
+        """True once the session takes no new records."""
+        return self._ending is not None
+
     async def run(self) -> None:
         partition = self.partition
         probe_interval = max(2.0, 4 * self.config.retry_interval)
+        for storage, lagging in self._lagging.items():
+            self._catch_up(storage, lagging)
+        self._lagging.clear()
         while True:
             now = time.monotonic()
             wait: float | None = None
@@ -234,12 +279,14 @@ class StoreSession:
         self.batches_in_flight += 1
         remaining = {"replicas": len(self.writers)}
         append = message.SerializeToString()  # once for every replica
+        if self.catch_ups:
+            self._keep(_SentBatch(first, last, append))
         for storage, connection in list(self.writers.items()):
             # Sent now, in order; the acknowledgements are awaited concurrently.
             self._spawn(self._acknowledged(storage, connection.start_append(append), last, remaining))
 
     async def _acknowledged(
-        self, storage: str, acknowledgement: Awaitable[None], last: int, remaining: dict[str, int]
+        self, storage: str, acknowledgement: Awaitable[None], last: int, remaining: dict[str, int] | None
     ) -> None:
         try:
             await acknowledgement
@@ -257,12 +304,14 @@ class StoreSession:
                 del self.writers[storage]
                 self.end(f"replica on {storage} failed")
         finally:
-            remaining["replicas"] -= 1
-            if remaining["replicas"] == 0:
+            if remaining is not None:  # None: a batch sent again to a joining replica
+                remaining["replicas"] -= 1
+            if remaining is not None and remaining["replicas"] == 0:
                 self.batches_in_flight -= 1
                 self.partition._wakeup.set()
 
     def _advance(self) -> None:
+        self._acknowledgements.set()
         flushed = sorted(self.acked.values(), reverse=True)
         if len(flushed) >= self.quorum:
             committed = flushed[self.quorum - 1]
@@ -273,9 +322,11 @@ class StoreSession:
                     partition._wakeup.set()  # the records lingering for this commit go now
 
     async def _probe(self) -> None:
-        """End the session when the replica assignment changed or a replica that was down answers.
+        """End the session when the replica assignment changed; try the replicas that are out.
 
-        The next session's recovery then adds, catches up or drops the replicas.
+        The next session's recovery adds or drops replicas. A replica that is out of the session
+        and answers again is caught up in the background (:meth:`_catch_up`) while the session
+        writes (docs/design/recovery.md "Catching up in the background").
         """
         partition = self.partition
         try:
@@ -298,17 +349,92 @@ class StoreSession:
                         del self.writers[storage]
                         self.end(f"replica on {storage} failed: {exc}")
                     return
-        for storage in list(self._absent):
-            connection = partition._connect(self.session_id)(storage)
+        for storage in self._absent:
+            if storage not in self.writers and storage not in self.catch_ups and self._ending is None:
+                self._catch_up(storage, None)  # it ends at once while the node is still down
+
+    # ---- catching replicas up (docs/design/recovery.md "Catching up in the background") ----
+
+    def _catch_up(self, storage: str, lagging: LaggingReplica | None) -> None:
+        catch_up = ReplicaCatchUp(self, storage, lagging, self.partition._connect(self.session_id))
+        self.catch_ups[storage] = catch_up
+
+        async def run() -> None:
             try:
-                await connection.open()
-                await connection.max_transaction_id()
-            except ReplicaError:
-                continue
+                await catch_up.run()
             finally:
-                await connection.close()
-            self.end(f"replica on {storage} is reachable again")
-            return
+                del self.catch_ups[storage]
+                if not self.catch_ups:
+                    self._recent.clear()
+                    self._recent_records = 0
+
+        self._spawn(run())
+
+    def _keep(self, batch: _SentBatch) -> None:
+        """Keep a batch sent while replicas catch up, for them to join with (:meth:`join`).
+
+        The newest batches are kept, at least ``2 * catch_up_page`` records and every batch not
+        yet committed, so that a replica one copied page behind the writers can join.
+        """
+        recent = self._recent
+        recent.append(batch)
+        self._recent_records += batch.last - batch.first + 1
+        keep = 2 * self.config.catch_up_page
+        high_water_mark = self.partition._high_water_mark
+        while len(recent) > 1 and recent[0].last <= high_water_mark:
+            size = recent[0].last - recent[0].first + 1
+            if self._recent_records - size < keep:
+                break
+            recent.popleft()
+            self._recent_records -= size
+
+    def catch_up_source(self) -> tuple[ReplicaConnection, int] | None:
+        """The writer that has flushed the most records, and its last flushed transaction ID."""
+        if not self.writers:
+            return None
+        storage = max(self.writers, key=lambda s: self.acked.get(s, -1))
+        return self.writers[storage], self.acked.get(storage, -1)
+
+    async def wait_for_acknowledgements(self, timeout: float) -> None:
+        """Wait until a writer acknowledges a batch, at most ``timeout`` seconds."""
+        self._acknowledgements.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._acknowledgements.wait(), timeout)
+
+    def join(self, storage: str, connection: ReplicaConnection, last: int) -> bool:
+        """Make a caught-up replica a writer, if the batches kept reach back to its log's end.
+
+        The kept batches after ``last`` are sent to it at once, in order, then every new batch:
+        its appends follow its log contiguously, and its acknowledgements count towards the
+        quorum from then on. No await between the check and the sends keeps that order.
+
+        Args:
+            storage: the replica's storage node.
+            connection: its replica connection (owned by the session once joined).
+            last: the highest transaction ID the replica holds (flushed).
+
+        Returns:
+            True when it joined; False when it must copy more first, or the session is ending.
+        """
+        if self._ending is not None:
+            return False
+        sent = self.next_transaction_id - 1
+        if last > sent:
+            raise ReplicaError(
+                storage, self.partition.partition_id, "MISMATCH", f"replica at {last}, beyond {sent} sent"
+            )
+        resend: list[tuple[bytes, int]] = []
+        if last < sent:
+            if not self._recent or self._recent[0].first > last + 1:
+                return False
+            resend = [(_tail_of(b, max(b.first, last + 1)), b.last) for b in self._recent if b.last > last]
+        self.writers[storage] = connection
+        self._connections.append(connection)
+        self.acked[storage] = last
+        for append, batch_last in resend:
+            self._spawn(self._acknowledged(storage, connection.start_append(append), batch_last, None))
+        self.partition._wakeup.set()
+        return True
 
     async def read(self, transaction_id: int, max_records: int) -> list[Record]:
         """Read records from a replica that has flushed them."""

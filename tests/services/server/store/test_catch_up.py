@@ -1,0 +1,148 @@
+"""Catching a lagging replica up while the store session writes (real storage node processes)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from support import settle
+from support.storage import run
+
+from tests.services.server.conftest import StoreCluster
+from tests.services.server.store.test_store import append_many, append_until, replica_records, store
+from waltz.protocol import storage_pb2
+from waltz.protocol.records import Record, ReqId, crc32
+from waltz.protocol.storage_client import columns_append
+from waltz.services.server.store.config import StoreConfig
+from waltz.services.server.store.store_partition import StorePartition
+from waltz.services.server.store.store_session import _SentBatch, _tail_of
+
+# A slow copy (about 6,000 records of ~85 bytes per second, in pages of 500) keeps a replica a few
+# thousand records behind catching up for a second or more while the writer keeps appending.
+SLOW_COPY = StoreConfig(
+    connect_timeout=2.0, request_timeout=5.0, retry_interval=0.2, catch_up_page=500, catch_up_rate=500_000
+)
+
+
+def replaced(partition: StorePartition, storage: str) -> bool:
+    """True once a session that writes without ``storage`` runs (the one it failed in has ended)."""
+    return (
+        partition.writable
+        and partition.sessions_started >= 2
+        and storage not in partition.replicas_in_session
+    )
+
+
+async def committed_while_catching_up(
+    partition: StorePartition, storage: str, timeout: float
+) -> tuple[int, int]:
+    """Wait until ``storage`` joins the session; return the high-water marks seen when its catch-up
+    was first and last seen running (polled every 5 ms, at most ``timeout`` seconds)."""
+    first = last = None
+    deadline = asyncio.get_running_loop().time() + timeout
+    while storage not in partition.replicas_in_session:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{storage} did not join: catching up {partition.replicas_catching_up}")
+        if storage in partition.replicas_catching_up:
+            last = partition.high_water_mark
+            first = last if first is None else first
+        await asyncio.sleep(0.005)
+    assert first is not None and last is not None, f"{storage} joined without a catch-up being seen"
+    return first, last
+
+
+def test_a_returning_replica_catches_up_while_writes_continue_and_joins_the_quorum(
+    store_cluster: StoreCluster,
+) -> None:
+    """A replica killed under load and restarted is caught up in the background: the session is not
+    replaced, commits continue during the copy, the replica joins the writers, and once it has, the
+    partition keeps committing with another replica down (it counts in the quorum). Its log ends
+    equal to the others'."""
+    victim, other, survivor = store_cluster.storages[2], store_cluster.storages[0], store_cluster.storages[1]
+
+    async def scenario() -> None:
+        partition = store(store_cluster, config=SLOW_COPY)
+        partition.start()
+        results: dict[int, int | Exception] = {}
+        assert await append_many(partition, 100_000, 200) == list(range(200))
+        victim.kill()
+        await append_many(partition, 200_000, 6000)
+        await settle(lambda: replaced(partition, victim.address), "a session without the killed replica", 30)
+        sessions = partition.sessions_started
+        stop = asyncio.Event()
+        writer = asyncio.create_task(append_until(partition, results, stop))
+        try:
+            await asyncio.to_thread(victim.start)
+            first, last = await committed_while_catching_up(partition, victim.address, 60)
+            assert last > first, "nothing was committed while the replica caught up"
+            assert partition.sessions_started == sessions, "the returning replica replaced the session"
+            other.kill()  # only the survivor and the caught-up replica remain: still a quorum
+            mark = partition.high_water_mark
+            await settle(
+                lambda: partition.high_water_mark > mark + 100, "commits without the other replica", 30
+            )
+        finally:
+            stop.set()
+            await writer
+            await partition.close()
+        replicas = await replica_records(store_cluster, 0, [survivor, victim])
+        reference = replicas[survivor.address]
+        assert [r.transaction_id for r in reference] == list(range(len(reference)))
+        assert replicas[victim.address] == reference
+        acknowledged = {seq: tid for seq, tid in results.items() if isinstance(tid, int)}
+        by_id = {r.transaction_id: r for r in reference}
+        for seq, tid in acknowledged.items():
+            assert by_id[tid].req_id.seq_num == seq and by_id[tid].req_id.client_id == 2
+
+    run(scenario())
+
+
+def test_a_replica_failing_during_its_catch_up_does_not_end_the_session(store_cluster: StoreCluster) -> None:
+    """The returning replica dies again while it is being copied: the session keeps writing on the
+    remaining quorum; when it returns once more it is caught up and joins, all logs equal."""
+    victim = store_cluster.storages[2]
+
+    async def scenario() -> None:
+        partition = store(store_cluster, partition_id=1, config=SLOW_COPY)
+        partition.start()
+        try:
+            assert await append_many(partition, 0, 100) == list(range(100))
+            victim.kill()
+            await append_many(partition, 100, 10_000)
+            await settle(
+                lambda: replaced(partition, victim.address), "a session without the killed replica", 30
+            )
+            sessions = partition.sessions_started
+            await asyncio.to_thread(victim.start)
+            await settle(lambda: victim.address in partition.replicas_catching_up, "the catch-up starts", 30)
+            victim.kill()
+            await settle(lambda: not partition.replicas_catching_up, "the catch-up stops", 30)
+            more = await asyncio.wait_for(append_many(partition, 10_100, 100), 30)
+            assert more == list(range(10_100, 10_200))
+            assert partition.sessions_started == sessions, "the failed catch-up replaced the session"
+            await asyncio.to_thread(victim.start)
+            await settle(lambda: victim.address in partition.replicas_in_session, "the replica joins", 60)
+            assert await append_many(partition, 10_200, 10) == list(range(10_200, 10_210))
+            assert partition.sessions_started == sessions
+        finally:
+            await partition.close()
+        replicas = await replica_records(store_cluster, 1)
+        reference = replicas[store_cluster.storages[0].address]
+        assert [r.req_id.seq_num for r in reference] == list(range(10_210))
+        for address, records in replicas.items():
+            assert records == reference, f"replica {address} differs"
+
+    run(scenario())
+
+
+def test_a_kept_batch_is_cut_to_start_at_the_joining_replicas_next_record() -> None:
+    """A replica that joins in the middle of a kept batch gets the rest of it, from the record after
+    its last one: the same columns, the first transaction ID moved."""
+    records = [Record(100 + i, ReqId(7, 3, 0, i), i, b"x" * i, crc32(b"x" * i)) for i in range(5)]
+    batch = _SentBatch(100, 104, columns_append(records))
+    assert _tail_of(batch, 100) == batch.append
+    tail = storage_pb2.AppendRequest.FromString(_tail_of(batch, 102)).columns
+    assert tail.first_transaction_id == 102
+    assert list(tail.seq_nums) == [2, 3, 4] and list(tail.client_ids) == [7, 7, 7]
+    assert list(tail.headers) == [2, 3, 4] and list(tail.data) == [b"xx", b"xxx", b"xxxx"]
+    assert list(tail.checksums) == [r.checksum for r in records[2:]]
+    assert list(tail.generations) == [3, 3, 3]

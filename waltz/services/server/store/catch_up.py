@@ -1,0 +1,235 @@
+"""Catching a lagging replica up while its store session writes.
+
+Design: docs/design/recovery.md "Catching up in the background". A replica that is below the
+session's high-water mark (it was down, or new) does not hold the session's writes back: the
+session writes to the replicas that are in step, and a :class:`ReplicaCatchUp` copies the records
+the lagging replica lacks from one of them, page by page and at a bounded rate
+(``storage.catchUpPage``, ``storage.catchUpRate``). Once the replica holds every record up to the
+start of the batches the session still keeps (its recent batches), it joins the session's writers:
+those batches are sent to it in order, then every new batch, so that its appends always follow
+its log contiguously. From then on its acknowledgements count towards the quorum.
+
+A replica that returns during a session is first cleaned under the session's ID by the rules of
+docs/design/recovery.md "Cleaning each replica", its low-water mark set, and its replica state in
+ZooKeeper made a member of the session by compare-and-set, before anything is copied: its records
+are then always a prefix of the session's log, so that any later recovery may count its vote.
+A failure of the replica, or of the copy, ends the catch-up, never the session; the session's
+probe tries the replica again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from waltz.errors import StaleMetadataError, WaltzError
+from waltz.metadata.values import PartitionMetadata, ReplicaState
+from waltz.metadata.zk import ClusterZk, Versioned
+from waltz.protocol.storage_client import columns_append
+from waltz.services.server.store.recovery import LaggingReplica, clean_replica
+from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
+
+if TYPE_CHECKING:
+    from waltz.services.server.store.store_session import StoreSession
+
+__all__ = ["CatchUpStoppedError", "ReplicaCatchUp", "join_session_metadata"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a catch-up waits for the session's replicas to flush more records before it looks again.
+PROGRESS_WAIT = 0.05
+
+
+class CatchUpStoppedError(WaltzError):
+    """A catch-up could not go on (another session took over the partition, or its metadata
+    could not be updated); the replica stays out of the session."""
+
+
+def join_session_metadata(zk: ClusterZk, partition_id: int, session_id: int, storage: str) -> int:
+    """Make ``storage`` a replica of store session ``session_id`` in the partition metadata.
+
+    By compare-and-set, re-read on a conflict (docs/design/recovery.md "Catching up in the
+    background"). The replica's state becomes ``(session_id, unresolved)``: a later recovery keeps
+    its records and counts its vote.
+
+    Returns:
+        The znode version written.
+
+    Raises:
+        CatchUpStoppedError: the metadata names another session, or kept changing.
+    """
+    current: Versioned[PartitionMetadata] = zk.partition_metadata(partition_id)
+    for _ in range(50):
+        if current.value.session_id != session_id:
+            raise CatchUpStoppedError(
+                f"partition {partition_id}: session {current.value.session_id} replaced session {session_id}"
+            )
+        replicas = dict(current.value.replicas)
+        replicas[storage] = ReplicaState(session_id, None)
+        try:
+            return zk.set_partition_metadata(
+                partition_id, current.value.evolve(replicas=replicas), current.version
+            )
+        except StaleMetadataError:
+            current = zk.partition_metadata(partition_id)
+    raise CatchUpStoppedError(f"partition {partition_id}: could not update its metadata for {storage}")
+
+
+class ReplicaCatchUp:
+    """Copies what one lagging replica lacks while the session writes, then has it join.
+
+    Args:
+        session: the store session the replica joins.
+        storage: the replica's storage node.
+        lagging: the replica as its session's recovery left it (connection open, cleaned, a member
+            of the session); None for a replica that returned during the session, which is reached
+            and cleaned first.
+        connect: opens a replica connection under the session's ID.
+    """
+
+    def __init__(
+        self,
+        session: StoreSession,
+        storage: str,
+        lagging: LaggingReplica | None,
+        connect: Callable[[str], ReplicaConnection],
+    ) -> None:
+        self.session = session
+        self.storage = storage
+        self._lagging = lagging
+        self._connect = connect
+        self.joined = False
+        self._reached = lagging is not None
+        self.copied = 0
+        """Records copied so far."""
+
+    @property
+    def _partition_id(self) -> int:
+        return self.session.partition.partition_id
+
+    async def run(self) -> None:
+        """Reach (if need be), copy, join; log and return when the replica or the copy fails."""
+        connection: ReplicaConnection | None = None
+        try:
+            if self._lagging is None:
+                connection = self._connect(self.storage)
+                mark = await self._reach(connection)
+            else:
+                connection, mark = self._lagging.connection, self._lagging.high_water_mark
+            await self._copy(connection, mark)
+        except ReplicaError as exc:
+            # A node that is still down is no news: the session's probe tries it again.
+            # A node of another cluster is a configuration error to fix: say it loudly.
+            loud = self._reached or exc.code == "CLUSTER_KEY_MISMATCH"
+            level = logging.WARNING if loud else logging.DEBUG
+            log.log(
+                level,
+                "partition %d: catch-up of the replica on %s stopped after %d records: %s",
+                self._partition_id,
+                self.storage,
+                self.copied,
+                exc,
+            )
+        except CatchUpStoppedError as exc:
+            log.info(
+                "partition %d: catch-up of the replica on %s stopped: %s",
+                self._partition_id,
+                self.storage,
+                exc,
+            )
+        finally:
+            if connection is not None and not self.joined:
+                with contextlib.suppress(Exception):
+                    await connection.close()
+
+    async def _reach(self, connection: ReplicaConnection) -> int:
+        """Open, clean and enroll a replica that returned during the session; returns its mark."""
+        session = self.session
+        zk = session.partition._zk
+        await connection.open()
+        self._reached = True
+        try:
+            current = await asyncio.to_thread(zk.partition_metadata, self._partition_id)
+        except WaltzError as exc:
+            raise CatchUpStoppedError(f"cannot read the partition metadata: {exc}") from exc
+        if current.value.session_id != session.session_id:
+            raise CatchUpStoppedError(
+                f"session {current.value.session_id} replaced session {session.session_id}"
+            )
+        state = current.value.replicas.get(self.storage)
+        if state is not None and state.unresolved and state.session_id != session.session_id:
+            state = None  # not closed by this session's recovery: keep only what its own mark says
+        mark = await clean_replica(self._partition_id, self.storage, connection, state)
+        await connection.set_low_water_mark(session.start_high_water_mark)
+        try:
+            await asyncio.to_thread(
+                join_session_metadata, zk, self._partition_id, session.session_id, self.storage
+            )
+        except CatchUpStoppedError:
+            raise
+        except WaltzError as exc:
+            raise CatchUpStoppedError(f"cannot update the partition metadata: {exc}") from exc
+        log.info(
+            "partition %d: replica on %s is back at transaction %d; catching it up while session %d writes",
+            self._partition_id,
+            self.storage,
+            mark,
+            session.session_id,
+        )
+        return mark
+
+    async def _copy(self, connection: ReplicaConnection, mark: int) -> None:
+        """Copy pages from the session's most advanced writer until the replica can join."""
+        session = self.session
+        config = session.config
+        rate = config.catch_up_rate
+        started = time.monotonic()
+        copied_bytes = 0
+        next_id = mark + 1
+        first = next_id
+        while not session.ending:
+            if session.join(self.storage, connection, next_id - 1):
+                self.joined = True
+                log.info(
+                    "partition %d: replica on %s caught up (%d records copied from %d) and joins session %d",
+                    self._partition_id,
+                    self.storage,
+                    self.copied,
+                    first,
+                    session.session_id,
+                )
+                return
+            source = session.catch_up_source()
+            if source is None or source[1] < next_id:
+                await session.wait_for_acknowledgements(PROGRESS_WAIT)
+                continue
+            source_connection, available = source
+            count = min(config.catch_up_page, available - next_id + 1)
+            try:
+                records = await source_connection.records(next_id, count)
+            except ReplicaError as exc:
+                # The source's own failure is the session's business; try again, maybe elsewhere.
+                log.info(
+                    "partition %d: catch-up read from %s failed: %s", self._partition_id, exc.storage, exc
+                )
+                await asyncio.sleep(config.retry_interval)
+                continue
+            if not records or records[0].transaction_id != next_id:
+                raise ReplicaError(
+                    source_connection.storage,
+                    self._partition_id,
+                    "MISSING",
+                    f"no record {next_id} to copy to {self.storage}",
+                )
+            await connection.start_append(columns_append(records))  # in columns, as a store batch
+            next_id = records[-1].transaction_id + 1
+            self.copied += len(records)
+            if rate > 0:
+                copied_bytes += sum(len(r.data) for r in records)
+                delay = started + copied_bytes / rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
