@@ -101,7 +101,7 @@ class LocalSparkCluster:
         memory_per_worker: str = "1g",
         daemon_memory: str = "256m",
         env: Mapping[str, str] | None = None,
-        startup_timeout: float = 120.0,
+        startup_timeout: float = 180.0,
     ) -> None:
         if workers < 1:
             raise ValueError(f"a Spark cluster needs at least one worker, not {workers}")
@@ -158,7 +158,7 @@ class LocalSparkCluster:
         Raises:
             OSError: the master does not answer.
         """
-        with urllib.request.urlopen(f"{self.ui_url}/json/", timeout=2) as reply:
+        with urllib.request.urlopen(f"{self.ui_url}/json/", timeout=5) as reply:
             state: dict[str, Any] = json.load(reply)
         return state
 
