@@ -186,7 +186,7 @@ def test_rebuild_and_drift_check_on_a_standalone_cluster(
         assert "live database read over JDBC in one exported snapshot" in output, output
         assert "DRIFT  ledger_checking: 0 missing, 0 extra, 1 different" in output, output
         assert "different: {'custid': 2}" in output, output
-        assert "same  ledger_transfer_out: 0 missing, 0 extra, 0 different" in output, output
+        assert "same  ledger_transfers_out: 0 missing, 0 extra, 0 different" in output, output
         # The rebuilt database is the live one as the log made it, at the live marks.
         assert _marks(rebuilt_url) == live_marks
         for table in LEDGER_VIEWS.tables:
