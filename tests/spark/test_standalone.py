@@ -16,14 +16,12 @@ from typing import Any
 import pytest
 import support
 from sqlalchemy import select, text
+from support.spark import local_spark_cluster, python_path
 
-import waltz
-import waltz_examples
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
-from waltz.local.spark import LocalSparkCluster
 from waltz_examples.ledger.models import Checking, TransferIn, TransferOut
 from waltz_examples.ledger.service import LedgerService, prepare_database
 from waltz_examples.ledger.transfers import pending_transfers
@@ -32,47 +30,6 @@ from waltz_examples.ledger.views import VIEWS as LEDGER_VIEWS
 pytestmark = pytest.mark.timeout(900)
 
 LEDGER_NAME = "standalone-ledger"
-
-
-def _python_path() -> str:
-    """A PYTHONPATH with this tree's waltz and waltz_examples first (for the workers and the driver)."""
-    roots = [str(Path(waltz.__file__).parents[1]), str(Path(waltz_examples.__file__).parents[1])]
-    existing = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return os.pathsep.join(dict.fromkeys(roots + existing))
-
-
-def _spark_cluster(work_dir: Path) -> LocalSparkCluster:
-    try:
-        import pyarrow  # noqa: F401
-        import pyspark  # noqa: F401
-    except ImportError:
-        support.unavailable("pyspark/pyarrow are not installed (pip install -e '.[spark]')")
-    return LocalSparkCluster(work_dir, workers=2, env={"PYTHONPATH": _python_path()})
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def test_a_standalone_cluster_registers_two_workers_on_loopback_and_leaves_no_process(
-    tmp_path: Path,
-) -> None:
-    spark_cluster = _spark_cluster(tmp_path)
-    with spark_cluster:
-        state = spark_cluster.state()
-        assert state["status"] == "ALIVE" and state["aliveworkers"] == 2, state
-        assert spark_cluster.master_url.startswith("spark://127.0.0.1:")
-        hosts = sorted(w["host"] for w in state["workers"])
-        assert hosts == sorted(spark_cluster.worker_hosts) and all(h.startswith("127.") for h in hosts)
-        pids = [p.pid for p in spark_cluster.processes()]
-        assert len(pids) == 3 and all(pid is not None and _alive(pid) for pid in pids)
-    assert not [pid for pid in pids if pid is not None and _alive(pid)], "a Spark daemon outlived close()"
-    with pytest.raises(OSError):
-        spark_cluster.state()
 
 
 def _rows(url: str, table: Any) -> list[tuple[Any, ...]]:
@@ -145,10 +102,13 @@ def test_rebuild_and_drift_check_on_a_standalone_cluster(
         conn.execute(text("UPDATE ledger_checking SET balance = balance + 1 WHERE custid = 2"))
     engine.dispose()
 
-    with postgres_server.fresh_database() as rebuilt_url, _spark_cluster(tmp_path / "spark") as standalone:
+    with (
+        postgres_server.fresh_database() as rebuilt_url,
+        local_spark_cluster(tmp_path / "spark") as standalone,
+    ):
         env = {
             **os.environ,
-            "PYTHONPATH": _python_path(),
+            "PYTHONPATH": python_path(),
             "PYSPARK_PYTHON": sys.executable,
             "SPARK_LOCAL_IP": "127.0.0.1",
         }
