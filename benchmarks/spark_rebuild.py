@@ -9,7 +9,9 @@ partitions) and writes ``--transactions`` ledger change-sets through the server'
 with the ``op``/``delta`` meta the ledger records. Then, each into a fresh PostgreSQL database on
 the server of ``--db`` (dropped at the end):
 
-1. **Spark rebuild** (``waltz.spark.rebuild.rebuild``, ``--master``, default ``local[*]``): read
+1. **Spark rebuild** (``waltz.spark.rebuild.rebuild``, ``--master``, default ``local[*]``; a
+   ``spark://HOST:PORT`` URL for a standalone cluster you run, or ``standalone`` for a master and
+   ``--workers`` workers of one core each started on loopback for the run): read
    the committed log through the storage nodes' admin ports, replay it, write the six ledger
    tables through JDBC and swap them in. The Spark session start is timed apart.
 2. **Replay through the client**: a ``LedgerService`` (``WaltzClient`` + ``LedgerCallbacks``,
@@ -21,6 +23,7 @@ the same rows (a mismatch is reported, not asserted).
 
     .venv/bin/python benchmarks/spark_rebuild.py                       # 1,000,000 transactions
     .venv/bin/python benchmarks/spark_rebuild.py --transactions 50000 --partitions 4
+    .venv/bin/python benchmarks/spark_rebuild.py --transactions 50000 --master standalone
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from sqlalchemy import create_engine, select, text
@@ -44,6 +47,7 @@ from waltz.jdbc_style import ChangeSet, Operation, RowChange
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
+from waltz.local.spark import LocalSparkCluster
 from waltz.protocol.records import ReqId
 from waltz.protocol.server_client import ServerAdminClient
 from waltz_examples.ledger.models import Account, Checking, Savings
@@ -154,7 +158,12 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--customers", type=int, default=10_000)
     parser.add_argument("--db", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument("--master", default="local[*]")
+    parser.add_argument(
+        "--master",
+        default="local[*]",
+        help="Spark master (local[*], spark://HOST:PORT), or 'standalone': a loopback cluster for the run",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="workers of --master standalone")
     parser.add_argument("--append-batch", type=int, default=500)
     parser.add_argument("--apply-batch", type=int, default=500)
     args = parser.parse_args()
@@ -165,7 +174,13 @@ def main() -> None:
     with (
         tempfile.TemporaryDirectory(prefix="waltz-bench-spark-") as tmp,
         LocalCluster(storages=3, servers=1, partitions=args.partitions, work_dir=Path(tmp)) as cluster,
+        ExitStack() as stack,
     ):
+        if args.master == "standalone":
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver, on loopback too
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            standalone = stack.enter_context(LocalSparkCluster(Path(tmp) / "spark", workers=args.workers))
+            args.master = standalone.master_url
         cluster.wait_ready(120)
         logs = generate(args.partitions, args.transactions, args.customers)
         started = time.monotonic()

@@ -4,8 +4,9 @@ Enable it on the command line, ``pytest -p waltz.testing``, or in the root ``con
 
     pytest_plugins = ["waltz.testing"]
 
-It needs Debian's ``zookeeper`` package and a Java runtime (or an external ZooKeeper given with
-``--waltz-zookeeper``). Nothing happens until a test asks for one of its fixtures:
+It needs Debian's ``zookeeper`` package and a Java runtime, or an external ZooKeeper given with
+``--waltz-zookeeper``, or (with the ``containers`` extra and a Docker engine) it runs ZooKeeper in
+a container. Nothing happens until a test asks for one of its fixtures:
 
 ``waltz_cluster`` (session)
     A started :class:`~waltz.local.cluster.LocalCluster`: ZooKeeper, storage nodes and
@@ -29,21 +30,33 @@ It needs Debian's ``zookeeper`` package and a Java runtime (or an external ZooKe
     its own records. (A cluster root per test is not cheap: a storage node serves exactly one
     cluster key, so a fresh root needs fresh storage nodes.)
 
+``waltz_postgres_url``, ``waltz_mariadb_url`` (session)
+    The SQLAlchemy URL of a PostgreSQL (MariaDB) server: the one given with
+    ``--waltz-postgres-url`` (``--waltz-mariadb-url``) or the ini option of the same name; else,
+    with the ``containers`` extra and a Docker engine, a ``postgres:16`` (``mariadb:11``)
+    container started for the session. Otherwise the test errors, saying how to give a URL
+    (:mod:`waltz.local.containers`).
+
 Ini options (``[tool.pytest.ini_options]``, ``pytest.ini``, or ``-o name=value``):
 ``waltz_storages`` (3), ``waltz_servers`` (2), ``waltz_partitions`` (2), ``waltz_replicas``
 (3, or the number of storage nodes when fewer), ``waltz_zookeeper`` (connect string of a running
 ZooKeeper; empty: start one), ``waltz_metrics`` (false), ``waltz_session_timeout`` (seconds, 4),
 ``waltz_zookeeper_auth`` (true: the cluster's znodes are protected by a digest credential made for
 it; build clients with ``WaltzClientConfig(**waltz_cluster.zookeeper_settings())``).
-The command-line option ``--waltz-zookeeper HOST:PORT`` overrides ``waltz_zookeeper``.
+The command-line option ``--waltz-zookeeper HOST:PORT`` overrides ``waltz_zookeeper``; likewise
+``--waltz-postgres-url`` and ``--waltz-mariadb-url`` the ini options ``waltz_postgres_url`` and
+``waltz_mariadb_url``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from waltz.local.containers import DatabaseKind, NoTestServiceError, database_server, zookeeper_server
 
 if TYPE_CHECKING:
     from waltz.local.cluster import LocalCluster
@@ -54,6 +67,8 @@ __all__ = [
     "waltz_cluster",
     "waltz_cluster_options",
     "waltz_log_start",
+    "waltz_mariadb_url",
+    "waltz_postgres_url",
 ]
 
 #: ini option -> (help, default, converter to the LocalCluster keyword argument).
@@ -81,8 +96,15 @@ _INI: dict[str, tuple[str, str, Callable[[str], object]]] = {
 }
 
 
+#: Database fixtures: ini option (and fixture) -> (kind, command-line option).
+_DATABASES: dict[str, tuple[DatabaseKind, str]] = {
+    "waltz_postgres_url": ("postgresql", "--waltz-postgres-url"),
+    "waltz_mariadb_url": ("mariadb", "--waltz-mariadb-url"),
+}
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Register the ``waltz_*`` ini options and ``--waltz-zookeeper``."""
+    """Register the ``waltz_*`` ini options, ``--waltz-zookeeper`` and the database URL options."""
     group = parser.getgroup("waltz", "Waltz local cluster (waltz.testing)")
     group.addoption(
         "--waltz-zookeeper",
@@ -92,6 +114,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     for name, (help_text, default, _) in _INI.items():
         parser.addini(name, help_text, default=default)
+    for name, (kind, option) in _DATABASES.items():
+        help_text = f"SQLAlchemy URL of a {kind} server for {name} (default: a container, if Docker runs)"
+        group.addoption(option, metavar="URL", default=None, dest=name, help=help_text)
+        parser.addini(name, help_text, default="")
+
+
+def _database_url(pytestconfig: pytest.Config, name: str) -> Iterator[str]:
+    kind, option = _DATABASES[name]
+    given = pytestconfig.getoption(name) or str(pytestconfig.getini(name)).strip() or None
+    try:
+        with database_server(kind, given, option=option) as url:
+            yield url
+    except NoTestServiceError as missing:
+        pytest.fail(str(missing), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def waltz_postgres_url(pytestconfig: pytest.Config) -> Iterator[str]:
+    """The SQLAlchemy URL of a PostgreSQL server for the session (given, or a container).
+
+    Raises:
+        pytest.fail.Exception: none given and no container possible; the message says how to give one.
+    """
+    yield from _database_url(pytestconfig, "waltz_postgres_url")
+
+
+@pytest.fixture(scope="session")
+def waltz_mariadb_url(pytestconfig: pytest.Config) -> Iterator[str]:
+    """The SQLAlchemy URL of a MariaDB server for the session (given, or a container).
+
+    Raises:
+        pytest.fail.Exception: none given and no container possible; the message says how to give one.
+    """
+    yield from _database_url(pytestconfig, "waltz_mariadb_url")
 
 
 @pytest.fixture(scope="session")
@@ -131,26 +187,37 @@ def waltz_cluster(
 ) -> Iterator[LocalCluster]:
     """A started local Waltz cluster shared by the whole test session, closed at its end.
 
+    Its ZooKeeper is the one given (``zookeeper`` option), else Debian's started by the cluster,
+    else a container (:func:`waltz.local.containers.zookeeper_server`).
+
     Raises:
         pytest.UsageError: ``waltz_cluster_options`` holds a key LocalCluster does not take.
+        pytest.fail.Exception: no ZooKeeper given, installed, or possible in a container.
     """
     from waltz.local.cluster import LocalCluster
 
     options = {"name": "pytest", "delete_root": True, **waltz_cluster_options}
     options.setdefault("work_dir", tmp_path_factory.mktemp("waltz-cluster"))
-    try:
-        cluster = LocalCluster(**options)
-    except TypeError as exc:
-        raise pytest.UsageError(
-            f"waltz_cluster_options {sorted(waltz_cluster_options)}: {exc}; "
-            "the keys must be keyword arguments of waltz.local.cluster.LocalCluster"
-        ) from None
-    with cluster:
-        pytestconfig.stash[_CLUSTER_KEY] = cluster
+    with ExitStack() as stack:
         try:
-            yield cluster
-        finally:
-            del pytestconfig.stash[_CLUSTER_KEY]
+            zookeeper = stack.enter_context(zookeeper_server(options.get("zookeeper")))
+        except NoTestServiceError as missing:
+            pytest.fail(str(missing), pytrace=False)
+        if zookeeper is not None:
+            options["zookeeper"] = zookeeper
+        try:
+            cluster = LocalCluster(**options)
+        except TypeError as exc:
+            raise pytest.UsageError(
+                f"waltz_cluster_options {sorted(waltz_cluster_options)}: {exc}; "
+                "the keys must be keyword arguments of waltz.local.cluster.LocalCluster"
+            ) from None
+        with cluster:
+            pytestconfig.stash[_CLUSTER_KEY] = cluster
+            try:
+                yield cluster
+            finally:
+                del pytestconfig.stash[_CLUSTER_KEY]
 
 
 @pytest.fixture

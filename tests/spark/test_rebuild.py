@@ -22,9 +22,10 @@ from waltz.metadata.zk_session import connect_zookeeper
 from waltz.services.storage import format as fmt
 from waltz.spark.committed import plan_offline
 from waltz.spark.drift import verify
-from waltz.spark.errors import CommittedReadError
+from waltz.spark.errors import CommittedReadError, StorageDirectoryNotVisibleError
 from waltz.spark.readers import read_committed
 from waltz.spark.rebuild import LogSource, rebuild
+from waltz.spark.source import LogRange, WaltzLogReader
 from waltz_examples.counter.service import CounterService
 from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
 from waltz_examples.ledger.models import Checking, TransferOut
@@ -240,6 +241,57 @@ def test_counter_rebuilt_into_mariadb_equals_live_db(
     # A rerun gives the same tables (idempotent).
     rebuild(spark, COUNTER_VIEWS, _live(spark_cluster), mariadb_url, up_to=report.marks)
     assert _rows(mariadb_url, COUNTER_VIEWS.tables[0]) == rows
+
+
+@pytest.mark.parametrize("backend", ["postgres", "mariadb"])
+def test_drift_check_reads_a_live_server_database_over_jdbc(
+    spark: Any,
+    spark_cluster: LocalCluster,
+    ledger_live: tuple[str, list[LedgerService]],
+    request: pytest.FixtureRequest,
+    backend: str,
+) -> None:
+    # ledger_live first: the ledger's instances apply every transaction of the log, the counter's not.
+    live_url = request.getfixturevalue(f"{backend}_url")
+    with CounterService(
+        live_url,
+        spark_cluster.zookeeper_connect_string,
+        spark_cluster.root,
+        ignore_foreign_transactions=True,
+    ) as service:
+        for i in range(6):
+            service.increment(i % 3, 1 + i)
+    report = verify(spark, COUNTER_VIEWS, _live(spark_cluster), live_url)
+    assert not report.drift, "\n".join(report.lines())
+    engine = create_framework_engine(live_url)
+    with engine.begin() as conn:  # one counter changed by hand, one row more
+        conn.execute(text("UPDATE counters SET value = value + 100 WHERE counter_id = 1"))
+        conn.execute(text("INSERT INTO counters (counter_id, value, updated_tx) VALUES (999, 1, 0)"))
+    engine.dispose()
+    drifted = verify(spark, COUNTER_VIEWS, _live(spark_cluster), live_url)
+    counters = next(t for t in drifted.tables if t.table == "counters")
+    assert (counters.missing, counters.extra, counters.different) == (0, 1, 1), "\n".join(drifted.lines())
+    assert any(e.startswith("different: {'counter_id': 1}") for e in counters.examples), counters.examples
+    assert any("'counter_id': 999" in e for e in counters.examples), counters.examples
+    assert drifted.marks == report.marks
+
+
+def test_an_offline_read_names_a_storage_directory_its_task_cannot_see(
+    spark_cluster: LocalCluster, ledger_live: tuple[str, list[LedgerService]], tmp_path: Path
+) -> None:
+    copies = []
+    for index, storage in enumerate(spark_cluster.storages):
+        copies.append(tmp_path / f"storage-{index}")
+        shutil.copytree(storage.directory, copies[-1])
+    reader = WaltzLogReader({"storage_dirs": ",".join(map(str, copies)), "replicas": str(len(copies))})
+    ranges = [r for r in reader.partitions() if isinstance(r, LogRange) and r.last >= r.first]
+    assert ranges
+    # Planned where the directories are (the driver); read where one is missing (an executor).
+    shutil.rmtree(copies[1])
+    with pytest.raises(
+        StorageDirectoryNotVisibleError, match=f"storage directory {copies[1]} is not visible on host"
+    ):
+        list(reader.read(ranges[0]))
 
 
 def _sessions(cluster: LocalCluster) -> dict[int, int]:

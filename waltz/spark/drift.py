@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.jdbc_style.schema import idempotency_keys
+from waltz.spark.live_tables import live_snapshot
 from waltz.spark.rebuild import LogSource, compute_views
 from waltz.spark.target import backend_of, marks_text, write_views
 from waltz.spark.views import AppViews
@@ -141,23 +142,34 @@ def _live_rows(conn: Connection, table: Table, cluster_name: str) -> list[tuple[
     return [tuple(r) for r in conn.execute(query)]
 
 
-def compare_table(spark: Any, table: Table, rebuilt: Any, live_rows: list[tuple[Any, ...]]) -> TableDrift:
-    """Compare a rebuilt table with a live table's rows, by primary key.
+def compare_table(spark: Any, table: Table, rebuilt: Any, live_rows: Any) -> TableDrift:
+    """Compare a rebuilt table with a live table, by primary key, in Spark.
+
+    A full outer join on the key tags each row missing, extra or different; only the tagged rows
+    are kept (on the executors), counted per kind, and at most :data:`DRIFT_EXAMPLES` of each kind
+    reach the driver.
 
     Args:
         spark: the Spark session.
         table: the table (its columns and primary key).
         rebuilt: the log's view of the table (a DataFrame with at least its columns).
-        live_rows: the live table's rows, in column order.
+        live_rows: the live table: a DataFrame with its columns (cast to the rebuilt types), or
+            its rows in column order.
 
     Returns:
         The counts of missing, extra and different rows with a few examples.
     """
+    from pyspark.sql import DataFrame
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
     names = [c.name for c in table.columns]
     rebuilt = rebuilt.select(*names)
-    live = spark.createDataFrame(live_rows, schema=rebuilt.schema)
+    if isinstance(live_rows, DataFrame):
+        live = live_rows.select(
+            *[F.col(f.name).cast(f.dataType).alias(f.name) for f in rebuilt.schema.fields]
+        )
+    else:
+        live = spark.createDataFrame(live_rows, schema=rebuilt.schema)
     keys = [c.name for c in table.primary_key.columns] or names
     values = [n for n in names if n not in keys]
     r = rebuilt.select(*[F.col(n).alias(f"r_{n}") for n in names], F.lit(True).alias("r_present"))
@@ -210,8 +222,12 @@ def verify(
 ) -> DriftReport:
     """Compare the log's views with a live database at the live database's own marks.
 
-    The live database is read first, in one snapshot with its marks; the log is then read up to
-    exactly those marks. The application's tables are compared, and this log's idempotency keys
+    The live database's marks are read first, with its tables at exactly those marks (read over
+    JDBC by the executors on PostgreSQL and MariaDB, see :mod:`waltz.spark.live_tables`); the log
+    is then read up to exactly those marks, and each table compared in Spark
+    (:func:`compare_table`): only the counts and a few examples reach the driver.
+
+    The application's tables are compared, and this log's idempotency keys
     (``waltz_idempotency_keys`` without ``applied_at``). With ``db_url``, the views are also
     written there (a rebuild at those marks).
 
@@ -229,33 +245,41 @@ def verify(
 
     Raises:
         CommittedReadError: the live database claims transactions the log does not prove committed.
-        RebuildError: the application's views miss a table, or ``db_url`` is not supported.
+        RebuildError: the application's views miss a table, ``db_url`` is not supported, or a
+            MariaDB live database kept applying while it was read.
     """
     name = cluster_name or app.cluster_name
     compared = [*app.tables, IDEMPOTENCY_KEYS_COMPARED]
-    live_marks, live_rows = read_live_snapshot(live_url, compared, name)
-    progress(f"live database read in one snapshot at marks {marks_text(live_marks) or '(none)'}")
-    computed = compute_views(spark, app, source, up_to=live_marks, cluster_name=name, progress=progress)
-    try:
-        if db_url is not None:
-            write_views(
-                computed.tables,
-                app,
-                db_url,
-                computed.marks,
-                idempotency_keys_df=computed.idempotency_keys,
-                cluster_name=name,
-                progress=progress,
-            )
-        rebuilt = {**computed.tables, IDEMPOTENCY_KEYS_COMPARED.name: computed.idempotency_keys}
-        tables = []
-        for table in compared:
-            drift = compare_table(spark, table, rebuilt[table.name], live_rows[table.name])
-            progress(
-                f"compared {table.name}: {drift.missing} missing, {drift.extra} extra, "
-                f"{drift.different} different"
-            )
-            tables.append(drift)
-    finally:
-        computed.release()
+    with live_snapshot(spark, live_url, compared, name, only_log=[IDEMPOTENCY_KEYS_COMPARED]) as live:
+        live_marks = live.marks
+        how = {
+            "postgresql": "over JDBC in one exported snapshot",
+            "mariadb": "over JDBC between equal mark readings",
+            "sqlite": "in one snapshot",
+        }[live.backend]
+        progress(f"live database read {how} at marks {marks_text(live_marks) or '(none)'}")
+        computed = compute_views(spark, app, source, up_to=live_marks, cluster_name=name, progress=progress)
+        try:
+            if db_url is not None:
+                write_views(
+                    computed.tables,
+                    app,
+                    db_url,
+                    computed.marks,
+                    idempotency_keys_df=computed.idempotency_keys,
+                    cluster_name=name,
+                    progress=progress,
+                )
+            rebuilt = {**computed.tables, IDEMPOTENCY_KEYS_COMPARED.name: computed.idempotency_keys}
+            tables = []
+            for table in compared:
+                frame = rebuilt[table.name].select(*[c.name for c in table.columns])
+                drift = compare_table(spark, table, frame, live.frame(spark, table, frame.schema))
+                progress(
+                    f"compared {table.name}: {drift.missing} missing, {drift.extra} extra, "
+                    f"{drift.different} different"
+                )
+                tables.append(drift)
+        finally:
+            computed.release()
     return DriftReport(live_marks, tables)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from waltz.errors import WaltzError
 
-__all__ = ["CommittedReadError", "CorruptRecordError", "RebuildError", "SparkUnavailableError"]
+__all__ = [
+    "CommittedReadError",
+    "CorruptRecordError",
+    "RebuildError",
+    "SparkUnavailableError",
+    "StorageDirectoryNotVisibleError",
+]
 
 
 class CommittedReadError(WaltzError):
@@ -17,6 +23,12 @@ class CommittedReadError(WaltzError):
 
 class CorruptRecordError(CommittedReadError):
     """A record read failed its CRC or does not have the expected transaction ID."""
+
+
+class StorageDirectoryNotVisibleError(CommittedReadError):
+    """An offline read's storage directory, found where the read was planned (the driver), is not
+    there (or not readable) where a Spark task runs: the directories must be on a filesystem every
+    executor sees at the same path. The message names the directory and the task's host."""
 
 
 class RebuildError(WaltzError):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,9 +21,9 @@ from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
 from waltz.spark.committed import LiveReplica, LiveSource, OfflineReplica, OfflineSource
-from waltz.spark.errors import CommittedReadError, CorruptRecordError
+from waltz.spark.errors import CommittedReadError, CorruptRecordError, StorageDirectoryNotVisibleError
 
-__all__ = ["DEFAULT_BATCH_RECORDS", "read_committed", "read_directory"]
+__all__ = ["DEFAULT_BATCH_RECORDS", "check_visible", "read_committed", "read_directory"]
 
 log = logging.getLogger(__name__)
 
@@ -196,12 +198,41 @@ def read_directory(storage_dir: str | Path, partition_id: int, first: int, last:
             return
 
 
+def check_visible(directories: list[str]) -> None:
+    """Check that the storage directories of an offline read are readable here (in a Spark task).
+
+    The plan is made where the driver runs; the records are read where the tasks run. On a
+    cluster the directories must be at the same path on every executor (a shared filesystem):
+    without this check a missing directory would read as a replica holding nothing.
+
+    Args:
+        directories: the storage directories (each holding the control file).
+
+    Raises:
+        StorageDirectoryNotVisibleError: naming the first directory missing or unreadable, and
+            this host (its name and ``SPARK_LOCAL_IP``).
+    """
+    for directory in directories:
+        path = Path(directory)
+        if path.is_dir() and os.access(path, os.R_OK | os.X_OK) and (path / fmt.CONTROL_FILE_NAME).is_file():
+            continue
+        address = os.environ.get("SPARK_LOCAL_IP")
+        host = socket.gethostname() + (f" ({address})" if address else "")
+        raise StorageDirectoryNotVisibleError(
+            f"storage directory {directory} is not visible on host {host}, where a Spark task of the "
+            "offline read runs (it was found where the read was planned): put the storage directories "
+            "on a filesystem every executor mounts at the same path, or run the read with a local "
+            "master (--master local[*]) on the machine that holds them"
+        )
+
+
 def _same(a: Record, b: Record) -> bool:
     return a.req_id == b.req_id and a.header == b.header and a.checksum == b.checksum and a.data == b.data
 
 
 def _read_offline(partition_id: int, first: int, last: int, source: OfflineSource) -> Iterator[Record]:
     replicas: list[OfflineReplica] = list(source.replicas)
+    check_visible([r.directory for r in replicas])
     iterators = [read_directory(r.directory, partition_id, first, last) for r in replicas]
     current: list[Record | None] = [next(it, None) for it in iterators]
     top_session = max(r.session_id for r in replicas)

@@ -1,0 +1,246 @@
+"""A live database's tables as Spark DataFrames, all at the point of its high-water marks.
+
+Source: docs/design/spark.md "Drift check" (the live tables are read over JDBC by the executors,
+at one consistent point, and compared with the rebuilt ones in Spark);
+``docs/decisions/0032-drift-check-through-spark.md``.
+
+:func:`live_snapshot` gives the live database's marks and, per table, a DataFrame of its rows at
+exactly those marks, without bringing the rows to the driver (except on SQLite):
+
+- **PostgreSQL**: the driver opens a ``REPEATABLE READ`` transaction, reads the marks and exports
+  its snapshot (``pg_export_snapshot()``); every JDBC read of an executor starts its own
+  transaction with ``SET TRANSACTION SNAPSHOT`` on it (the ``sessionInitStatement`` option), so
+  every table, read in parallel and as often as Spark needs, sees what the marks cover. The
+  driver's transaction stays open until the comparison is done.
+- **MariaDB** has no snapshot to share: the marks are read, every table is read over JDBC and
+  kept by Spark (``persist``, on the executors), and the marks are read again. The framework
+  applies a transaction's rows and its mark in one database transaction, so equal marks before
+  and after mean the tables were read at those marks. When the marks moved (instances applying),
+  it reads again, a few times, then fails saying so.
+- **SQLite** is a file on the driver's machine (and Spark has no JDBC driver for it here): the
+  rows are read in one deferred transaction on the driver and handed to Spark, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Table, inspect, select, text
+from sqlalchemy.engine import Connection, Engine
+
+from waltz.jdbc_style import create_framework_engine
+from waltz.jdbc_style.marks import HighWaterMarks
+from waltz.spark.errors import RebuildError
+from waltz.spark.target import backend_of, jdbc_target, marks_text
+
+__all__ = ["JDBC_FETCH_SIZE", "MARIADB_ATTEMPTS", "LiveSnapshot", "live_query", "live_snapshot"]
+
+log = logging.getLogger(__name__)
+
+#: Rows per JDBC fetch of a live table (PostgreSQL streams with a cursor only when it is set).
+JDBC_FETCH_SIZE = 10_000
+#: Reads of a MariaDB live database before giving up when its marks keep moving.
+MARIADB_ATTEMPTS = 3
+
+
+@dataclass
+class LiveSnapshot:
+    """The live database at its marks: the marks, and each table's rows for Spark.
+
+    Attributes:
+        marks: partition -> the live database's high-water mark (the rows cover exactly these).
+        backend: ``postgresql``, ``mariadb`` or ``sqlite``.
+    """
+
+    marks: dict[int, int]
+    backend: str
+    _frames: dict[str, Any] = field(default_factory=dict)
+    _rows: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
+
+    def frame(self, spark: Any, table: Table, schema: Any) -> Any:
+        """The live rows of ``table`` as a DataFrame with ``schema`` (the rebuilt table's).
+
+        Args:
+            spark: the Spark session.
+            table: the table (its columns are selected, in order).
+            schema: a ``StructType`` with those columns: live values are cast to its types.
+
+        Returns:
+            A DataFrame; empty when the live database has no such table.
+        """
+        from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+
+        frame = self._frames.get(table.name)
+        if frame is None:
+            return spark.createDataFrame(self._rows.get(table.name, []), schema=schema)
+        return frame.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
+
+    def release(self) -> None:
+        """Drop what Spark keeps of the live tables (MariaDB)."""
+        for frame in self._frames.values():
+            frame.unpersist()
+
+
+def live_query(engine: Engine, table: Table, cluster_name: str, *, only_log: bool) -> str:
+    """The ``SELECT`` of ``table``'s columns in the live database's SQL, as a JDBC ``dbtable``.
+
+    Args:
+        engine: the live database (its dialect quotes the names).
+        table: the table.
+        cluster_name: the log's name.
+        only_log: keep the rows of this log only (a ``cluster_name`` column equal to it).
+    """
+    query = select(*table.columns)
+    if only_log:
+        query = query.where(table.c.cluster_name == cluster_name)
+    sql = str(query.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
+    return f"({sql}) live_rows"
+
+
+def _among(table: Table, tables: Sequence[Table]) -> bool:
+    return any(table is t for t in tables)
+
+
+def _existing(conn: Connection, tables: Sequence[Table]) -> list[Table]:
+    names = set(inspect(conn).get_table_names())
+    return [t for t in tables if t.name in names]
+
+
+def _jdbc_reader(spark: Any, live_url: str, init_statement: str | None) -> Any:
+    jdbc, props = jdbc_target(live_url)
+    props.pop("batchsize", None)
+    reader = spark.read.format("jdbc").option("url", jdbc).option("fetchsize", str(JDBC_FETCH_SIZE))
+    for name, value in props.items():
+        reader = reader.option(name, value)
+    if init_statement is not None:
+        reader = reader.option("sessionInitStatement", init_statement)
+    return reader
+
+
+@contextmanager
+def live_snapshot(
+    spark: Any,
+    live_url: str,
+    tables: Sequence[Table],
+    cluster_name: str,
+    *,
+    only_log: Sequence[Table] = (),
+) -> Iterator[LiveSnapshot]:
+    """Open the live database's tables at its marks for Spark (see the module docstring).
+
+    Args:
+        spark: the Spark session (with the JDBC drivers on ``spark.jars``).
+        live_url: the live database (SQLAlchemy URL: PostgreSQL, MariaDB or SQLite).
+        tables: the tables to read.
+        cluster_name: the log's name (its marks are read).
+        only_log: the tables among ``tables`` whose rows of this log only are read.
+
+    Yields:
+        The marks and the tables' DataFrames; valid until the block ends.
+
+    Raises:
+        RebuildError: a MariaDB database's marks kept moving while it was read, or the backend
+            is not supported.
+    """
+    engine = create_framework_engine(live_url)
+    try:
+        backend = backend_of(engine)
+        if backend == "postgresql":
+            with _postgresql(spark, engine, live_url, tables, cluster_name, only_log) as snapshot:
+                yield snapshot
+        elif backend == "mariadb":
+            snapshot = _mariadb(spark, engine, live_url, tables, cluster_name, only_log)
+            try:
+                yield snapshot
+            finally:
+                snapshot.release()
+        elif backend == "sqlite":
+            yield _sqlite(engine, tables, cluster_name, only_log)
+        else:
+            raise RebuildError(f"the drift check reads PostgreSQL, MariaDB or SQLite, not {backend}")
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def _postgresql(
+    spark: Any,
+    engine: Engine,
+    live_url: str,
+    tables: Sequence[Table],
+    cluster_name: str,
+    only_log: Sequence[Table],
+) -> Iterator[LiveSnapshot]:
+    with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
+        snapshot_id = str(conn.execute(text("SELECT pg_export_snapshot()")).scalar_one())
+        marks = HighWaterMarks(cluster_name).read_all(conn)
+        existing = _existing(conn, tables)
+        # Each executor's connection runs without autocommit (the fetch size asks for it), so this
+        # begins its transaction, on the driver's snapshot.
+        init = (
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; "
+            f"SET TRANSACTION SNAPSHOT '{snapshot_id}'"  # an ID PostgreSQL made: no quote in it
+        )
+        reader = _jdbc_reader(spark, live_url, init)
+        frames = {
+            t.name: reader.option(
+                "dbtable", live_query(engine, t, cluster_name, only_log=_among(t, only_log))
+            ).load()
+            for t in existing
+        }
+        log.info("live PostgreSQL snapshot %s at marks %s", snapshot_id, marks_text(marks))
+        yield LiveSnapshot(marks, "postgresql", frames)
+
+
+def _mariadb(
+    spark: Any,
+    engine: Engine,
+    live_url: str,
+    tables: Sequence[Table],
+    cluster_name: str,
+    only_log: Sequence[Table],
+) -> LiveSnapshot:
+    from pyspark import StorageLevel
+
+    reader = _jdbc_reader(spark, live_url, None)
+    seen: list[str] = []
+    for _ in range(MARIADB_ATTEMPTS):
+        with engine.connect() as conn:
+            before = HighWaterMarks(cluster_name).read_all(conn)
+            existing = _existing(conn, tables)
+        frames: dict[str, Any] = {}
+        for t in existing:
+            query = live_query(engine, t, cluster_name, only_log=_among(t, only_log))
+            frames[t.name] = reader.option("dbtable", query).load().persist(StorageLevel.MEMORY_AND_DISK)
+            frames[t.name].count()  # read now, between the two mark readings
+        with engine.connect() as conn:
+            after = HighWaterMarks(cluster_name).read_all(conn)
+        if after == before:
+            return LiveSnapshot(before, "mariadb", frames)
+        for frame in frames.values():
+            frame.unpersist()
+        seen.append(f"{marks_text(before)} -> {marks_text(after)}")
+        log.info("the live MariaDB database applied while it was read (%s); reading again", seen[-1])
+    raise RebuildError(
+        f"the live database kept applying the log while the drift check read it ({'; '.join(seen)}): "
+        "on MariaDB the check needs the marks to stay still while the tables are read; run it when "
+        "the instances are idle (or paused)"
+    )
+
+
+def _sqlite(
+    engine: Engine, tables: Sequence[Table], cluster_name: str, only_log: Sequence[Table]
+) -> LiveSnapshot:
+    with engine.connect() as conn, conn.begin():
+        marks = HighWaterMarks(cluster_name).read_all(conn)
+        rows: dict[str, list[tuple[Any, ...]]] = {}
+        for t in _existing(conn, tables):
+            query = select(*t.columns)
+            if _among(t, only_log):
+                query = query.where(t.c.cluster_name == cluster_name)
+            rows[t.name] = [tuple(r) for r in conn.execute(query)]
+    return LiveSnapshot(marks, "sqlite", _rows=rows)
