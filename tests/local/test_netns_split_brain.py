@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +48,64 @@ def lab() -> Iterator[NetworkLab]:
     NetworkLab.cleanup_stale()
     with NetworkLab(HOSTS) as network:
         yield network
+
+
+#: Tries a TCP connection to port 9 (nothing listens): "refused" means the host answered.
+_PROBE = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], 9), timeout=1.5)
+except ConnectionRefusedError:
+    print("refused")
+except OSError as error:
+    print(type(error).__name__)
+"""
+
+
+def reach(prefix: list[str], address: str) -> str:
+    """From a host (``prefix``) or the root namespace (``[]``): "refused" if ``address`` answers."""
+    argv = [*prefix, sys.executable, "-c", _PROBE, address]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+
+
+def test_lab_cuts_one_pair_isolates_a_host_and_removes_a_crashed_run(lab: NetworkLab) -> None:
+    a, b = lab.command_prefix("a"), lab.command_prefix("b")
+    assert reach(a, lab.address("b")) == "refused"
+    assert reach([], lab.address("a")) == "refused"
+    lab.cut("a", lab.address("b"))
+    assert reach(a, lab.address("b")) == "TimeoutError"
+    assert reach(b, lab.address("a")) == "TimeoutError"
+    assert reach(a, lab.address("zk")) == "refused"  # other peers unaffected
+    assert reach([], lab.address("a")) == "refused"
+    lab.uncut("a")
+    assert reach(a, lab.address("b")) == "refused"
+    lab.isolate("b")
+    assert reach([], lab.address("b")) == "TimeoutError"
+    assert reach(a, lab.address("b")) == "TimeoutError"
+    lab.heal("b")
+    assert reach(a, lab.address("b")) == "refused"
+
+    # A run that crashed with its lab built: cleanup_stale removes it, and keeps this live one.
+    crashed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os; from waltz.local.netns import NetworkLab; "
+            "lab = NetworkLab(['x'], subnet='10.77.1.0/24'); lab.start(); "
+            "print(lab.host('x').namespace, flush=True); os._exit(0)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert crashed in namespaces
+    assert NetworkLab.cleanup_stale() >= 2  # its namespace and bridge
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert crashed not in namespaces
+    assert lab.host("a").namespace in namespaces
+    assert reach(a, lab.address("b")) == "refused"
 
 
 def owner_of_partition(zk: KazooClient, servers: list[LocalServer]) -> PartitionOwner | None:

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
 
@@ -33,6 +34,7 @@ from waltz.errors import ConfigurationError, WaltzError
 
 __all__ = [
     "NAME_PREFIX",
+    "STATE_DIR",
     "Host",
     "NetworkLab",
     "NetworkLabError",
@@ -44,6 +46,10 @@ _LOG = logging.getLogger(__name__)
 
 #: The prefix of every namespace and link a lab creates (interface names are at most 15 bytes).
 NAME_PREFIX = "wzlab"
+
+#: Where a lab notes the PID of the process that built it (``<prefix>.pid``), so that
+#: :meth:`NetworkLab.cleanup_stale` leaves the labs of live processes alone.
+STATE_DIR = Path("/run/waltz-netlab")
 
 #: The nftables table a cut lives in (one per namespace, so its name need not be unique).
 _NFT_TABLE = "waltz_lab"
@@ -185,6 +191,8 @@ class NetworkLab:
             raise RuntimeError(f"network lab {self._prefix} is already built")
         self._built = True
         try:
+            STATE_DIR.mkdir(parents=True, exist_ok=True)
+            (STATE_DIR / f"{self._prefix}.pid").write_text(f"{os.getpid()}\n")
             _run(["ip", "link", "add", self.bridge, "type", "bridge"])
             _run(["ip", "addr", "add", f"{self.bridge_address}/{self._prefixlen}", "dev", self.bridge])
             _run(["ip", "link", "set", self.bridge, "up"])
@@ -218,15 +226,25 @@ class NetworkLab:
             return
         self._built = False
         _remove_prefixed(self._prefix)
+        (STATE_DIR / f"{self._prefix}.pid").unlink(missing_ok=True)
 
     @staticmethod
     def cleanup_stale() -> int:
-        """Remove every namespace and link any lab created (``wzlab*``), e.g. after a crashed run.
+        """Remove the namespaces and links (``wzlab*``) of labs whose builder no longer runs.
+
+        A lab whose builder process is still alive (its PID noted in :data:`STATE_DIR`) is left
+        alone; one without a note, or whose builder is gone (a crashed run), is removed.
 
         Returns:
             The number of namespaces and links removed.
         """
-        return _remove_prefixed(NAME_PREFIX)
+        removed = 0
+        for prefix in sorted(_lab_prefixes()):  # NAME_PREFIX + run ID
+            if _builder_alive(prefix):
+                continue
+            removed += _remove_prefixed(prefix)
+            (STATE_DIR / f"{prefix}.pid").unlink(missing_ok=True)
+        return removed
 
     def __enter__(self) -> Self:
         self.start()
@@ -284,24 +302,52 @@ class NetworkLab:
         return f"NetworkLab({self._prefix}, bridge={self.bridge_address}, hosts={list(self._hosts)})"
 
 
+def _namespaces() -> list[str]:
+    lines = _run(["ip", "netns", "list"], check=False).stdout.split("\n")
+    return [line.split(" ")[0].strip() for line in lines if line.strip()]
+
+
+def _links() -> list[str]:
+    links = []
+    for line in _run(["ip", "-o", "link", "show"], check=False).stdout.split("\n"):
+        parts = line.split(":")
+        if len(parts) >= 2:
+            links.append(parts[1].strip().split("@")[0])
+    return links
+
+
+def _lab_prefixes() -> set[str]:
+    """The ``wzlab<run ID>`` prefixes of every lab namespace and link present."""
+    return {name.split("-")[0] for name in [*_namespaces(), *_links()] if name.startswith(NAME_PREFIX)}
+
+
+def _builder_alive(prefix: str) -> bool:
+    try:
+        pid = int((STATE_DIR / f"{prefix}.pid").read_text().strip())
+    except (OSError, ValueError):
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _remove_prefixed(prefix: str) -> int:
     removed = 0
-    namespaces = _run(["ip", "netns", "list"], check=False).stdout.split("\n")
-    for line in namespaces:
-        namespace = line.split(" ")[0].strip()
-        if namespace.startswith(prefix):
+    for namespace in _namespaces():
+        if namespace.startswith(f"{prefix}-"):
             result = _run(["ip", "netns", "delete", namespace], check=False)
             if result.returncode == 0:
                 removed += 1
             else:
                 _LOG.warning("could not delete namespace %s: %s", namespace, result.stderr.strip())
-    links = _run(["ip", "-o", "link", "show"], check=False).stdout.split("\n")
-    for line in links:
-        parts = line.split(":")
-        if len(parts) < 2:
-            continue
-        link = parts[1].strip().split("@")[0]
-        if link.startswith(prefix):
+    for link in _links():
+        if link.startswith(f"{prefix}-"):
             result = _run(["ip", "link", "delete", link], check=False)
             if result.returncode == 0:
                 removed += 1
