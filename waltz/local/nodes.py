@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -121,6 +121,10 @@ class LocalStorageNode(_LocalProcess):
         extra_args: more ``waltz storage start`` options (e.g. ``--segment-size-threshold``).
         env: extra environment variables for the process.
         start_timeout: seconds to wait for the ports to accept connections.
+        host: the address the node binds and advertises (loopback by default; a
+            :class:`~waltz.local.netns.NetworkLab` host's address to run it inside that host).
+        command_prefix: argv put before the command (e.g. ``ip netns exec <namespace>``, from
+            :meth:`~waltz.local.netns.NetworkLab.command_prefix`); empty by default.
     """
 
     kind = "storage node"
@@ -138,7 +142,11 @@ class LocalStorageNode(_LocalProcess):
         extra_args: list[str] | None = None,
         env: Mapping[str, str] | None = None,
         start_timeout: float = 30.0,
+        host: str | None = None,
+        command_prefix: Sequence[str] = (),
     ) -> None:
+        if host is not None:
+            self.host = host
         self.directory = directory
         self.port = port or free_port()
         self.admin_port = admin_port or free_port()
@@ -165,7 +173,7 @@ class LocalStorageNode(_LocalProcess):
             import os
 
             process_env = {**os.environ, **env}
-        self.process = ManagedProcess(args, name=name, log_path=log_path, env=process_env)
+        self.process = ManagedProcess([*command_prefix, *args], name=name, log_path=log_path, env=process_env)
 
     @property
     def address(self) -> str:
@@ -196,6 +204,10 @@ class LocalServer(_LocalProcess):
         extra_args: more ``waltz server start`` options.
         env: extra environment variables (e.g. ``WALTZ_STORE_RETRY_INTERVAL``).
         start_timeout: seconds to wait for the port to accept connections.
+        host: the address the node binds and advertises (loopback by default; a
+            :class:`~waltz.local.netns.NetworkLab` host's address to run it inside that host).
+        command_prefix: argv put before the command (e.g. ``ip netns exec <namespace>``, from
+            :meth:`~waltz.local.netns.NetworkLab.command_prefix`); empty by default.
     """
 
     kind = "server"
@@ -215,7 +227,11 @@ class LocalServer(_LocalProcess):
         extra_args: list[str] | None = None,
         env: Mapping[str, str] | None = None,
         start_timeout: float = 30.0,
+        host: str | None = None,
+        command_prefix: Sequence[str] = (),
     ) -> None:
+        if host is not None:
+            self.host = host
         self.port = port or free_port()
         self.metrics_port = (metrics_port or free_port()) if metrics else None
         self.start_timeout = start_timeout
@@ -242,7 +258,7 @@ class LocalServer(_LocalProcess):
             import os
 
             process_env = {**os.environ, **env}
-        self.process = ManagedProcess(args, name=name, log_path=log_path, env=process_env)
+        self.process = ManagedProcess([*command_prefix, *args], name=name, log_path=log_path, env=process_env)
 
     @property
     def endpoint(self) -> str:

@@ -24,6 +24,7 @@ import os
 import shutil
 import socket
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -149,7 +150,7 @@ def four_letter_word(host: str, port: int, command: str, *, timeout: float = 2.0
 
 
 class LocalZooKeeper:
-    """A standalone ZooKeeper server process on 127.0.0.1, owned by this object.
+    """A standalone ZooKeeper server process (on 127.0.0.1 unless given a host), owned by this object.
 
     The server keeps its port and data directory across :meth:`stop`/:meth:`kill` and
     :meth:`start`/:meth:`restart`, as a real node that crashes and comes back would. Entering the
@@ -173,6 +174,10 @@ class LocalZooKeeper:
             ``tls_trust_store``), the server also serves TLS on :attr:`secure_port` and asks
             clients for a certificate the trust store verifies.
         tls_trust_store: a PEM CA bundle verifying client certificates.
+        host: the address the server binds (loopback by default; a
+            :class:`~waltz.local.netns.NetworkLab` host's address to run it inside that host).
+        command_prefix: argv put before the ``java`` command (e.g. ``ip netns exec <namespace>``,
+            from :meth:`~waltz.local.netns.NetworkLab.command_prefix`); empty by default.
 
     Raises:
         ConfigurationError: java or the ZooKeeper jars (or, for TLS, the Netty jars) are missing
@@ -191,7 +196,10 @@ class LocalZooKeeper:
         startup_timeout: float = 30.0,
         tls_key_store: Path | None = None,
         tls_trust_store: Path | None = None,
+        host: str | None = None,
+        command_prefix: Sequence[str] = (),
     ) -> None:
+        self._host = host or _HOST
         if tick_time_ms <= 0:
             raise ValueError(f"tick_time_ms must be positive, got {tick_time_ms}")
         if (tls_key_store is None) != (tls_trust_store is None):
@@ -208,12 +216,12 @@ class LocalZooKeeper:
                     "install Debian's Netty: apt-get install -y libnetty-java"
                 )
             self._classpath += "".join(f":{java_dir / jar}" for jar in _NETTY_JARS)
-            self._secure_port = free_port(_HOST)
+            self._secure_port = free_port()
         self._tick_time_ms = tick_time_ms
         self._heap_mb = heap_mb
         self._startup_timeout = startup_timeout
         self._port_chosen = port is None
-        self._port = port if port is not None else free_port(_HOST)
+        self._port = port if port is not None else free_port()
         self._owns_data_dir = data_dir is None
         if data_dir is None:
             data_dir = Path(tempfile.mkdtemp(prefix="waltz-zookeeper-"))
@@ -221,6 +229,7 @@ class LocalZooKeeper:
         self._data_dir = data_dir.resolve()
         self._process = ManagedProcess(
             [
+                *command_prefix,
                 self._java,
                 f"-Xmx{heap_mb}m",
                 "-XX:+UseSerialGC",
@@ -241,8 +250,8 @@ class LocalZooKeeper:
 
     @property
     def host(self) -> str:
-        """The address the server listens on (always loopback)."""
-        return _HOST
+        """The address the server listens on (loopback unless given)."""
+        return self._host
 
     @property
     def port(self) -> int:
@@ -252,7 +261,7 @@ class LocalZooKeeper:
     @property
     def connect_string(self) -> str:
         """The connect string for clients, ``"127.0.0.1:PORT"``."""
-        return f"{_HOST}:{self._port}"
+        return f"{self._host}:{self._port}"
 
     @property
     def secure_port(self) -> int | None:
@@ -268,7 +277,7 @@ class LocalZooKeeper:
         """
         if self._secure_port is None:
             raise RuntimeError("this LocalZooKeeper serves no TLS port (no tls_key_store)")
-        return f"{_HOST}:{self._secure_port}"
+        return f"{self._host}:{self._secure_port}"
 
     @property
     def tick_time_ms(self) -> int:
@@ -328,7 +337,7 @@ class LocalZooKeeper:
                 self._process.kill()
                 if attempt < attempts and "Address already in use" in str(error):
                     _LOG.warning("port %d was taken before ZooKeeper bound it; trying another", self._port)
-                    self._port = free_port(_HOST)
+                    self._port = free_port()
                     continue
                 raise
             break
@@ -398,7 +407,7 @@ class LocalZooKeeper:
 
     def four_letter_word(self, command: str, *, timeout: float = 2.0) -> str:
         """Send a four-letter-word command to this server (see :func:`four_letter_word`)."""
-        return four_letter_word(_HOST, self._port, command, timeout=timeout)
+        return four_letter_word(self._host, self._port, command, timeout=timeout)
 
     def ruok(self) -> bool:
         """Whether the server answers ``ruok`` with ``imok`` (it runs; it may not serve yet)."""
@@ -426,7 +435,7 @@ class LocalZooKeeper:
             f"tickTime={self._tick_time_ms}",
             f"dataDir={self._data_dir}",
             f"clientPort={self._port}",
-            f"clientPortAddress={_HOST}",
+            f"clientPortAddress={self._host}",
             "admin.enableServer=false",
             "maxClientCnxns=0",
             f"4lw.commands.whitelist={_FOUR_LETTER_WORDS}",
@@ -435,7 +444,7 @@ class LocalZooKeeper:
             key_store, trust_store = self._tls
             lines += [
                 f"secureClientPort={self._secure_port}",
-                f"secureClientPortAddress={_HOST}",
+                f"secureClientPortAddress={self._host}",
                 "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
                 f"ssl.keyStore.location={key_store}",
                 "ssl.keyStore.type=PEM",
