@@ -644,3 +644,41 @@ def test_a_paused_replica_beyond_the_quorum_does_not_hold_the_lingering_batch(
         run(scenario())
     finally:
         slow.process.resume()
+
+
+def test_a_store_whose_zookeeper_session_is_down_at_recovery_recovers_once_it_is_back(
+    store_cluster: StoreCluster, zookeeper: object
+) -> None:
+    """A recovery that meets a ZooKeeper connection that is down (kazoo raises, not a WaltzError)
+    is retried like any failed recovery, instead of ending the partition's store for good."""
+    from kazoo.client import KazooClient
+
+    from waltz.metadata.zk import ClusterZk
+
+    client = KazooClient(hosts=zookeeper.connect_string)  # type: ignore[attr-defined]
+    client.start(timeout=10)
+    client.stop()  # down: every call raises until it starts again
+
+    async def scenario() -> None:
+        partition = StorePartition(
+            0,
+            1,
+            ClusterZk(client, store_cluster.zk.paths.root),
+            store_cluster.cluster_key,
+            store_cluster.params.num_partitions,
+            FAST,
+        )
+        partition.start()
+        try:
+            await asyncio.sleep(3 * FAST.retry_interval)  # recoveries fail meanwhile
+            assert not partition.recovered.is_set()
+            await asyncio.to_thread(client.start, 10)
+            assert await asyncio.wait_for(append_many(partition, 0, 3), 60) == [0, 1, 2]
+        finally:
+            await partition.close()
+
+    try:
+        run(scenario())
+    finally:
+        client.stop()
+        client.close()

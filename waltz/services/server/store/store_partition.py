@@ -27,6 +27,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from kazoo.exceptions import KazooException
+
 from waltz import tracing
 from waltz.errors import GenerationFencedError, WaltzError
 from waltz.metadata.zk import ClusterZk
@@ -316,8 +318,10 @@ class StorePartition:
                 log.warning("partition %d: %s; starting a new session", self.partition_id, exc)
                 await asyncio.sleep(self.config.retry_interval)
                 continue
-            except WaltzError as exc:
-                log.error("partition %d: recovery failed: %s; retrying", self.partition_id, exc)
+            except (WaltzError, KazooException) as exc:
+                # ZooKeeper unreachable (a connection loss, an expired session) is retried like
+                # any failed recovery: the partition must not stop for good behind it.
+                log.error("partition %d: recovery failed: %r; retrying", self.partition_id, exc)
                 await asyncio.sleep(self.config.retry_interval)
                 continue
             self._settle(result.high_water_mark)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from kazoo.exceptions import KazooException
+
 from waltz import tracing
 from waltz.errors import WaltzError
 from waltz.metadata.replicas import quorum_of
@@ -331,8 +333,8 @@ class StoreSession:
         partition = self.partition
         try:
             assignments = await asyncio.to_thread(partition._zk.assignments)
-        except WaltzError as exc:
-            log.warning("partition %d: cannot read the replica assignment: %s", partition.partition_id, exc)
+        except (WaltzError, KazooException) as exc:
+            log.warning("partition %d: cannot read the replica assignment: %r", partition.partition_id, exc)
             return
         assigned = assignments.value.storages_of(partition.partition_id)
         if sorted(assigned) != sorted(self.assigned):
