@@ -28,6 +28,7 @@ from waltz.admin.config import ClusterAdminConfig
 from waltz.admin.description import ClusterDescription
 from waltz.admin.verify import CheckStatus, VerifyReport
 from waltz.cli.groups import HELP, MARKUP
+from waltz.cli.options import RootOption, ZookeeperOption
 from waltz.config import load_settings
 from waltz.errors import StorageRpcError, WaltzError
 from waltz.logs import configure_logging
@@ -54,25 +55,6 @@ app.add_typer(storage_app, name="storage")
 
 # ---- shared options ------------------------------------------------------------------------------
 
-ZookeeperOption = Annotated[
-    str | None,
-    typer.Option(
-        "--zookeeper",
-        "-z",
-        help="ZooKeeper connect string `host:port[,host:port...]` "
-        "(zookeeper.connectString, WALTZ_ZOOKEEPER_CONNECT_STRING).",
-        show_default=False,
-    ),
-]
-RootOption = Annotated[
-    str | None,
-    typer.Option(
-        "--root",
-        "-r",
-        help="Cluster root znode, e.g. /waltz/cluster1 (cluster.root, WALTZ_CLUSTER_ROOT).",
-        show_default=False,
-    ),
-]
 ConfigOption = Annotated[
     Path | None,
     typer.Option(
