@@ -328,6 +328,16 @@ def test_http_api_changes_reads_and_refuses(api: CounterHttpServer) -> None:
     assert call(api, "GET", base)[1]["value"] == 6, "a bad request changed the counter"
 
     assert call(api, "GET", "/counters/abc")[0] == 400
+    # A Content-Length of a digit that is not ASCII ("²" passes str.isdigit) is a bad request.
+    connection = http.client.HTTPConnection(api.host, api.port, timeout=TIMEOUT)
+    try:
+        connection.putrequest("POST", f"{base}/increment")
+        connection.putheader("Content-Length", "²")  # one byte, 0xB2, in latin-1
+        connection.endheaders()
+        response = connection.getresponse()
+        assert response.status == 400 and "is not a number of bytes" in json.loads(response.read())["error"]
+    finally:
+        connection.close()
     status, answer = call(api, "GET", "/nowhere")
     assert status == 404 and "POST /counters/<id>/increment" in answer["error"]
     assert call(api, "GET", f"{base}/increment")[0] == 405

@@ -130,7 +130,8 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:
             log.exception("%s %s failed", method, self.path)
             status = HTTPStatus.INTERNAL_SERVER_ERROR
-            answer = {"error": f"internal error ({type(exc).__name__}: {exc}); see the service's log"}
+            # The exception's text stays in the service's log: it may hold paths, SQL or data.
+            answer = {"error": f"internal error ({type(exc).__name__}); see the service's log"}
         self._send(status, answer, headers)
 
     def _route(self, method: str, body: bytes | None) -> tuple[HTTPStatus, dict[str, Any]]:
@@ -188,7 +189,7 @@ class _Handler(BaseHTTPRequestHandler):
                     HTTPStatus.LENGTH_REQUIRED,
                 )
             return None
-        if not length_header.strip().isdigit():
+        if not (length_header.strip().isascii() and length_header.strip().isdigit()):  # not "²"
             self.close_connection = True
             raise BadRequestError(f"Content-Length {length_header!r} is not a number of bytes")
         length = int(length_header)
