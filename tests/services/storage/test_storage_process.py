@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -246,6 +247,18 @@ def test_admin_port(start_storage: Callable[..., LocalStorageNode], cluster_key:
                 await admin.max_transaction_id(0)
             await admin.assign_partition(0, True)
             assert await admin.max_transaction_id(0) == 20
+            # A deletion that fails says so (here: a file made immutable), and can be retried.
+            immutable = next((node.directory / "0").iterdir())
+            if (
+                subprocess.run(["chattr", "+i", str(immutable)], check=False, capture_output=True).returncode
+                == 0
+            ):
+                try:
+                    with pytest.raises(StorageRpcError, match="Operation not permitted"):
+                        await admin.assign_partition(0, False, delete_storage_files=True)
+                finally:
+                    subprocess.run(["chattr", "-i", str(immutable)], check=True)
+                assert (node.directory / "0").exists()
             await admin.assign_partition(0, False, delete_storage_files=True)
             assert not (node.directory / "0").exists()
             with pytest.raises(StorageRpcError, match="out of range"):

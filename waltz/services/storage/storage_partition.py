@@ -203,9 +203,15 @@ class StoragePartition:
         self._segments = []
 
     def delete_files(self) -> None:
-        """Close the partition and remove its directory with all its files."""
+        """Close the partition and remove its directory with all its files.
+
+        Raises:
+            OSError: a file or the directory could not be removed (what remains stays; the
+                operator's request fails and may be made again).
+        """
         self.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if self.directory.exists():
+            shutil.rmtree(self.directory)
         fsync_directory(self.directory.parent)
 
     # ---- state ----
