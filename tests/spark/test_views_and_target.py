@@ -18,7 +18,7 @@ from waltz.jdbc_style.schema import high_water_marks, idempotency_keys
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import RebuildError
 from waltz.spark.source import LOG_SCHEMA
-from waltz.spark.target import write_views
+from waltz.spark.target import jdbc_target, write_views
 from waltz.spark.views import idempotency_key_rows
 from waltz_examples.counter.models import Counter
 from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
@@ -148,3 +148,16 @@ def test_a_rebuild_never_moves_a_live_mark_backwards(
     # Up to the live marks or beyond, the swap goes ahead.
     write_views(COUNTER_VIEWS.build(changes, log), COUNTER_VIEWS, url, {0: 5, 1: 1})
     engine.dispose()
+
+
+def test_the_jdbc_target_carries_tls_parameters_and_refuses_what_it_cannot_carry() -> None:
+    jdbc, props = jdbc_target(
+        "postgresql+psycopg://app:secret@db.example:6432/ledger?sslmode=verify-full&sslrootcert=/etc/db-ca.pem"
+    )
+    assert jdbc == "jdbc:postgresql://db.example:6432/ledger?reWriteBatchedInserts=true"
+    assert props["sslmode"] == "verify-full" and props["sslrootcert"] == "/etc/db-ca.pem"
+    assert (props["user"], props["password"]) == ("app", "secret")
+    with pytest.raises(RebuildError, match=r"\['host'\] cannot be carried over"):
+        jdbc_target("postgresql+psycopg://app@/ledger?host=/var/run/postgresql")
+    with pytest.raises(RebuildError, match=r"\['ssl_ca'\] cannot be carried over"):
+        jdbc_target("mysql+pymysql://root@127.0.0.1/test?ssl_ca=/etc/ca.pem")

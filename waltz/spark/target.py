@@ -55,18 +55,32 @@ def backend_of(engine: Engine) -> str:
     return "mariadb" if name in ("mysql", "mariadb") else name
 
 
+#: Query parameters of a PostgreSQL URL that the PostgreSQL JDBC driver takes under the same name
+#: (TLS to the database): carried over as connection properties.
+PG_JDBC_PARAMETERS = frozenset({"sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword"})
+
+
 def jdbc_target(db_url: str) -> tuple[str, dict[str, str]]:
     """The JDBC URL and connection properties of a PostgreSQL or MariaDB SQLAlchemy URL.
 
-    Only host, port, database, user and password are carried over; a URL's query parameters
-    (``sslmode``, a socket path) are not: give the database over TCP.
+    Host, port, database, user and password are carried over, and on PostgreSQL the TLS
+    parameters the JDBC driver knows by the same name (:data:`PG_JDBC_PARAMETERS`, e.g.
+    ``?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem``). Any other query parameter is refused
+    rather than dropped: a rebuild must not connect differently from what the URL says.
 
     Raises:
-        RebuildError: another backend.
+        RebuildError: another backend, or a query parameter the JDBC target cannot carry.
     """
     url = make_url(db_url)
     backend = url.get_backend_name()
-    props: dict[str, str] = {}
+    known = PG_JDBC_PARAMETERS if backend == "postgresql" else frozenset()
+    unknown = sorted(set(url.query) - known)
+    if unknown:
+        raise RebuildError(
+            f"the database URL's query parameters {unknown} cannot be carried over to the JDBC writer "
+            f"(it takes {sorted(known) or 'none'} for {backend}); give the database over TCP without them"
+        )
+    props: dict[str, str] = {name: str(url.query[name]) for name in sorted(known & set(url.query))}
     if url.username:
         props["user"] = url.username
     if url.password:
