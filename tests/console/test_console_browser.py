@@ -111,8 +111,10 @@ def test_the_map_shows_every_partitions_owner(
     expect(page.locator('figure.chart[data-chart="commits"] canvas')).to_have_count(1, timeout=WAIT_MS)
 
 
-def _post(url: str, body: str = "kind=add-replica&partition=0&storage=x") -> int:
-    request = urllib.request.Request(url, data=body.encode(), method="POST")
+def _post(
+    url: str, body: str = "kind=add-replica&partition=0&storage=x", headers: dict[str, str] | None = None
+) -> int:
+    request = urllib.request.Request(url, data=body.encode(), method="POST", headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
             return int(response.status)
@@ -146,6 +148,18 @@ def test_a_request_for_another_host_name_is_refused(consoles: dict[str, RunningC
     request = urllib.request.Request(operator.url.replace("127.0.0.1", "localhost"))
     with urllib.request.urlopen(request, timeout=5) as response:
         assert response.status == 200
+
+
+def test_a_form_posted_by_another_origin_is_refused_and_the_map_carries_no_cluster_key(
+    consoles: dict[str, RunningConsole],
+) -> None:
+    operator = consoles["operator"]
+    own = operator.url.rstrip("/")
+    assert _post(operator.url + "actions/confirm", headers={"Origin": own}) == 200
+    for origin in ("https://evil.example", "http://127.0.0.1:1"):
+        assert _post(operator.url + "actions/confirm", headers={"Origin": origin}) == 403, origin
+        assert _post(operator.url + "actions/run", "token=x", headers={"Origin": origin}) == 403, origin
+    assert "cluster_key" not in operator.get_json("/api/map.json")["map"]
 
 
 def test_with_a_certificate_the_console_serves_https_only(

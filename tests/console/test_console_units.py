@@ -45,6 +45,11 @@ def test_https_needs_both_files_and_a_ca_needs_a_certificate(tmp_path: Path) -> 
     with pytest.raises(ValueError, match="caFile needs"):
         ConsoleConfig(console_ssl_ca_file=cert)
     assert ConsoleConfig().console_host == "127.0.0.1"
+    # Operator actions beyond loopback only with browser certificates.
+    with pytest.raises(ValueError, match="need browser certificates"):
+        ConsoleConfig(console_host="0.0.0.0", console_operator=True)
+    assert ConsoleConfig(console_host="0.0.0.0").console_operator is False
+    assert ConsoleConfig(console_operator=True).console_host == "127.0.0.1"
 
 
 class ServerLike:

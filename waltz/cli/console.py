@@ -99,7 +99,9 @@ def console(
         typer.Option(
             "--operator",
             help="Serve the operator actions (replica add and remove, partition recovery), each "
-            "confirmed in the page. Without it the console changes nothing.",
+            "confirmed in the page (also console.operator in --config, WALTZ_CONSOLE_OPERATOR). "
+            "Without it the console changes nothing. On an address other than loopback it needs "
+            "--tls-ca (browser certificates).",
         ),
     ] = False,
     tls_cert: Annotated[

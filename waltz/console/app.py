@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 from starlette.applications import Starlette
@@ -222,6 +222,17 @@ def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Star
     ]
     if operator:
 
+        def foreign(request: Request) -> Response | None:
+            """403 for a form posted by a page of another origin (cross-site request forgery, or a
+            name made to resolve to this console): browsers send Origin with every POST."""
+            origin = request.headers.get("origin")
+            if origin is None or urlsplit(origin).netloc == request.url.netloc:
+                return None
+            message = f"a form from {origin} is not the console's own; refused"
+            return templates.TemplateResponse(
+                request, "_result.html", {"ok": False, "message": message}, status_code=403
+            )
+
         async def form(request: Request) -> dict[str, str]:
             body = await request.body()
             if len(body) > MAX_FORM_BYTES:
@@ -229,6 +240,9 @@ def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Star
             return {k: v[0] for k, v in parse_qs(body.decode("utf-8", errors="replace")).items()}
 
         async def confirm(request: Request) -> Response:
+            refused = foreign(request)
+            if refused is not None:
+                return refused
             try:
                 fields = await form(request)
                 action = Action.parse(
@@ -245,6 +259,9 @@ def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Star
             return templates.TemplateResponse(request, "_confirm.html", {"action": action, "token": token})
 
         async def run(request: Request) -> Response:
+            refused = foreign(request)
+            if refused is not None:
+                return refused
             try:
                 fields = await form(request)
             except WaltzError:

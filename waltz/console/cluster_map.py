@@ -156,7 +156,6 @@ class ClusterMap:
         root: the cluster root znode.
         name: the cluster's name.
         num_partitions: its number of partitions.
-        cluster_key: its cluster key.
         zookeeper: the health of ZooKeeper.
         servers: the live servers, by member name.
         storage_nodes: the storage nodes, by connect string.
@@ -170,7 +169,6 @@ class ClusterMap:
     root: str
     name: str
     num_partitions: int
-    cluster_key: str
     zookeeper: ZooKeeperHealth
     servers: tuple[ServerView, ...]
     storage_nodes: tuple[StorageView, ...]
@@ -197,7 +195,6 @@ class ClusterMap:
             "root": self.root,
             "name": self.name,
             "num_partitions": self.num_partitions,
-            "cluster_key": self.cluster_key,
             "zookeeper": self.zookeeper.to_json(),
             "servers": [
                 {
@@ -423,7 +420,6 @@ def build_map(
         root=description.root,
         name=params.name,
         num_partitions=params.num_partitions,
-        cluster_key=str(params.cluster_key),
         zookeeper=zookeeper,
         servers=servers,
         storage_nodes=storage_nodes,
