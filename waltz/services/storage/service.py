@@ -380,13 +380,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             )
         except Exception as exc:
             # Fencing refusals are routine (or logged by the partition); other failures are not.
-            quiet = (
-                SessionFencedError,
-                SessionNotOpenError,
-                SessionJumpTooLargeError,
-                PartitionNotAssignedError,
-            )
-            if not isinstance(exc, quiet):
+            if not isinstance(exc, _QUIET_FAILURES):
                 log.warning("partition %d: %s request failed: %s", request.partition_id, kind, exc)
             response = _response(request, failure=failure_for(exc))
         self._metrics.requests.labels(

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from kazoo.exceptions import KazooException
+
 from waltz.errors import StaleMetadataError, WaltzError
 from waltz.metadata.values import PartitionMetadata, ReplicaState
 from waltz.metadata.zk import ClusterZk, Versioned
@@ -141,10 +143,22 @@ class ReplicaCatchUp:
                 self.storage,
                 exc,
             )
+        except Exception:
+            # Unexpected: said here, since nobody awaits this task; the session's probe tries again.
+            log.exception(
+                "partition %d: catch-up of the replica on %s failed", self._partition_id, self.storage
+            )
         finally:
             if connection is not None and not self.joined:
                 with contextlib.suppress(Exception):
                     await connection.close()
+
+    async def discard(self) -> None:
+        """Close the lagging replica's connection when :meth:`run` never started (the session
+        closed first); a run that started closes its own connection."""
+        if self._lagging is not None and not self.joined:
+            with contextlib.suppress(Exception):
+                await self._lagging.connection.close()
 
     async def _reach(self, connection: ReplicaConnection) -> int:
         """Open, clean and enroll a replica that returned during the session; returns its mark."""
@@ -154,7 +168,7 @@ class ReplicaCatchUp:
         self._reached = True
         try:
             current = await asyncio.to_thread(zk.partition_metadata, self._partition_id)
-        except WaltzError as exc:
+        except (WaltzError, KazooException) as exc:
             raise CatchUpStoppedError(f"cannot read the partition metadata: {exc}") from exc
         if current.value.session_id != session.session_id:
             raise CatchUpStoppedError(
@@ -171,7 +185,7 @@ class ReplicaCatchUp:
             )
         except CatchUpStoppedError:
             raise
-        except WaltzError as exc:
+        except (WaltzError, KazooException) as exc:
             raise CatchUpStoppedError(f"cannot update the partition metadata: {exc}") from exc
         log.info(
             "partition %d: replica on %s is back at transaction %d; catching it up while session %d writes",

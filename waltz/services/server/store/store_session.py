@@ -453,5 +453,13 @@ class StoreSession:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
+        # Catch-ups whose task was cancelled before it started still hold a lagging replica's
+        # connection (a catch-up that ran removed itself and closed its own).
+        for catch_up in list(self.catch_ups.values()):
+            await catch_up.discard()
+        self.catch_ups.clear()
+        for lagging in self._lagging.values():
+            await lagging.connection.close()
+        self._lagging.clear()
         for connection in self._connections:
             await connection.close()
