@@ -90,12 +90,35 @@ class ClusterCertificates:
         }
 
 
+#: A kept set of certificates is made again when one expires within this many seconds.
+RENEW_BEFORE = 24 * 3600.0
+
+
+def _usable(files: ClusterCertificates) -> bool:
+    """Whether every file is there and no certificate expires within :data:`RENEW_BEFORE`."""
+    from cryptography import x509
+
+    names = ["ca", *CERTIFICATE_ROLES]
+    paths = [files.directory / f"{name}.pem" for name in names]
+    keys = [files.directory / f"{name}-key.pem" for name in names]
+    if not all(path.exists() for path in [*paths, *keys]):
+        return False
+    horizon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=RENEW_BEFORE)
+    try:
+        return all(
+            x509.load_pem_x509_certificate(path.read_bytes()).not_valid_after_utc > horizon for path in paths
+        )
+    except ValueError:
+        return False
+
+
 def make_cluster_certificates(
     directory: Path, *, days: int = 30, addresses: Iterable[str] = ()
 ) -> ClusterCertificates:
     """Write a CA and the role certificates of :data:`CERTIFICATE_ROLES` into ``directory``.
 
-    Files that exist already are kept (a kept work directory restarts with the same CA).
+    Files that exist already are kept (a kept work directory restarts with the same CA), unless one
+    is missing, unreadable or expires within a day: then all are made again.
 
     Args:
         directory: created if missing; private keys are written readable by the owner only.
@@ -115,7 +138,7 @@ def make_cluster_certificates(
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     files = ClusterCertificates(directory)
-    if files.ca_file.exists() and all(files.cert_file(name).exists() for name in CERTIFICATE_ROLES):
+    if _usable(files):
         return files
     directory.mkdir(parents=True, exist_ok=True)
 
@@ -142,8 +165,24 @@ def make_cluster_certificates(
         .not_valid_before(valid_from)
         .not_valid_after(valid_until)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+    authority = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
     hosts: list[x509.GeneralName] = [
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.DNSName("localhost"),
@@ -169,6 +208,8 @@ def make_cluster_certificates(
             .not_valid_after(valid_until)
             .add_extension(names, critical=False)
             .add_extension(usages, critical=False)
+            .add_extension(authority, critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256())
         )
         files.cert_file(cert_name).write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
