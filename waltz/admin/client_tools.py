@@ -428,6 +428,10 @@ async def _check_storage_admin(
             address, targets.cluster_key, targets.num_partitions, status, timeout=timeout, tls=tls
         )
     except (StorageUnreachableError, StorageRpcError) as exc:
+        if "PERMISSION_DENIED" in str(exc):  # reached over TLS; the certificate is not an operator's
+            return NodeCheck(
+                "storage-admin", name, address, None, "answers (its status needs the operator role)"
+            )
         return NodeCheck("storage-admin", name, address, describe_failure(exc))
     return NodeCheck("storage-admin", name, address, None, f"holds partitions {held}")
 

@@ -204,6 +204,15 @@ def sync_partitions(
             return
         if not yes:
             typer.confirm("make these changes?", abort=True)
+        # What was confirmed must still be the plan: an assignment may have moved meanwhile.
         listing = node_partitions(admin, storage)
+        if plan_sync(listing) != plan:
+            typer.secho(
+                f"{storage}: the node or ZooKeeper changed since the plan was shown; nothing changed "
+                "(run the command again)",
+                err=True,
+                fg=typer.colors.RED,
+            )
+            raise typer.Exit(1)
         apply_sync(admin, plan, listing.admin_address, delete_storage_files=delete_storage_files)
     typer.echo(f"{storage}: created {create}; removed {remove}")
