@@ -161,6 +161,7 @@ def set_fence(
     operator: str | None = None,
     timeout: float = DEFAULT_STORAGE_TIMEOUT,
     tls: TlsConfig | None = None,
+    expected_fence: int | None = None,
 ) -> FenceChange:
     """Set a partition's fence on a storage node (admin port); the node logs an audit line.
 
@@ -175,6 +176,8 @@ def set_fence(
         operator: who, for the audit line (default: :func:`operator_name`).
         timeout: seconds for the node's answer.
         tls: client TLS files for the admin port.
+        expected_fence: set it only if the node's fence is still this (the value the caller's
+            check was made against); otherwise the node refuses with ``INVALID_REQUEST``.
 
     Raises:
         MetadataError: the node or the partition is not in the cluster.
@@ -185,7 +188,9 @@ def set_fence(
     who = operator_name() if operator is None else operator
 
     async def change(admin: StorageAdminClient) -> FenceChange:
-        answer = await admin.set_fence(partition_id, session_id, operator=who, reason=reason)
+        answer = await admin.set_fence(
+            partition_id, session_id, operator=who, reason=reason, expected_fence=expected_fence
+        )
         return FenceChange(
             partition_id,
             answer.previous_fence,

@@ -784,6 +784,7 @@ def storage_set_fence(
                 reason=reason,
                 timeout=admin.storage_timeout,
                 tls=admin.tls,
+                expected_fence=state.fence,  # the value checked above, or the node refuses
             )
             typer.echo(
                 f"partition {result.partition_id} on {storage}: fence set {result.previous_fence} -> "

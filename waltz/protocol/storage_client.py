@@ -580,7 +580,13 @@ class StorageAdminClient:
         return dict(response.metrics.values)
 
     async def set_fence(
-        self, partition_id: int, session_id: int, *, operator: str = "", reason: str = ""
+        self,
+        partition_id: int,
+        session_id: int,
+        *,
+        operator: str = "",
+        reason: str = "",
+        expected_fence: int | None = None,
     ) -> storage_pb2.SetFenceResponse:
         """Set a partition's fence to ``session_id``, lower or higher (docs/design/storage.md
         "Admin port"); the node logs who asked, from where, the old and new fence, and why.
@@ -590,13 +596,16 @@ class StorageAdminClient:
             session_id: the new fence, at least -1.
             operator: who asks (logged as stated).
             reason: why (logged).
+            expected_fence: change it only if the fence is this now (else ``INVALID_REQUEST``).
 
         Returns:
             The fence and last session ID before and after.
         """
         response = await self._call(
             partition_id,
-            set_fence=storage_pb2.SetFenceRequest(session_id=session_id, operator=operator, reason=reason),
+            set_fence=storage_pb2.SetFenceRequest(
+                session_id=session_id, operator=operator, reason=reason, expected_fence=expected_fence
+            ),
         )
         return response.set_fence
 

@@ -1027,24 +1027,32 @@ class SetFenceRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     OPERATOR_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    EXPECTED_FENCE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.int
     """the new fence, at least -1"""
     operator: _builtins.str
     """who asks, as the tool states it (e.g. the operating-system user)"""
     reason: _builtins.str
     """why, as the operator states it"""
+    expected_fence: _builtins.int
+    """When set, the fence is changed only if it is this value now (compare-and-set: the operator's
+    check was made against it); otherwise INVALID_REQUEST and nothing changes.
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.int = ...,
         operator: _builtins.str = ...,
         reason: _builtins.str = ...,
+        expected_fence: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_fence", b"_expected_fence", "expected_fence", b"expected_fence"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["operator", b"operator", "reason", b"reason", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_fence", b"_expected_fence", "expected_fence", b"expected_fence", "operator", b"operator", "reason", b"reason", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__expected_fence: _TypeAlias = _typing.Literal["expected_fence"]  # noqa: Y015
+    _WhichOneofArgType__expected_fence: _TypeAlias = _typing.Literal["_expected_fence", b"_expected_fence"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_fence) -> _WhichOneofReturnType__expected_fence | None: ...
 
 Global___SetFenceRequest: _TypeAlias = SetFenceRequest  # noqa: Y015
 

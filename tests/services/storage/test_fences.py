@@ -156,7 +156,12 @@ def test_set_fence_lowers_a_poisoned_fence_and_is_audited(
         async with StorageAdminClient(storage_node.admin_address, cluster_key, NUM_PARTITIONS) as admin:
             with pytest.raises(StorageRpcError, match="INVALID_REQUEST"):
                 await admin.set_fence(0, -2)
-            answer = await admin.set_fence(0, 3, operator="ops@example", reason="forged session ID")
+            # Compare-and-set: a fence that moved since the operator read it is left alone.
+            with pytest.raises(StorageRpcError, match=f"the fence is {poisoned}, not 4 as expected"):
+                await admin.set_fence(0, 3, expected_fence=4)
+            answer = await admin.set_fence(
+                0, 3, operator="ops@example", reason="forged session ID", expected_fence=poisoned
+            )
         assert (answer.previous_fence, answer.fence) == (poisoned, 3)
         assert (answer.previous_last_session_id, answer.last_session_id) == (poisoned, 3)
 

@@ -44,6 +44,7 @@ from waltz.protocol.roles import (
     peer_roles,
 )
 from waltz.services.storage import format as fmt
+from waltz.services.storage.control_file import FenceReset
 from waltz.services.storage.metrics import StorageMetrics
 from waltz.services.storage.node import StorageNode
 from waltz.services.storage.storage_partition import StoragePartition
@@ -670,7 +671,18 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
         if body.session_id < -1:
             raise ProtocolError(f"partition {pid}: a fence cannot be {body.session_id} (at least -1)")
         partition = self._node.partition(pid)
-        reset = await self._node.run(pid, lambda: partition.reset_fence(body.session_id))
+        expected = body.expected_fence if body.HasField("expected_fence") else None
+
+        def reset_fence() -> FenceReset:
+            # On the partition's thread: nothing raises the fence between the check and the change.
+            if expected is not None and partition.current_session_id != expected:
+                raise ProtocolError(
+                    f"partition {pid}: the fence is {partition.current_session_id}, not {expected} as "
+                    "expected: a store session moved it since it was read; read it again"
+                )
+            return partition.reset_fence(body.session_id)
+
+        reset = await self._node.run(pid, reset_fence)
         audit_log.warning(
             "AUDIT set-fence: partition %d fence %d -> %d%s; by operator %r (as the tool states it) "
             "from %s%s; reason: %r",
