@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 from support.storage import NUM_PARTITIONS, run
 
-from waltz.errors import ProtocolError, StorageRpcError
+from waltz.errors import CorruptDataError, ProtocolError, StorageRpcError
 from waltz.local.nodes import LocalStorageNode
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
@@ -307,3 +307,9 @@ def test_a_failure_response_names_no_path_of_the_node() -> None:
     frames = list(response.exception.stack_trace)
     assert frames and all(os.sep not in frame.file_name for frame in frames)
     assert frames[-1].file_name == os.path.basename(__file__)
+    # Nor does its message: a corrupt file is named by its partition and file name only.
+    corrupt = CorruptDataError(
+        "record 7 CRC mismatch", path="/var/lib/waltz/storage-0/3/00000000000000000000.seg", partition_id=3
+    )
+    message = failure_for(corrupt).exception.message
+    assert "/var/lib" not in message and "file 3/00000000000000000000.seg, partition 3" in message

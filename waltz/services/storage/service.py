@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -94,6 +95,16 @@ CHANGING_ADMIN_REQUESTS: Final = frozenset(
 )
 
 
+#: An absolute path in a message: all but its last two components go (``0/00000000.seg`` stays,
+#: which names the partition and the file without the node's directory layout).
+_ABSOLUTE_PATH = re.compile(r"(?<![\w./:])/(?:[^\s:'\"/]+/)*([^\s:'\"/]+/[^\s:'\"/]+)")
+
+
+def _without_paths(message: str) -> str:
+    """``message`` with every absolute path shortened to its last two components."""
+    return _ABSOLUTE_PATH.sub(r"\1", message)
+
+
 def failure_for(exc: BaseException) -> storage_pb2.FailureResponse:
     """Build a failure response (docs/design/storage.md "Storage requests") for an exception."""
     code: storage_pb2.FailureCode.ValueType
@@ -124,7 +135,7 @@ def failure_for(exc: BaseException) -> storage_pb2.FailureResponse:
     frames = traceback.extract_tb(exc.__traceback__)
     return storage_pb2.FailureResponse(
         exception=storage_pb2.StorageRpcException(
-            message=f"{type(exc).__name__}: {exc}",
+            message=_without_paths(f"{type(exc).__name__}: {exc}"),
             code=code,
             stack_trace=[
                 storage_pb2.StackTraceElement(
