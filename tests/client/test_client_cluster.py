@@ -253,6 +253,23 @@ def test_contexts_queued_behind_an_own_append_on_their_expected_lock_execute_onc
     assert store.errors == []
 
 
+class BrokenHint(Append):
+    def expected_locks(self) -> list[PartitionLocalLock]:
+        raise ValueError("no hint today")
+
+
+def test_a_context_whose_expected_locks_raise_ends_with_that_error_and_frees_its_slot(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    with WaltzClient(MemoryStore(log_start), client_config) as client:
+        context = BrokenHint(0, b"never sent")
+        with pytest.raises(ValueError, match="no hint today"):
+            client.submit(context).result(30)
+        assert [type(e) for e in context.outcomes.exceptions] == [ValueError]
+        assert context.outcomes.executions == 0
+        assert not client.has_pending_transactions()
+
+
 def test_stale_increments_from_two_clients_fail_their_lock_and_lose_no_update(
     client_config: WaltzClientConfig, log_start: dict[int, int]
 ) -> None:

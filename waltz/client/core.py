@@ -377,7 +377,11 @@ class ClientCore:
         append of this client holds one of the context's expected locks, queue the context behind
         it (``TransactionContext.expected_locks``; docs/design/locks.md, "Locks of appends in
         flight")."""
-        expected = submission.context.expected_locks()
+        try:
+            expected = submission.context.expected_locks()
+        except Exception as exc:  # the application's hint: its error ends the context, as execute's
+            submission.fail(exc)
+            return
         if expected and self.config.client_hold_conflicting_appends:
             hashes = [lock.lock_hash for lock in expected]
             if partition.holds_any(hashes):
