@@ -36,7 +36,7 @@ from starlette.templating import Jinja2Templates
 from waltz import __version__
 from waltz.admin.cluster_admin import ClusterAdmin
 from waltz.console.actions import Action, Confirmations, run_action
-from waltz.console.config import ConsoleConfig
+from waltz.console.config import LOOPBACK_HOSTS, ConsoleConfig
 from waltz.console.metrics import MetricsHistory, client_ssl_context
 from waltz.console.observer import Observer
 from waltz.errors import WaltzError
@@ -50,8 +50,6 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 #: Bytes of an action form read at most.
 MAX_FORM_BYTES = 4096
 
-#: The addresses of the loopback interface, as a bind address or a Host header says them.
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 #: Sent with every response: scripts and styles from the console only, no framing.
 SECURITY_HEADERS = {

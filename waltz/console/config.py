@@ -62,8 +62,9 @@ class MetricsTarget:
         return cls(name.strip() or parts.netloc, url.strip())
 
 
-#: Addresses only this machine reaches (operator actions may be served there without certificates).
-_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+#: Names of loopback, which only this machine reaches: operator actions may be served there without
+#: browser certificates, and a console bound there answers only requests addressed to them.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 class ConsoleConfig(ClusterAdminConfig):
@@ -98,7 +99,8 @@ class ConsoleConfig(ClusterAdminConfig):
             raise ValueError("console.ssl.certFile and console.ssl.keyFile must be set together")
         if self.console_ssl_ca_file is not None and self.console_ssl_cert_file is None:
             raise ValueError("console.ssl.caFile needs console.ssl.certFile and console.ssl.keyFile")
-        if self.console_operator and self.console_host not in _LOOPBACK and self.console_ssl_ca_file is None:
+        beyond_loopback = self.console_host not in LOOPBACK_HOSTS
+        if self.console_operator and beyond_loopback and self.console_ssl_ca_file is None:
             raise ValueError(
                 f"operator actions on {self.console_host}, not loopback, need browser certificates: set "
                 "console.ssl.caFile (--tls-ca) with the certificate and key, or bind 127.0.0.1"
