@@ -19,9 +19,11 @@ authorises nothing and every peer may call everything, which the nodes log at st
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import functools
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import grpc
@@ -41,6 +43,9 @@ __all__ = [
 ]
 
 ROLE_URI_PREFIX = "urn:waltz:role:"
+
+#: Seconds a refused streaming RPC waits for its first request before it ends.
+REFUSAL_READ_TIMEOUT = 5.0
 
 
 class Role(enum.Enum):
@@ -118,13 +123,25 @@ def denial(roles: frozenset[Role] | None, allowed: Iterable[Role], what: str) ->
     )
 
 
-async def authorize(context: grpc.aio.ServicerContext[Any, Any], allowed: Iterable[Role], what: str) -> None:
+async def authorize(
+    context: grpc.aio.ServicerContext[Any, Any],
+    allowed: Iterable[Role],
+    what: str,
+    requests: AsyncIterator[Any] | None = None,
+) -> None:
     """End the RPC with PERMISSION_DENIED unless its peer holds one of ``allowed`` (or has no
     certificate: no mutual TLS, nothing to check).
+
+    Args:
+        requests: a streaming RPC's request stream: its first message is read before the RPC
+            ends, so that the peer sees the refusal rather than a broken stream.
 
     Raises:
         grpc.aio.AbortError: the peer may not (raised by ``context.abort``).
     """
     message = denial(peer_roles(context), allowed, what)
     if message is not None:
+        if requests is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(anext(requests), REFUSAL_READ_TIMEOUT)
         await context.abort(grpc.StatusCode.PERMISSION_DENIED, message)

@@ -114,7 +114,7 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[client_pb2.ServerMessages]:
         """Serve one client connection."""
-        await authorize(context, CLIENT_ROLES, "the client service")
+        await authorize(context, CLIENT_ROLES, "the client service", request_iterator)
         connection = _Connection()
         tasks: set[asyncio.Task[None]] = set()
         reader = asyncio.get_running_loop().create_task(

@@ -186,7 +186,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         another's; responses carry the request's sequence number and may come back in another
         order across partitions.
         """
-        await authorize(context, STORE_SESSION_ROLES, "a store session")
+        await authorize(context, STORE_SESSION_ROLES, "a store session", request_iterator)
         outgoing: asyncio.Queue[object] = asyncio.Queue(maxsize=STREAM_QUEUE_SIZE)
         dispatcher = asyncio.create_task(self._dispatch(request_iterator, outgoing, context.peer()))
         try:
@@ -557,7 +557,7 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
         change the node (:data:`CHANGING_ADMIN_REQUESTS`) the ``admin`` role: one of those from an
         operator ends the stream with PERMISSION_DENIED (docs/design/overview.md, "Roles").
         """
-        await authorize(context, OPERATOR_ROLES, "the storage admin service")
+        await authorize(context, OPERATOR_ROLES, "the storage admin service", request_iterator)
         roles = peer_roles(context)
         opened = False
         async for batch in request_iterator:
