@@ -71,6 +71,14 @@ __all__ = [
     "waltz_postgres_url",
 ]
 
+
+def _network(text: str) -> str:
+    network = text.strip()
+    if network not in ("loopback", "namespaces"):
+        raise ValueError(f"waltz_network must be loopback or namespaces, not {network!r}")
+    return network
+
+
 #: ini option -> (help, default, converter to the LocalCluster keyword argument).
 _INI: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "waltz_storages": ("number of storage nodes of the waltz_cluster fixture", "3", int),
@@ -92,6 +100,12 @@ _INI: dict[str, tuple[str, str, Callable[[str], object]]] = {
         "protect the cluster's znodes with a ZooKeeper digest credential",
         "true",
         lambda text: text.strip().lower() in ("1", "true", "yes", "on"),
+    ),
+    "waltz_network": (
+        "loopback (every node on 127.0.0.1) or namespaces (each node on a host of its own, a network "
+        "namespace with its own address; needs root)",
+        "loopback",
+        _network,
     ),
 }
 
@@ -188,7 +202,9 @@ def waltz_cluster(
     """A started local Waltz cluster shared by the whole test session, closed at its end.
 
     Its ZooKeeper is the one given (``zookeeper`` option), else Debian's started by the cluster,
-    else a container (:func:`waltz.local.containers.zookeeper_server`).
+    else a container (:func:`waltz.local.containers.zookeeper_server`). With ``waltz_network =
+    namespaces`` every process, ZooKeeper too, runs on a host of its own (a network namespace with
+    its own address, reached from the tests through a bridge).
 
     Raises:
         pytest.UsageError: ``waltz_cluster_options`` holds a key LocalCluster does not take.
@@ -200,7 +216,10 @@ def waltz_cluster(
     options.setdefault("work_dir", tmp_path_factory.mktemp("waltz-cluster"))
     with ExitStack() as stack:
         try:
-            zookeeper = stack.enter_context(zookeeper_server(options.get("zookeeper")))
+            # Namespace mode starts ZooKeeper on a host of its own: no other one is looked for.
+            wanted = options.get("zookeeper")
+            in_namespaces = options.get("network") == "namespaces"
+            zookeeper = None if in_namespaces else stack.enter_context(zookeeper_server(wanted))
         except NoTestServiceError as missing:
             pytest.fail(str(missing), pytrace=False)
         if zookeeper is not None:

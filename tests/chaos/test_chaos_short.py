@@ -29,7 +29,13 @@ from waltz.chaos.checks import (
     check_run,
     segment_digests,
 )
-from waltz.chaos.schedule import OWNER_PAUSE_MARGIN, random_schedule
+from waltz.chaos.schedule import (
+    DEFAULT_FAULTS,
+    NAMESPACE_FAULTS,
+    NETWORK_FAULTS,
+    OWNER_PAUSE_MARGIN,
+    random_schedule,
+)
 from waltz.chaos.sequence import ChecksumCallbacks, counter_key_for, counter_payload, payload_for
 from waltz.client.transaction import Transaction
 from waltz.local.zookeeper import find_java, find_zookeeper_classpath
@@ -164,7 +170,9 @@ def test_pause_owner_faults_target_a_partition_and_outlast_the_session_timeout()
 
 
 def test_fault_kinds_parse() -> None:
-    assert parse_fault_kinds("all") == tuple(FaultKind)
+    assert parse_fault_kinds("all") == DEFAULT_FAULTS
+    assert not set(DEFAULT_FAULTS) & NAMESPACE_FAULTS
+    assert set(parse_fault_kinds("all", "namespaces")) == set(FaultKind) - NETWORK_FAULTS
     assert parse_fault_kinds("none") == ()
     assert parse_fault_kinds("kill-storage, cut-clients") == (FaultKind.KILL_STORAGE, FaultKind.CUT_CLIENTS)
     with pytest.raises(ValueError, match="unknown fault kind"):
@@ -226,6 +234,32 @@ def test_checks_catch_lost_doubled_and_damaged_transactions() -> None:
     assert "every client applied the same sequence as a fresh reader (checksums match)" in {
         c.name for c in checks if not c.passed
     }
+
+
+def test_generation_check_catches_a_stale_owner_committing_after_a_takeover() -> None:
+    log = [payload_for(9, 0, s) for s in range(4)]
+    acked = [(s, 0, s) for s in range(4)]
+
+    def read(generations: list[int]) -> LogReading:
+        reading = LogReading()
+        callbacks = ChecksumCallbacks(LogObserver(reading, 9, "raw", 10))
+        for tid, (data, generation) in enumerate(zip(log, generations, strict=True)):
+            req_id = ReqId(1, generation, 0, tid)
+            callbacks.apply_transactions([Transaction(0, tid, req_id, 0, None, data)])
+        state = callbacks.sequence(0)
+        reading.marks[0], reading.checksums[0], reading.counts[0] = state.mark, state.checksum, state.count
+        return reading
+
+    name = "generations never go back in a partition's log (no stale owner committed after a takeover)"
+
+    def verdict(reading: LogReading) -> bool:
+        checks = check_run(workers=[_worker(acked, reading)], submitted={0: 4}, marks={0: 3}, reading=reading)
+        return next(c for c in checks if c.name == name).passed
+
+    assert verdict(read([1, 1, 2, 2]))
+    stale = read([1, 2, 1, 2])  # generation 1 wrote after generation 2 took over
+    assert not verdict(stale)
+    assert stale.generation_errors == ["(0, 2): generation 1 after 2"]
 
 
 def test_counter_check_catches_a_lost_update() -> None:

@@ -77,3 +77,42 @@ def test_without_the_plugin_a_user_suite_has_no_waltz_fixture(pytester: pytest.P
 
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*fixture 'waltz_cluster' not found*"])
+
+
+NAMESPACE_TESTS = """
+import asyncio
+
+from waltz.protocol.records import ReqId
+from waltz.protocol.server_client import ServerAdminClient
+
+
+def test_every_node_on_a_host_of_its_own(waltz_cluster, waltz_log_start):
+    assert waltz_cluster.network == "namespaces"
+    owner = waltz_cluster.owner(0)
+    assert owner.startswith(waltz_cluster.host("server-0").address.rsplit(".", 1)[0] + ".")
+    assert not owner.startswith("127.")
+
+    async def scenario():
+        async with ServerAdminClient(owner) as client:
+            return await client.append(0, [(ReqId(1, 0, 0, 1), 0, b"across the bridge")])
+
+    assert asyncio.run(scenario()) == [waltz_log_start[0]]
+"""
+
+
+def test_a_user_suite_can_run_its_cluster_in_network_namespaces(pytester: pytest.Pytester) -> None:
+    from waltz.local.netns import network_lab_unavailable
+
+    reason = network_lab_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    pytester.makepyfile(test_user=NAMESPACE_TESTS)
+
+    result = pytester.runpytest_subprocess(
+        "-p", "waltz.testing", "-o", "waltz_network=namespaces", "-o", "waltz_partitions=1", timeout=120
+    )
+
+    result.assert_outcomes(passed=1)
+    bad = pytester.runpytest_subprocess("-p", "waltz.testing", "-o", "waltz_network=docker", timeout=60)
+    bad.assert_outcomes(errors=1)
+    bad.stdout.fnmatch_lines(["*waltz_network = 'docker' is not a valid value*"])

@@ -93,6 +93,9 @@ class LogReading:
         errors: gaps or repeats the reader's callbacks saw, and apply exceptions.
         counter_errors: counter increments that did not read the key's latest value (lost updates).
         counter_keys: counter keys written (the counter workload).
+        generations: partition -> (the first, the latest) generation of the ReqIds read.
+        generation_errors: transactions whose generation is older than that of a transaction
+            before them in the partition (a stale owner committed after a takeover).
     """
 
     marks: dict[int, int] = field(default_factory=dict)
@@ -103,6 +106,8 @@ class LogReading:
     errors: list[str] = field(default_factory=list)
     counter_errors: list[str] = field(default_factory=list)
     counter_keys: int = 0
+    generations: dict[int, tuple[int, int]] = field(default_factory=dict)
+    generation_errors: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[int, tuple[int, int]]:
         """partition -> (mark, checksum), what two readings must agree on."""
@@ -135,6 +140,12 @@ class LogObserver:
     def __call__(self, transaction: Transaction, data: bytes) -> None:
         reading, seed = self.reading, self.seed
         where = (transaction.partition_id, transaction.transaction_id)
+        generation = transaction.req_id.generation
+        with self._lock:
+            first, latest = reading.generations.get(where[0], (generation, generation))
+            if generation < latest:
+                reading.generation_errors.append(f"{where}: generation {generation} after {latest}")
+            reading.generations[where[0]] = (first, max(latest, generation))
         if self.workload == "counter":
             counter = decode_counter(data)
             with self._lock:
@@ -349,6 +360,16 @@ def check_run(
         )
     )
     checks.append(check_gaps(marks, reading, workers))
+    spans = ", ".join(f"{pid}: {a}..{b}" for pid, (a, b) in sorted(reading.generations.items()))
+    checks.append(
+        ChaosCheck(
+            "generations never go back in a partition's log (no stale owner committed after a takeover)",
+            not reading.generation_errors,
+            f"generations by partition {spans}"
+            if not reading.generation_errors
+            else f"{len(reading.generation_errors)} wrong: {reading.generation_errors[:3]}",
+        )
+    )
     # Every client applied the same sequence as the fresh reader.
     expected = reading.summary()
     differing = []

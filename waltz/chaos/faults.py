@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from waltz.chaos.proxy import FaultProxy
-from waltz.chaos.schedule import Fault, FaultKind
+from waltz.chaos.schedule import NAMESPACE_FAULTS, Fault, FaultKind
 from waltz.local.cluster import LocalCluster
+from waltz.local.netns import Direction
 
 __all__ = ["FaultInjector"]
 
@@ -178,6 +179,8 @@ class FaultInjector:
                 return zookeeper.start
             zookeeper.pause()
             return zookeeper.resume
+        if kind in NAMESPACE_FAULTS:
+            return self._cut_hosts(cluster, fault)
         if kind in (FaultKind.CUT_CLIENTS, FaultKind.DELAY_CLIENTS):
             proxies = [self._client_proxies[i] for i in targets]
         elif kind in (FaultKind.CUT_STORAGE, FaultKind.DELAY_STORAGE):
@@ -201,3 +204,45 @@ class FaultInjector:
                 proxy.set_delay(0.0)
 
         return undelay
+
+    def _cut_hosts(self, cluster: LocalCluster, fault: Fault) -> Callable[[], None]:
+        """Strike a fault of namespace mode (real cuts between hosts); return what heals it."""
+        lab = cluster.network_lab
+        if lab is None:
+            raise RuntimeError(
+                f"{fault.kind.value} cuts hosts apart: the cluster must run with network namespaces"
+            )
+        kind, targets = fault.kind, fault.targets
+        servers = [f"server-{j}" for j in range(len(cluster.servers))]
+        storages = [f"storage-{i}" for i in targets]
+        zookeeper = lab.address("zookeeper")
+        if kind is FaultKind.ISOLATE_SERVER or kind is FaultKind.ISOLATE_STORAGE:
+            hosts = [f"server-{j}" for j in targets] if kind is FaultKind.ISOLATE_SERVER else storages
+            for host in hosts:
+                lab.isolate(host)
+            return _for_each_host(lab.heal, hosts)
+        if kind is FaultKind.SPLIT_OWNER or kind is FaultKind.ONE_WAY_OWNER:
+            owners = sorted({f"server-{self._owner_index(cluster, pid)}" for pid in targets})
+            direction: Direction = "both" if kind is FaultKind.SPLIT_OWNER else "in"
+            self._note(
+                f"cutting {', '.join(owners)} (owner of partition(s) {list(targets)}) from ZooKeeper"
+                + (", both ways" if direction == "both" else ": ZooKeeper's packets to it are dropped")
+            )
+            for host in owners:
+                lab.cut(host, zookeeper, direction=direction)
+            return _for_each_host(lab.uncut, owners)
+        if kind is FaultKind.PARTITION_STORAGE or kind is FaultKind.ONE_WAY_STORAGE:
+            way: Direction = "both" if kind is FaultKind.PARTITION_STORAGE else "in"
+            for host in storages:
+                for server in servers:
+                    lab.cut(host, lab.address(server), direction=way)
+            return _for_each_host(lab.uncut, storages)
+        raise ValueError(f"unknown fault kind {kind}")
+
+
+def _for_each_host(action: Callable[[str], object], hosts: Sequence[str]) -> Callable[[], None]:
+    def run() -> None:
+        for host in hosts:
+            action(host)
+
+    return run

@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from waltz.chaos.checks import ChaosCheck
-from waltz.chaos.schedule import DEFAULT_FAULTS, Fault, FaultKind, fixed_schedule, random_schedule
+from waltz.chaos.schedule import (
+    DEFAULT_FAULTS,
+    NAMESPACE_FAULTS,
+    NETWORK_FAULTS,
+    Fault,
+    FaultKind,
+    fixed_schedule,
+    random_schedule,
+)
 
 __all__ = ["DEFAULT_TRANSACTIONS", "DURATION_TRANSACTION_CAP", "ChaosOptions", "ChaosResult"]
 
@@ -36,7 +44,7 @@ class ChaosOptions:
         seed: the seed of the payloads, partitions, locks and the random schedule.
         faults: the fault kinds the schedule may use.
         schedule: ``"random"`` (``fault_count`` faults drawn from ``seed``) or ``"fixed"``
-            (:func:`~waltz.chaos.schedule.fixed_schedule`).
+            (:func:`~waltz.chaos.schedule.fixed_schedule`, the network's).
         fault_count: faults of a random schedule; None means one per 5,000 transactions (one per
             30 s with ``duration``), at least 3 and at most 200.
         max_fault_duration: the longest fault of a random schedule, in seconds.
@@ -61,6 +69,10 @@ class ChaosOptions:
         restart_check: stop everything cleanly and check again after starting it again.
         tick_time_ms: ZooKeeper's tickTime.
         session_timeout: the servers' ZooKeeper session timeout in seconds.
+        network: ``"loopback"`` (every process on 127.0.0.1; network faults through proxies) or
+            ``"namespaces"`` (ZooKeeper, every node and every client process on a host of its own,
+            a network namespace; network faults are real cuts between hosts, the kinds of
+            :data:`~waltz.chaos.schedule.NAMESPACE_FAULTS`). Needs root.
     """
 
     transactions: int | None = None
@@ -85,6 +97,7 @@ class ChaosOptions:
     restart_check: bool = True
     tick_time_ms: int = 500
     session_timeout: float = 4.0
+    network: str = "loopback"
 
     @property
     def transaction_bound(self) -> int:
@@ -121,6 +134,27 @@ class ChaosOptions:
             )
         if self.duration is not None and self.duration <= 0:
             raise ValueError(f"duration must be positive, got {self.duration}")
+        if self.network not in ("loopback", "namespaces"):
+            raise ValueError(f"unknown network {self.network!r}: use loopback or namespaces")
+        wrong = NETWORK_FAULTS if self.network == "namespaces" else NAMESPACE_FAULTS
+        misplaced = [k.value for k in self.faults if k in wrong]
+        if misplaced and self.network == "namespaces":
+            raise ValueError(
+                f"fault kind(s) {', '.join(misplaced)} work through proxies on loopback; in namespace "
+                "mode cut hosts apart instead (isolate-server, isolate-storage, split-owner, "
+                "partition-storage, one-way-storage, one-way-owner)"
+            )
+        if misplaced:
+            raise ValueError(
+                f"fault kind(s) {', '.join(misplaced)} cut hosts apart: they need --network namespaces"
+            )
+        if self.network == "namespaces" and self.db_url is not None and _on_loopback(self.db_url):
+            where = self.db_url.split("@")[-1]
+            raise ValueError(
+                f"the clients run on hosts of their own in namespace mode, where {where} "
+                "is their own loopback: give the database's address on the bridge, or leave --db-url "
+                "out (SQLite in the work directory)"
+            )
 
     def make_schedule(self) -> list[Fault]:
         """The run's fault schedule.
@@ -129,7 +163,7 @@ class ChaosOptions:
             ValueError: an unknown ``schedule``.
         """
         if self.schedule == "fixed":
-            return fixed_schedule(self.faults)
+            return fixed_schedule(self.faults, network=self.network, session_timeout=self.session_timeout)
         if self.schedule == "random":
             count = self.fault_count
             if count is None:
@@ -181,7 +215,20 @@ class ChaosOptions:
             parts.append(f"--accounts {self.accounts}")
         if not self.restart_check:
             parts.append("--no-restart-check")
+        if self.network != "loopback":
+            parts.append(f"--network {self.network}")
         return " ".join(parts)
+
+
+def _on_loopback(db_url: str) -> bool:
+    """Whether a database URL names a loopback host (or none: a local socket)."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(db_url)
+    if url.get_backend_name() == "sqlite":
+        return False
+    host = url.host or "localhost"
+    return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
 @dataclass

@@ -80,6 +80,8 @@ def _make_cluster(options: ChaosOptions, work_dir: Path, proxies: ClusterProxies
         server_args_of=proxies.server_args,
         storage_connect_string_of=proxies.storage_connect_string,
         zookeeper_auth=True,
+        network="namespaces" if options.network == "namespaces" else "loopback",
+        client_hosts=options.clients if options.network == "namespaces" else 0,
     )
     proxies.cluster = cluster
     return cluster
@@ -111,7 +113,7 @@ def run_chaos(options: ChaosOptions, say: Say = log.info) -> ChaosResult:
     say(
         f"waltz chaos: seed {options.seed}, {bound} by {options.clients} client processes, "
         f"{options.storages} storage nodes, {options.servers} servers, {options.partitions} partitions, "
-        f"workload {options.workload}; work dir {work_dir}"
+        f"workload {options.workload}, network {options.network}; work dir {work_dir}"
     )
     say(f"fault schedule ({options.schedule}, {len(schedule)} faults):")
     for fault in schedule:
@@ -184,6 +186,7 @@ def _worker_specs(
             workload=options.workload,
             db_url=db_url,
             accounts=options.accounts,
+            namespace=cluster.host(f"client-{index}").namespace if cluster.network_lab else None,
         )
         for index in range(options.clients)
     ]

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 
 __all__ = [
     "DEFAULT_FAULTS",
+    "NAMESPACE_DEFAULT_FAULTS",
+    "NAMESPACE_FAULTS",
     "NETWORK_FAULTS",
+    "OWNER_FAULTS",
     "OWNER_PAUSE_MARGIN",
     "Fault",
     "FaultKind",
@@ -53,6 +56,24 @@ class FaultKind(enum.Enum):
     """Delay every byte between clients and one server for the duration."""
     DELAY_STORAGE = "delay-storage"
     """Delay every byte between the servers and a minority of storage nodes for the duration."""
+    ISOLATE_SERVER = "isolate-server"
+    """Namespace mode: one server's host loses every peer (its link is down) for the duration."""
+    ISOLATE_STORAGE = "isolate-storage"
+    """Namespace mode: the hosts of a minority of the storage nodes lose every peer."""
+    SPLIT_OWNER = "split-owner"
+    """Namespace mode: the host of the server owning a partition is cut from ZooKeeper's host, both
+    ways, and from nothing else, for longer than the session timeout: its session expires and
+    another server takes its partitions under a newer generation while clients and storage
+    nodes still reach the stale owner (split brain; the storage nodes' fence must stop it)."""
+    PARTITION_STORAGE = "partition-storage"
+    """Namespace mode: the hosts of a minority of the storage nodes are cut from every server's
+    host, both ways; ZooKeeper and the other nodes still reach them."""
+    ONE_WAY_STORAGE = "one-way-storage"
+    """Namespace mode: what the servers send to a minority of the storage nodes is dropped, while
+    what those nodes send still arrives."""
+    ONE_WAY_OWNER = "one-way-owner"
+    """Namespace mode: what ZooKeeper sends to the owner of a partition is dropped, while what
+    the owner sends still reaches ZooKeeper, for longer than the session timeout."""
 
 
 #: Seconds a ``pause-owner`` fault lasts beyond the servers' ZooKeeper session timeout (at least):
@@ -60,12 +81,29 @@ class FaultKind(enum.Enum):
 #: new owners to recover them while the old owner still sleeps.
 OWNER_PAUSE_MARGIN = 2.0
 
-#: Kinds that need the fault proxies.
+#: Kinds that need the fault proxies (processes on loopback only).
 NETWORK_FAULTS = frozenset(
     {FaultKind.CUT_CLIENTS, FaultKind.CUT_STORAGE, FaultKind.DELAY_CLIENTS, FaultKind.DELAY_STORAGE}
 )
-#: Kinds of the random schedule when ``--faults`` is not given (every kind).
-DEFAULT_FAULTS: tuple[FaultKind, ...] = tuple(FaultKind)
+#: Kinds that cut hosts apart: they need every process on a host of its own (namespace mode).
+NAMESPACE_FAULTS = frozenset(
+    {
+        FaultKind.ISOLATE_SERVER,
+        FaultKind.ISOLATE_STORAGE,
+        FaultKind.SPLIT_OWNER,
+        FaultKind.PARTITION_STORAGE,
+        FaultKind.ONE_WAY_STORAGE,
+        FaultKind.ONE_WAY_OWNER,
+    }
+)
+#: Kinds aimed at the owner of a partition (found when they strike), which last longer than the
+#: servers' session timeout so that the partition moves while they last.
+OWNER_FAULTS = frozenset({FaultKind.PAUSE_OWNER, FaultKind.SPLIT_OWNER, FaultKind.ONE_WAY_OWNER})
+#: Kinds of the random schedule on loopback when ``--faults`` is ``all`` (or not given).
+DEFAULT_FAULTS: tuple[FaultKind, ...] = tuple(k for k in FaultKind if k not in NAMESPACE_FAULTS)
+#: Kinds of the random schedule in namespace mode when ``--faults`` is ``all``: real cuts instead
+#: of the proxies.
+NAMESPACE_DEFAULT_FAULTS: tuple[FaultKind, ...] = tuple(k for k in FaultKind if k not in NETWORK_FAULTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +114,8 @@ class Fault:
         at: the fraction (0..1) of the run's transactions acknowledged when it strikes.
         kind: what it does.
         targets: indexes of the storage nodes or servers it hits (empty for ZooKeeper; for
-            ``pause-owner`` the partition whose owner it pauses, found when it strikes).
+            ``pause-owner``, ``split-owner`` and ``one-way-owner`` the partition whose owner it
+            hits, found when it strikes).
         duration: seconds until it is healed (restart, resume, unblock, no more delay).
         delay: seconds of added latency (delay kinds only).
     """
@@ -89,7 +128,7 @@ class Fault:
 
     def describe(self) -> str:
         """One line for people, e.g. ``at 25%: kill-storage [1] for 3.0s``."""
-        if self.kind is FaultKind.PAUSE_OWNER:
+        if self.kind in OWNER_FAULTS:
             targets = "".join(f" of partition {t}" for t in self.targets)
         else:
             targets = f" {list(self.targets)}" if self.targets else ""
@@ -97,15 +136,22 @@ class Fault:
         return f"at {self.at:.0%}: {self.kind.value}{targets}{delay} for {self.duration:.1f}s"
 
 
-def parse_fault_kinds(text: str) -> tuple[FaultKind, ...]:
+def parse_fault_kinds(text: str, network: str = "loopback") -> tuple[FaultKind, ...]:
     """Parse ``--faults``: comma-separated kind names, ``all``, or ``none``.
+
+    Args:
+        text: the option's value.
+        network: ``loopback`` or ``namespaces``: what ``all`` means (:data:`DEFAULT_FAULTS` or
+            :data:`NAMESPACE_DEFAULT_FAULTS`).
 
     Raises:
         ValueError: an unknown name (the message lists the known ones).
     """
     names = [n.strip() for n in text.split(",") if n.strip()]
     if names in (["all"], []):
-        return DEFAULT_FAULTS if names else ()
+        if not names:
+            return ()
+        return NAMESPACE_DEFAULT_FAULTS if network == "namespaces" else DEFAULT_FAULTS
     if names == ["none"]:
         return ()
     known = {k.value: k for k in FaultKind}
@@ -142,10 +188,10 @@ def random_schedule(
         storages: the number of storage nodes (a minority of them may be hit at once).
         servers: the number of servers.
         max_duration: the longest duration in seconds (durations are drawn from 1 to this).
-        partitions: the number of partitions (``pause-owner`` pauses the owner of one of them).
-        session_timeout: the servers' ZooKeeper session timeout in seconds: a ``pause-owner``
-            fault lasts that long plus :data:`OWNER_PAUSE_MARGIN` plus its drawn duration, so
-            that the session expires and the partitions move while the owner sleeps.
+        partitions: the number of partitions (the owner faults hit the owner of one of them).
+        session_timeout: the servers' ZooKeeper session timeout in seconds: an owner fault
+            (:data:`OWNER_FAULTS`) lasts that long plus :data:`OWNER_PAUSE_MARGIN` plus its drawn
+            duration, so that the session expires and the partitions move while it lasts.
 
     Returns:
         The faults by increasing ``at``, between 5% and 85% of the run.
@@ -163,6 +209,9 @@ def random_schedule(
             FaultKind.PAUSE_STORAGE,
             FaultKind.CUT_STORAGE,
             FaultKind.DELAY_STORAGE,
+            FaultKind.ISOLATE_STORAGE,
+            FaultKind.PARTITION_STORAGE,
+            FaultKind.ONE_WAY_STORAGE,
         ):
             targets = tuple(sorted(rng.sample(range(storages), rng.randint(1, _minority(storages)))))
         elif kind in (
@@ -170,9 +219,10 @@ def random_schedule(
             FaultKind.PAUSE_SERVER,
             FaultKind.CUT_CLIENTS,
             FaultKind.DELAY_CLIENTS,
+            FaultKind.ISOLATE_SERVER,
         ):
             targets = (rng.randrange(servers),)
-        elif kind is FaultKind.PAUSE_OWNER:
+        elif kind in OWNER_FAULTS:
             targets = (rng.randrange(partitions),)
         delay = (
             round(rng.uniform(0.02, 0.3), 3)
@@ -180,25 +230,51 @@ def random_schedule(
             else 0.0
         )
         duration = rng.uniform(1.0, max_duration)
-        if kind is FaultKind.PAUSE_OWNER:
+        if kind in OWNER_FAULTS:
             duration += session_timeout + OWNER_PAUSE_MARGIN
         faults.append(Fault(round(at, 3), kind, targets, round(duration, 1), delay))
     return faults
 
 
-def fixed_schedule(kinds: Iterable[FaultKind] | None = None) -> list[Fault]:
-    """The short run's fixed schedule: kill -9 a storage node, a server, and cut server→storage.
+def fixed_schedule(
+    kinds: Iterable[FaultKind] | None = None,
+    *,
+    network: str = "loopback",
+    session_timeout: float = 4.0,
+) -> list[Fault]:
+    """The short run's fixed schedule.
+
+    On loopback: kill -9 a storage node, a server, and cut server→storage through a proxy. In
+    namespace mode, one real cut of each kind of :data:`NAMESPACE_FAULTS`: the partition 0 owner cut
+    from ZooKeeper (split brain), a storage host isolated, ZooKeeper's packets to the partition 1
+    owner dropped, a storage host cut from the servers, the servers' packets to a storage host
+    dropped, a server host isolated (the last fault of a run may be cut short when the clients
+    finish first, so the long owner faults come early).
 
     Args:
-        kinds: keep only faults of these kinds (None: all three).
+        kinds: keep only faults of these kinds (None: all of the network's).
+        network: ``loopback`` or ``namespaces``.
+        session_timeout: the servers' ZooKeeper session timeout in seconds (owner faults outlast it
+            by :data:`OWNER_PAUSE_MARGIN` and a second).
 
     Returns:
-        Three faults at 20%, 45% and 70% of the run.
+        The faults by increasing ``at``.
     """
-    schedule = [
-        Fault(0.20, FaultKind.KILL_STORAGE, (0,), 2.0),
-        Fault(0.45, FaultKind.KILL_SERVER, (1,), 2.0),
-        Fault(0.70, FaultKind.CUT_STORAGE, (2,), 2.0),
-    ]
+    if network == "namespaces":
+        owner = round(session_timeout + OWNER_PAUSE_MARGIN + 1.0, 1)
+        schedule = [
+            Fault(0.10, FaultKind.SPLIT_OWNER, (0,), owner),
+            Fault(0.25, FaultKind.ISOLATE_STORAGE, (1,), 2.0),
+            Fault(0.40, FaultKind.ONE_WAY_OWNER, (1,), owner),
+            Fault(0.55, FaultKind.PARTITION_STORAGE, (2,), 2.0),
+            Fault(0.70, FaultKind.ONE_WAY_STORAGE, (0,), 2.0),
+            Fault(0.85, FaultKind.ISOLATE_SERVER, (1,), 2.0),
+        ]
+    else:
+        schedule = [
+            Fault(0.20, FaultKind.KILL_STORAGE, (0,), 2.0),
+            Fault(0.45, FaultKind.KILL_SERVER, (1,), 2.0),
+            Fault(0.70, FaultKind.CUT_STORAGE, (2,), 2.0),
+        ]
     wanted = set(FaultKind) if kinds is None else set(kinds)
     return [f for f in schedule if f.kind in wanted]

@@ -80,6 +80,8 @@ class WorkerSpec:
         workload: ``raw`` or ``counter`` (this module), or ``ledger`` (:mod:`waltz.chaos.ledger`).
         db_url: the shared application database (ledger).
         accounts: SmallBank customers (ledger).
+        namespace: the network namespace of the worker's host in namespace mode (joined before
+            anything else), or None to stay in the machine's own.
     """
 
     index: int
@@ -96,6 +98,7 @@ class WorkerSpec:
     workload: str = "raw"
     db_url: str | None = None
     accounts: int = 200
+    namespace: str | None = None
 
 
 class ChaosAppend(TransactionContext):
@@ -280,6 +283,10 @@ def worker_main(spec: WorkerSpec, conn: Connection, stop: Event, gate: Synchroni
         gate: the fraction (0..1) of its transactions the worker may have submitted; the fault
             injector holds the clients at the next fault's point until it has struck.
     """
+    if spec.namespace is not None:
+        from waltz.local.netns import enter_namespace
+
+        enter_namespace(spec.namespace)
     if spec.log_path is not None:
         logging.basicConfig(
             filename=spec.log_path,

@@ -45,15 +45,20 @@ def chaos(
         typer.Option(
             help=(
                 "Fault kinds, comma-separated, or all / none: kill-storage, kill-server, kill-zookeeper, "
-                "pause-storage, pause-server, pause-zookeeper, pause-owner, cut-clients, cut-storage, "
-                "delay-clients, delay-storage."
+                "pause-storage, pause-server, pause-zookeeper, pause-owner; on loopback (proxies) "
+                "cut-clients, cut-storage, delay-clients, delay-storage; with --network namespaces "
+                "(real cuts between hosts) isolate-server, isolate-storage, split-owner, "
+                "partition-storage, one-way-storage, one-way-owner. all: every kind of the network."
             )
         ),
     ] = "all",
     schedule: Annotated[
         str,
         typer.Option(
-            help="random (drawn from --seed) or fixed (kill a storage node, a server, cut storage)."
+            help=(
+                "random (drawn from --seed) or fixed (kill a storage node, a server, cut storage; "
+                "with --network namespaces one cut of each kind, split-owner first)."
+            )
         ),
     ] = "random",
     fault_count: Annotated[
@@ -95,15 +100,27 @@ def chaos(
     restart_check: Annotated[
         bool, typer.Option(help="Stop everything cleanly, start it again and check the same log.")
     ] = True,
+    network: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "loopback: every process on 127.0.0.1, network faults through proxies; namespaces: "
+                "ZooKeeper, every node and every client on a host of its own (a network namespace "
+                "with its own address on a bridge, needs root and nftables), network faults cut "
+                "hosts apart."
+            )
+        ),
+    ] = "loopback",
     log_level: Annotated[str, typer.Option(help="Log level of this process.")] = "WARNING",
 ) -> None:
     """Run a local cluster and client processes under faults, then check every invariant.
 
-    Starts ZooKeeper, the storage nodes and 3 servers as processes on loopback, and client
-    processes that submit transactions with random write locks and random payloads while a seeded
-    fault schedule (printed first, with the command that replays it) kills, pauses, cuts and delays
-    nodes and connections. Then checks that every acknowledged transaction is in the log exactly
-    once, without gaps, that every client applied the same sequence as a fresh reader, that all
+    Starts ZooKeeper, the storage nodes and 3 servers as processes on loopback (or each on a host of
+    its own with --network namespaces), and client processes that submit transactions with random
+    write locks and random payloads while a seeded fault schedule (printed first, with the command
+    that replays it) kills, pauses, cuts and delays nodes and connections. Then checks that every
+    acknowledged transaction is in the log exactly once, without gaps, that generations never go
+    back, that every client applied the same sequence as a fresh reader, that all
     replicas are byte-identical, and that a clean restart of everything shows the same log; with
     the ledger workload, also that money is conserved and every transfer completed once.
     Exits 1 if any check fails; the work directory with every node's log is kept then.
@@ -115,7 +132,7 @@ def chaos(
         # ZooKeeper kills and pauses are the point here: kazoo's reconnection warnings are noise.
         logging.getLogger("kazoo").setLevel(logging.ERROR)
     try:
-        kinds = parse_fault_kinds(faults)
+        kinds = parse_fault_kinds(faults, network)
     except ValueError as exc:
         typer.echo(f"--faults: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -139,6 +156,7 @@ def chaos(
         work_dir=work_dir,
         keep=keep,
         restart_check=restart_check,
+        network=network,
     )
     started = time.monotonic()
     try:

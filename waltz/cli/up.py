@@ -97,8 +97,25 @@ def up(
             "serve mutual TLS with role checks on every port; the output says which files to use.",
         ),
     ] = False,
+    network: Annotated[
+        str,
+        typer.Option(
+            help="loopback: every process on 127.0.0.1 and free ports. namespaces: ZooKeeper, every "
+            "storage node and every server on a host of its own (a network namespace with its own "
+            "address on a bridge, a deployment's ports, started from a configuration file, as "
+            "docs/deploy.md does); needs root and iproute2.",
+        ),
+    ] = "loopback",
+    client_hosts: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="With --network namespaces: hosts client-0... for your clients "
+            "(ip netns exec NAMESPACE COMMAND; the output names the namespaces).",
+        ),
+    ] = 0,
 ) -> None:
-    """Run a local Waltz cluster on loopback until Ctrl-C or SIGTERM.
+    """Run a local Waltz cluster on loopback (or on hosts in network namespaces) until Ctrl-C or SIGTERM.
 
     Starts ZooKeeper (Debian's package, tickTime 500 ms), the storage nodes and the servers as
     processes on free 127.0.0.1 ports, creates the cluster, waits until every partition has a
@@ -109,6 +126,10 @@ def up(
 
     Example: waltz up --storages 3 --servers 2 --partitions 8 --work-dir ./waltz-data
 
+    With --network namespaces every process runs on a host of its own, as on the machines of a
+    deployment, and the machine reaches them through a bridge (10.77.N.0/24); the network is
+    removed at stop, and a crashed run's by the next one.
+
     With --secure, every port serves mutual TLS and checks the role in each peer's certificate
     (client, server, operator, admin); the certificates are made in the work directory.
     """
@@ -116,6 +137,8 @@ def up(
 
     configure_logging(log_level)
     try:
+        if network not in ("loopback", "namespaces"):
+            raise ConfigurationError(f"--network must be loopback or namespaces, not {network!r}")
         cluster = LocalCluster(
             storages=storages,
             servers=servers,
@@ -130,6 +153,8 @@ def up(
             start_timeout=timeout,
             zookeeper_auth=zookeeper_auth,
             secure=secure,
+            network="namespaces" if network == "namespaces" else "loopback",
+            client_hosts=client_hosts,
         )
     except ConfigurationError as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)

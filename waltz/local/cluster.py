@@ -20,12 +20,21 @@ given by the caller and kept) holds::
     zookeeper-digest      the cluster's ZooKeeper credential ``user:password`` (mode 0600), when
                           ``zookeeper_auth`` is on (kept with the work directory, reused on resume)
     zookeeper/            ZooKeeper's zoo.cfg, zookeeper.log and data (unless ZooKeeper is external)
+    config/<node>.yaml    in namespace mode, each node's configuration file (``--config``)
     storage-<i>/          storage node i's directory
     logs/storage-<i>.log  each node's output
     logs/server-<j>.log
 
 Starting again on a kept work directory resumes the same cluster: same ports, same data, same
 cluster key (storage nodes only ever serve the cluster whose key is in their control file).
+
+With ``network="namespaces"`` every process runs on a host of its own: a network namespace with
+its own address on a bridge (:class:`~waltz.local.netns.NetworkLab`), ZooKeeper on port 2181, every
+storage node on 55280 (admin 55281), every server on 55180, as on the hosts of a deployment
+(docs/deploy.md), each started with ``waltz storage start --config <file>`` or ``waltz server
+start --config <file>``. The supervisor, in the machine's own namespace, reaches every host
+through the bridge; :meth:`LocalCluster.host` gives a host's address and the prefix that runs a
+command inside it, and the network faults of ``waltz chaos`` cut hosts apart with it.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Literal, Self, TypedDict, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -50,6 +59,7 @@ from waltz.admin.cluster_admin import ClusterAdmin, StorageSpec
 from waltz.errors import ConfigurationError, MetadataError
 from waltz.local.certificates import ClusterCertificates, make_cluster_certificates
 from waltz.local.layout import LAYOUT_FILE, ClusterLayout
+from waltz.local.netns import Host, NetworkLab, network_lab_unavailable, unused_subnet
 from waltz.local.nodes import LocalServer, LocalStorageNode
 from waltz.local.processes import ManagedProcess, ServiceStartError, wait_until
 from waltz.local.readiness import (
@@ -69,7 +79,7 @@ from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol.channels import TlsConfig
 
-__all__ = ["DEFAULT_SERVER_ENV", "DIGEST_FILE", "LocalCluster"]
+__all__ = ["DEFAULT_SERVER_ENV", "DIGEST_FILE", "NAMESPACE_PORTS", "LocalCluster", "Network"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +98,28 @@ DEFAULT_SERVER_ENV: Mapping[str, str] = {
 
 #: The file of the cluster's ZooKeeper credential in the work directory.
 DIGEST_FILE = "zookeeper-digest"
+
+
+class _Placement(TypedDict, total=False):
+    """The options placing a storage node or server on its host in namespace mode."""
+
+    host: str
+    command_prefix: list[str]
+    config_file: Path
+
+
+#: Where the processes of a local cluster run: all on loopback, or each on a host of its own.
+Network = Literal["loopback", "namespaces"]
+
+#: The ports every host uses in namespace mode: a deployment's defaults (docs/configuration.md).
+NAMESPACE_PORTS: Mapping[str, int] = {
+    "zookeeper": 2181,
+    "storage": 55280,
+    "storage_admin": 55281,
+    "storage_metrics": 55282,
+    "server": 55180,
+    "server_metrics": 55182,
+}
 
 
 class LocalCluster:
@@ -146,6 +178,16 @@ class LocalCluster:
             checks roles, and the supervisor uses the ``admin`` certificate
             (:attr:`certificates` gives the files, e.g. the ``client`` certificate's settings for
             applications). Not with ``tls``, nor with TLS files in ``storage_env``/``server_env``.
+        network: ``"loopback"`` (every process on 127.0.0.1, free ports) or ``"namespaces"``
+            (every process on a host of its own, a network namespace with its own address and a
+            deployment's ports, started from a configuration file; needs root, iproute2, and
+            for cuts nftables; not with an external ZooKeeper). Hosts are named ``zookeeper``,
+            ``storage-<i>``, ``server-<j>`` and ``client-<k>`` (:meth:`host`).
+        client_hosts: in namespace mode, how many hosts ``client-0``... to make for client
+            processes (they join one with :meth:`host`'s ``namespace``).
+        subnet: in namespace mode, the hosts' IPv4 network (a ``/24`` is plenty); None takes the
+            first ``10.77.N.0/24`` no address or route of the machine uses (a kept work
+            directory keeps its own).
 
     Raises:
         ConfigurationError: an argument is out of range.
@@ -177,6 +219,9 @@ class LocalCluster:
         zookeeper_auth: bool = False,
         zookeeper_security: ZooKeeperSecurity | None = None,
         secure: bool = False,
+        network: Network = "loopback",
+        client_hosts: int = 0,
+        subnet: str | None = None,
     ) -> None:
         for what, value in (("storages", storages), ("servers", servers), ("partitions", partitions)):
             if value < 1:
@@ -188,6 +233,17 @@ class LocalCluster:
             )
         if not name:
             raise ConfigurationError("a local cluster needs a name")
+        if network not in ("loopback", "namespaces"):
+            raise ConfigurationError(f"network must be 'loopback' or 'namespaces', got {network!r}")
+        if network == "namespaces" and zookeeper is not None:
+            raise ConfigurationError(
+                "a local cluster in network namespaces starts its own ZooKeeper on a host of its "
+                "own; an external ZooKeeper is not reachable from the hosts"
+            )
+        if client_hosts < 0 or (client_hosts and network != "namespaces"):
+            raise ConfigurationError(
+                f"client_hosts ({client_hosts}) are hosts of namespace mode: give network='namespaces'"
+            )
         self._root_given = root is not None
         if root is None:
             root = f"/waltz/{name}" if zookeeper is None else f"/waltz-local/{name}-{uuid.uuid4().hex[:8]}"
@@ -229,6 +285,10 @@ class LocalCluster:
         self._cluster_key: str | None = None
         self._owns_root = False
         self._paused: set[tuple[str, int]] = set()
+        self._network: Network = network
+        self._client_hosts = client_hosts
+        self._subnet = subnet
+        self._lab: NetworkLab | None = None
         self._state = "new"
         self.startup_seconds: float | None = None
         """Seconds :meth:`start` took, from launching the first process until every partition was writable."""
@@ -265,6 +325,33 @@ class LocalCluster:
         if self._work_dir is None:
             raise RuntimeError("the local cluster has no work directory before start()")
         return self._work_dir
+
+    @property
+    def network(self) -> Network:
+        """Where the processes run: ``"loopback"`` or ``"namespaces"``."""
+        return self._network
+
+    @property
+    def network_lab(self) -> NetworkLab | None:
+        """The hosts of namespace mode (to cut or isolate them), or None on loopback or before start."""
+        return self._lab
+
+    def host(self, name: str) -> Host:
+        """A host of namespace mode: ``zookeeper``, ``storage-<i>``, ``server-<j>`` or ``client-<k>``.
+
+        Its ``address`` is the host's IPv4 address and its ``namespace`` the network namespace a
+        process joins to run there (``ip netns exec <namespace> ...``).
+
+        Raises:
+            RuntimeError: the cluster is not in namespace mode, or not started.
+            KeyError: no such host.
+        """
+        if self._lab is None:
+            raise RuntimeError(
+                f"local cluster {self._name!r} has no hosts: it runs on {self._network}"
+                + ("" if self._network == "loopback" else " and is not started")
+            )
+        return self._lab.host(name)
 
     @property
     def zookeeper(self) -> LocalZooKeeper | None:
@@ -390,9 +477,13 @@ class LocalCluster:
             if self._work_dir is None:
                 self._work_dir = Path(tempfile.mkdtemp(prefix="waltz-local-")).resolve()
             self._work_dir.mkdir(parents=True, exist_ok=True)
-            if self._secure:
-                self._secure_with(make_cluster_certificates(self._work_dir / "tls"))
             layout = self._load_layout()
+            if self._network == "namespaces":
+                self._start_hosts(layout)
+            if self._secure:
+                addresses = [h.address for h in self._lab.hosts.values()] if self._lab else []
+                addresses += [self._lab.bridge_address] if self._lab else []
+                self._secure_with(make_cluster_certificates(self._work_dir / "tls", addresses=addresses))
             self._prepare_credential()
             self._build(layout)
             for node in self._storages:
@@ -454,6 +545,8 @@ class LocalCluster:
                 node.close()
             if self._zookeeper is not None:
                 self._zookeeper.close()
+            if self._lab is not None:
+                self._lab.close()
             if not self._keep and self._work_dir is not None:
                 shutil.rmtree(self._work_dir, ignore_errors=True)
         log.info("local cluster %r closed", self._name)
@@ -672,6 +765,12 @@ class LocalCluster:
                 f"pid {self._zookeeper.process.pid}, log {self._zookeeper.log_path})"
             )
         lines.append(f"  cluster root   {self.root}")
+        if self._lab is not None:
+            lines.append(
+                f"  hosts          network namespaces on {self._subnet}, this machine at "
+                f"{self._lab.bridge_address}; run a command on one with `ip netns exec <namespace> ...`:"
+            )
+            lines += [f"    {h.name:<10} {h.address:<15} {h.namespace}" for h in self._lab.hosts.values()]
         owned = self._owned_partitions()
         lines.append(
             "  servers (ServerAdminClient connects here; Waltz clients find them through ZooKeeper):"
@@ -794,6 +893,7 @@ class LocalCluster:
             "replicas": self._replicas,
             "storages": self._num_storages,
             "external ZooKeeper": self._external_zookeeper,
+            "network": self._network,
         }
         held = {
             "name": layout.name,
@@ -802,6 +902,7 @@ class LocalCluster:
             "replicas": layout.replicas,
             "storages": len(layout.storages),
             "external ZooKeeper": layout.external_zookeeper,
+            "network": layout.network,
         }
         different = [f"{k} {held[k]!r} (asked: {wanted[k]!r})" for k in wanted if wanted[k] != held[k]]
         if different:
@@ -825,7 +926,38 @@ class LocalCluster:
                 for n in self._storages
             ],
             servers=[{"port": s.port, "metrics_port": s.metrics_port} for s in self._servers],
+            network=self._network,
+            subnet=self._subnet if self._lab is not None else None,
         )
+
+    def _host_names(self) -> list[str]:
+        return [
+            "zookeeper",
+            *(f"storage-{i}" for i in range(self._num_storages)),
+            *(f"server-{j}" for j in range(self._num_servers)),
+            *(f"client-{k}" for k in range(self._client_hosts)),
+        ]
+
+    def _start_hosts(self, layout: ClusterLayout | None) -> None:
+        """Build the network namespaces of namespace mode (a kept cluster gets its subnet back)."""
+        reason = network_lab_unavailable()
+        if reason is not None:
+            raise ConfigurationError(f"cannot run a local cluster in network namespaces: {reason}")
+        NetworkLab.cleanup_stale()
+        subnet = layout.subnet if layout is not None and layout.subnet else self._subnet
+        self._subnet = subnet or unused_subnet()
+        self._lab = NetworkLab(self._host_names(), subnet=self._subnet)
+        self._lab.start()
+
+    def _placement(self, name: str) -> _Placement:
+        """Where a process runs: on loopback (nothing), or inside its host with a config file."""
+        if self._lab is None:
+            return {}
+        return {
+            "host": self._lab.address(name),
+            "command_prefix": self._lab.command_prefix(name),
+            "config_file": self.work_dir / "config" / f"{name}.yaml",
+        }
 
     def _secure_with(self, certificates: ClusterCertificates) -> None:
         """Serve mutual TLS with role checks on every node; the supervisor acts as ``admin``."""
@@ -838,14 +970,25 @@ class LocalCluster:
         """Create (not start) the ZooKeeper, storage node and server objects."""
         work_dir = self.work_dir
         logs = work_dir / "logs"
+        lab = self._lab
         if self._external_zookeeper is None:
             self._zookeeper = LocalZooKeeper(
                 data_dir=work_dir / "zookeeper",
-                port=layout.zookeeper_port if layout else None,
+                port=NAMESPACE_PORTS["zookeeper"] if lab else (layout.zookeeper_port if layout else None),
                 tick_time_ms=self._tick_time_ms,
+                # The cluster's whole start budget: a JVM on a loaded machine may take long.
+                startup_timeout=self._start_timeout,
+                host=lab.address("zookeeper") if lab else None,
+                command_prefix=lab.command_prefix("zookeeper") if lab else (),
             )
         for i in range(self._num_storages):
             ports = layout.storages[i] if layout else {}
+            if lab is not None:
+                ports = {
+                    "port": NAMESPACE_PORTS["storage"],
+                    "admin_port": NAMESPACE_PORTS["storage_admin"],
+                    "metrics_port": NAMESPACE_PORTS["storage_metrics"],
+                }
             self._storages.append(
                 LocalStorageNode(
                     work_dir / f"storage-{i}",
@@ -857,10 +1000,13 @@ class LocalCluster:
                     metrics_port=ports.get("metrics_port"),
                     extra_args=self._storage_args,
                     env=self._storage_env,
+                    **self._placement(f"storage-{i}"),
                 )
             )
         for j in range(self._num_servers):
             ports = layout.servers[j] if layout and j < len(layout.servers) else {}
+            if lab is not None:
+                ports = {"port": NAMESPACE_PORTS["server"], "metrics_port": NAMESPACE_PORTS["server_metrics"]}
             self._servers.append(
                 LocalServer(
                     self.zookeeper_connect_string,
@@ -874,6 +1020,7 @@ class LocalCluster:
                     extra_args=self._server_args
                     + list(self._server_args_of(j) if self._server_args_of is not None else ()),
                     env=self._server_env,
+                    **self._placement(f"server-{j}"),
                 )
             )
 

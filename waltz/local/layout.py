@@ -33,6 +33,8 @@ class ClusterLayout:
         zookeeper_port: the port of the cluster's own ZooKeeper, or None.
         storages: each storage node's ``port``, ``admin_port`` and ``metrics_port``.
         servers: each server's ``port`` and ``metrics_port``.
+        network: ``loopback`` or ``namespaces`` (absent from older files: loopback).
+        subnet: the hosts' network in namespace mode (their addresses are in ZooKeeper).
     """
 
     name: str
@@ -43,6 +45,8 @@ class ClusterLayout:
     zookeeper_port: int | None
     storages: list[dict[str, int | None]]  # port, admin_port, metrics_port
     servers: list[dict[str, int | None]]  # port, metrics_port
+    network: str = "loopback"
+    subnet: str | None = None
 
     def save(self, path: Path) -> None:
         """Write the layout to ``path`` (JSON)."""

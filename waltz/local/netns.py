@@ -18,6 +18,7 @@ and iproute2 (``ip``); cuts need the ``nft`` command (Debian package ``nftables`
 
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import logging
 import os
@@ -35,11 +36,14 @@ from waltz.errors import ConfigurationError, WaltzError
 __all__ = [
     "NAME_PREFIX",
     "STATE_DIR",
+    "Direction",
     "Host",
     "NetworkLab",
     "NetworkLabError",
+    "enter_namespace",
     "network_lab_unavailable",
     "nft_unavailable",
+    "unused_subnet",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -99,6 +103,62 @@ def nft_unavailable() -> str | None:
     if shutil.which("nft") is None:
         return "the nft command is missing (Debian: apt-get install -y nftables)"
     return None
+
+
+#: ``CLONE_NEWNET`` of ``<sched.h>``: the network namespace kind for ``setns(2)``.
+_CLONE_NEWNET = 0x40000000
+
+
+def enter_namespace(namespace: str) -> None:
+    """Move this process into a host's network namespace (``setns(2)``), as ``ip netns exec`` does.
+
+    Call it first thing in a process of its own, before any thread or socket exists: threads
+    started afterwards inherit the namespace; sockets opened before keep the old one. Pipes and
+    files are unaffected (a ``multiprocessing`` child still talks to its parent).
+
+    Args:
+        namespace: a name ``ip netns list`` shows (:attr:`Host.namespace`).
+
+    Raises:
+        NetworkLabError: the namespace does not exist, or the kernel refused (not root).
+    """
+    path = f"/run/netns/{namespace}"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise NetworkLabError(f"cannot open network namespace {namespace} ({path}): {exc}") from exc
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise NetworkLabError(f"setns({namespace}) failed: {os.strerror(errno)}")
+    finally:
+        os.close(fd)
+
+
+def unused_subnet(within: str = "10.77.0.0/16", prefixlen: int = 24) -> str:
+    """The first ``/prefixlen`` network of ``within`` that no address or route of this machine's
+    root namespace overlaps (a running lab's bridge address counts), for a lab of its own.
+
+    Two processes choosing at the same instant may pick the same one; callers that run labs side
+    by side choose distinct subnets themselves.
+
+    Raises:
+        ConfigurationError: every such network is in use.
+    """
+    used: list[ipaddress.IPv4Network] = []
+    for line in _run(["ip", "-4", "-o", "addr", "show"], check=False).stdout.split("\n"):
+        words = line.split()
+        if "inet" in words:
+            used.append(ipaddress.IPv4Interface(words[words.index("inet") + 1]).network)
+    for line in _run(["ip", "-4", "route", "show"], check=False).stdout.split("\n"):
+        destination = line.split(" ")[0]
+        if destination and destination != "default":
+            used.append(ipaddress.IPv4Network(destination, strict=False))
+    for candidate in ipaddress.IPv4Network(within).subnets(new_prefix=prefixlen):
+        if not any(candidate.overlaps(network) for network in used):
+            return str(candidate)
+    raise ConfigurationError(f"every /{prefixlen} network of {within} is in use on this machine")
 
 
 def _run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -10,6 +10,7 @@ same command a user would run (``python -m waltz.services.storage ...``), on fre
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from collections.abc import Mapping, Sequence
@@ -17,9 +18,28 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import yaml
+
 from waltz.local.processes import ManagedProcess, free_port
 
 __all__ = ["LocalServer", "LocalStorageNode"]
+
+
+def _command(
+    kind: str, module: str, settings: Mapping[str, object], flags: list[str], config_file: Path | None
+) -> list[str]:
+    """The argv of a node: ``python -m <module> <flags>``, or, with a configuration file, the
+    deployment's own ``python -m waltz <kind> start --config <file>`` after writing its settings
+    there as YAML (the keys of docs/configuration.md)."""
+    if config_file is None:
+        return [sys.executable, "-m", module, *flags]
+    config_file.parent.mkdir(parents=True, exist_ok=True)
+    config_file.write_text(yaml.safe_dump(dict(settings), sort_keys=False))
+    return [sys.executable, "-m", "waltz", kind, "start", "--config", str(config_file)]
+
+
+def _environment(env: Mapping[str, str] | None) -> dict[str, str] | None:
+    return {**os.environ, **env} if env else None
 
 
 def _accepts(host: str, port: int) -> bool:
@@ -125,6 +145,9 @@ class LocalStorageNode(_LocalProcess):
             :class:`~waltz.local.netns.NetworkLab` host's address to run it inside that host).
         command_prefix: argv put before the command (e.g. ``ip netns exec <namespace>``, from
             :meth:`~waltz.local.netns.NetworkLab.command_prefix`); empty by default.
+        config_file: write the node's settings (directory, host, ports) to this YAML file and
+            start it as a deployment does, ``waltz storage start --config <file>``; None passes
+            them as options.
     """
 
     kind = "storage node"
@@ -144,6 +167,7 @@ class LocalStorageNode(_LocalProcess):
         start_timeout: float = 30.0,
         host: str | None = None,
         command_prefix: Sequence[str] = (),
+        config_file: Path | None = None,
     ) -> None:
         if host is not None:
             self.host = host
@@ -152,28 +176,23 @@ class LocalStorageNode(_LocalProcess):
         self.admin_port = admin_port or free_port()
         self.metrics_port = (metrics_port or free_port()) if metrics else None
         self.start_timeout = start_timeout
-        args = [
-            sys.executable,
-            "-m",
-            "waltz.services.storage",
-            "--directory",
-            str(directory),
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            "--admin-port",
-            str(self.admin_port),
-        ]
+        self.config_file = config_file
+        settings: dict[str, object] = {
+            "storage.directory": str(directory),
+            "storage.host": self.host,
+            "storage.port": self.port,
+            "storage.admin.port": self.admin_port,
+        }
+        flags = ["--directory", str(directory), "--host", self.host]
+        flags += ["--port", str(self.port), "--admin-port", str(self.admin_port)]
         if self.metrics_port is not None:
-            args += ["--metrics-port", str(self.metrics_port)]
+            settings["storage.metrics.port"] = self.metrics_port
+            flags += ["--metrics-port", str(self.metrics_port)]
+        args = _command("storage", "waltz.services.storage", settings, flags, config_file)
         args += extra_args or []
-        process_env = None
-        if env:
-            import os
-
-            process_env = {**os.environ, **env}
-        self.process = ManagedProcess([*command_prefix, *args], name=name, log_path=log_path, env=process_env)
+        self.process = ManagedProcess(
+            [*command_prefix, *args], name=name, log_path=log_path, env=_environment(env)
+        )
 
     @property
     def address(self) -> str:
@@ -208,6 +227,9 @@ class LocalServer(_LocalProcess):
             :class:`~waltz.local.netns.NetworkLab` host's address to run it inside that host).
         command_prefix: argv put before the command (e.g. ``ip netns exec <namespace>``, from
             :meth:`~waltz.local.netns.NetworkLab.command_prefix`); empty by default.
+        config_file: write the server's settings (ZooKeeper, root, host, ports, session timeout)
+            to this YAML file and start it as a deployment does, ``waltz server start --config
+            <file>``; None passes them as options.
     """
 
     kind = "server"
@@ -229,36 +251,31 @@ class LocalServer(_LocalProcess):
         start_timeout: float = 30.0,
         host: str | None = None,
         command_prefix: Sequence[str] = (),
+        config_file: Path | None = None,
     ) -> None:
         if host is not None:
             self.host = host
         self.port = port or free_port()
         self.metrics_port = (metrics_port or free_port()) if metrics else None
         self.start_timeout = start_timeout
-        args = [
-            sys.executable,
-            "-m",
-            "waltz.services.server",
-            "--zookeeper",
-            zookeeper,
-            "--root",
-            root,
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            "--session-timeout",
-            str(session_timeout),
-        ]
+        self.config_file = config_file
+        settings: dict[str, object] = {
+            "zookeeper.connectString": zookeeper,
+            "zookeeper.sessionTimeout": session_timeout,
+            "cluster.root": root,
+            "server.host": self.host,
+            "server.port": self.port,
+        }
+        flags = ["--zookeeper", zookeeper, "--root", root, "--host", self.host]
+        flags += ["--port", str(self.port), "--session-timeout", str(session_timeout)]
         if self.metrics_port is not None:
-            args += ["--metrics-port", str(self.metrics_port)]
+            settings["server.metrics.port"] = self.metrics_port
+            flags += ["--metrics-port", str(self.metrics_port)]
+        args = _command("server", "waltz.services.server", settings, flags, config_file)
         args += extra_args or []
-        process_env = None
-        if env:
-            import os
-
-            process_env = {**os.environ, **env}
-        self.process = ManagedProcess([*command_prefix, *args], name=name, log_path=log_path, env=process_env)
+        self.process = ManagedProcess(
+            [*command_prefix, *args], name=name, log_path=log_path, env=_environment(env)
+        )
 
     @property
     def endpoint(self) -> str:
