@@ -26,7 +26,7 @@ from kazoo.client import KazooClient
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.admin.cluster_admin import ClusterAdmin, StorageSpec
-from waltz.local.netns import NetworkLab, network_lab_unavailable, nft_unavailable
+from waltz.local.netns import NetworkLab, network_lab_unavailable, nft_unavailable, unused_subnet
 from waltz.local.nodes import LocalServer, LocalStorageNode
 from waltz.local.processes import wait_until
 from waltz.local.readiness import PartitionOwner, probe_partitions
@@ -46,7 +46,7 @@ def lab() -> Iterator[NetworkLab]:
     if reason is not None:
         pytest.skip(reason)
     NetworkLab.cleanup_stale()
-    with NetworkLab(HOSTS) as network:
+    with NetworkLab(HOSTS, subnet=unused_subnet()) as network:
         yield network
 
 
@@ -91,7 +91,7 @@ def test_lab_cuts_one_pair_isolates_a_host_and_removes_a_crashed_run(lab: Networ
             sys.executable,
             "-c",
             "import os; from waltz.local.netns import NetworkLab; "
-            "lab = NetworkLab(['x'], subnet='10.77.1.0/24'); lab.start(); "
+            f"lab = NetworkLab(['x'], subnet='{unused_subnet()}'); lab.start(); "
             "print(lab.host('x').namespace, flush=True); os._exit(0)",
         ],
         capture_output=True,
