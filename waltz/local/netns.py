@@ -25,7 +25,7 @@ import os
 import secrets
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -174,20 +174,29 @@ class NetworkLab:
     """A bridge and named hosts in network namespaces, removed again at close.
 
     Args:
-        hosts: the hosts' names, in order; the i-th gets the (i+2)-th address of ``subnet``.
+        hosts: the hosts' names, in order; the i-th gets the (i+2)-th address of ``subnet``
+            unless ``addresses`` names one for it.
         subnet: a private IPv4 network with room for the bridge and every host.
         run_id: the run ID in every created name (a few random hex digits when ``None``).
+        addresses: chosen IPv4 addresses of some hosts by name (e.g. ``{"waltz-1": "10.77.0.11"}``),
+            inside ``subnet``; the bridge keeps the first address.
 
     Raises:
         ConfigurationError: not root, or ``ip`` is missing (see :func:`network_lab_unavailable`),
-            or the subnet is too small, or a name repeats.
+            or the subnet is too small, or a name repeats, or a chosen address is outside the
+            subnet, is the bridge's or another host's, or names an unknown host.
         NetworkLabError: an ``ip`` command failed while building (what was built is removed).
 
     Design: docs/design/overview.md, "Processes and links".
     """
 
     def __init__(
-        self, hosts: Sequence[str], *, subnet: str = "10.77.0.0/24", run_id: str | None = None
+        self,
+        hosts: Sequence[str],
+        *,
+        subnet: str = "10.77.0.0/24",
+        run_id: str | None = None,
+        addresses: Mapping[str, str] | None = None,
     ) -> None:
         reason = network_lab_unavailable()
         if reason is not None:
@@ -202,15 +211,19 @@ class NetworkLab:
         self._prefixlen = network.prefixlen
         self.bridge = f"{self._prefix}-br"
         self.bridge_address = str(network.network_address + 1)
+        chosen = _chosen_addresses(network, hosts, addresses or {})
         self._hosts = {
             name: Host(
                 name=name,
                 namespace=f"{self._prefix}-{index}",
-                address=str(network.network_address + 2 + index),
+                address=chosen.get(name, str(network.network_address + 2 + index)),
                 link=f"{self._prefix}-{index}",
             )
             for index, name in enumerate(hosts)
         }
+        taken = [host.address for host in self._hosts.values()]
+        if len(set(taken)) != len(taken):
+            raise ConfigurationError(f"two hosts would share an address: {taken}")
         self._built = False
 
     @property
@@ -360,6 +373,24 @@ class NetworkLab:
 
     def __repr__(self) -> str:
         return f"NetworkLab({self._prefix}, bridge={self.bridge_address}, hosts={list(self._hosts)})"
+
+
+def _chosen_addresses(
+    network: ipaddress.IPv4Network, hosts: Sequence[str], addresses: Mapping[str, str]
+) -> dict[str, str]:
+    """Check the chosen addresses of :class:`NetworkLab` hosts; returns them by host name."""
+    unknown = sorted(set(addresses) - set(hosts))
+    if unknown:
+        raise ConfigurationError(f"addresses name hosts that are not in the lab: {unknown}")
+    bridge = network.network_address + 1
+    for name, address in addresses.items():
+        parsed = ipaddress.IPv4Address(address)
+        if parsed not in network or parsed in (network.network_address, network.broadcast_address, bridge):
+            raise ConfigurationError(
+                f"address {address} of host {name} must be a host address of {network} other than "
+                f"the bridge's {bridge}"
+            )
+    return dict(addresses)
 
 
 def _namespaces() -> list[str]:
