@@ -118,7 +118,7 @@ NAMESPACE_PORTS: Mapping[str, int] = {
     "storage_admin": 55281,
     "storage_metrics": 55282,
     "server": 55180,
-    "server_metrics": 55182,
+    "server_metrics": 55181,
 }
 
 
