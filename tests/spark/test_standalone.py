@@ -1,12 +1,14 @@
-"""``waltz rebuild`` on a Spark standalone cluster: a master and two workers on loopback.
+"""``waltz rebuild`` on a Spark standalone cluster: a master and two workers.
 
 The driver is a ``waltz rebuild --master spark://...`` process; the log is read through the
 storage nodes' admin ports, the live PostgreSQL database over JDBC, and the rebuilt tables written
-over JDBC, all by executors that the workers started (other processes, other loopback addresses).
+over JDBC, all by executors that the workers started: on other loopback addresses, or, with the
+Waltz cluster in namespace mode, on hosts of their own (network namespaces).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -15,13 +17,16 @@ from typing import Any
 
 import pytest
 import support
-from sqlalchemy import select, text
+from sqlalchemy import make_url, select, text
 from support.spark import local_spark_cluster, python_path
 
+from waltz.chaos.proxy import FaultProxy
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.local.cluster import LocalCluster
+from waltz.local.netns import network_lab_unavailable
 from waltz.local.processes import wait_until
+from waltz.local.spark import LocalSparkCluster, SparkHost
 from waltz_examples.ledger.models import Checking, TransferIn, TransferOut
 from waltz_examples.ledger.service import LedgerService, prepare_database
 from waltz_examples.ledger.transfers import pending_transfers
@@ -158,3 +163,100 @@ def test_rebuild_and_drift_check_on_a_standalone_cluster(
         for index in range(2):
             executor_logs = list((tmp_path / "spark" / f"worker-{index}").glob("app-*/*/stderr"))
             assert executor_logs, f"worker {index} started no executor"
+
+
+def _via(gateway: FaultProxy, url: str) -> str:
+    """``url`` with its host and port replaced by the gateway's."""
+    return make_url(url).set(host=gateway.host, port=gateway.port).render_as_string(hide_password=False)
+
+
+@pytest.mark.slow
+def test_rebuild_with_executors_on_hosts_of_their_own(
+    postgres_url: str, postgres_server: support.DatabaseServer, tmp_path: Path
+) -> None:
+    """The Waltz cluster and both Spark workers on hosts of their own (network namespaces).
+
+    ZooKeeper, the storage nodes and the servers run in namespace mode; the two Spark workers,
+    and so their executors, run on the cluster's two client hosts; the master and the driver
+    (``waltz rebuild``) on this machine's bridge address. The machine's PostgreSQL listens on
+    loopback only, so a forwarder on the bridge address stands in for a database host. The
+    executors read the log from the storage nodes' hosts and the live tables and write the rebuilt
+    ones through the forwarder: the rebuilt database equals the live one.
+    """
+    reason = network_lab_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        import pyarrow  # noqa: F401
+        import pyspark  # noqa: F401
+    except ImportError:
+        support.unavailable("pyspark/pyarrow are not installed (pip install -e '.[spark]')")
+    live_url = postgres_url
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(
+            LocalCluster(network="namespaces", partitions=2, client_hosts=2, work_dir=tmp_path / "cluster")
+        )
+        lab = cluster.network_lab
+        assert lab is not None
+        database = make_url(live_url)
+        gateway = stack.enter_context(
+            FaultProxy(
+                lambda: (database.host or "127.0.0.1", database.port or 5432),
+                name="postgresql",
+                host=lab.bridge_address,
+            )
+        )
+        _live_ledger(cluster, live_url)
+        expected = {t.name: _rows(live_url, t) for t in LEDGER_VIEWS.tables}
+        live_marks = _marks(live_url)
+        rebuilt_url = _via(gateway, stack.enter_context(postgres_server.fresh_database()))
+        workers = [
+            SparkHost(cluster.host(f"client-{k}").address, tuple(lab.command_prefix(f"client-{k}")))
+            for k in range(2)
+        ]
+        standalone = stack.enter_context(
+            LocalSparkCluster(
+                tmp_path / "spark",
+                env={"PYTHONPATH": python_path()},
+                master_host=lab.bridge_address,
+                worker_hosts=workers,
+            )
+        )
+        env = {
+            **os.environ,
+            "PYTHONPATH": python_path(),
+            "PYSPARK_PYTHON": sys.executable,
+            "SPARK_LOCAL_IP": lab.bridge_address,  # the driver, where the executors reach it
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "waltz",
+            "rebuild",
+            "--app",
+            "waltz_examples.ledger",
+            "--zookeeper",
+            cluster.zookeeper_connect_string,
+            "--cluster-root",
+            cluster.root,
+            "--cluster-name",
+            LEDGER_NAME,
+            "--db",
+            rebuilt_url,
+            "--verify-against",
+            _via(gateway, live_url),
+            "--master",
+            standalone.master_url,
+        ]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=840, check=False)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output[-6000:]
+        assert "same  ledger_checking: 0 missing, 0 extra, 0 different" in output, output[-6000:]
+        assert _marks(rebuilt_url) == live_marks
+        for table in LEDGER_VIEWS.tables:
+            assert _rows(rebuilt_url, table) == expected[table.name], table.name
+        hosts = {w["host"] for w in standalone.state()["workers"]}
+        assert hosts == {w.address for w in workers}, hosts
+        for index in range(2):
+            executor_logs = list((tmp_path / "spark" / f"worker-{index}").glob("app-*/*/stderr"))
+            assert executor_logs, f"the worker on client-{index} started no executor"

@@ -43,7 +43,7 @@ _MAX_QUEUED = 256
 
 
 class FaultProxy:
-    """Forwards ``127.0.0.1:<port>`` to the address ``target()`` returns when a connection opens.
+    """Forwards ``<host>:<port>`` to the address ``target()`` returns when a connection opens.
 
     Delivery keeps the byte order of each direction; a delay holds every chunk for that long after
     it was read (added latency, not a bandwidth limit). All methods are thread-safe.
@@ -54,18 +54,26 @@ class FaultProxy:
         name: a label for logs (``server-1``, ``storage-0``).
         port: the port to listen on (a free loopback port when None). A proxy that must keep its
             address across a cluster restart is kept alive, or created again with its old port.
+        host: the address to listen on (127.0.0.1; a network lab's bridge address lets the lab's
+            hosts reach a service of this machine that listens on loopback only).
 
     Raises:
         RuntimeError: the proxy's thread did not start listening within 10 s.
     """
 
     def __init__(
-        self, target: Callable[[], tuple[str, int]], *, name: str = "proxy", port: int | None = None
+        self,
+        target: Callable[[], tuple[str, int]],
+        *,
+        name: str = "proxy",
+        port: int | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self._target = target
         self.name = name
+        self.host = host
         if port is None:
-            port = free_port()
+            port = free_port(host)
         self.port: int = port
         self._loop = asyncio.new_event_loop()
         self._transports: set[asyncio.WriteTransport] = set()
@@ -92,8 +100,8 @@ class FaultProxy:
 
     @property
     def address(self) -> str:
-        """``127.0.0.1:<port>``: where to connect instead of the target."""
-        return f"127.0.0.1:{self.port}"
+        """``<host>:<port>``: where to connect instead of the target."""
+        return f"{self.host}:{self.port}"
 
     @property
     def blocked(self) -> bool:
@@ -109,7 +117,7 @@ class FaultProxy:
         asyncio.set_event_loop(self._loop)
         try:
             self._server = self._loop.run_until_complete(
-                asyncio.start_server(self._accept, "127.0.0.1", self.port, reuse_address=True)
+                asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
             )
         except OSError as exc:
             failure.append(exc)

@@ -14,6 +14,11 @@ and then the master, whatever happened before. Every address is on loopback: the
 127.0.0.1, worker ``i`` on ``127.0.0.{i+1}`` when the kernel lets us bind it (Linux routes all of
 127.0.0.0/8 to ``lo``), 127.0.0.1 otherwise. The master's REST submission server is off. This
 module never imports PySpark; it only finds where it is installed.
+
+Workers may instead run on hosts of their own (``worker_hosts``: a network namespace's address
+and the prefix that runs a command there, e.g. the client hosts of a
+:class:`~waltz.local.cluster.LocalCluster` in namespace mode), with the master on an address they
+reach (``master_host``, the lab's bridge address): their executors then run on those hosts too.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import logging
 import os
 import socket
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -32,12 +38,29 @@ from typing import Any, Self
 from waltz.errors import ConfigurationError
 from waltz.local.processes import ManagedProcess, free_port
 
-__all__ = ["LocalSparkCluster", "loopback_hosts", "spark_home"]
+__all__ = ["LocalSparkCluster", "SparkHost", "loopback_hosts", "spark_home"]
 
 _LOG = logging.getLogger(__name__)
 
 _MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 _WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+#: A worker's ports on a host of its own (Spark's defaults; each host has its own port space).
+_HOST_WORKER_PORT = 7078
+_HOST_WORKER_UI_PORT = 8081
+
+
+@dataclass(frozen=True)
+class SparkHost:
+    """A host a Spark worker runs on: its address and the argv prefix that runs a command there.
+
+    Attributes:
+        address: the address the worker and its executors bind and advertise.
+        command_prefix: e.g. ``ip netns exec <namespace>``
+            (:meth:`~waltz.local.netns.NetworkLab.command_prefix`); empty for this machine.
+    """
+
+    address: str
+    command_prefix: tuple[str, ...] = ()
 
 
 def spark_home() -> Path:
@@ -90,6 +113,10 @@ class LocalSparkCluster:
         env: extra environment of the workers, inherited by executors and their Python workers
             (``PYTHONPATH`` so that they import waltz, for instance); the rest is this process's.
         startup_timeout: seconds to wait for the master, then for every worker to register.
+        master_host: the address the master binds (127.0.0.1 by default); workers on other hosts
+            need one they reach.
+        worker_hosts: the hosts of the workers, one worker each (``workers`` is then their
+            number); None puts them on loopback addresses of this machine.
     """
 
     def __init__(
@@ -102,7 +129,11 @@ class LocalSparkCluster:
         daemon_memory: str = "256m",
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 180.0,
+        master_host: str = "127.0.0.1",
+        worker_hosts: Sequence[SparkHost] | None = None,
     ) -> None:
+        if worker_hosts is not None:
+            workers = len(worker_hosts)
         if workers < 1:
             raise ValueError(f"a Spark cluster needs at least one worker, not {workers}")
         self._home = spark_home()
@@ -113,7 +144,8 @@ class LocalSparkCluster:
         self._daemon_memory = daemon_memory
         self._env = dict(env or {})
         self._timeout = startup_timeout
-        self._host = "127.0.0.1"
+        self._host = master_host
+        self._placed = list(worker_hosts) if worker_hosts is not None else None
         self._port = 0
         self._ui_port = 0
         self._master: ManagedProcess | None = None
@@ -122,7 +154,7 @@ class LocalSparkCluster:
 
     @property
     def master_url(self) -> str:
-        """``spark://127.0.0.1:PORT``, the URL to give ``--master``.
+        """``spark://HOST:PORT`` (``master_host``), the URL to give ``--master``.
 
         Raises:
             RuntimeError: the cluster is not started.
@@ -203,20 +235,24 @@ class LocalSparkCluster:
                 what=f"the Spark master on {self.ui_url} to be ALIVE",
                 interval=0.25,
             )
-            self.worker_hosts = loopback_hosts(self._workers)
-            for index, host in enumerate(self.worker_hosts):
+            placed = self._placed or [SparkHost(host) for host in loopback_hosts(self._workers)]
+            self.worker_hosts = [h.address for h in placed]
+            for index, place in enumerate(placed):
+                host = place.address
+                own_host = self._placed is not None
                 worker_dir = self._work_dir / f"worker-{index}"
                 worker_dir.mkdir(parents=True, exist_ok=True)
                 process = ManagedProcess(
                     [
+                        *place.command_prefix,
                         spark_class,
                         _WORKER_CLASS,
                         "--host",
                         host,
                         "--port",
-                        str(free_port(host)),
+                        str(_HOST_WORKER_PORT if own_host else free_port(host)),
                         "--webui-port",
-                        str(free_port(host)),
+                        str(_HOST_WORKER_UI_PORT if own_host else free_port(host)),
                         "--cores",
                         str(self._cores),
                         "--memory",
