@@ -122,6 +122,7 @@ def connect_zookeeper(
     connect_timeout: float = DEFAULT_ZOOKEEPER_TIMEOUT,
     session_timeout: float = DEFAULT_ZOOKEEPER_TIMEOUT,
     security: ZooKeeperSecurity | None = None,
+    **options: Any,
 ) -> KazooClient:
     """Start a kazoo client; the caller stops and closes it.
 
@@ -130,13 +131,14 @@ def connect_zookeeper(
         connect_timeout: seconds to wait for a connection.
         session_timeout: the ZooKeeper session timeout in seconds.
         security: the digest credential and TLS files (:func:`make_kazoo_client`).
+        options: more :class:`~kazoo.client.KazooClient` arguments (e.g. ``connection_retry``).
 
     Raises:
         ConfigurationError: the connect string is malformed.
         ZooKeeperUnavailableError: no ZooKeeper server answered within ``connect_timeout``.
         ZooKeeperAuthError: ZooKeeper refused the credential.
     """
-    client = make_kazoo_client(connect_string, security=security, session_timeout=session_timeout)
+    client = make_kazoo_client(connect_string, security=security, session_timeout=session_timeout, **options)
     try:
         client.start(timeout=connect_timeout)
     except KazooTimeoutError:

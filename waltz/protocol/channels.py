@@ -11,6 +11,7 @@ import grpc
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "BindError",
     "TlsConfig",
     "bind_port",
     "channel_options",
@@ -91,17 +92,28 @@ def server_credentials(
     )
 
 
+class BindError(OSError):
+    """A node cannot listen on its address: the port is taken, or the host is not this machine's."""
+
+
 def bind_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
     """Bind ``host:port`` (port 0: any free port) on a server and return the bound port.
 
     Raises:
-        OSError: the address cannot be bound.
+        BindError: the address cannot be bound (the message says what to check).
     """
-    bound = (
-        server.add_secure_port(address, credentials)
-        if credentials is not None
-        else server.add_insecure_port(address)
-    )
+    try:
+        bound = (
+            server.add_secure_port(address, credentials)
+            if credentials is not None
+            else server.add_insecure_port(address)
+        )
+    except RuntimeError:  # grpcio: "Failed to bind to address ..."
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind {address}")
+        host = address.rsplit(":", 1)[0]
+        raise BindError(
+            f"cannot listen on {address}: another process may use the port, or {host} is not an "
+            "address of this host (check the host and port settings)"
+        )
     return bound

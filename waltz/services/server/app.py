@@ -25,7 +25,7 @@ from kazoo.retry import KazooRetry
 from waltz import tracing
 from waltz.errors import WaltzError
 from waltz.metadata.zk import ClusterZk
-from waltz.metadata.zk_session import make_kazoo_client
+from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol import client_pb2_grpc, server_pb2, server_pb2_grpc
 from waltz.protocol.channels import bind_port, server_credentials, server_options
 from waltz.protocol.records import Record, ReqId
@@ -110,17 +110,20 @@ class ServerApp:
 
         Raises:
             ClusterNotFoundError: no cluster exists under the cluster root.
-            OSError: the port cannot be bound.
+            ZooKeeperUnavailableError: no ZooKeeper server answered within the session timeout.
+            ZooKeeperAuthError: ZooKeeper refused the credential.
+            BindError: the port cannot be bound.
         """
         self._loop = asyncio.get_running_loop()
         config = self.config
-        zk = make_kazoo_client(
+        zk = await asyncio.to_thread(
+            connect_zookeeper,
             config.zookeeper_connect_string,
+            connect_timeout=config.zookeeper_session_timeout,
             security=config.zookeeper_security(),
             session_timeout=config.zookeeper_session_timeout,
             connection_retry=reconnect_policy(config.zookeeper_session_timeout),
         )
-        await asyncio.to_thread(zk.start, config.zookeeper_session_timeout)
         self._zk = zk
         self._cluster = ClusterZk(zk, config.cluster_root)
         params = await asyncio.to_thread(self._cluster.params)

@@ -15,6 +15,7 @@ import typer
 from waltz.config import load_settings
 from waltz.errors import ConfigurationError, WaltzError
 from waltz.logs import configure_logging
+from waltz.protocol.channels import BindError
 
 __all__ = ["start"]
 
@@ -73,6 +74,6 @@ def start(
         raise typer.Exit(2) from exc
     try:
         run_server(settings)
-    except WaltzError as exc:
+    except (WaltzError, BindError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc

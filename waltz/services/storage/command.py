@@ -15,6 +15,7 @@ import typer
 from waltz.config import load_settings
 from waltz.errors import ConfigurationError
 from waltz.logs import configure_logging
+from waltz.protocol.channels import BindError
 
 __all__ = ["start"]
 
@@ -63,4 +64,8 @@ def start(
     except ConfigurationError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    run_storage(settings)
+    try:
+        run_storage(settings)
+    except BindError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc

@@ -1,0 +1,47 @@
+"""A node that cannot start says why in one ``error:`` line and exits 1, not with a traceback.
+
+The two mistakes of a first deployment: an address that is not the host's own (or a port another
+process holds), and a ZooKeeper that is not there.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _start(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "waltz", *argv], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_a_storage_node_whose_port_is_taken_says_so(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = _start("storage", "start", "--directory", str(tmp_path / "s"), "--port", str(port))
+    assert done.returncode == 1, done.stderr
+    assert f"error: cannot listen on 127.0.0.1:{port}: another process may use the port" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_storage_node_on_an_address_of_another_host_says_so(tmp_path: Path) -> None:
+    done = _start(
+        "storage", "start", "--directory", str(tmp_path / "s"), "--host", "192.0.2.1", "--port", "0"
+    )
+    assert done.returncode == 1, done.stderr
+    assert "192.0.2.1 is not an address of this host" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_server_without_zookeeper_says_so() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]
+    done = _start(
+        "server", "start", "--zookeeper", f"127.0.0.1:{port}", "--root", "/waltz/x", "--session-timeout", "2"
+    )
+    assert done.returncode == 1, done.stderr
+    assert f"error: no ZooKeeper server at 127.0.0.1:{port} answered within 2s" in done.stderr
+    assert "Traceback" not in done.stderr
