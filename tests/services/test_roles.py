@@ -18,11 +18,12 @@ import pytest
 
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
+from waltz.admin.storage_nodes import StorageAccessDeniedError, call_admin
 from waltz.local.certificates import ClusterCertificates
 from waltz.local.cluster import LocalCluster
 from waltz.protocol.records import ReqId
 from waltz.protocol.server_client import ServerAdminClient
-from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
+from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient, StorageStreamError
 
 pytestmark = pytest.mark.security
 
@@ -74,8 +75,21 @@ def test_a_client_certificate_commits_but_cannot_open_an_admin_session(secured: 
         async with admin_client(secured, "client") as admin:
             await admin.partition_status(0)
 
-    with pytest.raises(ConnectionError, match=r"PERMISSION_DENIED.*urn:waltz:role"):
+    with pytest.raises(StorageStreamError, match=r"PERMISSION_DENIED.*urn:waltz:role") as denied:
         asyncio.run(admin_as_client())
+    assert denied.value.status is grpc.StatusCode.PERMISSION_DENIED
+    # The tools' way in says what to do: another certificate, not "unreachable".
+    node = secured.storages[0]
+    with pytest.raises(StorageAccessDeniedError, match=r"refused this certificate.*operator role"):
+        asyncio.run(
+            call_admin(
+                node.admin_address,
+                secured.cluster_key,
+                secured.num_partitions,
+                lambda admin: admin.partition_status(0),
+                tls=certificates(secured).tls("client"),
+            )
+        )
 
     async def server_status_as_client() -> None:
         async with ServerAdminClient(

@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 import grpc
 
 from waltz.admin.description import describe_cluster
-from waltz.admin.storage_nodes import StorageUnreachableError, call_admin, describe_failure, probe_tcp
+from waltz.admin.storage_nodes import (
+    StorageAccessDeniedError,
+    StorageUnreachableError,
+    call_admin,
+    describe_failure,
+    probe_tcp,
+)
 from waltz.client import (
     PartitionLocalLock,
     Transaction,
@@ -427,11 +433,9 @@ async def _check_storage_admin(
         held = await call_admin(
             address, targets.cluster_key, targets.num_partitions, status, timeout=timeout, tls=tls
         )
+    except StorageAccessDeniedError:  # reached over TLS; the certificate is not an operator's
+        return NodeCheck("storage-admin", name, address, None, "answers (its status needs the operator role)")
     except (StorageUnreachableError, StorageRpcError) as exc:
-        if "PERMISSION_DENIED" in str(exc):  # reached over TLS; the certificate is not an operator's
-            return NodeCheck(
-                "storage-admin", name, address, None, "answers (its status needs the operator role)"
-            )
         return NodeCheck("storage-admin", name, address, describe_failure(exc))
     return NodeCheck("storage-admin", name, address, None, f"holds partitions {held}")
 

@@ -24,11 +24,12 @@ import grpc
 from waltz.errors import StorageRpcError, WaltzError
 from waltz.metadata.values import ClusterParams
 from waltz.protocol.channels import TlsConfig
-from waltz.protocol.storage_client import StorageAdminClient
+from waltz.protocol.storage_client import StorageAdminClient, StorageStreamError
 
 __all__ = [
     "DEFAULT_STORAGE_TIMEOUT",
     "NodeOutcome",
+    "StorageAccessDeniedError",
     "StorageUnreachableError",
     "call_admin",
     "call_admin_on_nodes",
@@ -52,14 +53,35 @@ class StorageUnreachableError(WaltzError, ConnectionError):
         admin_address: the ``host:admin_port`` that was tried.
     """
 
+    _what = "is unreachable"
+
     def __init__(
         self,
         admin_address: str,
         reason: str,
         hint: str = "check that the node runs and that its admin port is right (waltz cluster list)",
     ) -> None:
-        super().__init__(f"storage node admin port {admin_address} is unreachable: {reason}; {hint}")
+        super().__init__(f"storage node admin port {admin_address} {self._what}: {reason}; {hint}")
         self.admin_address = admin_address
+
+
+class StorageAccessDeniedError(StorageUnreachableError):
+    """A storage node's admin port refused the request for the caller's role (mutual TLS).
+
+    The node answered: its certificate check let the caller in, but the certificate does not name
+    a role that may do this (docs/design/overview.md "Roles"). A kind of
+    :class:`StorageUnreachableError` for the callers that only tell reached nodes from the others.
+    """
+
+    _what = "refused this certificate"
+
+    def __init__(self, admin_address: str, reason: str) -> None:
+        super().__init__(
+            admin_address,
+            reason,
+            "use a certificate of the operator role to read, or of the admin role to change a node "
+            "(cluster.ssl.certFile, cluster.ssl.keyFile)",
+        )
 
 
 async def call_admin(
@@ -86,6 +108,8 @@ async def call_admin(
 
     Raises:
         StorageUnreachableError: the node did not answer, or not within ``timeout``.
+        StorageAccessDeniedError: the node refused the caller's certificate role (a kind of
+            StorageUnreachableError).
         StorageRpcError: the node refused a request (``CLUSTER_KEY_MISMATCH`` on the open when it
             belongs to another cluster or has another number of partitions).
     """
@@ -100,6 +124,10 @@ async def call_admin(
         raise StorageUnreachableError(admin_address, f"no answer within {timeout:g}s") from None
     except StorageRpcError:
         raise
+    except StorageStreamError as exc:
+        if exc.status is grpc.StatusCode.PERMISSION_DENIED:
+            raise StorageAccessDeniedError(admin_address, str(exc)) from exc
+        raise StorageUnreachableError(admin_address, str(exc)) from exc
     except (ConnectionError, OSError, grpc.RpcError) as exc:
         raise StorageUnreachableError(admin_address, str(exc)) from exc
 

@@ -27,6 +27,7 @@ from waltz.protocol.records import Record, RecordHeader
 __all__ = [
     "StorageAdminClient",
     "StorageSessionClient",
+    "StorageStreamError",
     "append_request",
     "check_response",
     "columns_append",
@@ -45,6 +46,19 @@ MAX_BATCH_BYTES = 4 << 20
 #: ``requests`` field (1) of ``StorageRequests`` / ``AdminRequests``: protobuf's wire format.
 _APPEND_TAG = b"\x7a"
 _REQUESTS_TAG = b"\x0a"
+
+
+class StorageStreamError(ConnectionError):
+    """A stream to a storage node ended with a gRPC status (docs/design/storage.md "Storage requests").
+
+    Attributes:
+        status: the status the stream ended with (``PERMISSION_DENIED`` when the peer's role does
+            not allow the request, ``UNAVAILABLE`` when the node went away, ...).
+    """
+
+    def __init__(self, message: str, status: grpc.StatusCode) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _varint(value: int) -> bytes:
@@ -151,8 +165,9 @@ class _OrderedStream(Generic[Req, Resp]):
             self._fail(ConnectionError(f"storage node {self.address} closed the stream"))
         except grpc.aio.AioRpcError as exc:
             self._fail(
-                ConnectionError(
-                    f"stream to storage node {self.address} failed: {exc.code().name}: {exc.details()}"
+                StorageStreamError(
+                    f"stream to storage node {self.address} failed: {exc.code().name}: {exc.details()}",
+                    exc.code(),
                 )
             )
         except asyncio.CancelledError:
