@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from waltz.chaos import ChaosOptions, FaultKind, run_chaos
+from waltz.chaos.options import database_on_loopback
 from waltz.chaos.schedule import NAMESPACE_DEFAULT_FAULTS, NAMESPACE_FAULTS, fixed_schedule, random_schedule
 from waltz.local.netns import network_lab_unavailable, nft_unavailable
 
@@ -30,13 +31,11 @@ def test_namespace_options_refuse_what_cannot_run_there() -> None:
         ChaosOptions(faults=(FaultKind.SPLIT_OWNER,)).validate()
     with pytest.raises(ValueError, match="work through proxies on loopback"):
         ChaosOptions(network="namespaces", faults=(FaultKind.CUT_CLIENTS,)).validate()
-    with pytest.raises(ValueError, match="their own loopback"):
-        ChaosOptions(
-            network="namespaces",
-            faults=(FaultKind.SPLIT_OWNER,),
-            workload="ledger",
-            db_url="postgresql+psycopg://postgres@127.0.0.1:5432/ledger",
-        ).validate()
+    # A database on this machine's loopback is forwarded to the bridge for the client hosts.
+    assert database_on_loopback("postgresql+psycopg://postgres@127.0.0.1:5432/ledger")
+    assert database_on_loopback("mysql+pymysql://root@localhost/ledger")
+    assert not database_on_loopback("postgresql+psycopg://postgres@10.1.2.3/ledger")
+    assert not database_on_loopback("sqlite:////tmp/ledger.db")
     with pytest.raises(ValueError, match="unknown network"):
         ChaosOptions(network="docker").validate()
     options = ChaosOptions(

@@ -34,6 +34,8 @@ from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
+from sqlalchemy.engine import URL, make_url
+
 from waltz.chaos.checks import (
     ChaosCheck,
     WorkerResult,
@@ -48,8 +50,8 @@ from waltz.chaos.checks import (
 )
 from waltz.chaos.clients import ClientProcesses
 from waltz.chaos.faults import FaultInjector
-from waltz.chaos.options import ChaosOptions, ChaosResult
-from waltz.chaos.proxy import ClusterProxies
+from waltz.chaos.options import ChaosOptions, ChaosResult, database_on_loopback
+from waltz.chaos.proxy import ClusterProxies, FaultProxy
 from waltz.chaos.schedule import NETWORK_FAULTS, Fault
 from waltz.chaos.worker import WorkerSpec
 from waltz.local.cluster import DIGEST_FILE, LocalCluster
@@ -202,7 +204,7 @@ def _run(
 ) -> None:
     started = time.monotonic()
     cluster = _make_cluster(options, work_dir, proxies)
-    with cluster:
+    with cluster, contextlib.ExitStack() as stack:
         say(
             f"cluster ready in {time.monotonic() - started:.1f}s "
             f"(ZooKeeper {cluster.zookeeper_connect_string})"
@@ -215,10 +217,28 @@ def _run(
                 db_url, cluster.zookeeper_connect_string, cluster.root, options.accounts, options.seed
             )
             say(f"ledger database {db_url.split('@')[-1]}: migrated, {options.accounts} accounts opened")
+        clients_db_url = db_url
+        if cluster.network_lab is not None and database_on_loopback(db_url):
+            # The client hosts cannot reach this machine's loopback: forward the database to the
+            # bridge address, where every host reaches this machine.
+            database = make_url(db_url)
+            gateway = stack.enter_context(
+                FaultProxy(
+                    lambda: (database.host or "127.0.0.1", database.port or _default_port(database)),
+                    name="database",
+                    host=cluster.network_lab.bridge_address,
+                )
+            )
+            clients_db_url = database.set(host=gateway.host, port=gateway.port).render_as_string(
+                hide_password=False
+            )
+            say(f"the client hosts reach the database through {gateway.address}")
         context = multiprocessing.get_context("spawn")
         stop = context.Event()
         gate = context.Value("d", 1.0 if options.duration is not None or not schedule else schedule[0].at)
-        with ClientProcesses(_worker_specs(options, cluster, work_dir, db_url), stop, gate) as clients:
+        with ClientProcesses(
+            _worker_specs(options, cluster, work_dir, clients_db_url), stop, gate
+        ) as clients:
             clients.wait_states({"running"}, 180.0, "every client mounted")
             say(f"{len(clients.clients)} client processes mounted every partition; submitting")
             result.seconds = _submit_phase(
@@ -314,6 +334,11 @@ def _run(
             "same CRC-32s" if digests_again == digests else "segment CRCs changed across the restart",
         )
     )
+
+
+def _default_port(url: URL) -> int:
+    """The default port of a database URL's server (PostgreSQL 5432, MySQL and MariaDB 3306)."""
+    return 5432 if url.get_backend_name() == "postgresql" else 3306
 
 
 def _read_progress(say: Say) -> Callable[[int, int], None]:
