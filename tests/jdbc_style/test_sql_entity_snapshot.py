@@ -351,6 +351,10 @@ def test_entities_are_read_as_unattached_instances_with_committed_values(
     [change] = ChangeSet.decode(builder.build().data).changes
     assert change.operation is Operation.UPDATE
     assert dict(change.values) == {"renamed_id": 4, "amount": 251}
+    pid = context.chosen_partition
+    callbacks.apply_transaction(_committed(pid, callbacks.get_client_high_water_mark(pid) + 1, builder))
+    with callbacks.engine.connect() as conn:  # applied by attribute name to its column
+        assert conn.execute(select(Renamed.amount).where(Renamed.renamed_id == 4)).scalar() == 251
 
 
 class ReadMany(EntityTransactionContext):
