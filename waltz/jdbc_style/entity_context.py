@@ -370,26 +370,31 @@ class EntityTransactionContext(TransactionContext):
         infos = [registry.info(model) for model in models]
         return [info.lock(key) for _, key in self._entities for info in infos]
 
-    def prefetch_entities(self) -> list[tuple[EntityInfo, tuple[Any, ...]]]:
-        """The entities each attempt reads with the partition's mark: the declared entities and,
-        with :attr:`expected_models`, those models' entities of the declared keys.
+    def prefetch_entities(self) -> list[tuple[type[Any], Any]]:
+        """The entities each attempt reads with the partition's mark (:attr:`prefetch`): the
+        declared entities and, with :attr:`expected_models`, those models' entities of the
+        declared keys. Override it to add the other entities :meth:`run` reads by a key known
+        before it runs (each is locked only when :meth:`run` reads it).
 
         Returns:
-            (entity info, key values) pairs, in order; override to read others.
+            ``(model, key)`` pairs, keys as :meth:`EntityTransaction.get` takes them.
         """
-        entities = list(self._entities)
+        entities = [(info.model, key) for info, key in self._entities]
         models = self.expected_models
         if models is not None:
-            registry = self.callbacks.registry
-            infos = [registry.info(model) for model in models]
-            entities.extend((info, key) for _, key in self._entities for info in infos)
+            entities.extend((model, key) for _, key in self._entities for model in models)
         return entities
 
     def execute(self, builder: TransactionBuilder) -> bool:
         """Open the snapshot, read the mark, call :meth:`run`, and build the change-set append."""
         if self._num_partitions == 0:
             raise RuntimeError("partition_id() must be called before execute()")
-        entities = self.prefetch_entities() if self.prefetch else ()
+        entities: list[tuple[EntityInfo, tuple[Any, ...]]] = []
+        if self.prefetch:
+            registry = self.callbacks.registry
+            for model, key in self.prefetch_entities():
+                info = registry.info(model)
+                entities.append((info, info.normalize_key(key)))
         with self.callbacks.snapshot(self._partition_id, entities=entities) as snapshot:
             self._after_mark_read(snapshot)
             tx = EntityTransaction(self.callbacks, snapshot, self._num_partitions)
