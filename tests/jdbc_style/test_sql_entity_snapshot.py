@@ -643,3 +643,26 @@ def test_a_declared_key_that_matches_several_rows_still_fails_its_read(callbacks
         context.execute(TransactionBuilder(-1))
     [counter] = context.read  # read by key after the joined read found two rows
     assert counter is not None and counter.counter_id == 4
+
+
+class Pair(Base):
+    """A two-attribute key: ``expected_models`` with a one-value declared key does not fit it."""
+
+    __tablename__ = "pairs"
+    __waltz__ = WaltzEntity("pair", partition_by=lambda key, n: key[0] % n)
+    left: Mapped[int] = mapped_column(primary_key=True)
+    right: Mapped[int] = mapped_column(primary_key=True)
+
+
+def test_expected_models_whose_keys_do_not_fit_are_not_read_with_the_mark(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    callbacks.registry.register(Pair)
+
+    class ExpectsPairs(Increment):
+        expected_models = (Counter, Pair)
+
+    pid, builder, ok = _build(ExpectsPairs(callbacks, 13))  # (Pair, 13) is not a Pair key: left out
+    assert ok
+    callbacks.apply_transaction(_committed(pid, callbacks.get_client_high_water_mark(pid) + 1, builder))
+    assert _read(callbacks.engine, 13) == 1

@@ -98,7 +98,10 @@ class EntityTransaction:
         self._lock_read(info.lock(values))
         prefetched = self._snapshot.prefetched
         if prefetched:
-            row = prefetched.get((info, values), _NOT_READ)
+            try:
+                row = prefetched.get((info, values), _NOT_READ)
+            except TypeError:  # an unhashable key value: never read with the mark
+                row = _NOT_READ
             if row is not _NOT_READ:  # read with the mark, in the same statement
                 return None if row is None else info.entity_from_row(row)
         return info.load(self._snapshot.connection, values)
@@ -394,7 +397,12 @@ class EntityTransactionContext(TransactionContext):
             registry = self.callbacks.registry
             for model, key in self.prefetch_entities():
                 info = registry.info(model)
-                entities.append((info, info.normalize_key(key)))
+                try:
+                    values = info.normalize_key(key)
+                    hash(values)
+                except (ValueError, TypeError):  # a key of another shape, or unhashable: read it by key
+                    continue
+                entities.append((info, values))
         with self.callbacks.snapshot(self._partition_id, entities=entities) as snapshot:
             self._after_mark_read(snapshot)
             tx = EntityTransaction(self.callbacks, snapshot, self._num_partitions)
