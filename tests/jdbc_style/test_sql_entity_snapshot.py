@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, ForeignKey, String, inspect, select
+from sqlalchemy import Engine, ForeignKey, String, event, inspect, select
+from sqlalchemy.exc import MultipleResultsFound
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from waltz.client.context import TransactionBuilder
@@ -154,14 +155,16 @@ def test_an_entity_transaction_builds_a_change_set_with_locks_and_the_snapshot_m
     assert _read(callbacks.engine, 5) == 2
 
 
+@pytest.mark.parametrize("prefetch", [True, False], ids=["read-with-the-mark", "read-after-the-mark"])
 def test_a_transaction_applied_between_the_mark_read_and_the_entity_read_is_invisible_to_both(
-    callbacks: ChangeSetCallbacks,
+    callbacks: ChangeSetCallbacks, prefetch: bool
 ) -> None:
     other = ChangeSetCallbacks(callbacks.engine, cluster_name="entities", registry=callbacks.registry)
     pid, builder, _ = _build(Increment(callbacks, 6))
     callbacks.apply_transaction(_committed(pid, 0, builder))  # counter 6 = 1 at mark 0
 
     racing = Increment(callbacks, 6, interleave=other)
+    racing.prefetch = prefetch  # False: the entity is read in a statement of its own, after the mark
     pid, builder, ok = _build(racing)
     assert ok
     # Another instance applied transaction 1 (counter 6 = 2) during the attempt...
@@ -348,6 +351,10 @@ def test_entities_are_read_as_unattached_instances_with_committed_values(
     [change] = ChangeSet.decode(builder.build().data).changes
     assert change.operation is Operation.UPDATE
     assert dict(change.values) == {"renamed_id": 4, "amount": 251}
+    pid = context.chosen_partition
+    callbacks.apply_transaction(_committed(pid, callbacks.get_client_high_water_mark(pid) + 1, builder))
+    with callbacks.engine.connect() as conn:  # applied by attribute name to its column
+        assert conn.execute(select(Renamed.amount).where(Renamed.renamed_id == 4)).scalar() == 251
 
 
 class ReadMany(EntityTransactionContext):
@@ -545,3 +552,117 @@ def test_expected_locks_are_the_declared_entities_or_the_expected_models_with_th
         ]
     finally:
         engine.dispose()
+
+
+class ReadSome(EntityTransactionContext):
+    """Declares counters 1 and 5 (partition 1), reads ``reads`` of them and counter 9."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, reads: list[int]) -> None:
+        super().__init__(callbacks, (Counter, 1), (Counter, 5))
+        self.reads = reads
+        self.read: list[Counter | None] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        self.read = [tx.get(Counter, key) for key in self.reads]
+        return False
+
+
+@contextlib.contextmanager
+def _selects(engine: Engine) -> Iterator[list[str]]:
+    """The SELECT statements sent through ``engine`` while inside."""
+    seen: list[str] = []
+
+    def note(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+
+
+def test_the_declared_entities_are_read_with_the_mark_in_one_statement_and_locked_when_read(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    """docs/design/sql.md "Entity transactions" ("Cheap reads")."""
+    pid, builder, _ = _build(Increment(callbacks, 5))
+    callbacks.apply_transaction(_committed(pid, callbacks.get_client_high_water_mark(pid) + 1, builder))
+    info = callbacks.registry.info(Counter)
+
+    context = ReadSome(callbacks, [5, 1, 5])
+    context.partition_id(NUM_PARTITIONS)
+    with _selects(callbacks.engine) as selects:
+        context.execute(TransactionBuilder(-1))
+    assert len(selects) == 1  # the mark, counters 1 and 5: one statement
+    five, missing, again = context.read
+    assert five is not None and again is not None and missing is None
+    assert (five.value, again.value) == (1, 1) and five is not again  # an instance per read
+    assert inspect(five).detached
+    assert context.last_transaction is not None
+    assert context.last_transaction.high_water_mark == callbacks.get_client_high_water_mark(pid)
+    assert set(context.last_transaction.read_locks) == {info.lock((5,)), info.lock((1,))}
+
+    # Only what run reads is locked; an entity not declared is read by key on its own.
+    context = ReadSome(callbacks, [9])
+    context.partition_id(NUM_PARTITIONS)
+    with _selects(callbacks.engine) as selects:
+        context.execute(TransactionBuilder(-1))
+    assert len(selects) == 2 and context.read == [None]
+    assert context.last_transaction is not None
+    assert context.last_transaction.read_locks == [info.lock((9,))]
+
+
+def test_a_snapshot_without_a_mark_row_reads_the_entities_by_key(callbacks: ChangeSetCallbacks) -> None:
+    info = callbacks.registry.info(Counter)
+    with callbacks.snapshot(2, entities=[(info, (2,)), (info, (6,))]) as snapshot:
+        assert (snapshot.high_water_mark, snapshot.prefetched) == (-1, {})
+
+
+class ReadTagged(EntityTransactionContext):
+    def __init__(self, callbacks: ChangeSetCallbacks) -> None:
+        super().__init__(callbacks, (Tagged, "same"), (Counter, 4))
+        self.read: list[Any] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        self.read.append(tx.get(Counter, 4))
+        self.read.append(tx.get(Tagged, "same"))
+        return False
+
+
+def test_a_declared_key_that_matches_several_rows_still_fails_its_read(callbacks: ChangeSetCallbacks) -> None:
+    callbacks.registry.register(Tagged)
+    callbacks.get_client_high_water_mark(0)
+    with Session(callbacks.engine) as session:
+        session.add_all([Tagged(row_id=1, tag="same"), Tagged(row_id=2, tag="same"), Counter(counter_id=4)])
+        session.commit()
+    context = ReadTagged(callbacks)
+    assert context.partition_id(NUM_PARTITIONS) == 0
+    with pytest.raises(MultipleResultsFound):
+        context.execute(TransactionBuilder(-1))
+    [counter] = context.read  # read by key after the joined read found two rows
+    assert counter is not None and counter.counter_id == 4
+
+
+class Pair(Base):
+    """A two-attribute key: ``expected_models`` with a one-value declared key does not fit it."""
+
+    __tablename__ = "pairs"
+    __waltz__ = WaltzEntity("pair", partition_by=lambda key, n: key[0] % n)
+    left: Mapped[int] = mapped_column(primary_key=True)
+    right: Mapped[int] = mapped_column(primary_key=True)
+
+
+def test_expected_models_whose_keys_do_not_fit_are_not_read_with_the_mark(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    callbacks.registry.register(Pair)
+
+    class ExpectsPairs(Increment):
+        expected_models = (Counter, Pair)
+
+    pid, builder, ok = _build(ExpectsPairs(callbacks, 13))  # (Pair, 13) is not a Pair key: left out
+    assert ok
+    callbacks.apply_transaction(_committed(pid, callbacks.get_client_high_water_mark(pid) + 1, builder))
+    assert _read(callbacks.engine, 13) == 1

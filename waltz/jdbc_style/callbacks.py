@@ -42,8 +42,10 @@ from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.transaction import Transaction
 from waltz.errors import ApplyContractError, HighWaterMarkGapError, StagedRowCountError, TransactionApplyError
 from waltz.jdbc_style.engine import SQLITE_BEGIN, apply_guard, is_transient, prepare_engine
+from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key, record_idempotency_key
 from waltz.jdbc_style.marks import HighWaterMarks
+from waltz.jdbc_style.prefetch import MarkPrefetch, Prefetched
 from waltz.jdbc_style.schema import skipped_transactions
 
 __all__ = ["AbstractClientCallbacksForSQL", "ApplySession", "MarkSnapshot"]
@@ -269,12 +271,21 @@ class MarkSnapshot:
         partition_id: the partition.
         high_water_mark: the partition's mark in this snapshot (-1: nothing applied).
         connection: the snapshot's connection (read through it, or through :attr:`session`).
+        prefetched: rows read with the mark, ``{(entity info, key values): row or None}`` (see
+            :mod:`waltz.jdbc_style.prefetch`); empty when none were asked for.
     """
 
-    def __init__(self, partition_id: int, high_water_mark: int, connection: Connection) -> None:
+    def __init__(
+        self,
+        partition_id: int,
+        high_water_mark: int,
+        connection: Connection,
+        prefetched: Prefetched | None = None,
+    ) -> None:
         self.partition_id = partition_id
         self.high_water_mark = high_water_mark
         self.connection = connection
+        self.prefetched: Prefetched = {} if prefetched is None else prefetched
         self._session: Session | None = None
 
     @property
@@ -332,6 +343,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self.engine = prepare_engine(engine)
         self.cluster_name = cluster_name
         self.marks = HighWaterMarks(cluster_name)
+        self._prefetch = MarkPrefetch(cluster_name)
         self.retry_timeout = retry_timeout
         self._applied: dict[int, int] = {}
         self._applied_changed = threading.Condition()
@@ -522,7 +534,9 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
     # --- snapshots for entity reads ---------------------------------------------------------------
 
     @contextmanager
-    def snapshot(self, partition_id: int) -> Iterator[MarkSnapshot]:
+    def snapshot(
+        self, partition_id: int, *, entities: Sequence[tuple[EntityInfo, tuple[Any, ...]]] = ()
+    ) -> Iterator[MarkSnapshot]:
         """A read transaction that reads the partition's mark first, then whatever the caller reads.
 
         REPEATABLE READ on PostgreSQL and MySQL/MariaDB, a deferred transaction on SQLite (a
@@ -531,9 +545,14 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         back at the end (it only reads). On a database server the connection is one of the
         instance's reader connections (see :meth:`release_connections`); a transient error
         opening the snapshot (a connection the server closed) is retried on a new connection.
+
+        Args:
+            partition_id: the partition.
+            entities: (entity info, key values) pairs read in the mark's statement (one
+                statement, so at the mark too) into :attr:`MarkSnapshot.prefetched`.
         """
-        conn, mark = self._retry(lambda: self._open_snapshot(partition_id))
-        snapshot = MarkSnapshot(partition_id, mark, conn)
+        conn, mark, prefetched = self._retry(lambda: self._open_snapshot(partition_id, entities))
+        snapshot = MarkSnapshot(partition_id, mark, conn, prefetched)
         try:
             yield snapshot
         finally:
@@ -579,16 +598,23 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self._end_read(conn)
         return -1 if mark is None else int(mark)
 
-    def _open_snapshot(self, partition_id: int) -> tuple[Connection, int]:
-        """A reader connection in a new transaction, and the partition's mark read first in it."""
+    def _open_snapshot(
+        self, partition_id: int, entities: Sequence[tuple[EntityInfo, tuple[Any, ...]]]
+    ) -> tuple[Connection, int, Prefetched]:
+        """A reader connection in a new transaction, the partition's mark read first in it, and
+        the rows of ``entities`` read in the same statement."""
         conn = self._readers.take()
+        prefetched: Prefetched = {}
         try:
             conn.begin()
-            mark = self.marks.read(conn, partition_id)
+            if entities:
+                mark, prefetched = self._prefetch.read(conn, partition_id, entities)
+            else:
+                mark = self.marks.read(conn, partition_id)
         except BaseException:
             conn.close()  # a broken connection is never kept
             raise
-        return conn, -1 if mark is None else int(mark)
+        return conn, -1 if mark is None else int(mark), prefetched
 
     def _end_read(self, conn: Connection) -> None:
         """Roll back a read and give its connection back."""

@@ -106,18 +106,28 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         info = self.registry.by_name(change.entity)
         self._check_change(info, change, transaction)
         model = info.model
-        if isinstance(session, ApplySession) and session.grouped and self._stageable(info, change):
-            self._stage(model, change, session)
-            return
-        if change.operation is Operation.INSERT:
+        if isinstance(session, ApplySession) and self._stageable(info, change):
+            statement, parameters = self._shaped(model, change)
+            if session.grouped:
+                session.stage(statement, parameters, rows=None if change.operation is Operation.INSERT else 1)
+                return
+            # One transaction: the statement built once, run on the session's connection (after
+            # the staged writes and, as session.execute would, an autoflush of the session).
+            if session.autoflush:
+                session.flush()
+            result: Any = session.connection().execute(statement, parameters)
+        elif change.operation is Operation.INSERT:
             session.execute(insert(model).values(**change.values))
             return
-        where = and_(*(getattr(model, name) == value for name, value in change.key.items()))
-        if change.operation is Operation.UPDATE:
-            stmt: Any = update(model).where(where).values(**change.values)
         else:
-            stmt = delete(model).where(where)
-        result: Any = session.execute(stmt.execution_options(synchronize_session=False))
+            where = and_(*(getattr(model, name) == value for name, value in change.key.items()))
+            if change.operation is Operation.UPDATE:
+                stmt: Any = update(model).where(where).values(**change.values)
+            else:
+                stmt = delete(model).where(where)
+            result = session.execute(stmt.execution_options(synchronize_session=False))
+        if change.operation is Operation.INSERT:
+            return
         if result.rowcount != 1:
             found = "no row" if result.rowcount == 0 else f"{result.rowcount} rows"
             raise ChangeSetApplyError(
@@ -159,7 +169,8 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
 
     @staticmethod
     def _stageable(info: EntityInfo, change: RowChange) -> bool:
-        """Whether a row change of a group may be staged: an insert, or an update or delete by the
+        """Whether a row change runs as a statement built once per shape (:meth:`_shaped`), staged
+        in a group: an insert, or an update or delete by the
         whole primary key (so that each hits at most one row, and the group's summed row count
         is exactly the check that every one hit one). A staged group runs its changes by
         statement, not in log order; a change that depended on that order (a row inserted,
@@ -167,8 +178,9 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         group is applied again one transaction at a time, in order."""
         return change.operation is Operation.INSERT or set(change.key) == set(info.primary_key)
 
-    def _stage(self, model: type[Any], change: RowChange, session: ApplySession) -> None:
-        """Stage one row change (see :meth:`_stageable`), with a statement built once per shape."""
+    def _shaped(self, model: type[Any], change: RowChange) -> tuple[Any, dict[str, Any]]:
+        """A row change (see :meth:`_stageable`) as a statement built once per shape (model,
+        operation, attribute names) and its parameters."""
         operation = change.operation
         keys = tuple(sorted(change.key)) if operation is not Operation.INSERT else ()
         values = tuple(sorted(change.values)) if operation is not Operation.DELETE else ()
@@ -187,12 +199,11 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
                     statement = delete(model).where(where)
             self._statements[shape] = statement
         if operation is Operation.INSERT:
-            session.stage(statement, dict(change.values))
-            return
+            return statement, dict(change.values)
         parameters = {f"k_{name}": value for name, value in change.key.items()}
         if operation is Operation.UPDATE:
             parameters.update({f"v_{name}": value for name, value in change.values.items()})
-        session.stage(statement, parameters, rows=1)
+        return statement, parameters
 
     def apply_command(self, transaction: Transaction, session: Session) -> None:
         """Apply a transaction that is not a change-set (override for command-style data).

@@ -35,7 +35,7 @@ from sqlalchemy import Column, Select, and_, bindparam, inspect, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import MultipleResultsFound
 from sqlalchemy.orm import DeclarativeBase, Mapper, Session, make_transient_to_detached
-from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.attributes import instance_dict
 
 from waltz.client.locks import PartitionLocalLock
 from waltz.errors import SqlFrameworkError
@@ -106,7 +106,10 @@ class EntityInfo:
         self.model = model
         self.spec = spec
         self.mapper = mapper
+        self._new_instance = mapper.class_manager.new_instance
         self.attributes: tuple[str, ...] = tuple(prop.key for prop in mapper.column_attrs)
+        self.columns: tuple[Any, ...] = tuple(prop.columns[0] for prop in mapper.column_attrs)
+        """The column of each attribute, in :attr:`attributes`' order (a row's columns)."""
         self.primary_key: tuple[str, ...] = tuple(
             mapper.get_property_by_column(col).key for col in mapper.primary_key
         )
@@ -120,6 +123,8 @@ class EntityInfo:
             self.key: tuple[str, ...] = spec.key
         else:
             self.key = self.primary_key
+        self.key_position = self.attributes.index(self.key[0])
+        """Where the first key attribute is in :attr:`attributes` (and in a row)."""
         self.defaults: dict[str, Any] = {}
         for prop in mapper.column_attrs:
             column = prop.columns[0]
@@ -200,14 +205,26 @@ class EntityInfo:
                     session.expunge(entity)
                 return entity
         row = conn.execute(by_key, {f"key_{i}": value for i, value in enumerate(key)}).one_or_none()
-        return None if row is None else self._entity(row)
+        return None if row is None else self.entity_from_row(row)
 
-    def _entity(self, row: Any) -> Any:
-        """An instance of the model from a row of :attr:`_by_key`'s columns, as the ORM would leave
-        it after loading and expunging it: detached, its attributes committed values."""
-        entity = self.mapper.class_manager.new_instance()
-        for name, value in zip(self.attributes, row, strict=True):
-            set_committed_value(entity, name, value)
+    @property
+    def row_statement(self) -> Select[Any] | None:
+        """The statement that reads one row by key (bound parameters ``key_0``, ``key_1``, ...),
+        its columns :attr:`columns`; None when the model needs the ORM to load (several tables,
+        inheritance, computed columns or load hooks)."""
+        return self._by_key
+
+    def entity_from_row(self, row: Sequence[Any]) -> Any:
+        """An instance of the model from a row of :attr:`columns`, as the ORM would leave it after
+        loading and expunging it: detached, its attributes committed values.
+
+        Args:
+            row: the values of :attr:`columns`, in order (a row of :attr:`row_statement`).
+        """
+        entity = self._new_instance()
+        # The ORM's own loading writes the instance's dict too; make_transient_to_detached then
+        # commits every attribute (what set_committed_value did one attribute at a time).
+        instance_dict(entity).update(zip(self.attributes, row, strict=True))
         make_transient_to_detached(entity)
         return entity
 
@@ -227,7 +244,7 @@ class EntityInfo:
                 return {key: self.load(conn, key) for key in keys}
             if found[key] is not None:
                 raise MultipleResultsFound(f"{self.model.__name__}: more than one row with the key {key!r}")
-            found[key] = self._entity(row)
+            found[key] = self.entity_from_row(row)
         return found
 
     @property

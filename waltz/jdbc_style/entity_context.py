@@ -49,6 +49,8 @@ __all__ = ["EntityTransaction", "EntityTransactionContext"]
 
 E = TypeVar("E")
 
+_NOT_READ = object()  # a key the snapshot did not read with the mark
+
 
 class EntityTransaction:
     """What :meth:`EntityTransactionContext.run` reads and changes, for one attempt.
@@ -93,7 +95,15 @@ class EntityTransaction:
             UnknownEntityError: the model has no ``__waltz__``.
         """
         info, values = self._locate(model, key)
-        self.lock_read(model, values)
+        self._lock_read(info.lock(values))
+        prefetched = self._snapshot.prefetched
+        if prefetched:
+            try:
+                row = prefetched.get((info, values), _NOT_READ)
+            except TypeError:  # an unhashable key value: never read with the mark
+                row = _NOT_READ
+            if row is not _NOT_READ:  # read with the mark, in the same statement
+                return None if row is None else info.entity_from_row(row)
         return info.load(self._snapshot.connection, values)
 
     @property
@@ -120,7 +130,9 @@ class EntityTransaction:
             CrossPartitionError: the entity belongs to another partition.
         """
         info, values = self._locate(model, key)
-        lock = info.lock(values)
+        self._lock_read(info.lock(values))
+
+    def _lock_read(self, lock: PartitionLocalLock) -> None:
         if lock not in self._write_locks:
             self._read_locks[lock] = None
 
@@ -288,6 +300,12 @@ class EntityTransactionContext(TransactionContext):
     #: (:meth:`expected_locks`): what :meth:`run` really reads and changes is what is locked.
     expected_models: tuple[type[Any], ...] | None = None
 
+    #: Read the entities of :meth:`prefetch_entities` in the statement that reads the mark (one
+    #: statement instead of one per entity; :mod:`waltz.jdbc_style.prefetch`). They are locked
+    #: only when :meth:`run` reads them; turn it off for a context whose :meth:`run` seldom reads
+    #: its declared entities.
+    prefetch: bool = True
+
     def __init__(
         self, callbacks: ChangeSetCallbacks, *entities: tuple[type[Any], Any], timeout: float | None = None
     ) -> None:
@@ -355,11 +373,37 @@ class EntityTransactionContext(TransactionContext):
         infos = [registry.info(model) for model in models]
         return [info.lock(key) for _, key in self._entities for info in infos]
 
+    def prefetch_entities(self) -> list[tuple[type[Any], Any]]:
+        """The entities each attempt reads with the partition's mark (:attr:`prefetch`): the
+        declared entities and, with :attr:`expected_models`, those models' entities of the
+        declared keys. Override it to add the other entities :meth:`run` reads by a key known
+        before it runs (each is locked only when :meth:`run` reads it).
+
+        Returns:
+            ``(model, key)`` pairs, keys as :meth:`EntityTransaction.get` takes them.
+        """
+        entities = [(info.model, key) for info, key in self._entities]
+        models = self.expected_models
+        if models is not None:
+            entities.extend((model, key) for _, key in self._entities for model in models)
+        return entities
+
     def execute(self, builder: TransactionBuilder) -> bool:
         """Open the snapshot, read the mark, call :meth:`run`, and build the change-set append."""
         if self._num_partitions == 0:
             raise RuntimeError("partition_id() must be called before execute()")
-        with self.callbacks.snapshot(self._partition_id) as snapshot:
+        entities: list[tuple[EntityInfo, tuple[Any, ...]]] = []
+        if self.prefetch:
+            registry = self.callbacks.registry
+            for model, key in self.prefetch_entities():
+                info = registry.info(model)
+                try:
+                    values = info.normalize_key(key)
+                    hash(values)
+                except (ValueError, TypeError):  # a key of another shape, or unhashable: read it by key
+                    continue
+                entities.append((info, values))
+        with self.callbacks.snapshot(self._partition_id, entities=entities) as snapshot:
             self._after_mark_read(snapshot)
             tx = EntityTransaction(self.callbacks, snapshot, self._num_partitions)
             self.last_transaction = tx

@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select
 
@@ -38,6 +39,7 @@ from waltz_examples.ledger.models import (
     Account,
     AccountStatus,
     Checking,
+    Savings,
     TransferIn,
     TransferInStatus,
     TransferOut,
@@ -107,6 +109,10 @@ class DebitForTransfer(LedgerOperation):
         self.moved = 0
         """Cents debited by the committed attempt."""
 
+    def prefetch_entities(self) -> list[tuple[type[Any], Any]]:
+        # Read with the mark: the account (declared) and both balances.
+        return [(Account, self.from_custid), (Savings, self.from_custid), (Checking, self.from_custid)]
+
     def apply_rules(self, tx: EntityTransaction) -> int | None:
         if self.open_account(tx, self.from_custid) is None:
             return None
@@ -146,6 +152,11 @@ class CreditTransfer(LedgerOperation):
         super().__init__(callbacks, (TransferIn, (transfer.to_custid, transfer.transfer_id)))
         self.transfer = transfer
         self.outcome: str | None = None
+
+    def prefetch_entities(self) -> list[tuple[type[Any], Any]]:
+        # Read with the mark: the credit's row (declared), the receiver's account and checking.
+        t = self.transfer
+        return [(TransferIn, (t.to_custid, t.transfer_id)), (Account, t.to_custid), (Checking, t.to_custid)]
 
     def apply_rules(self, tx: EntityTransaction) -> int | None:
         t = self.transfer
@@ -198,6 +209,11 @@ class RefundTransfer(LedgerOperation):
     def __init__(self, callbacks: ChangeSetCallbacks, transfer: TransferOut):
         super().__init__(callbacks, (TransferOut, (transfer.from_custid, transfer.transfer_id)))
         self.transfer = transfer
+
+    def prefetch_entities(self) -> list[tuple[type[Any], Any]]:
+        # Read with the mark: the outbox row (declared) and the sender's checking.
+        t = self.transfer
+        return [(TransferOut, (t.from_custid, t.transfer_id)), (Checking, t.from_custid)]
 
     def apply_rules(self, tx: EntityTransaction) -> int | None:
         row = tx.get(TransferOut, (self.transfer.from_custid, self.transfer.transfer_id))
