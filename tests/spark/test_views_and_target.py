@@ -14,12 +14,13 @@ from sqlalchemy import insert, select
 
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, RowChange
+from waltz.jdbc_style.changeset_callbacks import row_change_problem
 from waltz.jdbc_style.schema import high_water_marks, idempotency_keys
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import RebuildError
 from waltz.spark.source import LOG_SCHEMA
 from waltz.spark.target import jdbc_target, write_views
-from waltz.spark.views import idempotency_key_rows
+from waltz.spark.views import change_problems, idempotency_key_rows
 from waltz_examples.counter.models import Counter
 from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
 
@@ -161,3 +162,53 @@ def test_the_jdbc_target_carries_tls_parameters_and_refuses_what_it_cannot_carry
         jdbc_target("postgresql+psycopg://app@/ledger?host=/var/run/postgresql")
     with pytest.raises(RebuildError, match=r"\['ssl_ca'\] cannot be carried over"):
         jdbc_target("mysql+pymysql://root@127.0.0.1/test?ssl_ca=/etc/ca.pem")
+
+
+def test_changes_that_do_not_fit_their_model_are_found_as_the_live_apply_finds_them(spark: Any) -> None:
+    def change_set(*changes: RowChange) -> bytes:
+        return ChangeSet(list(changes)).encode()
+
+    fits = RowChange(
+        Operation.INSERT, "counter", {"counter_id": 1}, {"counter_id": 1, "value": 1, "updated_tx": -1}
+    )
+    wrong_key = RowChange(
+        Operation.UPDATE, "counter", {"value": 1}, {"counter_id": 2, "value": 2, "updated_tx": -1}
+    )
+    unknown_column = RowChange(
+        Operation.UPDATE, "counter", {"counter_id": 3}, {"counter_id": 3, "value": 3, "password": "x"}
+    )
+    moved_key = RowChange(
+        Operation.UPDATE, "counter", {"counter_id": 4}, {"counter_id": 5, "value": 4, "updated_tx": -1}
+    )
+    foreign = RowChange(Operation.INSERT, "someone-else", {"id": 1}, {"id": 1, "anything": 2})
+    entries = [
+        (0, 0, change_set(fits, foreign)),
+        (0, 1, change_set(wrong_key)),
+        (1, 0, change_set(fits, unknown_column)),
+        (1, 1, change_set(moved_key)),
+    ]
+    log = spark.createDataFrame([(p, t, CHANGE_SET_HEADER, 7, 1, p, t, d) for p, t, d in entries], LOG_SCHEMA)
+    registry = COUNTER_VIEWS.entities
+    assert registry is not None
+    problems = change_problems(decode_changes(log, COUNTER_VIEWS.decoders), registry)
+
+    info = registry.by_name("counter")
+    shape = {
+        "key": info.key,
+        "primary_key": info.primary_key,
+        "attributes": info.attributes,
+        "model_name": "Counter",
+    }
+    assert problems == [
+        f"partition 0 transaction 1: {row_change_problem(wrong_key, **shape)}",
+        f"partition 1 transaction 0: {row_change_problem(unknown_column, **shape)}",
+        # Spark's values are the rendered text of the logged ones: the same sentence, quoted.
+        "partition 1 transaction 1: update of counter {'counter_id': '4'} changes its key attributes "
+        "['counter_id']",
+    ]
+    assert row_change_problem(moved_key, **shape) == problems[2].split(": ", 1)[1].replace("'4'", "4")
+    assert "sets ['password'], which are not column attributes of Counter" in problems[1]
+    assert (
+        change_problems(decode_changes(log.where("transaction_id = 0 AND partition_id = 0"), None), registry)
+        == []
+    )

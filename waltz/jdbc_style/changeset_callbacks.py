@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, and_, bindparam, delete, insert, update
@@ -27,7 +28,7 @@ from waltz.jdbc_style.changeset import (
 )
 from waltz.jdbc_style.entities import EntityInfo, EntityRegistry
 
-__all__ = ["ChangeSetApplyError", "ChangeSetCallbacks"]
+__all__ = ["ChangeSetApplyError", "ChangeSetCallbacks", "row_change_problem"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,47 @@ class ChangeSetApplyError(ChangeSetFormatError):
     The database has diverged from the log (edited by hand, or restored inconsistently); the
     transaction is not skipped.
     """
+
+
+def row_change_problem(
+    change: RowChange,
+    *,
+    key: Sequence[str],
+    primary_key: Sequence[str],
+    attributes: Collection[str],
+    model_name: str,
+) -> str | None:
+    """What makes a row change not fit its entity's model, or None when it fits
+    (docs/design/sql.md "Change-sets"): its key must name exactly the entity's key attributes (or
+    its primary key's, which identify one row too), its values only column attributes, and the key
+    values in an insert's or update's row must be the key's.
+
+    The live apply (:class:`ChangeSetCallbacks`) and the Spark rebuild
+    (:func:`waltz.spark.views.change_problems`) refuse the same changes with it.
+
+    Args:
+        change: the row change (values as decoded, or all rendered as text: only equality is used).
+        key: the entity's key attribute names.
+        primary_key: the attribute names of its model's primary key.
+        attributes: every column attribute name of its model.
+        model_name: the model's class name, for the message.
+
+    Returns:
+        A sentence naming the change and what does not fit, or None.
+    """
+    what = f"{change.operation.value} of {change.entity}"
+    if set(change.key) != set(key) and set(change.key) != set(primary_key):
+        return (
+            f"{what} has the key attributes {sorted(change.key)}, but the entity's key is "
+            f"{list(key)} (or its primary key {list(primary_key)})"
+        )
+    unknown = sorted(set(change.values) - set(attributes))
+    if unknown:
+        return f"{what} sets {unknown}, which are not column attributes of {model_name}"
+    moved = [n for n in change.key if n in change.values and change.values[n] != change.key[n]]
+    if moved:
+        return f"{what} {dict(change.key)} changes its key attributes {moved}"
+    return None
 
 
 class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
@@ -147,25 +189,16 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         Raises:
             ChangeSetFormatError: naming the transaction and what does not fit.
         """
-        where = f"partition {transaction.partition_id} transaction {transaction.transaction_id}"
-        if set(change.key) != set(info.key) and set(change.key) != set(info.primary_key):
-            raise ChangeSetFormatError(
-                f"{where}: {change.operation.value} of {change.entity} has the key attributes "
-                f"{sorted(change.key)}, but the entity's key is {list(info.key)} (or its primary key "
-                f"{list(info.primary_key)}); refused"
-            )
-        unknown = sorted(set(change.values) - set(info.attributes))
-        if unknown:
-            raise ChangeSetFormatError(
-                f"{where}: {change.operation.value} of {change.entity} sets {unknown}, which are not "
-                f"column attributes of {info.model.__name__}; refused"
-            )
-        moved = [n for n in change.key if n in change.values and change.values[n] != change.key[n]]
-        if moved:
-            raise ChangeSetFormatError(
-                f"{where}: {change.operation.value} of {change.entity} {dict(change.key)} changes its "
-                f"key attributes {moved}; refused"
-            )
+        problem = row_change_problem(
+            change,
+            key=info.key,
+            primary_key=info.primary_key,
+            attributes=info.attributes,
+            model_name=info.model.__name__,
+        )
+        if problem is not None:
+            where = f"partition {transaction.partition_id} transaction {transaction.transaction_id}"
+            raise ChangeSetFormatError(f"{where}: {problem}; refused")
 
     @staticmethod
     def _stageable(info: EntityInfo, change: RowChange) -> bool:

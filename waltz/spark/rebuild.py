@@ -23,7 +23,7 @@ from waltz.spark.committed import CommittedPartition, plan_live, plan_offline
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import CommittedReadError, RebuildError
 from waltz.spark.target import marks_text, write_views
-from waltz.spark.views import AppViews, idempotency_key_rows
+from waltz.spark.views import AppViews, change_problems, idempotency_key_rows
 
 __all__ = ["ComputedViews", "LogSource", "RebuildResult", "compute_views", "rebuild"]
 
@@ -177,6 +177,15 @@ def compute_views(
     changes = decode_changes(log_df, app.decoders).cache()
     decoded = changes.count()
     progress(f"read and decoded the log: {decoded} row changes")
+    if app.entities is not None:
+        problems = change_problems(changes, app.entities)
+        if problems:
+            changes.unpersist()
+            raise RebuildError(
+                "the log holds row changes that do not fit the application's models, which the live "
+                "apply refuses too; nothing was written: " + "; ".join(problems)
+            )
+        progress("every row change fits its entity's model")
     views = dict(app.build(changes, log_df))
     missing = [t.name for t in app.tables if t.name not in views]
     if missing:

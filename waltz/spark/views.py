@@ -24,7 +24,15 @@ from sqlalchemy import Engine, Table, types
 from waltz.jdbc_style.entities import EntityRegistry
 from waltz.spark.decoders import DecoderRegistry
 
-__all__ = ["AppViews", "apply_idempotency", "entity_table", "idempotency_key_rows", "replay", "spark_type"]
+__all__ = [
+    "AppViews",
+    "apply_idempotency",
+    "change_problems",
+    "entity_table",
+    "idempotency_key_rows",
+    "replay",
+    "spark_type",
+]
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,10 @@ class AppViews:
             (:func:`waltz.spark.decoders.decode_changes`) and the raw log; one DataFrame per
             table of ``tables``, with its columns.
         decoders: decoders of command-style transactions.
+        entities: the application's entities: given, the rebuild refuses a log whose row changes
+            of these entities do not fit their models (:func:`change_problems`), as the live
+            apply does, before it writes anything; row changes of other entity names are left to
+            ``build`` (which usually ignores them).
     """
 
     cluster_name: str
@@ -46,6 +58,7 @@ class AppViews:
     prepare: Callable[[Engine], None]
     build: Callable[[Any, Any], Mapping[str, Any]]
     decoders: DecoderRegistry = field(default_factory=DecoderRegistry)
+    entities: EntityRegistry | None = None
 
 
 def spark_type(column_type: types.TypeEngine[Any]) -> str:
@@ -121,6 +134,66 @@ def idempotency_key_rows(changes: Any, cluster_name: str) -> Any:
         F.col("first.transaction_id").cast("bigint").alias("transaction_id"),
         F.lit(None).cast("timestamp").alias("applied_at"),
     )
+
+
+def change_problems(changes: Any, registry: EntityRegistry, limit: int = 5) -> list[str]:
+    """The first row changes of registered entities that do not fit their models.
+
+    The checks of the live apply (:func:`waltz.jdbc_style.changeset_callbacks.row_change_problem`:
+    the key names the entity's key or primary key, the values only column attributes, the key
+    values unchanged), run in the executors on the decoded changes (docs/design/spark.md
+    "Computing views": data from the log is checked against the model before it reaches a
+    database).
+
+    Args:
+        changes: decoded row changes (:func:`~waltz.spark.decoders.decode_changes`).
+        registry: the application's entities.
+        limit: how many problems to return at most.
+
+    Returns:
+        Up to ``limit`` sentences, each naming the partition, the transaction and the problem;
+        empty when every change fits.
+    """
+    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+
+    from waltz.jdbc_style.changeset import Operation, RowChange
+    from waltz.jdbc_style.changeset_callbacks import row_change_problem
+
+    # Plain values only go to the executors: names, never SQLAlchemy objects.
+    shapes = {
+        info.spec.lock_name: (
+            tuple(info.key),
+            tuple(info.primary_key),
+            tuple(info.attributes),
+            info.model.__name__,
+        )
+        for info in registry
+    }
+
+    def problem(
+        entity: str | None, operation: str | None, key: dict[str, str] | None, values: dict[str, str] | None
+    ) -> str | None:
+        if entity is None or operation is None or entity not in shapes:
+            return None
+        key_names, primary_key, attributes, model_name = shapes[entity]
+        change = RowChange(Operation(operation), entity, key or {}, values or {})
+        return row_change_problem(
+            change, key=key_names, primary_key=primary_key, attributes=attributes, model_name=model_name
+        )
+
+    check = F.udf(problem, "STRING", useArrow=False)
+    found = (
+        changes.select(
+            "partition_id",
+            "transaction_id",
+            check("entity", "operation", "key_values", "values").alias("problem"),
+        )
+        .where(F.col("problem").isNotNull())
+        .orderBy("partition_id", "transaction_id")
+        .limit(limit)
+        .collect()
+    )
+    return [f"partition {r.partition_id} transaction {r.transaction_id}: {r.problem}" for r in found]
 
 
 def replay(changes: Any) -> Any:

@@ -43,4 +43,5 @@ VIEWS = AppViews(
     prepare=_prepare,
     build=build,
     decoders=DecoderRegistry(on_unknown="skip"),
+    entities=EntityRegistry([Counter]),
 )

@@ -62,4 +62,5 @@ VIEWS = AppViews(
     tables=[Base.metadata.tables[model.__tablename__] for model in _ENTITIES] + [applied_transactions],
     prepare=_prepare,
     build=build,
+    entities=registry(),
 )
