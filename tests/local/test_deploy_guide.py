@@ -56,7 +56,7 @@ from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.config import load_settings
 from waltz.errors import ConfigurationError
-from waltz.local.netns import NetworkLab, network_lab_unavailable, nft_unavailable
+from waltz.local.netns import NetworkLab, network_lab_unavailable, nft_unavailable, unused_subnet
 from waltz.local.processes import ManagedProcess, wait_until
 from waltz.local.zookeeper import find_java, find_zookeeper_classpath
 
@@ -339,6 +339,11 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
     if reason is not None:
         pytest.skip(reason)
     NetworkLab.cleanup_stale()
+    if unused_subnet() != "10.77.0.0/24":  # the first free /24 of 10.77.0.0/16 is another one
+        pytest.fail(
+            "10.77.0.0/24, the network of the guide's addresses, is in use on this machine (another "
+            "lab: a `waltz up --network namespaces` or a test run beside this one?); stop it first"
+        )
     with NetworkLab(list(ADDRESSES), addresses=ADDRESSES) as lab:
         hosts = Deployment(lab, tmp_path)
         try:

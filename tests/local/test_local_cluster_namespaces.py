@@ -103,6 +103,24 @@ def test_cluster_on_hosts_of_its_own_serves_a_client_host_and_resumes(tmp_path: 
             assert client.returncode == 0, client.stderr[-3000:]
             assert "loopback: ConnectionRefusedError" in client.stdout, client.stdout
             assert "committed: [0, 1, 2, 3, 4]" in client.stdout, client.stdout
+            # heal() undoes cuts and isolation too (a test that failed between cut and uncut).
+            lab.cut("server-0", hosts["zookeeper"])
+            lab.isolate("storage-0")
+            cluster.heal()
+            tables = subprocess.run(
+                [*lab.command_prefix("server-0"), "nft", "list", "tables"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout
+            assert "waltz_lab" not in tables
+            link = subprocess.run(
+                ["ip", "-o", "link", "show", lab.host("storage-0").link],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            assert "state DOWN" not in link and ",UP" in link, link
             namespace = lab.host("zookeeper").namespace
             assert namespace in _namespaces()
         assert namespace not in _namespaces()  # close removed every host

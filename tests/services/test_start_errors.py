@@ -29,10 +29,10 @@ def test_a_storage_node_whose_port_is_taken_says_so(tmp_path: Path) -> None:
 
 def test_a_storage_node_on_an_address_of_another_host_says_so(tmp_path: Path) -> None:
     done = _start(
-        "storage", "start", "--directory", str(tmp_path / "s"), "--host", "192.0.2.1", "--port", "0"
+        "storage", "start", "--directory", str(tmp_path / "s"), "--host", "198.51.100.7", "--port", "0"
     )
     assert done.returncode == 1, done.stderr
-    assert "192.0.2.1 is not an address of this host" in done.stderr
+    assert "198.51.100.7 is not an address of this host" in done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -44,4 +44,24 @@ def test_a_server_without_zookeeper_says_so() -> None:
     )
     assert done.returncode == 1, done.stderr
     assert f"error: no ZooKeeper server at 127.0.0.1:{port} answered within 2s" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_storage_node_whose_metrics_port_is_taken_says_so(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = _start(
+            "storage",
+            "start",
+            "--directory",
+            str(tmp_path / "s"),
+            "--port",
+            "0",
+            "--admin-port",
+            "0",
+            "--metrics-port",
+            str(port),
+        )
+    assert done.returncode == 1, done.stderr
+    assert f"error: cannot listen on 127.0.0.1:{port} for /metrics" in done.stderr
     assert "Traceback" not in done.stderr

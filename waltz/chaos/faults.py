@@ -218,9 +218,7 @@ class FaultInjector:
         zookeeper = lab.address("zookeeper")
         if kind is FaultKind.ISOLATE_SERVER or kind is FaultKind.ISOLATE_STORAGE:
             hosts = [f"server-{j}" for j in targets] if kind is FaultKind.ISOLATE_SERVER else storages
-            for host in hosts:
-                lab.isolate(host)
-            return _for_each_host(lab.heal, hosts)
+            return _strike_hosts(hosts, lab.isolate, lab.heal)
         if kind is FaultKind.SPLIT_OWNER or kind is FaultKind.ONE_WAY_OWNER:
             owners = sorted({f"server-{self._owner_index(cluster, pid)}" for pid in targets})
             direction: Direction = "both" if kind is FaultKind.SPLIT_OWNER else "in"
@@ -228,21 +226,34 @@ class FaultInjector:
                 f"cutting {', '.join(owners)} (owner of partition(s) {list(targets)}) from ZooKeeper"
                 + (", both ways" if direction == "both" else ": ZooKeeper's packets to it are dropped")
             )
-            for host in owners:
-                lab.cut(host, zookeeper, direction=direction)
-            return _for_each_host(lab.uncut, owners)
+            return _strike_hosts(
+                owners, lambda host: lab.cut(host, zookeeper, direction=direction), lab.uncut
+            )
         if kind is FaultKind.PARTITION_STORAGE or kind is FaultKind.ONE_WAY_STORAGE:
             way: Direction = "both" if kind is FaultKind.PARTITION_STORAGE else "in"
-            for host in storages:
+
+            def cut_from_servers(host: str) -> None:
                 for server in servers:
                     lab.cut(host, lab.address(server), direction=way)
-            return _for_each_host(lab.uncut, storages)
+
+            return _strike_hosts(storages, cut_from_servers, lab.uncut)
         raise ValueError(f"unknown fault kind {kind}")
 
 
-def _for_each_host(action: Callable[[str], object], hosts: Sequence[str]) -> Callable[[], None]:
-    def run() -> None:
-        for host in hosts:
-            action(host)
+def _strike_hosts(
+    hosts: Sequence[str], strike: Callable[[str], object], heal: Callable[[str], object]
+) -> Callable[[], None]:
+    """Strike every host; return what heals them all. A strike that fails part way heals the hosts
+    it touched before raising, so no cut outlives its fault."""
 
-    return run
+    def heal_all() -> None:
+        for host in hosts:
+            heal(host)
+
+    try:
+        for host in hosts:
+            strike(host)
+    except BaseException:
+        heal_all()
+        raise
+    return heal_all

@@ -127,7 +127,7 @@ def up(
     Example: waltz up --storages 3 --servers 2 --partitions 8 --work-dir ./waltz-data
 
     With --network namespaces every process runs on a host of its own, as on the machines of a
-    deployment, and the machine reaches them through a bridge (10.77.N.0/24); the network is
+    deployment, and the machine reaches them through a bridge (a /24 of 10.77.128.0/17); the network is
     removed at stop, and a crashed run's by the next one.
 
     With --secure, every port serves mutual TLS and checks the role in each peer's certificate
@@ -139,6 +139,12 @@ def up(
     try:
         if network not in ("loopback", "namespaces"):
             raise ConfigurationError(f"--network must be loopback or namespaces, not {network!r}")
+        if network == "namespaces":
+            from waltz.local.netns import network_lab_unavailable
+
+            reason = network_lab_unavailable()
+            if reason is not None:
+                raise ConfigurationError(f"--network namespaces: {reason}")
         cluster = LocalCluster(
             storages=storages,
             servers=servers,

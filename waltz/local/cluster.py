@@ -59,7 +59,7 @@ from waltz.admin.cluster_admin import ClusterAdmin, StorageSpec
 from waltz.errors import ConfigurationError, MetadataError
 from waltz.local.certificates import ClusterCertificates, make_cluster_certificates
 from waltz.local.layout import LAYOUT_FILE, ClusterLayout
-from waltz.local.netns import Host, NetworkLab, network_lab_unavailable, unused_subnet
+from waltz.local.netns import Host, NetworkLab, NetworkLabError, network_lab_unavailable, unused_subnet
 from waltz.local.nodes import LocalServer, LocalStorageNode
 from waltz.local.processes import ManagedProcess, ServiceStartError, wait_until
 from waltz.local.readiness import (
@@ -106,6 +106,13 @@ class _Placement(TypedDict, total=False):
     host: str
     command_prefix: list[str]
     config_file: Path
+
+
+#: Where namespace mode looks for a free /24 (the lower half of 10.77.0.0/16 is left to labs
+#: with fixed addresses, such as the deployment guide's test on 10.77.0.0/24).
+_LOCAL_SUBNETS = "10.77.128.0/17"
+#: How many free subnets namespace mode tries when another lab takes the one it chose.
+_SUBNET_ATTEMPTS = 3
 
 
 #: Where the processes of a local cluster run: all on loopback, or each on a host of its own.
@@ -186,8 +193,8 @@ class LocalCluster:
         client_hosts: in namespace mode, how many hosts ``client-0``... to make for client
             processes (they join one with :meth:`host`'s ``namespace``).
         subnet: in namespace mode, the hosts' IPv4 network (a ``/24`` is plenty); None takes the
-            first ``10.77.N.0/24`` no address or route of the machine uses (a kept work
-            directory keeps its own).
+            first ``/24`` of ``10.77.128.0/17`` no address or route of the machine uses (a kept
+            work directory keeps its own, and refuses to start when another lab holds it).
 
     Raises:
         ConfigurationError: an argument is out of range.
@@ -711,6 +718,8 @@ class LocalCluster:
     def heal(self, timeout: float | None = None) -> dict[int, PartitionOwner]:
         """Undo faults: resume paused processes, restart stopped ones, then :meth:`wait_ready`.
 
+        In namespace mode every host's link comes up again and its cuts are removed first.
+
         Args:
             timeout: seconds :meth:`wait_ready` may take; None means ``start_timeout``.
 
@@ -721,6 +730,10 @@ class LocalCluster:
             ServiceStartError: a process did not start again.
             ClusterNotReadyError: as :meth:`wait_ready`.
         """
+        if self._lab is not None:
+            for name in self._lab.hosts:
+                self._lab.heal(name)
+                self._lab.uncut(name)
         for kind, index in sorted(self._paused):
             (self._storage(index) if kind == "storage" else self._server(index)).resume()
         self._paused.clear()
@@ -944,10 +957,23 @@ class LocalCluster:
         if reason is not None:
             raise ConfigurationError(f"cannot run a local cluster in network namespaces: {reason}")
         NetworkLab.cleanup_stale()
-        subnet = layout.subnet if layout is not None and layout.subnet else self._subnet
-        self._subnet = subnet or unused_subnet()
-        self._lab = NetworkLab(self._host_names(), subnet=self._subnet)
-        self._lab.start()
+        kept = layout.subnet if layout is not None and layout.subnet else None
+        if kept is not None and self._subnet is not None and kept != self._subnet:
+            raise ConfigurationError(
+                f"the work directory's cluster runs on {kept} (its storage nodes' addresses are in "
+                f"ZooKeeper), not on the subnet asked for, {self._subnet}"
+            )
+        given = kept or self._subnet
+        for attempt in range(_SUBNET_ATTEMPTS):  # another lab may take a free subnet meanwhile
+            self._subnet = given or unused_subnet(_LOCAL_SUBNETS)
+            self._lab = NetworkLab(self._host_names(), subnet=self._subnet)
+            try:
+                self._lab.start()
+                return
+            except NetworkLabError:
+                self._lab = None
+                if given is not None or attempt + 1 == _SUBNET_ATTEMPTS:
+                    raise
 
     def _placement(self, name: str) -> _Placement:
         """Where a process runs: on loopback (nothing), or inside its host with a config file."""

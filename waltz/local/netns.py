@@ -18,14 +18,18 @@ and iproute2 (``ip``); cuts need the ``nft`` command (Debian package ``nftables`
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import ipaddress
+import json
 import logging
 import os
 import secrets
 import shutil
+import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -136,29 +140,52 @@ def enter_namespace(namespace: str) -> None:
         os.close(fd)
 
 
+def _networks_in_use(exclude_device: str | None = None) -> list[tuple[ipaddress.IPv4Network, str]]:
+    """The IPv4 networks of this namespace's addresses and routes, each with its device."""
+    used: list[tuple[ipaddress.IPv4Network, str]] = []
+    for interface in json.loads(_run(["ip", "-j", "-4", "addr", "show"], check=False).stdout or "[]"):
+        device = str(interface.get("ifname", "?"))
+        for address in interface.get("addr_info", []):
+            with contextlib.suppress(KeyError, ValueError):
+                network = ipaddress.IPv4Interface(f"{address['local']}/{address['prefixlen']}").network
+                used.append((network, device))
+    for route in json.loads(_run(["ip", "-j", "-4", "route", "show"], check=False).stdout or "[]"):
+        destination = str(route.get("dst", "default"))
+        if destination == "default":
+            continue
+        with contextlib.suppress(ValueError):  # blackhole, prohibit and the like carry a dst too
+            used.append((ipaddress.IPv4Network(destination, strict=False), str(route.get("dev", "?"))))
+    return [(network, device) for network, device in used if device != exclude_device]
+
+
 def unused_subnet(within: str = "10.77.0.0/16", prefixlen: int = 24) -> str:
     """The first ``/prefixlen`` network of ``within`` that no address or route of this machine's
     root namespace overlaps (a running lab's bridge address counts), for a lab of its own.
 
-    Two processes choosing at the same instant may pick the same one; callers that run labs side
-    by side choose distinct subnets themselves.
+    Two processes choosing at the same instant may pick the same one: :meth:`NetworkLab.start`
+    then refuses the second (the check and the bridge's address happen under one lock), and the
+    caller chooses again.
 
     Raises:
         ConfigurationError: every such network is in use.
     """
-    used: list[ipaddress.IPv4Network] = []
-    for line in _run(["ip", "-4", "-o", "addr", "show"], check=False).stdout.split("\n"):
-        words = line.split()
-        if "inet" in words:
-            used.append(ipaddress.IPv4Interface(words[words.index("inet") + 1]).network)
-    for line in _run(["ip", "-4", "route", "show"], check=False).stdout.split("\n"):
-        destination = line.split(" ")[0]
-        if destination and destination != "default":
-            used.append(ipaddress.IPv4Network(destination, strict=False))
+    used = [network for network, _ in _networks_in_use()]
     for candidate in ipaddress.IPv4Network(within).subnets(new_prefix=prefixlen):
         if not any(candidate.overlaps(network) for network in used):
             return str(candidate)
     raise ConfigurationError(f"every /{prefixlen} network of {within} is in use on this machine")
+
+
+@contextlib.contextmanager
+def _subnet_lock() -> Iterator[None]:
+    """Held while a lab checks that its subnet is free and gives its bridge the address."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / "subnets.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -206,7 +233,7 @@ class NetworkLab:
         network = ipaddress.IPv4Network(subnet)
         if network.num_addresses < len(hosts) + 3:
             raise ConfigurationError(f"subnet {subnet} has no room for {len(hosts)} hosts and a bridge")
-        self._run_id = run_id or secrets.token_hex(2)
+        self._run_id = run_id or secrets.token_hex(3)
         self._prefix = f"{NAME_PREFIX}{self._run_id}"
         self._prefixlen = network.prefixlen
         self.bridge = f"{self._prefix}-br"
@@ -262,12 +289,28 @@ class NetworkLab:
         """
         if self._built:
             raise RuntimeError(f"network lab {self._prefix} is already built")
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        try:  # the note is this lab's claim on its names: another live lab's is never touched
+            with open(STATE_DIR / f"{self._prefix}.pid", "x") as note:
+                note.write(f"{os.getpid()}\n")
+        except FileExistsError:
+            raise NetworkLabError(
+                f"network lab names {self._prefix}-* belong to another lab (run ID {self._run_id}): "
+                "use another run_id"
+            ) from None
         self._built = True
         try:
-            STATE_DIR.mkdir(parents=True, exist_ok=True)
-            (STATE_DIR / f"{self._prefix}.pid").write_text(f"{os.getpid()}\n")
-            _run(["ip", "link", "add", self.bridge, "type", "bridge"])
-            _run(["ip", "addr", "add", f"{self.bridge_address}/{self._prefixlen}", "dev", self.bridge])
+            subnet = ipaddress.IPv4Network(f"{self.bridge_address}/{self._prefixlen}", strict=False)
+            with _subnet_lock():
+                taken = [(n, d) for n, d in _networks_in_use() if n.overlaps(subnet)]
+                if taken:
+                    network, device = taken[0]
+                    raise NetworkLabError(
+                        f"subnet {subnet} overlaps {network} of {device} on this machine (another "
+                        "lab, or a network of the machine): give the lab another subnet"
+                    )
+                _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+                _run(["ip", "addr", "add", f"{self.bridge_address}/{self._prefixlen}", "dev", self.bridge])
             _run(["ip", "link", "set", self.bridge, "up"])
             for host in self._hosts.values():
                 peer = f"{host.link}p"
@@ -368,8 +411,18 @@ class NetworkLab:
             _run([*nft, "add", "rule", "inet", _NFT_TABLE, "input", "ip", "saddr", peer_address, "drop"])
 
     def uncut(self, name: str) -> None:
-        """Remove every cut inside host ``name``'s namespace (undoes :meth:`cut`)."""
-        _run([*self.command_prefix(name), "nft", "delete", "table", "inet", _NFT_TABLE], check=False)
+        """Remove every cut inside host ``name``'s namespace (undoes :meth:`cut`; nothing to do
+        when it has none, or when ``nft`` is missing and so no cut can exist).
+
+        Raises:
+            NetworkLabError: ``nft`` failed to remove the host's rules.
+        """
+        if nft_unavailable() is not None:
+            return
+        argv = [*self.command_prefix(name), "nft", "delete", "table", "inet", _NFT_TABLE]
+        result = _run(argv, check=False)
+        if result.returncode != 0 and "No such file or directory" not in result.stderr:
+            raise NetworkLabError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
 
     def __repr__(self) -> str:
         return f"NetworkLab({self._prefix}, bridge={self.bridge_address}, hosts={list(self._hosts)})"
@@ -432,6 +485,11 @@ def _remove_prefixed(prefix: str) -> int:
     removed = 0
     for namespace in _namespaces():
         if namespace.startswith(f"{prefix}-"):
+            # A crashed run's processes would go on without a network, holding their files.
+            for pid in _run(["ip", "netns", "pids", namespace], check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+                    _LOG.warning("killed process %s left in network namespace %s", pid, namespace)
             result = _run(["ip", "netns", "delete", namespace], check=False)
             if result.returncode == 0:
                 removed += 1

@@ -239,7 +239,7 @@ class LocalSparkCluster:
             self.worker_hosts = [h.address for h in placed]
             for index, place in enumerate(placed):
                 host = place.address
-                own_host = self._placed is not None
+                own_host = bool(place.command_prefix)  # a port space of its own
                 worker_dir = self._work_dir / f"worker-{index}"
                 worker_dir.mkdir(parents=True, exist_ok=True)
                 process = ManagedProcess(

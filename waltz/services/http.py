@@ -19,6 +19,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from waltz.protocol.channels import BindError
+
 __all__ = ["HealthHttpServer", "server_ssl_context"]
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,9 @@ class HealthHttpServer:
         registry: the metrics registry to expose.
         health: returns ``(healthy, details)``; ``/health`` answers 200 or 503 with the details.
         tls: an SSL context (:func:`server_ssl_context`): HTTPS only; None: plain HTTP.
+
+    Raises:
+        BindError: the address cannot be bound.
     """
 
     def __init__(
@@ -94,9 +99,15 @@ class HealthHttpServer:
                 return [body]
             return metrics_app(environ, start_response)  # type: ignore[no-any-return]
 
-        self._server: WSGIServer = make_server(
-            host, port, app, server_class=_ThreadingWsgiServer, handler_class=_QuietHandler
-        )
+        try:
+            self._server: WSGIServer = make_server(
+                host, port, app, server_class=_ThreadingWsgiServer, handler_class=_QuietHandler
+            )
+        except OSError as exc:
+            raise BindError(
+                f"cannot listen on {host}:{port} for /metrics: {exc.strerror or exc}; another process may "
+                f"use the port, or {host} is not an address of this host (check the metrics port setting)"
+            ) from exc
         if tls is not None:
             self._server.socket = tls.wrap_socket(
                 self._server.socket, server_side=True, do_handshake_on_connect=False

@@ -33,7 +33,15 @@ def run_until_signalled(service: Service) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await service.start()
+        try:
+            await service.start()
+        except BaseException:
+            # Release what the start opened (ports, files) before the error is reported.
+            try:
+                await service.stop()
+            except Exception:
+                log.exception("could not stop what a failed start had opened")
+            raise
         tune_garbage_collector()
         try:
             await stop.wait()
