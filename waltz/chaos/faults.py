@@ -47,7 +47,9 @@ class FaultInjector:
         say: receives one line per event.
         gate: called with the fraction of the run the clients may submit up to: the next fault's
             point while it has not struck, so that every fault strikes under load however fast
-            the clients are (1.0 once the last fault struck); None lets them run free.
+            the clients are; half way from the last fault's point to the end while it lasts (so
+            that it lasts its whole duration under load), 1.0 once it is healed; None lets them
+            run free.
     """
 
     def __init__(
@@ -118,7 +120,9 @@ class FaultInjector:
                 self.errors.append(f"could not strike {fault.describe()}: {exc!r}")
                 self._gate(next_point)
                 continue
-            self._gate(next_point)
+            # The last fault holds the clients half way to the end until it is healed: else they
+            # would finish while it lasts, and the run would stop it early, without load.
+            self._gate(next_point if next_point < 1.0 else (fault.at + 1.0) / 2)
             self.struck.append(fault.describe())
             self._note(f"{fault.describe()} struck")
             self._stop.wait(fault.duration)  # stop() cuts the fault short, but still heals it
@@ -222,12 +226,17 @@ class FaultInjector:
         if kind is FaultKind.SPLIT_OWNER or kind is FaultKind.ONE_WAY_OWNER:
             owners = sorted({f"server-{self._owner_index(cluster, pid)}" for pid in targets})
             direction: Direction = "both" if kind is FaultKind.SPLIT_OWNER else "in"
+            # A split brain with a client on the stale owner's side: client-0 loses ZooKeeper too,
+            # so it does not learn of the move and goes on appending to the stale owner.
+            beside = ["client-0"] if kind is FaultKind.SPLIT_OWNER and "client-0" in lab.hosts else []
             self._note(
-                f"cutting {', '.join(owners)} (owner of partition(s) {list(targets)}) from ZooKeeper"
+                f"cutting {', '.join(owners + beside)} (owner of partition(s) {list(targets)}"
+                + (", and a client" if beside else "")
+                + ") from ZooKeeper"
                 + (", both ways" if direction == "both" else ": ZooKeeper's packets to it are dropped")
             )
             return _strike_hosts(
-                owners, lambda host: lab.cut(host, zookeeper, direction=direction), lab.uncut
+                owners + beside, lambda host: lab.cut(host, zookeeper, direction=direction), lab.uncut
             )
         if kind is FaultKind.PARTITION_STORAGE or kind is FaultKind.ONE_WAY_STORAGE:
             way: Direction = "both" if kind is FaultKind.PARTITION_STORAGE else "in"

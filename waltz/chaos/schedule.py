@@ -61,10 +61,11 @@ class FaultKind(enum.Enum):
     ISOLATE_STORAGE = "isolate-storage"
     """Namespace mode: the hosts of a minority of the storage nodes lose every peer."""
     SPLIT_OWNER = "split-owner"
-    """Namespace mode: the host of the server owning a partition is cut from ZooKeeper's host, both
-    ways, and from nothing else, for longer than the session timeout: its session expires and
-    another server takes its partitions under a newer generation while clients and storage
-    nodes still reach the stale owner (split brain; the storage nodes' fence must stop it)."""
+    """Namespace mode: the host of the server owning a partition, and the first client host, are
+    cut from ZooKeeper's host, both ways, and from nothing else, for longer than the session
+    timeout: the owner's session expires and another server takes its partitions under a newer
+    generation while clients and storage nodes still reach the stale owner, and a client on its
+    side does not learn of the move (split brain; the storage nodes' fence must stop it)."""
     PARTITION_STORAGE = "partition-storage"
     """Namespace mode: the hosts of a minority of the storage nodes are cut from every server's
     host, both ways; ZooKeeper and the other nodes still reach them."""
