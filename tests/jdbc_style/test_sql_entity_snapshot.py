@@ -357,6 +357,38 @@ def test_entities_are_read_as_unattached_instances_with_committed_values(
         assert conn.execute(select(Renamed.amount).where(Renamed.renamed_id == 4)).scalar() == 251
 
 
+class InsertRenamed(EntityTransactionContext):
+    def __init__(self, callbacks: ChangeSetCallbacks, renamed_id: int, amount: int) -> None:
+        super().__init__(callbacks, (Renamed, renamed_id))
+        self.renamed_id, self.amount = renamed_id, amount
+
+    def run(self, tx: EntityTransaction) -> bool:
+        tx.insert(Renamed, renamed_id=self.renamed_id, amount=self.amount)
+        return True
+
+
+def test_inserts_are_applied_by_attribute_name_to_renamed_columns_alone_and_in_a_group(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    """An insert's values are keyed by attribute name; each must land in its column (``id``,
+    ``amount_cents``), not be dropped for the column's default, applied alone or in a group."""
+    callbacks.registry.register(Renamed)
+    pid, builder, ok = _build(InsertRenamed(callbacks, 16, 250))
+    assert ok and pid == 0
+    callbacks.apply_transaction(_committed(pid, 0, builder))  # one transaction
+    group = []
+    for transaction_id, (renamed_id, amount) in enumerate([(20, 260), (24, 270)], start=1):
+        builder = TransactionBuilder(transaction_id - 1)
+        context = InsertRenamed(callbacks, renamed_id, amount)
+        assert context.partition_id(NUM_PARTITIONS) == 0 and context.execute(builder)
+        group.append(_committed(0, transaction_id, builder))
+    callbacks.apply_transactions(group)  # staged: one executemany
+    with callbacks.engine.connect() as conn:
+        rows = conn.execute(select(Renamed.renamed_id, Renamed.amount).order_by(Renamed.renamed_id)).all()
+    assert [tuple(row) for row in rows] == [(16, 250), (20, 260), (24, 270)]
+    assert callbacks.get_client_high_water_mark(0) == 2
+
+
 class ReadMany(EntityTransactionContext):
     def __init__(self, callbacks: ChangeSetCallbacks, keys: list[int]) -> None:
         super().__init__(callbacks, (Counter, keys[0]))
