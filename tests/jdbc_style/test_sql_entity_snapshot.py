@@ -37,6 +37,7 @@ from waltz.jdbc_style import (
     create_framework_engine,
 )
 from waltz.jdbc_style.migrations_api import upgrade
+from waltz.jdbc_style.prefetch import MAX_JOINED
 from waltz.protocol.records import ReqId
 
 NUM_PARTITIONS = 4
@@ -644,6 +645,39 @@ def test_the_declared_entities_are_read_with_the_mark_in_one_statement_and_locke
     assert len(selects) == 2 and context.read == [None]
     assert context.last_transaction is not None
     assert context.last_transaction.read_locks == [info.lock((9,))]
+
+
+class ReadBatch(EntityTransactionContext):
+    """Declares and reads ``counter_ids`` (of one partition)."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_ids: list[int]) -> None:
+        super().__init__(callbacks, *((Counter, counter_id) for counter_id in counter_ids))
+        self.counter_ids = counter_ids
+        self.read: list[Counter | None] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        self.read = [tx.get(Counter, counter_id) for counter_id in self.counter_ids]
+        return False
+
+
+def test_more_declared_entities_than_a_join_may_hold_are_read_with_the_mark_and_by_key(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    """70 declared entities: more tables than MariaDB (61) or SQLite (64) join in one statement.
+    The first MAX_JOINED are read with the mark, the others by key."""
+    counter_ids = [1 + NUM_PARTITIONS * i for i in range(70)]
+    callbacks.get_client_high_water_mark(1)
+    with Session(callbacks.engine) as session:
+        session.add_all(Counter(counter_id=c, value=c) for c in counter_ids[::2])
+        session.commit()
+    context = ReadBatch(callbacks, counter_ids)
+    context.partition_id(NUM_PARTITIONS)
+    with _selects(callbacks.engine) as selects:
+        context.execute(TransactionBuilder(-1))
+    assert [None if c is None else c.value for c in context.read] == [
+        c if i % 2 == 0 else None for i, c in enumerate(counter_ids)
+    ]
+    assert len(selects) == 1 + len(counter_ids) - MAX_JOINED
 
 
 def test_a_snapshot_without_a_mark_row_reads_the_entities_by_key(callbacks: ChangeSetCallbacks) -> None:

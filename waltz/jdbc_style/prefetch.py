@@ -32,7 +32,7 @@ from sqlalchemy.exc import SAWarning
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.schema import high_water_marks as _marks
 
-__all__ = ["MarkPrefetch", "Prefetched"]
+__all__ = ["MAX_JOINED", "MarkPrefetch", "Prefetched"]
 
 #: The entities' table aliases: ``waltz_prefetch_0``, ``waltz_prefetch_1``, ...
 _ALIAS = "waltz_prefetch_"
@@ -42,6 +42,11 @@ _ALIAS = "waltz_prefetch_"
 # these statements only, is silenced.
 _CARTESIAN = r"SELECT statement has a cartesian product between FROM element\(s\) "
 warnings.filterwarnings("ignore", message=rf'{_CARTESIAN}"({_ALIAS}\d+|{_marks.name})"', category=SAWarning)
+
+#: The most entities joined to the mark row in one statement; further ones are read by key.
+#: MariaDB/MySQL join at most 61 tables in a statement and SQLite 64: the mark's table and 30
+#: entities stay well below both.
+MAX_JOINED = 30
 
 #: ``{(entity info, key values): the entity's row, or None when it has no row}``.
 Prefetched = dict[tuple[EntityInfo, tuple[Any, ...]], Any]
@@ -68,7 +73,8 @@ class MarkPrefetch:
             conn: a connection in the snapshot's transaction.
             partition_id: the partition.
             entities: (entity info, key values) pairs; those whose model needs the ORM to load
-                (see ``EntityInfo.row_statement``) and repeated pairs are left out.
+                (see ``EntityInfo.row_statement``) and repeated pairs are left out, and of the
+                rest only the first :data:`MAX_JOINED` are read (the others are read by key).
 
         Returns:
             ``(mark, rows)``: the mark (None when the partition has no mark row, and then no
@@ -79,6 +85,8 @@ class MarkPrefetch:
         for info, key in entities:
             if info.row_statement is not None:
                 wanted[(info, key)] = None
+                if len(wanted) == MAX_JOINED:
+                    break
         shape = tuple(info for info, _ in wanted)
         built = self._statements.get(shape)
         if built is None:
