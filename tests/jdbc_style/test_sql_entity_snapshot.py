@@ -732,3 +732,42 @@ def test_expected_models_whose_keys_do_not_fit_are_not_read_with_the_mark(
     assert ok
     callbacks.apply_transaction(_committed(pid, callbacks.get_client_high_water_mark(pid) + 1, builder))
     assert _read(callbacks.engine, 13) == 1
+
+
+class Hinted(EntityTransactionContext):
+    """Declares one entity; notes which entities each attempt read with the mark."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, model: type[Any], key: Any) -> None:
+        super().__init__(callbacks, (model, key))
+        self.model, self.key = model, key
+        self.prefetched: list[tuple[str, tuple[Any, ...]]] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        tx.get(self.model, self.key)
+        return True
+
+    def _after_mark_read(self, snapshot: MarkSnapshot) -> None:
+        self.prefetched = sorted((info.name, key) for info, key in snapshot.prefetched)
+
+
+def test_expected_models_whose_key_types_do_not_fit_are_not_read_with_the_mark(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    """``expected_models`` is a hint: a model keyed by integers, given a text key, must not make
+    the mark's statement fail (PostgreSQL refuses to compare an integer column with text)."""
+    callbacks.registry.register(Tagged)
+    callbacks.registry.register(Renamed)
+
+    class TextHint(Hinted):
+        expected_models = (Tagged, Counter)
+
+    context = TextHint(callbacks, Tagged, "abc")
+    assert _build(context)[2]
+    assert context.prefetched == [("tagged", ("abc",))]  # (Counter, "abc") left out
+
+    class IntegerHint(Hinted):
+        expected_models = (Counter, Renamed, Tagged)
+
+    context = IntegerHint(callbacks, Counter, 12)
+    assert _build(context)[2]
+    assert context.prefetched == [("counter", (12,)), ("renamed", (12,))]  # (Tagged, 12) left out
