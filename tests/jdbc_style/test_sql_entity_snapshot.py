@@ -711,6 +711,38 @@ def test_a_declared_key_that_matches_several_rows_still_fails_its_read(callbacks
     assert counter is not None and counter.counter_id == 4
 
 
+def test_declared_keys_that_match_several_rows_fetch_two_rows_not_their_product(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    """Three declared keys matching three rows each: the joined read would return 27 rows;
+    two are enough to tell that a key did not identify one row."""
+    callbacks.registry.register(Tagged)
+    callbacks.get_client_high_water_mark(0)
+    with Session(callbacks.engine) as session:
+        session.add_all(Tagged(tag=tag) for tag in "abc" for _ in range(3))
+        session.commit()
+    sent: list[tuple[str, Any]] = []
+
+    def note(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        if "waltz_prefetch_" in statement:
+            sent.append((statement, parameters))
+
+    class ReadsNothing(EntityTransactionContext):
+        def run(self, tx: EntityTransaction) -> bool:
+            return False
+
+    context = ReadsNothing(callbacks, (Tagged, "a"), (Tagged, "b"), (Tagged, "c"))
+    context.partition_id(NUM_PARTITIONS)
+    event.listen(callbacks.engine, "before_cursor_execute", note)
+    try:
+        context.execute(TransactionBuilder(-1))
+    finally:
+        event.remove(callbacks.engine, "before_cursor_execute", note)
+    [(statement, parameters)] = sent
+    with callbacks.engine.connect() as conn:  # the joined read again, as it was sent
+        assert len(conn.exec_driver_sql(statement, parameters).all()) == 2
+
+
 class Pair(Base):
     """A two-attribute key: ``expected_models`` with a one-value declared key does not fit it."""
 

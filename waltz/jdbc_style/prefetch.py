@@ -12,11 +12,14 @@ joined to it by key (``LEFT OUTER JOIN``, so a missing entity reads as a row of 
     LEFT OUTER JOIN ledger_accounts AS e0 ON e0.custid = :e0_k0
     LEFT OUTER JOIN ledger_savings AS e1 ON e1.custid = :e1_k0 ...
     WHERE m.cluster_name = :mark_cluster AND m.partition_id = :mark_partition
+    LIMIT 2
 
 One statement sees one snapshot on every backend, so the rows are exactly the state at the mark
 it returns, as when the mark is read first and the entities after it in a REPEATABLE READ
 transaction. The rows only fill a cache of the attempt: an entity is locked when
-``tx.get`` asks for it, as before, and an entity the context did not expect is read by key.
+``tx.get`` asks for it, as before, and an entity the context did not expect is read by key, as
+are the entities beyond the first :data:`MAX_JOINED` (databases cap the tables of a join). More
+than one row (``LIMIT 2``) means a key matched several rows: then every entity is read by key.
 """
 
 from __future__ import annotations
@@ -129,4 +132,6 @@ def _build(shape: tuple[EntityInfo, ...]) -> tuple[Select[Any], list[int]]:
         joined = joined.outerjoin(table, on)
         columns.extend(own)
         widths.append(len(own))
-    return select(*columns).select_from(joined).where(where), widths
+    # Two rows tell that a key did not identify one row: more (the product of several such
+    # keys' matches) would only be fetched to be dropped.
+    return select(*columns).select_from(joined).where(where).limit(2), widths
