@@ -71,21 +71,32 @@ def callbacks(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Change
 
 
 class Increment(EntityTransactionContext):
+    """Increments (or inserts at 1) the declared counter and, given ``also``, a counter of the
+    same partition that it does not declare (so it is read by key, not with the mark)."""
+
     def __init__(
-        self, callbacks: ChangeSetCallbacks, counter_id: int, interleave: ChangeSetCallbacks | None = None
+        self,
+        callbacks: ChangeSetCallbacks,
+        counter_id: int,
+        interleave: ChangeSetCallbacks | None = None,
+        also: int | None = None,
     ):
         super().__init__(callbacks, (Counter, counter_id))
         self.counter_id = counter_id
         self.interleave = interleave
+        self.also = also
         self.seen: list[int | None] = []
 
     def run(self, tx: EntityTransaction) -> bool:
-        counter = tx.get(Counter, self.counter_id)
-        self.seen.append(None if counter is None else counter.value)
-        if counter is None:
-            tx.insert(Counter, counter_id=self.counter_id, value=1)
-        else:
-            tx.update(counter, value=counter.value + 1)
+        for counter_id in (self.counter_id, self.also):
+            if counter_id is None:
+                continue
+            counter = tx.get(Counter, counter_id)
+            self.seen.append(None if counter is None else counter.value)
+            if counter is None:
+                tx.insert(Counter, counter_id=counter_id, value=1)
+            else:
+                tx.update(counter, value=counter.value + 1)
         return True
 
     def _after_mark_read(self, snapshot: MarkSnapshot) -> None:
@@ -95,7 +106,7 @@ class Increment(EntityTransactionContext):
             other, self.interleave = self.interleave, None
             pid = snapshot.partition_id
             mark = other.get_client_high_water_mark(pid)
-            change = Increment(other, self.counter_id)
+            change = Increment(other, self.counter_id, also=self.also)
             change.partition_id(NUM_PARTITIONS)
             builder = TransactionBuilder(mark)
             assert change.execute(builder)
@@ -161,18 +172,21 @@ def test_a_transaction_applied_between_the_mark_read_and_the_entity_read_is_invi
     callbacks: ChangeSetCallbacks, prefetch: bool
 ) -> None:
     other = ChangeSetCallbacks(callbacks.engine, cluster_name="entities", registry=callbacks.registry)
-    pid, builder, _ = _build(Increment(callbacks, 6))
-    callbacks.apply_transaction(_committed(pid, 0, builder))  # counter 6 = 1 at mark 0
+    pid, builder, _ = _build(Increment(callbacks, 6, also=10))
+    callbacks.apply_transaction(_committed(pid, 0, builder))  # counters 6 and 10 = 1 at mark 0
 
-    racing = Increment(callbacks, 6, interleave=other)
-    racing.prefetch = prefetch  # False: the entity is read in a statement of its own, after the mark
+    # Counter 6 is declared (prefetch: read with the mark, else read after it); counter 10 is
+    # not, so it is read by key after the interleaved apply in both variants.
+    racing = Increment(callbacks, 6, interleave=other, also=10)
+    racing.prefetch = prefetch
     pid, builder, ok = _build(racing)
     assert ok
-    # Another instance applied transaction 1 (counter 6 = 2) during the attempt...
-    assert other.high_water_marks()[pid] == 1 and _read(callbacks.engine, 6) == 2
-    # ...yet the attempt saw the counter and the mark of one moment: value 1 at mark 0. Sent with
-    # mark 0, the server refuses it (transaction 1 wrote the lock after 0): no lost update.
-    assert racing.seen == [1]
+    # Another instance applied transaction 1 (counters 6 and 10 = 2) during the attempt...
+    assert other.high_water_marks()[pid] == 1
+    assert (_read(callbacks.engine, 6), _read(callbacks.engine, 10)) == (2, 2)
+    # ...yet the attempt saw the counters and the mark of one moment: 1 and 1 at mark 0. Sent
+    # with mark 0, the server refuses it (transaction 1 wrote the locks after 0): no lost update.
+    assert racing.seen == [1, 1]
     assert builder.build().client_high_water_mark == 0
 
 
@@ -681,9 +695,15 @@ def test_more_declared_entities_than_a_join_may_hold_are_read_with_the_mark_and_
 
 
 def test_a_snapshot_without_a_mark_row_reads_the_entities_by_key(callbacks: ChangeSetCallbacks) -> None:
+    with Session(callbacks.engine) as session:
+        session.add(Counter(counter_id=6, value=3))
+        session.commit()
     info = callbacks.registry.info(Counter)
     with callbacks.snapshot(2, entities=[(info, (2,)), (info, (6,))]) as snapshot:
         assert (snapshot.high_water_mark, snapshot.prefetched) == (-1, {})
+        tx = EntityTransaction(callbacks, snapshot, NUM_PARTITIONS)
+        six, two = tx.get(Counter, 6), tx.get(Counter, 2)
+    assert six is not None and six.value == 3 and two is None
 
 
 class ReadTagged(EntityTransactionContext):
