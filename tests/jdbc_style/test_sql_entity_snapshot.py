@@ -37,6 +37,7 @@ from waltz.jdbc_style import (
     create_framework_engine,
 )
 from waltz.jdbc_style.migrations_api import upgrade
+from waltz.jdbc_style.prefetch import MAX_JOINED
 from waltz.protocol.records import ReqId
 
 NUM_PARTITIONS = 4
@@ -70,21 +71,32 @@ def callbacks(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Change
 
 
 class Increment(EntityTransactionContext):
+    """Increments (or inserts at 1) the declared counter and, given ``also``, a counter of the
+    same partition that it does not declare (so it is read by key, not with the mark)."""
+
     def __init__(
-        self, callbacks: ChangeSetCallbacks, counter_id: int, interleave: ChangeSetCallbacks | None = None
+        self,
+        callbacks: ChangeSetCallbacks,
+        counter_id: int,
+        interleave: ChangeSetCallbacks | None = None,
+        also: int | None = None,
     ):
         super().__init__(callbacks, (Counter, counter_id))
         self.counter_id = counter_id
         self.interleave = interleave
+        self.also = also
         self.seen: list[int | None] = []
 
     def run(self, tx: EntityTransaction) -> bool:
-        counter = tx.get(Counter, self.counter_id)
-        self.seen.append(None if counter is None else counter.value)
-        if counter is None:
-            tx.insert(Counter, counter_id=self.counter_id, value=1)
-        else:
-            tx.update(counter, value=counter.value + 1)
+        for counter_id in (self.counter_id, self.also):
+            if counter_id is None:
+                continue
+            counter = tx.get(Counter, counter_id)
+            self.seen.append(None if counter is None else counter.value)
+            if counter is None:
+                tx.insert(Counter, counter_id=counter_id, value=1)
+            else:
+                tx.update(counter, value=counter.value + 1)
         return True
 
     def _after_mark_read(self, snapshot: MarkSnapshot) -> None:
@@ -94,7 +106,7 @@ class Increment(EntityTransactionContext):
             other, self.interleave = self.interleave, None
             pid = snapshot.partition_id
             mark = other.get_client_high_water_mark(pid)
-            change = Increment(other, self.counter_id)
+            change = Increment(other, self.counter_id, also=self.also)
             change.partition_id(NUM_PARTITIONS)
             builder = TransactionBuilder(mark)
             assert change.execute(builder)
@@ -160,18 +172,21 @@ def test_a_transaction_applied_between_the_mark_read_and_the_entity_read_is_invi
     callbacks: ChangeSetCallbacks, prefetch: bool
 ) -> None:
     other = ChangeSetCallbacks(callbacks.engine, cluster_name="entities", registry=callbacks.registry)
-    pid, builder, _ = _build(Increment(callbacks, 6))
-    callbacks.apply_transaction(_committed(pid, 0, builder))  # counter 6 = 1 at mark 0
+    pid, builder, _ = _build(Increment(callbacks, 6, also=10))
+    callbacks.apply_transaction(_committed(pid, 0, builder))  # counters 6 and 10 = 1 at mark 0
 
-    racing = Increment(callbacks, 6, interleave=other)
-    racing.prefetch = prefetch  # False: the entity is read in a statement of its own, after the mark
+    # Counter 6 is declared (prefetch: read with the mark, else read after it); counter 10 is
+    # not, so it is read by key after the interleaved apply in both variants.
+    racing = Increment(callbacks, 6, interleave=other, also=10)
+    racing.prefetch = prefetch
     pid, builder, ok = _build(racing)
     assert ok
-    # Another instance applied transaction 1 (counter 6 = 2) during the attempt...
-    assert other.high_water_marks()[pid] == 1 and _read(callbacks.engine, 6) == 2
-    # ...yet the attempt saw the counter and the mark of one moment: value 1 at mark 0. Sent with
-    # mark 0, the server refuses it (transaction 1 wrote the lock after 0): no lost update.
-    assert racing.seen == [1]
+    # Another instance applied transaction 1 (counters 6 and 10 = 2) during the attempt...
+    assert other.high_water_marks()[pid] == 1
+    assert (_read(callbacks.engine, 6), _read(callbacks.engine, 10)) == (2, 2)
+    # ...yet the attempt saw the counters and the mark of one moment: 1 and 1 at mark 0. Sent
+    # with mark 0, the server refuses it (transaction 1 wrote the locks after 0): no lost update.
+    assert racing.seen == [1, 1]
     assert builder.build().client_high_water_mark == 0
 
 
@@ -355,6 +370,38 @@ def test_entities_are_read_as_unattached_instances_with_committed_values(
     callbacks.apply_transaction(_committed(pid, callbacks.get_client_high_water_mark(pid) + 1, builder))
     with callbacks.engine.connect() as conn:  # applied by attribute name to its column
         assert conn.execute(select(Renamed.amount).where(Renamed.renamed_id == 4)).scalar() == 251
+
+
+class InsertRenamed(EntityTransactionContext):
+    def __init__(self, callbacks: ChangeSetCallbacks, renamed_id: int, amount: int) -> None:
+        super().__init__(callbacks, (Renamed, renamed_id))
+        self.renamed_id, self.amount = renamed_id, amount
+
+    def run(self, tx: EntityTransaction) -> bool:
+        tx.insert(Renamed, renamed_id=self.renamed_id, amount=self.amount)
+        return True
+
+
+def test_inserts_are_applied_by_attribute_name_to_renamed_columns_alone_and_in_a_group(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    """An insert's values are keyed by attribute name; each must land in its column (``id``,
+    ``amount_cents``), not be dropped for the column's default, applied alone or in a group."""
+    callbacks.registry.register(Renamed)
+    pid, builder, ok = _build(InsertRenamed(callbacks, 16, 250))
+    assert ok and pid == 0
+    callbacks.apply_transaction(_committed(pid, 0, builder))  # one transaction
+    group = []
+    for transaction_id, (renamed_id, amount) in enumerate([(20, 260), (24, 270)], start=1):
+        builder = TransactionBuilder(transaction_id - 1)
+        context = InsertRenamed(callbacks, renamed_id, amount)
+        assert context.partition_id(NUM_PARTITIONS) == 0 and context.execute(builder)
+        group.append(_committed(0, transaction_id, builder))
+    callbacks.apply_transactions(group)  # staged: one executemany
+    with callbacks.engine.connect() as conn:
+        rows = conn.execute(select(Renamed.renamed_id, Renamed.amount).order_by(Renamed.renamed_id)).all()
+    assert [tuple(row) for row in rows] == [(16, 250), (20, 260), (24, 270)]
+    assert callbacks.get_client_high_water_mark(0) == 2
 
 
 class ReadMany(EntityTransactionContext):
@@ -614,10 +661,49 @@ def test_the_declared_entities_are_read_with_the_mark_in_one_statement_and_locke
     assert context.last_transaction.read_locks == [info.lock((9,))]
 
 
+class ReadBatch(EntityTransactionContext):
+    """Declares and reads ``counter_ids`` (of one partition)."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_ids: list[int]) -> None:
+        super().__init__(callbacks, *((Counter, counter_id) for counter_id in counter_ids))
+        self.counter_ids = counter_ids
+        self.read: list[Counter | None] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        self.read = [tx.get(Counter, counter_id) for counter_id in self.counter_ids]
+        return False
+
+
+def test_more_declared_entities_than_a_join_may_hold_are_read_with_the_mark_and_by_key(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    """70 declared entities: more tables than MariaDB (61) or SQLite (64) join in one statement.
+    The first MAX_JOINED are read with the mark, the others by key."""
+    counter_ids = [1 + NUM_PARTITIONS * i for i in range(70)]
+    callbacks.get_client_high_water_mark(1)
+    with Session(callbacks.engine) as session:
+        session.add_all(Counter(counter_id=c, value=c) for c in counter_ids[::2])
+        session.commit()
+    context = ReadBatch(callbacks, counter_ids)
+    context.partition_id(NUM_PARTITIONS)
+    with _selects(callbacks.engine) as selects:
+        context.execute(TransactionBuilder(-1))
+    assert [None if c is None else c.value for c in context.read] == [
+        c if i % 2 == 0 else None for i, c in enumerate(counter_ids)
+    ]
+    assert len(selects) == 1 + len(counter_ids) - MAX_JOINED
+
+
 def test_a_snapshot_without_a_mark_row_reads_the_entities_by_key(callbacks: ChangeSetCallbacks) -> None:
+    with Session(callbacks.engine) as session:
+        session.add(Counter(counter_id=6, value=3))
+        session.commit()
     info = callbacks.registry.info(Counter)
     with callbacks.snapshot(2, entities=[(info, (2,)), (info, (6,))]) as snapshot:
         assert (snapshot.high_water_mark, snapshot.prefetched) == (-1, {})
+        tx = EntityTransaction(callbacks, snapshot, NUM_PARTITIONS)
+        six, two = tx.get(Counter, 6), tx.get(Counter, 2)
+    assert six is not None and six.value == 3 and two is None
 
 
 class ReadTagged(EntityTransactionContext):
@@ -645,6 +731,38 @@ def test_a_declared_key_that_matches_several_rows_still_fails_its_read(callbacks
     assert counter is not None and counter.counter_id == 4
 
 
+def test_declared_keys_that_match_several_rows_fetch_two_rows_not_their_product(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    """Three declared keys matching three rows each: the joined read would return 27 rows;
+    two are enough to tell that a key did not identify one row."""
+    callbacks.registry.register(Tagged)
+    callbacks.get_client_high_water_mark(0)
+    with Session(callbacks.engine) as session:
+        session.add_all(Tagged(tag=tag) for tag in "abc" for _ in range(3))
+        session.commit()
+    sent: list[tuple[str, Any]] = []
+
+    def note(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        if "waltz_prefetch_" in statement:
+            sent.append((statement, parameters))
+
+    class ReadsNothing(EntityTransactionContext):
+        def run(self, tx: EntityTransaction) -> bool:
+            return False
+
+    context = ReadsNothing(callbacks, (Tagged, "a"), (Tagged, "b"), (Tagged, "c"))
+    context.partition_id(NUM_PARTITIONS)
+    event.listen(callbacks.engine, "before_cursor_execute", note)
+    try:
+        context.execute(TransactionBuilder(-1))
+    finally:
+        event.remove(callbacks.engine, "before_cursor_execute", note)
+    [(statement, parameters)] = sent
+    with callbacks.engine.connect() as conn:  # the joined read again, as it was sent
+        assert len(conn.exec_driver_sql(statement, parameters).all()) == 2
+
+
 class Pair(Base):
     """A two-attribute key: ``expected_models`` with a one-value declared key does not fit it."""
 
@@ -666,3 +784,42 @@ def test_expected_models_whose_keys_do_not_fit_are_not_read_with_the_mark(
     assert ok
     callbacks.apply_transaction(_committed(pid, callbacks.get_client_high_water_mark(pid) + 1, builder))
     assert _read(callbacks.engine, 13) == 1
+
+
+class Hinted(EntityTransactionContext):
+    """Declares one entity; notes which entities each attempt read with the mark."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, model: type[Any], key: Any) -> None:
+        super().__init__(callbacks, (model, key))
+        self.model, self.key = model, key
+        self.prefetched: list[tuple[str, tuple[Any, ...]]] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        tx.get(self.model, self.key)
+        return True
+
+    def _after_mark_read(self, snapshot: MarkSnapshot) -> None:
+        self.prefetched = sorted((info.name, key) for info, key in snapshot.prefetched)
+
+
+def test_expected_models_whose_key_types_do_not_fit_are_not_read_with_the_mark(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    """``expected_models`` is a hint: a model keyed by integers, given a text key, must not make
+    the mark's statement fail (PostgreSQL refuses to compare an integer column with text)."""
+    callbacks.registry.register(Tagged)
+    callbacks.registry.register(Renamed)
+
+    class TextHint(Hinted):
+        expected_models = (Tagged, Counter)
+
+    context = TextHint(callbacks, Tagged, "abc")
+    assert _build(context)[2]
+    assert context.prefetched == [("tagged", ("abc",))]  # (Counter, "abc") left out
+
+    class IntegerHint(Hinted):
+        expected_models = (Counter, Renamed, Tagged)
+
+    context = IntegerHint(callbacks, Counter, 12)
+    assert _build(context)[2]
+    assert context.prefetched == [("counter", (12,)), ("renamed", (12,))]  # (Tagged, 12) left out

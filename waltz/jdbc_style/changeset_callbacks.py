@@ -221,7 +221,9 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         statement = self._statements.get(shape)
         if statement is None:
             if operation is Operation.INSERT:
-                statement = insert(model)
+                # Bound by attribute name: a parameter dict keyed by attribute names would be
+                # matched against column keys, and a renamed column's value silently dropped.
+                statement = insert(model).values({name: bindparam(f"v_{name}") for name in values})
             else:
                 where = and_(*(getattr(model, name) == bindparam(f"k_{name}") for name in keys))
                 if operation is Operation.UPDATE:
@@ -231,10 +233,8 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
                 else:
                     statement = delete(model).where(where)
             self._statements[shape] = statement
-        if operation is Operation.INSERT:
-            return statement, dict(change.values)
-        parameters = {f"k_{name}": value for name, value in change.key.items()}
-        if operation is Operation.UPDATE:
+        parameters = {f"k_{name}": change.key[name] for name in keys}
+        if operation is not Operation.DELETE:
             parameters.update({f"v_{name}": value for name, value in change.values.items()})
         return statement, parameters
 

@@ -125,6 +125,10 @@ class EntityInfo:
             self.key = self.primary_key
         self.key_position = self.attributes.index(self.key[0])
         """Where the first key attribute is in :attr:`attributes` (and in a row)."""
+        self.key_types: tuple[type, ...] | None = _python_types(
+            self.columns[self.attributes.index(name)] for name in self.key
+        )
+        """The Python type of each key column's values, or None when a column's type has none."""
         self.defaults: dict[str, Any] = {}
         for prop in mapper.column_attrs:
             column = prop.columns[0]
@@ -140,6 +144,12 @@ class EntityInfo:
     def key_of(self, entity: Any) -> tuple[Any, ...]:
         """The key values of an instance."""
         return tuple(getattr(entity, name) for name in self.key)
+
+    def key_fits_types(self, values: tuple[Any, ...]) -> bool:
+        """Whether each key value is an instance of its key column's Python type (False when a
+        column's type declares none): a key that surely compares with the key columns."""
+        types = self.key_types
+        return types is not None and all(isinstance(v, t) for v, t in zip(values, types, strict=True))
 
     def normalize_key(self, key: Any) -> tuple[Any, ...]:
         """A key given as a scalar, tuple or mapping, as the tuple of key values.
@@ -356,3 +366,11 @@ class EntityRegistry:
 
     def __iter__(self) -> Any:
         return iter(self._by_model.values())
+
+
+def _python_types(columns: Iterable[Any]) -> tuple[type, ...] | None:
+    """Each column's ``type.python_type``, or None when a column's type has none."""
+    try:
+        return tuple(column.type.python_type for column in columns)
+    except NotImplementedError:
+        return None

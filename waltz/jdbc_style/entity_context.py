@@ -377,7 +377,9 @@ class EntityTransactionContext(TransactionContext):
         """The entities each attempt reads with the partition's mark (:attr:`prefetch`): the
         declared entities and, with :attr:`expected_models`, those models' entities of the
         declared keys. Override it to add the other entities :meth:`run` reads by a key known
-        before it runs (each is locked only when :meth:`run` reads it).
+        before it runs (each is locked only when :meth:`run` reads it). An entity not declared
+        is read with the mark only when its key values are instances of its key columns' Python
+        types (a hint of another type is read by key, if :meth:`run` reads it).
 
         Returns:
             ``(model, key)`` pairs, keys as :meth:`EntityTransaction.get` takes them.
@@ -401,6 +403,11 @@ class EntityTransactionContext(TransactionContext):
                     values = info.normalize_key(key)
                     hash(values)
                 except (ValueError, TypeError):  # a key of another shape, or unhashable: read it by key
+                    continue
+                if not info.key_fits_types(values) and (info, values) not in self._entities:
+                    # A hint (expected_models) whose key values are not of its key columns' types:
+                    # in the mark's statement it could fail every attempt (PostgreSQL refuses to
+                    # compare an integer column with text); left to a read by key, if run reads it.
                     continue
                 entities.append((info, values))
         with self.callbacks.snapshot(self._partition_id, entities=entities) as snapshot:

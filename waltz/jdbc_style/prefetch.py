@@ -12,11 +12,14 @@ joined to it by key (``LEFT OUTER JOIN``, so a missing entity reads as a row of 
     LEFT OUTER JOIN ledger_accounts AS e0 ON e0.custid = :e0_k0
     LEFT OUTER JOIN ledger_savings AS e1 ON e1.custid = :e1_k0 ...
     WHERE m.cluster_name = :mark_cluster AND m.partition_id = :mark_partition
+    LIMIT 2
 
 One statement sees one snapshot on every backend, so the rows are exactly the state at the mark
 it returns, as when the mark is read first and the entities after it in a REPEATABLE READ
 transaction. The rows only fill a cache of the attempt: an entity is locked when
-``tx.get`` asks for it, as before, and an entity the context did not expect is read by key.
+``tx.get`` asks for it, as before, and an entity the context did not expect is read by key, as
+are the entities beyond the first :data:`MAX_JOINED` (databases cap the tables of a join). More
+than one row (``LIMIT 2``) means a key matched several rows: then every entity is read by key.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from sqlalchemy.exc import SAWarning
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.schema import high_water_marks as _marks
 
-__all__ = ["MarkPrefetch", "Prefetched"]
+__all__ = ["MAX_JOINED", "MarkPrefetch", "Prefetched"]
 
 #: The entities' table aliases: ``waltz_prefetch_0``, ``waltz_prefetch_1``, ...
 _ALIAS = "waltz_prefetch_"
@@ -42,6 +45,11 @@ _ALIAS = "waltz_prefetch_"
 # these statements only, is silenced.
 _CARTESIAN = r"SELECT statement has a cartesian product between FROM element\(s\) "
 warnings.filterwarnings("ignore", message=rf'{_CARTESIAN}"({_ALIAS}\d+|{_marks.name})"', category=SAWarning)
+
+#: The most entities joined to the mark row in one statement; further ones are read by key.
+#: MariaDB/MySQL join at most 61 tables in a statement and SQLite 64: the mark's table and 30
+#: entities stay well below both.
+MAX_JOINED = 30
 
 #: ``{(entity info, key values): the entity's row, or None when it has no row}``.
 Prefetched = dict[tuple[EntityInfo, tuple[Any, ...]], Any]
@@ -68,7 +76,8 @@ class MarkPrefetch:
             conn: a connection in the snapshot's transaction.
             partition_id: the partition.
             entities: (entity info, key values) pairs; those whose model needs the ORM to load
-                (see ``EntityInfo.row_statement``) and repeated pairs are left out.
+                (see ``EntityInfo.row_statement``) and repeated pairs are left out, and of the
+                rest only the first :data:`MAX_JOINED` are read (the others are read by key).
 
         Returns:
             ``(mark, rows)``: the mark (None when the partition has no mark row, and then no
@@ -79,6 +88,8 @@ class MarkPrefetch:
         for info, key in entities:
             if info.row_statement is not None:
                 wanted[(info, key)] = None
+                if len(wanted) == MAX_JOINED:
+                    break
         shape = tuple(info for info, _ in wanted)
         built = self._statements.get(shape)
         if built is None:
@@ -121,4 +132,6 @@ def _build(shape: tuple[EntityInfo, ...]) -> tuple[Select[Any], list[int]]:
         joined = joined.outerjoin(table, on)
         columns.extend(own)
         widths.append(len(own))
-    return select(*columns).select_from(joined).where(where), widths
+    # Two rows tell that a key did not identify one row: more (the product of several such
+    # keys' matches) would only be fetched to be dropped.
+    return select(*columns).select_from(joined).where(where).limit(2), widths
