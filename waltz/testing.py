@@ -170,7 +170,8 @@ def waltz_cluster_options(pytestconfig: pytest.Config) -> dict[str, Any]:
 
     Returns:
         A new dict (``storages``, ``servers``, ``partitions``, ``replicas``, ``zookeeper``,
-        ``metrics``, ``session_timeout``); override the fixture to change or add keys.
+        ``metrics``, ``session_timeout``, ``zookeeper_auth``, ``network``); override the fixture
+        to change or add keys.
 
     Raises:
         pytest.UsageError: an ini option holds a value of the wrong type.

@@ -227,7 +227,7 @@ class FaultInjector:
             owners = sorted({f"server-{self._owner_index(cluster, pid)}" for pid in targets})
             direction: Direction = "both" if kind is FaultKind.SPLIT_OWNER else "in"
             # A split brain with a client on the stale owner's side: client-0 loses ZooKeeper too,
-            # so it does not learn of the move and goes on appending to the stale owner.
+            # so it may not learn of the move while the stale owner still answers it.
             beside = ["client-0"] if kind is FaultKind.SPLIT_OWNER and "client-0" in lab.hosts else []
             self._note(
                 f"cutting {', '.join(owners + beside)} (owner of partition(s) {list(targets)}"

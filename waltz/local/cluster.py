@@ -33,8 +33,9 @@ its own address on a bridge (:class:`~waltz.local.netns.NetworkLab`), ZooKeeper 
 storage node on 55280 (admin 55281), every server on 55180, as on the hosts of a deployment
 (docs/deploy.md), each started with ``waltz storage start --config <file>`` or ``waltz server
 start --config <file>``. The supervisor, in the machine's own namespace, reaches every host
-through the bridge; :meth:`LocalCluster.host` gives a host's address and the prefix that runs a
-command inside it, and the network faults of ``waltz chaos`` cut hosts apart with it.
+through the bridge; :meth:`LocalCluster.host` gives a host's address and network namespace (``ip
+netns exec <namespace>`` runs a command there), and the network faults of ``waltz chaos`` cut hosts
+apart with :attr:`LocalCluster.network_lab`.
 """
 
 from __future__ import annotations
