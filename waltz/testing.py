@@ -216,11 +216,10 @@ def waltz_cluster(
     options = {"name": "pytest", "delete_root": True, **waltz_cluster_options}
     options.setdefault("work_dir", tmp_path_factory.mktemp("waltz-cluster"))
     with ExitStack() as stack:
+        zookeeper = None
         try:
-            # Namespace mode starts ZooKeeper on a host of its own: no other one is looked for.
-            wanted = options.get("zookeeper")
-            in_namespaces = options.get("network") == "namespaces"
-            zookeeper = None if in_namespaces else stack.enter_context(zookeeper_server(wanted))
+            if options.get("network") != "namespaces":  # that mode starts ZooKeeper on a host of its own
+                zookeeper = stack.enter_context(zookeeper_server(options.get("zookeeper")))
         except NoTestServiceError as missing:
             pytest.fail(str(missing), pytrace=False)
         if zookeeper is not None:

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 import support
-from sqlalchemy import make_url, select, text
+from sqlalchemy import select, text
 from support.spark import local_spark_cluster, python_path
 
-from waltz.chaos.proxy import FaultProxy
+from waltz.chaos.proxy import forward_database
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.local.cluster import LocalCluster
@@ -165,11 +165,6 @@ def test_rebuild_and_drift_check_on_a_standalone_cluster(
             assert executor_logs, f"worker {index} started no executor"
 
 
-def _via(gateway: FaultProxy, url: str) -> str:
-    """``url`` with its host and port replaced by the gateway's."""
-    return make_url(url).set(host=gateway.host, port=gateway.port).render_as_string(hide_password=False)
-
-
 @pytest.mark.slow
 def test_rebuild_with_executors_on_hosts_of_their_own(
     postgres_url: str, postgres_server: support.DatabaseServer, tmp_path: Path
@@ -198,18 +193,15 @@ def test_rebuild_with_executors_on_hosts_of_their_own(
         )
         lab = cluster.network_lab
         assert lab is not None
-        database = make_url(live_url)
-        gateway = stack.enter_context(
-            FaultProxy(
-                lambda: (database.host or "127.0.0.1", database.port or 5432),
-                name="postgresql",
-                host=lab.bridge_address,
-            )
-        )
+        live_gateway, live_via = forward_database(live_url, lab.bridge_address)
+        stack.enter_context(live_gateway)
         _live_ledger(cluster, live_url)
         expected = {t.name: _rows(live_url, t) for t in LEDGER_VIEWS.tables}
         live_marks = _marks(live_url)
-        rebuilt_url = _via(gateway, stack.enter_context(postgres_server.fresh_database()))
+        rebuilt_gateway, rebuilt_url = forward_database(
+            stack.enter_context(postgres_server.fresh_database()), lab.bridge_address
+        )
+        stack.enter_context(rebuilt_gateway)
         workers = [
             SparkHost(cluster.host(f"client-{k}").address, tuple(lab.command_prefix(f"client-{k}")))
             for k in range(2)
@@ -244,7 +236,7 @@ def test_rebuild_with_executors_on_hosts_of_their_own(
             "--db",
             rebuilt_url,
             "--verify-against",
-            _via(gateway, live_url),
+            live_via,
             "--master",
             standalone.master_url,
         ]

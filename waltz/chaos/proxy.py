@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from waltz.local.cluster import LocalCluster
     from waltz.local.nodes import LocalStorageNode
 
-__all__ = ["ClusterProxies", "FaultProxy"]
+__all__ = ["ClusterProxies", "FaultProxy", "forward_database"]
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +271,29 @@ class FaultProxy:
     def __repr__(self) -> str:
         state = "blocked" if self._blocked else f"delay {self._delay:g}s"
         return f"FaultProxy({self.name}, {self.address}, {state}, {self.connections} connections)"
+
+
+def forward_database(db_url: str, host: str) -> tuple[FaultProxy, str]:
+    """A forwarder listening on ``host`` to the database server of ``db_url``, and the URL through it.
+
+    A lab's hosts cannot reach this machine's loopback; a forwarder on the lab's bridge address
+    stands in for a database host (the server sees connections from this machine).
+
+    Args:
+        db_url: a SQLAlchemy URL of a database server (PostgreSQL 5432, MySQL and MariaDB 3306
+            when it names no port; no host means this machine's 127.0.0.1 over TCP).
+        host: the address the forwarder listens on.
+
+    Returns:
+        ``(forwarder, url)``: the running forwarder (close it when done) and ``db_url`` with its
+        host and port replaced by the forwarder's.
+    """
+    from sqlalchemy.engine import make_url
+
+    url = make_url(db_url)
+    port = url.port or (5432 if url.get_backend_name() == "postgresql" else 3306)
+    forwarder = FaultProxy(lambda: (url.host or "127.0.0.1", port), name="database", host=host)
+    return forwarder, url.set(host=forwarder.host, port=forwarder.port).render_as_string(hide_password=False)
 
 
 class ClusterProxies:

@@ -34,8 +34,6 @@ from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
-from sqlalchemy.engine import URL, make_url
-
 from waltz.chaos.checks import (
     ChaosCheck,
     WorkerResult,
@@ -51,7 +49,7 @@ from waltz.chaos.checks import (
 from waltz.chaos.clients import ClientProcesses
 from waltz.chaos.faults import FaultInjector
 from waltz.chaos.options import ChaosOptions, ChaosResult, database_on_loopback
-from waltz.chaos.proxy import ClusterProxies, FaultProxy
+from waltz.chaos.proxy import ClusterProxies, forward_database
 from waltz.chaos.schedule import NETWORK_FAULTS, Fault
 from waltz.chaos.worker import WorkerSpec
 from waltz.local.cluster import DIGEST_FILE, LocalCluster
@@ -221,17 +219,8 @@ def _run(
         if cluster.network_lab is not None and database_on_loopback(db_url):
             # The client hosts cannot reach this machine's loopback: forward the database to the
             # bridge address, where every host reaches this machine.
-            database = make_url(db_url)
-            gateway = stack.enter_context(
-                FaultProxy(
-                    lambda: (database.host or "127.0.0.1", database.port or _default_port(database)),
-                    name="database",
-                    host=cluster.network_lab.bridge_address,
-                )
-            )
-            clients_db_url = database.set(host=gateway.host, port=gateway.port).render_as_string(
-                hide_password=False
-            )
+            gateway, clients_db_url = forward_database(db_url, cluster.network_lab.bridge_address)
+            stack.enter_context(gateway)
             say(f"the client hosts reach the database through {gateway.address}")
         context = multiprocessing.get_context("spawn")
         stop = context.Event()
@@ -334,11 +323,6 @@ def _run(
             "same CRC-32s" if digests_again == digests else "segment CRCs changed across the restart",
         )
     )
-
-
-def _default_port(url: URL) -> int:
-    """The default port of a database URL's server (PostgreSQL 5432, MySQL and MariaDB 3306)."""
-    return 5432 if url.get_backend_name() == "postgresql" else 3306
 
 
 def _read_progress(say: Say) -> Callable[[int, int], None]:

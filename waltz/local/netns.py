@@ -140,7 +140,7 @@ def enter_namespace(namespace: str) -> None:
         os.close(fd)
 
 
-def _networks_in_use(exclude_device: str | None = None) -> list[tuple[ipaddress.IPv4Network, str]]:
+def _networks_in_use() -> list[tuple[ipaddress.IPv4Network, str]]:
     """The IPv4 networks of this namespace's addresses and routes, each with its device."""
     used: list[tuple[ipaddress.IPv4Network, str]] = []
     for interface in json.loads(_run(["ip", "-j", "-4", "addr", "show"], check=False).stdout or "[]"):
@@ -155,7 +155,7 @@ def _networks_in_use(exclude_device: str | None = None) -> list[tuple[ipaddress.
             continue
         with contextlib.suppress(ValueError):  # blackhole, prohibit and the like carry a dst too
             used.append((ipaddress.IPv4Network(destination, strict=False), str(route.get("dev", "?"))))
-    return [(network, device) for network, device in used if device != exclude_device]
+    return used
 
 
 def unused_subnet(within: str = "10.77.0.0/16", prefixlen: int = 24) -> str:
@@ -235,6 +235,7 @@ class NetworkLab:
             raise ConfigurationError(f"subnet {subnet} has no room for {len(hosts)} hosts and a bridge")
         self._run_id = run_id or secrets.token_hex(3)
         self._prefix = f"{NAME_PREFIX}{self._run_id}"
+        self._network = network
         self._prefixlen = network.prefixlen
         self.bridge = f"{self._prefix}-br"
         self.bridge_address = str(network.network_address + 1)
@@ -300,13 +301,12 @@ class NetworkLab:
             ) from None
         self._built = True
         try:
-            subnet = ipaddress.IPv4Network(f"{self.bridge_address}/{self._prefixlen}", strict=False)
             with _subnet_lock():
-                taken = [(n, d) for n, d in _networks_in_use() if n.overlaps(subnet)]
+                taken = [(n, d) for n, d in _networks_in_use() if n.overlaps(self._network)]
                 if taken:
                     network, device = taken[0]
                     raise NetworkLabError(
-                        f"subnet {subnet} overlaps {network} of {device} on this machine (another "
+                        f"subnet {self._network} overlaps {network} of {device} on this machine (another "
                         "lab, or a network of the machine): give the lab another subnet"
                     )
                 _run(["ip", "link", "add", self.bridge, "type", "bridge"])
