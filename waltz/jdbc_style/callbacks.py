@@ -642,6 +642,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         with self._applied_changed:
             known = self._applied.get(partition_id, -1)
         if known >= last:
+            self._after_apply(partition_id, (), known)
             return  # applied already (marks never go down)
         if partition_id in self._shared and self._appliers.per_use:
             # SQLite: other instances apply this partition too, and a plain read tells whether
@@ -652,11 +653,12 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             mark = self._read_mark(partition_id)
             if mark >= last:
                 self._note_applied(partition_id, mark)
+                self._after_apply(partition_id, (), mark)
                 return
         conn = self._appliers.take()
         try:
             conn.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
-            new_mark = self._apply_locked(conn, partition_id, transactions)
+            new_mark, applied = self._apply_locked(conn, partition_id, transactions)
         except ApplyContractError:
             # The guard may have interrupted a commit half-way: never reuse that DBAPI connection.
             conn.invalidate()
@@ -668,8 +670,19 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self._appliers.give_back(conn)
         self._failing.discard(partition_id)
         self._note_applied(partition_id, new_mark)
+        self._after_apply(partition_id, applied, new_mark)
 
-    def _apply_locked(self, conn: Connection, partition_id: int, transactions: Sequence[Transaction]) -> int:
+    def _after_apply(self, partition_id: int, applied: Sequence[Transaction], mark: int) -> None:
+        """Called on the apply thread after a group is known applied and the database's mark is
+        ``mark``: ``applied`` are the transactions this instance's committed database transaction
+        applied, in order, ending at ``mark`` (empty: none, or not all of them by :meth:`apply`,
+        e.g. an operator's skip). The entity cache follows the applies here."""
+
+    def _apply_locked(
+        self, conn: Connection, partition_id: int, transactions: Sequence[Transaction]
+    ) -> tuple[int, Sequence[Transaction]]:
+        """Apply the group in one database transaction: ``(the mark after it, the transactions
+        applied by this call, all by :meth:`apply`, or empty)``."""
         with conn.begin():
             first, last = transactions[0].transaction_id, transactions[-1].transaction_id
             if partition_id not in self._failing and self.marks.try_advance(
@@ -678,7 +691,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 # The usual case in one statement: the row held the mark right before the group;
                 # it is locked and moved, and rolls back with the apply if the apply fails.
                 self._run_apply(conn, transactions, set())
-                return last
+                return last, transactions
             if partition_id not in self._failing:
                 # Another instance moved the row (the usual loser of a race): a plain read says
                 # whether it applied the whole group, and the transaction ends at once instead of
@@ -688,7 +701,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 mark = self.marks.read(conn, partition_id)
                 if mark is not None and mark >= last:
                     self._shared.add(partition_id)
-                    return mark
+                    return mark, ()
             mark = self.marks.lock(conn, partition_id)
             pending = [t for t in transactions if t.transaction_id > mark]
             if len(pending) < len(transactions):
@@ -700,6 +713,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                     transactions[-1].transaction_id,
                 )
                 new_mark = mark
+                applied: Sequence[Transaction] = ()
             else:
                 first = pending[0].transaction_id
                 if first != mark + 1:
@@ -712,7 +726,8 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 self._run_apply(conn, pending, skips)
                 new_mark = pending[-1].transaction_id
                 self.marks.advance(conn, partition_id, mark, new_mark)
-        return new_mark
+                applied = () if skips else pending
+        return new_mark, applied
 
     def _run_apply(self, conn: Connection, pending: Sequence[Transaction], skips: set[int]) -> None:
         session = ApplySession(bind=conn)

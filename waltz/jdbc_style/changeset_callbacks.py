@@ -27,6 +27,7 @@ from waltz.jdbc_style.changeset import (
     RowChange,
 )
 from waltz.jdbc_style.entities import EntityInfo, EntityRegistry
+from waltz.jdbc_style.entity_cache import EntityCache
 
 __all__ = ["ChangeSetApplyError", "ChangeSetCallbacks", "row_change_problem"]
 
@@ -89,15 +90,41 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         engine: the application database.
         cluster_name: the log this database follows (see :class:`AbstractClientCallbacksForSQL`).
         registry: the application's declared models.
+        entity_cache: keep the rows of entities as this instance applies them, so that entity
+            transactions read them without a database snapshot (:mod:`waltz.jdbc_style.entity_cache`,
+            docs/design/sql.md "The entity cache"). None (the default): on unless a subclass
+            overrides :meth:`apply`, :meth:`apply_change_set` or :meth:`apply_change` (which may
+            write entity rows the change-set does not carry); a subclass whose override writes
+            only other tables passes True. Turn it off when something other than this log's
+            applies writes the entity tables (triggers, other programs).
         kwargs: more :class:`AbstractClientCallbacksForSQL` arguments.
 
     Attributes:
         uncaught: the last 100 ``(partition_id, transaction_id, exception)`` reported to
             :meth:`uncaught_exception`; ``uncaught_count`` counts them all.
+        entity_cache: the :class:`~waltz.jdbc_style.entity_cache.EntityCache`, or None (off).
     """
 
-    def __init__(self, engine: Engine, *, cluster_name: str, registry: EntityRegistry, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        cluster_name: str,
+        registry: EntityRegistry,
+        entity_cache: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(engine, cluster_name=cluster_name, **kwargs)
+        if entity_cache is None:
+            cls = type(self)
+            entity_cache = (
+                cls.apply is ChangeSetCallbacks.apply
+                and cls.apply_change_set is ChangeSetCallbacks.apply_change_set
+                and cls.apply_change is ChangeSetCallbacks.apply_change
+            )
+        self.entity_cache: EntityCache | None = EntityCache(registry) if entity_cache else None
+        # Change-sets decoded by apply, by partition and transaction, for the entity cache.
+        self._decoded: dict[int, dict[int, ChangeSet]] = {}
         # Statements of staged row changes, built once per (model, operation, attribute names).
         self._statements: dict[tuple[Any, ...], Any] = {}
         self.registry = registry
@@ -116,7 +143,27 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         if transaction.header != CHANGE_SET_HEADER:
             self.apply_command(transaction, session)
             return
-        self.apply_change_set(ChangeSet.decode(transaction.get_raw_data()), transaction, session)
+        change_set = ChangeSet.decode(transaction.get_raw_data())
+        if self.entity_cache is not None:
+            self._decoded.setdefault(transaction.partition_id, {})[transaction.transaction_id] = change_set
+        self.apply_change_set(change_set, transaction, session)
+
+    def _after_apply(self, partition_id: int, applied: Sequence[Transaction], mark: int) -> None:
+        """The entity cache follows the change-sets this instance just applied (or resets)."""
+        cache = self.entity_cache
+        if cache is None:
+            return
+        decoded = self._decoded.pop(partition_id, None)
+        if not applied:
+            cache.reset(partition_id, mark)
+            return
+        if decoded is None:
+            decoded = {}
+        cache.absorb(
+            partition_id,
+            applied[0].transaction_id,
+            [decoded.get(t.transaction_id) for t in applied],
+        )
 
     def apply_change_set(self, change_set: ChangeSet, transaction: Transaction, session: Session) -> None:
         """Apply a decoded change-set: record its idempotency key (skipping a repeated request's

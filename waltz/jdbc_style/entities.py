@@ -367,6 +367,9 @@ class EntityRegistry:
     def __iter__(self) -> Any:
         return iter(self._by_model.values())
 
+    def __len__(self) -> int:
+        return len(self._by_model)
+
 
 def _python_types(columns: Iterable[Any]) -> tuple[type, ...] | None:
     """Each column's ``type.python_type``, or None when a column's type has none."""

@@ -31,9 +31,11 @@ applies on every instance::
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Iterable
 from typing import Any, TypeVar, overload
 
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from waltz.client.context import TransactionBuilder, TransactionContext
@@ -43,9 +45,11 @@ from waltz.jdbc_style.callbacks import MarkSnapshot
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, RowChange
 from waltz.jdbc_style.changeset_callbacks import ChangeSetCallbacks
 from waltz.jdbc_style.entities import EntityInfo
+from waltz.jdbc_style.entity_cache import MISSING, EntityCache
 from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key
+from waltz.jdbc_style.prefetch import Prefetched
 
-__all__ = ["EntityTransaction", "EntityTransactionContext"]
+__all__ = ["CachedSnapshot", "EntityTransaction", "EntityTransactionContext"]
 
 E = TypeVar("E")
 
@@ -65,17 +69,24 @@ class EntityTransaction:
         meta: JSON-able application data carried in the change-set, never interpreted.
     """
 
-    def __init__(self, callbacks: ChangeSetCallbacks, snapshot: MarkSnapshot, num_partitions: int) -> None:
+    def __init__(
+        self, callbacks: ChangeSetCallbacks, snapshot: MarkSnapshot | CachedSnapshot, num_partitions: int
+    ) -> None:
         self._callbacks = callbacks
         self._snapshot = snapshot
         self._num_partitions = num_partitions
         self.partition_id = snapshot.partition_id
-        self.high_water_mark = snapshot.high_water_mark
         self.idempotency_key: str | None = None
         self.meta: dict[str, Any] = {}
         self._changes: list[RowChange] = []
         self._read_locks: dict[PartitionLocalLock, None] = {}
         self._write_locks: dict[PartitionLocalLock, None] = {}
+
+    @property
+    def high_water_mark(self) -> int:
+        """The state this attempt read: the snapshot's mark, or the entity cache's position (the
+        lower of the two when it read both); what the lock check uses."""
+        return self._snapshot.high_water_mark
 
     # --- reads -------------------------------------------------------------------------------------
 
@@ -102,9 +113,14 @@ class EntityTransaction:
                 row = prefetched.get((info, values), _NOT_READ)
             except TypeError:  # an unhashable key value: never read with the mark
                 row = _NOT_READ
-            if row is not _NOT_READ:  # read with the mark, in the same statement
+            if row is not _NOT_READ:  # read with the mark, in the same statement (or cached)
                 return None if row is None else info.entity_from_row(row)
-        return info.load(self._snapshot.connection, values)
+        snapshot = self._snapshot
+        if isinstance(snapshot, CachedSnapshot):
+            row = snapshot.cached(info, values)
+            if row is not MISSING:
+                return None if row is None else info.entity_from_row(row)
+        return info.load(snapshot.connection, values)
 
     @property
     def session(self) -> Session:
@@ -276,6 +292,70 @@ class EntityTransaction:
         return info, values
 
 
+class CachedSnapshot:
+    """What an attempt reads when the entity cache holds its entities: their rows at the cache's
+    position (:attr:`high_water_mark`). A read the cache cannot answer (another entity, a query
+    on :attr:`session`, an idempotency key) opens a database snapshot then, and the mark becomes
+    the lower of the position and that snapshot's mark (a row of either state that a later
+    transaction changed carries a lock the server then finds written after the mark).
+
+    Attributes:
+        partition_id: the partition.
+        high_water_mark: the state the attempt read (see above).
+        prefetched: the cached rows, ``{(entity info, key values): row or None}``.
+    """
+
+    def __init__(
+        self,
+        callbacks: ChangeSetCallbacks,
+        cache: EntityCache,
+        partition_id: int,
+        position: int,
+        rows: Prefetched,
+    ) -> None:
+        self.partition_id = partition_id
+        self.high_water_mark = position
+        self.prefetched: Prefetched = rows
+        self._callbacks = callbacks
+        self._cache = cache
+        self._position = position
+        self._stack: contextlib.ExitStack | None = None
+        self._snapshot: MarkSnapshot | None = None
+
+    def cached(self, info: EntityInfo, key: tuple[Any, ...]) -> Any:
+        """The cached row of an entity at the same position, None (no row), or ``MISSING``."""
+        try:
+            return self._cache.lookup(self.partition_id, (info, key), self._position)
+        except TypeError:  # an unhashable key value
+            return MISSING
+
+    @property
+    def connection(self) -> Connection:
+        """A database snapshot's connection (opened when first used; see the class docstring)."""
+        return self._database().connection
+
+    @property
+    def session(self) -> Session:
+        """An ORM session on the database snapshot (opened when first used)."""
+        return self._database().session
+
+    def _database(self) -> MarkSnapshot:
+        if self._snapshot is None:
+            stack = contextlib.ExitStack()
+            self._snapshot = stack.enter_context(self._callbacks.snapshot(self.partition_id))
+            self._stack = stack
+            self.high_water_mark = min(self.high_water_mark, self._snapshot.high_water_mark)
+        return self._snapshot
+
+    def __enter__(self) -> CachedSnapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            stack.close()
+
+
 class EntityTransactionContext(TransactionContext):
     """A transaction context over declared entities; subclass it and implement :meth:`run`.
 
@@ -410,8 +490,19 @@ class EntityTransactionContext(TransactionContext):
                     # compare an integer column with text); left to a read by key, if run reads it.
                     continue
                 entities.append((info, values))
-        with self.callbacks.snapshot(self._partition_id, entities=entities) as snapshot:
-            self._after_mark_read(snapshot)
+        cache = self.callbacks.entity_cache
+        view = None if cache is None else cache.view(self._partition_id, entities)
+        snapshot: MarkSnapshot | CachedSnapshot
+        with contextlib.ExitStack() as stack:
+            if view is not None and cache is not None:
+                snapshot = stack.enter_context(
+                    CachedSnapshot(self.callbacks, cache, self._partition_id, view[0], view[1])
+                )
+            else:
+                snapshot = stack.enter_context(self.callbacks.snapshot(self._partition_id, entities=entities))
+                if cache is not None and snapshot.prefetched:
+                    cache.fill(self._partition_id, snapshot.high_water_mark, snapshot.prefetched.items())
+                self._after_mark_read(snapshot)
             tx = EntityTransaction(self.callbacks, snapshot, self._num_partitions)
             self.last_transaction = tx
             if not self.run(tx):

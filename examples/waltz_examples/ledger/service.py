@@ -46,7 +46,15 @@ RECORD_APPLIED = insert(applied_transactions)
 
 
 class LedgerCallbacks(ChangeSetCallbacks):
-    """Change-set callbacks that also record each applied transaction (op and delta from its meta)."""
+    """Change-set callbacks that also record each applied transaction (op and delta from its meta).
+
+    The override writes only ``applied_transactions``, no entity's table: the entity cache stays
+    on (``entity_cache=True`` unless the caller says otherwise).
+    """
+
+    def __init__(self, engine: Engine, **kwargs: Any) -> None:
+        kwargs.setdefault("entity_cache", True)
+        super().__init__(engine, **kwargs)
 
     def apply_change_set(self, change_set: ChangeSet, transaction: Transaction, session: Session) -> None:
         super().apply_change_set(change_set, transaction, session)

@@ -1,0 +1,364 @@
+"""The entity cache (docs/design/sql.md "The entity cache"): attempts whose entities the cache
+holds run without a database snapshot, and what they read is exactly the state at the mark they
+send, also when another instance applies meanwhile; whatever the cache cannot follow resets it.
+"""
+
+from __future__ import annotations
+
+import decimal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Boolean, Engine, Numeric, String, TypeDecorator, event, select, update
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from waltz.client.context import TransactionBuilder
+from waltz.client.transaction import Transaction
+from waltz.jdbc_style import (
+    ChangeSetCallbacks,
+    EntityRegistry,
+    EntityTransaction,
+    EntityTransactionContext,
+    RowChange,
+    WaltzEntity,
+    create_framework_engine,
+)
+from waltz.jdbc_style.entities import EntityInfo
+from waltz.jdbc_style.entity_cache import EntityCache, column_kinds
+from waltz.jdbc_style.migrations_api import upgrade
+from waltz.protocol.records import ReqId
+
+NUM_PARTITIONS = 4
+COMMAND_HEADER = 7
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Tally(Base):
+    __tablename__ = "cache_tallies"
+    __waltz__ = WaltzEntity("cache.tally", partition_by=lambda key, n: key[0] % n)
+    tally_id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    value: Mapped[int] = mapped_column(default=0)
+    label: Mapped[str] = mapped_column(String(20), default="")
+    open: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class Priced(Base):
+    """A Numeric column: the database may round what it is given; never cached."""
+
+    __tablename__ = "cache_priced"
+    __waltz__ = WaltzEntity("cache.priced", partition_by=lambda key, n: key[0] % n)
+    priced_id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    price: Mapped[decimal.Decimal] = mapped_column(Numeric(10, 2), default=decimal.Decimal(0))
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'cache.db'}"
+    else:
+        url = str(request.getfixturevalue("postgres_url" if request.param == "postgresql" else "mariadb_url"))
+    engine = create_framework_engine(url)
+    upgrade(engine)
+    Base.metadata.create_all(engine)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+class CommandCallbacks(ChangeSetCallbacks):
+    """Applies command-style transactions too: data ``b"<id>=<value>"`` sets a tally directly."""
+
+    def apply_command(self, transaction: Transaction, session: Session) -> None:
+        tally_id, value = transaction.get_raw_data().decode().split("=")
+        session.execute(update(Tally).where(Tally.tally_id == int(tally_id)).values(value=int(value)))
+
+
+def _callbacks(engine: Engine, **kwargs: Any) -> CommandCallbacks:
+    return CommandCallbacks(engine, cluster_name="cache", registry=EntityRegistry.from_base(Base), **kwargs)
+
+
+@pytest.fixture
+def callbacks(engine: Engine) -> CommandCallbacks:
+    return _callbacks(engine)
+
+
+class Add(EntityTransactionContext):
+    """Adds ``amount`` to a tally (inserting it at ``amount``); notes what each attempt saw."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, tally_id: int, amount: int = 1, *, query: bool = False):
+        super().__init__(callbacks, (Tally, tally_id))
+        self.tally_id, self.amount, self.query = tally_id, amount, query
+        self.seen: list[int | None] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        tally = tx.get(Tally, self.tally_id)
+        self.seen.append(None if tally is None else tally.value)
+        if self.query:  # a read the cache cannot answer: a database snapshot opens for it
+            tx.session.execute(select(Tally.value)).all()
+        if tally is None:
+            tx.insert(Tally, tally_id=self.tally_id, value=self.amount)
+        else:
+            tx.update(tally, value=tally.value + self.amount)
+        return True
+
+
+class Remove(EntityTransactionContext):
+    def __init__(self, callbacks: ChangeSetCallbacks, tally_id: int):
+        super().__init__(callbacks, (Tally, tally_id))
+        self.tally_id = tally_id
+
+    def run(self, tx: EntityTransaction) -> bool:
+        tally = tx.get(Tally, self.tally_id)
+        if tally is None:
+            return False
+        tx.delete(tally)
+        return True
+
+
+class Reprice(EntityTransactionContext):
+    def __init__(self, callbacks: ChangeSetCallbacks, priced_id: int):
+        super().__init__(callbacks, (Priced, priced_id))
+        self.priced_id = priced_id
+
+    def run(self, tx: EntityTransaction) -> bool:
+        row = tx.get(Priced, self.priced_id)
+        if row is None:
+            tx.insert(Priced, priced_id=self.priced_id, price=decimal.Decimal("1.50"))
+        else:
+            tx.update(row, price=row.price + 1)
+        return True
+
+
+class Statements:
+    """Counts the statements an engine runs (the cache's point: none for a cached attempt)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.count = 0
+        event.listen(engine, "before_cursor_execute", self._seen)
+
+    def _seen(self, *args: Any) -> None:
+        self.count += 1
+
+    def during(self, fn: Any) -> int:
+        before = self.count
+        fn()
+        return self.count - before
+
+
+def _attempt(context: EntityTransactionContext) -> TransactionBuilder:
+    context.partition_id(NUM_PARTITIONS)
+    builder = TransactionBuilder(-1)
+    assert context.execute(builder)
+    return builder
+
+
+def _commit(callbacks: ChangeSetCallbacks, context: EntityTransactionContext, transaction_id: int) -> int:
+    """Run an attempt and apply it as ``transaction_id`` of its partition; returns its mark."""
+    builder = _attempt(context)
+    payload = builder.build()
+    pid = context.chosen_partition
+    callbacks.apply_transaction(
+        Transaction(pid, transaction_id, ReqId(9, 1, pid, transaction_id), payload.header, None, payload.data)
+    )
+    return payload.client_high_water_mark
+
+
+def _read(engine: Engine, tally_id: int) -> int | None:
+    with engine.connect() as conn:
+        return conn.execute(select(Tally.value).where(Tally.tally_id == tally_id)).scalar()
+
+
+def test_an_attempt_on_cached_entities_runs_no_statement_and_sends_the_cache_position(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    statements = Statements(engine)
+    pid = 5 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    assert _commit(callbacks, Add(callbacks, 5), 0) == -1  # no position yet: the database is read
+    assert callbacks.entity_cache is not None and callbacks.entity_cache.position(pid) == 0
+    # The apply put the cache at 0 but it holds no row of tally 5 yet: this attempt reads the
+    # database (at mark 0), and the rows it read are kept.
+    assert _commit(callbacks, Add(callbacks, 5), 1) == 0
+    # Transaction 1's change-set moved the cached row: the next attempt reads it at 1, no statement.
+    add = Add(callbacks, 5, amount=10)
+    ran = statements.during(lambda: _commit(callbacks, add, 2))
+    assert add.seen == [2]
+    assert _read(engine, 5) == 12
+    # Its apply ran statements; the attempt itself none: the apply of one transaction on a kept
+    # connection is BEGIN + the mark's UPDATE + the row's UPDATE + COMMIT at most.
+    assert ran <= 4
+    again = Add(callbacks, 5)
+    assert statements.during(lambda: _attempt(again)) == 0
+    assert again.seen == [12]
+    assert _attempt(Add(callbacks, 5)).build().client_high_water_mark == 2
+
+
+def test_another_instance_applying_meanwhile_leaves_the_attempt_at_the_cache_position(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    other = _callbacks(engine)
+    pid = 6 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 6), 0)
+    _commit(callbacks, Add(callbacks, 6), 1)  # cached at 1: tally 6 = 2
+    # Another instance applies transaction 2 (tally 6 = 3) that this one has not applied yet.
+    _commit(other, Add(other, 6), 2)
+    assert _read(engine, 6) == 3
+    # The attempt reads the state at 1 and says so: the server refuses it (transaction 2 wrote the
+    # lock after 1), exactly as for a snapshot taken before transaction 2.
+    stale = Add(callbacks, 6)
+    assert _attempt(stale).build().client_high_water_mark == 1 and stale.seen == [2]
+    # A read the cache cannot answer opens a snapshot (mark 2): the attempt keeps the lower mark.
+    mixed = Add(callbacks, 6, query=True)
+    assert _attempt(mixed).build().client_high_water_mark == 1 and mixed.seen == [2]
+    # This instance's apply finds transaction 2 applied: the cache starts again at 2, from the database.
+    callbacks.apply_transaction(_transaction_of(other, pid, 2))
+    fresh = Add(callbacks, 6)
+    assert _attempt(fresh).build().client_high_water_mark == 2 and fresh.seen == [3]
+
+
+def _transaction_of(callbacks: ChangeSetCallbacks, pid: int, transaction_id: int) -> Transaction:
+    """A stand-in for the feed's transaction (this test applies it without its data)."""
+    return Transaction(pid, transaction_id, ReqId(9, 1, pid, transaction_id), 0, None, b"")
+
+
+def test_a_command_style_transaction_resets_the_cache(engine: Engine, callbacks: CommandCallbacks) -> None:
+    pid = 7 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 7), 0)
+    _commit(callbacks, Add(callbacks, 7), 1)  # cached: tally 7 = 2
+    callbacks.apply_transaction(Transaction(pid, 2, ReqId(9, 1, pid, 2), COMMAND_HEADER, None, b"7=40"))
+    after = Add(callbacks, 7)
+    assert _attempt(after).build().client_high_water_mark == 2
+    assert after.seen == [40]  # from the database, not the cached 2
+
+
+def test_an_idempotency_keyed_change_set_drops_what_it_touched(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    class Keyed(Add):
+        def run(self, tx: EntityTransaction) -> bool:
+            tx.idempotency_key = "request-1"
+            return super().run(tx)
+
+    pid = 9 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 9), 0)
+    _commit(callbacks, Add(callbacks, 9), 1)
+    statements = Statements(engine)
+    _commit(callbacks, Keyed(callbacks, 9), 2)  # tally 9 = 3, applied at most once per key
+    assert _commit(callbacks, Keyed(callbacks, 9), 3) == 2  # the same key: its change is skipped
+    assert _read(engine, 9) == 3
+    after = Add(callbacks, 9)
+    assert statements.during(lambda: _attempt(after)) > 0  # the cache was dropped: read again
+    assert after.seen == [3]
+
+
+def test_a_delete_is_cached_as_no_row(engine: Engine, callbacks: CommandCallbacks) -> None:
+    statements = Statements(engine)
+    pid = 13 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 13), 0)
+    _commit(callbacks, Add(callbacks, 13), 1)
+    _commit(callbacks, Remove(callbacks, 13), 2)
+    assert _read(engine, 13) is None
+    after = Add(callbacks, 13)
+    assert statements.during(lambda: _attempt(after)) == 0
+    assert after.seen == [None]
+
+
+def test_rows_of_a_model_the_database_may_change_are_never_cached(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    statements = Statements(engine)
+    pid = 3 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Reprice(callbacks, 3), 0)
+    _commit(callbacks, Reprice(callbacks, 3), 1)
+    assert statements.during(lambda: _attempt(Reprice(callbacks, 3))) > 0
+
+
+def test_the_cache_is_off_when_an_apply_override_may_write_entity_rows(engine: Engine) -> None:
+    class Stamping(ChangeSetCallbacks):
+        def apply_change(self, change: RowChange, session: Session, transaction: Transaction) -> None:
+            super().apply_change(change, session, transaction)
+
+    registry = EntityRegistry.from_base(Base)
+    assert Stamping(engine, cluster_name="cache", registry=registry).entity_cache is None
+    assert (
+        Stamping(engine, cluster_name="cache", registry=registry, entity_cache=True).entity_cache is not None
+    )
+    assert _callbacks(engine, entity_cache=False).entity_cache is None
+    assert _callbacks(engine).entity_cache is not None
+
+
+class Money(TypeDecorator[int]):
+    impl = Numeric
+    cache_ok = True
+
+
+class LocalBase(DeclarativeBase):
+    pass
+
+
+class ByName(LocalBase):
+    __tablename__ = "cache_by_name"
+    __waltz__ = WaltzEntity("cache.by_name")
+    name: Mapped[str] = mapped_column(String(20), primary_key=True)
+    value: Mapped[int] = mapped_column(default=0)
+
+
+class Decorated(LocalBase):
+    __tablename__ = "cache_decorated"
+    __waltz__ = WaltzEntity("cache.decorated")
+    item_id: Mapped[int] = mapped_column(primary_key=True)
+    amount: Mapped[int] = mapped_column(Money)
+
+
+class Stamped(LocalBase):
+    __tablename__ = "cache_stamped"
+    __waltz__ = WaltzEntity("cache.stamped")
+    item_id: Mapped[int] = mapped_column(primary_key=True)
+    version: Mapped[int] = mapped_column(default=0, onupdate=lambda: 1)
+
+
+def test_which_models_are_kept() -> None:
+    registry = EntityRegistry([Tally, Priced])
+    assert column_kinds(registry.info(Tally)) == (
+        (int, None, False),
+        (int, None, False),
+        (str, 20, False),
+        (bool, None, False),
+    )
+    assert column_kinds(registry.info(Priced)) is None  # Numeric: the database may round
+    others = EntityRegistry([ByName, Decorated, Stamped])
+    assert column_kinds(others.info(ByName)) is None  # a text key: collations may equate two spellings
+    assert column_kinds(others.info(Decorated)) is None  # an application's own type
+    assert column_kinds(others.info(Stamped)) is None  # a value set on update, not in the change-set
+
+
+def test_values_not_stored_as_given_are_not_kept() -> None:
+    registry = EntityRegistry([Tally])
+    info: EntityInfo = registry.info(Tally)
+    cache = EntityCache(registry)
+    cache.reset(1, 10)
+    key = (info, (1,))
+    cache.fill(1, 10, [(key, (1, "5", "", True))])  # a string for an integer column
+    cache.fill(1, 10, [((info, (5,)), (5, 1, "x" * 21, True))])  # longer than String(20)
+    cache.fill(1, 10, [((info, (9,)), (9, True, "", True))])  # a bool for an integer column
+    assert cache.view(1, [key]) is None
+    assert cache.view(1, [(info, (5,))]) is None and cache.view(1, [(info, (9,))]) is None
+    cache.fill(1, 9, [(key, (1, 5, "", True))])  # read at another mark: not kept
+    assert cache.view(1, [key]) is None
+    cache.fill(1, 10, [(key, (1, 5, "", True))])
+    assert cache.view(1, [key]) == (10, {key: (1, 5, "", True)})
+    cache.reset(1, 10)  # already there: the rows stay
+    assert cache.view(1, [key]) is not None
+    cache.reset(1, 11)
+    assert cache.view(1, [key]) is None

@@ -1,0 +1,312 @@
+"""The entity cache: rows an instance knows as of a partition's position, so that an entity
+transaction's attempt can run without a database snapshot.
+
+Source: docs/design/sql.md "The entity cache" (and "Entity transactions" for the snapshot it
+stands in for); docs/design/locks.md "Optimistic locking in Waltz" (why an attempt built from
+rows of an earlier state is never committed wrongly).
+
+Per partition the cache keeps a *position* P and rows ``{(entity info, key values): row or
+None}``, each exactly the entity's row in the database at P (None: no row at P). An attempt whose
+entities are all cached reads them at P and sends P as its client high-water mark, which is what a
+snapshot at mark P would have given: the server's lock check then refuses it if a transaction
+after P wrote one of its locks, exactly as for a snapshot.
+
+How the rows stay exact:
+
+- The cache moves only after a database transaction of the instance's apply has committed
+  (:meth:`EntityCache.absorb`), by the change-sets that transaction applied, in order, starting
+  right after P. A change-set's insert or update carries the whole row; a row is kept only when
+  every value is of a type the database stores as given (:func:`column_kinds`) and the model's
+  table is no other declared model's, else the entry is dropped (read from the database next
+  time).
+- Anything the cache cannot follow exactly resets it to an empty cache at the new mark: a group
+  that does not start at P + 1 (another instance applied some), a transaction that is not a
+  change-set, an operator's skip, a change-set with an idempotency key (its changes may be
+  skipped at apply time), a change the cache cannot place by its entity key.
+- Rows read from the database are added only when the snapshot's mark equals P
+  (:meth:`EntityCache.fill`); rows read at another mark are used by that attempt only.
+
+Bounded: at most ``max_entries`` rows per partition; past that the partition's rows are dropped
+(the position stays).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Boolean, Enum, Integer, String
+from sqlalchemy.types import CHAR
+
+from waltz.jdbc_style.changeset import ChangeSet, Operation
+from waltz.jdbc_style.entities import EntityInfo, EntityRegistry
+
+__all__ = ["DEFAULT_MAX_ENTRIES", "MISSING", "EntityCache", "column_kinds"]
+
+#: Rows kept per partition before its rows are dropped.
+DEFAULT_MAX_ENTRIES = 100_000
+
+Key = tuple[EntityInfo, tuple[Any, ...]]
+Kinds = tuple[tuple[type, int | None, bool], ...]
+
+
+def column_kinds(info: EntityInfo) -> Kinds | None:
+    """What each column of the model holds, ``(Python type, string length or None, nullable)``,
+    when its rows can be kept exactly, else None: rows read by one plain statement
+    (``EntityInfo.row_statement``), keyed by integer columns (so that two spellings of one key,
+    e.g. by case or trailing spaces under a database's collation, cannot name one row), every
+    column SQLAlchemy's own integer, string (not fixed-width ``CHAR``, not ``Enum``) or boolean
+    type, and no update default (a value the database or SQLAlchemy sets on update would not be
+    in the change-set)."""
+    if info.row_statement is None:
+        return None
+    kinds: list[tuple[type, int | None, bool]] = []
+    for name, column in zip(info.attributes, info.columns, strict=True):
+        sql_type = column.type
+        if column.onupdate is not None or column.server_onupdate is not None:
+            return None
+        if type(sql_type).__module__.split(".")[0] != "sqlalchemy":
+            return None  # a TypeDecorator or an application's own type: its values may change
+        if isinstance(sql_type, Boolean):
+            kind: type = bool
+        elif isinstance(sql_type, Integer):
+            kind = int
+        elif isinstance(sql_type, String) and not isinstance(sql_type, (CHAR, Enum)):
+            kind = str
+        else:
+            return None
+        if name in info.key and kind is not int:
+            return None
+        length = getattr(sql_type, "length", None) if kind is str else None
+        kinds.append((kind, length, bool(column.nullable)))
+    return tuple(kinds)
+
+
+def _exact(kinds: Kinds, row: tuple[Any, ...]) -> bool:
+    """Whether each value of ``row`` is of its column's kind (so the database stores it as
+    given): ``int`` (not ``bool``) for integers, ``str`` within the length for strings, ``bool``
+    for booleans, None only in a nullable column."""
+    for value, (kind, length, nullable) in zip(row, kinds, strict=True):
+        if value is None:
+            if not nullable:
+                return False
+        elif kind is int:
+            if type(value) is not int:
+                return False
+        elif kind is str:
+            if type(value) is not str or (length is not None and len(value) > length):
+                return False
+        elif type(value) is not bool:
+            return False
+    return True
+
+
+class _Partition:
+    __slots__ = ("lock", "position", "rows")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.position: int | None = None  # None: not started (nothing absorbed yet)
+        self.rows: dict[Key, tuple[Any, ...] | None] = {}
+
+
+class EntityCache:
+    """Rows of cacheable entities as of each partition's position (see the module docstring).
+
+    Thread-safe: the apply threads absorb, attempts read and fill, each under the partition's lock.
+
+    Args:
+        registry: the application's declared models (change-sets name entities by name).
+        max_entries: rows kept per partition before its rows are dropped.
+
+    Attributes:
+        hits: attempts whose entities were all read from the cache.
+        misses: attempts that read the database (an entity not cached, or no position yet).
+        resets: times a partition's rows were dropped (see the module docstring).
+    """
+
+    def __init__(self, registry: EntityRegistry, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be at least 1, got {max_entries}")
+        self.registry = registry
+        self.max_entries = max_entries
+        self._partitions: dict[int, _Partition] = {}
+        self._create = threading.Lock()
+        # Per model: (models registered when decided, column kinds or None: not cacheable).
+        self._kinds: dict[EntityInfo, tuple[int, Kinds | None]] = {}
+        self.hits = 0
+        self.misses = 0
+        self.resets = 0
+
+    def _partition(self, partition_id: int) -> _Partition:
+        partition = self._partitions.get(partition_id)
+        if partition is None:
+            with self._create:
+                partition = self._partitions.setdefault(partition_id, _Partition())
+        return partition
+
+    def kinds(self, info: EntityInfo) -> Kinds | None:
+        """The model's column kinds when its rows are kept (see :func:`column_kinds`; a table
+        that another declared model maps too is never kept), else None."""
+        registered = len(self.registry)
+        decided = self._kinds.get(info)
+        if decided is not None and decided[0] == registered:
+            return decided[1]
+        kinds = column_kinds(info)
+        if kinds is not None:
+            table = info.mapper.local_table
+            if any(other is not info and other.mapper.local_table is table for other in self.registry):
+                kinds = None
+        self._kinds[info] = (registered, kinds)
+        return kinds
+
+    def position(self, partition_id: int) -> int | None:
+        """The partition's position (None: the cache has not started on it)."""
+        return self._partition(partition_id).position
+
+    # --- attempts ---------------------------------------------------------------------------------
+
+    def view(self, partition_id: int, entities: Sequence[Key]) -> tuple[int, dict[Key, Any]] | None:
+        """``(position, {key: row or None})`` when every one of ``entities`` whose model is kept
+        is cached (and there is one), else None (the attempt reads the database; :meth:`fill`
+        then keeps what it read). Entities of models never kept are left out of the answer."""
+        partition = self._partition(partition_id)
+        with partition.lock:
+            position = partition.position
+            if position is None or not entities:
+                self.misses += 1
+                return None
+            rows = partition.rows
+            found: dict[Key, Any] = {}
+            for key in entities:
+                if self.kinds(key[0]) is None:
+                    continue  # never kept: read from the database if the attempt reads it
+                row = rows.get(key, _MISSING)
+                if row is _MISSING:
+                    self.misses += 1
+                    return None
+                found[key] = row
+            if not found:
+                self.misses += 1
+                return None
+        self.hits += 1
+        return position, found
+
+    def lookup(self, partition_id: int, key: Key, position: int) -> Any:
+        """The cached row of ``key`` while the partition is still at ``position``: a row, None (no
+        row), or :data:`MISSING` (not cached, or the position moved on)."""
+        partition = self._partition(partition_id)
+        with partition.lock:
+            if partition.position != position:
+                return _MISSING
+            return partition.rows.get(key, _MISSING)
+
+    def fill(self, partition_id: int, mark: int, rows: Iterable[tuple[Key, Any]]) -> None:
+        """Keep rows read from the database in a snapshot at ``mark``, if the partition is at that
+        position (rows of any other state are not kept); rows of models that are not cacheable,
+        or whose values are not exact, are left out."""
+        partition = self._partition(partition_id)
+        with partition.lock:
+            if partition.position != mark:
+                return
+            kept = partition.rows
+            for key, row in rows:
+                kinds = self.kinds(key[0])
+                if kinds is None or (row is not None and not _exact(kinds, tuple(row))):
+                    continue
+                kept.setdefault(key, None if row is None else tuple(row))
+            if len(kept) > self.max_entries:
+                kept.clear()
+                self.resets += 1
+
+    # --- applies ----------------------------------------------------------------------------------
+
+    def reset(self, partition_id: int, position: int) -> None:
+        """Drop the partition's rows and put it at ``position`` (a database mark); nothing changes
+        when it is there already (its rows are the state at that mark)."""
+        partition = self._partition(partition_id)
+        with partition.lock:
+            if partition.position == position:
+                return
+            if partition.rows:
+                self.resets += 1
+            partition.rows = {}
+            partition.position = position
+
+    def absorb(self, partition_id: int, first: int, change_sets: Sequence[ChangeSet | None]) -> None:
+        """Move the partition on by the transactions ``first``, ``first + 1``, ... that an apply of
+        this instance just committed: their decoded change-sets in order (None: a transaction that
+        is not a change-set, or was skipped). Resets it when they do not follow its position or
+        hold something the cache cannot follow (see the module docstring)."""
+        last = first + len(change_sets) - 1
+        partition = self._partition(partition_id)
+        with partition.lock:
+            if partition.position != first - 1 or any(
+                cs is None or cs.idempotency_key is not None for cs in change_sets
+            ):
+                if partition.rows:
+                    self.resets += 1
+                partition.rows = {}
+                partition.position = last
+                return
+            rows = partition.rows
+            for change_set in change_sets:
+                assert change_set is not None
+                if not self._follow(rows, change_set):
+                    if rows:
+                        self.resets += 1
+                    partition.rows = {}
+                    partition.position = last
+                    return
+            partition.position = last
+            if len(rows) > self.max_entries:
+                rows.clear()
+                self.resets += 1
+
+    def _follow(self, rows: dict[Key, Any], change_set: ChangeSet) -> bool:
+        """Apply one change-set's row changes to ``rows``; False when one cannot be placed."""
+        by_name = self.registry.by_name
+        for change in change_set.changes:
+            info = by_name(change.entity)
+            kinds = self.kinds(info)
+            if kinds is None:
+                # Its rows are never kept, and its changes cannot touch a kept row of another model.
+                continue
+            try:
+                named = tuple(change.key[name] for name in info.key)
+            except KeyError:  # named by a primary key that is not the entity key
+                named = None
+            if change.operation is Operation.DELETE:
+                if named is None:
+                    return False
+                rows[(info, named)] = None
+                continue
+            values = change.values
+            try:
+                row = tuple(values[name] for name in info.attributes)
+            except KeyError:  # not the whole row: the database has values the cache does not
+                if named is None:
+                    return False
+                rows.pop((info, named), None)
+                continue
+            key = tuple(values[name] for name in info.key)
+            if change.operation is Operation.UPDATE and named != key:
+                return False  # the row it changed may have been cached under another key
+            if _exact(kinds, row):
+                rows[(info, key)] = row
+            else:
+                rows.pop((info, key), None)
+        return True
+
+
+class _Missing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+_MISSING: Any = _Missing()
+MISSING: Any = _MISSING
+"""What :meth:`EntityCache.lookup` returns for a key it does not hold at that position."""
