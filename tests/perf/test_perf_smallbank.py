@@ -82,6 +82,19 @@ def test_smallbank_json_on_postgresql(postgres_url: str) -> None:
     report = json.loads(result.stdout)
     assert_report(report, instances=2, draws=200)
     assert report["database"].startswith("postgresql+psycopg://")
+    # Every attempt either read a snapshot or found its entities in the entity cache.
+    cache = report["entity_cache"]
+    assert cache["hits"] > 0 and cache["hits"] + cache["misses"] >= report["submitted"], cache
+
+
+def test_smallbank_without_the_entity_cache(postgres_url: str) -> None:
+    args = ["--local", "--instances", "1", "--transactions", "100", "--accounts", "40", "--json"]
+    result = run_cli(*args, "--no-entity-cache", "--db", postgres_url)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    report = json.loads(result.stdout)
+    assert_report(report, instances=1, draws=100)
+    assert report["entity_cache"] == {"hits": 0, "misses": 0}
+    assert report["settings"]["entity_cache"] is False
 
 
 def test_a_bad_db_url_is_refused_before_anything_starts() -> None:

@@ -323,6 +323,17 @@ def smallbank(
             ),
         ),
     ] = False,
+    entity_cache: Annotated[
+        bool,
+        typer.Option(
+            "--entity-cache/--no-entity-cache",
+            help=(
+                "The instances keep entity rows as their applies leave them, so an operation on "
+                "cached entities reads no database snapshot (docs/sql.md). --no-entity-cache: every "
+                "attempt reads a snapshot (to compare)."
+            ),
+        ),
+    ] = True,
     db: Annotated[
         str | None,
         typer.Option(
@@ -382,6 +393,7 @@ def smallbank(
             seed=seed,
             timeout=timeout,
             partition_routing=partition_routing,
+            entity_cache=entity_cache,
         )
     except ValueError as exc:
         raise _fail(str(exc), 2) from exc

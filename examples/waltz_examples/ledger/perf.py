@@ -128,6 +128,8 @@ class SmallBankPerfSettings:
             customers (a request goes to the instance of its customer's partition), so each
             partition is applied by one instance. Off: every instance mounts every partition
             and submits for any customer (requests spread round-robin).
+        entity_cache: the instances keep entity rows as their applies leave them (operations on
+            cached entities read no database snapshot); off: every attempt reads a snapshot.
 
     Raises:
         ValueError: a count below its minimum, or a timeout not above 0.
@@ -142,6 +144,7 @@ class SmallBankPerfSettings:
     timeout: float = 600.0
     cluster_name: str = "ledger"
     partition_routing: bool = False
+    entity_cache: bool = True
 
     def __post_init__(self) -> None:
         minimums = {"instances": 1, "transactions": 0, "accounts": 2, "in_flight": 1, "submitters": 1}
@@ -163,7 +166,9 @@ class SmallBankPerfSettings:
         return (
             f"{self.instances} instance process(es) x {each} draws ({self.transactions:,} in all), "
             f"{self.accounts} accounts, {self.in_flight} in flight and {self.submitters} submitter(s) "
-            f"per instance, seed {self.seed}" + (", partition-routed" if self.partition_routing else "")
+            f"per instance, seed {self.seed}"
+            + (", partition-routed" if self.partition_routing else "")
+            + ("" if self.entity_cache else ", no entity cache")
         )
 
     def summary(self) -> dict[str, Any]:
@@ -177,6 +182,7 @@ class SmallBankPerfSettings:
             "seed": self.seed,
             "timeout": self.timeout,
             "partition_routing": self.partition_routing,
+            "entity_cache": self.entity_cache,
         }
 
 
@@ -304,6 +310,7 @@ def _run_instance(spec: _InstanceSpec, start: Any, stop: Any, results: Any) -> N
         sweep_interval=SWEEP_INTERVAL,
         prepare=False,
         partitions=spec.partitions,
+        entity_cache=settings.entity_cache,
     )
     try:
         service.client.wait_mounted(START_TIMEOUT)
@@ -323,7 +330,9 @@ def _run_instance(spec: _InstanceSpec, start: Any, stop: Any, results: Any) -> N
             started = time.time()
             cpu_started = time.process_time()
             stages_started = client_stage_totals(service.client)
+            cache_started = _cache_counts(service)
             stats = workload.run(spec.draws)
+            cache_counts = _cache_counts(service)
             ended = time.time()
             cpu_seconds = time.process_time() - cpu_started
             stages = client_stage_totals(service.client)
@@ -344,6 +353,7 @@ def _run_instance(spec: _InstanceSpec, start: Any, stop: Any, results: Any) -> N
                 stage: [seconds - stages_started[stage][0], count - stages_started[stage][1]]
                 for stage, (seconds, count) in stages.items()
             },
+            entity_cache=[now - then for now, then in zip(cache_counts, cache_started, strict=True)],
         )
         results.put(("result", spec.index, wire))
         # The sweeper keeps finishing transfers (of every instance) until the coordinator says stop.
@@ -354,6 +364,12 @@ def _run_instance(spec: _InstanceSpec, start: Any, stop: Any, results: Any) -> N
         uncaught = service.callbacks.uncaught_count
         service.close()
     results.put(("closed", spec.index, {"uncaught": uncaught}))
+
+
+def _cache_counts(service: LedgerService) -> tuple[int, int]:
+    """The instance's entity cache hits and misses so far ((0, 0) when it has none)."""
+    cache = service.callbacks.entity_cache
+    return (0, 0) if cache is None else (cache.hits, cache.misses)
 
 
 def _instance_process(spec: _InstanceSpec, start: Any, stop: Any, results: Any) -> None:
@@ -385,6 +401,8 @@ class InstanceFigures:
         client_stages: the client's stage metrics over the phase, ``stage -> (seconds, count)``
             (``waltz.perf.producer.CLIENT_STAGES``).
         uncaught: ``uncaught_exception`` calls of its callbacks (failed applies).
+        entity_cache: attempts whose entities its entity cache held, and attempts that read a
+            database snapshot, over the phase (``(0, 0)`` without a cache).
     """
 
     index: int
@@ -398,6 +416,7 @@ class InstanceFigures:
     cpu_seconds: float = 0.0
     client_stages: dict[str, tuple[float, float]] = field(default_factory=dict)
     uncaught: int = 0
+    entity_cache: tuple[int, int] = (0, 0)
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any]) -> InstanceFigures:
@@ -426,6 +445,7 @@ class InstanceFigures:
             unapplied=int(wire["unapplied"]),
             cpu_seconds=float(wire["cpu_seconds"]),
             client_stages={k: (float(s), float(c)) for k, (s, c) in wire["client_stages"].items()},
+            entity_cache=(int(wire["entity_cache"][0]), int(wire["entity_cache"][1])),
         )
 
     @property
@@ -510,6 +530,13 @@ class SmallBankPerfReport:
         """Committed transactions whose apply their instance did not see in time."""
         return sum(f.unapplied for f in self.instances)
 
+    def entity_cache_counts(self) -> tuple[int, int]:
+        """``(hits, misses)`` of the instances' entity caches over their phases."""
+        return (
+            sum(f.entity_cache[0] for f in self.instances),
+            sum(f.entity_cache[1] for f in self.instances),
+        )
+
     @property
     def lock_failures_per_committed(self) -> float:
         """Lock failures (each a re-executed attempt) per committed log transaction."""
@@ -562,6 +589,7 @@ class SmallBankPerfReport:
             "balances_read": total.balances_read,
             "lock_failures": total.lock_failures,
             "lock_failures_per_committed": round(self.lock_failures_per_committed, 4),
+            "entity_cache": dict(zip(("hits", "misses"), self.entity_cache_counts(), strict=True)),
             "errors": self.error_count,
             "error_samples": list(total.errors),
             "unapplied": self.unapplied,
@@ -594,6 +622,12 @@ class SmallBankPerfReport:
             f"lock failures per committed transaction: {self.lock_failures_per_committed:.4f} "
             f"({total.lock_failures:,} in all)"
         )
+        hits, misses = self.entity_cache_counts()
+        if hits + misses:
+            lines.append(
+                f"entity cache: {hits:,} attempt(s) read no database snapshot, {misses:,} read one "
+                f"({100 * hits / (hits + misses):.1f} % from the cache)"
+            )
         lines.append(total.commit_latency.text("submit->commit"))
         lines.append(total.applied_latency.text("submit->applied"))
         if self.unapplied:

@@ -115,6 +115,8 @@ class LedgerService:
             customer go to an instance mounting its partition, each partition is applied by
             the instances mounting it, and the sweeper moves only the steps of these
             partitions). None: every partition.
+        entity_cache: keep entity rows as the applies leave them, so that operations read them
+            without a database snapshot (``ChangeSetCallbacks``' ``entity_cache``).
     """
 
     def __init__(
@@ -128,11 +130,14 @@ class LedgerService:
         sweep_interval: float | None = 0.5,
         prepare: bool = True,
         partitions: Collection[int] | None = None,
+        entity_cache: bool = True,
     ) -> None:
         self.engine = create_framework_engine(db_url)
         if prepare:
             prepare_database(self.engine)
-        self.callbacks = LedgerCallbacks(self.engine, cluster_name=cluster_name, registry=registry())
+        self.callbacks = LedgerCallbacks(
+            self.engine, cluster_name=cluster_name, registry=registry(), entity_cache=entity_cache
+        )
         settings: dict[str, Any] = {"client_max_apply_batch_size": 50, **(client_settings or {})}
         self.partitions: frozenset[int] | None = None if partitions is None else frozenset(partitions)
         if self.partitions is not None:
