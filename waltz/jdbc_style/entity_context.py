@@ -10,8 +10,10 @@ snapshot), reads the partition's high-water mark **first**, then lets :meth:`run
 through :class:`EntityTransaction`, and hands that mark to the builder. Everything the
 transaction read is therefore exactly the state at the mark, even if other instances apply
 transactions between the two reads, so the server's lock check is exact: an attempt built on
-stale rows fails with a lock failure and is retried, never committed. Each read registers a READ
-lock, each change a WRITE lock; the changes become a change-set transaction
+stale rows fails with a lock failure and is retried, never committed. When the entity cache
+(:mod:`waltz.jdbc_style.entity_cache`) holds the entities, the attempt reads them there instead,
+at the cache's position, and sends that position (docs/design/sql.md "The entity cache"). Each
+read registers a READ lock, each change a WRITE lock; the changes become a change-set transaction
 (:mod:`waltz.jdbc_style.changeset`) that :class:`~waltz.jdbc_style.changeset_callbacks.ChangeSetCallbacks`
 applies on every instance::
 
