@@ -226,8 +226,8 @@ def test_a_partition_routed_sweeper_finds_its_steps_behind_other_partitions_page
         future.set_result(None)
         return future
 
-    def owns(step: Any) -> bool:
-        return bool(step.transfer.to_custid == 11)  # a credit goes to its target's partition
+    def owns(custid: int) -> bool:
+        return custid == 11  # a credit runs on its receiver's partition
 
     sweeper = Sweeper(callbacks, submit, batch=50, owns=owns)
     assert sweeper.sweep_once() == 5

@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import Engine, bindparam, insert, select
 from sqlalchemy.orm import Session
 
 from waltz import WaltzClient, WaltzClientConfig
@@ -43,6 +43,13 @@ log = logging.getLogger(__name__)
 
 #: The record of an applied transaction, built once: staged, a group's records go in one INSERT.
 RECORD_APPLIED = insert(applied_transactions)
+
+#: A customer's savings and checking balances in one statement (one state of the database).
+BALANCES = (
+    select(Savings.balance, Checking.balance)
+    .join_from(Savings, Checking, Checking.custid == Savings.custid)
+    .where(Savings.custid == bindparam("custid"))
+)
 
 
 class LedgerCallbacks(ChangeSetCallbacks):
@@ -152,7 +159,7 @@ class LedgerService:
             self.client.set_partitions(self.partitions)
         self.sweeper: Sweeper | None = None
         if sweep_interval is not None:
-            owns = None if self.partitions is None else self.owns_operation
+            owns = None if self.partitions is None else self.owns_customer
             self.sweeper = Sweeper(self.callbacks, self.submit, interval=sweep_interval, owns=owns)
             self.sweeper.start()
 
@@ -276,9 +283,10 @@ class LedgerService:
         )
         if not applied:
             raise TimeoutError(f"transaction {pending} not applied within {timeout}s")
+        # One statement: both balances of one moment (two would straddle an apply that moves money
+        # between them, e.g. an Amalgamate, and could count it twice or not at all).
         with self.engine.connect() as conn:
-            savings = conn.execute(select(Savings.balance).where(Savings.custid == custid)).scalar()
-            checking = conn.execute(select(Checking.balance).where(Checking.custid == custid)).scalar()
-        if savings is None or checking is None:
+            row = conn.execute(BALANCES, {"custid": custid}).first()
+        if row is None:
             raise KeyError(f"customer {custid} has no account")
-        return int(savings), int(checking)
+        return int(row[0]), int(row[1])

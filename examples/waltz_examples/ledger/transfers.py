@@ -265,8 +265,38 @@ def money_in_flight(engine: Engine) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _Pending:
-    transfer: TransferOut
+    """A pending outbox row (its columns, no ORM instance) and the state of its credit."""
+
+    from_custid: int
+    transfer_id: str
+    to_custid: int
+    amount: int
+    kind: str
     credit: str | None  # TransferIn status, or None when no credit yet
+
+    @property
+    def step_name(self) -> str:
+        """The next step: ``credit`` (no credit yet), ``settle`` (credited) or ``refund``."""
+        if self.credit is None:
+            return "credit"
+        return "settle" if self.credit == TransferInStatus.CREDITED else "refund"
+
+    @property
+    def step_customer(self) -> int:
+        """The customer whose partition the next step runs on (the credit's receiver, else the
+        sender)."""
+        return self.to_custid if self.credit is None else self.from_custid
+
+    def transfer(self) -> TransferOut:
+        """The outbox row as a (transient) ``TransferOut``."""
+        return TransferOut(
+            from_custid=self.from_custid,
+            transfer_id=self.transfer_id,
+            to_custid=self.to_custid,
+            amount=self.amount,
+            kind=self.kind,
+            status=TransferOutStatus.PENDING.value,
+        )
 
 
 #: ``submit(context) -> future``: how the sweeper hands a step to the Waltz client.
@@ -281,7 +311,8 @@ class Sweeper:
         submit: submits a context to this instance's Waltz client.
         interval: seconds between scans of the outbox.
         batch: outbox rows looked at per scan.
-        owns: whether this instance moves a step (one of the partitions it mounts); None: all.
+        owns: whether this instance moves the steps that run on a customer's partition (one it
+            mounts), given the customer ID; None: all.
     """
 
     def __init__(
@@ -291,7 +322,7 @@ class Sweeper:
         *,
         interval: float = 0.2,
         batch: int = 500,
-        owns: Callable[[LedgerOperation], bool] | None = None,
+        owns: Callable[[int], bool] | None = None,
     ):
         self._callbacks = callbacks
         self._submit = submit
@@ -344,14 +375,11 @@ class Sweeper:
             rows = conn.execute(stmt).all()
         return [
             _Pending(
-                TransferOut(
-                    from_custid=int(source),
-                    transfer_id=str(transfer_id),
-                    to_custid=int(target),
-                    amount=int(amount),
-                    kind=str(kind),
-                    status=TransferOutStatus.PENDING.value,
-                ),
+                int(source),
+                str(transfer_id),
+                int(target),
+                int(amount),
+                str(kind),
                 None if credit is None else str(credit),
             )
             for source, transfer_id, target, amount, kind, credit in rows
@@ -364,49 +392,53 @@ class Sweeper:
             Steps submitted.
         """
         submitted = 0
-        for t, step, name in self._scan():
-            key = (t.transfer_id, name)
+        for item in self._scan():
+            name = item.step_name
+            key = (item.transfer_id, name)
             with self._lock:
                 if key in self._in_flight:
                     continue
                 self._in_flight.add(key)
             try:
-                future = self._submit(step)
+                future = self._submit(self._step(item))
             except Exception as exc:
                 with self._lock:
                     self._in_flight.discard(key)
-                log.warning("sweeper: could not submit the %s of transfer %s: %r", name, t.transfer_id, exc)
+                log.warning(
+                    "sweeper: could not submit the %s of transfer %s: %r", name, item.transfer_id, exc
+                )
                 continue
             future.add_done_callback(functools.partial(self._done, key))
             submitted += 1
         self.submitted += submitted
         return submitted
 
-    def _step(self, item: _Pending) -> tuple[LedgerOperation, str]:
-        """The next step of a pending transfer and its name."""
-        if item.credit is None:
-            return CreditTransfer(self._callbacks, item.transfer), "credit"
-        if item.credit == TransferInStatus.CREDITED:
-            return SettleTransfer(self._callbacks, item.transfer), "settle"
-        return RefundTransfer(self._callbacks, item.transfer), "refund"
+    def _step(self, item: _Pending) -> LedgerOperation:
+        """The next step of a pending transfer (see ``_Pending.step_name``)."""
+        name = item.step_name
+        if name == "credit":
+            return CreditTransfer(self._callbacks, item.transfer())
+        if name == "settle":
+            return SettleTransfer(self._callbacks, item.transfer())
+        return RefundTransfer(self._callbacks, item.transfer())
 
-    def _scan(self) -> Iterator[tuple[TransferOut, LedgerOperation, str]]:
-        """The next steps this instance moves (transfer, step, step name), of the pending rows: the
-        first page, and further pages (at most :data:`MAX_PAGES` in all) while no row so far was
-        this instance's to move, so that the rows of partitions other instances move (an
-        instance mounting their partition does) never hide its own."""
+    def _scan(self) -> Iterator[_Pending]:
+        """The pending rows whose next step this instance moves: the first page, and further
+        pages (at most :data:`MAX_PAGES` in all) while no row so far was this instance's to
+        move, so that the rows of partitions other instances move (an instance mounting their
+        partition does) never hide its own."""
         after: tuple[int, str] | None = None
+        owns = self._owns
         for _ in range(MAX_PAGES):
             page = self.pending(after)
             owned = False
             for item in page:
-                step, name = self._step(item)
-                if self._owns is None or self._owns(step):
+                if owns is None or owns(item.step_customer):
                     owned = True
-                    yield item.transfer, step, name
+                    yield item
             if owned or len(page) < self._batch:
                 return
-            after = (page[-1].transfer.from_custid, page[-1].transfer.transfer_id)
+            after = (page[-1].from_custid, page[-1].transfer_id)
 
     def _done(self, key: tuple[str, str], future: object) -> None:
         with self._lock:
