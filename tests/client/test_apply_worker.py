@@ -211,3 +211,71 @@ def test_close_stops_after_the_apply_in_progress_even_within_a_run() -> None:
     closing.join(10)
     assert callbacks.applied == [0, 1]  # 2..5 of the same run are left, as queued ones are
     assert mark.value == 1
+
+
+class AbsorbingCallbacks(BatchCallbacks):
+    """Absorbs each batch before it is applied; notes the order of events and the marks seen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, int]] = []
+        self.absorbed_mark: Watermark | None = None
+        self.marks_at_apply: list[int] = []
+
+    @property
+    def absorbs_transactions(self) -> bool:
+        return True
+
+    def absorb_transactions(self, transactions: Sequence[Transaction]) -> None:
+        assert all(t.data_loaded for t in transactions)
+        self.events.append(("absorb", transactions[-1].transaction_id))
+
+    def absorb_floor(self, partition_id: int, mark: int) -> None:
+        self.events.append(("floor", mark))
+
+    def apply_transactions(self, transactions: Sequence[Transaction]) -> None:
+        assert self.absorbed_mark is not None
+        self.marks_at_apply.append(self.absorbed_mark.value)
+        self.events.append(("apply", transactions[-1].transaction_id))
+        super().apply_transactions(transactions)
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self.apply_transactions([transaction])
+
+
+def test_absorbing_callbacks_see_each_batch_before_it_is_applied() -> None:
+    callbacks = AbsorbingCallbacks()
+    applied, absorbed = Watermark(-1), Watermark(-1)
+    callbacks.absorbed_mark = absorbed
+    worker = ApplyWorker(4, callbacks, applied, initial_backoff=0.01, absorbed=absorbed)
+    worker.start()
+    try:
+        worker.enqueue_many([(txn(tid), None) for tid in range(5)])
+        assert applied.wait(4, 10)
+        worker.set_floor(9)  # found applied at a mount: absorbed and applied move together
+        worker.enqueue(txn(10))
+        assert applied.wait(10, 10)
+    finally:
+        worker.close()
+    assert callbacks.applied == [0, 1, 2, 3, 4, 10]
+    absorbs = [i for i, (kind, _) in enumerate(callbacks.events) if kind == "absorb"]
+    applies = [i for i, (kind, _) in enumerate(callbacks.events) if kind == "apply"]
+    assert len(absorbs) == len(applies) and all(a < b for a, b in zip(absorbs, applies, strict=True))
+    # Each batch was absorbed, and the absorbed mark moved, before its apply ran.
+    lasts = [last for kind, last in callbacks.events if kind == "apply"]
+    assert callbacks.marks_at_apply == lasts
+    assert ("floor", 9) in callbacks.events
+    assert absorbed.value == applied.value == 10
+
+
+def test_callbacks_that_do_not_absorb_move_the_absorbed_mark_with_the_applies() -> None:
+    callbacks = BatchCallbacks()
+    applied, absorbed = Watermark(-1), Watermark(-1)
+    worker = ApplyWorker(4, callbacks, applied, initial_backoff=0.01, absorbed=absorbed)
+    worker.start()
+    try:
+        worker.enqueue_many([(txn(tid), None) for tid in range(3)])
+        assert applied.wait(2, 10)
+    finally:
+        worker.close()
+    assert absorbed.value == 2

@@ -216,8 +216,15 @@ class Service:
         return server
 
 
+@pytest.fixture(params=[True, False], ids=["entity-cache", "no-entity-cache"])
+def entity_cache(request: pytest.FixtureRequest) -> bool:
+    """Whether the instances keep the entity cache (their apply_change override only passes over
+    other tests' entities, so the cache may be on)."""
+    return bool(request.param)
+
+
 @pytest.fixture
-def service(sql_cluster_ready: LocalCluster, app_db_url: str) -> Iterator[Service]:
+def service(sql_cluster_ready: LocalCluster, app_db_url: str, entity_cache: bool) -> Iterator[Service]:
     """Two instances (engine, ChangeSetCallbacks, client) on one fresh database; closed afterwards."""
     setup = create_framework_engine(app_db_url)
     try:
@@ -236,7 +243,9 @@ def service(sql_cluster_ready: LocalCluster, app_db_url: str) -> Iterator[Servic
         for _ in range(2):
             engine = create_framework_engine(app_db_url)
             try:
-                callbacks = SharedLogCallbacks(engine, cluster_name=cluster_name, registry=registry)
+                callbacks = SharedLogCallbacks(
+                    engine, cluster_name=cluster_name, registry=registry, entity_cache=entity_cache
+                )
                 client = WaltzClient(callbacks, config)
             except BaseException:
                 engine.dispose()
@@ -313,3 +322,21 @@ def test_a_request_committed_twice_changes_the_database_once(service: Service) -
     service.wait_caught_up()
     assert service.counter_value(counter_id) == 15, "the request was applied twice (or not at all)"
     assert service.first.callbacks.find_idempotency_key(key) == AppliedRequest(pid, ids[0])
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+def test_one_instance_s_hot_counter_reads_the_entity_cache_and_loses_no_update(service: Service) -> None:
+    """One instance submitting on a counter: its attempts after the first read the entity cache
+    (the rows its applies absorbed), contexts queued behind the counter's lock run once the
+    transaction before them is absorbed, and no increment is lost."""
+    counter_id = service.create_counter()
+    instance = service.first
+    cache = instance.callbacks.entity_cache
+    assert cache is not None
+    hits_before = cache.hits
+    submitted = submit_increments(instance, counter_id, 100)
+    ids = [future.result(TIMEOUT) for _, future in submitted]
+    assert len(set(ids)) == 100
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 100, "an increment was lost"
+    assert cache.hits > hits_before, (cache.hits, cache.misses, cache.resets)

@@ -6,17 +6,19 @@ send, also when another instance applies meanwhile; whatever the cache cannot fo
 from __future__ import annotations
 
 import decimal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Boolean, Engine, Numeric, String, TypeDecorator, event, select, update
+from sqlalchemy import Boolean, Engine, Numeric, String, TypeDecorator, delete, event, select, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from waltz.client.context import TransactionBuilder
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style import (
+    ChangeSetApplyError,
     ChangeSetCallbacks,
     EntityRegistry,
     EntityTransaction,
@@ -362,3 +364,85 @@ def test_values_not_stored_as_given_are_not_kept() -> None:
     assert cache.view(1, [key]) is not None
     cache.reset(1, 11)
     assert cache.view(1, [key]) is None
+
+
+def _payload_transaction(context: EntityTransactionContext, transaction_id: int) -> Transaction:
+    """An attempt of ``context`` as committed transaction ``transaction_id`` (not applied)."""
+    payload = _attempt(context).build()
+    pid = context.chosen_partition
+    return Transaction(
+        pid, transaction_id, ReqId(9, 1, pid, transaction_id), payload.header, None, payload.data
+    )
+
+
+def test_an_absorbed_transaction_is_read_before_it_is_applied(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    """The client hands a batch to ``absorb_transactions`` before applying it: attempts read
+    the absorbed rows at once, at the absorbed transaction's ID, while the database is behind."""
+    assert callbacks.absorbs_transactions
+    pid = 17 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 17), 0)
+    _commit(callbacks, Add(callbacks, 17), 1)  # cached at 1: tally 17 = 2
+    absorbed = _payload_transaction(Add(callbacks, 17, amount=5), 2)
+    callbacks.absorb_transactions([absorbed])
+    assert _read(engine, 17) == 2  # not applied yet
+    ahead = Add(callbacks, 17)
+    assert _attempt(ahead).build().client_high_water_mark == 2 and ahead.seen == [7]
+    callbacks.apply_transaction(absorbed)  # the apply that follows leaves the cache as it is
+    assert _read(engine, 17) == 7
+    after = Add(callbacks, 17)
+    assert _attempt(after).build().client_high_water_mark == 2 and after.seen == [7]
+
+
+def test_a_database_read_waits_for_the_applies_to_reach_the_absorbed_position(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    """An attempt that must read the database while the cache is ahead of it (absorbed, not yet
+    applied) waits for this instance's apply, so it never reads an older state than the cache's."""
+    pid = 2 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 2), 0)
+    _commit(callbacks, Add(callbacks, 6), 1)  # tally 6, same partition, in the database
+    absorbed = _payload_transaction(Add(callbacks, 2), 2)
+    callbacks.absorb_transactions([absorbed])
+    timer = threading.Timer(0.3, callbacks.apply_transaction, (absorbed,))
+    timer.start()
+    try:
+        other = Add(callbacks, 10)  # tally 10 of partition 2: no row, never read, not cached
+        assert _attempt(other).build().client_high_water_mark == 2  # read after the apply
+        assert other.seen == [None]
+    finally:
+        timer.join()
+    assert _read(engine, 2) == 2
+
+
+def test_a_failed_apply_drops_the_absorbed_rows(engine: Engine, callbacks: CommandCallbacks) -> None:
+    pid = 21 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 21), 0)
+    _commit(callbacks, Add(callbacks, 21), 1)
+    absorbed = _payload_transaction(Add(callbacks, 21), 2)
+    callbacks.absorb_transactions([absorbed])
+    with engine.begin() as conn:  # the row disappears behind the log's back: the update finds none
+        conn.execute(delete(Tally).where(Tally.tally_id == 21))
+    with pytest.raises(ChangeSetApplyError):
+        callbacks.apply_transaction(absorbed)
+    statements = Statements(engine)
+    after = Add(callbacks, 21)
+    assert statements.during(lambda: _attempt(after)) > 0  # the rows were dropped: read again
+    assert after.seen == [None]
+
+
+def test_a_floor_starts_the_cache_again_at_the_mark(callbacks: CommandCallbacks) -> None:
+    pid = 25 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 25), 0)
+    _commit(callbacks, Add(callbacks, 25), 1)
+    cache = callbacks.entity_cache
+    assert cache is not None and cache.position(pid) == 1
+    callbacks.absorb_floor(pid, 0)  # behind the position: nothing changes
+    assert cache.position(pid) == 1 and cache.view(pid, [(callbacks.registry.info(Tally), (25,))]) is not None
+    callbacks.absorb_floor(pid, 9)
+    assert cache.position(pid) == 9 and cache.view(pid, [(callbacks.registry.info(Tally), (25,))]) is None

@@ -87,6 +87,22 @@ def test_smallbank_json_on_postgresql(postgres_url: str) -> None:
     assert cache["hits"] > 0 and cache["hits"] + cache["misses"] >= report["submitted"], cache
 
 
+def test_smallbank_on_a_schedule_takes_the_schedule_s_length() -> None:
+    """``--rate``: the draws start on a fixed schedule (200 draws at 100/s over 2 instances take
+    at least 2 s), and the report says so."""
+    result = run_cli("--local", "--instances", "2", "--transactions", "200", "--rate", "100", "--json")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    report = json.loads(result.stdout)
+    assert_report(report, instances=2, draws=200)
+    assert report["settings"]["rate"] == 100
+    assert all(f["seconds"] >= 1.98 for f in report["per_instance"]), report["per_instance"]
+
+
+def test_a_rate_not_above_zero_is_refused() -> None:
+    result = run_cli("--local", "--rate", "0")
+    assert result.exit_code == 2, result.output
+
+
 def test_smallbank_without_the_entity_cache(postgres_url: str) -> None:
     args = ["--local", "--instances", "1", "--transactions", "100", "--accounts", "40", "--json"]
     result = run_cli(*args, "--no-entity-cache", "--db", postgres_url)

@@ -334,6 +334,19 @@ def smallbank(
             ),
         ),
     ] = True,
+    rate: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            help=(
+                "Draws per second in all (Balance reads included), split across the instances, on "
+                "a fixed schedule: latencies count from each draw's scheduled start (e.g. half the "
+                "committed/s of an unpaced run, for latency at half load). Default: as fast as "
+                "--in-flight allows."
+            ),
+            show_default=False,
+        ),
+    ] = None,
     db: Annotated[
         str | None,
         typer.Option(
@@ -394,6 +407,7 @@ def smallbank(
             timeout=timeout,
             partition_routing=partition_routing,
             entity_cache=entity_cache,
+            rate=rate,
         )
     except ValueError as exc:
         raise _fail(str(exc), 2) from exc

@@ -25,7 +25,10 @@ from waltz.client.transaction import Transaction
 from waltz.client.waiting import Watermark
 from waltz.errors import ClientClosedError, TransactionApplyError
 
-__all__ = ["ApplyWorker"]
+__all__ = ["APPLY_THREAD_PREFIX", "ApplyWorker"]
+
+#: The name of an apply worker's thread is this prefix and the partition ID.
+APPLY_THREAD_PREFIX = "waltz-apply-"
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,9 @@ class ApplyWorker:
         initial_backoff: seconds before the first retry of a failed apply (doubles each time).
         max_backoff: the longest pause between retries, in seconds.
         metrics: the partition's counters (transactions applied, apply errors), or None.
+        absorbed: the partition's absorbed high-water mark (``WaltzClientCallbacks.absorb_transactions``);
+            the worker advances it before each apply when the callbacks absorb, else with
+            ``applied``. None: not kept.
     """
 
     def __init__(
@@ -68,16 +74,19 @@ class ApplyWorker:
         initial_backoff: float = 0.05,
         max_backoff: float = 5.0,
         metrics: PartitionMetrics | None = None,
+        absorbed: Watermark | None = None,
     ) -> None:
         self.partition_id = partition_id
         self._callbacks = callbacks
         self._applied = applied
+        self._absorbed = absorbed
+        self._absorbs = absorbed is not None and callbacks.absorbs_transactions
         self._batching = type(callbacks).apply_transactions is not WaltzClientCallbacks.apply_transactions
         # Without apply_transactions the worker still takes what is ready (up to max_batch) at once,
         # then applies and marks each transaction in turn: one wake-up per run, not per transaction.
         self._max_batch = max_batch
         self._linger = linger if self._batching else 0.0
-        self._prefetch = callbacks.prefetch_transaction_data
+        self._prefetch = callbacks.prefetch_transaction_data or self._absorbs
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
         self._metrics = metrics
@@ -90,7 +99,9 @@ class ApplyWorker:
         self.last_error: BaseException | None = None
         self.failures = 0
         """Failed apply calls so far."""
-        self._thread = threading.Thread(target=self._run, name=f"waltz-apply-{partition_id}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"{APPLY_THREAD_PREFIX}{partition_id}", daemon=True
+        )
 
     def start(self) -> None:
         """Start the thread."""
@@ -150,6 +161,10 @@ class ApplyWorker:
                 while self._items and isinstance(self._items[0], _Floor):
                     floor = self._items.popleft()
                     assert isinstance(floor, _Floor)
+                    if self._absorbs:
+                        self._absorb_floor(floor.mark)
+                    if self._absorbed is not None:
+                        self._absorbed.advance(floor.mark)
                     self._applied.advance(floor.mark)
                 if self._linger > 0 and 0 < len(self._items) < self._max_batch:
                     self._wait_to_fill()
@@ -186,10 +201,17 @@ class ApplyWorker:
                 return
             if tracing.client_tracing_on:
                 tracing.apply_taken(batch)
+            if self._absorbs:
+                transactions = [entry.transaction for entry in batch]
+                if not self._apply((), transactions):
+                    return  # the data first (retried like an apply), then absorbed, then applied
+                self._absorb(transactions)
             if self._batching:
                 if not self._apply([entry.transaction for entry in batch]):
                     return
                 self._applied.advance(batch[-1].transaction.transaction_id)
+                if self._absorbed is not None and not self._absorbs:
+                    self._absorbed.advance(batch[-1].transaction.transaction_id)
                 for entry in batch:
                     if entry.submission is not None:
                         entry.submission.applied()
@@ -213,12 +235,30 @@ class ApplyWorker:
                     else:
                         self.healthy = True
                     advance(transaction.transaction_id)
+                    if self._absorbed is not None and not self._absorbs:
+                        self._absorbed.advance(transaction.transaction_id)
                     self._in_progress -= 1
                     if entry.submission is not None:
                         entry.submission.applied()
             self._in_progress = 0
             if self._metrics is not None:
                 self._metrics.applied.inc(len(batch))
+
+    def _absorb(self, transactions: list[Transaction]) -> None:
+        """Hand a loaded batch to ``absorb_transactions``, then advance the absorbed mark (an
+        exception is logged: the callbacks' own state then falls back on the database)."""
+        try:
+            self._callbacks.absorb_transactions(transactions)
+        except Exception:
+            log.exception("partition %d: absorb_transactions raised", self.partition_id)
+        assert self._absorbed is not None
+        self._absorbed.advance(transactions[-1].transaction_id)
+
+    def _absorb_floor(self, mark: int) -> None:
+        try:
+            self._callbacks.absorb_floor(self.partition_id, mark)
+        except Exception:
+            log.exception("partition %d: absorb_floor raised", self.partition_id)
 
     def _apply(
         self,

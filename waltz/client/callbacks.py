@@ -62,6 +62,31 @@ class WaltzClientCallbacks(abc.ABC):
         for transaction in transactions:
             self.apply_transaction(transaction)
 
+    @property
+    def absorbs_transactions(self) -> bool:
+        """True when the application keeps state of its own that follows the log ahead of its
+        applies (the SQL framework's entity cache): the client then loads each apply batch's data,
+        calls :meth:`absorb_transactions` with it before the apply, and lets the contexts that
+        read that state (``TransactionContext.reads_absorbed_state``) run again as soon as a
+        transaction is absorbed rather than applied (docs/design/client.md "Applying
+        transactions"). The default: False."""
+        return False
+
+    def absorb_transactions(self, transactions: Sequence[Transaction]) -> None:
+        """Optional hook: consecutive committed transactions of one partition, in ID order, with
+        their data loaded, before they are applied (only when :attr:`absorbs_transactions`).
+
+        Must not raise: an exception is logged and the client goes on (the state it feeds must
+        then make its readers fall back on the database).
+        """
+        return None
+
+    def absorb_floor(self, partition_id: int, mark: int) -> None:
+        """Optional hook: every transaction of the partition up to ``mark`` is applied already
+        (found in the database at a mount), and those will not be absorbed one by one. Must not
+        raise."""
+        return None
+
     def client_closed(self) -> None:
         """Optional hook: a client using these callbacks closed (after its apply workers stopped).
 

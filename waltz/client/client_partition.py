@@ -169,6 +169,9 @@ class ClientPartition:
         self.limit = ConcurrencyLimit(max_concurrent)
         self.applied = Watermark(-1)
         """The highest transaction ID this client applied (or found applied) on the partition."""
+        self.absorbed = Watermark(-1)
+        """The highest transaction ID the callbacks absorbed (``absorb_transactions``; with
+        callbacks that do not absorb, the same as :attr:`applied`); never below it."""
         self.monitor: TransactionMonitor[_Pending] = TransactionMonitor()
         self.state = PartitionState.UNMOUNTED
         self.endpoint: str | None = None
@@ -236,6 +239,7 @@ class ClientPartition:
                 max_batch=self._max_apply_batch,
                 linger=self._apply_linger,
                 metrics=self.metrics,
+                absorbed=self.absorbed,
             )
             self.worker.start()
         self.state = PartitionState.MOUNTING

@@ -228,6 +228,12 @@ class TransactionContext(abc.ABC):
     #: conservative mark (an attempt that forgot to set it fails the lock check, never passes it).
     sets_client_high_water_mark: bool = False
 
+    #: True when ``execute`` reads state that follows the log as the callbacks absorb it
+    #: (``WaltzClientCallbacks.absorb_transactions``, e.g. the SQL framework's entity cache),
+    #: up to the absorbed mark at least: after a lock failure (or behind a lock of this client's)
+    #: the next attempt then runs once the transaction it waits for is absorbed, not applied.
+    reads_absorbed_state: bool = False
+
     def __init__(self, *, timeout: float | None = None) -> None:
         self.creation_time = time.time()
         if timeout is not None:

@@ -213,13 +213,12 @@ class ClientCore:
             partition.metrics.lock_failures.inc()
         pause = _retry_pause(submission, lock_target)
         target = self.read_your_writes_target(partition) if lock_target is None else lock_target
-        if not pause and partition.applied.value >= target:
+        mark = _waited_mark(partition, submission)
+        if not pause and mark.value >= target:
             self._submit_attempt(partition, submission, lock_target is not None)
         elif not pause and lock_target is not None and submission.deadline is None:
             # Nothing to time out: the thread that applies the target hands the attempt over.
-            partition.applied.call_when(
-                target, functools.partial(self._attempt_when_applied, partition, submission)
-            )
+            mark.call_when(target, functools.partial(self._attempt_when_applied, partition, submission))
         else:
             self._spawn(self._retry(partition, submission, lock_target, target, pause))
 
@@ -399,7 +398,7 @@ class ClientCore:
         ``target`` is applied (the holder's commit, this client's own: read your writes)."""
         if self._closed:
             return
-        if partition.applied.value >= target:
+        if _waited_mark(partition, submission).value >= target:
             self._submit_attempt(partition, submission, False)
         else:
             self._spawn(self._retry(partition, submission, None, target, 0.0))
@@ -463,7 +462,7 @@ class ClientCore:
         if lock_target is None:  # read your writes, within its own limit
             limit = self.config.client_read_your_writes_timeout
             remaining = limit if remaining is None else min(limit, remaining)
-        await partition.applied.wait_async(target, remaining)
+        await _waited_mark(partition, submission).wait_async(target, remaining)
         if not self._closed:
             self._submit_attempt(partition, submission, lock_target is not None)
 
@@ -750,6 +749,12 @@ class ClientCore:
             )
             for pid, p in partitions.items()
         ]
+
+
+def _waited_mark(partition: ClientPartition, submission: Submission) -> Watermark:
+    """The mark a next attempt waits on: the absorbed mark for a context that reads absorbed
+    state (``TransactionContext.reads_absorbed_state``), else the applied mark."""
+    return partition.absorbed if submission.context.reads_absorbed_state else partition.applied
 
 
 def _retry_pause(submission: Submission, lock_target: int | None) -> float:

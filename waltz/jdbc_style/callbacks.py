@@ -663,9 +663,11 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             # The guard may have interrupted a commit half-way: never reuse that DBAPI connection.
             conn.invalidate()
             conn.close()
+            self._apply_failed(partition_id)
             raise
         except BaseException:
             conn.close()
+            self._apply_failed(partition_id)
             raise
         self._appliers.give_back(conn)
         self._failing.discard(partition_id)
@@ -677,6 +679,22 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         ``mark``: ``applied`` are the transactions this instance's committed database transaction
         applied, in order, ending at ``mark`` (empty: none, or not all of them by :meth:`apply`,
         e.g. an operator's skip). The entity cache follows the applies here."""
+
+    def _apply_failed(self, partition_id: int) -> None:
+        """Called on the apply thread when a group's database transaction failed (it is retried)."""
+
+    def wait_applied_here(self, partition_id: int, mark: int, timeout: float = 5.0) -> bool:
+        """Wait until this instance knows the partition applied up to ``mark`` in this database
+        (its own applies, or marks it read), at most ``timeout`` seconds; not while the partition's
+        apply is failing. Returns whether it got there."""
+        deadline = time.monotonic() + timeout
+        with self._applied_changed:
+            while self._applied.get(partition_id, -1) < mark:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or partition_id in self._failing:
+                    return False
+                self._applied_changed.wait(remaining)
+        return True
 
     def _apply_locked(
         self, conn: Connection, partition_id: int, transactions: Sequence[Transaction]
@@ -726,7 +744,8 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 self._run_apply(conn, pending, skips)
                 new_mark = pending[-1].transaction_id
                 self.marks.advance(conn, partition_id, mark, new_mark)
-                applied = () if skips else pending
+                # Not all by this apply: some by another instance, or an operator's skips.
+                applied = () if skips or len(pending) < len(transactions) else pending
         return new_mark, applied
 
     def _run_apply(self, conn: Connection, pending: Sequence[Transaction], skips: set[int]) -> None:

@@ -143,27 +143,76 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         if transaction.header != CHANGE_SET_HEADER:
             self.apply_command(transaction, session)
             return
-        change_set = ChangeSet.decode(transaction.get_raw_data())
+        self.apply_change_set(self._change_set_of(transaction), transaction, session)
+
+    def _change_set_of(self, transaction: Transaction) -> ChangeSet:
+        """The transaction's decoded change-set (with the entity cache, decoded once for the
+        absorb and the apply, and kept until the apply ends).
+
+        Raises:
+            ChangeSetFormatError: the data is not a valid change-set.
+        """
+        if self.entity_cache is None:
+            return ChangeSet.decode(transaction.get_raw_data())
+        decoded = self._decoded.setdefault(transaction.partition_id, {})
+        change_set = decoded.get(transaction.transaction_id)
+        if change_set is None:
+            change_set = ChangeSet.decode(transaction.get_raw_data())
+            decoded[transaction.transaction_id] = change_set
+        return change_set
+
+    # --- the entity cache ---------------------------------------------------------------------------
+
+    @property
+    def absorbs_transactions(self) -> bool:
+        """True with the entity cache: it follows each apply batch before the batch is applied."""
+        return self.entity_cache is not None
+
+    def absorb_transactions(self, transactions: Sequence[Transaction]) -> None:
+        """Move the entity cache by a batch the client is about to apply (docs/design/sql.md
+        "The entity cache"); a transaction that is not a valid change-set resets it (its apply
+        reports the error)."""
+        cache = self.entity_cache
+        if cache is None or not transactions:
+            return
+        change_sets: list[ChangeSet | None] = []
+        for transaction in transactions:
+            change_set = None
+            if transaction.header == CHANGE_SET_HEADER:
+                try:
+                    change_set = self._change_set_of(transaction)
+                except Exception:  # the apply raises it where it is reported and retried
+                    change_set = None
+            change_sets.append(change_set)
+        cache.absorb(transactions[0].partition_id, transactions[0].transaction_id, change_sets)
+
+    def absorb_floor(self, partition_id: int, mark: int) -> None:
+        """Transactions up to ``mark`` were found applied at a mount: the cache starts there."""
         if self.entity_cache is not None:
-            self._decoded.setdefault(transaction.partition_id, {})[transaction.transaction_id] = change_set
-        self.apply_change_set(change_set, transaction, session)
+            self.entity_cache.floor(partition_id, mark)
 
     def _after_apply(self, partition_id: int, applied: Sequence[Transaction], mark: int) -> None:
-        """The entity cache follows the change-sets this instance just applied (or resets)."""
+        """After a group is known applied: the entity cache follows what this instance applied
+        (absorbed already when the client absorbed it first), or drops its rows when another
+        instance applied the group (whole or in part; the database may lack an operator's skip)."""
         cache = self.entity_cache
         if cache is None:
             return
-        decoded = self._decoded.pop(partition_id, None)
+        decoded = self._decoded.pop(partition_id, None) or {}
         if not applied:
-            cache.reset(partition_id, mark)
+            cache.drop_rows(partition_id)
+            cache.floor(partition_id, mark)
             return
-        if decoded is None:
-            decoded = {}
         cache.absorb(
-            partition_id,
-            applied[0].transaction_id,
-            [decoded.get(t.transaction_id) for t in applied],
+            partition_id, applied[0].transaction_id, [decoded.get(t.transaction_id) for t in applied]
         )
+
+    def _apply_failed(self, partition_id: int) -> None:
+        """An apply failed: the entity cache drops its rows (an operator may skip the transaction
+        it absorbed); rows come back from the database."""
+        self._decoded.pop(partition_id, None)
+        if self.entity_cache is not None:
+            self.entity_cache.drop_rows(partition_id)
 
     def apply_change_set(self, change_set: ChangeSet, transaction: Transaction, session: Session) -> None:
         """Apply a decoded change-set: record its idempotency key (skipping a repeated request's

@@ -13,16 +13,21 @@ after P wrote one of its locks, exactly as for a snapshot.
 
 How the rows stay exact:
 
-- The cache moves only after a database transaction of the instance's apply has committed
-  (:meth:`EntityCache.absorb`), by the change-sets that transaction applied, in order, starting
-  right after P. A change-set's insert or update carries the whole row; a row is kept only when
+- The cache moves by the committed transactions of the partition, in order, starting right after
+  P (:meth:`EntityCache.absorb`): the client hands each apply batch to the callbacks before it
+  applies it (``absorb_transactions``), and an apply without the client moves it after its
+  database transaction commits. A change-set's insert or update carries the whole row; a row is kept only when
   every value is of a type the database stores as given (:func:`column_kinds`) and the model's
   table is no other declared model's, else the entry is dropped (read from the database next
   time).
 - Anything the cache cannot follow exactly resets it to an empty cache at the new mark: a group
-  that does not start at P + 1 (another instance applied some), a transaction that is not a
-  change-set, an operator's skip, a change-set with an idempotency key (its changes may be
-  skipped at apply time), a change the cache cannot place by its entity key.
+  that does not start at P + 1, a floor (transactions found applied at a mount), a transaction
+  that is not a change-set, a change-set with an idempotency key (its changes may be skipped at
+  apply time), a change the cache cannot place by its entity key.
+- What the database may not hold as absorbed drops the rows and keeps P: an apply that failed
+  (an operator may skip the transaction), a group another instance applied (whole or in part).
+- P may be ahead of the database (absorbed, not yet applied): an attempt that must read the
+  database first waits, for a bounded time, until this instance's applies reach P.
 - Rows read from the database are added only when the snapshot's mark equals P
   (:meth:`EntityCache.fill`); rows read at another mark are used by that attempt only.
 
@@ -234,14 +239,43 @@ class EntityCache:
             partition.rows = {}
             partition.position = position
 
+    def drop_rows(self, partition_id: int) -> None:
+        """Drop the partition's rows, keeping its position (an apply failed, or another instance
+        applied what this one absorbed: the database may not hold what the rows say, e.g. after
+        an operator's skip); rows come back from database reads at that position."""
+        partition = self._partition(partition_id)
+        with partition.lock:
+            if partition.rows:
+                self.resets += 1
+                partition.rows = {}
+
+    def floor(self, partition_id: int, mark: int) -> None:
+        """Everything up to ``mark`` is applied already and will not be absorbed: a partition
+        behind it starts again, empty, at ``mark``."""
+        partition = self._partition(partition_id)
+        with partition.lock:
+            if partition.position is not None and partition.position >= mark:
+                return
+            if partition.rows:
+                self.resets += 1
+            partition.rows = {}
+            partition.position = mark
+
     def absorb(self, partition_id: int, first: int, change_sets: Sequence[ChangeSet | None]) -> None:
-        """Move the partition on by the transactions ``first``, ``first + 1``, ... that an apply of
-        this instance just committed: their decoded change-sets in order (None: a transaction that
-        is not a change-set, or was skipped). Resets it when they do not follow its position or
-        hold something the cache cannot follow (see the module docstring)."""
+        """Move the partition on by the committed transactions ``first``, ``first + 1``, ...: their
+        decoded change-sets in order (None: a transaction that is not a change-set). Those at or
+        below the position are absorbed already and passed over. Resets it when they do not
+        follow its position or hold something the cache cannot follow (see the module
+        docstring)."""
         last = first + len(change_sets) - 1
         partition = self._partition(partition_id)
         with partition.lock:
+            position = partition.position
+            if position is not None and first <= position:  # absorbed already (before the apply)
+                if last <= position:
+                    return
+                change_sets = change_sets[position + 1 - first :]
+                first = position + 1
             if partition.position != first - 1 or any(
                 cs is None or cs.idempotency_key is not None for cs in change_sets
             ):
@@ -268,7 +302,10 @@ class EntityCache:
         """Apply one change-set's row changes to ``rows``; False when one cannot be placed."""
         by_name = self.registry.by_name
         for change in change_set.changes:
-            info = by_name(change.entity)
+            try:
+                info = by_name(change.entity)
+            except Exception:  # an entity this registry does not declare: its apply decides
+                return False
             kinds = self.kinds(info)
             if kinds is None:
                 # Its rows are never kept, and its changes cannot touch a kept row of another model.

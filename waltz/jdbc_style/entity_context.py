@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import threading
 from collections.abc import Iterable
 from typing import Any, TypeVar, overload
 
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
+from waltz.client.apply_worker import APPLY_THREAD_PREFIX
 from waltz.client.context import TransactionBuilder, TransactionContext
 from waltz.client.locks import PartitionLocalLock
 from waltz.errors import CrossPartitionError
@@ -294,6 +296,16 @@ class EntityTransaction:
         return info, values
 
 
+def _catch_up(callbacks: ChangeSetCallbacks, cache: EntityCache, partition_id: int) -> None:
+    """Before a database read: let this instance's applies reach the cache's position, which may
+    be ahead of them (absorbed, not yet applied), so that the read is not older than what the
+    attempt may already have read from the cache or waited for (bounded; never on an apply
+    thread, which would wait for itself)."""
+    position = cache.position(partition_id)
+    if position is not None and not threading.current_thread().name.startswith(APPLY_THREAD_PREFIX):
+        callbacks.wait_applied_here(partition_id, position)
+
+
 class CachedSnapshot:
     """What an attempt reads when the entity cache holds its entities: their rows at the cache's
     position (:attr:`high_water_mark`). A read the cache cannot answer (another entity, a query
@@ -343,6 +355,7 @@ class CachedSnapshot:
 
     def _database(self) -> MarkSnapshot:
         if self._snapshot is None:
+            _catch_up(self._callbacks, self._cache, self.partition_id)
             stack = contextlib.ExitStack()
             self._snapshot = stack.enter_context(self._callbacks.snapshot(self.partition_id))
             self._stack = stack
@@ -403,6 +416,9 @@ class EntityTransactionContext(TransactionContext):
         ]
         self._num_partitions = 0
         self._partition_id = -1
+        # With the entity cache, a next attempt may run once the transaction it waits for is
+        # absorbed: what it reads is the cache's, or the database once it reached the position.
+        self.reads_absorbed_state = callbacks.entity_cache is not None
         self.last_transaction: EntityTransaction | None = None
         """The last attempt's :class:`EntityTransaction` (what was read and changed)."""
 
@@ -501,6 +517,8 @@ class EntityTransactionContext(TransactionContext):
                     CachedSnapshot(self.callbacks, cache, self._partition_id, view[0], view[1])
                 )
             else:
+                if cache is not None:
+                    _catch_up(self.callbacks, cache, self._partition_id)
                 snapshot = stack.enter_context(self.callbacks.snapshot(self._partition_id, entities=entities))
                 if cache is not None and snapshot.prefetched:
                     cache.fill(self._partition_id, snapshot.high_water_mark, snapshot.prefetched.items())

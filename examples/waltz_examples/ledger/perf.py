@@ -130,6 +130,9 @@ class SmallBankPerfSettings:
             and submits for any customer (requests spread round-robin).
         entity_cache: the instances keep entity rows as their applies leave them (operations on
             cached entities read no database snapshot); off: every attempt reads a snapshot.
+        rate: draws per second in all (Balance reads included), split evenly across the
+            instances, each on a fixed schedule whose start times the latencies count from;
+            None: as fast as ``in_flight`` allows.
 
     Raises:
         ValueError: a count below its minimum, or a timeout not above 0.
@@ -145,8 +148,11 @@ class SmallBankPerfSettings:
     cluster_name: str = "ledger"
     partition_routing: bool = False
     entity_cache: bool = True
+    rate: float | None = None
 
     def __post_init__(self) -> None:
+        if self.rate is not None and not self.rate > 0:
+            raise ValueError(f"rate must be above 0 draws per second, got {self.rate}")
         minimums = {"instances": 1, "transactions": 0, "accounts": 2, "in_flight": 1, "submitters": 1}
         for name, minimum in minimums.items():
             if getattr(self, name) < minimum:
@@ -169,6 +175,7 @@ class SmallBankPerfSettings:
             f"per instance, seed {self.seed}"
             + (", partition-routed" if self.partition_routing else "")
             + ("" if self.entity_cache else ", no entity cache")
+            + ("" if self.rate is None else f", {self.rate:,g} draws/s scheduled")
         )
 
     def summary(self) -> dict[str, Any]:
@@ -183,6 +190,7 @@ class SmallBankPerfSettings:
             "timeout": self.timeout,
             "partition_routing": self.partition_routing,
             "entity_cache": self.entity_cache,
+            "rate": self.rate,
         }
 
 
@@ -321,6 +329,7 @@ def _run_instance(spec: _InstanceSpec, start: Any, stop: Any, results: Any) -> N
             in_flight=settings.in_flight,
             seed=settings.seed + 1 + spec.index,
             submitters=settings.submitters,
+            rate=None if settings.rate is None else settings.rate / settings.instances,
         )
         workload = SmallBankWorkload([service], config)
         try:

@@ -82,6 +82,13 @@ class SmallBankConfig:
         submitters: threads that submit (each runs a first attempt's database reads).
         record_latency: time each committed transaction (:attr:`SmallBankStats.commit_latency`,
             :attr:`SmallBankStats.applied_latency`); off, the histograms stay empty.
+        rate: draws per second (Balance reads included) this workload starts, on a fixed
+            schedule; a transaction's latencies count from its scheduled start, so a schedule
+            the instances cannot keep shows as latency (and ``in_flight`` still caps what is
+            outstanding). None: as fast as ``in_flight`` allows.
+
+    Raises:
+        ValueError: ``rate`` is not above 0.
     """
 
     accounts: int = 1000
@@ -92,6 +99,11 @@ class SmallBankConfig:
     deactivate: int = 3
     submitters: int = 4
     record_latency: bool = True
+    rate: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.rate is not None and not self.rate > 0:
+            raise ValueError(f"rate must be above 0 draws per second, got {self.rate}")
 
 
 @dataclass
@@ -260,12 +272,20 @@ class SmallBankWorkload:
         started = time.monotonic()
         halfway = transactions // 2
         late = (3 * transactions) // 4
+        rate = self.config.rate
+        schedule_start = time.perf_counter()
         for i in range(transactions):
             if i == halfway and self.config.deactivate:
                 self._deactivate_some()
             if i == late and self.closed:
                 self._pay_closed_accounts()
-            self._one(self._draw())
+            scheduled = None
+            if rate is not None:
+                scheduled = schedule_start + i / rate
+                pause = scheduled - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
+            self._one(self._draw(), scheduled)
             if progress is not None:
                 progress(1)
         self.drain()
@@ -328,7 +348,9 @@ class SmallBankWorkload:
                 service = self._service(payer)
                 self._submit(service, service.payment(payer, custid, 100), "send_payment")
 
-    def _one(self, name: str) -> None:
+    def _one(self, name: str, scheduled: float | None = None) -> None:
+        """Draw ``name`` of the mix and submit it (``scheduled``: its start on the
+        ``time.perf_counter`` clock, where its latencies count from; None: when submitted)."""
         operation: LedgerOperation
         if name == "balance":
             service = self._service()
@@ -359,21 +381,33 @@ class SmallBankWorkload:
                 operation = TransactSavings(cb, custid, amount)
             else:
                 operation = WriteCheck(cb, custid, WRITE_CHECK)
-        self._submit(service, operation, name)
+        self._submit(service, operation, name, scheduled)
 
-    def _submit(self, service: LedgerService, operation: LedgerOperation, name: str | None = None) -> None:
+    def _submit(
+        self,
+        service: LedgerService,
+        operation: LedgerOperation,
+        name: str | None = None,
+        scheduled: float | None = None,
+    ) -> None:
         self._slots.acquire()
         stats = self.stats  # this run's (a later run starts new stats)
         with self._lock:
             stats.submitted += 1
         # submit() runs the first attempt (a database snapshot) on the calling thread: a few
         # submitters let those reads overlap instead of queueing behind one another.
-        self._submitters.submit(self._submit_now, service, operation, name or operation.op, stats)
+        self._submitters.submit(self._submit_now, service, operation, name or operation.op, stats, scheduled)
 
     def _submit_now(
-        self, service: LedgerService, operation: LedgerOperation, name: str, stats: SmallBankStats
+        self,
+        service: LedgerService,
+        operation: LedgerOperation,
+        name: str,
+        stats: SmallBankStats,
+        scheduled: float | None = None,
     ) -> None:
-        started = time.perf_counter()  # the latencies start at the application's submit call
+        # The latencies start at the application's submit call, or at the schedule's start time.
+        started = time.perf_counter() if scheduled is None else min(scheduled, time.perf_counter())
         try:
             future = service.submit(operation)
         except Exception as exc:
