@@ -217,7 +217,7 @@ class ClientCore:
         if not pause and mark.value >= target:
             self._submit_attempt(partition, submission, lock_target is not None)
         elif not pause and lock_target is not None and submission.deadline is None:
-            # Nothing to time out: the thread that applies the target hands the attempt over.
+            # Nothing to time out: the thread that applies (or absorbs) the target hands it over.
             mark.call_when(target, functools.partial(self._attempt_when_applied, partition, submission))
         else:
             self._spawn(self._retry(partition, submission, lock_target, target, pause))

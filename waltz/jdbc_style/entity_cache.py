@@ -108,12 +108,13 @@ def _exact(kinds: Kinds, row: tuple[Any, ...]) -> bool:
 
 
 class _Partition:
-    __slots__ = ("lock", "position", "rows")
+    __slots__ = ("hits", "lock", "misses", "position", "resets", "rows")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.position: int | None = None  # None: not started (nothing absorbed yet)
         self.rows: dict[Key, tuple[Any, ...] | None] = {}
+        self.hits = self.misses = self.resets = 0  # counted under the lock
 
 
 class EntityCache:
@@ -125,10 +126,6 @@ class EntityCache:
         registry: the application's declared models (change-sets name entities by name).
         max_entries: rows kept per partition before its rows are dropped.
 
-    Attributes:
-        hits: attempts whose entities were all read from the cache.
-        misses: attempts that read the database (an entity not cached, or no position yet).
-        resets: times a partition's rows were dropped (see the module docstring).
     """
 
     def __init__(self, registry: EntityRegistry, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
@@ -140,9 +137,21 @@ class EntityCache:
         self._create = threading.Lock()
         # Per model: (models registered when decided, column kinds or None: not cacheable).
         self._kinds: dict[EntityInfo, tuple[int, Kinds | None]] = {}
-        self.hits = 0
-        self.misses = 0
-        self.resets = 0
+
+    @property
+    def hits(self) -> int:
+        """Attempts whose entities were all read from the cache."""
+        return sum(p.hits for p in list(self._partitions.values()))
+
+    @property
+    def misses(self) -> int:
+        """Attempts that read the database (an entity not cached, or no position yet)."""
+        return sum(p.misses for p in list(self._partitions.values()))
+
+    @property
+    def resets(self) -> int:
+        """Times a partition's rows were dropped (see the module docstring)."""
+        return sum(p.resets for p in list(self._partitions.values()))
 
     def _partition(self, partition_id: int) -> _Partition:
         partition = self._partitions.get(partition_id)
@@ -180,7 +189,7 @@ class EntityCache:
         with partition.lock:
             position = partition.position
             if position is None or not entities:
-                self.misses += 1
+                partition.misses += 1
                 return None
             rows = partition.rows
             found: dict[Key, Any] = {}
@@ -189,13 +198,13 @@ class EntityCache:
                     continue  # never kept: read from the database if the attempt reads it
                 row = rows.get(key, _MISSING)
                 if row is _MISSING:
-                    self.misses += 1
+                    partition.misses += 1
                     return None
                 found[key] = row
             if not found:
-                self.misses += 1
+                partition.misses += 1
                 return None
-        self.hits += 1
+            partition.hits += 1
         return position, found
 
     def lookup(self, partition_id: int, key: Key, position: int) -> Any:
@@ -223,7 +232,7 @@ class EntityCache:
                 kept.setdefault(key, None if row is None else tuple(row))
             if len(kept) > self.max_entries:
                 kept.clear()
-                self.resets += 1
+                partition.resets += 1
 
     # --- applies ----------------------------------------------------------------------------------
 
@@ -235,7 +244,7 @@ class EntityCache:
             if partition.position == position:
                 return
             if partition.rows:
-                self.resets += 1
+                partition.resets += 1
             partition.rows = {}
             partition.position = position
 
@@ -246,7 +255,7 @@ class EntityCache:
         partition = self._partition(partition_id)
         with partition.lock:
             if partition.rows:
-                self.resets += 1
+                partition.resets += 1
                 partition.rows = {}
 
     def floor(self, partition_id: int, mark: int) -> None:
@@ -257,7 +266,7 @@ class EntityCache:
             if partition.position is not None and partition.position >= mark:
                 return
             if partition.rows:
-                self.resets += 1
+                partition.resets += 1
             partition.rows = {}
             partition.position = mark
 
@@ -280,7 +289,7 @@ class EntityCache:
                 cs is None or cs.idempotency_key is not None for cs in change_sets
             ):
                 if partition.rows:
-                    self.resets += 1
+                    partition.resets += 1
                 partition.rows = {}
                 partition.position = last
                 return
@@ -289,14 +298,14 @@ class EntityCache:
                 assert change_set is not None
                 if not self._follow(rows, change_set):
                     if rows:
-                        self.resets += 1
+                        partition.resets += 1
                     partition.rows = {}
                     partition.position = last
                     return
             partition.position = last
             if len(rows) > self.max_entries:
                 rows.clear()
-                self.resets += 1
+                partition.resets += 1
 
     def _follow(self, rows: dict[Key, Any], change_set: ChangeSet) -> bool:
         """Apply one change-set's row changes to ``rows``; False when one cannot be placed."""
