@@ -8,7 +8,6 @@ from __future__ import annotations
 import decimal
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +28,6 @@ from waltz.jdbc_style import (
 )
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.entity_cache import EntityCache, column_kinds
-from waltz.jdbc_style.migrations_api import upgrade
 from waltz.protocol.records import ReqId
 
 NUM_PARTITIONS = 4
@@ -58,14 +56,9 @@ class Priced(Base):
     price: Mapped[decimal.Decimal] = mapped_column(Numeric(10, 2), default=decimal.Decimal(0))
 
 
-@pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'cache.db'}"
-    else:
-        url = str(request.getfixturevalue("postgres_url" if request.param == "postgresql" else "mariadb_url"))
-    engine = create_framework_engine(url)
-    upgrade(engine)
+@pytest.fixture
+def engine(app_db_url: str) -> Iterator[Engine]:
+    engine = create_framework_engine(app_db_url)
     Base.metadata.create_all(engine)
     try:
         yield engine
