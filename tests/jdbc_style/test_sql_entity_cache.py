@@ -17,11 +17,13 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from waltz.client.context import TransactionBuilder
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style import (
+    ChangeSet,
     ChangeSetApplyError,
     ChangeSetCallbacks,
     EntityRegistry,
     EntityTransaction,
     EntityTransactionContext,
+    Operation,
     RowChange,
     WaltzEntity,
     create_framework_engine,
@@ -40,7 +42,7 @@ class Base(DeclarativeBase):
 
 class Tally(Base):
     __tablename__ = "cache_tallies"
-    __waltz__ = WaltzEntity("cache.tally", partition_by=lambda key, n: key[0] % n)
+    __waltz__ = WaltzEntity("cache.tally", partition_by=lambda key, n: int(key[0]) % n)
     tally_id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
     value: Mapped[int] = mapped_column(default=0)
     label: Mapped[str] = mapped_column(String(20), default="")
@@ -439,3 +441,29 @@ def test_a_floor_starts_the_cache_again_at_the_mark(callbacks: CommandCallbacks)
     assert cache.position(pid) == 1 and cache.view(pid, [(callbacks.registry.info(Tally), (25,))]) is not None
     callbacks.absorb_floor(pid, 9)
     assert cache.position(pid) == 9 and cache.view(pid, [(callbacks.registry.info(Tally), (25,))]) is None
+
+
+def test_a_key_given_as_another_type_is_never_cached(engine: Engine, callbacks: CommandCallbacks) -> None:
+    """``"29"`` names tally 29's row in the database but another entry (and another lock) in the
+    cache: such reads go to the database, and such a change empties the partition's rows."""
+    pid = 29 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 29), 0)
+    _commit(callbacks, Add(callbacks, 29), 1)  # cached: tally 29 = 2
+    info = callbacks.registry.info(Tally)
+    cache = callbacks.entity_cache
+    assert cache is not None and cache.view(pid, [(info, (29,))]) is not None
+    statements = Statements(engine)
+    texted = Add(callbacks, "29")  # type: ignore[arg-type]
+    assert statements.during(lambda: _attempt(texted)) > 0 and texted.seen == [2]
+    assert cache.view(pid, [(info, ("29",))]) is None  # not kept under the text key
+    # A change-set naming the row by the text key (the database matches it to 29): the cache
+    # cannot tell which entry it changed, so it keeps none.
+    change = RowChange(
+        Operation.UPDATE,
+        info.name,
+        {"tally_id": "29"},
+        {"tally_id": "29", "value": 50, "label": "", "open": True},
+    )
+    cache.absorb(pid, 2, [ChangeSet([change])])
+    assert cache.position(pid) == 2 and cache.view(pid, [(info, (29,))]) is None

@@ -16,10 +16,13 @@ How the rows stay exact:
 - The cache moves by the committed transactions of the partition, in order, starting right after
   P (:meth:`EntityCache.absorb`): the client hands each apply batch to the callbacks before it
   applies it (``absorb_transactions``), and an apply without the client moves it after its
-  database transaction commits. A change-set's insert or update carries the whole row; a row is kept only when
-  every value is of a type the database stores as given (:func:`column_kinds`) and the model's
-  table is no other declared model's, else the entry is dropped (read from the database next
-  time).
+  database transaction commits. A change-set's insert or update carries the whole row; a row is
+  kept only when every value is of a type the database stores as given (:func:`column_kinds`)
+  and the model's table is no other declared model's, else the entry is dropped (read from the
+  database next time).
+- Keys are kept only as ``int`` values: a key given as another type (``"5"`` for 5) names the
+  same row in the database but not in the cache (nor in the lock table), so such a read goes to
+  the database and such a change empties the cache.
 - Anything the cache cannot follow exactly resets it to an empty cache at the new mark: a group
   that does not start at P + 1, a floor (transactions found applied at a mount), a transaction
   that is not a change-set, a change-set with an idempotency key (its changes may be skipped at
@@ -86,6 +89,11 @@ def column_kinds(info: EntityInfo) -> Kinds | None:
         length = getattr(sql_type, "length", None) if kind is str else None
         kinds.append((kind, length, bool(column.nullable)))
     return tuple(kinds)
+
+
+def _int_key(values: tuple[Any, ...]) -> bool:
+    """Whether every key value is an ``int`` (not a ``bool``, not a string of digits)."""
+    return all(type(value) is int for value in values)
 
 
 def _exact(kinds: Kinds, row: tuple[Any, ...]) -> bool:
@@ -194,7 +202,7 @@ class EntityCache:
             rows = partition.rows
             found: dict[Key, Any] = {}
             for key in entities:
-                if self.kinds(key[0]) is None:
+                if self.kinds(key[0]) is None or not _int_key(key[1]):
                     continue  # never kept: read from the database if the attempt reads it
                 row = rows.get(key, _MISSING)
                 if row is _MISSING:
@@ -227,7 +235,9 @@ class EntityCache:
             kept = partition.rows
             for key, row in rows:
                 kinds = self.kinds(key[0])
-                if kinds is None or (row is not None and not _exact(kinds, tuple(row))):
+                if kinds is None or not _int_key(key[1]):
+                    continue
+                if row is not None and not _exact(kinds, tuple(row)):
                     continue
                 kept.setdefault(key, None if row is None else tuple(row))
             if len(kept) > self.max_entries:
@@ -323,6 +333,8 @@ class EntityCache:
                 named = tuple(change.key[name] for name in info.key)
             except KeyError:  # named by a primary key that is not the entity key
                 named = None
+            if named is not None and not _int_key(named):
+                return False  # the row may be cached under its int key
             if change.operation is Operation.DELETE:
                 if named is None:
                     return False
@@ -337,6 +349,8 @@ class EntityCache:
                 rows.pop((info, named), None)
                 continue
             key = tuple(values[name] for name in info.key)
+            if not _int_key(key):
+                return False  # the row may be cached under its int key
             if change.operation is Operation.UPDATE and named != key:
                 return False  # the row it changed may have been cached under another key
             if _exact(kinds, row):

@@ -394,8 +394,8 @@ class SmallBankWorkload:
         stats = self.stats  # this run's (a later run starts new stats)
         with self._lock:
             stats.submitted += 1
-        # submit() runs the first attempt (a database snapshot) on the calling thread: a few
-        # submitters let those reads overlap instead of queueing behind one another.
+        # submit() runs the first attempt (a database snapshot, unless the entity cache holds its
+        # rows) on the calling thread: a few submitters let those reads overlap.
         self._submitters.submit(self._submit_now, service, operation, name or operation.op, stats, scheduled)
 
     def _submit_now(
