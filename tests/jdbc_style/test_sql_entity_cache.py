@@ -344,7 +344,7 @@ def test_values_not_stored_as_given_are_not_kept() -> None:
     registry = EntityRegistry([Tally])
     info: EntityInfo = registry.info(Tally)
     cache = EntityCache(registry)
-    cache.reset(1, 10)
+    cache.floor(1, 10)
     key = (info, (1,))
     cache.fill(1, 10, [(key, (1, "5", "", True))])  # a string for an integer column
     cache.fill(1, 10, [((info, (5,)), (5, 1, "x" * 21, True))])  # longer than String(20)
@@ -355,9 +355,9 @@ def test_values_not_stored_as_given_are_not_kept() -> None:
     assert cache.view(1, [key]) is None
     cache.fill(1, 10, [(key, (1, 5, "", True))])
     assert cache.view(1, [key]) == (10, {key: (1, 5, "", True)})
-    cache.reset(1, 10)  # already there: the rows stay
+    cache.floor(1, 10)  # already there: the rows stay
     assert cache.view(1, [key]) is not None
-    cache.reset(1, 11)
+    cache.floor(1, 11)
     assert cache.view(1, [key]) is None
 
 

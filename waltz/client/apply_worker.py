@@ -201,13 +201,13 @@ class ApplyWorker:
                 return
             if tracing.client_tracing_on:
                 tracing.apply_taken(batch)
+            transactions = [entry.transaction for entry in batch]
             if self._absorbs:
-                transactions = [entry.transaction for entry in batch]
                 if not self._apply((), transactions):
                     return  # the data first (retried like an apply), then absorbed, then applied
                 self._absorb(transactions)
             if self._batching:
-                if not self._apply([entry.transaction for entry in batch]):
+                if not self._apply(transactions):
                     return
                 self._applied.advance(batch[-1].transaction.transaction_id)
                 if self._absorbed is not None and not self._absorbs:
@@ -219,7 +219,7 @@ class ApplyWorker:
                 advance = self._applied.advance
                 apply = self._callbacks.apply_transaction
                 closed = self._closed.is_set
-                if self._prefetch and not self._apply((), [entry.transaction for entry in batch]):
+                if self._prefetch and not self._absorbs and not self._apply((), transactions):
                     return  # the run's data fetched first (retried like an apply)
                 for entry in batch:  # each applied, then marked, before the next one
                     if closed():

@@ -262,8 +262,7 @@ class EntityInfo:
         """The statement that reads rows by a list of one-attribute keys (``keys``, expanding)."""
         if not hasattr(self, "_by_keys_statement"):
             prop = self.mapper.get_property(self.key[0])
-            columns = [p.columns[0] for p in self.mapper.column_attrs]
-            self._by_keys_statement = select(*columns).where(
+            self._by_keys_statement = select(*self.columns).where(
                 prop.columns[0].in_(bindparam("keys", expanding=True))
             )
         return self._by_keys_statement
@@ -272,7 +271,7 @@ class EntityInfo:
     def _by_key(self) -> Select[Any] | None:
         """The statement that reads one row by key, built once (None: the model needs the ORM)."""
         if not hasattr(self, "_by_key_statement"):
-            columns = [prop.columns[0] for prop in self.mapper.column_attrs]
+            columns = self.columns
             mapper = self.mapper
             simple = (  # else the ORM: inheritance, several tables, computed columns, load hooks
                 len(mapper.tables) == 1
@@ -284,7 +283,7 @@ class EntityInfo:
             )
             statement: Select[Any] | None = None
             if simple:
-                by_name = {prop.key: prop.columns[0] for prop in self.mapper.column_attrs}
+                by_name = dict(zip(self.attributes, columns, strict=True))
                 statement = select(*columns).where(
                     and_(*(by_name[name] == bindparam(f"key_{i}") for i, name in enumerate(self.key)))
                 )

@@ -27,8 +27,9 @@ How the rows stay exact:
   that does not start at P + 1, a floor (transactions found applied at a mount), a transaction
   that is not a change-set, a change-set with an idempotency key (its changes may be skipped at
   apply time), a change the cache cannot place by its entity key.
-- What the database may not hold as absorbed drops the rows and keeps P: an apply that failed
-  (an operator may skip the transaction), a group another instance applied (whole or in part).
+- What the database may not hold as absorbed drops the rows: an apply that failed (an operator
+  may skip the transaction; P stays), a group another instance applied, whole or in part (P
+  moves up to the database's mark when that is ahead, :meth:`EntityCache.floor`).
 - P may be ahead of the database (absorbed, not yet applied): an attempt that must read the
   database first waits, for a bounded time, until this instance's applies reach P.
 - Rows read from the database are added only when the snapshot's mark equals P
@@ -204,8 +205,8 @@ class EntityCache:
             for key in entities:
                 if self.kinds(key[0]) is None or not _int_key(key[1]):
                     continue  # never kept: read from the database if the attempt reads it
-                row = rows.get(key, _MISSING)
-                if row is _MISSING:
+                row = rows.get(key, MISSING)
+                if row is MISSING:
                     partition.misses += 1
                     return None
                 found[key] = row
@@ -221,8 +222,8 @@ class EntityCache:
         partition = self._partition(partition_id)
         with partition.lock:
             if partition.position != position:
-                return _MISSING
-            return partition.rows.get(key, _MISSING)
+                return MISSING
+            return partition.rows.get(key, MISSING)
 
     def fill(self, partition_id: int, mark: int, rows: Iterable[tuple[Key, Any]]) -> None:
         """Keep rows read from the database in a snapshot at ``mark``, if the partition is at that
@@ -245,18 +246,6 @@ class EntityCache:
                 partition.resets += 1
 
     # --- applies ----------------------------------------------------------------------------------
-
-    def reset(self, partition_id: int, position: int) -> None:
-        """Drop the partition's rows and put it at ``position`` (a database mark); nothing changes
-        when it is there already (its rows are the state at that mark)."""
-        partition = self._partition(partition_id)
-        with partition.lock:
-            if partition.position == position:
-                return
-            if partition.rows:
-                partition.resets += 1
-            partition.rows = {}
-            partition.position = position
 
     def drop_rows(self, partition_id: int) -> None:
         """Drop the partition's rows, keeping its position (an apply failed, or another instance
@@ -367,6 +356,5 @@ class _Missing:
         return "MISSING"
 
 
-_MISSING: Any = _Missing()
-MISSING: Any = _MISSING
+MISSING: Any = _Missing()
 """What :meth:`EntityCache.lookup` returns for a key it does not hold at that position."""

@@ -400,7 +400,7 @@ class Sweeper:
                     continue
                 self._in_flight.add(key)
             try:
-                future = self._submit(self._step(item))
+                future = self._submit(self._step(item, name))
             except Exception as exc:
                 with self._lock:
                     self._in_flight.discard(key)
@@ -413,9 +413,8 @@ class Sweeper:
         self.submitted += submitted
         return submitted
 
-    def _step(self, item: _Pending) -> LedgerOperation:
-        """The next step of a pending transfer (see ``_Pending.step_name``)."""
-        name = item.step_name
+    def _step(self, item: _Pending, name: str) -> LedgerOperation:
+        """The next step of a pending transfer, ``name`` its ``_Pending.step_name``."""
         if name == "credit":
             return CreditTransfer(self._callbacks, item.transfer())
         if name == "settle":
