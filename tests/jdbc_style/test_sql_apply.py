@@ -10,7 +10,10 @@ operator's audited skip.
 
 from __future__ import annotations
 
+import gc
+import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -300,6 +303,49 @@ def test_a_lost_connection_is_retried(request: pytest.FixtureRequest, backend: s
         assert item(engine) == 1  # the killed attempt's write is gone, the retry's is there
     finally:
         engine.dispose()
+
+
+def _busy(statement: str = "UPDATE items") -> sa.exc.OperationalError:
+    """A transient database error (SQLite's busy database), as the driver would raise it."""
+    return sa.exc.OperationalError(statement, {}, sqlite3.OperationalError("database is locked"))
+
+
+def test_applies_leave_no_garbage_cycles_and_still_retry(engine: Engine) -> None:
+    """Every apply runs under the framework's retries; they must not leave reference cycles
+    behind (a garbage collector pass over them pauses the whole process), and reusing their state
+    must keep retrying transient errors and follow a changed ``retry_timeout``."""
+
+    def busy_once(transaction: Transaction, session: Session, attempt: int) -> None:
+        if transaction.transaction_id == 50 and attempt == 1:
+            raise _busy()
+
+    # No statement built per apply (building one leaves a few cycles of SQLAlchemy's own).
+    callbacks = Recorder(engine, busy_once, touch_item=False)
+    callbacks.apply_transaction(txn(0, 0))  # first-use objects (pool, compiled statements)
+    gc.collect()
+    gc.disable()
+    try:
+        for tid in range(1, 101):
+            callbacks.apply_transaction(txn(0, tid))
+        unreachable = gc.collect()
+    finally:
+        gc.enable()
+    assert callbacks.attempts[(0, 50)] == 2  # retried once
+    assert callbacks.high_water_marks() == {0: 100}
+    # Those of the one retried error at most; a retry object built per call left a dozen each.
+    assert unreachable < 50, f"{unreachable} objects in reference cycles after 100 applies"
+
+    def always_busy(transaction: Transaction, session: Session, attempt: int) -> None:
+        raise _busy()
+
+    callbacks.hook = always_busy
+    callbacks.retry_timeout = 0.3
+    started = time.monotonic()
+    with pytest.raises(sa.exc.OperationalError, match="database is locked"):
+        callbacks.apply_transaction(txn(0, 101))
+    assert time.monotonic() - started < 10  # the new timeout, not the default 60 s
+    assert callbacks.attempts[(0, 101)] >= 2
+    assert callbacks.high_water_marks() == {0: 100}
 
 
 def test_group_apply_finishes_a_batch_another_instance_applied_in_part(engine: Engine) -> None:

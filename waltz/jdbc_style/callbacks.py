@@ -345,6 +345,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self.marks = HighWaterMarks(cluster_name)
         self._prefetch = MarkPrefetch(cluster_name)
         self.retry_timeout = retry_timeout
+        self._retrying = threading.local()  # each thread's idle tenacity.Retrying (see _retry)
         self._applied: dict[int, int] = {}
         self._applied_changed = threading.Condition()
         self._failing: set[int] = set()
@@ -579,14 +580,30 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
     # --- internals ---------------------------------------------------------------------------------
 
     def _retry(self, fn: Callable[[], T]) -> T:
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(is_transient),
-            wait=tenacity.wait_random_exponential(multiplier=0.02, max=2.0),
-            stop=tenacity.stop_after_delay(self.retry_timeout),
-            reraise=True,
-            before_sleep=_log_retry,
-        )
-        return retrying(fn)
+        """``fn()``, retried on transient database errors for up to :attr:`retry_timeout` seconds.
+
+        A ``tenacity.Retrying`` that has run holds a reference cycle (its per-thread state keeps
+        its own bound methods): one per call would leave a dozen objects per apply to the
+        garbage collector, whose collections then pause the process. Each thread reuses one
+        instead (tenacity keeps a call's state per thread); a nested call on the same thread
+        takes a new one.
+        """
+        local = self._retrying
+        timeout = self.retry_timeout
+        retrying: tenacity.Retrying | None = getattr(local, "idle", None)
+        if retrying is None or local.timeout != timeout:
+            retrying = tenacity.Retrying(
+                retry=tenacity.retry_if_exception(is_transient),
+                wait=tenacity.wait_random_exponential(multiplier=0.02, max=2.0),
+                stop=tenacity.stop_after_delay(timeout),
+                reraise=True,
+                before_sleep=_log_retry,
+            )
+        local.idle = None  # in use: a nested call on this thread takes a new one
+        try:
+            return retrying(fn)
+        finally:
+            local.idle, local.timeout = retrying, timeout
 
     def _read_mark(self, partition_id: int) -> int:
         conn = self._readers.take()
