@@ -45,7 +45,7 @@ from sqlalchemy import Engine, inspect, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
-from waltz import WaltzClientConfig
+from waltz import WaltzClientConfig, tune_garbage_collector
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style import migrations_api as framework_migrations
 from waltz.jdbc_style.schema import high_water_marks
@@ -324,6 +324,9 @@ def _run_instance(spec: _InstanceSpec, start: Any, stop: Any, results: Any) -> N
         service.client.wait_mounted(START_TIMEOUT)
         with contextlib.suppress(KeyError):
             service.balance(0)  # a first connection and query before the window opens
+        # The process is this instance's alone: its start-up objects (modules, models, compiled
+        # statements) leave the collector's generations, as in the cluster's own processes.
+        tune_garbage_collector()
         config = SmallBankConfig(
             accounts=settings.accounts,
             in_flight=settings.in_flight,
