@@ -125,6 +125,12 @@ class _Partition:
         self.rows: dict[Key, tuple[Any, ...] | None] = {}
         self.hits = self.misses = self.resets = 0  # counted under the lock
 
+    def empty(self) -> None:
+        """Drop the rows, counted as a reset when there were any (under the lock)."""
+        if self.rows:
+            self.resets += 1
+            self.rows = {}
+
 
 class EntityCache:
     """Rows of cacheable entities as of each partition's position (see the module docstring).
@@ -242,8 +248,7 @@ class EntityCache:
                     continue
                 kept.setdefault(key, None if row is None else tuple(row))
             if len(kept) > self.max_entries:
-                kept.clear()
-                partition.resets += 1
+                partition.empty()
 
     # --- applies ----------------------------------------------------------------------------------
 
@@ -253,9 +258,7 @@ class EntityCache:
         an operator's skip); rows come back from database reads at that position."""
         partition = self._partition(partition_id)
         with partition.lock:
-            if partition.rows:
-                partition.resets += 1
-                partition.rows = {}
+            partition.empty()
 
     def floor(self, partition_id: int, mark: int) -> None:
         """Everything up to ``mark`` is applied already and will not be absorbed: a partition
@@ -264,9 +267,7 @@ class EntityCache:
         with partition.lock:
             if partition.position is not None and partition.position >= mark:
                 return
-            if partition.rows:
-                partition.resets += 1
-            partition.rows = {}
+            partition.empty()
             partition.position = mark
 
     def absorb(self, partition_id: int, first: int, change_sets: Sequence[ChangeSet | None]) -> None:
@@ -284,27 +285,15 @@ class EntityCache:
                     return
                 change_sets = change_sets[position + 1 - first :]
                 first = position + 1
-            if partition.position != first - 1 or any(
+            followed = partition.position == first - 1 and not any(
                 cs is None or cs.idempotency_key is not None for cs in change_sets
-            ):
-                if partition.rows:
-                    partition.resets += 1
-                partition.rows = {}
-                partition.position = last
-                return
+            )
             rows = partition.rows
-            for change_set in change_sets:
-                assert change_set is not None
-                if not self._follow(rows, change_set):
-                    if rows:
-                        partition.resets += 1
-                    partition.rows = {}
-                    partition.position = last
-                    return
+            if not (followed and all(cs is not None and self._follow(rows, cs) for cs in change_sets)):
+                partition.empty()
             partition.position = last
-            if len(rows) > self.max_entries:
-                rows.clear()
-                partition.resets += 1
+            if len(partition.rows) > self.max_entries:
+                partition.empty()
 
     def _follow(self, rows: dict[Key, Any], change_set: ChangeSet) -> bool:
         """Apply one change-set's row changes to ``rows``; False when one cannot be placed."""

@@ -189,10 +189,6 @@ class LedgerService:
         """Whether this instance mounts the customer's partition (can submit its transactions)."""
         return self.partitions is None or self.partition_of(custid) in self.partitions
 
-    def owns_operation(self, operation: LedgerOperation) -> bool:
-        """Whether this instance mounts the operation's partition."""
-        return self.partitions is None or operation.partition_id(self.num_partitions) in self.partitions
-
     # --- submitting --------------------------------------------------------------------------------
 
     def submit(self, operation: LedgerOperation) -> Future[int | None]:

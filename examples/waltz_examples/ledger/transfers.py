@@ -299,6 +299,13 @@ class _Pending:
         )
 
 
+#: The operation of each step a pending transfer can be at (``_Pending.step_name``).
+_STEPS: dict[str, type[CreditTransfer | SettleTransfer | RefundTransfer]] = {
+    "credit": CreditTransfer,
+    "settle": SettleTransfer,
+    "refund": RefundTransfer,
+}
+
 #: ``submit(context) -> future``: how the sweeper hands a step to the Waltz client.
 Submit = Callable[[LedgerOperation], "Future[int | None]"]
 
@@ -415,11 +422,7 @@ class Sweeper:
 
     def _step(self, item: _Pending, name: str) -> LedgerOperation:
         """The next step of a pending transfer, ``name`` its ``_Pending.step_name``."""
-        if name == "credit":
-            return CreditTransfer(self._callbacks, item.transfer())
-        if name == "settle":
-            return SettleTransfer(self._callbacks, item.transfer())
-        return RefundTransfer(self._callbacks, item.transfer())
+        return _STEPS[name](self._callbacks, item.transfer())
 
     def _scan(self) -> Iterator[_Pending]:
         """The pending rows whose next step this instance moves: the first page, and further
