@@ -6,6 +6,7 @@ Design: docs/design/client.md "Appends, the feed and flush".
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,11 +35,14 @@ class Callbacks(WaltzClientCallbacks):
     def __init__(self, mark: int) -> None:
         self.mark = mark
         self.applied: list[int] = []
+        self.gate: threading.Event | None = None  # set: applies wait for it (at most 10 s)
 
     def get_client_high_water_mark(self, partition_id: int) -> int:
         return self.mark
 
     def apply_transaction(self, transaction: Transaction) -> None:
+        if self.gate is not None:
+            self.gate.wait(10)
         self.applied.append(transaction.transaction_id)
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
@@ -489,6 +493,12 @@ def test_appends_are_not_held_when_hold_conflicting_appends_is_off() -> None:
         partition.send_append(*locked(b"second", write=(1,)))
         assert sent_data(connection) == [b"first", b"second"]
         assert held(partition) == 0
+        callbacks.gate = threading.Event()
+        deliver(partition, connection, feed(connection.appends()[0], 6))
+        partition.send_append(*locked(b"late", write=(1,)))  # nothing remembered: the server decides
+        assert sent_data(connection)[-1] == b"late"
+        assert host.retried == []
+        callbacks.gate.set()
 
     run(scenario, hold_conflicting_appends=False)
 
@@ -598,5 +608,87 @@ def test_a_context_whose_expected_lock_an_own_append_holds_is_queued_before_its_
         partition.connection_lost(connection)  # type: ignore[arg-type]
         await mount(partition, host)
         assert host.first_attempts[-1] == (b"behind a lost one", -1)
+
+    run(scenario)
+
+
+def test_an_attempt_that_did_not_see_an_own_commit_on_its_lock_fails_without_the_round_trip() -> None:
+    """Until this client has applied its own commit, an append built from a mark below it that
+    takes one of the commit's WRITE or APPEND locks (for writing or reading) would fail the
+    server's lock check: it runs again once that commit is applied, unsent, with what waited
+    behind it. Attempts that saw the commit, or take other locks, are sent; once the commit is
+    applied it is forgotten."""
+
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        callbacks.gate = threading.Event()  # the commit below stays unapplied until set
+        try:
+            await commit_then_append(partition, host, callbacks, callbacks.gate)
+        finally:
+            callbacks.gate.set()
+
+    async def commit_then_append(
+        partition: ClientPartition, host: FakeHost, callbacks: Callbacks, gate: threading.Event
+    ) -> None:
+        connection = await mounted(partition, host)
+        partition.send_append(*locked(b"holder", write=(1,), append=(4,)))
+        deliver(partition, connection, feed(connection.appends()[0], 6))
+        assert host.completed_ids == [(b"holder", 6)]
+        for name, modes in ((b"writes it", {"write": (1,)}), (b"reads it", {"read": (1,)})):
+            partition.send_append(*locked(name, **modes))
+        partition.send_append(*locked(b"reads the append lock", read=(4,)))
+        assert sent_data(connection) == [b"holder"]
+        assert host.retried == [(b"writes it", 6), (b"reads it", 6), (b"reads the append lock", 6)]
+
+        # A context that ran again after a lock failure, with contexts following it: they keep
+        # following its next attempt, which waits for the commit.
+        leader, leader_payload = locked(b"leader", write=(1,))
+        follower = Submission(Locked(b"follower", write=(1,)), 0, lambda pid: 5, 1 << 20)
+        leader.followers = [(follower, None, 3)]
+        partition.send_append(leader, leader_payload)
+        assert host.retried[-1] == (b"leader", 6)
+        assert leader.followers == [(follower, None, 6)]
+        partition.leader_ended(leader)
+        assert host.first_attempts == [(b"follower", 6)]
+
+        partition.send_append(*locked(b"saw it", mark=6, write=(1,)))
+        partition.send_append(*locked(b"another lock", write=(2,)))
+        assert sent_data(connection) == [b"holder", b"saw it", b"another lock"]
+
+        # Applied: forgotten (an attempt from an older mark is the server's to refuse).
+        gate.set()
+        await settle(lambda: partition.applied.value >= 6, "transaction 6 to be applied")
+        partition.send_append(*locked(b"after the apply", read=(4,)))  # no append pending holds 4
+        assert sent_data(connection)[-1] == b"after the apply"
+        assert partition.committed_after([PartitionLocalLock("k", n).lock_hash for n in (1, 4)], 5) == 5
+
+    run(scenario)
+
+
+def test_a_context_expecting_a_lock_of_an_unapplied_own_commit_runs_its_first_attempt_after_it() -> None:
+    """TransactionContext.expected_locks: with no append pending on the lock but an own commit on
+    it not applied yet, the first attempt waits for that commit (it would fail the lock check
+    otherwise); ``holds_any`` hints at it for an attempt that would read below the commit."""
+
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        connection = await mounted(partition, host)
+        gate = callbacks.gate = threading.Event()
+        try:
+            queue_after_a_commit(partition, host, connection)
+        finally:
+            gate.set()
+
+    def queue_after_a_commit(partition: ClientPartition, host: FakeHost, connection: FakeConnection) -> None:
+        partition.send_append(*locked(b"holder", write=(1,)))
+        deliver(partition, connection, feed(connection.appends()[0], 6))
+        hashes = [PartitionLocalLock("k", 1).lock_hash]
+        assert partition.holds_any(hashes, 5)
+        assert not partition.holds_any(hashes, 6)
+        assert not partition.holds_any([PartitionLocalLock("k", 2).lock_hash], 5)
+        queued = Submission(Locked(b"queued", write=(1,)), 0, lambda pid: 5, 1 << 20)
+        partition.queue_first_attempt(queued, hashes)
+        free = Submission(Locked(b"free", write=(2,)), 0, lambda pid: 5, 1 << 20)
+        partition.queue_first_attempt(free, [PartitionLocalLock("k", 2).lock_hash])
+        assert host.first_attempts == [(b"queued", 6), (b"free", -1)]
+        assert queued.attempts == 0
 
     run(scenario)

@@ -63,6 +63,9 @@ T = TypeVar("T")
 
 #: Longest pause between mount attempts, in seconds.
 MAX_MOUNT_BACKOFF = 1.0
+#: Own commits not yet applied whose locks a partition remembers at most (the oldest are forgotten
+#: beyond: their lock failures are then found by the server).
+MAX_REMEMBERED_COMMITS = 100_000
 
 
 class PartitionState(enum.Enum):
@@ -188,6 +191,10 @@ class ClientPartition:
         self.feed_gaps = 0
         self._blocked: deque[tuple[Submission, AppendPayload]] = deque()
         self._holders: dict[int, _Pending] = {}  # lock hash -> the latest pending append locking it
+        # This client's commits that its applies have not reached yet: lock hash -> the latest such
+        # transaction ID writing it, and the commits in order (forgotten once applied).
+        self._committed_locks: dict[int, int] = {}
+        self._committed_order: deque[tuple[int, tuple[int, ...]]] = deque()
         # Contexts running again whose followers wait for their next attempt (see _release).
         self._leaders: set[Submission] = set()
         self._feed_mark = -1
@@ -533,6 +540,17 @@ class ClientPartition:
                         submission.trace.held()
                     self.metrics.held_appends.inc()
                     return
+        if self._committed_locks:
+            committed = self.committed_after(
+                payload.write_locks + payload.read_locks, payload.client_high_water_mark
+            )
+            if committed > payload.client_high_water_mark:
+                # An own commit the attempt did not see wrote one of its locks: the server would
+                # refuse it. A lock failure found here, without the round trip.
+                if followers:
+                    self._follow(submission, [(s, p, max(after, committed)) for s, p, after in followers])
+                self._host.retry(self, submission, committed)
+                return
         req_id = ReqId(self._host.client_id, self.generation, self.partition_id, self._host.next_seq_num())
         pending = _Pending(submission, payload, followers or None)
         self.monitor.register(req_id, pending)
@@ -549,16 +567,61 @@ class ClientPartition:
             "" if trace is None else trace.traceparent,
         )
 
-    def holds_any(self, lock_hashes: Sequence[int]) -> bool:
-        """Whether a pending append of this client holds one of these locks now (read from any
+    def holds_any(self, lock_hashes: Sequence[int], seen: int = -1) -> bool:
+        """Whether a pending append of this client holds one of these locks now, or a commit of
+        this client after ``seen`` (the mark an attempt would read at) wrote one (read from any
         thread: a hint, confirmed on the loop by :meth:`queue_first_attempt`)."""
         holders = self._holders
-        return bool(holders) and any(lock in holders for lock in lock_hashes)
+        if holders and any(lock in holders for lock in lock_hashes):
+            return True
+        committed = self._committed_locks
+        return bool(committed) and any(committed.get(lock, -1) > seen for lock in lock_hashes)
+
+    def committed_after(self, lock_hashes: Sequence[int], seen: int) -> int:
+        """The latest commit of this client after ``seen`` that wrote one of ``lock_hashes``
+        (a WRITE or APPEND lock), not yet applied here; ``seen`` when there is none (on the loop).
+
+        An attempt whose client high-water mark is ``seen`` would fail the server's lock check on
+        it (docs/design/locks.md "Locks of appends in flight").
+        """
+        self._forget_applied()
+        committed = self._committed_locks
+        latest = seen
+        for lock in lock_hashes:
+            latest = max(latest, committed.get(lock, -1))
+        return latest
+
+    def _remember_commit(self, payload: AppendPayload, transaction_id: int) -> None:
+        """Keep the WRITE and APPEND locks of an own commit until this client has applied it."""
+        locks = payload.write_locks + payload.append_locks
+        if not locks:
+            return
+        order = self._committed_order
+        if len(order) >= MAX_REMEMBERED_COMMITS:
+            self._forget(order.popleft())  # only a lock failure found here is lost
+        order.append((transaction_id, locks))
+        committed = self._committed_locks
+        for lock in locks:
+            committed[lock] = transaction_id
+
+    def _forget_applied(self) -> None:
+        order = self._committed_order
+        applied = self.applied.value
+        while order and order[0][0] <= applied:
+            self._forget(order.popleft())
+
+    def _forget(self, commit: tuple[int, tuple[int, ...]]) -> None:
+        transaction_id, locks = commit
+        committed = self._committed_locks
+        for lock in locks:
+            if committed.get(lock) == transaction_id:
+                del committed[lock]
 
     def queue_first_attempt(self, submission: Submission, lock_hashes: Sequence[int]) -> None:
         """Queue a context behind the pending append holding one of its expected locks, before its
         first attempt runs (``TransactionContext.expected_locks``); when none holds them any more,
-        the attempt runs now, on a retry thread (on the loop)."""
+        the attempt runs on a retry thread (on the loop): once this client has seen its own latest
+        commit on them (:meth:`committed_after`), at once when there is none."""
         if self.state is _CLOSED:
             self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
             return
@@ -573,7 +636,7 @@ class ClientPartition:
                     holder.held.append(waiting)
                 self.metrics.held_appends.inc()
                 return
-        self._host.queued_attempt(self, submission, -1)
+        self._host.queued_attempt(self, submission, self.committed_after(lock_hashes, -1))
 
     def _failed(self, pending: _Pending, lock_target: int | None) -> None:
         """A pending append failed (a lock failure naming ``lock_target``, or lost: None): run its
@@ -597,6 +660,8 @@ class ClientPartition:
         on that transaction: what it held back then follows that next attempt, in order.
         """
         holders = self._holders
+        if committed_as is not None and self._hold_conflicting:
+            self._remember_commit(pending.payload, committed_as)
         if holders:
             payload = pending.payload
             for lock in payload.write_locks:

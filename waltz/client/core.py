@@ -374,8 +374,9 @@ class ClientCore:
     def run_first_attempt(self, partition: ClientPartition, submission: Submission) -> None:
         """Run the first attempt on the calling thread and send its append; or, when a pending
         append of this client holds one of the context's expected locks, queue the context behind
-        it (``TransactionContext.expected_locks``; docs/design/locks.md, "Locks of appends in
-        flight")."""
+        it, and when a commit of this client that the attempt would not see wrote one, let it wait
+        for that commit (``TransactionContext.expected_locks``; docs/design/locks.md, "Locks of
+        appends in flight")."""
         try:
             expected = submission.context.expected_locks()
         except Exception as exc:  # the application's hint: its error ends the context, as execute's
@@ -383,7 +384,7 @@ class ClientCore:
             return
         if expected and self.config.client_hold_conflicting_appends:
             hashes = [lock.lock_hash for lock in expected]
-            if partition.holds_any(hashes):
+            if partition.holds_any(hashes, _waited_mark(partition, submission).value):
                 try:
                     self._loop.call_soon_threadsafe(partition.queue_first_attempt, submission, hashes)
                 except RuntimeError:
