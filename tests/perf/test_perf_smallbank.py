@@ -188,6 +188,20 @@ def test_partition_routed_instances_on_sqlite() -> None:
     report = json.loads(result.stdout)
     assert_report(report, instances=2, draws=200)
     assert report["settings"]["partition_routing"] is True
+    assert report["partitions"] == 2  # one per routed instance unless --partitions says otherwise
+    assert report["warnings"] == []
+
+
+def test_partition_routed_instances_of_unequal_shares_are_warned_about() -> None:
+    args = ["--local", "--partitions", "3", "--instances", "2", "--transactions", "60", "--partition-routing"]
+    result = run_cli(*args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert (
+        "warning: 3 partitions over 2 partition-routed instances: 1 instance(s) mount 1 partition(s), "
+        "the others 2;"
+    ) in result.stdout
+    assert "give --partitions a multiple of 2 for equal shares" in result.stdout
+    assert "3 partitions over 2 partition-routed instances" in result.stderr  # said before the run
 
 
 def test_partition_routing_needs_a_partition_per_instance() -> None:

@@ -66,6 +66,8 @@ LocalOption = Annotated[
 StoragesOption = Annotated[int, typer.Option(min=1, help="--local: storage nodes (replication min(3, N)).")]
 ServersOption = Annotated[int, typer.Option(min=1, help="--local: servers.")]
 PartitionsOption = Annotated[int, typer.Option(min=1, help="--local: the cluster's partitions.")]
+#: ``waltz perf smallbank --local``: the cluster's partitions when instances are not partition-routed.
+DEFAULT_SMALLBANK_PARTITIONS = 4
 ActiveOption = Annotated[
     int | None,
     typer.Option(
@@ -362,7 +364,18 @@ def smallbank(
     local: LocalOption = False,
     storages: StoragesOption = 3,
     servers: ServersOption = 2,
-    partitions: PartitionsOption = 4,
+    partitions: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help=(
+                "--local: the cluster's partitions. Default: with --partition-routing one per "
+                "instance (equal shares: every instance draws the same number of transactions from "
+                "its own partitions' customers), else 4."
+            ),
+            show_default=False,
+        ),
+    ] = None,
     config: ConfigOption = None,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
@@ -413,6 +426,8 @@ def smallbank(
         raise _fail(str(exc), 2) from exc
     if local and (zookeeper or root):
         raise _fail("--local starts its own cluster: drop --zookeeper/--root", 2)
+    if partitions is None:
+        partitions = instances if partition_routing else DEFAULT_SMALLBANK_PARTITIONS
     say = None if as_json else lambda line: typer.echo(line, err=True)
     with perf_database(db) as db_url:
         try:

@@ -503,6 +503,8 @@ class SmallBankPerfReport:
         checks: the ledger's invariants after the run.
         node_cpu_seconds: CPU seconds each cluster process spent from the start of the measured
             phase until every instance reported (empty for a cluster the run did not start).
+        partitions: the log's partitions (0: not known).
+        warnings: what makes the figures hard to compare (e.g. instances of unequal shares).
     """
 
     settings: SmallBankPerfSettings
@@ -511,6 +513,8 @@ class SmallBankPerfReport:
     total: SmallBankStats = field(default_factory=SmallBankStats)
     checks: list[Check] = field(default_factory=list)
     node_cpu_seconds: dict[str, float] = field(default_factory=dict)
+    partitions: int = 0
+    warnings: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         total = SmallBankStats()
@@ -587,7 +591,8 @@ class SmallBankPerfReport:
         (``submit_to_commit`` and ``submit_to_applied``: ``p50``, ``p90``, ``p99``, ``p99.9``,
         ``max``, ``mean`` in ms, None when empty, and ``count``), ``cpu_us_per_transaction``,
         ``client_stage_ms``, ``per_instance`` (:meth:`InstanceFigures.summary` each),
-        ``checks`` (``name``, ``passed``, ``detail``), ``passed``, ``database``, ``settings``.
+        ``checks`` (``name``, ``passed``, ``detail``), ``passed``, ``database``, ``settings``,
+        ``partitions``, ``warnings``.
         """
         total = self.total
         return {
@@ -618,6 +623,8 @@ class SmallBankPerfReport:
             "passed": self.passed,
             "database": self.database,
             "settings": self.settings.summary(),
+            "partitions": self.partitions,
+            "warnings": list(self.warnings),
         }
 
     def text(self) -> str:
@@ -656,6 +663,7 @@ class SmallBankPerfReport:
             lines.append(f"client stages, mean (ms): {parts}")
         lines += [f"{'PASS' if c.passed else 'FAIL'}  {c.name}: {c.detail}" for c in self.checks]
         lines += [f"error: {e}" for e in total.errors]
+        lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
 
@@ -819,6 +827,11 @@ def run_smallbank(
                 return None
             return tuple(p for p in range(num_partitions) if p % settings.instances == index)
 
+        warnings = []
+        if settings.partition_routing and num_partitions % settings.instances:
+            warnings.append(_unequal_shares(settings.instances, num_partitions))
+            tell(f"warning: {warnings[-1]}")
+
         specs = [
             _InstanceSpec(i, draws, db_url, zookeeper, root, client_settings, settings, mounted(i))
             for i, draws in enumerate(settings.shares())
@@ -852,6 +865,26 @@ def run_smallbank(
         figures,
         checks=checks,
         node_cpu_seconds=dict(usage.cpu_seconds),
+        partitions=num_partitions,
+        warnings=warnings,
+    )
+
+
+def _unequal_shares(instances: int, partitions: int) -> str:
+    """The warning for partition-routed instances that mount unequal numbers of partitions.
+
+    Each instance draws the same number of transactions among its own partitions' customers, so
+    one with fewer partitions has fewer hot customers, more lock conflicts and a longer mix; the
+    common window, and committed/s, follow the slowest.
+    """
+    most = -(-partitions // instances)
+    fewer = instances - partitions % instances
+    return (
+        f"{partitions} partitions over {instances} partition-routed instances: {fewer} instance(s) "
+        f"mount {most - 1} partition(s), the others {most}; each draws the same number of "
+        "transactions from its own partitions' customers, so those with fewer partitions have "
+        "fewer hot customers, more lock conflicts and a longer mix, which sets the window of "
+        f"committed/s (give --partitions a multiple of {instances} for equal shares)"
     )
 
 
