@@ -163,6 +163,27 @@ def test_server_batches_are_the_committed_records_and_store_batches_of_the_block
     assert usage.storage_batches == {}
 
 
+def test_server_lock_failures_are_the_refusals_of_the_block_summed_over_partitions() -> None:
+    """A server's per-partition gauge of refused appends, summed; a node without the gauge (a
+    storage node) and a server whose count went down (a partition left it) are left out."""
+    registry = CollectorRegistry()
+    refused = Gauge("waltz_server_partition_lock_failures", "refused", ["partition"], registry=registry)
+    refused.labels("0").set(7)
+    moved_registry = CollectorRegistry()
+    moved = Gauge("waltz_server_partition_lock_failures", "refused", ["partition"], registry=moved_registry)
+    moved.labels("1").set(40)
+    storage_registry = CollectorRegistry()
+    Counter("waltz_storage_appended_records", "records", registry=storage_registry).inc(10)
+    with endpoint(registry) as busy, endpoint(moved_registry) as gone, endpoint(storage_registry) as storage:
+        assert read_nodes({"server-0": busy})["server-0"].lock_failures == 7.0
+        assert read_nodes({"storage-0": storage})["storage-0"].lock_failures is None
+        with measure_nodes({"server-0": busy, "server-1": gone, "storage-0": storage}) as usage:
+            refused.labels("0").set(10)
+            refused.labels("2").set(5)
+            moved.remove("1")
+    assert usage.server_lock_failures == {"server-0": 8.0}
+
+
 def test_process_cpu_seconds_follow_the_process_and_a_gone_process_raises() -> None:
     before, own_before = process_cpu_seconds(os.getpid()), time.process_time()
     deadline = time.monotonic() + 5

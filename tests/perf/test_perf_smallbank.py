@@ -65,6 +65,8 @@ def assert_report(report: dict[str, Any], instances: int, draws: int) -> None:
     assert report["settings"]["instances"] == instances
     # --local: the cluster's processes are known, so their CPU is reported beside the instances'
     assert {"instances", "server-0", "storage-0"} <= set(report["cpu_us_per_transaction"])
+    # and so are the appends the servers' lock checks refused (read from their metrics)
+    assert isinstance(report["server_lock_failures"], int) and report["server_lock_failures"] >= 0
 
 
 def test_smallbank_json_on_sqlite_counts_every_instance() -> None:

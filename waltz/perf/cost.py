@@ -10,7 +10,9 @@ node's CPU per transaction falls as its batches grow
 (docs/decisions/0001-group-commit-on-storage-nodes.md). And from each
 server's ``waltz_server_commit_seconds`` histogram (its ``_sum`` and ``_count``), the mean time
 from receiving an append to its commit (quorum of replicas durable): the part of a client's
-submit-to-commit latency spent in the server and the storage nodes.
+submit-to-commit latency spent in the server and the storage nodes. And from each server's
+``waltz_server_partition_lock_failures`` gauge, the appends its lock check refused: beside the
+lock failures the clients count, those that cost a round trip to the server.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "COMMIT_METRIC",
     "CPU_METRIC",
     "FLUSHES_METRIC",
+    "LOCK_FAILURES_METRIC",
     "RECORDS_METRIC",
     "NodeReading",
     "NodeUsage",
@@ -52,6 +55,8 @@ COMMIT_METRIC = "waltz_server_commit_seconds"
 #: requests to the replicas) each partition sent, both by partition.
 COMMITTED_METRIC = "waltz_server_committed_records"
 STORE_BATCHES_METRIC = "waltz_server_partition_store_batches"
+#: A server's gauge, by partition, of the appends its lock check refused.
+LOCK_FAILURES_METRIC = "waltz_server_partition_lock_failures"
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -80,6 +85,8 @@ class NodeReading:
         committed_records: records a server committed so far, all partitions (0 elsewhere).
         store_batches: store batches a server sent to the replicas so far, summed over the
             partitions it owns now (0 elsewhere).
+        lock_failures: appends a server's lock check refused so far, summed over the partitions
+            it owns now (None: the node exports no such gauge, as a storage node).
     """
 
     cpu_seconds: float | None
@@ -89,6 +96,7 @@ class NodeReading:
     commits: float = 0.0
     committed_records: float = 0.0
     store_batches: float = 0.0
+    lock_failures: float | None = None
 
 
 def read_nodes(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, NodeReading]:
@@ -113,6 +121,7 @@ def read_nodes(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, NodeR
         cpu: float | None = None
         totals = {RECORDS_METRIC: 0.0, FLUSHES_METRIC: 0.0, COMMITTED_METRIC: 0.0}
         commit_seconds = commits = store_batches = 0.0
+        lock_failures: float | None = None
         try:
             for family in text_string_to_metric_families(text):
                 if family.name == CPU_METRIC:
@@ -123,6 +132,8 @@ def read_nodes(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, NodeR
                     )
                 elif family.name == STORE_BATCHES_METRIC:
                     store_batches = sum(sample.value for sample in family.samples)
+                elif family.name == LOCK_FAILURES_METRIC:
+                    lock_failures = sum(sample.value for sample in family.samples)
                 elif family.name == COMMIT_METRIC:
                     for sample in family.samples:
                         if sample.name == f"{COMMIT_METRIC}_sum":
@@ -140,6 +151,7 @@ def read_nodes(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, NodeR
             commits,
             totals[COMMITTED_METRIC],
             store_batches,
+            lock_failures,
         )
     return readings
 
@@ -177,12 +189,15 @@ class NodeUsage:
             seconds of its commits during the block, summed, and their number.
         server_batches: for each server that sent store batches: ``(records, batches)``, the
             records it committed and the store batches it sent during the block.
+        server_lock_failures: for each server, the appends its lock check refused during the
+            block (a server whose count went down, as a partition left it, is left out).
     """
 
     cpu_seconds: dict[str, float] = field(default_factory=dict)
     storage_batches: dict[str, tuple[float, float]] = field(default_factory=dict)
     server_commits: dict[str, tuple[float, float]] = field(default_factory=dict)
     server_batches: dict[str, tuple[float, float]] = field(default_factory=dict)
+    server_lock_failures: dict[str, float] = field(default_factory=dict)
 
 
 @contextmanager
@@ -217,3 +232,7 @@ def measure_nodes(urls: Mapping[str, str]) -> Iterator[NodeUsage]:
         committed = reading.committed_records - earlier.committed_records
         if sent > 0 and committed >= 0:
             usage.server_batches[name] = (committed, sent)
+        if reading.lock_failures is not None and earlier.lock_failures is not None:
+            refused = reading.lock_failures - earlier.lock_failures
+            if refused >= 0:
+                usage.server_lock_failures[name] = refused

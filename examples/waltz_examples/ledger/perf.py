@@ -505,6 +505,9 @@ class SmallBankPerfReport:
             phase until every instance reported (empty for a cluster the run did not start).
         partitions: the log's partitions (0: not known).
         warnings: what makes the figures hard to compare (e.g. instances of unequal shares).
+        server_lock_failures: appends the servers' lock checks refused during the measured phase
+            (each cost a round trip; the others of ``lock_failures`` the clients found themselves),
+            None when the servers' metrics were not read.
     """
 
     settings: SmallBankPerfSettings
@@ -515,6 +518,7 @@ class SmallBankPerfReport:
     node_cpu_seconds: dict[str, float] = field(default_factory=dict)
     partitions: int = 0
     warnings: list[str] = field(default_factory=list)
+    server_lock_failures: int | None = None
 
     def __post_init__(self) -> None:
         total = SmallBankStats()
@@ -592,7 +596,7 @@ class SmallBankPerfReport:
         ``max``, ``mean`` in ms, None when empty, and ``count``), ``cpu_us_per_transaction``,
         ``client_stage_ms``, ``per_instance`` (:meth:`InstanceFigures.summary` each),
         ``checks`` (``name``, ``passed``, ``detail``), ``passed``, ``database``, ``settings``,
-        ``partitions``, ``warnings``.
+        ``partitions``, ``warnings``, ``server_lock_failures`` (None: not read).
         """
         total = self.total
         return {
@@ -625,6 +629,7 @@ class SmallBankPerfReport:
             "settings": self.settings.summary(),
             "partitions": self.partitions,
             "warnings": list(self.warnings),
+            "server_lock_failures": self.server_lock_failures,
         }
 
     def text(self) -> str:
@@ -637,9 +642,12 @@ class SmallBankPerfReport:
             f"{total.balances_read:,}, errors {self.error_count:,}",
         ]
         lines += [f"  dropped {count:,}: {reason}" for reason, count in total.drop_reasons.most_common()]
+        refused = ""
+        if self.server_lock_failures is not None:
+            refused = f", {self.server_lock_failures:,} refused by the servers"
         lines.append(
             f"lock failures per committed transaction: {self.lock_failures_per_committed:.4f} "
-            f"({total.lock_failures:,} in all)"
+            f"({total.lock_failures:,} in all{refused})"
         )
         hits, misses = self.entity_cache_counts()
         if hits + misses:
@@ -867,6 +875,9 @@ def run_smallbank(
         node_cpu_seconds=dict(usage.cpu_seconds),
         partitions=num_partitions,
         warnings=warnings,
+        server_lock_failures=(
+            round(sum(usage.server_lock_failures.values())) if usage.server_lock_failures else None
+        ),
     )
 
 
