@@ -835,15 +835,15 @@ def run_smallbank(
                 return None
             return tuple(p for p in range(num_partitions) if p % settings.instances == index)
 
-        warnings = []
-        if settings.partition_routing and num_partitions % settings.instances:
-            warnings.append(_unequal_shares(settings.instances, num_partitions))
-            tell(f"warning: {warnings[-1]}")
-
         specs = [
             _InstanceSpec(i, draws, db_url, zookeeper, root, client_settings, settings, mounted(i))
             for i, draws in enumerate(settings.shares())
         ]
+        warnings = []
+        counts = [len(spec.partitions) for spec in specs if spec.partitions is not None]
+        if counts and min(counts) < max(counts):
+            warnings.append(_unequal_shares(num_partitions, counts))
+            tell(f"warning: {warnings[-1]}")
         tell(f"starting {settings.instances} instance process(es)")
         instances = _Instances(specs)
         try:
@@ -881,18 +881,19 @@ def run_smallbank(
     )
 
 
-def _unequal_shares(instances: int, partitions: int) -> str:
-    """The warning for partition-routed instances that mount unequal numbers of partitions.
+def _unequal_shares(partitions: int, counts: Sequence[int]) -> str:
+    """The warning for partition-routed instances that mount unequal numbers of partitions
+    (``counts``: each instance's).
 
     Each instance draws the same number of transactions among its own partitions' customers, so
     one with fewer partitions has fewer hot customers, more lock conflicts and a longer mix; the
     common window, and committed/s, follow the slowest.
     """
-    most = -(-partitions // instances)
-    fewer = instances - partitions % instances
+    instances, fewest = len(counts), min(counts)
+    fewer = counts.count(fewest)
     return (
         f"{partitions} partitions over {instances} partition-routed instances: {fewer} instance(s) "
-        f"mount {most - 1} partition(s), the others {most}; each draws the same number of "
+        f"mount {fewest} partition(s), the others {max(counts)}; each draws the same number of "
         "transactions from its own partitions' customers, so those with fewer partitions have "
         "fewer hot customers, more lock conflicts and a longer mix, which sets the window of "
         f"committed/s (give --partitions a multiple of {instances} for equal shares)"
