@@ -41,6 +41,7 @@ from sqlalchemy.sql.base import Executable
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.transaction import Transaction
 from waltz.errors import ApplyContractError, HighWaterMarkGapError, StagedRowCountError, TransactionApplyError
+from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.engine import SQLITE_BEGIN, apply_guard, is_transient, prepare_engine
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key, record_idempotency_key
@@ -136,10 +137,13 @@ class ApplySession(Session):
             return
         staged, self._staged = self._staged, {}
         connection = super().connection()
+        direct = direct_statements(connection.engine)
         for statement, batch in staged.items():
-            result = connection.execute(statement, batch.parameters)
-            if batch.checked and result.rowcount >= 0 and result.rowcount != batch.rows:
-                raise StagedRowCountError(statement, len(batch.parameters), batch.rows, result.rowcount)
+            rowcount = direct.execute(connection, statement, batch.parameters)
+            if rowcount is None:
+                rowcount = connection.execute(statement, batch.parameters).rowcount
+            if batch.checked and rowcount >= 0 and rowcount != batch.rows:
+                raise StagedRowCountError(statement, len(batch.parameters), batch.rows, rowcount)
 
     def execute(self, *args: Any, **kwargs: Any) -> Result[Any]:
         self.flush_staged()  # the staged writes come before this statement

@@ -26,6 +26,7 @@ from waltz.jdbc_style.changeset import (
     Operation,
     RowChange,
 )
+from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.entities import EntityInfo, EntityRegistry
 from waltz.jdbc_style.entity_cache import EntityCache
 
@@ -253,7 +254,10 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             # the staged writes and, as session.execute would, an autoflush of the session).
             if session.autoflush:
                 session.flush()
-            result: Any = session.connection().execute(statement, parameters)
+            connection = session.connection()
+            rowcount = direct_statements(connection.engine).execute(connection, statement, (parameters,))
+            if rowcount is None:
+                rowcount = connection.execute(statement, parameters).rowcount
         elif change.operation is Operation.INSERT:
             session.execute(insert(model).values(**change.values))
             return
@@ -263,11 +267,11 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
                 stmt: Any = update(model).where(where).values(**change.values)
             else:
                 stmt = delete(model).where(where)
-            result = session.execute(stmt.execution_options(synchronize_session=False))
+            rowcount = session.execute(stmt.execution_options(synchronize_session=False)).rowcount  # type: ignore[attr-defined]
         if change.operation is Operation.INSERT:
             return
-        if result.rowcount != 1:
-            found = "no row" if result.rowcount == 0 else f"{result.rowcount} rows"
+        if rowcount != 1:
+            found = "no row" if rowcount == 0 else f"{rowcount} rows"
             raise ChangeSetApplyError(
                 f"partition {transaction.partition_id} transaction {transaction.transaction_id}: "
                 f"{change.operation.value} of {change.entity} {dict(change.key)} found {found}, not "

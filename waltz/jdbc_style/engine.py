@@ -38,6 +38,7 @@ __all__ = [
     "SQLITE_BEGIN",
     "apply_guard",
     "create_framework_engine",
+    "is_prepared",
     "is_transient",
     "prepare_engine",
 ]
@@ -138,6 +139,11 @@ def _sqlite_connect(dbapi_connection: Any, connection_record: Any) -> None:
 def _sqlite_begin(conn: Connection) -> None:
     mode = conn.get_execution_options().get(SQLITE_BEGIN, "DEFERRED")
     conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def is_prepared(engine: Engine) -> bool:
+    """Whether :func:`prepare_engine` installed the framework's hooks on ``engine``."""
+    return bool(getattr(engine, _PREPARED, False))
 
 
 def prepare_engine(engine: Engine) -> Engine:

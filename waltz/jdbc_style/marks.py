@@ -16,6 +16,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.schema import high_water_marks as _marks
 
 __all__ = ["HighWaterMarks", "insert_if_absent"]
@@ -124,11 +125,11 @@ class HighWaterMarks:
             True when the row held ``expected`` and now holds ``new``; False otherwise (another
             instance moved it, the row is missing, or there is a gap), with nothing changed.
         """
-        result = conn.execute(
-            self._advance,
-            {**self._key(partition_id), "expected_mark": expected, "new_mark": new, "now": _now()},
-        )
-        return bool(result.rowcount == 1)
+        parameters = {**self._key(partition_id), "expected_mark": expected, "new_mark": new, "now": _now()}
+        rowcount = direct_statements(conn.engine).execute(conn, self._advance, (parameters,))
+        if rowcount is None:
+            rowcount = conn.execute(self._advance, parameters).rowcount
+        return rowcount == 1
 
     def advance(self, conn: Connection, partition_id: int, expected: int, new: int) -> None:
         """Move the locked row from ``expected`` to ``new`` (checked: the row must hold ``expected``).

@@ -1,0 +1,164 @@
+"""The framework's writes on the driver's cursor (``DirectStatements``), on PostgreSQL with psycopg.
+
+A statement runs there only when what SQLAlchemy would send the driver is exactly the parameter
+set; anything else, and any engine with echo or a cursor-execute listener of the application's,
+goes through ``Connection.execute``. Errors are SQLAlchemy's, a lost connection invalidated
+(docs/design/sql.md "Group apply").
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import Engine, bindparam, event
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from waltz.jdbc_style import create_framework_engine
+from waltz.jdbc_style.direct import DirectStatements, direct_statements
+from waltz.jdbc_style.engine import is_transient
+
+metadata = sa.MetaData()
+
+
+class Shouting(sa.types.TypeDecorator[str]):
+    """A type with a bind processor: SQLAlchemy changes the value before the driver sees it."""
+
+    impl = sa.String(20)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else str(value).upper()
+
+
+rows = sa.Table(
+    "direct_rows",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("amount", sa.Integer, nullable=False),
+    sa.Column("label", Shouting, nullable=True),
+    sa.Column("noted_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("kind", sa.String(10), nullable=True, default="plain"),
+)
+ADD = sa.update(rows).where(rows.c.id == bindparam("k")).values(amount=rows.c.amount + bindparam("d"))
+NOTE = sa.update(rows).where(rows.c.id == bindparam("k")).values(noted_at=bindparam("at"))
+INSERT = sa.insert(rows)
+
+
+@pytest.fixture
+def engine(postgres_url: str) -> Iterator[Engine]:
+    """A framework engine on a fresh PostgreSQL database, rows 1 to 3 at amount 0."""
+    engine = create_framework_engine(postgres_url)
+    metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(INSERT, [{"id": k, "amount": 0, "kind": "plain"} for k in (1, 2, 3)])
+    try:
+        yield engine
+    finally:
+        metadata.drop_all(engine)
+        engine.dispose()
+
+
+def amounts(engine: Engine) -> dict[int, int]:
+    with engine.connect() as conn:
+        return {int(k): int(a) for k, a in conn.execute(sa.select(rows.c.id, rows.c.amount))}
+
+
+def test_runs_qualifying_statements_on_the_cursor_with_their_row_counts(engine: Engine) -> None:
+    direct = direct_statements(engine)
+    assert direct is direct_statements(engine) and direct.enabled
+    noted = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    with engine.connect() as conn, conn.begin():
+        assert direct.execute(conn, ADD, ({"k": 1, "d": 5},)) == 1
+        # executemany: the rows changed in all, a missing row not counted
+        assert direct.execute(conn, ADD, [{"k": 2, "d": 1}, {"k": 3, "d": 2}, {"k": 99, "d": 7}]) == 2
+        assert direct.execute(conn, NOTE, ({"k": 1, "at": noted},)) == 1
+        assert direct.execute(conn, INSERT, [{"id": 4, "amount": 9, "kind": "x"}]) == 1
+    assert amounts(engine) == {1: 5, 2: 1, 3: 2, 4: 9}
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(rows.c.noted_at).where(rows.c.id == 1)).scalar_one() == noted
+
+
+def test_what_sqlalchemy_would_change_goes_the_ordinary_way(engine: Engine) -> None:
+    direct = direct_statements(engine)
+    literal = sa.update(rows).where(rows.c.id == bindparam("k")).values(amount=7)  # a bound value of its own
+    with engine.connect() as conn, conn.begin():
+        # a bind processor (the type upper-cases the label)
+        assert (
+            direct.execute(
+                conn, sa.update(rows).where(rows.c.id == bindparam("k")), ({"k": 1, "label": "a"},)
+            )
+            is None
+        )
+        # a Python-side default (kind) the parameter set leaves out
+        assert direct.execute(conn, INSERT, ({"id": 5, "amount": 1},)) is None
+        assert direct.execute(conn, literal, ({"k": 1},)) is None
+        # parameter sets with other keys than the first's
+        assert direct.execute(conn, ADD, [{"k": 1, "d": 1}, {"k": 2}]) is None
+        assert (
+            direct.execute(conn, sa.select(rows.c.id).where(rows.c.id == bindparam("k")), ({"k": 1},)) is None
+        )
+        assert direct.execute(conn, ADD, ()) is None
+    with engine.connect() as conn:
+        assert direct.execute(conn, ADD, ({"k": 1, "d": 1},)) is None  # not in a transaction
+    assert amounts(engine) == {1: 0, 2: 0, 3: 0}
+
+
+def test_an_applications_cursor_listener_or_echo_sees_every_statement(engine: Engine) -> None:
+    direct = direct_statements(engine)
+    seen: list[str] = []
+
+    def listener(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        with engine.connect() as conn, conn.begin():
+            assert direct.execute(conn, ADD, ({"k": 1, "d": 1},)) is None
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+    with engine.connect() as conn, conn.begin():
+        assert direct.execute(conn, ADD, ({"k": 1, "d": 1},)) == 1
+    engine.echo = True
+    try:
+        with engine.connect() as conn, conn.begin():
+            assert direct.execute(conn, ADD, ({"k": 1, "d": 1},)) is None
+    finally:
+        engine.echo = False
+    assert seen == []
+
+
+def test_database_errors_are_sqlalchemys_and_a_lost_connection_is_invalidated(engine: Engine) -> None:
+    direct = direct_statements(engine)
+    with engine.connect() as conn:
+        with pytest.raises(IntegrityError) as caught, conn.begin():
+            direct.execute(conn, INSERT, [{"id": 1, "amount": 1, "kind": "x"}])
+        assert type(caught.value.orig).__name__ == "UniqueViolation" and not is_transient(caught.value)
+        with conn.begin():  # the connection goes on after the rollback
+            assert direct.execute(conn, ADD, ({"k": 1, "d": 2},)) == 1
+    with engine.connect() as conn:
+        conn.begin()
+        pid = conn.exec_driver_sql("select pg_backend_pid()").scalar_one()
+        with engine.connect() as other:
+            other.exec_driver_sql(f"select pg_terminate_backend({int(pid)})")
+        with pytest.raises(DBAPIError) as lost:
+            direct.execute(conn, ADD, ({"k": 1, "d": 100},))
+        assert lost.value.connection_invalidated and is_transient(lost.value)
+        assert conn.invalidated
+    assert amounts(engine) == {1: 2, 2: 0, 3: 0}
+
+
+def test_other_databases_take_the_ordinary_path(tmp_path: Path) -> None:
+    engine = create_framework_engine(f"sqlite:///{tmp_path / 'direct.db'}")
+    try:
+        metadata.create_all(engine)
+        direct = DirectStatements(engine)
+        assert not direct.enabled
+        with engine.connect() as conn, conn.begin():
+            assert direct.execute(conn, INSERT, [{"id": 1, "amount": 1, "kind": "x"}]) is None
+    finally:
+        engine.dispose()

@@ -1,0 +1,149 @@
+"""The framework's own writes run on the driver's cursor, compiled once (PostgreSQL with psycopg).
+
+Source: docs/design/sql.md "Group apply" (the writes of an apply on the driver's cursor).
+
+The statements an apply runs for the framework (a staged write of a group, a change-set's row
+change, the high-water mark's move) are built once and run many times with parameter sets of the
+same keys. Through ``Connection.execute`` each run pays SQLAlchemy's per-execution work (cache
+key, execution context, parameter processing, result set-up): on PostgreSQL with psycopg about as
+much CPU again as the driver's own ``execute``. :class:`DirectStatements` compiles such a
+statement once per set of parameter keys and, when what SQLAlchemy would hand the driver is
+exactly the parameter set (no bind processors, no Python-side defaults, no expanding or renamed
+parameters, no ``RETURNING``), runs the compiled SQL on the DBAPI cursor of the same connection, in
+the same database transaction. Errors go through SQLAlchemy's own handling of driver errors, so
+they are the same ``DBAPIError`` subclasses (and a lost connection is invalidated) as on the
+ordinary path.
+
+Anything else goes the ordinary way: other dialects and drivers, statements that do not qualify,
+and engines with ``echo`` or with cursor-execute listeners other than the framework's own guard
+(which would not see the statement otherwise).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.sql.base import Executable
+from sqlalchemy.sql.compiler import SQLCompiler
+
+from waltz.jdbc_style.engine import is_prepared
+
+__all__ = ["DIRECT_DRIVERS", "DirectStatements", "direct_statements"]
+
+#: (dialect name, driver) pairs the direct path runs on: those measured (``benchmarks/sql_apply.py``).
+DIRECT_DRIVERS = frozenset({("postgresql", "psycopg")})
+
+_NOT_DIRECT = ""  # the cache's mark of a (statement, keys) pair that goes the ordinary way
+_ATTRIBUTE = "_waltz_direct_statements"
+_CREATING = threading.Lock()
+
+
+def direct_statements(engine: Engine) -> DirectStatements:
+    """The engine's :class:`DirectStatements` (made on first use, then kept on the engine)."""
+    direct: DirectStatements | None = getattr(engine, _ATTRIBUTE, None)
+    if direct is None:
+        with _CREATING:
+            direct = getattr(engine, _ATTRIBUTE, None)
+            if direct is None:
+                direct = DirectStatements(engine)
+                setattr(engine, _ATTRIBUTE, direct)
+    return direct
+
+
+class DirectStatements:
+    """Compiled SQL of the framework's statements, run on the DBAPI cursor where that is exact.
+
+    One instance per engine (:func:`direct_statements`); safe to share between threads.
+
+    Args:
+        engine: the engine whose connections it runs statements on.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        dialect = engine.dialect
+        self.enabled = (dialect.name, dialect.driver) in DIRECT_DRIVERS
+        self._engine = engine
+        self._dialect = dialect
+        self._sql: dict[tuple[Executable, frozenset[str]], str] = {}
+        self._lock = threading.Lock()
+
+    def execute(
+        self, connection: Connection, statement: Executable, parameters: Sequence[Mapping[str, Any]]
+    ) -> int | None:
+        """Run ``statement`` once per parameter set on ``connection``'s cursor, when it qualifies.
+
+        Args:
+            connection: a connection in a transaction, of the engine this instance was made for.
+            statement: an ``INSERT``, ``UPDATE`` or ``DELETE`` built once (the same object each time).
+            parameters: one or more parameter sets with the same keys.
+
+        Returns:
+            The rows the statement changed in all (the driver's ``rowcount``, -1 when it does not
+            know), or None when it did not run: run it with ``connection.execute`` instead.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the database refused it (as ``Connection.execute`` raises).
+        """
+        if not (self.enabled and parameters and connection.in_transaction() and self._plain(connection)):
+            return None
+        first = parameters[0]
+        key = (statement, frozenset(first))
+        sql = self._sql.get(key)
+        if sql is None:
+            sql = self._compile(statement, first)
+            with self._lock:
+                self._sql[key] = sql
+        if sql is _NOT_DIRECT:
+            return None
+        if len(parameters) > 1 and any(len(p) != len(first) or p.keys() != first.keys() for p in parameters):
+            return None
+        cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            if len(parameters) == 1:
+                cursor.execute(sql, first)
+            else:
+                cursor.executemany(sql, parameters)
+            return int(cursor.rowcount)
+        except self._dialect.loaded_dbapi.Error as exc:
+            connection._handle_dbapi_exception(exc, sql, parameters, cursor, None)
+        finally:
+            cursor.close()
+
+    def _plain(self, connection: Connection) -> bool:
+        """No echo and no cursor-execute listener but the framework's guard (which refuses
+        transaction control, and the framework's statements are none): nothing would miss a
+        statement run on the cursor."""
+        if connection._echo:
+            return False
+        dispatch = connection.dispatch
+        if dispatch.after_cursor_execute:
+            return False
+        guards = 1 if is_prepared(self._engine) else 0
+        return len(dispatch.before_cursor_execute) <= guards
+
+    def _compile(self, statement: Executable, sample: Mapping[str, Any]) -> str:
+        """The SQL to run for parameter sets with ``sample``'s keys, or :data:`_NOT_DIRECT`."""
+        compiled = statement.compile(dialect=self._dialect, column_keys=list(sample))  # type: ignore[attr-defined]
+        if not isinstance(compiled, SQLCompiler):
+            return _NOT_DIRECT
+        if (
+            compiled.positional
+            or compiled.returning
+            or compiled.insert_prefetch
+            or compiled.update_prefetch
+            or compiled.literal_execute_params
+            or compiled.post_compile_params
+            or compiled._bind_processors
+            or not (compiled.isinsert or compiled.isupdate or compiled.isdelete)
+        ):
+            return _NOT_DIRECT
+        try:
+            sent = compiled.construct_params(dict(sample))
+        except Exception:  # a missing bind parameter: the ordinary path raises it
+            return _NOT_DIRECT
+        if sent != dict(sample):  # renamed, added or defaulted parameters
+            return _NOT_DIRECT
+        return compiled.string
