@@ -9,6 +9,7 @@ a time and names the transaction (docs/design/sql.md "Group apply").
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -28,6 +29,7 @@ from waltz.jdbc_style import (
     create_framework_engine,
 )
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, Operation, RowChange
+from waltz.jdbc_style.direct import direct_statements
 from waltz.protocol.records import ReqId
 
 metadata = sa.MetaData()
@@ -136,6 +138,31 @@ def test_a_group_s_staged_writes_run_as_one_executemany_per_statement_with_the_m
     deposits = [many for text, many in statements if text.upper().startswith("UPDATE STAGED_ACCOUNTS")]
     assert deposits == [True]
     assert len([text for text, _ in statements if text.upper().startswith("INSERT INTO STAGED_HISTORY")]) == 1
+
+
+def test_the_framework_s_writes_run_on_the_cursor_on_postgresql_only(engine: Engine) -> None:
+    """Without listeners, a group's staged writes and the mark's move take the direct path on
+    PostgreSQL with psycopg (docs/design/sql.md "Group apply"), the ordinary one elsewhere; the
+    results are the same."""
+    direct = direct_statements(engine)
+    ran: list[int | None] = []
+    execute = direct.execute
+
+    def recording(*args: Any) -> int | None:
+        ran.append(result := execute(*args))
+        return result
+
+    callbacks = Deposits(engine)
+    callbacks.get_client_high_water_mark(0)
+    direct.execute = recording  # type: ignore[method-assign, assignment]
+    try:
+        callbacks.apply_transactions(_deposits((1, 5), (2, 7), (1, 1)))
+    finally:
+        del direct.execute
+    assert _balances(engine) == {1: 6, 2: 7, 3: 0}
+    assert callbacks.get_client_high_water_mark(0) == 2
+    # the mark's UPDATE (1 row), the deposits (3 rows), the history rows (3 rows)
+    assert ran == ([1, 3, 3] if engine.dialect.name == "postgresql" else [None, None, None])
 
 
 def test_a_read_in_apply_sees_the_writes_staged_before_it(engine: Engine) -> None:

@@ -15,8 +15,8 @@ they are the same ``DBAPIError`` subclasses (and a lost connection is invalidate
 ordinary path.
 
 Anything else goes the ordinary way: other dialects and drivers, statements that do not qualify,
-and engines with ``echo`` or with cursor-execute listeners other than the framework's own guard
-(which would not see the statement otherwise).
+and engines with ``echo`` or with execute or cursor-execute listeners other than the framework's
+own guard (which would not see the statement otherwise).
 """
 
 from __future__ import annotations
@@ -113,13 +113,13 @@ class DirectStatements:
             cursor.close()
 
     def _plain(self, connection: Connection) -> bool:
-        """No echo and no cursor-execute listener but the framework's guard (which refuses
-        transaction control, and the framework's statements are none): nothing would miss a
-        statement run on the cursor."""
+        """No echo and no execute or cursor-execute listener but the framework's guard (which
+        refuses transaction control, and the framework's statements are none): nothing would miss
+        a statement run on the cursor."""
         if connection._echo:
             return False
         dispatch = connection.dispatch
-        if dispatch.after_cursor_execute:
+        if dispatch.before_execute or dispatch.after_execute or dispatch.after_cursor_execute:
             return False
         guards = 1 if is_prepared(self._engine) else 0
         return len(dispatch.before_cursor_execute) <= guards
