@@ -83,6 +83,28 @@ def test_runs_qualifying_statements_on_the_cursor_with_their_row_counts(engine: 
         assert conn.execute(sa.select(rows.c.noted_at).where(rows.c.id == 1)).scalar_one() == noted
 
 
+def test_several_statements_run_together_or_not_at_all(engine: Engine) -> None:
+    direct = direct_statements(engine)
+    with engine.connect() as conn, conn.begin():
+        counts = direct.execute_all(
+            conn,
+            [
+                (ADD, [{"k": 1, "d": 1}, {"k": 2, "d": 2}, {"k": 99, "d": 3}]),
+                (INSERT, [{"id": 4, "amount": 4, "kind": "x"}]),
+                (ADD, [{"k": 4, "d": 10}]),  # sees the insert before it
+            ],
+        )
+        assert counts == [2, 1, 1]
+        with_default_left_out = (INSERT, [{"id": 5, "amount": 5}])
+        assert direct.execute_all(conn, [(ADD, [{"k": 1, "d": 100}]), with_default_left_out]) is None
+    assert amounts(engine) == {1: 1, 2: 2, 3: 0, 4: 14}
+    with engine.connect() as conn, pytest.raises(IntegrityError), conn.begin():
+        direct.execute_all(
+            conn, [(ADD, [{"k": 1, "d": 100}]), (INSERT, [{"id": 1, "amount": 1, "kind": "x"}])]
+        )
+    assert amounts(engine) == {1: 1, 2: 2, 3: 0, 4: 14}  # rolled back together
+
+
 def test_what_sqlalchemy_would_change_goes_the_ordinary_way(engine: Engine) -> None:
     direct = direct_statements(engine)
     literal = sa.update(rows).where(rows.c.id == bindparam("k")).values(amount=7)  # a bound value of its own

@@ -138,10 +138,16 @@ class ApplySession(Session):
         staged, self._staged = self._staged, {}
         connection = super().connection()
         direct = direct_statements(connection.engine)
-        for statement, batch in staged.items():
-            rowcount = direct.execute(connection, statement, batch.parameters)
-            if rowcount is None:
-                rowcount = connection.execute(statement, batch.parameters).rowcount
+        rowcounts = direct.execute_all(
+            connection, [(statement, batch.parameters) for statement, batch in staged.items()]
+        )
+        for index, (statement, batch) in enumerate(staged.items()):
+            if rowcounts is None:
+                rowcount = direct.execute(connection, statement, batch.parameters)
+                if rowcount is None:
+                    rowcount = connection.execute(statement, batch.parameters).rowcount
+            else:
+                rowcount = rowcounts[index]
             if batch.checked and rowcount >= 0 and rowcount != batch.rows:
                 raise StagedRowCountError(statement, len(batch.parameters), batch.rows, rowcount)
 

@@ -10,9 +10,10 @@ much CPU again as the driver's own ``execute``. :class:`DirectStatements` compil
 statement once per set of parameter keys and, when what SQLAlchemy would hand the driver is
 exactly the parameter set (no bind processors, no Python-side defaults, no expanding or renamed
 parameters, no ``RETURNING``), runs the compiled SQL on the DBAPI cursor of the same connection, in
-the same database transaction. Errors go through SQLAlchemy's own handling of driver errors, so
-they are the same ``DBAPIError`` subclasses (and a lost connection is invalidated) as on the
-ordinary path.
+the same database transaction; several statements (a group's staged writes) go in one pipeline,
+sent together with one wait for all their results. Errors go through SQLAlchemy's own handling
+of driver errors, so they are the same ``DBAPIError`` subclasses (and a lost connection is
+invalidated) as on the ordinary path.
 
 Anything else goes the ordinary way: other dialects and drivers, statements that do not qualify,
 and engines with ``echo`` or with execute or cursor-execute listeners other than the framework's
@@ -87,7 +88,59 @@ class DirectStatements:
         Raises:
             sqlalchemy.exc.DBAPIError: the database refused it (as ``Connection.execute`` raises).
         """
-        if not (self.enabled and parameters and connection.in_transaction() and self._plain(connection)):
+        counts = self.execute_all(connection, ((statement, parameters),))
+        return None if counts is None else counts[0]
+
+    def execute_all(
+        self,
+        connection: Connection,
+        batches: Sequence[tuple[Executable, Sequence[Mapping[str, Any]]]],
+    ) -> list[int] | None:
+        """Run each statement with its parameter sets, in order, when every one qualifies:
+        several statements in one pipeline, so that the driver sends them together and waits
+        once for all their results.
+
+        Args:
+            connection: a connection in a transaction, of the engine this instance was made for.
+            batches: (statement, its parameter sets with the same keys) pairs, as for :meth:`execute`.
+
+        Returns:
+            The rows each statement changed in all, in order; or None when one of them does not
+            qualify, and then none ran: run them with ``connection.execute`` instead.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the database refused one of them (as ``Connection.execute``
+                raises); the transaction must be rolled back.
+        """
+        if not (self.enabled and batches and connection.in_transaction() and self._plain(connection)):
+            return None
+        statements: list[str] = []
+        for statement, parameters in batches:
+            sql = self._sql_for(statement, parameters)
+            if sql is None:
+                return None
+            statements.append(sql)
+        driver = connection.connection.dbapi_connection
+        cursors = [driver.cursor() for _ in statements]  # type: ignore[union-attr]
+        try:
+            if len(statements) == 1:
+                _run(cursors[0], statements[0], batches[0][1])
+            else:
+                with driver.pipeline():  # type: ignore[union-attr]
+                    for cursor, sql, (_, parameters) in zip(cursors, statements, batches, strict=True):
+                        _run(cursor, sql, parameters)
+            return [int(cursor.rowcount) for cursor in cursors]
+        except self._dialect.loaded_dbapi.Error as exc:
+            connection._handle_dbapi_exception(
+                exc, ";\n".join(statements), [p for _, parameters in batches for p in parameters], None, None
+            )
+        finally:
+            for cursor in cursors:
+                cursor.close()
+
+    def _sql_for(self, statement: Executable, parameters: Sequence[Mapping[str, Any]]) -> str | None:
+        """The compiled SQL to run ``statement`` with ``parameters`` on the cursor, or None."""
+        if not parameters:
             return None
         first = parameters[0]
         key = (statement, frozenset(first))
@@ -100,17 +153,7 @@ class DirectStatements:
             return None
         if len(parameters) > 1 and any(len(p) != len(first) or p.keys() != first.keys() for p in parameters):
             return None
-        cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        try:
-            if len(parameters) == 1:
-                cursor.execute(sql, first)
-            else:
-                cursor.executemany(sql, parameters)
-            return int(cursor.rowcount)
-        except self._dialect.loaded_dbapi.Error as exc:
-            connection._handle_dbapi_exception(exc, sql, parameters, cursor, None)
-        finally:
-            cursor.close()
+        return sql
 
     def _plain(self, connection: Connection) -> bool:
         """No echo and no execute or cursor-execute listener but the framework's guard (which
@@ -147,3 +190,10 @@ class DirectStatements:
         if sent != dict(sample):  # renamed, added or defaulted parameters
             return _NOT_DIRECT
         return compiled.string
+
+
+def _run(cursor: Any, sql: str, parameters: Sequence[Mapping[str, Any]]) -> None:
+    if len(parameters) == 1:
+        cursor.execute(sql, parameters[0])
+    else:
+        cursor.executemany(sql, parameters)
