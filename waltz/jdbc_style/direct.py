@@ -121,8 +121,9 @@ class DirectStatements:
                 return None
             statements.append(sql)
         driver = connection.connection.dbapi_connection
-        cursors = [driver.cursor() for _ in statements]  # type: ignore[union-attr]
+        cursors: list[Any] = []
         try:
+            cursors.extend(driver.cursor() for _ in statements)  # type: ignore[union-attr]
             if len(statements) == 1:
                 _run(cursors[0], statements[0], batches[0][1])
             else:
