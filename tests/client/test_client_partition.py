@@ -21,6 +21,7 @@ from waltz import (
     TransactionContext,
     WaltzClientCallbacks,
 )
+from waltz.client import client_partition
 from waltz.client.client_partition import ClientPartition, PartitionState
 from waltz.client.context import AppendPayload
 from waltz.client.submission import Submission
@@ -612,12 +613,15 @@ def test_a_context_whose_expected_lock_an_own_append_holds_is_queued_before_its_
     run(scenario)
 
 
-def test_an_attempt_that_did_not_see_an_own_commit_on_its_lock_fails_without_the_round_trip() -> None:
+def test_an_attempt_that_did_not_see_an_own_commit_on_its_lock_fails_without_the_round_trip(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Until this client has applied its own commit, an append built from a mark below it that
     takes one of the commit's WRITE or APPEND locks (for writing or reading) would fail the
     server's lock check: it runs again once that commit is applied, unsent, with what waited
-    behind it. Attempts that saw the commit, or take other locks, are sent; once the commit is
-    applied it is forgotten."""
+    behind it. Attempts that saw the commit, or take other locks, are sent. Once applied, the
+    commit is still remembered among the latest ones (an attempt that read from below it before
+    the apply is sent after it), then forgotten (``KEEP_APPLIED_COMMITS``)."""
 
     async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
         callbacks.gate = threading.Event()  # the commit below stays unapplied until set
@@ -654,11 +658,21 @@ def test_an_attempt_that_did_not_see_an_own_commit_on_its_lock_fails_without_the
         partition.send_append(*locked(b"another lock", write=(2,)))
         assert sent_data(connection) == [b"holder", b"saw it", b"another lock"]
 
-        # Applied: forgotten (an attempt from an older mark is the server's to refuse).
+        # Applied: an attempt from an older mark still fails here (no append pending holds 4),
+        # one that saw the commit is sent.
         gate.set()
         await settle(lambda: partition.applied.value >= 6, "transaction 6 to be applied")
-        partition.send_append(*locked(b"after the apply", read=(4,)))  # no append pending holds 4
-        assert sent_data(connection)[-1] == b"after the apply"
+        partition.send_append(*locked(b"read below it", read=(4,)))
+        assert host.retried[-1] == (b"read below it", 6)
+        partition.send_append(*locked(b"read after the apply", mark=6, read=(4,)))
+        assert sent_data(connection)[-1] == b"read after the apply"
+        assert partition.committed_after([PartitionLocalLock("k", n).lock_hash for n in (1, 4)], 5) == 6
+
+        # Beyond the latest KEEP_APPLIED_COMMITS own commits an applied one is forgotten: an
+        # attempt from an older mark is the server's to refuse.
+        monkeypatch.setattr(client_partition, "KEEP_APPLIED_COMMITS", 0)
+        partition.send_append(*locked(b"once forgotten", read=(4,)))
+        assert sent_data(connection)[-1] == b"once forgotten"
         assert partition.committed_after([PartitionLocalLock("k", n).lock_hash for n in (1, 4)], 5) == 5
 
     run(scenario)

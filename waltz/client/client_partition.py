@@ -66,6 +66,9 @@ MAX_MOUNT_BACKOFF = 1.0
 #: Own commits not yet applied whose locks a partition remembers at most (the oldest are forgotten
 #: beyond: their lock failures are then found by the server).
 MAX_REMEMBERED_COMMITS = 100_000
+#: Own commits a partition still remembers after applying them, the latest ones: an attempt that
+#: read from a mark below one of them before it was applied is sent only after, and fails here.
+KEEP_APPLIED_COMMITS = 1_000
 
 
 class PartitionState(enum.Enum):
@@ -579,7 +582,8 @@ class ClientPartition:
 
     def committed_after(self, lock_hashes: Sequence[int], seen: int) -> int:
         """The latest commit of this client after ``seen`` that wrote one of ``lock_hashes``
-        (a WRITE or APPEND lock), not yet applied here; ``seen`` when there is none (on the loop).
+        (a WRITE or APPEND lock) among those it remembers (every one not yet applied here, and the
+        latest applied ones); ``seen`` when there is none (on the loop).
 
         An attempt whose client high-water mark is ``seen`` would fail the server's lock check on
         it (docs/design/locks.md "Locks of appends in flight").
@@ -592,7 +596,8 @@ class ClientPartition:
         return latest
 
     def _remember_commit(self, payload: AppendPayload, transaction_id: int) -> None:
-        """Keep the WRITE and APPEND locks of an own commit until this client has applied it."""
+        """Keep the WRITE and APPEND locks of an own commit until this client has applied it and
+        :data:`KEEP_APPLIED_COMMITS` later own commits."""
         locks = payload.write_locks + payload.append_locks
         if not locks:
             return
@@ -605,9 +610,10 @@ class ClientPartition:
             committed[lock] = transaction_id
 
     def _forget_applied(self) -> None:
+        """Forget applied commits beyond the latest :data:`KEEP_APPLIED_COMMITS` (in ID order)."""
         order = self._committed_order
         applied = self.applied.value
-        while order and order[0][0] <= applied:
+        while len(order) > KEEP_APPLIED_COMMITS and order[0][0] <= applied:
             self._forget(order.popleft())
 
     def _forget(self, commit: tuple[int, tuple[int, ...]]) -> None:
