@@ -140,10 +140,10 @@ def test_a_group_s_staged_writes_run_as_one_executemany_per_statement_with_the_m
     assert len([text for text, _ in statements if text.upper().startswith("INSERT INTO STAGED_HISTORY")]) == 1
 
 
-def test_the_framework_s_writes_run_on_the_cursor_on_postgresql_only(engine: Engine) -> None:
-    """Without listeners, the mark's move and a group's staged writes (all of them in one
-    pipeline) take the direct path on PostgreSQL with psycopg (docs/design/sql.md "Group
-    apply"), the ordinary one elsewhere; the results are the same."""
+def test_the_framework_s_writes_run_on_the_cursor_on_database_servers(engine: Engine) -> None:
+    """Without listeners, the mark's move and a group's staged writes (all of them together)
+    take the direct path on PostgreSQL (psycopg) and MariaDB (PyMySQL) (docs/design/sql.md
+    "Group apply"), the ordinary one on SQLite; the results are the same."""
     direct = direct_statements(engine)
     ran: list[list[int] | None] = []
     execute_all = direct.execute_all
@@ -161,7 +161,7 @@ def test_the_framework_s_writes_run_on_the_cursor_on_postgresql_only(engine: Eng
         del direct.execute_all
     assert _balances(engine) == {1: 6, 2: 7, 3: 0}
     assert callbacks.get_client_high_water_mark(0) == 2
-    if engine.dialect.name == "postgresql":
+    if engine.dialect.name != "sqlite":
         # the mark's UPDATE (1 row), then the deposits (3 rows) and the history rows (3 rows) together
         assert ran == [[1], [3, 3]]
     else:  # declined: the mark, the staged writes together, then each staged statement alone

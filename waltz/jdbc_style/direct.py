@@ -1,19 +1,19 @@
-"""The framework's own writes run on the driver's cursor, compiled once (PostgreSQL with psycopg).
+"""The framework's own writes run on the driver's cursor, compiled once (psycopg and PyMySQL).
 
 Source: docs/design/sql.md "Group apply" (the writes of an apply on the driver's cursor).
 
 The statements an apply runs for the framework (a staged write of a group, a change-set's row
 change, the high-water mark's move) are built once and run many times with parameter sets of the
-same keys. Through ``Connection.execute`` each run pays SQLAlchemy's per-execution work (cache
-key, execution context, parameter processing, result set-up): on PostgreSQL with psycopg about as
-much CPU again as the driver's own ``execute``. :class:`DirectStatements` compiles such a
-statement once per set of parameter keys and, when what SQLAlchemy would hand the driver is
-exactly the parameter set (no bind processors, no Python-side defaults, no expanding or renamed
-parameters, no ``RETURNING``), runs the compiled SQL on the DBAPI cursor of the same connection, in
-the same database transaction; several statements (a group's staged writes) go in one pipeline,
-sent together with one wait for all their results. Errors go through SQLAlchemy's own handling
-of driver errors, so they are the same ``DBAPIError`` subclasses (and a lost connection is
-invalidated) as on the ordinary path.
+same keys. Through ``Connection.execute`` each run pays SQLAlchemy's per-execution work (cache key,
+execution context, parameter processing, result set-up): about as much CPU again as the driver's
+own ``execute`` (psycopg on PostgreSQL, PyMySQL on MariaDB and MySQL). :class:`DirectStatements`
+compiles such a statement once per set of parameter keys and, when what SQLAlchemy would hand the
+driver is exactly the parameter set (no bind processors, no Python-side defaults, no expanding or
+renamed parameters, no ``RETURNING``), runs the compiled SQL on the DBAPI cursor of the same
+connection, in the same database transaction; on psycopg several statements (a group's staged
+writes) go in one pipeline, sent together with one wait for all their results. Errors go through
+SQLAlchemy's own handling of driver errors, so they are the same ``DBAPIError`` subclasses (and a
+lost connection is invalidated) as on the ordinary path.
 
 Anything else goes the ordinary way: other dialects and drivers, statements that do not qualify,
 and engines with ``echo`` or with execute or cursor-execute listeners other than the framework's
@@ -35,7 +35,7 @@ from waltz.jdbc_style.engine import is_prepared
 __all__ = ["DIRECT_DRIVERS", "DirectStatements", "direct_statements"]
 
 #: (dialect name, driver) pairs the direct path runs on: those measured (``benchmarks/sql_apply.py``).
-DIRECT_DRIVERS = frozenset({("postgresql", "psycopg")})
+DIRECT_DRIVERS = frozenset({("postgresql", "psycopg"), ("mysql", "pymysql"), ("mariadb", "pymysql")})
 
 _NOT_DIRECT = ""  # the cache's mark of a (statement, keys) pair that goes the ordinary way
 _ATTRIBUTE = "_waltz_direct_statements"
@@ -66,6 +66,7 @@ class DirectStatements:
     def __init__(self, engine: Engine) -> None:
         dialect = engine.dialect
         self.enabled = (dialect.name, dialect.driver) in DIRECT_DRIVERS
+        self._pipelines = dialect.driver == "psycopg"  # the driver can send several statements at once
         self._engine = engine
         self._dialect = dialect
         self._sql: dict[tuple[Executable, frozenset[str]], str] = {}
@@ -97,8 +98,8 @@ class DirectStatements:
         batches: Sequence[tuple[Executable, Sequence[Mapping[str, Any]]]],
     ) -> list[int] | None:
         """Run each statement with its parameter sets, in order, when every one qualifies:
-        several statements in one pipeline, so that the driver sends them together and waits
-        once for all their results.
+        on psycopg several statements in one pipeline, so that the driver sends them together and
+        waits once for all their results.
 
         Args:
             connection: a connection in a transaction, of the engine this instance was made for.
@@ -124,12 +125,13 @@ class DirectStatements:
         cursors: list[Any] = []
         try:
             cursors.extend(driver.cursor() for _ in statements)  # type: ignore[union-attr]
-            if len(statements) == 1:
-                _run(cursors[0], statements[0], batches[0][1])
-            else:
+            if len(statements) > 1 and self._pipelines:
                 with driver.pipeline():  # type: ignore[union-attr]
                     for cursor, sql, (_, parameters) in zip(cursors, statements, batches, strict=True):
                         _run(cursor, sql, parameters)
+            else:
+                for cursor, sql, (_, parameters) in zip(cursors, statements, batches, strict=True):
+                    _run(cursor, sql, parameters)
             return [int(cursor.rowcount) for cursor in cursors]
         except self._dialect.loaded_dbapi.Error as exc:
             connection._handle_dbapi_exception(
