@@ -14,8 +14,8 @@ runs the same groups:
 
 the ways alternate ``--repeat`` times. Printed per row count and way: the process's CPU time and
 the wall time per group (the wall time includes the commit, which waits for the database's
-flush). PostgreSQL with psycopg only (the direct path runs nowhere else; docs/design/sql.md
-"Group apply", docs/decisions/0043-framework-writes-on-the-cursor.md).
+flush). PostgreSQL with psycopg only: the pipeline is psycopg's (docs/design/sql.md "Group
+apply", docs/decisions/0043-framework-writes-on-the-cursor.md).
 
     .venv/bin/python benchmarks/framework_writes.py [--db URL] [--rows 1,2,5] [--groups 600]
 
@@ -52,7 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     url = make_url(args.db)
     if url.get_backend_name() != "postgresql" or url.get_driver_name() != "psycopg":
-        parser.error("--db must be a postgresql+psycopg URL: the direct path runs on psycopg only")
+        parser.error("--db must be a postgresql+psycopg URL: the pipeline it compares is psycopg's")
     name = f"waltz_bench_{uuid.uuid4().hex[:8]}"
     admin = sa.create_engine(url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:

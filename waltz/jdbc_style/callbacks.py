@@ -92,8 +92,10 @@ class ApplySession(Session):
 
         The staged writes of an apply (of a whole group, in group apply) run when ``apply``
         returns, or before the next statement, query or flush of this session, so reads see
-        them: one ``executemany`` per statement (SQLAlchemy's insertmanyvalues for an ``INSERT``,
-        the driver's batching otherwise), the statements in the order each was first staged.
+        them: one ``executemany`` per statement, the statements in the order each was first
+        staged (on PostgreSQL with psycopg and MariaDB with PyMySQL on the driver's cursor, all
+        of them in one pipeline on psycopg; elsewhere through SQLAlchemy, its insertmanyvalues
+        for an ``INSERT``).
         So the writes of different statements are reordered within a group: stage only writes
         whose effects do not depend on that order (increments, inserts of distinct keys, updates
         of distinct rows); run the others with :meth:`execute`. Build each statement once (a
