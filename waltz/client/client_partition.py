@@ -63,7 +63,7 @@ T = TypeVar("T")
 
 #: Longest pause between mount attempts, in seconds.
 MAX_MOUNT_BACKOFF = 1.0
-#: Own commits not yet applied whose locks a partition remembers at most (the oldest are forgotten
+#: Own commits whose locks a partition remembers at most, applied or not (the oldest are forgotten
 #: beyond: their lock failures are then found by the server).
 MAX_REMEMBERED_COMMITS = 100_000
 #: Own commits a partition still remembers after applying them, the latest ones: an attempt that

@@ -144,10 +144,8 @@ class ApplySession(Session):
             connection, [(statement, batch.parameters) for statement, batch in staged.items()]
         )
         for index, (statement, batch) in enumerate(staged.items()):
-            if rowcounts is None:
-                rowcount = direct.execute(connection, statement, batch.parameters)
-                if rowcount is None:
-                    rowcount = connection.execute(statement, batch.parameters).rowcount
+            if rowcounts is None:  # not all of them qualify: one at a time, each its own way
+                rowcount = direct.run(connection, statement, batch.parameters)
             else:
                 rowcount = rowcounts[index]
             if batch.checked and rowcount >= 0 and rowcount != batch.rows:

@@ -255,9 +255,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             if session.autoflush:
                 session.flush()
             connection = session.connection()
-            rowcount = direct_statements(connection.engine).execute(connection, statement, (parameters,))
-            if rowcount is None:
-                rowcount = connection.execute(statement, parameters).rowcount
+            rowcount = direct_statements(connection.engine).run(connection, statement, (parameters,))
         elif change.operation is Operation.INSERT:
             session.execute(insert(model).values(**change.values))
             return

@@ -70,7 +70,6 @@ class DirectStatements:
         self._engine = engine
         self._dialect = dialect
         self._sql: dict[tuple[Executable, frozenset[str]], str] = {}
-        self._lock = threading.Lock()
 
     def execute(
         self, connection: Connection, statement: Executable, parameters: Sequence[Mapping[str, Any]]
@@ -91,6 +90,23 @@ class DirectStatements:
         """
         counts = self.execute_all(connection, ((statement, parameters),))
         return None if counts is None else counts[0]
+
+    def run(
+        self, connection: Connection, statement: Executable, parameters: Sequence[Mapping[str, Any]]
+    ) -> int:
+        """Run ``statement`` once per parameter set: on the cursor when it qualifies (see
+        :meth:`execute`), else with ``connection.execute``.
+
+        Returns:
+            The rows it changed in all (-1 when the driver does not know).
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the database refused it.
+        """
+        rowcount = self.execute(connection, statement, parameters)
+        if rowcount is None:
+            rowcount = connection.execute(statement, list(parameters)).rowcount
+        return rowcount
 
     def execute_all(
         self,
@@ -148,10 +164,8 @@ class DirectStatements:
         first = parameters[0]
         key = (statement, frozenset(first))
         sql = self._sql.get(key)
-        if sql is None:
-            sql = self._compile(statement, first)
-            with self._lock:
-                self._sql[key] = sql
+        if sql is None:  # two threads may both compile it: the same SQL, stored once or twice
+            sql = self._sql[key] = self._compile(statement, first)
         if sql is _NOT_DIRECT:
             return None
         if len(parameters) > 1 and any(len(p) != len(first) or p.keys() != first.keys() for p in parameters):

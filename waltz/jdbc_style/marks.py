@@ -126,10 +126,7 @@ class HighWaterMarks:
             instance moved it, the row is missing, or there is a gap), with nothing changed.
         """
         parameters = {**self._key(partition_id), "expected_mark": expected, "new_mark": new, "now": _now()}
-        rowcount = direct_statements(conn.engine).execute(conn, self._advance, (parameters,))
-        if rowcount is None:
-            rowcount = conn.execute(self._advance, parameters).rowcount
-        return rowcount == 1
+        return direct_statements(conn.engine).run(conn, self._advance, (parameters,)) == 1
 
     def advance(self, conn: Connection, partition_id: int, expected: int, new: int) -> None:
         """Move the locked row from ``expected`` to ``new`` (checked: the row must hold ``expected``).
