@@ -577,10 +577,12 @@ def test_readers_and_appliers_share_one_idle_limit(callbacks: ChangeSetCallbacks
     assert _close_other_connections(callbacks.engine) == 5  # half the pool of 10, all kinds
 
 
-def test_expected_locks_are_the_declared_entities_or_the_expected_models_with_their_keys(
+def test_expected_locks_are_those_of_the_entities_an_attempt_reads_by_a_known_key(
     tmp_path: Path,
 ) -> None:
-    """What the client looks for before a first attempt (docs/design/sql.md "Entity transactions")."""
+    """What the client looks for before a first attempt (docs/design/sql.md "Entity transactions"):
+    the declared entities, those of ``expected_models`` with the declared keys, and whatever else
+    ``prefetch_entities`` names, each once; a key of another shape is left out."""
     engine = create_framework_engine(f"sqlite:///{tmp_path / 'expected.db'}")
     upgrade(engine)
     try:
@@ -592,10 +594,18 @@ def test_expected_locks_are_the_declared_entities_or_the_expected_models_with_th
         class WritesTags(Increment):
             expected_models = (Counter, Tagged)
 
+        class ReadsAnother(Increment):
+            def prefetch_entities(self) -> list[tuple[type[Any], Any]]:
+                return [*super().prefetch_entities(), (Tagged, "blue"), (Counter, (1, 2))]
+
         assert Increment(callbacks, 5).expected_locks() == [registry.info(Counter).lock((5,))]
         assert WritesTags(callbacks, 6).expected_locks() == [
             registry.info(Counter).lock((6,)),
             registry.info(Tagged).lock((6,)),
+        ]
+        assert ReadsAnother(callbacks, 7).expected_locks() == [
+            registry.info(Counter).lock((7,)),
+            registry.info(Tagged).lock(("blue",)),
         ]
     finally:
         engine.dispose()

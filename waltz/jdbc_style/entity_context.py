@@ -390,9 +390,10 @@ class EntityTransactionContext(TransactionContext):
     sets_client_high_water_mark = True
 
     #: Models whose entities, with the keys of the declared entities, :meth:`run` is expected to
-    #: lock (e.g. ``(Checking,)`` for a context declared by ``(Account, custid)`` that changes the
-    #: customer's checking row); None: the declared entities themselves. A hint only
-    #: (:meth:`expected_locks`): what :meth:`run` really reads and changes is what is locked.
+    #: lock besides the declared entities (e.g. ``(Checking,)`` for a context declared by
+    #: ``(Account, custid)`` that changes the customer's checking row); None: only the declared
+    #: entities. A hint only (:meth:`expected_locks`, :meth:`prefetch_entities`): what :meth:`run`
+    #: really reads and changes is what is locked.
     expected_models: tuple[type[Any], ...] | None = None
 
     #: Read the entities of :meth:`prefetch_entities` in the statement that reads the mark (one
@@ -460,16 +461,21 @@ class EntityTransactionContext(TransactionContext):
         return self._partition_id
 
     def expected_locks(self) -> list[PartitionLocalLock]:
-        """The locks of the declared entities (or of :attr:`expected_models` with their keys):
-        while an append of this client holds one, the client queues this context behind it
-        rather than run an attempt that would wait anyway (``TransactionContext.expected_locks``).
+        """The locks of the entities :meth:`prefetch_entities` names (by default the declared
+        entities and those of :attr:`expected_models` with the declared keys): while an append of
+        this client holds one, the client queues this context behind it rather than run an
+        attempt that would be held back behind it anyway (``TransactionContext.expected_locks``;
+        docs/design/sql.md "Entity transactions"). A key of another shape is left out.
         """
-        models = self.expected_models
-        if models is None:
-            return [info.lock(key) for info, key in self._entities]
         registry = self.callbacks.registry
-        infos = [registry.info(model) for model in models]
-        return [info.lock(key) for _, key in self._entities for info in infos]
+        locks: dict[PartitionLocalLock, None] = {}  # in order, once each
+        for model, key in self.prefetch_entities():
+            info = registry.info(model)
+            try:
+                locks[info.lock(info.normalize_key(key))] = None
+            except (ValueError, TypeError):  # a key of another shape, or unhashable
+                continue
+        return list(locks)
 
     def prefetch_entities(self) -> list[tuple[type[Any], Any]]:
         """The entities each attempt reads with the partition's mark (:attr:`prefetch`): the
