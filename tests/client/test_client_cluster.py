@@ -253,6 +253,46 @@ def test_contexts_queued_behind_an_own_append_on_their_expected_lock_execute_onc
     assert store.errors == []
 
 
+class SlowExpectingIncrement(ExpectingIncrement):
+    """An :class:`ExpectingIncrement` whose attempts take a while: contexts submitted together
+    overlap unless the client makes them take turns."""
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        time.sleep(0.005)
+        return super().execute(builder)
+
+
+def test_contexts_submitted_together_on_a_lock_their_client_writes_each_execute_once(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """docs/design/locks.md "Locks of appends in flight": contexts that expect a lock their client
+    writes, submitted from several threads at once, take turns before their first attempts
+    (claims), so none runs an attempt that its own client would hold back and run again."""
+    store = MemoryStore(log_start)
+    lock = PartitionLocalLock("counter", 13)
+    threads, each = 4, 8
+    with WaltzClient(store, client_config) as client:
+        client.wait_mounted(30)
+        assert isinstance(client.submit(ExpectingIncrement(store, 0, lock)).result(30), int)  # written
+        start = threading.Barrier(threads)
+        batches = [[SlowExpectingIncrement(store, 0, lock) for _ in range(each)] for _ in range(threads)]
+
+        def submit_all(batch: list[SlowExpectingIncrement]) -> list[concurrent.futures.Future[int]]:
+            start.wait(10)
+            return [client.submit(context) for context in batch]
+
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            futures = [future for batch in pool.map(submit_all, batches) for future in batch]
+        for future in futures:
+            assert isinstance(future.result(60), int)
+        client.flush(10)
+        wait_applied(store, {0: client.get_high_water_mark(0)})
+    outcomes = [(c.outcomes.executions, c.outcomes.lock_failures) for batch in batches for c in batch]
+    assert outcomes == [(1, 0)] * (threads * each)
+    assert store.values[0] == threads * each + 1
+    assert store.errors == []
+
+
 class BrokenHint(Append):
     def expected_locks(self) -> list[PartitionLocalLock]:
         raise ValueError("no hint today")

@@ -613,6 +613,53 @@ def test_a_context_whose_expected_lock_an_own_append_holds_is_queued_before_its_
     run(scenario)
 
 
+def test_a_context_claiming_a_lock_an_own_append_writes_waits_for_the_claimant_s_append() -> None:
+    """docs/design/locks.md "Locks of appends in flight": a first attempt claims its expected locks
+    until its append reaches the loop; another context expecting one of them that an own append
+    writes waits without running and is queued behind that append once it is there. Locks no own
+    append writes are claimed side by side; a claimant that ends without an append lets the next
+    one go; close returns the contexts still waiting."""
+
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        connection = await mounted(partition, host)
+        lock1, lock2 = (PartitionLocalLock("k", n).lock_hash for n in (1, 2))
+        readers = [Submission(Locked(name, read=(2,)), 0, lambda pid: 5, 1 << 20) for name in (b"r1", b"r2")]
+        assert all(partition.claim(reader, [lock2]) for reader in readers)  # nobody here writes 2
+
+        partition.send_append(*locked(b"holder", write=(1,)))  # an own append writes 1 now
+        first, first_payload = locked(b"first", write=(1,))
+        assert partition.claim(first, [lock1])
+        second = Submission(Locked(b"second", write=(1,)), 0, lambda pid: 5, 1 << 20)
+        third = Submission(Locked(b"third", write=(1,)), 0, lambda pid: 5, 1 << 20)
+        assert not partition.claim(second, [lock1])
+        assert not partition.claim(third, [lock1])
+        assert second.attempts == third.attempts == 0
+
+        partition.send_append(first, first_payload)  # held back behind "holder"
+        partition.claims_released(partition.release_claims(first))
+        # "second" claimed in turn and is queued behind "holder"; "third" waits for "second".
+        assert partition.has_claims(second) and not partition.has_claims(third)
+        assert partition.release_claims(second) == [(third, [lock1])]
+        assert second.attempts == third.attempts == 0
+        deliver(partition, connection, feed(connection.appends()[0], 6))
+        assert host.retried == [(b"first", 6)]  # "second" waits behind first's next attempt
+
+        ends = Submission(Locked(b"ends", write=(1,)), 0, lambda pid: 5, 1 << 20)
+        waits = Submission(Locked(b"waits", write=(1,)), 0, lambda pid: 5, 1 << 20)
+        assert partition.claim(ends, [lock1]) and not partition.claim(waits, [lock1])
+        partition.claims_released(partition.release_claims(ends))  # it ended without an append
+        assert partition.has_claims(waits)
+
+        late = Submission(Locked(b"late", write=(1,)), 0, lambda pid: 5, 1 << 20)
+        assert not partition.claim(late, [lock1])
+        worker, submissions = partition.close()
+        assert b"late" in [s.context.data for s in submissions]  # type: ignore[attr-defined]
+        if worker is not None:
+            await asyncio.to_thread(worker.close)
+
+    run(scenario)
+
+
 def test_an_attempt_that_did_not_see_an_own_commit_on_its_lock_fails_without_the_round_trip(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

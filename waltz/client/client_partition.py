@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Coroutine, Sequence
@@ -200,6 +201,11 @@ class ClientPartition:
         self._committed_order: deque[tuple[int, tuple[int, ...]]] = deque()
         # Contexts running again whose followers wait for their next attempt (see _release).
         self._leaders: set[Submission] = set()
+        # First attempts running with their expected locks, and the contexts that wait for their
+        # appends (see claim); touched from any thread, under the lock.
+        self._claims_lock = threading.Lock()
+        self._claims: dict[int, Submission] = {}  # lock hash -> the context whose first attempt claimed it
+        self._claimed: dict[Submission, tuple[Sequence[int], list[tuple[Submission, Sequence[int]]]]] = {}
         self._feed_mark = -1
         self._queued_mark: int | None = None
         self._to_queue: list[tuple[Transaction, Submission | None]] = []  # handed over by end_of_batch
@@ -327,6 +333,11 @@ class ClientPartition:
             held += [submission for submission, _, _ in leader.followers or ()]
             leader.followers = None
         self._leaders.clear()
+        with self._claims_lock:
+            for _, waiters in self._claimed.values():
+                held += [submission for submission, _ in waiters]
+            self._claimed.clear()
+            self._claims.clear()
         self._blocked.clear()
         self._holders.clear()
         return worker, held
@@ -643,6 +654,64 @@ class ClientPartition:
                 self.metrics.held_appends.inc()
                 return
         self._host.queued_attempt(self, submission, self.committed_after(lock_hashes, -1))
+
+    def claim(self, submission: Submission, lock_hashes: Sequence[int]) -> bool:
+        """Claim these expected locks for the first attempt of ``submission``, which runs now or
+        is queued (any thread), until its append reaches the event loop or the context ends
+        without one (:meth:`release_claims`). False when another context claimed one of them
+        first: ``submission`` then waits, without running, for that context's append, and goes on
+        as :meth:`claims_released` says (docs/design/locks.md "Locks of appends in flight").
+
+        Only a lock that an own append writes, pending or among the commits this client
+        remembers, makes a context wait for another's claim: two contexts that expect to read an
+        entity nobody here writes run side by side, as their locks allow.
+
+        The holders of locks are only known on the loop, once an append gets there: two contexts
+        on a hot lock that both looked before either append arrived would both run, and one
+        would be held back behind the other and run again.
+        """
+        holders, written = self._holders, self._committed_locks  # read from any thread: hints
+        with self._claims_lock:
+            claims = self._claims
+            for lock in lock_hashes:
+                claimant = claims.get(lock)
+                if claimant is not None and (lock in holders or lock in written):
+                    self._claimed[claimant][1].append((submission, lock_hashes))
+                    return False
+            for lock in lock_hashes:
+                claims[lock] = submission
+            self._claimed[submission] = (lock_hashes, [])
+            return True
+
+    def has_claims(self, submission: Submission) -> bool:
+        """Whether ``submission`` holds claims (a hint read without the lock)."""
+        return submission in self._claimed
+
+    def release_claims(self, submission: Submission) -> list[tuple[Submission, Sequence[int]]]:
+        """End the claims of ``submission`` (any thread); returns the contexts that waited for
+        them, in order, for :meth:`claims_released` on the loop."""
+        with self._claims_lock:
+            entry = self._claimed.pop(submission, None)
+            if entry is None:
+                return []
+            lock_hashes, waiters = entry
+            claims = self._claims
+            for lock in lock_hashes:
+                if claims.get(lock) is submission:
+                    del claims[lock]
+            return waiters
+
+    def claims_released(self, waiters: Sequence[tuple[Submission, Sequence[int]]]) -> None:
+        """Go on with the contexts that waited for a claim, in order (on the loop, after the
+        claimant's append went through :meth:`send_append`, or its context ended): each claims its
+        locks in turn, so the second of two on one lock waits for the first's append, and is
+        queued as :meth:`queue_first_attempt` queues (behind the append that holds one of its
+        locks, or to run once the own commits on them are applied)."""
+        for submission, lock_hashes in waiters:
+            if self.state is _CLOSED:
+                self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
+            elif self.claim(submission, lock_hashes):
+                self.queue_first_attempt(submission, lock_hashes)
 
     def _failed(self, pending: _Pending, lock_target: int | None) -> None:
         """A pending append failed (a lock failure naming ``lock_target``, or lost: None): run its

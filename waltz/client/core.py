@@ -384,15 +384,35 @@ class ClientCore:
             return
         if expected and self.config.client_hold_conflicting_appends:
             hashes = [lock.lock_hash for lock in expected]
+            if not partition.claim(submission, hashes):
+                return  # another context's first attempt claimed one: it goes behind that one
             if partition.holds_any(hashes, _waited_mark(partition, submission).value):
-                try:
+                try:  # it keeps its claims until its append is on the loop: a queue per lock
                     self._loop.call_soon_threadsafe(partition.queue_first_attempt, submission, hashes)
                 except RuntimeError:
                     submission.fail(ClientClosedError(f"Waltz client {self.client_id} is closed"))
+                    self._release_claims(partition, submission)
                 return
         payload = submission.attempt()
         if payload is not None:
-            self.post_append(partition, submission, payload)
+            self.post_append(partition, submission, payload)  # the loop releases its claims
+        else:
+            self._release_claims(partition, submission)
+
+    def _release_claims(self, partition: ClientPartition, submission: Submission) -> None:
+        """End the claims of a context that sends no append after all (any thread): those waiting
+        for it are queued on the loop, after whatever this thread handed to the loop before."""
+        if not partition.has_claims(submission):
+            return
+        waiters = partition.release_claims(submission)
+        if not waiters:
+            return
+        try:
+            self._loop.call_soon_threadsafe(partition.claims_released, waiters)
+        except RuntimeError:  # the loop closed: closing fails the others
+            error = ClientClosedError(f"Waltz client {self.client_id} is closed")
+            for waiter, _ in waiters:
+                waiter.fail(error)
 
     def queued_attempt(self, partition: ClientPartition, submission: Submission, target: int) -> None:
         """Run the first attempt of a context queued behind a lock (on a retry thread), once
@@ -431,6 +451,7 @@ class ClientCore:
             self._loop.call_soon_threadsafe(self._drain_inbox)
         except RuntimeError:
             submission.fail(ClientClosedError(f"Waltz client {self.client_id} is closed"))
+            self._release_claims(partition, submission)
 
     def _drain_inbox(self) -> None:
         with self._inbox_lock:
@@ -444,6 +465,8 @@ class ClientCore:
                 submission.fail(ClientClosedError(f"Waltz client {self.client_id} is closed"))
             else:
                 partition.send_append(submission, payload)
+            if partition.has_claims(submission):  # a first attempt's: its append holds the locks now
+                partition.claims_released(partition.release_claims(submission))
         self.metrics.append_queue_seconds.add(queued, len(items))
 
     async def _retry(
@@ -484,7 +507,9 @@ class ClientCore:
         payload = submission.attempt()
         if payload is not None:
             self.post_append(partition, submission, payload)
-        elif submission.followers is not None:  # it ended: those waiting behind it go on
+            return
+        self._release_claims(partition, submission)  # a queued first attempt that ended here
+        if submission.followers is not None:  # it ended: those waiting behind it go on
             with contextlib.suppress(RuntimeError):  # the loop closed: closing fails them
                 self._loop.call_soon_threadsafe(partition.leader_ended, submission)
 
