@@ -375,8 +375,9 @@ class ClientCore:
         """Run the first attempt on the calling thread and send its append; or, when a pending
         append of this client holds one of the context's expected locks, queue the context behind
         it, and when a commit of this client that the attempt would not see wrote one, let it wait
-        for that commit (``TransactionContext.expected_locks``; docs/design/locks.md, "Locks of
-        appends in flight")."""
+        for that commit (``TransactionContext.expected_locks``); or, when another context's first
+        attempt claimed one of them that this client writes, let it wait for that context's append
+        (:meth:`ClientPartition.claim`; docs/design/locks.md, "Locks of appends in flight")."""
         try:
             expected = submission.context.expected_locks()
         except Exception as exc:  # the application's hint: its error ends the context, as execute's
