@@ -629,18 +629,20 @@ def test_a_context_claiming_a_lock_an_own_append_writes_waits_for_the_claimant_s
         partition.send_append(*locked(b"holder", write=(1,)))  # an own append writes 1 now
         first, first_payload = locked(b"first", write=(1,))
         assert partition.claim(first, [lock1])
-        second = Submission(Locked(b"second", write=(1,)), 0, lambda pid: 5, 1 << 20)
-        third = Submission(Locked(b"third", write=(1,)), 0, lambda pid: 5, 1 << 20)
-        assert not partition.claim(second, [lock1])
-        assert not partition.claim(third, [lock1])
-        assert second.attempts == third.attempts == 0
+        second, third, fourth = (
+            Submission(Locked(name, write=(1,)), 0, lambda pid: 5, 1 << 20)
+            for name in (b"second", b"third", b"fourth")
+        )
+        assert not any(partition.claim(s, [lock1]) for s in (second, third, fourth))
+        assert second.attempts == third.attempts == fourth.attempts == 0
 
         partition.send_append(first, first_payload)  # held back behind "holder"
         partition.claims_released(partition.release_claims(first))
-        # "second" claimed in turn and is queued behind "holder"; "third" waits for "second".
+        # "second" claimed in turn and is queued behind "holder"; the others wait for "second",
+        # in order.
         assert partition.has_claims(second) and not partition.has_claims(third)
-        assert partition.release_claims(second) == [(third, [lock1])]
-        assert second.attempts == third.attempts == 0
+        assert list(partition.release_claims(second)) == [(third, [lock1]), (fourth, [lock1])]
+        assert second.attempts == third.attempts == fourth.attempts == 0
         deliver(partition, connection, feed(connection.appends()[0], 6))
         assert host.retried == [(b"first", 6)]  # "second" waits behind first's next attempt
 

@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: A context waiting for another's claim, with the lock hashes it expects (see ClientPartition.claim).
+ClaimWaiter = tuple[Submission, Sequence[int]]
+
 #: Longest pause between mount attempts, in seconds.
 MAX_MOUNT_BACKOFF = 1.0
 #: Own commits whose locks a partition remembers at most, applied or not (the oldest are forgotten
@@ -205,7 +208,7 @@ class ClientPartition:
         # appends (see claim); touched from any thread, under the lock.
         self._claims_lock = threading.Lock()
         self._claims: dict[int, Submission] = {}  # lock hash -> the context whose first attempt claimed it
-        self._claimed: dict[Submission, tuple[Sequence[int], list[tuple[Submission, Sequence[int]]]]] = {}
+        self._claimed: dict[Submission, tuple[Sequence[int], deque[ClaimWaiter]]] = {}
         self._feed_mark = -1
         self._queued_mark: int | None = None
         self._to_queue: list[tuple[Transaction, Submission | None]] = []  # handed over by end_of_batch
@@ -655,7 +658,9 @@ class ClientPartition:
                 return
         self._host.queued_attempt(self, submission, self.committed_after(lock_hashes, -1))
 
-    def claim(self, submission: Submission, lock_hashes: Sequence[int]) -> bool:
+    def claim(
+        self, submission: Submission, lock_hashes: Sequence[int], waiters: deque[ClaimWaiter] | None = None
+    ) -> bool:
         """Claim these expected locks for the first attempt of ``submission``, which runs now or
         is queued (any thread), until its append reaches the event loop or the context ends
         without one (:meth:`release_claims`). False when another context claimed one of them
@@ -669,6 +674,9 @@ class ClientPartition:
         The holders of locks are only known on the loop, once an append gets there: two contexts
         on a hot lock that both looked before either append arrived would both run, and one
         would be held back behind the other and run again.
+
+        ``waiters``: contexts that wait for this one's append from the start, ahead of any that
+        find its claim later (:meth:`claims_released`).
         """
         holders, written = self._holders, self._committed_locks  # read from any thread: hints
         with self._claims_lock:
@@ -680,20 +688,20 @@ class ClientPartition:
                     return False
             for lock in lock_hashes:
                 claims[lock] = submission
-            self._claimed[submission] = (lock_hashes, [])
+            self._claimed[submission] = (lock_hashes, deque() if waiters is None else waiters)
             return True
 
     def has_claims(self, submission: Submission) -> bool:
         """Whether ``submission`` holds claims (a hint read without the lock)."""
         return submission in self._claimed
 
-    def release_claims(self, submission: Submission) -> list[tuple[Submission, Sequence[int]]]:
+    def release_claims(self, submission: Submission) -> deque[ClaimWaiter]:
         """End the claims of ``submission`` (any thread); returns the contexts that waited for
         them, in order, for :meth:`claims_released` on the loop."""
         with self._claims_lock:
             entry = self._claimed.pop(submission, None)
             if entry is None:
-                return []
+                return deque()
             lock_hashes, waiters = entry
             claims = self._claims
             for lock in lock_hashes:
@@ -701,17 +709,20 @@ class ClientPartition:
                     del claims[lock]
             return waiters
 
-    def claims_released(self, waiters: Sequence[tuple[Submission, Sequence[int]]]) -> None:
-        """Go on with the contexts that waited for a claim, in order (on the loop, after the
-        claimant's append went through :meth:`send_append`, or its context ended): each claims its
-        locks in turn, so the second of two on one lock waits for the first's append, and is
-        queued as :meth:`queue_first_attempt` queues (behind the append that holds one of its
-        locks, or to run once the own commits on them are applied)."""
-        for submission, lock_hashes in waiters:
+    def claims_released(self, waiters: deque[ClaimWaiter]) -> None:
+        """Go on with the contexts that waited for a claim (on the loop, after the claimant's
+        append went through :meth:`send_append`, or its context ended): the first that claims its
+        locks is queued as :meth:`queue_first_attempt` queues (behind the append that holds one
+        of them, or to run once the own commits on them are applied), and the rest wait for its
+        append in turn, in order. A context whose claim meets another claimant's waits for that
+        one instead. So a hot lock costs a few steps per commit, however many wait."""
+        while waiters:
+            submission, lock_hashes = waiters.popleft()
             if self.state is _CLOSED:
                 self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
-            elif self.claim(submission, lock_hashes):
+            elif self.claim(submission, lock_hashes, waiters):
                 self.queue_first_attempt(submission, lock_hashes)
+                return
 
     def _failed(self, pending: _Pending, lock_target: int | None) -> None:
         """A pending append failed (a lock failure naming ``lock_target``, or lost: None): run its
