@@ -287,7 +287,9 @@ def test_contexts_submitted_together_on_a_lock_their_client_writes_each_execute_
             assert isinstance(future.result(60), int)
         client.flush(10)
         wait_applied(store, {0: client.get_high_water_mark(0)})
+        waits = client.metrics.get_sample_value("waltz_client_claim_waits_total", {"partition": "0"})
     outcomes = [(c.outcomes.executions, c.outcomes.lock_failures) for batch in batches for c in batch]
+    assert waits is not None and waits >= 1  # contexts met another's claim (and none ran twice)
     assert outcomes == [(1, 0)] * (threads * each)
     assert store.values[0] == threads * each + 1
     assert store.errors == []

@@ -654,6 +654,8 @@ def test_a_context_claiming_a_lock_an_own_append_writes_waits_for_the_claimant_s
 
         late = Submission(Locked(b"late", write=(1,)), 0, lambda pid: 5, 1 << 20)
         assert not partition.claim(late, [lock1])
+        # second, third, fourth, waits, late: each met a claim once
+        assert partition.metrics.claim_waits._value.get() == 5  # type: ignore[attr-defined]
         worker, submissions = partition.close()
         assert b"late" in [s.context.data for s in submissions]  # type: ignore[attr-defined]
         if worker is not None:

@@ -685,6 +685,7 @@ class ClientPartition:
                 claimant = claims.get(lock)
                 if claimant is not None and (lock in holders or lock in written):
                     self._claimed[claimant][1].append((submission, lock_hashes))
+                    self.metrics.claim_waits.inc()
                     return False
             for lock in lock_hashes:
                 claims[lock] = submission

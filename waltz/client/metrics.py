@@ -23,6 +23,9 @@ Metric names (``partition`` label on all but the histogram and the summaries):
 - ``waltz_client_held_appends_total``: appends held back behind a pending append of this client
   holding one of their locks (``client.holdConflictingAppends``; sent once that one fails, a lock
   failure once it commits).
+- ``waltz_client_claim_waits_total``: contexts that waited, before their first attempt, for
+  another context's claim on an expected lock that an append of this client writes (docs/design/locks.md
+  "Locks of appends in flight").
 - ``waltz_client_transactions_applied_total``: transactions ``apply_transaction`` returned for.
 - ``waltz_client_apply_errors_total``: exceptions raised by ``apply_transaction(s)``.
 - ``waltz_client_remounts_total``: runs of the reconnect procedure (docs/design/client.md "Mount
@@ -189,6 +192,7 @@ class PartitionMetrics:
     __slots__ = (
         "applied",
         "apply_errors",
+        "claim_waits",
         "commit_seconds",
         "committed",
         "failed_appends",
@@ -205,6 +209,7 @@ class PartitionMetrics:
         self.failed_appends = metrics.failed_appends.labels(label)
         self.lock_failures = metrics.lock_failures.labels(label)
         self.held_appends = metrics.held_appends.labels(label)
+        self.claim_waits = metrics.claim_waits.labels(label)
         self.applied = metrics.transactions_applied.labels(label)
         self.apply_errors = metrics.apply_errors.labels(label)
         self.remounts = metrics.remounts.labels(label)
@@ -245,6 +250,11 @@ class ClientMetrics:
             "waltz_client_held_appends",
             "Appends held back behind a pending append of this client holding one of their locks, "
             "by partition.",
+        )
+        self.claim_waits = counter(
+            "waltz_client_claim_waits",
+            "Contexts that waited before their first attempt for another's claim on a lock this "
+            "client writes, by partition.",
         )
         self.transactions_applied = counter(
             "waltz_client_transactions_applied",
