@@ -35,7 +35,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar, overload
 
 from sqlalchemy import Connection
@@ -467,15 +467,21 @@ class EntityTransactionContext(TransactionContext):
         attempt that would be held back behind it anyway (``TransactionContext.expected_locks``;
         docs/design/sql.md "Entity transactions"). A key of another shape is left out.
         """
+        # In order, once each.
+        return list(dict.fromkeys(info.lock(values) for info, values in self._prefetch_keys()))
+
+    def _prefetch_keys(self) -> Iterator[tuple[EntityInfo, tuple[Any, ...]]]:
+        """:meth:`prefetch_entities` with their key values normalized; a key of another shape, or
+        unhashable, is left out (read by key, if :meth:`run` reads it)."""
         registry = self.callbacks.registry
-        locks: dict[PartitionLocalLock, None] = {}  # in order, once each
         for model, key in self.prefetch_entities():
             info = registry.info(model)
             try:
-                locks[info.lock(info.normalize_key(key))] = None
-            except (ValueError, TypeError):  # a key of another shape, or unhashable
+                values = info.normalize_key(key)
+                hash(values)
+            except (ValueError, TypeError):
                 continue
-        return list(locks)
+            yield info, values
 
     def prefetch_entities(self) -> list[tuple[type[Any], Any]]:
         """The entities each attempt reads with the partition's mark (:attr:`prefetch`): the
@@ -500,14 +506,7 @@ class EntityTransactionContext(TransactionContext):
             raise RuntimeError("partition_id() must be called before execute()")
         entities: list[tuple[EntityInfo, tuple[Any, ...]]] = []
         if self.prefetch:
-            registry = self.callbacks.registry
-            for model, key in self.prefetch_entities():
-                info = registry.info(model)
-                try:
-                    values = info.normalize_key(key)
-                    hash(values)
-                except (ValueError, TypeError):  # a key of another shape, or unhashable: read it by key
-                    continue
+            for info, values in self._prefetch_keys():
                 if not info.key_fits_types(values) and (info, values) not in self._entities:
                     # A hint (expected_models) whose key values are not of its key columns' types:
                     # in the mark's statement it could fail every attempt (PostgreSQL refuses to
