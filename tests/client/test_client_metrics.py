@@ -83,6 +83,13 @@ def test_counters_and_gauges_after_commits_and_a_lock_failure(
         # sending), 8 commits completed (the last batch's total is added once its loop ends).
         assert sample(registry, "waltz_client_append_queue_seconds_count") == 9
         assert 0 < sample(registry, "waltz_client_append_queue_seconds_sum") < 9 * 30
+        # Each context's first attempt sent an append (the stale one's too, which the server
+        # refused); each of the 8 commits ended a log round trip within its submit-to-commit time.
+        assert sample(registry, "waltz_client_first_attempt_seconds_count") == 9
+        assert 0 < sample(registry, "waltz_client_first_attempt_seconds_sum") < 9 * 30
+        assert sample(registry, "waltz_client_log_round_trip_seconds_count") == 8
+        round_trips = sample(registry, "waltz_client_log_round_trip_seconds_sum")
+        assert 0 < round_trips <= sample(registry, "waltz_client_commit_seconds_sum")
         wait_until(
             lambda: sample(registry, "waltz_client_completion_delay_seconds_count") == 8,
             timeout=10,

@@ -63,7 +63,13 @@ def test_producer_json_counts_every_transaction_of_every_client(perf_cluster: Lo
     assert report["retries_per_transaction"] == pytest.approx(report["retries"] / 600, abs=1e-4)
     assert_latency_shape(report["latency_ms"], 600)
     # both client processes' stage totals arrive and merge
-    assert list(report["client_stage_ms"]) == ["append queue", "submit->commit", "commit->completion"]
+    assert list(report["client_stage_ms"]) == [
+        "first attempt",
+        "append queue",
+        "log round trip",
+        "submit->commit",
+        "commit->completion",
+    ]
     assert all(ms > 0 for ms in report["client_stage_ms"].values()), report["client_stage_ms"]
     assert report["settings"]["lock_pool_size"] == 1000
 
@@ -110,10 +116,16 @@ def test_producer_reports_the_cpu_of_the_client_and_of_every_node(perf_cluster: 
     assert stats.client_stages["submit->commit"][1] == 1000
     assert stats.client_stages["commit->completion"][1] == 1000
     assert stats.client_stages["append queue"][1] == 1000 + stats.retries
+    # Every transaction's first attempt sent an append, and each commit ended one log round trip,
+    # which lies within that transaction's submit-to-commit time.
+    assert stats.client_stages["first attempt"][1] == 1000
+    assert stats.client_stages["log round trip"][1] == 1000
     stages = stats.client_stage_ms()
     assert 0 < stages["append queue"] <= stages["submit->commit"]
+    assert 0 < stages["log round trip"] <= stages["submit->commit"]
+    assert stages["first attempt"] > 0
     assert stages["commit->completion"] > 0
-    assert any(line.startswith("client stages, mean (ms): append queue") for line in lines)
+    assert any(line.startswith("client stages, mean (ms): first attempt") for line in lines)
     # without the nodes' URLs (a cluster the run did not start): the client's alone, and said so
     alone = run_producer(config, settings)
     assert list(alone.summary()["cpu_us_per_transaction"]) == ["client"]

@@ -134,6 +134,8 @@ class _Pending:
     submission: Submission
     payload: AppendPayload
     held: list[Waiting] | None = None
+    sent_at: float = 0.0
+    """``time.monotonic()`` when it was handed to the connection (the log round trip's start)."""
 
 
 class ClientPartition:
@@ -569,7 +571,7 @@ class ClientPartition:
                 self._host.retry(self, submission, committed)
                 return
         req_id = ReqId(self._host.client_id, self.generation, self.partition_id, self._host.next_seq_num())
-        pending = _Pending(submission, payload, followers or None)
+        pending = _Pending(submission, payload, followers or None, time.monotonic())
         self.monitor.register(req_id, pending)
         if self._hold_conflicting:
             for lock in payload.write_locks:
@@ -872,6 +874,7 @@ class ClientPartition:
         data_source = self._host.data_source
         to_queue = self._to_queue
         committed: list[tuple[Submission, int]] = []
+        sent_at_sum = 0.0  # of the committed appends: their log round trips in one sum
         try:
             for index in range(expected - first, count):
                 transaction_id = first + index
@@ -887,6 +890,7 @@ class ClientPartition:
                         self._failed(pending, None)
                     if succeeded is not None:
                         own, data = succeeded.submission, succeeded.payload.data
+                        sent_at_sum += succeeded.sent_at
                         self.own_committed_mark = transaction_id
                         committed.append((own, transaction_id))
                         self._resolved(succeeded, transaction_id)
@@ -910,6 +914,7 @@ class ClientPartition:
                 self.metrics.committed.inc(len(committed))
                 now = time.monotonic()
                 self.metrics.commit_seconds.observe_all([now - s.submitted_at for s, _ in committed])
+                self.metrics.log_round_trip_seconds.add(len(committed) * now - sent_at_sum, len(committed))
                 self._host.completed(committed)
 
     def end_of_batch(self) -> None:

@@ -460,8 +460,14 @@ class ClientCore:
             self._inbox_scheduled = False
         now = time.monotonic()
         queued = 0.0
+        first = 0.0
+        firsts = 0
         for partition, submission, payload, queued_at in items:
             queued += now - queued_at
+            if not submission.posted:  # the first attempt's append: its first-attempt time
+                submission.posted = True
+                first += queued_at - submission.submitted_at
+                firsts += 1
             if self._closed:
                 submission.fail(ClientClosedError(f"Waltz client {self.client_id} is closed"))
             else:
@@ -469,6 +475,8 @@ class ClientCore:
             if partition.has_claims(submission):  # a first attempt's: its append holds the locks now
                 partition.claims_released(partition.release_claims(submission))
         self.metrics.append_queue_seconds.add(queued, len(items))
+        if firsts:
+            self.metrics.first_attempt_seconds.add(first, firsts)
 
     async def _retry(
         self,

@@ -5,8 +5,8 @@ Each client owns a :class:`ClientMetrics` with a ``CollectorRegistry`` of its ow
 submitted count is a plain integer of the partition, kept under the lock that admits a context;
 counters of events (commits, failures, remounts) are incremented once per batch on a child bound
 once per partition (:class:`PartitionMetrics`); the commit latencies of a batch of feed entries go
-into a :class:`~waltz.batched_histogram.BatchedHistogram` at once; the two summaries of the
-client's own delays add to plain totals once per batch (:class:`StageTotals`). The submitted count,
+into a :class:`~waltz.batched_histogram.BatchedHistogram` at once; the summaries of the stages of a
+transaction's latency add to plain totals once per batch (:class:`StageTotals`). The submitted count,
 the summaries and the gauges (in flight, high-water marks, mounted, unhealthy) are read only when
 the registry is collected. Serve it with
 ``prometheus_client.start_http_server(port, registry=client.metrics)``.
@@ -35,10 +35,20 @@ Metric names (``partition`` label on all but the histogram and the summaries):
 - ``waltz_client_feed_windows_total``: ``FeedWindow`` grants sent (the feed window of
   ``client.maxApplyBacklog`` moved on as the application applied).
 - ``waltz_client_commit_seconds``: histogram of submit-to-commit latency, in seconds.
+- ``waltz_client_first_attempt_seconds``: summary of the time from ``submit`` to the end of the
+  first attempt's ``execute`` (its append handed to the client's event loop), in seconds: waits
+  for another context's claim, for an own pending append holding an expected lock to commit, or for
+  read-your-writes, then ``execute`` with its reads. Counted for contexts whose first attempt
+  produced an append.
 - ``waltz_client_append_queue_seconds``: summary of the time an attempt's append waits for the
   client's event loop (from the end of ``execute`` to the loop writing it into the next stream
   message to the server, or holding it while its partition mounts), in seconds: the client's own
   share of the commit latency on the way out (like a Kafka producer's record queue time).
+- ``waltz_client_log_round_trip_seconds``: summary of the time from the event loop handing an
+  append to the server connection to seeing it committed in the feed, in seconds (committed
+  appends only): the stream message to the server, its lock check, the store batch with its quorum
+  of replicas, and the feed back. For a commit of a first attempt, first attempt + append queue +
+  log round trip + completion delay is its submit-to-completion latency.
 - ``waltz_client_completion_delay_seconds``: summary of the time from seeing a commit in the feed
   to the end of its context's completion (``on_completion`` and the ``submit`` future's callbacks,
   on the completion thread), in seconds: the client's share on the way back.
@@ -200,6 +210,7 @@ class PartitionMetrics:
         "feed_windows",
         "held_appends",
         "lock_failures",
+        "log_round_trip_seconds",
         "remounts",
     )
 
@@ -216,6 +227,7 @@ class PartitionMetrics:
         self.feed_gaps = metrics.feed_gaps.labels(label)
         self.feed_windows = metrics.feed_windows.labels(label)
         self.commit_seconds = metrics.commit_seconds
+        self.log_round_trip_seconds = metrics.log_round_trip_seconds
 
 
 class ClientMetrics:
@@ -281,17 +293,36 @@ class ClientMetrics:
             buckets=COMMIT_SECONDS_BUCKETS,
             registry=self.registry,
         )
+        self.first_attempt_seconds = StageTotals(
+            "waltz_client_first_attempt_seconds",
+            "Time from submit to the end of the first attempt's execute (its append handed to the "
+            "client's event loop), waits for claims, held locks and read-your-writes included, in seconds.",
+        )
         self.append_queue_seconds = StageTotals(
             "waltz_client_append_queue_seconds",
             "Time from the end of an attempt's execute to the client's event loop sending its append "
             "(or holding it while the partition mounts), in seconds.",
+        )
+        self.log_round_trip_seconds = StageTotals(
+            "waltz_client_log_round_trip_seconds",
+            "Time from handing an append to the server connection to seeing it committed in the feed, "
+            "in seconds (committed appends).",
         )
         self.completion_delay_seconds = StageTotals(
             "waltz_client_completion_delay_seconds",
             "Time from seeing a commit in the feed to the end of its context's completion callbacks, "
             "in seconds.",
         )
-        self.registry.register(_StageCollector([self.append_queue_seconds, self.completion_delay_seconds]))
+        self.registry.register(
+            _StageCollector(
+                [
+                    self.first_attempt_seconds,
+                    self.append_queue_seconds,
+                    self.log_round_trip_seconds,
+                    self.completion_delay_seconds,
+                ]
+            )
+        )
 
     def partition(self, partition_id: int) -> PartitionMetrics:
         """The counters of a partition (its samples exist, at 0, from this call on)."""

@@ -78,6 +78,7 @@ class Submission:
         "lock_failures",
         "lost_appends",
         "partition_id",
+        "posted",
         "repeated_lock_failures",
         "submitted_at",
         "timeout",
@@ -108,6 +109,8 @@ class Submission:
         self.followers: list[Waiting] | None = None
         """Contexts waiting on a lock behind this one's next attempt (see ``ClientPartition``)."""
         self.submitted_at = time.monotonic()
+        self.posted = False
+        """True once an attempt's append reached the client's event loop (read and set there)."""
         timeout = getattr(context, "timeout", None)
         self.timeout: float | None = timeout
         self.deadline: float | None = None if timeout is None else self.submitted_at + timeout

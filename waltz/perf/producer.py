@@ -54,11 +54,15 @@ WARMUP_TRANSACTIONS = 20
 #: Seconds a client may take to mount its partitions.
 MOUNT_TIMEOUT = 60.0
 #: The stages of a transaction's latency that the producer reports (``RunStats.client_stages``), by
-#: the client metric that times them (``waltz/client/metrics.py``): from the end of an attempt's
-#: ``execute`` to its append leaving for the server; from ``submit`` to seeing the commit in the
-#: feed (every attempt and the cluster's share included); from that to the end of the completion.
+#: the client metric that times them (``waltz/client/metrics.py``): from ``submit`` to the end of
+#: the first attempt's ``execute`` (lock and read-your-writes waits included); from the end of an
+#: attempt's ``execute`` to its append leaving for the server; from there to seeing it committed
+#: in the feed (the cluster's share); from ``submit`` to seeing the commit (every attempt
+#: included); from that to the end of the completion.
 CLIENT_STAGES = {
+    "first attempt": "waltz_client_first_attempt_seconds",
     "append queue": "waltz_client_append_queue_seconds",
+    "log round trip": "waltz_client_log_round_trip_seconds",
     "submit->commit": "waltz_client_commit_seconds",
     "commit->completion": "waltz_client_completion_delay_seconds",
 }
