@@ -48,7 +48,8 @@ Metric names (``partition`` label on all but the histogram and the summaries):
   append to the server connection to seeing it committed in the feed, in seconds (committed
   appends only): the stream message to the server, its lock check, the store batch with its quorum
   of replicas, and the feed back. For a commit of a first attempt, first attempt + append queue +
-  log round trip + completion delay is its submit-to-completion latency.
+  log round trip + completion delay is its submit-to-completion latency, but for the time its
+  append was held back behind an own pending append (``waltz_client_held_appends_total``).
 - ``waltz_client_completion_delay_seconds``: summary of the time from seeing a commit in the feed
   to the end of its context's completion (``on_completion`` and the ``submit`` future's callbacks,
   on the completion thread), in seconds: the client's share on the way back.
