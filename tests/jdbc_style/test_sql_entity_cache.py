@@ -49,6 +49,15 @@ class Tally(Base):
     open: Mapped[bool] = mapped_column(Boolean, default=True)
 
 
+class Named(Base):
+    """Keyed by a string: kept where the database compares strings exactly."""
+
+    __tablename__ = "cache_named"
+    __waltz__ = WaltzEntity("cache.named", partition_by=lambda key, n: len(key[0]) % n)
+    name: Mapped[str] = mapped_column(String(20), primary_key=True)
+    value: Mapped[int] = mapped_column(default=0)
+
+
 class Priced(Base):
     """A Numeric column: the database may round what it is given; never cached."""
 
@@ -102,6 +111,24 @@ class Add(EntityTransactionContext):
             tx.insert(Tally, tally_id=self.tally_id, value=self.amount)
         else:
             tx.update(tally, value=tally.value + self.amount)
+        return True
+
+
+class Count(EntityTransactionContext):
+    """Counts under a name (inserting it at 1); notes what each attempt saw."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, name: str):
+        super().__init__(callbacks, (Named, name))
+        self.name = name
+        self.seen: list[int | None] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        row = tx.get(Named, self.name)
+        self.seen.append(None if row is None else row.value)
+        if row is None:
+            tx.insert(Named, name=self.name, value=1)
+        else:
+            tx.update(row, value=row.value + 1)
         return True
 
 
@@ -194,6 +221,43 @@ def test_an_attempt_on_cached_entities_runs_no_statement_and_sends_the_cache_pos
     assert statements.during(lambda: _attempt(again)) == 0
     assert again.seen == [12]
     assert _attempt(Add(callbacks, 5)).build().client_high_water_mark == 2
+
+
+def test_rows_keyed_by_strings_are_kept_where_the_database_compares_strings_exactly(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    """PostgreSQL and SQLite tell ``'abc'``, ``'ABC'`` and ``'abc '`` apart, as the cache does:
+    their string-keyed rows are kept. MariaDB's default collations equate them: never kept."""
+    exact = engine.dialect.name in ("postgresql", "sqlite")
+    cache = callbacks.entity_cache
+    assert cache is not None and cache.exact_string_keys is exact
+    statements = Statements(engine)
+    pid = len("abc") % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Count(callbacks, "abc"), 0)
+    _commit(callbacks, Count(callbacks, "abc"), 1)  # read from the database (at 0), then kept
+    again = Count(callbacks, "abc")
+    ran = statements.during(lambda: _attempt(again))
+    assert again.seen == [2]
+    assert (ran == 0) is exact  # from the cache where strings are compared exactly
+    info = callbacks.registry.info(Named)
+    if not exact:
+        assert cache.view(pid, [(info, ("abc",))]) is None
+        return
+    assert cache.view(pid, [(info, ("abc",))]) == (1, {(info, ("abc",)): ("abc", 2)})
+    # Keys of another kind than the column's, or longer than it, are never kept.
+    assert cache.view(pid, [(info, (3,))]) is None
+    assert cache.view(pid, [(info, ("x" * 21,))]) is None
+    # Other spellings are other rows, in the database as in the cache.
+    for other in ("ABC", "abc "):
+        count = Count(callbacks, other)
+        _attempt(count)
+        assert count.seen == [None], other
+    _commit(callbacks, Count(callbacks, "ABC"), 2)
+    assert cache.view(pid, [(info, ("ABC",))]) == (2, {(info, ("ABC",)): ("ABC", 1)})
+    assert cache.view(pid, [(info, ("abc",))]) == (2, {(info, ("abc",)): ("abc", 2)})
+    counted = Count(callbacks, "abc")
+    assert statements.during(lambda: _attempt(counted)) == 0 and counted.seen == [2]
 
 
 def test_another_instance_applying_meanwhile_leaves_the_attempt_at_the_cache_position(
@@ -311,6 +375,14 @@ class ByName(LocalBase):
     value: Mapped[int] = mapped_column(default=0)
 
 
+class Collated(LocalBase):
+    """A text key with a collation of its own, which may equate two spellings: never kept."""
+
+    __tablename__ = "cache_collated"
+    __waltz__ = WaltzEntity("cache.collated")
+    name: Mapped[str] = mapped_column(String(20, collation="NOCASE"), primary_key=True)
+
+
 class Decorated(LocalBase):
     __tablename__ = "cache_decorated"
     __waltz__ = WaltzEntity("cache.decorated")
@@ -336,6 +408,9 @@ def test_which_models_are_kept() -> None:
     assert column_kinds(registry.info(Priced)) is None  # Numeric: the database may round
     others = EntityRegistry([ByName, Decorated, Stamped])
     assert column_kinds(others.info(ByName)) is None  # a text key: collations may equate two spellings
+    # where the database compares strings exactly, a text key without a collation of its own is kept
+    assert column_kinds(others.info(ByName), exact_string_keys=True) == ((str, 20, False), (int, None, False))
+    assert column_kinds(EntityRegistry([Collated]).info(Collated), exact_string_keys=True) is None
     assert column_kinds(others.info(Decorated)) is None  # an application's own type
     assert column_kinds(others.info(Stamped)) is None  # a value set on update, not in the change-set
 

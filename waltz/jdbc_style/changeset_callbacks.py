@@ -84,6 +84,11 @@ def row_change_problem(
     return None
 
 
+#: Databases whose default collations compare strings exactly (``'abc'``, ``'ABC'`` and
+#: ``'abc '`` are three keys): the entity cache keeps models keyed by string columns there.
+EXACT_STRING_DIALECTS = frozenset({"postgresql", "sqlite"})
+
+
 class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
     """Callbacks that apply change-set transactions of declared entities, exactly once.
 
@@ -123,7 +128,11 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
                 and cls.apply_change_set is ChangeSetCallbacks.apply_change_set
                 and cls.apply_change is ChangeSetCallbacks.apply_change
             )
-        self.entity_cache: EntityCache | None = EntityCache(registry) if entity_cache else None
+        # PostgreSQL and SQLite compare strings exactly: models keyed by strings may be kept too.
+        exact_strings = engine.dialect.name in EXACT_STRING_DIALECTS
+        self.entity_cache: EntityCache | None = (
+            EntityCache(registry, exact_string_keys=exact_strings) if entity_cache else None
+        )
         # Change-sets decoded by apply, by partition and transaction, for the entity cache.
         self._decoded: dict[int, dict[int, ChangeSet]] = {}
         # Statements of staged row changes, built once per (model, operation, attribute names).

@@ -20,9 +20,14 @@ How the rows stay exact:
   kept only when every value is of a type the database stores as given (:func:`column_kinds`)
   and the model's table is no other declared model's, else the entry is dropped (read from the
   database next time).
-- Keys are kept only as ``int`` values: a key given as another type (``"5"`` for 5) names the
-  same row in the database but not in the cache (nor in the lock table), so such a read goes to
-  the database and such a change empties the cache.
+- Keys are kept only as values of their columns' kinds (``int`` for an integer column, ``str``
+  for a string column where strings are keys at all): a key given as another type (``"5"`` for
+  5) names the same row in the database but not in the cache (nor in the lock table), so such a
+  read goes to the database and such a change empties the cache.
+- String key columns are kept only on a database that compares them exactly
+  (``exact_string_keys``: PostgreSQL and SQLite, whose default collations tell ``'abc'``,
+  ``'ABC'`` and ``'abc '`` apart), and only without a collation of the column's own; elsewhere
+  (MariaDB's default collations equate them) such models are never kept.
 - Anything the cache cannot follow exactly resets it to an empty cache at the new mark: a group
   that does not start at P + 1, a floor (transactions found applied at a mount), a transaction
   that is not a change-set, a change-set with an idempotency key (its changes may be skipped at
@@ -58,16 +63,18 @@ DEFAULT_MAX_ENTRIES = 100_000
 
 Key = tuple[EntityInfo, tuple[Any, ...]]
 Kinds = tuple[tuple[type, int | None, bool], ...]
+KeyKinds = tuple[tuple[type, int | None], ...]
 
 
-def column_kinds(info: EntityInfo) -> Kinds | None:
+def column_kinds(info: EntityInfo, exact_string_keys: bool = False) -> Kinds | None:
     """What each column of the model holds, ``(Python type, string length or None, nullable)``,
     when its rows can be kept exactly, else None: rows read by one plain statement
-    (``EntityInfo.row_statement``), keyed by integer columns (so that two spellings of one key,
-    e.g. by case or trailing spaces under a database's collation, cannot name one row), every
-    column SQLAlchemy's own integer, string (not fixed-width ``CHAR``, not ``Enum``) or boolean
-    type, and no update default (a value the database or SQLAlchemy sets on update would not be
-    in the change-set)."""
+    (``EntityInfo.row_statement``), keyed by integer columns, or also by string columns without
+    a collation of their own when ``exact_string_keys`` (the database compares strings exactly:
+    otherwise two spellings of one key, e.g. by case or trailing spaces under a database's
+    collation, could name one row), every column SQLAlchemy's own integer, string (not
+    fixed-width ``CHAR``, not ``Enum``) or boolean type, and no update default (a value the
+    database or SQLAlchemy sets on update would not be in the change-set)."""
     if info.row_statement is None:
         return None
     kinds: list[tuple[type, int | None, bool]] = []
@@ -85,16 +92,28 @@ def column_kinds(info: EntityInfo) -> Kinds | None:
             kind = str
         else:
             return None
-        if name in info.key and kind is not int:
+        exact_key = kind is int or (
+            exact_string_keys and kind is str and getattr(sql_type, "collation", None) is None
+        )
+        if name in info.key and not exact_key:
             return None
         length = getattr(sql_type, "length", None) if kind is str else None
         kinds.append((kind, length, bool(column.nullable)))
     return tuple(kinds)
 
 
-def _int_key(values: tuple[Any, ...]) -> bool:
-    """Whether every key value is an ``int`` (not a ``bool``, not a string of digits)."""
-    return all(type(value) is int for value in values)
+def _exact_key(key_kinds: KeyKinds, values: tuple[Any, ...]) -> bool:
+    """Whether every key value is of its column's kind: an ``int`` (not a ``bool``, not a string
+    of digits) for an integer column, a ``str`` within the length (not a number) for a string
+    column."""
+    if len(values) != len(key_kinds):
+        return False
+    for value, (kind, length) in zip(values, key_kinds, strict=True):
+        if type(value) is not kind:
+            return False
+        if length is not None and isinstance(value, str) and len(value) > length:
+            return False
+    return True
 
 
 def _exact(kinds: Kinds, row: tuple[Any, ...]) -> bool:
@@ -140,18 +159,30 @@ class EntityCache:
     Args:
         registry: the application's declared models (change-sets name entities by name).
         max_entries: rows kept per partition before its rows are dropped.
+        exact_string_keys: the database compares strings exactly (PostgreSQL, SQLite), so models
+            keyed by string columns may be kept (see :func:`column_kinds`).
 
+    Raises:
+        ValueError: ``max_entries`` below 1.
     """
 
-    def __init__(self, registry: EntityRegistry, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+    def __init__(
+        self,
+        registry: EntityRegistry,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        *,
+        exact_string_keys: bool = False,
+    ) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be at least 1, got {max_entries}")
         self.registry = registry
         self.max_entries = max_entries
+        self.exact_string_keys = exact_string_keys
         self._partitions: dict[int, _Partition] = {}
         self._create = threading.Lock()
-        # Per model: (models registered when decided, column kinds or None: not cacheable).
-        self._kinds: dict[EntityInfo, tuple[int, Kinds | None]] = {}
+        # Per model: (models registered when decided, column kinds or None: not cacheable, the
+        # key columns' kinds in key order).
+        self._kinds: dict[EntityInfo, tuple[int, Kinds | None, KeyKinds]] = {}
 
     @property
     def hits(self) -> int:
@@ -178,17 +209,30 @@ class EntityCache:
     def kinds(self, info: EntityInfo) -> Kinds | None:
         """The model's column kinds when its rows are kept (see :func:`column_kinds`; a table
         that another declared model maps too is never kept), else None."""
+        return self._decide(info)[1]
+
+    def _decide(self, info: EntityInfo) -> tuple[int, Kinds | None, KeyKinds]:
         registered = len(self.registry)
         decided = self._kinds.get(info)
         if decided is not None and decided[0] == registered:
-            return decided[1]
-        kinds = column_kinds(info)
+            return decided
+        kinds = column_kinds(info, self.exact_string_keys)
         if kinds is not None:
             table = info.mapper.local_table
             if any(other is not info and other.mapper.local_table is table for other in self.registry):
                 kinds = None
-        self._kinds[info] = (registered, kinds)
-        return kinds
+        key_kinds: KeyKinds = ()
+        if kinds is not None:
+            by_name = dict(zip(info.attributes, kinds, strict=True))
+            key_kinds = tuple((by_name[name][0], by_name[name][1]) for name in info.key)
+        decided = (registered, kinds, key_kinds)
+        self._kinds[info] = decided
+        return decided
+
+    def _kept_key(self, info: EntityInfo, values: tuple[Any, ...]) -> bool:
+        """Whether the model's rows are kept and ``values`` is a key of its columns' kinds."""
+        _, kinds, key_kinds = self._decide(info)
+        return kinds is not None and _exact_key(key_kinds, values)
 
     def position(self, partition_id: int) -> int | None:
         """The partition's position (None: the cache has not started on it)."""
@@ -209,7 +253,7 @@ class EntityCache:
             rows = partition.rows
             found: dict[Key, Any] = {}
             for key in entities:
-                if self.kinds(key[0]) is None or not _int_key(key[1]):
+                if not self._kept_key(key[0], key[1]):
                     continue  # never kept: read from the database if the attempt reads it
                 row = rows.get(key, MISSING)
                 if row is MISSING:
@@ -241,9 +285,10 @@ class EntityCache:
                 return
             kept = partition.rows
             for key, row in rows:
-                kinds = self.kinds(key[0])
-                if kinds is None or not _int_key(key[1]):
+                if not self._kept_key(key[0], key[1]):
                     continue
+                kinds = self.kinds(key[0])
+                assert kinds is not None
                 if row is not None and not _exact(kinds, tuple(row)):
                     continue
                 kept.setdefault(key, None if row is None else tuple(row))
@@ -311,8 +356,8 @@ class EntityCache:
                 named = tuple(change.key[name] for name in info.key)
             except KeyError:  # named by a primary key that is not the entity key
                 named = None
-            if named is not None and not _int_key(named):
-                return False  # the row may be cached under its int key
+            if named is not None and not self._kept_key(info, named):
+                return False  # the row may be cached under its key of the column's kind
             if change.operation is Operation.DELETE:
                 if named is None:
                     return False
@@ -327,8 +372,8 @@ class EntityCache:
                 rows.pop((info, named), None)
                 continue
             key = tuple(values[name] for name in info.key)
-            if not _int_key(key):
-                return False  # the row may be cached under its int key
+            if not self._kept_key(info, key):
+                return False  # the row may be cached under its key of the column's kind
             if change.operation is Operation.UPDATE and named != key:
                 return False  # the row it changed may have been cached under another key
             if _exact(kinds, row):
