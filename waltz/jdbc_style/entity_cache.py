@@ -285,10 +285,9 @@ class EntityCache:
                 return
             kept = partition.rows
             for key, row in rows:
-                if not self._kept_key(key[0], key[1]):
+                _, kinds, key_kinds = self._decide(key[0])
+                if kinds is None or not _exact_key(key_kinds, key[1]):
                     continue
-                kinds = self.kinds(key[0])
-                assert kinds is not None
                 if row is not None and not _exact(kinds, tuple(row)):
                     continue
                 kept.setdefault(key, None if row is None else tuple(row))
@@ -348,7 +347,7 @@ class EntityCache:
                 info = by_name(change.entity)
             except Exception:  # an entity this registry does not declare: its apply decides
                 return False
-            kinds = self.kinds(info)
+            _, kinds, key_kinds = self._decide(info)
             if kinds is None:
                 # Its rows are never kept, and its changes cannot touch a kept row of another model.
                 continue
@@ -356,7 +355,7 @@ class EntityCache:
                 named = tuple(change.key[name] for name in info.key)
             except KeyError:  # named by a primary key that is not the entity key
                 named = None
-            if named is not None and not self._kept_key(info, named):
+            if named is not None and not _exact_key(key_kinds, named):
                 return False  # the row may be cached under its key of the column's kind
             if change.operation is Operation.DELETE:
                 if named is None:
@@ -372,7 +371,7 @@ class EntityCache:
                 rows.pop((info, named), None)
                 continue
             key = tuple(values[name] for name in info.key)
-            if not self._kept_key(info, key):
+            if not _exact_key(key_kinds, key):
                 return False  # the row may be cached under its key of the column's kind
             if change.operation is Operation.UPDATE and named != key:
                 return False  # the row it changed may have been cached under another key
