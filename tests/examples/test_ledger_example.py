@@ -15,6 +15,7 @@ import pytest
 import support
 from sqlalchemy import select
 
+from waltz.errors import CrossPartitionError
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
@@ -22,7 +23,13 @@ from waltz_examples.ledger.checks import read_log, run_checks
 from waltz_examples.ledger.demo import DemoOptions, run_demo
 from waltz_examples.ledger.models import TransferIn, TransferOut
 from waltz_examples.ledger.service import LedgerService, prepare_database
-from waltz_examples.ledger.transfers import money_in_flight
+from waltz_examples.ledger.transfers import (
+    CreditTransfer,
+    CreditTransfers,
+    RefundTransfers,
+    SettleTransfers,
+    money_in_flight,
+)
 
 PARTITIONS = 4
 
@@ -119,6 +126,70 @@ def test_the_bank_operations_keep_their_rules(ledger_cluster: LocalCluster, ledg
         checks = run_checks(ledger.engine, cluster_name=name, server_marks=marks, tally=tally)
         assert [c for c in checks if not c.passed] == []
         assert ledger.callbacks.uncaught_count == 0
+
+
+def test_one_step_transaction_moves_several_transfers_each_once(
+    ledger_cluster: LocalCluster, ledger_db: str
+) -> None:
+    """The sweeper's batched steps: a receiver of two credits gets both, a transfer credited
+    already is left alone, rejected credits are refunded together, a step is dropped when every
+    transfer is past it, and the money adds up."""
+    name = f"steps-{os.urandom(4).hex()}"
+    b = random.randrange(1, 10**9) * PARTITIONS
+    one, two, five, six = b + 1, b + 2, b + 5, b + 6  # one and five share a partition, two and six another
+    with service(ledger_cluster, ledger_db, name, sweep_interval=None) as ledger:
+        for custid in (one, two, five, six):
+            assert ledger.open_account(custid, f"c{custid}", savings=1000, checking=1000).committed
+        assert ledger.deactivate(six).committed
+        debits = [
+            ledger.transfer(one, two, 100),
+            ledger.transfer(five, two, 200),
+            ledger.transfer(one, six, 300),
+            ledger.transfer(five, six, 400),
+        ]
+        ids = [debit.transfer_id for debit in debits]
+        for debit in debits:
+            assert debit.committed and debit.transfer_id is not None
+            assert debit.transaction_id is not None
+            assert ledger.callbacks.wait_for(debit.partition_id, debit.transaction_id, 30)
+        with ledger.engine.connect() as conn:
+            rows = conn.execute(select(TransferOut.__table__).where(TransferOut.transfer_id.in_(ids))).all()
+        outbox = {row.transfer_id: TransferOut(**row._asdict()) for row in rows}
+        assert len(outbox) == 4
+
+        first = CreditTransfer(ledger.callbacks, outbox[ids[0]])
+        assert ledger.run(first).committed and first.outcome == "credited"
+        credits = CreditTransfers(ledger.callbacks, [outbox[i] for i in ids])
+        credited = ledger.run(credits)
+        assert credited.committed
+        assert credits.outcomes == {ids[1]: "credited", ids[2]: "rejected", ids[3]: "rejected"}
+        assert ledger.balance(two, wait_for=credited) == (1000, 1300)
+        again = ledger.run(CreditTransfers(ledger.callbacks, [outbox[i] for i in ids]))
+        assert not again.committed and "credited already" in (again.reason or "")
+
+        settled = ledger.run(SettleTransfers(ledger.callbacks, [outbox[i] for i in ids[:2]]))
+        refunds = RefundTransfers(ledger.callbacks, [outbox[i] for i in ids[2:]])
+        refunded = ledger.run(refunds)
+        assert settled.committed and refunded.committed
+        assert refunds.outcomes == {ids[2]: "refunded", ids[3]: "refunded"}
+        assert ledger.balance(one, wait_for=refunded) == (1000, 900)
+        assert ledger.balance(five, wait_for=refunded) == (1000, 800)
+        for transfer_id in ids:
+            assert wait_settled(ledger, transfer_id) in ("credited", "refunded")
+        assert not ledger.run(SettleTransfers(ledger.callbacks, [outbox[i] for i in ids[:2]])).committed
+
+        elsewhere = TransferOut(
+            from_custid=two, transfer_id="t", to_custid=one, amount=1, kind="payment", status="pending"
+        )
+        with pytest.raises(CrossPartitionError):  # credits of receivers in two partitions
+            ledger.submit(CreditTransfers(ledger.callbacks, [outbox[ids[0]], elsewhere]))
+
+        marks = {p: ledger.client.get_high_water_mark(p) for p in range(PARTITIONS)}
+        for pid, mark in marks.items():
+            assert mark < 0 or ledger.callbacks.wait_for(pid, mark, 30)
+        tally = read_log(ledger_cluster.zookeeper_connect_string, ledger_cluster.root, marks)
+        checks = run_checks(ledger.engine, cluster_name=name, server_marks=marks, tally=tally)
+        assert [c for c in checks if not c.passed] == []
 
 
 def test_kill_9_between_a_debit_and_its_credit_loses_nothing(
@@ -231,5 +302,13 @@ def test_a_partition_routed_sweeper_finds_its_steps_behind_other_partitions_page
 
     sweeper = Sweeper(callbacks, submit, batch=50, owns=owns)
     assert sweeper.sweep_once() == 5
-    assert sorted(step.transfer.from_custid for step in submitted) == list(range(300, 305))
+    assert len(submitted) == 5  # without partition_of, a transaction per step
+    assert sorted(t.from_custid for step in submitted for t in step.transfers) == list(range(300, 305))
+
+    # With partition_of, the steps of one partition and kind are one transaction (in batches).
+    submitted.clear()
+    batching = Sweeper(callbacks, submit, batch=50, owns=owns, partition_of=lambda custid: custid % 4)
+    assert batching.sweep_once() == 5
+    assert len(submitted) == 1 and batching.step_transactions == 1
+    assert sorted(t.from_custid for t in submitted[0].transfers) == list(range(300, 305))
     engine.dispose()

@@ -87,6 +87,8 @@ class _Reader(WaltzClientCallbacks):
                 self.tally.ops[str(meta.get("op", "?"))] += 1
                 if "overdraft_custid" in meta:
                     self.tally.overdraft_customers.add(int(meta["overdraft_custid"]))
+                for custid in meta.get("overdraft_custids", ()):  # a batched transfer step's
+                    self.tally.overdraft_customers.add(int(custid))
                 self.marks[t.partition_id] = t.transaction_id
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:

@@ -160,7 +160,13 @@ class LedgerService:
         self.sweeper: Sweeper | None = None
         if sweep_interval is not None:
             owns = None if self.partitions is None else self.owns_customer
-            self.sweeper = Sweeper(self.callbacks, self.submit, interval=sweep_interval, owns=owns)
+            self.sweeper = Sweeper(
+                self.callbacks,
+                self.submit,
+                interval=sweep_interval,
+                owns=owns,
+                partition_of=self.partition_of,
+            )
             self.sweeper.start()
 
     def __enter__(self) -> LedgerService:

@@ -14,8 +14,11 @@ partitions cannot be one Waltz transaction. As real ledgers do, it is two, keyed
    the money back. Both do nothing unless the row is still ``pending``.
 
 A :class:`Sweeper` thread on every application instance scans the shared database for
-``pending`` outbox rows and submits the next step (never from the apply thread). Several
-instances may submit the same step: the WRITE locks let one commit and the others find it done.
+``pending`` outbox rows and submits the next step (never from the apply thread), the steps of one
+kind and partition found by a scan in one transaction (:class:`CreditTransfers`,
+:class:`SettleTransfers`, :class:`RefundTransfers`; a transfer already past the step is left as
+it is). Several instances may submit the same step: the WRITE locks let one commit and the
+others find it done.
 A ``kill -9`` between a debit's apply and its credit loses nothing: the outbox row is in the
 database, and any instance's sweeper resumes it. Money in flight (debited, not yet credited or
 refunded) is :func:`money_in_flight`.
@@ -27,7 +30,7 @@ import functools
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -48,10 +51,14 @@ from waltz_examples.ledger.models import (
 from waltz_examples.ledger.operations import LedgerOperation
 
 __all__ = [
+    "MAX_STEP_BATCH",
     "CreditTransfer",
+    "CreditTransfers",
     "DebitForTransfer",
     "RefundTransfer",
+    "RefundTransfers",
     "SettleTransfer",
+    "SettleTransfers",
     "Sweeper",
     "TransferKind",
     "money_in_flight",
@@ -63,6 +70,9 @@ log = logging.getLogger(__name__)
 
 #: Outbox pages one sweep reads at most (see ``Sweeper._scan``).
 MAX_PAGES = 100
+
+#: Transfers one step transaction moves at most when the sweeper batches them (see ``Sweeper``).
+MAX_STEP_BATCH = 50
 
 
 class TransferKind:
@@ -143,92 +153,206 @@ class DebitForTransfer(LedgerOperation):
         return 0
 
 
-class CreditTransfer(LedgerOperation):
-    """Step 2: credit the receiver once, or reject the credit (target partition)."""
+class _TransferStep(LedgerOperation):
+    """A step of one or more transfers whose step runs on one partition (the sweeper batches them).
+
+    Args:
+        callbacks: the ledger's callbacks.
+        transfers: the outbox rows (``TransferOut``) whose step this is; each row once, all of
+            them on the step's partition (a transfer listed twice counts once).
+
+    Raises:
+        ValueError: no transfer given.
+        CrossPartitionError: from ``submit``, when the transfers' steps run on different partitions.
+    """
+
+    def __init__(self, callbacks: ChangeSetCallbacks, transfers: Sequence[TransferOut]) -> None:
+        unique = list({(t.from_custid, t.to_custid, t.transfer_id): t for t in transfers}.values())
+        if not unique:
+            raise ValueError(f"{type(self).__name__} needs at least one transfer")
+        super().__init__(callbacks, *(self._declared(t) for t in unique))
+        self.transfers = unique
+        self.outcomes: dict[str, str] = {}
+        """Transfer ID -> what the committed attempt did to it (transfers already past this step
+        are not in it)."""
+
+    @staticmethod
+    def _declared(transfer: TransferOut) -> tuple[type[Any], Any]:
+        """The entity a transfer's step writes, declared (it chooses the partition)."""
+        return TransferOut, (transfer.from_custid, transfer.transfer_id)
+
+    def _nothing_to_do(self, done: str) -> None:
+        """Drop the attempt: every transfer is past this step (``done`` says how)."""
+        ids = [t.transfer_id for t in self.transfers]
+        if len(ids) == 1:
+            self.drop(f"transfer {ids[0]} {done}")
+        else:
+            self.drop(f"transfers {', '.join(ids[:3])}{', ...' if len(ids) > 3 else ''} {done}")
+
+    @staticmethod
+    def _note_overdrafts(tx: EntityTransaction, custids: list[int]) -> None:
+        """Record the customers whose checking this step leaves negative (checks.py)."""
+        if len(custids) == 1:
+            tx.meta["overdraft_custid"] = custids[0]
+        elif custids:
+            tx.meta["overdraft_custids"] = custids
+
+
+class CreditTransfers(_TransferStep):
+    """Step 2: credit each receiver once, or reject the credit (target partition).
+
+    A transfer whose ``TransferIn`` row exists was credited (or rejected) already and is left as
+    it is; the attempt is dropped when that holds for all of them. A receiver of several transfers
+    gets one update of its checking.
+    """
 
     op = "transfer_credit"
 
-    def __init__(self, callbacks: ChangeSetCallbacks, transfer: TransferOut):
-        super().__init__(callbacks, (TransferIn, (transfer.to_custid, transfer.transfer_id)))
-        self.transfer = transfer
-        self.outcome: str | None = None
+    @staticmethod
+    def _declared(transfer: TransferOut) -> tuple[type[Any], Any]:
+        return TransferIn, (transfer.to_custid, transfer.transfer_id)
 
     def prefetch_entities(self) -> list[tuple[type[Any], Any]]:
-        # Read with the mark: the credit's row (declared), the receiver's account and checking.
-        t = self.transfer
-        return [(TransferIn, (t.to_custid, t.transfer_id)), (Account, t.to_custid), (Checking, t.to_custid)]
+        # Read with the mark: the credits' rows (declared), the receivers' accounts and checking.
+        entities: list[tuple[type[Any], Any]] = [self._declared(t) for t in self.transfers]
+        for custid in dict.fromkeys(t.to_custid for t in self.transfers):
+            entities += [(Account, custid), (Checking, custid)]
+        return entities
 
     def apply_rules(self, tx: EntityTransaction) -> int | None:
-        t = self.transfer
-        if tx.get(TransferIn, (t.to_custid, t.transfer_id)) is not None:
-            self.drop(f"transfer {t.transfer_id} was credited already")
+        self.outcomes = {}
+        receivers: dict[int, Checking | None] = {}  # None: closed, missing or without checking
+        credits: dict[int, int] = {}
+        overdrafts: dict[int, None] = {}
+        for t in self.transfers:
+            if tx.get(TransferIn, (t.to_custid, t.transfer_id)) is not None:
+                continue  # credited or rejected already: another sweeper's step committed first
+            if t.to_custid not in receivers:
+                account = tx.get(Account, t.to_custid)
+                checking = tx.get(Checking, t.to_custid)
+                is_open = account is not None and account.status == AccountStatus.OPEN
+                receivers[t.to_custid] = checking if is_open else None
+            if receivers[t.to_custid] is not None:
+                outcome = TransferInStatus.CREDITED.value
+                credits[t.to_custid] = credits.get(t.to_custid, 0) + t.amount
+                if t.amount < 0:
+                    overdrafts[t.to_custid] = None  # an amalgamated overdraft (checks.py)
+            else:
+                outcome = TransferInStatus.REJECTED.value
+            tx.insert(
+                TransferIn,
+                to_custid=t.to_custid,
+                transfer_id=t.transfer_id,
+                from_custid=t.from_custid,
+                amount=t.amount,
+                status=outcome,
+            )
+            self.outcomes[t.transfer_id] = outcome
+        if not self.outcomes:
+            self._nothing_to_do("credited already")
             return None
-        account = tx.get(Account, t.to_custid)
-        checking = tx.get(Checking, t.to_custid)
-        if account is not None and account.status == AccountStatus.OPEN and checking is not None:
-            tx.update(checking, balance=checking.balance + t.amount)
-            self.outcome = TransferInStatus.CREDITED.value
-            if t.amount < 0:
-                tx.meta["overdraft_custid"] = t.to_custid  # an amalgamated overdraft (checks.py)
-        else:
-            self.outcome = TransferInStatus.REJECTED.value
-        tx.insert(
-            TransferIn,
-            to_custid=t.to_custid,
-            transfer_id=t.transfer_id,
-            from_custid=t.from_custid,
-            amount=t.amount,
-            status=self.outcome,
-        )
+        for custid, amount in credits.items():
+            checking = receivers[custid]
+            assert checking is not None
+            tx.update(checking, balance=checking.balance + amount)
+        self._note_overdrafts(tx, list(overdrafts))
         return 0
 
 
-class SettleTransfer(LedgerOperation):
-    """Step 3a: mark a credited transfer's outbox row ``credited`` (source partition)."""
+class SettleTransfers(_TransferStep):
+    """Step 3a: mark credited transfers' outbox rows ``credited`` (source partition); a row no
+    longer ``pending`` is left as it is (the attempt is dropped when no row is)."""
 
     op = "transfer_settle"
 
-    def __init__(self, callbacks: ChangeSetCallbacks, transfer: TransferOut):
-        super().__init__(callbacks, (TransferOut, (transfer.from_custid, transfer.transfer_id)))
-        self.transfer = transfer
-
     def apply_rules(self, tx: EntityTransaction) -> int | None:
-        row = tx.get(TransferOut, (self.transfer.from_custid, self.transfer.transfer_id))
-        if row is None or row.status != TransferOutStatus.PENDING:
-            self.drop(f"transfer {self.transfer.transfer_id} is settled already")
+        self.outcomes = {}
+        for t in self.transfers:
+            row = tx.get(TransferOut, (t.from_custid, t.transfer_id))
+            if row is None or row.status != TransferOutStatus.PENDING:
+                continue
+            tx.update(row, status=TransferOutStatus.CREDITED.value)
+            self.outcomes[t.transfer_id] = TransferOutStatus.CREDITED.value
+        if not self.outcomes:
+            self._nothing_to_do("settled already")
             return None
-        tx.update(row, status=TransferOutStatus.CREDITED.value)
         return 0
 
 
-class RefundTransfer(LedgerOperation):
-    """Step 3b: a rejected credit: the sender's checking gets the money back (source partition)."""
+class RefundTransfers(_TransferStep):
+    """Step 3b: rejected credits: the senders' checking gets the money back (source partition).
+
+    A row no longer ``pending``, or whose sender has no checking row, is left as it is (the attempt
+    is dropped when no row is refunded). A sender of several refunds gets one update of its checking.
+    """
 
     op = "transfer_refund"
 
-    def __init__(self, callbacks: ChangeSetCallbacks, transfer: TransferOut):
-        super().__init__(callbacks, (TransferOut, (transfer.from_custid, transfer.transfer_id)))
-        self.transfer = transfer
-
     def prefetch_entities(self) -> list[tuple[type[Any], Any]]:
-        # Read with the mark: the outbox row (declared) and the sender's checking.
-        t = self.transfer
-        return [(TransferOut, (t.from_custid, t.transfer_id)), (Checking, t.from_custid)]
+        # Read with the mark: the outbox rows (declared) and the senders' checking.
+        entities: list[tuple[type[Any], Any]] = [self._declared(t) for t in self.transfers]
+        entities += [(Checking, custid) for custid in dict.fromkeys(t.from_custid for t in self.transfers)]
+        return entities
 
     def apply_rules(self, tx: EntityTransaction) -> int | None:
-        row = tx.get(TransferOut, (self.transfer.from_custid, self.transfer.transfer_id))
-        if row is None or row.status != TransferOutStatus.PENDING:
-            self.drop(f"transfer {self.transfer.transfer_id} is settled already")
+        self.outcomes = {}
+        senders: dict[int, Checking | None] = {}
+        refunds: dict[int, int] = {}
+        for t in self.transfers:
+            row = tx.get(TransferOut, (t.from_custid, t.transfer_id))
+            if row is None or row.status != TransferOutStatus.PENDING:
+                continue
+            if row.from_custid not in senders:
+                senders[row.from_custid] = tx.get(Checking, row.from_custid)
+            if senders[row.from_custid] is None:
+                self.drop(f"customer {row.from_custid} has no checking balance")
+                continue  # stays pending
+            tx.update(row, status=TransferOutStatus.REFUNDED.value)
+            refunds[row.from_custid] = refunds.get(row.from_custid, 0) + row.amount
+            self.outcomes[t.transfer_id] = TransferOutStatus.REFUNDED.value
+        if not self.outcomes:
+            if self.reason is None:
+                self._nothing_to_do("settled already")
             return None
-        checking = tx.get(Checking, row.from_custid)
-        if checking is None:
-            self.drop(f"customer {row.from_custid} has no checking balance")
-            return None
-        tx.update(row, status=TransferOutStatus.REFUNDED.value)
-        tx.update(checking, balance=checking.balance + row.amount)
-        if checking.balance < 0:
-            tx.meta["overdraft_custid"] = row.from_custid  # an amalgamated overdraft came back (checks.py)
+        self.reason = None
+        overdrafts = []
+        for custid, amount in refunds.items():
+            checking = senders[custid]
+            assert checking is not None
+            tx.update(checking, balance=checking.balance + amount)
+            if checking.balance < 0:
+                overdrafts.append(custid)  # an amalgamated overdraft came back (checks.py)
+        self._note_overdrafts(tx, overdrafts)
         return 0
+
+
+class CreditTransfer(CreditTransfers):
+    """Step 2 of one transfer (:class:`CreditTransfers` of one); :attr:`outcome` says what it did."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, transfer: TransferOut):
+        super().__init__(callbacks, [transfer])
+        self.transfer = transfer
+
+    @property
+    def outcome(self) -> str | None:
+        """``credited`` or ``rejected`` (``TransferInStatus``); None when credited already."""
+        return self.outcomes.get(self.transfer.transfer_id)
+
+
+class SettleTransfer(SettleTransfers):
+    """Step 3a of one transfer (:class:`SettleTransfers` of one)."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, transfer: TransferOut):
+        super().__init__(callbacks, [transfer])
+        self.transfer = transfer
+
+
+class RefundTransfer(RefundTransfers):
+    """Step 3b of one transfer (:class:`RefundTransfers` of one)."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, transfer: TransferOut):
+        super().__init__(callbacks, [transfer])
+        self.transfer = transfer
 
 
 def pending_transfers(engine: Engine) -> int:
@@ -300,10 +424,10 @@ class _Pending:
 
 
 #: The operation of each step a pending transfer can be at (``_Pending.step_name``).
-_STEPS: dict[str, type[CreditTransfer | SettleTransfer | RefundTransfer]] = {
-    "credit": CreditTransfer,
-    "settle": SettleTransfer,
-    "refund": RefundTransfer,
+_STEPS: dict[str, type[CreditTransfers | SettleTransfers | RefundTransfers]] = {
+    "credit": CreditTransfers,
+    "settle": SettleTransfers,
+    "refund": RefundTransfers,
 }
 
 #: ``submit(context) -> future``: how the sweeper hands a step to the Waltz client.
@@ -313,6 +437,11 @@ Submit = Callable[[LedgerOperation], "Future[int | None]"]
 class Sweeper:
     """Moves pending transfers forward: submits credits, settles and refunds (every instance runs one).
 
+    With ``partition_of``, the steps one scan finds are batched: one transaction per step kind and
+    partition moves up to :data:`MAX_STEP_BATCH` transfers (:class:`CreditTransfers`,
+    :class:`SettleTransfers`, :class:`RefundTransfers`), so that a scan costs the log a few
+    transactions rather than one per transfer. Without it, every step is a transaction of its own.
+
     Args:
         callbacks: the ledger's callbacks (database, registry).
         submit: submits a context to this instance's Waltz client.
@@ -320,6 +449,8 @@ class Sweeper:
         batch: outbox rows looked at per scan.
         owns: whether this instance moves the steps that run on a customer's partition (one it
             mounts), given the customer ID; None: all.
+        partition_of: a customer's partition, given the customer ID (it batches the steps); None:
+            one transaction per step.
     """
 
     def __init__(
@@ -330,10 +461,12 @@ class Sweeper:
         interval: float = 0.2,
         batch: int = 500,
         owns: Callable[[int], bool] | None = None,
+        partition_of: Callable[[int], int] | None = None,
     ):
         self._callbacks = callbacks
         self._submit = submit
         self._owns = owns
+        self._partition_of = partition_of
         self._interval = interval
         self._batch = batch
         self._in_flight: set[tuple[str, str]] = set()
@@ -341,7 +474,9 @@ class Sweeper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ledger-sweeper", daemon=True)
         self.submitted = 0
-        """Steps submitted so far."""
+        """Steps submitted so far (a transfer's step counts once, however batched)."""
+        self.step_transactions = 0
+        """Transactions those steps were submitted in."""
         self.scans = 0
 
     def start(self) -> None:
@@ -396,33 +531,46 @@ class Sweeper:
         """Submit the next step of every pending transfer not already in flight from here.
 
         Returns:
-            Steps submitted.
+            Steps submitted (transfers moved on; batched ones count once each).
         """
-        submitted = 0
+        groups: dict[tuple[str, int], list[_Pending]] = {}
         for item in self._scan():
             name = item.step_name
-            key = (item.transfer_id, name)
             with self._lock:
-                if key in self._in_flight:
+                if (item.transfer_id, name) in self._in_flight:
                     continue
-                self._in_flight.add(key)
-            try:
-                future = self._submit(self._step(item, name))
-            except Exception as exc:
-                with self._lock:
-                    self._in_flight.discard(key)
-                log.warning(
-                    "sweeper: could not submit the %s of transfer %s: %r", name, item.transfer_id, exc
-                )
-                continue
-            future.add_done_callback(functools.partial(self._done, key))
-            submitted += 1
+                self._in_flight.add((item.transfer_id, name))
+            if self._partition_of is None:
+                group = (name, len(groups))  # a transaction per step
+            else:
+                group = (name, self._partition_of(item.step_customer))
+            groups.setdefault(group, []).append(item)
+        submitted = 0
+        for (name, _), items in groups.items():
+            for start in range(0, len(items), MAX_STEP_BATCH):
+                submitted += self._submit_step(name, items[start : start + MAX_STEP_BATCH])
         self.submitted += submitted
         return submitted
 
-    def _step(self, item: _Pending, name: str) -> LedgerOperation:
-        """The next step of a pending transfer, ``name`` its ``_Pending.step_name``."""
-        return _STEPS[name](self._callbacks, item.transfer())
+    def _submit_step(self, name: str, items: list[_Pending]) -> int:
+        """Submit one step transaction for ``items`` (their keys already in flight); the number
+        of steps submitted (0 when the client refused it: the keys are released)."""
+        keys = [(item.transfer_id, name) for item in items]
+        try:
+            future = self._submit(_STEPS[name](self._callbacks, [item.transfer() for item in items]))
+        except Exception as exc:
+            self._done(keys, None)
+            log.warning(
+                "sweeper: could not submit the %s of %d transfer(s) (%s, ...): %r",
+                name,
+                len(items),
+                items[0].transfer_id,
+                exc,
+            )
+            return 0
+        future.add_done_callback(functools.partial(self._done, keys))
+        self.step_transactions += 1
+        return len(items)
 
     def _scan(self) -> Iterator[_Pending]:
         """The pending rows whose next step this instance moves: the first page, and further
@@ -442,9 +590,9 @@ class Sweeper:
                 return
             after = (page[-1].from_custid, page[-1].transfer_id)
 
-    def _done(self, key: tuple[str, str], future: object) -> None:
+    def _done(self, keys: list[tuple[str, str]], future: object) -> None:
         with self._lock:
-            self._in_flight.discard(key)
+            self._in_flight.difference_update(keys)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
