@@ -434,6 +434,57 @@ def test_get_many_reads_several_entities_and_locks_each(callbacks: ChangeSetCall
         _build(ReadMany(callbacks, [5, 6]))
 
 
+class Slot(Base):
+    """Keyed by two attributes."""
+
+    __tablename__ = "slots"
+    __waltz__ = WaltzEntity("slot", partition_by=lambda key, n: key[0] % n)
+    owner_id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(20), primary_key=True)
+    value: Mapped[int] = mapped_column(default=0)
+
+
+class ReadSlots(EntityTransactionContext):
+    prefetch = False
+
+    def __init__(self, callbacks: ChangeSetCallbacks, keys: list[tuple[int, str]]) -> None:
+        super().__init__(callbacks, (Slot, keys[0]))
+        self.keys = keys
+        self.read: dict[tuple[Any, ...], Slot | None] = {}
+
+    def run(self, tx: EntityTransaction) -> bool:
+        self.read = tx.get_many(Slot, self.keys)
+        return False
+
+
+def test_get_many_reads_entities_of_a_key_of_several_attributes_in_one_statement(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    with callbacks.engine.begin() as conn:
+        conn.execute(
+            Slot.__table__.insert(),
+            [
+                {"owner_id": 1, "name": "a", "value": 10},
+                {"owner_id": 1, "name": "b", "value": 20},
+                {"owner_id": 5, "name": "a", "value": 30},
+            ],
+        )
+    context = ReadSlots(callbacks, [(1, "a"), (5, "z"), (1, "b"), (5, "a")])
+    with _selects(callbacks.engine) as seen:
+        _build(context)
+    assert list(context.read) == [(1, "a"), (5, "z"), (1, "b"), (5, "a")]  # in the order asked
+    assert {key: None if s is None else s.value for key, s in context.read.items()} == {
+        (1, "a"): 10,
+        (5, "z"): None,
+        (1, "b"): 20,
+        (5, "a"): 30,
+    }
+    assert len([s for s in seen if "slots" in s]) == 1  # one statement for the four
+    assert context.last_transaction is not None
+    info = callbacks.registry.info(Slot)
+    assert set(context.last_transaction.read_locks) == {info.lock(k) for k in context.read}
+
+
 def test_the_callbacks_keep_at_most_half_the_pool_idle(callbacks: ChangeSetCallbacks) -> None:
     if callbacks.engine.dialect.name == "sqlite":
         pytest.skip("SQLite takes a pooled connection for each use; nothing is kept")

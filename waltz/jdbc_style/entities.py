@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Column, Select, and_, bindparam, inspect, select
+from sqlalchemy import Column, Select, and_, bindparam, inspect, select, tuple_
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import MultipleResultsFound
 from sqlalchemy.orm import DeclarativeBase, Mapper, Session, make_transient_to_detached
@@ -241,15 +241,18 @@ class EntityInfo:
     def load_many(
         self, conn: Connection, keys: Sequence[tuple[Any, ...]]
     ) -> dict[tuple[Any, ...], Any | None]:
-        """:meth:`load` for several keys: one ``IN`` statement for a one-attribute key, else one
-        statement per key. Returns ``{key tuple: instance or None}`` in the order given."""
+        """:meth:`load` for several keys in one ``IN`` statement (of the key's values, or of
+        tuples of them for a key of several attributes). Returns ``{key tuple: instance or None}``
+        in the order given."""
         by_key = self._by_key
-        if by_key is None or len(self.key) != 1 or len(keys) < 2:
+        if by_key is None or len(keys) < 2:
             return {key: self.load(conn, key) for key in keys}
         found: dict[tuple[Any, ...], Any | None] = dict.fromkeys(keys)
-        key_index = self.attributes.index(self.key[0])
-        for row in conn.execute(self._by_keys, {"keys": [key[0] for key in found]}):
-            key = (row[key_index],)
+        key_indexes = [self.attributes.index(name) for name in self.key]
+        single = len(key_indexes) == 1
+        values = [key[0] for key in found] if single else list(found)
+        for row in conn.execute(self._by_keys, {"keys": values}):
+            key = tuple(row[i] for i in key_indexes)
             if key not in found:  # the database converted a key value (e.g. "7" for 7): key by key
                 return {key: self.load(conn, key) for key in keys}
             if found[key] is not None:
@@ -259,11 +262,13 @@ class EntityInfo:
 
     @property
     def _by_keys(self) -> Select[Any]:
-        """The statement that reads rows by a list of one-attribute keys (``keys``, expanding)."""
+        """The statement that reads rows by a list of keys (``keys``, expanding: values for a
+        one-attribute key, tuples for a key of several)."""
         if not hasattr(self, "_by_keys_statement"):
-            prop = self.mapper.get_property(self.key[0])
+            columns = [self.mapper.get_property(name).columns[0] for name in self.key]
+            target = columns[0] if len(columns) == 1 else tuple_(*columns)
             self._by_keys_statement = select(*self.columns).where(
-                prop.columns[0].in_(bindparam("keys", expanding=True))
+                target.in_(bindparam("keys", expanding=True))
             )
         return self._by_keys_statement
 

@@ -213,8 +213,10 @@ class CreditTransfers(_TransferStep):
         return TransferIn, (transfer.to_custid, transfer.transfer_id)
 
     def prefetch_entities(self) -> list[tuple[type[Any], Any]]:
-        # Read with the mark: the credits' rows (declared), the receivers' accounts and checking.
-        entities: list[tuple[type[Any], Any]] = [self._declared(t) for t in self.transfers]
+        # Read with the mark (or from the entity cache): the receivers' accounts and checking.
+        # Not the credits' rows: they are new, so no cache holds them, and one mark statement
+        # joining each of them would be a join of tens of tables; run reads them in one statement.
+        entities: list[tuple[type[Any], Any]] = []
         for custid in dict.fromkeys(t.to_custid for t in self.transfers):
             entities += [(Account, custid), (Checking, custid)]
         return entities
@@ -224,8 +226,9 @@ class CreditTransfers(_TransferStep):
         receivers: dict[int, Checking | None] = {}  # None: closed, missing or without checking
         credits: dict[int, int] = {}
         overdrafts: dict[int, None] = {}
+        done = tx.get_many(TransferIn, [(t.to_custid, t.transfer_id) for t in self.transfers])
         for t in self.transfers:
-            if tx.get(TransferIn, (t.to_custid, t.transfer_id)) is not None:
+            if done[(t.to_custid, t.transfer_id)] is not None:
                 continue  # credited or rejected already: another sweeper's step committed first
             if t.to_custid not in receivers:
                 account = tx.get(Account, t.to_custid)
