@@ -37,7 +37,8 @@ from waltz.jdbc_style import (
     create_framework_engine,
 )
 from waltz.jdbc_style.migrations_api import upgrade
-from waltz.jdbc_style.prefetch import MAX_JOINED
+from waltz.jdbc_style.prefetch import MAX_JOINED, MAX_SHAPES, MarkPrefetch
+from waltz.jdbc_style.prefetch import _build as build_statement
 from waltz.protocol.records import ReqId
 
 NUM_PARTITIONS = 4
@@ -483,6 +484,26 @@ def test_get_many_reads_entities_of_a_key_of_several_attributes_in_one_statement
     assert context.last_transaction is not None
     info = callbacks.registry.info(Slot)
     assert set(context.last_transaction.read_locks) == {info.lock(k) for k in context.read}
+
+
+def test_the_mark_statements_kept_are_bounded_however_many_shapes_contexts_read(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    """Contexts of ever new shapes (batches of varying size and mix) reuse the statements of the
+    shapes read last and do not keep one per shape ever read."""
+    pid, builder, _ = _build(Increment(callbacks, 4))  # partition 0 gets its mark row
+    callbacks.apply_transaction(_committed(pid, callbacks.get_client_high_water_mark(pid) + 1, builder))
+    counter, slot = callbacks.registry.info(Counter), callbacks.registry.info(Slot)
+    reader = MarkPrefetch("entities")
+    build_statement.cache_clear()
+    with callbacks.engine.connect() as conn:
+        for bits in range(MAX_SHAPES + 44):  # as many shapes: 9 entities, Counter or Slot at each place
+            entities = [(slot, (i, "a")) if bits >> i & 1 else (counter, (i,)) for i in range(9)]
+            mark, rows = reader.read(conn, 0, entities)
+            assert mark == 0 and len(rows) == 9
+            assert [row is None for row in rows.values()] == [i != 4 or bool(bits & 16) for i in range(9)]
+    assert build_statement.cache_info().currsize == MAX_SHAPES
+    assert build_statement.cache_info().misses == MAX_SHAPES + 44
 
 
 def test_the_callbacks_keep_at_most_half_the_pool_idle(callbacks: ChangeSetCallbacks) -> None:

@@ -24,6 +24,7 @@ than one row (``LIMIT 2``) means a key matched several rows: then every entity i
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -35,7 +36,7 @@ from sqlalchemy.exc import SAWarning
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.schema import high_water_marks as _marks
 
-__all__ = ["MAX_JOINED", "MarkPrefetch", "Prefetched"]
+__all__ = ["MAX_JOINED", "MAX_SHAPES", "MarkPrefetch", "Prefetched"]
 
 #: The entities' table aliases: ``waltz_prefetch_0``, ``waltz_prefetch_1``, ...
 _ALIAS = "waltz_prefetch_"
@@ -51,6 +52,9 @@ warnings.filterwarnings("ignore", message=rf'{_CARTESIAN}"({_ALIAS}\d+|{_marks.n
 #: entities stay well below both.
 MAX_JOINED = 30
 
+#: The mark statements kept built, by shape (the models of the entities joined, in order).
+MAX_SHAPES = 256
+
 #: ``{(entity info, key values): the entity's row, or None when it has no row}``.
 Prefetched = dict[tuple[EntityInfo, tuple[Any, ...]], Any]
 
@@ -64,8 +68,6 @@ class MarkPrefetch:
 
     def __init__(self, cluster_name: str) -> None:
         self.cluster_name = cluster_name
-        # A statement object reused with new parameters skips SQLAlchemy's cache-key walk.
-        self._statements: dict[tuple[EntityInfo, ...], tuple[Select[Any], list[int]]] = {}
 
     def read(
         self, conn: Connection, partition_id: int, entities: Sequence[tuple[EntityInfo, tuple[Any, ...]]]
@@ -90,11 +92,7 @@ class MarkPrefetch:
                 wanted[(info, key)] = None
                 if len(wanted) == MAX_JOINED:
                     break
-        shape = tuple(info for info, _ in wanted)
-        built = self._statements.get(shape)
-        if built is None:
-            built = self._statements[shape] = _build(shape)
-        statement, widths = built
+        statement, widths = _build(tuple(info for info, _ in wanted))
         parameters: dict[str, Any] = {"mark_cluster": self.cluster_name, "mark_partition": partition_id}
         for i, (_, key) in enumerate(wanted):
             for j, value in enumerate(key):
@@ -116,8 +114,12 @@ class MarkPrefetch:
         return mark, prefetched
 
 
+@functools.lru_cache(maxsize=MAX_SHAPES)
 def _build(shape: tuple[EntityInfo, ...]) -> tuple[Select[Any], list[int]]:
-    """The statement for entities of these models, in order, and each one's number of columns."""
+    """The statement for entities of these models, in order, and each one's number of columns
+    (built once per shape while it is among the :data:`MAX_SHAPES` last used: a statement object
+    reused with new parameters skips SQLAlchemy's cache-key walk, and contexts of many shapes,
+    such as batches of varying size, do not grow memory without end)."""
     where = (_marks.c.cluster_name == bindparam("mark_cluster")) & (
         _marks.c.partition_id == bindparam("mark_partition")
     )
