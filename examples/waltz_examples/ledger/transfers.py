@@ -181,13 +181,13 @@ class _TransferStep(LedgerOperation):
         """The entity a transfer's step writes, declared (it chooses the partition)."""
         return TransferOut, (transfer.from_custid, transfer.transfer_id)
 
-    def _nothing_to_do(self, done: str) -> None:
-        """Drop the attempt: every transfer is past this step (``done`` says how)."""
+    def _nothing_to_do(self, state: str) -> None:
+        """Drop the attempt: every transfer is past this step (``state`` says where)."""
         ids = [t.transfer_id for t in self.transfers]
         if len(ids) == 1:
-            self.drop(f"transfer {ids[0]} {done}")
+            self.drop(f"transfer {ids[0]} is {state}")
         else:
-            self.drop(f"transfers {', '.join(ids[:3])}{', ...' if len(ids) > 3 else ''} {done}")
+            self.drop(f"transfers {', '.join(ids[:3])}{', ...' if len(ids) > 3 else ''} are {state}")
 
     @staticmethod
     def _note_overdrafts(tx: EntityTransaction, custids: list[int]) -> None:
