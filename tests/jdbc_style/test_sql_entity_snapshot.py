@@ -435,6 +435,39 @@ def test_get_many_reads_several_entities_and_locks_each(callbacks: ChangeSetCall
         _build(ReadMany(callbacks, [5, 6]))
 
 
+def test_get_many_takes_the_entities_read_with_the_mark_and_reads_only_the_others(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    for counter_id in (1, 5):
+        pid, builder, _ = _build(Increment(callbacks, counter_id))
+        callbacks.apply_transaction(_committed(pid, callbacks.get_client_high_water_mark(pid) + 1, builder))
+    context = ReadMany(callbacks, [5, 9, 1])  # counter 5 is declared: read with the mark
+    seen: list[tuple[str, Any]] = []
+
+    def note(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            seen.append((statement, parameters))
+
+    context.partition_id(NUM_PARTITIONS)
+    event.listen(callbacks.engine, "before_cursor_execute", note)
+    try:
+        context.execute(TransactionBuilder(-1))
+    finally:
+        event.remove(callbacks.engine, "before_cursor_execute", note)
+    assert list(context.read) == [(5,), (9,), (1,)]  # in the order asked
+    assert {key: None if c is None else c.value for key, c in context.read.items()} == {
+        (5,): 1,
+        (9,): None,
+        (1,): 1,
+    }
+    assert len(seen) == 2  # the mark's statement (with counter 5), then one for counters 9 and 1
+    parameters = seen[1][1]
+    assert sorted(parameters.values() if isinstance(parameters, dict) else parameters) == [1, 9]
+    assert context.last_transaction is not None
+    info = callbacks.registry.info(Counter)
+    assert set(context.last_transaction.read_locks) == {info.lock((k,)) for k in (1, 5, 9)}
+
+
 class Slot(Base):
     """Keyed by two attributes."""
 

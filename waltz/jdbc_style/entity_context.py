@@ -111,20 +111,28 @@ class EntityTransaction:
         """
         info, values = self._locate(model, key)
         self._lock_read(info.lock(values))
-        prefetched = self._snapshot.prefetched
+        row = self._known_row(info, values)
+        if row is _NOT_READ:
+            return info.load(self._snapshot.connection, values)
+        return None if row is None else info.entity_from_row(row)
+
+    def _known_row(self, info: EntityInfo, values: tuple[Any, ...]) -> Any:
+        """An entity's row read with the mark or held by the entity cache at the snapshot's
+        position: the row, None (no row), or ``_NOT_READ`` (read it by key)."""
+        snapshot = self._snapshot
+        prefetched = snapshot.prefetched
         if prefetched:
             try:
                 row = prefetched.get((info, values), _NOT_READ)
             except TypeError:  # an unhashable key value: never read with the mark
                 row = _NOT_READ
             if row is not _NOT_READ:  # read with the mark, in the same statement (or cached)
-                return None if row is None else info.entity_from_row(row)
-        snapshot = self._snapshot
+                return row
         if isinstance(snapshot, CachedSnapshot):
             row = snapshot.cached(info, values)
             if row is not MISSING:
-                return None if row is None else info.entity_from_row(row)
-        return info.load(snapshot.connection, values)
+                return row
+        return _NOT_READ
 
     @property
     def session(self) -> Session:
@@ -132,16 +140,27 @@ class EntityTransaction:
         return self._snapshot.session
 
     def get_many(self, model: type[E], keys: Iterable[Any]) -> dict[tuple[Any, ...], E | None]:
-        """:meth:`get` for several keys in one statement: ``{key tuple: entity or None}``.
+        """:meth:`get` for several keys: ``{key tuple: entity or None}``, in the order given. The
+        entities read with the mark or held by the entity cache are taken from there, the others
+        read in one statement.
 
         Raises:
             CrossPartitionError: an entity belongs to another partition.
         """
         info = self._callbacks.registry.info(model)
         located = [self._locate(model, key)[1] for key in keys]
+        found: dict[tuple[Any, ...], Any] = {}
+        unread: list[tuple[Any, ...]] = []
         for values in located:
-            self.lock_read(model, values)
-        return info.load_many(self._snapshot.connection, located)
+            self._lock_read(info.lock(values))
+            row = self._known_row(info, values)
+            if row is _NOT_READ:
+                unread.append(values)
+            else:
+                found[values] = None if row is None else info.entity_from_row(row)
+        if unread:
+            found.update(info.load_many(self._snapshot.connection, unread))
+        return {values: found[values] for values in located}
 
     def lock_read(self, model: type[Any], key: Any) -> None:
         """Register a READ lock on an entity without reading it (e.g. rows a query depended on).
