@@ -406,13 +406,21 @@ def test_inserts_are_applied_by_attribute_name_to_renamed_columns_alone_and_in_a
 
 
 class ReadMany(EntityTransactionContext):
-    def __init__(self, callbacks: ChangeSetCallbacks, keys: list[int]) -> None:
-        super().__init__(callbacks, (Counter, keys[0]))
-        self.keys = keys
-        self.read: dict[tuple[Any, ...], Counter | None] = {}
+    """Declares the first of ``keys`` and reads them all with ``tx.get_many``."""
+
+    def __init__(
+        self,
+        callbacks: ChangeSetCallbacks,
+        keys: list[Any],
+        model: type[Any] = Counter,
+        prefetch: bool = True,
+    ) -> None:
+        super().__init__(callbacks, (model, keys[0]))
+        self.model, self.keys, self.prefetch = model, keys, prefetch
+        self.read: dict[tuple[Any, ...], Any] = {}
 
     def run(self, tx: EntityTransaction) -> bool:
-        self.read = tx.get_many(Counter, self.keys)
+        self.read = tx.get_many(self.model, self.keys)
         return False
 
 
@@ -442,18 +450,10 @@ def test_get_many_takes_the_entities_read_with_the_mark_and_reads_only_the_other
         pid, builder, _ = _build(Increment(callbacks, counter_id))
         callbacks.apply_transaction(_committed(pid, callbacks.get_client_high_water_mark(pid) + 1, builder))
     context = ReadMany(callbacks, [5, 9, 1])  # counter 5 is declared: read with the mark
-    seen: list[tuple[str, Any]] = []
-
-    def note(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        if statement.lstrip().upper().startswith("SELECT"):
-            seen.append((statement, parameters))
-
     context.partition_id(NUM_PARTITIONS)
-    event.listen(callbacks.engine, "before_cursor_execute", note)
-    try:
+    sent: list[Any] = []
+    with _selects(callbacks.engine, sent) as seen:
         context.execute(TransactionBuilder(-1))
-    finally:
-        event.remove(callbacks.engine, "before_cursor_execute", note)
     assert list(context.read) == [(5,), (9,), (1,)]  # in the order asked
     assert {key: None if c is None else c.value for key, c in context.read.items()} == {
         (5,): 1,
@@ -461,8 +461,7 @@ def test_get_many_takes_the_entities_read_with_the_mark_and_reads_only_the_other
         (1,): 1,
     }
     assert len(seen) == 2  # the mark's statement (with counter 5), then one for counters 9 and 1
-    parameters = seen[1][1]
-    assert sorted(parameters.values() if isinstance(parameters, dict) else parameters) == [1, 9]
+    assert sorted(sent[1].values() if isinstance(sent[1], dict) else sent[1]) == [1, 9]
     assert context.last_transaction is not None
     info = callbacks.registry.info(Counter)
     assert set(context.last_transaction.read_locks) == {info.lock((k,)) for k in (1, 5, 9)}
@@ -478,19 +477,6 @@ class Slot(Base):
     value: Mapped[int] = mapped_column(default=0)
 
 
-class ReadSlots(EntityTransactionContext):
-    prefetch = False
-
-    def __init__(self, callbacks: ChangeSetCallbacks, keys: list[tuple[int, str]]) -> None:
-        super().__init__(callbacks, (Slot, keys[0]))
-        self.keys = keys
-        self.read: dict[tuple[Any, ...], Slot | None] = {}
-
-    def run(self, tx: EntityTransaction) -> bool:
-        self.read = tx.get_many(Slot, self.keys)
-        return False
-
-
 def test_get_many_reads_entities_of_a_key_of_several_attributes_in_one_statement(
     callbacks: ChangeSetCallbacks,
 ) -> None:
@@ -503,7 +489,7 @@ def test_get_many_reads_entities_of_a_key_of_several_attributes_in_one_statement
                 {"owner_id": 5, "name": "a", "value": 30},
             ],
         )
-    context = ReadSlots(callbacks, [(1, "a"), (5, "z"), (1, "b"), (5, "a")])
+    context = ReadMany(callbacks, [(1, "a"), (5, "z"), (1, "b"), (5, "a")], Slot, prefetch=False)
     with _selects(callbacks.engine) as seen:
         _build(context)
     assert list(context.read) == [(1, "a"), (5, "z"), (1, "b"), (5, "a")]  # in the order asked
@@ -730,13 +716,16 @@ class ReadSome(EntityTransactionContext):
 
 
 @contextlib.contextmanager
-def _selects(engine: Engine) -> Iterator[list[str]]:
-    """The SELECT statements sent through ``engine`` while inside."""
+def _selects(engine: Engine, parameters_sent: list[Any] | None = None) -> Iterator[list[str]]:
+    """The SELECT statements sent through ``engine`` while inside (and their parameters, in
+    ``parameters_sent`` when given)."""
     seen: list[str] = []
 
     def note(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
         if statement.lstrip().upper().startswith("SELECT"):
             seen.append(statement)
+            if parameters_sent is not None:
+                parameters_sent.append(parameters)
 
     event.listen(engine, "before_cursor_execute", note)
     try:
