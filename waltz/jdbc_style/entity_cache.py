@@ -206,12 +206,11 @@ class EntityCache:
                 partition = self._partitions.setdefault(partition_id, _Partition())
         return partition
 
-    def kinds(self, info: EntityInfo) -> Kinds | None:
-        """The model's column kinds when its rows are kept (see :func:`column_kinds`; a table
-        that another declared model maps too is never kept), else None."""
-        return self._decide(info)[1]
-
     def _decide(self, info: EntityInfo) -> tuple[int, Kinds | None, KeyKinds]:
+        """``(models registered when decided, the model's column kinds when its rows are kept
+        (see :func:`column_kinds`; a table that another declared model maps too is never kept)
+        else None, its key columns' kinds in key order)``, decided again when models were
+        registered since."""
         registered = len(self.registry)
         decided = self._kinds.get(info)
         if decided is not None and decided[0] == registered:
