@@ -29,7 +29,7 @@ from waltz.jdbc_style import (
     create_framework_engine,
 )
 from waltz.jdbc_style.entities import EntityInfo
-from waltz.jdbc_style.entity_cache import EntityCache, column_kinds
+from waltz.jdbc_style.entity_cache import MISSING, EntityCache, column_kinds
 from waltz.protocol.records import ReqId
 
 NUM_PARTITIONS = 4
@@ -466,26 +466,95 @@ def test_an_absorbed_transaction_is_read_before_it_is_applied(
     assert _attempt(after).build().client_high_water_mark == 2 and after.seen == [7]
 
 
-def test_a_database_read_waits_for_the_applies_to_reach_the_absorbed_position(
+class AddBoth(EntityTransactionContext):
+    """Adds one to each of two tallies of one partition (inserting them at 1); notes what each
+    attempt saw."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, *tally_ids: int):
+        super().__init__(callbacks, *((Tally, tally_id) for tally_id in tally_ids))
+        self.tally_ids = tally_ids
+        self.seen: list[int | None] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        for tally_id in self.tally_ids:
+            tally = tx.get(Tally, tally_id)
+            self.seen.append(None if tally is None else tally.value)
+            if tally is None:
+                tx.insert(Tally, tally_id=tally_id, value=1)
+            else:
+                tx.update(tally, value=tally.value + 1)
+        return True
+
+
+def test_a_database_read_behind_the_cache_takes_the_rows_at_its_position_without_waiting(
     engine: Engine, callbacks: CommandCallbacks
 ) -> None:
     """An attempt that must read the database while the cache is ahead of it (absorbed, not yet
-    applied) waits for this instance's apply, so it never reads an older state than the cache's."""
+    applied) takes the cache's rows where it has them and the database's where it has none
+    (nothing absorbed since changed those): the state at the cache's position, with no wait for
+    this instance's applies (here the absorbed transaction is not applied at all meanwhile)."""
     pid = 2 % NUM_PARTITIONS
     callbacks.get_client_high_water_mark(pid)
-    _commit(callbacks, Add(callbacks, 2), 0)
-    _commit(callbacks, Add(callbacks, 6), 1)  # tally 6, same partition, in the database
-    absorbed = _payload_transaction(Add(callbacks, 2), 2)
+    _commit(callbacks, Add(callbacks, 10), 0)  # tally 10 = 1; the cache starts after it: not held
+    _commit(callbacks, Add(callbacks, 2), 1)  # tally 2 = 1, held at 1
+    absorbed = _payload_transaction(Add(callbacks, 2), 2)  # tally 2 = 2, absorbed only
     callbacks.absorb_transactions([absorbed])
-    timer = threading.Timer(0.3, callbacks.apply_transaction, (absorbed,))
+    info = callbacks.registry.info(Tally)
+    cache = callbacks.entity_cache
+    assert cache is not None and cache.view(pid, [(info, (10,))]) is None
+    both = AddBoth(callbacks, 2, 10)
+    assert _attempt(both).build().client_high_water_mark == 2  # the database's mark is 1
+    assert both.seen == [2, 1]  # tally 2 as absorbed, tally 10 as read (still its row at 2)
+    assert _read(engine, 2) == 1
+    assert cache.view(pid, [(info, (10,))]) == (2, {(info, (10,)): (10, 1, "", True)})  # now kept
+    callbacks.apply_transaction(absorbed)
+    assert _read(engine, 2) == 2
+
+
+def test_a_database_read_waits_for_the_applies_when_the_cache_cannot_vouch_for_its_rows(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    """Where the cache cannot tell that the rows read are still the rows at its position (it was
+    emptied after the database's mark, here by an absorbed command-style transaction), the attempt
+    waits for this instance's apply, so it never reads an older state than the cache's."""
+    pid = 14 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 14), 0)
+    _commit(callbacks, Add(callbacks, 14), 1)  # tally 14 = 2, held at 1
+    command = Transaction(pid, 2, ReqId(9, 1, pid, 2), COMMAND_HEADER, None, b"14=40")
+    callbacks.absorb_transactions([command])
+    timer = threading.Timer(0.3, callbacks.apply_transaction, (command,))
     timer.start()
     try:
-        other = Add(callbacks, 10)  # tally 10 of partition 2: no row, never read, not cached
-        assert _attempt(other).build().client_high_water_mark == 2  # read after the apply
-        assert other.seen == [None]
+        after = Add(callbacks, 14)
+        assert _attempt(after).build().client_high_water_mark == 2  # read after the apply
+        assert after.seen == [40]
     finally:
         timer.join()
-    assert _read(engine, 2) == 2
+
+
+def test_the_cache_vouches_only_for_rows_no_absorbed_change_left_unknown() -> None:
+    """:meth:`EntityCache.overlay` answers for rows read at a mark between where the rows were
+    last emptied and the position; a change that did not leave a whole row makes that row
+    unknown (a database read of it waits for the applies) until a read at the position."""
+    registry = EntityRegistry([Tally])
+    info: EntityInfo = registry.info(Tally)
+    cache = EntityCache(registry)
+    five, seven = (info, (5,)), (info, (7,))
+    assert cache.overlay(1, 9, [(seven, (7, 3, "", True))]) is None  # not started
+    cache.floor(1, 10)
+    partial = RowChange(Operation.UPDATE, info.name, {"tally_id": 5}, {"value": 6})
+    cache.absorb(1, 11, [ChangeSet([partial])])
+    assert cache.position(1) == 11
+    assert cache.overlay(1, 9, [(seven, (7, 3, "", True))]) is None  # below where the rows start
+    assert cache.overlay(1, 11, [(seven, (7, 3, "", True))]) is None  # not behind the position
+    assert cache.overlay(1, 10, [(five, (5, 1, "", True))]) is None  # changed since, row unknown
+    assert cache.view(1, [five]) is None and cache.lookup(1, five, 11) is MISSING
+    assert cache.overlay(1, 10, [(seven, (7, 3, "", True))]) == (11, {seven: (7, 3, "", True)})
+    assert cache.view(1, [seven]) == (11, {seven: (7, 3, "", True)})  # kept
+    cache.fill(1, 11, [(five, (5, 6, "", True))])  # read at the position: known again
+    assert cache.view(1, [five]) == (11, {five: (5, 6, "", True)})
+    assert cache.kept([five, seven]) and not cache.kept([]) and not cache.kept([(info, ("5",))])
 
 
 def test_a_failed_apply_drops_the_absorbed_rows(engine: Engine, callbacks: CommandCallbacks) -> None:

@@ -35,10 +35,15 @@ How the rows stay exact:
 - What the database may not hold as absorbed drops the rows: an apply that failed (an operator
   may skip the transaction; P stays), a group another instance applied, whole or in part (P
   moves up to the database's mark when that is ahead, :meth:`EntityCache.floor`).
-- P may be ahead of the database (absorbed, not yet applied): an attempt that must read the
-  database first waits, for a bounded time, until this instance's applies reach P.
-- Rows read from the database are added only when the snapshot's mark equals P
-  (:meth:`EntityCache.fill`); rows read at another mark are used by that attempt only.
+- P may be ahead of the database (absorbed, not yet applied). Since the rows were last emptied
+  (at position S), every change the cache absorbed left an entry: the row, None, or "changed,
+  row unknown" (a change that did not carry the whole row, or a value not kept). So a row read
+  from the database at a mark M with S <= M <= P, of a key the cache has no entry for, is still
+  the row at P: no transaction after M changed it (:meth:`EntityCache.overlay`). An attempt
+  that must read the database takes its rows that way; when it cannot (M below S, an entry
+  "changed, row unknown"), it waits, for a bounded time, until this instance's applies reach P.
+- Rows read from the database are added only when they are known to be the rows at P: read at a
+  mark equal to P (:meth:`EntityCache.fill`), or by :meth:`EntityCache.overlay`.
 
 Bounded: at most ``max_entries`` rows per partition; past that the partition's rows are dropped
 (the position stays).
@@ -135,17 +140,33 @@ def _exact(kinds: Kinds, row: tuple[Any, ...]) -> bool:
     return True
 
 
+class _Changed:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "CHANGED"
+
+
+#: The entry of a key that an absorbed change changed without leaving its whole row.
+_CHANGED: Any = _Changed()
+
+
 class _Partition:
-    __slots__ = ("hits", "lock", "misses", "position", "resets", "rows")
+    __slots__ = ("complete_from", "hits", "lock", "misses", "position", "resets", "rows")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.position: int | None = None  # None: not started (nothing absorbed yet)
+        # The position where the rows were last emptied (S in the module docstring): every change
+        # absorbed after it left an entry in ``rows``. None while not started.
+        self.complete_from: int | None = None
         self.rows: dict[Key, tuple[Any, ...] | None] = {}
         self.hits = self.misses = self.resets = 0  # counted under the lock
 
-    def empty(self) -> None:
-        """Drop the rows, counted as a reset when there were any (under the lock)."""
+    def empty(self, position: int | None) -> None:
+        """Drop the rows at ``position`` (where the partition is, or starts again), counted as a
+        reset when there were any (under the lock)."""
+        self.complete_from = position
         if self.rows:
             self.resets += 1
             self.rows = {}
@@ -255,7 +276,7 @@ class EntityCache:
                 if not self._kept_key(key[0], key[1]):
                     continue  # never kept: read from the database if the attempt reads it
                 row = rows.get(key, MISSING)
-                if row is MISSING:
+                if row is MISSING or row is _CHANGED:
                     partition.misses += 1
                     return None
                 found[key] = row
@@ -272,7 +293,8 @@ class EntityCache:
         with partition.lock:
             if partition.position != position:
                 return MISSING
-            return partition.rows.get(key, MISSING)
+            row = partition.rows.get(key, MISSING)
+            return MISSING if row is _CHANGED else row
 
     def fill(self, partition_id: int, mark: int, rows: Iterable[tuple[Key, Any]]) -> None:
         """Keep rows read from the database in a snapshot at ``mark``, if the partition is at that
@@ -282,16 +304,59 @@ class EntityCache:
         with partition.lock:
             if partition.position != mark:
                 return
-            kept = partition.rows
+            self._keep(partition, rows)
+
+    def _keep(self, partition: _Partition, rows: Iterable[tuple[Key, Any]]) -> None:
+        """Keep rows known to be the rows at the partition's position (under its lock)."""
+        kept = partition.rows
+        for key, row in rows:
+            _, kinds, key_kinds = self._decide(key[0])
+            if kinds is None or not _exact_key(key_kinds, key[1]):
+                continue
+            if row is not None and not _exact(kinds, tuple(row)):
+                continue
+            entry = kept.get(key, MISSING)
+            if entry is MISSING or entry is _CHANGED:
+                kept[key] = None if row is None else tuple(row)
+        if len(kept) > self.max_entries:
+            partition.empty(partition.position)
+
+    def kept(self, entities: Sequence[Key]) -> bool:
+        """Whether every one of ``entities`` (at least one) is of a model whose rows are kept and
+        given by a key of its columns' kinds: the entities :meth:`overlay` can answer for."""
+        return bool(entities) and all(self._kept_key(info, values) for info, values in entities)
+
+    def overlay(
+        self, partition_id: int, mark: int, rows: Iterable[tuple[Key, Any]]
+    ) -> tuple[int, dict[Key, Any]] | None:
+        """The rows of an attempt that read the database at ``mark`` while the cache is at a
+        position P ahead of it: ``(P, {key: row or None})``, the cache's row where it has one and
+        the row read from the database (the row at P too: nothing absorbed since changed it)
+        where it has none; those rows are kept. None when the cache cannot vouch for the rows
+        read: ``mark`` is below where its rows were last emptied or not below P, a key read is
+        not of a kept model (see :meth:`kept`), or an absorbed change left a row read unknown.
+        Source: docs/design/sql.md "The entity cache"."""
+        partition = self._partition(partition_id)
+        with partition.lock:
+            position, since = partition.position, partition.complete_from
+            if position is None or since is None or not since <= mark < position:
+                return None
+            held = partition.rows
+            found: dict[Key, Any] = {}
+            read: list[tuple[Key, Any]] = []
             for key, row in rows:
-                _, kinds, key_kinds = self._decide(key[0])
-                if kinds is None or not _exact_key(key_kinds, key[1]):
-                    continue
-                if row is not None and not _exact(kinds, tuple(row)):
-                    continue
-                kept.setdefault(key, None if row is None else tuple(row))
-            if len(kept) > self.max_entries:
-                partition.empty()
+                if not self._kept_key(key[0], key[1]):
+                    return None
+                entry = held.get(key, MISSING)
+                if entry is _CHANGED:
+                    return None
+                if entry is MISSING:
+                    read.append((key, row))
+                    found[key] = row
+                else:
+                    found[key] = entry
+            self._keep(partition, read)
+        return position, found
 
     # --- applies ----------------------------------------------------------------------------------
 
@@ -301,7 +366,7 @@ class EntityCache:
         an operator's skip); rows come back from database reads at that position."""
         partition = self._partition(partition_id)
         with partition.lock:
-            partition.empty()
+            partition.empty(partition.position)
 
     def floor(self, partition_id: int, mark: int) -> None:
         """Everything up to ``mark`` is applied already and will not be absorbed: a partition
@@ -310,7 +375,7 @@ class EntityCache:
         with partition.lock:
             if partition.position is not None and partition.position >= mark:
                 return
-            partition.empty()
+            partition.empty(mark)
             partition.position = mark
 
     def absorb(self, partition_id: int, first: int, change_sets: Sequence[ChangeSet | None]) -> None:
@@ -333,10 +398,10 @@ class EntityCache:
             )
             rows = partition.rows
             if not (followed and all(cs is not None and self._follow(rows, cs) for cs in change_sets)):
-                partition.empty()
+                partition.empty(last)
             partition.position = last
             if len(partition.rows) > self.max_entries:
-                partition.empty()
+                partition.empty(last)
 
     def _follow(self, rows: dict[Key, Any], change_set: ChangeSet) -> bool:
         """Apply one change-set's row changes to ``rows``; False when one cannot be placed."""
@@ -367,17 +432,14 @@ class EntityCache:
             except KeyError:  # not the whole row: the database has values the cache does not
                 if named is None:
                     return False
-                rows.pop((info, named), None)
+                rows[(info, named)] = _CHANGED
                 continue
             key = tuple(values[name] for name in info.key)
             if not _exact_key(key_kinds, key):
                 return False  # the row may be cached under its key of the column's kind
             if change.operation is Operation.UPDATE and named != key:
                 return False  # the row it changed may have been cached under another key
-            if _exact(kinds, row):
-                rows[(info, key)] = row
-            else:
-                rows.pop((info, key), None)
+            rows[(info, key)] = row if _exact(kinds, row) else _CHANGED
         return True
 
 

@@ -541,12 +541,7 @@ class EntityTransactionContext(TransactionContext):
                     CachedSnapshot(self.callbacks, cache, self._partition_id, view[0], view[1])
                 )
             else:
-                if cache is not None:
-                    _catch_up(self.callbacks, cache, self._partition_id)
-                snapshot = stack.enter_context(self.callbacks.snapshot(self._partition_id, entities=entities))
-                if cache is not None and snapshot.prefetched:
-                    cache.fill(self._partition_id, snapshot.high_water_mark, snapshot.prefetched.items())
-                self._after_mark_read(snapshot)
+                snapshot = self._read_database(stack, cache, entities)
             tx = EntityTransaction(self.callbacks, snapshot, self._num_partitions)
             self.last_transaction = tx
             if not self.run(tx):
@@ -557,6 +552,39 @@ class EntityTransactionContext(TransactionContext):
         builder.set_write_locks(tx.write_locks)
         builder.set_read_locks(tx.read_locks)
         return True
+
+    def _read_database(
+        self,
+        stack: contextlib.ExitStack,
+        cache: EntityCache | None,
+        entities: list[tuple[EntityInfo, tuple[Any, ...]]],
+    ) -> MarkSnapshot | CachedSnapshot:
+        """The snapshot of an attempt the entity cache cannot answer alone: a database snapshot
+        (the mark and ``entities`` read in one statement) when it is as new as the cache's
+        position; else, when the cache can vouch for the rows read (:meth:`EntityCache.overlay`),
+        the rows at its position, with no wait for this instance's applies; else a database
+        snapshot read once the applies reached that position (docs/design/sql.md "The entity
+        cache")."""
+        pid = self._partition_id
+        overlaid = cache is not None and cache.kept(entities)
+        if cache is not None and not overlaid:
+            _catch_up(self.callbacks, cache, pid)
+        database = stack.enter_context(contextlib.ExitStack())
+        snapshot = database.enter_context(self.callbacks.snapshot(pid, entities=entities))
+        self._after_mark_read(snapshot)
+        if cache is None:
+            return snapshot
+        position = cache.position(pid)
+        if overlaid and position is not None and snapshot.high_water_mark < position:
+            rows = cache.overlay(pid, snapshot.high_water_mark, snapshot.prefetched.items())
+            database.close()
+            if rows is not None:
+                return stack.enter_context(CachedSnapshot(self.callbacks, cache, pid, *rows))
+            _catch_up(self.callbacks, cache, pid)
+            snapshot = stack.enter_context(self.callbacks.snapshot(pid, entities=entities))
+        if snapshot.prefetched:
+            cache.fill(pid, snapshot.high_water_mark, snapshot.prefetched.items())
+        return snapshot
 
     def _after_mark_read(self, snapshot: MarkSnapshot) -> None:
         """Hook between the mark read and the entity reads (tests put a concurrent apply here)."""
