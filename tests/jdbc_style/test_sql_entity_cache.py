@@ -511,6 +511,51 @@ def test_a_database_read_behind_the_cache_takes_the_rows_at_its_position_without
     assert _read(engine, 2) == 2
 
 
+class AddAfterReading(Add):
+    """Adds to a cached tally after reading others, not declared, by key (``tx.get``, then
+    ``tx.get_many``)."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, tally_id: int, read: int, read_many: list[int]):
+        super().__init__(callbacks, tally_id)
+        self.read, self.read_many = read, read_many
+
+    def run(self, tx: EntityTransaction) -> bool:
+        for tally in (tx.get(Tally, self.read), *tx.get_many(Tally, self.read_many).values()):
+            self.seen.append(None if tally is None else tally.value)
+        return super().run(tx)
+
+
+def test_entities_read_by_key_behind_the_cache_are_read_at_its_position_without_waiting(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    """An attempt answered by the cache that then reads other entities by key, while the cache is
+    ahead of the database, reads them at the cache's position: no wait for the applies (the
+    absorbed transaction is not applied meanwhile), and the mark it sends stays the position."""
+    pid = 2 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 10), 0)  # tally 10 = 1; the cache starts after it: not held
+    _commit(callbacks, Add(callbacks, 2), 1)  # tally 2 = 1, held at 1
+    absorbed = _payload_transaction(Add(callbacks, 2), 2)  # tally 2 = 2, absorbed only
+    callbacks.absorb_transactions([absorbed])
+    statements = Statements(engine)
+    reading = AddAfterReading(callbacks, 2, read=10, read_many=[18, 22])
+    built: list[TransactionBuilder] = []
+    assert statements.during(lambda: built.append(_attempt(reading))) > 0  # tally 2 cached, not 10
+    assert built[0].build().client_high_water_mark == 2  # the database's mark is 1
+    assert reading.seen == [1, None, None, 2]
+    info = callbacks.registry.info(Tally)
+    cache = callbacks.entity_cache
+    assert cache is not None and cache.view(pid, [(info, (10,)), (info, (18,))]) == (
+        2,
+        {(info, (10,)): (10, 1, "", True), (info, (18,)): None},
+    )
+    again = AddAfterReading(callbacks, 2, read=10, read_many=[18, 22])
+    assert statements.during(lambda: _attempt(again)) == 0  # now all of them are kept
+    assert again.seen == [1, None, None, 2]
+    callbacks.apply_transaction(absorbed)
+    assert _read(engine, 2) == 2
+
+
 def test_a_database_read_waits_for_the_applies_when_the_cache_cannot_vouch_for_its_rows(
     engine: Engine, callbacks: CommandCallbacks
 ) -> None:

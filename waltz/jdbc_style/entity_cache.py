@@ -327,19 +327,21 @@ class EntityCache:
         return bool(entities) and all(self._kept_key(info, values) for info, values in entities)
 
     def overlay(
-        self, partition_id: int, mark: int, rows: Iterable[tuple[Key, Any]]
+        self, partition_id: int, mark: int, rows: Iterable[tuple[Key, Any]], *, at: int | None = None
     ) -> tuple[int, dict[Key, Any]] | None:
         """The rows of an attempt that read the database at ``mark`` while the cache is at a
         position P ahead of it: ``(P, {key: row or None})``, the cache's row where it has one and
         the row read from the database (the row at P too: nothing absorbed since changed it)
         where it has none; those rows are kept. None when the cache cannot vouch for the rows
-        read: ``mark`` is below where its rows were last emptied or not below P, a key read is
-        not of a kept model (see :meth:`kept`), or an absorbed change left a row read unknown.
-        Source: docs/design/sql.md "The entity cache"."""
+        read: ``mark`` is below where its rows were last emptied or not below P, P is not ``at``
+        (when given), a key read is not of a kept model (see :meth:`kept`), or an absorbed change
+        left a row read unknown. Source: docs/design/sql.md "The entity cache"."""
         partition = self._partition(partition_id)
         with partition.lock:
             position, since = partition.position, partition.complete_from
             if position is None or since is None or not since <= mark < position:
+                return None
+            if at is not None and position != at:
                 return None
             held = partition.rows
             found: dict[Key, Any] = {}

@@ -51,7 +51,7 @@ from waltz.jdbc_style.changeset_callbacks import ChangeSetCallbacks
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.entity_cache import MISSING, EntityCache
 from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key
-from waltz.jdbc_style.prefetch import Prefetched
+from waltz.jdbc_style.prefetch import MAX_JOINED, Prefetched
 
 __all__ = ["CachedSnapshot", "EntityTransaction", "EntityTransactionContext"]
 
@@ -113,8 +113,20 @@ class EntityTransaction:
         self._lock_read(info.lock(values))
         row = self._known_row(info, values)
         if row is _NOT_READ:
-            return info.load(self._snapshot.connection, values)
+            behind = self._rows_at_position(info, [values])
+            if behind is None:
+                return info.load(self._snapshot.connection, values)
+            row = behind[(info, values)]
         return None if row is None else info.entity_from_row(row)
+
+    def _rows_at_position(self, info: EntityInfo, keys: list[tuple[Any, ...]]) -> Prefetched | None:
+        """Rows of entities not read yet, read from the database at the entity cache's position
+        without waiting for the applies (:meth:`CachedSnapshot.rows_at_position`); None: read
+        them through the snapshot's connection."""
+        snapshot = self._snapshot
+        if not isinstance(snapshot, CachedSnapshot):
+            return None
+        return snapshot.rows_at_position([(info, values) for values in keys])
 
     def _known_row(self, info: EntityInfo, values: tuple[Any, ...]) -> Any:
         """An entity's row read with the mark or held by the entity cache at the snapshot's
@@ -159,7 +171,13 @@ class EntityTransaction:
             else:
                 found[values] = None if row is None else info.entity_from_row(row)
         if unread:
-            found.update(info.load_many(self._snapshot.connection, unread))
+            behind = self._rows_at_position(info, unread)
+            if behind is None:
+                found.update(info.load_many(self._snapshot.connection, unread))
+            else:
+                for values in unread:
+                    row = behind[(info, values)]
+                    found[values] = None if row is None else info.entity_from_row(row)
         return {values: found[values] for values in located}
 
     def lock_read(self, model: type[Any], key: Any) -> None:
@@ -327,15 +345,17 @@ def _catch_up(callbacks: ChangeSetCallbacks, cache: EntityCache, partition_id: i
 
 class CachedSnapshot:
     """What an attempt reads when the entity cache holds its entities: their rows at the cache's
-    position (:attr:`high_water_mark`). A read the cache cannot answer (another entity, a query
-    on :attr:`session`, an idempotency key) opens a database snapshot then, and the mark becomes
-    the lower of the position and that snapshot's mark (a row of either state that a later
-    transaction changed carries a lock the server then finds written after the mark).
+    position (:attr:`high_water_mark`). Other entities read by key are read with the mark at that
+    position when the cache can vouch for them (:meth:`rows_at_position`). A read the cache
+    cannot answer otherwise (an entity it cannot vouch for, a query on :attr:`session`, an
+    idempotency key) opens a database snapshot then, and the mark becomes the lower of the
+    position and that snapshot's mark (a row of either state that a later transaction changed
+    carries a lock the server then finds written after the mark).
 
     Attributes:
         partition_id: the partition.
         high_water_mark: the state the attempt read (see above).
-        prefetched: the cached rows, ``{(entity info, key values): row or None}``.
+        prefetched: the rows known at the position, ``{(entity info, key values): row or None}``.
     """
 
     def __init__(
@@ -371,6 +391,35 @@ class CachedSnapshot:
     def session(self) -> Session:
         """An ORM session on the database snapshot (opened when first used)."""
         return self._database().session
+
+    def rows_at_position(self, entities: list[tuple[EntityInfo, tuple[Any, ...]]]) -> Prefetched | None:
+        """Rows of ``entities`` (none of them cached) as of :attr:`high_water_mark`, read from
+        the database without waiting for the applies: ``{(entity info, key): row or None}``.
+        Read with the partition's mark, up to ``MAX_JOINED`` entities a statement; taken when
+        that mark is not below the position, or when the entity cache can vouch for them (see
+        ``EntityCache.overlay``; then they are kept), and added to :attr:`prefetched`. None when
+        the attempt opened its database snapshot already, or the cache cannot vouch for them:
+        then they are read through :attr:`connection`."""
+        wanted = list(dict.fromkeys(entities))
+        if self._snapshot is not None or not self._cache.kept(wanted):
+            return None
+        found: Prefetched = {}
+        for start in range(0, len(wanted), MAX_JOINED):
+            chunk = wanted[start : start + MAX_JOINED]
+            with self._callbacks.snapshot(self.partition_id, entities=chunk) as database:
+                mark, rows = database.high_water_mark, database.prefetched
+            if len(rows) != len(chunk):  # a key matched several rows: read by key, which raises
+                return None
+            if mark >= self._position:
+                self._cache.fill(self.partition_id, mark, rows.items())
+                found.update(rows)
+                continue
+            overlaid = self._cache.overlay(self.partition_id, mark, rows.items(), at=self._position)
+            if overlaid is None:
+                return None
+            found.update(overlaid[1])
+        self.prefetched.update(found)
+        return found
 
     def _database(self) -> MarkSnapshot:
         if self._snapshot is None:
