@@ -107,11 +107,16 @@ class Add(EntityTransactionContext):
         self.seen.append(None if tally is None else tally.value)
         if self.query:  # a read the cache cannot answer: a database snapshot opens for it
             tx.session.execute(select(Tally.value)).all()
-        if tally is None:
-            tx.insert(Tally, tally_id=self.tally_id, value=self.amount)
-        else:
-            tx.update(tally, value=tally.value + self.amount)
+        _add_to(tx, tally, self.tally_id, self.amount)
         return True
+
+
+def _add_to(tx: EntityTransaction, tally: Tally | None, tally_id: int, amount: int) -> None:
+    """Add ``amount`` to ``tally`` as read (None: insert tally ``tally_id`` at ``amount``)."""
+    if tally is None:
+        tx.insert(Tally, tally_id=tally_id, value=amount)
+    else:
+        tx.update(tally, value=tally.value + amount)
 
 
 class Count(EntityTransactionContext):
@@ -479,11 +484,21 @@ class AddBoth(EntityTransactionContext):
         for tally_id in self.tally_ids:
             tally = tx.get(Tally, tally_id)
             self.seen.append(None if tally is None else tally.value)
-            if tally is None:
-                tx.insert(Tally, tally_id=tally_id, value=1)
-            else:
-                tx.update(tally, value=tally.value + 1)
+            _add_to(tx, tally, tally_id, 1)
         return True
+
+
+def _ahead_of_the_database(callbacks: CommandCallbacks) -> tuple[int, Transaction]:
+    """Partition 2 with tally 10 = 1 in the database but not in the cache (the cache starts
+    after its transaction), tally 2 = 1 applied and cached, and a transaction making tally 2 = 2
+    absorbed (the cache at 2) but not applied (the database at 1): ``(partition, that one)``."""
+    pid = 2 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 10), 0)
+    _commit(callbacks, Add(callbacks, 2), 1)
+    absorbed = _payload_transaction(Add(callbacks, 2), 2)
+    callbacks.absorb_transactions([absorbed])
+    return pid, absorbed
 
 
 def test_a_database_read_behind_the_cache_takes_the_rows_at_its_position_without_waiting(
@@ -493,12 +508,7 @@ def test_a_database_read_behind_the_cache_takes_the_rows_at_its_position_without
     applied) takes the cache's rows where it has them and the database's where it has none
     (nothing absorbed since changed those): the state at the cache's position, with no wait for
     this instance's applies (here the absorbed transaction is not applied at all meanwhile)."""
-    pid = 2 % NUM_PARTITIONS
-    callbacks.get_client_high_water_mark(pid)
-    _commit(callbacks, Add(callbacks, 10), 0)  # tally 10 = 1; the cache starts after it: not held
-    _commit(callbacks, Add(callbacks, 2), 1)  # tally 2 = 1, held at 1
-    absorbed = _payload_transaction(Add(callbacks, 2), 2)  # tally 2 = 2, absorbed only
-    callbacks.absorb_transactions([absorbed])
+    pid, absorbed = _ahead_of_the_database(callbacks)
     info = callbacks.registry.info(Tally)
     cache = callbacks.entity_cache
     assert cache is not None and cache.view(pid, [(info, (10,))]) is None
@@ -531,12 +541,7 @@ def test_entities_read_by_key_behind_the_cache_are_read_at_its_position_without_
     """An attempt answered by the cache that then reads other entities by key, while the cache is
     ahead of the database, reads them at the cache's position: no wait for the applies (the
     absorbed transaction is not applied meanwhile), and the mark it sends stays the position."""
-    pid = 2 % NUM_PARTITIONS
-    callbacks.get_client_high_water_mark(pid)
-    _commit(callbacks, Add(callbacks, 10), 0)  # tally 10 = 1; the cache starts after it: not held
-    _commit(callbacks, Add(callbacks, 2), 1)  # tally 2 = 1, held at 1
-    absorbed = _payload_transaction(Add(callbacks, 2), 2)  # tally 2 = 2, absorbed only
-    callbacks.absorb_transactions([absorbed])
+    pid, absorbed = _ahead_of_the_database(callbacks)
     statements = Statements(engine)
     reading = AddAfterReading(callbacks, 2, read=10, read_many=[18, 22])
     built: list[TransactionBuilder] = []
