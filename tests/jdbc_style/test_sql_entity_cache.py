@@ -30,6 +30,7 @@ from waltz.jdbc_style import (
 )
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.entity_cache import MISSING, EntityCache, column_kinds
+from waltz.jdbc_style.entity_context import CachedSnapshot
 from waltz.protocol.records import ReqId
 
 NUM_PARTITIONS = 4
@@ -559,6 +560,14 @@ def test_entities_read_by_key_behind_the_cache_are_read_at_its_position_without_
     assert again.seen == [1, None, None, 2]
     callbacks.apply_transaction(absorbed)
     assert _read(engine, 2) == 2
+
+
+def test_a_read_by_an_unhashable_key_after_a_hit_is_left_to_the_database(callbacks: CommandCallbacks) -> None:
+    cache = callbacks.entity_cache
+    assert cache is not None
+    cache.floor(1, 5)
+    snapshot = CachedSnapshot(callbacks, cache, 1, 5, {})
+    assert snapshot.rows_at_position([(callbacks.registry.info(Tally), (bytearray(b"1"),))]) is None
 
 
 def test_a_database_read_waits_for_the_applies_when_the_cache_cannot_vouch_for_its_rows(

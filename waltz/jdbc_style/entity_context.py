@@ -355,7 +355,8 @@ class CachedSnapshot:
     Attributes:
         partition_id: the partition.
         high_water_mark: the state the attempt read (see above).
-        prefetched: the rows known at the position, ``{(entity info, key values): row or None}``.
+        prefetched: the rows the attempt read, ``{(entity info, key values): row or None}``:
+            cached, or read from the database (see :meth:`rows_at_position`).
     """
 
     def __init__(
@@ -400,9 +401,9 @@ class CachedSnapshot:
         ``EntityCache.overlay``; then they are kept), and added to :attr:`prefetched`. None when
         the attempt opened its database snapshot already, or the cache cannot vouch for them:
         then they are read through :attr:`connection`."""
+        if self._snapshot is not None or not self._cache.kept(entities):
+            return None  # (kept first: it also turns away unhashable key values)
         wanted = list(dict.fromkeys(entities))
-        if self._snapshot is not None or not self._cache.kept(wanted):
-            return None
         found: Prefetched = {}
         for start in range(0, len(wanted), MAX_JOINED):
             chunk = wanted[start : start + MAX_JOINED]
