@@ -244,20 +244,34 @@ class EntityInfo:
         """:meth:`load` for several keys in one ``IN`` statement (of the key's values, or of
         tuples of them for a key of several attributes). Returns ``{key tuple: instance or None}``
         in the order given."""
-        by_key = self._by_key
-        if by_key is None or len(keys) < 2:
+        rows = None if self._by_key is None or len(keys) < 2 else self.rows_by_keys(conn, keys)
+        if rows is None:
             return {key: self.load(conn, key) for key in keys}
+        return {key: None if row is None else self.entity_from_row(row) for key, row in rows.items()}
+
+    def rows_by_keys(
+        self, conn: Connection, keys: Sequence[tuple[Any, ...]]
+    ) -> dict[tuple[Any, ...], Any | None] | None:
+        """The rows (of :attr:`columns`) of these keys in one ``IN`` statement: ``{key tuple: row
+        or None}`` in the order given; None when the model needs the ORM to load, or when the
+        database converted a key value (e.g. ``"7"`` for 7): read them key by key then.
+
+        Raises:
+            MultipleResultsFound: a key matches more than one row.
+        """
+        if self._by_key is None:
+            return None
         found: dict[tuple[Any, ...], Any | None] = dict.fromkeys(keys)
         key_indexes = [self.attributes.index(name) for name in self.key]
         single = len(key_indexes) == 1
         values = [key[0] for key in found] if single else list(found)
         for row in conn.execute(self._by_keys, {"keys": values}):
             key = tuple(row[i] for i in key_indexes)
-            if key not in found:  # the database converted a key value (e.g. "7" for 7): key by key
-                return {key: self.load(conn, key) for key in keys}
+            if key not in found:
+                return None
             if found[key] is not None:
                 raise MultipleResultsFound(f"{self.model.__name__}: more than one row with the key {key!r}")
-            found[key] = self.entity_from_row(row)
+            found[key] = row
         return found
 
     @property

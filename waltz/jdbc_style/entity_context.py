@@ -51,7 +51,7 @@ from waltz.jdbc_style.changeset_callbacks import ChangeSetCallbacks
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.entity_cache import MISSING, EntityCache
 from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key
-from waltz.jdbc_style.prefetch import MAX_JOINED, Prefetched
+from waltz.jdbc_style.prefetch import Prefetched
 
 __all__ = ["CachedSnapshot", "EntityTransaction", "EntityTransactionContext"]
 
@@ -396,31 +396,37 @@ class CachedSnapshot:
     def rows_at_position(self, entities: list[tuple[EntityInfo, tuple[Any, ...]]]) -> Prefetched | None:
         """Rows of ``entities`` (none of them cached) as of :attr:`high_water_mark`, read from
         the database without waiting for the applies: ``{(entity info, key): row or None}``.
-        Read with the partition's mark, up to ``MAX_JOINED`` entities a statement; taken when
-        that mark is not below the position, or when the entity cache can vouch for them (see
-        ``EntityCache.overlay``; then they are kept), and added to :attr:`prefetched`. None when
-        the attempt opened its database snapshot already, or the cache cannot vouch for them:
-        then they are read through :attr:`connection`."""
+        Read in a snapshot of their own, the partition's mark first, then one ``IN`` statement
+        per model; taken when that mark is not below the position, or when the entity cache can
+        vouch for them (see ``EntityCache.overlay``; then they are kept), and added to
+        :attr:`prefetched`. None when the attempt opened its database snapshot already, or the
+        rows cannot be taken so: then they are read through :attr:`connection`.
+
+        Raises:
+            MultipleResultsFound: a key matches more than one row.
+        """
         if self._snapshot is not None or not self._cache.kept(entities):
             return None  # (kept first: it also turns away unhashable key values)
-        wanted = list(dict.fromkeys(entities))
-        found: Prefetched = {}
-        for start in range(0, len(wanted), MAX_JOINED):
-            chunk = wanted[start : start + MAX_JOINED]
-            with self._callbacks.snapshot(self.partition_id, entities=chunk) as database:
-                mark, rows = database.high_water_mark, database.prefetched
-            if len(rows) != len(chunk):  # a key matched several rows: read by key, which raises
-                return None
-            if mark >= self._position:
-                self._cache.fill(self.partition_id, mark, rows.items())
-                found.update(rows)
-                continue
+        by_model: dict[EntityInfo, list[tuple[Any, ...]]] = {}
+        for info, values in entities:
+            by_model.setdefault(info, []).append(values)
+        rows: Prefetched = {}
+        with self._callbacks.snapshot(self.partition_id) as database:
+            mark = database.high_water_mark
+            for info, keys in by_model.items():
+                read = info.rows_by_keys(database.connection, keys)
+                if read is None:
+                    return None
+                rows.update(((info, values), row) for values, row in read.items())
+        if mark >= self._position:
+            self._cache.fill(self.partition_id, mark, rows.items())
+        else:
             overlaid = self._cache.overlay(self.partition_id, mark, rows.items(), at=self._position)
             if overlaid is None:
                 return None
-            found.update(overlaid[1])
-        self.prefetched.update(found)
-        return found
+            rows = overlaid[1]
+        self.prefetched.update(rows)
+        return rows
 
     def _database(self) -> MarkSnapshot:
         if self._snapshot is None:
