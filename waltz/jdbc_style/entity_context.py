@@ -622,8 +622,8 @@ class EntityTransactionContext(TransactionContext):
         snapshot read once the applies reached that position (docs/design/sql.md "The entity
         cache")."""
         pid = self._partition_id
-        overlaid = cache is not None and cache.kept(entities)
-        if cache is not None and not overlaid:
+        may_overlay = cache is not None and cache.kept(entities)
+        if cache is not None and not may_overlay:
             _catch_up(self.callbacks, cache, pid)
         database = stack.enter_context(contextlib.ExitStack())
         snapshot = database.enter_context(self.callbacks.snapshot(pid, entities=entities))
@@ -631,7 +631,7 @@ class EntityTransactionContext(TransactionContext):
         if cache is None:
             return snapshot
         position = cache.position(pid)
-        if overlaid and position is not None and snapshot.high_water_mark < position:
+        if may_overlay and position is not None and snapshot.high_water_mark < position:
             rows = cache.overlay(pid, snapshot.high_water_mark, snapshot.prefetched.items())
             database.close()
             if rows is not None:
