@@ -113,20 +113,26 @@ class EntityTransaction:
         self._lock_read(info.lock(values))
         row = self._known_row(info, values)
         if row is _NOT_READ:
-            behind = self._rows_at_position(info, [values])
-            if behind is None:
-                return info.load(self._snapshot.connection, values)
-            row = behind[(info, values)]
+            entity: E | None = self._read_by_key(info, [values])[values]
+            return entity
         return None if row is None else info.entity_from_row(row)
 
-    def _rows_at_position(self, info: EntityInfo, keys: list[tuple[Any, ...]]) -> Prefetched | None:
-        """Rows of entities not read yet, read from the database at the entity cache's position
-        without waiting for the applies (:meth:`CachedSnapshot.rows_at_position`); None: read
-        them through the snapshot's connection."""
+    def _read_by_key(self, info: EntityInfo, keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], Any]:
+        """Entities not read yet, ``{key: instance or None}``: at the entity cache's position
+        without waiting for the applies when it can vouch for them
+        (:meth:`CachedSnapshot.rows_at_position`), else through the snapshot's connection."""
         snapshot = self._snapshot
-        if not isinstance(snapshot, CachedSnapshot):
-            return None
-        return snapshot.rows_at_position([(info, values) for values in keys])
+        rows = (
+            snapshot.rows_at_position([(info, values) for values in keys])
+            if isinstance(snapshot, CachedSnapshot)
+            else None
+        )
+        if rows is None:
+            return info.load_many(snapshot.connection, keys)
+        return {
+            values: None if (row := rows[(info, values)]) is None else info.entity_from_row(row)
+            for values in keys
+        }
 
     def _known_row(self, info: EntityInfo, values: tuple[Any, ...]) -> Any:
         """An entity's row read with the mark or held by the entity cache at the snapshot's
@@ -171,13 +177,7 @@ class EntityTransaction:
             else:
                 found[values] = None if row is None else info.entity_from_row(row)
         if unread:
-            behind = self._rows_at_position(info, unread)
-            if behind is None:
-                found.update(info.load_many(self._snapshot.connection, unread))
-            else:
-                for values in unread:
-                    row = behind[(info, values)]
-                    found[values] = None if row is None else info.entity_from_row(row)
+            found.update(self._read_by_key(info, unread))
         return {values: found[values] for values in located}
 
     def lock_read(self, model: type[Any], key: Any) -> None:
