@@ -20,11 +20,13 @@ from waltz.jdbc_style import (
     ChangeSet,
     ChangeSetApplyError,
     ChangeSetCallbacks,
+    EntityRead,
     EntityRegistry,
     EntityTransaction,
     EntityTransactionContext,
     Operation,
     RowChange,
+    UnknownEntityError,
     WaltzEntity,
     create_framework_engine,
 )
@@ -403,6 +405,13 @@ class Stamped(LocalBase):
     version: Mapped[int] = mapped_column(default=0, onupdate=lambda: 1)
 
 
+class Undeclared(LocalBase):
+    """A model without ``__waltz__``."""
+
+    __tablename__ = "cache_undeclared"
+    item_id: Mapped[int] = mapped_column(primary_key=True)
+
+
 def test_which_models_are_kept() -> None:
     registry = EntityRegistry([Tally, Priced])
     assert column_kinds(registry.info(Tally)) == (
@@ -670,3 +679,108 @@ def test_a_key_given_as_another_type_is_never_cached(engine: Engine, callbacks: 
     )
     cache.absorb(pid, 2, [ChangeSet([change])])
     assert cache.position(pid) == 2 and cache.view(pid, [(info, (29,))]) is None
+
+
+# --- reads outside a transaction (docs/design/sql.md "Reading entities outside a transaction") ---
+
+
+def _values(read: EntityRead) -> list[int | None]:
+    return [None if entity is None else entity.value for entity in read.entities]
+
+
+def test_entities_read_outside_a_transaction_come_from_the_cache_with_no_statement(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    """The cache answers with its rows at its position, an absorbed transaction not yet applied
+    included; ``after`` within that position changes nothing, and an entity it does not hold is
+    read from the database (with the mark, in one snapshot) and kept."""
+    pid = 33 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 33), 0)
+    _commit(callbacks, Add(callbacks, 33), 1)  # cached at 1: tally 33 = 2
+    absorbed = _payload_transaction(Add(callbacks, 33, amount=5), 2)
+    callbacks.absorb_transactions([absorbed])
+    cache = callbacks.entity_cache
+    assert cache is not None
+    counted = (cache.hits, cache.misses)
+    statements = Statements(engine)
+    reads: list[EntityRead] = []
+    assert statements.during(lambda: reads.append(callbacks.read_entities(pid, [(Tally, 33)], after=2))) == 0
+    assert reads[0] == EntityRead(2, reads[0].entities, True) and _values(reads[0]) == [7]
+    assert _read(engine, 33) == 2  # not applied yet
+    both = callbacks.read_entities(pid, [(Tally, {"tally_id": 37}), (Tally, (33,))])
+    assert not both.from_cache and both.high_water_mark == 2 and _values(both) == [None, 7]
+    again = callbacks.read_entities(pid, [(Tally, 37), (Tally, 33)])
+    assert again.from_cache and _values(again) == [None, 7]  # tally 37's missing row kept
+    callbacks.apply_transaction(absorbed)
+    assert _values(callbacks.read_entities(pid, [(Tally, 33)])) == [7]
+    assert (cache.hits, cache.misses) == counted  # reads are not attempts: not counted
+
+
+def test_entities_read_outside_a_transaction_behind_the_cache_are_at_its_position_without_waiting(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    """A read the cache cannot answer alone while it is ahead of the database takes the cache's
+    rows where it has them and the database's where not: the state at its position, without
+    waiting for the applies (the absorbed transaction is never applied here)."""
+    pid, absorbed = _ahead_of_the_database(callbacks)
+    read = callbacks.read_entities(pid, [(Tally, 2), (Tally, 10)], timeout=1.0)
+    assert read.high_water_mark == 2 and not read.from_cache  # the database's mark is 1
+    assert _values(read) == [2, 1]
+    assert _read(engine, 2) == 1
+    callbacks.apply_transaction(absorbed)
+
+
+def test_entities_read_outside_a_transaction_wait_for_the_applies_when_the_cache_cannot_vouch(
+    callbacks: CommandCallbacks,
+) -> None:
+    """Rows the cache cannot vouch for at its position (emptied by an absorbed command-style
+    transaction) are read again once this instance applied up to it: never an older state."""
+    pid = 30 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 30), 0)
+    _commit(callbacks, Add(callbacks, 30), 1)
+    command = Transaction(pid, 2, ReqId(9, 1, pid, 2), COMMAND_HEADER, None, b"30=40")
+    callbacks.absorb_transactions([command])
+    timer = threading.Timer(0.3, callbacks.apply_transaction, (command,))
+    timer.start()
+    try:
+        read = callbacks.read_entities(pid, [(Tally, 30)])
+    finally:
+        timer.join()
+    assert read.high_water_mark == 2 and _values(read) == [40]
+
+
+def test_an_entity_read_after_a_transaction_not_applied_in_time_raises(callbacks: CommandCallbacks) -> None:
+    pid = 34 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 34), 0)
+    with pytest.raises(TimeoutError, match=r"transaction 5 of partition 2 was not applied within 0\.2s"):
+        callbacks.read_entities(pid, [(Tally, 34)], after=5, timeout=0.2)
+    assert _values(callbacks.read_entities(pid, [(Tally, 34)], after=0, timeout=0.2)) == [1]
+
+
+def test_entities_read_outside_a_transaction_without_the_cache_come_from_the_database(
+    engine: Engine,
+) -> None:
+    """With the cache off, and for models it never keeps, a read is one database snapshot at the
+    mark; bad requests say what is wrong."""
+    plain = _callbacks(engine, entity_cache=False)
+    pid = 38 % NUM_PARTITIONS
+    plain.get_client_high_water_mark(pid)
+    _commit(plain, Add(plain, 38), 0)
+    _commit(plain, Reprice(plain, 42), 1)
+    read = plain.read_entities(pid, [(Tally, 38), (Priced, 42), (Tally, 46)])
+    assert read.high_water_mark == 1 and not read.from_cache
+    tally, priced, missing = read.entities
+    assert tally.value == 1 and priced.price == decimal.Decimal("1.50") and missing is None
+    cached = _callbacks(engine)
+    cached.get_client_high_water_mark(pid)
+    assert not cached.read_entities(pid, [(Priced, 42)]).from_cache
+    assert not cached.read_entities(pid, [(Priced, 42)]).from_cache  # never kept
+    with pytest.raises(ValueError, match="at least one"):
+        plain.read_entities(pid, [])
+    with pytest.raises(ValueError, match="expected 1 value"):
+        plain.read_entities(pid, [(Tally, (38, 1))])
+    with pytest.raises(UnknownEntityError):
+        plain.read_entities(pid, [(Undeclared, 1)])

@@ -9,7 +9,9 @@ Public API:
   for command-style transactions; it keeps each partition's high-water mark in
   ``waltz_high_water_marks`` and applies every transaction exactly once across instances that
   share the database.
-- :class:`ChangeSetCallbacks`: applies change-set transactions of declared entities itself.
+- :class:`ChangeSetCallbacks`: applies change-set transactions of declared entities itself;
+  ``read_entities`` reads them outside a transaction (:class:`EntityRead`), from the entity cache
+  when it holds them.
 - :class:`WaltzEntity`, :class:`EntityRegistry`: a model's lock name, key and partition mapping.
 - :class:`EntityTransactionContext`, :class:`EntityTransaction`: read-modify-write of entities with
   READ/WRITE locks and an exact lock check.
@@ -31,6 +33,7 @@ from waltz.jdbc_style.changeset_callbacks import ChangeSetApplyError, ChangeSetC
 from waltz.jdbc_style.engine import create_framework_engine, is_transient, prepare_engine
 from waltz.jdbc_style.entities import EntityRegistry, UnknownEntityError, WaltzEntity, lock_id_of
 from waltz.jdbc_style.entity_context import EntityTransaction, EntityTransactionContext
+from waltz.jdbc_style.entity_reads import EntityRead
 from waltz.jdbc_style.idempotency import AppliedRequest
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "ChangeSetApplyError",
     "ChangeSetCallbacks",
     "ChangeSetFormatError",
+    "EntityRead",
     "EntityRegistry",
     "EntityTransaction",
     "EntityTransactionContext",

@@ -29,6 +29,7 @@ from waltz.jdbc_style.changeset import (
 from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.entities import EntityInfo, EntityRegistry
 from waltz.jdbc_style.entity_cache import EntityCache
+from waltz.jdbc_style.entity_reads import DEFAULT_TIMEOUT, EntityRead, read_entities
 
 __all__ = ["ChangeSetApplyError", "ChangeSetCallbacks", "row_change_problem"]
 
@@ -170,6 +171,40 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             change_set = ChangeSet.decode(transaction.get_raw_data())
             decoded[transaction.transaction_id] = change_set
         return change_set
+
+    def read_entities(
+        self,
+        partition_id: int,
+        entities: Sequence[tuple[type[Any], Any]],
+        *,
+        after: int | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> EntityRead:
+        """Read declared entities of one partition as of one position, without a log transaction:
+        from the entity cache when it holds them all (no database round trip), else from a
+        snapshot that reads the partition's mark and the rows in one statement (docs/design/sql.md
+        "Reading entities outside a transaction").
+
+        Args:
+            partition_id: the entities' partition (what their ``partition_by`` gives).
+            entities: ``(model, key)`` pairs; a key as ``tx.get`` takes it (a scalar, a tuple or a
+                mapping of the key attributes).
+            after: a transaction ID of the partition the read must include (read-your-writes:
+                the ID a submission's future returned); None: whatever position the read finds.
+            timeout: seconds to wait for ``after`` to be applied when the cache has not absorbed
+                it.
+
+        Returns:
+            :class:`~waltz.jdbc_style.entity_reads.EntityRead`: ``high_water_mark`` (the
+            position the entities are at), ``entities`` (detached instances or None, in the order
+            asked) and ``from_cache``.
+
+        Raises:
+            UnknownEntityError: a model is not declared.
+            ValueError: a key has the wrong number of values, or ``entities`` is empty.
+            TimeoutError: ``after`` was not applied within ``timeout``.
+        """
+        return read_entities(self, partition_id, entities, after=after, timeout=timeout)
 
     # --- the entity cache ---------------------------------------------------------------------------
 

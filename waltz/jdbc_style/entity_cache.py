@@ -263,27 +263,40 @@ class EntityCache:
     def view(self, partition_id: int, entities: Sequence[Key]) -> tuple[int, dict[Key, Any]] | None:
         """``(position, {key: row or None})`` when every one of ``entities`` whose model is kept
         is cached (and there is one), else None (the attempt reads the database; :meth:`fill`
-        then keeps what it read). Entities of models never kept are left out of the answer."""
+        then keeps what it read). Entities of models never kept are left out of the answer.
+        Counted as an attempt's hit or miss."""
         partition = self._partition(partition_id)
         with partition.lock:
-            position = partition.position
-            if position is None or not entities:
-                partition.misses += 1
-                return None
-            rows = partition.rows
-            found: dict[Key, Any] = {}
-            for key in entities:
-                if not self._kept_key(key[0], key[1]):
-                    continue  # never kept: read from the database if the attempt reads it
-                row = rows.get(key, MISSING)
-                if row is MISSING or row is _CHANGED:
-                    partition.misses += 1
-                    return None
-                found[key] = row
-            if not found:
+            found = self._cached(partition, entities)
+            if found is None:
                 partition.misses += 1
                 return None
             partition.hits += 1
+            return found
+
+    def read(self, partition_id: int, entities: Sequence[Key]) -> tuple[int, dict[Key, Any]] | None:
+        """:meth:`view` for a read outside a transaction (not counted as an attempt's hit or
+        miss; see :mod:`waltz.jdbc_style.entity_reads`)."""
+        partition = self._partition(partition_id)
+        with partition.lock:
+            return self._cached(partition, entities)
+
+    def _cached(self, partition: _Partition, entities: Sequence[Key]) -> tuple[int, dict[Key, Any]] | None:
+        """What :meth:`view` answers, under the partition's lock."""
+        position = partition.position
+        if position is None or not entities:
+            return None
+        rows = partition.rows
+        found: dict[Key, Any] = {}
+        for key in entities:
+            if not self._kept_key(key[0], key[1]):
+                continue  # never kept: read from the database if the attempt reads it
+            row = rows.get(key, MISSING)
+            if row is MISSING or row is _CHANGED:
+                return None
+            found[key] = row
+        if not found:
+            return None
         return position, found
 
     def lookup(self, partition_id: int, key: Key, position: int) -> Any:

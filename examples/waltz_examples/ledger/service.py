@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, insert, select
+from sqlalchemy import Engine, insert
 from sqlalchemy.orm import Session
 
 from waltz import WaltzClient, WaltzClientConfig
@@ -43,13 +43,6 @@ log = logging.getLogger(__name__)
 
 #: The record of an applied transaction, built once: staged, a group's records go in one INSERT.
 RECORD_APPLIED = insert(applied_transactions)
-
-#: A customer's savings and checking balances in one statement (one state of the database).
-BALANCES = (
-    select(Savings.balance, Checking.balance)
-    .join_from(Savings, Checking, Checking.custid == Savings.custid)
-    .where(Savings.custid == bindparam("custid"))
-)
 
 
 class LedgerCallbacks(ChangeSetCallbacks):
@@ -266,29 +259,31 @@ class LedgerService:
         return self.run(Deactivate(self.callbacks, custid))
 
     def balance(self, custid: int, wait_for: Outcome | None = None, timeout: float = 30.0) -> tuple[int, int]:
-        """SmallBank Balance: ``(savings, checking)`` in cents, as this database has them.
+        """SmallBank Balance: ``(savings, checking)`` in cents, both as of one position of the
+        customer's partition: from the entity cache when it holds them (commits absorbed, maybe
+        not yet applied to this database), else from this database.
 
         Args:
             custid: the customer.
             wait_for: an outcome of this service to read after (read-your-writes).
-            timeout: seconds to wait for it to be applied.
+            timeout: seconds to wait for it.
 
         Raises:
             KeyError: no such customer.
             TimeoutError: ``wait_for`` was not applied in time.
         """
-        pending = wait_for.transaction_id if wait_for is not None else None
-        applied = (
-            wait_for is None
-            or pending is None
-            or self.callbacks.wait_for(wait_for.partition_id, pending, timeout)
-        )
-        if not applied:
-            raise TimeoutError(f"transaction {pending} not applied within {timeout}s")
-        # One statement: both balances of one moment (two would straddle an apply that moves money
+        partition_id = self.partition_of(custid)
+        after = wait_for.transaction_id if wait_for is not None else None
+        if wait_for is not None and after is not None and wait_for.partition_id != partition_id:
+            # Another partition's transaction (a transfer's debit): applied there first.
+            if not self.callbacks.wait_for(wait_for.partition_id, after, timeout):
+                raise TimeoutError(f"transaction {after} not applied within {timeout}s")
+            after = None
+        # One read: both balances of one moment (two would straddle a transaction that moves money
         # between them, e.g. an Amalgamate, and could count it twice or not at all).
-        with self.engine.connect() as conn:
-            row = conn.execute(BALANCES, {"custid": custid}).first()
-        if row is None:
+        savings, checking = self.callbacks.read_entities(
+            partition_id, [(Savings, custid), (Checking, custid)], after=after, timeout=timeout
+        ).entities
+        if savings is None or checking is None:
             raise KeyError(f"customer {custid} has no account")
-        return int(row[0]), int(row[1])
+        return int(savings.balance), int(checking.balance)

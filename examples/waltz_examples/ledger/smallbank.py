@@ -10,7 +10,10 @@ SendPayment between customers of different partitions become two-step transfers.
 
 Transactions are spread round-robin over the given ledger instances and kept ``in_flight`` at a
 time; a lock failure is retried by the client, a rule violation (insufficient funds) drops the
-transaction, as SmallBank's user aborts do.
+transaction, as SmallBank's user aborts do. Where instances mount only some partitions, every
+request (a Balance read too) goes to an instance mounting its customer's partition, and each
+workload draws the customers of its instances' partitions; a Balance read is
+``LedgerService.balance`` (``read_entities``: the entity cache, else the database).
 
 Each committed log transaction the workload submitted is timed twice (HdrHistograms on
 :class:`SmallBankStats`): submit -> commit (``LedgerService.submit`` called to its future giving a
@@ -353,9 +356,9 @@ class SmallBankWorkload:
         ``time.perf_counter`` clock, where its latencies count from; None: when submitted)."""
         operation: LedgerOperation
         if name == "balance":
-            service = self._service()
+            custid = self._own_customer()  # routed as the other requests: to an owner's instance
             try:
-                service.balance(self._customer())
+                self._service(custid).balance(custid)
                 with self._lock:
                     self.stats.balances_read += 1
                     self.stats.by_op[name] += 1

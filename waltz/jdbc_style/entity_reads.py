@@ -1,0 +1,147 @@
+"""Reading entities outside a transaction: from the entity cache, else the database at its mark.
+
+Source: docs/design/sql.md "Reading entities outside a transaction". A read-only request of an
+application (a balance, a status page) needs no log transaction: it reads entities as of one
+position of their partition. :func:`read_entities` (``callbacks.read_entities``) answers from
+the entity cache when it holds every entity asked for (their rows at the cache's position:
+absorbed commits included, no database round trip), and otherwise from a database snapshot
+that reads the partition's mark and the rows in one statement. When that snapshot is older than
+the cache's position, the rows read are taken at the position if the cache can vouch for them
+(as an attempt's read behind the cache does), or read again once this instance's applies
+reached the position (a bounded wait); so that a read does not go back behind an earlier read of
+the same entities from the cache.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from waltz.client.apply_worker import APPLY_THREAD_PREFIX
+from waltz.jdbc_style.entities import EntityInfo
+
+if TYPE_CHECKING:
+    from waltz.jdbc_style.changeset_callbacks import ChangeSetCallbacks
+
+__all__ = ["EntityRead", "read_entities"]
+
+#: Seconds a read waits for ``after`` to be applied by default.
+DEFAULT_TIMEOUT = 30.0
+
+_Key = tuple[EntityInfo, tuple[Any, ...]]
+
+
+class EntityRead(NamedTuple):
+    """What :func:`read_entities` read.
+
+    Attributes:
+        high_water_mark: the partition's position the entities are at: every transaction of the
+            partition up to it is in them, none after it (-1: none applied yet).
+        entities: one detached instance per requested entity, in the order asked, or None where
+            the entity has no row.
+        from_cache: True when the entity cache answered without a database round trip.
+    """
+
+    high_water_mark: int
+    entities: list[Any]
+    from_cache: bool
+
+
+def read_entities(
+    callbacks: ChangeSetCallbacks,
+    partition_id: int,
+    entities: Sequence[tuple[type[Any], Any]],
+    *,
+    after: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> EntityRead:
+    """Read declared entities of one partition as of one position, without a log transaction
+    (what :meth:`ChangeSetCallbacks.read_entities` does).
+
+    Args:
+        callbacks: the instance's callbacks (their entity cache, when on, answers first).
+        partition_id: the entities' partition (what their ``partition_by`` gives).
+        entities: ``(model, key)`` pairs; a key is a scalar, a tuple or a mapping of the model's
+            key attributes, as ``tx.get`` takes it.
+        after: a transaction ID of the partition the read must include (read-your-writes: the
+            ID a submission's future returned); None: whatever position the read finds.
+        timeout: seconds to wait for ``after`` to be applied when the cache has not absorbed it.
+
+    Returns:
+        The entities and the position they are at (:class:`EntityRead`).
+
+    Raises:
+        UnknownEntityError: a model is not declared.
+        ValueError: a key has the wrong number of values, or ``entities`` is empty.
+        TimeoutError: ``after`` was not applied within ``timeout``.
+        sqlalchemy.exc.DBAPIError: the database failed beyond the callbacks' retries.
+    """
+    if not entities:
+        raise ValueError("read_entities needs at least one (model, key) pair")
+    registry = callbacks.registry
+    keys: list[_Key] = []
+    for model, key in entities:
+        info = registry.info(model)
+        keys.append((info, info.normalize_key(key)))
+    cache = callbacks.entity_cache
+    cacheable = cache is not None and cache.kept(keys)
+    if cache is not None and cacheable:
+        cached = cache.read(partition_id, keys)
+        if cached is not None and (after is None or cached[0] >= after):
+            return EntityRead(cached[0], _instances(keys, cached[1], {}), True)
+    if after is not None and not callbacks.wait_for(partition_id, after, timeout):
+        raise TimeoutError(
+            f"transaction {after} of partition {partition_id} was not applied within {timeout:g}s"
+        )
+    mark, rows, loaded = _read_database(callbacks, partition_id, keys)
+    if cache is not None and cacheable:
+        position = cache.position(partition_id)
+        if position is not None and mark < position:
+            overlaid = None if loaded else cache.overlay(partition_id, mark, rows.items())
+            if overlaid is not None:
+                return EntityRead(overlaid[0], _instances(keys, overlaid[1], {}), False)
+            # Rows the cache cannot vouch for at its position: read them once this instance's
+            # applies got there (bounded; never on an apply thread, which would wait for itself).
+            if not threading.current_thread().name.startswith(APPLY_THREAD_PREFIX):
+                callbacks.wait_applied_here(partition_id, position)
+            mark, rows, loaded = _read_database(callbacks, partition_id, keys)
+        cache.fill(partition_id, mark, rows.items())
+    return EntityRead(mark, _instances(keys, rows, loaded), False)
+
+
+def _hashable(key: _Key) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
+
+
+def _read_database(
+    callbacks: ChangeSetCallbacks, partition_id: int, keys: list[_Key]
+) -> tuple[int, dict[_Key, Any], dict[int, Any]]:
+    """The partition's mark and the entities of ``keys`` in one snapshot: ``(mark, {key: row or
+    None} read with the mark, {index in keys: instance or None} of the others)``. The others
+    (beyond what the mark's statement joins, models the ORM must load, unhashable key values)
+    are loaded by key in the same snapshot."""
+    with callbacks.snapshot(partition_id, entities=[key for key in keys if _hashable(key)]) as snapshot:
+        rows: dict[_Key, Any] = dict(snapshot.prefetched)
+        loaded = {
+            index: key[0].load(snapshot.connection, key[1])
+            for index, key in enumerate(keys)
+            if not (_hashable(key) and key in rows)
+        }
+        return snapshot.high_water_mark, rows, loaded
+
+
+def _instances(keys: list[_Key], rows: dict[_Key, Any], loaded: dict[int, Any]) -> list[Any]:
+    """The instance (or None) of each key, from its row or as loaded."""
+    found: list[Any] = []
+    for index, key in enumerate(keys):
+        if index in loaded:
+            found.append(loaded[index])
+        else:
+            row = rows[key]
+            found.append(None if row is None else key[0].entity_from_row(row))
+    return found
