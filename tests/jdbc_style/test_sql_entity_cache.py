@@ -16,6 +16,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from waltz.client.context import TransactionBuilder
 from waltz.client.transaction import Transaction
+from waltz.errors import CrossPartitionError
 from waltz.jdbc_style import (
     ChangeSet,
     ChangeSetApplyError,
@@ -684,6 +685,12 @@ def test_a_key_given_as_another_type_is_never_cached(engine: Engine, callbacks: 
 # --- reads outside a transaction (docs/design/sql.md "Reading entities outside a transaction") ---
 
 
+def _read_entities(
+    callbacks: ChangeSetCallbacks, entities: list[tuple[type[Any], Any]], **kwargs: Any
+) -> EntityRead:
+    return callbacks.read_entities(entities, num_partitions=NUM_PARTITIONS, **kwargs)
+
+
 def _values(read: EntityRead) -> list[int | None]:
     return [None if entity is None else entity.value for entity in read.entities]
 
@@ -705,15 +712,15 @@ def test_entities_read_outside_a_transaction_come_from_the_cache_with_no_stateme
     counted = (cache.hits, cache.misses)
     statements = Statements(engine)
     reads: list[EntityRead] = []
-    assert statements.during(lambda: reads.append(callbacks.read_entities(pid, [(Tally, 33)], after=2))) == 0
-    assert reads[0] == EntityRead(2, reads[0].entities, True) and _values(reads[0]) == [7]
+    assert statements.during(lambda: reads.append(_read_entities(callbacks, [(Tally, 33)], after=2))) == 0
+    assert reads[0] == EntityRead(pid, 2, reads[0].entities, True) and _values(reads[0]) == [7]
     assert _read(engine, 33) == 2  # not applied yet
-    both = callbacks.read_entities(pid, [(Tally, {"tally_id": 37}), (Tally, (33,))])
+    both = _read_entities(callbacks, [(Tally, {"tally_id": 37}), (Tally, (33,))])
     assert not both.from_cache and both.high_water_mark == 2 and _values(both) == [None, 7]
-    again = callbacks.read_entities(pid, [(Tally, 37), (Tally, 33)])
+    again = _read_entities(callbacks, [(Tally, 37), (Tally, 33)])
     assert again.from_cache and _values(again) == [None, 7]  # tally 37's missing row kept
     callbacks.apply_transaction(absorbed)
-    assert _values(callbacks.read_entities(pid, [(Tally, 33)])) == [7]
+    assert _values(_read_entities(callbacks, [(Tally, 33)])) == [7]
     assert (cache.hits, cache.misses) == counted  # reads are not attempts: not counted
 
 
@@ -724,8 +731,9 @@ def test_entities_read_outside_a_transaction_behind_the_cache_are_at_its_positio
     rows where it has them and the database's where not: the state at its position, without
     waiting for the applies (the absorbed transaction is never applied here)."""
     pid, absorbed = _ahead_of_the_database(callbacks)
-    read = callbacks.read_entities(pid, [(Tally, 2), (Tally, 10)], timeout=1.0)
-    assert read.high_water_mark == 2 and not read.from_cache  # the database's mark is 1
+    read = _read_entities(callbacks, [(Tally, 2), (Tally, 10)], timeout=1.0)
+    assert read.partition_id == pid and read.high_water_mark == 2  # the database's mark is 1
+    assert not read.from_cache
     assert _values(read) == [2, 1]
     assert _read(engine, 2) == 1
     callbacks.apply_transaction(absorbed)
@@ -745,7 +753,7 @@ def test_entities_read_outside_a_transaction_wait_for_the_applies_when_the_cache
     timer = threading.Timer(0.3, callbacks.apply_transaction, (command,))
     timer.start()
     try:
-        read = callbacks.read_entities(pid, [(Tally, 30)])
+        read = _read_entities(callbacks, [(Tally, 30)])
     finally:
         timer.join()
     assert read.high_water_mark == 2 and _values(read) == [40]
@@ -756,8 +764,8 @@ def test_an_entity_read_after_a_transaction_not_applied_in_time_raises(callbacks
     callbacks.get_client_high_water_mark(pid)
     _commit(callbacks, Add(callbacks, 34), 0)
     with pytest.raises(TimeoutError, match=r"transaction 5 of partition 2 was not applied within 0\.2s"):
-        callbacks.read_entities(pid, [(Tally, 34)], after=5, timeout=0.2)
-    assert _values(callbacks.read_entities(pid, [(Tally, 34)], after=0, timeout=0.2)) == [1]
+        _read_entities(callbacks, [(Tally, 34)], after=5, timeout=0.2)
+    assert _values(_read_entities(callbacks, [(Tally, 34)], after=0, timeout=0.2)) == [1]
 
 
 def test_entities_read_outside_a_transaction_without_the_cache_come_from_the_database(
@@ -770,17 +778,19 @@ def test_entities_read_outside_a_transaction_without_the_cache_come_from_the_dat
     plain.get_client_high_water_mark(pid)
     _commit(plain, Add(plain, 38), 0)
     _commit(plain, Reprice(plain, 42), 1)
-    read = plain.read_entities(pid, [(Tally, 38), (Priced, 42), (Tally, 46)])
+    read = _read_entities(plain, [(Tally, 38), (Priced, 42), (Tally, 46)])
     assert read.high_water_mark == 1 and not read.from_cache
     tally, priced, missing = read.entities
     assert tally.value == 1 and priced.price == decimal.Decimal("1.50") and missing is None
     cached = _callbacks(engine)
     cached.get_client_high_water_mark(pid)
-    assert not cached.read_entities(pid, [(Priced, 42)]).from_cache
-    assert not cached.read_entities(pid, [(Priced, 42)]).from_cache  # never kept
+    assert not _read_entities(cached, [(Priced, 42)]).from_cache
+    assert not _read_entities(cached, [(Priced, 42)]).from_cache  # never kept
     with pytest.raises(ValueError, match="at least one"):
-        plain.read_entities(pid, [])
+        _read_entities(plain, [])
     with pytest.raises(ValueError, match="expected 1 value"):
-        plain.read_entities(pid, [(Tally, (38, 1))])
+        _read_entities(plain, [(Tally, (38, 1))])
     with pytest.raises(UnknownEntityError):
-        plain.read_entities(pid, [(Undeclared, 1)])
+        _read_entities(plain, [(Undeclared, 1)])
+    with pytest.raises(CrossPartitionError, match=r"on partitions \[2, 3\]"):
+        _read_entities(plain, [(Tally, 38), (Tally, 39)])

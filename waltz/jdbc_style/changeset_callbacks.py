@@ -174,9 +174,9 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
 
     def read_entities(
         self,
-        partition_id: int,
         entities: Sequence[tuple[type[Any], Any]],
         *,
+        num_partitions: int,
         after: int | None = None,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> EntityRead:
@@ -186,25 +186,27 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         "Reading entities outside a transaction").
 
         Args:
-            partition_id: the entities' partition (what their ``partition_by`` gives).
-            entities: ``(model, key)`` pairs; a key as ``tx.get`` takes it (a scalar, a tuple or a
-                mapping of the key attributes).
-            after: a transaction ID of the partition the read must include (read-your-writes:
+            entities: ``(model, key)`` pairs, all of one partition; a key as ``tx.get`` takes it
+                (a scalar, a tuple or a mapping of the key attributes).
+            num_partitions: the log's partitions (``client.num_partitions``): the entities'
+                partition is computed as a transaction's is.
+            after: a transaction ID of that partition the read must include (read-your-writes:
                 the ID a submission's future returned); None: whatever position the read finds.
             timeout: seconds to wait for ``after`` to be applied when the cache has not absorbed
                 it.
 
         Returns:
-            :class:`~waltz.jdbc_style.entity_reads.EntityRead`: ``high_water_mark`` (the
-            position the entities are at), ``entities`` (detached instances or None, in the order
-            asked) and ``from_cache``.
+            :class:`~waltz.jdbc_style.entity_reads.EntityRead`: ``partition_id``,
+            ``high_water_mark`` (the position the entities are at), ``entities`` (detached
+            instances or None, in the order asked) and ``from_cache``.
 
         Raises:
             UnknownEntityError: a model is not declared.
+            CrossPartitionError: the entities belong to different partitions.
             ValueError: a key has the wrong number of values, or ``entities`` is empty.
             TimeoutError: ``after`` was not applied within ``timeout``.
         """
-        return read_entities(self, partition_id, entities, after=after, timeout=timeout)
+        return read_entities(self, entities, num_partitions=num_partitions, after=after, timeout=timeout)
 
     # --- the entity cache ---------------------------------------------------------------------------
 

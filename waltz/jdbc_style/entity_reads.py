@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from waltz.client.apply_worker import APPLY_THREAD_PREFIX
+from waltz.errors import CrossPartitionError
 from waltz.jdbc_style.entities import EntityInfo
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class EntityRead(NamedTuple):
     """What :func:`read_entities` read.
 
     Attributes:
+        partition_id: the entities' partition.
         high_water_mark: the partition's position the entities are at: every transaction of the
             partition up to it is in them, none after it (-1: none applied yet).
         entities: one detached instance per requested entity, in the order asked, or None where
@@ -43,6 +45,7 @@ class EntityRead(NamedTuple):
         from_cache: True when the entity cache answered without a database round trip.
     """
 
+    partition_id: int
     high_water_mark: int
     entities: list[Any]
     from_cache: bool
@@ -50,9 +53,9 @@ class EntityRead(NamedTuple):
 
 def read_entities(
     callbacks: ChangeSetCallbacks,
-    partition_id: int,
     entities: Sequence[tuple[type[Any], Any]],
     *,
+    num_partitions: int,
     after: int | None = None,
     timeout: float = DEFAULT_TIMEOUT,
 ) -> EntityRead:
@@ -61,19 +64,22 @@ def read_entities(
 
     Args:
         callbacks: the instance's callbacks (their entity cache, when on, answers first).
-        partition_id: the entities' partition (what their ``partition_by`` gives).
-        entities: ``(model, key)`` pairs; a key is a scalar, a tuple or a mapping of the model's
-            key attributes, as ``tx.get`` takes it.
-        after: a transaction ID of the partition the read must include (read-your-writes: the
+        entities: ``(model, key)`` pairs, all of one partition; a key is a scalar, a tuple or a
+            mapping of the model's key attributes, as ``tx.get`` takes it.
+        num_partitions: the log's partitions (``client.num_partitions``): the entities' partition
+            is computed as a transaction's is.
+        after: a transaction ID of that partition the read must include (read-your-writes: the
             ID a submission's future returned); None: whatever position the read finds.
         timeout: seconds to wait for ``after`` to be applied when the cache has not absorbed it.
 
     Returns:
-        The entities and the position they are at (:class:`EntityRead`).
+        The entities, their partition and the position they are at (:class:`EntityRead`).
 
     Raises:
         UnknownEntityError: a model is not declared.
-        ValueError: a key has the wrong number of values, or ``entities`` is empty.
+        CrossPartitionError: the entities belong to different partitions.
+        ValueError: a key has the wrong number of values, ``entities`` is empty, or a model's
+            ``partition_by`` gives a partition outside ``0 .. num_partitions - 1``.
         TimeoutError: ``after`` was not applied within ``timeout``.
         sqlalchemy.exc.DBAPIError: the database failed beyond the callbacks' retries.
     """
@@ -81,15 +87,24 @@ def read_entities(
         raise ValueError("read_entities needs at least one (model, key) pair")
     registry = callbacks.registry
     keys: list[_Key] = []
+    partitions: set[int] = set()
     for model, key in entities:
         info = registry.info(model)
-        keys.append((info, info.normalize_key(key)))
+        values = info.normalize_key(key)
+        keys.append((info, values))
+        partitions.add(info.partition_of(values, num_partitions))
+    if len(partitions) > 1:
+        raise CrossPartitionError(
+            f"entities read together must share a partition; these are on partitions {sorted(partitions)} "
+            "(read each partition's on its own)"
+        )
+    partition_id = partitions.pop()
     cache = callbacks.entity_cache
     cacheable = cache is not None and cache.kept(keys)
     if cache is not None and cacheable:
         cached = cache.read(partition_id, keys)
         if cached is not None and (after is None or cached[0] >= after):
-            return EntityRead(cached[0], _instances(keys, cached[1], {}), True)
+            return EntityRead(partition_id, cached[0], _instances(keys, cached[1], {}), True)
     if after is not None and not callbacks.wait_for(partition_id, after, timeout):
         raise TimeoutError(
             f"transaction {after} of partition {partition_id} was not applied within {timeout:g}s"
@@ -100,14 +115,14 @@ def read_entities(
         if position is not None and mark < position:
             overlaid = None if loaded else cache.overlay(partition_id, mark, rows.items())
             if overlaid is not None:
-                return EntityRead(overlaid[0], _instances(keys, overlaid[1], {}), False)
+                return EntityRead(partition_id, overlaid[0], _instances(keys, overlaid[1], {}), False)
             # Rows the cache cannot vouch for at its position: read them once this instance's
             # applies got there (bounded; never on an apply thread, which would wait for itself).
             if not threading.current_thread().name.startswith(APPLY_THREAD_PREFIX):
                 callbacks.wait_applied_here(partition_id, position)
             mark, rows, loaded = _read_database(callbacks, partition_id, keys)
         cache.fill(partition_id, mark, rows.items())
-    return EntityRead(mark, _instances(keys, rows, loaded), False)
+    return EntityRead(partition_id, mark, _instances(keys, rows, loaded), False)
 
 
 def _hashable(key: _Key) -> bool:

@@ -282,7 +282,10 @@ class LedgerService:
         # One read: both balances of one moment (two would straddle a transaction that moves money
         # between them, e.g. an Amalgamate, and could count it twice or not at all).
         savings, checking = self.callbacks.read_entities(
-            partition_id, [(Savings, custid), (Checking, custid)], after=after, timeout=timeout
+            [(Savings, custid), (Checking, custid)],
+            num_partitions=self.num_partitions,
+            after=after,
+            timeout=timeout,
         ).entities
         if savings is None or checking is None:
             raise KeyError(f"customer {custid} has no account")
