@@ -759,6 +759,30 @@ def test_entities_read_outside_a_transaction_wait_for_the_applies_when_the_cache
     assert read.high_water_mark == 2 and _values(read) == [40]
 
 
+def test_entities_read_outside_a_transaction_with_one_the_cache_does_not_keep_wait_for_the_applies(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    """A read that includes an entity of a model the cache never keeps reads the database, after
+    this instance's applies reached the cache's position: not an older state of an entity than
+    the cache already gave (here tally 30 = 3, absorbed, then applied 0.3 s later)."""
+    pid = 30 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Reprice(callbacks, 42), 0)
+    _commit(callbacks, Add(callbacks, 30), 1)
+    absorbed = _payload_transaction(Add(callbacks, 30, amount=2), 2)
+    callbacks.absorb_transactions([absorbed])
+    assert _values(_read_entities(callbacks, [(Tally, 30)])) == [3]  # from the cache, at 2
+    timer = threading.Timer(0.3, callbacks.apply_transaction, (absorbed,))
+    timer.start()
+    try:
+        read = _read_entities(callbacks, [(Tally, 30), (Priced, 42)])
+    finally:
+        timer.join()
+    assert read.high_water_mark == 2 and not read.from_cache
+    assert read.entities[0].value == 3 and read.entities[1].price == decimal.Decimal("1.50")
+    assert _read(engine, 30) == 3
+
+
 def test_an_entity_read_after_a_transaction_not_applied_in_time_raises(callbacks: CommandCallbacks) -> None:
     pid = 34 % NUM_PARTITIONS
     callbacks.get_client_high_water_mark(pid)

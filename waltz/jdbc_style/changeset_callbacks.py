@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Engine, and_, bindparam, delete, insert, update
 from sqlalchemy.orm import Session
 
+from waltz.client.apply_worker import APPLY_THREAD_PREFIX
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style.callbacks import AbstractClientCallbacksForSQL, ApplySession
 from waltz.jdbc_style.changeset import (
@@ -207,6 +208,17 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             TimeoutError: ``after`` was not applied within ``timeout``.
         """
         return read_entities(self, entities, num_partitions=num_partitions, after=after, timeout=timeout)
+
+    def catch_up_to_cache(self, partition_id: int) -> None:
+        """Before a database read: let this instance's applies reach the entity cache's position,
+        which may be ahead of them (absorbed, not yet applied), so that the read is not older than
+        what was already read from the cache or waited for. Bounded (see
+        :meth:`wait_applied_here`); never on an apply thread, which would wait for itself; nothing
+        without the cache or before it has a position."""
+        cache = self.entity_cache
+        position = None if cache is None else cache.position(partition_id)
+        if position is not None and not threading.current_thread().name.startswith(APPLY_THREAD_PREFIX):
+            self.wait_applied_here(partition_id, position)
 
     # --- the entity cache ---------------------------------------------------------------------------
 

@@ -34,14 +34,12 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar, overload
 
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from waltz.client.apply_worker import APPLY_THREAD_PREFIX
 from waltz.client.context import TransactionBuilder, TransactionContext
 from waltz.client.locks import PartitionLocalLock
 from waltz.errors import CrossPartitionError
@@ -333,16 +331,6 @@ class EntityTransaction:
         return info, values
 
 
-def _catch_up(callbacks: ChangeSetCallbacks, cache: EntityCache, partition_id: int) -> None:
-    """Before a database read: let this instance's applies reach the cache's position, which may
-    be ahead of them (absorbed, not yet applied), so that the read is not older than what the
-    attempt may already have read from the cache or waited for (bounded; never on an apply
-    thread, which would wait for itself)."""
-    position = cache.position(partition_id)
-    if position is not None and not threading.current_thread().name.startswith(APPLY_THREAD_PREFIX):
-        callbacks.wait_applied_here(partition_id, position)
-
-
 class CachedSnapshot:
     """What an attempt reads when the entity cache holds its entities: their rows at the cache's
     position (:attr:`high_water_mark`). Other entities read by key are read with the mark at that
@@ -430,7 +418,7 @@ class CachedSnapshot:
 
     def _database(self) -> MarkSnapshot:
         if self._snapshot is None:
-            _catch_up(self._callbacks, self._cache, self.partition_id)
+            self._callbacks.catch_up_to_cache(self.partition_id)
             stack = contextlib.ExitStack()
             self._snapshot = stack.enter_context(self._callbacks.snapshot(self.partition_id))
             self._stack = stack
@@ -624,7 +612,7 @@ class EntityTransactionContext(TransactionContext):
         pid = self._partition_id
         may_overlay = cache is not None and cache.kept(entities)
         if cache is not None and not may_overlay:
-            _catch_up(self.callbacks, cache, pid)
+            self.callbacks.catch_up_to_cache(pid)
         database = stack.enter_context(contextlib.ExitStack())
         snapshot = database.enter_context(self.callbacks.snapshot(pid, entities=entities))
         self._after_mark_read(snapshot)
@@ -636,7 +624,7 @@ class EntityTransactionContext(TransactionContext):
             database.close()
             if rows is not None:
                 return stack.enter_context(CachedSnapshot(self.callbacks, cache, pid, *rows))
-            _catch_up(self.callbacks, cache, pid)
+            self.callbacks.catch_up_to_cache(pid)
             snapshot = stack.enter_context(self.callbacks.snapshot(pid, entities=entities))
         if snapshot.prefetched:
             cache.fill(pid, snapshot.high_water_mark, snapshot.prefetched.items())

@@ -14,11 +14,9 @@ the same entities from the cache.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from waltz.client.apply_worker import APPLY_THREAD_PREFIX
 from waltz.errors import CrossPartitionError
 from waltz.jdbc_style.entities import EntityInfo
 
@@ -109,6 +107,8 @@ def read_entities(
         raise TimeoutError(
             f"transaction {after} of partition {partition_id} was not applied within {timeout:g}s"
         )
+    if cache is not None and not cacheable:
+        callbacks.catch_up_to_cache(partition_id)  # as an attempt with an entity it does not keep
     mark, rows, loaded = _read_database(callbacks, partition_id, keys)
     if cache is not None and cacheable:
         position = cache.position(partition_id)
@@ -117,9 +117,8 @@ def read_entities(
             if overlaid is not None:
                 return EntityRead(partition_id, overlaid[0], _instances(keys, overlaid[1], {}), False)
             # Rows the cache cannot vouch for at its position: read them once this instance's
-            # applies got there (bounded; never on an apply thread, which would wait for itself).
-            if not threading.current_thread().name.startswith(APPLY_THREAD_PREFIX):
-                callbacks.wait_applied_here(partition_id, position)
+            # applies got there.
+            callbacks.catch_up_to_cache(partition_id)
             mark, rows, loaded = _read_database(callbacks, partition_id, keys)
         cache.fill(partition_id, mark, rows.items())
     return EntityRead(partition_id, mark, _instances(keys, rows, loaded), False)
