@@ -461,18 +461,25 @@ def _payload_transaction(context: EntityTransactionContext, transaction_id: int)
     )
 
 
+def _absorbed_after_two(callbacks: CommandCallbacks, tally_id: int) -> Transaction:
+    """Tally ``tally_id`` at 2 by transactions 0 and 1 of its partition, applied (the cache at
+    1), and transaction 2 adding 5 to it absorbed, not applied: that one."""
+    pid = tally_id % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, tally_id), 0)
+    _commit(callbacks, Add(callbacks, tally_id), 1)
+    absorbed = _payload_transaction(Add(callbacks, tally_id, amount=5), 2)
+    callbacks.absorb_transactions([absorbed])
+    return absorbed
+
+
 def test_an_absorbed_transaction_is_read_before_it_is_applied(
     engine: Engine, callbacks: CommandCallbacks
 ) -> None:
     """The client hands a batch to ``absorb_transactions`` before applying it: attempts read
     the absorbed rows at once, at the absorbed transaction's ID, while the database is behind."""
     assert callbacks.absorbs_transactions
-    pid = 17 % NUM_PARTITIONS
-    callbacks.get_client_high_water_mark(pid)
-    _commit(callbacks, Add(callbacks, 17), 0)
-    _commit(callbacks, Add(callbacks, 17), 1)  # cached at 1: tally 17 = 2
-    absorbed = _payload_transaction(Add(callbacks, 17, amount=5), 2)
-    callbacks.absorb_transactions([absorbed])
+    absorbed = _absorbed_after_two(callbacks, 17)  # tally 17 = 2 cached at 1, then + 5 absorbed
     assert _read(engine, 17) == 2  # not applied yet
     ahead = Add(callbacks, 17)
     assert _attempt(ahead).build().client_high_water_mark == 2 and ahead.seen == [7]
@@ -702,11 +709,7 @@ def test_entities_read_outside_a_transaction_come_from_the_cache_with_no_stateme
     included; ``after`` within that position changes nothing, and an entity it does not hold is
     read from the database (with the mark, in one snapshot) and kept."""
     pid = 33 % NUM_PARTITIONS
-    callbacks.get_client_high_water_mark(pid)
-    _commit(callbacks, Add(callbacks, 33), 0)
-    _commit(callbacks, Add(callbacks, 33), 1)  # cached at 1: tally 33 = 2
-    absorbed = _payload_transaction(Add(callbacks, 33, amount=5), 2)
-    callbacks.absorb_transactions([absorbed])
+    absorbed = _absorbed_after_two(callbacks, 33)  # tally 33 = 2 cached at 1, then + 5 absorbed
     cache = callbacks.entity_cache
     assert cache is not None
     counted = (cache.hits, cache.misses)
