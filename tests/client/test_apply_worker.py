@@ -233,6 +233,9 @@ class AbsorbingCallbacks(BatchCallbacks):
     def absorb_floor(self, partition_id: int, mark: int) -> None:
         self.events.append(("floor", mark))
 
+    def absorb_stopped(self, partition_id: int) -> None:
+        self.events.append(("stopped", partition_id))
+
     def apply_transactions(self, transactions: Sequence[Transaction]) -> None:
         assert self.absorbed_mark is not None
         self.marks_at_apply.append(self.absorbed_mark.value)
@@ -266,6 +269,9 @@ def test_absorbing_callbacks_see_each_batch_before_it_is_applied() -> None:
     assert callbacks.marks_at_apply == lasts
     assert ("floor", 9) in callbacks.events
     assert absorbed.value == applied.value == 10
+    # Closed (the partition unmounted, or the client closing): told once, after the last apply.
+    assert callbacks.events[-1] == ("stopped", 4)
+    assert callbacks.events.count(("stopped", 4)) == 1
 
 
 def test_callbacks_that_do_not_absorb_move_the_absorbed_mark_with_the_applies() -> None:

@@ -738,6 +738,13 @@ def test_entities_read_outside_a_transaction_behind_the_cache_are_at_its_positio
     assert read.partition_id == pid and read.high_water_mark == 2  # the database's mark is 1
     assert not read.from_cache
     assert _values(read) == [2, 1]
+    # Including transaction 2, absorbed here and never applied: the read at 2 already has it.
+    assert _values(_read_entities(callbacks, [(Tally, 2), (Tally, 14)], after=2, timeout=1.0)) == [2, None]
+    # More entities than the mark's statement joins: the others are read by key in the same
+    # snapshot, and the cache vouches for all of them at its position.
+    many = [2, 10, *range(18, 18 + 4 * 40, 4)]
+    read = _read_entities(callbacks, [(Tally, tally_id) for tally_id in many], timeout=1.0)
+    assert read.high_water_mark == 2 and _values(read) == [2, 1] + [None] * 40
     assert _read(engine, 2) == 1
     callbacks.apply_transaction(absorbed)
 
@@ -784,6 +791,27 @@ def test_entities_read_outside_a_transaction_with_one_the_cache_does_not_keep_wa
     assert read.high_water_mark == 2 and not read.from_cache
     assert read.entities[0].value == 3 and read.entities[1].price == decimal.Decimal("1.50")
     assert _read(engine, 30) == 3
+
+
+def test_a_partition_no_longer_followed_is_read_from_the_database(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    """Once the client stops following a partition (unmount, close), the cache forgets it: its
+    rows would fall behind the log. Reads go to the database until a mount starts it again."""
+    pid = 33 % NUM_PARTITIONS
+    absorbed = _absorbed_after_two(callbacks, 33)
+    callbacks.apply_transaction(absorbed)
+    assert _read_entities(callbacks, [(Tally, 33)]).from_cache
+    callbacks.absorb_stopped(pid)
+    cache = callbacks.entity_cache
+    assert cache is not None and cache.position(pid) is None
+    with engine.begin() as conn:  # e.g. another instance's apply, never absorbed here
+        conn.execute(update(Tally).where(Tally.tally_id == 33).values(value=70))
+    read = _read_entities(callbacks, [(Tally, 33)])
+    assert not read.from_cache and _values(read) == [70]
+    callbacks.absorb_floor(pid, 2)  # a mount found the partition applied up to 2
+    assert cache.position(pid) == 2 and not _read_entities(callbacks, [(Tally, 33)]).from_cache
+    assert _read_entities(callbacks, [(Tally, 33)]).from_cache  # kept by the read at the position
 
 
 def test_an_entity_read_after_a_transaction_not_applied_in_time_raises(callbacks: CommandCallbacks) -> None:

@@ -195,6 +195,16 @@ class ApplyWorker:
             self._condition.wait(remaining)
 
     def _run(self) -> None:
+        try:
+            self._run_batches()
+        finally:
+            if self._absorbs:  # the partition is no longer followed: nothing more is absorbed
+                try:
+                    self._callbacks.absorb_stopped(self.partition_id)
+                except Exception:
+                    log.exception("partition %d: absorb_stopped raised", self.partition_id)
+
+    def _run_batches(self) -> None:
         while True:
             batch = self._take()
             if batch is None:

@@ -87,6 +87,13 @@ class WaltzClientCallbacks(abc.ABC):
         raise."""
         return None
 
+    def absorb_stopped(self, partition_id: int) -> None:
+        """Optional hook: this client stopped following the partition (it unmounted it, or is
+        closing), after its last absorb and apply of it; nothing more of the partition is absorbed
+        until a mount floors it again (:meth:`absorb_floor`). State kept as absorbed would fall
+        behind the log from here. Must not raise."""
+        return None
+
     def client_closed(self) -> None:
         """Optional hook: a client using these callbacks closed (after its apply workers stopped).
 

@@ -193,8 +193,9 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
                 partition is computed as a transaction's is.
             after: a transaction ID of that partition the read must include (read-your-writes:
                 the ID a submission's future returned); None: whatever position the read finds.
-            timeout: seconds to wait for ``after`` to be applied when the cache has not absorbed
-                it.
+                Not from an apply callback of that partition (it would wait for its own apply).
+            timeout: seconds to wait for the database to apply ``after`` when what was read (the
+                cache, or the database at its mark) is older.
 
         Returns:
             :class:`~waltz.jdbc_style.entity_reads.EntityRead`: ``partition_id``,
@@ -249,6 +250,12 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         """Transactions up to ``mark`` were found applied at a mount: the cache starts there."""
         if self.entity_cache is not None:
             self.entity_cache.floor(partition_id, mark)
+
+    def absorb_stopped(self, partition_id: int) -> None:
+        """The client no longer follows the partition: the entity cache forgets it (its rows
+        would fall behind the log) until a mount starts it again."""
+        if self.entity_cache is not None:
+            self.entity_cache.stop(partition_id)
 
     def _after_apply(self, partition_id: int, applied: Sequence[Transaction], mark: int) -> None:
         """After a group is known applied: the entity cache follows what this instance applied

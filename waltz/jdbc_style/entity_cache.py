@@ -383,6 +383,15 @@ class EntityCache:
         with partition.lock:
             partition.empty(partition.position)
 
+    def stop(self, partition_id: int) -> None:
+        """The partition is no longer followed (its client unmounted it or closed): drop its rows
+        and its position, so that nothing is answered from a state that would fall behind the
+        log; a mount starts it again (:meth:`floor`, or the first group absorbed)."""
+        partition = self._partition(partition_id)
+        with partition.lock:
+            partition.empty(None)
+            partition.position = None
+
     def floor(self, partition_id: int, mark: int) -> None:
         """Everything up to ``mark`` is applied already and will not be absorbed: a partition
         behind it starts again, empty, at ``mark``."""

@@ -8,8 +8,9 @@ absorbed commits included, no database round trip), and otherwise from a databas
 that reads the partition's mark and the rows in one statement. When that snapshot is older than
 the cache's position, the rows read are taken at the position if the cache can vouch for them
 (as an attempt's read behind the cache does), or read again once this instance's applies
-reached the position (a bounded wait); so that a read does not go back behind an earlier read of
-the same entities from the cache.
+reached the position (a bounded wait: 5 s, none on an apply thread or while the partition's apply
+is failing); so that a read does not go back behind an earlier read of the same entities from the
+cache unless the applies are that far behind.
 """
 
 from __future__ import annotations
@@ -67,8 +68,10 @@ def read_entities(
         num_partitions: the log's partitions (``client.num_partitions``): the entities' partition
             is computed as a transaction's is.
         after: a transaction ID of that partition the read must include (read-your-writes: the
-            ID a submission's future returned); None: whatever position the read finds.
-        timeout: seconds to wait for ``after`` to be applied when the cache has not absorbed it.
+            ID a submission's future returned); None: whatever position the read finds. Not
+            from an apply callback of that partition (it would wait for its own apply).
+        timeout: seconds to wait for the database to apply ``after`` when what was read (the
+            cache, or the database at its mark) is older.
 
     Returns:
         The entities, their partition and the position they are at (:class:`EntityRead`).
@@ -103,10 +106,23 @@ def read_entities(
         cached = cache.read(partition_id, keys)
         if cached is not None and (after is None or cached[0] >= after):
             return EntityRead(partition_id, cached[0], _instances(keys, cached[1], {}), True)
-    if after is not None and not callbacks.wait_for(partition_id, after, timeout):
-        raise TimeoutError(
-            f"transaction {after} of partition {partition_id} was not applied within {timeout:g}s"
-        )
+    read = _from_database(callbacks, partition_id, keys, cacheable)
+    if after is not None and read.high_water_mark < after:
+        if not callbacks.wait_for(partition_id, after, timeout):
+            raise TimeoutError(
+                f"transaction {after} of partition {partition_id} was not applied within {timeout:g}s"
+            )
+        read = _from_database(callbacks, partition_id, keys, cacheable)
+    return read
+
+
+def _from_database(
+    callbacks: ChangeSetCallbacks, partition_id: int, keys: list[_Key], cacheable: bool
+) -> EntityRead:
+    """The entities read from a database snapshot, at the cache's position when it is ahead of
+    the snapshot and can vouch for the rows read (``cacheable``: every entity is of a kept model,
+    by a key of its columns' kinds)."""
+    cache = callbacks.entity_cache
     if cache is not None and not cacheable:
         callbacks.catch_up_to_cache(partition_id)  # as an attempt with an entity it does not keep
     mark, rows, loaded = _read_database(callbacks, partition_id, keys)
@@ -117,7 +133,7 @@ def read_entities(
             if overlaid is not None:
                 return EntityRead(partition_id, overlaid[0], _instances(keys, overlaid[1], {}), False)
             # Rows the cache cannot vouch for at its position: read them once this instance's
-            # applies got there.
+            # applies got there (a bounded wait: the read may still find the database behind).
             callbacks.catch_up_to_cache(partition_id)
             mark, rows, loaded = _read_database(callbacks, partition_id, keys)
         cache.fill(partition_id, mark, rows.items())
@@ -136,11 +152,20 @@ def _read_database(
     callbacks: ChangeSetCallbacks, partition_id: int, keys: list[_Key]
 ) -> tuple[int, dict[_Key, Any], dict[int, Any]]:
     """The partition's mark and the entities of ``keys`` in one snapshot: ``(mark, {key: row or
-    None} read with the mark, {index in keys: instance or None} of the others)``. The others
-    (beyond what the mark's statement joins, models the ORM must load, unhashable key values)
-    are loaded by key in the same snapshot."""
-    with callbacks.snapshot(partition_id, entities=[key for key in keys if _hashable(key)]) as snapshot:
+    None}, {index in keys: instance or None})``. Rows are read with the mark (one statement) and,
+    for the entities beyond what that statement joins, by key per model (``IN`` statements);
+    entities of models the ORM must load, or by unhashable key values, are loaded as instances."""
+    hashable = [key for key in keys if _hashable(key)]
+    with callbacks.snapshot(partition_id, entities=hashable) as snapshot:
         rows: dict[_Key, Any] = dict(snapshot.prefetched)
+        unread: dict[EntityInfo, list[tuple[Any, ...]]] = {}
+        for info, values in hashable:
+            if (info, values) not in rows and info.row_statement is not None:
+                unread.setdefault(info, []).append(values)
+        for info, model_keys in unread.items():
+            by_key = info.rows_by_keys(snapshot.connection, list(dict.fromkeys(model_keys)))
+            if by_key is not None:
+                rows.update(((info, values), row) for values, row in by_key.items())
         loaded = {
             index: key[0].load(snapshot.connection, key[1])
             for index, key in enumerate(keys)
