@@ -292,7 +292,7 @@ def test_a_group_whose_changes_depend_on_their_order_is_applied_in_order(
     engine: Engine, wallets: ChangeSetCallbacks
 ) -> None:
     # By statement, the two inserts of wallet 1 would run before its delete: a duplicate key. The
-    # group fails and is applied again one transaction at a time, in log order.
+    # second insert of the row runs the staged writes first, so they keep the log's order.
     group = _change_sets(
         [_put(Operation.INSERT, 1, 10)],
         [_put(Operation.DELETE, 1)],
@@ -301,6 +301,26 @@ def test_a_group_whose_changes_depend_on_their_order_is_applied_in_order(
     wallets.apply_transactions(group)
     assert _wallets(engine) == {1: 15}
     assert wallets.get_client_high_water_mark(0) == 2
+
+
+def test_updates_of_one_row_in_two_shapes_keep_the_log_s_order_in_a_group(
+    engine: Engine, wallets: ChangeSetCallbacks
+) -> None:
+    """A change-set may carry a partial row (hand-built, or from another producer): an update of
+    only some columns is a statement of another shape than an update of the whole row. By
+    statement, wallet 1's partial update (its shape staged first, by wallet 2) would run before
+    its whole-row update and leave the older value, every row count right."""
+    wallets.apply_transactions(_change_sets([_put(Operation.INSERT, 1, 10), _put(Operation.INSERT, 2, 20)]))
+    partial = [
+        RowChange(Operation.UPDATE, "wallet", {"wallet_id": k}, {"balance": v}) for k, v in ((2, 21), (1, 13))
+    ]
+    group = [
+        Transaction(0, tid, ReqId(1, 1, 0, tid), CHANGE_SET_HEADER, None, ChangeSet(rows).encode())
+        for tid, rows in ((1, [partial[0]]), (2, [_put(Operation.UPDATE, 1, 12)]), (3, [partial[1]]))
+    ]
+    wallets.apply_transactions(group)
+    assert _wallets(engine) == {1: 13, 2: 21}
+    assert wallets.get_client_high_water_mark(0) == 3
 
 
 def test_a_staged_update_of_a_missing_row_fails_as_a_change_set_apply_error(

@@ -28,7 +28,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -84,10 +84,19 @@ class ApplySession(Session):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._staged: dict[Executable, _Staged] = {}
+        # The staged statement that last wrote each row named by ``stage(row=...)``.
+        self._row_writers: dict[Hashable, Executable] = {}
         self.grouped = False
         """True while the session applies a group of more than one log transaction."""
 
-    def stage(self, statement: Executable, parameters: Mapping[str, Any], *, rows: int | None = None) -> None:
+    def stage(
+        self,
+        statement: Executable,
+        parameters: Mapping[str, Any],
+        *,
+        rows: int | None = None,
+        row: Hashable | None = None,
+    ) -> None:
         """Run ``statement`` with ``parameters`` later, with every other parameter set staged for it.
 
         The staged writes of an apply (of a whole group, in group apply) run when ``apply``
@@ -98,7 +107,8 @@ class ApplySession(Session):
         for an ``INSERT``).
         So the writes of different statements are reordered within a group: stage only writes
         whose effects do not depend on that order (increments, inserts of distinct keys, updates
-        of distinct rows); run the others with :meth:`execute`. Build each statement once (a
+        of distinct rows), or name the row each writes (``row``); run the others with
+        :meth:`execute`. Build each statement once (a
         module constant with :func:`~sqlalchemy.sql.expression.bindparam` placeholders), so that
         it is compiled once and the parameter sets of a group share it.
 
@@ -108,6 +118,10 @@ class ApplySession(Session):
             rows: the rows this parameter set must change (e.g. 1 for an update by primary key);
                 when every parameter set of the statement gives it, their sum is checked against
                 the rows the statement changed.
+            row: the one row this parameter set writes (any hashable naming it, e.g. the table
+                and the primary key values), or None. When a statement staged before the one that
+                last wrote that row writes it again, the staged writes run first, so that the
+                writes of one row keep the order they were staged in.
 
         Raises:
             ApplyContractError: called inside a savepoint (``begin_nested``), whose rollback could
@@ -120,6 +134,15 @@ class ApplySession(Session):
                 "apply() must not stage writes inside a savepoint (begin_nested): they run later, "
                 "outside it, where its rollback cannot take them back; execute them instead"
             )
+        if row is not None:
+            writer = self._row_writers.get(row)
+            if writer is not None and writer is not statement and statement in self._staged:
+                # The statements run in the order each was first staged: this one would run
+                # before the write of the same row that was staged before it.
+                staged_order = list(self._staged)
+                if staged_order.index(statement) < staged_order.index(writer):
+                    self.flush_staged()
+            self._row_writers[row] = statement
         staged = self._staged.get(statement)
         if staged is None:
             staged = self._staged[statement] = _Staged()
@@ -138,6 +161,7 @@ class ApplySession(Session):
         if not self._staged:
             return
         staged, self._staged = self._staged, {}
+        self._row_writers = {}
         connection = super().connection()
         direct = direct_statements(connection.engine)
         rowcounts = direct.execute_all(

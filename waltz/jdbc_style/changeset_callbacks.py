@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, and_, bindparam, delete, insert, update
@@ -313,7 +313,12 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         if isinstance(session, ApplySession) and self._stageable(info, change):
             statement, parameters = self._shaped(model, change)
             if session.grouped:
-                session.stage(statement, parameters, rows=None if change.operation is Operation.INSERT else 1)
+                session.stage(
+                    statement,
+                    parameters,
+                    rows=None if change.operation is Operation.INSERT else 1,
+                    row=_row_of(info, change),
+                )
                 return
             # One transaction: the statement built once, run on the session's connection (after
             # the staged writes and, as session.execute would, an autoflush of the session).
@@ -369,8 +374,10 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         in a group: an insert, or an update or delete by the
         whole primary key (so that each hits at most one row, and the group's summed row count
         is exactly the check that every one hit one). A staged group runs its changes by
-        statement, not in log order; a change that depended on that order (a row inserted,
-        deleted and inserted again in one group) then fails the row count or a unique key, and the
+        statement; each change names its row (:func:`_row_of`), so that a row written again by a
+        statement staged earlier than its last write's runs the staged writes first: the changes
+        of one row keep the log's order. A change that still depended on the order (a row named
+        by other values than its primary key's) fails the row count or a unique key, and the
         group is applied again one transaction at a time, in order."""
         return change.operation is Operation.INSERT or set(change.key) == set(info.primary_key)
 
@@ -426,3 +433,15 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             transaction_id,
             exc_info=exception,
         )
+
+
+def _row_of(info: EntityInfo, change: RowChange) -> Hashable | None:
+    """The row a staged change writes: its table and primary key values (from the key of an
+    update or delete, the values of an insert), or None when they are not all given."""
+    source = change.values if change.operation is Operation.INSERT else change.key
+    try:
+        row = (info.mapper.local_table, tuple(source[name] for name in info.primary_key))
+        hash(row)
+    except (KeyError, TypeError):  # not all given, or a value no row is named by
+        return None
+    return row
