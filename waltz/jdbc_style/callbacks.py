@@ -108,9 +108,9 @@ class ApplySession(Session):
         So the writes of different statements are reordered within a group: stage only writes
         whose effects do not depend on that order (increments, inserts of distinct keys, updates
         of distinct rows), or name the row each writes (``row``); run the others with
-        :meth:`execute`. Build each statement once (a
-        module constant with :func:`~sqlalchemy.sql.expression.bindparam` placeholders), so that
-        it is compiled once and the parameter sets of a group share it.
+        :meth:`execute`. Build each statement once (a module constant with
+        :func:`~sqlalchemy.sql.expression.bindparam` placeholders), so that it is compiled once
+        and the parameter sets of a group share it.
 
         Args:
             statement: an ``INSERT``, ``UPDATE`` or ``DELETE`` (Core), the same object each time.
