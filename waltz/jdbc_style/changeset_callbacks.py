@@ -205,7 +205,8 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         Raises:
             UnknownEntityError: a model is not declared.
             CrossPartitionError: the entities belong to different partitions.
-            ValueError: a key has the wrong number of values, or ``entities`` is empty.
+            ValueError: a key has the wrong number of values, ``entities`` is empty, or a model's
+                ``partition_by`` gives a partition outside ``0 .. num_partitions - 1``.
             TimeoutError: ``after`` was not applied within ``timeout``.
         """
         return read_entities(self, entities, num_partitions=num_partitions, after=after, timeout=timeout)
@@ -437,7 +438,8 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
 
 def _row_of(info: EntityInfo, change: RowChange) -> Hashable | None:
     """The row a staged change writes: its table and primary key values (from the key of an
-    update or delete, the values of an insert), or None when they are not all given."""
+    update or delete, the values of an insert), or None when they are not all given or cannot
+    name a row (unhashable)."""
     source = change.values if change.operation is Operation.INSERT else change.key
     try:
         row = (info.mapper.local_table, tuple(source[name] for name in info.primary_key))
