@@ -208,6 +208,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             ValueError: a key has the wrong number of values, ``entities`` is empty, or a model's
                 ``partition_by`` gives a partition outside ``0 .. num_partitions - 1``.
             TimeoutError: ``after`` was not applied within ``timeout``.
+            sqlalchemy.exc.DBAPIError: the database failed beyond the callbacks' retries.
         """
         return read_entities(self, entities, num_partitions=num_partitions, after=after, timeout=timeout)
 

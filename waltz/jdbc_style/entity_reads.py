@@ -58,31 +58,11 @@ def read_entities(
     after: int | None = None,
     timeout: float = DEFAULT_TIMEOUT,
 ) -> EntityRead:
-    """Read declared entities of one partition as of one position, without a log transaction
-    (what :meth:`ChangeSetCallbacks.read_entities` does).
-
-    Args:
-        callbacks: the instance's callbacks (their entity cache, when on, answers first).
-        entities: ``(model, key)`` pairs, all of one partition; a key is a scalar, a tuple or a
-            mapping of the model's key attributes, as ``tx.get`` takes it.
-        num_partitions: the log's partitions (``client.num_partitions``): the entities' partition
-            is computed as a transaction's is.
-        after: a transaction ID of that partition the read must include (read-your-writes: the
-            ID a submission's future returned); None: whatever position the read finds. Not
-            from an apply callback of that partition (it would wait for its own apply).
-        timeout: seconds to wait for the database to apply ``after`` when what was read (the
-            cache, or the database at its mark) is older.
-
-    Returns:
-        The entities, their partition and the position they are at (:class:`EntityRead`).
-
-    Raises:
-        UnknownEntityError: a model is not declared.
-        CrossPartitionError: the entities belong to different partitions.
-        ValueError: a key has the wrong number of values, ``entities`` is empty, or a model's
-            ``partition_by`` gives a partition outside ``0 .. num_partitions - 1``.
-        TimeoutError: ``after`` was not applied within ``timeout``.
-        sqlalchemy.exc.DBAPIError: the database failed beyond the callbacks' retries.
+    """Read declared entities of one partition as of one position, without a log transaction:
+    what :meth:`ChangeSetCallbacks.read_entities` does for ``callbacks`` (the instance's
+    callbacks; their entity cache, when on, answers first). Its docstring gives the arguments, the
+    result and the errors raised (and ``sqlalchemy.exc.DBAPIError`` when the database fails
+    beyond the callbacks' retries).
     """
     if not entities:
         raise ValueError("read_entities needs at least one (model, key) pair")
