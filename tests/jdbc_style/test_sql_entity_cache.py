@@ -202,6 +202,16 @@ def _commit(callbacks: ChangeSetCallbacks, context: EntityTransactionContext, tr
     return payload.client_high_water_mark
 
 
+def _cached_at_one(callbacks: ChangeSetCallbacks, tally_id: int) -> int:
+    """Tally ``tally_id`` at 2 by transactions 0 and 1 of its partition, both applied (the cache at
+    1, holding the tally's row): that partition."""
+    pid = tally_id % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, tally_id), 0)
+    _commit(callbacks, Add(callbacks, tally_id), 1)
+    return pid
+
+
 def _read(engine: Engine, tally_id: int) -> int | None:
     with engine.connect() as conn:
         return conn.execute(select(Tally.value).where(Tally.tally_id == tally_id)).scalar()
@@ -273,10 +283,7 @@ def test_another_instance_applying_meanwhile_leaves_the_attempt_at_the_cache_pos
     engine: Engine, callbacks: CommandCallbacks
 ) -> None:
     other = _callbacks(engine)
-    pid = 6 % NUM_PARTITIONS
-    callbacks.get_client_high_water_mark(pid)
-    _commit(callbacks, Add(callbacks, 6), 0)
-    _commit(callbacks, Add(callbacks, 6), 1)  # cached at 1: tally 6 = 2
+    pid = _cached_at_one(callbacks, 6)  # cached at 1: tally 6 = 2
     # Another instance applies transaction 2 (tally 6 = 3) that this one has not applied yet.
     _commit(other, Add(other, 6), 2)
     assert _read(engine, 6) == 3
@@ -299,10 +306,7 @@ def _transaction_of(callbacks: ChangeSetCallbacks, pid: int, transaction_id: int
 
 
 def test_a_command_style_transaction_resets_the_cache(engine: Engine, callbacks: CommandCallbacks) -> None:
-    pid = 7 % NUM_PARTITIONS
-    callbacks.get_client_high_water_mark(pid)
-    _commit(callbacks, Add(callbacks, 7), 0)
-    _commit(callbacks, Add(callbacks, 7), 1)  # cached: tally 7 = 2
+    pid = _cached_at_one(callbacks, 7)  # cached: tally 7 = 2
     callbacks.apply_transaction(Transaction(pid, 2, ReqId(9, 1, pid, 2), COMMAND_HEADER, None, b"7=40"))
     after = Add(callbacks, 7)
     assert _attempt(after).build().client_high_water_mark == 2
@@ -317,10 +321,7 @@ def test_an_idempotency_keyed_change_set_drops_what_it_touched(
             tx.idempotency_key = "request-1"
             return super().run(tx)
 
-    pid = 9 % NUM_PARTITIONS
-    callbacks.get_client_high_water_mark(pid)
-    _commit(callbacks, Add(callbacks, 9), 0)
-    _commit(callbacks, Add(callbacks, 9), 1)
+    _cached_at_one(callbacks, 9)
     statements = Statements(engine)
     _commit(callbacks, Keyed(callbacks, 9), 2)  # tally 9 = 3, applied at most once per key
     assert _commit(callbacks, Keyed(callbacks, 9), 3) == 2  # the same key: its change is skipped
@@ -332,10 +333,7 @@ def test_an_idempotency_keyed_change_set_drops_what_it_touched(
 
 def test_a_delete_is_cached_as_no_row(engine: Engine, callbacks: CommandCallbacks) -> None:
     statements = Statements(engine)
-    pid = 13 % NUM_PARTITIONS
-    callbacks.get_client_high_water_mark(pid)
-    _commit(callbacks, Add(callbacks, 13), 0)
-    _commit(callbacks, Add(callbacks, 13), 1)
+    _cached_at_one(callbacks, 13)
     _commit(callbacks, Remove(callbacks, 13), 2)
     assert _read(engine, 13) is None
     after = Add(callbacks, 13)
@@ -462,12 +460,9 @@ def _payload_transaction(context: EntityTransactionContext, transaction_id: int)
 
 
 def _absorbed_after_two(callbacks: CommandCallbacks, tally_id: int) -> Transaction:
-    """Tally ``tally_id`` at 2 by transactions 0 and 1 of its partition, applied (the cache at
-    1), and transaction 2 adding 5 to it absorbed, not applied: that one."""
-    pid = tally_id % NUM_PARTITIONS
-    callbacks.get_client_high_water_mark(pid)
-    _commit(callbacks, Add(callbacks, tally_id), 0)
-    _commit(callbacks, Add(callbacks, tally_id), 1)
+    """Tally ``tally_id`` at 2 (:func:`_cached_at_one`), and transaction 2 of its partition adding
+    5 to it absorbed, not applied: that one."""
+    _cached_at_one(callbacks, tally_id)
     absorbed = _payload_transaction(Add(callbacks, tally_id, amount=5), 2)
     callbacks.absorb_transactions([absorbed])
     return absorbed
@@ -593,10 +588,7 @@ def test_a_database_read_waits_for_the_applies_when_the_cache_cannot_vouch_for_i
     """Where the cache cannot tell that the rows read are still the rows at its position (it was
     emptied after the database's mark, here by an absorbed command-style transaction), the attempt
     waits for this instance's apply, so it never reads an older state than the cache's."""
-    pid = 14 % NUM_PARTITIONS
-    callbacks.get_client_high_water_mark(pid)
-    _commit(callbacks, Add(callbacks, 14), 0)
-    _commit(callbacks, Add(callbacks, 14), 1)  # tally 14 = 2, held at 1
+    pid = _cached_at_one(callbacks, 14)  # tally 14 = 2, held at 1
     command = Transaction(pid, 2, ReqId(9, 1, pid, 2), COMMAND_HEADER, None, b"14=40")
     callbacks.absorb_transactions([command])
     timer = threading.Timer(0.3, callbacks.apply_transaction, (command,))
@@ -634,10 +626,7 @@ def test_the_cache_vouches_only_for_rows_no_absorbed_change_left_unknown() -> No
 
 
 def test_a_failed_apply_drops_the_absorbed_rows(engine: Engine, callbacks: CommandCallbacks) -> None:
-    pid = 21 % NUM_PARTITIONS
-    callbacks.get_client_high_water_mark(pid)
-    _commit(callbacks, Add(callbacks, 21), 0)
-    _commit(callbacks, Add(callbacks, 21), 1)
+    _cached_at_one(callbacks, 21)
     absorbed = _payload_transaction(Add(callbacks, 21), 2)
     callbacks.absorb_transactions([absorbed])
     with engine.begin() as conn:  # the row disappears behind the log's back: the update finds none
@@ -651,10 +640,7 @@ def test_a_failed_apply_drops_the_absorbed_rows(engine: Engine, callbacks: Comma
 
 
 def test_a_floor_starts_the_cache_again_at_the_mark(callbacks: CommandCallbacks) -> None:
-    pid = 25 % NUM_PARTITIONS
-    callbacks.get_client_high_water_mark(pid)
-    _commit(callbacks, Add(callbacks, 25), 0)
-    _commit(callbacks, Add(callbacks, 25), 1)
+    pid = _cached_at_one(callbacks, 25)
     cache = callbacks.entity_cache
     assert cache is not None and cache.position(pid) == 1
     callbacks.absorb_floor(pid, 0)  # behind the position: nothing changes
@@ -666,10 +652,7 @@ def test_a_floor_starts_the_cache_again_at_the_mark(callbacks: CommandCallbacks)
 def test_a_key_given_as_another_type_is_never_cached(engine: Engine, callbacks: CommandCallbacks) -> None:
     """``"29"`` names tally 29's row in the database but another entry (and another lock) in the
     cache: such reads go to the database, and such a change empties the partition's rows."""
-    pid = 29 % NUM_PARTITIONS
-    callbacks.get_client_high_water_mark(pid)
-    _commit(callbacks, Add(callbacks, 29), 0)
-    _commit(callbacks, Add(callbacks, 29), 1)  # cached: tally 29 = 2
+    pid = _cached_at_one(callbacks, 29)  # cached: tally 29 = 2
     info = callbacks.registry.info(Tally)
     cache = callbacks.entity_cache
     assert cache is not None and cache.view(pid, [(info, (29,))]) is not None
@@ -754,10 +737,7 @@ def test_entities_read_outside_a_transaction_wait_for_the_applies_when_the_cache
 ) -> None:
     """Rows the cache cannot vouch for at its position (emptied by an absorbed command-style
     transaction) are read again once this instance applied up to it: never an older state."""
-    pid = 30 % NUM_PARTITIONS
-    callbacks.get_client_high_water_mark(pid)
-    _commit(callbacks, Add(callbacks, 30), 0)
-    _commit(callbacks, Add(callbacks, 30), 1)
+    pid = _cached_at_one(callbacks, 30)
     command = Transaction(pid, 2, ReqId(9, 1, pid, 2), COMMAND_HEADER, None, b"30=40")
     callbacks.absorb_transactions([command])
     timer = threading.Timer(0.3, callbacks.apply_transaction, (command,))
