@@ -40,7 +40,7 @@ from sqlalchemy.orm.attributes import instance_dict
 from waltz.client.locks import PartitionLocalLock
 from waltz.errors import SqlFrameworkError
 
-__all__ = ["EntityInfo", "EntityRegistry", "UnknownEntityError", "WaltzEntity", "lock_id_of"]
+__all__ = ["EntityInfo", "EntityRegistry", "UnknownEntityError", "WaltzEntity", "lock_id_of", "rows_by_model"]
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
@@ -387,6 +387,30 @@ class EntityRegistry:
 
     def __len__(self) -> int:
         return len(self._by_model)
+
+
+def rows_by_model(
+    conn: Connection, entities: Iterable[tuple[EntityInfo, tuple[Any, ...]]]
+) -> tuple[dict[tuple[EntityInfo, tuple[Any, ...]], Any], list[tuple[EntityInfo, tuple[Any, ...]]]]:
+    """The rows of entities read by key through ``conn``, one ``IN`` statement per model
+    (:meth:`EntityInfo.rows_by_keys`): ``({(entity info, key values): row or None}, the entities
+    not read so)``, those of models the ORM must load or whose key values the database converted.
+
+    Raises:
+        MultipleResultsFound: a key matches more than one row.
+    """
+    by_model: dict[EntityInfo, list[tuple[Any, ...]]] = {}
+    for info, values in entities:
+        by_model.setdefault(info, []).append(values)
+    rows: dict[tuple[EntityInfo, tuple[Any, ...]], Any] = {}
+    unread: list[tuple[EntityInfo, tuple[Any, ...]]] = []
+    for info, keys in by_model.items():
+        read = info.rows_by_keys(conn, keys)
+        if read is None:
+            unread.extend((info, values) for values in keys)
+        else:
+            rows.update(((info, values), row) for values, row in read.items())
+    return rows, unread
 
 
 def _python_types(columns: Iterable[Any]) -> tuple[type, ...] | None:

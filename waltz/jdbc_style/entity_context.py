@@ -46,7 +46,7 @@ from waltz.errors import CrossPartitionError
 from waltz.jdbc_style.callbacks import MarkSnapshot
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, RowChange
 from waltz.jdbc_style.changeset_callbacks import ChangeSetCallbacks
-from waltz.jdbc_style.entities import EntityInfo
+from waltz.jdbc_style.entities import EntityInfo, rows_by_model
 from waltz.jdbc_style.entity_cache import MISSING, EntityCache
 from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key
 from waltz.jdbc_style.prefetch import Prefetched
@@ -395,17 +395,11 @@ class CachedSnapshot:
         """
         if self._snapshot is not None or not self._cache.kept(entities):
             return None  # (kept first: it also turns away unhashable key values)
-        by_model: dict[EntityInfo, list[tuple[Any, ...]]] = {}
-        for info, values in entities:
-            by_model.setdefault(info, []).append(values)
-        rows: Prefetched = {}
         with self._callbacks.snapshot(self.partition_id) as database:
             mark = database.high_water_mark
-            for info, keys in by_model.items():
-                read = info.rows_by_keys(database.connection, keys)
-                if read is None:
-                    return None
-                rows.update(((info, values), row) for values, row in read.items())
+            rows, unread = rows_by_model(database.connection, entities)
+        if unread:
+            return None
         if mark >= self._position:
             self._cache.fill(self.partition_id, mark, rows.items())
         else:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from waltz.errors import CrossPartitionError
-from waltz.jdbc_style.entities import EntityInfo
+from waltz.jdbc_style.entities import EntityInfo, rows_by_model
 
 if TYPE_CHECKING:
     from waltz.jdbc_style.changeset_callbacks import ChangeSetCallbacks
@@ -138,14 +138,7 @@ def _read_database(
     hashable = [key for key in keys if _hashable(key)]
     with callbacks.snapshot(partition_id, entities=hashable) as snapshot:
         rows: dict[_Key, Any] = dict(snapshot.prefetched)
-        unread: dict[EntityInfo, list[tuple[Any, ...]]] = {}
-        for info, values in hashable:
-            if (info, values) not in rows and info.row_statement is not None:
-                unread.setdefault(info, []).append(values)
-        for info, model_keys in unread.items():
-            by_key = info.rows_by_keys(snapshot.connection, list(dict.fromkeys(model_keys)))
-            if by_key is not None:
-                rows.update(((info, values), row) for values, row in by_key.items())
+        rows.update(rows_by_model(snapshot.connection, [key for key in hashable if key not in rows])[0])
         loaded = {
             index: key[0].load(snapshot.connection, key[1])
             for index, key in enumerate(keys)
