@@ -20,7 +20,7 @@ from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import RebuildError
 from waltz.spark.source import LOG_SCHEMA
 from waltz.spark.target import jdbc_target, write_views
-from waltz.spark.views import change_problems, idempotency_key_rows
+from waltz.spark.views import change_problems, idempotency_key_rows, partial_row_problem
 from waltz_examples.counter.models import Counter
 from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
 
@@ -212,3 +212,40 @@ def test_changes_that_do_not_fit_their_model_are_found_as_the_live_apply_finds_t
         change_problems(decode_changes(log.where("transaction_id = 0 AND partition_id = 0"), None), registry)
         == []
     )
+
+
+def test_changes_that_leave_out_what_the_live_apply_fills_are_found(spark: Any) -> None:
+    # The live apply keeps an update's left-out attributes and defaults an insert's: a replay
+    # of the last whole row per key cannot give the same row, so the rebuild must refuse them.
+    whole = RowChange(
+        Operation.INSERT, "counter", {"counter_id": 1}, {"counter_id": 1, "value": 1, "updated_tx": -1}
+    )
+    some_of_an_update = RowChange(Operation.UPDATE, "counter", {"counter_id": 1}, {"value": 2})
+    defaults_of_an_insert = RowChange(Operation.INSERT, "counter", {"counter_id": 2}, {"counter_id": 2})
+    delete = RowChange(Operation.DELETE, "counter", {"counter_id": 1})
+    entries = [
+        (0, 0, ChangeSet([whole, delete]).encode()),
+        (0, 1, ChangeSet([some_of_an_update]).encode()),
+        (1, 0, ChangeSet([defaults_of_an_insert]).encode()),
+    ]
+    log = spark.createDataFrame([(p, t, CHANGE_SET_HEADER, 7, 1, p, t, d) for p, t, d in entries], LOG_SCHEMA)
+    registry = COUNTER_VIEWS.entities
+    assert registry is not None
+    problems = change_problems(decode_changes(log, COUNTER_VIEWS.decoders), registry)
+    assert problems == [
+        "partition 0 transaction 1: update of counter {'counter_id': '1'} leaves out "
+        "['counter_id', 'updated_tx'], which the live apply gives their old values and a rebuild "
+        "cannot (write the whole row, as the entity transactions do)",
+        "partition 1 transaction 0: insert of counter {'counter_id': '2'} leaves out "
+        "['updated_tx', 'value'], which the live apply gives their default values and a rebuild "
+        "cannot (write the whole row, as the entity transactions do)",
+    ]
+
+
+def test_an_insert_may_leave_out_attributes_without_defaults() -> None:
+    # Both the live apply and the replay give such an attribute NULL.
+    insert_ = RowChange(Operation.INSERT, "note", {"id": 1}, {"id": 1})
+    assert partial_row_problem(insert_, attributes=("id", "text"), defaulted=()) is None
+    assert partial_row_problem(insert_, attributes=("id", "text"), defaulted=("text",)) is not None
+    update = RowChange(Operation.UPDATE, "note", {"id": 1}, {"id": 1})
+    assert partial_row_problem(update, attributes=("id", "text"), defaulted=()) is not None

@@ -182,8 +182,9 @@ def compute_views(
         if problems:
             changes.unpersist()
             raise RebuildError(
-                "the log holds row changes that do not fit the application's models, which the live "
-                "apply refuses too; nothing was written: " + "; ".join(problems)
+                "the log holds row changes that do not fit the application's models (the live apply "
+                "refuses them too) or carry part of a row (which a rebuild cannot replay); nothing was "
+                "written: " + "; ".join(problems)
             )
         progress("every row change fits its entity's model")
     views = dict(app.build(changes, log_df))

@@ -15,12 +15,13 @@ so log order per key is well defined.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine, Table, types
 
+from waltz.jdbc_style.changeset import Operation, RowChange
 from waltz.jdbc_style.entities import EntityRegistry
 from waltz.spark.decoders import DecoderRegistry
 
@@ -30,6 +31,7 @@ __all__ = [
     "change_problems",
     "entity_table",
     "idempotency_key_rows",
+    "partial_row_problem",
     "replay",
     "spark_type",
 ]
@@ -137,11 +139,12 @@ def idempotency_key_rows(changes: Any, cluster_name: str) -> Any:
 
 
 def change_problems(changes: Any, registry: EntityRegistry, limit: int = 5) -> list[str]:
-    """The first row changes of registered entities that do not fit their models.
+    """The first row changes of registered entities that do not fit their models or the replay.
 
     The checks of the live apply (:func:`waltz.jdbc_style.changeset_callbacks.row_change_problem`:
     the key names the entity's key or primary key, the values only column attributes, the key
-    values unchanged), run in the executors on the decoded changes (docs/design/spark.md
+    values unchanged), and the replay's own (:func:`partial_row_problem`: an insert or update
+    carries the whole row), run in the executors on the decoded changes (docs/design/spark.md
     "Computing views": data from the log is checked against the model before it reaches a
     database).
 
@@ -156,7 +159,6 @@ def change_problems(changes: Any, registry: EntityRegistry, limit: int = 5) -> l
     """
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
-    from waltz.jdbc_style.changeset import Operation, RowChange
     from waltz.jdbc_style.changeset_callbacks import row_change_problem
 
     # Plain values only go to the executors: names, never SQLAlchemy objects.
@@ -166,6 +168,11 @@ def change_problems(changes: Any, registry: EntityRegistry, limit: int = 5) -> l
             tuple(info.primary_key),
             tuple(info.attributes),
             info.model.__name__,
+            tuple(
+                prop.key
+                for prop in info.mapper.column_attrs
+                if prop.columns[0].default is not None or prop.columns[0].server_default is not None
+            ),
         )
         for info in registry
     }
@@ -175,11 +182,11 @@ def change_problems(changes: Any, registry: EntityRegistry, limit: int = 5) -> l
     ) -> str | None:
         if entity is None or operation is None or entity not in shapes:
             return None
-        key_names, primary_key, attributes, model_name = shapes[entity]
+        key_names, primary_key, attributes, model_name, defaulted = shapes[entity]
         change = RowChange(Operation(operation), entity, key or {}, values or {})
         return row_change_problem(
             change, key=key_names, primary_key=primary_key, attributes=attributes, model_name=model_name
-        )
+        ) or partial_row_problem(change, attributes, defaulted)
 
     check = F.udf(problem, "STRING", useArrow=False)
     found = (
@@ -194,6 +201,40 @@ def change_problems(changes: Any, registry: EntityRegistry, limit: int = 5) -> l
         .collect()
     )
     return [f"partition {r.partition_id} transaction {r.transaction_id}: {r.problem}" for r in found]
+
+
+def partial_row_problem(
+    change: RowChange, attributes: Collection[str], defaulted: Collection[str]
+) -> str | None:
+    """What keeps :func:`replay` from rebuilding a row change's row exactly, or None.
+
+    The replay takes a key's last insert or update as its row, with the attributes that change
+    does not carry empty (docs/design/spark.md "Computing views"). The live apply gives them other
+    values: an update that sets only some attributes keeps the others' old values, and an insert
+    gives those it does not carry their column defaults. Such a change would rebuild a table that
+    differs from the live one, so the rebuild refuses it. An insert that leaves out an attribute
+    without a default is no problem: both give it NULL.
+
+    Args:
+        change: the row change (values as decoded, or rendered as text).
+        attributes: every column attribute name of its entity's model.
+        defaulted: the attributes whose columns have a default (SQLAlchemy's or the server's).
+
+    Returns:
+        A sentence naming the change and the attributes it leaves out, or None.
+    """
+    if change.operation is Operation.DELETE:
+        return None
+    wanted = attributes if change.operation is Operation.UPDATE else defaulted
+    missing = sorted(set(wanted) - set(change.values))
+    if not missing:
+        return None
+    kept = "old" if change.operation is Operation.UPDATE else "default"
+    return (
+        f"{change.operation.value} of {change.entity} {dict(change.key)} leaves out {missing}, which "
+        f"the live apply gives their {kept} values and a rebuild cannot (write the whole row, as "
+        "the entity transactions do)"
+    )
 
 
 def replay(changes: Any) -> Any:
