@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import Boolean, Engine, Numeric, String, TypeDecorator, delete, event, select, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from waltz.client.apply_worker import APPLY_THREAD_PREFIX
 from waltz.client.context import TransactionBuilder
 from waltz.client.transaction import Transaction
 from waltz.errors import CrossPartitionError
@@ -801,6 +802,34 @@ def test_an_entity_read_after_a_transaction_not_applied_in_time_raises(callbacks
     with pytest.raises(TimeoutError, match=r"transaction 5 of partition 2 was not applied within 0\.2s"):
         _read_entities(callbacks, [(Tally, 34)], after=5, timeout=0.2)
     assert _values(_read_entities(callbacks, [(Tally, 34)], after=0, timeout=0.2)) == [1]
+
+
+def test_an_entity_read_after_a_transaction_on_its_partition_s_apply_thread_raises_at_once(
+    callbacks: CommandCallbacks,
+) -> None:
+    # The apply thread would wait for its own apply: a clear error, not a stall of the timeout.
+    pid = 34 % NUM_PARTITIONS
+    callbacks.get_client_high_water_mark(pid)
+    _commit(callbacks, Add(callbacks, 34), 0)
+    outcomes: list[BaseException | int | None] = []
+
+    def read() -> None:
+        try:
+            outcomes.append(_values(_read_entities(callbacks, [(Tally, 34)], after=5, timeout=30.0))[0])
+        except BaseException as error:
+            outcomes.append(error)
+
+    for name in (f"{APPLY_THREAD_PREFIX}{pid}", f"{APPLY_THREAD_PREFIX}{pid + 1}"):
+        thread = threading.Thread(target=read, name=name)
+        thread.start()
+        if name.endswith(str(pid + 1)):  # another partition's apply thread may wait: apply 5 for it
+            for transaction_id in range(1, 6):
+                _commit(callbacks, Add(callbacks, 34), transaction_id)
+        thread.join(10)
+        assert not thread.is_alive()
+    assert isinstance(outcomes[0], RuntimeError)
+    assert f"partition {pid}'s apply thread, which would wait for its own apply" in str(outcomes[0])
+    assert outcomes[1] == 6
 
 
 def test_entities_read_outside_a_transaction_without_the_cache_come_from_the_database(

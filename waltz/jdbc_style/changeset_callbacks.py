@@ -193,7 +193,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
                 partition is computed as a transaction's is.
             after: a transaction ID of that partition the read must include (read-your-writes:
                 the ID a submission's future returned); None: whatever position the read finds.
-                Not from an apply callback of that partition (it would wait for its own apply).
+                Not on that partition's apply thread (it would wait for its own apply).
             timeout: seconds to wait for the database to apply ``after`` when what was read (the
                 cache, or the database at its mark) is older.
 
@@ -208,6 +208,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             ValueError: a key has the wrong number of values, ``entities`` is empty, or a model's
                 ``partition_by`` gives a partition outside ``0 .. num_partitions - 1``.
             TimeoutError: ``after`` was not applied within ``timeout``.
+            RuntimeError: ``after`` is not applied yet and this is the partition's apply thread.
             sqlalchemy.exc.DBAPIError: the database failed beyond the callbacks' retries.
         """
         return read_entities(self, entities, num_partitions=num_partitions, after=after, timeout=timeout)
