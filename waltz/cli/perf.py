@@ -349,6 +349,18 @@ def smallbank(
             show_default=False,
         ),
     ] = None,
+    warm_up: Annotated[
+        int,
+        typer.Option(
+            "--warm-up",
+            min=0,
+            help=(
+                "Draws each instance runs before the measured phase, counted nowhere: its first "
+                "transactions open database connections and fill the entity cache, as a service "
+                "that has been running has done."
+            ),
+        ),
+    ] = 100,
     db: Annotated[
         str | None,
         typer.Option(
@@ -421,6 +433,7 @@ def smallbank(
             partition_routing=partition_routing,
             entity_cache=entity_cache,
             rate=rate,
+            warm_up=warm_up,
         )
     except ValueError as exc:
         raise _fail(str(exc), 2) from exc

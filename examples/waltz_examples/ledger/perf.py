@@ -133,6 +133,9 @@ class SmallBankPerfSettings:
         rate: draws per second in all (Balance reads included), split evenly across the
             instances, each on a fixed schedule whose start times the latencies count from;
             None: as fast as ``in_flight`` allows.
+        warm_up: draws each instance runs before the measured phase, as fast as ``in_flight``
+            allows, counted nowhere: its first transactions open database connections and fill
+            the entity cache, which a service that has been running has done (0: none).
 
     Raises:
         ValueError: a count below its minimum, or a timeout not above 0.
@@ -149,11 +152,19 @@ class SmallBankPerfSettings:
     partition_routing: bool = False
     entity_cache: bool = True
     rate: float | None = None
+    warm_up: int = 100
 
     def __post_init__(self) -> None:
         if self.rate is not None and not self.rate > 0:
             raise ValueError(f"rate must be above 0 draws per second, got {self.rate}")
-        minimums = {"instances": 1, "transactions": 0, "accounts": 2, "in_flight": 1, "submitters": 1}
+        minimums = {
+            "instances": 1,
+            "transactions": 0,
+            "accounts": 2,
+            "in_flight": 1,
+            "submitters": 1,
+            "warm_up": 0,
+        }
         for name, minimum in minimums.items():
             if getattr(self, name) < minimum:
                 raise ValueError(f"{name} must be at least {minimum}, got {getattr(self, name)}")
@@ -176,6 +187,7 @@ class SmallBankPerfSettings:
             + (", partition-routed" if self.partition_routing else "")
             + ("" if self.entity_cache else ", no entity cache")
             + ("" if self.rate is None else f", {self.rate:,g} draws/s scheduled")
+            + f", {self.warm_up:,} warm-up draws per instance"
         )
 
     def summary(self) -> dict[str, Any]:
@@ -336,6 +348,7 @@ def _run_instance(spec: _InstanceSpec, start: Any, stop: Any, results: Any) -> N
         )
         workload = SmallBankWorkload([service], config)
         try:
+            workload.warm_up(settings.warm_up)
             results.put(("ready", spec.index, None))
             if not start.wait(START_TIMEOUT + 30):
                 raise TimeoutError(f"no start within {START_TIMEOUT + 30:g}s")

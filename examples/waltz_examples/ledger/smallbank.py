@@ -295,6 +295,13 @@ class SmallBankWorkload:
         self.stats.seconds = time.monotonic() - started
         return self.stats
 
+    def warm_up(self, draws: int) -> None:
+        """Run ``draws`` of the mix as fast as ``in_flight`` allows (no schedule, no accounts
+        closed) and wait until they are resolved; the next :meth:`run` counts from nothing."""
+        for _ in range(draws):
+            self._one(self._draw())
+        self.drain()
+
     def drain(self, timeout: float = 300.0) -> None:
         """Wait until every submitted transaction is resolved.
 
