@@ -134,8 +134,9 @@ class SmallBankPerfSettings:
             instances, each on a fixed schedule whose start times the latencies count from;
             None: as fast as ``in_flight`` allows.
         warm_up: draws each instance runs before the measured phase, as fast as ``in_flight``
-            allows, counted nowhere: its first transactions open database connections and fill
-            the entity cache, which a service that has been running has done (0: none).
+            allows, counted nowhere, and applies before the phase starts: its first transactions
+            open database connections and fill the entity cache, which a service that has been
+            running has done (0: none).
 
     Raises:
         ValueError: a count below its minimum, or a timeout not above 0.

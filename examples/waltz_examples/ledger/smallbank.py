@@ -296,11 +296,13 @@ class SmallBankWorkload:
         return self.stats
 
     def warm_up(self, draws: int) -> None:
-        """Run ``draws`` of the mix as fast as ``in_flight`` allows (no schedule, no accounts
-        closed) and wait until they are resolved; the next :meth:`run` counts from nothing."""
+        """Run ``draws`` of the mix as fast as ``in_flight`` allows, closing no accounts, and
+        wait until this instance has applied them, so that the next :meth:`run`, which counts
+        from nothing, starts on a settled system."""
         for _ in range(draws):
             self._one(self._draw())
         self.drain()
+        self.wait_applied()
 
     def drain(self, timeout: float = 300.0) -> None:
         """Wait until every submitted transaction is resolved.
