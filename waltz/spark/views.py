@@ -229,11 +229,13 @@ def partial_row_problem(
     missing = sorted(set(wanted) - set(change.values))
     if not missing:
         return None
-    kept = "old" if change.operation is Operation.UPDATE else "default"
+    if change.operation is Operation.UPDATE:
+        kept, remedy = "old", "carry the whole row, as the entity transactions' updates do"
+    else:
+        kept, remedy = "default", "give them values in the insert"
     return (
         f"{change.operation.value} of {change.entity} {dict(change.key)} leaves out {missing}, which "
-        f"the live apply gives their {kept} values and a rebuild cannot (write the whole row, as "
-        "the entity transactions do)"
+        f"the live apply gives their {kept} values and a rebuild cannot ({remedy})"
     )
 
 
