@@ -25,12 +25,21 @@ from waltz.client.transaction import Transaction
 from waltz.client.waiting import Watermark
 from waltz.errors import ClientClosedError, TransactionApplyError
 
-__all__ = ["APPLY_THREAD_PREFIX", "ApplyWorker"]
+__all__ = ["APPLY_THREAD_PREFIX", "ApplyWorker", "on_apply_thread"]
 
 #: The name of an apply worker's thread is this prefix and the partition ID.
 APPLY_THREAD_PREFIX = "waltz-apply-"
 
 log = logging.getLogger(__name__)
+
+
+def on_apply_thread(partition_id: int | None = None) -> bool:
+    """Whether the calling thread is an apply worker's (of ``partition_id``; None: of any
+    partition), by its name: a wait for this instance's applies there would wait for itself."""
+    name = threading.current_thread().name
+    if partition_id is None:
+        return name.startswith(APPLY_THREAD_PREFIX)
+    return name == f"{APPLY_THREAD_PREFIX}{partition_id}"
 
 
 class _Entry(NamedTuple):

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Engine, and_, bindparam, delete, insert, update
 from sqlalchemy.orm import Session
 
-from waltz.client.apply_worker import APPLY_THREAD_PREFIX
+from waltz.client.apply_worker import on_apply_thread
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style.callbacks import AbstractClientCallbacksForSQL, ApplySession
 from waltz.jdbc_style.changeset import (
@@ -221,7 +221,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         without the cache or before it has a position."""
         cache = self.entity_cache
         position = None if cache is None else cache.position(partition_id)
-        if position is not None and not threading.current_thread().name.startswith(APPLY_THREAD_PREFIX):
+        if position is not None and not on_apply_thread():
             self.wait_applied_here(partition_id, position)
 
     # --- the entity cache ---------------------------------------------------------------------------

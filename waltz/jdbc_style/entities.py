@@ -130,11 +130,18 @@ class EntityInfo:
         )
         """The Python type of each key column's values, or None when a column's type has none."""
         self.defaults: dict[str, Any] = {}
+        """Scalar column defaults by attribute (an entity insert fills them in)."""
+        defaulted: list[str] = []
         for prop in mapper.column_attrs:
             column = prop.columns[0]
             default = getattr(column, "default", None)
             if default is not None and getattr(default, "is_scalar", False):
                 self.defaults[prop.key] = default.arg
+            if default is not None or getattr(column, "server_default", None) is not None:
+                defaulted.append(prop.key)
+        self.defaulted: tuple[str, ...] = tuple(defaulted)
+        """The attributes whose columns have any default (SQLAlchemy's, scalar or not, or the
+        server's): what an insert that leaves them out gets is not NULL."""
 
     @property
     def name(self) -> str:

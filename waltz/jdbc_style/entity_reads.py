@@ -15,11 +15,10 @@ cache unless the applies are that far behind.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from waltz.client.apply_worker import APPLY_THREAD_PREFIX
+from waltz.client.apply_worker import on_apply_thread
 from waltz.errors import CrossPartitionError
 from waltz.jdbc_style.entities import EntityInfo, rows_by_model
 
@@ -90,7 +89,7 @@ def read_entities(
             return EntityRead(partition_id, cached[0], _instances(keys, cached[1], {}), True)
     read = _from_database(callbacks, partition_id, keys, cacheable)
     if after is not None and read.high_water_mark < after:
-        if threading.current_thread().name == f"{APPLY_THREAD_PREFIX}{partition_id}":
+        if on_apply_thread(partition_id):
             raise RuntimeError(
                 f"read_entities(after={after}) on partition {partition_id}'s apply thread, which would "
                 f"wait for its own apply (the read is at {read.high_water_mark}): read without after there"

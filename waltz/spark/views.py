@@ -168,11 +168,7 @@ def change_problems(changes: Any, registry: EntityRegistry, limit: int = 5) -> l
             tuple(info.primary_key),
             tuple(info.attributes),
             info.model.__name__,
-            tuple(
-                prop.key
-                for prop in info.mapper.column_attrs
-                if prop.columns[0].default is not None or prop.columns[0].server_default is not None
-            ),
+            info.defaulted,
         )
         for info in registry
     }
