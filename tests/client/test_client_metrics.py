@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from prometheus_client import CollectorRegistry
 
@@ -96,6 +97,47 @@ def test_counters_and_gauges_after_commits_and_a_lock_failure(
             what="the completion delays of the 8 commits",
         )
         assert 0 < sample(registry, "waltz_client_completion_delay_seconds_sum") < 8 * 30
+    assert store.errors == []
+
+
+class SlowStore(MemoryStore):
+    """A memory store whose ``apply_transaction`` takes at least ``APPLY_SECONDS``."""
+
+    APPLY_SECONDS = 0.1
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        time.sleep(self.APPLY_SECONDS)
+        super().apply_transaction(transaction)
+
+
+def test_apply_stages_time_the_wait_behind_earlier_applies_and_each_apply(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    store = SlowStore(log_start)
+    with WaltzClient(store, client_config) as client:
+        registry = client.metrics
+        assert sample(registry, "waltz_client_apply_wait_seconds_count") == 0
+        assert sample(registry, "waltz_client_apply_seconds_count") == 0
+        # Four appends to one partition, in flight together: they commit within a few
+        # milliseconds of one another, and each apply takes 100 ms, so the later ones wait.
+        futures = [client.submit(Append(0, b"slow %d" % i)) for i in range(4)]
+        last = max(f.result(30) or -1 for f in futures)
+        assert client.wait_applied(0, last, 30)
+        applied = last - log_start[0]
+        assert applied == 4  # the test's own, nothing else was written to partition 0
+        wait_until(
+            lambda: sample(registry, "waltz_client_apply_seconds_count") == applied,
+            timeout=10,
+            what="the apply stages of the 4 applies",
+        )
+        assert sample(registry, "waltz_client_apply_wait_seconds_count") == applied
+        applying = sample(registry, "waltz_client_apply_seconds_sum")
+        assert SlowStore.APPLY_SECONDS * applied <= applying < 30
+        # Once the first apply began, the other three were queued behind it: if all four were
+        # there at once they waited 1, 2 and 3 applies; a later commit waits less, but at most a
+        # few milliseconds less (they were in flight together), so at least 1 + 2 applies in all.
+        waiting = sample(registry, "waltz_client_apply_wait_seconds_sum")
+        assert 2.5 * SlowStore.APPLY_SECONDS <= waiting < 30
     assert store.errors == []
 
 

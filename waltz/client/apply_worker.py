@@ -45,6 +45,7 @@ def on_apply_thread(partition_id: int | None = None) -> bool:
 class _Entry(NamedTuple):
     transaction: Transaction
     submission: Submission | None
+    queued_at: float  # time.monotonic() when the feed handed it over
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,8 @@ class ApplyWorker:
             (only when batching; 0: apply what is there at once).
         initial_backoff: seconds before the first retry of a failed apply (doubles each time).
         max_backoff: the longest pause between retries, in seconds.
-        metrics: the partition's counters (transactions applied, apply errors), or None.
+        metrics: the partition's counters (transactions applied, apply errors) and the apply's
+            stages (``waltz_client_apply_wait_seconds``, ``waltz_client_apply_seconds``), or None.
         absorbed: the partition's absorbed high-water mark (``WaltzClientCallbacks.absorb_transactions``);
             the worker advances it before each apply when the callbacks absorb, else with
             ``applied``. None: not kept.
@@ -133,13 +135,14 @@ class ApplyWorker:
     def enqueue(self, transaction: Transaction, submission: Submission | None = None) -> None:
         """Queue the next committed transaction (IDs must come in increasing order, each once)."""
         with self._condition:
-            self._items.append(_Entry(transaction, submission))
+            self._items.append(_Entry(transaction, submission, time.monotonic()))
             self._condition.notify()
 
     def enqueue_many(self, entries: list[tuple[Transaction, Submission | None]]) -> None:
         """Queue several committed transactions at once (one wake-up), like :meth:`enqueue`."""
+        now = time.monotonic()
         with self._condition:
-            self._items.extend(map(_Entry._make, entries))
+            self._items.extend(_Entry(transaction, submission, now) for transaction, submission in entries)
             self._condition.notify()
 
     def set_floor(self, mark: int) -> None:
@@ -220,6 +223,7 @@ class ApplyWorker:
                 return
             if tracing.client_tracing_on:
                 tracing.apply_taken(batch)
+            started = time.monotonic()
             transactions = [entry.transaction for entry in batch]
             if self._absorbs:
                 if not self._apply((), transactions):
@@ -234,12 +238,16 @@ class ApplyWorker:
                 for entry in batch:
                     if entry.submission is not None:
                         entry.submission.applied()
+                if self._metrics is not None:
+                    self._time_stages(batch, started, time.monotonic())
             else:
                 advance = self._applied.advance
                 apply = self._callbacks.apply_transaction
                 closed = self._closed.is_set
                 if self._prefetch and not self._absorbs and not self._apply((), transactions):
                     return  # the run's data fetched first (retried like an apply)
+                timed = self._metrics is not None
+                began = started  # the start of this transaction's apply
                 for entry in batch:  # each applied, then marked, before the next one
                     if closed():
                         return  # close() stops after the apply in progress
@@ -259,9 +267,23 @@ class ApplyWorker:
                     self._in_progress -= 1
                     if entry.submission is not None:
                         entry.submission.applied()
+                    if timed:
+                        now = time.monotonic()
+                        self._time_stages((entry,), began, now)
+                        began = now
             self._in_progress = 0
             if self._metrics is not None:
                 self._metrics.applied.inc(len(batch))
+
+    def _time_stages(self, entries: Sequence[_Entry], began: float, ended: float) -> None:
+        """Add ``entries`` to the apply's stage summaries: each waited from its ``queued_at`` to
+        ``began`` (behind earlier applies) and was applied from ``began`` to ``ended`` (its data
+        loaded, absorbed, applied and marked; retries included), so that the two add up to the
+        time from the feed handing it over to its apply's end."""
+        assert self._metrics is not None
+        count = len(entries)
+        self._metrics.apply_wait_seconds.add(count * began - sum(entry.queued_at for entry in entries), count)
+        self._metrics.apply_seconds.add(count * (ended - began), count)
 
     def _absorb(self, transactions: list[Transaction]) -> None:
         """Hand a loaded batch to ``absorb_transactions``, then advance the absorbed mark (an

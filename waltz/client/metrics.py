@@ -53,6 +53,14 @@ Metric names (``partition`` label on all but the histogram and the summaries):
 - ``waltz_client_completion_delay_seconds``: summary of the time from seeing a commit in the feed
   to the end of its context's completion (``on_completion`` and the ``submit`` future's callbacks,
   on the completion thread), in seconds: the client's share on the way back.
+- ``waltz_client_apply_wait_seconds``: summary of the time from the feed handing a committed
+  transaction to the partition's apply worker to the start of its apply, in seconds: the wait
+  behind earlier applies (the apply backlog).
+- ``waltz_client_apply_seconds``: summary of the time a transaction's apply took, in seconds:
+  its data loaded, absorbed (the entity cache), ``apply_transaction(s)`` with its retries, and its
+  mark moved; a group applied together counts the group's time for each of its transactions. For
+  a transaction this client submitted, submit-to-commit latency, apply wait and apply add up to
+  its time from submit to applied (read-your-writes).
 - ``waltz_client_partition_transactions_in_flight``: contexts submitted and not ended.
 - ``waltz_client_partition_client_high_water_mark``: the highest transaction ID applied.
 - ``waltz_client_partition_server_high_water_mark``: the server's mark as last known (feed,
@@ -203,6 +211,8 @@ class PartitionMetrics:
     __slots__ = (
         "applied",
         "apply_errors",
+        "apply_seconds",
+        "apply_wait_seconds",
         "claim_waits",
         "commit_seconds",
         "committed",
@@ -229,6 +239,8 @@ class PartitionMetrics:
         self.feed_windows = metrics.feed_windows.labels(label)
         self.commit_seconds = metrics.commit_seconds
         self.log_round_trip_seconds = metrics.log_round_trip_seconds
+        self.apply_wait_seconds = metrics.apply_wait_seconds
+        self.apply_seconds = metrics.apply_seconds
 
 
 class ClientMetrics:
@@ -314,6 +326,16 @@ class ClientMetrics:
             "Time from seeing a commit in the feed to the end of its context's completion callbacks, "
             "in seconds.",
         )
+        self.apply_wait_seconds = StageTotals(
+            "waltz_client_apply_wait_seconds",
+            "Time from the feed handing a committed transaction to the apply worker to the start of "
+            "its apply, in seconds.",
+        )
+        self.apply_seconds = StageTotals(
+            "waltz_client_apply_seconds",
+            "Time a transaction's apply took (data loaded, absorbed, applied with retries, mark moved; "
+            "a group's time for each of its transactions), in seconds.",
+        )
         self.registry.register(
             _StageCollector(
                 [
@@ -321,6 +343,8 @@ class ClientMetrics:
                     self.append_queue_seconds,
                     self.log_round_trip_seconds,
                     self.completion_delay_seconds,
+                    self.apply_wait_seconds,
+                    self.apply_seconds,
                 ]
             )
         )

@@ -58,13 +58,16 @@ MOUNT_TIMEOUT = 60.0
 #: the first attempt's ``execute`` (lock and read-your-writes waits included); from the end of an
 #: attempt's ``execute`` to its append leaving for the server; from there to seeing it committed
 #: in the feed (the cluster's share); from ``submit`` to seeing the commit (every attempt
-#: included); from that to the end of the completion.
+#: included); from that to the end of the completion; from seeing the commit to the start of its
+#: apply; the apply itself.
 CLIENT_STAGES = {
     "first attempt": "waltz_client_first_attempt_seconds",
     "append queue": "waltz_client_append_queue_seconds",
     "log round trip": "waltz_client_log_round_trip_seconds",
     "submit->commit": "waltz_client_commit_seconds",
     "commit->completion": "waltz_client_completion_delay_seconds",
+    "apply wait": "waltz_client_apply_wait_seconds",
+    "apply": "waltz_client_apply_seconds",
 }
 
 
