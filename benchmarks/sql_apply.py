@@ -34,10 +34,16 @@ times how long a second WaltzClient with the SQL callbacks (``client.maxApplyBat
 ``--cluster-batch``) takes to catch up from -1 (the applying client fetches each transaction's
 data from the server, as any client that did not write them does).
 
+With ``--db-delay MS`` the framework reaches the database through a forwarding proxy (the chaos
+tools' ``FaultProxy``, in a process of its own) that holds every chunk MS milliseconds in each
+direction: a database server on another host, where every round trip costs about 2 x MS more
+(plus the proxy's own hop), rather than one on loopback.
+
     .venv/bin/python benchmarks/sql_apply.py                              # PostgreSQL, n 20,000
     .venv/bin/python benchmarks/sql_apply.py --db mysql+pymysql://root@127.0.0.1:3306 --n 8000
     .venv/bin/python benchmarks/sql_apply.py --db sqlite:////tmp/bench.db --batch 1,10,100,1000
     .venv/bin/python benchmarks/sql_apply.py --n 4000 --through-cluster
+    .venv/bin/python benchmarks/sql_apply.py --n 3000 --batch 1,100 --style staged --db-delay 0.25
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import json
 import logging
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import threading
@@ -290,6 +297,46 @@ class Commits:
 
 
 # ---- fresh databases ----
+
+
+#: The proxy process of ``--db-delay``: forwards a free loopback port to host:port, holding every
+#: chunk ``delay`` seconds; prints the port, then runs until killed.
+_PROXY = """
+import sys, threading
+from waltz.chaos.proxy import FaultProxy
+host, port, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+proxy = FaultProxy(lambda: (host, port), name="database").__enter__()
+proxy.set_delay(delay)
+print(proxy.port, flush=True)
+threading.Event().wait()
+"""
+
+
+@contextmanager
+def delayed(url_text: str, delay_ms: float) -> Iterator[str]:
+    """``url_text`` through a proxy process adding ``delay_ms`` each way (itself when 0)."""
+    if delay_ms <= 0:
+        yield url_text
+        return
+    url = make_url(url_text)
+    if url.get_backend_name() == "sqlite":
+        raise SystemExit("--db-delay needs a database server, not SQLite")
+    port = url.port or (5432 if url.get_backend_name() == "postgresql" else 3306)
+    proxy = subprocess.Popen(
+        [sys.executable, "-c", _PROXY, url.host or "127.0.0.1", str(port), str(delay_ms / 1000)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proxy.stdout is not None
+        line = proxy.stdout.readline().strip()
+        if not line.isdigit():
+            raise SystemExit(f"the --db-delay proxy did not start (it printed {line!r})")
+        print(f"database reached through a proxy adding {delay_ms:g} ms each way (port {line})", flush=True)
+        yield url.set(host="127.0.0.1", port=int(line)).render_as_string(hide_password=False)
+    finally:
+        proxy.kill()
+        proxy.wait(10)
 
 
 @contextmanager
@@ -625,6 +672,13 @@ def main() -> None:
         default=[1, 100],
         help="client.maxApplyBatchSize values for --through-cluster",
     )
+    parser.add_argument(
+        "--db-delay",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="reach the database through a proxy that adds MS milliseconds each way (a remote server)",
+    )
     args = parser.parse_args()
     if args.partitions < 1 or args.n < args.partitions or args.n % args.partitions:
         parser.error("--n must be a positive multiple of --partitions")
@@ -639,7 +693,7 @@ def main() -> None:
     payloads = make_payloads(args.n, args.partitions, args.shared_accounts)
     transactions = make_transactions(payloads, args.partitions)
     results: list[Result] = []
-    with fresh_database(args.db) as url:
+    with fresh_database(args.db) as created, delayed(created, args.db_delay) as url:
         engine = create_framework_engine(url)
         backend = engine.dialect.name
         try:

@@ -8,6 +8,7 @@ a time and names the transaction (docs/design/sql.md "Group apply").
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +30,7 @@ from waltz.jdbc_style import (
     create_framework_engine,
 )
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, Operation, RowChange
-from waltz.jdbc_style.direct import direct_statements
+from waltz.jdbc_style.direct import LeadMissedError, direct_statements
 from waltz.protocol.records import ReqId
 
 metadata = sa.MetaData()
@@ -141,8 +142,8 @@ def test_a_group_s_staged_writes_run_as_one_executemany_per_statement_with_the_m
 
 
 def test_the_framework_s_writes_run_on_the_cursor_on_database_servers(engine: Engine) -> None:
-    """Without listeners, the mark's move and a group's staged writes (all of them together)
-    take the direct path on PostgreSQL (psycopg) and MariaDB (PyMySQL) (docs/design/sql.md
+    """Without listeners, the mark's move and a group's staged writes take the direct path on
+    PostgreSQL (psycopg: all of them in one pipeline) and MariaDB (PyMySQL) (docs/design/sql.md
     "Group apply"), the ordinary one on SQLite; the results are the same."""
     direct = direct_statements(engine)
     ran: list[list[int] | None] = []
@@ -161,11 +162,83 @@ def test_the_framework_s_writes_run_on_the_cursor_on_database_servers(engine: En
         del direct.execute_all
     assert _balances(engine) == {1: 6, 2: 7, 3: 0}
     assert callbacks.get_client_high_water_mark(0) == 2
-    if engine.dialect.name != "sqlite":
-        # the mark's UPDATE (1 row), then the deposits (3 rows) and the history rows (3 rows) together
+    if engine.dialect.name == "postgresql":
+        # the mark's UPDATE (1 row), the deposits (3 rows) and the history rows (3 rows) in one pipeline
+        assert ran == [[1, 3, 3]]
+    elif engine.dialect.name != "sqlite":
+        # no pipelines: the mark's UPDATE alone first, then the deposits and the history rows
         assert ran == [[1], [3, 3]]
     else:  # declined: the mark, the staged writes together, then each staged statement alone
         assert ran == [None, None, None, None]
+
+
+def test_a_group_another_instance_applied_meanwhile_rolls_back_when_its_mark_misses(engine: Engine) -> None:
+    """An instance that has not seen another apply the partition moves the mark with the group's
+    first statement (on PostgreSQL in the pipeline of its staged writes); when another instance
+    applied the group meanwhile, that move changes no row, the group rolls back (its history rows,
+    whose keys exist, fail after it: the move's count decides) and nothing is reported
+    (docs/design/sql.md "The apply contract")."""
+    direct = direct_statements(engine)
+    led: list[str] = []
+    execute_led = direct.execute_led
+
+    def recording(*args: Any) -> list[int] | None:
+        try:
+            result = execute_led(*args)
+        except LeadMissedError:
+            led.append("missed")
+            raise
+        led.append("none" if result is None else "moved")
+        return result
+
+    first, second = Deposits(engine), Deposits(engine)
+    first.get_client_high_water_mark(0)
+    second.get_client_high_water_mark(0)
+    group = _deposits((1, 5), (2, 7))
+    direct.execute_led = recording  # type: ignore[method-assign]
+    try:
+        first.apply_transactions(group)
+        second.apply_transactions(group)
+    finally:
+        del direct.execute_led
+    assert _balances(engine) == {1: 5, 2: 7, 3: 0}
+    assert [row[:2] for row in _history(engine)] == [(0, 1), (1, 2)]
+    assert second.get_client_high_water_mark(0) == 1
+    assert first.uncaught == [] and second.uncaught == []
+    # the mechanism: a pipeline on psycopg, the move alone first elsewhere (and nothing after it)
+    assert led == (["moved", "missed"] if engine.dialect.name == "postgresql" else ["none", "none"])
+    # the second goes on from there, and the first finds the next group applied by it
+    later = _deposits((1, 5), (2, 7), (3, 1))[2:]
+    second.apply_transactions(later)
+    first.apply_transactions(later)
+    assert _balances(engine) == {1: 5, 2: 7, 3: 1}
+    assert first.get_client_high_water_mark(0) == second.get_client_high_water_mark(0) == 2
+    assert first.uncaught == [] and second.uncaught == []
+
+
+class HidesReadErrors(Deposits):
+    """Reads a balance first and ignores any error of that read, then stages the deposit only."""
+
+    def apply(self, transaction: Transaction, session: Session) -> None:
+        with contextlib.suppress(Exception):  # an application that hides the errors of its reads
+            session.execute(sa.select(accounts.c.balance).where(accounts.c.id == 1)).scalar_one()
+        account, amount = (int(x) for x in transaction.get_raw_data().split())
+        session.stage(DEPOSIT, {"k": account, "amount": amount}, rows=1)
+
+
+def test_a_missed_mark_hidden_by_the_apply_still_commits_nothing(engine: Engine) -> None:
+    """The move of the mark went with the apply's read, which missed (another instance applied the
+    group) and whose error the apply ignored: its deposits ran, but nothing commits."""
+    hider = HidesReadErrors(engine)
+    hider.get_client_high_water_mark(0)  # -1: it knows nothing of what follows
+    Deposits(engine).apply_transactions(_deposits((1, 5), (2, 7)))
+    hider.apply_transactions(_deposits((1, 5), (2, 7)))
+    assert _balances(engine) == {1: 5, 2: 7, 3: 0}  # not twice
+    assert hider.get_client_high_water_mark(0) == 1
+    assert hider.uncaught == []
+    # its own next group applies (with the mark moved first: the partition counts as shared now)
+    hider.apply_transactions(_deposits((1, 5), (2, 7), (3, 4))[2:])
+    assert _balances(engine) == {1: 5, 2: 7, 3: 4}
 
 
 def test_a_read_in_apply_sees_the_writes_staged_before_it(engine: Engine) -> None:

@@ -41,7 +41,7 @@ from sqlalchemy.sql.base import Executable
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.transaction import Transaction
 from waltz.errors import ApplyContractError, HighWaterMarkGapError, StagedRowCountError, TransactionApplyError
-from waltz.jdbc_style.direct import direct_statements
+from waltz.jdbc_style.direct import LeadMissedError, direct_statements
 from waltz.jdbc_style.engine import SQLITE_BEGIN, apply_guard, is_transient, prepare_engine
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key, record_idempotency_key
@@ -70,6 +70,11 @@ class _Staged:
         self.checked = True
 
 
+class _UnsettledError(Exception):
+    """An apply whose mark was to move with its first statement did not get there: the move
+    missed (another instance moved the mark), or the apply failed before it; rolled back."""
+
+
 class ApplySession(Session):
     """The ORM session ``apply`` receives: joined to the framework's transaction, which it may
     not end. ``commit``, ``rollback``, ``begin`` and an isolation level change raise
@@ -86,6 +91,10 @@ class ApplySession(Session):
         self._staged: dict[Executable, _Staged] = {}
         # The staged statement that last wrote each row named by ``stage(row=...)``.
         self._row_writers: dict[Hashable, Executable] = {}
+        # A statement that must change one row before any other of this session reaches the
+        # database (the framework's move of the mark, see AbstractClientCallbacksForSQL._apply_locked).
+        self._lead: tuple[Executable, Mapping[str, Any]] | None = None
+        self._lead_moved = False  # the lead ran and changed its one row
         self.grouped = False
         """True while the session applies a group of more than one log transaction."""
 
@@ -157,16 +166,29 @@ class ApplySession(Session):
 
         Raises:
             StagedRowCountError: a statement changed another number of rows than staged.
+            LeadMissedError: the framework's move of the mark, which goes first, changed no row (the
+                framework rolls the transaction back and reads the mark).
         """
-        if not self._staged:
+        if not self._staged and self._lead is None:
             return
         staged, self._staged = self._staged, {}
+        lead, self._lead = self._lead, None
         self._row_writers = {}
         connection = super().connection()
         direct = direct_statements(connection.engine)
-        rowcounts = direct.execute_all(
-            connection, [(statement, batch.parameters) for statement, batch in staged.items()]
-        )
+        batches = [(statement, batch.parameters) for statement, batch in staged.items()]
+        rowcounts: list[int] | None = None
+        if lead is not None:
+            # One pipeline for the lead and the writes where the driver has them; else the lead
+            # alone first, so that nothing else runs when it misses.
+            rowcounts = direct.execute_led(connection, lead, batches) if batches else None
+            if rowcounts is None:
+                moved = direct.run(connection, lead[0], (lead[1],))
+                if moved != 1:
+                    raise LeadMissedError(moved)
+            self._lead_moved = True
+        if batches and rowcounts is None:
+            rowcounts = direct.execute_all(connection, batches)
         for index, (statement, batch) in enumerate(staged.items()):
             if rowcounts is None:  # not all of them qualify: one at a time, each its own way
                 rowcount = direct.run(connection, statement, batch.parameters)
@@ -752,13 +774,28 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
     ) -> tuple[int, Sequence[Transaction]]:
         """Apply the group in one database transaction: ``(the mark after it, the transactions
         applied by this call, all by :meth:`apply`, or empty)``."""
+        first, last = transactions[0].transaction_id, transactions[-1].transaction_id
+        missed = False
+        if partition_id not in self._failing and partition_id not in self._shared:
+            # The usual case of a partition no other instance was seen applying: the move of the
+            # mark goes with the apply's first statement (with its staged writes, in one pipeline
+            # on psycopg), and a move that misses rolls everything back.
+            try:
+                with conn.begin():
+                    self._run_apply(conn, transactions, set(), mark=(first - 1, last))
+                return last, transactions
+            except _UnsettledError:
+                missed = True  # rolled back: decided below, with the mark read or locked
         with conn.begin():
-            first, last = transactions[0].transaction_id, transactions[-1].transaction_id
-            if partition_id not in self._failing and self.marks.try_advance(
-                conn, partition_id, first - 1, last
+            if (
+                not missed
+                and partition_id not in self._failing
+                and self.marks.try_advance(conn, partition_id, first - 1, last)
             ):
-                # The usual case in one statement: the row held the mark right before the group;
-                # it is locked and moved, and rolls back with the apply if the apply fails.
+                # A partition that other instances apply too: the mark moved first, in one
+                # statement (the row held the mark right before the group; it is locked and
+                # moved, and rolls back with the apply if the apply fails), before the apply's
+                # work, which the loser of a race would do for nothing.
                 self._run_apply(conn, transactions, set())
                 return last, transactions
             if partition_id not in self._failing:
@@ -799,9 +836,29 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 applied = () if skips or len(pending) < len(transactions) else pending
         return new_mark, applied
 
-    def _run_apply(self, conn: Connection, pending: Sequence[Transaction], skips: set[int]) -> None:
+    def _run_apply(
+        self,
+        conn: Connection,
+        pending: Sequence[Transaction],
+        skips: set[int],
+        mark: tuple[int, int] | None = None,
+    ) -> None:
+        """Apply ``pending`` (but ``skips``) through one :class:`ApplySession` and flush it.
+
+        ``mark``: ``(expected, new)`` to move the partition's mark from ``expected`` to ``new``
+        before any statement of the apply reaches the database (the session's lead). None: the
+        caller moved it.
+
+        Raises:
+            _UnsettledError: with ``mark``, the row did not hold ``expected``, or the apply failed
+                before the move was known (it may be another instance's to apply): the caller
+                rolls back and decides with the mark read first.
+            Exception: what the apply raised otherwise.
+        """
         session = ApplySession(bind=conn)
         session.grouped = len(pending) > 1
+        if mark is not None:
+            session._lead = self.marks.advance_statement(pending[0].partition_id, *mark)
         try:
             with apply_guard(conn):
                 for transaction in pending:
@@ -810,8 +867,19 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                         continue
                     self.apply(transaction, session)
                 session.flush()  # the staged writes too
+                if mark is not None and not session._lead_moved:
+                    # The move failed inside apply(), which caught the error: nothing may commit.
+                    raise _UnsettledError("the mark's move failed inside apply()")
         except BaseException as exc:
-            if not is_transient(exc):
+            if (
+                mark is not None
+                and not session._lead_moved
+                and isinstance(exc, Exception)
+                and not isinstance(exc, (_UnsettledError, ApplyContractError))
+                and (isinstance(exc, LeadMissedError) or not is_transient(exc))
+            ):
+                raise _UnsettledError(str(exc)) from exc
+            if not (is_transient(exc) or isinstance(exc, _UnsettledError)):
                 self._failing.add(pending[0].partition_id)
             raise
         finally:

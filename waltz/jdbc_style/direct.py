@@ -32,7 +32,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 
 from waltz.jdbc_style.engine import is_prepared
 
-__all__ = ["DIRECT_DRIVERS", "DirectStatements", "direct_statements"]
+__all__ = ["DIRECT_DRIVERS", "DirectStatements", "LeadMissedError", "direct_statements"]
 
 #: (dialect name, driver) pairs the direct path runs on: those measured (``benchmarks/sql_apply.py``).
 DIRECT_DRIVERS = frozenset({("postgresql", "psycopg"), ("mysql", "pymysql"), ("mariadb", "pymysql")})
@@ -40,6 +40,19 @@ DIRECT_DRIVERS = frozenset({("postgresql", "psycopg"), ("mysql", "pymysql"), ("m
 _NOT_DIRECT = ""  # the cache's mark of a (statement, keys) pair that goes the ordinary way
 _ATTRIBUTE = "_waltz_direct_statements"
 _CREATING = threading.Lock()
+
+
+class LeadMissedError(Exception):
+    """The lead statement of :meth:`DirectStatements.execute_led` changed another number of rows
+    than one; the statements after it may have run: the transaction must be rolled back.
+
+    Attributes:
+        rowcount: the rows it changed (-1 when the driver did not say).
+    """
+
+    def __init__(self, rowcount: int) -> None:
+        super().__init__(f"the lead statement changed {rowcount} rows, not one")
+        self.rowcount = rowcount
 
 
 def direct_statements(engine: Engine) -> DirectStatements:
@@ -66,7 +79,9 @@ class DirectStatements:
     def __init__(self, engine: Engine) -> None:
         dialect = engine.dialect
         self.enabled = (dialect.name, dialect.driver) in DIRECT_DRIVERS
-        self._pipelines = dialect.driver == "psycopg"  # the driver can send several statements at once
+        self.pipelines = self.enabled and dialect.driver == "psycopg"
+        """True where several statements go in one pipeline (psycopg): sent together, with one wait
+        for all their results."""
         self._engine = engine
         self._dialect = dialect
         self._sql: dict[tuple[Executable, frozenset[str]], str] = {}
@@ -112,6 +127,7 @@ class DirectStatements:
         self,
         connection: Connection,
         batches: Sequence[tuple[Executable, Sequence[Mapping[str, Any]]]],
+        first_rows: list[int] | None = None,
     ) -> list[int] | None:
         """Run each statement with its parameter sets, in order, when every one qualifies:
         on psycopg several statements in one pipeline, so that the driver sends them together and
@@ -120,6 +136,8 @@ class DirectStatements:
         Args:
             connection: a connection in a transaction, of the engine this instance was made for.
             batches: (statement, its parameter sets with the same keys) pairs, as for :meth:`execute`.
+            first_rows: when given, receives the first statement's row count once its result
+                arrived, also when a later statement then failed.
 
         Returns:
             The rows each statement changed in all, in order; or None when one of them does not
@@ -141,7 +159,7 @@ class DirectStatements:
         cursors: list[Any] = []
         try:
             cursors.extend(driver.cursor() for _ in statements)  # type: ignore[union-attr]
-            if len(statements) > 1 and self._pipelines:
+            if len(statements) > 1 and self.pipelines:
                 with driver.pipeline():  # type: ignore[union-attr]
                     for cursor, sql, (_, parameters) in zip(cursors, statements, batches, strict=True):
                         _run(cursor, sql, parameters)
@@ -150,12 +168,49 @@ class DirectStatements:
                     _run(cursor, sql, parameters)
             return [int(cursor.rowcount) for cursor in cursors]
         except self._dialect.loaded_dbapi.Error as exc:
+            if first_rows is not None and cursors and cursors[0].pgresult is not None:
+                first_rows.append(int(cursors[0].rowcount))
             connection._handle_dbapi_exception(
                 exc, ";\n".join(statements), [p for _, parameters in batches for p in parameters], None, None
             )
         finally:
             for cursor in cursors:
                 cursor.close()
+
+    def execute_led(
+        self,
+        connection: Connection,
+        lead: tuple[Executable, Mapping[str, Any]],
+        batches: Sequence[tuple[Executable, Sequence[Mapping[str, Any]]]],
+    ) -> list[int] | None:
+        """Run ``lead`` (one parameter set) and then ``batches`` in one pipeline (as
+        :meth:`execute_all` does), where the lead must change exactly one row.
+
+        Returns:
+            The rows each statement of ``batches`` changed, in order; or None when this engine
+            has no pipelines or one of them does not qualify, and then none ran.
+
+        Raises:
+            LeadMissedError: the lead changed another number of rows than one; raised also when a
+                statement after it failed, since the lead's count came first (the lead decides
+                whether the others should have run at all).
+            sqlalchemy.exc.DBAPIError: the database refused one of them otherwise.
+        """
+        if not self.pipelines:
+            return None
+        statement, parameters = lead
+        lead_rows: list[int] = []
+        try:
+            counts = self.execute_all(connection, [(statement, (parameters,)), *batches], lead_rows)
+        except Exception:
+            if lead_rows and lead_rows[0] != 1:
+                raise LeadMissedError(lead_rows[0]) from None
+            raise
+        if counts is None:
+            return None
+        if counts[0] != 1:
+            raise LeadMissedError(counts[0])
+        return counts[1:]
 
     def _sql_for(self, statement: Executable, parameters: Sequence[Mapping[str, Any]]) -> str | None:
         """The compiled SQL to run ``statement`` with ``parameters`` on the cursor, or None."""

@@ -15,6 +15,7 @@ from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.base import Executable
 
 from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.schema import high_water_marks as _marks
@@ -114,6 +115,15 @@ class HighWaterMarks:
                 raise RuntimeError(f"high-water-mark row of partition {partition_id} vanished")
         return int(mark)
 
+    def advance_statement(
+        self, partition_id: int, expected: int, new: int
+    ) -> tuple[Executable, dict[str, Any]]:
+        """The statement of :meth:`try_advance` and its parameters, to run with other statements:
+        it changes one row when the row held ``expected`` (and then holds ``new``, locked), none
+        otherwise."""
+        parameters = {**self._key(partition_id), "expected_mark": expected, "new_mark": new, "now": _now()}
+        return self._advance, parameters
+
     def try_advance(self, conn: Connection, partition_id: int, expected: int, new: int) -> bool:
         """Move the row from ``expected`` to ``new`` if it holds ``expected``, locking it.
 
@@ -125,8 +135,8 @@ class HighWaterMarks:
             True when the row held ``expected`` and now holds ``new``; False otherwise (another
             instance moved it, the row is missing, or there is a gap), with nothing changed.
         """
-        parameters = {**self._key(partition_id), "expected_mark": expected, "new_mark": new, "now": _now()}
-        return direct_statements(conn.engine).run(conn, self._advance, (parameters,)) == 1
+        statement, parameters = self.advance_statement(partition_id, expected, new)
+        return direct_statements(conn.engine).run(conn, statement, (parameters,)) == 1
 
     def advance(self, conn: Connection, partition_id: int, expected: int, new: int) -> None:
         """Move the locked row from ``expected`` to ``new`` (checked: the row must hold ``expected``).
