@@ -193,7 +193,7 @@ class DirectStatements:
         Raises:
             LeadMissedError: the lead changed another number of rows than one; raised also when a
                 statement after it failed, since the lead's count came first (the lead decides
-                whether the others should have run at all).
+                whether the others should have run at all), unless the connection was lost.
             sqlalchemy.exc.DBAPIError: the database refused one of them otherwise.
         """
         if not self.pipelines:
@@ -203,7 +203,8 @@ class DirectStatements:
         try:
             counts = self.execute_all(connection, [(statement, (parameters,)), *batches], lead_rows)
         except Exception:
-            if lead_rows and lead_rows[0] != 1:
+            # A lost connection is the retry's to handle, whatever the lead did.
+            if lead_rows and lead_rows[0] != 1 and not connection.invalidated:
                 raise LeadMissedError(lead_rows[0]) from None
             raise
         if counts is None:
