@@ -166,6 +166,7 @@ def test_the_workload_times_submit_to_commit_and_to_applied(
         )
         try:
             workload.populate(timeout=60)
+            assert workload.warm_up(30, timeout=30) == 0  # every warm-up transaction applied
             stats = workload.run(120)
             assert workload.wait_applied(30)
             assert workload.unapplied == 0

@@ -349,8 +349,8 @@ def _run_instance(spec: _InstanceSpec, start: Any, stop: Any, results: Any) -> N
         )
         workload = SmallBankWorkload([service], config)
         try:
-            workload.warm_up(settings.warm_up)
-            results.put(("ready", spec.index, None))
+            unsettled = workload.warm_up(settings.warm_up, APPLIED_TIMEOUT)
+            results.put(("ready", spec.index, unsettled))
             if not start.wait(START_TIMEOUT + 30):
                 raise TimeoutError(f"no start within {START_TIMEOUT + 30:g}s")
             started = time.time()
@@ -861,7 +861,11 @@ def run_smallbank(
         tell(f"starting {settings.instances} instance process(es)")
         instances = _Instances(specs)
         try:
-            instances.gather("ready", START_TIMEOUT, "ready")
+            unsettled = instances.gather("ready", START_TIMEOUT, "ready")
+            for index, count in sorted(unsettled.items()):
+                if count:
+                    warnings.append(_unsettled_warm_up(index, count))
+                    tell(f"warning: {warnings[-1]}")
             tell(f"running {settings.transactions:,} draws")
             with measure_nodes(metrics_urls or {}) as usage:
                 instances.start.set()
@@ -911,6 +915,16 @@ def _unequal_shares(partitions: int, counts: Sequence[int]) -> str:
         "transactions from its own partitions' customers, so those with fewer partitions have "
         "fewer hot customers, more lock conflicts and a longer mix, which sets the window of "
         f"committed/s (give --partitions a multiple of {instances} for equal shares)"
+    )
+
+
+def _unsettled_warm_up(index: int, unapplied: int) -> str:
+    """The warning for an instance whose client had not applied all its warm-up transactions
+    after :data:`APPLIED_TIMEOUT` seconds: its measured phase began with that backlog."""
+    return (
+        f"instance {index} began the measured phase with {unapplied:,} warm-up transaction(s) its "
+        f"client had not applied after {APPLIED_TIMEOUT:g}s: its first latencies include that "
+        "backlog (is the database keeping up?)"
     )
 
 

@@ -295,14 +295,19 @@ class SmallBankWorkload:
         self.stats.seconds = time.monotonic() - started
         return self.stats
 
-    def warm_up(self, draws: int) -> None:
+    def warm_up(self, draws: int, timeout: float = 60.0) -> int:
         """Run ``draws`` of the mix as fast as ``in_flight`` allows, closing no accounts, and
         wait until this instance has applied them, so that the next :meth:`run`, which counts
-        from nothing, starts on a settled system."""
+        from nothing, starts on a settled system.
+
+        Returns:
+            How many of them were still not applied after ``timeout`` seconds (0: settled).
+        """
         for _ in range(draws):
             self._one(self._draw())
         self.drain()
-        self.wait_applied()
+        self.wait_applied(timeout)
+        return self.unapplied
 
     def drain(self, timeout: float = 300.0) -> None:
         """Wait until every submitted transaction is resolved.
