@@ -239,7 +239,9 @@ class ApplyWorker:
                     if entry.submission is not None:
                         entry.submission.applied()
                 if self._metrics is not None:
-                    self._time_stages(batch, started, time.monotonic())
+                    count = len(batch)
+                    waited = count * started - sum(entry.queued_at for entry in batch)
+                    self._add_stages(waited, count * (time.monotonic() - started), count)
             else:
                 advance = self._applied.advance
                 apply = self._callbacks.apply_transaction
@@ -248,6 +250,8 @@ class ApplyWorker:
                     return  # the run's data fetched first (retried like an apply)
                 timed = self._metrics is not None
                 began = started  # the start of this transaction's apply
+                waited = applying = 0.0  # the stages of those applied so far, added once at the end
+                done = 0
                 for entry in batch:  # each applied, then marked, before the next one
                     if closed():
                         return  # close() stops after the apply in progress
@@ -269,21 +273,25 @@ class ApplyWorker:
                         entry.submission.applied()
                     if timed:
                         now = time.monotonic()
-                        self._time_stages((entry,), began, now)
+                        waited += began - entry.queued_at
+                        applying += now - began
+                        done += 1
                         began = now
+                if timed and done:
+                    self._add_stages(waited, applying, done)
             self._in_progress = 0
             if self._metrics is not None:
                 self._metrics.applied.inc(len(batch))
 
-    def _time_stages(self, entries: Sequence[_Entry], began: float, ended: float) -> None:
-        """Add ``entries`` to the apply's stage summaries: each waited from its ``queued_at`` to
-        ``began`` (behind earlier applies) and was applied from ``began`` to ``ended`` (its data
+    def _add_stages(self, waited: float, applying: float, count: int) -> None:
+        """Add ``count`` transactions of a run to the apply's stage summaries, once per run:
+        ``waited`` seconds in all from each one's ``queued_at`` to the start of its apply (behind
+        earlier applies), ``applying`` seconds in all from there to its apply's end (its data
         loaded, absorbed, applied and marked; retries included), so that the two add up to the
         time from the feed handing it over to its apply's end."""
         assert self._metrics is not None
-        count = len(entries)
-        self._metrics.apply_wait_seconds.add(count * began - sum(entry.queued_at for entry in entries), count)
-        self._metrics.apply_seconds.add(count * (ended - began), count)
+        self._metrics.apply_wait_seconds.add(waited, count)
+        self._metrics.apply_seconds.add(applying, count)
 
     def _absorb(self, transactions: list[Transaction]) -> None:
         """Hand a loaded batch to ``absorb_transactions``, then advance the absorbed mark (an

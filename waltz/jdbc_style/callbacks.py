@@ -876,7 +876,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 and not session._lead_moved
                 and isinstance(exc, Exception)
                 and not isinstance(exc, (_UnsettledError, ApplyContractError))
-                and (isinstance(exc, LeadMissedError) or not is_transient(exc))
+                and not is_transient(exc)  # a lead that missed (LeadMissedError) is not transient
             ):
                 raise _UnsettledError(str(exc)) from exc
             if not (is_transient(exc) or isinstance(exc, _UnsettledError)):

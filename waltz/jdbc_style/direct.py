@@ -79,9 +79,7 @@ class DirectStatements:
     def __init__(self, engine: Engine) -> None:
         dialect = engine.dialect
         self.enabled = (dialect.name, dialect.driver) in DIRECT_DRIVERS
-        self.pipelines = self.enabled and dialect.driver == "psycopg"
-        """True where several statements go in one pipeline (psycopg): sent together, with one wait
-        for all their results."""
+        self._pipelines = dialect.driver == "psycopg"  # the driver can send several statements at once
         self._engine = engine
         self._dialect = dialect
         self._sql: dict[tuple[Executable, frozenset[str]], str] = {}
@@ -159,7 +157,7 @@ class DirectStatements:
         cursors: list[Any] = []
         try:
             cursors.extend(driver.cursor() for _ in statements)  # type: ignore[union-attr]
-            if len(statements) > 1 and self.pipelines:
+            if len(statements) > 1 and self._pipelines:
                 with driver.pipeline():  # type: ignore[union-attr]
                     for cursor, sql, (_, parameters) in zip(cursors, statements, batches, strict=True):
                         _run(cursor, sql, parameters)
@@ -196,7 +194,7 @@ class DirectStatements:
                 whether the others should have run at all), unless the connection was lost.
             sqlalchemy.exc.DBAPIError: the database refused one of them otherwise.
         """
-        if not self.pipelines:
+        if not (self.enabled and self._pipelines):
             return None
         statement, parameters = lead
         lead_rows: list[int] = []
