@@ -109,6 +109,48 @@ def test_several_statements_run_together_or_not_at_all(engine: Engine) -> None:
     assert amounts(engine) == {1: 1, 2: 2, 3: 0, 4: 14}  # rolled back together
 
 
+class _UndoError(Exception):
+    pass
+
+
+def test_the_lead_s_pipeline_begins_the_transaction_and_gives_it_back(engine: Engine) -> None:
+    """On psycopg ``execute_led(begin=True)`` sends the transaction's ``BEGIN`` in the lead's
+    pipeline (no round trip of its own): what runs after it is in the same transaction, which
+    rolls back or commits as a whole; ``end_pipelined_begin`` gives the driver its own
+    transaction control back, and invalidates a connection still in a transaction."""
+    direct = direct_statements(engine)
+    lead = (ADD, {"k": 1, "d": 1})
+    if engine.dialect.name != "postgresql":  # no pipelines: declined, nothing ran
+        with engine.connect() as conn, conn.begin():
+            assert direct.execute_led(conn, lead, [(ADD, [{"k": 2, "d": 2}])], begin=True) is None
+        assert amounts(engine) == {1: 0, 2: 0, 3: 0}
+        return
+    with engine.connect() as conn:
+        driver: Any = conn.connection.dbapi_connection
+        with pytest.raises(_UndoError), conn.begin():
+            assert direct.execute_led(conn, lead, [(ADD, [{"k": 2, "d": 2}])], begin=True) == [1]
+            assert driver.autocommit and driver.pgconn.transaction_status != 0  # begun by the pipeline
+            conn.execute(ADD, {"k": 3, "d": 3})  # the ordinary path, in the same transaction
+            raise _UndoError
+        assert amounts(engine) == {1: 0, 2: 0, 3: 0}  # all of it rolled back
+        direct.end_pipelined_begin(conn)
+        assert not driver.autocommit
+        with conn.begin():
+            assert direct.execute_led(conn, lead, [], begin=True) == []  # the lead alone, with BEGIN
+            conn.execute(ADD, {"k": 3, "d": 3})
+        direct.end_pipelined_begin(conn)
+        assert not driver.autocommit and not conn.invalidated
+        assert amounts(engine) == {1: 1, 2: 0, 3: 3}
+        with conn.begin():  # the driver's own BEGIN again
+            assert direct.execute(conn, ADD, ({"k": 2, "d": 2},)) == 1
+        assert amounts(engine) == {1: 1, 2: 2, 3: 3}
+        conn.begin()
+        direct.execute_led(conn, lead, [], begin=True)
+        direct.end_pipelined_begin(conn)  # too early: the transaction is open
+        assert conn.invalidated
+    assert amounts(engine) == {1: 1, 2: 2, 3: 3}
+
+
 def test_what_sqlalchemy_would_change_goes_the_ordinary_way(engine: Engine) -> None:
     direct = direct_statements(engine)
     literal = sa.update(rows).where(rows.c.id == bindparam("k")).values(amount=7)  # a bound value of its own

@@ -149,8 +149,8 @@ def test_the_framework_s_writes_run_on_the_cursor_on_database_servers(engine: En
     ran: list[list[int] | None] = []
     execute_all = direct.execute_all
 
-    def recording(*args: Any) -> list[int] | None:
-        ran.append(result := execute_all(*args))
+    def recording(*args: Any, **kwargs: Any) -> list[int] | None:
+        ran.append(result := execute_all(*args, **kwargs))
         return result
 
     callbacks = Deposits(engine)
@@ -182,9 +182,9 @@ def test_a_group_another_instance_applied_meanwhile_rolls_back_when_its_mark_mis
     led: list[str] = []
     execute_led = direct.execute_led
 
-    def recording(*args: Any) -> list[int] | None:
+    def recording(*args: Any, **kwargs: Any) -> list[int] | None:
         try:
-            result = execute_led(*args)
+            result = execute_led(*args, **kwargs)
         except LeadMissedError:
             led.append("missed")
             raise
@@ -239,6 +239,33 @@ def test_a_missed_mark_hidden_by_the_apply_still_commits_nothing(engine: Engine)
     # its own next group applies (with the mark moved first: the partition counts as shared now)
     hider.apply_transactions(_deposits((1, 5), (2, 7), (3, 4))[2:])
     assert _balances(engine) == {1: 5, 2: 7, 3: 4}
+
+
+def test_applies_give_the_driver_its_own_transaction_control_back(engine: Engine) -> None:
+    """On PostgreSQL a group's ``BEGIN`` goes in the lead's pipeline, psycopg in autocommit until
+    the transaction ends (docs/design/sql.md "The apply contract"): after a commit, a lost race and
+    a failed apply, every connection given back to the pool is out of autocommit."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("only psycopg has pipelines")
+    given_back: list[bool] = []
+
+    @event.listens_for(engine, "checkin")
+    def checkin(dbapi_connection: Any, record: object) -> None:
+        given_back.append(bool(dbapi_connection.autocommit))
+
+    first, second = Deposits(engine), Deposits(engine)
+    first.get_client_high_water_mark(0)
+    second.get_client_high_water_mark(0)
+    group = _deposits((1, 5), (2, 7), (9, 1))  # account 9 does not exist
+    first.apply_transactions(group[:2])  # committed
+    second.apply_transactions(group[:2])  # a lost race: rolled back, then found applied
+    with pytest.raises(StagedRowCountError):
+        first.apply_transaction(group[2])
+    first.release_connections()
+    second.release_connections()
+    assert len(given_back) >= 3 and not any(given_back)
+    assert _balances(engine) == {1: 5, 2: 7, 3: 0}
+    assert first.get_client_high_water_mark(0) == second.get_client_high_water_mark(0) == 1
 
 
 def test_a_read_in_apply_sees_the_writes_staged_before_it(engine: Engine) -> None:

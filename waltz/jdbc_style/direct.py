@@ -23,6 +23,7 @@ own guard (which would not see the statement otherwise).
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,6 +41,7 @@ DIRECT_DRIVERS = frozenset({("postgresql", "psycopg"), ("mysql", "pymysql"), ("m
 _NOT_DIRECT = ""  # the cache's mark of a (statement, keys) pair that goes the ordinary way
 _ATTRIBUTE = "_waltz_direct_statements"
 _CREATING = threading.Lock()
+_IDLE = 0  # libpq's PQTRANS_IDLE (psycopg.pq.TransactionStatus.IDLE): no transaction open
 
 
 class LeadMissedError(Exception):
@@ -83,6 +85,8 @@ class DirectStatements:
         self._engine = engine
         self._dialect = dialect
         self._sql: dict[tuple[Executable, frozenset[str]], str] = {}
+        # Drivers in autocommit since execute_led sent their transaction's BEGIN in its pipeline.
+        self._begun: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def execute(
         self, connection: Connection, statement: Executable, parameters: Sequence[Mapping[str, Any]]
@@ -126,6 +130,7 @@ class DirectStatements:
         connection: Connection,
         batches: Sequence[tuple[Executable, Sequence[Mapping[str, Any]]]],
         first_rows: list[int] | None = None,
+        begin: bytes | None = None,
     ) -> list[int] | None:
         """Run each statement with its parameter sets, in order, when every one qualifies:
         on psycopg several statements in one pipeline, so that the driver sends them together and
@@ -136,6 +141,8 @@ class DirectStatements:
             batches: (statement, its parameter sets with the same keys) pairs, as for :meth:`execute`.
             first_rows: when given, receives the first statement's row count once its result
                 arrived, also when a later statement then failed.
+            begin: (psycopg, see :meth:`execute_led`) the transaction's ``BEGIN``, sent first in
+                the pipeline, ahead of the statements.
 
         Returns:
             The rows each statement changed in all, in order; or None when one of them does not
@@ -155,10 +162,15 @@ class DirectStatements:
             statements.append(sql)
         driver = connection.connection.dbapi_connection
         cursors: list[Any] = []
+        opened: list[Any] = []  # the cursor of ``begin``
         try:
             cursors.extend(driver.cursor() for _ in statements)  # type: ignore[union-attr]
-            if len(statements) > 1 and self._pipelines:
+            if (len(statements) > 1 or begin is not None) and self._pipelines:
                 with driver.pipeline():  # type: ignore[union-attr]
+                    if begin is not None:
+                        opener = driver.cursor()  # type: ignore[union-attr]
+                        opened.append(opener)
+                        opener.execute(begin)
                     for cursor, sql, (_, parameters) in zip(cursors, statements, batches, strict=True):
                         _run(cursor, sql, parameters)
             else:
@@ -172,7 +184,7 @@ class DirectStatements:
                 exc, ";\n".join(statements), [p for _, parameters in batches for p in parameters], None, None
             )
         finally:
-            for cursor in cursors:
+            for cursor in (*opened, *cursors):
                 cursor.close()
 
     def execute_led(
@@ -180,9 +192,19 @@ class DirectStatements:
         connection: Connection,
         lead: tuple[Executable, Mapping[str, Any]],
         batches: Sequence[tuple[Executable, Sequence[Mapping[str, Any]]]],
+        *,
+        begin: bool = False,
     ) -> list[int] | None:
         """Run ``lead`` (one parameter set) and then ``batches`` in one pipeline (as
         :meth:`execute_all` does), where the lead must change exactly one row.
+
+        With ``begin``, when the database transaction has not begun yet (the lead is its first
+        statement), its ``BEGIN`` goes first in the same pipeline instead of in a round trip of
+        its own (psycopg sends and awaits it alone before a transaction's first statement): the
+        driver runs in autocommit until the transaction ends, so that it sends no ``BEGIN`` of
+        its own, and ``COMMIT`` and ``ROLLBACK`` (which psycopg sends by the transaction's state)
+        end it as usual. The caller must then call :meth:`end_pipelined_begin` once the
+        transaction ended, before anything else runs on the connection.
 
         Returns:
             The rows each statement of ``batches`` changed, in order; or None when this engine
@@ -198,18 +220,59 @@ class DirectStatements:
             return None
         statement, parameters = lead
         lead_rows: list[int] = []
+        begin_command = self._pipelined_begin(connection) if begin else None
         try:
-            counts = self.execute_all(connection, [(statement, (parameters,)), *batches], lead_rows)
+            counts = self.execute_all(
+                connection, [(statement, (parameters,)), *batches], lead_rows, begin=begin_command
+            )
         except Exception:
             # A lost connection is the retry's to handle, whatever the lead did.
             if lead_rows and lead_rows[0] != 1 and not connection.invalidated:
                 raise LeadMissedError(lead_rows[0]) from None
             raise
         if counts is None:
+            if begin_command is not None:
+                self.end_pipelined_begin(connection)  # nothing ran: the driver begins as usual
             return None
         if counts[0] != 1:
             raise LeadMissedError(counts[0])
         return counts[1:]
+
+    def end_pipelined_begin(self, connection: Connection) -> None:
+        """Give the driver its own transaction control back after a transaction whose ``BEGIN``
+        :meth:`execute_led` sent in its pipeline (nothing to do otherwise): call it once that
+        transaction ended. A connection found still in a transaction is invalidated, never
+        reused in autocommit."""
+        if connection.invalidated or connection.closed:
+            return
+        driver: Any = connection.connection.dbapi_connection
+        if driver is None or driver not in self._begun:
+            return
+        self._begun.discard(driver)
+        if driver.closed or driver.pgconn.transaction_status != _IDLE:
+            connection.invalidate()
+            return
+        driver.autocommit = False
+
+    def _pipelined_begin(self, connection: Connection) -> bytes | None:
+        """The ``BEGIN`` to send first in the pipeline of the transaction's first statement,
+        with the driver switched to autocommit; or None where the driver begins it itself."""
+        if not (self.enabled and self._pipelines and connection.in_transaction() and self._plain(connection)):
+            return None
+        driver: Any = connection.connection.dbapi_connection
+        if (
+            driver.autocommit
+            or driver.pgconn.transaction_status != _IDLE
+            or driver.read_only is not None
+            or driver.deferrable is not None
+        ):
+            return None
+        command = b"BEGIN"
+        if driver.isolation_level is not None:
+            command += b" ISOLATION LEVEL " + driver.isolation_level.name.replace("_", " ").encode()
+        driver.autocommit = True
+        self._begun.add(driver)
+        return command
 
     def _sql_for(self, statement: Executable, parameters: Sequence[Mapping[str, Any]]) -> str | None:
         """The compiled SQL to run ``statement`` with ``parameters`` on the cursor, or None."""
