@@ -337,6 +337,15 @@ class Wallet(Base):
     balance: Mapped[int] = mapped_column()
 
 
+class Badge(Base):
+    """A row with a unique column besides its key: changes of different rows depend on their order."""
+
+    __tablename__ = "staged_badges"
+    __waltz__ = WaltzEntity("badge")
+    badge_id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    code: Mapped[str] = mapped_column(sa.String(10), unique=True)
+
+
 @pytest.fixture
 def wallets(engine: Engine) -> Iterator[ChangeSetCallbacks]:
     Base.metadata.drop_all(engine)
@@ -433,3 +442,45 @@ def test_a_staged_update_of_a_missing_row_fails_as_a_change_set_apply_error(
     assert isinstance(raised.value.__cause__, ChangeSetApplyError)  # named by the one-by-one retry
     assert _wallets(engine) == {1: 10}
     assert wallets.get_client_high_water_mark(0) == 0
+
+
+def test_one_change_set_transaction_stages_its_row_changes_with_the_mark(
+    engine: Engine, wallets: ChangeSetCallbacks
+) -> None:
+    """A transaction applied on its own stages its row changes too: one statement per shape, on
+    PostgreSQL in the mark's pipeline (docs/design/sql.md "Change-sets")."""
+    wallets.apply_transaction(_change_sets([_put(Operation.INSERT, 1, 10), _put(Operation.INSERT, 2, 20)])[0])
+    statements = _statements(engine)
+    one = _change_sets([], [_put(Operation.UPDATE, 1, 11), _put(Operation.UPDATE, 2, 21)])[1]
+    wallets.apply_transaction(one)
+    assert _wallets(engine) == {1: 11, 2: 21}
+    assert wallets.get_client_high_water_mark(0) == 1
+    wallet_updates = [many for text, many in statements if text.upper().startswith("UPDATE STAGED_WALLETS")]
+    assert wallet_updates == [True]  # both updates in one executemany
+
+
+def test_one_transaction_whose_staged_changes_fail_is_applied_again_alone(
+    engine: Engine, wallets: ChangeSetCallbacks
+) -> None:
+    """Staged by statement, a transaction's changes of different rows may meet in another order
+    than the log's (here a unique code taken before the update that frees it): the transaction
+    is applied again alone, each change at once, in order; a missing row then fails as the change
+    that missed it."""
+    first = ChangeSet([RowChange(Operation.INSERT, "badge", {"badge_id": 1}, {"badge_id": 1, "code": "a"})])
+    wallets.apply_transaction(Transaction(0, 0, ReqId(1, 1, 0, 0), CHANGE_SET_HEADER, None, first.encode()))
+    swap = ChangeSet(
+        [
+            RowChange(Operation.INSERT, "badge", {"badge_id": 5}, {"badge_id": 5, "code": "q"}),
+            RowChange(Operation.UPDATE, "badge", {"badge_id": 1}, {"badge_id": 1, "code": "z"}),
+            RowChange(Operation.INSERT, "badge", {"badge_id": 6}, {"badge_id": 6, "code": "a"}),
+        ]
+    )
+    wallets.apply_transaction(Transaction(0, 1, ReqId(1, 1, 0, 1), CHANGE_SET_HEADER, None, swap.encode()))
+    with engine.connect() as conn:
+        assert dict(conn.execute(sa.select(Badge.badge_id, Badge.code)).all()) == {1: "z", 5: "q", 6: "a"}
+    assert wallets.get_client_high_water_mark(0) == 1
+    missing = _change_sets([], [], [_put(Operation.INSERT, 2, 20), _put(Operation.UPDATE, 7, 1)])[2]
+    with pytest.raises(ChangeSetApplyError, match="update of wallet"):
+        wallets.apply_transaction(missing)
+    assert _wallets(engine) == {}
+    assert wallets.get_client_high_water_mark(0) == 1

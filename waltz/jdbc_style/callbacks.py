@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import tenacity
 from sqlalchemy import Engine, select, update
 from sqlalchemy.engine import Connection, Result
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.base import Executable
 
@@ -97,6 +98,10 @@ class ApplySession(Session):
         self._lead_moved = False  # the lead ran and changed its one row
         self.grouped = False
         """True while the session applies a group of more than one log transaction."""
+        self.alone = False
+        """True while the session applies one log transaction again on its own, after a first
+        try (with staged writes, or in a group) failed: write each change at once rather than
+        staging it, so that a failure names the change (``ChangeSetCallbacks`` does)."""
 
     def stage(
         self,
@@ -469,12 +474,27 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
     def apply_transaction(self, transaction: Transaction) -> None:
         """Apply one transaction exactly once (see the module docstring).
 
+        When the first try fails with a database error that is not transient or a staged row
+        count (the staged writes may have run in another order than ``apply`` gave them), the
+        transaction is applied again with :attr:`ApplySession.alone` set.
+
         Raises:
             HighWaterMarkGapError: the database's mark is below ``transaction_id - 1``.
             Exception: what ``apply`` raised (after rollback), or a database error that retries
                 did not cure within ``retry_timeout``.
         """
-        self._retry(lambda: self._apply_batch([transaction]))
+        try:
+            self._retry(lambda: self._apply_batch([transaction]))
+        except (StagedRowCountError, DBAPIError) as exc:
+            if is_transient(exc):
+                raise  # the retries ran out: alone would not help
+            log.info(
+                "partition %d: transaction %d failed (%r); applying it again alone",
+                transaction.partition_id,
+                transaction.transaction_id,
+                exc,
+            )
+            self._retry(lambda: self._apply_batch([transaction], alone=True))
 
     def apply_transactions(self, transactions: Sequence[Transaction]) -> None:
         """Group apply: consecutive transactions of one partition in one database transaction.
@@ -706,7 +726,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 self._applied[partition_id] = mark
                 self._applied_changed.notify_all()
 
-    def _apply_batch(self, transactions: Sequence[Transaction]) -> None:
+    def _apply_batch(self, transactions: Sequence[Transaction], *, alone: bool = False) -> None:
         partition_id = transactions[0].partition_id
         if partition_id not in self._rows:
             # Create a missing mark row in a transaction of its own: locking a row that does not
@@ -732,7 +752,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         conn = self._appliers.take()
         try:
             conn.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
-            new_mark, applied = self._apply_locked(conn, partition_id, transactions)
+            new_mark, applied = self._apply_locked(conn, partition_id, transactions, alone)
         except ApplyContractError:
             # The guard may have interrupted a commit half-way: never reuse that DBAPI connection.
             conn.invalidate()
@@ -771,10 +791,11 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         return True
 
     def _apply_locked(
-        self, conn: Connection, partition_id: int, transactions: Sequence[Transaction]
+        self, conn: Connection, partition_id: int, transactions: Sequence[Transaction], alone: bool
     ) -> tuple[int, Sequence[Transaction]]:
         """Apply the group in one database transaction: ``(the mark after it, the transactions
-        applied by this call, all by :meth:`apply`, or empty)``."""
+        applied by this call, all by :meth:`apply`, or empty)``; ``alone``: see
+        :attr:`ApplySession.alone`."""
         first, last = transactions[0].transaction_id, transactions[-1].transaction_id
         missed = False
         if partition_id not in self._failing and partition_id not in self._shared:
@@ -783,7 +804,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             # on psycopg), and a move that misses rolls everything back.
             try:
                 with conn.begin():
-                    self._run_apply(conn, transactions, set(), mark=(first - 1, last))
+                    self._run_apply(conn, transactions, set(), alone, mark=(first - 1, last))
                 return last, transactions
             except _UnsettledError:
                 missed = True  # rolled back: decided below, with the mark read or locked
@@ -800,7 +821,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 # statement (the row held the mark right before the group; it is locked and
                 # moved, and rolls back with the apply if the apply fails), before the apply's
                 # work, which the loser of a race would do for nothing.
-                self._run_apply(conn, transactions, set())
+                self._run_apply(conn, transactions, set(), alone)
                 return last, transactions
             if partition_id not in self._failing:
                 # Another instance moved the row (the usual loser of a race): a plain read says
@@ -833,7 +854,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                     if partition_id in self._failing
                     else set()
                 )
-                self._run_apply(conn, pending, skips)
+                self._run_apply(conn, pending, skips, alone)
                 new_mark = pending[-1].transaction_id
                 self.marks.advance(conn, partition_id, mark, new_mark)
                 # Not all by this apply: some by another instance, or an operator's skips.
@@ -845,6 +866,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         conn: Connection,
         pending: Sequence[Transaction],
         skips: set[int],
+        alone: bool,
         mark: tuple[int, int] | None = None,
     ) -> None:
         """Apply ``pending`` (but ``skips``) through one :class:`ApplySession` and flush it.
@@ -861,6 +883,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         """
         session = ApplySession(bind=conn)
         session.grouped = len(pending) > 1
+        session.alone = alone
         if mark is not None:
             session._lead = self.marks.advance_statement(pending[0].partition_id, *mark)
         try:

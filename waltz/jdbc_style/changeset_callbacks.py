@@ -315,7 +315,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         model = info.model
         if isinstance(session, ApplySession) and self._stageable(info, change):
             statement, parameters = self._shaped(model, change)
-            if session.grouped:
+            if not session.alone:
                 session.stage(
                     statement,
                     parameters,
@@ -323,8 +323,9 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
                     row=_row_of(info, change),
                 )
                 return
-            # One transaction: the statement built once, run on the session's connection (after
-            # the staged writes and, as session.execute would, an autoflush of the session).
+            # Applied again alone, after the staged try failed: the statement built once, run at
+            # once on the session's connection (after the staged writes and, as session.execute
+            # would, an autoflush of the session), so that a missing row names its change.
             if session.autoflush:
                 session.flush()
             connection = session.connection()
@@ -373,15 +374,17 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
 
     @staticmethod
     def _stageable(info: EntityInfo, change: RowChange) -> bool:
-        """Whether a row change runs as a statement built once per shape (:meth:`_shaped`), staged
-        in a group: an insert, or an update or delete by the
-        whole primary key (so that each hits at most one row, and the group's summed row count
-        is exactly the check that every one hit one). A staged group runs its changes by
-        statement; each change names its row (:func:`_row_of`), so that a row written again by a
-        statement staged earlier than its last write's runs the staged writes first: the changes
-        of one row keep the log's order. A change that still depended on the order (a row named
-        by other values than its primary key's) fails the row count or a unique key, and the
-        group is applied again one transaction at a time, in order."""
+        """Whether a row change runs as a statement built once per shape (:meth:`_shaped`),
+        staged: an insert, or an update or delete by the
+        whole primary key (so that each hits at most one row, and the summed row count of a
+        statement's parameter sets is exactly the check that every one hit one). Staged writes
+        (of a group, or of one transaction) run by statement; each change names its row
+        (:func:`_row_of`), so that a row written again by a statement staged earlier than its
+        last write's runs the staged writes first: the changes of one row keep the log's order.
+        A change that still depended on the order (a row named by other values than its primary
+        key's) fails the row count or a unique key, and the group is applied again one
+        transaction at a time, and a transaction alone with each change written at once, in
+        order (:attr:`ApplySession.alone`)."""
         return change.operation is Operation.INSERT or set(change.key) == set(info.primary_key)
 
     def _shaped(self, model: type[Any], change: RowChange) -> tuple[Any, dict[str, Any]]:
