@@ -243,7 +243,7 @@ class DirectStatements:
         :meth:`execute_led` sent in its pipeline (nothing to do otherwise): call it once that
         transaction ended. A connection found still in a transaction is invalidated, never
         reused in autocommit."""
-        if connection.invalidated or connection.closed:
+        if not self._begun or connection.invalidated or connection.closed:
             return
         driver: Any = connection.connection.dbapi_connection
         if driver is None or driver not in self._begun:
