@@ -125,11 +125,13 @@ def test_the_lead_s_pipeline_begins_the_transaction_and_gives_it_back(engine: En
             assert direct.execute_led(conn, lead, [(ADD, [{"k": 2, "d": 2}])], begin=True) is None
         assert amounts(engine) == {1: 0, 2: 0, 3: 0}
         return
+    from psycopg import pq  # PostgreSQL's driver: only this case needs it
+
     with engine.connect() as conn:
         driver: Any = conn.connection.dbapi_connection
         with pytest.raises(_UndoError), conn.begin():
             assert direct.execute_led(conn, lead, [(ADD, [{"k": 2, "d": 2}])], begin=True) == [1]
-            assert driver.autocommit and driver.pgconn.transaction_status != 0  # begun by the pipeline
+            assert driver.autocommit and driver.pgconn.transaction_status == pq.TransactionStatus.INTRANS
             conn.execute(ADD, {"k": 3, "d": 3})  # the ordinary path, in the same transaction
             raise _UndoError
         assert amounts(engine) == {1: 0, 2: 0, 3: 0}  # all of it rolled back

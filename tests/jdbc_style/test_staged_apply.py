@@ -242,7 +242,7 @@ def test_a_missed_mark_hidden_by_the_apply_still_commits_nothing(engine: Engine)
 
 
 def test_applies_give_the_driver_its_own_transaction_control_back(engine: Engine) -> None:
-    """On PostgreSQL a group's ``BEGIN`` goes in the lead's pipeline, psycopg in autocommit until
+    """On PostgreSQL an apply's ``BEGIN`` goes in the lead's pipeline, psycopg in autocommit until
     the transaction ends (docs/design/sql.md "The apply contract"): after a commit, a lost race and
     a failed apply, every connection given back to the pool is out of autocommit."""
     if engine.dialect.name != "postgresql":
@@ -447,8 +447,8 @@ def test_a_staged_update_of_a_missing_row_fails_as_a_change_set_apply_error(
 def test_one_change_set_transaction_stages_its_row_changes_with_the_mark(
     engine: Engine, wallets: ChangeSetCallbacks
 ) -> None:
-    """A transaction applied on its own stages its row changes too: one statement per shape, on
-    PostgreSQL in the mark's pipeline (docs/design/sql.md "Change-sets")."""
+    """A transaction applied on its own stages its row changes too: one statement per shape for
+    all of its changes, as in a group (docs/design/sql.md "Change-sets")."""
     wallets.apply_transaction(_change_sets([_put(Operation.INSERT, 1, 10), _put(Operation.INSERT, 2, 20)])[0])
     statements = _statements(engine)
     one = _change_sets([], [_put(Operation.UPDATE, 1, 11), _put(Operation.UPDATE, 2, 21)])[1]
