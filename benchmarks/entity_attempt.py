@@ -16,7 +16,7 @@ asserts nothing.
 The database's ledger tables and its ``bench`` mark rows are emptied first.
 
     PYTHONPATH=.:examples .venv/bin/python benchmarks/entity_attempt.py \\
-        --db postgresql+psycopg://postgres@127.0.0.1/bench [-n 2000] [--rounds 2]
+        --db postgresql+psycopg://postgres@127.0.0.1/bench [-n 2000] [--rounds 2] [--db-delay 0.25]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import argparse
 import json
 import time
 
+from sql_apply import delayed  # this directory's benchmark: the --db-delay proxy
 from sqlalchemy import delete, insert
 
 from waltz.client.context import TransactionBuilder
@@ -60,9 +61,21 @@ def main() -> None:
     parser.add_argument("--db", required=True, help="SQLAlchemy URL of a database server")
     parser.add_argument("-n", type=int, default=2000, help="attempts and applies per round")
     parser.add_argument("--rounds", type=int, default=2, help="rounds; the last one is printed")
+    parser.add_argument(
+        "--db-delay",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="reach the database through a proxy adding MS milliseconds each way (as on another host)",
+    )
     args = parser.parse_args()
+    with delayed(args.db, args.db_delay) as url:
+        run(url, args.n, args.rounds)
 
-    engine = prepare_database(create_framework_engine(args.db))
+
+def run(url: str, n: int, rounds: int) -> None:
+    """The rounds on the database at ``url``; prints the last round's figures."""
+    engine = prepare_database(create_framework_engine(url))
     callbacks = LedgerCallbacks(engine, cluster_name="bench", registry=registry(), entity_cache=False)
     with engine.begin() as conn:
         for table in (applied_transactions, TransferIn.__table__, TransferOut.__table__):
@@ -78,13 +91,13 @@ def main() -> None:
         callbacks.get_client_high_water_mark(partition)
 
     result: dict[str, float] = {}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         cpu, wall = time.process_time(), time.perf_counter()
-        for i in range(args.n):
+        for i in range(n):
             context = WriteCheck(callbacks, i % CUSTOMERS, 5)
             context.partition_id(PARTITIONS)
             context.execute(TransactionBuilder(-1))
-        result["attempt_cpu_us"], result["attempt_wall_us"] = _per_op(cpu, wall, args.n)
+        result["attempt_cpu_us"], result["attempt_wall_us"] = _per_op(cpu, wall, n)
 
         payloads = []
         for custid in range(0, CUSTOMERS, PARTITIONS):  # partition 0's customers
@@ -95,15 +108,15 @@ def main() -> None:
             payloads.append(builder.build())
         mark = callbacks.get_client_high_water_mark(0)
         cpu, wall = time.process_time(), time.perf_counter()
-        for i in range(args.n):
+        for i in range(n):
             payload = payloads[i % len(payloads)]
             mark += 1
             transaction = Transaction(0, mark, ReqId(0, 0, 0, mark), payload.header, None, payload.data)
             callbacks.apply_transaction(transaction)
-        result["apply_cpu_us"], result["apply_wall_us"] = _per_op(cpu, wall, args.n)
+        result["apply_cpu_us"], result["apply_wall_us"] = _per_op(cpu, wall, n)
     callbacks.release_connections()
     engine.dispose()
-    print(json.dumps({"n": args.n, **result}))
+    print(json.dumps({"n": n, **result}))
 
 
 if __name__ == "__main__":

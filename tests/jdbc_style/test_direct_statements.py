@@ -153,6 +153,65 @@ def test_the_lead_s_pipeline_begins_the_transaction_and_gives_it_back(engine: En
     assert amounts(engine) == {1: 1, 2: 2, 3: 3}
 
 
+class Cents(sa.types.TypeDecorator[int]):
+    """A type with a result processor: SQLAlchemy changes the value the driver returns."""
+
+    impl = sa.Integer
+    cache_ok = True
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else value * 100
+
+
+READ = (
+    sa.select(rows.c.id, rows.c.amount, sa.type_coerce(rows.c.amount, Cents), rows.c.kind, sa.func.now())
+    .where(rows.c.id >= bindparam("low"))
+    .order_by(rows.c.id)
+    .limit(2)  # a value the statement binds itself
+)
+
+
+def test_a_read_begun_opens_a_snapshot_in_the_select_s_pipeline(engine: Engine) -> None:
+    """On psycopg ``read_begun`` sends the transaction's ``BEGIN`` (with the connection's isolation
+    level) and a ``SELECT`` in one pipeline: the rows are those ``Connection.execute`` gives (result
+    processors applied), the snapshot is the transaction's (a commit made meanwhile elsewhere is
+    not seen), and ``end_pipelined_begin`` after the rollback gives the driver back. Elsewhere,
+    and for statements with bind processors, it declines and nothing runs."""
+    direct = direct_statements(engine)
+    with engine.begin() as conn:
+        conn.execute(ADD, [{"k": 2, "d": 3}, {"k": 3, "d": 4}])
+        expected = [tuple(row) for row in conn.execute(READ, {"low": 2}).all()]
+    assert [row[:4] for row in expected] == [(2, 3, 300, "plain"), (3, 4, 400, "plain")]
+    shouting = sa.select(rows.c.id).where(rows.c.label == bindparam("label"))
+    if engine.dialect.name != "postgresql":  # no pipelines: declined, nothing ran
+        with engine.connect() as conn, conn.begin():
+            assert direct.read_begun(conn, READ, {"low": 2}) is None
+        return
+    from psycopg import pq  # PostgreSQL's driver: only this case needs it
+
+    with engine.connect() as pooled:
+        conn = pooled.execution_options(isolation_level="REPEATABLE READ")
+        driver: Any = conn.connection.dbapi_connection
+        with conn.begin():
+            assert direct.read_begun(conn, shouting, {"label": "a"}) is None  # a bind processor
+            assert not driver.autocommit and driver.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        conn.begin()
+        read = direct.read_begun(conn, READ, {"low": 2})
+        assert read is not None and [row[:4] for row in read] == [row[:4] for row in expected]
+        assert all(isinstance(row[4], dt.datetime) for row in read)
+        assert driver.autocommit and driver.pgconn.transaction_status == pq.TransactionStatus.INTRANS
+        assert conn.execute(sa.text("SHOW transaction_isolation")).scalar() == "repeatable read"
+        with engine.begin() as other:  # committed after the snapshot began
+            other.execute(ADD, {"k": 2, "d": 5})
+        assert conn.execute(sa.select(rows.c.amount).where(rows.c.id == 2)).scalar() == 3
+        conn.rollback()
+        direct.end_pipelined_begin(conn)
+        assert not driver.autocommit and not conn.invalidated
+        with conn.begin():  # the driver's own BEGIN again: a new snapshot
+            assert conn.execute(sa.select(rows.c.amount).where(rows.c.id == 2)).scalar() == 8
+    assert amounts(engine) == {1: 0, 2: 8, 3: 4}
+
+
 def test_what_sqlalchemy_would_change_goes_the_ordinary_way(engine: Engine) -> None:
     direct = direct_statements(engine)
     literal = sa.update(rows).where(rows.c.id == bindparam("k")).values(amount=7)  # a bound value of its own

@@ -285,6 +285,37 @@ def test_kept_connections_closed_by_the_server_are_replaced_without_an_error(
     assert ok and racing.seen == [2] and builder.build().client_high_water_mark == 1
 
 
+def test_a_snapshot_s_begin_goes_with_its_first_read_and_its_connection_comes_back_whole(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    """On PostgreSQL the snapshot's ``BEGIN`` goes in one pipeline with the mark's statement: the
+    driver runs in autocommit while the snapshot is open, inside a REPEATABLE READ transaction that
+    the snapshot's end rolls back; the connection is then back under the driver's own transaction
+    control, and every connection the callbacks give back to the pool is out of autocommit."""
+    if callbacks.engine.dialect.name != "postgresql":
+        pytest.skip("only psycopg has pipelines")
+    given_back: list[bool] = []
+
+    @event.listens_for(callbacks.engine, "checkin")
+    def checkin(dbapi_connection: Any, record: object) -> None:
+        given_back.append(bool(dbapi_connection.autocommit))
+
+    pid, builder, _ = _build(Increment(callbacks, 11))
+    callbacks.apply_transaction(_committed(pid, 0, builder))
+    info = callbacks.registry.info(Counter)
+    with callbacks.snapshot(pid, entities=[(info, (11,))]) as snapshot:
+        driver: Any = snapshot.connection.connection.dbapi_connection
+        assert driver.autocommit
+        isolation = snapshot.connection.exec_driver_sql("SHOW transaction_isolation").scalar()
+        assert isolation == "repeatable read"
+        assert snapshot.high_water_mark == 0 and snapshot.prefetched[(info, (11,))][:2] == (11, 1)
+    assert not driver.autocommit and not driver.pgconn.transaction_status  # idle, driver's own control
+    pid, builder, ok = _build(Increment(callbacks, 11))
+    assert ok and builder.build().client_high_water_mark == 0
+    callbacks.release_connections()
+    assert given_back and not any(given_back)
+
+
 def test_release_connections_closes_what_the_callbacks_keep(callbacks: ChangeSetCallbacks) -> None:
     if callbacks.engine.dialect.name == "sqlite":
         pytest.skip("SQLite takes a pooled connection for each use; nothing is kept")

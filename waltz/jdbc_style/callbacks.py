@@ -696,28 +696,38 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self, partition_id: int, entities: Sequence[tuple[EntityInfo, tuple[Any, ...]]]
     ) -> tuple[Connection, int, Prefetched]:
         """A reader connection in a new transaction, the partition's mark read first in it, and
-        the rows of ``entities`` read in the same statement."""
+        the rows of ``entities`` read in the same statement (on PostgreSQL in one pipeline with
+        the transaction's ``BEGIN``; ``_end_read`` gives the driver its transaction control back)."""
         conn = self._readers.take()
         prefetched: Prefetched = {}
         try:
             conn.begin()
             if entities:
-                mark, prefetched = self._prefetch.read(conn, partition_id, entities)
+                mark, prefetched = self._prefetch.read(conn, partition_id, entities, begin=True)
             else:
                 mark = self.marks.read(conn, partition_id)
         except BaseException:
-            conn.close()  # a broken connection is never kept
+            try:
+                direct_statements(conn.engine).end_pipelined_begin(conn)
+            finally:
+                conn.close()  # a broken connection is never kept
             raise
         return conn, -1 if mark is None else int(mark), prefetched
 
     def _end_read(self, conn: Connection) -> None:
-        """Roll back a read and give its connection back."""
+        """Roll back a read and give its connection back (to the driver's own transaction
+        control first when the read's ``BEGIN`` went in a pipeline, see ``_open_snapshot``)."""
+        direct = direct_statements(conn.engine)
         try:
             if conn.in_transaction():
                 conn.rollback()
         except BaseException:
-            conn.close()
+            try:
+                direct.end_pipelined_begin(conn)
+            finally:
+                conn.close()
             raise
+        direct.end_pipelined_begin(conn)
         self._readers.give_back(conn)
 
     def _note_applied(self, partition_id: int, mark: int) -> None:

@@ -41,6 +41,10 @@ DIRECT_DRIVERS = frozenset({("postgresql", "psycopg"), ("mysql", "pymysql"), ("m
 _NOT_DIRECT = ""  # the cache's mark of a (statement, keys) pair that goes the ordinary way
 _ATTRIBUTE = "_waltz_direct_statements"
 _CREATING = threading.Lock()
+#: A ``SELECT`` for :meth:`DirectStatements.read_begun`: its SQL, the types of its result columns
+#: and the values it binds itself.
+_Select = tuple[str, list[Any], dict[str, Any]]
+_MAX_SELECTS = 1024  # compiled SELECTs kept (statements are built once per shape, see prefetch.py)
 _IDLE = 0  # libpq's PQTRANS_IDLE (psycopg.pq.TransactionStatus.IDLE): no transaction open
 
 
@@ -85,6 +89,7 @@ class DirectStatements:
         self._engine = engine
         self._dialect = dialect
         self._sql: dict[tuple[Executable, frozenset[str]], str] = {}
+        self._selects: dict[tuple[Executable, frozenset[str]], _Select | str] = {}
         # Drivers in autocommit since execute_led sent their transaction's BEGIN in its pipeline.
         self._begun: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -238,6 +243,69 @@ class DirectStatements:
             raise LeadMissedError(counts[0])
         return counts[1:]
 
+    def read_begun(
+        self, connection: Connection, statement: Executable, parameters: Mapping[str, Any]
+    ) -> list[tuple[Any, ...]] | None:
+        """Run a ``SELECT`` as the first statement of ``connection``'s transaction with the
+        transaction's ``BEGIN`` in the same pipeline (psycopg), so that the two cost one round trip:
+        the driver runs in autocommit until the transaction ends, as after :meth:`execute_led`
+        with ``begin``, and the caller must call :meth:`end_pipelined_begin` once the transaction
+        ended (also when this raised).
+
+        Args:
+            connection: a connection whose transaction has begun in SQLAlchemy and not yet in the
+                driver, of the engine this instance was made for.
+            statement: a ``SELECT`` built once (the same object each time).
+            parameters: its parameters.
+
+        Returns:
+            The rows, each a tuple of the values ``Connection.execute`` would give (the column
+            types' result processors applied); or None when it did not run (another driver, a
+            transaction the driver began already, a statement that does not qualify): run it
+            with ``connection.execute`` instead.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the database refused it (as ``Connection.execute`` raises).
+        """
+        if not (self.enabled and self._pipelines and connection.in_transaction() and self._plain(connection)):
+            return None
+        compiled = self._select_for(statement, parameters)
+        if compiled is None:
+            return None
+        sql, types, constants = compiled
+        if constants:
+            parameters = {**parameters, **constants}
+        begin = self._pipelined_begin(connection)
+        if begin is None:
+            return None
+        driver: Any = connection.connection.dbapi_connection
+        opener = driver.cursor()
+        cursor = driver.cursor()
+        try:
+            with driver.pipeline():  # one Sync, when the block ends: the results of both
+                opener.execute(begin)
+                cursor.execute(sql, parameters)
+            rows = cursor.fetchall()
+            description = cursor.description
+        except self._dialect.loaded_dbapi.Error as exc:
+            connection._handle_dbapi_exception(exc, sql, parameters, None, None)
+        finally:
+            opener.close()
+            cursor.close()
+        processors = [
+            type_._cached_result_processor(self._dialect, column.type_code)
+            for type_, column in zip(types, description, strict=True)
+        ]
+        if not any(processors):
+            return [tuple(row) for row in rows]
+        return [
+            tuple(
+                value if process is None else process(value)
+                for process, value in zip(processors, row, strict=True)
+            )
+            for row in rows
+        ]
+
     def end_pipelined_begin(self, connection: Connection) -> None:
         """Give the driver its own transaction control back after a transaction whose ``BEGIN``
         :meth:`execute_led` sent in its pipeline (nothing to do otherwise): call it once that
@@ -273,6 +341,49 @@ class DirectStatements:
         driver.autocommit = True
         self._begun.add(driver)
         return command
+
+    def _select_for(self, statement: Executable, parameters: Mapping[str, Any]) -> _Select | None:
+        """The compiled SQL of a ``SELECT`` to run with ``parameters`` on the cursor, the types of
+        its result columns and the statement's own bound values, or None."""
+        key = (statement, frozenset(parameters))
+        found = self._selects.get(key)
+        if found is None:  # two threads may both compile it: the same SQL, stored once or twice
+            if len(self._selects) >= _MAX_SELECTS:  # statements built anew (e.g. a shape evicted)
+                self._selects.clear()
+            found = self._selects[key] = self._compile_select(statement, parameters)
+        return None if found is _NOT_DIRECT else found  # type: ignore[return-value]
+
+    def _compile_select(self, statement: Executable, sample: Mapping[str, Any]) -> _Select | str:
+        """The SQL, result column types and own bound values of a ``SELECT`` run with
+        ``sample``'s keys, or :data:`_NOT_DIRECT`."""
+        compiled = statement.compile(dialect=self._dialect)  # type: ignore[attr-defined]
+        if not isinstance(compiled, SQLCompiler):
+            return _NOT_DIRECT
+        if (
+            compiled.positional
+            or compiled.isinsert
+            or compiled.isupdate
+            or compiled.isdelete
+            or compiled.literal_execute_params
+            or compiled.post_compile_params
+            or compiled._bind_processors
+            or not compiled._result_columns
+        ):
+            return _NOT_DIRECT
+        try:
+            sent = compiled.construct_params(dict(sample))
+        except Exception:  # a missing bind parameter: the ordinary path raises it
+            return _NOT_DIRECT
+        if any(key not in sent or sent[key] is not value for key, value in sample.items()):
+            return _NOT_DIRECT  # renamed or processed parameters
+        # The statement's own bound values (a LIMIT, say), the same for every run: not those a
+        # callable gives anew each time.
+        constants = {key: value for key, value in sent.items() if key not in sample}
+        for key in constants:
+            bind = compiled.binds.get(key)
+            if bind is None or bind.callable is not None:
+                return _NOT_DIRECT
+        return compiled.string, [column[3] for column in compiled._result_columns], constants
 
     def _sql_for(self, statement: Executable, parameters: Sequence[Mapping[str, Any]]) -> str | None:
         """The compiled SQL to run ``statement`` with ``parameters`` on the cursor, or None."""

@@ -33,6 +33,7 @@ from sqlalchemy import Select, and_, bindparam, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SAWarning
 
+from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.schema import high_water_marks as _marks
 
@@ -70,12 +71,21 @@ class MarkPrefetch:
         self.cluster_name = cluster_name
 
     def read(
-        self, conn: Connection, partition_id: int, entities: Sequence[tuple[EntityInfo, tuple[Any, ...]]]
+        self,
+        conn: Connection,
+        partition_id: int,
+        entities: Sequence[tuple[EntityInfo, tuple[Any, ...]]],
+        *,
+        begin: bool = False,
     ) -> tuple[int | None, Prefetched]:
         """The partition's mark and the rows of ``entities``, in one statement on ``conn``.
 
         Args:
             conn: a connection in the snapshot's transaction.
+            begin: the statement is the transaction's first: on PostgreSQL (psycopg) the
+                transaction's ``BEGIN`` goes in one pipeline with it
+                (``DirectStatements.read_begun``: the caller then calls ``end_pipelined_begin``
+                once the transaction ended).
             partition_id: the partition.
             entities: (entity info, key values) pairs; those whose model needs the ORM to load
                 (see ``EntityInfo.row_statement``) and repeated pairs are left out, and of the
@@ -97,7 +107,11 @@ class MarkPrefetch:
         for i, (_, key) in enumerate(wanted):
             for j, value in enumerate(key):
                 parameters[f"e{i}_k{j}"] = value
-        rows = conn.execute(statement, parameters).all()
+        rows: Sequence[Sequence[Any]] | None = None
+        if begin:
+            rows = direct_statements(conn.engine).read_begun(conn, statement, parameters)
+        if rows is None:
+            rows = conn.execute(statement, parameters).all()
         if not rows:
             return None, {}
         first = rows[0]
