@@ -294,6 +294,8 @@ def test_a_snapshot_s_begin_goes_with_its_first_read_and_its_connection_comes_ba
     control, and every connection the callbacks give back to the pool is out of autocommit."""
     if callbacks.engine.dialect.name != "postgresql":
         pytest.skip("only psycopg has pipelines")
+    from psycopg import pq  # PostgreSQL's driver: only this case needs it
+
     given_back: list[bool] = []
 
     @event.listens_for(callbacks.engine, "checkin")
@@ -309,7 +311,7 @@ def test_a_snapshot_s_begin_goes_with_its_first_read_and_its_connection_comes_ba
         isolation = snapshot.connection.exec_driver_sql("SHOW transaction_isolation").scalar()
         assert isolation == "repeatable read"
         assert snapshot.high_water_mark == 0 and snapshot.prefetched[(info, (11,))][:2] == (11, 1)
-    assert not driver.autocommit and not driver.pgconn.transaction_status  # idle, driver's own control
+    assert not driver.autocommit and driver.pgconn.transaction_status == pq.TransactionStatus.IDLE
     pid, builder, ok = _build(Increment(callbacks, 11))
     assert ok and builder.build().client_high_water_mark == 0
     callbacks.release_connections()

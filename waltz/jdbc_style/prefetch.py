@@ -82,14 +82,14 @@ class MarkPrefetch:
 
         Args:
             conn: a connection in the snapshot's transaction.
-            begin: the statement is the transaction's first: on PostgreSQL (psycopg) the
-                transaction's ``BEGIN`` goes in one pipeline with it
-                (``DirectStatements.read_begun``: the caller then calls ``end_pipelined_begin``
-                once the transaction ended).
             partition_id: the partition.
             entities: (entity info, key values) pairs; those whose model needs the ORM to load
                 (see ``EntityInfo.row_statement``) and repeated pairs are left out, and of the
                 rest only the first :data:`MAX_JOINED` are read (the others are read by key).
+            begin: the statement is the transaction's first: on PostgreSQL (psycopg) the
+                transaction's ``BEGIN`` goes in one pipeline with it
+                (``DirectStatements.read_begun``: the caller then calls ``end_pipelined_begin``
+                once the transaction ended).
 
         Returns:
             ``(mark, rows)``: the mark (None when the partition has no mark row, and then no
