@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.base import Executable
@@ -357,16 +357,11 @@ class DirectStatements:
         """The SQL, result column types and own bound values of a ``SELECT`` run with
         ``sample``'s keys, or :data:`_NOT_DIRECT`."""
         compiled = statement.compile(dialect=self._dialect)  # type: ignore[attr-defined]
-        if not isinstance(compiled, SQLCompiler):
-            return _NOT_DIRECT
         if (
-            compiled.positional
+            not _binds_as_given(compiled)
             or compiled.isinsert
             or compiled.isupdate
             or compiled.isdelete
-            or compiled.literal_execute_params
-            or compiled.post_compile_params
-            or compiled._bind_processors
             or not compiled._result_columns
         ):
             return _NOT_DIRECT
@@ -415,16 +410,11 @@ class DirectStatements:
     def _compile(self, statement: Executable, sample: Mapping[str, Any]) -> str:
         """The SQL to run for parameter sets with ``sample``'s keys, or :data:`_NOT_DIRECT`."""
         compiled = statement.compile(dialect=self._dialect, column_keys=list(sample))  # type: ignore[attr-defined]
-        if not isinstance(compiled, SQLCompiler):
-            return _NOT_DIRECT
         if (
-            compiled.positional
+            not _binds_as_given(compiled)
             or compiled.returning
             or compiled.insert_prefetch
             or compiled.update_prefetch
-            or compiled.literal_execute_params
-            or compiled.post_compile_params
-            or compiled._bind_processors
             or not (compiled.isinsert or compiled.isupdate or compiled.isdelete)
         ):
             return _NOT_DIRECT
@@ -435,6 +425,17 @@ class DirectStatements:
         if sent != dict(sample):  # renamed, added or defaulted parameters
             return _NOT_DIRECT
         return compiled.string
+
+
+def _binds_as_given(compiled: Any) -> TypeGuard[SQLCompiler]:
+    """A compiled SQL statement whose parameters the driver takes as given: named, none rendered
+    or expanded at execution, no bind processors."""
+    return isinstance(compiled, SQLCompiler) and not (
+        compiled.positional
+        or compiled.literal_execute_params
+        or compiled.post_compile_params
+        or compiled._bind_processors
+    )
 
 
 def _run(cursor: Any, sql: str, parameters: Sequence[Mapping[str, Any]]) -> None:
