@@ -707,28 +707,31 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             else:
                 mark = self.marks.read(conn, partition_id)
         except BaseException:
-            try:
-                direct_statements(conn.engine).end_pipelined_begin(conn)
-            finally:
-                conn.close()  # a broken connection is never kept
+            self._discard_read(conn)
             raise
         return conn, -1 if mark is None else int(mark), prefetched
 
     def _end_read(self, conn: Connection) -> None:
         """Roll back a read and give its connection back (to the driver's own transaction
         control first when the read's ``BEGIN`` went in a pipeline, see ``_open_snapshot``)."""
-        direct = direct_statements(conn.engine)
         try:
             if conn.in_transaction():
                 conn.rollback()
         except BaseException:
-            try:
-                direct.end_pipelined_begin(conn)
-            finally:
-                conn.close()
+            self._discard_read(conn)
             raise
-        direct.end_pipelined_begin(conn)
+        direct_statements(conn.engine).end_pipelined_begin(conn)
         self._readers.give_back(conn)
+
+    @staticmethod
+    def _discard_read(conn: Connection) -> None:
+        """Close a reader connection whose read failed: a broken connection is never kept, and a
+        driver switched for a pipelined ``BEGIN`` is given back first (or the connection
+        invalidated), so that none returns to the pool in autocommit."""
+        try:
+            direct_statements(conn.engine).end_pipelined_begin(conn)
+        finally:
+            conn.close()
 
     def _note_applied(self, partition_id: int, mark: int) -> None:
         with self._applied_changed:

@@ -15,6 +15,13 @@ writes) go in one pipeline, sent together with one wait for all their results. E
 SQLAlchemy's own handling of driver errors, so they are the same ``DBAPIError`` subclasses (and a
 lost connection is invalidated) as on the ordinary path.
 
+On psycopg a transaction's ``BEGIN`` can go in the pipeline of its first statement instead of in a
+round trip of its own: an apply's (:meth:`DirectStatements.execute_led`) and an entity snapshot's,
+whose first statement is the ``SELECT`` of the mark (:meth:`DirectStatements.read_begun`, its rows
+given with the result processors ``Connection.execute`` would apply; docs/design/sql.md
+"Entity transactions", "Cheap reads"). The driver then runs in autocommit until
+:meth:`DirectStatements.end_pipelined_begin` gives it back.
+
 Anything else goes the ordinary way: other dialects and drivers, statements that do not qualify,
 and engines with ``echo`` or with execute or cursor-execute listeners other than the framework's
 own guard (which would not see the statement otherwise).
@@ -90,7 +97,8 @@ class DirectStatements:
         self._dialect = dialect
         self._sql: dict[tuple[Executable, frozenset[str]], str] = {}
         self._selects: dict[tuple[Executable, frozenset[str]], _Select | str] = {}
-        # Drivers in autocommit since execute_led sent their transaction's BEGIN in its pipeline.
+        # Drivers in autocommit since execute_led or read_begun sent their transaction's BEGIN in
+        # a pipeline.
         self._begun: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def execute(
@@ -308,7 +316,8 @@ class DirectStatements:
 
     def end_pipelined_begin(self, connection: Connection) -> None:
         """Give the driver its own transaction control back after a transaction whose ``BEGIN``
-        :meth:`execute_led` sent in its pipeline (nothing to do otherwise): call it once that
+        :meth:`execute_led` or :meth:`read_begun` sent in a pipeline (nothing to do otherwise):
+        call it once that
         transaction ended. A connection found still in a transaction is invalidated, never
         reused in autocommit."""
         if not self._begun or connection.invalidated or connection.closed:
