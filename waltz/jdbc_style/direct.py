@@ -19,7 +19,7 @@ On psycopg a transaction's ``BEGIN`` can go in the pipeline of its first stateme
 round trip of its own: an apply's (:meth:`DirectStatements.execute_led`) and an entity snapshot's,
 whose first statement is the ``SELECT`` of the mark (:meth:`DirectStatements.read_begun`, its rows
 given with the result processors ``Connection.execute`` would apply; docs/design/sql.md
-"Entity transactions", "Cheap reads"). The driver then runs in autocommit until
+"Entity transactions"). The driver then runs in autocommit until
 :meth:`DirectStatements.end_pipelined_begin` gives it back.
 
 Anything else goes the ordinary way: other dialects and drivers, statements that do not qualify,
