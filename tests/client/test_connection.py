@@ -8,6 +8,7 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
+import pytest
 from support import settle
 
 from waltz.client.connection import ServerConnection
@@ -132,5 +133,23 @@ def test_appends_go_in_columns_per_partition_in_the_order_queued() -> None:
         assert (list(other.headers), list(other.checksums)) == ([3], [7])
         assert list(after_flush.seq_nums) == [4]
         assert (new_generation.generation, list(new_generation.seq_nums)) == (2, [5])
+
+    with_connection(scenario)
+
+
+def test_a_data_call_on_a_lost_or_closed_connection_raises_connection_error() -> None:
+    """A transaction-data fetch that resumes after a cut closed its connection (and then its
+    channel) must meet a ConnectionError, which the fetch retries, not gRPC's UsageError."""
+    request = client_pb2.TransactionDataRangeRequest(
+        req_id=rid(1).to_proto(), first_transaction_id=0, count=1
+    )
+
+    async def scenario(connection: ServerConnection, recorder: Recorder) -> None:
+        connection.abort(ConnectionError("cut by the test"))  # the channel is still open
+        with pytest.raises(ConnectionError, match="is closed"):
+            await connection.get_transaction_data_range(request, 5.0)
+        await connection.close()  # and now the channel too
+        with pytest.raises(ConnectionError, match="is closed"):
+            await connection.get_transaction_data_range(request, 5.0)
 
     with_connection(scenario)

@@ -273,7 +273,11 @@ class ServerConnection:
 
         Raises:
             grpc.aio.AioRpcError: the call failed (server down, deadline exceeded, ...).
+            ConnectionError: the connection was closed or lost before the call (a caller that
+                waited for it may resume after a cut; its channel may be closed by then).
         """
+        if self._closed:
+            raise ConnectionError(f"connection to server {self.endpoint} is closed")
         response: client_pb2.TransactionDataRangeResponse = await self._stub.GetTransactionDataRange(
             request, timeout=timeout
         )
