@@ -1,0 +1,172 @@
+#!/usr/bin/env python
+"""A service written from the SQL guide alone: its ``Account`` and ``Withdraw``, submitted from one thread.
+
+The models and contexts are those of ``docs/sql.md`` ("Entities: declarative locks and
+partitions"), with the framework's defaults (``ChangeSetCallbacks``, the entity cache on), against
+a new local cluster (3 storage nodes, RF 3, 1 server) and a new database per run. The accounts are opened
+first; then ``-n`` withdrawals of 1 from the accounts in turn, from one thread:
+
+- ``pipelined``: every ``submit`` first, then every future's result (what a request handler
+  that does not wait for the commit sees);
+- ``one at a time``: ``submit(...).result()`` in a loop, a quarter as many (a handler that
+  answers only once its transaction committed).
+
+Prints committed withdrawals per second of each, the time the ``submit`` loop took, and the entity
+cache's hits and misses, as JSON; asserts nothing. Each run's database is created on the server
+and dropped (or a new SQLite file made).
+
+    .venv/bin/python benchmarks/guide_withdrawals.py --db postgresql+psycopg://postgres@127.0.0.1 \\
+        --accounts 10,1000 [-n 2000] [--partitions 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from waltz import WaltzClient, WaltzClientConfig
+from waltz.jdbc_style import (
+    ChangeSetCallbacks,
+    EntityRegistry,
+    EntityTransactionContext,
+    WaltzEntity,
+    create_framework_engine,
+    migrations_api,
+)
+from waltz.local.cluster import LocalCluster
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Account(Base):
+    __tablename__ = "accounts"
+    __waltz__ = WaltzEntity("account")
+    account_id: Mapped[int] = mapped_column(primary_key=True)
+    balance: Mapped[int] = mapped_column(default=0)
+
+
+class Open(EntityTransactionContext):
+    def __init__(self, callbacks: ChangeSetCallbacks, account_id: int, balance: int) -> None:
+        super().__init__(callbacks, (Account, account_id))
+        self.account_id, self.balance = account_id, balance
+
+    def run(self, tx: Any) -> bool:
+        if tx.get(Account, self.account_id) is not None:
+            return False
+        tx.insert(Account, account_id=self.account_id, balance=self.balance)
+        return True
+
+
+class Withdraw(EntityTransactionContext):
+    def __init__(self, callbacks: ChangeSetCallbacks, account_id: int, amount: int) -> None:
+        super().__init__(callbacks, (Account, account_id))
+        self.account_id, self.amount = account_id, amount
+
+    def run(self, tx: Any) -> bool:
+        account = tx.get(Account, self.account_id)
+        if account is None or account.balance < self.amount:
+            return False
+        tx.update(account, balance=account.balance - self.amount)
+        return True
+
+
+@contextmanager
+def fresh_database(url: str) -> Iterator[str]:
+    """A new database on the server of ``url`` (dropped at the end), or a new SQLite file."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        with tempfile.TemporaryDirectory() as directory:
+            yield f"sqlite:///{directory}/guide.db"
+        return
+    name = f"waltz_guide_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(parsed.set(database="postgres" if "postgres" in parsed.drivername else None))
+    admin = admin.execution_options(isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield parsed.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE {name}"))
+        admin.dispose()
+
+
+def run(db: str, accounts: int, n: int, cluster: LocalCluster) -> dict[str, Any]:
+    engine = create_framework_engine(db)
+    migrations_api.upgrade(engine)
+    Base.metadata.create_all(engine)
+    callbacks = ChangeSetCallbacks(engine, cluster_name="guide", registry=EntityRegistry.from_base(Base))
+    config = WaltzClientConfig(
+        zookeeper_connect_string=cluster.zookeeper_connect_string, cluster_root=cluster.root
+    )
+    result: dict[str, Any] = {"accounts": accounts}
+    try:
+        with WaltzClient(callbacks, config) as client:
+            client.wait_mounted(30)
+            for future in [client.submit(Open(callbacks, a, n)) for a in range(accounts)]:
+                future.result(120)
+            started = time.perf_counter()
+            futures = [client.submit(Withdraw(callbacks, i % accounts, 1)) for i in range(n)]
+            submitted = time.perf_counter() - started
+            for future in futures:
+                future.result(300)
+            seconds = time.perf_counter() - started
+            result["pipelined"] = {
+                "withdrawals": n,
+                "committed_per_second": round(n / seconds, 1),
+                "submit_loop_seconds": round(submitted, 3),
+            }
+            serial = max(1, n // 4)
+            started = time.perf_counter()
+            for i in range(serial):
+                client.submit(Withdraw(callbacks, i % accounts, 1)).result(60)
+            seconds = time.perf_counter() - started
+            result["one at a time"] = {
+                "withdrawals": serial,
+                "committed_per_second": round(serial / seconds, 1),
+            }
+        cache = callbacks.entity_cache
+        result["entity_cache"] = {"hits": cache.hits, "misses": cache.misses} if cache else None
+    finally:
+        callbacks.release_connections()
+        engine.dispose()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--db", default="sqlite://", help="database server URL (sqlite:// for a new SQLite file)"
+    )
+    parser.add_argument("--accounts", default="10,1000", help="comma-separated account counts, a run each")
+    parser.add_argument("-n", type=int, default=2000, help="pipelined withdrawals per run")
+    parser.add_argument("--partitions", type=int, default=4)
+    args = parser.parse_args()
+    results = []
+    for accounts in (int(a) for a in args.accounts.split(",")):
+        # A cluster and a database per run: the next run's client does not replay this one's log.
+        with (
+            LocalCluster(storages=3, servers=1, partitions=args.partitions) as cluster,
+            fresh_database(args.db) as db,
+        ):
+            results.append(run(db, accounts, args.n, cluster))
+        print(json.dumps(results[-1]), flush=True)
+    print(json.dumps({"db": make_url(args.db).get_backend_name(), "runs": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
