@@ -23,14 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import create_engine, text
+from sql_apply import fresh_database  # this directory's benchmark: a database created, then dropped
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -80,27 +76,6 @@ class Withdraw(EntityTransactionContext):
             return False
         tx.update(account, balance=account.balance - self.amount)
         return True
-
-
-@contextmanager
-def fresh_database(url: str) -> Iterator[str]:
-    """A new database on the server of ``url`` (dropped at the end), or a new SQLite file."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        with tempfile.TemporaryDirectory() as directory:
-            yield f"sqlite:///{directory}/guide.db"
-        return
-    name = f"waltz_guide_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(parsed.set(database="postgres" if "postgres" in parsed.drivername else None))
-    admin = admin.execution_options(isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"CREATE DATABASE {name}"))
-    try:
-        yield parsed.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f"DROP DATABASE {name}"))
-        admin.dispose()
 
 
 def run(db: str, accounts: int, n: int, cluster: LocalCluster) -> dict[str, Any]:
