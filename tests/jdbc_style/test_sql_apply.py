@@ -455,6 +455,29 @@ def test_an_update_of_a_missing_row_is_an_error_not_a_skip(engine: Engine) -> No
     assert callbacks.high_water_marks() == {0: -1}
 
 
+def test_a_key_of_zero_is_stored_as_zero_in_an_auto_increment_key(engine: Engine) -> None:
+    """The database holds the log's values: ``Account.account_id`` is AUTO_INCREMENT on MySQL and
+    MariaDB, where an explicit 0 becomes the next generated value unless the session's sql_mode
+    has NO_AUTO_VALUE_ON_ZERO (set by prepare_engine)."""
+    Base.metadata.create_all(engine)
+    callbacks = ChangeSetCallbacks(engine, cluster_name="test-cluster", registry=EntityRegistry([Account]))
+    opened = [
+        RowChange(Operation.INSERT, "account", {"account_id": key}, {"account_id": key, "balance": 10 + key})
+        for key in (1, 0)  # 1 first: without the mode, 0 would quietly become 2
+    ]
+    callbacks.apply_transactions(
+        [
+            txn(0, tid, ChangeSet([change]).encode(), header=CHANGE_SET_HEADER)
+            for tid, change in enumerate(opened)
+        ]
+    )
+    callbacks.apply_transaction(change_set_txn(2, 5, None))  # an update of account 1
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(Account.account_id, Account.balance).order_by(Account.account_id)).all()
+    assert [tuple(row) for row in rows] == [(0, 10), (1, 5)]
+    assert callbacks.uncaught_count == 0 and callbacks.high_water_marks() == {0: 2}
+
+
 def test_an_operator_skip_passes_over_a_stuck_transaction_and_is_audited(engine: Engine, db_url: str) -> None:
     def poison(transaction: Transaction, session: Session, attempt: int) -> None:
         if transaction.transaction_id == 1:

@@ -11,6 +11,10 @@ together in one database transaction, which the framework owns).
   instances cannot both apply the same transaction) and a deferred ``BEGIN`` otherwise (a snapshot
   from the first read, which is what entity reads need). File databases get WAL and a busy
   timeout so several processes can share them.
+- **MySQL and MariaDB**: every connection adds ``NO_AUTO_VALUE_ON_ZERO`` to its session's
+  ``sql_mode``, so a 0 from the log in an ``AUTO_INCREMENT`` column (SQLAlchemy's default for an
+  integer primary key) is stored as 0, not replaced by the next generated value: the database
+  holds the values the log carries (docs/design/sql.md "Change-sets").
 - **Every backend**: while ``apply`` runs, statements and calls that would end or reshape the
   framework's transaction (``COMMIT``, ``ROLLBACK`` other than to a savepoint, ``BEGIN``, ``SET
   TRANSACTION``, an ``isolation_level`` execution option) raise :class:`ApplyContractError`.
@@ -50,6 +54,9 @@ _guarded: weakref.WeakSet[Connection] = weakref.WeakSet()
 SQLITE_BEGIN = "waltz_sqlite_begin"
 #: Seconds a SQLite connection waits for another process's write lock before "database is locked".
 SQLITE_BUSY_TIMEOUT = 30.0
+#: The ``sql_mode`` every MySQL/MariaDB connection of the framework adds: an explicit 0 in an
+#: ``AUTO_INCREMENT`` column is stored as 0.
+MYSQL_SQL_MODE = "NO_AUTO_VALUE_ON_ZERO"
 
 _PREPARED = "_waltz_prepared"
 
@@ -136,6 +143,17 @@ def _sqlite_connect(dbapi_connection: Any, connection_record: Any) -> None:
         cursor.close()
 
 
+def _mysql_connect(dbapi_connection: Any, connection_record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("SELECT @@SESSION.sql_mode")
+        modes = [mode for mode in (cursor.fetchone()[0] or "").split(",") if mode]
+        if MYSQL_SQL_MODE not in modes:
+            cursor.execute("SET SESSION sql_mode = %s", (",".join([*modes, MYSQL_SQL_MODE]),))
+    finally:
+        cursor.close()
+
+
 def _sqlite_begin(conn: Connection) -> None:
     mode = conn.get_execution_options().get(SQLITE_BEGIN, "DEFERRED")
     conn.exec_driver_sql(f"BEGIN {mode}")
@@ -149,8 +167,8 @@ def is_prepared(engine: Engine) -> bool:
 def prepare_engine(engine: Engine) -> Engine:
     """Install the framework's engine hooks (see the module docstring); idempotent.
 
-    Call it before the engine's first connection for SQLite (pooled connections made before are
-    discarded so the hooks apply to all). Other code may keep using the engine as before; on
+    Call it before the engine's first connection for SQLite, MySQL and MariaDB (pooled connections
+    made before are discarded so the hooks apply to all). Other code may keep using the engine as before; on
     SQLite its transactions then begin with a plain (deferred) ``BEGIN``.
 
     Args:
@@ -169,7 +187,10 @@ def prepare_engine(engine: Engine) -> Engine:
         event.listen(engine, "connect", _sqlite_connect)
         event.listen(engine, "begin", _sqlite_begin)
         engine.dispose()
-    elif engine.dialect.name not in ("postgresql", "mysql", "mariadb"):
+    elif engine.dialect.name in ("mysql", "mariadb"):
+        event.listen(engine, "connect", _mysql_connect)
+        engine.dispose()
+    elif engine.dialect.name != "postgresql":
         log.warning(
             "the SQL framework is tested on SQLite, PostgreSQL and MySQL/MariaDB, not %s",
             engine.dialect.name,
