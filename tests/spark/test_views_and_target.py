@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, text
 
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, RowChange
@@ -162,6 +162,23 @@ def test_the_jdbc_target_carries_tls_parameters_and_refuses_what_it_cannot_carry
         jdbc_target("postgresql+psycopg://app@/ledger?host=/var/run/postgresql")
     with pytest.raises(RebuildError, match=r"\['ssl_ca'\] cannot be carried over"):
         jdbc_target("mysql+pymysql://root@127.0.0.1/test?ssl_ca=/etc/ca.pem")
+
+
+def test_the_jdbc_writer_stores_a_key_of_zero_as_zero_on_mariadb(spark: Any, mariadb_url: str) -> None:
+    """As the live applies (tests/jdbc_style/test_sql_apply.py): without NO_AUTO_VALUE_ON_ZERO in
+    the writer's sql_mode, MariaDB would store the 0 as the AUTO_INCREMENT key's next value."""
+    engine = create_framework_engine(mariadb_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE zero_keys (id INT AUTO_INCREMENT PRIMARY KEY, v INT NOT NULL)"))
+    jdbc, props = jdbc_target(mariadb_url)
+    frame = spark.createDataFrame([(1, 10), (0, 20)], "id INT, v INT")  # 1 first: 0 would become 2
+    frame.write.jdbc(jdbc, "zero_keys", mode="append", properties=props)
+    with engine.connect() as conn:
+        assert [tuple(row) for row in conn.execute(text("SELECT id, v FROM zero_keys ORDER BY id"))] == [
+            (0, 20),
+            (1, 10),
+        ]
+    engine.dispose()
 
 
 def test_changes_that_do_not_fit_their_model_are_found_as_the_live_apply_finds_them(spark: Any) -> None:
