@@ -168,8 +168,8 @@ def prepare_engine(engine: Engine) -> Engine:
     """Install the framework's engine hooks (see the module docstring); idempotent.
 
     Call it before the engine's first connection for SQLite, MySQL and MariaDB (pooled connections
-    made before are discarded so the hooks apply to all). Other code may keep using the engine as before; on
-    SQLite its transactions then begin with a plain (deferred) ``BEGIN``.
+    made before are discarded so the hooks apply to all). Other code may keep using the engine as
+    before; on SQLite its transactions then begin with a plain (deferred) ``BEGIN``.
 
     Args:
         engine: a SQLAlchemy engine for SQLite, PostgreSQL or MySQL/MariaDB.
