@@ -1,10 +1,11 @@
 #!/usr/bin/env python
-"""A service written from the SQL guide alone: its ``Account`` and ``Withdraw``, submitted from one thread.
+"""A service written from the SQL guide alone: its ``Account`` and ``Withdraw`` from one thread.
 
 The models and contexts are those of ``docs/sql.md`` ("Entities: declarative locks and
 partitions"), with the framework's defaults (``ChangeSetCallbacks``, the entity cache on), against
-a new local cluster (3 storage nodes, RF 3, 1 server) and a new database per run. The accounts are opened
-first; then ``-n`` withdrawals of 1 from the accounts in turn, from one thread:
+a new local cluster (3 storage nodes, RF 3, 1 server) and a new database per run. The accounts
+are opened first (each with a balance of ``-n``, so no withdrawal is refused); then ``-n``
+withdrawals of 1 from the accounts in turn, from one thread:
 
 - ``pipelined``: every ``submit`` first, then every future's result (what a request handler
   that does not wait for the commit sees);
@@ -129,7 +130,7 @@ def main() -> None:
     )
     parser.add_argument("--accounts", default="10,1000", help="comma-separated account counts, a run each")
     parser.add_argument("-n", type=int, default=2000, help="pipelined withdrawals per run")
-    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--partitions", type=int, default=4, help="partitions of the local cluster")
     args = parser.parse_args()
     results = []
     for accounts in (int(a) for a in args.accounts.split(",")):
