@@ -4,7 +4,7 @@
 The models and contexts are those of ``docs/sql.md`` ("Entities: declarative locks and
 partitions"), with the framework's defaults (``ChangeSetCallbacks``, the entity cache on), against
 a new local cluster (3 storage nodes, RF 3, 1 server) and a new database per run. The accounts
-are opened first (each with a balance of ``-n``, so no withdrawal is refused); then ``-n``
+are opened first (each with a balance of twice ``-n``: no withdrawal is refused); then ``-n``
 withdrawals of 1 from the accounts in turn, from one thread:
 
 - ``pipelined``: every ``submit`` first, then every future's result (what a request handler
@@ -91,7 +91,7 @@ def run(db: str, accounts: int, n: int, cluster: LocalCluster) -> dict[str, Any]
     try:
         with WaltzClient(callbacks, config) as client:
             client.wait_mounted(30)
-            for future in [client.submit(Open(callbacks, a, n)) for a in range(accounts)]:
+            for future in [client.submit(Open(callbacks, a, 2 * n)) for a in range(accounts)]:
                 future.result(120)
             started = time.perf_counter()
             futures = [client.submit(Withdraw(callbacks, i % accounts, 1)) for i in range(n)]
