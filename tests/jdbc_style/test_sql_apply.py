@@ -35,6 +35,7 @@ from waltz.jdbc_style import (
     create_framework_engine,
 )
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, Operation, RowChange
+from waltz.jdbc_style.engine import prepare_engine
 from waltz.jdbc_style.migrations_api import upgrade
 from waltz.jdbc_style.skips import request_skip
 from waltz.protocol.records import ReqId
@@ -476,6 +477,41 @@ def test_a_key_of_zero_is_stored_as_zero_in_an_auto_increment_key(engine: Engine
         rows = conn.execute(sa.select(Account.account_id, Account.balance).order_by(Account.account_id)).all()
     assert [tuple(row) for row in rows] == [(0, 10), (1, 5)]
     assert callbacks.uncaught_count == 0 and callbacks.high_water_marks() == {0: 2}
+
+
+class Tag(Base):
+    __tablename__ = "tags"
+    __waltz__ = WaltzEntity("tag")
+    tag_id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    name: Mapped[str] = mapped_column(sa.String(5))
+
+
+def test_a_value_too_long_for_its_column_fails_the_apply_on_a_lax_mariadb_server(mariadb_url: str) -> None:
+    """A server without strict mode stores a value cut to fit its column, with a warning; the
+    framework's sessions add STRICT_TRANS_TABLES, so the apply fails and nothing is stored."""
+    engine = sa.create_engine(mariadb_url)
+
+    @sa.event.listens_for(engine, "connect")
+    def lax_server(dbapi_connection: Any, connection_record: Any) -> None:  # its sql_mode, as configured
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SET SESSION sql_mode = ''")
+        cursor.close()
+
+    prepare_engine(engine)  # its hooks run after the server's mode is in place
+    try:
+        upgrade(engine)
+        Base.metadata.create_all(engine)
+        callbacks = ChangeSetCallbacks(engine, cluster_name="test-cluster", registry=EntityRegistry([Tag]))
+        change = RowChange(Operation.INSERT, "tag", {"tag_id": 1}, {"tag_id": 1, "name": "overlong"})
+        with pytest.raises(sa.exc.DataError, match="Data too long"):
+            callbacks.apply_transaction(txn(0, 0, ChangeSet([change]).encode(), header=CHANGE_SET_HEADER))
+        with engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(Tag)).scalar_one() == 0
+            modes = conn.execute(text("SELECT @@SESSION.sql_mode")).scalar_one().split(",")
+        assert {"STRICT_TRANS_TABLES", "NO_AUTO_VALUE_ON_ZERO"} <= set(modes)
+        assert callbacks.high_water_marks() == {0: -1}
+    finally:
+        engine.dispose()
 
 
 def test_an_operator_skip_passes_over_a_stuck_transaction_and_is_audited(engine: Engine, db_url: str) -> None:

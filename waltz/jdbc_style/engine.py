@@ -11,10 +11,11 @@ together in one database transaction, which the framework owns).
   instances cannot both apply the same transaction) and a deferred ``BEGIN`` otherwise (a snapshot
   from the first read, which is what entity reads need). File databases get WAL and a busy
   timeout so several processes can share them.
-- **MySQL and MariaDB**: every connection adds ``NO_AUTO_VALUE_ON_ZERO`` to its session's
-  ``sql_mode``, so a 0 from the log in an ``AUTO_INCREMENT`` column (SQLAlchemy's default for an
-  integer primary key) is stored as 0, not replaced by the next generated value: the database
-  holds the values the log carries (docs/design/sql.md "Change-sets").
+- **MySQL and MariaDB**: every connection adds ``STRICT_TRANS_TABLES`` and
+  ``NO_AUTO_VALUE_ON_ZERO`` to its session's ``sql_mode``, so the database holds the values the
+  log carries (docs/design/sql.md "Change-sets"): a value that does not fit its column is an
+  error, not cut to fit, and a 0 in an ``AUTO_INCREMENT`` column (SQLAlchemy's default for an
+  integer primary key) is stored as 0, not replaced by the next generated value.
 - **Every backend**: while ``apply`` runs, statements and calls that would end or reshape the
   framework's transaction (``COMMIT``, ``ROLLBACK`` other than to a savepoint, ``BEGIN``, ``SET
   TRANSACTION``, an ``isolation_level`` execution option) raise :class:`ApplyContractError`.
@@ -54,9 +55,12 @@ _guarded: weakref.WeakSet[Connection] = weakref.WeakSet()
 SQLITE_BEGIN = "waltz_sqlite_begin"
 #: Seconds a SQLite connection waits for another process's write lock before "database is locked".
 SQLITE_BUSY_TIMEOUT = 30.0
-#: The ``sql_mode`` every MySQL/MariaDB connection of the framework adds: an explicit 0 in an
+#: The ``sql_mode`` flags every MySQL/MariaDB connection of the framework adds to the server's:
+#: a value too long or out of range for its column is an error, and an explicit 0 in an
 #: ``AUTO_INCREMENT`` column is stored as 0.
-MYSQL_SQL_MODE = "NO_AUTO_VALUE_ON_ZERO"
+MYSQL_SQL_MODES = ("STRICT_TRANS_TABLES", "NO_AUTO_VALUE_ON_ZERO")
+#: The session variable that adds them (``SET SESSION`` here; the JDBC writer's ``sessionVariables``).
+MYSQL_SESSION_SQL_MODE = f"sql_mode=CONCAT(@@sql_mode,',{','.join(MYSQL_SQL_MODES)}')"
 
 _PREPARED = "_waltz_prepared"
 
@@ -146,10 +150,7 @@ def _sqlite_connect(dbapi_connection: Any, connection_record: Any) -> None:
 def _mysql_connect(dbapi_connection: Any, connection_record: Any) -> None:
     cursor = dbapi_connection.cursor()
     try:
-        cursor.execute("SELECT @@SESSION.sql_mode")
-        modes = [mode for mode in (cursor.fetchone()[0] or "").split(",") if mode]
-        if MYSQL_SQL_MODE not in modes:
-            cursor.execute("SET SESSION sql_mode = %s", (",".join([*modes, MYSQL_SQL_MODE]),))
+        cursor.execute(f"SET SESSION {MYSQL_SESSION_SQL_MODE}")
     finally:
         cursor.close()
 

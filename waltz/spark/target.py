@@ -23,7 +23,7 @@ from sqlalchemy import table as table_clause
 from sqlalchemy.engine import Connection, make_url
 
 from waltz.jdbc_style import create_framework_engine
-from waltz.jdbc_style.engine import MYSQL_SQL_MODE, SQLITE_BEGIN
+from waltz.jdbc_style.engine import MYSQL_SESSION_SQL_MODE, SQLITE_BEGIN
 from waltz.jdbc_style.schema import high_water_marks, idempotency_keys
 from waltz.spark.errors import RebuildError
 from waltz.spark.views import AppViews
@@ -67,9 +67,9 @@ def jdbc_target(db_url: str) -> tuple[str, dict[str, str]]:
     parameters the JDBC driver knows by the same name (:data:`PG_JDBC_PARAMETERS`, e.g.
     ``?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem``). Any other query parameter is refused
     rather than dropped: a rebuild must not connect differently from what the URL says. On MariaDB
-    each connection adds ``NO_AUTO_VALUE_ON_ZERO`` to the server's ``sql_mode``, as the framework's
-    own connections do (docs/design/sql.md "Change-sets"), so the rebuild writes the key values the
-    live applies write.
+    each connection adds ``STRICT_TRANS_TABLES`` and ``NO_AUTO_VALUE_ON_ZERO`` to the server's
+    ``sql_mode``, as the framework's own connections do (docs/design/sql.md "Change-sets"), so the
+    rebuild writes the values the live applies write.
 
     Raises:
         RebuildError: another backend, or a query parameter the JDBC target cannot carry.
@@ -94,9 +94,9 @@ def jdbc_target(db_url: str) -> tuple[str, dict[str, str]]:
         props["driver"] = "org.postgresql.Driver"
     elif backend in ("mysql", "mariadb"):
         address = f"{url.host or '127.0.0.1'}:{url.port or 3306}"
-        # As the framework's own connections: a 0 of the log stays 0 in an AUTO_INCREMENT key.
-        mode = f"sql_mode=CONCAT(@@sql_mode,',{MYSQL_SQL_MODE}')"
-        jdbc = f"jdbc:mysql://{address}/{url.database}?rewriteBatchedStatements=true&sessionVariables={mode}"
+        # The framework's own sql_mode: a value that does not fit is an error, a key of 0 stays 0.
+        session = f"sessionVariables={MYSQL_SESSION_SQL_MODE}"
+        jdbc = f"jdbc:mysql://{address}/{url.database}?rewriteBatchedStatements=true&{session}"
         props["driver"] = "org.mariadb.jdbc.Driver"
     else:
         raise RebuildError(f"no JDBC writer for {backend} databases")
