@@ -317,9 +317,8 @@ class DirectStatements:
     def end_pipelined_begin(self, connection: Connection) -> None:
         """Give the driver its own transaction control back after a transaction whose ``BEGIN``
         :meth:`execute_led` or :meth:`read_begun` sent in a pipeline (nothing to do otherwise):
-        call it once that
-        transaction ended. A connection found still in a transaction is invalidated, never
-        reused in autocommit."""
+        call it once that transaction ended. A connection found still in a transaction is
+        invalidated, never reused in autocommit."""
         if not self._begun or connection.invalidated or connection.closed:
             return
         driver: Any = connection.connection.dbapi_connection
