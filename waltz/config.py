@@ -8,14 +8,15 @@ Precedence: explicit keyword arguments > environment > file > defaults.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import ValidationError, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from waltz.errors import ConfigurationError
 
@@ -77,6 +78,9 @@ class WaltzSettings(BaseSettings):
     each Waltz dotted key to a field name in ``KEYS``.
     """
 
+    #: Errors name the setting, never its value: a value may be a credential.
+    model_config = SettingsConfigDict(hide_input_in_errors=True)
+
     KEYS: ClassVar[dict[str, str]] = {}
     _file_values: ClassVar[dict[str, Any]] = {}
 
@@ -90,6 +94,38 @@ class WaltzSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, _MappingSource(settings_cls, dict(cls._file_values))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_known_names(cls, data: Any) -> Any:
+        """Refuse a name that is no field, saying which field was meant.
+
+        Python code names a setting by its field (``client_auto_mount``), a file by its dotted key
+        (``client.autoMount``): docs/configuration.md lists both. A keyword given as the key, or
+        without the field's prefix, gets the field named in the error.
+        """
+        if not isinstance(data, Mapping):
+            return data
+        unknown = [name for name in data if name not in cls.model_fields]
+        if unknown:
+            raise ValueError("; ".join(cls._hint(str(name)) for name in unknown))
+        return data
+
+    @classmethod
+    def _hint(cls, name: str) -> str:
+        field = cls.KEYS.get(name)
+        if field is None:
+            suffixed = [f for f in cls.model_fields if f.endswith("_" + name)]
+            close = suffixed or difflib.get_close_matches(name, list(cls.model_fields), n=3, cutoff=0.6)
+            if len(close) == 1:
+                field = close[0]
+            elif close:
+                return f"{cls.__name__} has no setting {name!r}; did you mean one of {', '.join(close)}?"
+        if field is None:
+            return f"{cls.__name__} has no setting {name!r} (its fields are listed in docs/configuration.md)"
+        keys = [key for key, value in cls.KEYS.items() if value == field]
+        known_as = f" (the key {keys[0]} in a file)" if keys else ""
+        return f"{cls.__name__} has no setting {name!r}; did you mean {field}{known_as}?"
 
 
 def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S:

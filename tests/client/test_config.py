@@ -63,3 +63,23 @@ def test_bad_values_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="set together"):
         load_settings(WaltzClientConfig, None, zookeeper_connect_string="z", cluster_root="/w",
                       client_tls_cert_file=tmp_path / "c.pem")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["auto_mount", "client.autoMount", "autoMount"])
+def test_a_wrong_name_in_code_is_refused_naming_the_field_and_its_key(name: str) -> None:
+    hint = r"no setting .*did you mean client_auto_mount \(the key client\.autoMount"
+    with pytest.raises(ValueError, match=hint):
+        WaltzClientConfig(zookeeper_connect_string="zk:2181", cluster_root="/w", **{name: False})
+
+
+def test_an_invalid_value_is_not_echoed_in_the_error() -> None:
+    """A value may be a credential: the error names the setting only."""
+    with pytest.raises(ValueError) as raised:
+        WaltzClientConfig(
+            zookeeper_connect_string="zk:2181",
+            cluster_root="/w",
+            zookeeper_auth_digest="waltz:s3cret-value",
+            client_max_apply_batch_size="not-a-number",
+        )
+    assert "client_max_apply_batch_size" in str(raised.value)
+    assert "s3cret-value" not in str(raised.value)

@@ -276,9 +276,11 @@ def _plan_live_partition(
         quorum_mark = maxima[quorum - 1] if len(maxima) >= quorum else -1
         mark = max(low, quorum_mark)
         replicas = tuple(sorted(proven, key=lambda r: (-r.max_transaction_id, r.storage)))
+        holding = sum(1 for m in maxima if m >= quorum_mark) if quorum_mark >= 0 else 0
         proof = (
-            f"session {metadata.session_id}: low-water mark {low}, held by {quorum} of {len(replica_set)} "
-            f"replicas up to {quorum_mark} ({'; '.join(answers)})"
+            f"session {metadata.session_id}: low-water mark {low}; {holding} of {len(replica_set)} "
+            f"replicas hold transactions up to {quorum_mark}, a quorum being {quorum} "
+            f"({'; '.join(answers)})"
         )
         return CommittedPartition(
             partition_id,
