@@ -17,6 +17,7 @@ from tests.services.server.conftest import StoreCluster
 from waltz.local.nodes import LocalStorageNode
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient
+from waltz.services.server.store.append_queue import RECORD_OVERHEAD_BYTES
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError, StorageStreams
 from waltz.services.server.store.store_partition import (
@@ -25,7 +26,6 @@ from waltz.services.server.store.store_partition import (
     StoreClosedError,
     StorePartition,
 )
-from waltz.services.server.store.store_session import RECORD_OVERHEAD_BYTES
 
 SHARED = pytest.mark.parametrize("shared", [False, True], ids=["own-streams", "shared-streams"])
 

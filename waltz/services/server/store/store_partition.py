@@ -33,32 +33,21 @@ from waltz import tracing
 from waltz.errors import GenerationFencedError, WaltzError
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol.records import Record, ReqId, crc32
+from waltz.services.server.store.append_queue import (
+    AppendDone,
+    AppendFailedError,
+    AppendUndecidedError,
+    PendingAppend,
+    StoreClosedError,
+)
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.recovery import RecoveryAbortedError, RecoveryManager, RecoveryResult
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError, StorageStreams
-from waltz.services.server.store.store_session import AppendDone, PendingAppend, StoreSession
+from waltz.services.server.store.store_session import StoreSession
 
 __all__ = ["AppendFailedError", "AppendUndecidedError", "StoreClosedError", "StorePartition"]
 
 log = logging.getLogger(__name__)
-
-
-class AppendFailedError(WaltzError):
-    """The record was not committed: its store session ended and the recovery did not keep it."""
-
-
-class StoreClosedError(WaltzError):
-    """The store partition is closed (shut down, or fenced by a newer generation)."""
-
-
-class AppendUndecidedError(StoreClosedError):
-    """The store partition closed while the record was in flight: its fate is undecided.
-
-    The record was sent to the replicas but no quorum acknowledged it before the store closed, so
-    some replicas may hold it. The recovery of the partition's next store session (on this server
-    or on the partition's next owner) commits it or drops it; the partition's log (its feed) tells
-    which. See docs/design/server.md "Generations and server fencing".
-    """
 
 
 def _settle_future(future: asyncio.Future[int]) -> AppendDone:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -26,7 +26,8 @@ from waltz import tracing
 from waltz.errors import WaltzError
 from waltz.metadata.replicas import quorum_of
 from waltz.protocol import storage_pb2
-from waltz.protocol.records import Record, ReqId
+from waltz.protocol.records import Record
+from waltz.services.server.store.append_queue import RECORD_OVERHEAD_BYTES
 from waltz.services.server.store.catch_up import ReplicaCatchUp
 from waltz.services.server.store.recovery import LaggingReplica, RecoveryResult
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
@@ -34,56 +35,9 @@ from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
 if TYPE_CHECKING:
     from waltz.services.server.store.store_partition import StorePartition
 
-__all__ = ["RECORD_OVERHEAD_BYTES", "AppendDone", "PendingAppend", "StoreSession"]
+__all__ = ["StoreSession"]
 
 log = logging.getLogger(__name__)
-
-#: Bytes a record takes in an append request besides its data (transaction ID, ReqId, header,
-#: checksum and their tags), rounded up: what a batch's byte budget counts per record.
-RECORD_OVERHEAD_BYTES = 64
-
-
-#: What :meth:`StorePartition.enqueue` calls once a transaction is resolved: with its transaction ID
-#: and None when committed, or with an error when it will never be.
-AppendDone = Callable[[int, "BaseException | None"], None]
-
-
-@dataclass(slots=True)
-class PendingAppend:
-    """A transaction queued in a store partition or in flight in one of its store sessions.
-
-    Attributes:
-        req_id: the client's request ID of the append.
-        header: the transaction header (an application value, 32 bits).
-        data: the transaction data.
-        checksum: the CRC-32 of ``data``.
-        on_done: called once when the transaction is committed or has failed (None after).
-        transaction_id: the transaction ID, set when the record is put in a batch (-1 before).
-        trace: None, unless the transaction is traced: its server append span, then its store
-            batch's span once in a batch (``waltz.tracing.store_batch``).
-    """
-
-    req_id: ReqId
-    header: int
-    data: bytes
-    checksum: int
-    on_done: AppendDone | None
-    transaction_id: int = -1  # set when the record is put in a batch
-    trace: Any = None
-
-    @property
-    def record(self) -> Record:
-        return Record(self.transaction_id, self.req_id, self.header, self.data, self.checksum)
-
-    def resolve(self, error: BaseException | None) -> None:
-        """Commit (``error`` None) or fail the transaction, once."""
-        on_done = self.on_done
-        if on_done is not None:
-            self.on_done = None
-            try:
-                on_done(self.transaction_id, error)
-            except Exception:
-                log.exception("append callback of transaction %d raised", self.transaction_id)
 
 
 @dataclass(frozen=True, slots=True)
