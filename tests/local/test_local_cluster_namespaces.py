@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from waltz.errors import ConfigurationError
-from waltz.local.cluster import NAMESPACE_PORTS, LocalCluster
+from waltz.local.cluster import LocalCluster
+from waltz.local.namespaced import NAMESPACE_PORTS
 from waltz.local.netns import network_lab_unavailable
 
 #: Joins a client host, tries the machine's own loopback, then commits 5 transactions.

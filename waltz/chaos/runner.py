@@ -52,7 +52,8 @@ from waltz.chaos.options import ChaosOptions, ChaosResult, database_on_loopback
 from waltz.chaos.proxy import ClusterProxies, forward_database
 from waltz.chaos.schedule import NETWORK_FAULTS, Fault
 from waltz.chaos.worker import WorkerSpec
-from waltz.local.cluster import DIGEST_FILE, LocalCluster
+from waltz.local.cluster import LocalCluster
+from waltz.local.security import DIGEST_FILE
 
 __all__ = ["run_chaos"]
 

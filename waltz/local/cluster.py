@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
 import logging
 import shutil
 import tempfile
@@ -51,16 +50,17 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self, TypedDict, TypeVar
+from typing import Literal, Self, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from waltz.admin.cluster_admin import ClusterAdmin, StorageSpec
 from waltz.errors import ConfigurationError, MetadataError
-from waltz.local.certificates import ClusterCertificates, make_cluster_certificates
+from waltz.local.certificates import ClusterCertificates
 from waltz.local.layout import LAYOUT_FILE, ClusterLayout
-from waltz.local.netns import Host, NetworkLab, NetworkLabError, network_lab_unavailable, unused_subnet
+from waltz.local.namespaced import NAMESPACE_PORTS, NamespaceHosts, Placement
+from waltz.local.netns import Host, NetworkLab
 from waltz.local.nodes import LocalServer, LocalStorageNode
 from waltz.local.processes import ManagedProcess, ServiceStartError, wait_until
 from waltz.local.readiness import (
@@ -72,6 +72,7 @@ from waltz.local.readiness import (
     not_ready_message,
     probe_partitions,
 )
+from waltz.local.security import ClusterSecurity
 from waltz.local.zookeeper import LocalZooKeeper
 from waltz.metadata.assignment import read_assignment
 from waltz.metadata.replicas import spread_replicas
@@ -80,7 +81,7 @@ from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol.channels import TlsConfig
 
-__all__ = ["DEFAULT_SERVER_ENV", "DIGEST_FILE", "NAMESPACE_PORTS", "LocalCluster", "Network"]
+__all__ = ["DEFAULT_SERVER_ENV", "LocalCluster", "Network"]
 
 log = logging.getLogger(__name__)
 
@@ -97,37 +98,8 @@ DEFAULT_SERVER_ENV: Mapping[str, str] = {
 }
 
 
-#: The file of the cluster's ZooKeeper credential in the work directory.
-DIGEST_FILE = "zookeeper-digest"
-
-
-class _Placement(TypedDict, total=False):
-    """The options placing a storage node or server on its host in namespace mode."""
-
-    host: str
-    command_prefix: list[str]
-    config_file: Path
-
-
-#: Where namespace mode looks for a free /24 (the lower half of 10.77.0.0/16 is left to labs
-#: with fixed addresses, such as the deployment guide's test on 10.77.0.0/24).
-_LOCAL_SUBNETS = "10.77.128.0/17"
-#: How many free subnets namespace mode tries when another lab takes the one it chose.
-_SUBNET_ATTEMPTS = 3
-
-
 #: Where the processes of a local cluster run: all on loopback, or each on a host of its own.
 Network = Literal["loopback", "namespaces"]
-
-#: The ports every host uses in namespace mode: a deployment's defaults (docs/configuration.md).
-NAMESPACE_PORTS: Mapping[str, int] = {
-    "zookeeper": 2181,
-    "storage": 55280,
-    "storage_admin": 55281,
-    "storage_metrics": 55282,
-    "server": 55180,
-    "server_metrics": 55181,
-}
 
 
 class LocalCluster:
@@ -271,14 +243,9 @@ class LocalCluster:
         self._server_env = {**DEFAULT_SERVER_ENV, **(server_env or {})}
         self._storage_args = list(storage_args)
         self._storage_env = dict(storage_env or {})
-        if secure and tls is not None:
-            raise ConfigurationError("a secure local cluster makes its own certificates: give secure or tls")
-        self._tls = tls
-        self._zookeeper_auth = zookeeper_auth
-        self._zookeeper_security = zookeeper_security or ZooKeeperSecurity()
-        self._secure = secure
-        self.certificates: ClusterCertificates | None = None
-        """The CA and role certificates of a secure cluster (made at :meth:`start`), else None."""
+        self._security = ClusterSecurity(
+            tls=tls, zookeeper_auth=zookeeper_auth, zookeeper_security=zookeeper_security, secure=secure
+        )
         self._server_args = list(server_args)
         self._server_args_of = server_args_of
         self._storage_connect_string_of = storage_connect_string_of
@@ -294,9 +261,11 @@ class LocalCluster:
         self._owns_root = False
         self._paused: set[tuple[str, int]] = set()
         self._network: Network = network
-        self._client_hosts = client_hosts
-        self._subnet = subnet
-        self._lab: NetworkLab | None = None
+        self._hosts = (
+            NamespaceHosts(storages=storages, servers=servers, client_hosts=client_hosts, subnet=subnet)
+            if network == "namespaces"
+            else None
+        )
         self._state = "new"
         self.startup_seconds: float | None = None
         """Seconds :meth:`start` took, from launching the first process until every partition was writable."""
@@ -342,7 +311,7 @@ class LocalCluster:
     @property
     def network_lab(self) -> NetworkLab | None:
         """The hosts of namespace mode (to cut or isolate them), or None on loopback or before start."""
-        return self._lab
+        return self._hosts.lab if self._hosts is not None else None
 
     def host(self, name: str) -> Host:
         """A host of namespace mode: ``zookeeper``, ``storage-<i>``, ``server-<j>`` or ``client-<k>``.
@@ -354,12 +323,12 @@ class LocalCluster:
             RuntimeError: the cluster is not in namespace mode, or not started.
             KeyError: no such host.
         """
-        if self._lab is None:
+        if self._hosts is None or self._hosts.lab is None:
             raise RuntimeError(
                 f"local cluster {self._name!r} has no hosts: it runs on {self._network}"
                 + ("" if self._network == "loopback" else " and is not started")
             )
-        return self._lab.host(name)
+        return self._hosts.host(name)
 
     @property
     def zookeeper(self) -> LocalZooKeeper | None:
@@ -406,16 +375,19 @@ class LocalCluster:
         return self._cluster_key
 
     @property
+    def certificates(self) -> ClusterCertificates | None:
+        """The CA and role certificates of a secure cluster (made at :meth:`start`), else None."""
+        return self._security.certificates
+
+    @property
     def zookeeper_security(self) -> ZooKeeperSecurity:
         """The security of the cluster's ZooKeeper sessions (its credential once :meth:`start` ran)."""
-        return self._zookeeper_security
+        return self._security.zookeeper_security
 
     @property
     def zookeeper_digest_file(self) -> Path | None:
         """The file holding the cluster's ZooKeeper credential, or None without one."""
-        if self._zookeeper_security.digest is None or self._work_dir is None:
-            return None
-        return self._work_dir / DIGEST_FILE
+        return self._security.digest_file(self._work_dir)
 
     def zookeeper_settings(self) -> dict[str, object]:
         """Settings fields (``WaltzClientConfig``, ``ClusterAdminConfig``) that reach this cluster.
@@ -427,29 +399,12 @@ class LocalCluster:
         return {
             "zookeeper_connect_string": self.zookeeper_connect_string,
             "cluster_root": self.root,
-            **self._security_settings(),
+            **self._security.zookeeper_settings(self._work_dir),
         }
-
-    def _security_settings(self) -> dict[str, Path]:
-        security = self._zookeeper_security
-        settings = {
-            "zookeeper_auth_digest_file": self.zookeeper_digest_file,
-            "zookeeper_ssl_ca_file": security.ca_file,
-            "zookeeper_ssl_cert_file": security.cert_file,
-            "zookeeper_ssl_key_file": security.key_file,
-        }
-        return {k: v for k, v in settings.items() if v is not None}
 
     def zookeeper_env(self) -> dict[str, str]:
         """The ``WALTZ_ZOOKEEPER_*`` variables giving a process this cluster's credential and TLS files."""
-        names = {
-            "zookeeper_auth_digest_file": "WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE",
-            "zookeeper_ssl_ca_file": "WALTZ_ZOOKEEPER_SSL_CA_FILE",
-            "zookeeper_ssl_cert_file": "WALTZ_ZOOKEEPER_SSL_CERT_FILE",
-            "zookeeper_ssl_key_file": "WALTZ_ZOOKEEPER_SSL_KEY_FILE",
-        }
-        settings = self._security_settings()
-        return {env: str(settings[field]) for field, env in names.items() if field in settings}
+        return self._security.zookeeper_env(self._work_dir)
 
     def pids(self) -> dict[str, int]:
         """Process name (``zookeeper``, ``storage-0``, ``server-1``...) -> PID, for running processes."""
@@ -486,13 +441,9 @@ class LocalCluster:
                 self._work_dir = Path(tempfile.mkdtemp(prefix="waltz-local-")).resolve()
             self._work_dir.mkdir(parents=True, exist_ok=True)
             layout = self._load_layout()
-            if self._network == "namespaces":
-                self._start_hosts(layout)
-            if self._secure:
-                addresses = [h.address for h in self._lab.hosts.values()] if self._lab else []
-                addresses += [self._lab.bridge_address] if self._lab else []
-                self._secure_with(make_cluster_certificates(self._work_dir / "tls", addresses=addresses))
-            self._prepare_credential()
+            if self._hosts is not None:
+                self._hosts.start(layout.subnet if layout is not None else None)
+            self._security.start(self._work_dir, self._hosts.addresses() if self._hosts is not None else [])
             self._build(layout)
             for node in self._storages:
                 node.launch()
@@ -504,7 +455,7 @@ class LocalCluster:
                 self.zookeeper_connect_string,
                 connect_timeout=remaining(),
                 session_timeout=10.0,
-                security=self._zookeeper_security,
+                security=self._security.zookeeper_security,
             )
             self._create_cluster(resuming=layout is not None)
             if self._keep:
@@ -553,8 +504,8 @@ class LocalCluster:
                 node.close()
             if self._zookeeper is not None:
                 self._zookeeper.close()
-            if self._lab is not None:
-                self._lab.close()
+            if self._hosts is not None:
+                self._hosts.close()
             if not self._keep and self._work_dir is not None:
                 shutil.rmtree(self._work_dir, ignore_errors=True)
         log.info("local cluster %r closed", self._name)
@@ -587,7 +538,7 @@ class LocalCluster:
             self.num_partitions,
             high_water_marks,
             timeout=timeout,
-            tls=self._tls,
+            tls=self._security.tls,
         )
 
     # --- readiness and owners ---------------------------------------------------------------------
@@ -614,7 +565,12 @@ class LocalCluster:
         def ready() -> dict[int, PartitionOwner] | None:
             try:
                 owners, found = probe_partitions(
-                    self._client(), self._paths, self._partitions, self._replicas, self._servers, self._tls
+                    self._client(),
+                    self._paths,
+                    self._partitions,
+                    self._replicas,
+                    self._servers,
+                    self._security.tls,
                 )
             except Exception as exc:  # ZooKeeper unreachable, say: report it, and keep trying
                 owners, found = {}, [PartitionProblem(Problem.ZOOKEEPER_UNREADABLE, detail=repr(exc))]
@@ -731,10 +687,8 @@ class LocalCluster:
             ServiceStartError: a process did not start again.
             ClusterNotReadyError: as :meth:`wait_ready`.
         """
-        if self._lab is not None:
-            for name in self._lab.hosts:
-                self._lab.heal(name)
-                self._lab.uncut(name)
+        if self._hosts is not None:
+            self._hosts.heal()
         for kind, index in sorted(self._paused):
             (self._storage(index) if kind == "storage" else self._server(index)).resume()
         self._paused.clear()
@@ -759,7 +713,8 @@ class LocalCluster:
         nodes = [(s.process.name, s.host, s.metrics_port) for s in self._servers] + [
             (n.process.name, n.host, n.metrics_port) for n in self._storages
         ]
-        return {name: f"{self._http_scheme}://{host}:{port}/metrics" for name, host, port in nodes if port}
+        scheme = self._security.http_scheme
+        return {name: f"{scheme}://{host}:{port}/metrics" for name, host, port in nodes if port}
 
     def describe(self) -> str:
         """How to reach the cluster: ZooKeeper, root, servers, storage and admin ports, metrics, logs.
@@ -779,12 +734,8 @@ class LocalCluster:
                 f"pid {self._zookeeper.process.pid}, log {self._zookeeper.log_path})"
             )
         lines.append(f"  cluster root   {self.root}")
-        if self._lab is not None:
-            lines.append(
-                f"  hosts          network namespaces on {self._subnet}, this machine at "
-                f"{self._lab.bridge_address}; run a command on one with `ip netns exec <namespace> ...`:"
-            )
-            lines += [f"    {h.name:<10} {h.address:<15} {h.namespace}" for h in self._lab.hosts.values()]
+        if self._hosts is not None:
+            lines += self._hosts.describe_lines()
         owned = self._owned_partitions()
         lines.append(
             "  servers (ServerAdminClient connects here; Waltz clients find them through ZooKeeper):"
@@ -867,30 +818,11 @@ class LocalCluster:
             )
         return self._storages[index]
 
-    @property
-    def _http_scheme(self) -> str:
-        """``https`` when the nodes serve TLS (their metrics ports too), else ``http``."""
-        return "https" if self._tls is not None else "http"
-
     def _connect_string(self, node: LocalStorageNode) -> str:
         """The connect string of a storage node in ZooKeeper (its address, or as the caller chose)."""
         if self._storage_connect_string_of is None:
             return node.address
         return self._storage_connect_string_of(node)
-
-    def _prepare_credential(self) -> None:
-        """Make (or, resuming a kept work directory, read) the cluster's credential; tell the servers."""
-        if self._zookeeper_auth and self._zookeeper_security.digest is None:
-            path = self.work_dir / DIGEST_FILE
-            digest = (
-                ZooKeeperSecurity.read_digest_file(path)
-                if path.exists()
-                else ZooKeeperSecurity.generate().digest
-            )
-            self._zookeeper_security = dataclasses.replace(self._zookeeper_security, digest=digest)
-        if self._zookeeper_security.digest is not None:
-            self._zookeeper_security.write_digest_file(self.work_dir / DIGEST_FILE)
-        self._server_env = {**self.zookeeper_env(), **self._server_env}
 
     def _load_layout(self) -> ClusterLayout | None:
         """The layout of the cluster a kept work directory holds, checked against the arguments."""
@@ -941,63 +873,22 @@ class LocalCluster:
             ],
             servers=[{"port": s.port, "metrics_port": s.metrics_port} for s in self._servers],
             network=self._network,
-            subnet=self._subnet if self._lab is not None else None,
+            subnet=self._hosts.subnet if self._hosts is not None else None,
         )
 
-    def _host_names(self) -> list[str]:
-        return [
-            "zookeeper",
-            *(f"storage-{i}" for i in range(self._num_storages)),
-            *(f"server-{j}" for j in range(self._num_servers)),
-            *(f"client-{k}" for k in range(self._client_hosts)),
-        ]
-
-    def _start_hosts(self, layout: ClusterLayout | None) -> None:
-        """Build the network namespaces of namespace mode (a kept cluster gets its subnet back)."""
-        reason = network_lab_unavailable()
-        if reason is not None:
-            raise ConfigurationError(f"cannot run a local cluster in network namespaces: {reason}")
-        NetworkLab.cleanup_stale()
-        kept = layout.subnet if layout is not None and layout.subnet else None
-        if kept is not None and self._subnet is not None and kept != self._subnet:
-            raise ConfigurationError(
-                f"the work directory's cluster runs on {kept} (its storage nodes' addresses are in "
-                f"ZooKeeper), not on the subnet asked for, {self._subnet}"
-            )
-        given = kept or self._subnet
-        for attempt in range(_SUBNET_ATTEMPTS):  # another lab may take a free subnet meanwhile
-            self._subnet = given or unused_subnet(_LOCAL_SUBNETS)
-            self._lab = NetworkLab(self._host_names(), subnet=self._subnet)
-            try:
-                self._lab.start()
-                return
-            except NetworkLabError:
-                self._lab = None
-                if given is not None or attempt + 1 == _SUBNET_ATTEMPTS:
-                    raise
-
-    def _placement(self, name: str) -> _Placement:
+    def _placement(self, name: str) -> Placement:
         """Where a process runs: on loopback (nothing), or inside its host with a config file."""
-        if self._lab is None:
+        if self._hosts is None:
             return {}
-        return {
-            "host": self._lab.address(name),
-            "command_prefix": self._lab.command_prefix(name),
-            "config_file": self.work_dir / "config" / f"{name}.yaml",
-        }
-
-    def _secure_with(self, certificates: ClusterCertificates) -> None:
-        """Serve mutual TLS with role checks on every node; the supervisor acts as ``admin``."""
-        self.certificates = certificates
-        self._storage_env = {**self._storage_env, **certificates.storage_env()}
-        self._server_env = {**self._server_env, **certificates.server_env()}
-        self._tls = certificates.tls("admin")
+        return self._hosts.placement(name, self.work_dir / "config")
 
     def _build(self, layout: ClusterLayout | None) -> None:
         """Create (not start) the ZooKeeper, storage node and server objects."""
         work_dir = self.work_dir
         logs = work_dir / "logs"
-        lab = self._lab
+        lab = self.network_lab
+        storage_env = self._security.storage_env(self._storage_env)
+        server_env = self._security.server_env(self._server_env, work_dir)
         if self._external_zookeeper is None:
             self._zookeeper = LocalZooKeeper(
                 data_dir=work_dir / "zookeeper",
@@ -1026,7 +917,7 @@ class LocalCluster:
                     metrics=self._metrics,
                     metrics_port=ports.get("metrics_port"),
                     extra_args=self._storage_args,
-                    env=self._storage_env,
+                    env=storage_env,
                     **self._placement(f"storage-{i}"),
                 )
             )
@@ -1046,14 +937,14 @@ class LocalCluster:
                     session_timeout=self._session_timeout,
                     extra_args=self._server_args
                     + list(self._server_args_of(j) if self._server_args_of is not None else ()),
-                    env=self._server_env,
+                    env=server_env,
                     **self._placement(f"server-{j}"),
                 )
             )
 
     def _create_cluster(self, *, resuming: bool) -> None:
         """Create the cluster in ZooKeeper and on the storage nodes (or check the resumed one)."""
-        admin = ClusterAdmin(self._client(), self.root, tls=self._tls)
+        admin = ClusterAdmin(self._client(), self.root, tls=self._security.tls)
         if admin.cluster.exists():
             params = admin.cluster.params()
             if not resuming:
