@@ -40,7 +40,6 @@ apart with :attr:`LocalCluster.network_lab`.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import logging
 import shutil
@@ -50,7 +49,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self, TypeVar
+from typing import Literal, Self
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -58,8 +57,9 @@ from kazoo.exceptions import NoNodeError
 from waltz.admin.cluster_admin import ClusterAdmin, StorageSpec
 from waltz.errors import ConfigurationError, MetadataError
 from waltz.local.certificates import ClusterCertificates
+from waltz.local.cluster_nodes import ClusterNodes
 from waltz.local.layout import LAYOUT_FILE, ClusterLayout
-from waltz.local.namespaced import NAMESPACE_PORTS, NamespaceHosts, Placement
+from waltz.local.namespaced import NamespaceHosts
 from waltz.local.netns import Host, NetworkLab
 from waltz.local.nodes import LocalServer, LocalStorageNode
 from waltz.local.processes import ManagedProcess, ServiceStartError, wait_until
@@ -85,7 +85,6 @@ __all__ = ["DEFAULT_SERVER_ENV", "LocalCluster", "Network"]
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 #: Environment of the server processes unless overridden: retry storage nodes quickly, so that a
 #: partition is writable again soon after a storage node or a server comes back.
@@ -237,29 +236,31 @@ class LocalCluster:
         self._replicas = replicas
         self._name = name
         self._external_zookeeper = zookeeper
-        self._metrics = metrics
-        self._tick_time_ms = tick_time_ms
-        self._session_timeout = session_timeout
         self._server_env = {**DEFAULT_SERVER_ENV, **(server_env or {})}
-        self._storage_args = list(storage_args)
         self._storage_env = dict(storage_env or {})
         self._security = ClusterSecurity(
             tls=tls, zookeeper_auth=zookeeper_auth, zookeeper_security=zookeeper_security, secure=secure
         )
-        self._server_args = list(server_args)
-        self._server_args_of = server_args_of
+        self._nodes = ClusterNodes(
+            storages=storages,
+            servers=servers,
+            external_zookeeper=zookeeper,
+            metrics=metrics,
+            tick_time_ms=tick_time_ms,
+            session_timeout=session_timeout,
+            start_timeout=start_timeout,
+            storage_args=storage_args,
+            server_args=server_args,
+            server_args_of=server_args_of,
+        )
         self._storage_connect_string_of = storage_connect_string_of
         self._start_timeout = start_timeout
         self._keep = work_dir is not None
         self._delete_root = zookeeper is not None and (not self._keep if delete_root is None else delete_root)
         self._work_dir = Path(work_dir).resolve() if work_dir is not None else None
-        self._zookeeper: LocalZooKeeper | None = None
-        self._storages: list[LocalStorageNode] = []
-        self._servers: list[LocalServer] = []
         self._zk: KazooClient | None = None
         self._cluster_key: str | None = None
         self._owns_root = False
-        self._paused: set[tuple[str, int]] = set()
         self._network: Network = network
         self._hosts = (
             NamespaceHosts(storages=storages, servers=servers, client_hosts=client_hosts, subnet=subnet)
@@ -333,7 +334,7 @@ class LocalCluster:
     @property
     def zookeeper(self) -> LocalZooKeeper | None:
         """The cluster's own ZooKeeper (to kill or pause it), or None when it is external."""
-        return self._zookeeper
+        return self._nodes.zookeeper
 
     @property
     def zookeeper_connect_string(self) -> str:
@@ -342,26 +343,22 @@ class LocalCluster:
         Raises:
             RuntimeError: the cluster's own ZooKeeper has not been started.
         """
-        if self._external_zookeeper is not None:
-            return self._external_zookeeper
-        if self._zookeeper is None:
-            raise RuntimeError("the local cluster's ZooKeeper is not started yet")
-        return self._zookeeper.connect_string
+        return self._nodes.zookeeper_connect_string
 
     @property
     def storages(self) -> tuple[LocalStorageNode, ...]:
         """The storage nodes, ``storage-0`` first (empty before :meth:`start`)."""
-        return tuple(self._storages)
+        return self._nodes.storages
 
     @property
     def servers(self) -> tuple[LocalServer, ...]:
         """The servers, ``server-0`` first (empty before :meth:`start`)."""
-        return tuple(self._servers)
+        return self._nodes.servers
 
     @property
     def server_endpoints(self) -> list[str]:
         """``host:port`` of every server, in index order."""
-        return [s.endpoint for s in self._servers]
+        return [s.endpoint for s in self._nodes.servers]
 
     @property
     def cluster_key(self) -> str:
@@ -408,7 +405,7 @@ class LocalCluster:
 
     def pids(self) -> dict[str, int]:
         """Process name (``zookeeper``, ``storage-0``, ``server-1``...) -> PID, for running processes."""
-        return {p.name: p.pid for p in self._processes() if p.is_running() and p.pid is not None}
+        return self._nodes.pids()
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -444,12 +441,19 @@ class LocalCluster:
             if self._hosts is not None:
                 self._hosts.start(layout.subnet if layout is not None else None)
             self._security.start(self._work_dir, self._hosts.addresses() if self._hosts is not None else [])
-            self._build(layout)
-            for node in self._storages:
+            self._nodes.build(
+                self._work_dir,
+                self.root,
+                layout,
+                self._hosts,
+                storage_env=self._security.storage_env(self._storage_env),
+                server_env=self._security.server_env(self._server_env, self._work_dir),
+            )
+            for node in self._nodes.storages:
                 node.launch()
-            if self._zookeeper is not None:
-                self._zookeeper.start()
-            for node in self._storages:
+            if self._nodes.zookeeper is not None:
+                self._nodes.zookeeper.start()
+            for node in self._nodes.storages:
                 node.wait_started(remaining())
             self._zk = connect_zookeeper(
                 self.zookeeper_connect_string,
@@ -460,9 +464,9 @@ class LocalCluster:
             self._create_cluster(resuming=layout is not None)
             if self._keep:
                 self._layout().save(self.work_dir / LAYOUT_FILE)
-            for server in self._servers:
+            for server in self._nodes.servers:
                 server.launch()
-            for server in self._servers:
+            for server in self._nodes.servers:
                 server.wait_started(remaining())
             self.wait_ready(remaining())
         except BaseException:
@@ -474,8 +478,8 @@ class LocalCluster:
             "local cluster %r ready in %.1fs: %d storage nodes, %d servers, %d partitions under %s on %s",
             self._name,
             self.startup_seconds,
-            len(self._storages),
-            len(self._servers),
+            len(self._nodes.storages),
+            len(self._nodes.servers),
             self._partitions,
             self.root,
             self.zookeeper_connect_string,
@@ -492,18 +496,12 @@ class LocalCluster:
             return
         self._state = "closed"
         try:
-            self._stop_all(self._servers, timeout=15.0)
-            self._stop_all(self._storages, timeout=10.0)
+            self._nodes.stop()
             self._close_zookeeper_session()
-            if self._zookeeper is not None and self._keep:
-                self._zookeeper.stop()
+            if self._nodes.zookeeper is not None and self._keep:
+                self._nodes.zookeeper.stop()
         finally:
-            for server in self._servers:
-                server.close()
-            for node in self._storages:
-                node.close()
-            if self._zookeeper is not None:
-                self._zookeeper.close()
+            self._nodes.close()
             if self._hosts is not None:
                 self._hosts.close()
             if not self._keep and self._work_dir is not None:
@@ -533,7 +531,7 @@ class LocalCluster:
         from waltz.admin.replica_digests import replica_digests
 
         return replica_digests(
-            [node.admin_address for node in self._storages],
+            [node.admin_address for node in self._nodes.storages],
             str(self.cluster_key),
             self.num_partitions,
             high_water_marks,
@@ -569,7 +567,7 @@ class LocalCluster:
                     self._paths,
                     self._partitions,
                     self._replicas,
-                    self._servers,
+                    self._nodes.servers,
                     self._security.tls,
                 )
             except Exception as exc:  # ZooKeeper unreachable, say: report it, and keep trying
@@ -586,7 +584,8 @@ class LocalCluster:
             )
         except TimeoutError as exc:
             title = f"local cluster {self._name!r} under {self.root}: not ready after {timeout:g}s:"
-            message = not_ready_message(title, problems, self._servers, self._storages, self._zookeeper)
+            nodes = self._nodes
+            message = not_ready_message(title, problems, nodes.servers, nodes.storages, nodes.zookeeper)
             raise ClusterNotReadyError(message) from exc
 
     def owner(self, partition_id: int) -> str:
@@ -617,7 +616,7 @@ class LocalCluster:
             ClusterNotReadyError: no server of this cluster owns the partition right now.
         """
         endpoint = self.owner(partition_id)
-        for index, server in enumerate(self._servers):
+        for index, server in enumerate(self._nodes.servers):
             if server.endpoint == endpoint:
                 return index
         raise ClusterNotReadyError(
@@ -628,49 +627,43 @@ class LocalCluster:
 
     def kill_server(self, index: int) -> None:
         """Kill server ``index`` with SIGKILL (a crash); its partitions move after the session timeout."""
-        self._server(index).kill()
+        self._nodes.server(index).kill()
 
     def stop_server(self, index: int) -> int | None:
         """Stop server ``index`` gracefully (SIGTERM; its partitions move at once); its exit code."""
-        return self._server(index).stop()
+        return self._nodes.server(index).stop()
 
     def restart_server(self, index: int) -> None:
         """Kill server ``index`` if it runs and start it again on the same port (waits for the port)."""
-        self._paused.discard(("server", index))
-        self._server(index).restart()
+        self._nodes.restart("server", index)
 
     def pause_server(self, index: int) -> None:
         """Freeze server ``index`` (SIGSTOP), e.g. to test fencing of a paused owner."""
-        self._server(index).pause()
-        self._paused.add(("server", index))
+        self._nodes.pause("server", index)
 
     def resume_server(self, index: int) -> None:
         """Thaw server ``index`` (SIGCONT)."""
-        self._server(index).resume()
-        self._paused.discard(("server", index))
+        self._nodes.resume("server", index)
 
     def kill_storage(self, index: int) -> None:
         """Kill storage node ``index`` with SIGKILL (a crash)."""
-        self._storage(index).kill()
+        self._nodes.storage(index).kill()
 
     def stop_storage(self, index: int) -> int | None:
         """Stop storage node ``index`` gracefully (SIGTERM); its exit code."""
-        return self._storage(index).stop()
+        return self._nodes.storage(index).stop()
 
     def restart_storage(self, index: int) -> None:
         """Kill storage node ``index`` if it runs and start it again (same directory and ports)."""
-        self._paused.discard(("storage", index))
-        self._storage(index).restart()
+        self._nodes.restart("storage", index)
 
     def pause_storage(self, index: int) -> None:
         """Freeze storage node ``index`` (SIGSTOP)."""
-        self._storage(index).pause()
-        self._paused.add(("storage", index))
+        self._nodes.pause("storage", index)
 
     def resume_storage(self, index: int) -> None:
         """Thaw storage node ``index`` (SIGCONT)."""
-        self._storage(index).resume()
-        self._paused.discard(("storage", index))
+        self._nodes.resume("storage", index)
 
     def heal(self, timeout: float | None = None) -> dict[int, PartitionOwner]:
         """Undo faults: resume paused processes, restart stopped ones, then :meth:`wait_ready`.
@@ -689,20 +682,7 @@ class LocalCluster:
         """
         if self._hosts is not None:
             self._hosts.heal()
-        for kind, index in sorted(self._paused):
-            (self._storage(index) if kind == "storage" else self._server(index)).resume()
-        self._paused.clear()
-        if self._zookeeper is not None:
-            if self._zookeeper.is_running():
-                self._zookeeper.resume()  # in case it was paused through the zookeeper property
-            else:
-                self._zookeeper.start()
-        for node in self._storages:
-            if not node.process.is_running():
-                node.start()
-        for server in self._servers:
-            if not server.process.is_running():
-                server.start()
+        self._nodes.heal()
         return self.wait_ready(timeout)
 
     # --- description ------------------------------------------------------------------------------
@@ -710,8 +690,8 @@ class LocalCluster:
     def metrics_urls(self) -> dict[str, str]:
         """The ``/metrics`` URL of each server and storage node that serves metrics, by process
         name (``server-0``, ``storage-0``, ...); ``https`` when the nodes use TLS."""
-        nodes = [(s.process.name, s.host, s.metrics_port) for s in self._servers] + [
-            (n.process.name, n.host, n.metrics_port) for n in self._storages
+        nodes = [(s.process.name, s.host, s.metrics_port) for s in self._nodes.servers] + [
+            (n.process.name, n.host, n.metrics_port) for n in self._nodes.storages
         ]
         scheme = self._security.http_scheme
         return {name: f"{scheme}://{host}:{port}/metrics" for name, host, port in nodes if port}
@@ -728,10 +708,10 @@ class LocalCluster:
         ]
         if self._external_zookeeper is not None:
             lines.append(f"  ZooKeeper      {self._external_zookeeper} (external)")
-        elif self._zookeeper is not None:
+        elif (zookeeper := self._nodes.zookeeper) is not None:
             lines.append(
-                f"  ZooKeeper      {self._zookeeper.connect_string} (tickTime {self._tick_time_ms} ms, "
-                f"pid {self._zookeeper.process.pid}, log {self._zookeeper.log_path})"
+                f"  ZooKeeper      {zookeeper.connect_string} (tickTime {self._nodes.tick_time_ms} ms, "
+                f"pid {zookeeper.process.pid}, log {zookeeper.log_path})"
             )
         lines.append(f"  cluster root   {self.root}")
         if self._hosts is not None:
@@ -741,7 +721,7 @@ class LocalCluster:
             "  servers (ServerAdminClient connects here; Waltz clients find them through ZooKeeper):"
         )
         urls = self.metrics_urls()
-        for server in self._servers:
+        for server in self._nodes.servers:
             url = urls.get(server.process.name)
             metrics = f"  metrics {url}" if url else ""
             parts = owned.get(server.endpoint)
@@ -751,7 +731,7 @@ class LocalCluster:
             )
         lines.append("  storage nodes (storage port, admin port):")
         placement = self._replica_placement()
-        for node in self._storages:
+        for node in self._nodes.storages:
             url = urls.get(node.process.name)
             metrics = f"  metrics {url}" if url else ""
             lines.append(
@@ -794,29 +774,10 @@ class LocalCluster:
 
     # --- internals --------------------------------------------------------------------------------
 
-    def _processes(self) -> list[ManagedProcess]:
-        processes = [n.process for n in self._storages] + [s.process for s in self._servers]
-        return ([self._zookeeper.process] if self._zookeeper is not None else []) + processes
-
     def _client(self) -> KazooClient:
         if self._zk is None:
             raise RuntimeError("the local cluster is not started")
         return self._zk
-
-    def _server(self, index: int) -> LocalServer:
-        if not 0 <= index < len(self._servers):
-            raise IndexError(
-                f"no server {index}: the cluster has {len(self._servers)} (0..{len(self._servers) - 1})"
-            )
-        return self._servers[index]
-
-    def _storage(self, index: int) -> LocalStorageNode:
-        if not 0 <= index < len(self._storages):
-            raise IndexError(
-                f"no storage node {index}: the cluster has {len(self._storages)} "
-                f"(0..{len(self._storages) - 1})"
-            )
-        return self._storages[index]
 
     def _connect_string(self, node: LocalStorageNode) -> str:
         """The connect string of a storage node in ZooKeeper (its address, or as the caller chose)."""
@@ -860,87 +821,19 @@ class LocalCluster:
         return layout
 
     def _layout(self) -> ClusterLayout:
+        storages, servers = self._nodes.layout_ports()
         return ClusterLayout(
             name=self._name,
             root=self.root,
             partitions=self._partitions,
             replicas=self._replicas,
             external_zookeeper=self._external_zookeeper,
-            zookeeper_port=self._zookeeper.port if self._zookeeper is not None else None,
-            storages=[
-                {"port": n.port, "admin_port": n.admin_port, "metrics_port": n.metrics_port}
-                for n in self._storages
-            ],
-            servers=[{"port": s.port, "metrics_port": s.metrics_port} for s in self._servers],
+            zookeeper_port=self._nodes.zookeeper.port if self._nodes.zookeeper is not None else None,
+            storages=storages,
+            servers=servers,
             network=self._network,
             subnet=self._hosts.subnet if self._hosts is not None else None,
         )
-
-    def _placement(self, name: str) -> Placement:
-        """Where a process runs: on loopback (nothing), or inside its host with a config file."""
-        if self._hosts is None:
-            return {}
-        return self._hosts.placement(name, self.work_dir / "config")
-
-    def _build(self, layout: ClusterLayout | None) -> None:
-        """Create (not start) the ZooKeeper, storage node and server objects."""
-        work_dir = self.work_dir
-        logs = work_dir / "logs"
-        lab = self.network_lab
-        storage_env = self._security.storage_env(self._storage_env)
-        server_env = self._security.server_env(self._server_env, work_dir)
-        if self._external_zookeeper is None:
-            self._zookeeper = LocalZooKeeper(
-                data_dir=work_dir / "zookeeper",
-                port=NAMESPACE_PORTS["zookeeper"] if lab else (layout.zookeeper_port if layout else None),
-                tick_time_ms=self._tick_time_ms,
-                # The cluster's whole start budget: a JVM on a loaded machine may take long.
-                startup_timeout=self._start_timeout,
-                host=lab.address("zookeeper") if lab else None,
-                command_prefix=lab.command_prefix("zookeeper") if lab else (),
-            )
-        for i in range(self._num_storages):
-            ports = layout.storages[i] if layout else {}
-            if lab is not None:
-                ports = {
-                    "port": NAMESPACE_PORTS["storage"],
-                    "admin_port": NAMESPACE_PORTS["storage_admin"],
-                    "metrics_port": NAMESPACE_PORTS["storage_metrics"],
-                }
-            self._storages.append(
-                LocalStorageNode(
-                    work_dir / f"storage-{i}",
-                    name=f"storage-{i}",
-                    log_path=logs / f"storage-{i}.log",
-                    port=ports.get("port"),
-                    admin_port=ports.get("admin_port"),
-                    metrics=self._metrics,
-                    metrics_port=ports.get("metrics_port"),
-                    extra_args=self._storage_args,
-                    env=storage_env,
-                    **self._placement(f"storage-{i}"),
-                )
-            )
-        for j in range(self._num_servers):
-            ports = layout.servers[j] if layout and j < len(layout.servers) else {}
-            if lab is not None:
-                ports = {"port": NAMESPACE_PORTS["server"], "metrics_port": NAMESPACE_PORTS["server_metrics"]}
-            self._servers.append(
-                LocalServer(
-                    self.zookeeper_connect_string,
-                    self.root,
-                    name=f"server-{j}",
-                    log_path=logs / f"server-{j}.log",
-                    port=ports.get("port"),
-                    metrics=self._metrics,
-                    metrics_port=ports.get("metrics_port"),
-                    session_timeout=self._session_timeout,
-                    extra_args=self._server_args
-                    + list(self._server_args_of(j) if self._server_args_of is not None else ()),
-                    env=server_env,
-                    **self._placement(f"server-{j}"),
-                )
-            )
 
     def _create_cluster(self, *, resuming: bool) -> None:
         """Create the cluster in ZooKeeper and on the storage nodes (or check the resumed one)."""
@@ -962,12 +855,12 @@ class LocalCluster:
             self._owns_root = True
             return
         self._owns_root = True  # from here on, whatever is under the root is this cluster's
-        specs = [StorageSpec(self._connect_string(n), n.admin_port) for n in self._storages]
+        specs = [StorageSpec(self._connect_string(n), n.admin_port) for n in self._nodes.storages]
         result = admin.create(self._name, self._partitions, specs, self._replicas)
         self._cluster_key = str(result.params.cluster_key)
         failures = [(s.spec, s.error) for s in result.storage if s.error is not None]
         if failures:
-            node_of = {self._connect_string(n): n for n in self._storages}
+            node_of = {self._connect_string(n): n for n in self._nodes.storages}
             details = "\n".join(
                 f"{spec.connect_string}: {error}\n"
                 f"{node_of[spec.connect_string].process.log_tail(LOG_TAIL_LINES)}"
@@ -1001,28 +894,12 @@ class LocalCluster:
             except Exception as exc:  # not created yet, or ZooKeeper down: show the planned placement
                 log.debug("cannot read the replica assignments for describe(): %r", exc)
         return spread_replicas(
-            [self._connect_string(n) for n in self._storages], self._partitions, self._replicas
+            [self._connect_string(n) for n in self._nodes.storages], self._partitions, self._replicas
         )
 
     @staticmethod
     def _pid(process: ManagedProcess) -> str:
         return f"pid {process.pid}" if process.is_running() else "NOT RUNNING"
-
-    @staticmethod
-    def _stop_all(nodes: Sequence[LocalServer | LocalStorageNode], timeout: float) -> None:
-        """SIGTERM every node at once and wait for each (killing it after ``timeout`` seconds)."""
-        running = [n for n in nodes if n.process.is_running()]
-        if not running:
-            return
-        with concurrent.futures.ThreadPoolExecutor(
-            len(running), thread_name_prefix="local-cluster-stop"
-        ) as pool:
-            futures = {pool.submit(n.stop, timeout): n for n in running}
-            for future in concurrent.futures.as_completed(futures):
-                try:
-                    future.result()
-                except Exception:
-                    log.exception("could not stop %s; it will be killed", futures[future].process.name)
 
     def _close_zookeeper_session(self) -> None:
         client, self._zk = self._zk, None
