@@ -134,6 +134,7 @@ def up(
     (client, server, operator, admin); the certificates are made in the work directory.
     """
     from waltz.local.cluster import LocalCluster
+    from waltz.local.options import NetworkOptions, ProcessOptions, SecurityOptions
 
     configure_logging(log_level)
     try:
@@ -154,13 +155,11 @@ def up(
             root=root,
             work_dir=work_dir,
             zookeeper=zookeeper,
-            metrics=metrics,
-            session_timeout=session_timeout,
-            start_timeout=timeout,
-            zookeeper_auth=zookeeper_auth,
-            secure=secure,
-            network="namespaces" if network == "namespaces" else "loopback",
-            client_hosts=client_hosts,
+            processes=ProcessOptions(metrics=metrics, session_timeout=session_timeout, start_timeout=timeout),
+            security=SecurityOptions(zookeeper_auth=zookeeper_auth, secure=secure),
+            network=NetworkOptions(
+                mode="namespaces" if network == "namespaces" else "loopback", client_hosts=client_hosts
+            ),
         )
     except ConfigurationError as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)

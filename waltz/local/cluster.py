@@ -13,12 +13,20 @@ benchmarks use it::
         cluster.kill_server(cluster.owner_index(0))
         cluster.wait_ready()                   # another server owns it now, and can write
 
+:class:`LocalCluster` composes the rooms of the harness: the option groups of
+:mod:`waltz.local.options` (processes, security, network), the node processes
+(:class:`~waltz.local.cluster_nodes.ClusterNodes`), the certificates and ZooKeeper credential
+(:class:`~waltz.local.security.ClusterSecurity`) and, in namespace mode, the hosts
+(:class:`~waltz.local.namespaced.NamespaceHosts`).
+
 The work directory (a temporary directory removed at :meth:`LocalCluster.close`, or a directory
 given by the caller and kept) holds::
 
     cluster.json          the layout (name, root, ports), to start a kept cluster again
     zookeeper-digest      the cluster's ZooKeeper credential ``user:password`` (mode 0600), when
-                          ``zookeeper_auth`` is on (kept with the work directory, reused on resume)
+                          ``SecurityOptions.zookeeper_auth`` is on (kept with the work directory,
+                          reused on resume)
+    tls/                  the CA and role certificates of a secure cluster
     zookeeper/            ZooKeeper's zoo.cfg, zookeeper.log and data (unless ZooKeeper is external)
     config/<node>.yaml    in namespace mode, each node's configuration file (``--config``)
     storage-<i>/          storage node i's directory
@@ -28,14 +36,14 @@ given by the caller and kept) holds::
 Starting again on a kept work directory resumes the same cluster: same ports, same data, same
 cluster key (storage nodes only ever serve the cluster whose key is in their control file).
 
-With ``network="namespaces"`` every process runs on a host of its own: a network namespace with
-its own address on a bridge (:class:`~waltz.local.netns.NetworkLab`), ZooKeeper on port 2181, every
-storage node on 55280 (admin 55281), every server on 55180, as on the hosts of a deployment
-(docs/deploy.md), each started with ``waltz storage start --config <file>`` or ``waltz server
-start --config <file>``. The supervisor, in the machine's own namespace, reaches every host
-through the bridge; :meth:`LocalCluster.host` gives a host's address and network namespace (``ip
-netns exec <namespace>`` runs a command there), and the network faults of ``waltz chaos`` cut hosts
-apart with :attr:`LocalCluster.network_lab`.
+With ``network=NetworkOptions(mode="namespaces")`` every process runs on a host of its own: a
+network namespace with its own address on a bridge (:class:`~waltz.local.netns.NetworkLab`),
+ZooKeeper on port 2181, every storage node on 55280 (admin 55281), every server on 55180, as on the
+hosts of a deployment (docs/deploy.md), each started with ``waltz storage start --config <file>``
+or ``waltz server start --config <file>``. The supervisor, in the machine's own namespace, reaches
+every host through the bridge; :meth:`LocalCluster.host` gives a host's address and network
+namespace (``ip netns exec <namespace>`` runs a command there), and the network faults of ``waltz
+chaos`` cut hosts apart with :attr:`LocalCluster.network_lab`.
 """
 
 from __future__ import annotations
@@ -46,10 +54,10 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self
+from typing import Self
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -62,6 +70,13 @@ from waltz.local.layout import LAYOUT_FILE, ClusterLayout
 from waltz.local.namespaced import NamespaceHosts
 from waltz.local.netns import Host, NetworkLab
 from waltz.local.nodes import LocalServer, LocalStorageNode
+from waltz.local.options import (
+    DEFAULT_SERVER_ENV,
+    Network,
+    NetworkOptions,
+    ProcessOptions,
+    SecurityOptions,
+)
 from waltz.local.processes import ManagedProcess, ServiceStartError, wait_until
 from waltz.local.readiness import (
     LOG_TAIL_LINES,
@@ -79,26 +94,10 @@ from waltz.metadata.replicas import spread_replicas
 from waltz.metadata.zk import ClusterPaths, ClusterZk
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.metadata.zk_session import connect_zookeeper
-from waltz.protocol.channels import TlsConfig
 
-__all__ = ["DEFAULT_SERVER_ENV", "LocalCluster", "Network"]
+__all__ = ["LocalCluster"]
 
 log = logging.getLogger(__name__)
-
-
-#: Environment of the server processes unless overridden: retry storage nodes quickly, so that a
-#: partition is writable again soon after a storage node or a server comes back.
-DEFAULT_SERVER_ENV: Mapping[str, str] = {
-    "WALTZ_STORE_RETRY_INTERVAL": "0.2",
-    "WALTZ_STORE_CONNECT_TIMEOUT": "2",
-    # A harness for development, tests and benchmarks: their tools append through the admin
-    # protocol (a deployment leaves it off, the server's default).
-    "WALTZ_SERVER_ADMIN_APPENDS": "true",
-}
-
-
-#: Where the processes of a local cluster run: all on loopback, or each on a host of its own.
-Network = Literal["loopback", "namespaces"]
 
 
 class LocalCluster:
@@ -125,51 +124,16 @@ class LocalCluster:
         zookeeper: the connect string of a running ZooKeeper to use instead of starting one.
         delete_root: delete the cluster's znodes from an external ZooKeeper at close; None means
             "when the work directory is temporary" (a kept one may be started again).
-        metrics: serve ``/metrics`` and ``/health`` on every storage node and server.
-        tick_time_ms: ``tickTime`` of the cluster's own ZooKeeper; sessions may last 2 to 20 ticks.
-        session_timeout: the servers' ZooKeeper session timeout in seconds; a server killed with
-            SIGKILL loses its partitions after about this long.
-        server_env: environment variables for the servers (``WALTZ_*`` settings, see
-            ``docs/configuration.md``), over :data:`DEFAULT_SERVER_ENV`.
-        storage_args: more ``waltz storage start`` options for every storage node.
-        storage_env: environment variables for the storage nodes (``WALTZ_STORAGE_*`` settings,
-            e.g. the TLS files of ``docs/configuration.md``).
-        server_args: more ``waltz server start`` options for every server.
-        server_args_of: more ``waltz server start`` options for server ``j`` alone (after
-            ``server_args``), e.g. ``--advertised-endpoint`` of a fault proxy in front of it.
-        storage_connect_string_of: the connect string registered in ZooKeeper for a storage node
-            (what servers dial), e.g. a fault proxy in front of it; None means its own address.
-            Its admin port stays the node's own (``StorageSpec.admin_address``).
-        start_timeout: seconds :meth:`start` may take in all (and the default of
-            :meth:`wait_ready`).
-        tls: client TLS files the supervisor itself uses for the storage admin ports (creating
-            the cluster) and the server ports (status probes), when the nodes serve TLS (set
-            through ``storage_env`` and ``server_env``); None: plaintext.
-        zookeeper_auth: protect the cluster's znodes with a digest credential made for this
-            cluster (docs/design/zookeeper.md, "Security"), kept in ``zookeeper-digest`` in the
-            work directory and given to the servers as ``WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE``;
-            clients and tools then need it (:meth:`zookeeper_settings`).
-        zookeeper_security: ZooKeeper TLS files (and a credential) for the supervisor and the
-            servers, e.g. for an external ZooKeeper's secure port; with ``zookeeper_auth`` and no
-            credential in it, one is made.
-        secure: a secured cluster: a CA and role certificates are made in ``<work dir>/tls``
-            (:mod:`waltz.local.certificates`), every port of every node serves mutual TLS and
-            checks roles, and the supervisor uses the ``admin`` certificate
-            (:attr:`certificates` gives the files, e.g. the ``client`` certificate's settings for
-            applications). Not with ``tls``, nor with TLS files in ``storage_env``/``server_env``.
-        network: ``"loopback"`` (every process on 127.0.0.1, free ports) or ``"namespaces"``
-            (every process on a host of its own, a network namespace with its own address and a
-            deployment's ports, started from a configuration file; needs root, iproute2, and
-            for cuts nftables; not with an external ZooKeeper). Hosts are named ``zookeeper``,
-            ``storage-<i>``, ``server-<j>`` and ``client-<k>`` (:meth:`host`).
-        client_hosts: in namespace mode, how many hosts ``client-0``... to make for client
-            processes (they join one with :meth:`host`'s ``namespace``).
-        subnet: in namespace mode, the hosts' IPv4 network (a ``/24`` is plenty); None takes the
-            first ``/24`` of ``10.77.128.0/17`` no address or route of the machine uses (a kept
-            work directory keeps its own, and refuses to start when another lab holds it).
+        processes: how the processes run: metrics, timeouts, environment and extra options
+            (:class:`~waltz.local.options.ProcessOptions`); None: its defaults.
+        security: mutual TLS with role certificates, ZooKeeper credentials
+            (:class:`~waltz.local.options.SecurityOptions`); None: its defaults.
+        network: loopback or a host of its own per process, client hosts, subnet
+            (:class:`~waltz.local.options.NetworkOptions`); None: its defaults (loopback).
 
     Raises:
-        ConfigurationError: an argument is out of range.
+        ConfigurationError: an argument is out of range, or namespace mode is asked for with an
+            external ZooKeeper (the hosts cannot reach it).
     """
 
     def __init__(
@@ -184,24 +148,12 @@ class LocalCluster:
         work_dir: Path | str | None = None,
         zookeeper: str | None = None,
         delete_root: bool | None = None,
-        metrics: bool = False,
-        tick_time_ms: int = 500,
-        session_timeout: float = 4.0,
-        server_env: Mapping[str, str] | None = None,
-        storage_args: Sequence[str] = (),
-        server_args: Sequence[str] = (),
-        start_timeout: float = 60.0,
-        storage_env: Mapping[str, str] | None = None,
-        tls: TlsConfig | None = None,
-        server_args_of: Callable[[int], Sequence[str]] | None = None,
-        storage_connect_string_of: Callable[[LocalStorageNode], str] | None = None,
-        zookeeper_auth: bool = False,
-        zookeeper_security: ZooKeeperSecurity | None = None,
-        secure: bool = False,
-        network: Network = "loopback",
-        client_hosts: int = 0,
-        subnet: str | None = None,
+        processes: ProcessOptions | None = None,
+        security: SecurityOptions | None = None,
+        network: NetworkOptions | None = None,
     ) -> None:
+        processes = processes or ProcessOptions()
+        network = network or NetworkOptions()
         for what, value in (("storages", storages), ("servers", servers), ("partitions", partitions)):
             if value < 1:
                 raise ConfigurationError(f"a local cluster needs at least 1 of {what}, got {value}")
@@ -212,16 +164,10 @@ class LocalCluster:
             )
         if not name:
             raise ConfigurationError("a local cluster needs a name")
-        if network not in ("loopback", "namespaces"):
-            raise ConfigurationError(f"network must be 'loopback' or 'namespaces', got {network!r}")
-        if network == "namespaces" and zookeeper is not None:
+        if network.mode == "namespaces" and zookeeper is not None:
             raise ConfigurationError(
                 "a local cluster in network namespaces starts its own ZooKeeper on a host of its "
                 "own; an external ZooKeeper is not reachable from the hosts"
-            )
-        if client_hosts < 0 or (client_hosts and network != "namespaces"):
-            raise ConfigurationError(
-                f"client_hosts ({client_hosts}) are hosts of namespace mode: give network='namespaces'"
             )
         self._root_given = root is not None
         if root is None:
@@ -236,37 +182,23 @@ class LocalCluster:
         self._replicas = replicas
         self._name = name
         self._external_zookeeper = zookeeper
-        self._server_env = {**DEFAULT_SERVER_ENV, **(server_env or {})}
-        self._storage_env = dict(storage_env or {})
-        self._security = ClusterSecurity(
-            tls=tls, zookeeper_auth=zookeeper_auth, zookeeper_security=zookeeper_security, secure=secure
+        self._processes = processes
+        self._security = ClusterSecurity(security or SecurityOptions())
+        self._nodes = ClusterNodes(storages=storages, servers=servers, zookeeper=zookeeper, options=processes)
+        self._network = network
+        self._hosts = (
+            NamespaceHosts(
+                storages=storages, servers=servers, client_hosts=network.client_hosts, subnet=network.subnet
+            )
+            if network.mode == "namespaces"
+            else None
         )
-        self._nodes = ClusterNodes(
-            storages=storages,
-            servers=servers,
-            external_zookeeper=zookeeper,
-            metrics=metrics,
-            tick_time_ms=tick_time_ms,
-            session_timeout=session_timeout,
-            start_timeout=start_timeout,
-            storage_args=storage_args,
-            server_args=server_args,
-            server_args_of=server_args_of,
-        )
-        self._storage_connect_string_of = storage_connect_string_of
-        self._start_timeout = start_timeout
         self._keep = work_dir is not None
         self._delete_root = zookeeper is not None and (not self._keep if delete_root is None else delete_root)
         self._work_dir = Path(work_dir).resolve() if work_dir is not None else None
         self._zk: KazooClient | None = None
         self._cluster_key: str | None = None
         self._owns_root = False
-        self._network: Network = network
-        self._hosts = (
-            NamespaceHosts(storages=storages, servers=servers, client_hosts=client_hosts, subnet=subnet)
-            if network == "namespaces"
-            else None
-        )
         self._state = "new"
         self.startup_seconds: float | None = None
         """Seconds :meth:`start` took, from launching the first process until every partition was writable."""
@@ -307,7 +239,7 @@ class LocalCluster:
     @property
     def network(self) -> Network:
         """Where the processes run: ``"loopback"`` or ``"namespaces"``."""
-        return self._network
+        return self._network.mode
 
     @property
     def network_lab(self) -> NetworkLab | None:
@@ -326,8 +258,8 @@ class LocalCluster:
         """
         if self._hosts is None or self._hosts.lab is None:
             raise RuntimeError(
-                f"local cluster {self._name!r} has no hosts: it runs on {self._network}"
-                + ("" if self._network == "loopback" else " and is not started")
+                f"local cluster {self._name!r} has no hosts: it runs on {self.network}"
+                + ("" if self.network == "loopback" else " and is not started")
             )
         return self._hosts.host(name)
 
@@ -428,7 +360,7 @@ class LocalCluster:
             raise RuntimeError(f"a LocalCluster starts once (this one is {self._state}); create a new one")
         self._state = "starting"
         started = time.monotonic()
-        deadline = started + self._start_timeout
+        deadline = started + self._processes.start_timeout
 
         def remaining() -> float:
             return max(0.5, deadline - time.monotonic())
@@ -446,8 +378,10 @@ class LocalCluster:
                 self.root,
                 layout,
                 self._hosts,
-                storage_env=self._security.storage_env(self._storage_env),
-                server_env=self._security.server_env(self._server_env, self._work_dir),
+                storage_env=self._security.storage_env(self._processes.storage_env),
+                server_env=self._security.server_env(
+                    {**DEFAULT_SERVER_ENV, **self._processes.server_env}, self._work_dir
+                ),
             )
             for node in self._nodes.storages:
                 node.launch()
@@ -557,7 +491,7 @@ class LocalCluster:
             ClusterNotReadyError: not ready in time; the message says, for each partition, what was
                 missing, and ends with the state of the processes and the tail of relevant logs.
         """
-        timeout = self._start_timeout if timeout is None else timeout
+        timeout = self._processes.start_timeout if timeout is None else timeout
         problems: list[PartitionProblem] = []
 
         def ready() -> dict[int, PartitionOwner] | None:
@@ -781,9 +715,8 @@ class LocalCluster:
 
     def _connect_string(self, node: LocalStorageNode) -> str:
         """The connect string of a storage node in ZooKeeper (its address, or as the caller chose)."""
-        if self._storage_connect_string_of is None:
-            return node.address
-        return self._storage_connect_string_of(node)
+        connect_string_of = self._network.storage_connect_string_of
+        return node.address if connect_string_of is None else connect_string_of(node)
 
     def _load_layout(self) -> ClusterLayout | None:
         """The layout of the cluster a kept work directory holds, checked against the arguments."""
@@ -800,7 +733,7 @@ class LocalCluster:
             "replicas": self._replicas,
             "storages": self._num_storages,
             "external ZooKeeper": self._external_zookeeper,
-            "network": self._network,
+            "network": self.network,
         }
         held = {
             "name": layout.name,
@@ -831,7 +764,7 @@ class LocalCluster:
             zookeeper_port=self._nodes.zookeeper.port if self._nodes.zookeeper is not None else None,
             storages=storages,
             servers=servers,
-            network=self._network,
+            network=self.network,
             subnet=self._hosts.subnet if self._hosts is not None else None,
         )
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
 from waltz.local.layout import ClusterLayout
 from waltz.local.namespaced import NAMESPACE_PORTS, NamespaceHosts, Placement
 from waltz.local.nodes import LocalServer, LocalStorageNode
+from waltz.local.options import ProcessOptions
 from waltz.local.processes import ManagedProcess
 from waltz.local.zookeeper import LocalZooKeeper
 
@@ -37,40 +38,18 @@ class ClusterNodes:
     Args:
         storages: the number of storage nodes.
         servers: the number of servers.
-        external_zookeeper: the connect string of a running ZooKeeper, or None to run one.
-        metrics: serve ``/metrics`` and ``/health`` on every storage node and server.
-        tick_time_ms: ``tickTime`` of the cluster's own ZooKeeper.
-        session_timeout: the servers' ZooKeeper session timeout in seconds.
-        start_timeout: seconds the cluster's own ZooKeeper may take to start.
-        storage_args: more ``waltz storage start`` options for every storage node.
-        server_args: more ``waltz server start`` options for every server.
-        server_args_of: more ``waltz server start`` options for server ``j`` alone.
+        zookeeper: the connect string of a running ZooKeeper, or None to run one.
+        options: metrics, timeouts and extra options of the processes (their environment is
+            given to :meth:`build`, with the cluster's security settings in it).
     """
 
     def __init__(
-        self,
-        *,
-        storages: int,
-        servers: int,
-        external_zookeeper: str | None,
-        metrics: bool,
-        tick_time_ms: int,
-        session_timeout: float,
-        start_timeout: float,
-        storage_args: Sequence[str],
-        server_args: Sequence[str],
-        server_args_of: Callable[[int], Sequence[str]] | None,
+        self, *, storages: int, servers: int, zookeeper: str | None, options: ProcessOptions
     ) -> None:
         self._num_storages = storages
         self._num_servers = servers
-        self._external_zookeeper = external_zookeeper
-        self._metrics = metrics
-        self._tick_time_ms = tick_time_ms
-        self._session_timeout = session_timeout
-        self._start_timeout = start_timeout
-        self._storage_args = list(storage_args)
-        self._server_args = list(server_args)
-        self._server_args_of = server_args_of
+        self._external_zookeeper = zookeeper
+        self._options = options
         self._zookeeper: LocalZooKeeper | None = None
         self._storages: list[LocalStorageNode] = []
         self._servers: list[LocalServer] = []
@@ -97,7 +76,7 @@ class ClusterNodes:
     @property
     def tick_time_ms(self) -> int:
         """``tickTime`` of the cluster's own ZooKeeper."""
-        return self._tick_time_ms
+        return self._options.tick_time_ms
 
     @property
     def storages(self) -> tuple[LocalStorageNode, ...]:
@@ -149,9 +128,9 @@ class ClusterNodes:
             self._zookeeper = LocalZooKeeper(
                 data_dir=work_dir / "zookeeper",
                 port=NAMESPACE_PORTS["zookeeper"] if lab else (layout.zookeeper_port if layout else None),
-                tick_time_ms=self._tick_time_ms,
+                tick_time_ms=self._options.tick_time_ms,
                 # The cluster's whole start budget: a JVM on a loaded machine may take long.
-                startup_timeout=self._start_timeout,
+                startup_timeout=self._options.start_timeout,
                 host=lab.address("zookeeper") if lab else None,
                 command_prefix=lab.command_prefix("zookeeper") if lab else (),
             )
@@ -170,9 +149,9 @@ class ClusterNodes:
                     log_path=logs / f"storage-{i}.log",
                     port=ports.get("port"),
                     admin_port=ports.get("admin_port"),
-                    metrics=self._metrics,
+                    metrics=self._options.metrics,
                     metrics_port=ports.get("metrics_port"),
-                    extra_args=self._storage_args,
+                    extra_args=list(self._options.storage_args),
                     env=storage_env,
                     **placement(f"storage-{i}"),
                 )
@@ -188,15 +167,19 @@ class ClusterNodes:
                     name=f"server-{j}",
                     log_path=logs / f"server-{j}.log",
                     port=ports.get("port"),
-                    metrics=self._metrics,
+                    metrics=self._options.metrics,
                     metrics_port=ports.get("metrics_port"),
-                    session_timeout=self._session_timeout,
-                    extra_args=self._server_args
-                    + list(self._server_args_of(j) if self._server_args_of is not None else ()),
+                    session_timeout=self._options.session_timeout,
+                    extra_args=self._server_args(j),
                     env=server_env,
                     **placement(f"server-{j}"),
                 )
             )
+
+    def _server_args(self, index: int) -> list[str]:
+        """The extra ``waltz server start`` options of server ``index``: every server's, then its own."""
+        args_of = self._options.server_args_of
+        return [*self._options.server_args, *(args_of(index) if args_of is not None else ())]
 
     def layout_ports(self) -> tuple[list[dict[str, int | None]], list[dict[str, int | None]]]:
         """The ports of every storage node and server, as the layout file keeps them."""

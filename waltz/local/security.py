@@ -16,8 +16,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from waltz.errors import ConfigurationError
 from waltz.local.certificates import ClusterCertificates, make_cluster_certificates
+from waltz.local.options import SecurityOptions
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.protocol.channels import TlsConfig
 
@@ -39,32 +39,14 @@ class ClusterSecurity:
     """The certificates, ZooKeeper credential and TLS files of one local cluster.
 
     Args:
-        tls: client TLS files the supervisor uses for the nodes' ports, when the nodes serve TLS
-            through environment variables the caller sets; None: plaintext (or, with ``secure``,
-            the ``admin`` certificate).
-        zookeeper_auth: protect the cluster's znodes with a digest credential made for it.
-        zookeeper_security: ZooKeeper TLS files (and a credential) for the supervisor and the
-            servers; None: none.
-        secure: make a CA and role certificates at :meth:`start` and serve mutual TLS with them.
-
-    Raises:
-        ConfigurationError: both ``secure`` and ``tls`` are given.
+        options: what the cluster asks for: mutual TLS with certificates made for it, or client
+            TLS files for nodes secured by the caller; a ZooKeeper credential; ZooKeeper TLS.
     """
 
-    def __init__(
-        self,
-        *,
-        tls: TlsConfig | None,
-        zookeeper_auth: bool,
-        zookeeper_security: ZooKeeperSecurity | None,
-        secure: bool,
-    ) -> None:
-        if secure and tls is not None:
-            raise ConfigurationError("a secure local cluster makes its own certificates: give secure or tls")
-        self._tls = tls
-        self._zookeeper_auth = zookeeper_auth
-        self._zookeeper_security = zookeeper_security or ZooKeeperSecurity()
-        self._secure = secure
+    def __init__(self, options: SecurityOptions) -> None:
+        self._options = options
+        self._tls = options.tls
+        self._zookeeper_security = options.zookeeper_security or ZooKeeperSecurity()
         self._certificates: ClusterCertificates | None = None
 
     @property
@@ -99,11 +81,11 @@ class ClusterSecurity:
             OSError: the work directory cannot be written.
             ConfigurationError: a kept credential file is unreadable.
         """
-        if self._secure:
+        if self._options.secure:
             certificates = make_cluster_certificates(work_dir / "tls", addresses=addresses)
             self._certificates = certificates
             self._tls = certificates.tls("admin")  # the supervisor acts as ``admin``
-        if self._zookeeper_auth and self._zookeeper_security.digest is None:
+        if self._options.zookeeper_auth and self._zookeeper_security.digest is None:
             path = work_dir / DIGEST_FILE
             digest = (
                 ZooKeeperSecurity.read_digest_file(path)
