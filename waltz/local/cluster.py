@@ -48,23 +48,19 @@ chaos`` cut hosts apart with :attr:`LocalCluster.network_lab`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
-
-from waltz.admin.cluster_admin import ClusterAdmin, StorageSpec
 from waltz.errors import ConfigurationError, MetadataError
 from waltz.local.certificates import ClusterCertificates
+from waltz.local.cluster_metadata import ClusterMetadata
 from waltz.local.cluster_nodes import ClusterNodes
 from waltz.local.layout import LAYOUT_FILE, ClusterLayout
 from waltz.local.namespaced import NamespaceHosts
@@ -77,9 +73,8 @@ from waltz.local.options import (
     ProcessOptions,
     SecurityOptions,
 )
-from waltz.local.processes import ManagedProcess, ServiceStartError, wait_until
+from waltz.local.processes import wait_until
 from waltz.local.readiness import (
-    LOG_TAIL_LINES,
     ClusterNotReadyError,
     PartitionOwner,
     PartitionProblem,
@@ -89,11 +84,9 @@ from waltz.local.readiness import (
 )
 from waltz.local.security import ClusterSecurity
 from waltz.local.zookeeper import LocalZooKeeper
-from waltz.metadata.assignment import read_assignment
 from waltz.metadata.replicas import spread_replicas
-from waltz.metadata.zk import ClusterPaths, ClusterZk
+from waltz.metadata.zk import ClusterPaths
 from waltz.metadata.zk_security import ZooKeeperSecurity
-from waltz.metadata.zk_session import connect_zookeeper
 
 __all__ = ["LocalCluster"]
 
@@ -194,11 +187,11 @@ class LocalCluster:
             else None
         )
         self._keep = work_dir is not None
-        self._delete_root = zookeeper is not None and (not self._keep if delete_root is None else delete_root)
+        self._metadata = ClusterMetadata(
+            delete_root=zookeeper is not None and (not self._keep if delete_root is None else delete_root)
+        )
         self._work_dir = Path(work_dir).resolve() if work_dir is not None else None
-        self._zk: KazooClient | None = None
         self._cluster_key: str | None = None
-        self._owns_root = False
         self._state = "new"
         self.startup_seconds: float | None = None
         """Seconds :meth:`start` took, from launching the first process until every partition was writable."""
@@ -389,13 +382,20 @@ class LocalCluster:
                 self._nodes.zookeeper.start()
             for node in self._nodes.storages:
                 node.wait_started(remaining())
-            self._zk = connect_zookeeper(
+            self._metadata.connect(
                 self.zookeeper_connect_string,
-                connect_timeout=remaining(),
-                session_timeout=10.0,
+                self._paths,
+                timeout=remaining(),
                 security=self._security.zookeeper_security,
             )
-            self._create_cluster(resuming=layout is not None)
+            self._cluster_key = self._metadata.create(
+                self._name,
+                self._partitions,
+                self._replicas,
+                {self._connect_string(n): n for n in self._nodes.storages},
+                tls=self._security.tls,
+                resuming=layout is not None,
+            )
             if self._keep:
                 self._layout().save(self.work_dir / LAYOUT_FILE)
             for server in self._nodes.servers:
@@ -431,7 +431,7 @@ class LocalCluster:
         self._state = "closed"
         try:
             self._nodes.stop()
-            self._close_zookeeper_session()
+            self._metadata.close()
             if self._nodes.zookeeper is not None and self._keep:
                 self._nodes.zookeeper.stop()
         finally:
@@ -497,7 +497,7 @@ class LocalCluster:
         def ready() -> dict[int, PartitionOwner] | None:
             try:
                 owners, found = probe_partitions(
-                    self._client(),
+                    self._metadata.client,
                     self._paths,
                     self._partitions,
                     self._replicas,
@@ -533,14 +533,13 @@ class LocalCluster:
         """
         if not 0 <= partition_id < self._partitions:
             raise ValueError(f"partition {partition_id} does not exist (0..{self._partitions - 1})")
-        assignment, _ = read_assignment(self._client(), self._paths)
-        placement = assignment.placements.get(partition_id)
-        if placement is None or placement.endpoint is None:
+        endpoint = self._metadata.owner(partition_id)
+        if endpoint is None:
             raise ClusterNotReadyError(
                 f"partition {partition_id} of {self.root} has no owner right now (no live server, or "
                 "the cluster manager has not placed it yet): call wait_ready() first"
             )
-        return placement.endpoint
+        return endpoint
 
     def owner_index(self, partition_id: int) -> int:
         """The index in :attr:`servers` of the owner of ``partition_id`` (for :meth:`kill_server`).
@@ -624,11 +623,7 @@ class LocalCluster:
     def metrics_urls(self) -> dict[str, str]:
         """The ``/metrics`` URL of each server and storage node that serves metrics, by process
         name (``server-0``, ``storage-0``, ...); ``https`` when the nodes use TLS."""
-        nodes = [(s.process.name, s.host, s.metrics_port) for s in self._nodes.servers] + [
-            (n.process.name, n.host, n.metrics_port) for n in self._nodes.storages
-        ]
-        scheme = self._security.http_scheme
-        return {name: f"{scheme}://{host}:{port}/metrics" for name, host, port in nodes if port}
+        return self._nodes.metrics_urls(self._security.http_scheme)
 
     def describe(self) -> str:
         """How to reach the cluster: ZooKeeper, root, servers, storage and admin ports, metrics, logs.
@@ -640,64 +635,29 @@ class LocalCluster:
             f"Waltz local cluster {self._name!r}: partitions {self._partitions}, "
             f"replicas per partition {self._replicas}, cluster key {self._cluster_key or '(not created)'}",
         ]
-        if self._external_zookeeper is not None:
-            lines.append(f"  ZooKeeper      {self._external_zookeeper} (external)")
-        elif (zookeeper := self._nodes.zookeeper) is not None:
-            lines.append(
-                f"  ZooKeeper      {zookeeper.connect_string} (tickTime {self._nodes.tick_time_ms} ms, "
-                f"pid {zookeeper.process.pid}, log {zookeeper.log_path})"
-            )
+        lines += self._nodes.describe_zookeeper()
         lines.append(f"  cluster root   {self.root}")
         if self._hosts is not None:
             lines += self._hosts.describe_lines()
-        owned = self._owned_partitions()
-        lines.append(
-            "  servers (ServerAdminClient connects here; Waltz clients find them through ZooKeeper):"
+        placement = self._metadata.replica_placement()
+        if placement is None:  # not created yet, or ZooKeeper down: the planned placement
+            storages = [self._connect_string(n) for n in self._nodes.storages]
+            placement = spread_replicas(storages, self._partitions, self._replicas)
+        lines += self._nodes.describe_nodes(
+            self.metrics_urls(),
+            self._metadata.owned_partitions(),
+            lambda node: placement.get(self._connect_string(node), ()),
         )
-        urls = self.metrics_urls()
-        for server in self._nodes.servers:
-            url = urls.get(server.process.name)
-            metrics = f"  metrics {url}" if url else ""
-            parts = owned.get(server.endpoint)
-            owns = f"  owns {_ids(parts)}" if parts else ""
-            lines.append(
-                f"    {server.process.name:<10} {server.endpoint}{metrics}  {self._pid(server.process)}{owns}"
-            )
-        lines.append("  storage nodes (storage port, admin port):")
-        placement = self._replica_placement()
-        for node in self._nodes.storages:
-            url = urls.get(node.process.name)
-            metrics = f"  metrics {url}" if url else ""
-            lines.append(
-                f"    {node.process.name:<10} {node.address}  admin {node.admin_address}{metrics}  "
-                f"{self._pid(node.process)}  replicas {_ids(placement.get(self._connect_string(node), ()))}"
-            )
         if self._work_dir is not None:
             kept = "kept" if self._keep else "removed at stop"
             lines.append(f"  work dir       {self._work_dir} ({kept}); logs in {self._work_dir / 'logs'}")
-        files = self.certificates
-        if files is not None:
-            lines.append(
-                f"  mutual TLS     CA {files.ca_file}; role certificates node, client, operator, admin "
-                f"in {files.directory} (<role>.pem, <role>-key.pem)"
-            )
-        if self._state in ("starting", "running"):
-            lines += [
-                "  inspect it with the waltz command:",
-                f"    export WALTZ_ZOOKEEPER_CONNECT_STRING={self.zookeeper_connect_string} "
-                f"WALTZ_CLUSTER_ROOT={self.root}"
-                + "".join(f" {name}={value}" for name, value in self.zookeeper_env().items()),
-            ]
-            if files is not None:
-                lines.append(
-                    f"    export WALTZ_CLUSTER_SSL_CA_FILE={files.ca_file} "
-                    f"WALTZ_CLUSTER_SSL_CERT_FILE={files.cert_file('operator')} "
-                    f"WALTZ_CLUSTER_SSL_KEY_FILE={files.key_file('operator')}"
-                )
-            lines.append("    waltz cluster list; waltz cluster verify")
-            if files is not None:
-                client = " ".join(f"{k}={v}" for k, v in files.client_env().items())
-                lines.append(f"  applications connect with: export {client}")
+        running = self._state in ("starting", "running")
+        exports = (
+            f"WALTZ_ZOOKEEPER_CONNECT_STRING={self.zookeeper_connect_string} WALTZ_CLUSTER_ROOT={self.root}"
+            if running
+            else ""
+        )
+        lines += self._security.describe_lines(exports, self._work_dir, running=running)
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -707,11 +667,6 @@ class LocalCluster:
         )
 
     # --- internals --------------------------------------------------------------------------------
-
-    def _client(self) -> KazooClient:
-        if self._zk is None:
-            raise RuntimeError("the local cluster is not started")
-        return self._zk
 
     def _connect_string(self, node: LocalStorageNode) -> str:
         """The connect string of a storage node in ZooKeeper (its address, or as the caller chose)."""
@@ -726,25 +681,15 @@ class LocalCluster:
         layout = ClusterLayout.load(path)
         if not self._root_given:  # a generated root (external ZooKeeper) is the saved one
             self._paths = ClusterPaths.of(layout.root)
-        wanted = {
-            "name": self._name,
-            "root": self.root,
-            "partitions": self._partitions,
-            "replicas": self._replicas,
-            "storages": self._num_storages,
-            "external ZooKeeper": self._external_zookeeper,
-            "network": self.network,
-        }
-        held = {
-            "name": layout.name,
-            "root": layout.root,
-            "partitions": layout.partitions,
-            "replicas": layout.replicas,
-            "storages": len(layout.storages),
-            "external ZooKeeper": layout.external_zookeeper,
-            "network": layout.network,
-        }
-        different = [f"{k} {held[k]!r} (asked: {wanted[k]!r})" for k in wanted if wanted[k] != held[k]]
+        different = layout.differences(
+            name=self._name,
+            root=self.root,
+            partitions=self._partitions,
+            replicas=self._replicas,
+            storages=self._num_storages,
+            external_zookeeper=self._external_zookeeper,
+            network=self.network,
+        )
         if different:
             raise ConfigurationError(
                 f"work directory {self.work_dir} holds another local cluster: {', '.join(different)}; "
@@ -767,87 +712,3 @@ class LocalCluster:
             network=self.network,
             subnet=self._hosts.subnet if self._hosts is not None else None,
         )
-
-    def _create_cluster(self, *, resuming: bool) -> None:
-        """Create the cluster in ZooKeeper and on the storage nodes (or check the resumed one)."""
-        admin = ClusterAdmin(self._client(), self.root, tls=self._security.tls)
-        if admin.cluster.exists():
-            params = admin.cluster.params()
-            if not resuming:
-                raise ConfigurationError(
-                    f"a cluster ({params.name!r}) already exists under {self.root} on ZooKeeper "
-                    f"{self.zookeeper_connect_string}: pass another root, or delete it with "
-                    f"`waltz cluster delete --zookeeper {self.zookeeper_connect_string} --root {self.root}`"
-                )
-            if params.num_partitions != self._partitions:
-                raise ConfigurationError(
-                    f"the cluster under {self.root} has {params.num_partitions} partitions, "
-                    f"not {self._partitions}"
-                )
-            self._cluster_key = str(params.cluster_key)
-            self._owns_root = True
-            return
-        self._owns_root = True  # from here on, whatever is under the root is this cluster's
-        specs = [StorageSpec(self._connect_string(n), n.admin_port) for n in self._nodes.storages]
-        result = admin.create(self._name, self._partitions, specs, self._replicas)
-        self._cluster_key = str(result.params.cluster_key)
-        failures = [(s.spec, s.error) for s in result.storage if s.error is not None]
-        if failures:
-            node_of = {self._connect_string(n): n for n in self._nodes.storages}
-            details = "\n".join(
-                f"{spec.connect_string}: {error}\n"
-                f"{node_of[spec.connect_string].process.log_tail(LOG_TAIL_LINES)}"
-                for spec, error in failures
-            )
-            hint = (
-                " (its directory belongs to an earlier cluster: use another work directory)"
-                if resuming
-                else ""
-            )
-            raise ServiceStartError(f"storage node(s) refused the new cluster{hint}:\n{details}")
-
-    def _owned_partitions(self) -> dict[str, list[int]]:
-        if self._zk is None or not self._zk.connected:
-            return {}
-        try:
-            assignment, _ = read_assignment(self._zk, self._paths)
-        except Exception as exc:  # a description must not fail because ZooKeeper is down
-            log.debug("cannot read the assignment for describe(): %r", exc)
-            return {}
-        owned: dict[str, list[int]] = {}
-        for pid, placement in sorted(assignment.placements.items()):
-            if placement.endpoint is not None:
-                owned.setdefault(placement.endpoint, []).append(pid)
-        return owned
-
-    def _replica_placement(self) -> Mapping[str, Sequence[int]]:
-        if self._zk is not None and self._zk.connected:
-            try:
-                return ClusterZk(self._zk, self.root).assignments().value.replicas
-            except Exception as exc:  # not created yet, or ZooKeeper down: show the planned placement
-                log.debug("cannot read the replica assignments for describe(): %r", exc)
-        return spread_replicas(
-            [self._connect_string(n) for n in self._nodes.storages], self._partitions, self._replicas
-        )
-
-    @staticmethod
-    def _pid(process: ManagedProcess) -> str:
-        return f"pid {process.pid}" if process.is_running() else "NOT RUNNING"
-
-    def _close_zookeeper_session(self) -> None:
-        client, self._zk = self._zk, None
-        if client is None:
-            return
-        try:
-            if self._delete_root and self._owns_root and client.connected:
-                with contextlib.suppress(NoNodeError):  # start() failed before creating it
-                    client.delete(self.root, recursive=True)
-        except Exception:
-            log.exception("could not delete %s from ZooKeeper %s", self.root, self._external_zookeeper)
-        finally:
-            client.stop()
-            client.close()
-
-
-def _ids(ids: Sequence[int] | None) -> str:
-    return ", ".join(str(i) for i in ids) if ids else "none"

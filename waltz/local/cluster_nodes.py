@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -87,6 +87,60 @@ class ClusterNodes:
     def servers(self) -> tuple[LocalServer, ...]:
         """The servers, ``server-0`` first (empty before :meth:`build`)."""
         return tuple(self._servers)
+
+    def metrics_urls(self, scheme: str) -> dict[str, str]:
+        """The ``/metrics`` URL of each server and storage node that serves metrics, by process name.
+
+        Args:
+            scheme: ``http``, or ``https`` when the nodes serve TLS.
+        """
+        nodes = [(s.process.name, s.host, s.metrics_port) for s in self._servers] + [
+            (n.process.name, n.host, n.metrics_port) for n in self._storages
+        ]
+        return {name: f"{scheme}://{host}:{port}/metrics" for name, host, port in nodes if port}
+
+    def describe_zookeeper(self) -> list[str]:
+        """ZooKeeper's line of the cluster's description: the external one, or the cluster's own."""
+        if self._external_zookeeper is not None:
+            return [f"  ZooKeeper      {self._external_zookeeper} (external)"]
+        if self._zookeeper is None:
+            return []
+        return [
+            f"  ZooKeeper      {self._zookeeper.connect_string} (tickTime {self._options.tick_time_ms} ms, "
+            f"pid {self._zookeeper.process.pid}, log {self._zookeeper.log_path})"
+        ]
+
+    def describe_nodes(
+        self,
+        urls: Mapping[str, str],
+        owned: Mapping[str, Sequence[int]],
+        replicas: Callable[[LocalStorageNode], Sequence[int]],
+    ) -> list[str]:
+        """The servers' and storage nodes' lines of the cluster's description.
+
+        Args:
+            urls: the metrics URL of each process, by name (:meth:`metrics_urls`).
+            owned: the partitions each server owns, by endpoint.
+            replicas: the partitions whose replicas a storage node holds.
+        """
+        lines = ["  servers (ServerAdminClient connects here; Waltz clients find them through ZooKeeper):"]
+        for server in self._servers:
+            url = urls.get(server.process.name)
+            metrics = f"  metrics {url}" if url else ""
+            parts = owned.get(server.endpoint)
+            owns = f"  owns {_ids(parts)}" if parts else ""
+            lines.append(
+                f"    {server.process.name:<10} {server.endpoint}{metrics}  {_pid(server.process)}{owns}"
+            )
+        lines.append("  storage nodes (storage port, admin port):")
+        for node in self._storages:
+            url = urls.get(node.process.name)
+            metrics = f"  metrics {url}" if url else ""
+            lines.append(
+                f"    {node.process.name:<10} {node.address}  admin {node.admin_address}{metrics}  "
+                f"{_pid(node.process)}  replicas {_ids(replicas(node))}"
+            )
+        return lines
 
     def processes(self) -> list[ManagedProcess]:
         """Every process: ZooKeeper (when it is the cluster's own), storage nodes, servers."""
@@ -276,6 +330,14 @@ class ClusterNodes:
             node.close()
         if self._zookeeper is not None:
             self._zookeeper.close()
+
+
+def _pid(process: ManagedProcess) -> str:
+    return f"pid {process.pid}" if process.is_running() else "NOT RUNNING"
+
+
+def _ids(ids: Sequence[int] | None) -> str:
+    return ", ".join(str(i) for i in ids) if ids else "none"
 
 
 def _stop_all(nodes: Sequence[LocalServer | LocalStorageNode], timeout: float) -> None:

@@ -118,6 +118,42 @@ class ClusterSecurity:
         settings = self.zookeeper_settings(work_dir)
         return {env: str(settings[field]) for field, env in _ZOOKEEPER_VARIABLES.items() if field in settings}
 
+    def describe_lines(self, exports: str, work_dir: Path | None, *, running: bool) -> list[str]:
+        """The security lines of the cluster's description: the certificates, and, while the
+        cluster runs, the variables that reach it with the waltz command and from applications.
+
+        Args:
+            exports: the variables naming the cluster (``WALTZ_ZOOKEEPER_CONNECT_STRING=...
+                WALTZ_CLUSTER_ROOT=...``); the ZooKeeper credential's and TLS files' follow.
+            work_dir: the work directory (where the credential file is), or None.
+            running: whether the cluster is starting or running (else only the certificates).
+        """
+        files = self._certificates
+        lines = []
+        if files is not None:
+            lines.append(
+                f"  mutual TLS     CA {files.ca_file}; role certificates node, client, operator, admin "
+                f"in {files.directory} (<role>.pem, <role>-key.pem)"
+            )
+        if not running:
+            return lines
+        lines += [
+            "  inspect it with the waltz command:",
+            f"    export {exports}"
+            + "".join(f" {name}={value}" for name, value in self.zookeeper_env(work_dir).items()),
+        ]
+        if files is not None:
+            lines.append(
+                f"    export WALTZ_CLUSTER_SSL_CA_FILE={files.ca_file} "
+                f"WALTZ_CLUSTER_SSL_CERT_FILE={files.cert_file('operator')} "
+                f"WALTZ_CLUSTER_SSL_KEY_FILE={files.key_file('operator')}"
+            )
+        lines.append("    waltz cluster list; waltz cluster verify")
+        if files is not None:
+            client = " ".join(f"{k}={v}" for k, v in files.client_env().items())
+            lines.append(f"  applications connect with: export {client}")
+        return lines
+
     def server_env(self, env: Mapping[str, str], work_dir: Path) -> dict[str, str]:
         """The servers' environment: the ZooKeeper variables, then ``env``, then the TLS files of a
         secure cluster (mutual TLS on their ports, the node certificate for store sessions)."""
