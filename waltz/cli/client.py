@@ -30,17 +30,14 @@ from waltz.cli.options import (
     ZookeeperOption,
     quiet_logging,
 )
+from waltz.cli.output import fail
+from waltz.cli.partition_ids import parse_partitions
 from waltz.errors import ConfigurationError, WaltzError
 
 if TYPE_CHECKING:
     from waltz.client import WaltzClientConfig
 
 app = typer.Typer(help=HELP["client"], no_args_is_help=True, rich_markup_mode=MARKUP)
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    return typer.Exit(code)
 
 
 @contextmanager
@@ -63,7 +60,7 @@ def _client_config(
 
     quiet_logging()
     if local and (zookeeper or root):
-        raise _fail("--local starts its own cluster: drop --zookeeper/--root", 2)
+        raise fail("--local starts its own cluster: drop --zookeeper/--root", 2)
     spec = LocalClusterSpec(storages, servers, partitions) if local else None
     tls = {"client_tls_ca_file": ca_file, "client_tls_cert_file": cert_file, "client_tls_key_file": key_file}
     try:
@@ -74,14 +71,12 @@ def _client_config(
     except typer.Exit:
         raise
     except (ConfigurationError, ServiceStartError) as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
     except WaltzError as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
 
 
 def _partition_ids(values: list[str]) -> list[int] | None:
-    from waltz.cli.cluster import parse_partitions
-
     return parse_partitions(values) or None
 
 
@@ -152,7 +147,7 @@ def validate(
                 timeout=run_timeout,
             )
         except ValueError as exc:
-            raise _fail(str(exc), 2) from exc
+            raise fail(str(exc), 2) from exc
     if json_output:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
@@ -193,7 +188,7 @@ def high_water_mark(
         try:
             marks = high_water_marks(client_config, _partition_ids(partition))
         except ValueError as exc:
-            raise _fail(str(exc), 2) from exc
+            raise fail(str(exc), 2) from exc
     if json_output:
         typer.echo(json.dumps({"high_water_marks": {str(p): m for p, m in sorted(marks.items())}}))
         return

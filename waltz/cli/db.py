@@ -14,12 +14,11 @@ missing driver, database unreachable or refusing the statement, framework tables
 from __future__ import annotations
 
 import getpass
-import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from alembic.util.exc import CommandError
@@ -27,6 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from waltz.cli.groups import HELP, MARKUP
+from waltz.cli.output import echo_json, fail
 from waltz.errors import SqlFrameworkError
 from waltz.jdbc_style import migrations_api as api
 from waltz.jdbc_style import skips as skip_records
@@ -64,11 +64,6 @@ def _logging() -> None:
     configure_logging(os.environ.get("WALTZ_LOG_LEVEL", "ERROR"))
 
 
-def _fail(message: str, code: int) -> typer.Exit:
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    return typer.Exit(code)
-
-
 def _safe_url(url: str) -> str:
     """The URL with its password hidden, for messages."""
     try:
@@ -89,24 +84,24 @@ def _database_errors(url: str) -> Iterator[None]:
     try:
         yield
     except skip_records.SkipRefusedError as exc:
-        raise _fail(f"refused: {exc}", 1) from exc
+        raise fail(f"refused: {exc}", 1) from exc
     except SqlFrameworkError as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
     except ArgumentError as exc:
-        raise _fail(
+        raise fail(
             f"cannot use the database URL {safe}: {_first_line(exc)} (expected "
             "dialect+driver://user:password@host:port/database)",
             2,
         ) from exc
     except DBAPIError as exc:
         cause = exc.orig if exc.orig is not None else exc
-        raise _fail(f"cannot use the database at {safe}: {_first_line(cause)}", 2) from exc
+        raise fail(f"cannot use the database at {safe}: {_first_line(cause)}", 2) from exc
     except SQLAlchemyError as exc:
-        raise _fail(f"database {safe}: {_first_line(exc)}", 2) from exc
+        raise fail(f"database {safe}: {_first_line(exc)}", 2) from exc
     except CommandError as exc:
-        raise _fail(f"alembic: {exc}", 2) from exc
+        raise fail(f"alembic: {exc}", 2) from exc
     except ModuleNotFoundError as exc:
-        raise _fail(
+        raise fail(
             f"the database driver for {safe} is not installed ({exc.name}): install it, or "
             "waltz-py[sql] for psycopg and PyMySQL",
             2,
@@ -115,10 +110,6 @@ def _database_errors(url: str) -> Iterator[None]:
 
 def _iso(value: datetime | None) -> str:
     return "-" if value is None else value.isoformat(timespec="seconds")
-
-
-def _echo_json(value: Any) -> None:
-    typer.echo(json.dumps(value, indent=2, sort_keys=True))
 
 
 def _default_operator() -> str:
@@ -231,7 +222,7 @@ def marks(url: UrlOption, cluster: ClusterFilterOption = None, json_output: Json
     with _database_errors(url):
         rows = skip_records.list_marks(url, cluster)
     if json_output:
-        _echo_json(
+        echo_json(
             [
                 {
                     "cluster": row.cluster_name,
@@ -318,7 +309,7 @@ def skips(url: UrlOption, cluster: ClusterFilterOption = None, json_output: Json
     with _database_errors(url):
         rows = skip_records.list_skips(url, cluster)
     if json_output:
-        _echo_json(
+        echo_json(
             [
                 {
                     "cluster": row.cluster_name,

@@ -17,10 +17,14 @@ from waltz.logs import configure_logging
 __all__ = [
     "AdminConfigOption",
     "ClientConfigOption",
+    "ClusterConfigOption",
+    "ClusterTimeoutOption",
+    "ForceOption",
     "JsonOption",
     "LocalOption",
     "PartitionsOption",
     "RootOption",
+    "StorageArgument",
     "TimeoutOption",
     "TlsCaOption",
     "TlsCertOption",
@@ -129,5 +133,39 @@ TlsKeyOption = Annotated[
         dir_okay=False,
         help="PEM private key of the client certificate (over client.ssl.keyFile).",
         show_default=False,
+    ),
+]
+ClusterConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="YAML file with `zookeeper.*` and `cluster.*` keys (see docs/zookeeper.md).",
+        exists=True,
+        dir_okay=False,
+        show_default=False,
+    ),
+]
+ClusterTimeoutOption = Annotated[
+    float | None,
+    typer.Option(
+        "--timeout",
+        min=0.1,
+        help="Seconds to wait for ZooKeeper and for each storage node "
+        "(zookeeper.connectTimeout, cluster.storageTimeout; default 10).",
+        show_default=False,
+    ),
+]
+StorageArgument = Annotated[
+    str,
+    typer.Argument(
+        help="The storage node's connect string `host:port` (its storage port).", show_default=False
+    ),
+]
+ForceOption = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Override the replica-change safety rules. DANGEROUS: may lose committed transactions.",
     ),
 ]

@@ -24,6 +24,7 @@ from waltz.cli.options import (
     ZookeeperOption,
     quiet_logging,
 )
+from waltz.cli.partition_ids import format_partitions, parse_partitions
 from waltz.services.server.command import start
 
 app = typer.Typer(
@@ -70,10 +71,10 @@ def list_servers(
     (`server.metrics.port`). A server that does not answer is listed with the error.
     """
     from waltz.admin.servers import list_servers as list_all
-    from waltz.cli import cluster as cluster_cli
+    from waltz.cli.admin_session import connected_admin
 
     quiet_logging()
-    with cluster_cli._connected(config, zookeeper, root, timeout) as admin:
+    with connected_admin(config, zookeeper, root, timeout) as admin:
         servers = list_all(admin.cluster.zk, admin.root, timeout=admin.storage_timeout, tls=admin.tls)
     if json_output:
         typer.echo(json.dumps({"servers": [s.to_json() for s in servers]}, indent=2))
@@ -97,8 +98,8 @@ def list_servers(
             typer.echo(f"  partition {pid}: generation {generation}, {state}")
         if not server.assigned:
             typer.echo("  no partitions")
-        preferred = cluster_cli.format_partitions(server.preferred)
-        configured = cluster_cli.format_partitions(server.configured_preferred)
+        preferred = format_partitions(server.preferred)
+        configured = format_partitions(server.configured_preferred)
         typer.echo(f"  preferred partitions: {preferred} (configured: {configured})")
         if server.health in {"unhealthy", "unreachable"}:
             typer.echo(f"  health detail: {server.health_detail}")
@@ -115,19 +116,18 @@ def _change(
     add: bool,
 ) -> None:
     from waltz.admin.servers import change_preferred
-    from waltz.cli import cluster as cluster_cli
+    from waltz.cli.admin_session import connected_admin
 
-    ids = cluster_cli.parse_partitions(partitions)
+    ids = parse_partitions(partitions)
     if not ids:
         raise typer.BadParameter("give at least one partition with --partition", param_hint="--partition")
     quiet_logging()
-    with cluster_cli._connected(config, zookeeper, root, timeout) as admin:
+    with connected_admin(config, zookeeper, root, timeout) as admin:
         endpoint, before, after = change_preferred(
             admin.cluster.zk, admin.root, server, add=ids if add else (), remove=() if add else ids
         )
     typer.echo(
-        f"server {endpoint}: preferred partitions {cluster_cli.format_partitions(before)} -> "
-        f"{cluster_cli.format_partitions(after)}"
+        f"server {endpoint}: preferred partitions {format_partitions(before)} -> {format_partitions(after)}"
     )
 
 

@@ -24,6 +24,7 @@ from waltz.cli.options import (
     ZookeeperOption,
     quiet_logging,
 )
+from waltz.cli.partition_ids import format_partitions
 from waltz.logs import configure_logging
 from waltz.services.storage.command import start
 
@@ -111,13 +112,13 @@ def list_partitions(
     from waltz.admin.description import describe_cluster
     from waltz.admin.storage_nodes import StorageUnreachableError, describe_failure
     from waltz.admin.storage_partitions import node_partitions
-    from waltz.cli import cluster as cluster_cli
+    from waltz.cli.admin_session import connected_admin
     from waltz.errors import StorageRpcError
 
     quiet_logging()
     listings: list[dict[str, Any]] = []
     failed = False
-    with cluster_cli._connected(config, zookeeper, root, timeout) as admin:
+    with connected_admin(config, zookeeper, root, timeout) as admin:
         names = (
             [storage]
             if storage is not None
@@ -150,8 +151,7 @@ def list_partitions(
                 typer.echo("  no partitions")
             if item["missing"]:
                 typer.echo(
-                    "  assigned in ZooKeeper but missing on the node: "
-                    + cluster_cli.format_partitions(item["missing"])
+                    "  assigned in ZooKeeper but missing on the node: " + format_partitions(item["missing"])
                 )
     if failed:
         raise typer.Exit(1)
@@ -188,13 +188,13 @@ def sync_partitions(
     --apply makes the changes after a confirmation (--yes skips it).
     """
     from waltz.admin.storage_partitions import apply_sync, node_partitions, plan_sync
-    from waltz.cli import cluster as cluster_cli
+    from waltz.cli.admin_session import connected_admin
 
     quiet_logging()
-    with cluster_cli._connected(config, zookeeper, root, timeout) as admin:
+    with connected_admin(config, zookeeper, root, timeout) as admin:
         plan = plan_sync(node_partitions(admin, storage))
-        create = cluster_cli.format_partitions(plan.create)
-        remove = cluster_cli.format_partitions(plan.remove)
+        create = format_partitions(plan.create)
+        remove = format_partitions(plan.remove)
         if plan.empty:
             typer.echo(f"{storage}: in line with ZooKeeper, nothing to change")
             return
