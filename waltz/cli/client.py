@@ -22,6 +22,9 @@ from waltz.cli.options import (
     ClientConfigOption,
     JsonOption,
     LocalOption,
+    LocalPartitionsOption,
+    LocalServersOption,
+    LocalStoragesOption,
     PartitionsOption,
     RootOption,
     TlsCaOption,
@@ -109,9 +112,9 @@ def validate(
     cert_file: TlsCertOption = None,
     key_file: TlsKeyOption = None,
     local: LocalOption = False,
-    storages: Annotated[int, typer.Option(min=1, help="--local: storage nodes (replication min(3, N)).")] = 3,
-    servers: Annotated[int, typer.Option(min=1, help="--local: servers.")] = 1,
-    partitions: Annotated[int, typer.Option(min=1, help="--local: the cluster's partitions.")] = 1,
+    storages: LocalStoragesOption = 3,
+    servers: LocalServersOption = 1,
+    partitions: LocalPartitionsOption = 1,
 ) -> None:
     """Check serializability: every committed transaction's data must equal its own transaction ID.
 

@@ -25,10 +25,11 @@ from waltz.cli import cluster_storage
 from waltz.cli.admin_session import connected_admin
 from waltz.cli.groups import HELP, MARKUP
 from waltz.cli.options import (
-    ClusterConfigOption,
-    ClusterTimeoutOption,
+    AdminConfigOption,
     JsonOption,
     RootOption,
+    TimeoutOption,
+    YesOption,
     ZookeeperOption,
 )
 from waltz.cli.output import echo_json
@@ -86,8 +87,8 @@ def create(
     ] = None,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
-    config: ClusterConfigOption = None,
-    timeout: ClusterTimeoutOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
 ) -> None:
     """Create a cluster: its znodes under the root, then set up every storage node.
 
@@ -153,8 +154,8 @@ def list_cluster(
     json_output: JsonOption = False,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
-    config: ClusterConfigOption = None,
-    timeout: ClusterTimeoutOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
 ) -> None:
     """Show the cluster's parameters, storage nodes (admin port, group, partitions) and, per
     partition, its generation, store session ID and replica states (session ID and closing
@@ -209,8 +210,8 @@ def verify(
     json_output: JsonOption = False,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
-    config: ClusterConfigOption = None,
-    timeout: ClusterTimeoutOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
 ) -> None:
     """Check ZooKeeper against the storage nodes; one PASSED/WARNING/FAILED line per check.
 
@@ -253,7 +254,7 @@ def _print_report(report: VerifyReport) -> None:
 
 @app.command("delete")
 def delete(
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    yes: YesOption = False,
     unassign_storage: Annotated[
         bool,
         typer.Option(
@@ -271,8 +272,8 @@ def delete(
     ] = False,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
-    config: ClusterConfigOption = None,
-    timeout: ClusterTimeoutOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
 ) -> None:
     """Delete the cluster: every znode under the root, and the root.
 
@@ -316,8 +317,8 @@ def delete(
 def secure(
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
-    config: ClusterConfigOption = None,
-    timeout: ClusterTimeoutOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
 ) -> None:
     """Protect an existing cluster's znodes with the configured ZooKeeper credential.
 

@@ -16,13 +16,14 @@ import typer
 from waltz.cli.admin_session import connected_admin
 from waltz.cli.groups import MARKUP
 from waltz.cli.options import (
-    ClusterConfigOption,
-    ClusterTimeoutOption,
+    AdminConfigOption,
     ForceOption,
     JsonOption,
     PartitionsOption,
     RootOption,
     StorageArgument,
+    TimeoutOption,
+    YesOption,
     ZookeeperOption,
 )
 from waltz.cli.output import echo_json, fail, warn
@@ -49,8 +50,8 @@ def storage_add(
     group: Annotated[int, typer.Option("--group", "-g", help="The node's replica group.")] = 0,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
-    config: ClusterConfigOption = None,
-    timeout: ClusterTimeoutOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
 ) -> None:
     """Add a storage node to the cluster, with no partition.
 
@@ -68,8 +69,8 @@ def storage_remove(
     storage: StorageArgument,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
-    config: ClusterConfigOption = None,
-    timeout: ClusterTimeoutOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
 ) -> None:
     """Remove a storage node from the cluster's znodes.
 
@@ -88,8 +89,8 @@ def storage_assign(
     force: ForceOption = False,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
-    config: ClusterConfigOption = None,
-    timeout: ClusterTimeoutOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
 ) -> None:
     """Assign replicas of partitions to a storage node: created on the node, then recorded in
     ZooKeeper (compare-and-set).
@@ -118,8 +119,8 @@ def storage_unassign(
     ] = False,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
-    config: ClusterConfigOption = None,
-    timeout: ClusterTimeoutOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
 ) -> None:
     """Unassign replicas of partitions from a storage node: removed from ZooKeeper
     (compare-and-set), then from the node.
@@ -152,8 +153,8 @@ def storage_auto_assign(
     force: ForceOption = False,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
-    config: ClusterConfigOption = None,
-    timeout: ClusterTimeoutOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
 ) -> None:
     """Assign every partition to every storage node of a group, one new replica per partition at
     a time.
@@ -192,8 +193,8 @@ def storage_availability(
     ] = None,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
-    config: ClusterConfigOption = None,
-    timeout: ClusterTimeoutOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
 ) -> None:
     """Switch reads and/or writes of partitions on a storage node (admin port). A switch not given
     is left as it is."""
@@ -217,8 +218,8 @@ def storage_max_transaction_id(
     json_output: JsonOption = False,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
-    config: ClusterConfigOption = None,
-    timeout: ClusterTimeoutOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
 ) -> None:
     """Print the max transaction ID of partitions on a storage node (-1: empty), read through its
     admin port. The transaction may not be committed yet."""
@@ -239,8 +240,8 @@ def storage_recover_partition(
     partition: PartitionsOption,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
-    config: ClusterConfigOption = None,
-    timeout: ClusterTimeoutOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
 ) -> None:
     """Copy partitions from one storage node to another, offline, up to what is known committed
     (the source's low-water mark). The destination must be assigned the partitions and must not be
@@ -289,7 +290,7 @@ def storage_set_fence(
     reason: Annotated[
         str, typer.Option("--reason", help="Why, for the storage node's audit line.", show_default=False)
     ] = "",
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    yes: YesOption = False,
     force: Annotated[
         bool,
         typer.Option(
@@ -300,8 +301,8 @@ def storage_set_fence(
     ] = False,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
-    config: ClusterConfigOption = None,
-    timeout: ClusterTimeoutOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
 ) -> None:
     """Set partitions' fences on a storage node back to a store session ID (admin port).
 

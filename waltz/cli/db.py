@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from waltz.cli.groups import HELP, MARKUP
+from waltz.cli.options import ClusterFilterOption, DatabaseUrlOption, JsonOption
 from waltz.cli.output import echo_json, fail
 from waltz.errors import SqlFrameworkError
 from waltz.jdbc_style import migrations_api as api
@@ -37,25 +38,6 @@ app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=MARKUP,
 )
-
-
-UrlOption = Annotated[
-    str,
-    typer.Option(
-        "--url",
-        envvar="WALTZ_DB_URL",
-        help="The application database's SQLAlchemy URL, e.g. "
-        "`postgresql+psycopg://user:password@host:5432/app` or `mysql+pymysql://user@host/app`.",
-        show_default=False,
-    ),
-]
-ClusterFilterOption = Annotated[
-    str | None,
-    typer.Option(
-        "--cluster", help="Only this Waltz cluster's rows (default: every cluster).", show_default=False
-    ),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of text.")]
 
 
 @app.callback()
@@ -136,7 +118,7 @@ def _revision_text(revision: str | None, head: str) -> str:
 
 @app.command("upgrade")
 def upgrade(
-    url: UrlOption,
+    url: DatabaseUrlOption,
     revision: Annotated[
         str, typer.Option("--revision", help="Target revision: `heads`, `waltz@head` or a revision ID.")
     ] = "heads",
@@ -166,7 +148,7 @@ def upgrade(
 
 @app.command("downgrade")
 def downgrade(
-    url: UrlOption,
+    url: DatabaseUrlOption,
     revision: Annotated[
         str,
         typer.Option(
@@ -190,7 +172,7 @@ def downgrade(
 
 @app.command("current")
 def current(
-    url: UrlOption,
+    url: DatabaseUrlOption,
     version_table: Annotated[
         str,
         typer.Option(
@@ -216,7 +198,9 @@ def current(
 
 
 @app.command("marks")
-def marks(url: UrlOption, cluster: ClusterFilterOption = None, json_output: JsonOption = False) -> None:
+def marks(
+    url: DatabaseUrlOption, cluster: ClusterFilterOption = None, json_output: JsonOption = False
+) -> None:
     """Show the high-water marks: per cluster and partition, the highest transaction ID applied to
     this database (-1: none yet) and when it last moved (UTC)."""
     with _database_errors(url):
@@ -248,7 +232,7 @@ def marks(url: UrlOption, cluster: ClusterFilterOption = None, json_output: Json
 
 @app.command("skip")
 def skip(
-    url: UrlOption,
+    url: DatabaseUrlOption,
     cluster: Annotated[
         str,
         typer.Option(
@@ -303,7 +287,9 @@ def skip(
 
 
 @app.command("skips")
-def skips(url: UrlOption, cluster: ClusterFilterOption = None, json_output: JsonOption = False) -> None:
+def skips(
+    url: DatabaseUrlOption, cluster: ClusterFilterOption = None, json_output: JsonOption = False
+) -> None:
     """Show the operators' skip requests: pending (not yet acted on) or done, with who asked, why,
     and when (UTC)."""
     with _database_errors(url):

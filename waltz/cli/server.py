@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
 
 import typer
 
@@ -20,6 +19,7 @@ from waltz.cli.options import (
     JsonOption,
     PartitionsOption,
     RootOption,
+    ServerArgument,
     TimeoutOption,
     ZookeeperOption,
     quiet_logging,
@@ -44,15 +44,6 @@ preferred_app = typer.Typer(
     rich_markup_mode=MARKUP,
 )
 app.add_typer(preferred_app, name="preferred")
-
-ServerArgument = Annotated[
-    str,
-    typer.Argument(
-        help="The server: its endpoint `host:port`, member name or server ID (as `waltz server list` "
-        "shows). An endpoint that is not live now is accepted: the preference applies when it registers.",
-        show_default=False,
-    ),
-]
 
 
 @app.command("list")

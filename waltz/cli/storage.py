@@ -19,8 +19,11 @@ from waltz.cli.groups import MARKUP
 from waltz.cli.options import (
     AdminConfigOption,
     JsonOption,
+    LogLevelOption,
     RootOption,
+    StorageArgument,
     TimeoutOption,
+    YesOption,
     ZookeeperOption,
     quiet_logging,
 )
@@ -46,7 +49,7 @@ def smoke(
     work_dir: Annotated[
         Path | None, typer.Option(help="Keep the storage directory and logs here (default: a temp dir).")
     ] = None,
-    log_level: Annotated[str, typer.Option(help="Log level of this process.")] = "WARNING",
+    log_level: LogLevelOption = "WARNING",
 ) -> None:
     """Smoke-test a storage node: append, kill -9, restart, read back, compare.
 
@@ -159,15 +162,16 @@ def list_partitions(
 
 @app.command("sync-partitions")
 def sync_partitions(
-    storage: Annotated[
-        str, typer.Argument(help="The storage node's connect string `host:port`.", show_default=False)
-    ],
+    storage: StorageArgument,
     apply: Annotated[
-        bool, typer.Option("--apply", help="Make the changes (default: show them only, a dry run).")
+        bool,
+        typer.Option(
+            "--apply",
+            help="Make the changes, after a confirmation that --yes skips "
+            "(default: show them only, a dry run).",
+        ),
     ] = False,
-    yes: Annotated[
-        bool, typer.Option("--yes", "-y", help="With --apply: do not ask for confirmation.")
-    ] = False,
+    yes: YesOption = False,
     delete_storage_files: Annotated[
         bool,
         typer.Option(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from waltz.cli.options import LogLevelOption
 from waltz.errors import ConfigurationError, WaltzError
 from waltz.logs import configure_logging
 
@@ -86,9 +87,7 @@ def up(
     timeout: Annotated[
         float, typer.Option(min=1.0, help="Seconds allowed for starting, until every partition is writable.")
     ] = 120.0,
-    log_level: Annotated[
-        str, typer.Option(help="Log level of this process (the nodes log to files in the work dir).")
-    ] = "WARNING",
+    log_level: LogLevelOption = "WARNING",
     secure: Annotated[
         bool,
         typer.Option(
