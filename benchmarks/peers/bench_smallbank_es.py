@@ -23,7 +23,7 @@ for the run and dropped afterwards.
 
 The workload, the worker processes (``--processes`` x ``--threads``, closed loop, each process
 with one application and a connection pool of ``--threads``), the money check and the printed
-JSON line are those of ``bench_smallbank_pg.py`` (see its docstring). Usage::
+JSON line are those of ``bench_smallbank_pg.py`` (see its docstring), from the modules it shares. Usage::
 
     .venv/bin/python benchmarks/peers/bench_smallbank_es.py                  # 6,000 draws, 3 x 21
     .venv/bin/python benchmarks/peers/bench_smallbank_es.py --no-cache --transactions 2000
@@ -38,29 +38,16 @@ from importlib.metadata import version
 from typing import Any
 
 from bench_eventsourcing import env_for
-from bench_smallbank_pg import (
-    OPEN,
-    Backend,
-    Bank,
-    Decision,
-    Op,
-    Options,
-    Outcome,
-    State,
-    decide,
-    money_check,
-    opening_balances,
-    options_of,
-    parser,
-    report,
-    run_workers,
-    scratch_database,
-    server_settings,
-)
 from common import MAX_RETRIES, TooManyRetriesError
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate, event
 from eventsourcing.persistence import RecordConflictError
+from pg_server import scratch_database, server_settings
+from smallbank_bank import Backend, Bank, Outcome
+from smallbank_report import money_check, report
+from smallbank_rules import OPEN, Decision, State, decide
+from smallbank_workers import run_workers
+from smallbank_workload import Op, Options, opening_balances, options_of, parser
 
 NAMESPACE = uuid.UUID("1b7e0c55-0d0e-4d8e-9b0a-5a3c2f1e6d47")
 

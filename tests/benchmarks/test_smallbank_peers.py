@@ -24,13 +24,15 @@ _DRAWS = 400
 
 
 @pytest.fixture
-def smallbank() -> Iterator[ModuleType]:
-    """bench_smallbank_pg, imported with benchmarks/peers on sys.path (removed afterwards)."""
+def smallbank() -> Iterator[tuple[ModuleType, ModuleType]]:
+    """The peers' SmallBank workload and rules, imported with benchmarks/peers on sys.path (removed
+    afterwards)."""
     sys.path.insert(0, str(_PEERS))
     try:
-        import bench_smallbank_pg
+        import smallbank_rules
+        import smallbank_workload
 
-        yield bench_smallbank_pg
+        yield smallbank_workload, smallbank_rules
     finally:
         while str(_PEERS) in sys.path:
             sys.path.remove(str(_PEERS))
@@ -85,12 +87,13 @@ def _check(row: dict[str, Any]) -> None:
     }
 
 
-def test_the_mix_and_the_rules_are_the_ledger_examples(smallbank: ModuleType) -> None:
-    assert smallbank.MIX == MIX
-    options = smallbank.Options(accounts=200)
+def test_the_mix_and_the_rules_are_the_ledger_examples(smallbank: tuple[ModuleType, ModuleType]) -> None:
+    workload, rules = smallbank
+    assert workload.MIX == MIX
+    options = workload.Options(accounts=200)
     assert options.hotspot == 20
-    assert smallbank.Options(accounts=5).hotspot == 2
-    op, decide = smallbank.Op, smallbank.decide
+    assert workload.Options(accounts=5).hotspot == 2
+    op, decide = workload.Op, rules.decide
     rich, poor = ("open", 1000, 1000), ("open", 100, 300)
     assert decide(op("send_payment", (1, 2), 500), [poor, rich]).reason == (
         "customer 1 has insufficient funds for 500"

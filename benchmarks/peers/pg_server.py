@@ -1,0 +1,64 @@
+"""The PostgreSQL server the peers run against (127.0.0.1:5432, user postgres): connection
+strings, a database for a run, the server's settings, and the CPU its backends spent.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+
+HOST, PORT, USER = "127.0.0.1", 5432, "postgres"
+ADMIN_DSN = f"host={HOST} port={PORT} user={USER} dbname=postgres"
+
+
+def dsn(dbname: str) -> str:
+    return f"host={HOST} port={PORT} user={USER} dbname={dbname}"
+
+
+@contextmanager
+def scratch_database(prefix: str) -> Iterator[str]:
+    """A database created for the run (its name), dropped afterwards."""
+    dbname = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    try:
+        yield dbname
+    finally:
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
+def server_settings() -> tuple[str, str]:
+    """The server's major version (``PostgreSQL 15``) and its durability settings."""
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        version = conn.info.server_version // 10000
+        values = [
+            f"{name}={conn.execute(f'SHOW {name}').fetchone()[0]}"  # type: ignore[index]
+            for name in ("synchronous_commit", "fsync", "wal_sync_method")
+        ]
+    return f"PostgreSQL {version}", ", ".join(values)
+
+
+def _process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a local process (Linux ``/proc``), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def backend_cpu(dbname: str) -> dict[int, float]:
+    """CPU seconds of each server process (backend) connected to ``dbname``, by pid: readable
+    when PostgreSQL runs on this machine, empty otherwise."""
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (dbname,)
+        ).fetchall()
+    cpu = {int(pid): _process_cpu_seconds(int(pid)) for (pid,) in rows}
+    return {pid: seconds for pid, seconds in cpu.items() if seconds is not None}

@@ -1,0 +1,82 @@
+"""The SmallBank peers' result row: ``common.result``'s keys, SmallBank's own, and the money check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common import result
+from smallbank_workers import Harvest
+from smallbank_workload import MIX, Options
+
+from waltz.perf.stats import PERCENTILES
+
+
+def money_check(initial: int, final: int, harvest: Harvest) -> dict[str, Any]:
+    """Whether the balances add up: opening balances + deposits − withdrawals of every committed
+    operation (warm-up included) = the sum of the balances at the end."""
+    deposits = harvest.measured.deposits + harvest.warmup.deposits
+    withdrawals = harvest.measured.withdrawals + harvest.warmup.withdrawals
+    expected = initial + deposits - withdrawals
+    return {
+        "initial": initial,
+        "deposits": deposits,
+        "withdrawals": withdrawals,
+        "expected": expected,
+        "final": final,
+        "conserved": final == expected,
+    }
+
+
+def report(
+    system: str,
+    config: str,
+    settings: str,
+    options: Options,
+    harvest: Harvest,
+    money: dict[str, Any],
+    **extra: Any,
+) -> dict[str, Any]:
+    """The result row (``common.result``'s keys and SmallBank's own)."""
+    tally = harvest.measured
+    stats = tally.stats
+    if harvest.database_cpu_seconds is not None:
+        stats.node_cpu_seconds = {"postgres": harvest.database_cpu_seconds}
+    by_op: dict[str, Any] = {}
+    for name in MIX:
+        histogram = tally.op_latency.get(name)
+        by_op[name] = {
+            "draws": tally.draws[name],
+            "committed": tally.committed_by_op[name],
+            "dropped": tally.dropped_by_op[name],
+            "latency_ms": {
+                f"p{p:g}": round(histogram.percentile_ms(p), 3) if histogram else None for p in PERCENTILES
+            },
+        }
+    draws = sum(tally.draws.values())
+    row = result(
+        system,
+        config,
+        settings,
+        None,
+        stats,
+        committed=stats.committed,
+        dropped=tally.dropped,
+        balances_read=tally.balances_read,
+        balances_read_per_second=round(tally.balances_read / stats.seconds, 1),
+        draws=draws,
+        operations_per_second=round(draws / stats.seconds, 1),
+        drop_reasons=dict(tally.drop_reasons.most_common()),
+        retry_reasons=dict(tally.retry_reasons.most_common()),
+        by_op=by_op,
+        time_limited_threads=tally.time_limited,
+        warmup_draws=sum(harvest.warmup.draws.values()),
+        money=money,
+        money_conserved=money["conserved"],
+        processes=options.processes,
+        threads=options.threads,
+        accounts=options.accounts,
+        **extra,
+    )
+    row["load"] = options.describe()
+    row["errors"] = row["errors"] + harvest.warmup.stats.errors[:5]
+    return row
