@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Write stall while a replica far behind returns: the longest gap between commits.
 
 Starts a real ZooKeeper and three storage node processes on loopback in a temporary directory,
@@ -12,10 +11,11 @@ two commits (the write stall) and when it began after the restart, with the time
 to join, the store sessions started meanwhile and the records committed per second. The --steady
 seconds just before the restart give the longest gap and the rate of steady writing.
 
-Run it against another tree (e.g. main) by putting that tree first on PYTHONPATH; the script
+Run it against another tree (e.g. main) from a directory outside the trees compared, with that
+tree on PYTHONPATH (``python -m`` puts the working directory first on ``sys.path``); the script
 only uses the store partition's public surface.
 
-    .venv/bin/python benchmarks/catchup_stall.py --lag 500000 [--lag 5000000]
+    .venv/bin/python -m benchmarks.catchup_stall --lag 500000 [--lag 5000000]
 
 Prints one line per lag; asserts nothing.
 """

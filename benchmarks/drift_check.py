@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """The drift check's comparison of one live PostgreSQL table with its rebuilt view: live rows read
 on the driver and handed to Spark, versus read by the executors over JDBC in the driver's exported
 snapshot (``waltz.spark.live_tables``). Prints times and the driver's peak memory; asserts nothing.
@@ -9,7 +8,7 @@ with the same rows computed in Spark, both ways: JDBC first (the driver's peak R
 high-water mark of the process, so the way that holds the rows on the driver goes second), then
 JDBC again, warm.
 
-    .venv/bin/python benchmarks/drift_check.py --rows 300000
+    .venv/bin/python -m benchmarks.drift_check --rows 300000
 """
 
 from __future__ import annotations
@@ -19,9 +18,9 @@ import logging
 import resource
 import time
 
-from spark_rebuild import fresh_database  # this directory is on sys.path when run
 from sqlalchemy import BigInteger, Column, MetaData, Table, Text, select, text
 
+from benchmarks.spark_rebuild import fresh_database
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style import migrations_api as framework_migrations
 from waltz.spark.drift import compare_table

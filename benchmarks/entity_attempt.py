@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """One thread, no cluster: CPU and wall time of an entity attempt and of a single-transaction apply.
 
 Drives the SQL framework directly on a database server: the ledger's tables (the SmallBank
@@ -15,7 +14,7 @@ this measures. Prints microseconds of process CPU and of wall time per operation
 asserts nothing.
 The database's ledger tables and its ``bench`` mark rows are emptied first.
 
-    PYTHONPATH=.:examples .venv/bin/python benchmarks/entity_attempt.py \\
+    .venv/bin/python -m benchmarks.entity_attempt \\
         --db postgresql+psycopg://postgres@127.0.0.1/bench [-n 2000] [--rounds 2] [--db-delay 0.25]
 """
 
@@ -25,9 +24,9 @@ import argparse
 import json
 import time
 
-from sql_apply import delayed  # this directory's benchmark: the --db-delay proxy
 from sqlalchemy import delete, insert
 
+from benchmarks.sql_apply import delayed
 from waltz.client.context import TransactionBuilder
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style import create_framework_engine

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """The CPU an apply's own writes cost the application process, by the way they are run.
 
 Creates three tables of 100 rows in a fresh database ``waltz_bench_<8 hex>`` on the server of
@@ -17,7 +16,7 @@ the wall time per group (the wall time includes the commit, which waits for the 
 flush). PostgreSQL with psycopg only: the pipeline is psycopg's (docs/design/sql.md "Group
 apply", docs/decisions/0043-framework-writes-on-the-cursor.md).
 
-    .venv/bin/python benchmarks/framework_writes.py [--db URL] [--rows 1,2,5] [--groups 600]
+    .venv/bin/python -m benchmarks.framework_writes [--db URL] [--rows 1,2,5] [--groups 600]
 
 Prints a table; asserts nothing but that every group changed the rows it should.
 """

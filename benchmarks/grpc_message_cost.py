@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """The CPU one stream message costs: a gRPC (grpcio asyncio) bidirectional stream against a plain
 asyncio TCP connection, back to back and paced.
 
@@ -14,7 +13,7 @@ transport and gap, the CPU time (user + system) the client process and the serve
 per round trip, in microseconds, and the median round trip. A gap of 0 is the busy case; gaps of
 milliseconds are the half-loaded services of a cluster, where each message wakes the process.
 
-    .venv/bin/python benchmarks/grpc_message_cost.py [--messages 2000] [--size 300] [--gaps 0,1,5,15]
+    .venv/bin/python -m benchmarks.grpc_message_cost [--messages 2000] [--size 300] [--gaps 0,1,5,15]
 
 Prints a table; asserts nothing.
 """

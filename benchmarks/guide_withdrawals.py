@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """A service written from the SQL guide alone: its ``Account`` and ``Withdraw`` from one thread.
 
 The models and contexts are those of ``docs/sql.md`` ("Entities: declarative locks and
@@ -16,7 +15,7 @@ Prints committed withdrawals per second of each, the time the ``submit`` loop to
 cache's hits and misses, as JSON; asserts nothing. Each run's database is created on the server
 and dropped (or a new SQLite file made).
 
-    .venv/bin/python benchmarks/guide_withdrawals.py --db postgresql+psycopg://postgres@127.0.0.1 \\
+    .venv/bin/python -m benchmarks.guide_withdrawals --db postgresql+psycopg://postgres@127.0.0.1 \\
         --accounts 10,1000 [-n 2000] [--partitions 4]
 """
 
@@ -27,10 +26,10 @@ import json
 import time
 from typing import Any
 
-from sql_apply import fresh_database  # this directory's benchmark: a database created, then dropped
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from benchmarks.sql_apply import fresh_database
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.jdbc_style import (
     ChangeSetCallbacks,

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """An OTLP/HTTP trace receiver that counts spans and keeps nothing: the collector of the tracing
 overhead runs (docs/decisions/0035-opentelemetry-traces.md).
 
-    .venv/bin/python benchmarks/otlp_sink.py [--port 4318] [--seconds 900]
+    .venv/bin/python -m benchmarks.otlp_sink [--port 4318] [--seconds 900]
 
 Listens on 127.0.0.1 (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://127.0.0.1:4318/v1/traces``),
 answers every export with success, prints the spans received by name every 10 seconds and at the

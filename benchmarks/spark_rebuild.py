@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Spark rebuild of a ledger database from the log versus replaying the log through the client and
 the SQL callbacks (prints figures; asserts nothing about timings).
 
@@ -21,9 +20,9 @@ the server of ``--db`` (dropped at the end):
 Prints both times, the transactions per second and the ratio, and checks that both databases hold
 the same rows (a mismatch is reported, not asserted).
 
-    .venv/bin/python benchmarks/spark_rebuild.py                       # 1,000,000 transactions
-    .venv/bin/python benchmarks/spark_rebuild.py --transactions 50000 --partitions 4
-    .venv/bin/python benchmarks/spark_rebuild.py --transactions 50000 --master standalone
+    .venv/bin/python -m benchmarks.spark_rebuild                       # 1,000,000 transactions
+    .venv/bin/python -m benchmarks.spark_rebuild --transactions 50000 --partitions 4
+    .venv/bin/python -m benchmarks.spark_rebuild --transactions 50000 --master standalone
 """
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """SQL framework apply throughput: log transactions applied per second into a database, one
 database transaction per log transaction versus group apply (prints; fails only on wrong results).
 
@@ -39,11 +38,11 @@ tools' ``FaultProxy``, in a process of its own) that holds every chunk MS millis
 direction: a database server on another host, where every round trip costs about 2 x MS more
 (plus the proxy's own hop), rather than one on loopback.
 
-    .venv/bin/python benchmarks/sql_apply.py                              # PostgreSQL, n 20,000
-    .venv/bin/python benchmarks/sql_apply.py --db mysql+pymysql://root@127.0.0.1:3306 --n 8000
-    .venv/bin/python benchmarks/sql_apply.py --db sqlite:////tmp/bench.db --batch 1,10,100,1000
-    .venv/bin/python benchmarks/sql_apply.py --n 4000 --through-cluster
-    .venv/bin/python benchmarks/sql_apply.py --n 3000 --batch 1,100 --style staged --db-delay 0.25
+    .venv/bin/python -m benchmarks.sql_apply                              # PostgreSQL, n 20,000
+    .venv/bin/python -m benchmarks.sql_apply --db mysql+pymysql://root@127.0.0.1:3306 --n 8000
+    .venv/bin/python -m benchmarks.sql_apply --db sqlite:////tmp/bench.db --batch 1,10,100,1000
+    .venv/bin/python -m benchmarks.sql_apply --n 4000 --through-cluster
+    .venv/bin/python -m benchmarks.sql_apply --n 3000 --batch 1,100 --style staged --db-delay 0.25
 """
 
 from __future__ import annotations

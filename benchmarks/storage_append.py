@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Storage node append throughput: records/s and flushes (fsyncs)/s, by partitions and batch size.
 
 Starts a real storage node process on loopback (in a temporary directory unless --directory is
@@ -9,7 +8,7 @@ group commit). Batches go in columns (storage.proto ``RecordColumns``, as server
 with --form records, as a message per record. Prints a table (with the storage node's CPU time,
 user and system, per request: the fixed cost of a request shows at batch 1); asserts nothing.
 
-    .venv/bin/python benchmarks/storage_append.py [--seconds 3] [--partitions 1,4] [--form records]
+    .venv/bin/python -m benchmarks.storage_append [--seconds 3] [--partitions 1,4] [--form records]
 """
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Replicated store commit throughput: committed records/s and submit-to-commit latency at RF 3.
 
 Starts a real ZooKeeper and --storages storage node processes on loopback in a temporary
@@ -19,7 +18,7 @@ afterwards.
 With --profile, py-spy samples the benchmark process and storage node 0 during the first case
 (raw folded stacks under /tmp) and the top frames are printed.
 
-    .venv/bin/python benchmarks/store_commit.py [--seconds 8] [--partitions 1,4] [--profile]
+    .venv/bin/python -m benchmarks.store_commit [--seconds 8] [--partitions 1,4] [--profile]
 
 Prints a table; asserts nothing.
 """

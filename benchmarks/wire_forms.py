@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """The cost of the two wire forms of appends and store batches: a message per transaction, or columns.
 
 For a run of N transactions of --size bytes with one WRITE lock each, times (best of --repeat,
@@ -15,7 +14,7 @@ CPU of this one thread, microseconds per transaction):
 - storage encode: parsing it on a storage node and encoding the segment records
   (``format.encode_wire_records`` against ``format.column_rows`` + ``encode_wire_rows``).
 
-    .venv/bin/python benchmarks/wire_forms.py [--transactions 150] [--size 200] [--repeat 200]
+    .venv/bin/python -m benchmarks.wire_forms [--transactions 150] [--size 200] [--repeat 200]
 
 Prints a table; asserts nothing.
 """

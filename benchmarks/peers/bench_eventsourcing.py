@@ -27,7 +27,6 @@ from functools import singledispatchmethod
 from typing import Any
 
 import psycopg
-from common import MAX_RETRIES, TooManyRetriesError, result
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, event
 from eventsourcing.persistence import RecordConflictError, Tracking
@@ -35,6 +34,7 @@ from eventsourcing.postgres import PostgresTrackingRecorder
 from eventsourcing.projection import Projection, ProjectionRunner
 from psycopg.sql import SQL
 
+from benchmarks.peers.common import MAX_RETRIES, TooManyRetriesError, result
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
 
 HOST, PORT, USER = "127.0.0.1", 5432, "postgres"

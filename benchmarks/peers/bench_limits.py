@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-from common import result, serve_stream
 
+from benchmarks.peers.common import result, serve_stream
 from waltz.local.processes import free_port, wait_for_port
 from waltz.perf.stats import RunStats
 

@@ -60,8 +60,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from common import GRPC_OPTIONS, MAX_RETRIES, TooManyRetriesError, result, serve_stream
 
+from benchmarks.peers.common import GRPC_OPTIONS, MAX_RETRIES, TooManyRetriesError, result, serve_stream
 from waltz.local.processes import free_port, wait_for_port
 from waltz.perf.cost import process_cpu_seconds
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """SmallBank on the ``eventsourcing`` library on PostgreSQL (127.0.0.1:5432, user postgres): the
 ledger example's workload as a team would write it with event sourcing instead of waltz-py.
 
@@ -25,9 +24,9 @@ The workload, the worker processes (``--processes`` x ``--threads``, closed loop
 with one application and a connection pool of ``--threads``), the money check and the printed
 JSON line are those of ``bench_smallbank_pg.py`` (see its docstring), from the modules it shares. Usage::
 
-    .venv/bin/python benchmarks/peers/bench_smallbank_es.py                  # 6,000 draws, 3 x 21
-    .venv/bin/python benchmarks/peers/bench_smallbank_es.py --no-cache --transactions 2000
-    .venv/bin/python benchmarks/peers/run_all.py --only smallbank-pg,smallbank-es
+    .venv/bin/python -m benchmarks.peers.bench_smallbank_es                  # 6,000 draws, 3 x 21
+    .venv/bin/python -m benchmarks.peers.bench_smallbank_es --no-cache --transactions 2000
+    .venv/bin/python -m benchmarks.peers.run_all --only smallbank-pg,smallbank-es
 """
 
 from __future__ import annotations
@@ -37,17 +36,18 @@ import uuid
 from importlib.metadata import version
 from typing import Any
 
-from bench_eventsourcing import env_for
-from common import MAX_RETRIES, TooManyRetriesError
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate, event
 from eventsourcing.persistence import RecordConflictError
-from pg_server import scratch_database, server_settings
-from smallbank_bank import Backend, Bank, Outcome
-from smallbank_report import money_check, report
-from smallbank_rules import OPEN, Decision, State, decide
-from smallbank_workers import run_workers
-from smallbank_workload import Op, Options, opening_balances, options_of, parser
+
+from benchmarks.peers.bench_eventsourcing import env_for
+from benchmarks.peers.common import MAX_RETRIES, TooManyRetriesError
+from benchmarks.peers.pg_server import scratch_database, server_settings
+from benchmarks.peers.smallbank_bank import Backend, Bank, Outcome
+from benchmarks.peers.smallbank_report import money_check, report
+from benchmarks.peers.smallbank_rules import OPEN, Decision, State, decide
+from benchmarks.peers.smallbank_workers import run_workers
+from benchmarks.peers.smallbank_workload import Op, Options, opening_balances, options_of, parser
 
 NAMESPACE = uuid.UUID("1b7e0c55-0d0e-4d8e-9b0a-5a3c2f1e6d47")
 
@@ -256,8 +256,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # Run as the module ``bench_smallbank_es`` (not ``__main__``): the worker processes import it by
-    # that name, and the stored events' topics name the module of their classes.
-    import bench_smallbank_es
+    # Run as the module ``benchmarks.peers.bench_smallbank_es`` (not ``__main__``): the worker
+    # processes import it by that name, and the stored events' topics name the module of their
+    # classes.
+    from benchmarks.peers import bench_smallbank_es  # noqa: PLW0406
 
     bench_smallbank_es.main()

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """SmallBank straight on PostgreSQL: the ledger example's workload as a team would write it
 without waltz-py (PostgreSQL at 127.0.0.1:5432, user postgres).
 
@@ -34,9 +33,9 @@ operation,
 ``money``: whether the balances add up to the opening balances plus the deposits minus the
 withdrawals of the committed operations). Usage::
 
-    .venv/bin/python benchmarks/peers/bench_smallbank_pg.py                  # 6,000 draws, 3 x 21
-    .venv/bin/python benchmarks/peers/bench_smallbank_pg.py --transactions 20000 --threads 10
-    .venv/bin/python benchmarks/peers/run_all.py --only smallbank-pg,smallbank-es
+    .venv/bin/python -m benchmarks.peers.bench_smallbank_pg                  # 6,000 draws, 3 x 21
+    .venv/bin/python -m benchmarks.peers.bench_smallbank_pg --transactions 20000 --threads 10
+    .venv/bin/python -m benchmarks.peers.run_all --only smallbank-pg,smallbank-es
 
 The workload (``smallbank_workload.py``), the rules (``smallbank_rules.py``), the statements
 (``smallbank_sql.py``), the worker processes (``smallbank_workers.py``) and the report
@@ -50,13 +49,14 @@ import json
 from typing import Any
 
 import psycopg
-from pg_server import dsn, scratch_database, server_settings
-from smallbank_bank import Backend, Bank
-from smallbank_report import money_check, report
-from smallbank_rules import OPEN
-from smallbank_sql import SCHEMA, PostgresBank
-from smallbank_workers import run_workers
-from smallbank_workload import Options, opening_balances, options_of, parser
+
+from benchmarks.peers.pg_server import dsn, scratch_database, server_settings
+from benchmarks.peers.smallbank_bank import Backend, Bank
+from benchmarks.peers.smallbank_report import money_check, report
+from benchmarks.peers.smallbank_rules import OPEN
+from benchmarks.peers.smallbank_sql import SCHEMA, PostgresBank
+from benchmarks.peers.smallbank_workers import run_workers
+from benchmarks.peers.smallbank_workload import Options, opening_balances, options_of, parser
 
 
 class PostgresBackend:
@@ -124,8 +124,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # Run as the module ``bench_smallbank_pg`` (not ``__main__``), the name the worker processes
-    # import it by.
-    import bench_smallbank_pg
+    # Run as the module ``benchmarks.peers.bench_smallbank_pg`` (not ``__main__``), the name the
+    # worker processes import it by.
+    from benchmarks.peers import bench_smallbank_pg  # noqa: PLW0406
 
     bench_smallbank_pg.main()

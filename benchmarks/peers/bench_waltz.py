@@ -12,8 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from common import result
-
+from benchmarks.peers.common import result
 from waltz.perf.loadgen import LoadSpec
 from waltz.perf.producer import ProducerSettings, run_producer
 from waltz.perf.target import LocalClusterSpec, perf_cluster

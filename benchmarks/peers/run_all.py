@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Run waltz-py and its peers under the same workload, one after the other, and print one table.
 
 The workload (``waltz.perf.loadgen``, the load generator of ``waltz perf``): 200-byte
@@ -25,11 +24,11 @@ Each case runs in a child process of its own (own session; killed with its child
 time limit), on 127.0.0.1 only, with free ports and temporary directories it removes. Install the
 peers first with ``benchmarks/peers/setup.sh``. Usage::
 
-    .venv/bin/python benchmarks/peers/run_all.py --quick          # a few minutes
-    .venv/bin/python benchmarks/peers/run_all.py                  # the full run
-    .venv/bin/python benchmarks/peers/run_all.py --only etcd,waltz-p4-s2 --json results.json
-    .venv/bin/python benchmarks/peers/run_all.py --repeat 3        # median of 3 runs per case
-    .venv/bin/python benchmarks/peers/run_all.py --only smallbank-pg,smallbank-es
+    .venv/bin/python -m benchmarks.peers.run_all --quick          # a few minutes
+    .venv/bin/python -m benchmarks.peers.run_all                  # the full run
+    .venv/bin/python -m benchmarks.peers.run_all --only etcd,waltz-p4-s2 --json results.json
+    .venv/bin/python -m benchmarks.peers.run_all --repeat 3        # median of 3 runs per case
+    .venv/bin/python -m benchmarks.peers.run_all --only smallbank-pg,smallbank-es
 
 Figures are printed, never asserted.
 """
@@ -49,9 +48,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 
 @dataclass(frozen=True)
@@ -130,21 +126,21 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
         )
 
     if name.startswith("waltz-"):
-        import bench_waltz
+        from benchmarks.peers import bench_waltz
 
         partitions, servers = (int(part[1:]) for part in name.split("-")[1:])
         env = dict(item.split("=", 1) for item in args.waltz_env)
         return bench_waltz.run(partitions, servers, spec(sizes.waltz, args.in_flight), args.clients, env)
     if name == "eventsourcing":
-        import bench_eventsourcing
+        from benchmarks.peers import bench_eventsourcing
 
         return bench_eventsourcing.run(spec(sizes.eventsourcing, args.es_threads))
     if name == "etcd":
-        import bench_etcd
+        from benchmarks.peers import bench_etcd
 
         return bench_etcd.run(spec(sizes.etcd, args.in_flight))
     if name.startswith("smallbank-"):
-        import bench_smallbank_pg
+        from benchmarks.peers import bench_smallbank_pg
 
         options = bench_smallbank_pg.Options(
             transactions=args.transactions
@@ -157,11 +153,11 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
         )
         if name == "smallbank-pg":
             return bench_smallbank_pg.run(options)
-        import bench_smallbank_es
+        from benchmarks.peers import bench_smallbank_es
 
         return bench_smallbank_es.run(options)
     if name.startswith("skeleton"):
-        import bench_skeleton
+        from benchmarks.peers import bench_skeleton
 
         return bench_skeleton.run(
             spec(sizes.skeleton, args.in_flight),
@@ -170,7 +166,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
             client_protobuf=name == "skeleton-client-protobuf",
             client_threads=name == "skeleton-threads",
         )
-    import bench_limits
+    from benchmarks.peers import bench_limits
 
     if name == "fsync-1":
         return bench_limits.fsync_case(sizes.fsync, 1)
@@ -202,7 +198,7 @@ def unavailable(name: str) -> str | None:
 
 def spawn_case(name: str, args: argparse.Namespace, forwarded: list[str]) -> dict[str, Any]:
     """Run a case in a child process (own session) and parse its result; an error row on failure."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--case", name, *forwarded]
+    command = [sys.executable, "-m", "benchmarks.peers.run_all", "--case", name, *forwarded]
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     child = subprocess.Popen(

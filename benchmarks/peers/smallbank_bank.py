@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
-from smallbank_workload import Op, Options
+from benchmarks.peers.smallbank_workload import Op, Options
 
 
 class Outcome(NamedTuple):

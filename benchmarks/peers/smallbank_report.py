@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from common import result
-from smallbank_workers import Harvest
-from smallbank_workload import MIX, Options
-
+from benchmarks.peers.common import result
+from benchmarks.peers.smallbank_workers import Harvest
+from benchmarks.peers.smallbank_workload import MIX, Options
 from waltz.perf.stats import PERCENTILES
 
 

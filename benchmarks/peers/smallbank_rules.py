@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from smallbank_workload import Op
-
+from benchmarks.peers.smallbank_workload import Op
 from waltz_examples.ledger.models import AccountStatus
 
 #: An account's status while it takes debits and credits (``AccountStatus.OPEN``).

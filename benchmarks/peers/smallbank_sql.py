@@ -15,13 +15,14 @@ from __future__ import annotations
 from collections import Counter
 
 import psycopg
-from common import MAX_RETRIES, TooManyRetriesError
-from pg_server import dsn
 from psycopg import IsolationLevel
 from psycopg import errors as pg_errors
-from smallbank_bank import Outcome
-from smallbank_rules import State, decide
-from smallbank_workload import Op
+
+from benchmarks.peers.common import MAX_RETRIES, TooManyRetriesError
+from benchmarks.peers.pg_server import dsn
+from benchmarks.peers.smallbank_bank import Outcome
+from benchmarks.peers.smallbank_rules import State, decide
+from benchmarks.peers.smallbank_workload import Op
 
 SCHEMA = (
     "CREATE TABLE account (custid integer PRIMARY KEY, name text NOT NULL, status text NOT NULL)",

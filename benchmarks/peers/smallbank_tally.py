@@ -7,9 +7,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from smallbank_bank import Outcome
-from smallbank_workload import Op
-
+from benchmarks.peers.smallbank_bank import Outcome
+from benchmarks.peers.smallbank_workload import Op
 from waltz.perf.stats import LatencyHistogram, RunStats
 
 

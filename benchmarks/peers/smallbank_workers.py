@@ -17,10 +17,10 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from pg_server import backend_cpu
-from smallbank_bank import BackendFactory, Bank
-from smallbank_tally import Tally
-from smallbank_workload import Mix, Options
+from benchmarks.peers.pg_server import backend_cpu
+from benchmarks.peers.smallbank_bank import BackendFactory, Bank
+from benchmarks.peers.smallbank_tally import Tally
+from benchmarks.peers.smallbank_workload import Mix, Options
 
 #: Seconds the worker processes may take to connect and warm up before the measured phase.
 SETUP_TIMEOUT = 120.0
