@@ -35,9 +35,9 @@ from eventsourcing.projection import Projection, ProjectionRunner
 from psycopg.sql import SQL
 
 from benchmarks.peers.common import MAX_RETRIES, TooManyRetriesError, result
+from benchmarks.peers.pg_server import HOST, PORT, USER, dsn, scratch_database
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
 
-HOST, PORT, USER = "127.0.0.1", 5432, "postgres"
 NAMESPACE = uuid.UUID("6f1d3c1e-9a7b-4e53-9c51-1c1b4a5f0b21")
 
 
@@ -156,12 +156,8 @@ def es_submitter(
 
 def run(spec: LoadSpec, warmup: int = 300) -> dict[str, Any]:
     """Create a database, run the load with a projection following, drop the database; the result row."""
-    dbname = f"waltz_peer_es_{uuid.uuid4().hex[:8]}"
-    admin = f"host={HOST} port={PORT} user={USER} dbname=postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
     threads = spec.max_in_flight
-    try:
+    with scratch_database("waltz_peer_es") as dbname:
         env = env_for(dbname, threads)
         app = Locks(env=env)
         try:
@@ -179,14 +175,11 @@ def run(spec: LoadSpec, warmup: int = 300) -> dict[str, Any]:
                 waited = time.perf_counter()
                 runner.wait(last, timeout=spec.timeout)
                 lag = time.perf_counter() - waited
-                with psycopg.connect(f"host={HOST} port={PORT} user={USER} dbname={dbname}") as conn:
+                with psycopg.connect(dsn(dbname)) as conn:
                     row = conn.execute("SELECT sum(writes) FROM lock_view").fetchone()
                 projected = int(row[0]) if row and row[0] is not None else 0
         finally:
             app.close()
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
     settings = (
         f"PostgreSQL 15 defaults (synchronous_commit on, fsync per commit), {threads} writer threads "
         f"with pooled connections; projection in-process, lag after last commit {lag:.2f} s"

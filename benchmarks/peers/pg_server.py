@@ -4,13 +4,13 @@ strings, a database for a run, the server's settings, and the CPU its backends s
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import psycopg
+
+from waltz.perf.cost import process_cpu_seconds
 
 HOST, PORT, USER = "127.0.0.1", 5432, "postgres"
 ADMIN_DSN = f"host={HOST} port={PORT} user={USER} dbname=postgres"
@@ -47,8 +47,7 @@ def server_settings() -> tuple[str, str]:
 def _process_cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of a local process (Linux ``/proc``), or None."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(pid)
     except (OSError, IndexError, ValueError):
         return None
 
