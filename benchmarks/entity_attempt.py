@@ -77,7 +77,7 @@ def run(url: str, n: int, rounds: int) -> None:
     engine = prepare_database(create_framework_engine(url))
     callbacks = LedgerCallbacks(engine, cluster_name="bench", registry=registry(), entity_cache=False)
     with engine.begin() as conn:
-        for table in (applied_transactions, TransferIn.__table__, TransferOut.__table__):
+        for table in (applied_transactions, TransferIn, TransferOut):
             conn.execute(delete(table))
         for model in (Checking, Savings, Account):
             conn.execute(delete(model))

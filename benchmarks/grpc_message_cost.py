@@ -93,7 +93,7 @@ class _GrpcPeer:
         method = self._channel.stream_stream(
             f"/{SERVICE}/{METHOD}", request_serializer=_identity, response_deserializer=_identity
         )
-        self._call = method()
+        self._call = method(None)
 
     async def round_trip(self, message: bytes) -> None:
         await self._call.write(message)
@@ -101,7 +101,7 @@ class _GrpcPeer:
 
     async def close(self) -> None:
         await self._call.done_writing()
-        await self._channel.close()
+        await self._channel.close(None)
 
 
 class _TcpPeer:

@@ -217,8 +217,12 @@ def main() -> None:
             )
             try:
                 for pid, mark in result.marks.items():
+
+                    def applied(p: int = pid, m: int = mark) -> bool:
+                        return m < 0 or service.callbacks.wait_for(p, m, 5)
+
                     wait_until(
-                        lambda p=pid, m=mark: m < 0 or service.callbacks.wait_for(p, m, 5),
+                        applied,
                         timeout=24 * 3600,
                         what=f"partition {pid} applied up to {mark}",
                     )

@@ -64,6 +64,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -543,7 +544,10 @@ def run_through_cluster(
     results = []
     print(f"starting a LocalCluster (3 storage nodes, 1 server, {partitions} partitions) ...", flush=True)
     with LocalCluster(storages=3, servers=1, partitions=partitions) as cluster:
-        base = {"zookeeper_connect_string": cluster.zookeeper_connect_string, "cluster_root": cluster.root}
+        base: dict[str, Any] = {
+            "zookeeper_connect_string": cluster.zookeeper_connect_string,
+            "cluster_root": cluster.root,
+        }
         started = time.perf_counter()
         with WaltzClient(MemoryMarks(), WaltzClientConfig(**base)) as writer:
             writer.wait_mounted(30)

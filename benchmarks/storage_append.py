@@ -62,7 +62,10 @@ async def run_case(
     for client in clients:
         await client.open()
     data = b"x" * size
-    cpu_before = process_cpu_seconds(node.process.pid)
+    node_pid = node.process.pid
+    if node_pid is None:
+        raise RuntimeError("the storage node is not running")
+    cpu_before = process_cpu_seconds(node_pid)
     deadline = time.perf_counter() + seconds
     appended = 0
 
@@ -86,7 +89,7 @@ async def run_case(
     started = time.perf_counter()
     await asyncio.gather(*(writer(pid, c) for pid, c in enumerate(clients)))
     elapsed = time.perf_counter() - started
-    cpu = process_cpu_seconds(node.process.pid) - cpu_before
+    cpu = process_cpu_seconds(node_pid) - cpu_before
     for client in clients:
         await client.close()
     async with StorageAdminClient(node.admin_address, key, 16) as admin:

@@ -32,7 +32,7 @@ from eventsourcing.domain import Aggregate, event
 from eventsourcing.persistence import RecordConflictError, Tracking
 from eventsourcing.postgres import PostgresTrackingRecorder
 from eventsourcing.projection import Projection, ProjectionRunner
-from psycopg.sql import SQL
+from psycopg.sql import SQL, Composed
 
 from benchmarks.peers.common import MAX_RETRIES, TooManyRetriesError, result
 from benchmarks.peers.pg_server import HOST, PORT, USER, dsn, scratch_database
@@ -56,7 +56,12 @@ class Lock(Aggregate):
     def create_id(lock_id: int) -> uuid.UUID:
         return lock_uuid(lock_id)
 
-    @event("Written")
+    class Written(Aggregate.Event):
+        """A transaction written under the lock: its payload, as text."""
+
+        data: str
+
+    @event(Written)
     def write(self, data: str) -> None:
         self.writes += 1
 
@@ -71,9 +76,13 @@ class LockView(PostgresTrackingRecorder):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sql_create_statements.append(
-            SQL(
-                "CREATE TABLE IF NOT EXISTS lock_view "
-                "(lock_id uuid PRIMARY KEY, writes bigint, last_size int)"
+            Composed(
+                [
+                    SQL(
+                        "CREATE TABLE IF NOT EXISTS lock_view "
+                        "(lock_id uuid PRIMARY KEY, writes bigint, last_size int)"
+                    )
+                ]
             )
         )
 
@@ -99,7 +108,7 @@ class LockProjection(Projection[LockView]):
 
     @process_event.register
     def _(self, domain_event: Lock.Written, tracking: Tracking) -> None:
-        self.view.record_write(domain_event.originator_id, len(domain_event.data), tracking)  # type: ignore[attr-defined]
+        self.view.record_write(domain_event.originator_id, len(domain_event.data), tracking)
 
 
 def env_for(dbname: str, pool: int) -> dict[str, str]:
@@ -134,7 +143,7 @@ def es_submitter(
             try:
                 app.save(aggregate)
             except RecordConflictError:
-                fresh = app.repository.get(lock_uuid(lock_id))
+                fresh: Lock = app.repository.get(lock_uuid(lock_id))
                 with lock:
                     if lock_id not in seen or seen[lock_id].version < fresh.version:
                         seen[lock_id] = fresh

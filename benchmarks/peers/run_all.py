@@ -140,9 +140,9 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
         return bench_etcd.run(spec(sizes.etcd, args.in_flight))
     if name.startswith("smallbank-"):
-        from benchmarks.peers import bench_smallbank_pg
+        from benchmarks.peers.smallbank_workload import Options
 
-        options = bench_smallbank_pg.Options(
+        options = Options(
             transactions=args.transactions
             or (sizes.smallbank_pg if name == "smallbank-pg" else sizes.smallbank_es),
             processes=args.smallbank_processes,
@@ -152,6 +152,8 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
             time_limit=args.case_timeout,
         )
         if name == "smallbank-pg":
+            from benchmarks.peers import bench_smallbank_pg
+
             return bench_smallbank_pg.run(options)
         from benchmarks.peers import bench_smallbank_es
 
@@ -401,7 +403,7 @@ def main() -> None:
             print(f"round {round_number} of {args.repeat}", flush=True)
         for name in cases:
             reason = unavailable(name)
-            row = (
+            row: dict[str, Any] = (
                 {"system": name, "case": name, "error": f"skipped: {reason}"}
                 if reason
                 else spawn_case(name, args, forwarded)

@@ -6,8 +6,9 @@ from typing import Any
 
 from benchmarks.peers.common import result
 from benchmarks.peers.smallbank_workers import Harvest
-from benchmarks.peers.smallbank_workload import MIX, Options
+from benchmarks.peers.smallbank_workload import Options
 from waltz.perf.stats import PERCENTILES
+from waltz_examples.ledger.smallbank import MIX
 
 
 def money_check(initial: int, final: int, harvest: Harvest) -> dict[str, Any]:
