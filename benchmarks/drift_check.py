@@ -1,6 +1,8 @@
 """The drift check's comparison of one live PostgreSQL table with its rebuilt view: live rows read
 on the driver and handed to Spark, versus read by the executors over JDBC in the driver's exported
 snapshot (``waltz.spark.live_tables``). Prints times and the driver's peak memory; asserts nothing.
+The drift check of docs/design/spark.md, "Drift check"; the choice it measured:
+docs/decisions/0032-drift-check-through-spark.md.
 
 Creates a fresh database on the server of ``--db`` (dropped at the end) with a table of ``--rows``
 rows ``(id, value, note)`` and the framework's tables, changes ``--changed`` rows, and compares it
@@ -41,6 +43,7 @@ def _peak_mib() -> float:
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

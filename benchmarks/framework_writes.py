@@ -39,6 +39,7 @@ WAYS = ("sqlalchemy", "direct", "pipeline")
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -66,6 +67,17 @@ def main() -> None:
 
 
 def run(url: str, row_counts: list[int], groups: int, repeat: int) -> None:
+    """Run the groups every way, alternated, on a database made for it; print the table.
+
+    Args:
+        url: the database (PostgreSQL with psycopg), empty.
+        row_counts: parameter sets per statement, a series each.
+        groups: groups per way and row count.
+        repeat: alternations of the ways; the median is printed.
+
+    Raises:
+        AssertionError: a group did not change the rows it should.
+    """
     engine = create_framework_engine(url)
     metadata = sa.MetaData()
     tables = [

@@ -23,7 +23,10 @@ LOCK = threading.Lock()
 
 
 class Handler(BaseHTTPRequestHandler):
+    """Answers every OTLP/HTTP export with success and counts its spans by name."""
+
     def do_POST(self) -> None:
+        """Count the spans of one ``ExportTraceServiceRequest`` and answer it."""
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
         names = Counter(
@@ -42,10 +45,12 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(answer)
 
     def log_message(self, format: str, *args: object) -> None:
+        """Log nothing per request (the counts are printed instead)."""
         pass
 
 
 def main() -> None:
+    """Parse the command line (``--help``), serve until ``--seconds`` pass or Ctrl-C, print the counts."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -1,6 +1,9 @@
 """Spark rebuild of a ledger database from the log versus replaying the log through the client and
 the SQL callbacks (prints figures; asserts nothing about timings).
 
+The rebuild of docs/design/spark.md ("What the rebuild is for", "Computing views"), against the
+replay every instance can do (docs/design/sql.md, "Group apply").
+
 Starts a LocalCluster (its own ZooKeeper, 3 storage nodes, 1 server, ``--partitions``
 partitions) and writes ``--transactions`` ledger change-sets through the server's admin append
 (store-level, no lock checks, batches of ``--append-batch``): first one ``open`` per customer
@@ -138,6 +141,14 @@ def fresh_database(server_url: str) -> Iterator[str]:
 
 
 def table_rows(db_url: str) -> dict[str, list[tuple[object, ...]]]:
+    """The ledger's account, savings and checking rows of a database, sorted, to compare two databases.
+
+    Args:
+        db_url: the database.
+
+    Returns:
+        The rows by table name.
+    """
     engine = create_engine(db_url)
     try:
         with engine.connect() as conn:
@@ -150,6 +161,7 @@ def table_rows(db_url: str) -> dict[str, list[tuple[object, ...]]]:
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

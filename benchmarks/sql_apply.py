@@ -1,6 +1,11 @@
 """SQL framework apply throughput: log transactions applied per second into a database, one
 database transaction per log transaction versus group apply (prints; fails only on wrong results).
 
+The apply of docs/design/sql.md ("The apply contract", "Group apply"); the choices it measured:
+docs/decisions/0024-staged-writes.md, docs/decisions/0025-mark-moved-first.md,
+docs/decisions/0026-kept-connections.md, docs/decisions/0050-mark-moved-with-the-first-statement.md
+and docs/decisions/0051-begin-in-the-lead-s-pipeline.md.
+
 Creates a fresh database ``waltz_bench_<8 hex>`` on the server of ``--db`` (PostgreSQL or
 MySQL/MariaDB; dropped at the end) or a fresh SQLite file, creates the framework's tables
 (``migrations_api.upgrade``), and for each group size of ``--batch`` applies ``--n`` ready-made
@@ -151,7 +156,15 @@ STYLES = ("plain", "staged")
 
 
 class AccountCallbacks(AbstractClientCallbacksForSQL):
-    """Applies a payload: one UPDATE of the account's balance and one INSERT into the history."""
+    """Applies a payload: one UPDATE of the account's balance and one INSERT into the history.
+
+    Args:
+        engine: the framework's engine on the run's database.
+        cluster_name: the run's cluster name (its own mark rows).
+        accounts: the run's accounts table.
+        history: the run's history table.
+        style: ``plain`` (execute each statement) or ``staged`` (``ApplySession.stage``).
+    """
 
     def __init__(
         self, engine: Engine, *, cluster_name: str, accounts: Table, history: Table, style: str = "plain"
@@ -172,6 +185,15 @@ class AccountCallbacks(AbstractClientCallbacksForSQL):
         """Per partition, seconds spent getting transaction data (an RPC through a cluster)."""
 
     def apply(self, transaction: Transaction, session: Session) -> None:
+        """Apply one transaction's payload (docs/design/sql.md, "The apply contract").
+
+        Args:
+            transaction: the log transaction; its data is the JSON payload.
+            session: the apply's session (an ``ApplySession``, for ``staged``).
+
+        Raises:
+            LookupError: ``plain``: the account does not exist (``staged`` checks the row count).
+        """
         began = time.perf_counter()
         raw = transaction.get_raw_data()
         self.fetch_seconds[transaction.partition_id] += time.perf_counter() - began
@@ -206,12 +228,28 @@ class AccountCallbacks(AbstractClientCallbacksForSQL):
         )
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        """Record an apply that failed for good (the run then fails its check).
+
+        Args:
+            partition_id: the partition.
+            transaction_id: the transaction.
+            exception: what its apply raised.
+        """
         message = f"partition {partition_id} transaction {transaction_id}: {exception!r}"
         self.errors.append(message)
         print(f"uncaught exception in {message}", file=sys.stderr)
 
 
 def create_run_tables(engine: Engine, run: str) -> tuple[Table, Table]:
+    """Create one run's accounts and history tables, with every account at a balance of 0.
+
+    Args:
+        engine: the run's database.
+        run: the run's name (a suffix of the tables' names).
+
+    Returns:
+        The accounts and history tables.
+    """
     metadata, accounts, history = bench_tables(run)
     metadata.create_all(engine)
     with engine.begin() as conn:
@@ -263,6 +301,11 @@ class FrameworkLog(logging.Handler):
         self.first: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Count a retry or a fallback the framework logged (other records are left alone).
+
+        Args:
+            record: a record of ``waltz.jdbc_style.callbacks``.
+        """
         message = record.getMessage()
         if message.startswith("transient database error"):
             self.retries += 1
@@ -274,11 +317,16 @@ class FrameworkLog(logging.Handler):
             self.first.append(message)
 
     def reset(self) -> None:
+        """Start counting again (the first messages are kept)."""
         self.retries = self.fallbacks = 0
 
 
 class Commits:
-    """Database commits and rollbacks on an engine (SQLAlchemy events)."""
+    """Database commits and rollbacks on an engine (SQLAlchemy events).
+
+    Args:
+        engine: the engine to count on.
+    """
 
     def __init__(self, engine: Engine) -> None:
         self._commits = itertools.count()
@@ -288,6 +336,7 @@ class Commits:
         event.listen(engine, "rollback", lambda conn: next(self._rollbacks))
 
     def reset(self) -> None:
+        """Start counting again from now."""
         self.commits_base = next(self._commits) + 1
         self.rollbacks_base = next(self._rollbacks) + 1
 
@@ -402,6 +451,20 @@ def fresh_database(url_text: str) -> Iterator[str]:
 
 @dataclass
 class Result:
+    """What one style and group size did.
+
+    Attributes:
+        label: the style and group size, e.g. ``staged batch 100``.
+        seconds: wall time of the run.
+        transactions: log transactions applied.
+        commits: database commits.
+        rollbacks: database rollbacks.
+        retries: transient errors the framework retried.
+        fallbacks: groups the framework applied again one by one.
+        fetch_seconds: thread-seconds spent getting transaction data.
+        latencies: each apply call's seconds.
+    """
+
     label: str
     seconds: float
     transactions: int
@@ -413,6 +476,14 @@ class Result:
     latencies: list[float] = field(default_factory=list)
 
     def percentile(self, p: float) -> float:
+        """A percentile of the apply calls' latencies, in milliseconds.
+
+        Args:
+            p: the quantile, 0 to 1.
+
+        Returns:
+            The percentile, NaN without latencies.
+        """
         lat = sorted(self.latencies)
         return lat[min(len(lat) - 1, int(p * len(lat)))] * 1000 if lat else float("nan")
 
@@ -596,6 +667,17 @@ def run_through_cluster(
 
 
 def int_list(text_value: str) -> list[int]:
+    """Parse ``1,10,100``: positive integers separated by commas.
+
+    Args:
+        text_value: the option's text.
+
+    Returns:
+        The integers.
+
+    Raises:
+        argparse.ArgumentTypeError: not positive integers.
+    """
     values = [int(x) for x in text_value.split(",") if x.strip()]
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(
@@ -605,6 +687,11 @@ def int_list(text_value: str) -> list[int]:
 
 
 def print_result(result: Result) -> None:
+    """Print one run's line: applied and committed per second, latencies, retries.
+
+    Args:
+        result: the run.
+    """
     latency = (
         f"; per call p50 {result.percentile(0.5):.2f} ms, p99 {result.percentile(0.99):.2f} ms"
         if result.latencies
@@ -625,6 +712,12 @@ def print_result(result: Result) -> None:
 
 
 def print_table(backend: str, results: Sequence[Result]) -> None:
+    """Print the table of every run.
+
+    Args:
+        backend: the database's name, the table's first column.
+        results: the runs.
+    """
     print()
     print(
         f"{'backend':<11} {'mode':<30} {'txns/s':>9} {'DB txns/s':>10} {'p50 ms':>8} {'p99 ms':>8} "
@@ -639,6 +732,7 @@ def print_table(backend: str, results: Sequence[Result]) -> None:
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -1,5 +1,7 @@
 """The cost of the two wire forms of appends and store batches: a message per transaction, or columns.
 
+The choice it measured: docs/decisions/0002-column-wire-forms.md.
+
 For a run of N transactions of --size bytes with one WRITE lock each, times (best of --repeat,
 CPU of this one thread, microseconds per transaction):
 
@@ -42,6 +44,7 @@ def best(repeat: int, count: int, work: Callable[[], object]) -> float:
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transactions", type=int, default=150, help="Transactions per message (a wave).")
     parser.add_argument("--size", type=int, default=200, help="Bytes of data per transaction.")

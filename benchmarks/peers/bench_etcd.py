@@ -1,12 +1,14 @@
 """etcd peer: a 3-node etcd cluster (Debian's ``etcd-server``) on loopback, driven by the load generator.
 
-Each transaction is one etcd ``Txn`` on the key ``lock/<id>``: compare the key's mod revision
-with the writer's last-seen revision of that key, and put the 200-byte payload if equal; if not,
-the failure branch reads the key, the writer records its mod revision, and retries (a retry).
-The client is gRPC directly (``etcd_kv.proto``, compiled at start with grpcio-tools): one channel
-per node, requests spread round-robin, futures (no thread per request). etcd's own settings are
-its defaults (WAL fsync on every Raft batch, heartbeat 100 ms, election 1000 ms, snapshot count
-100,000), recorded with the figures.
+The peer benchmark's concurrency check (docs/design/locks.md, "Optimistic locking in Waltz") on
+a Raft-replicated key-value store. Each transaction is one etcd ``Txn`` on the key ``lock/<id>``:
+compare the key's mod revision with the writer's last-seen revision of that key, and put the
+200-byte payload if equal; if not, the failure branch reads the key, the writer records its mod
+revision, and retries (a retry). The client is gRPC directly (``etcd_kv.proto``, compiled at
+start with grpcio-tools into a temporary directory and loaded from there as
+:data:`STUBS_MODULE`): one channel per node, requests spread round-robin, futures (no thread per
+request). etcd's own settings are its defaults (WAL fsync on every Raft batch, heartbeat 100 ms,
+election 1000 ms, snapshot count 100,000), recorded with the figures.
 """
 
 from __future__ import annotations
@@ -67,7 +69,15 @@ def compile_proto(out_dir: Path) -> ModuleType:
 
 @contextlib.contextmanager
 def etcd_cluster(work: Path, nodes: int = 3) -> Iterator[list[str]]:
-    """Start ``nodes`` etcd members on free loopback ports; yield their client endpoints; stop them."""
+    """Start ``nodes`` etcd members on free loopback ports; stop them at the end.
+
+    Args:
+        work: the directory of their data and logs.
+        nodes: members of the cluster.
+
+    Yields:
+        Their client endpoints, ``127.0.0.1:PORT``.
+    """
     clients = [free_port() for _ in range(nodes)]
     peers = [free_port() for _ in range(nodes)]
     initial = ",".join(f"n{i}=http://127.0.0.1:{peers[i]}" for i in range(nodes))
@@ -100,7 +110,17 @@ def etcd_cluster(work: Path, nodes: int = 3) -> Iterator[list[str]]:
 def etcd_submitter(
     pb: ModuleType, endpoints: list[str], timeout: float
 ) -> tuple[Callable[..., None], Callable[[], None]]:
-    """A submitter running mod-revision-checked Txns, and a function that closes its channels."""
+    """A submitter running mod-revision-checked Txns, and a function that closes its channels.
+
+    Args:
+        pb: the messages :func:`compile_proto` generated.
+        endpoints: the members' client endpoints.
+        timeout: seconds each Txn may take.
+
+    Returns:
+        ``(submit, close)``: the submitter for ``waltz.perf.loadgen.run_load``, and what closes its
+        channels.
+    """
     channels = [grpc.insecure_channel(e) for e in endpoints]
     txns = [
         c.unary_unary(
@@ -170,7 +190,19 @@ def etcd_submitter(
 
 
 def run(spec: LoadSpec, warmup: int = 500) -> dict[str, Any]:
-    """Start a 3-node etcd cluster, run the load, stop it; the result row."""
+    """Start a 3-node etcd cluster, run the load, stop it.
+
+    Args:
+        spec: the load.
+        warmup: transactions run before the measured ones (not measured).
+
+    Returns:
+        The result row (``common.result``'s keys).
+
+    Raises:
+        RuntimeError: the messages could not be generated.
+        TimeoutError: the cluster did not accept a put within 60 s.
+    """
     work = Path(tempfile.mkdtemp(prefix="waltz-peer-etcd-"))
     try:
         pb = compile_proto(work)

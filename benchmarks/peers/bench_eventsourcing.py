@@ -1,12 +1,14 @@
 """eventsourcing peer: the ``eventsourcing`` library on PostgreSQL (127.0.0.1:5432, user postgres).
 
-One aggregate per lock of the pool (``Lock``, 1,000 of them, created before the measured phase).
-A transaction triggers a ``Written`` event (the 200-byte payload, as text) on the writer's
-last-seen copy of the aggregate and saves it: the event's originator version is the last-seen
-version + 1, and the stored-events table's primary key (originator_id, originator_version) is the
-optimistic concurrency check. On ``RecordConflictError`` the writer reloads the aggregate from the
-repository and retries (a retry). Writers are ``--in-flight`` threads, each with a pooled
-connection.
+The peer benchmark's workload (``waltz.perf.loadgen``: one write lock per transaction, the
+writer's last-seen version as the concurrency check; docs/design/locks.md, "Optimistic locking
+in Waltz") on an event store. One aggregate per lock of the pool (``Lock``, 1,000 of them,
+created before the measured phase). A transaction triggers a ``Written`` event (the 200-byte
+payload, as text) on the writer's last-seen copy of the aggregate and saves it: the event's
+originator version is the last-seen version + 1, and the stored-events table's primary key
+(originator_id, originator_version) is the optimistic concurrency check. On
+``RecordConflictError`` the writer reloads the aggregate from the repository and retries (a
+retry). Writers are ``--in-flight`` threads, each with a pooled connection.
 
 A projection (``eventsourcing.projection.ProjectionRunner``) follows the application's
 notification log in the same process and upserts one SQL row per lock together with its tracking
@@ -42,11 +44,23 @@ NAMESPACE = uuid.UUID("6f1d3c1e-9a7b-4e53-9c51-1c1b4a5f0b21")
 
 
 def lock_uuid(lock_id: int) -> uuid.UUID:
+    """The aggregate ID of lock ``lock_id`` (a UUID 5, the same in every run).
+
+    Args:
+        lock_id: the lock's number in the pool.
+
+    Returns:
+        Its aggregate's ID.
+    """
     return uuid.uuid5(NAMESPACE, f"lock-{lock_id}")
 
 
 class Lock(Aggregate):
-    """One lock of the pool; its events are the transactions written under it."""
+    """One lock of the pool; its events are the transactions written under it.
+
+    Args:
+        lock_id: the lock's number in the pool.
+    """
 
     def __init__(self, lock_id: int) -> None:
         self.lock_id = lock_id
@@ -54,6 +68,14 @@ class Lock(Aggregate):
 
     @staticmethod
     def create_id(lock_id: int) -> uuid.UUID:
+        """The aggregate's ID from its creation's arguments (the library calls it).
+
+        Args:
+            lock_id: the lock's number in the pool.
+
+        Returns:
+            :func:`lock_uuid` of it.
+        """
         return lock_uuid(lock_id)
 
     class Written(Aggregate.Event):
@@ -63,6 +85,7 @@ class Lock(Aggregate):
 
     @event(Written)
     def write(self, data: str) -> None:
+        """Event ``Written``: one transaction's payload written under the lock."""
         self.writes += 1
 
 
@@ -71,7 +94,11 @@ class Locks(Application[uuid.UUID]):
 
 
 class LockView(PostgresTrackingRecorder):
-    """The SQL view: one row per lock (writes, last payload size), with tracking records."""
+    """The SQL view: one row per lock (writes, last payload size), with tracking records.
+
+    Takes the arguments of ``PostgresTrackingRecorder``; adds the ``lock_view`` table to the
+    statements it creates its tables with.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -87,6 +114,13 @@ class LockView(PostgresTrackingRecorder):
         )
 
     def record_write(self, lock_id: uuid.UUID, size: int, tracking: Tracking) -> None:
+        """Count one write of a lock, and record the projection's position, in one transaction.
+
+        Args:
+            lock_id: the lock's aggregate ID.
+            size: the payload's length in characters.
+            tracking: the notification's position in the application's log.
+        """
         with self.datastore.transaction(commit=True) as curs:
             curs.execute(
                 "INSERT INTO lock_view VALUES (%s, 1, %s) ON CONFLICT (lock_id) DO UPDATE "
@@ -104,6 +138,12 @@ class LockProjection(Projection[LockView]):
 
     @singledispatchmethod
     def process_event(self, domain_event: Any, tracking: Tracking) -> None:
+        """Project one event: any event only moves the tracking position (``Lock.Written`` counts a write).
+
+        Args:
+            domain_event: the event.
+            tracking: its position in the application's notification log.
+        """
         self.view.insert_tracking(tracking)
 
     @process_event.register
@@ -112,6 +152,15 @@ class LockProjection(Projection[LockView]):
 
 
 def env_for(dbname: str, pool: int) -> dict[str, str]:
+    """The applications' PostgreSQL settings, as their environment.
+
+    Args:
+        dbname: the run's database.
+        pool: connections in the pool (4 more may overflow).
+
+    Returns:
+        The settings, for the application and (prefixed ``LOCKVIEW_``) for the view.
+    """
     base = {
         "PERSISTENCE_MODULE": "eventsourcing.postgres",
         "POSTGRES_DBNAME": dbname,
@@ -128,7 +177,16 @@ def env_for(dbname: str, pool: int) -> dict[str, str]:
 def es_submitter(
     app: Locks, pool: ThreadPoolExecutor
 ) -> Callable[[Request, Callable[[Outcome], None]], None]:
-    """Submit on a writer thread: write on the last-seen aggregate, save, reload and retry on conflict."""
+    """A submitter for ``waltz.perf.loadgen.run_load``: each request runs on a writer thread, writing on
+    the last-seen aggregate; a conflict reloads it and retries.
+
+    Args:
+        app: the application.
+        pool: the writer threads.
+
+    Returns:
+        The submitter.
+    """
     seen: dict[int, Lock] = {}
     lock = threading.Lock()
 
@@ -164,7 +222,15 @@ def es_submitter(
 
 
 def run(spec: LoadSpec, warmup: int = 300) -> dict[str, Any]:
-    """Create a database, run the load with a projection following, drop the database; the result row."""
+    """Create a database, run the load with a projection following, drop the database.
+
+    Args:
+        spec: the load (its ``max_in_flight`` is the writer threads).
+        warmup: transactions run before the measured ones (not measured).
+
+    Returns:
+        The result row (``common.result``'s keys, with ``projection_lag_s`` and ``projected_writes``).
+    """
     threads = spec.max_in_flight
     with scratch_database("waltz_peer_es") as dbname:
         env = env_for(dbname, threads)

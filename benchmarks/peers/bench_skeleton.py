@@ -374,6 +374,12 @@ class SkeletonClient:
         return asyncio.Event()
 
     def submit(self, request: Request, done: Callable[[Outcome], None]) -> None:
+        """Queue one transaction for the next stream message (a :data:`~waltz.perf.loadgen.Submitter`).
+
+        Args:
+            request: the load generator's request: its lock and payload.
+            done: called once with the outcome, on the client's thread (or the completion thread).
+        """
         resolve = done
         if self._futures:
             future: concurrent.futures.Future[Outcome] = concurrent.futures.Future()

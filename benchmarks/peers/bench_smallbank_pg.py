@@ -85,8 +85,18 @@ def postgres_backend(dbname: str, options: Options) -> Backend:
 
 
 def run(options: Options) -> dict[str, Any]:
-    """Create a database, open the accounts, run the mix, check the money, drop the database;
-    the result row."""
+    """Create a database, open the accounts, run the mix, check the money, drop the database.
+
+    Args:
+        options: the run.
+
+    Returns:
+        The result row (``smallbank_report.report``'s keys, and ``negative_savings``).
+
+    Raises:
+        RuntimeError: a worker process failed.
+        psycopg.OperationalError: PostgreSQL is not reachable on 127.0.0.1:5432.
+    """
     server, durability = server_settings()
     opening = opening_balances(options)
     with scratch_database("waltz_peer_sb_pg") as dbname:
@@ -113,6 +123,7 @@ def run(options: Options) -> dict[str, Any]:
 
 
 def main() -> None:
+    """Run from the command line (the SmallBank peers' options); print the row as one JSON line."""
     args = parser(__doc__).parse_args()
     print(json.dumps(run(options_of(args))), flush=True)
 

@@ -1,5 +1,9 @@
 """The PostgreSQL server the peers run against (127.0.0.1:5432, user postgres): connection
 strings, a database for a run, the server's settings, and the CPU its backends spent.
+
+The peers that run on PostgreSQL (``bench_eventsourcing``, ``bench_smallbank_pg``,
+``bench_smallbank_es``) each get a database of their own, created for the run and dropped
+afterwards, on the server ``scripts/setup`` and ``benchmarks/peers/setup.sh`` expect.
 """
 
 from __future__ import annotations
@@ -17,12 +21,30 @@ ADMIN_DSN = f"host={HOST} port={PORT} user={USER} dbname=postgres"
 
 
 def dsn(dbname: str) -> str:
+    """The connection string of database ``dbname`` on the local server.
+
+    Args:
+        dbname: a database name.
+
+    Returns:
+        A libpq connection string.
+    """
     return f"host={HOST} port={PORT} user={USER} dbname={dbname}"
 
 
 @contextmanager
 def scratch_database(prefix: str) -> Iterator[str]:
-    """A database created for the run (its name), dropped afterwards."""
+    """A database created for the run, dropped afterwards (its connections closed by force).
+
+    Args:
+        prefix: the start of its name; a random suffix follows.
+
+    Yields:
+        The database's name.
+
+    Raises:
+        psycopg.OperationalError: the server is not reachable.
+    """
     dbname = f"{prefix}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{dbname}"')
@@ -34,7 +56,12 @@ def scratch_database(prefix: str) -> Iterator[str]:
 
 
 def server_settings() -> tuple[str, str]:
-    """The server's major version (``PostgreSQL 15``) and its durability settings."""
+    """The server's major version and its durability settings, for the result row.
+
+    Returns:
+        ``("PostgreSQL 15", "synchronous_commit=on, fsync=on, wal_sync_method=fdatasync")``, as the
+        server says.
+    """
     with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
         version = conn.info.server_version // 10000
         values = [
@@ -53,8 +80,14 @@ def _process_cpu_seconds(pid: int) -> float | None:
 
 
 def backend_cpu(dbname: str) -> dict[int, float]:
-    """CPU seconds of each server process (backend) connected to ``dbname``, by pid: readable
-    when PostgreSQL runs on this machine, empty otherwise."""
+    """CPU seconds of each server process (backend) connected to ``dbname``, by pid.
+
+    Args:
+        dbname: the run's database.
+
+    Returns:
+        The seconds by pid: readable when PostgreSQL runs on this machine, empty otherwise.
+    """
     with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (dbname,)

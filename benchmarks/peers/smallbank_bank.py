@@ -1,4 +1,11 @@
-"""What a system under test provides the SmallBank peers' worker processes: a bank per thread."""
+"""What a system under test provides the SmallBank peers' worker processes: a bank per thread.
+
+The contract between the shared drivers (``smallbank_workers``) and a peer: a peer implements a
+:class:`Backend` per worker process and a :class:`Bank` per worker thread, and gives the drivers
+a module-level :data:`BackendFactory`. Each bank runs SmallBank's operations as that system runs
+them (docs/design/overview.md, "Why the log is the source of truth": what a team would write
+without waltz-py).
+"""
 
 from __future__ import annotations
 
@@ -26,17 +33,34 @@ class Bank(Protocol):
     """One worker thread's access to the system under test."""
 
     def execute(self, op: Op) -> Outcome:
-        """Run one operation to its end (retrying deadlocks or conflicts); raises on an error."""
+        """Run one operation to its end, retrying deadlocks or conflicts.
 
-    def close(self) -> None: ...
+        Args:
+            op: the operation drawn.
+
+        Returns:
+            How it ended.
+
+        Raises:
+            Exception: the operation failed (counted as failed, the thread goes on).
+        """
+
+    def close(self) -> None:
+        """Release what the bank holds (its connection); idempotent."""
 
 
 class Backend(Protocol):
     """One worker process's access: makes a :class:`Bank` per thread."""
 
-    def bank(self) -> Bank: ...
+    def bank(self) -> Bank:
+        """A bank for one more worker thread.
 
-    def close(self) -> None: ...
+        Returns:
+            The thread's bank, ready to execute operations.
+        """
+
+    def close(self) -> None:
+        """Release what the process's backend holds, after its banks are closed."""
 
 
 #: Makes a worker process's backend from the run's database name and options (a module-level

@@ -1,4 +1,10 @@
-"""The SmallBank peers' result row: ``common.result``'s keys, SmallBank's own, and the money check."""
+"""The SmallBank peers' result row: ``common.result``'s keys, SmallBank's own, and the money check.
+
+The row's fields are what ``run_all.py`` prints and stores and ``tests/benchmarks`` checks:
+``transactions`` (committed), ``transactions_per_second``, ``latency_ms``, ``dropped``,
+``balances_read``, ``by_op``, ``drop_reasons``, ``retry_reasons``, ``money`` and
+``money_conserved`` among them.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,16 @@ from waltz_examples.ledger.smallbank import MIX
 
 def money_check(initial: int, final: int, harvest: Harvest) -> dict[str, Any]:
     """Whether the balances add up: opening balances + deposits − withdrawals of every committed
-    operation (warm-up included) = the sum of the balances at the end."""
+    operation (warm-up included) = the sum of the balances at the end.
+
+    Args:
+        initial: the opening balances' sum, in cents.
+        final: the balances' sum at the end, in cents.
+        harvest: the run's tallies.
+
+    Returns:
+        ``initial``, ``deposits``, ``withdrawals``, ``expected``, ``final`` and ``conserved``.
+    """
     deposits = harvest.measured.deposits + harvest.warmup.deposits
     withdrawals = harvest.measured.withdrawals + harvest.warmup.withdrawals
     expected = initial + deposits - withdrawals
@@ -36,7 +51,20 @@ def report(
     money: dict[str, Any],
     **extra: Any,
 ) -> dict[str, Any]:
-    """The result row (``common.result``'s keys and SmallBank's own)."""
+    """The result row (``common.result``'s keys and SmallBank's own).
+
+    Args:
+        system: the system's name, e.g. ``PostgreSQL (SmallBank)``.
+        config: its topology, e.g. ``1 PostgreSQL 15 (no replication)``.
+        settings: its durability and driver settings, printed beside the figure.
+        options: the run.
+        harvest: the run's tallies.
+        money: :func:`money_check`'s dict.
+        extra: more keys of the peer's own (e.g. ``negative_savings``).
+
+    Returns:
+        The row, JSON-ready.
+    """
     tally = harvest.measured
     stats = tally.stats
     if harvest.database_cpu_seconds is not None:

@@ -1,5 +1,9 @@
 """SmallBank's rules (those of the ledger example's ``operations.py``), applied to the customers an
 operation read: which operations are dropped, and why, and the balances the others leave.
+
+Every SmallBank peer decides with these, so that a peer's figures stand beside the ledger's
+(docs/design/sql.md, "Entity transactions": the ledger's operations are entity transactions
+with the same rules); run one operation at a time, two peers decide every operation alike.
 """
 
 from __future__ import annotations
@@ -42,8 +46,16 @@ def _dropped(reason: str) -> Decision:
 
 
 def decide(op: Op, states: Sequence[State]) -> Decision:
-    """Apply SmallBank's rules (those of the ledger example's ``operations.py``) to the customers
-    of ``op``, read in the operation's order; read-only: the caller writes the new balances.
+    """Apply SmallBank's rules to the customers of ``op``, read in the operation's order.
+
+    Read-only: the caller writes the new balances (or triggers the events that do).
+
+    Args:
+        op: the operation (not Balance).
+        states: each of its customers as read, in ``op.custids``' order.
+
+    Returns:
+        The decision: the money moved and the new balances, or why the operation is dropped.
 
     Raises:
         ValueError: ``op`` is Balance or an unknown operation.

@@ -1,4 +1,8 @@
-"""What the SmallBank peers' threads did, counted, merged over threads and processes."""
+"""What the SmallBank peers' threads did, counted, merged over threads and processes.
+
+A :class:`Tally` crosses from a worker process to the parent as a plain dict (:meth:`Tally.to_wire`)
+and becomes the figures of the result row (``smallbank_report``).
+"""
 
 from __future__ import annotations
 
@@ -42,9 +46,17 @@ class Tally:
 
     @property
     def dropped(self) -> int:
+        """Operations the rules dropped, all operations together."""
         return sum(self.dropped_by_op.values())
 
     def record(self, op: Op, outcome: Outcome, seconds: float) -> None:
+        """Count one operation that ended.
+
+        Args:
+            op: the operation.
+            outcome: how it ended (committed, dropped, or a Balance read).
+            seconds: its latency, from the start of the operation to its end.
+        """
         self.draws[op.name] += 1
         self.stats.retries += len(outcome.retried)
         self.retry_reasons.update(outcome.retried)
@@ -67,6 +79,12 @@ class Tally:
             self.balances_read += 1
 
     def error(self, op: Op, exc: BaseException) -> None:
+        """Count one operation that failed with an error (kept: the first 10 distinct errors).
+
+        Args:
+            op: the operation.
+            exc: what it raised.
+        """
         self.draws[op.name] += 1
         self.stats.failed += 1
         description = f"{op.name}: {exc!r}"
@@ -75,6 +93,11 @@ class Tally:
 
     def merge(self, other: Tally) -> None:
         # The span covers the tallies that ran (a thread that never started has none).
+        """Add another tally to this one; the span covers both (a tally that never started has none).
+
+        Args:
+            other: a tally of another thread or process.
+        """
         spans = [(s.started, s.ended) for s in (self.stats, other.stats) if s.started]
         self.stats.merge(other.stats)
         if spans:
@@ -96,7 +119,11 @@ class Tally:
             self.op_latency.setdefault(name, LatencyHistogram()).add(histogram)
 
     def to_wire(self) -> dict[str, Any]:
-        """A picklable dict for :meth:`from_wire` in another process."""
+        """This tally as a picklable dict, for :meth:`from_wire` in another process.
+
+        Returns:
+            Plain dicts, numbers and encoded histograms.
+        """
         return {
             "stats": self.stats.to_wire(),
             "counters": {
@@ -112,6 +139,14 @@ class Tally:
 
     @classmethod
     def from_wire(cls, wire: dict[str, Any]) -> Tally:
+        """A tally from :meth:`to_wire`'s dict.
+
+        Args:
+            wire: what :meth:`to_wire` returned, in another process.
+
+        Returns:
+            The tally.
+        """
         tally = cls(stats=RunStats.from_wire(wire["stats"]))
         for name, counts in wire["counters"].items():
             getattr(tally, name).update(counts)

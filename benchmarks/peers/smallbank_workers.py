@@ -2,7 +2,9 @@
 bank and its own seeded draws, in a closed loop.
 
 Each thread runs ``--warmup`` draws (not measured), then its share of ``--transactions`` draws
-once every process is ready; the measured phase stops early at ``--time-limit`` seconds.
+once every process is ready; the measured phase stops early at ``--time-limit`` seconds. The
+processes are spawned, so a peer's :data:`~benchmarks.peers.smallbank_bank.BackendFactory` is
+pickled by reference; the CPU of the database's backends is read around the measured phase.
 """
 
 from __future__ import annotations
@@ -137,7 +139,14 @@ def _worker_process(
 
 @dataclass
 class Harvest:
-    """The merged tallies of a run, and the CPU the database's backends spent in it."""
+    """The merged tallies of a run, and the CPU the database's backends spent in it.
+
+    Attributes:
+        measured: what the threads did in the measured phase, all processes merged.
+        warmup: what they did in the warm-up (its money is in the money check).
+        database_cpu_seconds: CPU seconds of the database's backends in the measured phase; None
+            when the database runs on another machine.
+    """
 
     measured: Tally
     warmup: Tally
@@ -171,6 +180,14 @@ def _collect(results: Any, processes: list[Any], timeout: float) -> list[dict[st
 
 def run_workers(factory: BackendFactory, dbname: str, options: Options) -> Harvest:
     """Run the worker processes (``spawn``) against ``dbname``; their merged tallies.
+
+    Args:
+        factory: makes each process's backend; a module-level function.
+        dbname: the run's database, opened (every customer's accounts exist).
+        options: the run.
+
+    Returns:
+        The tallies of the measured phase and of the warm-up, and the database's CPU.
 
     Raises:
         RuntimeError: a worker process failed to set up or to report.

@@ -1,11 +1,13 @@
 """The SmallBank workload of the peers: the ledger example's mix, drawn as its load generator draws it.
 
-The workload is the one of ``examples/waltz_examples/ledger/smallbank.py`` (the demo's): customers
-``0 .. accounts-1`` opened before the measured phase with savings and checking drawn from
-10,000..50,000 cents; BenchBase's mix (Amalgamate 15 %, Balance 15 %, DepositChecking 15 %,
-SendPayment 25 %, TransactSavings 15 %, WriteCheck 15 %) with its amounts; 90 % of the picks from
-a hotspot of the first 10 % of the customers (at least 2). The options of a run, and the command
-line both SmallBank peers take, are here too.
+The peers measure what a team would run instead of waltz-py (docs/design/overview.md, "Why the
+log is the source of truth") under the workload of ``waltz perf smallbank``: the one of
+``examples/waltz_examples/ledger/smallbank.py`` (the demo's). Customers ``0 .. accounts-1`` are
+opened before the measured phase with savings and checking drawn from 10,000..50,000 cents;
+BenchBase's mix (Amalgamate 15 %, Balance 15 %, DepositChecking 15 %, SendPayment 25 %,
+TransactSavings 15 %, WriteCheck 15 %) with its amounts; 90 % of the picks from a hotspot of the
+first 10 % of the customers (at least 2). The options of a run, and the command line both
+SmallBank peers take, are here too.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Options:
 
     @property
     def workers(self) -> int:
+        """Worker threads in all: ``processes x threads`` (each one operation in flight)."""
         return self.processes * self.threads
 
     def share(self, total: int, worker: int) -> int:
@@ -90,18 +93,34 @@ class Op(NamedTuple):
 
 
 class Mix:
-    """Draws operations as the ledger example's ``SmallBankWorkload`` does."""
+    """Draws operations as the ledger example's ``SmallBankWorkload`` does.
+
+    Args:
+        options: the run's customers and hotspot.
+        rng: the thread's own seeded generator (draws are reproducible per thread).
+    """
 
     def __init__(self, options: Options, rng: random.Random) -> None:
         self.options = options
         self.rng = rng
 
     def customer(self) -> int:
+        """One customer: from the hotspot with ``hotspot_probability``, otherwise from all.
+
+        Returns:
+            A customer ID in ``0 .. accounts-1``.
+        """
         if self.rng.random() < self.options.hotspot_probability:
             return self.rng.randrange(self.options.hotspot)
         return self.rng.randrange(self.options.accounts)
 
     def two_customers(self) -> tuple[int, int]:
+        """Two different customers, for Amalgamate and SendPayment (first, second).
+
+        Returns:
+            The customer IDs, in the operation's order; the second redrawn until it differs (at most
+            :data:`MAX_SECOND_DRAWS` times, then the next customer).
+        """
         first = self.customer()
         for _ in range(MAX_SECOND_DRAWS):
             second = self.customer()
@@ -110,6 +129,11 @@ class Mix:
         return first, (first + 1) % self.options.accounts
 
     def name(self) -> str:
+        """The next operation's name, by the mix's weights (percent).
+
+        Returns:
+            A key of the ledger's ``MIX``.
+        """
         pick = self.rng.randrange(100)
         for name, weight in MIX.items():
             if pick < weight:
@@ -118,6 +142,11 @@ class Mix:
         return "balance"
 
     def draw(self) -> Op:
+        """The next operation: its name, its customers and its amount (the ledger's amounts).
+
+        Returns:
+            The operation; TransactSavings deposits or withdraws its amount with even odds.
+        """
         name = self.name()
         if name == "amalgamate":
             return Op(name, self.two_customers())
@@ -134,13 +163,27 @@ class Mix:
 
 
 def opening_balances(options: Options) -> list[tuple[int, int]]:
-    """Every customer's opening ``(savings, checking)`` in cents, 10,000..50,000 each."""
+    """Every customer's opening ``(savings, checking)`` in cents, 10,000..50,000 each.
+
+    Args:
+        options: the run (its ``accounts`` and ``seed``).
+
+    Returns:
+        One pair per customer, by customer ID; the same for the same seed.
+    """
     rng = random.Random(options.seed)
     return [(rng.randint(10_000, 50_000), rng.randint(10_000, 50_000)) for _ in range(options.accounts)]
 
 
 def parser(description: str | None) -> argparse.ArgumentParser:
-    """The options both SmallBank peers take (defaults: :class:`Options`')."""
+    """The command line both SmallBank peers take (defaults: :class:`Options`').
+
+    Args:
+        description: the help's text (the peer's module docstring).
+
+    Returns:
+        A parser whose arguments :func:`options_of` turns into :class:`Options`.
+    """
     defaults = Options()
     arguments = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -164,6 +207,17 @@ def parser(description: str | None) -> argparse.ArgumentParser:
 
 
 def options_of(args: argparse.Namespace) -> Options:
+    """The run's options from the parsed command line of :func:`parser`.
+
+    Args:
+        args: what ``parser(...).parse_args()`` returned.
+
+    Returns:
+        The options.
+
+    Raises:
+        ValueError: an option is out of range (see :class:`Options`).
+    """
     return Options(
         transactions=args.transactions,
         processes=args.processes,
