@@ -31,7 +31,7 @@ import time
 
 from sqlalchemy import delete, insert
 
-from benchmarks.sql_apply import delayed
+from benchmarks.databases import delayed
 from waltz.client.context import TransactionBuilder
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style import create_framework_engine

@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from benchmarks.sql_apply import fresh_database
+from benchmarks.databases import fresh_database
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.jdbc_style import (
     ChangeSetCallbacks,

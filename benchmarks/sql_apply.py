@@ -59,16 +59,11 @@ import json
 import logging
 import os
 import random
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
@@ -80,18 +75,16 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     Table,
     bindparam,
-    create_engine,
     event,
     func,
     insert,
     select,
-    text,
     update,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import NullPool
 
+from benchmarks.databases import delayed, fresh_database
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style import AbstractClientCallbacksForSQL, ApplySession, create_framework_engine
 from waltz.jdbc_style.migrations_api import upgrade
@@ -343,107 +336,6 @@ class Commits:
     def counts(self) -> tuple[int, int]:
         """(commits, rollbacks) since :meth:`reset`."""
         return next(self._commits) - self.commits_base, next(self._rollbacks) - self.rollbacks_base
-
-
-# ---- fresh databases ----
-
-
-#: The proxy process of ``--db-delay``: forwards a free loopback port to host:port, holding every
-#: chunk ``delay`` seconds; prints the port, then runs until killed.
-_PROXY = """
-import sys, threading
-from waltz.chaos.proxy import FaultProxy
-host, port, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-proxy = FaultProxy(lambda: (host, port), name="database").__enter__()
-proxy.set_delay(delay)
-print(proxy.port, flush=True)
-threading.Event().wait()
-"""
-
-
-@contextmanager
-def delayed(url_text: str, delay_ms: float) -> Iterator[str]:
-    """``url_text`` through a proxy process adding ``delay_ms`` each way (itself when 0)."""
-    if delay_ms <= 0:
-        yield url_text
-        return
-    url = make_url(url_text)
-    if url.get_backend_name() == "sqlite":
-        raise SystemExit("--db-delay needs a database server, not SQLite")
-    port = url.port or (5432 if url.get_backend_name() == "postgresql" else 3306)
-    proxy = subprocess.Popen(
-        [sys.executable, "-c", _PROXY, url.host or "127.0.0.1", str(port), str(delay_ms / 1000)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proxy.stdout is not None
-        line = proxy.stdout.readline().strip()
-        if not line.isdigit():
-            raise SystemExit(f"the --db-delay proxy did not start (it printed {line!r})")
-        print(f"database reached through a proxy adding {delay_ms:g} ms each way (port {line})", flush=True)
-        yield url.set(host="127.0.0.1", port=int(line)).render_as_string(hide_password=False)
-    finally:
-        proxy.kill()
-        proxy.wait(10)
-
-
-@contextmanager
-def fresh_database(url_text: str) -> Iterator[str]:
-    """A fresh database on the server of ``url_text`` (or a fresh SQLite file); removed afterwards."""
-    url = make_url(url_text)
-    backend = url.get_backend_name()
-    if backend == "sqlite":
-        if not url.database or url.database == ":memory:":
-            with tempfile.TemporaryDirectory(prefix="waltz_bench_") as tmp:
-                yield f"sqlite:///{tmp}/bench.db"
-            return
-        path = Path(url.database)
-        if path.exists():
-            sys.exit(f"{path} exists; give the path of a SQLite file to create (it is deleted at the end)")
-        try:
-            yield url.render_as_string(hide_password=False)
-        finally:
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                Path(f"{path}{suffix}").unlink(missing_ok=True)
-        return
-    if backend not in ("postgresql", "mysql", "mariadb"):
-        sys.exit(f"unsupported database {backend!r}: use PostgreSQL, MySQL/MariaDB or SQLite")
-    name = f"waltz_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(
-        url, isolation_level="AUTOCOMMIT", poolclass=NullPool, connect_args={"connect_timeout": 5}
-    )
-    postgres = backend == "postgresql"
-    with admin.connect() as conn:
-        if postgres:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-        else:
-            conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
-    try:
-        yield url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            if postgres:
-                conn.execute(
-                    text(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = :name AND pid <> pg_backend_pid()"
-                    ),
-                    {"name": name},
-                )
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-            else:
-                ids = conn.execute(
-                    text("SELECT id FROM information_schema.processlist WHERE db = :name"), {"name": name}
-                ).scalars()
-                for connection_id in list(ids):
-                    try:
-                        conn.execute(text(f"KILL CONNECTION {int(connection_id)}"))
-                    except Exception as error:  # it ended meanwhile
-                        if "Unknown thread id" not in str(error):
-                            raise
-                conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
-        admin.dispose()
 
 
 # ---- direct apply ----
