@@ -37,7 +37,18 @@ threading.Event().wait()
 
 @contextmanager
 def delayed(url_text: str, delay_ms: float) -> Iterator[str]:
-    """``url_text`` through a proxy process adding ``delay_ms`` each way (itself when 0)."""
+    """``url_text`` through a proxy process adding ``delay_ms`` each way (itself when 0).
+
+    Args:
+        url_text: a database server's URL (not SQLite).
+        delay_ms: milliseconds the proxy holds every chunk, in each direction.
+
+    Yields:
+        The URL through the proxy (127.0.0.1 and the proxy's port); the proxy is killed afterwards.
+
+    Raises:
+        SystemExit: SQLite, or the proxy did not start.
+    """
     if delay_ms <= 0:
         yield url_text
         return
@@ -64,7 +75,21 @@ def delayed(url_text: str, delay_ms: float) -> Iterator[str]:
 
 @contextmanager
 def fresh_database(url_text: str) -> Iterator[str]:
-    """A fresh database on the server of ``url_text`` (or a fresh SQLite file); removed afterwards."""
+    """A fresh database on the server of ``url_text`` (or a fresh SQLite file); removed afterwards.
+
+    Its name is ``waltz_bench_<8 hex>``; the connections left to it are closed before it is dropped.
+
+    Args:
+        url_text: a PostgreSQL or MySQL/MariaDB server's URL (its database is where the admin
+            connection goes), or ``sqlite://`` (a file in a temporary directory) or
+            ``sqlite:///path`` (a file to create).
+
+    Yields:
+        The new database's URL.
+
+    Raises:
+        SystemExit: an unsupported backend, or a SQLite file that exists already.
+    """
     url = make_url(url_text)
     backend = url.get_backend_name()
     if backend == "sqlite":

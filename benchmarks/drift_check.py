@@ -22,7 +22,7 @@ import time
 
 from sqlalchemy import BigInteger, Column, MetaData, Table, Text, select, text
 
-from benchmarks.spark_rebuild import fresh_database
+from benchmarks.databases import fresh_database
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style import migrations_api as framework_migrations
 from waltz.spark.drift import compare_table

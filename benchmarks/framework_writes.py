@@ -26,12 +26,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import uuid
 from collections.abc import Callable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, make_url
 
+from benchmarks.databases import fresh_database
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.direct import direct_statements
 
@@ -53,17 +53,8 @@ def main() -> None:
     url = make_url(args.db)
     if url.get_backend_name() != "postgresql" or url.get_driver_name() != "psycopg":
         parser.error("--db must be a postgresql+psycopg URL: the pipeline it compares is psycopg's")
-    name = f"waltz_bench_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        bench_url = url.set(database=name).render_as_string(hide_password=False)
+    with fresh_database(args.db) as bench_url:
         run(bench_url, [int(r) for r in args.rows.split(",")], args.groups, args.repeat)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
 
 
 def run(url: str, row_counts: list[int], groups: int, repeat: int) -> None:

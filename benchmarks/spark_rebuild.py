@@ -37,14 +37,12 @@ import os
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
-from sqlalchemy import create_engine, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import create_engine, select
 
+from benchmarks.databases import fresh_database
 from waltz.jdbc_style import ChangeSet, Operation, RowChange
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER
 from waltz.local.cluster import LocalCluster
@@ -122,22 +120,6 @@ async def append_all(endpoint: str, logs: dict[int, list[bytes]], batch: int) ->
                     raise RuntimeError(f"partition {pid}: append failed: {bad[0]}")
 
         await asyncio.gather(*(one(pid, items) for pid, items in logs.items()))
-
-
-@contextmanager
-def fresh_database(server_url: str) -> Iterator[str]:
-    """A new PostgreSQL database on the server of ``server_url``, dropped afterwards."""
-    url = make_url(server_url)
-    name = f"waltz_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def table_rows(db_url: str) -> dict[str, list[tuple[object, ...]]]:
