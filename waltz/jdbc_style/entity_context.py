@@ -43,12 +43,12 @@ from sqlalchemy.orm import Session
 from waltz.client.context import TransactionBuilder, TransactionContext
 from waltz.client.locks import PartitionLocalLock
 from waltz.errors import CrossPartitionError
-from waltz.jdbc_style.callbacks import MarkSnapshot
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, RowChange
 from waltz.jdbc_style.changeset_callbacks import ChangeSetCallbacks
 from waltz.jdbc_style.entities import EntityInfo, rows_by_model
 from waltz.jdbc_style.entity_cache import MISSING, EntityCache
 from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key
+from waltz.jdbc_style.mark_snapshot import MarkSnapshot
 from waltz.jdbc_style.prefetch import Prefetched
 
 __all__ = ["CachedSnapshot", "EntityTransaction", "EntityTransactionContext"]
