@@ -40,23 +40,37 @@ class ApplySession(Session):
     :meth:`stage` batches the writes of a group of log transactions: one ``executemany`` per
     statement for the whole group instead of a round trip per row (docs/design/sql.md "Group
     apply").
+
+    Args:
+        args: as for :class:`~sqlalchemy.orm.Session` (the framework binds it to its connection).
+        lead: a statement and its one parameter set that must change exactly one row before any
+            other statement of this session reaches the database: the framework's move of the
+            partition's mark, which then costs no round trip of its own (docs/design/sql.md "The
+            apply contract"); it runs when the staged writes first run. None: no lead.
+        kwargs: as for :class:`~sqlalchemy.orm.Session`.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, lead: tuple[Executable, Mapping[str, Any]] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._staged: dict[Executable, _Staged] = {}
         # The staged statement that last wrote each row named by ``stage(row=...)``.
         self._row_writers: dict[Hashable, Executable] = {}
-        # A statement that must change one row before any other of this session reaches the
-        # database (the framework's move of the mark, see AbstractClientCallbacksForSQL._apply_locked).
-        self._lead: tuple[Executable, Mapping[str, Any]] | None = None
-        self._lead_moved = False  # the lead ran and changed its one row
+        self._lead = lead  # until it runs
+        self._lead_moved = False
         self.grouped = False
         """True while the session applies a group of more than one log transaction."""
         self.alone = False
         """True while the session applies one log transaction again on its own, after a first
         try (with staged writes, or in a group) failed: write each change at once rather than
         staging it, so that a failure names the change (``ChangeSetCallbacks`` does)."""
+
+    @property
+    def lead_moved(self) -> bool:
+        """True once the ``lead`` given to the constructor ran and changed its one row (False
+        without a lead, or before it ran)."""
+        return self._lead_moved
 
     def stage(
         self,

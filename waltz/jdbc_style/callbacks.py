@@ -46,7 +46,7 @@ from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.engine import SQLITE_BEGIN, apply_guard, is_transient, prepare_engine
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key, record_idempotency_key
-from waltz.jdbc_style.kept_connections import _IdleBudget, _KeptConnections
+from waltz.jdbc_style.kept_connections import IdleBudget, KeptConnections
 from waltz.jdbc_style.mark_snapshot import MarkSnapshot
 from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.jdbc_style.prefetch import MarkPrefetch, Prefetched
@@ -116,9 +116,9 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self._failing: set[int] = set()
         self._rows: set[int] = set()  # partitions whose mark row is known to exist
         self._shared: set[int] = set()  # partitions another instance was seen applying
-        budget = _IdleBudget(self.engine)
-        self._readers = _KeptConnections(self.engine, SNAPSHOT_ISOLATION, budget)  # snapshots, marks
-        self._appliers = _KeptConnections(self.engine, None, budget)  # apply transactions
+        budget = IdleBudget(self.engine)
+        self._readers = KeptConnections(self.engine, SNAPSHOT_ISOLATION, budget)  # snapshots, marks
+        self._appliers = KeptConnections(self.engine, None, budget)  # apply transactions
         self.skipped: list[tuple[int, int]] = []
         """(partition, transaction) pairs this instance skipped on an operator's request."""
         if check_schema:
@@ -597,11 +597,10 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 rolls back and decides with the mark read first.
             Exception: what the apply raised otherwise.
         """
-        session = ApplySession(bind=conn)
+        lead = None if mark is None else self.marks.advance_statement(pending[0].partition_id, *mark)
+        session = ApplySession(bind=conn, lead=lead)
         session.grouped = len(pending) > 1
         session.alone = alone
-        if mark is not None:
-            session._lead = self.marks.advance_statement(pending[0].partition_id, *mark)
         try:
             with apply_guard(conn):
                 for transaction in pending:
@@ -610,13 +609,13 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                         continue
                     self.apply(transaction, session)
                 session.flush()  # the staged writes too
-                if mark is not None and not session._lead_moved:
+                if mark is not None and not session.lead_moved:
                     # The move failed inside apply(), which caught the error: nothing may commit.
                     raise _UnsettledError("the mark's move failed inside apply()")
         except BaseException as exc:
             if (
                 mark is not None
-                and not session._lead_moved
+                and not session.lead_moved
                 and isinstance(exc, Exception)
                 and not isinstance(exc, (_UnsettledError, ApplyContractError))
                 and not is_transient(exc)  # a lead that missed (LeadMissedError) is not transient

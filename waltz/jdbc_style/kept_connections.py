@@ -1,8 +1,9 @@
 """Connections the callbacks keep checked out of the engine's pool between uses.
 
-Source: docs/design/sql.md "Entity transactions" (cheap reads: snapshots on a few connections kept
-out of the pool, the isolation level set once), "Exactly-once across instances" (applies on kept
-connections too). The guide's "Connections" paragraph (docs/sql.md) says what they cost a server.
+Source: docs/design/sql.md "Entity transactions" (cheap reads: snapshots, mark reads and applies
+on a few connections kept out of the pool, the isolation level set once; measured in
+docs/decisions/0026-kept-connections.md). The guide's "Connections" paragraph (docs/sql.md) says
+what they count against a server's connection limit.
 """
 
 from __future__ import annotations
@@ -12,13 +13,22 @@ import threading
 from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 
-__all__: list[str] = []
+__all__ = ["IdleBudget", "KeptConnections"]
 
 
-class _IdleBudget:
+class IdleBudget:
     """How many kept connections may sit idle, all kinds together: half the engine pool's size
     (at least one), so that idle kept connections stay within what the pool would keep anyway
-    and leave the rest of it to the application and to peaks."""
+    and leave the rest of it to the application and to peaks.
+
+    Args:
+        engine: the application's engine, whose pool size sets the limit.
+
+    Attributes:
+        limit: the idle connections allowed, all kinds together.
+        idle: the idle connections now kept (changed under :attr:`lock`).
+        lock: guards :attr:`idle` and the kinds' lists of idle connections.
+    """
 
     def __init__(self, engine: Engine) -> None:
         size = getattr(engine.pool, "size", None)
@@ -27,7 +37,7 @@ class _IdleBudget:
         self.lock = threading.Lock()
 
 
-class _KeptConnections:
+class KeptConnections:
     """Connections of one kind kept checked out of an engine between uses, on database servers
     (SQLite takes a pooled connection each time: its checkouts are cheap and in-memory databases
     are per thread).
@@ -45,7 +55,7 @@ class _KeptConnections:
         budget: the idle limit shared with the other kinds.
     """
 
-    def __init__(self, engine: Engine, isolation_level: str | None, budget: _IdleBudget) -> None:
+    def __init__(self, engine: Engine, isolation_level: str | None, budget: IdleBudget) -> None:
         self._engine = engine
         self._keep = engine.dialect.name != "sqlite"
         self._isolation_level = isolation_level if self._keep else None
