@@ -47,9 +47,8 @@ from waltz.jdbc_style.engine import SQLITE_BEGIN, apply_guard, is_transient, pre
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key, record_idempotency_key
 from waltz.jdbc_style.kept_connections import IdleBudget, KeptConnections
-from waltz.jdbc_style.mark_snapshot import MarkSnapshot
+from waltz.jdbc_style.mark_snapshot import MarkReader, MarkSnapshot
 from waltz.jdbc_style.marks import HighWaterMarks
-from waltz.jdbc_style.prefetch import MarkPrefetch, Prefetched
 from waltz.jdbc_style.schema import skipped_transactions
 
 __all__ = ["AbstractClientCallbacksForSQL", "ApplySession", "MarkSnapshot"]
@@ -57,9 +56,6 @@ __all__ = ["AbstractClientCallbacksForSQL", "ApplySession", "MarkSnapshot"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-#: Isolation level of entity reads (mark first, then the entities, in one snapshot).
-SNAPSHOT_ISOLATION = "REPEATABLE READ"
 
 
 class _UnsettledError(Exception):
@@ -108,7 +104,6 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self.engine = prepare_engine(engine)
         self.cluster_name = cluster_name
         self.marks = HighWaterMarks(cluster_name)
-        self._prefetch = MarkPrefetch(cluster_name)
         self.retry_timeout = retry_timeout
         self._retrying = threading.local()  # each thread's idle tenacity.Retrying (see _retry)
         self._applied: dict[int, int] = {}
@@ -117,7 +112,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self._rows: set[int] = set()  # partitions whose mark row is known to exist
         self._shared: set[int] = set()  # partitions another instance was seen applying
         budget = IdleBudget(self.engine)
-        self._readers = KeptConnections(self.engine, SNAPSHOT_ISOLATION, budget)  # snapshots, marks
+        self._reads = MarkReader(self.engine, self.marks, budget)  # snapshots, marks
         self._appliers = KeptConnections(self.engine, None, budget)  # apply transactions
         self.skipped: list[tuple[int, int]] = []
         """(partition, transaction) pairs this instance skipped on an operator's request."""
@@ -263,7 +258,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         while True:
             now = time.monotonic()
             if now >= next_poll:  # the database, for other instances' applies (on a schedule)
-                mark = self._retry(lambda: self._read_mark(partition_id))
+                mark = self._retry(lambda: self._reads.read_mark(partition_id))
                 if mark >= transaction_id:
                     self._note_applied(partition_id, mark)
                     return True
@@ -332,15 +327,11 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             entities: (entity info, key values) pairs read in the mark's statement (one
                 statement, so at the mark too) into :attr:`MarkSnapshot.prefetched`.
         """
-        conn, mark, prefetched = self._retry(lambda: self._open_snapshot(partition_id, entities))
-        snapshot = MarkSnapshot(partition_id, mark, conn, prefetched)
+        snapshot = self._retry(lambda: self._reads.open(partition_id, entities))
         try:
             yield snapshot
         finally:
-            try:
-                snapshot.close()
-            finally:
-                self._end_read(conn)
+            self._reads.end(snapshot)
 
     def release_connections(self) -> None:
         """Close the idle connections this instance keeps (the client calls it when it closes;
@@ -350,7 +341,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         out of the engine's pool: no pre-ping, reset or isolation change per use. SQLite takes
         a connection from the pool each time.
         """
-        self._readers.close()
+        self._reads.close()
         self._appliers.close()
 
     def client_closed(self) -> None:
@@ -385,57 +376,6 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         finally:
             local.idle, local.timeout = retrying, timeout
 
-    def _read_mark(self, partition_id: int) -> int:
-        conn = self._readers.take()
-        try:
-            mark = self.marks.read(conn, partition_id)
-        except BaseException:
-            conn.close()
-            raise
-        self._end_read(conn)
-        return -1 if mark is None else int(mark)
-
-    def _open_snapshot(
-        self, partition_id: int, entities: Sequence[tuple[EntityInfo, tuple[Any, ...]]]
-    ) -> tuple[Connection, int, Prefetched]:
-        """A reader connection in a new transaction, the partition's mark read first in it, and
-        the rows of ``entities`` read in the same statement (on PostgreSQL in one pipeline with
-        the transaction's ``BEGIN``; ``_end_read`` gives the driver its transaction control back)."""
-        conn = self._readers.take()
-        prefetched: Prefetched = {}
-        try:
-            conn.begin()
-            if entities:
-                mark, prefetched = self._prefetch.read(conn, partition_id, entities, begin=True)
-            else:
-                mark = self.marks.read(conn, partition_id)
-        except BaseException:
-            self._discard_read(conn)
-            raise
-        return conn, -1 if mark is None else int(mark), prefetched
-
-    def _end_read(self, conn: Connection) -> None:
-        """Roll back a read and give its connection back (to the driver's own transaction
-        control first when the read's ``BEGIN`` went in a pipeline, see ``_open_snapshot``)."""
-        try:
-            if conn.in_transaction():
-                conn.rollback()
-        except BaseException:
-            self._discard_read(conn)
-            raise
-        direct_statements(conn.engine).end_pipelined_begin(conn)
-        self._readers.give_back(conn)
-
-    @staticmethod
-    def _discard_read(conn: Connection) -> None:
-        """Close a reader connection whose read failed: a broken connection is never kept, and a
-        driver switched for a pipelined ``BEGIN`` is given back first (or the connection
-        invalidated), so that none returns to the pool in autocommit."""
-        try:
-            direct_statements(conn.engine).end_pipelined_begin(conn)
-        finally:
-            conn.close()
-
     def _note_applied(self, partition_id: int, mark: int) -> None:
         with self._applied_changed:
             if mark > self._applied.get(partition_id, -1):
@@ -460,7 +400,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             # locks only the mark row: the attempt to move it waits for the instance applying the
             # batch and then finds it moved, which costs no more than this read (measured: the
             # read found the batch applied in one case of five under the live SmallBank mix).
-            mark = self._read_mark(partition_id)
+            mark = self._reads.read_mark(partition_id)
             if mark >= last:
                 self._note_applied(partition_id, mark)
                 self._after_apply(partition_id, (), mark)
