@@ -481,6 +481,12 @@ class EntityTransactionContext(TransactionContext):
         """The last attempt's :class:`EntityTransaction` (what was read and changed)."""
 
     @property
+    def declared_entities(self) -> list[tuple[type[Any], tuple[Any, ...]]]:
+        """The ``(model, key values)`` pairs given to the constructor, keys as tuples in the
+        models' key order: what chooses the partition (:meth:`partition_id`)."""
+        return [(info.model, key) for info, key in self._entities]
+
+    @property
     def chosen_partition(self) -> int:
         """The partition :meth:`partition_id` chose (-1 before the context was submitted)."""
         return self._partition_id
