@@ -33,8 +33,8 @@ def check_partition_mapping(
     num_partitions: int | Iterable[int],
 ) -> int:
     """Check that every entity a context is about maps to one partition, for each sample input
-    and partition count (docs/design/sql.md "Entity transactions", "One partition per
-    transaction").
+    and partition count (docs/design/sql.md "Entity transactions": one partition per
+    transaction).
 
     For each sample, ``context(sample)`` makes the context (nothing is submitted or read); its
     declared entities (the constructor's ``(model, key)`` pairs) must map to one partition, and
