@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import support
 
-from waltz_examples.ledger.smallbank import MIX
+from waltz.workloads.smallbank import MIX
 
 _PEERS = Path(__file__).resolve().parents[2] / "benchmarks" / "peers"
 _DRAWS = 400

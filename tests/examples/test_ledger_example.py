@@ -19,8 +19,8 @@ from waltz.errors import CrossPartitionError
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
+from waltz.workloads.demo import DemoOptions, run_demo
 from waltz_examples.ledger.checks import read_log, run_checks
-from waltz_examples.ledger.demo import DemoOptions, run_demo
 from waltz_examples.ledger.models import TransferIn, TransferOut
 from waltz_examples.ledger.service import LedgerService, prepare_database
 from waltz_examples.ledger.transfers import (

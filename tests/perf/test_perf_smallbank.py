@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
+from waltz.workloads.smallbank import SmallBankConfig, SmallBankWorkload
 from waltz_examples.ledger.service import LedgerService, prepare_database
-from waltz_examples.ledger.smallbank import SmallBankConfig, SmallBankWorkload
 
 PERCENTILE_KEYS = ["p50", "p90", "p99", "p99.9"]
 

@@ -26,11 +26,11 @@ from waltz.spark.errors import CommittedReadError, StorageDirectoryNotVisibleErr
 from waltz.spark.readers import read_committed
 from waltz.spark.rebuild import LogSource, rebuild
 from waltz.spark.source import LogRange, WaltzLogReader
+from waltz.workloads.smallbank import SmallBankConfig, SmallBankWorkload
 from waltz_examples.counter.service import CounterService
 from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
 from waltz_examples.ledger.models import Checking, TransferOut
 from waltz_examples.ledger.service import LedgerService, prepare_database
-from waltz_examples.ledger.smallbank import SmallBankConfig, SmallBankWorkload
 from waltz_examples.ledger.transfers import pending_transfers
 from waltz_examples.ledger.views import VIEWS as LEDGER_VIEWS
 

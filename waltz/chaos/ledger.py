@@ -26,10 +26,10 @@ from waltz.chaos.checks import ChaosCheck
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
+from waltz.workloads.smallbank import SmallBankConfig, SmallBankWorkload
 from waltz_examples.ledger.checks import read_log as read_ledger_log
 from waltz_examples.ledger.checks import run_checks
 from waltz_examples.ledger.service import LedgerService, prepare_database
-from waltz_examples.ledger.smallbank import SmallBankConfig, SmallBankWorkload
 from waltz_examples.ledger.transfers import pending_transfers
 
 __all__ = ["ledger_checks", "prepare_ledger", "run_ledger_worker", "wait_transfers_settled"]

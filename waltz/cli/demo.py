@@ -1,6 +1,6 @@
 """``waltz demo``: the main job of the README's first command (the ledger under faults, checked).
 
-The logic lives in :mod:`waltz_examples.ledger.demo`; this module parses options and draws progress.
+The logic lives in :mod:`waltz.workloads.demo`; this module parses options and draws progress.
 Exit codes: 0 every check passed; 1 a check failed; 2 the demo could not run.
 """
 
@@ -62,7 +62,7 @@ def demo(
     the same records; finally rebuilds the ledger from the log with Spark and checks that the live
     database has not drifted from it (needs the spark extra). Exits 1 if any check fails.
     """
-    from waltz_examples.ledger.demo import DemoOptions, run_demo
+    from waltz.workloads.demo import DemoOptions, run_demo
 
     configure_logging(log_level)
 

@@ -1,7 +1,7 @@
 """``waltz perf``: producer and consumer performance runs (upstream Waltz's ProducerPerf/ConsumerPerf),
 and the ledger example's SmallBank mix from application instances (``waltz perf smallbank``).
 
-The logic lives in :mod:`waltz.perf` and, for ``smallbank``, in :mod:`waltz_examples.ledger.perf`
+The logic lives in :mod:`waltz.perf` and, for ``smallbank``, in :mod:`waltz.workloads.perf`
 (imported inside the command); this module parses options and prints the figures. Exit codes: 0
 the run finished (failed transactions are reported, not fatal); 1 the run could not complete (a
 client or instance process failed, the consumer timed out) or, for ``smallbank``, a ledger check
@@ -412,14 +412,14 @@ def smallbank(
     """
     from sqlalchemy.exc import SQLAlchemyError
 
-    from waltz_examples.ledger.perf import (
+    from waltz.workloads.perf import (
         SmallBankPerfSettings,
         UnusableDatabaseError,
         check_database,
         perf_database,
         run_smallbank,
     )
-    from waltz_examples.ledger.smallbank import SmallBankConfig
+    from waltz.workloads.smallbank import SmallBankConfig
 
     try:
         settings = SmallBankPerfSettings(

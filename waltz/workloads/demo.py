@@ -6,7 +6,7 @@
    ``instances`` ledger instances sharing one database (SQLite by default);
 2. opens the accounts and runs the SmallBank mix for ``transactions`` draws, with progress, then
    prints committed/s and the p50/p99 of submit -> commit and submit -> applied
-   (:meth:`~waltz_examples.ledger.smallbank.SmallBankStats.latency_line`);
+   (:meth:`~waltz.workloads.smallbank.SmallBankStats.latency_line`);
 3. unless ``faults`` is off: ``kill -9`` of one storage node at a third of the run and of the
    server owning partition 0 at half of it, both restarted a few seconds later;
 4. waits for the sweepers to finish every transfer, then checks the invariants of
@@ -30,9 +30,9 @@ from pathlib import Path
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
+from waltz.workloads.smallbank import SmallBankConfig, SmallBankStats, SmallBankWorkload
 from waltz_examples.ledger.checks import Check, read_log, run_checks
 from waltz_examples.ledger.service import LedgerService, prepare_database
-from waltz_examples.ledger.smallbank import SmallBankConfig, SmallBankStats, SmallBankWorkload
 from waltz_examples.ledger.transfers import pending_transfers
 
 __all__ = ["DemoOptions", "DemoResult", "run_demo"]
