@@ -1,4 +1,4 @@
-"""The ledger example against a real local cluster: its rules, its transfers, and the demo."""
+"""The ledger example against a real local cluster: its rules and its transfers."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from waltz.errors import CrossPartitionError
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
-from waltz.workloads.demo import DemoOptions, run_demo
 from waltz_examples.ledger.checks import read_log, run_checks
 from waltz_examples.ledger.models import TransferIn, TransferOut
 from waltz_examples.ledger.service import LedgerService, prepare_database
@@ -243,30 +242,6 @@ def test_kill_9_between_a_debit_and_its_credit_loses_nothing(
         assert survivor.balance(source) == (0, 750)  # debited: the money is in flight, not lost
         assert wait_settled(survivor, transfer_id) == "credited"
         assert survivor.balance(target) == (0, 1250)
-
-
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_the_demo_passes_its_checks_under_faults(
-    request: pytest.FixtureRequest, tmp_path: Path, backend: str
-) -> None:
-    db_url = None if backend == "sqlite" else str(request.getfixturevalue("postgres_url"))
-    lines: list[str] = []
-    options = DemoOptions(
-        work_dir=tmp_path, db_url=db_url, transactions=200, accounts=40, partitions=2, instances=3
-    )
-    result = run_demo(options, lines.append, lambda label, total: lambda n: None)
-    report = "\n".join(lines)
-    assert result.passed, report
-    assert [c.name for c in result.checks if not c.passed] == []
-    assert len(result.faults) == 4, report  # two kills, two restarts
-    assert result.stats.committed > 100, report
-
-
-@pytest.mark.slow
-def test_the_full_demo(tmp_path: Path) -> None:
-    lines: list[str] = []
-    result = run_demo(DemoOptions(work_dir=tmp_path), lines.append, lambda label, total: lambda n: None)
-    assert result.passed, "\n".join(lines)
 
 
 def test_a_partition_routed_sweeper_finds_its_steps_behind_other_partitions_pages(tmp_path: Path) -> None:
