@@ -19,9 +19,10 @@ from waltz.errors import CrossPartitionError
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
-from waltz_examples.ledger.checks import read_log, run_checks
+from waltz.workloads.checks import check_application
 from waltz_examples.ledger.models import TransferIn, TransferOut
 from waltz_examples.ledger.service import LedgerService, prepare_database
+from waltz_examples.ledger.smallbank import SMALLBANK
 from waltz_examples.ledger.transfers import (
     CreditTransfer,
     CreditTransfers,
@@ -120,9 +121,15 @@ def test_the_bank_operations_keep_their_rules(ledger_cluster: LocalCluster, ledg
         for pid, mark in marks.items():
             assert mark < 0 or ledger.callbacks.wait_for(pid, mark, 30)
         wait_until(lambda: money_in_flight(ledger.engine) == 0, timeout=30, what="no money in flight")
-        tally = read_log(ledger_cluster.zookeeper_connect_string, ledger_cluster.root, marks)
         # This database applied the whole shared log, so the invariants hold over all of it.
-        checks = run_checks(ledger.engine, cluster_name=name, server_marks=marks, tally=tally)
+        checks = check_application(
+            SMALLBANK,
+            ledger.engine,
+            cluster_name=name,
+            server_marks=marks,
+            zookeeper=ledger_cluster.zookeeper_connect_string,
+            cluster_root=ledger_cluster.root,
+        )
         assert [c for c in checks if not c.passed] == []
         assert ledger.callbacks.uncaught_count == 0
 
@@ -186,8 +193,14 @@ def test_one_step_transaction_moves_several_transfers_each_once(
         marks = {p: ledger.client.get_high_water_mark(p) for p in range(PARTITIONS)}
         for pid, mark in marks.items():
             assert mark < 0 or ledger.callbacks.wait_for(pid, mark, 30)
-        tally = read_log(ledger_cluster.zookeeper_connect_string, ledger_cluster.root, marks)
-        checks = run_checks(ledger.engine, cluster_name=name, server_marks=marks, tally=tally)
+        checks = check_application(
+            SMALLBANK,
+            ledger.engine,
+            cluster_name=name,
+            server_marks=marks,
+            zookeeper=ledger_cluster.zookeeper_connect_string,
+            cluster_root=ledger_cluster.root,
+        )
         assert [c for c in checks if not c.passed] == []
 
 

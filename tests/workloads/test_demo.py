@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from waltz.workloads.demo import DemoOptions, run_demo
 
@@ -31,3 +32,12 @@ def test_the_full_demo(tmp_path: Path) -> None:
     lines: list[str] = []
     result = run_demo(DemoOptions(work_dir=tmp_path), lines.append, lambda label, total: lambda n: None)
     assert result.passed, "\n".join(lines)
+
+
+def test_the_demo_refuses_a_module_that_is_no_smallbank_application(tmp_path: Path) -> None:
+    from waltz.cli.main import app
+
+    result = CliRunner().invoke(app, ["demo", "--app", "waltz_examples.counter", "--work-dir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "the demo could not run" in result.stderr and "defines SMALLBANK" in result.stderr
+    assert not (tmp_path / "cluster").exists()  # refused before a cluster started

@@ -1,6 +1,7 @@
 """``waltz demo``: the main job of the README's first command (the ledger under faults, checked).
 
 The logic lives in :mod:`waltz.workloads.demo`; this module parses options and draws progress.
+``--app`` names another SmallBank application than the ledger example (by module).
 Exit codes: 0 every check passed; 1 a check failed; 2 the demo could not run.
 """
 
@@ -14,7 +15,9 @@ from typing import Annotated, Any
 
 import typer
 
+from waltz.errors import ConfigurationError
 from waltz.logs import configure_logging
+from waltz.workloads.application import DEFAULT_APPLICATION
 
 
 def demo(
@@ -50,6 +53,12 @@ def demo(
         Path | None, typer.Option(help="Keep the cluster's data, logs and the SQLite database here.")
     ] = None,
     log_level: Annotated[str, typer.Option(help="Log level of this process.")] = "WARNING",
+    app: Annotated[
+        str,
+        typer.Option(
+            help="The SmallBank application, by module name: SMALLBANK of MODULE.smallbank or MODULE."
+        ),
+    ] = DEFAULT_APPLICATION,
 ) -> None:
     """Run the ledger demo: SmallBank on a local Waltz cluster, under faults, then check it.
 
@@ -106,6 +115,7 @@ def demo(
             seed=seed,
             spark=spark,
             spark_master=spark_master,
+            app=app,
         )
         try:
             return run_demo(options, say, progress).passed
@@ -120,7 +130,7 @@ def demo(
         else:
             with tempfile.TemporaryDirectory(prefix="waltz-demo-") as tmp:
                 passed = run(Path(tmp))
-    except (OSError, TimeoutError) as exc:
+    except (OSError, TimeoutError, ConfigurationError) as exc:
         typer.echo(f"the demo could not run: {exc}", err=True)
         raise typer.Exit(2) from exc
     raise typer.Exit(0 if passed else 1)

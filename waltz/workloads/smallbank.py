@@ -1,22 +1,24 @@
-"""The SmallBank mix on the ledger (Alomari et al., ICDE 2008; as OLTPBench/BenchBase run it).
+"""The SmallBank mix (Alomari et al., ICDE 2008; as OLTPBench/BenchBase run it) and its driver.
 
-Customers ``0 .. accounts-1`` start with savings and checking balances drawn from 10,000..50,000
-cents. Each transaction is drawn from BenchBase's mix: Amalgamate 15 %, Balance 15 %,
-DepositChecking 15 %, SendPayment 25 %, TransactSavings 15 %, WriteCheck 15 %, with BenchBase's
-amounts (DepositChecking 1.30, TransactSavings ±20.20, WriteCheck 5.00, SendPayment 5.00, in
-cents). Hotspot skew as in H-Store's and DrTM's SmallBank: 90 % of transactions pick their
-customers from a hotspot of the first ``hotspot_fraction`` of the customers. Amalgamate and
+The driver runs the mix against the instances of any SmallBank application
+(:mod:`waltz.workloads.application`; docs/design/overview.md, "Workloads"), the ledger example's
+by default. Customers ``0 .. accounts-1`` start with savings and checking balances drawn from
+10,000..50,000 cents. Each transaction is drawn from BenchBase's mix: Amalgamate 15 %, Balance
+15 %, DepositChecking 15 %, SendPayment 25 %, TransactSavings 15 %, WriteCheck 15 %, with
+BenchBase's amounts (DepositChecking 1.30, TransactSavings ±20.20, WriteCheck 5.00, SendPayment
+5.00, in cents). Hotspot skew as in H-Store's and DrTM's SmallBank: 90 % of transactions pick
+their customers from a hotspot of the first ``hotspot_fraction`` of the customers. Amalgamate and
 SendPayment between customers of different partitions become two-step transfers.
 
-Transactions are spread round-robin over the given ledger instances and kept ``in_flight`` at a
+Transactions are spread round-robin over the given instances and kept ``in_flight`` at a
 time; a lock failure is retried by the client, a rule violation (insufficient funds) drops the
 transaction, as SmallBank's user aborts do. Where instances mount only some partitions, every
 request (a Balance read too) goes to an instance mounting its customer's partition, and each
-workload draws the customers of its instances' partitions; a Balance read is
-``LedgerService.balance`` (``read_entities``: the entity cache, else the database).
+workload draws the customers of its instances' partitions; a Balance read is the instance's
+``balance`` (the ledger's reads the entity cache, else the database).
 
 Each committed log transaction the workload submitted is timed twice (HdrHistograms on
-:class:`SmallBankStats`): submit -> commit (``LedgerService.submit`` called to its future giving a
+:class:`SmallBankStats`): submit -> commit (the instance's ``submit`` called to its future giving a
 transaction ID) and submit -> applied (to the submitting instance's client having applied that
 transaction, ``WaltzClient.when_applied``: when a read on that instance sees the write). Dropped
 transactions, errors, Balance reads and the sweepers' transfer steps are counted, not timed.
@@ -35,14 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from waltz.perf.stats import LatencyHistogram
-from waltz_examples.ledger.operations import (
-    DepositChecking,
-    LedgerOperation,
-    OpenAccount,
-    TransactSavings,
-    WriteCheck,
-)
-from waltz_examples.ledger.service import LedgerService
+from waltz.workloads.application import SmallBankInstance, SmallBankOperation
 
 __all__ = [
     "DEPOSIT_CHECKING",
@@ -123,9 +118,9 @@ class SmallBankStats:
         errors: descriptions of the transactions and reads that failed.
         by_op: resolved transactions and reads per SmallBank operation.
         seconds: the run's wall-clock seconds, from its first draw to its last resolution.
-        commit_latency: per committed transaction, seconds from ``LedgerService.submit`` to its
+        commit_latency: per committed transaction, seconds from the instance's ``submit`` to its
             future giving the transaction ID (microseconds inside).
-        applied_latency: per committed transaction, seconds from ``LedgerService.submit`` to the
+        applied_latency: per committed transaction, seconds from the instance's ``submit`` to the
             submitting instance's client having applied it (read-your-writes on that instance);
             complete once :meth:`SmallBankWorkload.wait_applied` returned True.
     """
@@ -166,11 +161,11 @@ class SmallBankStats:
 
 
 class SmallBankWorkload:
-    """Runs the mix against one or more ledger instances (see the module docstring)."""
+    """Runs the mix against one or more instances of an application (see the module docstring)."""
 
-    def __init__(self, services: Sequence[LedgerService], config: SmallBankConfig | None = None) -> None:
+    def __init__(self, services: Sequence[SmallBankInstance], config: SmallBankConfig | None = None) -> None:
         if not services:
-            raise ValueError("SmallBank needs at least one ledger instance")
+            raise ValueError("SmallBank needs at least one application instance")
         self.services = list(services)
         self.config = config or SmallBankConfig()
         self._random = random.Random(self.config.seed)
@@ -184,11 +179,11 @@ class SmallBankWorkload:
         self._hotspot = min(hot, self.config.accounts)
         self.closed: list[int] = []
         # Customers whose transactions these instances can submit: all of them, unless the
-        # instances mount only some partitions (partition-routed instances, see LedgerService).
+        # instances mount only some partitions (partition-routed instances).
         everyone = range(self.config.accounts)
         self._owned = [c for c in everyone if any(s.owns_customer(c) for s in self.services)]
         if not self._owned:
-            raise ValueError("no customer belongs to a partition these ledger instances mount")
+            raise ValueError("no customer belongs to a partition these instances mount")
         self._owned_hot = [c for c in self._owned if c < self._hotspot] or self._owned
         self._submitters = ThreadPoolExecutor(
             max_workers=self.config.submitters, thread_name_prefix="smallbank"
@@ -226,7 +221,7 @@ class SmallBankWorkload:
             second = (first + 1) % self.config.accounts
         return first, second
 
-    def _service(self, custid: int | None = None) -> LedgerService:
+    def _service(self, custid: int | None = None) -> SmallBankInstance:
         """The next instance in turn, among those mounting ``custid``'s partition (None: any)."""
         owners = self.services
         if custid is not None:
@@ -257,9 +252,7 @@ class SmallBankWorkload:
             service = self._service(custid)
             savings = self._random.randint(10_000, 50_000)
             checking = self._random.randint(10_000, 50_000)
-            self._submit(
-                service, OpenAccount(service.callbacks, custid, f"customer-{custid}", savings, checking)
-            )
+            self._submit(service, service.open_account(custid, f"customer-{custid}", savings, checking))
             if progress is not None:
                 progress(1)
         self.drain(timeout)
@@ -345,14 +338,12 @@ class SmallBankWorkload:
             return self._applied_pending
 
     def _deactivate_some(self) -> None:
-        from waltz_examples.ledger.operations import Deactivate
-
         # Close customers outside the hotspot so that most of the mix still finds open accounts.
         pool = [c for c in self._owned if c >= self._hotspot] or list(self._owned)
         for custid in self._random.sample(pool, min(self.config.deactivate, len(pool))):
             service = self._service(custid)
             self.closed.append(custid)
-            self._submit(service, Deactivate(service.callbacks, custid))
+            self._submit(service, service.close_account(custid))
 
     def _pay_closed_accounts(self) -> None:
         """Payments to the closed accounts: across partitions their credits are rejected and the
@@ -363,12 +354,12 @@ class SmallBankWorkload:
                 if payer == custid:
                     continue
                 service = self._service(payer)
-                self._submit(service, service.payment(payer, custid, 100), "send_payment")
+                self._submit(service, service.send_payment(payer, custid, 100), "send_payment")
 
     def _one(self, name: str, scheduled: float | None = None) -> None:
         """Draw ``name`` of the mix and submit it (``scheduled``: its start on the
         ``time.perf_counter`` clock, where its latencies count from; None: when submitted)."""
-        operation: LedgerOperation
+        operation: SmallBankOperation
         if name == "balance":
             custid = self._own_customer()  # routed as the other requests: to an owner's instance
             try:
@@ -384,26 +375,25 @@ class SmallBankWorkload:
             source, target = self._two_customers()
             service = self._service(source)
             if name == "amalgamate":
-                operation = service.amalgamate_operation(source, target)
+                operation = service.amalgamate(source, target)
             else:
-                operation = service.payment(source, target, SEND_PAYMENT)
+                operation = service.send_payment(source, target, SEND_PAYMENT)
         else:
             custid = self._own_customer()
             service = self._service(custid)
-            cb = service.callbacks
             if name == "deposit_checking":
-                operation = DepositChecking(cb, custid, DEPOSIT_CHECKING)
+                operation = service.deposit_checking(custid, DEPOSIT_CHECKING)
             elif name == "transact_savings":
                 amount = TRANSACT_SAVINGS if self._random.random() < 0.5 else -TRANSACT_SAVINGS
-                operation = TransactSavings(cb, custid, amount)
+                operation = service.transact_savings(custid, amount)
             else:
-                operation = WriteCheck(cb, custid, WRITE_CHECK)
+                operation = service.write_check(custid, WRITE_CHECK)
         self._submit(service, operation, name, scheduled)
 
     def _submit(
         self,
-        service: LedgerService,
-        operation: LedgerOperation,
+        service: SmallBankInstance,
+        operation: SmallBankOperation,
         name: str | None = None,
         scheduled: float | None = None,
     ) -> None:
@@ -417,8 +407,8 @@ class SmallBankWorkload:
 
     def _submit_now(
         self,
-        service: LedgerService,
-        operation: LedgerOperation,
+        service: SmallBankInstance,
+        operation: SmallBankOperation,
         name: str,
         stats: SmallBankStats,
         scheduled: float | None = None,
@@ -437,8 +427,8 @@ class SmallBankWorkload:
     def _resolved(
         self,
         future: Future[int | None],
-        service: LedgerService,
-        operation: LedgerOperation,
+        service: SmallBankInstance,
+        operation: SmallBankOperation,
         name: str,
         stats: SmallBankStats,
         started: float,

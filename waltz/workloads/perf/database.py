@@ -18,21 +18,13 @@ from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style import migrations_api as framework_migrations
 from waltz.jdbc_style.schema import high_water_marks
 from waltz.jdbc_style.schema import metadata as framework_metadata
-from waltz_examples.ledger import migrations_api as ledger_migrations
-from waltz_examples.ledger.models import Base
+from waltz.workloads.application import SmallBankApplication
 
-__all__ = ["LEDGER_TABLES", "UnusableDatabaseError", "check_database", "perf_database", "render_url"]
+__all__ = ["FRAMEWORK_TABLES", "UnusableDatabaseError", "check_database", "perf_database", "render_url"]
 
-#: The tables a database may hold besides none: the framework's and the ledger's, with their
-#: alembic version tables.
-LEDGER_TABLES = (
-    frozenset(framework_metadata.tables)
-    | frozenset(Base.metadata.tables)
-    | {
-        framework_migrations.VERSION_TABLE,
-        ledger_migrations.VERSION_TABLE,
-    }
-)
+#: The SQL framework's tables, with its alembic version table: a database may hold them and the
+#: application's (``SmallBankApplication.tables``), and nothing else.
+FRAMEWORK_TABLES = frozenset(framework_metadata.tables) | {framework_migrations.VERSION_TABLE}
 
 
 class UnusableDatabaseError(ValueError):
@@ -40,6 +32,7 @@ class UnusableDatabaseError(ValueError):
 
 
 def render_url(url: str) -> str:
+    """The URL with its password hidden (as given when it does not parse)."""
     try:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:
@@ -47,32 +40,38 @@ def render_url(url: str) -> str:
 
 
 @contextlib.contextmanager
-def perf_database(db_url: str | None) -> Iterator[str]:
-    """Yield ``db_url``, or without one the URL of a SQLite file in a temporary directory that is
-    removed when the block ends."""
+def perf_database(application: SmallBankApplication, db_url: str | None) -> Iterator[str]:
+    """Yield ``db_url``, or without one the URL of a SQLite file named after the application in a
+    temporary directory that is removed when the block ends."""
     if db_url is not None:
         yield db_url
         return
     directory = tempfile.mkdtemp(prefix="waltz-perf-smallbank-")
     try:
-        yield f"sqlite:///{directory}/ledger.db"
+        yield f"sqlite:///{directory}/{application.name}.db"
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def check_database(db_url: str, *, new_log: bool, cluster_name: str = "ledger") -> None:
+def check_database(
+    application: SmallBankApplication, db_url: str, *, new_log: bool, cluster_name: str | None = None
+) -> None:
     """Check that the run may use the database, before anything starts.
 
     Args:
+        application: the application the run drives.
         db_url: a SQLAlchemy URL (SQLite, PostgreSQL, MariaDB/MySQL).
         new_log: the log is new (a local cluster started for the run): the database must then hold
             no marks of ``cluster_name`` either (they would belong to another log).
-        cluster_name: the log's name in the mark rows.
+        cluster_name: the log's name in the mark rows (None: the application's name).
 
     Raises:
         UnusableDatabaseError: a bad URL or a missing driver; the database cannot be reached; it
-            holds tables that are not this ledger's; or (``new_log``) it holds another log's marks.
+            holds tables that are not this application's; or (``new_log``) it holds another log's
+            marks.
     """
+    name = application.name
+    cluster_name = cluster_name or name
     shown = render_url(db_url)
     try:
         engine = create_framework_engine(db_url)
@@ -84,13 +83,13 @@ def check_database(db_url: str, *, new_log: bool, cluster_name: str = "ledger") 
     try:
         with engine.connect() as conn:
             tables = set(inspect(conn).get_table_names())
-            foreign = sorted(tables - LEDGER_TABLES)
+            foreign = sorted(tables - FRAMEWORK_TABLES - application.tables)
             if foreign:
                 more = f" and {len(foreign) - 8} more" if len(foreign) > 8 else ""
                 listed = ", ".join(foreign[:8]) + more
                 raise UnusableDatabaseError(
-                    f"the database {shown} holds tables that are not the ledger's ({listed}): give "
-                    "--db an empty database, or one that holds only this ledger's tables"
+                    f"the database {shown} holds tables that are not the {name}'s ({listed}): give "
+                    f"--db an empty database, or one that holds only this {name}'s tables"
                 )
             if new_log and high_water_marks.name in tables:
                 marks = conn.execute(
@@ -100,7 +99,7 @@ def check_database(db_url: str, *, new_log: bool, cluster_name: str = "ledger") 
                 ).all()
                 if marks:
                     raise UnusableDatabaseError(
-                        f"the database {shown} holds the ledger of another log (marks of "
+                        f"the database {shown} holds the {name} of another log (marks of "
                         f"{cluster_name!r} for {len(marks)} partition(s)); a cluster started for the "
                         "run has a new log: give --db an empty database"
                     )

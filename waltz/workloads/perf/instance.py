@@ -1,4 +1,4 @@
-"""An instance process of ``waltz perf smallbank``: one ``LedgerService`` and its share of the mix.
+"""An instance process of ``waltz perf smallbank``: one instance of the application, its share of the mix.
 
 Part of :mod:`waltz.workloads.perf` (its module docstring describes the run). The process is
 started with ``spawn``; it talks to the coordinator through a queue of ``(kind, index, payload)``
@@ -13,8 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from waltz import tune_garbage_collector
+from waltz import WaltzClientConfig, tune_garbage_collector
 from waltz.perf.producer import client_stage_totals
+from waltz.workloads.application import SmallBankInstance, load_application
 from waltz.workloads.perf.settings import (
     APPLIED_TIMEOUT,
     ERROR_SAMPLES,
@@ -25,26 +26,35 @@ from waltz.workloads.perf.settings import (
     SmallBankPerfSettings,
 )
 from waltz.workloads.smallbank import SmallBankConfig, SmallBankStats, SmallBankWorkload
-from waltz_examples.ledger.service import LedgerService
 
 __all__ = ["InstanceSpec", "instance_process", "stats_to_wire"]
 
 
 @dataclass(frozen=True, slots=True)
 class InstanceSpec:
-    """What an instance process runs (pickled to it)."""
+    """What an instance process runs (pickled to it).
+
+    Attributes:
+        index: the instance (0-based).
+        draws: its SmallBank draws.
+        db_url: the shared database.
+        config: its Waltz client's configuration.
+        settings: the run's settings (the application's module among them).
+        cluster_name: the log's name in the database's mark rows.
+        partitions: the partitions it mounts (None: all).
+    """
 
     index: int
     draws: int
     db_url: str
-    zookeeper: str
-    cluster_root: str
-    client_settings: dict[str, Any]
+    config: WaltzClientConfig
     settings: SmallBankPerfSettings
+    cluster_name: str
     partitions: tuple[int, ...] | None = None
 
 
 def stats_to_wire(stats: SmallBankStats) -> dict[str, Any]:
+    """A workload's figures as a picklable dict (its histograms encoded; ``InstanceFigures.from_wire``)."""
     return {
         "submitted": stats.submitted,
         "committed": stats.committed,
@@ -65,14 +75,11 @@ def _run_instance(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> No
     """One instance: mount, warm up, report ready, run the mix at the start event, report its
     figures, sweep until told to stop, then close and report its apply failures."""
     settings = spec.settings
-    service = LedgerService(
+    service = load_application(settings.app).instance(
         spec.db_url,
-        zookeeper=spec.zookeeper,
-        cluster_root=spec.cluster_root,
-        cluster_name=settings.cluster_name,
-        client_settings=spec.client_settings,
+        spec.config,
+        cluster_name=spec.cluster_name,
         sweep_interval=SWEEP_INTERVAL,
-        prepare=False,
         partitions=spec.partitions,
         entity_cache=settings.entity_cache,
     )
@@ -135,13 +142,15 @@ def _run_instance(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> No
     results.put(("closed", spec.index, {"uncaught": uncaught}))
 
 
-def _cache_counts(service: LedgerService) -> tuple[int, int]:
+def _cache_counts(service: SmallBankInstance) -> tuple[int, int]:
     """The instance's entity cache hits and misses so far ((0, 0) when it has none)."""
     cache = service.callbacks.entity_cache
     return (0, 0) if cache is None else (cache.hits, cache.misses)
 
 
 def instance_process(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> None:
+    """The target of an instance process: runs it, and reports an error on ``results`` instead of
+    raising it."""
     # Ctrl-C reaches the whole process group: the coordinator stops the instances.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:

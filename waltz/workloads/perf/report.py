@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from waltz.perf.stats import LatencyHistogram
+from waltz.workloads.checks import Check
 from waltz.workloads.perf.settings import ERROR_SAMPLES, SmallBankPerfSettings
 from waltz.workloads.smallbank import SmallBankStats
-from waltz_examples.ledger.checks import Check
 
 __all__ = ["InstanceFigures", "SmallBankPerfReport"]
 
@@ -115,14 +115,14 @@ class InstanceFigures:
 
 @dataclass
 class SmallBankPerfReport:
-    """A run's figures (merged over the instances) and the ledger's checks.
+    """A run's figures (merged over the instances) and the application's checks.
 
     Attributes:
         settings: what ran.
         database: the database URL, password hidden.
         instances: each instance's figures, by index.
         total: the instances' counts and histograms merged; ``seconds`` is the common window.
-        checks: the ledger's invariants after the run.
+        checks: the application's checks after the run.
         node_cpu_seconds: CPU seconds each cluster process spent from the start of the measured
             phase until every instance reported (empty for a cluster the run did not start).
         partitions: the log's partitions (0: not known).

@@ -5,6 +5,7 @@ Part of :mod:`waltz.workloads.perf` (its module docstring describes the run).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import queue
 import time
@@ -17,6 +18,8 @@ from waltz import WaltzClientConfig
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.processes import wait_until
 from waltz.perf.cost import measure_nodes
+from waltz.workloads.application import SmallBankApplication, load_application
+from waltz.workloads.checks import Check, check_application
 from waltz.workloads.perf.database import render_url
 from waltz.workloads.perf.instance import InstanceSpec, instance_process
 from waltz.workloads.perf.report import InstanceFigures, SmallBankPerfReport
@@ -30,9 +33,6 @@ from waltz.workloads.perf.settings import (
     SmallBankPerfSettings,
 )
 from waltz.workloads.smallbank import SmallBankConfig, SmallBankWorkload
-from waltz_examples.ledger.checks import Check, read_log, run_checks
-from waltz_examples.ledger.service import LedgerService, prepare_database
-from waltz_examples.ledger.transfers import pending_transfers
 
 __all__ = ["SmallBankRunError", "run_smallbank"]
 
@@ -43,37 +43,26 @@ class SmallBankRunError(RuntimeError):
     """The run could not complete: an instance process failed, or a phase timed out."""
 
 
-def _client_settings(config: WaltzClientConfig) -> dict[str, Any]:
-    """The configuration's explicitly set client fields, for each ``LedgerService``'s client."""
-    settings = config.model_dump(exclude_unset=True)
-    settings.pop("zookeeper_connect_string", None)
-    settings.pop("cluster_root", None)
-    return settings
-
-
 def _open_accounts(
-    db_url: str, zookeeper: str, root: str, client_settings: dict[str, Any], settings: SmallBankPerfSettings
+    app: SmallBankApplication,
+    db_url: str,
+    config: WaltzClientConfig,
+    cluster_name: str,
+    settings: SmallBankPerfSettings,
 ) -> tuple[int, int]:
     """Open every account through one instance in this process; returns its failed applies and
     the log's number of partitions."""
-    with LedgerService(
-        db_url,
-        zookeeper=zookeeper,
-        cluster_root=root,
-        cluster_name=settings.cluster_name,
-        client_settings=client_settings,
-        sweep_interval=None,
-        prepare=False,
-    ) as opener:
+    instance = app.instance(db_url, config, cluster_name=cluster_name, sweep_interval=None)
+    with contextlib.closing(instance) as opener:
         opener.client.wait_mounted(START_TIMEOUT)
-        config = SmallBankConfig(
+        mix = SmallBankConfig(
             accounts=settings.accounts,
             in_flight=max(settings.in_flight, 64),
             seed=settings.seed,
             submitters=settings.submitters,
             record_latency=False,
         )
-        workload = SmallBankWorkload([opener], config)
+        workload = SmallBankWorkload([opener], mix)
         try:
             workload.populate(timeout=POPULATE_TIMEOUT)
         except TimeoutError as exc:
@@ -82,7 +71,7 @@ def _open_accounts(
             workload.close()
         if workload.stats.errors:
             raise SmallBankRunError(f"opening the accounts failed: {workload.stats.errors[:3]}")
-        return opener.callbacks.uncaught_count, opener.num_partitions
+        return opener.callbacks.uncaught_count, opener.client.num_partitions
 
 
 class _Instances:
@@ -160,35 +149,36 @@ def run_smallbank(
     metrics_urls: Mapping[str, str] | None = None,
     say: Say | None = None,
 ) -> SmallBankPerfReport:
-    """Run the SmallBank mix from ``settings.instances`` processes and check the ledger.
+    """Run the SmallBank mix from ``settings.instances`` processes and check the application.
 
     Call :func:`check_database` first (before starting a cluster for the run).
 
     Args:
         config: the client configuration of the cluster (ZooKeeper, root; its explicitly set
             ``client_*`` fields go to every instance's client).
-        settings: instances, draws, accounts, concurrency, seed, timeout.
+        settings: instances, draws, accounts, concurrency, seed, timeout, the application.
         db_url: the shared database (migrated here).
         metrics_urls: ``/metrics`` URL of each cluster process by name, for their CPU per
             committed transaction; None or empty: the instances' CPU alone.
         say: called with a line at each stage (progress), if given.
 
     Returns:
-        The merged figures of the measured phase and the ledger's checks.
+        The merged figures of the measured phase and the application's checks.
 
     Raises:
+        ConfigurationError: ``settings.app`` names no SmallBank application.
         WaltzError: the cluster could not be reached.
         SmallBankRunError: an instance failed or a phase did not finish in time.
         SQLAlchemyError: the database failed.
     """
     tell = say or (lambda line: None)
-    zookeeper, root = config.zookeeper_connect_string, config.cluster_root
-    client_settings = _client_settings(config)
+    app = load_application(settings.app)
+    cluster_name = settings.cluster_name or app.name
     engine = create_framework_engine(db_url)
     try:
-        prepare_database(engine)
+        app.prepare_database(engine)
         tell(f"opening {settings.accounts} accounts (migrated {render_url(db_url)})")
-        uncaught, num_partitions = _open_accounts(db_url, zookeeper, root, client_settings, settings)
+        uncaught, num_partitions = _open_accounts(app, db_url, config, cluster_name, settings)
         if settings.partition_routing and settings.instances > num_partitions:
             raise SmallBankRunError(
                 f"partition routing needs at most one instance per partition: {settings.instances} "
@@ -201,7 +191,7 @@ def run_smallbank(
             return tuple(p for p in range(num_partitions) if p % settings.instances == index)
 
         specs = [
-            InstanceSpec(i, draws, db_url, zookeeper, root, client_settings, settings, mounted(i))
+            InstanceSpec(i, draws, db_url, config, settings, cluster_name, mounted(i))
             for i, draws in enumerate(settings.shares())
         ]
         warnings = []
@@ -223,15 +213,15 @@ def run_smallbank(
                 wires = instances.gather("result", settings.timeout + APPLIED_TIMEOUT + 30, "through the mix")
             figures = [InstanceFigures.from_wire(wires[i]) for i in sorted(wires)]
             tell("waiting for the sweepers to finish every two-step transfer")
-            _wait_quiet(engine)
+            _wait_quiet(app, engine)
             instances.stop.set()
             closed = instances.gather("closed", STOP_TIMEOUT + 30, "stopped")
             for f in figures:
                 f.uncaught = int(closed[f.index]["uncaught"])
         finally:
             instances.close()
-        tell("applying the log up to the servers' marks and checking the ledger")
-        checks, last = _check_ledger(engine, db_url, zookeeper, root, client_settings, settings.cluster_name)
+        tell(f"applying the log up to the servers' marks and checking the {app.name}")
+        checks, last = _check_application(app, engine, db_url, config, cluster_name)
         uncaught += last + sum(f.uncaught for f in figures)
         checks.append(Check("no apply ever failed", uncaught == 0, f"uncaught_exception calls: {uncaught}"))
     finally:
@@ -279,10 +269,10 @@ def _unsettled_warm_up(index: int, unapplied: int) -> str:
     )
 
 
-def _wait_quiet(engine: Engine, timeout: float = QUIET_TIMEOUT) -> None:
+def _wait_quiet(app: SmallBankApplication, engine: Engine, timeout: float = QUIET_TIMEOUT) -> None:
     try:
         wait_until(
-            lambda: pending_transfers(engine) == 0,
+            lambda: app.pending_steps(engine) == 0,
             timeout=timeout,
             what="every two-step transfer to be credited or refunded",
         )
@@ -290,34 +280,31 @@ def _wait_quiet(engine: Engine, timeout: float = QUIET_TIMEOUT) -> None:
         raise SmallBankRunError(str(exc)) from exc
 
 
-def _check_ledger(
-    engine: Engine,
-    db_url: str,
-    zookeeper: str,
-    root: str,
-    client_settings: dict[str, Any],
-    cluster_name: str,
+def _check_application(
+    app: SmallBankApplication, engine: Engine, db_url: str, config: WaltzClientConfig, cluster_name: str
 ) -> tuple[list[Check], int]:
-    """Finish what the instances left (a sweeper, the applies), then the ledger's invariants.
+    """Finish what the instances left (a sweeper, the applies), then the checks of
+    :func:`~waltz.workloads.checks.check_application` (no replica comparison: the run does not
+    know the cluster's nodes).
 
     Returns:
         The checks, and the failed applies of this last instance.
     """
-    with LedgerService(
-        db_url,
-        zookeeper=zookeeper,
-        cluster_root=root,
-        cluster_name=cluster_name,
-        client_settings=client_settings,
-        sweep_interval=SWEEP_INTERVAL,
-        prepare=False,
-    ) as checker:
+    instance = app.instance(db_url, config, cluster_name=cluster_name, sweep_interval=SWEEP_INTERVAL)
+    with contextlib.closing(instance) as checker:
         checker.client.wait_mounted(START_TIMEOUT)
-        _wait_quiet(engine)
-        marks = {p: checker.client.get_high_water_mark(p) for p in range(checker.num_partitions)}
+        _wait_quiet(app, engine)
+        marks = {p: checker.client.get_high_water_mark(p) for p in range(checker.client.num_partitions)}
         for pid, mark in marks.items():
             if mark >= 0 and not checker.callbacks.wait_for(pid, mark, STOP_TIMEOUT):
                 raise SmallBankRunError(f"partition {pid} not applied up to {mark} within {STOP_TIMEOUT:g}s")
         uncaught = checker.callbacks.uncaught_count
-    tally = read_log(zookeeper, root, marks)
-    return run_checks(engine, cluster_name=cluster_name, server_marks=marks, tally=tally), uncaught
+    checks = check_application(
+        app,
+        engine,
+        cluster_name=cluster_name,
+        server_marks=marks,
+        zookeeper=config.zookeeper_connect_string,
+        cluster_root=config.cluster_root,
+    )
+    return checks, uncaught

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from waltz.workloads.application import DEFAULT_APPLICATION
 from waltz.workloads.smallbank import SmallBankConfig
 
 __all__ = [
@@ -42,7 +43,7 @@ class SmallBankPerfSettings:
     """A ``waltz perf smallbank`` run.
 
     Attributes:
-        instances: instance processes, each with its own ``LedgerService``.
+        instances: instance processes, each with an instance of the application of its own.
         transactions: measured SmallBank draws in all (Balance reads included), split across the
             instances (the first ones take one more when it does not divide).
         accounts: SmallBank customers (at least 2), opened once before the measured phase.
@@ -50,7 +51,7 @@ class SmallBankPerfSettings:
         submitters: threads per instance that submit (each runs a first attempt's reads).
         seed: the accounts' opening balances use it; instance ``i`` draws with ``seed + 1 + i``.
         timeout: seconds the measured phase may take.
-        cluster_name: the log's name in the database's mark rows.
+        cluster_name: the log's name in the database's mark rows (None: the application's name).
         partition_routing: partition-routed instances: instance ``i`` of ``N`` mounts the
             partitions ``p`` with ``p mod N == i`` and submits the transactions of their
             customers (a request goes to the instance of its customer's partition), so each
@@ -65,6 +66,7 @@ class SmallBankPerfSettings:
             allows, counted nowhere, and applies before the phase starts: its first transactions
             open database connections and fill the entity cache, which a service that has been
             running has done (0: none).
+        app: the SmallBank application's module (:func:`~waltz.workloads.application.load_application`).
 
     Raises:
         ValueError: a count below its minimum, or a timeout not above 0.
@@ -77,11 +79,12 @@ class SmallBankPerfSettings:
     submitters: int = SmallBankConfig.submitters
     seed: int = 7
     timeout: float = 600.0
-    cluster_name: str = "ledger"
+    cluster_name: str | None = None
     partition_routing: bool = False
     entity_cache: bool = True
     rate: float | None = None
     warm_up: int = 100
+    app: str = DEFAULT_APPLICATION
 
     def __post_init__(self) -> None:
         if self.rate is not None and not self.rate > 0:
@@ -106,7 +109,8 @@ class SmallBankPerfSettings:
         return [base + (1 if i < extra else 0) for i in range(self.instances)]
 
     def describe(self) -> str:
-        """One line: instances, draws, accounts, concurrency, seed."""
+        """One line: instances, draws, accounts, concurrency, seed (and an application other than the
+        default)."""
         share = self.shares()
         each = f"{share[0]:,}" if len(set(share)) == 1 else f"{min(share):,}-{max(share):,}"
         return (
@@ -117,6 +121,7 @@ class SmallBankPerfSettings:
             + ("" if self.entity_cache else ", no entity cache")
             + ("" if self.rate is None else f", {self.rate:,g} draws/s scheduled")
             + f", {self.warm_up:,} warm-up draws per instance"
+            + ("" if self.app == DEFAULT_APPLICATION else f", application {self.app}")
         )
 
     def summary(self) -> dict[str, Any]:
@@ -132,4 +137,5 @@ class SmallBankPerfSettings:
             "partition_routing": self.partition_routing,
             "entity_cache": self.entity_cache,
             "rate": self.rate,
+            "app": self.app,
         }
