@@ -202,7 +202,7 @@ class LedgerService:
         return Outcome(
             committed=transaction_id is not None,
             transaction_id=transaction_id,
-            partition_id=operation._partition_id,
+            partition_id=operation.chosen_partition,
             reason=operation.reason,
             lock_failures=operation.lock_failures,
             transfer_id=transfer_id,
