@@ -123,15 +123,10 @@ class LedgerApplication:
     ) -> LedgerInstance:
         """A :class:`LedgerService` with the configuration's client settings; its sweeper scans
         every ``sweep_interval`` seconds (None: no sweeper)."""
-        settings = config.model_dump(exclude_unset=True)
-        settings.pop("zookeeper_connect_string", None)
-        settings.pop("cluster_root", None)
-        service = LedgerService(
+        service = LedgerService.from_config(
             db_url,
-            zookeeper=config.zookeeper_connect_string,
-            cluster_root=config.cluster_root,
+            config,
             cluster_name=cluster_name,
-            client_settings=settings,
             sweep_interval=sweep_interval,
             prepare=False,
             partitions=partitions,
