@@ -17,7 +17,7 @@ from waltz import WaltzClientConfig
 from waltz.errors import CrossPartitionError
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
-from waltz.workloads.checks import check_application
+from waltz.workloads.checks import Check, check_application
 from waltz_examples.ledger.models import TransferIn, TransferOut
 from waltz_examples.ledger.service import LedgerService, prepare_database
 from waltz_examples.ledger.smallbank import SMALLBANK
@@ -49,15 +49,32 @@ def wait_settled(ledger: LedgerService, transfer_id: str) -> str:
     return result
 
 
+def failed_checks(ledger: LedgerService, cluster: LocalCluster, cluster_name: str) -> list[Check]:
+    """The checks the tools run after a workload (:mod:`waltz.workloads.checks`, the ledger's
+    invariants among them) that fail, once ``ledger`` applied the log up to the servers' marks.
+    The database applied the whole shared log, so they hold over all of it."""
+    marks = {p: ledger.client.get_high_water_mark(p) for p in range(ledger.num_partitions)}
+    for pid, mark in marks.items():
+        assert mark < 0 or ledger.callbacks.wait_for(pid, mark, 30)
+    checks = check_application(
+        SMALLBANK,
+        ledger.engine,
+        cluster_name=cluster_name,
+        server_marks=marks,
+        zookeeper=cluster.zookeeper_connect_string,
+        cluster_root=cluster.root,
+    )
+    return [c for c in checks if not c.passed]
+
+
 def test_the_bank_operations_keep_their_rules(
     ledger_cluster: LocalCluster, ledger_config: WaltzClientConfig, ledger_db: str
 ) -> None:
     # The log is shared by the ledger's tests (a fresh database replays all of it): customers of
     # this test are b+1, b+2, b+5 for a fresh b, a multiple of the partitions (4), so that b+1 and
     # b+5 share a partition and b+2 is in another.
-    partitions = ledger_cluster.num_partitions
     name = f"bank-{os.urandom(4).hex()}"
-    b = random.randrange(1, 10**9) * partitions
+    b = random.randrange(1, 10**9) * ledger_cluster.num_partitions
     one, two, five = b + 1, b + 2, b + 5
     with service(ledger_config, ledger_db, name) as ledger:
         for custid in (one, two, five):
@@ -89,20 +106,8 @@ def test_the_bank_operations_keep_their_rules(
         assert ledger.balance(one) == (1000, 1000)
         assert not ledger.deposit(two, 1).committed  # closed
 
-        marks = {p: ledger.client.get_high_water_mark(p) for p in range(partitions)}
-        for pid, mark in marks.items():
-            assert mark < 0 or ledger.callbacks.wait_for(pid, mark, 30)
         wait_until(lambda: money_in_flight(ledger.engine) == 0, timeout=30, what="no money in flight")
-        # This database applied the whole shared log, so the invariants hold over all of it.
-        checks = check_application(
-            SMALLBANK,
-            ledger.engine,
-            cluster_name=name,
-            server_marks=marks,
-            zookeeper=ledger_cluster.zookeeper_connect_string,
-            cluster_root=ledger_cluster.root,
-        )
-        assert [c for c in checks if not c.passed] == []
+        assert failed_checks(ledger, ledger_cluster, name) == []
         assert ledger.callbacks.uncaught_count == 0
 
 
@@ -112,9 +117,8 @@ def test_one_step_transaction_moves_several_transfers_each_once(
     """The sweeper's batched steps: a receiver of two credits gets both, a transfer credited
     already is left alone, rejected credits are refunded together, a step is dropped when every
     transfer is past it, and the money adds up."""
-    partitions = ledger_cluster.num_partitions
     name = f"steps-{os.urandom(4).hex()}"
-    b = random.randrange(1, 10**9) * partitions
+    b = random.randrange(1, 10**9) * ledger_cluster.num_partitions
     one, two, five, six = b + 1, b + 2, b + 5, b + 6  # one and five share a partition, two and six another
     with service(ledger_config, ledger_db, name, sweep_interval=None) as ledger:
         for custid in (one, two, five, six):
@@ -164,18 +168,7 @@ def test_one_step_transaction_moves_several_transfers_each_once(
         with pytest.raises(CrossPartitionError):  # credits of receivers in two partitions
             ledger.submit(CreditTransfers(ledger.callbacks, [outbox[ids[0]], elsewhere]))
 
-        marks = {p: ledger.client.get_high_water_mark(p) for p in range(partitions)}
-        for pid, mark in marks.items():
-            assert mark < 0 or ledger.callbacks.wait_for(pid, mark, 30)
-        checks = check_application(
-            SMALLBANK,
-            ledger.engine,
-            cluster_name=name,
-            server_marks=marks,
-            zookeeper=ledger_cluster.zookeeper_connect_string,
-            cluster_root=ledger_cluster.root,
-        )
-        assert [c for c in checks if not c.passed] == []
+        assert failed_checks(ledger, ledger_cluster, name) == []
 
 
 def test_kill_9_between_a_debit_and_its_credit_loses_nothing(
