@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Collection, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from waltz.errors import ConfigurationError
@@ -33,10 +34,10 @@ if TYPE_CHECKING:
     from waltz.client import WaltzClient, WaltzClientConfig
     from waltz.jdbc_style import ChangeSetCallbacks
     from waltz.spark.views import AppViews
-    from waltz.workloads.checks import Check
 
 __all__ = [
     "DEFAULT_APPLICATION",
+    "Check",
     "Invariants",
     "SmallBankApplication",
     "SmallBankInstance",
@@ -143,6 +144,15 @@ class SmallBankInstance(Protocol):
     def close(self) -> None:
         """Stop the instance: its client and everything it started. Idempotent."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One check's verdict: its name, whether it passed, and what it found (the figures)."""
+
+    name: str
+    passed: bool
+    detail: str
 
 
 class Invariants(Protocol):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Engine, select
 
@@ -29,20 +29,9 @@ from waltz.client.reading import read_up_to
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style import CHANGE_SET_HEADER, ChangeSet
 from waltz.jdbc_style.schema import high_water_marks
-
-if TYPE_CHECKING:
-    from waltz.workloads.application import SmallBankApplication
+from waltz.workloads.application import Check, SmallBankApplication
 
 __all__ = ["Check", "LogTally", "check_application", "read_log"]
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One invariant's result."""
-
-    name: str
-    passed: bool
-    detail: str
 
 
 @dataclass

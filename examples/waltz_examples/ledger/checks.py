@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import ColumnExpressionArgument, Connection, Engine, func, select
 
-from waltz.workloads.checks import Check
+from waltz.workloads.application import Check
 from waltz_examples.ledger.models import (
     Checking,
     Savings,
