@@ -20,13 +20,12 @@ database; the workload spreads its draws over them.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Collection, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from waltz.errors import ConfigurationError
+from waltz.app_modules import find_app_object
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -247,18 +246,12 @@ def load_application(module: str) -> SmallBankApplication:
         ConfigurationError: no such module, or none of the two defines ``SMALLBANK`` as a
             :class:`SmallBankApplication`.
     """
-    for candidate in (f"{module}.smallbank", module):
-        try:
-            found = importlib.import_module(candidate)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and candidate.startswith(exc.name):
-                continue
-            raise
-        application = getattr(found, "SMALLBANK", None)
-        if isinstance(application, SmallBankApplication):
-            return application
-    raise ConfigurationError(
-        f"no module {module}.smallbank or {module} defines SMALLBANK (a SmallBank application, "
-        f"waltz.workloads.application.SmallBankApplication); give the module of one, e.g. "
-        f"{DEFAULT_APPLICATION}"
+    application: SmallBankApplication = find_app_object(
+        module,
+        "smallbank",
+        "SMALLBANK",
+        SmallBankApplication,
+        "a SmallBank application, waltz.workloads.application.SmallBankApplication; e.g. "
+        + DEFAULT_APPLICATION,
     )
+    return application
