@@ -21,7 +21,7 @@ from waltz import (
     TransactionContext,
     WaltzClientCallbacks,
 )
-from waltz.client import client_partition
+from waltz.client import lock_holds
 from waltz.client.client_partition import ClientPartition, PartitionState
 from waltz.client.context import AppendPayload
 from waltz.client.submission import Submission
@@ -721,7 +721,7 @@ def test_an_attempt_that_did_not_see_an_own_commit_on_its_lock_fails_without_the
 
         # Beyond the latest KEEP_APPLIED_COMMITS own commits an applied one is forgotten: an
         # attempt from an older mark is the server's to refuse.
-        monkeypatch.setattr(client_partition, "KEEP_APPLIED_COMMITS", 0)
+        monkeypatch.setattr(lock_holds, "KEEP_APPLIED_COMMITS", 0)
         partition.send_append(*locked(b"once forgotten", read=(4,)))
         assert sent_data(connection)[-1] == b"once forgotten"
         assert partition.committed_after([PartitionLocalLock("k", n).lock_hash for n in (1, 4)], 5) == 5

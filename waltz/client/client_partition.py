@@ -36,17 +36,17 @@ import asyncio
 import contextlib
 import enum
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from waltz.client.apply_worker import ApplyWorker
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.connection import ServerConnection
 from waltz.client.context import AppendPayload
+from waltz.client.lock_claims import ClaimWaiter, LockClaims
+from waltz.client.lock_holds import LockHolds, PendingAppend
 from waltz.client.metrics import ClientMetrics, PartitionMetrics
 from waltz.client.monitor import TransactionMonitor
 from waltz.client.submission import Submission, Waiting
@@ -62,17 +62,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: A context waiting for another's claim, with the lock hashes it expects (see ClientPartition.claim).
-ClaimWaiter = tuple[Submission, Sequence[int]]
-
 #: Longest pause between mount attempts, in seconds.
 MAX_MOUNT_BACKOFF = 1.0
-#: Own commits whose locks a partition remembers at most, applied or not (the oldest are forgotten
-#: beyond: their lock failures are then found by the server).
-MAX_REMEMBERED_COMMITS = 100_000
-#: Own commits a partition still remembers after applying them, the latest ones: an attempt that
-#: read from a mark below one of them before it was applied is sent only after, and fails here.
-KEEP_APPLIED_COMMITS = 1_000
 
 
 class PartitionState(enum.Enum):
@@ -127,17 +118,6 @@ class PartitionHost(Protocol):
         ...
 
 
-@dataclass(slots=True)
-class _Pending:
-    """An append sent and not resolved yet, with the appends held back behind its locks."""
-
-    submission: Submission
-    payload: AppendPayload
-    held: list[Waiting] | None = None
-    sent_at: float = 0.0
-    """``time.monotonic()`` when it was handed to the connection (the log round trip's start)."""
-
-
 class ClientPartition:
     """One partition as this client sees it.
 
@@ -176,7 +156,6 @@ class ClientPartition:
         self._max_apply_batch = max_apply_batch
         self._apply_linger = apply_linger
         self._max_apply_backlog = max_apply_backlog
-        self._hold_conflicting = hold_conflicting_appends
         self._retry_linger = retry_linger
         self.limit = ConcurrencyLimit(max_concurrent)
         self.applied = Watermark(-1)
@@ -184,7 +163,7 @@ class ClientPartition:
         self.absorbed = Watermark(-1)
         """The highest transaction ID the callbacks absorbed (``absorb_transactions``; with
         callbacks that do not absorb, the same as :attr:`applied`); never below it."""
-        self.monitor: TransactionMonitor[_Pending] = TransactionMonitor()
+        self.monitor: TransactionMonitor[PendingAppend] = TransactionMonitor()
         self.state = PartitionState.UNMOUNTED
         self.endpoint: str | None = None
         self.generation = -1
@@ -199,18 +178,8 @@ class ClientPartition:
         self.mounts = 0
         self.feed_gaps = 0
         self._blocked: deque[tuple[Submission, AppendPayload]] = deque()
-        self._holders: dict[int, _Pending] = {}  # lock hash -> the latest pending append locking it
-        # This client's commits that its applies have not reached yet: lock hash -> the latest such
-        # transaction ID writing it, and the commits in order (forgotten once applied).
-        self._committed_locks: dict[int, int] = {}
-        self._committed_order: deque[tuple[int, tuple[int, ...]]] = deque()
-        # Contexts running again whose followers wait for their next attempt (see _release).
-        self._leaders: set[Submission] = set()
-        # First attempts running with their expected locks, and the contexts that wait for their
-        # appends (see claim); touched from any thread, under the lock.
-        self._claims_lock = threading.Lock()
-        self._claims: dict[int, Submission] = {}  # lock hash -> the context whose first attempt claimed it
-        self._claimed: dict[Submission, tuple[Sequence[int], deque[ClaimWaiter]]] = {}
+        self._holds = LockHolds(self.applied, hold_conflicting_appends)
+        self._claims = LockClaims(self._holds, self.metrics)
         self._feed_mark = -1
         self._queued_mark: int | None = None
         self._to_queue: list[tuple[Transaction, Submission | None]] = []  # handed over by end_of_batch
@@ -334,17 +303,9 @@ class ClientPartition:
         pending = self.monitor.fail_all()
         held = [p.submission for p in pending] + [s for s, _ in self._blocked]
         held += [submission for p in pending for submission, _, _ in p.held or ()]
-        for leader in self._leaders:
-            held += [submission for submission, _, _ in leader.followers or ()]
-            leader.followers = None
-        self._leaders.clear()
-        with self._claims_lock:
-            for _, waiters in self._claimed.values():
-                held += [submission for submission, _ in waiters]
-            self._claimed.clear()
-            self._claims.clear()
+        held += self._holds.clear()
+        held += self._claims.clear()
         self._blocked.clear()
-        self._holders.clear()
         return worker, held
 
     def set_placement(self, endpoint: str | None, generation: int) -> None:
@@ -540,44 +501,25 @@ class ClientPartition:
             if state is _MOUNTED:
                 self.remount("connection lost")
             return
-        followers = submission.followers
-        if followers is not None:  # its turn came: those waiting behind it wait behind this attempt
-            submission.followers = None
-            self._leaders.discard(submission)
-        holders = self._holders
-        if holders:
-            for lock in payload.write_locks + payload.read_locks:
-                holder = holders.get(lock)
-                if holder is not None:
-                    if holder.held is None:
-                        holder.held = [(submission, payload, -1)]
-                    else:
-                        holder.held.append((submission, payload, -1))
-                    if followers:
-                        holder.held += followers
-                    if submission.trace is not None:
-                        submission.trace.held()
-                    self.metrics.held_appends.inc()
-                    return
-        if self._committed_locks:
-            committed = self.committed_after(
-                payload.write_locks + payload.read_locks, payload.client_high_water_mark
-            )
-            if committed > payload.client_high_water_mark:
-                # An own commit the attempt did not see wrote one of its locks: the server would
-                # refuse it. A lock failure found here, without the round trip.
-                if followers:
-                    self._follow(submission, [(s, p, max(after, committed)) for s, p, after in followers])
-                self._host.retry(self, submission, committed)
-                return
+        holds = self._holds
+        followers = holds.take_followers(submission)  # its turn came: they wait behind this attempt
+        if holds.hold_back(submission, payload, followers):
+            if submission.trace is not None:
+                submission.trace.held()
+            self.metrics.held_appends.inc()
+            return
+        committed = holds.stale_after(payload)
+        if committed > payload.client_high_water_mark:
+            # An own commit the attempt did not see wrote one of its locks: the server would
+            # refuse it. A lock failure found here, without the round trip.
+            if followers:
+                holds.follow(submission, [(s, p, max(after, committed)) for s, p, after in followers])
+            self._host.retry(self, submission, committed)
+            return
         req_id = ReqId(self._host.client_id, self.generation, self.partition_id, self._host.next_seq_num())
-        pending = _Pending(submission, payload, followers or None, time.monotonic())
+        pending = PendingAppend(submission, payload, followers or None, time.monotonic())
         self.monitor.register(req_id, pending)
-        if self._hold_conflicting:
-            for lock in payload.write_locks:
-                holders[lock] = pending
-            for lock in payload.append_locks:
-                holders[lock] = pending
+        holds.hold(pending)
         trace = submission.trace
         connection.send_append(
             req_id,
@@ -590,54 +532,12 @@ class ClientPartition:
         """Whether a pending append of this client holds one of these locks now, or a commit of
         this client after ``seen`` (the mark an attempt would read at) wrote one (read from any
         thread: a hint, confirmed on the loop by :meth:`queue_first_attempt`)."""
-        holders = self._holders
-        if holders and any(lock in holders for lock in lock_hashes):
-            return True
-        committed = self._committed_locks
-        return bool(committed) and any(committed.get(lock, -1) > seen for lock in lock_hashes)
+        return self._holds.holds_any(lock_hashes, seen)
 
     def committed_after(self, lock_hashes: Sequence[int], seen: int) -> int:
         """The latest commit of this client after ``seen`` that wrote one of ``lock_hashes``
-        (a WRITE or APPEND lock) among those it remembers (every one not yet applied here, and the
-        latest applied ones); ``seen`` when there is none (on the loop).
-
-        An attempt whose client high-water mark is ``seen`` would fail the server's lock check on
-        it (docs/design/locks.md "Locks of appends in flight").
-        """
-        self._forget_applied()
-        committed = self._committed_locks
-        latest = seen
-        for lock in lock_hashes:
-            latest = max(latest, committed.get(lock, -1))
-        return latest
-
-    def _remember_commit(self, payload: AppendPayload, transaction_id: int) -> None:
-        """Keep the WRITE and APPEND locks of an own commit until this client has applied it and
-        :data:`KEEP_APPLIED_COMMITS` later own commits."""
-        locks = payload.write_locks + payload.append_locks
-        if not locks:
-            return
-        order = self._committed_order
-        if len(order) >= MAX_REMEMBERED_COMMITS:
-            self._forget(order.popleft())  # only a lock failure found here is lost
-        order.append((transaction_id, locks))
-        committed = self._committed_locks
-        for lock in locks:
-            committed[lock] = transaction_id
-
-    def _forget_applied(self) -> None:
-        """Forget applied commits beyond the latest :data:`KEEP_APPLIED_COMMITS` (in ID order)."""
-        order = self._committed_order
-        applied = self.applied.value
-        while len(order) > KEEP_APPLIED_COMMITS and order[0][0] <= applied:
-            self._forget(order.popleft())
-
-    def _forget(self, commit: tuple[int, tuple[int, ...]]) -> None:
-        transaction_id, locks = commit
-        committed = self._committed_locks
-        for lock in locks:
-            if committed.get(lock) == transaction_id:
-                del committed[lock]
+        (see :meth:`LockHolds.committed_after`; on the loop)."""
+        return self._holds.committed_after(lock_hashes, seen)
 
     def queue_first_attempt(self, submission: Submission, lock_hashes: Sequence[int]) -> None:
         """Queue a context behind the pending append holding one of its expected locks, before its
@@ -647,70 +547,26 @@ class ClientPartition:
         if self.state is _CLOSED:
             self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
             return
-        holders = self._holders
-        for lock in lock_hashes:
-            holder = holders.get(lock)
-            if holder is not None:
-                waiting: Waiting = (submission, None, -1)
-                if holder.held is None:
-                    holder.held = [waiting]
-                else:
-                    holder.held.append(waiting)
-                self.metrics.held_appends.inc()
-                return
+        if self._holds.queue_first_attempt(submission, lock_hashes):
+            self.metrics.held_appends.inc()
+            return
         self._host.queued_attempt(self, submission, self.committed_after(lock_hashes, -1))
 
     def claim(
         self, submission: Submission, lock_hashes: Sequence[int], waiters: deque[ClaimWaiter] | None = None
     ) -> bool:
-        """Claim these expected locks for the first attempt of ``submission``, which runs now or
-        is queued (any thread), until its append reaches the event loop or the context ends
-        without one (:meth:`release_claims`). False when another context claimed one of them
-        first: ``submission`` then waits, without running, for that context's append, and goes on
-        as :meth:`claims_released` says (docs/design/locks.md "Locks of appends in flight").
-
-        Only a lock that an own append writes, pending or among the commits this client
-        remembers, makes a context wait for another's claim: two contexts that expect to read an
-        entity nobody here writes run side by side, as their locks allow.
-
-        The holders of locks are only known on the loop, once an append gets there: two contexts
-        on a hot lock that both looked before either append arrived would both run, and one
-        would be held back behind the other and run again.
-
-        ``waiters``: contexts that wait for this one's append from the start, ahead of any that
-        find its claim later (:meth:`claims_released`).
-        """
-        holders, written = self._holders, self._committed_locks  # read from any thread: hints
-        with self._claims_lock:
-            claims = self._claims
-            for lock in lock_hashes:
-                claimant = claims.get(lock)
-                if claimant is not None and (lock in holders or lock in written):
-                    self._claimed[claimant][1].append((submission, lock_hashes))
-                    self.metrics.claim_waits.inc()
-                    return False
-            for lock in lock_hashes:
-                claims[lock] = submission
-            self._claimed[submission] = (lock_hashes, deque() if waiters is None else waiters)
-            return True
+        """Claim these expected locks for the first attempt of ``submission`` (any thread; see
+        :meth:`LockClaims.claim`); False when it waits for another context's claim."""
+        return self._claims.claim(submission, lock_hashes, waiters)
 
     def has_claims(self, submission: Submission) -> bool:
         """Whether ``submission`` holds claims (a hint read without the lock)."""
-        return submission in self._claimed
+        return self._claims.has_claims(submission)
 
     def release_claims(self, submission: Submission) -> deque[ClaimWaiter]:
         """End the claims of ``submission`` (any thread); returns the contexts that waited for
         them, in order, for :meth:`claims_released` on the loop."""
-        with self._claims_lock:
-            entry = self._claimed.pop(submission, None)
-            if entry is None:
-                return deque()
-            lock_hashes, waiters = entry
-            claims = self._claims
-            for lock in lock_hashes:
-                if claims.get(lock) is submission:
-                    del claims[lock]
-            return waiters
+        return self._claims.release(submission)
 
     def claims_released(self, waiters: deque[ClaimWaiter]) -> None:
         """Go on with the contexts that waited for a claim (on the loop, after the claimant's
@@ -727,7 +583,7 @@ class ClientPartition:
                 self.queue_first_attempt(submission, lock_hashes)
                 return
 
-    def _failed(self, pending: _Pending, lock_target: int | None) -> None:
+    def _failed(self, pending: PendingAppend, lock_target: int | None) -> None:
         """A pending append failed (a lock failure naming ``lock_target``, or lost: None): run its
         context again.
 
@@ -740,7 +596,7 @@ class ClientPartition:
         self._host.retry(self, pending.submission, lock_target)
 
     def _resolved(
-        self, pending: _Pending, committed_as: int | None, retried_after: int | None = None
+        self, pending: PendingAppend, committed_as: int | None, retried_after: int | None = None
     ) -> None:
         """A pending append left the transaction monitor (``committed_as``: its transaction ID, or
         None when it failed): release its locks and what it held back (see :meth:`send_append`).
@@ -748,22 +604,12 @@ class ClientPartition:
         ``retried_after`` is set when the append's own context runs again after a lock failure
         on that transaction: what it held back then follows that next attempt, in order.
         """
-        holders = self._holders
-        if committed_as is not None and self._hold_conflicting:
-            self._remember_commit(pending.payload, committed_as)
-        if holders:
-            payload = pending.payload
-            for lock in payload.write_locks:
-                if holders.get(lock) is pending:
-                    del holders[lock]
-            for lock in payload.append_locks:
-                if holders.get(lock) is pending:
-                    del holders[lock]
-        held = pending.held
+        held = self._holds.release(pending, committed_as)
         if held:
-            pending.held = None
             if retried_after is not None:
-                self._follow(pending.submission, [(s, p, max(after, retried_after)) for s, p, after in held])
+                self._holds.follow(
+                    pending.submission, [(s, p, max(after, retried_after)) for s, p, after in held]
+                )
             else:
                 self._release(held, -1 if committed_as is None else committed_as)
 
@@ -789,26 +635,16 @@ class ClientPartition:
                 followers.append((submission, payload, after))
         if leader is not None:
             if followers:  # before the retry: its next attempt may run (and end) at once
-                self._follow(leader[0], followers)
+                self._holds.follow(leader[0], followers)
             if leader[1] is None:  # queued before its first attempt: no lock failure of its own
                 self._host.queued_attempt(self, leader[0], leader[2])
             else:
                 self._host.retry(self, leader[0], leader[2])
 
-    def _follow(self, leader: Submission, waiting: list[Waiting]) -> None:
-        """Queue ``waiting`` behind the next attempt of ``leader``, which runs again."""
-        if leader.followers is None:
-            leader.followers = waiting
-        else:
-            leader.followers += waiting
-        self._leaders.add(leader)
-
     def leader_ended(self, leader: Submission) -> None:
         """``leader`` ended without another append (on the loop): release those following it."""
-        followers = leader.followers
+        followers = self._holds.leader_ended(leader)
         if followers is not None:
-            leader.followers = None
-            self._leaders.discard(leader)
             self._release(followers, -1)
 
     def send_flush(self) -> None:
