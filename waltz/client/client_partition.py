@@ -21,13 +21,8 @@ mark", also used for every reassignment):
    holds nothing of it any more) and is re-executed;
 6. appends are unblocked.
 
-Apply flow control (``client.maxApplyBacklog`` = L; ``docs/protocol.md`` "Feed window"): the
-mount carries a feed window, so the server feeds at most up to transaction ``applied + L``; each
-time the application has applied half a window more, a ``FeedWindow`` grants up to the new
-``applied + L``. Transactions held for the application stay below about L whatever the apply rate,
-and a far-behind client is fed as fast as it applies, never faster. While the window is full the
-feed also stops telling this client about its own commits, so its submissions wait (back pressure
-on writers whose application cannot keep up) instead of piling up.
+Apply flow control (``client.maxApplyBacklog``): each mount carries a feed window
+(:class:`~waltz.client.feed_window.FeedWindow`).
 """
 
 from __future__ import annotations
@@ -45,6 +40,7 @@ from waltz.client.apply_worker import ApplyWorker
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.connection import ServerConnection
 from waltz.client.context import AppendPayload
+from waltz.client.feed_window import FeedWindow
 from waltz.client.lock_claims import ClaimWaiter, LockClaims
 from waltz.client.lock_holds import LockHolds, PendingAppend
 from waltz.client.metrics import ClientMetrics, PartitionMetrics
@@ -155,7 +151,6 @@ class ClientPartition:
         self._host = host
         self._max_apply_batch = max_apply_batch
         self._apply_linger = apply_linger
-        self._max_apply_backlog = max_apply_backlog
         self._retry_linger = retry_linger
         self.limit = ConcurrencyLimit(max_concurrent)
         self.applied = Watermark(-1)
@@ -183,9 +178,9 @@ class ClientPartition:
         self._feed_mark = -1
         self._queued_mark: int | None = None
         self._to_queue: list[tuple[Transaction, Submission | None]] = []  # handed over by end_of_batch
-        self._window_task: asyncio.Task[None] | None = None  # grants more feed as applies progress
-        self.window_end: int | None = None
-        """The highest transaction ID the server may feed (``client.maxApplyBacklog``), or None."""
+        self._window = FeedWindow(
+            partition_id, max_apply_backlog, self.applied, self._new_req_id, self.metrics
+        )
         self._mounted = asyncio.Event()
         self._wakeup = asyncio.Event()
         self._mount_task: asyncio.Task[None] | None = None
@@ -199,6 +194,10 @@ class ClientPartition:
             f"ClientPartition({self.partition_id}, {self.state.value}, {self.endpoint} "
             f"generation {self.generation}, pending {len(self.monitor)}, blocked {len(self._blocked)})"
         )
+
+    def _new_req_id(self, generation: int) -> ReqId:
+        """The ReqId of this client's next request on the partition under ``generation``."""
+        return ReqId(self._host.client_id, generation, self.partition_id, self._host.next_seq_num())
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -241,7 +240,7 @@ class ClientPartition:
             return
         log.info("partition %d: mounting again (%s)", self.partition_id, reason)
         self.metrics.remounts.inc()
-        self._stop_window()
+        self._window.stop()
         self.state = PartitionState.MOUNTING
         self._mounted.clear()
         self._flush_reqs.clear()
@@ -274,7 +273,7 @@ class ClientPartition:
         if self._mount_task is not None:
             self._mount_task.cancel()
             self._mount_task = None
-        self._stop_window()
+        self._window.stop()
         self.connection = None
         self._queued_mark = None
         self._to_queue.clear()
@@ -362,12 +361,13 @@ class ClientPartition:
             if self._wakeup.is_set() or self.state is not PartitionState.MOUNTING:
                 continue  # the assignment changed meanwhile
             self.connection = connection
+            self._window.stop()  # it granted on the connection before, if any
             mount_mark = self._mount_mark(high_water_mark)
             req_id = ReqId(self._host.client_id, generation, self.partition_id, self._host.next_seq_num())
             response: asyncio.Future[bool] = loop.create_future()
             self._mount_req, self._mount_response = req_id, response
             self._feed_mark = mount_mark
-            window_end = self._first_window_end(mount_mark)
+            window_end = self._window.first_end(mount_mark)
             message = client_pb2.ClientMessage(
                 mount=client_pb2.MountRequest(
                     req_id=req_id.to_proto(),
@@ -380,7 +380,7 @@ class ClientPartition:
                 connection.send(message)
             except ConnectionError:
                 continue
-            self._start_window(connection, generation, window_end)
+            self._window.start(connection, generation, window_end)
             wakeup = loop.create_task(self._wakeup.wait())
             waiting: set[asyncio.Future[Any]] = {response, wakeup}
             try:
@@ -758,55 +758,6 @@ class ClientPartition:
         if self._to_queue and self.worker is not None:
             self.worker.enqueue_many(self._to_queue)
             self._to_queue = []
-
-    # --- the feed window (client.maxApplyBacklog) -------------------------------------------------
-
-    def _first_window_end(self, mount_mark: int) -> int | None:
-        """The feed window of a mount: ``applied + L`` (at least one past the mount's mark, for a
-        remount while a full window still waits to be applied); None without a limit."""
-        limit = self._max_apply_backlog
-        if limit <= 0:
-            return None
-        return max(self.applied.value + limit, mount_mark + 1)
-
-    def _start_window(self, connection: ServerConnection, generation: int, window_end: int | None) -> None:
-        """Grant the mount's feed window more as the application applies (a task per mount)."""
-        self._stop_window()
-        self.window_end = window_end
-        if window_end is not None:
-            self._window_task = asyncio.get_running_loop().create_task(
-                self._grant_windows(connection, generation, window_end),
-                name=f"waltz-feed-window-{self.partition_id}",
-            )
-
-    def _stop_window(self) -> None:
-        task, self._window_task = self._window_task, None
-        if task is not None:
-            task.cancel()
-
-    async def _grant_windows(self, connection: ServerConnection, generation: int, window_end: int) -> None:
-        """Each time half a window more is applied, send ``FeedWindow(applied + L)``.
-
-        Ends with the mount it belongs to (cancelled by a remount, an unmount or a close) or when
-        its connection breaks; every round waits for the application to apply more.
-        """
-        limit = self._max_apply_backlog
-        step = max(1, limit // 2)
-        while connection is self.connection and not connection.closed:
-            await self.applied.wait_async(window_end - limit + step)
-            if connection is not self.connection or connection.closed:
-                return
-            new_end = self.applied.value + limit
-            req_id = ReqId(self._host.client_id, generation, self.partition_id, self._host.next_seq_num())
-            message = client_pb2.ClientMessage(
-                feed_window=client_pb2.FeedWindow(req_id=req_id.to_proto(), window_end=new_end)
-            )
-            try:
-                connection.send(message)
-            except ConnectionError:
-                return  # the remount sends a window of its own
-            window_end = self.window_end = new_end
-            self.metrics.feed_windows.inc()
 
     def on_message(self, connection: ServerConnection, kind: str, body: object) -> None:
         """Process a server message other than feed data (``kind`` is its oneof field name)."""
