@@ -22,8 +22,9 @@ from waltz import (
     WaltzClientCallbacks,
 )
 from waltz.client import lock_holds
-from waltz.client.client_partition import ClientPartition, PartitionState
+from waltz.client.client_partition import ClientPartition
 from waltz.client.context import AppendPayload
+from waltz.client.mount_procedure import PartitionState
 from waltz.client.submission import Submission
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId

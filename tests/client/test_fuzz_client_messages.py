@@ -21,8 +21,9 @@ from support.feed import feed_run
 from support.fuzz_settings import fuzz_settings
 
 from waltz import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
-from waltz.client.client_partition import ClientPartition, PartitionState
+from waltz.client.client_partition import ClientPartition
 from waltz.client.context import AppendPayload
+from waltz.client.mount_procedure import PartitionState
 from waltz.client.submission import Submission
 from waltz.client.transaction_data import (
     MalformedDataResponseError,

@@ -40,11 +40,12 @@ from typing import Self
 from prometheus_client import CollectorRegistry
 
 from waltz.client.callbacks import WaltzClientCallbacks
-from waltz.client.client_partition import ClientPartition, PartitionState
+from waltz.client.client_partition import ClientPartition
 from waltz.client.config import WaltzClientConfig
 from waltz.client.context import TransactionContext
 from waltz.client.core import ClientCore
 from waltz.client.metrics import ClientMetrics
+from waltz.client.mount_procedure import PartitionState
 from waltz.client.submission import Submission
 from waltz.errors import WaltzClientError, WaltzTimeoutError
 

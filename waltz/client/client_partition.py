@@ -5,39 +5,22 @@ Source: docs/design/client.md "Mount and the client high-water mark", "Failed-ap
 some server. It lives on the client's event loop (only the apply worker, the concurrency limit and
 the applied mark are touched from other threads).
 
-Mounting (the reconnect procedure of docs/design/client.md "Mount and the client high-water
-mark", also used for every reassignment):
-
-1. appends are blocked (queued in the partition);
-2. the partition gets a connection to the server the assignment names (a new network client
-   with a new sequence number when the old one broke);
-3. it sends ``MountRequest`` with the high-water mark to restart the feed from: the
-   callbacks' mark on a first mount; with appends pending, the lower of the callbacks' mark and
-   the last transaction this client saw in its own feed, so that the fate of each pending append
-   shows in the feed even when another instance sharing the database is ahead; otherwise the
-   higher of the two;
-4. feed entries are processed by the transaction monitor as usual;
-5. on ``MountResponse(partition_ready=true)`` every append still pending failed (the server
-   holds nothing of it any more) and is re-executed;
-6. appends are unblocked.
-
-Apply flow control (``client.maxApplyBacklog``): each mount carries a feed window
-(:class:`~waltz.client.feed_window.FeedWindow`).
+Its parts: the mount procedure (:class:`~waltz.client.mount_procedure.MountProcedure`, with the
+partition's own steps of it: the mark to mount from, and what a mount fails and unblocks), the feed
+window (:class:`~waltz.client.feed_window.FeedWindow`), the locks its pending appends hold
+(:class:`~waltz.client.lock_holds.LockHolds`) and the claims of first attempts
+(:class:`~waltz.client.lock_claims.LockClaims`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import enum
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import Protocol
 
 from waltz.client.apply_worker import ApplyWorker
-from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.connection import ServerConnection
 from waltz.client.context import AppendPayload
 from waltz.client.feed_window import FeedWindow
@@ -45,6 +28,7 @@ from waltz.client.lock_claims import ClaimWaiter, LockClaims
 from waltz.client.lock_holds import LockHolds, PendingAppend
 from waltz.client.metrics import ClientMetrics, PartitionMetrics
 from waltz.client.monitor import TransactionMonitor
+from waltz.client.mount_procedure import MountHost, MountProcedure, PartitionState
 from waltz.client.submission import Submission, Waiting
 from waltz.client.transaction import Transaction, TransactionDataSource
 from waltz.client.waiting import ConcurrencyLimit, Watermark
@@ -52,44 +36,23 @@ from waltz.errors import ProtocolError
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId, unequal_columns
 
-__all__ = ["ClientPartition", "PartitionHost", "PartitionState"]
+__all__ = ["ClientPartition", "PartitionHost"]
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-#: Longest pause between mount attempts, in seconds.
-MAX_MOUNT_BACKOFF = 1.0
-
-
-class PartitionState(enum.Enum):
-    """Where a client partition is in its life cycle."""
-
-    UNMOUNTED = "unmounted"
-    MOUNTING = "mounting"
-    MOUNTED = "mounted"
-    CLOSED = "closed"
-
-
 # Module constants for the per-append checks (an enum member read through its class costs more).
-_MOUNTING = PartitionState.MOUNTING
 _MOUNTED = PartitionState.MOUNTED
 _CLOSED = PartitionState.CLOSED
 
 
-class PartitionHost(Protocol):
+class PartitionHost(MountHost, Protocol):
     """What a partition needs from the client that owns it (all on the event loop)."""
 
     client_id: int
-    callbacks: WaltzClientCallbacks
     data_source: TransactionDataSource
 
     def next_seq_num(self) -> int:
         """The next ReqId sequence number (one per request of the client, across partitions)."""
-        ...
-
-    async def connection(self, endpoint: str) -> ServerConnection:
-        """A live connection to ``endpoint`` (a new network client when there is none)."""
         ...
 
     def completed(self, committed: list[tuple[Submission, int]]) -> None:
@@ -107,10 +70,6 @@ class PartitionHost(Protocol):
 
     def rejected(self, submission: Submission, error: BaseException) -> None:
         """End a submission whose append the server rejected for good."""
-        ...
-
-    def refresh_assignment(self) -> None:
-        """Re-read the partition assignment from ZooKeeper (it may have changed)."""
         ...
 
 
@@ -159,10 +118,6 @@ class ClientPartition:
         """The highest transaction ID the callbacks absorbed (``absorb_transactions``; with
         callbacks that do not absorb, the same as :attr:`applied`); never below it."""
         self.monitor: TransactionMonitor[PendingAppend] = TransactionMonitor()
-        self.state = PartitionState.UNMOUNTED
-        self.endpoint: str | None = None
-        self.generation = -1
-        self.connection: ServerConnection | None = None
         self.worker: ApplyWorker | None = None
         self.own_committed_mark = -1
         """The highest transaction ID of this client's own commits on the partition."""
@@ -170,7 +125,6 @@ class ClientPartition:
         """The server's committed high-water mark as last known (feed, flush and mark responses)."""
         self.submitted = 0
         """Contexts admitted on the partition (counted under the client's in-flight lock)."""
-        self.mounts = 0
         self.feed_gaps = 0
         self._blocked: deque[tuple[Submission, AppendPayload]] = deque()
         self._holds = LockHolds(self.applied, hold_conflicting_appends)
@@ -178,14 +132,8 @@ class ClientPartition:
         self._feed_mark = -1
         self._queued_mark: int | None = None
         self._to_queue: list[tuple[Transaction, Submission | None]] = []  # handed over by end_of_batch
-        self._window = FeedWindow(
-            partition_id, max_apply_backlog, self.applied, self._new_req_id, self.metrics
-        )
-        self._mounted = asyncio.Event()
-        self._wakeup = asyncio.Event()
-        self._mount_task: asyncio.Task[None] | None = None
-        self._mount_req: ReqId | None = None
-        self._mount_response: asyncio.Future[bool] | None = None
+        window = FeedWindow(partition_id, max_apply_backlog, self.applied, self._new_req_id, self.metrics)
+        self._mount = MountProcedure(partition_id, host, self, window, self._new_req_id, self.metrics)
         self._flush_reqs: dict[int, int] = {}  # flush ReqId sequence number -> monitor position
         self._flush_marks: list[tuple[int, int]] = []  # (monitor position, high-water mark)
 
@@ -202,23 +150,43 @@ class ClientPartition:
     # --- life cycle -------------------------------------------------------------------------------
 
     @property
+    def state(self) -> PartitionState:
+        """Where the partition is in its life cycle."""
+        return self._mount.state
+
+    @property
+    def endpoint(self) -> str | None:
+        """The server the assignment names for the partition (None: no server)."""
+        return self._mount.endpoint
+
+    @property
+    def generation(self) -> int:
+        """The partition's generation as the assignment names it (-1: not known yet)."""
+        return self._mount.generation
+
+    @property
+    def connection(self) -> ServerConnection | None:
+        """The connection of the partition's latest mount request (None: none, or it broke)."""
+        return self._mount.connection
+
+    @property
     def wanted(self) -> bool:
         """True while the application wants the partition mounted."""
-        state = self.state
-        return state is _MOUNTED or state is _MOUNTING
+        return self._mount.wanted
 
     @property
     def mounted(self) -> bool:
         """True when the partition is mounted and appends flow."""
-        return self.state is _MOUNTED
+        return self._mount.mounted
 
     async def wait_mounted(self) -> None:
         """Wait until the partition is mounted."""
-        await self._mounted.wait()
+        await self._mount.wait_mounted()
 
     def mount(self) -> None:
         """Start mounting (and applying the feed); no-op when already mounted or mounting."""
-        if self.state is PartitionState.CLOSED or self.wanted:
+        mount = self._mount
+        if mount.state is _CLOSED or mount.wanted:
             return
         if self.worker is None:
             self.worker = ApplyWorker(
@@ -231,28 +199,11 @@ class ClientPartition:
                 absorbed=self.absorbed,
             )
             self.worker.start()
-        self.state = PartitionState.MOUNTING
-        self._start_mounting()
+        mount.start()
 
     def remount(self, reason: str) -> None:
         """Run the reconnect procedure: block appends, mount again (docs/design/client.md "Reconnect")."""
-        if not self.wanted:
-            return
-        log.info("partition %d: mounting again (%s)", self.partition_id, reason)
-        self.metrics.remounts.inc()
-        self._window.stop()
-        self.state = PartitionState.MOUNTING
-        self._mounted.clear()
-        self._flush_reqs.clear()
-        self._flush_marks.clear()
-        self._start_mounting()
-
-    def _start_mounting(self) -> None:
-        self._wakeup.set()
-        if self._mount_task is None or self._mount_task.done():
-            self._mount_task = asyncio.get_running_loop().create_task(
-                self._mount_loop(), name=f"waltz-mount-{self.partition_id}"
-            )
+        self._mount.remount(reason)
 
     def detach(self, *, unmount: bool = True) -> ApplyWorker | None:
         """Stop mounting and following the feed (unmount, or close); returns the worker to close.
@@ -266,39 +217,16 @@ class ClientPartition:
                 (``UnmountRequest``, ``docs/protocol.md`` "Unmount"); False when the connections
                 close anyway (the client closes).
         """
-        if unmount and self.wanted:
-            self._send_unmount()
-        self.state = PartitionState.UNMOUNTED
-        self._mounted.clear()
-        if self._mount_task is not None:
-            self._mount_task.cancel()
-            self._mount_task = None
-        self._window.stop()
-        self.connection = None
+        self._mount.stop(unmount=unmount)
         self._queued_mark = None
         self._to_queue.clear()
         worker, self.worker = self.worker, None
         return worker
 
-    def _send_unmount(self) -> None:
-        """Ask the server of the current connection to stop feeding this partition to it."""
-        connection = self.connection
-        if connection is None or connection.closed:
-            return  # no mount sent on a live connection: nothing to stop
-        req_id = ReqId(self._host.client_id, self.generation, self.partition_id, self._host.next_seq_num())
-        message = client_pb2.ClientMessage(
-            unmount=client_pb2.UnmountRequest(req_id=req_id.to_proto(), seq_num=connection.seq_num)
-        )
-        try:
-            connection.send(message)
-        except ConnectionError:
-            return  # the stream just ended: the server forgets its feeds with it
-        log.info("partition %d: unmounted from %s", self.partition_id, connection.endpoint)
-
     def close(self) -> tuple[ApplyWorker | None, list[Submission]]:
         """Stop for good; returns the worker to close and every submission still held."""
         worker = self.detach(unmount=False)
-        self.state = PartitionState.CLOSED
+        self._mount.close()
         pending = self.monitor.fail_all()
         held = [p.submission for p in pending] + [s for s, _ in self._blocked]
         held += [submission for p in pending for submission, _, _ in p.held or ()]
@@ -309,131 +237,27 @@ class ClientPartition:
 
     def set_placement(self, endpoint: str | None, generation: int) -> None:
         """Take the partition's place from the assignment; a change means mounting again."""
-        if generation < self.generation or (generation == self.generation and endpoint == self.endpoint):
-            return  # older news, or no news
-        moved = self.generation >= 0
-        self.endpoint, self.generation = endpoint, generation
-        if moved:
-            self.remount(f"assigned to {endpoint or 'no server'} with generation {generation}")
-        else:
-            self._wakeup.set()
+        self._mount.set_placement(endpoint, generation)
 
     def connection_lost(self, connection: ServerConnection) -> None:
-        """The partition's connection broke: mount again (with a new network client)."""
-        if connection is self.connection:
-            self.connection = None
-            self.remount(f"connection to {connection.endpoint} lost")
+        """A connection broke: when it is the partition's, mount again (with a new network client)."""
+        self._mount.connection_lost(connection)
 
-    async def _mount_loop(self) -> None:
-        backoff = 0.05
-        loop = asyncio.get_running_loop()
-        while self.state is PartitionState.MOUNTING:
-            self._wakeup.clear()
-            endpoint, generation = self.endpoint, self.generation
-            if endpoint is None:
-                await self._wakeup.wait()
-                continue
-            try:
-                # A connection to a dead server takes a while to fail: a new assignment wins.
-                connection = await self._unless_woken(self._host.connection(endpoint))
-            except Exception as exc:
-                log.info("partition %d: cannot mount on %s yet: %s", self.partition_id, endpoint, exc)
-                await self._pause(backoff)
-                backoff = min(MAX_MOUNT_BACKOFF, backoff * 2)
-                continue
-            if connection is None:
-                continue
-            try:
-                high_water_mark = await asyncio.to_thread(
-                    self._host.callbacks.get_client_high_water_mark, self.partition_id
-                )
-            except Exception as exc:
-                log.warning(
-                    "partition %d: get_client_high_water_mark raised %r; mounting again in %.2fs",
-                    self.partition_id,
-                    exc,
-                    backoff,
-                )
-                self._report(exc)
-                await self._pause(backoff)
-                backoff = min(MAX_MOUNT_BACKOFF, backoff * 2)
-                continue
-            if self._wakeup.is_set() or self.state is not PartitionState.MOUNTING:
-                continue  # the assignment changed meanwhile
-            self.connection = connection
-            self._window.stop()  # it granted on the connection before, if any
-            mount_mark = self._mount_mark(high_water_mark)
-            req_id = ReqId(self._host.client_id, generation, self.partition_id, self._host.next_seq_num())
-            response: asyncio.Future[bool] = loop.create_future()
-            self._mount_req, self._mount_response = req_id, response
-            self._feed_mark = mount_mark
-            window_end = self._window.first_end(mount_mark)
-            message = client_pb2.ClientMessage(
-                mount=client_pb2.MountRequest(
-                    req_id=req_id.to_proto(),
-                    client_high_water_mark=mount_mark,
-                    seq_num=connection.seq_num,
-                    feed_window=0 if window_end is None else window_end - mount_mark,
-                )
-            )
-            try:
-                connection.send(message)
-            except ConnectionError:
-                continue
-            self._window.start(connection, generation, window_end)
-            wakeup = loop.create_task(self._wakeup.wait())
-            waiting: set[asyncio.Future[Any]] = {response, wakeup}
-            try:
-                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                wakeup.cancel()
-            changed = self._wakeup.is_set() or connection is not self.connection or connection.closed
-            if changed or not response.done() or self.state is not PartitionState.MOUNTING:
-                continue  # something changed (connection, assignment): start over
-            if response.result():
-                if self._mount_succeeded(mount_mark):
-                    return
-                continue  # lost again while unblocking appends: this task mounts again
-            log.info(
-                "partition %d: %s is not ready for it under generation %d; retrying",
-                self.partition_id,
-                endpoint,
-                generation,
-            )
-            self._host.refresh_assignment()
-            await self._pause(backoff)
-            backoff = min(MAX_MOUNT_BACKOFF, backoff * 2)
+    # --- the partition's steps of the mount procedure ---------------------------------------------
 
-    def _report(self, exception: BaseException) -> None:
-        """Tell the application about an exception of its callbacks (transaction ID -1: none)."""
-        try:
-            self._host.callbacks.uncaught_exception(self.partition_id, -1, exception)
-        except Exception:
-            log.exception("partition %d: uncaught_exception raised", self.partition_id)
-
-    async def _unless_woken(self, awaitable: Coroutine[Any, Any, T]) -> T | None:
-        """Await ``awaitable`` unless a remount (new assignment, lost connection) comes first."""
-        loop = asyncio.get_running_loop()
-        task = loop.create_task(awaitable)
-        wakeup = loop.create_task(self._wakeup.wait())
-        waiting: set[asyncio.Future[Any]] = {task, wakeup}
-        try:
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            wakeup.cancel()
-        if not task.done():
-            task.cancel()
-            return None
-        return task.result()
-
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wakeup.wait(), seconds)
-
-    def _mount_mark(self, callbacks_mark: int) -> int:
-        """The high-water mark to mount from (see the module docstring, step 3)."""
+    def mount_from(self, callbacks_mark: int) -> int:
+        """The high-water mark to mount from (docs/design/client.md "Mount and the client high-water
+        mark", step 3): the callbacks' mark on a first mount; with appends pending, the lower of
+        the callbacks' mark and the last transaction this client saw in its own feed, so that the
+        fate of each pending append shows in the feed even when another instance sharing the
+        database is ahead; otherwise the higher of the two. The feed restarts after it."""
         worker = self.worker
         assert worker is not None
+        mark = self._mount_mark(callbacks_mark, worker)
+        self._feed_mark = mark
+        return mark
+
+    def _mount_mark(self, callbacks_mark: int, worker: ApplyWorker) -> int:
         if self._queued_mark is None:
             self._queued_mark = callbacks_mark
             worker.set_floor(callbacks_mark)
@@ -445,30 +269,31 @@ class ClientPartition:
             worker.set_floor(callbacks_mark)
         return self._queued_mark
 
-    def _mount_succeeded(self, mount_mark: int) -> bool:
-        """Fail what is pending, unblock appends; False when the partition was lost meanwhile."""
-        self.mounts += 1
-        self._mount_req = self._mount_response = None
+    def on_mounted(self, mount_mark: int) -> None:
+        """The server is ready for the mount: every append still pending failed (re-executed,
+        and what it held back is sent), and the blocked appends are sent."""
         failed = self.monitor.fail_all()
         log.info(
             "partition %d: mounted on %s (generation %d, from transaction %d, feed at %d); "
             "%d pending append(s) failed, %d blocked",
             self.partition_id,
-            self.endpoint,
-            self.generation,
+            self._mount.endpoint,
+            self._mount.generation,
             mount_mark,
             self._feed_mark,
             len(failed),
             len(self._blocked),
         )
-        self.state = PartitionState.MOUNTED
-        self._mounted.set()
         for pending in failed:  # after the state is MOUNTED: what they held is sent now
             self._failed(pending, None)
         blocked, self._blocked = self._blocked, deque()
         for submission, payload in blocked:
             self.send_append(submission, payload)
-        return self.state is PartitionState.MOUNTED
+
+    def on_remount(self) -> None:
+        """The partition mounts again: flushes sent before are answered no more."""
+        self._flush_reqs.clear()
+        self._flush_marks.clear()
 
     # --- appends ----------------------------------------------------------------------------------
 
@@ -491,11 +316,12 @@ class ClientPartition:
         (``docs/protocol.md`` "Append"): a re-attempt starts when the transaction it waited for is
         applied, just before the completions of that commit let new transactions in.
         """
-        state = self.state
+        mount = self._mount
+        state = mount.state
         if state is _CLOSED:
             self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
             return
-        connection = self.connection
+        connection = mount.connection
         if state is not _MOUNTED or connection is None or connection.closed:
             self._blocked.append((submission, payload))
             if state is _MOUNTED:
@@ -516,7 +342,7 @@ class ClientPartition:
                 holds.follow(submission, [(s, p, max(after, committed)) for s, p, after in followers])
             self._host.retry(self, submission, committed)
             return
-        req_id = ReqId(self._host.client_id, self.generation, self.partition_id, self._host.next_seq_num())
+        req_id = ReqId(self._host.client_id, mount.generation, self.partition_id, self._host.next_seq_num())
         pending = PendingAppend(submission, payload, followers or None, time.monotonic())
         self.monitor.register(req_id, pending)
         holds.hold(pending)
@@ -652,7 +478,7 @@ class ClientPartition:
         connection = self.connection
         if not self.mounted or not self.monitor or connection is None or connection.closed:
             return
-        req_id = ReqId(self._host.client_id, self.generation, self.partition_id, self._host.next_seq_num())
+        req_id = self._new_req_id(self._mount.generation)
         self._flush_reqs[req_id.seq_num] = self.monitor.position
         connection.send(client_pb2.ClientMessage(flush=client_pb2.FlushRequest(req_id=req_id.to_proto())))
 
@@ -664,7 +490,8 @@ class ClientPartition:
         length (or are empty) is malformed, and a run that starts past the next transaction is a
         gap: either is dropped whole and the partition mounts again, which restarts the feed after
         what was applied."""
-        if connection is not self.connection or not self.wanted:
+        mount = self._mount
+        if connection is not mount.connection or not mount.wanted:
             return  # a stale connection's leftovers, or not following this partition
         client_ids = list(feed.client_ids)
         generations = list(feed.generations)
@@ -765,10 +592,7 @@ class ClientPartition:
             return
         if kind == "mount":
             assert isinstance(body, client_pb2.MountResponse)
-            if self._mount_req is not None and ReqId.from_proto(body.req_id) == self._mount_req:
-                response = self._mount_response
-                if response is not None and not response.done():
-                    response.set_result(body.partition_ready)
+            self._mount.on_response(body)
         elif kind == "lock_failure":
             assert isinstance(body, client_pb2.LockFailure)
             pending = self.monitor.on_lock_failure(ReqId.from_proto(body.req_id))
@@ -802,10 +626,7 @@ class ClientPartition:
     def _on_server_error(self, error: client_pb2.ServerError) -> None:
         req_id = ReqId.from_proto(error.req_id)
         log.warning("partition %d: server error for %s: %s", self.partition_id, req_id, error.message)
-        if self._mount_req is not None and req_id == self._mount_req:
-            response = self._mount_response
-            if response is not None and not response.done():
-                response.set_result(False)
+        if self._mount.on_error(req_id):
             return
         pending = self.monitor.remove(req_id)
         if pending is not None:

@@ -24,7 +24,7 @@ from collections.abc import Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from waltz.client.callbacks import WaltzClientCallbacks
-from waltz.client.client_partition import ClientPartition, PartitionState
+from waltz.client.client_partition import ClientPartition
 from waltz.client.config import WaltzClientConfig
 from waltz.client.connection import ServerConnection
 from waltz.client.connection_pool import ConnectionPool
@@ -32,6 +32,7 @@ from waltz.client.context import AppendPayload, TransactionContext
 from waltz.client.discovery import ServerDiscovery
 from waltz.client.event_loop import shared_event_loop
 from waltz.client.metrics import ClientMetrics, PartitionGauges
+from waltz.client.mount_procedure import PartitionState
 from waltz.client.submission import Submission
 from waltz.client.transaction import TransactionDataSource
 from waltz.client.transaction_data import REQUEST_TIMEOUT, TransactionDataClient
