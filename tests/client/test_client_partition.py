@@ -101,10 +101,10 @@ class FakeHost:
         for submission, transaction_id in committed:
             self.completed_ids.append((submission.context.data, transaction_id))  # type: ignore[attr-defined]
 
-    def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
+    def retry(self, submission: Submission, lock_target: int | None) -> None:
         self.retried.append((submission.context.data, lock_target))  # type: ignore[attr-defined]
 
-    def queued_attempt(self, partition: ClientPartition, submission: Submission, target: int) -> None:
+    def queued_attempt(self, submission: Submission, target: int) -> None:
         self.first_attempts.append((submission.context.data, target))  # type: ignore[attr-defined]
 
     def rejected(self, submission: Submission, error: BaseException) -> None:
@@ -149,6 +149,7 @@ def run(
         partition = ClientPartition(
             0,
             host,  # type: ignore[arg-type]
+            host,
             max_concurrent=100,
             max_apply_batch=10,
             hold_conflicting_appends=hold_conflicting_appends,

@@ -318,7 +318,7 @@ class AttemptRunner:
         """End a submission with an error (on a retry thread)."""
         self._executor.submit(submission.fail, error)
 
-    def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
+    def retry(self, submission: Submission, lock_target: int | None) -> None:
         """Re-execute a failed attempt; after a lock failure, once ``lock_target`` is applied.
 
         When nothing is to be waited for (no pause, the mark already there), the attempt goes
@@ -326,6 +326,7 @@ class AttemptRunner:
         """
         if self._closed:
             return
+        partition = self._partitions[submission.partition_id]
         if submission.trace is not None:
             submission.trace.retry(lock_target)
         if lock_target is None:
@@ -343,11 +344,12 @@ class AttemptRunner:
         else:
             self._spawn(self._retry(partition, submission, lock_target, target, pause))
 
-    def queued_attempt(self, partition: ClientPartition, submission: Submission, target: int) -> None:
+    def queued_attempt(self, submission: Submission, target: int) -> None:
         """Run the first attempt of a context queued behind a lock (on a retry thread), once
         ``target`` is applied (the holder's commit, this client's own: read your writes)."""
         if self._closed:
             return
+        partition = self._partitions[submission.partition_id]
         if _waited_mark(partition, submission).value >= target:
             self._submit_attempt(partition, submission, False)
         else:

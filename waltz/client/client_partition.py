@@ -36,7 +36,7 @@ from waltz.errors import ProtocolError
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId, unequal_columns
 
-__all__ = ["ClientPartition", "PartitionHost"]
+__all__ = ["AttemptOutcomes", "ClientPartition", "PartitionHost"]
 
 log = logging.getLogger(__name__)
 
@@ -55,21 +55,28 @@ class PartitionHost(MountHost, Protocol):
         """The next ReqId sequence number (one per request of the client, across partitions)."""
         ...
 
+
+class AttemptOutcomes(Protocol):
+    """Where a partition reports how the attempts handed to it ended (on the event loop): the
+    attempt path (:class:`~waltz.client.attempt_runner.AttemptRunner`)."""
+
     def completed(self, committed: list[tuple[Submission, int]]) -> None:
         """These submissions' appends were committed (as the transaction IDs paired with them)."""
         ...
 
-    def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
-        """Re-execute a submission whose append failed (after its lock target is applied)."""
+    def retry(self, submission: Submission, lock_target: int | None) -> None:
+        """Re-execute a submission whose append failed (after a lock failure, once ``lock_target``
+        is applied)."""
         ...
 
-    def queued_attempt(self, partition: ClientPartition, submission: Submission, target: int) -> None:
+    def queued_attempt(self, submission: Submission, target: int) -> None:
         """Run the first attempt of a context that was queued behind a lock, once ``target`` (the
         transaction its holder committed as, or -1) is applied."""
         ...
 
     def rejected(self, submission: Submission, error: BaseException) -> None:
-        """End a submission whose append the server rejected for good."""
+        """End a submission whose append cannot be sent (the server rejected it for good, or the
+        partition closed)."""
         ...
 
 
@@ -79,6 +86,7 @@ class ClientPartition:
     Args:
         partition_id: the partition.
         host: the client.
+        outcomes: where the outcomes of the attempts handed to the partition go.
         max_concurrent: contexts in flight at most (``client.maxConcurrentTransactions``).
         max_apply_batch: transactions per ``apply_transactions`` call.
         metrics: the partition's counters (default: counters of a registry of its own).
@@ -96,6 +104,7 @@ class ClientPartition:
         self,
         partition_id: int,
         host: PartitionHost,
+        outcomes: AttemptOutcomes,
         max_concurrent: int,
         max_apply_batch: int,
         metrics: PartitionMetrics | None = None,
@@ -108,6 +117,7 @@ class ClientPartition:
         self.partition_id = partition_id
         self.metrics = metrics if metrics is not None else ClientMetrics().partition(partition_id)
         self._host = host
+        self._outcomes = outcomes
         self._max_apply_batch = max_apply_batch
         self._apply_linger = apply_linger
         self._retry_linger = retry_linger
@@ -319,7 +329,7 @@ class ClientPartition:
         mount = self._mount
         state = mount.state
         if state is _CLOSED:
-            self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
+            self._outcomes.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
             return
         connection = mount.connection
         if state is not _MOUNTED or connection is None or connection.closed:
@@ -340,7 +350,7 @@ class ClientPartition:
             # refuse it. A lock failure found here, without the round trip.
             if followers:
                 holds.follow(submission, [(s, p, max(after, committed)) for s, p, after in followers])
-            self._host.retry(self, submission, committed)
+            self._outcomes.retry(submission, committed)
             return
         req_id = ReqId(self._host.client_id, mount.generation, self.partition_id, self._host.next_seq_num())
         pending = PendingAppend(submission, payload, followers or None, time.monotonic())
@@ -371,12 +381,12 @@ class ClientPartition:
         the attempt runs on a retry thread (on the loop): once this client has seen its own latest
         commit on them (:meth:`committed_after`), at once when there is none."""
         if self.state is _CLOSED:
-            self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
+            self._outcomes.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
             return
         if self._holds.queue_first_attempt(submission, lock_hashes):
             self.metrics.held_appends.inc()
             return
-        self._host.queued_attempt(self, submission, self.committed_after(lock_hashes, -1))
+        self._outcomes.queued_attempt(submission, self.committed_after(lock_hashes, -1))
 
     def claim(
         self, submission: Submission, lock_hashes: Sequence[int], waiters: deque[ClaimWaiter] | None = None
@@ -404,7 +414,7 @@ class ClientPartition:
         while waiters:
             submission, lock_hashes = waiters.popleft()
             if self.state is _CLOSED:
-                self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
+                self._outcomes.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
             elif self.claim(submission, lock_hashes, waiters):
                 self.queue_first_attempt(submission, lock_hashes)
                 return
@@ -419,7 +429,7 @@ class ClientPartition:
         """
         # Followers first: the next attempt may run (and end) on a retry thread at once.
         self._resolved(pending, None, retried_after=lock_target)
-        self._host.retry(self, pending.submission, lock_target)
+        self._outcomes.retry(pending.submission, lock_target)
 
     def _resolved(
         self, pending: PendingAppend, committed_as: int | None, retried_after: int | None = None
@@ -463,9 +473,9 @@ class ClientPartition:
             if followers:  # before the retry: its next attempt may run (and end) at once
                 self._holds.follow(leader[0], followers)
             if leader[1] is None:  # queued before its first attempt: no lock failure of its own
-                self._host.queued_attempt(self, leader[0], leader[2])
+                self._outcomes.queued_attempt(leader[0], leader[2])
             else:
-                self._host.retry(self, leader[0], leader[2])
+                self._outcomes.retry(leader[0], leader[2])
 
     def leader_ended(self, leader: Submission) -> None:
         """``leader`` ended without another append (on the loop): release those following it."""
@@ -578,7 +588,7 @@ class ClientPartition:
                 now = time.monotonic()
                 self.metrics.commit_seconds.observe_all([now - s.submitted_at for s, _ in committed])
                 self.metrics.log_round_trip_seconds.add(len(committed) * now - sent_at_sum, len(committed))
-                self._host.completed(committed)
+                self._outcomes.completed(committed)
 
     def end_of_batch(self) -> None:
         """Hand the feed entries of the last batch of server messages to the apply worker at once."""
@@ -630,7 +640,7 @@ class ClientPartition:
             return
         pending = self.monitor.remove(req_id)
         if pending is not None:
-            self._host.rejected(
+            self._outcomes.rejected(
                 pending.submission,
                 ProtocolError(f"server {self.endpoint} rejected the append {req_id}: {error.message}"),
             )

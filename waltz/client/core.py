@@ -30,7 +30,6 @@ from waltz.client.discovery import ServerDiscovery
 from waltz.client.event_loop import shared_event_loop
 from waltz.client.metrics import ClientMetrics, PartitionGauges
 from waltz.client.mount_procedure import PartitionState
-from waltz.client.submission import Submission
 from waltz.client.transaction import TransactionDataSource
 from waltz.client.transaction_data import REQUEST_TIMEOUT, TransactionDataClient
 from waltz.client.waiting import Watermark
@@ -163,6 +162,7 @@ class ClientCore:
             pid: ClientPartition(
                 pid,
                 self,
+                self.attempts,
                 self.config.client_max_concurrent_transactions,
                 self.config.client_max_apply_batch_size,
                 self.metrics.partition(pid),
@@ -184,24 +184,6 @@ class ClientCore:
     async def connection(self, endpoint: str) -> ServerConnection:
         """A live connection to ``endpoint`` (see :meth:`ConnectionPool.get`)."""
         return await self._pool.get(endpoint)
-
-    def completed(self, committed: list[tuple[Submission, int]]) -> None:
-        """Complete submissions committed as these transaction IDs (see
-        :meth:`AttemptRunner.completed`)."""
-        self.attempts.completed(committed)
-
-    def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
-        """Re-execute a failed attempt (see :meth:`AttemptRunner.retry`)."""
-        self.attempts.retry(partition, submission, lock_target)
-
-    def queued_attempt(self, partition: ClientPartition, submission: Submission, target: int) -> None:
-        """Run the first attempt of a context queued behind a lock (see
-        :meth:`AttemptRunner.queued_attempt`)."""
-        self.attempts.queued_attempt(partition, submission, target)
-
-    def rejected(self, submission: Submission, error: BaseException) -> None:
-        """End a submission with an error (see :meth:`AttemptRunner.rejected`)."""
-        self.attempts.rejected(submission, error)
 
     def refresh_assignment(self) -> None:
         """Re-read the assignment from ZooKeeper in the background."""
