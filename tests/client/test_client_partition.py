@@ -150,7 +150,6 @@ def run(
             0,
             host,  # type: ignore[arg-type]
             host,
-            max_concurrent=100,
             max_apply_batch=10,
             hold_conflicting_appends=hold_conflicting_appends,
             retry_linger=retry_linger,

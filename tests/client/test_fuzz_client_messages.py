@@ -169,7 +169,7 @@ def test_any_server_messages_leave_the_applied_sequence_contiguous(
     async def scenario() -> None:
         callbacks = Recorder()
         host = Host(callbacks)
-        partition = ClientPartition(0, host, host, max_concurrent=100, max_apply_batch=10)  # type: ignore[arg-type]
+        partition = ClientPartition(0, host, host, max_apply_batch=10)  # type: ignore[arg-type]
         try:
             partition.set_placement("server:1", 1)
             partition.mount()

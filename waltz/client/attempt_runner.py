@@ -21,7 +21,7 @@ import functools
 import logging
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.client_partition import ClientPartition
 from waltz.client.config import WaltzClientConfig
 from waltz.client.context import AppendPayload, TransactionContext
+from waltz.client.in_flight import InFlight
 from waltz.client.metrics import ClientMetrics
 from waltz.client.submission import Submission
 from waltz.client.waiting import Watermark
@@ -52,6 +53,7 @@ class AttemptRunner:
         metrics: the client's metrics (the stages of a transaction's latency).
         loop: the client's event loop, where appends are sent.
         partitions: the client's partitions by ID.
+        in_flight: the client's submissions in flight, with their partitions' concurrency slots.
         spawn: runs a coroutine as a task on the loop that the client cancels when it closes.
         nudge: sends flush requests to partitions with appends pending (thread-safe).
         tracing: the client's traces, or None when tracing is off.
@@ -65,6 +67,7 @@ class AttemptRunner:
         metrics: ClientMetrics,
         loop: asyncio.AbstractEventLoop,
         partitions: Mapping[int, ClientPartition],
+        in_flight: InFlight,
         spawn: Callable[[Coroutine[Any, Any, Any]], None],
         nudge: Callable[[Iterable[int]], None],
         tracing: ClientTracing | None = None,
@@ -75,6 +78,7 @@ class AttemptRunner:
         self._metrics = metrics
         self._loop = loop
         self._partitions = partitions
+        self._in_flight = in_flight
         self._spawn = spawn
         self._nudge = nudge
         self._tracing = tracing
@@ -83,9 +87,6 @@ class AttemptRunner:
         self._inbox: deque[tuple[ClientPartition, Submission, AppendPayload, float]] = deque()
         self._inbox_lock = threading.Lock()
         self._inbox_scheduled = False
-        self._in_flight: set[Submission] = set()
-        self._in_flight_lock = threading.Lock()  # taken alone on the per-transaction paths
-        self._in_flight_changed = threading.Condition(self._in_flight_lock)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             config.client_num_transaction_retry_threads, thread_name_prefix="waltz-retry"
         )
@@ -109,9 +110,9 @@ class AttemptRunner:
             WaltzClientError: called on the completion thread while the partition is at its limit.
         """
         partition, submission = self._new_submission(context, with_future)
-        long_wait = self._config.client_long_wait_threshold
+        in_flight = self._in_flight
         if self.on_completion_thread():
-            if not partition.limit.try_acquire():
+            if not in_flight.try_admit(submission):
                 # Waiting here would wait for completions, which only this thread runs.
                 raise WaltzClientError(
                     f"submit() from a completion callback found partition {partition.partition_id} at "
@@ -120,10 +121,10 @@ class AttemptRunner:
                     "another thread"
                 )
         else:
-            while not partition.limit.acquire(long_wait):
+            long_wait = self._config.client_long_wait_threshold
+            while not in_flight.admit(submission, long_wait):
                 self.check_open()
                 self._nudge([partition.partition_id])
-        self._admitted(submission)
         wait = self._read_your_writes_wait(partition, submission)
         if wait is not None:
             partition.applied.wait(*wait)
@@ -135,10 +136,9 @@ class AttemptRunner:
         the concurrency limit or for read your writes (``AsyncWaltzClient.submit``)."""
         partition, submission = self._new_submission(context, True)
         long_wait = self._config.client_long_wait_threshold
-        while not await partition.limit.acquire_async(long_wait):
+        while not await self._in_flight.admit_async(submission, long_wait):
             self.check_open()
             self._nudge([partition.partition_id])
-        self._admitted(submission)
         wait = self._read_your_writes_wait(partition, submission)
         if wait is not None:
             await partition.applied.wait_async(*wait)
@@ -184,13 +184,6 @@ class AttemptRunner:
             submission.trace = self._tracing.begin(pid, context)
         return partition, submission
 
-    def _admitted(self, submission: Submission) -> None:
-        """Count a submission in flight (it holds a concurrency slot)."""
-        partition = self._partitions[submission.partition_id]
-        with self._in_flight_lock:
-            self._in_flight.add(submission)
-            partition.submitted += 1  # waltz_client_transactions_submitted, read when scraped
-
     def _read_your_writes_wait(
         self, partition: ClientPartition, submission: Submission
     ) -> tuple[int, float] | None:
@@ -200,11 +193,10 @@ class AttemptRunner:
         target = partition.own_committed_mark
         if partition.applied.value >= target:
             return None
+        if partition.on_apply_thread():
+            return None  # called from apply_transaction: waiting for ourselves would only time out
         limit = self._config.client_read_your_writes_timeout
         remaining = submission.remaining()
-        worker = partition.worker
-        if worker is not None and worker.thread_ident == threading.get_ident():
-            return None  # called from apply_transaction: waiting for ourselves would only time out
         timeout = limit if remaining is None else min(limit, remaining)
         return (target, timeout) if timeout > 0 else None
 
@@ -310,7 +302,7 @@ class AttemptRunner:
     def _complete_all(self, completions: list[tuple[Submission, int]], fed_at: float) -> None:
         """Complete the submissions committed in one batch of server messages (seen at ``fed_at``,
         ``time.monotonic()``; on the completion thread), adding their completion delay to its metric."""
-        delay, count = Submission.complete_all(completions, self._finished_all, fed_at)
+        delay, count = Submission.complete_all(completions, self._in_flight.finished, fed_at)
         if count:
             self._metrics.completion_delay_seconds.add(delay, count)
 
@@ -409,48 +401,16 @@ class AttemptRunner:
     # --- in flight --------------------------------------------------------------------------------
 
     def _finished(self, submission: Submission) -> None:
-        self._finished_all((submission,))
-
-    def _finished_all(self, submissions: Iterable[Submission]) -> None:
-        """Take ended submissions out of flight and give their concurrency slots back."""
-        partitions = self._partitions
-        with self._in_flight_changed:
-            in_flight = self._in_flight
-            for submission in submissions:
-                if submission in in_flight:
-                    in_flight.discard(submission)
-                    partitions[submission.partition_id].limit.release()
-            self._in_flight_changed.notify_all()
+        self._in_flight.finished((submission,))
 
     def in_flight(self, partition_id: int | None = None) -> int:
         """Submissions not finished yet (of one partition, or all)."""
-        with self._in_flight_changed:
-            if partition_id is None:
-                return len(self._in_flight)
-            return sum(1 for s in self._in_flight if s.partition_id == partition_id)
-
-    def counts(self) -> tuple[Counter[int], dict[int, int]]:
-        """Partition ID -> submissions in flight, and -> contexts admitted so far (for the gauges;
-        thread-safe)."""
-        with self._in_flight_changed:
-            in_flight = Counter(s.partition_id for s in self._in_flight)
-            submitted = {pid: p.submitted for pid, p in self._partitions.items()}
-        return in_flight, submitted
+        return self._in_flight.count(partition_id)
 
     def wait_idle(self, timeout: float | None) -> bool:
         """Block until no submission is in flight, nudging with flushes; False on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         step = self._config.client_long_wait_threshold
-        with self._in_flight_changed:
-            while self._in_flight:
-                self.check_open()
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                if not self._in_flight_changed.wait(step if remaining is None else min(step, remaining)):
-                    partitions = {s.partition_id for s in self._in_flight}
-                    self._nudge(partitions)
-        return True
+        return self._in_flight.wait_idle(timeout, step, self.check_open, self._nudge)
 
     def _note_completer(self) -> None:
         self._completer_ident = threading.get_ident()
@@ -470,9 +430,7 @@ class AttemptRunner:
         """Fail every submission still in flight (the client's loop no longer serves it) and stop
         the retry and completion threads."""
         self._closed = True
-        with self._in_flight_changed:
-            in_flight = list(self._in_flight)
-            self._in_flight_changed.notify_all()
+        in_flight = self._in_flight.close()
         error = ClientClosedError(
             f"Waltz client {self._client_id} closed with the transaction in flight; it may or may not "
             "have been committed: check the high-water mark (flush() before close() to avoid this)"

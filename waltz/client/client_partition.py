@@ -31,7 +31,7 @@ from waltz.client.monitor import TransactionMonitor
 from waltz.client.mount_procedure import MountHost, MountProcedure, PartitionState
 from waltz.client.submission import Submission, Waiting
 from waltz.client.transaction import Transaction, TransactionDataSource
-from waltz.client.waiting import ConcurrencyLimit, Watermark
+from waltz.client.waiting import Watermark
 from waltz.errors import ProtocolError
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId, unequal_columns
@@ -87,7 +87,6 @@ class ClientPartition:
         partition_id: the partition.
         host: the client.
         outcomes: where the outcomes of the attempts handed to the partition go.
-        max_concurrent: contexts in flight at most (``client.maxConcurrentTransactions``).
         max_apply_batch: transactions per ``apply_transactions`` call.
         metrics: the partition's counters (default: counters of a registry of its own).
         apply_linger: seconds the apply worker waits to fill a batch (``client.applyLinger``).
@@ -105,7 +104,6 @@ class ClientPartition:
         partition_id: int,
         host: PartitionHost,
         outcomes: AttemptOutcomes,
-        max_concurrent: int,
         max_apply_batch: int,
         metrics: PartitionMetrics | None = None,
         *,
@@ -121,7 +119,6 @@ class ClientPartition:
         self._max_apply_batch = max_apply_batch
         self._apply_linger = apply_linger
         self._retry_linger = retry_linger
-        self.limit = ConcurrencyLimit(max_concurrent)
         self.applied = Watermark(-1)
         """The highest transaction ID this client applied (or found applied) on the partition."""
         self.absorbed = Watermark(-1)
@@ -133,8 +130,6 @@ class ClientPartition:
         """The highest transaction ID of this client's own commits on the partition."""
         self.server_high_water_mark = -1
         """The server's committed high-water mark as last known (feed, flush and mark responses)."""
-        self.submitted = 0
-        """Contexts admitted on the partition (counted under the client's in-flight lock)."""
         self.feed_gaps = 0
         self._blocked: deque[tuple[Submission, AppendPayload]] = deque()
         self._holds = LockHolds(self.applied, hold_conflicting_appends)
@@ -188,6 +183,11 @@ class ClientPartition:
     def mounted(self) -> bool:
         """True when the partition is mounted and appends flow."""
         return self._mount.mounted
+
+    def on_apply_thread(self) -> bool:
+        """True when called from the partition's apply worker (inside ``apply_transaction``)."""
+        worker = self.worker
+        return worker is not None and worker.is_current_thread()
 
     async def wait_mounted(self) -> None:
         """Wait until the partition is mounted."""

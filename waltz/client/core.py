@@ -28,6 +28,7 @@ from waltz.client.connection import ServerConnection
 from waltz.client.connection_pool import ConnectionPool
 from waltz.client.discovery import ServerDiscovery
 from waltz.client.event_loop import shared_event_loop
+from waltz.client.in_flight import InFlight
 from waltz.client.metrics import ClientMetrics, PartitionGauges
 from waltz.client.mount_procedure import PartitionState
 from waltz.client.transaction import TransactionDataSource
@@ -114,6 +115,8 @@ class ClientCore:
                 config.client_transaction_data_timeout,
             )
             self.data_source: TransactionDataSource = self.data_client
+            self.in_flight = InFlight(range(self.num_partitions), config.client_max_concurrent_transactions)
+            """The submitted contexts that have not ended, with their partitions' concurrency slots."""
             self.attempts = AttemptRunner(
                 self.client_id,
                 config,
@@ -121,6 +124,7 @@ class ClientCore:
                 self.metrics,
                 self._loop,
                 self.partitions,
+                self.in_flight,
                 self._spawn,
                 self.nudge,
                 self._tracing,
@@ -163,7 +167,6 @@ class ClientCore:
                 pid,
                 self,
                 self.attempts,
-                self.config.client_max_concurrent_transactions,
                 self.config.client_max_apply_batch_size,
                 self.metrics.partition(pid),
                 apply_linger=self.config.client_apply_linger,
@@ -307,7 +310,7 @@ class ClientCore:
         if bad:
             raise ValueError(f"partitions {bad} do not exist (0..{self.num_partitions - 1})")
         for pid, partition in self.partitions.items():
-            in_flight = self.attempts.in_flight(pid) if pid not in wanted and partition.wanted else 0
+            in_flight = self.in_flight.count(pid) if pid not in wanted and partition.wanted else 0
             if in_flight:
                 raise WaltzClientError(
                     f"partition {pid} has {in_flight} transaction(s) in flight; flush() before unmounting it"
@@ -481,10 +484,10 @@ class ClientCore:
     def partition_gauges(self) -> list[PartitionGauges]:
         """Every partition's gauges (thread-safe: the metrics registry calls it when scraped)."""
         partitions: dict[int, ClientPartition] = dict(getattr(self, "partitions", {}))
-        attempts: AttemptRunner | None = getattr(self, "attempts", None)
-        if attempts is None:
+        counted: InFlight | None = getattr(self, "in_flight", None)
+        if counted is None:
             return []
-        in_flight, submitted = attempts.counts()
+        in_flight, submitted = counted.counts()
         unhealthy = self.unhealthy_partitions()
         return [
             PartitionGauges(
