@@ -1,15 +1,23 @@
-"""The client-side partition: mount state, pending appends, the feed, and the apply worker.
+"""The client-side partition: the feed it follows and applies, and the parts it is made of.
 
-Source: docs/design/client.md "Mount and the client high-water mark", "Failed-append detection",
-"Reconnect"; ``docs/protocol.md``. A :class:`ClientPartition` is a proxy of a partition owned by
-some server. It lives on the client's event loop (only the apply worker, the concurrency limit and
-the applied mark are touched from other threads).
+Source: docs/design/client.md "Appends, the feed and flush", "Failed-append detection",
+"Reconnect", "Applying transactions"; ``docs/protocol.md`` "Feed entries". A
+:class:`ClientPartition` is a proxy of a partition owned by some server. It lives on the client's
+event loop (only its apply worker, its applied and absorbed marks and the claims of its first
+attempts are touched from other threads).
 
-Its parts: the mount procedure (:class:`~waltz.client.mount_procedure.MountProcedure`, with the
-partition's own steps of it: the mark to mount from, and what a mount fails and unblocks), the feed
-window (:class:`~waltz.client.feed_window.FeedWindow`), the locks its pending appends hold
-(:class:`~waltz.client.lock_holds.LockHolds`) and the claims of first attempts
-(:class:`~waltz.client.lock_claims.LockClaims`).
+It processes the feed (contiguity, this client's own entries, the apply queue of its
+:class:`~waltz.client.apply_worker.ApplyWorker`) and the other server messages, and hands them to
+its parts:
+
+- :class:`~waltz.client.mount_procedure.MountProcedure`: its life cycle, placement and connection,
+  with its feed window (:class:`~waltz.client.feed_window.FeedWindow`); the partition provides the
+  mark to mount from and what a mount fails and unblocks (:class:`~waltz.client.mount_procedure.
+  MountSteps`);
+- :class:`~waltz.client.pending_appends.PendingAppends`: this client's appends on their way, sent
+  (the transaction monitor), held back behind the locks of its own pending appends
+  (:class:`~waltz.client.lock_holds.LockHolds`), blocked while mounting, and the claims of first
+  attempts (:class:`~waltz.client.lock_claims.LockClaims`).
 """
 
 from __future__ import annotations
@@ -29,55 +37,27 @@ from waltz.client.lock_holds import LockHolds, PendingAppend
 from waltz.client.metrics import ClientMetrics, PartitionMetrics
 from waltz.client.monitor import TransactionMonitor
 from waltz.client.mount_procedure import MountHost, MountProcedure, PartitionState
-from waltz.client.submission import Submission, Waiting
+from waltz.client.pending_appends import AttemptOutcomes, PendingAppends, RequestIds
+from waltz.client.submission import Submission
 from waltz.client.transaction import Transaction, TransactionDataSource
 from waltz.client.waiting import Watermark
 from waltz.errors import ProtocolError
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId, unequal_columns
 
-__all__ = ["AttemptOutcomes", "ClientPartition", "PartitionHost"]
+__all__ = ["ClientPartition", "PartitionHost"]
 
 log = logging.getLogger(__name__)
 
-# Module constants for the per-append checks (an enum member read through its class costs more).
-_MOUNTED = PartitionState.MOUNTED
 _CLOSED = PartitionState.CLOSED
 
 
-class PartitionHost(MountHost, Protocol):
-    """What a partition needs from the client that owns it (all on the event loop)."""
+class PartitionHost(MountHost, RequestIds, Protocol):
+    """What a partition needs from the client that owns it (all on the event loop): its ID and
+    ReqId sequence, its connections, the application's callbacks, the transaction data source,
+    and a fresh look at the assignment."""
 
-    client_id: int
     data_source: TransactionDataSource
-
-    def next_seq_num(self) -> int:
-        """The next ReqId sequence number (one per request of the client, across partitions)."""
-        ...
-
-
-class AttemptOutcomes(Protocol):
-    """Where a partition reports how the attempts handed to it ended (on the event loop): the
-    attempt path (:class:`~waltz.client.attempt_runner.AttemptRunner`)."""
-
-    def completed(self, committed: list[tuple[Submission, int]]) -> None:
-        """These submissions' appends were committed (as the transaction IDs paired with them)."""
-        ...
-
-    def retry(self, submission: Submission, lock_target: int | None) -> None:
-        """Re-execute a submission whose append failed (after a lock failure, once ``lock_target``
-        is applied)."""
-        ...
-
-    def queued_attempt(self, submission: Submission, target: int) -> None:
-        """Run the first attempt of a context that was queued behind a lock, once ``target`` (the
-        transaction its holder committed as, or -1) is applied."""
-        ...
-
-    def rejected(self, submission: Submission, error: BaseException) -> None:
-        """End a submission whose append cannot be sent (the server rejected it for good, or the
-        partition closed)."""
-        ...
 
 
 class ClientPartition:
@@ -94,9 +74,9 @@ class ClientPartition:
             application applied (``client.maxApplyBacklog``; 0: no limit).
         hold_conflicting_appends: hold back an append whose WRITE or READ lock a pending append of
             this client holds as a WRITE or APPEND lock (``client.holdConflictingAppends``; see
-            :meth:`send_append`).
+            :meth:`PendingAppends.send`).
         retry_linger: seconds a re-attempt's append may wait for the next first attempt's append
-            to share its stream message (``client.retryLinger``; see :meth:`send_append`).
+            to share its stream message (``client.retryLinger``; see :meth:`PendingAppends.send`).
     """
 
     def __init__(
@@ -118,34 +98,34 @@ class ClientPartition:
         self._outcomes = outcomes
         self._max_apply_batch = max_apply_batch
         self._apply_linger = apply_linger
-        self._retry_linger = retry_linger
         self.applied = Watermark(-1)
         """The highest transaction ID this client applied (or found applied) on the partition."""
         self.absorbed = Watermark(-1)
         """The highest transaction ID the callbacks absorbed (``absorb_transactions``; with
         callbacks that do not absorb, the same as :attr:`applied`); never below it."""
-        self.monitor: TransactionMonitor[PendingAppend] = TransactionMonitor()
         self.worker: ApplyWorker | None = None
         self.own_committed_mark = -1
         """The highest transaction ID of this client's own commits on the partition."""
         self.server_high_water_mark = -1
         """The server's committed high-water mark as last known (feed, flush and mark responses)."""
         self.feed_gaps = 0
-        self._blocked: deque[tuple[Submission, AppendPayload]] = deque()
-        self._holds = LockHolds(self.applied, hold_conflicting_appends)
-        self._claims = LockClaims(self._holds, self.metrics)
         self._feed_mark = -1
         self._queued_mark: int | None = None
         self._to_queue: list[tuple[Transaction, Submission | None]] = []  # handed over by end_of_batch
         window = FeedWindow(partition_id, max_apply_backlog, self.applied, self._new_req_id, self.metrics)
         self._mount = MountProcedure(partition_id, host, self, window, self._new_req_id, self.metrics)
-        self._flush_reqs: dict[int, int] = {}  # flush ReqId sequence number -> monitor position
-        self._flush_marks: list[tuple[int, int]] = []  # (monitor position, high-water mark)
+        self._holds = LockHolds(self.applied, hold_conflicting_appends)
+        self._claims = LockClaims(self._holds, self.metrics)
+        self._appends = PendingAppends(
+            partition_id, host, outcomes, self._mount, self._holds, self._claims, self.metrics, retry_linger
+        )
+        self.monitor: TransactionMonitor[PendingAppend] = self._appends.monitor
+        """The appends sent and not resolved yet, in the order sent."""
 
     def __repr__(self) -> str:
         return (
             f"ClientPartition({self.partition_id}, {self.state.value}, {self.endpoint} "
-            f"generation {self.generation}, pending {len(self.monitor)}, blocked {len(self._blocked)})"
+            f"generation {self.generation}, pending {len(self.monitor)}, blocked {self._appends.blocked})"
         )
 
     def _new_req_id(self, generation: int) -> ReqId:
@@ -237,13 +217,7 @@ class ClientPartition:
         """Stop for good; returns the worker to close and every submission still held."""
         worker = self.detach(unmount=False)
         self._mount.close()
-        pending = self.monitor.fail_all()
-        held = [p.submission for p in pending] + [s for s, _ in self._blocked]
-        held += [submission for p in pending for submission, _, _ in p.held or ()]
-        held += self._holds.clear()
-        held += self._claims.clear()
-        self._blocked.clear()
-        return worker, held
+        return worker, self._appends.close()
 
     def set_placement(self, endpoint: str | None, generation: int) -> None:
         """Take the partition's place from the assignment; a change means mounting again."""
@@ -253,7 +227,7 @@ class ClientPartition:
         """A connection broke: when it is the partition's, mount again (with a new network client)."""
         self._mount.connection_lost(connection)
 
-    # --- the partition's steps of the mount procedure ---------------------------------------------
+    # --- the partition's steps of the mount procedure (MountSteps) --------------------------------
 
     def mount_from(self, callbacks_mark: int) -> int:
         """The high-water mark to mount from (docs/design/client.md "Mount and the client high-water
@@ -282,7 +256,7 @@ class ClientPartition:
     def on_mounted(self, mount_mark: int) -> None:
         """The server is ready for the mount: every append still pending failed (re-executed,
         and what it held back is sent), and the blocked appends are sent."""
-        failed = self.monitor.fail_all()
+        failed, blocked = self._appends.on_mounted()
         log.info(
             "partition %d: mounted on %s (generation %d, from transaction %d, feed at %d); "
             "%d pending append(s) failed, %d blocked",
@@ -291,78 +265,19 @@ class ClientPartition:
             self._mount.generation,
             mount_mark,
             self._feed_mark,
-            len(failed),
-            len(self._blocked),
+            failed,
+            blocked,
         )
-        for pending in failed:  # after the state is MOUNTED: what they held is sent now
-            self._failed(pending, None)
-        blocked, self._blocked = self._blocked, deque()
-        for submission, payload in blocked:
-            self.send_append(submission, payload)
 
     def on_remount(self) -> None:
         """The partition mounts again: flushes sent before are answered no more."""
-        self._flush_reqs.clear()
-        self._flush_marks.clear()
+        self._appends.forget_flushes()
 
-    # --- appends ----------------------------------------------------------------------------------
+    # --- appends (PendingAppends) -----------------------------------------------------------------
 
     def send_append(self, submission: Submission, payload: AppendPayload) -> None:
-        """Send an attempt's append, or hold it until the partition is mounted.
-
-        An append one of whose WRITE or READ locks is a WRITE or APPEND lock of a pending append of
-        this client (its *holder*, the latest such one) is held back (``docs/protocol.md``
-        "Append", client side): as a rule its client high-water mark is below the holder's
-        transaction (this client has not seen it commit), so the server would refuse it if the
-        holder commits. When the holder commits, the held append
-        is a lock failure on the holder's transaction ID, found by the client (re-executed once that
-        transaction is applied, like one the server refused, without its round trip to the server);
-        when the holder fails, or the held attempt's mark turns out to cover the holder's commit (a
-        mark read from a database another instance had already applied it to), it is sent as it is.
-
-        The append of a re-attempt (after a lock failure or a lost append) may wait up to
-        ``retry_linger`` seconds for another append to wake the connection's writer, so that it
-        shares a stream message, and then a store batch, with the first attempts that follow it
-        (``docs/protocol.md`` "Append"): a re-attempt starts when the transaction it waited for is
-        applied, just before the completions of that commit let new transactions in.
-        """
-        mount = self._mount
-        state = mount.state
-        if state is _CLOSED:
-            self._outcomes.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
-            return
-        connection = mount.connection
-        if state is not _MOUNTED or connection is None or connection.closed:
-            self._blocked.append((submission, payload))
-            if state is _MOUNTED:
-                self.remount("connection lost")
-            return
-        holds = self._holds
-        followers = holds.take_followers(submission)  # its turn came: they wait behind this attempt
-        if holds.hold_back(submission, payload, followers):
-            if submission.trace is not None:
-                submission.trace.held()
-            self.metrics.held_appends.inc()
-            return
-        committed = holds.stale_after(payload)
-        if committed > payload.client_high_water_mark:
-            # An own commit the attempt did not see wrote one of its locks: the server would
-            # refuse it. A lock failure found here, without the round trip.
-            if followers:
-                holds.follow(submission, [(s, p, max(after, committed)) for s, p, after in followers])
-            self._outcomes.retry(submission, committed)
-            return
-        req_id = ReqId(self._host.client_id, mount.generation, self.partition_id, self._host.next_seq_num())
-        pending = PendingAppend(submission, payload, followers or None, time.monotonic())
-        self.monitor.register(req_id, pending)
-        holds.hold(pending)
-        trace = submission.trace
-        connection.send_append(
-            req_id,
-            payload,
-            self._retry_linger if submission.attempts > 1 else 0.0,
-            "" if trace is None else trace.traceparent,
-        )
+        """Send an attempt's append, or hold it back (see :meth:`PendingAppends.send`)."""
+        self._appends.send(submission, payload)
 
     def holds_any(self, lock_hashes: Sequence[int], seen: int = -1) -> bool:
         """Whether a pending append of this client holds one of these locks now, or a commit of
@@ -377,16 +292,8 @@ class ClientPartition:
 
     def queue_first_attempt(self, submission: Submission, lock_hashes: Sequence[int]) -> None:
         """Queue a context behind the pending append holding one of its expected locks, before its
-        first attempt runs (``TransactionContext.expected_locks``); when none holds them any more,
-        the attempt runs on a retry thread (on the loop): once this client has seen its own latest
-        commit on them (:meth:`committed_after`), at once when there is none."""
-        if self.state is _CLOSED:
-            self._outcomes.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
-            return
-        if self._holds.queue_first_attempt(submission, lock_hashes):
-            self.metrics.held_appends.inc()
-            return
-        self._outcomes.queued_attempt(submission, self.committed_after(lock_hashes, -1))
+        first attempt runs (see :meth:`PendingAppends.queue_first_attempt`; on the loop)."""
+        self._appends.queue_first_attempt(submission, lock_hashes)
 
     def claim(
         self, submission: Submission, lock_hashes: Sequence[int], waiters: deque[ClaimWaiter] | None = None
@@ -405,92 +312,17 @@ class ClientPartition:
         return self._claims.release(submission)
 
     def claims_released(self, waiters: deque[ClaimWaiter]) -> None:
-        """Go on with the contexts that waited for a claim (on the loop, after the claimant's
-        append went through :meth:`send_append`, or its context ended): the first that claims its
-        locks is queued as :meth:`queue_first_attempt` queues (behind the append that holds one
-        of them, or to run once the own commits on them are applied), and the rest wait for its
-        append in turn, in order. A context whose claim meets another claimant's waits for that
-        one instead. So a hot lock costs a few steps per commit, however many wait."""
-        while waiters:
-            submission, lock_hashes = waiters.popleft()
-            if self.state is _CLOSED:
-                self._outcomes.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
-            elif self.claim(submission, lock_hashes, waiters):
-                self.queue_first_attempt(submission, lock_hashes)
-                return
-
-    def _failed(self, pending: PendingAppend, lock_target: int | None) -> None:
-        """A pending append failed (a lock failure naming ``lock_target``, or lost: None): run its
-        context again.
-
-        What it held back waits behind that next attempt after a lock failure (the transaction
-        that failed it most likely wrote the lock they share, so they would fail too); after a lost
-        append it is sent as it is (nothing it waited for was written).
-        """
-        # Followers first: the next attempt may run (and end) on a retry thread at once.
-        self._resolved(pending, None, retried_after=lock_target)
-        self._outcomes.retry(pending.submission, lock_target)
-
-    def _resolved(
-        self, pending: PendingAppend, committed_as: int | None, retried_after: int | None = None
-    ) -> None:
-        """A pending append left the transaction monitor (``committed_as``: its transaction ID, or
-        None when it failed): release its locks and what it held back (see :meth:`send_append`).
-
-        ``retried_after`` is set when the append's own context runs again after a lock failure
-        on that transaction: what it held back then follows that next attempt, in order.
-        """
-        held = self._holds.release(pending, committed_as)
-        if held:
-            if retried_after is not None:
-                self._holds.follow(
-                    pending.submission, [(s, p, max(after, retried_after)) for s, p, after in held]
-                )
-            else:
-                self._release(held, -1 if committed_as is None else committed_as)
-
-    def _release(self, waiting: list[Waiting], barrier: int) -> None:
-        """Let contexts that waited for a lock go on, in order, now that its holder has resolved
-        (committed as ``barrier``, or failed: -1).
-
-        An attempt whose client high-water mark covers what it must have seen is sent as it is
-        (it may wait again behind another holder). Of the others, only the first runs again (a
-        lock failure found by the client, once the transaction is applied); the rest follow its
-        next attempt and run again when their turn comes, so that a commit re-executes one waiting
-        context, not every one (docs/design/locks.md "Locks of appends in flight").
-        """
-        leader: Waiting | None = None
-        followers: list[Waiting] = []
-        for submission, payload, own_barrier in waiting:
-            after = max(own_barrier, barrier)
-            if payload is not None and payload.client_high_water_mark >= after:
-                self.send_append(submission, payload)
-            elif leader is None:
-                leader = (submission, payload, after)
-            else:
-                followers.append((submission, payload, after))
-        if leader is not None:
-            if followers:  # before the retry: its next attempt may run (and end) at once
-                self._holds.follow(leader[0], followers)
-            if leader[1] is None:  # queued before its first attempt: no lock failure of its own
-                self._outcomes.queued_attempt(leader[0], leader[2])
-            else:
-                self._outcomes.retry(leader[0], leader[2])
+        """Go on with the contexts that waited for a claim (see
+        :meth:`PendingAppends.claims_released`; on the loop)."""
+        self._appends.claims_released(waiters)
 
     def leader_ended(self, leader: Submission) -> None:
         """``leader`` ended without another append (on the loop): release those following it."""
-        followers = self._holds.leader_ended(leader)
-        if followers is not None:
-            self._release(followers, -1)
+        self._appends.leader_ended(leader)
 
     def send_flush(self) -> None:
         """Nudge the server with a flush request when appends are pending (learn their fate)."""
-        connection = self.connection
-        if not self.mounted or not self.monitor or connection is None or connection.closed:
-            return
-        req_id = self._new_req_id(self._mount.generation)
-        self._flush_reqs[req_id.seq_num] = self.monitor.position
-        connection.send(client_pb2.ClientMessage(flush=client_pb2.FlushRequest(req_id=req_id.to_proto())))
+        self._appends.send_flush()
 
     # --- the feed and other server messages -------------------------------------------------------
 
@@ -543,11 +375,13 @@ class ClientPartition:
             return
         partition_id = self.partition_id
         own_client = self._host.client_id
+        appends = self._appends
         monitor = self.monitor
         data_source = self._host.data_source
         to_queue = self._to_queue
         committed: list[tuple[Submission, int]] = []
         sent_at_sum = 0.0  # of the committed appends: their log round trips in one sum
+        flushes = appends.awaits_flushes  # only a flush answer adds one: none comes during the run
         try:
             for index in range(expected - first, count):
                 transaction_id = first + index
@@ -558,15 +392,13 @@ class ClientPartition:
                 own: Submission | None = None
                 if client_id == own_client and monitor:
                     req_id = ReqId(client_id, generations[index], partition_id, seq_nums[index])
-                    succeeded, failed = monitor.on_feed(req_id)
-                    for pending in failed:
-                        self._failed(pending, None)
+                    succeeded = appends.on_feed(req_id)
                     if succeeded is not None:
                         own, data = succeeded.submission, succeeded.payload.data
                         sent_at_sum += succeeded.sent_at
                         self.own_committed_mark = transaction_id
                         committed.append((own, transaction_id))
-                        self._resolved(succeeded, transaction_id)
+                        appends.committed(succeeded, transaction_id)
                 queued = self._queued_mark
                 if queued is not None and transaction_id > queued and self.worker is not None:
                     self._queued_mark = transaction_id
@@ -580,8 +412,8 @@ class ClientPartition:
                             own,
                         )
                     )
-                if self._flush_marks:
-                    self._check_flushes()
+                if flushes:
+                    flushes = appends.feed_reached(transaction_id)
         finally:  # what committed before an error is still completed
             if committed:
                 self.metrics.committed.inc(len(committed))
@@ -598,23 +430,18 @@ class ClientPartition:
 
     def on_message(self, connection: ServerConnection, kind: str, body: object) -> None:
         """Process a server message other than feed data (``kind`` is its oneof field name)."""
-        if connection is not self.connection:
+        if connection is not self._mount.connection:
             return
         if kind == "mount":
             assert isinstance(body, client_pb2.MountResponse)
             self._mount.on_response(body)
         elif kind == "lock_failure":
             assert isinstance(body, client_pb2.LockFailure)
-            pending = self.monitor.on_lock_failure(ReqId.from_proto(body.req_id))
-            if pending is not None:
-                self._failed(pending, body.transaction_id)
+            self._appends.on_lock_failure(ReqId.from_proto(body.req_id), body.transaction_id)
         elif kind == "flush":
             assert isinstance(body, client_pb2.FlushResponse)
-            position = self._flush_reqs.pop(body.req_id.seq_num, None)
             self.server_high_water_mark = max(self.server_high_water_mark, body.transaction_id)
-            if position is not None:
-                self._flush_marks.append((position, body.transaction_id))
-                self._check_flushes()
+            self._appends.on_flush(body, self._feed_mark)
         elif kind == "feed_suspended":
             self._host.refresh_assignment()
             self.remount(f"{connection.endpoint} suspended the feed")
@@ -622,26 +449,11 @@ class ClientPartition:
             assert isinstance(body, client_pb2.ServerError)
             self._on_server_error(body)
 
-    def _check_flushes(self) -> None:
-        """Fail appends sent before a flush once the feed reached the flush's high-water mark."""
-        remaining = []
-        for position, mark in self._flush_marks:
-            if self._feed_mark >= mark:
-                for pending in self.monitor.fail_before(position):
-                    self._failed(pending, None)
-            else:
-                remaining.append((position, mark))
-        self._flush_marks = remaining
-
     def _on_server_error(self, error: client_pb2.ServerError) -> None:
         req_id = ReqId.from_proto(error.req_id)
         log.warning("partition %d: server error for %s: %s", self.partition_id, req_id, error.message)
         if self._mount.on_error(req_id):
             return
-        pending = self.monitor.remove(req_id)
-        if pending is not None:
-            self._outcomes.rejected(
-                pending.submission,
-                ProtocolError(f"server {self.endpoint} rejected the append {req_id}: {error.message}"),
-            )
-            self._resolved(pending, None)
+        self._appends.on_rejected(
+            req_id, ProtocolError(f"server {self.endpoint} rejected the append {req_id}: {error.message}")
+        )
