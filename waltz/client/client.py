@@ -19,6 +19,10 @@ one core (:class:`~waltz.client.core.ClientCore`) that runs an event loop on a t
     with WaltzClient(callbacks, WaltzClientConfig(zookeeper_connect_string=..., cluster_root=...)) as client:
         transaction_id = client.submit(Deposit(7, 100)).result()
 
+A submitted context goes the attempt path of the core's
+:class:`~waltz.client.attempt_runner.AttemptRunner` (docs/design/client.md "From submit to the
+outcome").
+
 Guarantees: a context ends exactly once (``on_completion``, ``on_exception`` or ``on_expiration``);
 a committed transaction is committed once, even across reconnects and server failures (the
 transaction monitor and the mount procedure: docs/design/client.md "Failed-append detection",
