@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from waltz.client.apply_worker import ApplyWorker
@@ -121,6 +121,9 @@ class ClientPartition:
         )
         self.monitor: TransactionMonitor[PendingAppend] = self._appends.monitor
         """The appends sent and not resolved yet, in the order sent."""
+        self.send_append: Callable[[Submission, AppendPayload], None] = self._appends.send
+        """Send an attempt's append, or hold it back (:meth:`PendingAppends.send`; on the loop).
+        The parts' own method, bound once: it runs for every append."""
 
     def __repr__(self) -> str:
         return (
@@ -274,10 +277,6 @@ class ClientPartition:
         self._appends.forget_flushes()
 
     # --- appends (PendingAppends) -----------------------------------------------------------------
-
-    def send_append(self, submission: Submission, payload: AppendPayload) -> None:
-        """Send an attempt's append, or hold it back (see :meth:`PendingAppends.send`)."""
-        self._appends.send(submission, payload)
 
     def holds_any(self, lock_hashes: Sequence[int], seen: int = -1) -> bool:
         """Whether a pending append of this client holds one of these locks now, or a commit of

@@ -71,20 +71,27 @@ class LockHolds:
 
     # --- an attempt's append on its way out ------------------------------------------------------
 
-    def take_followers(self, submission: Submission) -> list[Waiting] | None:
-        """The contexts following ``submission``, whose append is being sent: they now wait
-        behind this append (it is no longer a leader)."""
-        followers = submission.followers
-        if followers is not None:
-            submission.followers = None
-            self._leaders.discard(submission)
+    def stop_leading(self, leader: Submission) -> list[Waiting]:
+        """``leader``'s next attempt is being sent: the contexts that followed it (taken from it)
+        now wait behind that append. Call it only for a submission with followers."""
+        followers = leader.followers
+        assert followers is not None
+        leader.followers = None
+        self._leaders.discard(leader)
         return followers
 
-    def hold_back(
+    def place(
         self, submission: Submission, payload: AppendPayload, followers: list[Waiting] | None
-    ) -> bool:
-        """Hold an attempt's append back behind the pending append holding one of its WRITE or READ
-        locks, with the contexts that follow it; False when no pending append holds one."""
+    ) -> int | None:
+        """Where an attempt's append goes before it is sent.
+
+        Returns:
+            None when it is held back, with the contexts that follow it, behind the pending append
+            holding one of its WRITE or READ locks; else the latest own commit that wrote one of
+            them and that its client high-water mark does not cover (the server would refuse it:
+            a lock failure found by the client), or that mark itself when there is none (it may be
+            sent).
+        """
         holders = self._holders
         if holders:
             for lock in payload.write_locks + payload.read_locks:
@@ -96,13 +103,7 @@ class LockHolds:
                         holder.held.append((submission, payload, -1))
                     if followers:
                         holder.held += followers
-                    return True
-        return False
-
-    def stale_after(self, payload: AppendPayload) -> int:
-        """The latest own commit that wrote one of the append's WRITE or READ locks and that its
-        client high-water mark does not cover; the mark itself when there is none (the server
-        would refuse the append otherwise)."""
+                    return None
         mark = payload.client_high_water_mark
         if not self._committed_locks:
             return mark

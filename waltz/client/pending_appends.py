@@ -148,13 +148,15 @@ class PendingAppends:
                 mount.remount("connection lost")
             return
         holds = self._holds
-        followers = holds.take_followers(submission)  # its turn came: they wait behind this attempt
-        if holds.hold_back(submission, payload, followers):
+        followers = submission.followers
+        if followers is not None:  # its turn came: they wait behind this attempt
+            holds.stop_leading(submission)
+        committed = holds.place(submission, payload, followers)
+        if committed is None:  # held back
             if submission.trace is not None:
                 submission.trace.held()
             self._metrics.held_appends.inc()
             return
-        committed = holds.stale_after(payload)
         if committed > payload.client_high_water_mark:
             # An own commit the attempt did not see wrote one of its locks: the server would
             # refuse it. A lock failure found here, without the round trip.
