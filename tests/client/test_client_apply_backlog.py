@@ -16,7 +16,7 @@ import pytest
 
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import Transaction, WaltzClient, WaltzClientConfig
-from waltz.client.client_partition import PartitionState
+from waltz.client.mount_procedure import PartitionState
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
 

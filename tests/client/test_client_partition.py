@@ -21,9 +21,10 @@ from waltz import (
     TransactionContext,
     WaltzClientCallbacks,
 )
-from waltz.client import client_partition
-from waltz.client.client_partition import ClientPartition, PartitionState
+from waltz.client import lock_holds
+from waltz.client.client_partition import ClientPartition
 from waltz.client.context import AppendPayload
+from waltz.client.mount_procedure import PartitionState
 from waltz.client.submission import Submission
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId
@@ -100,10 +101,10 @@ class FakeHost:
         for submission, transaction_id in committed:
             self.completed_ids.append((submission.context.data, transaction_id))  # type: ignore[attr-defined]
 
-    def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
+    def retry(self, submission: Submission, lock_target: int | None) -> None:
         self.retried.append((submission.context.data, lock_target))  # type: ignore[attr-defined]
 
-    def queued_attempt(self, partition: ClientPartition, submission: Submission, target: int) -> None:
+    def queued_attempt(self, submission: Submission, target: int) -> None:
         self.first_attempts.append((submission.context.data, target))  # type: ignore[attr-defined]
 
     def rejected(self, submission: Submission, error: BaseException) -> None:
@@ -148,7 +149,7 @@ def run(
         partition = ClientPartition(
             0,
             host,  # type: ignore[arg-type]
-            max_concurrent=100,
+            host,
             max_apply_batch=10,
             hold_conflicting_appends=hold_conflicting_appends,
             retry_linger=retry_linger,
@@ -721,7 +722,7 @@ def test_an_attempt_that_did_not_see_an_own_commit_on_its_lock_fails_without_the
 
         # Beyond the latest KEEP_APPLIED_COMMITS own commits an applied one is forgotten: an
         # attempt from an older mark is the server's to refuse.
-        monkeypatch.setattr(client_partition, "KEEP_APPLIED_COMMITS", 0)
+        monkeypatch.setattr(lock_holds, "KEEP_APPLIED_COMMITS", 0)
         partition.send_append(*locked(b"once forgotten", read=(4,)))
         assert sent_data(connection)[-1] == b"once forgotten"
         assert partition.committed_after([PartitionLocalLock("k", n).lock_hash for n in (1, 4)], 5) == 5

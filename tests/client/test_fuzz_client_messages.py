@@ -21,8 +21,9 @@ from support.feed import feed_run
 from support.fuzz_settings import fuzz_settings
 
 from waltz import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
-from waltz.client.client_partition import ClientPartition, PartitionState
+from waltz.client.client_partition import ClientPartition
 from waltz.client.context import AppendPayload
+from waltz.client.mount_procedure import PartitionState
 from waltz.client.submission import Submission
 from waltz.client.transaction_data import (
     MalformedDataResponseError,
@@ -93,7 +94,7 @@ class Host:
     def completed(self, submission: Submission, transaction_id: int) -> None:
         self.outcomes.append(("completed", transaction_id))
 
-    def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
+    def retry(self, submission: Submission, lock_target: int | None) -> None:
         self.outcomes.append(("retry", lock_target))
 
     def rejected(self, submission: Submission, error: BaseException) -> None:
@@ -168,7 +169,7 @@ def test_any_server_messages_leave_the_applied_sequence_contiguous(
     async def scenario() -> None:
         callbacks = Recorder()
         host = Host(callbacks)
-        partition = ClientPartition(0, host, max_concurrent=100, max_apply_batch=10)  # type: ignore[arg-type]
+        partition = ClientPartition(0, host, host, max_apply_batch=10)  # type: ignore[arg-type]
         try:
             partition.set_placement("server:1", 1)
             partition.mount()

@@ -165,7 +165,7 @@ def test_a_failing_callback_does_not_break_the_outcome(caplog: pytest.LogCapture
 
 
 def test_retry_pacing() -> None:
-    from waltz.client.core import _retry_pause
+    from waltz.client.attempt_runner import _retry_pause
 
     submission, _ = make(Recording([]))
     # Lock failures naming a new transaction each time (a hot lock) are retried at once: the

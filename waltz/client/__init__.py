@@ -5,12 +5,16 @@ Public API (also re-exported from :mod:`waltz`): :class:`WaltzClient`, :class:`A
 :class:`TransactionBuilder`, :class:`Transaction`, :class:`PartitionLocalLock`, :class:`LockMode`,
 :class:`Serializer` (with :class:`BytesSerializer` and :class:`JsonSerializer`).
 
-Modules: ``client`` (the two facades), ``core`` (partitions, submissions, retries),
-``event_loop`` (the process's client loop thread), ``partition`` (mount state, pending appends,
-the feed), ``monitor`` (the transaction monitor), ``connection`` (one stream per server),
-``connection_pool`` (network clients by endpoint), ``transaction_data`` (the data RPC),
-``discovery`` (ZooKeeper), ``apply_worker`` (ordered ``apply_transaction``), ``submission`` (a
-context's attempts), ``metrics`` (Prometheus), ``context``, ``locks``, ``transaction``,
+Modules: ``client`` (the two facades), ``core`` (partitions, discovery, server messages),
+``attempt_runner`` (the attempt path, from ``submit`` to a context's outcome), ``in_flight`` (the
+contexts in flight and their concurrency slots), ``submission`` (a context's attempts and its
+outcome), ``client_partition`` (a partition: the feed and its parts), ``mount_procedure`` (mount
+state and mounts), ``feed_window`` (apply flow control), ``pending_appends`` (appends on their way),
+``lock_holds`` and ``lock_claims`` (locks of own appends in flight, claims of first attempts),
+``monitor`` (the transaction monitor), ``event_loop`` (the process's client loop thread),
+``connection`` (one stream per server), ``connection_pool`` (network clients by endpoint),
+``transaction_data`` (the data RPC), ``discovery`` (ZooKeeper), ``apply_worker`` (ordered
+``apply_transaction``), ``metrics`` (Prometheus), ``context``, ``locks``, ``transaction``,
 ``callbacks``, ``config``, ``waiting``.
 """
 

@@ -19,6 +19,10 @@ one core (:class:`~waltz.client.core.ClientCore`) that runs an event loop on a t
     with WaltzClient(callbacks, WaltzClientConfig(zookeeper_connect_string=..., cluster_root=...)) as client:
         transaction_id = client.submit(Deposit(7, 100)).result()
 
+A submitted context goes the attempt path of the core's
+:class:`~waltz.client.attempt_runner.AttemptRunner` (docs/design/client.md "From submit to the
+outcome").
+
 Guarantees: a context ends exactly once (``on_completion``, ``on_exception`` or ``on_expiration``);
 a committed transaction is committed once, even across reconnects and server failures (the
 transaction monitor and the mount procedure: docs/design/client.md "Failed-append detection",
@@ -32,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import threading
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Self
@@ -40,36 +43,17 @@ from typing import Self
 from prometheus_client import CollectorRegistry
 
 from waltz.client.callbacks import WaltzClientCallbacks
-from waltz.client.client_partition import ClientPartition, PartitionState
 from waltz.client.config import WaltzClientConfig
 from waltz.client.context import TransactionContext
 from waltz.client.core import ClientCore
 from waltz.client.metrics import ClientMetrics
-from waltz.client.submission import Submission
-from waltz.errors import WaltzClientError, WaltzTimeoutError
+from waltz.client.mount_procedure import PartitionState
+from waltz.errors import WaltzTimeoutError
 
 __all__ = ["AsyncWaltzClient", "WaltzClient"]
 
 #: Seconds ``get_high_water_mark`` waits for an answer by default.
 DEFAULT_REQUEST_TIMEOUT = 30.0
-
-
-def _read_your_writes_wait(
-    core: ClientCore, partition: ClientPartition, submission: Submission
-) -> tuple[int, float] | None:
-    """What a first attempt waits for: (the applied mark to reach, seconds at most), or None when
-    there is nothing to wait for (the partition applied this client's own last commit already,
-    checked first as the common case; or no time is left to wait)."""
-    target = core.read_your_writes_target(partition)
-    if partition.applied.value >= target:
-        return None
-    limit = core.config.client_read_your_writes_timeout
-    remaining = submission.remaining()
-    worker = partition.worker
-    if worker is not None and worker.thread_ident == threading.get_ident():
-        return None  # called from apply_transaction: waiting for ourselves would only time out
-    timeout = limit if remaining is None else min(limit, remaining)
-    return (target, timeout) if timeout > 0 else None
 
 
 class WaltzClient:
@@ -139,7 +123,7 @@ class WaltzClient:
                 done-callback) while the partition is at its limit: only that thread could free a
                 slot, so waiting would never end.
         """
-        future = self._start(context, with_future=True).future
+        future = self._core.attempts.submit(context, with_future=True).future
         assert future is not None
         return future
 
@@ -157,32 +141,7 @@ class WaltzClient:
             PartitionNotMountedError: the partition is not mounted (auto-mount off).
             ValueError: ``partition_id`` returned a partition that does not exist.
         """
-        self._start(context, with_future=False)
-
-    def _start(self, context: TransactionContext, with_future: bool) -> Submission:
-        """Admit a context (blocking at the concurrency limit), then run its first attempt."""
-        core = self._core
-        partition, submission = core.new_submission(context, with_future)
-        long_wait = core.config.client_long_wait_threshold
-        if core.on_completion_thread():
-            if not partition.limit.try_acquire():
-                # Waiting here would wait for completions, which only this thread runs.
-                raise WaltzClientError(
-                    f"submit() from a completion callback found partition {partition.partition_id} at "
-                    f"its limit of {core.config.client_max_concurrent_transactions} transactions in "
-                    "flight; waiting would deadlock (completions run on this thread): submit from "
-                    "another thread"
-                )
-        else:
-            while not partition.limit.acquire(long_wait):
-                core.check_open()
-                core.nudge([partition.partition_id])
-        core.admitted(submission)
-        wait = _read_your_writes_wait(core, partition, submission)
-        if wait is not None:
-            partition.applied.wait(*wait)
-        core.run_first_attempt(partition, submission)
-        return submission
+        self._core.attempts.submit(context, with_future=False)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every submitted context has ended (committed, dropped, failed or expired).
@@ -191,14 +150,15 @@ class WaltzClient:
             WaltzTimeoutError: contexts are still in flight after ``timeout`` seconds.
             ClientClosedError: the client closed meanwhile.
         """
-        if not self._core.wait_idle(timeout):
+        attempts = self._core.attempts
+        if not attempts.wait_idle(timeout):
             raise WaltzTimeoutError(
-                f"{self._core.in_flight()} transaction(s) still in flight after {timeout:g}s of flush()"
+                f"{attempts.in_flight()} transaction(s) still in flight after {timeout:g}s of flush()"
             )
 
     def has_pending_transactions(self) -> bool:
         """True while a submitted context has not ended."""
-        return self._core.in_flight() > 0
+        return self._core.attempts.in_flight() > 0
 
     def get_high_water_mark(self, partition_id: int, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> int:
         """The partition's committed high-water mark, asked of the server that owns it.
@@ -348,17 +308,7 @@ class AsyncWaltzClient:
             A future of the committed transaction ID (None when ``execute`` returned False), as
             :meth:`WaltzClient.submit`.
         """
-        core = self._core
-        partition, submission = core.new_submission(context)
-        long_wait = core.config.client_long_wait_threshold
-        while not await partition.limit.acquire_async(long_wait):
-            core.check_open()
-            core.nudge([partition.partition_id])
-        core.admitted(submission)
-        wait = _read_your_writes_wait(core, partition, submission)
-        if wait is not None:
-            await partition.applied.wait_async(*wait)
-        core.run_first_attempt(partition, submission)
+        submission = await self._core.attempts.submit_async(context)
         assert submission.future is not None
         return asyncio.wrap_future(submission.future)
 
@@ -375,10 +325,10 @@ class AsyncWaltzClient:
 
     async def flush(self, timeout: float | None = None) -> None:
         """As :meth:`WaltzClient.flush`."""
-        core = self._core
-        if not await asyncio.to_thread(core.wait_idle, timeout):
+        attempts = self._core.attempts
+        if not await asyncio.to_thread(attempts.wait_idle, timeout):
             raise WaltzTimeoutError(
-                f"{core.in_flight()} transaction(s) still in flight after {timeout:g}s of flush()"
+                f"{attempts.in_flight()} transaction(s) still in flight after {timeout:g}s of flush()"
             )
 
     def apply_backlogs(self) -> dict[int, int]:
@@ -388,7 +338,7 @@ class AsyncWaltzClient:
 
     def has_pending_transactions(self) -> bool:
         """True while a submitted context has not ended."""
-        return self._core.in_flight() > 0
+        return self._core.attempts.in_flight() > 0
 
     async def get_high_water_mark(self, partition_id: int, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> int:
         """As :meth:`WaltzClient.get_high_water_mark`."""

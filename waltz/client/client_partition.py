@@ -1,141 +1,63 @@
-"""The client-side partition: mount state, pending appends, the feed, and the apply worker.
+"""The client-side partition: the feed it follows and applies, and the parts it is made of.
 
-Source: docs/design/client.md "Mount and the client high-water mark", "Failed-append detection",
-"Reconnect"; ``docs/protocol.md``. A :class:`ClientPartition` is a proxy of a partition owned by
-some server. It lives on the client's event loop (only the apply worker, the concurrency limit and
-the applied mark are touched from other threads).
+Source: docs/design/client.md "Appends, the feed and flush", "Failed-append detection",
+"Reconnect", "Applying transactions"; ``docs/protocol.md`` "Feed entries". A
+:class:`ClientPartition` is a proxy of a partition owned by some server. It lives on the client's
+event loop (only its apply worker, its applied and absorbed marks and the claims of its first
+attempts are touched from other threads).
 
-Mounting (the reconnect procedure of docs/design/client.md "Mount and the client high-water
-mark", also used for every reassignment):
+It processes the feed (contiguity, this client's own entries, the apply queue of its
+:class:`~waltz.client.apply_worker.ApplyWorker`) and the other server messages, and hands them to
+its parts:
 
-1. appends are blocked (queued in the partition);
-2. the partition gets a connection to the server the assignment names (a new network client
-   with a new sequence number when the old one broke);
-3. it sends ``MountRequest`` with the high-water mark to restart the feed from: the
-   callbacks' mark on a first mount; with appends pending, the lower of the callbacks' mark and
-   the last transaction this client saw in its own feed, so that the fate of each pending append
-   shows in the feed even when another instance sharing the database is ahead; otherwise the
-   higher of the two;
-4. feed entries are processed by the transaction monitor as usual;
-5. on ``MountResponse(partition_ready=true)`` every append still pending failed (the server
-   holds nothing of it any more) and is re-executed;
-6. appends are unblocked.
-
-Apply flow control (``client.maxApplyBacklog`` = L; ``docs/protocol.md`` "Feed window"): the
-mount carries a feed window, so the server feeds at most up to transaction ``applied + L``; each
-time the application has applied half a window more, a ``FeedWindow`` grants up to the new
-``applied + L``. Transactions held for the application stay below about L whatever the apply rate,
-and a far-behind client is fed as fast as it applies, never faster. While the window is full the
-feed also stops telling this client about its own commits, so its submissions wait (back pressure
-on writers whose application cannot keep up) instead of piling up.
+- :class:`~waltz.client.mount_procedure.MountProcedure`: its life cycle, placement and connection,
+  with its feed window (:class:`~waltz.client.feed_window.FeedWindow`); the partition provides the
+  mark to mount from and what a mount fails and unblocks (:class:`~waltz.client.mount_procedure.
+  MountSteps`);
+- :class:`~waltz.client.pending_appends.PendingAppends`: this client's appends on their way, sent
+  (the transaction monitor), held back behind the locks of its own pending appends
+  (:class:`~waltz.client.lock_holds.LockHolds`), blocked while mounting, and the claims of first
+  attempts (:class:`~waltz.client.lock_claims.LockClaims`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import enum
 import logging
-import threading
 import time
 from collections import deque
-from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from waltz.client.apply_worker import ApplyWorker
-from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.connection import ServerConnection
 from waltz.client.context import AppendPayload
+from waltz.client.feed_window import FeedWindow
+from waltz.client.lock_claims import ClaimWaiter, LockClaims
+from waltz.client.lock_holds import LockHolds, PendingAppend
 from waltz.client.metrics import ClientMetrics, PartitionMetrics
 from waltz.client.monitor import TransactionMonitor
-from waltz.client.submission import Submission, Waiting
+from waltz.client.mount_procedure import MountHost, MountProcedure, PartitionState
+from waltz.client.pending_appends import AttemptOutcomes, PendingAppends, RequestIds
+from waltz.client.submission import Submission
 from waltz.client.transaction import Transaction, TransactionDataSource
-from waltz.client.waiting import ConcurrencyLimit, Watermark
+from waltz.client.waiting import Watermark
 from waltz.errors import ProtocolError
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId, unequal_columns
 
-__all__ = ["ClientPartition", "PartitionHost", "PartitionState"]
+__all__ = ["ClientPartition", "PartitionHost"]
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-#: A context waiting for another's claim, with the lock hashes it expects (see ClientPartition.claim).
-ClaimWaiter = tuple[Submission, Sequence[int]]
-
-#: Longest pause between mount attempts, in seconds.
-MAX_MOUNT_BACKOFF = 1.0
-#: Own commits whose locks a partition remembers at most, applied or not (the oldest are forgotten
-#: beyond: their lock failures are then found by the server).
-MAX_REMEMBERED_COMMITS = 100_000
-#: Own commits a partition still remembers after applying them, the latest ones: an attempt that
-#: read from a mark below one of them before it was applied is sent only after, and fails here.
-KEEP_APPLIED_COMMITS = 1_000
-
-
-class PartitionState(enum.Enum):
-    """Where a client partition is in its life cycle."""
-
-    UNMOUNTED = "unmounted"
-    MOUNTING = "mounting"
-    MOUNTED = "mounted"
-    CLOSED = "closed"
-
-
-# Module constants for the per-append checks (an enum member read through its class costs more).
-_MOUNTING = PartitionState.MOUNTING
-_MOUNTED = PartitionState.MOUNTED
 _CLOSED = PartitionState.CLOSED
 
 
-class PartitionHost(Protocol):
-    """What a partition needs from the client that owns it (all on the event loop)."""
+class PartitionHost(MountHost, RequestIds, Protocol):
+    """What a partition needs from the client that owns it (all on the event loop): its ID and
+    ReqId sequence, its connections, the application's callbacks, the transaction data source,
+    and a fresh look at the assignment."""
 
-    client_id: int
-    callbacks: WaltzClientCallbacks
     data_source: TransactionDataSource
-
-    def next_seq_num(self) -> int:
-        """The next ReqId sequence number (one per request of the client, across partitions)."""
-        ...
-
-    async def connection(self, endpoint: str) -> ServerConnection:
-        """A live connection to ``endpoint`` (a new network client when there is none)."""
-        ...
-
-    def completed(self, committed: list[tuple[Submission, int]]) -> None:
-        """These submissions' appends were committed (as the transaction IDs paired with them)."""
-        ...
-
-    def retry(self, partition: ClientPartition, submission: Submission, lock_target: int | None) -> None:
-        """Re-execute a submission whose append failed (after its lock target is applied)."""
-        ...
-
-    def queued_attempt(self, partition: ClientPartition, submission: Submission, target: int) -> None:
-        """Run the first attempt of a context that was queued behind a lock, once ``target`` (the
-        transaction its holder committed as, or -1) is applied."""
-        ...
-
-    def rejected(self, submission: Submission, error: BaseException) -> None:
-        """End a submission whose append the server rejected for good."""
-        ...
-
-    def refresh_assignment(self) -> None:
-        """Re-read the partition assignment from ZooKeeper (it may have changed)."""
-        ...
-
-
-@dataclass(slots=True)
-class _Pending:
-    """An append sent and not resolved yet, with the appends held back behind its locks."""
-
-    submission: Submission
-    payload: AppendPayload
-    held: list[Waiting] | None = None
-    sent_at: float = 0.0
-    """``time.monotonic()`` when it was handed to the connection (the log round trip's start)."""
 
 
 class ClientPartition:
@@ -144,7 +66,7 @@ class ClientPartition:
     Args:
         partition_id: the partition.
         host: the client.
-        max_concurrent: contexts in flight at most (``client.maxConcurrentTransactions``).
+        outcomes: where the outcomes of the attempts handed to the partition go.
         max_apply_batch: transactions per ``apply_transactions`` call.
         metrics: the partition's counters (default: counters of a registry of its own).
         apply_linger: seconds the apply worker waits to fill a batch (``client.applyLinger``).
@@ -152,16 +74,16 @@ class ClientPartition:
             application applied (``client.maxApplyBacklog``; 0: no limit).
         hold_conflicting_appends: hold back an append whose WRITE or READ lock a pending append of
             this client holds as a WRITE or APPEND lock (``client.holdConflictingAppends``; see
-            :meth:`send_append`).
+            :meth:`PendingAppends.send`).
         retry_linger: seconds a re-attempt's append may wait for the next first attempt's append
-            to share its stream message (``client.retryLinger``; see :meth:`send_append`).
+            to share its stream message (``client.retryLinger``; see :meth:`PendingAppends.send`).
     """
 
     def __init__(
         self,
         partition_id: int,
         host: PartitionHost,
-        max_concurrent: int,
+        outcomes: AttemptOutcomes,
         max_apply_batch: int,
         metrics: PartitionMetrics | None = None,
         *,
@@ -173,84 +95,91 @@ class ClientPartition:
         self.partition_id = partition_id
         self.metrics = metrics if metrics is not None else ClientMetrics().partition(partition_id)
         self._host = host
+        self._outcomes = outcomes
         self._max_apply_batch = max_apply_batch
         self._apply_linger = apply_linger
-        self._max_apply_backlog = max_apply_backlog
-        self._hold_conflicting = hold_conflicting_appends
-        self._retry_linger = retry_linger
-        self.limit = ConcurrencyLimit(max_concurrent)
         self.applied = Watermark(-1)
         """The highest transaction ID this client applied (or found applied) on the partition."""
         self.absorbed = Watermark(-1)
         """The highest transaction ID the callbacks absorbed (``absorb_transactions``; with
         callbacks that do not absorb, the same as :attr:`applied`); never below it."""
-        self.monitor: TransactionMonitor[_Pending] = TransactionMonitor()
-        self.state = PartitionState.UNMOUNTED
-        self.endpoint: str | None = None
-        self.generation = -1
-        self.connection: ServerConnection | None = None
         self.worker: ApplyWorker | None = None
         self.own_committed_mark = -1
         """The highest transaction ID of this client's own commits on the partition."""
         self.server_high_water_mark = -1
         """The server's committed high-water mark as last known (feed, flush and mark responses)."""
-        self.submitted = 0
-        """Contexts admitted on the partition (counted under the client's in-flight lock)."""
-        self.mounts = 0
         self.feed_gaps = 0
-        self._blocked: deque[tuple[Submission, AppendPayload]] = deque()
-        self._holders: dict[int, _Pending] = {}  # lock hash -> the latest pending append locking it
-        # This client's commits that its applies have not reached yet: lock hash -> the latest such
-        # transaction ID writing it, and the commits in order (forgotten once applied).
-        self._committed_locks: dict[int, int] = {}
-        self._committed_order: deque[tuple[int, tuple[int, ...]]] = deque()
-        # Contexts running again whose followers wait for their next attempt (see _release).
-        self._leaders: set[Submission] = set()
-        # First attempts running with their expected locks, and the contexts that wait for their
-        # appends (see claim); touched from any thread, under the lock.
-        self._claims_lock = threading.Lock()
-        self._claims: dict[int, Submission] = {}  # lock hash -> the context whose first attempt claimed it
-        self._claimed: dict[Submission, tuple[Sequence[int], deque[ClaimWaiter]]] = {}
         self._feed_mark = -1
         self._queued_mark: int | None = None
         self._to_queue: list[tuple[Transaction, Submission | None]] = []  # handed over by end_of_batch
-        self._window_task: asyncio.Task[None] | None = None  # grants more feed as applies progress
-        self.window_end: int | None = None
-        """The highest transaction ID the server may feed (``client.maxApplyBacklog``), or None."""
-        self._mounted = asyncio.Event()
-        self._wakeup = asyncio.Event()
-        self._mount_task: asyncio.Task[None] | None = None
-        self._mount_req: ReqId | None = None
-        self._mount_response: asyncio.Future[bool] | None = None
-        self._flush_reqs: dict[int, int] = {}  # flush ReqId sequence number -> monitor position
-        self._flush_marks: list[tuple[int, int]] = []  # (monitor position, high-water mark)
+        window = FeedWindow(partition_id, max_apply_backlog, self.applied, self._new_req_id, self.metrics)
+        self._mount = MountProcedure(partition_id, host, self, window, self._new_req_id, self.metrics)
+        self._holds = LockHolds(self.applied, hold_conflicting_appends)
+        self._claims = LockClaims(self._holds, self.metrics)
+        self._appends = PendingAppends(
+            partition_id, host, outcomes, self._mount, self._holds, self._claims, self.metrics, retry_linger
+        )
+        self.monitor: TransactionMonitor[PendingAppend] = self._appends.monitor
+        """The appends sent and not resolved yet, in the order sent."""
+        self.send_append: Callable[[Submission, AppendPayload], None] = self._appends.send
+        """Send an attempt's append, or hold it back (:meth:`PendingAppends.send`; on the loop).
+        The parts' own method, bound once: it runs for every append."""
 
     def __repr__(self) -> str:
         return (
             f"ClientPartition({self.partition_id}, {self.state.value}, {self.endpoint} "
-            f"generation {self.generation}, pending {len(self.monitor)}, blocked {len(self._blocked)})"
+            f"generation {self.generation}, pending {len(self.monitor)}, blocked {self._appends.blocked})"
         )
+
+    def _new_req_id(self, generation: int) -> ReqId:
+        """The ReqId of this client's next request on the partition under ``generation``."""
+        return ReqId(self._host.client_id, generation, self.partition_id, self._host.next_seq_num())
 
     # --- life cycle -------------------------------------------------------------------------------
 
     @property
+    def state(self) -> PartitionState:
+        """Where the partition is in its life cycle."""
+        return self._mount.state
+
+    @property
+    def endpoint(self) -> str | None:
+        """The server the assignment names for the partition (None: no server)."""
+        return self._mount.endpoint
+
+    @property
+    def generation(self) -> int:
+        """The partition's generation as the assignment names it (-1: not known yet)."""
+        return self._mount.generation
+
+    @property
+    def connection(self) -> ServerConnection | None:
+        """The connection of the partition's latest mount request (None: none, or it broke)."""
+        return self._mount.connection
+
+    @property
     def wanted(self) -> bool:
         """True while the application wants the partition mounted."""
-        state = self.state
-        return state is _MOUNTED or state is _MOUNTING
+        return self._mount.wanted
 
     @property
     def mounted(self) -> bool:
         """True when the partition is mounted and appends flow."""
-        return self.state is _MOUNTED
+        return self._mount.mounted
+
+    def on_apply_thread(self) -> bool:
+        """True when called from the partition's apply worker (inside ``apply_transaction``)."""
+        worker = self.worker
+        return worker is not None and worker.is_current_thread()
 
     async def wait_mounted(self) -> None:
         """Wait until the partition is mounted."""
-        await self._mounted.wait()
+        await self._mount.wait_mounted()
 
     def mount(self) -> None:
         """Start mounting (and applying the feed); no-op when already mounted or mounting."""
-        if self.state is PartitionState.CLOSED or self.wanted:
+        mount = self._mount
+        if mount.state is _CLOSED or mount.wanted:
             return
         if self.worker is None:
             self.worker = ApplyWorker(
@@ -263,28 +192,11 @@ class ClientPartition:
                 absorbed=self.absorbed,
             )
             self.worker.start()
-        self.state = PartitionState.MOUNTING
-        self._start_mounting()
+        mount.start()
 
     def remount(self, reason: str) -> None:
         """Run the reconnect procedure: block appends, mount again (docs/design/client.md "Reconnect")."""
-        if not self.wanted:
-            return
-        log.info("partition %d: mounting again (%s)", self.partition_id, reason)
-        self.metrics.remounts.inc()
-        self._stop_window()
-        self.state = PartitionState.MOUNTING
-        self._mounted.clear()
-        self._flush_reqs.clear()
-        self._flush_marks.clear()
-        self._start_mounting()
-
-    def _start_mounting(self) -> None:
-        self._wakeup.set()
-        if self._mount_task is None or self._mount_task.done():
-            self._mount_task = asyncio.get_running_loop().create_task(
-                self._mount_loop(), name=f"waltz-mount-{self.partition_id}"
-            )
+        self._mount.remount(reason)
 
     def detach(self, *, unmount: bool = True) -> ApplyWorker | None:
         """Stop mounting and following the feed (unmount, or close); returns the worker to close.
@@ -298,181 +210,41 @@ class ClientPartition:
                 (``UnmountRequest``, ``docs/protocol.md`` "Unmount"); False when the connections
                 close anyway (the client closes).
         """
-        if unmount and self.wanted:
-            self._send_unmount()
-        self.state = PartitionState.UNMOUNTED
-        self._mounted.clear()
-        if self._mount_task is not None:
-            self._mount_task.cancel()
-            self._mount_task = None
-        self._stop_window()
-        self.connection = None
+        self._mount.stop(unmount=unmount)
         self._queued_mark = None
         self._to_queue.clear()
         worker, self.worker = self.worker, None
         return worker
 
-    def _send_unmount(self) -> None:
-        """Ask the server of the current connection to stop feeding this partition to it."""
-        connection = self.connection
-        if connection is None or connection.closed:
-            return  # no mount sent on a live connection: nothing to stop
-        req_id = ReqId(self._host.client_id, self.generation, self.partition_id, self._host.next_seq_num())
-        message = client_pb2.ClientMessage(
-            unmount=client_pb2.UnmountRequest(req_id=req_id.to_proto(), seq_num=connection.seq_num)
-        )
-        try:
-            connection.send(message)
-        except ConnectionError:
-            return  # the stream just ended: the server forgets its feeds with it
-        log.info("partition %d: unmounted from %s", self.partition_id, connection.endpoint)
-
     def close(self) -> tuple[ApplyWorker | None, list[Submission]]:
         """Stop for good; returns the worker to close and every submission still held."""
         worker = self.detach(unmount=False)
-        self.state = PartitionState.CLOSED
-        pending = self.monitor.fail_all()
-        held = [p.submission for p in pending] + [s for s, _ in self._blocked]
-        held += [submission for p in pending for submission, _, _ in p.held or ()]
-        for leader in self._leaders:
-            held += [submission for submission, _, _ in leader.followers or ()]
-            leader.followers = None
-        self._leaders.clear()
-        with self._claims_lock:
-            for _, waiters in self._claimed.values():
-                held += [submission for submission, _ in waiters]
-            self._claimed.clear()
-            self._claims.clear()
-        self._blocked.clear()
-        self._holders.clear()
-        return worker, held
+        self._mount.close()
+        return worker, self._appends.close()
 
     def set_placement(self, endpoint: str | None, generation: int) -> None:
         """Take the partition's place from the assignment; a change means mounting again."""
-        if generation < self.generation or (generation == self.generation and endpoint == self.endpoint):
-            return  # older news, or no news
-        moved = self.generation >= 0
-        self.endpoint, self.generation = endpoint, generation
-        if moved:
-            self.remount(f"assigned to {endpoint or 'no server'} with generation {generation}")
-        else:
-            self._wakeup.set()
+        self._mount.set_placement(endpoint, generation)
 
     def connection_lost(self, connection: ServerConnection) -> None:
-        """The partition's connection broke: mount again (with a new network client)."""
-        if connection is self.connection:
-            self.connection = None
-            self.remount(f"connection to {connection.endpoint} lost")
+        """A connection broke: when it is the partition's, mount again (with a new network client)."""
+        self._mount.connection_lost(connection)
 
-    async def _mount_loop(self) -> None:
-        backoff = 0.05
-        loop = asyncio.get_running_loop()
-        while self.state is PartitionState.MOUNTING:
-            self._wakeup.clear()
-            endpoint, generation = self.endpoint, self.generation
-            if endpoint is None:
-                await self._wakeup.wait()
-                continue
-            try:
-                # A connection to a dead server takes a while to fail: a new assignment wins.
-                connection = await self._unless_woken(self._host.connection(endpoint))
-            except Exception as exc:
-                log.info("partition %d: cannot mount on %s yet: %s", self.partition_id, endpoint, exc)
-                await self._pause(backoff)
-                backoff = min(MAX_MOUNT_BACKOFF, backoff * 2)
-                continue
-            if connection is None:
-                continue
-            try:
-                high_water_mark = await asyncio.to_thread(
-                    self._host.callbacks.get_client_high_water_mark, self.partition_id
-                )
-            except Exception as exc:
-                log.warning(
-                    "partition %d: get_client_high_water_mark raised %r; mounting again in %.2fs",
-                    self.partition_id,
-                    exc,
-                    backoff,
-                )
-                self._report(exc)
-                await self._pause(backoff)
-                backoff = min(MAX_MOUNT_BACKOFF, backoff * 2)
-                continue
-            if self._wakeup.is_set() or self.state is not PartitionState.MOUNTING:
-                continue  # the assignment changed meanwhile
-            self.connection = connection
-            mount_mark = self._mount_mark(high_water_mark)
-            req_id = ReqId(self._host.client_id, generation, self.partition_id, self._host.next_seq_num())
-            response: asyncio.Future[bool] = loop.create_future()
-            self._mount_req, self._mount_response = req_id, response
-            self._feed_mark = mount_mark
-            window_end = self._first_window_end(mount_mark)
-            message = client_pb2.ClientMessage(
-                mount=client_pb2.MountRequest(
-                    req_id=req_id.to_proto(),
-                    client_high_water_mark=mount_mark,
-                    seq_num=connection.seq_num,
-                    feed_window=0 if window_end is None else window_end - mount_mark,
-                )
-            )
-            try:
-                connection.send(message)
-            except ConnectionError:
-                continue
-            self._start_window(connection, generation, window_end)
-            wakeup = loop.create_task(self._wakeup.wait())
-            waiting: set[asyncio.Future[Any]] = {response, wakeup}
-            try:
-                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                wakeup.cancel()
-            changed = self._wakeup.is_set() or connection is not self.connection or connection.closed
-            if changed or not response.done() or self.state is not PartitionState.MOUNTING:
-                continue  # something changed (connection, assignment): start over
-            if response.result():
-                if self._mount_succeeded(mount_mark):
-                    return
-                continue  # lost again while unblocking appends: this task mounts again
-            log.info(
-                "partition %d: %s is not ready for it under generation %d; retrying",
-                self.partition_id,
-                endpoint,
-                generation,
-            )
-            self._host.refresh_assignment()
-            await self._pause(backoff)
-            backoff = min(MAX_MOUNT_BACKOFF, backoff * 2)
+    # --- the partition's steps of the mount procedure (MountSteps) --------------------------------
 
-    def _report(self, exception: BaseException) -> None:
-        """Tell the application about an exception of its callbacks (transaction ID -1: none)."""
-        try:
-            self._host.callbacks.uncaught_exception(self.partition_id, -1, exception)
-        except Exception:
-            log.exception("partition %d: uncaught_exception raised", self.partition_id)
-
-    async def _unless_woken(self, awaitable: Coroutine[Any, Any, T]) -> T | None:
-        """Await ``awaitable`` unless a remount (new assignment, lost connection) comes first."""
-        loop = asyncio.get_running_loop()
-        task = loop.create_task(awaitable)
-        wakeup = loop.create_task(self._wakeup.wait())
-        waiting: set[asyncio.Future[Any]] = {task, wakeup}
-        try:
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            wakeup.cancel()
-        if not task.done():
-            task.cancel()
-            return None
-        return task.result()
-
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wakeup.wait(), seconds)
-
-    def _mount_mark(self, callbacks_mark: int) -> int:
-        """The high-water mark to mount from (see the module docstring, step 3)."""
+    def mount_from(self, callbacks_mark: int) -> int:
+        """The high-water mark to mount from (docs/design/client.md "Mount and the client high-water
+        mark", step 3): the callbacks' mark on a first mount; with appends pending, the lower of
+        the callbacks' mark and the last transaction this client saw in its own feed, so that the
+        fate of each pending append shows in the feed even when another instance sharing the
+        database is ahead; otherwise the higher of the two. The feed restarts after it."""
         worker = self.worker
         assert worker is not None
+        mark = self._mount_mark(callbacks_mark, worker)
+        self._feed_mark = mark
+        return mark
+
+    def _mount_mark(self, callbacks_mark: int, worker: ApplyWorker) -> int:
         if self._queued_mark is None:
             self._queued_mark = callbacks_mark
             worker.set_floor(callbacks_mark)
@@ -484,341 +256,72 @@ class ClientPartition:
             worker.set_floor(callbacks_mark)
         return self._queued_mark
 
-    def _mount_succeeded(self, mount_mark: int) -> bool:
-        """Fail what is pending, unblock appends; False when the partition was lost meanwhile."""
-        self.mounts += 1
-        self._mount_req = self._mount_response = None
-        failed = self.monitor.fail_all()
+    def on_mounted(self, mount_mark: int) -> None:
+        """The server is ready for the mount: every append still pending failed (re-executed,
+        and what it held back is sent), and the blocked appends are sent."""
+        failed, blocked = self._appends.on_mounted()
         log.info(
             "partition %d: mounted on %s (generation %d, from transaction %d, feed at %d); "
             "%d pending append(s) failed, %d blocked",
             self.partition_id,
-            self.endpoint,
-            self.generation,
+            self._mount.endpoint,
+            self._mount.generation,
             mount_mark,
             self._feed_mark,
-            len(failed),
-            len(self._blocked),
+            failed,
+            blocked,
         )
-        self.state = PartitionState.MOUNTED
-        self._mounted.set()
-        for pending in failed:  # after the state is MOUNTED: what they held is sent now
-            self._failed(pending, None)
-        blocked, self._blocked = self._blocked, deque()
-        for submission, payload in blocked:
-            self.send_append(submission, payload)
-        return self.state is PartitionState.MOUNTED
 
-    # --- appends ----------------------------------------------------------------------------------
+    def on_remount(self) -> None:
+        """The partition mounts again: flushes sent before are answered no more."""
+        self._appends.forget_flushes()
 
-    def send_append(self, submission: Submission, payload: AppendPayload) -> None:
-        """Send an attempt's append, or hold it until the partition is mounted.
-
-        An append one of whose WRITE or READ locks is a WRITE or APPEND lock of a pending append of
-        this client (its *holder*, the latest such one) is held back (``docs/protocol.md``
-        "Append", client side): as a rule its client high-water mark is below the holder's
-        transaction (this client has not seen it commit), so the server would refuse it if the
-        holder commits. When the holder commits, the held append
-        is a lock failure on the holder's transaction ID, found by the client (re-executed once that
-        transaction is applied, like one the server refused, without its round trip to the server);
-        when the holder fails, or the held attempt's mark turns out to cover the holder's commit (a
-        mark read from a database another instance had already applied it to), it is sent as it is.
-
-        The append of a re-attempt (after a lock failure or a lost append) may wait up to
-        ``retry_linger`` seconds for another append to wake the connection's writer, so that it
-        shares a stream message, and then a store batch, with the first attempts that follow it
-        (``docs/protocol.md`` "Append"): a re-attempt starts when the transaction it waited for is
-        applied, just before the completions of that commit let new transactions in.
-        """
-        state = self.state
-        if state is _CLOSED:
-            self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
-            return
-        connection = self.connection
-        if state is not _MOUNTED or connection is None or connection.closed:
-            self._blocked.append((submission, payload))
-            if state is _MOUNTED:
-                self.remount("connection lost")
-            return
-        followers = submission.followers
-        if followers is not None:  # its turn came: those waiting behind it wait behind this attempt
-            submission.followers = None
-            self._leaders.discard(submission)
-        holders = self._holders
-        if holders:
-            for lock in payload.write_locks + payload.read_locks:
-                holder = holders.get(lock)
-                if holder is not None:
-                    if holder.held is None:
-                        holder.held = [(submission, payload, -1)]
-                    else:
-                        holder.held.append((submission, payload, -1))
-                    if followers:
-                        holder.held += followers
-                    if submission.trace is not None:
-                        submission.trace.held()
-                    self.metrics.held_appends.inc()
-                    return
-        if self._committed_locks:
-            committed = self.committed_after(
-                payload.write_locks + payload.read_locks, payload.client_high_water_mark
-            )
-            if committed > payload.client_high_water_mark:
-                # An own commit the attempt did not see wrote one of its locks: the server would
-                # refuse it. A lock failure found here, without the round trip.
-                if followers:
-                    self._follow(submission, [(s, p, max(after, committed)) for s, p, after in followers])
-                self._host.retry(self, submission, committed)
-                return
-        req_id = ReqId(self._host.client_id, self.generation, self.partition_id, self._host.next_seq_num())
-        pending = _Pending(submission, payload, followers or None, time.monotonic())
-        self.monitor.register(req_id, pending)
-        if self._hold_conflicting:
-            for lock in payload.write_locks:
-                holders[lock] = pending
-            for lock in payload.append_locks:
-                holders[lock] = pending
-        trace = submission.trace
-        connection.send_append(
-            req_id,
-            payload,
-            self._retry_linger if submission.attempts > 1 else 0.0,
-            "" if trace is None else trace.traceparent,
-        )
+    # --- appends (PendingAppends) -----------------------------------------------------------------
 
     def holds_any(self, lock_hashes: Sequence[int], seen: int = -1) -> bool:
         """Whether a pending append of this client holds one of these locks now, or a commit of
         this client after ``seen`` (the mark an attempt would read at) wrote one (read from any
         thread: a hint, confirmed on the loop by :meth:`queue_first_attempt`)."""
-        holders = self._holders
-        if holders and any(lock in holders for lock in lock_hashes):
-            return True
-        committed = self._committed_locks
-        return bool(committed) and any(committed.get(lock, -1) > seen for lock in lock_hashes)
+        return self._holds.holds_any(lock_hashes, seen)
 
     def committed_after(self, lock_hashes: Sequence[int], seen: int) -> int:
         """The latest commit of this client after ``seen`` that wrote one of ``lock_hashes``
-        (a WRITE or APPEND lock) among those it remembers (every one not yet applied here, and the
-        latest applied ones); ``seen`` when there is none (on the loop).
-
-        An attempt whose client high-water mark is ``seen`` would fail the server's lock check on
-        it (docs/design/locks.md "Locks of appends in flight").
-        """
-        self._forget_applied()
-        committed = self._committed_locks
-        latest = seen
-        for lock in lock_hashes:
-            latest = max(latest, committed.get(lock, -1))
-        return latest
-
-    def _remember_commit(self, payload: AppendPayload, transaction_id: int) -> None:
-        """Keep the WRITE and APPEND locks of an own commit until this client has applied it and
-        :data:`KEEP_APPLIED_COMMITS` later own commits."""
-        locks = payload.write_locks + payload.append_locks
-        if not locks:
-            return
-        order = self._committed_order
-        if len(order) >= MAX_REMEMBERED_COMMITS:
-            self._forget(order.popleft())  # only a lock failure found here is lost
-        order.append((transaction_id, locks))
-        committed = self._committed_locks
-        for lock in locks:
-            committed[lock] = transaction_id
-
-    def _forget_applied(self) -> None:
-        """Forget applied commits beyond the latest :data:`KEEP_APPLIED_COMMITS` (in ID order)."""
-        order = self._committed_order
-        applied = self.applied.value
-        while len(order) > KEEP_APPLIED_COMMITS and order[0][0] <= applied:
-            self._forget(order.popleft())
-
-    def _forget(self, commit: tuple[int, tuple[int, ...]]) -> None:
-        transaction_id, locks = commit
-        committed = self._committed_locks
-        for lock in locks:
-            if committed.get(lock) == transaction_id:
-                del committed[lock]
+        (see :meth:`LockHolds.committed_after`; on the loop)."""
+        return self._holds.committed_after(lock_hashes, seen)
 
     def queue_first_attempt(self, submission: Submission, lock_hashes: Sequence[int]) -> None:
         """Queue a context behind the pending append holding one of its expected locks, before its
-        first attempt runs (``TransactionContext.expected_locks``); when none holds them any more,
-        the attempt runs on a retry thread (on the loop): once this client has seen its own latest
-        commit on them (:meth:`committed_after`), at once when there is none."""
-        if self.state is _CLOSED:
-            self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
-            return
-        holders = self._holders
-        for lock in lock_hashes:
-            holder = holders.get(lock)
-            if holder is not None:
-                waiting: Waiting = (submission, None, -1)
-                if holder.held is None:
-                    holder.held = [waiting]
-                else:
-                    holder.held.append(waiting)
-                self.metrics.held_appends.inc()
-                return
-        self._host.queued_attempt(self, submission, self.committed_after(lock_hashes, -1))
+        first attempt runs (see :meth:`PendingAppends.queue_first_attempt`; on the loop)."""
+        self._appends.queue_first_attempt(submission, lock_hashes)
 
     def claim(
         self, submission: Submission, lock_hashes: Sequence[int], waiters: deque[ClaimWaiter] | None = None
     ) -> bool:
-        """Claim these expected locks for the first attempt of ``submission``, which runs now or
-        is queued (any thread), until its append reaches the event loop or the context ends
-        without one (:meth:`release_claims`). False when another context claimed one of them
-        first: ``submission`` then waits, without running, for that context's append, and goes on
-        as :meth:`claims_released` says (docs/design/locks.md "Locks of appends in flight").
-
-        Only a lock that an own append writes, pending or among the commits this client
-        remembers, makes a context wait for another's claim: two contexts that expect to read an
-        entity nobody here writes run side by side, as their locks allow.
-
-        The holders of locks are only known on the loop, once an append gets there: two contexts
-        on a hot lock that both looked before either append arrived would both run, and one
-        would be held back behind the other and run again.
-
-        ``waiters``: contexts that wait for this one's append from the start, ahead of any that
-        find its claim later (:meth:`claims_released`).
-        """
-        holders, written = self._holders, self._committed_locks  # read from any thread: hints
-        with self._claims_lock:
-            claims = self._claims
-            for lock in lock_hashes:
-                claimant = claims.get(lock)
-                if claimant is not None and (lock in holders or lock in written):
-                    self._claimed[claimant][1].append((submission, lock_hashes))
-                    self.metrics.claim_waits.inc()
-                    return False
-            for lock in lock_hashes:
-                claims[lock] = submission
-            self._claimed[submission] = (lock_hashes, deque() if waiters is None else waiters)
-            return True
+        """Claim these expected locks for the first attempt of ``submission`` (any thread; see
+        :meth:`LockClaims.claim`); False when it waits for another context's claim."""
+        return self._claims.claim(submission, lock_hashes, waiters)
 
     def has_claims(self, submission: Submission) -> bool:
         """Whether ``submission`` holds claims (a hint read without the lock)."""
-        return submission in self._claimed
+        return self._claims.has_claims(submission)
 
     def release_claims(self, submission: Submission) -> deque[ClaimWaiter]:
         """End the claims of ``submission`` (any thread); returns the contexts that waited for
         them, in order, for :meth:`claims_released` on the loop."""
-        with self._claims_lock:
-            entry = self._claimed.pop(submission, None)
-            if entry is None:
-                return deque()
-            lock_hashes, waiters = entry
-            claims = self._claims
-            for lock in lock_hashes:
-                if claims.get(lock) is submission:
-                    del claims[lock]
-            return waiters
+        return self._claims.release(submission)
 
     def claims_released(self, waiters: deque[ClaimWaiter]) -> None:
-        """Go on with the contexts that waited for a claim (on the loop, after the claimant's
-        append went through :meth:`send_append`, or its context ended): the first that claims its
-        locks is queued as :meth:`queue_first_attempt` queues (behind the append that holds one
-        of them, or to run once the own commits on them are applied), and the rest wait for its
-        append in turn, in order. A context whose claim meets another claimant's waits for that
-        one instead. So a hot lock costs a few steps per commit, however many wait."""
-        while waiters:
-            submission, lock_hashes = waiters.popleft()
-            if self.state is _CLOSED:
-                self._host.rejected(submission, ProtocolError(f"partition {self.partition_id} is closed"))
-            elif self.claim(submission, lock_hashes, waiters):
-                self.queue_first_attempt(submission, lock_hashes)
-                return
-
-    def _failed(self, pending: _Pending, lock_target: int | None) -> None:
-        """A pending append failed (a lock failure naming ``lock_target``, or lost: None): run its
-        context again.
-
-        What it held back waits behind that next attempt after a lock failure (the transaction
-        that failed it most likely wrote the lock they share, so they would fail too); after a lost
-        append it is sent as it is (nothing it waited for was written).
-        """
-        # Followers first: the next attempt may run (and end) on a retry thread at once.
-        self._resolved(pending, None, retried_after=lock_target)
-        self._host.retry(self, pending.submission, lock_target)
-
-    def _resolved(
-        self, pending: _Pending, committed_as: int | None, retried_after: int | None = None
-    ) -> None:
-        """A pending append left the transaction monitor (``committed_as``: its transaction ID, or
-        None when it failed): release its locks and what it held back (see :meth:`send_append`).
-
-        ``retried_after`` is set when the append's own context runs again after a lock failure
-        on that transaction: what it held back then follows that next attempt, in order.
-        """
-        holders = self._holders
-        if committed_as is not None and self._hold_conflicting:
-            self._remember_commit(pending.payload, committed_as)
-        if holders:
-            payload = pending.payload
-            for lock in payload.write_locks:
-                if holders.get(lock) is pending:
-                    del holders[lock]
-            for lock in payload.append_locks:
-                if holders.get(lock) is pending:
-                    del holders[lock]
-        held = pending.held
-        if held:
-            pending.held = None
-            if retried_after is not None:
-                self._follow(pending.submission, [(s, p, max(after, retried_after)) for s, p, after in held])
-            else:
-                self._release(held, -1 if committed_as is None else committed_as)
-
-    def _release(self, waiting: list[Waiting], barrier: int) -> None:
-        """Let contexts that waited for a lock go on, in order, now that its holder has resolved
-        (committed as ``barrier``, or failed: -1).
-
-        An attempt whose client high-water mark covers what it must have seen is sent as it is
-        (it may wait again behind another holder). Of the others, only the first runs again (a
-        lock failure found by the client, once the transaction is applied); the rest follow its
-        next attempt and run again when their turn comes, so that a commit re-executes one waiting
-        context, not every one (docs/design/locks.md "Locks of appends in flight").
-        """
-        leader: Waiting | None = None
-        followers: list[Waiting] = []
-        for submission, payload, own_barrier in waiting:
-            after = max(own_barrier, barrier)
-            if payload is not None and payload.client_high_water_mark >= after:
-                self.send_append(submission, payload)
-            elif leader is None:
-                leader = (submission, payload, after)
-            else:
-                followers.append((submission, payload, after))
-        if leader is not None:
-            if followers:  # before the retry: its next attempt may run (and end) at once
-                self._follow(leader[0], followers)
-            if leader[1] is None:  # queued before its first attempt: no lock failure of its own
-                self._host.queued_attempt(self, leader[0], leader[2])
-            else:
-                self._host.retry(self, leader[0], leader[2])
-
-    def _follow(self, leader: Submission, waiting: list[Waiting]) -> None:
-        """Queue ``waiting`` behind the next attempt of ``leader``, which runs again."""
-        if leader.followers is None:
-            leader.followers = waiting
-        else:
-            leader.followers += waiting
-        self._leaders.add(leader)
+        """Go on with the contexts that waited for a claim (see
+        :meth:`PendingAppends.claims_released`; on the loop)."""
+        self._appends.claims_released(waiters)
 
     def leader_ended(self, leader: Submission) -> None:
         """``leader`` ended without another append (on the loop): release those following it."""
-        followers = leader.followers
-        if followers is not None:
-            leader.followers = None
-            self._leaders.discard(leader)
-            self._release(followers, -1)
+        self._appends.leader_ended(leader)
 
     def send_flush(self) -> None:
         """Nudge the server with a flush request when appends are pending (learn their fate)."""
-        connection = self.connection
-        if not self.mounted or not self.monitor or connection is None or connection.closed:
-            return
-        req_id = ReqId(self._host.client_id, self.generation, self.partition_id, self._host.next_seq_num())
-        self._flush_reqs[req_id.seq_num] = self.monitor.position
-        connection.send(client_pb2.ClientMessage(flush=client_pb2.FlushRequest(req_id=req_id.to_proto())))
+        self._appends.send_flush()
 
     # --- the feed and other server messages -------------------------------------------------------
 
@@ -828,7 +331,8 @@ class ClientPartition:
         length (or are empty) is malformed, and a run that starts past the next transaction is a
         gap: either is dropped whole and the partition mounts again, which restarts the feed after
         what was applied."""
-        if connection is not self.connection or not self.wanted:
+        mount = self._mount
+        if connection is not mount.connection or not mount.wanted:
             return  # a stale connection's leftovers, or not following this partition
         client_ids = list(feed.client_ids)
         generations = list(feed.generations)
@@ -870,11 +374,13 @@ class ClientPartition:
             return
         partition_id = self.partition_id
         own_client = self._host.client_id
+        appends = self._appends
         monitor = self.monitor
         data_source = self._host.data_source
         to_queue = self._to_queue
         committed: list[tuple[Submission, int]] = []
         sent_at_sum = 0.0  # of the committed appends: their log round trips in one sum
+        flushes = appends.awaits_flushes  # only a flush answer adds one: none comes during the run
         try:
             for index in range(expected - first, count):
                 transaction_id = first + index
@@ -885,15 +391,13 @@ class ClientPartition:
                 own: Submission | None = None
                 if client_id == own_client and monitor:
                     req_id = ReqId(client_id, generations[index], partition_id, seq_nums[index])
-                    succeeded, failed = monitor.on_feed(req_id)
-                    for pending in failed:
-                        self._failed(pending, None)
+                    succeeded = appends.on_feed(req_id)
                     if succeeded is not None:
                         own, data = succeeded.submission, succeeded.payload.data
                         sent_at_sum += succeeded.sent_at
                         self.own_committed_mark = transaction_id
                         committed.append((own, transaction_id))
-                        self._resolved(succeeded, transaction_id)
+                        appends.committed(succeeded, transaction_id)
                 queued = self._queued_mark
                 if queued is not None and transaction_id > queued and self.worker is not None:
                     self._queued_mark = transaction_id
@@ -907,15 +411,15 @@ class ClientPartition:
                             own,
                         )
                     )
-                if self._flush_marks:
-                    self._check_flushes()
+                if flushes:
+                    flushes = appends.feed_reached(transaction_id)
         finally:  # what committed before an error is still completed
             if committed:
                 self.metrics.committed.inc(len(committed))
                 now = time.monotonic()
                 self.metrics.commit_seconds.observe_all([now - s.submitted_at for s, _ in committed])
                 self.metrics.log_round_trip_seconds.add(len(committed) * now - sent_at_sum, len(committed))
-                self._host.completed(committed)
+                self._outcomes.completed(committed)
 
     def end_of_batch(self) -> None:
         """Hand the feed entries of the last batch of server messages to the apply worker at once."""
@@ -923,77 +427,20 @@ class ClientPartition:
             self.worker.enqueue_many(self._to_queue)
             self._to_queue = []
 
-    # --- the feed window (client.maxApplyBacklog) -------------------------------------------------
-
-    def _first_window_end(self, mount_mark: int) -> int | None:
-        """The feed window of a mount: ``applied + L`` (at least one past the mount's mark, for a
-        remount while a full window still waits to be applied); None without a limit."""
-        limit = self._max_apply_backlog
-        if limit <= 0:
-            return None
-        return max(self.applied.value + limit, mount_mark + 1)
-
-    def _start_window(self, connection: ServerConnection, generation: int, window_end: int | None) -> None:
-        """Grant the mount's feed window more as the application applies (a task per mount)."""
-        self._stop_window()
-        self.window_end = window_end
-        if window_end is not None:
-            self._window_task = asyncio.get_running_loop().create_task(
-                self._grant_windows(connection, generation, window_end),
-                name=f"waltz-feed-window-{self.partition_id}",
-            )
-
-    def _stop_window(self) -> None:
-        task, self._window_task = self._window_task, None
-        if task is not None:
-            task.cancel()
-
-    async def _grant_windows(self, connection: ServerConnection, generation: int, window_end: int) -> None:
-        """Each time half a window more is applied, send ``FeedWindow(applied + L)``.
-
-        Ends with the mount it belongs to (cancelled by a remount, an unmount or a close) or when
-        its connection breaks; every round waits for the application to apply more.
-        """
-        limit = self._max_apply_backlog
-        step = max(1, limit // 2)
-        while connection is self.connection and not connection.closed:
-            await self.applied.wait_async(window_end - limit + step)
-            if connection is not self.connection or connection.closed:
-                return
-            new_end = self.applied.value + limit
-            req_id = ReqId(self._host.client_id, generation, self.partition_id, self._host.next_seq_num())
-            message = client_pb2.ClientMessage(
-                feed_window=client_pb2.FeedWindow(req_id=req_id.to_proto(), window_end=new_end)
-            )
-            try:
-                connection.send(message)
-            except ConnectionError:
-                return  # the remount sends a window of its own
-            window_end = self.window_end = new_end
-            self.metrics.feed_windows.inc()
-
     def on_message(self, connection: ServerConnection, kind: str, body: object) -> None:
         """Process a server message other than feed data (``kind`` is its oneof field name)."""
-        if connection is not self.connection:
+        if connection is not self._mount.connection:
             return
         if kind == "mount":
             assert isinstance(body, client_pb2.MountResponse)
-            if self._mount_req is not None and ReqId.from_proto(body.req_id) == self._mount_req:
-                response = self._mount_response
-                if response is not None and not response.done():
-                    response.set_result(body.partition_ready)
+            self._mount.on_response(body)
         elif kind == "lock_failure":
             assert isinstance(body, client_pb2.LockFailure)
-            pending = self.monitor.on_lock_failure(ReqId.from_proto(body.req_id))
-            if pending is not None:
-                self._failed(pending, body.transaction_id)
+            self._appends.on_lock_failure(ReqId.from_proto(body.req_id), body.transaction_id)
         elif kind == "flush":
             assert isinstance(body, client_pb2.FlushResponse)
-            position = self._flush_reqs.pop(body.req_id.seq_num, None)
             self.server_high_water_mark = max(self.server_high_water_mark, body.transaction_id)
-            if position is not None:
-                self._flush_marks.append((position, body.transaction_id))
-                self._check_flushes()
+            self._appends.on_flush(body, self._feed_mark)
         elif kind == "feed_suspended":
             self._host.refresh_assignment()
             self.remount(f"{connection.endpoint} suspended the feed")
@@ -1001,29 +448,11 @@ class ClientPartition:
             assert isinstance(body, client_pb2.ServerError)
             self._on_server_error(body)
 
-    def _check_flushes(self) -> None:
-        """Fail appends sent before a flush once the feed reached the flush's high-water mark."""
-        remaining = []
-        for position, mark in self._flush_marks:
-            if self._feed_mark >= mark:
-                for pending in self.monitor.fail_before(position):
-                    self._failed(pending, None)
-            else:
-                remaining.append((position, mark))
-        self._flush_marks = remaining
-
     def _on_server_error(self, error: client_pb2.ServerError) -> None:
         req_id = ReqId.from_proto(error.req_id)
         log.warning("partition %d: server error for %s: %s", self.partition_id, req_id, error.message)
-        if self._mount_req is not None and req_id == self._mount_req:
-            response = self._mount_response
-            if response is not None and not response.done():
-                response.set_result(False)
+        if self._mount.on_error(req_id):
             return
-        pending = self.monitor.remove(req_id)
-        if pending is not None:
-            self._host.rejected(
-                pending.submission,
-                ProtocolError(f"server {self.endpoint} rejected the append {req_id}: {error.message}"),
-            )
-            self._resolved(pending, None)
+        self._appends.on_rejected(
+            req_id, ProtocolError(f"server {self.endpoint} rejected the append {req_id}: {error.message}")
+        )

@@ -2,13 +2,14 @@
 
 Each client owns a :class:`ClientMetrics` with a ``CollectorRegistry`` of its own (exposed as
 ``WaltzClient.metrics``). Nothing is counted per transaction through ``prometheus_client``: the
-submitted count is a plain integer of the partition, kept under the lock that admits a context;
-counters of events (commits, failures, remounts) are incremented once per batch on a child bound
-once per partition (:class:`PartitionMetrics`); the commit latencies of a batch of feed entries go
-into a :class:`~waltz.batched_histogram.BatchedHistogram` at once; the summaries of the stages of a
-transaction's latency add to plain totals once per batch (:class:`StageTotals`). The submitted count,
-the summaries and the gauges (in flight, high-water marks, mounted, unhealthy) are read only when
-the registry is collected. Serve it with
+submitted count is a plain integer per partition, kept under the lock that admits a context
+(:class:`~waltz.client.in_flight.InFlight`); counters of events (commits, failures, remounts) are
+incremented once per batch on a child bound once per partition (:class:`PartitionMetrics`); the
+commit latencies of a batch of feed entries go into a
+:class:`~waltz.batched_histogram.BatchedHistogram` at once; the summaries of the stages of a
+transaction's latency add to plain totals once per batch (:class:`StageTotals`). The submitted
+count, the summaries and the gauges (in flight, high-water marks, mounted, unhealthy) are read only
+when the registry is collected. Serve it with
 ``prometheus_client.start_http_server(port, registry=client.metrics)``.
 
 Metric names (``partition`` label on all but the histogram and the summaries):

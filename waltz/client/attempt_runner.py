@@ -1,0 +1,467 @@
+"""The attempt path: a submitted transaction context, from ``submit`` to its one outcome.
+
+Source: docs/design/client.md "From submit to the outcome", "Retries and lock failures";
+docs/design/locks.md "Locks of appends in flight" (claims, the queue behind a holder). An
+:class:`AttemptRunner` admits a context (a concurrency slot of its partition, read your writes),
+runs its first attempt on the submitting thread (claims, or a place in the queue behind an own
+pending append, then ``execute``), hands the append to the client's event loop, where its
+:class:`~waltz.client.client_partition.ClientPartition` sends it, and hears from the partition how
+it ended: committed (completed on the completion thread), failed (run again on a retry thread,
+once what it waits for is applied), or rejected. The partition and the
+:class:`~waltz.client.submission.Submission` are its parts: the partition sends, holds back and
+resolves appends, the submission runs one attempt and ends once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.client_partition import ClientPartition
+from waltz.client.config import WaltzClientConfig
+from waltz.client.context import AppendPayload, TransactionContext
+from waltz.client.in_flight import InFlight
+from waltz.client.metrics import ClientMetrics
+from waltz.client.submission import Submission
+from waltz.client.waiting import Watermark
+from waltz.errors import ClientClosedError, PartitionNotMountedError, WaltzClientError
+
+if TYPE_CHECKING:
+    from waltz.tracing._otel import ClientTracing
+
+__all__ = ["AttemptRunner"]
+
+log = logging.getLogger(__name__)
+
+
+class AttemptRunner:
+    """Runs the attempts of a client's submitted contexts, each up to its single outcome.
+
+    Args:
+        client_id: the client's ID (for messages).
+        config: the client configuration.
+        callbacks: the application's callbacks (``get_client_high_water_mark`` before an attempt).
+        metrics: the client's metrics (the stages of a transaction's latency).
+        loop: the client's event loop, where appends are sent.
+        partitions: the client's partitions by ID.
+        in_flight: the client's submissions in flight, with their partitions' concurrency slots.
+        spawn: runs a coroutine as a task on the loop that the client cancels when it closes.
+        nudge: sends flush requests to partitions with appends pending (thread-safe).
+        tracing: the client's traces, or None when tracing is off.
+    """
+
+    def __init__(
+        self,
+        client_id: int,
+        config: WaltzClientConfig,
+        callbacks: WaltzClientCallbacks,
+        metrics: ClientMetrics,
+        loop: asyncio.AbstractEventLoop,
+        partitions: Mapping[int, ClientPartition],
+        in_flight: InFlight,
+        spawn: Callable[[Coroutine[Any, Any, Any]], None],
+        nudge: Callable[[Iterable[int]], None],
+        tracing: ClientTracing | None = None,
+    ) -> None:
+        self._client_id = client_id
+        self._config = config
+        self._callbacks = callbacks
+        self._metrics = metrics
+        self._loop = loop
+        self._partitions = partitions
+        self._in_flight = in_flight
+        self._spawn = spawn
+        self._nudge = nudge
+        self._tracing = tracing
+        self._closed = False
+        self._completions: list[tuple[Submission, int]] = []
+        self._inbox: deque[tuple[ClientPartition, Submission, AppendPayload, float]] = deque()
+        self._inbox_lock = threading.Lock()
+        self._inbox_scheduled = False
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            config.client_num_transaction_retry_threads, thread_name_prefix="waltz-retry"
+        )
+        # Completions (futures, on_completion) on a thread of their own, in commit order: behind
+        # re-attempts, which read the application's database, they waited tens of milliseconds.
+        self._completer_ident: int | None = None
+        self._completer = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="waltz-complete", initializer=self._note_completer
+        )
+
+    # --- submit: admission, read your writes, the first attempt ----------------------------------
+
+    def submit(self, context: TransactionContext, with_future: bool) -> Submission:
+        """Admit a context (blocking at the concurrency limit), then run its first attempt on the
+        calling thread (``WaltzClient.submit`` and ``WaltzClient.execute``).
+
+        Raises:
+            ClientClosedError: the client is closed.
+            PartitionNotMountedError: the partition is not mounted (auto-mount off).
+            ValueError: ``partition_id`` returned a partition that does not exist.
+            WaltzClientError: called on the completion thread while the partition is at its limit.
+        """
+        partition, submission = self._new_submission(context, with_future)
+        in_flight = self._in_flight
+        if self.on_completion_thread():
+            if not in_flight.try_admit(submission):
+                # Waiting here would wait for completions, which only this thread runs.
+                raise WaltzClientError(
+                    f"submit() from a completion callback found partition {partition.partition_id} at "
+                    f"its limit of {self._config.client_max_concurrent_transactions} transactions in "
+                    "flight; waiting would deadlock (completions run on this thread): submit from "
+                    "another thread"
+                )
+        else:
+            long_wait = self._config.client_long_wait_threshold
+            while not in_flight.admit(submission, long_wait):
+                self.check_open()
+                self._nudge([partition.partition_id])
+        wait = self._read_your_writes_wait(partition, submission)
+        if wait is not None:
+            partition.applied.wait(*wait)
+        self._first_attempt(partition, submission)
+        return submission
+
+    async def submit_async(self, context: TransactionContext) -> Submission:
+        """As :meth:`submit` with a future, for a coroutine: waits only while the partition is at
+        the concurrency limit or for read your writes (``AsyncWaltzClient.submit``)."""
+        partition, submission = self._new_submission(context, True)
+        long_wait = self._config.client_long_wait_threshold
+        while not await self._in_flight.admit_async(submission, long_wait):
+            self.check_open()
+            self._nudge([partition.partition_id])
+        wait = self._read_your_writes_wait(partition, submission)
+        if wait is not None:
+            await partition.applied.wait_async(*wait)
+        self._first_attempt(partition, submission)
+        return submission
+
+    def check_open(self) -> None:
+        """Raise :class:`ClientClosedError` once the client is closing."""
+        if self._closed:
+            raise ClientClosedError(f"Waltz client {self._client_id} is closed; create a new one")
+
+    def _new_submission(
+        self, context: TransactionContext, with_future: bool = True
+    ) -> tuple[ClientPartition, Submission]:
+        """Choose the partition of a context and make its submission (not yet admitted; with a
+        future, or without one for ``WaltzClient.execute``).
+
+        Raises:
+            ClientClosedError: the client is closed.
+            ValueError: the context chose a partition outside ``0 .. num_partitions - 1``.
+            PartitionNotMountedError: the partition is not mounted (auto-mount off).
+        """
+        self.check_open()
+        partitions = self._partitions
+        pid = context.partition_id(len(partitions))
+        partition = partitions.get(pid)
+        if partition is None:
+            raise ValueError(
+                f"{type(context).__name__}.partition_id returned {pid}, outside 0..{len(partitions) - 1}"
+            )
+        if not partition.wanted:
+            mounted = sorted(p.partition_id for p in partitions.values() if p.wanted)
+            raise PartitionNotMountedError(pid, mounted)
+        submission = Submission(
+            context,
+            pid,
+            self._callbacks.get_client_high_water_mark,
+            self._config.client_max_message_bytes,
+            on_finished=self._finished,
+            with_future=with_future,
+        )
+        if self._tracing is not None:
+            submission.trace = self._tracing.begin(pid, context)
+        return partition, submission
+
+    def _read_your_writes_wait(
+        self, partition: ClientPartition, submission: Submission
+    ) -> tuple[int, float] | None:
+        """What a first attempt waits for: (the applied mark to reach, seconds at most), or None
+        when there is nothing to wait for (the partition applied this client's own last commit
+        already, checked first as the common case; or no time is left to wait)."""
+        target = partition.own_committed_mark
+        if partition.applied.value >= target:
+            return None
+        if partition.on_apply_thread():
+            return None  # called from apply_transaction: waiting for ourselves would only time out
+        limit = self._config.client_read_your_writes_timeout
+        remaining = submission.remaining()
+        timeout = limit if remaining is None else min(limit, remaining)
+        return (target, timeout) if timeout > 0 else None
+
+    def _first_attempt(self, partition: ClientPartition, submission: Submission) -> None:
+        """Run the first attempt on the calling thread and send its append; or, when a pending
+        append of this client holds one of the context's expected locks, queue the context behind
+        it, and when a commit of this client that the attempt would not see wrote one, let it wait
+        for that commit (``TransactionContext.expected_locks``); or, when another context's first
+        attempt claimed one of them that this client writes, let it wait for that context's append
+        (:meth:`ClientPartition.claim`; docs/design/locks.md, "Locks of appends in flight")."""
+        try:
+            expected = submission.context.expected_locks()
+        except Exception as exc:  # the application's hint: its error ends the context, as execute's
+            submission.fail(exc)
+            return
+        if expected and self._config.client_hold_conflicting_appends:
+            hashes = [lock.lock_hash for lock in expected]
+            if not partition.claim(submission, hashes):
+                return  # another context's first attempt claimed one: it goes behind that one
+            if partition.holds_any(hashes, _waited_mark(partition, submission).value):
+                try:  # it keeps its claims until its append is on the loop: a queue per lock
+                    self._loop.call_soon_threadsafe(partition.queue_first_attempt, submission, hashes)
+                except RuntimeError:
+                    submission.fail(ClientClosedError(f"Waltz client {self._client_id} is closed"))
+                    self._release_claims(partition, submission)
+                return
+        payload = submission.attempt()
+        if payload is not None:
+            self._post(partition, submission, payload)  # the loop releases its claims
+        else:
+            self._release_claims(partition, submission)
+
+    def _release_claims(self, partition: ClientPartition, submission: Submission) -> None:
+        """End the claims of a context that sends no append after all (any thread): those waiting
+        for it are queued on the loop, after whatever this thread handed to the loop before."""
+        if not partition.has_claims(submission):
+            return
+        waiters = partition.release_claims(submission)
+        if not waiters:
+            return
+        try:
+            self._loop.call_soon_threadsafe(partition.claims_released, waiters)
+        except RuntimeError:  # the loop closed: closing fails the others
+            error = ClientClosedError(f"Waltz client {self._client_id} is closed")
+            for waiter, _ in waiters:
+                waiter.fail(error)
+
+    # --- the append on its way to the partition ---------------------------------------------------
+
+    def _post(self, partition: ClientPartition, submission: Submission, payload: AppendPayload) -> None:
+        """Hand an append to the loop (thread-safe; one wake-up for many appends)."""
+        queued_at = time.monotonic()  # read outside the lock the loop's drain also takes
+        with self._inbox_lock:
+            self._inbox.append((partition, submission, payload, queued_at))
+            if self._inbox_scheduled:
+                return
+            self._inbox_scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._drain_inbox)
+        except RuntimeError:
+            submission.fail(ClientClosedError(f"Waltz client {self._client_id} is closed"))
+            self._release_claims(partition, submission)
+
+    def _drain_inbox(self) -> None:
+        """Send the appends handed to the loop, in order (on the loop)."""
+        with self._inbox_lock:
+            items, self._inbox = self._inbox, deque()
+            self._inbox_scheduled = False
+        now = time.monotonic()
+        queued = 0.0
+        first = 0.0
+        firsts = 0
+        for partition, submission, payload, queued_at in items:
+            queued += now - queued_at
+            if not submission.posted:  # the first attempt's append: its first-attempt time
+                submission.posted = True
+                first += queued_at - submission.submitted_at
+                firsts += 1
+            if self._closed:
+                submission.fail(ClientClosedError(f"Waltz client {self._client_id} is closed"))
+            else:
+                partition.send_append(submission, payload)
+            if partition.has_claims(submission):  # a first attempt's: its append holds the locks now
+                partition.claims_released(partition.release_claims(submission))
+        self._metrics.append_queue_seconds.add(queued, len(items))
+        if firsts:
+            self._metrics.first_attempt_seconds.add(first, firsts)
+
+    # --- outcomes: what the partitions report (on the loop) ---------------------------------------
+
+    def completed(self, committed: list[tuple[Submission, int]]) -> None:
+        """Complete submissions committed as these transaction IDs (batched: the contexts'
+        callbacks run on the completion thread once this batch of server messages is processed,
+        :meth:`hand_over_completions`)."""
+        self._completions.extend(committed)
+
+    def hand_over_completions(self) -> None:
+        """A batch of server messages is processed: complete its commits on the completion thread."""
+        if self._completions:
+            completions, self._completions = self._completions, []
+            self._completer.submit(self._complete_all, completions, time.monotonic())
+
+    def _complete_all(self, completions: list[tuple[Submission, int]], fed_at: float) -> None:
+        """Complete the submissions committed in one batch of server messages (seen at ``fed_at``,
+        ``time.monotonic()``; on the completion thread), adding their completion delay to its metric."""
+        delay, count = Submission.complete_all(completions, self._in_flight.finished, fed_at)
+        if count:
+            self._metrics.completion_delay_seconds.add(delay, count)
+
+    def rejected(self, submission: Submission, error: BaseException) -> None:
+        """End a submission with an error (on a retry thread)."""
+        self._executor.submit(submission.fail, error)
+
+    def retry(self, submission: Submission, lock_target: int | None) -> None:
+        """Re-execute a failed attempt; after a lock failure, once ``lock_target`` is applied.
+
+        When nothing is to be waited for (no pause, the mark already there), the attempt goes
+        straight to a retry thread; otherwise a task waits on the loop first.
+        """
+        if self._closed:
+            return
+        partition = self._partitions[submission.partition_id]
+        if submission.trace is not None:
+            submission.trace.retry(lock_target)
+        if lock_target is None:
+            partition.metrics.failed_appends.inc()
+        else:
+            partition.metrics.lock_failures.inc()
+        pause = _retry_pause(submission, lock_target)
+        target = partition.own_committed_mark if lock_target is None else lock_target
+        mark = _waited_mark(partition, submission)
+        if not pause and mark.value >= target:
+            self._submit_attempt(partition, submission, lock_target is not None)
+        elif not pause and lock_target is not None and submission.deadline is None:
+            # Nothing to time out: the thread that applies (or absorbs) the target hands it over.
+            mark.call_when(target, functools.partial(self._attempt_when_applied, partition, submission))
+        else:
+            self._spawn(self._retry(partition, submission, lock_target, target, pause))
+
+    def queued_attempt(self, submission: Submission, target: int) -> None:
+        """Run the first attempt of a context queued behind a lock (on a retry thread), once
+        ``target`` is applied (the holder's commit, this client's own: read your writes)."""
+        if self._closed:
+            return
+        partition = self._partitions[submission.partition_id]
+        if _waited_mark(partition, submission).value >= target:
+            self._submit_attempt(partition, submission, False)
+        else:
+            self._spawn(self._retry(partition, submission, None, target, 0.0))
+
+    # --- the next attempt -------------------------------------------------------------------------
+
+    async def _retry(
+        self,
+        partition: ClientPartition,
+        submission: Submission,
+        lock_target: int | None,
+        target: int,
+        pause: float,
+    ) -> None:
+        """Wait ``pause``, then until ``target`` is applied (the transaction a lock failure named,
+        or this client's own last commit), then hand the next attempt to a retry thread."""
+        if pause:  # a context that keeps failing: pace it (never past its expiry)
+            remaining = submission.remaining()
+            await asyncio.sleep(pause if remaining is None else min(pause, remaining))
+        remaining = submission.remaining()
+        if lock_target is None:  # read your writes, within its own limit
+            limit = self._config.client_read_your_writes_timeout
+            remaining = limit if remaining is None else min(limit, remaining)
+        await _waited_mark(partition, submission).wait_async(target, remaining)
+        if not self._closed:
+            self._submit_attempt(partition, submission, lock_target is not None)
+
+    def _attempt_when_applied(self, partition: ClientPartition, submission: Submission) -> None:
+        """A lock failure's target is applied (on the thread that applied it): re-attempt."""
+        if not self._closed:
+            self._submit_attempt(partition, submission, True)
+
+    def _submit_attempt(self, partition: ClientPartition, submission: Submission, lock_failed: bool) -> None:
+        try:
+            self._executor.submit(self._attempt_again, partition, submission, lock_failed)
+        except RuntimeError:  # the executor shut down: the client closed under us
+            submission.fail(ClientClosedError(f"Waltz client {self._client_id} is closed"))
+
+    def _attempt_again(self, partition: ClientPartition, submission: Submission, lock_failed: bool) -> None:
+        """On a retry thread: tell the context of its lock failure, run its next attempt, send it.
+
+        One hand-off per retry: the append joins the loop's inbox like a first attempt's (no
+        executor future chained back into the loop).
+        """
+        if lock_failed:
+            submission.lock_failed()
+        payload = submission.attempt()
+        if payload is not None:
+            self._post(partition, submission, payload)
+            return
+        self._release_claims(partition, submission)  # a queued first attempt that ended here
+        if submission.followers is not None:  # it ended: those waiting behind it go on
+            with contextlib.suppress(RuntimeError):  # the loop closed: closing fails them
+                self._loop.call_soon_threadsafe(partition.leader_ended, submission)
+
+    # --- in flight --------------------------------------------------------------------------------
+
+    def _finished(self, submission: Submission) -> None:
+        self._in_flight.finished((submission,))
+
+    def in_flight(self, partition_id: int | None = None) -> int:
+        """Submissions not finished yet (of one partition, or all)."""
+        return self._in_flight.count(partition_id)
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Block until no submission is in flight, nudging with flushes; False on timeout."""
+        step = self._config.client_long_wait_threshold
+        return self._in_flight.wait_idle(timeout, step, self.check_open, self._nudge)
+
+    def _note_completer(self) -> None:
+        self._completer_ident = threading.get_ident()
+
+    def on_completion_thread(self) -> bool:
+        """Whether the calling thread is the one running completions (their callbacks must not
+        wait for other completions: only this thread would end them)."""
+        return self._completer_ident == threading.get_ident()
+
+    # --- closing ----------------------------------------------------------------------------------
+
+    def closing(self) -> None:
+        """The client is closing: admit nothing more, start no more attempts."""
+        self._closed = True
+
+    def close(self) -> None:
+        """Fail every submission still in flight (the client's loop no longer serves it) and stop
+        the retry and completion threads."""
+        self._closed = True
+        in_flight = self._in_flight.close()
+        error = ClientClosedError(
+            f"Waltz client {self._client_id} closed with the transaction in flight; it may or may not "
+            "have been committed: check the high-water mark (flush() before close() to avoid this)"
+        )
+        for submission in in_flight:
+            submission.fail(error)
+        self._completer.shutdown(wait=True, cancel_futures=False)
+        self._executor.shutdown(wait=True, cancel_futures=False)
+
+
+def _waited_mark(partition: ClientPartition, submission: Submission) -> Watermark:
+    """The mark a next attempt waits on: the absorbed mark for a context that reads absorbed
+    state (``TransactionContext.reads_absorbed_state``), else the applied mark."""
+    return partition.absorbed if submission.context.reads_absorbed_state else partition.applied
+
+
+def _retry_pause(submission: Submission, lock_target: int | None) -> float:
+    """Seconds to wait before another attempt of a context whose attempt just failed.
+
+    A lock failure already waits for the transaction it names, which paces a hot lock; only a
+    context failing again and again on the same transaction (it does not read the state it waited
+    for, or a lock table false positive) is slowed down. Other failures (an append lost with a
+    connection) are retried at once a few times, then with an exponential pause.
+    """
+    if lock_target is not None:
+        if lock_target == submission.last_lock_target:
+            submission.repeated_lock_failures += 1
+        else:
+            submission.last_lock_target = lock_target
+            submission.repeated_lock_failures = 0
+        repeats = submission.repeated_lock_failures
+        return 0.0 if repeats < 2 else min(0.5, 0.005 * 2 ** (repeats - 2))
+    submission.lost_appends += 1
+    return 0.0 if submission.lost_appends <= 3 else min(1.0, 0.01 * 2 ** (submission.lost_appends - 3))

@@ -1,0 +1,125 @@
+"""The contexts a client has in flight, each holding a concurrency slot of its partition.
+
+Source: docs/design/client.md "Back pressure" (transactions in flight). Each partition admits at
+most ``client.maxConcurrentTransactions`` contexts that have not ended; a context is admitted with
+a slot (:class:`~waltz.client.waiting.ConcurrencyLimit`, handed over in FIFO order) and gives it
+back when it ends. Thread-safe: contexts are admitted on the submitting threads and end on the
+client's retry and completion threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from waltz.client.submission import Submission
+from waltz.client.waiting import ConcurrencyLimit
+
+__all__ = ["InFlight"]
+
+
+class InFlight:
+    """The submissions of a client that have not ended, and their partitions' slots.
+
+    Args:
+        partition_ids: the client's partitions.
+        limit: contexts in flight per partition at most (``client.maxConcurrentTransactions``).
+
+    Raises:
+        ValueError: ``limit`` is not positive.
+    """
+
+    def __init__(self, partition_ids: Iterable[int], limit: int) -> None:
+        self._limits = {pid: ConcurrencyLimit(limit) for pid in partition_ids}
+        self._submitted = dict.fromkeys(self._limits, 0)  # contexts admitted, read when scraped
+        self._in_flight: set[Submission] = set()
+        self._lock = threading.Lock()  # taken alone on the per-transaction paths
+        self._changed = threading.Condition(self._lock)
+
+    def try_admit(self, submission: Submission) -> bool:
+        """Admit a submission if its partition has a slot free now (and nobody waits for one);
+        never blocks."""
+        if not self._limits[submission.partition_id].try_acquire():
+            return False
+        self._add(submission)
+        return True
+
+    def admit(self, submission: Submission, timeout: float | None) -> bool:
+        """Admit a submission, waiting at most ``timeout`` seconds (None: forever) for a slot of
+        its partition; False when none came in time."""
+        if not self._limits[submission.partition_id].acquire(timeout):
+            return False
+        self._add(submission)
+        return True
+
+    async def admit_async(self, submission: Submission, timeout: float | None) -> bool:
+        """As :meth:`admit`, from a coroutine (cancellation admits nothing)."""
+        if not await self._limits[submission.partition_id].acquire_async(timeout):
+            return False
+        self._add(submission)
+        return True
+
+    def _add(self, submission: Submission) -> None:
+        with self._lock:
+            self._in_flight.add(submission)
+            self._submitted[submission.partition_id] += 1
+
+    def finished(self, submissions: Iterable[Submission]) -> None:
+        """Take ended submissions out of flight and give their slots back (those not in flight
+        are left alone)."""
+        limits = self._limits
+        with self._changed:
+            in_flight = self._in_flight
+            for submission in submissions:
+                if submission in in_flight:
+                    in_flight.discard(submission)
+                    limits[submission.partition_id].release()
+            self._changed.notify_all()
+
+    def count(self, partition_id: int | None = None) -> int:
+        """Submissions in flight (of one partition, or all)."""
+        with self._changed:
+            if partition_id is None:
+                return len(self._in_flight)
+            return sum(1 for s in self._in_flight if s.partition_id == partition_id)
+
+    def counts(self) -> tuple[Counter[int], dict[int, int]]:
+        """Partition ID -> submissions in flight, and -> submissions admitted so far (the
+        ``waltz_client_transactions_submitted_total`` counter)."""
+        with self._changed:
+            return Counter(s.partition_id for s in self._in_flight), dict(self._submitted)
+
+    def wait_idle(
+        self,
+        timeout: float | None,
+        step: float,
+        check_open: Callable[[], None],
+        nudge: Callable[[set[int]], None],
+    ) -> bool:
+        """Block until no submission is in flight; False after ``timeout`` seconds (None: no limit).
+
+        Args:
+            timeout: seconds at most.
+            step: seconds between two calls of ``nudge`` while nothing ends.
+            check_open: raises when the client closed (checked at every wake-up).
+            nudge: called with the partitions of the submissions still in flight.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while self._in_flight:
+                check_open()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                if not self._changed.wait(step if remaining is None else min(step, remaining)):
+                    nudge({s.partition_id for s in self._in_flight})
+        return True
+
+    def close(self) -> list[Submission]:
+        """The submissions still in flight (the client closes; their waiters wake up)."""
+        with self._changed:
+            in_flight = list(self._in_flight)
+            self._changed.notify_all()
+        return in_flight

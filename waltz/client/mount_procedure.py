@@ -1,0 +1,363 @@
+"""The mount procedure of a client partition: its life cycle, placement and connection.
+
+Source: docs/design/client.md "Mount and the client high-water mark" (the reconnect procedure, also
+used for a first mount and for every reassignment), "Reconnect"; ``docs/protocol.md`` "Mount",
+"Unmount". Runs on the client's event loop:
+
+1. appends are blocked (the partition queues them while it is not mounted);
+2. the partition gets a connection to the server the assignment names (a new network client
+   with a new sequence number when the old one broke);
+3. it sends ``MountRequest`` with the high-water mark to restart the feed from
+   (:meth:`MountSteps.mount_from`) and the mount's feed window
+   (:class:`~waltz.client.feed_window.FeedWindow`);
+4. feed entries are processed by the transaction monitor as usual;
+5. on ``MountResponse(partition_ready=true)`` every append still pending failed (the server
+   holds nothing of it any more) and is re-executed;
+6. appends are unblocked (:meth:`MountSteps.on_mounted` does both).
+
+A "not ready" answer means the server does not own the partition under that generation: the
+assignment is read again and the procedure starts over, with a backoff of up to
+:data:`MAX_MOUNT_BACKOFF`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
+
+from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.connection import ServerConnection
+from waltz.client.feed_window import FeedWindow
+from waltz.client.metrics import PartitionMetrics
+from waltz.protocol import client_pb2
+from waltz.protocol.records import ReqId
+
+__all__ = ["MAX_MOUNT_BACKOFF", "MountHost", "MountProcedure", "MountSteps", "PartitionState"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Longest pause between mount attempts, in seconds.
+MAX_MOUNT_BACKOFF = 1.0
+
+
+class PartitionState(enum.Enum):
+    """Where a client partition is in its life cycle."""
+
+    UNMOUNTED = "unmounted"
+    MOUNTING = "mounting"
+    MOUNTED = "mounted"
+    CLOSED = "closed"
+
+
+# Module constants for the frequent checks (an enum member read through its class costs more).
+_MOUNTING = PartitionState.MOUNTING
+_MOUNTED = PartitionState.MOUNTED
+
+
+class MountHost(Protocol):
+    """What the mount procedure needs from the client (all on the event loop)."""
+
+    callbacks: WaltzClientCallbacks
+
+    async def connection(self, endpoint: str) -> ServerConnection:
+        """A live connection to ``endpoint`` (a new network client when there is none)."""
+        ...
+
+    def refresh_assignment(self) -> None:
+        """Re-read the partition assignment from ZooKeeper (it may have changed)."""
+        ...
+
+
+class MountSteps(Protocol):
+    """The steps of the procedure that belong to the partition it mounts (its feed, its appends)."""
+
+    def mount_from(self, callbacks_mark: int) -> int:
+        """The high-water mark to mount from, given the callbacks' (step 3); the feed restarts
+        after it."""
+        ...
+
+    def on_mounted(self, mount_mark: int) -> None:
+        """The server is ready (the state is MOUNTED): fail every append still pending, send the
+        blocked ones (steps 5 and 6)."""
+        ...
+
+    def on_remount(self) -> None:
+        """The partition mounts again: forget what was asked on the connection before."""
+        ...
+
+
+class MountProcedure:
+    """One partition's mount state and the task that mounts it.
+
+    Args:
+        partition_id: the partition.
+        host: the client.
+        steps: the partition's own steps of the procedure.
+        window: the partition's feed window (each mount starts it; a remount, an unmount and a
+            close stop it).
+        req_id: makes the ReqId of a request under a generation (the client's ID and its next
+            sequence number).
+        metrics: the partition's counters (``remounts``).
+    """
+
+    def __init__(
+        self,
+        partition_id: int,
+        host: MountHost,
+        steps: MountSteps,
+        window: FeedWindow,
+        req_id: Callable[[int], ReqId],
+        metrics: PartitionMetrics,
+    ) -> None:
+        self._partition_id = partition_id
+        self._host = host
+        self._steps = steps
+        self._window = window
+        self._req_id = req_id
+        self._metrics = metrics
+        self.state = PartitionState.UNMOUNTED
+        self.endpoint: str | None = None
+        """The server the assignment names for the partition (None: no server)."""
+        self.generation = -1
+        """The partition's generation as the assignment names it (-1: not known yet)."""
+        self.connection: ServerConnection | None = None
+        """The connection of the latest mount request (None: none, or it broke)."""
+        self.mounts = 0
+        """Mounts that succeeded."""
+        self._mounted = asyncio.Event()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._request: ReqId | None = None
+        self._response: asyncio.Future[bool] | None = None
+
+    @property
+    def wanted(self) -> bool:
+        """True while the application wants the partition mounted."""
+        state = self.state
+        return state is _MOUNTED or state is _MOUNTING
+
+    @property
+    def mounted(self) -> bool:
+        """True when the partition is mounted and appends flow."""
+        return self.state is _MOUNTED
+
+    async def wait_mounted(self) -> None:
+        """Wait until the partition is mounted."""
+        await self._mounted.wait()
+
+    def start(self) -> None:
+        """Start mounting an unmounted partition."""
+        self.state = PartitionState.MOUNTING
+        self._start_task()
+
+    def remount(self, reason: str) -> None:
+        """Run the reconnect procedure: block appends, mount again (docs/design/client.md "Reconnect")."""
+        if not self.wanted:
+            return
+        log.info("partition %d: mounting again (%s)", self._partition_id, reason)
+        self._metrics.remounts.inc()
+        self._window.stop()
+        self.state = PartitionState.MOUNTING
+        self._mounted.clear()
+        self._steps.on_remount()
+        self._start_task()
+
+    def _start_task(self) -> None:
+        self._wakeup.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(
+                self._mount_loop(), name=f"waltz-mount-{self._partition_id}"
+            )
+
+    def stop(self, *, unmount: bool) -> None:
+        """Stop mounting and forget the connection (the partition unmounts, or closes).
+
+        Args:
+            unmount: tell the server on the partition's connection to stop its feed
+                (``UnmountRequest``, ``docs/protocol.md`` "Unmount"); False when the connections
+                close anyway (the client closes).
+        """
+        if unmount and self.wanted:
+            self._send_unmount()
+        self.state = PartitionState.UNMOUNTED
+        self._mounted.clear()
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self._window.stop()
+        self.connection = None
+
+    def close(self) -> None:
+        """Stop for good: the partition never mounts again. Idempotent."""
+        self.stop(unmount=False)
+        self.state = PartitionState.CLOSED
+
+    def _send_unmount(self) -> None:
+        """Ask the server of the current connection to stop feeding this partition to it."""
+        connection = self.connection
+        if connection is None or connection.closed:
+            return  # no mount sent on a live connection: nothing to stop
+        req_id = self._req_id(self.generation)
+        message = client_pb2.ClientMessage(
+            unmount=client_pb2.UnmountRequest(req_id=req_id.to_proto(), seq_num=connection.seq_num)
+        )
+        try:
+            connection.send(message)
+        except ConnectionError:
+            return  # the stream just ended: the server forgets its feeds with it
+        log.info("partition %d: unmounted from %s", self._partition_id, connection.endpoint)
+
+    def set_placement(self, endpoint: str | None, generation: int) -> None:
+        """Take the partition's place from the assignment; a change means mounting again."""
+        if generation < self.generation or (generation == self.generation and endpoint == self.endpoint):
+            return  # older news, or no news
+        moved = self.generation >= 0
+        self.endpoint, self.generation = endpoint, generation
+        if moved:
+            self.remount(f"assigned to {endpoint or 'no server'} with generation {generation}")
+        else:
+            self._wakeup.set()
+
+    def connection_lost(self, connection: ServerConnection) -> None:
+        """A connection broke: when it is the partition's, mount again (with a new network client)."""
+        if connection is self.connection:
+            self.connection = None
+            self.remount(f"connection to {connection.endpoint} lost")
+
+    def on_response(self, response: client_pb2.MountResponse) -> None:
+        """A mount response arrived on the partition's connection."""
+        if self._request is not None and ReqId.from_proto(response.req_id) == self._request:
+            future = self._response
+            if future is not None and not future.done():
+                future.set_result(response.partition_ready)
+
+    def on_error(self, req_id: ReqId) -> bool:
+        """A server error names ``req_id``: when it is the mount request's, that mount is not
+        ready (True); False for another request."""
+        if self._request is None or req_id != self._request:
+            return False
+        future = self._response
+        if future is not None and not future.done():
+            future.set_result(False)
+        return True
+
+    async def _mount_loop(self) -> None:
+        backoff = 0.05
+        loop = asyncio.get_running_loop()
+        while self.state is _MOUNTING:
+            self._wakeup.clear()
+            endpoint, generation = self.endpoint, self.generation
+            if endpoint is None:
+                await self._wakeup.wait()
+                continue
+            try:
+                # A connection to a dead server takes a while to fail: a new assignment wins.
+                connection = await self._unless_woken(self._host.connection(endpoint))
+            except Exception as exc:
+                log.info("partition %d: cannot mount on %s yet: %s", self._partition_id, endpoint, exc)
+                await self._pause(backoff)
+                backoff = min(MAX_MOUNT_BACKOFF, backoff * 2)
+                continue
+            if connection is None:
+                continue
+            try:
+                high_water_mark = await asyncio.to_thread(
+                    self._host.callbacks.get_client_high_water_mark, self._partition_id
+                )
+            except Exception as exc:
+                log.warning(
+                    "partition %d: get_client_high_water_mark raised %r; mounting again in %.2fs",
+                    self._partition_id,
+                    exc,
+                    backoff,
+                )
+                self._report(exc)
+                await self._pause(backoff)
+                backoff = min(MAX_MOUNT_BACKOFF, backoff * 2)
+                continue
+            if self._wakeup.is_set() or self.state is not _MOUNTING:
+                continue  # the assignment changed meanwhile
+            self.connection = connection
+            self._window.stop()  # it granted on the connection before, if any
+            mount_mark = self._steps.mount_from(high_water_mark)
+            req_id = self._req_id(generation)
+            response: asyncio.Future[bool] = loop.create_future()
+            self._request, self._response = req_id, response
+            window_end = self._window.first_end(mount_mark)
+            message = client_pb2.ClientMessage(
+                mount=client_pb2.MountRequest(
+                    req_id=req_id.to_proto(),
+                    client_high_water_mark=mount_mark,
+                    seq_num=connection.seq_num,
+                    feed_window=0 if window_end is None else window_end - mount_mark,
+                )
+            )
+            try:
+                connection.send(message)
+            except ConnectionError:
+                continue
+            self._window.start(connection, generation, window_end)
+            wakeup = loop.create_task(self._wakeup.wait())
+            waiting: set[asyncio.Future[Any]] = {response, wakeup}
+            try:
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                wakeup.cancel()
+            changed = self._wakeup.is_set() or connection is not self.connection or connection.closed
+            if changed or not response.done() or self.state is not _MOUNTING:
+                continue  # something changed (connection, assignment): start over
+            if response.result():
+                if self._ready(mount_mark):
+                    return
+                continue  # lost again while unblocking appends: this task mounts again
+            log.info(
+                "partition %d: %s is not ready for it under generation %d; retrying",
+                self._partition_id,
+                endpoint,
+                generation,
+            )
+            self._host.refresh_assignment()
+            await self._pause(backoff)
+            backoff = min(MAX_MOUNT_BACKOFF, backoff * 2)
+
+    def _ready(self, mount_mark: int) -> bool:
+        """The mount succeeded: the partition's steps 5 and 6; False when the partition was lost
+        meanwhile (it mounts again)."""
+        self.mounts += 1
+        self._request = self._response = None
+        self.state = PartitionState.MOUNTED
+        self._mounted.set()
+        self._steps.on_mounted(mount_mark)
+        return self.state is _MOUNTED
+
+    def _report(self, exception: BaseException) -> None:
+        """Tell the application about an exception of its callbacks (transaction ID -1: none)."""
+        try:
+            self._host.callbacks.uncaught_exception(self._partition_id, -1, exception)
+        except Exception:
+            log.exception("partition %d: uncaught_exception raised", self._partition_id)
+
+    async def _unless_woken(self, awaitable: Coroutine[Any, Any, T]) -> T | None:
+        """Await ``awaitable`` unless a remount (new assignment, lost connection) comes first."""
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(awaitable)
+        wakeup = loop.create_task(self._wakeup.wait())
+        waiting: set[asyncio.Future[Any]] = {task, wakeup}
+        try:
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wakeup.cancel()
+        if not task.done():
+            task.cancel()
+            return None
+        return task.result()
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), seconds)
