@@ -35,27 +35,45 @@ from waltz.jdbc_style.entities import EntityRegistry, UnknownEntityError, WaltzE
 from waltz.jdbc_style.entity_context import EntityTransaction, EntityTransactionContext
 from waltz.jdbc_style.entity_reads import EntityRead
 from waltz.jdbc_style.idempotency import AppliedRequest
+from waltz.jdbc_style.upcasting import (
+    AddAttribute,
+    DropAttribute,
+    RenameAttribute,
+    RowUpcaster,
+    ScaleAttribute,
+    SchemaVersionAheadError,
+    UpcastError,
+    upcaster,
+)
 
 __all__ = [
     "CHANGE_SET_HEADER",
     "AbstractClientCallbacksForSQL",
+    "AddAttribute",
     "AppliedRequest",
     "ApplySession",
     "ChangeSet",
     "ChangeSetApplyError",
     "ChangeSetCallbacks",
     "ChangeSetFormatError",
+    "DropAttribute",
     "EntityRead",
     "EntityRegistry",
     "EntityTransaction",
     "EntityTransactionContext",
     "MarkSnapshot",
     "Operation",
+    "RenameAttribute",
     "RowChange",
+    "RowUpcaster",
+    "ScaleAttribute",
+    "SchemaVersionAheadError",
     "UnknownEntityError",
+    "UpcastError",
     "WaltzEntity",
     "create_framework_engine",
     "is_transient",
     "lock_id_of",
     "prepare_engine",
+    "upcaster",
 ]

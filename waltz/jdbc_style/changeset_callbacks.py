@@ -158,18 +158,22 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         self.apply_change_set(self._change_set_of(transaction), transaction, session)
 
     def _change_set_of(self, transaction: Transaction) -> ChangeSet:
-        """The transaction's decoded change-set (with the entity cache, decoded once for the
-        absorb and the apply, and kept until the apply ends).
+        """The transaction's change-set, decoded and upcast to the current models (with the entity
+        cache, once for the absorb and the apply, and kept until the apply ends): the one decoding
+        step of the live apply and the cache (docs/design/sql.md "Schema versions and upcasting").
 
         Raises:
             ChangeSetFormatError: the data is not a valid change-set.
+            UpcastError: an upcaster failed on one of its row changes.
+            ApplyPausedError: a form or a schema version newer than this instance knows (its
+                partition waits for an upgrade).
         """
         if self.entity_cache is None:
-            return ChangeSet.decode(transaction.get_raw_data())
+            return self.registry.schema_chains().upcast(ChangeSet.decode(transaction.get_raw_data()))
         decoded = self._decoded.setdefault(transaction.partition_id, {})
         change_set = decoded.get(transaction.transaction_id)
         if change_set is None:
-            change_set = ChangeSet.decode(transaction.get_raw_data())
+            change_set = self.registry.schema_chains().upcast(ChangeSet.decode(transaction.get_raw_data()))
             decoded[transaction.transaction_id] = change_set
         return change_set
 

@@ -174,19 +174,25 @@ def compute_views(
     log_df = reader.option("up_to", marks_text(marks)).load()
     if not marks or all(m < 0 for m in marks.values()):
         log_df = log_df.limit(0)
-    changes = decode_changes(log_df, app.decoders).cache()
+    chains = app.entities.schema_chains() if app.entities is not None else None
+    changes = decode_changes(log_df, app.decoders, chains).cache()
     decoded = changes.count()
-    progress(f"read and decoded the log: {decoded} row changes")
+    progress(
+        f"read and decoded the log: {decoded} row changes"
+        + (", upcast to the current models" if chains is not None and chains.upcasts else "")
+    )
     if app.entities is not None:
         problems = change_problems(changes, app.entities)
         if problems:
             changes.unpersist()
             raise RebuildError(
-                "the log holds row changes that do not fit the application's models (the live apply "
-                "refuses them too) or carry part of a row (which a rebuild cannot replay); nothing was "
-                "written: " + "; ".join(problems)
+                "the log holds row changes that do not fit the application's current models, after "
+                "their upcasters, or that carry part of a row, which a rebuild cannot replay; nothing "
+                "was written: " + "; ".join(problems) + ". A model that changed declares its "
+                'schema_version and an upcaster from each older version (docs/sql.md, "Changing a '
+                'model")'
             )
-        progress("every row change fits its entity's model")
+        progress("every row change fits its entity's current model")
     views = dict(app.build(changes, log_df))
     missing = [t.name for t in app.tables if t.name not in views]
     if missing:
