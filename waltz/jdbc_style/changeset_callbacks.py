@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from waltz.client.apply_worker import on_apply_thread
 from waltz.client.transaction import Transaction
+from waltz.errors import ApplyPausedError
 from waltz.jdbc_style.callbacks import AbstractClientCallbacksForSQL, ApplySession
 from waltz.jdbc_style.changeset import (
     CHANGE_SET_HEADER,
@@ -431,10 +432,21 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         )
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
-        """Log the failure (ERROR, with traceback) and keep it in :attr:`uncaught`."""
+        """Log the failure (ERROR, with traceback) and keep it in :attr:`uncaught`; a transaction
+        that waits for this instance's upgrade (:class:`~waltz.errors.ApplyPausedError`) is logged
+        as a WARNING, without traceback and without the advice to skip it."""
         with self._uncaught_lock:
             self.uncaught.append((partition_id, transaction_id, exception))
             self.uncaught_count += 1
+        if isinstance(exception, ApplyPausedError):
+            log.warning(
+                "cluster %r partition %d waits at transaction %d for this instance's upgrade: %s",
+                self.cluster_name,
+                partition_id,
+                transaction_id,
+                exception,
+            )
+            return
         log.error(
             "cluster %r partition %d: applying transaction %d failed; it is retried and never skipped "
             "(an operator can skip it with `waltz db skip`)",
