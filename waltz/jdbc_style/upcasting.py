@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol, runtime_checkable
@@ -104,8 +104,14 @@ class Upcaster(Protocol):
         ...
 
 
-def _renamed(mapping: Mapping[str, Any], old: str, new: str) -> dict[str, Any]:
-    return {(new if name == old else name): value for name, value in mapping.items()}
+class _Mutating(Protocol):
+    def mutate(self, change: RowChange, key: dict[str, Any], values: dict[str, Any]) -> None: ...
+
+
+def _by_mutation(upcaster: _Mutating, change: RowChange) -> RowChange:
+    key, values = dict(change.key), dict(change.values)
+    upcaster.mutate(change, key, values)
+    return RowChange(change.operation, change.entity, key, values, change.schema_version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +134,12 @@ class AddAttribute:
     value: Any = None
 
     def upcast(self, change: RowChange) -> RowChange:
-        if change.operation is Operation.DELETE or self.name in change.values:
-            return change
-        return dataclasses.replace(change, values={**change.values, self.name: self.value})
+        return _by_mutation(self, change)
+
+    def mutate(self, change: RowChange, key: dict[str, Any], values: dict[str, Any]) -> None:
+        """:meth:`upcast` on a change's key and values, in place (the chain's fast path)."""
+        if change.operation is not Operation.DELETE and self.name not in values:
+            values[self.name] = self.value
 
     def describe(self) -> str:
         return f"add {self.name} = {self.value!r}"
@@ -151,13 +160,15 @@ class RenameAttribute:
     new: str
 
     def upcast(self, change: RowChange) -> RowChange:
-        if self.old not in change.values and self.old not in change.key:
-            return change
-        return dataclasses.replace(
-            change,
-            key=_renamed(change.key, self.old, self.new),
-            values=_renamed(change.values, self.old, self.new),
-        )
+        return _by_mutation(self, change)
+
+    def mutate(self, change: RowChange, key: dict[str, Any], values: dict[str, Any]) -> None:
+        """:meth:`upcast` on a change's key and values, in place (the chain's fast path)."""
+        old, new = self.old, self.new
+        if old in values:
+            values[new] = values.pop(old)
+        if old in key:
+            key[new] = key.pop(old)
 
     def describe(self) -> str:
         return f"rename {self.old} to {self.new}"
@@ -212,12 +223,15 @@ class ScaleAttribute:
             )
 
     def upcast(self, change: RowChange) -> RowChange:
-        if self.name in change.key:
+        return _by_mutation(self, change)
+
+    def mutate(self, change: RowChange, key: dict[str, Any], values: dict[str, Any]) -> None:
+        """:meth:`upcast` on a change's key and values, in place (the chain's fast path)."""
+        if self.name in key:
             raise UpcastError(f"{change.entity}: {self.describe()} would change a key attribute")
-        value = change.values.get(self.name)
-        if value is None:
-            return change
-        return dataclasses.replace(change, values={**change.values, self.name: self._scaled(change, value)})
+        value = values.get(self.name)
+        if value is not None:
+            values[self.name] = self._scaled(change, value)
 
     def _scaled(self, change: RowChange, value: Any) -> Any:
         factor = self.factor
@@ -307,7 +321,7 @@ class SchemaChain:
             ``version`` or below 1, or a value that is not an upcaster.
     """
 
-    __slots__ = ("entity", "steps", "version")
+    __slots__ = ("_plans", "entity", "steps", "version")
 
     def __init__(self, entity: str, version: int, upcasters: Iterable[Upcaster] = ()) -> None:
         if type(version) is not int or version < 1:
@@ -337,6 +351,12 @@ class SchemaChain:
         self.entity = entity
         self.version = version
         self.steps: tuple[tuple[Upcaster, ...], ...] = tuple(tuple(step) for step in steps)
+        # From each version: every upcaster to run, with the version it reads and its in-place
+        # form (the built-in kinds), flat, so that a change is upcast in one loop.
+        flat = [
+            (v, getattr(u, "mutate", None), u) for v, step in enumerate(self.steps, start=1) for u in step
+        ]
+        self._plans = tuple(tuple(s for s in flat if s[0] >= v) for v in range(1, version))
 
     def upcast(self, change: RowChange) -> RowChange:
         """The change as the current version has it.
@@ -350,29 +370,33 @@ class SchemaChain:
             return change
         if from_version > self.version:
             raise SchemaVersionAheadError(self.entity, from_version, self.version)
-        current = change
-        for version in range(from_version, self.version):
-            for step in self.steps[version - 1]:
-                try:
-                    result = step.upcast(current)
-                except UpcastError:
-                    raise
-                except Exception as exc:
-                    raise UpcastError(
-                        f"{change.entity} {dict(change.key)}: the upcaster '{step.describe()}' from version "
-                        f"{version} failed: {exc!r}"
-                    ) from exc
-                if (
-                    not isinstance(result, RowChange)
-                    or result.operation is not current.operation
-                    or result.entity != current.entity
-                ):
-                    raise UpcastError(
-                        f"{change.entity} {dict(change.key)}: the upcaster '{step.describe()}' from version "
-                        f"{version} returned {result!r}, not a {current.operation.value} of {current.entity}"
-                    )
-                current = result
-        return dataclasses.replace(current, schema_version=self.version)
+        # The built-in upcasters change one copy of the key and values in place; a row upcaster
+        # is given a change and its result checked.
+        key, values = dict(change.key), dict(change.values)
+        for version, mutate, step in self._plans[from_version - 1]:
+            try:
+                if mutate is not None:
+                    mutate(change, key, values)
+                    continue
+                result = step.upcast(RowChange(change.operation, change.entity, key, values, version))
+            except UpcastError:
+                raise
+            except Exception as exc:
+                raise UpcastError(
+                    f"{change.entity} {dict(change.key)}: the upcaster '{step.describe()}' from version "
+                    f"{version} failed: {exc!r}"
+                ) from exc
+            if (
+                not isinstance(result, RowChange)
+                or result.operation is not change.operation
+                or result.entity != change.entity
+            ):
+                raise UpcastError(
+                    f"{change.entity} {dict(change.key)}: the upcaster '{step.describe()}' from version "
+                    f"{version} returned {result!r}, not a {change.operation.value} of {change.entity}"
+                )
+            key, values = dict(result.key), dict(result.values)
+        return RowChange(change.operation, change.entity, key, values, self.version)
 
     def describe(self) -> list[str]:
         """One line per step: ``"1 -> 2: add label = ''"``."""
