@@ -1,5 +1,7 @@
-#!/usr/bin/env python
 """Write stall while a replica far behind returns: the longest gap between commits.
+
+What catching a replica up in the background costs the writers (docs/design/recovery.md,
+"Catching up in the background"; docs/decisions/0033-catch-up-in-the-background.md).
 
 Starts a real ZooKeeper and three storage node processes on loopback in a temporary directory,
 one partition replicated on all three (RF 3), and drives ``StorePartition.submit`` directly (no
@@ -12,10 +14,11 @@ two commits (the write stall) and when it began after the restart, with the time
 to join, the store sessions started meanwhile and the records committed per second. The --steady
 seconds just before the restart give the longest gap and the rate of steady writing.
 
-Run it against another tree (e.g. main) by putting that tree first on PYTHONPATH; the script
+Run it against another tree (e.g. main) from a directory outside the trees compared, with that
+tree on PYTHONPATH (``python -m`` puts the working directory first on ``sys.path``); the script
 only uses the store partition's public surface.
 
-    .venv/bin/python benchmarks/catchup_stall.py --lag 500000 [--lag 5000000]
+    .venv/bin/python -m benchmarks.catchup_stall --lag 500000 [--lag 5000000]
 
 Prints one line per lag; asserts nothing.
 """
@@ -48,7 +51,12 @@ from waltz.services.server.store.store_partition import StorePartition
 
 
 class Writer:
-    """Keeps ``window`` appends in flight on one partition and times every commit."""
+    """Keeps ``window`` appends in flight on one partition and times every commit.
+
+    Args:
+        window: appends kept in flight (changed between the phases).
+        data: each record's transaction data.
+    """
 
     def __init__(self, window: int, data: bytes) -> None:
         self.window = window
@@ -62,6 +70,11 @@ class Writer:
         self.seq = 0
 
     def on_commit(self, records: list[Record]) -> None:
+        """The store partition's commit callback: time the commit and count its records.
+
+        Args:
+            records: the records the commit made durable.
+        """
         self.commits.append(time.perf_counter())
         self.records.append(len(records))
         self.wake.set()
@@ -73,6 +86,11 @@ class Writer:
         self.wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Submit appends until ``stop`` is set, keeping :attr:`window` in flight.
+
+        Args:
+            stop: set to end the writing.
+        """
         assert self.partition is not None
         while not stop.is_set():
             for _ in range(self.window - len(self.in_flight)):
@@ -86,13 +104,29 @@ class Writer:
 
 
 def longest_gap(times: list[float], start: float, end: float) -> tuple[float, float]:
-    """The longest stretch between ``start``, the commits within, and ``end``, and when it began
-    (seconds after ``start``)."""
+    """The longest stretch between ``start``, the commits within, and ``end``.
+
+    Args:
+        times: the commits' ``perf_counter`` times.
+        start: the stretch's start.
+        end: its end.
+
+    Returns:
+        ``(the longest gap, when it began)``, in seconds, when it began counted from ``start``.
+    """
     points = [start, *(t for t in times if start < t < end), end]
     return max((b - a, a - start) for a, b in itertools.pairwise(points))
 
 
 async def one_lag(directory: Path, lag: int, args: argparse.Namespace) -> None:
+    """One measurement: a cluster of three storage nodes, node 2 stopped until it is ``lag`` records
+    behind, then restarted while one writer goes on; prints the figures' line.
+
+    Args:
+        directory: where ZooKeeper's and the nodes' data go (removed by the caller).
+        lag: records node 2 is behind when it returns.
+        args: the command line's options.
+    """
     with LocalZooKeeper(data_dir=directory / "zookeeper") as zookeeper:
         client = KazooClient(hosts=zookeeper.connect_string)
         client.start(timeout=15)
@@ -189,6 +223,7 @@ async def one_lag(directory: Path, lag: int, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -1,7 +1,8 @@
-#!/usr/bin/env python
 """The drift check's comparison of one live PostgreSQL table with its rebuilt view: live rows read
 on the driver and handed to Spark, versus read by the executors over JDBC in the driver's exported
 snapshot (``waltz.spark.live_tables``). Prints times and the driver's peak memory; asserts nothing.
+The drift check of docs/design/spark.md, "Drift check"; the choice it measured:
+docs/decisions/0032-drift-check-through-spark.md.
 
 Creates a fresh database on the server of ``--db`` (dropped at the end) with a table of ``--rows``
 rows ``(id, value, note)`` and the framework's tables, changes ``--changed`` rows, and compares it
@@ -9,7 +10,7 @@ with the same rows computed in Spark, both ways: JDBC first (the driver's peak R
 high-water mark of the process, so the way that holds the rows on the driver goes second), then
 JDBC again, warm.
 
-    .venv/bin/python benchmarks/drift_check.py --rows 300000
+    .venv/bin/python -m benchmarks.drift_check --rows 300000
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import logging
 import resource
 import time
 
-from spark_rebuild import fresh_database  # this directory is on sys.path when run
 from sqlalchemy import BigInteger, Column, MetaData, Table, Text, select, text
 
+from benchmarks.databases import fresh_database
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style import migrations_api as framework_migrations
 from waltz.spark.drift import compare_table
@@ -42,6 +43,7 @@ def _peak_mib() -> float:
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

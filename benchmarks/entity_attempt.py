@@ -1,5 +1,9 @@
-#!/usr/bin/env python
 """One thread, no cluster: CPU and wall time of an entity attempt and of a single-transaction apply.
+
+An entity attempt's snapshot and a one-transaction apply (docs/design/sql.md, "Entity
+transactions", "The apply contract"), the round trips decisions
+docs/decisions/0039-entities-read-with-the-mark.md and
+docs/decisions/0053-snapshot-begin-with-the-mark.md took away.
 
 Drives the SQL framework directly on a database server: the ledger's tables (the SmallBank
 schema of ``examples/waltz_examples/ledger``) with 16 customers, then
@@ -15,7 +19,7 @@ this measures. Prints microseconds of process CPU and of wall time per operation
 asserts nothing.
 The database's ledger tables and its ``bench`` mark rows are emptied first.
 
-    PYTHONPATH=.:examples .venv/bin/python benchmarks/entity_attempt.py \\
+    .venv/bin/python -m benchmarks.entity_attempt \\
         --db postgresql+psycopg://postgres@127.0.0.1/bench [-n 2000] [--rounds 2] [--db-delay 0.25]
 """
 
@@ -25,9 +29,9 @@ import argparse
 import json
 import time
 
-from sql_apply import delayed  # this directory's benchmark: the --db-delay proxy
 from sqlalchemy import delete, insert
 
+from benchmarks.databases import delayed
 from waltz.client.context import TransactionBuilder
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style import create_framework_engine
@@ -57,6 +61,7 @@ def _per_op(start_cpu: float, start_wall: float, n: int) -> tuple[float, float]:
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", required=True, help="SQLAlchemy URL of a database server")
     parser.add_argument("-n", type=int, default=2000, help="attempts and applies per round")
@@ -74,11 +79,17 @@ def main() -> None:
 
 
 def run(url: str, n: int, rounds: int) -> None:
-    """The rounds on the database at ``url``; prints the last round's figures."""
+    """The rounds on the database at ``url``; prints the last round's figures as JSON.
+
+    Args:
+        url: the database (its ledger tables are emptied and created first).
+        n: attempts and applies per round.
+        rounds: rounds; the earlier ones warm up.
+    """
     engine = prepare_database(create_framework_engine(url))
     callbacks = LedgerCallbacks(engine, cluster_name="bench", registry=registry(), entity_cache=False)
     with engine.begin() as conn:
-        for table in (applied_transactions, TransferIn.__table__, TransferOut.__table__):
+        for table in (applied_transactions, TransferIn, TransferOut):
             conn.execute(delete(table))
         for model in (Checking, Savings, Account):
             conn.execute(delete(model))

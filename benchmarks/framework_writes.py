@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """The CPU an apply's own writes cost the application process, by the way they are run.
 
 Creates three tables of 100 rows in a fresh database ``waltz_bench_<8 hex>`` on the server of
@@ -17,7 +16,7 @@ the wall time per group (the wall time includes the commit, which waits for the 
 flush). PostgreSQL with psycopg only: the pipeline is psycopg's (docs/design/sql.md "Group
 apply", docs/decisions/0043-framework-writes-on-the-cursor.md).
 
-    .venv/bin/python benchmarks/framework_writes.py [--db URL] [--rows 1,2,5] [--groups 600]
+    .venv/bin/python -m benchmarks.framework_writes [--db URL] [--rows 1,2,5] [--groups 600]
 
 Prints a table; asserts nothing but that every group changed the rows it should.
 """
@@ -27,12 +26,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import uuid
 from collections.abc import Callable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, make_url
 
+from benchmarks.databases import fresh_database
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.direct import direct_statements
 
@@ -40,6 +39,7 @@ WAYS = ("sqlalchemy", "direct", "pipeline")
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -53,20 +53,22 @@ def main() -> None:
     url = make_url(args.db)
     if url.get_backend_name() != "postgresql" or url.get_driver_name() != "psycopg":
         parser.error("--db must be a postgresql+psycopg URL: the pipeline it compares is psycopg's")
-    name = f"waltz_bench_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        bench_url = url.set(database=name).render_as_string(hide_password=False)
+    with fresh_database(args.db) as bench_url:
         run(bench_url, [int(r) for r in args.rows.split(",")], args.groups, args.repeat)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
 
 
 def run(url: str, row_counts: list[int], groups: int, repeat: int) -> None:
+    """Run the groups every way, alternated, on a database made for it; print the table.
+
+    Args:
+        url: the database (PostgreSQL with psycopg), empty.
+        row_counts: parameter sets per statement, a series each.
+        groups: groups per way and row count.
+        repeat: alternations of the ways; the median is printed.
+
+    Raises:
+        AssertionError: a group did not change the rows it should.
+    """
     engine = create_framework_engine(url)
     metadata = sa.MetaData()
     tables = [

@@ -1,11 +1,11 @@
-#!/usr/bin/env python
 """The CPU one stream message costs: a gRPC (grpcio asyncio) bidirectional stream against a plain
 asyncio TCP connection, back to back and paced.
 
 Every hop of a Waltz commit is a stream message (client -> server -> storage nodes and back, then
 the feed), so what one message costs a process bounds what a commit costs once batching has
-nothing left to merge: at low load every transaction travels alone. This measures that floor on
-the machine at hand, with nothing of Waltz in the way.
+nothing left to merge: at low load every transaction travels alone (docs/design/server.md,
+"Quorum writes and batching"). This measures that floor on the machine at hand, with nothing of
+Waltz in the way.
 
 An echo server process serves both transports on loopback ports of its own. The client sends
 ``--messages`` messages of ``--size`` bytes one at a time, each answered before the next leaves
@@ -14,7 +14,7 @@ transport and gap, the CPU time (user + system) the client process and the serve
 per round trip, in microseconds, and the median round trip. A gap of 0 is the busy case; gaps of
 milliseconds are the half-loaded services of a cluster, where each message wakes the process.
 
-    .venv/bin/python benchmarks/grpc_message_cost.py [--messages 2000] [--size 300] [--gaps 0,1,5,15]
+    .venv/bin/python -m benchmarks.grpc_message_cost [--messages 2000] [--size 300] [--gaps 0,1,5,15]
 
 Prints a table; asserts nothing.
 """
@@ -90,19 +90,22 @@ class _GrpcPeer:
         self._call: Any = None
 
     async def open(self) -> None:
+        """Wait for the channel and open the stream."""
         await self._channel.channel_ready()
         method = self._channel.stream_stream(
             f"/{SERVICE}/{METHOD}", request_serializer=_identity, response_deserializer=_identity
         )
-        self._call = method()
+        self._call = method(None)
 
     async def round_trip(self, message: bytes) -> None:
+        """Send one message and read its echo."""
         await self._call.write(message)
         await self._call.read()
 
     async def close(self) -> None:
+        """End the stream and close the channel."""
         await self._call.done_writing()
-        await self._channel.close()
+        await self._channel.close(None)
 
 
 class _TcpPeer:
@@ -112,14 +115,17 @@ class _TcpPeer:
         self._writer: asyncio.StreamWriter | None = None
 
     async def open(self) -> None:
+        """Connect."""
         self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self._port)
 
     async def round_trip(self, message: bytes) -> None:
+        """Send one message and read its echo."""
         assert self._reader is not None and self._writer is not None
         self._writer.write(message)
         await self._reader.readexactly(len(message))
 
     async def close(self) -> None:
+        """Close the connection."""
         assert self._writer is not None
         self._writer.close()
         await self._writer.wait_closed()
@@ -175,6 +181,7 @@ async def _measure(args: argparse.Namespace, ports: tuple[int, int], server_pid:
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=2000, help="Measured round trips per series.")
     parser.add_argument("--size", type=int, default=300, help="Bytes per message.")

@@ -1,11 +1,12 @@
-#!/usr/bin/env python
 """A service written from the SQL guide alone: its ``Account`` and ``Withdraw`` from one thread.
 
-The models and contexts are those of ``docs/sql.md`` ("Entities: declarative locks and
-partitions"), with the framework's defaults (``ChangeSetCallbacks``, the entity cache on), against
-a new local cluster (3 storage nodes, RF 3, 1 server) and a new database per run. The accounts
-are opened first (each with a balance of twice ``-n``: no withdrawal is refused); then ``-n``
-withdrawals of 1 from the accounts in turn, from one thread:
+What the SQL guide's user sees of the application path (docs/design/sql.md, "Entity
+transactions", "The entity cache"): the models and contexts are those of ``docs/sql.md``
+("Entities: declarative locks and partitions"), with the framework's defaults
+(``ChangeSetCallbacks``, the entity cache on), against a new local cluster (3 storage nodes, RF
+3, 1 server) and a new database per run. The accounts are opened first (each with a balance of
+twice ``-n``: no withdrawal is refused); then ``-n`` withdrawals of 1 from the accounts in turn,
+from one thread:
 
 - ``pipelined``: every ``submit`` first, then every future's result (what a request handler
   that does not wait for the commit sees);
@@ -16,7 +17,7 @@ Prints committed withdrawals per second of each, the time the ``submit`` loop to
 cache's hits and misses, as JSON; asserts nothing. Each run's database is created on the server
 and dropped (or a new SQLite file made).
 
-    .venv/bin/python benchmarks/guide_withdrawals.py --db postgresql+psycopg://postgres@127.0.0.1 \\
+    .venv/bin/python -m benchmarks.guide_withdrawals --db postgresql+psycopg://postgres@127.0.0.1 \\
         --accounts 10,1000 [-n 2000] [--partitions 4]
 """
 
@@ -27,10 +28,10 @@ import json
 import time
 from typing import Any
 
-from sql_apply import fresh_database  # this directory's benchmark: a database created, then dropped
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from benchmarks.databases import fresh_database
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.jdbc_style import (
     ChangeSetCallbacks,
@@ -44,10 +45,12 @@ from waltz.local.cluster import LocalCluster
 
 
 class Base(DeclarativeBase):
-    pass
+    """The guide's declarative base."""
 
 
 class Account(Base):
+    """An account of the guide: its ID and balance; its lock is ``account``."""
+
     __tablename__ = "accounts"
     __waltz__ = WaltzEntity("account")
     account_id: Mapped[int] = mapped_column(primary_key=True)
@@ -55,11 +58,27 @@ class Account(Base):
 
 
 class Open(EntityTransactionContext):
+    """Open an account with a balance, unless it exists.
+
+    Args:
+        callbacks: the service's callbacks.
+        account_id: the account.
+        balance: its opening balance.
+    """
+
     def __init__(self, callbacks: ChangeSetCallbacks, account_id: int, balance: int) -> None:
         super().__init__(callbacks, (Account, account_id))
         self.account_id, self.balance = account_id, balance
 
     def run(self, tx: Any) -> bool:
+        """Insert the account (nothing if it exists).
+
+        Args:
+            tx: the entity transaction.
+
+        Returns:
+            Whether to append: False if the account exists.
+        """
         if tx.get(Account, self.account_id) is not None:
             return False
         tx.insert(Account, account_id=self.account_id, balance=self.balance)
@@ -67,11 +86,27 @@ class Open(EntityTransactionContext):
 
 
 class Withdraw(EntityTransactionContext):
+    """Withdraw an amount from an account that holds it.
+
+    Args:
+        callbacks: the service's callbacks.
+        account_id: the account.
+        amount: what to withdraw.
+    """
+
     def __init__(self, callbacks: ChangeSetCallbacks, account_id: int, amount: int) -> None:
         super().__init__(callbacks, (Account, account_id))
         self.account_id, self.amount = account_id, amount
 
     def run(self, tx: Any) -> bool:
+        """Lower the balance by the amount (nothing if the account is missing or short).
+
+        Args:
+            tx: the entity transaction.
+
+        Returns:
+            Whether to append: False if the account is missing or holds less than the amount.
+        """
         account = tx.get(Account, self.account_id)
         if account is None or account.balance < self.amount:
             return False
@@ -80,6 +115,17 @@ class Withdraw(EntityTransactionContext):
 
 
 def run(db: str, accounts: int, n: int, cluster: LocalCluster) -> dict[str, Any]:
+    """One run: the accounts opened, then the withdrawals pipelined and one at a time.
+
+    Args:
+        db: the run's database, empty.
+        accounts: accounts the withdrawals go to in turn.
+        n: pipelined withdrawals (a quarter as many one at a time).
+        cluster: the run's local cluster.
+
+    Returns:
+        The run's figures, JSON-ready.
+    """
     engine = create_framework_engine(db)
     migrations_api.upgrade(engine)
     Base.metadata.create_all(engine)
@@ -122,6 +168,7 @@ def run(db: str, accounts: int, n: int, cluster: LocalCluster) -> dict[str, Any]
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

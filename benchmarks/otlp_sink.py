@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """An OTLP/HTTP trace receiver that counts spans and keeps nothing: the collector of the tracing
 overhead runs (docs/decisions/0035-opentelemetry-traces.md).
 
-    .venv/bin/python benchmarks/otlp_sink.py [--port 4318] [--seconds 900]
+    .venv/bin/python -m benchmarks.otlp_sink [--port 4318] [--seconds 900]
 
 Listens on 127.0.0.1 (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://127.0.0.1:4318/v1/traces``),
 answers every export with success, prints the spans received by name every 10 seconds and at the
@@ -24,7 +23,10 @@ LOCK = threading.Lock()
 
 
 class Handler(BaseHTTPRequestHandler):
+    """Answers every OTLP/HTTP export with success and counts its spans by name."""
+
     def do_POST(self) -> None:
+        """Count the spans of one ``ExportTraceServiceRequest`` and answer it."""
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
         names = Counter(
@@ -43,10 +45,12 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(answer)
 
     def log_message(self, format: str, *args: object) -> None:
+        """Log nothing per request (the counts are printed instead)."""
         pass
 
 
 def main() -> None:
+    """Parse the command line (``--help``), serve until ``--seconds`` pass or Ctrl-C, print the counts."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -1,6 +1,8 @@
-#!/usr/bin/env python
 """Spark rebuild of a ledger database from the log versus replaying the log through the client and
 the SQL callbacks (prints figures; asserts nothing about timings).
+
+The rebuild of docs/design/spark.md ("What the rebuild is for", "Computing views"), against the
+replay every instance can do (docs/design/sql.md, "Group apply").
 
 Starts a LocalCluster (its own ZooKeeper, 3 storage nodes, 1 server, ``--partitions``
 partitions) and writes ``--transactions`` ledger change-sets through the server's admin append
@@ -21,9 +23,9 @@ the server of ``--db`` (dropped at the end):
 Prints both times, the transactions per second and the ratio, and checks that both databases hold
 the same rows (a mismatch is reported, not asserted).
 
-    .venv/bin/python benchmarks/spark_rebuild.py                       # 1,000,000 transactions
-    .venv/bin/python benchmarks/spark_rebuild.py --transactions 50000 --partitions 4
-    .venv/bin/python benchmarks/spark_rebuild.py --transactions 50000 --master standalone
+    .venv/bin/python -m benchmarks.spark_rebuild                       # 1,000,000 transactions
+    .venv/bin/python -m benchmarks.spark_rebuild --transactions 50000 --partitions 4
+    .venv/bin/python -m benchmarks.spark_rebuild --transactions 50000 --master standalone
 """
 
 from __future__ import annotations
@@ -35,14 +37,12 @@ import os
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
-from sqlalchemy import create_engine, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import create_engine, select
 
+from benchmarks.databases import fresh_database
 from waltz.jdbc_style import ChangeSet, Operation, RowChange
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER
 from waltz.local.cluster import LocalCluster
@@ -122,23 +122,15 @@ async def append_all(endpoint: str, logs: dict[int, list[bytes]], batch: int) ->
         await asyncio.gather(*(one(pid, items) for pid, items in logs.items()))
 
 
-@contextmanager
-def fresh_database(server_url: str) -> Iterator[str]:
-    """A new PostgreSQL database on the server of ``server_url``, dropped afterwards."""
-    url = make_url(server_url)
-    name = f"waltz_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 def table_rows(db_url: str) -> dict[str, list[tuple[object, ...]]]:
+    """The ledger's account, savings and checking rows of a database, sorted, to compare two databases.
+
+    Args:
+        db_url: the database.
+
+    Returns:
+        The rows by table name.
+    """
     engine = create_engine(db_url)
     try:
         with engine.connect() as conn:
@@ -151,6 +143,7 @@ def table_rows(db_url: str) -> dict[str, list[tuple[object, ...]]]:
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -218,8 +211,12 @@ def main() -> None:
             )
             try:
                 for pid, mark in result.marks.items():
+
+                    def applied(p: int = pid, m: int = mark) -> bool:
+                        return m < 0 or service.callbacks.wait_for(p, m, 5)
+
                     wait_until(
-                        lambda p=pid, m=mark: m < 0 or service.callbacks.wait_for(p, m, 5),
+                        applied,
                         timeout=24 * 3600,
                         what=f"partition {pid} applied up to {mark}",
                     )

@@ -1,6 +1,10 @@
-#!/usr/bin/env python
 """SQL framework apply throughput: log transactions applied per second into a database, one
 database transaction per log transaction versus group apply (prints; fails only on wrong results).
+
+The apply of docs/design/sql.md ("The apply contract", "Group apply"); the choices it measured:
+docs/decisions/0024-staged-writes.md, docs/decisions/0025-mark-moved-first.md,
+docs/decisions/0026-kept-connections.md, docs/decisions/0050-mark-moved-with-the-first-statement.md
+and docs/decisions/0051-begin-in-the-lead-s-pipeline.md.
 
 Creates a fresh database ``waltz_bench_<8 hex>`` on the server of ``--db`` (PostgreSQL or
 MySQL/MariaDB; dropped at the end) or a fresh SQLite file, creates the framework's tables
@@ -39,11 +43,11 @@ tools' ``FaultProxy``, in a process of its own) that holds every chunk MS millis
 direction: a database server on another host, where every round trip costs about 2 x MS more
 (plus the proxy's own hop), rather than one on loopback.
 
-    .venv/bin/python benchmarks/sql_apply.py                              # PostgreSQL, n 20,000
-    .venv/bin/python benchmarks/sql_apply.py --db mysql+pymysql://root@127.0.0.1:3306 --n 8000
-    .venv/bin/python benchmarks/sql_apply.py --db sqlite:////tmp/bench.db --batch 1,10,100,1000
-    .venv/bin/python benchmarks/sql_apply.py --n 4000 --through-cluster
-    .venv/bin/python benchmarks/sql_apply.py --n 3000 --batch 1,100 --style staged --db-delay 0.25
+    .venv/bin/python -m benchmarks.sql_apply                              # PostgreSQL, n 20,000
+    .venv/bin/python -m benchmarks.sql_apply --db mysql+pymysql://root@127.0.0.1:3306 --n 8000
+    .venv/bin/python -m benchmarks.sql_apply --db sqlite:////tmp/bench.db --batch 1,10,100,1000
+    .venv/bin/python -m benchmarks.sql_apply --n 4000 --through-cluster
+    .venv/bin/python -m benchmarks.sql_apply --n 3000 --batch 1,100 --style staged --db-delay 0.25
 """
 
 from __future__ import annotations
@@ -55,16 +59,12 @@ import json
 import logging
 import os
 import random
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -75,18 +75,16 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     Table,
     bindparam,
-    create_engine,
     event,
     func,
     insert,
     select,
-    text,
     update,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import NullPool
 
+from benchmarks.databases import delayed, fresh_database
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style import AbstractClientCallbacksForSQL, ApplySession, create_framework_engine
 from waltz.jdbc_style.migrations_api import upgrade
@@ -151,7 +149,15 @@ STYLES = ("plain", "staged")
 
 
 class AccountCallbacks(AbstractClientCallbacksForSQL):
-    """Applies a payload: one UPDATE of the account's balance and one INSERT into the history."""
+    """Applies a payload: one UPDATE of the account's balance and one INSERT into the history.
+
+    Args:
+        engine: the framework's engine on the run's database.
+        cluster_name: the run's cluster name (its own mark rows).
+        accounts: the run's accounts table.
+        history: the run's history table.
+        style: ``plain`` (execute each statement) or ``staged`` (``ApplySession.stage``).
+    """
 
     def __init__(
         self, engine: Engine, *, cluster_name: str, accounts: Table, history: Table, style: str = "plain"
@@ -172,6 +178,15 @@ class AccountCallbacks(AbstractClientCallbacksForSQL):
         """Per partition, seconds spent getting transaction data (an RPC through a cluster)."""
 
     def apply(self, transaction: Transaction, session: Session) -> None:
+        """Apply one transaction's payload (docs/design/sql.md, "The apply contract").
+
+        Args:
+            transaction: the log transaction; its data is the JSON payload.
+            session: the apply's session (an ``ApplySession``, for ``staged``).
+
+        Raises:
+            LookupError: ``plain``: the account does not exist (``staged`` checks the row count).
+        """
         began = time.perf_counter()
         raw = transaction.get_raw_data()
         self.fetch_seconds[transaction.partition_id] += time.perf_counter() - began
@@ -206,12 +221,28 @@ class AccountCallbacks(AbstractClientCallbacksForSQL):
         )
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        """Record an apply that failed for good (the run then fails its check).
+
+        Args:
+            partition_id: the partition.
+            transaction_id: the transaction.
+            exception: what its apply raised.
+        """
         message = f"partition {partition_id} transaction {transaction_id}: {exception!r}"
         self.errors.append(message)
         print(f"uncaught exception in {message}", file=sys.stderr)
 
 
 def create_run_tables(engine: Engine, run: str) -> tuple[Table, Table]:
+    """Create one run's accounts and history tables, with every account at a balance of 0.
+
+    Args:
+        engine: the run's database.
+        run: the run's name (a suffix of the tables' names).
+
+    Returns:
+        The accounts and history tables.
+    """
     metadata, accounts, history = bench_tables(run)
     metadata.create_all(engine)
     with engine.begin() as conn:
@@ -263,6 +294,11 @@ class FrameworkLog(logging.Handler):
         self.first: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Count a retry or a fallback the framework logged (other records are left alone).
+
+        Args:
+            record: a record of ``waltz.jdbc_style.callbacks``.
+        """
         message = record.getMessage()
         if message.startswith("transient database error"):
             self.retries += 1
@@ -274,11 +310,16 @@ class FrameworkLog(logging.Handler):
             self.first.append(message)
 
     def reset(self) -> None:
+        """Start counting again (the first messages are kept)."""
         self.retries = self.fallbacks = 0
 
 
 class Commits:
-    """Database commits and rollbacks on an engine (SQLAlchemy events)."""
+    """Database commits and rollbacks on an engine (SQLAlchemy events).
+
+    Args:
+        engine: the engine to count on.
+    """
 
     def __init__(self, engine: Engine) -> None:
         self._commits = itertools.count()
@@ -288,6 +329,7 @@ class Commits:
         event.listen(engine, "rollback", lambda conn: next(self._rollbacks))
 
     def reset(self) -> None:
+        """Start counting again from now."""
         self.commits_base = next(self._commits) + 1
         self.rollbacks_base = next(self._rollbacks) + 1
 
@@ -296,112 +338,25 @@ class Commits:
         return next(self._commits) - self.commits_base, next(self._rollbacks) - self.rollbacks_base
 
 
-# ---- fresh databases ----
-
-
-#: The proxy process of ``--db-delay``: forwards a free loopback port to host:port, holding every
-#: chunk ``delay`` seconds; prints the port, then runs until killed.
-_PROXY = """
-import sys, threading
-from waltz.chaos.proxy import FaultProxy
-host, port, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-proxy = FaultProxy(lambda: (host, port), name="database").__enter__()
-proxy.set_delay(delay)
-print(proxy.port, flush=True)
-threading.Event().wait()
-"""
-
-
-@contextmanager
-def delayed(url_text: str, delay_ms: float) -> Iterator[str]:
-    """``url_text`` through a proxy process adding ``delay_ms`` each way (itself when 0)."""
-    if delay_ms <= 0:
-        yield url_text
-        return
-    url = make_url(url_text)
-    if url.get_backend_name() == "sqlite":
-        raise SystemExit("--db-delay needs a database server, not SQLite")
-    port = url.port or (5432 if url.get_backend_name() == "postgresql" else 3306)
-    proxy = subprocess.Popen(
-        [sys.executable, "-c", _PROXY, url.host or "127.0.0.1", str(port), str(delay_ms / 1000)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proxy.stdout is not None
-        line = proxy.stdout.readline().strip()
-        if not line.isdigit():
-            raise SystemExit(f"the --db-delay proxy did not start (it printed {line!r})")
-        print(f"database reached through a proxy adding {delay_ms:g} ms each way (port {line})", flush=True)
-        yield url.set(host="127.0.0.1", port=int(line)).render_as_string(hide_password=False)
-    finally:
-        proxy.kill()
-        proxy.wait(10)
-
-
-@contextmanager
-def fresh_database(url_text: str) -> Iterator[str]:
-    """A fresh database on the server of ``url_text`` (or a fresh SQLite file); removed afterwards."""
-    url = make_url(url_text)
-    backend = url.get_backend_name()
-    if backend == "sqlite":
-        if not url.database or url.database == ":memory:":
-            with tempfile.TemporaryDirectory(prefix="waltz_bench_") as tmp:
-                yield f"sqlite:///{tmp}/bench.db"
-            return
-        path = Path(url.database)
-        if path.exists():
-            sys.exit(f"{path} exists; give the path of a SQLite file to create (it is deleted at the end)")
-        try:
-            yield url.render_as_string(hide_password=False)
-        finally:
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                Path(f"{path}{suffix}").unlink(missing_ok=True)
-        return
-    if backend not in ("postgresql", "mysql", "mariadb"):
-        sys.exit(f"unsupported database {backend!r}: use PostgreSQL, MySQL/MariaDB or SQLite")
-    name = f"waltz_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(
-        url, isolation_level="AUTOCOMMIT", poolclass=NullPool, connect_args={"connect_timeout": 5}
-    )
-    postgres = backend == "postgresql"
-    with admin.connect() as conn:
-        if postgres:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-        else:
-            conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
-    try:
-        yield url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            if postgres:
-                conn.execute(
-                    text(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = :name AND pid <> pg_backend_pid()"
-                    ),
-                    {"name": name},
-                )
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-            else:
-                ids = conn.execute(
-                    text("SELECT id FROM information_schema.processlist WHERE db = :name"), {"name": name}
-                ).scalars()
-                for connection_id in list(ids):
-                    try:
-                        conn.execute(text(f"KILL CONNECTION {int(connection_id)}"))
-                    except Exception as error:  # it ended meanwhile
-                        if "Unknown thread id" not in str(error):
-                            raise
-                conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
-        admin.dispose()
-
-
 # ---- direct apply ----
 
 
 @dataclass
 class Result:
+    """What one style and group size did.
+
+    Attributes:
+        label: the style and group size, e.g. ``staged batch 100``.
+        seconds: wall time of the run.
+        transactions: log transactions applied.
+        commits: database commits.
+        rollbacks: database rollbacks.
+        retries: transient errors the framework retried.
+        fallbacks: groups the framework applied again one by one.
+        fetch_seconds: thread-seconds spent getting transaction data.
+        latencies: each apply call's seconds.
+    """
+
     label: str
     seconds: float
     transactions: int
@@ -413,6 +368,14 @@ class Result:
     latencies: list[float] = field(default_factory=list)
 
     def percentile(self, p: float) -> float:
+        """A percentile of the apply calls' latencies, in milliseconds.
+
+        Args:
+            p: the quantile, 0 to 1.
+
+        Returns:
+            The percentile, NaN without latencies.
+        """
         lat = sorted(self.latencies)
         return lat[min(len(lat) - 1, int(p * len(lat)))] * 1000 if lat else float("nan")
 
@@ -544,7 +507,10 @@ def run_through_cluster(
     results = []
     print(f"starting a LocalCluster (3 storage nodes, 1 server, {partitions} partitions) ...", flush=True)
     with LocalCluster(storages=3, servers=1, partitions=partitions) as cluster:
-        base = {"zookeeper_connect_string": cluster.zookeeper_connect_string, "cluster_root": cluster.root}
+        base: dict[str, Any] = {
+            "zookeeper_connect_string": cluster.zookeeper_connect_string,
+            "cluster_root": cluster.root,
+        }
         started = time.perf_counter()
         with WaltzClient(MemoryMarks(), WaltzClientConfig(**base)) as writer:
             writer.wait_mounted(30)
@@ -593,6 +559,17 @@ def run_through_cluster(
 
 
 def int_list(text_value: str) -> list[int]:
+    """Parse ``1,10,100``: positive integers separated by commas.
+
+    Args:
+        text_value: the option's text.
+
+    Returns:
+        The integers.
+
+    Raises:
+        argparse.ArgumentTypeError: not positive integers.
+    """
     values = [int(x) for x in text_value.split(",") if x.strip()]
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(
@@ -602,6 +579,11 @@ def int_list(text_value: str) -> list[int]:
 
 
 def print_result(result: Result) -> None:
+    """Print one run's line: applied and committed per second, latencies, retries.
+
+    Args:
+        result: the run.
+    """
     latency = (
         f"; per call p50 {result.percentile(0.5):.2f} ms, p99 {result.percentile(0.99):.2f} ms"
         if result.latencies
@@ -622,6 +604,12 @@ def print_result(result: Result) -> None:
 
 
 def print_table(backend: str, results: Sequence[Result]) -> None:
+    """Print the table of every run.
+
+    Args:
+        backend: the database's name, the table's first column.
+        results: the runs.
+    """
     print()
     print(
         f"{'backend':<11} {'mode':<30} {'txns/s':>9} {'DB txns/s':>10} {'p50 ms':>8} {'p99 ms':>8} "
@@ -636,6 +624,7 @@ def print_table(backend: str, results: Sequence[Result]) -> None:
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Storage node append throughput: records/s and flushes (fsyncs)/s, by partitions and batch size.
 
 Starts a real storage node process on loopback (in a temporary directory unless --directory is
@@ -6,10 +5,12 @@ given), opens one replica session stream per partition and appends 200-byte reco
 of 1, 10 and 100 records, first with one request in flight per stream (each batch is one flush),
 then with --window requests in flight (the node then combines queued batches into one flush:
 group commit). Batches go in columns (storage.proto ``RecordColumns``, as servers send them) or,
-with --form records, as a message per record. Prints a table (with the storage node's CPU time,
-user and system, per request: the fixed cost of a request shows at batch 1); asserts nothing.
+with --form records, as a message per record (docs/design/storage.md, "Group commit and I/O
+threads"; docs/decisions/0001-group-commit-on-storage-nodes.md). Prints a table (with the
+storage node's CPU time, user and system, per request: the fixed cost of a request shows at
+batch 1); asserts nothing.
 
-    .venv/bin/python benchmarks/storage_append.py [--seconds 3] [--partitions 1,4] [--form records]
+    .venv/bin/python -m benchmarks.storage_append [--seconds 3] [--partitions 1,4] [--form records]
 """
 
 from __future__ import annotations
@@ -35,10 +36,27 @@ FLUSHES = "waltz_storage_append_flushes_total"
 
 
 async def send_columns(client: StorageSessionClient, pid: int, records: list[Record]) -> None:
+    """Append records as one ``RecordColumns`` request (as servers send them).
+
+    Args:
+        client: the replica session stream.
+        pid: the partition.
+        records: the records.
+
+    Raises:
+        StorageRpcError: the node refused the append.
+    """
     check_response(await client.submit_append(pid, columns_append(records)), client.address, "append")
 
 
 async def send_records(client: StorageSessionClient, pid: int, records: list[Record]) -> None:
+    """Append records as a ``Record`` message each.
+
+    Args:
+        client: the replica session stream.
+        pid: the partition.
+        records: the records.
+    """
     await client.append(pid, records)
 
 
@@ -52,7 +70,25 @@ async def run_case(
     size: int,
     form: str = "columns",
 ) -> tuple[float, float, float]:
-    """Returns records/s, flushes/s and the node's CPU microseconds per request."""
+    """One case: ``partitions`` streams appending ``batch``-record requests, ``window`` in flight
+    each, for ``seconds``.
+
+    Args:
+        node: the storage node.
+        key: the cluster key.
+        partitions: partitions (a stream each).
+        batch: records per request.
+        window: requests in flight per stream.
+        seconds: how long the case runs.
+        size: bytes per record.
+        form: ``columns`` or ``records``.
+
+    Returns:
+        Records/s, flushes/s and the node's CPU microseconds per request.
+
+    Raises:
+        RuntimeError: the storage node is not running.
+    """
     send = send_columns if form == "columns" else send_records
     async with StorageAdminClient(node.admin_address, key, 16) as admin:
         before = await admin.metrics()
@@ -63,7 +99,10 @@ async def run_case(
     for client in clients:
         await client.open()
     data = b"x" * size
-    cpu_before = process_cpu_seconds(node.process.pid)
+    node_pid = node.process.pid
+    if node_pid is None:
+        raise RuntimeError("the storage node is not running")
+    cpu_before = process_cpu_seconds(node_pid)
     deadline = time.perf_counter() + seconds
     appended = 0
 
@@ -87,7 +126,7 @@ async def run_case(
     started = time.perf_counter()
     await asyncio.gather(*(writer(pid, c) for pid, c in enumerate(clients)))
     elapsed = time.perf_counter() - started
-    cpu = process_cpu_seconds(node.process.pid) - cpu_before
+    cpu = process_cpu_seconds(node_pid) - cpu_before
     for client in clients:
         await client.close()
     async with StorageAdminClient(node.admin_address, key, 16) as admin:
@@ -99,6 +138,12 @@ async def run_case(
 
 
 async def main_async(args: argparse.Namespace, directory: Path) -> None:
+    """Start a storage node in ``directory``, run every case, print the table.
+
+    Args:
+        args: the command line's options.
+        directory: the run's directory.
+    """
     key = str(uuid.uuid4())
     with LocalStorageNode(directory / "storage", log_path=directory / "storage.log") as node:
         async with StorageAdminClient(node.admin_address, key, 16) as admin:
@@ -125,6 +170,7 @@ async def main_async(args: argparse.Namespace, directory: Path) -> None:
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

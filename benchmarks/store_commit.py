@@ -1,5 +1,9 @@
-#!/usr/bin/env python
 """Replicated store commit throughput: committed records/s and submit-to-commit latency at RF 3.
+
+The store of docs/design/server.md ("Store sessions", "Quorum writes and batching"), measured
+apart from the server's lock checks and the clients. It varies the store's batch size and its
+batches in flight (``--batch``, ``--in-flight-batches``; the default of the second is
+docs/decisions/0011-in-flight-defaults.md's).
 
 Starts a real ZooKeeper and --storages storage node processes on loopback in a temporary
 directory, creates a cluster whose partitions are replicated on every storage node, and drives
@@ -19,7 +23,7 @@ afterwards.
 With --profile, py-spy samples the benchmark process and storage node 0 during the first case
 (raw folded stacks under /tmp) and the top frames are printed.
 
-    .venv/bin/python benchmarks/store_commit.py [--seconds 8] [--partitions 1,4] [--profile]
+    .venv/bin/python -m benchmarks.store_commit [--seconds 8] [--partitions 1,4] [--profile]
 
 Prints a table; asserts nothing.
 """
@@ -107,12 +111,15 @@ class CpuSampler:
     elapsed: float = 0.0
 
     def start(self) -> None:
+        """Read every process's, this process's threads' and the machine's CPU so far."""
         self._before = {name: process_cpu_seconds(pid) for name, pid in self.pids.items()}
         self._threads_before = thread_cpu_seconds(os.getpid())
         self._machine_before = machine_cpu_seconds()
         self._started = time.perf_counter()
 
     def stop(self) -> None:
+        """Read them again; :attr:`used`, :attr:`threads`, :attr:`machine` and :attr:`elapsed` then
+        hold the differences."""
         self.elapsed = time.perf_counter() - self._started
         self.used = {name: process_cpu_seconds(pid) - self._before[name] for name, pid in self.pids.items()}
         after = thread_cpu_seconds(os.getpid())
@@ -120,6 +127,14 @@ class CpuSampler:
         self.machine = {k: v - self._machine_before[k] for k, v in machine_cpu_seconds().items()}
 
     def percent(self, seconds: float) -> float:
+        """CPU seconds as a percentage of one core over the sampled time.
+
+        Args:
+            seconds: CPU seconds used between :meth:`start` and :meth:`stop`.
+
+        Returns:
+            The percentage (100 is one core busy).
+        """
         return 100.0 * seconds / self.elapsed
 
 
@@ -128,6 +143,15 @@ class CpuSampler:
 
 @dataclass
 class Cluster:
+    """The benchmark's cluster: its metadata in ZooKeeper and its processes.
+
+    Attributes:
+        zk: the cluster's metadata.
+        params: its parameters (name, partitions, key).
+        storages: its storage nodes.
+        zookeeper: its ZooKeeper.
+    """
+
     zk: ClusterZk
     params: ClusterParams
     storages: list[LocalStorageNode]
@@ -135,10 +159,16 @@ class Cluster:
 
     @property
     def key(self) -> str:
+        """The cluster key, as the storage nodes' admin clients take it."""
         return str(self.params.cluster_key)
 
 
 async def assign_partitions(cluster: Cluster) -> None:
+    """Assign every partition to every storage node (each a replica).
+
+    Args:
+        cluster: the cluster.
+    """
     for node in cluster.storages:
         async with StorageAdminClient(
             node.admin_address, cluster.key, cluster.params.num_partitions
@@ -171,7 +201,13 @@ async def storage_counters(cluster: Cluster) -> dict[str, float]:
 
 
 class Driver:
-    """Keeps ``window`` records in flight on one store partition and measures their commits."""
+    """Keeps ``window`` records in flight on one store partition and measures their commits.
+
+    Args:
+        partition_id: the partition.
+        window: records kept in flight.
+        data: each record's transaction data.
+    """
 
     def __init__(self, partition_id: int, window: int, data: bytes) -> None:
         self.partition_id = partition_id
@@ -189,6 +225,12 @@ class Driver:
         self.tracing = False
 
     def on_commit(self, records: list[Record]) -> None:
+        """The store partition's commit callback: record the latencies (when measuring) and the commit
+        (when tracing).
+
+        Args:
+            records: the records the commit made durable.
+        """
         now = time.perf_counter()
         if self.measuring:
             self.measured += len(records)
@@ -206,6 +248,11 @@ class Driver:
                 self.failed += 1
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Submit records until ``stop`` is set, keeping :attr:`window` in flight.
+
+        Args:
+            stop: set to end the load.
+        """
         assert self.partition is not None
         partition = self.partition
         submitted_at = self.submitted_at
@@ -219,6 +266,11 @@ class Driver:
             await self.wake.wait()
 
     async def drain(self, timeout: float) -> None:
+        """Wait for the records in flight, at most ``timeout`` seconds, and count the failed ones.
+
+        Args:
+            timeout: seconds to wait.
+        """
         if self.futures:
             await asyncio.wait(list(self.futures), timeout=timeout)
         self._reap()
@@ -235,6 +287,16 @@ async def ticker(drivers: list[Driver], stop: asyncio.Event) -> None:
 async def start_partitions(
     cluster: Cluster, partition_ids: list[int], args: argparse.Namespace
 ) -> tuple[list[Driver], list[StorePartition]]:
+    """Start a store partition and its driver for each partition ID, and wait until they are writable.
+
+    Args:
+        cluster: the cluster.
+        partition_ids: the partitions.
+        args: the command line's options (batch sizes, window, record size).
+
+    Returns:
+        The drivers and their store partitions, in the order of ``partition_ids``.
+    """
     config = StoreConfig(max_batch_records=args.batch, max_in_flight_batches=args.in_flight_batches)
     data = os.urandom(args.size)
     drivers = [Driver(pid, args.window, data) for pid in partition_ids]
@@ -260,6 +322,16 @@ async def start_partitions(
 def start_profilers(
     pids: dict[str, int], seconds: float, prefix: str
 ) -> list[tuple[str, Path, subprocess.Popen[bytes]]]:
+    """Start py-spy on each process for ``seconds`` (raw folded stacks, 100 samples/s).
+
+    Args:
+        pids: the processes by name.
+        seconds: how long to sample.
+        prefix: the output files' prefix (``<prefix>-<name>.txt``).
+
+    Returns:
+        ``(name, output file, py-spy process)`` per process.
+    """
     profilers = []
     for name, pid in pids.items():
         output = Path(f"{prefix}-{name}.txt")
@@ -304,6 +376,15 @@ def summarize_profile(name: str, path: Path, top: int) -> None:
 
 
 def quantile_ms(values: list[float], q: float) -> float:
+    """A quantile of latencies, in milliseconds.
+
+    Args:
+        values: latencies in seconds.
+        q: the quantile, 0 to 1.
+
+    Returns:
+        The quantile, NaN without values.
+    """
     if not values:
         return float("nan")
     ordered = sorted(values)
@@ -313,6 +394,15 @@ def quantile_ms(values: list[float], q: float) -> float:
 async def throughput_case(
     cluster: Cluster, partition_ids: list[int], args: argparse.Namespace, profile: bool
 ) -> None:
+    """One throughput case: drive the partitions for ``--seconds`` after ``--warmup``; print its line
+    (and, with ``profile``, the profiles).
+
+    Args:
+        cluster: the cluster.
+        partition_ids: the partitions of the case (fresh ones).
+        args: the command line's options.
+        profile: py-spy the benchmark and storage node 0.
+    """
     drivers, partitions = await start_partitions(cluster, partition_ids, args)
     stop = asyncio.Event()
     tasks = [asyncio.create_task(d.run(stop)) for d in drivers]
@@ -386,6 +476,14 @@ async def throughput_case(
 
 
 async def kill_case(cluster: Cluster, partition_id: int, args: argparse.Namespace) -> None:
+    """Kill a storage node (SIGKILL) while appends go on; print how long until commits resume and
+    until the next store session commits.
+
+    Args:
+        cluster: the cluster (its last storage node is killed).
+        partition_id: a fresh partition.
+        args: the command line's options.
+    """
     drivers, partitions = await start_partitions(cluster, [partition_id], args)
     driver, partition = drivers[0], partitions[0]
     stop = asyncio.Event()
@@ -430,6 +528,12 @@ async def kill_case(cluster: Cluster, partition_id: int, args: argparse.Namespac
 
 
 async def main_async(args: argparse.Namespace, directory: Path) -> None:
+    """Start ZooKeeper and the storage nodes in ``directory``, run the cases, stop everything.
+
+    Args:
+        args: the command line's options.
+        directory: the run's temporary directory.
+    """
     with LocalZooKeeper(data_dir=directory / "zookeeper") as zookeeper:
         client = KazooClient(hosts=zookeeper.connect_string)
         client.start(timeout=15)
@@ -485,6 +589,7 @@ async def main_async(args: argparse.Namespace, directory: Path) -> None:
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -1,5 +1,6 @@
-#!/usr/bin/env python
 """The cost of the two wire forms of appends and store batches: a message per transaction, or columns.
+
+The choice it measured: docs/decisions/0002-column-wire-forms.md.
 
 For a run of N transactions of --size bytes with one WRITE lock each, times (best of --repeat,
 CPU of this one thread, microseconds per transaction):
@@ -15,7 +16,7 @@ CPU of this one thread, microseconds per transaction):
 - storage encode: parsing it on a storage node and encoding the segment records
   (``format.encode_wire_records`` against ``format.column_rows`` + ``encode_wire_rows``).
 
-    .venv/bin/python benchmarks/wire_forms.py [--transactions 150] [--size 200] [--repeat 200]
+    .venv/bin/python -m benchmarks.wire_forms [--transactions 150] [--size 200] [--repeat 200]
 
 Prints a table; asserts nothing.
 """
@@ -43,6 +44,7 @@ def best(repeat: int, count: int, work: Callable[[], object]) -> float:
 
 
 def main() -> None:
+    """Parse the command line (``--help``), run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transactions", type=int, default=150, help="Transactions per message (a wave).")
     parser.add_argument("--size", type=int, default=200, help="Bytes of data per transaction.")

@@ -16,12 +16,14 @@ a container. Nothing happens until a test asks for one of its fixtures:
     tail of the log of every cluster process that is not running.
 
 ``waltz_cluster_options`` (session)
-    The keyword arguments of :class:`LocalCluster`, as a dict built from the ini options below.
-    Override it in a ``conftest.py`` to size the cluster in code::
+    The keyword arguments of :class:`LocalCluster`, as a dict built from the ini options below
+    (the option groups ``processes``, ``security`` and ``network`` of :mod:`waltz.local.options`
+    among them). Override it in a ``conftest.py`` to size the cluster in code::
 
         @pytest.fixture(scope="session")
         def waltz_cluster_options(waltz_cluster_options):
-            return {**waltz_cluster_options, "partitions": 8, "servers": 3}
+            processes = dataclasses.replace(waltz_cluster_options["processes"], metrics=True)
+            return {**waltz_cluster_options, "partitions": 8, "servers": 3, "processes": processes}
 
 ``waltz_log_start`` (function)
     Isolation by log position: undoes what earlier tests did to the cluster (restarts killed
@@ -57,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from waltz.local.containers import DatabaseKind, NoTestServiceError, database_server, zookeeper_server
+from waltz.local.options import NetworkOptions, ProcessOptions, SecurityOptions
 
 if TYPE_CHECKING:
     from waltz.local.cluster import LocalCluster
@@ -79,7 +82,22 @@ def _network(text: str) -> str:
     return network
 
 
-#: ini option -> (help, default, converter to the LocalCluster keyword argument).
+#: The ini options that set a field of an option group: ini option -> (group keyword, field).
+_GROUP_FIELDS: dict[str, tuple[str, str]] = {
+    "waltz_metrics": ("processes", "metrics"),
+    "waltz_session_timeout": ("processes", "session_timeout"),
+    "waltz_zookeeper_auth": ("security", "zookeeper_auth"),
+    "waltz_network": ("network", "mode"),
+}
+#: The option group of each group keyword of LocalCluster.
+_GROUPS: dict[str, Callable[..., object]] = {
+    "processes": ProcessOptions,
+    "security": SecurityOptions,
+    "network": NetworkOptions,
+}
+
+
+#: ini option -> (help, default, converter to the LocalCluster keyword argument or group field).
 _INI: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "waltz_storages": ("number of storage nodes of the waltz_cluster fixture", "3", int),
     "waltz_servers": ("number of servers of the waltz_cluster fixture", "2", int),
@@ -169,26 +187,33 @@ def waltz_cluster_options(pytestconfig: pytest.Config) -> dict[str, Any]:
     """Keyword arguments of the session's :class:`LocalCluster`, from the ini options.
 
     Returns:
-        A new dict (``storages``, ``servers``, ``partitions``, ``replicas``, ``zookeeper``,
-        ``metrics``, ``session_timeout``, ``zookeeper_auth``, ``network``); override the fixture
-        to change or add keys.
+        A new dict (``storages``, ``servers``, ``partitions``, ``replicas``, ``zookeeper``, and
+        the groups ``processes`` (``metrics``, ``session_timeout``), ``security``
+        (``zookeeper_auth``) and ``network`` (``mode``)); override the fixture to change or add
+        keys.
 
     Raises:
         pytest.UsageError: an ini option holds a value of the wrong type.
     """
     options: dict[str, Any] = {}
+    fields: dict[str, dict[str, object]] = {group: {} for group in _GROUPS}
     for name, (_, _, convert) in _INI.items():
         text = str(pytestconfig.getini(name)).strip()
         if not text:
             continue
         try:
-            options[name.removeprefix("waltz_")] = convert(text)
+            value = convert(text)
         except ValueError:
             raise pytest.UsageError(f"ini option {name} = {text!r} is not a valid value") from None
+        if name in _GROUP_FIELDS:
+            group, field = _GROUP_FIELDS[name]
+            fields[group][field] = value
+        else:
+            options[name.removeprefix("waltz_")] = value
     zookeeper = pytestconfig.getoption("waltz_zookeeper")
     if zookeeper:
         options["zookeeper"] = zookeeper
-    return options
+    return {**options, **{group: _GROUPS[group](**values) for group, values in fields.items()}}
 
 
 _CLUSTER_KEY = pytest.StashKey["LocalCluster"]()
@@ -215,10 +240,12 @@ def waltz_cluster(
 
     options = {"name": "pytest", "delete_root": True, **waltz_cluster_options}
     options.setdefault("work_dir", tmp_path_factory.mktemp("waltz-cluster"))
+    network = options.get("network")
+    namespaces = isinstance(network, NetworkOptions) and network.mode == "namespaces"
     with ExitStack() as stack:
         zookeeper = None
         try:
-            if options.get("network") != "namespaces":  # that mode starts ZooKeeper on a host of its own
+            if not namespaces:  # that mode starts ZooKeeper on a host of its own
                 zookeeper = stack.enter_context(zookeeper_server(options.get("zookeeper")))
         except NoTestServiceError as missing:
             pytest.fail(str(missing), pytrace=False)

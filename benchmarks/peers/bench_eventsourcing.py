@@ -1,12 +1,14 @@
 """eventsourcing peer: the ``eventsourcing`` library on PostgreSQL (127.0.0.1:5432, user postgres).
 
-One aggregate per lock of the pool (``Lock``, 1,000 of them, created before the measured phase).
-A transaction triggers a ``Written`` event (the 200-byte payload, as text) on the writer's
-last-seen copy of the aggregate and saves it: the event's originator version is the last-seen
-version + 1, and the stored-events table's primary key (originator_id, originator_version) is the
-optimistic concurrency check. On ``RecordConflictError`` the writer reloads the aggregate from the
-repository and retries (a retry). Writers are ``--in-flight`` threads, each with a pooled
-connection.
+The peer benchmark's workload (``waltz.perf.loadgen``: one write lock per transaction, the
+writer's last-seen version as the concurrency check; docs/design/locks.md, "Optimistic locking
+in Waltz") on an event store. One aggregate per lock of the pool (``Lock``, 1,000 of them,
+created before the measured phase). A transaction triggers a ``Written`` event (the 200-byte
+payload, as text) on the writer's last-seen copy of the aggregate and saves it: the event's
+originator version is the last-seen version + 1, and the stored-events table's primary key
+(originator_id, originator_version) is the optimistic concurrency check. On
+``RecordConflictError`` the writer reloads the aggregate from the repository and retries (a
+retry). Writers are ``--in-flight`` threads, each with a pooled connection.
 
 A projection (``eventsourcing.projection.ProjectionRunner``) follows the application's
 notification log in the same process and upserts one SQL row per lock together with its tracking
@@ -27,26 +29,38 @@ from functools import singledispatchmethod
 from typing import Any
 
 import psycopg
-from common import MAX_RETRIES, TooManyRetriesError, result
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, event
 from eventsourcing.persistence import RecordConflictError, Tracking
 from eventsourcing.postgres import PostgresTrackingRecorder
 from eventsourcing.projection import Projection, ProjectionRunner
-from psycopg.sql import SQL
+from psycopg.sql import SQL, Composed
 
+from benchmarks.peers.common import MAX_RETRIES, TooManyRetriesError, result
+from benchmarks.peers.pg_server import HOST, PORT, USER, dsn, scratch_database
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
 
-HOST, PORT, USER = "127.0.0.1", 5432, "postgres"
 NAMESPACE = uuid.UUID("6f1d3c1e-9a7b-4e53-9c51-1c1b4a5f0b21")
 
 
 def lock_uuid(lock_id: int) -> uuid.UUID:
+    """The aggregate ID of lock ``lock_id`` (a UUID 5, the same in every run).
+
+    Args:
+        lock_id: the lock's number in the pool.
+
+    Returns:
+        Its aggregate's ID.
+    """
     return uuid.uuid5(NAMESPACE, f"lock-{lock_id}")
 
 
 class Lock(Aggregate):
-    """One lock of the pool; its events are the transactions written under it."""
+    """One lock of the pool; its events are the transactions written under it.
+
+    Args:
+        lock_id: the lock's number in the pool.
+    """
 
     def __init__(self, lock_id: int) -> None:
         self.lock_id = lock_id
@@ -54,10 +68,24 @@ class Lock(Aggregate):
 
     @staticmethod
     def create_id(lock_id: int) -> uuid.UUID:
+        """The aggregate's ID from its creation's arguments (the library calls it).
+
+        Args:
+            lock_id: the lock's number in the pool.
+
+        Returns:
+            :func:`lock_uuid` of it.
+        """
         return lock_uuid(lock_id)
 
-    @event("Written")
+    class Written(Aggregate.Event):
+        """A transaction written under the lock: its payload, as text."""
+
+        data: str
+
+    @event(Written)
     def write(self, data: str) -> None:
+        """Event ``Written``: one transaction's payload written under the lock."""
         self.writes += 1
 
 
@@ -66,18 +94,33 @@ class Locks(Application[uuid.UUID]):
 
 
 class LockView(PostgresTrackingRecorder):
-    """The SQL view: one row per lock (writes, last payload size), with tracking records."""
+    """The SQL view: one row per lock (writes, last payload size), with tracking records.
+
+    Takes the arguments of ``PostgresTrackingRecorder``; adds the ``lock_view`` table to the
+    statements it creates its tables with.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sql_create_statements.append(
-            SQL(
-                "CREATE TABLE IF NOT EXISTS lock_view "
-                "(lock_id uuid PRIMARY KEY, writes bigint, last_size int)"
+            Composed(
+                [
+                    SQL(
+                        "CREATE TABLE IF NOT EXISTS lock_view "
+                        "(lock_id uuid PRIMARY KEY, writes bigint, last_size int)"
+                    )
+                ]
             )
         )
 
     def record_write(self, lock_id: uuid.UUID, size: int, tracking: Tracking) -> None:
+        """Count one write of a lock, and record the projection's position, in one transaction.
+
+        Args:
+            lock_id: the lock's aggregate ID.
+            size: the payload's length in characters.
+            tracking: the notification's position in the application's log.
+        """
         with self.datastore.transaction(commit=True) as curs:
             curs.execute(
                 "INSERT INTO lock_view VALUES (%s, 1, %s) ON CONFLICT (lock_id) DO UPDATE "
@@ -95,14 +138,29 @@ class LockProjection(Projection[LockView]):
 
     @singledispatchmethod
     def process_event(self, domain_event: Any, tracking: Tracking) -> None:
+        """Project one event: any event only moves the tracking position (``Lock.Written`` counts a write).
+
+        Args:
+            domain_event: the event.
+            tracking: its position in the application's notification log.
+        """
         self.view.insert_tracking(tracking)
 
     @process_event.register
     def _(self, domain_event: Lock.Written, tracking: Tracking) -> None:
-        self.view.record_write(domain_event.originator_id, len(domain_event.data), tracking)  # type: ignore[attr-defined]
+        self.view.record_write(domain_event.originator_id, len(domain_event.data), tracking)
 
 
 def env_for(dbname: str, pool: int) -> dict[str, str]:
+    """The applications' PostgreSQL settings, as their environment.
+
+    Args:
+        dbname: the run's database.
+        pool: connections in the pool (4 more may overflow).
+
+    Returns:
+        The settings, for the application and (prefixed ``LOCKVIEW_``) for the view.
+    """
     base = {
         "PERSISTENCE_MODULE": "eventsourcing.postgres",
         "POSTGRES_DBNAME": dbname,
@@ -119,7 +177,16 @@ def env_for(dbname: str, pool: int) -> dict[str, str]:
 def es_submitter(
     app: Locks, pool: ThreadPoolExecutor
 ) -> Callable[[Request, Callable[[Outcome], None]], None]:
-    """Submit on a writer thread: write on the last-seen aggregate, save, reload and retry on conflict."""
+    """A submitter for ``waltz.perf.loadgen.run_load``: each request runs on a writer thread, writing on
+    the last-seen aggregate; a conflict reloads it and retries.
+
+    Args:
+        app: the application.
+        pool: the writer threads.
+
+    Returns:
+        The submitter.
+    """
     seen: dict[int, Lock] = {}
     lock = threading.Lock()
 
@@ -134,7 +201,7 @@ def es_submitter(
             try:
                 app.save(aggregate)
             except RecordConflictError:
-                fresh = app.repository.get(lock_uuid(lock_id))
+                fresh: Lock = app.repository.get(lock_uuid(lock_id))
                 with lock:
                     if lock_id not in seen or seen[lock_id].version < fresh.version:
                         seen[lock_id] = fresh
@@ -155,13 +222,17 @@ def es_submitter(
 
 
 def run(spec: LoadSpec, warmup: int = 300) -> dict[str, Any]:
-    """Create a database, run the load with a projection following, drop the database; the result row."""
-    dbname = f"waltz_peer_es_{uuid.uuid4().hex[:8]}"
-    admin = f"host={HOST} port={PORT} user={USER} dbname=postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
+    """Create a database, run the load with a projection following, drop the database.
+
+    Args:
+        spec: the load (its ``max_in_flight`` is the writer threads).
+        warmup: transactions run before the measured ones (not measured).
+
+    Returns:
+        The result row (``common.result``'s keys, with ``projection_lag_s`` and ``projected_writes``).
+    """
     threads = spec.max_in_flight
-    try:
+    with scratch_database("waltz_peer_es") as dbname:
         env = env_for(dbname, threads)
         app = Locks(env=env)
         try:
@@ -179,14 +250,11 @@ def run(spec: LoadSpec, warmup: int = 300) -> dict[str, Any]:
                 waited = time.perf_counter()
                 runner.wait(last, timeout=spec.timeout)
                 lag = time.perf_counter() - waited
-                with psycopg.connect(f"host={HOST} port={PORT} user={USER} dbname={dbname}") as conn:
+                with psycopg.connect(dsn(dbname)) as conn:
                     row = conn.execute("SELECT sum(writes) FROM lock_view").fetchone()
                 projected = int(row[0]) if row and row[0] is not None else 0
         finally:
             app.close()
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
     settings = (
         f"PostgreSQL 15 defaults (synchronous_commit on, fsync per commit), {threads} writer threads "
         f"with pooled connections; projection in-process, lag after last commit {lag:.2f} s"

@@ -1,5 +1,10 @@
 """The machine's limits: fsyncs per second, and records per second through one gRPC stream.
 
+What no log on this machine can beat, beside the figures of the design's two costs: a durable
+write (docs/design/storage.md, "Durability"; group commit:
+docs/decisions/0001-group-commit-on-storage-nodes.md) and a stream message between processes
+(docs/design/server.md, "Quorum writes and batching").
+
 - fsync: append a 200-byte record to a file in the temporary directory and ``os.fsync`` it, one
   record per fsync; then 100 records per fsync (group commit). Latency is per fsync.
 - gRPC stream: a ``grpc.aio`` server in another process acknowledges every message of one
@@ -20,8 +25,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-from common import result, serve_stream
 
+from benchmarks.peers.common import result, serve_stream
 from waltz.local.processes import free_port, wait_for_port
 from waltz.perf.stats import RunStats
 
@@ -30,7 +35,15 @@ _METHOD = "/peerbench.Sink/Stream"
 
 
 def fsync_case(records: int, per_fsync: int) -> dict[str, Any]:
-    """Append ``records`` records of 200 bytes, fsync after every ``per_fsync``; the result row."""
+    """Append ``records`` records of 200 bytes to a temporary file, fsync after every ``per_fsync``.
+
+    Args:
+        records: records in all.
+        per_fsync: records written before each fsync.
+
+    Returns:
+        The result row (``common.result``'s keys; a "transaction" is a record).
+    """
     stats = RunStats()
     chunk = b"r" * (RECORD * per_fsync)
     fd, path = tempfile.mkstemp(prefix="waltz-peer-fsync-")
@@ -66,7 +79,17 @@ def _serve(port: int) -> None:
 
 
 def grpc_case(records: int, batch: int, window: int = 64, timeout: float = 300.0) -> dict[str, Any]:
-    """Stream ``records`` records in messages of ``batch`` through one gRPC stream; the result row."""
+    """Stream ``records`` records in messages of ``batch`` through one gRPC stream to another process.
+
+    Args:
+        records: records in all.
+        batch: records per message.
+        window: messages sent and not yet acknowledged, at most.
+        timeout: seconds the stream may take.
+
+    Returns:
+        The result row (``common.result``'s keys; a "transaction" is a record).
+    """
     port = free_port()
     context = multiprocessing.get_context("spawn")
     server = context.Process(target=_serve, args=(port,), daemon=True, name="peer-grpc-sink")

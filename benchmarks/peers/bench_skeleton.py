@@ -60,8 +60,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from common import GRPC_OPTIONS, MAX_RETRIES, TooManyRetriesError, result, serve_stream
 
+from benchmarks.peers.common import GRPC_OPTIONS, MAX_RETRIES, TooManyRetriesError, result, serve_stream
 from waltz.local.processes import free_port, wait_for_port
 from waltz.perf.cost import process_cpu_seconds
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
@@ -70,6 +70,8 @@ from waltz.protocol import client_pb2, storage_pb2
 from waltz.services.storage import format as fmt
 
 _APPEND = "/skeleton.Server/Append"
+#: The end of a stream, as ``read()`` returns it.
+_EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
 _STORE = "/skeleton.Storage/Store"
 #: A client record: lock ID (-1: none), the client's high-water mark, payload length; the payload follows.
 _RECORD = struct.Struct(">iqI")
@@ -135,7 +137,9 @@ def _server_main(port: int, storage_ports: list[int], store_protobuf: bool, clie
         calls = []
         for storage_port in storage_ports:
             channel = grpc.aio.insecure_channel(f"127.0.0.1:{storage_port}", options=GRPC_OPTIONS)
-            calls.append(channel.stream_stream(_STORE, request_serializer=None, response_deserializer=None)())
+            calls.append(
+                channel.stream_stream(_STORE, request_serializer=None, response_deserializer=None)(None)
+            )
         quorum = len(calls) // 2 + 1
         batches: collections.deque[_Batch] = collections.deque()
         sent: list[collections.deque[_Batch]] = [collections.deque() for _ in calls]
@@ -153,7 +157,7 @@ def _server_main(port: int, storage_ports: list[int], store_protobuf: bool, clie
 
         async def acknowledgements(index: int) -> None:
             call = calls[index]
-            while await call.read() is not grpc.aio.EOF:
+            while await call.read() is not _EOF:
                 sent[index].popleft().acks += 1
                 commit_ready()
 
@@ -181,7 +185,7 @@ def _server_main(port: int, storage_ports: list[int], store_protobuf: bool, clie
                     feed = answer_message.messages.add().feed_entries
                     feed.first_transaction_id = first
                     appends = [m.append for m in client_pb2.ClientMessages.FromString(message).messages]
-                    received = [
+                    received: list[tuple[int, int, bytes, client_pb2.AppendRequest | None]] = [
                         (
                             a.write_lock_hashes[0] if a.write_lock_hashes else -1,
                             a.client_high_water_mark,
@@ -370,6 +374,12 @@ class SkeletonClient:
         return asyncio.Event()
 
     def submit(self, request: Request, done: Callable[[Outcome], None]) -> None:
+        """Queue one transaction for the next stream message (a :data:`~waltz.perf.loadgen.Submitter`).
+
+        Args:
+            request: the load generator's request: its lock and payload.
+            done: called once with the outcome, on the client's thread (or the completion thread).
+        """
         resolve = done
         if self._futures:
             future: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
@@ -385,7 +395,7 @@ class SkeletonClient:
 
     async def _run(self, port: int) -> None:
         self._channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=GRPC_OPTIONS)
-        call = self._channel.stream_stream(_APPEND, request_serializer=None, response_deserializer=None)()
+        call = self._channel.stream_stream(_APPEND, request_serializer=None, response_deserializer=None)(None)
         reader = asyncio.ensure_future(self._read(call))
         pack = _RECORD.pack
         try:
@@ -446,7 +456,7 @@ class SkeletonClient:
 
     async def _read(self, call: Any) -> None:
         try:
-            while (reply := await call.read()) is not grpc.aio.EOF:
+            while (reply := await call.read()) is not _EOF:
                 self._outcomes(reply)
         finally:
             self._wake.set()  # the writer sees the reader done and ends
@@ -509,7 +519,7 @@ class SkeletonClient:
         async def stop() -> None:
             self._done.cancel()
             if self._channel is not None:
-                await self._channel.close()
+                await self._channel.close(None)
 
         try:
             self._loop.call_soon_threadsafe(begin)

@@ -1,4 +1,8 @@
-"""Helpers shared by the peer benchmarks: the result record every case returns."""
+"""Helpers shared by the peer benchmarks: the result record every case returns, and a raw stream
+server for the cases that run their own processes (``bench_limits``, ``bench_skeleton``).
+
+The row's keys are what ``run_all.py`` prints (docs/benchmarks.md, "The benchmark scripts").
+"""
 
 from __future__ import annotations
 
@@ -32,6 +36,10 @@ def result(
         spec: the load offered (None for the machine-limit cases).
         stats: what was measured.
         extra: more keys (e.g. ``projection_lag_s``).
+
+    Returns:
+        ``system``, ``config``, ``settings``, ``load``, the figures of ``stats.summary()`` and the
+        extra keys.
     """
     return {
         "system": system,
@@ -51,7 +59,14 @@ def serve_stream(
     port: int, service: str, method: str, handler: Callable[[AsyncIterator[bytes], Any], Any]
 ) -> None:
     """Serve one raw-bytes bidirectional stream method (``/service/method``) on 127.0.0.1:``port``
-    with ``grpc.aio`` until the process ends (the target of a benchmark's server process)."""
+    with ``grpc.aio`` until the process ends (the target of a benchmark's server process).
+
+    Args:
+        port: the port to listen on.
+        service: the service's full name.
+        method: the method's name.
+        handler: the method's handler: it takes the request iterator and the context.
+    """
 
     async def main() -> None:
         server = grpc.aio.server(options=GRPC_OPTIONS)

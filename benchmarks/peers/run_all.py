@@ -1,10 +1,10 @@
-#!/usr/bin/env python
 """Run waltz-py and its peers under the same workload, one after the other, and print one table.
 
 The workload (``waltz.perf.loadgen``, the load generator of ``waltz perf``): 200-byte
 transactions, each with one write lock drawn uniformly from a pool of 1,000, the writer's
-last-seen position of that lock as the concurrency check (a conflict is retried), closed loop
-with a fixed number in flight. Systems:
+last-seen position of that lock as the concurrency check (a conflict is retried; the check of
+docs/design/locks.md, "Optimistic locking in Waltz"), closed loop with a fixed number in flight.
+Systems:
 
 - waltz-py: 1 and 4 partitions x 1 and 2 servers, 3 storage nodes, RF 3 (``bench_waltz.py``);
 - eventsourcing on PostgreSQL, with a tracking-record projection into SQL (``bench_eventsourcing.py``);
@@ -25,13 +25,14 @@ Each case runs in a child process of its own (own session; killed with its child
 time limit), on 127.0.0.1 only, with free ports and temporary directories it removes. Install the
 peers first with ``benchmarks/peers/setup.sh``. Usage::
 
-    .venv/bin/python benchmarks/peers/run_all.py --quick          # a few minutes
-    .venv/bin/python benchmarks/peers/run_all.py                  # the full run
-    .venv/bin/python benchmarks/peers/run_all.py --only etcd,waltz-p4-s2 --json results.json
-    .venv/bin/python benchmarks/peers/run_all.py --repeat 3        # median of 3 runs per case
-    .venv/bin/python benchmarks/peers/run_all.py --only smallbank-pg,smallbank-es
+    .venv/bin/python -m benchmarks.peers.run_all --quick          # a few minutes
+    .venv/bin/python -m benchmarks.peers.run_all                  # the full run
+    .venv/bin/python -m benchmarks.peers.run_all --only etcd,waltz-p4-s2 --json results.json
+    .venv/bin/python -m benchmarks.peers.run_all --repeat 3        # median of 3 runs per case
+    .venv/bin/python -m benchmarks.peers.run_all --only smallbank-pg,smallbank-es
 
-Figures are printed, never asserted.
+Figures are printed, never asserted. Decisions that rest on them cite them, e.g.
+docs/decisions/0001-group-commit-on-storage-nodes.md and docs/decisions/0007-store-linger.md.
 """
 
 from __future__ import annotations
@@ -49,9 +50,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 
 @dataclass(frozen=True)
@@ -114,7 +112,18 @@ CASES = [f"waltz-p{p}-s{s}" for p, s in WALTZ_CASES] + [
 
 
 def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Run one case in this process; its result row."""
+    """Run one case in this process.
+
+    Args:
+        name: one of :data:`CASES`.
+        args: the command line's options.
+
+    Returns:
+        Its result row.
+
+    Raises:
+        ValueError: an unknown case.
+    """
     from waltz.perf.loadgen import LoadSpec
 
     sizes = QUICK if args.quick else FULL
@@ -130,23 +139,23 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
         )
 
     if name.startswith("waltz-"):
-        import bench_waltz
+        from benchmarks.peers import bench_waltz
 
         partitions, servers = (int(part[1:]) for part in name.split("-")[1:])
         env = dict(item.split("=", 1) for item in args.waltz_env)
         return bench_waltz.run(partitions, servers, spec(sizes.waltz, args.in_flight), args.clients, env)
     if name == "eventsourcing":
-        import bench_eventsourcing
+        from benchmarks.peers import bench_eventsourcing
 
         return bench_eventsourcing.run(spec(sizes.eventsourcing, args.es_threads))
     if name == "etcd":
-        import bench_etcd
+        from benchmarks.peers import bench_etcd
 
         return bench_etcd.run(spec(sizes.etcd, args.in_flight))
     if name.startswith("smallbank-"):
-        import bench_smallbank_pg
+        from benchmarks.peers.smallbank_workload import Options
 
-        options = bench_smallbank_pg.Options(
+        options = Options(
             transactions=args.transactions
             or (sizes.smallbank_pg if name == "smallbank-pg" else sizes.smallbank_es),
             processes=args.smallbank_processes,
@@ -156,12 +165,14 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
             time_limit=args.case_timeout,
         )
         if name == "smallbank-pg":
+            from benchmarks.peers import bench_smallbank_pg
+
             return bench_smallbank_pg.run(options)
-        import bench_smallbank_es
+        from benchmarks.peers import bench_smallbank_es
 
         return bench_smallbank_es.run(options)
     if name.startswith("skeleton"):
-        import bench_skeleton
+        from benchmarks.peers import bench_skeleton
 
         return bench_skeleton.run(
             spec(sizes.skeleton, args.in_flight),
@@ -170,7 +181,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
             client_protobuf=name == "skeleton-client-protobuf",
             client_threads=name == "skeleton-threads",
         )
-    import bench_limits
+    from benchmarks.peers import bench_limits
 
     if name == "fsync-1":
         return bench_limits.fsync_case(sizes.fsync, 1)
@@ -184,7 +195,14 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def unavailable(name: str) -> str | None:
-    """Why a case cannot run here (a peer not installed or not running), or None."""
+    """Why a case cannot run here (a peer not installed or not running), or None.
+
+    Args:
+        name: one of :data:`CASES`.
+
+    Returns:
+        The reason, or None when the case can run.
+    """
     if name == "etcd" and shutil.which("etcd") is None:
         return "etcd not installed (run benchmarks/peers/setup.sh)"
     if name in ("eventsourcing", "smallbank-es"):
@@ -201,8 +219,21 @@ def unavailable(name: str) -> str | None:
 
 
 def spawn_case(name: str, args: argparse.Namespace, forwarded: list[str]) -> dict[str, Any]:
-    """Run a case in a child process (own session) and parse its result; an error row on failure."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--case", name, *forwarded]
+    """Run a case in a child process (own session) and parse its result.
+
+    The child is ``python -m benchmarks.peers.run_all --case NAME``; after its time limit it gets
+    SIGTERM, then SIGKILL.
+
+    Args:
+        name: one of :data:`CASES`.
+        args: the command line's options.
+        forwarded: the options the child takes from them.
+
+    Returns:
+        Its row with ``case``, ``wall_s`` and ``load_average``; an error row (``error``, ``stderr``)
+        when it failed or timed out.
+    """
+    command = [sys.executable, "-m", "benchmarks.peers.run_all", "--case", name, *forwarded]
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     child = subprocess.Popen(
@@ -239,6 +270,15 @@ def spawn_case(name: str, args: argparse.Namespace, forwarded: list[str]) -> dic
 
 
 def fmt(value: Any, digits: int = 1) -> str:
+    """A figure of the table: thousands separated, ``digits`` decimals for a float, ``-`` for None.
+
+    Args:
+        value: the figure.
+        digits: decimals of a float.
+
+    Returns:
+        The text.
+    """
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -247,9 +287,16 @@ def fmt(value: Any, digits: int = 1) -> str:
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One row for the runs of one case: the successful run of median throughput (the lower of
-    the two middle ones for an even count), with every run's throughput in ``runs_tx_s`` and the
-    number of failed runs in ``failed_runs``; the first failure when no run succeeded."""
+    """One row for the runs of one case.
+
+    Args:
+        runs: the case's rows, in the order they ran; failed ones have ``error``.
+
+    Returns:
+        The successful run of median throughput (the lower of the two middle ones for an even
+        count), with every run's throughput in ``runs_tx_s`` and the number of failed runs in
+        ``failed_runs``; the first failure when no run succeeded.
+    """
     ok = sorted((r for r in runs if "error" not in r), key=lambda r: r["transactions_per_second"])
     if not ok:
         return runs[0]
@@ -278,8 +325,14 @@ def _cpu(row: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """A Markdown table of the rows (one per case, see :func:`summarize`), with each row's
-    throughput over the best waltz-py row's."""
+    """A Markdown table of the rows, with each row's throughput over the best waltz-py row's.
+
+    Args:
+        rows: one per case, see :func:`summarize`.
+
+    Returns:
+        The table.
+    """
     waltz = [r["transactions_per_second"] for r in rows if r.get("system") == "waltz-py" and "error" not in r]
     best = max(waltz) if waltz else None
     lines = [
@@ -307,6 +360,11 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def machine() -> str:
+    """The machine the run is on, one line: platform, CPUs and their model, memory, Python.
+
+    Returns:
+        The line.
+    """
     cpus = os.cpu_count()
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -325,6 +383,11 @@ def machine() -> str:
 
 
 def main() -> None:
+    """Run the cases given (each in a child process of its own, round by round) and print the table.
+
+    With ``--case`` (the child's side) it runs that one case in this process and prints its row as
+    a ``RESULT`` line.
+    """
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -405,7 +468,7 @@ def main() -> None:
             print(f"round {round_number} of {args.repeat}", flush=True)
         for name in cases:
             reason = unavailable(name)
-            row = (
+            row: dict[str, Any] = (
                 {"system": name, "case": name, "error": f"skipped: {reason}"}
                 if reason
                 else spawn_case(name, args, forwarded)

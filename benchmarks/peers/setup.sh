@@ -31,4 +31,4 @@ say "$(etcd --version | head -1)"
 if ! .venv/bin/python -c 'import socket; socket.create_connection(("127.0.0.1", 5432), 2).close()' 2>/dev/null; then
   say "warning: nothing listens on 127.0.0.1:5432; the eventsourcing case will be skipped"
 fi
-say "ready: .venv/bin/python benchmarks/peers/run_all.py --quick"
+say "ready: .venv/bin/python -m benchmarks.peers.run_all --quick"

@@ -1,21 +1,10 @@
-"""The peer benchmark's summary of repeated runs (benchmarks/peers/run_all.py --repeat)."""
+"""The peer benchmark's summary of repeated runs (``python -m benchmarks.peers.run_all --repeat``)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "peers" / "run_all.py"
-_SPEC = importlib.util.spec_from_file_location("peer_run_all", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-run_all = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = run_all  # its dataclasses look their module up
-_SPEC.loader.exec_module(run_all)
-# run_all puts benchmarks/peers first on sys.path for its case modules: not for the other tests
-while str(_PATH.parent) in sys.path:
-    sys.path.remove(str(_PATH.parent))
+from benchmarks.peers import run_all
 
 
 def _run(tx_s: float) -> dict[str, Any]:

@@ -5,33 +5,22 @@ to bound waltz-py's."""
 from __future__ import annotations
 
 import struct
-import sys
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from benchmarks.peers import bench_skeleton
 from waltz.perf.loadgen import LoadSpec
 from waltz.protocol.records import Record, ReqId
 from waltz.services.storage.format import encode_record
 
-_PEERS = Path(__file__).resolve().parents[2] / "benchmarks" / "peers"
-
 
 @pytest.fixture
-def skeleton() -> Iterator[ModuleType]:
-    """bench_skeleton, imported with benchmarks/peers on sys.path (its spawned processes import it
-    from there too); the path is removed afterwards."""
-    sys.path.insert(0, str(_PEERS))
-    try:
-        import bench_skeleton
-
-        yield bench_skeleton
-    finally:
-        while str(_PEERS) in sys.path:
-            sys.path.remove(str(_PEERS))
+def skeleton() -> ModuleType:
+    """The skeleton's module (its spawned processes import it by its package name too)."""
+    return bench_skeleton
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,23 +16,18 @@ from typing import Any
 import pytest
 import support
 
+from benchmarks.peers import smallbank_rules, smallbank_workload
 from waltz_examples.ledger.smallbank import MIX
 
-_PEERS = Path(__file__).resolve().parents[2] / "benchmarks" / "peers"
+#: The repository's root: the peers run as modules of the ``benchmarks`` package from there.
+_ROOT = Path(__file__).resolve().parents[2]
 _DRAWS = 400
 
 
 @pytest.fixture
-def smallbank() -> Iterator[ModuleType]:
-    """bench_smallbank_pg, imported with benchmarks/peers on sys.path (removed afterwards)."""
-    sys.path.insert(0, str(_PEERS))
-    try:
-        import bench_smallbank_pg
-
-        yield bench_smallbank_pg
-    finally:
-        while str(_PEERS) in sys.path:
-            sys.path.remove(str(_PEERS))
+def smallbank() -> tuple[ModuleType, ModuleType]:
+    """The peers' SmallBank workload and rules."""
+    return smallbank_workload, smallbank_rules
 
 
 def _eventsourcing() -> None:
@@ -43,15 +37,16 @@ def _eventsourcing() -> None:
         support.unavailable("eventsourcing is not installed (benchmarks/peers/setup.sh)")
 
 
-def _run(script: str, threads: int = 4, draws: int = _DRAWS) -> dict[str, Any]:
-    """Run a peer briefly (1 process x ``threads``) and parse the JSON line it prints."""
+def _run(peer: str, threads: int = 4, draws: int = _DRAWS) -> dict[str, Any]:
+    """Run a peer briefly (``python -m benchmarks.peers.<peer>``, 1 process x ``threads``) and
+    parse the JSON line it prints."""
     command = [
         sys.executable,
-        str(_PEERS / script),
+        *("-m", f"benchmarks.peers.{peer}"),
         *("--transactions", str(draws), "--processes", "1", "--threads", str(threads)),
         *("--warmup", "20", "--time-limit", "60"),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, cwd=_ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return row
@@ -85,12 +80,13 @@ def _check(row: dict[str, Any]) -> None:
     }
 
 
-def test_the_mix_and_the_rules_are_the_ledger_examples(smallbank: ModuleType) -> None:
-    assert smallbank.MIX == MIX
-    options = smallbank.Options(accounts=200)
+def test_the_mix_and_the_rules_are_the_ledger_examples(smallbank: tuple[ModuleType, ModuleType]) -> None:
+    workload, rules = smallbank
+    assert workload.MIX == MIX
+    options = workload.Options(accounts=200)
     assert options.hotspot == 20
-    assert smallbank.Options(accounts=5).hotspot == 2
-    op, decide = smallbank.Op, smallbank.decide
+    assert workload.Options(accounts=5).hotspot == 2
+    op, decide = workload.Op, rules.decide
     rich, poor = ("open", 1000, 1000), ("open", 100, 300)
     assert decide(op("send_payment", (1, 2), 500), [poor, rich]).reason == (
         "customer 1 has insufficient funds for 500"
@@ -109,7 +105,7 @@ def test_the_mix_and_the_rules_are_the_ledger_examples(smallbank: ModuleType) ->
 
 
 def test_smallbank_on_postgresql_commits_and_keeps_the_money(postgres_server: support.DatabaseServer) -> None:
-    row = _run("bench_smallbank_pg.py")
+    row = _run("bench_smallbank_pg")
     _check(row)
     assert row["system"] == "PostgreSQL (SmallBank)"
     assert set(row["retry_reasons"]) <= {"DeadlockDetected", "SerializationFailure"}
@@ -119,7 +115,7 @@ def test_smallbank_on_eventsourcing_commits_and_keeps_the_money(
     postgres_server: support.DatabaseServer,
 ) -> None:
     _eventsourcing()
-    row = _run("bench_smallbank_es.py")
+    row = _run("bench_smallbank_es")
     _check(row)
     assert row["system"] == "eventsourcing+PostgreSQL (SmallBank)"
     assert set(row["retry_reasons"]) <= {"RecordConflictError"}
@@ -131,7 +127,7 @@ def test_run_one_after_the_other_both_peers_decide_every_operation_alike(
     # One thread: both draw the same operations (same seed) and run them in the same order, so
     # every outcome and the final balances must agree; with threads only the interleaving differs.
     _eventsourcing()
-    plain, events = _run("bench_smallbank_pg.py", 1, 300), _run("bench_smallbank_es.py", 1, 300)
+    plain, events = _run("bench_smallbank_pg", 1, 300), _run("bench_smallbank_es", 1, 300)
     for key in ("committed", "dropped", "balances_read", "drop_reasons", "money"):
         assert plain[key] == events[key], key
     for name in MIX:

@@ -14,6 +14,7 @@ from typer.testing import CliRunner, Result
 
 from waltz.cli.main import app
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import ProcessOptions
 from waltz.protocol.records import ReqId
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient
@@ -26,7 +27,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iter
         replicas=2,
         servers=1,
         partitions=2,
-        metrics=True,
+        processes=ProcessOptions(metrics=True),
         name="operator-commands",
         zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
         work_dir=tmp_path_factory.mktemp("operator-commands-cluster"),

@@ -16,6 +16,7 @@ from tests.client.client_helpers import run_with_cuts
 from waltz import WaltzClientConfig
 from waltz.chaos.proxy import FaultProxy
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import ProcessOptions
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def proxied_cluster(tmp_path: Path, zookeeper: object) -> Iterator[tuple[LocalCl
         zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
         work_dir=tmp_path / "cluster",
         delete_root=True,
-        server_args=["--advertised-endpoint", f"127.0.0.1:{proxy.port}"],
+        processes=ProcessOptions(server_args=["--advertised-endpoint", f"127.0.0.1:{proxy.port}"]),
     )
     holder["cluster"] = local
     try:

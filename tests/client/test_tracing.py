@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import PartitionLocalLock, TransactionBuilder, WaltzClient, WaltzClientConfig
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import ProcessOptions
 from waltz.tracing._otel import parse_traceparent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +110,7 @@ def traced_cluster(
         zookeeper=zookeeper.connect_string,
         work_dir=tmp_path_factory.mktemp("tracing-cluster"),
         delete_root=True,
-        server_env=env,
+        processes=ProcessOptions(server_env=env),
     ) as local:
         yield local
 

@@ -212,6 +212,34 @@ def test_a_read_begun_opens_a_snapshot_in_the_select_s_pipeline(engine: Engine) 
     assert amounts(engine) == {1: 0, 2: 8, 3: 4}
 
 
+def test_a_read_begun_the_database_refuses_raises_sqlalchemy_s_error(engine: Engine) -> None:
+    """A ``SELECT`` the database refuses in ``read_begun``'s pipeline raises the ``DBAPIError``
+    subclass ``Connection.execute`` would; after the rollback, ``end_pipelined_begin`` gives the
+    driver back and the connection goes on."""
+    direct = direct_statements(engine)
+    with engine.connect() as conn:
+        conn.begin()
+        if engine.dialect.name != "postgresql":  # no pipelines: declined, nothing ran
+            assert direct.read_begun(conn, READ, {"low": "not a number"}) is None
+            conn.rollback()
+            return
+        from psycopg import DataError  # PostgreSQL's driver: only this case needs it
+
+        driver: Any = conn.connection.dbapi_connection
+        with pytest.raises(DBAPIError) as refused:
+            direct.read_begun(conn, READ, {"low": "not a number"})  # compared with an integer column
+        assert isinstance(refused.value.orig, DataError) and not is_transient(refused.value)
+        conn.rollback()
+        direct.end_pipelined_begin(conn)
+        assert not driver.autocommit and not conn.invalidated
+        conn.begin()
+        read = direct.read_begun(conn, READ, {"low": 3})
+        assert read is not None and [row[:2] for row in read] == [(3, 0)]
+        conn.rollback()
+        direct.end_pipelined_begin(conn)
+        assert not driver.autocommit and not conn.invalidated
+
+
 def test_what_sqlalchemy_would_change_goes_the_ordinary_way(engine: Engine) -> None:
     direct = direct_statements(engine)
     literal = sa.update(rows).where(rows.c.id == bindparam("k")).values(amount=7)  # a bound value of its own

@@ -13,6 +13,7 @@ from support.storage import run
 
 from waltz.errors import ConfigurationError
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import ProcessOptions
 from waltz.local.processes import ServiceStartError
 from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper
 from waltz.protocol.records import Record, ReqId
@@ -33,8 +34,7 @@ def shared_cluster(
         zookeeper=zookeeper.connect_string,
         work_dir=tmp_path_factory.mktemp("local-cluster"),
         delete_root=True,
-        metrics=True,
-        session_timeout=SESSION_TIMEOUT,
+        processes=ProcessOptions(metrics=True, session_timeout=SESSION_TIMEOUT),
     ) as cluster:
         print(f"LocalCluster(3 storages, 2 servers, 2 partitions) ready in {cluster.startup_seconds:.2f}s")
         yield cluster
@@ -123,7 +123,9 @@ def test_kill_9_of_the_owner_moves_the_partition_to_another_writable_server(clus
 def test_close_stops_every_process_and_removes_the_temporary_work_dir() -> None:
     """The cluster's own ZooKeeper this time (no ``zookeeper`` argument)."""
     try:
-        cluster = LocalCluster(storages=1, servers=1, partitions=1, session_timeout=SESSION_TIMEOUT)
+        cluster = LocalCluster(
+            storages=1, servers=1, partitions=1, processes=ProcessOptions(session_timeout=SESSION_TIMEOUT)
+        )
     except ConfigurationError as error:  # no java or no ZooKeeper jars
         support.unavailable(str(error))
     with cluster:
@@ -151,7 +153,7 @@ def test_a_failed_start_leaves_no_process_behind(
         zookeeper=zookeeper.connect_string,
         root=zk_root,
         work_dir=tmp_path,
-        server_args=["--no-such-option"],
+        processes=ProcessOptions(server_args=["--no-such-option"]),
     )
 
     with pytest.raises(ServiceStartError, match="server-0 exited"):

@@ -16,6 +16,7 @@ from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.local.cluster import LocalCluster
 from waltz.local.nodes import LocalServer
+from waltz.local.options import SecurityOptions
 from waltz.local.processes import ServiceStartError
 from waltz.local.zookeeper import LocalZooKeeper
 from waltz.metadata.zk_security import ZooKeeperSecurity
@@ -50,7 +51,7 @@ def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_protects_every_
         zookeeper=zookeeper.connect_string,
         work_dir=tmp_path / "cluster",
         delete_root=True,
-        zookeeper_auth=True,
+        security=SecurityOptions(zookeeper_auth=True),
     ) as cluster:
         append_and_apply(cluster, b"authenticated")
         digest_file = cluster.zookeeper_digest_file
@@ -120,8 +121,7 @@ def test_servers_tools_and_a_client_reach_zookeeper_over_tls(
         zookeeper=server.secure_connect_string,
         work_dir=tmp_path / "cluster",
         delete_root=True,
-        zookeeper_auth=True,
-        zookeeper_security=security,
+        security=SecurityOptions(zookeeper_auth=True, zookeeper_security=security),
     ) as cluster:
         assert cluster.zookeeper_env()["WALTZ_ZOOKEEPER_SSL_CA_FILE"] == str(files["ca"])
         append_and_apply(cluster, b"over ZooKeeper TLS")

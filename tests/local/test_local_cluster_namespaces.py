@@ -19,8 +19,10 @@ import pytest
 import yaml
 
 from waltz.errors import ConfigurationError
-from waltz.local.cluster import NAMESPACE_PORTS, LocalCluster
+from waltz.local.cluster import LocalCluster
+from waltz.local.namespaced import NAMESPACE_PORTS
 from waltz.local.netns import network_lab_unavailable
+from waltz.local.options import NetworkOptions, SecurityOptions
 
 #: Joins a client host, tries the machine's own loopback, then commits 5 transactions.
 _CLIENT = """
@@ -50,11 +52,11 @@ def _namespaces() -> str:
 
 def test_namespace_mode_refuses_what_it_cannot_reach() -> None:
     with pytest.raises(ConfigurationError, match="external ZooKeeper is not reachable"):
-        LocalCluster(network="namespaces", zookeeper="127.0.0.1:2181")
+        LocalCluster(network=NetworkOptions(mode="namespaces"), zookeeper="127.0.0.1:2181")
     with pytest.raises(ConfigurationError, match="hosts of namespace mode"):
-        LocalCluster(client_hosts=2)
+        NetworkOptions(client_hosts=2)
     with pytest.raises(ConfigurationError, match="'loopback' or 'namespaces'"):
-        LocalCluster(network="docker")  # type: ignore[arg-type]
+        NetworkOptions(mode="docker")  # type: ignore[arg-type]
 
 
 def test_cluster_on_hosts_of_its_own_serves_a_client_host_and_resumes(tmp_path: Path) -> None:
@@ -62,11 +64,11 @@ def test_cluster_on_hosts_of_its_own_serves_a_client_host_and_resumes(tmp_path: 
     if reason is not None:
         pytest.skip(reason)
     work_dir = tmp_path / "cluster"
+    security = SecurityOptions(zookeeper_auth=True)
+    network = NetworkOptions(mode="namespaces", client_hosts=1)
     listener = socket.create_server(("127.0.0.1", 0))  # on the machine's own loopback only
     with listener:
-        cluster = LocalCluster(
-            network="namespaces", partitions=2, client_hosts=1, work_dir=work_dir, zookeeper_auth=True
-        )
+        cluster = LocalCluster(partitions=2, work_dir=work_dir, security=security, network=network)
         with cluster:
             lab = cluster.network_lab
             assert lab is not None
@@ -125,9 +127,7 @@ def test_cluster_on_hosts_of_its_own_serves_a_client_host_and_resumes(tmp_path: 
             assert namespace in _namespaces()
         assert namespace not in _namespaces()  # close removed every host
 
-        again = LocalCluster(
-            network="namespaces", partitions=2, client_hosts=1, work_dir=work_dir, zookeeper_auth=True
-        )
+        again = LocalCluster(partitions=2, work_dir=work_dir, security=security, network=network)
         with again:
             assert again.network_lab is not None
             assert {n: h.address for n, h in again.network_lab.hosts.items()} == hosts

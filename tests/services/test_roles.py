@@ -1,9 +1,9 @@
 """Roles on a secured cluster: each certificate may do what its role allows and nothing else.
 
-One ``LocalCluster(secure=True)``: a CA and role certificates made by the harness, mutual TLS on
-every port, the supervisor acting as ``admin``. Each test presents one role's certificate to a real
-port and checks both what it may do (the control that makes each refusal mean something) and what
-it may not, and that a refused request changed nothing.
+One ``LocalCluster(security=SecurityOptions(secure=True))``: a CA and role certificates made by
+the harness, mutual TLS on every port, the supervisor acting as ``admin``. Each test presents one
+role's certificate to a real port and checks both what it may do (the control that makes each
+refusal mean something) and what it may not, and that a refused request changed nothing.
 
 Design: docs/design/overview.md, "Roles".
 """
@@ -21,6 +21,7 @@ from waltz import WaltzClient, WaltzClientConfig
 from waltz.admin.storage_nodes import StorageAccessDeniedError, call_admin
 from waltz.local.certificates import ClusterCertificates
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import SecurityOptions
 from waltz.protocol.records import ReqId
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient, StorageStreamError
@@ -37,7 +38,7 @@ def secured(zookeeper: object) -> Iterator[LocalCluster]:
         servers=1,
         partitions=1,
         zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
-        secure=True,
+        security=SecurityOptions(secure=True),
     ) as cluster:
         yield cluster
 

@@ -43,6 +43,7 @@ from waltz.cli.main import app
 from waltz.errors import StorageRpcError
 from waltz.local.cluster import LocalCluster
 from waltz.local.nodes import LocalServer
+from waltz.local.options import ProcessOptions, SecurityOptions
 from waltz.local.processes import wait_until
 from waltz.metadata.values import (
     ClusterParams,
@@ -100,10 +101,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iter
         zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
         work_dir=directory / "cluster",
         delete_root=True,
-        metrics=True,
-        storage_env=storage_env,
-        server_env=server_env,
-        tls=tls,
+        processes=ProcessOptions(metrics=True, storage_env=storage_env, server_env=server_env),
+        security=SecurityOptions(tls=tls),
     ) as cluster:
         yield Secured(cluster, files, foreign, tls)
 

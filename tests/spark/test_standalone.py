@@ -25,6 +25,7 @@ from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.local.cluster import LocalCluster
 from waltz.local.netns import network_lab_unavailable
+from waltz.local.options import NetworkOptions
 from waltz.local.processes import wait_until
 from waltz.local.spark import LocalSparkCluster, SparkHost
 from waltz_examples.ledger.models import Checking, TransferIn, TransferOut
@@ -189,7 +190,11 @@ def test_rebuild_with_executors_on_hosts_of_their_own(
     live_url = postgres_url
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(
-            LocalCluster(network="namespaces", partitions=2, client_hosts=2, work_dir=tmp_path / "cluster")
+            LocalCluster(
+                partitions=2,
+                work_dir=tmp_path / "cluster",
+                network=NetworkOptions(mode="namespaces", client_hosts=2),
+            )
         )
         lab = cluster.network_lab
         assert lab is not None

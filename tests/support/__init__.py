@@ -30,6 +30,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import NullPool
 
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import ProcessOptions
 from waltz.local.processes import ManagedProcess
 
 __all__ = [
@@ -349,7 +350,7 @@ def session_cluster(
         storages=3,
         servers=servers,
         partitions=partitions,
-        metrics=metrics,
+        processes=ProcessOptions(metrics=metrics),
         name=name,
         zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
         work_dir=tmp_path_factory.mktemp(f"{name}-cluster"),

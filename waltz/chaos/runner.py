@@ -52,7 +52,9 @@ from waltz.chaos.options import ChaosOptions, ChaosResult, database_on_loopback
 from waltz.chaos.proxy import ClusterProxies, forward_database
 from waltz.chaos.schedule import NETWORK_FAULTS, Fault
 from waltz.chaos.worker import WorkerSpec
-from waltz.local.cluster import DIGEST_FILE, LocalCluster
+from waltz.local.cluster import LocalCluster
+from waltz.local.options import NetworkOptions, ProcessOptions, SecurityOptions
+from waltz.local.security import DIGEST_FILE
 
 __all__ = ["run_chaos"]
 
@@ -74,14 +76,18 @@ def _make_cluster(options: ChaosOptions, work_dir: Path, proxies: ClusterProxies
         replicas=options.storages,
         name="chaos",
         work_dir=work_dir / "cluster",
-        tick_time_ms=options.tick_time_ms,
-        session_timeout=options.session_timeout,
-        start_timeout=180.0,
-        server_args_of=proxies.server_args,
-        storage_connect_string_of=proxies.storage_connect_string,
-        zookeeper_auth=True,
-        network="namespaces" if options.network == "namespaces" else "loopback",
-        client_hosts=options.clients if options.network == "namespaces" else 0,
+        processes=ProcessOptions(
+            tick_time_ms=options.tick_time_ms,
+            session_timeout=options.session_timeout,
+            start_timeout=180.0,
+            server_args_of=proxies.server_args,
+        ),
+        security=SecurityOptions(zookeeper_auth=True),
+        network=NetworkOptions(
+            mode="namespaces" if options.network == "namespaces" else "loopback",
+            client_hosts=options.clients if options.network == "namespaces" else 0,
+            storage_connect_string_of=proxies.storage_connect_string,
+        ),
     )
     proxies.cluster = cluster
     return cluster

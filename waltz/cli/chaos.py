@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from waltz.cli.options import LogLevelOption
 from waltz.logs import configure_logging
 
 
@@ -111,7 +112,7 @@ def chaos(
             )
         ),
     ] = "loopback",
-    log_level: Annotated[str, typer.Option(help="Log level of this process.")] = "WARNING",
+    log_level: LogLevelOption = "WARNING",
 ) -> None:
     """Run a local cluster and client processes under faults, then check every invariant.
 

@@ -22,6 +22,9 @@ from waltz.cli.options import (
     ClientConfigOption,
     JsonOption,
     LocalOption,
+    LocalPartitionsOption,
+    LocalServersOption,
+    LocalStoragesOption,
     PartitionsOption,
     RootOption,
     TlsCaOption,
@@ -30,17 +33,14 @@ from waltz.cli.options import (
     ZookeeperOption,
     quiet_logging,
 )
+from waltz.cli.output import fail
+from waltz.cli.partition_ids import parse_partitions
 from waltz.errors import ConfigurationError, WaltzError
 
 if TYPE_CHECKING:
     from waltz.client import WaltzClientConfig
 
 app = typer.Typer(help=HELP["client"], no_args_is_help=True, rich_markup_mode=MARKUP)
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    return typer.Exit(code)
 
 
 @contextmanager
@@ -63,7 +63,7 @@ def _client_config(
 
     quiet_logging()
     if local and (zookeeper or root):
-        raise _fail("--local starts its own cluster: drop --zookeeper/--root", 2)
+        raise fail("--local starts its own cluster: drop --zookeeper/--root", 2)
     spec = LocalClusterSpec(storages, servers, partitions) if local else None
     tls = {"client_tls_ca_file": ca_file, "client_tls_cert_file": cert_file, "client_tls_key_file": key_file}
     try:
@@ -74,14 +74,12 @@ def _client_config(
     except typer.Exit:
         raise
     except (ConfigurationError, ServiceStartError) as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
     except WaltzError as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
 
 
 def _partition_ids(values: list[str]) -> list[int] | None:
-    from waltz.cli.cluster import parse_partitions
-
     return parse_partitions(values) or None
 
 
@@ -114,9 +112,9 @@ def validate(
     cert_file: TlsCertOption = None,
     key_file: TlsKeyOption = None,
     local: LocalOption = False,
-    storages: Annotated[int, typer.Option(min=1, help="--local: storage nodes (replication min(3, N)).")] = 3,
-    servers: Annotated[int, typer.Option(min=1, help="--local: servers.")] = 1,
-    partitions: Annotated[int, typer.Option(min=1, help="--local: the cluster's partitions.")] = 1,
+    storages: LocalStoragesOption = 3,
+    servers: LocalServersOption = 1,
+    partitions: LocalPartitionsOption = 1,
 ) -> None:
     """Check serializability: every committed transaction's data must equal its own transaction ID.
 
@@ -152,7 +150,7 @@ def validate(
                 timeout=run_timeout,
             )
         except ValueError as exc:
-            raise _fail(str(exc), 2) from exc
+            raise fail(str(exc), 2) from exc
     if json_output:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
@@ -193,7 +191,7 @@ def high_water_mark(
         try:
             marks = high_water_marks(client_config, _partition_ids(partition))
         except ValueError as exc:
-            raise _fail(str(exc), 2) from exc
+            raise fail(str(exc), 2) from exc
     if json_output:
         typer.echo(json.dumps({"high_water_marks": {str(p): m for p, m in sorted(marks.items())}}))
         return

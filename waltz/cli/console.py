@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from waltz.cli.options import RootOption, ZookeeperOption
 from waltz.config import load_settings
 from waltz.errors import WaltzError
 from waltz.logs import configure_logging
@@ -38,22 +39,8 @@ def missing_extra() -> list[str]:
 
 
 def console(
-    zookeeper: Annotated[
-        str | None,
-        typer.Option(
-            "--zookeeper",
-            "-z",
-            help="ZooKeeper connect string `host:port[,host:port...]` "
-            "(zookeeper.connectString, WALTZ_ZOOKEEPER_CONNECT_STRING).",
-            show_default=False,
-        ),
-    ] = None,
-    root: Annotated[
-        str | None,
-        typer.Option(
-            "--root", "-r", help="Cluster root znode (cluster.root, WALTZ_CLUSTER_ROOT).", show_default=False
-        ),
-    ] = None,
+    zookeeper: ZookeeperOption = None,
+    root: RootOption = None,
     config: Annotated[
         Path | None,
         typer.Option(

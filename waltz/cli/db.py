@@ -14,12 +14,11 @@ missing driver, database unreachable or refusing the statement, framework tables
 from __future__ import annotations
 
 import getpass
-import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from alembic.util.exc import CommandError
@@ -27,6 +26,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from waltz.cli.groups import HELP, MARKUP
+from waltz.cli.options import ClusterFilterOption, DatabaseUrlOption, JsonOption
+from waltz.cli.output import echo_json, fail
 from waltz.errors import SqlFrameworkError
 from waltz.jdbc_style import migrations_api as api
 from waltz.jdbc_style import skips as skip_records
@@ -39,34 +40,10 @@ app = typer.Typer(
 )
 
 
-UrlOption = Annotated[
-    str,
-    typer.Option(
-        "--url",
-        envvar="WALTZ_DB_URL",
-        help="The application database's SQLAlchemy URL, e.g. "
-        "`postgresql+psycopg://user:password@host:5432/app` or `mysql+pymysql://user@host/app`.",
-        show_default=False,
-    ),
-]
-ClusterFilterOption = Annotated[
-    str | None,
-    typer.Option(
-        "--cluster", help="Only this Waltz cluster's rows (default: every cluster).", show_default=False
-    ),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of text.")]
-
-
 @app.callback()
 def _logging() -> None:
     """Log warnings and errors only (WALTZ_LOG_LEVEL overrides): the commands print their results."""
     configure_logging(os.environ.get("WALTZ_LOG_LEVEL", "ERROR"))
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    return typer.Exit(code)
 
 
 def _safe_url(url: str) -> str:
@@ -89,24 +66,24 @@ def _database_errors(url: str) -> Iterator[None]:
     try:
         yield
     except skip_records.SkipRefusedError as exc:
-        raise _fail(f"refused: {exc}", 1) from exc
+        raise fail(f"refused: {exc}", 1) from exc
     except SqlFrameworkError as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
     except ArgumentError as exc:
-        raise _fail(
+        raise fail(
             f"cannot use the database URL {safe}: {_first_line(exc)} (expected "
             "dialect+driver://user:password@host:port/database)",
             2,
         ) from exc
     except DBAPIError as exc:
         cause = exc.orig if exc.orig is not None else exc
-        raise _fail(f"cannot use the database at {safe}: {_first_line(cause)}", 2) from exc
+        raise fail(f"cannot use the database at {safe}: {_first_line(cause)}", 2) from exc
     except SQLAlchemyError as exc:
-        raise _fail(f"database {safe}: {_first_line(exc)}", 2) from exc
+        raise fail(f"database {safe}: {_first_line(exc)}", 2) from exc
     except CommandError as exc:
-        raise _fail(f"alembic: {exc}", 2) from exc
+        raise fail(f"alembic: {exc}", 2) from exc
     except ModuleNotFoundError as exc:
-        raise _fail(
+        raise fail(
             f"the database driver for {safe} is not installed ({exc.name}): install it, or "
             "waltz-py[sql] for psycopg and PyMySQL",
             2,
@@ -115,10 +92,6 @@ def _database_errors(url: str) -> Iterator[None]:
 
 def _iso(value: datetime | None) -> str:
     return "-" if value is None else value.isoformat(timespec="seconds")
-
-
-def _echo_json(value: Any) -> None:
-    typer.echo(json.dumps(value, indent=2, sort_keys=True))
 
 
 def _default_operator() -> str:
@@ -145,7 +118,7 @@ def _revision_text(revision: str | None, head: str) -> str:
 
 @app.command("upgrade")
 def upgrade(
-    url: UrlOption,
+    url: DatabaseUrlOption,
     revision: Annotated[
         str, typer.Option("--revision", help="Target revision: `heads`, `waltz@head` or a revision ID.")
     ] = "heads",
@@ -175,7 +148,7 @@ def upgrade(
 
 @app.command("downgrade")
 def downgrade(
-    url: UrlOption,
+    url: DatabaseUrlOption,
     revision: Annotated[
         str,
         typer.Option(
@@ -199,7 +172,7 @@ def downgrade(
 
 @app.command("current")
 def current(
-    url: UrlOption,
+    url: DatabaseUrlOption,
     version_table: Annotated[
         str,
         typer.Option(
@@ -225,13 +198,15 @@ def current(
 
 
 @app.command("marks")
-def marks(url: UrlOption, cluster: ClusterFilterOption = None, json_output: JsonOption = False) -> None:
+def marks(
+    url: DatabaseUrlOption, cluster: ClusterFilterOption = None, json_output: JsonOption = False
+) -> None:
     """Show the high-water marks: per cluster and partition, the highest transaction ID applied to
     this database (-1: none yet) and when it last moved (UTC)."""
     with _database_errors(url):
         rows = skip_records.list_marks(url, cluster)
     if json_output:
-        _echo_json(
+        echo_json(
             [
                 {
                     "cluster": row.cluster_name,
@@ -257,7 +232,7 @@ def marks(url: UrlOption, cluster: ClusterFilterOption = None, json_output: Json
 
 @app.command("skip")
 def skip(
-    url: UrlOption,
+    url: DatabaseUrlOption,
     cluster: Annotated[
         str,
         typer.Option(
@@ -312,13 +287,15 @@ def skip(
 
 
 @app.command("skips")
-def skips(url: UrlOption, cluster: ClusterFilterOption = None, json_output: JsonOption = False) -> None:
+def skips(
+    url: DatabaseUrlOption, cluster: ClusterFilterOption = None, json_output: JsonOption = False
+) -> None:
     """Show the operators' skip requests: pending (not yet acted on) or done, with who asked, why,
     and when (UTC)."""
     with _database_errors(url):
         rows = skip_records.list_skips(url, cluster)
     if json_output:
-        _echo_json(
+        echo_json(
             [
                 {
                     "cluster": row.cluster_name,

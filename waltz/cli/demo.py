@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from waltz.cli.options import LogLevelOption
 from waltz.logs import configure_logging
 
 
@@ -49,7 +50,7 @@ def demo(
     work_dir: Annotated[
         Path | None, typer.Option(help="Keep the cluster's data, logs and the SQLite database here.")
     ] = None,
-    log_level: Annotated[str, typer.Option(help="Log level of this process.")] = "WARNING",
+    log_level: LogLevelOption = "WARNING",
 ) -> None:
     """Run the ledger demo: SmallBank on a local Waltz cluster, under faults, then check it.
 

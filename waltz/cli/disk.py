@@ -21,6 +21,13 @@ from typing import Annotated
 import typer
 
 from waltz.cli.groups import HELP, MARKUP
+from waltz.cli.options import (
+    CheckpointIntervalOption,
+    DiskPartitionOption,
+    JsonOption,
+    SegmentArgument,
+    StorageDirArgument,
+)
 from waltz.errors import WaltzError
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
@@ -31,27 +38,6 @@ app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=MARKUP,
 )
-
-StorageDir = Annotated[
-    Path,
-    typer.Argument(help="The storage directory (the one holding waltz-storage.ctl).", show_default=False),
-]
-SegmentPath = Annotated[
-    Path,
-    typer.Argument(
-        help="A segment data file: `<storage dir>/<partition>/<first transaction ID, 19 digits>.seg`.",
-        show_default=False,
-    ),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of text.")]
-CheckpointOption = Annotated[
-    int,
-    typer.Option(
-        min=1,
-        help="The node's storage.index.checkpointInterval: index entries after the last checkpoint of "
-        "the last segment are rebuilt at start-up, so problems there are warnings.",
-    ),
-]
 
 
 @contextmanager
@@ -115,7 +101,7 @@ def _info_text(struct: inspect.PartitionInfoStruct) -> str:
 
 
 @app.command("control")
-def control(storage_dir: StorageDir, json_output: JsonOption = False) -> None:
+def control(storage_dir: StorageDirArgument, json_output: JsonOption = False) -> None:
     """Dump the control file (waltz-storage.ctl) of a storage directory.
 
     Shows the header (format version, creation time in ISO-8601 UTC, cluster key, number of
@@ -198,7 +184,7 @@ def _record_line(item: inspect.ScannedRecord, hex_bytes: int) -> str:
 
 @app.command("segment")
 def segment(
-    segment_file: SegmentPath,
+    segment_file: SegmentArgument,
     records: Annotated[bool, typer.Option("--records/--no-records", help="List the records.")] = True,
     limit: Annotated[
         int | None, typer.Option(min=0, help="List at most this many records (default: all).")
@@ -282,12 +268,9 @@ def _with_counts(
 
 @app.command("verify")
 def verify(
-    storage_dir: StorageDir,
-    partition: Annotated[
-        list[int] | None,
-        typer.Option("--partition", "-p", help="Verify only this partition (repeatable; default: all here)."),
-    ] = None,
-    checkpoint_interval: CheckpointOption = DEFAULT_CHECKPOINT_INTERVAL,
+    storage_dir: StorageDirArgument,
+    partition: DiskPartitionOption = None,
+    checkpoint_interval: CheckpointIntervalOption = DEFAULT_CHECKPOINT_INTERVAL,
     json_output: JsonOption = False,
 ) -> None:
     """Verify every segment of every (or the given) partition of a storage directory.
@@ -342,8 +325,8 @@ def _segment_context(path: Path) -> tuple[int | None, uuid.UUID | None, bool]:
 
 @app.command("verify-segment")
 def verify_segment(
-    segment_file: SegmentPath,
-    checkpoint_interval: CheckpointOption = DEFAULT_CHECKPOINT_INTERVAL,
+    segment_file: SegmentArgument,
+    checkpoint_interval: CheckpointIntervalOption = DEFAULT_CHECKPOINT_INTERVAL,
     json_output: JsonOption = False,
 ) -> None:
     """Verify one segment data file and its index file.
@@ -385,11 +368,8 @@ def verify_segment(
 
 @app.command("stats")
 def stats(
-    storage_dir: StorageDir,
-    partition: Annotated[
-        list[int] | None,
-        typer.Option("--partition", "-p", help="Only this partition (repeatable; default: all here)."),
-    ] = None,
+    storage_dir: StorageDirArgument,
+    partition: DiskPartitionOption = None,
     json_output: JsonOption = False,
 ) -> None:
     """Print statistics per partition of a storage directory.

@@ -1,4 +1,8 @@
-"""Options shared by the operator commands of ``waltz server``, ``waltz storage`` and ``waltz client``.
+"""The options and arguments that more than one ``waltz`` command takes, each declared once.
+
+A command names its parameter with one of these types (``json_output: JsonOption = False``), so
+that a flag spelled the same way means the same thing, with the same help, everywhere. An option
+only one command takes is declared at that command.
 
 Only typer here, so that importing the groups stays cheap (``waltz --help`` imports them); the
 commands import what they use inside their bodies.
@@ -15,16 +19,34 @@ import typer
 from waltz.logs import configure_logging
 
 __all__ = [
+    "ActivePartitionsOption",
     "AdminConfigOption",
+    "CheckpointIntervalOption",
     "ClientConfigOption",
+    "ClusterFilterOption",
+    "DatabaseUrlOption",
+    "DiskPartitionOption",
+    "ForceOption",
+    "InFlightOption",
     "JsonOption",
     "LocalOption",
+    "LocalPartitionsOption",
+    "LocalServersOption",
+    "LocalStoragesOption",
+    "LogLevelOption",
     "PartitionsOption",
     "RootOption",
+    "RunTimeoutOption",
+    "SegmentArgument",
+    "ServerArgument",
+    "SizeOption",
+    "StorageArgument",
+    "StorageDirArgument",
     "TimeoutOption",
     "TlsCaOption",
     "TlsCertOption",
     "TlsKeyOption",
+    "YesOption",
     "ZookeeperOption",
     "quiet_logging",
 ]
@@ -34,6 +56,17 @@ def quiet_logging() -> None:
     """Log errors only (``WALTZ_LOG_LEVEL`` overrides): the operator commands print their results."""
     configure_logging(os.environ.get("WALTZ_LOG_LEVEL", "ERROR"))
 
+
+# --- what every command prints ----------------------------------------------------------------------
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of text.")]
+LogLevelOption = Annotated[
+    str,
+    typer.Option(help="Log level of this process (the nodes it starts log to files in the work directory)."),
+]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+# --- reaching a cluster -----------------------------------------------------------------------------
 
 ZookeeperOption = Annotated[
     str | None,
@@ -59,8 +92,8 @@ AdminConfigOption = Annotated[
     typer.Option(
         "--config",
         "-c",
-        help="YAML file with `zookeeper.*` and `cluster.*` keys, as `waltz cluster` takes "
-        "(cluster.ssl.* are the TLS files for the nodes' ports).",
+        help="YAML file with `zookeeper.*` and `cluster.*` keys (docs/zookeeper.md); `cluster.ssl.*` "
+        "are the TLS files for the nodes' ports.",
         exists=True,
         dir_okay=False,
         show_default=False,
@@ -72,7 +105,7 @@ ClientConfigOption = Annotated[
         "--config",
         "-c",
         help="Client YAML file (zookeeper.connectString, cluster.root, `client.*` keys such as "
-        "client.ssl.caFile), as `waltz perf` takes.",
+        "client.ssl.caFile).",
         exists=True,
         dir_okay=False,
         show_default=False,
@@ -83,23 +116,10 @@ TimeoutOption = Annotated[
     typer.Option(
         "--timeout",
         min=0.1,
-        help="Seconds to wait for ZooKeeper and for each node (default 10).",
+        help="Seconds to wait for ZooKeeper and for each node "
+        "(zookeeper.connectTimeout, cluster.storageTimeout; default 10).",
         show_default=False,
     ),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of text.")]
-PartitionsOption = Annotated[
-    list[str],
-    typer.Option(
-        "--partition",
-        "-p",
-        help="Partition IDs: repeat the option, or give a list with ranges such as `0,2,5-7`.",
-        show_default=False,
-    ),
-]
-LocalOption = Annotated[
-    bool,
-    typer.Option("--local", help="Start a local cluster (processes on loopback) for the run, then stop it."),
 ]
 TlsCaOption = Annotated[
     Path | None,
@@ -129,5 +149,116 @@ TlsKeyOption = Annotated[
         dir_okay=False,
         help="PEM private key of the client certificate (over client.ssl.keyFile).",
         show_default=False,
+    ),
+]
+
+# --- partitions, storage nodes and servers of a cluster ---------------------------------------------
+
+PartitionsOption = Annotated[
+    list[str],
+    typer.Option(
+        "--partition",
+        "-p",
+        help="Partition IDs: repeat the option, or give a list with ranges such as `0,2,5-7`.",
+        show_default=False,
+    ),
+]
+StorageArgument = Annotated[
+    str,
+    typer.Argument(
+        help="The storage node's connect string `host:port` (its storage port).", show_default=False
+    ),
+]
+ServerArgument = Annotated[
+    str,
+    typer.Argument(
+        help="The server: its endpoint `host:port`, member name or server ID (as `waltz server list` "
+        "shows). An endpoint that is not live now is accepted: the preference applies when it registers.",
+        show_default=False,
+    ),
+]
+ForceOption = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Override the replica-change safety rules. DANGEROUS: may lose committed transactions.",
+    ),
+]
+
+# --- a local cluster for the run (--local) ----------------------------------------------------------
+
+LocalOption = Annotated[
+    bool,
+    typer.Option("--local", help="Start a local cluster (processes on loopback) for the run, then stop it."),
+]
+LocalStoragesOption = Annotated[
+    int, typer.Option(min=1, help="--local: storage nodes (replication min(3, N)).")
+]
+LocalServersOption = Annotated[int, typer.Option(min=1, help="--local: servers.")]
+LocalPartitionsOption = Annotated[int, typer.Option(min=1, help="--local: the cluster's partitions.")]
+
+# --- performance runs -------------------------------------------------------------------------------
+
+RunTimeoutOption = Annotated[float, typer.Option(min=1.0, help="Seconds the measured phase may take.")]
+SizeOption = Annotated[int, typer.Option("--size", "-s", min=0, help="Payload bytes per transaction.")]
+InFlightOption = Annotated[
+    int, typer.Option("--in-flight", min=1, help="Transactions each client keeps in flight at most.")
+]
+ActivePartitionsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--active-partitions",
+        min=1,
+        help="Write partitions 0..N-1 only (default: every partition).",
+        show_default=False,
+    ),
+]
+
+# --- a storage node's files, offline ----------------------------------------------------------------
+
+StorageDirArgument = Annotated[
+    Path,
+    typer.Argument(help="The storage directory (the one holding waltz-storage.ctl).", show_default=False),
+]
+SegmentArgument = Annotated[
+    Path,
+    typer.Argument(
+        help="A segment data file: `<storage dir>/<partition>/<first transaction ID, 19 digits>.seg`.",
+        show_default=False,
+    ),
+]
+DiskPartitionOption = Annotated[
+    list[int] | None,
+    typer.Option(
+        "--partition",
+        "-p",
+        help="Only this partition (repeatable; default: every partition of the directory).",
+    ),
+]
+CheckpointIntervalOption = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="The node's storage.index.checkpointInterval: index entries after the last checkpoint of "
+        "the last segment are rebuilt at start-up, so problems there are warnings.",
+    ),
+]
+
+# --- an application database ------------------------------------------------------------------------
+
+DatabaseUrlOption = Annotated[
+    str,
+    typer.Option(
+        "--url",
+        envvar="WALTZ_DB_URL",
+        help="The application database's SQLAlchemy URL, e.g. "
+        "`postgresql+psycopg://user:password@host:5432/app` or `mysql+pymysql://user@host/app`.",
+        show_default=False,
+    ),
+]
+ClusterFilterOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster", help="Only this Waltz cluster's rows (default: every cluster).", show_default=False
     ),
 ]

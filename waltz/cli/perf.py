@@ -21,6 +21,20 @@ from typing import Annotated, Any
 import typer
 
 from waltz.cli.groups import MARKUP
+from waltz.cli.options import (
+    ActivePartitionsOption,
+    ClientConfigOption,
+    InFlightOption,
+    JsonOption,
+    LocalOption,
+    LocalPartitionsOption,
+    LocalServersOption,
+    LocalStoragesOption,
+    RootOption,
+    RunTimeoutOption,
+    SizeOption,
+    ZookeeperOption,
+)
 from waltz.errors import ConfigurationError, WaltzError, WaltzTimeoutError
 from waltz.logs import configure_logging
 
@@ -38,51 +52,8 @@ app = typer.Typer(
     rich_markup_mode=MARKUP,
 )
 
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--config",
-        "-c",
-        exists=True,
-        dir_okay=False,
-        help="Client YAML file (zookeeper.connectString, cluster.root, `client.*` keys).",
-        show_default=False,
-    ),
-]
-ZookeeperOption = Annotated[
-    str | None,
-    typer.Option(
-        "--zookeeper", "-z", help="ZooKeeper connect string of an existing cluster.", show_default=False
-    ),
-]
-RootOption = Annotated[
-    str | None,
-    typer.Option("--root", "-r", help="Cluster root znode of an existing cluster.", show_default=False),
-]
-LocalOption = Annotated[
-    bool,
-    typer.Option("--local", help="Start a local cluster (processes on loopback) for the run, then stop it."),
-]
-StoragesOption = Annotated[int, typer.Option(min=1, help="--local: storage nodes (replication min(3, N)).")]
-ServersOption = Annotated[int, typer.Option(min=1, help="--local: servers.")]
-PartitionsOption = Annotated[int, typer.Option(min=1, help="--local: the cluster's partitions.")]
 #: ``waltz perf smallbank --local``: the cluster's partitions when instances are not partition-routed.
 DEFAULT_SMALLBANK_PARTITIONS = 4
-ActiveOption = Annotated[
-    int | None,
-    typer.Option(
-        "--active-partitions",
-        min=1,
-        help="Write partitions 0..N-1 only (default: every partition).",
-        show_default=False,
-    ),
-]
-SizeOption = Annotated[int, typer.Option("--size", "-s", min=0, help="Payload bytes per transaction.")]
-InFlightOption = Annotated[
-    int, typer.Option("--in-flight", min=1, help="Transactions each client keeps in flight at most.")
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
-TimeoutOption = Annotated[float, typer.Option(min=1.0, help="Seconds the measured phase may take.")]
 
 
 @app.callback()
@@ -162,16 +133,16 @@ def producer(
             "(--in-flight outstanding at all times).",
         ),
     ] = 0.0,
-    active_partitions: ActiveOption = None,
+    active_partitions: ActivePartitionsOption = None,
     seed: Annotated[
         int | None, typer.Option(help="Seed of lock and arrival draws.", show_default=False)
     ] = None,
-    timeout: TimeoutOption = 600.0,
+    timeout: RunTimeoutOption = 600.0,
     local: LocalOption = False,
-    storages: StoragesOption = 3,
-    servers: ServersOption = 1,
-    partitions: PartitionsOption = 1,
-    config: ConfigOption = None,
+    storages: LocalStoragesOption = 3,
+    servers: LocalServersOption = 1,
+    partitions: LocalPartitionsOption = 1,
+    config: ClientConfigOption = None,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
     as_json: JsonOption = False,
@@ -237,13 +208,13 @@ def consumer(
             "they finished (upstream ConsumerPerf).",
         ),
     ] = False,
-    active_partitions: ActiveOption = None,
-    timeout: TimeoutOption = 600.0,
+    active_partitions: ActivePartitionsOption = None,
+    timeout: RunTimeoutOption = 600.0,
     local: LocalOption = False,
-    storages: StoragesOption = 3,
-    servers: ServersOption = 1,
-    partitions: PartitionsOption = 1,
-    config: ConfigOption = None,
+    storages: LocalStoragesOption = 3,
+    servers: LocalServersOption = 1,
+    partitions: LocalPartitionsOption = 1,
+    config: ClientConfigOption = None,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
     as_json: JsonOption = False,
@@ -372,10 +343,10 @@ def smallbank(
             show_default=False,
         ),
     ] = None,
-    timeout: TimeoutOption = 600.0,
+    timeout: RunTimeoutOption = 600.0,
     local: LocalOption = False,
-    storages: StoragesOption = 3,
-    servers: ServersOption = 2,
+    storages: LocalStoragesOption = 3,
+    servers: LocalServersOption = 2,
     partitions: Annotated[
         int | None,
         typer.Option(
@@ -388,7 +359,7 @@ def smallbank(
             show_default=False,
         ),
     ] = None,
-    config: ConfigOption = None,
+    config: ClientConfigOption = None,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
     as_json: JsonOption = False,

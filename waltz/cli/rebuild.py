@@ -18,6 +18,7 @@ import typer
 if TYPE_CHECKING:
     from waltz.spark.views import AppViews
 
+from waltz.cli.options import LogLevelOption
 from waltz.errors import WaltzError
 from waltz.logs import configure_logging
 from waltz.protocol.channels import TlsConfig
@@ -114,7 +115,7 @@ def rebuild_command(
         typer.Option(help="Live: client private key (mutual TLS).", envvar="WALTZ_CLUSTER_SSL_KEY_FILE"),
     ] = None,
     master: Annotated[str, typer.Option(help="The Spark master URL.")] = "local[*]",
-    log_level: Annotated[str, typer.Option(help="Log level of this process.")] = "WARNING",
+    log_level: LogLevelOption = "WARNING",
 ) -> None:
     """Rebuild an application's tables from the committed Waltz log with Spark (docs/spark.md).
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
 
 import typer
 
@@ -20,10 +19,12 @@ from waltz.cli.options import (
     JsonOption,
     PartitionsOption,
     RootOption,
+    ServerArgument,
     TimeoutOption,
     ZookeeperOption,
     quiet_logging,
 )
+from waltz.cli.partition_ids import format_partitions, parse_partitions
 from waltz.services.server.command import start
 
 app = typer.Typer(
@@ -44,15 +45,6 @@ preferred_app = typer.Typer(
 )
 app.add_typer(preferred_app, name="preferred")
 
-ServerArgument = Annotated[
-    str,
-    typer.Argument(
-        help="The server: its endpoint `host:port`, member name or server ID (as `waltz server list` "
-        "shows). An endpoint that is not live now is accepted: the preference applies when it registers.",
-        show_default=False,
-    ),
-]
-
 
 @app.command("list")
 def list_servers(
@@ -70,10 +62,10 @@ def list_servers(
     (`server.metrics.port`). A server that does not answer is listed with the error.
     """
     from waltz.admin.servers import list_servers as list_all
-    from waltz.cli import cluster as cluster_cli
+    from waltz.cli.admin_session import connected_admin
 
     quiet_logging()
-    with cluster_cli._connected(config, zookeeper, root, timeout) as admin:
+    with connected_admin(config, zookeeper, root, timeout) as admin:
         servers = list_all(admin.cluster.zk, admin.root, timeout=admin.storage_timeout, tls=admin.tls)
     if json_output:
         typer.echo(json.dumps({"servers": [s.to_json() for s in servers]}, indent=2))
@@ -97,8 +89,8 @@ def list_servers(
             typer.echo(f"  partition {pid}: generation {generation}, {state}")
         if not server.assigned:
             typer.echo("  no partitions")
-        preferred = cluster_cli.format_partitions(server.preferred)
-        configured = cluster_cli.format_partitions(server.configured_preferred)
+        preferred = format_partitions(server.preferred)
+        configured = format_partitions(server.configured_preferred)
         typer.echo(f"  preferred partitions: {preferred} (configured: {configured})")
         if server.health in {"unhealthy", "unreachable"}:
             typer.echo(f"  health detail: {server.health_detail}")
@@ -115,19 +107,18 @@ def _change(
     add: bool,
 ) -> None:
     from waltz.admin.servers import change_preferred
-    from waltz.cli import cluster as cluster_cli
+    from waltz.cli.admin_session import connected_admin
 
-    ids = cluster_cli.parse_partitions(partitions)
+    ids = parse_partitions(partitions)
     if not ids:
         raise typer.BadParameter("give at least one partition with --partition", param_hint="--partition")
     quiet_logging()
-    with cluster_cli._connected(config, zookeeper, root, timeout) as admin:
+    with connected_admin(config, zookeeper, root, timeout) as admin:
         endpoint, before, after = change_preferred(
             admin.cluster.zk, admin.root, server, add=ids if add else (), remove=() if add else ids
         )
     typer.echo(
-        f"server {endpoint}: preferred partitions {cluster_cli.format_partitions(before)} -> "
-        f"{cluster_cli.format_partitions(after)}"
+        f"server {endpoint}: preferred partitions {format_partitions(before)} -> {format_partitions(after)}"
     )
 
 

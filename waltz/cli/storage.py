@@ -19,11 +19,15 @@ from waltz.cli.groups import MARKUP
 from waltz.cli.options import (
     AdminConfigOption,
     JsonOption,
+    LogLevelOption,
     RootOption,
+    StorageArgument,
     TimeoutOption,
+    YesOption,
     ZookeeperOption,
     quiet_logging,
 )
+from waltz.cli.partition_ids import format_partitions
 from waltz.logs import configure_logging
 from waltz.services.storage.command import start
 
@@ -45,7 +49,7 @@ def smoke(
     work_dir: Annotated[
         Path | None, typer.Option(help="Keep the storage directory and logs here (default: a temp dir).")
     ] = None,
-    log_level: Annotated[str, typer.Option(help="Log level of this process.")] = "WARNING",
+    log_level: LogLevelOption = "WARNING",
 ) -> None:
     """Smoke-test a storage node: append, kill -9, restart, read back, compare.
 
@@ -111,13 +115,13 @@ def list_partitions(
     from waltz.admin.description import describe_cluster
     from waltz.admin.storage_nodes import StorageUnreachableError, describe_failure
     from waltz.admin.storage_partitions import node_partitions
-    from waltz.cli import cluster as cluster_cli
+    from waltz.cli.admin_session import connected_admin
     from waltz.errors import StorageRpcError
 
     quiet_logging()
     listings: list[dict[str, Any]] = []
     failed = False
-    with cluster_cli._connected(config, zookeeper, root, timeout) as admin:
+    with connected_admin(config, zookeeper, root, timeout) as admin:
         names = (
             [storage]
             if storage is not None
@@ -150,8 +154,7 @@ def list_partitions(
                 typer.echo("  no partitions")
             if item["missing"]:
                 typer.echo(
-                    "  assigned in ZooKeeper but missing on the node: "
-                    + cluster_cli.format_partitions(item["missing"])
+                    "  assigned in ZooKeeper but missing on the node: " + format_partitions(item["missing"])
                 )
     if failed:
         raise typer.Exit(1)
@@ -159,15 +162,16 @@ def list_partitions(
 
 @app.command("sync-partitions")
 def sync_partitions(
-    storage: Annotated[
-        str, typer.Argument(help="The storage node's connect string `host:port`.", show_default=False)
-    ],
+    storage: StorageArgument,
     apply: Annotated[
-        bool, typer.Option("--apply", help="Make the changes (default: show them only, a dry run).")
+        bool,
+        typer.Option(
+            "--apply",
+            help="Make the changes, after a confirmation that --yes skips "
+            "(default: show them only, a dry run).",
+        ),
     ] = False,
-    yes: Annotated[
-        bool, typer.Option("--yes", "-y", help="With --apply: do not ask for confirmation.")
-    ] = False,
+    yes: YesOption = False,
     delete_storage_files: Annotated[
         bool,
         typer.Option(
@@ -188,13 +192,13 @@ def sync_partitions(
     --apply makes the changes after a confirmation (--yes skips it).
     """
     from waltz.admin.storage_partitions import apply_sync, node_partitions, plan_sync
-    from waltz.cli import cluster as cluster_cli
+    from waltz.cli.admin_session import connected_admin
 
     quiet_logging()
-    with cluster_cli._connected(config, zookeeper, root, timeout) as admin:
+    with connected_admin(config, zookeeper, root, timeout) as admin:
         plan = plan_sync(node_partitions(admin, storage))
-        create = cluster_cli.format_partitions(plan.create)
-        remove = cluster_cli.format_partitions(plan.remove)
+        create = format_partitions(plan.create)
+        remove = format_partitions(plan.remove)
         if plan.empty:
             typer.echo(f"{storage}: in line with ZooKeeper, nothing to change")
             return

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from waltz.cli.options import LogLevelOption
 from waltz.errors import ConfigurationError, WaltzError
 from waltz.logs import configure_logging
 
@@ -86,9 +87,7 @@ def up(
     timeout: Annotated[
         float, typer.Option(min=1.0, help="Seconds allowed for starting, until every partition is writable.")
     ] = 120.0,
-    log_level: Annotated[
-        str, typer.Option(help="Log level of this process (the nodes log to files in the work dir).")
-    ] = "WARNING",
+    log_level: LogLevelOption = "WARNING",
     secure: Annotated[
         bool,
         typer.Option(
@@ -134,6 +133,7 @@ def up(
     (client, server, operator, admin); the certificates are made in the work directory.
     """
     from waltz.local.cluster import LocalCluster
+    from waltz.local.options import NetworkOptions, ProcessOptions, SecurityOptions
 
     configure_logging(log_level)
     try:
@@ -154,13 +154,11 @@ def up(
             root=root,
             work_dir=work_dir,
             zookeeper=zookeeper,
-            metrics=metrics,
-            session_timeout=session_timeout,
-            start_timeout=timeout,
-            zookeeper_auth=zookeeper_auth,
-            secure=secure,
-            network="namespaces" if network == "namespaces" else "loopback",
-            client_hosts=client_hosts,
+            processes=ProcessOptions(metrics=metrics, session_timeout=session_timeout, start_timeout=timeout),
+            security=SecurityOptions(zookeeper_auth=zookeeper_auth, secure=secure),
+            network=NetworkOptions(
+                mode="namespaces" if network == "namespaces" else "loopback", client_hosts=client_hosts
+            ),
         )
     except ConfigurationError as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)

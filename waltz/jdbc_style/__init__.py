@@ -12,7 +12,10 @@ Public API:
 - :class:`ChangeSetCallbacks`: applies change-set transactions of declared entities itself;
   ``read_entities`` reads them outside a transaction (:class:`EntityRead`), from the entity cache
   when it holds them.
-- :class:`WaltzEntity`, :class:`EntityRegistry`: a model's lock name, key and partition mapping.
+- :class:`WaltzEntity`, :class:`EntityRegistry`: a model's lock name, key and partition mapping;
+  :func:`partition_of` (an entity's partition) and :func:`default_partition` (the default mapping).
+- :func:`check_partition_mapping`: checks, in a test or at start-up, that contexts made from sample
+  inputs keep their entities in one partition.
 - :class:`EntityTransactionContext`, :class:`EntityTransaction`: read-modify-write of entities with
   READ/WRITE locks and an exact lock check.
 - :class:`ChangeSet`, :data:`CHANGE_SET_HEADER`: the change-set format.
@@ -21,7 +24,8 @@ Public API:
   (``waltz db upgrade``), and the operator's audited skip.
 """
 
-from waltz.jdbc_style.callbacks import AbstractClientCallbacksForSQL, ApplySession, MarkSnapshot
+from waltz.jdbc_style.apply_session import ApplySession
+from waltz.jdbc_style.callbacks import AbstractClientCallbacksForSQL
 from waltz.jdbc_style.changeset import (
     CHANGE_SET_HEADER,
     ChangeSet,
@@ -31,10 +35,18 @@ from waltz.jdbc_style.changeset import (
 )
 from waltz.jdbc_style.changeset_callbacks import ChangeSetApplyError, ChangeSetCallbacks
 from waltz.jdbc_style.engine import create_framework_engine, is_transient, prepare_engine
-from waltz.jdbc_style.entities import EntityRegistry, UnknownEntityError, WaltzEntity, lock_id_of
+from waltz.jdbc_style.entities import (
+    EntityRegistry,
+    UnknownEntityError,
+    WaltzEntity,
+    default_partition,
+    lock_id_of,
+    partition_of,
+)
 from waltz.jdbc_style.entity_context import EntityTransaction, EntityTransactionContext
 from waltz.jdbc_style.entity_reads import EntityRead
 from waltz.jdbc_style.idempotency import AppliedRequest
+<<<<<<< HEAD
 from waltz.jdbc_style.upcasting import (
     AddAttribute,
     DropAttribute,
@@ -45,6 +57,10 @@ from waltz.jdbc_style.upcasting import (
     UpcastError,
     upcaster,
 )
+=======
+from waltz.jdbc_style.mark_snapshot import MarkSnapshot
+from waltz.jdbc_style.partition_check import check_partition_mapping
+>>>>>>> main
 
 __all__ = [
     "CHANGE_SET_HEADER",
@@ -71,9 +87,12 @@ __all__ = [
     "UnknownEntityError",
     "UpcastError",
     "WaltzEntity",
+    "check_partition_mapping",
     "create_framework_engine",
+    "default_partition",
     "is_transient",
     "lock_id_of",
+    "partition_of",
     "prepare_engine",
     "upcaster",
 ]

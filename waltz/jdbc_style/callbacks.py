@@ -28,26 +28,27 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import tenacity
 from sqlalchemy import Engine, select, update
-from sqlalchemy.engine import Connection, Result
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.base import Executable
 
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.transaction import Transaction
 from waltz.errors import ApplyContractError, HighWaterMarkGapError, StagedRowCountError, TransactionApplyError
-from waltz.jdbc_style.direct import LeadMissedError, direct_statements
+from waltz.jdbc_style.apply_session import ApplySession
+from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.engine import SQLITE_BEGIN, apply_guard, is_transient, prepare_engine
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key, record_idempotency_key
+from waltz.jdbc_style.kept_connections import IdleBudget, KeptConnections
+from waltz.jdbc_style.mark_snapshot import MarkReader, MarkSnapshot
 from waltz.jdbc_style.marks import HighWaterMarks
-from waltz.jdbc_style.prefetch import MarkPrefetch, Prefetched
 from waltz.jdbc_style.schema import skipped_transactions
 
 __all__ = ["AbstractClientCallbacksForSQL", "ApplySession", "MarkSnapshot"]
@@ -56,312 +57,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Isolation level of entity reads (mark first, then the entities, in one snapshot).
-SNAPSHOT_ISOLATION = "REPEATABLE READ"
-
-
-class _Staged:
-    """The parameter sets staged for one statement, and the rows they should change in all."""
-
-    __slots__ = ("checked", "parameters", "rows")
-
-    def __init__(self) -> None:
-        self.parameters: list[Mapping[str, Any]] = []
-        self.rows = 0
-        self.checked = True
-
 
 class _UnsettledError(Exception):
     """An apply whose mark was to move with its first statement did not get there: the move
     missed (another instance moved the mark), or the apply failed before it; rolled back."""
-
-
-class ApplySession(Session):
-    """The ORM session ``apply`` receives: joined to the framework's transaction, which it may
-    not end. ``commit``, ``rollback``, ``begin`` and an isolation level change raise
-    :class:`ApplyContractError`;
-    ``begin_nested`` (a savepoint), ``flush``, queries and ``add``/``delete`` work as usual.
-
-    :meth:`stage` batches the writes of a group of log transactions: one ``executemany`` per
-    statement for the whole group instead of a round trip per row (docs/design/sql.md "Group
-    apply").
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._staged: dict[Executable, _Staged] = {}
-        # The staged statement that last wrote each row named by ``stage(row=...)``.
-        self._row_writers: dict[Hashable, Executable] = {}
-        # A statement that must change one row before any other of this session reaches the
-        # database (the framework's move of the mark, see AbstractClientCallbacksForSQL._apply_locked).
-        self._lead: tuple[Executable, Mapping[str, Any]] | None = None
-        self._lead_moved = False  # the lead ran and changed its one row
-        self.grouped = False
-        """True while the session applies a group of more than one log transaction."""
-        self.alone = False
-        """True while the session applies one log transaction again on its own, after a first
-        try (with staged writes, or in a group) failed: write each change at once rather than
-        staging it, so that a failure names the change (``ChangeSetCallbacks`` does)."""
-
-    def stage(
-        self,
-        statement: Executable,
-        parameters: Mapping[str, Any],
-        *,
-        rows: int | None = None,
-        row: Hashable | None = None,
-    ) -> None:
-        """Run ``statement`` with ``parameters`` later, with every other parameter set staged for it.
-
-        The staged writes of an apply (of a whole group, in group apply) run when ``apply``
-        returns, or before the next statement, query or flush of this session, so reads see
-        them: one ``executemany`` per statement, the statements in the order each was first
-        staged (on PostgreSQL with psycopg and MariaDB with PyMySQL on the driver's cursor, all
-        of them in one pipeline on psycopg; elsewhere through SQLAlchemy, its insertmanyvalues
-        for an ``INSERT``).
-        So the writes of different statements are reordered within a group: stage only writes
-        whose effects do not depend on that order (increments, inserts of distinct keys, updates
-        of distinct rows), or name the row each writes (``row``); run the others with
-        :meth:`execute`. Build each statement once (a module constant with
-        :func:`~sqlalchemy.sql.expression.bindparam` placeholders), so that it is compiled once
-        and the parameter sets of a group share it.
-
-        Args:
-            statement: an ``INSERT``, ``UPDATE`` or ``DELETE`` (Core), the same object each time.
-            parameters: one parameter set (bind parameter or column name -> value).
-            rows: the rows this parameter set must change (e.g. 1 for an update by primary key);
-                when every parameter set of the statement gives it, their sum is checked against
-                the rows the statement changed.
-            row: the one row this parameter set writes (any hashable naming it, e.g. the table
-                and the primary key values), or None. When a statement staged before the one that
-                last wrote that row writes it again, the staged writes run first, so that the
-                writes of one row keep the order they were staged in.
-
-        Raises:
-            ApplyContractError: called inside a savepoint (``begin_nested``), whose rollback could
-                not take back writes that have not run yet; execute them instead.
-            StagedRowCountError: (when the staged writes run) the statement changed another
-                number of rows than its parameter sets said.
-        """
-        if self.in_nested_transaction():
-            raise ApplyContractError(
-                "apply() must not stage writes inside a savepoint (begin_nested): they run later, "
-                "outside it, where its rollback cannot take them back; execute them instead"
-            )
-        if row is not None:
-            writer = self._row_writers.get(row)
-            if writer is not None and writer is not statement and statement in self._staged:
-                # The statements run in the order each was first staged: this one would run
-                # before the write of the same row that was staged before it.
-                staged_order = list(self._staged)
-                if staged_order.index(statement) < staged_order.index(writer):
-                    self.flush_staged()
-            self._row_writers[row] = statement
-        staged = self._staged.get(statement)
-        if staged is None:
-            staged = self._staged[statement] = _Staged()
-        staged.parameters.append(parameters)
-        if rows is None:
-            staged.checked = False
-        else:
-            staged.rows += rows
-
-    def flush_staged(self) -> None:
-        """Run the staged writes now (see :meth:`stage`).
-
-        Raises:
-            StagedRowCountError: a statement changed another number of rows than staged.
-            LeadMissedError: the framework's move of the mark, which goes first, changed no row (the
-                framework rolls the transaction back and reads the mark).
-        """
-        if not self._staged and self._lead is None:
-            return
-        staged, self._staged = self._staged, {}
-        lead, self._lead = self._lead, None
-        self._row_writers = {}
-        connection = super().connection()
-        direct = direct_statements(connection.engine)
-        batches = [(statement, batch.parameters) for statement, batch in staged.items()]
-        rowcounts: list[int] | None = None
-        if lead is not None:
-            # One pipeline for the transaction's BEGIN, the lead and the writes where the driver
-            # has them; else the lead alone first, so that nothing else runs when it misses. (A
-            # pipeline of BEGIN and the lead alone measured slower than the two round trips.)
-            rowcounts = direct.execute_led(connection, lead, batches, begin=True) if batches else None
-            if rowcounts is None:
-                moved = direct.run(connection, lead[0], (lead[1],))
-                if moved != 1:
-                    raise LeadMissedError(moved)
-            self._lead_moved = True
-        if batches and rowcounts is None:
-            rowcounts = direct.execute_all(connection, batches)
-        for index, (statement, batch) in enumerate(staged.items()):
-            if rowcounts is None:  # not all of them qualify: one at a time, each its own way
-                rowcount = direct.run(connection, statement, batch.parameters)
-            else:
-                rowcount = rowcounts[index]
-            if batch.checked and rowcount >= 0 and rowcount != batch.rows:
-                raise StagedRowCountError(statement, len(batch.parameters), batch.rows, rowcount)
-
-    def execute(self, *args: Any, **kwargs: Any) -> Result[Any]:
-        self.flush_staged()  # the staged writes come before this statement
-        return super().execute(*args, **kwargs)
-
-    def scalar(self, *args: Any, **kwargs: Any) -> Any:
-        self.flush_staged()  # the staged writes come before this statement
-        return super().scalar(*args, **kwargs)
-
-    def scalars(self, *args: Any, **kwargs: Any) -> Any:
-        self.flush_staged()  # the staged writes come before this statement
-        return super().scalars(*args, **kwargs)
-
-    def flush(self, objects: Any = None) -> None:
-        self.flush_staged()  # the staged writes come before this statement
-        super().flush(objects)
-
-    def commit(self) -> None:
-        raise ApplyContractError(
-            "apply() must not commit: the framework commits the apply and the high-water mark "
-            "together when apply() returns"
-        )
-
-    def rollback(self) -> None:
-        raise ApplyContractError(
-            "apply() must not roll back: raise an exception instead, and the framework rolls back "
-            "the apply and leaves the high-water mark where it was"
-        )
-
-    def connection(self, *args: Any, **kwargs: Any) -> Connection:
-        options = kwargs.get("execution_options") or {}
-        if "isolation_level" in options:
-            raise ApplyContractError(
-                f"apply() must not change the isolation level (to {options['isolation_level']!r}): "
-                "the framework's transaction is already running"
-            )
-        self.flush_staged()  # a statement on the connection comes after the staged writes
-        return super().connection(*args, **kwargs)
-
-    def begin(self, nested: bool = False) -> Any:
-        self.flush_staged()  # the writes staged before a savepoint are not the savepoint's
-        if not nested:
-            raise ApplyContractError(
-                "apply() must not begin a transaction: it already runs in the framework's; use "
-                "session.begin_nested() for a savepoint"
-            )
-        return super().begin(nested=True)
-
-
-class _IdleBudget:
-    """How many kept connections may sit idle, all kinds together: half the engine pool's size
-    (at least one), so that idle kept connections stay within what the pool would keep anyway
-    and leave the rest of it to the application and to peaks."""
-
-    def __init__(self, engine: Engine) -> None:
-        size = getattr(engine.pool, "size", None)
-        self.limit = max(1, size() // 2) if callable(size) else 1
-        self.idle = 0
-        self.lock = threading.Lock()
-
-
-class _KeptConnections:
-    """Connections of one kind kept checked out of an engine between uses, on database servers
-    (SQLite takes a pooled connection each time: its checkouts are cheap and in-memory databases
-    are per thread).
-
-    A kept connection skips what a pool checkout costs on every use: the pre-ping round trip,
-    the reset on return, and (for readers) setting the isolation level. A connection the server
-    closed fails its first statement with a transient error, which the callers' retries cure on
-    a new connection; a connection that failed is never kept. Kept connections count against
-    the pool's limits; at most ``budget.limit`` are idle, all kinds together (more given back at
-    once return to the pool).
-
-    Args:
-        engine: the application's engine.
-        isolation_level: set once on each new connection (None: the engine's).
-        budget: the idle limit shared with the other kinds.
-    """
-
-    def __init__(self, engine: Engine, isolation_level: str | None, budget: _IdleBudget) -> None:
-        self._engine = engine
-        self._keep = engine.dialect.name != "sqlite"
-        self._isolation_level = isolation_level if self._keep else None
-        self._budget = budget
-        self._idle: list[Connection] = []
-
-    @property
-    def per_use(self) -> bool:
-        """True where a pooled connection is taken for each use (SQLite)."""
-        return not self._keep
-
-    def take(self) -> Connection:
-        """An idle connection, or a new one (with the isolation level set)."""
-        if self._keep:
-            with self._budget.lock:
-                if self._idle:
-                    self._budget.idle -= 1
-                    return self._idle.pop()
-        conn = self._engine.connect()
-        if self._isolation_level is not None:
-            conn.execution_options(isolation_level=self._isolation_level)
-        return conn
-
-    def give_back(self, conn: Connection) -> None:
-        """Keep a connection whose transaction ended (closed, i.e. returned to the pool, when it
-        broke or enough are kept idle)."""
-        if self._keep and not conn.invalidated and not conn.closed and not conn.in_transaction():
-            with self._budget.lock:
-                if self._budget.idle < self._budget.limit:
-                    self._budget.idle += 1
-                    self._idle.append(conn)
-                    return
-        conn.close()
-
-    def close(self) -> None:
-        """Close the idle connections (new ones are made when needed). Idempotent."""
-        with self._budget.lock:
-            idle, self._idle = self._idle, []
-            self._budget.idle -= len(idle)
-        for conn in idle:
-            conn.close()
-
-
-class MarkSnapshot:
-    """A read-only database transaction that read a partition's mark first (see
-    :meth:`AbstractClientCallbacksForSQL.snapshot`).
-
-    Attributes:
-        partition_id: the partition.
-        high_water_mark: the partition's mark in this snapshot (-1: nothing applied).
-        connection: the snapshot's connection (read through it, or through :attr:`session`).
-        prefetched: rows read with the mark, ``{(entity info, key values): row or None}`` (see
-            :mod:`waltz.jdbc_style.prefetch`); empty when none were asked for.
-    """
-
-    def __init__(
-        self,
-        partition_id: int,
-        high_water_mark: int,
-        connection: Connection,
-        prefetched: Prefetched | None = None,
-    ) -> None:
-        self.partition_id = partition_id
-        self.high_water_mark = high_water_mark
-        self.connection = connection
-        self.prefetched: Prefetched = {} if prefetched is None else prefetched
-        self._session: Session | None = None
-
-    @property
-    def session(self) -> Session:
-        """An ORM session on the snapshot's connection and transaction (made when first used)."""
-        if self._session is None:
-            self._session = Session(bind=self.connection)
-        return self._session
-
-    def close(self) -> None:
-        """Close the session, if one was made (the snapshot's owner ends the transaction)."""
-        if self._session is not None:
-            self._session.close()
-            self._session = None
 
 
 class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
@@ -405,7 +104,6 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self.engine = prepare_engine(engine)
         self.cluster_name = cluster_name
         self.marks = HighWaterMarks(cluster_name)
-        self._prefetch = MarkPrefetch(cluster_name)
         self.retry_timeout = retry_timeout
         self._retrying = threading.local()  # each thread's idle tenacity.Retrying (see _retry)
         self._applied: dict[int, int] = {}
@@ -413,9 +111,9 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self._failing: set[int] = set()
         self._rows: set[int] = set()  # partitions whose mark row is known to exist
         self._shared: set[int] = set()  # partitions another instance was seen applying
-        budget = _IdleBudget(self.engine)
-        self._readers = _KeptConnections(self.engine, SNAPSHOT_ISOLATION, budget)  # snapshots, marks
-        self._appliers = _KeptConnections(self.engine, None, budget)  # apply transactions
+        budget = IdleBudget(self.engine)
+        self._reads = MarkReader(self.engine, self.marks, budget)  # snapshots, marks
+        self._appliers = KeptConnections(self.engine, None, budget)  # apply transactions
         self.skipped: list[tuple[int, int]] = []
         """(partition, transaction) pairs this instance skipped on an operator's request."""
         if check_schema:
@@ -560,7 +258,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         while True:
             now = time.monotonic()
             if now >= next_poll:  # the database, for other instances' applies (on a schedule)
-                mark = self._retry(lambda: self._read_mark(partition_id))
+                mark = self._retry(lambda: self._reads.read_mark(partition_id))
                 if mark >= transaction_id:
                     self._note_applied(partition_id, mark)
                     return True
@@ -629,15 +327,11 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             entities: (entity info, key values) pairs read in the mark's statement (one
                 statement, so at the mark too) into :attr:`MarkSnapshot.prefetched`.
         """
-        conn, mark, prefetched = self._retry(lambda: self._open_snapshot(partition_id, entities))
-        snapshot = MarkSnapshot(partition_id, mark, conn, prefetched)
+        snapshot = self._retry(lambda: self._reads.open(partition_id, entities))
         try:
             yield snapshot
         finally:
-            try:
-                snapshot.close()
-            finally:
-                self._end_read(conn)
+            self._reads.end(snapshot)
 
     def release_connections(self) -> None:
         """Close the idle connections this instance keeps (the client calls it when it closes;
@@ -647,7 +341,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         out of the engine's pool: no pre-ping, reset or isolation change per use. SQLite takes
         a connection from the pool each time.
         """
-        self._readers.close()
+        self._reads.close()
         self._appliers.close()
 
     def client_closed(self) -> None:
@@ -682,57 +376,6 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         finally:
             local.idle, local.timeout = retrying, timeout
 
-    def _read_mark(self, partition_id: int) -> int:
-        conn = self._readers.take()
-        try:
-            mark = self.marks.read(conn, partition_id)
-        except BaseException:
-            conn.close()
-            raise
-        self._end_read(conn)
-        return -1 if mark is None else int(mark)
-
-    def _open_snapshot(
-        self, partition_id: int, entities: Sequence[tuple[EntityInfo, tuple[Any, ...]]]
-    ) -> tuple[Connection, int, Prefetched]:
-        """A reader connection in a new transaction, the partition's mark read first in it, and
-        the rows of ``entities`` read in the same statement (on PostgreSQL in one pipeline with
-        the transaction's ``BEGIN``; ``_end_read`` gives the driver its transaction control back)."""
-        conn = self._readers.take()
-        prefetched: Prefetched = {}
-        try:
-            conn.begin()
-            if entities:
-                mark, prefetched = self._prefetch.read(conn, partition_id, entities, begin=True)
-            else:
-                mark = self.marks.read(conn, partition_id)
-        except BaseException:
-            self._discard_read(conn)
-            raise
-        return conn, -1 if mark is None else int(mark), prefetched
-
-    def _end_read(self, conn: Connection) -> None:
-        """Roll back a read and give its connection back (to the driver's own transaction
-        control first when the read's ``BEGIN`` went in a pipeline, see ``_open_snapshot``)."""
-        try:
-            if conn.in_transaction():
-                conn.rollback()
-        except BaseException:
-            self._discard_read(conn)
-            raise
-        direct_statements(conn.engine).end_pipelined_begin(conn)
-        self._readers.give_back(conn)
-
-    @staticmethod
-    def _discard_read(conn: Connection) -> None:
-        """Close a reader connection whose read failed: a broken connection is never kept, and a
-        driver switched for a pipelined ``BEGIN`` is given back first (or the connection
-        invalidated), so that none returns to the pool in autocommit."""
-        try:
-            direct_statements(conn.engine).end_pipelined_begin(conn)
-        finally:
-            conn.close()
-
     def _note_applied(self, partition_id: int, mark: int) -> None:
         with self._applied_changed:
             if mark > self._applied.get(partition_id, -1):
@@ -757,7 +400,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             # locks only the mark row: the attempt to move it waits for the instance applying the
             # batch and then finds it moved, which costs no more than this read (measured: the
             # read found the batch applied in one case of five under the live SmallBank mix).
-            mark = self._read_mark(partition_id)
+            mark = self._reads.read_mark(partition_id)
             if mark >= last:
                 self._note_applied(partition_id, mark)
                 self._after_apply(partition_id, (), mark)
@@ -894,11 +537,10 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 rolls back and decides with the mark read first.
             Exception: what the apply raised otherwise.
         """
-        session = ApplySession(bind=conn)
+        lead = None if mark is None else self.marks.advance_statement(pending[0].partition_id, *mark)
+        session = ApplySession(bind=conn, lead=lead)
         session.grouped = len(pending) > 1
         session.alone = alone
-        if mark is not None:
-            session._lead = self.marks.advance_statement(pending[0].partition_id, *mark)
         try:
             with apply_guard(conn):
                 for transaction in pending:
@@ -907,13 +549,13 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                         continue
                     self.apply(transaction, session)
                 session.flush()  # the staged writes too
-                if mark is not None and not session._lead_moved:
+                if mark is not None and not session.lead_moved:
                     # The move failed inside apply(), which caught the error: nothing may commit.
                     raise _UnsettledError("the mark's move failed inside apply()")
         except BaseException as exc:
             if (
                 mark is not None
-                and not session._lead_moved
+                and not session.lead_moved
                 and isinstance(exc, Exception)
                 and not isinstance(exc, (_UnsettledError, ApplyContractError))
                 and not is_transient(exc)  # a lead that missed (LeadMissedError) is not transient

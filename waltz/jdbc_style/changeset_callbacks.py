@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session
 from waltz.client.apply_worker import on_apply_thread
 from waltz.client.transaction import Transaction
 from waltz.errors import ApplyPausedError
-from waltz.jdbc_style.callbacks import AbstractClientCallbacksForSQL, ApplySession
+from waltz.jdbc_style.apply_session import ApplySession
+from waltz.jdbc_style.callbacks import AbstractClientCallbacksForSQL
 from waltz.jdbc_style.changeset import (
     CHANGE_SET_HEADER,
     ChangeSet,

@@ -25,6 +25,12 @@ given with the result processors ``Connection.execute`` would apply; docs/design
 Anything else goes the ordinary way: other dialects and drivers, statements that do not qualify,
 and engines with ``echo`` or with execute or cursor-execute listeners other than the framework's
 own guard (which would not see the statement otherwise).
+
+This fast path reads a few private members of SQLAlchemy, deliberately (docs/decisions/0043):
+``Connection._handle_dbapi_exception``, ``Connection._echo``, ``SQLCompiler._bind_processors``,
+``SQLCompiler._result_columns`` and ``TypeEngine._cached_result_processor``. Each use says which
+test of ``tests/jdbc_style/test_direct_statements.py`` fails if it changes; those tests pass with
+SQLAlchemy 2.0 (2.0.58) and 2.1 (2.1.9), on PostgreSQL (psycopg) and MariaDB (PyMySQL).
 """
 
 from __future__ import annotations
@@ -193,6 +199,8 @@ class DirectStatements:
         except self._dialect.loaded_dbapi.Error as exc:
             if first_rows is not None and cursors and cursors[0].pgresult is not None:
                 first_rows.append(int(cursors[0].rowcount))
+            # SQLAlchemy private (2.0, 2.1): its own wrapping of a driver error, a lost connection
+            # invalidated; test_database_errors_are_sqlalchemys_and_a_lost_connection_is_invalidated.
             connection._handle_dbapi_exception(
                 exc, ";\n".join(statements), [p for _, parameters in batches for p in parameters], None, None
             )
@@ -296,10 +304,14 @@ class DirectStatements:
             rows = cursor.fetchall()
             description = cursor.description
         except self._dialect.loaded_dbapi.Error as exc:
+            # SQLAlchemy private (2.0, 2.1), as in execute_all;
+            # test_a_read_begun_the_database_refuses_raises_sqlalchemy_s_error.
             connection._handle_dbapi_exception(exc, sql, parameters, None, None)
         finally:
             opener.close()
             cursor.close()
+        # SQLAlchemy private (2.0, 2.1): the result processor Connection.execute applies;
+        # test_a_read_begun_opens_a_snapshot_in_the_select_s_pipeline (a type that changes values).
         processors = [
             type_._cached_result_processor(self._dialect, column.type_code)
             for type_, column in zip(types, description, strict=True)
@@ -370,6 +382,8 @@ class DirectStatements:
             or compiled.isinsert
             or compiled.isupdate
             or compiled.isdelete
+            # SQLAlchemy private (2.0, 2.1), here and below: the result columns and their types;
+            # test_a_read_begun_opens_a_snapshot_in_the_select_s_pipeline.
             or not compiled._result_columns
         ):
             return _NOT_DIRECT
@@ -407,6 +421,8 @@ class DirectStatements:
         """No echo and no execute or cursor-execute listener but the framework's guard (which
         refuses transaction control, and the framework's statements are none): nothing would miss
         a statement run on the cursor."""
+        # SQLAlchemy private (2.0, 2.1): echo as the connection has it;
+        # test_an_applications_execute_listener_or_echo_sees_every_statement.
         if connection._echo:
             return False
         dispatch = connection.dispatch
@@ -442,6 +458,8 @@ def _binds_as_given(compiled: Any) -> TypeGuard[SQLCompiler]:
         compiled.positional
         or compiled.literal_execute_params
         or compiled.post_compile_params
+        # SQLAlchemy private (2.0, 2.1): the parameters SQLAlchemy would change;
+        # test_what_sqlalchemy_would_change_goes_the_ordinary_way.
         or compiled._bind_processors
     )
 

@@ -17,9 +17,10 @@ partition); docs/design/sql.md "Entity transactions". A model declares::
 
 The **lock ID** of an entity is its key when the key is one integer attribute, otherwise the first
 8 bytes (big-endian, signed) of BLAKE2b over the key's canonical JSON. The default **partition** is
-``crc32(lock_id as 8 bytes big-endian) mod num_partitions``: stable across processes, Python
-versions and machines. ``partition_by(key, num_partitions)`` overrides it per model (e.g. all the
-accounts of one customer in one partition, so transfers between them are one transaction).
+``crc32(lock_id as 8 bytes big-endian) mod num_partitions`` (:func:`default_partition`): stable
+across processes, Python versions and machines. ``partition_by(key, num_partitions)`` overrides it
+per model (e.g. all the accounts of one customer in one partition, so transfers between them are
+one transaction). :func:`partition_of` gives an entity's partition, by its model's mapping.
 """
 
 from __future__ import annotations
@@ -41,13 +42,25 @@ from waltz.client.locks import PartitionLocalLock
 from waltz.errors import SqlFrameworkError
 from waltz.jdbc_style.upcasting import SchemaChain, SchemaChains, Upcaster
 
-__all__ = ["EntityInfo", "EntityRegistry", "UnknownEntityError", "WaltzEntity", "lock_id_of", "rows_by_model"]
+__all__ = [
+    "EntityInfo",
+    "EntityRegistry",
+    "UnknownEntityError",
+    "WaltzEntity",
+    "default_partition",
+    "lock_id_of",
+    "partition_of",
+    "rows_by_model",
+]
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
 
 #: ``partition_by(key, num_partitions) -> partition_id``: ``key`` is the tuple of key values.
 Partitioner = Callable[[tuple[Any, ...], int], int]
+
+_MAX_INFOS = 256
+_INFOS: dict[type[Any], EntityInfo] = {}  # partition_of's entity infos, by model
 
 
 class UnknownEntityError(SqlFrameworkError):
@@ -103,6 +116,84 @@ def lock_id_of(key: tuple[Any, ...]) -> int:
     canonical = json.dumps([_canonical(v) for v in key], separators=(",", ":"), ensure_ascii=False)
     digest = hashlib.blake2b(canonical.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
+
+
+def default_partition(key: tuple[Any, ...], num_partitions: int) -> int:
+    """The default partition of an entity key: ``crc32(lock ID as 8 bytes big-endian) mod
+    num_partitions`` (docs/design/sql.md "Entity transactions"). A model without ``partition_by``
+    maps its entities so; a ``partition_by`` may call it with part of its key, to put an entity
+    where the entity of that part is (an order where its customer is: ``default_partition(key[:1],
+    num_partitions)``).
+
+    Args:
+        key: key values in declared order, as ``partition_by`` receives them (e.g. ``(7,)``).
+        num_partitions: the log's partitions (``client.num_partitions``), at least 1.
+
+    Returns:
+        The partition, ``0 .. num_partitions - 1``.
+
+    Raises:
+        ValueError: ``num_partitions`` is below 1.
+    """
+    if num_partitions < 1:
+        raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
+    return zlib.crc32(lock_id_of(key).to_bytes(8, "big", signed=True)) % num_partitions
+
+
+def partition_of(model: type[Any], key: Any, num_partitions: int) -> int:
+    """The partition of a declared entity, as a transaction's is chosen: the model's
+    ``partition_by``, or :func:`default_partition` (docs/design/sql.md "Entity transactions").
+    Use it to route a request to the instance that mounts the entity's partition, or to name the
+    partition for ``wait_for``.
+
+    Args:
+        model: a model with ``__waltz__``.
+        key: the entity's key as ``tx.get`` takes it: a scalar, a tuple or a mapping of the key
+            attributes.
+        num_partitions: the log's partitions (``client.num_partitions``), at least 1.
+
+    Returns:
+        The partition, ``0 .. num_partitions - 1``.
+
+    Raises:
+        UnknownEntityError: the model has no ``__waltz__``, or its key names no column attribute.
+        ValueError: the key has the wrong number of values, ``num_partitions`` is below 1, or
+            ``partition_by`` gave a partition outside ``0 .. num_partitions - 1``.
+    """
+    if num_partitions < 1:
+        raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
+    info = _info_of(model)
+    return info.partition_of(info.normalize_key(key), num_partitions)
+
+
+def _info_of(model: type[Any]) -> EntityInfo:
+    """The entity info of a model for :func:`partition_of` (as a registry makes it, without the
+    registry's check of lock names across models), made once (the last 256 models are kept).
+
+    Raises:
+        UnknownEntityError: the model has no ``__waltz__``.
+    """
+    info = _INFOS.get(model)
+    if info is None:  # two threads may both make it: the same info, kept once
+        if len(_INFOS) >= _MAX_INFOS:
+            _INFOS.clear()
+        info = _INFOS[model] = EntityInfo(model, _spec_of(model))
+    return info
+
+
+def _spec_of(model: type[Any]) -> WaltzEntity:
+    """A model's ``__waltz__``.
+
+    Raises:
+        UnknownEntityError: it has none.
+    """
+    spec = getattr(model, "__waltz__", None)
+    if not isinstance(spec, WaltzEntity):
+        raise UnknownEntityError(
+            f"{model.__name__} has no __waltz__ = WaltzEntity(...) declaration; add one to use it "
+            "as a Waltz entity"
+        )
+    return spec
 
 
 def _canonical(value: Any) -> Any:
@@ -220,7 +311,7 @@ class EntityInfo:
         if self.spec.partition_by is not None:
             partition = self.spec.partition_by(key, num_partitions)
         else:
-            partition = zlib.crc32(lock_id_of(key).to_bytes(8, "big", signed=True)) % num_partitions
+            partition = default_partition(key, num_partitions)
         if not 0 <= partition < num_partitions:
             raise ValueError(
                 f"{self.model.__name__}: partition_by{key!r} returned {partition}, "
@@ -378,12 +469,7 @@ class EntityRegistry:
         Raises:
             UnknownEntityError: no ``__waltz__``, or its lock name is taken by another model.
         """
-        spec = getattr(model, "__waltz__", None)
-        if not isinstance(spec, WaltzEntity):
-            raise UnknownEntityError(
-                f"{model.__name__} has no __waltz__ = WaltzEntity(...) declaration; add one to use it "
-                "as a Waltz entity"
-            )
+        spec = _spec_of(model)
         existing = self._by_name.get(spec.lock_name)
         if existing is not None and existing.model is not model:
             raise UnknownEntityError(

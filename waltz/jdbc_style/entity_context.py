@@ -43,12 +43,12 @@ from sqlalchemy.orm import Session
 from waltz.client.context import TransactionBuilder, TransactionContext
 from waltz.client.locks import PartitionLocalLock
 from waltz.errors import CrossPartitionError
-from waltz.jdbc_style.callbacks import MarkSnapshot
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, RowChange
 from waltz.jdbc_style.changeset_callbacks import ChangeSetCallbacks
 from waltz.jdbc_style.entities import EntityInfo, rows_by_model
 from waltz.jdbc_style.entity_cache import MISSING, EntityCache
 from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key
+from waltz.jdbc_style.mark_snapshot import MarkSnapshot
 from waltz.jdbc_style.prefetch import Prefetched
 
 __all__ = ["CachedSnapshot", "EntityTransaction", "EntityTransactionContext"]
@@ -491,6 +491,12 @@ class EntityTransactionContext(TransactionContext):
         self.reads_absorbed_state = callbacks.entity_cache is not None
         self.last_transaction: EntityTransaction | None = None
         """The last attempt's :class:`EntityTransaction` (what was read and changed)."""
+
+    @property
+    def declared_entities(self) -> list[tuple[type[Any], tuple[Any, ...]]]:
+        """The ``(model, key values)`` pairs given to the constructor, keys as tuples in the
+        models' key order: what chooses the partition (:meth:`partition_id`)."""
+        return [(info.model, key) for info, key in self._entities]
 
     @property
     def chosen_partition(self) -> int:

@@ -16,21 +16,49 @@ cache unless the applies are that far behind.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from contextlib import AbstractContextManager
+from typing import Any, NamedTuple, Protocol
 
 from waltz.client.apply_worker import on_apply_thread
 from waltz.errors import CrossPartitionError
-from waltz.jdbc_style.entities import EntityInfo, rows_by_model
+from waltz.jdbc_style.entities import EntityInfo, EntityRegistry, rows_by_model
+from waltz.jdbc_style.entity_cache import EntityCache
+from waltz.jdbc_style.mark_snapshot import MarkSnapshot
 
-if TYPE_CHECKING:
-    from waltz.jdbc_style.changeset_callbacks import ChangeSetCallbacks
-
-__all__ = ["EntityRead", "read_entities"]
+__all__ = ["EntityRead", "EntityReadSource", "read_entities"]
 
 #: Seconds a read waits for ``after`` to be applied by default.
 DEFAULT_TIMEOUT = 30.0
 
 _Key = tuple[EntityInfo, tuple[Any, ...]]
+
+
+class EntityReadSource(Protocol):
+    """What :func:`read_entities` reads through: an instance's declared models, its entity cache,
+    its snapshots at the mark and its waits for applies (``ChangeSetCallbacks`` is one).
+
+    Attributes:
+        registry: the declared models.
+        entity_cache: the entity cache, or None (off).
+    """
+
+    @property
+    def registry(self) -> EntityRegistry: ...
+
+    @property
+    def entity_cache(self) -> EntityCache | None: ...
+
+    def snapshot(
+        self, partition_id: int, *, entities: Sequence[tuple[EntityInfo, tuple[Any, ...]]] = ...
+    ) -> AbstractContextManager[MarkSnapshot]:
+        """A read transaction that read the partition's mark first, and ``entities`` with it."""
+
+    def wait_for(self, partition_id: int, transaction_id: int, timeout: float | None = None) -> bool:
+        """Wait until the database applied ``transaction_id`` of the partition; False on timeout."""
+
+    def catch_up_to_cache(self, partition_id: int) -> None:
+        """Before a database read: wait (bounded) for this instance's applies to reach the entity
+        cache's position."""
 
 
 class EntityRead(NamedTuple):
@@ -52,7 +80,7 @@ class EntityRead(NamedTuple):
 
 
 def read_entities(
-    callbacks: ChangeSetCallbacks,
+    source: EntityReadSource,
     entities: Sequence[tuple[type[Any], Any]],
     *,
     num_partitions: int,
@@ -60,14 +88,14 @@ def read_entities(
     timeout: float = DEFAULT_TIMEOUT,
 ) -> EntityRead:
     """Read declared entities of one partition as of one position, without a log transaction:
-    what :meth:`ChangeSetCallbacks.read_entities` does for ``callbacks`` (the instance's
-    callbacks; their entity cache, when on, answers first). Its docstring gives the arguments, the
+    what ``ChangeSetCallbacks.read_entities`` does, through ``source`` (the instance's callbacks;
+    their entity cache, when on, answers first). Its docstring gives the other arguments, the
     result and the errors raised (and ``sqlalchemy.exc.DBAPIError`` when the database fails
     beyond the callbacks' retries).
     """
     if not entities:
         raise ValueError("read_entities needs at least one (model, key) pair")
-    registry = callbacks.registry
+    registry = source.registry
     keys: list[_Key] = []
     partitions: set[int] = set()
     for model, key in entities:
@@ -81,37 +109,37 @@ def read_entities(
             "(read each partition's on its own)"
         )
     partition_id = partitions.pop()
-    cache = callbacks.entity_cache
+    cache = source.entity_cache
     cacheable = cache is not None and cache.kept(keys)
     if cache is not None and cacheable:
         cached = cache.read(partition_id, keys)
         if cached is not None and (after is None or cached[0] >= after):
             return EntityRead(partition_id, cached[0], _instances(keys, cached[1], {}), True)
-    read = _from_database(callbacks, partition_id, keys, cacheable)
+    read = _from_database(source, partition_id, keys, cacheable)
     if after is not None and read.high_water_mark < after:
         if on_apply_thread(partition_id):
             raise RuntimeError(
                 f"read_entities(after={after}) on partition {partition_id}'s apply thread, which would "
                 f"wait for its own apply (the read is at {read.high_water_mark}): read without after there"
             )
-        if not callbacks.wait_for(partition_id, after, timeout):
+        if not source.wait_for(partition_id, after, timeout):
             raise TimeoutError(
                 f"transaction {after} of partition {partition_id} was not applied within {timeout:g}s"
             )
-        read = _from_database(callbacks, partition_id, keys, cacheable)
+        read = _from_database(source, partition_id, keys, cacheable)
     return read
 
 
 def _from_database(
-    callbacks: ChangeSetCallbacks, partition_id: int, keys: list[_Key], cacheable: bool
+    source: EntityReadSource, partition_id: int, keys: list[_Key], cacheable: bool
 ) -> EntityRead:
     """The entities read from a database snapshot, at the cache's position when it is ahead of
     the snapshot and can vouch for the rows read (``cacheable``: every entity is of a kept model,
     by a key of its columns' kinds)."""
-    cache = callbacks.entity_cache
+    cache = source.entity_cache
     if cache is not None and not cacheable:
-        callbacks.catch_up_to_cache(partition_id)  # as an attempt with an entity it does not keep
-    mark, rows, loaded = _read_database(callbacks, partition_id, keys)
+        source.catch_up_to_cache(partition_id)  # as an attempt with an entity it does not keep
+    mark, rows, loaded = _read_database(source, partition_id, keys)
     if cache is not None and cacheable:
         position = cache.position(partition_id)
         if position is not None and mark < position:
@@ -120,8 +148,8 @@ def _from_database(
                 return EntityRead(partition_id, overlaid[0], _instances(keys, overlaid[1], {}), False)
             # Rows the cache cannot vouch for at its position: read them once this instance's
             # applies got there (a bounded wait: the read may still find the database behind).
-            callbacks.catch_up_to_cache(partition_id)
-            mark, rows, loaded = _read_database(callbacks, partition_id, keys)
+            source.catch_up_to_cache(partition_id)
+            mark, rows, loaded = _read_database(source, partition_id, keys)
         cache.fill(partition_id, mark, rows.items())
     return EntityRead(partition_id, mark, _instances(keys, rows, loaded), False)
 
@@ -135,14 +163,14 @@ def _hashable(key: _Key) -> bool:
 
 
 def _read_database(
-    callbacks: ChangeSetCallbacks, partition_id: int, keys: list[_Key]
+    source: EntityReadSource, partition_id: int, keys: list[_Key]
 ) -> tuple[int, dict[_Key, Any], dict[int, Any]]:
     """The partition's mark and the entities of ``keys`` in one snapshot: ``(mark, {key: row or
     None}, {index in keys: instance or None})``. Rows are read with the mark (one statement) and,
     for the entities beyond what that statement joins, by key per model (``IN`` statements);
     entities of models the ORM must load, or by unhashable key values, are loaded as instances."""
     hashable = [key for key in keys if _hashable(key)]
-    with callbacks.snapshot(partition_id, entities=hashable) as snapshot:
+    with source.snapshot(partition_id, entities=hashable) as snapshot:
         rows: dict[_Key, Any] = dict(snapshot.prefetched)
         rows.update(rows_by_model(snapshot.connection, [key for key in hashable if key not in rows])[0])
         loaded = {

@@ -13,12 +13,20 @@ benchmarks use it::
         cluster.kill_server(cluster.owner_index(0))
         cluster.wait_ready()                   # another server owns it now, and can write
 
+:class:`LocalCluster` composes the rooms of the harness: the option groups of
+:mod:`waltz.local.options` (processes, security, network), the node processes
+(:class:`~waltz.local.cluster_nodes.ClusterNodes`), the certificates and ZooKeeper credential
+(:class:`~waltz.local.security.ClusterSecurity`) and, in namespace mode, the hosts
+(:class:`~waltz.local.namespaced.NamespaceHosts`).
+
 The work directory (a temporary directory removed at :meth:`LocalCluster.close`, or a directory
 given by the caller and kept) holds::
 
     cluster.json          the layout (name, root, ports), to start a kept cluster again
     zookeeper-digest      the cluster's ZooKeeper credential ``user:password`` (mode 0600), when
-                          ``zookeeper_auth`` is on (kept with the work directory, reused on resume)
+                          ``SecurityOptions.zookeeper_auth`` is on (kept with the work directory,
+                          reused on resume)
+    tls/                  the CA and role certificates of a secure cluster
     zookeeper/            ZooKeeper's zoo.cfg, zookeeper.log and data (unless ZooKeeper is external)
     config/<node>.yaml    in namespace mode, each node's configuration file (``--config``)
     storage-<i>/          storage node i's directory
@@ -28,43 +36,45 @@ given by the caller and kept) holds::
 Starting again on a kept work directory resumes the same cluster: same ports, same data, same
 cluster key (storage nodes only ever serve the cluster whose key is in their control file).
 
-With ``network="namespaces"`` every process runs on a host of its own: a network namespace with
-its own address on a bridge (:class:`~waltz.local.netns.NetworkLab`), ZooKeeper on port 2181, every
-storage node on 55280 (admin 55281), every server on 55180, as on the hosts of a deployment
-(docs/deploy.md), each started with ``waltz storage start --config <file>`` or ``waltz server
-start --config <file>``. The supervisor, in the machine's own namespace, reaches every host
-through the bridge; :meth:`LocalCluster.host` gives a host's address and network namespace (``ip
-netns exec <namespace>`` runs a command there), and the network faults of ``waltz chaos`` cut hosts
-apart with :attr:`LocalCluster.network_lab`.
+With ``network=NetworkOptions(mode="namespaces")`` every process runs on a host of its own: a
+network namespace with its own address on a bridge (:class:`~waltz.local.netns.NetworkLab`),
+ZooKeeper on port 2181, every storage node on 55280 (admin 55281), every server on 55180, as on the
+hosts of a deployment (docs/deploy.md), each started with ``waltz storage start --config <file>``
+or ``waltz server start --config <file>``. The supervisor, in the machine's own namespace, reaches
+every host through the bridge; :meth:`LocalCluster.host` gives a host's address and network
+namespace (``ip netns exec <namespace>`` runs a command there), and the network faults of ``waltz
+chaos`` cut hosts apart with :attr:`LocalCluster.network_lab`.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
-import dataclasses
 import logging
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self, TypedDict, TypeVar
+from typing import Self
 
-from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
-
-from waltz.admin.cluster_admin import ClusterAdmin, StorageSpec
 from waltz.errors import ConfigurationError, MetadataError
-from waltz.local.certificates import ClusterCertificates, make_cluster_certificates
+from waltz.local.certificates import ClusterCertificates
+from waltz.local.cluster_metadata import ClusterMetadata
+from waltz.local.cluster_nodes import ClusterNodes
 from waltz.local.layout import LAYOUT_FILE, ClusterLayout
-from waltz.local.netns import Host, NetworkLab, NetworkLabError, network_lab_unavailable, unused_subnet
+from waltz.local.namespaced import NamespaceHosts
+from waltz.local.netns import Host, NetworkLab
 from waltz.local.nodes import LocalServer, LocalStorageNode
-from waltz.local.processes import ManagedProcess, ServiceStartError, wait_until
+from waltz.local.options import (
+    DEFAULT_SERVER_ENV,
+    Network,
+    NetworkOptions,
+    ProcessOptions,
+    SecurityOptions,
+)
+from waltz.local.processes import wait_until
 from waltz.local.readiness import (
-    LOG_TAIL_LINES,
     ClusterNotReadyError,
     PartitionOwner,
     PartitionProblem,
@@ -72,62 +82,15 @@ from waltz.local.readiness import (
     not_ready_message,
     probe_partitions,
 )
+from waltz.local.security import ClusterSecurity
 from waltz.local.zookeeper import LocalZooKeeper
-from waltz.metadata.assignment import read_assignment
 from waltz.metadata.replicas import spread_replicas
-from waltz.metadata.zk import ClusterPaths, ClusterZk
+from waltz.metadata.zk import ClusterPaths
 from waltz.metadata.zk_security import ZooKeeperSecurity
-from waltz.metadata.zk_session import connect_zookeeper
-from waltz.protocol.channels import TlsConfig
 
-__all__ = ["DEFAULT_SERVER_ENV", "DIGEST_FILE", "NAMESPACE_PORTS", "LocalCluster", "Network"]
+__all__ = ["LocalCluster"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-#: Environment of the server processes unless overridden: retry storage nodes quickly, so that a
-#: partition is writable again soon after a storage node or a server comes back.
-DEFAULT_SERVER_ENV: Mapping[str, str] = {
-    "WALTZ_STORE_RETRY_INTERVAL": "0.2",
-    "WALTZ_STORE_CONNECT_TIMEOUT": "2",
-    # A harness for development, tests and benchmarks: their tools append through the admin
-    # protocol (a deployment leaves it off, the server's default).
-    "WALTZ_SERVER_ADMIN_APPENDS": "true",
-}
-
-
-#: The file of the cluster's ZooKeeper credential in the work directory.
-DIGEST_FILE = "zookeeper-digest"
-
-
-class _Placement(TypedDict, total=False):
-    """The options placing a storage node or server on its host in namespace mode."""
-
-    host: str
-    command_prefix: list[str]
-    config_file: Path
-
-
-#: Where namespace mode looks for a free /24 (the lower half of 10.77.0.0/16 is left to labs
-#: with fixed addresses, such as the deployment guide's test on 10.77.0.0/24).
-_LOCAL_SUBNETS = "10.77.128.0/17"
-#: How many free subnets namespace mode tries when another lab takes the one it chose.
-_SUBNET_ATTEMPTS = 3
-
-
-#: Where the processes of a local cluster run: all on loopback, or each on a host of its own.
-Network = Literal["loopback", "namespaces"]
-
-#: The ports every host uses in namespace mode: a deployment's defaults (docs/configuration.md).
-NAMESPACE_PORTS: Mapping[str, int] = {
-    "zookeeper": 2181,
-    "storage": 55280,
-    "storage_admin": 55281,
-    "storage_metrics": 55282,
-    "server": 55180,
-    "server_metrics": 55181,
-}
 
 
 class LocalCluster:
@@ -154,51 +117,16 @@ class LocalCluster:
         zookeeper: the connect string of a running ZooKeeper to use instead of starting one.
         delete_root: delete the cluster's znodes from an external ZooKeeper at close; None means
             "when the work directory is temporary" (a kept one may be started again).
-        metrics: serve ``/metrics`` and ``/health`` on every storage node and server.
-        tick_time_ms: ``tickTime`` of the cluster's own ZooKeeper; sessions may last 2 to 20 ticks.
-        session_timeout: the servers' ZooKeeper session timeout in seconds; a server killed with
-            SIGKILL loses its partitions after about this long.
-        server_env: environment variables for the servers (``WALTZ_*`` settings, see
-            ``docs/configuration.md``), over :data:`DEFAULT_SERVER_ENV`.
-        storage_args: more ``waltz storage start`` options for every storage node.
-        storage_env: environment variables for the storage nodes (``WALTZ_STORAGE_*`` settings,
-            e.g. the TLS files of ``docs/configuration.md``).
-        server_args: more ``waltz server start`` options for every server.
-        server_args_of: more ``waltz server start`` options for server ``j`` alone (after
-            ``server_args``), e.g. ``--advertised-endpoint`` of a fault proxy in front of it.
-        storage_connect_string_of: the connect string registered in ZooKeeper for a storage node
-            (what servers dial), e.g. a fault proxy in front of it; None means its own address.
-            Its admin port stays the node's own (``StorageSpec.admin_address``).
-        start_timeout: seconds :meth:`start` may take in all (and the default of
-            :meth:`wait_ready`).
-        tls: client TLS files the supervisor itself uses for the storage admin ports (creating
-            the cluster) and the server ports (status probes), when the nodes serve TLS (set
-            through ``storage_env`` and ``server_env``); None: plaintext.
-        zookeeper_auth: protect the cluster's znodes with a digest credential made for this
-            cluster (docs/design/zookeeper.md, "Security"), kept in ``zookeeper-digest`` in the
-            work directory and given to the servers as ``WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE``;
-            clients and tools then need it (:meth:`zookeeper_settings`).
-        zookeeper_security: ZooKeeper TLS files (and a credential) for the supervisor and the
-            servers, e.g. for an external ZooKeeper's secure port; with ``zookeeper_auth`` and no
-            credential in it, one is made.
-        secure: a secured cluster: a CA and role certificates are made in ``<work dir>/tls``
-            (:mod:`waltz.local.certificates`), every port of every node serves mutual TLS and
-            checks roles, and the supervisor uses the ``admin`` certificate
-            (:attr:`certificates` gives the files, e.g. the ``client`` certificate's settings for
-            applications). Not with ``tls``, nor with TLS files in ``storage_env``/``server_env``.
-        network: ``"loopback"`` (every process on 127.0.0.1, free ports) or ``"namespaces"``
-            (every process on a host of its own, a network namespace with its own address and a
-            deployment's ports, started from a configuration file; needs root, iproute2, and
-            for cuts nftables; not with an external ZooKeeper). Hosts are named ``zookeeper``,
-            ``storage-<i>``, ``server-<j>`` and ``client-<k>`` (:meth:`host`).
-        client_hosts: in namespace mode, how many hosts ``client-0``... to make for client
-            processes (they join one with :meth:`host`'s ``namespace``).
-        subnet: in namespace mode, the hosts' IPv4 network (a ``/24`` is plenty); None takes the
-            first ``/24`` of ``10.77.128.0/17`` no address or route of the machine uses (a kept
-            work directory keeps its own, and refuses to start when another lab holds it).
+        processes: how the processes run: metrics, timeouts, environment and extra options
+            (:class:`~waltz.local.options.ProcessOptions`); None: its defaults.
+        security: mutual TLS with role certificates, ZooKeeper credentials
+            (:class:`~waltz.local.options.SecurityOptions`); None: its defaults.
+        network: loopback or a host of its own per process, client hosts, subnet
+            (:class:`~waltz.local.options.NetworkOptions`); None: its defaults (loopback).
 
     Raises:
-        ConfigurationError: an argument is out of range.
+        ConfigurationError: an argument is out of range, or namespace mode is asked for with an
+            external ZooKeeper (the hosts cannot reach it).
     """
 
     def __init__(
@@ -213,24 +141,12 @@ class LocalCluster:
         work_dir: Path | str | None = None,
         zookeeper: str | None = None,
         delete_root: bool | None = None,
-        metrics: bool = False,
-        tick_time_ms: int = 500,
-        session_timeout: float = 4.0,
-        server_env: Mapping[str, str] | None = None,
-        storage_args: Sequence[str] = (),
-        server_args: Sequence[str] = (),
-        start_timeout: float = 60.0,
-        storage_env: Mapping[str, str] | None = None,
-        tls: TlsConfig | None = None,
-        server_args_of: Callable[[int], Sequence[str]] | None = None,
-        storage_connect_string_of: Callable[[LocalStorageNode], str] | None = None,
-        zookeeper_auth: bool = False,
-        zookeeper_security: ZooKeeperSecurity | None = None,
-        secure: bool = False,
-        network: Network = "loopback",
-        client_hosts: int = 0,
-        subnet: str | None = None,
+        processes: ProcessOptions | None = None,
+        security: SecurityOptions | None = None,
+        network: NetworkOptions | None = None,
     ) -> None:
+        processes = processes or ProcessOptions()
+        network = network or NetworkOptions()
         for what, value in (("storages", storages), ("servers", servers), ("partitions", partitions)):
             if value < 1:
                 raise ConfigurationError(f"a local cluster needs at least 1 of {what}, got {value}")
@@ -241,16 +157,10 @@ class LocalCluster:
             )
         if not name:
             raise ConfigurationError("a local cluster needs a name")
-        if network not in ("loopback", "namespaces"):
-            raise ConfigurationError(f"network must be 'loopback' or 'namespaces', got {network!r}")
-        if network == "namespaces" and zookeeper is not None:
+        if network.mode == "namespaces" and zookeeper is not None:
             raise ConfigurationError(
                 "a local cluster in network namespaces starts its own ZooKeeper on a host of its "
                 "own; an external ZooKeeper is not reachable from the hosts"
-            )
-        if client_hosts < 0 or (client_hosts and network != "namespaces"):
-            raise ConfigurationError(
-                f"client_hosts ({client_hosts}) are hosts of namespace mode: give network='namespaces'"
             )
         self._root_given = root is not None
         if root is None:
@@ -265,38 +175,23 @@ class LocalCluster:
         self._replicas = replicas
         self._name = name
         self._external_zookeeper = zookeeper
-        self._metrics = metrics
-        self._tick_time_ms = tick_time_ms
-        self._session_timeout = session_timeout
-        self._server_env = {**DEFAULT_SERVER_ENV, **(server_env or {})}
-        self._storage_args = list(storage_args)
-        self._storage_env = dict(storage_env or {})
-        if secure and tls is not None:
-            raise ConfigurationError("a secure local cluster makes its own certificates: give secure or tls")
-        self._tls = tls
-        self._zookeeper_auth = zookeeper_auth
-        self._zookeeper_security = zookeeper_security or ZooKeeperSecurity()
-        self._secure = secure
-        self.certificates: ClusterCertificates | None = None
-        """The CA and role certificates of a secure cluster (made at :meth:`start`), else None."""
-        self._server_args = list(server_args)
-        self._server_args_of = server_args_of
-        self._storage_connect_string_of = storage_connect_string_of
-        self._start_timeout = start_timeout
+        self._processes = processes
+        self._security = ClusterSecurity(security or SecurityOptions())
+        self._nodes = ClusterNodes(storages=storages, servers=servers, zookeeper=zookeeper, options=processes)
+        self._network = network
+        self._hosts = (
+            NamespaceHosts(
+                storages=storages, servers=servers, client_hosts=network.client_hosts, subnet=network.subnet
+            )
+            if network.mode == "namespaces"
+            else None
+        )
         self._keep = work_dir is not None
-        self._delete_root = zookeeper is not None and (not self._keep if delete_root is None else delete_root)
+        self._metadata = ClusterMetadata(
+            delete_root=zookeeper is not None and (not self._keep if delete_root is None else delete_root)
+        )
         self._work_dir = Path(work_dir).resolve() if work_dir is not None else None
-        self._zookeeper: LocalZooKeeper | None = None
-        self._storages: list[LocalStorageNode] = []
-        self._servers: list[LocalServer] = []
-        self._zk: KazooClient | None = None
         self._cluster_key: str | None = None
-        self._owns_root = False
-        self._paused: set[tuple[str, int]] = set()
-        self._network: Network = network
-        self._client_hosts = client_hosts
-        self._subnet = subnet
-        self._lab: NetworkLab | None = None
         self._state = "new"
         self.startup_seconds: float | None = None
         """Seconds :meth:`start` took, from launching the first process until every partition was writable."""
@@ -337,12 +232,12 @@ class LocalCluster:
     @property
     def network(self) -> Network:
         """Where the processes run: ``"loopback"`` or ``"namespaces"``."""
-        return self._network
+        return self._network.mode
 
     @property
     def network_lab(self) -> NetworkLab | None:
         """The hosts of namespace mode (to cut or isolate them), or None on loopback or before start."""
-        return self._lab
+        return self._hosts.lab if self._hosts is not None else None
 
     def host(self, name: str) -> Host:
         """A host of namespace mode: ``zookeeper``, ``storage-<i>``, ``server-<j>`` or ``client-<k>``.
@@ -354,17 +249,17 @@ class LocalCluster:
             RuntimeError: the cluster is not in namespace mode, or not started.
             KeyError: no such host.
         """
-        if self._lab is None:
+        if self._hosts is None or self._hosts.lab is None:
             raise RuntimeError(
-                f"local cluster {self._name!r} has no hosts: it runs on {self._network}"
-                + ("" if self._network == "loopback" else " and is not started")
+                f"local cluster {self._name!r} has no hosts: it runs on {self.network}"
+                + ("" if self.network == "loopback" else " and is not started")
             )
-        return self._lab.host(name)
+        return self._hosts.host(name)
 
     @property
     def zookeeper(self) -> LocalZooKeeper | None:
         """The cluster's own ZooKeeper (to kill or pause it), or None when it is external."""
-        return self._zookeeper
+        return self._nodes.zookeeper
 
     @property
     def zookeeper_connect_string(self) -> str:
@@ -373,26 +268,22 @@ class LocalCluster:
         Raises:
             RuntimeError: the cluster's own ZooKeeper has not been started.
         """
-        if self._external_zookeeper is not None:
-            return self._external_zookeeper
-        if self._zookeeper is None:
-            raise RuntimeError("the local cluster's ZooKeeper is not started yet")
-        return self._zookeeper.connect_string
+        return self._nodes.zookeeper_connect_string
 
     @property
     def storages(self) -> tuple[LocalStorageNode, ...]:
         """The storage nodes, ``storage-0`` first (empty before :meth:`start`)."""
-        return tuple(self._storages)
+        return self._nodes.storages
 
     @property
     def servers(self) -> tuple[LocalServer, ...]:
         """The servers, ``server-0`` first (empty before :meth:`start`)."""
-        return tuple(self._servers)
+        return self._nodes.servers
 
     @property
     def server_endpoints(self) -> list[str]:
         """``host:port`` of every server, in index order."""
-        return [s.endpoint for s in self._servers]
+        return [s.endpoint for s in self._nodes.servers]
 
     @property
     def cluster_key(self) -> str:
@@ -406,16 +297,19 @@ class LocalCluster:
         return self._cluster_key
 
     @property
+    def certificates(self) -> ClusterCertificates | None:
+        """The CA and role certificates of a secure cluster (made at :meth:`start`), else None."""
+        return self._security.certificates
+
+    @property
     def zookeeper_security(self) -> ZooKeeperSecurity:
         """The security of the cluster's ZooKeeper sessions (its credential once :meth:`start` ran)."""
-        return self._zookeeper_security
+        return self._security.zookeeper_security
 
     @property
     def zookeeper_digest_file(self) -> Path | None:
         """The file holding the cluster's ZooKeeper credential, or None without one."""
-        if self._zookeeper_security.digest is None or self._work_dir is None:
-            return None
-        return self._work_dir / DIGEST_FILE
+        return self._security.digest_file(self._work_dir)
 
     def zookeeper_settings(self) -> dict[str, object]:
         """Settings fields (``WaltzClientConfig``, ``ClusterAdminConfig``) that reach this cluster.
@@ -427,33 +321,16 @@ class LocalCluster:
         return {
             "zookeeper_connect_string": self.zookeeper_connect_string,
             "cluster_root": self.root,
-            **self._security_settings(),
+            **self._security.zookeeper_settings(self._work_dir),
         }
-
-    def _security_settings(self) -> dict[str, Path]:
-        security = self._zookeeper_security
-        settings = {
-            "zookeeper_auth_digest_file": self.zookeeper_digest_file,
-            "zookeeper_ssl_ca_file": security.ca_file,
-            "zookeeper_ssl_cert_file": security.cert_file,
-            "zookeeper_ssl_key_file": security.key_file,
-        }
-        return {k: v for k, v in settings.items() if v is not None}
 
     def zookeeper_env(self) -> dict[str, str]:
         """The ``WALTZ_ZOOKEEPER_*`` variables giving a process this cluster's credential and TLS files."""
-        names = {
-            "zookeeper_auth_digest_file": "WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE",
-            "zookeeper_ssl_ca_file": "WALTZ_ZOOKEEPER_SSL_CA_FILE",
-            "zookeeper_ssl_cert_file": "WALTZ_ZOOKEEPER_SSL_CERT_FILE",
-            "zookeeper_ssl_key_file": "WALTZ_ZOOKEEPER_SSL_KEY_FILE",
-        }
-        settings = self._security_settings()
-        return {env: str(settings[field]) for field, env in names.items() if field in settings}
+        return self._security.zookeeper_env(self._work_dir)
 
     def pids(self) -> dict[str, int]:
         """Process name (``zookeeper``, ``storage-0``, ``server-1``...) -> PID, for running processes."""
-        return {p.name: p.pid for p in self._processes() if p.is_running() and p.pid is not None}
+        return self._nodes.pids()
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -476,7 +353,7 @@ class LocalCluster:
             raise RuntimeError(f"a LocalCluster starts once (this one is {self._state}); create a new one")
         self._state = "starting"
         started = time.monotonic()
-        deadline = started + self._start_timeout
+        deadline = started + self._processes.start_timeout
 
         def remaining() -> float:
             return max(0.5, deadline - time.monotonic())
@@ -486,32 +363,44 @@ class LocalCluster:
                 self._work_dir = Path(tempfile.mkdtemp(prefix="waltz-local-")).resolve()
             self._work_dir.mkdir(parents=True, exist_ok=True)
             layout = self._load_layout()
-            if self._network == "namespaces":
-                self._start_hosts(layout)
-            if self._secure:
-                addresses = [h.address for h in self._lab.hosts.values()] if self._lab else []
-                addresses += [self._lab.bridge_address] if self._lab else []
-                self._secure_with(make_cluster_certificates(self._work_dir / "tls", addresses=addresses))
-            self._prepare_credential()
-            self._build(layout)
-            for node in self._storages:
-                node.launch()
-            if self._zookeeper is not None:
-                self._zookeeper.start()
-            for node in self._storages:
-                node.wait_started(remaining())
-            self._zk = connect_zookeeper(
-                self.zookeeper_connect_string,
-                connect_timeout=remaining(),
-                session_timeout=10.0,
-                security=self._zookeeper_security,
+            if self._hosts is not None:
+                self._hosts.start(layout.subnet if layout is not None else None)
+            self._security.start(self._work_dir, self._hosts.addresses() if self._hosts is not None else [])
+            self._nodes.build(
+                self._work_dir,
+                self.root,
+                layout,
+                self._hosts,
+                storage_env=self._security.storage_env(self._processes.storage_env),
+                server_env=self._security.server_env(
+                    {**DEFAULT_SERVER_ENV, **self._processes.server_env}, self._work_dir
+                ),
             )
-            self._create_cluster(resuming=layout is not None)
+            for node in self._nodes.storages:
+                node.launch()
+            if self._nodes.zookeeper is not None:
+                self._nodes.zookeeper.start()
+            for node in self._nodes.storages:
+                node.wait_started(remaining())
+            self._metadata.connect(
+                self.zookeeper_connect_string,
+                self._paths,
+                timeout=remaining(),
+                security=self._security.zookeeper_security,
+            )
+            self._cluster_key = self._metadata.create(
+                self._name,
+                self._partitions,
+                self._replicas,
+                {self._connect_string(n): n for n in self._nodes.storages},
+                tls=self._security.tls,
+                resuming=layout is not None,
+            )
             if self._keep:
                 self._layout().save(self.work_dir / LAYOUT_FILE)
-            for server in self._servers:
+            for server in self._nodes.servers:
                 server.launch()
-            for server in self._servers:
+            for server in self._nodes.servers:
                 server.wait_started(remaining())
             self.wait_ready(remaining())
         except BaseException:
@@ -523,8 +412,8 @@ class LocalCluster:
             "local cluster %r ready in %.1fs: %d storage nodes, %d servers, %d partitions under %s on %s",
             self._name,
             self.startup_seconds,
-            len(self._storages),
-            len(self._servers),
+            len(self._nodes.storages),
+            len(self._nodes.servers),
             self._partitions,
             self.root,
             self.zookeeper_connect_string,
@@ -541,20 +430,14 @@ class LocalCluster:
             return
         self._state = "closed"
         try:
-            self._stop_all(self._servers, timeout=15.0)
-            self._stop_all(self._storages, timeout=10.0)
-            self._close_zookeeper_session()
-            if self._zookeeper is not None and self._keep:
-                self._zookeeper.stop()
+            self._nodes.stop()
+            self._metadata.close()
+            if self._nodes.zookeeper is not None and self._keep:
+                self._nodes.zookeeper.stop()
         finally:
-            for server in self._servers:
-                server.close()
-            for node in self._storages:
-                node.close()
-            if self._zookeeper is not None:
-                self._zookeeper.close()
-            if self._lab is not None:
-                self._lab.close()
+            self._nodes.close()
+            if self._hosts is not None:
+                self._hosts.close()
             if not self._keep and self._work_dir is not None:
                 shutil.rmtree(self._work_dir, ignore_errors=True)
         log.info("local cluster %r closed", self._name)
@@ -582,12 +465,12 @@ class LocalCluster:
         from waltz.admin.replica_digests import replica_digests
 
         return replica_digests(
-            [node.admin_address for node in self._storages],
+            [node.admin_address for node in self._nodes.storages],
             str(self.cluster_key),
             self.num_partitions,
             high_water_marks,
             timeout=timeout,
-            tls=self._tls,
+            tls=self._security.tls,
         )
 
     # --- readiness and owners ---------------------------------------------------------------------
@@ -608,13 +491,18 @@ class LocalCluster:
             ClusterNotReadyError: not ready in time; the message says, for each partition, what was
                 missing, and ends with the state of the processes and the tail of relevant logs.
         """
-        timeout = self._start_timeout if timeout is None else timeout
+        timeout = self._processes.start_timeout if timeout is None else timeout
         problems: list[PartitionProblem] = []
 
         def ready() -> dict[int, PartitionOwner] | None:
             try:
                 owners, found = probe_partitions(
-                    self._client(), self._paths, self._partitions, self._replicas, self._servers, self._tls
+                    self._metadata.client,
+                    self._paths,
+                    self._partitions,
+                    self._replicas,
+                    self._nodes.servers,
+                    self._security.tls,
                 )
             except Exception as exc:  # ZooKeeper unreachable, say: report it, and keep trying
                 owners, found = {}, [PartitionProblem(Problem.ZOOKEEPER_UNREADABLE, detail=repr(exc))]
@@ -630,7 +518,8 @@ class LocalCluster:
             )
         except TimeoutError as exc:
             title = f"local cluster {self._name!r} under {self.root}: not ready after {timeout:g}s:"
-            message = not_ready_message(title, problems, self._servers, self._storages, self._zookeeper)
+            nodes = self._nodes
+            message = not_ready_message(title, problems, nodes.servers, nodes.storages, nodes.zookeeper)
             raise ClusterNotReadyError(message) from exc
 
     def owner(self, partition_id: int) -> str:
@@ -644,14 +533,13 @@ class LocalCluster:
         """
         if not 0 <= partition_id < self._partitions:
             raise ValueError(f"partition {partition_id} does not exist (0..{self._partitions - 1})")
-        assignment, _ = read_assignment(self._client(), self._paths)
-        placement = assignment.placements.get(partition_id)
-        if placement is None or placement.endpoint is None:
+        endpoint = self._metadata.owner(partition_id)
+        if endpoint is None:
             raise ClusterNotReadyError(
                 f"partition {partition_id} of {self.root} has no owner right now (no live server, or "
                 "the cluster manager has not placed it yet): call wait_ready() first"
             )
-        return placement.endpoint
+        return endpoint
 
     def owner_index(self, partition_id: int) -> int:
         """The index in :attr:`servers` of the owner of ``partition_id`` (for :meth:`kill_server`).
@@ -661,7 +549,7 @@ class LocalCluster:
             ClusterNotReadyError: no server of this cluster owns the partition right now.
         """
         endpoint = self.owner(partition_id)
-        for index, server in enumerate(self._servers):
+        for index, server in enumerate(self._nodes.servers):
             if server.endpoint == endpoint:
                 return index
         raise ClusterNotReadyError(
@@ -672,49 +560,43 @@ class LocalCluster:
 
     def kill_server(self, index: int) -> None:
         """Kill server ``index`` with SIGKILL (a crash); its partitions move after the session timeout."""
-        self._server(index).kill()
+        self._nodes.server(index).kill()
 
     def stop_server(self, index: int) -> int | None:
         """Stop server ``index`` gracefully (SIGTERM; its partitions move at once); its exit code."""
-        return self._server(index).stop()
+        return self._nodes.server(index).stop()
 
     def restart_server(self, index: int) -> None:
         """Kill server ``index`` if it runs and start it again on the same port (waits for the port)."""
-        self._paused.discard(("server", index))
-        self._server(index).restart()
+        self._nodes.restart("server", index)
 
     def pause_server(self, index: int) -> None:
         """Freeze server ``index`` (SIGSTOP), e.g. to test fencing of a paused owner."""
-        self._server(index).pause()
-        self._paused.add(("server", index))
+        self._nodes.pause("server", index)
 
     def resume_server(self, index: int) -> None:
         """Thaw server ``index`` (SIGCONT)."""
-        self._server(index).resume()
-        self._paused.discard(("server", index))
+        self._nodes.resume("server", index)
 
     def kill_storage(self, index: int) -> None:
         """Kill storage node ``index`` with SIGKILL (a crash)."""
-        self._storage(index).kill()
+        self._nodes.storage(index).kill()
 
     def stop_storage(self, index: int) -> int | None:
         """Stop storage node ``index`` gracefully (SIGTERM); its exit code."""
-        return self._storage(index).stop()
+        return self._nodes.storage(index).stop()
 
     def restart_storage(self, index: int) -> None:
         """Kill storage node ``index`` if it runs and start it again (same directory and ports)."""
-        self._paused.discard(("storage", index))
-        self._storage(index).restart()
+        self._nodes.restart("storage", index)
 
     def pause_storage(self, index: int) -> None:
         """Freeze storage node ``index`` (SIGSTOP)."""
-        self._storage(index).pause()
-        self._paused.add(("storage", index))
+        self._nodes.pause("storage", index)
 
     def resume_storage(self, index: int) -> None:
         """Thaw storage node ``index`` (SIGCONT)."""
-        self._storage(index).resume()
-        self._paused.discard(("storage", index))
+        self._nodes.resume("storage", index)
 
     def heal(self, timeout: float | None = None) -> dict[int, PartitionOwner]:
         """Undo faults: resume paused processes, restart stopped ones, then :meth:`wait_ready`.
@@ -731,24 +613,9 @@ class LocalCluster:
             ServiceStartError: a process did not start again.
             ClusterNotReadyError: as :meth:`wait_ready`.
         """
-        if self._lab is not None:
-            for name in self._lab.hosts:
-                self._lab.heal(name)
-                self._lab.uncut(name)
-        for kind, index in sorted(self._paused):
-            (self._storage(index) if kind == "storage" else self._server(index)).resume()
-        self._paused.clear()
-        if self._zookeeper is not None:
-            if self._zookeeper.is_running():
-                self._zookeeper.resume()  # in case it was paused through the zookeeper property
-            else:
-                self._zookeeper.start()
-        for node in self._storages:
-            if not node.process.is_running():
-                node.start()
-        for server in self._servers:
-            if not server.process.is_running():
-                server.start()
+        if self._hosts is not None:
+            self._hosts.heal()
+        self._nodes.heal()
         return self.wait_ready(timeout)
 
     # --- description ------------------------------------------------------------------------------
@@ -756,10 +623,7 @@ class LocalCluster:
     def metrics_urls(self) -> dict[str, str]:
         """The ``/metrics`` URL of each server and storage node that serves metrics, by process
         name (``server-0``, ``storage-0``, ...); ``https`` when the nodes use TLS."""
-        nodes = [(s.process.name, s.host, s.metrics_port) for s in self._servers] + [
-            (n.process.name, n.host, n.metrics_port) for n in self._storages
-        ]
-        return {name: f"{self._http_scheme}://{host}:{port}/metrics" for name, host, port in nodes if port}
+        return self._nodes.metrics_urls(self._security.http_scheme)
 
     def describe(self) -> str:
         """How to reach the cluster: ZooKeeper, root, servers, storage and admin ports, metrics, logs.
@@ -771,68 +635,29 @@ class LocalCluster:
             f"Waltz local cluster {self._name!r}: partitions {self._partitions}, "
             f"replicas per partition {self._replicas}, cluster key {self._cluster_key or '(not created)'}",
         ]
-        if self._external_zookeeper is not None:
-            lines.append(f"  ZooKeeper      {self._external_zookeeper} (external)")
-        elif self._zookeeper is not None:
-            lines.append(
-                f"  ZooKeeper      {self._zookeeper.connect_string} (tickTime {self._tick_time_ms} ms, "
-                f"pid {self._zookeeper.process.pid}, log {self._zookeeper.log_path})"
-            )
+        lines += self._nodes.describe_zookeeper()
         lines.append(f"  cluster root   {self.root}")
-        if self._lab is not None:
-            lines.append(
-                f"  hosts          network namespaces on {self._subnet}, this machine at "
-                f"{self._lab.bridge_address}; run a command on one with `ip netns exec <namespace> ...`:"
-            )
-            lines += [f"    {h.name:<10} {h.address:<15} {h.namespace}" for h in self._lab.hosts.values()]
-        owned = self._owned_partitions()
-        lines.append(
-            "  servers (ServerAdminClient connects here; Waltz clients find them through ZooKeeper):"
+        if self._hosts is not None:
+            lines += self._hosts.describe_lines()
+        placement = self._metadata.replica_placement()
+        if placement is None:  # not created yet, or ZooKeeper down: the planned placement
+            storages = [self._connect_string(n) for n in self._nodes.storages]
+            placement = spread_replicas(storages, self._partitions, self._replicas)
+        lines += self._nodes.describe_nodes(
+            self.metrics_urls(),
+            self._metadata.owned_partitions(),
+            lambda node: placement.get(self._connect_string(node), ()),
         )
-        urls = self.metrics_urls()
-        for server in self._servers:
-            url = urls.get(server.process.name)
-            metrics = f"  metrics {url}" if url else ""
-            parts = owned.get(server.endpoint)
-            owns = f"  owns {_ids(parts)}" if parts else ""
-            lines.append(
-                f"    {server.process.name:<10} {server.endpoint}{metrics}  {self._pid(server.process)}{owns}"
-            )
-        lines.append("  storage nodes (storage port, admin port):")
-        placement = self._replica_placement()
-        for node in self._storages:
-            url = urls.get(node.process.name)
-            metrics = f"  metrics {url}" if url else ""
-            lines.append(
-                f"    {node.process.name:<10} {node.address}  admin {node.admin_address}{metrics}  "
-                f"{self._pid(node.process)}  replicas {_ids(placement.get(self._connect_string(node), ()))}"
-            )
         if self._work_dir is not None:
             kept = "kept" if self._keep else "removed at stop"
             lines.append(f"  work dir       {self._work_dir} ({kept}); logs in {self._work_dir / 'logs'}")
-        files = self.certificates
-        if files is not None:
-            lines.append(
-                f"  mutual TLS     CA {files.ca_file}; role certificates node, client, operator, admin "
-                f"in {files.directory} (<role>.pem, <role>-key.pem)"
-            )
-        if self._state in ("starting", "running"):
-            lines += [
-                "  inspect it with the waltz command:",
-                f"    export WALTZ_ZOOKEEPER_CONNECT_STRING={self.zookeeper_connect_string} "
-                f"WALTZ_CLUSTER_ROOT={self.root}"
-                + "".join(f" {name}={value}" for name, value in self.zookeeper_env().items()),
-            ]
-            if files is not None:
-                lines.append(
-                    f"    export WALTZ_CLUSTER_SSL_CA_FILE={files.ca_file} "
-                    f"WALTZ_CLUSTER_SSL_CERT_FILE={files.cert_file('operator')} "
-                    f"WALTZ_CLUSTER_SSL_KEY_FILE={files.key_file('operator')}"
-                )
-            lines.append("    waltz cluster list; waltz cluster verify")
-            if files is not None:
-                client = " ".join(f"{k}={v}" for k, v in files.client_env().items())
-                lines.append(f"  applications connect with: export {client}")
+        running = self._state in ("starting", "running")
+        exports = (
+            f"WALTZ_ZOOKEEPER_CONNECT_STRING={self.zookeeper_connect_string} WALTZ_CLUSTER_ROOT={self.root}"
+            if running
+            else ""
+        )
+        lines += self._security.describe_lines(exports, self._work_dir, running=running)
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -843,54 +668,10 @@ class LocalCluster:
 
     # --- internals --------------------------------------------------------------------------------
 
-    def _processes(self) -> list[ManagedProcess]:
-        processes = [n.process for n in self._storages] + [s.process for s in self._servers]
-        return ([self._zookeeper.process] if self._zookeeper is not None else []) + processes
-
-    def _client(self) -> KazooClient:
-        if self._zk is None:
-            raise RuntimeError("the local cluster is not started")
-        return self._zk
-
-    def _server(self, index: int) -> LocalServer:
-        if not 0 <= index < len(self._servers):
-            raise IndexError(
-                f"no server {index}: the cluster has {len(self._servers)} (0..{len(self._servers) - 1})"
-            )
-        return self._servers[index]
-
-    def _storage(self, index: int) -> LocalStorageNode:
-        if not 0 <= index < len(self._storages):
-            raise IndexError(
-                f"no storage node {index}: the cluster has {len(self._storages)} "
-                f"(0..{len(self._storages) - 1})"
-            )
-        return self._storages[index]
-
-    @property
-    def _http_scheme(self) -> str:
-        """``https`` when the nodes serve TLS (their metrics ports too), else ``http``."""
-        return "https" if self._tls is not None else "http"
-
     def _connect_string(self, node: LocalStorageNode) -> str:
         """The connect string of a storage node in ZooKeeper (its address, or as the caller chose)."""
-        if self._storage_connect_string_of is None:
-            return node.address
-        return self._storage_connect_string_of(node)
-
-    def _prepare_credential(self) -> None:
-        """Make (or, resuming a kept work directory, read) the cluster's credential; tell the servers."""
-        if self._zookeeper_auth and self._zookeeper_security.digest is None:
-            path = self.work_dir / DIGEST_FILE
-            digest = (
-                ZooKeeperSecurity.read_digest_file(path)
-                if path.exists()
-                else ZooKeeperSecurity.generate().digest
-            )
-            self._zookeeper_security = dataclasses.replace(self._zookeeper_security, digest=digest)
-        if self._zookeeper_security.digest is not None:
-            self._zookeeper_security.write_digest_file(self.work_dir / DIGEST_FILE)
-        self._server_env = {**self.zookeeper_env(), **self._server_env}
+        connect_string_of = self._network.storage_connect_string_of
+        return node.address if connect_string_of is None else connect_string_of(node)
 
     def _load_layout(self) -> ClusterLayout | None:
         """The layout of the cluster a kept work directory holds, checked against the arguments."""
@@ -900,25 +681,15 @@ class LocalCluster:
         layout = ClusterLayout.load(path)
         if not self._root_given:  # a generated root (external ZooKeeper) is the saved one
             self._paths = ClusterPaths.of(layout.root)
-        wanted = {
-            "name": self._name,
-            "root": self.root,
-            "partitions": self._partitions,
-            "replicas": self._replicas,
-            "storages": self._num_storages,
-            "external ZooKeeper": self._external_zookeeper,
-            "network": self._network,
-        }
-        held = {
-            "name": layout.name,
-            "root": layout.root,
-            "partitions": layout.partitions,
-            "replicas": layout.replicas,
-            "storages": len(layout.storages),
-            "external ZooKeeper": layout.external_zookeeper,
-            "network": layout.network,
-        }
-        different = [f"{k} {held[k]!r} (asked: {wanted[k]!r})" for k in wanted if wanted[k] != held[k]]
+        different = layout.differences(
+            name=self._name,
+            root=self.root,
+            partitions=self._partitions,
+            replicas=self._replicas,
+            storages=self._num_storages,
+            external_zookeeper=self._external_zookeeper,
+            network=self.network,
+        )
         if different:
             raise ConfigurationError(
                 f"work directory {self.work_dir} holds another local cluster: {', '.join(different)}; "
@@ -928,225 +699,16 @@ class LocalCluster:
         return layout
 
     def _layout(self) -> ClusterLayout:
+        storages, servers = self._nodes.layout_ports()
         return ClusterLayout(
             name=self._name,
             root=self.root,
             partitions=self._partitions,
             replicas=self._replicas,
             external_zookeeper=self._external_zookeeper,
-            zookeeper_port=self._zookeeper.port if self._zookeeper is not None else None,
-            storages=[
-                {"port": n.port, "admin_port": n.admin_port, "metrics_port": n.metrics_port}
-                for n in self._storages
-            ],
-            servers=[{"port": s.port, "metrics_port": s.metrics_port} for s in self._servers],
-            network=self._network,
-            subnet=self._subnet if self._lab is not None else None,
+            zookeeper_port=self._nodes.zookeeper.port if self._nodes.zookeeper is not None else None,
+            storages=storages,
+            servers=servers,
+            network=self.network,
+            subnet=self._hosts.subnet if self._hosts is not None else None,
         )
-
-    def _host_names(self) -> list[str]:
-        return [
-            "zookeeper",
-            *(f"storage-{i}" for i in range(self._num_storages)),
-            *(f"server-{j}" for j in range(self._num_servers)),
-            *(f"client-{k}" for k in range(self._client_hosts)),
-        ]
-
-    def _start_hosts(self, layout: ClusterLayout | None) -> None:
-        """Build the network namespaces of namespace mode (a kept cluster gets its subnet back)."""
-        reason = network_lab_unavailable()
-        if reason is not None:
-            raise ConfigurationError(f"cannot run a local cluster in network namespaces: {reason}")
-        NetworkLab.cleanup_stale()
-        kept = layout.subnet if layout is not None and layout.subnet else None
-        if kept is not None and self._subnet is not None and kept != self._subnet:
-            raise ConfigurationError(
-                f"the work directory's cluster runs on {kept} (its storage nodes' addresses are in "
-                f"ZooKeeper), not on the subnet asked for, {self._subnet}"
-            )
-        given = kept or self._subnet
-        for attempt in range(_SUBNET_ATTEMPTS):  # another lab may take a free subnet meanwhile
-            self._subnet = given or unused_subnet(_LOCAL_SUBNETS)
-            self._lab = NetworkLab(self._host_names(), subnet=self._subnet)
-            try:
-                self._lab.start()
-                return
-            except NetworkLabError:
-                self._lab = None
-                if given is not None or attempt + 1 == _SUBNET_ATTEMPTS:
-                    raise
-
-    def _placement(self, name: str) -> _Placement:
-        """Where a process runs: on loopback (nothing), or inside its host with a config file."""
-        if self._lab is None:
-            return {}
-        return {
-            "host": self._lab.address(name),
-            "command_prefix": self._lab.command_prefix(name),
-            "config_file": self.work_dir / "config" / f"{name}.yaml",
-        }
-
-    def _secure_with(self, certificates: ClusterCertificates) -> None:
-        """Serve mutual TLS with role checks on every node; the supervisor acts as ``admin``."""
-        self.certificates = certificates
-        self._storage_env = {**self._storage_env, **certificates.storage_env()}
-        self._server_env = {**self._server_env, **certificates.server_env()}
-        self._tls = certificates.tls("admin")
-
-    def _build(self, layout: ClusterLayout | None) -> None:
-        """Create (not start) the ZooKeeper, storage node and server objects."""
-        work_dir = self.work_dir
-        logs = work_dir / "logs"
-        lab = self._lab
-        if self._external_zookeeper is None:
-            self._zookeeper = LocalZooKeeper(
-                data_dir=work_dir / "zookeeper",
-                port=NAMESPACE_PORTS["zookeeper"] if lab else (layout.zookeeper_port if layout else None),
-                tick_time_ms=self._tick_time_ms,
-                # The cluster's whole start budget: a JVM on a loaded machine may take long.
-                startup_timeout=self._start_timeout,
-                host=lab.address("zookeeper") if lab else None,
-                command_prefix=lab.command_prefix("zookeeper") if lab else (),
-            )
-        for i in range(self._num_storages):
-            ports = layout.storages[i] if layout else {}
-            if lab is not None:
-                ports = {
-                    "port": NAMESPACE_PORTS["storage"],
-                    "admin_port": NAMESPACE_PORTS["storage_admin"],
-                    "metrics_port": NAMESPACE_PORTS["storage_metrics"],
-                }
-            self._storages.append(
-                LocalStorageNode(
-                    work_dir / f"storage-{i}",
-                    name=f"storage-{i}",
-                    log_path=logs / f"storage-{i}.log",
-                    port=ports.get("port"),
-                    admin_port=ports.get("admin_port"),
-                    metrics=self._metrics,
-                    metrics_port=ports.get("metrics_port"),
-                    extra_args=self._storage_args,
-                    env=self._storage_env,
-                    **self._placement(f"storage-{i}"),
-                )
-            )
-        for j in range(self._num_servers):
-            ports = layout.servers[j] if layout and j < len(layout.servers) else {}
-            if lab is not None:
-                ports = {"port": NAMESPACE_PORTS["server"], "metrics_port": NAMESPACE_PORTS["server_metrics"]}
-            self._servers.append(
-                LocalServer(
-                    self.zookeeper_connect_string,
-                    self.root,
-                    name=f"server-{j}",
-                    log_path=logs / f"server-{j}.log",
-                    port=ports.get("port"),
-                    metrics=self._metrics,
-                    metrics_port=ports.get("metrics_port"),
-                    session_timeout=self._session_timeout,
-                    extra_args=self._server_args
-                    + list(self._server_args_of(j) if self._server_args_of is not None else ()),
-                    env=self._server_env,
-                    **self._placement(f"server-{j}"),
-                )
-            )
-
-    def _create_cluster(self, *, resuming: bool) -> None:
-        """Create the cluster in ZooKeeper and on the storage nodes (or check the resumed one)."""
-        admin = ClusterAdmin(self._client(), self.root, tls=self._tls)
-        if admin.cluster.exists():
-            params = admin.cluster.params()
-            if not resuming:
-                raise ConfigurationError(
-                    f"a cluster ({params.name!r}) already exists under {self.root} on ZooKeeper "
-                    f"{self.zookeeper_connect_string}: pass another root, or delete it with "
-                    f"`waltz cluster delete --zookeeper {self.zookeeper_connect_string} --root {self.root}`"
-                )
-            if params.num_partitions != self._partitions:
-                raise ConfigurationError(
-                    f"the cluster under {self.root} has {params.num_partitions} partitions, "
-                    f"not {self._partitions}"
-                )
-            self._cluster_key = str(params.cluster_key)
-            self._owns_root = True
-            return
-        self._owns_root = True  # from here on, whatever is under the root is this cluster's
-        specs = [StorageSpec(self._connect_string(n), n.admin_port) for n in self._storages]
-        result = admin.create(self._name, self._partitions, specs, self._replicas)
-        self._cluster_key = str(result.params.cluster_key)
-        failures = [(s.spec, s.error) for s in result.storage if s.error is not None]
-        if failures:
-            node_of = {self._connect_string(n): n for n in self._storages}
-            details = "\n".join(
-                f"{spec.connect_string}: {error}\n"
-                f"{node_of[spec.connect_string].process.log_tail(LOG_TAIL_LINES)}"
-                for spec, error in failures
-            )
-            hint = (
-                " (its directory belongs to an earlier cluster: use another work directory)"
-                if resuming
-                else ""
-            )
-            raise ServiceStartError(f"storage node(s) refused the new cluster{hint}:\n{details}")
-
-    def _owned_partitions(self) -> dict[str, list[int]]:
-        if self._zk is None or not self._zk.connected:
-            return {}
-        try:
-            assignment, _ = read_assignment(self._zk, self._paths)
-        except Exception as exc:  # a description must not fail because ZooKeeper is down
-            log.debug("cannot read the assignment for describe(): %r", exc)
-            return {}
-        owned: dict[str, list[int]] = {}
-        for pid, placement in sorted(assignment.placements.items()):
-            if placement.endpoint is not None:
-                owned.setdefault(placement.endpoint, []).append(pid)
-        return owned
-
-    def _replica_placement(self) -> Mapping[str, Sequence[int]]:
-        if self._zk is not None and self._zk.connected:
-            try:
-                return ClusterZk(self._zk, self.root).assignments().value.replicas
-            except Exception as exc:  # not created yet, or ZooKeeper down: show the planned placement
-                log.debug("cannot read the replica assignments for describe(): %r", exc)
-        return spread_replicas(
-            [self._connect_string(n) for n in self._storages], self._partitions, self._replicas
-        )
-
-    @staticmethod
-    def _pid(process: ManagedProcess) -> str:
-        return f"pid {process.pid}" if process.is_running() else "NOT RUNNING"
-
-    @staticmethod
-    def _stop_all(nodes: Sequence[LocalServer | LocalStorageNode], timeout: float) -> None:
-        """SIGTERM every node at once and wait for each (killing it after ``timeout`` seconds)."""
-        running = [n for n in nodes if n.process.is_running()]
-        if not running:
-            return
-        with concurrent.futures.ThreadPoolExecutor(
-            len(running), thread_name_prefix="local-cluster-stop"
-        ) as pool:
-            futures = {pool.submit(n.stop, timeout): n for n in running}
-            for future in concurrent.futures.as_completed(futures):
-                try:
-                    future.result()
-                except Exception:
-                    log.exception("could not stop %s; it will be killed", futures[future].process.name)
-
-    def _close_zookeeper_session(self) -> None:
-        client, self._zk = self._zk, None
-        if client is None:
-            return
-        try:
-            if self._delete_root and self._owns_root and client.connected:
-                with contextlib.suppress(NoNodeError):  # start() failed before creating it
-                    client.delete(self.root, recursive=True)
-        except Exception:
-            log.exception("could not delete %s from ZooKeeper %s", self.root, self._external_zookeeper)
-        finally:
-            client.stop()
-            client.close()
-
-
-def _ids(ids: Sequence[int] | None) -> str:
-    return ", ".join(str(i) for i in ids) if ids else "none"

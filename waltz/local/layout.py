@@ -48,6 +48,38 @@ class ClusterLayout:
     network: str = "loopback"
     subnet: str | None = None
 
+    def differences(
+        self,
+        *,
+        name: str,
+        root: str,
+        partitions: int,
+        replicas: int,
+        storages: int,
+        external_zookeeper: str | None,
+        network: str,
+    ) -> list[str]:
+        """What differs between this kept cluster and the one a start asks for, for a message.
+
+        The ports, which a start takes from the kept layout, and the subnet, which namespace mode
+        checks itself, are not compared.
+
+        Returns:
+            One ``<what> <kept value> (asked: <value>)`` per difference; empty when they agree.
+        """
+        pairs: dict[str, tuple[object, object]] = {
+            "name": (self.name, name),
+            "root": (self.root, root),
+            "partitions": (self.partitions, partitions),
+            "replicas": (self.replicas, replicas),
+            "storages": (len(self.storages), storages),
+            "external ZooKeeper": (self.external_zookeeper, external_zookeeper),
+            "network": (self.network, network),
+        }
+        return [
+            f"{what} {held!r} (asked: {asked!r})" for what, (held, asked) in pairs.items() if held != asked
+        ]
+
     def save(self, path: Path) -> None:
         """Write the layout to ``path`` (JSON)."""
         path.write_text(json.dumps({"format_version": LAYOUT_VERSION, **asdict(self)}, indent=2) + "\n")

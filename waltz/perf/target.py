@@ -72,14 +72,17 @@ def perf_cluster(
         yield PerfTarget(config)
         return
     from waltz.local.cluster import LocalCluster
+    from waltz.local.options import ProcessOptions
 
     with LocalCluster(
         storages=local.storages,
         servers=local.servers,
         partitions=local.partitions,
-        server_env=local.server_env,
-        metrics=True,  # for the nodes' CPU per transaction (process_cpu_seconds_total)
-        start_timeout=120.0,
+        processes=ProcessOptions(
+            server_env=local.server_env,
+            metrics=True,  # for the nodes' CPU per transaction (process_cpu_seconds_total)
+            start_timeout=120.0,
+        ),
     ) as cluster:
         overrides = {
             "zookeeper_connect_string": cluster.zookeeper_connect_string,

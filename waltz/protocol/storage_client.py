@@ -15,16 +15,17 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 
 from waltz.errors import ProtocolError, StorageRpcError
 from waltz.protocol import storage_pb2
 from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES, TlsConfig, open_channel
-from waltz.protocol.records import Record, RecordHeader
+from waltz.protocol.records import Record, RecordHeader, ReqId
 
 __all__ = [
+    "ColumnsRecord",
     "StorageAdminClient",
     "StorageSessionClient",
     "StorageStreamError",
@@ -227,7 +228,27 @@ _ANSWERS = {
 }
 
 
-def columns_append(records: Sequence[Record]) -> bytes:
+class ColumnsRecord(Protocol):
+    """What :func:`columns_append` reads of a record: a :class:`Record`, or any value with its
+    fields (a server's store batch is built from its pending appends)."""
+
+    @property
+    def transaction_id(self) -> int: ...
+
+    @property
+    def req_id(self) -> ReqId: ...
+
+    @property
+    def header(self) -> int: ...
+
+    @property
+    def data(self) -> bytes: ...
+
+    @property
+    def checksum(self) -> int: ...
+
+
+def columns_append(records: Sequence[ColumnsRecord]) -> bytes:
     """A serialized ``AppendRequest`` carrying consecutive ``records`` in columns (storage.proto
     ``RecordColumns``, the form of a server's store batch), for :meth:`StorageSessionClient.submit_append`.
 

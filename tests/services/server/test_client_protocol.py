@@ -13,6 +13,7 @@ from support.feed import FeedEntry, feed_entries
 from support.storage import run
 
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import ProcessOptions
 from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
 from waltz.protocol.records import crc32
 
@@ -29,7 +30,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iter
         work_dir=tmp_path_factory.mktemp("protocol-cluster"),
         delete_root=True,
         # A small data cache: data ranges come partly from the cache, partly from storage.
-        server_env={"WALTZ_SERVER_TRANSACTION_DATA_CACHE_SIZE": str(DATA_CACHE_SIZE)},
+        processes=ProcessOptions(
+            server_env={"WALTZ_SERVER_TRANSACTION_DATA_CACHE_SIZE": str(DATA_CACHE_SIZE)}
+        ),
     ) as local:
         yield local
 
@@ -551,8 +554,7 @@ def test_appends_wait_while_the_store_holds_the_byte_budget(tmp_path: Path, zook
         zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
         work_dir=tmp_path,
         delete_root=True,
-        metrics=True,
-        server_env={"WALTZ_SERVER_MAX_PENDING_BYTES": "1"},
+        processes=ProcessOptions(metrics=True, server_env={"WALTZ_SERVER_MAX_PENDING_BYTES": "1"}),
     ) as local:
         endpoint, generation = local.owner(0), generation_of(local)
 

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from waltz.cli.main import app
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import ProcessOptions
 from waltz.local.processes import wait_until
 from waltz.metadata.assignment import Member
 from waltz.metadata.preferred import preferred_path, update_preferred
@@ -32,7 +33,9 @@ def cluster(tmp_path: Path, zookeeper: object) -> Iterator[LocalCluster]:
         zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
         work_dir=tmp_path / "cluster",
         delete_root=True,
-        server_env={"WALTZ_SERVER_PREFERRED_PARTITIONS_RECLAIM_DELAY": str(RECLAIM_DELAY)},
+        processes=ProcessOptions(
+            server_env={"WALTZ_SERVER_PREFERRED_PARTITIONS_RECLAIM_DELAY": str(RECLAIM_DELAY)}
+        ),
     ) as local:
         yield local
 

@@ -15,8 +15,8 @@ from support.storage import run
 
 from tests.services.server.conftest import StoreCluster, make_store_cluster
 from waltz.chaos.proxy import FaultProxy
-from waltz.local.cluster import DEFAULT_SERVER_ENV
 from waltz.local.nodes import LocalServer
+from waltz.local.options import DEFAULT_SERVER_ENV
 from waltz.local.processes import wait_until
 from waltz.metadata.assignment import read_assignment
 from waltz.protocol.records import Record, ReqId

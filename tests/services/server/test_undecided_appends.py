@@ -44,6 +44,7 @@ from tests.services.server.test_client_protocol import RawClient, kind_of
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.chaos.proxy import ClusterProxies
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import NetworkOptions
 from waltz.metadata.assignment import PartitionAssignment, Placement, read_assignment
 from waltz.metadata.zk import ClusterPaths, ClusterZk
 from waltz.protocol import client_pb2
@@ -70,7 +71,7 @@ def fenced_cluster(
             zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
             work_dir=tmp_path / "cluster",
             delete_root=True,
-            storage_connect_string_of=proxies.storage_connect_string,
+            network=NetworkOptions(storage_connect_string_of=proxies.storage_connect_string),
         )
         proxies.cluster = cluster
         with cluster:

@@ -15,8 +15,9 @@ from support.storage import run
 
 from tests.services.server.conftest import StoreCluster
 from waltz.local.nodes import LocalStorageNode
-from waltz.protocol.records import Record, ReqId
+from waltz.protocol.records import Record, ReqId, crc32
 from waltz.protocol.storage_client import StorageAdminClient
+from waltz.services.server.store.append_queue import RECORD_OVERHEAD_BYTES, AppendQueue, PendingAppend
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError, StorageStreams
 from waltz.services.server.store.store_partition import (
@@ -25,7 +26,6 @@ from waltz.services.server.store.store_partition import (
     StoreClosedError,
     StorePartition,
 )
-from waltz.services.server.store.store_session import RECORD_OVERHEAD_BYTES
 
 SHARED = pytest.mark.parametrize("shared", [False, True], ids=["own-streams", "shared-streams"])
 
@@ -559,32 +559,22 @@ def test_recover_partition_seeds_a_new_replica_with_committed_records(
 def test_the_linger_waits_only_while_a_batch_awaits_its_quorum() -> None:
     """``StoreConfig.linger`` (``storage.linger``): a queue smaller than a batch waits for more
     records while a batch sent earlier is not committed, never when every batch sent is (even if
-    a replica beyond the quorum has not answered), and never once it holds a full batch (group
-    commit without a timer on an idle partition)."""
-    from types import SimpleNamespace
-
-    from waltz.services.server.store.store_session import StoreSession
-
-    config = StoreConfig(linger=0.002, max_batch_records=10)
-    queue = [object()] * 3
-    # Transactions up to 41 sent, up to 41 committed.
-    partition = SimpleNamespace(_queue=queue, _queue_since=100.0, _high_water_mark=41)
-    session = SimpleNamespace(config=config, next_transaction_id=42, batches_in_flight=0, partition=partition)
-    linger_left = StoreSession._linger_left
-    assert linger_left(session, 100.0005) == 0.0  # nothing in flight: send now
-    session.batches_in_flight = 1  # committed, but the third replica has not answered yet
-    assert linger_left(session, 100.0005) == 0.0  # the slow replica holds nothing back
-    session.next_transaction_id = 52  # a batch of 10 awaits its quorum
-    assert linger_left(session, 100.0005) == pytest.approx(0.0015)  # wait for more
-    assert linger_left(session, 100.003) < 0  # waited long enough
-    partition._queue = [object()] * 10
-    assert linger_left(session, 100.0005) == 0.0  # a full batch goes at once
-    partition._queue = queue
-    partition._high_water_mark = 51
-    assert linger_left(session, 100.0005) == 0.0  # that batch committed: send now
-    partition._high_water_mark = 41
-    session.config = StoreConfig(linger=0.0, max_batch_records=10)
-    assert linger_left(session, 100.0005) == 0.0  # no linger configured
+    a replica beyond the quorum has not answered: only the commit counts), and never once it holds
+    a full batch (group commit without a timer on an idle partition)."""
+    queue = AppendQueue(0)
+    queue.settle(41)  # a recovery ended the log at 41
+    for seq_num in range(3):
+        queue.put(PendingAppend(ReqId(1, 1, 0, seq_num), 0, b"x", crc32(b"x"), None))
+    now = queue.queued_since + 0.0005
+    assert queue.linger_left(now, 0.002, 10, sent_through=41) == 0.0  # every batch committed: send now
+    assert queue.linger_left(now, 0.002, 10, sent_through=51) == pytest.approx(0.0015)  # wait for more
+    assert queue.linger_left(queue.queued_since + 0.003, 0.002, 10, sent_through=51) < 0  # waited enough
+    queue.commit_through(51)
+    assert queue.linger_left(now, 0.002, 10, sent_through=51) == 0.0  # that batch committed: send now
+    assert queue.linger_left(now, 0.0, 10, sent_through=61) == 0.0  # no linger configured
+    for seq_num in range(3, 10):
+        queue.put(PendingAppend(ReqId(1, 1, 0, seq_num), 0, b"x", crc32(b"x"), None))
+    assert queue.linger_left(now, 0.002, 10, sent_through=61) == 0.0  # a full batch goes at once
 
 
 async def append_behind_a_flying_batch(partition: StorePartition, seq_num: int) -> None:

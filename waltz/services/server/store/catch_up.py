@@ -15,6 +15,9 @@ ZooKeeper made a member of the session by compare-and-set, before anything is co
 are then always a prefix of the session's log, so that any later recovery may count its vote.
 A failure of the replica, or of the copy, ends the catch-up, never the session; the session's
 probe tries the replica again.
+
+A catch-up sees its session through :class:`JoinableSession`, the few things it asks of it, and is
+given the ZooKeeper handle and the partition ID explicitly: it imports nothing of the session.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kazoo.exceptions import KazooException
 
@@ -32,13 +35,11 @@ from waltz.errors import StaleMetadataError, WaltzError
 from waltz.metadata.values import PartitionMetadata, ReplicaState
 from waltz.metadata.zk import ClusterZk, Versioned
 from waltz.protocol.storage_client import columns_append
+from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.recovery import LaggingReplica, clean_replica
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
 
-if TYPE_CHECKING:
-    from waltz.services.server.store.store_session import StoreSession
-
-__all__ = ["CatchUpStoppedError", "ReplicaCatchUp", "join_session_metadata"]
+__all__ = ["CatchUpStoppedError", "JoinableSession", "ReplicaCatchUp", "join_session_metadata"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,39 @@ PROGRESS_WAIT = 0.05
 class CatchUpStoppedError(WaltzError):
     """A catch-up could not go on (another session took over the partition, or its metadata
     could not be updated); the replica stays out of the session."""
+
+
+class JoinableSession(Protocol):
+    """What a catch-up asks of the store session its replica joins
+    (docs/design/recovery.md "Catching up in the background").
+
+    Implemented by :class:`~waltz.services.server.store.store_session.StoreSession`.
+    """
+
+    @property
+    def session_id(self) -> int:
+        """The session's ID (the replica is cleaned and enrolled under it)."""
+
+    @property
+    def start_high_water_mark(self) -> int:
+        """The session's starting high-water mark (a returning replica's low-water mark)."""
+
+    @property
+    def ending(self) -> bool:
+        """True once the session takes no new records (the catch-up stops)."""
+
+    @property
+    def config(self) -> StoreConfig:
+        """Store settings (``catch_up_page``, ``catch_up_rate``, ``retry_interval``)."""
+
+    def join(self, storage: str, connection: ReplicaConnection, last: int) -> bool:
+        """Make the replica a writer if the session's kept batches reach back to ``last + 1``."""
+
+    def catch_up_source(self) -> tuple[ReplicaConnection, int] | None:
+        """The writer to copy from and its last flushed transaction ID (None: no writer)."""
+
+    async def wait_for_acknowledgements(self, timeout: float) -> None:
+        """Wait until a writer acknowledges a batch, at most ``timeout`` seconds."""
 
 
 def join_session_metadata(zk: ClusterZk, partition_id: int, session_id: int, storage: str) -> int:
@@ -86,6 +120,8 @@ class ReplicaCatchUp:
 
     Args:
         session: the store session the replica joins.
+        zk: the cluster's znodes (a returning replica is enrolled in the partition metadata).
+        partition_id: the partition.
         storage: the replica's storage node.
         lagging: the replica as its session's recovery left it (connection open, cleaned, a member
             of the session); None for a replica that returned during the session, which is reached
@@ -95,12 +131,16 @@ class ReplicaCatchUp:
 
     def __init__(
         self,
-        session: StoreSession,
+        session: JoinableSession,
+        zk: ClusterZk,
+        partition_id: int,
         storage: str,
         lagging: LaggingReplica | None,
         connect: Callable[[str], ReplicaConnection],
     ) -> None:
         self.session = session
+        self._zk = zk
+        self._partition_id = partition_id
         self.storage = storage
         self._lagging = lagging
         self._connect = connect
@@ -108,10 +148,6 @@ class ReplicaCatchUp:
         self._reached = lagging is not None
         self.copied = 0
         """Records copied so far."""
-
-    @property
-    def _partition_id(self) -> int:
-        return self.session.partition.partition_id
 
     async def run(self) -> None:
         """Reach (if need be), copy, join; log and return when the replica or the copy fails."""
@@ -163,7 +199,7 @@ class ReplicaCatchUp:
     async def _reach(self, connection: ReplicaConnection) -> int:
         """Open, clean and enroll a replica that returned during the session; returns its mark."""
         session = self.session
-        zk = session.partition._zk
+        zk = self._zk
         await connection.open()
         self._reached = True
         try:

@@ -2,19 +2,20 @@
 
 Design: docs/design/server.md "Store partition", "Store sessions", "Quorum writes and batching";
 docs/design/recovery.md "When a recovery runs". A store partition runs store sessions one after
-another. Each session starts with a recovery
+another. Appends wait in its :class:`~waltz.services.server.store.append_queue.AppendQueue`, which
+it hands to each session it starts. Each session starts with a recovery
 (:class:`~waltz.services.server.store.recovery.RecoveryManager`), then streams batches of records
-to its clean replicas; a batch is committed once a quorum (a majority of the partition's assigned
-replicas) has flushed it, while replicas below its high-water mark (down at its start, or back
-since) are caught up in the background and join it (docs/design/recovery.md "Catching up in the
-background"). A session ends when one of its writers fails (the next session recovers without it),
-when the replica assignment changes, after ``checkpoint_interval`` transactions, or when the
-partition closes. Records still in flight when a
-session ends are settled by the next recovery: committed if the resolved high-water mark covers
-them, failed otherwise. Records still in flight when the store partition closes (it moved, the
-server stops, or a newer generation fenced it) are undecided: the next owner's recovery commits or
-drops them, so the store reports them with :class:`AppendUndecidedError`, never as failed
-(docs/design/server.md "Generations and server fencing").
+from the queue to its clean replicas; a batch is committed once a quorum (a majority of the
+partition's assigned replicas) has flushed it, while replicas below its high-water mark (down at
+its start, or back since) are caught up in the background and join it (docs/design/recovery.md
+"Catching up in the background"). A session ends when one of its writers fails (the next session
+recovers without it), when the replica assignment changes, after ``checkpoint_interval``
+transactions, or when the partition closes. Records still in flight when a session ends are settled
+by the next recovery: committed if the resolved high-water mark covers them, failed otherwise.
+Records still in flight when the store partition closes (it moved, the server stops, or a newer
+generation fenced it) are undecided: the next owner's recovery commits or drops them, so the store
+reports them with :class:`AppendUndecidedError`, never as failed (docs/design/server.md
+"Generations and server fencing").
 """
 
 from __future__ import annotations
@@ -22,43 +23,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from kazoo.exceptions import KazooException
 
-from waltz import tracing
 from waltz.errors import GenerationFencedError, WaltzError
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol.records import Record, ReqId, crc32
+from waltz.services.server.store.append_queue import (
+    AppendDone,
+    AppendFailedError,
+    AppendQueue,
+    AppendUndecidedError,
+    PendingAppend,
+    StoreClosedError,
+)
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.recovery import RecoveryAbortedError, RecoveryManager, RecoveryResult
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError, StorageStreams
-from waltz.services.server.store.store_session import AppendDone, PendingAppend, StoreSession
+from waltz.services.server.store.store_session import StoreSession
 
 __all__ = ["AppendFailedError", "AppendUndecidedError", "StoreClosedError", "StorePartition"]
 
 log = logging.getLogger(__name__)
-
-
-class AppendFailedError(WaltzError):
-    """The record was not committed: its store session ended and the recovery did not keep it."""
-
-
-class StoreClosedError(WaltzError):
-    """The store partition is closed (shut down, or fenced by a newer generation)."""
-
-
-class AppendUndecidedError(StoreClosedError):
-    """The store partition closed while the record was in flight: its fate is undecided.
-
-    The record was sent to the replicas but no quorum acknowledged it before the store closed, so
-    some replicas may hold it. The recovery of the partition's next store session (on this server
-    or on the partition's next owner) commits it or drops it; the partition's log (its feed) tells
-    which. See docs/design/server.md "Generations and server fencing".
-    """
 
 
 def _settle_future(future: asyncio.Future[int]) -> AppendDone:
@@ -115,24 +103,12 @@ class StorePartition:
         self._cluster_key = cluster_key
         self._num_partitions = num_partitions
         self.config = config or StoreConfig()
-        self._on_commit = on_commit
-        self._queue: deque[PendingAppend] = deque()
-        self._queue_since = 0.0  # when the oldest queued record arrived (for the linger)
+        self._queue = AppendQueue(partition_id, on_commit)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._in_flight: deque[PendingAppend] = deque()
-        self.pending_bytes = 0
-        """Data bytes of the records queued or in flight (the server's back pressure reads it)."""
-        self._high_water_mark = -1
-        self._wakeup = asyncio.Event()
         self._writable = asyncio.Event()
         self._session: StoreSession | None = None
         self._task: asyncio.Task[None] | None = None
-        self._closed = False
-        self._close_reason: str = "closed"
         self.sessions_started = 0
-        self.batches_sent = 0
-        self.traced_queued = 0
-        """Traced records queued and not yet in a batch (docs/tracing.md)."""
         self.recovered = asyncio.Event()
         self.on_close: Callable[[str], None] | None = None
 
@@ -151,11 +127,8 @@ class StorePartition:
         records still in flight are undecided (:class:`AppendUndecidedError`) and the queued ones,
         never sent to a replica, fail (:class:`StoreClosedError`).
         """
-        if self._closed:
+        if not self._queue.close(reason):
             return
-        self._closed = True
-        self._close_reason = reason
-        self._wakeup.set()
         if self._session is not None:
             self._session.end("partition closing")
         if self._task is not None:
@@ -170,17 +143,17 @@ class StorePartition:
     @property
     def closed(self) -> bool:
         """True once the partition is closed (see :attr:`close_reason`)."""
-        return self._closed
+        return self._queue.closed
 
     @property
     def close_reason(self) -> str:
         """Why the partition closed."""
-        return self._close_reason
+        return self._queue.close_reason
 
     @property
     def high_water_mark(self) -> int:
         """The highest committed transaction ID known (-1: none; valid after the first recovery)."""
-        return self._high_water_mark
+        return self._queue.high_water_mark
 
     @property
     def writable(self) -> bool:
@@ -198,7 +171,17 @@ class StorePartition:
     @property
     def pending_records(self) -> int:
         """Records queued or in flight (not yet committed or failed)."""
-        return len(self._queue) + len(self._in_flight)
+        return self._queue.pending_records
+
+    @property
+    def pending_bytes(self) -> int:
+        """Data bytes of the records queued or in flight (the server's back pressure reads it)."""
+        return self._queue.pending_bytes
+
+    @property
+    def batches_sent(self) -> int:
+        """Append batches its store sessions have sent to the replicas."""
+        return self._queue.batches_taken
 
     @property
     def replicas_in_session(self) -> list[str]:
@@ -245,15 +228,7 @@ class StorePartition:
         pending = PendingAppend(req_id, header, data, checksum, on_done)
         if trace is not None:
             pending.trace = trace
-            self.traced_queued += 1
-        if self._closed:
-            pending.resolve(StoreClosedError(f"partition {self.partition_id}: {self._close_reason}"))
-            return
-        if not self._queue:
-            self._queue_since = time.monotonic()
-        self._queue.append(pending)
-        self.pending_bytes += len(pending.data)
-        self._wakeup.set()
+        self._queue.put(pending)
 
     async def append(self, req_id: ReqId, header: int, data: bytes) -> int:
         """Append one transaction and wait until it is committed; returns its transaction ID."""
@@ -268,11 +243,12 @@ class StorePartition:
             StoreClosedError: the partition is closed.
             TimeoutError: no store session became writable within the request timeout.
         """
+        queue = self._queue
         for _ in range(5):
-            if self._closed:
-                raise StoreClosedError(f"partition {self.partition_id}: {self._close_reason}")
+            if queue.closed:
+                raise StoreClosedError(f"partition {self.partition_id}: {queue.close_reason}")
             await self.wait_writable(self.config.request_timeout)
-            last = self._high_water_mark
+            last = queue.high_water_mark
             if transaction_id > last:
                 return []
             session = self._session
@@ -303,17 +279,17 @@ class StorePartition:
         return connect
 
     async def _run(self) -> None:
-        while not self._closed:
+        queue = self._queue
+        while not queue.closed:
             try:
                 result, assigned = await self._recover()
             except GenerationFencedError as exc:
                 log.warning("%s", exc)
-                self._closed = True
-                self._close_reason = str(exc)
+                queue.close(str(exc))
                 self._close_out()
                 return
             except RecoveryAbortedError as exc:
-                if self._closed:
+                if queue.closed:
                     return
                 log.warning("partition %d: %s; starting a new session", self.partition_id, exc)
                 await asyncio.sleep(self.config.retry_interval)
@@ -324,8 +300,18 @@ class StorePartition:
                 log.error("partition %d: recovery failed: %r; retrying", self.partition_id, exc)
                 await asyncio.sleep(self.config.retry_interval)
                 continue
-            self._settle(result.high_water_mark)
-            session = StoreSession(self, result, assigned)
+            queue.settle(result.high_water_mark)
+            session_id = result.metadata.value.session_id
+            session = StoreSession(
+                queue,
+                partition_id=self.partition_id,
+                session_id=session_id,
+                recovery=result,
+                assigned=assigned,
+                config=self.config,
+                connect=self._connect(session_id),
+                zk=self._zk,
+            )
             self._session = session
             self._writable.set()
             self.recovered.set()
@@ -352,79 +338,20 @@ class StorePartition:
             self._connect(session.value.session_id),
             self._zk,
             self.config,
-            closed=lambda: self._closed,
+            closed=lambda: self._queue.closed,
         )
         return await manager.run(), assigned
-
-    def _settle(self, high_water_mark: int) -> None:
-        """Settle records left in flight by the previous session, by the recovery's result."""
-        kept: list[PendingAppend] = []
-        while self._in_flight:
-            pending = self._in_flight.popleft()
-            if pending.transaction_id <= high_water_mark:
-                kept.append(pending)
-            else:
-                self._resolve(
-                    pending,
-                    AppendFailedError(
-                        f"partition {self.partition_id}: transaction {pending.transaction_id} was not "
-                        f"committed (the store session ended; the log ends at {high_water_mark})"
-                    ),
-                )
-        self._high_water_mark = high_water_mark
-        self._committed(kept)
-
-    def _committed(self, kept: list[PendingAppend]) -> None:
-        """Resolve the appends of newly committed records, then hand the records to ``on_commit``.
-
-        In this order, so that what resolving an append sends a client (the lock failures that
-        waited for it, ``docs/protocol.md`` "Append") goes out before the feed entries of the same
-        commit: otherwise a client whose refused append is followed by one of its own in this
-        commit would take the refusal for a lost append (its transaction monitor,
-        docs/design/client.md "Failed-append detection") before the lock failure arrived.
-        """
-        if not kept:
-            return
-        for pending in kept:
-            self._resolve(pending, None)
-        if self._on_commit is not None:
-            self._on_commit([pending.record for pending in kept])
-
-    def _commit_through(self, transaction_id: int) -> None:
-        kept: list[PendingAppend] = []
-        in_flight = self._in_flight
-        while in_flight and in_flight[0].transaction_id <= transaction_id:
-            kept.append(in_flight.popleft())
-        self._high_water_mark = max(self._high_water_mark, transaction_id)
-        self._committed(kept)
 
     def _close_out(self) -> None:
         """Settle what is left in a closed store partition, after telling ``on_close``.
 
-        Records in flight were sent to the replicas and may be on some of them: the next recovery
-        decides them (:class:`AppendUndecidedError`). Queued records were never sent: they fail
-        (:class:`StoreClosedError`).
+        Records in flight are undecided (:class:`AppendUndecidedError`), queued records fail
+        (:class:`StoreClosedError`): :meth:`AppendQueue.settle_closed`.
         """
         on_close, self.on_close = self.on_close, None
         if on_close is not None:
             try:
-                on_close(self._close_reason)
+                on_close(self._queue.close_reason)
             except Exception:
                 log.exception("partition %d: the close callback raised", self.partition_id)
-        reason = f"partition {self.partition_id}: {self._close_reason}"
-        undecided = AppendUndecidedError(
-            f"{reason}; the store closed before a quorum of replicas acknowledged the record: the "
-            "recovery of the partition's next store session commits or drops it (read the log)"
-        )
-        while self._in_flight:
-            self._resolve(self._in_flight.popleft(), undecided)
-        closed = StoreClosedError(reason)
-        while self._queue:
-            self._resolve(self._queue.popleft(), closed)
-
-    def _resolve(self, pending: PendingAppend, error: BaseException | None) -> None:
-        """A queued or in-flight record leaves the store (committed, or failed with ``error``)."""
-        self.pending_bytes -= len(pending.data)
-        if pending.trace is not None:
-            tracing.store_record_done(pending.trace, error)
-        pending.resolve(error)
+        self._queue.settle_closed()

@@ -2,10 +2,14 @@
 
 Source: docs/design/server.md, "Store sessions". A store partition
 (:class:`~waltz.services.server.store.store_partition.StorePartition`) runs its store sessions one
-after another; each has its own session ID (from the partition's metadata in ZooKeeper), writes
-batches of records to its clean replicas and commits a batch once a quorum of them has flushed it.
-Replicas below the session's high-water mark are caught up meanwhile and join its writers
-(:mod:`~waltz.services.server.store.catch_up`).
+after another; each has its own session ID (from the partition's metadata in ZooKeeper), takes
+batches of records from the partition's
+:class:`~waltz.services.server.store.append_queue.AppendQueue`, writes them to its clean replicas
+and commits a batch through the queue once a quorum of them has flushed it. Replicas below the
+session's high-water mark are caught up meanwhile and join its writers
+(:mod:`~waltz.services.server.store.catch_up`). A session is built from explicit values (the
+queue, its IDs, its replicas, the settings, a connect function and the ZooKeeper handle) and
+knows nothing of the store partition object.
 """
 
 from __future__ import annotations
@@ -17,73 +21,25 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kazoo.exceptions import KazooException
 
-from waltz import tracing
 from waltz.errors import WaltzError
 from waltz.metadata.replicas import quorum_of
+from waltz.metadata.zk import ClusterZk
 from waltz.protocol import storage_pb2
-from waltz.protocol.records import Record, ReqId
+from waltz.protocol.records import Record
+from waltz.protocol.storage_client import columns_append
+from waltz.services.server.store.append_queue import AppendQueue
 from waltz.services.server.store.catch_up import ReplicaCatchUp
+from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.recovery import LaggingReplica, RecoveryResult
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
 
-if TYPE_CHECKING:
-    from waltz.services.server.store.store_partition import StorePartition
-
-__all__ = ["RECORD_OVERHEAD_BYTES", "AppendDone", "PendingAppend", "StoreSession"]
+__all__ = ["StoreSession"]
 
 log = logging.getLogger(__name__)
-
-#: Bytes a record takes in an append request besides its data (transaction ID, ReqId, header,
-#: checksum and their tags), rounded up: what a batch's byte budget counts per record.
-RECORD_OVERHEAD_BYTES = 64
-
-
-#: What :meth:`StorePartition.enqueue` calls once a transaction is resolved: with its transaction ID
-#: and None when committed, or with an error when it will never be.
-AppendDone = Callable[[int, "BaseException | None"], None]
-
-
-@dataclass(slots=True)
-class PendingAppend:
-    """A transaction queued in a store partition or in flight in one of its store sessions.
-
-    Attributes:
-        req_id: the client's request ID of the append.
-        header: the transaction header (an application value, 32 bits).
-        data: the transaction data.
-        checksum: the CRC-32 of ``data``.
-        on_done: called once when the transaction is committed or has failed (None after).
-        transaction_id: the transaction ID, set when the record is put in a batch (-1 before).
-        trace: None, unless the transaction is traced: its server append span, then its store
-            batch's span once in a batch (``waltz.tracing.store_batch``).
-    """
-
-    req_id: ReqId
-    header: int
-    data: bytes
-    checksum: int
-    on_done: AppendDone | None
-    transaction_id: int = -1  # set when the record is put in a batch
-    trace: Any = None
-
-    @property
-    def record(self) -> Record:
-        return Record(self.transaction_id, self.req_id, self.header, self.data, self.checksum)
-
-    def resolve(self, error: BaseException | None) -> None:
-        """Commit (``error`` None) or fail the transaction, once."""
-        on_done = self.on_done
-        if on_done is not None:
-            self.on_done = None
-            try:
-                on_done(self.transaction_id, error)
-            except Exception:
-                log.exception("append callback of transaction %d raised", self.transaction_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,16 +73,38 @@ class StoreSession:
     """One store session's write pipeline, after its recovery (docs/design/server.md, "Store sessions").
 
     Args:
-        partition: the store partition that runs the session (its queue, its commits).
-        recovery: the recovery that opened the session: its session ID, high-water mark and the
-            replicas that are in step (the writers).
+        queue: the store partition's append queue: the session takes its batches from it, commits
+            them through it and waits on its wake-up; the partition settles it between sessions.
+        partition_id: the partition.
+        session_id: the session's ID (the partition metadata's, as its recovery wrote it).
+        recovery: the recovery that opened the session: its high-water mark, the replicas that
+            are in step (the writers) and those below it (caught up in the background).
         assigned: every replica assigned to the partition; a quorum is a majority of them.
+        config: store settings (batch limits, linger, checkpoint interval, catch-up pace).
+        connect: opens a replica connection under ``session_id`` (replicas that return during
+            the session).
+        zk: the cluster's znodes (the probe reads the replica assignment; catch-ups enroll
+            returning replicas in the partition metadata).
     """
 
-    def __init__(self, partition: StorePartition, recovery: RecoveryResult, assigned: Sequence[str]) -> None:
-        self.partition = partition
-        self.config = partition.config
-        self.session_id = recovery.metadata.value.session_id
+    def __init__(
+        self,
+        queue: AppendQueue,
+        *,
+        partition_id: int,
+        session_id: int,
+        recovery: RecoveryResult,
+        assigned: Sequence[str],
+        config: StoreConfig,
+        connect: Callable[[str], ReplicaConnection],
+        zk: ClusterZk,
+    ) -> None:
+        self._queue = queue
+        self.partition_id = partition_id
+        self.session_id = session_id
+        self.config = config
+        self._connect = connect
+        self._zk = zk
         self.writers: dict[str, ReplicaConnection] = dict(recovery.clean)
         self._connections = list(self.writers.values())
         self.assigned = list(assigned)
@@ -151,13 +129,8 @@ class StoreSession:
         """Stop taking new records; the session ends once its batches in flight are answered."""
         if self._ending is None:
             self._ending = reason
-            log.info(
-                "partition %d: ending store session %d: %s",
-                self.partition.partition_id,
-                self.session_id,
-                reason,
-            )
-        self.partition._wakeup.set()
+            log.info("partition %d: ending store session %d: %s", self.partition_id, self.session_id, reason)
+        self._queue.wake()
 
     @property
     def ending(self) -> bool:
@@ -165,7 +138,8 @@ class StoreSession:
         return self._ending is not None
 
     async def run(self) -> None:
-        partition = self.partition
+        """Write until the session ends (see :meth:`end`) and its batches in flight are answered."""
+        queue = self._queue
         probe_interval = max(2.0, 4 * self.config.retry_interval)
         for storage, lagging in self._lagging.items():
             self._catch_up(storage, lagging)
@@ -173,7 +147,7 @@ class StoreSession:
         while True:
             now = time.monotonic()
             wait: float | None = None
-            if partition._closed and self._ending is None:
+            if queue.closed and self._ending is None:
                 self.end("partition closing")
             if self._ending is not None:
                 if self.batches_in_flight == 0:
@@ -182,11 +156,13 @@ class StoreSession:
                 self.end(f"checkpoint interval of {self.config.checkpoint_interval} transactions reached")
                 continue
             elif (
-                partition._queue
+                queue.queued
                 and self.batches_in_flight < self.config.max_in_flight_batches
                 and len(self.writers) >= self.quorum
             ):
-                linger = self._linger_left(now)
+                linger = queue.linger_left(
+                    now, self.config.linger, self.config.max_batch_records, self.next_transaction_id - 1
+                )
                 if linger <= 0:
                     self._send_batch()
                     continue
@@ -197,29 +173,7 @@ class StoreSession:
                     self._spawn(self._probe())
                 next_probe = self._last_probe + probe_interval - now
                 wait = next_probe if wait is None else min(wait, next_probe)
-            partition._wakeup.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(partition._wakeup.wait(), wait)
-
-    def _linger_left(self, now: float) -> float:
-        """Seconds to wait for more records before sending a batch (0: send now).
-
-        A batch smaller than the maximum waits while an earlier batch of the session awaits its
-        quorum, at most ``linger`` after its oldest record arrived: the records that arrive during
-        a store round trip go as one batch when it commits (group commit, one flush per replica
-        for all of them). Waiting for the quorum, not for every replica, keeps a slow replica from
-        holding the next batch back; ``max_in_flight_batches`` bounds how far it may lag.
-        """
-        linger = self.config.linger
-        partition = self.partition
-        queue = partition._queue
-        if (
-            linger <= 0
-            or self.next_transaction_id - 1 <= partition._high_water_mark  # every batch sent committed
-            or len(queue) >= self.config.max_batch_records
-        ):
-            return 0.0
-        return linger - (now - partition._queue_since)
+            await queue.wait(wait)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -227,60 +181,16 @@ class StoreSession:
         task.add_done_callback(self._tasks.discard)
 
     def _send_batch(self) -> None:
-        partition = self.partition
-        queue = partition._queue
-        count = min(len(queue), self.config.max_batch_records)
-        budget = self.config.max_batch_bytes
-        first = transaction_id = self.next_transaction_id
-        in_flight = partition._in_flight
-        client_ids: list[int] = []
-        generations: list[int] = []
-        seq_nums: list[int] = []
-        headers: list[int] = []
-        data: list[bytes] = []
-        checksums: list[int] = []
-        for index in range(count):
-            # At least one record; then no more than the byte budget (large transactions would
-            # otherwise add up past the gRPC message limit and fail the replicas' streams).
-            budget -= len(queue[0].data) + RECORD_OVERHEAD_BYTES
-            if budget < 0 and index:
-                break
-            pending = queue.popleft()
-            pending.transaction_id = transaction_id
-            req = pending.req_id
-            client_ids.append(req.client_id)
-            generations.append(req.generation)
-            seq_nums.append(req.seq_num)
-            headers.append(pending.header)
-            data.append(pending.data)
-            checksums.append(pending.checksum)
-            in_flight.append(pending)
-            transaction_id += 1
-        # In columns (storage.proto RecordColumns): packed lists, not a message per record.
-        message = storage_pb2.AppendRequest()
-        columns = message.columns
-        columns.first_transaction_id = first
-        columns.client_ids.extend(client_ids)
-        columns.generations.extend(generations)
-        columns.seq_nums.extend(seq_nums)
-        columns.headers.extend(headers)
-        columns.data.extend(data)
-        columns.checksums.extend(checksums)
-        self.next_transaction_id = transaction_id
-        if partition.traced_queued:  # traced records were queued (docs/tracing.md)
-            partition.traced_queued = tracing.store_batch(
-                list(islice(in_flight, len(in_flight) - (transaction_id - first), None)),
-                partition.partition_id,
-                first,
-                transaction_id - 1,
-                len(self.writers),
-                partition.traced_queued,
-            )
-        partition.batches_sent += 1
-        last = transaction_id - 1
+        config = self.config
+        first = self.next_transaction_id
+        batch = self._queue.take(first, config.max_batch_records, config.max_batch_bytes, len(self.writers))
+        last = first + len(batch) - 1
+        # In columns (storage.proto RecordColumns): packed lists, not a message per record;
+        # serialized once for every replica.
+        append = columns_append(batch)
+        self.next_transaction_id = last + 1
         self.batches_in_flight += 1
         remaining = {"replicas": len(self.writers)}
-        append = message.SerializeToString()  # once for every replica
         if self.catch_ups:
             self._keep(_SentBatch(first, last, append))
         for storage, connection in list(self.writers.items()):
@@ -298,7 +208,7 @@ class StoreSession:
             if storage in self.writers:
                 log.warning(
                     "partition %d: replica on %s leaves session %d: %s",
-                    self.partition.partition_id,
+                    self.partition_id,
                     storage,
                     self.session_id,
                     exc,
@@ -310,18 +220,15 @@ class StoreSession:
                 remaining["replicas"] -= 1
             if remaining is not None and remaining["replicas"] == 0:
                 self.batches_in_flight -= 1
-                self.partition._wakeup.set()
+                self._queue.wake()
 
     def _advance(self) -> None:
         self._acknowledgements.set()
         flushed = sorted(self.acked.values(), reverse=True)
         if len(flushed) >= self.quorum:
             committed = flushed[self.quorum - 1]
-            partition = self.partition
-            if committed > partition._high_water_mark:
-                partition._commit_through(committed)
-                if partition._queue:
-                    partition._wakeup.set()  # the records lingering for this commit go now
+            if committed > self._queue.high_water_mark:
+                self._queue.commit_through(committed)  # wakes the records lingering for it
 
     async def _probe(self) -> None:
         """End the session when the replica assignment changed; try the replicas that are out.
@@ -330,13 +237,12 @@ class StoreSession:
         and answers again is caught up in the background (:meth:`_catch_up`) while the session
         writes (docs/design/recovery.md "Catching up in the background").
         """
-        partition = self.partition
         try:
-            assignments = await asyncio.to_thread(partition._zk.assignments)
+            assignments = await asyncio.to_thread(self._zk.assignments)
         except (WaltzError, KazooException) as exc:
-            log.warning("partition %d: cannot read the replica assignment: %r", partition.partition_id, exc)
+            log.warning("partition %d: cannot read the replica assignment: %r", self.partition_id, exc)
             return
-        assigned = assignments.value.storages_of(partition.partition_id)
+        assigned = assignments.value.storages_of(self.partition_id)
         if sorted(assigned) != sorted(self.assigned):
             self.end(f"replica assignment changed to {', '.join(assigned) or 'nothing'}")
             return
@@ -358,7 +264,7 @@ class StoreSession:
     # ---- catching replicas up (docs/design/recovery.md "Catching up in the background") ----
 
     def _catch_up(self, storage: str, lagging: LaggingReplica | None) -> None:
-        catch_up = ReplicaCatchUp(self, storage, lagging, self.partition._connect(self.session_id))
+        catch_up = ReplicaCatchUp(self, self._zk, self.partition_id, storage, lagging, self._connect)
         self.catch_ups[storage] = catch_up
 
         async def run() -> None:
@@ -382,7 +288,7 @@ class StoreSession:
         recent.append(batch)
         self._recent_records += batch.last - batch.first + 1
         keep = 2 * self.config.catch_up_page
-        high_water_mark = self.partition._high_water_mark
+        high_water_mark = self._queue.high_water_mark
         while len(recent) > 1 and recent[0].last <= high_water_mark:
             size = recent[0].last - recent[0].first + 1
             if self._recent_records - size < keep:
@@ -423,7 +329,7 @@ class StoreSession:
         sent = self.next_transaction_id - 1
         if last > sent:
             raise ReplicaError(
-                storage, self.partition.partition_id, "MISMATCH", f"replica at {last}, beyond {sent} sent"
+                storage, self.partition_id, "MISMATCH", f"replica at {last}, beyond {sent} sent"
             )
         resend: list[tuple[bytes, int]] = []
         if last < sent:
@@ -435,7 +341,7 @@ class StoreSession:
         self.acked[storage] = last
         for append, batch_last in resend:
             self._spawn(self._acknowledged(storage, connection.start_append(append), batch_last, None))
-        self.partition._wakeup.set()
+        self._queue.wake()
         return True
 
     async def read(self, transaction_id: int, max_records: int) -> list[Record]:
@@ -443,7 +349,7 @@ class StoreSession:
         candidates = [s for s in self.writers if self.acked.get(s, -1) >= transaction_id]
         if not candidates:
             raise ReplicaError(
-                "-", self.partition.partition_id, "UNAVAILABLE", "no replica in the session holds the records"
+                "-", self.partition_id, "UNAVAILABLE", "no replica in the session holds the records"
             )
         return await self.writers[candidates[0]].records(transaction_id, max_records)
 

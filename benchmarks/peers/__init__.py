@@ -1,0 +1,5 @@
+"""waltz-py against its peers and the machine's limits: ``python -m benchmarks.peers.run_all``.
+
+One module per system (``bench_*``), the SmallBank peers' shared parts (``smallbank_*``) and the
+PostgreSQL server they run against (``pg_server``).
+"""

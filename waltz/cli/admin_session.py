@@ -1,0 +1,77 @@
+"""The connection every command over the admin tools opens: ``waltz cluster``, ``waltz server``
+and ``waltz storage``.
+
+:func:`connected_admin` loads the settings (``--config``, ``WALTZ_*`` variables, the options),
+connects a :class:`~waltz.admin.cluster_admin.ClusterAdmin` and turns its errors into messages and
+the exit codes the commands document: 1 a safety rule or a storage node refused; 2 the command
+could not run (configuration, ZooKeeper, no cluster under the root).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from kazoo.exceptions import KazooException
+
+from waltz.admin.cluster_admin import ClusterAdmin
+from waltz.admin.config import ClusterAdminConfig
+from waltz.cli.output import fail
+from waltz.config import load_settings
+from waltz.errors import StorageRpcError, WaltzError
+from waltz.metadata.replicas import ReplicaChangeRefusedError
+
+__all__ = ["connected_admin"]
+
+
+@contextmanager
+def connected_admin(
+    config: Path | None, zookeeper: str | None, root: str | None, timeout: float | None
+) -> Iterator[ClusterAdmin]:
+    """Load the settings, connect to ZooKeeper, and turn errors into messages and exit codes.
+
+    Args:
+        config: a YAML file with ``zookeeper.*`` and ``cluster.*`` keys, or None.
+        zookeeper: the ZooKeeper connect string, over the file's and the environment's.
+        root: the cluster root znode, over the file's and the environment's.
+        timeout: seconds to wait for ZooKeeper and for each node, or None for the settings'.
+
+    Yields:
+        The connected cluster admin, closed when the block ends.
+
+    Raises:
+        typer.Exit: 1 when a replica change safety rule or a storage node refused; 2 when the
+            settings are incomplete, ZooKeeper failed, or another Waltz error stopped the command
+            (the message is printed first).
+    """
+    try:
+        settings = load_settings(
+            ClusterAdminConfig,
+            config,
+            zookeeper_connect_string=zookeeper,
+            cluster_root=root,
+            zookeeper_connect_timeout=timeout,
+            cluster_storage_timeout=timeout,
+        )
+        connect_string, cluster_root = settings.require()
+        admin = ClusterAdmin.connect(
+            connect_string,
+            cluster_root,
+            connect_timeout=settings.zookeeper_connect_timeout,
+            session_timeout=settings.zookeeper_session_timeout,
+            storage_timeout=settings.cluster_storage_timeout,
+            tls=settings.tls(),
+            security=settings.zookeeper_security(),
+        )
+    except WaltzError as exc:
+        raise fail(str(exc), 2) from exc
+    try:
+        with admin:
+            yield admin
+    except (ReplicaChangeRefusedError, StorageRpcError) as exc:
+        raise fail(str(exc), 1) from exc
+    except WaltzError as exc:
+        raise fail(str(exc), 2) from exc
+    except KazooException as exc:
+        raise fail(f"ZooKeeper failed the request: {exc!r}", 2) from exc

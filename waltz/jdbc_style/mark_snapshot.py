@@ -1,0 +1,161 @@
+"""Reads at a partition's high-water mark: ``MarkSnapshot`` and the ``MarkReader`` that opens it.
+
+Source: docs/design/sql.md "Entity transactions" (the snapshot: the mark first, then the
+entities, all the state at that mark; cheap reads on kept connections, the snapshot's ``BEGIN``
+in one pipeline with its first statement), "Reading entities outside a transaction",
+"Exactly-once across instances" (``wait_for`` polls the mark).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from waltz.jdbc_style.direct import direct_statements
+from waltz.jdbc_style.entities import EntityInfo
+from waltz.jdbc_style.kept_connections import IdleBudget, KeptConnections
+from waltz.jdbc_style.marks import HighWaterMarks
+from waltz.jdbc_style.prefetch import MarkPrefetch, Prefetched
+
+__all__ = ["SNAPSHOT_ISOLATION", "MarkReader", "MarkSnapshot"]
+
+#: Isolation level of entity reads (mark first, then the entities, in one snapshot).
+SNAPSHOT_ISOLATION = "REPEATABLE READ"
+
+
+class MarkSnapshot:
+    """A read-only database transaction that read a partition's mark first (opened by
+    :meth:`MarkReader.open`; ``AbstractClientCallbacksForSQL.snapshot`` gives one).
+
+    Attributes:
+        partition_id: the partition.
+        high_water_mark: the partition's mark in this snapshot (-1: nothing applied).
+        connection: the snapshot's connection (read through it, or through :attr:`session`).
+        prefetched: rows read with the mark, ``{(entity info, key values): row or None}`` (see
+            :mod:`waltz.jdbc_style.prefetch`); empty when none were asked for.
+    """
+
+    def __init__(
+        self,
+        partition_id: int,
+        high_water_mark: int,
+        connection: Connection,
+        prefetched: Prefetched | None = None,
+    ) -> None:
+        self.partition_id = partition_id
+        self.high_water_mark = high_water_mark
+        self.connection = connection
+        self.prefetched: Prefetched = {} if prefetched is None else prefetched
+        self._session: Session | None = None
+
+    @property
+    def session(self) -> Session:
+        """An ORM session on the snapshot's connection and transaction (made when first used)."""
+        if self._session is None:
+            self._session = Session(bind=self.connection)
+        return self._session
+
+    def close(self) -> None:
+        """Close the session, if one was made (the snapshot's owner ends the transaction)."""
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+
+class MarkReader:
+    """Reads of partitions' marks on an instance's reader connections: a mark alone, or first in
+    a snapshot (docs/design/sql.md "Entity transactions").
+
+    On a database server the reader connections are kept out of the engine's pool
+    (:class:`~waltz.jdbc_style.kept_connections.KeptConnections`) with
+    :data:`SNAPSHOT_ISOLATION` set once; SQLite takes a pooled connection for each read. A read
+    that fails closes its connection (a broken connection is never kept) and raises; the caller
+    retries transient errors.
+
+    Args:
+        engine: the application's engine.
+        marks: the mark rows of the log the callbacks follow.
+        budget: the idle limit the reader connections share with the callbacks' other kinds.
+    """
+
+    def __init__(self, engine: Engine, marks: HighWaterMarks, budget: IdleBudget) -> None:
+        self._readers = KeptConnections(engine, SNAPSHOT_ISOLATION, budget)
+        self._marks = marks
+        self._prefetch = MarkPrefetch(marks.cluster_name)
+
+    def read_mark(self, partition_id: int) -> int:
+        """The partition's mark in the database (-1: none applied, or no mark row yet)."""
+        conn = self._readers.take()
+        try:
+            mark = self._marks.read(conn, partition_id)
+        except BaseException:
+            conn.close()
+            raise
+        self._end_read(conn)
+        return -1 if mark is None else int(mark)
+
+    def open(
+        self, partition_id: int, entities: Sequence[tuple[EntityInfo, tuple[Any, ...]]] = ()
+    ) -> MarkSnapshot:
+        """A snapshot: a reader connection in a new transaction, the partition's mark read first
+        in it, and the rows of ``entities`` read in the same statement (on PostgreSQL in one
+        pipeline with the transaction's ``BEGIN``). End it with :meth:`end`.
+
+        Args:
+            partition_id: the partition.
+            entities: (entity info, key values) pairs read with the mark into
+                :attr:`MarkSnapshot.prefetched`.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the database failed (the connection is closed).
+        """
+        conn = self._readers.take()
+        prefetched: Prefetched = {}
+        try:
+            conn.begin()
+            if entities:
+                mark, prefetched = self._prefetch.read(conn, partition_id, entities, begin=True)
+            else:
+                mark = self._marks.read(conn, partition_id)
+        except BaseException:
+            self._discard_read(conn)
+            raise
+        return MarkSnapshot(partition_id, -1 if mark is None else int(mark), conn, prefetched)
+
+    def end(self, snapshot: MarkSnapshot) -> None:
+        """Close a snapshot from :meth:`open`: its session, then its transaction (rolled back: it
+        only read), and keep its connection."""
+        try:
+            snapshot.close()
+        finally:
+            self._end_read(snapshot.connection)
+
+    def close(self) -> None:
+        """Close the idle reader connections (new ones are made when needed). Idempotent."""
+        self._readers.close()
+
+    def _end_read(self, conn: Connection) -> None:
+        """Roll back a read and give its connection back (to the driver's own transaction
+        control first when the read's ``BEGIN`` went in a pipeline, see :meth:`open`)."""
+        try:
+            if conn.in_transaction():
+                conn.rollback()
+        except BaseException:
+            self._discard_read(conn)
+            raise
+        direct_statements(conn.engine).end_pipelined_begin(conn)
+        self._readers.give_back(conn)
+
+    @staticmethod
+    def _discard_read(conn: Connection) -> None:
+        """Close a reader connection whose read failed: a broken connection is never kept, and a
+        driver switched for a pipelined ``BEGIN`` is given back first (or the connection
+        invalidated), so that none returns to the pool in autocommit."""
+        try:
+            direct_statements(conn.engine).end_pipelined_begin(conn)
+        finally:
+            conn.close()

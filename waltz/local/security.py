@@ -1,0 +1,166 @@
+"""The security of a local cluster: role certificates, the ZooKeeper credential, the TLS wiring.
+
+Design: docs/design/overview.md, "Roles" (mutual TLS, a role per certificate) and
+docs/design/zookeeper.md, "Security" (a digest credential protecting the cluster's znodes).
+:class:`ClusterSecurity` makes what a local cluster asks for at start: the CA and role
+certificates of a secure cluster (:mod:`waltz.local.certificates`) and the cluster's ZooKeeper
+credential (kept in :data:`DIGEST_FILE` in the work directory, and reused when a kept work
+directory starts again). It gives the storage nodes and the servers the environment that serves
+and uses them, the supervisor its client TLS files, and clients the settings that reach the
+cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from waltz.local.certificates import ClusterCertificates, make_cluster_certificates
+from waltz.local.options import SecurityOptions
+from waltz.metadata.zk_security import ZooKeeperSecurity
+from waltz.protocol.channels import TlsConfig
+
+__all__ = ["DIGEST_FILE", "ClusterSecurity"]
+
+#: The file of the cluster's ZooKeeper credential in the work directory.
+DIGEST_FILE = "zookeeper-digest"
+
+#: The settings field of each ZooKeeper security file, and its ``WALTZ_*`` environment variable.
+_ZOOKEEPER_VARIABLES = {
+    "zookeeper_auth_digest_file": "WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE",
+    "zookeeper_ssl_ca_file": "WALTZ_ZOOKEEPER_SSL_CA_FILE",
+    "zookeeper_ssl_cert_file": "WALTZ_ZOOKEEPER_SSL_CERT_FILE",
+    "zookeeper_ssl_key_file": "WALTZ_ZOOKEEPER_SSL_KEY_FILE",
+}
+
+
+class ClusterSecurity:
+    """The certificates, ZooKeeper credential and TLS files of one local cluster.
+
+    Args:
+        options: what the cluster asks for: mutual TLS with certificates made for it, or client
+            TLS files for nodes secured by the caller; a ZooKeeper credential; ZooKeeper TLS.
+    """
+
+    def __init__(self, options: SecurityOptions) -> None:
+        self._options = options
+        self._tls = options.tls
+        self._zookeeper_security = options.zookeeper_security or ZooKeeperSecurity()
+        self._certificates: ClusterCertificates | None = None
+
+    @property
+    def certificates(self) -> ClusterCertificates | None:
+        """The CA and role certificates of a secure cluster (made at :meth:`start`), else None."""
+        return self._certificates
+
+    @property
+    def tls(self) -> TlsConfig | None:
+        """The supervisor's client TLS files for the nodes' ports, or None for plaintext."""
+        return self._tls
+
+    @property
+    def http_scheme(self) -> str:
+        """``https`` when the nodes serve TLS (their metrics ports too), else ``http``."""
+        return "https" if self._tls is not None else "http"
+
+    @property
+    def zookeeper_security(self) -> ZooKeeperSecurity:
+        """The security of the cluster's ZooKeeper sessions (its credential once :meth:`start` ran)."""
+        return self._zookeeper_security
+
+    def start(self, work_dir: Path, addresses: Sequence[str]) -> None:
+        """Make (or, in a kept work directory, reuse) the certificates and the ZooKeeper credential.
+
+        Args:
+            work_dir: the cluster's work directory (``tls/`` and :data:`DIGEST_FILE` go there).
+            addresses: more addresses the certificates name besides 127.0.0.1 and localhost
+                (the hosts of namespace mode).
+
+        Raises:
+            OSError: the work directory cannot be written.
+            ConfigurationError: a kept credential file is unreadable.
+        """
+        if self._options.secure:
+            certificates = make_cluster_certificates(work_dir / "tls", addresses=addresses)
+            self._certificates = certificates
+            self._tls = certificates.tls("admin")  # the supervisor acts as ``admin``
+        if self._options.zookeeper_auth and self._zookeeper_security.digest is None:
+            path = work_dir / DIGEST_FILE
+            digest = (
+                ZooKeeperSecurity.read_digest_file(path)
+                if path.exists()
+                else ZooKeeperSecurity.generate().digest
+            )
+            self._zookeeper_security = dataclasses.replace(self._zookeeper_security, digest=digest)
+        if self._zookeeper_security.digest is not None:
+            self._zookeeper_security.write_digest_file(work_dir / DIGEST_FILE)
+
+    def digest_file(self, work_dir: Path | None) -> Path | None:
+        """The file holding the cluster's ZooKeeper credential, or None without one."""
+        if self._zookeeper_security.digest is None or work_dir is None:
+            return None
+        return work_dir / DIGEST_FILE
+
+    def zookeeper_settings(self, work_dir: Path | None) -> dict[str, Path]:
+        """The settings fields of the credential file and the ZooKeeper TLS files that are set."""
+        security = self._zookeeper_security
+        settings = {
+            "zookeeper_auth_digest_file": self.digest_file(work_dir),
+            "zookeeper_ssl_ca_file": security.ca_file,
+            "zookeeper_ssl_cert_file": security.cert_file,
+            "zookeeper_ssl_key_file": security.key_file,
+        }
+        return {k: v for k, v in settings.items() if v is not None}
+
+    def zookeeper_env(self, work_dir: Path | None) -> dict[str, str]:
+        """The ``WALTZ_ZOOKEEPER_*`` variables giving a process the credential and TLS files."""
+        settings = self.zookeeper_settings(work_dir)
+        return {env: str(settings[field]) for field, env in _ZOOKEEPER_VARIABLES.items() if field in settings}
+
+    def describe_lines(self, exports: str, work_dir: Path | None, *, running: bool) -> list[str]:
+        """The security lines of the cluster's description: the certificates, and, while the
+        cluster runs, the variables that reach it with the waltz command and from applications.
+
+        Args:
+            exports: the variables naming the cluster (``WALTZ_ZOOKEEPER_CONNECT_STRING=...
+                WALTZ_CLUSTER_ROOT=...``); the ZooKeeper credential's and TLS files' follow.
+            work_dir: the work directory (where the credential file is), or None.
+            running: whether the cluster is starting or running (else only the certificates).
+        """
+        files = self._certificates
+        lines = []
+        if files is not None:
+            lines.append(
+                f"  mutual TLS     CA {files.ca_file}; role certificates node, client, operator, admin "
+                f"in {files.directory} (<role>.pem, <role>-key.pem)"
+            )
+        if not running:
+            return lines
+        lines += [
+            "  inspect it with the waltz command:",
+            f"    export {exports}"
+            + "".join(f" {name}={value}" for name, value in self.zookeeper_env(work_dir).items()),
+        ]
+        if files is not None:
+            lines.append(
+                f"    export WALTZ_CLUSTER_SSL_CA_FILE={files.ca_file} "
+                f"WALTZ_CLUSTER_SSL_CERT_FILE={files.cert_file('operator')} "
+                f"WALTZ_CLUSTER_SSL_KEY_FILE={files.key_file('operator')}"
+            )
+        lines.append("    waltz cluster list; waltz cluster verify")
+        if files is not None:
+            client = " ".join(f"{k}={v}" for k, v in files.client_env().items())
+            lines.append(f"  applications connect with: export {client}")
+        return lines
+
+    def server_env(self, env: Mapping[str, str], work_dir: Path) -> dict[str, str]:
+        """The servers' environment: the ZooKeeper variables, then ``env``, then the TLS files of a
+        secure cluster (mutual TLS on their ports, the node certificate for store sessions)."""
+        certificates = self._certificates.server_env() if self._certificates is not None else {}
+        return {**self.zookeeper_env(work_dir), **env, **certificates}
+
+    def storage_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The storage nodes' environment: ``env``, then the TLS files of a secure cluster."""
+        certificates = self._certificates.storage_env() if self._certificates is not None else {}
+        return {**env, **certificates}
