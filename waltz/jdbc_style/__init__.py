@@ -46,7 +46,8 @@ from waltz.jdbc_style.entities import (
 from waltz.jdbc_style.entity_context import EntityTransaction, EntityTransactionContext
 from waltz.jdbc_style.entity_reads import EntityRead
 from waltz.jdbc_style.idempotency import AppliedRequest
-<<<<<<< HEAD
+from waltz.jdbc_style.mark_snapshot import MarkSnapshot
+from waltz.jdbc_style.partition_check import check_partition_mapping
 from waltz.jdbc_style.upcasting import (
     AddAttribute,
     DropAttribute,
@@ -57,10 +58,6 @@ from waltz.jdbc_style.upcasting import (
     UpcastError,
     upcaster,
 )
-=======
-from waltz.jdbc_style.mark_snapshot import MarkSnapshot
-from waltz.jdbc_style.partition_check import check_partition_mapping
->>>>>>> main
 
 __all__ = [
     "CHANGE_SET_HEADER",
