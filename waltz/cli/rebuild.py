@@ -91,6 +91,13 @@ def rebuild_command(
     cluster_name: Annotated[
         str | None, typer.Option(help="The log's name in the mark rows (default: the application's).")
     ] = None,
+    from_snapshot: Annotated[
+        str | None,
+        typer.Option(
+            help="Start from this snapshot (waltz snapshot create): only the log after its marks is read "
+            "and replayed on top of its tables.",
+        ),
+    ] = None,
     check: Annotated[
         bool,
         typer.Option(
@@ -187,7 +194,9 @@ def rebuild_command(
             return
         if db is None:  # checked above: --db or --verify-against
             raise typer.BadParameter("give --db")
-        result = rebuild(spark, views, source, db, cluster_name=cluster_name, progress=say)
+        result = rebuild(
+            spark, views, source, db, cluster_name=cluster_name, snapshot=from_snapshot, progress=say
+        )
         say(f"rebuilt {sum(result.rows.values())} rows in {len(result.rows)} tables in {result.seconds:.1f}s")
     except (WaltzError, ImportError, OSError, SQLAlchemyError) as exc:
         typer.echo(f"error: {exc}", err=True)
