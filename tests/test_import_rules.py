@@ -103,6 +103,12 @@ def test_the_nodes_import_nothing_above_them(graph: grimp.ImportGraph, above: st
     assert not bad, f"nothing under waltz.services may import {above}:\n{_describe(bad)}"
 
 
+def test_the_library_imports_no_example(graph: grimp.ImportGraph) -> None:
+    """The tools find an application by its module's name (``--app``): the library never imports one."""
+    bad = [(a, b) for a, b in _imports_from(graph, "waltz") if _within(b, "waltz_examples")]
+    assert not bad, f"no module of waltz may import waltz_examples:\n{_describe(bad)}"
+
+
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
     """The import circles: strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}

@@ -122,7 +122,7 @@ class WaltzSettings(BaseSettings):
             elif close:
                 return f"{cls.__name__} has no setting {name!r}; did you mean one of {', '.join(close)}?"
         if field is None:
-            return f"{cls.__name__} has no setting {name!r} (its fields are listed in docs/configuration.md)"
+            return f"{cls.__name__} has no setting {name!r}; docs/configuration.md lists its fields"
         keys = [key for key, value in cls.KEYS.items() if value == field]
         known_as = f" (the key {keys[0]} in a file)" if keys else ""
         return f"{cls.__name__} has no setting {name!r}; did you mean {field}{known_as}?"

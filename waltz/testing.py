@@ -32,12 +32,29 @@ a container. Nothing happens until a test asks for one of its fixtures:
     its own records. (A cluster root per test is not cheap: a storage node serves exactly one
     cluster key, so a fresh root needs fresh storage nodes.)
 
+``waltz_cluster_factory`` (session)
+    Starts more clusters, each with a log of its own, for tests whose checks read a whole log
+    that must hold only their application's transactions: ``waltz_cluster_factory(name="ledger")``
+    returns a started :class:`~waltz.local.cluster.LocalCluster` with the options of
+    ``waltz_cluster_options`` and the keyword arguments given (they override them); every
+    cluster it started is closed when the session ends. Share one in a session fixture of your
+    own::
+
+        @pytest.fixture(scope="session")
+        def ledger_cluster(waltz_cluster_factory):
+            return waltz_cluster_factory(name="ledger")
+
 ``waltz_postgres_url``, ``waltz_mariadb_url`` (session)
     The SQLAlchemy URL of a PostgreSQL (MariaDB) server: the one given with
     ``--waltz-postgres-url`` (``--waltz-mariadb-url``) or the ini option of the same name; else,
     with the ``containers`` extra and a Docker engine, a ``postgres:16`` (``mariadb:11``)
     container started for the session. Otherwise the test errors, saying how to give a URL
     (:mod:`waltz.local.containers`).
+
+``waltz_postgres_database``, ``waltz_mariadb_database`` (function)
+    The URL of an empty database created for the test on the session's server
+    (``waltz_postgres_url``, ``waltz_mariadb_url``), named ``waltz_test_<8 hex digits>``, and
+    dropped after the test, its connections closed first. They need the ``sql`` extra.
 
 Ini options (``[tool.pytest.ini_options]``, ``pytest.ini``, or ``-o name=value``):
 ``waltz_storages`` (3), ``waltz_servers`` (2), ``waltz_partitions`` (2), ``waltz_replicas``
@@ -52,8 +69,9 @@ The command-line option ``--waltz-zookeeper HOST:PORT`` overrides ``waltz_zookee
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Generator, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -68,9 +86,12 @@ __all__ = [
     "pytest_addoption",
     "pytest_runtest_makereport",
     "waltz_cluster",
+    "waltz_cluster_factory",
     "waltz_cluster_options",
     "waltz_log_start",
+    "waltz_mariadb_database",
     "waltz_mariadb_url",
+    "waltz_postgres_database",
     "waltz_postgres_url",
 ]
 
@@ -182,6 +203,70 @@ def waltz_mariadb_url(pytestconfig: pytest.Config) -> Iterator[str]:
     yield from _database_url(pytestconfig, "waltz_mariadb_url")
 
 
+@contextmanager
+def _fresh_database(server_url: str) -> Iterator[str]:
+    """Create an empty database ``waltz_test_<8 hex>`` on a PostgreSQL or MariaDB server, yield its
+    URL, then drop it (its other connections closed first)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.pool import NullPool
+
+    server = make_url(server_url)
+    name = f"waltz_test_{uuid.uuid4().hex[:8]}"
+    postgres = server.get_backend_name() == "postgresql"
+    quoted = f'"{name}"' if postgres else f"`{name}`"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE {quoted}"))
+        try:
+            yield server.set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.connect() as conn:
+                if postgres:
+                    others = (
+                        "SELECT pid FROM pg_stat_activity WHERE datname = :name AND pid <> pg_backend_pid()"
+                    )
+                    kill = "SELECT pg_terminate_backend(:id)"
+                else:
+                    others = "SELECT id FROM information_schema.processlist WHERE db = :name"
+                    kill = "KILL CONNECTION :id"
+                for (connection_id,) in conn.execute(text(others), {"name": name}).all():
+                    try:
+                        conn.execute(text(kill), {"id": int(connection_id)})
+                    except OperationalError as error:
+                        if "Unknown thread id" not in str(error):  # MariaDB: else it ended meanwhile
+                            raise
+                conn.execute(text(f"DROP DATABASE IF EXISTS {quoted}"))
+    finally:
+        admin.dispose()
+
+
+@pytest.fixture
+def waltz_postgres_database(waltz_postgres_url: str) -> Iterator[str]:
+    """The URL of an empty PostgreSQL database made for this test on the session's server, e.g.
+    ``postgresql+psycopg://postgres@127.0.0.1:5432/waltz_test_1a2b3c4d``; dropped afterwards.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the server refused the connection or the ``CREATE DATABASE``.
+    """
+    with _fresh_database(waltz_postgres_url) as url:
+        yield url
+
+
+@pytest.fixture
+def waltz_mariadb_database(waltz_mariadb_url: str) -> Iterator[str]:
+    """The URL of an empty MariaDB database made for this test on the session's server, e.g.
+    ``mysql+pymysql://root@127.0.0.1:3306/waltz_test_1a2b3c4d``; dropped afterwards.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the server refused the connection or the ``CREATE DATABASE``.
+    """
+    with _fresh_database(waltz_mariadb_url) as url:
+        yield url
+
+
 @pytest.fixture(scope="session")
 def waltz_cluster_options(pytestconfig: pytest.Config) -> dict[str, Any]:
     """Keyword arguments of the session's :class:`LocalCluster`, from the ini options.
@@ -217,6 +302,33 @@ def waltz_cluster_options(pytestconfig: pytest.Config) -> dict[str, Any]:
 
 
 _CLUSTER_KEY = pytest.StashKey["LocalCluster"]()
+_FACTORY_KEY = pytest.StashKey[list["LocalCluster"]]()
+
+
+def _start_cluster(stack: ExitStack, options: dict[str, Any], given: dict[str, Any]) -> LocalCluster:
+    """Start a LocalCluster with ``options`` (and its ZooKeeper, as the ``zookeeper`` option says)
+    on ``stack``, which closes both; ``given`` are the options the user gave, named in errors."""
+    from waltz.local.cluster import LocalCluster
+
+    options = dict(options)
+    zookeeper = None
+    network = options.get("network")
+    namespaces = isinstance(network, NetworkOptions) and network.mode == "namespaces"
+    try:
+        if not namespaces:  # that mode starts ZooKeeper on a host of its own
+            zookeeper = stack.enter_context(zookeeper_server(options.get("zookeeper")))
+    except NoTestServiceError as missing:
+        pytest.fail(str(missing), pytrace=False)
+    if zookeeper is not None:
+        options["zookeeper"] = zookeeper
+    try:
+        cluster = LocalCluster(**options)
+    except TypeError as exc:
+        raise pytest.UsageError(
+            f"waltz_cluster_options {sorted(given)}: {exc}; "
+            "the keys must be keyword arguments of waltz.local.cluster.LocalCluster"
+        ) from None
+    return stack.enter_context(cluster)
 
 
 @pytest.fixture(scope="session")
@@ -236,34 +348,52 @@ def waltz_cluster(
         pytest.UsageError: ``waltz_cluster_options`` holds a key LocalCluster does not take.
         pytest.fail.Exception: no ZooKeeper given, installed, or possible in a container.
     """
-    from waltz.local.cluster import LocalCluster
-
     options = {"name": "pytest", "delete_root": True, **waltz_cluster_options}
     options.setdefault("work_dir", tmp_path_factory.mktemp("waltz-cluster"))
-    network = options.get("network")
-    namespaces = isinstance(network, NetworkOptions) and network.mode == "namespaces"
     with ExitStack() as stack:
-        zookeeper = None
+        cluster = _start_cluster(stack, options, waltz_cluster_options)
+        pytestconfig.stash[_CLUSTER_KEY] = cluster
         try:
-            if not namespaces:  # that mode starts ZooKeeper on a host of its own
-                zookeeper = stack.enter_context(zookeeper_server(options.get("zookeeper")))
-        except NoTestServiceError as missing:
-            pytest.fail(str(missing), pytrace=False)
-        if zookeeper is not None:
-            options["zookeeper"] = zookeeper
+            yield cluster
+        finally:
+            del pytestconfig.stash[_CLUSTER_KEY]
+
+
+@pytest.fixture(scope="session")
+def waltz_cluster_factory(
+    waltz_cluster_options: dict[str, Any],
+    tmp_path_factory: pytest.TempPathFactory,
+    pytestconfig: pytest.Config,
+) -> Iterator[Callable[..., LocalCluster]]:
+    """Start more local clusters for the session, each with a log of its own; all closed at its end.
+
+    Returns:
+        ``start(**options)``: a started cluster with the options of ``waltz_cluster_options``
+        overridden by ``options`` (keyword arguments of :class:`~waltz.local.cluster.LocalCluster`;
+        ``name`` defaults to ``pytest-<n>``, the work directory to ``<basetemp>/waltz-<name>0``).
+        Each call starts another cluster: keep one in a session fixture of your own.
+
+    Raises:
+        pytest.UsageError: from ``start``, an option LocalCluster does not take.
+        pytest.fail.Exception: from ``start``, no ZooKeeper given, installed, or possible in a
+            container.
+    """
+    started: list[LocalCluster] = []
+    with ExitStack() as stack:
+
+        def start(**overrides: Any) -> LocalCluster:
+            given = {**waltz_cluster_options, **overrides}
+            options = {"name": f"pytest-{len(started) + 1}", "delete_root": True, **given}
+            options.setdefault("work_dir", tmp_path_factory.mktemp(f"waltz-{options['name']}"))
+            cluster = _start_cluster(stack, options, given)
+            started.append(cluster)
+            return cluster
+
+        pytestconfig.stash[_FACTORY_KEY] = started
         try:
-            cluster = LocalCluster(**options)
-        except TypeError as exc:
-            raise pytest.UsageError(
-                f"waltz_cluster_options {sorted(waltz_cluster_options)}: {exc}; "
-                "the keys must be keyword arguments of waltz.local.cluster.LocalCluster"
-            ) from None
-        with cluster:
-            pytestconfig.stash[_CLUSTER_KEY] = cluster
-            try:
-                yield cluster
-            finally:
-                del pytestconfig.stash[_CLUSTER_KEY]
+            yield start
+        finally:
+            del pytestconfig.stash[_FACTORY_KEY]
 
 
 @pytest.fixture
@@ -284,20 +414,28 @@ def waltz_log_start(waltz_cluster: LocalCluster) -> dict[int, int]:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Add the log tails of stopped cluster processes to the report of a failed waltz_cluster test."""
+    """Add the log tails of stopped cluster processes to the report of a failed test that used a
+    cluster of the plugin (``waltz_cluster``, or one from ``waltz_cluster_factory``)."""
     report = yield
     if not report.failed or report.when not in ("setup", "call"):
         return report
-    if "waltz_cluster" not in getattr(item, "fixturenames", ()):
-        return report
-    cluster = item.config.stash.get(_CLUSTER_KEY, None)
-    if cluster is None:
-        return report
-    lines = [f"work dir: {cluster.work_dir}", f"running: {', '.join(sorted(cluster.pids())) or 'nothing'}"]
-    processes = [n.process for n in cluster.storages] + [s.process for s in cluster.servers]
-    for process in processes:
-        if not process.is_running():
-            lines += [f"--- {process.name} is not running; its log ({process.log_path}) ends with:"]
-            lines.append(process.log_tail(30))
-    report.sections.append(("waltz local cluster", "\n".join(lines)))
+    names = getattr(item, "fixturenames", ())
+    clusters: list[LocalCluster] = []
+    if "waltz_cluster" in names and _CLUSTER_KEY in item.config.stash:
+        clusters.append(item.config.stash[_CLUSTER_KEY])
+    if "waltz_cluster_factory" in names and _FACTORY_KEY in item.config.stash:
+        started: list[LocalCluster] = item.config.stash[_FACTORY_KEY]
+        clusters += started
+    for cluster in clusters:
+        lines = [
+            f"work dir: {cluster.work_dir}",
+            f"running: {', '.join(sorted(cluster.pids())) or 'nothing'}",
+        ]
+        processes = [n.process for n in cluster.storages] + [s.process for s in cluster.servers]
+        for process in processes:
+            if not process.is_running():
+                lines += [f"--- {process.name} is not running; its log ({process.log_path}) ends with:"]
+                lines.append(process.log_tail(30))
+        title = "waltz local cluster" if len(clusters) == 1 else f"waltz local cluster {cluster.root}"
+        report.sections.append((title, "\n".join(lines)))
     return report

@@ -14,7 +14,7 @@ from benchmarks.peers.common import result
 from benchmarks.peers.smallbank_workers import Harvest
 from benchmarks.peers.smallbank_workload import Options
 from waltz.perf.stats import PERCENTILES
-from waltz_examples.ledger.smallbank import MIX
+from waltz.workloads.smallbank import MIX
 
 
 def money_check(initial: int, final: int, harvest: Harvest) -> dict[str, Any]:

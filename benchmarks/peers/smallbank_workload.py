@@ -2,7 +2,7 @@
 
 The peers measure what a team would run instead of waltz-py (docs/design/overview.md, "Why the
 log is the source of truth") under the workload of ``waltz perf smallbank``: the one of
-``examples/waltz_examples/ledger/smallbank.py`` (the demo's). Customers ``0 .. accounts-1`` are
+``waltz/workloads/smallbank.py`` (the demo's). Customers ``0 .. accounts-1`` are
 opened before the measured phase with savings and checking drawn from 10,000..50,000 cents;
 BenchBase's mix (Amalgamate 15 %, Balance 15 %, DepositChecking 15 %, SendPayment 25 %,
 TransactSavings 15 %, WriteCheck 15 %) with its amounts; 90 % of the picks from a hotspot of the
@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from waltz_examples.ledger.smallbank import (  # the ledger's mix and amounts, exactly
+from waltz.workloads.smallbank import (  # the ledger's mix and amounts, exactly
     DEPOSIT_CHECKING,
     MIX,
     SEND_PAYMENT,

@@ -17,7 +17,7 @@ import pytest
 import support
 
 from benchmarks.peers import smallbank_rules, smallbank_workload
-from waltz_examples.ledger.smallbank import MIX
+from waltz.workloads.smallbank import MIX
 
 #: The repository's root: the peers run as modules of the ``benchmarks`` package from there.
 _ROOT = Path(__file__).resolve().parents[2]

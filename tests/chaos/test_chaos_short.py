@@ -341,6 +341,9 @@ def test_options_replay_and_duration() -> None:
     assert timed.transaction_bound > 10**6 and "--duration 120" in timed.replay_command()
     assert "--transactions" not in timed.replay_command()
     assert len(timed.make_schedule()) == 4  # one fault per 30 s of the duration
+    ledger = ChaosOptions(workload="ledger", accounts=50, app="bank_of_the_test").replay_command()
+    assert "--accounts 50" in ledger and "--app bank_of_the_test" in ledger, ledger
+    assert "--app" not in ChaosOptions(workload="ledger").replay_command()  # the default
     with pytest.raises(ValueError, match="storages must be 3 or 5"):
         ChaosOptions(storages=4).validate()
     with pytest.raises(ValueError, match="at least clients"):

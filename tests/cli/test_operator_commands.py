@@ -83,16 +83,19 @@ def test_validate_fails_naming_a_transaction_whose_data_is_not_its_id(healthy: L
 def test_server_list_shows_partitions_generations_and_health(healthy: LocalCluster) -> None:
     (server,) = waltz_json(healthy, "server", "list")["servers"]
     assert server["endpoint"] == healthy.servers[0].endpoint
+    assert server["name"] == "server-0", "the name waltz up and LocalCluster give it"
     assert server["cluster_manager"] is True and server["health"] == "healthy"
     assert [p["partition_id"] for p in server["partitions"]] == [0, 1]
     assert all(p["writable"] and p["generation"] >= 1 for p in server["partitions"])
     text = waltz(healthy, "server", "list").stdout
     assert (
-        "127.0.0.1:" in text
+        text.startswith(
+            f"server-0: {server['endpoint']}, {server['member']} (server ID {server['server_id']})"
+        )
         and ", cluster manager, health: healthy" in text
         and "partition 1: generation" in text
     )
-    waltz(healthy, "server", "preferred", "add", server["member"], "--partition", "1")
+    waltz(healthy, "server", "preferred", "add", "server-0", "--partition", "1")
     (server,) = waltz_json(healthy, "server", "list")["servers"]
     assert server["preferred_partitions"] == [1] and server["configured_preferred_partitions"] == []
     result = waltz(healthy, "server", "preferred", "add", "member-9999", "-p", "0", expect=2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import support
 
 from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper
 
@@ -68,6 +69,65 @@ def test_a_user_suite_gets_a_session_cluster_with_the_plugin(
 
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*waltz local cluster*", "*storage-0 is not running; its log*"])
+
+
+FACTORY_AND_DATABASE_TESTS = """
+import pytest
+from sqlalchemy import create_engine, inspect, make_url, text
+
+
+@pytest.fixture(scope="session")
+def own_cluster(waltz_cluster_factory):
+    return waltz_cluster_factory(name="own", partitions=1)
+
+
+def test_a_cluster_with_a_log_of_its_own(own_cluster, waltz_cluster):
+    assert own_cluster.root != waltz_cluster.root
+    assert (own_cluster.num_partitions, waltz_cluster.num_partitions) == (1, 2)
+    assert own_cluster.owner(0) and own_cluster.storages[0].directory.parent.name == "waltz-own0"
+
+
+def test_an_empty_database_of_each_kind_for_the_test(waltz_postgres_database, waltz_mariadb_database):
+    names = []
+    for url in (waltz_postgres_database, waltz_mariadb_database):
+        names.append(make_url(url).database)
+        engine = create_engine(url)
+        with engine.begin() as conn:
+            assert inspect(conn).get_table_names() == []
+            conn.execute(text("CREATE TABLE left_behind (x INTEGER)"))
+        engine.connect().close()
+        engine.dispose()
+    open("databases.txt", "w").write("\\n".join(names))
+
+
+def test_zz_a_failure_report_shows_the_log_of_the_factory_cluster_s_stopped_node(own_cluster):
+    own_cluster.kill_storage(0)
+    assert False, "failing on purpose"
+"""
+
+
+def test_a_user_suite_gets_clusters_of_their_own_and_a_database_per_test(
+    pytester: pytest.Pytester,
+    zookeeper: LocalZooKeeper | DockerZooKeeper,
+    postgres_server: support.DatabaseServer,
+    mariadb_server: support.DatabaseServer,
+) -> None:
+    pytester.makepyfile(test_user=FACTORY_AND_DATABASE_TESTS)
+
+    result = pytester.runpytest_subprocess(
+        *("-p", "waltz.testing", "-o", "waltz_storages=1", "-o", "waltz_servers=1"),
+        f"--waltz-zookeeper={zookeeper.connect_string}",
+        f"--waltz-postgres-url={postgres_server.admin_url.render_as_string(hide_password=False)}",
+        f"--waltz-mariadb-url={mariadb_server.admin_url.render_as_string(hide_password=False)}",
+        timeout=180,
+    )
+
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*waltz local cluster*", "*storage-0 is not running; its log*"])
+    postgres_name, mariadb_name = (pytester.path / "databases.txt").read_text().split("\n")
+    assert postgres_name.startswith("waltz_test_") and mariadb_name.startswith("waltz_test_")
+    assert not postgres_server.database_exists(postgres_name), "the test's database was not dropped"
+    assert not mariadb_server.database_exists(mariadb_name), "the test's database was not dropped"
 
 
 def test_without_the_plugin_a_user_suite_has_no_waltz_fixture(pytester: pytest.Pytester) -> None:

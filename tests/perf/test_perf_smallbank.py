@@ -18,8 +18,9 @@ from typer.testing import CliRunner
 
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
+from waltz.workloads.smallbank import SmallBankConfig, SmallBankWorkload
 from waltz_examples.ledger.service import LedgerService, prepare_database
-from waltz_examples.ledger.smallbank import SmallBankConfig, SmallBankWorkload
+from waltz_examples.ledger.smallbank import LedgerInstance
 
 PERCENTILE_KEYS = ["p50", "p90", "p99", "p99.9"]
 
@@ -141,6 +142,12 @@ def test_a_database_with_other_tables_is_refused(tmp_path: Path) -> None:
     assert "empty database" in result.stderr
 
 
+def test_a_module_that_is_no_smallbank_application_is_refused() -> None:
+    result = run_cli("--local", "--app", "waltz_examples.counter")
+    assert result.exit_code == 2, result.output
+    assert "waltz_examples.counter defines SMALLBANK" in result.stderr
+
+
 def test_bad_options_exit_2() -> None:
     result = run_cli("--local", "--zookeeper", "127.0.0.1:2181")
     assert result.exit_code == 2, result.output
@@ -158,11 +165,12 @@ def test_the_workload_times_submit_to_commit_and_to_applied(
         cluster_root=smallbank_cluster.root,
         prepare=False,
     ) as service:
+        instance = LedgerInstance(service)
         workload = SmallBankWorkload(
-            [service], SmallBankConfig(accounts=20, in_flight=8, seed=3, submitters=2)
+            [instance], SmallBankConfig(accounts=20, in_flight=8, seed=3, submitters=2)
         )
         quiet = SmallBankWorkload(
-            [service], SmallBankConfig(accounts=20, in_flight=8, seed=4, submitters=2, record_latency=False)
+            [instance], SmallBankConfig(accounts=20, in_flight=8, seed=4, submitters=2, record_latency=False)
         )
         try:
             workload.populate(timeout=60)
@@ -234,7 +242,8 @@ def test_a_workload_over_partition_routed_instances_submits_each_transaction_to_
     ):
         assert first.client.mounted_partitions() == [0] and second.client.mounted_partitions() == [1]
         assert [first.owns_customer(c) for c in range(4)] == [first.partition_of(c) == 0 for c in range(4)]
-        workload = SmallBankWorkload([first, second], SmallBankConfig(accounts=20, in_flight=8, seed=5))
+        instances = [LedgerInstance(first), LedgerInstance(second)]
+        workload = SmallBankWorkload(instances, SmallBankConfig(accounts=20, in_flight=8, seed=5))
         try:
             workload.populate(timeout=60)
             stats = workload.run(150)

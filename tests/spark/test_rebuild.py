@@ -26,11 +26,12 @@ from waltz.spark.errors import CommittedReadError, StorageDirectoryNotVisibleErr
 from waltz.spark.readers import read_committed
 from waltz.spark.rebuild import LogSource, rebuild
 from waltz.spark.source import LogRange, WaltzLogReader
+from waltz.workloads.smallbank import SmallBankConfig, SmallBankWorkload
 from waltz_examples.counter.service import CounterService
 from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
 from waltz_examples.ledger.models import Checking, TransferOut
 from waltz_examples.ledger.service import LedgerService, prepare_database
-from waltz_examples.ledger.smallbank import SmallBankConfig, SmallBankWorkload
+from waltz_examples.ledger.smallbank import LedgerInstance
 from waltz_examples.ledger.transfers import pending_transfers
 from waltz_examples.ledger.views import VIEWS as LEDGER_VIEWS
 
@@ -84,9 +85,8 @@ def ledger_live(
     engine.dispose()
     services = [_ledger(spark_cluster, url) for _ in range(2)]
     try:
-        workload = SmallBankWorkload(
-            services, SmallBankConfig(accounts=30, seed=3, in_flight=16, submitters=2)
-        )
+        mix = SmallBankConfig(accounts=30, seed=3, in_flight=16, submitters=2)
+        workload = SmallBankWorkload([LedgerInstance(s) for s in services], mix)
         workload.populate()
         try:
             stats = workload.run(150)

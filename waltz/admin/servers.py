@@ -46,6 +46,7 @@ class ServerInfo:
         status_error: why its status could not be read, or None.
         health: ``"healthy"``, ``"unhealthy"``, ``"unreachable"``, or None without a ``/health``.
         health_detail: the ``/health`` body's details, or what failed.
+        name: its ``server.name``, or its endpoint when it has none.
     """
 
     member: str
@@ -59,10 +60,12 @@ class ServerInfo:
     status_error: str | None
     health: str | None
     health_detail: str = ""
+    name: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (``waltz server list --json``)."""
         return {
+            "name": self.name or self.endpoint,
             "member": self.member,
             "server_id": self.server_id,
             "endpoint": self.endpoint,
@@ -134,6 +137,7 @@ def list_servers(
         status = probe.status
         servers.append(
             ServerInfo(
+                name=member.display_name,
                 member=member.name,
                 server_id=member.server_id,
                 endpoint=member.endpoint,
@@ -155,7 +159,8 @@ def list_servers(
 
 
 def resolve_server(members: Iterable[Member], server: str) -> tuple[str, tuple[int, ...]]:
-    """Find a server by endpoint, member name or server ID; return its endpoint and configured preferences.
+    """Find a server by endpoint, ``server.name``, member name or server ID; return its endpoint and
+    configured preferences.
 
     An endpoint (``host:port``) that is not a live member is accepted as it is (its preferences
     apply when it comes back), with no configured preferences known.
@@ -164,13 +169,13 @@ def resolve_server(members: Iterable[Member], server: str) -> tuple[str, tuple[i
         ConfigurationError: a member name or server ID that no live member has.
     """
     for member in members:
-        if server in (member.endpoint, member.name, str(member.server_id)):
+        if server in (member.endpoint, member.name, str(member.server_id), member.server_name):
             return member.endpoint, member.preferred_partitions
     host, _, port = server.rpartition(":")
     if host and port.isdigit():
         return server, ()
     raise ConfigurationError(
-        f"no live server is {server!r}: give its endpoint host:port, member name or server ID "
+        f"no live server is {server!r}: give its endpoint host:port, name, member name or server ID "
         "(waltz server list shows them)"
     )
 
@@ -188,7 +193,7 @@ def change_preferred(
     Args:
         zk: a started kazoo client.
         root: the cluster root znode.
-        server: the server's endpoint, member name or server ID.
+        server: the server's endpoint, ``server.name``, member name or server ID.
         add: partitions to add.
         remove: partitions to remove.
 

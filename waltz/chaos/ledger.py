@@ -1,19 +1,22 @@
-"""The ledger workload of ``waltz chaos``: the SmallBank mix of ``waltz_examples.ledger`` in client processes.
+"""The ledger workload of ``waltz chaos``: the SmallBank mix of an application in client processes.
 
-The ledger example's money is conserved when it is the workload (docs/chaos.md "The checks"). The
-coordinator prepares the shared application database and opens the accounts
-(:func:`prepare_ledger`); each client process runs one
-:class:`~waltz_examples.ledger.service.LedgerService` (with its transfer sweeper) on that database
-and draws its share of the SmallBank mix (:func:`run_ledger_worker`); at the end the ledger's own
-invariants (:func:`waltz_examples.ledger.checks.run_checks`: applied exactly once, money conserved
-counting money in flight, transfers exactly once, balance rules, replicas identical) are reused as
-chaos checks (:func:`ledger_checks`).
+The application is found by its module's name (``--app``, the ledger example by default;
+docs/design/overview.md, "Workloads"), and the ledger example's money is conserved when it is the
+workload (docs/chaos.md "The checks"). The coordinator prepares the shared application database
+and opens the accounts (:func:`prepare_ledger`); each client process runs one instance of the
+application (the ledger's: a ``LedgerService`` with its transfer sweeper) on that database and
+draws its share of the SmallBank mix (:func:`run_ledger_worker`); at the end the checks of
+:func:`waltz.workloads.checks.check_application` (applied exactly once, the log read back,
+replicas identical, and the application's own invariants: for the ledger money conserved counting
+money in flight, transfers exactly once, balance rules) are reused as chaos checks
+(:func:`ledger_checks`).
 
-This module imports SQLAlchemy and the examples: it is only imported for ``--workload ledger``.
+This module imports SQLAlchemy and the application: it is only imported for ``--workload ledger``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -23,42 +26,57 @@ from multiprocessing.synchronize import Event
 from typing import Any
 
 from waltz.chaos.checks import ChaosCheck
+from waltz.client import WaltzClientConfig
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
-from waltz_examples.ledger.checks import read_log as read_ledger_log
-from waltz_examples.ledger.checks import run_checks
-from waltz_examples.ledger.service import LedgerService, prepare_database
-from waltz_examples.ledger.smallbank import SmallBankConfig, SmallBankWorkload
-from waltz_examples.ledger.transfers import pending_transfers
+from waltz.workloads.application import SmallBankApplication, SmallBankInstance, load_application
+from waltz.workloads.checks import check_application
+from waltz.workloads.smallbank import SmallBankConfig, SmallBankWorkload
 
 __all__ = ["ledger_checks", "prepare_ledger", "run_ledger_worker", "wait_transfers_settled"]
 
-#: The name of the log in the ledger database's mark rows.
-CLUSTER_NAME = "ledger"
+#: Seconds between the instances' scans for pending cross-partition steps.
+SWEEP_INTERVAL = 0.5
 
 
-def _workload(service: LedgerService, accounts: int, seed: int, in_flight: int) -> SmallBankWorkload:
+def _instance(app: SmallBankApplication, db_url: str, zookeeper: str, cluster_root: str) -> SmallBankInstance:
+    """An instance of the application on the run's cluster; the log's name is the application's."""
+    config = WaltzClientConfig(zookeeper_connect_string=zookeeper, cluster_root=cluster_root)
+    return app.instance(db_url, config, cluster_name=app.name, sweep_interval=SWEEP_INTERVAL)
+
+
+def _workload(service: SmallBankInstance, accounts: int, seed: int, in_flight: int) -> SmallBankWorkload:
     # No deactivations: each worker runs its share in chunks, and SmallBank deactivates half-way
     # through each run() call.
     config = SmallBankConfig(accounts=accounts, seed=seed, in_flight=in_flight, deactivate=0)
     return SmallBankWorkload([service], config)
 
 
-def prepare_ledger(db_url: str, zookeeper: str, cluster_root: str, accounts: int, seed: int) -> None:
-    """Migrate the database and open ``accounts`` SmallBank accounts through a ledger instance.
+def prepare_ledger(
+    app: str, db_url: str, zookeeper: str, cluster_root: str, accounts: int, seed: int
+) -> None:
+    """Migrate the database and open ``accounts`` SmallBank accounts through an instance.
+
+    Args:
+        app: the application's module.
+        db_url: the shared application database.
+        zookeeper: ZooKeeper connect string of the cluster.
+        cluster_root: the cluster's root znode.
+        accounts: SmallBank customers.
+        seed: the seed of their opening balances.
 
     Raises:
+        ConfigurationError: ``app`` names no SmallBank application.
         TimeoutError: the openings were not resolved within 300 s.
     """
+    application = load_application(app)
     engine = create_framework_engine(db_url)
     try:
-        prepare_database(engine)
+        application.prepare_database(engine)
     finally:
         engine.dispose()
-    with LedgerService(
-        db_url, zookeeper=zookeeper, cluster_root=cluster_root, cluster_name=CLUSTER_NAME, prepare=False
-    ) as service:
+    with contextlib.closing(_instance(application, db_url, zookeeper, cluster_root)) as service:
         workload = _workload(service, accounts, seed, 64)
         try:
             workload.populate()
@@ -68,6 +86,7 @@ def prepare_ledger(db_url: str, zookeeper: str, cluster_root: str, accounts: int
 
 def run_ledger_worker(
     *,
+    app: str,
     index: int,
     db_url: str,
     zookeeper: str,
@@ -85,7 +104,8 @@ def run_ledger_worker(
     """One client process's share of the SmallBank mix, then apply up to the final marks.
 
     Messages on ``conn`` as :mod:`waltz.chaos.worker`: ``ready``, ``progress`` (draws done, 0),
-    ``submitted``; it then waits for ``("marks", {partition: mark})``.
+    ``submitted``; it then waits for ``("marks", {partition: mark})``. The instance runs the
+    application of the module ``app``.
 
     Returns:
         The worker's result: ``ledger`` holds the SmallBank counts and errors.
@@ -93,9 +113,8 @@ def run_ledger_worker(
     Raises:
         TimeoutError: the marks never came, or were not applied within ``apply_timeout`` seconds.
     """
-    with LedgerService(
-        db_url, zookeeper=zookeeper, cluster_root=cluster_root, cluster_name=CLUSTER_NAME, prepare=False
-    ) as service:
+    instance = _instance(load_application(app), db_url, zookeeper, cluster_root)
+    with contextlib.closing(instance) as service:
         service.client.wait_mounted(120)
         conn.send(("ready", service.client.client_id))
         workload = _workload(service, accounts, seed * 1000 + index + 1, in_flight)
@@ -151,16 +170,17 @@ def run_ledger_worker(
         }
 
 
-def wait_transfers_settled(db_url: str, timeout: float = 300.0) -> None:
+def wait_transfers_settled(app: str, db_url: str, timeout: float = 300.0) -> None:
     """Wait until every two-step transfer is credited or refunded (the workers' sweepers run).
 
     Raises:
         TimeoutError: transfers still pending after ``timeout`` seconds.
     """
+    application = load_application(app)
     engine = create_framework_engine(db_url)
     try:
         wait_until(
-            lambda: pending_transfers(engine) == 0,
+            lambda: application.pending_steps(engine) == 0,
             timeout=timeout,
             what="every two-step transfer to be credited or refunded",
         )
@@ -169,26 +189,35 @@ def wait_transfers_settled(db_url: str, timeout: float = 300.0) -> None:
 
 
 def ledger_checks(
-    db_url: str, cluster: LocalCluster, marks: Mapping[int, int], worker_ledgers: list[Mapping[str, Any]]
+    app: str,
+    db_url: str,
+    cluster: LocalCluster,
+    marks: Mapping[int, int],
+    worker_ledgers: list[Mapping[str, Any]],
 ) -> list[ChaosCheck]:
-    """The ledger's invariants (money conserved and the rest) as chaos checks.
+    """The application's checks (for the ledger: money conserved and the rest) as chaos checks.
 
     Args:
+        app: the application's module.
         db_url: the shared application database.
         cluster: the running cluster (its log is read again from the start, and its replicas).
         marks: partition -> the servers' high-water mark.
         worker_ledgers: the ``ledger`` part of every worker's result.
     """
+    application = load_application(app)
     engine = create_framework_engine(db_url)
     try:
-        tally = read_ledger_log(cluster.zookeeper_connect_string, cluster.root, dict(marks))
         replicas = cluster.replica_digests(marks, timeout=120.0)
-        checks = [
-            ChaosCheck(f"ledger: {c.name}", c.passed, c.detail)
-            for c in run_checks(
-                engine, cluster_name=CLUSTER_NAME, server_marks=dict(marks), tally=tally, replicas=replicas
-            )
-        ]
+        found = check_application(
+            application,
+            engine,
+            cluster_name=application.name,
+            server_marks=dict(marks),
+            zookeeper=cluster.zookeeper_connect_string,
+            cluster_root=cluster.root,
+            replicas=replicas,
+        )
+        checks = [ChaosCheck(f"ledger: {c.name}", c.passed, c.detail) for c in found]
     finally:
         engine.dispose()
     errors = [e for w in worker_ledgers for e in w.get("errors", [])]

@@ -21,6 +21,7 @@ from waltz.chaos.schedule import (
     fixed_schedule,
     random_schedule,
 )
+from waltz.workloads.application import DEFAULT_APPLICATION
 
 __all__ = [
     "DEFAULT_TRANSACTIONS",
@@ -57,10 +58,12 @@ class ChaosOptions:
         workload: ``"raw"`` (random payloads under random WRITE locks, as upstream's smoke test)
             ``"counter"`` (read-modify-write increments of ``lock_pool`` counters, the counter of
             docs/design/overview.md "Why the log is the source of truth": no update may be lost), or
-            ``"ledger"`` (the SmallBank mix of ``examples/waltz_examples/ledger``; money must be
-            conserved).
+            ``"ledger"`` (the SmallBank mix of the application ``app``, by default the ledger example
+            of ``examples/waltz_examples/ledger``, whose money must be conserved).
         db_url: the ledger's shared database (None: SQLite in the work directory).
         accounts: SmallBank customers of the ledger workload.
+        app: the ledger workload's SmallBank application, by module name
+            (:func:`~waltz.workloads.application.load_application`).
         storages: storage nodes (3 or 5); every partition has a replica on each, so a fault on a
             minority of the nodes hits a minority of every partition's replicas.
         servers: servers.
@@ -91,6 +94,7 @@ class ChaosOptions:
     workload: str = "raw"
     db_url: str | None = None
     accounts: int = 200
+    app: str = DEFAULT_APPLICATION
     storages: int = 3
     servers: int = 3
     partitions: int = 4
@@ -212,6 +216,8 @@ class ChaosOptions:
             parts.append(f"--fault-count {self.fault_count}")
         if self.workload == "ledger":
             parts.append(f"--accounts {self.accounts}")
+            if self.app != DEFAULT_APPLICATION:
+                parts.append(f"--app {self.app}")
         if not self.restart_check:
             parts.append("--no-restart-check")
         if self.network != "loopback":

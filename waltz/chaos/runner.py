@@ -192,6 +192,7 @@ def _worker_specs(
             workload=options.workload,
             db_url=db_url,
             accounts=options.accounts,
+            app=options.app,
             namespace=cluster.host(f"client-{index}").namespace if cluster.network_lab else None,
         )
         for index in range(options.clients)
@@ -218,7 +219,12 @@ def _run(
             from waltz.chaos.ledger import prepare_ledger
 
             prepare_ledger(
-                db_url, cluster.zookeeper_connect_string, cluster.root, options.accounts, options.seed
+                options.app,
+                db_url,
+                cluster.zookeeper_connect_string,
+                cluster.root,
+                options.accounts,
+                options.seed,
             )
             say(f"ledger database {db_url.split('@')[-1]}: migrated, {options.accounts} accounts opened")
         clients_db_url = db_url
@@ -245,7 +251,7 @@ def _run(
                 from waltz.chaos.ledger import wait_transfers_settled
 
                 say("waiting for the ledger's sweepers to settle every two-step transfer")
-                wait_transfers_settled(db_url)
+                wait_transfers_settled(options.app, db_url)
                 owners = cluster.wait_ready(180.0)
             marks = {pid: owner.high_water_mark for pid, owner in sorted(owners.items())}
             say(f"healed; high-water marks {marks}; clients applying up to them")
@@ -290,7 +296,7 @@ def _run(
             from waltz.chaos.ledger import ledger_checks
 
             result.checks.append(check_gaps(marks, reading, results))
-            result.checks += ledger_checks(db_url, cluster, marks, [w.ledger for w in results])
+            result.checks += ledger_checks(options.app, db_url, cluster, marks, [w.ledger for w in results])
     storage_dirs = {n.process.name: n.directory for n in cluster.storages}
     digests = segment_digests(storage_dirs)
     result.checks.append(check_replicas_on_disk(digests, marks, cluster.replicas))

@@ -46,6 +46,7 @@ from waltz.client import (
     WaltzClientConfig,
 )
 from waltz.errors import WaltzTimeoutError
+from waltz.workloads.application import DEFAULT_APPLICATION
 
 __all__ = ["ChaosAppend", "CounterIncrement", "WorkerSpec", "worker_main"]
 
@@ -80,6 +81,7 @@ class WorkerSpec:
         workload: ``raw`` or ``counter`` (this module), or ``ledger`` (:mod:`waltz.chaos.ledger`).
         db_url: the shared application database (ledger).
         accounts: SmallBank customers (ledger).
+        app: the SmallBank application's module (ledger).
         namespace: the network namespace of the worker's host in namespace mode (joined before
             anything else), or None to stay in the machine's own.
     """
@@ -98,6 +100,7 @@ class WorkerSpec:
     workload: str = "raw"
     db_url: str | None = None
     accounts: int = 200
+    app: str = DEFAULT_APPLICATION
     namespace: str | None = None
 
 
@@ -349,6 +352,7 @@ def _ledger_main(spec: WorkerSpec, conn: Connection, stop: Event, gate: Synchron
     if spec.db_url is None:
         raise ValueError("the ledger workload needs db_url")
     result = run_ledger_worker(
+        app=spec.app,
         index=spec.index,
         db_url=spec.db_url,
         zookeeper=spec.zookeeper,

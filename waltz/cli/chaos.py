@@ -14,7 +14,9 @@ from typing import Annotated
 import typer
 
 from waltz.cli.options import LogLevelOption
+from waltz.errors import ConfigurationError
 from waltz.logs import configure_logging
+from waltz.workloads.application import DEFAULT_APPLICATION, load_application
 
 
 def chaos(
@@ -86,6 +88,13 @@ def chaos(
         typer.Option(help="The ledger's database URL (an empty database; default: SQLite in the work dir)."),
     ] = None,
     accounts: Annotated[int, typer.Option(help="SmallBank customers of the ledger workload.", min=2)] = 200,
+    app: Annotated[
+        str,
+        typer.Option(
+            help="The ledger workload's SmallBank application, by module name: SMALLBANK of "
+            "MODULE.smallbank or MODULE."
+        ),
+    ] = DEFAULT_APPLICATION,
     storages: Annotated[int, typer.Option(help="Storage nodes: 3 or 5.")] = 3,
     servers: Annotated[int, typer.Option(help="Servers.", min=1)] = 3,
     partitions: Annotated[int, typer.Option(help="Partitions.", min=1)] = 4,
@@ -137,6 +146,12 @@ def chaos(
     except ValueError as exc:
         typer.echo(f"--faults: {exc}", err=True)
         raise typer.Exit(2) from exc
+    if workload == "ledger":
+        try:
+            load_application(app)  # the workers import it again: fail here, before anything starts
+        except ConfigurationError as exc:
+            typer.echo(f"--app: {exc}", err=True)
+            raise typer.Exit(2) from exc
     options = ChaosOptions(
         transactions=transactions,
         duration=duration,
@@ -148,6 +163,7 @@ def chaos(
         workload=workload,
         db_url=db_url,
         accounts=accounts,
+        app=app,
         storages=storages,
         servers=servers,
         partitions=partitions,

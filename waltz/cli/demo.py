@@ -1,6 +1,7 @@
 """``waltz demo``: the main job of the README's first command (the ledger under faults, checked).
 
-The logic lives in :mod:`waltz_examples.ledger.demo`; this module parses options and draws progress.
+The logic lives in :mod:`waltz.workloads.demo`; this module parses options and draws progress.
+``--app`` names another SmallBank application than the ledger example (by module).
 Exit codes: 0 every check passed; 1 a check failed; 2 the demo could not run.
 """
 
@@ -15,7 +16,9 @@ from typing import Annotated, Any
 import typer
 
 from waltz.cli.options import LogLevelOption
+from waltz.errors import ConfigurationError
 from waltz.logs import configure_logging
+from waltz.workloads.application import DEFAULT_APPLICATION
 
 
 def demo(
@@ -51,6 +54,12 @@ def demo(
         Path | None, typer.Option(help="Keep the cluster's data, logs and the SQLite database here.")
     ] = None,
     log_level: LogLevelOption = "WARNING",
+    app: Annotated[
+        str,
+        typer.Option(
+            help="The SmallBank application, by module name: SMALLBANK of MODULE.smallbank or MODULE."
+        ),
+    ] = DEFAULT_APPLICATION,
 ) -> None:
     """Run the ledger demo: SmallBank on a local Waltz cluster, under faults, then check it.
 
@@ -63,7 +72,7 @@ def demo(
     the same records; finally rebuilds the ledger from the log with Spark and checks that the live
     database has not drifted from it (needs the spark extra). Exits 1 if any check fails.
     """
-    from waltz_examples.ledger.demo import DemoOptions, run_demo
+    from waltz.workloads.demo import DemoOptions, run_demo
 
     configure_logging(log_level)
 
@@ -107,6 +116,7 @@ def demo(
             seed=seed,
             spark=spark,
             spark_master=spark_master,
+            app=app,
         )
         try:
             return run_demo(options, say, progress).passed
@@ -121,7 +131,7 @@ def demo(
         else:
             with tempfile.TemporaryDirectory(prefix="waltz-demo-") as tmp:
                 passed = run(Path(tmp))
-    except (OSError, TimeoutError) as exc:
+    except (OSError, TimeoutError, ConfigurationError) as exc:
         typer.echo(f"the demo could not run: {exc}", err=True)
         raise typer.Exit(2) from exc
     raise typer.Exit(0 if passed else 1)

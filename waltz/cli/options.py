@@ -172,7 +172,7 @@ StorageArgument = Annotated[
 ServerArgument = Annotated[
     str,
     typer.Argument(
-        help="The server: its endpoint `host:port`, member name or server ID (as `waltz server list` "
+        help="The server: its name, endpoint `host:port`, member name or server ID (as `waltz server list` "
         "shows). An endpoint that is not live now is accepted: the preference applies when it registers.",
         show_default=False,
     ),

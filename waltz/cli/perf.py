@@ -1,12 +1,13 @@
 """``waltz perf``: producer and consumer performance runs (upstream Waltz's ProducerPerf/ConsumerPerf),
-and the ledger example's SmallBank mix from application instances (``waltz perf smallbank``).
+and the SmallBank mix from application instances (``waltz perf smallbank``, the ledger example's
+by default).
 
-The logic lives in :mod:`waltz.perf` and, for ``smallbank``, in :mod:`waltz_examples.ledger.perf`
+The logic lives in :mod:`waltz.perf` and, for ``smallbank``, in :mod:`waltz.workloads.perf`
 (imported inside the command); this module parses options and prints the figures. Exit codes: 0
 the run finished (failed transactions are reported, not fatal); 1 the run could not complete (a
-client or instance process failed, the consumer timed out) or, for ``smallbank``, a ledger check
-failed; 2 bad options or configuration, an unusable database, or the cluster could not be reached
-or started.
+client or instance process failed, the consumer timed out) or, for ``smallbank``, a check of the
+application failed; 2 bad options or configuration (``--app`` naming no SmallBank application), an
+unusable database, or the cluster could not be reached or started.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from waltz.cli.options import (
 )
 from waltz.errors import ConfigurationError, WaltzError, WaltzTimeoutError
 from waltz.logs import configure_logging
+from waltz.workloads.application import DEFAULT_APPLICATION
 
 app = typer.Typer(
     help=(
@@ -332,6 +334,16 @@ def smallbank(
             ),
         ),
     ] = 100,
+    app_module: Annotated[
+        str,
+        typer.Option(
+            "--app",
+            help=(
+                "The SmallBank application, by module name: SMALLBANK of MODULE.smallbank or MODULE "
+                "(docs/benchmarks.md)."
+            ),
+        ),
+    ] = DEFAULT_APPLICATION,
     db: Annotated[
         str | None,
         typer.Option(
@@ -383,15 +395,20 @@ def smallbank(
     """
     from sqlalchemy.exc import SQLAlchemyError
 
-    from waltz_examples.ledger.perf import (
+    from waltz.workloads.application import load_application
+    from waltz.workloads.perf import (
         SmallBankPerfSettings,
         UnusableDatabaseError,
         check_database,
         perf_database,
         run_smallbank,
     )
-    from waltz_examples.ledger.smallbank import SmallBankConfig
+    from waltz.workloads.smallbank import SmallBankConfig
 
+    try:
+        application = load_application(app_module)
+    except ConfigurationError as exc:
+        raise _fail(str(exc), 2) from exc
     try:
         settings = SmallBankPerfSettings(
             instances=instances,
@@ -405,6 +422,7 @@ def smallbank(
             entity_cache=entity_cache,
             rate=rate,
             warm_up=warm_up,
+            app=app_module,
         )
     except ValueError as exc:
         raise _fail(str(exc), 2) from exc
@@ -413,9 +431,9 @@ def smallbank(
     if partitions is None:
         partitions = instances if partition_routing else DEFAULT_SMALLBANK_PARTITIONS
     say = None if as_json else lambda line: typer.echo(line, err=True)
-    with perf_database(db) as db_url:
+    with perf_database(application, db) as db_url:
         try:
-            check_database(db_url, new_log=local, cluster_name=settings.cluster_name)
+            check_database(application, db_url, new_log=local, cluster_name=settings.cluster_name)
         except UnusableDatabaseError as exc:
             raise _fail(str(exc), 2) from exc
         with _target(local, storages, servers, partitions, config, zookeeper, root) as target:

@@ -8,7 +8,6 @@ that does not upcast to the current models (``--check``); 2 the rebuild could no
 
 from __future__ import annotations
 
-import importlib
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -19,7 +18,7 @@ if TYPE_CHECKING:
     from waltz.spark.views import AppViews
 
 from waltz.cli.options import LogLevelOption
-from waltz.errors import WaltzError
+from waltz.errors import ConfigurationError, WaltzError
 from waltz.logs import configure_logging
 from waltz.protocol.channels import TlsConfig
 
@@ -27,24 +26,20 @@ __all__ = ["load_app", "rebuild_command"]
 
 
 def load_app(name: str) -> AppViews:
-    """The ``VIEWS`` of an application module (``<name>.views`` first, then ``<name>``).
+    """The ``VIEWS`` of an application module (``<name>.views`` first, then ``<name>``); a local
+    package in the working directory is found too.
 
     Raises:
         typer.BadParameter: no such module or no ``VIEWS`` in it.
     """
+    from waltz.app_modules import find_app_object
     from waltz.spark.views import AppViews
 
-    for candidate in (f"{name}.views", name):
-        try:
-            module = importlib.import_module(candidate)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and candidate.startswith(exc.name):
-                continue
-            raise
-        views = getattr(module, "VIEWS", None)
-        if isinstance(views, AppViews):
-            return views
-    raise typer.BadParameter(f"no module {name}.views or {name} defines VIEWS (a waltz.spark.views.AppViews)")
+    try:
+        views: AppViews = find_app_object(name, "views", "VIEWS", AppViews, "a waltz.spark.views.AppViews")
+    except ConfigurationError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    return views
 
 
 def _marks(items: list[str]) -> dict[int, int]:

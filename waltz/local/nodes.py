@@ -266,7 +266,8 @@ class LocalServer(_LocalProcess):
             "server.host": self.host,
             "server.port": self.port,
         }
-        flags = ["--zookeeper", zookeeper, "--root", root, "--host", self.host]
+        settings["server.name"] = name
+        flags = ["--zookeeper", zookeeper, "--root", root, "--host", self.host, "--name", name]
         flags += ["--port", str(self.port), "--session-timeout", str(session_timeout)]
         if self.metrics_port is not None:
             settings["server.metrics.port"] = self.metrics_port

@@ -44,12 +44,20 @@ class Member:
         preferred_partitions: partitions this server should own when it can (its configured
             ``server.preferredPartitions``; ``<root>/server/preferred`` may override them).
         health_url: the server's ``/health`` URL when it serves one, else None.
+        server_name: the name the operator gave the server (``server.name``), the same across
+            its restarts, or None (tools then show its endpoint).
     """
 
     name: str
     endpoint: str
     preferred_partitions: tuple[int, ...] = ()
     health_url: str | None = None
+    server_name: str | None = None
+
+    @property
+    def display_name(self) -> str:
+        """What tools call the server: its ``server.name``, else its endpoint."""
+        return self.server_name or self.endpoint
 
     @property
     def server_id(self) -> int:
@@ -63,6 +71,8 @@ class Member:
         }
         if self.health_url is not None:
             value["health_url"] = self.health_url
+        if self.server_name is not None:
+            value["server_name"] = self.server_name
         return _dump(value)
 
     @classmethod
@@ -74,7 +84,10 @@ class Member:
         health_url = value.get("health_url")
         if health_url is not None and not isinstance(health_url, str):
             raise MetadataError(f"znode {path}: health_url is {health_url!r}")
-        return cls(name, _field(value, "endpoint", str, path), tuple(preferred), health_url)
+        server_name = value.get("server_name")
+        if server_name is not None and not isinstance(server_name, str):
+            raise MetadataError(f"znode {path}: server_name is {server_name!r}")
+        return cls(name, _field(value, "endpoint", str, path), tuple(preferred), health_url, server_name)
 
 
 @dataclass(frozen=True, slots=True)

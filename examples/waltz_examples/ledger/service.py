@@ -162,6 +162,28 @@ class LedgerService:
             )
             self.sweeper.start()
 
+    @classmethod
+    def from_config(cls, db_url: str, config: WaltzClientConfig, **options: Any) -> LedgerService:
+        """An instance whose client has ``config``: the cluster, its credentials, client settings.
+
+        Args:
+            db_url: the shared application database (SQLAlchemy URL).
+            config: the client's configuration (its explicitly set fields; the ledger's default
+                ``client_max_apply_batch_size`` of 50 stands unless it sets one).
+            options: the other keyword arguments of :class:`LedgerService` (``cluster_name``,
+                ``sweep_interval``, ``prepare``, ``partitions``, ``entity_cache``).
+        """
+        settings = config.model_dump(exclude_unset=True)
+        settings.pop("zookeeper_connect_string", None)
+        settings.pop("cluster_root", None)
+        return cls(
+            db_url,
+            zookeeper=config.zookeeper_connect_string,
+            cluster_root=config.cluster_root,
+            client_settings=settings,
+            **options,
+        )
+
     def __enter__(self) -> LedgerService:
         return self
 
@@ -202,7 +224,7 @@ class LedgerService:
         return Outcome(
             committed=transaction_id is not None,
             transaction_id=transaction_id,
-            partition_id=operation._partition_id,
+            partition_id=operation.chosen_partition,
             reason=operation.reason,
             lock_failures=operation.lock_failures,
             transfer_id=transfer_id,

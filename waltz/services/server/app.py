@@ -159,6 +159,7 @@ class ServerApp:
             tuple(config.server_preferred_partitions),
             self._assignment_changed,
             health_url,
+            config.server_name,
         )
         member = await asyncio.to_thread(self._membership.register)
         self._manager = ClusterManager(

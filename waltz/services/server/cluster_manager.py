@@ -55,6 +55,7 @@ class ServerMembership:
             partition placed on this server, each time the assignment changes.
         health_url: the server's ``/health`` URL, published in the member znode for tools, or
             None when it serves none.
+        server_name: the server's ``server.name``, published for tools, or None.
     """
 
     def __init__(
@@ -65,10 +66,12 @@ class ServerMembership:
         preferred_partitions: tuple[int, ...],
         on_assignment: Callable[[dict[int, int]], None],
         health_url: str | None = None,
+        server_name: str | None = None,
     ) -> None:
         self._zk = zk
         self._paths = paths
         self._endpoint = endpoint
+        self._server_name = server_name
         self._preferred = preferred_partitions
         self._health_url = health_url
         self._on_assignment = on_assignment
@@ -82,7 +85,7 @@ class ServerMembership:
         """
         path = self._zk.create(
             f"{self._paths.members}/{MEMBER_PREFIX}",
-            Member("", self._endpoint, self._preferred, self._health_url).encode(),
+            Member("", self._endpoint, self._preferred, self._health_url, self._server_name).encode(),
             ephemeral=True,
             sequence=True,
             makepath=True,
@@ -90,10 +93,11 @@ class ServerMembership:
         member: str = path.rsplit("/", 1)[1]
         self.member = member
         log.info(
-            "registered as %s (server ID %d) at %s",
+            "registered as %s (server ID %d) at %s%s",
             member,
             int(member.removeprefix(MEMBER_PREFIX)),
             self._endpoint,
+            f", named {self._server_name}" if self._server_name else "",
         )
         self._zk.DataWatch(self._paths.server_assignment, self._assignment_changed)
         return member

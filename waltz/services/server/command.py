@@ -34,6 +34,10 @@ def start(
         str | None, typer.Option(help="ZooKeeper connect string (zookeeper.connectString).")
     ] = None,
     root: Annotated[str | None, typer.Option(help="Cluster root znode (cluster.root).")] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(help="A name that stays across restarts, shown by waltz server list (server.name)."),
+    ] = None,
     host: Annotated[str | None, typer.Option(help="Address to bind and advertise (server.host).")] = None,
     port: Annotated[int | None, typer.Option(help="Server port, 0 for any free port (server.port).")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="HTTP port for /metrics and /health.")] = None,
@@ -63,6 +67,7 @@ def start(
             config,
             zookeeper_connect_string=zookeeper,
             cluster_root=root,
+            server_name=name,
             server_host=host,
             server_port=port,
             server_metrics_port=metrics_port,

@@ -27,6 +27,7 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
         "zookeeper.sessionTimeout": "zookeeper_session_timeout",
         **ZOOKEEPER_SECURITY_KEYS,
         "cluster.root": "cluster_root",
+        "server.name": "server_name",
         "server.host": "server_host",
         "server.port": "server_port",
         "server.metrics.port": "server_metrics_port",
@@ -64,6 +65,13 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
     zookeeper_connect_string: str = Field(description="ZooKeeper connect string, e.g. 127.0.0.1:2181.")
     zookeeper_session_timeout: float = Field(10.0, gt=0, description="ZooKeeper session timeout in seconds.")
     cluster_root: str = Field(description="The cluster root znode, e.g. /waltz/cluster1.")
+    server_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        description="A name for this server that stays across its restarts (tools show it); "
+        "default: its endpoint.",
+    )
     server_host: str = Field("127.0.0.1", description="Address the server port binds to and advertises.")
     server_port: int = Field(
         55180, ge=0, le=65535, description="Port for clients and tools (0: any free port)."

@@ -1,4 +1,4 @@
-"""The ledger example against a real local cluster: its rules, its transfers, and the demo."""
+"""The ledger example against a real local cluster: its rules and its transfers."""
 
 from __future__ import annotations
 
@@ -7,22 +7,20 @@ import random
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import support
-from sqlalchemy import select
+from sqlalchemy import insert, select
 
+from waltz import WaltzClientConfig
 from waltz.errors import CrossPartitionError
-from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
-from waltz_examples.ledger.checks import read_log, run_checks
-from waltz_examples.ledger.demo import DemoOptions, run_demo
+from waltz.workloads.checks import Check, check_application
 from waltz_examples.ledger.models import TransferIn, TransferOut
 from waltz_examples.ledger.service import LedgerService, prepare_database
+from waltz_examples.ledger.smallbank import SMALLBANK
 from waltz_examples.ledger.transfers import (
     CreditTransfer,
     CreditTransfers,
@@ -31,39 +29,10 @@ from waltz_examples.ledger.transfers import (
     money_in_flight,
 )
 
-PARTITIONS = 4
 
-
-@pytest.fixture(scope="module")
-def ledger_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
-    with support.session_cluster(
-        tmp_path_factory, zookeeper, name="ledger", partitions=PARTITIONS
-    ) as cluster:
-        cluster.wait_ready(60)
-        yield cluster
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def ledger_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    else:
-        url = str(request.getfixturevalue("postgres_url"))
-    engine = create_framework_engine(url)
-    prepare_database(engine)
-    engine.dispose()
-    return url
-
-
-def service(cluster: LocalCluster, db_url: str, cluster_name: str, **kwargs: object) -> LedgerService:
-    return LedgerService(
-        db_url,
-        zookeeper=cluster.zookeeper_connect_string,
-        cluster_root=cluster.root,
-        cluster_name=cluster_name,
-        prepare=False,
-        **kwargs,  # type: ignore[arg-type]
-    )
+def service(config: WaltzClientConfig, db_url: str, cluster_name: str, **options: Any) -> LedgerService:
+    """A ledger instance on the test's database, its marks under ``cluster_name``."""
+    return LedgerService.from_config(db_url, config, cluster_name=cluster_name, prepare=False, **options)
 
 
 def wait_settled(ledger: LedgerService, transfer_id: str) -> str:
@@ -80,14 +49,34 @@ def wait_settled(ledger: LedgerService, transfer_id: str) -> str:
     return result
 
 
-def test_the_bank_operations_keep_their_rules(ledger_cluster: LocalCluster, ledger_db: str) -> None:
-    # The log is shared by this module's tests (a fresh database replays all of it): customers of
-    # this test are b+1, b+2, b+5 for a fresh b, a multiple of PARTITIONS, so that b+1 and b+5 share
-    # a partition and b+2 is in another.
+def failed_checks(ledger: LedgerService, cluster: LocalCluster, cluster_name: str) -> list[Check]:
+    """The checks the tools run after a workload (:mod:`waltz.workloads.checks`, the ledger's
+    invariants among them) that fail, once ``ledger`` applied the log up to the servers' marks.
+    The database applied the whole shared log, so they hold over all of it."""
+    marks = {p: ledger.client.get_high_water_mark(p) for p in range(ledger.num_partitions)}
+    for pid, mark in marks.items():
+        assert mark < 0 or ledger.callbacks.wait_for(pid, mark, 30)
+    checks = check_application(
+        SMALLBANK,
+        ledger.engine,
+        cluster_name=cluster_name,
+        server_marks=marks,
+        zookeeper=cluster.zookeeper_connect_string,
+        cluster_root=cluster.root,
+    )
+    return [c for c in checks if not c.passed]
+
+
+def test_the_bank_operations_keep_their_rules(
+    ledger_cluster: LocalCluster, ledger_config: WaltzClientConfig, ledger_db: str
+) -> None:
+    # The log is shared by the ledger's tests (a fresh database replays all of it): customers of
+    # this test are b+1, b+2, b+5 for a fresh b, a multiple of the partitions (4), so that b+1 and
+    # b+5 share a partition and b+2 is in another.
     name = f"bank-{os.urandom(4).hex()}"
-    b = random.randrange(1, 10**9) * PARTITIONS
+    b = random.randrange(1, 10**9) * ledger_cluster.num_partitions
     one, two, five = b + 1, b + 2, b + 5
-    with service(ledger_cluster, ledger_db, name) as ledger:
+    with service(ledger_config, ledger_db, name) as ledger:
         for custid in (one, two, five):
             assert ledger.open_account(custid, f"c{custid}", savings=1000, checking=1000).committed
         assert not ledger.open_account(one, "again").committed
@@ -117,27 +106,21 @@ def test_the_bank_operations_keep_their_rules(ledger_cluster: LocalCluster, ledg
         assert ledger.balance(one) == (1000, 1000)
         assert not ledger.deposit(two, 1).committed  # closed
 
-        marks = {p: ledger.client.get_high_water_mark(p) for p in range(PARTITIONS)}
-        for pid, mark in marks.items():
-            assert mark < 0 or ledger.callbacks.wait_for(pid, mark, 30)
         wait_until(lambda: money_in_flight(ledger.engine) == 0, timeout=30, what="no money in flight")
-        tally = read_log(ledger_cluster.zookeeper_connect_string, ledger_cluster.root, marks)
-        # This database applied the whole shared log, so the invariants hold over all of it.
-        checks = run_checks(ledger.engine, cluster_name=name, server_marks=marks, tally=tally)
-        assert [c for c in checks if not c.passed] == []
+        assert failed_checks(ledger, ledger_cluster, name) == []
         assert ledger.callbacks.uncaught_count == 0
 
 
 def test_one_step_transaction_moves_several_transfers_each_once(
-    ledger_cluster: LocalCluster, ledger_db: str
+    ledger_cluster: LocalCluster, ledger_config: WaltzClientConfig, ledger_db: str
 ) -> None:
     """The sweeper's batched steps: a receiver of two credits gets both, a transfer credited
     already is left alone, rejected credits are refunded together, a step is dropped when every
     transfer is past it, and the money adds up."""
     name = f"steps-{os.urandom(4).hex()}"
-    b = random.randrange(1, 10**9) * PARTITIONS
+    b = random.randrange(1, 10**9) * ledger_cluster.num_partitions
     one, two, five, six = b + 1, b + 2, b + 5, b + 6  # one and five share a partition, two and six another
-    with service(ledger_cluster, ledger_db, name, sweep_interval=None) as ledger:
+    with service(ledger_config, ledger_db, name, sweep_interval=None) as ledger:
         for custid in (one, two, five, six):
             assert ledger.open_account(custid, f"c{custid}", savings=1000, checking=1000).committed
         assert ledger.deactivate(six).committed
@@ -147,11 +130,12 @@ def test_one_step_transaction_moves_several_transfers_each_once(
             ledger.transfer(one, six, 300),
             ledger.transfer(five, six, 400),
         ]
-        ids = [debit.transfer_id for debit in debits]
+        ids: list[str] = []
         for debit in debits:
             assert debit.committed and debit.transfer_id is not None
             assert debit.transaction_id is not None
             assert ledger.callbacks.wait_for(debit.partition_id, debit.transaction_id, 30)
+            ids.append(debit.transfer_id)
         with ledger.engine.connect() as conn:
             rows = conn.execute(select(TransferOut.__table__).where(TransferOut.transfer_id.in_(ids))).all()
         outbox = {row.transfer_id: TransferOut(**row._asdict()) for row in rows}
@@ -184,25 +168,20 @@ def test_one_step_transaction_moves_several_transfers_each_once(
         with pytest.raises(CrossPartitionError):  # credits of receivers in two partitions
             ledger.submit(CreditTransfers(ledger.callbacks, [outbox[ids[0]], elsewhere]))
 
-        marks = {p: ledger.client.get_high_water_mark(p) for p in range(PARTITIONS)}
-        for pid, mark in marks.items():
-            assert mark < 0 or ledger.callbacks.wait_for(pid, mark, 30)
-        tally = read_log(ledger_cluster.zookeeper_connect_string, ledger_cluster.root, marks)
-        checks = run_checks(ledger.engine, cluster_name=name, server_marks=marks, tally=tally)
-        assert [c for c in checks if not c.passed] == []
+        assert failed_checks(ledger, ledger_cluster, name) == []
 
 
 def test_kill_9_between_a_debit_and_its_credit_loses_nothing(
-    ledger_cluster: LocalCluster, ledger_db: str, tmp_path: Path
+    ledger_cluster: LocalCluster, ledger_config: WaltzClientConfig, ledger_db: str, tmp_path: Path
 ) -> None:
     name = f"kill-{os.urandom(4).hex()}"
-    b = random.randrange(1, 10**9) * PARTITIONS
+    b = random.randrange(1, 10**9) * ledger_cluster.num_partitions
     source, target = b + 3, b + 4  # two partitions
-    with service(ledger_cluster, ledger_db, name, sweep_interval=None) as setup:
+    with service(ledger_config, ledger_db, name, sweep_interval=None) as setup:
         for custid in (source, target):
             assert setup.open_account(custid, f"c{custid}", savings=0, checking=1000).committed
-    script = Path(__file__).with_name("ledger_debit_then_hang.py")
-    env = {**os.environ, "LEDGER_CLUSTER_NAME": name}
+    script = Path(__file__).with_name("debit_then_hang.py")
+    env = {**os.environ, "LEDGER_CLUSTER_NAME": name}  # the cluster's credential too (ledger_config)
     stderr = (tmp_path / "instance.log").open("w")
     process = subprocess.Popen(
         [
@@ -219,7 +198,7 @@ def test_kill_9_between_a_debit_and_its_credit_loses_nothing(
         stderr=stderr,
         text=True,
         env=env,
-        cwd=Path(__file__).parents[2],
+        cwd=tmp_path,
     )
     try:
         assert process.stdout is not None
@@ -235,7 +214,7 @@ def test_kill_9_between_a_debit_and_its_credit_loses_nothing(
             process.wait(10)
         stderr.close()
 
-    with service(ledger_cluster, ledger_db, name) as survivor:
+    with service(ledger_config, ledger_db, name) as survivor:
         with survivor.engine.connect() as conn:
             assert (
                 conn.execute(select(TransferIn).where(TransferIn.transfer_id == transfer_id)).first() is None
@@ -243,30 +222,6 @@ def test_kill_9_between_a_debit_and_its_credit_loses_nothing(
         assert survivor.balance(source) == (0, 750)  # debited: the money is in flight, not lost
         assert wait_settled(survivor, transfer_id) == "credited"
         assert survivor.balance(target) == (0, 1250)
-
-
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_the_demo_passes_its_checks_under_faults(
-    request: pytest.FixtureRequest, tmp_path: Path, backend: str
-) -> None:
-    db_url = None if backend == "sqlite" else str(request.getfixturevalue("postgres_url"))
-    lines: list[str] = []
-    options = DemoOptions(
-        work_dir=tmp_path, db_url=db_url, transactions=200, accounts=40, partitions=2, instances=3
-    )
-    result = run_demo(options, lines.append, lambda label, total: lambda n: None)
-    report = "\n".join(lines)
-    assert result.passed, report
-    assert [c.name for c in result.checks if not c.passed] == []
-    assert len(result.faults) == 4, report  # two kills, two restarts
-    assert result.stats.committed > 100, report
-
-
-@pytest.mark.slow
-def test_the_full_demo(tmp_path: Path) -> None:
-    lines: list[str] = []
-    result = run_demo(DemoOptions(work_dir=tmp_path), lines.append, lambda label, total: lambda n: None)
-    assert result.passed, "\n".join(lines)
 
 
 def test_a_partition_routed_sweeper_finds_its_steps_behind_other_partitions_pages(tmp_path: Path) -> None:
@@ -287,7 +242,7 @@ def test_a_partition_routed_sweeper_finds_its_steps_behind_other_partitions_page
         for f, t in pairs
     ]
     with engine.begin() as conn:
-        conn.execute(TransferOut.__table__.insert(), rows)
+        conn.execute(insert(TransferOut), rows)
     callbacks = LedgerCallbacks(engine, cluster_name="ledger", registry=registry())
     submitted: list[Any] = []
 

@@ -19,6 +19,7 @@ and the ``load`` command against it.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import http.client
 import json
 import random
@@ -49,17 +50,18 @@ KILL_AFTER = 100
 
 def start_services(cluster: LocalCluster, db_url: str, count: int) -> list[CounterService]:
     """``count`` instances on one database, started one after the other (the first creates the
-    tables). The session's log is shared with other example tests: their transactions are passed
-    over."""
+    tables). The session's log is shared with other tests: their transactions are passed over."""
+    settings = cluster.zookeeper_settings()  # the connect string, the root and the credential
+    zookeeper, root = str(settings.pop("zookeeper_connect_string")), str(settings.pop("cluster_root"))
     services: list[CounterService] = []
     try:
         for _ in range(count):
             services.append(
                 CounterService(
                     db_url,
-                    cluster.zookeeper_connect_string,
-                    cluster.root,
-                    client_config={"zookeeper_session_timeout": 10.0},
+                    zookeeper,
+                    root,
+                    client_config={**settings, "zookeeper_session_timeout": 10.0},
                     request_timeout=TIMEOUT,
                     ignore_foreign_transactions=True,
                 )
@@ -72,9 +74,9 @@ def start_services(cluster: LocalCluster, db_url: str, count: int) -> list[Count
 
 
 @pytest.fixture
-def services(examples_cluster_ready: LocalCluster, example_db_url: str) -> Iterator[list[CounterService]]:
+def services(counter_cluster: LocalCluster, counter_db_url: str) -> Iterator[list[CounterService]]:
     """Three counter service instances sharing one fresh database; closed afterwards."""
-    started = start_services(examples_cluster_ready, example_db_url, INSTANCES)
+    started = start_services(counter_cluster, counter_db_url, INSTANCES)
     try:
         yield started
     finally:
@@ -117,10 +119,15 @@ def pick_counters(service: CounterService, rng: random.Random) -> list[int]:
     return chosen
 
 
+def caught_up(service: CounterService, server_marks: dict[int, int]) -> bool:
+    """Whether the service's database applied the log up to the servers' marks."""
+    return service.callbacks.high_water_marks() == server_marks
+
+
 def test_instances_sharing_a_database_keep_counters_exact_and_never_negative_across_a_server_crash(
-    services: list[CounterService], examples_cluster_ready: LocalCluster
+    services: list[CounterService], counter_cluster: LocalCluster
 ) -> None:
-    cluster = examples_cluster_ready
+    cluster = counter_cluster
     rng = random.Random()
     counters = pick_counters(services[0], rng)
     partition_of = {c: services[0].partition_of(c) for c in counters}
@@ -204,9 +211,8 @@ def test_instances_sharing_a_database_keep_counters_exact_and_never_negative_acr
     client = services[0].client
     server_marks = {p: client.get_high_water_mark(p, timeout=TIMEOUT) for p in range(client.num_partitions)}
     for service in services:
-        marks = service.callbacks.high_water_marks
         wait_until(
-            lambda marks=marks: marks() == server_marks,
+            functools.partial(caught_up, service, server_marks),
             timeout=TIMEOUT,
             what=f"the database's marks to reach the servers' {server_marks}",
         )
@@ -259,9 +265,9 @@ def test_instances_sharing_a_database_keep_counters_exact_and_never_negative_acr
 
 
 @pytest.fixture
-def api(examples_cluster_ready: LocalCluster, tmp_path: Path) -> Iterator[CounterHttpServer]:
+def api(counter_cluster: LocalCluster, tmp_path: Path) -> Iterator[CounterHttpServer]:
     """One counter service on a SQLite file, served on 127.0.0.1 (a free port)."""
-    (service,) = start_services(examples_cluster_ready, f"sqlite:///{tmp_path / 'api.db'}", 1)
+    (service,) = start_services(counter_cluster, f"sqlite:///{tmp_path / 'api.db'}", 1)
     try:
         with CounterHttpServer(service, "127.0.0.1", 0) as server:
             yield server

@@ -1,20 +1,22 @@
-"""The demo: the ledger under the SmallBank mix on a local Waltz cluster, with faults, then checked.
+"""The demo: an application under the SmallBank mix on a local Waltz cluster, with faults, then checked.
 
-``waltz demo`` (README command one) runs :func:`run_demo`:
+``waltz demo`` (README command one) runs :func:`run_demo` on the application of ``app``, the ledger
+example by default (docs/design/overview.md, "Workloads"):
 
 1. starts a local cluster (ZooKeeper, 3 storage nodes, 2 servers, as processes on loopback) and
-   ``instances`` ledger instances sharing one database (SQLite by default);
+   ``instances`` instances of the application sharing one database (SQLite by default);
 2. opens the accounts and runs the SmallBank mix for ``transactions`` draws, with progress, then
    prints committed/s and the p50/p99 of submit -> commit and submit -> applied
-   (:meth:`~waltz_examples.ledger.smallbank.SmallBankStats.latency_line`);
+   (:meth:`~waltz.workloads.smallbank.SmallBankStats.latency_line`);
 3. unless ``faults`` is off: ``kill -9`` of one storage node at a third of the run and of the
    server owning partition 0 at half of it, both restarted a few seconds later;
-4. waits for the sweepers to finish every transfer, then checks the invariants of
-   :mod:`waltz_examples.ledger.checks` and prints them;
-5. unless ``spark`` is off: rebuilds the ledger from the log with Spark (``waltz rebuild``, into
-   ``ledger-rebuilt.db`` in the work directory) at the live database's marks and checks that the
-   live database has no drift from it (``docs/spark.md``); without PySpark this check fails and
-   says what to install;
+4. waits for the sweepers to finish every transfer, then checks the invariants
+   (:func:`~waltz.workloads.checks.check_application`: the ledger's include money conserved) and
+   prints them;
+5. unless ``spark`` is off: rebuilds the application's tables from the log with Spark (``waltz
+   rebuild``, into ``<name>-rebuilt.db`` in the work directory) at the live database's marks and
+   checks that the live database has no drift from it (``docs/spark.md``); without PySpark this
+   check fails and says what to install;
 6. returns whether every check passed (the command's exit code).
 """
 
@@ -27,17 +29,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy import Engine
+
+from waltz.client import WaltzClientConfig
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
-from waltz_examples.ledger.checks import Check, read_log, run_checks
-from waltz_examples.ledger.service import LedgerService, prepare_database
-from waltz_examples.ledger.smallbank import SmallBankConfig, SmallBankStats, SmallBankWorkload
-from waltz_examples.ledger.transfers import pending_transfers
+from waltz.workloads.application import (
+    DEFAULT_APPLICATION,
+    SmallBankApplication,
+    load_application,
+)
+from waltz.workloads.checks import Check, check_application
+from waltz.workloads.smallbank import SmallBankConfig, SmallBankStats, SmallBankWorkload
 
 __all__ = ["DemoOptions", "DemoResult", "run_demo"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds between the instances' scans for pending cross-partition steps.
+SWEEP_INTERVAL = 0.5
 
 Say = Callable[[str], None]
 Progress = Callable[[str, int], Callable[[int], None]]
@@ -45,7 +56,7 @@ Progress = Callable[[str, int], Callable[[int], None]]
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """What the demo runs (the ``waltz demo`` options)."""
+    """What the demo runs (the ``waltz demo`` options; ``app``: the application's module)."""
 
     work_dir: Path
     db_url: str | None = None
@@ -58,6 +69,7 @@ class DemoOptions:
     in_flight: int = 64
     spark: bool = True
     spark_master: str | None = None
+    app: str = DEFAULT_APPLICATION
 
 
 @dataclass
@@ -134,8 +146,12 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
 
     Returns:
         The workload's statistics and every check's result.
+
+    Raises:
+        ConfigurationError: ``options.app`` names no SmallBank application.
     """
-    db_url = options.db_url or f"sqlite:///{options.work_dir / 'ledger.db'}"
+    app = load_application(options.app)
+    db_url = options.db_url or f"sqlite:///{options.work_dir / f'{app.name}.db'}"
     started = time.monotonic()
     say(
         "starting a local Waltz cluster: ZooKeeper, 3 storage nodes, 2 servers, "
@@ -147,14 +163,15 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
         cluster.wait_ready(60)
         say(f"  ready in {time.monotonic() - started:.1f}s (work directory {options.work_dir})")
         engine = create_framework_engine(db_url)
-        prepare_database(engine)
+        app.prepare_database(engine)
         say(
             f"database {engine.url.render_as_string(hide_password=True)}: "
-            "framework and ledger tables migrated"
+            f"framework and {app.name} tables migrated"
         )
         zk, root = cluster.zookeeper_connect_string, cluster.root
+        config = WaltzClientConfig(zookeeper_connect_string=zk, cluster_root=root)
         services = [
-            LedgerService(db_url, zookeeper=zk, cluster_root=root, prepare=False)
+            app.instance(db_url, config, cluster_name=app.name, sweep_interval=SWEEP_INTERVAL)
             for _ in range(options.instances)
         ]
         try:
@@ -163,7 +180,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 SmallBankConfig(accounts=options.accounts, seed=options.seed, in_flight=options.in_flight),
             )
             say(
-                f"{options.instances} ledger instances share the database; "
+                f"{options.instances} {app.name} instances share the database; "
                 f"opening {options.accounts} accounts"
             )
             workload.populate(progress("opening accounts", options.accounts))
@@ -192,30 +209,32 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
             for reason, count in stats.drop_reasons.most_common(4):
                 say(f"  dropped {count}: {reason}")
             say("waiting for the sweepers to finish every two-step transfer")
-            _wait_quiet(services[0], timeout=120)
+            _wait_quiet(app, engine, timeout=120)
             server_marks = {p: services[0].client.get_high_water_mark(p) for p in range(options.partitions)}
             for service in services:
                 for pid, mark in server_marks.items():
                     if mark >= 0 and not service.callbacks.wait_for(pid, mark, 60):
                         raise TimeoutError(f"partition {pid} not applied up to {mark} within 60s")
             say("reading the whole log back with a fresh client, and every replica from the storage nodes")
-            tally = read_log(zk, root, server_marks)
             replicas = cluster.replica_digests(server_marks)
-            checks = run_checks(
+            checks = check_application(
+                app,
                 engine,
-                cluster_name=services[0].callbacks.cluster_name,
+                cluster_name=app.name,
                 server_marks=server_marks,
-                tally=tally,
+                zookeeper=zk,
+                cluster_root=root,
                 replicas=replicas,
             )
             if options.spark:
                 checks.append(
                     spark_rebuild_check(
+                        app,
                         zk,
                         root,
                         db_url,
-                        f"sqlite:///{options.work_dir / 'ledger-rebuilt.db'}",
-                        services[0].callbacks.cluster_name,
+                        f"sqlite:///{options.work_dir / f'{app.name}-rebuilt.db'}",
+                        app.name,
                         say,
                         master=options.spark_master,
                     )
@@ -238,6 +257,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
 
 
 def spark_rebuild_check(
+    app: SmallBankApplication,
     zookeeper: str,
     cluster_root: str,
     live_url: str,
@@ -247,10 +267,11 @@ def spark_rebuild_check(
     *,
     master: str | None = None,
 ) -> Check:
-    """Rebuild the ledger from the log with Spark and compare it with the live database.
+    """Rebuild an application's tables from the log with Spark and compare them with the live database.
 
     The live database is read in one snapshot with its marks, the log up to exactly those marks
-    (``waltz.spark.drift.verify``); the views are also written to ``rebuilt_url``.
+    (``waltz.spark.drift.verify``) through the application's views; the views are also written to
+    ``rebuilt_url``.
 
     Returns:
         A check that passes when no table differs; it fails (saying what to install) when PySpark
@@ -270,16 +291,15 @@ def spark_rebuild_check(
     from waltz.spark.drift import verify
     from waltz.spark.rebuild import LogSource
     from waltz.spark.session import spark_session
-    from waltz_examples.ledger.views import VIEWS
 
-    say(f"rebuilding the ledger from the log with Spark ({master or 'local[*]'}) and checking for drift")
+    say(f"rebuilding the {app.name} from the log with Spark ({master or 'local[*]'}) and checking for drift")
     shared = SparkSession.getActiveSession() is not None  # a caller's session (tests) is left running
     spark = spark_session(master, app_name="waltz-demo-rebuild")
     try:
         spark.sparkContext.setLogLevel("ERROR")
         report = verify(
             spark,
-            VIEWS,
+            app.views(),
             LogSource(zookeeper=zookeeper, cluster_root=cluster_root),
             live_url,
             db_url=rebuilt_url,
@@ -300,9 +320,9 @@ def spark_rebuild_check(
     return Check(name, not report.drift, detail)
 
 
-def _wait_quiet(service: LedgerService, timeout: float) -> None:
+def _wait_quiet(app: SmallBankApplication, engine: Engine, timeout: float) -> None:
     wait_until(
-        lambda: pending_transfers(service.engine) == 0,
+        lambda: app.pending_steps(engine) == 0,
         timeout=timeout,
         what="every two-step transfer to be credited or refunded",
     )

@@ -1,9 +1,10 @@
 """A ledger instance that debits a cross-partition transfer, reports it, and waits to be killed.
 
-Run by tests/examples/test_ledger_example.py: it has no sweeper, so the transfer's credit can only
-come from another instance after this one is killed with SIGKILL.
+Run by test_ledger.py beside it: it has no sweeper, so the transfer's credit can only come from
+another instance after this one is killed with SIGKILL. The cluster's credential, if any, comes
+from the ``WALTZ_ZOOKEEPER_*`` variables.
 
-Usage: python ledger_debit_then_hang.py DB_URL ZOOKEEPER ROOT FROM_CUSTID TO_CUSTID AMOUNT
+Usage: python debit_then_hang.py DB_URL ZOOKEEPER ROOT FROM_CUSTID TO_CUSTID AMOUNT
 """
 
 from __future__ import annotations

@@ -1,0 +1,43 @@
+"""The demo (``waltz demo``'s logic): the ledger under the SmallBank mix and faults passes its checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from waltz.workloads.demo import DemoOptions, run_demo
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_demo_passes_its_checks_under_faults(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
+    db_url = None if backend == "sqlite" else str(request.getfixturevalue("postgres_url"))
+    lines: list[str] = []
+    options = DemoOptions(
+        work_dir=tmp_path, db_url=db_url, transactions=200, accounts=40, partitions=2, instances=3
+    )
+    result = run_demo(options, lines.append, lambda label, total: lambda n: None)
+    report = "\n".join(lines)
+    assert result.passed, report
+    assert [c.name for c in result.checks if not c.passed] == []
+    assert len(result.faults) == 4, report  # two kills, two restarts
+    assert result.stats.committed > 100, report
+
+
+@pytest.mark.slow
+def test_the_full_demo(tmp_path: Path) -> None:
+    lines: list[str] = []
+    result = run_demo(DemoOptions(work_dir=tmp_path), lines.append, lambda label, total: lambda n: None)
+    assert result.passed, "\n".join(lines)
+
+
+def test_the_demo_refuses_a_module_that_is_no_smallbank_application(tmp_path: Path) -> None:
+    from waltz.cli.main import app
+
+    result = CliRunner().invoke(app, ["demo", "--app", "waltz_examples.counter", "--work-dir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "the demo could not run" in result.stderr and "defines SMALLBANK" in result.stderr
+    assert not (tmp_path / "cluster").exists()  # refused before a cluster started

@@ -1,0 +1,185 @@
+"""The checks of a quiet run that hold for any SmallBank application, and its own invariants after them.
+
+What the demo, ``waltz perf smallbank`` and ``waltz chaos --workload ledger`` check once every
+transaction is applied (docs/design/overview.md, "Workloads"), in this order:
+
+- **database marks = server high-water marks**, per partition (the SQL framework's mark rows);
+- **every transaction applied exactly once**: the application's record of its applies holds
+  exactly the IDs 0..mark of each partition;
+- **the log read from the start holds the same transactions**: a fresh client (no database)
+  reads every partition up to the marks and counts them;
+- the application's own :class:`~waltz.workloads.application.Invariants`, which saw the
+  ``meta`` of every change-set of that read (for the ledger: money conserved, transfers exactly
+  once, the balance rules);
+- **replicas identical**, when the run knows the cluster's nodes: every storage replica of every
+  partition holds the same records up to the mark.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from waltz import WaltzClientCallbacks
+from waltz.client.reading import read_up_to
+from waltz.client.transaction import Transaction
+from waltz.jdbc_style import CHANGE_SET_HEADER, ChangeSet
+from waltz.jdbc_style.schema import high_water_marks
+from waltz.workloads.application import Check, SmallBankApplication
+
+__all__ = ["Check", "LogTally", "check_application", "read_log"]
+
+
+@dataclass
+class LogTally:
+    """What the log says: the number of transactions of each partition."""
+
+    transactions: dict[int, int] = field(default_factory=dict)
+
+
+class _Reader(WaltzClientCallbacks):
+    """Counts what a fresh client reads, and hands each change-set's meta to ``observe``."""
+
+    def __init__(self, tally: LogTally, observe: Callable[[Mapping[str, Any]], None] | None) -> None:
+        self.tally = tally
+        self.observe = observe
+        self.marks: dict[int, int] = {}
+        self.lock = threading.Lock()
+
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        with self.lock:
+            return self.marks.get(partition_id, -1)
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self.apply_transactions([transaction])
+
+    def apply_transactions(self, transactions: Sequence[Transaction]) -> None:
+        for t in transactions:
+            meta: dict[str, Any] = {}
+            if t.header == CHANGE_SET_HEADER:
+                meta = dict(ChangeSet.decode(t.get_raw_data()).meta)
+            with self.lock:
+                self.tally.transactions[t.partition_id] = self.tally.transactions.get(t.partition_id, 0) + 1
+                if self.observe is not None:
+                    self.observe(meta)
+                self.marks[t.partition_id] = t.transaction_id
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        raise RuntimeError(f"reading the log failed at {partition_id}:{transaction_id}") from exception
+
+
+def read_log(
+    zookeeper: str,
+    cluster_root: str,
+    high_water_marks: dict[int, int],
+    *,
+    observe: Callable[[Mapping[str, Any]], None] | None = None,
+    timeout: float = 300.0,
+) -> LogTally:
+    """Read every transaction from the start with a fresh client (no database) and tally it.
+
+    Args:
+        zookeeper: ZooKeeper connect string of the cluster.
+        cluster_root: the cluster's root znode.
+        high_water_marks: partition -> the mark to read up to.
+        observe: called with the ``meta`` of each transaction (empty unless a change-set), one call
+            at a time, in log order within a partition.
+        timeout: seconds the read may take.
+
+    Returns:
+        The number of transactions of each partition.
+    """
+    tally = LogTally()
+    read_up_to(_Reader(tally, observe), zookeeper, cluster_root, high_water_marks, timeout=timeout)
+    return tally
+
+
+def check_application(
+    application: SmallBankApplication,
+    engine: Engine,
+    *,
+    cluster_name: str,
+    server_marks: dict[int, int],
+    zookeeper: str,
+    cluster_root: str,
+    replicas: Mapping[int, Collection[int]] | None = None,
+) -> list[Check]:
+    """Every check of the module docstring, once the workload and the application are quiet.
+
+    Args:
+        application: the application that ran.
+        engine: its database, which applied the log up to ``server_marks``.
+        cluster_name: the log's name in the database's mark rows.
+        server_marks: partition -> the servers' high-water mark.
+        zookeeper: ZooKeeper connect string of the cluster (the log is read again).
+        cluster_root: the cluster's root znode.
+        replicas: partition -> the distinct digests of its replicas' records up to the mark
+            (``LocalCluster.replica_digests``); None: not compared.
+
+    Returns:
+        The checks, in the order of the module docstring.
+    """
+    invariants = application.invariants()
+    tally = read_log(zookeeper, cluster_root, server_marks, observe=invariants.observe)
+    checks = [
+        _marks_check(server_marks, _database_marks(engine, cluster_name)),
+        _applied_once_check(server_marks, application.applied_transactions(engine)),
+        _log_check(server_marks, tally),
+        *invariants.checks(engine),
+    ]
+    if replicas is not None:
+        checks.append(_replicas_check(replicas))
+    return checks
+
+
+def _database_marks(engine: Engine, cluster_name: str) -> dict[int, int]:
+    marks = high_water_marks
+    query = select(marks.c.partition_id, marks.c.high_water_mark).where(marks.c.cluster_name == cluster_name)
+    with engine.connect() as conn:
+        return {int(p): int(m) for p, m in conn.execute(query)}
+
+
+def _marks_check(server_marks: Mapping[int, int], db_marks: Mapping[int, int]) -> Check:
+    wrong = {p: (db_marks.get(p), m) for p, m in server_marks.items() if db_marks.get(p, -1) != m}
+    return Check(
+        "database marks = server high-water marks",
+        not wrong,
+        f"server {dict(server_marks)}, database {dict(db_marks)}",
+    )
+
+
+def _applied_once_check(server_marks: Mapping[int, int], applied: Mapping[int, Collection[int]]) -> Check:
+    not_once = {
+        p: len(applied.get(p, ()))
+        for p, m in server_marks.items()
+        if sorted(applied.get(p, ())) != list(range(m + 1))
+    }
+    total = sum(m + 1 for m in server_marks.values())
+    return Check(
+        "every transaction applied exactly once",
+        not not_once,
+        f"{total} transactions" if not not_once else f"partitions with wrong apply sets: {not_once}",
+    )
+
+
+def _log_check(server_marks: Mapping[int, int], tally: LogTally) -> Check:
+    log_total = sum(tally.transactions.values())
+    total = sum(m + 1 for m in server_marks.values())
+    return Check(
+        "the log read from the start holds the same transactions",
+        log_total == total,
+        f"log {log_total}, applied {total}",
+    )
+
+
+def _replicas_check(replicas: Mapping[int, Collection[int]]) -> Check:
+    differing = {p: len(d) for p, d in replicas.items() if len(d) != 1}
+    return Check(
+        "replicas hold identical record sequences",
+        not differing,
+        f"{len(replicas)} partitions compared" if not differing else f"differing: {differing}",
+    )

@@ -1,0 +1,141 @@
+"""The settings of a ``waltz perf smallbank`` run, and the bounds of its phases.
+
+Part of :mod:`waltz.workloads.perf` (its module docstring describes the run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from waltz.workloads.application import DEFAULT_APPLICATION
+from waltz.workloads.smallbank import SmallBankConfig
+
+__all__ = [
+    "APPLIED_TIMEOUT",
+    "ERROR_SAMPLES",
+    "POPULATE_TIMEOUT",
+    "QUIET_TIMEOUT",
+    "START_TIMEOUT",
+    "STOP_TIMEOUT",
+    "SWEEP_INTERVAL",
+    "SmallBankPerfSettings",
+]
+
+#: Seconds an instance may take to start, mount every partition and warm up.
+START_TIMEOUT = 120.0
+#: Seconds the accounts' openings may take to commit and apply.
+POPULATE_TIMEOUT = 120.0
+#: Seconds an instance waits, after its mix, for its client to apply what it committed.
+APPLIED_TIMEOUT = 60.0
+#: Seconds the sweepers may take to finish every two-step transfer after the mix.
+QUIET_TIMEOUT = 120.0
+#: Seconds an instance may take to stop (flush its client, close), and the final applies.
+STOP_TIMEOUT = 60.0
+#: Seconds between the sweepers' outbox scans.
+SWEEP_INTERVAL = 0.5
+#: Error descriptions kept per instance and in the report.
+ERROR_SAMPLES = 10
+
+
+@dataclass(frozen=True, slots=True)
+class SmallBankPerfSettings:
+    """A ``waltz perf smallbank`` run.
+
+    Attributes:
+        instances: instance processes, each with an instance of the application of its own.
+        transactions: measured SmallBank draws in all (Balance reads included), split across the
+            instances (the first ones take one more when it does not divide).
+        accounts: SmallBank customers (at least 2), opened once before the measured phase.
+        in_flight: log transactions each instance keeps submitted and unresolved at most.
+        submitters: threads per instance that submit (each runs a first attempt's reads).
+        seed: the accounts' opening balances use it; instance ``i`` draws with ``seed + 1 + i``.
+        timeout: seconds the measured phase may take.
+        cluster_name: the log's name in the database's mark rows (None: the application's name).
+        partition_routing: partition-routed instances: instance ``i`` of ``N`` mounts the
+            partitions ``p`` with ``p mod N == i`` and submits the transactions of their
+            customers (a request goes to the instance of its customer's partition), so each
+            partition is applied by one instance. Off: every instance mounts every partition
+            and submits for any customer (requests spread round-robin).
+        entity_cache: the instances keep entity rows as their applies leave them (operations on
+            cached entities read no database snapshot); off: every attempt reads a snapshot.
+        rate: draws per second in all (Balance reads included), split evenly across the
+            instances, each on a fixed schedule whose start times the latencies count from;
+            None: as fast as ``in_flight`` allows.
+        warm_up: draws each instance runs before the measured phase, as fast as ``in_flight``
+            allows, counted nowhere, and applies before the phase starts: its first transactions
+            open database connections and fill the entity cache, which a service that has been
+            running has done (0: none).
+        app: the SmallBank application's module (:func:`~waltz.workloads.application.load_application`).
+
+    Raises:
+        ValueError: a count below its minimum, or a timeout not above 0.
+    """
+
+    instances: int = 3
+    transactions: int = 6000
+    accounts: int = 200
+    in_flight: int = 21
+    submitters: int = SmallBankConfig.submitters
+    seed: int = 7
+    timeout: float = 600.0
+    cluster_name: str | None = None
+    partition_routing: bool = False
+    entity_cache: bool = True
+    rate: float | None = None
+    warm_up: int = 100
+    app: str = DEFAULT_APPLICATION
+
+    def __post_init__(self) -> None:
+        if self.rate is not None and not self.rate > 0:
+            raise ValueError(f"rate must be above 0 draws per second, got {self.rate}")
+        minimums = {
+            "instances": 1,
+            "transactions": 0,
+            "accounts": 2,
+            "in_flight": 1,
+            "submitters": 1,
+            "warm_up": 0,
+        }
+        for name, minimum in minimums.items():
+            if getattr(self, name) < minimum:
+                raise ValueError(f"{name} must be at least {minimum}, got {getattr(self, name)}")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be above 0 seconds, got {self.timeout}")
+
+    def shares(self) -> list[int]:
+        """Each instance's draws (they add up to :attr:`transactions`)."""
+        base, extra = divmod(self.transactions, self.instances)
+        return [base + (1 if i < extra else 0) for i in range(self.instances)]
+
+    def describe(self) -> str:
+        """One line: instances, draws, accounts, concurrency, seed (and an application other than the
+        default)."""
+        share = self.shares()
+        each = f"{share[0]:,}" if len(set(share)) == 1 else f"{min(share):,}-{max(share):,}"
+        return (
+            f"{self.instances} instance process(es) x {each} draws ({self.transactions:,} in all), "
+            f"{self.accounts} accounts, {self.in_flight} in flight and {self.submitters} submitter(s) "
+            f"per instance, seed {self.seed}"
+            + (", partition-routed" if self.partition_routing else "")
+            + ("" if self.entity_cache else ", no entity cache")
+            + ("" if self.rate is None else f", {self.rate:,g} draws/s scheduled")
+            + f", {self.warm_up:,} warm-up draws per instance"
+            + ("" if self.app == DEFAULT_APPLICATION else f", application {self.app}")
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The settings as a JSON-ready dict."""
+        return {
+            "instances": self.instances,
+            "transactions": self.transactions,
+            "accounts": self.accounts,
+            "in_flight": self.in_flight,
+            "submitters": self.submitters,
+            "seed": self.seed,
+            "timeout": self.timeout,
+            "partition_routing": self.partition_routing,
+            "entity_cache": self.entity_cache,
+            "rate": self.rate,
+            "app": self.app,
+        }
