@@ -93,7 +93,10 @@ class Upcaster(Protocol):
         from_version: the version it reads (1 for the first change of a model).
     """
 
-    from_version: int
+    @property
+    def from_version(self) -> int:
+        """The version it reads."""
+        ...
 
     def upcast(self, change: RowChange) -> RowChange:
         """The row change as the next schema version has it (same operation and entity)."""
