@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "ApplyContractError",
+    "ApplyPausedError",
     "ClientClosedError",
     "ClusterKeyMismatchError",
     "ClusterNotFoundError",
@@ -311,6 +312,17 @@ class TransactionDataError(WaltzClientError):
 
 class WaltzTimeoutError(WaltzClientError, TimeoutError):
     """A client operation (flush, high-water mark, mount) did not finish within its time limit."""
+
+
+class ApplyPausedError(WaltzError):
+    """A transaction this instance cannot apply until its code is upgraded; its partition waits.
+
+    The record is of a newer form or schema version than the instance's code knows (a rolling
+    deploy under way: docs/design/sql.md "Schema versions and upcasting"). It is never skipped and
+    nothing of it is applied: the partition's apply waits and retries rarely, its health names
+    the reason, and the instance's other partitions go on. Restarting the instance on the new
+    code resumes it.
+    """
 
 
 class SqlFrameworkError(WaltzError):

@@ -55,6 +55,14 @@ HELP = {
         "Exit codes: 0 success, 1 refused (skip) or not at head (current), 2 usage, URL, driver or "
         "connection error, or framework tables missing. Tables and procedures: docs/sql.md."
     ),
+    "snapshot": (
+        "Write an application's tables as of one set of high-water marks as Parquet files with a "
+        "manifest, show and verify one, and load one into a database that an instance resumes from; "
+        "`waltz rebuild --from-snapshot` replays only the log after it. Every command that reads the "
+        "application needs --app MODULE, and the database's URL: --url or WALTZ_DB_URL. "
+        "Exit codes: 0 success, 1 a snapshot that does not verify, 2 usage, driver or connection error. "
+        "See docs/spark.md."
+    ),
 }
 
 #: The line each lazily imported group has in the listing of ``waltz --help``.
@@ -63,6 +71,7 @@ SHORT_HELP = {
     "cluster": "Create, inspect and verify a cluster; manage its storage nodes.",
     "db": "The SQL framework's tables: create, upgrade, show marks, skip.",
     "client": "Client checks: validate, high-water marks, connectivity.",
+    "snapshot": "An application's tables at one set of marks: create, show, verify, load.",
 }
 
 #: The module whose ``app`` is each lazily imported group.
@@ -71,9 +80,10 @@ _MODULES = {
     "cluster": "waltz.cli.cluster",
     "db": "waltz.cli.db",
     "client": "waltz.cli.client",
+    "snapshot": "waltz.cli.snapshot",
 }
 #: The package extra a group needs beyond waltz-py's own dependencies.
-_EXTRAS = {"db": "sql"}
+_EXTRAS = {"db": "sql", "snapshot": "sql,spark"}
 
 
 def first_sentence(text: str) -> str:

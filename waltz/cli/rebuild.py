@@ -1,7 +1,8 @@
 """``waltz rebuild``: rebuild an application's database from the log with Spark, or check it for drift.
 
 The logic lives in :mod:`waltz.spark.rebuild`; this module parses options and prints progress.
-Exit codes: 0 done (no drift); 1 drift found by ``--verify-against``; 2 the rebuild could not run
+Exit codes: 0 done (no drift, every record fits); 1 drift found by ``--verify-against``, or a record
+that does not upcast to the current models (``--check``); 2 the rebuild could not run
 (bad options, PySpark missing, the log unreadable as committed, the database unreachable).
 """
 
@@ -85,6 +86,21 @@ def rebuild_command(
     cluster_name: Annotated[
         str | None, typer.Option(help="The log's name in the mark rows (default: the application's).")
     ] = None,
+    from_snapshot: Annotated[
+        str | None,
+        typer.Option(
+            help="Start from this snapshot (waltz snapshot create): only the log after its marks is read "
+            "and replayed on top of its tables.",
+        ),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Read the whole log and prove that every record upcasts to the application's current "
+            "models and fits them, naming the first that does not; write nothing. Exit 1 if one does not.",
+        ),
+    ] = False,
     ssl_ca_file: Annotated[
         Path | None,
         typer.Option(
@@ -109,7 +125,12 @@ def rebuild_command(
     directories, computes the application's views, writes them into fresh tables that replace
     the old ones when complete, and sets the high-water-mark rows so that an instance started on
     the database resumes from the log. With --verify-against, compares the views at the live
-    database's marks and reports missing, extra and different rows.
+    database's marks and reports missing, extra and different rows. With --check, reads the log
+    and proves that every record upcasts to the current models (docs/sql.md "Changing a model")
+    before anything is written.
+
+    Exit codes: 0 done (no drift; every record fits); 1 drift, or a record that does not upcast
+    (--check); 2 the rebuild could not run.
     """
     configure_logging(log_level)
     started = time.monotonic()
@@ -117,8 +138,8 @@ def rebuild_command(
     def say(line: str) -> None:
         typer.echo(f"[{time.monotonic() - started:6.1f}s] {line}")
 
-    if db is None and verify_against is None:
-        raise typer.BadParameter("give --db, --verify-against, or both")
+    if db is None and verify_against is None and not check:
+        raise typer.BadParameter("give --db, --verify-against, --check, or a combination")
     try:  # here, not at the top: every `waltz` command would import SQLAlchemy
         from sqlalchemy.exc import SQLAlchemyError
     except ImportError as exc:
@@ -141,6 +162,20 @@ def rebuild_command(
         )
         say(f"starting Spark ({master})")
         spark = spark_session(master, app_name=f"waltz-rebuild-{app}")
+        if check:
+            from waltz.spark.schema_check import check_log
+
+            found = check_log(spark, views, source, progress=say)
+            for line in found.lines:
+                typer.echo(line)
+            if not found.ok:
+                say(
+                    "CHECK FAILED: the log holds a record the current models cannot take; nothing was written"
+                )
+                raise typer.Exit(1)
+            say("check passed: every record upcasts to the current models")
+            if db is None and verify_against is None:
+                return
         if verify_against is not None:
             report = verify(
                 spark, views, source, verify_against, db_url=db, cluster_name=cluster_name, progress=say
@@ -154,7 +189,9 @@ def rebuild_command(
             return
         if db is None:  # checked above: --db or --verify-against
             raise typer.BadParameter("give --db")
-        result = rebuild(spark, views, source, db, cluster_name=cluster_name, progress=say)
+        result = rebuild(
+            spark, views, source, db, cluster_name=cluster_name, snapshot=from_snapshot, progress=say
+        )
         say(f"rebuilt {sum(result.rows.values())} rows in {len(result.rows)} tables in {result.seconds:.1f}s")
     except (WaltzError, ImportError, OSError, SQLAlchemyError) as exc:
         typer.echo(f"error: {exc}", err=True)

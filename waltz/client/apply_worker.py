@@ -23,12 +23,16 @@ from waltz.client.metrics import PartitionMetrics
 from waltz.client.submission import Submission
 from waltz.client.transaction import Transaction
 from waltz.client.waiting import Watermark
-from waltz.errors import ClientClosedError, TransactionApplyError
+from waltz.errors import ApplyPausedError, ClientClosedError, TransactionApplyError
 
 __all__ = ["APPLY_THREAD_PREFIX", "ApplyWorker", "on_apply_thread"]
 
 #: The name of an apply worker's thread is this prefix and the partition ID.
 APPLY_THREAD_PREFIX = "waltz-apply-"
+
+#: Seconds between two tries of a transaction that waits for this instance's upgrade
+#: (:class:`~waltz.errors.ApplyPausedError`): it cannot succeed before a restart on newer code.
+PAUSED_RETRY_INTERVAL = 30.0
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +114,9 @@ class ApplyWorker:
         self.last_error: BaseException | None = None
         self.failures = 0
         """Failed apply calls so far."""
+        self.paused: ApplyPausedError | None = None
+        """Set while the partition waits for this instance's upgrade (a record of a newer form or
+        schema version than its code knows); None otherwise. ``last_error`` is the same error."""
         self._thread = threading.Thread(
             target=self._run, name=f"{APPLY_THREAD_PREFIX}{partition_id}", daemon=True
         )
@@ -339,17 +346,23 @@ class ApplyWorker:
                     error = exc
                 else:
                     self.healthy = True
+                    self.paused = None
                     return True
             self.healthy = False
             self.last_error = error
-            self.failures += 1
-            if self._metrics is not None:
-                self._metrics.apply_errors.inc()
             failing = transactions or prefetch
             first_id = failing[0].transaction_id if failing else -1
             reported: BaseException = error
             if isinstance(error, TransactionApplyError):  # a batch names its failing transaction
                 first_id, reported = error.transaction_id, error.cause
+            if isinstance(reported, ApplyPausedError):
+                if not self._pause(first_id, reported):
+                    return False
+                error = None
+                continue
+            self.failures += 1
+            if self._metrics is not None:
+                self._metrics.apply_errors.inc()
             log.warning(
                 "partition %d: applying transaction %d%s failed (%r); retrying in %.2fs",
                 self.partition_id,
@@ -367,3 +380,29 @@ class ApplyWorker:
             backoff = min(self._max_backoff, backoff * 2)
             error = None
         return False
+
+    def _pause(self, transaction_id: int, error: ApplyPausedError) -> bool:
+        """Wait before trying a transaction this instance's code cannot read yet: the first time
+        it is logged and reported to ``uncaught_exception`` (once, not at every try), and the
+        partition is unhealthy with the error as its reason until a try succeeds. Returns False
+        when the worker closed meanwhile."""
+        first = self.paused is None or str(self.paused) != str(error)
+        self.paused = error
+        self.last_error = error
+        if first:
+            self.failures += 1
+            if self._metrics is not None:
+                self._metrics.apply_errors.inc()
+            log.warning(
+                "partition %d waits at transaction %d for this instance's upgrade: %s; trying again "
+                "every %.0fs (its other partitions go on)",
+                self.partition_id,
+                transaction_id,
+                error,
+                PAUSED_RETRY_INTERVAL,
+            )
+            try:
+                self._callbacks.uncaught_exception(self.partition_id, transaction_id, error)
+            except Exception:
+                log.exception("partition %d: uncaught_exception raised", self.partition_id)
+        return not self._closed.wait(PAUSED_RETRY_INTERVAL)

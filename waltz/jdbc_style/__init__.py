@@ -48,24 +48,41 @@ from waltz.jdbc_style.entity_reads import EntityRead
 from waltz.jdbc_style.idempotency import AppliedRequest
 from waltz.jdbc_style.mark_snapshot import MarkSnapshot
 from waltz.jdbc_style.partition_check import check_partition_mapping
+from waltz.jdbc_style.upcasting import (
+    AddAttribute,
+    DropAttribute,
+    RenameAttribute,
+    RowUpcaster,
+    ScaleAttribute,
+    SchemaVersionAheadError,
+    UpcastError,
+    upcaster,
+)
 
 __all__ = [
     "CHANGE_SET_HEADER",
     "AbstractClientCallbacksForSQL",
+    "AddAttribute",
     "AppliedRequest",
     "ApplySession",
     "ChangeSet",
     "ChangeSetApplyError",
     "ChangeSetCallbacks",
     "ChangeSetFormatError",
+    "DropAttribute",
     "EntityRead",
     "EntityRegistry",
     "EntityTransaction",
     "EntityTransactionContext",
     "MarkSnapshot",
     "Operation",
+    "RenameAttribute",
     "RowChange",
+    "RowUpcaster",
+    "ScaleAttribute",
+    "SchemaVersionAheadError",
     "UnknownEntityError",
+    "UpcastError",
     "WaltzEntity",
     "check_partition_mapping",
     "create_framework_engine",
@@ -74,4 +91,5 @@ __all__ = [
     "lock_id_of",
     "partition_of",
     "prepare_engine",
+    "upcaster",
 ]

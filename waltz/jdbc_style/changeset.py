@@ -7,13 +7,19 @@ intended data change; one message, several DML statements applied in one SQL tra
 A change-set transaction has the header :data:`CHANGE_SET_HEADER` and UTF-8 JSON data (compact,
 sorted keys)::
 
-    {"v": 1,
-     "ops": [{"op": "insert", "entity": "account", "key": {"account_id": 7},
+    {"v": 2,
+     "ops": [{"op": "insert", "entity": "account", "key": {"account_id": 7}, "sv": 2,
               "values": {"account_id": 7, "balance": {"$decimal": "10.00"}, "owner": "ann"}},
              {"op": "update", "entity": "account", "key": {...}, "values": {<the whole new row>}},
              {"op": "delete", "entity": "account", "key": {...}}],
      "idempotency_key": "req-42",          (optional)
      "meta": {...}}                         (optional, the application's own JSON)
+
+``"sv"`` is the schema version of the entity's model that the op's attributes follow, written
+when it is above 1 (docs/design/sql.md "Schema versions and upcasting"). A change-set without one
+is written in form 1 (``"v": 1``, no ``"sv"``), the form every waltz-py reads; one with an
+``"sv"`` in form 2, which a waltz-py that knows no schema versions refuses (its partition waits)
+instead of applying it as if it were version 1. Both forms are read.
 
 ``insert`` and ``update`` carry the whole new row (attribute name → value), so replaying a log
 keeps the last write per key; ``delete`` carries the key. Values that JSON cannot hold exactly are
@@ -35,12 +41,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from waltz.errors import SqlFrameworkError
+from waltz.errors import ApplyPausedError, SqlFrameworkError
 
 __all__ = [
     "CHANGE_SET_HEADER",
     "ChangeSet",
     "ChangeSetFormatError",
+    "ChangeSetVersionError",
     "Operation",
     "RowChange",
     "decode_value",
@@ -49,12 +56,28 @@ __all__ = [
 
 #: Transaction header of change-set transactions ("WCS1" as a big-endian 32-bit integer).
 CHANGE_SET_HEADER = 0x57435331
-#: Format version written in ``"v"``.
+#: The form written in ``"v"`` by a change-set whose every op is of schema version 1.
 FORMAT_VERSION = 1
+#: The form written when an op carries a schema version above 1 (``"sv"``).
+FORMAT_VERSION_SCHEMAS = 2
+#: Every form this code reads.
+READABLE_FORMATS = (FORMAT_VERSION, FORMAT_VERSION_SCHEMAS)
 
 
 class ChangeSetFormatError(SqlFrameworkError):
     """Transaction data that is not a valid change-set (names the transaction when known)."""
+
+
+class ChangeSetVersionError(ChangeSetFormatError, ApplyPausedError):
+    """A change-set of a form newer than this code reads: the partition waits for an upgrade.
+
+    Attributes:
+        version: the form the record declares.
+    """
+
+    def __init__(self, message: str, version: object) -> None:
+        super().__init__(message)
+        self.version = version
 
 
 class Operation(enum.Enum):
@@ -74,12 +97,17 @@ class RowChange:
         entity: the entity's name (its ``WaltzEntity.lock_name``).
         key: the entity's key attributes and values.
         values: the whole new row for insert and update (attribute → value); empty for delete.
+        schema_version: the schema version of the entity's model that ``key`` and ``values``
+            follow (``WaltzEntity.schema_version`` when it was written; docs/design/sql.md "Schema
+            versions and upcasting"). Records without one are version 1; so is a change built by
+            hand that does not say.
     """
 
     operation: Operation
     entity: str
     key: Mapping[str, Any]
     values: Mapping[str, Any] = field(default_factory=dict)
+    schema_version: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +131,7 @@ class ChangeSet:
             ChangeSetFormatError: a value cannot be encoded (unsupported type, non-finite float).
         """
         ops: list[dict[str, Any]] = []
+        form = FORMAT_VERSION
         for change in self.changes:
             op: dict[str, Any] = {
                 "op": change.operation.value,
@@ -111,8 +140,17 @@ class ChangeSet:
             }
             if change.operation is not Operation.DELETE:
                 op["values"] = {k: encode_value(v) for k, v in change.values.items()}
+            version = change.schema_version
+            if version != 1:
+                if type(version) is not int or version < 1:
+                    raise ChangeSetFormatError(
+                        f"{change.operation.value} of {change.entity}: schema version {version!r} "
+                        "is not an integer of at least 1"
+                    )
+                op["sv"] = version
+                form = FORMAT_VERSION_SCHEMAS
             ops.append(op)
-        document: dict[str, Any] = {"v": FORMAT_VERSION, "ops": ops}
+        document: dict[str, Any] = {"v": form, "ops": ops}
         if self.idempotency_key is not None:
             document["idempotency_key"] = self.idempotency_key
         if self.meta:
@@ -128,8 +166,15 @@ class ChangeSet:
     def decode(data: bytes) -> ChangeSet:
         """Parse transaction data written by :meth:`encode`.
 
+        The row changes keep the schema version they were written with (1 for form 1): the
+        decoding step that upcasts them to the current models is
+        :meth:`waltz.jdbc_style.upcasting.SchemaChains.upcast`.
+
         Raises:
-            ChangeSetFormatError: not UTF-8 JSON, an unknown version or operation, or a missing field.
+            ChangeSetVersionError: a form newer than this code reads (an integer ``"v"`` above
+                :data:`READABLE_FORMATS`): the partition waits for an upgrade.
+            ChangeSetFormatError: not UTF-8 JSON, no form, an unknown operation, a missing field,
+                or a schema version that is not an integer of at least 1.
         """
         try:
             document = json.loads(data)
@@ -137,19 +182,31 @@ class ChangeSet:
             # ValueError: not UTF-8 or not JSON (JSONDecodeError), or an integer literal longer than
             # Python's digit limit; RecursionError: nesting deeper than the interpreter's stack.
             raise ChangeSetFormatError(f"change-set data is not UTF-8 JSON: {exc}") from exc
-        if not isinstance(document, dict) or document.get("v") != FORMAT_VERSION:
-            version = document.get("v") if isinstance(document, dict) else None
+        form = document.get("v") if isinstance(document, dict) else None
+        if form not in READABLE_FORMATS:
+            if type(form) is int and form > FORMAT_VERSION_SCHEMAS:
+                raise ChangeSetVersionError(
+                    f"change-set form {form} is newer than this waltz-py reads (forms "
+                    f"{', '.join(map(str, READABLE_FORMATS))}); upgrade waltz-py on this instance",
+                    form,
+                )
             raise ChangeSetFormatError(
-                f"change-set format version {version!r} is not supported (expected {FORMAT_VERSION}); "
-                "upgrade waltz-py on this instance"
+                f"change-set format version {form!r} is not supported (this waltz-py reads forms "
+                f"{', '.join(map(str, READABLE_FORMATS))})"
             )
+        assert isinstance(document, dict)
         changes: list[RowChange] = []
         try:
             for op in document["ops"]:
                 operation = Operation(op["op"])
                 values = {} if operation is Operation.DELETE else _decode_map(op["values"])
-                changes.append(RowChange(operation, str(op["entity"]), _decode_map(op["key"]), values))
-        except (KeyError, TypeError, ValueError) as exc:
+                version = op.get("sv", 1)
+                if "sv" in op and (form == FORMAT_VERSION or type(version) is not int or version < 2):
+                    raise ValueError(f"schema version {version!r} in a change-set of form {form}")
+                changes.append(
+                    RowChange(operation, str(op["entity"]), _decode_map(op["key"]), values, version)
+                )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ChangeSetFormatError(f"malformed change-set operation: {exc!r}") from exc
         key = document.get("idempotency_key")
         meta = document.get("meta") or {}

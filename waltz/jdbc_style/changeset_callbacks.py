@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from waltz.client.apply_worker import on_apply_thread
 from waltz.client.transaction import Transaction
+from waltz.errors import ApplyPausedError
 from waltz.jdbc_style.apply_session import ApplySession
 from waltz.jdbc_style.callbacks import AbstractClientCallbacksForSQL
 from waltz.jdbc_style.changeset import (
@@ -159,18 +160,22 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         self.apply_change_set(self._change_set_of(transaction), transaction, session)
 
     def _change_set_of(self, transaction: Transaction) -> ChangeSet:
-        """The transaction's decoded change-set (with the entity cache, decoded once for the
-        absorb and the apply, and kept until the apply ends).
+        """The transaction's change-set, decoded and upcast to the current models (with the entity
+        cache, once for the absorb and the apply, and kept until the apply ends): the one decoding
+        step of the live apply and the cache (docs/design/sql.md "Schema versions and upcasting").
 
         Raises:
             ChangeSetFormatError: the data is not a valid change-set.
+            UpcastError: an upcaster failed on one of its row changes.
+            ApplyPausedError: a form or a schema version newer than this instance knows (its
+                partition waits for an upgrade).
         """
         if self.entity_cache is None:
-            return ChangeSet.decode(transaction.get_raw_data())
+            return self.registry.schema_chains().upcast(ChangeSet.decode(transaction.get_raw_data()))
         decoded = self._decoded.setdefault(transaction.partition_id, {})
         change_set = decoded.get(transaction.transaction_id)
         if change_set is None:
-            change_set = ChangeSet.decode(transaction.get_raw_data())
+            change_set = self.registry.schema_chains().upcast(ChangeSet.decode(transaction.get_raw_data()))
             decoded[transaction.transaction_id] = change_set
         return change_set
 
@@ -428,10 +433,21 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         )
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
-        """Log the failure (ERROR, with traceback) and keep it in :attr:`uncaught`."""
+        """Log the failure (ERROR, with traceback) and keep it in :attr:`uncaught`; a transaction
+        that waits for this instance's upgrade (:class:`~waltz.errors.ApplyPausedError`) is logged
+        as a WARNING, without traceback and without the advice to skip it."""
         with self._uncaught_lock:
             self.uncaught.append((partition_id, transaction_id, exception))
             self.uncaught_count += 1
+        if isinstance(exception, ApplyPausedError):
+            log.warning(
+                "cluster %r partition %d waits at transaction %d for this instance's upgrade: %s",
+                self.cluster_name,
+                partition_id,
+                transaction_id,
+                exception,
+            )
+            return
         log.error(
             "cluster %r partition %d: applying transaction %d failed; it is retried and never skipped "
             "(an operator can skip it with `waltz db skip`)",

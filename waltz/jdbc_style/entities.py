@@ -40,6 +40,7 @@ from sqlalchemy.orm.attributes import instance_dict
 
 from waltz.client.locks import PartitionLocalLock
 from waltz.errors import SqlFrameworkError
+from waltz.jdbc_style.upcasting import SchemaChain, SchemaChains, Upcaster
 
 __all__ = [
     "EntityInfo",
@@ -76,11 +77,31 @@ class WaltzEntity:
             They must identify a row (the framework updates and deletes rows by them).
         partition_by: ``(key values, num_partitions) -> partition``, overriding the default
             stable hash of the lock ID.
+        schema_version: the version of the model's attributes that its row changes carry into
+            the log (1 until the model first changes; docs/design/sql.md "Schema versions and
+            upcasting").
+        upcasters: what changed from each older version to the next
+            (:mod:`waltz.jdbc_style.upcasting`): at least one upcaster reading each version from 1
+            to ``schema_version - 1``.
+
+    Raises:
+        SchemaDeclarationError: (when the model is registered) the upcasters do not lead from
+            version 1 to ``schema_version``.
     """
 
     lock_name: str
-    key: tuple[str, ...] = ()
+    key: tuple[str, ...] | str = ()
     partition_by: Partitioner | None = None
+    schema_version: int = 1
+    upcasters: Sequence[Upcaster] = ()
+
+    def __post_init__(self) -> None:
+        # A single key attribute may be given as a string; a list of upcasters as any sequence.
+        if isinstance(self.key, str):
+            object.__setattr__(self, "key", (self.key,))
+        else:
+            object.__setattr__(self, "key", tuple(self.key))
+        object.__setattr__(self, "upcasters", tuple(self.upcasters))
 
 
 def lock_id_of(key: tuple[Any, ...]) -> int:
@@ -211,7 +232,7 @@ class EntityInfo:
                     f"{model.__name__}.__waltz__ key names {missing}, which are not column attributes "
                     f"of the model (it has {list(self.attributes)})"
                 )
-            self.key: tuple[str, ...] = spec.key
+            self.key: tuple[str, ...] = spec.key if isinstance(spec.key, tuple) else (spec.key,)
         else:
             self.key = self.primary_key
         self.key_position = self.attributes.index(self.key[0])
@@ -233,6 +254,13 @@ class EntityInfo:
         self.defaulted: tuple[str, ...] = tuple(defaulted)
         """The attributes whose columns have any default (SQLAlchemy's, scalar or not, or the
         server's): what an insert that leaves them out gets is not NULL."""
+        self.schema = SchemaChain(spec.lock_name, spec.schema_version, spec.upcasters)
+        """The model's schema version and the upcasters from each older one."""
+
+    @property
+    def schema_version(self) -> int:
+        """The schema version its row changes are written with (``WaltzEntity.schema_version``)."""
+        return self.schema.version
 
     @property
     def name(self) -> str:
@@ -421,6 +449,7 @@ class EntityRegistry:
     def __init__(self, models: Iterable[type[Any]] = ()) -> None:
         self._by_model: dict[type[Any], EntityInfo] = {}
         self._by_name: dict[str, EntityInfo] = {}
+        self._chains: SchemaChains | None = None
         for model in models:
             self.register(model)
 
@@ -450,6 +479,7 @@ class EntityRegistry:
         info = EntityInfo(model, spec)
         self._by_model[model] = info
         self._by_name[spec.lock_name] = info
+        self._chains = None
         return info
 
     def info(self, model: type[Any]) -> EntityInfo:
@@ -474,6 +504,14 @@ class EntityRegistry:
                 "register its model with the callbacks' EntityRegistry"
             )
         return info
+
+    def schema_chains(self) -> SchemaChains:
+        """The schema chains of the registered models: the upcasting step of every reader of the
+        log (:class:`~waltz.jdbc_style.upcasting.SchemaChains`; plain values, picklable)."""
+        chains = self._chains
+        if chains is None:
+            chains = self._chains = SchemaChains(info.schema for info in self._by_model.values())
+        return chains
 
     def __iter__(self) -> Any:
         return iter(self._by_model.values())

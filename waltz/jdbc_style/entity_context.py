@@ -255,7 +255,9 @@ class EntityTransaction:
         key = tuple(row[name] for name in info.key)
         self.lock_write(model, key)
         self._changes.append(
-            RowChange(Operation.INSERT, info.name, dict(zip(info.key, key, strict=True)), row)
+            RowChange(
+                Operation.INSERT, info.name, dict(zip(info.key, key, strict=True)), row, info.schema_version
+            )
         )
         return model(**row)
 
@@ -282,7 +284,13 @@ class EntityTransaction:
         for name, value in changes.items():
             setattr(entity, name, value)
         self._changes.append(
-            RowChange(Operation.UPDATE, info.name, dict(zip(info.key, key, strict=True)), info.row_of(entity))
+            RowChange(
+                Operation.UPDATE,
+                info.name,
+                dict(zip(info.key, key, strict=True)),
+                info.row_of(entity),
+                info.schema_version,
+            )
         )
         return entity
 
@@ -295,7 +303,11 @@ class EntityTransaction:
         info = self._callbacks.registry.info(type(entity))
         key = info.key_of(entity)
         self.lock_write(type(entity), key)
-        self._changes.append(RowChange(Operation.DELETE, info.name, dict(zip(info.key, key, strict=True))))
+        self._changes.append(
+            RowChange(
+                Operation.DELETE, info.name, dict(zip(info.key, key, strict=True)), {}, info.schema_version
+            )
+        )
 
     # --- results -----------------------------------------------------------------------------------
 

@@ -58,6 +58,8 @@ class _FailureCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FailureCo
     """a read from a session above the fence: open the session first"""
     SESSION_JUMP_TOO_LARGE: _FailureCode.ValueType  # 14
     """a session ID too far above the fence (storage.fence.maxJump)"""
+    RECORDS_ARCHIVED: _FailureCode.ValueType  # 15
+    """a read below the partition's local start: read the archive"""
 
 class FailureCode(_FailureCode, metaclass=_FailureCodeEnumTypeWrapper):
     """Why a request failed; lets the peer react without parsing the message text."""
@@ -91,6 +93,8 @@ SESSION_NOT_OPEN: FailureCode.ValueType  # 13
 """a read from a session above the fence: open the session first"""
 SESSION_JUMP_TOO_LARGE: FailureCode.ValueType  # 14
 """a session ID too far above the fence (storage.fence.maxJump)"""
+RECORDS_ARCHIVED: FailureCode.ValueType  # 15
+"""a read below the partition's local start: read the archive"""
 Global___FailureCode: _TypeAlias = FailureCode  # noqa: Y015
 
 @_typing.final
@@ -151,6 +155,7 @@ class StorageRequest(_message.Message):
     RECORD_HEADER_LIST_FIELD_NUMBER: _builtins.int
     RECORD_LIST_FIELD_NUMBER: _builtins.int
     OPEN_SESSION_FIELD_NUMBER: _builtins.int
+    RESET_START_FIELD_NUMBER: _builtins.int
     session_id: _builtins.int
     """the store session ID (-1 in an open request)"""
     seq_num: _builtins.int
@@ -179,6 +184,8 @@ class StorageRequest(_message.Message):
     def record_list(self) -> Global___RecordListRequest: ...
     @_builtins.property
     def open_session(self) -> Global___OpenSessionRequest: ...
+    @_builtins.property
+    def reset_start(self) -> Global___ResetStartRequest: ...
     def __init__(
         self,
         *,
@@ -196,12 +203,13 @@ class StorageRequest(_message.Message):
         record_header_list: Global___RecordHeaderListRequest | None = ...,
         record_list: Global___RecordListRequest | None = ...,
         open_session: Global___OpenSessionRequest | None = ...,
+        reset_start: Global___ResetStartRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "open", b"open", "open_session", b"open_session", "record", b"record", "record_header", b"record_header", "record_header_list", b"record_header_list", "record_list", b"record_list", "set_low_water_mark", b"set_low_water_mark", "truncate", b"truncate"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "open", b"open", "open_session", b"open_session", "record", b"record", "record_header", b"record_header", "record_header_list", b"record_header_list", "record_list", b"record_list", "reset_start", b"reset_start", "set_low_water_mark", b"set_low_water_mark", "truncate", b"truncate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "open", b"open", "open_session", b"open_session", "partition_id", b"partition_id", "record", b"record", "record_header", b"record_header", "record_header_list", b"record_header_list", "record_list", b"record_list", "seq_num", b"seq_num", "session_id", b"session_id", "set_low_water_mark", b"set_low_water_mark", "truncate", b"truncate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "open", b"open", "open_session", b"open_session", "partition_id", b"partition_id", "record", b"record", "record_header", b"record_header", "record_header_list", b"record_header_list", "record_list", b"record_list", "reset_start", b"reset_start", "seq_num", b"seq_num", "session_id", b"session_id", "set_low_water_mark", b"set_low_water_mark", "truncate", b"truncate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["open", "last_session_info", "max_transaction_id", "truncate", "set_low_water_mark", "append", "record_header", "record", "record_header_list", "record_list", "open_session"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["open", "last_session_info", "max_transaction_id", "truncate", "set_low_water_mark", "append", "record_header", "record", "record_header_list", "record_list", "open_session", "reset_start"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -381,6 +389,31 @@ class SetLowWaterMarkRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetLowWaterMarkRequest: _TypeAlias = SetLowWaterMarkRequest  # noqa: Y015
+
+@_typing.final
+class ResetStartRequest(_message.Message):
+    """Discard every record of the partition and start its log at first_transaction_id, after a
+    gap the replica cannot copy: every transaction below it is committed and archived (the
+    local start of the replica a catch-up copies from). Takes the partition like a truncation.
+    Refused unless first_transaction_id is above the partition's max transaction ID + 1.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRST_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    first_transaction_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        first_transaction_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_transaction_id", b"first_transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetStartRequest: _TypeAlias = ResetStartRequest  # noqa: Y015
 
 @_typing.final
 class AppendRequest(_message.Message):
@@ -838,6 +871,7 @@ class AdminRequest(_message.Message):
     METRICS_FIELD_NUMBER: _builtins.int
     PARTITION_STATUS_FIELD_NUMBER: _builtins.int
     SET_FENCE_FIELD_NUMBER: _builtins.int
+    SET_ARCHIVED_THROUGH_FIELD_NUMBER: _builtins.int
     seq_num: _builtins.int
     """the message sequence number (-1 in an open request)"""
     partition_id: _builtins.int
@@ -862,6 +896,8 @@ class AdminRequest(_message.Message):
     def partition_status(self) -> Global___PartitionStatusRequest: ...
     @_builtins.property
     def set_fence(self) -> Global___SetFenceRequest: ...
+    @_builtins.property
+    def set_archived_through(self) -> Global___SetArchivedThroughRequest: ...
     def __init__(
         self,
         *,
@@ -877,12 +913,13 @@ class AdminRequest(_message.Message):
         metrics: Global___MetricsRequest | None = ...,
         partition_status: Global___PartitionStatusRequest | None = ...,
         set_fence: Global___SetFenceRequest | None = ...,
+        set_archived_through: Global___SetArchivedThroughRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list", "set_fence", b"set_fence"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list", "set_archived_through", b"set_archived_through", "set_fence", b"set_fence"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_id", b"partition_id", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list", "seq_num", b"seq_num", "set_fence", b"set_fence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_id", b"partition_id", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list", "seq_num", b"seq_num", "set_archived_through", b"set_archived_through", "set_fence", b"set_fence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["open", "partition_assignment", "partition_read", "partition_write", "record_list", "last_session_info", "max_transaction_id", "metrics", "partition_status", "set_fence"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["open", "partition_assignment", "partition_read", "partition_write", "record_list", "last_session_info", "max_transaction_id", "metrics", "partition_status", "set_fence", "set_archived_through"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -978,18 +1015,24 @@ class PartitionAssignmentRequest(_message.Message):
 
     TOGGLED_FIELD_NUMBER: _builtins.int
     DELETE_STORAGE_FILES_FIELD_NUMBER: _builtins.int
+    FIRST_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     toggled: _builtins.bool
     delete_storage_files: _builtins.bool
     """on delete: also remove the partition's files"""
+    first_transaction_id: _builtins.int
+    """On create: the partition's log starts at this transaction ID (a cluster restored from its
+    archive); 0 by default. Refused for a partition that exists already.
+    """
     def __init__(
         self,
         *,
         toggled: _builtins.bool = ...,
         delete_storage_files: _builtins.bool = ...,
+        first_transaction_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_storage_files", b"delete_storage_files", "toggled", b"toggled"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_storage_files", b"delete_storage_files", "first_transaction_id", b"first_transaction_id", "toggled", b"toggled"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1089,6 +1132,40 @@ class SetFenceResponse(_message.Message):
 Global___SetFenceResponse: _TypeAlias = SetFenceResponse  # noqa: Y015
 
 @_typing.final
+class SetArchivedThroughRequest(_message.Message):
+    """What the archive holds of the partition, verified: every transaction up to transaction_id
+    (docs/design/archive.md). The node keeps it beside the partition's segments; its retention
+    policy may delete segments at or below it. A lower value than the node holds is taken too (an
+    archive that failed its verification holds deletions back).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    ARCHIVE_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    transaction_id: _builtins.int
+    """-1: nothing is archived"""
+    archive: _builtins.str
+    """the archive's location, for the node's log and status"""
+    operator: _builtins.str
+    """who asks, as the tool states it"""
+    def __init__(
+        self,
+        *,
+        transaction_id: _builtins.int = ...,
+        archive: _builtins.str = ...,
+        operator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["archive", b"archive", "operator", b"operator", "transaction_id", b"transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetArchivedThroughRequest: _TypeAlias = SetArchivedThroughRequest  # noqa: Y015
+
+@_typing.final
 class MetricsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1175,6 +1252,9 @@ class PartitionStatus(_message.Message):
     MAX_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     CORRUPT_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     LAST_SESSION_ID_FIELD_NUMBER: _builtins.int
+    LOCAL_START_FIELD_NUMBER: _builtins.int
+    ARCHIVED_THROUGH_FIELD_NUMBER: _builtins.int
+    RETENTION_POLICY_FIELD_NUMBER: _builtins.int
     partition_id: _builtins.int
     readable: _builtins.bool
     writable: _builtins.bool
@@ -1187,6 +1267,12 @@ class PartitionStatus(_message.Message):
     """-1 unless a corrupt record was found"""
     last_session_id: _builtins.int
     """the session ID of the last session info"""
+    local_start: _builtins.int
+    """the first transaction ID held on this node's disk"""
+    archived_through: _builtins.int
+    """what the archiver last said is archived (-1: nothing)"""
+    retention_policy: _builtins.str
+    """the node's storage.retention.policy"""
     def __init__(
         self,
         *,
@@ -1199,10 +1285,13 @@ class PartitionStatus(_message.Message):
         max_transaction_id: _builtins.int = ...,
         corrupt_transaction_id: _builtins.int = ...,
         last_session_id: _builtins.int = ...,
+        local_start: _builtins.int = ...,
+        archived_through: _builtins.int = ...,
+        retention_policy: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["corrupt_transaction_id", b"corrupt_transaction_id", "last_session_id", b"last_session_id", "local_low_water_mark", b"local_low_water_mark", "low_water_mark", b"low_water_mark", "max_transaction_id", b"max_transaction_id", "partition_id", b"partition_id", "readable", b"readable", "session_id", b"session_id", "writable", b"writable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived_through", b"archived_through", "corrupt_transaction_id", b"corrupt_transaction_id", "last_session_id", b"last_session_id", "local_low_water_mark", b"local_low_water_mark", "local_start", b"local_start", "low_water_mark", b"low_water_mark", "max_transaction_id", b"max_transaction_id", "partition_id", b"partition_id", "readable", b"readable", "retention_policy", b"retention_policy", "session_id", b"session_id", "writable", b"writable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -11,6 +11,10 @@ change-set's ``meta`` as JSON text) and ``idempotency_key``.
 
 Command-style transactions (any other header) go to a decoder the application registers for
 their header: ``decoders.register(header, fn)`` with ``fn(data: bytes) -> Sequence[RowChange]``.
+
+Given the application's schema chains, every row change is upcast to its entity's current model in
+the same step, with the live apply's own code (docs/design/sql.md "Schema versions and upcasting"):
+what the views see is what an instance on the current models would apply.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, ChangeSetFormatError, RowChange
+from waltz.jdbc_style.upcasting import SchemaChains
 
 __all__ = ["CHANGES_SCHEMA", "CommandDecoder", "DecoderRegistry", "decode_changes", "render_value"]
 
@@ -111,11 +116,19 @@ def _render_map(values: Mapping[str, Any]) -> dict[str, str | None]:
 
 
 def _decode_one(
-    registry: DecoderRegistry, pid: int, txid: int, header: int, data: bytes
+    registry: DecoderRegistry,
+    pid: int,
+    txid: int,
+    header: int,
+    data: bytes,
+    chains: SchemaChains | None = None,
 ) -> list[tuple[Any, ...]]:
-    """The row changes of one transaction as tuples of the struct fields after ``transaction_id``."""
+    """The row changes of one transaction as tuples of the struct fields after ``transaction_id``,
+    upcast by ``chains`` when given."""
     try:
         change_set = registry.decode(header, bytes(data))
+        if chains is not None:
+            change_set = chains.upcast(change_set)
     except ChangeSetFormatError as exc:
         raise ChangeSetFormatError(f"partition {pid} transaction {txid}: {exc}") from exc
     meta = json.dumps(dict(change_set.meta), sort_keys=True) if change_set.meta else None
@@ -140,12 +153,17 @@ def _decode_one(
     return rows
 
 
-def decode_changes(log: Any, registry: DecoderRegistry | None = None) -> Any:
+def decode_changes(
+    log: Any, registry: DecoderRegistry | None = None, chains: SchemaChains | None = None
+) -> Any:
     """Decode a log DataFrame (the ``waltz`` source's columns) into row changes.
 
     Args:
         log: a DataFrame with at least ``partition_id, transaction_id, header, data``.
         registry: decoders for command-style headers (default: change-sets only, others fail).
+        chains: the application's schema chains (``EntityRegistry.schema_chains()``): every row
+            change is upcast to its entity's current model. None: changes keep the attributes
+            they were written with.
 
     Returns:
         A DataFrame of :data:`CHANGES_SCHEMA`; a transaction without row changes gives one row
@@ -163,7 +181,7 @@ def decode_changes(log: Any, registry: DecoderRegistry | None = None) -> Any:
     )
 
     def decode(pid: int, txid: int, header: int, data: bytes) -> list[tuple[Any, ...]]:
-        return _decode_one(chosen, pid, txid, header, data)
+        return _decode_one(chosen, pid, txid, header, data, chains)
 
     # A plain Python UDF (not Arrow-optimized): it needs neither pandas nor a schema per batch.
     udf = func.udf(decode, f"ARRAY<STRUCT<{struct}>>", useArrow=False)

@@ -138,6 +138,7 @@ def compute_views(
     *,
     up_to: Mapping[int, int] | None = None,
     cluster_name: str | None = None,
+    snapshot: str | None = None,
     progress: Progress = _quiet,
 ) -> ComputedViews:
     """The application's views at fixed marks (DataFrames over the cached, decoded log) and those marks.
@@ -148,6 +149,8 @@ def compute_views(
         source: where to read the log.
         up_to: partition -> mark to read up to (default: each partition's committed high-water mark).
         cluster_name: the log's name in the idempotency key rows (default ``app.cluster_name``).
+        snapshot: a snapshot to start from (:mod:`waltz.spark.snapshot`, docs/design/spark.md
+            "Snapshots"): only the log after its marks is read, on top of its tables and keys.
         progress: called with a line per step.
 
     Returns:
@@ -156,12 +159,15 @@ def compute_views(
 
     Raises:
         CommittedReadError: a requested mark is above what is proven committed.
-        RebuildError: the application's views miss a table.
+        RebuildError: the application's views miss a table, or the snapshot is ahead of the log or
+            of what ``up_to`` asks for.
+        SnapshotError: the snapshot does not verify against its manifest.
     """
     plans = source.plan()
     marks = {p.partition_id: p.high_water_mark for p in plans}
     for plan in plans:
         progress(f"partition {plan.partition_id}: committed up to {plan.high_water_mark} ({plan.proof})")
+    base = _snapshot_base(snapshot, marks, up_to, app, progress) if snapshot is not None else None
     if up_to is not None:
         for pid, mark in up_to.items():
             if mark > marks.get(pid, -1):
@@ -171,29 +177,129 @@ def compute_views(
                 )
         marks = {pid: up_to.get(pid, -1) for pid in marks}
     reader = spark.read.format("waltz").options(**source.options())
+    if base is not None:
+        reader = reader.option("after", marks_text(base.marks))
     log_df = reader.option("up_to", marks_text(marks)).load()
     if not marks or all(m < 0 for m in marks.values()):
         log_df = log_df.limit(0)
-    changes = decode_changes(log_df, app.decoders).cache()
+    chains = app.entities.schema_chains() if app.entities is not None else None
+    changes = decode_changes(log_df, app.decoders, chains)
+    if base is not None:
+        changes = _on_snapshot(spark, changes, base, app)
+    changes = changes.cache()
     decoded = changes.count()
-    progress(f"read and decoded the log: {decoded} row changes")
+    progress(
+        f"read and decoded the log: {decoded} row changes"
+        + (", upcast to the current models" if chains is not None and chains.upcasts else "")
+    )
     if app.entities is not None:
         problems = change_problems(changes, app.entities)
         if problems:
             changes.unpersist()
             raise RebuildError(
-                "the log holds row changes that do not fit the application's models (the live apply "
-                "refuses them too) or carry part of a row (which a rebuild cannot replay); nothing was "
-                "written: " + "; ".join(problems)
+                "the log holds row changes that do not fit the application's current models, after "
+                "their upcasters, or that carry part of a row, which a rebuild cannot replay; nothing "
+                "was written: " + "; ".join(problems) + ". A model that changed declares its "
+                'schema_version and an upcaster from each older version (docs/sql.md, "Changing a '
+                'model")'
             )
-        progress("every row change fits its entity's model")
+        progress("every row change fits its entity's current model")
     views = dict(app.build(changes, log_df))
     missing = [t.name for t in app.tables if t.name not in views]
     if missing:
         changes.unpersist()
         raise RebuildError(f"the application's views lack tables {missing}")
     keys = idempotency_key_rows(changes, cluster_name or app.cluster_name)
+    if base is not None:
+        views, keys = _with_snapshot_rows(spark, views, keys, base, app, cluster_name or app.cluster_name)
     return ComputedViews(marks, views, keys, changes)
+
+
+@dataclass(frozen=True, slots=True)
+class _SnapshotBase:
+    location: str
+    manifest: Any
+    marks: dict[int, int]
+
+
+def _snapshot_base(
+    location: str,
+    marks: dict[int, int],
+    up_to: Mapping[int, int] | None,
+    app: AppViews,
+    progress: Progress,
+) -> _SnapshotBase:
+    """The verified snapshot a rebuild starts from; its marks must not be ahead of what is read."""
+    from waltz.spark.snapshot import verify_snapshot
+
+    manifest = verify_snapshot(location)
+    wanted = dict(up_to) if up_to is not None else marks
+    ahead = {p: m for p, m in manifest.marks.items() if m > wanted.get(p, -1)}
+    if ahead:
+        raise RebuildError(
+            f"the snapshot at {location} holds partitions {sorted(ahead)} up to {ahead}, beyond the "
+            f"log's marks {dict(sorted(wanted.items()))} this rebuild reads up to; rebuild from the log "
+            "alone, or up to the snapshot's marks or later"
+        )
+    if app.entities is not None:
+        for info in app.entities:
+            recorded = int(manifest.entities.get(info.name, {}).get("schema_version", 1))
+            if recorded > info.schema_version:
+                raise RebuildError(
+                    f"the snapshot at {location} holds {info.name} at schema version {recorded}, the "
+                    f"application's model is at {info.schema_version}: rebuild with the newer model"
+                )
+    progress(
+        f"starting from the snapshot at {location}, marks {dict(sorted(manifest.marks.items()))} "
+        f"({sum(t.rows for t in manifest.tables)} rows, written {manifest.written_at})"
+    )
+    return _SnapshotBase(location, manifest, {int(p): int(m) for p, m in manifest.marks.items()})
+
+
+def _on_snapshot(spark: Any, changes: Any, base: _SnapshotBase, app: AppViews) -> Any:
+    """The log's changes after the snapshot, on top of the snapshot's entity rows; a change-set
+    whose idempotency key the snapshot holds already was applied before it, and is dropped."""
+    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+
+    from waltz.spark.snapshot import snapshot_changes, snapshot_keys
+
+    known = snapshot_keys(spark, base.location, base.manifest).select(
+        F.col("idempotency_key").alias("_known_key")
+    )
+    after = changes.join(known, changes["idempotency_key"] == known["_known_key"], "left_anti")
+    return snapshot_changes(spark, base.location, base.manifest, app).unionByName(after)
+
+
+def _with_snapshot_rows(
+    spark: Any, views: dict[str, Any], keys: Any, base: _SnapshotBase, app: AppViews, cluster_name: str
+) -> tuple[dict[str, Any], Any]:
+    """The tables that are not entity tables get the snapshot's rows before the views' own (the
+    views computed them from the log after the snapshot only); the idempotency keys, those of the
+    snapshot and the new ones."""
+    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+
+    from waltz.spark.snapshot import snapshot_keys, snapshot_table
+
+    entity_tables = {info.model.__table__.name for info in app.entities or ()}
+    merged = dict(views)
+    for table in app.tables:
+        if table.name in entity_tables:
+            continue
+        before = snapshot_table(spark, base.location, base.manifest, table)
+        if before is None:
+            continue
+        built = views[table.name]
+        columns = built.columns
+        typed = before.select(*[F.col(c).cast(built.schema[c].dataType).alias(c) for c in columns])
+        merged[table.name] = typed.unionByName(built)
+    old_keys = snapshot_keys(spark, base.location, base.manifest).select(
+        F.lit(cluster_name).alias("cluster_name"),
+        F.col("idempotency_key"),
+        F.col("partition_id").cast("int").alias("partition_id"),
+        F.col("transaction_id").cast("bigint").alias("transaction_id"),
+        F.col("applied_at").cast("timestamp").alias("applied_at"),
+    )
+    return merged, old_keys.unionByName(keys.select(*old_keys.columns))
 
 
 def rebuild(
@@ -204,6 +310,7 @@ def rebuild(
     *,
     cluster_name: str | None = None,
     up_to: Mapping[int, int] | None = None,
+    snapshot: str | None = None,
     progress: Progress = _quiet,
 ) -> RebuildResult:
     """Rebuild the application's tables in ``db_url`` from the committed log.
@@ -219,6 +326,8 @@ def rebuild(
         db_url: the target database (SQLAlchemy URL: PostgreSQL, MariaDB or SQLite).
         cluster_name: the log's name in the mark rows (default ``app.cluster_name``).
         up_to: partition -> mark to read up to (default: each partition's committed high-water mark).
+        snapshot: a snapshot to start from: only the log after its marks is read (the result is
+            the full rebuild's).
         progress: called with a line per step.
 
     Returns:
@@ -229,7 +338,9 @@ def rebuild(
         sqlalchemy.exc.DBAPIError: the database refused (the old tables stay as they were).
     """
     started = time.monotonic()
-    computed = compute_views(spark, app, source, up_to=up_to, cluster_name=cluster_name, progress=progress)
+    computed = compute_views(
+        spark, app, source, up_to=up_to, cluster_name=cluster_name, snapshot=snapshot, progress=progress
+    )
     try:
         rows = write_views(
             computed.tables,

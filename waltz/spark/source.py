@@ -22,8 +22,9 @@ Options (all strings, as Spark passes them):
   filesystem on a cluster);
 - ``partitions`` (``"0,2"``), ``from_transaction_id``, ``to_transaction_id`` (inclusive),
   ``up_to`` (per-partition inclusive upper bounds ``"0:120,1:98"``; more than the committed
-  high-water mark is an error), ``range_size`` (default 100000), ``batch_records`` (default 5000),
-  ``timeout`` (seconds per admin call, default 30).
+  high-water mark is an error), ``after`` (per-partition exclusive lower bounds, the same form:
+  what a snapshot at those marks already holds), ``range_size`` (default 100000),
+  ``batch_records`` (default 5000), ``timeout`` (seconds per admin call, default 30).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -240,6 +241,7 @@ class WaltzLogReader(DataSourceReader):
         if to_option is not None:
             high = to_option if high is None else min(high, to_option)
         up_to = parse_marks(options.get("up_to", ""), "up_to")
+        after = parse_marks(options.get("after", ""), "after")
         ranges: list[InputPartition] = []
         for committed in self.plan():
             pid = committed.partition_id
@@ -256,8 +258,9 @@ class WaltzLogReader(DataSourceReader):
                 last = up_to[pid]
             if high is not None:
                 last = min(last, high)
-            log.info("partition %d: reading %d..%d (%s)", pid, low, last, committed.proof)
-            for first in range(low, last + 1, range_size):
+            start = max(low, after.get(pid, -1) + 1)
+            log.info("partition %d: reading %d..%d (%s)", pid, start, last, committed.proof)
+            for first in range(start, last + 1, range_size):
                 ranges.append(LogRange(pid, first, min(last, first + range_size - 1), committed.source))
         if not ranges:
             # Spark needs at least one partition; an empty range reads nothing.

@@ -1,0 +1,284 @@
+"""Snapshots of the ledger (docs/design/spark.md "Snapshots"): a rebuild from a snapshot equals the
+full rebuild and the live database; a snapshot loaded into a new database lets an instance resume
+from its marks; a damaged or mismatched snapshot is refused, naming the file, before anything is
+written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+from waltz.cli.main import app as waltz_app
+from waltz.jdbc_style import create_framework_engine
+from waltz.jdbc_style.marks import HighWaterMarks
+from waltz.jdbc_style.schema import idempotency_keys
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import wait_until
+from waltz.spark.errors import RebuildError
+from waltz.spark.rebuild import LogSource, rebuild
+from waltz.spark.snapshot import (
+    MANIFEST_NAME,
+    SnapshotError,
+    load_snapshot,
+    read_manifest,
+    verify_snapshot,
+    write_snapshot,
+)
+from waltz.workloads.smallbank import SmallBankConfig, SmallBankWorkload
+from waltz_examples.ledger.service import LedgerService, prepare_database
+from waltz_examples.ledger.smallbank import LedgerInstance
+from waltz_examples.ledger.transfers import pending_transfers
+from waltz_examples.ledger.views import VIEWS as LEDGER_VIEWS
+
+pytestmark = pytest.mark.timeout(600)
+
+NAME = "snapshot-ledger"
+
+
+def _ledger(cluster: LocalCluster, url: str) -> LedgerService:
+    return LedgerService(
+        url,
+        zookeeper=cluster.zookeeper_connect_string,
+        cluster_root=cluster.root,
+        cluster_name=NAME,
+        prepare=False,
+        sweep_interval=0.5,
+    )
+
+
+def _settle(services: list[LedgerService], partitions: int) -> dict[int, int]:
+    wait_until(
+        lambda: pending_transfers(services[0].engine) == 0, timeout=60, what="every transfer to complete"
+    )
+    marks = {p: services[0].client.get_high_water_mark(p) for p in range(partitions)}
+    for service in services:
+        for pid, mark in marks.items():
+            assert mark < 0 or service.callbacks.wait_for(pid, mark, 60), (
+                f"partition {pid} not applied to {mark}"
+            )
+    return marks
+
+
+def _run(services: list[LedgerService], seed: int, transactions: int, populate: bool) -> None:
+    workload = SmallBankWorkload(
+        [LedgerInstance(s) for s in services],
+        SmallBankConfig(accounts=30, seed=seed, in_flight=16, submitters=2),
+    )
+    try:
+        if populate:
+            workload.populate()
+        stats = workload.run(transactions)
+    finally:
+        workload.close()
+    assert stats.committed > transactions // 3, stats
+
+
+@dataclass(frozen=True)
+class History:
+    cluster: LocalCluster
+    live: str
+    snapshot: Path
+    snapshot_marks: dict[int, int]
+    marks: dict[int, int]
+
+
+@pytest.fixture(scope="module")
+def history(spark_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[History]:
+    """A live SQLite ledger: SmallBank, a snapshot, then more SmallBank on top."""
+    work = tmp_path_factory.mktemp("snapshot-ledger")
+    live = f"sqlite:///{work / 'live.db'}"
+    engine = create_framework_engine(live)
+    prepare_database(engine)
+    engine.dispose()
+    services = [_ledger(spark_cluster, live) for _ in range(2)]
+    try:
+        _run(services, seed=5, transactions=120, populate=True)
+        snapshot_marks = _settle(services, spark_cluster.num_partitions)
+        snapshot = work / "snapshot"
+        manifest = write_snapshot(LEDGER_VIEWS, live, str(snapshot), cluster_name=NAME)
+        assert dict(manifest.marks) == {p: m for p, m in snapshot_marks.items() if m >= 0}
+        _run(services, seed=6, transactions=120, populate=False)
+        marks = _settle(services, spark_cluster.num_partitions)
+        yield History(spark_cluster, live, snapshot, snapshot_marks, marks)
+    finally:
+        for service in services:
+            service.close()
+
+
+def _source(cluster: LocalCluster) -> LogSource:
+    return LogSource(zookeeper=cluster.zookeeper_connect_string, cluster_root=cluster.root)
+
+
+def _rows(url: str, table: Any, where: Any = None) -> list[tuple[Any, ...]]:
+    engine = create_framework_engine(url)
+    try:
+        with engine.connect() as conn:
+            statement = select(*table.columns) if where is None else select(*table.columns).where(where)
+            return sorted(tuple(r) for r in conn.execute(statement))
+    finally:
+        engine.dispose()
+
+
+def _marks(url: str) -> dict[int, int]:
+    engine = create_framework_engine(url)
+    try:
+        with engine.connect() as conn:
+            return HighWaterMarks(NAME).read_all(conn)
+    finally:
+        engine.dispose()
+
+
+def _same_database(url: str, other: str) -> None:
+    assert _marks(url) == _marks(other)
+    for table in LEDGER_VIEWS.tables:
+        assert _rows(url, table) == _rows(other, table), table.name
+    keys = idempotency_keys.c.cluster_name == NAME
+    assert [r[:4] for r in _rows(url, idempotency_keys, keys)] == [
+        r[:4] for r in _rows(other, idempotency_keys, keys)
+    ]
+
+
+def test_a_rebuild_from_a_snapshot_equals_the_full_rebuild_and_the_live_database(
+    spark: Any, history: History, postgres_url: str, tmp_path: Path
+) -> None:
+    assert history.marks != history.snapshot_marks, "nothing was committed after the snapshot"
+    full = f"sqlite:///{tmp_path / 'full.db'}"
+    rebuild(spark, LEDGER_VIEWS, _source(history.cluster), full, cluster_name=NAME)
+    lines: list[str] = []
+    result = rebuild(
+        spark,
+        LEDGER_VIEWS,
+        _source(history.cluster),
+        postgres_url,
+        cluster_name=NAME,
+        snapshot=str(history.snapshot),
+        progress=lines.append,
+    )
+    assert any(line.startswith("starting from the snapshot") for line in lines), lines
+    assert dict(result.marks) == history.marks
+    _same_database(postgres_url, full)
+    _same_database(postgres_url, history.live)
+
+
+def test_a_loaded_snapshot_lets_a_new_instance_resume_from_its_marks(
+    history: History, tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'restored.db'}"
+    runner = CliRunner()
+    result = runner.invoke(
+        waltz_app, ["snapshot", "load", str(history.snapshot), "--app", "waltz_examples.ledger", "--url", url]
+    )
+    assert result.exit_code == 0, result.output
+    assert _marks(url) == {p: m for p, m in history.snapshot_marks.items() if m >= 0}
+    # Loading again needs --replace: the database is not new any more.
+    again = runner.invoke(
+        waltz_app, ["snapshot", "load", str(history.snapshot), "--app", "waltz_examples.ledger", "--url", url]
+    )
+    assert again.exit_code == 2 and "load with replace" in again.output
+    service = _ledger(history.cluster, url)
+    try:
+        for pid, mark in history.marks.items():
+            assert mark < 0 or service.callbacks.wait_for(pid, mark, 60), (
+                f"partition {pid} not caught up to {mark}"
+            )
+    finally:
+        service.close()
+    _same_database(url, history.live)
+
+
+def test_show_and_verify_describe_the_snapshot(history: History) -> None:
+    runner = CliRunner()
+    shown = runner.invoke(waltz_app, ["snapshot", "show", str(history.snapshot), "--json"])
+    assert shown.exit_code == 0, shown.output
+    manifest = json.loads(shown.output)
+    assert manifest["form"] == 1 and manifest["kind"] == "waltz-snapshot" and manifest["cluster_name"] == NAME
+    assert {t["table"] for t in manifest["tables"]} == {t.name for t in LEDGER_VIEWS.tables}
+    assert all(len(t["sha256"]) == 64 for t in manifest["tables"])
+    assert runner.invoke(waltz_app, ["snapshot", "verify", str(history.snapshot)]).exit_code == 0
+
+
+@pytest.fixture
+def damaged(history: History, tmp_path: Path) -> Path:
+    copy = tmp_path / "copy"
+    shutil.copytree(history.snapshot, copy)
+    return copy
+
+
+def test_a_changed_file_is_refused_naming_it(damaged: Path) -> None:
+    entry = read_manifest(str(damaged)).tables[0]
+    path = damaged / entry.file
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(
+        SnapshotError, match=rf"{entry.file} \({entry.table}\): its SHA-256 is .*changed or damaged"
+    ):
+        verify_snapshot(str(damaged))
+    result = CliRunner().invoke(waltz_app, ["snapshot", "verify", str(damaged)])
+    assert result.exit_code == 1 and entry.file in result.output
+
+
+def test_a_missing_file_is_refused_naming_it(damaged: Path, tmp_path: Path) -> None:
+    entry = read_manifest(str(damaged)).tables[-1]
+    (damaged / entry.file).unlink()
+    with pytest.raises(SnapshotError, match=rf"{entry.file} \({entry.table}\): missing"):
+        verify_snapshot(str(damaged))
+    # Nothing is written into a database from a snapshot that does not verify.
+    url = f"sqlite:///{tmp_path / 'never.db'}"
+    with pytest.raises(SnapshotError, match="missing"):
+        load_snapshot(str(damaged), LEDGER_VIEWS, url)
+    assert not (tmp_path / "never.db").exists() or _marks(url) == {}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda m: {**m, "form": 99}, "snapshot form 99 is newer than this waltz-py reads"),
+        (lambda m: {**m, "kind": "something"}, "is not a waltz snapshot manifest"),
+        (lambda m: {k: v for k, v in m.items() if k != "marks"}, "malformed manifest"),
+    ],
+)
+def test_a_wrong_manifest_is_refused(damaged: Path, change: Any, message: str) -> None:
+    manifest_path = damaged / MANIFEST_NAME
+    manifest_path.write_text(json.dumps(change(json.loads(manifest_path.read_text()))))
+    with pytest.raises(SnapshotError, match=message):
+        read_manifest(str(damaged))
+
+
+def test_no_manifest_is_no_snapshot(damaged: Path) -> None:
+    (damaged / MANIFEST_NAME).unlink()
+    with pytest.raises(SnapshotError, match=r"no manifest\.json"):
+        read_manifest(str(damaged))
+    (damaged / MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(SnapshotError, match="is not JSON"):
+        read_manifest(str(damaged))
+
+
+def test_a_snapshot_ahead_of_the_marks_asked_is_refused(spark: Any, history: History, tmp_path: Path) -> None:
+    behind = {p: -1 for p in history.marks}
+    url = f"sqlite:///{tmp_path / 'behind.db'}"
+    with pytest.raises(RebuildError, match="beyond the log's marks"):
+        rebuild(
+            spark,
+            LEDGER_VIEWS,
+            _source(history.cluster),
+            url,
+            cluster_name=NAME,
+            up_to=behind,
+            snapshot=str(history.snapshot),
+        )
+    assert not (tmp_path / "behind.db").exists() or not _marks(url)
+
+
+def test_a_second_snapshot_never_overwrites_the_first(history: History) -> None:
+    with pytest.raises(SnapshotError, match="holds a snapshot already"):
+        write_snapshot(LEDGER_VIEWS, history.live, str(history.snapshot), cluster_name=NAME)

@@ -1,0 +1,688 @@
+"""Snapshots: an application's tables as of one set of marks, as Parquet files with a manifest.
+
+Source: docs/design/spark.md "Snapshots". ``waltz snapshot`` reads the application's tables
+(``AppViews.tables``), this log's high-water-mark rows and its idempotency keys in one database
+transaction, so every table is exactly the state at those marks, and writes one Parquet file per
+table plus ``manifest.json`` (written last: a directory without one is not a snapshot). A rebuild
+from a snapshot (:func:`waltz.spark.rebuild.compute_views` with ``snapshot=``) replays only the log
+after its marks on top of it; :func:`load_snapshot` writes it into a database, from which an
+application instance resumes the log after the marks.
+
+The location is a directory or any URL that ``pyarrow.fs`` opens (``s3://bucket/path``,
+``gs://...``, ``hdfs://...``); every file is checked against the manifest's SHA-256 and row count
+before it is used.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import hashlib
+import json
+import logging
+import posixpath
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Engine, Table, delete, insert, select, types
+
+from waltz.errors import WaltzError
+from waltz.jdbc_style import create_framework_engine
+from waltz.jdbc_style.marks import HighWaterMarks
+from waltz.jdbc_style.schema import high_water_marks, idempotency_keys
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    from waltz.spark.views import AppViews
+
+__all__ = [
+    "MANIFEST_NAME",
+    "SNAPSHOT_FORM",
+    "SnapshotError",
+    "SnapshotFile",
+    "SnapshotManifest",
+    "load_snapshot",
+    "open_location",
+    "read_manifest",
+    "verify_snapshot",
+    "write_snapshot",
+]
+
+log = logging.getLogger(__name__)
+
+#: The snapshot manifest's form (``"form"``); a reader refuses a newer one.
+SNAPSHOT_FORM = 1
+#: The manifest's file name in a snapshot directory.
+MANIFEST_NAME = "manifest.json"
+#: What ``"kind"`` says in a snapshot's manifest.
+SNAPSHOT_KIND = "waltz-snapshot"
+#: Rows per Parquet row group and per read from the database.
+BATCH_ROWS = 50_000
+
+Progress = Callable[[str], None]
+
+
+class SnapshotError(WaltzError):
+    """A snapshot that cannot be written, read or trusted: names the file and what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotFile:
+    """One table of a snapshot.
+
+    Attributes:
+        table: the table's name.
+        file: the Parquet file, relative to the snapshot's location.
+        rows: its row count.
+        sha256: the SHA-256 of the file's bytes, hex.
+        columns: ``(name, SQL type)`` of each column, in order (the type as SQLAlchemy names it).
+    """
+
+    table: str
+    file: str
+    rows: int
+    sha256: str
+    columns: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "file": self.file,
+            "rows": self.rows,
+            "sha256": self.sha256,
+            "columns": [list(c) for c in self.columns],
+        }
+
+    @staticmethod
+    def from_json(raw: Any, where: str) -> SnapshotFile:
+        try:
+            return SnapshotFile(
+                str(raw["table"]),
+                str(raw["file"]),
+                int(raw["rows"]),
+                str(raw["sha256"]),
+                tuple((str(n), str(t)) for n, t in raw.get("columns", ())),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SnapshotError(f"{where}: a table entry is malformed ({exc!r}): {raw!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotManifest:
+    """What a snapshot holds (``manifest.json``; docs/design/spark.md "Snapshots" lists every field).
+
+    Attributes:
+        cluster_name: the log's name in the database's mark rows.
+        marks: ``{partition: high-water mark}``: every table is the state after exactly these
+            transactions (-1: none of the partition).
+        entities: ``{entity name: {"schema_version": n, "table": name}}`` of the application's
+            models when the snapshot was written.
+        tables: one entry per application table.
+        idempotency_keys: this log's rows of ``waltz_idempotency_keys``.
+        written_at: when the snapshot's database transaction read the tables (UTC, ISO 8601).
+        dialect: the database it was read from (``postgresql``, ``mysql``, ``sqlite``).
+        cluster_key_fingerprint: ``sha256:<hex>`` of the cluster key when the snapshot was made
+            with the cluster at hand (never the key), or None.
+        form: the manifest's form (:data:`SNAPSHOT_FORM`).
+    """
+
+    cluster_name: str
+    marks: Mapping[int, int]
+    entities: Mapping[str, Mapping[str, Any]]
+    tables: Sequence[SnapshotFile]
+    idempotency_keys: SnapshotFile
+    written_at: str
+    dialect: str
+    cluster_key_fingerprint: str | None = None
+    form: int = SNAPSHOT_FORM
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "form": self.form,
+            "kind": SNAPSHOT_KIND,
+            "cluster_name": self.cluster_name,
+            "cluster_key_fingerprint": self.cluster_key_fingerprint,
+            "marks": {str(p): m for p, m in sorted(self.marks.items())},
+            "entities": {name: dict(e) for name, e in sorted(self.entities.items())},
+            "tables": [t.to_json() for t in self.tables],
+            "idempotency_keys": self.idempotency_keys.to_json(),
+            "written_at": self.written_at,
+            "dialect": self.dialect,
+        }
+
+    @staticmethod
+    def from_json(raw: Any, where: str) -> SnapshotManifest:
+        """Parse a manifest.
+
+        Raises:
+            SnapshotError: not a snapshot manifest, a newer form than this code reads, or a
+                field missing or malformed (named).
+        """
+        if not isinstance(raw, dict) or raw.get("kind") != SNAPSHOT_KIND:
+            raise SnapshotError(f'{where} is not a waltz snapshot manifest (no "kind": "{SNAPSHOT_KIND}")')
+        form = raw.get("form")
+        if type(form) is not int or form < 1:
+            raise SnapshotError(f"{where}: form {form!r} is not a snapshot form")
+        if form > SNAPSHOT_FORM:
+            raise SnapshotError(
+                f"{where}: snapshot form {form} is newer than this waltz-py reads ({SNAPSHOT_FORM}); "
+                "upgrade waltz-py"
+            )
+        try:
+            return SnapshotManifest(
+                cluster_name=str(raw["cluster_name"]),
+                marks={int(p): int(m) for p, m in raw["marks"].items()},
+                entities={str(n): dict(e) for n, e in raw.get("entities", {}).items()},
+                tables=[SnapshotFile.from_json(t, where) for t in raw["tables"]],
+                idempotency_keys=SnapshotFile.from_json(raw["idempotency_keys"], where),
+                written_at=str(raw["written_at"]),
+                dialect=str(raw.get("dialect", "")),
+                cluster_key_fingerprint=raw.get("cluster_key_fingerprint"),
+                form=form,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SnapshotError(f"{where}: malformed manifest ({exc!r})") from exc
+
+    def table(self, name: str) -> SnapshotFile | None:
+        """The entry of a table, or None."""
+        return next((t for t in self.tables if t.table == name), None)
+
+
+# --- locations -------------------------------------------------------------------------------------
+
+
+def open_location(location: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and the path of a directory or a URL (``s3://...``), for ``pyarrow.fs``.
+
+    Raises:
+        SnapshotError: pyarrow is missing, or the URL names no filesystem pyarrow knows.
+    """
+    try:
+        import pyarrow.fs as pafs
+    except ImportError as exc:
+        raise SnapshotError("snapshots and the archive need pyarrow: install waltz-py[spark]") from exc
+    if "://" not in location:
+        path = str(Path(location).expanduser().resolve())
+        return pafs.LocalFileSystem(), path
+    try:
+        filesystem, path = pafs.FileSystem.from_uri(location)
+    except (ValueError, OSError) as exc:
+        raise SnapshotError(f"cannot open {location}: {exc}") from exc
+    return filesystem, path
+
+
+def _sha256(filesystem: pafs.FileSystem, path: str) -> str:
+    digest = hashlib.sha256()
+    with filesystem.open_input_stream(path) as stream:
+        while True:
+            chunk = stream.read(1 << 20)
+            if not chunk:
+                return digest.hexdigest()
+            digest.update(chunk)
+
+
+def _write_json(filesystem: pafs.FileSystem, path: str, document: Mapping[str, Any]) -> None:
+    data = json.dumps(document, indent=2, sort_keys=True).encode("utf-8") + b"\n"
+    temporary = path + ".tmp"
+    with filesystem.open_output_stream(temporary) as stream:
+        stream.write(data)
+    filesystem.move(temporary, path)
+
+
+# --- types -----------------------------------------------------------------------------------------
+
+
+def arrow_type(column_type: types.TypeEngine[Any]) -> pa.DataType:
+    """The Arrow type a column's values are kept as in a snapshot.
+
+    Raises:
+        SnapshotError: a type without a Parquet form here (override it in the application).
+    """
+    import pyarrow as pa
+
+    checks: list[tuple[type[Any], pa.DataType]] = [
+        (types.Boolean, pa.bool_()),
+        (types.BigInteger, pa.int64()),
+        (types.SmallInteger, pa.int64()),
+        (types.Integer, pa.int64()),
+        (types.Float, pa.float64()),
+        (types.Date, pa.date32()),
+        (types.Time, pa.time64("us")),
+        (types.LargeBinary, pa.binary()),
+        (types.BINARY, pa.binary()),
+        (types.VARBINARY, pa.binary()),
+        (types.Uuid, pa.string()),
+        (types.Enum, pa.string()),
+        (types.String, pa.string()),
+        (types.JSON, pa.string()),
+    ]
+    if isinstance(column_type, types.DateTime):
+        return pa.timestamp("us", tz="UTC") if column_type.timezone else pa.timestamp("us")
+    if isinstance(column_type, types.Numeric) and not isinstance(column_type, types.Float):
+        precision = column_type.precision or 38
+        scale = column_type.scale if column_type.scale is not None else 10
+        return pa.decimal128(precision, scale)
+    for kind, arrow in checks:
+        if isinstance(column_type, kind):
+            return arrow
+    raise SnapshotError(f"no Parquet type for the SQL type {column_type!r}")
+
+
+def _arrow_value(value: Any) -> Any:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value.astimezone(dt.UTC)
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def _table_schema(table: Table) -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema([pa.field(c.name, arrow_type(c.type), nullable=True) for c in table.columns])
+
+
+# --- writing ---------------------------------------------------------------------------------------
+
+
+def _write_table(
+    filesystem: pafs.FileSystem, path: str, schema: pa.Schema, rows: Iterator[Sequence[Any]]
+) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    count = 0
+    with filesystem.open_output_stream(path) as stream, pq.ParquetWriter(stream, schema) as writer:
+        batch: list[Sequence[Any]] = []
+
+        def flush() -> None:
+            columns = list(zip(*batch, strict=True)) if batch else [() for _ in schema]
+            arrays = [
+                pa.array([_arrow_value(v) for v in column], type=f.type)
+                for column, f in zip(columns, schema, strict=True)
+            ]
+            writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
+
+        for row in rows:
+            batch.append(tuple(row))
+            count += 1
+            if len(batch) >= BATCH_ROWS:
+                flush()
+                batch = []
+        if batch or count == 0:
+            flush()
+    return count
+
+
+def write_snapshot(
+    app: AppViews,
+    db_url: str | Engine,
+    location: str,
+    *,
+    cluster_name: str | None = None,
+    cluster_key_fingerprint: str | None = None,
+    progress: Progress | None = None,
+) -> SnapshotManifest:
+    """Write the application's tables, marks and idempotency keys as one consistent snapshot.
+
+    Args:
+        app: the application's views (its ``tables`` are written; its ``entities`` recorded).
+        db_url: the application's database (a SQLAlchemy URL or an engine).
+        location: an empty directory or URL (created when missing).
+        cluster_name: the log's name in the mark rows (default ``app.cluster_name``).
+        cluster_key_fingerprint: recorded in the manifest when given.
+        progress: called with a line per table.
+
+    Returns:
+        The manifest written.
+
+    Raises:
+        SnapshotError: the location holds a snapshot already, or a table has a column type
+            without a Parquet form.
+        sqlalchemy.exc.DBAPIError: the database failed.
+    """
+    say = progress or (lambda _: None)
+    name = cluster_name or app.cluster_name
+    filesystem, root = open_location(location)
+    manifest_path = posixpath.join(root, MANIFEST_NAME)
+    import pyarrow.fs as pafs
+
+    if filesystem.get_file_info(manifest_path).type != pafs.FileType.NotFound:
+        raise SnapshotError(f"{location} holds a snapshot already ({MANIFEST_NAME}); choose a new location")
+    filesystem.create_dir(root, recursive=True)
+    engine = db_url if isinstance(db_url, Engine) else create_framework_engine(db_url)
+    try:
+        dialect = engine.dialect.name
+        connection = engine.connect()
+        try:
+            if dialect != "sqlite":
+                connection = connection.execution_options(isolation_level="REPEATABLE READ")
+            with connection.begin():
+                if dialect in ("mysql", "mariadb"):
+                    from sqlalchemy import text
+
+                    connection.execute(text("SELECT 1"))  # the snapshot starts at the first read
+                marks = HighWaterMarks(name).read_all(connection)
+                written_at = dt.datetime.now(dt.UTC).isoformat()
+                files: list[SnapshotFile] = []
+                for table in app.tables:
+                    file = f"{table.name}.parquet"
+                    rows = connection.execution_options(yield_per=BATCH_ROWS).execute(
+                        select(*table.columns).order_by(*table.primary_key.columns)
+                    )
+                    count = _write_table(
+                        filesystem, posixpath.join(root, file), _table_schema(table), iter(rows)
+                    )
+                    digest = _sha256(filesystem, posixpath.join(root, file))
+                    files.append(
+                        SnapshotFile(
+                            table.name,
+                            file,
+                            count,
+                            digest,
+                            tuple((c.name, str(c.type)) for c in table.columns),
+                        )
+                    )
+                    say(f"{table.name}: {count} rows")
+                keys_file = "waltz_idempotency_keys.parquet"
+                keys = connection.execution_options(yield_per=BATCH_ROWS).execute(
+                    select(*idempotency_keys.columns)
+                    .where(idempotency_keys.c.cluster_name == name)
+                    .order_by(idempotency_keys.c.idempotency_key)
+                )
+                key_count = _write_table(
+                    filesystem, posixpath.join(root, keys_file), _table_schema(idempotency_keys), iter(keys)
+                )
+                say(f"idempotency keys: {key_count}")
+        finally:
+            connection.close()
+    finally:
+        if not isinstance(db_url, Engine):
+            engine.dispose()
+    entities: dict[str, dict[str, Any]] = {}
+    if app.entities is not None:
+        for info in app.entities:
+            entities[info.name] = {"schema_version": info.schema_version, "table": info.model.__table__.name}
+    manifest = SnapshotManifest(
+        cluster_name=name,
+        marks=marks,
+        entities=entities,
+        tables=files,
+        idempotency_keys=SnapshotFile(
+            idempotency_keys.name,
+            keys_file,
+            key_count,
+            _sha256(filesystem, posixpath.join(root, keys_file)),
+            tuple((c.name, str(c.type)) for c in idempotency_keys.columns),
+        ),
+        written_at=written_at,
+        dialect=dialect,
+        cluster_key_fingerprint=cluster_key_fingerprint,
+    )
+    _write_json(filesystem, manifest_path, manifest.to_json())
+    say(f"snapshot at marks {dict(sorted(marks.items()))} written to {location}")
+    return manifest
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+
+def read_manifest(location: str) -> SnapshotManifest:
+    """The manifest of a snapshot.
+
+    Raises:
+        SnapshotError: no manifest, not JSON, or not a snapshot manifest this code reads.
+    """
+    filesystem, root = open_location(location)
+    path = posixpath.join(root, MANIFEST_NAME)
+    try:
+        with filesystem.open_input_stream(path) as stream:
+            data = stream.read()
+    except (FileNotFoundError, OSError) as exc:
+        raise SnapshotError(f"{location}: no {MANIFEST_NAME} ({exc}); not a complete snapshot") from exc
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
+        raise SnapshotError(f"{location}/{MANIFEST_NAME} is not JSON: {exc}") from exc
+    return SnapshotManifest.from_json(raw, f"{location}/{MANIFEST_NAME}")
+
+
+def verify_snapshot(location: str, manifest: SnapshotManifest | None = None) -> SnapshotManifest:
+    """Check every file of a snapshot against its manifest: present, same SHA-256, same rows.
+
+    Raises:
+        SnapshotError: a file missing, changed, or with another row count (named).
+    """
+    import pyarrow.parquet as pq
+
+    manifest = manifest or read_manifest(location)
+    filesystem, root = open_location(location)
+    for entry in [*manifest.tables, manifest.idempotency_keys]:
+        path = posixpath.join(root, entry.file)
+        try:
+            digest = _sha256(filesystem, path)
+        except (FileNotFoundError, OSError) as exc:
+            raise SnapshotError(f"{location}/{entry.file} ({entry.table}): missing ({exc})") from exc
+        if digest != entry.sha256:
+            raise SnapshotError(
+                f"{location}/{entry.file} ({entry.table}): its SHA-256 is {digest}, the manifest says "
+                f"{entry.sha256}; the file was changed or damaged"
+            )
+        with filesystem.open_input_file(path) as stream:
+            rows = pq.ParquetFile(stream).metadata.num_rows
+        if rows != entry.rows:
+            raise SnapshotError(
+                f"{location}/{entry.file} ({entry.table}): {rows} rows, the manifest says {entry.rows}"
+            )
+    return manifest
+
+
+def _rows(location: str, entry: SnapshotFile) -> Iterator[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    filesystem, root = open_location(location)
+    with filesystem.open_input_file(posixpath.join(root, entry.file)) as stream:
+        parquet = pq.ParquetFile(stream)
+        for batch in parquet.iter_batches(batch_size=BATCH_ROWS):
+            yield from batch.to_pylist()
+
+
+def _python_value(column_type: types.TypeEngine[Any], value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(column_type, types.Uuid) and isinstance(value, str):
+        return uuid.UUID(value) if column_type.as_uuid else value
+    if isinstance(column_type, types.DateTime) and isinstance(value, dt.datetime):
+        return value if column_type.timezone else value.replace(tzinfo=None)
+    if isinstance(column_type, types.Numeric) and not isinstance(column_type, types.Float):
+        return decimal.Decimal(value) if not isinstance(value, decimal.Decimal) else value
+    return value
+
+
+def load_snapshot(
+    location: str,
+    app: AppViews,
+    db_url: str | Engine,
+    *,
+    replace: bool = False,
+    progress: Progress | None = None,
+) -> SnapshotManifest:
+    """Write a verified snapshot into a database: its tables, marks and idempotency keys, in one
+    transaction. An application instance started on the database resumes the log after the marks.
+
+    Args:
+        location: the snapshot.
+        app: the application's views (``prepare`` creates its tables; they must match the
+            snapshot's).
+        db_url: the database (a SQLAlchemy URL or an engine).
+        replace: replace the rows of the application's tables and this log's marks and keys;
+            False: the tables must be empty and the log must have no marks there.
+        progress: called with a line per table.
+
+    Raises:
+        SnapshotError: the snapshot does not verify, a table of the application is missing from it
+            or has other columns, the database is not empty (without ``replace``), or an entity's
+            schema version in the snapshot is newer than the application's model.
+    """
+    say = progress or (lambda _: None)
+    manifest = verify_snapshot(location)
+    if app.entities is not None:
+        for info in app.entities:
+            recorded = manifest.entities.get(info.name, {}).get("schema_version", 1)
+            if int(recorded) > info.schema_version:
+                raise SnapshotError(
+                    f"{location}: {info.name} is at schema version {recorded} in the snapshot, the "
+                    f"application's model at {info.schema_version}; run the newer model"
+                )
+    engine = db_url if isinstance(db_url, Engine) else create_framework_engine(db_url)
+    try:
+        app.prepare(engine)
+        name = manifest.cluster_name
+        with engine.begin() as conn:
+            if not replace:
+                if HighWaterMarks(name).read_all(conn):
+                    raise SnapshotError(f"the database has marks of {name!r} already; load with replace")
+                for table in app.tables:
+                    if conn.execute(select(*table.primary_key.columns).limit(1)).first() is not None:
+                        raise SnapshotError(f"table {table.name} is not empty; load with replace")
+            for table in app.tables:
+                entry = manifest.table(table.name)
+                if entry is None:
+                    raise SnapshotError(f"{location}: the snapshot has no table {table.name}")
+                names = [c.name for c in table.columns]
+                if entry.columns and [n for n, _ in entry.columns] != names:
+                    raise SnapshotError(
+                        f"{location}: table {table.name} has columns {[n for n, _ in entry.columns]} in the "
+                        f"snapshot and {names} in the application; load it with the application's version "
+                        "that wrote it, then migrate"
+                    )
+                conn.execute(delete(table))
+                count = _insert_rows(conn, table, _rows(location, entry))
+                say(f"{table.name}: {count} rows")
+            conn.execute(delete(idempotency_keys).where(idempotency_keys.c.cluster_name == name))
+            keys = _insert_rows(conn, idempotency_keys, _rows(location, manifest.idempotency_keys))
+            say(f"idempotency keys: {keys}")
+            conn.execute(delete(high_water_marks).where(high_water_marks.c.cluster_name == name))
+            now = dt.datetime.now(dt.UTC)
+            for pid, mark in sorted(manifest.marks.items()):
+                conn.execute(
+                    insert(high_water_marks).values(
+                        cluster_name=name, partition_id=pid, high_water_mark=mark, updated_at=now
+                    )
+                )
+        say(f"loaded the snapshot at marks {dict(sorted(manifest.marks.items()))}")
+    finally:
+        if not isinstance(db_url, Engine):
+            engine.dispose()
+    return manifest
+
+
+def _insert_rows(conn: Any, table: Table, rows: Iterator[dict[str, Any]]) -> int:
+    column_types = {c.name: c.type for c in table.columns}
+    count = 0
+    batch: list[dict[str, Any]] = []
+    for row in rows:
+        batch.append({k: _python_value(column_types[k], v) for k, v in row.items()})
+        if len(batch) >= 1000:
+            conn.execute(insert(table), batch)
+            count += len(batch)
+            batch = []
+    if batch:
+        conn.execute(insert(table), batch)
+        count += len(batch)
+    return count
+
+
+# --- Spark: a snapshot as the state a rebuild starts from -------------------------------------------
+
+
+def spark_path(location: str, file: str) -> str:
+    """The path Spark reads a snapshot's file at (a local path, or the URL as given)."""
+    if "://" in location:
+        return location.rstrip("/") + "/" + file
+    return str(Path(location).expanduser().resolve() / file)
+
+
+def snapshot_changes(spark: Any, location: str, manifest: SnapshotManifest, app: AppViews) -> Any:
+    """The snapshot's entity rows as row changes that come before every change of the log.
+
+    Each row of an entity table becomes an ``insert`` of the whole row, with ``partition_id`` and
+    ``transaction_id`` -1 and no header (so that an application's views that read the changes'
+    headers or meta, such as audit rows, pass over them), and its values rendered as the decoders
+    render a change-set's (:func:`waltz.spark.decoders.render_value`). Replayed with the log after
+    the snapshot's marks, the last change per key is the row a full replay gives.
+
+    Args:
+        spark: the Spark session.
+        location: the snapshot.
+        manifest: its verified manifest.
+        app: the application's views; its ``entities`` say which tables are entity tables.
+
+    Returns:
+        A DataFrame of :data:`~waltz.spark.decoders.CHANGES_SCHEMA` (empty without entities).
+    """
+    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+
+    from waltz.spark.decoders import CHANGES_SCHEMA, render_value
+
+    struct = (
+        "op_index INT, entity STRING, operation STRING, key STRING, key_values MAP<STRING, STRING>, "
+        "`values` MAP<STRING, STRING>, meta STRING, idempotency_key STRING"
+    )
+    frames = []
+    for info in app.entities or ():
+        table: Table = info.model.__table__
+        entry = manifest.table(table.name)
+        if entry is None:
+            continue
+        by_column = {prop.columns[0].name: prop.key for prop in info.mapper.column_attrs}
+        columns = [c.name for c in table.columns if c.name in by_column]
+        attributes = [by_column[c] for c in columns]
+        key_names = tuple(info.key)
+        entity = info.name
+
+        def change(
+            row: Any,
+            attributes: list[str] = attributes,
+            key_names: tuple[str, ...] = key_names,
+            entity: str = entity,
+        ) -> tuple[Any, ...]:
+            values = {a: render_value(v) for a, v in zip(attributes, row, strict=True)}
+            key_values = {k: values[k] for k in key_names}
+            key = json.dumps(key_values, sort_keys=True, separators=(",", ":"))
+            return (0, entity, "insert", key, key_values, values, None, None)
+
+        udf = F.udf(change, f"STRUCT<{struct}>", useArrow=False)
+        rows = spark.read.parquet(spark_path(location, entry.file))
+        frames.append(
+            rows.select(
+                F.lit(-1).cast("int").alias("partition_id"),
+                F.lit(-1).cast("bigint").alias("transaction_id"),
+                F.lit(None).cast("int").alias("header"),
+                udf(F.struct(*[F.col(c) for c in columns])).alias("c"),
+            ).select("partition_id", "transaction_id", "header", "c.*")
+        )
+    if not frames:
+        return spark.createDataFrame([], CHANGES_SCHEMA)
+    result = frames[0]
+    for frame in frames[1:]:
+        result = result.unionByName(frame)
+    return result
+
+
+def snapshot_keys(spark: Any, location: str, manifest: SnapshotManifest) -> Any:
+    """The snapshot's idempotency key rows (``waltz_idempotency_keys`` columns)."""
+    return spark.read.parquet(spark_path(location, manifest.idempotency_keys.file))
+
+
+def snapshot_table(spark: Any, location: str, manifest: SnapshotManifest, table: Table) -> Any | None:
+    """A table of the snapshot as a DataFrame, or None when the snapshot lacks it."""
+    entry = manifest.table(table.name)
+    return None if entry is None else spark.read.parquet(spark_path(location, entry.file))
