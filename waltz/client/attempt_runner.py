@@ -36,7 +36,7 @@ from waltz.client.waiting import Watermark
 from waltz.errors import ClientClosedError, PartitionNotMountedError, WaltzClientError
 
 if TYPE_CHECKING:
-    from waltz.tracing._otel import ClientTracing
+    from waltz.tracing import ClientTracing
 
 __all__ = ["AttemptRunner"]
 

@@ -45,7 +45,7 @@ from waltz.protocol.records import ReqId
 from waltz.tracing import client_tracing
 
 if TYPE_CHECKING:
-    from waltz.tracing._otel import ClientTracing
+    from waltz.tracing import ClientTracing
 
 __all__ = ["ClientCore"]
 

@@ -21,7 +21,7 @@ from waltz.client.context import AppendPayload, TransactionBuilder, TransactionC
 from waltz.errors import MessageTooLargeError, TransactionExpiredError
 
 if TYPE_CHECKING:
-    from waltz.tracing._otel import TransactionTrace
+    from waltz.tracing import TransactionTrace
 
 __all__ = ["Submission", "Waiting"]
 

@@ -23,7 +23,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from waltz.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from waltz.tracing._otel import ClientTracing, ServerTracing
+    # The types callers annotate with, named here so that no module outside this package imports
+    # the private module that loads OpenTelemetry.
+    from waltz.tracing._otel import ClientTracing as ClientTracing
+    from waltz.tracing._otel import ServerTracing as ServerTracing
+    from waltz.tracing._otel import TransactionTrace as TransactionTrace
 
 __all__ = [
     "apply_taken",
