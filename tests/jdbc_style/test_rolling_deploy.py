@@ -126,7 +126,7 @@ class Instance:
     client: WaltzClient
     model: type[Any]
     committed: list[int] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
+    stops: dict[int, threading.Event] = field(default_factory=dict)
     threads: list[threading.Thread] = field(default_factory=list)
 
     def commit_in_background(self) -> None:
@@ -137,9 +137,9 @@ class Instance:
         for counter_id in range(COUNTERS):
             by_partition.setdefault(info.partition_of((counter_id,), partitions), []).append(counter_id)
 
-        def run(counters: list[int]) -> None:
+        def run(counters: list[int], stop: threading.Event) -> None:
             for n in range(2_000):  # bounded; stopped by the test long before
-                if self.stop.is_set():
+                if stop.is_set():
                     return
                 counter_id = counters[n % len(counters)]
                 context = Increment(self.callbacks, self.model, counter_id, label)
@@ -148,17 +148,22 @@ class Instance:
                 self.committed.append(counter_id)
 
         for pid, counters in sorted(by_partition.items()):
+            stop = self.stops[pid] = threading.Event()
             thread = threading.Thread(
-                target=run, args=(counters,), name=f"commits-{self.name}-{pid}", daemon=True
+                target=run, args=(counters, stop), name=f"commits-{self.name}-{pid}", daemon=True
             )
             self.threads.append(thread)
             thread.start()
 
-    def stop_committing(self) -> None:
-        self.stop.set()
+    def stop_committing(self, partition: int | None = None) -> None:
+        """Stop the committers (of one partition), waiting for their last submission's outcome."""
+        for pid, stop in self.stops.items():
+            if partition is None or pid == partition:
+                stop.set()
         for thread in self.threads:
-            thread.join(TIMEOUT)
-            assert not thread.is_alive(), f"{self.name} kept committing"
+            if partition is None or thread.name.endswith(f"-{partition}"):
+                thread.join(TIMEOUT)
+                assert not thread.is_alive(), f"{thread.name} kept committing"
 
     def close(self) -> None:
         self.callbacks.released.set()
@@ -212,11 +217,16 @@ def test_a_rolling_deploy_pauses_the_old_instance_and_applies_every_transaction_
             what="commits on the version 1 model",
         )
 
-        # The migration first (compatible with the old model), then the second instance upgraded;
-        # it is slow to apply partition 0, so that the first instance meets its new records there.
+        # The migration first (compatible with the old model), then the second instance upgraded.
+        # It is slow to apply partition 0, so that the first instance meets its new records there;
+        # on partition 0 only the upgraded instance commits from now on (its retries after a lock
+        # failure would wait for its own held applies), and it starts from an applied database.
         add_label_column(engine)
         second.close()
         instances.remove(second)
+        first.stop_committing(partition=0)
+        log_end = first.client.get_high_water_mark(0)
+        assert first.callbacks.wait_for(0, log_end, TIMEOUT), "partition 0 not applied before the upgrade"
         upgraded = start(rolling_cluster, postgres_url, "second-v2", CounterV2)
         upgraded.callbacks.hold = 0
         instances.append(upgraded)
