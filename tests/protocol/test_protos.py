@@ -46,6 +46,7 @@ def test_every_seed_storage_request_is_in_the_protocol() -> None:
         "record_header_list",
         "record_list",
         "open_session",  # ours: a store session takes the partition; reads never move a fence
+        "reset_start",  # ours: a replica restarts its log past an archived gap (docs/design/archive.md)
     }
     common = {f.name for f in storage_pb2.StorageRequest.DESCRIPTOR.fields}
     assert {"session_id", "seq_num", "partition_id"} <= common
