@@ -515,3 +515,23 @@ def test_old_records_upcast_alike_in_the_live_apply_the_entity_reads_and_the_reb
 def test_an_instance_on_the_old_models_waits_and_says_why(readings: Readings) -> None:
     assert "schema version 2, but this instance's model" in readings.paused
     assert "waits until this instance runs the newer model" in readings.paused
+
+
+def test_a_rebuild_into_a_database_not_migrated_is_refused_before_it_reads(
+    evolution_log: Log, spark: Any, tmp_path: Path
+) -> None:
+    from sqlalchemy import inspect as inspect_database
+
+    from waltz.spark.errors import RebuildError
+
+    url = prepared(f"sqlite:///{tmp_path / 'old.db'}", V1)
+    source = LogSource(
+        zookeeper=evolution_log.cluster.zookeeper_connect_string, cluster_root=evolution_log.cluster.root
+    )
+    with pytest.raises(RebuildError, match=r"table evo_add lacks the columns \['label'\].*migrate it first"):
+        rebuild(spark, VIEWS_V2, source, url)
+    engine = create_framework_engine(url)
+    try:
+        assert not [t for t in inspect_database(engine).get_table_names() if t.endswith("__rebuild")]
+    finally:
+        engine.dispose()

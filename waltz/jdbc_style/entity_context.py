@@ -231,8 +231,10 @@ class EntityTransaction:
             A transient instance with the row's values (not attached to any session).
 
         Raises:
-            ValueError: a key attribute is missing, an unknown attribute is given, or both an
-                instance and attribute values are given.
+            ValueError: a key attribute is missing, an unknown attribute is given, both an
+                instance and attribute values are given, or an attribute whose column has a
+                server or callable default is left out (the log must carry every value a rebuild
+                needs).
             CrossPartitionError: the entity belongs to another partition.
         """
         if not isinstance(model, type):  # an instance, the SQLAlchemy habit
@@ -252,6 +254,15 @@ class EntityTransaction:
         missing = [name for name in info.key if row.get(name) is None]
         if missing:
             raise ValueError(f"insert of {model.__name__} needs its key attributes {missing}")
+        unknowable = [name for name in info.defaulted if name not in row]
+        if unknowable:
+            # The database would fill them and the log would not say with what: a rebuild from the
+            # log could not give them the same value (docs/design/spark.md, "Computing views").
+            raise ValueError(
+                f"insert of {model.__name__} leaves out {unknowable}, whose columns have a default the "
+                "log cannot carry (a server default, or a callable): give them values, or declare a "
+                'scalar default= in the model beside the server default (docs/sql.md, "Changing a model")'
+            )
         key = tuple(row[name] for name in info.key)
         self.lock_write(model, key)
         self._changes.append(

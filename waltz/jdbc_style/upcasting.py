@@ -122,8 +122,10 @@ class AddAttribute:
     """A new attribute: inserts and updates of the older version get it with a constant value.
 
     An alembic migration that adds the column with a server default gives the rows already in the
-    database the same value (``op.add_column(..., server_default=...)``); give both the same one,
-    so that the live database and a rebuild agree.
+    database the same value (``op.add_column(..., server_default=...)``), and the model's scalar
+    ``default=`` gives it to new inserts (an entity insert refuses to leave out an attribute whose
+    column has only a server default): give all three the same value, so that the live database
+    and a rebuild agree.
 
     Args:
         from_version: the version without the attribute.

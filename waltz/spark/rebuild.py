@@ -22,7 +22,7 @@ from waltz.protocol.channels import TlsConfig
 from waltz.spark.committed import CommittedPartition, plan_live, plan_offline
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import CommittedReadError, RebuildError
-from waltz.spark.target import marks_text, write_views
+from waltz.spark.target import check_target, marks_text, write_views
 from waltz.spark.views import AppViews, change_problems, idempotency_key_rows
 
 __all__ = ["ComputedViews", "LogSource", "RebuildResult", "compute_views", "rebuild"]
@@ -338,6 +338,7 @@ def rebuild(
         sqlalchemy.exc.DBAPIError: the database refused (the old tables stay as they were).
     """
     started = time.monotonic()
+    check_target(app, db_url)
     computed = compute_views(
         spark, app, source, up_to=up_to, cluster_name=cluster_name, snapshot=snapshot, progress=progress
     )

@@ -14,11 +14,12 @@ before the swap leaves the old tables; a rerun gives the same tables.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, Table, column, delete, insert, select, text
+from sqlalchemy import Engine, Table, column, delete, insert, inspect, select, text
 from sqlalchemy import table as table_clause
 from sqlalchemy.engine import Connection, make_url
 
@@ -28,7 +29,17 @@ from waltz.jdbc_style.schema import high_water_marks, idempotency_keys
 from waltz.spark.errors import RebuildError
 from waltz.spark.views import AppViews
 
-__all__ = ["STAGING_SUFFIX", "WRITE_BATCH", "backend_of", "jdbc_target", "marks_text", "write_views"]
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "STAGING_SUFFIX",
+    "WRITE_BATCH",
+    "backend_of",
+    "check_target",
+    "jdbc_target",
+    "marks_text",
+    "write_views",
+]
 
 Progress = Callable[[str], None]
 
@@ -177,6 +188,35 @@ def _write_rows(spark_df: Any, engine: Engine, backend: str, db_url: str, table:
     return count
 
 
+def check_target(app: AppViews, db_url: str) -> None:
+    """Make the application's tables where they are missing (its ``prepare``) and check that
+    every one of them has the columns of the application's model, before a rebuild reads the log.
+
+    Raises:
+        RebuildError: a table lacks columns of the model (a database not migrated to the model
+            the rebuild runs): nothing is read or written.
+        sqlalchemy.exc.DBAPIError: the database refused.
+    """
+    engine = create_framework_engine(db_url)
+    try:
+        app.prepare(engine)
+        inspector = inspect(engine)
+        problems = []
+        for table in app.tables:
+            present = {column["name"] for column in inspector.get_columns(table.name)}
+            missing = [c.name for c in table.columns if c.name not in present]
+            if missing:
+                problems.append(f"table {table.name} lacks the columns {missing}")
+        if problems:
+            raise RebuildError(
+                f"the target database is not at the application's model: {'; '.join(problems)}; migrate "
+                "it first (alembic upgrade, as the application's instances do) or rebuild into an empty "
+                "database; nothing was read or written"
+            )
+    finally:
+        engine.dispose()
+
+
 def write_views(
     views: Mapping[str, Any],
     app: AppViews,
@@ -219,17 +259,23 @@ def write_views(
         after_swap: list[str] = []
         pg_names: dict[str, dict[str, str]] = {}
         rows: dict[str, int] = {}
-        for table, frame in staged:
-            staging = table.name + STAGING_SUFFIX
-            with engine.begin() as conn:
-                index_statements = _create_staging(conn, backend, table, staging)
-                if table is not idempotency_keys:  # its rows are copied over, the table stays
-                    after_swap += index_statements
-                    if backend == "postgresql":
-                        pg_names[table.name] = _pg_index_names(conn, table.name)
-            progress(f"writing {table.name} into {staging}")
-            rows[table.name] = _write_rows(frame, engine, backend, db_url, table, staging)
-            progress(f"  {table.name}: {rows[table.name]} rows")
+        created: list[str] = []
+        try:
+            for table, frame in staged:
+                staging = table.name + STAGING_SUFFIX
+                with engine.begin() as conn:
+                    created.append(staging)
+                    index_statements = _create_staging(conn, backend, table, staging)
+                    if table is not idempotency_keys:  # its rows are copied over, the table stays
+                        after_swap += index_statements
+                        if backend == "postgresql":
+                            pg_names[table.name] = _pg_index_names(conn, table.name)
+                progress(f"writing {table.name} into {staging}")
+                rows[table.name] = _write_rows(frame, engine, backend, db_url, table, staging)
+                progress(f"  {table.name}: {rows[table.name]} rows")
+        except BaseException:
+            _drop_staging(engine, created)  # a failed rebuild leaves the database as it was
+            raise
         swap = _Swap(engine, backend, name, marks, with_keys=idempotency_keys_df is not None)
         if backend == "mariadb":
             swap.mariadb(app.tables)
@@ -239,6 +285,16 @@ def write_views(
         return rows
     finally:
         engine.dispose()
+
+
+def _drop_staging(engine: Engine, names: Sequence[str]) -> None:
+    """Drop the staging tables of a rebuild that failed; a failure to drop is logged, not raised."""
+    try:
+        with engine.begin() as conn:
+            for name in names:
+                conn.execute(text(f"DROP TABLE IF EXISTS {conn.dialect.identifier_preparer.quote(name)}"))
+    except Exception:
+        log.exception("could not drop the staging tables %s of a failed rebuild", ", ".join(names))
 
 
 class _Swap:
