@@ -24,6 +24,7 @@ __all__ = [
     "PartitionNotMountedError",
     "PartitionUnavailableError",
     "ProtocolError",
+    "RecordsArchivedError",
     "SessionFencedError",
     "SessionJumpTooLargeError",
     "SessionNotOpenError",
@@ -249,6 +250,37 @@ class StorageRpcError(StorageError):
         super().__init__(f"storage node failed the request: {code}: {remote_message}")
         self.code = code
         self.remote_message = remote_message
+
+
+class RecordsArchivedError(StorageRpcError):
+    """A read asked a replica for a transaction below its local start: the archive holds it.
+
+    A storage node keeps no record below its local start (the first transaction on its disk:
+    docs/design/archive.md, "Terms"); every transaction below it is committed and archived, so the
+    reader reads it from the archive (docs/design/archive.md, "Reads below the local start"). The
+    storage node raises it for the read, answers ``RECORDS_ARCHIVED`` with this message, and the
+    Python clients raise it again from the answer.
+
+    Attributes:
+        partition_id: the partition.
+        transaction_id: the transaction asked for (-1 when the answer did not name it).
+        local_start: the replica's local start: the first transaction it holds.
+    """
+
+    def __init__(self, partition_id: int, transaction_id: int, local_start: int) -> None:
+        message = (
+            f"partition {partition_id}: transaction {transaction_id} is below the local start "
+            f"{local_start} of this replica (the transactions before it are archived and no longer "
+            "on its disk); read them from the archive"
+        )
+        # The message alone, not StorageRpcError's "storage node failed the request: ...": the
+        # storage node raises it too, and sends its text as the failure's message.
+        StorageError.__init__(self, message)
+        self.code = "RECORDS_ARCHIVED"
+        self.remote_message = message
+        self.partition_id = partition_id
+        self.transaction_id = transaction_id
+        self.local_start = local_start
 
 
 class WaltzClientError(WaltzError):

@@ -108,6 +108,10 @@ def test_storage_list_and_sync_partitions(healthy: LocalCluster) -> None:
     for node in nodes.values():
         assert [p["partition_id"] for p in node["partitions"]] == node["assigned"]
         assert node["missing"] == []
+        for p in node["partitions"]:  # nothing archived, nothing deleted
+            assert (p["local_start"], p["archived_through"], p["retention_policy"]) == (0, -1, "never")
+    text = waltz(healthy, "storage", "list").stdout
+    assert ", local start 0, archived through -1" in text, text
     # A node holding a partition ZooKeeper does not assign it: sync-partitions removes it.
     storage, node = next((s, n) for s, n in nodes.items() if len(n["assigned"]) < 2)
     extra = next(p for p in (0, 1) if p not in node["assigned"])

@@ -2,7 +2,8 @@
 
 Design: docs/design/storage.md "Admin port"; docs/design/zookeeper.md "Replica assignments and
 groups". ``waltz storage list`` shows what the node holds (its partition status over the admin
-port) next to what ``store/assignment`` assigns it; ``waltz storage sync-partitions`` creates on
+port: its local start and archived-through among them, docs/design/archive.md, "Retention on the
+storage nodes") next to what ``store/assignment`` assigns it; ``waltz storage sync-partitions`` creates on
 the node the partitions ZooKeeper assigns it but it lacks, and removes from it the partitions it
 holds but ZooKeeper does not assign it (their files stay unless asked). ZooKeeper is never
 changed here: it is the reference.
@@ -56,6 +57,9 @@ class NodePartitions:
                     "local_low_water_mark": s.local_low_water_mark,
                     "max_transaction_id": s.max_transaction_id,
                     "corrupt_transaction_id": s.corrupt_transaction_id,
+                    "local_start": s.local_start,
+                    "archived_through": s.archived_through,
+                    "retention_policy": s.retention_policy,
                 }
                 for pid, s in sorted(self.held.items())
             ],

@@ -31,6 +31,7 @@ from waltz.cli.options import (
 from waltz.errors import WaltzError
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
+from waltz.services.storage.retention_file import RETENTION_FILE, RetentionRecord
 from waltz.services.storage.storage_partition import DEFAULT_CHECKPOINT_INTERVAL
 
 app = typer.Typer(
@@ -279,12 +280,16 @@ def verify(
     key, file name), every record's record CRC and data CRC, transaction IDs consecutive from the
     segment's first ID, every index entry against its record's offset, the index entry count
     against the record count, that segments chain (a segment starts at the previous one's max
-    transaction ID + 1) and that nothing follows the last valid record.
+    transaction ID + 1; the first one at the partition's local start, 0 unless retention deleted
+    older segments or the log was started later) and that nothing follows the last valid record.
+    Reads each partition's retention file (retention.json: the archived-through the archiver last
+    gave the node); a damaged one is a WARNING, since the node takes it as -1.
 
     Each problem is printed with partition, file, byte offset and transaction ID. What a storage
     node repairs by itself at start-up (a torn tail of the last segment, its index after the last
     checkpoint, a missing index) is a WARNING; everything else is an ERROR. Prints PASSED or FAILED
-    per partition; exits with 1 when an ERROR was found, 0 otherwise.
+    per partition, with its segments, records, local start and archived-through; exits with 1 when
+    an ERROR was found, 0 otherwise.
     """
     with _usage_errors():
         report = inspect.verify_storage(storage_dir, partition, checkpoint_interval=checkpoint_interval)
@@ -300,13 +305,27 @@ def verify(
             records = sum(s.records for s in result.segments)
             typer.echo(
                 f"partition {result.partition_id}: {_summary(result.errors, result.warnings)}: "
-                f"{segments} segments, {records} records"
+                f"{segments} segments, {records} records, local start {result.local_start}, "
+                f"archived through {result.archived_through}{_retention_note(result.retention)}"
             )
         if not report.partitions and partition is None:
             typer.echo(f"no partition directories in {storage_dir}")
         typer.echo(f"storage {storage_dir}: {_summary(report.errors, report.warnings)}")
     if not report.passed:
         raise typer.Exit(1)
+
+
+def _retention_note(record: RetentionRecord | None) -> str:
+    """Where the archived-through came from: `` (retention.json: archive ..., set by ... at ...)``."""
+    if record is None:
+        return ""
+    facts = [
+        f"archive {record.archive}" if record.archive else "",
+        f"set by {record.operator}" if record.operator else "",
+    ]
+    facts.append(f"at {record.updated_at}" if record.updated_at else "")
+    said = ", ".join(fact for fact in facts if fact)
+    return f" ({RETENTION_FILE}{': ' + said if said else ''})"
 
 
 def _segment_context(path: Path) -> tuple[int | None, uuid.UUID | None, bool]:
@@ -375,9 +394,10 @@ def stats(
     """Print statistics per partition of a storage directory.
 
     Per partition: segments, valid records, record bytes (records on disk, with their 40-byte
-    framing), data bytes (transaction data only), first and max transaction ID, and the session
-    ID, low-water mark and local low-water mark of the current partition-info struct and the fence
-    from the control file. Every record is read and its CRCs checked, so the numbers are exact;
+    framing), data bytes (transaction data only), the local start (the first transaction on disk)
+    and the max transaction ID, the archived-through of its retention file (-1: none), and the
+    session ID, low-water mark and local low-water mark of the current partition-info struct and
+    the fence from the control file. Every record is read and its CRCs checked, so the numbers are exact;
     the last column counts the problems found (details: waltz disk verify).
     """
     with _usage_errors():
@@ -393,7 +413,9 @@ def stats(
             control_values = (info.session_id, info.low_water_mark, info.local_low_water_mark)
         problems = "none" if not (s.errors or s.warnings) else f"{s.errors} errors, {s.warnings} warnings"
         values = (s.partition_id, s.segments, s.records, s.record_bytes, s.data_bytes, s.first_transaction_id)
-        typer.echo(_row((*values, s.max_transaction_id, *control_values, s.fence, problems)))
+        typer.echo(
+            _row((*values, s.max_transaction_id, s.archived_through, *control_values, s.fence, problems))
+        )
 
 
 _STATS_COLUMNS = (
@@ -402,15 +424,16 @@ _STATS_COLUMNS = (
     "records",
     "record bytes",
     "data bytes",
-    "first txn",
+    "local start",
     "max txn",
+    "archived",
     "session",
     "lwm",
     "local lwm",
     "fence",
     "problems",
 )
-_STATS_WIDTHS = (9, 8, 10, 14, 14, 10, 10, 8, 10, 10, 8, 0)
+_STATS_WIDTHS = (9, 8, 10, 14, 14, 11, 10, 10, 8, 10, 10, 8, 0)
 
 
 def _row(values: tuple[object, ...]) -> str:

@@ -109,8 +109,10 @@ def list_partitions(
     """List a storage node's partitions and their state, as the node reports them on its admin port.
 
     For each partition the node holds: readable/writable (R/W), its store session ID, its max
-    transaction ID and low-water mark, and whether ZooKeeper assigns it to the node; then the
-    partitions ZooKeeper assigns but the node lacks (`waltz storage sync-partitions` creates them).
+    transaction ID and low-water mark, its local start (the first transaction on the node's disk)
+    and archived-through (what the archiver last told it is archived, -1: nothing), and whether
+    ZooKeeper assigns it to the node; then the partitions ZooKeeper assigns but the node lacks
+    (`waltz storage sync-partitions` creates them).
     """
     from waltz.admin.description import describe_cluster
     from waltz.admin.storage_nodes import StorageUnreachableError, describe_failure
@@ -148,7 +150,8 @@ def list_partitions(
                 note = "" if p["assigned_in_zookeeper"] else "  NOT assigned in ZooKeeper"
                 typer.echo(
                     f"  partition {p['partition_id']}: {flags} session {p['session_id']}, "
-                    f"max transaction {p['max_transaction_id']}, low-water mark {p['low_water_mark']}{note}"
+                    f"max transaction {p['max_transaction_id']}, low-water mark {p['low_water_mark']}, "
+                    f"local start {p['local_start']}, archived through {p['archived_through']}{note}"
                 )
             if not item["partitions"]:
                 typer.echo("  no partitions")

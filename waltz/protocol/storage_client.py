@@ -14,12 +14,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import re
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 
-from waltz.errors import ProtocolError, StorageRpcError
+from waltz.errors import ProtocolError, RecordsArchivedError, StorageRpcError
 from waltz.protocol import storage_pb2
 from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES, TlsConfig, open_channel
 from waltz.protocol.records import Record, RecordHeader, ReqId
@@ -221,6 +222,7 @@ _ANSWERS = {
     "truncate": "success",
     "set_low_water_mark": "success",
     "append": "success",
+    "reset_start": "success",
     "record_header": "record_header",
     "record": "record",
     "record_header_list": "record_header_list",
@@ -278,15 +280,43 @@ def _failure_code_name(code: int) -> str:
         return f"UNKNOWN_FAILURE_CODE_{code}"
 
 
+#: How a ``RECORDS_ARCHIVED`` failure's message names the replica's local start, and the
+#: transaction asked for (docs/design/storage.md "Storage requests").
+_LOCAL_START = re.compile(r"\blocal start (\d+)\b")
+_TRANSACTION_BELOW = re.compile(r"\btransaction (\d+) is below\b")
+
+
+def _records_archived(response: Any, message: str, peer: str) -> RecordsArchivedError:
+    """The error of a ``RECORDS_ARCHIVED`` failure, with the local start its message names.
+
+    Raises:
+        ProtocolError: the message names no local start.
+    """
+    start = _LOCAL_START.search(message)
+    if start is None:
+        raise ProtocolError(
+            f"storage node {peer} answered RECORDS_ARCHIVED without naming its local start: {message!r}"
+        )
+    transaction = _TRANSACTION_BELOW.search(message)
+    return RecordsArchivedError(
+        response.partition_id, -1 if transaction is None else int(transaction[1]), int(start[1])
+    )
+
+
 def check_response(response: Any, peer: str, request_kind: str | None = None) -> Any:
     """Return a storage or admin response, or raise what is wrong with it.
 
     Raises:
-        StorageRpcError: the response is a failure (its code named even when unknown here).
-        ProtocolError: its body does not answer ``request_kind`` (a storage request kind).
+        RecordsArchivedError: a read below the replica's local start (``RECORDS_ARCHIVED``),
+            carrying the local start (docs/design/archive.md, "Reads below the local start").
+        StorageRpcError: the response is another failure (its code named even when unknown here).
+        ProtocolError: its body does not answer ``request_kind`` (a storage request kind), or a
+            ``RECORDS_ARCHIVED`` failure names no local start.
     """
     if response.HasField("failure"):
         exception = response.failure.exception
+        if exception.code == storage_pb2.FailureCode.RECORDS_ARCHIVED:
+            raise _records_archived(response, exception.message, peer)
         raise StorageRpcError(_failure_code_name(exception.code), exception.message)
     if request_kind is not None:
         expected = _ANSWERS.get(request_kind)
@@ -307,7 +337,9 @@ class StorageSessionClient:
     Use as ``async with StorageSessionClient(address, cluster_key, num_partitions) as client``;
     :meth:`open` sends the open request. Every request method raises
     :class:`~waltz.errors.StorageRpcError` (with ``code``, e.g. ``"SESSION_FENCED"``) when the
-    storage node answers with a failure, and ``ConnectionError`` when the stream breaks.
+    storage node answers with a failure (a read below the partition's local start:
+    :class:`~waltz.errors.RecordsArchivedError`, which is one), and ``ConnectionError`` when the
+    stream breaks.
 
     Args:
         address: ``host:port`` of the storage port.
@@ -434,6 +466,27 @@ class StorageSessionClient:
         await self._call(
             self._request(
                 partition_id, session_id, truncate=storage_pb2.TruncateRequest(transaction_id=transaction_id)
+            )
+        )
+
+    async def reset_start(
+        self, partition_id: int, first_transaction_id: int, *, session_id: int | None = None
+    ) -> None:
+        """Discard every record of the partition and start its log at ``first_transaction_id``.
+
+        A replica that cannot copy a gap (the replica it copies from holds nothing below its local
+        start) starts after it; it takes the partition like a truncation (docs/design/archive.md,
+        "Reads below the local start"). Durable when it returns.
+
+        Raises:
+            StorageRpcError: ``INVALID_REQUEST`` when ``first_transaction_id`` is not above the
+                partition's max transaction ID + 1, and as any write.
+        """
+        await self._call(
+            self._request(
+                partition_id,
+                session_id,
+                reset_start=storage_pb2.ResetStartRequest(first_transaction_id=first_transaction_id),
             )
         )
 
@@ -569,13 +622,29 @@ class StorageAdminClient:
         return response
 
     async def assign_partition(
-        self, partition_id: int, assigned: bool, *, delete_storage_files: bool = False
+        self,
+        partition_id: int,
+        assigned: bool,
+        *,
+        delete_storage_files: bool = False,
+        first_transaction_id: int = 0,
     ) -> None:
-        """Create (assigned) or remove the partition on the node."""
+        """Create (assigned) or remove the partition on the node.
+
+        Args:
+            partition_id: the partition.
+            assigned: create it (True) or remove it.
+            delete_storage_files: on removal, delete its files too.
+            first_transaction_id: on creation, start its log at this transaction (a cluster
+                restored from its archive: docs/design/archive.md, "Restoring a cluster from the
+                archive"); refused with ``INVALID_REQUEST`` for a partition that exists.
+        """
         await self._call(
             partition_id,
             partition_assignment=storage_pb2.PartitionAssignmentRequest(
-                toggled=assigned, delete_storage_files=delete_storage_files
+                toggled=assigned,
+                delete_storage_files=delete_storage_files,
+                first_transaction_id=first_transaction_id,
             ),
         )
 
@@ -644,6 +713,31 @@ class StorageAdminClient:
             ),
         )
         return response.set_fence
+
+    async def set_archived_through(
+        self, partition_id: int, transaction_id: int, *, archive: str = "", operator: str = ""
+    ) -> None:
+        """Tell the node what the archive holds of a partition, lower or higher than before.
+
+        The node keeps it in the partition's retention file; its retention policy may then delete
+        segments at or below it (docs/design/archive.md, "Retention on the storage nodes"). It logs
+        an audit line; with mutual TLS it needs the ``admin`` role.
+
+        Args:
+            partition_id: the partition.
+            transaction_id: every transaction up to it is archived and verified (-1: none).
+            archive: the archive's location (for the node's log and status).
+            operator: who asks (logged as stated).
+
+        Raises:
+            StorageRpcError: ``INVALID_REQUEST`` for a value below -1, ``PARTITION_NOT_ASSIGNED``, ...
+        """
+        await self._call(
+            partition_id,
+            set_archived_through=storage_pb2.SetArchivedThroughRequest(
+                transaction_id=transaction_id, archive=archive, operator=operator
+            ),
+        )
 
     async def partition_status(self, partition_id: int = -1) -> storage_pb2.PartitionStatusResponse:
         """Return the state of one partition, or of every assigned partition (-1)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,10 +46,14 @@ def make_store_cluster(
     zk_root: str,
     storages: int = 3,
     partitions: int = 2,
+    storage_env: Mapping[str, str] | None = None,
 ) -> Iterator[StoreCluster]:
     nodes = [
         LocalStorageNode(
-            tmp_path / f"storage-{i}", name=f"storage-{i}", log_path=tmp_path / f"storage-{i}.log"
+            tmp_path / f"storage-{i}",
+            name=f"storage-{i}",
+            log_path=tmp_path / f"storage-{i}.log",
+            env=storage_env,
         )
         for i in range(storages)
     ]

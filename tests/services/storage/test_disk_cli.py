@@ -23,6 +23,7 @@ from waltz.protocol.records import Record, ReqId
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
 from waltz.services.storage.control_file import ControlFile
+from waltz.services.storage.retention import RetentionPolicy, RetentionSettings
 from waltz.services.storage.storage_partition import StoragePartition
 
 CLUSTER_KEY = uuid.UUID("01234567-89ab-cdef-0123-456789abcdef")
@@ -457,7 +458,7 @@ def test_stats_numbers(storage: Path) -> None:
     assert set(by_partition) == {0, 2}
     p0 = by_partition[0]
     assert (p0["segments"], p0["records"]) == (4, 25)
-    assert (p0["first_transaction_id"], p0["max_transaction_id"]) == (0, 24)
+    assert (p0["first_transaction_id"], p0["max_transaction_id"], p0["archived_through"]) == (0, 24, -1)
     assert (p0["data_bytes"], p0["record_bytes"]) == (RECORDS * DATA_SIZE, RECORDS * RECORD_SIZE)
     assert p0["info"] == {"session_id": 3, "low_water_mark": 20, "local_low_water_mark": 20}
     p2 = by_partition[2]
@@ -467,7 +468,56 @@ def test_stats_numbers(storage: Path) -> None:
     text = waltz("stats", storage)
     assert text.exit_code == 0, text.output
     row = next(line.split() for line in text.output.splitlines() if line.split()[:1] == ["0"])
-    assert row == ["0", "4", "25", "3500", "2500", "0", "24", "3", "20", "20", "3", "none"]
+    assert row == ["0", "4", "25", "3500", "2500", "0", "24", "-1", "3", "20", "20", "3", "none"]
+
+
+# ---- local start and retention file ----
+
+
+def archive_and_delete(storage: Path, archived_through: int) -> None:
+    """What a node with the policy ``archived`` does: keep archived-through, delete what it may."""
+    with ControlFile.open(storage) as control:
+        partition = StoragePartition.create(storage / "0", 0, control, segment_size_threshold=THRESHOLD)
+        try:
+            partition.set_archived_through(archived_through, archive="file:///archive", operator="ops")
+            partition.apply_retention(RetentionSettings(RetentionPolicy.ARCHIVED, keep_seconds=0), 1e12)
+        finally:
+            partition.close()
+
+
+def test_verify_and_stats_show_the_local_start_and_the_retention_file(storage: Path) -> None:
+    archive_and_delete(storage, 15)  # segments 0-6 and 7-13 go; 14-20 holds 16..20, unarchived
+
+    result = waltz("verify", storage)
+
+    assert result.exit_code == 0, result.output
+    assert not problem_lines(result, "WARNING"), result.output  # a chain may start above 0
+    line = next(line for line in result.output.splitlines() if line.startswith("partition 0:"))
+    assert (
+        "PASSED (0 errors, 0 warnings): 2 segments, 11 records, local start 14, archived through 15" in line
+    )
+    assert "(retention.json: archive file:///archive, set by ops, at 20" in line
+    assert "local start 0, archived through -1" in result.output  # partition 2: no retention file
+    document = json.loads(waltz("verify", storage, "--json").output)
+    (p0,) = [p for p in document["partitions"] if p["partition_id"] == 0]
+    assert p0["retention"]["archived_through"] == 15 and p0["retention"]["archive"] == "file:///archive"
+    rows = json.loads(waltz("stats", storage, "--json").output)
+    assert [(r["partition_id"], r["first_transaction_id"], r["archived_through"]) for r in rows] == [
+        (0, 14, 15),
+        (2, 0, -1),
+    ]
+
+
+def test_a_damaged_retention_file_is_a_warning(storage: Path) -> None:
+    archive_and_delete(storage, 15)
+    (storage / "0" / "retention.json").write_text('{"form": 1, "kind": "waltz-storage-retention"')
+
+    result = waltz("verify", storage)
+
+    assert result.exit_code == 0, result.output
+    (warning,) = problem_lines(result, "WARNING")
+    assert "retention.json" in warning and "damaged" in warning and "takes archived-through as -1" in warning
+    assert "local start 14, archived through -1" in result.output
 
 
 # ---- segment dump ----

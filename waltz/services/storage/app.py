@@ -15,10 +15,12 @@ from waltz.protocol import storage_pb2_grpc
 from waltz.protocol.channels import bind_port, server_credentials, server_options
 from waltz.services.http import HealthHttpServer, server_ssl_context
 from waltz.services.runtime import run_until_signalled
+from waltz.services.storage.admin_service import StorageAdminServicer
 from waltz.services.storage.config import StorageConfig
 from waltz.services.storage.metrics import StorageMetrics
 from waltz.services.storage.node import StorageNode
-from waltz.services.storage.service import StorageAdminServicer, StorageServicer
+from waltz.services.storage.retention_check import RetentionChecker
+from waltz.services.storage.service import StorageServicer
 
 __all__ = ["StorageApp", "run_storage"]
 
@@ -38,7 +40,9 @@ class StorageApp:
             inline_appends=config.inline_appends,
             inline_append_streams=config.inline_append_streams,
             max_fence_jump=config.fence_max_jump,
+            retention=config.retention(),
         )
+        self.retention = RetentionChecker(self.node, self.metrics)
         self._servers: list[grpc.aio.Server] = []
         self._http: HealthHttpServer | None = None
         self.port = config.port
@@ -87,6 +91,7 @@ class StorageApp:
                 config.host, config.metrics_port, self.metrics.registry, self._health, tls
             )
             self._http.start()
+        self.retention.start()
         log.info(
             "storage node ready: directory %s, storage port %d, admin port %d%s%s",
             self.config.directory,
@@ -107,6 +112,7 @@ class StorageApp:
         """Stop serving (in-flight requests get ``grace`` seconds) and close the node."""
         await asyncio.gather(*(server.stop(grace) for server in self._servers))
         self._servers.clear()
+        await self.retention.close()
         if self._http is not None:
             self._http.close()
             self._http = None

@@ -11,6 +11,12 @@ from pydantic_settings import SettingsConfigDict
 from waltz.config import WaltzSettings
 from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES
 from waltz.services.storage.node import DEFAULT_INLINE_APPEND_STREAMS
+from waltz.services.storage.retention import (
+    DEFAULT_CHECK_INTERVAL,
+    DEFAULT_KEEP_SECONDS,
+    RetentionPolicy,
+    RetentionSettings,
+)
 from waltz.services.storage.storage_partition import DEFAULT_MAX_FENCE_JUMP
 
 __all__ = ["StorageConfig"]
@@ -34,6 +40,11 @@ class StorageConfig(WaltzSettings):
         "storage.inlineAppends": "inline_appends",
         "storage.inlineAppendStreams": "inline_append_streams",
         "storage.fence.maxJump": "fence_max_jump",
+        "storage.retention.policy": "retention_policy",
+        "storage.retention.keepSeconds": "retention_keep_seconds",
+        "storage.retention.keepSegments": "retention_keep_segments",
+        "storage.retention.keepBytes": "retention_keep_bytes",
+        "storage.retention.checkInterval": "retention_check_interval",
         "storage.ssl.certFile": "tls_cert_file",
         "storage.ssl.keyFile": "tls_key_file",
         "storage.ssl.caFile": "tls_ca_file",
@@ -79,11 +90,40 @@ class StorageConfig(WaltzSettings):
         "seen) that one request may make; a request further above is refused and the fence stays. "
         "Store session IDs grow by one per session, so only a forged or corrupt ID jumps that far.",
     )
+    retention_policy: RetentionPolicy = Field(
+        RetentionPolicy.NEVER,
+        description="What the node deletes: never (nothing), or archived (sealed segments whose every "
+        "transaction the archiver says is archived, past the keep settings).",
+    )
+    retention_keep_seconds: float = Field(
+        DEFAULT_KEEP_SECONDS,
+        ge=0,
+        description="Seconds since a segment was sealed before retention may delete it.",
+    )
+    retention_keep_segments: int = Field(
+        0, ge=0, description="Newer segments that must remain after a segment retention deletes."
+    )
+    retention_keep_bytes: int = Field(
+        0, ge=0, description="Bytes of newer segments that must remain after a segment retention deletes."
+    )
+    retention_check_interval: float = Field(
+        DEFAULT_CHECK_INTERVAL, gt=0, description="Seconds between two retention checks of every partition."
+    )
     tls_cert_file: Path | None = Field(None, description="PEM certificate chain; TLS on both ports when set.")
     tls_key_file: Path | None = Field(None, description="PEM private key of the certificate.")
     tls_ca_file: Path | None = Field(
         None, description="PEM CA bundle; when set, clients must present a certificate."
     )
+
+    def retention(self) -> RetentionSettings:
+        """The retention settings (docs/design/archive.md, "Retention on the storage nodes")."""
+        return RetentionSettings(
+            self.retention_policy,
+            self.retention_keep_seconds,
+            self.retention_keep_segments,
+            self.retention_keep_bytes,
+            self.retention_check_interval,
+        )
 
     @model_validator(mode="after")
     def _check(self) -> StorageConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
@@ -66,6 +67,31 @@ class StorageMetrics:
             ["partition"],
             registry=self.registry,
         )
+        # Retention (docs/design/archive.md, "Retention on the storage nodes").
+        self.retention_deleted_segments = Counter(
+            "waltz_storage_retention_deleted_segments",
+            "Segments retention deleted (archived, past the keep settings), by partition.",
+            ["partition"],
+            registry=self.registry,
+        )
+        self.retention_deleted_bytes = Counter(
+            "waltz_storage_retention_deleted_bytes",
+            "Bytes of segment data files retention deleted, by partition.",
+            ["partition"],
+            registry=self.registry,
+        )
+        self.local_start = Gauge(
+            "waltz_storage_local_start",
+            "The first transaction ID held on this node's disk, by partition.",
+            ["partition"],
+            registry=self.registry,
+        )
+        self.archived_through = Gauge(
+            "waltz_storage_archived_through",
+            "What the archiver last said is archived (-1: nothing), by partition.",
+            ["partition"],
+            registry=self.registry,
+        )
         self._partition_appends: dict[int, PartitionAppendMetrics] = {}
         self.appends_ok = self.requests.labels("append", "ok")  # once per append batch
 
@@ -81,6 +107,19 @@ class StorageMetrics:
                 self.max_transaction_id.labels(label),
             )
         return found
+
+    def set_retention_state(self, partition_id: int, local_start: int, archived_through: int) -> None:
+        """Set a partition's local start and archived-through gauges."""
+        label = str(partition_id)
+        self.local_start.labels(label).set(local_start)
+        self.archived_through.labels(label).set(archived_through)
+
+    def forget_partition(self, partition_id: int) -> None:
+        """Drop a partition's local start and archived-through gauges (it left the node)."""
+        label = str(partition_id)
+        for gauge in (self.local_start, self.archived_through):
+            with contextlib.suppress(KeyError):  # never set
+                gauge.remove(label)
 
     def snapshot(self) -> dict[str, float]:
         """Return every sample as ``name{label="value",...}`` -> value (for the admin port)."""

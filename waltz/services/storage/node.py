@@ -21,10 +21,13 @@ from waltz.errors import (
     ClusterKeyMismatchError,
     CorruptDataError,
     PartitionNotAssignedError,
+    ProtocolError,
     StorageNotInitializedError,
 )
 from waltz.protocol.records import MAX_PARTITIONS
+from waltz.services.storage import format as fmt
 from waltz.services.storage.control_file import ControlFile
+from waltz.services.storage.retention import RetentionSettings
 from waltz.services.storage.storage_partition import (
     DEFAULT_CHECKPOINT_INTERVAL,
     DEFAULT_MAX_FENCE_JUMP,
@@ -75,6 +78,8 @@ class StorageNode:
         max_fence_jump: the largest raise of a partition's fence one request may make
             (``storage.fence.maxJump``, at least 1; docs/design/storage.md "Fencing by store
             session ID").
+        retention: what the partitions may delete once archived (``storage.retention.*``;
+            docs/design/archive.md, "Retention on the storage nodes"); by default nothing.
 
     Raises:
         ValueError: ``inline_append_streams`` or ``max_fence_jump`` is below 1.
@@ -89,12 +94,15 @@ class StorageNode:
         inline_appends: bool = False,
         inline_append_streams: int = DEFAULT_INLINE_APPEND_STREAMS,
         max_fence_jump: int = DEFAULT_MAX_FENCE_JUMP,
+        retention: RetentionSettings | None = None,
     ) -> None:
         if inline_append_streams < 1:
             raise ValueError(f"inline_append_streams must be at least 1, not {inline_append_streams}")
         if max_fence_jump < 1:
             raise ValueError(f"max_fence_jump must be at least 1, not {max_fence_jump}")
         self.max_fence_jump = max_fence_jump
+        self.retention = retention or RetentionSettings()
+        """What the partitions may delete once archived (see :meth:`StoragePartition.apply_retention`)."""
         self.directory = directory
         self.inline_appends = inline_appends
         self.inline_append_streams = inline_append_streams
@@ -137,7 +145,7 @@ class StorageNode:
         else:
             log.info("storage node %s: not initialised yet (waiting for an admin open)", self.directory)
 
-    def _open_partition(self, partition_id: int) -> None:
+    def _open_partition(self, partition_id: int, first_transaction_id: int = 0) -> None:
         control = self._require_control()
         if partition_id >= control.num_partitions:
             log.warning(
@@ -154,6 +162,7 @@ class StorageNode:
                 segment_size_threshold=self._segment_size_threshold,
                 checkpoint_interval=self._checkpoint_interval,
                 max_fence_jump=self.max_fence_jump,
+                first_transaction_id=first_transaction_id,
             )
             self._broken.pop(partition_id, None)
         except CorruptDataError as exc:
@@ -296,15 +305,33 @@ class StorageNode:
         """The IDs of the partitions assigned to this node (open or broken), sorted."""
         return sorted(set(self._partitions) | set(self._broken))
 
-    def set_assignment(self, partition_id: int, assigned: bool, *, delete_files: bool = False) -> None:
+    def set_assignment(
+        self,
+        partition_id: int,
+        assigned: bool,
+        *,
+        delete_files: bool = False,
+        first_transaction_id: int = 0,
+    ) -> None:
         """Create (assign) or remove (unassign) a partition on this node.
 
         Unassigning keeps the files unless ``delete_files`` is set (docs/design/storage.md "Admin
-        port").
+        port"). Assigning an assigned partition changes nothing.
+
+        Args:
+            partition_id: the partition.
+            assigned: create it (True) or remove it.
+            delete_files: on removal, delete its directory too.
+            first_transaction_id: on creation, start its log at this transaction (a cluster
+                restored from its archive: docs/design/archive.md, "Restoring a cluster from the
+                archive"); 0 by default. Above 0, a partition that exists already (assigned, or
+                its segment files kept) is refused, unless it is empty and starts there already.
 
         Raises:
             StorageNotInitializedError: the node has no control file yet.
             PartitionNotAssignedError: the partition ID is outside the cluster's range.
+            ProtocolError: ``first_transaction_id`` is negative, or above 0 for a partition that
+                exists.
         """
         with self._lock:
             control = self._require_control()
@@ -313,11 +340,19 @@ class StorageNode:
                     f"partition {partition_id} is out of range: the cluster has {control.num_partitions}"
                 )
             if assigned:
+                if first_transaction_id != 0:
+                    self._check_new_start(partition_id, first_transaction_id)
                 if partition_id not in self._partitions:
-                    self._open_partition(partition_id)
+                    self._open_partition(partition_id, first_transaction_id)
                     if partition_id in self._broken:
                         raise self._broken[partition_id]
-                    log.info("partition %d assigned to this storage node", partition_id)
+                    log.info(
+                        "partition %d assigned to this storage node%s",
+                        partition_id,
+                        f", its log starting at transaction {first_transaction_id}"
+                        if first_transaction_id
+                        else "",
+                    )
                 return
             partition = self._partitions.pop(partition_id, None)
             self._broken.pop(partition_id, None)
@@ -337,6 +372,37 @@ class StorageNode:
                 "partition %d unassigned from this storage node%s",
                 partition_id,
                 " (files deleted)" if delete_files else "",
+            )
+
+    def _check_new_start(self, partition_id: int, first_transaction_id: int) -> None:
+        """Refuse to create ``partition_id`` starting at ``first_transaction_id`` where it exists.
+
+        Raises:
+            ProtocolError: the start is negative, or the partition exists and is not an empty log
+                starting there already (a repeated request is answered as the first was).
+        """
+        if first_transaction_id < 0:
+            raise ProtocolError(
+                f"partition {partition_id}: a log cannot start at transaction {first_transaction_id}"
+            )
+        existing = self._partitions.get(partition_id)
+        if existing is not None:
+            if (
+                existing.local_start == first_transaction_id
+                and existing.max_transaction_id < first_transaction_id
+            ):
+                return
+            raise ProtocolError(
+                f"partition {partition_id} exists on this storage node (transactions "
+                f"{existing.local_start} to {existing.max_transaction_id}): it cannot be created to start "
+                f"at transaction {first_transaction_id}; remove it first"
+            )
+        directory = self.directory / str(partition_id)
+        if partition_id in self._broken or any(directory.glob("*" + fmt.SEGMENT_SUFFIX)):
+            raise ProtocolError(
+                f"partition {partition_id} has segment files on this storage node ({directory.name}/): "
+                f"it cannot be created to start at transaction {first_transaction_id}; remove it with "
+                "its files first"
             )
 
     # ---- execution ----

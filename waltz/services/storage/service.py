@@ -1,10 +1,11 @@
-"""The gRPC services of a storage node: the storage protocol and the admin protocol.
+"""The storage protocol's gRPC service of a storage node: store session streams.
 
-Design: docs/design/storage.md "Storage requests" (the ten request/response patterns), "Admin
-port", "Fencing by store session ID", "Group commit and I/O threads". A store session stream
-carries the replica sessions of one or more partitions; each partition's requests on it are
-answered in order, partitions concurrently. Consecutive append requests already received for the
-same partition and session are written with one flush (group commit).
+Design: docs/design/storage.md "Storage requests", "Fencing by store session ID", "Group commit
+and I/O threads"; docs/design/archive.md, "Reads below the local start" (``RECORDS_ARCHIVED``
+and reset start). A store session stream carries the replica sessions of one or more partitions;
+each partition's requests on it are answered in order, partitions concurrently. Consecutive
+append requests already received for the same partition and session are written with one flush
+(group commit). The admin port's service is :mod:`~waltz.services.storage.admin_service`.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import os
 import re
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Final
+from typing import Final
 
 import grpc
 
@@ -30,31 +31,22 @@ from waltz.errors import (
     PartitionNotAssignedError,
     PartitionUnavailableError,
     ProtocolError,
+    RecordsArchivedError,
     SessionFencedError,
     SessionJumpTooLargeError,
     SessionNotOpenError,
     StorageNotInitializedError,
 )
 from waltz.protocol import storage_pb2, storage_pb2_grpc
-from waltz.protocol.roles import (
-    ADMIN_ROLES,
-    OPERATOR_ROLES,
-    STORE_SESSION_ROLES,
-    authorize,
-    denial,
-    peer_roles,
-)
+from waltz.protocol.roles import STORE_SESSION_ROLES, authorize
 from waltz.services.storage import format as fmt
-from waltz.services.storage.control_file import FenceReset
 from waltz.services.storage.metrics import StorageMetrics
 from waltz.services.storage.node import StorageNode
 from waltz.services.storage.storage_partition import StoragePartition
 
-__all__ = ["StorageAdminServicer", "StorageServicer", "failure_for"]
+__all__ = ["StorageServicer", "failure_for", "outcome_label"]
 
 log = logging.getLogger(__name__)
-#: The audit trail of operator commands that change what fences store sessions (``set-fence``).
-audit_log = logging.getLogger("waltz.services.storage.audit")
 
 FailureCode = storage_pb2.FailureCode
 
@@ -74,9 +66,9 @@ MAX_RECORDS_PER_READ: Final = 10_000
 #: Request kinds whose responses may be large (records): never merged with others.
 _LARGE: Final = frozenset({"record", "record_list", "record_header_list"})
 #: Request kinds by which a store session may take a partition (raise its fence): the explicit
-#: open-session request and the writes. Reads never move a fence (docs/design/storage.md
-#: "Fencing by store session ID").
-_OPENS_SESSION: Final = frozenset({"open_session", "truncate", "set_low_water_mark", "append"})
+#: open-session request and the writes (a reset start is one). Reads never move a fence
+#: (docs/design/storage.md "Fencing by store session ID").
+_OPENS_SESSION: Final = frozenset({"open_session", "truncate", "set_low_water_mark", "append", "reset_start"})
 
 #: Failures a storage request may routinely meet (or that the partition logs itself): not logged.
 _QUIET_FAILURES: Final = (
@@ -84,15 +76,10 @@ _QUIET_FAILURES: Final = (
     SessionNotOpenError,
     SessionJumpTooLargeError,
     PartitionNotAssignedError,
+    RecordsArchivedError,  # a reader below the local start: it reads the archive instead
 )
 
 _END: Final = object()
-
-#: Admin requests that change the node (assignment and file deletion, read and write switches,
-#: fences): with mutual TLS only the ``admin`` role may make them.
-CHANGING_ADMIN_REQUESTS: Final = frozenset(
-    {"partition_assignment", "partition_read", "partition_write", "set_fence"}
-)
 
 
 #: An absolute path in a message: all but its last two components go (``0/00000000.seg`` stays,
@@ -108,7 +95,9 @@ def _without_paths(message: str) -> str:
 def failure_for(exc: BaseException) -> storage_pb2.FailureResponse:
     """Build a failure response (docs/design/storage.md "Storage requests") for an exception."""
     code: storage_pb2.FailureCode.ValueType
-    if isinstance(exc, SessionFencedError):
+    if isinstance(exc, RecordsArchivedError):
+        code = FailureCode.RECORDS_ARCHIVED
+    elif isinstance(exc, SessionFencedError):
         code = FailureCode.SESSION_FENCED
     elif isinstance(exc, SessionNotOpenError):
         code = FailureCode.SESSION_NOT_OPEN
@@ -150,7 +139,8 @@ def failure_for(exc: BaseException) -> storage_pb2.FailureResponse:
     )
 
 
-def _outcome(response_failure: storage_pb2.FailureResponse | None) -> str:
+def outcome_label(response_failure: storage_pb2.FailureResponse | None) -> str:
+    """The ``outcome`` label of ``waltz_storage_requests``: ``ok``, or the failure code's name."""
     if response_failure is None:
         return "ok"
     return storage_pb2.FailureCode.Name(response_failure.exception.code)
@@ -262,7 +252,9 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                             self._node.partition(item.partition_id)
                         except Exception as exc:
                             # Not a partition served here: answered at once, no lane for it.
-                            self._metrics.requests.labels(kind or "unknown", _outcome(failure_for(exc))).inc()
+                            self._metrics.requests.labels(
+                                kind or "unknown", outcome_label(failure_for(exc))
+                            ).inc()
                             await outgoing.put(_Answer([_response(item, failure=failure_for(exc))], True))
                             continue
                         if len(lanes) >= MAX_LANES:
@@ -336,7 +328,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         except Exception as exc:
             log.warning("refused an open request from %s: %s", peer, exc)
             failure = failure_for(exc)
-            self._metrics.requests.labels("open", _outcome(failure)).inc()
+            self._metrics.requests.labels("open", outcome_label(failure)).inc()
             return _response(request, failure=failure)
         self._metrics.requests.labels("open", "ok").inc()
         return _response(request, success=storage_pb2.SuccessResponse())
@@ -352,7 +344,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             partition = self._node.partition(partition_id)
         except Exception as exc:
             failure = failure_for(exc)
-            self._metrics.requests.labels("append", _outcome(failure)).inc(len(group))
+            self._metrics.requests.labels("append", outcome_label(failure)).inc(len(group))
             return [_response(request, failure=failure) for request in group]
 
         def work() -> None:
@@ -396,7 +388,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 log.warning("partition %d: %s request failed: %s", request.partition_id, kind, exc)
             response = _response(request, failure=failure_for(exc))
         self._metrics.requests.labels(
-            kind or "unknown", _outcome(response.failure if response.HasField("failure") else None)
+            kind or "unknown", outcome_label(response.failure if response.HasField("failure") else None)
         ).inc()
         return response
 
@@ -428,6 +420,15 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             partition.truncate(request.truncate.transaction_id)
             self._metrics.max_transaction_id.labels(str(partition.partition_id)).set(
                 partition.max_transaction_id
+            )
+            return _response(request, success=storage_pb2.SuccessResponse())
+        if kind == "reset_start":
+            partition.reset_start(request.reset_start.first_transaction_id)
+            self._metrics.max_transaction_id.labels(str(partition.partition_id)).set(
+                partition.max_transaction_id
+            )
+            self._metrics.set_retention_state(
+                partition.partition_id, partition.local_start, partition.archived_through
             )
             return _response(request, success=storage_pb2.SuccessResponse())
         if kind == "set_low_water_mark":
@@ -531,227 +532,3 @@ class _StreamFailed:
     """The end of a request stream that failed (the peer sent bytes that do not parse, ...)."""
 
     reason: str
-
-
-class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
-    """The storage admin protocol (docs/design/storage.md "Admin port").
-
-    Tools that must not take part in store sessions (cluster CLI, Spark reader, disk checks on a
-    live node) use it; it never fences a store session, except for the operator's explicit
-    ``set_fence``, which is logged at WARNING on the ``waltz.services.storage.audit`` logger.
-    """
-
-    def __init__(self, node: StorageNode, metrics: StorageMetrics, storage: StorageServicer) -> None:
-        self._node = node
-        self._metrics = metrics
-        self._storage = storage
-
-    async def Session(  # noqa: N802 - gRPC method name
-        self,
-        request_iterator: AsyncIterator[storage_pb2.AdminRequests],
-        context: grpc.aio.ServicerContext[storage_pb2.AdminRequests, storage_pb2.AdminResponses],
-    ) -> AsyncIterator[storage_pb2.AdminResponses]:
-        """Serve one admin stream: an admin open request, then admin requests in order.
-
-        With mutual TLS the stream needs the ``operator`` or ``admin`` role, and the requests that
-        change the node (:data:`CHANGING_ADMIN_REQUESTS`) the ``admin`` role: one of those from an
-        operator ends the stream with PERMISSION_DENIED (docs/design/overview.md, "Roles").
-        """
-        await authorize(context, OPERATOR_ROLES, "the storage admin service", request_iterator)
-        roles = peer_roles(context)
-        opened = False
-        async for batch in request_iterator:
-            responses = []
-            for request in batch.requests:
-                kind = request.WhichOneof("body")
-                if kind in CHANGING_ADMIN_REQUESTS:
-                    refused = denial(roles, ADMIN_ROLES, f"the admin request {kind}")
-                    if refused is not None:
-                        log.warning("admin stream from %s: %s", context.peer(), refused)
-                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
-                try:
-                    if kind == "open":
-                        await asyncio.to_thread(
-                            self._node.admin_open, request.open.cluster_key, request.open.num_partitions
-                        )
-                        opened = True
-                        response = _admin_response(request, success=storage_pb2.SuccessResponse())
-                    elif not opened:
-                        raise ProtocolError("the admin stream is not open: send an admin open request first")
-                    else:
-                        response = await self._serve(request, kind, context)
-                except Exception as exc:
-                    log.warning("admin %s request failed: %s", kind, exc)
-                    failure = failure_for(exc)
-                    if not opened and kind != "open":
-                        failure.exception.code = FailureCode.NOT_OPEN
-                    response = _admin_response(request, failure=failure)
-                outcome = _outcome(response.failure if response.HasField("failure") else None)
-                self._metrics.requests.labels(f"admin_{kind}", outcome).inc()
-                responses.append(response)
-            yield storage_pb2.AdminResponses(responses=responses)
-
-    async def _serve(
-        self, request: storage_pb2.AdminRequest, kind: str | None, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> storage_pb2.AdminResponse:
-        node = self._node
-        pid = request.partition_id
-        if kind == "set_fence":
-            return _admin_response(request, set_fence=await self._set_fence(request, context))
-        if kind == "partition_assignment":
-            body = request.partition_assignment
-            await asyncio.to_thread(
-                node.set_assignment, pid, body.toggled, delete_files=body.delete_storage_files
-            )
-            return _admin_response(request, success=storage_pb2.SuccessResponse())
-        if kind in ("partition_read", "partition_write"):
-            partition = node.partition(pid)
-            toggled = (
-                request.partition_read.toggled
-                if kind == "partition_read"
-                else request.partition_write.toggled
-            )
-
-            def toggle() -> None:
-                if kind == "partition_read":
-                    partition.readable = toggled
-                else:
-                    partition.writable = toggled
-
-            await node.run(pid, toggle)
-            log.info(
-                "partition %d: %s set to %s",
-                pid,
-                "readable" if kind == "partition_read" else "writable",
-                toggled,
-            )
-            return _admin_response(request, success=storage_pb2.SuccessResponse())
-        if kind == "metrics":
-            return _admin_response(
-                request, metrics=storage_pb2.MetricsResponse(values=self._metrics.snapshot())
-            )
-        if kind == "partition_status":
-            return _admin_response(request, partition_status=await self._status(pid))
-        partition = node.partition(pid)
-        work: Callable[[], storage_pb2.AdminResponse]
-        if kind == "record_list":
-
-            def work() -> storage_pb2.AdminResponse:
-                return _admin_response(
-                    request, record_list=self._storage.record_list(partition, request.record_list)
-                )
-
-        elif kind == "last_session_info":
-
-            def work() -> storage_pb2.AdminResponse:
-                info = partition.last_session_info()
-                return _admin_response(
-                    request,
-                    last_session_info=storage_pb2.LastSessionInfoResponse(
-                        session_info=storage_pb2.SessionInfo(
-                            session_id=info.session_id, low_water_mark=info.low_water_mark
-                        )
-                    ),
-                )
-
-        elif kind == "max_transaction_id":
-
-            def work() -> storage_pb2.AdminResponse:
-                return _admin_response(
-                    request,
-                    max_transaction_id=storage_pb2.MaxTransactionIdResponse(
-                        transaction_id=partition.max_transaction_id
-                    ),
-                )
-
-        else:
-            raise ProtocolError(f"unknown admin request {kind!r}")
-        return await node.run(pid, work)
-
-    async def _set_fence(
-        self, request: storage_pb2.AdminRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> storage_pb2.SetFenceResponse:
-        """Set a partition's fence (docs/design/storage.md "Admin port") and log the audit line.
-
-        Raises:
-            ProtocolError: the new fence is below -1.
-            PartitionNotAssignedError, CorruptDataError: as any partition request.
-        """
-        body = request.set_fence
-        pid = request.partition_id
-        if body.session_id < -1:
-            raise ProtocolError(f"partition {pid}: a fence cannot be {body.session_id} (at least -1)")
-        partition = self._node.partition(pid)
-        expected = body.expected_fence if body.HasField("expected_fence") else None
-
-        def reset_fence() -> FenceReset:
-            # On the partition's thread: nothing raises the fence between the check and the change.
-            if expected is not None and partition.current_session_id != expected:
-                raise ProtocolError(
-                    f"partition {pid}: the fence is {partition.current_session_id}, not {expected} as "
-                    "expected: a store session moved it since it was read; read it again"
-                )
-            return partition.reset_fence(body.session_id)
-
-        reset = await self._node.run(pid, reset_fence)
-        audit_log.warning(
-            "AUDIT set-fence: partition %d fence %d -> %d%s; by operator %r (as the tool states it) "
-            "from %s%s; reason: %r",
-            pid,
-            reset.previous_fence,
-            reset.fence,
-            (
-                f", last session info's session {reset.previous_last_session_id} -> {reset.last_session_id}"
-                if reset.previous_last_session_id != reset.last_session_id
-                else ""
-            ),
-            body.operator or "(not given)",
-            context.peer(),
-            _peer_identity(context),
-            body.reason or "(not given)",
-        )
-        return storage_pb2.SetFenceResponse(
-            previous_fence=reset.previous_fence,
-            fence=reset.fence,
-            previous_last_session_id=reset.previous_last_session_id,
-            last_session_id=reset.last_session_id,
-        )
-
-    async def _status(self, partition_id: int) -> storage_pb2.PartitionStatusResponse:
-        node = self._node
-        control = node.control_file
-        response = storage_pb2.PartitionStatusResponse(
-            num_partitions=control.num_partitions, cluster_key=str(control.cluster_key)
-        )
-        ids = node.assigned_partitions() if partition_id == -1 else [partition_id]
-        for pid in ids:
-            partition = node.partition(pid)
-
-            def status(partition: StoragePartition = partition) -> storage_pb2.PartitionStatus:
-                info = partition.last_session_info()
-                corruption = partition.corruption
-                return storage_pb2.PartitionStatus(
-                    partition_id=partition.partition_id,
-                    readable=partition.readable,
-                    writable=partition.writable,
-                    session_id=partition.current_session_id,
-                    low_water_mark=info.low_water_mark,
-                    local_low_water_mark=info.local_low_water_mark,
-                    max_transaction_id=partition.max_transaction_id,
-                    corrupt_transaction_id=-1 if corruption is None else corruption.transaction_id,
-                    last_session_id=info.session_id,
-                )
-
-            response.partitions.append(await node.run(pid, status))
-        return response
-
-
-def _peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str:
-    """The peer's TLS client certificate subject, as ``", certificate CN=..."`` (empty without one)."""
-    auth = context.auth_context() or {}
-    names = auth.get("x509_subject") or auth.get("x509_common_name") or []
-    return ", certificate " + ", ".join(n.decode(errors="replace") for n in names) if names else ""
-
-
-def _admin_response(request: storage_pb2.AdminRequest, **body: object) -> storage_pb2.AdminResponse:
-    return storage_pb2.AdminResponse(seq_num=request.seq_num, partition_id=request.partition_id, **body)  # type: ignore[arg-type]

@@ -1,7 +1,8 @@
 """A partition on a storage node: its segments, store-session fencing and low-water marks.
 
 Design: docs/design/storage.md "Fencing by store session ID", "Files on disk", "Storage requests"
-(the requests it serves).
+(the requests it serves); docs/design/archive.md, "Retention on the storage nodes" (its local
+start, archived-through, reset start and the deletion of archived segments).
 The partition is driven from one I/O thread (the storage node gives each partition its own), so
 requests on it are applied strictly in order and blocking file I/O stays off the event loop;
 the one exception is an append from the only store session stream appending on the node, which
@@ -25,6 +26,7 @@ from waltz.errors import (
     DiskFullError,
     PartitionUnavailableError,
     ProtocolError,
+    RecordsArchivedError,
     SessionFencedError,
     SessionJumpTooLargeError,
     SessionNotOpenError,
@@ -33,7 +35,15 @@ from waltz.protocol.records import Record, RecordHeader
 from waltz.services.storage import format as fmt
 from waltz.services.storage.control_file import ControlFile, FenceReset
 from waltz.services.storage.fsutil import fsync_directory
+from waltz.services.storage.retention import (
+    DeletedSegment,
+    RetentionSettings,
+    SegmentSpan,
+    segments_to_delete,
+)
+from waltz.services.storage.retention_file import RetentionRecord, load_archived_through, write_retention_file
 from waltz.services.storage.segment import CorruptionInfo, Segment
+from waltz.services.storage.segment_chain import open_segments
 
 __all__ = ["DEFAULT_MAX_FENCE_JUMP", "PartitionStats", "StoragePartition"]
 
@@ -74,6 +84,8 @@ class StoragePartition:
             docs/design/storage.md "Durability").
         max_fence_jump: the largest raise of the fence one request may make
             (``storage.fence.maxJump``, at least 1).
+        first_transaction_id: where the log starts when the directory holds no segment yet (a
+            partition created to start there: docs/design/archive.md, "Terms"); at least 0.
     """
 
     def __init__(
@@ -85,9 +97,13 @@ class StoragePartition:
         segment_size_threshold: int = DEFAULT_SEGMENT_SIZE_THRESHOLD,
         checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL,
         max_fence_jump: int = DEFAULT_MAX_FENCE_JUMP,
+        first_transaction_id: int = 0,
     ) -> None:
         if max_fence_jump < 1:
             raise ValueError(f"max_fence_jump must be at least 1, not {max_fence_jump}")
+        if first_transaction_id < 0:
+            raise ValueError(f"first_transaction_id must be at least 0, not {first_transaction_id}")
+        self._start = first_transaction_id
         self.max_fence_jump = max_fence_jump
         self.directory = directory
         self.partition_id = partition_id
@@ -96,6 +112,7 @@ class StoragePartition:
         self._threshold = segment_size_threshold
         self._checkpoint_interval = checkpoint_interval
         self._segments: list[Segment] = []
+        self._archived_through = -1
         self.readable = True
         self.writable = True
         self._closed = False
@@ -106,7 +123,11 @@ class StoragePartition:
     def create(
         cls, directory: Path, partition_id: int, control_file: ControlFile, **kwargs: int
     ) -> StoragePartition:
-        """Create the partition directory (if missing) and open the partition."""
+        """Create the partition directory (if missing) and open the partition.
+
+        ``kwargs`` are the constructor's keyword arguments; ``first_transaction_id`` starts a
+        partition that has no segment yet at that transaction.
+        """
         created = not directory.exists()
         directory.mkdir(parents=True, exist_ok=True)
         if created:
@@ -116,80 +137,24 @@ class StoragePartition:
         return partition
 
     def open(self) -> None:
-        """Open the segments, recover the last one, and create the first one if there is none.
+        """Open the segments, recover the last one, create the first one if there is none, and
+        read the partition's archived-through (docs/design/storage.md "Start-up checks and torn
+        tails"; docs/design/archive.md, "Retention on the storage nodes").
 
         Raises:
             CorruptDataError: a segment header is invalid, or the segments do not chain.
         """
-        paths = sorted(self.directory.glob("*" + fmt.SEGMENT_SUFFIX))
-        segments: list[Segment] = []
-        first_id = 0  # of the segment created when none is left
-        try:
-            for i, path in enumerate(paths):
-                is_last = i == len(paths) - 1
-                if is_last and path.stat().st_size <= fmt.HEADER_SIZE:
-                    # A segment roll (or the first segment's creation) that crashed before its
-                    # header was complete holds no record.
-                    try:
-                        Segment.open(
-                            path,
-                            partition_id=self.partition_id,
-                            cluster_key=self._cluster_key,
-                            recover=True,
-                            checkpoint_interval=self._checkpoint_interval,
-                        ).close()
-                    except CorruptDataError:
-                        log.warning(
-                            "partition %d: removing incomplete new segment %s", self.partition_id, path
-                        )
-                        path.unlink()
-                        path.with_suffix(fmt.INDEX_SUFFIX).unlink(missing_ok=True)
-                        fsync_directory(self.directory)
-                        first_id = _first_id_of(path)
-                        continue
-                segment = Segment.open(
-                    path,
-                    partition_id=self.partition_id,
-                    cluster_key=self._cluster_key,
-                    recover=is_last,
-                    checkpoint_interval=self._checkpoint_interval,
-                )
-                if segments:
-                    previous = segments[-1]
-                    if previous.corruption is not None or (
-                        previous.max_transaction_id + 1 != segment.first_transaction_id
-                    ):
-                        segment.close()
-                        raise CorruptDataError(
-                            f"segment chain broken: {previous.data_path.name} ends at transaction "
-                            f"{previous.max_transaction_id} but the next segment starts at "
-                            f"{segment.first_transaction_id}",
-                            path=str(segment.data_path),
-                            partition_id=self.partition_id,
-                            offset=0,
-                            transaction_id=previous.max_transaction_id + 1,
-                        )
-                segments.append(segment)
-            if not segments:
-                segments.append(
-                    Segment.create(
-                        self.directory,
-                        self.partition_id,
-                        self._cluster_key,
-                        first_id,
-                        self._checkpoint_interval,
-                    )
-                )
-        except BaseException:
-            for segment in segments:
-                segment.close()
-            raise
-        self._segments = segments
+        self._segments = open_segments(
+            self.directory, self.partition_id, self._cluster_key, self._checkpoint_interval, self._start
+        )
+        self._archived_through = load_archived_through(self.directory, self.partition_id)
         log.info(
-            "partition %d: opened %d segment(s), max transaction %d%s",
+            "partition %d: opened %d segment(s), transactions %d to %d%s%s",
             self.partition_id,
-            len(segments),
+            len(self._segments),
+            self.local_start,
             self.max_transaction_id,
+            "" if self._archived_through < 0 else f", archived through {self._archived_through}",
             "" if self.corruption is None else f", CORRUPT at transaction {self.corruption.transaction_id}",
         )
 
@@ -214,7 +179,23 @@ class StoragePartition:
             shutil.rmtree(self.directory)
         fsync_directory(self.directory.parent)
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran (the partition was unassigned or the node stopped)."""
+        return self._closed
+
     # ---- state ----
+
+    @property
+    def local_start(self) -> int:
+        """The first transaction ID held on this disk: the first segment's first transaction
+        (docs/design/archive.md, "Terms"). ``max_transaction_id + 1`` when the partition is empty."""
+        return self._segments[0].first_transaction_id
+
+    @property
+    def archived_through(self) -> int:
+        """What the archiver last said is archived (-1: nothing, or the retention file was damaged)."""
+        return self._archived_through
 
     @property
     def max_transaction_id(self) -> int:
@@ -420,12 +401,20 @@ class StoragePartition:
         """Remove every record after ``transaction_id`` (docs/design/storage.md "Storage requests").
 
         Raises:
-            ProtocolError: ``transaction_id`` is below -1.
+            ProtocolError: ``transaction_id`` is below -1, or below ``local_start - 1`` (the log
+                would then have a gap: docs/design/archive.md, "Retention on the storage nodes").
         """
         self._require_writable()
         if transaction_id < -1:
             raise ProtocolError(
                 f"partition {self.partition_id}: cannot truncate to transaction {transaction_id}"
+            )
+        if transaction_id < self.local_start - 1:
+            raise ProtocolError(
+                f"partition {self.partition_id}: cannot truncate to transaction {transaction_id}: "
+                f"this replica's log starts at {self.local_start} (the transactions before it are "
+                "archived), so the log would have a gap; truncate to "
+                f"{self.local_start - 1} or above"
             )
         removed = False
         while len(self._segments) > 1 and self._segments[-1].first_transaction_id > transaction_id:
@@ -436,6 +425,138 @@ class StoragePartition:
         if removed:
             fsync_directory(self.directory)
         self._segments[-1].truncate_after(transaction_id)
+
+    def reset_start(self, first_transaction_id: int) -> None:
+        """Discard every record and start the log at ``first_transaction_id`` (docs/design/archive.md,
+        "Reads below the local start": a replica that cannot copy a gap starts after it).
+
+        The segments are deleted newest first (index, then data file), the directory is
+        flushed, then the new empty segment is created and flushed with its directory, all before
+        this returns. A crash in between leaves a prefix of the old log (or, once every segment
+        is gone, an empty log that start-up starts at 0): a replica further behind, never a gap
+        (docs/format.md, "Durability rules"). The maximum transaction ID becomes
+        ``first_transaction_id - 1``.
+
+        Raises:
+            ProtocolError: ``first_transaction_id`` is not above ``max_transaction_id + 1``.
+            PartitionUnavailableError: writes are switched off.
+            OSError, DiskFullError: a file could not be removed or created (start-up opens what
+                is left).
+        """
+        self._require_writable()
+        if first_transaction_id <= self.max_transaction_id + 1:
+            raise ProtocolError(
+                f"partition {self.partition_id}: cannot start the log at transaction "
+                f"{first_transaction_id}: a reset start must be above the max transaction ID + 1 "
+                f"({self.max_transaction_id + 1}); the replica can copy from there"
+            )
+        old = list(self._segments)
+        while self._segments:
+            self._segments.pop().delete()
+        fsync_directory(self.directory)
+        self._segments = open_segments(
+            self.directory,
+            self.partition_id,
+            self._cluster_key,
+            self._checkpoint_interval,
+            first_transaction_id,
+        )
+        log.warning(
+            "partition %d: log reset to start at transaction %d: %d segment(s) discarded "
+            "(transactions %d to %d); the transactions below are in the archive",
+            self.partition_id,
+            first_transaction_id,
+            len(old),
+            old[0].first_transaction_id,
+            old[-1].max_transaction_id,
+        )
+
+    # ---- retention (docs/design/archive.md, "Retention on the storage nodes") ----
+
+    def set_archived_through(self, transaction_id: int, *, archive: str = "", operator: str = "") -> int:
+        """Keep what the archiver says is archived, lower or higher, in ``retention.json``.
+
+        Args:
+            transaction_id: every transaction up to it is archived and verified (-1: none).
+            archive: the archive's location, kept for logs and status.
+            operator: who set it, as the tool states it.
+
+        Returns:
+            The archived-through before.
+
+        Raises:
+            ProtocolError: ``transaction_id`` is below -1.
+            OSError: the file could not be written (the value stays as it was).
+        """
+        if transaction_id < -1:
+            raise ProtocolError(
+                f"partition {self.partition_id}: archived-through cannot be {transaction_id} (at least -1)"
+            )
+        previous = self._archived_through
+        write_retention_file(
+            self.directory, RetentionRecord(self.partition_id, transaction_id, archive, operator)
+        )
+        self._archived_through = transaction_id
+        return previous
+
+    def segment_spans(self) -> list[SegmentSpan]:
+        """What a retention decision needs of each segment, oldest first: a segment counts as
+        sealed when the next one was created (the creation time in that one's header)."""
+        segments = self._segments
+        return [
+            SegmentSpan(
+                segment.first_transaction_id,
+                segment.max_transaction_id,
+                segment.valid_end,
+                segments[i + 1].header.creation_time_ms / 1000 if i + 1 < len(segments) else None,
+            )
+            for i, segment in enumerate(segments)
+        ]
+
+    def apply_retention(self, settings: RetentionSettings, now: float) -> list[DeletedSegment]:
+        """Delete the oldest segments the retention policy lets go, each logged.
+
+        Each goes by its index file, then its data file, then the directory is flushed; the
+        local start moves to the first remaining segment. Run on the partition's I/O thread, like
+        every other operation on its segments.
+
+        Args:
+            settings: the node's retention settings.
+            now: the time, in seconds since the epoch.
+
+        Returns:
+            The segments deleted, oldest first.
+
+        Raises:
+            OSError: a file could not be removed (the segments before it are gone; it stays).
+        """
+        count = segments_to_delete(self.segment_spans(), self._archived_through, settings, now)
+        deleted: list[DeletedSegment] = []
+        for _ in range(count):
+            segment = self._segments[0]
+            gone = DeletedSegment(
+                self.partition_id,
+                segment.data_path.name,
+                segment.first_transaction_id,
+                segment.max_transaction_id,
+                segment.valid_end,
+            )
+            self._segments.pop(0)
+            segment.delete()
+            fsync_directory(self.directory)
+            log.info(
+                "partition %d: retention deleted segment %s (transactions %d to %d, %d bytes; archived "
+                "through %d); the local start is now %d",
+                self.partition_id,
+                gone.file_name,
+                gone.first_transaction_id,
+                gone.max_transaction_id,
+                gone.size,
+                self._archived_through,
+                self.local_start,
+            )
+            deleted.append(gone)
+        return deleted
 
     # ---- reads ----
 
@@ -457,13 +578,17 @@ class StoragePartition:
         """Read up to ``max_records`` consecutive records from ``transaction_id`` on.
 
         The list may span segments and stops early at ``max_bytes`` (at least one record is read)
-        or at the max transaction ID; it is empty when ``transaction_id`` is not stored here.
+        or at the max transaction ID; it is empty when ``transaction_id`` is above the max.
 
         Raises:
+            RecordsArchivedError: ``transaction_id`` is below the local start (docs/design/archive.md,
+                "Reads below the local start").
             CorruptDataError: a record fails its checks.
             PartitionUnavailableError: reads are switched off.
         """
         self._require_readable()
+        if 0 <= transaction_id < self.local_start:
+            raise RecordsArchivedError(self.partition_id, transaction_id, self.local_start)
         corruption = self.corruption
         if corruption is not None and transaction_id >= corruption.transaction_id:
             raise self._corrupt(corruption, f"corrupt record: {corruption.reason}")
@@ -487,7 +612,8 @@ class StoragePartition:
         return records
 
     def read_record(self, transaction_id: int) -> Record | None:
-        """Read one record, or None when it is not stored here."""
+        """Read one record, or None when it is above the max (below the local start: as
+        :meth:`read_records`)."""
         records = self.read_records(transaction_id, 1)
         return records[0] if records else None
 
@@ -496,11 +622,3 @@ class StoragePartition:
     ) -> list[RecordHeader]:
         """Read record headers (records are read whole so that every CRC is checked)."""
         return [r.record_header for r in self.read_records(transaction_id, max_records, max_bytes * 16)]
-
-
-def _first_id_of(path: Path) -> int:
-    """The first transaction ID a segment file's name gives (0 when the name is not a number)."""
-    try:
-        return max(0, int(path.stem))
-    except ValueError:
-        return 0

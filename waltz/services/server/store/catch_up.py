@@ -16,6 +16,11 @@ are then always a prefix of the session's log, so that any later recovery may co
 A failure of the replica, or of the copy, ends the catch-up, never the session; the session's
 probe tries the replica again.
 
+When the writer it copies from no longer holds the replica's next records (retention deleted
+them: they are below the writer's local start, and archived), the replica cannot copy the gap: it
+is reset to start at that local start, and the copy goes on from there (docs/design/archive.md,
+"Reads below the local start").
+
 A catch-up sees its session through :class:`JoinableSession`, the few things it asks of it, and is
 given the ZooKeeper handle and the partition ID explicitly: it imports nothing of the session.
 """
@@ -31,7 +36,7 @@ from typing import Protocol
 
 from kazoo.exceptions import KazooException
 
-from waltz.errors import StaleMetadataError, WaltzError
+from waltz.errors import RecordsArchivedError, StaleMetadataError, WaltzError
 from waltz.metadata.values import PartitionMetadata, ReplicaState
 from waltz.metadata.zk import ClusterZk, Versioned
 from waltz.protocol.storage_client import columns_append
@@ -233,7 +238,9 @@ class ReplicaCatchUp:
         return mark
 
     async def _copy(self, connection: ReplicaConnection, mark: int) -> None:
-        """Copy pages from the session's most advanced writer until the replica can join."""
+        """Copy pages from the session's most advanced writer until the replica can join; across
+        a gap the writer no longer holds, the replica starts after it
+        (:meth:`ReplicaConnection.skip_gap`)."""
         session = self.session
         config = session.config
         rate = config.catch_up_rate
@@ -261,6 +268,9 @@ class ReplicaCatchUp:
             count = min(config.catch_up_page, available - next_id + 1)
             try:
                 records = await source_connection.records(next_id, count)
+            except RecordsArchivedError as gap:
+                next_id = await connection.skip_gap(source_connection, next_id, gap)
+                continue
             except ReplicaError as exc:
                 # The source's own failure is the session's business; try again, maybe elsewhere.
                 log.info(

@@ -5,10 +5,14 @@ Design: docs/design/server.md "Store partition" (replica sessions), "Quorum writ
 to a storage node; every other request names its partition and store session). A server carries
 the replica sessions of all its partitions on one stream per storage node
 (:class:`StorageStreams`), so that one stream message takes appends of many partitions: a
-stream's messages, not its records, are what costs CPU on both sides. Errors of any kind (connection lost,
-timeout, failure response, an answer that breaks the protocol) become :class:`ReplicaError`, after
-which the replica leaves the store session. What a storage node answers is checked before it is
-used: the body answers the request, marks are -1 or more, and records read are the ones asked for
+stream's messages, not its records, are what costs CPU on both sides. Errors of any kind
+(connection lost, timeout, failure response, an answer that breaks the protocol) become
+:class:`ReplicaError`, after which the replica leaves the store session, except one: a read below
+the replica's local start raises :class:`~waltz.errors.RecordsArchivedError`, with that local
+start, since it is no failure of the replica (docs/design/archive.md, "Reads below the local
+start"); a copy across such a gap resets the target to start there
+(:meth:`ReplicaConnection.skip_gap`). What a storage node answers is checked before it is used:
+the body answers the request, marks are -1 or more, and records read are the ones asked for
 (contiguous from the first ID asked, no more than asked, each with its data CRC-32 right), so a
 broken or lying node costs a replica, never a wrong record in the feed or in a catch-up copy.
 """
@@ -20,7 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from waltz.errors import ProtocolError, StorageRpcError, WaltzError
+from waltz.errors import ProtocolError, RecordsArchivedError, StorageRpcError, WaltzError
 from waltz.protocol import storage_pb2
 from waltz.protocol.records import Record
 from waltz.protocol.storage_client import StorageSessionClient, check_response
@@ -208,6 +212,8 @@ class ReplicaConnection:
     async def _guard(self, call: Awaitable[T], timeout: float | None = None) -> T:
         try:
             return await asyncio.wait_for(call, timeout or self._config.request_timeout)
+        except RecordsArchivedError:
+            raise  # an answer about the records, not a failure of the replica
         except StorageRpcError as exc:
             raise ReplicaError(self.storage, self.partition_id, exc.code, exc.remote_message) from exc
         except ProtocolError as exc:
@@ -296,6 +302,64 @@ class ReplicaConnection:
         )
         return await self.max_transaction_id()
 
+    async def reset_start(self, first_transaction_id: int) -> int:
+        """Discard the replica's records and start its log at ``first_transaction_id``
+        (docs/design/archive.md, "Reads below the local start").
+
+        Returns:
+            The replica's new max transaction ID (``first_transaction_id - 1``).
+
+        Raises:
+            ReplicaError: as any request (``INVALID_REQUEST`` when ``first_transaction_id`` is
+                not above its max + 1), and ``BAD_RESPONSE`` when its max is not then
+                ``first_transaction_id - 1``.
+        """
+        await self._guard(
+            self._on_stream(
+                lambda c: c.reset_start(self.partition_id, first_transaction_id, session_id=self.session_id)
+            )
+        )
+        transaction_id = await self.max_transaction_id()
+        if transaction_id != first_transaction_id - 1:
+            raise self._bad_response(
+                f"max transaction ID {transaction_id} after a reset start at {first_transaction_id}"
+            )
+        return transaction_id
+
+    async def skip_gap(self, source: ReplicaConnection, next_id: int, gap: RecordsArchivedError) -> int:
+        """Start this replica's log after a gap it cannot copy from ``source``.
+
+        ``source`` answered a read of ``next_id`` with ``gap``: it holds nothing below its local
+        start, and every transaction below that is committed and archived. This replica (which
+        holds everything up to ``next_id - 1``) is reset to start at that local start
+        (docs/design/archive.md, "Reads below the local start").
+
+        Returns:
+            The next transaction ID to copy: the source's local start.
+
+        Raises:
+            ReplicaError: the reset failed, or ``BAD_RESPONSE`` when the source's local start is
+                not above ``next_id`` (it said it holds ``next_id``).
+        """
+        if gap.local_start <= next_id:
+            raise ReplicaError(
+                source.storage,
+                self.partition_id,
+                "BAD_RESPONSE",
+                f"RECORDS_ARCHIVED for transaction {next_id} with the local start {gap.local_start}",
+            )
+        log.info(
+            "partition %d: %s holds nothing below transaction %d (archived); the replica on %s, at "
+            "transaction %d, starts its log there",
+            self.partition_id,
+            source.storage,
+            gap.local_start,
+            self.storage,
+            next_id - 1,
+        )
+        await self.reset_start(gap.local_start)
+        return gap.local_start
+
     async def set_low_water_mark(self, low_water_mark: int) -> None:
         """Record this session's low-water mark on the replica."""
         await self._guard(
@@ -333,9 +397,10 @@ class ReplicaConnection:
 
         Returns:
             Records ``transaction_id, transaction_id + 1, ...`` (at most ``max_records``; none when
-            the replica does not hold ``transaction_id``), each with its data CRC-32 verified.
+            ``transaction_id`` is above the replica's max), each with its data CRC-32 verified.
 
         Raises:
+            RecordsArchivedError: ``transaction_id`` is below the replica's local start.
             ReplicaError: as any request, and ``BAD_RESPONSE`` when the answer holds more records
                 than asked, a record out of sequence, or a record whose data fails its CRC-32.
         """
@@ -362,15 +427,24 @@ class ReplicaConnection:
     async def copy_from(self, source: ReplicaConnection, first: int, last: int, page: int) -> int:
         """Copy records ``first..last`` from ``source`` to this replica (catch-up).
 
+        When ``source`` no longer holds the next records (they are archived: below its local
+        start), this replica is reset to start at that local start, and the copy goes on from there
+        (:meth:`skip_gap`).
+
         Returns:
-            The last transaction ID copied (``first - 1`` when nothing was).
+            The last transaction ID this replica holds of the range (``first - 1`` when nothing
+            was copied).
 
         Raises:
             ReplicaError: either side failed, or the source does not hold the records.
         """
         next_id = first
         while next_id <= last:
-            batch = await source.records(next_id, min(page, last - next_id + 1))
+            try:
+                batch = await source.records(next_id, min(page, last - next_id + 1))
+            except RecordsArchivedError as gap:
+                next_id = await self.skip_gap(source, next_id, gap)
+                continue
             if not batch or batch[0].transaction_id != next_id:
                 raise ReplicaError(
                     source.storage,

@@ -28,7 +28,7 @@ from typing import Any
 
 from kazoo.exceptions import KazooException
 
-from waltz.errors import GenerationFencedError, WaltzError
+from waltz.errors import GenerationFencedError, RecordsArchivedError, WaltzError
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol.records import Record, ReqId, crc32
 from waltz.services.server.store.append_queue import (
@@ -239,7 +239,13 @@ class StorePartition:
     async def read_records(self, transaction_id: int, max_records: int) -> list[Record]:
         """Read committed records from ``transaction_id`` on (at most ``max_records``).
 
+        A replica that no longer holds ``transaction_id`` (it is below its local start, archived)
+        is no failure: its :class:`~waltz.errors.RecordsArchivedError` reaches the caller, with the
+        local start, and is not retried (docs/design/archive.md, "Reads below the local start").
+
         Raises:
+            RecordsArchivedError: the replica read holds nothing below its local start, above
+                ``transaction_id``; the caller reads the range below from the archive.
             StoreClosedError: the partition is closed.
             TimeoutError: no store session became writable within the request timeout.
         """
@@ -256,6 +262,8 @@ class StorePartition:
                 continue
             try:
                 records = await session.read(transaction_id, min(max_records, last - transaction_id + 1))
+            except RecordsArchivedError:
+                raise  # the records are in the archive: the caller reads them there
             except ReplicaError as exc:
                 log.info("partition %d: read from a replica failed, retrying: %s", self.partition_id, exc)
                 continue

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from waltz.services.storage import format as fmt
 from waltz.services.storage.inspect.reader import ControlFileDump
+from waltz.services.storage.retention_file import RetentionRecord
 
 __all__ = [
     "PartitionReport",
@@ -126,14 +127,28 @@ class PartitionReport:
         partition_id: the partition.
         directory: its directory.
         segments: one report per segment, in transaction order.
-        problems: every problem of the partition (its control file entry, its directory and its
-            segments), in the order found.
+        problems: every problem of the partition (its control file entry, its directory, its
+            segments and its retention file), in the order found.
+        retention: its retention file (``retention.json``: docs/format.md), None when there is none
+            or it is damaged (then a problem says why).
     """
 
     partition_id: int
     directory: Path
     segments: tuple[SegmentReport, ...]
     problems: tuple[Problem, ...]
+    retention: RetentionRecord | None = None
+
+    @property
+    def local_start(self) -> int:
+        """The first transaction ID on disk: the first segment's (0 without a readable segment)."""
+        firsts = [s.first_transaction_id for s in self.segments if s.header is not None]
+        return firsts[0] if firsts else 0
+
+    @property
+    def archived_through(self) -> int:
+        """The archived-through the node takes from the retention file (-1: none or damaged)."""
+        return -1 if self.retention is None else self.retention.archived_through
 
     @property
     def errors(self) -> int:
@@ -193,8 +208,10 @@ class PartitionSummary:
         records: valid records.
         record_bytes: bytes of the valid records on disk (what ``PartitionStats.record_bytes`` counts).
         data_bytes: bytes of transaction data in the valid records.
-        first_transaction_id: the first segment's first transaction ID (0 without segments).
-        max_transaction_id: the last transaction ID stored (-1 when empty).
+        first_transaction_id: the first segment's first transaction ID, the partition's local start
+            (0 without segments).
+        max_transaction_id: the last transaction ID stored (``first_transaction_id - 1`` when empty).
+        archived_through: what the retention file says is archived (-1: none, or it is damaged).
         info: the current partition info of the control file (None when both structs are corrupt).
         fence: the effective fence session ID.
         errors: ERROR problems found while reading (see ``waltz disk verify``).
@@ -208,6 +225,7 @@ class PartitionSummary:
     data_bytes: int
     first_transaction_id: int
     max_transaction_id: int
+    archived_through: int
     info: fmt.PartitionInfo | None
     fence: int
     errors: int

@@ -40,6 +40,7 @@ from waltz.services.storage.inspect.report import (
     Severity,
     StorageReport,
 )
+from waltz.services.storage.retention_file import RETENTION_FILE, RetentionRecord, read_retention_file
 from waltz.services.storage.storage_partition import DEFAULT_CHECKPOINT_INTERVAL
 
 __all__ = ["verify_partition", "verify_segment", "verify_storage"]
@@ -431,7 +432,7 @@ def _segment_paths(
             )
             out.append(Problem(Severity.WARNING, message, index_path, partition_id))
     if paths and paths[-1].stat().st_size <= fmt.HEADER_SIZE:
-        # As StoragePartition.open: a last segment of at most a header that does not open is an
+        # As segment_chain.open_segments: a last segment of at most a header that does not open is an
         # interrupted segment roll (or an interrupted creation of the first segment).
         try:
             with SegmentFile(paths[-1]) as segment:
@@ -446,15 +447,11 @@ def _segment_paths(
 
 
 def _chain_problems(previous: SegmentReport | None, report: SegmentReport, pid: int) -> list[Problem]:
-    """Check that ``report``'s segment starts where ``previous`` ends (and the first one at 0)."""
-    if report.header is None:
+    """Check that ``report``'s segment starts where ``previous`` ends. The first segment may start
+    anywhere: at the partition's local start (docs/design/archive.md, "Terms")."""
+    if report.header is None or previous is None:
         return []
     first = report.first_transaction_id
-    if previous is None:
-        if first == 0:
-            return []
-        message = f"the first segment starts at transaction {first}, not 0"
-        return [Problem(Severity.WARNING, message, report.path, pid, 0, 0)]
     if previous.header is None or not previous.complete or first == previous.max_transaction_id + 1:
         return []  # an unreadable previous segment has been reported already
     message = (
@@ -502,7 +499,21 @@ def verify_partition(
         problems.extend(report.problems)
         problems.extend(_chain_problems(segments[-1] if segments else None, report, partition_id))
         segments.append(report)
-    return PartitionReport(partition_id, directory, tuple(segments), tuple(problems))
+    retention = _retention(directory, partition_id, problems)
+    return PartitionReport(partition_id, directory, tuple(segments), tuple(problems), retention)
+
+
+def _retention(directory: Path, partition_id: int, out: list[Problem]) -> RetentionRecord | None:
+    """Read the partition's retention file; a damaged one is a WARNING (the node takes -1)."""
+    try:
+        return read_retention_file(directory, partition_id)
+    except (CorruptDataError, OSError) as exc:
+        message = (
+            f"{exc}; the node takes archived-through as -1 (retention deletes nothing) until the "
+            "archiver sets it again"
+        )
+        out.append(Problem(Severity.WARNING, message, directory / RETENTION_FILE, partition_id))
+        return None
 
 
 # ---- storage directory ----
@@ -574,7 +585,9 @@ def verify_storage(
             chunk_size=chunk_size,
         )
         own = _control_problems(control, control.partitions[pid])
-        reports.append(PartitionReport(pid, directory, report.segments, (*own, *report.problems)))
+        reports.append(
+            PartitionReport(pid, directory, report.segments, (*own, *report.problems), report.retention)
+        )
     if partitions is None:
         for entry in control.partitions:
             if entry.partition_id not in present:
