@@ -87,6 +87,21 @@ def test_the_tracing_hooks_import_only_the_protocol_and_the_errors(graph: grimp.
     )
 
 
+def test_the_committed_reads_import_only_the_admin_port_the_metadata_and_the_storage_format(
+    graph: grimp.ImportGraph,
+) -> None:
+    """Spark and the archiver read the log through ``waltz.committed``: it stands below both."""
+    allowed = ("waltz.protocol", "waltz.metadata", "waltz.admin.storage_nodes", "waltz.services.storage")
+    bad = [
+        (a, b)
+        for a, b in _imports_from(graph, "waltz.committed")
+        if b != ERRORS and not any(_within(b, package) for package in allowed)
+    ]
+    assert not bad, (
+        f"waltz.committed may import only {', '.join(allowed)} and the errors; it imports:\n{_describe(bad)}"
+    )
+
+
 @pytest.mark.parametrize(
     "forbidden", ["waltz.services.server", "waltz.metadata", "waltz.local", "waltz.admin"]
 )

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from waltz.committed.plan import CommittedPartition, plan_live, plan_offline
 from waltz.protocol.channels import TlsConfig
-from waltz.spark.committed import CommittedPartition, plan_live, plan_offline
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import CommittedReadError, RebuildError
 from waltz.spark.target import marks_text, write_views
@@ -55,7 +55,7 @@ class LogSource:
     tls: TlsConfig | None = None
 
     def plan(self) -> list[CommittedPartition]:
-        """The committed high-water mark of every partition (see :mod:`waltz.spark.committed`).
+        """The committed high-water mark of every partition (see :mod:`waltz.committed.plan`).
 
         Raises:
             RebuildError: neither or both kinds of source given.

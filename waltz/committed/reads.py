@@ -1,8 +1,8 @@
-"""Read a range of committed records of one partition (a Spark task's work), CRC-checked.
+"""Read a range of committed records of one partition (a Spark task's, or the archiver's), CRC-checked.
 
 Source: docs/design/storage.md "Admin port" (record lists through the admin port), "Files on
 disk" (segment files, read with :mod:`waltz.services.storage.inspect`). The ranges come
-from :mod:`waltz.spark.committed`, which proved them committed; these readers only fetch, check
+from :mod:`waltz.committed.plan`, which proved them committed; these readers only fetch, check
 each record's CRC and the contiguity of transaction IDs, and fail over between replicas.
 """
 
@@ -15,13 +15,13 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+from waltz.committed.errors import CommittedReadError, CorruptRecordError, StorageDirectoryNotVisibleError
+from waltz.committed.plan import LiveReplica, LiveSource, OfflineReplica, OfflineSource
 from waltz.errors import WaltzError
 from waltz.protocol.records import Record
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
-from waltz.spark.committed import LiveReplica, LiveSource, OfflineReplica, OfflineSource
-from waltz.spark.errors import CommittedReadError, CorruptRecordError, StorageDirectoryNotVisibleError
 
 __all__ = ["DEFAULT_BATCH_RECORDS", "check_visible", "read_committed", "read_directory"]
 
