@@ -2,7 +2,7 @@
 
 Source: docs/design/archive.md "The archive's layout and forms". One row per transaction, in
 transaction ID order; with these columns a segment record is rebuilt exactly
-(docs/format.md, "Transaction record").
+(docs/format.md, "Transaction record (40 bytes + data)").
 """
 
 from __future__ import annotations
