@@ -33,8 +33,6 @@ from waltz.archive.manifests import (
 from waltz.archive.reader import read_archived
 from waltz.protocol.records import Record, ReqId
 
-pytest.importorskip("pyarrow")
-
 INT32 = st.integers(-(2**31), 2**31 - 1)
 
 

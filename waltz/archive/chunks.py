@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMPRESSION",
+    "adopt_chunk",
     "chunk_path",
     "decode_chunk",
     "encode_chunk",
@@ -139,17 +140,37 @@ def write_chunk(
     if not decode_chunk(back, files.name(temporary), first, last).equals(table):
         raise ArchiveCheckError(files.name(temporary), "read back other rows than written", first, last)
     files.move(temporary, chunk_path(partition_id, name))
+    return _entry(name, records, data, verified_replicas)
+
+
+def _entry(name: str, records: Sequence[Record], data: bytes, verified_replicas: Sequence[str]) -> ChunkEntry:
     return ChunkEntry(
-        first=first,
-        last=last,
+        first=records[0].transaction_id,
+        last=records[-1].transaction_id,
         file=name,
         rows=len(records),
         size_bytes=len(data),
-        sha256=digest,
+        sha256=hashlib.sha256(data).hexdigest(),
         data_crc=data_crc(r.checksum for r in records),
         verified_replicas=tuple(verified_replicas),
         archived_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )
+
+
+def adopt_chunk(
+    files: ArchiveFiles,
+    partition_id: int,
+    name: str,
+    records: Sequence[Record],
+    verified_replicas: Sequence[str],
+) -> ChunkEntry:
+    """The manifest entry of a chunk file already written, whose records (read with
+    :func:`read_unlisted_chunk`) were found equal to a quorum's.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    return _entry(name, records, files.read(chunk_path(partition_id, name)), verified_replicas)
 
 
 def read_chunk(files: ArchiveFiles, partition_id: int, entry: ChunkEntry) -> list[Record]:

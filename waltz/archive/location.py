@@ -22,7 +22,14 @@ from waltz.errors import WaltzError
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
-__all__ = ["LocationError", "file_sha256", "open_location", "read_file", "write_json_atomically"]
+__all__ = [
+    "LocationError",
+    "file_sha256",
+    "normal_location",
+    "open_location",
+    "read_file",
+    "write_json_atomically",
+]
 
 #: Bytes read at a time when a file is hashed.
 READ_BLOCK = 1 << 20
@@ -30,6 +37,14 @@ READ_BLOCK = 1 << 20
 
 class LocationError(WaltzError):
     """A location that cannot be opened: pyarrow is missing, or the URL names no filesystem it knows."""
+
+
+def normal_location(location: str) -> str:
+    """A location as it is recorded and compared: a directory absolute, without ``~`` or a
+    trailing slash; a URL as given, without a trailing slash."""
+    if "://" not in location:
+        return str(Path(location).expanduser().resolve())
+    return location.rstrip("/")
 
 
 def open_location(location: str) -> tuple[pafs.FileSystem, str]:

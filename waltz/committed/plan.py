@@ -51,6 +51,7 @@ __all__ = [
     "OfflineSource",
     "last_transaction_id",
     "plan_live",
+    "plan_live_on",
     "plan_offline",
 ]
 
@@ -90,6 +91,8 @@ class LiveSource:
         session_id: the partition's store session when the plan was made.
         replicas: the replicas of that session that proved their state, highest max first.
         tls: client TLS files for the admin ports, or None.
+        quorum: a majority of the partition's replicas (assigned or in its metadata): how many
+            replicas a reader that compares them reads a record from.
     """
 
     cluster_key: str
@@ -97,6 +100,7 @@ class LiveSource:
     session_id: int
     replicas: tuple[LiveReplica, ...]
     tls: TlsConfig | None = None
+    quorum: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,9 +188,28 @@ def plan_live(
             its state (the message lists each replica's answer).
     """
     zk = connect_zookeeper(zookeeper, security=security or security_from_environment())
+    try:
+        return plan_live_on(ClusterZk(zk, cluster_root), partitions, timeout=timeout, tls=tls)
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def plan_live_on(
+    cluster: ClusterZk,
+    partitions: Iterable[int] | None = None,
+    *,
+    timeout: float = DEFAULT_STORAGE_TIMEOUT,
+    tls: TlsConfig | None = None,
+) -> list[CommittedPartition]:
+    """:func:`plan_live` over a ZooKeeper session the caller holds (a process that plans again and
+    again, such as the archiver).
+
+    Raises:
+        ClusterNotFoundError, ConfigurationError, CommittedReadError: as :func:`plan_live`.
+    """
     loop = asyncio.new_event_loop()
     try:
-        cluster = ClusterZk(zk, cluster_root)
         params = cluster.params()
         ids = _partition_ids(partitions, params.num_partitions)
         return [
@@ -199,8 +222,6 @@ def plan_live(
         # Let gRPC's poller deliver its last events before the loop closes.
         loop.run_until_complete(asyncio.sleep(0.05))
         loop.close()
-        zk.stop()
-        zk.close()
 
 
 def _partition_ids(partitions: Iterable[int] | None, num_partitions: int) -> list[int]:
@@ -285,7 +306,7 @@ def _plan_live_partition(
         return CommittedPartition(
             partition_id,
             mark,
-            LiveSource(cluster_key, num_partitions, metadata.session_id, replicas, tls),
+            LiveSource(cluster_key, num_partitions, metadata.session_id, replicas, tls, quorum),
             proof,
         )
     raise CommittedReadError(

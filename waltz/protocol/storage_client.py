@@ -645,6 +645,29 @@ class StorageAdminClient:
         )
         return response.set_fence
 
+    async def set_archived_through(
+        self, partition_id: int, transaction_id: int, *, archive: str = "", operator: str = ""
+    ) -> None:
+        """Tell the node what of a partition is archived (docs/design/archive.md, "The archiver"):
+        its retention may delete segments at or below it; a lower value than it holds is taken too.
+
+        Args:
+            partition_id: the partition.
+            transaction_id: the partition's archived-through (-1: nothing).
+            archive: the archive's location, for the node's log and status.
+            operator: who asks, as the tool states it.
+
+        Raises:
+            StorageRpcError: the node refused (``INVALID_REQUEST`` from a node that does not know
+                the request).
+        """
+        await self._call(
+            partition_id,
+            set_archived_through=storage_pb2.SetArchivedThroughRequest(
+                transaction_id=transaction_id, archive=archive, operator=operator
+            ),
+        )
+
     async def partition_status(self, partition_id: int = -1) -> storage_pb2.PartitionStatusResponse:
         """Return the state of one partition, or of every assigned partition (-1)."""
         response = await self._call(partition_id, partition_status=storage_pb2.PartitionStatusRequest())
