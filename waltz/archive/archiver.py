@@ -21,7 +21,7 @@ ZooKeeper's archived-through checked (one that fails is written again from the r
 ZooKeeper is raised to it.
 
 Error handling: a partition that cannot go on (replicas that disagree, too few replicas, a chunk
-that fails its check, ZooKeeper ahead of the manifest) is reported in its
+that fails its check, a malformed manifest, ZooKeeper ahead of the manifest) is reported in its
 :class:`PartitionRound` and left for the next round; the other partitions go on. A manifest of a
 newer form, or a location that cannot be opened, stops the run.
 """
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT
 from waltz.archive.chunks import adopt_chunk, read_chunk, read_unlisted_chunk, write_chunk
-from waltz.archive.errors import ArchiveCheckError, ArchiveError, ArchiveFormError
+from waltz.archive.errors import ArchiveCheckError, ArchiveError, ArchiveFormTooNewError
 from waltz.archive.layout import ArchiveFiles, parse_chunk_name, partition_directory
 from waltz.archive.location import normal_location
 from waltz.archive.manifests import (
@@ -222,7 +222,7 @@ class Archiver:
 
         Raises:
             ArchiveRefusedError: another location is on record, or the archive is another cluster's.
-            ArchiveFormError: a manifest of a form this code does not read.
+            ArchiveFormTooNewError: a manifest of a form newer than this code reads.
             LocationError, OSError: the location cannot be used.
             ZooKeeperUnavailableError, ClusterNotFoundError, ConfigurationError: ZooKeeper, the
                 cluster or the partitions asked for are not there.
@@ -267,7 +267,7 @@ class Archiver:
             (plan,) = plan_live_on(self._cluster, [partition_id], timeout=self._timeout, tls=self._tls)
             result.high_water_mark = plan.high_water_mark
             self._archive(plan, result)
-        except ArchiveFormError:
+        except ArchiveFormTooNewError:
             raise
         except (ArchiveError, CommittedReadError, MetadataError, OSError) as exc:
             result.error = str(exc)

@@ -13,6 +13,7 @@ __all__ = [
     "ArchiveCheckError",
     "ArchiveError",
     "ArchiveFormError",
+    "ArchiveFormTooNewError",
     "ArchiveRefusedError",
     "ReplicaMismatchError",
 ]
@@ -25,6 +26,10 @@ class ArchiveError(WaltzError):
 class ArchiveFormError(ArchiveError):
     """``archive.json`` or a partition's ``manifest.json`` is not JSON, not of its kind, of a form
     newer than this waltz-py reads, or lacks a field (the message names the file)."""
+
+
+class ArchiveFormTooNewError(ArchiveFormError):
+    """A manifest of a form newer than this waltz-py reads: upgrade waltz-py."""
 
 
 class ArchiveCheckError(ArchiveError):

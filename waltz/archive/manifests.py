@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from waltz.archive.errors import ArchiveCheckError, ArchiveFormError
+from waltz.archive.errors import ArchiveCheckError, ArchiveFormError, ArchiveFormTooNewError
 from waltz.archive.layout import (
     ARCHIVE_MANIFEST,
     PARTITION_MANIFEST,
@@ -32,6 +32,7 @@ __all__ = [
     "ChunkEntry",
     "PartitionManifest",
     "cluster_key_fingerprint",
+    "parse_partition_manifest",
     "read_archive_manifest",
     "read_partition_manifest",
     "write_archive_manifest",
@@ -58,7 +59,7 @@ def _check_form(raw: Any, kind: str, where: str) -> dict[str, Any]:
     if type(form) is not int or form < 1:
         raise ArchiveFormError(f"{where}: form {form!r} is not an archive form")
     if form > ARCHIVE_FORM:
-        raise ArchiveFormError(
+        raise ArchiveFormTooNewError(
             f"{where}: archive form {form} is newer than this waltz-py reads ({ARCHIVE_FORM}); "
             "upgrade waltz-py"
         )
@@ -297,34 +298,55 @@ class PartitionManifest:
             ArchiveCheckError: chunks that overlap, leave a gap, or an ``archived_through`` that
                 is not the last chunk's last transaction.
         """
-        raw = _check_form(raw, PARTITION_KIND, where)
-        if _int(raw, "partition_id", where) != partition_id:
-            raise ArchiveFormError(
-                f"{where}: the manifest is of partition {raw['partition_id']}, in the directory of "
-                f"partition {partition_id}"
-            )
-        listed = raw.get("chunks")
-        if not isinstance(listed, list):
-            raise ArchiveFormError(f"{where}: field 'chunks' is {listed!r}, expected a list")
-        chunks = tuple(ChunkEntry.from_json(c, where) for c in listed)
-        for before, after in itertools.pairwise(chunks):
-            if after.first != before.last + 1:
-                problem = "overlaps the chunk before" if after.first <= before.last else "leaves a gap"
-                raise ArchiveCheckError(
-                    where,
-                    f"the chunk {after.file} {problem} ({before.file} ends at {before.last}): chunks must be "
-                    "contiguous",
-                    after.first,
-                    after.last,
-                )
-        manifest = cls(partition_id, chunks, raw["form"])
-        stated = _int(raw, "archived_through", where)
-        if stated != manifest.archived_through:
-            raise ArchiveCheckError(
-                where,
-                f"archived_through is {stated}, but the last chunk ends at {manifest.archived_through}",
-            )
+        manifest, problem = parse_partition_manifest(raw, where, partition_id)
+        if problem is not None:
+            raise problem
         return manifest
+
+
+def parse_partition_manifest(
+    raw: Any, where: str, partition_id: int
+) -> tuple[PartitionManifest, ArchiveCheckError | None]:
+    """A partition's manifest up to its first problem of contiguity, and that problem.
+
+    :meth:`PartitionManifest.from_json` refuses a manifest with a problem; ``waltz archive verify``
+    checks the chunks before it, and holds the archived-through at the last good one.
+
+    Returns:
+        The manifest of the contiguous chunks from the first, and the first problem after them
+        (None: the whole manifest is good).
+
+    Raises:
+        ArchiveFormError: not of its kind, a newer form, another partition, a field missing or
+            malformed.
+    """
+    raw = _check_form(raw, PARTITION_KIND, where)
+    if _int(raw, "partition_id", where) != partition_id:
+        raise ArchiveFormError(
+            f"{where}: the manifest is of partition {raw['partition_id']}, in the directory of "
+            f"partition {partition_id}"
+        )
+    listed = raw.get("chunks")
+    if not isinstance(listed, list):
+        raise ArchiveFormError(f"{where}: field 'chunks' is {listed!r}, expected a list")
+    chunks = tuple(ChunkEntry.from_json(c, where) for c in listed)
+    stated = _int(raw, "archived_through", where)
+    for index, (before, after) in enumerate(itertools.pairwise(chunks), start=1):
+        if after.first != before.last + 1:
+            problem = "overlaps the chunk before" if after.first <= before.last else "leaves a gap"
+            return PartitionManifest(partition_id, chunks[:index], raw["form"]), ArchiveCheckError(
+                where,
+                f"the chunk {after.file} {problem} ({before.file} ends at {before.last}): chunks must be "
+                "contiguous",
+                after.first,
+                after.last,
+            )
+    manifest = PartitionManifest(partition_id, chunks, raw["form"])
+    if stated != manifest.archived_through:
+        return manifest, ArchiveCheckError(
+            where, f"archived_through is {stated}, but the last chunk ends at {manifest.archived_through}"
+        )
+    return manifest, None
 
 
 def read_archive_manifest(files: ArchiveFiles) -> ArchiveManifest | None:
