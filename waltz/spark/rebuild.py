@@ -200,8 +200,8 @@ def compute_views(
                 "the log holds row changes that do not fit the application's current models, after "
                 "their upcasters, or that carry part of a row, which a rebuild cannot replay; nothing "
                 "was written: " + "; ".join(problems) + ". A model that changed declares its "
-                'schema_version and an upcaster from each older version (docs/sql.md, "Changing a '
-                'model")'
+                "schema_version and an upcaster from each older version "
+                '(docs/sql.md, "Changing a model")'
             )
         progress("every row change fits its entity's current model")
     views = dict(app.build(changes, log_df))
