@@ -3,52 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 
-from waltz import (
-    Transaction,
-    TransactionBuilder,
-    TransactionContext,
-    WaltzClient,
-    WaltzClientCallbacks,
-    WaltzClientConfig,
-)
+from tests.client.client_helpers import Append, MemoryStore
+from waltz import WaltzClient, WaltzClientConfig
 from waltz.local.cluster import LocalCluster
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.server_client import ServerAdminClient
-
-
-class _Marks(WaltzClientCallbacks):
-    """An application that applies nothing: its mark is the log's end when it starts."""
-
-    def __init__(self, marks: dict[int, int]) -> None:
-        self.marks = marks
-        self.lock = threading.Lock()
-
-    def get_client_high_water_mark(self, partition_id: int) -> int:
-        with self.lock:
-            return self.marks[partition_id]
-
-    def apply_transaction(self, transaction: Transaction) -> None:
-        with self.lock:
-            self.marks[transaction.partition_id] = transaction.transaction_id
-
-    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
-        raise AssertionError(f"partition {partition_id} transaction {transaction_id}: {exception!r}")
-
-
-class _Write(TransactionContext):
-    def __init__(self, partition: int, data: bytes, header: int) -> None:
-        super().__init__()
-        self.partition, self.data, self.header = partition, data, header
-
-    def partition_id(self, num_partitions: int) -> int:
-        return self.partition
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_header(self.header)
-        builder.set_raw_data(self.data)
-        return True
 
 
 def write_with_client(cluster: LocalCluster, partition: int, count: int, size: int = 64) -> list[int]:
@@ -57,11 +17,12 @@ def write_with_client(cluster: LocalCluster, partition: int, count: int, size: i
     config = WaltzClientConfig(
         zookeeper_connect_string=cluster.zookeeper_connect_string, cluster_root=cluster.root
     )
-    with WaltzClient(_Marks(marks), config) as client:
-        futures = [
-            client.submit(_Write(partition, (b"%d:" % i).ljust(size, b"x"), i % 7)) for i in range(count)
-        ]
+    store = MemoryStore(marks)
+    with WaltzClient(store, config) as client:
+        contexts = [Append(partition, (b"%d:" % i).ljust(size, b"x"), header=i % 7) for i in range(count)]
+        futures = [client.submit(context) for context in contexts]
         ids = [future.result(timeout=60) for future in futures]
+    assert not store.errors, store.errors
     assert all(isinstance(i, int) for i in ids), ids
     return sorted(i for i in ids if i is not None)
 

@@ -4,6 +4,7 @@ skips nothing (docs/design/archive.md, "The archiver")."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from waltz.archive.reader import read_archived
 from waltz.archive.replicas import TOLD, UNKNOWN_REQUEST, tell_replicas
 from waltz.local.cluster import LocalCluster
 from waltz.metadata.zk import ClusterZk
+from waltz.protocol.storage_client import StorageAdminClient
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -225,9 +227,21 @@ def test_zookeeper_ahead_of_the_manifest_stops_the_partition(
 def test_the_replicas_are_told_or_say_they_do_not_know_the_request(
     cluster: LocalCluster, archive_zk: ClusterZk
 ) -> None:
+    """Every replica of the partition is asked; one that takes it reports it in its status, one
+    that does not know the request is passed over."""
     outcomes = tell_replicas(archive_zk, archive_zk.params(), 0, 41, "/archive/x", operator="test")
     assert set(outcomes) == set(archive_zk.assignments().value.storages_of(0))
     assert set(outcomes.values()) <= {TOLD, UNKNOWN_REQUEST}, outcomes
+    connection = archive_zk.connection().value
+    for storage, outcome in outcomes.items():
+        if outcome == TOLD:
+            assert asyncio.run(_archived_through(cluster, connection.admin_address(storage), 0)) == 41
+
+
+async def _archived_through(cluster: LocalCluster, admin_address: str, partition: int) -> int:
+    async with StorageAdminClient(admin_address, cluster.cluster_key, cluster.num_partitions) as admin:
+        (status,) = (await admin.partition_status(partition)).partitions
+        return status.archived_through
 
 
 def test_fewer_than_a_quorum_of_replicas_stops_the_partition_until_they_are_back(

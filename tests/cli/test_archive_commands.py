@@ -136,6 +136,7 @@ def test_status_before_any_run_and_bad_options(cluster: LocalCluster, zk: Cluste
     assert status["location"] is None
     assert all(p["zookeeper"]["archived_through"] == -1 and p["lag"] == RECORDS for p in status["partitions"])
     assert "the cluster has no archive yet" in waltz(cluster, "verify", expect=2).output
+    assert "partitions [7] do not exist" in waltz(cluster, "status", "--partition", "7", expect=2).output
     bad = waltz(cluster, "run", "--to", str(tmp_path), "--chunk-transactions", "0", expect=2)
     assert "--chunk-transactions" in bad.output
     missing = CliRunner().invoke(

@@ -1,10 +1,12 @@
-"""Files at a location: a local directory or any URL ``pyarrow.fs`` opens, written safely.
+"""Files at a location: a local directory or any URL ``pyarrow.fs`` opens, written safely; JSON
+documents of a kind and a form.
 
 Source: docs/design/archive.md "The archive's layout and forms"; docs/design/spark.md
 "Snapshots". The archive and snapshots keep their files at such a location (``s3://bucket/path``,
 ``gs://...``, ``hdfs://...``, or a directory on another disk or NFS). A JSON document is written
 to a temporary file and renamed over the old one, so a reader sees the old document or the new
-one, never a part; every file's SHA-256 is what a manifest records of it.
+one, never a part; every file's SHA-256 is what a manifest records of it. A manifest says its ``kind``
+and its ``form``; a reader refuses another kind and a newer form than it reads.
 
 Imports only pyarrow (when called) and the errors, so that every reader of the archive may use it.
 """
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LocationError",
+    "check_form",
     "file_sha256",
     "normal_location",
     "open_location",
@@ -112,3 +115,42 @@ def write_json_atomically(filesystem: pafs.FileSystem, path: str, document: Mapp
     with filesystem.open_output_stream(temporary) as stream:
         stream.write(data)
     filesystem.move(temporary, path)
+
+
+def check_form(
+    raw: Any,
+    *,
+    kind: str,
+    newest: int,
+    noun: str,
+    where: str,
+    error: type[WaltzError],
+    too_new: type[WaltzError] | None = None,
+) -> dict[str, Any]:
+    """A parsed JSON manifest, once its ``kind`` is ``kind`` and its ``form`` one this code reads.
+
+    Args:
+        raw: the parsed JSON.
+        kind: the ``"kind"`` it must have.
+        newest: the newest form this code reads.
+        noun: what it is, for messages (``snapshot``, ``archive``).
+        where: the file, for messages.
+        error: the error to raise.
+        too_new: the error to raise for a newer form (default ``error``).
+
+    Returns:
+        ``raw``, a dict.
+
+    Raises:
+        WaltzError: ``error`` or ``too_new``, naming the file.
+    """
+    if not isinstance(raw, dict) or raw.get("kind") != kind:
+        raise error(f'{where} is not a waltz {noun} manifest (no "kind": "{kind}")')
+    form = raw.get("form")
+    if type(form) is not int or form < 1:
+        raise error(f"{where}: its form is {form!r}, not a positive integer")
+    if form > newest:
+        raise (too_new or error)(
+            f"{where}: {noun} form {form} is newer than this waltz-py reads ({newest}); upgrade waltz-py"
+        )
+    return raw

@@ -23,6 +23,7 @@ from waltz.archive.layout import (
     chunk_name,
     partition_directory,
 )
+from waltz.archive.location import check_form
 
 __all__ = [
     "ARCHIVE_FORM",
@@ -53,17 +54,15 @@ def cluster_key_fingerprint(cluster_key: str) -> str:
 
 
 def _check_form(raw: Any, kind: str, where: str) -> dict[str, Any]:
-    if not isinstance(raw, dict) or raw.get("kind") != kind:
-        raise ArchiveFormError(f'{where} is not a waltz archive manifest (no "kind": "{kind}")')
-    form = raw.get("form")
-    if type(form) is not int or form < 1:
-        raise ArchiveFormError(f"{where}: form {form!r} is not an archive form")
-    if form > ARCHIVE_FORM:
-        raise ArchiveFormTooNewError(
-            f"{where}: archive form {form} is newer than this waltz-py reads ({ARCHIVE_FORM}); "
-            "upgrade waltz-py"
-        )
-    return raw
+    return check_form(
+        raw,
+        kind=kind,
+        newest=ARCHIVE_FORM,
+        noun="archive",
+        where=where,
+        error=ArchiveFormError,
+        too_new=ArchiveFormTooNewError,
+    )
 
 
 def _int(raw: Mapping[str, Any], key: str, where: str) -> int:

@@ -207,6 +207,20 @@ def _archive_files(admin: ClusterAdmin, archive: str | None) -> ArchiveFiles | N
     return None if summary is None else ArchiveFiles.open(summary.value.location)
 
 
+def _partitions(admin: ClusterAdmin, values: list[str]) -> list[int] | None:
+    """The ``--partition`` values (None: every partition).
+
+    Raises:
+        typer.Exit: 2 for a partition the cluster does not have.
+    """
+    ids = parse_partitions(values)
+    count = admin.cluster.params().num_partitions
+    unknown = [p for p in ids if p >= count]
+    if unknown:
+        raise fail(f"partitions {unknown} do not exist: the log has partitions 0..{count - 1}", 2)
+    return ids or None
+
+
 @app.command("status")
 def status(
     archive: ArchiveOption = None,
@@ -228,7 +242,7 @@ def status(
     quiet_logging()
     with connected_admin(config, zookeeper, root, timeout) as admin:
         files = _archive_files(admin, archive)
-        partitions = parse_partitions(partition) or None
+        partitions = _partitions(admin, partition)
         report = archive_status(
             admin.cluster, files, partitions, timeout=admin.storage_timeout, tls=admin.tls
         )
@@ -304,7 +318,7 @@ def verify(
                 files,
                 None if summary is None else summary.value,
                 params.num_partitions,
-                parse_partitions(partition) or None,
+                _partitions(admin, partition),
                 progress=None if json_output else typer.echo,
             )
             if hold and not report.passed:

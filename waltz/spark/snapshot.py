@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, Table, delete, insert, select, types
 
-from waltz.archive.location import LocationError, file_sha256, write_json_atomically
+from waltz.archive.location import LocationError, check_form, file_sha256, write_json_atomically
 from waltz.archive.location import open_location as open_any_location
 from waltz.errors import WaltzError
 from waltz.jdbc_style import create_framework_engine
@@ -164,16 +164,10 @@ class SnapshotManifest:
             SnapshotError: not a snapshot manifest, a newer form than this code reads, or a
                 field missing or malformed (named).
         """
-        if not isinstance(raw, dict) or raw.get("kind") != SNAPSHOT_KIND:
-            raise SnapshotError(f'{where} is not a waltz snapshot manifest (no "kind": "{SNAPSHOT_KIND}")')
-        form = raw.get("form")
-        if type(form) is not int or form < 1:
-            raise SnapshotError(f"{where}: form {form!r} is not a snapshot form")
-        if form > SNAPSHOT_FORM:
-            raise SnapshotError(
-                f"{where}: snapshot form {form} is newer than this waltz-py reads ({SNAPSHOT_FORM}); "
-                "upgrade waltz-py"
-            )
+        raw = check_form(
+            raw, kind=SNAPSHOT_KIND, newest=SNAPSHOT_FORM, noun="snapshot", where=where, error=SnapshotError
+        )
+        form = raw["form"]
         try:
             return SnapshotManifest(
                 cluster_name=str(raw["cluster_name"]),
