@@ -87,6 +87,53 @@ def test_the_tracing_hooks_import_only_the_protocol_and_the_errors(graph: grimp.
     )
 
 
+def test_the_committed_reads_import_only_the_admin_port_the_metadata_and_the_storage_format(
+    graph: grimp.ImportGraph,
+) -> None:
+    """Spark and the archiver read the log through ``waltz.committed``: it stands below both."""
+    allowed = ("waltz.protocol", "waltz.metadata", "waltz.admin.storage_nodes", "waltz.services.storage")
+    bad = [
+        (a, b)
+        for a, b in _imports_from(graph, "waltz.committed")
+        if b != ERRORS and not any(_within(b, package) for package in allowed)
+    ]
+    assert not bad, (
+        f"waltz.committed may import only {', '.join(allowed)} and the errors; it imports:\n{_describe(bad)}"
+    )
+
+
+#: The modules of the archive a server reads it with: its files and their checks, nothing of the
+#: archiver's (ZooKeeper, the admin ports, the committed reads).
+ARCHIVE_FORMAT = (
+    "waltz.archive.errors",
+    "waltz.archive.location",
+    "waltz.archive.layout",
+    "waltz.archive.manifests",
+    "waltz.archive.columns",
+    "waltz.archive.chunks",
+    "waltz.archive.reader",
+)
+
+
+def test_the_archives_format_imports_only_the_protocol_and_the_errors(graph: grimp.ImportGraph) -> None:
+    """The servers will read the archive: its format stands as low as the protocol."""
+    bad = [
+        (module, imported)
+        for module in ARCHIVE_FORMAT
+        for imported in sorted(graph.find_modules_directly_imported_by(module))
+        if imported != ERRORS and imported not in ARCHIVE_FORMAT and not _within(imported, "waltz.protocol")
+    ]
+    assert not bad, f"the archive's format may import only waltz.protocol and the errors:\n{_describe(bad)}"
+
+
+@pytest.mark.parametrize(
+    "forbidden", ["waltz.spark", "waltz.cli", "waltz.local", "waltz.client", "waltz.services"]
+)
+def test_the_archiver_stands_beside_the_admin_tools(graph: grimp.ImportGraph, forbidden: str) -> None:
+    bad = [(a, b) for a, b in _imports_from(graph, "waltz.archive") if _within(b, forbidden)]
+    assert not bad, f"waltz.archive must not import {forbidden}:\n{_describe(bad)}"
+
+
 @pytest.mark.parametrize(
     "forbidden", ["waltz.services.server", "waltz.metadata", "waltz.local", "waltz.admin"]
 )

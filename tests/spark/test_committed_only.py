@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import support
 
+from waltz.committed.plan import plan_live, plan_offline
+from waltz.committed.reads import read_committed
 from waltz.errors import ConfigurationError
 from waltz.local.cluster import LocalCluster
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient
-from waltz.spark.committed import plan_live, plan_offline
-from waltz.spark.readers import read_committed
 
 pytestmark = pytest.mark.timeout(600)
 

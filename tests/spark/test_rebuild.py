@@ -13,6 +13,8 @@ from sqlalchemy import select, text, update
 from typer.testing import CliRunner
 
 from waltz.cli.main import app as waltz_app
+from waltz.committed.plan import plan_offline
+from waltz.committed.reads import read_committed
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.local.cluster import LocalCluster
@@ -20,10 +22,8 @@ from waltz.local.processes import wait_until
 from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_session import connect_zookeeper
 from waltz.services.storage import format as fmt
-from waltz.spark.committed import plan_offline
 from waltz.spark.drift import verify
 from waltz.spark.errors import CommittedReadError, StorageDirectoryNotVisibleError
-from waltz.spark.readers import read_committed
 from waltz.spark.rebuild import LogSource, rebuild
 from waltz.spark.source import LogRange, WaltzLogReader
 from waltz.workloads.smallbank import SmallBankConfig, SmallBankWorkload

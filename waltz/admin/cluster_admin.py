@@ -72,7 +72,7 @@ log = logging.getLogger(__name__)
 
 #: The znodes a cluster root may hold (zk.py); ``delete`` refuses a root holding anything else,
 #: so that a wrong ``--root`` (a parent of other clusters, say) is never wiped.
-CLUSTER_ROOT_CHILDREN = frozenset({"cluster", "store", "server", "client"})
+CLUSTER_ROOT_CHILDREN = frozenset({"cluster", "store", "server", "client", "archive"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,14 @@ HELP = {
         "Exit codes: 0 success, 1 a snapshot that does not verify, 2 usage, driver or connection error. "
         "See docs/spark.md."
     ),
+    "archive": (
+        "Archive the log's committed records in Parquet files (a directory or a URL pyarrow opens), "
+        "verified against a quorum of replicas; show what the archive holds and how far it lags; verify "
+        "it. Every command needs the cluster's ZooKeeper connect string and root: --zookeeper/--root, "
+        "WALTZ_ZOOKEEPER_CONNECT_STRING/WALTZ_CLUSTER_ROOT, or a --config YAML file. "
+        "Exit codes: 0 success, 1 a partition stopped (run) or a problem found (verify), 2 usage, "
+        "configuration or connection error, or an archive that cannot be used. See docs/operations.md."
+    ),
 }
 
 #: The line each lazily imported group has in the listing of ``waltz --help``.
@@ -72,6 +80,7 @@ SHORT_HELP = {
     "db": "The SQL framework's tables: create, upgrade, show marks, skip.",
     "client": "Client checks: validate, high-water marks, connectivity.",
     "snapshot": "An application's tables at one set of marks: create, show, verify, load.",
+    "archive": "The log's archive: run the archiver, show its status, verify it.",
 }
 
 #: The module whose ``app`` is each lazily imported group.
@@ -81,9 +90,10 @@ _MODULES = {
     "db": "waltz.cli.db",
     "client": "waltz.cli.client",
     "snapshot": "waltz.cli.snapshot",
+    "archive": "waltz.cli.archive",
 }
 #: The package extra a group needs beyond waltz-py's own dependencies.
-_EXTRAS = {"db": "sql", "snapshot": "sql,spark"}
+_EXTRAS = {"db": "sql", "snapshot": "sql,spark", "archive": "archive"}
 
 
 def first_sentence(text: str) -> str:

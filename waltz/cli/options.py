@@ -21,6 +21,7 @@ from waltz.logs import configure_logging
 __all__ = [
     "ActivePartitionsOption",
     "AdminConfigOption",
+    "ArchiveOption",
     "CheckpointIntervalOption",
     "ClientConfigOption",
     "ClusterFilterOption",
@@ -260,5 +261,17 @@ ClusterFilterOption = Annotated[
     str | None,
     typer.Option(
         "--cluster", help="Only this Waltz cluster's rows (default: every cluster).", show_default=False
+    ),
+]
+
+# --- the archive ------------------------------------------------------------------------------------
+
+ArchiveOption = Annotated[
+    str | None,
+    typer.Option(
+        "--archive",
+        help="The archive to read: a directory or a URL pyarrow opens (default: the one ZooKeeper names, "
+        "<root>/archive).",
+        show_default=False,
     ),
 ]

@@ -2,9 +2,9 @@
 
 Design: docs/design/zookeeper.md "Partition metadata" (generation, store session ID, replica states
 with closing high-water marks), "Replica assignments and groups" (replica assignments, group
-descriptor). Every value is a frozen dataclass with ``encode()`` (UTF-8 JSON, sorted keys) and
-``decode(data, path)``; a znode that does not decode raises :class:`~waltz.errors.MetadataError`
-naming the znode.
+descriptor), "The archive's summary" (the archive's location and what it holds). Every value is
+a frozen dataclass with ``encode()`` (UTF-8 JSON, sorted keys) and ``decode(data, path)``; a
+znode that does not decode raises :class:`~waltz.errors.MetadataError` naming the znode.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from waltz.errors import MetadataError
 
 __all__ = [
     "FORMAT_VERSION",
+    "ArchiveSummary",
+    "ArchivedPartition",
     "ClusterParams",
     "ConnectionMetadata",
     "GroupDescriptor",
@@ -257,3 +259,70 @@ class PartitionMetadata:
     def evolve(self, **changes: Any) -> PartitionMetadata:
         """Return a copy with some fields changed."""
         return replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedPartition:
+    """What the archive holds of one partition (docs/design/zookeeper.md "The archive's summary").
+
+    Attributes:
+        archived_through: every transaction up to it is in the archive, verified (-1: none).
+        chunks: the partition's chunks in the archive.
+        size_bytes: their bytes in all (``bytes`` in the znode).
+    """
+
+    archived_through: int = -1
+    chunks: int = 0
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveSummary:
+    """The archive's summary at ``<root>/archive`` (docs/design/zookeeper.md "The archive's summary").
+
+    Attributes:
+        location: the archive: a directory or a URL ``pyarrow.fs`` opens.
+        partitions: partition ID -> what the archive holds of it (a partition without an entry:
+            nothing).
+    """
+
+    location: str
+    partitions: Mapping[int, ArchivedPartition] = field(default_factory=dict)
+
+    def of(self, partition_id: int) -> ArchivedPartition:
+        """What the archive holds of a partition (nothing when it has no entry)."""
+        return self.partitions.get(partition_id, ArchivedPartition())
+
+    def with_partition(self, partition_id: int, value: ArchivedPartition) -> ArchiveSummary:
+        """Return a copy with one partition's entry set."""
+        return ArchiveSummary(self.location, {**self.partitions, partition_id: value})
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "location": self.location,
+                "partitions": {
+                    str(pid): {
+                        "archived_through": p.archived_through,
+                        "chunks": p.chunks,
+                        "bytes": p.size_bytes,
+                    }
+                    for pid, p in sorted(self.partitions.items())
+                },
+            }
+        )
+
+    @classmethod
+    def decode(cls, data: bytes, path: str) -> Self:
+        value = _load(data, path)
+        location = _field(value, "location", str, path)
+        partitions: dict[int, ArchivedPartition] = {}
+        for key, raw in _field(value, "partitions", dict, path).items():
+            if not key.isdigit() or not isinstance(raw, dict):
+                raise MetadataError(f"znode {path}: partition {key!r} is {raw!r}")
+            partitions[int(key)] = ArchivedPartition(
+                _field(raw, "archived_through", int, path),
+                _field(raw, "chunks", int, path),
+                _field(raw, "bytes", int, path),
+            )
+        return cls(location, partitions)

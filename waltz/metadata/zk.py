@@ -8,6 +8,7 @@ Layout under the cluster root (``docs/zookeeper.md``)::
     <root>/store/connection         ConnectionMetadata (storage connect string -> admin port)
     <root>/store/partition/<id>     PartitionMetadata (generation, session ID, replica states)
     <root>/server/...               server membership and partition assignment (cluster manager)
+    <root>/archive                  ArchiveSummary (the archive's location, per partition what it holds)
 
 Every znode is created with the session's default ACL: with a digest credential, all rights to
 that credential alone (docs/design/zookeeper.md, "Security"); a refused access raises
@@ -29,6 +30,7 @@ from kazoo.security import OPEN_ACL_UNSAFE
 
 from waltz.errors import ClusterNotFoundError, GenerationFencedError, MetadataError, StaleMetadataError
 from waltz.metadata.values import (
+    ArchiveSummary,
     ClusterParams,
     ConnectionMetadata,
     GroupDescriptor,
@@ -125,6 +127,11 @@ class ClusterPaths:
     def server_assignment(self) -> str:
         """The partition assignment written by the cluster manager."""
         return f"{self.root}/server/assignment"
+
+    @property
+    def archive(self) -> str:
+        """The archive's summary, written by the archiver (absent until its first run)."""
+        return f"{self.root}/archive"
 
 
 class ClusterZk:
@@ -326,6 +333,41 @@ class ClusterZk:
             StaleMetadataError: the znode changed since ``version``.
         """
         return self._write(self.paths.partition(partition_id), value, version)
+
+    def archive_summary(self) -> Versioned[ArchiveSummary] | None:
+        """The archive's summary and its znode version, or None before the archiver's first run.
+
+        Raises:
+            ClusterNotFoundError: no cluster exists under the root.
+            MetadataError: the znode does not decode.
+        """
+        path = self.paths.archive
+        try:
+            with zookeeper_access(self.zk, f"reading {path}"):
+                data, stat = self.zk.get(path)
+        except NoNodeError:
+            if not self.exists():
+                raise ClusterNotFoundError(f"no cluster under {self.paths.root}") from None
+            return None
+        return Versioned(ArchiveSummary.decode(data, path), stat.version)
+
+    def set_archive_summary(self, value: ArchiveSummary, version: int) -> int:
+        """Create (``version`` -1) or compare-and-set the archive's summary; returns the new version.
+
+        The znode is created with the session's default ACL, like every znode of the cluster.
+
+        Raises:
+            StaleMetadataError: the znode was created or changed since ``version``.
+        """
+        path = self.paths.archive
+        if version >= 0:
+            return self._write(path, value, version)
+        try:
+            with zookeeper_access(self.zk, f"creating {path}"):
+                self.zk.create(path, value.encode())
+        except NodeExistsError:
+            raise StaleMetadataError(f"znode {path} was created by another writer") from None
+        return 0
 
     def begin_store_session(
         self, partition_id: int, generation: int

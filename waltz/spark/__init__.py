@@ -3,10 +3,9 @@
 Source: docs/design/spark.md "What the rebuild is for"; docs/design/overview.md "Why the log is the
 source of truth" (the log is the source of truth, databases derive from it); ``docs/spark.md`` is
 the guide. Importing :mod:`waltz.spark.source` needs PySpark and pyarrow (the ``spark`` extra);
-:mod:`waltz.spark.committed` and :mod:`waltz.spark.readers` do not.
+:mod:`waltz.committed`, which plans and reads the committed records, does not.
 
 - :func:`register`: register the ``waltz`` data source with a Spark session.
-- :mod:`waltz.spark.committed`: which records are committed and where to read them.
 - :mod:`waltz.spark.decoders`: transaction data to row changes (change-sets, command decoders).
 - :mod:`waltz.spark.views`: replay row changes into tables (last write per key wins).
 - :mod:`waltz.spark.rebuild`: the rebuild job (``waltz rebuild``); :mod:`waltz.spark.target`:

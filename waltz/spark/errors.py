@@ -1,7 +1,11 @@
-"""Errors of the Spark reader and the rebuild job (all :class:`~waltz.errors.WaltzError`)."""
+"""Errors of the Spark reader and the rebuild job (all :class:`~waltz.errors.WaltzError`).
+
+The errors of the committed reads are :mod:`waltz.committed.errors`'s, named here too.
+"""
 
 from __future__ import annotations
 
+from waltz.committed.errors import CommittedReadError, CorruptRecordError, StorageDirectoryNotVisibleError
 from waltz.errors import WaltzError
 
 __all__ = [
@@ -11,24 +15,6 @@ __all__ = [
     "SparkUnavailableError",
     "StorageDirectoryNotVisibleError",
 ]
-
-
-class CommittedReadError(WaltzError):
-    """The log cannot be read as committed: no replica proves the requested records committed.
-
-    The message names the partition, the transaction ID and what to give instead (more replica
-    directories, an explicit high-water mark, or a reachable storage node).
-    """
-
-
-class CorruptRecordError(CommittedReadError):
-    """A record read failed its CRC or does not have the expected transaction ID."""
-
-
-class StorageDirectoryNotVisibleError(CommittedReadError):
-    """An offline read's storage directory, found where the read was planned (the driver), is not
-    there (or not readable) where a Spark task runs: the directories must be on a filesystem every
-    executor sees at the same path. The message names the directory and the task's host."""
 
 
 class RebuildError(WaltzError):

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from waltz.committed.plan import CommittedPartition, plan_live, plan_offline
 from waltz.protocol.channels import TlsConfig
-from waltz.spark.committed import CommittedPartition, plan_live, plan_offline
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import CommittedReadError, RebuildError
 from waltz.spark.target import check_target, marks_text, write_views
@@ -55,7 +55,7 @@ class LogSource:
     tls: TlsConfig | None = None
 
     def plan(self) -> list[CommittedPartition]:
-        """The committed high-water mark of every partition (see :mod:`waltz.spark.committed`).
+        """The committed high-water mark of every partition (see :mod:`waltz.committed.plan`).
 
         Raises:
             RebuildError: neither or both kinds of source given.
@@ -200,8 +200,8 @@ def compute_views(
                 "the log holds row changes that do not fit the application's current models, after "
                 "their upcasters, or that carry part of a row, which a rebuild cannot replay; nothing "
                 "was written: " + "; ".join(problems) + ". A model that changed declares its "
-                'schema_version and an upcaster from each older version (docs/sql.md, "Changing a '
-                'model")'
+                "schema_version and an upcaster from each older version "
+                '(docs/sql.md, "Changing a model")'
             )
         progress("every row change fits its entity's current model")
     views = dict(app.build(changes, log_df))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-import hashlib
 import json
 import logging
 import posixpath
@@ -29,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, Table, delete, insert, select, types
 
+from waltz.archive.location import LocationError, check_form, file_sha256, write_json_atomically
+from waltz.archive.location import open_location as open_any_location
 from waltz.errors import WaltzError
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks
@@ -163,16 +164,10 @@ class SnapshotManifest:
             SnapshotError: not a snapshot manifest, a newer form than this code reads, or a
                 field missing or malformed (named).
         """
-        if not isinstance(raw, dict) or raw.get("kind") != SNAPSHOT_KIND:
-            raise SnapshotError(f'{where} is not a waltz snapshot manifest (no "kind": "{SNAPSHOT_KIND}")')
-        form = raw.get("form")
-        if type(form) is not int or form < 1:
-            raise SnapshotError(f"{where}: form {form!r} is not a snapshot form")
-        if form > SNAPSHOT_FORM:
-            raise SnapshotError(
-                f"{where}: snapshot form {form} is newer than this waltz-py reads ({SNAPSHOT_FORM}); "
-                "upgrade waltz-py"
-            )
+        raw = check_form(
+            raw, kind=SNAPSHOT_KIND, newest=SNAPSHOT_FORM, noun="snapshot", where=where, error=SnapshotError
+        )
+        form = raw["form"]
         try:
             return SnapshotManifest(
                 cluster_name=str(raw["cluster_name"]),
@@ -199,39 +194,15 @@ class SnapshotManifest:
 def open_location(location: str) -> tuple[pafs.FileSystem, str]:
     """The filesystem and the path of a directory or a URL (``s3://...``), for ``pyarrow.fs``.
 
+    :func:`waltz.archive.location.open_location`, with its errors as :class:`SnapshotError`.
+
     Raises:
         SnapshotError: pyarrow is missing, or the URL names no filesystem pyarrow knows.
     """
     try:
-        import pyarrow.fs as pafs
-    except ImportError as exc:
-        raise SnapshotError("snapshots and the archive need pyarrow: install waltz-py[spark]") from exc
-    if "://" not in location:
-        path = str(Path(location).expanduser().resolve())
-        return pafs.LocalFileSystem(), path
-    try:
-        filesystem, path = pafs.FileSystem.from_uri(location)
-    except (ValueError, OSError) as exc:
-        raise SnapshotError(f"cannot open {location}: {exc}") from exc
-    return filesystem, path
-
-
-def _sha256(filesystem: pafs.FileSystem, path: str) -> str:
-    digest = hashlib.sha256()
-    with filesystem.open_input_stream(path) as stream:
-        while True:
-            chunk = stream.read(1 << 20)
-            if not chunk:
-                return digest.hexdigest()
-            digest.update(chunk)
-
-
-def _write_json(filesystem: pafs.FileSystem, path: str, document: Mapping[str, Any]) -> None:
-    data = json.dumps(document, indent=2, sort_keys=True).encode("utf-8") + b"\n"
-    temporary = path + ".tmp"
-    with filesystem.open_output_stream(temporary) as stream:
-        stream.write(data)
-    filesystem.move(temporary, path)
+        return open_any_location(location)
+    except LocationError as exc:
+        raise SnapshotError(str(exc)) from exc
 
 
 # --- types -----------------------------------------------------------------------------------------
@@ -380,7 +351,7 @@ def write_snapshot(
                     count = _write_table(
                         filesystem, posixpath.join(root, file), _table_schema(table), iter(rows)
                     )
-                    digest = _sha256(filesystem, posixpath.join(root, file))
+                    digest = file_sha256(filesystem, posixpath.join(root, file))
                     files.append(
                         SnapshotFile(
                             table.name,
@@ -419,14 +390,14 @@ def write_snapshot(
             idempotency_keys.name,
             keys_file,
             key_count,
-            _sha256(filesystem, posixpath.join(root, keys_file)),
+            file_sha256(filesystem, posixpath.join(root, keys_file)),
             tuple((c.name, str(c.type)) for c in idempotency_keys.columns),
         ),
         written_at=written_at,
         dialect=dialect,
         cluster_key_fingerprint=cluster_key_fingerprint,
     )
-    _write_json(filesystem, manifest_path, manifest.to_json())
+    write_json_atomically(filesystem, manifest_path, manifest.to_json())
     say(f"snapshot at marks {dict(sorted(marks.items()))} written to {location}")
     return manifest
 
@@ -467,7 +438,7 @@ def verify_snapshot(location: str, manifest: SnapshotManifest | None = None) -> 
     for entry in [*manifest.tables, manifest.idempotency_keys]:
         path = posixpath.join(root, entry.file)
         try:
-            digest = _sha256(filesystem, path)
+            digest = file_sha256(filesystem, path)
         except (FileNotFoundError, OSError) as exc:
             raise SnapshotError(f"{location}/{entry.file} ({entry.table}): missing ({exc})") from exc
         if digest != entry.sha256:

@@ -50,12 +50,12 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from waltz.committed.plan import CommittedPartition, LiveSource, OfflineSource, plan_live, plan_offline
+from waltz.committed.reads import DEFAULT_BATCH_RECORDS, read_committed
 from waltz.errors import ConfigurationError
 from waltz.protocol.channels import TlsConfig
 from waltz.services.storage import inspect
-from waltz.spark.committed import CommittedPartition, LiveSource, OfflineSource, plan_live, plan_offline
 from waltz.spark.errors import CommittedReadError
-from waltz.spark.readers import DEFAULT_BATCH_RECORDS, read_committed
 
 __all__ = ["LOG_SCHEMA", "LogRange", "WaltzDataSource", "WaltzLogReader", "parse_marks", "tls_option"]
 

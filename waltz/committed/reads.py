@@ -1,8 +1,8 @@
-"""Read a range of committed records of one partition (a Spark task's work), CRC-checked.
+"""Read a range of committed records of one partition (a Spark task's, or the archiver's), CRC-checked.
 
 Source: docs/design/storage.md "Admin port" (record lists through the admin port), "Files on
 disk" (segment files, read with :mod:`waltz.services.storage.inspect`). The ranges come
-from :mod:`waltz.spark.committed`, which proved them committed; these readers only fetch, check
+from :mod:`waltz.committed.plan`, which proved them committed; these readers only fetch, check
 each record's CRC and the contiguity of transaction IDs, and fail over between replicas.
 """
 
@@ -12,18 +12,18 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
+from waltz.committed.errors import CommittedReadError, CorruptRecordError, StorageDirectoryNotVisibleError
+from waltz.committed.plan import LiveReplica, LiveSource, OfflineReplica, OfflineSource
 from waltz.errors import WaltzError
 from waltz.protocol.records import Record
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
-from waltz.spark.committed import LiveReplica, LiveSource, OfflineReplica, OfflineSource
-from waltz.spark.errors import CommittedReadError, CorruptRecordError, StorageDirectoryNotVisibleError
 
-__all__ = ["DEFAULT_BATCH_RECORDS", "check_visible", "read_committed", "read_directory"]
+__all__ = ["DEFAULT_BATCH_RECORDS", "check_visible", "read_committed", "read_directory", "read_replica"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,44 @@ def _read_live(
         f"partition {partition_id}: transactions {next_id}..{last} could not be read from any replica of "
         f"session {source.session_id}: {'; '.join(failures)}"
     )
+
+
+def read_replica(
+    partition_id: int,
+    first: int,
+    last: int,
+    replica: LiveReplica,
+    source: LiveSource,
+    *,
+    batch_records: int = DEFAULT_BATCH_RECORDS,
+    timeout: float = 30.0,
+) -> Generator[Record, None, None]:
+    """Yield the records ``first..last`` of one replica of a live plan, in order, CRC-checked.
+
+    For a reader that compares replicas record by record (the archiver); :func:`read_committed`
+    reads each record from one replica and fails over. The admin stream is closed when the
+    iterator ends or is closed.
+
+    Args:
+        partition_id: the partition.
+        first: the first transaction ID.
+        last: the last transaction ID; at most the replica's max when the plan was made.
+        replica: one of ``source.replicas``.
+        source: the live plan's source.
+        batch_records: records per admin request.
+        timeout: seconds for each admin request.
+
+    Raises:
+        CommittedReadError: the replica returned no record where one was due.
+        CorruptRecordError: a record failed its CRC or came with another transaction ID.
+        WaltzError, ConnectionError, OSError, TimeoutError: the replica failed or did not answer.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        yield from _read_replica(loop, partition_id, first, last, replica, source, batch_records, timeout)
+    finally:
+        loop.run_until_complete(asyncio.sleep(0.05))  # gRPC's poller delivers its last events
+        loop.close()
 
 
 def _read_replica(

@@ -1,0 +1,258 @@
+"""The archiver on a real local cluster: what a client wrote comes back from the archive record for
+record, across chunks and partitions; a stop between any two steps archives nothing twice and
+skips nothing (docs/design/archive.md, "The archiver")."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.archive.archive_helpers import append_bulk, read_log, write_with_client
+from waltz.archive.archiver import ArchiveEvent, Archiver, ChunkPolicy, PartitionRound, Step
+from waltz.archive.chunks import encode_chunk
+from waltz.archive.errors import ArchiveRefusedError
+from waltz.archive.layout import ArchiveFiles, chunk_name, partition_directory
+from waltz.archive.manifests import cluster_key_fingerprint, read_archive_manifest, read_partition_manifest
+from waltz.archive.reader import read_archived
+from waltz.archive.replicas import TOLD, UNKNOWN_REQUEST, tell_replicas
+from waltz.local.cluster import LocalCluster
+from waltz.metadata.zk import ClusterZk
+from waltz.protocol.storage_client import StorageAdminClient
+
+pytestmark = pytest.mark.timeout(600)
+
+#: Small chunks, written at once when short: every test makes several chunks of a small log.
+SMALL = ChunkPolicy(chunk_transactions=100, chunk_bytes=1 << 20, seal_after=0)
+
+
+class CrashError(Exception):
+    """Stands for the archiver's process dying at a step."""
+
+
+def archiver(
+    zk: ClusterZk, location: Path, progress: Callable[[ArchiveEvent], None] | None = None, **options: object
+) -> Archiver:
+    return Archiver(zk, str(location), policy=SMALL, progress=progress, **options)  # type: ignore[arg-type]
+
+
+def by_partition(results: list[PartitionRound]) -> dict[int, PartitionRound]:
+    return {r.partition_id: r for r in results}
+
+
+def check_archive(cluster: LocalCluster, zk: ClusterZk, location: Path, partition: int, through: int) -> None:
+    """The archive holds 0..through of the partition exactly once, as the log does, and ZooKeeper
+    and the manifest agree; no file outside the manifest is left in the partition's directory."""
+    files = ArchiveFiles.open(str(location))
+    manifest = read_partition_manifest(files, partition)
+    assert manifest.start == 0 and manifest.archived_through == through
+    assert list(read_archived(files, partition, 0, through)) == read_log(cluster, partition, 0, through)
+    summary = zk.archive_summary()
+    assert summary is not None and summary.value.location == str(location)
+    entry = summary.value.of(partition)
+    assert (entry.archived_through, entry.chunks, entry.size_bytes) == (
+        through,
+        len(manifest.chunks),
+        manifest.size_bytes,
+    )
+    directory = location / partition_directory(partition)
+    assert sorted(p.name for p in directory.iterdir()) == sorted(
+        [c.file for c in manifest.chunks] + ["manifest.json"]
+    )
+
+
+def test_a_partition_written_by_a_client_comes_back_from_the_archive(
+    cluster: LocalCluster, archive_zk: ClusterZk, location: Path
+) -> None:
+    write_with_client(cluster, 0, 130)
+    append_bulk(cluster, 0, 120)
+    events: list[ArchiveEvent] = []
+    results = by_partition(archiver(archive_zk, location, events.append, partitions=[0]).run())
+    mark = results[0].high_water_mark
+    assert mark >= 249 and results[0].error is None and results[0].waiting == 0
+    assert results[0].archived_through == mark and set(results) == {0}
+    check_archive(cluster, archive_zk, location, 0, mark)
+    manifest = read_partition_manifest(ArchiveFiles.open(str(location)), 0)
+    assert [(c.first, c.last) for c in manifest.chunks][:2] == [(0, 99), (100, 199)]
+    assert all(len(c.verified_replicas) == 2 for c in manifest.chunks)  # a quorum of 3 replicas
+    steps = [e.step for e in events if e.last == 99]
+    assert steps[:4] == [Step.CHUNK_WRITTEN, Step.MANIFEST_WRITTEN, Step.SUMMARY_RAISED, Step.REPLICAS_TOLD]
+    top = read_archive_manifest(ArchiveFiles.open(str(location)))
+    assert top is not None and top.num_partitions == 2
+    assert top.cluster_key_fingerprints == (cluster_key_fingerprint(cluster.cluster_key),)
+    # A second run finds nothing new and changes nothing.
+    again = by_partition(archiver(archive_zk, location, partitions=[0]).run())
+    assert again[0].chunks_added == 0 and again[0].archived_through == mark
+
+
+def test_two_partitions_are_archived_each_in_its_directory(
+    cluster: LocalCluster, archive_zk: ClusterZk, location: Path
+) -> None:
+    append_bulk(cluster, 0, 150)
+    append_bulk(cluster, 1, 230)
+    results = by_partition(archiver(archive_zk, location).run())
+    assert set(results) == {0, 1}
+    for partition in (0, 1):
+        assert results[partition].error is None
+        check_archive(cluster, archive_zk, location, partition, results[partition].high_water_mark)
+
+
+def test_a_short_tail_waits_for_quiet_and_full_chunks_do_not(
+    cluster: LocalCluster, archive_zk: ClusterZk, location: Path
+) -> None:
+    append_bulk(cluster, 1, 250)
+    if (cluster.wait_ready(30)[1].high_water_mark + 1) % 100 == 0:
+        append_bulk(cluster, 1, 10)  # a tail shorter than a chunk
+    now = [1000.0]
+    patient = Archiver(
+        archive_zk,
+        str(location),
+        policy=ChunkPolicy(chunk_transactions=100, seal_after=30),
+        partitions=[1],
+        clock=lambda: now[0],
+    )
+    (first,) = patient.run_round()
+    mark = first.high_water_mark
+    assert first.archived_through == (mark + 1) // 100 * 100 - 1  # every full chunk, at once
+    assert first.waiting == mark - first.archived_through and first.seal_at == 1030.0
+    (unchanged,) = patient.run_round()  # not quiet long enough: nothing read, nothing written
+    assert unchanged.archived_through == first.archived_through and unchanged.chunks_added == 0
+    now[0] += 30
+    (sealed,) = patient.run_round()
+    assert sealed.archived_through == mark and sealed.waiting == 0
+    check_archive(cluster, archive_zk, location, 1, mark)
+
+
+@pytest.mark.parametrize("step", [Step.CHUNK_WRITTEN, Step.MANIFEST_WRITTEN, Step.SUMMARY_RAISED])
+def test_a_stop_between_steps_archives_nothing_twice_and_skips_nothing(
+    cluster: LocalCluster, archive_zk: ClusterZk, location: Path, step: Step
+) -> None:
+    append_bulk(cluster, 0, 320)
+    seen: list[ArchiveEvent] = []
+
+    def crash_at_second(event: ArchiveEvent) -> None:
+        seen.append(event)
+        if event.step is step and sum(1 for e in seen if e.step is step) == 2:
+            raise CrashError(f"stopped after {step.value} of {event.first}..{event.last}")
+
+    with pytest.raises(CrashError) as stopped:
+        archiver(archive_zk, location, crash_at_second, partitions=[0]).run()
+    files = ArchiveFiles.open(str(location))
+    manifest = read_partition_manifest(files, 0)
+    summary = archive_zk.archive_summary()
+    assert summary is not None
+    recorded = summary.value.of(0).archived_through
+    if step is Step.CHUNK_WRITTEN:  # the second chunk's file is there, the manifest lists the first
+        assert manifest.archived_through == 99 and recorded == 99
+        assert (location / partition_directory(0) / chunk_name(100, 199)).exists()
+    elif step is Step.MANIFEST_WRITTEN:  # the manifest lists two chunks, ZooKeeper one
+        assert manifest.archived_through == 199 and recorded == 99
+    else:  # ZooKeeper raised, the replicas not told
+        assert manifest.archived_through == 199 and recorded == 199
+    assert "stopped after" in str(stopped.value)
+
+    events: list[ArchiveEvent] = []
+    results = by_partition(archiver(archive_zk, location, events.append, partitions=[0]).run())
+    assert results[0].error is None
+    check_archive(cluster, archive_zk, location, 0, results[0].high_water_mark)
+    written = [(e.first, e.last) for e in events if e.step in (Step.CHUNK_WRITTEN, Step.CHUNK_ADOPTED)]
+    if step is Step.CHUNK_WRITTEN:
+        assert written[0] == (100, 199)
+        assert next(e.step for e in events if e.first == 100) is Step.CHUNK_ADOPTED
+    else:
+        assert all(first >= 200 for first, _ in written)
+    if step is Step.MANIFEST_WRITTEN:
+        raised = [e for e in events if e.step is Step.SUMMARY_RAISED]
+        assert raised[0].last == 199  # ZooKeeper caught up with the manifest before anything new
+
+
+def test_an_unlisted_chunk_that_does_not_match_is_replaced(
+    cluster: LocalCluster, archive_zk: ClusterZk, location: Path
+) -> None:
+    append_bulk(cluster, 0, 210)
+
+    def crash(event: ArchiveEvent) -> None:
+        if event.step is Step.CHUNK_WRITTEN and event.first == 100:
+            raise CrashError("stopped")
+
+    with pytest.raises(CrashError):
+        archiver(archive_zk, location, crash, partitions=[0]).run()
+    # The file of 100..199 is damaged before the restart; an interrupted write left a hidden file.
+    directory = location / partition_directory(0)
+    stale = read_log(cluster, 0, 100, 199)
+    stale[3] = stale[3]._replace(header=stale[3].header + 1)
+    (directory / chunk_name(100, 199)).write_bytes(encode_chunk(stale)[0])
+    (directory / f".{chunk_name(200, 299)}.tmp").write_bytes(b"partial")
+    events: list[ArchiveEvent] = []
+    results = by_partition(archiver(archive_zk, location, events.append, partitions=[0]).run())
+    assert results[0].error is None
+    assert next(e.step for e in events if e.first == 100) is Step.CHUNK_REPLACED
+    check_archive(cluster, archive_zk, location, 0, results[0].high_water_mark)
+
+
+def test_another_location_is_refused_unless_the_archive_moved_there(
+    cluster: LocalCluster, archive_zk: ClusterZk, location: Path, tmp_path: Path
+) -> None:
+    append_bulk(cluster, 1, 120)
+    archiver(archive_zk, location, partitions=[1]).run()
+    elsewhere = tmp_path / "elsewhere"
+    with pytest.raises(ArchiveRefusedError, match="--relocate") as refused:
+        archiver(archive_zk, elsewhere, partitions=[1]).run()
+    assert f"archives to {location} ({archive_zk.paths.archive}), not {elsewhere}" in str(refused.value)
+    with pytest.raises(ArchiveRefusedError, match="copy the archive to the new location first"):
+        archiver(archive_zk, elsewhere, partitions=[1], relocate=True).run()
+    shutil.copytree(location, elsewhere)
+    append_bulk(cluster, 1, 30)
+    results = by_partition(archiver(archive_zk, elsewhere, partitions=[1], relocate=True).run())
+    assert results[1].error is None
+    check_archive(cluster, archive_zk, elsewhere, 1, results[1].high_water_mark)
+
+
+def test_zookeeper_ahead_of_the_manifest_stops_the_partition(
+    cluster: LocalCluster, archive_zk: ClusterZk, location: Path
+) -> None:
+    append_bulk(cluster, 0, 150)
+    archiver(archive_zk, location, partitions=[0]).run()
+    manifest_path = location / partition_directory(0) / "manifest.json"
+    manifest_path.unlink()  # the archive lost its record of partition 0
+    (result,) = archiver(archive_zk, location, partitions=[0]).run()
+    assert result.error is not None
+    assert "ZooKeeper" in result.error and "the manifest through -1" in result.error
+    assert str(manifest_path) in result.error
+
+
+def test_the_replicas_are_told_or_say_they_do_not_know_the_request(
+    cluster: LocalCluster, archive_zk: ClusterZk
+) -> None:
+    """Every replica of the partition is asked; one that takes it reports it in its status, one
+    that does not know the request is passed over."""
+    outcomes = tell_replicas(archive_zk, archive_zk.params(), 0, 41, "/archive/x", operator="test")
+    assert set(outcomes) == set(archive_zk.assignments().value.storages_of(0))
+    assert set(outcomes.values()) <= {TOLD, UNKNOWN_REQUEST}, outcomes
+    connection = archive_zk.connection().value
+    for storage, outcome in outcomes.items():
+        if outcome == TOLD:
+            assert asyncio.run(_archived_through(cluster, connection.admin_address(storage), 0)) == 41
+
+
+async def _archived_through(cluster: LocalCluster, admin_address: str, partition: int) -> int:
+    async with StorageAdminClient(admin_address, cluster.cluster_key, cluster.num_partitions) as admin:
+        (status,) = (await admin.partition_status(partition)).partitions
+        return status.archived_through
+
+
+def test_fewer_than_a_quorum_of_replicas_stops_the_partition_until_they_are_back(
+    cluster: LocalCluster, archive_zk: ClusterZk, location: Path
+) -> None:
+    append_bulk(cluster, 1, 120)
+    for index in (1, 2):
+        cluster.stop_storage(index)
+    (result,) = archiver(archive_zk, location, partitions=[1], storage_timeout=3.0).run()
+    assert result.error is not None and result.archived_through == -1
+    cluster.heal(timeout=60)
+    (result,) = archiver(archive_zk, location, partitions=[1]).run()
+    assert result.error is None
+    check_archive(cluster, archive_zk, location, 1, result.high_water_mark)

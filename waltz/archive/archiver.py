@@ -1,0 +1,455 @@
+"""The archiver: each partition's committed records into the archive, verified, in chunks.
+
+Source: docs/design/archive.md "The archiver"; the decision to make it a process of its own:
+docs/decisions/0055-the-archiver-a-process-of-its-own.md. Per partition, from its manifest's
+archived-through + 1:
+
+1. plan what is committed (:func:`~waltz.committed.plan.plan_live_on`);
+2. read a chunk's records from a quorum of the proven replicas and compare them
+   (:func:`~waltz.archive.replicas.read_quorum`);
+3. write the chunk, read it back and check it (:func:`~waltz.archive.chunks.write_chunk`), then
+   add it to the partition's manifest;
+4. raise the partition's archived-through in ZooKeeper and tell the replicas
+   (:func:`~waltz.archive.replicas.tell_replicas`).
+
+A chunk is written when it is full (``chunk_transactions`` records or ``chunk_bytes`` of data) or
+when the partition has been quiet (its committed high-water mark unchanged) for ``seal_after``
+seconds. Restarted after a stop at any step, it archives nothing twice and skips nothing: the
+manifest is the record; a chunk file it does not list yet is checked against the replicas and
+adopted if it matches, replaced if not; a manifest ahead of ZooKeeper has its chunks above
+ZooKeeper's archived-through checked (one that fails is written again from the replicas) before
+ZooKeeper is raised to it.
+
+Error handling: a partition that cannot go on (replicas that disagree, too few replicas, a chunk
+that fails its check, a malformed manifest, ZooKeeper ahead of the manifest) is reported in its
+:class:`PartitionRound` and left for the next round; the other partitions go on. A manifest of a
+newer form, or a location that cannot be opened, stops the run.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT
+from waltz.archive.chunks import adopt_chunk, read_chunk, read_unlisted_chunk, write_chunk
+from waltz.archive.errors import ArchiveCheckError, ArchiveError, ArchiveFormTooNewError
+from waltz.archive.layout import ArchiveFiles, parse_chunk_name, partition_directory
+from waltz.archive.location import normal_location
+from waltz.archive.manifests import (
+    ChunkEntry,
+    PartitionManifest,
+    read_partition_manifest,
+    write_partition_manifest,
+)
+from waltz.archive.replicas import TOLD, UNKNOWN_REQUEST, QuorumRead, read_quorum, tell_replicas
+from waltz.archive.summary import claim_archive, entry_of, record_partition
+from waltz.committed.errors import CommittedReadError
+from waltz.committed.plan import CommittedPartition, plan_live_on
+from waltz.errors import MetadataError
+from waltz.metadata.values import ClusterParams
+from waltz.metadata.zk import ClusterZk
+from waltz.protocol.channels import TlsConfig
+
+__all__ = ["ArchiveEvent", "Archiver", "ChunkPolicy", "PartitionRound", "Step"]
+
+log = logging.getLogger(__name__)
+
+
+class Step(enum.Enum):
+    """A step of the archiver, as :class:`ArchiveEvent` reports it."""
+
+    CHUNK_WRITTEN = "chunk written"
+    CHUNK_ADOPTED = "chunk adopted"
+    CHUNK_REPLACED = "chunk replaced"
+    MANIFEST_WRITTEN = "manifest written"
+    SUMMARY_RAISED = "summary raised"
+    REPLICAS_TOLD = "replicas told"
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveEvent:
+    """One step done, for progress lines.
+
+    Attributes:
+        step: what was done.
+        partition_id: the partition.
+        first: the first transaction of the chunk concerned.
+        last: its last transaction (for ``SUMMARY_RAISED`` and ``REPLICAS_TOLD``: the new
+            archived-through).
+        detail: one line on it (rows, bytes, replicas).
+    """
+
+    step: Step
+    partition_id: int
+    first: int
+    last: int
+    detail: str = ""
+
+
+Progress = Callable[[ArchiveEvent], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPolicy:
+    """When a chunk is written.
+
+    Attributes:
+        chunk_transactions: records of a full chunk.
+        chunk_bytes: data bytes of a full chunk (the chunk ends at the record that reaches them).
+        seal_after: seconds a partition's committed high-water mark must stay unchanged before a
+            chunk shorter than full is written (0: at once).
+    """
+
+    chunk_transactions: int = 100_000
+    chunk_bytes: int = 64 << 20
+    seal_after: float = 60.0
+
+
+@dataclass(slots=True)
+class PartitionRound:
+    """What one round did for a partition.
+
+    Attributes:
+        partition_id: the partition.
+        high_water_mark: its committed high-water mark when planned (-1: nothing committed).
+        archived_through: its archived-through after the round.
+        chunks_added: chunks added to its manifest.
+        records: records in them.
+        size_bytes: their file bytes.
+        waiting: committed transactions left for a full chunk or quiet.
+        seal_at: ``time.monotonic()`` at which those are written if the partition stays quiet.
+        error: why the partition stopped, or None.
+    """
+
+    partition_id: int
+    high_water_mark: int = -1
+    archived_through: int = -1
+    chunks_added: int = 0
+    records: int = 0
+    size_bytes: int = 0
+    waiting: int = 0
+    seal_at: float | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class _Quiet:
+    """When a partition's high-water mark was first seen at its value."""
+
+    mark: int
+    since: float
+    tail_read_at: int | None = field(default=None)
+
+
+class Archiver:
+    """Archives a cluster's partitions to one location (docs/design/archive.md, "The archiver").
+
+    Use :meth:`run` (once, or following the log until ``stop`` is set), or :meth:`run_round`.
+    The caller owns the ZooKeeper session of ``cluster``; the archiver opens an admin stream for
+    each read and closes it.
+
+    Args:
+        cluster: the cluster's znodes.
+        location: the archive: a directory or a URL pyarrow opens.
+        policy: when a chunk is written.
+        partitions: the partitions to archive (None: all).
+        relocate: the archive was moved to ``location``: record it as the cluster's archive.
+        storage_timeout: seconds for each storage node's admin call.
+        tls: client TLS files for the admin ports.
+        operator: who runs it, as told to the storage nodes.
+        progress: called after each step.
+        clock: the clock of ``seal_after`` (``time.monotonic``).
+
+    Raises:
+        LocationError: the location cannot be opened.
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterZk,
+        location: str,
+        *,
+        policy: ChunkPolicy | None = None,
+        partitions: Sequence[int] | None = None,
+        relocate: bool = False,
+        storage_timeout: float = DEFAULT_STORAGE_TIMEOUT,
+        tls: TlsConfig | None = None,
+        operator: str = "",
+        progress: Progress | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._cluster = cluster
+        self._files = ArchiveFiles.open(normal_location(location))
+        self._policy = policy or ChunkPolicy()
+        self._partitions = None if partitions is None else sorted(set(partitions))
+        self._relocate = relocate
+        self._timeout = storage_timeout
+        self._tls = tls
+        self._operator = operator
+        self._progress = progress or (lambda _: None)
+        self._clock = clock
+        self._params: ClusterParams | None = None
+        self._quiet: dict[int, _Quiet] = {}
+        self._owed: set[int] = set()
+        self._unaware: set[str] = set()
+        self._stop = threading.Event()
+
+    @property
+    def location(self) -> str:
+        """The archive's location, as recorded in ZooKeeper."""
+        return self._files.location
+
+    def run(
+        self, *, follow: bool = False, stop: threading.Event | None = None, interval: float = 10.0
+    ) -> list[PartitionRound]:
+        """Archive until nothing more is ready (``follow`` False) or until ``stop`` is set.
+
+        Without ``follow``, a partition whose last transactions wait only for quiet is given one
+        more round after ``seal_after`` seconds (written if it stayed quiet).
+
+        Args:
+            follow: keep archiving, a round every ``interval`` seconds, until ``stop`` is set.
+            stop: set to stop after the chunk in progress (SIGTERM).
+            interval: seconds between rounds when following.
+
+        Returns:
+            The last round's outcome per partition.
+
+        Raises:
+            ArchiveRefusedError: another location is on record, or the archive is another cluster's.
+            ArchiveFormTooNewError: a manifest of a form newer than this code reads.
+            LocationError, OSError: the location cannot be used.
+            ZooKeeperUnavailableError, ClusterNotFoundError, ConfigurationError: ZooKeeper, the
+                cluster or the partitions asked for are not there.
+        """
+        if stop is not None:
+            self._stop = stop
+        results = self.run_round()
+        if not follow:
+            waiting = [r.seal_at for r in results if r.seal_at is not None and r.error is None]
+            if waiting and not self._stop.wait(max(0.0, max(waiting) - self._clock())):
+                results = self.run_round()
+            return results
+        while not self._stop.wait(interval):
+            results = self.run_round()
+        return results
+
+    def run_round(self) -> list[PartitionRound]:
+        """One pass over the partitions: archive every chunk that is ready.
+
+        Returns:
+            The outcome per partition, in partition order.
+
+        Raises:
+            As :meth:`run`.
+        """
+        params = self._claimed()
+        ids = self._partitions if self._partitions is not None else range(params.num_partitions)
+        return [self._round(pid) for pid in ids]
+
+    def _claimed(self) -> ClusterParams:
+        """The cluster's parameters, once the archive is claimed (on the first round)."""
+        if self._params is None:
+            claim_archive(self._cluster, self._files, relocate=self._relocate)
+            self._params = self._cluster.params()
+        return self._params
+
+    # ---- one partition ----
+
+    def _round(self, partition_id: int) -> PartitionRound:
+        result = PartitionRound(partition_id)
+        try:
+            (plan,) = plan_live_on(self._cluster, [partition_id], timeout=self._timeout, tls=self._tls)
+            result.high_water_mark = plan.high_water_mark
+            self._archive(plan, result)
+        except ArchiveFormTooNewError:
+            raise
+        except (ArchiveError, CommittedReadError, MetadataError, OSError) as exc:
+            result.error = str(exc)
+            log.error("partition %d: %s", partition_id, exc)
+        return result
+
+    def _archive(self, plan: CommittedPartition, result: PartitionRound) -> None:
+        pid = plan.partition_id
+        manifest = read_partition_manifest(self._files, pid)
+        summary = self._cluster.archive_summary()
+        recorded = -1 if summary is None else summary.value.of(pid).archived_through
+        if recorded > manifest.archived_through:
+            raise ArchiveCheckError(
+                self._files.name(f"{partition_directory(pid)}/manifest.json"),
+                f"partition {pid}: ZooKeeper ({self._cluster.paths.archive}) says the archive holds "
+                f"transactions through {recorded}, the manifest through {manifest.archived_through}: chunks "
+                "were lost, or this is not the archive ZooKeeper names; run waltz archive verify",
+            )
+        if manifest.archived_through > recorded:
+            manifest = self._confirm(plan, manifest, recorded)
+        elif pid in self._owed:
+            self._tell(pid, manifest.archived_through)
+        result.archived_through = manifest.archived_through
+        self._remove_temporaries(pid)
+        quiet = self._observe(pid, plan.high_water_mark)
+        while not self._stop.is_set():
+            first = manifest.next_first()
+            if first > plan.high_water_mark:
+                break
+            entry = self._next_chunk(plan, manifest, first, quiet)
+            if entry is None:
+                result.waiting = plan.high_water_mark - first + 1
+                result.seal_at = quiet.since + self._policy.seal_after
+                break
+            manifest = self._record(manifest.with_chunk(entry))
+            result.archived_through = manifest.archived_through
+            result.chunks_added += 1
+            result.records += entry.rows
+            result.size_bytes += entry.size_bytes
+
+    def _observe(self, partition_id: int, mark: int) -> _Quiet:
+        now = self._clock()
+        quiet = self._quiet.get(partition_id)
+        if quiet is None or quiet.mark != mark:
+            quiet = self._quiet[partition_id] = _Quiet(mark, now)
+        return quiet
+
+    def _is_quiet(self, quiet: _Quiet) -> bool:
+        return self._clock() - quiet.since >= self._policy.seal_after
+
+    def _next_chunk(
+        self, plan: CommittedPartition, manifest: PartitionManifest, first: int, quiet: _Quiet
+    ) -> ChunkEntry | None:
+        """The next chunk, in the archive but not yet in the manifest; None when it is not ready."""
+        pid, mark = plan.partition_id, plan.high_water_mark
+        unlisted = self._unlisted(pid, first)
+        if unlisted is not None:
+            name, last = unlisted
+            if last > mark:
+                return None  # written when more was proven committed: taken up when it is again
+            return self._adopt_or_replace(plan, name, first, last)
+        policy = self._policy
+        last = min(first + policy.chunk_transactions - 1, mark)
+        short = last - first + 1 < policy.chunk_transactions
+        if short and not self._is_quiet(quiet) and quiet.tail_read_at == mark:
+            return None  # read at this mark already: not full by bytes either
+        read = self._read(plan, first, last, max_bytes=policy.chunk_bytes)
+        full = len(read.records) == policy.chunk_transactions or read.data_bytes >= policy.chunk_bytes
+        if not full and not self._is_quiet(quiet):
+            quiet.tail_read_at = mark
+            return None
+        entry = write_chunk(self._files, pid, read.records, read.replicas)
+        self._say(Step.CHUNK_WRITTEN, pid, entry, f"verified against {', '.join(read.replicas)}")
+        return entry
+
+    def _read(
+        self, plan: CommittedPartition, first: int, last: int, max_bytes: int | None = None
+    ) -> QuorumRead:
+        return read_quorum(plan, first, last, max_bytes=max_bytes, timeout=max(self._timeout, 30.0))
+
+    def _unlisted(self, partition_id: int, first: int) -> tuple[str, int] | None:
+        """A chunk file starting at ``first`` that the manifest does not list (a stop after step 3)."""
+        for name in self._files.files_in(partition_directory(partition_id)):
+            parsed = parse_chunk_name(name)
+            if parsed is not None and parsed[0] == first:
+                return name, parsed[1]
+        return None
+
+    def _adopt_or_replace(self, plan: CommittedPartition, name: str, first: int, last: int) -> ChunkEntry:
+        pid = plan.partition_id
+        read = self._read(plan, first, last)
+        try:
+            held = read_unlisted_chunk(self._files, pid, name, first, last)
+        except ArchiveCheckError as exc:
+            log.warning("partition %d: %s; writing it again", pid, exc)
+            held = None
+        if held == read.records:
+            entry = adopt_chunk(self._files, pid, name, held, read.replicas)
+            self._say(Step.CHUNK_ADOPTED, pid, entry, "a file not yet in the manifest matched the replicas")
+            return entry
+        entry = write_chunk(self._files, pid, read.records, read.replicas)
+        self._say(
+            Step.CHUNK_REPLACED, pid, entry, "a file not yet in the manifest did not match: written again"
+        )
+        return entry
+
+    def _confirm(
+        self, plan: CommittedPartition, manifest: PartitionManifest, recorded: int
+    ) -> PartitionManifest:
+        """Check the chunks the manifest lists above ZooKeeper's archived-through, writing again any
+        that fails, then raise ZooKeeper to the manifest."""
+        pid = plan.partition_id
+        for entry in manifest.chunks:
+            if entry.last <= recorded:
+                continue
+            try:
+                read_chunk(self._files, pid, entry)
+            except ArchiveCheckError as problem:
+                if entry.last > plan.high_water_mark:
+                    raise
+                log.warning("partition %d: %s; writing it again from the replicas", pid, problem)
+                read = self._read(plan, entry.first, entry.last)
+                replaced = write_chunk(self._files, pid, read.records, read.replicas)
+                manifest = manifest.with_chunk_replaced(replaced)
+                write_partition_manifest(self._files, manifest)
+                self._say(Step.CHUNK_REPLACED, pid, replaced, f"it failed its check ({problem})")
+        self._raise(manifest)
+        return manifest
+
+    def _record(self, manifest: PartitionManifest) -> PartitionManifest:
+        """Steps 3 (the manifest) and 4 (ZooKeeper, the replicas) for the manifest's last chunk."""
+        write_partition_manifest(self._files, manifest)
+        self._say(Step.MANIFEST_WRITTEN, manifest.partition_id, manifest.chunks[-1])
+        self._raise(manifest)
+        return manifest
+
+    def _raise(self, manifest: PartitionManifest) -> None:
+        pid, through = manifest.partition_id, manifest.archived_through
+        record_partition(self._cluster, self.location, pid, entry_of(manifest))
+        self._progress(ArchiveEvent(Step.SUMMARY_RAISED, pid, manifest.start or 0, through))
+        self._tell(pid, through)
+
+    def _tell(self, partition_id: int, archived_through: int) -> None:
+        outcomes = tell_replicas(
+            self._cluster,
+            self._claimed(),
+            partition_id,
+            archived_through,
+            self.location,
+            operator=self._operator,
+            timeout=self._timeout,
+            tls=self._tls,
+        )
+        for storage in sorted(
+            s for s, o in outcomes.items() if o == UNKNOWN_REQUEST and s not in self._unaware
+        ):
+            self._unaware.add(storage)
+            log.warning(
+                "storage node %s does not know the set-archived-through request: it is not told what is "
+                "archived, and keeps every segment (upgrade it)",
+                storage,
+            )
+        unreached = sorted(s for s, o in outcomes.items() if o not in (TOLD, UNKNOWN_REQUEST))
+        if unreached:
+            self._owed.add(partition_id)
+        else:
+            self._owed.discard(partition_id)
+        detail = "; ".join(f"{s}: {o}" for s, o in sorted(outcomes.items()))
+        self._progress(
+            ArchiveEvent(Step.REPLICAS_TOLD, partition_id, archived_through, archived_through, detail)
+        )
+
+    def _remove_temporaries(self, partition_id: int) -> None:
+        """Delete the hidden files of chunk writes that a stop interrupted."""
+        directory = partition_directory(partition_id)
+        for name in self._files.files_in(directory):
+            if name.startswith(".") and name.endswith(".tmp"):
+                self._files.delete(f"{directory}/{name}")
+                log.info("partition %d: removed %s, left by an interrupted write", partition_id, name)
+
+    def _say(self, step: Step, partition_id: int, entry: ChunkEntry, detail: str = "") -> None:
+        rows = f"{entry.rows} records, {entry.size_bytes / 1e6:.1f} MB"
+        self._progress(
+            ArchiveEvent(step, partition_id, entry.first, entry.last, f"{rows}; {detail}" if detail else rows)
+        )

@@ -1,0 +1,156 @@
+"""Files at a location: a local directory or any URL ``pyarrow.fs`` opens, written safely; JSON
+documents of a kind and a form.
+
+Source: docs/design/archive.md "The archive's layout and forms"; docs/design/spark.md
+"Snapshots". The archive and snapshots keep their files at such a location (``s3://bucket/path``,
+``gs://...``, ``hdfs://...``, or a directory on another disk or NFS). A JSON document is written
+to a temporary file and renamed over the old one, so a reader sees the old document or the new
+one, never a part; every file's SHA-256 is what a manifest records of it. A manifest says its ``kind``
+and its ``form``; a reader refuses another kind and a newer form than it reads.
+
+Imports only pyarrow (when called) and the errors, so that every reader of the archive may use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from waltz.errors import WaltzError
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+__all__ = [
+    "LocationError",
+    "check_form",
+    "file_sha256",
+    "normal_location",
+    "open_location",
+    "read_file",
+    "write_json_atomically",
+]
+
+#: Bytes read at a time when a file is hashed.
+READ_BLOCK = 1 << 20
+
+
+class LocationError(WaltzError):
+    """A location that cannot be opened: pyarrow is missing, or the URL names no filesystem it knows."""
+
+
+def normal_location(location: str) -> str:
+    """A location as it is recorded and compared: a directory absolute, without ``~`` or a
+    trailing slash; a URL as given, without a trailing slash."""
+    if "://" not in location:
+        return str(Path(location).expanduser().resolve())
+    return location.rstrip("/")
+
+
+def open_location(location: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and the path of a directory or a URL (``s3://...``), for ``pyarrow.fs``.
+
+    Args:
+        location: a directory (``~`` expanded, made absolute) or a URL.
+
+    Returns:
+        ``(filesystem, path)``: the path as that filesystem names it.
+
+    Raises:
+        LocationError: pyarrow is missing, or the URL names no filesystem pyarrow knows.
+    """
+    try:
+        import pyarrow.fs as pafs
+    except ImportError as exc:
+        raise LocationError(
+            "the archive and snapshots need pyarrow: install waltz-py[archive] (waltz-py[spark] has it too)"
+        ) from exc
+    if "://" not in location:
+        path = str(Path(location).expanduser().resolve())
+        return pafs.LocalFileSystem(), path
+    try:
+        filesystem, path = pafs.FileSystem.from_uri(location)
+    except (ValueError, OSError) as exc:
+        raise LocationError(f"cannot open {location}: {exc}") from exc
+    return filesystem, path
+
+
+def file_sha256(filesystem: pafs.FileSystem, path: str) -> str:
+    """The SHA-256 of a file's bytes, hex.
+
+    Raises:
+        FileNotFoundError, OSError: the file is missing or unreadable.
+    """
+    digest = hashlib.sha256()
+    with filesystem.open_input_stream(path) as stream:
+        while True:
+            block = stream.read(READ_BLOCK)
+            if not block:
+                return digest.hexdigest()
+            digest.update(block)
+
+
+def read_file(filesystem: pafs.FileSystem, path: str) -> bytes:
+    """A whole file's bytes.
+
+    Raises:
+        FileNotFoundError, OSError: the file is missing or unreadable.
+    """
+    with filesystem.open_input_stream(path) as stream:
+        data: bytes = stream.read()
+        return data
+
+
+def write_json_atomically(filesystem: pafs.FileSystem, path: str, document: Mapping[str, Any]) -> None:
+    """Write a JSON document (indented, sorted keys) to ``path.tmp``, then rename it to ``path``.
+
+    Raises:
+        OSError: the location refused the write or the rename.
+    """
+    data = json.dumps(document, indent=2, sort_keys=True).encode("utf-8") + b"\n"
+    temporary = path + ".tmp"
+    with filesystem.open_output_stream(temporary) as stream:
+        stream.write(data)
+    filesystem.move(temporary, path)
+
+
+def check_form(
+    raw: Any,
+    *,
+    kind: str,
+    newest: int,
+    noun: str,
+    where: str,
+    error: type[WaltzError],
+    too_new: type[WaltzError] | None = None,
+) -> dict[str, Any]:
+    """A parsed JSON manifest, once its ``kind`` is ``kind`` and its ``form`` one this code reads.
+
+    Args:
+        raw: the parsed JSON.
+        kind: the ``"kind"`` it must have.
+        newest: the newest form this code reads.
+        noun: what it is, for messages (``snapshot``, ``archive``).
+        where: the file, for messages.
+        error: the error to raise.
+        too_new: the error to raise for a newer form (default ``error``).
+
+    Returns:
+        ``raw``, a dict.
+
+    Raises:
+        WaltzError: ``error`` or ``too_new``, naming the file.
+    """
+    if not isinstance(raw, dict) or raw.get("kind") != kind:
+        raise error(f'{where} is not a waltz {noun} manifest (no "kind": "{kind}")')
+    form = raw.get("form")
+    if type(form) is not int or form < 1:
+        raise error(f"{where}: its form is {form!r}, not a positive integer")
+    if form > newest:
+        raise (too_new or error)(
+            f"{where}: {noun} form {form} is newer than this waltz-py reads ({newest}); upgrade waltz-py"
+        )
+    return raw

@@ -1,0 +1,258 @@
+"""The archiver and the replicas: a range read from a quorum and compared record by record, and
+the replicas told what is archived.
+
+Source: docs/design/archive.md "The archiver" (steps 2 and 4). The records of a chunk come from a
+quorum of the replicas that a live plan proved (:func:`~waltz.committed.plan.plan_live_on`),
+each CRC-checked by :func:`~waltz.committed.reads.read_replica`. A replica that fails is replaced
+by another proven one, if there is one, and the chunk read again; two replicas that answer with
+different records stop the partition (:class:`~waltz.archive.errors.ReplicaMismatchError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from waltz.admin.storage_nodes import call_admin_on_nodes
+from waltz.archive.errors import ArchiveError, ReplicaMismatchError
+from waltz.committed.plan import CommittedPartition, LiveReplica, LiveSource
+from waltz.committed.reads import DEFAULT_BATCH_RECORDS, read_replica
+from waltz.errors import StorageRpcError, WaltzError
+from waltz.metadata.values import ClusterParams
+from waltz.metadata.zk import ClusterZk
+from waltz.protocol.channels import TlsConfig
+from waltz.protocol.records import Record
+from waltz.protocol.storage_client import StorageAdminClient
+
+__all__ = ["TOLD", "UNKNOWN_REQUEST", "QuorumRead", "QuorumUnavailableError", "read_quorum", "tell_replicas"]
+
+log = logging.getLogger(__name__)
+
+#: What a replica that answered "told" says in :func:`tell_replicas`'s outcome.
+TOLD = "told"
+#: What a replica that does not know the request yet says in :func:`tell_replicas`'s outcome.
+UNKNOWN_REQUEST = "does not know set-archived-through"
+
+
+class QuorumUnavailableError(ArchiveError):
+    """Fewer than a quorum of the proven replicas could deliver the range (names each answer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumRead:
+    """Records every replica of a quorum returned identically.
+
+    Attributes:
+        records: consecutive records from the range's first transaction.
+        replicas: the storage nodes (connect strings) they were read from and compared across.
+        data_bytes: the records' data bytes in all.
+    """
+
+    records: list[Record]
+    replicas: tuple[str, ...]
+    data_bytes: int
+
+
+def _difference(a: Record, b: Record) -> str:
+    for name in ("transaction_id", "req_id", "header", "checksum", "data"):
+        if getattr(a, name) != getattr(b, name):
+            return name
+    return "nothing"
+
+
+def read_quorum(
+    plan: CommittedPartition,
+    first: int,
+    last: int,
+    *,
+    max_bytes: int | None = None,
+    batch_records: int = DEFAULT_BATCH_RECORDS,
+    timeout: float = 30.0,
+) -> QuorumRead:
+    """Read ``first..last`` of a partition from a quorum of its proven replicas and compare them.
+
+    Args:
+        plan: a live plan of the partition; ``last`` must not exceed its high-water mark.
+        first: the first transaction ID.
+        last: the last transaction ID.
+        max_bytes: stop after the record that brings the data bytes to this (None: read to ``last``).
+        batch_records: records per admin request.
+        timeout: seconds for each admin request.
+
+    Returns:
+        The records read (all of ``first..last`` unless ``max_bytes`` stopped it).
+
+    Raises:
+        QuorumUnavailableError: fewer than a quorum of proven replicas hold ``last`` or could
+            deliver the range.
+        ReplicaMismatchError: two replicas returned different records at a transaction.
+        ArchiveError: the plan is not a live plan.
+    """
+    source = plan.source
+    if not isinstance(source, LiveSource):
+        raise ArchiveError(f"partition {plan.partition_id}: the archiver reads live clusters only")
+    candidates = [r for r in source.replicas if r.max_transaction_id >= last]
+    failures: list[str] = []
+    while True:
+        if len(candidates) < source.quorum:
+            raise QuorumUnavailableError(
+                f"partition {plan.partition_id}: transactions {first}..{last} need a quorum of "
+                f"{source.quorum} replicas of store session {source.session_id}; "
+                f"{len(candidates)} can deliver them ({'; '.join(failures) or 'the others hold less'}): "
+                "start the storage nodes that are down, then run the archiver again"
+            )
+        chosen = candidates[: source.quorum]
+        try:
+            return _compare(plan.partition_id, first, last, chosen, source, max_bytes, batch_records, timeout)
+        except _ReplicaFailedError as failed:
+            failures.append(f"{failed.replica.storage}: {failed.cause!r}")
+            log.warning(
+                "partition %d: reading %d..%d from %s failed (%r); reading from another replica",
+                plan.partition_id,
+                first,
+                last,
+                failed.replica.storage,
+                failed.cause,
+            )
+            candidates = [r for r in candidates if r is not failed.replica]
+
+
+class _ReplicaFailedError(Exception):
+    def __init__(self, replica: LiveReplica, cause: BaseException) -> None:
+        super().__init__(replica.storage)
+        self.replica = replica
+        self.cause = cause
+
+
+def _next(replica: LiveReplica, records: Iterator[Record]) -> Record:
+    try:
+        return next(records)
+    except StopIteration as exc:
+        raise _ReplicaFailedError(replica, ConnectionError("the replica's records ended early")) from exc
+    except (WaltzError, ConnectionError, OSError, TimeoutError) as exc:
+        raise _ReplicaFailedError(replica, exc) from exc
+
+
+def _compare(
+    partition_id: int,
+    first: int,
+    last: int,
+    chosen: list[LiveReplica],
+    source: LiveSource,
+    max_bytes: int | None,
+    batch_records: int,
+    timeout: float,
+) -> QuorumRead:
+    records: list[Record] = []
+    data_bytes = 0
+    with contextlib.ExitStack() as stack:
+        readers = [
+            (
+                replica,
+                stack.enter_context(
+                    contextlib.closing(
+                        read_replica(
+                            partition_id,
+                            first,
+                            last,
+                            replica,
+                            source,
+                            batch_records=batch_records,
+                            timeout=timeout,
+                        )
+                    )
+                ),
+            )
+            for replica in chosen
+        ]
+        for _ in range(first, last + 1):
+            base_replica, base_reader = readers[0]
+            base = _next(base_replica, base_reader)
+            for replica, reader in readers[1:]:
+                other = _next(replica, reader)
+                if other != base:
+                    raise ReplicaMismatchError(
+                        f"partition {partition_id} transaction {base.transaction_id}: replicas "
+                        f"{base_replica.storage} and {replica.storage} hold different records (their "
+                        f"{_difference(base, other)} differs); the archiver stops here: check the replicas "
+                        "(waltz cluster verify, waltz disk verify)"
+                    )
+            records.append(base)
+            data_bytes += len(base.data)
+            if max_bytes is not None and data_bytes >= max_bytes:
+                break
+    return QuorumRead(records, tuple(r.storage for r in chosen), data_bytes)
+
+
+def tell_replicas(
+    cluster: ClusterZk,
+    params: ClusterParams,
+    partition_id: int,
+    archived_through: int,
+    location: str,
+    *,
+    operator: str = "",
+    timeout: float = 10.0,
+    tls: TlsConfig | None = None,
+) -> dict[str, str]:
+    """Tell every replica of a partition its archived-through (``set archived through``).
+
+    A node that does not know the request yet (it answers ``INVALID_REQUEST``) or does not
+    answer is logged and passed over: telling it again later is harmless, and until it is told it
+    keeps every segment.
+
+    Args:
+        cluster: the cluster's znodes (the partition's replicas and their admin ports).
+        params: the cluster's parameters (the admin open's key and partition count).
+        partition_id: the partition.
+        archived_through: what the archive holds of it, verified (-1: nothing).
+        location: the archive's location, for the node's log.
+        operator: who asks, as the tool states it.
+        timeout: seconds for each node.
+        tls: client TLS files for the admin ports.
+
+    Returns:
+        Storage connect string -> ``"told"``, ``"does not know set-archived-through"`` or why it
+        was not told.
+    """
+    connection = cluster.connection().value
+    storages = cluster.assignments().value.storages_of(partition_id)
+    addresses: Mapping[str, str] = {
+        s: connection.admin_address(s) for s in storages if s in connection.admin_ports
+    }
+
+    async def tell(storage: str, admin: StorageAdminClient) -> str:
+        try:
+            await admin.set_archived_through(
+                partition_id, archived_through, archive=location, operator=operator
+            )
+        except StorageRpcError as exc:
+            if exc.code != "INVALID_REQUEST":
+                raise
+            return UNKNOWN_REQUEST
+        return TOLD
+
+    outcomes = asyncio.run(
+        call_admin_on_nodes(
+            addresses, str(params.cluster_key), params.num_partitions, tell, timeout=timeout, tls=tls
+        )
+    )
+    told = {s: (o.value or "") if o.ok else (o.failure or "failed") for s, o in outcomes.items()}
+    told.update({s: "no admin port on record" for s in storages if s not in addresses})
+    for storage, outcome in sorted(told.items()):
+        if outcome in (TOLD, UNKNOWN_REQUEST):
+            log.info(
+                "partition %d: %s archived through %d: %s", partition_id, storage, archived_through, outcome
+            )
+        else:
+            log.warning(
+                "partition %d: %s was not told it is archived through %d: %s",
+                partition_id,
+                storage,
+                archived_through,
+                outcome,
+            )
+    return told

@@ -1,0 +1,210 @@
+"""``waltz archive status``: per partition, what the archive holds, what each replica holds on its
+disk, and how far the archive lags behind the committed log.
+
+Source: docs/design/archive.md "Terms" (local start, archived-through), "The archiver". The
+archive's side comes from the partition's manifest and from ``<root>/archive``; each replica's
+local range from its partition status over the admin port (``local_start``, which a node that does
+not report it yet leaves at 0, and ``max_transaction_id``); the committed high-water mark from a
+live plan (:func:`~waltz.committed.plan.plan_live_on`). Nothing is changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, call_admin_on_nodes
+from waltz.archive.errors import ArchiveError
+from waltz.archive.layout import ArchiveFiles
+from waltz.archive.manifests import read_partition_manifest
+from waltz.committed.errors import CommittedReadError
+from waltz.committed.plan import plan_live_on
+from waltz.metadata.values import ArchivedPartition
+from waltz.metadata.zk import ClusterZk
+from waltz.protocol import storage_pb2
+from waltz.protocol.channels import TlsConfig
+from waltz.protocol.storage_client import StorageAdminClient
+
+__all__ = ["ArchiveStatus", "PartitionArchiveStatus", "ReplicaRange", "archive_status"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRange:
+    """What one replica of a partition holds on its disk.
+
+    Attributes:
+        storage: the storage node's connect string.
+        local_start: the first transaction ID on its disk (0 from a node that does not report it).
+        max_transaction_id: the last one (-1: none).
+        archived_through: what the archiver last told it (-1: nothing, or a node that does not
+            report it).
+        error: why the node did not answer, or None.
+    """
+
+    storage: str
+    local_start: int | None = None
+    max_transaction_id: int | None = None
+    archived_through: int | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The replica in ``--json`` output."""
+        return {
+            "storage": self.storage,
+            "local_start": self.local_start,
+            "max_transaction_id": self.max_transaction_id,
+            "archived_through": self.archived_through,
+            "error": self.error,
+        }
+
+
+@dataclass(slots=True)
+class PartitionArchiveStatus:
+    """One partition's line of ``waltz archive status``.
+
+    Attributes:
+        partition_id: the partition.
+        first: the first archived transaction (None: nothing archived).
+        archived_through: the manifest's archived-through (-1: nothing).
+        chunks: the manifest's chunks.
+        size_bytes: their bytes.
+        manifest_error: why the manifest could not be read, or None.
+        zookeeper: the partition's entry in ``<root>/archive``.
+        high_water_mark: the committed high-water mark (None: no replica proved it).
+        replicas: each replica's local range.
+    """
+
+    partition_id: int
+    first: int | None = None
+    archived_through: int = -1
+    chunks: int = 0
+    size_bytes: int = 0
+    manifest_error: str | None = None
+    zookeeper: ArchivedPartition = field(default_factory=ArchivedPartition)
+    high_water_mark: int | None = None
+    replicas: list[ReplicaRange] = field(default_factory=list)
+
+    @property
+    def lag(self) -> int | None:
+        """Committed transactions not yet archived: the high-water mark minus ZooKeeper's
+        archived-through (None: the high-water mark is not known)."""
+        if self.high_water_mark is None:
+            return None
+        return self.high_water_mark - self.zookeeper.archived_through
+
+    def to_json(self) -> dict[str, Any]:
+        """The partition in ``--json`` output."""
+        return {
+            "partition_id": self.partition_id,
+            "archive": {
+                "first": self.first,
+                "archived_through": self.archived_through,
+                "chunks": self.chunks,
+                "bytes": self.size_bytes,
+                "error": self.manifest_error,
+            },
+            "zookeeper": {
+                "archived_through": self.zookeeper.archived_through,
+                "chunks": self.zookeeper.chunks,
+                "bytes": self.zookeeper.size_bytes,
+            },
+            "high_water_mark": self.high_water_mark,
+            "lag": self.lag,
+            "replicas": [r.to_json() for r in self.replicas],
+        }
+
+
+@dataclass(slots=True)
+class ArchiveStatus:
+    """``waltz archive status``.
+
+    Attributes:
+        location: the archive (None: the cluster has none yet).
+        partitions: one line per partition, in partition order.
+    """
+
+    location: str | None
+    partitions: list[PartitionArchiveStatus] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The status in ``--json`` output."""
+        return {"location": self.location, "partitions": [p.to_json() for p in self.partitions]}
+
+
+def archive_status(
+    cluster: ClusterZk,
+    files: ArchiveFiles | None,
+    partitions: Sequence[int] | None = None,
+    *,
+    timeout: float = DEFAULT_STORAGE_TIMEOUT,
+    tls: TlsConfig | None = None,
+) -> ArchiveStatus:
+    """Each partition's archived range, its replicas' local ranges and the archive's lag.
+
+    Args:
+        cluster: the cluster's znodes.
+        files: the archive (None: the cluster has none; only the replicas and marks are shown).
+        partitions: the partitions (None: all).
+        timeout: seconds for each storage node.
+        tls: client TLS files for the admin ports.
+
+    Raises:
+        ClusterNotFoundError, ZooKeeperUnavailableError: the cluster or ZooKeeper is not there.
+    """
+    params = cluster.params()
+    summary = cluster.archive_summary()
+    ids = list(partitions) if partitions is not None else list(range(params.num_partitions))
+    statuses = _replica_statuses(cluster, str(params.cluster_key), params.num_partitions, timeout, tls)
+    assignments = cluster.assignments().value
+    report = ArchiveStatus(None if files is None else files.location)
+    for pid in ids:
+        line = PartitionArchiveStatus(pid)
+        if summary is not None:
+            line.zookeeper = summary.value.of(pid)
+        if files is not None:
+            try:
+                manifest = read_partition_manifest(files, pid)
+            except (ArchiveError, OSError) as exc:
+                line.manifest_error = str(exc)
+            else:
+                line.first, line.archived_through = manifest.start, manifest.archived_through
+                line.chunks, line.size_bytes = len(manifest.chunks), manifest.size_bytes
+        try:
+            (plan,) = plan_live_on(cluster, [pid], timeout=timeout, tls=tls)
+            line.high_water_mark = plan.high_water_mark
+        except CommittedReadError:
+            line.high_water_mark = None
+        for storage in assignments.storages_of(pid):
+            line.replicas.append(_replica_range(storage, pid, statuses.get(storage)))
+        report.partitions.append(line)
+    return report
+
+
+def _replica_range(
+    storage: str, partition_id: int, answer: storage_pb2.PartitionStatusResponse | str | None
+) -> ReplicaRange:
+    if answer is None:
+        return ReplicaRange(storage, error="no admin port on record")
+    if isinstance(answer, str):
+        return ReplicaRange(storage, error=answer)
+    for entry in answer.partitions:
+        if entry.partition_id == partition_id:
+            return ReplicaRange(storage, entry.local_start, entry.max_transaction_id, entry.archived_through)
+    return ReplicaRange(storage, error="the node does not hold the partition")
+
+
+def _replica_statuses(
+    cluster: ClusterZk, cluster_key: str, num_partitions: int, timeout: float, tls: TlsConfig | None
+) -> dict[str, storage_pb2.PartitionStatusResponse | str]:
+    connection = cluster.connection().value
+    addresses = {s: connection.admin_address(s) for s in connection.admin_ports}
+
+    async def status(storage: str, admin: StorageAdminClient) -> storage_pb2.PartitionStatusResponse:
+        return await admin.partition_status(-1)
+
+    outcomes = asyncio.run(
+        call_admin_on_nodes(addresses, cluster_key, num_partitions, status, timeout=timeout, tls=tls)
+    )
+    return {s: o.value if o.value is not None else (o.failure or "failed") for s, o in outcomes.items()}

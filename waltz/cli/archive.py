@@ -1,0 +1,358 @@
+"""``waltz archive``: run the archiver, show what the archive holds, verify it.
+
+The logic lives in :mod:`waltz.archive` (docs/design/archive.md); this module parses options and
+prints. Every command needs the cluster's ZooKeeper connect string and root (``--zookeeper``/
+``--root``, ``WALTZ_ZOOKEEPER_CONNECT_STRING``/``WALTZ_CLUSTER_ROOT``, or a ``--config`` file);
+``status`` and ``verify`` find the archive in ZooKeeper (``<root>/archive``) unless ``--archive``
+names one.
+
+Exit codes: 0 done (``run`` also when stopped by SIGTERM or Ctrl-C after the chunk in progress);
+1 a partition stopped (``run``: replicas that disagree, fewer than a quorum of replicas, a chunk
+that fails its check, ZooKeeper ahead of the archive) or a problem found (``verify``); 2 the
+command could not run (options, settings, ZooKeeper, no cluster, a location that cannot be opened,
+an archive of a newer form, another location on record without ``--relocate``).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from waltz.cli.admin_session import connected_admin
+from waltz.cli.groups import HELP, MARKUP
+from waltz.cli.options import (
+    AdminConfigOption,
+    ArchiveOption,
+    JsonOption,
+    LogLevelOption,
+    PartitionsOption,
+    RootOption,
+    TimeoutOption,
+    ZookeeperOption,
+    quiet_logging,
+)
+from waltz.cli.output import echo_json, fail
+from waltz.cli.partition_ids import parse_partitions
+from waltz.logs import configure_logging
+
+if TYPE_CHECKING:
+    from waltz.admin.cluster_admin import ClusterAdmin
+    from waltz.archive.archiver import ArchiveEvent, PartitionRound
+    from waltz.archive.layout import ArchiveFiles
+
+__all__ = ["app"]
+
+app = typer.Typer(help=HELP["archive"], no_args_is_help=True, rich_markup_mode=MARKUP)
+
+
+def _operator() -> str:
+    """Who runs the command, as told to the storage nodes: ``$USER``, else the login name."""
+    try:
+        return os.environ.get("USER") or getpass.getuser()
+    except (OSError, KeyError):
+        return ""
+
+
+def _clock(started: float) -> Callable[[str], None]:
+    def say(line: str) -> None:
+        typer.echo(f"[{time.monotonic() - started:7.1f}s] {line}")
+
+    return say
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGTERM or SIGINT while the block runs (the archiver stops after its chunk)."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
+
+
+@app.command("run")
+def run(
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="The archive: a directory, or a URL pyarrow opens (s3://bucket/path, gs://..., "
+            "hdfs://...). The first run records it in ZooKeeper.",
+            show_default=False,
+        ),
+    ],
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow/--once",
+            help="--once: archive what is ready, then exit; --follow: keep up with the log, a round every "
+            "--interval seconds, until SIGTERM or Ctrl-C.",
+        ),
+    ] = False,
+    partition: PartitionsOption = [],  # noqa: B006 (typer reads the default)
+    chunk_transactions: Annotated[int, typer.Option(min=1, help="Records in a full chunk.")] = 100_000,
+    chunk_bytes: Annotated[
+        int, typer.Option(min=1, help="Data bytes in a full chunk (it ends at the record that reaches them).")
+    ] = 64 << 20,
+    seal_after: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Seconds a partition's committed high-water mark must stay unchanged before a chunk "
+            "shorter than full is written (0: at once). --once waits for it once.",
+        ),
+    ] = 60.0,
+    interval: Annotated[float, typer.Option(min=0.1, help="--follow: seconds between rounds.")] = 10.0,
+    relocate: Annotated[
+        bool,
+        typer.Option(
+            "--relocate",
+            help="The archive was moved (copied) to --to: record the new location in ZooKeeper. Without "
+            "it, a location other than the one on record is refused.",
+        ),
+    ] = False,
+    zookeeper: ZookeeperOption = None,
+    root: RootOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
+    log_level: LogLevelOption = "WARNING",
+) -> None:
+    """Archive the log's committed records: per partition, in chunks, verified against a quorum.
+
+    Each chunk is read from a quorum of the replicas that prove it committed and compared record
+    by record, written, read back and checked, then added to the partition's manifest; then
+    ZooKeeper's archived-through is raised and the replicas are told. A chunk is written when it
+    is full or the partition has been quiet for --seal-after seconds. Stopped at any point, the
+    next run goes on where this one stopped: nothing is archived twice, nothing skipped.
+    """
+    from waltz.archive.archiver import Archiver, ChunkPolicy
+    from waltz.archive.errors import ArchiveError
+
+    configure_logging(log_level)
+    policy = ChunkPolicy(
+        chunk_transactions=chunk_transactions, chunk_bytes=chunk_bytes, seal_after=seal_after
+    )
+    partitions = parse_partitions(partition) or None
+    say = _clock(time.monotonic())
+    with connected_admin(config, zookeeper, root, timeout) as admin, _stop_on_signals() as stop:
+        try:
+            archiver = Archiver(
+                admin.cluster,
+                to,
+                policy=policy,
+                partitions=partitions,
+                relocate=relocate,
+                storage_timeout=admin.storage_timeout,
+                tls=admin.tls,
+                operator=_operator(),
+                progress=lambda event: _event_line(say, event),
+            )
+            say(f"archiving to {archiver.location} ({'following the log' if follow else 'once'})")
+            results = archiver.run(follow=follow, stop=stop, interval=interval)
+        except ArchiveError as exc:
+            raise fail(str(exc), 2) from exc
+        for result in results:
+            say(_round_line(result, seal_after))
+        if stop.is_set():
+            say("stopped by a signal after the chunk in progress")
+        if any(r.error is not None for r in results):
+            raise typer.Exit(1)
+
+
+def _event_line(say: Callable[[str], None], event: ArchiveEvent) -> None:
+    from waltz.archive.archiver import Step
+
+    if event.step in (Step.CHUNK_WRITTEN, Step.CHUNK_ADOPTED, Step.CHUNK_REPLACED):
+        say(
+            f"partition {event.partition_id}: {event.step.value} {event.first}..{event.last} ({event.detail})"
+        )
+
+
+def _round_line(result: PartitionRound, seal_after: float) -> str:
+    head = f"partition {result.partition_id}: "
+    if result.error is not None:
+        return head + f"STOPPED: {result.error}"
+    line = head + f"archived through {result.archived_through}, committed through {result.high_water_mark}"
+    if result.chunks_added:
+        added = f"{result.records} records, {result.size_bytes / 1e6:.1f} MB"
+        line += f"; {result.chunks_added} chunks ({added}) added"
+    if result.waiting:
+        line += f"; {result.waiting} wait for a full chunk or {seal_after:g}s of quiet"
+    return line
+
+
+def _archive_files(admin: ClusterAdmin, archive: str | None) -> ArchiveFiles | None:
+    """The archive given, else the one ZooKeeper names (None: neither)."""
+    from waltz.archive.layout import ArchiveFiles
+    from waltz.archive.location import normal_location
+
+    if archive is not None:
+        return ArchiveFiles.open(normal_location(archive))
+    summary = admin.cluster.archive_summary()
+    return None if summary is None else ArchiveFiles.open(summary.value.location)
+
+
+def _partitions(admin: ClusterAdmin, values: list[str]) -> list[int] | None:
+    """The ``--partition`` values (None: every partition).
+
+    Raises:
+        typer.Exit: 2 for a partition the cluster does not have.
+    """
+    ids = parse_partitions(values)
+    count = admin.cluster.params().num_partitions
+    unknown = [p for p in ids if p >= count]
+    if unknown:
+        raise fail(f"partitions {unknown} do not exist: the log has partitions 0..{count - 1}", 2)
+    return ids or None
+
+
+@app.command("status")
+def status(
+    archive: ArchiveOption = None,
+    partition: PartitionsOption = [],  # noqa: B006 (typer reads the default)
+    json_output: JsonOption = False,
+    zookeeper: ZookeeperOption = None,
+    root: RootOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
+) -> None:
+    """Show per partition what the archive holds, each replica's local range, and the archive's lag.
+
+    The archived range and its chunks come from the partition's manifest and from ZooKeeper; each
+    replica's local start and last transaction from its admin port (a node that does not report its
+    local start shows 0); the lag is the committed high-water mark minus the archived-through.
+    """
+    from waltz.archive.status import archive_status
+
+    quiet_logging()
+    with connected_admin(config, zookeeper, root, timeout) as admin:
+        files = _archive_files(admin, archive)
+        partitions = _partitions(admin, partition)
+        report = archive_status(
+            admin.cluster, files, partitions, timeout=admin.storage_timeout, tls=admin.tls
+        )
+    if json_output:
+        echo_json(report.to_json())
+        return
+    typer.echo(f"archive: {report.location or '(none yet: waltz archive run --to LOCATION starts one)'}")
+    for line in report.partitions:
+        if line.manifest_error is not None:
+            held = f"manifest unreadable: {line.manifest_error}"
+        elif line.first is None:
+            held = "nothing archived"
+        else:
+            held = f"archived {line.first}..{line.archived_through} in {line.chunks} chunks"
+            held += f" ({line.size_bytes:,} bytes)"
+        mark = "unknown" if line.high_water_mark is None else str(line.high_water_mark)
+        lag = "" if line.lag is None else f", lag {line.lag}"
+        typer.echo(
+            f"partition {line.partition_id}: {held}; ZooKeeper through {line.zookeeper.archived_through}; "
+            f"committed through {mark}{lag}"
+        )
+        for replica in line.replicas:
+            if replica.error is not None:
+                typer.echo(f"  {replica.storage}: {replica.error}")
+            else:
+                typer.echo(
+                    f"  {replica.storage}: local {replica.local_start}..{replica.max_transaction_id}, "
+                    f"archived through {replica.archived_through} as it was told"
+                )
+
+
+@app.command("verify")
+def verify(
+    archive: ArchiveOption = None,
+    hold: Annotated[
+        bool,
+        typer.Option(
+            "--hold",
+            help="For each partition with a problem, lower its archived-through in ZooKeeper and on its "
+            "replicas to its last good chunk, so that no storage node deletes what the archive cannot "
+            "give back.",
+        ),
+    ] = False,
+    partition: PartitionsOption = [],  # noqa: B006 (typer reads the default)
+    json_output: JsonOption = False,
+    zookeeper: ZookeeperOption = None,
+    root: RootOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
+) -> None:
+    """Check every chunk against its manifest and the manifests against ZooKeeper; exit 1 on a problem.
+
+    A chunk is checked for its file's SHA-256 and size, its rows, contiguous transaction IDs, each
+    record's data against its checksum, and its data_crc; a manifest for contiguous chunks and
+    against the partition's entry in ZooKeeper. Each problem is named by its file and range.
+    """
+    from waltz.archive.errors import ArchiveError
+    from waltz.archive.verify import hold_archived_through, verify_archive
+
+    quiet_logging()
+    with connected_admin(config, zookeeper, root, timeout) as admin:
+        files = _archive_files(admin, archive)
+        if files is None:
+            raise fail(
+                f"the cluster has no archive yet ({admin.cluster.paths.archive} is missing): give --archive "
+                "LOCATION, or start one with waltz archive run --to LOCATION",
+                2,
+            )
+        summary = admin.cluster.archive_summary()
+        params = admin.cluster.params()
+        try:
+            report = verify_archive(
+                files,
+                None if summary is None else summary.value,
+                params.num_partitions,
+                _partitions(admin, partition),
+                progress=None if json_output else typer.echo,
+            )
+            if hold and not report.passed:
+                hold_archived_through(
+                    admin.cluster,
+                    params,
+                    files,
+                    report,
+                    operator=_operator(),
+                    timeout=admin.storage_timeout,
+                    tls=admin.tls,
+                )
+        except ArchiveError as exc:
+            raise fail(str(exc), 2) from exc
+    if json_output:
+        echo_json(report.to_json())
+    else:
+        for note in report.notes:
+            typer.echo(f"note: {note}")
+        for problem in report.problems:
+            typer.echo(f"FAILED: {problem.message}")
+        for check in report.partitions:
+            for note in check.notes:
+                typer.echo(f"note: partition {check.partition_id}: {note}")
+            for problem in check.problems:
+                typer.echo(f"FAILED: {problem.message}")
+            if check.held_to is not None:
+                typer.echo(
+                    f"held: partition {check.partition_id} is archived through {check.held_to} in ZooKeeper "
+                    "and on its replicas"
+                )
+        chunks = sum(c.chunks_checked for c in report.partitions)
+        records = sum(c.records_checked for c in report.partitions)
+        verdict = "OK" if report.passed else "FAILED"
+        typer.echo(f"{verdict}: {chunks} chunks checked, {records} records verified in {report.location}")
+    if not report.passed:
+        raise typer.Exit(1)

@@ -1,0 +1,475 @@
+"""Which records of the log are committed, and where a reader may fetch them from.
+
+Source: docs/design/spark.md "Reading committed records only", "Live reads through admin ports",
+"Offline reads from replica directories"; docs/design/storage.md "Admin port". ``docs/spark.md``
+gives the argument.
+
+A replica may hold records above the committed high-water mark (written by a session that ended
+before a quorum flushed them), and a replica that missed a recovery may hold a *dirty* record at
+an ID that was later committed with other contents. A reader therefore never trusts a replica by
+itself:
+
+- **live** (:func:`plan_live`): only replicas whose replica state in ZooKeeper holds the
+  partition's current store session (closing high-water mark unresolved) *and* whose storage node
+  says its low-water mark was set by that session are read; the committed high-water mark is the
+  highest of their low-water marks (resolved by the session's recovery) and of the highest ID held
+  by a quorum of them. Everything goes through the admin port: no store session is opened, so the
+  live server is never fenced.
+- **offline** (:func:`plan_offline`): a replica directory proves its records up to its own
+  low-water mark; above it a record is taken only when a quorum of the partition's replicas hold
+  identical records at that ID (majority mode), or up to a high-water mark the user vouches for
+  (explicit mode, preferring the directories of the latest session).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, call_admin
+from waltz.committed.errors import CommittedReadError
+from waltz.errors import ConfigurationError, WaltzError
+from waltz.metadata.replicas import quorum_of
+from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_security import ZooKeeperSecurity, security_from_environment
+from waltz.metadata.zk_session import connect_zookeeper
+from waltz.protocol import storage_pb2
+from waltz.protocol.channels import TlsConfig
+from waltz.protocol.storage_client import StorageAdminClient
+from waltz.services.storage import format as fmt
+from waltz.services.storage import inspect
+
+__all__ = [
+    "CommittedPartition",
+    "LiveReplica",
+    "LiveSource",
+    "OfflineReplica",
+    "OfflineSource",
+    "last_transaction_id",
+    "plan_live",
+    "plan_live_on",
+    "plan_offline",
+]
+
+log = logging.getLogger(__name__)
+
+#: Attempts at a consistent live plan: the current session must not change while it is made, and
+#: a partition in the middle of a recovery proves nothing until its new session is recorded.
+MAX_PLAN_ATTEMPTS = 20
+#: Seconds between attempts when no replica of the current session proved its state yet.
+PLAN_RETRY_PAUSE = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class LiveReplica:
+    """A replica in the partition's current store session, read through its admin port.
+
+    Attributes:
+        storage: the storage node's connect string (``host:port`` of its storage port).
+        admin_address: ``host:admin_port``.
+        low_water_mark: its low-water mark, set by the current session's recovery.
+        max_transaction_id: the highest ID it held when the plan was made.
+    """
+
+    storage: str
+    admin_address: str
+    low_water_mark: int
+    max_transaction_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSource:
+    """Where the committed records of a partition are read from on a live cluster.
+
+    Attributes:
+        cluster_key: the cluster key (UUID text), for the admin open.
+        num_partitions: the cluster's number of partitions, for the admin open.
+        session_id: the partition's store session when the plan was made.
+        replicas: the replicas of that session that proved their state, highest max first.
+        tls: client TLS files for the admin ports, or None.
+        quorum: a majority of the partition's replicas (assigned or in its metadata): how many
+            replicas a reader that compares them reads a record from.
+    """
+
+    cluster_key: str
+    num_partitions: int
+    session_id: int
+    replicas: tuple[LiveReplica, ...]
+    tls: TlsConfig | None = None
+    quorum: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class OfflineReplica:
+    """A replica directory of a partition (``<storage dir>/<partition>``).
+
+    Attributes:
+        directory: the storage directory (holding ``waltz-storage.ctl``).
+        session_id: the session that last set the replica's low-water mark (-1: none).
+        low_water_mark: that low-water mark: every record up to it is committed.
+        max_transaction_id: the highest ID of a valid record in the directory (-1: none).
+    """
+
+    directory: str
+    session_id: int
+    low_water_mark: int
+    max_transaction_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class OfflineSource:
+    """Where the committed records of a partition are read from on disk.
+
+    Attributes:
+        replicas: the partition's replica directories given.
+        quorum: identical records needed above every low-water mark (majority mode), or None in
+            explicit mode (the user vouched for the high-water mark).
+    """
+
+    replicas: tuple[OfflineReplica, ...]
+    quorum: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedPartition:
+    """A partition's committed high-water mark and where to read its records.
+
+    Attributes:
+        partition_id: the partition.
+        high_water_mark: every record up to it is committed and readable (-1: empty).
+        source: :class:`LiveSource` or :class:`OfflineSource`.
+        proof: one line on how the mark was established (logged, shown by ``waltz rebuild``).
+    """
+
+    partition_id: int
+    high_water_mark: int
+    source: LiveSource | OfflineSource
+    proof: str
+
+
+# ---- live ----
+
+
+def plan_live(
+    zookeeper: str,
+    cluster_root: str,
+    partitions: Iterable[int] | None = None,
+    *,
+    timeout: float = DEFAULT_STORAGE_TIMEOUT,
+    tls: TlsConfig | None = None,
+    security: ZooKeeperSecurity | None = None,
+) -> list[CommittedPartition]:
+    """Find each partition's committed high-water mark on a live cluster.
+
+    Reads ``store/partition/<id>``, ``store/assignment`` and ``store/connection`` from ZooKeeper and
+    each current-session replica's partition status through its admin port (never a store session);
+    see docs/design/spark.md "Live reads through admin ports".
+
+    Args:
+        zookeeper: ZooKeeper connect string.
+        cluster_root: the cluster root znode.
+        partitions: partition IDs (None: every partition).
+        timeout: seconds for each storage node's admin call.
+        tls: client TLS files for the admin ports.
+        security: the cluster's ZooKeeper credential and TLS (docs/design/zookeeper.md,
+            "Security"); None: from the ``WALTZ_ZOOKEEPER_AUTH_*``/``SSL_*`` environment.
+
+    Returns:
+        One :class:`CommittedPartition` per partition, in partition order.
+
+    Raises:
+        ZooKeeperUnavailableError, ClusterNotFoundError: ZooKeeper or the cluster is missing.
+        ConfigurationError: unknown partition IDs.
+        CommittedReadError: no replica of the current session of a partition answered and proved
+            its state (the message lists each replica's answer).
+    """
+    zk = connect_zookeeper(zookeeper, security=security or security_from_environment())
+    try:
+        return plan_live_on(ClusterZk(zk, cluster_root), partitions, timeout=timeout, tls=tls)
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def plan_live_on(
+    cluster: ClusterZk,
+    partitions: Iterable[int] | None = None,
+    *,
+    timeout: float = DEFAULT_STORAGE_TIMEOUT,
+    tls: TlsConfig | None = None,
+) -> list[CommittedPartition]:
+    """:func:`plan_live` over a ZooKeeper session the caller holds (a process that plans again and
+    again, such as the archiver).
+
+    Raises:
+        ClusterNotFoundError, ConfigurationError, CommittedReadError: as :func:`plan_live`.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        params = cluster.params()
+        ids = _partition_ids(partitions, params.num_partitions)
+        return [
+            _plan_live_partition(
+                loop, cluster, pid, str(params.cluster_key), params.num_partitions, timeout, tls
+            )
+            for pid in ids
+        ]
+    finally:
+        # Let gRPC's poller deliver its last events before the loop closes.
+        loop.run_until_complete(asyncio.sleep(0.05))
+        loop.close()
+
+
+def _partition_ids(partitions: Iterable[int] | None, num_partitions: int) -> list[int]:
+    if partitions is None:
+        return list(range(num_partitions))
+    ids = sorted(set(partitions))
+    bad = [p for p in ids if not 0 <= p < num_partitions]
+    if bad:
+        raise ConfigurationError(
+            f"partitions {bad} do not exist: the log has partitions 0..{num_partitions - 1}"
+        )
+    return ids
+
+
+def _plan_live_partition(
+    loop: asyncio.AbstractEventLoop,
+    cluster: ClusterZk,
+    partition_id: int,
+    cluster_key: str,
+    num_partitions: int,
+    timeout: float,
+    tls: TlsConfig | None,
+) -> CommittedPartition:
+    answers: list[str] = []
+    for _ in range(MAX_PLAN_ATTEMPTS):
+        metadata = cluster.partition_metadata(partition_id).value
+        if metadata.session_id < 0:
+            return CommittedPartition(
+                partition_id,
+                -1,
+                LiveSource(cluster_key, num_partitions, -1, (), tls),
+                "never had a store session",
+            )
+        assigned = set(cluster.assignments().value.storages_of(partition_id))
+        connection = cluster.connection().value
+        in_session = sorted(
+            storage
+            for storage, state in metadata.replicas.items()
+            if state.session_id == metadata.session_id and state.unresolved
+        )
+        replica_set = assigned | set(metadata.replicas)
+        quorum = quorum_of(len(replica_set))
+        addresses = {s: connection.admin_address(s) for s in in_session if s in connection.admin_ports}
+        statuses = loop.run_until_complete(
+            _statuses(addresses, partition_id, cluster_key, num_partitions, timeout, tls)
+        )
+        proven: list[LiveReplica] = []
+        answers = []
+        for storage in in_session:
+            status = statuses.get(storage)
+            if isinstance(status, storage_pb2.PartitionStatus):
+                if status.last_session_id == metadata.session_id:
+                    proven.append(
+                        LiveReplica(
+                            storage, addresses[storage], status.low_water_mark, status.max_transaction_id
+                        )
+                    )
+                    answers.append(
+                        f"{storage}: max {status.max_transaction_id}, low-water mark {status.low_water_mark}"
+                    )
+                else:
+                    answers.append(f"{storage}: its low-water mark is of session {status.last_session_id}")
+            else:
+                answers.append(f"{storage}: {status if status is not None else 'no admin port on record'}")
+        if cluster.partition_metadata(partition_id).value.session_id != metadata.session_id:
+            log.info("partition %d: a new store session started while planning; planning again", partition_id)
+            continue
+        if not proven:
+            time.sleep(PLAN_RETRY_PAUSE)  # a recovery under way, or a node restarting: ask again
+            continue
+        maxima = sorted((r.max_transaction_id for r in proven), reverse=True)
+        low = max(r.low_water_mark for r in proven)
+        quorum_mark = maxima[quorum - 1] if len(maxima) >= quorum else -1
+        mark = max(low, quorum_mark)
+        replicas = tuple(sorted(proven, key=lambda r: (-r.max_transaction_id, r.storage)))
+        holding = sum(1 for m in maxima if m >= quorum_mark) if quorum_mark >= 0 else 0
+        proof = (
+            f"session {metadata.session_id}: low-water mark {low}; {holding} of {len(replica_set)} "
+            f"replicas hold transactions up to {quorum_mark}, a quorum being {quorum} "
+            f"({'; '.join(answers)})"
+        )
+        return CommittedPartition(
+            partition_id,
+            mark,
+            LiveSource(cluster_key, num_partitions, metadata.session_id, replicas, tls, quorum),
+            proof,
+        )
+    raise CommittedReadError(
+        f"partition {partition_id}: no replica of the current store session proved its state "
+        f"({'; '.join(answers) or 'no replica in the session'}); start the storage nodes, or read the "
+        "replica directories offline"
+    )
+
+
+async def _statuses(
+    addresses: Mapping[str, str],
+    partition_id: int,
+    cluster_key: str,
+    num_partitions: int,
+    timeout: float,
+    tls: TlsConfig | None,
+) -> dict[str, storage_pb2.PartitionStatus | str]:
+    async def one(address: str) -> storage_pb2.PartitionStatus | str:
+        async def status(admin: StorageAdminClient) -> storage_pb2.PartitionStatusResponse:
+            return await admin.partition_status(partition_id)
+
+        try:
+            response = await call_admin(
+                address, cluster_key, num_partitions, status, timeout=timeout, tls=tls
+            )
+        except WaltzError as exc:
+            return str(exc)
+        for entry in response.partitions:
+            if entry.partition_id == partition_id:
+                return entry
+        return "the node does not hold the partition"
+
+    storages = list(addresses)
+    results = await asyncio.gather(*(one(addresses[s]) for s in storages))
+    return dict(zip(storages, results, strict=True))
+
+
+# ---- offline ----
+
+
+def last_transaction_id(partition_dir: Path) -> int:
+    """The ID of the last valid record in a replica directory's last non-empty segment (-1: none).
+
+    Raises:
+        OSError: a segment file cannot be read.
+    """
+    for path in reversed(sorted(partition_dir.glob("*" + fmt.SEGMENT_SUFFIX))):
+        with inspect.SegmentFile(path) as segment:
+            last = -1
+            start = fmt.HEADER_SIZE
+            index_path = path.with_suffix(fmt.INDEX_SUFFIX)
+            if index_path.exists():
+                with inspect.IndexFile(index_path) as index:
+                    count = index.entry_count if index.header == segment.header else 0
+                if count > 0:
+                    start = inspect.find_record_offset(
+                        segment, segment.header.first_transaction_id + count - 1
+                    )
+            for scanned in segment.scan(start):
+                last = scanned.record.transaction_id
+            if last >= 0:
+                return last
+    return -1
+
+
+def plan_offline(
+    directories: Sequence[str | Path],
+    partitions: Iterable[int] | None = None,
+    *,
+    replicas: int | None = None,
+    high_water_marks: Mapping[int, int] | None = None,
+) -> list[CommittedPartition]:
+    """Find what replica directories prove committed.
+
+    See docs/design/spark.md "Offline reads from replica directories".
+
+    Args:
+        directories: storage directories (each holding ``waltz-storage.ctl``), of one cluster.
+        partitions: partition IDs (None: every partition of the control files).
+        replicas: replicas per partition in the cluster (its replication factor). Required for
+            every partition without an entry in ``high_water_marks``: the quorum is a majority of
+            the cluster's replicas, never of the directories given (three directories of a
+            five-replica partition are a majority, but two of them agreeing prove nothing).
+            With fewer than a quorum of directories, a partition is read up to its highest
+            low-water mark only.
+        high_water_marks: partition -> a committed high-water mark vouched for by the user
+            (explicit mode for those partitions: no quorum needed).
+
+    Returns:
+        One :class:`CommittedPartition` per partition held by at least one directory.
+
+    Raises:
+        ConfigurationError: no directory, directories of different clusters, unknown partitions,
+            ``replicas`` missing (or fewer than the directories holding a partition) for a
+            partition without an explicit high-water mark.
+        StorageNotInitializedError, CorruptDataError, OSError: a control file is unusable.
+    """
+    if not directories:
+        raise ConfigurationError("give at least one storage directory")
+    if replicas is not None and replicas < 1:
+        raise ConfigurationError(f"replicas must be at least 1, not {replicas}")
+    dumps = [inspect.read_control_file(Path(d)) for d in directories]
+    keys = {str(d.header.cluster_key) for d in dumps}
+    if len(keys) != 1:
+        raise ConfigurationError(
+            f"the storage directories belong to different clusters (cluster keys {sorted(keys)})"
+        )
+    num_partitions = dumps[0].header.num_partitions
+    ids = _partition_ids(partitions, num_partitions)
+    explicit = dict(high_water_marks or {})
+    plans: list[CommittedPartition] = []
+    for pid in ids:
+        holders: list[OfflineReplica] = []
+        for directory, dump in zip(directories, dumps, strict=True):
+            partition_dir = Path(directory) / str(pid)
+            if not partition_dir.is_dir():
+                continue
+            info = dump.partitions[pid].info if pid < len(dump.partitions) else None
+            session, low = (info.session_id, info.low_water_mark) if info is not None else (-1, -1)
+            top = last_transaction_id(partition_dir)
+            holders.append(OfflineReplica(str(directory), session, min(low, top), top))
+        if not holders:
+            if pid in explicit and explicit[pid] >= 0:
+                raise ConfigurationError(
+                    f"partition {pid}: no directory holds it, yet its high-water mark is {explicit[pid]}"
+                )
+            continue
+        holders.sort(key=lambda r: (-r.session_id, -r.max_transaction_id, r.directory))
+        if pid in explicit:
+            mark = explicit[pid]
+            plans.append(
+                CommittedPartition(
+                    pid, mark, OfflineSource(tuple(holders), None), f"high-water mark {mark} given"
+                )
+            )
+            continue
+        if replicas is None:
+            raise ConfigurationError(
+                f"partition {pid}: say how many replicas each partition has in the cluster (replicas / "
+                "--replicas N): the quorum that proves a record committed is a majority of all of them, "
+                "not of the directories given; or give a high-water mark you vouch for"
+            )
+        if len(holders) > replicas:
+            raise ConfigurationError(
+                f"partition {pid}: {len(holders)} directories hold it, but replicas is {replicas}: "
+                "give the cluster's replication factor"
+            )
+        count = replicas
+        quorum = quorum_of(count)
+        low = max(r.low_water_mark for r in holders)
+        maxima = sorted((r.max_transaction_id for r in holders), reverse=True)
+        if len(holders) < quorum:
+            mark = low
+            proof = (
+                f"{len(holders)} of {count} replica directories, fewer than a quorum ({quorum}): only up to "
+                f"the low-water mark {low} (give more directories or a high-water mark to read further)"
+            )
+            log.warning("partition %d: %s", pid, proof)
+        else:
+            mark = max(low, maxima[quorum - 1])
+            proof = (
+                f"{len(holders)} of {count} replica directories: low-water mark {low}, "
+                f"quorum {quorum} up to {maxima[quorum - 1]}"
+            )
+        plans.append(CommittedPartition(pid, mark, OfflineSource(tuple(holders), quorum), proof))
+    return plans
