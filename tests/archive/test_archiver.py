@@ -18,7 +18,7 @@ from waltz.archive.errors import ArchiveRefusedError
 from waltz.archive.layout import ArchiveFiles, chunk_name, partition_directory
 from waltz.archive.manifests import cluster_key_fingerprint, read_archive_manifest, read_partition_manifest
 from waltz.archive.reader import read_archived
-from waltz.archive.replicas import TOLD, UNKNOWN_REQUEST, tell_replicas
+from waltz.archive.replicas import TOLD, tell_replicas
 from waltz.local.cluster import LocalCluster
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol.storage_client import StorageAdminClient
@@ -224,18 +224,16 @@ def test_zookeeper_ahead_of_the_manifest_stops_the_partition(
     assert str(manifest_path) in result.error
 
 
-def test_the_replicas_are_told_or_say_they_do_not_know_the_request(
-    cluster: LocalCluster, archive_zk: ClusterZk
-) -> None:
-    """Every replica of the partition is asked; one that takes it reports it in its status, one
-    that does not know the request is passed over."""
+def test_every_replica_is_told_and_reports_it(cluster: LocalCluster, archive_zk: ClusterZk) -> None:
+    """Every replica of the partition is asked, takes it, and reports it in its status (a node of an
+    older release that does not know the request would be passed over, logged)."""
     outcomes = tell_replicas(archive_zk, archive_zk.params(), 0, 41, "/archive/x", operator="test")
     assert set(outcomes) == set(archive_zk.assignments().value.storages_of(0))
-    assert set(outcomes.values()) <= {TOLD, UNKNOWN_REQUEST}, outcomes
+    assert set(outcomes.values()) == {TOLD}, outcomes
     connection = archive_zk.connection().value
-    for storage, outcome in outcomes.items():
-        if outcome == TOLD:
-            assert asyncio.run(_archived_through(cluster, connection.admin_address(storage), 0)) == 41
+    for storage in outcomes:
+        assert asyncio.run(_archived_through(cluster, connection.admin_address(storage), 0)) == 41
+    tell_replicas(archive_zk, archive_zk.params(), 0, -1, "/archive/x", operator="test")  # as it was
 
 
 async def _archived_through(cluster: LocalCluster, admin_address: str, partition: int) -> int:
