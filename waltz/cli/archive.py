@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from waltz.admin.cluster_admin import ClusterAdmin
     from waltz.archive.archiver import ArchiveEvent, PartitionRound
     from waltz.archive.layout import ArchiveFiles
+    from waltz.archive.metrics import ArchiverMetrics
+    from waltz.protocol.channels import TlsConfig
 
 __all__ = ["app"]
 
@@ -128,6 +130,20 @@ def run(
             "it, a location other than the one on record is refused.",
         ),
     ] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            help="Serve Prometheus /metrics and /health on this port while running (chunks, bytes, each "
+            "partition's archive lag); HTTPS with the tool's TLS files. Default: none.",
+            show_default=False,
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="The address --metrics-port binds.")
+    ] = "0.0.0.0",
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
     config: AdminConfigOption = None,
@@ -140,10 +156,14 @@ def run(
     by record, written, read back and checked, then added to the partition's manifest; then
     ZooKeeper's archived-through is raised and the replicas are told. A chunk is written when it
     is full or the partition has been quiet for --seal-after seconds. Stopped at any point, the
-    next run goes on where this one stopped: nothing is archived twice, nothing skipped.
+    next run goes on where this one stopped: nothing is archived twice, nothing skipped. With
+    --metrics-port, /metrics shows the chunks and bytes written and each partition's lag (the
+    committed high-water mark minus the archived-through); /health answers 503 while a
+    partition is stopped.
     """
     from waltz.archive.archiver import Archiver, ChunkPolicy
     from waltz.archive.errors import ArchiveError
+    from waltz.archive.metrics import ArchiverMetrics
 
     configure_logging(log_level)
     policy = ChunkPolicy(
@@ -151,7 +171,12 @@ def run(
     )
     partitions = parse_partitions(partition) or None
     say = _clock(time.monotonic())
-    with connected_admin(config, zookeeper, root, timeout) as admin, _stop_on_signals() as stop:
+    metrics = ArchiverMetrics()
+    with (
+        connected_admin(config, zookeeper, root, timeout) as admin,
+        _stop_on_signals() as stop,
+        _metrics_endpoint(metrics, metrics_host, metrics_port, admin.tls, say),
+    ):
         try:
             archiver = Archiver(
                 admin.cluster,
@@ -163,6 +188,7 @@ def run(
                 tls=admin.tls,
                 operator=_operator(),
                 progress=lambda event: _event_line(say, event),
+                metrics=metrics,
             )
             say(f"archiving to {archiver.location} ({'following the log' if follow else 'once'})")
             results = archiver.run(follow=follow, stop=stop, interval=interval)
@@ -174,6 +200,38 @@ def run(
             say("stopped by a signal after the chunk in progress")
         if any(r.error is not None for r in results):
             raise typer.Exit(1)
+
+
+@contextmanager
+def _metrics_endpoint(
+    metrics: ArchiverMetrics, host: str, port: int | None, tls: TlsConfig | None, say: Callable[[str], None]
+) -> Iterator[None]:
+    """Serve the archiver's /metrics and /health while the block runs (nothing without a port)."""
+    if port is None:
+        yield
+        return
+    from waltz.protocol.channels import BindError
+    from waltz.services.http import HealthHttpServer, server_ssl_context
+
+    def health() -> tuple[bool, dict[str, Any]]:
+        stopped = metrics.stopped_partitions()
+        return not stopped, {"stopped_partitions": stopped}
+
+    try:
+        context = (
+            server_ssl_context(tls.cert_file, tls.key_file, tls.ca_file)
+            if tls is not None and tls.cert_file is not None and tls.key_file is not None
+            else None
+        )
+        server = HealthHttpServer(host, port, metrics.registry, health, context)
+    except (BindError, OSError) as exc:
+        raise fail(str(exc), 2) from exc
+    server.start()
+    say(f"metrics on {'https' if server.tls else 'http'}://{host}:{server.port}/metrics")
+    try:
+        yield
+    finally:
+        server.close()
 
 
 def _event_line(say: Callable[[str], None], event: ArchiveEvent) -> None:
