@@ -490,6 +490,7 @@ def replicas_lagging(hosts: Deployment, marks: dict[int, int]) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_the_whole_guide_keeps_every_transaction(deployment: Deployment) -> None:
     """Every transaction committed before the node's backup, between the backup and the restore,
     is in the log at its ID; the cluster lost and restored from the archive continues the log
