@@ -219,20 +219,42 @@ def _flip_byte(location: Path) -> None:
     _chunk(location).write_bytes(bytes(data))
 
 
+def _not_contiguous(location: Path) -> None:
+    def shift(chunk: dict[str, Any]) -> None:
+        chunk.update(first=101, rows=99, file=chunk_name(101, 199))
+
+    _manifest_edit(location, shift)
+    _chunk(location).rename(location / "partition_id=0" / chunk_name(101, 199))
+
+
+#: The chunk 100..199 of partition 0, as a problem names it.
+CHUNK = r"partition_id=0/" + chunk_name(100, 199) + r".*\(transactions 100\.\.199\)"
+
+#: Damage -> (what does it, what the refusal says: the file and range, then the problem).
 DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
-    "a missing chunk": (lambda loc: _chunk(loc).unlink(), "missing"),
+    "a missing chunk": (lambda loc: _chunk(loc).unlink(), CHUNK + ": missing"),
     "a truncated chunk": (
         lambda loc: _chunk(loc).write_bytes(_chunk(loc).read_bytes()[:-50]),
-        r"\d+ bytes, the manifest",
+        CHUNK + r": \d+ bytes, the manifest",
     ),
-    "a corrupted byte": (_flip_byte, "its SHA-256 is"),
+    "a corrupted byte": (_flip_byte, CHUNK + ": its SHA-256 is"),
     "a wrong data_crc in the manifest": (
         lambda loc: _manifest_edit(loc, lambda c: c.update(data_crc=(c["data_crc"] + 1) % 2**32)),
-        "data_crc",
+        CHUNK + ": .*data_crc",
     ),
     "a wrong SHA-256 in the manifest": (
         lambda loc: _manifest_edit(loc, lambda c: c.update(sha256=hashlib.sha256(b"x").hexdigest())),
-        "the manifest says",
+        CHUNK + ": its SHA-256 is .*the manifest says",
+    ),
+    "a non-contiguous manifest": (
+        _not_contiguous,
+        r"partition_id=0/manifest\.json \(transactions 101\.\.199\): the chunk "
+        + chunk_name(101, 199)
+        + " leaves a gap",
+    ),
+    "a manifest that is not JSON": (
+        lambda loc: (loc / "partition_id=0" / "manifest.json").write_text("{not json"),
+        r"partition_id=0/manifest\.json is not JSON",
     ),
 }
 
@@ -249,12 +271,7 @@ def test_an_archive_that_fails_verification_is_refused_naming_the_file_and_range
         "--storage", "127.0.0.1:1=2", "--zookeeper", zookeeper.connect_string, "--root", zk_root,
         expect=1,
     )  # fmt: skip
-    named = (
-        re.escape(f"{synthetic_archive}/partition_id=0/{chunk_name(100, 199)}")
-        + r".*\(transactions 100\.\.199\)"
-    )
-    assert re.search(named, refused.output), refused.output
-    assert re.search(problem, refused.output), refused.output
+    assert re.search(re.escape(str(synthetic_archive)) + "/" + problem, refused.output), refused.output
     assert "fails verification; nothing was restored" in refused.output
     with _zk(zookeeper.connect_string) as client:
         assert client.exists(zk_root) is None, "nothing written to ZooKeeper"
