@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-if TYPE_CHECKING:
-    from waltz.archive.archiver import PartitionRound
-    from waltz.archive.manifests import ChunkEntry
+from waltz.archive.manifests import ChunkEntry
 
-__all__ = ["ArchiverMetrics"]
+__all__ = ["ArchiverMetrics", "RoundOutcome"]
+
+
+class RoundOutcome(Protocol):
+    """What the metrics read of a partition's round (:class:`~waltz.archive.archiver.PartitionRound`)."""
+
+    partition_id: int
+    high_water_mark: int
+    archived_through: int
+    error: str | None
 
 
 class ArchiverMetrics:
@@ -87,7 +94,7 @@ class ArchiverMetrics:
         self.records.labels(label).inc(entry.rows)
         self.bytes.labels(label).inc(entry.size_bytes)
 
-    def round_done(self, results: Sequence[PartitionRound]) -> None:
+    def round_done(self, results: Sequence[RoundOutcome]) -> None:
         """Set each partition's gauges from a round's outcome."""
         for result in results:
             label = str(result.partition_id)
