@@ -35,9 +35,9 @@ from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, call_admin_on_nod
 from waltz.archive.errors import ArchiveRefusedError
 from waltz.archive.layout import ARCHIVE_MANIFEST, ArchiveFiles
 from waltz.archive.manifests import (
+    PartitionManifest,
     cluster_key_fingerprint,
     read_archive_manifest,
-    read_partition_manifest,
     write_archive_manifest,
 )
 from waltz.archive.summary import entry_of
@@ -54,6 +54,7 @@ from waltz.metadata.values import (
     ReplicaState,
 )
 from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_session import zookeeper_access
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.storage_client import StorageAdminClient
 
@@ -200,22 +201,26 @@ def restore_cluster(
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
     root = cluster.paths.root
-    if cluster.zk.exists(root) is not None and cluster.zk.get_children(root):
+    with zookeeper_access(cluster.zk, f"reading {root}"):
+        held = cluster.zk.get_children(root) if cluster.zk.exists(root) is not None else []
+    if held:
         raise RestoreRefusedError(
-            f"{root} exists already and holds znodes ({', '.join(sorted(cluster.zk.get_children(root)))}): "
-            "a restore makes a new cluster; give another --root, or delete the old cluster first "
-            "(waltz cluster delete)"
+            f"{root} exists already and holds znodes ({', '.join(sorted(held))}): a restore makes a new "
+            "cluster; give another --root, or delete the old cluster first (waltz cluster delete)"
         )
-    manifests = {p: read_partition_manifest(files, p) for p in range(top.num_partitions)}
+    # What was verified is what is restored: the manifests as verify read them.
+    manifests = {c.partition_id: c.good or PartitionManifest(c.partition_id) for c in report.partitions}
     params = ClusterParams(name, top.num_partitions, cluster_key or uuid.uuid4())
     addresses = {s.connect_string: s.admin_address for s in storages}
     _check_storage_nodes(addresses, params, storage_timeout, tls)
     say(f"storage nodes {', '.join(names)} are empty and took the new cluster key")
 
     fingerprint = cluster_key_fingerprint(str(params.cluster_key))
-    write_archive_manifest(
-        files, dataclasses.replace(top, cluster_key_fingerprints=(*top.cluster_key_fingerprints, fingerprint))
-    )
+    if fingerprint not in top.cluster_key_fingerprints:
+        write_archive_manifest(
+            files,
+            dataclasses.replace(top, cluster_key_fingerprints=(*top.cluster_key_fingerprints, fingerprint)),
+        )
     say(f"added the new cluster key's fingerprint {fingerprint} to {files.name(ARCHIVE_MANIFEST)}")
 
     holders: dict[int, list[str]] = {p: [] for p in range(top.num_partitions)}
