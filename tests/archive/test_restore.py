@@ -339,6 +339,16 @@ def _run(coroutine: Any) -> Any:
     return asyncio.run(coroutine)
 
 
+def test_a_location_without_an_archive_is_refused(zookeeper: Any, zk_root: str, tmp_path: Path) -> None:
+    refused = waltz(
+        "archive", "restore", "--from", str(tmp_path), "--name", "restored", "--storage", "127.0.0.1:1=2",
+        "--zookeeper", zookeeper.connect_string, "--root", zk_root, expect=1,
+    )  # fmt: skip
+    assert f"{tmp_path}/archive.json is missing" in " ".join(refused.output.split()), refused.output
+    with _zk(zookeeper.connect_string) as client:
+        assert client.exists(zk_root) is None, "nothing written to ZooKeeper"
+
+
 def test_help_explains_the_restore() -> None:
     text = waltz("archive", "restore", "--help").output
     for words in ("--from", "--storage", "archived-through + 1", "verified first", "Nothing is written"):

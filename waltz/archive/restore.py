@@ -3,9 +3,10 @@
 Source: docs/design/archive.md "Restoring a cluster from the archive". In order, so that nothing
 is written while anything can still be refused:
 
-1. the archive is read and verified as ``waltz archive verify`` does (every chunk against its
-   manifest); a problem refuses the restore, named by file and range;
-2. the target root must hold no cluster, and every storage node must answer;
+1. the arguments are checked against ``archive.json`` (the partition count, the replicas), and the
+   target root must hold no cluster;
+2. the archive is verified as ``waltz archive verify`` does (every chunk against its manifest); a
+   problem refuses the restore, named by file and range; every storage node must answer;
 3. every storage node is opened with the new cluster key (an empty node takes it) and must hold no
    partition: a node of another cluster, or with partitions, refuses the restore;
 4. the new key's fingerprint is added to ``archive.json`` (so that the archiver accepts the new
@@ -188,10 +189,6 @@ def restore_cluster(
             f"{files.name(ARCHIVE_MANIFEST)} is missing: {files.location} holds no archive; give the "
             "archive's location"
         )
-    say(f"verifying the archive at {files.location} ({top.num_partitions} partitions)")
-    report = verify_archive(files, None, top.num_partitions, progress=say)
-    if not report.passed:
-        raise RestoreRefusedError(_refusal(report))
     names = [s.connect_string for s in storages]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -208,6 +205,10 @@ def restore_cluster(
             f"{root} exists already and holds znodes ({', '.join(sorted(held))}): a restore makes a new "
             "cluster; give another --root, or delete the old cluster first (waltz cluster delete)"
         )
+    say(f"verifying the archive at {files.location} ({top.num_partitions} partitions)")
+    report = verify_archive(files, None, top.num_partitions, progress=say)
+    if not report.passed:
+        raise RestoreRefusedError(_refusal(report))
     # What was verified is what is restored: the manifests as verify read them.
     manifests = {c.partition_id: c.good or PartitionManifest(c.partition_id) for c in report.partitions}
     params = ClusterParams(name, top.num_partitions, cluster_key or uuid.uuid4())
