@@ -18,7 +18,7 @@ import grpc
 
 from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
 from waltz.protocol.roles import CLIENT_ROLES, authorize
-from waltz.services.server.appends import AppendRow, append_rows
+from waltz.services.server.appends import AppendRow, LockHashLimits, append_rows
 from waltz.services.server.server_partition import FeedColumns, Partition
 
 __all__ = ["WaltzServerServicer"]
@@ -103,10 +103,18 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
 
     Args:
         partitions: returns the partitions this server owns now, by ID.
+        lock_hash_limits: the most lock hashes an append and a message may carry; more is
+            refused before the lock table is touched (docs/design/server.md, "Bounds on what a
+            peer costs").
     """
 
-    def __init__(self, partitions: Callable[[], Mapping[int, Partition]]) -> None:
+    def __init__(
+        self,
+        partitions: Callable[[], Mapping[int, Partition]],
+        lock_hash_limits: LockHashLimits | None = None,
+    ) -> None:
         self._partitions = partitions
+        self._limits = lock_hash_limits or LockHashLimits()
 
     async def Stream(  # noqa: N802 - gRPC method name
         self,
@@ -192,6 +200,10 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
             return None  # appends, unmounts, ... for a partition not here are dropped (docs/protocol.md)
         seq = connection.network_seq.get(req_id.partition_id, -1)
         if kind == "append":
+            refusal = self._limits.refusal(body)
+            if refusal is not None:
+                connection.send(_error(req_id, refusal))
+                return None
             row = AppendRow.from_proto(body)
             if not partition.append_now(connection, row, seq):
                 return partition.append(connection, row, seq)
@@ -226,11 +238,15 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         if partition is None or partition.closed:
             return None  # dropped, as appends for a partition not here are
         try:
-            rows = append_rows(message)
+            rows, refused = append_rows(message, self._limits)
         except ValueError as exc:
             connection.send(
                 _error(None, f"malformed AppendRequests for partition {message.partition_id}: {exc}")
             )
+            return None
+        for row, reason in refused:
+            connection.send(_error(row.req_id.to_proto(), reason))
+        if not rows:
             return None
         seq = connection.network_seq.get(message.partition_id, -1)
         append_now = partition.append_now
