@@ -393,6 +393,7 @@ class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
                     replicas_in_session=p.store.replicas_in_session,
                     sessions_started=p.store.sessions_started,
                     mounted_clients=p.mounted_clients,
+                    client_states=p.client_states,
                 )
                 for pid, p in sorted(app.partitions.items())
             ],

@@ -26,10 +26,10 @@ __all__ = [
 
 #: Lock hashes (WRITE, READ and APPEND together) one append may carry by default
 #: (``server.maxLockHashesPerAppend``; docs/design/server.md, "Bounds on what a peer costs").
-DEFAULT_MAX_LOCK_HASHES_PER_APPEND = 10_000
+DEFAULT_MAX_LOCK_HASHES_PER_APPEND = 4_096
 #: Lock hashes one ``AppendRequest`` or ``AppendRequests`` message may carry by default
 #: (``server.maxLockHashesPerMessage``).
-DEFAULT_MAX_LOCK_HASHES_PER_MESSAGE = 100_000
+DEFAULT_MAX_LOCK_HASHES_PER_MESSAGE = 16_384
 
 
 class LockHashLimits(NamedTuple):
