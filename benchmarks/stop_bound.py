@@ -37,7 +37,11 @@ from waltz.metadata.values import ClusterParams, ConnectionMetadata, GroupDescri
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient
-from waltz.services.runtime import STOP_BOUND
+
+try:
+    from waltz.services.runtime import STOP_BOUND
+except ImportError:  # code from before the bound (run against it to compare)
+    STOP_BOUND = 10.0
 
 ROOT = "/waltz/stop-bound"
 
