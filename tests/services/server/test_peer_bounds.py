@@ -4,17 +4,20 @@ peer costs"): per-client state, lock hashes per append and per message, a connec
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
+import grpc
 import pytest
 from support.storage import run
 
 from tests.services.server.test_client_protocol import RawClient, generation_of
 from waltz.local.cluster import LocalCluster
 from waltz.local.options import ProcessOptions
-from waltz.protocol import client_pb2, common_pb2
+from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
 from waltz.protocol.records import crc32
 from waltz.protocol.server_client import ServerAdminClient
+from waltz.services.server.client_service import MAX_CLIENT_IDS_PER_CONNECTION
 
 PER_APPEND = 50
 PER_MESSAGE = 200
@@ -169,5 +172,76 @@ def test_a_message_with_too_many_lock_hashes_is_refused_whole(cluster: LocalClus
             await peer.nothing_more()  # none of its rows was appended
         finally:
             await peer.close()
+
+    run(scenario())
+
+
+def test_a_connection_mounts_under_a_bounded_number_of_client_ids(cluster: LocalCluster) -> None:
+    generation = generation_of(cluster)
+
+    async def scenario() -> None:
+        peer = RawClient(cluster.servers[0].endpoint, 6000, generation)
+        try:
+            for client_id in range(6000, 6000 + MAX_CLIENT_IDS_PER_CONNECTION):
+                peer.client_id = client_id
+                peer.mount(-1)
+                assert (await peer.next("mount")).mount.partition_ready
+            peer.client_id = 7000
+            refused = peer.mount(-1)
+            error = await peer.next("error")
+            assert error.error.req_id == refused
+            assert f"already carries {MAX_CLIENT_IDS_PER_CONNECTION} client IDs" in error.error.message
+        finally:
+            await peer.close()
+
+    run(scenario())
+
+
+def resident_mib(pid: int) -> float:
+    """A process's resident memory in MiB (``VmRSS`` of /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def test_a_peer_that_never_reads_its_answers_costs_a_bounded_queue(cluster: LocalCluster) -> None:
+    generation = generation_of(cluster)
+    (server_pid,) = [pid for name, pid in cluster.pids().items() if name.startswith("server")]
+    client_id = 8000
+    sent = 0
+
+    def req_id(seq: int) -> common_pb2.ReqId:
+        return common_pb2.ReqId(client_id=client_id, generation=generation, partition_id=0, seq_num=seq)
+
+    async def requests() -> AsyncIterator[client_pb2.ClientMessages]:
+        nonlocal sent
+        mount = client_pb2.MountRequest(req_id=req_id(1), client_high_water_mark=-1, seq_num=1)
+        yield client_pb2.ClientMessages(messages=[client_pb2.ClientMessage(mount=mount)])
+        # 400,000 flushes, each answered: without a bound the server queues every answer.
+        for first in range(2, 400_002, 20_000):
+            yield client_pb2.ClientMessages(
+                messages=[
+                    client_pb2.ClientMessage(flush=client_pb2.FlushRequest(req_id=req_id(seq)))
+                    for seq in range(first, first + 20_000)
+                ]
+            )
+            sent += 20_000
+
+    async def scenario() -> None:
+        before = resident_mib(server_pid)
+        async with grpc.aio.insecure_channel(cluster.servers[0].endpoint) as channel:
+            call = client_pb2_grpc.WaltzServerServiceStub(channel).Stream(requests())
+            answers = await call.read()  # the mount's answer, then nothing more is read
+            assert isinstance(answers, client_pb2.ServerMessages)
+            for _ in range(300):  # until the server stops taking requests, or took them all
+                await asyncio.sleep(0.1)
+                if sent >= 400_000:
+                    break
+            await asyncio.sleep(3)
+            grown = resident_mib(server_pid) - before
+            print(f"{sent} flushes sent; the server's resident memory grew {grown:.0f} MiB")
+            call.cancel()
+        assert grown < 40, f"the server grew by {grown:.0f} MiB for one peer that reads nothing"
 
     run(scenario())

@@ -231,6 +231,8 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
             return None
         connection.client_id = req_id.client_id
         partition = partitions.get(req_id.partition_id)
+        if kind == "mount" and partition is not None and not partition.closed:
+            connection.mounts.add((req_id.partition_id, req_id.client_id))  # at most owned x client IDs
         if partition is None or partition.closed:
             if kind == "mount":
                 connection.send(
@@ -386,7 +388,6 @@ def _mount_refusal(connection: _Connection, req_id: common_pb2.ReqId) -> str | N
                 "connection of its own"
             )
         connection.client_ids.add(client_id)
-    connection.mounts.add((req_id.partition_id, client_id))
     return None
 
 
