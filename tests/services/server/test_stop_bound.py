@@ -20,6 +20,7 @@ from tests.services.server.conftest import StoreCluster, make_store_cluster
 from tests.services.server.test_server_process import wait_writable_owner
 from waltz.local.nodes import LocalServer, LocalStorageNode
 from waltz.local.options import DEFAULT_SERVER_ENV
+from waltz.local.processes import wait_until
 from waltz.local.zookeeper import LocalZooKeeper
 from waltz.services.runtime import STOP_BOUND
 
@@ -91,3 +92,36 @@ def test_a_server_exits_within_the_bound_when_zookeeper_stops_with_it(
         private_zookeeper.process.wait(30)
     print(f"exit times after SIGTERM: {exits}")
     assert max(exits) < STOP_BOUND, f"exit times after SIGTERM: {exits}"
+
+
+def test_a_server_cut_off_from_zookeeper_exits_within_the_bound(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    private_zookeeper: LocalZooKeeper,
+    private_cluster: StoreCluster,
+) -> None:
+    server = LocalServer(
+        private_zookeeper.connect_string,
+        "/waltz/stop-bound",
+        name="server",
+        log_path=tmp_path / "server.log",
+        session_timeout=SESSION_TIMEOUT,
+        env=dict(DEFAULT_SERVER_ENV),
+    )
+    support.add_failure_logs(request.node, "server log", server.process.log_tail)
+    with server:
+        run(wait_writable_owner(private_cluster, timeout=30))
+        private_zookeeper.kill()  # gone, as a crash: the server's calls wait for it to come back
+        wait_until(
+            lambda: "Zookeeper connection lost" in server.process.log_tail(200),
+            timeout=30,
+            what="the server to see its ZooKeeper connection lost",
+        )
+        pid = server.process.pid
+        assert pid is not None
+        started = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        returncode = server.process.wait(STOP_BOUND + 5)
+        elapsed = time.monotonic() - started
+    assert returncode == 0, server.process.log_tail()
+    assert elapsed < STOP_BOUND, f"exited {elapsed:.1f}s after SIGTERM"
