@@ -223,26 +223,26 @@ class ServerApp:
         """
         self._stopping = True
         zk = self._zk
-        if self._manager is not None:
-            await call_in_daemon_thread(
-                lambda: self._manager.stop(MANAGER_STOP_TIMEOUT) if self._manager else True,
+        manager, membership = self._manager, self._membership
+        if manager is not None:
+            await _stop_step(
+                lambda: manager.stop(MANAGER_STOP_TIMEOUT),
                 MANAGER_STOP_TIMEOUT + 0.5,
                 "leaving the cluster manager election",
             )
-        if zk is not None and zk.connected and self._membership is not None:
-            membership = self._membership
-            await call_in_daemon_thread(
+        if zk is not None and zk.connected and membership is not None:
+            await _stop_step(
                 lambda: membership.unregister(UNREGISTER_TIMEOUT),
                 UNREGISTER_TIMEOUT + 0.5,
                 "deleting the member znode",
             )
-        elif zk is not None:
+        elif zk is not None and not zk.connected:
             log.warning(
                 "stopping while cut off from ZooKeeper (%s): the member znode goes when the session expires",
                 zk.state,
             )
         if zk is not None:
-            await call_in_daemon_thread(zk.stop, ZOOKEEPER_STOP_TIMEOUT, "stopping the ZooKeeper client")
+            await _stop_step(zk.stop, ZOOKEEPER_STOP_TIMEOUT, "stopping the ZooKeeper client")
         closing = asyncio.gather(*(self._set_partition(pid, None) for pid in list(self.partitions)))
         try:
             await asyncio.wait_for(closing, PARTITIONS_CLOSE_TIMEOUT)
@@ -254,7 +254,7 @@ class ServerApp:
         if self._streams is not None:
             await self._streams.close()
         if zk is not None:
-            await call_in_daemon_thread(zk.close, 1.0, "closing the ZooKeeper client")
+            await _stop_step(zk.close, 1.0, "closing the ZooKeeper client")
         if self._grpc is not None:
             await self._grpc.stop(1.0)
         if self._http is not None:
@@ -362,6 +362,15 @@ class ServerApp:
             self.partitions[partition_id] = partition
             partition.start()
             log.info("partition %d opened with generation %d", partition_id, generation)
+
+
+async def _stop_step(step: Callable[[], object], timeout: float, what: str) -> None:
+    """One bounded step of a stop, on a daemon thread: a failure is logged and the stop goes on
+    (docs/design/server.md, "Stopping within a bound")."""
+    try:
+        await call_in_daemon_thread(step, timeout, what)
+    except Exception:
+        log.exception("%s failed; stopping anyway", what)
 
 
 class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
