@@ -100,7 +100,7 @@ def main() -> None:
 
     def parse_columns(raw: bytes) -> list[AppendRow]:
         (message,) = client_pb2.ClientMessages.FromString(raw).messages
-        rows = append_rows(message.appends)
+        rows, _ = append_rows(message.appends)
         for row in rows:
             zlib.crc32(row.data)
         return rows

@@ -11,10 +11,11 @@ import grpc
 import pytest
 from support import settle
 
-from waltz.client.connection import ServerConnection
+from waltz.client.connection import MAX_BATCH_LOCK_HASHES, ServerConnection
 from waltz.client.context import AppendPayload
 from waltz.protocol import client_pb2, client_pb2_grpc
 from waltz.protocol.records import ReqId
+from waltz.services.server.appends import DEFAULT_MAX_LOCK_HASHES_PER_MESSAGE
 
 
 class Recorder(client_pb2_grpc.WaltzServerServiceServicer):
@@ -133,6 +134,21 @@ def test_appends_go_in_columns_per_partition_in_the_order_queued() -> None:
         assert (list(other.headers), list(other.checksums)) == ([3], [7])
         assert list(after_flush.seq_nums) == [4]
         assert (new_generation.generation, list(new_generation.seq_nums)) == (2, [5])
+
+    with_connection(scenario)
+
+
+def test_a_stream_message_ends_before_its_lock_hashes_pass_the_servers_default_limit() -> None:
+    """docs/design/server.md "Bounds on what a peer costs": a server refuses a message of appends
+    with more than 16,384 lock hashes by default, so the client never sends one."""
+    locks = tuple(range(5_000))
+
+    async def scenario(connection: ServerConnection, recorder: Recorder) -> None:
+        for seq in range(1, 8):  # 7 appends of 5,000 lock hashes, queued before the writer runs
+            connection.send_append(rid(seq), AppendPayload(5, locks, (), (), 0, b"d", zlib.crc32(b"d")))
+        await received(recorder, 3)
+        assert recorder.messages == [[1, 2, 3], [4, 5, 6], [7]]
+        assert MAX_BATCH_LOCK_HASHES <= DEFAULT_MAX_LOCK_HASHES_PER_MESSAGE
 
     with_connection(scenario)
 

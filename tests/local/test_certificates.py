@@ -50,3 +50,14 @@ def test_kept_certificates_are_reused_and_made_again_when_a_file_is_missing(tmp_
     assert again.key_file("client").exists()
     assert again.cert_file("node").read_bytes() != node
     assert Role.SERVER in roles_of_certificate(again.cert_file("node").read_bytes())
+
+
+def test_keys_made_again_over_readable_files_are_made_owner_only(tmp_path: Path) -> None:
+    files = make_cluster_certificates(tmp_path)
+    for name in ("ca", "node", "client"):
+        files.key_file(name).chmod(0o644)  # say, copied with a loose umask
+    files.cert_file("node").unlink()  # made again: every key is written over its old file
+    again = make_cluster_certificates(tmp_path)
+    for name in ("ca", "node", "client"):
+        mode = again.key_file(name).stat().st_mode & 0o777
+        assert mode == 0o600, f"{name} key is {oct(mode)} after it was written again"

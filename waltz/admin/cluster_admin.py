@@ -173,6 +173,9 @@ class ClusterAdmin:
         root: the cluster root znode, e.g. ``/waltz/cluster1``.
         storage_timeout: seconds allowed for each storage node's admin call.
         tls: client TLS files for the storage admin ports, or None.
+        zookeeper_timeout: seconds each read or compare-and-set of a znode waits for ZooKeeper
+            (:class:`~waltz.metadata.zk.ClusterZk`); None waits as long as kazoo does.
+            :meth:`connect` passes the session timeout.
 
     Attributes:
         cluster: the cluster's znodes.
@@ -189,8 +192,9 @@ class ClusterAdmin:
         *,
         storage_timeout: float = DEFAULT_STORAGE_TIMEOUT,
         tls: TlsConfig | None = None,
+        zookeeper_timeout: float | None = None,
     ) -> None:
-        self.cluster = ClusterZk(zk, root)
+        self.cluster = ClusterZk(zk, root, timeout=zookeeper_timeout)
         self.storage_timeout = storage_timeout
         self.tls = tls
         self.storage = StorageNodeAdmin(self.cluster, storage_timeout=storage_timeout, tls=tls)
@@ -226,7 +230,9 @@ class ClusterAdmin:
             security=security,
         )
         try:
-            admin = cls(client, root, storage_timeout=storage_timeout, tls=tls)
+            admin = cls(
+                client, root, storage_timeout=storage_timeout, tls=tls, zookeeper_timeout=session_timeout
+            )
         except BaseException:
             client.stop()
             client.close()

@@ -246,15 +246,21 @@ class Archiver:
     def run_round(self) -> list[PartitionRound]:
         """One pass over the partitions: archive every chunk that is ready.
 
+        Once the stop event is set, the pass ends after the partition in progress.
+
         Returns:
-            The outcome per partition, in partition order.
+            The outcome per partition, in partition order (those the pass reached).
 
         Raises:
             As :meth:`run`.
         """
         params = self._claimed()
         ids = self._partitions if self._partitions is not None else range(params.num_partitions)
-        results = [self._round(pid) for pid in ids]
+        results: list[PartitionRound] = []
+        for pid in ids:
+            if results and self._stop.is_set():
+                break  # stopped (SIGTERM): the partitions left wait for the next run
+            results.append(self._round(pid))
         if self._metrics is not None:
             self._metrics.round_done(results)
         return results

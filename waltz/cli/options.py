@@ -25,6 +25,7 @@ __all__ = [
     "CheckpointIntervalOption",
     "ClientConfigOption",
     "ClusterFilterOption",
+    "DatabaseUrlFileOption",
     "DatabaseUrlOption",
     "DiskPartitionOption",
     "ForceOption",
@@ -35,6 +36,7 @@ __all__ = [
     "LocalServersOption",
     "LocalStoragesOption",
     "LogLevelOption",
+    "OptionalDatabaseUrlOption",
     "PartitionsOption",
     "RootOption",
     "RunTimeoutOption",
@@ -50,6 +52,7 @@ __all__ = [
     "YesOption",
     "ZookeeperOption",
     "quiet_logging",
+    "secret_value",
 ]
 
 
@@ -257,6 +260,62 @@ DatabaseUrlOption = Annotated[
         show_default=False,
     ),
 ]
+#: ``--url`` where a file may give it instead (``--url-file``; a URL holding a password on the
+#: command line is visible to every user of the machine in ``ps``).
+OptionalDatabaseUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar="WALTZ_DB_URL",
+        help="The application database's SQLAlchemy URL, e.g. "
+        "`postgresql+psycopg://user:password@host:5432/app`; with a password, prefer WALTZ_DB_URL or "
+        "--url-file (the command line shows in `ps`).",
+        show_default=False,
+    ),
+]
+DatabaseUrlFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--url-file",
+        envvar="WALTZ_DB_URL_FILE",
+        help="A file holding the database URL (its first line), instead of --url.",
+        show_default=False,
+    ),
+]
+
+
+def secret_value(value: str | None, file: Path | None, option: str, *, required: bool = True) -> str | None:
+    """A secret given on the command line, in an environment variable, or in a file.
+
+    Args:
+        value: the option's value (typer has read its environment variable already).
+        file: a file whose first line is the value, or None.
+        option: the option's name (``--url``); its file option is ``<option>-file``.
+        required: whether one of the two must be given.
+
+    Returns:
+        The value, or None when neither is given and it is not required.
+
+    Raises:
+        typer.BadParameter: both are given, neither is (when required), or the file cannot be read
+            or is empty; the message names the option and the file.
+    """
+    if value is not None and file is not None:
+        raise typer.BadParameter(f"give {option} or {option}-file, not both")
+    if file is None:
+        if value is None and required:
+            raise typer.BadParameter(f"give {option} (or its environment variable) or {option}-file")
+        return value
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise typer.BadParameter(f"{option}-file {file}: cannot read it: {exc.strerror or exc}") from exc
+    first = lines[0].strip() if lines else ""
+    if not first:
+        raise typer.BadParameter(f"{option}-file {file} is empty: its first line must hold the value")
+    return first
+
+
 ClusterFilterOption = Annotated[
     str | None,
     typer.Option(

@@ -17,7 +17,7 @@ import typer
 if TYPE_CHECKING:
     from waltz.spark.views import AppViews
 
-from waltz.cli.options import LogLevelOption
+from waltz.cli.options import LogLevelOption, secret_value
 from waltz.errors import ConfigurationError, WaltzError
 from waltz.logs import configure_logging
 from waltz.protocol.channels import TlsConfig
@@ -57,7 +57,20 @@ def rebuild_command(
     ],
     db: Annotated[
         str | None,
-        typer.Option(help="The database to rebuild (SQLAlchemy URL); optional with --verify-against."),
+        typer.Option(
+            envvar="WALTZ_REBUILD_DB",
+            help="The database to rebuild (SQLAlchemy URL); optional with --verify-against. With a "
+            "password, prefer the environment variable or --db-file (the command line shows in `ps`).",
+            show_default=False,
+        ),
+    ] = None,
+    db_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="WALTZ_REBUILD_DB_FILE",
+            help="A file holding the --db URL (its first line).",
+            show_default=False,
+        ),
     ] = None,
     zookeeper: Annotated[str | None, typer.Option(help="ZooKeeper connect string of a live cluster.")] = None,
     cluster_root: Annotated[
@@ -80,7 +93,18 @@ def rebuild_command(
     verify_against: Annotated[
         str | None,
         typer.Option(
-            help="Compare the log's views with this live database at its own marks; exit 1 on drift."
+            envvar="WALTZ_REBUILD_VERIFY_AGAINST",
+            help="Compare the log's views with this live database (SQLAlchemy URL) at its own marks; "
+            "exit 1 on drift. With a password, prefer the environment variable or --verify-against-file.",
+            show_default=False,
+        ),
+    ] = None,
+    verify_against_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="WALTZ_REBUILD_VERIFY_AGAINST_FILE",
+            help="A file holding the --verify-against URL (its first line).",
+            show_default=False,
         ),
     ] = None,
     cluster_name: Annotated[
@@ -138,6 +162,8 @@ def rebuild_command(
     def say(line: str) -> None:
         typer.echo(f"[{time.monotonic() - started:6.1f}s] {line}")
 
+    db = secret_value(db, db_file, "--db", required=False)
+    verify_against = secret_value(verify_against, verify_against_file, "--verify-against", required=False)
     if db is None and verify_against is None and not check:
         raise typer.BadParameter("give --db, --verify-against, --check, or a combination")
     try:  # here, not at the top: every `waltz` command would import SQLAlchemy

@@ -16,7 +16,13 @@ from typing import Annotated
 import typer
 
 from waltz.cli.groups import HELP, MARKUP
-from waltz.cli.options import DatabaseUrlOption, JsonOption, LogLevelOption
+from waltz.cli.options import (
+    DatabaseUrlFileOption,
+    JsonOption,
+    LogLevelOption,
+    OptionalDatabaseUrlOption,
+    secret_value,
+)
 from waltz.errors import WaltzError
 from waltz.logs import configure_logging
 
@@ -58,7 +64,8 @@ def _fail(exc: BaseException) -> typer.Exit:
 def create(
     location: LocationArgument,
     app_module: AppOption,
-    url: DatabaseUrlOption,
+    url: OptionalDatabaseUrlOption = None,
+    url_file: DatabaseUrlFileOption = None,
     cluster_name: Annotated[
         str | None, typer.Option(help="The log's name in the mark rows (default: the application's).")
     ] = None,
@@ -76,11 +83,13 @@ def create(
     from waltz.cli.rebuild import load_app
     from waltz.spark.snapshot import write_snapshot
 
+    database = secret_value(url, url_file, "--url")
+    assert database is not None  # required
     configure_logging(log_level)
     say = _say(time.monotonic())
     try:
         manifest = write_snapshot(
-            load_app(app_module), url, location, cluster_name=cluster_name, progress=say
+            load_app(app_module), database, location, cluster_name=cluster_name, progress=say
         )
     except (WaltzError, SQLAlchemyError, OSError) as exc:
         raise _fail(exc) from exc
@@ -128,7 +137,8 @@ def verify(location: LocationArgument) -> None:
 def load(
     location: LocationArgument,
     app_module: AppOption,
-    url: DatabaseUrlOption,
+    url: OptionalDatabaseUrlOption = None,
+    url_file: DatabaseUrlFileOption = None,
     replace: Annotated[
         bool,
         typer.Option(
@@ -149,10 +159,12 @@ def load(
     from waltz.cli.rebuild import load_app
     from waltz.spark.snapshot import load_snapshot
 
+    database = secret_value(url, url_file, "--url")
+    assert database is not None  # required
     configure_logging(log_level)
     say = _say(time.monotonic())
     try:
-        manifest = load_snapshot(location, load_app(app_module), url, replace=replace, progress=say)
+        manifest = load_snapshot(location, load_app(app_module), database, replace=replace, progress=say)
     except (WaltzError, SQLAlchemyError, OSError) as exc:
         raise _fail(exc) from exc
     say(f"an instance started on the database resumes the log after {dict(sorted(manifest.marks.items()))}")

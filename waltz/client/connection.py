@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 MAX_BATCH_MESSAGES = 2000
 #: Bytes of transaction data per stream message before another one starts.
 MAX_BATCH_BYTES = 1 << 20
+#: Lock hashes per stream message before another one starts: at most a server's default
+#: ``server.maxLockHashesPerMessage`` (docs/design/server.md, "Bounds on what a peer costs").
+MAX_BATCH_LOCK_HASHES = 16_384
 
 _EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
 
@@ -85,6 +88,7 @@ class ServerConnection:
         self._batch = client_pb2.ClientMessages()
         self._batch_count = 0
         self._batch_bytes = 0
+        self._batch_locks = 0
         # The next stream message's appends, by partition, in columns (docs/protocol.md
         # "Appends"): filled in when the message is sealed. A partition's open columns take its
         # appends until another message of that connection is queued after them.
@@ -140,16 +144,22 @@ class ServerConnection:
         self._batch = client_pb2.ClientMessages()
         self._batch_count = 0
         self._batch_bytes = 0
+        self._batch_locks = 0
         return batch
 
-    def _count(self, data_bytes: int, linger: float = 0.0) -> None:
+    def _count(self, data_bytes: int, linger: float = 0.0, locks: int = 0) -> None:
         """Count one more protocol message in the stream message under construction (sealing
         it first when full) and wake the writer as ``linger`` says."""
-        full = self._batch_count >= MAX_BATCH_MESSAGES or self._batch_bytes + data_bytes > MAX_BATCH_BYTES
+        full = (
+            self._batch_count >= MAX_BATCH_MESSAGES
+            or self._batch_bytes + data_bytes > MAX_BATCH_BYTES
+            or self._batch_locks + locks > MAX_BATCH_LOCK_HASHES
+        )
         if full and self._batch_count:
             self._ready.append(self._seal())
         self._batch_count += 1
         self._batch_bytes += data_bytes
+        self._batch_locks += locks
         if not self._wake.is_set():
             if linger <= 0 or full:
                 self._wake.set()
@@ -192,7 +202,8 @@ class ServerConnection:
         """
         if self._closed:
             raise ConnectionError(f"the connection to {self.endpoint} is closed")
-        self._count(len(payload.data), linger)
+        locks = len(payload.write_locks) + len(payload.read_locks) + len(payload.append_locks)
+        self._count(len(payload.data), linger, locks)
         columns = self._open_columns.get(req_id.partition_id)
         if columns is None or not columns.takes(req_id):
             columns = _AppendColumns(self._batch.messages.add().appends, req_id)

@@ -151,6 +151,8 @@ def make_cluster_certificates(
         )
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as out:
+            # The mode of os.open applies to a new file only: an existing one keeps its own.
+            os.fchmod(out.fileno(), 0o600)
             out.write(data)
 
     now = datetime.datetime.now(datetime.UTC)

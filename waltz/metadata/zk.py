@@ -27,6 +27,7 @@ from typing import Generic, Protocol, Self, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.protocol.states import ZnodeStat
 from kazoo.security import OPEN_ACL_UNSAFE
 
 from waltz.errors import ClusterNotFoundError, GenerationFencedError, MetadataError, StaleMetadataError
@@ -38,7 +39,7 @@ from waltz.metadata.values import (
     PartitionMetadata,
     ReplicaAssignments,
 )
-from waltz.metadata.zk_session import zookeeper_access
+from waltz.metadata.zk_session import ZooKeeperUnavailableError, zookeeper_access
 
 __all__ = ["ClusterPaths", "ClusterZk", "Versioned"]
 
@@ -141,17 +142,65 @@ class ClusterZk:
     Args:
         zk: a started kazoo client (the caller owns it).
         root: the cluster root znode path.
+        timeout: seconds a read or a compare-and-set of a single znode waits for ZooKeeper's
+            answer (:meth:`params`, :meth:`assignments`, :meth:`partition_metadata`, their
+            setters, :meth:`exists`...); None waits as long as kazoo does, which, cut off from
+            ZooKeeper, is until the connection comes back or the client stops. A server passes
+            its session timeout, so that no call holds its stop (docs/design/server.md,
+            "Stopping within a bound").
     """
 
-    def __init__(self, zk: KazooClient, root: str) -> None:
+    def __init__(self, zk: KazooClient, root: str, *, timeout: float | None = None) -> None:
         self.zk = zk
         self.paths = ClusterPaths.of(root)
+        self.timeout = timeout
+
+    def _get(self, path: str) -> tuple[bytes, ZnodeStat]:
+        """``zk.get`` within :attr:`timeout`.
+
+        Raises:
+            ZooKeeperUnavailableError: ZooKeeper did not answer in time.
+            NoNodeError: as ``zk.get``.
+        """
+        if self.timeout is None:
+            return self.zk.get(path)  # type: ignore[no-any-return]
+        try:
+            return self.zk.get_async(path).get(timeout=self.timeout)  # type: ignore[no-any-return]
+        except self.zk.handler.timeout_exception:
+            raise ZooKeeperUnavailableError(
+                f"ZooKeeper did not answer a read of {path} within {self.timeout:g}s"
+            ) from None
+
+    def _set(self, path: str, data: bytes, version: int) -> ZnodeStat:
+        """``zk.set`` within :attr:`timeout`.
+
+        Raises:
+            ZooKeeperUnavailableError: ZooKeeper did not answer in time (the write may have
+                happened: the next compare-and-set finds out).
+            BadVersionError: as ``zk.set``.
+        """
+        if self.timeout is None:
+            return self.zk.set(path, data, version=version)
+        try:
+            return self.zk.set_async(path, data, version=version).get(timeout=self.timeout)
+        except self.zk.handler.timeout_exception:
+            raise ZooKeeperUnavailableError(
+                f"ZooKeeper did not answer a write of {path} within {self.timeout:g}s"
+            ) from None
 
     # ---- the cluster as a whole ----
 
     def exists(self) -> bool:
         """True when a cluster exists under the root."""
-        return self.zk.exists(self.paths.cluster) is not None
+        path = self.paths.cluster
+        if self.timeout is None:
+            return self.zk.exists(path) is not None
+        try:
+            return self.zk.exists_async(path).get(timeout=self.timeout) is not None
+        except self.zk.handler.timeout_exception:
+            raise ZooKeeperUnavailableError(
+                f"ZooKeeper did not answer whether {path} exists within {self.timeout:g}s"
+            ) from None
 
     def create(
         self,
@@ -278,7 +327,7 @@ class ClusterZk:
     def _read(self, path: str) -> tuple[bytes, int]:
         try:
             with zookeeper_access(self.zk, f"reading {path}"):
-                data, stat = self.zk.get(path)
+                data, stat = self._get(path)
         except NoNodeError:
             if not self.exists():
                 raise ClusterNotFoundError(
@@ -290,7 +339,7 @@ class ClusterZk:
     def _write(self, path: str, value: _Codec, version: int) -> int:
         try:
             with zookeeper_access(self.zk, f"writing {path}"):
-                stat = self.zk.set(path, value.encode(), version=version)
+                stat = self._set(path, value.encode(), version)
         except BadVersionError:
             raise StaleMetadataError(f"znode {path} changed since version {version}") from None
         return int(stat.version)
@@ -359,7 +408,7 @@ class ClusterZk:
         path = self.paths.archive
         try:
             with zookeeper_access(self.zk, f"reading {path}"):
-                data, stat = self.zk.get(path)
+                data, stat = self._get(path)
         except NoNodeError:
             if not self.exists():
                 raise ClusterNotFoundError(f"no cluster under {self.paths.root}") from None

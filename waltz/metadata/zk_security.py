@@ -114,8 +114,8 @@ class ZooKeeperSecurity:
             raise ValueError("no digest credential to write")
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            os.fchmod(file.fileno(), 0o600)  # before the secret: an existing file keeps its own mode
             file.write(self.digest + "\n")
-        path.chmod(0o600)
 
     @property
     def user(self) -> str | None:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from waltz.protocol import common_pb2 as waltz_dot_protocol_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bwaltz/protocol/server.proto\x12\x0cwaltz.server\x1a\x1bwaltz/protocol/common.proto\"\x15\n\x13ServerStatusRequest\"\xb5\x01\n\x0ePartitionState\x12\x14\n\x0cpartition_id\x18\x01 \x01(\x05\x12\x12\n\ngeneration\x18\x02 \x01(\x05\x12\x17\n\x0fhigh_water_mark\x18\x03 \x01(\x03\x12\x10\n\x08writable\x18\x04 \x01(\x08\x12\x1b\n\x13replicas_in_session\x18\x05 \x03(\t\x12\x18\n\x10sessions_started\x18\x06 \x01(\x03\x12\x17\n\x0fmounted_clients\x18\x07 \x01(\x05\"\x96\x01\n\x14ServerStatusResponse\x12\x0e\n\x06member\x18\x01 \x01(\t\x12\x11\n\tserver_id\x18\x02 \x01(\x05\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x17\n\x0f\x63luster_manager\x18\x04 \x01(\x08\x12\x30\n\npartitions\x18\x05 \x03(\x0b\x32\x1c.waltz.server.PartitionState\"U\n\x10TransactionInput\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x0e\n\x06header\x18\x02 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"b\n\x14\x41ppendRecordsRequest\x12\x14\n\x0cpartition_id\x18\x01 \x01(\x05\x12\x34\n\x0ctransactions\x18\x02 \x03(\x0b\x32\x1e.waltz.server.TransactionInput\"6\n\rAppendOutcome\x12\x16\n\x0etransaction_id\x18\x01 \x01(\x03\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"F\n\x15\x41ppendRecordsResponse\x12-\n\x08outcomes\x18\x01 \x03(\x0b\x32\x1b.waltz.server.AppendOutcome\"W\n\x12ReadRecordsRequest\x12\x14\n\x0cpartition_id\x18\x01 \x01(\x05\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\x12\x13\n\x0bmax_records\x18\x03 \x01(\x05\"U\n\x13ReadRecordsResponse\x12%\n\x07records\x18\x01 \x03(\x0b\x32\x14.waltz.common.Record\x12\x17\n\x0fhigh_water_mark\x18\x02 \x01(\x03\x32\x93\x02\n\x12ServerAdminService\x12O\n\x06Status\x12!.waltz.server.ServerStatusRequest\x1a\".waltz.server.ServerStatusResponse\x12X\n\rAppendRecords\x12\".waltz.server.AppendRecordsRequest\x1a#.waltz.server.AppendRecordsResponse\x12R\n\x0bReadRecords\x12 .waltz.server.ReadRecordsRequest\x1a!.waltz.server.ReadRecordsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bwaltz/protocol/server.proto\x12\x0cwaltz.server\x1a\x1bwaltz/protocol/common.proto\"\x15\n\x13ServerStatusRequest\"\xcc\x01\n\x0ePartitionState\x12\x14\n\x0cpartition_id\x18\x01 \x01(\x05\x12\x12\n\ngeneration\x18\x02 \x01(\x05\x12\x17\n\x0fhigh_water_mark\x18\x03 \x01(\x03\x12\x10\n\x08writable\x18\x04 \x01(\x08\x12\x1b\n\x13replicas_in_session\x18\x05 \x03(\t\x12\x18\n\x10sessions_started\x18\x06 \x01(\x03\x12\x17\n\x0fmounted_clients\x18\x07 \x01(\x05\x12\x15\n\rclient_states\x18\x08 \x01(\x05\"\x96\x01\n\x14ServerStatusResponse\x12\x0e\n\x06member\x18\x01 \x01(\t\x12\x11\n\tserver_id\x18\x02 \x01(\x05\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x17\n\x0f\x63luster_manager\x18\x04 \x01(\x08\x12\x30\n\npartitions\x18\x05 \x03(\x0b\x32\x1c.waltz.server.PartitionState\"U\n\x10TransactionInput\x12#\n\x06req_id\x18\x01 \x01(\x0b\x32\x13.waltz.common.ReqId\x12\x0e\n\x06header\x18\x02 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"b\n\x14\x41ppendRecordsRequest\x12\x14\n\x0cpartition_id\x18\x01 \x01(\x05\x12\x34\n\x0ctransactions\x18\x02 \x03(\x0b\x32\x1e.waltz.server.TransactionInput\"6\n\rAppendOutcome\x12\x16\n\x0etransaction_id\x18\x01 \x01(\x03\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"F\n\x15\x41ppendRecordsResponse\x12-\n\x08outcomes\x18\x01 \x03(\x0b\x32\x1b.waltz.server.AppendOutcome\"W\n\x12ReadRecordsRequest\x12\x14\n\x0cpartition_id\x18\x01 \x01(\x05\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x03\x12\x13\n\x0bmax_records\x18\x03 \x01(\x05\"U\n\x13ReadRecordsResponse\x12%\n\x07records\x18\x01 \x03(\x0b\x32\x14.waltz.common.Record\x12\x17\n\x0fhigh_water_mark\x18\x02 \x01(\x03\x32\x93\x02\n\x12ServerAdminService\x12O\n\x06Status\x12!.waltz.server.ServerStatusRequest\x1a\".waltz.server.ServerStatusResponse\x12X\n\rAppendRecords\x12\".waltz.server.AppendRecordsRequest\x1a#.waltz.server.AppendRecordsResponse\x12R\n\x0bReadRecords\x12 .waltz.server.ReadRecordsRequest\x1a!.waltz.server.ReadRecordsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,21 +35,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SERVERSTATUSREQUEST']._serialized_start=74
   _globals['_SERVERSTATUSREQUEST']._serialized_end=95
   _globals['_PARTITIONSTATE']._serialized_start=98
-  _globals['_PARTITIONSTATE']._serialized_end=279
-  _globals['_SERVERSTATUSRESPONSE']._serialized_start=282
-  _globals['_SERVERSTATUSRESPONSE']._serialized_end=432
-  _globals['_TRANSACTIONINPUT']._serialized_start=434
-  _globals['_TRANSACTIONINPUT']._serialized_end=519
-  _globals['_APPENDRECORDSREQUEST']._serialized_start=521
-  _globals['_APPENDRECORDSREQUEST']._serialized_end=619
-  _globals['_APPENDOUTCOME']._serialized_start=621
-  _globals['_APPENDOUTCOME']._serialized_end=675
-  _globals['_APPENDRECORDSRESPONSE']._serialized_start=677
-  _globals['_APPENDRECORDSRESPONSE']._serialized_end=747
-  _globals['_READRECORDSREQUEST']._serialized_start=749
-  _globals['_READRECORDSREQUEST']._serialized_end=836
-  _globals['_READRECORDSRESPONSE']._serialized_start=838
-  _globals['_READRECORDSRESPONSE']._serialized_end=923
-  _globals['_SERVERADMINSERVICE']._serialized_start=926
-  _globals['_SERVERADMINSERVICE']._serialized_end=1201
+  _globals['_PARTITIONSTATE']._serialized_end=302
+  _globals['_SERVERSTATUSRESPONSE']._serialized_start=305
+  _globals['_SERVERSTATUSRESPONSE']._serialized_end=455
+  _globals['_TRANSACTIONINPUT']._serialized_start=457
+  _globals['_TRANSACTIONINPUT']._serialized_end=542
+  _globals['_APPENDRECORDSREQUEST']._serialized_start=544
+  _globals['_APPENDRECORDSREQUEST']._serialized_end=642
+  _globals['_APPENDOUTCOME']._serialized_start=644
+  _globals['_APPENDOUTCOME']._serialized_end=698
+  _globals['_APPENDRECORDSRESPONSE']._serialized_start=700
+  _globals['_APPENDRECORDSRESPONSE']._serialized_end=770
+  _globals['_READRECORDSREQUEST']._serialized_start=772
+  _globals['_READRECORDSREQUEST']._serialized_end=859
+  _globals['_READRECORDSRESPONSE']._serialized_start=861
+  _globals['_READRECORDSRESPONSE']._serialized_end=946
+  _globals['_SERVERADMINSERVICE']._serialized_start=949
+  _globals['_SERVERADMINSERVICE']._serialized_end=1224
 # @@protoc_insertion_point(module_scope)

@@ -47,6 +47,7 @@ class PartitionState(_message.Message):
     REPLICAS_IN_SESSION_FIELD_NUMBER: _builtins.int
     SESSIONS_STARTED_FIELD_NUMBER: _builtins.int
     MOUNTED_CLIENTS_FIELD_NUMBER: _builtins.int
+    CLIENT_STATES_FIELD_NUMBER: _builtins.int
     partition_id: _builtins.int
     generation: _builtins.int
     high_water_mark: _builtins.int
@@ -56,6 +57,8 @@ class PartitionState(_message.Message):
     sessions_started: _builtins.int
     mounted_clients: _builtins.int
     """client connections receiving the feed"""
+    client_states: _builtins.int
+    """client IDs the partition keeps state for (bounded by the open connections)"""
     @_builtins.property
     def replicas_in_session(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -68,10 +71,11 @@ class PartitionState(_message.Message):
         replicas_in_session: _abc.Iterable[_builtins.str] | None = ...,
         sessions_started: _builtins.int = ...,
         mounted_clients: _builtins.int = ...,
+        client_states: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "high_water_mark", b"high_water_mark", "mounted_clients", b"mounted_clients", "partition_id", b"partition_id", "replicas_in_session", b"replicas_in_session", "sessions_started", b"sessions_started", "writable", b"writable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_states", b"client_states", "generation", b"generation", "high_water_mark", b"high_water_mark", "mounted_clients", b"mounted_clients", "partition_id", b"partition_id", "replicas_in_session", b"replicas_in_session", "sessions_started", b"sessions_started", "writable", b"writable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

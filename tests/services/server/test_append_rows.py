@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId
-from waltz.services.server.appends import AppendRow, append_rows
+from waltz.services.server.appends import AppendRow, LockHashLimits, append_rows
 
 I32 = st.integers(-(2**31), 2**31 - 1)
 LOCKS = st.lists(I32, max_size=3).map(tuple)
@@ -50,10 +50,13 @@ def test_rows_are_the_columns_read_back(rows: list[Row], drop_empty_counts: bool
         ):
             if not hashes:
                 del counts[:]
-    assert append_rows(message) == [
-        AppendRow(ReqId(7, 3, 1, seq), mark, write, read, append, header, data, len(data))
-        for seq, mark, write, read, append, header, data in rows
-    ]
+    assert append_rows(message) == (
+        [
+            AppendRow(ReqId(7, 3, 1, seq), mark, write, read, append, header, data, len(data))
+            for seq, mark, write, read, append, header, data in rows
+        ],
+        [],
+    )
 
 
 @pytest.mark.parametrize(
@@ -76,11 +79,37 @@ def test_malformed_columns_are_refused(damage, says: str) -> None:  # type: igno
 
 def test_trace_contexts_go_with_their_rows() -> None:
     message = columns([(1, 0, (), (), (), 0, b"a"), (2, 0, (), (), (), 0, b"b")])
-    assert [row.traceparent for row in append_rows(message)] == ["", ""]
+    assert [row.traceparent for row in append_rows(message)[0]] == ["", ""]
     message.traceparents.extend(["", TRACEPARENT])
-    assert [row.traceparent for row in append_rows(message)] == ["", TRACEPARENT]
+    assert [row.traceparent for row in append_rows(message)[0]] == ["", TRACEPARENT]
 
 
 def test_no_rows_is_refused() -> None:
     with pytest.raises(ValueError, match="no row"):
         append_rows(client_pb2.AppendRequests(client_id=7))
+
+
+def test_an_append_with_too_many_lock_hashes_is_refused_alone() -> None:
+    message = columns(
+        [(1, 0, (9,), (), (), 0, b"a"), (2, 0, (8, 7, 6), (5,), (), 0, b"b"), (3, 0, (4,), (), (3,), 0, b"c")]
+    )
+    kept, refused = append_rows(message, LockHashLimits(per_append=3, per_message=100))
+    assert [row.req_id.seq_num for row in kept] == [1, 3]
+    ((row, reason),) = refused
+    assert row.req_id.seq_num == 2
+    assert "4 lock hashes, more than the 3" in reason and "server.maxLockHashesPerAppend" in reason
+
+
+def test_a_message_with_too_many_lock_hashes_is_refused_whole() -> None:
+    message = columns([(1, 0, (9,), (), (), 0, b"a"), (2, 0, (8, 7), (6,), (5,), 0, b"b")])
+    with pytest.raises(ValueError, match=r"5 lock hashes, more than the 4 .*server.maxLockHashesPerMessage"):
+        append_rows(message, LockHashLimits(per_append=4, per_message=4))
+
+
+def test_a_single_append_over_the_limits_is_refused() -> None:
+    request = client_pb2.AppendRequest(write_lock_hashes=[1, 2], read_lock_hashes=[3], append_lock_hashes=[4])
+    assert LockHashLimits(per_append=4, per_message=10).refusal(request) is None
+    assert "4 lock hashes, more than the 3" in (
+        LockHashLimits(per_append=3, per_message=10).refusal(request) or ""
+    )
+    assert "more than the 2" in (LockHashLimits(per_append=10, per_message=2).refusal(request) or "")

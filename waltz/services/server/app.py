@@ -31,7 +31,7 @@ from waltz.protocol.channels import bind_port, server_credentials, server_option
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.roles import ADMIN_ROLES, OPERATOR_ROLES, authorize
 from waltz.services.http import HealthHttpServer, server_ssl_context
-from waltz.services.runtime import run_until_signalled
+from waltz.services.runtime import call_in_daemon_thread, run_until_signalled
 from waltz.services.server.client_service import WaltzServerServicer
 from waltz.services.server.cluster_manager import ClusterManager, ServerMembership
 from waltz.services.server.config import ServerConfig
@@ -45,7 +45,13 @@ __all__ = ["ServerApp", "run_server"]
 log = logging.getLogger(__name__)
 
 #: Seconds a stopping server waits for ZooKeeper to delete its member znode.
-UNREGISTER_TIMEOUT = 5.0
+UNREGISTER_TIMEOUT = 2.0
+#: Seconds a stopping server waits for its cluster manager thread to leave the election.
+MANAGER_STOP_TIMEOUT = 1.0
+#: Seconds a stopping server waits for its ZooKeeper client to stop.
+ZOOKEEPER_STOP_TIMEOUT = 2.0
+#: Seconds a stopping server waits for its partitions to close (appends in flight to settle).
+PARTITIONS_CLOSE_TIMEOUT = 2.0
 
 
 def reconnect_policy(session_timeout: float) -> KazooRetry:
@@ -125,7 +131,7 @@ class ServerApp:
             connection_retry=reconnect_policy(config.zookeeper_session_timeout),
         )
         self._zk = zk
-        self._cluster = ClusterZk(zk, config.cluster_root)
+        self._cluster = ClusterZk(zk, config.cluster_root, timeout=config.zookeeper_session_timeout)
         params = await asyncio.to_thread(self._cluster.params)
         self.cluster_key = str(params.cluster_key)
         self.num_partitions = params.num_partitions
@@ -185,7 +191,7 @@ class ServerApp:
         server = grpc.aio.server(options=server_options())
         server_pb2_grpc.add_ServerAdminServiceServicer_to_server(ServerAdminServicer(self), server)
         client_pb2_grpc.add_WaltzServerServiceServicer_to_server(
-            WaltzServerServicer(lambda: self.partitions), server
+            WaltzServerServicer(lambda: self.partitions, config.lock_hash_limits()), server
         )
         address = f"{config.server_host}:{config.server_port}"
         credentials = server_credentials(
@@ -205,31 +211,52 @@ class ServerApp:
     async def stop(self) -> None:
         """Leave the cluster (partitions move at once), close partitions, stop serving.
 
-        Cut off from ZooKeeper, the server stops its ZooKeeper client first: every call waiting for
-        the connection fails at once instead of holding the stop until ZooKeeper comes back, and
-        the member znode goes when the session expires (the partitions move then).
+        Every step is bounded, so the process exits within
+        :data:`~waltz.services.runtime.STOP_BOUND` in every ZooKeeper state
+        (docs/design/server.md, "Stopping within a bound"): the server leaves the election,
+        deletes its member znode when ZooKeeper answers (within ``UNREGISTER_TIMEOUT``), then
+        stops its ZooKeeper client *before* closing its partitions, so that a ZooKeeper call
+        still waiting (a store session's read of the replica assignment, the election's
+        deletion of its znode) fails at once instead of waiting for a ZooKeeper that is gone.
+        Cut off from ZooKeeper, the member znode goes when the session expires (the partitions
+        move then).
         """
         self._stopping = True
         zk = self._zk
-        reachable = zk is not None and zk.connected
-        if zk is not None and not reachable:
+        manager, membership = self._manager, self._membership
+        if manager is not None:
+            await _stop_step(
+                lambda: manager.stop(MANAGER_STOP_TIMEOUT),
+                MANAGER_STOP_TIMEOUT + 0.5,
+                "leaving the cluster manager election",
+            )
+        if zk is not None and zk.connected and membership is not None:
+            await _stop_step(
+                lambda: membership.unregister(UNREGISTER_TIMEOUT),
+                UNREGISTER_TIMEOUT + 0.5,
+                "deleting the member znode",
+            )
+        elif zk is not None and not zk.connected:
             log.warning(
                 "stopping while cut off from ZooKeeper (%s): the member znode goes when the session expires",
                 zk.state,
             )
-            await asyncio.to_thread(zk.stop)
-        if self._manager is not None:
-            await asyncio.to_thread(self._manager.stop)
-        if self._membership is not None and reachable:
-            await asyncio.to_thread(self._membership.unregister, UNREGISTER_TIMEOUT)
-        await asyncio.gather(*(self._set_partition(pid, None) for pid in list(self.partitions)))
+        if zk is not None:
+            await _stop_step(zk.stop, ZOOKEEPER_STOP_TIMEOUT, "stopping the ZooKeeper client")
+        closing = asyncio.gather(*(self._set_partition(pid, None) for pid in list(self.partitions)))
+        try:
+            await asyncio.wait_for(closing, PARTITIONS_CLOSE_TIMEOUT)
+        except TimeoutError:
+            log.warning(
+                "the partitions did not close within %.0fs: their appends in flight are undecided",
+                PARTITIONS_CLOSE_TIMEOUT,
+            )
         if self._streams is not None:
             await self._streams.close()
         if zk is not None:
-            await asyncio.to_thread(zk.stop)
-            await asyncio.to_thread(zk.close)
+            await _stop_step(zk.close, 1.0, "closing the ZooKeeper client")
         if self._grpc is not None:
-            await self._grpc.stop(2.0)
+            await self._grpc.stop(1.0)
         if self._http is not None:
             self._http.close()
         if self.config.server_tracing:
@@ -337,6 +364,15 @@ class ServerApp:
             log.info("partition %d opened with generation %d", partition_id, generation)
 
 
+async def _stop_step(step: Callable[[], object], timeout: float, what: str) -> None:
+    """One bounded step of a stop, on a daemon thread: a failure is logged and the stop goes on
+    (docs/design/server.md, "Stopping within a bound")."""
+    try:
+        await call_in_daemon_thread(step, timeout, what)
+    except Exception:
+        log.exception("%s failed; stopping anyway", what)
+
+
 class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
     """Status of the server's partitions, and store-level appends and reads.
 
@@ -366,6 +402,7 @@ class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
                     replicas_in_session=p.store.replicas_in_session,
                     sessions_started=p.store.sessions_started,
                     mounted_clients=p.mounted_clients,
+                    client_states=p.client_states,
                 )
                 for pid, p in sorted(app.partitions.items())
             ],

@@ -16,7 +16,42 @@ from typing import NamedTuple
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId, unequal_columns
 
-__all__ = ["AppendRow", "append_rows"]
+__all__ = [
+    "DEFAULT_MAX_LOCK_HASHES_PER_APPEND",
+    "DEFAULT_MAX_LOCK_HASHES_PER_MESSAGE",
+    "AppendRow",
+    "LockHashLimits",
+    "append_rows",
+]
+
+#: Lock hashes (WRITE, READ and APPEND together) one append may carry by default
+#: (``server.maxLockHashesPerAppend``; docs/design/server.md, "Bounds on what a peer costs").
+DEFAULT_MAX_LOCK_HASHES_PER_APPEND = 4_096
+#: Lock hashes one ``AppendRequest`` or ``AppendRequests`` message may carry by default
+#: (``server.maxLockHashesPerMessage``).
+DEFAULT_MAX_LOCK_HASHES_PER_MESSAGE = 16_384
+
+
+class LockHashLimits(NamedTuple):
+    """The most lock hashes an append, and a message of appends, may carry (docs/design/server.md,
+    "Bounds on what a peer costs"); more is refused before the lock table is touched."""
+
+    per_append: int = DEFAULT_MAX_LOCK_HASHES_PER_APPEND
+    per_message: int = DEFAULT_MAX_LOCK_HASHES_PER_MESSAGE
+
+    def refusal(self, request: client_pb2.AppendRequest) -> str | None:
+        """Why an ``AppendRequest`` carries too many lock hashes, or None when it does not."""
+        count = (
+            len(request.write_lock_hashes) + len(request.read_lock_hashes) + len(request.append_lock_hashes)
+        )
+        limit = min(self.per_append, self.per_message)
+        if count <= limit:
+            return None
+        return (
+            f"the append carries {count} lock hashes, more than the {limit} a server takes "
+            f"(server.maxLockHashesPerAppend {self.per_append}, server.maxLockHashesPerMessage "
+            f"{self.per_message}): lock fewer, coarser things"
+        )
 
 
 class AppendRow(NamedTuple):
@@ -51,14 +86,34 @@ class AppendRow(NamedTuple):
         )
 
 
-def append_rows(message: client_pb2.AppendRequests) -> list[AppendRow]:
+def append_rows(
+    message: client_pb2.AppendRequests, limits: LockHashLimits | None = None
+) -> tuple[list[AppendRow], list[tuple[AppendRow, str]]]:
     """The appends an ``AppendRequests`` carries, in order (``docs/protocol.md`` "Appends").
+
+    Args:
+        message: the message.
+        limits: the most lock hashes per append and per message (default :class:`LockHashLimits`).
+
+    Returns:
+        The rows to append, in order, and the rows refused for carrying more lock hashes than
+        ``limits.per_append``, each with the reason (to tell the client under its ReqId).
 
     Raises:
         ValueError: the columns are empty or differ in length, a kind of lock hashes does not
-            match its counts, or there are trace contexts but not one per row (the message says
-            what); nothing of the message should be appended.
+            match its counts, there are trace contexts but not one per row, or the message
+            carries more than ``limits.per_message`` lock hashes (the message says what);
+            nothing of the message should be appended.
     """
+    limits = limits or LockHashLimits()
+    hash_count = (
+        len(message.write_lock_hashes) + len(message.read_lock_hashes) + len(message.append_lock_hashes)
+    )
+    if hash_count > limits.per_message:
+        raise ValueError(
+            f"it carries {hash_count} lock hashes, more than the {limits.per_message} a server takes in "
+            "one message (server.maxLockHashesPerMessage): lock fewer, coarser things"
+        )
     seq_nums = message.seq_nums
     count = len(seq_nums)
     problem = unequal_columns(
@@ -80,7 +135,7 @@ def append_rows(message: client_pb2.AppendRequests) -> list[AppendRow]:
         raise ValueError(f"it has {len(sent)} traceparents for {count} rows")
     traceparents: Sequence[str] | repeat[str] = sent if sent else repeat("", count)
     client_id, generation, partition_id = message.client_id, message.generation, message.partition_id
-    return [
+    rows = [
         AppendRow(
             ReqId(client_id, generation, partition_id, seq),
             mark,
@@ -105,6 +160,29 @@ def append_rows(message: client_pb2.AppendRequests) -> list[AppendRow]:
             strict=False,  # the lengths are checked above; repeat() has no length
         )
     ]
+    if hash_count <= limits.per_append or _most_per_row(message) <= limits.per_append:
+        return rows, []  # no row can be over the limit (the common case: one check per message)
+    kept: list[AppendRow] = []
+    refused: list[tuple[AppendRow, str]] = []
+    for row in rows:
+        locks = len(row.write_hashes) + len(row.read_hashes) + len(row.append_hashes)
+        if locks > limits.per_append:
+            reason = (
+                f"the append carries {locks} lock hashes, more than the {limits.per_append} a server "
+                "takes (server.maxLockHashesPerAppend): lock fewer, coarser things"
+            )
+            refused.append((row, reason))
+        else:
+            kept.append(row)
+    return kept, refused
+
+
+def _most_per_row(message: client_pb2.AppendRequests) -> int:
+    """An upper bound of the lock hashes of one row: the sum of each kind's largest count."""
+    return sum(
+        max(counts, default=0)
+        for counts in (message.write_lock_counts, message.read_lock_counts, message.append_lock_counts)
+    )
 
 
 def _split(

@@ -18,7 +18,7 @@ import grpc
 
 from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
 from waltz.protocol.roles import CLIENT_ROLES, authorize
-from waltz.services.server.appends import AppendRow, append_rows
+from waltz.services.server.appends import AppendRow, LockHashLimits, append_rows
 from waltz.services.server.server_partition import FeedColumns, Partition
 
 __all__ = ["WaltzServerServicer"]
@@ -27,6 +27,15 @@ log = logging.getLogger(__name__)
 
 #: Server messages written in one stream message at most.
 MAX_BATCH = 2000
+#: Distinct client IDs one connection may mount under (a client uses one; docs/design/server.md,
+#: "Bounds on what a peer costs"); a mount under one more is refused.
+MAX_CLIENT_IDS_PER_CONNECTION = 16
+#: Protocol messages queued for a connection (each feed entry counted) above which the server
+#: reads no more of its requests until the client has taken half of them (back pressure).
+MAX_CONNECTION_BACKLOG = 50_000
+#: Mounts, flushes and high-water-mark requests of one connection waiting at once, above which
+#: the server reads no more of its requests until one is answered.
+MAX_CONNECTION_TASKS = 1_000
 
 _connection_ids = itertools.count(1)
 
@@ -42,6 +51,11 @@ class _Connection:
         self.connection_id = next(_connection_ids)
         self.client_id = -1
         self.network_seq: dict[int, int] = {}
+        # (partition ID, client ID) of every mount received on this connection: the only client
+        # IDs whose other requests it takes (docs/design/server.md, "Bounds on what a peer costs").
+        self.mounts: set[tuple[int, int]] = set()
+        self.client_ids: set[int] = set()
+        self._drained = asyncio.Event()
         self._full: deque[tuple[client_pb2.ServerMessages, int]] = deque()  # (batch, its entries)
         self._batch = client_pb2.ServerMessages()
         self._batch_count = 0  # messages in _batch
@@ -82,6 +96,13 @@ class _Connection:
     def backlog(self) -> int:
         return self._queued
 
+    async def drained(self) -> None:
+        """Wait until the backlog is at most half of :data:`MAX_CONNECTION_BACKLOG` (or the
+        connection closed)."""
+        while self._queued > MAX_CONNECTION_BACKLOG // 2 and not self.closed:
+            self._drained.clear()
+            await self._drained.wait()
+
     async def batches(self) -> AsyncIterator[client_pb2.ServerMessages]:
         while not self.closed:
             await self._ready.wait()
@@ -95,6 +116,8 @@ class _Connection:
                     self._batch_count = 0
                     self._batch_entries = 0
                 self._queued -= entries
+                if self._queued <= MAX_CONNECTION_BACKLOG // 2 and not self._drained.is_set():
+                    self._drained.set()
                 yield batch
 
 
@@ -103,10 +126,18 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
 
     Args:
         partitions: returns the partitions this server owns now, by ID.
+        lock_hash_limits: the most lock hashes an append and a message may carry; more is
+            refused before the lock table is touched (docs/design/server.md, "Bounds on what a
+            peer costs").
     """
 
-    def __init__(self, partitions: Callable[[], Mapping[int, Partition]]) -> None:
+    def __init__(
+        self,
+        partitions: Callable[[], Mapping[int, Partition]],
+        lock_hash_limits: LockHashLimits | None = None,
+    ) -> None:
         self._partitions = partitions
+        self._limits = lock_hash_limits or LockHashLimits()
 
     async def Stream(  # noqa: N802 - gRPC method name
         self,
@@ -150,6 +181,13 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
             async for batch in request_iterator:
                 partitions = self._partitions()  # the partitions owned now (for this message)
                 for message in batch.messages:
+                    if connection.backlog() > MAX_CONNECTION_BACKLOG or len(tasks) >= MAX_CONNECTION_TASKS:
+                        # A peer that does not read its answers, or asks faster than they come:
+                        # stop reading it (gRPC flow control slows it) until it catches up.
+                        await connection.drained()
+                        while len(tasks) >= MAX_CONNECTION_TASKS:
+                            await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
+                        partitions = self._partitions()
                     waiting = self._dispatch(connection, message, spawn, partitions)
                     if waiting is not None:
                         await waiting  # an append waiting for recovery or room: later ones wait too
@@ -180,8 +218,21 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         if kind == "appends":
             return self._dispatch_appends(connection, body, partitions)
         req_id = body.req_id
+        if kind == "mount":
+            refusal = _mount_refusal(connection, req_id)
+            if refusal is not None:
+                connection.send(_error(req_id, refusal))
+                return None
+        elif (
+            kind not in ("high_water_mark", "feed")
+            and (req_id.partition_id, req_id.client_id) not in connection.mounts
+        ):
+            connection.send(_error(req_id, _not_mounted(req_id.client_id, req_id.partition_id)))
+            return None
         connection.client_id = req_id.client_id
         partition = partitions.get(req_id.partition_id)
+        if kind == "mount" and partition is not None and not partition.closed:
+            connection.mounts.add((req_id.partition_id, req_id.client_id))  # at most owned x client IDs
         if partition is None or partition.closed:
             if kind == "mount":
                 connection.send(
@@ -192,6 +243,10 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
             return None  # appends, unmounts, ... for a partition not here are dropped (docs/protocol.md)
         seq = connection.network_seq.get(req_id.partition_id, -1)
         if kind == "append":
+            refusal = self._limits.refusal(body)
+            if refusal is not None:
+                connection.send(_error(req_id, refusal))
+                return None
             row = AppendRow.from_proto(body)
             if not partition.append_now(connection, row, seq):
                 return partition.append(connection, row, seq)
@@ -221,16 +276,23 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         """Append the rows of an ``AppendRequests`` in order (``docs/protocol.md`` "Appends"), as
         many ``AppendRequest`` messages would be; returns what to await before the next message
         when a row has to wait (the rows after it wait too)."""
+        if (message.partition_id, message.client_id) not in connection.mounts:
+            connection.send(_error(None, _not_mounted(message.client_id, message.partition_id)))
+            return None
         connection.client_id = message.client_id
         partition = partitions.get(message.partition_id)
         if partition is None or partition.closed:
             return None  # dropped, as appends for a partition not here are
         try:
-            rows = append_rows(message)
+            rows, refused = append_rows(message, self._limits)
         except ValueError as exc:
             connection.send(
                 _error(None, f"malformed AppendRequests for partition {message.partition_id}: {exc}")
             )
+            return None
+        for row, reason in refused:
+            connection.send(_error(row.req_id.to_proto(), reason))
+        if not rows:
             return None
         seq = connection.network_seq.get(message.partition_id, -1)
         append_now = partition.append_now
@@ -313,6 +375,27 @@ async def _append_in_turn(
         if partition.closed:
             return
         await partition.append(connection, row, network_seq)
+
+
+def _mount_refusal(connection: _Connection, req_id: common_pb2.ReqId) -> str | None:
+    """Record a mount's client ID on the connection; why not when it carries too many already."""
+    client_id = req_id.client_id
+    if client_id not in connection.client_ids:
+        if len(connection.client_ids) >= MAX_CLIENT_IDS_PER_CONNECTION:
+            return (
+                f"connection {connection.connection_id} already carries {len(connection.client_ids)} client "
+                f"IDs, the most a server takes on one connection: mount client {client_id} on a "
+                "connection of its own"
+            )
+        connection.client_ids.add(client_id)
+    return None
+
+
+def _not_mounted(client_id: int, partition_id: int) -> str:
+    return (
+        f"client {client_id} has not mounted partition {partition_id} on this connection: mount it "
+        'first (docs/protocol.md, "Mount")'
+    )
 
 
 def _error(req_id: Any, message: str) -> client_pb2.ServerMessage:

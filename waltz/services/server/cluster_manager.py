@@ -192,13 +192,26 @@ class ClusterManager:
         self._thread = threading.Thread(target=self._run, name="cluster-manager", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Leave the election and stop managing. Idempotent."""
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Leave the election and stop managing. Idempotent.
+
+        Args:
+            timeout: seconds to wait for the manager's thread to end. Cut off from ZooKeeper, the
+                thread waits in kazoo for the deletion of its election znode until the connection
+                comes back or the client stops (the thread is a daemon: it never holds the
+                process's exit; docs/design/server.md, "Stopping within a bound").
+
+        Returns:
+            True when the thread ended (or never ran), False when it still waits.
+        """
         self._stopping.set()
         self._changed.set()
         self._election.cancel()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=timeout)
+            return not thread.is_alive()
+        return True
 
     def _run(self) -> None:
         while not self._stopping.is_set():

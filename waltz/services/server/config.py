@@ -11,6 +11,11 @@ from pydantic_settings import SettingsConfigDict
 from waltz.config import WaltzSettings
 from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
 from waltz.protocol.channels import TlsConfig
+from waltz.services.server.appends import (
+    DEFAULT_MAX_LOCK_HASHES_PER_APPEND,
+    DEFAULT_MAX_LOCK_HASHES_PER_MESSAGE,
+    LockHashLimits,
+)
 from waltz.services.server.server_partition import PartitionConfig
 from waltz.services.server.store.config import StoreConfig
 
@@ -39,6 +44,8 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
         "server.ssl.caFile": "server_tls_ca_file",
         "server.optimisticLockTableSize": "server_lock_table_size",
         "server.optimisticLockTableHashCount": "server_lock_table_hash_count",
+        "server.maxLockHashesPerAppend": "server_max_lock_hashes_per_append",
+        "server.maxLockHashesPerMessage": "server_max_lock_hashes_per_message",
         "server.feedCacheSize": "server_feed_cache_size",
         "server.transactionDataCacheSize": "server_transaction_data_cache_size",
         "server.transactionDataCacheBytes": "server_transaction_data_cache_bytes",
@@ -101,6 +108,18 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
     )
     server_lock_table_size: int = Field(1 << 16, gt=0, description="Slots of each partition's lock table.")
     server_lock_table_hash_count: int = Field(3, gt=0, description="Lock table slots per lock.")
+    server_max_lock_hashes_per_append: int = Field(
+        DEFAULT_MAX_LOCK_HASHES_PER_APPEND,
+        gt=0,
+        description="Lock hashes (WRITE, READ and APPEND together) one append may carry; an append with "
+        "more is refused with a ServerError naming its ReqId, before the lock table is touched.",
+    )
+    server_max_lock_hashes_per_message: int = Field(
+        DEFAULT_MAX_LOCK_HASHES_PER_MESSAGE,
+        gt=0,
+        description="Lock hashes one client message of appends may carry; a message with more is refused "
+        "whole (none of its appends is appended).",
+    )
     server_feed_cache_size: int = Field(100_000, gt=0, description="Recent feed entries kept per partition.")
     server_transaction_data_cache_size: int = Field(
         10_000, gt=0, description="Recent transactions whose data is kept in memory per partition."
@@ -187,6 +206,10 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
             max_pending=self.server_max_pending_records,
             max_pending_bytes=self.server_max_pending_bytes,
         )
+
+    def lock_hash_limits(self) -> LockHashLimits:
+        """The most lock hashes per append and per message (``server.maxLockHashesPer*``)."""
+        return LockHashLimits(self.server_max_lock_hashes_per_append, self.server_max_lock_hashes_per_message)
 
     def store_config(self) -> StoreConfig:
         """The store settings derived from the ``storage.*`` keys."""

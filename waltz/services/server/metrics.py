@@ -40,6 +40,7 @@ _GAUGES: tuple[tuple[str, str, Callable[[Partition], float]], ...] = (
         lambda p: p.dropped,
     ),
     ("mounted_clients", "Client connections receiving the feed.", lambda p: p.mounted_clients),
+    ("client_states", "Client IDs the partition keeps state for.", lambda p: p.client_states),
     (
         "feed_windows",
         "FeedWindow grants that raised a connection's feed window (client.maxApplyBacklog).",

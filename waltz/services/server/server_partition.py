@@ -162,9 +162,15 @@ class _Cursor:
 
 @dataclass(slots=True)
 class _ClientState:
+    """What a partition keeps of one client ID: the network sequence number of its latest mount,
+    its appends unresolved, and the open connections it came on (docs/design/server.md, "Bounds
+    on what a peer costs"): the state goes once it has neither connections nor appends."""
+
+    client_id: int
     network_seq: int = -1
     pending: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    connections: set[int] = field(default_factory=set)
 
 
 class _InFlight:
@@ -234,6 +240,7 @@ class Partition:
         self._windows: dict[int, int] = {}
         self._unmounts: dict[int, int] = {}  # connection ID -> unmounts received (cancels mounts under way)
         self._clients: dict[int, _ClientState] = {}
+        self._connection_clients: dict[int, set[int]] = {}  # connection ID -> client IDs it came with
         self._capacity = asyncio.Event()
         self._capacity.set()
         self.appends = 0
@@ -282,6 +289,12 @@ class Partition:
         return len(self._cursors)
 
     @property
+    def client_states(self) -> int:
+        """Client IDs this partition keeps state for (docs/design/server.md, "Bounds on what a
+        peer costs"): those mounted on an open connection, and those with appends unresolved."""
+        return len(self._clients)
+
+    @property
     def high_water_mark(self) -> int:
         """The committed high-water mark."""
         return self.store.high_water_mark
@@ -297,24 +310,37 @@ class Partition:
                 )
         return self._lock_table
 
-    def _client(self, client_id: int) -> _ClientState:
+    def _client(self, client_id: int, connection: ClientConnection) -> _ClientState:
+        """The state of a client ID, made on its first message; it stays while ``connection`` (or
+        another open connection it came on) is open, or while it has appends unresolved."""
         state = self._clients.get(client_id)
         if state is None:
-            state = self._clients[client_id] = _ClientState()
+            state = self._clients[client_id] = _ClientState(client_id)
             state.idle.set()
+        connection_id = connection.connection_id
+        if connection_id not in state.connections:
+            state.connections.add(connection_id)
+            self._connection_clients.setdefault(connection_id, set()).add(client_id)
         return state
+
+    def _forget_if_unused(self, state: _ClientState) -> None:
+        """Drop a client's state once no open connection carries it and no append of it is unresolved."""
+        if not state.connections and not state.pending and self._clients.get(state.client_id) is state:
+            del self._clients[state.client_id]
 
     def _stale(self, connection: ClientConnection, req_id: common_pb2.ReqId, network_seq: int) -> bool:
         """Drop messages of another generation, or of an older connection of the same client."""
-        return self._sender(req_id, network_seq) is None
+        return self._sender(connection, req_id, network_seq) is None
 
-    def _sender(self, req_id: common_pb2.ReqId | ReqId, network_seq: int) -> _ClientState | None:
+    def _sender(
+        self, connection: ClientConnection, req_id: common_pb2.ReqId | ReqId, network_seq: int
+    ) -> _ClientState | None:
         """The state of the client that sent a message, or None (counted as dropped) when the
         message is stale: of another generation, or of an older connection of that client."""
         if req_id.generation != self.generation:
             self.dropped += 1
             return None
-        state = self._client(req_id.client_id)
+        state = self._client(req_id.client_id, connection)
         if network_seq < state.network_seq:
             self.dropped += 1
             return None
@@ -358,7 +384,7 @@ class Partition:
         network_seq: int,
     ) -> None:
         req_id, mark, write_hashes, read_hashes, append_hashes, header, data, checksum, traceparent = row
-        state = self._sender(req_id, network_seq)
+        state = self._sender(connection, req_id, network_seq)
         if state is None:
             return
         if zlib.crc32(data) != checksum:
@@ -427,6 +453,8 @@ class Partition:
         state.pending -= 1
         if state.pending == 0:
             state.idle.set()
+            if not state.connections:
+                self._forget_if_unused(state)
         if not self._capacity.is_set() and not self._full():
             self._capacity.set()  # appends wait for room only while it is clear
 
@@ -470,7 +498,7 @@ class Partition:
         if request.req_id.generation != self.generation or self.store.closed:
             connection.send(_mount_response(request.req_id, ready=False))
             return
-        state = self._client(request.req_id.client_id)
+        state = self._client(request.req_id.client_id, connection)
         state.network_seq = max(state.network_seq, request.seq_num)
         await self._ready()
         await state.idle.wait()
@@ -671,7 +699,13 @@ class Partition:
         )
 
     def disconnect(self, connection: ClientConnection) -> None:
-        """Forget a closed connection's feed."""
+        """Forget a closed connection: its feed, and the state of the client IDs it came with that
+        no other open connection carries (once their appends are resolved)."""
+        for client_id in self._connection_clients.pop(connection.connection_id, ()):
+            state = self._clients.get(client_id)
+            if state is not None:
+                state.connections.discard(connection.connection_id)
+                self._forget_if_unused(state)
         self._unmounts.pop(connection.connection_id, None)
         self._windows.pop(connection.connection_id, None)
         cursor = self._cursors.pop(connection.connection_id, None)
@@ -689,7 +723,7 @@ class Partition:
         """
         if self._stale(connection, request.req_id, network_seq):
             return
-        await self._client(request.req_id.client_id).idle.wait()
+        await self._client(request.req_id.client_id, connection).idle.wait()
         if self.store.closed:
             return
         connection.send(
