@@ -345,7 +345,8 @@ class MountProcedure:
         return self.state is _MOUNTED
 
     def _report(self, exception: BaseException) -> None:
-        """Tell the application about an exception of its callbacks (transaction ID -1: none)."""
+        """Tell the application about an exception of its callbacks, or why the server cannot feed
+        the partition (transaction ID -1: none)."""
         try:
             self._host.callbacks.uncaught_exception(self._partition_id, -1, exception)
         except Exception:
