@@ -2,9 +2,10 @@
 directory, and from the archive below its local start.
 
 Source: docs/design/archive.md "Reads below the local start" (``waltz disk``);
-docs/format.md "Transaction record (40 bytes + data)". The records on disk are scanned segment after segment (both CRCs checked,
-IDs consecutive); the range below the partition's local start (the segments retention deleted)
-is read from the archive's chunks with every check of a chunk read. Only reads.
+docs/format.md "Transaction record (40 bytes + data)". The records on disk are scanned segment
+after segment (both CRCs checked, IDs consecutive); the range below the partition's local start
+(the segments retention deleted) is read from the archive's chunks with every check of a chunk
+read. Only reads.
 """
 
 from __future__ import annotations
