@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "ApplyContractError",
     "ApplyPausedError",
+    "ArchivedReadError",
     "ClientClosedError",
     "ClusterKeyMismatchError",
     "ClusterNotFoundError",
@@ -25,6 +26,7 @@ __all__ = [
     "PartitionUnavailableError",
     "ProtocolError",
     "RecordsArchivedError",
+    "ServerFeedError",
     "SessionFencedError",
     "SessionJumpTooLargeError",
     "SessionNotOpenError",
@@ -283,6 +285,33 @@ class RecordsArchivedError(StorageRpcError):
         self.local_start = local_start
 
 
+class ArchivedReadError(WaltzError):
+    """A read below the replicas' local start could not be served from the archive.
+
+    The transactions are no longer on the storage nodes' disks; the archive that ZooKeeper names
+    (``<root>/archive``) is missing, does not hold the range, or a file of it fails a check
+    (docs/design/archive.md, "Reads below the local start"). Nothing is skipped: the reader
+    stops, and ``waltz archive verify`` names what is wrong with the archive.
+
+    Attributes:
+        partition_id: the partition.
+        first: the first transaction of the range asked for.
+        last: the last transaction of that range.
+        location: the archive read (None: ZooKeeper names none).
+    """
+
+    def __init__(self, partition_id: int, first: int, last: int, location: str | None, problem: str) -> None:
+        where = "no archive is recorded" if location is None else f"the archive {location}"
+        super().__init__(
+            f"partition {partition_id}: transactions {first}..{last} are below the replicas' local start "
+            f"and cannot be read from the archive ({where}): {problem}"
+        )
+        self.partition_id = partition_id
+        self.first = first
+        self.last = last
+        self.location = location
+
+
 class WaltzClientError(WaltzError):
     """Base class of errors raised by the Waltz client (docs/design/client.md "The client's parts")."""
 
@@ -340,6 +369,22 @@ class TransactionDataError(WaltzClientError):
         super().__init__(f"partition {partition_id}, transaction {transaction_id}: {message}")
         self.partition_id = partition_id
         self.transaction_id = transaction_id
+
+
+class ServerFeedError(WaltzClientError):
+    """A server could not feed a partition from the client's position, and said why (for example
+    an archived range it cannot read: :class:`ArchivedReadError`'s message). The client tells the
+    application through ``uncaught_exception`` and mounts again after a pause.
+
+    Attributes:
+        partition_id: the partition.
+        endpoint: the server.
+    """
+
+    def __init__(self, partition_id: int, endpoint: str, message: str) -> None:
+        super().__init__(f"partition {partition_id}: {endpoint} cannot feed it: {message}")
+        self.partition_id = partition_id
+        self.endpoint = endpoint
 
 
 class WaltzTimeoutError(WaltzClientError, TimeoutError):

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from waltz.archive.chunks import chunk_path, encode_chunk, read_chunk, write_chunk
-from waltz.archive.columns import data_crc
+from waltz.archive.chunks import chunk_path, encode_chunk, read_chunk, read_chunk_table, write_chunk
+from waltz.archive.columns import data_crc, table_records
 from waltz.archive.errors import ArchiveCheckError, ArchiveFormError
 from waltz.archive.layout import ArchiveFiles, chunk_name, parse_chunk_name, partition_directory
 from waltz.archive.manifests import (
@@ -30,7 +30,7 @@ from waltz.archive.manifests import (
     write_archive_manifest,
     write_partition_manifest,
 )
-from waltz.archive.reader import read_archived
+from waltz.archive.reader import ArchivedRangeReader, read_archived
 from waltz.protocol.records import Record, ReqId
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
@@ -146,12 +146,53 @@ def damaged(tmp_path: Path) -> tuple[ArchiveFiles, PartitionManifest, Path]:
 
 
 def _problem(files: ArchiveFiles, manifest: PartitionManifest) -> str:
+    """The problem both chunk readers find: record by record (servers, tools) and on the columns
+    (Spark); the same message."""
     with pytest.raises(ArchiveCheckError) as raised:
         read_chunk(files, 0, manifest.chunks[1])
     message = str(raised.value)
     assert f"partition_id=0/{chunk_name(50, 99)} (transactions 50..99)" in message
     assert raised.value.first == 50 and raised.value.last == 99
+    with pytest.raises(ArchiveCheckError) as on_columns:
+        read_chunk_table(files, 0, manifest.chunks[1])
+    assert str(on_columns.value) == message
     return message
+
+
+def test_the_columnar_read_gives_the_chunks_rows(
+    damaged: tuple[ArchiveFiles, PartitionManifest, Path],
+) -> None:
+    files, manifest, _ = damaged
+    table = read_chunk_table(files, 0, manifest.chunks[1])
+    assert table_records(table) == records(50, 50)
+
+
+def test_a_chunk_with_a_transaction_out_of_place(
+    damaged: tuple[ArchiveFiles, PartitionManifest, Path],
+) -> None:
+    files, manifest, path = damaged
+    bad = records(50, 50)
+    bad[3] = bad[3]._replace(transaction_id=77)
+    data, _ = encode_chunk(bad)
+    path.write_bytes(data)
+    entry = dataclasses.replace(
+        manifest.chunks[1], sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data)
+    )
+    assert "row 3 is transaction 77, not 53" in _problem(files, manifest.with_chunk_replaced(entry))
+
+
+def test_a_range_reader_reads_each_chunk_once_while_paging_and_sees_new_chunks(tmp_path: Path) -> None:
+    files = archive_of(tmp_path, 0, [records(0, 50), records(50, 50)])
+    reader = ArchivedRangeReader(files)
+    paged = [r for first in range(0, 100, 10) for r in reader.read(0, first, first + 9)]
+    assert paged == records(0, 100) and reader.chunk_reads == 2
+    with pytest.raises(ArchiveCheckError, match=r"holds transactions 0\.\.99"):
+        reader.read(0, 95, 104)
+    write_partition_manifest(
+        files, read_partition_manifest(files, 0).with_chunk(write_chunk(files, 0, records(100, 10), ["t"]))
+    )
+    assert reader.read(0, 95, 104) == records(95, 10)  # the manifest is read again past its end
+    assert reader.read(0, 5, 4) == []
 
 
 def test_a_missing_chunk(damaged: tuple[ArchiveFiles, PartitionManifest, Path]) -> None:

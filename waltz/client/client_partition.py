@@ -451,7 +451,7 @@ class ClientPartition:
     def _on_server_error(self, error: client_pb2.ServerError) -> None:
         req_id = ReqId.from_proto(error.req_id)
         log.warning("partition %d: server error for %s: %s", self.partition_id, req_id, error.message)
-        if self._mount.on_error(req_id):
+        if self._mount.on_error(req_id, error.message):
             return
         self._appends.on_rejected(
             req_id, ProtocolError(f"server {self.endpoint} rejected the append {req_id}: {error.message}")

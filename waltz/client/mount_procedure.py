@@ -33,6 +33,7 @@ from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.connection import ServerConnection
 from waltz.client.feed_window import FeedWindow
 from waltz.client.metrics import PartitionMetrics
+from waltz.errors import ServerFeedError
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId
 
@@ -237,11 +238,18 @@ class MountProcedure:
             if future is not None and not future.done():
                 future.set_result(response.partition_ready)
 
-    def on_error(self, req_id: ReqId) -> bool:
+    def on_error(self, req_id: ReqId, message: str = "") -> bool:
         """A server error names ``req_id``: when it is the mount request's, that mount is not
-        ready (True); False for another request."""
+        ready (True); False for another request.
+
+        The server could not feed the partition from the client's position (an archived range it
+        cannot read: docs/design/archive.md, "Reads below the local start"): the application is
+        told with a :class:`~waltz.errors.ServerFeedError` carrying the server's message, and the
+        procedure mounts again after its backoff.
+        """
         if self._request is None or req_id != self._request:
             return False
+        self._report(ServerFeedError(self._partition_id, self.endpoint or "the server", message))
         future = self._response
         if future is not None and not future.done():
             future.set_result(False)
@@ -337,7 +345,8 @@ class MountProcedure:
         return self.state is _MOUNTED
 
     def _report(self, exception: BaseException) -> None:
-        """Tell the application about an exception of its callbacks (transaction ID -1: none)."""
+        """Tell the application about an exception of its callbacks, or why the server cannot feed
+        the partition (transaction ID -1: none)."""
         try:
             self._host.callbacks.uncaught_exception(self._partition_id, -1, exception)
         except Exception:

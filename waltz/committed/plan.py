@@ -93,6 +93,9 @@ class LiveSource:
         tls: client TLS files for the admin ports, or None.
         quorum: a majority of the partition's replicas (assigned or in its metadata): how many
             replicas a reader that compares them reads a record from.
+        archive: the cluster's archive as ``<root>/archive`` names it (None: none yet); the
+            ranges below the replicas' local start are read there (docs/design/archive.md,
+            "Reads below the local start").
     """
 
     cluster_key: str
@@ -101,6 +104,7 @@ class LiveSource:
     replicas: tuple[LiveReplica, ...]
     tls: TlsConfig | None = None
     quorum: int = 1
+    archive: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +169,8 @@ def plan_live(
 ) -> list[CommittedPartition]:
     """Find each partition's committed high-water mark on a live cluster.
 
-    Reads ``store/partition/<id>``, ``store/assignment`` and ``store/connection`` from ZooKeeper and
+    Reads ``store/partition/<id>``, ``store/assignment``, ``store/connection`` and ``archive`` (the
+    archive's location, for the ranges below the replicas' local start) from ZooKeeper and
     each current-session replica's partition status through its admin port (never a store session);
     see docs/design/spark.md "Live reads through admin ports".
 
@@ -212,9 +217,11 @@ def plan_live_on(
     try:
         params = cluster.params()
         ids = _partition_ids(partitions, params.num_partitions)
+        summary = cluster.archive_summary()
+        archive = None if summary is None else summary.value.location
         return [
             _plan_live_partition(
-                loop, cluster, pid, str(params.cluster_key), params.num_partitions, timeout, tls
+                loop, cluster, pid, str(params.cluster_key), params.num_partitions, timeout, tls, archive
             )
             for pid in ids
         ]
@@ -244,6 +251,7 @@ def _plan_live_partition(
     num_partitions: int,
     timeout: float,
     tls: TlsConfig | None,
+    archive: str | None,
 ) -> CommittedPartition:
     answers: list[str] = []
     for _ in range(MAX_PLAN_ATTEMPTS):
@@ -252,7 +260,7 @@ def _plan_live_partition(
             return CommittedPartition(
                 partition_id,
                 -1,
-                LiveSource(cluster_key, num_partitions, -1, (), tls),
+                LiveSource(cluster_key, num_partitions, -1, (), tls, archive=archive),
                 "never had a store session",
             )
         assigned = set(cluster.assignments().value.storages_of(partition_id))
@@ -306,7 +314,7 @@ def _plan_live_partition(
         return CommittedPartition(
             partition_id,
             mark,
-            LiveSource(cluster_key, num_partitions, metadata.session_id, replicas, tls, quorum),
+            LiveSource(cluster_key, num_partitions, metadata.session_id, replicas, tls, quorum, archive),
             proof,
         )
     raise CommittedReadError(

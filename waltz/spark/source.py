@@ -24,7 +24,10 @@ Options (all strings, as Spark passes them):
   ``up_to`` (per-partition inclusive upper bounds ``"0:120,1:98"``; more than the committed
   high-water mark is an error), ``after`` (per-partition exclusive lower bounds, the same form:
   what a snapshot at those marks already holds), ``range_size`` (default 100000),
-  ``batch_records`` (default 5000), ``timeout`` (seconds per admin call, default 30).
+  ``batch_records`` (default 5000), ``timeout`` (seconds per admin call, default 30);
+- ``archive``: the archive's location (a directory or a URL pyarrow opens) whose chunks hold the
+  ranges it archived, read instead of the storage nodes (:mod:`waltz.spark.archived`); a live
+  read takes the one ZooKeeper names when it is not given; ``off``: the storage nodes only.
 """
 
 from __future__ import annotations
@@ -50,11 +53,13 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from waltz.archive.layout import ArchiveFiles
 from waltz.committed.plan import CommittedPartition, LiveSource, OfflineSource, plan_live, plan_offline
 from waltz.committed.reads import DEFAULT_BATCH_RECORDS, read_committed
 from waltz.errors import ConfigurationError
 from waltz.protocol.channels import TlsConfig
 from waltz.services.storage import inspect
+from waltz.spark.archived import ARCHIVE_OFF, ArchivedRange, plan_archived, read_archived_range
 from waltz.spark.errors import CommittedReadError
 
 __all__ = ["LOG_SCHEMA", "LogRange", "WaltzDataSource", "WaltzLogReader", "parse_marks", "tls_option"]
@@ -243,6 +248,7 @@ class WaltzLogReader(DataSourceReader):
         up_to = parse_marks(options.get("up_to", ""), "up_to")
         after = parse_marks(options.get("after", ""), "after")
         ranges: list[InputPartition] = []
+        archives: dict[str, ArchiveFiles] = {}
         for committed in self.plan():
             pid = committed.partition_id
             if self.partition_filter is not None and pid not in self.partition_filter:
@@ -260,12 +266,33 @@ class WaltzLogReader(DataSourceReader):
                 last = min(last, high)
             start = max(low, after.get(pid, -1) + 1)
             log.info("partition %d: reading %d..%d (%s)", pid, start, last, committed.proof)
-            for first in range(start, last + 1, range_size):
-                ranges.append(LogRange(pid, first, min(last, first + range_size - 1), committed.source))
+            location = self._archive(committed)
+            archived: list[ArchivedRange] = []
+            span = None
+            if location is not None and start <= last:
+                if location not in archives:
+                    archives[location] = ArchiveFiles.open(location)
+                files = archives[location]
+                archived, span = plan_archived(files, pid, start, last)
+            if span is None:
+                ranges.extend(_log_ranges(pid, start, last, range_size, committed.source))
+                continue
+            log.info("partition %d: %d..%d from the archive %s", pid, span[0], span[1], location)
+            ranges.extend(_log_ranges(pid, start, span[0] - 1, range_size, committed.source))
+            ranges.extend(archived)
+            ranges.extend(_log_ranges(pid, span[1] + 1, last, range_size, committed.source))
         if not ranges:
             # Spark needs at least one partition; an empty range reads nothing.
             ranges.append(LogRange(0, 0, -1, OfflineSource((), None)))
         return ranges
+
+    def _archive(self, committed: CommittedPartition) -> str | None:
+        """The archive to read a partition's archived ranges from (None: the storage nodes only)."""
+        given = self.options.get("archive")
+        if given:
+            return None if given.lower() == ARCHIVE_OFF else given
+        source = committed.source
+        return source.archive if isinstance(source, LiveSource) else None
 
     # ---- reading (in the tasks) ----
 
@@ -275,7 +302,11 @@ class WaltzLogReader(DataSourceReader):
         Raises:
             CorruptRecordError: a record failed its CRC or broke the ID sequence on every replica.
             CommittedReadError: no proven replica could serve the range.
+            ArchiveCheckError: an archived range's chunk is missing or fails a check.
         """
+        if isinstance(partition, ArchivedRange):
+            yield from read_archived_range(partition, _ARROW_SCHEMA, _ROWS_PER_BATCH)
+            return
         if not isinstance(partition, LogRange):
             raise TypeError(f"not a planned Waltz range: {partition!r}")
         batch_records = (
@@ -319,3 +350,13 @@ class WaltzLogReader(DataSourceReader):
                 [pa.array(c, t.type) for c, t in zip(columns, _ARROW_SCHEMA, strict=True)],
                 schema=_ARROW_SCHEMA,
             )
+
+
+def _log_ranges(
+    partition_id: int, first: int, last: int, range_size: int, source: LiveSource | OfflineSource
+) -> list[LogRange]:
+    """``first..last`` read from the storage nodes, in ranges of ``range_size`` transactions."""
+    return [
+        LogRange(partition_id, start, min(last, start + range_size - 1), source)
+        for start in range(first, last + 1, range_size)
+    ]

@@ -32,6 +32,7 @@ from waltz.protocol.records import Record, ReqId
 from waltz.protocol.roles import ADMIN_ROLES, OPERATOR_ROLES, authorize
 from waltz.services.http import HealthHttpServer, server_ssl_context
 from waltz.services.runtime import call_in_daemon_thread, run_until_signalled
+from waltz.services.server.archived_reads import ArchivedReads
 from waltz.services.server.client_service import WaltzServerServicer
 from waltz.services.server.cluster_manager import ClusterManager, ServerMembership
 from waltz.services.server.config import ServerConfig
@@ -83,6 +84,7 @@ class ServerApp:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._zk: KazooClient | None = None
         self._cluster: ClusterZk | None = None
+        self._archived: ArchivedReads | None = None
         self._membership: ServerMembership | None = None
         self._manager: ClusterManager | None = None
         self._grpc: grpc.aio.Server | None = None
@@ -132,6 +134,7 @@ class ServerApp:
         )
         self._zk = zk
         self._cluster = ClusterZk(zk, config.cluster_root, timeout=config.zookeeper_session_timeout)
+        self._archived = ArchivedReads(self._cluster)
         params = await asyncio.to_thread(self._cluster.params)
         self.cluster_key = str(params.cluster_key)
         self.num_partitions = params.num_partitions
@@ -358,6 +361,7 @@ class ServerApp:
                 store_factory,
                 self.partition_config,
                 observe_commits=self.metrics.commit_seconds.observe_all,
+                archived=self._archived,
             )
             self.partitions[partition_id] = partition
             partition.start()
@@ -408,11 +412,8 @@ class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
             ],
         )
 
-    async def _partition(
-        self, partition_id: int, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> StorePartition:
-        owned = self._app.partitions.get(partition_id)
-        partition = owned.store if owned is not None else None
+    async def _partition(self, partition_id: int, context: grpc.aio.ServicerContext[Any, Any]) -> Partition:
+        partition = self._app.partitions.get(partition_id)
         if partition is None or partition.closed:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -447,7 +448,7 @@ class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
             raise AssertionError("unreachable")  # abort raises
         started = time.perf_counter()
         futures = [
-            partition.submit(ReqId.from_proto(t.req_id), t.header, t.data) for t in request.transactions
+            partition.store.submit(ReqId.from_proto(t.req_id), t.header, t.data) for t in request.transactions
         ]
         results = await asyncio.gather(*futures, return_exceptions=True)
         self._app.metrics.commit_seconds.observe(time.perf_counter() - started)

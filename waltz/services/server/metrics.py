@@ -47,6 +47,11 @@ _GAUGES: tuple[tuple[str, str, Callable[[Partition], float]], ...] = (
         lambda p: p.feed_windows,
     ),
     (
+        "archived_reads",
+        "Records read from the archive: below the replicas' local start (docs/design/archive.md).",
+        lambda p: p.archived_reads,
+    ),
+    (
         "parked_feeds",
         "Times a connection's feed stopped at the end of its window until the client granted more.",
         lambda p: p.parked_feeds,

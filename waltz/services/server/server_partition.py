@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from waltz import tracing
-from waltz.errors import WaltzError
+from waltz.errors import ArchivedReadError, RecordsArchivedError, WaltzError
 from waltz.protocol import client_pb2, common_pb2
 from waltz.protocol.records import Record, ReqId
 from waltz.services.server.appends import AppendRow
+from waltz.services.server.archived_reads import ArchivedReads
 from waltz.services.server.lock_table import DEFAULT_HASH_COUNT, DEFAULT_SIZE, LockTable, PendingLocks
 from waltz.services.server.store.store_partition import StorePartition
 
@@ -209,6 +210,8 @@ class Partition:
         config: partition settings.
         observe_commits: takes the seconds from receiving each append to its commit, a commit's
             worth at a time (the ``waltz_server_commit_seconds`` histogram).
+        archived: reads of the ranges below the replicas' local start, from the archive (None: a
+            read below it fails with :class:`~waltz.errors.ArchivedReadError`).
     """
 
     def __init__(
@@ -218,8 +221,13 @@ class Partition:
         store_factory: Callable[[Callable[[list[Record]], None]], StorePartition],
         config: PartitionConfig | None = None,
         observe_commits: Callable[[Iterable[float]], None] | None = None,
+        archived: ArchivedReads | None = None,
     ) -> None:
         self.partition_id = partition_id
+        self._archived = archived
+        # The highest local start a replica answered with: reads below it go to the archive at once.
+        self._archived_below = 0
+        self.archived_reads = 0
         self.generation = generation
         self.config = config or PartitionConfig()
         self.store = store_factory(self._committed)
@@ -544,12 +552,27 @@ class Partition:
                     self.feed_cache_hits += 1
                 else:
                     self.feed_cache_misses += 1
-                    records = await self.store.read_records(cursor.next_id, self.config.feed_page)
+                    records = await self.read_records(cursor.next_id, self.config.feed_page)
                     if not records:
                         await asyncio.sleep(0.01)
                         continue
                     entries = [(r.transaction_id, r.req_id, r.header) for r in records]
                 self._feed_run(cursor, entries, window)
+        except ArchivedReadError as exc:
+            # Not a hang, not a skip: the client is told why (its mount is not ready, or its feed
+            # is suspended) and mounts again after a pause; the range stays unread until the
+            # archive can give it.
+            log.error(
+                "partition %d: feed to connection %d stopped: %s",
+                self.partition_id,
+                connection.connection_id,
+                exc,
+            )
+            connection.send(_error(cursor.mount.req_id, str(exc)))
+            if cursor.answered:
+                self._suspend(cursor)
+            else:
+                self._cursors.pop(connection.connection_id, None)
         except (WaltzError, TimeoutError) as exc:
             log.warning(
                 "partition %d: feed to connection %d stopped: %s",
@@ -558,6 +581,38 @@ class Partition:
                 exc,
             )
             self._suspend(cursor)
+
+    async def read_records(self, transaction_id: int, max_records: int) -> list[Record]:
+        """Committed records from ``transaction_id`` on (at most ``max_records``), from the
+        replicas, or from the archive below their local start (docs/design/archive.md, "Reads
+        below the local start").
+
+        Returns:
+            Consecutive records from ``transaction_id`` (empty above the high-water mark); a read
+            from the archive stops at the local start, the next read goes to the replicas.
+
+        Raises:
+            ArchivedReadError: the range is below the replicas' local start and the archive cannot
+                give it (the message names the partition, the range and the archive).
+            StoreClosedError: the partition is closed.
+            TimeoutError: no replica answered the read.
+        """
+        if transaction_id < self._archived_below:
+            return await self._read_archived(transaction_id, max_records, self._archived_below)
+        try:
+            return await self.store.read_records(transaction_id, max_records)
+        except RecordsArchivedError as gap:
+            self._archived_below = max(self._archived_below, gap.local_start)
+            return await self._read_archived(transaction_id, max_records, gap.local_start)
+
+    async def _read_archived(self, first: int, max_records: int, local_start: int) -> list[Record]:
+        if self._archived is None:
+            raise ArchivedReadError(
+                self.partition_id, first, local_start - 1, None, "this server reads no archive"
+            )
+        records = await self._archived.read(self.partition_id, first, max_records, local_start)
+        self.archived_reads += len(records)
+        return records
 
     def _cached(self, transaction_id: int) -> list[FeedEntry] | None:
         feed = self._feed
@@ -766,6 +821,8 @@ class Partition:
             than ``count`` at the high-water mark or at ``max_bytes``.
 
         Raises:
+            ArchivedReadError: the range is below the replicas' local start and the archive cannot
+                give it.
             StoreClosedError: the partition closed.
             TimeoutError: no replica answered the read.
         """
@@ -788,7 +845,7 @@ class Partition:
         self.data_cache_hits += len(found)
         if next_id > last:
             return found
-        records = await self.store.read_records(next_id, last - next_id + 1)
+        records = await self.read_records(next_id, last - next_id + 1)
         self.data_cache_misses += len(records)
         for record in records:
             if record.transaction_id != next_id or (found and size + len(record.data) > max_bytes):

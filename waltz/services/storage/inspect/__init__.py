@@ -9,6 +9,8 @@ Reading files and checking them, in separate modules, re-exported here:
   :class:`SegmentFile` and its :class:`RecordScan`, :class:`IndexFile`,
   :func:`find_record_offset`, and start-up's torn-tail test (:func:`later_record_indexed`,
   :func:`classify_stop`).
+* :mod:`~waltz.services.storage.inspect.dump` reads a partition's records across its segments,
+  and from the archive below its local start: :func:`dump_records`, :func:`partition_range`.
 * :mod:`~waltz.services.storage.inspect.verify` checks them the way a storage node's start-up
   would: :func:`verify_segment`, :func:`verify_partition` and :func:`verify_storage`, and
   :mod:`~waltz.services.storage.inspect.stats` sums a verification up: :func:`collect_stats`.
@@ -16,6 +18,13 @@ Reading files and checking them, in separate modules, re-exported here:
   its :class:`Severity`, the reports and :class:`PartitionSummary`).
 """
 
+from waltz.services.storage.inspect.dump import (
+    DumpedRecord,
+    DumpRangeError,
+    PartitionRange,
+    dump_records,
+    partition_range,
+)
 from waltz.services.storage.inspect.reader import (
     DEFAULT_CHUNK_SIZE,
     ControlFileDump,
@@ -49,9 +58,12 @@ __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "ControlFileDump",
     "ControlPartition",
+    "DumpRangeError",
+    "DumpedRecord",
     "FenceSlot",
     "IndexFile",
     "PartitionInfoStruct",
+    "PartitionRange",
     "PartitionReport",
     "PartitionSummary",
     "Problem",
@@ -65,8 +77,10 @@ __all__ = [
     "StorageReport",
     "classify_stop",
     "collect_stats",
+    "dump_records",
     "find_record_offset",
     "later_record_indexed",
+    "partition_range",
     "read_control_file",
     "require_storage_directory",
     "verify_partition",

@@ -1,0 +1,179 @@
+"""The ``waltz`` data source reads archived ranges from the archive's chunks, so the log read and
+a rebuild after retention deleted the storage nodes' first segments equal the log and the database
+before
+(docs/design/archive.md, "Reads below the local start"; docs/design/spark.md, "Archived ranges").
+
+A real local cluster (ZooKeeper, one server, three storage nodes rolling small segments and
+deleting archived ones at once), written by the counter example, archived by the archiver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from waltz.archive.archiver import Archiver, ChunkPolicy
+from waltz.archive.errors import ArchiveCheckError
+from waltz.archive.layout import partition_directory
+from waltz.jdbc_style import create_framework_engine
+from waltz.local.cluster import LocalCluster
+from waltz.local.options import ProcessOptions
+from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_session import connect_zookeeper
+from waltz.protocol.storage_client import StorageAdminClient
+from waltz.spark.archived import ArchivedRange
+from waltz.spark.rebuild import LogSource, rebuild
+from waltz.spark.source import LogRange, WaltzLogReader
+from waltz_examples.counter.service import CounterService
+from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
+
+pytestmark = pytest.mark.timeout(600)
+
+#: Storage settings that roll a segment every few kilobytes and delete archived segments at once.
+RETENTION_ENV = {
+    "WALTZ_STORAGE_SEGMENT_SIZE_THRESHOLD": "4096",
+    "WALTZ_STORAGE_RETENTION_POLICY": "archived",
+    "WALTZ_STORAGE_RETENTION_KEEP_SECONDS": "0",
+    "WALTZ_STORAGE_RETENTION_CHECK_INTERVAL": "0.2",
+}
+CHUNKS = ChunkPolicy(chunk_transactions=40, chunk_bytes=1 << 20, seal_after=0)
+OPERATIONS = 100
+
+
+@dataclass
+class Before:
+    """The log and the rebuilt table as they were read before retention."""
+
+    cluster: LocalCluster
+    live_url: str
+    location: Path
+    log_rows: list[tuple[Any, ...]]
+    marks: dict[int, int]
+
+
+def _source(cluster: LocalCluster) -> LogSource:
+    return LogSource(zookeeper=cluster.zookeeper_connect_string, cluster_root=cluster.root)
+
+
+def _log_rows(spark: Any, cluster: LocalCluster, **options: str) -> list[tuple[Any, ...]]:
+    reader = spark.read.format("waltz").options(**_source(cluster).options())
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    return sorted(tuple(r) for r in reader.load().collect())
+
+
+def _table_rows(url: str) -> list[tuple[Any, ...]]:
+    engine = create_framework_engine(url)
+    try:
+        with engine.connect() as conn:
+            table = COUNTER_VIEWS.tables[0]
+            return sorted(tuple(r) for r in conn.execute(select(*table.columns)))
+    finally:
+        engine.dispose()
+
+
+def _local_starts(cluster: LocalCluster) -> list[int]:
+    async def run() -> list[int]:
+        starts = []
+        for node in cluster.storages:
+            async with StorageAdminClient(node.admin_address, cluster.cluster_key, 1) as admin:
+                (found,) = (await admin.partition_status(0)).partitions
+                starts.append(found.local_start)
+        return starts
+
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def before(spark: Any, tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[Before]:
+    work = tmp_path_factory.mktemp("spark-archived")
+    with LocalCluster(
+        storages=3,
+        servers=1,
+        partitions=1,
+        name="spark-archived",
+        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
+        work_dir=work / "cluster",
+        delete_root=True,
+        processes=ProcessOptions(storage_env=RETENTION_ENV),
+    ) as cluster:
+        cluster.wait_ready(60)
+        live_url = f"sqlite:///{work / 'counter.db'}"
+        with CounterService(live_url, cluster.zookeeper_connect_string, cluster.root) as service:
+            for i in range(OPERATIONS):
+                service.increment(i % 7, 1 + i)
+        log_rows = _log_rows(spark, cluster)
+        assert len(log_rows) >= OPERATIONS
+        marks = {0: max(row[1] for row in log_rows)}
+        yield Before(cluster, live_url, work / "archive", log_rows, marks)
+
+
+@pytest.fixture(scope="module")
+def after(before: Before) -> Before:
+    """``before``'s cluster once archived and its replicas' archived segments deleted."""
+    cluster = before.cluster
+    zk_client = connect_zookeeper(cluster.zookeeper_connect_string, security=cluster.zookeeper_security)
+    try:
+        (result,) = Archiver(ClusterZk(zk_client, cluster.root), str(before.location), policy=CHUNKS).run()
+    finally:
+        zk_client.stop()
+        zk_client.close()
+    assert result.error is None and result.archived_through == before.marks[0], result
+    deadline = time.monotonic() + 30
+    while min(_local_starts(cluster)) < 40:
+        assert time.monotonic() < deadline, (
+            f"retention did not delete archived segments: {_local_starts(cluster)}"
+        )
+        time.sleep(0.1)
+    return before
+
+
+def test_the_log_read_after_retention_equals_the_log_read_before(spark: Any, after: Before) -> None:
+    cluster = after.cluster
+    assert min(_local_starts(cluster)) > 0
+    reader = WaltzLogReader(_source(cluster).options())
+    planned = list(reader.partitions())
+    archived = [r for r in planned if isinstance(r, ArchivedRange)]
+    assert archived and archived[0].first == 0, planned
+    assert [(r.first, r.last) for r in archived] == [(c.first, c.last) for c in (r.chunk for r in archived)]
+    tail = [r for r in planned if isinstance(r, LogRange)]
+    assert all(r.first > archived[-1].last for r in tail)
+    assert _log_rows(spark, cluster) == after.log_rows
+    # The storage nodes alone no longer hold the start of the log.
+    with pytest.raises(Exception, match="below the local start"):
+        _log_rows(spark, cluster, archive="off")
+
+
+def test_a_rebuild_after_retention_equals_the_live_database(
+    spark: Any, after: Before, tmp_path: Path
+) -> None:
+    """The counter's live database applied the whole log as it was written: the rebuild from the
+    archive and the storage nodes gives the same table."""
+    url = f"sqlite:///{tmp_path / 'after.db'}"
+    result = rebuild(spark, COUNTER_VIEWS, _source(after.cluster), url, up_to=after.marks)
+    assert dict(result.marks) == after.marks
+    rows = _table_rows(url)
+    assert len(rows) == 7 and rows == _table_rows(after.live_url)
+
+
+def test_a_damaged_chunk_fails_the_read_naming_the_file_and_range(after: Before) -> None:
+    reader = WaltzLogReader(_source(after.cluster).options())
+    archived = next(r for r in reader.partitions() if isinstance(r, ArchivedRange))
+    chunk = after.location / partition_directory(0) / archived.chunk.file
+    original = chunk.read_bytes()
+    chunk.write_bytes(original[: len(original) // 2])
+    try:
+        with pytest.raises(
+            ArchiveCheckError, match=rf"{archived.chunk.file} \(transactions 0\.\.39\).*truncated"
+        ):
+            list(reader.read(archived))
+    finally:
+        chunk.write_bytes(original)
+    assert sum(b.num_rows for b in reader.read(archived)) == archived.last - archived.first + 1

@@ -1,0 +1,180 @@
+"""A partition's records ``first..last`` as an operator dumps them: from the segments of a storage
+directory, and from the archive below its local start.
+
+Source: docs/design/archive.md "Reads below the local start" (``waltz disk``);
+docs/format.md "Transaction record (40 bytes + data)". The records on disk are scanned segment
+after segment (both CRCs checked, IDs consecutive); the range below the partition's local start
+(the segments retention deleted) is read from the archive's chunks with every check of a chunk
+read. Only reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from waltz.archive.chunks import chunk_path, read_chunk
+from waltz.archive.layout import ArchiveFiles
+from waltz.archive.manifests import read_partition_manifest
+from waltz.archive.reader import chunks_of
+from waltz.errors import WaltzError
+from waltz.protocol.records import Record
+from waltz.services.storage import format as fmt
+from waltz.services.storage.inspect.reader import SegmentFile, find_record_offset
+
+__all__ = ["DumpRangeError", "DumpedRecord", "PartitionRange", "dump_records", "partition_range"]
+
+
+class DumpRangeError(WaltzError):
+    """The range asked for is not where the dump may read it (below the local start without an
+    archive, or past what the files hold)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DumpedRecord:
+    """One record of a dump and where it was read.
+
+    Attributes:
+        record: the record (its data checked against its checksum).
+        source: the segment file, or the archive's chunk file (its location and path).
+        archived: True when it was read from the archive.
+    """
+
+    record: Record
+    source: str
+    archived: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRange:
+    """What a partition's files hold.
+
+    Attributes:
+        local_start: the first transaction of its first segment (None: no storage directory, or
+            no segment).
+        last_on_disk: the last transaction of its segments as their names and the last one's scan
+            say (-1: none).
+        archive_start: the first archived transaction (None: no archive, or nothing archived).
+        archived_through: the last archived transaction (-1: none).
+    """
+
+    local_start: int | None
+    last_on_disk: int
+    archive_start: int | None
+    archived_through: int
+
+
+def _segments(storage_dir: Path, partition_id: int) -> list[Path]:
+    return sorted((storage_dir / str(partition_id)).glob("*" + fmt.SEGMENT_SUFFIX))
+
+
+def partition_range(
+    storage_dir: Path | None, partition_id: int, archive: ArchiveFiles | None
+) -> PartitionRange:
+    """Where a partition's records are: its segments' range and the archive's.
+
+    Raises:
+        OSError: a segment file cannot be read.
+        CorruptDataError: a segment header is unusable.
+        ArchiveFormError, ArchiveCheckError: the partition's manifest is not one this code reads.
+    """
+    local_start: int | None = None
+    last = -1
+    if storage_dir is not None:
+        paths = _segments(storage_dir, partition_id)
+        if paths:
+            with SegmentFile(paths[0]) as first_segment:
+                local_start = first_segment.header.first_transaction_id
+            for path in reversed(paths):
+                with SegmentFile(path) as segment:
+                    ids = [s.record.transaction_id for s in segment.scan()]
+                    if ids:
+                        last = ids[-1]
+                        break
+                    last = segment.header.first_transaction_id - 1
+    start, through = None, -1
+    if archive is not None:
+        manifest = read_partition_manifest(archive, partition_id)
+        start, through = manifest.start, manifest.archived_through
+    return PartitionRange(local_start, last, start, through)
+
+
+def dump_records(
+    storage_dir: Path | None,
+    partition_id: int,
+    first: int,
+    last: int,
+    archive: ArchiveFiles | None = None,
+) -> Iterator[DumpedRecord]:
+    """Yield the records ``first..last`` of a partition in order: from the archive below the
+    storage directory's local start (or everywhere, without a storage directory), then from its
+    segments.
+
+    Args:
+        storage_dir: the storage directory (holding ``waltz-storage.ctl``), or None: the archive only.
+        partition_id: the partition.
+        first: the first transaction ID.
+        last: the last transaction ID (inclusive); the segments' records may end before it.
+        archive: the archive's files, or None.
+
+    Raises:
+        DumpRangeError: a part of the range is below the local start and no archive is given,
+            or the segments hold no record where one is due (a gap, a corrupt record).
+        ArchiveCheckError: the archive does not hold the range below the local start, or a chunk
+            fails a check (the message names the file and its range).
+        OSError: a file cannot be read.
+    """
+    if last < first:
+        return
+    paths = [] if storage_dir is None else _segments(storage_dir, partition_id)
+    local_start = None
+    if paths:
+        with SegmentFile(paths[0]) as head:
+            local_start = head.header.first_transaction_id
+    below = last if local_start is None else min(last, local_start - 1)
+    next_id = first
+    if first <= below:
+        if archive is None:
+            where = "it has no segment" if local_start is None else f"its local start is {local_start}"
+            raise DumpRangeError(
+                f"partition {partition_id}: transactions {first}..{below} are not in "
+                f"{storage_dir or 'the storage directory'} ({where}; retention deleted what the archive "
+                "holds): give the archive with --archive URL"
+            )
+        manifest = read_partition_manifest(archive, partition_id)
+        for entry in chunks_of(archive, manifest, first, below):
+            name = archive.name(chunk_path(partition_id, entry.file))
+            for record in read_chunk(archive, partition_id, entry):
+                if first <= record.transaction_id <= below:
+                    yield DumpedRecord(record, name, True)
+        next_id = below + 1
+    if next_id > last or storage_dir is None:
+        return
+    yield from _segment_records(paths, partition_id, next_id, last)
+
+
+def _segment_records(paths: list[Path], partition_id: int, first: int, last: int) -> Iterator[DumpedRecord]:
+    firsts = [int(p.stem) for p in paths]
+    start_index = max((i for i, f in enumerate(firsts) if f <= first), default=0)
+    next_id = first
+    for path in paths[start_index:]:
+        with SegmentFile(path) as segment:
+            if segment.header.first_transaction_id > next_id:
+                raise DumpRangeError(
+                    f"partition {partition_id}: transaction {next_id} is in no segment ({path} starts at "
+                    f"{segment.header.first_transaction_id}); run waltz disk verify"
+                )
+            for scanned in segment.scan(find_record_offset(segment, next_id)):
+                record = scanned.record
+                if record.transaction_id < next_id:
+                    continue
+                if record.transaction_id != next_id:
+                    raise DumpRangeError(
+                        f"partition {partition_id}: {path} holds transaction {record.transaction_id} where "
+                        f"{next_id} was due; run waltz disk verify"
+                    )
+                yield DumpedRecord(record, str(path), False)
+                next_id += 1
+                if next_id > last:
+                    return
