@@ -112,6 +112,7 @@ def test_the_migrations_keep_the_accounts(two_databases: tuple[str, str]) -> Non
         engine.dispose()
 
 
+@pytest.mark.timeout(900)  # a Spark session and job: a minute alone, many more on a busy machine
 def test_a_log_written_by_release_1_is_read_by_the_current_release(
     ledger_cluster: LocalCluster, ledger_config: WaltzClientConfig, two_databases: tuple[str, str]
 ) -> None:
