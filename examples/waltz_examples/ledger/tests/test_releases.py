@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from sqlalchemy import Engine, bindparam, create_engine, make_url, text
@@ -21,10 +21,8 @@ from waltz_examples.ledger.models import ACCOUNT, Account, registry
 from waltz_examples.ledger.releases import CURRENT, RELEASES, release
 from waltz_examples.ledger.service import LedgerService, prepare_database
 
-#: Customers of these tests only (the ledger's tests share one log).
-RELEASE_1_CUSTOMERS = (7_300_001, 7_300_002, 7_300_003, 7_300_004)
-RELEASE_2_CUSTOMER = 7_300_005
-CUSTOMERS = (*RELEASE_1_CUSTOMERS, RELEASE_2_CUSTOMER)
+#: The first customer of these tests, by database kind (the ledger's tests share one log).
+FIRST_CUSTOMER = {"sqlite": 7_300_000, "postgresql": 7_400_000}
 
 
 def test_changes_of_release_1_and_2_upcast_to_the_current_account() -> None:
@@ -82,19 +80,25 @@ def _postgres_database(server_url: str) -> Iterator[str]:
         admin.dispose()
 
 
+class Databases(NamedTuple):
+    kind: str
+    first: str
+    second: str
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
-def two_databases(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+def two_databases(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Databases]:
     """Two empty databases of one kind: ``sqlite`` files, or ``postgresql`` databases."""
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'first.db'}", f"sqlite:///{tmp_path / 'second.db'}"
+        yield Databases("sqlite", f"sqlite:///{tmp_path / 'first.db'}", f"sqlite:///{tmp_path / 'second.db'}")
         return
     first = str(request.getfixturevalue("waltz_postgres_database"))
     with _postgres_database(str(request.getfixturevalue("waltz_postgres_url"))) as second:
-        yield first, second
+        yield Databases("postgresql", first, second)
 
 
-def test_the_migrations_keep_the_accounts(two_databases: tuple[str, str]) -> None:
-    engine = create_framework_engine(two_databases[0])
+def test_the_migrations_keep_the_accounts(two_databases: Databases) -> None:
+    engine = create_framework_engine(two_databases.first)
     try:
         prepare_database(engine, release(1))
         with engine.begin() as conn:
@@ -114,13 +118,17 @@ def test_the_migrations_keep_the_accounts(two_databases: tuple[str, str]) -> Non
 
 @pytest.mark.timeout(900)  # a Spark session and job: a minute alone, many more on a busy machine
 def test_a_log_written_by_release_1_is_read_by_the_current_release(
-    ledger_cluster: LocalCluster, ledger_config: WaltzClientConfig, two_databases: tuple[str, str]
+    ledger_cluster: LocalCluster, ledger_config: WaltzClientConfig, two_databases: Databases
 ) -> None:
     """Release 1 writes accounts into one database, release 2 one more; the database migrates to
     the current release; a fresh database applies the whole log with the current release. Both
     hold the same accounts, ``read_entities`` reads them in the current model, and a rebuild of
     the log equals the migrated database."""
-    migrated_url, fresh_url = two_databases
+    _, migrated_url, fresh_url = two_databases
+    first_customer = FIRST_CUSTOMER[two_databases.kind]
+    release_1_customers = tuple(range(first_customer, first_customer + 4))
+    release_2_customer = first_customer + 4
+    customers = (*release_1_customers, release_2_customer)
     name = f"releases-{uuid.uuid4().hex[:6]}"
 
     def start(url: str, number: int) -> LedgerService:
@@ -130,25 +138,25 @@ def test_a_log_written_by_release_1_is_read_by_the_current_release(
 
     prepare_database(migrated_url, release(1))
     with start(migrated_url, 1) as first:
-        for custid in RELEASE_1_CUSTOMERS:
+        for custid in release_1_customers:
             assert first.open_account(custid, f"holder {custid}", 100, 200).committed
-        assert first.deactivate(RELEASE_1_CUSTOMERS[0]).committed
+        assert first.deactivate(release_1_customers[0]).committed
         marks = {p: first.client.get_high_water_mark(p) for p in range(first.num_partitions)}
         for pid, mark in marks.items():
             assert first.callbacks.wait_for(pid, mark, 30)
     prepare_database(migrated_url, release(2))
     with start(migrated_url, 2) as second:
-        assert second.open_account(RELEASE_2_CUSTOMER, f"holder {RELEASE_2_CUSTOMER}", 100, 200).committed
+        assert second.open_account(release_2_customer, f"holder {release_2_customer}", 100, 200).committed
         marks = {p: second.client.get_high_water_mark(p) for p in range(second.num_partitions)}
         for pid, mark in marks.items():
             assert second.callbacks.wait_for(pid, mark, 30)
     prepare_database(migrated_url)  # ledger_0003: the current release's table
 
-    closed = RELEASE_1_CUSTOMERS[0]
-    expected = [(c, f"holder {c}", "closed" if c == closed else "open", "USD") for c in CUSTOMERS]
+    closed = release_1_customers[0]
+    expected = [(c, f"holder {c}", "closed" if c == closed else "open", "USD") for c in customers]
     migrated = create_framework_engine(migrated_url)
     try:
-        assert _accounts(migrated, "holder", CUSTOMERS) == expected
+        assert _accounts(migrated, "holder", customers) == expected
     finally:
         migrated.dispose()
 
@@ -160,10 +168,10 @@ def test_a_log_written_by_release_1_is_read_by_the_current_release(
             assert current.callbacks.wait_for(pid, mark, 60), f"partition {pid} not applied up to {mark}"
         read = [
             current.callbacks.read_entities([(Account, c)], num_partitions=current.num_partitions).entities[0]
-            for c in CUSTOMERS
+            for c in customers
         ]
         assert [(a.custid, a.holder, a.status, a.currency) for a in read] == expected
-        assert _accounts(current.engine, "holder", CUSTOMERS) == expected
+        assert _accounts(current.engine, "holder", customers) == expected
 
     _rebuild_equals(ledger_cluster, migrated_url, name)
 
