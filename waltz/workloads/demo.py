@@ -190,6 +190,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 first_customer=options.accounts,
                 say=say,
             )
+            rollout.prepare_first()
             migrated = f" for release 1 of {len(evolving.releases())}"
         else:
             app.prepare_database(engine)

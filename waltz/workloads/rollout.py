@@ -59,8 +59,9 @@ class Rollout:
         first_customer: the first customer ID the new customers take (above the mix's).
         say: prints a line.
 
-    Call :meth:`start_first` before the mix, :meth:`progress` with the mix's progress,
-    :meth:`join` after the mix, :meth:`finish` once it is quiet, and :meth:`close` at the end.
+    Call :meth:`prepare_first` and :meth:`start_first` before the mix, :meth:`progress` with the
+    mix's progress, :meth:`join` after the mix, :meth:`finish` once it is quiet, and
+    :meth:`close` at the end.
     """
 
     def __init__(
@@ -98,9 +99,12 @@ class Rollout:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout")
         self._rolls: list[Future[None]] = []
 
-    def start_first(self) -> list[SmallBankInstance]:
-        """Prepare the database for the first release and start the instances on it."""
+    def prepare_first(self) -> None:
+        """Create or upgrade the database's tables to what the first release runs on."""
         self.app.prepare_release(self.engine, self._first.number)
+
+    def start_first(self) -> list[SmallBankInstance]:
+        """Start the instances on the first release (after :meth:`prepare_first`)."""
         self.instances = [self._start(self._first.number) for _ in range(self._count)]
         self._note(f"{self._count} instances start on release {self._first.number}")
         return list(self.instances)
