@@ -95,7 +95,7 @@ def run(url: str, n: int, rounds: int) -> None:
             conn.execute(delete(model))
         conn.execute(delete(high_water_marks).where(high_water_marks.c.cluster_name == "bench"))
         for custid in range(CUSTOMERS):
-            conn.execute(insert(Account).values(custid=custid, name=f"c{custid}", status="open"))
+            conn.execute(insert(Account).values(custid=custid, holder=f"c{custid}", status="open"))
             conn.execute(insert(Savings).values(custid=custid, balance=10**12))
             conn.execute(insert(Checking).values(custid=custid, balance=10**12))
     for partition in range(PARTITIONS):

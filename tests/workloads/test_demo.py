@@ -25,6 +25,14 @@ def test_the_demo_passes_its_checks_under_faults(
     assert [c.name for c in result.checks if not c.passed] == []
     assert len(result.faults) == 4, report  # two kills, two restarts
     assert result.stats.committed > 100, report
+    # The ledger's releases 2 and 3 rolled out while the mix ran, release 4 once it was over.
+    assert [e for e in result.deploys if e.endswith("every instance runs it")] == [
+        "release 2: every instance runs it",
+        "release 3: every instance runs it",
+    ], report
+    assert "release 4: migrated; 3 instances run it" in result.deploys, report
+    versions = next(c for c in result.checks if c.name == "the log holds every schema version of the models")
+    assert "ledger.account v1 40, v2 " in versions.detail and ", v3 " in versions.detail, report
 
 
 @pytest.mark.slow

@@ -42,6 +42,15 @@ def demo(
     faults: Annotated[
         bool, typer.Option(help="kill -9 a storage node and a server during the run, then restart them.")
     ] = True,
+    evolve: Annotated[
+        bool,
+        typer.Option(
+            help=(
+                "Start on the application's first release and deploy its later ones while the mix "
+                "runs (the ledger's Account changes twice)."
+            )
+        ),
+    ] = True,
     seed: Annotated[int, typer.Option(help="Random seed of the workload.")] = 7,
     spark: Annotated[
         bool,
@@ -66,7 +75,9 @@ def demo(
     Starts ZooKeeper, 3 storage nodes and 2 servers as processes on loopback and several ledger
     instances sharing one database; runs the SmallBank mix (transfers across partitions become
     two-step transfers) and prints committed/s and the p50 and p99 of submit -> commit and of
-    submit -> applied; kills a storage node and a server with SIGKILL and restarts them; then
+    submit -> applied; kills a storage node and a server with SIGKILL and restarts them; starts on
+    the ledger's first release and deploys its model changes mid-run (a new column, a renamed one);
+    then
     checks that every transaction was applied exactly once, money is conserved (counting money
     in flight), every transfer completed once, no balance broke the rules, and every replica holds
     the same records; finally rebuilds the ledger from the log with Spark and checks that the live
@@ -113,6 +124,7 @@ def demo(
             partitions=partitions,
             accounts=accounts,
             faults=faults,
+            evolve=evolve,
             seed=seed,
             spark=spark,
             spark_master=spark_master,

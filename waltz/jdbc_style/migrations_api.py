@@ -73,6 +73,7 @@ __all__ = [
     "check_current",
     "current",
     "downgrade",
+    "downgrade_environment",
     "exclude_framework_tables",
     "head",
     "require_tables",
@@ -217,6 +218,26 @@ def upgrade_environment(location: Path, bind: Engine | Connection, revision: str
     with _ALEMBIC_RUN, _preserving_alembic_context():
         command.upgrade(config, revision)
     logger.info("alembic environment %s upgraded to %s on %s", location, revision, describe(bind))
+
+
+def downgrade_environment(location: Path, bind: Engine | Connection, revision: str) -> None:
+    """Downgrade with another alembic environment, as :func:`upgrade_environment` upgrades.
+
+    Args:
+        location: the environment's directory (``env.py``, ``versions/``).
+        bind: the database (an engine, or a connection used as is).
+        revision: the target revision (``base``, a revision ID, ``-1``).
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the database could not be reached or refused the DDL.
+        alembic.util.exc.CommandError: ``revision`` is unknown.
+    """
+    config = Config()
+    config.set_main_option("script_location", str(location))
+    config.attributes["connection"] = bind
+    with _ALEMBIC_RUN, _preserving_alembic_context():
+        command.downgrade(config, revision)
+    logger.info("alembic environment %s downgraded to %s on %s", location, revision, describe(bind))
 
 
 def upgrade_sql(url: str | URL, revision: str = "heads", from_revision: str | None = None) -> str:

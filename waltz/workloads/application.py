@@ -16,11 +16,15 @@ Two objects make the interface:
 
 An instance is what a deployment runs several of, each in a process of its own, on one shared
 database; the workload spreads its draws over them.
+
+An application whose models changed may also be an :class:`EvolvingApplication`: it keeps its
+earlier :class:`Release` s, so that ``waltz demo`` starts on the first and rolls the instances
+forward mid-run (docs/sql.md, "Changing a model").
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -37,7 +41,9 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_APPLICATION",
     "Check",
+    "EvolvingApplication",
     "Invariants",
+    "Release",
     "SmallBankApplication",
     "SmallBankInstance",
     "SmallBankOperation",
@@ -228,6 +234,58 @@ class SmallBankApplication(Protocol):
 
     def views(self) -> AppViews:
         """Its views of the log, for a rebuild with Spark (``waltz rebuild --app``)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """One release of an application's code, as a deploy meets it (docs/sql.md, "Changing a model").
+
+    Attributes:
+        number: 1 for the first, then 2, 3, ...
+        change: what it changes, one line ("" for the first).
+        rolls: True when its instances replace the previous release's one at a time while the
+            others keep running (its migration, if any, runs first and leaves the previous release
+            working); False when every instance stops for its migration (e.g. a column renamed for
+            good, which the previous release still uses).
+    """
+
+    number: int
+    change: str = ""
+    rolls: bool = True
+
+
+@runtime_checkable
+class EvolvingApplication(Protocol):
+    """A SmallBank application that keeps its earlier releases, for a rolling deploy mid-run.
+
+    ``waltz demo`` prepares the database for the first release, starts its instances on it, and
+    moves to each next release while the mix runs (:mod:`waltz.workloads.rollout`).
+    """
+
+    def releases(self) -> Sequence[Release]:
+        """Every release, oldest first; the last is the application's current code."""
+        ...
+
+    def prepare_release(self, engine: Engine, release: int) -> None:
+        """Create or upgrade the framework's tables and its own to what ``release`` runs on."""
+        ...
+
+    def release_instance(
+        self,
+        release: int,
+        db_url: str,
+        config: WaltzClientConfig,
+        *,
+        cluster_name: str,
+        sweep_interval: float | None,
+    ) -> SmallBankInstance:
+        """Start an instance of a release (as :meth:`SmallBankApplication.instance`, every
+        partition mounted) on a database at that release's revision."""
+        ...
+
+    def schema_versions(self) -> Mapping[str, int]:
+        """The current schema version of each of its entities (entity name -> version)."""
         ...
 
 

@@ -12,12 +12,16 @@ transaction is applied (docs/design/overview.md, "Workloads"), in this order:
   ``meta`` of every change-set of that read (for the ledger: money conserved, transfers exactly
   once, the balance rules);
 - **replicas identical**, when the run knows the cluster's nodes: every storage replica of every
-  partition holds the same records up to the mark.
+  partition holds the same records up to the mark;
+- **the log holds every schema version**, when the run changed the models (a rolling deploy,
+  :mod:`waltz.workloads.rollout`): the row changes of that read, by entity and the schema version
+  they were written with, hold each version from 1 to the model's, and none newer.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,14 +35,16 @@ from waltz.jdbc_style import CHANGE_SET_HEADER, ChangeSet
 from waltz.jdbc_style.schema import high_water_marks
 from waltz.workloads.application import Check, SmallBankApplication
 
-__all__ = ["Check", "LogTally", "check_application", "read_log"]
+__all__ = ["Check", "LogTally", "check_application", "read_log", "schema_versions_check"]
 
 
 @dataclass
 class LogTally:
-    """What the log says: the number of transactions of each partition."""
+    """What the log says: the number of transactions of each partition, and the number of row
+    changes of each entity written at each schema version (``{entity: {version: count}}``)."""
 
     transactions: dict[int, int] = field(default_factory=dict)
+    schema_versions: dict[str, Counter[int]] = field(default_factory=dict)
 
 
 class _Reader(WaltzClientCallbacks):
@@ -60,9 +66,14 @@ class _Reader(WaltzClientCallbacks):
     def apply_transactions(self, transactions: Sequence[Transaction]) -> None:
         for t in transactions:
             meta: dict[str, Any] = {}
+            changes: tuple[tuple[str, int], ...] = ()
             if t.header == CHANGE_SET_HEADER:
-                meta = dict(ChangeSet.decode(t.get_raw_data()).meta)
+                change_set = ChangeSet.decode(t.get_raw_data())
+                meta = dict(change_set.meta)
+                changes = tuple((c.entity, c.schema_version) for c in change_set.changes)
             with self.lock:
+                for entity, version in changes:
+                    self.tally.schema_versions.setdefault(entity, Counter())[version] += 1
                 self.tally.transactions[t.partition_id] = self.tally.transactions.get(t.partition_id, 0) + 1
                 if self.observe is not None:
                     self.observe(meta)
@@ -107,6 +118,7 @@ def check_application(
     zookeeper: str,
     cluster_root: str,
     replicas: Mapping[int, Collection[int]] | None = None,
+    schema_versions: Mapping[str, int] | None = None,
 ) -> list[Check]:
     """Every check of the module docstring, once the workload and the application are quiet.
 
@@ -119,6 +131,9 @@ def check_application(
         cluster_root: the cluster's root znode.
         replicas: partition -> the distinct digests of its replicas' records up to the mark
             (``LocalCluster.replica_digests``); None: not compared.
+        schema_versions: entity -> its model's schema version, when the run changed the models
+            (:meth:`~waltz.workloads.application.EvolvingApplication.schema_versions`); None:
+            not checked.
 
     Returns:
         The checks, in the order of the module docstring.
@@ -133,7 +148,36 @@ def check_application(
     ]
     if replicas is not None:
         checks.append(_replicas_check(replicas))
+    if schema_versions is not None:
+        checks.append(schema_versions_check(schema_versions, tally.schema_versions))
     return checks
+
+
+def schema_versions_check(models: Mapping[str, int], written: Mapping[str, Counter[int]]) -> Check:
+    """Whether the log holds row changes of every schema version of each model, 1 to the model's,
+    and none newer (the detail lists them: ``ledger.account v1 40, v2 3, v3 2``).
+
+    Args:
+        models: entity -> the model's schema version.
+        written: entity -> {schema version: row changes written at it} (:attr:`LogTally.schema_versions`).
+    """
+    wrong = []
+    for entity, version in sorted(models.items()):
+        seen = set(written.get(entity, Counter()))
+        if not set(range(1, version + 1)) <= seen or max(seen, default=0) > version:
+            wrong.append(f"{entity} is version {version}, the log holds {sorted(seen)}")
+    unknown = sorted(set(written) - set(models))
+    if unknown:
+        wrong.append(f"entities without a model: {unknown}")
+    listed = "; ".join(
+        f"{entity} " + ", ".join(f"v{v} {n}" for v, n in sorted(counts.items()))
+        for entity, counts in sorted(written.items())
+    )
+    return Check(
+        "the log holds every schema version of the models",
+        not wrong,
+        listed if not wrong else "; ".join(wrong) + f" ({listed})",
+    )
 
 
 def _database_marks(engine: Engine, cluster_name: str) -> dict[int, int]:

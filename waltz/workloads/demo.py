@@ -10,14 +10,18 @@ example by default (docs/design/overview.md, "Workloads"):
    (:meth:`~waltz.workloads.smallbank.SmallBankStats.latency_line`);
 3. unless ``faults`` is off: ``kill -9`` of one storage node at a third of the run and of the
    server owning partition 0 at half of it, both restarted a few seconds later;
-4. waits for the sweepers to finish every transfer, then checks the invariants
-   (:func:`~waltz.workloads.checks.check_application`: the ledger's include money conserved) and
-   prints them;
-5. unless ``spark`` is off: rebuilds the application's tables from the log with Spark (``waltz
+4. unless ``evolve`` is off, for an application that keeps its earlier releases (the ledger's
+   ``Account`` changed twice): the instances start on its first release, and its later releases
+   are deployed while the mix runs, as docs/sql.md ("Changing a model") says a rolling deploy
+   goes (:mod:`waltz.workloads.rollout`), so that the log holds every schema version;
+5. waits for the sweepers to finish every transfer, then checks the invariants
+   (:func:`~waltz.workloads.checks.check_application`: the ledger's include money conserved; after
+   a deploy, the schema versions the log holds per entity) and prints them;
+6. unless ``spark`` is off: rebuilds the application's tables from the log with Spark (``waltz
    rebuild``, into ``<name>-rebuilt.db`` in the work directory) at the live database's marks and
    checks that the live database has no drift from it (``docs/spark.md``); without PySpark this
    check fails and says what to install;
-6. returns whether every check passed (the command's exit code).
+7. returns whether every check passed (the command's exit code).
 """
 
 from __future__ import annotations
@@ -37,10 +41,13 @@ from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
 from waltz.workloads.application import (
     DEFAULT_APPLICATION,
+    EvolvingApplication,
     SmallBankApplication,
+    SmallBankInstance,
     load_application,
 )
 from waltz.workloads.checks import Check, check_application
+from waltz.workloads.rollout import Rollout
 from waltz.workloads.smallbank import SmallBankConfig, SmallBankStats, SmallBankWorkload
 
 __all__ = ["DemoOptions", "DemoResult", "run_demo"]
@@ -70,6 +77,7 @@ class DemoOptions:
     spark: bool = True
     spark_master: str | None = None
     app: str = DEFAULT_APPLICATION
+    evolve: bool = True
 
 
 @dataclass
@@ -79,6 +87,7 @@ class DemoResult:
     stats: SmallBankStats
     checks: list[Check] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
+    deploys: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -163,22 +172,46 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
         cluster.wait_ready(60)
         say(f"  ready in {time.monotonic() - started:.1f}s (work directory {options.work_dir})")
         engine = create_framework_engine(db_url)
-        app.prepare_database(engine)
-        say(
-            f"database {engine.url.render_as_string(hide_password=True)}: "
-            f"framework and {app.name} tables migrated"
-        )
         zk, root = cluster.zookeeper_connect_string, cluster.root
         config = WaltzClientConfig(zookeeper_connect_string=zk, cluster_root=root)
-        services = [
-            app.instance(db_url, config, cluster_name=app.name, sweep_interval=SWEEP_INTERVAL)
-            for _ in range(options.instances)
-        ]
+        rollout: Rollout | None = None
+        services: list[SmallBankInstance] = []
+        migrated = ""
+        if options.evolve and isinstance(app, EvolvingApplication) and len(app.releases()) > 1:
+            evolving = app
+            rollout = Rollout(
+                evolving,
+                engine,
+                lambda release: evolving.release_instance(
+                    release, db_url, config, cluster_name=app.name, sweep_interval=SWEEP_INTERVAL
+                ),
+                instances=options.instances,
+                total=options.transactions,
+                first_customer=options.accounts,
+                say=say,
+            )
+            rollout.prepare_first()
+            migrated = f" for release 1 of {len(evolving.releases())}"
+        else:
+            app.prepare_database(engine)
+        say(
+            f"database {engine.url.render_as_string(hide_password=True)}: "
+            f"framework and {app.name} tables migrated{migrated}"
+        )
         try:
+            if rollout is not None:
+                services = rollout.start_first()
+            else:
+                services = [
+                    app.instance(db_url, config, cluster_name=app.name, sweep_interval=SWEEP_INTERVAL)
+                    for _ in range(options.instances)
+                ]
             workload = SmallBankWorkload(
                 services,
                 SmallBankConfig(accounts=options.accounts, seed=options.seed, in_flight=options.in_flight),
             )
+            if rollout is not None:
+                rollout.workload = workload
             say(
                 f"{options.instances} {app.name} instances share the database; "
                 f"opening {options.accounts} accounts"
@@ -191,9 +224,13 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 bar(n)
                 if faults is not None:
                     faults.progress(n)
+                if rollout is not None:
+                    rollout.progress(n)
 
             try:
                 stats = workload.run(options.transactions, step)
+                if rollout is not None:
+                    rollout.join()
                 workload.wait_applied(60)  # the submit->applied latencies of the last ones
             finally:
                 workload.close()
@@ -210,6 +247,9 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 say(f"  dropped {count}: {reason}")
             say("waiting for the sweepers to finish every two-step transfer")
             _wait_quiet(app, engine, timeout=120)
+            if rollout is not None:
+                rollout.finish()
+                services = list(rollout.instances)
             server_marks = {p: services[0].client.get_high_water_mark(p) for p in range(options.partitions)}
             for service in services:
                 for pid, mark in server_marks.items():
@@ -225,6 +265,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 zookeeper=zk,
                 cluster_root=root,
                 replicas=replicas,
+                schema_versions=None if rollout is None else rollout.app.schema_versions(),
             )
             if options.spark:
                 checks.append(
@@ -240,11 +281,19 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                     )
                 )
             uncaught = sum(s.callbacks.uncaught_count for s in services)
+            uncaught += 0 if rollout is None else rollout.retired_uncaught
             checks.append(
                 Check("no apply ever failed", uncaught == 0, f"uncaught_exception calls: {uncaught}")
             )
-            result = DemoResult(stats, checks, faults.events if faults is not None else [])
+            result = DemoResult(
+                stats,
+                checks,
+                faults.events if faults is not None else [],
+                [] if rollout is None else rollout.events,
+            )
         finally:
+            if rollout is not None:
+                rollout.close()
             for service in services:
                 service.close()
             engine.dispose()

@@ -22,6 +22,10 @@ Each committed log transaction the workload submitted is timed twice (HdrHistogr
 transaction ID) and submit -> applied (to the submitting instance's client having applied that
 transaction, ``WaltzClient.when_applied``: when a read on that instance sees the write). Dropped
 transactions, errors, Balance reads and the sweepers' transfer steps are counted, not timed.
+
+Instances may change while the mix runs (a rolling deploy, :mod:`waltz.workloads.rollout`):
+:meth:`SmallBankWorkload.retire` takes one out of the rotation and waits until what it was given
+is resolved and applied, :meth:`SmallBankWorkload.add` puts one in.
 """
 
 from __future__ import annotations
@@ -173,6 +177,9 @@ class SmallBankWorkload:
         self._lock = threading.Lock()
         self._applied_changed = threading.Condition(self._lock)
         self._applied_pending = 0  # committed transactions whose apply this workload still awaits
+        # Per instance (by id): requests given to it and not yet over (resolved, and applied
+        # when committed); an instance is retired once it has none.
+        self._outstanding: Counter[int] = Counter()
         self._next = 0
         self.stats = SmallBankStats()
         hot = max(2, int(self.config.accounts * self.config.hotspot_fraction))
@@ -222,12 +229,56 @@ class SmallBankWorkload:
         return first, second
 
     def _service(self, custid: int | None = None) -> SmallBankInstance:
-        """The next instance in turn, among those mounting ``custid``'s partition (None: any)."""
-        owners = self.services
-        if custid is not None:
-            owners = [s for s in self.services if s.owns_customer(custid)]
-        self._next = (self._next + 1) % len(owners)
-        return owners[self._next]
+        """The next instance in turn, among those mounting ``custid``'s partition (None: any),
+        with one request reserved on it: :meth:`_submit` or :meth:`_over` ends the reservation."""
+        with self._lock:
+            owners = self.services
+            if custid is not None:
+                owners = [s for s in self.services if s.owns_customer(custid)]
+            self._next = (self._next + 1) % len(owners)
+            service = owners[self._next]
+            self._outstanding[id(service)] += 1
+            return service
+
+    def _over(self, service: SmallBankInstance) -> None:
+        """One request given to ``service`` is over (the caller holds no lock)."""
+        with self._applied_changed:
+            self._over_locked(service)
+
+    def _over_locked(self, service: SmallBankInstance) -> None:
+        self._outstanding[id(service)] -= 1
+        if self._outstanding[id(service)] <= 0:
+            self._applied_changed.notify_all()
+
+    def retire(self, service: SmallBankInstance, timeout: float = 60.0) -> None:
+        """Take an instance out of the rotation, then wait until every request it was given is
+        resolved and, when committed, applied by it: then it may be closed.
+
+        Raises:
+            ValueError: it is not in the rotation, or it is the last one there.
+            TimeoutError: its requests are not over after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        with self._applied_changed:
+            if not any(s is service for s in self.services):
+                raise ValueError("the instance to retire is not in the workload's rotation")
+            if len(self.services) == 1:
+                raise ValueError("the workload's last instance cannot be retired: add its successor first")
+            self.services = [s for s in self.services if s is not service]
+            while self._outstanding[id(service)] > 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"{self._outstanding[id(service)]} requests of a retired instance still not "
+                        f"resolved and applied after {timeout}s"
+                    )
+                self._applied_changed.wait(remaining)
+            del self._outstanding[id(service)]
+
+    def add(self, service: SmallBankInstance) -> None:
+        """Put an instance into the rotation (it must mount the same partitions as the others)."""
+        with self._lock:
+            self.services = [*self.services, service]
 
     def _draw(self) -> str:
         pick = self._random.randrange(100)
@@ -362,14 +413,17 @@ class SmallBankWorkload:
         operation: SmallBankOperation
         if name == "balance":
             custid = self._own_customer()  # routed as the other requests: to an owner's instance
+            reader = self._service(custid)
             try:
-                self._service(custid).balance(custid)
+                reader.balance(custid)
                 with self._lock:
                     self.stats.balances_read += 1
                     self.stats.by_op[name] += 1
             except KeyError as exc:
                 with self._lock:
                     self.stats.errors.append(str(exc))
+            finally:
+                self._over(reader)
             return
         if name in ("amalgamate", "send_payment"):
             source, target = self._two_customers()
@@ -419,8 +473,9 @@ class SmallBankWorkload:
             future = service.submit(operation)
         except Exception as exc:
             self._slots.release()
-            with self._lock:
+            with self._applied_changed:
                 stats.errors.append(f"{operation.op}: {exc!r}")
+                self._over_locked(service)
             return
         future.add_done_callback(lambda f: self._resolved(f, service, operation, name, stats, started))
 
@@ -451,23 +506,27 @@ class SmallBankWorkload:
                         self._applied_pending += 1
                     else:
                         transaction_id = None
+                if transaction_id is None:
+                    self._over_locked(service)
         finally:
             self._slots.release()
         if transaction_id is not None:
             # Outside the lock: the callback runs on this thread when the client applied it already.
             try:
                 service.client.when_applied(
-                    operation.chosen_partition, transaction_id, lambda: self._applied(stats, started)
+                    operation.chosen_partition, transaction_id, lambda: self._applied(stats, started, service)
                 )
             except Exception as exc:  # no such partition: never timed
                 with self._applied_changed:
                     stats.errors.append(f"{operation.op}: when_applied: {exc!r}")
                     self._applied_pending -= 1
+                    self._over_locked(service)
                     self._applied_changed.notify_all()
 
-    def _applied(self, stats: SmallBankStats, started: float) -> None:
+    def _applied(self, stats: SmallBankStats, started: float, service: SmallBankInstance) -> None:
         stats.applied_latency.record(time.perf_counter() - started)
         with self._applied_changed:
             self._applied_pending -= 1
+            self._over_locked(service)
             if not self._applied_pending:
                 self._applied_changed.notify_all()

@@ -12,14 +12,23 @@ from pathlib import Path
 
 from sqlalchemy import Connection, Engine
 
-from waltz.jdbc_style.migrations_api import upgrade_environment
+from waltz.jdbc_style.migrations_api import downgrade_environment, upgrade_environment
 
-__all__ = ["VERSION_TABLE", "upgrade"]
+__all__ = ["LOCATION", "VERSION_TABLE", "downgrade", "upgrade"]
 
 #: The ledger's alembic version table.
 VERSION_TABLE = "ledger_alembic_version"
 
 
+#: The ledger's alembic environment.
+LOCATION = Path(__file__).parent / "migrations"
+
+
 def upgrade(bind: Engine | Connection, revision: str = "heads") -> None:
-    """Create or upgrade the ledger's tables (idempotent)."""
-    upgrade_environment(Path(__file__).parent / "migrations", bind, revision)
+    """Create or upgrade the ledger's tables (idempotent), to ``revision`` (default: the newest)."""
+    upgrade_environment(LOCATION, bind, revision)
+
+
+def downgrade(bind: Engine | Connection, revision: str) -> None:
+    """Take the ledger's tables back to ``revision`` (``ledger_0001``; ``base`` drops them)."""
+    downgrade_environment(LOCATION, bind, revision)

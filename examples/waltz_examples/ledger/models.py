@@ -9,19 +9,25 @@ row the credit writes in the target partition; its WRITE lock makes the credit h
 
 Every entity of a customer lives in partition ``custid mod num_partitions``; transfer rows in the
 partition of the customer they belong to. Amounts are integers (cents).
+
+``Account`` has changed twice since the ledger's first release (docs/sql.md, "Changing a model"):
+version 2 added ``currency``, version 3 renamed ``name`` to ``holder``. Its upcasters take the
+log's older changes to this version, the alembic migrations in ``migrations/`` take the table
+there, and ``releases.py`` keeps the models of the earlier releases, which the demo starts on.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import BigInteger, Column, Integer, PrimaryKeyConstraint, String, Table
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from waltz.jdbc_style import EntityRegistry, WaltzEntity
+from waltz.jdbc_style import AddAttribute, ChangeSetCallbacks, EntityRegistry, RenameAttribute, WaltzEntity
 
 __all__ = [
+    "ACCOUNT",
     "Account",
     "AccountStatus",
     "Base",
@@ -31,6 +37,7 @@ __all__ = [
     "TransferInStatus",
     "TransferOut",
     "TransferOutStatus",
+    "account_model",
     "applied_transactions",
     "by_customer",
     "registry",
@@ -68,15 +75,35 @@ class TransferInStatus(enum.StrEnum):
     REJECTED = "rejected"
 
 
+#: The account's entity name (its lock name, in every change-set).
+ACCOUNT = "ledger.account"
+
+
 class Account(Base):
-    """A customer (SmallBank ``ACCOUNTS``)."""
+    """A customer (SmallBank ``ACCOUNTS``), at schema version 3.
+
+    Version 1 had ``custid``, ``name`` and ``status``; version 2 added ``currency``, ``USD`` for
+    every account opened before it (the upcaster, the migration's server default and the
+    attribute's default say the same); version 3 renamed ``name`` to ``holder``.
+    """
 
     __tablename__ = "ledger_accounts"
-    __waltz__ = WaltzEntity("ledger.account", partition_by=by_customer)
+    __waltz__ = WaltzEntity(
+        ACCOUNT,
+        partition_by=by_customer,
+        schema_version=3,
+        upcasters=(
+            AddAttribute(1, "currency", "USD"),  # 1 -> 2: migration ledger_0002 adds the column
+            RenameAttribute(2, "name", "holder"),  # 2 -> 3: migration ledger_0003 renames it
+        ),
+    )
+    #: The attribute that holds the holder's name (``name`` in the older releases' models).
+    holder_attribute: ClassVar[str] = "holder"
 
     custid: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
-    name: Mapped[str] = mapped_column(String(64))
+    holder: Mapped[str] = mapped_column(String(64))
     status: Mapped[str] = mapped_column(String(8), default=AccountStatus.OPEN.value)
+    currency: Mapped[str] = mapped_column(String(3), default="USD", server_default="USD")
 
 
 class Savings(Base):
@@ -139,6 +166,12 @@ applied_transactions = Table(
 )
 
 
-def registry() -> EntityRegistry:
-    """The ledger's entities."""
-    return EntityRegistry([Account, Savings, Checking, TransferOut, TransferIn])
+def registry(account: type[Any] = Account) -> EntityRegistry:
+    """The ledger's entities, with this module's ``Account`` or an older release's
+    (:mod:`waltz_examples.ledger.releases`)."""
+    return EntityRegistry([account, Savings, Checking, TransferOut, TransferIn])
+
+
+def account_model(callbacks: ChangeSetCallbacks) -> type[Any]:
+    """The ``Account`` model an instance runs: its callbacks' (this module's, or an older release's)."""
+    return callbacks.registry.by_name(ACCOUNT).model

@@ -19,7 +19,7 @@ import abc
 from typing import Any
 
 from waltz.jdbc_style import ChangeSetCallbacks, EntityTransaction, EntityTransactionContext
-from waltz_examples.ledger.models import Account, AccountStatus, Checking, Savings
+from waltz_examples.ledger.models import AccountStatus, Checking, Savings, account_model
 
 __all__ = [
     "Amalgamate",
@@ -41,12 +41,14 @@ class LedgerOperation(EntityTransactionContext):
         op: the operation's name (in the change-set's ``meta``).
         reason: why the last attempt was dropped (None: not dropped).
         lock_failures: attempts that failed the server's lock check (each was retried).
+        accounts: the ``Account`` model of the instance's release (``releases.py``).
     """
 
     op = "operation"
 
     def __init__(self, callbacks: ChangeSetCallbacks, *entities: tuple[type[Any], Any]) -> None:
         super().__init__(callbacks, *entities)
+        self.accounts = account_model(callbacks)
         self.reason: str | None = None
         self.lock_failures = 0
 
@@ -74,9 +76,9 @@ class LedgerOperation(EntityTransactionContext):
     def on_lock_failure(self) -> None:
         self.lock_failures += 1
 
-    def open_account(self, tx: EntityTransaction, custid: int) -> Account | None:
+    def open_account(self, tx: EntityTransaction, custid: int) -> Any | None:
         """The customer's account if it exists and is open (READ lock); else drop and None."""
-        account = tx.get(Account, custid)
+        account = tx.get(self.accounts, custid)
         if account is None:
             self.drop(f"customer {custid} has no account")
             return None
@@ -105,19 +107,20 @@ class OpenAccount(LedgerOperation):
     """Open an account with initial balances (the money comes in: delta = savings + checking)."""
 
     op = "open"
-    expected_models = (Account, Savings, Checking)
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid: int, name: str, savings: int, checking: int):
-        super().__init__(callbacks, (Account, custid))
+        super().__init__(callbacks, (account_model(callbacks), custid))
         if savings < 0 or checking < 0:
             raise ValueError(f"initial balances must not be negative, got {savings} and {checking}")
         self.custid, self.name, self.savings, self.checking = custid, name, savings, checking
+        self.expected_models = (self.accounts, Savings, Checking)
 
     def apply_rules(self, tx: EntityTransaction) -> int | None:
-        if tx.get(Account, self.custid) is not None:
+        if tx.get(self.accounts, self.custid) is not None:
             self.drop(f"customer {self.custid} already has an account")
             return None
-        tx.insert(Account, custid=self.custid, name=self.name, status=AccountStatus.OPEN.value)
+        holder = {self.accounts.holder_attribute: self.name}  # ``name`` before release 3
+        tx.insert(self.accounts, custid=self.custid, status=AccountStatus.OPEN.value, **holder)
         tx.insert(Savings, custid=self.custid, balance=self.savings)
         tx.insert(Checking, custid=self.custid, balance=self.checking)
         return self.savings + self.checking
@@ -130,7 +133,7 @@ class DepositChecking(LedgerOperation):
     expected_models = (Checking,)
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid: int, amount: int):
-        super().__init__(callbacks, (Account, custid))
+        super().__init__(callbacks, (account_model(callbacks), custid))
         self.custid, self.amount = custid, _positive(amount, "deposit")
 
     def apply_rules(self, tx: EntityTransaction) -> int | None:
@@ -151,7 +154,7 @@ class Withdraw(LedgerOperation):
     expected_models = (Checking,)
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid: int, amount: int):
-        super().__init__(callbacks, (Account, custid))
+        super().__init__(callbacks, (account_model(callbacks), custid))
         self.custid, self.amount = custid, _positive(amount, "withdrawal")
 
     def apply_rules(self, tx: EntityTransaction) -> int | None:
@@ -172,7 +175,7 @@ class TransactSavings(LedgerOperation):
     expected_models = (Savings,)
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid: int, amount: int):
-        super().__init__(callbacks, (Account, custid))
+        super().__init__(callbacks, (account_model(callbacks), custid))
         if amount == 0:
             raise ValueError("a savings transaction needs a non-zero amount")
         self.custid, self.amount = custid, amount
@@ -196,7 +199,7 @@ class WriteCheck(LedgerOperation):
     expected_models = (Savings, Checking)
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid: int, amount: int):
-        super().__init__(callbacks, (Account, custid))
+        super().__init__(callbacks, (account_model(callbacks), custid))
         self.custid, self.amount = custid, _positive(amount, "check")
 
     def apply_rules(self, tx: EntityTransaction) -> int | None:
@@ -221,7 +224,8 @@ class Amalgamate(LedgerOperation):
     expected_models = (Savings, Checking)
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid0: int, custid1: int):
-        super().__init__(callbacks, (Account, custid0), (Account, custid1))
+        accounts = account_model(callbacks)
+        super().__init__(callbacks, (accounts, custid0), (accounts, custid1))
         if custid0 == custid1:
             raise ValueError("amalgamate needs two different customers")
         self.custid0, self.custid1 = custid0, custid1
@@ -252,7 +256,8 @@ class SendPayment(LedgerOperation):
     expected_models = (Checking,)
 
     def __init__(self, callbacks: ChangeSetCallbacks, from_custid: int, to_custid: int, amount: int):
-        super().__init__(callbacks, (Account, from_custid), (Account, to_custid))
+        accounts = account_model(callbacks)
+        super().__init__(callbacks, (accounts, from_custid), (accounts, to_custid))
         if from_custid == to_custid:
             raise ValueError("a payment needs two different customers")
         self.from_custid, self.to_custid, self.amount = from_custid, to_custid, _positive(amount, "payment")
@@ -275,11 +280,11 @@ class Deactivate(LedgerOperation):
     arrive later are refunded to their senders."""
 
     op = "deactivate"
-    expected_models = (Account,)
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid: int):
-        super().__init__(callbacks, (Account, custid))
+        super().__init__(callbacks, (account_model(callbacks), custid))
         self.custid = custid
+        self.expected_models = (self.accounts,)
 
     def apply_rules(self, tx: EntityTransaction) -> int | None:
         account = self.open_account(tx, self.custid)

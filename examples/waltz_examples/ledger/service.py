@@ -35,6 +35,7 @@ from waltz_examples.ledger.operations import (
     Withdraw,
     WriteCheck,
 )
+from waltz_examples.ledger.releases import CURRENT, LedgerRelease
 from waltz_examples.ledger.transfers import DebitForTransfer, Sweeper, TransferKind
 
 __all__ = ["LedgerCallbacks", "LedgerService", "Outcome", "prepare_database"]
@@ -70,11 +71,12 @@ class LedgerCallbacks(ChangeSetCallbacks):
             session.execute(RECORD_APPLIED, record)
 
 
-def prepare_database(url_or_engine: str | Engine) -> Engine:
-    """Create or upgrade the framework's and the ledger's tables (both alembic); returns the engine."""
+def prepare_database(url_or_engine: str | Engine, release: LedgerRelease = CURRENT) -> Engine:
+    """Create or upgrade the framework's and the ledger's tables (both alembic), the ledger's to
+    the revision ``release`` runs on (``releases.py``; default: this code's); returns the engine."""
     engine = create_framework_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
     framework_migrations.upgrade(engine)
-    migrations_api.upgrade(engine)
+    migrations_api.upgrade(engine, release.revision)
     return engine
 
 
@@ -117,6 +119,8 @@ class LedgerService:
             partitions). None: every partition.
         entity_cache: keep entity rows as the applies leave them, so that operations read them
             without a database snapshot (``ChangeSetCallbacks``' ``entity_cache``).
+        release: the ledger release it runs (``releases.py``; default: this code's): its
+            ``Account`` model. Its database must be at that release's revision.
     """
 
     def __init__(
@@ -131,12 +135,17 @@ class LedgerService:
         prepare: bool = True,
         partitions: Collection[int] | None = None,
         entity_cache: bool = True,
+        release: LedgerRelease = CURRENT,
     ) -> None:
         self.engine = create_framework_engine(db_url)
+        self.release = release
         if prepare:
-            prepare_database(self.engine)
+            prepare_database(self.engine, release)
         self.callbacks = LedgerCallbacks(
-            self.engine, cluster_name=cluster_name, registry=registry(), entity_cache=entity_cache
+            self.engine,
+            cluster_name=cluster_name,
+            registry=registry(release.account),
+            entity_cache=entity_cache,
         )
         settings: dict[str, Any] = {"client_max_apply_batch_size": 50, **(client_settings or {})}
         self.partitions: frozenset[int] | None = None if partitions is None else frozenset(partitions)
@@ -171,7 +180,7 @@ class LedgerService:
             config: the client's configuration (its explicitly set fields; the ledger's default
                 ``client_max_apply_batch_size`` of 50 stands unless it sets one).
             options: the other keyword arguments of :class:`LedgerService` (``cluster_name``,
-                ``sweep_interval``, ``prepare``, ``partitions``, ``entity_cache``).
+                ``sweep_interval``, ``prepare``, ``partitions``, ``entity_cache``, ``release``).
         """
         settings = config.model_dump(exclude_unset=True)
         settings.pop("zookeeper_connect_string", None)

@@ -6,12 +6,14 @@ against the application module given with ``--app`` (this one by default): they 
 (docs/design/overview.md, "Workloads"). This module maps that interface onto the ledger: an
 instance is a :class:`~waltz_examples.ledger.service.LedgerService`, SmallBank's transactions are
 its operations (two-step transfers between customers of two partitions), the pending steps are
-its outbox, and its invariants are those of :mod:`waltz_examples.ledger.checks`.
+its outbox, and its invariants are those of :mod:`waltz_examples.ledger.checks`. Its releases
+(``releases.py``) make it an :class:`~waltz.workloads.application.EvolvingApplication`: the demo
+starts on release 1 and deploys the others mid-run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -19,10 +21,10 @@ from sqlalchemy import Engine
 
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.jdbc_style import ChangeSetCallbacks
-from waltz.workloads.application import SmallBankApplication
+from waltz.workloads.application import Release, SmallBankApplication
 from waltz_examples.ledger import migrations_api
 from waltz_examples.ledger.checks import LedgerInvariants, applied_transaction_ids
-from waltz_examples.ledger.models import Base
+from waltz_examples.ledger.models import Base, registry
 from waltz_examples.ledger.operations import (
     Deactivate,
     DepositChecking,
@@ -31,6 +33,8 @@ from waltz_examples.ledger.operations import (
     TransactSavings,
     WriteCheck,
 )
+from waltz_examples.ledger.releases import RELEASES
+from waltz_examples.ledger.releases import release as ledger_release
 from waltz_examples.ledger.service import LedgerService, prepare_database
 from waltz_examples.ledger.transfers import pending_transfers
 
@@ -133,6 +137,38 @@ class LedgerApplication:
             entity_cache=entity_cache,
         )
         return LedgerInstance(service)
+
+    def releases(self) -> Sequence[Release]:
+        """The ledger's releases (``releases.py``)."""
+        return [Release(r.number, r.change, r.rolls) for r in RELEASES]
+
+    def prepare_release(self, engine: Engine, release: int) -> None:
+        """Run the framework's migrations and the ledger's up to what ``release`` runs on."""
+        prepare_database(engine, ledger_release(release))
+
+    def release_instance(
+        self,
+        release: int,
+        db_url: str,
+        config: WaltzClientConfig,
+        *,
+        cluster_name: str,
+        sweep_interval: float | None,
+    ) -> LedgerInstance:
+        """A :class:`LedgerService` of a release, mounting every partition."""
+        service = LedgerService.from_config(
+            db_url,
+            config,
+            cluster_name=cluster_name,
+            sweep_interval=sweep_interval,
+            prepare=False,
+            release=ledger_release(release),
+        )
+        return LedgerInstance(service)
+
+    def schema_versions(self) -> dict[str, int]:
+        """The schema version of each of the ledger's entities."""
+        return {info.name: info.schema_version for info in registry()}
 
     def pending_steps(self, engine: Engine) -> int:
         """Transfers whose outbox row is still pending."""

@@ -39,7 +39,6 @@ from sqlalchemy import Engine, and_, func, or_, select
 
 from waltz.jdbc_style import ChangeSetCallbacks, EntityTransaction
 from waltz_examples.ledger.models import (
-    Account,
     AccountStatus,
     Checking,
     Savings,
@@ -47,6 +46,7 @@ from waltz_examples.ledger.models import (
     TransferInStatus,
     TransferOut,
     TransferOutStatus,
+    account_model,
 )
 from waltz_examples.ledger.operations import LedgerOperation
 
@@ -109,7 +109,7 @@ class DebitForTransfer(LedgerOperation):
         kind: str = TransferKind.PAYMENT,
         transfer_id: str | None = None,
     ):
-        super().__init__(callbacks, (Account, from_custid))
+        super().__init__(callbacks, (account_model(callbacks), from_custid))
         if from_custid == to_custid:
             raise ValueError("a transfer needs two different customers")
         if kind == TransferKind.PAYMENT and amount <= 0:
@@ -121,7 +121,7 @@ class DebitForTransfer(LedgerOperation):
 
     def prefetch_entities(self) -> list[tuple[type[Any], Any]]:
         # Read with the mark: the account (declared) and both balances.
-        return [(Account, self.from_custid), (Savings, self.from_custid), (Checking, self.from_custid)]
+        return [(self.accounts, self.from_custid), (Savings, self.from_custid), (Checking, self.from_custid)]
 
     def apply_rules(self, tx: EntityTransaction) -> int | None:
         if self.open_account(tx, self.from_custid) is None:
@@ -218,7 +218,7 @@ class CreditTransfers(_TransferStep):
         # joining each of them would be a join of tens of tables; run reads them in one statement.
         entities: list[tuple[type[Any], Any]] = []
         for custid in dict.fromkeys(t.to_custid for t in self.transfers):
-            entities += [(Account, custid), (Checking, custid)]
+            entities += [(self.accounts, custid), (Checking, custid)]
         return entities
 
     def apply_rules(self, tx: EntityTransaction) -> int | None:
@@ -231,7 +231,7 @@ class CreditTransfers(_TransferStep):
             if done[(t.to_custid, t.transfer_id)] is not None:
                 continue  # credited or rejected already: another sweeper's step committed first
             if t.to_custid not in receivers:
-                account = tx.get(Account, t.to_custid)
+                account = tx.get(self.accounts, t.to_custid)
                 checking = tx.get(Checking, t.to_custid)
                 is_open = account is not None and account.status == AccountStatus.OPEN
                 receivers[t.to_custid] = checking if is_open else None
