@@ -183,6 +183,12 @@ def _wrong_sha256(location: Path) -> None:
     path.write_text(json.dumps(document))
 
 
+def _wrong_data_crc(location: Path) -> None:
+    path, document = _manifest(location)
+    document["chunks"][1]["data_crc"] = (document["chunks"][1]["data_crc"] + 1) % 2**32
+    path.write_text(json.dumps(document))
+
+
 def _not_contiguous(location: Path) -> None:
     path, document = _manifest(location)
     second = document["chunks"][1]
@@ -201,6 +207,10 @@ DAMAGE = {
     "a manifest with a wrong SHA-256": (
         _wrong_sha256,
         rf"{chunk_name(100, 199)} \(transactions 100\.\.199\): its SHA-256 is .*the manifest says",
+    ),
+    "a wrong data_crc in the manifest": (
+        _wrong_data_crc,
+        rf"{chunk_name(100, 199)} \(transactions 100\.\.199\): .*data_crc",
     ),
     "a non-contiguous manifest": (
         _not_contiguous,
@@ -232,6 +242,13 @@ def test_verify_names_the_file_and_range_and_hold_lowers_archived_through(
     held = waltz(cluster, "verify", "--hold", expect=1)
     assert "held: partition 0 is archived through 99 in ZooKeeper and on its replicas" in held.output
     assert zookeeper_through(zk, 0) == 99 and zookeeper_through(zk, 1) == RECORDS - 1
+    # The replicas were told too: none may delete a segment above the last good chunk.
+    status = json.loads(waltz(cluster, "status", "--json").stdout)
+    told = {
+        line["partition_id"]: {r["archived_through"] for r in line["replicas"]}
+        for line in status["partitions"]
+    }
+    assert told == {0: {99}, 1: {RECORDS - 1}}, told
 
 
 def test_a_newer_form_asks_for_an_upgrade(cluster: LocalCluster, zk: ClusterZk, tmp_path: Path) -> None:

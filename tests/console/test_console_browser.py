@@ -210,6 +210,54 @@ def test_a_replica_lag_shows_and_drains(
     expect(replica).to_have_attribute("data-lag", "0", timeout=WAIT_MS)
 
 
+def _archive(cluster: LocalCluster, location: Path) -> dict[int, int]:
+    """``waltz archive run --once`` of the whole log to ``location``; each partition's archived-through."""
+    import subprocess
+    import sys
+
+    from waltz.archive.layout import ArchiveFiles
+    from waltz.archive.manifests import read_partition_manifest
+
+    where = ["--zookeeper", cluster.zookeeper_connect_string, "--root", cluster.root]
+    command = [sys.executable, "-m", "waltz", "archive", "run", "--to", str(location), "--seal-after", "0"]
+    result = subprocess.run([*command, *where], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    files = ArchiveFiles.open(str(location))
+    return {p: read_partition_manifest(files, p).archived_through for p in range(cluster.num_partitions)}
+
+
+def test_the_archived_range_and_the_replicas_local_ranges_show(
+    cluster: LocalCluster, consoles: dict[str, RunningConsole], page: Any, tmp_path: Path
+) -> None:
+    owners = cluster.wait_ready()
+    location = tmp_path / "archive"
+    # Playwright's sync API runs an event loop on this thread: append and archive from another one.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        for partition, owner in owners.items():
+            pool.submit(asyncio.run, _append(owner.endpoint, owner.generation, partition, 10)).result(30)
+    archived = _archive(cluster, location)
+    assert min(archived.values()) >= 9, archived
+    page.goto(consoles["read-only"].url)
+    expect(page.locator("#archive-location")).to_contain_text(str(location), timeout=WAIT_MS)
+    for partition, through in archived.items():
+        row = partition_row(page, partition)
+        expect(row.locator("td.archived")).to_have_attribute(
+            "data-archived-through", str(through), timeout=WAIT_MS
+        )
+        expect(row.locator("td.archived")).to_contain_text(f"through {through}")
+        # Nothing deleted yet (retention is off): every replica holds its log from 0.
+        expect(row.locator('li.replica[data-local-start="0"]')).to_have_count(cluster.replicas)
+    look = consoles["read-only"].get_json("/api/map.json")["map"]
+    assert look["archive_location"] == str(location)
+    for line in look["partitions"]:
+        assert line["archived_through"] == archived[line["partition_id"]]
+        assert line["archive_chunks"] >= 1 and line["archive_bytes"] > 0
+        # Each replica reports its local range and what the archiver told it.
+        assert {(r["local_start"], r["archived_through"]) for r in line["replicas"]} == {
+            (0, archived[line["partition_id"]])
+        }, line
+
+
 def _assigned(cluster: LocalCluster, partition_id: int) -> list[str]:
     from kazoo.client import KazooClient
 

@@ -108,6 +108,9 @@ class ReplicaStatus:
         corrupt_transaction_id: the first corrupt record's transaction ID, -1 if none was found.
         readable, writable: the admin availability switches.
         error: why the node could not report the partition (e.g. it failed to open), or None.
+        local_start: the first transaction ID on the node's disk (docs/design/archive.md,
+            "Terms"; 0 from a node that does not report it).
+        archived_through: what the archiver last told the node is archived (-1: nothing).
     """
 
     partition_id: int
@@ -118,6 +121,8 @@ class ReplicaStatus:
     readable: bool = True
     writable: bool = True
     error: str | None = None
+    local_start: int = 0
+    archived_through: int = -1
 
     @classmethod
     def from_proto(cls, status: PartitionStatus) -> ReplicaStatus:
@@ -130,6 +135,8 @@ class ReplicaStatus:
             corrupt_transaction_id=status.corrupt_transaction_id,
             readable=status.readable,
             writable=status.writable,
+            local_start=status.local_start,
+            archived_through=status.archived_through,
         )
 
 

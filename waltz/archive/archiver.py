@@ -46,6 +46,7 @@ from waltz.archive.manifests import (
     read_partition_manifest,
     write_partition_manifest,
 )
+from waltz.archive.metrics import ArchiverMetrics
 from waltz.archive.replicas import TOLD, UNKNOWN_REQUEST, QuorumRead, read_quorum, tell_replicas
 from waltz.archive.summary import claim_archive, entry_of, record_partition
 from waltz.committed.errors import CommittedReadError
@@ -164,6 +165,7 @@ class Archiver:
         operator: who runs it, as told to the storage nodes.
         progress: called after each step.
         clock: the clock of ``seal_after`` (``time.monotonic``).
+        metrics: counted and set as it archives (chunks, bytes, each partition's lag), or None.
 
     Raises:
         LocationError: the location cannot be opened.
@@ -182,8 +184,10 @@ class Archiver:
         operator: str = "",
         progress: Progress | None = None,
         clock: Callable[[], float] = time.monotonic,
+        metrics: ArchiverMetrics | None = None,
     ) -> None:
         self._cluster = cluster
+        self._metrics = metrics
         self._files = ArchiveFiles.open(normal_location(location))
         self._policy = policy or ChunkPolicy()
         self._partitions = None if partitions is None else sorted(set(partitions))
@@ -250,7 +254,10 @@ class Archiver:
         """
         params = self._claimed()
         ids = self._partitions if self._partitions is not None else range(params.num_partitions)
-        return [self._round(pid) for pid in ids]
+        results = [self._round(pid) for pid in ids]
+        if self._metrics is not None:
+            self._metrics.round_done(results)
+        return results
 
     def _claimed(self) -> ClusterParams:
         """The cluster's parameters, once the archive is claimed (on the first round)."""
@@ -303,6 +310,8 @@ class Archiver:
                 result.seal_at = quiet.since + self._policy.seal_after
                 break
             manifest = self._record(manifest.with_chunk(entry))
+            if self._metrics is not None:
+                self._metrics.chunk_added(pid, entry)
             result.archived_through = manifest.archived_through
             result.chunks_added += 1
             result.records += entry.rows

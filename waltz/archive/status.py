@@ -89,10 +89,11 @@ class PartitionArchiveStatus:
     @property
     def lag(self) -> int | None:
         """Committed transactions not yet archived: the high-water mark minus ZooKeeper's
-        archived-through (None: the high-water mark is not known)."""
+        archived-through, never below 0 (a restored cluster's partition before its first store
+        session proves no mark above -1); None: the high-water mark is not known."""
         if self.high_water_mark is None:
             return None
-        return self.high_water_mark - self.zookeeper.archived_through
+        return max(0, self.high_water_mark - self.zookeeper.archived_through)
 
     def to_json(self) -> dict[str, Any]:
         """The partition in ``--json`` output."""

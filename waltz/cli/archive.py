@@ -1,14 +1,16 @@
-"""``waltz archive``: run the archiver, show what the archive holds, verify it.
+"""``waltz archive``: run the archiver, show what the archive holds, verify it, restore from it.
 
 The logic lives in :mod:`waltz.archive` (docs/design/archive.md); this module parses options and
 prints. Every command needs the cluster's ZooKeeper connect string and root (``--zookeeper``/
 ``--root``, ``WALTZ_ZOOKEEPER_CONNECT_STRING``/``WALTZ_CLUSTER_ROOT``, or a ``--config`` file);
 ``status`` and ``verify`` find the archive in ZooKeeper (``<root>/archive``) unless ``--archive``
-names one.
+names one; ``restore`` makes a new cluster under the root from ``--from``.
 
 Exit codes: 0 done (``run`` also when stopped by SIGTERM or Ctrl-C after the chunk in progress);
 1 a partition stopped (``run``: replicas that disagree, fewer than a quorum of replicas, a chunk
-that fails its check, ZooKeeper ahead of the archive) or a problem found (``verify``); 2 the
+that fails its check, ZooKeeper ahead of the archive), a problem found (``verify``), or a restore
+refused (an archive that fails verification, a root that holds a cluster, storage nodes not empty
+or not answering; nothing written) or a storage node that failed after ZooKeeper was written; 2 the
 command could not run (options, settings, ZooKeeper, no cluster, a location that cannot be opened,
 an archive of a newer form, another location on record without ``--relocate``).
 """
@@ -23,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -48,6 +50,8 @@ if TYPE_CHECKING:
     from waltz.admin.cluster_admin import ClusterAdmin
     from waltz.archive.archiver import ArchiveEvent, PartitionRound
     from waltz.archive.layout import ArchiveFiles
+    from waltz.archive.metrics import ArchiverMetrics
+    from waltz.protocol.channels import TlsConfig
 
 __all__ = ["app"]
 
@@ -126,6 +130,20 @@ def run(
             "it, a location other than the one on record is refused.",
         ),
     ] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            help="Serve Prometheus /metrics and /health on this port while running (chunks, bytes, each "
+            "partition's archive lag); HTTPS with the tool's TLS files. Default: none.",
+            show_default=False,
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="The address --metrics-port binds.")
+    ] = "0.0.0.0",
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
     config: AdminConfigOption = None,
@@ -138,10 +156,14 @@ def run(
     by record, written, read back and checked, then added to the partition's manifest; then
     ZooKeeper's archived-through is raised and the replicas are told. A chunk is written when it
     is full or the partition has been quiet for --seal-after seconds. Stopped at any point, the
-    next run goes on where this one stopped: nothing is archived twice, nothing skipped.
+    next run goes on where this one stopped: nothing is archived twice, nothing skipped. With
+    --metrics-port, /metrics shows the chunks and bytes written and each partition's lag (the
+    committed high-water mark minus the archived-through); /health answers 503 while a
+    partition is stopped.
     """
     from waltz.archive.archiver import Archiver, ChunkPolicy
     from waltz.archive.errors import ArchiveError
+    from waltz.archive.metrics import ArchiverMetrics
 
     configure_logging(log_level)
     policy = ChunkPolicy(
@@ -149,7 +171,12 @@ def run(
     )
     partitions = parse_partitions(partition) or None
     say = _clock(time.monotonic())
-    with connected_admin(config, zookeeper, root, timeout) as admin, _stop_on_signals() as stop:
+    metrics = ArchiverMetrics()
+    with (
+        connected_admin(config, zookeeper, root, timeout) as admin,
+        _stop_on_signals() as stop,
+        _metrics_endpoint(metrics, metrics_host, metrics_port, admin.tls, say),
+    ):
         try:
             archiver = Archiver(
                 admin.cluster,
@@ -161,6 +188,7 @@ def run(
                 tls=admin.tls,
                 operator=_operator(),
                 progress=lambda event: _event_line(say, event),
+                metrics=metrics,
             )
             say(f"archiving to {archiver.location} ({'following the log' if follow else 'once'})")
             results = archiver.run(follow=follow, stop=stop, interval=interval)
@@ -172,6 +200,38 @@ def run(
             say("stopped by a signal after the chunk in progress")
         if any(r.error is not None for r in results):
             raise typer.Exit(1)
+
+
+@contextmanager
+def _metrics_endpoint(
+    metrics: ArchiverMetrics, host: str, port: int | None, tls: TlsConfig | None, say: Callable[[str], None]
+) -> Iterator[None]:
+    """Serve the archiver's /metrics and /health while the block runs (nothing without a port)."""
+    if port is None:
+        yield
+        return
+    from waltz.protocol.channels import BindError
+    from waltz.services.http import HealthHttpServer, server_ssl_context
+
+    def health() -> tuple[bool, dict[str, Any]]:
+        stopped = metrics.stopped_partitions()
+        return not stopped, {"stopped_partitions": stopped}
+
+    try:
+        context = (
+            server_ssl_context(tls.cert_file, tls.key_file, tls.ca_file)
+            if tls is not None and tls.cert_file is not None and tls.key_file is not None
+            else None
+        )
+        server = HealthHttpServer(host, port, metrics.registry, health, context)
+    except (BindError, OSError) as exc:
+        raise fail(str(exc), 2) from exc
+    server.start()
+    say(f"metrics on {'https' if server.tls else 'http'}://{host}:{server.port}/metrics")
+    try:
+        yield
+    finally:
+        server.close()
 
 
 def _event_line(say: Callable[[str], None], event: ArchiveEvent) -> None:
@@ -355,4 +415,118 @@ def verify(
         verdict = "OK" if report.passed else "FAILED"
         typer.echo(f"{verdict}: {chunks} chunks checked, {records} records verified in {report.location}")
     if not report.passed:
+        raise typer.Exit(1)
+
+
+@app.command("restore")
+def restore(
+    source: Annotated[
+        str,
+        typer.Option(
+            "--from",
+            help="The archive to restore from: a directory or a URL pyarrow opens (s3://bucket/path, ...).",
+            show_default=False,
+        ),
+    ],
+    name: Annotated[str, typer.Option("--name", "-n", help="The new cluster's name.", show_default=False)],
+    storage: Annotated[
+        list[str],
+        typer.Option(
+            "--storage",
+            "-s",
+            help="A storage node of the new cluster, running with an empty directory, as "
+            "`host:port=admin_port[,group]`. Repeat it.",
+            show_default=False,
+        ),
+    ],
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            "--replicas",
+            min=1,
+            help="Replicas per partition, spread round-robin over the storage nodes. Default: every "
+            "partition on every node.",
+            show_default=False,
+        ),
+    ] = None,
+    cluster_key: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster-key",
+            help="The new cluster's key (UUID). Only to finish a restore that was refused after some "
+            "storage nodes took its key (the message gives it); default: a new key.",
+            show_default=False,
+        ),
+    ] = None,
+    json_output: JsonOption = False,
+    zookeeper: ZookeeperOption = None,
+    root: RootOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
+) -> None:
+    """Make a new cluster from an archive: each partition's log continues where the archive ends.
+
+    The archive is verified first, every chunk against its manifest (as waltz archive verify
+    does); then the new cluster gets a new key and the archive's partition count; each
+    partition's replicas are created on the storage nodes to start at its archived-through + 1,
+    and its recovery state in ZooKeeper says the log is committed through archived-through, so
+    the first store session starts there and new appends get the IDs after it. The znode
+    ROOT/archive names the archive, and the new key's fingerprint is added to archive.json, so that waltz
+    archive run --to the same location goes on archiving the new cluster.
+
+    Nothing is written, and the command exits 1, when the archive fails verification (each
+    problem named by file and range), the root holds a cluster already, or a storage node does
+    not answer, belongs to another cluster or holds partitions. Start the servers of the new
+    cluster afterwards; applications resume from their own high-water marks.
+    """
+    import uuid
+
+    from waltz.admin.cluster_admin import StorageSpec
+    from waltz.archive.errors import ArchiveError
+    from waltz.archive.layout import ArchiveFiles
+    from waltz.archive.location import normal_location
+    from waltz.archive.restore import RestoreRefusedError, restore_cluster
+    from waltz.errors import WaltzError
+
+    quiet_logging()
+    specs = []
+    for text in storage:
+        try:
+            specs.append(StorageSpec.parse(text))
+        except WaltzError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--storage") from exc
+    try:
+        key = None if cluster_key is None else uuid.UUID(cluster_key)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{cluster_key!r} is not a UUID", param_hint="--cluster-key") from exc
+    with connected_admin(config, zookeeper, root, timeout) as admin:
+        try:
+            files = ArchiveFiles.open(normal_location(source))
+            result = restore_cluster(
+                admin.cluster,
+                files,
+                name,
+                specs,
+                replicas,
+                storage_timeout=admin.storage_timeout,
+                tls=admin.tls,
+                operator=_operator(),
+                cluster_key=key,
+                progress=None if json_output else typer.echo,
+            )
+        except RestoreRefusedError as exc:
+            raise fail(str(exc), 1) from exc
+        except ArchiveError as exc:
+            raise fail(str(exc), 2) from exc
+    if json_output:
+        echo_json({"root": admin.root, **result.to_json()})
+    else:
+        for storage_name, why in sorted(result.failures.items()):
+            typer.echo(f"FAILED: storage node {storage_name}: {why}")
+        verdict = "restored" if result.ok else "restored with failures (delete it and restore again)"
+        typer.echo(
+            f"{verdict}: cluster {result.params.name!r} under {admin.root}, {result.params.num_partitions} "
+            f"partitions, cluster key {result.params.cluster_key}; start its servers"
+        )
+    if not result.ok:
         raise typer.Exit(1)

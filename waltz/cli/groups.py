@@ -66,7 +66,8 @@ HELP = {
     "archive": (
         "Archive the log's committed records in Parquet files (a directory or a URL pyarrow opens), "
         "verified against a quorum of replicas; show what the archive holds and how far it lags; verify "
-        "it. Every command needs the cluster's ZooKeeper connect string and root: --zookeeper/--root, "
+        "it; restore a lost cluster from it. Every command needs the cluster's ZooKeeper connect string "
+        "and root: --zookeeper/--root, "
         "WALTZ_ZOOKEEPER_CONNECT_STRING/WALTZ_CLUSTER_ROOT, or a --config YAML file. "
         "Exit codes: 0 success, 1 a partition stopped (run) or a problem found (verify), 2 usage, "
         "configuration or connection error, or an archive that cannot be used. See docs/operations.md."
@@ -80,7 +81,7 @@ SHORT_HELP = {
     "db": "The SQL framework's tables: create, upgrade, show marks, skip.",
     "client": "Client checks: validate, high-water marks, connectivity.",
     "snapshot": "An application's tables at one set of marks: create, show, verify, load.",
-    "archive": "The log's archive: run the archiver, show its status, verify it.",
+    "archive": "The log's archive: run the archiver, show its status, verify it, restore a cluster from it.",
 }
 
 #: The module whose ``app`` is each lazily imported group.

@@ -1,11 +1,12 @@
 """The cluster map the console shows: servers, partitions, owners, replicas and their lag.
 
-Design: docs/design/console.md "Cluster map". Nothing here is gathered anew: the metadata is
+Design: docs/design/console.md "Cluster map", "The archive". Nothing here is gathered anew: the metadata is
 :func:`~waltz.admin.description.describe_cluster` (``waltz cluster list``), the storage nodes'
 answers are :func:`~waltz.admin.verify.probe_storage_nodes` and the servers' are
 :func:`~waltz.admin.verify_servers.probe_servers` (both of ``waltz cluster verify``), and the
-problems are that command's checks. :func:`build_map` only joins them, per partition, and works
-out each replica's lag behind its partition's committed high-water mark.
+problems are that command's checks; the archive's summary is ``<root>/archive``
+(:meth:`~waltz.metadata.zk.ClusterZk.archive_summary`). :func:`build_map` only joins them, per
+partition, and works out each replica's lag behind its partition's committed high-water mark.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from waltz.admin.verify import CheckResult, CheckStatus, StorageProbe, verify_cl
 from waltz.admin.verify_servers import ServerProbe, server_checks
 from waltz.console.zookeeper_health import ZooKeeperHealth
 from waltz.metadata.assignment import PartitionAssignment
+from waltz.metadata.values import ArchiveSummary
 
 __all__ = [
     "ClusterMap",
@@ -52,6 +54,10 @@ class ReplicaView:
         in_session: the replica is a caught-up writer of the current store session (ZooKeeper).
         readable, writable: the node's availability switches for the partition.
         error: why the node could not report the partition, or None.
+        local_start: the first transaction ID on the node's disk (its local range is
+            ``local_start..max_transaction_id``), or None when the node did not answer.
+        archived_through: what the archiver last told the node is archived (-1: nothing), or None
+            when the node did not answer.
     """
 
     storage: str
@@ -65,6 +71,8 @@ class ReplicaView:
     readable: bool = True
     writable: bool = True
     error: str | None = None
+    local_start: int | None = None
+    archived_through: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +90,10 @@ class PartitionView:
         writable: its owner reports it writable under the assigned generation.
         replicas: every replica assigned, by storage connect string.
         error: why the partition metadata could not be read, or None.
+        archived_through: what the archive holds of it (``<root>/archive``: every transaction up to
+            it; -1: nothing yet), or None when the cluster has no archive.
+        archive_chunks: its chunks in the archive (0 without one).
+        archive_bytes: their bytes.
     """
 
     partition_id: int
@@ -94,6 +106,16 @@ class PartitionView:
     writable: bool
     replicas: tuple[ReplicaView, ...]
     error: str | None = None
+    archived_through: int | None = None
+    archive_chunks: int = 0
+    archive_bytes: int = 0
+
+    @property
+    def archive_lag(self) -> int | None:
+        """Committed transactions not yet archived (None: no archive, or no high-water mark)."""
+        if self.archived_through is None or self.high_water_mark is None:
+            return None
+        return max(0, self.high_water_mark - self.archived_through)
 
     @property
     def max_lag(self) -> int | None:
@@ -162,6 +184,7 @@ class ClusterMap:
         partitions: every partition, in order.
         problems: the WARNING and FAILED checks of ``waltz cluster verify``, in its order.
         checks_passed: how many of those checks passed.
+        archive_location: the archive ``<root>/archive`` names, or None (no archive yet).
     """
 
     taken_at: float
@@ -175,6 +198,7 @@ class ClusterMap:
     partitions: tuple[PartitionView, ...]
     problems: tuple[CheckResult, ...] = field(default=())
     checks_passed: int = 0
+    archive_location: str | None = None
 
     def partition(self, partition_id: int) -> PartitionView:
         """The partition ``partition_id``.
@@ -195,6 +219,7 @@ class ClusterMap:
             "root": self.root,
             "name": self.name,
             "num_partitions": self.num_partitions,
+            "archive_location": self.archive_location,
             "zookeeper": self.zookeeper.to_json(),
             "servers": [
                 {
@@ -230,6 +255,10 @@ class ClusterMap:
                     "high_water_mark": p.high_water_mark,
                     "writable": p.writable,
                     "error": p.error,
+                    "archived_through": p.archived_through,
+                    "archive_chunks": p.archive_chunks,
+                    "archive_bytes": p.archive_bytes,
+                    "archive_lag": p.archive_lag,
                     "replicas": [
                         {
                             "storage": r.storage,
@@ -242,6 +271,8 @@ class ClusterMap:
                             "readable": r.readable,
                             "writable": r.writable,
                             "error": r.error,
+                            "local_start": r.local_start,
+                            "archived_through": r.archived_through,
                         }
                         for r in p.replicas
                     ],
@@ -307,6 +338,8 @@ def _replica(
         readable=status.readable if status is not None else True,
         writable=status.writable if status is not None else True,
         error=error,
+        local_start=status.local_start if status is not None and status.error is None else None,
+        archived_through=status.archived_through if status is not None and status.error is None else None,
     )
 
 
@@ -320,6 +353,7 @@ def build_map(
     last_seen: LastSeen,
     taken_at: float,
     took: float | None = None,
+    archive: ArchiveSummary | None = None,
 ) -> ClusterMap:
     """Join what was gathered into the cluster map (pure but for ``last_seen``).
 
@@ -334,6 +368,7 @@ def build_map(
             how far behind it was.
         taken_at: wall-clock time the look began.
         took: seconds the look took (default: until now).
+        archive: ``<root>/archive`` (None: the cluster has no archive yet).
 
     Returns:
         The map; its problems are the WARNING and FAILED checks of ``waltz cluster verify``.
@@ -383,6 +418,9 @@ def build_map(
                 writable=writable,
                 replicas=replicas,
                 error=info.error,
+                archived_through=None if archive is None else archive.of(pid).archived_through,
+                archive_chunks=0 if archive is None else archive.of(pid).chunks,
+                archive_bytes=0 if archive is None else archive.of(pid).size_bytes,
             )
         )
     servers = tuple(
@@ -426,4 +464,5 @@ def build_map(
         partitions=tuple(partitions),
         problems=tuple(c for c in checks if c.status is not CheckStatus.PASSED),
         checks_passed=sum(1 for c in checks if c.status is CheckStatus.PASSED),
+        archive_location=None if archive is None else archive.location,
     )

@@ -150,6 +150,7 @@ class Observer:
             description = await asyncio.to_thread(admin.describe)
             members = await asyncio.to_thread(read_members, zk, paths)
             assignment, _ = await asyncio.to_thread(read_assignment, zk, paths)
+            summary = await asyncio.to_thread(admin.cluster.archive_summary)
             storage, servers = await asyncio.gather(
                 probe_storage_nodes(description, timeout=self.timeout, tls=admin.tls),
                 probe_servers(members, timeout=self.timeout, tls=admin.tls),
@@ -159,7 +160,14 @@ class Observer:
             return None, f"{type(exc).__name__}: {exc}", await health
         zookeeper = await health
         cluster_map = build_map(
-            description, assignment, storage, servers, zookeeper, last_seen=self._last_seen, taken_at=taken_at
+            description,
+            assignment,
+            storage,
+            servers,
+            zookeeper,
+            last_seen=self._last_seen,
+            taken_at=taken_at,
+            archive=None if summary is None else summary.value,
         )
         return cluster_map, None, zookeeper
 

@@ -21,6 +21,7 @@ The methods block (kazoo's synchronous API); async callers run them with ``async
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Generic, Protocol, Self, TypeVar
 
@@ -158,16 +159,26 @@ class ClusterZk:
         assignments: ReplicaAssignments,
         groups: GroupDescriptor,
         connection: ConnectionMetadata,
+        *,
+        partitions: Mapping[int, PartitionMetadata] | None = None,
+        archive: ArchiveSummary | None = None,
     ) -> None:
         """Create every znode of a new cluster in one ZooKeeper transaction.
 
-        Every partition starts with generation 0, no store session and no replica states.
+        Every partition starts with generation 0, no store session and no replica states, unless
+        ``partitions`` gives its metadata (a cluster restored from its archive: the replicas'
+        closing high-water mark at the archive's end, docs/design/archive.md, "Restoring a
+        cluster from the archive"); ``archive`` creates ``<root>/archive`` with them.
 
         Raises:
             MetadataError: a cluster already exists under the root, or the values disagree.
         """
-        for storage, partitions in assignments.replicas.items():
-            bad = [p for p in partitions if not 0 <= p < params.num_partitions]
+        initial = dict(partitions or {})
+        outside = sorted(p for p in initial if not 0 <= p < params.num_partitions)
+        if outside:
+            raise MetadataError(f"partition metadata given for partitions {outside} outside the cluster")
+        for storage, held in assignments.replicas.items():
+            bad = [p for p in held if not 0 <= p < params.num_partitions]
             if bad:
                 raise MetadataError(
                     f"storage {storage} is assigned partitions {bad} outside 0..{params.num_partitions - 1}"
@@ -182,7 +193,11 @@ class ClusterZk:
         transaction.create(self.paths.connection, connection.encode())
         transaction.create(self.paths.partitions, b"")
         for pid in range(params.num_partitions):
-            transaction.create(self.paths.partition(pid), PartitionMetadata(0, -1, {}).encode())
+            transaction.create(
+                self.paths.partition(pid), initial.get(pid, PartitionMetadata(0, -1, {})).encode()
+            )
+        if archive is not None:
+            transaction.create(self.paths.archive, archive.encode())
         with zookeeper_access(self.zk, f"creating the cluster under {self.paths.root}"):
             results = transaction.commit()
         failures = [r for r in results if isinstance(r, Exception)]

@@ -1,0 +1,335 @@
+"""``waltz archive restore``: a new cluster made from an archive, its log starting where the archive ends.
+
+Source: docs/design/archive.md "Restoring a cluster from the archive". In order, so that nothing
+is written while anything can still be refused:
+
+1. the arguments are checked against ``archive.json`` (the partition count, the replicas), and the
+   target root must hold no cluster;
+2. the archive is verified as ``waltz archive verify`` does (every chunk against its manifest); a
+   problem refuses the restore, named by file and range; every storage node must answer;
+3. every storage node is opened with the new cluster key (an empty node takes it) and must hold no
+   partition: a node of another cluster, or with partitions, refuses the restore;
+4. the new key's fingerprint is added to ``archive.json`` (so that the archiver accepts the new
+   cluster);
+5. ZooKeeper: every znode of the cluster in one transaction, with each partition's replica states
+   closed at the archive's end (``archived_through``) and ``<root>/archive`` naming the archive;
+6. each node: its partitions created to start at ``archived_through + 1``, and told their
+   archived-through.
+
+The first store session's recovery then finds each replica closed at ``archived_through``
+(docs/design/recovery.md, "Cleaning each replica"): it votes it, and the committed high-water
+mark is ``archived_through``. New appends get the IDs after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from waltz.admin.cluster_admin import StorageSpec
+from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, call_admin_on_nodes, probe_tcp
+from waltz.archive.errors import ArchiveRefusedError
+from waltz.archive.layout import ARCHIVE_MANIFEST, ArchiveFiles
+from waltz.archive.manifests import (
+    PartitionManifest,
+    cluster_key_fingerprint,
+    read_archive_manifest,
+    write_archive_manifest,
+)
+from waltz.archive.summary import entry_of
+from waltz.archive.verify import VerifyReport, verify_archive
+from waltz.errors import ConfigurationError
+from waltz.metadata.replicas import spread_replicas
+from waltz.metadata.values import (
+    ArchiveSummary,
+    ClusterParams,
+    ConnectionMetadata,
+    GroupDescriptor,
+    PartitionMetadata,
+    ReplicaAssignments,
+    ReplicaState,
+)
+from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_session import zookeeper_access
+from waltz.protocol.channels import TlsConfig
+from waltz.protocol.storage_client import StorageAdminClient
+
+__all__ = ["RestoreRefusedError", "RestoreResult", "RestoredPartition", "restore_cluster"]
+
+log = logging.getLogger(__name__)
+
+
+class RestoreRefusedError(ArchiveRefusedError):
+    """The restore cannot start: the archive fails verification, the target root holds a cluster, or
+    a storage node is unreachable or not empty. Nothing was written to ZooKeeper (the message says
+    what to do)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RestoredPartition:
+    """One partition of the restored cluster.
+
+    Attributes:
+        partition_id: the partition.
+        archived_through: the archive's last transaction of it (-1: none); the committed high-water
+            mark the new cluster starts with.
+        chunks: its chunks in the archive.
+        storages: the storage nodes holding its replicas, each started at ``archived_through + 1``.
+    """
+
+    partition_id: int
+    archived_through: int
+    chunks: int
+    storages: tuple[str, ...]
+
+    @property
+    def start(self) -> int:
+        """The first transaction ID the new cluster's log holds: ``archived_through + 1``."""
+        return self.archived_through + 1
+
+    def to_json(self) -> dict[str, Any]:
+        """The partition in ``--json`` output."""
+        return {
+            "partition_id": self.partition_id,
+            "archived_through": self.archived_through,
+            "start": self.start,
+            "chunks": self.chunks,
+            "storages": list(self.storages),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreResult:
+    """What ``restore_cluster`` made.
+
+    Attributes:
+        params: the new cluster's parameters (its new key among them).
+        location: the archive.
+        fingerprint: the new key's fingerprint, added to ``archive.json``.
+        partitions: each partition, in order.
+        failures: storage connect string -> why creating its partitions failed (after ZooKeeper
+            was written: ``waltz cluster storage assign`` cannot start a partition past 0, so
+            delete the cluster and restore again with that node fixed).
+    """
+
+    params: ClusterParams
+    location: str
+    fingerprint: str
+    partitions: tuple[RestoredPartition, ...]
+    failures: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when every storage node created its partitions."""
+        return not self.failures
+
+    def to_json(self) -> dict[str, Any]:
+        """The result in ``--json`` output."""
+        return {
+            "ok": self.ok,
+            "name": self.params.name,
+            "num_partitions": self.params.num_partitions,
+            "cluster_key_fingerprint": self.fingerprint,
+            "archive": self.location,
+            "partitions": [p.to_json() for p in self.partitions],
+            "failures": dict(self.failures),
+        }
+
+
+def restore_cluster(
+    cluster: ClusterZk,
+    files: ArchiveFiles,
+    name: str,
+    storages: Sequence[StorageSpec],
+    replicas: int | None = None,
+    *,
+    storage_timeout: float = DEFAULT_STORAGE_TIMEOUT,
+    tls: TlsConfig | None = None,
+    operator: str = "",
+    cluster_key: uuid.UUID | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> RestoreResult:
+    """Make a new cluster under ``cluster``'s root from the archive ``files`` (module docstring).
+
+    Args:
+        cluster: the new cluster's znodes (the root must hold no cluster).
+        files: the archive.
+        name: the new cluster's name.
+        storages: its storage nodes, empty (at least 1, distinct).
+        replicas: replicas per partition, spread round-robin; None: every partition on every node.
+        storage_timeout: seconds for each storage node's admin call.
+        tls: client TLS files for the admin ports.
+        operator: who restores, as told to the storage nodes.
+        cluster_key: the new cluster's key (None: a new one); a restore refused after some nodes
+            took a key gives it again, since those nodes now carry it.
+        progress: called with a line per step.
+
+    Returns:
+        The new cluster.
+
+    Raises:
+        RestoreRefusedError: nothing written: the archive fails verification (each problem named
+            by file and range), the root holds a cluster, a node is unreachable, belongs to another
+            cluster or holds partitions.
+        ArchiveFormError: ``archive.json`` or a manifest is not one this code reads.
+        ConfigurationError: bad arguments (name, storage nodes, replicas).
+        LocationError, OSError: the archive's location cannot be read or written.
+    """
+    say = progress or (lambda _: None)
+    if not name:
+        raise ConfigurationError("the restored cluster needs a name (--name)")
+    top = read_archive_manifest(files)
+    if top is None:
+        raise RestoreRefusedError(
+            f"{files.name(ARCHIVE_MANIFEST)} is missing: {files.location} holds no archive; give the "
+            "archive's location"
+        )
+    names = [s.connect_string for s in storages]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigurationError(f"storage nodes given more than once: {', '.join(duplicates)}")
+    try:
+        placement = spread_replicas(names, top.num_partitions, replicas)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    root = cluster.paths.root
+    with zookeeper_access(cluster.zk, f"reading {root}"):
+        held = cluster.zk.get_children(root) if cluster.zk.exists(root) is not None else []
+    if held:
+        raise RestoreRefusedError(
+            f"{root} exists already and holds znodes ({', '.join(sorted(held))}): a restore makes a new "
+            "cluster; give another --root, or delete the old cluster first (waltz cluster delete)"
+        )
+    say(f"verifying the archive at {files.location} ({top.num_partitions} partitions)")
+    report = verify_archive(files, None, top.num_partitions, progress=say)
+    if not report.passed:
+        raise RestoreRefusedError(_refusal(report))
+    # What was verified is what is restored: the manifests as verify read them.
+    manifests = {c.partition_id: c.good or PartitionManifest(c.partition_id) for c in report.partitions}
+    params = ClusterParams(name, top.num_partitions, cluster_key or uuid.uuid4())
+    addresses = {s.connect_string: s.admin_address for s in storages}
+    _check_storage_nodes(addresses, params, storage_timeout, tls)
+    say(f"storage nodes {', '.join(names)} are empty and took the new cluster key")
+
+    fingerprint = cluster_key_fingerprint(str(params.cluster_key))
+    if fingerprint not in top.cluster_key_fingerprints:
+        write_archive_manifest(
+            files,
+            dataclasses.replace(top, cluster_key_fingerprints=(*top.cluster_key_fingerprints, fingerprint)),
+        )
+    say(f"added the new cluster key's fingerprint {fingerprint} to {files.name(ARCHIVE_MANIFEST)}")
+
+    holders: dict[int, list[str]] = {p: [] for p in range(top.num_partitions)}
+    for storage, pids in placement.items():
+        for pid in pids:
+            holders[pid].append(storage)
+    metadata = {
+        pid: PartitionMetadata(0, -1, {s: ReplicaState(-1, manifest.archived_through) for s in holders[pid]})
+        for pid, manifest in manifests.items()
+        if manifest.archived_through >= 0
+    }
+    summary = ArchiveSummary(files.location, {pid: entry_of(m) for pid, m in manifests.items()})
+    cluster.create(
+        params,
+        ReplicaAssignments(placement),
+        GroupDescriptor({s.connect_string: s.group for s in storages}),
+        ConnectionMetadata({s.connect_string: s.admin_port for s in storages}),
+        partitions=metadata,
+        archive=summary,
+    )
+    say(f"created the cluster {name!r} under {root}, its archive {files.location}")
+
+    async def setup(storage: str, admin: StorageAdminClient) -> None:
+        for pid in placement[storage]:
+            through = manifests[pid].archived_through
+            await admin.assign_partition(pid, True, first_transaction_id=through + 1)
+            await admin.set_archived_through(pid, through, archive=files.location, operator=operator)
+
+    outcomes = asyncio.run(
+        call_admin_on_nodes(
+            addresses, str(params.cluster_key), top.num_partitions, setup, timeout=storage_timeout, tls=tls
+        )
+    )
+    failures = {s: o.failure for s, o in outcomes.items() if o.failure is not None}
+    for storage, why in failures.items():
+        log.error("storage node %s: creating its partitions failed: %s", storage, why)
+    partitions = tuple(
+        RestoredPartition(pid, m.archived_through, len(m.chunks), tuple(sorted(holders[pid])))
+        for pid, m in manifests.items()
+    )
+    for partition in partitions:
+        say(
+            f"partition {partition.partition_id}: starts at transaction {partition.start} on "
+            f"{', '.join(partition.storages)}"
+        )
+    return RestoreResult(params, files.location, fingerprint, partitions, failures)
+
+
+def _refusal(report: VerifyReport) -> str:
+    problems = [p.message for p in report.problems]
+    problems += [p.message for check in report.partitions for p in check.problems]
+    lines = "\n".join(f"  {m}" for m in problems)
+    return (
+        f"the archive at {report.location} fails verification; nothing was restored:\n{lines}\n"
+        "repair the archive (waltz archive verify names the same problems), or restore from a good copy"
+    )
+
+
+def _check_storage_nodes(
+    addresses: dict[str, str], params: ClusterParams, timeout: float, tls: TlsConfig | None
+) -> None:
+    """Every node answers, takes the new key (an empty node does) and holds no partition.
+
+    Raises:
+        RestoreRefusedError: naming each node that did not, and what to do.
+    """
+
+    async def probe_all() -> list[str | None]:
+        return await asyncio.gather(*(probe_tcp(a, timeout) for a in addresses.values()))
+
+    unreachable = {
+        s: why for s, why in zip(addresses, asyncio.run(probe_all()), strict=True) if why is not None
+    }
+    if unreachable:
+        raise RestoreRefusedError(
+            "storage nodes do not answer: "
+            + "; ".join(f"{s} (admin {addresses[s]}): {why}" for s, why in unreachable.items())
+            + "; nothing was written: start them or fix --storage, then restore again"
+        )
+
+    async def held(storage: str, admin: StorageAdminClient) -> list[int]:
+        status = await admin.partition_status(-1)
+        return sorted(p.partition_id for p in status.partitions)
+
+    outcomes = asyncio.run(
+        call_admin_on_nodes(
+            addresses, str(params.cluster_key), params.num_partitions, held, timeout=timeout, tls=tls
+        )
+    )
+    problems = []
+    took = []
+    for storage, outcome in outcomes.items():
+        if outcome.failure is not None:
+            problems.append(f"{storage}: {outcome.failure}")
+        elif outcome.value:
+            problems.append(f"{storage}: holds partitions {outcome.value}")
+        else:
+            took.append(storage)
+    if problems:
+        again = (
+            f"; {', '.join(took)} took the new cluster key {params.cluster_key}: restore again with "
+            f"--cluster-key {params.cluster_key}"
+            if took
+            else ""
+        )
+        raise RestoreRefusedError(
+            "storage nodes are not empty (a restore needs nodes with fresh, empty directories): "
+            + "; ".join(problems)
+            + "; nothing was written to ZooKeeper or the archive: give those nodes empty directories"
+            + again
+        )
