@@ -31,6 +31,7 @@ from waltz.chaos.checks import (
     segment_digests,
 )
 from waltz.chaos.schedule import (
+    ARCHIVE_FAULTS,
     DEFAULT_FAULTS,
     NAMESPACE_FAULTS,
     NETWORK_FAULTS,
@@ -151,7 +152,7 @@ def test_random_schedule_is_seeded_and_hits_only_a_minority() -> None:
     for fault in first:
         if "storage" in fault.kind.value:
             assert 1 <= len(fault.targets) <= 2 and all(0 <= t < 5 for t in fault.targets)
-        elif "zookeeper" in fault.kind.value:
+        elif "zookeeper" in fault.kind.value or fault.kind is FaultKind.KILL_ARCHIVER:
             assert fault.targets == ()
         else:
             assert len(fault.targets) == 1 and 0 <= fault.targets[0] < 3
@@ -173,7 +174,8 @@ def test_pause_owner_faults_target_a_partition_and_outlast_the_session_timeout()
 def test_fault_kinds_parse() -> None:
     assert parse_fault_kinds("all") == DEFAULT_FAULTS
     assert not set(DEFAULT_FAULTS) & NAMESPACE_FAULTS
-    assert set(parse_fault_kinds("all", "namespaces")) == set(FaultKind) - NETWORK_FAULTS
+    assert set(parse_fault_kinds("all", "namespaces")) == set(FaultKind) - NETWORK_FAULTS - ARCHIVE_FAULTS
+    assert set(parse_fault_kinds("all", archive=True)) == set(DEFAULT_FAULTS) | ARCHIVE_FAULTS
     assert parse_fault_kinds("none") == ()
     assert parse_fault_kinds("kill-storage, cut-clients") == (FaultKind.KILL_STORAGE, FaultKind.CUT_CLIENTS)
     with pytest.raises(ValueError, match="unknown fault kind"):
@@ -349,6 +351,29 @@ def test_options_replay_and_duration() -> None:
         ChaosOptions(storages=4).validate()
     with pytest.raises(ValueError, match="at least clients"):
         ChaosOptions(transactions=2, clients=3).validate()
+
+
+def test_archive_options_and_schedule() -> None:
+    """--archive adds the archiving kinds to the fixed schedule; they are refused without it."""
+    archiving = parse_fault_kinds("all", archive=True)
+    options = ChaosOptions(schedule="fixed", faults=archiving, archive=True)
+    options.validate()
+    assert [f.kind for f in options.make_schedule()] == [
+        FaultKind.KILL_STORAGE,
+        FaultKind.KILL_SERVER_ARCHIVING,
+        FaultKind.KILL_ARCHIVER,
+        FaultKind.KILL_STORAGE_ARCHIVING,
+        FaultKind.CUT_STORAGE,
+    ]
+    assert options.replay_command().endswith("--archive")
+    with pytest.raises(ValueError, match="need the archiver: add --archive"):
+        ChaosOptions(faults=(FaultKind.KILL_ARCHIVER,)).validate()
+    with pytest.raises(ValueError, match="loopback only"):
+        ChaosOptions(archive=True, network="namespaces", faults=()).validate()
+    drawn = random_schedule(3, archiving, count=60, storages=3, servers=3)
+    assert {f.kind for f in drawn} & ARCHIVE_FAULTS
+    assert all(len(f.targets) == 1 for f in drawn if f.kind is FaultKind.KILL_STORAGE_ARCHIVING)
+    assert all(f.targets == () for f in drawn if f.kind is FaultKind.KILL_ARCHIVER)
 
 
 @pytest.mark.slow
