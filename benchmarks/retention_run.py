@@ -51,10 +51,10 @@ from waltz.local.cluster import LocalCluster
 from waltz.local.options import ProcessOptions
 from waltz.protocol.storage_client import StorageAdminClient
 
-#: Bytes of a segment record besides its data (docs/format.md, "Transaction record").
+#: Bytes of a segment record besides its data (docs/format.md "Transaction record (40 bytes + data)").
 RECORD_OVERHEAD = 40
-#: Index bytes per record and the data and index files' headers (docs/format.md, "Segment index
-#: file": a 128-byte header, then one 8-byte offset per record; the data file's header).
+#: Index bytes per record (one 8-byte offset), and the data and index files' 128-byte headers:
+#: docs/format.md "Segment index file <first transaction ID>.idx".
 INDEX_PER_RECORD = 8
 SEGMENT_HEADERS = 256
 #: Files besides segments in a node's data directory (control file, retention.json, the
