@@ -43,6 +43,7 @@ from waltz.client.transaction import Transaction
 from waltz.local.zookeeper import find_java, find_zookeeper_classpath
 from waltz.protocol.records import Record, ReqId
 from waltz.services.storage import format as fmt
+from waltz.services.storage.inspect.reader import SegmentFile
 
 
 def _require_zookeeper() -> None:
@@ -498,3 +499,16 @@ def test_short_chaos_run_with_the_archiver_keeps_every_invariant(tmp_path: Path)
     lower = {pid: -1 for pid in through}
     lost = check_local_ranges(ranges, marks, lower, 3)[0]
     assert not lost.passed and "lost" in lost.detail, lost.detail
+    # ... and a record of the common local range that differs on one replica (its CRCs right).
+    segment = sorted((storage_dirs["storage-1"] / "0").glob("*.seg"))[-1]
+    with SegmentFile(segment) as opened:
+        *_, last = opened.scan()  # the partition's last record: in every replica's local range
+    original = segment.read_bytes()
+    record = last.record
+    other = Record.create(record.transaction_id, record.req_id, record.header, bytes(len(record.data)))
+    assert other.data != record.data
+    data = bytearray(original)
+    data[last.offset : last.offset + last.size] = fmt.encode_record(other)
+    segment.write_bytes(bytes(data))
+    differing = check_local_ranges(local_ranges(storage_dirs), marks, through, 3)[1]
+    assert not differing.passed and "differ" in differing.detail, differing.detail
