@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from waltz.chaos import ChaosOptions, FaultKind, FaultProxy, fixed_schedule, parse_fault_kinds, run_chaos
+from waltz.chaos.archive_checks import check_chunks_once, check_local_ranges, local_ranges
 from waltz.chaos.checks import (
     LogObserver,
     LogReading,
@@ -30,6 +31,7 @@ from waltz.chaos.checks import (
     segment_digests,
 )
 from waltz.chaos.schedule import (
+    ARCHIVE_FAULTS,
     DEFAULT_FAULTS,
     NAMESPACE_FAULTS,
     NETWORK_FAULTS,
@@ -41,6 +43,7 @@ from waltz.client.transaction import Transaction
 from waltz.local.zookeeper import find_java, find_zookeeper_classpath
 from waltz.protocol.records import Record, ReqId
 from waltz.services.storage import format as fmt
+from waltz.services.storage.inspect.reader import SegmentFile
 
 
 def _require_zookeeper() -> None:
@@ -150,7 +153,7 @@ def test_random_schedule_is_seeded_and_hits_only_a_minority() -> None:
     for fault in first:
         if "storage" in fault.kind.value:
             assert 1 <= len(fault.targets) <= 2 and all(0 <= t < 5 for t in fault.targets)
-        elif "zookeeper" in fault.kind.value:
+        elif "zookeeper" in fault.kind.value or fault.kind is FaultKind.KILL_ARCHIVER:
             assert fault.targets == ()
         else:
             assert len(fault.targets) == 1 and 0 <= fault.targets[0] < 3
@@ -172,7 +175,8 @@ def test_pause_owner_faults_target_a_partition_and_outlast_the_session_timeout()
 def test_fault_kinds_parse() -> None:
     assert parse_fault_kinds("all") == DEFAULT_FAULTS
     assert not set(DEFAULT_FAULTS) & NAMESPACE_FAULTS
-    assert set(parse_fault_kinds("all", "namespaces")) == set(FaultKind) - NETWORK_FAULTS
+    assert set(parse_fault_kinds("all", "namespaces")) == set(FaultKind) - NETWORK_FAULTS - ARCHIVE_FAULTS
+    assert set(parse_fault_kinds("all", archive=True)) == set(DEFAULT_FAULTS) | ARCHIVE_FAULTS
     assert parse_fault_kinds("none") == ()
     assert parse_fault_kinds("kill-storage, cut-clients") == (FaultKind.KILL_STORAGE, FaultKind.CUT_CLIENTS)
     with pytest.raises(ValueError, match="unknown fault kind"):
@@ -350,6 +354,29 @@ def test_options_replay_and_duration() -> None:
         ChaosOptions(transactions=2, clients=3).validate()
 
 
+def test_archive_options_and_schedule() -> None:
+    """--archive adds the archiving kinds to the fixed schedule; they are refused without it."""
+    archiving = parse_fault_kinds("all", archive=True)
+    options = ChaosOptions(schedule="fixed", faults=archiving, archive=True)
+    options.validate()
+    assert [f.kind for f in options.make_schedule()] == [
+        FaultKind.KILL_STORAGE,
+        FaultKind.KILL_SERVER_ARCHIVING,
+        FaultKind.KILL_ARCHIVER,
+        FaultKind.KILL_STORAGE_ARCHIVING,
+        FaultKind.CUT_STORAGE,
+    ]
+    assert options.replay_command().endswith("--archive")
+    with pytest.raises(ValueError, match="need the archiver: add --archive"):
+        ChaosOptions(faults=(FaultKind.KILL_ARCHIVER,)).validate()
+    with pytest.raises(ValueError, match="loopback only"):
+        ChaosOptions(archive=True, network="namespaces", faults=()).validate()
+    drawn = random_schedule(3, archiving, count=60, storages=3, servers=3)
+    assert {f.kind for f in drawn} & ARCHIVE_FAULTS
+    assert all(len(f.targets) == 1 for f in drawn if f.kind is FaultKind.KILL_STORAGE_ARCHIVING)
+    assert all(f.targets == () for f in drawn if f.kind is FaultKind.KILL_ARCHIVER)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(6 * 3600)
 def test_full_chaos_run_with_random_faults(tmp_path: Path) -> None:
@@ -413,3 +440,75 @@ def test_chaos_run_with_paused_owners(tmp_path: Path, workload: str) -> None:
     result = run_chaos(options, lines.append)
     assert result.passed, "\n".join(lines[-60:])
     assert len(result.faults) == 3 and all("pause-owner" in f for f in result.faults), result.faults
+
+
+def test_short_chaos_run_with_the_archiver_keeps_every_invariant(tmp_path: Path) -> None:
+    """3,000 transactions, seed 1, the fixed schedule of ``--archive``: a server, a storage node and
+    the archiver killed while an archive round is in progress; the archive verifies, holds every
+    range once, and with the replicas' local ranges every committed record. Then a chunk file
+    archived twice and a replica whose local start passed the archive are caught."""
+    _require_zookeeper()
+    lines: list[str] = []
+    options = ChaosOptions(
+        transactions=3000,
+        seed=1,
+        schedule="fixed",
+        faults=parse_fault_kinds("all", archive=True),
+        archive=True,
+        work_dir=tmp_path / "chaos",
+        keep=True,
+        restart_check=False,
+    )
+    result = run_chaos(options, lines.append)
+    report = "\n".join(lines)
+    assert result.passed, report
+    names = [c.name for c in result.checks]
+    for expected in (
+        "every acknowledged transaction is in the log exactly once",
+        "no gaps in transaction IDs, nothing applied twice",
+        "waltz archive verify passes (every chunk against its manifest, the manifests against ZooKeeper)",
+        "the archive's chunks are contiguous from 0, each range archived once",
+        "every committed record is in the archive or on every replica (nothing lost)",
+        "replicas byte-identical on disk over their common local range (CRC-32 of every record)",
+        "every replica serves the same records over the common local range (admin port)",
+    ):
+        assert expected in names, report
+    assert len(result.faults) == 5, report
+    assert "an archive round is in progress" in report, report
+    assert "--archive" in report
+
+    # Retention deleted archived segments: the fresh reader read those ranges from the archive.
+    storage_dirs = {p.name: p for p in sorted((tmp_path / "chaos" / "cluster").glob("storage-*"))}
+    ranges = local_ranges(storage_dirs)
+    assert any(r.local_start > 0 for held in ranges.values() for r in held.values()), ranges
+    marks = {pid: next(iter(held.values())).last for pid, held in ranges.items()}
+    archive = tmp_path / "chaos" / "archive"
+    chunks, through = check_chunks_once(archive, len(marks))
+    assert chunks.passed and all(t >= 0 for t in through.values()), chunks.detail
+    assert all(c.passed for c in check_local_ranges(ranges, marks, through, 3))
+
+    # Not vacuous: a range archived twice (a second file over part of a chunk) is caught ...
+    directory = archive / "partition_id=0"
+    first = sorted(directory.glob("*.parquet"))[0]
+    twice = directory / "00000000000000000000-00000000000000000009.parquet"
+    twice.write_bytes(first.read_bytes())
+    again, _ = check_chunks_once(archive, len(marks))
+    assert not again.passed and "overlap" in again.detail, again.detail
+    twice.unlink()
+    # ... and so is a replica whose records start past what the archive holds (a range lost).
+    lower = {pid: -1 for pid in through}
+    lost = check_local_ranges(ranges, marks, lower, 3)[0]
+    assert not lost.passed and "lost" in lost.detail, lost.detail
+    # ... and a record of the common local range that differs on one replica (its CRCs right).
+    segment = sorted((storage_dirs["storage-1"] / "0").glob("*.seg"))[-1]
+    with SegmentFile(segment) as opened:
+        *_, last = opened.scan()  # the partition's last record: in every replica's local range
+    original = segment.read_bytes()
+    record = last.record
+    other = Record.create(record.transaction_id, record.req_id, record.header, bytes(len(record.data)))
+    assert other.data != record.data
+    data = bytearray(original)
+    data[last.offset : last.offset + last.size] = fmt.encode_record(other)
+    segment.write_bytes(bytes(data))
+    differing = check_local_ranges(local_ranges(storage_dirs), marks, through, 3)[1]
+    assert not differing.passed and "differ" in differing.detail, differing.detail

@@ -23,10 +23,10 @@ __all__ = ["RECORDS_PER_READ", "replica_digests"]
 RECORDS_PER_READ = 1000
 
 
-async def _digest(admin: StorageAdminClient, partition_id: int, mark: int) -> int | None:
-    """CRC-32 over ``(transaction ID, header, data)`` of records 0..mark; None when some are missing."""
+async def _digest(admin: StorageAdminClient, partition_id: int, mark: int, first: int = 0) -> int | None:
+    """CRC-32 over ``(transaction ID, header, data)`` of records first..mark; None when some are missing."""
     crc = 0
-    next_id = 0
+    next_id = first
     while next_id <= mark:
         page = await admin.records(partition_id, next_id, min(RECORDS_PER_READ, mark + 1 - next_id))
         if not page:
@@ -45,6 +45,7 @@ def replica_digests(
     *,
     timeout: float = 60.0,
     tls: TlsConfig | None = None,
+    first_ids: Mapping[int, int] | None = None,
 ) -> dict[int, set[int]]:
     """Per partition, the set of digests of its replicas' records ``0..mark`` (one digest: identical).
 
@@ -58,6 +59,9 @@ def replica_digests(
         high_water_marks: partition -> the committed high-water mark to read up to (-1: none).
         timeout: seconds allowed in all.
         tls: client TLS files for the admin ports, or None.
+        first_ids: partition -> the first transaction to read (default 0), e.g. the highest local
+            start of its replicas when retention deleted archived segments (docs/design/archive.md,
+            "Retention on the storage nodes").
 
     Returns:
         Partition -> the distinct digests of its replicas.
@@ -65,6 +69,7 @@ def replica_digests(
     Raises:
         TimeoutError: a replica lacked records up to the mark for ``timeout`` seconds.
         StorageRpcError: a storage node refused or could not be reached.
+        RecordsArchivedError: a replica's local start is above the first transaction to read.
     """
 
     async def all_digests() -> dict[int, set[int]]:
@@ -74,7 +79,7 @@ def replica_digests(
         for address in admin_addresses:
             async with StorageAdminClient(address, cluster_key, num_partitions, tls=tls) as admin:
                 for pid, mark in high_water_marks.items():
-                    while (found := await _digest(admin, pid, mark)) is None:
+                    while (found := await _digest(admin, pid, mark, (first_ids or {}).get(pid, 0))) is None:
                         if loop.time() > deadline:
                             raise TimeoutError(
                                 f"replica {address} of partition {pid} lacks records up to {mark}"

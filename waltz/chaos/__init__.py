@@ -3,8 +3,9 @@
 The guide is docs/chaos.md. :func:`run_chaos` runs it (:mod:`waltz.chaos.runner`); the pieces are the
 options (:mod:`waltz.chaos.options`), the TCP fault proxy (:mod:`waltz.chaos.proxy`), fault
 schedules (:mod:`waltz.chaos.schedule`), the injector (:mod:`waltz.chaos.faults`), the client
-processes (:mod:`waltz.chaos.worker`, coordinated by :mod:`waltz.chaos.clients`) and the checks
-(:mod:`waltz.chaos.checks`). See ``docs/chaos.md``.
+processes (:mod:`waltz.chaos.worker`, coordinated by :mod:`waltz.chaos.clients`), the checks
+(:mod:`waltz.chaos.checks`), and with ``--archive`` the archiver (:mod:`waltz.chaos.archiving`)
+and the archive's checks (:mod:`waltz.chaos.archive_checks`). See ``docs/chaos.md``.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from waltz.chaos.archiving import ChaosArchiver
 from waltz.chaos.proxy import FaultProxy
-from waltz.chaos.schedule import NAMESPACE_FAULTS, Fault, FaultKind
+from waltz.chaos.schedule import ARCHIVE_FAULTS, NAMESPACE_FAULTS, Fault, FaultKind
 from waltz.local.cluster import LocalCluster
 from waltz.local.netns import Direction
 
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds allowed for the cluster to be writable again after a fault is healed.
 _READY_TIMEOUT = 90.0
+#: Seconds an archiving fault waits for the archiver to report a chunk before it strikes anyway.
+_CHUNK_WAIT = 60.0
 
 
 def _for_each(action: Callable[[int], object], targets: Sequence[int]) -> Callable[[], None]:
@@ -50,6 +53,7 @@ class FaultInjector:
             the clients are; half way from the last fault's point to the end while it lasts (so
             that it lasts its whole duration under load), 1.0 once it is healed; None lets them
             run free.
+        archiver: the archiver of a ``--archive`` run (the archiving kinds need it).
     """
 
     def __init__(
@@ -61,8 +65,10 @@ class FaultInjector:
         storage_proxies: Sequence[FaultProxy],
         say: Callable[[str], None],
         gate: Callable[[float], None] | None = None,
+        archiver: ChaosArchiver | None = None,
     ) -> None:
         self._cluster = cluster
+        self._archiver = archiver
         self._schedule = list(schedule)
         self._progress = progress
         self._client_proxies = client_proxies
@@ -113,6 +119,9 @@ class FaultInjector:
                 self._stop.wait(0.1)
             if self._stop.is_set():
                 return
+            if fault.kind in ARCHIVE_FAULTS:
+                # It strikes after the archiver's next chunk: let the clients write it.
+                self._gate((fault.at + next_point) / 2)
             try:
                 heal = self._strike(fault)
             except Exception as exc:
@@ -156,6 +165,8 @@ class FaultInjector:
         """Strike a fault; return what heals it."""
         cluster = self._cluster()
         kind, targets = fault.kind, fault.targets
+        if kind in ARCHIVE_FAULTS:
+            return self._strike_archiving(cluster, fault)
         if kind is FaultKind.KILL_STORAGE:
             _for_each(cluster.kill_storage, targets)()
             return _for_each(cluster.restart_storage, targets)
@@ -208,6 +219,26 @@ class FaultInjector:
                 proxy.set_delay(0.0)
 
         return undelay
+
+    def _strike_archiving(self, cluster: LocalCluster, fault: Fault) -> Callable[[], None]:
+        """Strike a fault of ``--archive`` right after the archiver reports a chunk; return its heal."""
+        archiver = self._archiver
+        if archiver is None:
+            raise RuntimeError(f"{fault.kind.value} needs the archiver: run with --archive")
+        if archiver.wait_for_chunk(_CHUNK_WAIT):
+            self._note(f"the archiver reported chunk {archiver.chunks}: an archive round is in progress")
+        else:
+            self._note(f"the archiver reported no chunk in {_CHUNK_WAIT:g}s; striking anyway")
+        if fault.kind is FaultKind.KILL_ARCHIVER:
+            archiver.kill()
+            return archiver.start
+        if fault.kind is FaultKind.KILL_SERVER_ARCHIVING:
+            _for_each(cluster.kill_server, fault.targets)()
+            return _for_each(cluster.restart_server, fault.targets)
+        if fault.kind is FaultKind.KILL_STORAGE_ARCHIVING:
+            _for_each(cluster.kill_storage, fault.targets)()
+            return _for_each(cluster.restart_storage, fault.targets)
+        raise ValueError(f"unknown fault kind {fault.kind}")
 
     def _cut_hosts(self, cluster: LocalCluster, fault: Fault) -> Callable[[], None]:
         """Strike a fault of namespace mode (real cuts between hosts); return what heals it."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from waltz.chaos.checks import ChaosCheck
 from waltz.chaos.schedule import (
+    ARCHIVE_FAULTS,
     DEFAULT_FAULTS,
     NAMESPACE_FAULTS,
     NETWORK_FAULTS,
@@ -82,6 +83,12 @@ class ChaosOptions:
             ``"namespaces"`` (ZooKeeper, every node and every client process on a host of its own,
             a network namespace; network faults are real cuts between hosts, the kinds of
             :data:`~waltz.chaos.schedule.NAMESPACE_FAULTS`). Needs root.
+        archive: run the archiver (``waltz archive run --follow``, small chunks) through the run,
+            on storage nodes that roll small segments and delete archived ones
+            (:mod:`waltz.chaos.archiving`); the schedule may then kill a server or storage nodes
+            while an archive round is in progress, and the archiver itself
+            (:data:`~waltz.chaos.schedule.ARCHIVE_FAULTS`), and the checks add the archive's
+            (docs/chaos.md "Archiving under faults"). Loopback only.
     """
 
     transactions: int | None = None
@@ -108,6 +115,7 @@ class ChaosOptions:
     tick_time_ms: int = 500
     session_timeout: float = 4.0
     network: str = "loopback"
+    archive: bool = False
 
     @property
     def transaction_bound(self) -> int:
@@ -146,6 +154,11 @@ class ChaosOptions:
             raise ValueError(f"duration must be positive, got {self.duration}")
         if self.network not in ("loopback", "namespaces"):
             raise ValueError(f"unknown network {self.network!r}: use loopback or namespaces")
+        if self.archive and self.network != "loopback":
+            raise ValueError("--archive runs on loopback only: leave out --network namespaces")
+        archiving = [k.value for k in self.faults if k in ARCHIVE_FAULTS]
+        if archiving and not self.archive:
+            raise ValueError(f"fault kind(s) {', '.join(archiving)} need the archiver: add --archive")
         wrong = NETWORK_FAULTS if self.network == "namespaces" else NAMESPACE_FAULTS
         misplaced = [k.value for k in self.faults if k in wrong]
         if misplaced and self.network == "namespaces":
@@ -166,7 +179,12 @@ class ChaosOptions:
             ValueError: an unknown ``schedule``.
         """
         if self.schedule == "fixed":
-            return fixed_schedule(self.faults, network=self.network, session_timeout=self.session_timeout)
+            return fixed_schedule(
+                self.faults,
+                network=self.network,
+                session_timeout=self.session_timeout,
+                archive=self.archive,
+            )
         if self.schedule == "random":
             count = self.fault_count
             if count is None:
@@ -222,6 +240,8 @@ class ChaosOptions:
             parts.append("--no-restart-check")
         if self.network != "loopback":
             parts.append(f"--network {self.network}")
+        if self.archive:
+            parts.append("--archive")
         return " ".join(parts)
 
 

@@ -34,6 +34,15 @@ from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
+from waltz.chaos.archive_checks import (
+    check_archive_verified,
+    check_chunks_once,
+    check_local_ranges,
+    check_online_local_ranges,
+    compare_local_ranges,
+    local_ranges,
+)
+from waltz.chaos.archiving import RETENTION_ENV, ChaosArchiver
 from waltz.chaos.checks import (
     ChaosCheck,
     WorkerResult,
@@ -81,6 +90,7 @@ def _make_cluster(options: ChaosOptions, work_dir: Path, proxies: ClusterProxies
             session_timeout=options.session_timeout,
             start_timeout=180.0,
             server_args_of=proxies.server_args,
+            storage_env=dict(RETENTION_ENV) if options.archive else {},
         ),
         security=SecurityOptions(zookeeper_auth=True),
         network=NetworkOptions(
@@ -234,6 +244,13 @@ def _run(
             gateway, clients_db_url = forward_database(db_url, cluster.network_lab.bridge_address)
             stack.enter_context(gateway)
             say(f"the client hosts reach the database through {gateway.address}")
+        archiver: ChaosArchiver | None = None
+        if options.archive:
+            archiver = stack.enter_context(
+                ChaosArchiver(cluster, work_dir / "archive", work_dir / "archiver.log")
+            )
+            archiver.start()
+            say(f"archiver following the log into {archiver.location} (its output: {archiver.log_path})")
         context = multiprocessing.get_context("spawn")
         stop = context.Event()
         gate = context.Value("d", 1.0 if options.duration is not None or not schedule else schedule[0].at)
@@ -243,7 +260,7 @@ def _run(
             clients.wait_states({"running"}, 180.0, "every client mounted")
             say(f"{len(clients.clients)} client processes mounted every partition; submitting")
             result.seconds = _submit_phase(
-                options, schedule, cluster, proxies, clients, stop, gate, result, say
+                options, schedule, cluster, proxies, clients, stop, gate, result, say, archiver
             )
             proxies.heal()
             owners = cluster.heal(180.0)
@@ -291,15 +308,22 @@ def _run(
         if workload != "ledger":
             submitted = {w.worker: len(w.acked) + len(w.failed) for w in results}
             result.checks += check_run(workers=results, submitted=submitted, marks=marks, reading=reading)
-            result.checks.append(_online_replicas(cluster, marks))
+            if archiver is None:
+                result.checks.append(_online_replicas(cluster, marks))
         else:
             from waltz.chaos.ledger import ledger_checks
 
             result.checks.append(check_gaps(marks, reading, results))
             result.checks += ledger_checks(options.app, db_url, cluster, marks, [w.ledger for w in results])
+        if archiver is not None:
+            archived_through = _archive_checks(cluster, archiver, marks, result, say)
     storage_dirs = {n.process.name: n.directory for n in cluster.storages}
     digests = segment_digests(storage_dirs)
-    result.checks.append(check_replicas_on_disk(digests, marks, cluster.replicas))
+    if options.archive:
+        ranges = local_ranges(storage_dirs)
+        result.checks += check_local_ranges(ranges, marks, archived_through, cluster.replicas)
+    else:
+        result.checks.append(check_replicas_on_disk(digests, marks, cluster.replicas))
     if not options.restart_check:
         return
     say("stopped everything cleanly; starting it again on the same directories")
@@ -327,6 +351,9 @@ def _run(
             check.name, False, f"high-water marks {marks_again}, before {marks}; {check.detail}"
         )
     result.checks.append(check)
+    if options.archive:
+        result.checks.append(compare_local_ranges(ranges, local_ranges(storage_dirs), archived_through))
+        return
     digests_again = segment_digests(storage_dirs)
     result.checks.append(
         ChaosCheck(
@@ -361,6 +388,7 @@ def _submit_phase(
     gate: Synchronized[float],
     result: ChaosResult,
     say: Say,
+    archiver: ChaosArchiver | None = None,
 ) -> float:
     """Let the clients submit while the faults strike; returns the phase's seconds.
 
@@ -385,7 +413,14 @@ def _submit_phase(
             gate.value = fraction
 
     injector = FaultInjector(
-        lambda: cluster, schedule, progress, proxies.clients, proxies.storages, say, gate=set_gate
+        lambda: cluster,
+        schedule,
+        progress,
+        proxies.clients,
+        proxies.storages,
+        say,
+        gate=set_gate,
+        archiver=archiver,
     )
     injector.start()
     last = started
@@ -439,6 +474,30 @@ def _submit_phase(
         )
     )
     return seconds
+
+
+def _archive_checks(
+    cluster: LocalCluster,
+    archiver: ChaosArchiver,
+    marks: Mapping[int, int],
+    result: ChaosResult,
+    say: Say,
+) -> dict[int, int]:
+    """Stop the archiver and check the archive and the replicas' local ranges; the archived-throughs."""
+    code = archiver.stop()
+    say(f"archiver stopped (exit {code}) after {archiver.chunks} chunks over {archiver.starts} start(s)")
+    result.checks.append(
+        ChaosCheck(
+            "the archiver ran through the run and stopped cleanly",
+            code == 0 and archiver.chunks > 0,
+            f"exit {code}, {archiver.chunks} chunks reported, started {archiver.starts} time(s)",
+        )
+    )
+    result.checks.append(check_archive_verified(cluster, archiver.location))
+    chunks, archived_through = check_chunks_once(archiver.location, cluster.num_partitions)
+    result.checks.append(chunks)
+    result.checks.append(check_online_local_ranges(cluster, marks))
+    return archived_through
 
 
 def _online_replicas(cluster: LocalCluster, marks: Mapping[int, int]) -> ChaosCheck:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "ARCHIVE_FAULTS",
     "DEFAULT_FAULTS",
     "NAMESPACE_DEFAULT_FAULTS",
     "NAMESPACE_FAULTS",
@@ -75,6 +76,15 @@ class FaultKind(enum.Enum):
     ONE_WAY_OWNER = "one-way-owner"
     """Namespace mode: what ZooKeeper sends to the owner of a partition is dropped, while what
     the owner sends still reaches ZooKeeper, for longer than the session timeout."""
+    KILL_SERVER_ARCHIVING = "kill-server-archiving"
+    """``--archive``: ``kill -9`` one server right after the archiver reports a chunk (an archive
+    round in progress), restart it after the duration."""
+    KILL_STORAGE_ARCHIVING = "kill-storage-archiving"
+    """``--archive``: ``kill -9`` a minority of the storage nodes (which the archiver reads from)
+    right after the archiver reports a chunk, restart them after the duration."""
+    KILL_ARCHIVER = "kill-archiver"
+    """``--archive``: ``kill -9`` the archiver right after it reports a chunk (between writing it
+    and raising the archived-through), start it again after the duration."""
 
 
 #: Seconds a ``pause-owner`` fault lasts beyond the servers' ZooKeeper session timeout (at least):
@@ -97,14 +107,22 @@ NAMESPACE_FAULTS = frozenset(
         FaultKind.ONE_WAY_OWNER,
     }
 )
+#: Kinds that need the archiver of ``--archive``.
+ARCHIVE_FAULTS = frozenset(
+    {FaultKind.KILL_SERVER_ARCHIVING, FaultKind.KILL_STORAGE_ARCHIVING, FaultKind.KILL_ARCHIVER}
+)
 #: Kinds aimed at the owner of a partition (found when they strike), which last longer than the
 #: servers' session timeout so that the partition moves while they last.
 OWNER_FAULTS = frozenset({FaultKind.PAUSE_OWNER, FaultKind.SPLIT_OWNER, FaultKind.ONE_WAY_OWNER})
 #: Kinds of the random schedule on loopback when ``--faults`` is ``all`` (or not given).
-DEFAULT_FAULTS: tuple[FaultKind, ...] = tuple(k for k in FaultKind if k not in NAMESPACE_FAULTS)
+DEFAULT_FAULTS: tuple[FaultKind, ...] = tuple(
+    k for k in FaultKind if k not in NAMESPACE_FAULTS and k not in ARCHIVE_FAULTS
+)
 #: Kinds of the random schedule in namespace mode when ``--faults`` is ``all``: real cuts instead
 #: of the proxies.
-NAMESPACE_DEFAULT_FAULTS: tuple[FaultKind, ...] = tuple(k for k in FaultKind if k not in NETWORK_FAULTS)
+NAMESPACE_DEFAULT_FAULTS: tuple[FaultKind, ...] = tuple(
+    k for k in FaultKind if k not in NETWORK_FAULTS and k not in ARCHIVE_FAULTS
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,13 +155,16 @@ class Fault:
         return f"at {self.at:.0%}: {self.kind.value}{targets}{delay} for {self.duration:.1f}s"
 
 
-def parse_fault_kinds(text: str, network: str = "loopback") -> tuple[FaultKind, ...]:
+def parse_fault_kinds(
+    text: str, network: str = "loopback", *, archive: bool = False
+) -> tuple[FaultKind, ...]:
     """Parse ``--faults``: comma-separated kind names, ``all``, or ``none``.
 
     Args:
         text: the option's value.
         network: ``loopback`` or ``namespaces``: what ``all`` means (:data:`DEFAULT_FAULTS` or
             :data:`NAMESPACE_DEFAULT_FAULTS`).
+        archive: a run with the archiver: ``all`` also means every kind of :data:`ARCHIVE_FAULTS`.
 
     Raises:
         ValueError: an unknown name (the message lists the known ones).
@@ -152,7 +173,8 @@ def parse_fault_kinds(text: str, network: str = "loopback") -> tuple[FaultKind, 
     if names in (["all"], []):
         if not names:
             return ()
-        return NAMESPACE_DEFAULT_FAULTS if network == "namespaces" else DEFAULT_FAULTS
+        kinds = NAMESPACE_DEFAULT_FAULTS if network == "namespaces" else DEFAULT_FAULTS
+        return kinds + tuple(k for k in FaultKind if k in ARCHIVE_FAULTS) if archive else kinds
     if names == ["none"]:
         return ()
     known = {k.value: k for k in FaultKind}
@@ -207,6 +229,7 @@ def random_schedule(
         targets: tuple[int, ...] = ()
         if kind in (
             FaultKind.KILL_STORAGE,
+            FaultKind.KILL_STORAGE_ARCHIVING,
             FaultKind.PAUSE_STORAGE,
             FaultKind.CUT_STORAGE,
             FaultKind.DELAY_STORAGE,
@@ -217,6 +240,7 @@ def random_schedule(
             targets = tuple(sorted(rng.sample(range(storages), rng.randint(1, _minority(storages)))))
         elif kind in (
             FaultKind.KILL_SERVER,
+            FaultKind.KILL_SERVER_ARCHIVING,
             FaultKind.PAUSE_SERVER,
             FaultKind.CUT_CLIENTS,
             FaultKind.DELAY_CLIENTS,
@@ -242,6 +266,7 @@ def fixed_schedule(
     *,
     network: str = "loopback",
     session_timeout: float = 4.0,
+    archive: bool = False,
 ) -> list[Fault]:
     """The short run's fixed schedule.
 
@@ -257,6 +282,9 @@ def fixed_schedule(
         network: ``loopback`` or ``namespaces``.
         session_timeout: the servers' ZooKeeper session timeout in seconds (owner faults outlast it
             by :data:`OWNER_PAUSE_MARGIN` and a second).
+        archive: a run with the archiver (on loopback): a server killed while an archive round is
+            in progress, the archiver killed and started again, and a storage node killed while
+            an archive round is in progress, between the loopback faults.
 
     Returns:
         The faults by increasing ``at``.
@@ -270,6 +298,14 @@ def fixed_schedule(
             Fault(0.55, FaultKind.PARTITION_STORAGE, (2,), 2.0),
             Fault(0.70, FaultKind.ONE_WAY_STORAGE, (0,), 2.0),
             Fault(0.85, FaultKind.ISOLATE_SERVER, (1,), 2.0),
+        ]
+    elif archive:
+        schedule = [
+            Fault(0.15, FaultKind.KILL_STORAGE, (0,), 2.0),
+            Fault(0.30, FaultKind.KILL_SERVER_ARCHIVING, (1,), 2.0),
+            Fault(0.45, FaultKind.KILL_ARCHIVER, (), 2.0),
+            Fault(0.60, FaultKind.KILL_STORAGE_ARCHIVING, (1,), 2.0),
+            Fault(0.75, FaultKind.CUT_STORAGE, (2,), 2.0),
         ]
     else:
         schedule = [

@@ -121,6 +121,20 @@ def chaos(
             )
         ),
     ] = "loopback",
+    archive: Annotated[
+        bool,
+        typer.Option(
+            "--archive",
+            help=(
+                "Run the archiver through the run (waltz archive run --follow, chunks of 200, sealed "
+                "after 1 s) on storage nodes that roll 16 KiB segments and delete archived ones, "
+                "keeping 2; the schedule may then kill a server or storage nodes while an archive "
+                "round is in progress, and the archiver (kill-server-archiving, "
+                "kill-storage-archiving, kill-archiver); the checks add waltz archive verify, chunks "
+                "archived once, nothing lost, replicas identical over their local ranges. Loopback only."
+            ),
+        ),
+    ] = False,
     log_level: LogLevelOption = "WARNING",
 ) -> None:
     """Run a local cluster and client processes under faults, then check every invariant.
@@ -132,7 +146,9 @@ def chaos(
     acknowledged transaction is in the log exactly once, without gaps, that generations never go
     back, that every client applied the same sequence as a fresh reader, that all
     replicas are byte-identical, and that a clean restart of everything shows the same log; with
-    the ledger workload, also that money is conserved and every transfer completed once.
+    the ledger workload, also that money is conserved and every transfer completed once; with
+    --archive, that the archive verifies, holds every range once, and with the replicas' local
+    ranges holds every committed record.
     Exits 1 if any check fails; the work directory with every node's log is kept then.
     """
     from waltz.chaos import ChaosOptions, parse_fault_kinds, run_chaos
@@ -142,7 +158,7 @@ def chaos(
         # ZooKeeper kills and pauses are the point here: kazoo's reconnection warnings are noise.
         logging.getLogger("kazoo").setLevel(logging.ERROR)
     try:
-        kinds = parse_fault_kinds(faults, network)
+        kinds = parse_fault_kinds(faults, network, archive=archive)
     except ValueError as exc:
         typer.echo(f"--faults: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -174,6 +190,7 @@ def chaos(
         keep=keep,
         restart_check=restart_check,
         network=network,
+        archive=archive,
     )
     started = time.monotonic()
     try:

@@ -453,9 +453,14 @@ class LocalCluster:
         self.close()
 
     def replica_digests(
-        self, high_water_marks: Mapping[int, int], timeout: float = 60.0
+        self,
+        high_water_marks: Mapping[int, int],
+        timeout: float = 60.0,
+        first_ids: Mapping[int, int] | None = None,
     ) -> dict[int, set[int]]:
-        """Per partition, the digests of every storage node's records ``0..mark`` (one: identical).
+        """Per partition, the digests of every storage node's records ``first..mark`` (one: identical).
+
+        ``first_ids`` gives each partition's first transaction to read (default 0).
 
         See :func:`waltz.admin.replica_digests.replica_digests` (admin ports only).
 
@@ -471,6 +476,7 @@ class LocalCluster:
             high_water_marks,
             timeout=timeout,
             tls=self._security.tls,
+            first_ids=first_ids,
         )
 
     # --- readiness and owners ---------------------------------------------------------------------
