@@ -37,6 +37,7 @@ from waltz.cli.options import (
     JsonOption,
     LogLevelOption,
     PartitionsOption,
+    ReplicasOption,
     RootOption,
     TimeoutOption,
     ZookeeperOption,
@@ -439,16 +440,7 @@ def restore(
             show_default=False,
         ),
     ],
-    replicas: Annotated[
-        int | None,
-        typer.Option(
-            "--replicas",
-            min=1,
-            help="Replicas per partition, spread round-robin over the storage nodes. Default: every "
-            "partition on every node.",
-            show_default=False,
-        ),
-    ] = None,
+    replicas: ReplicasOption = None,
     cluster_key: Annotated[
         str | None,
         typer.Option(

@@ -27,6 +27,7 @@ from waltz.cli.groups import HELP, MARKUP
 from waltz.cli.options import (
     AdminConfigOption,
     JsonOption,
+    ReplicasOption,
     RootOption,
     TimeoutOption,
     YesOption,
@@ -75,16 +76,7 @@ def create(
             show_default=False,
         ),
     ],
-    replicas: Annotated[
-        int | None,
-        typer.Option(
-            "--replicas",
-            min=1,
-            help="Replicas per partition, spread round-robin over the storage nodes. "
-            "Default: every partition on every node.",
-            show_default=False,
-        ),
-    ] = None,
+    replicas: ReplicasOption = None,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
     config: AdminConfigOption = None,

@@ -38,6 +38,7 @@ __all__ = [
     "LogLevelOption",
     "OptionalDatabaseUrlOption",
     "PartitionsOption",
+    "ReplicasOption",
     "RootOption",
     "RunTimeoutOption",
     "SegmentArgument",
@@ -178,6 +179,16 @@ ServerArgument = Annotated[
     typer.Argument(
         help="The server: its name, endpoint `host:port`, member name or server ID (as `waltz server list` "
         "shows). An endpoint that is not live now is accepted: the preference applies when it registers.",
+        show_default=False,
+    ),
+]
+ReplicasOption = Annotated[
+    int | None,
+    typer.Option(
+        "--replicas",
+        min=1,
+        help="Replicas per partition, spread round-robin over the storage nodes. "
+        "Default: every partition on every node.",
         show_default=False,
     ),
 ]
