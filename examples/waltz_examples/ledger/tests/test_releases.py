@@ -3,8 +3,11 @@ the current release (docs/sql.md, "Changing a model"; ``releases.py``)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -16,6 +19,8 @@ from sqlalchemy.pool import NullPool
 from waltz import WaltzClientConfig
 from waltz.jdbc_style import ChangeSet, Operation, RowChange, create_framework_engine
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import SecurityOptions
+from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz_examples.ledger import migrations_api
 from waltz_examples.ledger.models import ACCOUNT, Account, registry
 from waltz_examples.ledger.releases import CURRENT, RELEASES, release
@@ -116,14 +121,48 @@ def test_the_migrations_keep_the_accounts(two_databases: Databases) -> None:
         engine.dispose()
 
 
+@pytest.fixture
+def releases_cluster(
+    waltz_cluster_factory: Callable[..., LocalCluster],
+    ledger_cluster: LocalCluster,
+    ledger_config: WaltzClientConfig,
+) -> Iterator[tuple[LocalCluster, WaltzClientConfig]]:
+    """A cluster of this test's own, and its client configuration: release 1's instance must meet
+    only records of release 1 first (the other ledger tests' log holds records of the current
+    release, at which an instance of release 1 rightly pauses its partition).
+
+    It has the ledger cluster's ZooKeeper credential, which ``ledger_config`` puts in the
+    environment: a Spark session started earlier in the session with that environment reads it.
+    """
+    digest_file = ledger_cluster.zookeeper_env().get("WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE")
+    digest = ZooKeeperSecurity.read_digest_file(Path(digest_file)) if digest_file else None
+    security = SecurityOptions(
+        zookeeper_auth=digest is not None,
+        zookeeper_security=ZooKeeperSecurity(digest=digest) if digest is not None else None,
+    )
+    cluster = waltz_cluster_factory(
+        name=f"ledger-releases-{uuid.uuid4().hex[:6]}", partitions=4, security=security
+    )
+    try:
+        yield (
+            cluster,
+            WaltzClientConfig(
+                zookeeper_connect_string=cluster.zookeeper_connect_string, cluster_root=cluster.root
+            ),
+        )
+    finally:
+        cluster.close()
+
+
 @pytest.mark.timeout(900)  # a Spark session and job: a minute alone, many more on a busy machine
 def test_a_log_written_by_release_1_is_read_by_the_current_release(
-    ledger_cluster: LocalCluster, ledger_config: WaltzClientConfig, two_databases: Databases
+    releases_cluster: tuple[LocalCluster, WaltzClientConfig], two_databases: Databases
 ) -> None:
     """Release 1 writes accounts into one database, release 2 one more; the database migrates to
     the current release; a fresh database applies the whole log with the current release. Both
     hold the same accounts, ``read_entities`` reads them in the current model, and a rebuild of
     the log equals the migrated database."""
+    ledger_cluster, ledger_config = releases_cluster
     _, migrated_url, fresh_url = two_databases
     first_customer = FIRST_CUSTOMER[two_databases.kind]
     release_1_customers = tuple(range(first_customer, first_customer + 4))
@@ -177,26 +216,21 @@ def test_a_log_written_by_release_1_is_read_by_the_current_release(
 
 
 def _rebuild_equals(cluster: LocalCluster, live_url: str, cluster_name: str) -> None:
-    """A Spark rebuild of the ledger from the log, at the live database's marks, equals it."""
+    """A Spark rebuild of the ledger from the log, at the live database's marks, equals it.
+
+    Run as an operator runs it, ``waltz rebuild --verify-against`` in a process of its own: its
+    Spark session (and the Python workers that read the log) get this cluster's ZooKeeper
+    credential from the environment, whatever Spark session this test process holds already.
+    """
     pytest.importorskip("pyspark", reason="the rebuild needs the spark extra (pip install -e '.[spark]')")
-    from pyspark.sql import SparkSession
-
-    from waltz.spark.drift import verify
-    from waltz.spark.rebuild import LogSource
-    from waltz.spark.session import spark_session
-    from waltz_examples.ledger.views import VIEWS
-
-    shared = SparkSession.getActiveSession() is not None
-    spark = spark_session("local[2]", app_name="ledger-releases", shuffle_partitions=2)
-    try:
-        report = verify(
-            spark,
-            VIEWS,
-            LogSource(zookeeper=cluster.zookeeper_connect_string, cluster_root=cluster.root),
-            live_url,
-            cluster_name=cluster_name,
-        )
-    finally:
-        if not shared:
-            spark.stop()
-    assert not report.drift, "\n".join(report.lines())
+    command = [
+        sys.executable, "-m", "waltz", "rebuild", "--app", "waltz_examples.ledger",
+        "--zookeeper", cluster.zookeeper_connect_string, "--cluster-root", cluster.root,
+        "--cluster-name", cluster_name, "--master", "local[2]",
+    ]  # fmt: skip
+    env = {**os.environ, **cluster.zookeeper_env(), "WALTZ_REBUILD_VERIFY_AGAINST": live_url}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=840, check=False)
+    assert result.returncode == 0, (
+        f"waltz rebuild --verify-against exited {result.returncode}:\n"
+        + (result.stdout + result.stderr)[-4000:]
+    )
