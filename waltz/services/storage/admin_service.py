@@ -25,7 +25,7 @@ from waltz.protocol.roles import ADMIN_ROLES, OPERATOR_ROLES, authorize, denial,
 from waltz.services.storage.control_file import FenceReset
 from waltz.services.storage.metrics import StorageMetrics
 from waltz.services.storage.node import StorageNode
-from waltz.services.storage.service import StorageServicer, failure_for, outcome_label
+from waltz.services.storage.service import StorageServicer, failure_for, last_session_info, outcome_label
 from waltz.services.storage.storage_partition import StoragePartition
 
 __all__ = ["CHANGING_ADMIN_REQUESTS", "StorageAdminServicer"]
@@ -169,15 +169,7 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
         elif kind == "last_session_info":
 
             def work() -> storage_pb2.AdminResponse:
-                info = partition.last_session_info()
-                return _admin_response(
-                    request,
-                    last_session_info=storage_pb2.LastSessionInfoResponse(
-                        session_info=storage_pb2.SessionInfo(
-                            session_id=info.session_id, low_water_mark=info.low_water_mark
-                        )
-                    ),
-                )
+                return _admin_response(request, last_session_info=last_session_info(partition))
 
         elif kind == "max_transaction_id":
 

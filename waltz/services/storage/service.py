@@ -44,7 +44,7 @@ from waltz.services.storage.metrics import StorageMetrics
 from waltz.services.storage.node import StorageNode
 from waltz.services.storage.storage_partition import StoragePartition
 
-__all__ = ["StorageServicer", "failure_for", "outcome_label"]
+__all__ = ["StorageServicer", "failure_for", "last_session_info", "outcome_label"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,15 @@ _ABSOLUTE_PATH = re.compile(r"(?<![\w./:])/(?:[^\s:'\"/]+/)*([^\s:'\"/]+/[^\s:'\
 def _without_paths(message: str) -> str:
     """``message`` with every absolute path shortened to its last two components."""
     return _ABSOLUTE_PATH.sub(r"\1", message)
+
+
+def last_session_info(partition: StoragePartition) -> storage_pb2.LastSessionInfoResponse:
+    """The answer to a last-session-info request, of the storage and the admin service alike
+    (docs/design/storage.md, "Storage requests")."""
+    info = partition.last_session_info()
+    return storage_pb2.LastSessionInfoResponse(
+        session_info=storage_pb2.SessionInfo(session_id=info.session_id, low_water_mark=info.low_water_mark)
+    )
 
 
 def failure_for(exc: BaseException) -> storage_pb2.FailureResponse:
@@ -400,15 +409,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         if kind == "open_session":
             return _response(request, success=storage_pb2.SuccessResponse())
         if kind == "last_session_info":
-            info = partition.last_session_info()
-            return _response(
-                request,
-                last_session_info=storage_pb2.LastSessionInfoResponse(
-                    session_info=storage_pb2.SessionInfo(
-                        session_id=info.session_id, low_water_mark=info.low_water_mark
-                    )
-                ),
-            )
+            return _response(request, last_session_info=last_session_info(partition))
         if kind == "max_transaction_id":
             return _response(
                 request,
