@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import ssl
 import sys
@@ -16,6 +17,21 @@ from waltz.local.processes import ManagedProcess, free_port, wait_until
 
 #: Seconds between two looks of the consoles under test.
 REFRESH = 0.5
+
+
+def assigned_storages(cluster: LocalCluster, partition_id: int) -> list[str]:
+    """The storage nodes ZooKeeper assigns ``partition_id`` to (read with a session of its own)."""
+    from kazoo.client import KazooClient
+
+    from waltz.metadata.zk import ClusterZk
+
+    client = KazooClient(hosts=cluster.zookeeper_connect_string)
+    client.start(timeout=10)
+    try:
+        return ClusterZk(client, cluster.root).assignments().value.storages_of(partition_id)
+    finally:
+        client.stop()
+        client.close()
 
 
 def chromium_path() -> str | None:
@@ -47,6 +63,28 @@ class RunningConsole:
             what=f"the console at {self.url} to show the cluster map",
             interval=0.1,
         )
+
+    def log(self) -> str:
+        """Everything the process wrote (standard output and error)."""
+        log_path = self.process.log_path
+        assert log_path is not None
+        return log_path.read_text(errors="replace")
+
+    def start_url(self) -> str:
+        """The URL of the console's start line (with ``?token=...`` when actions need it)."""
+        found = wait_until(
+            lambda: re.search(r"^waltz console of \S+ at (\S+) \(.*Ctrl-C stops it$", self.log(), re.M),
+            timeout=30,
+            what=f"the start line of the console at {self.url}",
+            interval=0.1,
+        )
+        return found.group(1)
+
+    def token(self) -> str:
+        """The start token of the console's URL (operator actions without browser certificates)."""
+        found = re.search(r"[?&]token=([^&#]+)", self.start_url())
+        assert found is not None, self.start_url()
+        return found.group(1)
 
     def close(self) -> None:
         self.process.terminate(timeout=10)

@@ -129,7 +129,7 @@ def test_the_read_only_console_has_no_mutating_endpoint(
     for path in ("actions/confirm", "actions/run", "", "fragments/map", "api/map.json"):
         assert _post(read_only.url + path) in (404, 405), path
     # The same request reaches the operator console's action (a form error, not a 404).
-    assert _post(operator.url + "actions/confirm") == 200
+    assert _post(operator.url + "actions/confirm", headers={"X-Console-Token": operator.token()}) == 200
     page.goto(read_only.url)
     expect(page.locator("tr.partition")).to_have_count(cluster.num_partitions)
     expect(page.locator("#operator")).to_have_count(0)
@@ -155,10 +155,13 @@ def test_a_form_posted_by_another_origin_is_refused_and_the_map_carries_no_clust
 ) -> None:
     operator = consoles["operator"]
     own = operator.url.rstrip("/")
-    assert _post(operator.url + "actions/confirm", headers={"Origin": own}) == 200
+    token = {"X-Console-Token": operator.token()}
+    assert _post(operator.url + "actions/confirm", headers={"Origin": own, **token}) == 200
     for origin in ("https://evil.example", "http://127.0.0.1:1"):
-        assert _post(operator.url + "actions/confirm", headers={"Origin": origin}) == 403, origin
-        assert _post(operator.url + "actions/run", "token=x", headers={"Origin": origin}) == 403, origin
+        assert _post(operator.url + "actions/confirm", headers={"Origin": origin, **token}) == 403, origin
+        assert _post(operator.url + "actions/run", "token=x", headers={"Origin": origin, **token}) == 403, (
+            origin
+        )
     assert "cluster_key" not in operator.get_json("/api/map.json")["map"]
 
 
@@ -285,7 +288,9 @@ def test_an_operator_action_asks_for_confirmation_and_takes_effect(
     cluster.wait_ready()
     storage = cluster.storages[1].address
     assert storage in _assigned(cluster, 1)
-    page.goto(consoles["operator"].url)
+    # The start URL's token is taken out of the address bar and sent with every action.
+    page.goto(consoles["operator"].start_url())
+    expect(page).to_have_url(consoles["operator"].url)
     expect(page.locator("#mode")).to_have_text("operator")
     row = partition_row(page, 1)
     expect(row.locator(f'li.replica[data-storage="{storage}"]')).to_have_count(1)
@@ -316,7 +321,8 @@ def test_an_operator_action_asks_for_confirmation_and_takes_effect(
     page.screenshot(path=str(tmp_path / "after-remove.png"))
 
     # A confirmation is used once: posting its token again is refused.
-    assert _post(consoles["operator"].url + "actions/run", f"token={token}") == 409
+    start_token = {"X-Console-Token": consoles["operator"].token()}
+    assert _post(consoles["operator"].url + "actions/run", f"token={token}", start_token) == 409
 
     _act(page, "add-replica", 1, storage)
     page.click("#action-confirm")

@@ -87,8 +87,9 @@ def console(
             "--operator",
             help="Serve the operator actions (replica add and remove, partition recovery), each "
             "confirmed in the page (also console.operator in --config, WALTZ_CONSOLE_OPERATOR). "
-            "Without it the console changes nothing. On an address other than loopback it needs "
-            "--tls-ca (browser certificates).",
+            "Without it the console changes nothing. With --tls-ca an action needs a browser "
+            "certificate of the role operator (add a replica) or admin (every action); without it, "
+            "the token of the URL printed at start, and the console must bind loopback.",
         ),
     ] = False,
     tls_cert: Annotated[
@@ -109,7 +110,8 @@ def console(
         typer.Option(
             exists=True,
             dir_okay=False,
-            help="With --tls-cert: require browser certificates signed by this PEM CA.",
+            help="With --tls-cert: require browser certificates signed by this PEM CA; the pages "
+            'then need the role operator or admin (urn:waltz:role:*, docs/operations.md "Roles").',
             show_default=False,
         ),
     ] = None,
@@ -131,13 +133,18 @@ def console(
     processes' own Prometheus endpoints.
 
     The console binds 127.0.0.1 unless told otherwise, and is read-only: only --operator adds the
-    actions, and each one runs after a confirmation in the page.
+    actions, and each one runs after a confirmation in the page. With --operator and no --tls-ca it
+    prints, on standard output, the URL to open with a one-time token (?token=...) that every
+    action needs. Every action is logged with who asked (certificate subject and roles, or the
+    token holder's address).
 
     Example: waltz console -z 127.0.0.1:2181 -r /waltz/c1 --metrics http://127.0.0.1:55181/metrics
     """
     configure_logging(os.environ.get("WALTZ_LOG_LEVEL", "WARNING"))
     # The page shows every storage node that does not answer; a warning a look would flood the log.
     logging.getLogger("waltz.admin.storage_nodes").setLevel(logging.ERROR)
+    # Who asked for each action is logged whatever the level.
+    logging.getLogger("waltz.console.audit").setLevel(logging.INFO)
     missing = missing_extra()
     if missing:
         typer.secho(
@@ -173,10 +180,16 @@ def console(
     except WaltzError as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
         raise typer.Exit(2) from exc
-    mode = "operator: actions enabled" if settings.console_operator else "read-only"
+    if not settings.console_operator:
+        mode = "read-only"
+    elif settings.console_ssl_ca_file is not None:
+        mode = "operator: actions by browser certificates of the role operator or admin"
+    else:
+        mode = "operator: actions need this URL's token"
 
     def bound(url: str) -> None:
-        typer.echo(f"waltz console of {admin.root} at {url} ({mode}); Ctrl-C stops it", err=True)
+        # The only place the start token is shown (standard output, not the log).
+        typer.echo(f"waltz console of {admin.root} at {url} ({mode}); Ctrl-C stops it")
 
     try:
         with admin:

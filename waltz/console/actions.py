@@ -153,21 +153,28 @@ class Confirmations:
 
     def __init__(self, ttl: float = CONFIRMATION_TTL) -> None:
         self._ttl = ttl
-        self._pending: dict[str, tuple[Action, float]] = {}
+        self._pending: dict[str, tuple[Action, str, float]] = {}
 
-    def issue(self, action: Action) -> str:
-        """A new token for ``action`` (an unguessable URL-safe string)."""
+    def issue(self, action: Action, requester: str = "") -> str:
+        """A new token for ``action`` asked for by ``requester`` (an unguessable URL-safe string).
+
+        Args:
+            action: the action to confirm.
+            requester: who asked (:attr:`~waltz.console.access.Requester.identity`): only the
+                same requester can take the token.
+        """
         now = time.monotonic()
-        self._pending = {t: (a, at) for t, (a, at) in self._pending.items() if now - at < self._ttl}
+        self._pending = {t: p for t, p in self._pending.items() if now - p[2] < self._ttl}
         while len(self._pending) >= MAX_CONFIRMATIONS:
             del self._pending[next(iter(self._pending))]
         token = secrets.token_urlsafe(24)
-        self._pending[token] = (action, now)
+        self._pending[token] = (action, requester, now)
         return token
 
-    def take(self, token: str) -> Action | None:
-        """The action of ``token``, which is used up; None when unknown, used or expired."""
+    def take(self, token: str, requester: str = "") -> Action | None:
+        """The action of ``token``, which is used up; None when unknown, used, expired or asked
+        for by another requester (the token is used up all the same)."""
         found = self._pending.pop(token, None)
-        if found is None or time.monotonic() - found[1] >= self._ttl:
+        if found is None or found[1] != requester or time.monotonic() - found[2] >= self._ttl:
             return None
         return found[0]

@@ -8,7 +8,9 @@ Read-only routes (always): ``GET /`` (the page), ``GET /fragments/map`` and
 ``GET /fragments/metrics`` (what htmx swaps in every refresh), ``GET /api/map.json`` and
 ``GET /api/charts.json``, ``GET /static/...``. Only with ``operator=True`` does the application
 have any other route: ``POST /actions/confirm`` (renders a confirmation, changes nothing) and
-``POST /actions/run`` (runs a confirmed action).
+``POST /actions/run`` (runs a confirmed action). Who may read and act is
+:class:`~waltz.console.access.ConsoleAccess`'s rule (docs/design/console.md "Access"); every
+action asked for, run or refused is logged on the ``waltz.console.audit`` logger with who asked.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from waltz import __version__
 from waltz.admin.cluster_admin import ClusterAdmin
-from waltz.console.actions import Action, Confirmations, run_action
+from waltz.console.access import ConsoleAccess, Requester
+from waltz.console.actions import Action, ActionKind, Confirmations, run_action
 from waltz.console.config import LOOPBACK_HOSTS, ConsoleConfig
 from waltz.console.metrics import MetricsHistory, client_ssl_context
 from waltz.console.observer import Observer
@@ -44,6 +47,8 @@ from waltz.errors import WaltzError
 __all__ = ["PACKAGE_DIR", "connect_admin", "create_app"]
 
 log = logging.getLogger(__name__)
+#: Who asked for which action, with its parameters and outcome (INFO; refusals at WARNING).
+audit = logging.getLogger("waltz.console.audit")
 
 #: Where the templates and the static files are (installed as package data).
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -71,6 +76,34 @@ class _SecurityHeaders(BaseHTTPMiddleware):
         for name, value in SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)
         return response
+
+
+class _ReadAccess(BaseHTTPMiddleware):
+    """403 for a request whose browser certificate may not read the console (certificate mode).
+
+    The static files (the page's libraries, no cluster data) are served to every peer the TLS
+    handshake let in; the actions check their own, stricter, roles."""
+
+    def __init__(self, app: Any, access: ConsoleAccess) -> None:
+        super().__init__(app)
+        self.access = access
+
+    async def dispatch(
+        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        if not request.url.path.startswith(("/static/", "/actions/")):
+            requester = self.access.requester(request.scope, request.headers, {})
+            refused = self.access.read_denial(requester)
+            if refused is not None:
+                audit.warning(
+                    "console: %s %s by %s refused: %s",
+                    request.method,
+                    request.url.path,
+                    requester.describe(),
+                    refused,
+                )
+                return PlainTextResponse(refused + "\n", status_code=403)
+        return await call_next(request)
 
 
 def _format_age(seconds: float | None) -> str:
@@ -107,13 +140,18 @@ def connect_admin(config: ConsoleConfig) -> ClusterAdmin:
     )
 
 
-def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Starlette:
+def create_app(
+    config: ConsoleConfig, admin: ClusterAdmin | None = None, access: ConsoleAccess | None = None
+) -> Starlette:
     """Build the console's application (nothing connects before it starts).
 
     Args:
         config: the console's settings; ``console_operator`` adds the operator routes.
         admin: a connected cluster admin the caller owns (:func:`connect_admin`); None: the
             application connects when it starts and closes the session when it stops.
+        access: who may read and act (docs/design/console.md "Access"); None: browser
+            certificates with roles when ``console_ssl_ca_file`` is set, else a new start token
+            (which only :meth:`ConsoleAccess.start_url` of the given rule shows).
 
     Returns:
         The ASGI application, for uvicorn (:func:`waltz.console.server.serve`) or a test client.
@@ -125,6 +163,9 @@ def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Star
     config.require()
     targets = config.metrics_targets()
     operator = config.console_operator
+    if access is None:
+        access = ConsoleAccess.for_browser_ca(config.console_ssl_ca_file is not None)
+    rule = access
     templates = Jinja2Templates(directory=str(PACKAGE_DIR / "templates"))
     templates.env.filters["age"] = _format_age
     templates.env.filters["rate"] = _rate
@@ -133,6 +174,7 @@ def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Star
         operator=operator,
         refresh=config.console_refresh,
         charts=MetricsHistory.CHARTS,
+        access_mode=access.mode.value,
     )
     confirmations = Confirmations()
     state: dict[str, Any] = {}
@@ -184,6 +226,8 @@ def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Star
             "targets": look.targets,
             "figures": look.partitions,
             "metrics_configured": bool(targets),
+            "actions": rule.allowed_actions(rule.requester(request.scope, request.headers, {})),
+            "action_kinds": ActionKind,
             **extra,
         }
 
@@ -237,23 +281,41 @@ def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Star
                 raise WaltzError(f"the form is larger than {MAX_FORM_BYTES} bytes")
             return {k: v[0] for k, v in parse_qs(body.decode("utf-8", errors="replace")).items()}
 
+        def refusal(request: Request, requester: Requester, what: str, reason: str) -> Response:
+            audit.warning("console: %s by %s refused: %s", what, requester.describe(), reason)
+            return templates.TemplateResponse(
+                request, "_result.html", {"ok": False, "message": reason}, status_code=403
+            )
+
         async def confirm(request: Request) -> Response:
             refused = foreign(request)
             if refused is not None:
                 return refused
             try:
                 fields = await form(request)
-                action = Action.parse(
-                    fields.get("kind", ""),
-                    fields.get("partition", ""),
-                    fields.get("storage", ""),
-                    fields.get("source"),
-                )
             except WaltzError as exc:
                 return templates.TemplateResponse(
                     request, "_result.html", {"ok": False, "message": str(exc)}, status_code=422
                 )
-            token = confirmations.issue(action)
+            requester = rule.requester(request.scope, request.headers, fields)
+            kind = fields.get("kind", "")
+            try:
+                action = Action.parse(
+                    kind, fields.get("partition", ""), fields.get("storage", ""), fields.get("source")
+                )
+            except WaltzError as exc:
+                # A malformed action says nothing to who may not act.
+                denied = rule.acting_denial(requester)
+                if denied is not None:
+                    return refusal(request, requester, f"asking for {kind or 'an action'}", denied)
+                return templates.TemplateResponse(
+                    request, "_result.html", {"ok": False, "message": str(exc)}, status_code=422
+                )
+            denied = rule.action_denial(requester, action.kind)
+            if denied is not None:
+                return refusal(request, requester, f"asking for {action.command()}", denied)
+            token = confirmations.issue(action, requester.identity)
+            audit.info("console: %s asked for by %s", action.command(), requester.describe())
             return templates.TemplateResponse(request, "_confirm.html", {"action": action, "token": token})
 
         async def run(request: Request) -> Response:
@@ -264,7 +326,11 @@ def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Star
                 fields = await form(request)
             except WaltzError:
                 fields = {}
-            action = confirmations.take(fields.get("token", ""))
+            requester = rule.requester(request.scope, request.headers, fields)
+            denied = rule.acting_denial(requester)
+            if denied is not None:
+                return refusal(request, requester, "running an action", denied)
+            action = confirmations.take(fields.get("token", ""), requester.identity)
             if action is None:
                 return templates.TemplateResponse(
                     request,
@@ -272,18 +338,21 @@ def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Star
                     {"ok": False, "message": "This confirmation is unknown, used or expired: ask again."},
                     status_code=409,
                 )
+            denied = rule.action_denial(requester, action.kind)
+            if denied is not None:
+                return refusal(request, requester, f"running {action.command()}", denied)
             admin = state["admin"]
-            log.warning("console: operator action: %s", action.command())
             try:
                 message = await asyncio.to_thread(run_action, admin, action)
             except (WaltzError, ConnectionError, TimeoutError) as exc:
-                log.warning("console: %s failed: %s", action.command(), exc)
+                audit.info("console: %s by %s failed: %s", action.command(), requester.describe(), exc)
                 return templates.TemplateResponse(
                     request,
                     "_result.html",
                     {"ok": False, "message": str(exc), "action": action},
                     status_code=409,
                 )
+            audit.info("console: %s by %s done: %s", action.command(), requester.describe(), message)
             await observer().look_once()
             return templates.TemplateResponse(
                 request, "_result.html", {"ok": True, "message": message, "action": action}
@@ -293,7 +362,7 @@ def create_app(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> Star
             Route("/actions/confirm", confirm, methods=["POST"]),
             Route("/actions/run", run, methods=["POST"]),
         ]
-    middleware = [Middleware(_SecurityHeaders)]
+    middleware = [Middleware(_SecurityHeaders), Middleware(_ReadAccess, access=access)]
     if config.console_host in LOOPBACK_HOSTS:
         # Bound to loopback, the console answers only requests addressed to loopback: a page of
         # another site whose name was made to resolve to 127.0.0.1 (DNS rebinding) gets 400.

@@ -7,28 +7,65 @@ newer), and with a CA it also requires a browser certificate signed by it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import ssl
 from collections.abc import Callable
+from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from waltz.admin.cluster_admin import ClusterAdmin
+from waltz.console.access import ConsoleAccess
 from waltz.console.app import create_app
 from waltz.console.config import ConsoleConfig
 
-__all__ = ["bind", "serve", "uvicorn_config"]
+__all__ = ["PeerCertificateProtocol", "bind", "serve", "uvicorn_config"]
 
 log = logging.getLogger(__name__)
 
 
-def uvicorn_config(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> uvicorn.Config:
+class PeerCertificateProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, adding the ASGI TLS extension to every request of a TLS
+    connection: ``scope["extensions"]["tls"]`` with ``client_cert_chain`` (the browser
+    certificate, PEM; empty without one) and ``tls_version``, which uvicorn leaves out
+    (docs/design/console.md "Access")."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        ssl_object = transport.get_extra_info("ssl_object")
+        if not isinstance(ssl_object, ssl.SSLObject):
+            return
+        der = ssl_object.getpeercert(binary_form=True)
+        tls = {
+            "server_cert": None,
+            "client_cert_chain": [ssl.DER_cert_to_PEM_cert(der)] if der else [],
+            "client_cert_name": None,
+            "client_cert_error": None,
+            "tls_version": None,
+            "cipher_suite": None,
+        }
+        app = self.app
+
+        async def with_tls(scope: Any, receive: Any, send: Any) -> None:
+            if scope.get("type") in ("http", "websocket"):
+                scope["extensions"] = {**scope.get("extensions", {}), "tls": tls}
+            await app(scope, receive, send)
+
+        self.app = with_tls
+
+
+def uvicorn_config(
+    config: ConsoleConfig, admin: ClusterAdmin | None = None, access: ConsoleAccess | None = None
+) -> uvicorn.Config:
     """The uvicorn configuration of the console (loaded: its TLS context is built).
 
     Args:
         config: the console's settings.
         admin: the connected cluster admin to use (owned by the caller), or None.
+        access: the access rule (see :func:`~waltz.console.app.create_app`).
 
     Raises:
         ConfigurationError: see :func:`~waltz.console.app.create_app`.
@@ -36,11 +73,11 @@ def uvicorn_config(config: ConsoleConfig, admin: ClusterAdmin | None = None) -> 
     """
     https = config.https
     server = uvicorn.Config(
-        create_app(config, admin),
+        create_app(config, admin, access),
         host=config.console_host,
         port=config.console_port,
         loop="asyncio",  # grpc.aio runs on asyncio's own loop
-        http="h11",
+        http=PeerCertificateProtocol,
         lifespan="on",
         log_level="warning",
         access_log=False,
@@ -85,8 +122,9 @@ def serve(
         config: the console's settings.
         admin: the connected cluster admin to use (owned by the caller), or None to connect at
             start.
-        on_bound: called with the console's URL (``http(s)://host:port/``) once the port is bound,
-            before the application starts.
+        on_bound: called with the URL to open once the port is bound, before the application
+            starts: ``http(s)://host:port/``, with ``?token=...`` when actions need the start
+            token (docs/design/console.md "Access"). The token is in no other output.
 
     Returns:
         True when it served and stopped on request; False when the application could not start
@@ -96,11 +134,13 @@ def serve(
         ConfigurationError: see :func:`~waltz.console.app.create_app`.
         OSError, ssl.SSLError: the port cannot be bound, or a TLS file is unusable.
     """
-    server = uvicorn.Server(uvicorn_config(config, admin))
+    access = ConsoleAccess.for_browser_ca(config.console_ssl_ca_file is not None)
+    server = uvicorn.Server(uvicorn_config(config, admin, access))
     with bind(config.console_host, config.console_port) as sock:
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
+        url = f"{'https' if config.https else 'http'}://{shown}:{port}/"
         if on_bound is not None:
-            on_bound(f"{'https' if config.https else 'http'}://{shown}:{port}/")
+            on_bound(access.start_url(url) if config.console_operator else url)
         server.run(sockets=[sock])
     return server.started

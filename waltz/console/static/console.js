@@ -47,6 +47,26 @@
       .catch(function () { /* the next refresh tries again */ });
   }
 
+  // The start token of a console without browser certificates: given once in the URL this console
+  // printed (?token=...), kept for this tab only, taken out of the address bar, and sent with every
+  // request htmx makes (the actions refuse a request without it).
+  const tokenKey = "waltz-console-token";
+  (function keepToken() {
+    const params = new URLSearchParams(window.location.search);
+    const token = params.get("token");
+    if (token) {
+      window.sessionStorage.setItem(tokenKey, token);
+      params.delete("token");
+      const rest = params.toString();
+      window.history.replaceState(null, "", window.location.pathname + (rest ? "?" + rest : "") + window.location.hash);
+    }
+  })();
+
+  document.addEventListener("htmx:configRequest", function (event) {
+    const token = window.sessionStorage.getItem(tokenKey);
+    if (token && event.detail.verb === "post") event.detail.headers["X-Console-Token"] = token;
+  });
+
   document.addEventListener("click", function (event) {
     const button = event.target.closest("[data-clear]");
     if (button) {

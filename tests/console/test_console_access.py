@@ -1,0 +1,278 @@
+"""Who may read the console and run its actions, over real sockets against a real local cluster
+(docs/design/console.md "Access"; docs/console.md "Operator actions").
+
+Two ``waltz console --operator`` processes serve the module: one over HTTPS that requires browser
+certificates made by :func:`~waltz.local.certificates.make_cluster_certificates` (roles ``client``,
+``server``, ``operator``, ``admin``), one on loopback over plain HTTP, whose actions need the token
+of its start line.
+"""
+
+from __future__ import annotations
+
+import re
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from urllib.parse import parse_qs
+
+import pytest
+import support
+
+from tests.console.console_helpers import RunningConsole, assigned_storages, launch_console
+from waltz.local.certificates import ClusterCertificates, make_cluster_certificates
+from waltz.local.cluster import LocalCluster
+from waltz.local.processes import wait_until
+
+pytest.importorskip("starlette", reason="the console extra is not installed")
+
+pytestmark = pytest.mark.security
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> ClusterCertificates:
+    return make_cluster_certificates(tmp_path_factory.mktemp("console-roles"))
+
+
+def browser(certificates: ClusterCertificates, name: str) -> ssl.SSLContext:
+    """A client context presenting the certificate ``name`` (``client``, ``node``, ``operator``,
+    ``admin``) and trusting the console's CA."""
+    context = ssl.create_default_context(cafile=str(certificates.ca_file))
+    context.load_cert_chain(certificates.cert_file(name), certificates.key_file(name))
+    return context
+
+
+@pytest.fixture(scope="module")
+def consoles(
+    console_cluster: LocalCluster,
+    tmp_path_factory: pytest.TempPathFactory,
+    certificates: ClusterCertificates,
+) -> Iterator[dict[str, RunningConsole]]:
+    logs = tmp_path_factory.mktemp("access-consoles")
+    https = (
+        "--tls-cert",
+        str(certificates.cert_file("node")),
+        "--tls-key",
+        str(certificates.key_file("node")),
+        "--tls-ca",
+        str(certificates.ca_file),
+    )
+    started: dict[str, RunningConsole] = {}
+    try:
+        started["certificates"] = launch_console(
+            logs,
+            console_cluster,
+            "--operator",
+            *https,
+            name="console-certificates",
+            tls=browser(certificates, "operator"),
+        )
+        started["token"] = launch_console(logs, console_cluster, "--operator", name="console-token")
+        for console in started.values():
+            console.wait_ready()
+        yield started
+    finally:
+        for console in started.values():
+            console.close()
+
+
+@pytest.fixture
+def cluster(
+    request: pytest.FixtureRequest, console_cluster: LocalCluster, consoles: dict[str, RunningConsole]
+) -> LocalCluster:
+    for name, console in consoles.items():
+        support.add_failure_logs(request.node, f"{name} console log", console.process.log_tail)
+    return support.healed_cluster(request, console_cluster)
+
+
+def request(
+    url: str,
+    body: str | None = None,
+    context: ssl.SSLContext | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, str]:
+    """GET (no body) or POST ``body`` as a form; the status and the text of the answer."""
+    data = None if body is None else body.encode()
+    method = "GET" if body is None else "POST"
+    sent = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(sent, timeout=30, context=context) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read().decode()
+
+
+def act(
+    console: RunningConsole,
+    form: str,
+    context: ssl.SSLContext | None = None,
+    headers: dict[str, str] | None = None,
+) -> list[int]:
+    """Ask for an action and, when a confirmation comes back, run it: the statuses of both steps."""
+    status, text = request(console.url + "actions/confirm", form, context, headers)
+    statuses = [status]
+    confirmation = re.search(r'name="token" value="([^"]+)"', text)
+    if confirmation is not None:
+        run_form = f"token={confirmation.group(1)}"
+        start_token = parse_qs(form).get("console_token")
+        if start_token:
+            run_form += f"&console_token={start_token[0]}"
+        statuses.append(request(console.url + "actions/run", run_form, context, headers)[0])
+    return statuses
+
+
+def assignments(cluster: LocalCluster) -> dict[int, list[str]]:
+    return {p: sorted(assigned_storages(cluster, p)) for p in range(cluster.num_partitions)}
+
+
+def action_forms(cluster: LocalCluster) -> list[str]:
+    """One valid form of each action against the cluster (two of them change it when run)."""
+    first, second = cluster.storages[0].address, cluster.storages[1].address
+    return [
+        f"kind=remove-replica&partition=1&storage={second}",
+        f"kind=add-replica&partition=0&storage={first}",
+        f"kind=recover-partition&partition=0&storage={second}&source={first}",
+    ]
+
+
+@pytest.mark.parametrize("role_name", ["client", "node"])
+def test_a_client_or_node_certificate_can_neither_read_nor_act(
+    cluster: LocalCluster,
+    consoles: dict[str, RunningConsole],
+    certificates: ClusterCertificates,
+    role_name: str,
+) -> None:
+    cluster.wait_ready()
+    console = consoles["certificates"]
+    context = browser(certificates, role_name)
+    before = assignments(cluster)
+    for form in action_forms(cluster):
+        assert act(console, form, context) == [403], form
+    status, text = request(console.url + "actions/run", "token=anything", context)
+    assert status == 403 and "urn:waltz:role:admin" in text, text
+    assert assignments(cluster) == before
+    for path in ("", "api/map.json", "fragments/map"):
+        status, text = request(console.url + path, context=context)
+        assert status == 403, path
+        assert "urn:waltz:role:operator" in text and "'cluster_key'" not in text, text
+    # The page's libraries carry nothing of the cluster.
+    assert request(console.url + "static/console.js", context=context)[0] == 200
+
+
+def test_an_operator_certificate_adds_replicas_and_an_admin_certificate_does_every_action(
+    cluster: LocalCluster, consoles: dict[str, RunningConsole], certificates: ClusterCertificates
+) -> None:
+    cluster.wait_ready()
+    console = consoles["certificates"]
+    operator, admin = browser(certificates, "operator"), browser(certificates, "admin")
+    storage = cluster.storages[1].address
+    assert storage in assigned_storages(cluster, 1)
+    remove = f"kind=remove-replica&partition=1&storage={storage}"
+    add = f"kind=add-replica&partition=1&storage={storage}"
+
+    # The operator reads, and is offered only the action its role allows.
+    status, page = request(console.url, context=operator)
+    assert status == 200 and 'value="add-replica"' in page and 'value="remove-replica"' not in page
+    status, page = request(console.url, context=admin)
+    assert status == 200 and 'value="remove-replica"' in page and 'value="recover-partition"' in page
+
+    # Discarding data needs the admin role.
+    first = cluster.storages[0].address
+    assert act(console, remove, operator) == [403]
+    assert act(console, f"kind=recover-partition&partition=0&storage={storage}&source={first}", operator) == [
+        403
+    ]
+    assert storage in assigned_storages(cluster, 1)
+    assert act(console, remove, admin) == [200, 200]
+    assert storage not in assigned_storages(cluster, 1)
+
+    # A confirmation belongs to whoever asked for it.
+    status, text = request(console.url + "actions/confirm", add, admin)
+    confirmation = re.search(r'name="token" value="([^"]+)"', text)
+    assert status == 200 and confirmation is not None, text
+    assert request(console.url + "actions/run", f"token={confirmation.group(1)}", operator)[0] == 409
+    assert storage not in assigned_storages(cluster, 1)
+
+    assert act(console, add, operator) == [200, 200]
+    assert storage in assigned_storages(cluster, 1)
+
+
+def test_the_action_log_names_the_subject_and_the_role(
+    cluster: LocalCluster, consoles: dict[str, RunningConsole], certificates: ClusterCertificates
+) -> None:
+    cluster.wait_ready()
+    console = consoles["certificates"]
+    storage = cluster.storages[0].address
+    assert storage in assigned_storages(cluster, 0)
+    form = f"kind=add-replica&partition=0&storage={storage}"
+    assert act(console, form, browser(certificates, "admin")) == [200, 200]
+    assert act(console, form, browser(certificates, "client")) == [403]
+    command = f"waltz cluster storage assign {storage} --partition 0"
+
+    def lines() -> tuple[str, str] | None:
+        log = console.log()
+        done = re.search(
+            rf"INFO waltz\.console\.audit .*{re.escape(command)} by certificate 'CN=waltz-admin' "
+            r"\(roles: admin\) from 127\.0\.0\.1:\d+ done: .*was already assigned.*",
+            log,
+        )
+        refused = re.search(
+            rf"WARNING waltz\.console\.audit .* asking for {re.escape(command)} by certificate "
+            r"'CN=waltz-client' \(roles: client\) from 127\.0\.0\.1:\d+ refused: .*urn:waltz:role:operator.*",
+            log,
+        )
+        return (done.group(0), refused.group(0)) if done and refused else None
+
+    done, refused = wait_until(lines, timeout=10, what="the console's audit lines", interval=0.1)
+    assert "by certificate 'CN=waltz-admin' (roles: admin)" in done, done
+    assert "by certificate 'CN=waltz-client' (roles: client)" in refused, refused
+
+
+def test_on_loopback_an_action_without_the_start_token_is_refused(
+    cluster: LocalCluster, consoles: dict[str, RunningConsole]
+) -> None:
+    cluster.wait_ready()
+    console = consoles["token"]
+    before = assignments(cluster)
+    for form in action_forms(cluster):
+        assert act(console, form) == [403], form
+        assert act(console, form, headers={"X-Console-Token": "not-the-token"}) == [403], form
+        assert act(console, form + "&console_token=not-the-token") == [403], form
+    status, text = request(console.url + "actions/run", "token=anything")
+    assert status == 403 and "token this console printed" in text, text
+    assert assignments(cluster) == before
+    # The pages stay readable on loopback.
+    assert request(console.url + "api/map.json")[0] == 200
+
+
+def test_on_loopback_the_start_token_runs_actions_and_shows_only_in_the_start_line(
+    cluster: LocalCluster, consoles: dict[str, RunningConsole]
+) -> None:
+    cluster.wait_ready()
+    console = consoles["token"]
+    token = console.token()
+    assert len(token) >= 40
+    storage = cluster.storages[2].address
+    assert storage in assigned_storages(cluster, 1)
+    header = {"X-Console-Token": token}
+    assert act(console, f"kind=remove-replica&partition=1&storage={storage}", headers=header) == [200, 200]
+    assert storage not in assigned_storages(cluster, 1)
+    form = f"kind=add-replica&partition=1&storage={storage}&console_token={token}"
+    assert act(console, form) == [200, 200]
+    assert storage in assigned_storages(cluster, 1)
+
+    status, page = request(console.url)
+    assert status == 200 and token not in page
+
+    def logged() -> str | None:
+        log = console.log()
+        found = re.search(r".* by loopback token holder from 127\.0\.0\.1:\d+ done: .*", log)
+        return log if found and "assign" in found.group(0) else None
+
+    log = wait_until(logged, timeout=10, what="the token holder's audit line", interval=0.1)
+    assert log.count(token) == 1, log
+    [line] = [line for line in log.splitlines() if token in line]
+    assert line.startswith("waltz console of ") and line.endswith("Ctrl-C stops it"), line
+    assert line == f"waltz console of {cluster.root} at {console.url}?token={token} " + (
+        "(operator: actions need this URL's token); Ctrl-C stops it"
+    )
