@@ -148,6 +148,30 @@ def test_a_confirmation_is_used_once_and_expires() -> None:
     assert confirmations.take(token) is None
     expired = Confirmations(ttl=0.0)
     assert expired.take(expired.issue(action)) is None
+    # Only who asked can confirm; another requester uses the token up for nothing.
+    owned = confirmations.issue(action, "certificate:CN=alice")
+    assert confirmations.take(owned, "certificate:CN=bob") is None
+    assert confirmations.take(owned, "certificate:CN=alice") is None
+
+
+def test_each_action_needs_its_role_and_the_token_is_not_shown_twice() -> None:
+    from waltz.console.access import ACTION_ROLES, READ_ROLES, AccessMode, ConsoleAccess, Requester
+    from waltz.protocol.roles import Role
+
+    assert {
+        ActionKind.ADD_REPLICA: {Role.OPERATOR, Role.ADMIN},
+        ActionKind.REMOVE_REPLICA: {Role.ADMIN},
+        ActionKind.RECOVER_PARTITION: {Role.ADMIN},
+    } == ACTION_ROLES
+    assert {Role.OPERATOR, Role.ADMIN} == READ_ROLES
+    rule = ConsoleAccess(AccessMode.CERTIFICATES)
+    assert rule.start_url("https://h:1/") == "https://h:1/"
+    operator = Requester("127.0.0.1:9", "CN=o", frozenset({Role.OPERATOR}))
+    assert rule.allowed_actions(operator) == [ActionKind.ADD_REPLICA]
+    assert rule.allowed_actions(Requester("127.0.0.1:9", "CN=c", frozenset({Role.CLIENT}))) == []
+    assert "browser certificate" in (rule.acting_denial(Requester("127.0.0.1:9")) or "")
+    tokens = {ConsoleAccess(AccessMode.TOKEN).start_url("http://h:1/") for _ in range(3)}
+    assert len(tokens) == 3 and all(len(url.partition("?token=")[2]) >= 40 for url in tokens)
 
 
 @pytest.mark.parametrize(

@@ -134,8 +134,8 @@ def console(
 
     The console binds 127.0.0.1 unless told otherwise, and is read-only: only --operator adds the
     actions, and each one runs after a confirmation in the page. With --operator and no --tls-ca it
-    prints, on standard output, the URL to open with a one-time token (?token=...) that every
-    action needs. Every action is logged with who asked (certificate subject and roles, or the
+    prints, on standard output, the URL to open with a random token made at start (?token=...)
+    that every action needs. Every action is logged with who asked (certificate subject and roles, or the
     token holder's address).
 
     Example: waltz console -z 127.0.0.1:2181 -r /waltz/c1 --metrics http://127.0.0.1:55181/metrics
