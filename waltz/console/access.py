@@ -16,6 +16,7 @@ Design: docs/design/console.md "Access". The console knows who asks in one of tw
 from __future__ import annotations
 
 import enum
+import functools
 import hmac
 import secrets
 from collections.abc import Mapping
@@ -103,6 +104,7 @@ def client_certificate(scope: Mapping[str, Any]) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=256)
 def _subject(pem: str) -> str:
     from cryptography import x509
 

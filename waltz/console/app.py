@@ -151,7 +151,7 @@ def create_app(
             application connects when it starts and closes the session when it stops.
         access: who may read and act (docs/design/console.md "Access"); None: browser
             certificates with roles when ``console_ssl_ca_file`` is set, else a new start token
-            (which only :meth:`ConsoleAccess.start_url` of the given rule shows).
+            that nobody is shown (give the rule whose :meth:`ConsoleAccess.start_url` is printed).
 
     Returns:
         The ASGI application, for uvicorn (:func:`waltz.console.server.serve`) or a test client.
@@ -163,9 +163,7 @@ def create_app(
     config.require()
     targets = config.metrics_targets()
     operator = config.console_operator
-    if access is None:
-        access = ConsoleAccess.for_browser_ca(config.console_ssl_ca_file is not None)
-    rule = access
+    rule = access or ConsoleAccess.for_browser_ca(config.console_ssl_ca_file is not None)
     templates = Jinja2Templates(directory=str(PACKAGE_DIR / "templates"))
     templates.env.filters["age"] = _format_age
     templates.env.filters["rate"] = _rate
@@ -174,7 +172,7 @@ def create_app(
         operator=operator,
         refresh=config.console_refresh,
         charts=MetricsHistory.CHARTS,
-        access_mode=access.mode.value,
+        access_mode=rule.mode.value,
     )
     confirmations = Confirmations()
     state: dict[str, Any] = {}
@@ -362,7 +360,7 @@ def create_app(
             Route("/actions/confirm", confirm, methods=["POST"]),
             Route("/actions/run", run, methods=["POST"]),
         ]
-    middleware = [Middleware(_SecurityHeaders), Middleware(_ReadAccess, access=access)]
+    middleware = [Middleware(_SecurityHeaders), Middleware(_ReadAccess, access=rule)]
     if config.console_host in LOOPBACK_HOSTS:
         # Bound to loopback, the console answers only requests addressed to loopback: a page of
         # another site whose name was made to resolve to 127.0.0.1 (DNS rebinding) gets 400.
