@@ -4,7 +4,8 @@
 Two ``waltz console --operator`` processes serve the module: one over HTTPS that requires browser
 certificates made by :func:`~waltz.local.certificates.make_cluster_certificates` (roles ``client``,
 ``server``, ``operator``, ``admin``), one on loopback over plain HTTP, whose actions need the token
-of its start line.
+of its start line. Requests go over real sockets with ``urllib``; the page's behaviour is checked
+in headless chromium, which presents the certificates (Playwright's ``client_certificates``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
@@ -276,3 +278,52 @@ def test_on_loopback_the_start_token_runs_actions_and_shows_only_in_the_start_li
     assert line == f"waltz console of {cluster.root} at {console.url}?token={token} " + (
         "(operator: actions need this URL's token); Ctrl-C stops it"
     )
+
+
+def test_in_a_browser_an_operator_certificate_is_offered_only_what_its_role_allows(
+    cluster: LocalCluster,
+    consoles: dict[str, RunningConsole],
+    certificates: ClusterCertificates,
+    chromium: Any,
+) -> None:
+    expect: Any = pytest.importorskip("playwright.sync_api").expect
+    cluster.wait_ready()
+    console = consoles["certificates"]
+    origin = console.url.rstrip("/")
+
+    def page_as(name: str) -> Any:
+        context = chromium.new_context(
+            ignore_https_errors=True,  # the console's CA is the test's own
+            client_certificates=[
+                {
+                    "origin": origin,
+                    "certPath": str(certificates.cert_file(name)),
+                    "keyPath": str(certificates.key_file(name)),
+                }
+            ],
+        )
+        return context, context.new_page()
+
+    context, page = page_as("operator")
+    try:
+        page.goto(console.url)
+        expect(page.locator("#mode")).to_have_text("operator")
+        expect(page.locator("#action-kind option")).to_have_count(1)
+        expect(page.locator("#action-kind option")).to_have_attribute("value", "add-replica")
+        storage = cluster.storages[0].address
+        page.select_option("#action-partition", "0")
+        page.select_option("#action-storage", storage)
+        page.click("#action-submit")
+        page.click("#action-confirm")
+        expect(page.locator("#action-outcome")).to_have_attribute("data-ok", "yes", timeout=30_000)
+        expect(page.locator("#action-outcome")).to_contain_text("was already assigned")
+    finally:
+        context.close()
+
+    context, page = page_as("client")
+    try:
+        response = page.goto(console.url)
+        assert response is not None and response.status == 403
+        expect(page.locator("body")).to_contain_text("urn:waltz:role:operator")
+    finally:
+        context.close()
