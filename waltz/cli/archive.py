@@ -479,6 +479,7 @@ def restore(
     from waltz.archive.location import normal_location
     from waltz.archive.restore import RestoreRefusedError, restore_cluster
     from waltz.errors import WaltzError
+    from waltz.protocol.cluster_key import cluster_key_fingerprint
 
     quiet_logging()
     specs = []
@@ -518,7 +519,7 @@ def restore(
         verdict = "restored" if result.ok else "restored with failures (delete it and restore again)"
         typer.echo(
             f"{verdict}: cluster {result.params.name!r} under {admin.root}, {result.params.num_partitions} "
-            f"partitions, cluster key {result.params.cluster_key}; start its servers"
+            f"partitions, cluster key {cluster_key_fingerprint(result.params.cluster_key)}; start its servers"
         )
     if not result.ok:
         raise typer.Exit(1)

@@ -43,6 +43,7 @@ __all__ = [
     "RunTimeoutOption",
     "SegmentArgument",
     "ServerArgument",
+    "ShowKeyOption",
     "SizeOption",
     "StorageArgument",
     "StorageDirArgument",
@@ -70,6 +71,14 @@ LogLevelOption = Annotated[
     typer.Option(help="Log level of this process (the nodes it starts log to files in the work directory)."),
 ]
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+ShowKeyOption = Annotated[
+    bool,
+    typer.Option(
+        "--show-key",
+        help="Also print the cluster key itself (a secret: it initialises and opens storage nodes). "
+        "Without it only its fingerprint, sha256:<hex>, is printed.",
+    ),
+]
 
 # --- reaching a cluster -----------------------------------------------------------------------------
 

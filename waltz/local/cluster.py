@@ -87,6 +87,7 @@ from waltz.local.zookeeper import LocalZooKeeper
 from waltz.metadata.replicas import spread_replicas
 from waltz.metadata.zk import ClusterPaths
 from waltz.metadata.zk_security import ZooKeeperSecurity
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 
 __all__ = ["LocalCluster"]
 
@@ -639,7 +640,8 @@ class LocalCluster:
         """
         lines = [
             f"Waltz local cluster {self._name!r}: partitions {self._partitions}, "
-            f"replicas per partition {self._replicas}, cluster key {self._cluster_key or '(not created)'}",
+            f"replicas per partition {self._replicas}, cluster key "
+            + (cluster_key_fingerprint(self._cluster_key) if self._cluster_key else "(not created)"),
         ]
         lines += self._nodes.describe_zookeeper()
         lines.append(f"  cluster root   {self.root}")
