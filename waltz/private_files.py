@@ -18,6 +18,7 @@ __all__ = [
     "PRIVATE_FILE_MODE",
     "PRIVATE_UMASK",
     "open_private",
+    "open_to_others",
     "private_directory",
     "tighten",
     "write_private",
@@ -31,21 +32,24 @@ PRIVATE_DIRECTORY_MODE = 0o700
 PRIVATE_UMASK = 0o077
 
 
-def private_directory(path: Path) -> Path:
-    """Create a directory ``0700`` (and its missing parents ``0700``), or make an existing one ``0700``.
+def private_directory(path: Path, *, narrow: bool = False) -> Path:
+    """Create a directory ``0700`` (and its missing parents ``0700``), whatever the umask.
 
-    An existing directory is narrowed to ``0700`` (the directory a node or a tool was given for its
-    own files: no other local user may read them); its existing parents are left as they are.
+    An existing directory keeps its mode unless ``narrow``: a directory given by the user (a
+    storage node's data directory, a work directory) may be shared, such as ``/tmp``, and is never
+    changed; what the project creates inside it is private. ``narrow`` is for directories that are
+    the project's own by their place (a partition's directory inside a storage directory).
 
     Args:
         path: the directory.
+        narrow: give an existing directory ``0700`` too.
 
     Returns:
         ``path``.
 
     Raises:
         OSError: the directory cannot be created or its mode changed (not its owner), or ``path``
-            is a file.
+            is a file (:class:`NotADirectoryError`).
     """
     missing = []
     current = path
@@ -56,13 +60,18 @@ def private_directory(path: Path) -> Path:
         try:
             directory.mkdir(mode=PRIVATE_DIRECTORY_MODE)
         except FileExistsError:
-            pass  # made meanwhile by another thread or process: narrowed below when it is ``path``
-        else:
-            os.chmod(directory, PRIVATE_DIRECTORY_MODE)  # mkdir's mode is masked by the umask
+            continue  # made meanwhile by another thread or process: its mode is its maker's
+        os.chmod(directory, PRIVATE_DIRECTORY_MODE)  # mkdir's mode is masked by the umask
     if not path.is_dir():
         raise NotADirectoryError(f"{path} is not a directory")
-    tighten(path)
+    if narrow:
+        tighten(path)
     return path
+
+
+def open_to_others(path: Path) -> bool:
+    """Whether users other than the owner may enter or read a directory (any of ``077``'s bits)."""
+    return bool(os.stat(path).st_mode & 0o077)
 
 
 def tighten(path: Path) -> None:

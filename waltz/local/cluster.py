@@ -87,6 +87,7 @@ from waltz.local.zookeeper import LocalZooKeeper
 from waltz.metadata.replicas import spread_replicas
 from waltz.metadata.zk import ClusterPaths
 from waltz.metadata.zk_security import ZooKeeperSecurity
+from waltz.private_files import private_directory
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 
 __all__ = ["LocalCluster"]
@@ -362,7 +363,7 @@ class LocalCluster:
         try:
             if self._work_dir is None:
                 self._work_dir = Path(tempfile.mkdtemp(prefix="waltz-local-")).resolve()
-            self._work_dir.mkdir(parents=True, exist_ok=True)
+            private_directory(self._work_dir)
             layout = self._load_layout()
             if self._hosts is not None:
                 self._hosts.start(layout.subnet if layout is not None else None)

@@ -24,7 +24,7 @@ from waltz.errors import (
     ProtocolError,
     StorageNotInitializedError,
 )
-from waltz.private_files import private_directory
+from waltz.private_files import open_to_others, private_directory
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.records import MAX_PARTITIONS
 from waltz.services.storage import format as fmt
@@ -132,6 +132,15 @@ class StorageNode:
             CorruptDataError: the control file header is invalid.
         """
         private_directory(self.directory)
+        if open_to_others(self.directory):
+            log.warning(
+                "storage directory %s may be read by other users (mode %o): its partitions' "
+                "directories and the control file are private, but give it mode 700 "
+                '(chmod 700 %s; docs/design/storage.md, "File modes")',
+                self.directory,
+                self.directory.stat().st_mode & 0o777,
+                self.directory,
+            )
         if ControlFile.path_in(self.directory).exists():
             self._control = ControlFile.open(self.directory)
             for child in sorted(self.directory.iterdir()):

@@ -130,7 +130,7 @@ class StoragePartition:
         partition that has no segment yet at that transaction.
         """
         created = not directory.exists()
-        private_directory(directory)
+        private_directory(directory, narrow=True)
         if created:
             fsync_directory(directory.parent)
         partition = cls(directory, partition_id, control_file, **kwargs)
