@@ -229,7 +229,8 @@ def verify(
     backup). Exit code 1 when a check FAILED; warnings do not fail.
 
     Note: the admin open that checks a node's identity initialises a node that has no control
-    file yet (an empty directory) for this cluster.
+    file yet (an empty directory) for this cluster; with mutual TLS only a certificate of the
+    admin role may, and with an operator's such a node's check FAILS (permission denied).
     """
     with connected_admin(config, zookeeper, root, timeout) as admin:
         report = admin.verify()
