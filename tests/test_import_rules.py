@@ -17,6 +17,9 @@ import pytest
 #: What every layer may import besides itself: the error hierarchy under ``WaltzError``, a module
 #: that imports nothing of ours.
 ERRORS = "waltz.errors"
+#: The modes of the files the project writes, a module that imports nothing of ours either: the
+#: storage node and the archive's format write with it.
+FILE_MODES = "waltz.private_files"
 
 #: The modules of the top level that the client may use besides the wire protocol and the
 #: metadata layer: errors, configuration loading, a histogram of its metrics and the hooks of
@@ -43,6 +46,11 @@ def _imports_from(graph: grimp.ImportGraph, package: str) -> Iterator[tuple[str,
 
 def _describe(pairs: Iterable[tuple[str, str]]) -> str:
     return "\n".join(f"  {importer} -> {imported}" for importer, imported in pairs)
+
+
+def test_the_file_modes_import_nothing_of_ours(graph: grimp.ImportGraph) -> None:
+    bad = [(a, b) for a, b in _imports_from(graph, FILE_MODES)]
+    assert not bad, f"{FILE_MODES} must stand alone; it imports:\n{_describe(bad)}"
 
 
 def test_the_wire_protocol_imports_nothing_of_ours_but_the_errors(graph: grimp.ImportGraph) -> None:
@@ -121,7 +129,9 @@ def test_the_archives_format_imports_only_the_protocol_and_the_errors(graph: gri
         (module, imported)
         for module in ARCHIVE_FORMAT
         for imported in sorted(graph.find_modules_directly_imported_by(module))
-        if imported != ERRORS and imported not in ARCHIVE_FORMAT and not _within(imported, "waltz.protocol")
+        if imported not in (ERRORS, FILE_MODES)
+        and imported not in ARCHIVE_FORMAT
+        and not _within(imported, "waltz.protocol")
     ]
     assert not bad, f"the archive's format may import only waltz.protocol and the errors:\n{_describe(bad)}"
 

@@ -23,6 +23,7 @@ from waltz.local.processes import free_port, wait_until
 from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper
 from waltz.metadata.values import PartitionMetadata, ReplicaState
 from waltz.metadata.zk import ClusterZk
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
 from waltz.services.storage import format as fmt
@@ -111,6 +112,29 @@ def create(cli: Cli, nodes: list[LocalStorageNode], partitions: int, *extra: str
 # ---- create, list, verify -----------------------------------------------------------------------
 
 
+@pytest.mark.security
+def test_the_cluster_key_is_printed_and_logged_by_its_fingerprint_only(
+    cli: Cli, start_storage: StartStorage, zk_client: KazooClient, zk_root: str, tmp_path: Path
+) -> None:
+    """create, list (text and JSON) and verify print the key's fingerprint, never the key, and so do
+    the storage nodes' logs; --show-key is the one way to print the key itself."""
+    nodes = [start_storage() for _ in range(2)]
+    outputs = [create(cli, nodes, 2).output]
+    key = str(ClusterZk(zk_client, zk_root).params().cluster_key)
+    fingerprint = cluster_key_fingerprint(key)
+    outputs += [cli("list").output, cli("list", "--json").output, cli("verify").output]
+    outputs.append(cli("verify", "--json").output)
+    logs = sorted(tmp_path.glob("storage-*.log"))
+    assert len(logs) == 2
+    for text in [*outputs, *(path.read_text() for path in logs)]:
+        assert key not in text and key.upper() not in text
+        assert key.replace("-", "") not in text
+    assert all(fingerprint in text for text in [*outputs, *(path.read_text() for path in logs)])
+    # The explicit way to the key: --show-key, in text and in JSON.
+    assert key in cli("list", "--show-key").output
+    assert cli.json("list", "--show-key")["cluster_key"] == key
+
+
 def test_create_then_list_and_verify_pass(
     cli: Cli, start_storage: StartStorage, zk_client: KazooClient, zk_root: str, tmp_path: Path
 ) -> None:
@@ -128,12 +152,13 @@ def test_create_then_list_and_verify_pass(
         assert sorted(node_partitions(node, str(params.cluster_key), 4)) == [0, 1, 2, 3]
 
     listed = cli.json("list")
-    assert listed["cluster_key"] == str(params.cluster_key)
+    assert listed["cluster_key_fingerprint"] == cluster_key_fingerprint(params.cluster_key)
+    assert "cluster_key" not in listed
     assert [n["connect_string"] for n in listed["storage_nodes"]] == sorted(n.address for n in nodes)
     assert all(n["admin_port"] and n["partitions"] == [0, 1, 2, 3] for n in listed["storage_nodes"])
     assert [(p["generation"], p["session_id"]) for p in listed["partitions"]] == [(0, -1)] * 4
     text = cli("list").output
-    assert f"cluster key: {params.cluster_key}" in text
+    assert f"cluster key: {cluster_key_fingerprint(params.cluster_key)}" in text
     assert len(lines_with(text, "no replica state yet")) == 12
 
     # Settings from the environment and from a YAML file work as well as the options.

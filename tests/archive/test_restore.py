@@ -17,6 +17,7 @@ import hashlib
 import json
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -297,8 +298,14 @@ def test_a_root_that_holds_a_cluster_and_nodes_that_are_not_empty_are_refused(
             "--storage", storage_spec(empty), "--storage", storage_spec(used), *where, expect=1,
         )  # fmt: skip
         assert "not empty" in refused.output and used.address in refused.output, refused.output
-        key = re.search(r"--cluster-key ([0-9a-f-]{36})", refused.output)
-        assert key is not None and empty.address in refused.output, refused.output
+        kept = re.search(r"--cluster-key-file (\S+),", refused.output)
+        assert kept is not None and empty.address in refused.output, refused.output
+        key_file = Path(kept.group(1))
+        key = re.fullmatch(r"([0-9a-f-]{36})\n", key_file.read_text())
+        assert key is not None and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        # The message names the key by its fingerprint; the key itself is only in the private file.
+        assert key.group(1) not in refused.output
+        assert cluster_key_fingerprint(key.group(1)) in refused.output
         with _zk(connect) as client:
             assert client.exists(zk_root) is None, "nothing written to ZooKeeper"
         assert (synthetic_archive / "archive.json").read_bytes() == before
@@ -306,8 +313,9 @@ def test_a_root_that_holds_a_cluster_and_nodes_that_are_not_empty_are_refused(
         # The empty node took the key the message gives: with it, the restore goes through on it.
         waltz(
             "archive", "restore", "--from", str(synthetic_archive), "--name", "restored",
-            "--storage", storage_spec(empty), "--cluster-key", key.group(1), *where,
+            "--storage", storage_spec(empty), "--cluster-key-file", str(key_file), *where,
         )  # fmt: skip
+        key_file.unlink()
         with _zk(connect) as client:
             cluster = ClusterZk(client, zk_root)
             assert str(cluster.params().cluster_key) == key.group(1)

@@ -11,7 +11,12 @@ Design: docs/design/overview.md, "Roles".
 from __future__ import annotations
 
 import asyncio
+import ssl
+import urllib.error
+import urllib.request
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -19,12 +24,15 @@ import pytest
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.admin.storage_nodes import StorageAccessDeniedError, call_admin
+from waltz.errors import StorageRpcError
 from waltz.local.certificates import ClusterCertificates
 from waltz.local.cluster import LocalCluster
+from waltz.local.nodes import LocalStorageNode
 from waltz.local.options import SecurityOptions
 from waltz.protocol.records import ReqId
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient, StorageStreamError
+from waltz.services.storage import format as fmt
 
 pytestmark = pytest.mark.security
 
@@ -181,3 +189,71 @@ def test_check_connectivity_with_a_client_and_an_operator_certificate(secured: L
     assert [c.detail for c in as_client if c.kind == "storage-admin"] == [
         "answers (its status needs the operator role)"
     ]
+
+
+@pytest.fixture
+def empty_storage(secured: LocalCluster, tmp_path: Path) -> Iterator[LocalStorageNode]:
+    """A storage node with the cluster's TLS files and no control file yet, serving /metrics."""
+    node = LocalStorageNode(
+        tmp_path / "empty",
+        name="empty",
+        log_path=tmp_path / "empty.log",
+        metrics=True,
+        env=certificates(secured).storage_env(),
+    )
+    try:
+        node.start()
+        yield node
+    finally:
+        node.close()
+
+
+def test_an_operator_cannot_initialise_an_empty_storage_node(
+    secured: LocalCluster, empty_storage: LocalStorageNode
+) -> None:
+    """An operator's admin open of a node without a control file is refused and writes nothing: the
+    node stays free for the admin of its real cluster (the control)."""
+    claimed = str(uuid.uuid4())
+
+    async def open_as(role: str, key: str) -> None:
+        async with StorageAdminClient(
+            empty_storage.admin_address, key, 1, tls=certificates(secured).tls(role)
+        ) as admin:
+            await admin.partition_status(-1)
+
+    with pytest.raises(StorageStreamError, match=r"PERMISSION_DENIED.*initialising.*urn:waltz:role:admin"):
+        asyncio.run(open_as("operator", claimed))
+    assert not (empty_storage.directory / fmt.CONTROL_FILE_NAME).exists()
+    real = str(uuid.uuid4())
+    asyncio.run(open_as("admin", real))  # the control: the admin role initialises it
+    assert (empty_storage.directory / fmt.CONTROL_FILE_NAME).exists()
+    asyncio.run(open_as("operator", real))  # and an operator may then open it, with its key
+    with pytest.raises(StorageRpcError, match="CLUSTER_KEY_MISMATCH"):
+        asyncio.run(open_as("operator", claimed))
+
+
+def _https_get(url: str, files: ClusterCertificates, role: str) -> tuple[int, bytes]:
+    context = ssl.create_default_context(cafile=str(files.ca_file))
+    context.load_cert_chain(files.cert_file(role), files.key_file(role))
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT, context=context) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_metrics_and_health_need_an_operator_admin_or_node_certificate(
+    secured: LocalCluster, empty_storage: LocalStorageNode
+) -> None:
+    """A certificate of the cluster's CA is not enough for /metrics and /health: an application's
+    (role ``client``) is refused with 403, the operator's, the admin's and the nodes' own read them."""
+    files = certificates(secured)
+    base = f"https://127.0.0.1:{empty_storage.metrics_port}"
+    for path in ("/metrics", "/health"):
+        status, body = _https_get(base + path, files, "client")
+        assert status == 403, (path, status, body)
+        assert b"urn:waltz:role:operator" in body and b"waltz_" not in body
+        for role in ("operator", "admin", "node"):
+            status, body = _https_get(base + path, files, role)
+            assert status in (200, 503), (path, role, status, body)  # 503: /health of an empty node
+            assert path != "/metrics" or b"waltz_storage" in body

@@ -15,6 +15,7 @@ from typing import Any
 from waltz.errors import ClusterNotFoundError, MetadataError
 from waltz.metadata.values import ClusterParams, PartitionMetadata, ReplicaState
 from waltz.metadata.zk import ClusterZk
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 
 __all__ = ["ClusterDescription", "PartitionInfo", "StorageNodeInfo", "describe_cluster", "replica_states"]
 
@@ -85,13 +86,19 @@ class ClusterDescription:
                 return node
         return None
 
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (``waltz cluster list --json``); unresolved marks are ``null``."""
+    def to_json(self, *, show_key: bool = False) -> dict[str, Any]:
+        """A JSON-ready dict (``waltz cluster list --json``); unresolved marks are ``null``.
+
+        The cluster key is there by its fingerprint (``cluster_key_fingerprint``); the key itself
+        (``cluster_key``) only with ``show_key`` (docs/design/overview.md, "The cluster key").
+        """
+        key = {"cluster_key": str(self.params.cluster_key)} if show_key else {}
         return {
             "root": self.root,
             "name": self.params.name,
             "num_partitions": self.params.num_partitions,
-            "cluster_key": str(self.params.cluster_key),
+            "cluster_key_fingerprint": cluster_key_fingerprint(self.params.cluster_key),
+            **key,
             "storage_nodes": [
                 {
                     "connect_string": n.connect_string,

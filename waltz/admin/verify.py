@@ -32,6 +32,7 @@ from waltz.admin.storage_nodes import (
 from waltz.errors import StorageRpcError
 from waltz.metadata.replicas import quorum_of
 from waltz.protocol.channels import TlsConfig
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz.protocol.storage_pb2 import PartitionStatus
 
@@ -255,7 +256,8 @@ def metadata_checks(description: ClusterDescription) -> list[CheckResult]:
             "zookeeper: cluster metadata",
             CheckStatus.PASSED,
             f"cluster {params.name!r} under {description.root}: {params.num_partitions} partitions, "
-            f"key {params.cluster_key}, {len(description.storage_nodes)} storage node(s)",
+            f"key {cluster_key_fingerprint(params.cluster_key)}, {len(description.storage_nodes)} "
+            "storage node(s)",
         )
     ]
     incomplete = []
@@ -327,7 +329,8 @@ def storage_checks(description: ClusterDescription, probes: Mapping[str, Storage
             CheckResult(
                 f"{prefix}: cluster key and partition count",
                 CheckStatus.PASSED,
-                f"key {description.params.cluster_key}, {description.params.num_partitions} partitions",
+                f"key {cluster_key_fingerprint(description.params.cluster_key)}, "
+                f"{description.params.num_partitions} partitions",
             )
         )
         expected = set(node.partitions)

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from waltz.archive.errors import ArchiveFormError
-from waltz.archive.location import open_location, read_file, write_json_atomically
+from waltz.archive.location import (
+    create_private_dir,
+    make_private,
+    open_location,
+    read_file,
+    write_json_atomically,
+)
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -112,14 +118,15 @@ class ArchiveFiles:
         return read_file(self.filesystem, self.path(relative))
 
     def write(self, relative: str, data: bytes) -> None:
-        """Write a file (its directory is created when missing).
+        """Write a file (its directory is created when missing; both private on a local directory).
 
         Raises:
             OSError: the location refused the write.
         """
-        self.filesystem.create_dir(posixpath.dirname(self.path(relative)), recursive=True)
+        create_private_dir(self.filesystem, posixpath.dirname(self.path(relative)))
         with self.filesystem.open_output_stream(self.path(relative)) as stream:
             stream.write(data)
+        make_private(self.filesystem, self.path(relative))
 
     def move(self, source: str, target: str) -> None:
         """Rename a file of the archive (replacing ``target``)."""
@@ -162,5 +169,5 @@ class ArchiveFiles:
         Raises:
             OSError: the location refused the write.
         """
-        self.filesystem.create_dir(posixpath.dirname(self.path(relative)), recursive=True)
+        create_private_dir(self.filesystem, posixpath.dirname(self.path(relative)))
         write_json_atomically(self.filesystem, self.path(relative), document)

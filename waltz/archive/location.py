@@ -8,18 +8,24 @@ to a temporary file and renamed over the old one, so a reader sees the old docum
 one, never a part; every file's SHA-256 is what a manifest records of it. A manifest says its ``kind``
 and its ``form``; a reader refuses another kind and a newer form than it reads.
 
-Imports only pyarrow (when called) and the errors, so that every reader of the archive may use it.
+On a local directory the files are written ``0600`` in ``0700`` directories (docs/design/storage.md,
+"File modes": an archive holds every record of the log); at a URL the store's own access rules apply.
+
+Imports only pyarrow (when called), the errors and the file modes, so that every reader of the
+archive may use it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from waltz.errors import WaltzError
+from waltz.private_files import PRIVATE_FILE_MODE, private_directory
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -27,7 +33,9 @@ if TYPE_CHECKING:
 __all__ = [
     "LocationError",
     "check_form",
+    "create_private_dir",
     "file_sha256",
+    "make_private",
     "normal_location",
     "open_location",
     "read_file",
@@ -78,6 +86,34 @@ def open_location(location: str) -> tuple[pafs.FileSystem, str]:
     return filesystem, path
 
 
+def _is_local(filesystem: pafs.FileSystem) -> bool:
+    import pyarrow.fs as pafs
+
+    return isinstance(filesystem, pafs.LocalFileSystem)
+
+
+def create_private_dir(filesystem: pafs.FileSystem, path: str) -> None:
+    """Create a directory and its missing parents: ``0700`` on a local filesystem.
+
+    Raises:
+        OSError: the location refused it.
+    """
+    if _is_local(filesystem):
+        private_directory(Path(path))
+    else:
+        filesystem.create_dir(path, recursive=True)
+
+
+def make_private(filesystem: pafs.FileSystem, path: str) -> None:
+    """Give a file just written ``0600`` on a local filesystem (nothing elsewhere).
+
+    Raises:
+        OSError: the mode cannot be changed.
+    """
+    if _is_local(filesystem):
+        os.chmod(path, PRIVATE_FILE_MODE)
+
+
 def file_sha256(filesystem: pafs.FileSystem, path: str) -> str:
     """The SHA-256 of a file's bytes, hex.
 
@@ -114,6 +150,7 @@ def write_json_atomically(filesystem: pafs.FileSystem, path: str, document: Mapp
     temporary = path + ".tmp"
     with filesystem.open_output_stream(temporary) as stream:
         stream.write(data)
+    make_private(filesystem, temporary)
     filesystem.move(temporary, path)
 
 

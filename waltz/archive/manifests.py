@@ -9,7 +9,6 @@ chunks contiguous and non-overlapping. A manifest is changed only by returning a
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -24,6 +23,7 @@ from waltz.archive.layout import (
     partition_directory,
 )
 from waltz.archive.location import check_form
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 
 __all__ = [
     "ARCHIVE_FORM",
@@ -46,11 +46,6 @@ ARCHIVE_FORM = 1
 ARCHIVE_KIND = "waltz-archive"
 #: What ``"kind"`` says in a partition's ``manifest.json``.
 PARTITION_KIND = "waltz-archive-partition"
-
-
-def cluster_key_fingerprint(cluster_key: str) -> str:
-    """``sha256:<hex>`` of a cluster key's text (the key itself is never written to the archive)."""
-    return "sha256:" + hashlib.sha256(str(cluster_key).encode("utf-8")).hexdigest()
 
 
 def _check_form(raw: Any, kind: str, where: str) -> dict[str, Any]:

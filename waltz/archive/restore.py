@@ -67,7 +67,17 @@ log = logging.getLogger(__name__)
 class RestoreRefusedError(ArchiveRefusedError):
     """The restore cannot start: the archive fails verification, the target root holds a cluster, or
     a storage node is unreachable or not empty. Nothing was written to ZooKeeper (the message says
-    what to do)."""
+    what to do).
+
+    Attributes:
+        cluster_key: the new cluster key when some storage nodes took it before the refusal (a
+            restore again must give it); None otherwise. The message names it by its fingerprint
+            only (docs/design/overview.md, "The cluster key").
+    """
+
+    def __init__(self, message: str, *, cluster_key: uuid.UUID | None = None) -> None:
+        super().__init__(message)
+        self.cluster_key = cluster_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,8 +332,8 @@ def _check_storage_nodes(
             took.append(storage)
     if problems:
         again = (
-            f"; {', '.join(took)} took the new cluster key {params.cluster_key}: restore again with "
-            f"--cluster-key {params.cluster_key}"
+            f"; {', '.join(took)} took the new cluster key (fingerprint "
+            f"{cluster_key_fingerprint(params.cluster_key)}): restore again with that key"
             if took
             else ""
         )
@@ -331,5 +341,6 @@ def _check_storage_nodes(
             "storage nodes are not empty (a restore needs nodes with fresh, empty directories): "
             + "; ".join(problems)
             + "; nothing was written to ZooKeeper or the archive: give those nodes empty directories"
-            + again
+            + again,
+            cluster_key=params.cluster_key if took else None,
         )

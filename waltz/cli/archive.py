@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -34,6 +35,7 @@ from waltz.cli.groups import HELP, MARKUP
 from waltz.cli.options import (
     AdminConfigOption,
     ArchiveOption,
+    ClusterKeyFileOption,
     JsonOption,
     LogLevelOption,
     PartitionsOption,
@@ -48,6 +50,8 @@ from waltz.cli.partition_ids import parse_partitions
 from waltz.logs import configure_logging
 
 if TYPE_CHECKING:
+    import uuid
+
     from waltz.admin.cluster_admin import ClusterAdmin
     from waltz.archive.archiver import ArchiveEvent, PartitionRound
     from waltz.archive.layout import ArchiveFiles
@@ -57,6 +61,17 @@ if TYPE_CHECKING:
 __all__ = ["app"]
 
 app = typer.Typer(help=HELP["archive"], no_args_is_help=True, rich_markup_mode=MARKUP)
+
+
+def _keep_cluster_key(cluster_key: uuid.UUID) -> Path:
+    """Write a cluster key to a new ``0600`` file in the temporary directory and return its path
+    (the key is never printed: docs/design/overview.md, "The cluster key")."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix="waltz-cluster-key-", suffix=".txt")  # created 0600
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(f"{cluster_key}\n")
+    return Path(name)
 
 
 def _operator() -> str:
@@ -446,10 +461,12 @@ def restore(
         typer.Option(
             "--cluster-key",
             help="The new cluster's key (UUID). Only to finish a restore that was refused after some "
-            "storage nodes took its key (the message gives it); default: a new key.",
+            "storage nodes took its key; default: a new key. --cluster-key-file keeps it off the "
+            "command line.",
             show_default=False,
         ),
     ] = None,
+    cluster_key_file: ClusterKeyFileOption = None,
     json_output: JsonOption = False,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
@@ -468,8 +485,10 @@ def restore(
 
     Nothing is written, and the command exits 1, when the archive fails verification (each
     problem named by file and range), the root holds a cluster already, or a storage node does
-    not answer, belongs to another cluster or holds partitions. Start the servers of the new
-    cluster afterwards; applications resume from their own high-water marks.
+    not answer, belongs to another cluster or holds partitions. When some storage nodes took the
+    new key before the refusal, the key is written to a file only you may read, named in the
+    message: restore again with --cluster-key-file FILE. Start the servers of the new cluster
+    afterwards; applications resume from their own high-water marks.
     """
     import uuid
 
@@ -479,6 +498,7 @@ def restore(
     from waltz.archive.location import normal_location
     from waltz.archive.restore import RestoreRefusedError, restore_cluster
     from waltz.errors import WaltzError
+    from waltz.protocol.cluster_key import cluster_key_fingerprint
 
     quiet_logging()
     specs = []
@@ -487,10 +507,14 @@ def restore(
             specs.append(StorageSpec.parse(text))
         except WaltzError as exc:
             raise typer.BadParameter(str(exc), param_hint="--storage") from exc
+    if cluster_key is not None and cluster_key_file is not None:
+        raise typer.BadParameter("give --cluster-key or --cluster-key-file, not both")
+    hint = "--cluster-key" if cluster_key_file is None else "--cluster-key-file"
+    key_text = cluster_key if cluster_key_file is None else cluster_key_file.read_text().strip()
     try:
-        key = None if cluster_key is None else uuid.UUID(cluster_key)
+        key = None if key_text is None else uuid.UUID(key_text)
     except ValueError as exc:
-        raise typer.BadParameter(f"{cluster_key!r} is not a UUID", param_hint="--cluster-key") from exc
+        raise typer.BadParameter("the cluster key is not a UUID", param_hint=hint) from exc
     with connected_admin(config, zookeeper, root, timeout) as admin:
         try:
             files = ArchiveFiles.open(normal_location(source))
@@ -507,7 +531,14 @@ def restore(
                 progress=None if json_output else typer.echo,
             )
         except RestoreRefusedError as exc:
-            raise fail(str(exc), 1) from exc
+            if exc.cluster_key is None:
+                raise fail(str(exc), 1) from exc
+            kept = _keep_cluster_key(exc.cluster_key)
+            raise fail(
+                f"{exc}\nthe key is in {kept} (readable by you only): restore again with "
+                f"--cluster-key-file {kept}, then delete the file",
+                1,
+            ) from exc
         except ArchiveError as exc:
             raise fail(str(exc), 2) from exc
     if json_output:
@@ -518,7 +549,7 @@ def restore(
         verdict = "restored" if result.ok else "restored with failures (delete it and restore again)"
         typer.echo(
             f"{verdict}: cluster {result.params.name!r} under {admin.root}, {result.params.num_partitions} "
-            f"partitions, cluster key {result.params.cluster_key}; start its servers"
+            f"partitions, cluster key {cluster_key_fingerprint(result.params.cluster_key)}; start its servers"
         )
     if not result.ok:
         raise typer.Exit(1)

@@ -29,6 +29,7 @@ from waltz.cli.options import (
     JsonOption,
     ReplicasOption,
     RootOption,
+    ShowKeyOption,
     TimeoutOption,
     YesOption,
     ZookeeperOption,
@@ -37,6 +38,7 @@ from waltz.cli.output import echo_json
 from waltz.cli.partition_ids import format_partitions
 from waltz.errors import WaltzError
 from waltz.logs import configure_logging
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.records import MAX_PARTITIONS
 
 app = typer.Typer(
@@ -77,6 +79,7 @@ def create(
         ),
     ],
     replicas: ReplicasOption = None,
+    show_key: ShowKeyOption = False,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
     config: AdminConfigOption = None,
@@ -84,7 +87,8 @@ def create(
 ) -> None:
     """Create a cluster: its znodes under the root, then set up every storage node.
 
-    A new cluster key (UUID) is made; the cluster parameters, replica assignments, group
+    A new cluster key (UUID) is made (printed by its fingerprint only: the key is a secret, see
+    --show-key); the cluster parameters, replica assignments, group
     descriptor, admin ports and empty partition metadata are written in one ZooKeeper
     transaction. Then every storage node is opened through its admin port, which initialises it
     with the cluster key and number of partitions, and its partitions are created.
@@ -106,16 +110,22 @@ def create(
             raise typer.BadParameter(str(exc), param_hint="--storage") from exc
     with connected_admin(config, zookeeper, root, timeout) as admin:
         result = admin.create(name, partitions, specs, replicas)
-        _print_create(admin, result, zookeeper)
+        _print_create(admin, result, zookeeper, show_key)
         if not result.ok:
             raise typer.Exit(1)
 
 
-def _print_create(admin: ClusterAdmin, result: CreateResult, zookeeper: str | None) -> None:
+def _key_text(cluster_key: object, show_key: bool) -> str:
+    """The cluster key as the commands print it: its fingerprint, and the key only when asked."""
+    fingerprint = cluster_key_fingerprint(str(cluster_key))
+    return f"{cluster_key} (fingerprint {fingerprint})" if show_key else fingerprint
+
+
+def _print_create(admin: ClusterAdmin, result: CreateResult, zookeeper: str | None, show_key: bool) -> None:
     params = result.params
     typer.echo(
         f"created cluster {params.name!r} under {admin.root}: {params.num_partitions} partitions, "
-        f"cluster key {params.cluster_key}"
+        f"cluster key {_key_text(params.cluster_key, show_key)}"
     )
     for setup in result.storage:
         spec = setup.spec
@@ -144,6 +154,7 @@ def _print_create(admin: ClusterAdmin, result: CreateResult, zookeeper: str | No
 @app.command("list")
 def list_cluster(
     json_output: JsonOption = False,
+    show_key: ShowKeyOption = False,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
     config: AdminConfigOption = None,
@@ -151,20 +162,23 @@ def list_cluster(
 ) -> None:
     """Show the cluster's parameters, storage nodes (admin port, group, partitions) and, per
     partition, its generation, store session ID and replica states (session ID and closing
-    high-water mark, or UNRESOLVED). Reads ZooKeeper only."""
+    high-water mark, or UNRESOLVED). Reads ZooKeeper only.
+
+    The cluster key is shown by its fingerprint; --show-key prints the key itself (for instance
+    for `waltz archive restore --cluster-key`): keep it out of logs and shared terminals."""
     with connected_admin(config, zookeeper, root, timeout) as admin:
         description = admin.describe()
     if json_output:
-        echo_json(description.to_json())
+        echo_json(description.to_json(show_key=show_key))
     else:
-        _print_description(description)
+        _print_description(description, show_key)
 
 
-def _print_description(description: ClusterDescription) -> None:
+def _print_description(description: ClusterDescription, show_key: bool) -> None:
     params = description.params
     typer.echo(f"cluster {params.name!r} under {description.root}")
     typer.echo(f"  partitions:  {params.num_partitions}")
-    typer.echo(f"  cluster key: {params.cluster_key}")
+    typer.echo(f"  cluster key: {_key_text(params.cluster_key, show_key)}")
     typer.echo("storage nodes:")
     if not description.storage_nodes:
         typer.echo("  (none)")
@@ -215,7 +229,8 @@ def verify(
     backup). Exit code 1 when a check FAILED; warnings do not fail.
 
     Note: the admin open that checks a node's identity initialises a node that has no control
-    file yet (an empty directory) for this cluster.
+    file yet (an empty directory) for this cluster; with mutual TLS only a certificate of the
+    admin role may, and with an operator's such a node's check FAILS (permission denied).
     """
     with connected_admin(config, zookeeper, root, timeout) as admin:
         report = admin.verify()

@@ -29,6 +29,7 @@ from waltz.cli.options import (
     StorageDirArgument,
 )
 from waltz.errors import WaltzError
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
 from waltz.services.storage.retention_file import RETENTION_FILE, RetentionRecord
@@ -70,12 +71,17 @@ def _iso(ms: int) -> str:
 
 
 def _jsonable(value: object) -> object:
-    """Convert inspection results (dataclasses, enums, UUIDs, paths, bytes) to JSON values."""
+    """Convert inspection results (dataclasses, enums, UUIDs, paths, bytes) to JSON values.
+
+    A UUID of an inspection result is a cluster key: it is shown by its fingerprint, never itself.
+    """
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, enum.Enum):
         return value.value
-    if isinstance(value, uuid.UUID | Path):
+    if isinstance(value, uuid.UUID):
+        return cluster_key_fingerprint(value)
+    if isinstance(value, Path):
         return str(value)
     if isinstance(value, bytes):
         return value.hex()
@@ -119,7 +125,7 @@ def control(storage_dir: StorageDirArgument, json_output: JsonOption = False) ->
     typer.echo(f"control file: {dump.path} ({dump.size} bytes)")
     typer.echo(f"format version:  {header.version}")
     typer.echo(f"creation time:   {_iso(header.creation_time_ms)} ({header.creation_time_ms} ms)")
-    typer.echo(f"cluster key:     {header.cluster_key}")
+    typer.echo(f"cluster key:     {cluster_key_fingerprint(header.cluster_key)} (fingerprint)")
     typer.echo(f"partitions:      {header.num_partitions}")
     if dump.trailing_bytes:
         typer.echo(f"WARNING: {dump.trailing_bytes} unexpected bytes after the fence section")
@@ -150,7 +156,7 @@ def _header_lines(header: fmt.SegmentHeader) -> list[str]:
     return [
         f"format version:        {header.version}",
         f"creation time:         {_iso(header.creation_time_ms)} ({header.creation_time_ms} ms)",
-        f"cluster key:           {header.cluster_key}",
+        f"cluster key:           {cluster_key_fingerprint(header.cluster_key)} (fingerprint)",
         f"partition:             {header.partition_id}",
         f"first transaction ID:  {header.first_transaction_id}",
     ]

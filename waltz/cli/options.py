@@ -25,6 +25,7 @@ __all__ = [
     "CheckpointIntervalOption",
     "ClientConfigOption",
     "ClusterFilterOption",
+    "ClusterKeyFileOption",
     "DatabaseUrlFileOption",
     "DatabaseUrlOption",
     "DiskPartitionOption",
@@ -43,6 +44,7 @@ __all__ = [
     "RunTimeoutOption",
     "SegmentArgument",
     "ServerArgument",
+    "ShowKeyOption",
     "SizeOption",
     "StorageArgument",
     "StorageDirArgument",
@@ -70,6 +72,24 @@ LogLevelOption = Annotated[
     typer.Option(help="Log level of this process (the nodes it starts log to files in the work directory)."),
 ]
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+ClusterKeyFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--cluster-key-file",
+        help="A file holding the cluster key (a UUID), so that the key is never on a command line.",
+        show_default=False,
+        exists=True,
+        dir_okay=False,
+    ),
+]
+ShowKeyOption = Annotated[
+    bool,
+    typer.Option(
+        "--show-key",
+        help="Also print the cluster key itself (a secret: it initialises and opens storage nodes). "
+        "Without it only its fingerprint (sha256: and 64 hex digits) is printed.",
+    ),
+]
 
 # --- reaching a cluster -----------------------------------------------------------------------------
 

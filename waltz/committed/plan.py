@@ -39,6 +39,7 @@ from waltz.metadata.zk_security import ZooKeeperSecurity, security_from_environm
 from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol import storage_pb2
 from waltz.protocol.channels import TlsConfig
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
@@ -417,10 +418,10 @@ def plan_offline(
     if replicas is not None and replicas < 1:
         raise ConfigurationError(f"replicas must be at least 1, not {replicas}")
     dumps = [inspect.read_control_file(Path(d)) for d in directories]
-    keys = {str(d.header.cluster_key) for d in dumps}
+    keys = {cluster_key_fingerprint(d.header.cluster_key) for d in dumps}
     if len(keys) != 1:
         raise ConfigurationError(
-            f"the storage directories belong to different clusters (cluster keys {sorted(keys)})"
+            f"the storage directories belong to different clusters (cluster key fingerprints {sorted(keys)})"
         )
     num_partitions = dumps[0].header.num_partitions
     ids = _partition_ids(partitions, num_partitions)

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from waltz.private_files import private_directory, write_private
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.roles import Role, role_uri
 
@@ -121,7 +121,8 @@ def make_cluster_certificates(
     is missing, unreadable or expires within a day: then all are made again.
 
     Args:
-        directory: created if missing; private keys are written readable by the owner only.
+        directory: created ``0700`` if missing; every file is written ``0600`` (the certificates
+            too: nothing of a local cluster's work directory is readable by other users).
         days: validity of the CA and the certificates.
         addresses: more IP addresses or DNS names for the certificates, besides 127.0.0.1 and
             localhost.
@@ -140,20 +141,18 @@ def make_cluster_certificates(
     files = ClusterCertificates(directory)
     if _usable(files):
         return files
-    directory.mkdir(parents=True, exist_ok=True)
+    private_directory(directory)
 
     def name(common_name: str) -> x509.Name:
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
     def write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-        data = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        write_private(
+            path,
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            ),
         )
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            # The mode of os.open applies to a new file only: an existing one keeps its own.
-            os.fchmod(out.fileno(), 0o600)
-            out.write(data)
 
     now = datetime.datetime.now(datetime.UTC)
     valid_from, valid_until = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
@@ -214,8 +213,8 @@ def make_cluster_certificates(
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256())
         )
-        files.cert_file(cert_name).write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+        write_private(files.cert_file(cert_name), certificate.public_bytes(serialization.Encoding.PEM))
         write_key(files.key_file(cert_name), key)
-    files.ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    write_private(files.ca_file, ca.public_bytes(serialization.Encoding.PEM))
     write_key(directory / "ca-key.pem", ca_key)
     return files

@@ -87,6 +87,8 @@ from waltz.local.zookeeper import LocalZooKeeper
 from waltz.metadata.replicas import spread_replicas
 from waltz.metadata.zk import ClusterPaths
 from waltz.metadata.zk_security import ZooKeeperSecurity
+from waltz.private_files import private_directory
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 
 __all__ = ["LocalCluster"]
 
@@ -361,7 +363,7 @@ class LocalCluster:
         try:
             if self._work_dir is None:
                 self._work_dir = Path(tempfile.mkdtemp(prefix="waltz-local-")).resolve()
-            self._work_dir.mkdir(parents=True, exist_ok=True)
+            private_directory(self._work_dir)
             layout = self._load_layout()
             if self._hosts is not None:
                 self._hosts.start(layout.subnet if layout is not None else None)
@@ -639,7 +641,8 @@ class LocalCluster:
         """
         lines = [
             f"Waltz local cluster {self._name!r}: partitions {self._partitions}, "
-            f"replicas per partition {self._replicas}, cluster key {self._cluster_key or '(not created)'}",
+            f"replicas per partition {self._replicas}, cluster key "
+            + (cluster_key_fingerprint(self._cluster_key) if self._cluster_key else "(not created)"),
         ]
         lines += self._nodes.describe_zookeeper()
         lines.append(f"  cluster root   {self.root}")

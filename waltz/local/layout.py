@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from waltz.errors import ConfigurationError
+from waltz.private_files import write_private
 
 __all__ = ["LAYOUT_FILE", "LAYOUT_VERSION", "ClusterLayout"]
 
@@ -82,7 +83,7 @@ class ClusterLayout:
 
     def save(self, path: Path) -> None:
         """Write the layout to ``path`` (JSON)."""
-        path.write_text(json.dumps({"format_version": LAYOUT_VERSION, **asdict(self)}, indent=2) + "\n")
+        write_private(path, json.dumps({"format_version": LAYOUT_VERSION, **asdict(self)}, indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> ClusterLayout:

@@ -21,6 +21,7 @@ from typing import Self
 import yaml
 
 from waltz.local.processes import ManagedProcess, free_port
+from waltz.private_files import private_directory, write_private
 
 __all__ = ["LocalServer", "LocalStorageNode"]
 
@@ -33,8 +34,8 @@ def _command(
     there as YAML (the keys of docs/configuration.md)."""
     if config_file is None:
         return [sys.executable, "-m", module, *flags]
-    config_file.parent.mkdir(parents=True, exist_ok=True)
-    config_file.write_text(yaml.safe_dump(dict(settings), sort_keys=False))
+    private_directory(config_file.parent)
+    write_private(config_file, yaml.safe_dump(dict(settings), sort_keys=False))
     return [sys.executable, "-m", "waltz", kind, "start", "--config", str(config_file)]
 
 

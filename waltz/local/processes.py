@@ -39,6 +39,7 @@ from tenacity import (
 )
 
 from waltz.errors import WaltzError
+from waltz.private_files import PRIVATE_UMASK, open_private, private_directory
 
 __all__ = [
     "ManagedProcess",
@@ -265,10 +266,13 @@ class ManagedProcess:
     Args:
         args: the program and its arguments.
         name: a short name for logs and error messages (e.g. ``"storage-1"``).
-        log_path: file that receives stdout and stderr (appended to, parent directories created);
-            ``None`` discards the output.
+        log_path: file that receives stdout and stderr (appended to, created ``0600``, parent
+            directories created ``0700``); ``None`` discards the output.
         env: the child's complete environment; ``None`` inherits this process's environment.
         cwd: the child's working directory; ``None`` keeps the current one.
+        umask: the child's umask; by default ``077``, so that what it creates (a storage node's
+            files, ZooKeeper's snapshots and transaction log) only its owner may read
+            (docs/design/storage.md, "File modes").
     """
 
     def __init__(
@@ -279,6 +283,7 @@ class ManagedProcess:
         log_path: Path | None = None,
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
+        umask: int = PRIVATE_UMASK,
     ) -> None:
         if isinstance(args, str) or not args:
             raise ValueError(f"{name}: args must be a non-empty sequence of strings, got {args!r}")
@@ -287,6 +292,7 @@ class ManagedProcess:
         self._log_path = Path(log_path) if log_path is not None else None
         self._env = dict(env) if env is not None else None
         self._cwd = cwd
+        self._umask = umask
         self._lock = threading.RLock()
         self._popen: subprocess.Popen[bytes] | None = None
         # True from start() until the whole process group has been sent SIGKILL.
@@ -352,8 +358,8 @@ class ManagedProcess:
             self._kill_group()
             log_file = None
             if self._log_path is not None:
-                self._log_path.parent.mkdir(parents=True, exist_ok=True)
-                log_file = self._log_path.open("ab")
+                private_directory(self._log_path.parent)
+                log_file = os.fdopen(open_private(self._log_path, os.O_WRONLY | os.O_APPEND), "ab")
                 log_file.write(
                     f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {self._name}: "
                     f"{' '.join(self._args)}\n".encode()
@@ -369,6 +375,7 @@ class ManagedProcess:
                     cwd=self._cwd,
                     start_new_session=True,
                     close_fds=True,
+                    umask=self._umask,
                 )
             finally:
                 if log_file is not None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from waltz.errors import StorageRpcError
 from waltz.local.nodes import LocalStorageNode
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
 
@@ -150,7 +151,7 @@ def run_storage_smoke(
 
         asyncio.run(setup())
         say(
-            f"cluster key {key}: {partitions} partitions assigned; "
+            f"cluster key {cluster_key_fingerprint(key)}: {partitions} partitions assigned; "
             f"appending {per_partition * partitions} records"
         )
         started = time.perf_counter()

@@ -31,6 +31,7 @@ from typing import Any, Self
 
 from waltz.errors import ConfigurationError
 from waltz.local.processes import ManagedProcess, ServiceStartError, free_port, wait_until
+from waltz.private_files import private_directory, write_private
 
 __all__ = [
     "DEBIAN_JAVA_DIR",
@@ -225,7 +226,9 @@ class LocalZooKeeper:
         self._owns_data_dir = data_dir is None
         if data_dir is None:
             data_dir = Path(tempfile.mkdtemp(prefix="waltz-zookeeper-"))
-        data_dir.mkdir(parents=True, exist_ok=True)
+        # ZooKeeper's snapshots and transaction log hold every znode (the cluster key among them):
+        # the directory is the owner's only, and the server runs with the umask 077.
+        private_directory(data_dir, narrow=True)
         self._data_dir = data_dir.resolve()
         self._process = ManagedProcess(
             [
@@ -451,7 +454,7 @@ class LocalZooKeeper:
                 f"ssl.trustStore.location={trust_store}",
                 "ssl.trustStore.type=PEM",
             ]
-        self.config_path.write_text("\n".join([*lines, ""]))
+        write_private(self.config_path, "\n".join([*lines, ""]))
 
 
 def docker_engine_available() -> bool:

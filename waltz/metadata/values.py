@@ -78,11 +78,15 @@ def check_connect_string(connect_string: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ClusterParams:
-    """The cluster's parameters: name, number of partitions and the cluster key."""
+    """The cluster's parameters: name, number of partitions and the cluster key.
+
+    The key stays out of the value's ``repr`` (a logged value never shows it: docs/design/overview.md,
+    "The cluster key").
+    """
 
     name: str
     num_partitions: int
-    cluster_key: uuid.UUID
+    cluster_key: uuid.UUID = field(repr=False)
 
     def encode(self) -> bytes:
         return _dump(

@@ -8,10 +8,15 @@ peer's certificate carries a role that may make it:
 - ``client``: the client service of servers (mount, append, feed, transaction data);
 - ``server``: store sessions on storage nodes (a server's replica sessions);
 - ``operator``: the read-only operations of the admin services (status, record reads, partition
-  status, metrics; the storage admin open, which only checks the cluster key);
+  status, metrics; the storage admin open of an initialised node, which only checks the cluster
+  key), and the nodes' ``/metrics`` and ``/health``;
 - ``admin``: everything ``operator`` may do, and the operations that change or destroy the log:
-  appends without lock checks, partition assignment and file deletion, read and write switches, fences,
+  initialising an empty storage node (the admin open that creates its control file), appends
+  without lock checks, partition assignment and file deletion, read and write switches, fences,
   store sessions of the recovery tools.
+
+A node's own certificate (role ``server``) may also read ``/metrics`` and ``/health``
+(:data:`METRICS_ROLES`).
 
 Without mutual TLS a port has no peer identity to check (plaintext or server-only TLS): it
 authorises nothing and every peer may call everything, which the nodes log at start-up.
@@ -31,6 +36,8 @@ import grpc
 __all__ = [
     "ADMIN_ROLES",
     "CLIENT_ROLES",
+    "INITIALISE_ROLES",
+    "METRICS_ROLES",
     "OPERATOR_ROLES",
     "ROLE_URI_PREFIX",
     "STORE_SESSION_ROLES",
@@ -65,6 +72,11 @@ STORE_SESSION_ROLES = frozenset({Role.SERVER, Role.ADMIN})
 OPERATOR_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
 #: Roles that may make the admin requests that change or destroy the log.
 ADMIN_ROLES = frozenset({Role.ADMIN})
+#: Roles that may initialise an empty storage node (the admin open that creates its control file).
+INITIALISE_ROLES = ADMIN_ROLES
+#: Roles that may read a node's ``/metrics`` and ``/health``: the operators' (a scraper holds an
+#: ``operator`` certificate) and the nodes' own; not applications (``client``).
+METRICS_ROLES = frozenset({Role.OPERATOR, Role.ADMIN, Role.SERVER})
 
 
 def role_uri(role: Role) -> str:

@@ -2,7 +2,10 @@
 
 With the service's TLS files it serves HTTPS only, and with a CA it requires a client certificate
 signed by it, as the service's gRPC ports do (``docs/configuration.md``): a port of a TLS cluster
-never answers plain text.
+never answers plain text. With a CA it also checks the certificate's role, as the gRPC ports do
+(docs/design/overview.md, "Roles"): only :data:`~waltz.protocol.roles.METRICS_ROLES` (operator,
+admin, and the nodes' own ``server``) read it; anyone else (an application's ``client``
+certificate, a certificate without a role) gets ``403 Forbidden``.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import json
 import logging
 import ssl
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -20,6 +23,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from waltz.protocol.channels import BindError
+from waltz.protocol.roles import METRICS_ROLES, Role, denial, roles_of_certificate
 
 __all__ = ["HealthHttpServer", "server_ssl_context"]
 
@@ -29,9 +33,20 @@ log = logging.getLogger(__name__)
 #: Seconds a peer may take for each read of a request, the TLS handshake included.
 REQUEST_TIMEOUT = 10.0
 
+#: The WSGI environ key of the peer's certificate (PEM bytes), when it presented one.
+PEER_CERTIFICATE = "waltz.peer_certificate"
+
 
 class _QuietHandler(WSGIRequestHandler):
     timeout = REQUEST_TIMEOUT  # set on the connection before the first read (the TLS handshake)
+
+    def get_environ(self) -> dict[str, Any]:
+        environ: dict[str, Any] = super().get_environ()
+        if isinstance(self.connection, ssl.SSLSocket):
+            der = self.connection.getpeercert(binary_form=True)
+            if der:
+                environ[PEER_CERTIFICATE] = ssl.DER_cert_to_PEM_cert(der).encode("ascii")
+        return environ
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http: " + format, *args)
@@ -66,6 +81,18 @@ def server_ssl_context(cert_file: Path, key_file: Path, ca_file: Path | None) ->
     return context
 
 
+def _refusal(environ: Mapping[str, Any], allowed: frozenset[Role]) -> str | None:
+    """Why the request's peer may not read the endpoint (None: it may, or it has no certificate)."""
+    pem = environ.get(PEER_CERTIFICATE)
+    if pem is None:
+        return None  # no mutual TLS: nothing to check, as on the gRPC ports
+    try:
+        roles = roles_of_certificate(pem)
+    except ValueError:
+        roles = frozenset()
+    return denial(roles, allowed, "reading /metrics and /health")
+
+
 class HealthHttpServer:
     """Serves ``/metrics`` (Prometheus text format) and ``/health`` (JSON) on a background thread.
 
@@ -75,6 +102,8 @@ class HealthHttpServer:
         registry: the metrics registry to expose.
         health: returns ``(healthy, details)``; ``/health`` answers 200 or 503 with the details.
         tls: an SSL context (:func:`server_ssl_context`): HTTPS only; None: plain HTTP.
+        allowed_roles: the roles that may read either path when the peer presents a certificate
+            (mutual TLS); a peer without one of them gets ``403 Forbidden`` with the reason.
 
     Raises:
         BindError: the address cannot be bound.
@@ -87,10 +116,22 @@ class HealthHttpServer:
         registry: CollectorRegistry,
         health: Callable[[], tuple[bool, dict[str, Any]]],
         tls: ssl.SSLContext | None = None,
+        allowed_roles: Iterable[Role] = METRICS_ROLES,
     ) -> None:
         metrics_app = make_wsgi_app(registry)
+        allowed = frozenset(allowed_roles)
 
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            refused = _refusal(environ, allowed)
+            if refused is not None:
+                log.warning(
+                    "http: refused %s from %s: %s",
+                    environ.get("PATH_INFO"),
+                    environ.get("REMOTE_ADDR"),
+                    refused,
+                )
+                start_response("403 Forbidden", [("Content-Type", "text/plain; charset=utf-8")])
+                return [refused.encode("utf-8") + b"\n"]
             if environ.get("PATH_INFO") == "/health":
                 healthy, details = health()
                 body = json.dumps({"healthy": healthy, **details}).encode()

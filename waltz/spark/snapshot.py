@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, Table, delete, insert, select, types
 
-from waltz.archive.location import LocationError, check_form, file_sha256, write_json_atomically
+from waltz.archive.location import (
+    LocationError,
+    check_form,
+    create_private_dir,
+    file_sha256,
+    write_json_atomically,
+)
 from waltz.archive.location import open_location as open_any_location
 from waltz.errors import WaltzError
 from waltz.jdbc_style import create_framework_engine
@@ -327,7 +333,7 @@ def write_snapshot(
 
     if filesystem.get_file_info(manifest_path).type != pafs.FileType.NotFound:
         raise SnapshotError(f"{location} holds a snapshot already ({MANIFEST_NAME}); choose a new location")
-    filesystem.create_dir(root, recursive=True)
+    create_private_dir(filesystem, root)
     engine = db_url if isinstance(db_url, Engine) else create_framework_engine(db_url)
     try:
         dialect = engine.dialect.name

@@ -19,6 +19,7 @@ from typer.testing import CliRunner, Result
 
 from waltz.cli.main import app
 from waltz.errors import CorruptDataError
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.records import Record, ReqId
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
@@ -412,7 +413,8 @@ def test_control_dumps_header_structs_and_fences(storage: Path) -> None:
     result = waltz("control", storage)
 
     assert result.exit_code == 0, result.output
-    assert f"cluster key:     {CLUSTER_KEY}" in result.output
+    assert f"cluster key:     {cluster_key_fingerprint(CLUSTER_KEY)} (fingerprint)" in result.output
+    assert str(CLUSTER_KEY) not in result.output
     assert "partitions:      3" in result.output
     assert "format version:  1" in result.output
     created = next(line for line in result.output.splitlines() if line.startswith("creation time:"))
@@ -530,7 +532,8 @@ def test_segment_dump_lists_header_and_records(storage: Path) -> None:
 
     assert result.exit_code == 0, result.output
     assert "first transaction ID:  7" in result.output
-    assert f"cluster key:           {CLUSTER_KEY}" in result.output
+    assert f"cluster key:           {cluster_key_fingerprint(CLUSTER_KEY)} (fingerprint)" in result.output
+    assert str(CLUSTER_KEY) not in result.output
     rows = [line.split() for line in result.output.splitlines() if line.strip()[:1].isdigit()]
     assert [(int(r[0]), int(r[1])) for r in rows] == [(offset_of(i), 7 + i) for i in range(7)]
     assert rows[0][2:5] == ["1/2/0/7", "7", "100"] and rows[0][-1] == "07070707..."

@@ -14,6 +14,7 @@ from support.storage import NUM_PARTITIONS, run
 
 from waltz.errors import CorruptDataError, ProtocolError, StorageRpcError
 from waltz.local.nodes import LocalStorageNode
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
 
@@ -127,9 +128,11 @@ def test_wrong_cluster_key_or_partition_count_is_refused(
         with pytest.raises(StorageRpcError) as info:
             await session(storage_node, other, 1).open()
         assert info.value.code == "CLUSTER_KEY_MISMATCH"
-        # The answer names the key presented, never the node's own (the admin port's credential)
-        # nor where the node keeps its files.
-        assert other in info.value.remote_message and cluster_key not in info.value.remote_message
+        # The answer names the presented key by its fingerprint, never a key itself (the node's own
+        # is the admin port's credential) nor where the node keeps its files.
+        message = info.value.remote_message
+        assert cluster_key_fingerprint(other) in message
+        assert other not in message and cluster_key not in message
         assert str(storage_node.directory) not in info.value.remote_message
         with pytest.raises(StorageRpcError, match="CLUSTER_KEY_MISMATCH"):
             await StorageSessionClient(storage_node.address, cluster_key, NUM_PARTITIONS + 1, 1).open()

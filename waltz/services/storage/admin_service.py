@@ -21,7 +21,7 @@ import grpc
 
 from waltz.errors import ProtocolError, RecordsArchivedError
 from waltz.protocol import storage_pb2, storage_pb2_grpc
-from waltz.protocol.roles import ADMIN_ROLES, OPERATOR_ROLES, authorize, denial, peer_roles
+from waltz.protocol.roles import ADMIN_ROLES, INITIALISE_ROLES, OPERATOR_ROLES, authorize, denial, peer_roles
 from waltz.services.storage.control_file import FenceReset
 from waltz.services.storage.metrics import StorageMetrics
 from waltz.services.storage.node import StorageNode
@@ -67,7 +67,9 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
 
         With mutual TLS the stream needs the ``operator`` or ``admin`` role, and the requests that
         change the node (:data:`CHANGING_ADMIN_REQUESTS`) the ``admin`` role: one of those from an
-        operator ends the stream with PERMISSION_DENIED (docs/design/overview.md, "Roles").
+        operator ends the stream with PERMISSION_DENIED (docs/design/overview.md, "Roles"). So does
+        an operator's admin open of a node that has no control file yet: only ``admin``
+        (:data:`~waltz.protocol.roles.INITIALISE_ROLES`) initialises a node.
         """
         await authorize(context, OPERATOR_ROLES, "the storage admin service", request_iterator)
         roles = peer_roles(context)
@@ -81,10 +83,18 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
                     if refused is not None:
                         log.warning("admin stream from %s: %s", context.peer(), refused)
                         await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
+                if kind == "open" and not self._node.initialized:
+                    refused = denial(roles, INITIALISE_ROLES, "initialising an empty storage node")
+                    if refused is not None:
+                        log.warning("admin stream from %s: %s", context.peer(), refused)
+                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
                 try:
                     if kind == "open":
                         await asyncio.to_thread(
-                            self._node.admin_open, request.open.cluster_key, request.open.num_partitions
+                            self._node.admin_open,
+                            request.open.cluster_key,
+                            request.open.num_partitions,
+                            initialise=denial(roles, INITIALISE_ROLES, "") is None,
                         )
                         opened = True
                         response = _admin_response(request, success=storage_pb2.SuccessResponse())

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from waltz.errors import CorruptDataError, PartitionNotAssignedError
+from waltz.private_files import PRIVATE_FILE_MODE, open_private
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.services.storage import format as fmt
 from waltz.services.storage.fsutil import fsync_directory
 
@@ -93,6 +95,8 @@ class ControlFile:
         self._entries = entries
         self._lock = threading.Lock()
         self._fd: int | None = os.open(path, os.O_RDWR)
+        if os.fstat(self._fd).st_mode & 0o777 != PRIVATE_FILE_MODE:
+            os.fchmod(self._fd, PRIVATE_FILE_MODE)  # a control file written before it was created private
 
     # ---- life cycle ----
 
@@ -120,14 +124,19 @@ class ControlFile:
             slot = fmt.encode_fence_slot(pid, -1)
             body += slot + slot
         tmp = path.with_suffix(".ctl.tmp")
-        with open(tmp, "wb") as f:
+        with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as f:
             f.write(header.encode())
             f.write(body)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_directory(directory)
-        log.info("created control file %s: cluster key %s, %d partitions", path, cluster_key, num_partitions)
+        log.info(
+            "created control file %s: cluster key fingerprint %s, %d partitions",
+            path,
+            cluster_key_fingerprint(cluster_key),
+            num_partitions,
+        )
         return cls.open(directory)
 
     @classmethod

@@ -24,6 +24,8 @@ from waltz.errors import (
     ProtocolError,
     StorageNotInitializedError,
 )
+from waltz.private_files import open_to_others, private_directory
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.records import MAX_PARTITIONS
 from waltz.services.storage import format as fmt
 from waltz.services.storage.control_file import ControlFile
@@ -129,16 +131,25 @@ class StorageNode:
         Raises:
             CorruptDataError: the control file header is invalid.
         """
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_directory(self.directory)
+        if open_to_others(self.directory):
+            log.warning(
+                "storage directory %s may be read by other users (mode %o): its partitions' "
+                "directories and the control file are private, but give it mode 700 "
+                '(chmod 700 %s; docs/design/storage.md, "File modes")',
+                self.directory,
+                self.directory.stat().st_mode & 0o777,
+                self.directory,
+            )
         if ControlFile.path_in(self.directory).exists():
             self._control = ControlFile.open(self.directory)
             for child in sorted(self.directory.iterdir()):
                 if child.is_dir() and _is_partition_directory_name(child.name):
                     self._open_partition(int(child.name))
             log.info(
-                "storage node %s: cluster key %s, %d partitions, %d assigned here",
+                "storage node %s: cluster key fingerprint %s, %d partitions, %d assigned here",
                 self.directory,
-                self._control.cluster_key,
+                cluster_key_fingerprint(self._control.cluster_key),
                 self._control.num_partitions,
                 len(self._partitions) + len(self._broken),
             )
@@ -236,17 +247,20 @@ class StorageNode:
         try:
             key = uuid.UUID(cluster_key)
         except ValueError:
-            raise ClusterKeyMismatchError(f"cluster key {cluster_key!r} is not a UUID") from None
+            raise ClusterKeyMismatchError("the cluster key of the request is not a UUID") from None
         if key != control.cluster_key:
             # The node's own key and paths stay in its log: the answer goes to whoever asked,
             # and the key is what a storage admin request is authorised with.
             log.warning(
-                "refused a request for cluster key %s: this storage node belongs to the cluster in %s",
-                key,
+                "refused a request for the cluster key with fingerprint %s: this storage node belongs "
+                "to the cluster whose key has the fingerprint %s (%s)",
+                cluster_key_fingerprint(key),
+                cluster_key_fingerprint(control.cluster_key),
                 control.path,
             )
             raise ClusterKeyMismatchError(
-                f"cluster key {key} does not match this storage node's: the server or tool is "
+                f"the cluster key with fingerprint {cluster_key_fingerprint(key)} does not match this "
+                "storage node's: the server or tool is "
                 "configured for another cluster (the node's log says which)"
             )
         if num_partitions != control.num_partitions:
@@ -255,20 +269,32 @@ class StorageNode:
                 f"{control.num_partitions}"
             )
 
-    def admin_open(self, cluster_key: str, num_partitions: int) -> None:
+    def admin_open(self, cluster_key: str, num_partitions: int, *, initialise: bool = True) -> None:
         """Initialise the node for a cluster, or check that it belongs to it.
 
         The admin open of docs/design/storage.md "Admin port".
 
+        Args:
+            cluster_key: the cluster key, a UUID's text.
+            num_partitions: the cluster's number of partitions.
+            initialise: whether the caller may initialise a node that has no control file yet
+                (with mutual TLS, only a peer with the ``admin`` role may).
+
         Raises:
             ClusterKeyMismatchError: the node belongs to another cluster or partition count.
+            StorageNotInitializedError: the node has no control file and ``initialise`` is False.
         """
         with self._lock:
             if self._control is None:
+                if not initialise:
+                    raise StorageNotInitializedError(
+                        "this storage node is not initialised, and this peer may not initialise it: "
+                        "an admin open with the admin role does"
+                    )
                 try:
                     key = uuid.UUID(cluster_key)
                 except ValueError:
-                    raise ClusterKeyMismatchError(f"cluster key {cluster_key!r} is not a UUID") from None
+                    raise ClusterKeyMismatchError("the cluster key of the request is not a UUID") from None
                 if not 0 < num_partitions <= MAX_PARTITIONS:
                     raise ClusterKeyMismatchError(
                         f"cannot initialise with {num_partitions} partitions (1..{MAX_PARTITIONS})"

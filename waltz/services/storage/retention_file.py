@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from waltz.errors import CorruptDataError
+from waltz.private_files import open_private
 from waltz.services.storage.fsutil import fsync_directory
 
 __all__ = [
@@ -185,7 +186,7 @@ def write_retention_file(directory: Path, record: RetentionRecord) -> RetentionR
     temporary = path.with_name(RETENTION_FILE + ".tmp")
     data = (json.dumps(written.to_json(), indent=2) + "\n").encode("utf-8")
     try:
-        with open(temporary, "wb") as f:
+        with os.fdopen(open_private(temporary, os.O_WRONLY | os.O_TRUNC), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from waltz.errors import CorruptDataError, DiskFullError
+from waltz.private_files import open_private
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.records import Record
 from waltz.services.storage import format as fmt
 from waltz.services.storage.fsutil import fsync_directory, is_no_space
@@ -133,7 +135,7 @@ class Segment:
         fds: list[int] = []
         try:
             for path in paths:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = open_private(path, os.O_RDWR | os.O_EXCL)
                 fds.append(fd)
                 _write_fully(fd, encoded, 0)
                 os.fsync(fd)
@@ -182,8 +184,9 @@ class Segment:
             header = fmt.SegmentHeader.decode(os.pread(data_fd, fmt.HEADER_SIZE, 0), path_text)
             if header.partition_id != partition_id or header.cluster_key != cluster_key:
                 raise CorruptDataError(
-                    f"segment belongs to partition {header.partition_id} of cluster {header.cluster_key}, "
-                    f"expected partition {partition_id} of cluster {cluster_key}",
+                    f"segment belongs to partition {header.partition_id} of the cluster whose key has the "
+                    f"fingerprint {cluster_key_fingerprint(header.cluster_key)}, expected partition "
+                    f"{partition_id} of {cluster_key_fingerprint(cluster_key)}",
                     path=path_text,
                     partition_id=partition_id,
                     offset=0,
@@ -197,7 +200,7 @@ class Segment:
                     partition_id=partition_id,
                     offset=0,
                 )
-            index_fd = os.open(index_path, os.O_RDWR | os.O_CREAT, 0o644)
+            index_fd = open_private(index_path, os.O_RDWR)
             index_ok = _index_header_ok(index_fd, header)
             if not index_ok:
                 log.warning(
@@ -338,7 +341,7 @@ class Segment:
                 break
             target = self.data_path.with_name(f"{self.data_path.name}.tail-{cut_at}-{n}")
         try:
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = open_private(target, os.O_WRONLY | os.O_EXCL)
             try:
                 position = cut_at
                 while position < file_size:

@@ -31,6 +31,7 @@ from waltz.errors import (
     SessionJumpTooLargeError,
     SessionNotOpenError,
 )
+from waltz.private_files import private_directory
 from waltz.protocol.records import Record, RecordHeader
 from waltz.services.storage import format as fmt
 from waltz.services.storage.control_file import ControlFile, FenceReset
@@ -129,7 +130,7 @@ class StoragePartition:
         partition that has no segment yet at that transaction.
         """
         created = not directory.exists()
-        directory.mkdir(parents=True, exist_ok=True)
+        private_directory(directory, narrow=True)
         if created:
             fsync_directory(directory.parent)
         partition = cls(directory, partition_id, control_file, **kwargs)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Final
 
 from waltz.errors import CorruptDataError
+from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.services.storage import format as fmt
 from waltz.services.storage.inspect.reader import (
     DEFAULT_CHUNK_SIZE,
@@ -125,7 +126,10 @@ def _header_mismatches(
     if partition_id is not None and header.partition_id != partition_id:
         found.append(f"header says partition {header.partition_id}, expected {partition_id}")
     if cluster_key is not None and header.cluster_key != cluster_key:
-        found.append(f"header says cluster key {header.cluster_key}, expected {cluster_key}")
+        found.append(
+            f"header says the cluster key with fingerprint {cluster_key_fingerprint(header.cluster_key)}, "
+            f"expected {cluster_key_fingerprint(cluster_key)}"
+        )
     expected_name = fmt.segment_file_name(header.first_transaction_id, fmt.SEGMENT_SUFFIX)
     if path.name != expected_name:
         found.append(

@@ -1,0 +1,124 @@
+"""Files and directories only their owner may read: the modes of everything the project writes.
+
+Design: docs/design/storage.md, "File modes". A storage node's data (control file, segments,
+indexes), the cluster's keys and certificates, archives and snapshots written to a local
+directory, and the work directories of local clusters (ZooKeeper's data and the logs included)
+are created ``0600`` (files) and ``0700`` (directories), whatever the process's umask; the
+processes a local cluster starts run with the umask ``077``, so that what they create is private
+too. This module imports nothing of ours: every layer may use it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = [
+    "PRIVATE_DIRECTORY_MODE",
+    "PRIVATE_FILE_MODE",
+    "PRIVATE_UMASK",
+    "open_private",
+    "open_to_others",
+    "private_directory",
+    "tighten",
+    "write_private",
+]
+
+#: The mode of every file the project creates: read and write for the owner only.
+PRIVATE_FILE_MODE = 0o600
+#: The mode of every directory the project creates: the owner only may list or enter it.
+PRIVATE_DIRECTORY_MODE = 0o700
+#: The umask of the processes a local cluster starts (what they create is private).
+PRIVATE_UMASK = 0o077
+
+
+def private_directory(path: Path, *, narrow: bool = False) -> Path:
+    """Create a directory ``0700`` (and its missing parents ``0700``), whatever the umask.
+
+    An existing directory keeps its mode unless ``narrow``: a directory given by the user (a
+    storage node's data directory, a work directory) may be shared, such as ``/tmp``, and is never
+    changed; what the project creates inside it is private. ``narrow`` is for directories that are
+    the project's own by their place (a partition's directory inside a storage directory).
+
+    Args:
+        path: the directory.
+        narrow: give an existing directory ``0700`` too.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        OSError: the directory cannot be created or its mode changed (not its owner), or ``path``
+            is a file (:class:`NotADirectoryError`).
+    """
+    missing = []
+    current = path
+    while not current.exists() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=PRIVATE_DIRECTORY_MODE)
+        except FileExistsError:
+            continue  # made meanwhile by another thread or process: its mode is its maker's
+        os.chmod(directory, PRIVATE_DIRECTORY_MODE)  # mkdir's mode is masked by the umask
+    if not path.is_dir():
+        raise NotADirectoryError(f"{path} is not a directory")
+    if narrow:
+        tighten(path)
+    return path
+
+
+def open_to_others(path: Path) -> bool:
+    """Whether users other than the owner may enter or read a directory (any of ``077``'s bits)."""
+    return bool(os.stat(path).st_mode & 0o077)
+
+
+def tighten(path: Path) -> None:
+    """Give an existing file ``0600`` and an existing directory ``0700`` unless they are already so.
+
+    Raises:
+        OSError: the mode cannot be changed (not its owner) or the path does not exist.
+    """
+    mode = PRIVATE_DIRECTORY_MODE if path.is_dir() else PRIVATE_FILE_MODE
+    if os.stat(path).st_mode & 0o777 != mode:
+        os.chmod(path, mode)
+
+
+def open_private(path: Path | str, flags: int) -> int:
+    """``os.open`` with ``O_CREAT``: a new file is ``0600``, an existing one is narrowed to ``0600``.
+
+    Args:
+        path: the file.
+        flags: the ``os.O_*`` flags (``O_CREAT`` is added).
+
+    Returns:
+        The file descriptor (the caller closes it).
+
+    Raises:
+        OSError: as :func:`os.open` (``FileExistsError`` with ``O_EXCL``), or the mode of an
+            existing file cannot be changed.
+    """
+    fd = os.open(path, flags | os.O_CREAT, PRIVATE_FILE_MODE)
+    try:
+        if os.fstat(fd).st_mode & 0o777 != PRIVATE_FILE_MODE:
+            os.fchmod(fd, PRIVATE_FILE_MODE)  # the mode of os.open applies to a new file only
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_private(path: Path, data: bytes | str) -> None:
+    """Write a whole file ``0600`` (created, or truncated and narrowed to ``0600``).
+
+    Args:
+        path: the file; its directory must exist.
+        data: bytes, or text written as UTF-8.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    with os.fdopen(open_private(path, os.O_WRONLY | os.O_TRUNC), "wb") as out:
+        out.write(payload)
