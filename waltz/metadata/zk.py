@@ -3,6 +3,8 @@
 Layout under the cluster root (``docs/zookeeper.md``)::
 
     <root>/cluster                  ClusterParams (name, number of partitions, cluster key)
+    <root>/discovery                DiscoveryParams (name, number of partitions: what clients read)
+    <root>/roles                    ClusterRoles (the digest identity of each role)
     <root>/store/assignment         ReplicaAssignments (storage connect string -> partitions)
     <root>/store/group              GroupDescriptor (storage connect string -> group)
     <root>/store/connection         ConnectionMetadata (storage connect string -> admin port)
@@ -10,9 +12,12 @@ Layout under the cluster root (``docs/zookeeper.md``)::
     <root>/server/...               server membership and partition assignment (cluster manager)
     <root>/archive                  ArchiveSummary (the archive's location, per partition what it holds)
 
-Every znode is created with the session's default ACL: with a digest credential, all rights to
-that credential alone (docs/design/zookeeper.md, "Security"); a refused access raises
-:class:`~waltz.metadata.zk_session.ZooKeeperAuthError`.
+A cluster created with role credentials gives every znode an ACL per role
+(:mod:`waltz.metadata.zk_roles`); one created with a single credential gives every znode all
+rights to that credential alone (docs/design/zookeeper.md, "Security"). A refused access raises
+:class:`~waltz.metadata.zk_session.ZooKeeperAuthError`; a root or child znode open to anyone or to
+an unknown identity makes :meth:`ClusterZk.check_security` raise
+:class:`~waltz.metadata.zk_roles.ZnodeAclError`.
 
 Nothing here is on the append path: znodes change only on faults and assignment changes.
 The methods block (kazoo's synchronous API); async callers run them with ``asyncio.to_thread``.
@@ -26,20 +31,31 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, Self, TypeVar
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.protocol.states import ZnodeStat
-from kazoo.security import OPEN_ACL_UNSAFE
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, Permissions
 
 from waltz.errors import ClusterNotFoundError, GenerationFencedError, MetadataError, StaleMetadataError
 from waltz.metadata.values import (
     ArchiveSummary,
     ClusterParams,
     ConnectionMetadata,
+    DiscoveryParams,
     GroupDescriptor,
     PartitionMetadata,
     ReplicaAssignments,
 )
-from waltz.metadata.zk_session import ZooKeeperUnavailableError, zookeeper_access
+from waltz.metadata.zk_roles import (
+    KNOWN_CHILDREN,
+    AclProblem,
+    ClusterRoles,
+    Role,
+    ZnodeAclError,
+    describe_acl,
+    grants_for,
+    session_identities,
+)
+from waltz.metadata.zk_session import ZooKeeperUnavailableError, auth_error, zookeeper_access
 
 __all__ = ["ClusterPaths", "ClusterZk", "Versioned"]
 
@@ -89,6 +105,20 @@ class ClusterPaths:
         return f"{self.root}/cluster"
 
     @property
+    def discovery(self) -> str:
+        """The name and number of partitions, readable by clients (no cluster key)."""
+        return f"{self.root}/discovery"
+
+    @property
+    def roles(self) -> str:
+        """The digest identity of each role (absent in a cluster made with a single credential)."""
+        return f"{self.root}/roles"
+
+    def relative(self, path: str) -> str:
+        """A znode's path below the root without the leading slash (``""`` for the root)."""
+        return path.removeprefix(self.root).lstrip("/")
+
+    @property
     def store(self) -> str:
         return f"{self.root}/store"
 
@@ -131,9 +161,24 @@ class ClusterPaths:
         return f"{self.root}/server/assignment"
 
     @property
+    def client(self) -> str:
+        """Parent of the client ID counter."""
+        return f"{self.root}/client"
+
+    @property
+    def client_id(self) -> str:
+        """The client ID counter (a kazoo ``Counter``)."""
+        return f"{self.root}/client/id"
+
+    @property
     def archive(self) -> str:
         """The archive's summary, written by the archiver (absent until its first run)."""
         return f"{self.root}/archive"
+
+
+def _user(identity: str) -> str:
+    """The user of a digest identity: ZooKeeper shows ``user:x`` in ACLs, hiding the hash."""
+    return identity.partition(":")[0]
 
 
 class ClusterZk:
@@ -211,6 +256,7 @@ class ClusterZk:
         *,
         partitions: Mapping[int, PartitionMetadata] | None = None,
         archive: ArchiveSummary | None = None,
+        roles: ClusterRoles | None = None,
     ) -> None:
         """Create every znode of a new cluster in one ZooKeeper transaction.
 
@@ -219,8 +265,17 @@ class ClusterZk:
         closing high-water mark at the archive's end, docs/design/archive.md, "Restoring a
         cluster from the archive"); ``archive`` creates ``<root>/archive`` with them.
 
+        With ``roles`` every znode gets the ACL of its role table (:mod:`waltz.metadata.zk_roles`),
+        ``<root>/roles`` records the identities, and the znodes servers and clients would
+        otherwise create (``server``, ``server/members``, ``client``, ``client/id``) are made
+        with theirs; the session must hold the operator's credential. Without, every znode gets
+        the session's default ACL (docs/design/zookeeper.md, "Security").
+
         Raises:
-            MetadataError: a cluster already exists under the root, or the values disagree.
+            MetadataError: a cluster already exists under the root, or the values disagree, or
+                the session does not hold the operator's credential of ``roles``.
+            ZnodeAclError: the root exists already, holds znodes, and is open to anyone or to
+                an unknown identity.
         """
         initial = dict(partitions or {})
         outside = sorted(p for p in initial if not 0 <= p < params.num_partitions)
@@ -232,21 +287,40 @@ class ClusterZk:
                 raise MetadataError(
                     f"storage {storage} is assigned partitions {bad} outside 0..{params.num_partitions - 1}"
                 )
-        with zookeeper_access(self.zk, f"creating the cluster under {self.paths.root}"):
-            self._ensure_root()
-        transaction = self.zk.transaction()
-        transaction.create(self.paths.cluster, params.encode())
-        transaction.create(self.paths.store, b"")
-        transaction.create(self.paths.assignment, assignments.encode())
-        transaction.create(self.paths.group, groups.encode())
-        transaction.create(self.paths.connection, connection.encode())
-        transaction.create(self.paths.partitions, b"")
-        for pid in range(params.num_partitions):
-            transaction.create(
-                self.paths.partition(pid), initial.get(pid, PartitionMetadata(0, -1, {})).encode()
+        if roles is not None and roles.operator not in session_identities(self.zk):
+            raise MetadataError(
+                "creating a cluster with role credentials needs a session holding the operator's credential"
             )
+
+        def acl(path: str) -> list[ACL] | None:
+            return roles.acl_for(self.paths.relative(path)) if roles is not None else None
+
+        with zookeeper_access(self.zk, f"creating the cluster under {self.paths.root}"):
+            self._ensure_root(roles)
+        transaction = self.zk.transaction()
+        transaction.create(self.paths.cluster, params.encode(), acl=acl(self.paths.cluster))
+        transaction.create(
+            self.paths.discovery, DiscoveryParams.of(params).encode(), acl=acl(self.paths.discovery)
+        )
+        values = [
+            (self.paths.store, b""),
+            (self.paths.assignment, assignments.encode()),
+            (self.paths.group, groups.encode()),
+            (self.paths.connection, connection.encode()),
+            (self.paths.partitions, b""),
+        ]
+        values += [
+            (self.paths.partition(pid), initial.get(pid, PartitionMetadata(0, -1, {})).encode())
+            for pid in range(params.num_partitions)
+        ]
         if archive is not None:
-            transaction.create(self.paths.archive, archive.encode())
+            values.append((self.paths.archive, archive.encode()))
+        if roles is not None:
+            values.append((self.paths.roles, roles.encode()))
+            values += [(path, b"") for path in (self.paths.server, self.paths.members)]
+            values += [(path, b"") for path in (self.paths.client, self.paths.client_id)]
+        for path, data in values:
+            transaction.create(path, data, acl=acl(path))
         with zookeeper_access(self.zk, f"creating the cluster under {self.paths.root}"):
             results = transaction.commit()
         failures = [r for r in results if isinstance(r, Exception)]
@@ -254,52 +328,228 @@ class ClusterZk:
             if any(isinstance(r, NodeExistsError) for r in failures):
                 raise MetadataError(f"a cluster already exists under {self.paths.root}; delete it first")
             raise MetadataError(f"creating the cluster under {self.paths.root} failed: {failures[0]!r}")
+        if roles is not None:
+            self.zk.default_acl = roles.default_acl(Role.OPERATOR)
         log.info("created cluster %r under %s", params.name, self.paths.root)
 
-    def _ensure_root(self) -> None:
-        """Create the root with the session's ACL; its parents, holding nothing, open to all.
+    def _ensure_root(self, roles: ClusterRoles | None) -> None:
+        """Create the root with its ACL; its parents, holding nothing, open to all.
 
         Open parents let clusters with different credentials share one (``/waltz``); nobody can
         delete a protected root holding znodes through them. A root that exists already (made by
-        an operator, or left by an older version) and holds nothing gets the session's ACL.
+        an operator, or left by an older version) and holds nothing gets the root's ACL; one
+        holding znodes must pass :meth:`acl_problems` (a squatter's root is refused).
+
+        Raises:
+            ZnodeAclError: the root holds znodes and lets in anyone or an unknown identity.
         """
         parent = self.paths.root.rsplit("/", 1)[0]
         if parent:
             self.zk.ensure_path(parent, acl=OPEN_ACL_UNSAFE)
+        root_acl = roles.acl_for("") if roles is not None else self.zk.default_acl
         try:
-            self.zk.create(self.paths.root, b"")
+            self.zk.create(self.paths.root, b"", acl=root_acl)
+            return
         except NodeExistsError:
-            if self.zk.default_acl and not self.zk.get_children(self.paths.root):
-                self.zk.set_acls(self.paths.root, self.zk.default_acl)
+            pass
+        if root_acl and not self.zk.get_children(self.paths.root):
+            self.zk.set_acls(self.paths.root, root_acl)
+        self.check_root(roles)
 
-    def secure(self) -> int:
-        """Give every znode of the cluster the session's ACL (an existing cluster made without one).
+    def check_root(self, roles: ClusterRoles | None = None) -> None:
+        """Before creating a cluster: refuse a root that holds znodes and lets in anyone or an
+        identity that is not the session's, nor one of ``roles`` (a squatter's root,
+        docs/design/zookeeper.md, "Checking the root"). A session without a credential makes an
+        open cluster and checks nothing.
+
+        Raises:
+            ZnodeAclError: the root or a child lets in anyone or an unknown identity.
+        """
+        own = session_identities(self.zk)
+        if own:
+            known = roles.all() if roles is not None else own
+            self._refuse(self.acl_problems(known), "creating the cluster")
+
+    # ---- the ACL check ----
+
+    def roles(self) -> ClusterRoles | None:
+        """The identities of ``<root>/roles``, or None (a cluster made with a single credential).
+
+        Raises:
+            ZooKeeperAuthError: the session may not read it.
+            MetadataError: the znode does not decode.
+        """
+        try:
+            with zookeeper_access(self.zk, f"reading {self.paths.roles}"):
+                data, _ = self._get(self.paths.roles)
+        except NoNodeError:
+            return None
+        return ClusterRoles.decode(data, self.paths.roles)
+
+    def acl_problems(
+        self, known: set[str] | None, *, role: Role | None = None, empty_root_ok: bool = True
+    ) -> list[AclProblem]:
+        """The root and its children whose ACL lets in anyone, or (``known`` given) an identity
+        that is not one of ``known`` (docs/design/zookeeper.md, "Checking the root").
+
+        Args:
+            known: the digest identities (``user:hash``) the cluster's ACLs may name; None: only
+                entries open to anyone are problems. ZooKeeper shows a digest entry as
+                ``user:x``, so entries compare by user; a squatter's entry naming a known user
+                with another password still cannot let in the real credential, whose hash it
+                cannot see, so the session's read of such a znode fails (a problem when its role
+                may read it).
+            role: the session's role in a cluster made with roles: a znode it may not read (nor
+                see the ACL of: ZooKeeper shows an ACL only to READ or ADMIN) is a problem only
+                when its role table grants the role READ. None: every znode must be visible
+                (a single credential's session), or none need be (``known`` None).
+            empty_root_ok: a root holding nothing is no problem (creating a cluster takes it over).
+
+        Returns:
+            One problem per offending znode; empty when the root does not exist.
+        """
+        try:
+            children = sorted(self.zk.get_children(self.paths.root))
+        except NoNodeError:
+            return []
+        except NoAuthError:
+            children = []  # listing refused: the root itself is checked below
+        if not children and empty_root_ok:
+            return []
+        problems = []
+        for path in [self.paths.root, *(f"{self.paths.root}/{child}" for child in children)]:
+            try:
+                acls, _ = self.zk.get_acls(path)
+            except NoNodeError:
+                continue
+            except NoAuthError:
+                relative = self.paths.relative(path)
+                readable = role is None or bool(grants_for(relative).get(role, 0) & Permissions.READ)
+                if known is not None and readable:
+                    problems.append(AclProblem(path, "refuses this session although its role may read it"))
+                continue
+            bad = [
+                entry
+                for entry in acls
+                if entry.id.scheme != "digest"
+                or (known is not None and _user(entry.id.id) not in {_user(k) for k in known})
+            ]
+            if bad:
+                why = (
+                    "open to anyone"
+                    if any(entry.id.scheme == "world" for entry in bad)
+                    else "granted to an identity that is none of the cluster's"
+                )
+                problems.append(AclProblem(path, f"{why}: {', '.join(describe_acl(entry) for entry in bad)}"))
+        return problems
+
+    def unknown_children(self) -> list[str]:
+        """The root's children that no cluster of this version makes (a squatter's, or a wrong root)."""
+        try:
+            return sorted(set(self.zk.get_children(self.paths.root)) - KNOWN_CHILDREN)
+        except NoNodeError:
+            return []
+
+    def check_security(self) -> ClusterRoles | None:
+        """Check the root's and its children's ACLs before using the cluster; adopt the role's ACL.
+
+        Every server, admin tool and client calls this on start (docs/design/zookeeper.md,
+        "Checking the root"). A session without a credential only logs a warning when the
+        cluster is open (a cluster made without credentials is open by choice). A session with
+        one refuses a root or child znode open to anyone or to an identity that is none of the
+        cluster's (``<root>/roles``, or the session's own in a cluster made with one credential).
+        In a cluster made with roles, the session's default ACL becomes its role's, so that the
+        znodes it creates get the role table's ACL.
+
+        Returns:
+            The cluster's role identities, or None (no credential, no cluster, or a cluster made
+            with a single credential).
+
+        Raises:
+            ZnodeAclError: a root or child znode lets in anyone or an unknown identity.
+            ZooKeeperAuthError: the session's credential is none of the cluster's.
+        """
+        own = session_identities(self.zk)
+        if not own:
+            open_znodes = self.acl_problems(None)
+            if open_znodes:
+                log.warning(
+                    "the ZooKeeper session has no credential and the cluster under %s is open to "
+                    "anyone (%s): anyone reaching ZooKeeper can read its cluster key and rewrite its "
+                    'metadata; see docs/deploy.md, "ZooKeeper credentials"',
+                    self.paths.root,
+                    open_znodes[0].detail,
+                )
+            return None
+        roles = self.roles()
+        role: Role | None = None
+        if roles is None:
+            if self.zk.exists(self.paths.cluster) is not None:
+                with zookeeper_access(self.zk, f"reading {self.paths.cluster}"):
+                    self._get(self.paths.cluster)  # a wrong credential shows as NoAuth here
+            known = own
+        else:
+            role = roles.role_of(own)
+            if role is None:
+                what = f"the session's credential: it is none of the roles in {self.paths.roles}"
+                raise auth_error(self.zk, what)
+            known = roles.all()
+        self._refuse(self.acl_problems(known, role=role), "using the cluster")
+        if roles is not None and role is not None:
+            self.zk.default_acl = roles.default_acl(role)
+        return roles
+
+    def _refuse(self, problems: list[AclProblem], doing: str) -> None:
+        if not problems:
+            return
+        lines = "\n".join(f"  {problem.path}: {problem.detail}" for problem in problems)
+        raise ZnodeAclError(
+            f"refusing {doing} under {self.paths.root}: its znodes let in someone the cluster does "
+            f"not know, so their values (the cluster key, the partition count) may be anyone's:\n"
+            f"{lines}\n"
+            "If nobody else should have made them, treat the cluster's metadata as tampered with: "
+            "delete the root (zkCli.sh deleteall), create the cluster again with a credential "
+            "(waltz cluster create --digest-dir), and give every storage node a fresh directory. "
+            "A cluster made without a credential on purpose is protected with `waltz cluster secure`."
+        )
+
+    def secure(self, roles: ClusterRoles | None = None) -> int:
+        """Give every znode of the cluster its ACL (an existing cluster made without one, or with a
+        single credential, moving to per-role credentials).
 
         Walks the root and everything below it, ephemeral member znodes included, setting the ACL
-        of the session's digest credential (docs/design/zookeeper.md, "Security"). Idempotent;
-        znodes deleted during the walk are skipped.
+        of the session's digest credential, or with ``roles`` the ACL of the role table
+        (docs/design/zookeeper.md, "Security"); with ``roles`` it also writes ``<root>/roles``,
+        ``<root>/discovery`` and the ``client/id`` counter when missing. Idempotent; znodes
+        deleted during the walk are skipped.
 
         Returns:
             The number of znodes whose ACL was set.
 
         Raises:
-            MetadataError: the session has no digest credential (nothing to apply).
+            MetadataError: the session has no digest credential (nothing to apply), or does not
+                hold the operator's credential of ``roles``.
             ClusterNotFoundError: no cluster exists under the root.
             ZooKeeperAuthError: a znode is protected by another credential.
         """
-        acl = self.zk.default_acl
-        if not acl:
+        default = self.zk.default_acl
+        if roles is None and not default:
             raise MetadataError(
                 "no digest credential is configured: set the one the cluster should be protected "
                 "with (zookeeper.auth.digestFile or WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE), then run this again"
             )
+        if roles is not None and roles.operator not in session_identities(self.zk):
+            raise MetadataError("securing a cluster with role credentials needs the operator's credential")
         if not self.exists():
             raise ClusterNotFoundError(f"no cluster under {self.paths.root}")
         count = 0
         pending = [self.paths.root]
         with zookeeper_access(self.zk, f"setting the ACLs under {self.paths.root}"):
+            if roles is not None:
+                self._add_role_znodes(roles)
             while pending:
                 path = pending.pop()
+                acl = roles.acl_for(self.paths.relative(path)) if roles is not None else default
                 try:
                     children = self.zk.get_children(path)
                     self.zk.set_acls(path, acl)
@@ -307,8 +557,42 @@ class ClusterZk:
                     continue
                 count += 1
                 pending.extend(f"{path}/{child}" for child in children)
-        log.info("set the digest ACL of %d znodes under %s", count, self.paths.root)
+        if roles is not None:
+            self.zk.default_acl = roles.default_acl(Role.OPERATOR)
+        log.info("set the ACL of %d znodes under %s", count, self.paths.root)
         return count
+
+    def _add_role_znodes(self, roles: ClusterRoles) -> None:
+        """Write ``roles`` and ``discovery``, and make the znodes clients need, where missing."""
+        params = self.params()
+        for path, data in (
+            (self.paths.roles, roles.encode()),
+            (self.paths.discovery, DiscoveryParams.of(params).encode()),
+            (self.paths.server, b""),
+            (self.paths.members, b""),
+            (self.paths.client, b""),
+            (self.paths.client_id, b""),
+        ):
+            try:
+                self.zk.create(path, data, acl=roles.acl_for(self.paths.relative(path)))
+            except NodeExistsError:
+                if path == self.paths.roles:
+                    self.zk.set(path, data)
+
+    def discovery(self) -> DiscoveryParams:
+        """The name and number of partitions, from ``<root>/discovery`` or, in a cluster made
+        before that znode existed, from ``<root>/cluster``.
+
+        Raises:
+            ClusterNotFoundError: no cluster exists under the root.
+            ZooKeeperAuthError: the session may not read them.
+        """
+        try:
+            with zookeeper_access(self.zk, f"reading {self.paths.discovery}"):
+                data, _ = self._get(self.paths.discovery)
+        except NoNodeError:
+            return DiscoveryParams.of(self.params())
+        return DiscoveryParams.decode(data, self.paths.discovery)
 
     def delete(self) -> None:
         """Delete the cluster's znodes (everything under the root, and the root).
