@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL
 from support.tls import make_certificates
 
@@ -20,7 +21,7 @@ from waltz.local.nodes import LocalServer
 from waltz.local.options import SecurityOptions
 from waltz.local.processes import ServiceStartError
 from waltz.local.zookeeper import LocalZooKeeper
-from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk import ClusterPaths, ClusterZk
 from waltz.metadata.zk_roles import Role
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.metadata.zk_session import ZooKeeperAuthError, ZooKeeperUnavailableError, connect_zookeeper
@@ -103,6 +104,57 @@ def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_gives_every_zno
                 intruder.start()
         finally:
             intruder.close()
+
+
+@pytest.mark.security
+def test_the_client_credential_reads_what_discovery_needs_and_not_the_cluster_key(
+    tmp_path: Path, zookeeper: LocalZooKeeper
+) -> None:
+    with LocalCluster(
+        storages=1,
+        servers=1,
+        partitions=1,
+        zookeeper=zookeeper.connect_string,
+        work_dir=tmp_path / "cluster",
+        delete_root=True,
+        security=SecurityOptions(zookeeper_auth=True),
+    ) as cluster:
+        append_and_apply(cluster, b"found through discovery", Role.CLIENT)  # a real client, a real server
+        credentials = cluster.zookeeper_role_credentials
+        assert credentials is not None
+        paths = ClusterPaths.of(cluster.root)
+        sessions = {
+            role: connect_zookeeper(
+                zookeeper.connect_string, security=ZooKeeperSecurity(credentials.digest(role))
+            )
+            for role in Role
+        }
+        anonymous = connect_zookeeper(zookeeper.connect_string)
+        emptied = b'{"format_version": 1, "replicas": {}}'
+        try:
+            client, server, operator = sessions[Role.CLIENT], sessions[Role.SERVER], sessions[Role.OPERATOR]
+            with pytest.raises(NoAuthError):
+                client.get(paths.cluster)  # the cluster key
+            with pytest.raises(ZooKeeperAuthError, match="ZooKeeper refused reading"):
+                ClusterZk(client, cluster.root).params()
+            with pytest.raises(NoAuthError):
+                client.set(paths.assignment, emptied)
+            with pytest.raises(NoAuthError):
+                client.set(paths.partition(0), b"{}")
+            with pytest.raises(NoAuthError):
+                server.set(paths.assignment, emptied)  # servers read the replica assignments only
+            with pytest.raises(NoAuthError):
+                anonymous.delete(paths.cluster)  # the root is not open: nobody replaces the key
+            assert ClusterZk(client, cluster.root).discovery().num_partitions == 1
+            assert (
+                ClusterZk(server, cluster.root).params().cluster_key
+                == ClusterZk(operator, cluster.root).params().cluster_key
+            )
+            assert ClusterZk(operator, cluster.root).assignments().value.replicas  # untouched
+        finally:
+            for session in (*sessions.values(), anonymous):
+                session.stop()
+                session.close()
 
 
 @pytest.fixture
