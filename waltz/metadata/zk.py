@@ -520,8 +520,9 @@ class ClusterZk:
         Walks the root and everything below it, ephemeral member znodes included, setting the ACL
         of the session's digest credential, or with ``roles`` the ACL of the role table
         (docs/design/zookeeper.md, "Security"); with ``roles`` it also writes ``<root>/roles``,
-        ``<root>/discovery`` and the ``client/id`` counter when missing. Idempotent; znodes
-        deleted during the walk are skipped.
+        ``<root>/discovery`` and the ``client/id`` counter when missing. A cluster made with
+        roles keeps its role table when ``roles`` is not given. Idempotent; znodes deleted during
+        the walk are skipped.
 
         Returns:
             The number of znodes whose ACL was set.
@@ -533,6 +534,8 @@ class ClusterZk:
             ZooKeeperAuthError: a znode is protected by another credential.
         """
         default = self.zk.default_acl
+        if roles is None and session_identities(self.zk):
+            roles = self.roles()  # a cluster made with roles keeps them
         if roles is None and not default:
             raise MetadataError(
                 "no digest credential is configured: set the one the cluster should be protected "
