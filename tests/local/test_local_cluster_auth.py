@@ -73,7 +73,7 @@ def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_gives_every_zno
         assert "WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE" in cluster.describe()
         security = cluster.zookeeper_security
         zk = connect_zookeeper(zookeeper.connect_string, security=security)
-        roles = ClusterZk(zk, cluster.root).roles()
+        roles = ClusterZk(zk, cluster.root).access.roles()
         assert roles == credentials.identities()
         try:
             paths = walk(zk, cluster.root)

@@ -327,7 +327,7 @@ class ClusterAdmin:
         if credentials is not None:
             self.cluster.zk.add_auth("digest", credentials.operator)
         roles = credentials.identities() if credentials is not None else None
-        self.cluster.check_root(roles)  # a squatted root is refused before "already exists"
+        self.cluster.access.check_root(roles)  # a squatted root is refused before "already exists"
         if self.cluster.exists():
             raise MetadataError(f"a cluster already exists under {self.root}: delete it first")
 
@@ -381,7 +381,7 @@ class ClusterAdmin:
         credential, or with ``credentials`` the ACL of each znode's role, the session then
         authenticating as the operator too.
 
-        See :meth:`~waltz.metadata.zk.ClusterZk.secure` (docs/design/zookeeper.md, "Security").
+        See :meth:`~waltz.metadata.zk_access.ClusterAccess.secure` (docs/design/zookeeper.md, "Security").
 
         Returns:
             The number of znodes protected.
@@ -392,9 +392,9 @@ class ClusterAdmin:
             ZooKeeperAuthError: a znode is protected by another credential.
         """
         if credentials is None:
-            return self.cluster.secure()
+            return self.cluster.access.secure()
         self.cluster.zk.add_auth("digest", credentials.operator)
-        return self.cluster.secure(credentials.identities())
+        return self.cluster.access.secure(credentials.identities())
 
     @zookeeper_errors
     def describe(self) -> ClusterDescription:

@@ -32,11 +32,11 @@ def acl_checks(cluster: ClusterZk) -> list[CheckResult]:
     roles: ClusterRoles | None = None
     if own:
         try:
-            roles = cluster.roles()
+            roles = cluster.access.roles()
         except ZooKeeperAuthError:
             roles = None
     known = roles.all() if roles is not None else (own or None)
-    problems = cluster.acl_problems(known, empty_root_ok=False)
+    problems = cluster.access.acl_problems(known, empty_root_ok=False)
     if not problems:
         who = "the cluster's roles" if roles is not None else "the session's credential"
         acl = CheckResult(
@@ -53,7 +53,7 @@ def acl_checks(cluster: ClusterZk) -> list[CheckResult]:
         )
         status = CheckStatus.FAILED if own else CheckStatus.WARNING
         acl = CheckResult("zookeeper: root and children ACLs", status, f"{detail}: {fix}")
-    unknown = cluster.unknown_children()
+    unknown = cluster.access.unknown_children()
     children = CheckResult(
         "zookeeper: root children",
         CheckStatus.WARNING if unknown else CheckStatus.PASSED,
