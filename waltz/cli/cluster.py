@@ -113,6 +113,14 @@ def create(
         if digest_dir is not None:
             files = ", ".join(ROLE_DIGEST_FILES.values())
             typer.echo(f"ZooKeeper credentials per role in {digest_dir}: {files}")
+        elif not admin.cluster.zk.auth_data:
+            typer.secho(
+                "warning: no ZooKeeper credential: the cluster's znodes are open to anyone, who can "
+                "read its cluster key and rewrite its metadata; create it with --digest-dir DIR "
+                '(docs/deploy.md, "ZooKeeper credentials") or protect it with `waltz cluster secure`',
+                err=True,
+                fg=typer.colors.YELLOW,
+            )
         _print_create(admin, result, zookeeper)
         if not result.ok:
             raise typer.Exit(1)
