@@ -34,6 +34,7 @@ from waltz.cli.groups import HELP, MARKUP
 from waltz.cli.options import (
     AdminConfigOption,
     ArchiveOption,
+    DigestDirOption,
     JsonOption,
     LogLevelOption,
     PartitionsOption,
@@ -450,6 +451,7 @@ def restore(
             show_default=False,
         ),
     ] = None,
+    digest_dir: DigestDirOption = None,
     json_output: JsonOption = False,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
@@ -469,7 +471,8 @@ def restore(
     Nothing is written, and the command exits 1, when the archive fails verification (each
     problem named by file and range), the root holds a cluster already, or a storage node does
     not answer, belongs to another cluster or holds partitions. Start the servers of the new
-    cluster afterwards; applications resume from their own high-water marks.
+    cluster afterwards; applications resume from their own high-water marks. With --digest-dir,
+    the new cluster's znodes get the ACL of each role, as with waltz cluster create.
     """
     import uuid
 
@@ -479,6 +482,7 @@ def restore(
     from waltz.archive.location import normal_location
     from waltz.archive.restore import RestoreRefusedError, restore_cluster
     from waltz.errors import WaltzError
+    from waltz.metadata.zk_roles import RoleCredentials
 
     quiet_logging()
     specs = []
@@ -494,6 +498,7 @@ def restore(
     with connected_admin(config, zookeeper, root, timeout) as admin:
         try:
             files = ArchiveFiles.open(normal_location(source))
+            credentials = RoleCredentials.load_or_generate(digest_dir) if digest_dir is not None else None
             result = restore_cluster(
                 admin.cluster,
                 files,
@@ -505,6 +510,7 @@ def restore(
                 operator=_operator(),
                 cluster_key=key,
                 progress=None if json_output else typer.echo,
+                credentials=credentials,
             )
         except RestoreRefusedError as exc:
             raise fail(str(exc), 1) from exc
