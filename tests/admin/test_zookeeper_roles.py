@@ -120,6 +120,7 @@ def test_a_squatted_root_is_refused_by_create_and_by_a_server_and_failed_by_veri
             GroupDescriptor({storage.address: 0}),
             ConnectionMetadata({storage.address: storage.admin_port}),
         )
+        squatter.create(f"{zk_root}/planted", b"")  # a znode no cluster makes
     finally:
         squatter.stop()
         squatter.close()
@@ -147,6 +148,9 @@ def test_a_squatted_root_is_refused_by_create_and_by_a_server_and_failed_by_veri
     check = acl_check(verified)
     assert check["status"] == "FAILED"
     assert f"{zk_root}/cluster open to anyone: world:anyone" in check["detail"]
+    checks = json.loads(verified.stdout)["checks"]
+    children = next(c for c in checks if c["name"] == "zookeeper: root children")
+    assert children["status"] == "WARNING" and "planted" in children["detail"]
 
 
 def test_a_cluster_made_with_one_credential_still_starts_then_moves_to_role_credentials(
