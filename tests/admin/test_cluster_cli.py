@@ -171,7 +171,15 @@ def test_create_then_list_and_verify_pass(
     assert from_file.exit_code == 0, from_file.output
     report = json.loads(from_file.stdout)
     assert report["passed"] is True
-    storage_checks = [c for c in report["checks"] if not c["name"].startswith("servers:")]
+    acl_checks = {c["name"]: c["status"] for c in report["checks"] if c["name"].startswith("zookeeper: root")}
+    # Created without a credential: its znodes are open to anyone, a warning (not a failure).
+    assert acl_checks == {
+        "zookeeper: root and children ACLs": "WARNING",
+        "zookeeper: root children": "PASSED",
+    }
+    storage_checks = [
+        c for c in report["checks"] if not c["name"].startswith(("servers:", "zookeeper: root"))
+    ]
     assert {c["status"] for c in storage_checks} == {"PASSED"}
     # 4 ZooKeeper checks, 3 per storage node, 3 per partition.
     assert len(storage_checks) == 4 + 3 * 3 + 3 * 4

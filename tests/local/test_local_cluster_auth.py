@@ -1,6 +1,6 @@
-"""A local cluster whose znodes are protected by a ZooKeeper digest credential, and one that speaks
-TLS to ZooKeeper: servers, tools and a client still work end to end (docs/design/zookeeper.md
-"Security")."""
+"""A local cluster whose znodes are protected by ZooKeeper digest credentials per role, and one that
+speaks TLS to ZooKeeper: servers, tools and a client still work end to end, and the client's
+credential reads only what discovery needs (docs/design/zookeeper.md "Security", "Roles")."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+from kazoo.security import ACL
 from support.tls import make_certificates
 
 from tests.client.client_helpers import Append, MemoryStore
@@ -19,6 +21,8 @@ from waltz.local.nodes import LocalServer
 from waltz.local.options import SecurityOptions
 from waltz.local.processes import ServiceStartError
 from waltz.local.zookeeper import LocalZooKeeper
+from waltz.metadata.zk import ClusterPaths, ClusterZk
+from waltz.metadata.zk_roles import Role
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.metadata.zk_session import ZooKeeperAuthError, ZooKeeperUnavailableError, connect_zookeeper
 
@@ -32,16 +36,21 @@ def walk(zk: KazooClient, root: str) -> list[str]:
     return sorted(paths)
 
 
-def append_and_apply(cluster: LocalCluster, data: bytes) -> None:
+def acl_set(acls: list[ACL]) -> set[tuple[int, str, str]]:
+    """The entries, digest identities by user: ZooKeeper shows them as ``user:x``."""
+    return {(a.perms, a.id.scheme, a.id.id.partition(":")[0]) for a in acls}
+
+
+def append_and_apply(cluster: LocalCluster, data: bytes, role: Role = Role.OPERATOR) -> None:
     store = MemoryStore({0: -1})
-    with WaltzClient(store, WaltzClientConfig(**cluster.zookeeper_settings())) as client:  # type: ignore[arg-type]
+    with WaltzClient(store, WaltzClientConfig(**cluster.zookeeper_settings(role))) as client:  # type: ignore[arg-type]
         transaction_id = client.submit(Append(0, data)).result(60)
         assert transaction_id is not None
         assert client.wait_applied(0, transaction_id, 30)
     assert [a.data for a in store.applied[0]][-1] == data
 
 
-def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_protects_every_znode(
+def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_gives_every_znode_its_roles_acl(
     tmp_path: Path, zookeeper: LocalZooKeeper
 ) -> None:
     with LocalCluster(
@@ -53,12 +62,19 @@ def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_protects_every_
         delete_root=True,
         security=SecurityOptions(zookeeper_auth=True),
     ) as cluster:
-        append_and_apply(cluster, b"authenticated")
-        digest_file = cluster.zookeeper_digest_file
-        assert digest_file is not None and stat.S_IMODE(digest_file.stat().st_mode) == 0o600
+        append_and_apply(cluster, b"authenticated", Role.CLIENT)
+        credentials = cluster.zookeeper_role_credentials
+        assert credentials is not None
+        for role in Role:
+            settings = cluster.zookeeper_settings(role)
+            digest_file = settings["zookeeper_auth_digest_file"]
+            assert isinstance(digest_file, Path) and stat.S_IMODE(digest_file.stat().st_mode) == 0o600
+            assert ZooKeeperSecurity.read_digest_file(digest_file) == credentials.digest(role)
         assert "WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE" in cluster.describe()
         security = cluster.zookeeper_security
         zk = connect_zookeeper(zookeeper.connect_string, security=security)
+        roles = ClusterZk(zk, cluster.root).access.roles()
+        assert roles == credentials.identities()
         try:
             paths = walk(zk, cluster.root)
             # servers' members and election, the assignment and the client ID counter included
@@ -66,7 +82,8 @@ def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_protects_every_
                 p.removeprefix(cluster.root) for p in paths
             }
             for path in paths:
-                assert zk.get_acls(path)[0] == security.acl(), path
+                expected = roles.acl_for(path.removeprefix(cluster.root).lstrip("/"))
+                assert acl_set(zk.get_acls(path)[0]) == acl_set(expected), path
         finally:
             zk.stop()
             zk.close()
@@ -87,6 +104,57 @@ def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_protects_every_
                 intruder.start()
         finally:
             intruder.close()
+
+
+@pytest.mark.security
+def test_the_client_credential_reads_what_discovery_needs_and_not_the_cluster_key(
+    tmp_path: Path, zookeeper: LocalZooKeeper
+) -> None:
+    with LocalCluster(
+        storages=1,
+        servers=1,
+        partitions=1,
+        zookeeper=zookeeper.connect_string,
+        work_dir=tmp_path / "cluster",
+        delete_root=True,
+        security=SecurityOptions(zookeeper_auth=True),
+    ) as cluster:
+        append_and_apply(cluster, b"found through discovery", Role.CLIENT)  # a real client, a real server
+        credentials = cluster.zookeeper_role_credentials
+        assert credentials is not None
+        paths = ClusterPaths.of(cluster.root)
+        sessions = {
+            role: connect_zookeeper(
+                zookeeper.connect_string, security=ZooKeeperSecurity(credentials.digest(role))
+            )
+            for role in Role
+        }
+        anonymous = connect_zookeeper(zookeeper.connect_string)
+        emptied = b'{"format_version": 1, "replicas": {}}'
+        try:
+            client, server, operator = sessions[Role.CLIENT], sessions[Role.SERVER], sessions[Role.OPERATOR]
+            with pytest.raises(NoAuthError):
+                client.get(paths.cluster)  # the cluster key
+            with pytest.raises(ZooKeeperAuthError, match="ZooKeeper refused reading"):
+                ClusterZk(client, cluster.root).params()
+            with pytest.raises(NoAuthError):
+                client.set(paths.assignment, emptied)
+            with pytest.raises(NoAuthError):
+                client.set(paths.partition(0), b"{}")
+            with pytest.raises(NoAuthError):
+                server.set(paths.assignment, emptied)  # servers read the replica assignments only
+            with pytest.raises(NoAuthError):
+                anonymous.delete(paths.cluster)  # the root is not open: nobody replaces the key
+            assert ClusterZk(client, cluster.root).discovery().num_partitions == 1
+            assert (
+                ClusterZk(server, cluster.root).params().cluster_key
+                == ClusterZk(operator, cluster.root).params().cluster_key
+            )
+            assert ClusterZk(operator, cluster.root).assignments().value.replicas  # untouched
+        finally:
+            for session in (*sessions.values(), anonymous):
+                session.stop()
+                session.close()
 
 
 @pytest.fixture

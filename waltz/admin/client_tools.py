@@ -44,7 +44,7 @@ from waltz.client import (
 from waltz.errors import StorageRpcError, WaltzError, WaltzTimeoutError
 from waltz.metadata.assignment import read_members
 from waltz.metadata.zk import ClusterZk
-from waltz.metadata.zk_session import connect_zookeeper
+from waltz.metadata.zk_session import ZooKeeperAuthError, connect_zookeeper
 from waltz.protocol import client_pb2, client_pb2_grpc
 from waltz.protocol.channels import TlsConfig, open_channel
 from waltz.protocol.server_client import ServerAdminClient
@@ -364,6 +364,7 @@ class _Targets:
     storages: list[tuple[str, str | None]] = field(default_factory=list)
     cluster_key: str = ""
     num_partitions: int = 0
+    storages_hidden: bool = False
 
 
 def _targets(config: WaltzClientConfig, timeout: float) -> _Targets:
@@ -375,8 +376,13 @@ def _targets(config: WaltzClientConfig, timeout: float) -> _Targets:
     )
     try:
         cluster = ClusterZk(zk, config.cluster_root)
-        description = describe_cluster(cluster)
+        cluster.check_security()
         members = read_members(zk, cluster.paths)
+        try:
+            description = describe_cluster(cluster)
+        except ZooKeeperAuthError:  # the client role: no cluster key, no storage nodes
+            servers = [(m.name, m.endpoint) for m in members]
+            return _Targets(servers, num_partitions=cluster.discovery().num_partitions, storages_hidden=True)
     finally:
         zk.stop()
         zk.close()
@@ -460,7 +466,9 @@ def check_connectivity(
         storage_tls: client TLS files for the storage admin ports, or None for plaintext.
 
     Returns:
-        One check per server, per storage port and per storage admin port, servers first.
+        One check per server, per storage port and per storage admin port, servers first. With
+        the client role's ZooKeeper credential, which may not read the storage nodes nor the
+        cluster key (docs/design/zookeeper.md, "Roles"), the servers only, and a line saying so.
 
     Raises:
         WaltzError: ZooKeeper did not answer, or the cluster's znodes are missing.
@@ -473,6 +481,10 @@ def check_connectivity(
         for name, admin in targets.storages:
             checks.append(_check_storage_port(name, timeout))
             checks.append(_check_storage_admin(name, admin, targets, timeout, storage_tls))
-        return list(await asyncio.gather(*checks))
+        results = list(await asyncio.gather(*checks))
+        if targets.storages_hidden:
+            hidden = "not listed: the storage nodes need the operator's ZooKeeper credential"
+            results.append(NodeCheck("storage", "-", "-", None, hidden))
+        return results
 
     return asyncio.run(run())

@@ -37,6 +37,7 @@ from waltz.admin.storage_nodes import (
     probe_tcp,
 )
 from waltz.admin.verify import VerifyReport, probe_storage_nodes, verify_cluster
+from waltz.admin.verify_acls import acl_checks
 from waltz.admin.verify_servers import probe_servers, server_checks
 from waltz.errors import ConfigurationError, MetadataError
 from waltz.metadata.assignment import read_assignment, read_members
@@ -49,6 +50,7 @@ from waltz.metadata.values import (
     check_connect_string,
 )
 from waltz.metadata.zk import ClusterPaths, ClusterZk
+from waltz.metadata.zk_roles import KNOWN_CHILDREN, RoleCredentials
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.metadata.zk_session import (
     DEFAULT_ZOOKEEPER_TIMEOUT,
@@ -72,7 +74,7 @@ log = logging.getLogger(__name__)
 
 #: The znodes a cluster root may hold (zk.py); ``delete`` refuses a root holding anything else,
 #: so that a wrong ``--root`` (a parent of other clusters, say) is never wiped.
-CLUSTER_ROOT_CHILDREN = frozenset({"cluster", "store", "server", "client", "archive"})
+CLUSTER_ROOT_CHILDREN = KNOWN_CHILDREN
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,16 +213,22 @@ class ClusterAdmin:
         storage_timeout: float = DEFAULT_STORAGE_TIMEOUT,
         tls: TlsConfig | None = None,
         security: ZooKeeperSecurity | None = None,
+        check_acls: bool = True,
     ) -> ClusterAdmin:
         """Connect to ZooKeeper; the returned admin owns the session (close it, or use ``with``).
 
         ``security`` is the cluster's ZooKeeper credential and TLS (docs/design/zookeeper.md,
-        "Security"): znodes the admin creates are protected by the credential.
+        "Security"): znodes the admin creates are protected by the credential. With
+        ``check_acls`` (all but the commands that repair or inspect a cluster: ``secure``,
+        ``delete``, ``verify``) the cluster's root and its children are checked first
+        (:meth:`~waltz.metadata.zk.ClusterZk.check_security`).
 
         Raises:
             ZooKeeperUnavailableError: no ZooKeeper server answered within ``connect_timeout``.
             ConfigurationError: the connect string is malformed.
             MetadataError: ``root`` is not an absolute znode path.
+            ZnodeAclError: the root or a child lets in anyone or an unknown identity.
+            ZooKeeperAuthError: the credential is none of the cluster's.
         """
         ClusterPaths.of(root)  # a bad root fails before waiting for ZooKeeper
         client = connect_zookeeper(
@@ -233,6 +241,8 @@ class ClusterAdmin:
             admin = cls(
                 client, root, storage_timeout=storage_timeout, tls=tls, zookeeper_timeout=session_timeout
             )
+            if check_acls:
+                zookeeper_errors(ClusterZk.check_security)(admin.cluster)
         except BaseException:
             client.stop()
             client.close()
@@ -262,7 +272,13 @@ class ClusterAdmin:
 
     @zookeeper_errors
     def create(
-        self, name: str, num_partitions: int, storages: Sequence[StorageSpec], replicas: int | None = None
+        self,
+        name: str,
+        num_partitions: int,
+        storages: Sequence[StorageSpec],
+        replicas: int | None = None,
+        *,
+        credentials: RoleCredentials | None = None,
     ) -> CreateResult:
         """Create a cluster: znodes in one ZooKeeper transaction, then initialise the storage nodes.
 
@@ -282,6 +298,9 @@ class ClusterAdmin:
             storages: the storage nodes (at least 1, distinct connect strings).
             replicas: replicas per partition, spread round-robin; None puts every partition on
                 every node.
+            credentials: the server, operator and client credentials: the session authenticates
+                as the operator and every znode gets the ACL of its role
+                (docs/design/zookeeper.md, "Roles"); None: the session's own credential, if any.
 
         Returns:
             The parameters (with the new cluster key) and what happened on each node.
@@ -290,6 +309,8 @@ class ClusterAdmin:
             ConfigurationError: bad arguments.
             StorageUnreachableError: a node's admin port refused TCP connections (nothing written).
             MetadataError: a cluster already exists under the root.
+            ZnodeAclError: the root exists, holds znodes and lets in anyone or an unknown
+                identity (a squatted root).
         """
         if not name:
             raise ConfigurationError("the cluster needs a name (--name)")
@@ -303,6 +324,10 @@ class ClusterAdmin:
             placement = spread_replicas(names, num_partitions, replicas)
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from None
+        if credentials is not None:
+            self.cluster.zk.add_auth("digest", credentials.operator)
+        roles = credentials.identities() if credentials is not None else None
+        self.cluster.access.check_root(roles)  # a squatted root is refused before "already exists"
         if self.cluster.exists():
             raise MetadataError(f"a cluster already exists under {self.root}: delete it first")
 
@@ -325,6 +350,7 @@ class ClusterAdmin:
             ReplicaAssignments(placement),
             GroupDescriptor({s.connect_string: s.group for s in storages}),
             ConnectionMetadata({s.connect_string: s.admin_port for s in storages}),
+            roles=roles,
         )
 
         async def setup(storage: str, admin: StorageAdminClient) -> None:
@@ -350,10 +376,12 @@ class ClusterAdmin:
         return CreateResult(params, results)
 
     @zookeeper_errors
-    def secure(self) -> int:
-        """Protect every znode of the cluster with the session's credential (``waltz cluster secure``).
+    def secure(self, credentials: RoleCredentials | None = None) -> int:
+        """Protect every znode of the cluster (``waltz cluster secure``): with the session's
+        credential, or with ``credentials`` the ACL of each znode's role, the session then
+        authenticating as the operator too.
 
-        See :meth:`~waltz.metadata.zk.ClusterZk.secure` (docs/design/zookeeper.md, "Security").
+        See :meth:`~waltz.metadata.zk_access.ClusterAccess.secure` (docs/design/zookeeper.md, "Security").
 
         Returns:
             The number of znodes protected.
@@ -363,7 +391,10 @@ class ClusterAdmin:
             ClusterNotFoundError: no cluster exists under the root.
             ZooKeeperAuthError: a znode is protected by another credential.
         """
-        return self.cluster.secure()
+        if credentials is None:
+            return self.cluster.access.secure()
+        self.cluster.zk.add_auth("digest", credentials.operator)
+        return self.cluster.access.secure(credentials.identities())
 
     @zookeeper_errors
     def describe(self) -> ClusterDescription:
@@ -389,7 +420,8 @@ class ClusterAdmin:
         members = read_members(self.cluster.zk, self.cluster.paths)
         assignment, _ = read_assignment(self.cluster.zk, self.cluster.paths)
         servers = asyncio.run(probe_servers(members, timeout=self.storage_timeout, tls=self.tls))
-        return VerifyReport(report.checks + tuple(server_checks(description, assignment, servers)))
+        checks = report.checks + tuple(server_checks(description, assignment, servers))
+        return VerifyReport(checks + tuple(acl_checks(self.cluster)))
 
     @zookeeper_errors
     def delete(self, *, unassign_storage: bool = False, delete_storage_files: bool = False) -> DeleteResult:

@@ -55,6 +55,7 @@ from waltz.metadata.values import (
     ReplicaState,
 )
 from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_roles import RoleCredentials
 from waltz.metadata.zk_session import zookeeper_access
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.storage_client import StorageAdminClient
@@ -163,6 +164,7 @@ def restore_cluster(
     operator: str = "",
     cluster_key: uuid.UUID | None = None,
     progress: Callable[[str], None] | None = None,
+    credentials: RoleCredentials | None = None,
 ) -> RestoreResult:
     """Make a new cluster under ``cluster``'s root from the archive ``files`` (module docstring).
 
@@ -178,6 +180,9 @@ def restore_cluster(
         cluster_key: the new cluster's key (None: a new one); a restore refused after some nodes
             took a key gives it again, since those nodes now carry it.
         progress: called with a line per step.
+        credentials: the ZooKeeper credential of each role: the session authenticates as the
+            operator and every znode gets its role's ACL (docs/design/zookeeper.md, "Roles");
+            None: the session's own credential, if any.
 
     Returns:
         The new cluster.
@@ -244,6 +249,8 @@ def restore_cluster(
         if manifest.archived_through >= 0
     }
     summary = ArchiveSummary(files.location, {pid: entry_of(m) for pid, m in manifests.items()})
+    if credentials is not None:
+        cluster.zk.add_auth("digest", credentials.operator)
     cluster.create(
         params,
         ReplicaAssignments(placement),
@@ -251,6 +258,7 @@ def restore_cluster(
         ConnectionMetadata({s.connect_string: s.admin_port for s in storages}),
         partitions=metadata,
         archive=summary,
+        roles=credentials.identities() if credentials is not None else None,
     )
     say(f"created the cluster {name!r} under {root}, its archive {files.location}")
 

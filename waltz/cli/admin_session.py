@@ -27,7 +27,12 @@ __all__ = ["connected_admin"]
 
 @contextmanager
 def connected_admin(
-    config: Path | None, zookeeper: str | None, root: str | None, timeout: float | None
+    config: Path | None,
+    zookeeper: str | None,
+    root: str | None,
+    timeout: float | None,
+    *,
+    check_acls: bool = True,
 ) -> Iterator[ClusterAdmin]:
     """Load the settings, connect to ZooKeeper, and turn errors into messages and exit codes.
 
@@ -36,6 +41,9 @@ def connected_admin(
         zookeeper: the ZooKeeper connect string, over the file's and the environment's.
         root: the cluster root znode, over the file's and the environment's.
         timeout: seconds to wait for ZooKeeper and for each node, or None for the settings'.
+        check_acls: refuse a cluster whose root or a child lets in anyone or an unknown
+            identity (docs/design/zookeeper.md, "Checking the root"); False for the commands
+            that inspect or repair one (``verify``, ``secure``, ``delete``).
 
     Yields:
         The connected cluster admin, closed when the block ends.
@@ -63,6 +71,7 @@ def connected_admin(
             storage_timeout=settings.cluster_storage_timeout,
             tls=settings.tls(),
             security=settings.zookeeper_security(),
+            check_acls=check_acls,
         )
     except WaltzError as exc:
         raise fail(str(exc), 2) from exc

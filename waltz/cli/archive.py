@@ -36,6 +36,7 @@ from waltz.cli.options import (
     AdminConfigOption,
     ArchiveOption,
     ClusterKeyFileOption,
+    DigestDirOption,
     JsonOption,
     LogLevelOption,
     PartitionsOption,
@@ -467,6 +468,7 @@ def restore(
         ),
     ] = None,
     cluster_key_file: ClusterKeyFileOption = None,
+    digest_dir: DigestDirOption = None,
     json_output: JsonOption = False,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
@@ -488,7 +490,8 @@ def restore(
     not answer, belongs to another cluster or holds partitions. When some storage nodes took the
     new key before the refusal, the key is written to a file only you may read, named in the
     message: restore again with --cluster-key-file FILE. Start the servers of the new cluster
-    afterwards; applications resume from their own high-water marks.
+    afterwards; applications resume from their own high-water marks. With --digest-dir, the new
+    cluster's znodes get the ACL of each role, as with waltz cluster create.
     """
     import uuid
 
@@ -498,6 +501,7 @@ def restore(
     from waltz.archive.location import normal_location
     from waltz.archive.restore import RestoreRefusedError, restore_cluster
     from waltz.errors import WaltzError
+    from waltz.metadata.zk_roles import RoleCredentials
     from waltz.protocol.cluster_key import cluster_key_fingerprint
 
     quiet_logging()
@@ -518,6 +522,7 @@ def restore(
     with connected_admin(config, zookeeper, root, timeout) as admin:
         try:
             files = ArchiveFiles.open(normal_location(source))
+            credentials = RoleCredentials.load_or_generate(digest_dir) if digest_dir is not None else None
             result = restore_cluster(
                 admin.cluster,
                 files,
@@ -529,6 +534,7 @@ def restore(
                 operator=_operator(),
                 cluster_key=key,
                 progress=None if json_output else typer.echo,
+                credentials=credentials,
             )
         except RestoreRefusedError as exc:
             if exc.cluster_key is None:

@@ -26,6 +26,7 @@ from waltz.cli.admin_session import connected_admin
 from waltz.cli.groups import HELP, MARKUP
 from waltz.cli.options import (
     AdminConfigOption,
+    DigestDirOption,
     JsonOption,
     ReplicasOption,
     RootOption,
@@ -38,6 +39,7 @@ from waltz.cli.output import echo_json
 from waltz.cli.partition_ids import format_partitions
 from waltz.errors import WaltzError
 from waltz.logs import configure_logging
+from waltz.metadata.zk_roles import ROLE_DIGEST_FILES, RoleCredentials
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.records import MAX_PARTITIONS
 
@@ -80,6 +82,7 @@ def create(
     ],
     replicas: ReplicasOption = None,
     show_key: ShowKeyOption = False,
+    digest_dir: DigestDirOption = None,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
     config: AdminConfigOption = None,
@@ -109,7 +112,19 @@ def create(
         except WaltzError as exc:
             raise typer.BadParameter(str(exc), param_hint="--storage") from exc
     with connected_admin(config, zookeeper, root, timeout) as admin:
-        result = admin.create(name, partitions, specs, replicas)
+        credentials = RoleCredentials.load_or_generate(digest_dir) if digest_dir is not None else None
+        result = admin.create(name, partitions, specs, replicas, credentials=credentials)
+        if digest_dir is not None:
+            files = ", ".join(ROLE_DIGEST_FILES.values())
+            typer.echo(f"ZooKeeper credentials per role in {digest_dir}: {files}")
+        elif not admin.cluster.zk.auth_data:
+            typer.secho(
+                "warning: no ZooKeeper credential: the cluster's znodes are open to anyone, who can "
+                "read its cluster key and rewrite its metadata; create it with --digest-dir DIR "
+                '(docs/deploy.md, "ZooKeeper credentials") or protect it with `waltz cluster secure`',
+                err=True,
+                fg=typer.colors.YELLOW,
+            )
         _print_create(admin, result, zookeeper, show_key)
         if not result.ok:
             raise typer.Exit(1)
@@ -232,7 +247,7 @@ def verify(
     file yet (an empty directory) for this cluster; with mutual TLS only a certificate of the
     admin role may, and with an operator's such a node's check FAILS (permission denied).
     """
-    with connected_admin(config, zookeeper, root, timeout) as admin:
+    with connected_admin(config, zookeeper, root, timeout, check_acls=False) as admin:
         report = admin.verify()
     if json_output:
         echo_json(report.to_json())
@@ -290,7 +305,7 @@ def delete(
     """
     if delete_storage_files and not unassign_storage:
         raise typer.BadParameter("--delete-storage-files needs --unassign-storage")
-    with connected_admin(config, zookeeper, root, timeout) as admin:
+    with connected_admin(config, zookeeper, root, timeout, check_acls=False) as admin:
         description = admin.describe()
         if not yes:
             extra = ""
@@ -322,6 +337,7 @@ def delete(
 
 @app.command("secure")
 def secure(
+    digest_dir: DigestDirOption = None,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
     config: AdminConfigOption = None,
@@ -333,7 +349,14 @@ def secure(
     credential of zookeeper.auth.digestFile (WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE) alone; sessions
     without it can then neither read nor write them. Give every server, client and tool the
     credential first (see docs/operations.md). Idempotent.
+
+    With --digest-dir, every znode gets instead the ACL of its role (servers, operators, clients;
+    the credentials made in the directory when absent): the way a cluster created with one
+    credential, or none, moves to credentials per role. Restart the servers, tools and clients
+    with their role's file afterwards (docs/deploy.md, "ZooKeeper credentials").
     """
-    with connected_admin(config, zookeeper, root, timeout) as admin:
-        count = admin.secure()
-    typer.echo(f"protected {count} znodes under {admin.root} with the configured credential")
+    with connected_admin(config, zookeeper, root, timeout, check_acls=False) as admin:
+        credentials = RoleCredentials.load_or_generate(digest_dir) if digest_dir is not None else None
+        count = admin.secure(credentials)
+    how = f"the role credentials of {digest_dir}" if digest_dir is not None else "the configured credential"
+    typer.echo(f"protected {count} znodes under {admin.root} with {how}")

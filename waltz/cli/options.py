@@ -136,6 +136,17 @@ ClientConfigOption = Annotated[
         show_default=False,
     ),
 ]
+DigestDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--digest-dir",
+        help="Directory of the ZooKeeper credentials per role: server.digest, operator.digest, "
+        "client.digest (user:password, mode 0600), made when absent. Every znode then gets an ACL per "
+        'role and clients cannot read the cluster key (docs/deploy.md, "ZooKeeper credentials").',
+        file_okay=False,
+        show_default=False,
+    ),
+]
 TimeoutOption = Annotated[
     float | None,
     typer.Option(

@@ -5,7 +5,9 @@ ZooKeeper when created), "ReqId and identities" (the client ID's uniqueness is g
 ZooKeeper), "Discovery through ZooKeeper" (the assignment's generations); ``docs/protocol.md``
 "Connections and identities". Znodes read (``docs/zookeeper.md``):
 
-- ``<root>/cluster``: the number of partitions;
+- ``<root>/discovery``: the number of partitions (``<root>/cluster`` in a cluster made before
+  ``discovery`` existed; clients of a cluster made with role credentials may not read ``cluster``,
+  which holds the cluster key);
 - ``<root>/client/id``: a kazoo ``Counter``; each client takes the next value as its client ID;
 - ``<root>/server/assignment``: partition -> server endpoint and generation, watched.
 """
@@ -54,6 +56,8 @@ class ServerDiscovery:
         ZooKeeperUnavailableError: ZooKeeper did not answer in time.
         ZooKeeperAuthError: the cluster's znodes refuse this session's credential (or its lack).
         ClusterNotFoundError: no cluster under ``root``.
+        ZnodeAclError: the cluster's root or a child of it lets in anyone or an unknown identity
+            while this session holds a credential (docs/design/zookeeper.md, "Checking the root").
         ConfigurationError: the connect string is malformed.
     """
 
@@ -77,7 +81,9 @@ class ServerDiscovery:
         self._watching = False
         self._lock = threading.Lock()
         try:
-            self.num_partitions = ClusterZk(self._zk, self.paths.root).params().num_partitions
+            cluster = ClusterZk(self._zk, self.paths.root)
+            cluster.check_security()
+            self.num_partitions = cluster.discovery().num_partitions
         except BaseException:
             self.close()
             raise

@@ -23,9 +23,10 @@ The work directory (a temporary directory removed at :meth:`LocalCluster.close`,
 given by the caller and kept) holds::
 
     cluster.json          the layout (name, root, ports), to start a kept cluster again
-    zookeeper-digest      the cluster's ZooKeeper credential ``user:password`` (mode 0600), when
-                          ``SecurityOptions.zookeeper_auth`` is on (kept with the work directory,
-                          reused on resume)
+    zookeeper-credentials/ the ZooKeeper credential of each role, ``<role>.digest`` holding
+                          ``user:password`` (mode 0600), when ``SecurityOptions.zookeeper_auth``
+                          is on (kept with the work directory, reused on resume; an earlier
+                          version's work directory keeps its single ``zookeeper-digest``)
     tls/                  the CA and role certificates of a secure cluster
     zookeeper/            ZooKeeper's zoo.cfg, zookeeper.log and data (unless ZooKeeper is external)
     config/<node>.yaml    in namespace mode, each node's configuration file (``--config``)
@@ -86,6 +87,7 @@ from waltz.local.security import ClusterSecurity
 from waltz.local.zookeeper import LocalZooKeeper
 from waltz.metadata.replicas import spread_replicas
 from waltz.metadata.zk import ClusterPaths
+from waltz.metadata.zk_roles import Role, RoleCredentials
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.private_files import private_directory
 from waltz.protocol.cluster_key import cluster_key_fingerprint
@@ -310,25 +312,34 @@ class LocalCluster:
 
     @property
     def zookeeper_digest_file(self) -> Path | None:
-        """The file holding the cluster's ZooKeeper credential, or None without one."""
+        """The file holding the operators' ZooKeeper credential, or None without one."""
         return self._security.digest_file(self._work_dir)
 
-    def zookeeper_settings(self) -> dict[str, object]:
+    @property
+    def zookeeper_role_credentials(self) -> RoleCredentials | None:
+        """The ZooKeeper credential of each role (docs/design/zookeeper.md, "Roles"), or None
+        (no credential, or the single credential of a caller or of an earlier version's work
+        directory)."""
+        return self._security.role_credentials
+
+    def zookeeper_settings(self, role: Role = Role.OPERATOR) -> dict[str, object]:
         """Settings fields (``WaltzClientConfig``, ``ClusterAdminConfig``) that reach this cluster.
 
-        The connect string, the root and, when set, the credential file and ZooKeeper TLS files::
+        The connect string, the root and, when set, the role's credential file and ZooKeeper TLS
+        files. The operator's credential (the default) may do everything; an application's client
+        takes the client's, which cannot read the cluster key::
 
-            WaltzClientConfig(**cluster.zookeeper_settings(), client_max_concurrent_transactions=8)
+            WaltzClientConfig(**cluster.zookeeper_settings(Role.CLIENT), client_max_concurrent_transactions=8)
         """
         return {
             "zookeeper_connect_string": self.zookeeper_connect_string,
             "cluster_root": self.root,
-            **self._security.zookeeper_settings(self._work_dir),
+            **self._security.zookeeper_settings(self._work_dir, role),
         }
 
-    def zookeeper_env(self) -> dict[str, str]:
-        """The ``WALTZ_ZOOKEEPER_*`` variables giving a process this cluster's credential and TLS files."""
-        return self._security.zookeeper_env(self._work_dir)
+    def zookeeper_env(self, role: Role = Role.OPERATOR) -> dict[str, str]:
+        """The ``WALTZ_ZOOKEEPER_*`` variables giving a process a role's credential and TLS files."""
+        return self._security.zookeeper_env(self._work_dir, role)
 
     def pids(self) -> dict[str, int]:
         """Process name (``zookeeper``, ``storage-0``, ``server-1``...) -> PID, for running processes."""
@@ -397,6 +408,7 @@ class LocalCluster:
                 {self._connect_string(n): n for n in self._nodes.storages},
                 tls=self._security.tls,
                 resuming=layout is not None,
+                credentials=self._security.role_credentials,
             )
             if self._keep:
                 self._layout().save(self.work_dir / LAYOUT_FILE)

@@ -23,6 +23,7 @@ from waltz.local.processes import ServiceStartError
 from waltz.local.readiness import LOG_TAIL_LINES
 from waltz.metadata.assignment import read_assignment
 from waltz.metadata.zk import ClusterPaths, ClusterZk
+from waltz.metadata.zk_roles import RoleCredentials
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol.channels import TlsConfig
@@ -92,6 +93,7 @@ class ClusterMetadata:
         *,
         tls: TlsConfig | None,
         resuming: bool,
+        credentials: RoleCredentials | None = None,
     ) -> str:
         """Create the cluster in ZooKeeper and on the storage nodes (or check the resumed one).
 
@@ -102,6 +104,8 @@ class ClusterMetadata:
             storages: the storage nodes by the connect string servers dial for them.
             tls: client TLS files for the storage admin ports, or None.
             resuming: a kept work directory's cluster starts again (its znodes may exist).
+            credentials: the ZooKeeper credential of each role: every znode gets its role's ACL
+                (docs/design/zookeeper.md, "Roles"); None: the session's own.
 
         Returns:
             The cluster key.
@@ -129,7 +133,7 @@ class ClusterMetadata:
             return str(params.cluster_key)
         self._owns_root = True  # from here on, whatever is under the root is this cluster's
         specs = [StorageSpec(connect_string, n.admin_port) for connect_string, n in storages.items()]
-        result = admin.create(name, partitions, specs, replicas)
+        result = admin.create(name, partitions, specs, replicas, credentials=credentials)
         failures = [(s.spec, s.error) for s in result.storage if s.error is not None]
         if failures:
             details = "\n".join(

@@ -18,13 +18,20 @@ from pathlib import Path
 
 from waltz.local.certificates import ClusterCertificates, make_cluster_certificates
 from waltz.local.options import SecurityOptions
+from waltz.metadata.zk_roles import ROLE_DIGEST_FILES, Role, RoleCredentials
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.protocol.channels import TlsConfig
 
-__all__ = ["DIGEST_FILE", "ClusterSecurity"]
+__all__ = ["DIGEST_FILE", "LEGACY_DIGEST_FILE", "ROLE_DIGEST_DIR", "ClusterSecurity"]
 
-#: The file of the cluster's ZooKeeper credential in the work directory.
-DIGEST_FILE = "zookeeper-digest"
+#: The directory of the ZooKeeper credential files per role in the work directory.
+ROLE_DIGEST_DIR = "zookeeper-credentials"
+
+#: The operator's ZooKeeper credential file (the supervisor's and the tools'), in the work directory.
+DIGEST_FILE = f"{ROLE_DIGEST_DIR}/{ROLE_DIGEST_FILES[Role.OPERATOR]}"
+
+#: The single credential file of a cluster made by an earlier version, or given by the caller.
+LEGACY_DIGEST_FILE = "zookeeper-digest"
 
 #: The settings field of each ZooKeeper security file, and its ``WALTZ_*`` environment variable.
 _ZOOKEEPER_VARIABLES = {
@@ -48,6 +55,7 @@ class ClusterSecurity:
         self._tls = options.tls
         self._zookeeper_security = options.zookeeper_security or ZooKeeperSecurity()
         self._certificates: ClusterCertificates | None = None
+        self._roles: RoleCredentials | None = None
 
     @property
     def certificates(self) -> ClusterCertificates | None:
@@ -69,6 +77,11 @@ class ClusterSecurity:
         """The security of the cluster's ZooKeeper sessions (its credential once :meth:`start` ran)."""
         return self._zookeeper_security
 
+    @property
+    def role_credentials(self) -> RoleCredentials | None:
+        """The credential of each role (made at :meth:`start`), or None (no or a single credential)."""
+        return self._roles
+
     def start(self, work_dir: Path, addresses: Sequence[str]) -> None:
         """Make (or, in a kept work directory, reuse) the certificates and the ZooKeeper credential.
 
@@ -86,36 +99,39 @@ class ClusterSecurity:
             self._certificates = certificates
             self._tls = certificates.tls("admin")  # the supervisor acts as ``admin``
         if self._options.zookeeper_auth and self._zookeeper_security.digest is None:
-            path = work_dir / DIGEST_FILE
-            digest = (
-                ZooKeeperSecurity.read_digest_file(path)
-                if path.exists()
-                else ZooKeeperSecurity.generate().digest
-            )
+            legacy = work_dir / LEGACY_DIGEST_FILE
+            if legacy.exists() and not (work_dir / ROLE_DIGEST_DIR).exists():
+                digest = ZooKeeperSecurity.read_digest_file(legacy)
+            else:
+                self._roles = RoleCredentials.load_or_generate(work_dir / ROLE_DIGEST_DIR)
+                digest = self._roles.operator
             self._zookeeper_security = dataclasses.replace(self._zookeeper_security, digest=digest)
-        if self._zookeeper_security.digest is not None:
-            self._zookeeper_security.write_digest_file(work_dir / DIGEST_FILE)
+        if self._zookeeper_security.digest is not None and self._roles is None:
+            self._zookeeper_security.write_digest_file(work_dir / LEGACY_DIGEST_FILE)
 
-    def digest_file(self, work_dir: Path | None) -> Path | None:
-        """The file holding the cluster's ZooKeeper credential, or None without one."""
+    def digest_file(self, work_dir: Path | None, role: Role = Role.OPERATOR) -> Path | None:
+        """The file holding a role's ZooKeeper credential (the single credential of a cluster
+        made with one, whatever the role), or None without one."""
         if self._zookeeper_security.digest is None or work_dir is None:
             return None
-        return work_dir / DIGEST_FILE
+        if self._roles is None:
+            return work_dir / LEGACY_DIGEST_FILE
+        return work_dir / ROLE_DIGEST_DIR / ROLE_DIGEST_FILES[role]
 
-    def zookeeper_settings(self, work_dir: Path | None) -> dict[str, Path]:
-        """The settings fields of the credential file and the ZooKeeper TLS files that are set."""
+    def zookeeper_settings(self, work_dir: Path | None, role: Role = Role.OPERATOR) -> dict[str, Path]:
+        """The settings fields of a role's credential file and the ZooKeeper TLS files that are set."""
         security = self._zookeeper_security
         settings = {
-            "zookeeper_auth_digest_file": self.digest_file(work_dir),
+            "zookeeper_auth_digest_file": self.digest_file(work_dir, role),
             "zookeeper_ssl_ca_file": security.ca_file,
             "zookeeper_ssl_cert_file": security.cert_file,
             "zookeeper_ssl_key_file": security.key_file,
         }
         return {k: v for k, v in settings.items() if v is not None}
 
-    def zookeeper_env(self, work_dir: Path | None) -> dict[str, str]:
-        """The ``WALTZ_ZOOKEEPER_*`` variables giving a process the credential and TLS files."""
-        settings = self.zookeeper_settings(work_dir)
+    def zookeeper_env(self, work_dir: Path | None, role: Role = Role.OPERATOR) -> dict[str, str]:
+        """The ``WALTZ_ZOOKEEPER_*`` variables giving a process a role's credential and TLS files."""
+        settings = self.zookeeper_settings(work_dir, role)
         return {env: str(settings[field]) for field, env in _ZOOKEEPER_VARIABLES.items() if field in settings}
 
     def describe_lines(self, exports: str, work_dir: Path | None, *, running: bool) -> list[str]:
@@ -152,13 +168,18 @@ class ClusterSecurity:
         if files is not None:
             client = " ".join(f"{k}={v}" for k, v in files.client_env().items())
             lines.append(f"  applications connect with: export {client}")
+        if self._roles is not None:
+            lines.append(
+                "  applications' ZooKeeper credential: export WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE="
+                f"{self.digest_file(work_dir, Role.CLIENT)}"
+            )
         return lines
 
     def server_env(self, env: Mapping[str, str], work_dir: Path) -> dict[str, str]:
         """The servers' environment: the ZooKeeper variables, then ``env``, then the TLS files of a
         secure cluster (mutual TLS on their ports, the node certificate for store sessions)."""
         certificates = self._certificates.server_env() if self._certificates is not None else {}
-        return {**self.zookeeper_env(work_dir), **env, **certificates}
+        return {**self.zookeeper_env(work_dir, Role.SERVER), **env, **certificates}
 
     def storage_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """The storage nodes' environment: ``env``, then the TLS files of a secure cluster."""

@@ -23,6 +23,7 @@ __all__ = [
     "ArchivedPartition",
     "ClusterParams",
     "ConnectionMetadata",
+    "DiscoveryParams",
     "GroupDescriptor",
     "PartitionMetadata",
     "ReplicaAssignments",
@@ -101,6 +102,31 @@ class ClusterParams:
         except ValueError as exc:
             raise MetadataError(f"znode {path}: cluster_key is not a UUID") from exc
         return cls(_field(value, "name", str, path), _field(value, "num_partitions", int, path), key)
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryParams:
+    """What a client needs of the cluster parameters: the name and the number of partitions.
+
+    Kept in ``<root>/discovery``, which clients may read, apart from ``<root>/cluster``, which
+    holds the cluster key and which they may not (docs/design/zookeeper.md, "Security").
+    """
+
+    name: str
+    num_partitions: int
+
+    @classmethod
+    def of(cls, params: ClusterParams) -> Self:
+        """The discovery part of the cluster parameters."""
+        return cls(params.name, params.num_partitions)
+
+    def encode(self) -> bytes:
+        return _dump({"name": self.name, "num_partitions": self.num_partitions})
+
+    @classmethod
+    def decode(cls, data: bytes, path: str) -> Self:
+        value = _load(data, path)
+        return cls(_field(value, "name", str, path), _field(value, "num_partitions", int, path))
 
 
 @dataclass(frozen=True, slots=True)

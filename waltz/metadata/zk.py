@@ -3,6 +3,8 @@
 Layout under the cluster root (``docs/zookeeper.md``)::
 
     <root>/cluster                  ClusterParams (name, number of partitions, cluster key)
+    <root>/discovery                DiscoveryParams (name, number of partitions: what clients read)
+    <root>/roles                    ClusterRoles (the digest identity of each role)
     <root>/store/assignment         ReplicaAssignments (storage connect string -> partitions)
     <root>/store/group              GroupDescriptor (storage connect string -> group)
     <root>/store/connection         ConnectionMetadata (storage connect string -> admin port)
@@ -10,9 +12,12 @@ Layout under the cluster root (``docs/zookeeper.md``)::
     <root>/server/...               server membership and partition assignment (cluster manager)
     <root>/archive                  ArchiveSummary (the archive's location, per partition what it holds)
 
-Every znode is created with the session's default ACL: with a digest credential, all rights to
-that credential alone (docs/design/zookeeper.md, "Security"); a refused access raises
-:class:`~waltz.metadata.zk_session.ZooKeeperAuthError`.
+A cluster created with role credentials gives every znode an ACL per role
+(:mod:`waltz.metadata.zk_roles`); one created with a single credential gives every znode all
+rights to that credential alone (docs/design/zookeeper.md, "Security"). A refused access raises
+:class:`~waltz.metadata.zk_session.ZooKeeperAuthError`; a root or child znode open to anyone or to
+an unknown identity makes :meth:`ClusterZk.check_security` raise
+:class:`~waltz.metadata.zk_roles.ZnodeAclError`.
 
 Nothing here is on the append path: znodes change only on faults and assignment changes.
 The methods block (kazoo's synchronous API); async callers run them with ``asyncio.to_thread``.
@@ -23,22 +28,26 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Generic, Protocol, Self, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.protocol.states import ZnodeStat
-from kazoo.security import OPEN_ACL_UNSAFE
+from kazoo.security import ACL, OPEN_ACL_UNSAFE
 
 from waltz.errors import ClusterNotFoundError, GenerationFencedError, MetadataError, StaleMetadataError
+from waltz.metadata.paths import ClusterPaths
 from waltz.metadata.values import (
     ArchiveSummary,
     ClusterParams,
     ConnectionMetadata,
+    DiscoveryParams,
     GroupDescriptor,
     PartitionMetadata,
     ReplicaAssignments,
 )
+from waltz.metadata.zk_access import ClusterAccess
+from waltz.metadata.zk_roles import ClusterRoles, Role, session_identities
 from waltz.metadata.zk_session import ZooKeeperUnavailableError, zookeeper_access
 
 __all__ = ["ClusterPaths", "ClusterZk", "Versioned"]
@@ -64,78 +73,6 @@ class Versioned(Generic[V]):
     version: int
 
 
-@dataclass(frozen=True, slots=True)
-class ClusterPaths:
-    """The znode paths of one cluster."""
-
-    root: str
-
-    @classmethod
-    def of(cls, root: str) -> Self:
-        """Normalise a cluster root (absolute, no trailing slash).
-
-        Raises:
-            MetadataError: the root is not an absolute path, or is ``/``.
-        """
-        normalised = "/" + root.strip("/")
-        if not root.startswith("/") or normalised == "/":
-            raise MetadataError(
-                f"cluster root {root!r} must be an absolute znode path such as /waltz/cluster1"
-            )
-        return cls(normalised)
-
-    @property
-    def cluster(self) -> str:
-        return f"{self.root}/cluster"
-
-    @property
-    def store(self) -> str:
-        return f"{self.root}/store"
-
-    @property
-    def assignment(self) -> str:
-        return f"{self.root}/store/assignment"
-
-    @property
-    def group(self) -> str:
-        return f"{self.root}/store/group"
-
-    @property
-    def connection(self) -> str:
-        return f"{self.root}/store/connection"
-
-    @property
-    def partitions(self) -> str:
-        return f"{self.root}/store/partition"
-
-    def partition(self, partition_id: int) -> str:
-        return f"{self.root}/store/partition/{partition_id}"
-
-    @property
-    def server(self) -> str:
-        return f"{self.root}/server"
-
-    @property
-    def members(self) -> str:
-        """Parent of the servers' ephemeral sequential member znodes."""
-        return f"{self.root}/server/members"
-
-    @property
-    def election(self) -> str:
-        """The cluster manager's election znode."""
-        return f"{self.root}/server/election"
-
-    @property
-    def server_assignment(self) -> str:
-        """The partition assignment written by the cluster manager."""
-        return f"{self.root}/server/assignment"
-
-    @property
-    def archive(self) -> str:
-        """The archive's summary, written by the archiver (absent until its first run)."""
-        return f"{self.root}/archive"
-
-
 class ClusterZk:
     """Read and write one cluster's znodes.
 
@@ -154,6 +91,8 @@ class ClusterZk:
         self.zk = zk
         self.paths = ClusterPaths.of(root)
         self.timeout = timeout
+        self.access = ClusterAccess(zk, self.paths, timeout=timeout)
+        """The ACLs of the cluster's znodes: the root check, ``secure`` (:mod:`waltz.metadata.zk_access`)."""
 
     def _get(self, path: str) -> tuple[bytes, ZnodeStat]:
         """``zk.get`` within :attr:`timeout`.
@@ -211,6 +150,7 @@ class ClusterZk:
         *,
         partitions: Mapping[int, PartitionMetadata] | None = None,
         archive: ArchiveSummary | None = None,
+        roles: ClusterRoles | None = None,
     ) -> None:
         """Create every znode of a new cluster in one ZooKeeper transaction.
 
@@ -219,8 +159,17 @@ class ClusterZk:
         closing high-water mark at the archive's end, docs/design/archive.md, "Restoring a
         cluster from the archive"); ``archive`` creates ``<root>/archive`` with them.
 
+        With ``roles`` every znode gets the ACL of its role table (:mod:`waltz.metadata.zk_roles`),
+        ``<root>/roles`` records the identities, and the znodes servers and clients would
+        otherwise create (``server``, ``server/members``, ``client``, ``client/id``) are made
+        with theirs; the session must hold the operator's credential. Without, every znode gets
+        the session's default ACL (docs/design/zookeeper.md, "Security").
+
         Raises:
-            MetadataError: a cluster already exists under the root, or the values disagree.
+            MetadataError: a cluster already exists under the root, or the values disagree, or
+                the session does not hold the operator's credential of ``roles``.
+            ZnodeAclError: the root exists already, holds znodes, and is open to anyone or to
+                an unknown identity.
         """
         initial = dict(partitions or {})
         outside = sorted(p for p in initial if not 0 <= p < params.num_partitions)
@@ -232,21 +181,40 @@ class ClusterZk:
                 raise MetadataError(
                     f"storage {storage} is assigned partitions {bad} outside 0..{params.num_partitions - 1}"
                 )
-        with zookeeper_access(self.zk, f"creating the cluster under {self.paths.root}"):
-            self._ensure_root()
-        transaction = self.zk.transaction()
-        transaction.create(self.paths.cluster, params.encode())
-        transaction.create(self.paths.store, b"")
-        transaction.create(self.paths.assignment, assignments.encode())
-        transaction.create(self.paths.group, groups.encode())
-        transaction.create(self.paths.connection, connection.encode())
-        transaction.create(self.paths.partitions, b"")
-        for pid in range(params.num_partitions):
-            transaction.create(
-                self.paths.partition(pid), initial.get(pid, PartitionMetadata(0, -1, {})).encode()
+        if roles is not None and roles.operator not in session_identities(self.zk):
+            raise MetadataError(
+                "creating a cluster with role credentials needs a session holding the operator's credential"
             )
+
+        def acl(path: str) -> list[ACL] | None:
+            return roles.acl_for(self.paths.relative(path)) if roles is not None else None
+
+        with zookeeper_access(self.zk, f"creating the cluster under {self.paths.root}"):
+            self._ensure_root(roles)
+        transaction = self.zk.transaction()
+        transaction.create(self.paths.cluster, params.encode(), acl=acl(self.paths.cluster))
+        transaction.create(
+            self.paths.discovery, DiscoveryParams.of(params).encode(), acl=acl(self.paths.discovery)
+        )
+        values = [
+            (self.paths.store, b""),
+            (self.paths.assignment, assignments.encode()),
+            (self.paths.group, groups.encode()),
+            (self.paths.connection, connection.encode()),
+            (self.paths.partitions, b""),
+        ]
+        values += [
+            (self.paths.partition(pid), initial.get(pid, PartitionMetadata(0, -1, {})).encode())
+            for pid in range(params.num_partitions)
+        ]
         if archive is not None:
-            transaction.create(self.paths.archive, archive.encode())
+            values.append((self.paths.archive, archive.encode()))
+        if roles is not None:
+            values.append((self.paths.roles, roles.encode()))
+            values += [(path, b"") for path in (self.paths.server, self.paths.members)]
+            values += [(path, b"") for path in (self.paths.client, self.paths.client_id)]
+        for path, data in values:
+            transaction.create(path, data, acl=acl(path))
         with zookeeper_access(self.zk, f"creating the cluster under {self.paths.root}"):
             results = transaction.commit()
         failures = [r for r in results if isinstance(r, Exception)]
@@ -254,61 +222,58 @@ class ClusterZk:
             if any(isinstance(r, NodeExistsError) for r in failures):
                 raise MetadataError(f"a cluster already exists under {self.paths.root}; delete it first")
             raise MetadataError(f"creating the cluster under {self.paths.root} failed: {failures[0]!r}")
+        if roles is not None:
+            self.zk.default_acl = roles.default_acl(Role.OPERATOR)
         log.info("created cluster %r under %s", params.name, self.paths.root)
 
-    def _ensure_root(self) -> None:
-        """Create the root with the session's ACL; its parents, holding nothing, open to all.
+    def _ensure_root(self, roles: ClusterRoles | None) -> None:
+        """Create the root with its ACL; its parents, holding nothing, open to all.
 
         Open parents let clusters with different credentials share one (``/waltz``); nobody can
         delete a protected root holding znodes through them. A root that exists already (made by
-        an operator, or left by an older version) and holds nothing gets the session's ACL.
+        an operator, or left by an older version) and holds nothing gets the root's ACL; one
+        holding znodes must pass :meth:`ClusterAccess.check_root` (a squatter's root is refused).
+
+        Raises:
+            ZnodeAclError: the root holds znodes and lets in anyone or an unknown identity.
         """
         parent = self.paths.root.rsplit("/", 1)[0]
         if parent:
             self.zk.ensure_path(parent, acl=OPEN_ACL_UNSAFE)
+        root_acl = roles.acl_for("") if roles is not None else self.zk.default_acl
         try:
-            self.zk.create(self.paths.root, b"")
+            self.zk.create(self.paths.root, b"", acl=root_acl)
+            return
         except NodeExistsError:
-            if self.zk.default_acl and not self.zk.get_children(self.paths.root):
-                self.zk.set_acls(self.paths.root, self.zk.default_acl)
+            pass
+        if root_acl and not self.zk.get_children(self.paths.root):
+            self.zk.set_acls(self.paths.root, root_acl)
+        self.access.check_root(roles)
 
-    def secure(self) -> int:
-        """Give every znode of the cluster the session's ACL (an existing cluster made without one).
-
-        Walks the root and everything below it, ephemeral member znodes included, setting the ACL
-        of the session's digest credential (docs/design/zookeeper.md, "Security"). Idempotent;
-        znodes deleted during the walk are skipped.
-
-        Returns:
-            The number of znodes whose ACL was set.
+    def check_security(self) -> ClusterRoles | None:
+        """Check the root before using the cluster and adopt the session's role ACL
+        (:meth:`ClusterAccess.check_security <waltz.metadata.zk_access.ClusterAccess.check_security>`).
 
         Raises:
-            MetadataError: the session has no digest credential (nothing to apply).
-            ClusterNotFoundError: no cluster exists under the root.
-            ZooKeeperAuthError: a znode is protected by another credential.
+            ZnodeAclError: the root or a child lets in anyone or an unknown identity.
+            ZooKeeperAuthError: the session's credential is none of the cluster's.
         """
-        acl = self.zk.default_acl
-        if not acl:
-            raise MetadataError(
-                "no digest credential is configured: set the one the cluster should be protected "
-                "with (zookeeper.auth.digestFile or WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE), then run this again"
-            )
-        if not self.exists():
-            raise ClusterNotFoundError(f"no cluster under {self.paths.root}")
-        count = 0
-        pending = [self.paths.root]
-        with zookeeper_access(self.zk, f"setting the ACLs under {self.paths.root}"):
-            while pending:
-                path = pending.pop()
-                try:
-                    children = self.zk.get_children(path)
-                    self.zk.set_acls(path, acl)
-                except NoNodeError:
-                    continue
-                count += 1
-                pending.extend(f"{path}/{child}" for child in children)
-        log.info("set the digest ACL of %d znodes under %s", count, self.paths.root)
-        return count
+        return self.access.check_security()
+
+    def discovery(self) -> DiscoveryParams:
+        """The name and number of partitions, from ``<root>/discovery`` or, in a cluster made
+        before that znode existed, from ``<root>/cluster``.
+
+        Raises:
+            ClusterNotFoundError: no cluster exists under the root.
+            ZooKeeperAuthError: the session may not read them.
+        """
+        try:
+            with zookeeper_access(self.zk, f"reading {self.paths.discovery}"):
+                data, _ = self._get(self.paths.discovery)
+        except NoNodeError:
+            return DiscoveryParams.of(self.params())
+        return DiscoveryParams.decode(data, self.paths.discovery)
 
     def delete(self) -> None:
         """Delete the cluster's znodes (everything under the root, and the root).

@@ -2,9 +2,10 @@
 
 Every kazoo session opened for a cluster (servers, ``waltz cluster``, clients, the local harness)
 is made by :func:`waltz.metadata.zk_session.make_kazoo_client` from a :class:`ZooKeeperSecurity`.
-With a digest credential the session authenticates (``auth_data``) and every znode it creates
-gets an ACL granting all rights to that credential alone (``default_acl``), so a session without
-it can neither read the cluster key nor change the assignment nor bump a generation. With a CA
+With a digest credential the session authenticates (``auth_data``) and
+every znode it creates gets an ACL granting all rights to that credential alone (``default_acl``);
+in a cluster made with credentials per role, :meth:`waltz.metadata.zk.ClusterZk.check_security`
+replaces that default with the session's role's ACL (:mod:`waltz.metadata.zk_roles`). With a CA
 file the session speaks TLS to ZooKeeper's secure client port.
 
 The settings (``zookeeper.auth.*`` and ``zookeeper.ssl.*``, from the YAML file or the

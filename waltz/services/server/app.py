@@ -120,6 +120,7 @@ class ServerApp:
             ClusterNotFoundError: no cluster exists under the cluster root.
             ZooKeeperUnavailableError: no ZooKeeper server answered within the session timeout.
             ZooKeeperAuthError: ZooKeeper refused the credential.
+            ZnodeAclError: the cluster's root or a child of it lets in anyone or an unknown identity.
             BindError: the port cannot be bound.
         """
         self._loop = asyncio.get_running_loop()
@@ -135,6 +136,7 @@ class ServerApp:
         self._zk = zk
         self._cluster = ClusterZk(zk, config.cluster_root, timeout=config.zookeeper_session_timeout)
         self._archived = ArchivedReads(self._cluster)
+        await asyncio.to_thread(self._cluster.check_security)  # docs/design/zookeeper.md, "Checking the root"
         params = await asyncio.to_thread(self._cluster.params)
         self.cluster_key = str(params.cluster_key)
         self.num_partitions = params.num_partitions

@@ -1,0 +1,215 @@
+"""ZooKeeper credentials per role and the check of the cluster's root, against a real ZooKeeper, a
+real storage node and a real server (docs/design/zookeeper.md, "Roles", "Checking the root";
+docs/deploy.md, "ZooKeeper credentials")."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import support
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError, NoNodeError
+from typer.testing import CliRunner, Result
+
+from tests.client.client_helpers import Append, MemoryStore
+from waltz import WaltzClient, WaltzClientConfig
+from waltz.cli.main import app
+from waltz.local.nodes import LocalServer, LocalStorageNode
+from waltz.local.processes import ServiceStartError
+from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper
+from waltz.metadata.values import ClusterParams, ConnectionMetadata, GroupDescriptor, ReplicaAssignments
+from waltz.metadata.zk import ClusterPaths, ClusterZk
+from waltz.metadata.zk_roles import ROLE_DIGEST_FILES, Role, RoleCredentials
+from waltz.metadata.zk_security import ZooKeeperSecurity
+from waltz.metadata.zk_session import connect_zookeeper
+
+pytestmark = pytest.mark.security
+
+DIGEST = "waltz-test:s3cret-digest"
+
+
+@pytest.fixture
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalStorageNode]:
+    node = LocalStorageNode(tmp_path / "storage-0", name="storage-0", log_path=tmp_path / "storage-0.log")
+    support.add_failure_logs(request.node, "storage-0 log", node.process.log_tail)
+    try:
+        node.start()
+        yield node
+    finally:
+        node.close()
+
+
+@pytest.fixture
+def digests(zookeeper: LocalZooKeeper | DockerZooKeeper, zk_root: str, tmp_path: Path) -> Iterator[Path]:
+    """The directory of the role credentials; the root is deleted at the end with every credential
+    the test used (the unauthenticated cleaner of ``zk_root`` may not)."""
+    directory = tmp_path / "digests"
+    yield directory
+    auth = [("digest", DIGEST)]
+    if directory.exists():
+        auth += [("digest", RoleCredentials.load_or_generate(directory).operator)]
+    cleaner = KazooClient(hosts=zookeeper.connect_string, auth_data=auth)
+    cleaner.start(timeout=10)
+    try:
+        with contextlib.suppress(NoNodeError):
+            cleaner.delete(zk_root, recursive=True)
+    finally:
+        cleaner.stop()
+        cleaner.close()
+
+
+Zk = LocalZooKeeper | DockerZooKeeper
+
+
+def cluster_cli(zookeeper: Zk, root: str, *args: str, env: dict[str, str], expect: int | None) -> Result:
+    where = ["--zookeeper", zookeeper.connect_string, "--root", root, "--timeout", "5"]
+    result = CliRunner().invoke(app, ["cluster", *args, *where], env=env)
+    if expect is not None:
+        assert result.exit_code == expect, f"exit code {result.exit_code}:\n{result.output}"
+    return result
+
+
+def start_server(
+    request: pytest.FixtureRequest, zookeeper: Zk, root: str, log: Path, env: dict[str, str]
+) -> LocalServer:
+    """A server (not started yet) with ``env``, its log shown when the test fails."""
+    server = LocalServer(
+        zookeeper.connect_string, root, name=log.stem, log_path=log, env=env, session_timeout=4.0
+    )
+    support.add_failure_logs(request.node, f"{log.stem} log", server.process.log_tail)
+    return server
+
+
+def append(zookeeper: Zk, root: str, data: bytes, **credential: object) -> None:
+    """Append through a real client holding ``credential`` (a ``zookeeper_auth_*`` setting)."""
+    where = {"zookeeper_connect_string": zookeeper.connect_string, "cluster_root": root}
+    config = WaltzClientConfig(**where, **credential)  # type: ignore[arg-type]
+    store = MemoryStore({0: -1})
+    with WaltzClient(store, config) as client:
+        transaction_id = client.submit(Append(0, data)).result(60)
+        assert transaction_id is not None
+        assert client.wait_applied(0, transaction_id, 30)
+    assert [a.data for a in store.applied[0]][-1] == data
+
+
+def acl_check(verified: Result) -> dict[str, str]:
+    """The root-and-children ACL check of ``waltz cluster verify --json``."""
+    checks = json.loads(verified.stdout)["checks"]
+    return next(c for c in checks if c["name"] == "zookeeper: root and children ACLs")  # type: ignore[no-any-return]
+
+
+def test_a_squatted_root_is_refused_by_create_and_by_a_server_and_failed_by_verify(
+    request: pytest.FixtureRequest,
+    zookeeper: LocalZooKeeper | DockerZooKeeper,
+    zk_root: str,
+    digests: Path,
+    storage: LocalStorageNode,
+    tmp_path: Path,
+) -> None:
+    squatter = connect_zookeeper(zookeeper.connect_string)  # no credential: world:anyone ACLs
+    try:
+        squatter.create(zk_root, b"", makepath=True)  # before the operator's create
+        ClusterZk(squatter, zk_root).create(
+            ClusterParams("squatted", 1, uuid.uuid4()),  # the squatter's key and partition count
+            ReplicaAssignments({storage.address: (0,)}),
+            GroupDescriptor({storage.address: 0}),
+            ConnectionMetadata({storage.address: storage.admin_port}),
+        )
+        squatter.create(f"{zk_root}/planted", b"")  # a znode no cluster makes
+    finally:
+        squatter.stop()
+        squatter.close()
+    spec = f"{storage.address}={storage.admin_port}"
+    create = ("create", "--name", "real", "--partitions", "1", "--storage", spec)
+    refused = cluster_cli(zookeeper, zk_root, *create, "--digest-dir", str(digests), env={}, expect=2)
+    assert f"refusing creating the cluster under {zk_root}" in refused.output
+    assert f"{zk_root}/cluster: open to anyone: world:anyone:cdrwa" in refused.output
+    assert "delete the root" in refused.output
+    one = {"WALTZ_ZOOKEEPER_AUTH_DIGEST": DIGEST}
+    one_credential = cluster_cli(zookeeper, zk_root, *create, env=one, expect=2)
+    assert f"refusing using the cluster under {zk_root}" in one_credential.output
+
+    server_file = {"WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE": str(digests / ROLE_DIGEST_FILES[Role.SERVER])}
+    server = start_server(request, zookeeper, zk_root, tmp_path / "server-0.log", server_file)
+    try:
+        with pytest.raises(ServiceStartError, match=rf"refusing using the cluster under {zk_root}"):
+            server.start()
+    finally:
+        server.close()
+
+    operator_file = {"WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE": str(digests / ROLE_DIGEST_FILES[Role.OPERATOR])}
+    verified = cluster_cli(zookeeper, zk_root, "verify", "--json", env=operator_file, expect=None)
+    assert verified.exit_code == 1, verified.output
+    check = acl_check(verified)
+    assert check["status"] == "FAILED"
+    assert f"{zk_root}/cluster open to anyone: world:anyone" in check["detail"]
+    checks = json.loads(verified.stdout)["checks"]
+    children = next(c for c in checks if c["name"] == "zookeeper: root children")
+    assert children["status"] == "WARNING" and "planted" in children["detail"]
+
+
+def test_a_cluster_made_with_one_credential_still_starts_then_moves_to_role_credentials(
+    request: pytest.FixtureRequest,
+    zookeeper: LocalZooKeeper | DockerZooKeeper,
+    zk_root: str,
+    digests: Path,
+    storage: LocalStorageNode,
+    tmp_path: Path,
+) -> None:
+    spec = f"{storage.address}={storage.admin_port}"
+    one = {"WALTZ_ZOOKEEPER_AUTH_DIGEST": DIGEST}
+    create = ("create", "--name", "older", "--partitions", "1", "--storage", spec)
+    cluster_cli(zookeeper, zk_root, *create, env=one, expect=0)
+    paths = ClusterPaths.of(zk_root)
+    authed = connect_zookeeper(zookeeper.connect_string, security=ZooKeeperSecurity(DIGEST))
+    try:
+        authed.delete(paths.discovery)  # the previous version's layout: no discovery, no roles
+        assert authed.exists(paths.roles) is None
+    finally:
+        authed.stop()
+        authed.close()
+    older = start_server(request, zookeeper, zk_root, tmp_path / "server-older.log", one)
+    try:
+        older.start()
+        append(zookeeper, zk_root, b"one credential", zookeeper_auth_digest=DIGEST)
+    finally:
+        older.close()
+
+    moved = cluster_cli(zookeeper, zk_root, "secure", "--digest-dir", str(digests), env=one, expect=0)
+    assert f"with the role credentials of {digests}" in moved.output
+    credentials = RoleCredentials.load_or_generate(digests)
+    files = {role: digests / name for role, name in ROLE_DIGEST_FILES.items()}
+    server = start_server(
+        request,
+        zookeeper,
+        zk_root,
+        tmp_path / "server-roles.log",
+        {"WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE": str(files[Role.SERVER])},
+    )
+    client = connect_zookeeper(zookeeper.connect_string, security=ZooKeeperSecurity(credentials.client))
+    try:
+        server.start()
+        append(zookeeper, zk_root, b"role credentials", zookeeper_auth_digest_file=files[Role.CLIENT])
+        with pytest.raises(NoAuthError):
+            client.get(paths.cluster)
+        with pytest.raises(NoAuthError):
+            client.set(paths.assignment, b'{"format_version": 1, "replicas": {}}')
+        assert ClusterZk(client, zk_root).discovery().name == "older"
+    finally:
+        client.stop()
+        client.close()
+        server.close()
+    verified = cluster_cli(
+        zookeeper,
+        zk_root,
+        "verify",
+        "--json",
+        env={"WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE": str(files[Role.OPERATOR])},
+        expect=None,
+    )
+    assert acl_check(verified)["status"] == "PASSED", verified.output

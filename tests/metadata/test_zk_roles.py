@@ -1,0 +1,44 @@
+"""The role table and the role credential files (docs/design/zookeeper.md, "Roles")."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+from kazoo.security import Permissions
+
+from waltz.errors import MetadataError
+from waltz.metadata.zk_roles import ROLE_DIGEST_FILES, ClusterRoles, Role, RoleCredentials, grants_for
+
+
+def test_clients_never_read_the_cluster_key_nor_write_the_store() -> None:
+    for relative in ("cluster", "store", "store/assignment", "store/partition/0", "archive"):
+        assert Role.CLIENT not in grants_for(relative), relative
+    assert grants_for("discovery")[Role.CLIENT] == Permissions.READ
+    assert grants_for("server/assignment")[Role.CLIENT] == Permissions.READ
+    assert grants_for("client/id")[Role.CLIENT] == Permissions.READ | Permissions.WRITE
+
+
+def test_servers_write_partition_metadata_and_their_subtree_but_not_the_replica_assignment() -> None:
+    assert grants_for("store/assignment")[Role.SERVER] == Permissions.READ
+    assert grants_for("store/partition/3")[Role.SERVER] == Permissions.READ | Permissions.WRITE
+    assert grants_for("server/members/member-0000000001")[Role.SERVER] == Permissions.ALL
+    assert all(grants_for(path)[Role.OPERATOR] == Permissions.ALL for path in ("", "cluster", "client/id"))
+
+
+def test_role_credentials_are_made_once_in_owner_only_files_and_read_back(tmp_path: Path) -> None:
+    directory = tmp_path / "digests"
+    made = RoleCredentials.load_or_generate(directory)
+    for role, name in ROLE_DIGEST_FILES.items():
+        path = directory / name
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert path.read_text().strip() == made.digest(role)
+    assert RoleCredentials.load_or_generate(directory) == made
+    assert "waltz" not in repr(made)  # no secret in a log line
+    identities = made.identities()
+    assert ClusterRoles.decode(identities.encode(), "/r/roles") == identities
+    assert identities.role_of({identities.server}) is Role.SERVER
+    (directory / ROLE_DIGEST_FILES[Role.CLIENT]).unlink()
+    with pytest.raises(MetadataError, match="but not all of"):
+        RoleCredentials.load_or_generate(directory)

@@ -1,0 +1,106 @@
+"""The znode paths of one cluster under its root (docs/zookeeper.md, the layout)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Self
+
+from waltz.errors import MetadataError
+
+__all__ = ["ClusterPaths"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPaths:
+    """The znode paths of one cluster."""
+
+    root: str
+
+    @classmethod
+    def of(cls, root: str) -> Self:
+        """Normalise a cluster root (absolute, no trailing slash).
+
+        Raises:
+            MetadataError: the root is not an absolute path, or is ``/``.
+        """
+        normalised = "/" + root.strip("/")
+        if not root.startswith("/") or normalised == "/":
+            raise MetadataError(
+                f"cluster root {root!r} must be an absolute znode path such as /waltz/cluster1"
+            )
+        return cls(normalised)
+
+    @property
+    def cluster(self) -> str:
+        return f"{self.root}/cluster"
+
+    @property
+    def discovery(self) -> str:
+        """The name and number of partitions, readable by clients (no cluster key)."""
+        return f"{self.root}/discovery"
+
+    @property
+    def roles(self) -> str:
+        """The digest identity of each role (absent in a cluster made with a single credential)."""
+        return f"{self.root}/roles"
+
+    def relative(self, path: str) -> str:
+        """A znode's path below the root without the leading slash (``""`` for the root)."""
+        return path.removeprefix(self.root).lstrip("/")
+
+    @property
+    def store(self) -> str:
+        return f"{self.root}/store"
+
+    @property
+    def assignment(self) -> str:
+        return f"{self.root}/store/assignment"
+
+    @property
+    def group(self) -> str:
+        return f"{self.root}/store/group"
+
+    @property
+    def connection(self) -> str:
+        return f"{self.root}/store/connection"
+
+    @property
+    def partitions(self) -> str:
+        return f"{self.root}/store/partition"
+
+    def partition(self, partition_id: int) -> str:
+        return f"{self.root}/store/partition/{partition_id}"
+
+    @property
+    def server(self) -> str:
+        return f"{self.root}/server"
+
+    @property
+    def members(self) -> str:
+        """Parent of the servers' ephemeral sequential member znodes."""
+        return f"{self.root}/server/members"
+
+    @property
+    def election(self) -> str:
+        """The cluster manager's election znode."""
+        return f"{self.root}/server/election"
+
+    @property
+    def server_assignment(self) -> str:
+        """The partition assignment written by the cluster manager."""
+        return f"{self.root}/server/assignment"
+
+    @property
+    def client(self) -> str:
+        """Parent of the client ID counter."""
+        return f"{self.root}/client"
+
+    @property
+    def client_id(self) -> str:
+        """The client ID counter (a kazoo ``Counter``)."""
+        return f"{self.root}/client/id"
+
+    @property
+    def archive(self) -> str:
+        """The archive's summary, written by the archiver (absent until its first run)."""
+        return f"{self.root}/archive"

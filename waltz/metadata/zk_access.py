@@ -1,0 +1,291 @@
+"""Who may do what with a cluster's znodes: the root check on start, and protecting a cluster.
+
+Design: docs/design/zookeeper.md, "Security", "Roles", "Checking the root". :class:`ClusterAccess`
+reads the cluster's role identities (``<root>/roles``), checks the ACLs of the root and its
+children before a process uses the cluster (:meth:`ClusterAccess.check_security`) or creates one
+(:meth:`ClusterAccess.check_root`), and sets every znode's ACL (:meth:`ClusterAccess.secure`,
+``waltz cluster secure``). The role table itself is :mod:`waltz.metadata.zk_roles`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
+from kazoo.protocol.states import ZnodeStat
+from kazoo.security import Permissions
+
+from waltz.errors import ClusterNotFoundError, MetadataError
+from waltz.metadata.paths import ClusterPaths
+from waltz.metadata.values import ClusterParams, DiscoveryParams
+from waltz.metadata.zk_roles import (
+    KNOWN_CHILDREN,
+    AclProblem,
+    ClusterRoles,
+    Role,
+    ZnodeAclError,
+    describe_acl,
+    grants_for,
+    session_identities,
+)
+from waltz.metadata.zk_session import ZooKeeperUnavailableError, auth_error, zookeeper_access
+
+__all__ = ["ClusterAccess"]
+
+log = logging.getLogger(__name__)
+
+
+def _user(identity: str) -> str:
+    """The user of a digest identity: ZooKeeper shows ``user:x`` in ACLs, hiding the hash."""
+    return identity.partition(":")[0]
+
+
+class ClusterAccess:
+    """The ACLs of one cluster's znodes, through a session.
+
+    Args:
+        zk: a started kazoo client (the caller owns it).
+        paths: the cluster's znodes.
+        timeout: seconds a read waits for ZooKeeper's answer; None waits as long as kazoo does.
+    """
+
+    def __init__(self, zk: KazooClient, paths: ClusterPaths, *, timeout: float | None = None) -> None:
+        self.zk = zk
+        self.paths = paths
+        self.timeout = timeout
+
+    def _get(self, path: str) -> tuple[bytes, ZnodeStat]:
+        if self.timeout is None:
+            return self.zk.get(path)  # type: ignore[no-any-return]
+        try:
+            return self.zk.get_async(path).get(timeout=self.timeout)  # type: ignore[no-any-return]
+        except self.zk.handler.timeout_exception:
+            raise ZooKeeperUnavailableError(
+                f"ZooKeeper did not answer a read of {path} within {self.timeout:g}s"
+            ) from None
+
+    def check_root(self, roles: ClusterRoles | None = None) -> None:
+        """Before creating a cluster: refuse a root that holds znodes and lets in anyone or an
+        identity that is not the session's, nor one of ``roles`` (a squatter's root,
+        docs/design/zookeeper.md, "Checking the root"). A session without a credential makes an
+        open cluster and checks nothing.
+
+        Raises:
+            ZnodeAclError: the root or a child lets in anyone or an unknown identity.
+        """
+        own = session_identities(self.zk)
+        if own:
+            known = roles.all() if roles is not None else own
+            self._refuse(self.acl_problems(known), "creating the cluster")
+
+    def roles(self) -> ClusterRoles | None:
+        """The identities of ``<root>/roles``, or None (a cluster made with a single credential).
+
+        Raises:
+            ZooKeeperAuthError: the session may not read it.
+            MetadataError: the znode does not decode.
+        """
+        try:
+            with zookeeper_access(self.zk, f"reading {self.paths.roles}"):
+                data, _ = self._get(self.paths.roles)
+        except NoNodeError:
+            return None
+        return ClusterRoles.decode(data, self.paths.roles)
+
+    def acl_problems(
+        self, known: set[str] | None, *, role: Role | None = None, empty_root_ok: bool = True
+    ) -> list[AclProblem]:
+        """The root and its children whose ACL lets in anyone, or (``known`` given) an identity
+        that is not one of ``known`` (docs/design/zookeeper.md, "Checking the root").
+
+        Args:
+            known: the digest identities (``user:hash``) the cluster's ACLs may name; None: only
+                entries open to anyone are problems. ZooKeeper shows a digest entry as
+                ``user:x``, so entries compare by user; a squatter's entry naming a known user
+                with another password still cannot let in the real credential, whose hash it
+                cannot see, so the session's read of such a znode fails (a problem when its role
+                may read it).
+            role: the session's role in a cluster made with roles: a znode it may not read (nor
+                see the ACL of: ZooKeeper shows an ACL only to READ or ADMIN) is a problem only
+                when its role table grants the role READ. None: every znode must be visible
+                (a single credential's session), or none need be (``known`` None).
+            empty_root_ok: a root holding nothing is no problem (creating a cluster takes it over).
+
+        Returns:
+            One problem per offending znode; empty when the root does not exist.
+        """
+        try:
+            children = sorted(self.zk.get_children(self.paths.root))
+        except NoNodeError:
+            return []
+        except NoAuthError:
+            children = []  # listing refused: the root itself is checked below
+        if not children and empty_root_ok:
+            return []
+        problems = []
+        for path in [self.paths.root, *(f"{self.paths.root}/{child}" for child in children)]:
+            try:
+                acls, _ = self.zk.get_acls(path)
+            except NoNodeError:
+                continue
+            except NoAuthError:
+                relative = self.paths.relative(path)
+                readable = role is None or bool(grants_for(relative).get(role, 0) & Permissions.READ)
+                if known is not None and readable:
+                    problems.append(AclProblem(path, "refuses this session although its role may read it"))
+                continue
+            bad = [
+                entry
+                for entry in acls
+                if entry.id.scheme != "digest"
+                or (known is not None and _user(entry.id.id) not in {_user(k) for k in known})
+            ]
+            if bad:
+                why = (
+                    "open to anyone"
+                    if any(entry.id.scheme == "world" for entry in bad)
+                    else "granted to an identity that is none of the cluster's"
+                )
+                problems.append(AclProblem(path, f"{why}: {', '.join(describe_acl(entry) for entry in bad)}"))
+        return problems
+
+    def unknown_children(self) -> list[str]:
+        """The root's children that no cluster of this version makes (a squatter's, or a wrong root)."""
+        try:
+            return sorted(set(self.zk.get_children(self.paths.root)) - KNOWN_CHILDREN)
+        except NoNodeError:
+            return []
+
+    def check_security(self) -> ClusterRoles | None:
+        """Check the root's and its children's ACLs before using the cluster; adopt the role's ACL.
+
+        Every server, admin tool and client calls this on start (docs/design/zookeeper.md,
+        "Checking the root"). A session without a credential only logs a warning when the
+        cluster is open (a cluster made without credentials is open by choice). A session with
+        one refuses a root or child znode open to anyone or to an identity that is none of the
+        cluster's (``<root>/roles``, or the session's own in a cluster made with one credential).
+        In a cluster made with roles, the session's default ACL becomes its role's, so that the
+        znodes it creates get the role table's ACL.
+
+        Returns:
+            The cluster's role identities, or None (no credential, no cluster, or a cluster made
+            with a single credential).
+
+        Raises:
+            ZnodeAclError: a root or child znode lets in anyone or an unknown identity.
+            ZooKeeperAuthError: the session's credential is none of the cluster's.
+        """
+        own = session_identities(self.zk)
+        if not own:
+            open_znodes = self.acl_problems(None)
+            if open_znodes:
+                log.warning(
+                    "the ZooKeeper session has no credential and the cluster under %s is open to "
+                    "anyone (%s): anyone reaching ZooKeeper can read its cluster key and rewrite its "
+                    'metadata; see docs/deploy.md, "ZooKeeper credentials"',
+                    self.paths.root,
+                    open_znodes[0].detail,
+                )
+            return None
+        roles = self.roles()
+        role: Role | None = None
+        if roles is None:
+            if self.zk.exists(self.paths.cluster) is not None:
+                with zookeeper_access(self.zk, f"reading {self.paths.cluster}"):
+                    self._get(self.paths.cluster)  # a wrong credential shows as NoAuth here
+            known = own
+        else:
+            role = roles.role_of(own)
+            if role is None:
+                what = f"the session's credential: it is none of the roles in {self.paths.roles}"
+                raise auth_error(self.zk, what)
+            known = roles.all()
+        self._refuse(self.acl_problems(known, role=role), "using the cluster")
+        if roles is not None and role is not None:
+            self.zk.default_acl = roles.default_acl(role)
+        return roles
+
+    def _refuse(self, problems: list[AclProblem], doing: str) -> None:
+        if not problems:
+            return
+        lines = "\n".join(f"  {problem.path}: {problem.detail}" for problem in problems)
+        raise ZnodeAclError(
+            f"refusing {doing} under {self.paths.root}: its znodes let in someone the cluster does "
+            f"not know, so their values (the cluster key, the partition count) may be anyone's:\n"
+            f"{lines}\n"
+            "If nobody else should have made them, treat the cluster's metadata as tampered with: "
+            "delete the root (zkCli.sh deleteall), create the cluster again with a credential "
+            "(waltz cluster create --digest-dir), and give every storage node a fresh directory. "
+            "A cluster made without a credential on purpose is protected with `waltz cluster secure`."
+        )
+
+    def secure(self, roles: ClusterRoles | None = None) -> int:
+        """Give every znode of the cluster its ACL (an existing cluster made without one, or with a
+        single credential, moving to per-role credentials).
+
+        Walks the root and everything below it, ephemeral member znodes included, setting the ACL
+        of the session's digest credential, or with ``roles`` the ACL of the role table
+        (docs/design/zookeeper.md, "Security"); with ``roles`` it also writes ``<root>/roles``,
+        ``<root>/discovery`` and the ``client/id`` counter when missing. A cluster made with
+        roles keeps its role table when ``roles`` is not given. Idempotent; znodes deleted during
+        the walk are skipped.
+
+        Returns:
+            The number of znodes whose ACL was set.
+
+        Raises:
+            MetadataError: the session has no digest credential (nothing to apply), or does not
+                hold the operator's credential of ``roles``.
+            ClusterNotFoundError: no cluster exists under the root.
+            ZooKeeperAuthError: a znode is protected by another credential.
+        """
+        default = self.zk.default_acl
+        if roles is None and session_identities(self.zk):
+            roles = self.roles()  # a cluster made with roles keeps them
+        if roles is None and not default:
+            raise MetadataError(
+                "no digest credential is configured: set the one the cluster should be protected "
+                "with (zookeeper.auth.digestFile or WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE), then run this again"
+            )
+        if roles is not None and roles.operator not in session_identities(self.zk):
+            raise MetadataError("securing a cluster with role credentials needs the operator's credential")
+        if self.zk.exists(self.paths.cluster) is None:
+            raise ClusterNotFoundError(f"no cluster under {self.paths.root}")
+        count = 0
+        pending = [self.paths.root]
+        with zookeeper_access(self.zk, f"setting the ACLs under {self.paths.root}"):
+            if roles is not None:
+                self._add_role_znodes(roles)
+            while pending:
+                path = pending.pop()
+                acl = roles.acl_for(self.paths.relative(path)) if roles is not None else default
+                try:
+                    children = self.zk.get_children(path)
+                    self.zk.set_acls(path, acl)
+                except NoNodeError:
+                    continue
+                count += 1
+                pending.extend(f"{path}/{child}" for child in children)
+        if roles is not None:
+            self.zk.default_acl = roles.default_acl(Role.OPERATOR)
+        log.info("set the ACL of %d znodes under %s", count, self.paths.root)
+        return count
+
+    def _add_role_znodes(self, roles: ClusterRoles) -> None:
+        """Write ``roles`` and ``discovery``, and make the znodes clients need, where missing."""
+        data, _ = self._get(self.paths.cluster)
+        params = ClusterParams.decode(data, self.paths.cluster)
+        for path, data in (
+            (self.paths.roles, roles.encode()),
+            (self.paths.discovery, DiscoveryParams.of(params).encode()),
+            (self.paths.server, b""),
+            (self.paths.members, b""),
+            (self.paths.client, b""),
+            (self.paths.client_id, b""),
+        ):
+            try:
+                self.zk.create(path, data, acl=roles.acl_for(self.paths.relative(path)))
+            except NodeExistsError:
+                if path == self.paths.roles:
+                    self.zk.set(path, data)
