@@ -69,6 +69,7 @@ The command-line option ``--waltz-zookeeper HOST:PORT`` overrides ``waltz_zookee
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Generator, Iterator
 from contextlib import ExitStack, contextmanager
@@ -84,6 +85,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "pytest_addoption",
+    "pytest_configure",
     "pytest_runtest_makereport",
     "waltz_cluster",
     "waltz_cluster_factory",
@@ -171,6 +173,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help_text = f"SQLAlchemy URL of a {kind} server for {name} (default: a container, if Docker runs)"
         group.addoption(option, metavar="URL", default=None, dest=name, help=help_text)
         parser.addini(name, help_text, default="")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, give this worker a slice of the local ports of its own.
+
+    Each worker (``PYTEST_XDIST_WORKER`` ``gwN`` of ``PYTEST_XDIST_WORKER_COUNT``) sets
+    ``WALTZ_PORT_RANGE`` to the N-th of equal slices of :func:`waltz.local.processes.port_range`,
+    so that two workers starting clusters at once never draw the same port (a port is checked free
+    when drawn, but taken only when the process binds it, a second later). A ``WALTZ_PORT_RANGE``
+    set by the user is split the same way.
+    """
+    from waltz.local.processes import PORT_RANGE_ENV, port_range
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if not worker.startswith("gw") or count < 2 or not worker[2:].isdigit():
+        return
+    index = int(worker[2:]) % count
+    low, high = port_range()
+    size = (high - low + 1) // count
+    first = low + index * size
+    os.environ[PORT_RANGE_ENV] = f"{first}-{first + size - 1}"
 
 
 def _database_url(pytestconfig: pytest.Config, name: str) -> Iterator[str]:

@@ -273,7 +273,10 @@ def test_a_real_deadlock_is_retried(request: pytest.FixtureRequest, backend: str
         t.join(60)
     try:
         assert errors == []
-        assert sorted(callbacks.attempts.values()) == [1, 2]  # the victim was retried once
+        # The survivor applied at its first attempt; the victim was retried until it applied (on a
+        # loaded machine a retry that starts while the survivor still runs can fail again).
+        survivor, victim = sorted(callbacks.attempts.values())
+        assert survivor == 1 and victim >= 2
         assert callbacks.high_water_marks() == {0: 0, 1: 0}
         assert (item(engine, 1), item(engine, 2), item(engine, 3)) == (0, 2, 2)
     finally:

@@ -170,6 +170,7 @@ def test_owner_cut_from_zookeeper_only_is_fenced_and_the_log_stays_exact(
                 log_path=tmp_path / f"storage-{i}.log",
                 host=lab.address(f"s{i}"),
                 command_prefix=lab.command_prefix(f"s{i}"),
+                env={"WALTZ_STORAGE_INSECURE": "true"},  # plaintext off loopback, on purpose
             )
             for i in range(3)
         ]
@@ -190,7 +191,8 @@ def test_owner_cut_from_zookeeper_only_is_fenced_and_the_log_stays_exact(
                 name=f"server-{host}",
                 log_path=tmp_path / f"server-{host}.log",
                 session_timeout=4.0,
-                env={"WALTZ_SERVER_ADMIN_APPENDS": "true"},  # the test appends past the client
+                # The test appends past the client; plaintext off loopback, on purpose.
+                env={"WALTZ_SERVER_ADMIN_APPENDS": "true", "WALTZ_SERVER_INSECURE": "true"},
                 host=lab.address(host),
                 command_prefix=lab.command_prefix(host),
             )

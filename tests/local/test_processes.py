@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -16,10 +17,14 @@ import pytest
 import support
 
 import waltz
+import waltz.testing
+from waltz.errors import ConfigurationError
 from waltz.local.processes import (
+    PORT_RANGE_ENV,
     ManagedProcess,
     ServiceStartError,
     free_port,
+    port_range,
     wait_for_port,
     wait_until,
 )
@@ -65,6 +70,36 @@ def test_free_ports_are_outside_the_range_outgoing_connections_use() -> None:
     ports = {free_port() for _ in range(20)}
     assert all(20000 <= port < low for port in ports)
     assert len(ports) > 1
+
+
+def test_waltz_port_range_bounds_the_ports_drawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PORT_RANGE_ENV, "24000-24049")
+    ports = {free_port() for _ in range(20)}
+    assert all(24000 <= port <= 24049 for port in ports)
+    assert len(ports) > 1
+
+
+@pytest.mark.parametrize("text", ["24000", "24000-", "a-b", "30000-20000", "80-90", "60000-70000"])
+def test_a_malformed_waltz_port_range_is_refused_with_its_text(
+    monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    monkeypatch.setenv(PORT_RANGE_ENV, text)
+    with pytest.raises(ConfigurationError, match=f"WALTZ_PORT_RANGE={text!r}: expected LOW-HIGH"):
+        free_port()
+
+
+def test_each_xdist_worker_draws_from_a_slice_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    slices = []
+    for worker in ("gw0", "gw1", "gw2"):
+        monkeypatch.delenv(PORT_RANGE_ENV, raising=False)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
+        waltz.testing.pytest_configure(pytest.Config.__new__(pytest.Config))
+        slices.append(port_range())
+    low, high = 20000, int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) - 1
+    assert slices[0][0] == low and slices[-1][1] <= high
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(slices))  # disjoint, in order
+    assert all(h - lo + 1 == (high - low + 1) // 3 for lo, h in slices)
 
 
 def test_wait_until_returns_the_first_truthy_value() -> None:

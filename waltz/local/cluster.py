@@ -384,9 +384,13 @@ class LocalCluster:
                 self.root,
                 layout,
                 self._hosts,
-                storage_env=self._security.storage_env(self._processes.storage_env),
+                storage_env=self._security.storage_env(
+                    self._processes.storage_env, off_loopback=self._hosts is not None
+                ),
                 server_env=self._security.server_env(
-                    {**DEFAULT_SERVER_ENV, **self._processes.server_env}, self._work_dir
+                    {**DEFAULT_SERVER_ENV, **self._processes.server_env},
+                    self._work_dir,
+                    off_loopback=self._hosts is not None,
                 ),
             )
             for node in self._nodes.storages:

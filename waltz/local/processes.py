@@ -38,7 +38,7 @@ from tenacity import (
     wait_fixed,
 )
 
-from waltz.errors import WaltzError
+from waltz.errors import ConfigurationError, WaltzError
 from waltz.private_files import PRIVATE_UMASK, open_private, private_directory
 
 __all__ = [
@@ -78,12 +78,39 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+#: ``LOW-HIGH``: the ports :func:`free_port` draws from, instead of 20000 up to the ephemeral range
+#: (the ``waltz.testing`` plugin gives each pytest-xdist worker a slice of its own, so that two
+#: workers never draw the same port).
+PORT_RANGE_ENV = "WALTZ_PORT_RANGE"
+
+
+def port_range() -> tuple[int, int]:
+    """The ports :func:`free_port` draws from, both ends included: ``WALTZ_PORT_RANGE``
+    (``LOW-HIGH``) when set, else 20000 up to below the kernel's ephemeral range.
+
+    Raises:
+        ConfigurationError: ``WALTZ_PORT_RANGE`` is not ``LOW-HIGH`` with 1024 <= LOW <= HIGH <= 65535.
+    """
+    text = os.environ.get(PORT_RANGE_ENV, "").strip()
+    if not text:
+        return 20000, _ephemeral_low() - 1
+    low_text, _, high_text = text.partition("-")
+    try:
+        low, high = int(low_text), int(high_text)
+    except ValueError:
+        low, high = 0, -1
+    if not 1024 <= low <= high <= 65535:
+        raise ConfigurationError(f"{PORT_RANGE_ENV}={text!r}: expected LOW-HIGH, ports from 1024 to 65535")
+    return low, high
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """Return a TCP port that is free on ``host`` right now.
 
     Ports are drawn at random below the kernel's ephemeral range (``ip_local_port_range``, from
-    20000 up), so that an outgoing connection (which gets an ephemeral port) cannot take the port
-    between this call and the caller's bind; a candidate is checked by binding it. Another process
+    20000 up; ``WALTZ_PORT_RANGE`` sets the range, see :func:`port_range`), so that an outgoing
+    connection (which gets an ephemeral port) cannot take the port between this call and the
+    caller's bind; a candidate is checked by binding it. Another process
     may still take it first; callers that start a server on it should be ready to retry with
     another port. A port is never handed out twice by one process (a cluster asks for a dozen
     ports before it binds any: two equal random draws made a node fail "Failed to bind to address"
@@ -94,13 +121,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 
     Returns:
         A port number between 1 and 65535.
+
+    Raises:
+        ConfigurationError: ``WALTZ_PORT_RANGE`` is malformed (:func:`port_range`).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    low, high = 20000, _ephemeral_low() - 1
+    low, high = port_range()
     with _HANDED_OUT_LOCK:
         if len(_HANDED_OUT) > (high - low) // 2:
             _HANDED_OUT.clear()  # a very long-lived process: start over rather than run dry
-        for _ in range(100 if high > low else 0):
+        for _ in range(100 if high >= low else 0):
             candidate = random.randint(low, high)
             if candidate in _HANDED_OUT:
                 continue

@@ -175,13 +175,23 @@ class ClusterSecurity:
             )
         return lines
 
-    def server_env(self, env: Mapping[str, str], work_dir: Path) -> dict[str, str]:
+    def server_env(
+        self, env: Mapping[str, str], work_dir: Path, *, off_loopback: bool = False
+    ) -> dict[str, str]:
         """The servers' environment: the ZooKeeper variables, then ``env``, then the TLS files of a
-        secure cluster (mutual TLS on their ports, the node certificate for store sessions)."""
-        certificates = self._certificates.server_env() if self._certificates is not None else {}
-        return {**self.zookeeper_env(work_dir, Role.SERVER), **env, **certificates}
+        secure cluster (mutual TLS on their ports, the node certificate for store sessions).
 
-    def storage_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        """The storage nodes' environment: ``env``, then the TLS files of a secure cluster."""
+        With ``off_loopback`` (servers on network-namespace hosts) and no certificates, the
+        servers are told they serve without mutual TLS on purpose (``WALTZ_SERVER_INSECURE``),
+        which a node off loopback otherwise refuses (docs/operations.md, "Roles").
+        """
+        certificates = self._certificates.server_env() if self._certificates is not None else {}
+        insecure = {"WALTZ_SERVER_INSECURE": "true"} if off_loopback and not certificates else {}
+        return {**self.zookeeper_env(work_dir, Role.SERVER), **insecure, **env, **certificates}
+
+    def storage_env(self, env: Mapping[str, str], *, off_loopback: bool = False) -> dict[str, str]:
+        """The storage nodes' environment: ``env``, then the TLS files of a secure cluster
+        (``WALTZ_STORAGE_INSECURE`` as for :meth:`server_env` with ``off_loopback``)."""
         certificates = self._certificates.storage_env() if self._certificates is not None else {}
-        return {**env, **certificates}
+        insecure = {"WALTZ_STORAGE_INSECURE": "true"} if off_loopback and not certificates else {}
+        return {**insecure, **env, **certificates}

@@ -30,6 +30,7 @@ from waltz.protocol import client_pb2_grpc, server_pb2, server_pb2_grpc
 from waltz.protocol.channels import bind_port, server_credentials, server_options
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.roles import ADMIN_ROLES, OPERATOR_ROLES, authorize
+from waltz.services.exposure import is_loopback
 from waltz.services.http import HealthHttpServer, server_ssl_context
 from waltz.services.runtime import call_in_daemon_thread, run_until_signalled
 from waltz.services.server.archived_reads import ArchivedReads
@@ -203,6 +204,13 @@ class ServerApp:
             config.server_tls_cert_file, config.server_tls_key_file, config.server_tls_ca_file
         )
         self.port = bind_port(server, address, credentials)
+        if config.server_insecure and not config.mutual_tls:
+            log.warning(
+                "server.insecure is set: port %d on %s serves without mutual TLS%s",
+                self.port,
+                config.server_host,
+                "" if is_loopback(config.server_host) else ", to every host that reaches this address",
+            )
         if config.server_tls_ca_file is None or credentials is None:
             log.warning(
                 "port %d serves %s without client certificates: no peer roles are checked, every peer may "

@@ -36,6 +36,10 @@ MAX_CONNECTION_BACKLOG = 50_000
 #: Mounts, flushes and high-water-mark requests of one connection waiting at once, above which
 #: the server reads no more of its requests until one is answered.
 MAX_CONNECTION_TASKS = 1_000
+#: Protocol messages of one stream message handled in one turn of the event loop, after which the
+#: server lets other connections' requests run before it goes on (docs/design/server.md, "Bounds
+#: on what a peer costs"): a stream message of 10,000 flushes does not hold up other partitions.
+MESSAGES_PER_TURN = 256
 
 _connection_ids = itertools.count(1)
 
@@ -180,7 +184,10 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         try:
             async for batch in request_iterator:
                 partitions = self._partitions()  # the partitions owned now (for this message)
-                for message in batch.messages:
+                for index, message in enumerate(batch.messages):
+                    if index and index % MESSAGES_PER_TURN == 0:
+                        await asyncio.sleep(0)  # other connections' turn
+                        partitions = self._partitions()
                     if connection.backlog() > MAX_CONNECTION_BACKLOG or len(tasks) >= MAX_CONNECTION_TASKS:
                         # A peer that does not read its answers, or asks faster than they come:
                         # stop reading it (gRPC flow control slows it) until it catches up.

@@ -11,6 +11,7 @@ from pydantic_settings import SettingsConfigDict
 from waltz.config import WaltzSettings
 from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
 from waltz.protocol.channels import TlsConfig
+from waltz.services.exposure import plaintext_refusal
 from waltz.services.server.appends import (
     DEFAULT_MAX_LOCK_HASHES_PER_APPEND,
     DEFAULT_MAX_LOCK_HASHES_PER_MESSAGE,
@@ -42,6 +43,7 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
         "server.ssl.certFile": "server_tls_cert_file",
         "server.ssl.keyFile": "server_tls_key_file",
         "server.ssl.caFile": "server_tls_ca_file",
+        "server.insecure": "server_insecure",
         "server.optimisticLockTableSize": "server_lock_table_size",
         "server.optimisticLockTableHashCount": "server_lock_table_hash_count",
         "server.maxLockHashesPerAppend": "server_max_lock_hashes_per_append",
@@ -105,6 +107,11 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
     server_tls_key_file: Path | None = Field(None, description="PEM private key of the server certificate.")
     server_tls_ca_file: Path | None = Field(
         None, description="PEM CA bundle: clients must present a certificate."
+    )
+    server_insecure: bool = Field(
+        False,
+        description="Serve without mutual TLS on an address that is not loopback (refused otherwise); "
+        "logged at every start.",
     )
     server_lock_table_size: int = Field(1 << 16, gt=0, description="Slots of each partition's lock table.")
     server_lock_table_hash_count: int = Field(3, gt=0, description="Lock table slots per lock.")
@@ -193,7 +200,21 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
             raise ValueError("server.ssl.certFile and server.ssl.keyFile must be set together")
         if (self.store_tls_cert_file is None) != (self.store_tls_key_file is None):
             raise ValueError("storage.ssl.certFile and storage.ssl.keyFile must be set together")
+        refusal = plaintext_refusal(
+            "server",
+            "WALTZ_SERVER_",
+            self.server_host,
+            mutual_tls=self.mutual_tls,
+            insecure=self.server_insecure,
+        )
+        if refusal is not None:
+            raise ValueError(refusal)
         return self
+
+    @property
+    def mutual_tls(self) -> bool:
+        """Certificate, key and CA file of the server port are all set: every client presents one."""
+        return None not in (self.server_tls_cert_file, self.server_tls_key_file, self.server_tls_ca_file)
 
     def partition_config(self) -> PartitionConfig:
         """The partition object settings derived from the ``server.*`` keys."""

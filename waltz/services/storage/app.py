@@ -13,6 +13,7 @@ import grpc
 
 from waltz.protocol import storage_pb2_grpc
 from waltz.protocol.channels import bind_port, server_credentials, server_options
+from waltz.services.exposure import is_loopback
 from waltz.services.http import HealthHttpServer, server_ssl_context
 from waltz.services.runtime import run_until_signalled
 from waltz.services.storage.admin_service import StorageAdminServicer
@@ -60,6 +61,12 @@ class StorageApp:
         admin = StorageAdminServicer(self.node, self.metrics, storage)
         config = self.config
         credentials = server_credentials(config.tls_cert_file, config.tls_key_file, config.tls_ca_file)
+        if config.insecure and not config.mutual_tls:
+            log.warning(
+                "storage.insecure is set: the ports on %s serve without mutual TLS%s",
+                config.host,
+                "" if is_loopback(config.host) else ", to every host that reaches this address",
+            )
         if credentials is None or config.tls_ca_file is None:
             log.warning(
                 "storage and admin ports serve %s without client certificates: no peer roles are checked, "

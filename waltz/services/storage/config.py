@@ -10,6 +10,7 @@ from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
 from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES
+from waltz.services.exposure import plaintext_refusal
 from waltz.services.storage.node import DEFAULT_INLINE_APPEND_STREAMS
 from waltz.services.storage.retention import (
     DEFAULT_CHECK_INTERVAL,
@@ -48,6 +49,7 @@ class StorageConfig(WaltzSettings):
         "storage.ssl.certFile": "tls_cert_file",
         "storage.ssl.keyFile": "tls_key_file",
         "storage.ssl.caFile": "tls_ca_file",
+        "storage.insecure": "insecure",
     }
 
     directory: Path = Field(description="The storage directory (control file and partition directories).")
@@ -114,6 +116,11 @@ class StorageConfig(WaltzSettings):
     tls_ca_file: Path | None = Field(
         None, description="PEM CA bundle; when set, clients must present a certificate."
     )
+    insecure: bool = Field(
+        False,
+        description="Serve without mutual TLS on an address that is not loopback (refused otherwise); "
+        "logged at every start.",
+    )
 
     def retention(self) -> RetentionSettings:
         """The retention settings (docs/design/archive.md, "Retention on the storage nodes")."""
@@ -131,4 +138,14 @@ class StorageConfig(WaltzSettings):
             raise ValueError("storage.ssl.certFile and storage.ssl.keyFile must be set together")
         if self.max_response_bytes > self.max_message_bytes // 2:
             raise ValueError("storage.maxResponseBytes must be at most half of storage.grpc.maxMessageBytes")
+        refusal = plaintext_refusal(
+            "storage", "WALTZ_STORAGE_", self.host, mutual_tls=self.mutual_tls, insecure=self.insecure
+        )
+        if refusal is not None:
+            raise ValueError(refusal)
         return self
+
+    @property
+    def mutual_tls(self) -> bool:
+        """Certificate, key and CA file are all set: every peer presents a certificate."""
+        return None not in (self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
