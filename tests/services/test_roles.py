@@ -29,6 +29,7 @@ from waltz.local.certificates import ClusterCertificates
 from waltz.local.cluster import LocalCluster
 from waltz.local.nodes import LocalStorageNode
 from waltz.local.options import SecurityOptions
+from waltz.local.processes import wait_for_port
 from waltz.protocol.records import ReqId
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient, StorageStreamError
@@ -203,6 +204,9 @@ def empty_storage(secured: LocalCluster, tmp_path: Path) -> Iterator[LocalStorag
     )
     try:
         node.start()
+        assert node.metrics_port is not None
+        # The node serves /metrics on a port of its own, opened after the gRPC ports start waits for.
+        wait_for_port("127.0.0.1", node.metrics_port, timeout=30, what="the empty node's metrics port")
         yield node
     finally:
         node.close()

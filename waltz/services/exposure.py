@@ -48,9 +48,10 @@ def plaintext_refusal(
     """
     if mutual_tls or insecure or is_loopback(host):
         return None
+    settings = f"{prefix}.ssl.certFile, {prefix}.ssl.keyFile and {prefix}.ssl.caFile"
     return (
         f"{prefix}.host {host!r} is not a loopback address, and mutual TLS is not configured: a node "
-        f"other hosts can reach serves only with client certificates and roles. Set "
-        f"{prefix}.ssl.certFile, {prefix}.ssl.keyFile and {prefix}.ssl.caFile (docs/operations.md, "
-        f'"Roles"), or {prefix}.insecure=true ({env_prefix}INSECURE=true) to serve without them on purpose'
+        f"other hosts can reach serves only with client certificates and roles. Set {settings} "
+        '(docs/operations.md, "Roles"), '
+        f"or {prefix}.insecure=true ({env_prefix}INSECURE=true) to serve without them on purpose"
     )

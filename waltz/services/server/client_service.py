@@ -37,8 +37,8 @@ MAX_CONNECTION_BACKLOG = 50_000
 #: the server reads no more of its requests until one is answered.
 MAX_CONNECTION_TASKS = 1_000
 #: Protocol messages of one stream message handled in one turn of the event loop, after which the
-#: server lets other connections' requests run before it goes on (docs/design/server.md, "Bounds
-#: on what a peer costs"): a stream message of 10,000 flushes does not hold up other partitions.
+#: server lets other connections' requests run before it goes on: a stream message of 10,000
+#: flushes does not hold up other partitions (docs/design/server.md, "Bounds on what a peer costs").
 MESSAGES_PER_TURN = 256
 
 _connection_ids = itertools.count(1)
