@@ -8,6 +8,7 @@ import shutil
 import ssl
 import sys
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,9 +97,11 @@ def launch_console(
     *extra: str,
     name: str = "console",
     tls: ssl.SSLContext | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> RunningConsole:
     """Start ``waltz console`` on a free port against ``cluster`` (over HTTPS with ``tls``, the
-    client context that trusts it); :meth:`RunningConsole.wait_ready` waits for its first look."""
+    client context that trusts it; ``env``: its whole environment, None inherits this one's);
+    :meth:`RunningConsole.wait_ready` waits for its first look."""
     port = free_port()
     args = [
         sys.executable,
@@ -118,6 +121,6 @@ def launch_console(
         *(arg for name_, url in cluster.metrics_urls().items() for arg in ("--metrics", f"{name_}={url}")),
         *extra,
     ]
-    process = ManagedProcess(args, name=name, log_path=tmp_path / f"{name}.log")
+    process = ManagedProcess(args, name=name, log_path=tmp_path / f"{name}.log", env=env)
     process.start()
     return RunningConsole(process, f"{'https' if tls else 'http'}://127.0.0.1:{port}/", tls)
