@@ -154,16 +154,16 @@ async def attack_grpc(plan: dict[str, Any], tls: TlsConfig | None, channel: str,
     for address in plan["storage_admin"]:
         for name, request in admin_attempts(partitions).items():
             attempts.append(
-                report.grpc(name, address, channel, lambda a=address, r=request: on_admin(a, r))  # type: ignore[misc]
+                report.grpc(name, address, channel, functools.partial(on_admin, address, request))
             )
     for address in plan["storage"]:
-        attempts.append(report.grpc("store truncate", address, channel, lambda a=address: truncate(a)))  # type: ignore[misc]
+        attempts.append(report.grpc("store truncate", address, channel, functools.partial(truncate, address)))
     for endpoint in plan["servers"]:
         attempts.append(
-            report.grpc("server admin-append", endpoint, channel, lambda e=endpoint: admin_append(e))  # type: ignore[misc]
+            report.grpc("server admin-append", endpoint, channel, functools.partial(admin_append, endpoint))
         )
     empty = plan["empty_storage_admin"]
-    attempts.append(report.grpc("claim empty-node", empty, channel, lambda: claim(empty)))
+    attempts.append(report.grpc("claim empty-node", empty, channel, functools.partial(claim, empty)))
     await asyncio.gather(*attempts)
 
 

@@ -76,6 +76,13 @@ def certificates(cluster: LocalCluster) -> ClusterCertificates:
     return cluster.certificates
 
 
+def digest_file(cluster: LocalCluster, role: Role) -> Path:
+    """The file holding a role's ZooKeeper credential."""
+    path = cluster.zookeeper_settings(role)["zookeeper_auth_digest_file"]
+    assert isinstance(path, Path)
+    return path
+
+
 def client_config(cluster: LocalCluster) -> WaltzClientConfig:
     """An application's settings: the client certificate and the client's ZooKeeper credential."""
     files = certificates(cluster)
@@ -90,8 +97,7 @@ def client_config(cluster: LocalCluster) -> WaltzClientConfig:
 @contextmanager
 def operator_zookeeper(cluster: LocalCluster) -> Iterator[KazooClient]:
     """A ZooKeeper session with the operator's credential."""
-    settings = cluster.zookeeper_settings(Role.OPERATOR)
-    digest = ZooKeeperSecurity.read_digest_file(settings["zookeeper_auth_digest_file"])  # type: ignore[arg-type]
+    digest = ZooKeeperSecurity.read_digest_file(digest_file(cluster, Role.OPERATOR))
     zk = KazooClient(hosts=cluster.zookeeper_connect_string, auth_data=[("digest", digest)])
     zk.start(timeout=15)
     try:
@@ -203,7 +209,8 @@ def plan(secured: Secured, directory: Path, channels: list[dict[str, Any]], **he
 
 
 def attack(plan_path: Path) -> list[dict[str, str]]:
-    """Run an attacker process with ``plan_path`` and nothing else (no ``WALTZ_*`` settings)."""
+    """Run an attacker process with ``plan_path`` and nothing else (no ``WALTZ_*`` settings); its
+    report is kept beside the plan, in ``report.json``."""
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(plan_path.parent), "LANG": "C.UTF-8"}
     result = subprocess.run(
         [sys.executable, str(ATTACKER), str(plan_path)],
@@ -246,91 +253,6 @@ def assert_refused(
         if line["outcome"] != outcome or detail not in line["detail"]
     ]
     assert not wrong, f"expected {outcome} ({detail!r}) for {attempt!r}, got:\n" + "\n".join(map(str, wrong))
-
-
-@pytest.mark.parametrize(
-    "leaked_key", [False, True], ids=["without the cluster key", "with a leaked cluster key"]
-)
-def test_an_application_host_with_the_client_certificate_destroys_nothing(
-    secured: Secured, tmp_path: Path, leaked_key: bool
-) -> None:
-    """An application host cannot read the cluster key; with one made up, and with the real one
-    (leaked some other way), its certificate's role is what refuses every request."""
-    files = certificates(secured.cluster)
-    ca, cert, key, digest = copy_files(
-        tmp_path / "held",
-        files.ca_file,
-        files.cert_file("client"),
-        files.key_file("client"),
-        Path(secured.cluster.zookeeper_settings(Role.CLIENT)["zookeeper_auth_digest_file"]),  # type: ignore[arg-type]
-    )
-    channel = {"name": "client certificate", "tls": {"ca": ca, "cert": cert, "key": key}}
-    leaked = {"cluster_key": secured.cluster.cluster_key} if leaked_key else {}
-    lines = attack(plan(secured, tmp_path, [channel], zookeeper_digest_file=digest, **leaked))
-
-    admin_role = "urn:waltz:role:admin or urn:waltz:role:operator"
-    assert_refused(
-        lines,
-        "admin ",
-        "PERMISSION_DENIED",
-        f"the storage admin service needs a certificate with the role {admin_role}",
-    )
-    assert_refused(lines, "claim empty-node", "PERMISSION_DENIED", admin_role)
-    assert_refused(lines, "store truncate", "PERMISSION_DENIED", "store session")
-    assert_refused(lines, "server admin-append", "PERMISSION_DENIED", "urn:waltz:role:admin")
-    assert_refused(lines, "console ", "HTTP 403", "urn:waltz:role:")
-    assert_refused(lines, "zookeeper ", "NoAuth")
-    # The control: the certificate is good, the handshake passes; the roles refuse.
-    assert_refused(lines, "probe", "ACCEPTED")
-    assert Counter(line["attempt"] for line in lines)["admin set-fence"] == 3
-    assert_intact(secured)
-
-
-def test_the_cluster_key_without_a_certificate_destroys_nothing(secured: Secured, tmp_path: Path) -> None:
-    files = certificates(secured.cluster)
-    [ca] = copy_files(tmp_path / "held", files.ca_file)
-    channels = [
-        {"name": "plaintext", "tls": None},
-        {"name": "tls without certificate", "tls": {"ca": ca}},
-    ]
-    lines = attack(
-        plan(secured, tmp_path, channels, cluster_key=secured.cluster.cluster_key, client_id_value=0)
-    )
-
-    for attempt in ("admin ", "claim empty-node", "store truncate", "server admin-append"):
-        assert_refused(lines, attempt, "UNAVAILABLE", channel="plaintext")
-        assert_refused(lines, attempt, "UNAVAILABLE", channel="tls without certificate")
-    # Every port speaks only TLS, and asks for a certificate of the cluster's CA.
-    assert_refused(lines, "probe", "CLOSED", "without an answer", channel="plaintext")
-    assert_refused(
-        lines, "probe", "TLS handshake:UNEXPECTED_EOF_WHILE_READING", channel="tls without certificate"
-    )
-    assert_refused(lines, "console ", "CLOSED", channel="plaintext")
-    assert_refused(lines, "console ", "TLS:UNEXPECTED_EOF_WHILE_READING", channel="tls without certificate")
-    assert_refused(lines, "zookeeper ", "NoAuth")
-    assert_intact(secured)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the client role holds WRITE on <root>/client/id so that applications can increment the "
-    "client ID counter (waltz/metadata/zk_roles.py), and ZooKeeper cannot limit a write to an "
-    "increment: an application host sets it to 0, and the next clients take client IDs 1, 2... "
-    "again (or to text, and no new client can take an ID)",
-)
-def test_the_client_credential_cannot_rewind_the_client_id_counter(secured: Secured, tmp_path: Path) -> None:
-    cluster = secured.cluster
-    [digest] = copy_files(
-        tmp_path / "held", Path(cluster.zookeeper_settings(Role.CLIENT)["zookeeper_auth_digest_file"])
-    )  # type: ignore[arg-type]
-    path = ClusterPaths.of(cluster.root).client_id
-    with operator_zookeeper(cluster) as zk:
-        before = zk.get(path)[0]
-        try:
-            lines = attack(plan(secured, tmp_path, [], zookeeper_digest_file=digest, client_id_value=0))
-        finally:
-            zk.set(path, before)  # the counter as it was, whatever the attacker did
-    assert_refused(lines, "zookeeper set client-id", "NoAuth")
 
 
 def assert_intact(secured: Secured) -> None:
@@ -389,3 +311,86 @@ def assert_intact(secured: Secured) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert report["passed"] is True and report["committed"] == 10 and report["mismatches"] == []
+
+
+@pytest.mark.parametrize(
+    "leaked_key", [False, True], ids=["without the cluster key", "with a leaked cluster key"]
+)
+def test_an_application_host_with_the_client_certificate_destroys_nothing(
+    secured: Secured, tmp_path: Path, leaked_key: bool
+) -> None:
+    """An application host cannot read the cluster key; with one made up, and with the real one
+    (leaked some other way), its certificate's role is what refuses every request."""
+    files = certificates(secured.cluster)
+    ca, cert, key, digest = copy_files(
+        tmp_path / "held",
+        files.ca_file,
+        files.cert_file("client"),
+        files.key_file("client"),
+        digest_file(secured.cluster, Role.CLIENT),
+    )
+    channel = {"name": "client certificate", "tls": {"ca": ca, "cert": cert, "key": key}}
+    leaked = {"cluster_key": secured.cluster.cluster_key} if leaked_key else {}
+    lines = attack(plan(secured, tmp_path, [channel], zookeeper_digest_file=digest, **leaked))
+
+    admin_role = "urn:waltz:role:admin or urn:waltz:role:operator"
+    assert_refused(
+        lines,
+        "admin ",
+        "PERMISSION_DENIED",
+        f"the storage admin service needs a certificate with the role {admin_role}",
+    )
+    assert_refused(lines, "claim empty-node", "PERMISSION_DENIED", admin_role)
+    assert_refused(lines, "store truncate", "PERMISSION_DENIED", "store session")
+    assert_refused(lines, "server admin-append", "PERMISSION_DENIED", "urn:waltz:role:admin")
+    assert_refused(lines, "console ", "HTTP 403", "urn:waltz:role:")
+    assert_refused(lines, "zookeeper ", "NoAuth")
+    # The control: the certificate is good, the handshake passes; the roles refuse.
+    assert_refused(lines, "probe", "ACCEPTED")
+    assert Counter(line["attempt"] for line in lines)["admin set-fence"] == 3
+    assert_intact(secured)
+
+
+def test_the_cluster_key_without_a_certificate_destroys_nothing(secured: Secured, tmp_path: Path) -> None:
+    files = certificates(secured.cluster)
+    [ca] = copy_files(tmp_path / "held", files.ca_file)
+    channels: list[dict[str, Any]] = [
+        {"name": "plaintext", "tls": None},
+        {"name": "tls without certificate", "tls": {"ca": ca}},
+    ]
+    lines = attack(
+        plan(secured, tmp_path, channels, cluster_key=secured.cluster.cluster_key, client_id_value=0)
+    )
+
+    for attempt in ("admin ", "claim empty-node", "store truncate", "server admin-append"):
+        assert_refused(lines, attempt, "UNAVAILABLE", channel="plaintext")
+        assert_refused(lines, attempt, "UNAVAILABLE", channel="tls without certificate")
+    # Every port speaks only TLS, and asks for a certificate of the cluster's CA.
+    assert_refused(lines, "probe", "CLOSED", "without an answer", channel="plaintext")
+    assert_refused(
+        lines, "probe", "TLS handshake:UNEXPECTED_EOF_WHILE_READING", channel="tls without certificate"
+    )
+    assert_refused(lines, "console ", "CLOSED", channel="plaintext")
+    assert_refused(lines, "console ", "TLS:UNEXPECTED_EOF_WHILE_READING", channel="tls without certificate")
+    assert_refused(lines, "zookeeper ", "NoAuth")
+    assert_intact(secured)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the client role holds WRITE on <root>/client/id so that applications can increment the "
+    "client ID counter (waltz/metadata/zk_roles.py), and ZooKeeper cannot limit a write to an "
+    "increment: an application host sets it to 0, and the next clients take client IDs 1, 2... "
+    "again (or to text, and no new client can take an ID)",
+)
+def test_the_client_credential_cannot_rewind_the_client_id_counter(secured: Secured, tmp_path: Path) -> None:
+    cluster = secured.cluster
+    [digest] = copy_files(tmp_path / "held", digest_file(cluster, Role.CLIENT))
+    path = ClusterPaths.of(cluster.root).client_id
+    with operator_zookeeper(cluster) as zk:
+        before = zk.get(path)[0]
+        try:
+            lines = attack(plan(secured, tmp_path, [], zookeeper_digest_file=digest, client_id_value=0))
+        finally:
+            zk.set(path, before)  # the counter as it was, whatever the attacker did
+    assert_refused(lines, "zookeeper set client-id", "NoAuth")
