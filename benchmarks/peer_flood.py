@@ -30,8 +30,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
+import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -67,6 +69,10 @@ class Phase:
     answers: int = 0
     errors: int = 0
     probes_ms: list[float] = field(default_factory=list)
+    #: (seconds since the phase began, round trip ms) of each probe sent in the phase
+    probe_times: list[tuple[float, float]] = field(default_factory=list)
+    began: float = field(default_factory=time.monotonic)
+    ended: float = float("inf")
     peak_mib: float = 0.0
 
     def summary(self, baseline: float) -> dict[str, Any]:
@@ -84,6 +90,8 @@ class Phase:
             "probe_p99_ms": round(p99, 2) if probes else None,
             "probe_max_ms": round(probes[-1], 2) if probes else None,
             "peak_growth_mib": round(self.peak_mib - baseline, 1),
+            # the three slowest probes: (seconds after the phase began, round trip ms)
+            "slowest_probes": sorted(self.probe_times, key=lambda probe: -probe[1])[:3],
         }
 
 
@@ -148,10 +156,11 @@ async def mount(stream: Stream, client_id: int, generation: int, partition_id: i
         raise RuntimeError(f"mount of partition {partition_id} refused: {answer}")
 
 
-async def probe(
-    endpoint: str, generation: int, interval: float, phase_of: list[Phase], stop: asyncio.Event
-) -> None:
-    """Ask for partition 1's high-water mark every ``interval`` seconds; time each answer."""
+async def probe(endpoint: str, generation: int, interval: float, stop: Any) -> list[tuple[float, float]]:
+    """Ask for partition 1's high-water mark every ``interval`` seconds until ``stop`` (a
+    :class:`multiprocessing.Event`) is set; returns (``time.monotonic()`` when sent, round trip
+    ms) of each probe."""
+    probes: list[tuple[float, float]] = []
     async with grpc.aio.insecure_channel(endpoint, options=channel_options()) as channel:
         stream = Stream(channel)
         reader = asyncio.ensure_future(stream.read_into([Phase("probe")], 1))
@@ -160,7 +169,7 @@ async def probe(
             seq = 1
             while not stop.is_set():
                 seq += 1
-                started = time.perf_counter()
+                sent = time.monotonic()
                 await stream.send(
                     client_pb2.ClientMessage(
                         high_water_mark=client_pb2.HighWaterMarkRequest(req_id=req_id(1, generation, 1, seq))
@@ -169,12 +178,18 @@ async def probe(
                 answer = await asyncio.wait_for(stream.answers.get(), 120)
                 if answer.WhichOneof("body") != "high_water_mark":
                     raise RuntimeError(f"the prober got {answer}")
-                phase_of[0].probes_ms.append((time.perf_counter() - started) * 1000)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), interval)
+                probes.append((sent, (time.monotonic() - sent) * 1000))
+                await asyncio.sleep(interval)
         finally:
             await stream.close()
             reader.cancel()
+    return probes
+
+
+def probe_process(endpoint: str, generation: int, interval: float, stop: Any, results: Any) -> None:
+    """The prober, in a process of its own (the flooding peer's work must not delay its probes):
+    sends its probes through ``results`` (a pipe's end) when ``stop`` is set."""
+    results.send(asyncio.run(probe(endpoint, generation, interval, stop)))
 
 
 async def sample_memory(pid: int, phase_of: list[Phase], stop: asyncio.Event) -> None:
@@ -200,7 +215,14 @@ async def flood(args: argparse.Namespace, endpoint: str, generation: int, server
     stop = asyncio.Event()
     baseline = resident_mib(server_pid)
     sampler = asyncio.ensure_future(sample_memory(server_pid, current, stop))
-    prober = asyncio.ensure_future(probe(endpoint, generation, args.probe_interval, current, stop))
+    probes_wanted, probes_sent = multiprocessing.Pipe(duplex=False)
+    stop_probing = multiprocessing.Event()
+    prober = multiprocessing.Process(
+        target=probe_process,
+        args=(endpoint, generation, args.probe_interval, stop_probing, probes_sent),
+        name="prober",
+    )
+    prober.start()
     await asyncio.sleep(2)
     peer_id, seq = 10, 1
     async with grpc.aio.insecure_channel(endpoint, options=channel_options()) as channel:
@@ -209,6 +231,7 @@ async def flood(args: argparse.Namespace, endpoint: str, generation: int, server
         await mount(stream, peer_id, generation, 0)
         sent_in_all = stream.received  # the mount's answer
         for phase in phases[1:3]:
+            phase.began = time.monotonic()
             current[0] = phase
             started = time.monotonic()
             for first in range(0, args.flushes, args.per_message):
@@ -233,6 +256,7 @@ async def flood(args: argparse.Namespace, endpoint: str, generation: int, server
                 flush=True,
             )
         phase = phases[3]
+        phase.began = time.monotonic()
         current[0] = phase
         started = time.monotonic()
         seq += 1
@@ -263,13 +287,26 @@ async def flood(args: argparse.Namespace, endpoint: str, generation: int, server
             f"({refusal.error.message})",
             flush=True,
         )
+        phases[4].began = time.monotonic()
         current[0] = phases[4]
         await stream.close()
         reader.cancel()
     await asyncio.sleep(args.settle)
     settled = resident_mib(server_pid)
+    for phase, following in itertools.pairwise(phases):
+        phase.ended = following.began
+    phases[-1].ended = time.monotonic()
     stop.set()
-    await asyncio.gather(sampler, prober)
+    stop_probing.set()
+    await sampler
+    if not probes_wanted.poll(60):
+        raise RuntimeError("the prober sent no probes within 60 s of the end")
+    for sent, took in probes_wanted.recv():
+        for phase in phases:
+            if phase.began <= sent < phase.ended:
+                phase.probes_ms.append(took)
+                phase.probe_times.append((round(sent - phase.began, 3), round(took, 2)))
+    prober.join(30)
     return {
         "server_rss_start_mib": round(baseline, 1),
         "server_rss_settled_mib": round(settled, 1),
