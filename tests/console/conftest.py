@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import support
 
-from tests.console.console_helpers import chromium_path
+from tests.console.console_helpers import RunningConsole, chromium_path
 from waltz.local.cluster import LocalCluster
 
 
@@ -23,6 +23,17 @@ def console_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object)
         tmp_path_factory, zookeeper, name="console", partitions=2, servers=2, metrics=True
     ) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def cluster(
+    request: pytest.FixtureRequest, console_cluster: LocalCluster, consoles: dict[str, RunningConsole]
+) -> LocalCluster:
+    """The module's cluster, healed (every process running, every partition writable), with each
+    of the module's ``consoles`` logs in the report of a failed test."""
+    for name, console in consoles.items():
+        support.add_failure_logs(request.node, f"{name} console log", console.process.log_tail)
+    return support.healed_cluster(request, console_cluster)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
-import support
 
 from tests.console.console_helpers import RunningConsole, assigned_storages, launch_console
 from waltz.local.certificates import ClusterCertificates, make_cluster_certificates
@@ -76,15 +75,6 @@ def consoles(
     finally:
         for console in started.values():
             console.close()
-
-
-@pytest.fixture
-def cluster(
-    request: pytest.FixtureRequest, console_cluster: LocalCluster, consoles: dict[str, RunningConsole]
-) -> LocalCluster:
-    for name, console in consoles.items():
-        support.add_failure_logs(request.node, f"{name} console log", console.process.log_tail)
-    return support.healed_cluster(request, console_cluster)
 
 
 def request(

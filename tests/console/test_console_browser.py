@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import support
 from support.tls import make_certificates
 
 from tests.console.console_helpers import RunningConsole, launch_console
@@ -67,15 +66,6 @@ def consoles(
     finally:
         for console in started.values():
             console.close()
-
-
-@pytest.fixture
-def cluster(
-    request: pytest.FixtureRequest, console_cluster: LocalCluster, consoles: dict[str, RunningConsole]
-) -> LocalCluster:
-    for name, console in consoles.items():
-        support.add_failure_logs(request.node, f"{name} console log", console.process.log_tail)
-    return support.healed_cluster(request, console_cluster)
 
 
 @pytest.fixture

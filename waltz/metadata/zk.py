@@ -48,7 +48,7 @@ from waltz.metadata.values import (
 )
 from waltz.metadata.zk_access import ClusterAccess
 from waltz.metadata.zk_roles import ClusterRoles, Role, session_identities
-from waltz.metadata.zk_session import ZooKeeperUnavailableError, zookeeper_access
+from waltz.metadata.zk_session import ZooKeeperUnavailableError, get_within, zookeeper_access
 
 __all__ = ["ClusterPaths", "ClusterZk", "Versioned"]
 
@@ -101,14 +101,7 @@ class ClusterZk:
             ZooKeeperUnavailableError: ZooKeeper did not answer in time.
             NoNodeError: as ``zk.get``.
         """
-        if self.timeout is None:
-            return self.zk.get(path)  # type: ignore[no-any-return]
-        try:
-            return self.zk.get_async(path).get(timeout=self.timeout)  # type: ignore[no-any-return]
-        except self.zk.handler.timeout_exception:
-            raise ZooKeeperUnavailableError(
-                f"ZooKeeper did not answer a read of {path} within {self.timeout:g}s"
-            ) from None
+        return get_within(self.zk, path, self.timeout)
 
     def _set(self, path: str, data: bytes, version: int) -> ZnodeStat:
         """``zk.set`` within :attr:`timeout`.

@@ -29,7 +29,7 @@ from waltz.metadata.zk_roles import (
     grants_for,
     session_identities,
 )
-from waltz.metadata.zk_session import ZooKeeperUnavailableError, auth_error, zookeeper_access
+from waltz.metadata.zk_session import auth_error, get_within, zookeeper_access
 
 __all__ = ["ClusterAccess"]
 
@@ -56,14 +56,7 @@ class ClusterAccess:
         self.timeout = timeout
 
     def _get(self, path: str) -> tuple[bytes, ZnodeStat]:
-        if self.timeout is None:
-            return self.zk.get(path)  # type: ignore[no-any-return]
-        try:
-            return self.zk.get_async(path).get(timeout=self.timeout)  # type: ignore[no-any-return]
-        except self.zk.handler.timeout_exception:
-            raise ZooKeeperUnavailableError(
-                f"ZooKeeper did not answer a read of {path} within {self.timeout:g}s"
-            ) from None
+        return get_within(self.zk, path, self.timeout)
 
     def check_root(self, roles: ClusterRoles | None = None) -> None:
         """Before creating a cluster: refuse a root that holds znodes and lets in anyone or an

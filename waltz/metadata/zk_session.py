@@ -38,6 +38,7 @@ __all__ = [
     "ZooKeeperUnavailableError",
     "auth_error",
     "connect_zookeeper",
+    "get_within",
     "make_kazoo_client",
     "zookeeper_access",
     "zookeeper_errors",
@@ -89,6 +90,26 @@ def zookeeper_access(zk: KazooClient, what: str) -> Iterator[None]:
         yield
     except (NoAuthError, AuthFailedError) as exc:
         raise auth_error(zk, what, exc) from exc
+
+
+def get_within(zk: KazooClient, path: str, timeout: float | None) -> tuple[bytes, Any]:
+    """``zk.get(path)`` that waits at most ``timeout`` seconds (None: as long as kazoo does).
+
+    Returns:
+        The znode's data and its ``ZnodeStat``.
+
+    Raises:
+        ZooKeeperUnavailableError: ZooKeeper did not answer in time.
+        NoNodeError: as ``zk.get``.
+    """
+    if timeout is None:
+        return zk.get(path)  # type: ignore[no-any-return]
+    try:
+        return zk.get_async(path).get(timeout=timeout)  # type: ignore[no-any-return]
+    except zk.handler.timeout_exception:
+        raise ZooKeeperUnavailableError(
+            f"ZooKeeper did not answer a read of {path} within {timeout:g}s"
+        ) from None
 
 
 def make_kazoo_client(
