@@ -19,6 +19,7 @@ from typer.testing import CliRunner, Result
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.cli.main import app
+from waltz.client.discovery import ServerDiscovery
 from waltz.local.nodes import LocalServer, LocalStorageNode
 from waltz.local.processes import ServiceStartError
 from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper
@@ -200,6 +201,16 @@ def test_a_cluster_made_with_one_credential_still_starts_then_moves_to_role_cred
         with pytest.raises(NoAuthError):
             client.set(paths.assignment, b'{"format_version": 1, "replicas": {}}')
         assert ClusterZk(client, zk_root).discovery().name == "older"
+        # The counter handed out 1 before the move; clients now take IDs after it under
+        # client/ids, and can no longer set the counter back.
+        assert client.get(paths.client_ids)[0] == b"1"
+        with ServerDiscovery(
+            zookeeper.connect_string, zk_root, security=ZooKeeperSecurity(credentials.client)
+        ) as discovery:
+            taken = [discovery.next_client_id() for _ in range(3)]
+        assert len(set(taken)) == 3 and min(taken) > 1, taken
+        with pytest.raises(NoAuthError):
+            client.set(paths.client_id, b"0")
     finally:
         client.stop()
         client.close()

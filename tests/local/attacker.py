@@ -226,8 +226,11 @@ def attack_zookeeper(plan: dict[str, Any], report: Report) -> None:
         "zookeeper open root-acl": lambda: zk.set_acls(root, OPEN_ACL_UNSAFE),
     }
     client_id = plan.get("client_id_value")
-    if client_id is not None:  # the client counter: applications may write it (to increment it)
+    if client_id is not None:  # where clients take their IDs: they may create there, nothing more
         attempts["zookeeper set client-id"] = lambda: zk.set(f"{root}/client/id", str(client_id).encode())
+        attempts["zookeeper set client-ids"] = lambda: zk.set(f"{root}/client/ids", str(client_id).encode())
+        attempts["zookeeper delete client-ids"] = lambda: zk.delete(f"{root}/client/ids", recursive=True)
+        attempts["zookeeper open client-ids-acl"] = lambda: zk.set_acls(f"{root}/client/ids", OPEN_ACL_UNSAFE)
     try:
         for name, call in attempts.items():
             report.sync(name, plan["zookeeper"], channel, call)

@@ -376,21 +376,21 @@ def test_the_cluster_key_without_a_certificate_destroys_nothing(secured: Secured
     assert_intact(secured)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the client role holds WRITE on <root>/client/id so that applications can increment the "
-    "client ID counter (waltz/metadata/zk_roles.py), and ZooKeeper cannot limit a write to an "
-    "increment: an application host sets it to 0, and the next clients take client IDs 1, 2... "
-    "again (or to text, and no new client can take an ID)",
-)
 def test_the_client_credential_cannot_rewind_the_client_id_counter(secured: Secured, tmp_path: Path) -> None:
     cluster = secured.cluster
     [digest] = copy_files(tmp_path / "held", digest_file(cluster, Role.CLIENT))
-    path = ClusterPaths.of(cluster.root).client_id
+    paths = ClusterPaths.of(cluster.root)
     with operator_zookeeper(cluster) as zk:
-        before = zk.get(path)[0]
+        before = {path: zk.get(path)[0] for path in (paths.client_id, paths.client_ids)}
         try:
             lines = attack(plan(secured, tmp_path, [], zookeeper_digest_file=digest, client_id_value=0))
         finally:
-            zk.set(path, before)  # the counter as it was, whatever the attacker did
-    assert_refused(lines, "zookeeper set client-id", "NoAuth")
+            for path, data in before.items():  # as they were, whatever the attacker did
+                if zk.exists(path) is None:
+                    zk.create(path, data)
+                zk.set(path, data)
+        after = {path: zk.get(path)[0] for path in (paths.client_id, paths.client_ids)}
+    for attempt in ("set client-id", "set client-ids", "delete client-ids", "open client-ids-acl"):
+        assert outcomes(lines, f"zookeeper {attempt}", None), f"{attempt} was not attempted"
+        assert_refused(lines, f"zookeeper {attempt}", "NoAuth")
+    assert after == before

@@ -17,7 +17,10 @@ def test_clients_never_read_the_cluster_key_nor_write_the_store() -> None:
         assert Role.CLIENT not in grants_for(relative), relative
     assert grants_for("discovery")[Role.CLIENT] == Permissions.READ
     assert grants_for("server/assignment")[Role.CLIENT] == Permissions.READ
-    assert grants_for("client/id")[Role.CLIENT] == Permissions.READ | Permissions.WRITE
+    # Clients write no znode: they take IDs by creating sequential children of client/ids.
+    assert grants_for("client/id")[Role.CLIENT] == Permissions.READ
+    assert grants_for("client/ids")[Role.CLIENT] == Permissions.READ | Permissions.CREATE
+    assert grants_for("client/ids/id-0000000007")[Role.CLIENT] == Permissions.READ
 
 
 def test_servers_write_partition_metadata_and_their_subtree_but_not_the_replica_assignment() -> None:

@@ -8,7 +8,9 @@ ZooKeeper), "Discovery through ZooKeeper" (the assignment's generations); ``docs
 - ``<root>/discovery``: the number of partitions (``<root>/cluster`` in a cluster made before
   ``discovery`` existed; clients of a cluster made with role credentials may not read ``cluster``,
   which holds the cluster key);
-- ``<root>/client/id``: a kazoo ``Counter``; each client takes the next value as its client ID;
+- ``<root>/client/ids``: in a cluster made with role credentials, each client creates an
+  ephemeral sequential znode there and takes its ID from its sequence number;
+- ``<root>/client/id``: a kazoo ``Counter``; elsewhere each client takes the next value as its ID;
 - ``<root>/server/assignment``: partition -> server endpoint and generation, watched.
 """
 
@@ -21,11 +23,13 @@ from types import TracebackType
 from typing import Self
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.recipe.counter import Counter
 
 from waltz.errors import MetadataError
 from waltz.metadata.assignment import PartitionAssignment, read_assignment
 from waltz.metadata.zk import ClusterPaths, ClusterZk
+from waltz.metadata.zk_roles import ClusterRoles
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.metadata.zk_session import connect_zookeeper, zookeeper_access
 
@@ -97,19 +101,52 @@ class ServerDiscovery:
         self.close()
 
     def next_client_id(self) -> int:
-        """Take a new client ID from the ``<root>/client/id`` counter (1, 2, 3, ...).
+        """Take a new client ID, unique in the cluster (docs/design/zookeeper.md, "Client IDs").
+
+        In a cluster made with role credentials, by creating an ephemeral sequential znode under
+        ``<root>/client/ids``: the ID is the counter's last ID (the data of ``client/ids``) plus
+        the znode's sequence number plus 1. Clients may create there but never write or delete,
+        so none can hand out an ID twice. Elsewhere, by incrementing the ``<root>/client/id``
+        counter (1, 2, 3, ...).
 
         Raises:
-            MetadataError: the counter passed the 32-bit range of a ReqId's client ID.
+            MetadataError: the ID passed the 32-bit range of a ReqId's client ID, ``client/ids``
+                does not hold a number, or no sequential znode could be made in 100 tries.
         """
+        ids = self.paths.client_ids
+        with zookeeper_access(self._zk, f"taking a client ID under {ids}"):
+            try:
+                counted, _ = self._zk.get(ids)
+            except NoNodeError:
+                return self._counter_client_id()
+            roles_data, _ = self._zk.get(self.paths.roles)
+            acl = ClusterRoles.decode(roles_data, self.paths.roles).acl_for("client/ids/id-")
+            for _ in range(100):  # a name taken already (made by hand): the next sequence number
+                try:
+                    created: str = self._zk.create(f"{ids}/id-", b"", acl=acl, ephemeral=True, sequence=True)
+                    break
+                except NodeExistsError:
+                    continue
+            else:
+                raise MetadataError(f"no client ID znode could be made under {ids} in 100 tries")
+        try:
+            value = int(counted.decode("ascii") or "0") + int(created.rsplit("-", 1)[1]) + 1
+        except ValueError:
+            raise MetadataError(
+                f"{ids} holds {counted!r}, not the last ID of the client ID counter"
+            ) from None
+        return self._checked(value, ids)
+
+    def _counter_client_id(self) -> int:
         counter = Counter(self._zk, client_id_path(self.paths))
         with zookeeper_access(self._zk, f"taking a client ID from {client_id_path(self.paths)}"):
             counter += 1
-        value = counter.post_value
+        return self._checked(counter.post_value, client_id_path(self.paths))
+
+    @staticmethod
+    def _checked(value: object, source: str) -> int:
         if not isinstance(value, int) or not 0 < value <= _INT32_MAX:
-            raise MetadataError(
-                f"client ID counter {client_id_path(self.paths)} gave {value!r}, outside 1..{_INT32_MAX}"
-            )
+            raise MetadataError(f"client ID from {source} is {value!r}, outside 1..{_INT32_MAX}")
         return value
 
     def read_assignment(self) -> PartitionAssignment:

@@ -101,6 +101,12 @@ class ClusterPaths:
         return f"{self.root}/client/id"
 
     @property
+    def client_ids(self) -> str:
+        """Where clients of a cluster made with role credentials take their IDs: one sequential
+        znode each; its data is the last ID the ``client/id`` counter handed out before it."""
+        return f"{self.root}/client/ids"
+
+    @property
     def archive(self) -> str:
         """The archive's summary, written by the archiver (absent until its first run)."""
         return f"{self.root}/archive"

@@ -155,8 +155,9 @@ class ClusterZk:
         With ``roles`` every znode gets the ACL of its role table (:mod:`waltz.metadata.zk_roles`),
         ``<root>/roles`` records the identities, and the znodes servers and clients would
         otherwise create (``server``, ``server/members``, ``client``, ``client/id``) are made
-        with theirs; the session must hold the operator's credential. Without, every znode gets
-        the session's default ACL (docs/design/zookeeper.md, "Security").
+        with theirs, with ``client/ids``, where clients take their IDs; the session must hold
+        the operator's credential. Without, every znode gets the session's default ACL
+        (docs/design/zookeeper.md, "Security").
 
         Raises:
             MetadataError: a cluster already exists under the root, or the values disagree, or
@@ -206,6 +207,7 @@ class ClusterZk:
             values.append((self.paths.roles, roles.encode()))
             values += [(path, b"") for path in (self.paths.server, self.paths.members)]
             values += [(path, b"") for path in (self.paths.client, self.paths.client_id)]
+            values.append((self.paths.client_ids, b"0"))  # no ID handed out by the counter
         for path, data in values:
             transaction.create(path, data, acl=acl(path))
         with zookeeper_access(self.zk, f"creating the cluster under {self.paths.root}"):

@@ -220,7 +220,8 @@ class ClusterAccess:
         Walks the root and everything below it, ephemeral member znodes included, setting the ACL
         of the session's digest credential, or with ``roles`` the ACL of the role table
         (docs/design/zookeeper.md, "Security"); with ``roles`` it also writes ``<root>/roles``,
-        ``<root>/discovery`` and the ``client/id`` counter when missing. A cluster made with
+        ``<root>/discovery``, the ``client/id`` counter and ``client/ids`` (clients' IDs follow
+        the counter's last) when missing. A cluster made with
         roles keeps its role table when ``roles`` is not given. Idempotent; znodes deleted during
         the walk are skipped.
 
@@ -265,6 +266,24 @@ class ClusterAccess:
         log.info("set the ACL of %d znodes under %s", count, self.paths.root)
         return count
 
+    def _counted_client_ids(self) -> int:
+        """The last client ID the ``client/id`` counter handed out (0: none): the IDs taken under
+        ``client/ids`` come after it."""
+        try:
+            data, _ = self._get(self.paths.client_id)
+        except NoNodeError:
+            return 0
+        text = data.decode("ascii", "replace").strip()
+        if not text:
+            return 0
+        try:
+            return int(text)
+        except ValueError:
+            raise MetadataError(
+                f"{self.paths.client_id} holds {text!r}, not a client ID counter: set it to the last "
+                "client ID handed out before securing the cluster"
+            ) from None
+
     def _add_role_znodes(self, roles: ClusterRoles) -> None:
         """Write ``roles`` and ``discovery``, and make the znodes clients need, where missing."""
         data, _ = self._get(self.paths.cluster)
@@ -276,6 +295,7 @@ class ClusterAccess:
             (self.paths.members, b""),
             (self.paths.client, b""),
             (self.paths.client_id, b""),
+            (self.paths.client_ids, str(self._counted_client_ids()).encode()),
         ):
             try:
                 self.zk.create(path, data, acl=roles.acl_for(self.paths.relative(path)))

@@ -4,7 +4,8 @@ A cluster created with role credentials (``waltz cluster create --digest-dir``, 
 with ``zookeeper_auth``) gives each znode an ACL per role (docs/design/zookeeper.md, "Security",
 "Roles"): operators hold every right everywhere, servers write what they own (their members,
 the election, the partition assignment, the partition metadata), and clients read only what
-discovery needs (``discovery``, ``server/assignment``) and increment ``client/id``. No role but
+discovery needs (``discovery``, ``server/assignment``) and take an ID by creating a sequential
+znode under ``client/ids``, which they can neither rewrite nor delete. No role but
 the operators and the servers can read ``cluster``, which holds the cluster key.
 
 The identities (``user:base64(sha1(user:password))``, as ZooKeeper's digest scheme shows them in
@@ -253,7 +254,10 @@ _GRANTS: dict[str, dict[Role, int]] = {
     "server": _SERVED,
     "server/preferred": _OPERATED,
     "client": {Role.OPERATOR: _ALL, Role.CLIENT: _READ},
-    "client/id": {Role.OPERATOR: _ALL, Role.CLIENT: _READ_WRITE},
+    # Clients only read the counter: one that could write it could hand out IDs again.
+    "client/id": {Role.OPERATOR: _ALL, Role.CLIENT: _READ},
+    # A client takes its ID by creating a sequential child: it may create, never write or delete.
+    "client/ids": {Role.OPERATOR: _ALL, Role.CLIENT: _READ | Permissions.CREATE},
     "archive": _OPERATED,
 }
 
@@ -275,4 +279,6 @@ def grants_for(relative: str) -> dict[Role, int]:
         return {Role.OPERATOR: _ALL, Role.SERVER: _READ_WRITE}  # store sessions, recoveries
     if relative.startswith("server/"):
         return _SERVED
+    if relative.startswith("client/ids/"):
+        return {Role.OPERATOR: _ALL, Role.CLIENT: _READ}  # a client's ID znode, made by the client
     return _OPERATED
