@@ -119,16 +119,20 @@ class ComputedViews:
         tables: table name -> DataFrame.
         idempotency_keys: the log's ``waltz_idempotency_keys`` rows (a DataFrame).
         changes: the decoded row changes (cached while the views are used).
+        cached: other DataFrames cached while the views are used (from a snapshot: the log's
+            changes after its marks).
     """
 
     marks: dict[int, int]
     tables: Mapping[str, Any]
     idempotency_keys: Any
     changes: Any
+    cached: tuple[Any, ...] = ()
 
     def release(self) -> None:
         """Drop the cached log."""
-        self.changes.unpersist()
+        for frame in (self.changes, *self.cached):
+            frame.unpersist()
 
 
 def compute_views(
@@ -184,8 +188,11 @@ def compute_views(
         log_df = log_df.limit(0)
     chains = app.entities.schema_chains() if app.entities is not None else None
     changes = decode_changes(log_df, app.decoders, chains)
+    cached: tuple[Any, ...] = ()
+    untouched: Mapping[str, Any] = {}
     if base is not None:
-        changes = _on_snapshot(spark, changes, base, app)
+        after, changes, untouched = _on_snapshot(spark, changes, base, app)
+        cached = (after,)
     changes = changes.cache()
     decoded = changes.count()
     progress(
@@ -195,7 +202,8 @@ def compute_views(
     if app.entities is not None:
         problems = change_problems(changes, app.entities)
         if problems:
-            changes.unpersist()
+            for frame in (changes, *cached):
+                frame.unpersist()
             raise RebuildError(
                 "the log holds row changes that do not fit the application's current models, after "
                 "their upcasters, or that carry part of a row, which a rebuild cannot replay; nothing "
@@ -207,12 +215,15 @@ def compute_views(
     views = dict(app.build(changes, log_df))
     missing = [t.name for t in app.tables if t.name not in views]
     if missing:
-        changes.unpersist()
+        for frame in (changes, *cached):
+            frame.unpersist()
         raise RebuildError(f"the application's views lack tables {missing}")
     keys = idempotency_key_rows(changes, cluster_name or app.cluster_name)
     if base is not None:
-        views, keys = _with_snapshot_rows(spark, views, keys, base, app, cluster_name or app.cluster_name)
-    return ComputedViews(marks, views, keys, changes)
+        views, keys = _with_snapshot_rows(
+            spark, views, keys, base, app, cluster_name or app.cluster_name, untouched
+        )
+    return ComputedViews(marks, views, keys, changes, cached)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,25 +267,34 @@ def _snapshot_base(
     return _SnapshotBase(location, manifest, {int(p): int(m) for p, m in manifest.marks.items()})
 
 
-def _on_snapshot(spark: Any, changes: Any, base: _SnapshotBase, app: AppViews) -> Any:
-    """The log's changes after the snapshot, on top of the snapshot's entity rows; a change-set
-    whose idempotency key the snapshot holds already was applied before it, and is dropped."""
+def _on_snapshot(spark: Any, changes: Any, base: _SnapshotBase, app: AppViews) -> tuple[Any, Any, Any]:
+    """The log's changes after the snapshot (cached), those on top of the snapshot's entity rows
+    that they touch, and the untouched rows per entity table; a change-set whose idempotency key
+    the snapshot holds already was applied before it, and is dropped."""
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
-    from waltz.spark.snapshot import snapshot_changes, snapshot_keys
+    from waltz.spark.snapshot import snapshot_entity_rows, snapshot_keys
 
     known = snapshot_keys(spark, base.location, base.manifest).select(
         F.col("idempotency_key").alias("_known_key")
     )
-    after = changes.join(known, changes["idempotency_key"] == known["_known_key"], "left_anti")
-    return snapshot_changes(spark, base.location, base.manifest, app).unionByName(after)
+    after = changes.join(known, changes["idempotency_key"] == known["_known_key"], "left_anti").cache()
+    entity_rows = snapshot_entity_rows(spark, base.location, base.manifest, app, after)
+    return after, entity_rows.changes.unionByName(after), entity_rows.untouched
 
 
 def _with_snapshot_rows(
-    spark: Any, views: dict[str, Any], keys: Any, base: _SnapshotBase, app: AppViews, cluster_name: str
+    spark: Any,
+    views: dict[str, Any],
+    keys: Any,
+    base: _SnapshotBase,
+    app: AppViews,
+    cluster_name: str,
+    untouched: Mapping[str, Any],
 ) -> tuple[dict[str, Any], Any]:
-    """The tables that are not entity tables get the snapshot's rows before the views' own (the
-    views computed them from the log after the snapshot only); the idempotency keys, those of the
+    """The entity tables get the snapshot's rows that no change after its marks touches; the
+    tables that are not entity tables get the snapshot's rows before the views' own (the views
+    computed them from the log after the snapshot only); the idempotency keys, those of the
     snapshot and the new ones."""
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
@@ -284,8 +304,9 @@ def _with_snapshot_rows(
     merged = dict(views)
     for table in app.tables:
         if table.name in entity_tables:
-            continue
-        before = snapshot_table(spark, base.location, base.manifest, table)
+            before = untouched.get(table.name)
+        else:
+            before = snapshot_table(spark, base.location, base.manifest, table)
         if before is None:
             continue
         built = views[table.name]
