@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from waltz.committed.plan import CommittedPartition, plan_live, plan_offline
@@ -121,6 +121,10 @@ class ComputedViews:
         changes: the decoded row changes (cached while the views are used).
         cached: other DataFrames cached while the views are used (from a snapshot: the log's
             changes after its marks).
+        seeded: from a snapshot, table name -> ``(seed, own rows)`` for each table that is not
+            an entity table: its ``tables`` DataFrame is the snapshot's rows then the views'
+            own; :func:`rebuild` copies the seed's rows into the database as they are
+            (:class:`waltz.spark.snapshot.SnapshotSeed`) and writes only the own rows with Spark.
     """
 
     marks: dict[int, int]
@@ -128,6 +132,7 @@ class ComputedViews:
     idempotency_keys: Any
     changes: Any
     cached: tuple[Any, ...] = ()
+    seeded: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
 
     def release(self) -> None:
         """Drop the cached log."""
@@ -219,11 +224,14 @@ def compute_views(
             frame.unpersist()
         raise RebuildError(f"the application's views lack tables {missing}")
     keys = idempotency_key_rows(changes, cluster_name or app.cluster_name)
+    seeded: dict[str, tuple[Any, Any]] = {}
     if base is not None:
-        views, keys = _with_snapshot_rows(
+        own = dict(views)
+        views, keys, seeds = _with_snapshot_rows(
             spark, views, keys, base, app, cluster_name or app.cluster_name, untouched
         )
-    return ComputedViews(marks, views, keys, changes, cached)
+        seeded = {name: (seed, own[name]) for name, seed in seeds.items()}
+    return ComputedViews(marks, views, keys, changes, cached, seeded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,22 +299,26 @@ def _with_snapshot_rows(
     app: AppViews,
     cluster_name: str,
     untouched: Mapping[str, Any],
-) -> tuple[dict[str, Any], Any]:
+) -> tuple[dict[str, Any], Any, dict[str, Any]]:
     """The entity tables get the snapshot's rows that no change after its marks touches; the
     tables that are not entity tables get the snapshot's rows before the views' own (the views
-    computed them from the log after the snapshot only); the idempotency keys, those of the
-    snapshot and the new ones."""
+    computed them from the log after the snapshot only), and a seed of those rows for the
+    writer; the idempotency keys, those of the snapshot and the new ones."""
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
-    from waltz.spark.snapshot import snapshot_keys, snapshot_table
+    from waltz.spark.snapshot import SnapshotSeed, snapshot_keys, snapshot_table
 
     entity_tables = {info.model.__table__.name for info in app.entities or ()}
     merged = dict(views)
+    seeds: dict[str, Any] = {}
     for table in app.tables:
         if table.name in entity_tables:
             before = untouched.get(table.name)
         else:
             before = snapshot_table(spark, base.location, base.manifest, table)
+            entry = base.manifest.table(table.name)
+            if entry is not None:
+                seeds[table.name] = SnapshotSeed(base.location, entry)
         if before is None:
             continue
         built = views[table.name]
@@ -320,7 +332,7 @@ def _with_snapshot_rows(
         F.col("transaction_id").cast("bigint").alias("transaction_id"),
         F.col("applied_at").cast("timestamp").alias("applied_at"),
     )
-    return merged, old_keys.unionByName(keys.select(*old_keys.columns))
+    return merged, old_keys.unionByName(keys.select(*old_keys.columns)), seeds
 
 
 def rebuild(
@@ -363,14 +375,17 @@ def rebuild(
     computed = compute_views(
         spark, app, source, up_to=up_to, cluster_name=cluster_name, snapshot=snapshot, progress=progress
     )
+    tables = dict(computed.tables)
+    tables.update({name: own for name, (_, own) in computed.seeded.items()})
     try:
         rows = write_views(
-            computed.tables,
+            tables,
             app,
             db_url,
             computed.marks,
             idempotency_keys_df=computed.idempotency_keys,
             cluster_name=cluster_name,
+            seeds={name: seed for name, (seed, _) in computed.seeded.items()},
             progress=progress,
         )
     finally:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 import json
 import logging
 import posixpath
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, Table, delete, insert, select, types
+from sqlalchemy.engine import Connection
 
 from waltz.archive.location import LocationError, check_form, file_sha256, write_json_atomically
 from waltz.archive.location import open_location as open_any_location
@@ -49,6 +51,7 @@ __all__ = [
     "SnapshotError",
     "SnapshotFile",
     "SnapshotManifest",
+    "SnapshotSeed",
     "load_snapshot",
     "open_location",
     "read_manifest",
@@ -559,8 +562,8 @@ def load_snapshot(
     return manifest
 
 
-def _insert_rows(conn: Any, table: Table, rows: Iterator[dict[str, Any]]) -> int:
-    column_types = {c.name: c.type for c in table.columns}
+def _insert_rows(conn: Any, table: Any, rows: Iterator[dict[str, Any]], typed: Table | None = None) -> int:
+    column_types = {c.name: c.type for c in (typed if typed is not None else table).columns}
     count = 0
     batch: list[dict[str, Any]] = []
     for row in rows:
@@ -573,6 +576,83 @@ def _insert_rows(conn: Any, table: Table, rows: Iterator[dict[str, Any]]) -> int
         conn.execute(insert(table), batch)
         count += len(batch)
     return count
+
+
+# --- a snapshot's rows copied straight into a rebuild's staging table -------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotSeed:
+    """The rows of one snapshot table that a rebuild copies into its staging table as they are
+    (docs/design/spark.md "Snapshots": a table that is not an entity table starts with them).
+
+    Attributes:
+        location: the snapshot (verified).
+        entry: the table's entry in its manifest.
+    """
+
+    location: str
+    entry: SnapshotFile
+
+    def copy_into(self, conn: Connection, table: Table, staging: str) -> int:
+        """Copy the rows into ``staging`` (a table with ``table``'s columns), in ``conn``'s
+        transaction: PostgreSQL's ``COPY`` (psycopg), a batched ``INSERT`` elsewhere.
+
+        Returns:
+            The rows copied.
+
+        Raises:
+            SnapshotError: the file's columns are not the table's.
+            sqlalchemy.exc.DBAPIError, psycopg.Error: the database refused a row.
+        """
+        names = [c.name for c in table.columns]
+        if self.entry.columns and [n for n, _ in self.entry.columns] != names:
+            raise SnapshotError(
+                f"{self.location}: table {table.name} has columns {[n for n, _ in self.entry.columns]} in "
+                f"the snapshot and {names} in the application; rebuild from the log alone"
+            )
+        driver = conn.connection.driver_connection
+        if conn.dialect.name == "postgresql" and hasattr(driver, "cursor") and hasattr(driver, "pgconn"):
+            return _copy_rows(driver, conn, table, staging, _rows(self.location, self.entry))
+        return _insert_rows(conn, _renamed_table(table, staging), _rows(self.location, self.entry), table)
+
+
+def _converters(table: Table) -> list[Callable[[Any], Any] | None]:
+    """Per column: None where the Parquet value goes in as it is, else a conversion."""
+    out: list[Callable[[Any], Any] | None] = []
+    for column in table.columns:
+        kind = column.type
+        if isinstance(kind, types.Integer | types.Boolean | types.Float) or (
+            isinstance(kind, types.String) and not isinstance(kind, types.JSON)
+        ):
+            out.append(None)
+        else:
+            out.append(functools.partial(_python_value, kind))
+    return out
+
+
+def _copy_rows(
+    driver: Any, conn: Connection, table: Table, staging: str, rows: Iterator[dict[str, Any]]
+) -> int:
+    preparer = conn.dialect.identifier_preparer
+    names = [c.name for c in table.columns]
+    convert = _converters(table)
+    statement = f"COPY {preparer.quote(staging)} ({', '.join(preparer.quote(n) for n in names)}) FROM STDIN"
+    count = 0
+    with driver.cursor() as cursor, cursor.copy(statement) as copy:
+        for row in rows:
+            copy.write_row(
+                [v if f is None else f(v) for v, f in zip((row[n] for n in names), convert, strict=True)]
+            )
+            count += 1
+    return count
+
+
+def _renamed_table(table: Table, name: str) -> Any:
+    from sqlalchemy import column as column_clause
+    from sqlalchemy import table as table_clause
+
+    return table_clause(name, *(column_clause(c.name) for c in table.columns))
 
 
 # --- Spark: a snapshot as the state a rebuild starts from -------------------------------------------

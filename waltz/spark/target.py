@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Engine, Table, column, delete, insert, inspect, select, text
 from sqlalchemy import table as table_clause
@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "STAGING_SUFFIX",
     "WRITE_BATCH",
+    "StagingSeed",
     "backend_of",
     "check_target",
     "jdbc_target",
@@ -53,6 +54,14 @@ WRITE_BATCH = 5000
 
 def _quiet(_: str) -> None:
     return None
+
+
+class StagingSeed(Protocol):
+    """Rows a rebuild copies into a staging table as they are, before the view's own rows."""
+
+    def copy_into(self, conn: Connection, table: Table, staging: str) -> int:
+        """Copy the rows into ``staging`` (``table``'s columns) in ``conn``'s transaction; the count."""
+        ...
 
 
 def marks_text(marks: Mapping[int, int]) -> str:
@@ -225,6 +234,7 @@ def write_views(
     *,
     idempotency_keys_df: Any = None,
     cluster_name: str | None = None,
+    seeds: Mapping[str, StagingSeed] | None = None,
     progress: Progress = _quiet,
 ) -> dict[str, int]:
     """Write the views into fresh tables, swap them in when all are complete, and set the marks.
@@ -237,10 +247,14 @@ def write_views(
         idempotency_keys_df: the log's idempotency keys (:func:`waltz.spark.views.idempotency_key_rows`)
             to replace this log's ``waltz_idempotency_keys`` rows with; None leaves them.
         cluster_name: the log's name in the mark rows (default ``app.cluster_name``).
+        seeds: table name -> rows copied into its staging table before the view's own rows
+            (a snapshot's, :class:`waltz.spark.snapshot.SnapshotSeed`; docs/design/spark.md
+            "Snapshots"); the view's DataFrame then holds only the rows that follow them.
         progress: called with a line per step.
 
     Returns:
-        Table name -> rows written (``waltz_idempotency_keys`` included when given).
+        Table name -> rows written (``waltz_idempotency_keys`` included when given), seeded
+        rows included.
 
     Raises:
         RebuildError: the target backend is not supported.
@@ -270,8 +284,16 @@ def write_views(
                         after_swap += index_statements
                         if backend == "postgresql":
                             pg_names[table.name] = _pg_index_names(conn, table.name)
+                seeded = 0
+                seed = (seeds or {}).get(table.name)
+                if seed is not None:
+                    with engine.begin() as conn:
+                        seeded = seed.copy_into(conn, table, staging)
+                    progress(f"copied {seeded} rows of {table.name} into {staging}")
                 progress(f"writing {table.name} into {staging}")
-                rows[table.name] = _write_rows(frame, engine, backend, db_url, table, staging)
+                written = _write_rows(frame, engine, backend, db_url, table, staging)
+                # The JDBC backends count the staging table's rows, the seeded ones among them.
+                rows[table.name] = written if backend in ("postgresql", "mariadb") else seeded + written
                 progress(f"  {table.name}: {rows[table.name]} rows")
         except BaseException:
             _drop_staging(engine, created)  # a failed rebuild leaves the database as it was
