@@ -207,6 +207,31 @@ def test_only_the_snapshot_rows_the_log_after_it_names_are_replayed(spark: Any, 
     assert untouched > 0, "every snapshot row was touched: the pass-through is not exercised"
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "mariadb"])
+def test_the_snapshot_rows_are_copied_as_they_are_into_sqlite_and_mariadb(
+    spark: Any, history: History, backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The tables that are not entity tables start with the snapshot's rows, inserted in batches
+    where there is no COPY; the result is the live database's."""
+    url = (
+        f"sqlite:///{tmp_path / 'from-snapshot.db'}"
+        if backend == "sqlite"
+        else request.getfixturevalue("mariadb_url")
+    )
+    lines: list[str] = []
+    rebuild(
+        spark,
+        LEDGER_VIEWS,
+        _source(history.cluster),
+        url,
+        cluster_name=NAME,
+        snapshot=str(history.snapshot),
+        progress=lines.append,
+    )
+    assert any(line.startswith("copied ") and "ledger_applied_transactions" in line for line in lines), lines
+    _same_database(url, history.live)
+
+
 def _change_rows(frame: Any) -> list[tuple[Any, ...]]:
     fields = ["partition_id", "transaction_id", "header", "op_index", "entity", "operation", "key"]
     fields += ["key_values", "values", "meta", "idempotency_key"]
