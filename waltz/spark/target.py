@@ -8,7 +8,9 @@ SQLAlchemy for SQLite). Only when every table is complete are they swapped in, t
 framework's rows of this log: its ``waltz_high_water_marks`` rows set to the marks read up to and
 its ``waltz_idempotency_keys`` rows replaced by the keys of the log. On PostgreSQL and SQLite that
 is one transaction; on MariaDB, where DDL commits, the mark and key tables are staged too (their
-rows of other logs copied over) and everything is renamed in one atomic ``RENAME TABLE``. A failure
+rows of other logs copied over) and everything is renamed in one atomic ``RENAME TABLE``. A
+table may start with seeded rows (a snapshot's, :class:`StagingSeed`), copied into its staging
+table by the driver while Spark writes the other tables. A failure
 before the swap leaves the old tables; a rerun gives the same tables.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
 from sqlalchemy import Engine, Table, column, delete, insert, inspect, select, text
@@ -274,30 +277,55 @@ def write_views(
         pg_names: dict[str, dict[str, str]] = {}
         rows: dict[str, int] = {}
         created: list[str] = []
-        try:
-            for table, frame in staged:
-                staging = table.name + STAGING_SUFFIX
-                with engine.begin() as conn:
-                    created.append(staging)
-                    index_statements = _create_staging(conn, backend, table, staging)
-                    if table is not idempotency_keys:  # its rows are copied over, the table stays
-                        after_swap += index_statements
-                        if backend == "postgresql":
-                            pg_names[table.name] = _pg_index_names(conn, table.name)
-                seeded = 0
-                seed = (seeds or {}).get(table.name)
-                if seed is not None:
-                    with engine.begin() as conn:
-                        seeded = seed.copy_into(conn, table, staging)
-                    progress(f"copied {seeded} rows of {table.name} into {staging}")
-                progress(f"writing {table.name} into {staging}")
-                written = _write_rows(frame, engine, backend, db_url, table, staging)
-                # The JDBC backends count the staging table's rows, the seeded ones among them.
-                rows[table.name] = written if backend in ("postgresql", "mariadb") else seeded + written
-                progress(f"  {table.name}: {rows[table.name]} rows")
-        except BaseException:
-            _drop_staging(engine, created)  # a failed rebuild leaves the database as it was
-            raise
+
+        def create(table: Table) -> str:
+            staging = table.name + STAGING_SUFFIX
+            with engine.begin() as conn:
+                created.append(staging)
+                index_statements = _create_staging(conn, backend, table, staging)
+                if table is not idempotency_keys:  # its rows are copied over, the table stays
+                    after_swap.extend(index_statements)
+                    if backend == "postgresql":
+                        pg_names[table.name] = _pg_index_names(conn, table.name)
+            return staging
+
+        def copy(seed: StagingSeed, table: Table, staging: str) -> int:
+            with engine.begin() as conn:
+                return seed.copy_into(conn, table, staging)
+
+        chosen = seeds or {}
+        copies: dict[str, Future[int]] = {}
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="waltz-rebuild-seed") as pool:
+            try:
+                # The seeded tables' copies run while Spark writes the other tables (a database
+                # server takes both at once; SQLite has one writer, so there they run in turn).
+                if backend != "sqlite":
+                    for table, _ in staged:
+                        if table.name in chosen:
+                            staging = create(table)
+                            copies[table.name] = pool.submit(copy, chosen[table.name], table, staging)
+                for table, frame in staged:
+                    staging = table.name + STAGING_SUFFIX
+                    if table.name not in copies:
+                        create(table)
+                    seeded = 0
+                    if table.name in copies:
+                        seeded = copies[table.name].result()
+                    elif table.name in chosen:
+                        seeded = copy(chosen[table.name], table, staging)
+                    if table.name in chosen:
+                        progress(f"copied {seeded} rows of {table.name} into {staging}")
+                    progress(f"writing {table.name} into {staging}")
+                    written = _write_rows(frame, engine, backend, db_url, table, staging)
+                    # The JDBC backends count the staging table's rows, the seeded ones among them.
+                    rows[table.name] = written if backend in ("postgresql", "mariadb") else seeded + written
+                    progress(f"  {table.name}: {rows[table.name]} rows")
+            except BaseException:
+                for future in copies.values():
+                    future.cancel()
+                wait(copies.values())
+                _drop_staging(engine, created)  # a failed rebuild leaves the database as it was
+                raise
         swap = _Swap(engine, backend, name, marks, with_keys=idempotency_keys_df is not None)
         if backend == "mariadb":
             swap.mariadb(app.tables)
