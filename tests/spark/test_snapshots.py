@@ -176,7 +176,7 @@ def test_a_rebuild_from_a_snapshot_equals_the_full_rebuild_and_the_live_database
 
 def test_only_the_snapshot_rows_the_log_after_it_names_are_replayed(spark: Any, history: History) -> None:
     """The untouched rows pass through as read; the touched ones become changes whose key is the
-    log's own key text (or the replay would keep both rows), natively and through the Python path."""
+    log's own key text (or the replay would keep both rows)."""
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
     manifest = read_manifest(str(history.snapshot))
