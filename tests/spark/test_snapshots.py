@@ -25,7 +25,7 @@ from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import RebuildError
-from waltz.spark.rebuild import LogSource, rebuild
+from waltz.spark.rebuild import LogSource, compute_views, rebuild
 from waltz.spark.snapshot import (
     MANIFEST_NAME,
     SnapshotError,
@@ -205,6 +205,28 @@ def test_only_the_snapshot_rows_the_log_after_it_names_are_replayed(spark: Any, 
         untouched += passed
         assert passed + sum(1 for r in replayed if r.entity == info.name) == entry.rows, table
     assert untouched > 0, "every snapshot row was touched: the pass-through is not exercised"
+
+
+def test_the_snapshot_rows_and_the_replay_are_read_once_and_released(spark: Any, history: History) -> None:
+    """Each entity file's rows with their touched flag and the replay the entity tables share are
+    persisted while the views are written (each is read by several Spark jobs), and released."""
+    computed = compute_views(
+        spark, LEDGER_VIEWS, _source(history.cluster), cluster_name=NAME, snapshot=str(history.snapshot)
+    )
+    manifest = read_manifest(str(history.snapshot))
+    files = [
+        entry
+        for info in LEDGER_VIEWS.entities or ()
+        if (entry := manifest.table(info.model.__table__.name)) is not None and entry.rows > 0
+    ]
+    frames = (computed.changes, *computed.cached)
+    try:
+        # The log's changes, those after the marks, one frame per entity file, the ledger's replay.
+        assert len(frames) == 2 + len(files) + 1, len(frames)
+        assert all(frame.is_cached for frame in frames)
+    finally:
+        computed.release()
+    assert not any(frame.is_cached for frame in frames)
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "mariadb"])

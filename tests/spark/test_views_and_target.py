@@ -20,7 +20,13 @@ from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import RebuildError
 from waltz.spark.source import LOG_SCHEMA
 from waltz.spark.target import jdbc_target, write_views
-from waltz.spark.views import change_problems, idempotency_key_rows, partial_row_problem
+from waltz.spark.views import (
+    caching_replays,
+    change_problems,
+    idempotency_key_rows,
+    partial_row_problem,
+    replay,
+)
 from waltz_examples.counter.models import Counter
 from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
 
@@ -65,6 +71,20 @@ def test_idempotency_keys_are_where_each_key_first_appears(spark: Any) -> None:
     }
     # Counter 2's first change carried req-1, already used in partition 0: not applied.
     assert counters == {1: (9, 2), 2: (4, 1)}
+
+
+def test_views_built_while_caching_replays_share_one_persisted_replay(spark: Any) -> None:
+    """Inside ``caching_replays`` the replay the views share is persisted once and handed back to be
+    released; outside, nothing is persisted."""
+    changes = decode_changes(_log(spark), COUNTER_VIEWS.decoders)
+    assert not replay(changes).is_cached
+    with caching_replays() as persisted:
+        rows = replay(changes)
+    assert persisted == [rows]
+    assert rows.is_cached
+    assert sorted(r.key for r in rows.collect()) == ['{"counter_id":"1"}', '{"counter_id":"2"}']
+    rows.unpersist()
+    assert not rows.is_cached
 
 
 def _target_url(request: pytest.FixtureRequest, tmp_path: Any, backend: str) -> str:

@@ -23,7 +23,7 @@ from waltz.protocol.channels import TlsConfig
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import CommittedReadError, RebuildError
 from waltz.spark.target import check_target, marks_text, write_views
-from waltz.spark.views import AppViews, change_problems, idempotency_key_rows
+from waltz.spark.views import AppViews, caching_replays, change_problems, idempotency_key_rows
 
 __all__ = ["ComputedViews", "LogSource", "RebuildResult", "compute_views", "rebuild"]
 
@@ -119,8 +119,9 @@ class ComputedViews:
         tables: table name -> DataFrame.
         idempotency_keys: the log's ``waltz_idempotency_keys`` rows (a DataFrame).
         changes: the decoded row changes (cached while the views are used).
-        cached: other DataFrames cached while the views are used (from a snapshot: the log's
-            changes after its marks).
+        cached: other DataFrames cached while the views are used: the replays the views share
+            (:func:`waltz.spark.views.caching_replays`) and, from a snapshot, the log's changes
+            after its marks and the snapshot's entity rows with their touched flags.
         seeded: from a snapshot, table name -> ``(seed, own rows)`` for each table that is not
             an entity table: its ``tables`` DataFrame is the snapshot's rows then the views'
             own; :func:`rebuild` copies the seed's rows into the database as they are
@@ -196,8 +197,7 @@ def compute_views(
     cached: tuple[Any, ...] = ()
     untouched: Mapping[str, Any] = {}
     if base is not None:
-        after, changes, untouched = _on_snapshot(spark, changes, base, app)
-        cached = (after,)
+        cached, changes, untouched = _on_snapshot(spark, changes, base, app)
     changes = changes.cache()
     decoded = changes.count()
     progress(
@@ -217,7 +217,9 @@ def compute_views(
                 '(docs/sql.md, "Changing a model")'
             )
         progress("every row change fits its entity's current model")
-    views = dict(app.build(changes, log_df))
+    with caching_replays() as replays:
+        views = dict(app.build(changes, log_df))
+    cached = (*cached, *replays)
     missing = [t.name for t in app.tables if t.name not in views]
     if missing:
         for frame in (changes, *cached):
@@ -275,20 +277,27 @@ def _snapshot_base(
     return _SnapshotBase(location, manifest, {int(p): int(m) for p, m in manifest.marks.items()})
 
 
-def _on_snapshot(spark: Any, changes: Any, base: _SnapshotBase, app: AppViews) -> tuple[Any, Any, Any]:
-    """The log's changes after the snapshot (cached), those on top of the snapshot's entity rows
+def _on_snapshot(
+    spark: Any, changes: Any, base: _SnapshotBase, app: AppViews
+) -> tuple[tuple[Any, ...], Any, Any]:
+    """The frames cached for the views (the log's changes after the snapshot, the snapshot's
+    entity rows with their touched flags), the log's changes on top of the snapshot's entity rows
     that they touch, and the untouched rows per entity table; a change-set whose idempotency key
-    the snapshot holds already was applied before it, and is dropped."""
+    the snapshot holds already was applied before it, and is dropped (no join when the snapshot
+    holds no key)."""
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
     from waltz.spark.snapshot import snapshot_entity_rows, snapshot_keys
 
-    known = snapshot_keys(spark, base.location, base.manifest).select(
-        F.col("idempotency_key").alias("_known_key")
-    )
-    after = changes.join(known, changes["idempotency_key"] == known["_known_key"], "left_anti").cache()
+    after = changes
+    if base.manifest.idempotency_keys.rows > 0:
+        known = snapshot_keys(spark, base.location, base.manifest).select(
+            F.col("idempotency_key").alias("_known_key")
+        )
+        after = changes.join(known, changes["idempotency_key"] == known["_known_key"], "left_anti")
+    after = after.cache()
     entity_rows = snapshot_entity_rows(spark, base.location, base.manifest, app, after)
-    return after, entity_rows.changes.unionByName(after), entity_rows.untouched
+    return (after, *entity_rows.cached), entity_rows.changes.unionByName(after), entity_rows.untouched
 
 
 def _with_snapshot_rows(

@@ -675,10 +675,13 @@ class SnapshotEntityRows:
             :data:`~waltz.spark.decoders.CHANGES_SCHEMA`); the replay decides what they become.
         untouched: entity table name -> the rows no change after the marks names (the snapshot's
             columns as read from its Parquet file): they are the full replay's rows as they are.
+        cached: the persisted DataFrames both come from (each entity's rows with its touched
+            flag), to unpersist when the rebuild is done.
     """
 
     changes: Any
     untouched: Mapping[str, Any]
+    cached: tuple[Any, ...] = ()
 
 
 def _natively_rendered(column_type: types.TypeEngine[Any]) -> bool:
@@ -719,6 +722,7 @@ def snapshot_entity_rows(
     from waltz.spark.views import spark_type
 
     frames = []
+    cached: list[Any] = []
     untouched: dict[str, Any] = {}
     for info in app.entities or ():
         table: Table = info.model.__table__
@@ -753,15 +757,18 @@ def snapshot_entity_rows(
         hit = flags[0]
         for flag_column in flags[1:]:
             hit = hit | flag_column
-        rows = rows.withColumn("_touched", hit).drop(*[f"_touched_{i}" for i in range(len(flags))])
+        # Persisted: the touched rows become changes (cached with the log's) and the untouched
+        # ones are written later; without it, each use would read and join the file again.
+        rows = rows.withColumn("_touched", hit).drop(*[f"_touched_{i}" for i in range(len(flags))]).persist()
+        cached.append(rows)
         untouched[table.name] = rows.where(~F.col("_touched")).drop("_touched")
         frames.append(rows_as_changes(rows.where(F.col("_touched")), info))
     if not frames:
-        return SnapshotEntityRows(spark.createDataFrame([], CHANGES_SCHEMA), untouched)
+        return SnapshotEntityRows(spark.createDataFrame([], CHANGES_SCHEMA), untouched, tuple(cached))
     result = frames[0]
     for frame in frames[1:]:
         result = result.unionByName(frame)
-    return SnapshotEntityRows(result, untouched)
+    return SnapshotEntityRows(result, untouched, tuple(cached))
 
 
 def rows_as_changes(rows: Any, info: EntityInfo, *, python: bool = False) -> Any:
