@@ -220,6 +220,9 @@ def compute_views(
     with caching_replays() as replays:
         views = dict(app.build(changes, log_df))
     cached = (*cached, *replays)
+    for replayed in replays:
+        # Computed here, once: the tables' writes run at once and would each compute it again.
+        progress(f"replayed the row changes: {replayed.count()} rows")
     missing = [t.name for t in app.tables if t.name not in views]
     if missing:
         for frame in (changes, *cached):

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "STAGING_SUFFIX",
     "WRITE_BATCH",
+    "WRITE_JOBS",
     "StagingSeed",
     "backend_of",
     "check_target",
@@ -53,6 +54,8 @@ STAGING_SUFFIX = "__rebuild"
 _OLD_SUFFIX = "__old"
 #: Rows per INSERT batch (SQLite) and per JDBC batch.
 WRITE_BATCH = 5000
+#: Tables written at once on PostgreSQL and MariaDB (each by its own Spark job).
+WRITE_JOBS = 3
 
 
 def _quiet(_: str) -> None:
@@ -294,36 +297,53 @@ def write_views(
                 return seed.copy_into(conn, table, staging)
 
         chosen = seeds or {}
+        concurrent = backend != "sqlite"  # SQLite has one writer: there, everything runs in turn
+
+        def write(table: Table, frame: Any, seeding: Future[int] | None) -> int:
+            staging = table.name + STAGING_SUFFIX
+            seeded = 0
+            if seeding is not None:
+                seeded = seeding.result()
+            elif table.name in chosen:
+                seeded = copy(chosen[table.name], table, staging)
+            if table.name in chosen:
+                progress(f"copied {seeded} rows of {table.name} into {staging}")
+            progress(f"writing {table.name} into {staging}")
+            written = _write_rows(frame, engine, backend, db_url, table, staging)
+            # The JDBC backends count the staging table's rows, the seeded ones among them.
+            count = written if concurrent else seeded + written
+            progress(f"  {table.name}: {count} rows")
+            return count
+
         copies: dict[str, Future[int]] = {}
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="waltz-rebuild-seed") as pool:
+        writes: dict[str, Future[int]] = {}
+        with (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="waltz-rebuild-seed") as pool,
+            ThreadPoolExecutor(
+                max_workers=WRITE_JOBS if concurrent else 1, thread_name_prefix="waltz-rebuild-write"
+            ) as writers,
+        ):
             try:
-                # The seeded tables' copies run while Spark writes the other tables (a database
-                # server takes both at once; SQLite has one writer, so there they run in turn).
-                if backend != "sqlite":
+                for table, _ in staged:
+                    create(table)
+                    if concurrent and table.name in chosen:
+                        # The seeded tables' copies run while Spark writes the other tables.
+                        staging = table.name + STAGING_SUFFIX
+                        copies[table.name] = pool.submit(copy, chosen[table.name], table, staging)
+                if concurrent:
+                    # Each table's write is its own Spark job; several at once keep the executors
+                    # busy through one job's driver-side steps (planning, connections, the count).
+                    for table, frame in staged:
+                        writes[table.name] = writers.submit(write, table, frame, copies.get(table.name))
                     for table, _ in staged:
-                        if table.name in chosen:
-                            staging = create(table)
-                            copies[table.name] = pool.submit(copy, chosen[table.name], table, staging)
-                for table, frame in staged:
-                    staging = table.name + STAGING_SUFFIX
-                    if table.name not in copies:
-                        create(table)
-                    seeded = 0
-                    if table.name in copies:
-                        seeded = copies[table.name].result()
-                    elif table.name in chosen:
-                        seeded = copy(chosen[table.name], table, staging)
-                    if table.name in chosen:
-                        progress(f"copied {seeded} rows of {table.name} into {staging}")
-                    progress(f"writing {table.name} into {staging}")
-                    written = _write_rows(frame, engine, backend, db_url, table, staging)
-                    # The JDBC backends count the staging table's rows, the seeded ones among them.
-                    rows[table.name] = written if backend in ("postgresql", "mariadb") else seeded + written
-                    progress(f"  {table.name}: {rows[table.name]} rows")
+                        rows[table.name] = writes[table.name].result()
+                else:
+                    for table, frame in staged:
+                        rows[table.name] = write(table, frame, None)
             except BaseException:
-                for future in copies.values():
+                for future in (*copies.values(), *writes.values()):
                     future.cancel()
-                wait(copies.values())
+                wait([*copies.values(), *writes.values()])
                 _drop_staging(engine, created)  # a failed rebuild leaves the database as it was
                 raise
         swap = _Swap(engine, backend, name, marks, with_keys=idempotency_keys_df is not None)
