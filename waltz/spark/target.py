@@ -179,14 +179,19 @@ def _pg_index_names(conn: Connection, table: str) -> dict[str, str]:
     return out
 
 
+def _staged_rows(engine: Engine, staging: str) -> int:
+    with engine.connect() as conn:
+        quoted = conn.dialect.identifier_preparer.quote(staging)
+        return int(conn.execute(text(f"SELECT COUNT(*) FROM {quoted}")).scalar() or 0)
+
+
 def _write_rows(spark_df: Any, engine: Engine, backend: str, db_url: str, table: Table, staging: str) -> int:
+    """Append the DataFrame's rows to ``staging``: the rows written (SQLite), -1 (the JDBC writer)."""
     names = [c.name for c in table.columns]
     if backend in ("postgresql", "mariadb"):
         jdbc, props = jdbc_target(db_url)
         spark_df.select(*names).write.jdbc(jdbc, staging, mode="append", properties=props)
-        with engine.connect() as conn:
-            quoted = conn.dialect.identifier_preparer.quote(staging)
-            return int(conn.execute(text(f"SELECT COUNT(*) FROM {quoted}")).scalar() or 0)
+        return -1
     count = 0
     target = table_clause(staging, *(column(name) for name in names))
     batch: list[dict[str, Any]] = []
@@ -302,16 +307,17 @@ def write_views(
         def write(table: Table, frame: Any, seeding: Future[int] | None) -> int:
             staging = table.name + STAGING_SUFFIX
             seeded = 0
-            if seeding is not None:
-                seeded = seeding.result()
-            elif table.name in chosen:
+            if seeding is None and table.name in chosen:
                 seeded = copy(chosen[table.name], table, staging)
-            if table.name in chosen:
                 progress(f"copied {seeded} rows of {table.name} into {staging}")
             progress(f"writing {table.name} into {staging}")
+            # On a database server, Spark appends while the seed's copy runs (rows in no order).
             written = _write_rows(frame, engine, backend, db_url, table, staging)
+            if seeding is not None:
+                seeded = seeding.result()
+                progress(f"copied {seeded} rows of {table.name} into {staging}")
             # The JDBC backends count the staging table's rows, the seeded ones among them.
-            count = written if concurrent else seeded + written
+            count = _staged_rows(engine, staging) if concurrent else seeded + written
             progress(f"  {table.name}: {count} rows")
             return count
 
