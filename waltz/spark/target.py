@@ -10,8 +10,9 @@ its ``waltz_idempotency_keys`` rows replaced by the keys of the log. On PostgreS
 is one transaction; on MariaDB, where DDL commits, the mark and key tables are staged too (their
 rows of other logs copied over) and everything is renamed in one atomic ``RENAME TABLE``. A
 table may start with seeded rows (a snapshot's, :class:`StagingSeed`), copied into its staging
-table by the driver while Spark writes the other tables. A failure
-before the swap leaves the old tables; a rerun gives the same tables.
+table by the driver while Spark writes. On PostgreSQL and MariaDB up to :data:`WRITE_JOBS`
+tables are written at once, each by its own Spark job. A failure before the swap leaves the old
+tables; a rerun gives the same tables.
 """
 
 from __future__ import annotations
@@ -249,6 +250,10 @@ def write_views(
     progress: Progress = _quiet,
 ) -> dict[str, int]:
     """Write the views into fresh tables, swap them in when all are complete, and set the marks.
+
+    On PostgreSQL and MariaDB up to :data:`WRITE_JOBS` tables are written at once (Spark jobs from
+    driver threads), a seed's copy beside its table's own rows; on SQLite one after the other
+    (docs/design/spark.md "Swapping tables with the marks").
 
     Args:
         views: table name -> DataFrame (from :func:`waltz.spark.rebuild.compute_views`).
