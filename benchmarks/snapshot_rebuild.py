@@ -49,12 +49,19 @@ def main() -> None:
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--append-batch", type=int, default=500)
     parser.add_argument("--json", dest="json_output", help="write the figures to this file as JSON")
+    parser.add_argument("--steps", action="store_true", help="print each rebuild step with its time")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     from waltz.spark.rebuild import LogSource, rebuild
     from waltz.spark.session import spark_session
     from waltz.spark.snapshot import write_snapshot
     from waltz_examples.ledger.views import VIEWS
+
+    started_at = time.monotonic()
+
+    def step(line: str) -> None:
+        if args.steps:
+            print(f"  [{time.monotonic() - started_at:8.1f}s] {line}", flush=True)
 
     with (
         tempfile.TemporaryDirectory(prefix="waltz-bench-snapshot-") as tmp,
@@ -90,9 +97,9 @@ def main() -> None:
         same = False
         for round_number in range(1, args.rounds + 1):
             with fresh_database(args.db) as full_db, fresh_database(args.db) as snap_db:
-                full = rebuild(spark, VIEWS, source, full_db, cluster_name=CLUSTER_NAME)
+                full = rebuild(spark, VIEWS, source, full_db, cluster_name=CLUSTER_NAME, progress=step)
                 from_snapshot = rebuild(
-                    spark, VIEWS, source, snap_db, cluster_name=CLUSTER_NAME, snapshot=snapshot
+                    spark, VIEWS, source, snap_db, cluster_name=CLUSTER_NAME, snapshot=snapshot, progress=step
                 )
                 full_times.append(full.seconds)
                 from_snapshot_times.append(from_snapshot.seconds)

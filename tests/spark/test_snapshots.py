@@ -23,17 +23,22 @@ from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.jdbc_style.schema import idempotency_keys
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
+from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import RebuildError
-from waltz.spark.rebuild import LogSource, rebuild
+from waltz.spark.rebuild import LogSource, compute_views, rebuild
 from waltz.spark.snapshot import (
     MANIFEST_NAME,
     SnapshotError,
     load_snapshot,
     read_manifest,
+    rows_as_changes,
+    snapshot_entity_rows,
     verify_snapshot,
     write_snapshot,
 )
+from waltz.spark.target import marks_text
 from waltz.workloads.smallbank import SmallBankConfig, SmallBankWorkload
+from waltz_examples.ledger.models import Account
 from waltz_examples.ledger.service import LedgerService, prepare_database
 from waltz_examples.ledger.smallbank import LedgerInstance
 from waltz_examples.ledger.transfers import pending_transfers
@@ -167,6 +172,108 @@ def test_a_rebuild_from_a_snapshot_equals_the_full_rebuild_and_the_live_database
     assert dict(result.marks) == history.marks
     _same_database(postgres_url, full)
     _same_database(postgres_url, history.live)
+
+
+def test_only_the_snapshot_rows_the_log_after_it_names_are_replayed(spark: Any, history: History) -> None:
+    """The untouched rows pass through as read; the touched ones become changes whose key is the
+    log's own key text (or the replay would keep both rows)."""
+    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+
+    manifest = read_manifest(str(history.snapshot))
+    log = (
+        spark.read.format("waltz")
+        .options(**_source(history.cluster).options())
+        .option("after", marks_text(manifest.marks))
+        .load()
+    )
+    after = decode_changes(log, LEDGER_VIEWS.decoders, LEDGER_VIEWS.entities.schema_chains())
+    split = snapshot_entity_rows(spark, str(history.snapshot), manifest, LEDGER_VIEWS, after)
+    named = {(r.entity, r.key) for r in after.where(F.col("entity").isNotNull()).collect()}
+    replayed = split.changes.collect()
+    account = next(i for i in LEDGER_VIEWS.entities or () if i.model is Account)
+    assert account.name in {r.entity for r in replayed}, "no account row was touched"
+    assert all((r.entity, r.key) in named for r in replayed), [
+        (r.entity, r.key) for r in replayed if (r.entity, r.key) not in named
+    ][:5]
+    assert all(r.operation == "insert" and r.transaction_id == -1 for r in replayed)
+    untouched = 0
+    for info in LEDGER_VIEWS.entities or ():
+        table = info.model.__table__.name
+        entry = manifest.table(table)
+        assert entry is not None
+        passed = split.untouched[table].count() if table in split.untouched else 0
+        untouched += passed
+        assert passed + sum(1 for r in replayed if r.entity == info.name) == entry.rows, table
+    assert untouched > 0, "every snapshot row was touched: the pass-through is not exercised"
+
+
+def test_the_snapshot_rows_and_the_replay_are_read_once_and_released(spark: Any, history: History) -> None:
+    """Each entity file's rows with their touched flag and the replay the entity tables share are
+    persisted while the views are written (each is read by several Spark jobs), and released."""
+    computed = compute_views(
+        spark, LEDGER_VIEWS, _source(history.cluster), cluster_name=NAME, snapshot=str(history.snapshot)
+    )
+    manifest = read_manifest(str(history.snapshot))
+    files = [
+        entry
+        for info in LEDGER_VIEWS.entities or ()
+        if (entry := manifest.table(info.model.__table__.name)) is not None and entry.rows > 0
+    ]
+    frames = (computed.changes, *computed.cached)
+    try:
+        # The log's changes, those after the marks, one frame per entity file, the ledger's replay.
+        assert len(frames) == 2 + len(files) + 1, len(frames)
+        assert all(frame.is_cached for frame in frames)
+    finally:
+        computed.release()
+    assert not any(frame.is_cached for frame in frames)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "mariadb"])
+def test_the_snapshot_rows_are_copied_as_they_are_into_sqlite_and_mariadb(
+    spark: Any, history: History, backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The tables that are not entity tables start with the snapshot's rows, inserted in batches
+    where there is no COPY; the result is the live database's."""
+    url = (
+        f"sqlite:///{tmp_path / 'from-snapshot.db'}"
+        if backend == "sqlite"
+        else request.getfixturevalue("mariadb_url")
+    )
+    lines: list[str] = []
+    rebuild(
+        spark,
+        LEDGER_VIEWS,
+        _source(history.cluster),
+        url,
+        cluster_name=NAME,
+        snapshot=str(history.snapshot),
+        progress=lines.append,
+    )
+    assert any(line.startswith("copied ") and "ledger_applied_transactions" in line for line in lines), lines
+    _same_database(url, history.live)
+
+
+def _change_rows(frame: Any) -> list[tuple[Any, ...]]:
+    fields = ["partition_id", "transaction_id", "header", "op_index", "entity", "operation", "key"]
+    fields += ["key_values", "values", "meta", "idempotency_key"]
+    rows = [
+        tuple(sorted(r[f].items()) if isinstance(r[f], dict) else r[f] for f in fields)
+        for r in frame.collect()
+    ]
+    return sorted(rows, key=repr)
+
+
+def test_spark_renders_snapshot_rows_as_the_decoders_do(spark: Any, history: History) -> None:
+    """Spark's casts and the Python rendering give every snapshot row the same change."""
+    manifest = read_manifest(str(history.snapshot))
+    for info in LEDGER_VIEWS.entities or ():
+        entry = manifest.table(info.model.__table__.name)
+        assert entry is not None and entry.rows > 0, info.name
+        rows = spark.read.parquet(str(history.snapshot / entry.file))
+        native = _change_rows(rows_as_changes(rows, info))
+        assert native == _change_rows(rows_as_changes(rows, info, python=True)), info.name
+        assert len(native) == entry.rows
 
 
 def test_a_loaded_snapshot_lets_a_new_instance_resume_from_its_marks(

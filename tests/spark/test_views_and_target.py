@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select, text
+from sqlalchemy import insert, inspect, select, text
 
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, RowChange
@@ -20,7 +20,13 @@ from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import RebuildError
 from waltz.spark.source import LOG_SCHEMA
 from waltz.spark.target import jdbc_target, write_views
-from waltz.spark.views import change_problems, idempotency_key_rows, partial_row_problem
+from waltz.spark.views import (
+    caching_replays,
+    change_problems,
+    idempotency_key_rows,
+    partial_row_problem,
+    replay,
+)
 from waltz_examples.counter.models import Counter
 from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
 
@@ -65,6 +71,20 @@ def test_idempotency_keys_are_where_each_key_first_appears(spark: Any) -> None:
     }
     # Counter 2's first change carried req-1, already used in partition 0: not applied.
     assert counters == {1: (9, 2), 2: (4, 1)}
+
+
+def test_views_built_while_caching_replays_share_one_persisted_replay(spark: Any) -> None:
+    """Inside ``caching_replays`` the replay the views share is persisted once and handed back to be
+    released; outside, nothing is persisted."""
+    changes = decode_changes(_log(spark), COUNTER_VIEWS.decoders)
+    assert not replay(changes).is_cached
+    with caching_replays() as persisted:
+        rows = replay(changes)
+    assert persisted == [rows]
+    assert rows.is_cached
+    assert sorted(r.key for r in rows.collect()) == ['{"counter_id":"1"}', '{"counter_id":"2"}']
+    rows.unpersist()
+    assert not rows.is_cached
 
 
 def _target_url(request: pytest.FixtureRequest, tmp_path: Any, backend: str) -> str:
@@ -148,6 +168,35 @@ def test_a_rebuild_never_moves_a_live_mark_backwards(
     assert counters == {(1, 11, 5)}  # the live table, not the rebuilt one
     # Up to the live marks or beyond, the swap goes ahead.
     write_views(COUNTER_VIEWS.build(changes, log), COUNTER_VIEWS, url, {0: 5, 1: 1})
+    engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_a_refused_write_among_concurrent_ones_leaves_no_staging_table(
+    spark: Any, request: pytest.FixtureRequest, tmp_path: Any, backend: str
+) -> None:
+    """The tables' writes run at once: when the database refuses one (a duplicate key here), the
+    others are waited for, every staging table is dropped and the live tables stay."""
+    url = _target_url(request, tmp_path, backend)
+    engine = create_framework_engine(url)
+    COUNTER_VIEWS.prepare(engine)
+    with engine.begin() as conn:
+        conn.execute(insert(Counter.__table__), [{"counter_id": 1, "value": 11, "updated_tx": 5}])
+    log = _log(spark)
+    changes = decode_changes(log, COUNTER_VIEWS.decoders)
+    counters = COUNTER_VIEWS.build(changes, log)[Counter.__tablename__]
+    with pytest.raises(Exception, match=r"(?i)duplicate"):
+        write_views(
+            {Counter.__tablename__: counters.unionByName(counters)},
+            COUNTER_VIEWS,
+            url,
+            {0: 2, 1: 1},
+            idempotency_keys_df=idempotency_key_rows(changes, "counter"),
+        )
+    with engine.connect() as conn:
+        rows = {tuple(r) for r in conn.execute(select(*Counter.__table__.columns))}
+    assert rows == {(1, 11, 5)}
+    assert not [t for t in inspect(engine).get_table_names() if t.endswith("__rebuild")]
     engine.dispose()
 
 

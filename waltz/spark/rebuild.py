@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from waltz.committed.plan import CommittedPartition, plan_live, plan_offline
@@ -23,7 +23,7 @@ from waltz.protocol.channels import TlsConfig
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import CommittedReadError, RebuildError
 from waltz.spark.target import check_target, marks_text, write_views
-from waltz.spark.views import AppViews, change_problems, idempotency_key_rows
+from waltz.spark.views import AppViews, caching_replays, change_problems, idempotency_key_rows
 
 __all__ = ["ComputedViews", "LogSource", "RebuildResult", "compute_views", "rebuild"]
 
@@ -119,16 +119,26 @@ class ComputedViews:
         tables: table name -> DataFrame.
         idempotency_keys: the log's ``waltz_idempotency_keys`` rows (a DataFrame).
         changes: the decoded row changes (cached while the views are used).
+        cached: other DataFrames cached while the views are used: the replays the views share
+            (:func:`waltz.spark.views.caching_replays`) and, from a snapshot, the log's changes
+            after its marks and the snapshot's entity rows with their touched flags.
+        seeded: from a snapshot, table name -> ``(seed, own rows)`` for each table that is not
+            an entity table: its ``tables`` DataFrame is the snapshot's rows then the views'
+            own; :func:`rebuild` copies the seed's rows into the database as they are
+            (:class:`waltz.spark.snapshot.SnapshotSeed`) and writes only the own rows with Spark.
     """
 
     marks: dict[int, int]
     tables: Mapping[str, Any]
     idempotency_keys: Any
     changes: Any
+    cached: tuple[Any, ...] = ()
+    seeded: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
 
     def release(self) -> None:
         """Drop the cached log."""
-        self.changes.unpersist()
+        for frame in (self.changes, *self.cached):
+            frame.unpersist()
 
 
 def compute_views(
@@ -184,8 +194,10 @@ def compute_views(
         log_df = log_df.limit(0)
     chains = app.entities.schema_chains() if app.entities is not None else None
     changes = decode_changes(log_df, app.decoders, chains)
+    cached: tuple[Any, ...] = ()
+    untouched: Mapping[str, Any] = {}
     if base is not None:
-        changes = _on_snapshot(spark, changes, base, app)
+        cached, changes, untouched = _on_snapshot(spark, changes, base, app)
     changes = changes.cache()
     decoded = changes.count()
     progress(
@@ -195,7 +207,8 @@ def compute_views(
     if app.entities is not None:
         problems = change_problems(changes, app.entities)
         if problems:
-            changes.unpersist()
+            for frame in (changes, *cached):
+                frame.unpersist()
             raise RebuildError(
                 "the log holds row changes that do not fit the application's current models, after "
                 "their upcasters, or that carry part of a row, which a rebuild cannot replay; nothing "
@@ -204,15 +217,26 @@ def compute_views(
                 '(docs/sql.md, "Changing a model")'
             )
         progress("every row change fits its entity's current model")
-    views = dict(app.build(changes, log_df))
+    with caching_replays() as replays:
+        views = dict(app.build(changes, log_df))
+    cached = (*cached, *replays)
+    for replayed in replays:
+        # Computed here, once: the tables' writes run at once and would each compute it again.
+        progress(f"replayed the row changes: {replayed.count()} rows")
     missing = [t.name for t in app.tables if t.name not in views]
     if missing:
-        changes.unpersist()
+        for frame in (changes, *cached):
+            frame.unpersist()
         raise RebuildError(f"the application's views lack tables {missing}")
     keys = idempotency_key_rows(changes, cluster_name or app.cluster_name)
+    seeded: dict[str, tuple[Any, Any]] = {}
     if base is not None:
-        views, keys = _with_snapshot_rows(spark, views, keys, base, app, cluster_name or app.cluster_name)
-    return ComputedViews(marks, views, keys, changes)
+        own = dict(views)
+        views, keys, seeds = _with_snapshot_rows(
+            spark, views, keys, base, app, cluster_name or app.cluster_name, untouched
+        )
+        seeded = {name: (seed, own[name]) for name, seed in seeds.items()}
+    return ComputedViews(marks, views, keys, changes, cached, seeded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,36 +280,57 @@ def _snapshot_base(
     return _SnapshotBase(location, manifest, {int(p): int(m) for p, m in manifest.marks.items()})
 
 
-def _on_snapshot(spark: Any, changes: Any, base: _SnapshotBase, app: AppViews) -> Any:
-    """The log's changes after the snapshot, on top of the snapshot's entity rows; a change-set
-    whose idempotency key the snapshot holds already was applied before it, and is dropped."""
+def _on_snapshot(
+    spark: Any, changes: Any, base: _SnapshotBase, app: AppViews
+) -> tuple[tuple[Any, ...], Any, Any]:
+    """The frames cached for the views (the log's changes after the snapshot, the snapshot's
+    entity rows with their touched flags), the log's changes on top of the snapshot's entity rows
+    that they touch, and the untouched rows per entity table; a change-set whose idempotency key
+    the snapshot holds already was applied before it, and is dropped (no join when the snapshot
+    holds no key)."""
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
-    from waltz.spark.snapshot import snapshot_changes, snapshot_keys
+    from waltz.spark.snapshot import snapshot_entity_rows, snapshot_keys
 
-    known = snapshot_keys(spark, base.location, base.manifest).select(
-        F.col("idempotency_key").alias("_known_key")
-    )
-    after = changes.join(known, changes["idempotency_key"] == known["_known_key"], "left_anti")
-    return snapshot_changes(spark, base.location, base.manifest, app).unionByName(after)
+    after = changes
+    if base.manifest.idempotency_keys.rows > 0:
+        known = snapshot_keys(spark, base.location, base.manifest).select(
+            F.col("idempotency_key").alias("_known_key")
+        )
+        after = changes.join(known, changes["idempotency_key"] == known["_known_key"], "left_anti")
+    after = after.cache()
+    entity_rows = snapshot_entity_rows(spark, base.location, base.manifest, app, after)
+    return (after, *entity_rows.cached), entity_rows.changes.unionByName(after), entity_rows.untouched
 
 
 def _with_snapshot_rows(
-    spark: Any, views: dict[str, Any], keys: Any, base: _SnapshotBase, app: AppViews, cluster_name: str
-) -> tuple[dict[str, Any], Any]:
-    """The tables that are not entity tables get the snapshot's rows before the views' own (the
-    views computed them from the log after the snapshot only); the idempotency keys, those of the
-    snapshot and the new ones."""
+    spark: Any,
+    views: dict[str, Any],
+    keys: Any,
+    base: _SnapshotBase,
+    app: AppViews,
+    cluster_name: str,
+    untouched: Mapping[str, Any],
+) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+    """The entity tables get the snapshot's rows that no change after its marks touches; the
+    tables that are not entity tables get the snapshot's rows before the views' own (the views
+    computed them from the log after the snapshot only), and a seed of those rows for the
+    writer; the idempotency keys, those of the snapshot and the new ones."""
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
-    from waltz.spark.snapshot import snapshot_keys, snapshot_table
+    from waltz.spark.snapshot import SnapshotSeed, snapshot_keys, snapshot_table
 
     entity_tables = {info.model.__table__.name for info in app.entities or ()}
     merged = dict(views)
+    seeds: dict[str, Any] = {}
     for table in app.tables:
         if table.name in entity_tables:
-            continue
-        before = snapshot_table(spark, base.location, base.manifest, table)
+            before = untouched.get(table.name)
+        else:
+            before = snapshot_table(spark, base.location, base.manifest, table)
+            entry = base.manifest.table(table.name)
+            if entry is not None:
+                seeds[table.name] = SnapshotSeed(base.location, entry)
         if before is None:
             continue
         built = views[table.name]
@@ -299,7 +344,7 @@ def _with_snapshot_rows(
         F.col("transaction_id").cast("bigint").alias("transaction_id"),
         F.col("applied_at").cast("timestamp").alias("applied_at"),
     )
-    return merged, old_keys.unionByName(keys.select(*old_keys.columns))
+    return merged, old_keys.unionByName(keys.select(*old_keys.columns)), seeds
 
 
 def rebuild(
@@ -342,14 +387,17 @@ def rebuild(
     computed = compute_views(
         spark, app, source, up_to=up_to, cluster_name=cluster_name, snapshot=snapshot, progress=progress
     )
+    tables = dict(computed.tables)
+    tables.update({name: own for name, (_, own) in computed.seeded.items()})
     try:
         rows = write_views(
-            computed.tables,
+            tables,
             app,
             db_url,
             computed.marks,
             idempotency_keys_df=computed.idempotency_keys,
             cluster_name=cluster_name,
+            seeds={name: seed for name, (seed, _) in computed.seeded.items()},
             progress=progress,
         )
     finally:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 import json
 import logging
 import posixpath
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, Table, delete, insert, select, types
+from sqlalchemy.engine import Connection
 
 from waltz.archive.location import (
     LocationError,
@@ -45,17 +47,22 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.fs as pafs
 
+    from waltz.jdbc_style.entities import EntityInfo
     from waltz.spark.views import AppViews
 
 __all__ = [
     "MANIFEST_NAME",
     "SNAPSHOT_FORM",
+    "SnapshotEntityRows",
     "SnapshotError",
     "SnapshotFile",
     "SnapshotManifest",
+    "SnapshotSeed",
     "load_snapshot",
     "open_location",
     "read_manifest",
+    "rows_as_changes",
+    "snapshot_entity_rows",
     "verify_snapshot",
     "write_snapshot",
 ]
@@ -561,8 +568,8 @@ def load_snapshot(
     return manifest
 
 
-def _insert_rows(conn: Any, table: Table, rows: Iterator[dict[str, Any]]) -> int:
-    column_types = {c.name: c.type for c in table.columns}
+def _insert_rows(conn: Any, table: Any, rows: Iterator[dict[str, Any]], typed: Table | None = None) -> int:
+    column_types = {c.name: c.type for c in (typed if typed is not None else table).columns}
     count = 0
     batch: list[dict[str, Any]] = []
     for row in rows:
@@ -577,6 +584,83 @@ def _insert_rows(conn: Any, table: Table, rows: Iterator[dict[str, Any]]) -> int
     return count
 
 
+# --- a snapshot's rows copied straight into a rebuild's staging table -------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotSeed:
+    """The rows of one snapshot table that a rebuild copies into its staging table as they are
+    (docs/design/spark.md "Snapshots": a table that is not an entity table starts with them).
+
+    Attributes:
+        location: the snapshot (verified).
+        entry: the table's entry in its manifest.
+    """
+
+    location: str
+    entry: SnapshotFile
+
+    def copy_into(self, conn: Connection, table: Table, staging: str) -> int:
+        """Copy the rows into ``staging`` (a table with ``table``'s columns), in ``conn``'s
+        transaction: PostgreSQL's ``COPY`` (psycopg), a batched ``INSERT`` elsewhere.
+
+        Returns:
+            The rows copied.
+
+        Raises:
+            SnapshotError: the file's columns are not the table's.
+            sqlalchemy.exc.DBAPIError, psycopg.Error: the database refused a row.
+        """
+        names = [c.name for c in table.columns]
+        if self.entry.columns and [n for n, _ in self.entry.columns] != names:
+            raise SnapshotError(
+                f"{self.location}: table {table.name} has columns {[n for n, _ in self.entry.columns]} in "
+                f"the snapshot and {names} in the application; rebuild from the log alone"
+            )
+        driver = conn.connection.driver_connection
+        if conn.dialect.name == "postgresql" and hasattr(driver, "cursor") and hasattr(driver, "pgconn"):
+            return _copy_rows(driver, conn, table, staging, _rows(self.location, self.entry))
+        return _insert_rows(conn, _renamed_table(table, staging), _rows(self.location, self.entry), table)
+
+
+def _converters(table: Table) -> list[Callable[[Any], Any] | None]:
+    """Per column: None where the Parquet value goes in as it is, else a conversion."""
+    out: list[Callable[[Any], Any] | None] = []
+    for column in table.columns:
+        kind = column.type
+        if isinstance(kind, types.Integer | types.Boolean | types.Float) or (
+            isinstance(kind, types.String) and not isinstance(kind, types.JSON)
+        ):
+            out.append(None)
+        else:
+            out.append(functools.partial(_python_value, kind))
+    return out
+
+
+def _copy_rows(
+    driver: Any, conn: Connection, table: Table, staging: str, rows: Iterator[dict[str, Any]]
+) -> int:
+    preparer = conn.dialect.identifier_preparer
+    names = [c.name for c in table.columns]
+    convert = _converters(table)
+    statement = f"COPY {preparer.quote(staging)} ({', '.join(preparer.quote(n) for n in names)}) FROM STDIN"
+    count = 0
+    with driver.cursor() as cursor, cursor.copy(statement) as copy:
+        for row in rows:
+            copy.write_row(
+                [v if f is None else f(v) for v, f in zip((row[n] for n in names), convert, strict=True)]
+            )
+            count += 1
+    return count
+
+
+def _renamed_table(table: Table, name: str) -> Any:
+    from sqlalchemy import column as column_clause
+    from sqlalchemy import table as table_clause
+
+    return table_clause(name, *(column_clause(c.name) for c in table.columns))
+
+
 # --- Spark: a snapshot as the state a rebuild starts from -------------------------------------------
 
 
@@ -587,71 +671,190 @@ def spark_path(location: str, file: str) -> str:
     return str(Path(location).expanduser().resolve() / file)
 
 
-def snapshot_changes(spark: Any, location: str, manifest: SnapshotManifest, app: AppViews) -> Any:
-    """The snapshot's entity rows as row changes that come before every change of the log.
+@dataclass(frozen=True)
+class SnapshotEntityRows:
+    """A snapshot's entity rows, split by whether the log after its marks touches them.
 
-    Each row of an entity table becomes an ``insert`` of the whole row, with ``partition_id`` and
-    ``transaction_id`` -1 and no header (so that an application's views that read the changes'
-    headers or meta, such as audit rows, pass over them), and its values rendered as the decoders
-    render a change-set's (:func:`waltz.spark.decoders.render_value`). Replayed with the log after
-    the snapshot's marks, the last change per key is the row a full replay gives.
+    Attributes:
+        changes: the rows whose key a change after the marks names, as row changes that come
+            before every change of the log (a DataFrame of
+            :data:`~waltz.spark.decoders.CHANGES_SCHEMA`); the replay decides what they become.
+        untouched: entity table name -> the rows no change after the marks names (the snapshot's
+            columns as read from its Parquet file): they are the full replay's rows as they are.
+        cached: the persisted DataFrames both come from (each entity's rows with its touched
+            flag), to unpersist when the rebuild is done.
+    """
+
+    changes: Any
+    untouched: Mapping[str, Any]
+    cached: tuple[Any, ...] = ()
+
+
+def _natively_rendered(column_type: types.TypeEngine[Any]) -> bool:
+    """Whether Spark's cast to text renders a column's snapshot value as ``render_value`` does."""
+    return isinstance(column_type, types.Integer | types.Boolean) or (
+        isinstance(column_type, types.String) and not isinstance(column_type, types.JSON)
+    )
+
+
+def snapshot_entity_rows(
+    spark: Any, location: str, manifest: SnapshotManifest, app: AppViews, after: Any
+) -> SnapshotEntityRows:
+    """The snapshot's entity rows, those that the log after its marks touches as row changes.
+
+    A row is touched when a change of its entity after the marks names its key (the entity's key
+    or its primary key, docs/design/sql.md "Change-sets"); the key values are compared as the
+    column's type (``values`` cast as :func:`waltz.spark.views.entity_table` casts them). An
+    untouched row is the row a full replay gives, and passes through as read. A touched row
+    becomes an ``insert`` of the whole row, with ``partition_id`` and ``transaction_id`` -1 and no
+    header (so that views that read the changes' headers or meta, such as audit rows, pass over
+    it), its values rendered as the decoders render a change-set's
+    (:func:`waltz.spark.decoders.render_value`): by Spark's own casts for integer, boolean and text
+    columns with integer keys, by a Python function otherwise.
 
     Args:
         spark: the Spark session.
         location: the snapshot.
         manifest: its verified manifest.
         app: the application's views; its ``entities`` say which tables are entity tables.
+        after: the log's row changes after the snapshot's marks (:data:`CHANGES_SCHEMA`).
 
     Returns:
-        A DataFrame of :data:`~waltz.spark.decoders.CHANGES_SCHEMA` (empty without entities).
+        The touched rows as changes (empty without entities) and the untouched rows per table.
     """
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
-    from waltz.spark.decoders import CHANGES_SCHEMA, render_value
+    from waltz.spark.decoders import CHANGES_SCHEMA
+    from waltz.spark.views import spark_type
 
+    frames = []
+    cached: list[Any] = []
+    untouched: dict[str, Any] = {}
+    for info in app.entities or ():
+        table: Table = info.model.__table__
+        entry = manifest.table(table.name)
+        if entry is None or entry.rows == 0:
+            continue
+        by_column = {prop.columns[0].name: prop.key for prop in info.mapper.column_attrs}
+        column_of = {attribute: name for name, attribute in by_column.items()}
+        rows = spark.read.parquet(spark_path(location, entry.file))
+        ours = after.where(F.col("entity") == info.name)
+        flags = []
+        for index, key in enumerate(dict.fromkeys([tuple(info.key), tuple(info.primary_key)])):
+            names = [column_of[a] for a in key]
+            typed = {n: spark_type(table.c[n].type) for n in names}
+            flag = f"_touched_{index}"
+            touched = (
+                ours.select(
+                    *[
+                        F.coalesce(F.col("key_values").getItem(a), F.col("values").getItem(a))
+                        .cast(typed[n])
+                        .alias(f"_key_{n}")
+                        for a, n in zip(key, names, strict=True)
+                    ]
+                )
+                .dropna()
+                .distinct()
+                .withColumn(flag, F.lit(True))
+            )
+            condition = [rows[n].cast(typed[n]) == touched[f"_key_{n}"] for n in names]
+            rows = rows.join(touched, condition, "left").drop(*[f"_key_{n}" for n in names])
+            flags.append(F.col(flag).isNotNull())
+        hit = flags[0]
+        for flag_column in flags[1:]:
+            hit = hit | flag_column
+        # Persisted: the touched rows become changes (cached with the log's) and the untouched
+        # ones are written later; without it, each use would read and join the file again.
+        rows = rows.withColumn("_touched", hit).drop(*[f"_touched_{i}" for i in range(len(flags))]).persist()
+        cached.append(rows)
+        untouched[table.name] = rows.where(~F.col("_touched")).drop("_touched")
+        frames.append(rows_as_changes(rows.where(F.col("_touched")), info))
+    if not frames:
+        return SnapshotEntityRows(spark.createDataFrame([], CHANGES_SCHEMA), untouched, tuple(cached))
+    result = frames[0]
+    for frame in frames[1:]:
+        result = result.unionByName(frame)
+    return SnapshotEntityRows(result, untouched, tuple(cached))
+
+
+def rows_as_changes(rows: Any, info: EntityInfo, *, python: bool = False) -> Any:
+    """Snapshot rows of one entity as ``insert`` row changes at partition and transaction -1
+    (docs/design/spark.md "Snapshots").
+
+    Args:
+        rows: the entity table's rows as read from the snapshot's Parquet file.
+        info: the entity.
+        python: render every value with :func:`waltz.spark.decoders.render_value` in a Python
+            function, even where Spark's casts give the same text.
+
+    Returns:
+        A DataFrame of :data:`~waltz.spark.decoders.CHANGES_SCHEMA`.
+    """
+    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+
+    from waltz.spark.decoders import render_value
+
+    table: Table = info.model.__table__
+    by_column = {prop.columns[0].name: prop.key for prop in info.mapper.column_attrs}
+    columns = [c.name for c in table.columns if c.name in by_column]
+    attributes = [by_column[c] for c in columns]
+    key_names = tuple(info.key)
+    column_of = dict(zip(attributes, columns, strict=True))
+    entity = info.name
+    position = [
+        F.lit(-1).cast("int").alias("partition_id"),
+        F.lit(-1).cast("bigint").alias("transaction_id"),
+        F.lit(None).cast("int").alias("header"),
+    ]
+    native = (
+        not python
+        and all(_natively_rendered(table.c[c].type) for c in columns)
+        and all(isinstance(table.c[column_of[k]].type, types.Integer) for k in key_names)
+    )
+    if native:
+        # json.dumps(sort_keys=True, separators=(",", ":")) of the rendered key: integers and
+        # identifier names need no escaping.
+        parts: list[Any] = []
+        for index, name in enumerate(sorted(key_names)):
+            prefix = "{" if index == 0 else ","
+            parts += [F.lit(f'{prefix}"{name}":"'), F.col(column_of[name]).cast("string"), F.lit('"')]
+        parts.append(F.lit("}"))
+        key_values = F.create_map(
+            *[x for k in key_names for x in (F.lit(k), F.col(column_of[k]).cast("string"))]
+        )
+        values = F.create_map(
+            *[
+                x
+                for a, c in zip(attributes, columns, strict=True)
+                for x in (F.lit(a), F.col(c).cast("string"))
+            ]
+        )
+        return rows.select(
+            *position,
+            F.lit(0).cast("int").alias("op_index"),
+            F.lit(entity).alias("entity"),
+            F.lit("insert").alias("operation"),
+            F.concat(*parts).alias("key"),
+            key_values.alias("key_values"),
+            values.alias("values"),
+            F.lit(None).cast("string").alias("meta"),
+            F.lit(None).cast("string").alias("idempotency_key"),
+        )
     struct = (
         "op_index INT, entity STRING, operation STRING, key STRING, key_values MAP<STRING, STRING>, "
         "`values` MAP<STRING, STRING>, meta STRING, idempotency_key STRING"
     )
-    frames = []
-    for info in app.entities or ():
-        table: Table = info.model.__table__
-        entry = manifest.table(table.name)
-        if entry is None:
-            continue
-        by_column = {prop.columns[0].name: prop.key for prop in info.mapper.column_attrs}
-        columns = [c.name for c in table.columns if c.name in by_column]
-        attributes = [by_column[c] for c in columns]
-        key_names = tuple(info.key)
-        entity = info.name
 
-        def change(
-            row: Any,
-            attributes: list[str] = attributes,
-            key_names: tuple[str, ...] = key_names,
-            entity: str = entity,
-        ) -> tuple[Any, ...]:
-            values = {a: render_value(v) for a, v in zip(attributes, row, strict=True)}
-            key_values = {k: values[k] for k in key_names}
-            key = json.dumps(key_values, sort_keys=True, separators=(",", ":"))
-            return (0, entity, "insert", key, key_values, values, None, None)
+    def change(row: Any) -> tuple[Any, ...]:
+        values = {a: render_value(v) for a, v in zip(attributes, row, strict=True)}
+        key_values = {k: values[k] for k in key_names}
+        key = json.dumps(key_values, sort_keys=True, separators=(",", ":"))
+        return (0, entity, "insert", key, key_values, values, None, None)
 
-        udf = F.udf(change, f"STRUCT<{struct}>", useArrow=False)
-        rows = spark.read.parquet(spark_path(location, entry.file))
-        frames.append(
-            rows.select(
-                F.lit(-1).cast("int").alias("partition_id"),
-                F.lit(-1).cast("bigint").alias("transaction_id"),
-                F.lit(None).cast("int").alias("header"),
-                udf(F.struct(*[F.col(c) for c in columns])).alias("c"),
-            ).select("partition_id", "transaction_id", "header", "c.*")
-        )
-    if not frames:
-        return spark.createDataFrame([], CHANGES_SCHEMA)
-    result = frames[0]
-    for frame in frames[1:]:
-        result = result.unionByName(frame)
-    return result
+    udf = F.udf(change, f"STRUCT<{struct}>", useArrow=False)
+    return rows.select(*position, udf(F.struct(*[F.col(c) for c in columns])).alias("c")).select(
+        "partition_id", "transaction_id", "header", "c.*"
+    )
 
 
 def snapshot_keys(spark: Any, location: str, manifest: SnapshotManifest) -> Any:

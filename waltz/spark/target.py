@@ -8,8 +8,11 @@ SQLAlchemy for SQLite). Only when every table is complete are they swapped in, t
 framework's rows of this log: its ``waltz_high_water_marks`` rows set to the marks read up to and
 its ``waltz_idempotency_keys`` rows replaced by the keys of the log. On PostgreSQL and SQLite that
 is one transaction; on MariaDB, where DDL commits, the mark and key tables are staged too (their
-rows of other logs copied over) and everything is renamed in one atomic ``RENAME TABLE``. A failure
-before the swap leaves the old tables; a rerun gives the same tables.
+rows of other logs copied over) and everything is renamed in one atomic ``RENAME TABLE``. A
+table may start with seeded rows (a snapshot's, :class:`StagingSeed`), copied into its staging
+table by the driver while Spark writes. On PostgreSQL and MariaDB up to :data:`WRITE_JOBS`
+tables are written at once, each by its own Spark job. A failure before the swap leaves the old
+tables; a rerun gives the same tables.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any, Protocol
 
 from sqlalchemy import Engine, Table, column, delete, insert, inspect, select, text
 from sqlalchemy import table as table_clause
@@ -34,6 +38,8 @@ log = logging.getLogger(__name__)
 __all__ = [
     "STAGING_SUFFIX",
     "WRITE_BATCH",
+    "WRITE_JOBS",
+    "StagingSeed",
     "backend_of",
     "check_target",
     "jdbc_target",
@@ -49,10 +55,20 @@ STAGING_SUFFIX = "__rebuild"
 _OLD_SUFFIX = "__old"
 #: Rows per INSERT batch (SQLite) and per JDBC batch.
 WRITE_BATCH = 5000
+#: Tables written at once on PostgreSQL and MariaDB (each by its own Spark job).
+WRITE_JOBS = 3
 
 
 def _quiet(_: str) -> None:
     return None
+
+
+class StagingSeed(Protocol):
+    """Rows a rebuild copies into a staging table as they are, before the view's own rows."""
+
+    def copy_into(self, conn: Connection, table: Table, staging: str) -> int:
+        """Copy the rows into ``staging`` (``table``'s columns) in ``conn``'s transaction; the count."""
+        ...
 
 
 def marks_text(marks: Mapping[int, int]) -> str:
@@ -164,14 +180,19 @@ def _pg_index_names(conn: Connection, table: str) -> dict[str, str]:
     return out
 
 
+def _staged_rows(engine: Engine, staging: str) -> int:
+    with engine.connect() as conn:
+        quoted = conn.dialect.identifier_preparer.quote(staging)
+        return int(conn.execute(text(f"SELECT COUNT(*) FROM {quoted}")).scalar() or 0)
+
+
 def _write_rows(spark_df: Any, engine: Engine, backend: str, db_url: str, table: Table, staging: str) -> int:
+    """Append the DataFrame's rows to ``staging``: the rows written (SQLite), -1 (the JDBC writer)."""
     names = [c.name for c in table.columns]
     if backend in ("postgresql", "mariadb"):
         jdbc, props = jdbc_target(db_url)
         spark_df.select(*names).write.jdbc(jdbc, staging, mode="append", properties=props)
-        with engine.connect() as conn:
-            quoted = conn.dialect.identifier_preparer.quote(staging)
-            return int(conn.execute(text(f"SELECT COUNT(*) FROM {quoted}")).scalar() or 0)
+        return -1
     count = 0
     target = table_clause(staging, *(column(name) for name in names))
     batch: list[dict[str, Any]] = []
@@ -225,9 +246,14 @@ def write_views(
     *,
     idempotency_keys_df: Any = None,
     cluster_name: str | None = None,
+    seeds: Mapping[str, StagingSeed] | None = None,
     progress: Progress = _quiet,
 ) -> dict[str, int]:
     """Write the views into fresh tables, swap them in when all are complete, and set the marks.
+
+    On PostgreSQL and MariaDB up to :data:`WRITE_JOBS` tables are written at once (Spark jobs from
+    driver threads), a seed's copy beside its table's own rows; on SQLite one after the other
+    (docs/design/spark.md "Swapping tables with the marks").
 
     Args:
         views: table name -> DataFrame (from :func:`waltz.spark.rebuild.compute_views`).
@@ -237,10 +263,14 @@ def write_views(
         idempotency_keys_df: the log's idempotency keys (:func:`waltz.spark.views.idempotency_key_rows`)
             to replace this log's ``waltz_idempotency_keys`` rows with; None leaves them.
         cluster_name: the log's name in the mark rows (default ``app.cluster_name``).
+        seeds: table name -> rows copied into its staging table before the view's own rows
+            (a snapshot's, :class:`waltz.spark.snapshot.SnapshotSeed`; docs/design/spark.md
+            "Snapshots"); the view's DataFrame then holds only the rows that follow them.
         progress: called with a line per step.
 
     Returns:
-        Table name -> rows written (``waltz_idempotency_keys`` included when given).
+        Table name -> rows written (``waltz_idempotency_keys`` included when given), seeded
+        rows included.
 
     Raises:
         RebuildError: the target backend is not supported.
@@ -260,22 +290,73 @@ def write_views(
         pg_names: dict[str, dict[str, str]] = {}
         rows: dict[str, int] = {}
         created: list[str] = []
-        try:
-            for table, frame in staged:
-                staging = table.name + STAGING_SUFFIX
-                with engine.begin() as conn:
-                    created.append(staging)
-                    index_statements = _create_staging(conn, backend, table, staging)
-                    if table is not idempotency_keys:  # its rows are copied over, the table stays
-                        after_swap += index_statements
-                        if backend == "postgresql":
-                            pg_names[table.name] = _pg_index_names(conn, table.name)
-                progress(f"writing {table.name} into {staging}")
-                rows[table.name] = _write_rows(frame, engine, backend, db_url, table, staging)
-                progress(f"  {table.name}: {rows[table.name]} rows")
-        except BaseException:
-            _drop_staging(engine, created)  # a failed rebuild leaves the database as it was
-            raise
+
+        def create(table: Table) -> str:
+            staging = table.name + STAGING_SUFFIX
+            with engine.begin() as conn:
+                created.append(staging)
+                index_statements = _create_staging(conn, backend, table, staging)
+                if table is not idempotency_keys:  # its rows are copied over, the table stays
+                    after_swap.extend(index_statements)
+                    if backend == "postgresql":
+                        pg_names[table.name] = _pg_index_names(conn, table.name)
+            return staging
+
+        def copy(seed: StagingSeed, table: Table, staging: str) -> int:
+            with engine.begin() as conn:
+                return seed.copy_into(conn, table, staging)
+
+        chosen = seeds or {}
+        concurrent = backend != "sqlite"  # SQLite has one writer: there, everything runs in turn
+
+        def write(table: Table, frame: Any, seeding: Future[int] | None) -> int:
+            staging = table.name + STAGING_SUFFIX
+            seeded = 0
+            if seeding is None and table.name in chosen:
+                seeded = copy(chosen[table.name], table, staging)
+                progress(f"copied {seeded} rows of {table.name} into {staging}")
+            progress(f"writing {table.name} into {staging}")
+            # On a database server, Spark appends while the seed's copy runs (rows in no order).
+            written = _write_rows(frame, engine, backend, db_url, table, staging)
+            if seeding is not None:
+                seeded = seeding.result()
+                progress(f"copied {seeded} rows of {table.name} into {staging}")
+            # The JDBC backends count the staging table's rows, the seeded ones among them.
+            count = _staged_rows(engine, staging) if concurrent else seeded + written
+            progress(f"  {table.name}: {count} rows")
+            return count
+
+        copies: dict[str, Future[int]] = {}
+        writes: dict[str, Future[int]] = {}
+        with (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="waltz-rebuild-seed") as pool,
+            ThreadPoolExecutor(
+                max_workers=WRITE_JOBS if concurrent else 1, thread_name_prefix="waltz-rebuild-write"
+            ) as writers,
+        ):
+            try:
+                for table, _ in staged:
+                    create(table)
+                    if concurrent and table.name in chosen:
+                        # The seeded tables' copies run while Spark writes the other tables.
+                        staging = table.name + STAGING_SUFFIX
+                        copies[table.name] = pool.submit(copy, chosen[table.name], table, staging)
+                if concurrent:
+                    # Each table's write is its own Spark job; several at once keep the executors
+                    # busy through one job's driver-side steps (planning, connections, the count).
+                    for table, frame in staged:
+                        writes[table.name] = writers.submit(write, table, frame, copies.get(table.name))
+                    for table, _ in staged:
+                        rows[table.name] = writes[table.name].result()
+                else:
+                    for table, frame in staged:
+                        rows[table.name] = write(table, frame, None)
+            except BaseException:
+                for future in (*copies.values(), *writes.values()):
+                    future.cancel()
+                wait([*copies.values(), *writes.values()])
+                _drop_staging(engine, created)  # a failed rebuild leaves the database as it was
+                raise
         swap = _Swap(engine, backend, name, marks, with_keys=idempotency_keys_df is not None)
         if backend == "mariadb":
             swap.mariadb(app.tables)

@@ -15,7 +15,9 @@ so log order per key is well defined.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +30,7 @@ from waltz.spark.decoders import DecoderRegistry
 __all__ = [
     "AppViews",
     "apply_idempotency",
+    "caching_replays",
     "change_problems",
     "entity_table",
     "idempotency_key_rows",
@@ -235,6 +238,30 @@ def partial_row_problem(
     )
 
 
+#: The replays to persist while views are built (:func:`caching_replays`), or None.
+_replays: ContextVar[list[Any] | None] = ContextVar("waltz_spark_replays", default=None)
+
+
+@contextmanager
+def caching_replays() -> Iterator[list[Any]]:
+    """Within the block, :func:`replay` persists what it returns and adds it to the list yielded.
+
+    An application's entity tables usually share one replay (``entity_table(rows, ...)`` for each
+    model): persisted, it is computed once, by the first table's write, instead of once per table
+    (docs/design/spark.md "Computing views"). The caller unpersists the list's DataFrames when the
+    views are written (:meth:`waltz.spark.rebuild.ComputedViews.release`).
+
+    Yields:
+        The list of the DataFrames persisted so far (it grows as ``replay`` is called).
+    """
+    persisted: list[Any] = []
+    token = _replays.set(persisted)
+    try:
+        yield persisted
+    finally:
+        _replays.reset(token)
+
+
 def replay(changes: Any) -> Any:
     """The surviving row per ``(entity, key)``: its last insert/update, none when last deleted.
 
@@ -243,7 +270,8 @@ def replay(changes: Any) -> Any:
 
     Returns:
         The rows of the last change per key that is not a delete, with the change's columns
-        (``transaction_id`` is the transaction that last wrote the row).
+        (``transaction_id`` is the transaction that last wrote the row); persisted within
+        :func:`caching_replays`.
     """
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
     from pyspark.sql.window import Window
@@ -257,7 +285,12 @@ def replay(changes: Any) -> Any:
         .where(F.col("_rank") == 1)
         .drop("_rank")
     )
-    return last.where(F.col("operation") != "delete")
+    rows = last.where(F.col("operation") != "delete")
+    persisted = _replays.get()
+    if persisted is not None:
+        rows = rows.persist()
+        persisted.append(rows)
+    return rows
 
 
 def entity_table(
