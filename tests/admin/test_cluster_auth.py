@@ -6,10 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import support
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.security import OPEN_ACL_UNSAFE
@@ -25,17 +23,6 @@ from waltz.metadata.zk_session import ZooKeeperAuthError, connect_zookeeper
 
 DIGEST = "waltz-test:s3cret-digest"
 WRONG = "waltz-test:not-the-password"
-
-
-@pytest.fixture
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalStorageNode]:
-    node = LocalStorageNode(tmp_path / "storage-0", name="storage-0", log_path=tmp_path / "storage-0.log")
-    support.add_failure_logs(request.node, "storage-0 log", node.process.log_tail)
-    try:
-        node.start()
-        yield node
-    finally:
-        node.close()
 
 
 @pytest.fixture

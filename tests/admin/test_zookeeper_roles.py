@@ -35,17 +35,6 @@ DIGEST = "waltz-test:s3cret-digest"
 
 
 @pytest.fixture
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalStorageNode]:
-    node = LocalStorageNode(tmp_path / "storage-0", name="storage-0", log_path=tmp_path / "storage-0.log")
-    support.add_failure_logs(request.node, "storage-0 log", node.process.log_tail)
-    try:
-        node.start()
-        yield node
-    finally:
-        node.close()
-
-
-@pytest.fixture
 def digests(zookeeper: LocalZooKeeper | DockerZooKeeper, zk_root: str, tmp_path: Path) -> Iterator[Path]:
     """The directory of the role credentials; the root is deleted at the end with every credential
     the test used (the unauthenticated cleaner of ``zk_root`` may not)."""

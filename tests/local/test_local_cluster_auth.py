@@ -50,10 +50,9 @@ def append_and_apply(cluster: LocalCluster, data: bytes, role: Role = Role.OPERA
     assert [a.data for a in store.applied[0]][-1] == data
 
 
-def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_gives_every_znode_its_roles_acl(
-    tmp_path: Path, zookeeper: LocalZooKeeper
-) -> None:
-    with LocalCluster(
+def cluster_with_roles(tmp_path: Path, zookeeper: LocalZooKeeper) -> LocalCluster:
+    """One storage node, one server and one partition, with ZooKeeper credentials per role."""
+    return LocalCluster(
         storages=1,
         servers=1,
         partitions=1,
@@ -61,7 +60,13 @@ def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_gives_every_zno
         work_dir=tmp_path / "cluster",
         delete_root=True,
         security=SecurityOptions(zookeeper_auth=True),
-    ) as cluster:
+    )
+
+
+def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_gives_every_znode_its_roles_acl(
+    tmp_path: Path, zookeeper: LocalZooKeeper
+) -> None:
+    with cluster_with_roles(tmp_path, zookeeper) as cluster:
         append_and_apply(cluster, b"authenticated", Role.CLIENT)
         credentials = cluster.zookeeper_role_credentials
         assert credentials is not None
@@ -110,15 +115,7 @@ def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_gives_every_zno
 def test_the_client_credential_reads_what_discovery_needs_and_not_the_cluster_key(
     tmp_path: Path, zookeeper: LocalZooKeeper
 ) -> None:
-    with LocalCluster(
-        storages=1,
-        servers=1,
-        partitions=1,
-        zookeeper=zookeeper.connect_string,
-        work_dir=tmp_path / "cluster",
-        delete_root=True,
-        security=SecurityOptions(zookeeper_auth=True),
-    ) as cluster:
+    with cluster_with_roles(tmp_path, zookeeper) as cluster:
         append_and_apply(cluster, b"found through discovery", Role.CLIENT)  # a real client, a real server
         credentials = cluster.zookeeper_role_credentials
         assert credentials is not None

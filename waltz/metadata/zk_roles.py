@@ -28,6 +28,7 @@ from kazoo.security import ACL, Id, Permissions, make_digest_acl_credential
 
 from waltz.errors import MetadataError
 from waltz.metadata.zk_security import ZooKeeperSecurity
+from waltz.private_files import private_directory
 
 __all__ = [
     "KNOWN_CHILDREN",
@@ -158,7 +159,7 @@ class RoleCredentials:
         if present:
             return cls(**{role.value: ZooKeeperSecurity.read_digest_file(files[role]) for role in Role})
         credentials = cls.generate()
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_directory(directory)
         for role, path in files.items():
             ZooKeeperSecurity(digest=credentials.digest(role)).write_digest_file(path)
         return credentials

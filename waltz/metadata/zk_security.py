@@ -15,7 +15,6 @@ environment) are shared by every settings class through :class:`ZooKeeperSetting
 
 from __future__ import annotations
 
-import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from waltz.errors import ConfigurationError
+from waltz.private_files import write_private
 
 __all__ = [
     "DIGEST_SETTINGS_HINT",
@@ -113,10 +113,7 @@ class ZooKeeperSecurity:
         """
         if self.digest is None:
             raise ValueError("no digest credential to write")
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-            os.fchmod(file.fileno(), 0o600)  # before the secret: an existing file keeps its own mode
-            file.write(self.digest + "\n")
+        write_private(path, self.digest + "\n")  # narrowed before the secret is written
 
     @property
     def user(self) -> str | None:

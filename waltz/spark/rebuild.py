@@ -137,8 +137,13 @@ class ComputedViews:
 
     def release(self) -> None:
         """Drop the cached log."""
-        for frame in (self.changes, *self.cached):
-            frame.unpersist()
+        _unpersist(self.changes, *self.cached)
+
+
+def _unpersist(*frames: Any) -> None:
+    """Drop what ``frames`` cached."""
+    for frame in frames:
+        frame.unpersist()
 
 
 def compute_views(
@@ -207,8 +212,7 @@ def compute_views(
     if app.entities is not None:
         problems = change_problems(changes, app.entities)
         if problems:
-            for frame in (changes, *cached):
-                frame.unpersist()
+            _unpersist(changes, *cached)
             raise RebuildError(
                 "the log holds row changes that do not fit the application's current models, after "
                 "their upcasters, or that carry part of a row, which a rebuild cannot replay; nothing "
@@ -225,8 +229,7 @@ def compute_views(
         progress(f"replayed the row changes: {replayed.count()} rows")
     missing = [t.name for t in app.tables if t.name not in views]
     if missing:
-        for frame in (changes, *cached):
-            frame.unpersist()
+        _unpersist(changes, *cached)
         raise RebuildError(f"the application's views lack tables {missing}")
     keys = idempotency_key_rows(changes, cluster_name or app.cluster_name)
     seeded: dict[str, tuple[Any, Any]] = {}
