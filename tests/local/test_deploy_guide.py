@@ -16,8 +16,9 @@ What stands in for a real host:
   and runs its ``ExecStart`` (with ``Environment=`` and ``EnvironmentFile=``) inside the host as a
   :class:`~waltz.local.processes.ManagedProcess`; stop is SIGTERM then SIGKILL after
   ``TimeoutStopSec``. ``User=``, ``Limit*=`` and ``Restart=`` are not applied: everything runs as
-  root and a unit that exits fails the test. ``systemctl daemon-reload`` does nothing.
-  Each host starts with an empty ``/etc/systemd/system``, as every host has one.
+  root and a unit that exits fails the test; ``UMask=`` is applied (systemd's ``0022`` without
+  it). ``systemctl daemon-reload`` does nothing. Each host starts with an empty
+  ``/etc/systemd/system`` and ``/etc/zookeeper/conf``, as a host with Debian's packages has them.
 - ``/opt/waltz/bin/waltz`` and ``waltz`` are this interpreter's ``python -m waltz``.
 - ``scp [-p] SRC ADDRESS:DST`` copies between the hosts' directories (the destination's directory
   must exist, as for scp), with the source host's mapped paths in a text file made the target's.
@@ -25,8 +26,10 @@ What stands in for a real host:
   ``chown``) are skipped: the machine has Debian's ZooKeeper, Java and the project installed.
 
 After the guide (or, in the default suite, after its first start and checks) a client in the root
-namespace, built from the guide's ``/etc/waltz/client.yaml`` (with TLS files once the guide turns
-TLS on), commits transactions and reads them back. The full run (``-m slow``, about two minutes)
+namespace, built from the guide's ``/etc/waltz/client.yaml`` (its TLS files and ZooKeeper
+credential), commits transactions and reads them back; every file and directory the guide made on
+every host must be readable by its owner only (:func:`open_to_others`), and the transcript must not
+hold the cluster key. The full run (``-m slow``, about two minutes)
 also commits before the backup and between the backup and the restore, and checks after the
 restore, the new node and the upgrade that every acknowledged transaction is in the log at its ID,
 without gaps, and that every assigned replica holds the whole log. A third test breaks a key of
@@ -46,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,11 +58,14 @@ import pytest
 
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
+from waltz.admin.config import ClusterAdminConfig
 from waltz.config import load_settings
 from waltz.errors import ConfigurationError
 from waltz.local.netns import NetworkLab, network_lab_unavailable, nft_unavailable, unused_subnet
 from waltz.local.processes import ManagedProcess, wait_until
 from waltz.local.zookeeper import find_java, find_zookeeper_classpath
+from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_session import connect_zookeeper
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
 ADDRESSES = {
@@ -77,6 +84,11 @@ MAPPED = (
 )
 SKIPPED = ("apt-get ", "python3 -m venv ", "/opt/waltz/bin/pip ", "useradd ", "chown ")
 PARTITIONS = 3
+#: Directories a host has before the guide (the system's and the packages'), which may be open.
+SYSTEM_DIRECTORIES = frozenset(
+    {"/etc", "/var", "/var/lib", "/var/backups", "/etc/systemd", "/etc/systemd/system", "/etc/zookeeper"}
+    | {"/etc/zookeeper/conf"}
+)
 #: The last section of the first start: the default suite runs the guide up to here.
 FIRST_START_END = "Checking the cluster"
 
@@ -159,6 +171,7 @@ class Deployment:
         self.env = {**os.environ, "PATH": f"{shims}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
         for host in ADDRESSES:
             (root / host / "etc" / "systemd" / "system").mkdir(parents=True)  # every host has it
+            (root / host / "etc" / "zookeeper" / "conf").mkdir(parents=True)  # Debian's package's
 
     def path(self, host: str, path: str) -> Path:
         """Where a host's absolute ``path`` is on this machine."""
@@ -265,6 +278,7 @@ class Deployment:
                 if "=" in line and not line.lstrip().startswith("#"):
                     key_, _, value = line.partition("=")
                     env[key_.strip()] = value.strip()
+        (umask,) = service.get("UMask", ["0022"])
         (exec_start,) = service["ExecStart"]
         argv = [self.map(host, word) for word in shlex.split(exec_start)]
         if argv[0] == "/opt/waltz/bin/waltz":
@@ -275,6 +289,7 @@ class Deployment:
             log_path=self.root / "logs" / f"{host}-{unit}.log",
             env=env,
             cwd=self.root / host,
+            umask=int(umask, 8),
         )
         self.units[key] = process
         process.start()
@@ -316,6 +331,48 @@ class Deployment:
         for process in self.units.values():
             process.kill()
         self.units.clear()
+
+
+def open_to_others(hosts: Deployment) -> list[str]:
+    """The files and directories the guide made on its hosts that its group or other users may
+    read, write or enter, as ``host:/path mode``.
+
+    Every path under a host's directory counts but :data:`SYSTEM_DIRECTORIES` (their files count).
+    """
+    found = []
+    for host in ADDRESSES:
+        base = hosts.root / host
+        for path in sorted(base.rglob("*")):
+            name = "/" + path.relative_to(base).as_posix()
+            mode = path.lstat().st_mode
+            if name not in SYSTEM_DIRECTORIES and mode & 0o077:
+                found.append(f"{host}:{name} {oct(mode & 0o777)}")
+    return found
+
+
+def assert_private(hosts: Deployment) -> None:
+    """Every file and directory the guide made is its owner's only."""
+    open_paths = open_to_others(hosts)
+    assert not open_paths, "the guide made these open to other users:\n" + "\n".join(open_paths)
+
+
+def cluster_key(hosts: Deployment) -> uuid.UUID:
+    """The cluster key, read from ZooKeeper with the guide's operator settings."""
+    config = load_settings(ClusterAdminConfig, hosts.path("waltz-1", "/etc/waltz/cluster.yaml"))
+    assert config.zookeeper_connect_string is not None and config.cluster_root is not None
+    zk = connect_zookeeper(config.zookeeper_connect_string, security=config.zookeeper_security())
+    try:
+        return ClusterZk(zk, config.cluster_root).params().cluster_key
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def assert_key_not_printed(hosts: Deployment, key: uuid.UUID) -> None:
+    """The transcript of the guide's commands holds the cluster key in none of its spellings."""
+    text = hosts.transcript.read_text().lower()
+    printed = any(spelling in text for spelling in (str(key), key.hex))
+    assert not printed, f"the cluster key appears in {hosts.transcript}"  # not shown here either
 
 
 class UnitExitedError(Exception):
@@ -459,6 +516,8 @@ def test_first_start_of_the_guide_gives_a_cluster_that_commits(deployment: Deplo
     acknowledged = commit(deployment, 30, "first start")
     assert_in_log(read_back(deployment), acknowledged)
     deployment.command("waltz-1", "waltz cluster verify --config /etc/waltz/cluster.yaml", None)
+    assert_private(deployment)
+    assert_key_not_printed(deployment, cluster_key(deployment))
 
 
 def test_a_wrong_key_in_the_guides_storage_file_fails_the_first_start(deployment: Deployment) -> None:
@@ -509,6 +568,7 @@ def test_the_whole_guide_keeps_every_transaction(deployment: Deployment) -> None
     log = read_back(deployment)
     assert_in_log(log, acknowledged)
     archived = {partition: max(entries) for partition, entries in log.items()}
+    lost_key = cluster_key(deployment)
     run_guide(deployment, steps[lost[0] : lost[-1] + 1])
     status = json.loads(
         deployment.output("waltz-1", "waltz archive status --json --config /etc/waltz/cluster.yaml")
@@ -530,3 +590,6 @@ def test_the_whole_guide_keeps_every_transaction(deployment: Deployment) -> None
         what=f"every assigned replica (the new one too) to hold the log up to {marks}",
     )
     deployment.command("waltz-1", "waltz cluster verify --config /etc/waltz/cluster.yaml", None)
+    assert_private(deployment)
+    for key in (lost_key, cluster_key(deployment)):
+        assert_key_not_printed(deployment, key)
