@@ -59,6 +59,13 @@ def test_a_session_with_only_the_key_cannot_truncate_committed_transactions(
         before = await log_of(storage_node, cluster_key)
         assert before[:2] == (9, 9)
         async with StorageSessionClient(storage_node.address, cluster_key, NUM_PARTITIONS, 3) as hostile:
+            # Refused before it takes the partition: the fence stays with session 2.
+            for request in (hostile.truncate(0, -1), hostile.set_low_water_mark(0, -1)):
+                with pytest.raises(StorageRpcError, match="the floor is 9"):
+                    await request
+            async with StorageAdminClient(storage_node.admin_address, cluster_key, NUM_PARTITIONS) as admin:
+                (status,) = (await admin.partition_status(0)).partitions
+                assert status.session_id == 2
             await hostile.open_session(0)
             with pytest.raises(StorageRpcError) as refused:
                 await hostile.truncate(0, -1)

@@ -309,6 +309,23 @@ class StoragePartition:
         """
         return self._control.partition_info(self.partition_id)
 
+    def check_low_water_mark(self, session_id: int, low_water_mark: int) -> None:
+        """Refuse a low-water mark below the current one; changes nothing (docs/design/storage.md,
+        "The committed floor").
+
+        Raises:
+            BelowCommittedError: ``low_water_mark`` is below the current low-water mark.
+        """
+        floor = self._control.partition_info(self.partition_id).low_water_mark
+        if low_water_mark < floor:
+            raise BelowCommittedError(
+                self.partition_id,
+                low_water_mark,
+                floor,
+                f"refused to set the low-water mark to {low_water_mark} for store session {session_id}: "
+                f"it is {floor}, and a store session never lowers it",
+            )
+
     def set_low_water_mark(self, session_id: int, low_water_mark: int) -> None:
         """Record that ``session_id`` started with the cluster high-water mark ``low_water_mark``.
 
@@ -321,15 +338,7 @@ class StoragePartition:
             PartitionUnavailableError: writes are switched off.
         """
         self._require_writable()
-        floor = self._control.partition_info(self.partition_id).low_water_mark
-        if low_water_mark < floor:
-            raise BelowCommittedError(
-                self.partition_id,
-                low_water_mark,
-                floor,
-                f"refused to set the low-water mark to {low_water_mark} for store session {session_id}: "
-                f"it is {floor}, and a store session never lowers it",
-            )
+        self.check_low_water_mark(session_id, low_water_mark)
         local = min(self.max_transaction_id, low_water_mark)
         self._control.set_partition_info(
             self.partition_id, fmt.PartitionInfo(session_id, low_water_mark, local)
@@ -451,7 +460,16 @@ class StoragePartition:
                 would then have a gap: docs/design/archive.md, "Retention on the storage nodes").
         """
         self._require_writable()
-        self._check_truncation(transaction_id)
+        self.check_truncation(transaction_id)
+        self._truncate(transaction_id)
+
+    def check_truncation(self, transaction_id: int) -> None:
+        """Refuse what :meth:`truncate` refuses for ``transaction_id``; changes nothing.
+
+        Raises:
+            BelowCommittedError, ProtocolError: as :meth:`truncate`.
+        """
+        self._check_truncation_bounds(transaction_id)
         floor = self.committed_floor
         if transaction_id < floor:
             raise BelowCommittedError(
@@ -462,7 +480,6 @@ class StoragePartition:
                 f"{self._control.partition_info(self.partition_id).low_water_mark} and this replica "
                 f"holds up to {self.max_transaction_id}",
             )
-        self._truncate(transaction_id)
 
     def truncate_below_committed(self, transaction_id: int) -> CommittedTruncation:
         """An operator's truncation, below the committed transactions if asked: remove every record
@@ -477,7 +494,7 @@ class StoragePartition:
             PartitionUnavailableError: writes are switched off.
         """
         self._require_writable()
-        self._check_truncation(transaction_id)
+        self._check_truncation_bounds(transaction_id)
         previous_max = self.max_transaction_id
         previous = self._control.partition_info(self.partition_id)
         info = self._control.lower_low_water_mark(self.partition_id, transaction_id)
@@ -490,7 +507,7 @@ class StoragePartition:
             info.low_water_mark,
         )
 
-    def _check_truncation(self, transaction_id: int) -> None:
+    def _check_truncation_bounds(self, transaction_id: int) -> None:
         if transaction_id < -1:
             raise ProtocolError(
                 f"partition {self.partition_id}: cannot truncate to transaction {transaction_id}"

@@ -141,6 +141,7 @@ def test_a_session_records_what_it_commits_as_its_writers_low_water_mark(store_c
         await partition.close()
         for node in store_cluster.storages:
             async with StorageSessionClient(node.address, key, n, session_id + 1) as hostile:
+                await hostile.open_session(0)
                 with pytest.raises(StorageRpcError, match="the floor is 49"):
                     await hostile.truncate(0, -1)
                 assert await hostile.max_transaction_id(0) == 49
