@@ -10,6 +10,7 @@ __all__ = [
     "ApplyContractError",
     "ApplyPausedError",
     "ArchivedReadError",
+    "BelowCommittedError",
     "ClientClosedError",
     "ClusterKeyMismatchError",
     "ClusterNotFoundError",
@@ -86,6 +87,34 @@ class GenerationFencedError(MetadataError):
 
 class ProtocolError(WaltzError):
     """A peer sent a message that breaks the wire protocol (malformed, out of order, unknown)."""
+
+
+class BelowCommittedError(ProtocolError):
+    """A store session asked a storage node to remove, or to stop vouching for, committed
+    transactions: a truncation below the partition's low-water mark, or a lower low-water mark
+    (docs/design/storage.md, "The committed floor"). Nothing was changed.
+
+    On the wire it is an ``INVALID_REQUEST``, so that servers of every version take it as a
+    refused request.
+
+    Attributes:
+        partition_id: the partition.
+        transaction_id: the transaction the request asked for (the truncation's last kept
+            transaction, or the new low-water mark).
+        floor: the lowest value the node accepts from a store session.
+    """
+
+    def __init__(self, partition_id: int, transaction_id: int, floor: int, why: str) -> None:
+        super().__init__(
+            f"partition {partition_id}: {why}; the floor is {floor}: every transaction up to the "
+            "partition's low-water mark is committed. Nothing was changed. To remove committed "
+            f"transactions on purpose, an operator with an admin certificate runs `waltz cluster "
+            f"storage truncate-committed STORAGE --partition {partition_id} --to {transaction_id}` "
+            '(docs/operations.md, "Truncating committed transactions")'
+        )
+        self.partition_id = partition_id
+        self.transaction_id = transaction_id
+        self.floor = floor
 
 
 class MessageTooLargeError(ProtocolError):

@@ -18,6 +18,7 @@ from typer.testing import CliRunner, Result
 
 from waltz.cli.main import app
 from waltz.errors import StorageRpcError
+from waltz.local.certificates import make_cluster_certificates
 from waltz.local.nodes import LocalStorageNode
 from waltz.local.processes import free_port, wait_until
 from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper
@@ -59,11 +60,14 @@ class Cli:
         self.root = root
         self.runner = CliRunner()
 
-    def __call__(self, *args: str, input: str | None = None, expect: int | None = 0) -> Result:
+    def __call__(
+        self, *args: str, input: str | None = None, expect: int | None = 0, env: dict[str, str] | None = None
+    ) -> Result:
         result = self.runner.invoke(
             app,
             ["cluster", *args, "--zookeeper", self.zookeeper, "--root", self.root, "--timeout", "3"],
             input=input,
+            env=env,
         )
         if expect is not None:
             assert result.exit_code == expect, f"exit code {result.exit_code}:\n{result.output}"
@@ -102,11 +106,18 @@ def lines_with(output: str, *words: str) -> list[str]:
     return [line for line in output.splitlines() if all(w in line for w in words)]
 
 
-def create(cli: Cli, nodes: list[LocalStorageNode], partitions: int, *extra: str, expect: int = 0) -> Result:
+def create(
+    cli: Cli,
+    nodes: list[LocalStorageNode],
+    partitions: int,
+    *extra: str,
+    expect: int = 0,
+    env: dict[str, str] | None = None,
+) -> Result:
     args = ["create", "--name", "test", "--partitions", str(partitions)]
     for node in nodes:
         args += ["--storage", spec(node)]
-    return cli(*args, *extra, expect=expect)
+    return cli(*args, *extra, expect=expect, env=env)
 
 
 # ---- create, list, verify -----------------------------------------------------------------------
@@ -520,6 +531,72 @@ def test_set_fence_puts_a_poisoned_fence_back_after_confirmation_and_is_audited(
     assert "'forged ID'" in audit[0] and "@" in audit[0]  # the operator's user@host
     assert "partition 0 fence 4 -> 3" in audit[1]
     assert "partition 1 fence -1 -> 9" in audit[2]
+
+
+@pytest.mark.security
+def test_truncate_committed_shows_what_goes_asks_and_needs_an_admin_certificate(
+    cli: Cli, zk_client: KazooClient, zk_root: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``truncate-committed`` on a node with mutual TLS: an operator certificate is refused by the
+    node, a declined confirmation changes nothing, and the admin's truncation is audited."""
+    files = make_cluster_certificates(tmp_path / "tls")
+    node = LocalStorageNode(
+        tmp_path / "storage-tls",
+        name="storage-tls",
+        log_path=tmp_path / "storage-tls.log",
+        env=files.storage_env(),
+    )
+    support.add_failure_logs(request.node, "storage-tls log", node.process.log_tail)
+
+    def as_role(role: str) -> dict[str, str]:
+        return {
+            "WALTZ_CLUSTER_SSL_CA_FILE": str(files.ca_file),
+            "WALTZ_CLUSTER_SSL_CERT_FILE": str(files.cert_file(role)),
+            "WALTZ_CLUSTER_SSL_KEY_FILE": str(files.key_file(role)),
+        }
+
+    try:
+        node.start()
+        create(cli, [node], 2, env=as_role("admin"))
+        key = str(ClusterZk(zk_client, zk_root).params().cluster_key)
+        admin_tls = files.tls("admin")
+
+        async def commit() -> None:
+            async with StorageSessionClient(node.address, key, 2, 1, tls=files.tls("node")) as session:
+                await session.append(0, [Record.create(t, ReqId(1, 2, 0, t), 0, b"c") for t in range(10)])
+            async with StorageSessionClient(node.address, key, 2, 2, tls=files.tls("node")) as session:
+                await session.set_low_water_mark(0, 9)
+
+        async def status() -> tuple[int, int]:
+            async with StorageAdminClient(node.admin_address, key, 2, tls=admin_tls) as admin:
+                (partition,) = (await admin.partition_status(0)).partitions
+                return partition.max_transaction_id, partition.low_water_mark
+
+        run(commit())
+        command = ("storage", "truncate-committed", node.address, "-p", "0", "--to", "4")
+        refused = cli(*command, "--yes", env=as_role("operator"), expect=2)
+        assert (
+            "truncate_below_committed needs a certificate with the role urn:waltz:role:admin"
+            in refused.output
+        )
+        declined = cli(*command, input="n\n", env=as_role("admin"), expect=1)
+        assert (
+            "truncate from transaction 9 to 4, 5 of them committed (low-water mark 9 -> 4)" in declined.output
+        )
+        assert run(status()) == (9, 9)
+        done = cli(*command, "--reason", "poison at 5", input="y\n", env=as_role("admin"))
+        assert "truncated from transaction 9 to 4, low-water mark 9 -> 4" in done.output
+        assert run(status()) == (4, 4)
+        again = cli(*command, "--yes", env=as_role("admin"))
+        assert "nothing to remove" in again.output
+    finally:
+        node.close()
+    log_path = node.process.log_path
+    assert log_path is not None
+    audit = [line for line in log_path.read_text().splitlines() if "AUDIT truncate-below-committed" in line]
+    assert len(audit) == 1, audit
+    assert "partition 0 truncated from transaction 9 to 4" in audit[0] and "CN=waltz-admin" in audit[0]
+    assert "'poison at 5'" in audit[0] and "@" in audit[0]  # the operator's user@host
 
 
 # ---- delete ----------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """An attacker process for tests/local/test_attackers.py: it tries every destructive request it can
-with what it is given, and prints what each attempt got back, as JSON.
+with what it is given, and prints what each attempt got back, as JSON. Its store sessions truncate
+at a session far above the fence and right above it (which a node takes: only the committed floor
+refuses it there).
 
 Run as ``python attacker.py <plan.json>``, in a process of its own, so that it holds only what the
 plan names: TLS files (or none), a ZooKeeper credential file (or none), a cluster key (or one made
@@ -24,6 +26,7 @@ import asyncio
 import functools
 import http.client
 import json
+import re
 import socket
 import ssl
 import sys
@@ -140,6 +143,21 @@ async def attack_grpc(plan: dict[str, Any], tls: TlsConfig | None, channel: str,
             await storage.open_session(0)
             await storage.truncate(0, -1)
 
+    async def truncate_above_the_fence(address: str) -> None:
+        # The session right above the fence, which the node takes: learn the fence from a read
+        # at session 0 (served when it is 0, else fenced, naming it), then truncate everything.
+        fence = 0
+        async with StorageSessionClient(address, key, partitions, 0, tls=tls) as probe:
+            try:
+                await probe.max_transaction_id(0)
+            except StorageRpcError as error:
+                found = re.search(r"fenced by session (\d+)", error.remote_message)
+                if error.code != "SESSION_FENCED" or found is None:
+                    raise
+                fence = int(found.group(1))
+        async with StorageSessionClient(address, key, partitions, fence + 1, tls=tls) as storage:
+            await storage.truncate(0, -1)
+
     async def admin_append(endpoint: str) -> None:
         async with ServerAdminClient(endpoint, tls=tls, timeout=ATTEMPT_TIMEOUT) as admin:
             [outcome] = await admin.append(0, [(ReqId(99, 0, 0, 1), 0, b"forged")])
@@ -158,6 +176,11 @@ async def attack_grpc(plan: dict[str, Any], tls: TlsConfig | None, channel: str,
             )
     for address in plan["storage"]:
         attempts.append(report.grpc("store truncate", address, channel, functools.partial(truncate, address)))
+        attempts.append(
+            report.grpc(
+                "store floor-truncate", address, channel, functools.partial(truncate_above_the_fence, address)
+            )
+        )
     for endpoint in plan["servers"]:
         attempts.append(
             report.grpc("server admin-append", endpoint, channel, functools.partial(admin_append, endpoint))

@@ -24,6 +24,7 @@ Design: docs/design/overview.md, "Roles"; docs/design/zookeeper.md, "Roles"; doc
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -46,9 +47,11 @@ from waltz.local.certificates import ClusterCertificates
 from waltz.local.cluster import LocalCluster
 from waltz.local.nodes import LocalStorageNode
 from waltz.local.options import SecurityOptions
+from waltz.local.processes import wait_until
 from waltz.metadata.zk import ClusterPaths
 from waltz.metadata.zk_roles import Role
 from waltz.metadata.zk_security import ZooKeeperSecurity
+from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.storage import format as fmt
 
 pytestmark = pytest.mark.security
@@ -342,6 +345,7 @@ def test_an_application_host_with_the_client_certificate_destroys_nothing(
     )
     assert_refused(lines, "claim empty-node", "PERMISSION_DENIED", admin_role)
     assert_refused(lines, "store truncate", "PERMISSION_DENIED", "store session")
+    assert_refused(lines, "store floor-truncate", "PERMISSION_DENIED", "store session")
     assert_refused(lines, "server admin-append", "PERMISSION_DENIED", "urn:waltz:role:admin")
     assert_refused(lines, "console ", "HTTP 403", "urn:waltz:role:")
     assert_refused(lines, "zookeeper ", "NoAuth")
@@ -362,7 +366,13 @@ def test_the_cluster_key_without_a_certificate_destroys_nothing(secured: Secured
         plan(secured, tmp_path, channels, cluster_key=secured.cluster.cluster_key, client_id_value=0)
     )
 
-    for attempt in ("admin ", "claim empty-node", "store truncate", "server admin-append"):
+    for attempt in (
+        "admin ",
+        "claim empty-node",
+        "store truncate",
+        "store floor-truncate",
+        "server admin-append",
+    ):
         assert_refused(lines, attempt, "UNAVAILABLE", channel="plaintext")
         assert_refused(lines, attempt, "UNAVAILABLE", channel="tls without certificate")
     # Every port speaks only TLS, and asks for a certificate of the cluster's CA.
@@ -372,6 +382,48 @@ def test_the_cluster_key_without_a_certificate_destroys_nothing(secured: Secured
     )
     assert_refused(lines, "console ", "CLOSED", channel="plaintext")
     assert_refused(lines, "console ", "TLS:UNEXPECTED_EOF_WHILE_READING", channel="tls without certificate")
+    assert_refused(lines, "zookeeper ", "NoAuth")
+    assert_intact(secured)
+
+
+def test_a_server_certificate_with_the_cluster_key_erases_no_committed_transaction(
+    secured: Secured, tmp_path: Path
+) -> None:
+    """What a server host holds (its certificate and the cluster key, not its ZooKeeper credential):
+    a store session is its role, but no session truncates below what the cluster recorded as
+    committed (docs/design/storage.md, "The committed floor")."""
+    cluster = secured.cluster
+    files = certificates(cluster)
+
+    async def low_water_marks() -> dict[tuple[str, int], int]:
+        marks = {}
+        for node in cluster.storages:
+            async with StorageAdminClient(
+                node.admin_address, cluster.cluster_key, cluster.num_partitions, tls=files.tls("admin")
+            ) as admin:
+                for status in (await admin.partition_status(-1)).partitions:
+                    marks[(node.address, status.partition_id)] = status.low_water_mark
+        return marks
+
+    # The sessions' probes record what they committed on their writers within a few seconds.
+    committed = {p: max(t for t, _ in txs) for p, txs in secured.committed.items()}
+    wait_until(
+        lambda: all(mark >= committed[p] for (_, p), mark in asyncio.run(low_water_marks()).items()),
+        timeout=60,
+        what="every replica's low-water mark at the committed transactions",
+        interval=0.5,
+    )
+    ca, cert, key = copy_files(
+        tmp_path / "held", files.ca_file, files.cert_file("node"), files.key_file("node")
+    )
+    channel = {"name": "server certificate", "tls": {"ca": ca, "cert": cert, "key": key}}
+    lines = attack(plan(secured, tmp_path, [channel], cluster_key=cluster.cluster_key))
+
+    assert_refused(lines, "admin ", "PERMISSION_DENIED", "the storage admin service needs a certificate")
+    assert_refused(lines, "claim empty-node", "PERMISSION_DENIED", "urn:waltz:role:admin")
+    assert_refused(lines, "store truncate", "StorageRpcError:SESSION_JUMP_TOO_LARGE", "storage.fence.maxJump")
+    assert_refused(lines, "store floor-truncate", "StorageRpcError:INVALID_REQUEST", "the floor is")
+    assert_refused(lines, "server admin-append", "PERMISSION_DENIED", "urn:waltz:role:admin")
     assert_refused(lines, "zookeeper ", "NoAuth")
     assert_intact(secured)
 

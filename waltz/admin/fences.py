@@ -27,7 +27,16 @@ from waltz.metadata.zk import ClusterZk
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.storage_client import StorageAdminClient
 
-__all__ = ["FenceChange", "FenceState", "fence_refusals", "operator_name", "read_fence", "set_fence"]
+__all__ = [
+    "FenceChange",
+    "FenceState",
+    "check_partition_id",
+    "fence_refusals",
+    "operator_name",
+    "read_fence",
+    "set_fence",
+    "storage_admin_address",
+]
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +88,12 @@ def operator_name() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def _admin_address(cluster: ClusterZk, storage: str) -> str:
+def storage_admin_address(cluster: ClusterZk, storage: str) -> str:
+    """The admin address of a storage node of the cluster (``store/connection``).
+
+    Raises:
+        MetadataError: the node is not in the cluster (no admin port on record).
+    """
     connection = cluster.connection().value
     if storage not in connection.admin_ports:
         raise MetadataError(
@@ -89,7 +103,12 @@ def _admin_address(cluster: ClusterZk, storage: str) -> str:
     return connection.admin_address(storage)
 
 
-def _check_partition(cluster: ClusterZk, partition_id: int) -> None:
+def check_partition_id(cluster: ClusterZk, partition_id: int) -> None:
+    """Check that ``partition_id`` is a partition of the cluster.
+
+    Raises:
+        MetadataError: it is not.
+    """
     num_partitions = cluster.params().num_partitions
     if not 0 <= partition_id < num_partitions:
         raise MetadataError(
@@ -112,8 +131,8 @@ def read_fence(
         StorageUnreachableError, StorageRpcError: the node did not answer or refused
             (``PARTITION_NOT_ASSIGNED`` when it does not hold the partition).
     """
-    _check_partition(cluster, partition_id)
-    address = _admin_address(cluster, storage)
+    check_partition_id(cluster, partition_id)
+    address = storage_admin_address(cluster, storage)
     zookeeper_session_id = cluster.partition_metadata(partition_id).value.session_id
 
     async def status(admin: StorageAdminClient) -> tuple[int, int]:
@@ -183,8 +202,8 @@ def set_fence(
         MetadataError: the node or the partition is not in the cluster.
         StorageUnreachableError, StorageRpcError: the node did not answer or refused.
     """
-    _check_partition(cluster, partition_id)
-    address = _admin_address(cluster, storage)
+    check_partition_id(cluster, partition_id)
+    address = storage_admin_address(cluster, storage)
     who = operator_name() if operator is None else operator
 
     async def change(admin: StorageAdminClient) -> FenceChange:

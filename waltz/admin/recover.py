@@ -100,7 +100,8 @@ async def recover_partition(
         async with StorageSessionClient(destination, key, n, metadata.session_id, tls=tls) as writer:
             await asyncio.wait_for(writer.open_session(partition_id), timeout)
             _, destination_lwm = await asyncio.wait_for(writer.last_session_info(partition_id), timeout)
-            await asyncio.wait_for(writer.truncate(partition_id, min(destination_lwm, committed)), timeout)
+            # Everything up to its own low-water mark is committed: the node keeps it (the floor).
+            await asyncio.wait_for(writer.truncate(partition_id, destination_lwm), timeout)
             kept = await asyncio.wait_for(writer.max_transaction_id(partition_id), timeout)
             next_id = kept + 1
             while next_id <= committed:
@@ -113,7 +114,10 @@ async def recover_partition(
                     )
                 await asyncio.wait_for(writer.append(partition_id, records), timeout)
                 next_id = records[-1].transaction_id + 1
-            await asyncio.wait_for(writer.set_low_water_mark(partition_id, committed), timeout)
+            # A low-water mark never goes down: the destination's may be the higher one.
+            await asyncio.wait_for(
+                writer.set_low_water_mark(partition_id, max(committed, destination_lwm)), timeout
+            )
     result = RecoverResult(partition_id, source, destination, committed, kept, max(0, committed - kept))
     log.info(
         "partition %d: copied transactions %d..%d from %s to %s",

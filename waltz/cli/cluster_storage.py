@@ -1,10 +1,11 @@
 """``waltz cluster storage``: add and remove storage nodes, assign partitions to them, switch their
-partitions' availability, copy partitions offline, and set a poisoned fence back.
+partitions' availability, copy partitions offline, set a poisoned fence back, and truncate
+committed transactions on purpose.
 
-The logic lives in :mod:`waltz.admin.storage_admin`, :mod:`waltz.admin.recover` and
-:mod:`waltz.admin.fences`; this module parses options and prints results. ``docs/zookeeper.md``
-documents the replica-change safety rules. Exit codes as ``waltz cluster``'s
-(:mod:`waltz.cli.cluster`).
+The logic lives in :mod:`waltz.admin.storage_admin`, :mod:`waltz.admin.recover`,
+:mod:`waltz.admin.fences` and :mod:`waltz.admin.committed_truncation`; this module parses options
+and prints results. ``docs/zookeeper.md`` documents the replica-change safety rules. Exit codes as
+``waltz cluster``'s (:mod:`waltz.cli.cluster`).
 """
 
 from __future__ import annotations
@@ -359,4 +360,73 @@ def storage_set_fence(
                     if result.previous_last_session_id != result.last_session_id
                     else ""
                 )
+            )
+
+
+@app.command("truncate-committed")
+def storage_truncate_committed(
+    storage: StorageArgument,
+    partition: PartitionsOption,
+    to: Annotated[
+        int,
+        typer.Option("--to", min=-1, help="The last transaction to keep (-1: none).", show_default=False),
+    ],
+    reason: Annotated[
+        str, typer.Option("--reason", help="Why, for the storage node's audit line.", show_default=False)
+    ] = "",
+    yes: YesOption = False,
+    zookeeper: ZookeeperOption = None,
+    root: RootOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
+) -> None:
+    """Remove partitions' transactions after --to on a storage node, committed ones included
+    (admin port). DANGEROUS: committed transactions are gone from that replica.
+
+    A storage node refuses every store session's truncation below a partition's low-water mark
+    (everything up to it is committed). This command truncates anyway and lowers the low-water
+    mark to --to, after a confirmation. The node allows it only to a certificate with the admin
+    role over mutual TLS, and logs the certificate's subject, the partition, the transactions
+    and the reason at WARNING. Stop the partition's writes and truncate every replica to the same
+    transaction: see docs/operations.md, "Truncating committed transactions".
+    """
+    from waltz.admin.committed_truncation import read_replica_log, truncate_committed
+
+    ids = parse_partitions(partition)
+    with connected_admin(config, zookeeper, root, timeout) as admin:
+        changes = []
+        for partition_id in ids:
+            replica = read_replica_log(
+                admin.cluster, storage, partition_id, timeout=admin.storage_timeout, tls=admin.tls
+            )
+            if to >= replica.max_transaction_id and to >= replica.low_water_mark:
+                typer.echo(
+                    f"partition {partition_id} on {storage}: nothing to remove (max transaction "
+                    f"{replica.max_transaction_id}, low-water mark {replica.low_water_mark})"
+                )
+                continue
+            changes.append(replica)
+        for replica in changes:
+            committed = max(0, replica.committed_floor - to)
+            typer.echo(
+                f"partition {replica.partition_id} on {storage}: truncate from transaction "
+                f"{replica.max_transaction_id} to {to}, {committed} of them committed (low-water mark "
+                f"{replica.low_water_mark} -> {min(to, replica.low_water_mark)})"
+            )
+        if changes and not yes:
+            typer.confirm("remove these transactions, committed ones included?", abort=True)
+        for replica in changes:
+            result = truncate_committed(
+                admin.cluster,
+                storage,
+                replica.partition_id,
+                to,
+                reason=reason,
+                timeout=admin.storage_timeout,
+                tls=admin.tls,
+            )
+            typer.echo(
+                f"partition {result.partition_id} on {storage}: truncated from transaction "
+                f"{result.previous_max_transaction_id} to {result.max_transaction_id}, low-water mark "
+                f"{result.previous_low_water_mark} -> {result.low_water_mark}"
             )

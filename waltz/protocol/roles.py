@@ -13,7 +13,8 @@ peer's certificate carries a role that may make it:
 - ``admin``: everything ``operator`` may do, and the operations that change or destroy the log:
   initialising an empty storage node (the admin open that creates its control file), appends
   without lock checks, partition assignment and file deletion, read and write switches, fences,
-  store sessions of the recovery tools.
+  truncations below the committed transactions (refused without mutual TLS too), store sessions
+  of the recovery tools.
 
 A node's own certificate (role ``server``) may also read ``/metrics`` and ``/health``
 (:data:`METRICS_ROLES`).

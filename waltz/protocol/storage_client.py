@@ -714,6 +714,36 @@ class StorageAdminClient:
         )
         return response.set_fence
 
+    async def truncate_below_committed(
+        self, partition_id: int, transaction_id: int, *, operator: str = "", reason: str = ""
+    ) -> storage_pb2.TruncateBelowCommittedResponse:
+        """Remove every record after ``transaction_id``, below the committed transactions if need
+        be, and lower the partition's low-water mark to it (docs/design/storage.md, "The committed
+        floor"); the node logs who asked, from where, with which certificate, and why.
+
+        Args:
+            partition_id: the partition.
+            transaction_id: the last transaction kept (-1: none).
+            operator: who asks (logged as stated).
+            reason: why (logged).
+
+        Returns:
+            The max transaction ID and the low-water mark before and after.
+
+        Raises:
+            StorageStreamError: ``PERMISSION_DENIED`` without an ``admin`` certificate over mutual
+                TLS (the stream ends).
+            StorageRpcError: ``INVALID_REQUEST`` below the local start - 1 (or from a node that
+                does not know the request), ``PARTITION_NOT_ASSIGNED``, ...
+        """
+        response = await self._call(
+            partition_id,
+            truncate_below_committed=storage_pb2.TruncateBelowCommittedRequest(
+                transaction_id=transaction_id, operator=operator, reason=reason
+            ),
+        )
+        return response.truncate_below_committed
+
     async def set_archived_through(
         self, partition_id: int, transaction_id: int, *, archive: str = "", operator: str = ""
     ) -> None:

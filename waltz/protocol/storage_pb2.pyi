@@ -872,6 +872,7 @@ class AdminRequest(_message.Message):
     PARTITION_STATUS_FIELD_NUMBER: _builtins.int
     SET_FENCE_FIELD_NUMBER: _builtins.int
     SET_ARCHIVED_THROUGH_FIELD_NUMBER: _builtins.int
+    TRUNCATE_BELOW_COMMITTED_FIELD_NUMBER: _builtins.int
     seq_num: _builtins.int
     """the message sequence number (-1 in an open request)"""
     partition_id: _builtins.int
@@ -898,6 +899,8 @@ class AdminRequest(_message.Message):
     def set_fence(self) -> Global___SetFenceRequest: ...
     @_builtins.property
     def set_archived_through(self) -> Global___SetArchivedThroughRequest: ...
+    @_builtins.property
+    def truncate_below_committed(self) -> Global___TruncateBelowCommittedRequest: ...
     def __init__(
         self,
         *,
@@ -914,12 +917,13 @@ class AdminRequest(_message.Message):
         partition_status: Global___PartitionStatusRequest | None = ...,
         set_fence: Global___SetFenceRequest | None = ...,
         set_archived_through: Global___SetArchivedThroughRequest | None = ...,
+        truncate_below_committed: Global___TruncateBelowCommittedRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list", "set_archived_through", b"set_archived_through", "set_fence", b"set_fence"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list", "set_archived_through", b"set_archived_through", "set_fence", b"set_fence", "truncate_below_committed", b"truncate_below_committed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_id", b"partition_id", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list", "seq_num", b"seq_num", "set_archived_through", b"set_archived_through", "set_fence", b"set_fence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_id", b"partition_id", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list", "seq_num", b"seq_num", "set_archived_through", b"set_archived_through", "set_fence", b"set_fence", "truncate_below_committed", b"truncate_below_committed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["open", "partition_assignment", "partition_read", "partition_write", "record_list", "last_session_info", "max_transaction_id", "metrics", "partition_status", "set_fence", "set_archived_through"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["open", "partition_assignment", "partition_read", "partition_write", "record_list", "last_session_info", "max_transaction_id", "metrics", "partition_status", "set_fence", "set_archived_through", "truncate_below_committed"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -939,6 +943,7 @@ class AdminResponse(_message.Message):
     METRICS_FIELD_NUMBER: _builtins.int
     PARTITION_STATUS_FIELD_NUMBER: _builtins.int
     SET_FENCE_FIELD_NUMBER: _builtins.int
+    TRUNCATE_BELOW_COMMITTED_FIELD_NUMBER: _builtins.int
     seq_num: _builtins.int
     partition_id: _builtins.int
     @_builtins.property
@@ -957,6 +962,8 @@ class AdminResponse(_message.Message):
     def partition_status(self) -> Global___PartitionStatusResponse: ...
     @_builtins.property
     def set_fence(self) -> Global___SetFenceResponse: ...
+    @_builtins.property
+    def truncate_below_committed(self) -> Global___TruncateBelowCommittedResponse: ...
     def __init__(
         self,
         *,
@@ -970,12 +977,13 @@ class AdminResponse(_message.Message):
         metrics: Global___MetricsResponse | None = ...,
         partition_status: Global___PartitionStatusResponse | None = ...,
         set_fence: Global___SetFenceResponse | None = ...,
+        truncate_below_committed: Global___TruncateBelowCommittedResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "failure", b"failure", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "partition_status", b"partition_status", "record_list", b"record_list", "set_fence", b"set_fence", "success", b"success"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "failure", b"failure", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "partition_status", b"partition_status", "record_list", b"record_list", "set_fence", b"set_fence", "success", b"success", "truncate_below_committed", b"truncate_below_committed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "failure", b"failure", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "partition_id", b"partition_id", "partition_status", b"partition_status", "record_list", b"record_list", "seq_num", b"seq_num", "set_fence", b"set_fence", "success", b"success"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "failure", b"failure", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "partition_id", b"partition_id", "partition_status", b"partition_status", "record_list", b"record_list", "seq_num", b"seq_num", "set_fence", b"set_fence", "success", b"success", "truncate_below_committed", b"truncate_below_committed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["success", "failure", "record_list", "last_session_info", "max_transaction_id", "metrics", "partition_status", "set_fence"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["success", "failure", "record_list", "last_session_info", "max_transaction_id", "metrics", "partition_status", "set_fence", "truncate_below_committed"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -1130,6 +1138,73 @@ class SetFenceResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetFenceResponse: _TypeAlias = SetFenceResponse  # noqa: Y015
+
+@_typing.final
+class TruncateBelowCommittedRequest(_message.Message):
+    """Remove every record of the partition after transaction_id, below the committed transactions if
+    asked, and lower the partition's low-water mark to it (an operator removing committed
+    transactions on purpose). Only a peer with the admin role over mutual TLS may; the node logs an
+    audit line at WARNING with the peer's certificate subject. Store sessions' truncations never go
+    below the low-water mark (docs/design/storage.md, "The committed floor").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    transaction_id: _builtins.int
+    """the last transaction kept (-1: none), not below the local start - 1"""
+    operator: _builtins.str
+    """who asks, as the tool states it"""
+    reason: _builtins.str
+    """why, as the operator states it"""
+    def __init__(
+        self,
+        *,
+        transaction_id: _builtins.int = ...,
+        operator: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["operator", b"operator", "reason", b"reason", "transaction_id", b"transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TruncateBelowCommittedRequest: _TypeAlias = TruncateBelowCommittedRequest  # noqa: Y015
+
+@_typing.final
+class TruncateBelowCommittedResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREVIOUS_MAX_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    MAX_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    PREVIOUS_LOW_WATER_MARK_FIELD_NUMBER: _builtins.int
+    LOW_WATER_MARK_FIELD_NUMBER: _builtins.int
+    previous_max_transaction_id: _builtins.int
+    """the highest transaction stored before"""
+    max_transaction_id: _builtins.int
+    """and now"""
+    previous_low_water_mark: _builtins.int
+    """the low-water mark before"""
+    low_water_mark: _builtins.int
+    """and now"""
+    def __init__(
+        self,
+        *,
+        previous_max_transaction_id: _builtins.int = ...,
+        max_transaction_id: _builtins.int = ...,
+        previous_low_water_mark: _builtins.int = ...,
+        low_water_mark: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["low_water_mark", b"low_water_mark", "max_transaction_id", b"max_transaction_id", "previous_low_water_mark", b"previous_low_water_mark", "previous_max_transaction_id", b"previous_max_transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TruncateBelowCommittedResponse: _TypeAlias = TruncateBelowCommittedResponse  # noqa: Y015
 
 @_typing.final
 class SetArchivedThroughRequest(_message.Message):

@@ -129,6 +129,35 @@ def test_reset_fence_lowers_both_slots_and_the_partition_info_durably(tmp_path: 
         assert (control.fence(0), control.partition_info(0).session_id) == (12, 9)
 
 
+def test_lowering_the_low_water_mark_rewrites_both_structs_and_a_half_done_one_keeps_the_old(
+    tmp_path: Path,
+) -> None:
+    """The operator's truncation below the committed transactions: the highest struct wins on load,
+    so both are rewritten with the lower marks and the same session; a crash after the first write
+    leaves the old marks in force (docs/format.md, "Which struct is current")."""
+    with ControlFile.create(tmp_path, uuid.uuid4(), 2) as control:
+        control.set_partition_info(0, fmt.PartitionInfo(5, 30, 30))
+        control.set_partition_info(0, fmt.PartitionInfo(6, 40, 38))
+        assert control.lower_low_water_mark(0, 50) == fmt.PartitionInfo(6, 40, 38)  # not lower: kept
+        assert control.lower_low_water_mark(0, 12) == fmt.PartitionInfo(6, 12, 12)
+        with pytest.raises(ValueError, match="cannot be -2"):
+            control.lower_low_water_mark(0, -2)
+    with ControlFile.open(tmp_path) as control:
+        assert control.partition_info(0) == fmt.PartitionInfo(6, 12, 12)
+        assert control.partition_info(1) == fmt.PartitionInfo(-1, -1, -1)
+    # Half done: only the struct that was not current holds the lower marks.
+    (tmp_path / "half").mkdir()
+    with ControlFile.create(tmp_path / "half", uuid.uuid4(), 1) as control:
+        control.set_partition_info(0, fmt.PartitionInfo(6, 40, 38))  # slot 1 current
+    half = ControlFile.path_in(tmp_path / "half")
+    data = bytearray(half.read_bytes())
+    lowered = fmt.encode_partition_info_struct(0, fmt.PartitionInfo(6, 12, 12))
+    data[struct_offset(0, 0) : struct_offset(0, 0) + len(lowered)] = lowered
+    half.write_bytes(bytes(data))
+    with ControlFile.open(tmp_path / "half") as control:
+        assert control.partition_info(0) == fmt.PartitionInfo(6, 40, 38)
+
+
 def test_truncated_or_garbage_file_is_refused(tmp_path: Path) -> None:
     with ControlFile.create(tmp_path, uuid.uuid4(), 4):
         pass

@@ -7,7 +7,9 @@ cluster CLI, the Spark reader, the archiver, live disk checks) use it. With mutu
 needs the ``operator`` or ``admin`` role, and the requests that change the node the ``admin`` role
 (docs/design/overview.md, "Roles"). The changes an operator makes to what fences store sessions or
 to what retention may delete (set-fence, set archived-through) are logged at WARNING on the
-``waltz.services.storage.audit`` logger.
+``waltz.services.storage.audit`` logger, and so is a truncation below the committed transactions,
+which only an ``admin`` certificate over mutual TLS may ask for (docs/design/storage.md, "The
+committed floor").
 """
 
 from __future__ import annotations
@@ -21,14 +23,23 @@ import grpc
 
 from waltz.errors import ProtocolError, RecordsArchivedError
 from waltz.protocol import storage_pb2, storage_pb2_grpc
-from waltz.protocol.roles import ADMIN_ROLES, INITIALISE_ROLES, OPERATOR_ROLES, authorize, denial, peer_roles
+from waltz.protocol.roles import (
+    ADMIN_ROLES,
+    INITIALISE_ROLES,
+    OPERATOR_ROLES,
+    Role,
+    authorize,
+    denial,
+    peer_roles,
+    role_uri,
+)
 from waltz.services.storage.control_file import FenceReset
 from waltz.services.storage.metrics import StorageMetrics
 from waltz.services.storage.node import StorageNode
 from waltz.services.storage.service import StorageServicer, failure_for, last_session_info, outcome_label
 from waltz.services.storage.storage_partition import StoragePartition
 
-__all__ = ["CHANGING_ADMIN_REQUESTS", "StorageAdminServicer"]
+__all__ = ["CERTIFIED_ADMIN_REQUESTS", "CHANGING_ADMIN_REQUESTS", "StorageAdminServicer"]
 
 log = logging.getLogger(__name__)
 #: The audit trail of operator commands that change what fences store sessions (``set-fence``) or
@@ -40,8 +51,18 @@ FailureCode = storage_pb2.FailureCode
 #: Admin requests that change the node (assignment and file deletion, read and write switches,
 #: fences, archived-through): with mutual TLS only the ``admin`` role may make them.
 CHANGING_ADMIN_REQUESTS: Final = frozenset(
-    {"partition_assignment", "partition_read", "partition_write", "set_fence", "set_archived_through"}
+    {
+        "partition_assignment",
+        "partition_read",
+        "partition_write",
+        "set_fence",
+        "set_archived_through",
+        "truncate_below_committed",
+    }
 )
+#: Admin requests that need an ``admin`` certificate even where the port has no mutual TLS (no
+#: peer identity): what they destroy is committed (docs/design/storage.md, "The committed floor").
+CERTIFIED_ADMIN_REQUESTS: Final = frozenset({"truncate_below_committed"})
 
 
 class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
@@ -83,6 +104,14 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
                     if refused is not None:
                         log.warning("admin stream from %s: %s", context.peer(), refused)
                         await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
+                if kind in CERTIFIED_ADMIN_REQUESTS and roles is None:
+                    refused = (
+                        f"the admin request {kind} needs a certificate with the role "
+                        f"{role_uri(Role.ADMIN)} over mutual TLS; this admin port has no client "
+                        'certificates, so it refuses it (see docs/operations.md, "Roles")'
+                    )
+                    log.warning("admin stream from %s: %s", context.peer(), refused)
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
                 if kind == "open" and not self._node.initialized:
                     refused = denial(roles, INITIALISE_ROLES, "initialising an empty storage node")
                     if refused is not None:
@@ -124,6 +153,10 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
         pid = request.partition_id
         if kind == "set_fence":
             return _admin_response(request, set_fence=await self._set_fence(request, context))
+        if kind == "truncate_below_committed":
+            return _admin_response(
+                request, truncate_below_committed=await self._truncate_below_committed(request, context)
+            )
         if kind == "set_archived_through":
             await self._set_archived_through(request, context)
             return _admin_response(request, success=storage_pb2.SuccessResponse())
@@ -242,6 +275,44 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
             fence=reset.fence,
             previous_last_session_id=reset.previous_last_session_id,
             last_session_id=reset.last_session_id,
+        )
+
+    async def _truncate_below_committed(
+        self, request: storage_pb2.AdminRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> storage_pb2.TruncateBelowCommittedResponse:
+        """Truncate a partition below its committed transactions (docs/design/storage.md, "The
+        committed floor") and log the audit line. The caller checked the ``admin`` role.
+
+        Raises:
+            ProtocolError: the transaction is below -1 or below the local start - 1.
+            PartitionNotAssignedError, PartitionUnavailableError, CorruptDataError: as any
+                partition request.
+        """
+        body = request.truncate_below_committed
+        pid = request.partition_id
+        partition = self._node.partition(pid)
+        done = await self._node.run(pid, lambda: partition.truncate_below_committed(body.transaction_id))
+        self._metrics.max_transaction_id.labels(str(pid)).set(done.max_transaction_id)
+        audit_log.warning(
+            "AUDIT truncate-below-committed: partition %d truncated from transaction %d to %d (%d "
+            "record(s) removed), low-water mark %d -> %d; by operator %r (as the tool states it) from "
+            "%s%s; reason: %r",
+            pid,
+            done.previous_max_transaction_id,
+            done.max_transaction_id,
+            done.previous_max_transaction_id - done.max_transaction_id,
+            done.previous_low_water_mark,
+            done.low_water_mark,
+            body.operator or "(not given)",
+            context.peer(),
+            _peer_identity(context),
+            body.reason or "(not given)",
+        )
+        return storage_pb2.TruncateBelowCommittedResponse(
+            previous_max_transaction_id=done.previous_max_transaction_id,
+            max_transaction_id=done.max_transaction_id,
+            previous_low_water_mark=done.previous_low_water_mark,
+            low_water_mark=done.low_water_mark,
         )
 
     async def _set_archived_through(

@@ -281,6 +281,44 @@ class ControlFile:
             entry.problem = ""
             entry.fence = max(entry.fence, info.session_id)
 
+    def lower_low_water_mark(self, partition_id: int, low_water_mark: int) -> fmt.PartitionInfo:
+        """Lower a partition's low-water mark (and its local low-water mark) to ``low_water_mark``,
+        keeping its session ID: an operator's truncation below the committed transactions
+        (docs/design/storage.md, "The committed floor").
+
+        Both structs are rewritten, since the highest (session ID, low-water mark, local low-water
+        mark) wins on load; each write is flushed before the next. A crash in between leaves
+        the old struct in force: the truncation that follows has not happened yet either.
+
+        Args:
+            partition_id: the partition.
+            low_water_mark: the new low-water mark, at least -1; a value at or above the current
+                one changes nothing.
+
+        Returns:
+            The partition info now in force.
+
+        Raises:
+            ValueError: ``low_water_mark`` is below -1.
+            CorruptDataError: both structs of the partition are corrupt.
+            PartitionNotAssignedError: the partition ID is out of range.
+        """
+        if low_water_mark < -1:
+            raise ValueError(f"partition {partition_id}: a low-water mark cannot be {low_water_mark}")
+        with self._lock:
+            info = self.partition_info(partition_id)
+            if low_water_mark >= info.low_water_mark:
+                return info
+            entry = self._entry_for(partition_id)
+            lowered = fmt.PartitionInfo(
+                info.session_id, low_water_mark, min(info.local_low_water_mark, low_water_mark)
+            )
+            struct_bytes = fmt.encode_partition_info_struct(partition_id, lowered)
+            for slot in (1 - entry.current_struct, entry.current_struct):
+                self._write(fmt.partition_info_struct_offset(partition_id, slot), struct_bytes)
+            entry.info = lowered
+            return lowered
+
     def set_fence(self, partition_id: int, session_id: int) -> None:
         """Persist a higher fence session ID for a partition (alternate slot, flushed).
 

@@ -405,6 +405,14 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         self, partition: StoragePartition, request: storage_pb2.StorageRequest, kind: str | None
     ) -> storage_pb2.StorageResponse:
         """Serve one partition request on the partition's I/O thread."""
+        fence = partition.current_session_id
+        if fence < request.session_id <= fence + partition.max_fence_jump:
+            # A session taking the partition with a request below the committed floor is refused
+            # before its fence moves (docs/design/storage.md, "The committed floor").
+            if kind == "truncate":
+                partition.check_truncation(request.truncate.transaction_id)
+            elif kind == "set_low_water_mark":
+                partition.check_low_water_mark(request.session_id, request.set_low_water_mark.low_water_mark)
         partition.check_session(request.session_id, opens=kind in _OPENS_SESSION)
         if kind == "open_session":
             return _response(request, success=storage_pb2.SuccessResponse())

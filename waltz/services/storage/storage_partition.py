@@ -22,6 +22,7 @@ from itertools import chain
 from pathlib import Path
 
 from waltz.errors import (
+    BelowCommittedError,
     CorruptDataError,
     DiskFullError,
     PartitionUnavailableError,
@@ -46,7 +47,7 @@ from waltz.services.storage.retention_file import RetentionRecord, load_archived
 from waltz.services.storage.segment import CorruptionInfo, Segment
 from waltz.services.storage.segment_chain import open_segments
 
-__all__ = ["DEFAULT_MAX_FENCE_JUMP", "PartitionStats", "StoragePartition"]
+__all__ = ["DEFAULT_MAX_FENCE_JUMP", "CommittedTruncation", "PartitionStats", "StoragePartition"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,26 @@ class PartitionStats:
     first_transaction_id: int
     max_transaction_id: int
     corruption: CorruptionInfo | None
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedTruncation:
+    """What an operator's truncation below the committed transactions changed
+    (docs/design/storage.md, "The committed floor").
+
+    Attributes:
+        partition_id: the partition.
+        previous_max_transaction_id: the highest transaction stored before.
+        max_transaction_id: and now (the transaction asked for, or the max if it was lower).
+        previous_low_water_mark: the partition's low-water mark before.
+        low_water_mark: and now (lowered to the transaction asked for when it was above it).
+    """
+
+    partition_id: int
+    previous_max_transaction_id: int
+    max_transaction_id: int
+    previous_low_water_mark: int
+    low_water_mark: int
 
 
 class StoragePartition:
@@ -288,13 +309,36 @@ class StoragePartition:
         """
         return self._control.partition_info(self.partition_id)
 
+    def check_low_water_mark(self, session_id: int, low_water_mark: int) -> None:
+        """Refuse a low-water mark below the current one; changes nothing (docs/design/storage.md,
+        "The committed floor").
+
+        Raises:
+            BelowCommittedError: ``low_water_mark`` is below the current low-water mark.
+        """
+        floor = self._control.partition_info(self.partition_id).low_water_mark
+        if low_water_mark < floor:
+            raise BelowCommittedError(
+                self.partition_id,
+                low_water_mark,
+                floor,
+                f"refused to set the low-water mark to {low_water_mark} for store session {session_id}: "
+                f"it is {floor}, and a store session never lowers it",
+            )
+
     def set_low_water_mark(self, session_id: int, low_water_mark: int) -> None:
         """Record that ``session_id`` started with the cluster high-water mark ``low_water_mark``.
 
         The local low-water mark is the highest valid transaction ID stored here, capped at the
-        low-water mark (docs/design/storage.md "Control file").
+        low-water mark (docs/design/storage.md "Control file"). The low-water mark never goes down
+        by this request (docs/design/storage.md, "The committed floor").
+
+        Raises:
+            BelowCommittedError: ``low_water_mark`` is below the current low-water mark.
+            PartitionUnavailableError: writes are switched off.
         """
         self._require_writable()
+        self.check_low_water_mark(session_id, low_water_mark)
         local = min(self.max_transaction_id, low_water_mark)
         self._control.set_partition_info(
             self.partition_id, fmt.PartitionInfo(session_id, low_water_mark, local)
@@ -398,14 +442,72 @@ class StoragePartition:
             )
         )
 
+    @property
+    def committed_floor(self) -> int:
+        """The lowest transaction a store session may truncate to: the low-water mark, or the max
+        transaction ID when the replica holds less (a truncation to or above it removes nothing)
+        (docs/design/storage.md, "The committed floor")."""
+        return min(self._control.partition_info(self.partition_id).low_water_mark, self.max_transaction_id)
+
     def truncate(self, transaction_id: int) -> None:
-        """Remove every record after ``transaction_id`` (docs/design/storage.md "Storage requests").
+        """Remove every record after ``transaction_id``, never one at or below the low-water mark
+        (docs/design/storage.md "Storage requests", "The committed floor").
 
         Raises:
+            BelowCommittedError: ``transaction_id`` is below :attr:`committed_floor`; nothing is
+                removed (an operator's truncation below it is :meth:`truncate_below_committed`).
             ProtocolError: ``transaction_id`` is below -1, or below ``local_start - 1`` (the log
                 would then have a gap: docs/design/archive.md, "Retention on the storage nodes").
         """
         self._require_writable()
+        self.check_truncation(transaction_id)
+        self._truncate(transaction_id)
+
+    def check_truncation(self, transaction_id: int) -> None:
+        """Refuse what :meth:`truncate` refuses for ``transaction_id``; changes nothing.
+
+        Raises:
+            BelowCommittedError, ProtocolError: as :meth:`truncate`.
+        """
+        self._check_truncation_bounds(transaction_id)
+        floor = self.committed_floor
+        if transaction_id < floor:
+            raise BelowCommittedError(
+                self.partition_id,
+                transaction_id,
+                floor,
+                f"refused to truncate to transaction {transaction_id}: the low-water mark is "
+                f"{self._control.partition_info(self.partition_id).low_water_mark} and this replica "
+                f"holds up to {self.max_transaction_id}",
+            )
+
+    def truncate_below_committed(self, transaction_id: int) -> CommittedTruncation:
+        """An operator's truncation, below the committed transactions if asked: remove every record
+        after ``transaction_id`` and lower the low-water mark to it (docs/design/storage.md, "The
+        committed floor"). The admin port allows it to the ``admin`` role only, and logs it.
+
+        The low-water mark is lowered first (flushed), then the records are removed: a crash in
+        between leaves every record and a lower floor, and the operator runs it again.
+
+        Raises:
+            ProtocolError: ``transaction_id`` is below -1, or below ``local_start - 1``.
+            PartitionUnavailableError: writes are switched off.
+        """
+        self._require_writable()
+        self._check_truncation_bounds(transaction_id)
+        previous_max = self.max_transaction_id
+        previous = self._control.partition_info(self.partition_id)
+        info = self._control.lower_low_water_mark(self.partition_id, transaction_id)
+        self._truncate(transaction_id)
+        return CommittedTruncation(
+            self.partition_id,
+            previous_max,
+            self.max_transaction_id,
+            previous.low_water_mark,
+            info.low_water_mark,
+        )
+
+    def _check_truncation_bounds(self, transaction_id: int) -> None:
         if transaction_id < -1:
             raise ProtocolError(
                 f"partition {self.partition_id}: cannot truncate to transaction {transaction_id}"
@@ -417,6 +519,8 @@ class StoragePartition:
                 "archived), so the log would have a gap; truncate to "
                 f"{self.local_start - 1} or above"
             )
+
+    def _truncate(self, transaction_id: int) -> None:
         removed = False
         while len(self._segments) > 1 and self._segments[-1].first_transaction_id > transaction_id:
             segment = self._segments.pop()

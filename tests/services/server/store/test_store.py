@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -14,9 +15,10 @@ from support import settle
 from support.storage import run
 
 from tests.services.server.conftest import StoreCluster
+from waltz.errors import StorageRpcError
 from waltz.local.nodes import LocalStorageNode
 from waltz.protocol.records import Record, ReqId, crc32
-from waltz.protocol.storage_client import StorageAdminClient
+from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
 from waltz.services.server.store.append_queue import RECORD_OVERHEAD_BYTES, AppendQueue, PendingAppend
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError, StorageStreams
@@ -107,6 +109,42 @@ def test_appends_are_committed_in_order_and_replicated(store_cluster: StoreClust
         metadata = store_cluster.zk.partition_metadata(0).value
         assert metadata.generation == 1
         assert {s.session_id for s in metadata.replicas.values()} == {metadata.session_id}
+
+    run(scenario())
+
+
+def test_a_session_records_what_it_commits_as_its_writers_low_water_mark(store_cluster: StoreCluster) -> None:
+    """Within one store session the writers' low-water mark follows the committed high-water mark,
+    so that their storage nodes refuse to truncate what the session committed, not only what was
+    committed before it (docs/design/storage.md, "The committed floor")."""
+    key, n = store_cluster.cluster_key, store_cluster.params.num_partitions
+
+    async def marks() -> dict[str, tuple[int, int]]:
+        found = {}
+        for node in store_cluster.storages:
+            async with StorageAdminClient(node.admin_address, key, n) as admin:
+                (status,) = (await admin.partition_status(0)).partitions
+                found[node.address] = (status.last_session_id, status.low_water_mark)
+        return found
+
+    async def scenario() -> None:
+        partition = store(store_cluster, 0)
+        partition.start()
+        assert await append_many(partition, 0, 50) == list(range(50))
+        session_id = store_cluster.zk.partition_metadata(0).value.session_id
+        deadline = time.monotonic() + 30
+        while (found := await marks()) != {node.address: (session_id, 49) for node in store_cluster.storages}:
+            assert time.monotonic() < deadline, (
+                f"every replica's low-water mark at 49 in session {session_id}: {found}"
+            )
+            await asyncio.sleep(0.1)
+        await partition.close()
+        for node in store_cluster.storages:
+            async with StorageSessionClient(node.address, key, n, session_id + 1) as hostile:
+                await hostile.open_session(0)
+                with pytest.raises(StorageRpcError, match="the floor is 49"):
+                    await hostile.truncate(0, -1)
+                assert await hostile.max_transaction_id(0) == 49
 
     run(scenario())
 

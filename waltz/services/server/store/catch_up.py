@@ -219,7 +219,10 @@ class ReplicaCatchUp:
         if state is not None and state.unresolved and state.session_id != session.session_id:
             state = None  # not closed by this session's recovery: keep only what its own mark says
         mark = await clean_replica(self._partition_id, self.storage, connection, state)
-        await connection.set_low_water_mark(session.start_high_water_mark)
+        # A writer of this session that returns may hold a higher mark the session set on it: a
+        # low-water mark never goes down (docs/design/storage.md, "The committed floor").
+        _, own_mark = await connection.last_session_info()
+        await connection.set_low_water_mark(max(session.start_high_water_mark, own_mark))
         try:
             await asyncio.to_thread(
                 join_session_metadata, zk, self._partition_id, session.session_id, self.storage

@@ -111,6 +111,8 @@ class StoreSession:
         self.quorum = quorum_of(len(assigned))
         self.start_high_water_mark = recovery.high_water_mark
         self.next_transaction_id = recovery.high_water_mark + 1
+        # The low-water mark last set on the writers: what their storage nodes know is committed.
+        self.recorded_low_water_mark = recovery.high_water_mark
         # The highest transaction each replica has flushed in this session (kept after it leaves).
         self.acked: dict[str, int] = {s: recovery.high_water_mark for s in self.writers}
         self.batches_in_flight = 0
@@ -231,7 +233,8 @@ class StoreSession:
                 self._queue.commit_through(committed)  # wakes the records lingering for it
 
     async def _probe(self) -> None:
-        """End the session when the replica assignment changed; try the replicas that are out.
+        """End the session when the replica assignment changed; record what it committed on its
+        writers (:meth:`_record_committed`); try the replicas that are out.
 
         The next session's recovery adds or drops replicas. A replica that is out of the session
         and answers again is caught up in the background (:meth:`_catch_up`) while the session
@@ -245,6 +248,8 @@ class StoreSession:
         assigned = assignments.value.storages_of(self.partition_id)
         if sorted(assigned) != sorted(self.assigned):
             self.end(f"replica assignment changed to {', '.join(assigned) or 'nothing'}")
+            return
+        if not await self._record_committed():
             return
         if self.batches_in_flight == 0:
             # Idle: check that the writers are still there, so that a dead storage node is
@@ -260,6 +265,35 @@ class StoreSession:
         for storage in self._absent:
             if storage not in self.writers and storage not in self.catch_ups and self._ending is None:
                 self._catch_up(storage, None)  # it ends at once while the node is still down
+
+    async def _record_committed(self) -> bool:
+        """Set the writers' low-water mark to what the session has committed, when it moved since
+        the last time: their storage nodes then refuse to truncate below it (docs/design/storage.md,
+        "The committed floor"; docs/design/server.md, "Store sessions").
+
+        Returns:
+            False when a writer failed the request (the session ends, as for a failed append).
+        """
+        committed = self._queue.high_water_mark
+        if committed <= self.recorded_low_water_mark or self._ending is not None:
+            return True
+        self.recorded_low_water_mark = committed
+        for storage, connection in list(self.writers.items()):
+            try:
+                await connection.set_low_water_mark(committed)
+            except ReplicaError as exc:
+                if storage in self.writers:
+                    log.warning(
+                        "partition %d: replica on %s leaves session %d: %s",
+                        self.partition_id,
+                        storage,
+                        self.session_id,
+                        exc,
+                    )
+                    del self.writers[storage]
+                    self.end(f"replica on {storage} failed: {exc}")
+                return False
+        return True
 
     # ---- catching replicas up (docs/design/recovery.md "Catching up in the background") ----
 

@@ -1,0 +1,129 @@
+"""Committed transactions on a secured cluster: a server certificate's store session cannot remove
+them, and an operator's truncation with the admin certificate is one the cluster recovers from.
+
+One ``LocalCluster(security=SecurityOptions(secure=True))`` with three storage nodes and one
+server; a real client commits transactions, the server is stopped, and the storage nodes are
+asked directly, as a process holding a certificate would.
+
+Design: docs/design/storage.md, "The committed floor"; docs/operations.md, "Truncating committed
+transactions".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from tests.client.client_helpers import Append, MemoryStore
+from waltz import WaltzClient, WaltzClientConfig
+from waltz.errors import StorageRpcError
+from waltz.local.certificates import ClusterCertificates
+from waltz.local.cluster import LocalCluster
+from waltz.local.options import SecurityOptions
+from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
+
+pytestmark = pytest.mark.security
+
+COMMITTED = 10
+KEPT = 3
+
+
+@pytest.fixture
+def secured(zookeeper: object) -> Iterator[LocalCluster]:
+    with LocalCluster(
+        storages=3,
+        servers=1,
+        partitions=1,
+        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
+        security=SecurityOptions(secure=True),
+    ) as cluster:
+        yield cluster
+
+
+def certificates(cluster: LocalCluster) -> ClusterCertificates:
+    assert cluster.certificates is not None
+    return cluster.certificates
+
+
+def client_config(cluster: LocalCluster) -> WaltzClientConfig:
+    files = certificates(cluster)
+    return WaltzClientConfig(
+        zookeeper_connect_string=cluster.zookeeper_connect_string,
+        cluster_root=cluster.root,
+        client_tls_ca_file=files.ca_file,
+        client_tls_cert_file=files.cert_file("client"),
+        client_tls_key_file=files.key_file("client"),
+    )
+
+
+async def logs(cluster: LocalCluster) -> list[tuple[int, int, int]]:
+    """Each storage node's (fence, max transaction ID, low-water mark) of partition 0."""
+    found = []
+    for node in cluster.storages:
+        async with StorageAdminClient(
+            node.admin_address, cluster.cluster_key, 1, tls=certificates(cluster).tls("admin")
+        ) as admin:
+            (status,) = (await admin.partition_status(0)).partitions
+            found.append((status.session_id, status.max_transaction_id, status.low_water_mark))
+    return found
+
+
+def test_a_server_certificate_cannot_truncate_committed_transactions_and_an_admin_can(
+    secured: LocalCluster,
+) -> None:
+    cluster = secured
+    files = certificates(cluster)
+    store = MemoryStore({0: -1})
+    with WaltzClient(store, client_config(cluster)) as client:
+        ids = [client.submit(Append(0, f"committed {i}".encode())).result(60) for i in range(COMMITTED)]
+    assert all(isinstance(i, int) for i in ids)
+    mark = max(i for i in ids if i is not None)
+    first = mark - COMMITTED + 1
+    # A new store session's recovery records on every replica that everything up to the mark is
+    # committed (its low-water mark); then the writes stop, as the operator's procedure says.
+    cluster.restart_server(0)
+    cluster.wait_ready(120)
+    cluster.stop_server(0)
+    before = asyncio.run(logs(cluster))
+    assert [(max_id, lwm) for _, max_id, lwm in before] == [(mark, mark)] * 3, before
+
+    async def as_a_server() -> None:
+        for node, (fence, _, low_water_mark) in zip(cluster.storages, before, strict=True):
+            async with StorageSessionClient(
+                node.address, cluster.cluster_key, 1, fence + 1, tls=files.tls("node")
+            ) as hostile:
+                await hostile.open_session(0)
+                with pytest.raises(StorageRpcError, match=f"the floor is {low_water_mark}"):
+                    await hostile.truncate(0, -1)
+                with pytest.raises(StorageRpcError, match="never lowers it"):
+                    await hostile.set_low_water_mark(0, -1)
+
+    asyncio.run(as_a_server())
+    assert [(m, lwm) for _, m, lwm in asyncio.run(logs(cluster))] == [(m, lwm) for _, m, lwm in before]
+    assert len(cluster.replica_digests({0: mark})[0]) == 1
+
+    kept = first + KEPT - 1
+
+    async def as_the_admin() -> None:
+        for node in cluster.storages:
+            async with StorageAdminClient(
+                node.admin_address, cluster.cluster_key, 1, tls=files.tls("admin")
+            ) as admin:
+                answer = await admin.truncate_below_committed(0, kept, operator="test", reason="poison")
+                assert answer.max_transaction_id == kept
+
+    asyncio.run(as_the_admin())
+    cluster.restart_server(0)
+    cluster.wait_ready(120)
+    # The next recovery resolves the high-water mark from what the replicas hold, and the log
+    # goes on from there on every replica.
+    after = MemoryStore({0: -1})
+    with WaltzClient(after, client_config(cluster)) as client:
+        assert client.get_high_water_mark(0) == kept
+        assert client.submit(Append(0, b"after the truncation")).result(60) == kept + 1
+        assert client.wait_applied(0, kept + 1, 60)
+    assert [a.data for a in after.applied[0]][-1] == b"after the truncation"
+    assert len(cluster.replica_digests({0: kept + 1})[0]) == 1
+    assert all(m == kept + 1 and lwm >= kept for _, m, lwm in asyncio.run(logs(cluster)))
