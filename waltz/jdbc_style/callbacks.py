@@ -406,7 +406,8 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
 
         On a database server, snapshots, mark reads and applies reuse a few connections kept
         out of the engine's pool: no pre-ping, reset or isolation change per use. SQLite takes
-        a connection from the pool each time.
+        a connection from the pool each time. The threads of the ``await`` twins
+        (:meth:`run_in_executor`) end too, once their work is done; the next twin starts new ones.
         """
         self._reads.close()
         self._appliers.close()
