@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from waltz import PartitionLocalLock, TransactionBuilder, TransactionContext
+from waltz import Outcome, OutcomeKind, PartitionLocalLock, TransactionBuilder, TransactionContext
 from waltz.client.submission import Submission
 from waltz.errors import MessageTooLargeError, TransactionExpiredError
 
@@ -80,6 +80,35 @@ def test_execute_false_completes_without_append() -> None:
     assert submission.future.result(0).dropped
     assert context.calls == ["execute", "completion:False"]
     assert finished == [submission]
+
+
+class Dropping(Recording):
+    """Drops its transaction the way ``drop`` says: a reason, or the request applied before."""
+
+    def __init__(self, drop: str | tuple[int, int]) -> None:
+        super().__init__([])
+        self.drop = drop
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        self.calls.append("execute")
+        if isinstance(self.drop, str):
+            return builder.drop(self.drop)
+        return builder.drop_as_applied(*self.drop)
+
+
+def test_a_drop_s_reason_and_an_earlier_application_reach_the_outcome() -> None:
+    refused = Dropping("insufficient funds")
+    submission, finished = make(refused)
+    assert submission.attempt() is None
+    assert submission.future.result(0) == Outcome(OutcomeKind.DROPPED, 0, None, "insufficient funds")
+    assert refused.calls == ["execute", "completion:False"] and finished == [submission]
+
+    seen = Dropping((3, 41))
+    submission, _ = make(seen)
+    assert submission.attempt() is None
+    outcome = submission.future.result(0)
+    assert outcome == Outcome(OutcomeKind.ALREADY_APPLIED, 3, 41) and outcome.already_applied and not outcome
+    assert seen.calls == ["execute", "completion:False"]
 
 
 def test_execute_raising_ends_the_context_with_the_exception() -> None:
