@@ -435,6 +435,25 @@ class SqlFrameworkError(WaltzError):
     """Base class of errors raised by the SQL framework (``waltz.jdbc_style``)."""
 
 
+class AsyncEngineError(SqlFrameworkError, TypeError):
+    """The SQL framework was given an asyncio engine or URL (``AsyncEngine``, ``+psycopg_async``,
+    ``+asyncpg``, ``+aiosqlite``, ...): it drives a synchronous engine on threads of its own, and
+    offers ``await`` twins of its reads (docs/design/sql.md "The SQL framework on asyncio").
+
+    Attributes:
+        sync_url: the synchronous URL to pass instead (the password hidden).
+    """
+
+    def __init__(self, what: str, sync_url: str) -> None:
+        super().__init__(
+            f"the SQL framework needs a synchronous SQLAlchemy engine, not {what}: pass "
+            f"create_framework_engine({sync_url!r}) (or sqlalchemy.create_engine with that URL); "
+            "a service on asyncio awaits the framework's async twins (read_entities_async, "
+            "find_idempotency_key_async, wait_for_async), which run on the framework's threads"
+        )
+        self.sync_url = sync_url
+
+
 class StagedRowCountError(SqlFrameworkError):
     """Writes staged with ``ApplySession.stage`` changed another number of rows than they said.
 

@@ -81,7 +81,7 @@ def append(zookeeper: Zk, root: str, data: bytes, **credential: object) -> None:
     config = WaltzClientConfig(**where, **credential)  # type: ignore[arg-type]
     store = MemoryStore({0: -1})
     with WaltzClient(store, config) as client:
-        transaction_id = client.submit(Append(0, data)).result(60)
+        transaction_id = client.submit(Append(0, data)).result(60).transaction_id
         assert transaction_id is not None
         assert client.wait_applied(0, transaction_id, 30)
     assert [a.data for a in store.applied[0]][-1] == data

@@ -21,7 +21,7 @@ def write_with_client(cluster: LocalCluster, partition: int, count: int, size: i
     with WaltzClient(store, config) as client:
         contexts = [Append(partition, (b"%d:" % i).ljust(size, b"x"), header=i % 7) for i in range(count)]
         futures = [client.submit(context) for context in contexts]
-        ids = [future.result(timeout=60) for future in futures]
+        ids = [future.result(timeout=60).transaction_id for future in futures]
     assert not store.errors, store.errors
     assert all(isinstance(i, int) for i in ids), ids
     return sorted(i for i in ids if i is not None)

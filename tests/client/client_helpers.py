@@ -248,7 +248,7 @@ def run_with_cuts(
                 thread.start()
             for thread in threads:
                 thread.join(300)
-            ids = [future.result(120) for _, future in submitted]  # type: ignore[attr-defined]
+            ids = [future.result(120).transaction_id for _, future in submitted]  # type: ignore[attr-defined]
         finally:
             done.set()
             chaos.join(10)

@@ -15,7 +15,7 @@ from concurrent.futures import Future
 import pytest
 
 from tests.client.client_helpers import Append, MemoryStore
-from waltz import Transaction, WaltzClient, WaltzClientConfig
+from waltz import Outcome, Transaction, WaltzClient, WaltzClientConfig
 from waltz.client.mount_procedure import PartitionState
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
@@ -58,7 +58,7 @@ def slow_config(config: WaltzClientConfig) -> WaltzClientConfig:
 def write(writer: WaltzClient, count: int, prefix: str) -> int:
     """Commit ``count`` transactions on partition 0 through ``writer``; returns the last ID."""
     futures = [writer.submit(Append(0, f"{prefix} {i}".encode(), header=i)) for i in range(count)]
-    ids = [f.result(TIMEOUT) for f in futures]
+    ids = [f.result(TIMEOUT).transaction_id for f in futures]
     assert all(i is not None for i in ids)
     return max(i for i in ids if i is not None)
 
@@ -104,19 +104,19 @@ def test_a_stalled_application_holds_one_window_and_slows_its_own_writers(
         # interleaved with 300 more, all on partition 0.
         write(writer, 100, "first")
         own = [Append(0, f"own {i}".encode(), header=i) for i in range(30)]
-        own_futures: list[Future[int | None]] = []
+        own_futures: list[Future[Outcome]] = []
         writer_futures = []
         for i in range(300):
             writer_futures.append(writer.submit(Append(0, f"other {i}".encode(), header=1000 + i)))
             if i % 10 == 0:
                 own_futures.append(client.submit(own[len(own_futures)]))
-        last_other = max(f.result(TIMEOUT) or -1 for f in writer_futures)
+        last_other = max(f.result(TIMEOUT).transaction_id or -1 for f in writer_futures)
         wait_parked(client, slow)
         # Its own commits are beyond the window, not in its feed yet: its submissions still wait.
         assert not any(f.done() for f in own_futures), "the feed went past the window"
 
         slow.gate.set()
-        ids = [f.result(TIMEOUT) for f in own_futures]
+        ids = [f.result(TIMEOUT).transaction_id for f in own_futures]
         assert all(i is not None for i in ids)
         check_applied_once_in_order(slow, log_start[0], max(last_other, *(i for i in ids if i is not None)))
         assert [a.data for a in slow.applied[0] if a.client_id == client.client_id] == [
@@ -150,7 +150,7 @@ def test_a_client_far_behind_is_fed_as_fast_as_it_applies(
             client.wait_mounted(TIMEOUT)
             check_applied_once_in_order(behind, log_start[0], last)
             own = client.submit(Append(0, b"after the catch-up"))
-            mine = own.result(TIMEOUT)
+            mine = own.result(TIMEOUT).transaction_id
             assert mine is not None and mine > last
             check_applied_once_in_order(behind, log_start[0], mine)
 

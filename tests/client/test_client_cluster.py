@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.client.client_helpers import Append, Increment, MemoryStore, PrefetchingStore
-from waltz import PartitionLocalLock, TransactionBuilder, WaltzClient, WaltzClientConfig
+from waltz import Outcome, PartitionLocalLock, TransactionBuilder, WaltzClient, WaltzClientConfig
 from waltz.errors import PartitionNotMountedError, TransactionExpiredError
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
@@ -37,7 +37,7 @@ def test_submit_and_apply_round_trip_with_two_clients_sharing_a_store(
             for client in (first, second)
         ]
         futures = [client.submit(context) for client, context in contexts]
-        ids = [future.result(30) for future in futures]
+        ids = [future.result(30).transaction_id for future in futures]
         assert all(isinstance(i, int) for i in ids)
         for client in (first, second):
             client.flush(10)
@@ -83,7 +83,7 @@ def test_same_write_lock_and_high_water_mark_from_two_clients_commits_exactly_on
     ):
         barrier = threading.Barrier(2)
 
-        def submit(client: WaltzClient, context: Append) -> concurrent.futures.Future[int | None]:
+        def submit(client: WaltzClient, context: Append) -> concurrent.futures.Future[Outcome]:
             barrier.wait(10)
             return client.submit(context)
 
@@ -94,7 +94,7 @@ def test_same_write_lock_and_high_water_mark_from_two_clients_commits_exactly_on
             submitted = [
                 pool.submit(submit, c, ctx) for c, ctx in zip((first, second), contexts, strict=True)
             ]
-            results = [s.result(10).result(30) for s in submitted]
+            results = [s.result(10).result(30).transaction_id for s in submitted]
             committed = [r for r in results if r is not None]
             assert len(committed) == 1, f"round {round_number}: {results}"
             loser = contexts[results.index(None)]
@@ -140,8 +140,8 @@ def burst_of_refused_pairs(store: MemoryStore, client: WaltzClient, pairs: int) 
         seconds.append(second)
         futures += [client.submit(first), client.submit(second), client.submit(third)]
     results = [f.result(30) for f in futures]
-    assert all(isinstance(r, int) for i, r in enumerate(results) if i % 3 != 1), results
-    assert all(r is None for r in results[1::3]), "a second append of a pair committed"
+    assert all(r.committed for i, r in enumerate(results) if i % 3 != 1), results
+    assert all(r.dropped for r in results[1::3]), "a second append of a pair committed"
     for index, second in enumerate(seconds):
         assert second.outcomes.lock_failures == 1, f"pair {index}: {second.outcomes}"
         assert second.outcomes.completions == [False]
@@ -191,7 +191,7 @@ def test_sequential_read_modify_writes_from_one_client_never_fail_their_lock(
     with WaltzClient(store, client_config) as client:
         for _ in range(100):
             context = Increment(store, 1, lock)
-            assert isinstance(client.submit(context).result(30), int)
+            assert client.submit(context).result(30).committed
             assert context.outcomes.lock_failures == 0, "a read-modify-write did not see its previous write"
             assert context.outcomes.executions == 1
         client.flush(10)
@@ -242,7 +242,7 @@ def test_contexts_queued_behind_an_own_append_on_their_expected_lock_execute_onc
         finally:
             cluster.resume_server(owner)
         for future in [first, *futures]:
-            assert isinstance(future.result(60), int)
+            assert future.result(60).committed
         client.flush(10)
         wait_applied(store, {0: client.get_high_water_mark(0)})
     submitter = threading.get_ident()
@@ -273,7 +273,7 @@ def test_contexts_submitted_together_on_a_lock_their_client_writes_each_execute_
     threads, each = 4, 8
     with WaltzClient(store, client_config) as client:
         client.wait_mounted(30)
-        assert isinstance(client.submit(ExpectingIncrement(store, 0, lock)).result(30), int)  # written
+        assert client.submit(ExpectingIncrement(store, 0, lock)).result(30).committed  # written
         start = threading.Barrier(threads)
         batches = [[SlowExpectingIncrement(store, 0, lock) for _ in range(each)] for _ in range(threads)]
 
@@ -284,7 +284,7 @@ def test_contexts_submitted_together_on_a_lock_their_client_writes_each_execute_
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
             futures = [future for batch in pool.map(submit_all, batches) for future in batch]
         for future in futures:
-            assert isinstance(future.result(60), int)
+            assert future.result(60).committed
         client.flush(10)
         wait_applied(store, {0: client.get_high_water_mark(0)})
         waits = client.metrics.get_sample_value("waltz_client_claim_waits_total", {"partition": "0"})
@@ -380,7 +380,7 @@ def test_partitions_chosen_by_the_application_when_auto_mount_is_off(
             client.submit(Append(1, b"nope"))
         client.set_partitions([1])
         client.wait_mounted(30)
-        transaction_id = client.submit(Append(1, b"yes")).result(30)
+        transaction_id = client.submit(Append(1, b"yes")).result(30).transaction_id
         assert transaction_id == log_start[1] + 1
         wait_applied(store, {1: transaction_id})
         assert store.calls[0] == []  # partition 0's feed is not followed
@@ -396,9 +396,9 @@ def test_owner_killed_mid_stream_every_transaction_committed_once_and_applied_in
     per_client = 300
     with WaltzClient(stores[0], client_config) as first, WaltzClient(stores[1], client_config) as second:
         clients = [first, second]
-        locked = first.submit(Append(0, b"locked", write_lock=stale_lock)).result(30)
+        locked = first.submit(Append(0, b"locked", write_lock=stale_lock)).result(30).transaction_id
         assert locked is not None
-        submitted: list[tuple[Append, concurrent.futures.Future[int | None]]] = []
+        submitted: list[tuple[Append, concurrent.futures.Future[Outcome]]] = []
         halfway = threading.Event()
 
         def run(client: WaltzClient) -> None:
@@ -416,11 +416,11 @@ def test_owner_killed_mid_stream_every_transaction_committed_once_and_applied_in
         cluster.kill_server(cluster.owner_index(0))
         for thread in threads:
             thread.join(120)
-        ids = [future.result(90) for _, future in submitted]
+        ids = [future.result(90).transaction_id for _, future in submitted]
 
         # A stale client's conflicting append is still rejected by the new owner.
         stale = Append(0, b"stale", write_lock=stale_lock, high_water_mark=locked - 1, once=True)
-        assert second.submit(stale).result(30) is None
+        assert second.submit(stale).result(30).dropped
         assert stale.outcomes.lock_failures == 1
 
         marks = {pid: first.get_high_water_mark(pid) for pid in (0, 1)}
@@ -462,7 +462,7 @@ def test_a_context_that_keeps_failing_its_lock_expires_between_attempts(
     store = MemoryStore(log_start)
     lock = PartitionLocalLock("expiry", 1)
     with WaltzClient(store, client_config) as client:
-        written = client.submit(Append(0, b"first", write_lock=lock)).result(30)
+        written = client.submit(Append(0, b"first", write_lock=lock)).result(30).transaction_id
         assert written is not None
         context = Contended(lock, written - 1, timeout=0.5)
         with pytest.raises(TransactionExpiredError, match="expired after"):
@@ -501,7 +501,7 @@ def test_submit_blocks_at_the_maximum_of_concurrent_transactions(
     config = client_config.model_copy(update={"client_max_concurrent_transactions": 3})
     with WaltzClient(store, config) as client:
         futures = [client.submit(Counting(1, b"bp %d" % i)) for i in range(60)]
-        assert all(isinstance(f.result(30), int) for f in futures)
+        assert all(f.result(30).committed for f in futures)
     assert 1 <= Counting.most <= 3
 
 
@@ -511,7 +511,10 @@ def test_prefetching_callbacks_get_each_batch_with_its_data_loaded(
     writer_store = MemoryStore(log_start)
     reader_store = PrefetchingStore(log_start)
     with WaltzClient(writer_store, client_config) as writer:
-        ids = [writer.submit(Append(i % 2, f"prefetch-{i}".encode())).result(30) for i in range(60)]
+        ids = [
+            writer.submit(Append(i % 2, f"prefetch-{i}".encode())).result(30).transaction_id
+            for i in range(60)
+        ]
         assert all(isinstance(i, int) for i in ids)
         marks = {pid: writer.get_high_water_mark(pid) for pid in (0, 1)}
     # The reader mounts afterwards: none of the data is its own, all of it comes from the server.
@@ -529,7 +532,7 @@ def test_when_applied_calls_back_once_the_transaction_is_applied_and_at_once_aft
 ) -> None:
     store = MemoryStore(log_start)
     with WaltzClient(store, client_config) as client:
-        transaction_id = client.submit(Append(0, b"applied?")).result(30)
+        transaction_id = client.submit(Append(0, b"applied?")).result(30).transaction_id
         assert transaction_id is not None
         seen: list[tuple[str, int, int]] = []
         done = threading.Event()
@@ -573,18 +576,18 @@ def test_a_commit_completes_while_a_reattempt_holds_the_retry_thread(
     config = client_config.model_copy(update={"client_num_transaction_retry_threads": 1})
     lock = PartitionLocalLock("blocking", 7)
     with WaltzClient(store, config) as client:
-        assert client.submit(Append(0, b"first", write_lock=lock)).result(30) is not None
+        assert client.submit(Append(0, b"first", write_lock=lock)).result(30).committed
         stale = BlockedRetry(0, b"stale", write_lock=lock, high_water_mark=log_start[0])
         stale_future = client.submit(stale)
         try:
             assert stale.retrying.wait(30), "the stale context was never re-attempted"
             started = time.monotonic()
-            committed = client.submit(Append(1, b"meanwhile")).result(20)
+            committed = client.submit(Append(1, b"meanwhile")).result(20).transaction_id
             assert committed is not None, "a commit did not complete while the retry thread was busy"
             assert time.monotonic() - started < 20
         finally:
             stale.release.set()
-        assert stale_future.result(30) is None
+        assert stale_future.result(30).dropped
         assert stale.outcomes.lock_failures == 1
 
 
@@ -620,4 +623,4 @@ def test_submit_from_a_completion_at_the_limit_fails_instead_of_deadlocking(
         # Its own slot is freed only after its completion returns: the partition is at its limit.
         assert isinstance(context.error, WaltzClientError), context.error
         assert "would deadlock" in str(context.error)
-        assert client.submit(Append(0, b"later")).result(30) is not None  # the client goes on
+        assert client.submit(Append(0, b"later")).result(30).committed  # the client goes on

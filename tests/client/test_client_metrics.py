@@ -46,11 +46,11 @@ def test_counters_and_gauges_after_commits_and_a_lock_failure(
         for pid in (0, 1):  # every partition's counters exist from the start, at 0
             assert sample(registry, "waltz_client_transactions_submitted_total", pid) == 0
         futures = [client.submit(Append(i % 2, b"metrics %d" % i)) for i in range(7)]
-        assert all(isinstance(f.result(30), int) for f in futures)
-        locked = client.submit(Append(0, b"locked", write_lock=lock)).result(30)
+        assert all(f.result(30).committed for f in futures)
+        locked = client.submit(Append(0, b"locked", write_lock=lock)).result(30).transaction_id
         assert locked is not None
         stale = Append(0, b"stale", write_lock=lock, high_water_mark=locked - 1, once=True)
-        assert client.submit(stale).result(30) is None
+        assert client.submit(stale).result(30).dropped
         assert stale.outcomes.lock_failures == 1
         client.flush(10)
         marks = {pid: client.get_high_water_mark(pid) for pid in (0, 1)}
@@ -121,7 +121,7 @@ def test_apply_stages_time_the_wait_behind_earlier_applies_and_each_apply(
         # Four appends to one partition, in flight together: they commit within a few
         # milliseconds of one another, and each apply takes 100 ms, so the later ones wait.
         futures = [client.submit(Append(0, b"slow %d" % i)) for i in range(4)]
-        last = max(f.result(30) or -1 for f in futures)
+        last = max(f.result(30).transaction_id or -1 for f in futures)
         assert client.wait_applied(0, last, 30)
         applied = last - log_start[0]
         assert applied == 4  # the test's own, nothing else was written to partition 0
@@ -149,7 +149,7 @@ def test_apply_errors_unhealthy_and_remounts(
         registry = client.metrics
         client.wait_mounted(30)
         store.broken.set()
-        transaction_id = client.submit(Append(1, b"not applied yet")).result(30)
+        transaction_id = client.submit(Append(1, b"not applied yet")).result(30).transaction_id
         assert transaction_id is not None
         wait_until(
             lambda: sample(registry, "waltz_client_partition_unhealthy", 1) == 1,

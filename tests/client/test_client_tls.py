@@ -63,7 +63,7 @@ def test_mutual_tls(tls_cluster: tuple[LocalCluster, dict[str, Path]]) -> None:
         "client_tls_key_file": files["client-key"],
     }
     with WaltzClient(store, config(cluster, **tls)) as client:
-        transaction_id = client.submit(Append(0, b"over TLS")).result(60)
+        transaction_id = client.submit(Append(0, b"over TLS")).result(60).transaction_id
         assert transaction_id is not None
         assert client.wait_applied(0, transaction_id, 30)
     assert [a.data for a in store.applied[0]][-1] == b"over TLS"

@@ -53,13 +53,14 @@ def test_unmounted_partition_is_no_longer_fed_and_mounting_it_again_applies_what
 
         with WaltzClient(other_store, client_config) as other:
             ids = [
-                other.submit(Append(0, f"missed {i}".encode(), header=i)).result(TIMEOUT) for i in range(20)
+                other.submit(Append(0, f"missed {i}".encode(), header=i)).result(TIMEOUT).transaction_id
+                for i in range(20)
             ]
             last = ids[-1]
             assert last is not None and ids == list(range(log_start[0] + 1, last + 1))
             # A later transaction on partition 1, which the client still follows: once it is
             # applied, feed entries of partition 0 sent to the client would have arrived too.
-            marker = other.submit(Append(1, b"marker")).result(TIMEOUT)
+            marker = other.submit(Append(1, b"marker")).result(TIMEOUT).transaction_id
             assert marker is not None
             wait_until(
                 lambda: store.get_client_high_water_mark(1) >= marker,

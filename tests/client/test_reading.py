@@ -33,7 +33,10 @@ def test_a_long_read_reports_its_progress_until_done(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with WaltzClient(MemoryStore(log_start), client_config) as writer:
-        ids = [writer.submit(Append(0, f"read {i}".encode())).result(TIMEOUT) for i in range(COUNT)]
+        ids = [
+            writer.submit(Append(0, f"read {i}".encode())).result(TIMEOUT).transaction_id
+            for i in range(COUNT)
+        ]
     assert all(i is not None for i in ids)
     marks = dict(log_start)
     marks[0] = max(i for i in ids if i is not None)
@@ -66,7 +69,7 @@ def test_a_reader_fetches_batches_of_large_transactions_in_pages(
     """Apply batches whose data exceeds one GetTransactionDataRange answer (4 MiB) arrive whole."""
     datas = [bytes([i]) * (300 * 1024) if i % 3 else f"small {i}".encode() for i in range(40)]
     with WaltzClient(MemoryStore(log_start), client_config) as writer:
-        ids = [writer.submit(Append(0, data)).result(TIMEOUT) for data in datas]
+        ids = [writer.submit(Append(0, data)).result(TIMEOUT).transaction_id for data in datas]
         assert ids == list(range(log_start[0] + 1, log_start[0] + 1 + len(datas)))
         # The data client itself: 7.6 MiB of consecutive transactions (two answers at least), and
         # runs with gaps between them (fetched concurrently), each in the order asked.
@@ -92,7 +95,7 @@ def test_a_fetch_that_cannot_finish_fails_with_a_transaction_data_error(
     config = client_config.model_copy(update={"client_transaction_data_timeout": 1.0})
     datas = [bytes([i]) * (300 * 1024) for i in range(16)]  # 4.7 MiB: two answers
     with WaltzClient(MemoryStore(log_start), config) as writer:
-        ids = [writer.submit(Append(0, data)).result(TIMEOUT) for data in datas]
+        ids = [writer.submit(Append(0, data)).result(TIMEOUT).transaction_id for data in datas]
         fetcher = writer._core.data_client
         beyond = ids[-1] + 1  # the next transaction: not committed
         with pytest.raises(TransactionDataError) as info:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from waltz import PartitionLocalLock, TransactionBuilder, TransactionContext
+from waltz import Outcome, OutcomeKind, PartitionLocalLock, TransactionBuilder, TransactionContext
 from waltz.client.submission import Submission
 from waltz.errors import MessageTooLargeError, TransactionExpiredError
 
@@ -67,7 +67,7 @@ def test_attempts_re_execute_with_the_current_high_water_mark_until_committed() 
     third = submission.attempt()
     assert third is not None and third.client_high_water_mark == 15
     submission.complete(42)
-    assert submission.future.result(0) == 42
+    assert submission.future.result(0).transaction_id == 42
     assert context.calls == ["execute", "execute", "lock_failure", "execute", "completion:True"]
     assert finished == [submission]
     assert submission.attempts == 3 and submission.lock_failures == 1
@@ -77,9 +77,38 @@ def test_execute_false_completes_without_append() -> None:
     context = Recording([False])
     submission, finished = make(context)
     assert submission.attempt() is None
-    assert submission.future.result(0) is None
+    assert submission.future.result(0).dropped
     assert context.calls == ["execute", "completion:False"]
     assert finished == [submission]
+
+
+class Dropping(Recording):
+    """Drops its transaction the way ``drop`` says: a reason, or the request applied before."""
+
+    def __init__(self, drop: str | tuple[int, int]) -> None:
+        super().__init__([])
+        self.drop = drop
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        self.calls.append("execute")
+        if isinstance(self.drop, str):
+            return builder.drop(self.drop)
+        return builder.drop_as_applied(*self.drop)
+
+
+def test_a_drop_s_reason_and_an_earlier_application_reach_the_outcome() -> None:
+    refused = Dropping("insufficient funds")
+    submission, finished = make(refused)
+    assert submission.attempt() is None
+    assert submission.future.result(0) == Outcome(OutcomeKind.DROPPED, 0, None, "insufficient funds")
+    assert refused.calls == ["execute", "completion:False"] and finished == [submission]
+
+    seen = Dropping((3, 41))
+    submission, _ = make(seen)
+    assert submission.attempt() is None
+    outcome = submission.future.result(0)
+    assert outcome == Outcome(OutcomeKind.ALREADY_APPLIED, 3, 41) and outcome.already_applied and not outcome
+    assert seen.calls == ["execute", "completion:False"]
 
 
 def test_execute_raising_ends_the_context_with_the_exception() -> None:
@@ -100,7 +129,7 @@ def test_an_outcome_happens_once() -> None:
     submission.fail(RuntimeError("late"))
     submission.expire()
     assert submission.attempt() is None  # finished: no more attempts
-    assert submission.future.result(0) == 1
+    assert submission.future.result(0).transaction_id == 1
     assert context.calls == ["execute", "completion:True"]
     assert len(finished) == 1
 
@@ -148,7 +177,7 @@ def test_the_future_cannot_be_cancelled() -> None:
     submission, _ = make(Recording([True]))
     assert not submission.future.cancel()
     submission.complete(3)
-    assert submission.future.result(0) == 3
+    assert submission.future.result(0).transaction_id == 3
 
 
 def test_a_failing_callback_does_not_break_the_outcome(caplog: pytest.LogCaptureFixture) -> None:
@@ -159,7 +188,7 @@ def test_a_failing_callback_does_not_break_the_outcome(caplog: pytest.LogCapture
     submission, finished = make(Broken([True]))
     assert submission.attempt() is not None
     submission.complete(9)
-    assert submission.future.result(0) == 9
+    assert submission.future.result(0).transaction_id == 9
     assert finished == [submission]
     assert "on_completion raised" in caplog.text
 
@@ -214,7 +243,7 @@ def test_complete_all_frees_every_submission_before_any_future_resolves() -> Non
     )
     assert count == 2 and delay >= 0
     assert order == ["future 1", "finished [0, 2]", "future 0", "future 2"]
-    assert [s.future.result(0) for s in (submissions[0], submissions[2])] == [10, 12]
+    assert [s.future.result(0).transaction_id for s in (submissions[0], submissions[2])] == [10, 12]
     assert contexts[0].calls == ["execute", "completion:True"]
     assert contexts[1].calls == ["execute", "exception:RuntimeError"]
     assert Submission.complete_all([(submissions[0], 99)], on_finished) == (0.0, 0)  # once only

@@ -158,7 +158,7 @@ def test_a_traced_transaction_is_one_trace_from_submit_to_apply(
     start = {pid: owner.high_water_mark for pid, owner in traced_cluster.wait_ready(30).items()}
     store = MemoryStore(start)
     with WaltzClient(store, _config(traced_cluster, client_tracing=True)) as client:
-        transaction_id = client.submit(Append(0, b"traced")).result(30)
+        transaction_id = client.submit(Append(0, b"traced")).result(30).transaction_id
         assert transaction_id is not None
         assert client.wait_applied(0, transaction_id, 30)
         finished = _wait_for(
@@ -223,10 +223,10 @@ def test_a_lock_failure_is_an_event_before_the_second_attempt(
     store = MemoryStore(start)
     lock = PartitionLocalLock("account", 42)
     with WaltzClient(store, _config(traced_cluster, client_tracing=True)) as client:
-        writer = client.submit(Append(0, b"first", write_lock=lock)).result(30)
+        writer = client.submit(Append(0, b"first", write_lock=lock)).result(30).transaction_id
         assert writer is not None
         context = StaleFirstAttempt(store, start[0], lock)
-        transaction_id = client.submit(context).result(30)
+        transaction_id = client.submit(context).result(30).transaction_id
         assert transaction_id is not None
         assert context.outcomes.lock_failures == 1
         finished = _wait_for(
@@ -273,7 +273,7 @@ def test_an_append_held_behind_the_clients_own_is_an_event(
     with WaltzClient(store, _config(traced_cluster, client_tracing=True)) as client:
         first = client.submit(ReadsTheStore(store, lock))
         second = client.submit(ReadsTheStore(store, lock))
-        holder, transaction_id = first.result(30), second.result(30)
+        holder, transaction_id = first.result(30).transaction_id, second.result(30).transaction_id
         assert holder is not None and transaction_id is not None
         finished = _wait_for(
             client_spans, lambda spans: any(_transaction_of(s) == transaction_id for s in spans)
@@ -296,7 +296,7 @@ def test_a_client_samples_the_share_of_transactions_it_is_told(
     config = _config(traced_cluster, client_tracing=True, client_tracing_sample_ratio=0.0)
     with WaltzClient(MemoryStore(start), config) as client:
         futures = [client.submit(Append(0, b"unsampled")) for _ in range(20)]
-        ids = {future.result(30) for future in futures}
+        ids = {future.result(30).transaction_id for future in futures}
         client_id = client.client_id
     traced = [
         s
@@ -323,7 +323,7 @@ def test_with_tracing_off_nothing_of_opentelemetry_is_loaded(traced_cluster: Loc
         )
         store = MemoryStore({{0: {start}}})
         with WaltzClient(store, config) as client:
-            transaction_id = client.submit(Append(0, b"untraced")).result(30)
+            transaction_id = client.submit(Append(0, b"untraced")).result(30).transaction_id
             assert client.wait_applied(0, transaction_id, 30)
         print(sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry"))
         """

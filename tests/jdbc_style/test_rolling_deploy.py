@@ -144,7 +144,7 @@ class Instance:
                 counter_id = counters[n % len(counters)]
                 context = Increment(self.callbacks, self.model, counter_id, label)
                 outcome = self.client.submit(context).result(TIMEOUT)
-                assert isinstance(outcome, int)
+                assert outcome.committed, outcome
                 self.committed.append(counter_id)
 
         for pid, counters in sorted(by_partition.items()):

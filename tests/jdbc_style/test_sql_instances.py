@@ -213,7 +213,7 @@ def run_three_instances_with_a_crash(instances: Instances, count: int, seed: int
                 futures = [writer.submit(Write(pid, data)) for pid, data in batch]
                 ids = []
                 for (pid, data), future in zip(batch, futures, strict=True):
-                    transaction_id = future.result(60)
+                    transaction_id = future.result(60).transaction_id
                     assert isinstance(transaction_id, int)
                     written[(pid, transaction_id)] = zlib.crc32(data)
                     ids.append(transaction_id)

@@ -147,7 +147,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory, zookeeper: Any) -> Iterato
             for n in range(COMMITTED):
                 for partition in (0, 1):
                     data = f"before the attack: partition {partition} number {n}".encode()
-                    transaction_id = client.submit(Append(partition, data)).result(60)
+                    transaction_id = client.submit(Append(partition, data)).result(60).transaction_id
                     assert transaction_id is not None
                     committed[partition].append((transaction_id, data))
         empty = LocalStorageNode(

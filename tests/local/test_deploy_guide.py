@@ -442,7 +442,7 @@ def commit(
     with WaltzClient(store, client_config(hosts)) as client:
         for i in range(count):
             context = Append(i % PARTITIONS, f"{label} {i}".encode())
-            transaction_id = client.submit(context).result(60)
+            transaction_id = client.submit(context).result(60).transaction_id
             assert transaction_id is not None
             acknowledged[context.data] = (context.partition, transaction_id)
     return acknowledged

@@ -44,7 +44,7 @@ def acl_set(acls: list[ACL]) -> set[tuple[int, str, str]]:
 def append_and_apply(cluster: LocalCluster, data: bytes, role: Role = Role.OPERATOR) -> None:
     store = MemoryStore({0: -1})
     with WaltzClient(store, WaltzClientConfig(**cluster.zookeeper_settings(role))) as client:  # type: ignore[arg-type]
-        transaction_id = client.submit(Append(0, data)).result(60)
+        transaction_id = client.submit(Append(0, data)).result(60).transaction_id
         assert transaction_id is not None
         assert client.wait_applied(0, transaction_id, 30)
     assert [a.data for a in store.applied[0]][-1] == data

@@ -41,7 +41,7 @@ config = WaltzClientConfig(
     zookeeper_connect_string=zookeeper, cluster_root=root, zookeeper_auth_digest_file=digest or None
 )
 with WaltzClient(MemoryStore({0: -1, 1: -1}), config) as client:
-    ids = [client.submit(Append(0, b"from a client host %d" % i)).result(60) for i in range(5)]
+    ids = [client.submit(Append(0, b"from a client host %d" % i)).result(60).transaction_id for i in range(5)]
     print("committed:", ids)
 """
 

@@ -218,7 +218,7 @@ def test_owner_cut_from_zookeeper_only_is_fenced_and_the_log_stays_exact(
         with WaltzClient(store, config) as client:
             for i in range(20):
                 context = Append(0, b"before %d" % i)
-                transaction_id = client.submit(context).result(30)
+                transaction_id = client.submit(context).result(30).transaction_id
                 assert transaction_id is not None
                 acknowledged[context.data] = transaction_id
 
@@ -228,7 +228,7 @@ def test_owner_cut_from_zookeeper_only_is_fenced_and_the_log_stays_exact(
                         return
                     context = Append(0, b"during %d" % i)
                     try:
-                        transaction_id = client.submit(context).result(60)
+                        transaction_id = client.submit(context).result(60).transaction_id
                     except Exception as error:  # an expired transaction: not acknowledged
                         failures.append(repr(error))
                         continue

@@ -78,7 +78,7 @@ def client_config(cluster: LocalCluster, role: str) -> WaltzClientConfig:
 def test_a_client_certificate_commits_but_cannot_open_an_admin_session(secured: LocalCluster) -> None:
     store = MemoryStore({0: -1})
     with WaltzClient(store, client_config(secured, "client")) as client:
-        transaction_id = client.submit(Append(0, b"with the client role")).result(60)
+        transaction_id = client.submit(Append(0, b"with the client role")).result(60).transaction_id
         assert transaction_id is not None
 
     async def admin_as_client() -> None:
@@ -138,7 +138,7 @@ def test_a_server_certificate_cannot_delete_a_partition(secured: LocalCluster) -
         asyncio.run(scenario())
     store = MemoryStore({0: -1})
     with WaltzClient(store, client_config(secured, "client")) as client:  # the partition still serves
-        assert client.submit(Append(0, b"still here")).result(60) is not None
+        assert client.submit(Append(0, b"still here")).result(60).committed
 
 
 def test_only_a_server_or_admin_certificate_opens_a_store_session(secured: LocalCluster) -> None:

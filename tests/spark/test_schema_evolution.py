@@ -328,7 +328,7 @@ def write(
             else:
                 values = _v2_values(kind, seed) if v2 else _v1_values(kind, seed)
                 context = Put(instance.callbacks, model, row_id, values)
-            assert isinstance(instance.client.submit(context).result(TIMEOUT), int)
+            assert instance.client.submit(context).result(TIMEOUT).committed
 
 
 def prepared(url: str, base: type[DeclarativeBase]) -> str:

@@ -33,6 +33,7 @@ from waltz.admin.storage_nodes import (
     probe_tcp,
 )
 from waltz.client import (
+    Outcome,
     PartitionLocalLock,
     Transaction,
     TransactionBuilder,
@@ -250,11 +251,11 @@ def run_validation(
     errors: list[str] = []
     clients: list[WaltzClient] = []
     contexts: list[_ValidationContext] = []
-    futures: list[concurrent.futures.Future[int | None]] = []
+    futures: list[concurrent.futures.Future[Outcome]] = []
     ended = 0
     ended_lock = threading.Lock()
 
-    def on_end(_: concurrent.futures.Future[int | None]) -> None:
+    def on_end(_: concurrent.futures.Future[Outcome]) -> None:
         nonlocal ended
         with ended_lock:
             ended += 1
@@ -289,7 +290,7 @@ def run_validation(
         committed = 0
         for future in list(futures):
             try:
-                if future.result(max(0.1, deadline - time.monotonic())) is not None:
+                if future.result(max(0.1, deadline - time.monotonic())).committed:
                     committed += 1
             except concurrent.futures.TimeoutError:
                 errors.append(f"a transaction was still in flight after {timeout:g}s")

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from waltz.chaos.sequence import ChecksumCallbacks, counter_key_for, counter_payload, payload_for
 from waltz.client import (
+    Outcome,
     PartitionLocalLock,
     TransactionBuilder,
     TransactionContext,
@@ -224,9 +225,9 @@ def _submit_all(
             conn.send(("progress", len(outcomes.acked), len(outcomes.failed)))
             last_report = now
 
-    def record(sequence: int, context: ChaosAppend | CounterIncrement, future: Future[int | None]) -> None:
+    def record(sequence: int, context: ChaosAppend | CounterIncrement, future: Future[Outcome]) -> None:
         try:
-            transaction_id = future.result()
+            transaction_id = future.result().transaction_id
             with outcomes.lock:
                 if transaction_id is None:
                     outcomes.failed.append((sequence, "execute returned False"))

@@ -2,8 +2,9 @@
 
 Public API (also re-exported from :mod:`waltz`): :class:`WaltzClient`, :class:`AsyncWaltzClient`,
 :class:`WaltzClientConfig`, :class:`WaltzClientCallbacks`, :class:`TransactionContext`,
-:class:`TransactionBuilder`, :class:`Transaction`, :class:`PartitionLocalLock`, :class:`LockMode`,
-:class:`Serializer` (with :class:`BytesSerializer` and :class:`JsonSerializer`).
+:class:`TransactionBuilder`, :class:`Transaction`, :class:`Outcome` (with :class:`OutcomeKind`),
+:class:`PartitionLocalLock`, :class:`LockMode`, :class:`Serializer` (with :class:`BytesSerializer` and
+:class:`JsonSerializer`).
 
 Modules: ``client`` (the two facades), ``core`` (partitions, discovery, server messages),
 ``attempt_runner`` (the attempt path, from ``submit`` to a context's outcome), ``in_flight`` (the
@@ -15,7 +16,7 @@ state and mounts), ``feed_window`` (apply flow control), ``pending_appends`` (ap
 ``connection`` (one stream per server), ``connection_pool`` (network clients by endpoint),
 ``transaction_data`` (the data RPC), ``discovery`` (ZooKeeper), ``apply_worker`` (ordered
 ``apply_transaction``), ``metrics`` (Prometheus), ``context``, ``locks``, ``transaction``,
-``callbacks``, ``config``, ``waiting``.
+``callbacks``, ``config``, ``waiting``, ``outcome`` (what ``submit`` resolves to).
 """
 
 from waltz.client.callbacks import WaltzClientCallbacks
@@ -29,6 +30,7 @@ from waltz.client.context import (
     TransactionContext,
 )
 from waltz.client.locks import LockMode, PartitionLocalLock, lock_hash
+from waltz.client.outcome import Outcome, OutcomeKind
 from waltz.client.transaction import Transaction
 
 __all__ = [
@@ -36,6 +38,8 @@ __all__ = [
     "BytesSerializer",
     "JsonSerializer",
     "LockMode",
+    "Outcome",
+    "OutcomeKind",
     "PartitionLocalLock",
     "Serializer",
     "Transaction",

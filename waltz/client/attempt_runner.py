@@ -133,7 +133,10 @@ class AttemptRunner:
 
     async def submit_async(self, context: TransactionContext) -> Submission:
         """As :meth:`submit` with a future, for a coroutine: waits only while the partition is at
-        the concurrency limit or for read your writes (``AsyncWaltzClient.submit``)."""
+        the concurrency limit or for read your writes (``AsyncWaltzClient.submit``). The first
+        attempt runs on the calling loop, or, for a context whose ``execute`` blocks
+        (``TransactionContext.execute_blocks``), on a retry thread while the coroutine awaits it:
+        the loop never waits for a database."""
         partition, submission = self._new_submission(context, True)
         long_wait = self._config.client_long_wait_threshold
         while not await self._in_flight.admit_async(submission, long_wait):
@@ -142,7 +145,15 @@ class AttemptRunner:
         wait = self._read_your_writes_wait(partition, submission)
         if wait is not None:
             await partition.applied.wait_async(*wait)
-        self._first_attempt(partition, submission)
+        if not context.execute_blocks:
+            self._first_attempt(partition, submission)
+            return submission
+        try:
+            attempt = self._executor.submit(self._first_attempt, partition, submission)
+        except RuntimeError:  # the executor shut down: the client closed under us
+            submission.fail(ClientClosedError(f"Waltz client {self._client_id} is closed"))
+            return submission
+        await asyncio.wrap_future(attempt)
         return submission
 
     def check_open(self) -> None:

@@ -17,7 +17,8 @@ one core (:class:`~waltz.client.core.ClientCore`) that runs an event loop on a t
             return True
 
     with WaltzClient(callbacks, WaltzClientConfig(zookeeper_connect_string=..., cluster_root=...)) as client:
-        transaction_id = client.submit(Deposit(7, 100)).result()
+        outcome = client.submit(Deposit(7, 100)).result()  # Outcome: committed, dropped, already applied
+        transaction_id = outcome.transaction_id
 
 A submitted context goes the attempt path of the core's
 :class:`~waltz.client.attempt_runner.AttemptRunner` (docs/design/client.md "From submit to the
@@ -48,6 +49,7 @@ from waltz.client.context import TransactionContext
 from waltz.client.core import ClientCore
 from waltz.client.metrics import ClientMetrics
 from waltz.client.mount_procedure import PartitionState
+from waltz.client.outcome import Outcome
 from waltz.errors import WaltzTimeoutError
 
 __all__ = ["AsyncWaltzClient", "WaltzClient"]
@@ -104,16 +106,19 @@ class WaltzClient:
         """The cluster's number of partitions."""
         return self._core.num_partitions
 
-    def submit(self, context: TransactionContext) -> concurrent.futures.Future[int | None]:
+    def submit(self, context: TransactionContext) -> concurrent.futures.Future[Outcome]:
         """Submit a transaction context; runs its first attempt on this thread.
 
         Blocks while the context's partition has ``client.maxConcurrentTransactions`` contexts in
         flight (nudging the server with a flush after ``client.longWaitThreshold``).
 
         Returns:
-            A future of the committed transaction ID, or of None when ``execute`` returned False;
-            it raises what ``execute`` raised, :class:`~waltz.errors.TransactionExpiredError`, or
-            :class:`~waltz.errors.ClientClosedError`. It cannot be cancelled.
+            A future of the context's :class:`~waltz.client.outcome.Outcome` (docs/design/client.md
+            "Outcomes"): committed (with the transaction ID), dropped by ``execute`` (with the
+            reason it gave) or already applied (with the earlier transaction's ID); true only
+            when committed. It raises what ``execute`` raised,
+            :class:`~waltz.errors.TransactionExpiredError`, or :class:`~waltz.errors.ClientClosedError`.
+            It cannot be cancelled.
 
         Raises:
             ClientClosedError: the client is closed.
@@ -196,6 +201,20 @@ class WaltzClient:
         """
         self._core.applied_mark(partition_id).call_when(transaction_id, callback)
 
+    def ready(self, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> dict[int, int]:
+        """Block until every partition this client mounts is mounted and applied up to the log's
+        high-water mark taken at the call: an instance about to serve has caught up with what was
+        committed before it started (docs/design/client.md "Ready to serve").
+
+        Returns:
+            Partition ID -> the high-water mark it caught up to.
+
+        Raises:
+            WaltzTimeoutError: not caught up within ``timeout`` seconds (the message names the
+                partitions behind, with their marks).
+        """
+        return self._core.wait_ready(timeout)
+
     def set_partitions(self, partition_ids: Iterable[int]) -> None:
         """Mount exactly these partitions (for ``client.autoMount: false``); unmount the others.
 
@@ -247,7 +266,9 @@ class AsyncWaltzClient:
 
     The core still runs on a thread of its own; ``execute`` of a first attempt and
     ``get_client_high_water_mark`` run on the caller's event loop (keep them non-blocking), later
-    attempts on the client's retry threads.
+    attempts on the client's retry threads. A context whose ``execute`` blocks on I/O
+    (``TransactionContext.execute_blocks``, e.g. the SQL framework's entity contexts) runs its
+    first attempt on the retry threads too, never on the loop.
 
     Metrics: :attr:`metrics` is the client's Prometheus ``CollectorRegistry``, as
     :attr:`WaltzClient.metrics`, available before :meth:`start` (its gauges show the partitions
@@ -301,22 +322,24 @@ class AsyncWaltzClient:
         """The cluster's number of partitions."""
         return self._core.num_partitions
 
-    async def submit(self, context: TransactionContext) -> asyncio.Future[int | None]:
-        """Submit a context; waits only while its partition is at the concurrency limit.
+    async def submit(self, context: TransactionContext) -> asyncio.Future[Outcome]:
+        """Submit a context; waits only while its partition is at the concurrency limit (and,
+        for a context whose ``execute`` blocks, while its first attempt runs on a retry thread).
 
         Returns:
-            A future of the committed transaction ID (None when ``execute`` returned False), as
+            A future of the context's :class:`~waltz.client.outcome.Outcome`, as
             :meth:`WaltzClient.submit`.
         """
         submission = await self._core.attempts.submit_async(context)
         assert submission.future is not None
         return asyncio.wrap_future(submission.future)
 
-    async def submit_async(self, context: TransactionContext) -> int | None:
+    async def submit_async(self, context: TransactionContext) -> Outcome:
         """Submit a context and wait for its outcome.
 
         Returns:
-            The committed transaction ID, or None when ``execute`` returned False.
+            The context's :class:`~waltz.client.outcome.Outcome`: committed (with the transaction
+            ID), dropped (with the reason) or already applied (with the earlier transaction's ID).
 
         Raises:
             Exception: what the submission's future raises (see :meth:`WaltzClient.submit`).
@@ -349,6 +372,11 @@ class AsyncWaltzClient:
     ) -> bool:
         """As :meth:`WaltzClient.wait_applied`."""
         return await self._core.applied_mark(partition_id).wait_async(transaction_id, timeout)
+
+    async def ready(self, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> dict[int, int]:
+        """As :meth:`WaltzClient.ready`: return once every mounted partition has applied the
+        log's high-water mark taken at the call (on a thread: the loop does not wait)."""
+        return await asyncio.to_thread(self._core.wait_ready, timeout)
 
     async def set_partitions(self, partition_ids: Iterable[int]) -> None:
         """As :meth:`WaltzClient.set_partitions`."""

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from waltz.client.locks import LockMode, PartitionLocalLock
+from waltz.client.outcome import Outcome, OutcomeKind
 from waltz.protocol.records import crc32
 
 __all__ = [
@@ -102,7 +103,16 @@ class TransactionBuilder:
             (from ``WaltzClientCallbacks.get_client_high_water_mark``).
     """
 
-    __slots__ = ("_append_locks", "_data", "_header", "_high_water_mark", "_read_locks", "_write_locks")
+    __slots__ = (
+        "_append_locks",
+        "_applied_before",
+        "_data",
+        "_drop_reason",
+        "_header",
+        "_high_water_mark",
+        "_read_locks",
+        "_write_locks",
+    )
 
     def __init__(self, client_high_water_mark: int) -> None:
         self._high_water_mark = client_high_water_mark
@@ -111,6 +121,8 @@ class TransactionBuilder:
         self._write_locks: tuple[PartitionLocalLock, ...] = ()
         self._read_locks: tuple[PartitionLocalLock, ...] = ()
         self._append_locks: tuple[PartitionLocalLock, ...] = ()
+        self._drop_reason: str | None = None
+        self._applied_before: tuple[int, int] | None = None
 
     @property
     def client_high_water_mark(self) -> int:
@@ -179,6 +191,37 @@ class TransactionBuilder:
             return self._write_locks
         return self._read_locks if mode is LockMode.READ else self._append_locks
 
+    def drop(self, reason: str) -> bool:
+        """Drop the transaction for a reason the submitter is told (``Outcome.reason``): ``return
+        builder.drop("insufficient funds")`` in ``execute`` (docs/design/client.md "Outcomes").
+
+        Returns:
+            False, what ``execute`` returns to drop the transaction.
+        """
+        self._drop_reason = reason
+        self._applied_before = None
+        return False
+
+    def drop_as_applied(self, partition_id: int, transaction_id: int, reason: str | None = None) -> bool:
+        """Drop the transaction because the request was applied before by another transaction
+        (an idempotency key it carried): the submitter's outcome is ``ALREADY_APPLIED`` with that
+        transaction's partition and ID (docs/design/client.md "Outcomes").
+
+        Returns:
+            False, what ``execute`` returns to drop the transaction.
+        """
+        self._drop_reason = reason
+        self._applied_before = (partition_id, transaction_id)
+        return False
+
+    def dropped_outcome(self, partition_id: int) -> Outcome:
+        """The outcome of an attempt whose ``execute`` returned False (``partition_id``: the
+        context's): already applied when :meth:`drop_as_applied` was called, else dropped, with
+        the reason given to :meth:`drop` (None without one)."""
+        if self._applied_before is not None:
+            return Outcome(OutcomeKind.ALREADY_APPLIED, *self._applied_before, self._drop_reason)
+        return Outcome(OutcomeKind.DROPPED, partition_id, None, self._drop_reason)
+
     def build(self) -> AppendPayload:
         """The append payload: lock hashes, header, data and its CRC-32."""
 
@@ -234,6 +277,12 @@ class TransactionContext(abc.ABC):
     #: the next attempt then runs once the transaction it waits for is absorbed, not applied.
     reads_absorbed_state: bool = False
 
+    #: True when ``execute`` blocks on I/O (reads a database, e.g. the SQL framework's entity
+    #: contexts): ``AsyncWaltzClient`` then runs its first attempt on the client's attempt threads
+    #: (``client.numTransactionRetryThreads`` of them), never on the caller's event loop
+    #: (docs/design/client.md "WaltzClient and AsyncWaltzClient").
+    execute_blocks: bool = False
+
     def __init__(self, *, timeout: float | None = None) -> None:
         self.creation_time = time.time()
         if timeout is not None:
@@ -251,7 +300,8 @@ class TransactionContext(abc.ABC):
 
         Returns:
             True to append the transaction, False to drop it (the context then completes with
-            ``on_completion(False)``). An exception ends the context with ``on_exception``.
+            ``on_completion(False)``); ``return builder.drop(reason)`` drops it with a reason the
+            submitter's ``Outcome`` carries. An exception ends the context with ``on_exception``.
         """
 
     def expected_locks(self) -> Sequence[PartitionLocalLock]:

@@ -339,6 +339,35 @@ class ClientCore:
             states = {pid: repr(self.partitions[pid]) for pid in ids}
             raise WaltzTimeoutError(f"partitions not mounted within {timeout:g}s: {states}") from None
 
+    def wait_ready(self, timeout: float) -> dict[int, int]:
+        """Block until every wanted partition is mounted and applied up to its committed
+        high-water mark asked of its server now (``WaltzClient.ready``).
+
+        Returns:
+            Partition ID -> the mark it caught up to.
+
+        Raises:
+            WaltzTimeoutError: not caught up within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        ids = [p.partition_id for p in self.partitions.values() if p.wanted]
+        self.wait_until_mounted(timeout, ids)
+        marks = {pid: self.get_high_water_mark(pid, max(0.0, deadline - time.monotonic())) for pid in ids}
+        behind: dict[int, tuple[int, int]] = {}
+        for pid, mark in marks.items():
+            applied = self.partitions[pid].applied
+            if not applied.wait(mark, max(0.0, deadline - time.monotonic())):
+                behind[pid] = (applied.value, mark)
+        if behind:
+            detail = ", ".join(
+                f"partition {pid} applied {a} of {m}" for pid, (a, m) in sorted(behind.items())
+            )
+            raise WaltzTimeoutError(
+                f"not caught up with the log within {timeout:g}s: {detail} (a slow or failing "
+                "apply_transaction: see unhealthy_partitions())"
+            )
+        return marks
+
     # --- requests ---------------------------------------------------------------------------------
 
     async def high_water_mark(self, partition_id: int, timeout: float) -> int:

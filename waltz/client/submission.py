@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from waltz.client.context import AppendPayload, TransactionBuilder, TransactionContext
+from waltz.client.outcome import Outcome, OutcomeKind
 from waltz.errors import MessageTooLargeError, TransactionExpiredError
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ APPEND_OVERHEAD_BYTES = 256
 LOCK_HASH_BYTES = 10
 
 
-class _SubmissionFuture(concurrent.futures.Future[int | None]):
+class _SubmissionFuture(concurrent.futures.Future[Outcome]):
     """The future of a submission: an append in flight cannot be recalled, so it cannot be cancelled."""
 
     def cancel(self) -> bool:
@@ -96,9 +97,7 @@ class Submission:
     ) -> None:
         self.context = context
         self.partition_id = partition_id
-        self.future: concurrent.futures.Future[int | None] | None = (
-            _SubmissionFuture() if with_future else None
-        )
+        self.future: concurrent.futures.Future[Outcome] | None = _SubmissionFuture() if with_future else None
         self.attempts = 0
         self.lock_failures = 0
         self.lost_appends = 0
@@ -160,7 +159,7 @@ class Submission:
                 self.trace.attempt(self.attempts, mark)
             builder = TransactionBuilder(mark)
             if not self.context.execute(builder):
-                self.complete(None)
+                self._end(builder.dropped_outcome(self.partition_id))
                 return None
             payload = builder.build()
             locks = len(payload.write_locks) + len(payload.read_locks) + len(payload.append_locks)
@@ -177,22 +176,27 @@ class Submission:
             return None
         return payload
 
-    def complete(self, transaction_id: int | None) -> None:
-        """End the context: committed as ``transaction_id``, or dropped by ``execute`` (None)."""
-        if not self._end_completed(transaction_id):
+    def complete(self, transaction_id: int) -> None:
+        """End the context: committed as ``transaction_id``."""
+        self._end(Outcome(OutcomeKind.COMMITTED, self.partition_id, transaction_id))
+
+    def _end(self, outcome: Outcome) -> None:
+        """End the context with ``outcome`` (committed, dropped or already applied)."""
+        if not self._end_completed(outcome):
             return
         future = self.future
-        self._resolve(None if future is None else lambda: future.set_result(transaction_id))
+        self._resolve(None if future is None else lambda: future.set_result(outcome))
 
-    def _end_completed(self, transaction_id: int | None) -> bool:
+    def _end_completed(self, outcome: Outcome) -> bool:
         """End the context as completed and tell it (``on_completion``); False, doing nothing,
         when it had ended already."""
         if not self._finish():
             return False
+        committed = outcome.kind is OutcomeKind.COMMITTED
         if self.trace is not None:
-            self.trace.committed(transaction_id)
+            self.trace.committed(outcome.transaction_id if committed else None)
         try:
-            self.context.on_completion(transaction_id is not None)
+            self.context.on_completion(committed)
         except Exception:
             log.exception("%r: on_completion raised", self)
         return True
@@ -221,10 +225,11 @@ class Submission:
             ``time.monotonic() - fed_at`` when each was resolved (seconds: the completion delay),
             and how many they were.
         """
-        ended: list[tuple[Submission, int]] = []
+        ended: list[tuple[Submission, Outcome]] = []
         for submission, transaction_id in committed:
-            if submission._end_completed(transaction_id):
-                ended.append((submission, transaction_id))
+            outcome = Outcome(OutcomeKind.COMMITTED, submission.partition_id, transaction_id)
+            if submission._end_completed(outcome):
+                ended.append((submission, outcome))
         if not ended:
             return 0.0, 0
         try:
@@ -233,10 +238,10 @@ class Submission:
             log.exception("finishing hook of %d submission(s) raised", len(ended))
         monotonic = time.monotonic
         delay = 0.0
-        for submission, transaction_id in ended:
+        for submission, outcome in ended:
             future = submission.future
             if future is not None:
-                future.set_result(transaction_id)
+                future.set_result(outcome)
             delay += monotonic() - fed_at
         return delay, len(ended)
 

@@ -24,6 +24,9 @@ operator (``waltz db skip``), audited in ``waltz_skipped_transactions``.
 from __future__ import annotations
 
 import abc
+import asyncio
+import concurrent.futures
+import contextlib
 import datetime as dt
 import logging
 import threading
@@ -87,6 +90,11 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
     #: Nearly every apply reads its transaction's data: fetch a batch's data at once.
     prefetch_transaction_data = True
 
+    #: Threads the ``await`` twins (``find_idempotency_key_async``, ``read_entities_async``, the
+    #: database reads of ``wait_for_async``) run their database work on, at most: the framework's
+    #: own bounded executor (docs/design/sql.md "The SQL framework on asyncio").
+    async_threads: int = 8
+
     def __init__(
         self,
         engine: Engine,
@@ -116,6 +124,11 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self._appliers = KeptConnections(self.engine, None, budget)  # apply transactions
         self.skipped: list[tuple[int, int]] = []
         """(partition, transaction) pairs this instance skipped on an operator's request."""
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor_lock = threading.Lock()
+        # Coroutines of wait_for_async waiting for this instance's applies: partition -> their
+        # (loop, event) pairs, set when the partition's mark moves here.
+        self._async_waiters: dict[int, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         if check_schema:
             from waltz.jdbc_style.migrations_api import check_current
 
@@ -276,6 +289,56 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 else:
                     return True
 
+    async def wait_for_async(
+        self, partition_id: int, transaction_id: int, timeout: float | None = None
+    ) -> bool:
+        """The ``await`` twin of :meth:`wait_for`: the database's mark is read on the framework's
+        threads (on the same schedule), this instance's own applies wake the coroutine at once;
+        the event loop never blocks.
+
+        Returns:
+            True once applied, False when ``timeout`` seconds passed first.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        pause = 0.01
+        next_poll = loop.time()
+        while True:
+            if loop.time() >= next_poll:  # the database, for other instances' applies
+                mark = await self.run_in_executor(self._retry, lambda: self._reads.read_mark(partition_id))
+                if mark >= transaction_id:
+                    self._note_applied(partition_id, mark)
+                    return True
+                next_poll = loop.time() + pause
+                pause = min(0.5, pause * 2)
+            event = asyncio.Event()
+            waiter = (loop, event)
+            with self._applied_changed:
+                if self._applied.get(partition_id, -1) >= transaction_id:
+                    return True
+                self._async_waiters.setdefault(partition_id, set()).add(waiter)
+            try:
+                now = loop.time()
+                if deadline is not None and now >= deadline:
+                    return False
+                wake = next_poll if deadline is None else min(next_poll, deadline)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), max(0.0, wake - now))
+            finally:
+                with self._applied_changed:
+                    self._async_waiters.get(partition_id, set()).discard(waiter)
+
+    async def run_in_executor(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the framework's bounded executor (:attr:`async_threads` threads),
+        awaited: how the ``await`` twins keep database work off the event loop."""
+        with self._executor_lock:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    self.async_threads, thread_name_prefix="waltz-sql-async"
+                )
+            executor = self._executor
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
     def high_water_marks(self) -> dict[int, int]:
         """Every partition's mark in this database: ``{partition_id: high_water_mark}``."""
 
@@ -306,6 +369,10 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         """Where request ``key`` was applied in this database, or None (not applied yet)."""
         with self.engine.connect() as conn:
             return find_idempotency_key(conn, cluster_name=self.cluster_name, key=key)
+
+    async def find_idempotency_key_async(self, key: str) -> AppliedRequest | None:
+        """The ``await`` twin of :meth:`find_idempotency_key` (read on the framework's threads)."""
+        return await self.run_in_executor(self.find_idempotency_key, key)
 
     # --- snapshots for entity reads ---------------------------------------------------------------
 
@@ -339,10 +406,15 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
 
         On a database server, snapshots, mark reads and applies reuse a few connections kept
         out of the engine's pool: no pre-ping, reset or isolation change per use. SQLite takes
-        a connection from the pool each time.
+        a connection from the pool each time. The threads of the ``await`` twins
+        (:meth:`run_in_executor`) end too, once their work is done; the next twin starts new ones.
         """
         self._reads.close()
         self._appliers.close()
+        with self._executor_lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:  # its threads end once their work is done
+            executor.shutdown(wait=False)
 
     def client_closed(self) -> None:
         """A client using these callbacks closed: release the idle connections they keep."""
@@ -381,6 +453,12 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             if mark > self._applied.get(partition_id, -1):
                 self._applied[partition_id] = mark
                 self._applied_changed.notify_all()
+                waiters = list(self._async_waiters.get(partition_id, ()))
+            else:
+                waiters = []
+        for loop, event in waiters:
+            with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits any more
+                loop.call_soon_threadsafe(event.set)
 
     def _apply_batch(self, transactions: Sequence[Transaction], *, alone: bool = False) -> None:
         partition_id = transactions[0].partition_id

@@ -8,6 +8,7 @@ command-style transactions (any other header) go to :meth:`ChangeSetCallbacks.ap
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import deque
@@ -32,7 +33,12 @@ from waltz.jdbc_style.changeset import (
 from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.entities import EntityInfo, EntityRegistry
 from waltz.jdbc_style.entity_cache import EntityCache
-from waltz.jdbc_style.entity_reads import DEFAULT_TIMEOUT, EntityRead, read_entities
+from waltz.jdbc_style.entity_reads import (
+    DEFAULT_TIMEOUT,
+    EntityRead,
+    read_entities,
+    read_entities_from_cache,
+)
 
 __all__ = ["ChangeSetApplyError", "ChangeSetCallbacks", "row_change_problem"]
 
@@ -218,6 +224,31 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             sqlalchemy.exc.DBAPIError: the database failed beyond the callbacks' retries.
         """
         return read_entities(self, entities, num_partitions=num_partitions, after=after, timeout=timeout)
+
+    async def read_entities_async(
+        self,
+        entities: Sequence[tuple[type[Any], Any]],
+        *,
+        num_partitions: int,
+        after: int | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> EntityRead:
+        """The ``await`` twin of :meth:`read_entities` (same arguments, result and errors): an
+        answer of the entity cache alone is given on the event loop (memory only); a read of the
+        database, and a wait for ``after``, run on the framework's threads (docs/design/sql.md
+        "The SQL framework on asyncio")."""
+        cached = read_entities_from_cache(self, entities, num_partitions=num_partitions, after=after)
+        if cached is not None:
+            return cached
+        read = functools.partial(read_entities, self, entities, num_partitions=num_partitions)
+        found = await self.run_in_executor(read)
+        if after is None or found.high_water_mark >= after:
+            return found
+        if not await self.wait_for_async(found.partition_id, after, timeout):  # no thread waits
+            raise TimeoutError(
+                f"transaction {after} of partition {found.partition_id} was not applied within {timeout:g}s"
+            )
+        return await self.run_in_executor(functools.partial(read, after=after, timeout=timeout))
 
     def catch_up_to_cache(self, partition_id: int) -> None:
         """Before a database read: let this instance's applies reach the entity cache's position,

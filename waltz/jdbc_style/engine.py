@@ -34,10 +34,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from waltz.errors import ApplyContractError
+from waltz.errors import ApplyContractError, AsyncEngineError
 
 __all__ = [
     "SQLITE_BEGIN",
@@ -160,6 +160,41 @@ def _sqlite_begin(conn: Connection) -> None:
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
+#: Synchronous drivers to name instead of asyncio ones (SQLAlchemy's own drivers of the backends).
+_SYNC_DRIVERS = {
+    "psycopg_async": "psycopg",
+    "asyncpg": "psycopg",
+    "aiosqlite": "pysqlite",
+    "aiomysql": "pymysql",
+    "asyncmy": "pymysql",
+}
+
+
+def _sync_url(url: URL) -> str:
+    """``url`` with a synchronous driver of its backend, for a message (password hidden)."""
+    backend = url.get_backend_name()
+    driver = _SYNC_DRIVERS.get(url.get_driver_name(), "")
+    name = backend if driver in ("", "pysqlite") else f"{backend}+{driver}"
+    return url.set(drivername=name).render_as_string(hide_password=True)
+
+
+def refuse_async(engine: object) -> None:
+    """Refuse an asyncio engine (docs/design/sql.md "The SQL framework on asyncio").
+
+    Raises:
+        AsyncEngineError: ``engine`` is a ``sqlalchemy.ext.asyncio.AsyncEngine``, or an engine of
+            an asyncio driver (e.g. an ``AsyncEngine``'s ``sync_engine``): its message names the
+            synchronous URL to use instead.
+    """
+    sync_engine = getattr(engine, "sync_engine", None)
+    if isinstance(sync_engine, Engine):  # an AsyncEngine (not imported: that needs its extras)
+        raise AsyncEngineError(f"an AsyncEngine ({sync_engine.url.drivername})", _sync_url(sync_engine.url))
+    if isinstance(engine, Engine) and engine.dialect.is_async:
+        raise AsyncEngineError(
+            f"an engine of the asyncio driver {engine.url.drivername}", _sync_url(engine.url)
+        )
+
+
 def is_prepared(engine: Engine) -> bool:
     """Whether :func:`prepare_engine` installed the framework's hooks on ``engine``."""
     return bool(getattr(engine, _PREPARED, False))
@@ -177,7 +212,11 @@ def prepare_engine(engine: Engine) -> Engine:
 
     Returns:
         The same engine.
+
+    Raises:
+        AsyncEngineError: an asyncio engine (``AsyncEngine``, or an asyncio driver's engine).
     """
+    refuse_async(engine)
     if getattr(engine, _PREPARED, False):
         return engine
     event.listen(engine, "before_cursor_execute", _guard_statement)
@@ -208,7 +247,16 @@ def create_framework_engine(url: str, **kwargs: Any) -> Engine:
         url: a SQLAlchemy URL, e.g. ``sqlite:///app.db``,
             ``postgresql+psycopg://user@host/db`` or ``mysql+pymysql://user@host/db``.
         kwargs: more ``create_engine`` arguments.
+
+    Raises:
+        AsyncEngineError: ``url`` names an asyncio driver (``+psycopg_async``, ``+asyncpg``,
+            ``+aiosqlite``, ...): the message gives the synchronous URL to pass instead.
     """
+    parsed = make_url(url)
+    if parsed.get_dialect().is_async:
+        raise AsyncEngineError(
+            f"the asyncio URL {parsed.render_as_string(hide_password=True)!r}", _sync_url(parsed)
+        )
     if not url.startswith("sqlite"):
         kwargs.setdefault("pool_pre_ping", True)  # a server may have closed pooled connections
         # Room for the framework's threads of one instance: an apply worker per partition,

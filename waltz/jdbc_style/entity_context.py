@@ -25,7 +25,7 @@ applies on every instance::
         def run(self, tx: EntityTransaction) -> bool:
             account = tx.get(Account, self.account_id)
             if account is None or account.balance < self.amount:
-                return False                      # dropped: on_completion(False)
+                return tx.drop("insufficient funds")   # dropped: Outcome.reason
             tx.update(account, balance=account.balance - self.amount)
             return True
 """
@@ -83,6 +83,8 @@ class EntityTransaction:
         self._changes: list[RowChange] = []
         self._read_locks: dict[PartitionLocalLock, None] = {}
         self._write_locks: dict[PartitionLocalLock, None] = {}
+        self.drop_reason: str | None = None
+        """The reason given to :meth:`drop` (None: none given)."""
 
     @property
     def high_water_mark(self) -> int:
@@ -211,6 +213,17 @@ class EntityTransaction:
         return find_idempotency_key(
             self._snapshot.connection, cluster_name=self._callbacks.cluster_name, key=idempotency_key
         )
+
+    def drop(self, reason: str) -> bool:
+        """Drop the transaction with a reason the submitter's ``Outcome`` carries:
+        ``return tx.drop("insufficient funds")`` in :meth:`EntityTransactionContext.run`
+        (docs/design/client.md "Outcomes").
+
+        Returns:
+            False, what ``run`` returns to drop the transaction.
+        """
+        self.drop_reason = reason
+        return False
 
     # --- changes -----------------------------------------------------------------------------------
 
@@ -469,6 +482,16 @@ class EntityTransactionContext(TransactionContext):
     #: The mark comes from the snapshot :meth:`execute` opens, not from a separate read.
     sets_client_high_water_mark = True
 
+    #: :meth:`execute` may read the database: ``AsyncWaltzClient`` runs it on the client's
+    #: attempt threads, never on the event loop (docs/design/sql.md "The SQL framework on asyncio").
+    execute_blocks = True
+
+    #: Before appending a change-set with an :attr:`EntityTransaction.idempotency_key`, read the
+    #: key as of the attempt's state: applied before, the transaction is dropped as already applied
+    #: (``Outcome.already_applied``). False spares that read (with the entity cache, a database
+    #: snapshot): a repeated request then commits again, and its apply changes nothing.
+    checks_idempotency_key = True
+
     #: Models whose entities, with the keys of the declared entities, :meth:`run` is expected to
     #: lock besides the declared entities (e.g. ``(Checking,)`` for a context declared by
     #: ``(Account, custid)`` that changes the customer's checking row); None: only the declared
@@ -587,7 +610,12 @@ class EntityTransactionContext(TransactionContext):
         return entities
 
     def execute(self, builder: TransactionBuilder) -> bool:
-        """Open the snapshot, read the mark, call :meth:`run`, and build the change-set append."""
+        """Open the snapshot, read the mark, call :meth:`run`, and build the change-set append.
+
+        A transaction whose :attr:`EntityTransaction.idempotency_key` was applied before, as of
+        the state the attempt read, is dropped as already applied (the submitter's ``Outcome``
+        names the earlier transaction); a copy still in flight is not seen here, and its apply
+        changes nothing (docs/design/sql.md "Idempotency keys")."""
         if self._num_partitions == 0:
             raise RuntimeError("partition_id() must be called before execute()")
         entities: list[tuple[EntityInfo, tuple[Any, ...]]] = []
@@ -612,7 +640,12 @@ class EntityTransactionContext(TransactionContext):
             tx = EntityTransaction(self.callbacks, snapshot, self._num_partitions)
             self.last_transaction = tx
             if not self.run(tx):
-                return False
+                return False if tx.drop_reason is None else builder.drop(tx.drop_reason)
+            key = tx.idempotency_key
+            if key is not None and self.checks_idempotency_key:  # applied before, as of the state read
+                earlier = tx.already_applied(key)
+                if earlier is not None:
+                    return builder.drop_as_applied(earlier.partition_id, earlier.transaction_id)
         builder.set_client_high_water_mark(snapshot.high_water_mark)
         builder.set_header(CHANGE_SET_HEADER)
         builder.set_raw_data(tx.change_set().encode())

@@ -25,7 +25,7 @@ from waltz.jdbc_style.entities import EntityInfo, EntityRegistry, rows_by_model
 from waltz.jdbc_style.entity_cache import EntityCache
 from waltz.jdbc_style.mark_snapshot import MarkSnapshot
 
-__all__ = ["EntityRead", "EntityReadSource", "read_entities"]
+__all__ = ["EntityRead", "EntityReadSource", "read_entities", "read_entities_from_cache"]
 
 #: Seconds a read waits for ``after`` to be applied by default.
 DEFAULT_TIMEOUT = 30.0
@@ -93,6 +93,43 @@ def read_entities(
     result and the errors raised (and ``sqlalchemy.exc.DBAPIError`` when the database fails
     beyond the callbacks' retries).
     """
+    partition_id, keys, cacheable = _locate(source, entities, num_partitions)
+    cached = _from_cache(source, partition_id, keys, cacheable, after)
+    if cached is not None:
+        return cached
+    read = _from_database(source, partition_id, keys, cacheable)
+    if after is not None and read.high_water_mark < after:
+        if on_apply_thread(partition_id):
+            raise RuntimeError(
+                f"read_entities(after={after}) on partition {partition_id}'s apply thread, which would "
+                f"wait for its own apply (the read is at {read.high_water_mark}): read without after there"
+            )
+        if not source.wait_for(partition_id, after, timeout):
+            raise TimeoutError(
+                f"transaction {after} of partition {partition_id} was not applied within {timeout:g}s"
+            )
+        read = _from_database(source, partition_id, keys, cacheable)
+    return read
+
+
+def read_entities_from_cache(
+    source: EntityReadSource,
+    entities: Sequence[tuple[type[Any], Any]],
+    *,
+    num_partitions: int,
+    after: int | None = None,
+) -> EntityRead | None:
+    """What :func:`read_entities` answers from the entity cache alone (no database, no wait: fit
+    for an event loop), or None when it would read the database (docs/design/sql.md "The SQL
+    framework on asyncio"). Raises what :func:`read_entities` raises for the arguments."""
+    partition_id, keys, cacheable = _locate(source, entities, num_partitions)
+    return _from_cache(source, partition_id, keys, cacheable, after)
+
+
+def _locate(
+    source: EntityReadSource, entities: Sequence[tuple[type[Any], Any]], num_partitions: int
+) -> tuple[int, list[_Key], bool]:
+    """The entities' partition, their keys, and whether the entity cache may hold them all."""
     if not entities:
         raise ValueError("read_entities needs at least one (model, key) pair")
     registry = source.registry
@@ -108,26 +145,21 @@ def read_entities(
             f"entities read together must share a partition; these are on partitions {sorted(partitions)} "
             "(read each partition's on its own)"
         )
-    partition_id = partitions.pop()
     cache = source.entity_cache
-    cacheable = cache is not None and cache.kept(keys)
-    if cache is not None and cacheable:
-        cached = cache.read(partition_id, keys)
-        if cached is not None and (after is None or cached[0] >= after):
-            return EntityRead(partition_id, cached[0], _instances(keys, cached[1], {}), True)
-    read = _from_database(source, partition_id, keys, cacheable)
-    if after is not None and read.high_water_mark < after:
-        if on_apply_thread(partition_id):
-            raise RuntimeError(
-                f"read_entities(after={after}) on partition {partition_id}'s apply thread, which would "
-                f"wait for its own apply (the read is at {read.high_water_mark}): read without after there"
-            )
-        if not source.wait_for(partition_id, after, timeout):
-            raise TimeoutError(
-                f"transaction {after} of partition {partition_id} was not applied within {timeout:g}s"
-            )
-        read = _from_database(source, partition_id, keys, cacheable)
-    return read
+    return partitions.pop(), keys, cache is not None and cache.kept(keys)
+
+
+def _from_cache(
+    source: EntityReadSource, partition_id: int, keys: list[_Key], cacheable: bool, after: int | None
+) -> EntityRead | None:
+    """The entities from the entity cache when it holds them all (at ``after`` at least)."""
+    cache = source.entity_cache
+    if cache is None or not cacheable:
+        return None
+    cached = cache.read(partition_id, keys)
+    if cached is None or (after is not None and cached[0] < after):
+        return None
+    return EntityRead(partition_id, cached[0], _instances(keys, cached[1], {}), True)
 
 
 def _from_database(

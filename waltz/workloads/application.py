@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from waltz.app_modules import find_app_object
+from waltz.client.outcome import Outcome
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -138,11 +139,12 @@ class SmallBankInstance(Protocol):
         """
         ...
 
-    def submit(self, operation: Any) -> Future[int | None]:
+    def submit(self, operation: Any) -> Future[Outcome]:
         """Submit an operation this instance built.
 
         Returns:
-            A future of its transaction ID, or of None when the application's rules dropped it.
+            A future of its :class:`~waltz.client.outcome.Outcome`: committed with its transaction
+            ID, or dropped by the application's rules (with their reason).
         """
         ...
 

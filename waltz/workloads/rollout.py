@@ -179,7 +179,7 @@ class Rollout:
         for _ in range(NEW_CUSTOMERS_PER_RELEASE):
             custid, self._next_customer = self._next_customer, self._next_customer + 1
             operation = instance.open_account(custid, f"customer-{custid}", 10_000, 10_000)
-            if instance.submit(operation).result(STEP_TIMEOUT) is None:
+            if not instance.submit(operation).result(STEP_TIMEOUT):
                 raise RuntimeError(
                     f"release {release.number}: opening customer {custid}'s account was dropped: "
                     f"{operation.reason}"

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from waltz.client.outcome import Outcome
 from waltz.perf.stats import LatencyHistogram
 from waltz.workloads.application import SmallBankInstance, SmallBankOperation
 
@@ -481,7 +482,7 @@ class SmallBankWorkload:
 
     def _resolved(
         self,
-        future: Future[int | None],
+        future: Future[Outcome],
         service: SmallBankInstance,
         operation: SmallBankOperation,
         name: str,
@@ -496,7 +497,7 @@ class SmallBankWorkload:
                 stats.by_op[name] += 1
                 if exc is not None:
                     stats.errors.append(f"{operation.op}: {exc!r}")
-                elif (transaction_id := future.result()) is None:
+                elif (transaction_id := future.result().transaction_id) is None:
                     stats.dropped += 1
                     stats.drop_reasons[re.sub(r"\d+", "N", operation.reason or "dropped")] += 1
                 else:

@@ -260,7 +260,7 @@ class CounterService:
         )
         future = self.client.submit(context)
         try:
-            transaction_id = future.result(max(0.0, deadline - time.monotonic()))
+            transaction_id = future.result(max(0.0, deadline - time.monotonic())).transaction_id
         except CounterOverflowError:
             self._count("refused")
             raise

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Engine, insert
 from sqlalchemy.orm import Session
 
+from waltz import Outcome as SubmitOutcome
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style import ApplySession, ChangeSet, ChangeSetCallbacks, create_framework_engine
@@ -221,18 +222,19 @@ class LedgerService:
 
     # --- submitting --------------------------------------------------------------------------------
 
-    def submit(self, operation: LedgerOperation) -> Future[int | None]:
-        """Submit an operation; the future gives its transaction ID, or None when dropped."""
+    def submit(self, operation: LedgerOperation) -> Future[SubmitOutcome]:
+        """Submit an operation; the future gives its outcome (committed with its transaction ID,
+        or dropped with the rule's reason)."""
         return self.client.submit(operation)
 
     def run(
         self, operation: LedgerOperation, timeout: float = 60.0, transfer_id: str | None = None
     ) -> Outcome:
         """Submit an operation and wait for its end."""
-        transaction_id = self.submit(operation).result(timeout)
+        submitted = self.submit(operation).result(timeout)
         return Outcome(
-            committed=transaction_id is not None,
-            transaction_id=transaction_id,
+            committed=submitted.committed,
+            transaction_id=submitted.transaction_id if submitted.committed else None,
             partition_id=operation.chosen_partition,
             reason=operation.reason,
             lock_failures=operation.lock_failures,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
-from waltz import WaltzClient, WaltzClientConfig
+from waltz import Outcome, WaltzClient, WaltzClientConfig
 from waltz.jdbc_style import ChangeSetCallbacks
 from waltz.workloads.application import Release, SmallBankApplication
 from waltz_examples.ledger import migrations_api
@@ -96,7 +96,7 @@ class LedgerInstance:
         """The service's Balance read (raises KeyError for a customer without an account)."""
         return self.service.balance(custid)
 
-    def submit(self, operation: LedgerOperation) -> Future[int | None]:
+    def submit(self, operation: LedgerOperation) -> Future[Outcome]:
         """Submit an operation to the service."""
         return self.service.submit(operation)
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select
 
+from waltz import Outcome
 from waltz.jdbc_style import ChangeSetCallbacks, EntityTransaction
 from waltz_examples.ledger.models import (
     AccountStatus,
@@ -434,7 +435,7 @@ _STEPS: dict[str, type[CreditTransfers | SettleTransfers | RefundTransfers]] = {
 }
 
 #: ``submit(context) -> future``: how the sweeper hands a step to the Waltz client.
-Submit = Callable[[LedgerOperation], "Future[int | None]"]
+Submit = Callable[[LedgerOperation], "Future[Outcome]"]
 
 
 class Sweeper:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select
 
-from waltz import WaltzClientConfig
+from waltz import Outcome, OutcomeKind, WaltzClientConfig
 from waltz.errors import CrossPartitionError
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
@@ -246,10 +246,10 @@ def test_a_partition_routed_sweeper_finds_its_steps_behind_other_partitions_page
     callbacks = LedgerCallbacks(engine, cluster_name="ledger", registry=registry())
     submitted: list[Any] = []
 
-    def submit(step: Any) -> Future[int | None]:
+    def submit(step: Any) -> Future[Outcome]:
         submitted.append(step)
-        future: Future[int | None] = Future()
-        future.set_result(None)
+        future: Future[Outcome] = Future()
+        future.set_result(Outcome(OutcomeKind.DROPPED, 0))
         return future
 
     def owns(custid: int) -> bool:

@@ -162,7 +162,7 @@ def local_cluster(
 
 def commit(client: WaltzClient, count: int, tag: str) -> list[int]:
     futures = [client.submit(Append(0, f"{tag} {i} ".encode() * 8)) for i in range(count)]
-    ids = [future.result(60) for future in futures]
+    ids = [future.result(60).transaction_id for future in futures]
     assert all(isinstance(i, int) for i in ids), ids
     return [i for i in ids if i is not None]
 

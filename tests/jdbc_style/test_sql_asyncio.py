@@ -1,0 +1,340 @@
+"""The SQL framework on asyncio (docs/design/sql.md "The SQL framework on asyncio"): entity contexts'
+outcomes on both client APIs, the ``await`` twins, the refusal of asyncio engines, and an event
+loop that never waits for a database snapshot.
+
+The session's log is shared with other tests and each database is fresh: the callbacks pass over
+what is not this module's (as in ``test_sql_entities_cluster``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import support
+from sqlalchemy import BigInteger, Engine, event, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from waltz import AsyncWaltzClient, Outcome, OutcomeKind, Transaction, WaltzClient, WaltzClientConfig
+from waltz.errors import AsyncEngineError
+from waltz.jdbc_style import (
+    AppliedRequest,
+    ChangeSetCallbacks,
+    EntityRegistry,
+    EntityTransaction,
+    EntityTransactionContext,
+    RowChange,
+    WaltzEntity,
+    create_framework_engine,
+    prepare_engine,
+)
+from waltz.local.cluster import LocalCluster
+
+#: Seconds a test waits for one outcome (a future, a mark).
+TIMEOUT = 60
+
+#: The backends these tests run on (``app_db_url``'s parameters).
+BACKENDS = ["sqlite", "postgresql"]
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Wallet(Base):
+    __tablename__ = "asyncio_wallets"
+    __waltz__ = WaltzEntity("asyncio_wallet")
+
+    wallet_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    balance: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class SharedLogCallbacks(ChangeSetCallbacks):
+    """Passes over the transactions of other tests on the session's log."""
+
+    def apply_command(self, transaction: Transaction, session: Session) -> None:
+        return None
+
+    def apply_change(self, change: RowChange, session: Session, transaction: Transaction) -> None:
+        if change.entity in {info.name for info in self.registry}:
+            super().apply_change(change, session, transaction)
+
+
+class Open(EntityTransactionContext):
+    """Opens a wallet; dropped, with a reason, when it exists."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, wallet_id: int, balance: int) -> None:
+        super().__init__(callbacks, (Wallet, wallet_id))
+        self.wallet_id, self.balance = wallet_id, balance
+
+    def run(self, tx: EntityTransaction) -> bool:
+        if tx.get(Wallet, self.wallet_id) is not None:
+            return tx.drop(f"wallet {self.wallet_id} exists")
+        tx.insert(Wallet, wallet_id=self.wallet_id, balance=self.balance)
+        return True
+
+
+class Spend(EntityTransactionContext):
+    """Takes ``amount`` from a wallet, once per request key; dropped when the balance is short.
+
+    Args:
+        slow_read: seconds of a database read in ``run`` besides the wallet's (PostgreSQL only),
+            as a service's query over more rows would take.
+    """
+
+    def __init__(
+        self,
+        callbacks: ChangeSetCallbacks,
+        wallet_id: int,
+        amount: int,
+        request_key: str | None = None,
+        slow_read: float = 0.0,
+    ) -> None:
+        super().__init__(callbacks, (Wallet, wallet_id))
+        self.wallet_id, self.amount, self.request_key, self.slow_read = (
+            wallet_id,
+            amount,
+            request_key,
+            slow_read,
+        )
+
+    def run(self, tx: EntityTransaction) -> bool:
+        if self.slow_read:
+            tx.session.execute(text("SELECT pg_sleep(:seconds)"), {"seconds": self.slow_read})
+        wallet = tx.get(Wallet, self.wallet_id)
+        if wallet is None or wallet.balance < self.amount:
+            return tx.drop(f"insufficient funds in wallet {self.wallet_id}")
+        tx.idempotency_key = self.request_key
+        tx.update(wallet, balance=wallet.balance - self.amount)
+        return True
+
+
+@dataclass
+class App:
+    """One instance's engine and callbacks, and the client configuration of the cluster."""
+
+    engine: Engine
+    callbacks: SharedLogCallbacks
+    config: WaltzClientConfig
+    rng: random.Random
+
+    def wallet_id(self) -> int:
+        return self.rng.randrange(1, 1 << 62)
+
+
+def _app(cluster: LocalCluster, url: str, entity_cache: bool = True) -> Iterator[App]:
+    setup = create_framework_engine(url)
+    try:
+        Base.metadata.create_all(setup)
+    finally:
+        setup.dispose()
+    engine = create_framework_engine(url)
+    try:
+        callbacks = SharedLogCallbacks(
+            engine,
+            cluster_name=f"asyncio-{support.unique_suffix()}",
+            registry=EntityRegistry.from_base(Base),
+            entity_cache=entity_cache,
+        )
+        config = WaltzClientConfig(
+            zookeeper_connect_string=cluster.zookeeper_connect_string,
+            cluster_root=cluster.root,
+            zookeeper_session_timeout=10.0,
+        )
+        yield App(engine, callbacks, config, random.Random())
+        assert callbacks.uncaught_count == 0, list(callbacks.uncaught)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def app(sql_cluster_ready: LocalCluster, app_db_url: str) -> Iterator[App]:
+    """An instance on a fresh database (the backend of ``app_db_url``), with the entity cache."""
+    yield from _app(sql_cluster_ready, app_db_url)
+
+
+def _check_outcomes(
+    opened: Outcome, again: Outcome, spent: Outcome, repeated: Outcome, refused: Outcome, partition: int
+) -> None:
+    assert opened.committed and opened.partition_id == partition and isinstance(opened.transaction_id, int)
+    assert again.kind is OutcomeKind.DROPPED and again.reason is not None and "exists" in again.reason
+    assert spent.committed and spent.partition_id == partition
+    assert repeated == Outcome(OutcomeKind.ALREADY_APPLIED, partition, spent.transaction_id)
+    assert not repeated
+    assert refused.dropped and refused.reason is not None and "insufficient funds" in refused.reason
+
+
+@pytest.mark.parametrize("app_db_url", BACKENDS, indirect=True)
+def test_entity_outcomes_on_the_synchronous_client(app: App) -> None:
+    callbacks, wallet = app.callbacks, app.wallet_id()
+    with WaltzClient(callbacks, app.config) as client:
+        opened = client.submit(Open(callbacks, wallet, 100)).result(TIMEOUT)
+        again = client.submit(Open(callbacks, wallet, 100)).result(TIMEOUT)
+        spend = Spend(callbacks, wallet, 30, request_key=f"spend-{wallet}")
+        spent = client.submit(spend).result(TIMEOUT)
+        assert spent.transaction_id is not None
+        assert callbacks.wait_for(spent.partition_id, spent.transaction_id, TIMEOUT)
+        repeated = client.submit(Spend(callbacks, wallet, 30, request_key=f"spend-{wallet}")).result(TIMEOUT)
+        refused = client.submit(Spend(callbacks, wallet, 1_000)).result(TIMEOUT)
+        read = callbacks.read_entities([(Wallet, wallet)], num_partitions=client.num_partitions)
+    _check_outcomes(opened, again, spent, repeated, refused, spend.chosen_partition)
+    assert read.entities[0].balance == 70  # the repeated request changed nothing
+
+
+@pytest.mark.parametrize("app_db_url", BACKENDS, indirect=True)
+def test_entity_outcomes_and_await_twins_on_the_asyncio_client(app: App) -> None:
+    callbacks, wallet = app.callbacks, app.wallet_id()
+    key = f"spend-{wallet}"
+
+    async def main() -> None:
+        async with AsyncWaltzClient(callbacks, app.config) as client:
+            await client.ready(TIMEOUT)
+            opened = await client.submit_async(Open(callbacks, wallet, 100))
+            again = await client.submit_async(Open(callbacks, wallet, 100))
+            spend = Spend(callbacks, wallet, 30, request_key=key)
+            spent = await client.submit_async(spend)
+            assert spent.transaction_id is not None
+            pid = spent.partition_id
+            assert await callbacks.find_idempotency_key_async(key) in (
+                None,
+                AppliedRequest(pid, spent.transaction_id),
+            )
+            read = await callbacks.read_entities_async(
+                [(Wallet, wallet)], num_partitions=client.num_partitions, after=spent.transaction_id
+            )
+            assert read.high_water_mark >= spent.transaction_id and read.entities[0].balance == 70
+            assert await callbacks.wait_for_async(pid, spent.transaction_id, TIMEOUT)
+            assert await callbacks.find_idempotency_key_async(key) == AppliedRequest(
+                pid, spent.transaction_id
+            )
+            assert await callbacks.find_idempotency_key_async(f"never-{wallet}") is None
+            assert not await callbacks.wait_for_async(pid, spent.transaction_id + 1_000_000, 0.3)
+            repeated = await client.submit_async(Spend(callbacks, wallet, 30, request_key=key))
+            refused = await client.submit_async(Spend(callbacks, wallet, 1_000))
+            _check_outcomes(opened, again, spent, repeated, refused, spend.chosen_partition)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("app_db_url", BACKENDS, indirect=True)
+def test_read_entities_async_waits_for_another_instance_s_apply(
+    app: App, sql_cluster_ready: LocalCluster
+) -> None:
+    """A read ``after`` a transaction another instance committed, on a database this instance applies
+    too: the coroutine waits (on the framework's threads or its own applies), never the loop."""
+    callbacks, wallet = app.callbacks, app.wallet_id()
+
+    async def main() -> None:
+        async with AsyncWaltzClient(callbacks, app.config) as reader:
+            with WaltzClient(callbacks, app.config) as writer:
+                opened = writer.submit(Open(callbacks, wallet, 5)).result(TIMEOUT)
+                assert opened.transaction_id is not None
+                read = await callbacks.read_entities_async(
+                    [(Wallet, wallet)], num_partitions=reader.num_partitions, after=opened.transaction_id
+                )
+        assert read.entities[0].balance == 5 and read.high_water_mark >= opened.transaction_id
+
+    asyncio.run(main())
+
+
+def test_asyncio_urls_are_refused_with_the_synchronous_url() -> None:
+    url = "postgresql+psycopg_async://app:secret@127.0.0.1:5432/app"
+    with pytest.raises(
+        AsyncEngineError, match=r"postgresql\+psycopg://app:\*\*\*@127.0.0.1:5432/app"
+    ) as raised:
+        create_framework_engine(url)
+    assert raised.value.sync_url == "postgresql+psycopg://app:***@127.0.0.1:5432/app"
+    assert isinstance(raised.value, TypeError)
+    with pytest.raises(AsyncEngineError, match=r"'sqlite:///app.db'"):
+        create_framework_engine("sqlite+aiosqlite:///app.db")
+    with pytest.raises(AsyncEngineError, match=r"'mysql\+pymysql://root@db/app'"):
+        create_framework_engine("mysql+aiomysql://root@db/app")
+
+
+def test_an_async_engine_is_refused_with_the_synchronous_url() -> None:
+    pytest.importorskip(
+        "greenlet", reason="SQLAlchemy's asyncio extension needs greenlet (the dev extra has it)"
+    )
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    async_engine = create_async_engine("postgresql+psycopg_async://app:secret@127.0.0.1:5432/app")
+    try:
+        registry = EntityRegistry.from_base(Base)
+        with pytest.raises(AsyncEngineError, match="not an AsyncEngine") as raised:
+            ChangeSetCallbacks(async_engine, cluster_name="refused", registry=registry)  # type: ignore[arg-type]
+        assert raised.value.sync_url == "postgresql+psycopg://app:***@127.0.0.1:5432/app"
+        with pytest.raises(AsyncEngineError, match="asyncio driver postgresql\\+psycopg_async"):
+            prepare_engine(async_engine.sync_engine)  # its sync_engine would need greenlet for every call
+    finally:
+        async_engine.sync_engine.dispose()
+
+
+@pytest.fixture
+def uncached_postgres_app(sql_cluster_ready: LocalCluster, postgres_url: str) -> Iterator[App]:
+    """An instance on PostgreSQL without the entity cache: every attempt reads a database snapshot."""
+    from waltz.jdbc_style.migrations_api import upgrade
+
+    setup = create_framework_engine(postgres_url)
+    try:
+        upgrade(setup)
+    finally:
+        setup.dispose()
+    yield from _app(sql_cluster_ready, postgres_url, entity_cache=False)
+
+
+def test_entity_snapshots_never_run_on_the_event_loop(
+    uncached_postgres_app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """100 concurrent entity requests on the asyncio client, every attempt a cache miss whose
+    snapshot reads for 10 ms: no database statement runs on the caller's loop thread. asyncio's
+    debug mode reports the loop's callbacks of 5 ms or more meanwhile; they are logged as a
+    measurement, not asserted: on a busy machine a callback that only sets a future can wait that
+    long for the GIL (docs/decisions/0064-entity-attempts-off-the-event-loop.md)."""
+    app = uncached_postgres_app
+    callbacks = app.callbacks
+    wallets = [app.wallet_id() for _ in range(100)]
+    with WaltzClient(callbacks, app.config) as opener:
+        opened = [opener.submit(Open(callbacks, w, 10)) for w in wallets]
+        assert all(f.result(TIMEOUT).committed for f in opened)
+        opener.ready(TIMEOUT)
+    loop_thread = threading.get_ident()  # asyncio.run runs the loop on this thread
+    on_loop: list[str] = []
+
+    def statement(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
+        if threading.get_ident() == loop_thread:
+            on_loop.append(sql[:80])
+
+    async def main() -> list[Outcome]:
+        async with AsyncWaltzClient(callbacks, app.config) as client:
+            await client.ready(TIMEOUT)
+            loop = asyncio.get_running_loop()
+            loop.set_debug(True)
+            loop.slow_callback_duration = 0.005
+            event.listen(app.engine, "before_cursor_execute", statement)
+            try:
+                with caplog.at_level(logging.WARNING, logger="asyncio"):
+                    return await asyncio.gather(
+                        *(client.submit_async(Spend(callbacks, w, 1, slow_read=0.01)) for w in wallets)
+                    )
+            finally:
+                event.remove(app.engine, "before_cursor_execute", statement)
+                loop.set_debug(False)
+
+    outcomes = asyncio.run(main())
+    assert all(o.committed for o in outcomes), [o for o in outcomes if not o.committed][:3]
+    assert on_loop == [], f"{len(on_loop)} statement(s) ran on the event loop's thread: {on_loop[:3]}"
+    slow = [
+        float(m.group(1))
+        for r in caplog.records
+        if (m := re.search(r" took ([0-9.]+) seconds", r.getMessage()))
+    ]
+    logging.getLogger(__name__).info(
+        "loop callbacks of 5 ms or more: %d (longest %.3f s)", len(slow), max(slow, default=0.0)
+    )
