@@ -22,7 +22,10 @@ from waltz.metadata.zk_roles import ROLE_DIGEST_FILES, Role, RoleCredentials
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.protocol.channels import TlsConfig
 
-__all__ = ["DIGEST_FILE", "LEGACY_DIGEST_FILE", "ROLE_DIGEST_DIR", "ClusterSecurity"]
+__all__ = ["CERTIFICATES_DIR", "DIGEST_FILE", "LEGACY_DIGEST_FILE", "ROLE_DIGEST_DIR", "ClusterSecurity"]
+
+#: The directory of a secure cluster's CA and role certificates in the work directory.
+CERTIFICATES_DIR = "tls"
 
 #: The directory of the ZooKeeper credential files per role in the work directory.
 ROLE_DIGEST_DIR = "zookeeper-credentials"
@@ -95,7 +98,7 @@ class ClusterSecurity:
             ConfigurationError: a kept credential file is unreadable.
         """
         if self._options.secure:
-            certificates = make_cluster_certificates(work_dir / "tls", addresses=addresses)
+            certificates = make_cluster_certificates(work_dir / CERTIFICATES_DIR, addresses=addresses)
             self._certificates = certificates
             self._tls = certificates.tls("admin")  # the supervisor acts as ``admin``
         if self._options.zookeeper_auth and self._zookeeper_security.digest is None:

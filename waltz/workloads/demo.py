@@ -32,8 +32,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
+
+if TYPE_CHECKING:
+    from waltz.spark.rebuild import LogSource
 
 from waltz.client import WaltzClientConfig
 from waltz.jdbc_style import create_framework_engine
@@ -172,8 +176,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
         cluster.wait_ready(60)
         say(f"  ready in {time.monotonic() - started:.1f}s (work directory {options.work_dir})")
         engine = create_framework_engine(db_url)
-        zk, root = cluster.zookeeper_connect_string, cluster.root
-        config = WaltzClientConfig(zookeeper_connect_string=zk, cluster_root=root)
+        config = WaltzClientConfig(**cluster.client_settings())
         rollout: Rollout | None = None
         services: list[SmallBankInstance] = []
         migrated = ""
@@ -262,8 +265,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 engine,
                 cluster_name=app.name,
                 server_marks=server_marks,
-                zookeeper=zk,
-                cluster_root=root,
+                client_config=config,
                 replicas=replicas,
                 schema_versions=None if rollout is None else rollout.app.schema_versions(),
             )
@@ -271,8 +273,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 checks.append(
                     spark_rebuild_check(
                         app,
-                        zk,
-                        root,
+                        cluster,
                         db_url,
                         f"sqlite:///{options.work_dir / f'{app.name}-rebuilt.db'}",
                         app.name,
@@ -305,10 +306,24 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
     return result
 
 
+def _log_source(cluster: LocalCluster) -> LogSource:
+    """Where a Spark rebuild reads the cluster's log: its storage nodes' admin ports with the
+    operator's certificate and ZooKeeper credential (reading, never changing)."""
+    from waltz.spark.rebuild import LogSource
+
+    settings = cluster.admin_settings("operator")
+    files = cluster.certificates
+    return LogSource(
+        zookeeper=settings.pop("zookeeper_connect_string"),
+        cluster_root=settings.pop("cluster_root"),
+        tls=None if files is None else files.tls("operator"),
+        zookeeper_files={k: v for k, v in settings.items() if k.startswith("zookeeper_")},
+    )
+
+
 def spark_rebuild_check(
     app: SmallBankApplication,
-    zookeeper: str,
-    cluster_root: str,
+    cluster: LocalCluster,
     live_url: str,
     rebuilt_url: str,
     cluster_name: str,
@@ -319,7 +334,8 @@ def spark_rebuild_check(
     """Rebuild an application's tables from the log with Spark and compare them with the live database.
 
     The live database is read in one snapshot with its marks, the log up to exactly those marks
-    (``waltz.spark.drift.verify``) through the application's views; the views are also written to
+    (``waltz.spark.drift.verify``, from ``cluster``'s storage nodes with the operator's
+    certificate and ZooKeeper credential) through the application's views; the views are also written to
     ``rebuilt_url``.
 
     Returns:
@@ -338,7 +354,6 @@ def spark_rebuild_check(
     from pyspark.sql import SparkSession
 
     from waltz.spark.drift import verify
-    from waltz.spark.rebuild import LogSource
     from waltz.spark.session import spark_session
 
     say(f"rebuilding the {app.name} from the log with Spark ({master or 'local[*]'}) and checking for drift")
@@ -349,7 +364,7 @@ def spark_rebuild_check(
         report = verify(
             spark,
             app.views(),
-            LogSource(zookeeper=zookeeper, cluster_root=cluster_root),
+            _log_source(cluster),
             live_url,
             db_url=rebuilt_url,
             cluster_name=cluster_name,
