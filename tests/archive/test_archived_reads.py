@@ -89,9 +89,7 @@ def local_starts(cluster: LocalCluster) -> list[int]:
 
 
 def client_config(cluster: LocalCluster) -> WaltzClientConfig:
-    return WaltzClientConfig(
-        zookeeper_connect_string=cluster.zookeeper_connect_string, cluster_root=cluster.root
-    )
+    return WaltzClientConfig(**cluster.client_settings())
 
 
 @pytest.fixture(scope="module")

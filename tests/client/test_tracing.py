@@ -128,9 +128,7 @@ def client_spans() -> InMemorySpanExporter:
 
 
 def _config(cluster: LocalCluster, **settings: Any) -> WaltzClientConfig:
-    return WaltzClientConfig(
-        zookeeper_connect_string=cluster.zookeeper_connect_string, cluster_root=cluster.root, **settings
-    )
+    return WaltzClientConfig(**cluster.client_settings(), **settings)
 
 
 def _wait_for(spans: InMemorySpanExporter, found: Callable[[list[ReadableSpan]], bool]) -> list[ReadableSpan]:

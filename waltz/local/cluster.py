@@ -306,6 +306,14 @@ class LocalCluster:
         return self._security.certificates
 
     @property
+    def admin_tls(self) -> TlsConfig | None:
+        """The client TLS files the cluster's supervisor uses on its nodes' ports (the ``admin``
+        certificate of a secure cluster, or the caller's ``SecurityOptions.tls``), or None for a
+        plaintext cluster: for admin clients of the nodes (``ServerAdminClient``,
+        ``StorageAdminClient``)."""
+        return self._security.tls
+
+    @property
     def zookeeper_security(self) -> ZooKeeperSecurity:
         """The security of the cluster's ZooKeeper sessions (its credential once :meth:`start` ran)."""
         return self._security.zookeeper_security

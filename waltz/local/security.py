@@ -157,7 +157,7 @@ class ClusterSecurity:
         if not running:
             return lines
         lines += [
-            "  inspect it with the waltz command:",
+            "  inspect it with the waltz command, and run clients, from a shell with:",
             f"    export {exports}"
             + "".join(f" {name}={value}" for name, value in self.zookeeper_env(work_dir).items()),
         ]
@@ -167,14 +167,13 @@ class ClusterSecurity:
                 f"WALTZ_CLUSTER_SSL_CERT_FILE={files.cert_file('operator')} "
                 f"WALTZ_CLUSTER_SSL_KEY_FILE={files.key_file('operator')}"
             )
-        lines.append("    waltz cluster list; waltz cluster verify")
-        if files is not None:
             client = " ".join(f"{k}={v}" for k, v in files.client_env().items())
-            lines.append(f"  applications connect with: export {client}")
+            lines.append(f"    export {client}")
+        lines.append("    waltz cluster list; waltz cluster verify; waltz client validate")
         if self._roles is not None:
             lines.append(
-                "  applications' ZooKeeper credential: export WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE="
-                f"{self.digest_file(work_dir, Role.CLIENT)}"
+                "  applications take the client role's ZooKeeper credential (it cannot read the "
+                f"cluster key): WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE={self.digest_file(work_dir, Role.CLIENT)}"
             )
         return lines
 

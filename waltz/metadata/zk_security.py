@@ -264,3 +264,21 @@ def security_from_files(files: Mapping[str, str | Path]) -> ZooKeeperSecurity:
     except ValidationError as exc:
         raise ConfigurationError(f"invalid ZooKeeper security files:\n{exc}") from exc
     return settings.zookeeper_security()
+
+
+def security_files_from_environment() -> dict[str, Path]:
+    """The ZooKeeper security files the ``WALTZ_ZOOKEEPER_*`` variables name, by settings field
+    (:data:`ZOOKEEPER_SECURITY_FILE_FIELDS`), for handing on to processes that do not share this
+    one's environment (Spark's Python workers).
+
+    Raises:
+        ConfigurationError: a value is malformed.
+    """
+    from pydantic import ValidationError
+
+    try:
+        settings = _ZooKeeperEnvironment()
+    except ValidationError as exc:
+        raise ConfigurationError(f"invalid WALTZ_ZOOKEEPER_* environment:\n{exc}") from exc
+    files = {name: getattr(settings, name) for name in ZOOKEEPER_SECURITY_FILE_FIELDS}
+    return {name: path for name, path in files.items() if path is not None}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from waltz.committed.plan import CommittedPartition, plan_live, plan_offline
-from waltz.metadata.zk_security import security_from_files
+from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_FILE_FIELDS, security_from_files
 from waltz.protocol.channels import TlsConfig
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import CommittedReadError, RebuildError
@@ -60,6 +60,30 @@ class LogSource:
     high_water_marks: Mapping[int, int] | None = None
     tls: TlsConfig | None = None
     zookeeper_files: Mapping[str, str | Path] = field(default_factory=dict)
+
+    @classmethod
+    def live(cls, settings: Mapping[str, Any]) -> LogSource:
+        """A live cluster's log, from the fields of an operator's ``ClusterAdminConfig``:
+        ``zookeeper_connect_string``, ``cluster_root``, ``cluster_ssl_*`` (the admin ports' TLS)
+        and the ``zookeeper_*`` credential and TLS files, e.g. ``LocalCluster.admin_settings()``
+        (docs/design/spark.md, "Live reads through admin ports").
+
+        Raises:
+            RebuildError: no connect string or root.
+        """
+        zookeeper, root = settings.get("zookeeper_connect_string"), settings.get("cluster_root")
+        if not zookeeper or not root:
+            raise RebuildError("a live log source needs zookeeper_connect_string and cluster_root")
+        tls_files = [settings.get(f"cluster_ssl_{name}_file") for name in ("ca", "cert", "key")]
+        ca, cert, key = (None if f is None else Path(f) for f in tls_files)
+        return cls(
+            zookeeper=str(zookeeper),
+            cluster_root=str(root),
+            tls=TlsConfig(ca, cert, key) if ca or cert else None,
+            zookeeper_files={
+                k: settings[k] for k in ZOOKEEPER_SECURITY_FILE_FIELDS if settings.get(k) is not None
+            },
+        )
 
     def plan(self) -> list[CommittedPartition]:
         """The committed high-water mark of every partition (see :mod:`waltz.committed.plan`).

@@ -32,12 +32,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
-
-if TYPE_CHECKING:
-    from waltz.spark.rebuild import LogSource
 
 from waltz.client import WaltzClientConfig
 from waltz.jdbc_style import create_framework_engine
@@ -306,21 +302,6 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
     return result
 
 
-def _log_source(cluster: LocalCluster) -> LogSource:
-    """Where a Spark rebuild reads the cluster's log: its storage nodes' admin ports with the
-    operator's certificate and ZooKeeper credential (reading, never changing)."""
-    from waltz.spark.rebuild import LogSource
-
-    settings = cluster.admin_settings("operator")
-    files = cluster.certificates
-    return LogSource(
-        zookeeper=settings.pop("zookeeper_connect_string"),
-        cluster_root=settings.pop("cluster_root"),
-        tls=None if files is None else files.tls("operator"),
-        zookeeper_files={k: v for k, v in settings.items() if k.startswith("zookeeper_")},
-    )
-
-
 def spark_rebuild_check(
     app: SmallBankApplication,
     cluster: LocalCluster,
@@ -354,6 +335,7 @@ def spark_rebuild_check(
     from pyspark.sql import SparkSession
 
     from waltz.spark.drift import verify
+    from waltz.spark.rebuild import LogSource
     from waltz.spark.session import spark_session
 
     say(f"rebuilding the {app.name} from the log with Spark ({master or 'local[*]'}) and checking for drift")
@@ -364,7 +346,7 @@ def spark_rebuild_check(
         report = verify(
             spark,
             app.views(),
-            _log_source(cluster),
+            LogSource.live(cluster.admin_settings("operator")),
             live_url,
             db_url=rebuilt_url,
             cluster_name=cluster_name,
