@@ -173,8 +173,8 @@ def rebuild_command(
         raise typer.Exit(2) from exc
 
     try:
-        from waltz.spark.drift import verify
         from waltz.metadata.zk_security import security_files_from_environment
+        from waltz.spark.drift import verify
         from waltz.spark.rebuild import LogSource, rebuild
         from waltz.spark.session import spark_session
 

@@ -90,6 +90,7 @@ from waltz.metadata.zk import ClusterPaths
 from waltz.metadata.zk_roles import Role, RoleCredentials
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.private_files import private_directory
+from waltz.protocol.channels import TlsConfig
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 
 __all__ = ["LocalCluster"]
