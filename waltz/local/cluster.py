@@ -464,6 +464,8 @@ class LocalCluster:
                 self._work_dir = Path(tempfile.mkdtemp(prefix="waltz-local-")).resolve()
             private_directory(self._work_dir)
             layout = self._load_layout()
+            if layout is not None:
+                self._security.check_resumable(self._work_dir)
             if self._hosts is not None:
                 self._hosts.start(layout.subnet if layout is not None else None)
             self._security.start(self._work_dir, self._hosts.addresses() if self._hosts is not None else [])

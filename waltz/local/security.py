@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from waltz.errors import ConfigurationError
 from waltz.local.certificates import ClusterCertificates, make_cluster_certificates
 from waltz.local.options import SecurityOptions
 from waltz.metadata.zk_roles import ROLE_DIGEST_FILES, Role, RoleCredentials
@@ -111,6 +112,24 @@ class ClusterSecurity:
             self._zookeeper_security = dataclasses.replace(self._zookeeper_security, digest=digest)
         if self._zookeeper_security.digest is not None and self._roles is None:
             self._zookeeper_security.write_digest_file(work_dir / LEGACY_DIGEST_FILE)
+
+    def check_resumable(self, work_dir: Path) -> None:
+        """Refuse to resume a kept cluster made without a ZooKeeper credential with one: its znodes
+        are open, and the servers would refuse them (docs/design/zookeeper.md, "Security").
+
+        Raises:
+            ConfigurationError: ``zookeeper_auth`` is asked for, no credential is given, and the
+                work directory holds none (the cluster was made plaintext).
+        """
+        if not self._options.zookeeper_auth or self._zookeeper_security.digest is not None:
+            return
+        if (work_dir / ROLE_DIGEST_DIR).exists() or (work_dir / LEGACY_DIGEST_FILE).exists():
+            return
+        raise ConfigurationError(
+            f"the local cluster kept in {work_dir} was made without ZooKeeper credentials (open "
+            "znodes), and this start asks for them: start it as it was made (waltz up --insecure "
+            "--no-zookeeper-auth, SecurityOptions.plaintext()), or use a new work directory"
+        )
 
     def digest_file(self, work_dir: Path | None, role: Role = Role.OPERATOR) -> Path | None:
         """The file holding a role's ZooKeeper credential (the single credential of a cluster
