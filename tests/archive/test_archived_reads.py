@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import support
 from kazoo.exceptions import NoNodeError
 
 from tests.archive.archive_helpers import read_log
@@ -96,6 +97,7 @@ def client_config(cluster: LocalCluster) -> WaltzClientConfig:
 def archived(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[Archived]:
     work = tmp_path_factory.mktemp("archived-reads")
     with LocalCluster(
+        security=support.PLAINTEXT,
         storages=3,
         servers=1,
         partitions=1,

@@ -215,7 +215,7 @@ def test_a_kept_plaintext_cluster_is_not_resumed_with_credentials_it_never_had(
     with make(SecurityOptions.plaintext()) as first:
         assert first.certificates is None and first.zookeeper_digest_file is None
         assert append(first, first.owner(0), 0, 1, b"plaintext") == 0
-    with pytest.raises(ConfigurationError, match="made without ZooKeeper credentials .* --insecure"):
+    with pytest.raises(ConfigurationError, match=r"made without ZooKeeper credentials .* --insecure"):
         make(None).start()
     with make(SecurityOptions.plaintext()) as again:
         assert [r.data for r in read(again, again.owner(0), 0, 0)] == [b"plaintext"]

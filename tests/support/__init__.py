@@ -332,6 +332,14 @@ class ProcessFactory:
 
 # --- local clusters shared by a test session ---------------------------------------------------
 
+#: The explicit opt-out of a local cluster's security (its default: mutual TLS with role
+#: certificates, ZooKeeper credentials per role) for the tests of the protocol itself, which talk
+#: to the nodes through raw admin clients and to ZooKeeper through anonymous sessions. The secure
+#: default runs under the application-facing tests (client, jdbc_style, spark, perf, docs, the
+#: examples, the demo, chaos) and the security tests (tests/services/test_roles.py,
+#: tests/local/test_attackers.py, tests/local/test_local_cluster_files.py).
+PLAINTEXT = SecurityOptions.plaintext()
+
 
 @contextmanager
 def session_cluster(

@@ -64,6 +64,7 @@ def fenced_cluster(
     """Three storage nodes behind fault proxies, two servers, one partition."""
     with ClusterProxies(2, 3, enabled=True) as proxies:
         cluster = LocalCluster(
+            security=support.PLAINTEXT,
             storages=3,
             servers=2,
             partitions=1,
