@@ -60,8 +60,11 @@ Ini options (``[tool.pytest.ini_options]``, ``pytest.ini``, or ``-o name=value``
 ``waltz_storages`` (3), ``waltz_servers`` (2), ``waltz_partitions`` (2), ``waltz_replicas``
 (3, or the number of storage nodes when fewer), ``waltz_zookeeper`` (connect string of a running
 ZooKeeper; empty: start one), ``waltz_metrics`` (false), ``waltz_session_timeout`` (seconds, 4),
-``waltz_zookeeper_auth`` (true: the cluster's znodes are protected by a digest credential made for
-it; build clients with ``WaltzClientConfig(**waltz_cluster.zookeeper_settings())``).
+``waltz_secure`` (true: every port serves mutual TLS with role certificates made for the cluster),
+``waltz_zookeeper_auth`` (true: the cluster's znodes are protected by a credential per role made
+for it). Build clients with ``WaltzClientConfig(**waltz_cluster.client_settings())``, and give a
+subprocess ``waltz_cluster.client_env()``: both hold what reaches the cluster as an application
+(the connect string, the root, the client role's credential and certificate).
 The command-line option ``--waltz-zookeeper HOST:PORT`` overrides ``waltz_zookeeper``; likewise
 ``--waltz-postgres-url`` and ``--waltz-mariadb-url`` the ini options ``waltz_postgres_url`` and
 ``waltz_mariadb_url``.
@@ -109,6 +112,7 @@ def _network(text: str) -> str:
 _GROUP_FIELDS: dict[str, tuple[str, str]] = {
     "waltz_metrics": ("processes", "metrics"),
     "waltz_session_timeout": ("processes", "session_timeout"),
+    "waltz_secure": ("security", "secure"),
     "waltz_zookeeper_auth": ("security", "zookeeper_auth"),
     "waltz_network": ("network", "mode"),
 }
@@ -137,8 +141,13 @@ _INI: dict[str, tuple[str, str, Callable[[str], object]]] = {
         lambda text: text.strip().lower() in ("1", "true", "yes", "on"),
     ),
     "waltz_session_timeout": ("servers' ZooKeeper session timeout in seconds", "4", float),
+    "waltz_secure": (
+        "serve mutual TLS with role certificates made for the cluster on every port",
+        "true",
+        lambda text: text.strip().lower() in ("1", "true", "yes", "on"),
+    ),
     "waltz_zookeeper_auth": (
-        "protect the cluster's znodes with a ZooKeeper digest credential",
+        "protect the cluster's znodes with a ZooKeeper credential per role",
         "true",
         lambda text: text.strip().lower() in ("1", "true", "yes", "on"),
     ),

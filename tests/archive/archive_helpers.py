@@ -14,9 +14,7 @@ from waltz.protocol.server_client import ServerAdminClient
 def write_with_client(cluster: LocalCluster, partition: int, count: int, size: int = 64) -> list[int]:
     """Commit ``count`` transactions to a partition through a WaltzClient; their IDs."""
     marks = {pid: owner.high_water_mark for pid, owner in cluster.wait_ready(30).items()}
-    config = WaltzClientConfig(
-        zookeeper_connect_string=cluster.zookeeper_connect_string, cluster_root=cluster.root
-    )
+    config = WaltzClientConfig(**cluster.client_settings())
     store = MemoryStore(marks)
     with WaltzClient(store, config) as client:
         contexts = [Append(partition, (b"%d:" % i).ljust(size, b"x"), header=i % 7) for i in range(count)]

@@ -25,6 +25,7 @@ from waltz.metadata.zk_session import connect_zookeeper
 @pytest.fixture(scope="package")
 def archive_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
     with LocalCluster(
+        security=support.PLAINTEXT,
         storages=3,
         servers=1,
         partitions=2,

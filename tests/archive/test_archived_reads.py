@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import support
 from kazoo.exceptions import NoNodeError
 
 from tests.archive.archive_helpers import read_log
@@ -89,15 +90,14 @@ def local_starts(cluster: LocalCluster) -> list[int]:
 
 
 def client_config(cluster: LocalCluster) -> WaltzClientConfig:
-    return WaltzClientConfig(
-        zookeeper_connect_string=cluster.zookeeper_connect_string, cluster_root=cluster.root
-    )
+    return WaltzClientConfig(**cluster.client_settings())
 
 
 @pytest.fixture(scope="module")
 def archived(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[Archived]:
     work = tmp_path_factory.mktemp("archived-reads")
     with LocalCluster(
+        security=support.PLAINTEXT,
         storages=3,
         servers=1,
         partitions=1,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import support
 from kazoo.client import KazooClient
 from typer.testing import CliRunner, Result
 
@@ -91,6 +92,7 @@ def test_a_lost_cluster_comes_back_from_the_archive_and_the_application_goes_on(
     # --- cluster A: the application commits, the archiver archives everything, then A is lost.
     a_dir = tmp_path / "cluster-a"
     with LocalCluster(
+        security=support.PLAINTEXT,
         storages=3,
         servers=1,
         partitions=2,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import support
 from typer.testing import CliRunner, Result
 
 from waltz.archive.layout import chunk_name
@@ -36,6 +37,7 @@ RECORDS = 250
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
     with LocalCluster(
+        security=support.PLAINTEXT,
         storages=3,
         servers=1,
         partitions=2,

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import support
 
 from waltz.local.cluster import LocalCluster
 from waltz.protocol.records import ReqId
@@ -25,7 +26,9 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """A cluster with a ZooKeeper of its own (the test stops it)."""
-    with LocalCluster(storages=1, servers=1, partitions=2, work_dir=tmp_path / "cluster") as local:
+    with LocalCluster(
+        security=support.PLAINTEXT, storages=1, servers=1, partitions=2, work_dir=tmp_path / "cluster"
+    ) as local:
         local.wait_ready(60)
         yield local
 

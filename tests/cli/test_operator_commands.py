@@ -23,6 +23,7 @@ from waltz.protocol.storage_client import StorageAdminClient
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
     with LocalCluster(
+        security=support.PLAINTEXT,
         storages=3,
         replicas=2,
         servers=1,

@@ -41,7 +41,6 @@ def log_start(cluster: LocalCluster) -> dict[int, int]:
 def client_config(cluster: LocalCluster) -> WaltzClientConfig:
     """A client configuration for the cluster."""
     return WaltzClientConfig(
-        zookeeper_connect_string=cluster.zookeeper_connect_string,
-        cluster_root=cluster.root,
+        **cluster.client_settings(),
         zookeeper_session_timeout=10.0,
     )

@@ -108,9 +108,10 @@ def test_same_write_lock_and_high_water_mark_from_two_clients_commits_exactly_on
 def server_lock_failures(cluster: LocalCluster, partition_id: int) -> float:
     """Appends the servers' lock checks refused on a partition (``waltz_server_partition_lock_failures``)."""
     total = 0.0
+    context = None if cluster.admin_tls is None else cluster.admin_tls.https_context()
     for name, url in cluster.metrics_urls().items():
         if name.startswith("server"):
-            with urllib.request.urlopen(url, timeout=10) as response:
+            with urllib.request.urlopen(url, timeout=10, context=context) as response:
                 text = response.read().decode("utf-8")
             for family in text_string_to_metric_families(text):
                 if family.name == "waltz_server_partition_lock_failures":

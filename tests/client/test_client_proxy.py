@@ -44,8 +44,6 @@ def test_proxy_cuts_connections_during_1000_transactions(
     proxied_cluster: tuple[LocalCluster, FaultProxy],
 ) -> None:
     local, proxy = proxied_cluster
-    config = WaltzClientConfig(
-        zookeeper_connect_string=local.zookeeper_connect_string, cluster_root=local.root
-    )
+    config = WaltzClientConfig(**local.client_settings())
     run_with_cuts(config, {0: -1, 1: -1}, per_client=500, cut=lambda clients, rng: proxy.cut())
     assert proxy.cuts > 3 and proxy.connections > 3, (proxy.cuts, proxy.connections)

@@ -13,6 +13,7 @@ from waltz import WaltzClient, WaltzClientConfig
 from waltz.errors import WaltzTimeoutError
 from waltz.local.cluster import LocalCluster
 from waltz.local.nodes import LocalServer
+from waltz.local.options import SecurityOptions
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +30,7 @@ def tls_cluster(
         zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
         work_dir=directory / "cluster",
         delete_root=True,
+        security=SecurityOptions.plaintext(),  # the one TLS server here is secured by hand
     ) as cluster:
         env = {
             "WALTZ_SERVER_TLS_CERT_FILE": str(files["server"]),

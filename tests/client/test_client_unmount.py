@@ -18,11 +18,11 @@ from waltz.protocol.server_client import ServerAdminClient
 TIMEOUT = 30.0
 
 
-def mounted_clients(endpoint: str, partition_id: int) -> int:
+def mounted_clients(cluster: LocalCluster, endpoint: str, partition_id: int) -> int:
     """The client connections the server at ``endpoint`` feeds ``partition_id`` to (admin status)."""
 
     async def status() -> int:
-        async with ServerAdminClient(endpoint, timeout=5) as admin:
+        async with ServerAdminClient(endpoint, tls=cluster.admin_tls, timeout=5) as admin:
             response = await admin.status()
         [state] = [p for p in response.partitions if p.partition_id == partition_id]
         return state.mounted_clients
@@ -40,13 +40,13 @@ def test_unmounted_partition_is_no_longer_fed_and_mounting_it_again_applies_what
     with WaltzClient(store, config) as client:
         client.set_partitions({0, 1})
         client.wait_mounted(TIMEOUT)
-        mounted = mounted_clients(owner, 0)
+        mounted = mounted_clients(cluster, owner, 0)
         assert mounted >= 1, f"the server of partition 0 ({owner}) counts no mounted client"
 
         client.set_partitions({1})
         assert client.mounted_partitions() == [1]
         wait_until(
-            lambda: mounted_clients(owner, 0) <= mounted - 1,
+            lambda: mounted_clients(cluster, owner, 0) <= mounted - 1,
             timeout=TIMEOUT,
             what=f"the server of partition 0 ({owner}) to stop counting the unmounted client (was {mounted})",
         )
@@ -77,7 +77,7 @@ def test_unmounted_partition_is_no_longer_fed_and_mounting_it_again_applies_what
             timeout=TIMEOUT,
             what=f"the client to apply partition 0 up to {last} after mounting it again (at {store.marks})",
         )
-        assert mounted_clients(owner, 0) >= 1
+        assert mounted_clients(cluster, owner, 0) >= 1
 
     assert store.errors == []
     assert store.calls[0] == ids  # each missed transaction once, in order

@@ -45,8 +45,7 @@ def test_a_long_read_reports_its_progress_until_done(
     reader = SlowStore(log_start)
     read_up_to(
         reader,
-        cluster.zookeeper_connect_string,
-        cluster.root,
+        WaltzClientConfig(**cluster.client_settings()),
         marks,
         timeout=TIMEOUT,
         progress=lambda done, total: reports.append((done, total)),
@@ -81,7 +80,7 @@ def test_a_reader_fetches_batches_of_large_transactions_in_pages(
     marks = dict(log_start)
     marks[0] = log_start[0] + len(datas)
     reader = PrefetchingStore(dict(log_start))
-    read_up_to(reader, cluster.zookeeper_connect_string, cluster.root, marks, timeout=TIMEOUT)
+    read_up_to(reader, WaltzClientConfig(**cluster.client_settings()), marks, timeout=TIMEOUT)
     assert reader.errors == []
     assert [a.data for a in reader.applied[0]] == datas
     assert reader.loaded_before_apply and all(reader.loaded_before_apply)

@@ -128,9 +128,7 @@ def client_spans() -> InMemorySpanExporter:
 
 
 def _config(cluster: LocalCluster, **settings: Any) -> WaltzClientConfig:
-    return WaltzClientConfig(
-        zookeeper_connect_string=cluster.zookeeper_connect_string, cluster_root=cluster.root, **settings
-    )
+    return WaltzClientConfig(**cluster.client_settings(), **settings)
 
 
 def _wait_for(spans: InMemorySpanExporter, found: Callable[[list[ReadableSpan]], bool]) -> list[ReadableSpan]:
@@ -310,6 +308,7 @@ def test_a_client_samples_the_share_of_transactions_it_is_told(
 def test_with_tracing_off_nothing_of_opentelemetry_is_loaded(traced_cluster: LocalCluster) -> None:
     """In a fresh process: a client commits and applies a transaction, the server's modules load."""
     start = traced_cluster.wait_ready(30)[0].high_water_mark
+    settings = {name: str(value) for name, value in traced_cluster.client_settings().items()}
     script = textwrap.dedent(
         f"""
         import sys
@@ -317,10 +316,7 @@ def test_with_tracing_off_nothing_of_opentelemetry_is_loaded(traced_cluster: Loc
         from waltz import WaltzClient, WaltzClientConfig
         import waltz.services.server.app
 
-        config = WaltzClientConfig(
-            zookeeper_connect_string={traced_cluster.zookeeper_connect_string!r},
-            cluster_root={traced_cluster.root!r},
-        )
+        config = WaltzClientConfig(**{settings!r})
         store = MemoryStore({{0: {start}}})
         with WaltzClient(store, config) as client:
             transaction_id = client.submit(Append(0, b"untraced")).result(30).transaction_id

@@ -20,7 +20,13 @@ from waltz.local.cluster import LocalCluster
 def console_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
     """3 storage nodes, 2 servers, 2 partitions, every node serving /metrics."""
     with support.session_cluster(
-        tmp_path_factory, zookeeper, name="console", partitions=2, servers=2, metrics=True
+        tmp_path_factory,
+        zookeeper,
+        name="console",
+        partitions=2,
+        servers=2,
+        metrics=True,
+        security=support.PLAINTEXT,  # the console's own TLS and roles are set up by its tests
     ) as cluster:
         yield cluster
 

@@ -1,9 +1,10 @@
 """Fixtures of the documentation's code examples (``test_doc_examples.py``).
 
 - ``waltz_cluster``: a fresh :class:`~waltz.local.cluster.LocalCluster` for one example (3 storage
-  nodes, 2 servers, 2 partitions, on the session ZooKeeper of ``tests/conftest.py``), named by
-  ``WALTZ_ZOOKEEPER_CONNECT_STRING`` and ``WALTZ_CLUSTER_ROOT`` while the example runs, as a
-  reader's shell has them after ``waltz up``. Each example is an application of its own whose
+  nodes, 2 servers, 2 partitions, on the session ZooKeeper of ``tests/conftest.py``, secure as
+  every local cluster is by default), named by ``WALTZ_ZOOKEEPER_CONNECT_STRING``,
+  ``WALTZ_CLUSTER_ROOT`` and the client's credential and certificate variables while the example
+  runs, as a reader's shell has them after ``waltz up``. Each example is an application of its own whose
   database applies the log from its start, so each gets a log of its own (about 1.5 s to start).
 - ``waltz_log_start``: the pytest plugin's own fixture (:mod:`waltz.testing`), here over that
   cluster, for the ``test_*`` functions an example of the plugin defines.
@@ -32,6 +33,8 @@ def waltz_cluster(
     """A started local cluster for one example, exported as ``waltz up`` prints it."""
     with support.session_cluster(tmp_path_factory, zookeeper, name="docs", partitions=2) as cluster:
         support.healed_cluster(request, cluster)  # a failed example's report shows the server logs
-        monkeypatch.setenv("WALTZ_ZOOKEEPER_CONNECT_STRING", cluster.zookeeper_connect_string)
-        monkeypatch.setenv("WALTZ_CLUSTER_ROOT", cluster.root)
+        # What `waltz up` tells a shell to export: the client certificate for applications, the
+        # operator's ZooKeeper credential and certificate for the tools (and a Spark job).
+        for name, value in {**cluster.client_env(), **cluster.admin_env()}.items():
+            monkeypatch.setenv(name, value)
         yield cluster

@@ -184,9 +184,7 @@ def start(cluster: LocalCluster, url: str, name: str, model: type[Any]) -> Insta
     callbacks = AuditedCallbacks(engine, [model])
     client = WaltzClient(
         callbacks,
-        WaltzClientConfig(
-            zookeeper_connect_string=cluster.zookeeper_connect_string, cluster_root=cluster.root
-        ),
+        WaltzClientConfig(**cluster.client_settings()),
     )
     client.wait_mounted(TIMEOUT)
     return Instance(name, engine, callbacks, client, model)

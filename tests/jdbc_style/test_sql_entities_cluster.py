@@ -236,8 +236,7 @@ def service(sql_cluster_ready: LocalCluster, app_db_url: str, entity_cache: bool
     finally:
         setup.dispose()
     config = WaltzClientConfig(
-        zookeeper_connect_string=sql_cluster_ready.zookeeper_connect_string,
-        cluster_root=sql_cluster_ready.root,
+        **sql_cluster_ready.client_settings(),
         zookeeper_session_timeout=10.0,
     )
     cluster_name = f"entities-{support.unique_suffix()}"

@@ -200,8 +200,7 @@ def run_three_instances_with_a_crash(instances: Instances, count: int, seed: int
 
     engine = create_framework_engine(instances.db_url)
     config = WaltzClientConfig(
-        zookeeper_connect_string=cluster.zookeeper_connect_string,
-        cluster_root=cluster.root,
+        **cluster.client_settings(),
         zookeeper_session_timeout=10.0,
     )
     written: dict[tuple[int, int], int] = {}  # (partition, transaction) -> CRC-32 of the data

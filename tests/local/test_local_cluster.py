@@ -13,7 +13,7 @@ from support.storage import run
 
 from waltz.errors import ConfigurationError
 from waltz.local.cluster import LocalCluster
-from waltz.local.options import ProcessOptions
+from waltz.local.options import ProcessOptions, SecurityOptions
 from waltz.local.processes import ServiceStartError
 from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper
 from waltz.protocol.records import Record, ReqId
@@ -47,18 +47,18 @@ def cluster(request: pytest.FixtureRequest, shared_cluster: LocalCluster) -> Loc
     return shared_cluster
 
 
-def append(endpoint: str, partition_id: int, seq: int, data: bytes) -> int | str:
+def append(cluster: LocalCluster, endpoint: str, partition_id: int, seq: int, data: bytes) -> int | str:
     async def go() -> int | str:
-        async with ServerAdminClient(endpoint, timeout=20) as client:
+        async with ServerAdminClient(endpoint, tls=cluster.admin_tls, timeout=20) as client:
             (outcome,) = await client.append(partition_id, [(ReqId(7, 0, partition_id, seq), 0, data)])
             return outcome
 
     return run(go())
 
 
-def read(endpoint: str, partition_id: int, transaction_id: int) -> list[Record]:
+def read(cluster: LocalCluster, endpoint: str, partition_id: int, transaction_id: int) -> list[Record]:
     async def go() -> list[Record]:
-        async with ServerAdminClient(endpoint, timeout=20) as client:
+        async with ServerAdminClient(endpoint, tls=cluster.admin_tls, timeout=20) as client:
             return await client.read(partition_id, transaction_id, 100)
 
     return run(go())
@@ -79,10 +79,10 @@ def test_every_partition_has_a_writable_owner_among_the_servers(cluster: LocalCl
 def test_an_append_through_the_owner_is_committed_and_read_back(cluster: LocalCluster) -> None:
     start = cluster.wait_ready(timeout=10)[1].high_water_mark + 1
 
-    transaction_id = append(cluster.owner(1), 1, 1, b"hello waltz")
+    transaction_id = append(cluster, cluster.owner(1), 1, 1, b"hello waltz")
 
     assert transaction_id == start
-    (record,) = read(cluster.owner(1), 1, start)
+    (record,) = read(cluster, cluster.owner(1), 1, start)
     assert (record.transaction_id, record.data, record.req_id.seq_num) == (start, b"hello waltz", 1)
     assert record.checksum_ok()
 
@@ -102,7 +102,7 @@ def test_describe_names_zookeeper_the_root_and_every_port(cluster: LocalCluster)
 
 def test_kill_9_of_the_owner_moves_the_partition_to_another_writable_server(cluster: LocalCluster) -> None:
     before = cluster.wait_ready(timeout=10)[0]
-    first = append(before.endpoint, 0, 100, b"before the crash")
+    first = append(cluster, before.endpoint, 0, 100, b"before the crash")
     assert isinstance(first, int)
     victim = cluster.owner_index(0)
     try:
@@ -112,9 +112,12 @@ def test_kill_9_of_the_owner_moves_the_partition_to_another_writable_server(clus
 
         assert after.endpoint != before.endpoint
         assert after.generation > before.generation
-        second = append(after.endpoint, 0, 101, b"after the crash")
+        second = append(cluster, after.endpoint, 0, 101, b"after the crash")
         assert second == first + 1
-        assert [r.data for r in read(after.endpoint, 0, first)] == [b"before the crash", b"after the crash"]
+        assert [r.data for r in read(cluster, after.endpoint, 0, first)] == [
+            b"before the crash",
+            b"after the crash",
+        ]
     finally:
         cluster.heal(timeout=30)
     assert cluster.servers[victim].process.is_running()
@@ -154,6 +157,7 @@ def test_a_failed_start_leaves_no_process_behind(
         root=zk_root,
         work_dir=tmp_path,
         processes=ProcessOptions(server_args=["--no-such-option"]),
+        security=SecurityOptions.plaintext(),  # zk_root's anonymous session deletes what it made
     )
 
     with pytest.raises(ServiceStartError, match="server-0 exited"):
@@ -180,12 +184,38 @@ def test_a_kept_work_dir_starts_the_same_cluster_again(
 
     with make() as first:
         root, key, storage_port = first.root, first.cluster_key, first.storages[0].port
-        assert append(first.owner(0), 0, 1, b"kept") == 0
+        assert append(first, first.owner(0), 0, 1, b"kept") == 0
     assert zk_client.exists(root) is not None
 
     with pytest.raises(ConfigurationError, match="partitions 1 \\(asked: 2\\)"):
         make(partitions=2).start()
     with make(delete_root=True) as second:
         assert (second.root, second.cluster_key, second.storages[0].port) == (root, key, storage_port)
-        assert [r.data for r in read(second.owner(0), 0, 0)] == [b"kept"]
+        assert [r.data for r in read(second, second.owner(0), 0, 0)] == [b"kept"]
     assert zk_client.exists(root) is None
+
+
+def test_a_kept_plaintext_cluster_is_not_resumed_with_credentials_it_never_had(
+    zookeeper: LocalZooKeeper | DockerZooKeeper, zk_root: str, tmp_path: Path
+) -> None:
+    """A work directory kept from a plaintext cluster (made with the opt-out, or by an earlier
+    default) says how to start it, instead of servers refusing its open znodes one by one."""
+
+    def make(security: SecurityOptions | None) -> LocalCluster:
+        return LocalCluster(
+            storages=1,
+            servers=1,
+            partitions=1,
+            zookeeper=zookeeper.connect_string,
+            root=zk_root,
+            work_dir=tmp_path,
+            security=security,
+        )
+
+    with make(SecurityOptions.plaintext()) as first:
+        assert first.certificates is None and first.zookeeper_digest_file is None
+        assert append(first, first.owner(0), 0, 1, b"plaintext") == 0
+    with pytest.raises(ConfigurationError, match=r"made without ZooKeeper credentials .* --insecure"):
+        make(None).start()
+    with make(SecurityOptions.plaintext()) as again:
+        assert [r.data for r in read(again, again.owner(0), 0, 0)] == [b"plaintext"]

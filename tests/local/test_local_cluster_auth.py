@@ -59,7 +59,8 @@ def cluster_with_roles(tmp_path: Path, zookeeper: LocalZooKeeper) -> LocalCluste
         zookeeper=zookeeper.connect_string,
         work_dir=tmp_path / "cluster",
         delete_root=True,
-        security=SecurityOptions(zookeeper_auth=True),
+        # ZooKeeper's roles alone: the nodes' TLS is another matter (tests/services/test_roles.py)
+        security=SecurityOptions(secure=False, zookeeper_auth=True),
     )
 
 
@@ -186,7 +187,7 @@ def test_servers_tools_and_a_client_reach_zookeeper_over_tls(
         zookeeper=server.secure_connect_string,
         work_dir=tmp_path / "cluster",
         delete_root=True,
-        security=SecurityOptions(zookeeper_auth=True, zookeeper_security=security),
+        security=SecurityOptions(secure=False, zookeeper_auth=True, zookeeper_security=security),
     ) as cluster:
         assert cluster.zookeeper_env()["WALTZ_ZOOKEEPER_SSL_CA_FILE"] == str(files["ca"])
         append_and_apply(cluster, b"over ZooKeeper TLS")

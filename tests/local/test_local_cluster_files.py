@@ -1,9 +1,10 @@
 """What a local cluster leaves on disk: nothing another local user may read, and no cluster key in a
 log (docs/design/storage.md, "File modes"; docs/design/overview.md, "The cluster key").
 
-One default ``LocalCluster`` with its own ZooKeeper writes a few transactions; then every file and
-directory of its work directory (storage data, ZooKeeper's snapshots and transaction log, the
-nodes' settings, the logs) is checked.
+One default ``LocalCluster`` (secure: certificates and ZooKeeper credentials made for it) with its
+own ZooKeeper writes a few transactions; then every file and directory of its work directory
+(storage data, ZooKeeper's snapshots and transaction log, the certificates and keys, the
+credentials, the nodes' settings, the logs) is checked.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         for partition_id in range(cluster.num_partitions):
 
             async def append(pid: int = partition_id) -> None:
-                async with ServerAdminClient(cluster.owner(pid), timeout=20) as client:
+                async with ServerAdminClient(cluster.owner(pid), tls=cluster.admin_tls, timeout=20) as client:
                     for seq in range(TRANSACTIONS):
                         [outcome] = await client.append(pid, [(ReqId(9, 0, pid, seq), 0, b"private")])
                         assert isinstance(outcome, int), outcome
@@ -59,6 +60,7 @@ def test_nothing_a_local_cluster_writes_is_open_to_other_users(written: LocalClu
     assert any(name.endswith(fmt.INDEX_SUFFIX) for name in kinds)
     assert any(name.startswith("log.") for name in kinds), "no ZooKeeper transaction log was found"
     assert any(name.endswith(".log") for name in kinds)
+    assert {"ca.pem", "admin-key.pem", "client-key.pem", "node-key.pem", "operator.digest"} <= kinds
     open_to_others = []
     for path in paths:
         mode = stat.S_IMODE(os.lstat(path).st_mode)

@@ -10,6 +10,7 @@ Needs root and iproute2; skips saying which is missing.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from waltz.local.options import NetworkOptions, SecurityOptions
 _CLIENT = """
 import socket, sys
 from waltz.local.netns import enter_namespace
-namespace, zookeeper, root, digest, loopback_port = sys.argv[1:6]
+namespace, loopback_port = sys.argv[1:3]
 enter_namespace(namespace)
 try:
     socket.create_connection(("127.0.0.1", int(loopback_port)), timeout=2).close()
@@ -37,9 +38,7 @@ except OSError as error:
     print("loopback:", type(error).__name__)
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
-config = WaltzClientConfig(
-    zookeeper_connect_string=zookeeper, cluster_root=root, zookeeper_auth_digest_file=digest or None
-)
+config = WaltzClientConfig()  # WALTZ_*: the client's certificate and ZooKeeper credential
 with WaltzClient(MemoryStore({0: -1, 1: -1}), config) as client:
     ids = [client.submit(Append(0, b"from a client host %d" % i)).result(60).transaction_id for i in range(5)]
     print("committed:", ids)
@@ -64,7 +63,7 @@ def test_cluster_on_hosts_of_its_own_serves_a_client_host_and_resumes(tmp_path: 
     if reason is not None:
         pytest.skip(reason)
     work_dir = tmp_path / "cluster"
-    security = SecurityOptions(zookeeper_auth=True)
+    security = SecurityOptions()  # the default: mutual TLS, ZooKeeper credentials per role
     network = NetworkOptions(mode="namespaces", client_hosts=1)
     listener = socket.create_server(("127.0.0.1", 0))  # on the machine's own loopback only
     with listener:
@@ -92,11 +91,9 @@ def test_cluster_on_hosts_of_its_own_serves_a_client_host_and_resumes(tmp_path: 
                     "-c",
                     _CLIENT,
                     cluster.host("client-0").namespace,
-                    cluster.zookeeper_connect_string,
-                    cluster.root,
-                    str(cluster.zookeeper_digest_file or ""),
                     str(listener.getsockname()[1]),
                 ],
+                env={**os.environ, **cluster.client_env()},
                 capture_output=True,
                 text=True,
                 timeout=120,

@@ -35,12 +35,12 @@ def perf_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) ->
 
 
 def client_overrides(cluster: LocalCluster) -> dict[str, Any]:
-    return {"zookeeper_connect_string": cluster.zookeeper_connect_string, "cluster_root": cluster.root}
+    return cluster.client_settings()
 
 
 def invoke(cluster: LocalCluster, *args: str) -> Any:
     target = ["--zookeeper", cluster.zookeeper_connect_string, "--root", cluster.root]
-    result = CliRunner().invoke(app, ["perf", *args, *target])
+    result = CliRunner().invoke(app, ["perf", *args, *target], env=cluster.client_env())
     assert result.exit_code == 0, result.output + repr(result.exception)
     return result
 
@@ -79,7 +79,7 @@ def test_producer_json_counts_every_transaction_of_every_client(perf_cluster: Lo
 def test_producer_reports_the_cpu_of_the_client_and_of_every_node(perf_cluster: LocalCluster) -> None:
     settings = ProducerSettings(1, LoadSpec(1000, max_in_flight=50))
     config = WaltzClientConfig(**client_overrides(perf_cluster))
-    stats = run_producer(config, settings, perf_cluster.metrics_urls())
+    stats = run_producer(config, settings, perf_cluster.metrics_urls(), perf_cluster.admin_tls)
     assert stats.committed == 1000
     assert stats.client_cpu_seconds > 0
     assert set(stats.node_cpu_seconds) == {"server-0", "storage-0", "storage-1", "storage-2"}
@@ -138,7 +138,9 @@ def test_producer_reports_the_cpu_of_the_client_and_of_every_node(perf_cluster: 
     assert alone.server_commit_ms() == {}
     assert "(cluster processes unknown)" in alone.text()
     # a catch-up read measures the reading client and the nodes while it reads
-    report = run_consumer(config, ConsumerSettings(200, max_in_flight=50), perf_cluster.metrics_urls())
+    report = run_consumer(
+        config, ConsumerSettings(200, max_in_flight=50), perf_cluster.metrics_urls(), perf_cluster.admin_tls
+    )
     assert report.consumer.client_cpu_seconds > 0
     assert set(report.consumer.node_cpu_seconds) == set(stats.node_cpu_seconds)
     assert set(report.producers.node_cpu_seconds) == set(stats.node_cpu_seconds)
@@ -220,6 +222,7 @@ def test_bad_target_options_exit_2(perf_cluster: LocalCluster) -> None:
             "perf", "producer", "-n", "1", "--active-partitions", "5",
             "--zookeeper", perf_cluster.zookeeper_connect_string, "--root", perf_cluster.root,
         ],
+        env=perf_cluster.client_env(),
     )  # fmt: skip
     assert too_many.exit_code == 2, too_many.output
     assert "exceeds the cluster's 2 partitions" in too_many.output
@@ -306,3 +309,31 @@ def test_load_generator_latencies_reach_the_histogram_when_the_run_ends() -> Non
     folded = LatencyHistogram()
     folded.record_all([0.0000001, 0.004, 0.0125, 7200.0])
     assert folded.encode() == one_by_one.encode()
+
+
+@pytest.mark.parametrize("security", ["--secure", "--insecure"])
+def test_a_local_run_reads_every_nodes_cpu_secure_by_default_and_plaintext_when_asked(security: str) -> None:
+    """``--local`` starts a secure cluster unless ``--insecure`` (the nodes' ``/metrics`` are then
+    read over TLS with the operator's certificate): the CPU of every node is reported either way."""
+    args = ["perf", "producer", "--local", "--partitions", "2", "-n", "200", "--json"]
+    result = CliRunner().invoke(app, [*args, security] if security == "--insecure" else args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    report = json.loads(result.output)
+    assert report["transactions"] == 200 and report["failed"] == 0, report
+    assert set(report["cpu_us_per_transaction"]) == {
+        "client",
+        "server-0",
+        "storage-0",
+        "storage-1",
+        "storage-2",
+    }
+
+
+def test_insecure_is_refused_without_local(perf_cluster: LocalCluster) -> None:
+    result = CliRunner().invoke(
+        app,
+        ["perf", "producer", "-n", "1", "--insecure", "--zookeeper", perf_cluster.zookeeper_connect_string],
+        env=perf_cluster.client_env(),
+    )
+    assert result.exit_code == 2, result.output
+    assert "--insecure is for the cluster --local starts" in result.output

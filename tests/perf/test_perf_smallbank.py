@@ -163,6 +163,7 @@ def test_the_workload_times_submit_to_commit_and_to_applied(
         url,
         zookeeper=smallbank_cluster.zookeeper_connect_string,
         cluster_root=smallbank_cluster.root,
+        client_settings=support.client_parts(smallbank_cluster)[2],
         prepare=False,
     ) as service:
         instance = LedgerInstance(service)
@@ -235,7 +236,8 @@ def test_a_workload_over_partition_routed_instances_submits_each_transaction_to_
 
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     prepare_database(url).dispose()
-    where = {"zookeeper": smallbank_cluster.zookeeper_connect_string, "cluster_root": smallbank_cluster.root}
+    zookeeper, root, settings = support.client_parts(smallbank_cluster)
+    where = {"zookeeper": zookeeper, "cluster_root": root, "client_settings": settings}
     with (
         LedgerService(url, prepare=False, partitions=[0], sweep_interval=0.1, **where) as first,
         LedgerService(url, prepare=False, partitions=[1], sweep_interval=0.1, **where) as second,

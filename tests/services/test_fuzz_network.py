@@ -76,6 +76,7 @@ def nodes(
     with (
         storage,
         LocalCluster(
+            security=support.PLAINTEXT,
             storages=1,
             servers=1,
             partitions=1,

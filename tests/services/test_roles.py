@@ -65,14 +65,7 @@ def admin_client(cluster: LocalCluster, role: str) -> StorageAdminClient:
 
 
 def client_config(cluster: LocalCluster, role: str) -> WaltzClientConfig:
-    files = certificates(cluster)
-    return WaltzClientConfig(
-        zookeeper_connect_string=cluster.zookeeper_connect_string,
-        cluster_root=cluster.root,
-        client_tls_ca_file=files.ca_file,
-        client_tls_cert_file=files.cert_file(role),
-        client_tls_key_file=files.key_file(role),
-    )
+    return WaltzClientConfig(**cluster.client_settings(role))
 
 
 def test_a_client_certificate_commits_but_cannot_open_an_admin_session(secured: LocalCluster) -> None:

@@ -102,7 +102,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iter
         work_dir=directory / "cluster",
         delete_root=True,
         processes=ProcessOptions(metrics=True, storage_env=storage_env, server_env=server_env),
-        security=SecurityOptions(tls=tls),
+        security=SecurityOptions(tls=tls, zookeeper_auth=False),
     ) as cluster:
         yield Secured(cluster, files, foreign, tls)
 

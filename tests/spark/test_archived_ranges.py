@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import support
 from sqlalchemy import select
 
 from waltz.archive.archiver import Archiver, ChunkPolicy
@@ -59,7 +60,7 @@ class Before:
 
 
 def _source(cluster: LocalCluster) -> LogSource:
-    return LogSource(zookeeper=cluster.zookeeper_connect_string, cluster_root=cluster.root)
+    return LogSource.live(cluster.admin_settings())
 
 
 def _log_rows(spark: Any, cluster: LocalCluster, **options: str) -> list[tuple[Any, ...]]:
@@ -106,7 +107,7 @@ def before(spark: Any, tmp_path_factory: pytest.TempPathFactory, zookeeper: obje
     ) as cluster:
         cluster.wait_ready(60)
         live_url = f"sqlite:///{work / 'counter.db'}"
-        with CounterService(live_url, cluster.zookeeper_connect_string, cluster.root) as service:
+        with CounterService(live_url, *support.client_parts(cluster)) as service:
             for i in range(OPERATIONS):
                 service.increment(i % 7, 1 + i)
         log_rows = _log_rows(spark, cluster)

@@ -19,13 +19,14 @@ from typing import Any
 import pytest
 import support
 
-from waltz.committed.plan import plan_live, plan_offline
+from waltz.committed.plan import plan_offline
 from waltz.committed.reads import read_committed
 from waltz.errors import ConfigurationError
 from waltz.local.cluster import LocalCluster
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient
+from waltz.spark.rebuild import LogSource
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -99,7 +100,8 @@ def test_live_reader_skips_the_replica_that_missed_the_recovery(
     spark: Any, dirty_cluster: tuple[LocalCluster, int]
 ) -> None:
     cluster, dirty_id = dirty_cluster
-    (plan,) = plan_live(cluster.zookeeper_connect_string, cluster.root)
+    source = LogSource.live(cluster.admin_settings())
+    (plan,) = source.plan()
     assert plan.high_water_mark == dirty_id
     readers = {r.storage for r in plan.source.replicas}  # type: ignore[union-attr]
     assert cluster.storages[0].address not in readers and len(readers) == 2
@@ -107,8 +109,7 @@ def test_live_reader_skips_the_replica_that_missed_the_recovery(
     assert [r.data for r in records[dirty_id:]] == [Y]
     rows = (
         spark.read.format("waltz")
-        .option("zookeeper", cluster.zookeeper_connect_string)
-        .option("cluster_root", cluster.root)
+        .options(**LogSource.live(cluster.admin_settings()).options())
         .option("range_size", "2")
         .load()
         .where("transaction_id >= 2")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import support
 from sqlalchemy import select, text, update
 from typer.testing import CliRunner
 
@@ -41,7 +42,7 @@ LEDGER_NAME = "spark-ledger"
 
 
 def _live(cluster: LocalCluster) -> LogSource:
-    return LogSource(zookeeper=cluster.zookeeper_connect_string, cluster_root=cluster.root)
+    return LogSource.live(cluster.admin_settings())
 
 
 def _offline(cluster: LocalCluster) -> LogSource:
@@ -50,10 +51,12 @@ def _offline(cluster: LocalCluster) -> LogSource:
 
 
 def _ledger(cluster: LocalCluster, db_url: str, sweep_interval: float | None = 0.5) -> LedgerService:
+    zookeeper, root, settings = support.client_parts(cluster)
     return LedgerService(
         db_url,
-        zookeeper=cluster.zookeeper_connect_string,
-        cluster_root=cluster.root,
+        zookeeper=zookeeper,
+        cluster_root=root,
+        client_settings=settings,
         cluster_name=LEDGER_NAME,
         prepare=False,
         sweep_interval=sweep_interval,
@@ -176,6 +179,7 @@ def test_drift_is_reported_and_fails_the_command(
             "--verify-against",
             copy_url,
         ],
+        env=spark_cluster.admin_env(),
     )
     assert outcome.exit_code == 1, outcome.output
     output = outcome.output
@@ -222,11 +226,9 @@ def test_counter_rebuilt_into_mariadb_equals_live_db(
     spark: Any, spark_cluster: LocalCluster, tmp_path: Path, mariadb_url: str
 ) -> None:
     live_url = f"sqlite:///{tmp_path / 'counter.db'}"
+    zookeeper, root, settings = support.client_parts(spark_cluster)
     with CounterService(
-        live_url,
-        spark_cluster.zookeeper_connect_string,
-        spark_cluster.root,
-        ignore_foreign_transactions=True,
+        live_url, zookeeper, root, ignore_foreign_transactions=True, client_config=settings
     ) as service:
         for i in range(12):
             service.increment(i % 4, 5 + i)
@@ -253,11 +255,9 @@ def test_drift_check_reads_a_live_server_database_over_jdbc(
 ) -> None:
     # ledger_live first: the ledger's instances apply every transaction of the log, the counter's not.
     live_url = request.getfixturevalue(f"{backend}_url")
+    zookeeper, root, settings = support.client_parts(spark_cluster)
     with CounterService(
-        live_url,
-        spark_cluster.zookeeper_connect_string,
-        spark_cluster.root,
-        ignore_foreign_transactions=True,
+        live_url, zookeeper, root, ignore_foreign_transactions=True, client_config=settings
     ) as service:
         for i in range(6):
             service.increment(i % 3, 1 + i)
@@ -295,7 +295,7 @@ def test_an_offline_read_names_a_storage_directory_its_task_cannot_see(
 
 
 def _sessions(cluster: LocalCluster) -> dict[int, int]:
-    zk = connect_zookeeper(cluster.zookeeper_connect_string)
+    zk = connect_zookeeper(cluster.zookeeper_connect_string, security=cluster.zookeeper_security)
     try:
         metadata = ClusterZk(zk, cluster.root)
         return {p: metadata.partition_metadata(p).value.session_id for p in range(cluster.num_partitions)}
@@ -310,11 +310,7 @@ def test_live_reads_never_fence_the_owner_and_filters_prune_the_plan(
     _, services = ledger_live
     before = _sessions(spark_cluster)
     log = (
-        spark.read.format("waltz")
-        .option("zookeeper", spark_cluster.zookeeper_connect_string)
-        .option("cluster_root", spark_cluster.root)
-        .option("range_size", "10")
-        .load()
+        spark.read.format("waltz").options(**_live(spark_cluster).options()).option("range_size", "10").load()
     )
     everything = log.count()
     assert everything > 40 and log.rdd.getNumPartitions() > 4

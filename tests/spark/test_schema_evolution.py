@@ -309,9 +309,7 @@ def start(cluster: LocalCluster, url: str, models: dict[str, type[Any]]) -> Inst
     callbacks = ChangeSetCallbacks(engine, cluster_name=NAME, registry=EntityRegistry(models.values()))
     client = WaltzClient(
         callbacks,
-        WaltzClientConfig(
-            zookeeper_connect_string=cluster.zookeeper_connect_string, cluster_root=cluster.root
-        ),
+        WaltzClientConfig(**cluster.client_settings()),
     )
     client.wait_mounted(TIMEOUT)
     return Instance(engine, callbacks, client)
@@ -493,7 +491,7 @@ def readings(
         rebuild(
             spark,
             VIEWS_V2,
-            LogSource(zookeeper=cluster.zookeeper_connect_string, cluster_root=cluster.root),
+            LogSource.live(cluster.admin_settings()),
             rebuilt,
         )
         yield Readings(migrated, fresh, rebuilt, read, from_cache, paused)
@@ -525,9 +523,7 @@ def test_a_rebuild_into_a_database_not_migrated_is_refused_before_it_reads(
     from waltz.spark.errors import RebuildError
 
     url = prepared(f"sqlite:///{tmp_path / 'old.db'}", V1)
-    source = LogSource(
-        zookeeper=evolution_log.cluster.zookeeper_connect_string, cluster_root=evolution_log.cluster.root
-    )
+    source = LogSource.live(evolution_log.cluster.admin_settings())
     with pytest.raises(RebuildError, match=r"table evo_add lacks the columns \['label'\].*migrate it first"):
         rebuild(spark, VIEWS_V2, source, url)
     engine = create_framework_engine(url)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import support
 from sqlalchemy import select
 from typer.testing import CliRunner
 
@@ -54,6 +55,7 @@ def _ledger(cluster: LocalCluster, url: str) -> LedgerService:
         url,
         zookeeper=cluster.zookeeper_connect_string,
         cluster_root=cluster.root,
+        client_settings=support.client_parts(cluster)[2],
         cluster_name=NAME,
         prepare=False,
         sweep_interval=0.5,
@@ -120,7 +122,7 @@ def history(spark_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactor
 
 
 def _source(cluster: LocalCluster) -> LogSource:
-    return LogSource(zookeeper=cluster.zookeeper_connect_string, cluster_root=cluster.root)
+    return LogSource.live(cluster.admin_settings())
 
 
 def _rows(url: str, table: Any, where: Any = None) -> list[tuple[Any, ...]]:

@@ -66,6 +66,7 @@ def _live_ledger(cluster: LocalCluster, url: str) -> None:
             url,
             zookeeper=cluster.zookeeper_connect_string,
             cluster_root=cluster.root,
+            client_settings=support.client_parts(cluster)[2],
             cluster_name=LEDGER_NAME,
             prepare=False,
             sweep_interval=0.5,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 import sqlalchemy as sa
@@ -30,7 +30,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import NullPool
 
 from waltz.local.cluster import LocalCluster
-from waltz.local.options import ProcessOptions
+from waltz.local.options import ProcessOptions, SecurityOptions
 from waltz.local.processes import ManagedProcess
 
 __all__ = [
@@ -332,6 +332,14 @@ class ProcessFactory:
 
 # --- local clusters shared by a test session ---------------------------------------------------
 
+#: The explicit opt-out of a local cluster's security (its default: mutual TLS with role
+#: certificates, ZooKeeper credentials per role) for the tests of the protocol itself, which talk
+#: to the nodes through raw admin clients and to ZooKeeper through anonymous sessions. The secure
+#: default runs under the application-facing tests (client, jdbc_style, spark, perf, docs, the
+#: examples, the demo, chaos) and the security tests (tests/services/test_roles.py,
+#: tests/local/test_attackers.py, tests/local/test_local_cluster_files.py).
+PLAINTEXT = SecurityOptions.plaintext()
+
 
 @contextmanager
 def session_cluster(
@@ -342,11 +350,14 @@ def session_cluster(
     partitions: int,
     servers: int = 2,
     metrics: bool = False,
+    security: SecurityOptions | None = None,
 ) -> Iterator[LocalCluster]:
     """A LocalCluster on the session's ZooKeeper: 3 storage nodes, ``servers`` servers, its own root
     (deleted at the end), data and logs under pytest's temporary directory; ``metrics``: the nodes
-    serve ``/metrics``."""
+    serve ``/metrics``; ``security``: None is a local cluster's default (mutual TLS, ZooKeeper
+    credentials per role)."""
     with LocalCluster(
+        security=security,
         storages=3,
         servers=servers,
         partitions=partitions,
@@ -372,3 +383,10 @@ def healed_cluster(request: pytest.FixtureRequest, cluster: LocalCluster) -> Loc
 
     add_failure_logs(request.node, "server logs", logs)
     return cluster
+
+
+def client_parts(cluster: LocalCluster) -> tuple[str, str, dict[str, Any]]:
+    """``cluster.client_settings()`` apart, for services that take the connect string and the root
+    as arguments of their own: ``(connect string, root, the other WaltzClientConfig fields)``."""
+    settings = cluster.client_settings()
+    return settings.pop("zookeeper_connect_string"), settings.pop("cluster_root"), settings

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from waltz.services.storage import format as fmt
+from waltz.services.storage.inspect.reader import read_control_file
 from waltz.workloads.demo import DemoOptions, run_demo
 
 
@@ -33,6 +35,24 @@ def test_the_demo_passes_its_checks_under_faults(
     assert "release 4: migrated; 3 instances run it" in result.deploys, report
     versions = next(c for c in result.checks if c.name == "the log holds every schema version of the models")
     assert "ledger.account v1 40, v2 " in versions.detail and ", v3 " in versions.detail, report
+    _assert_secure_and_key_never_shown(tmp_path, report)
+
+
+def _assert_secure_and_key_never_shown(work_dir: Path, report: str) -> None:
+    """The demo ran on a secure cluster (the default), and neither what it printed nor any log of
+    its processes holds the cluster key (docs/design/overview.md, "The cluster key")."""
+    assert (work_dir / "cluster" / "tls" / "ca.pem").is_file(), "the demo's cluster made no certificates"
+    controls = sorted(work_dir.rglob(fmt.CONTROL_FILE_NAME))
+    assert controls, f"no storage control file under {work_dir}"
+    keys = {read_control_file(path.parent).header.cluster_key for path in controls}
+    assert len(keys) == 1, keys
+    key = keys.pop()
+    logs = sorted(work_dir.rglob("*.log"))
+    assert len(logs) >= 6, logs  # ZooKeeper, 3 storage nodes, 2 servers
+    for name, text in [("the demo's output", report)] + [
+        (str(p), p.read_text(errors="replace")) for p in logs
+    ]:
+        assert str(key) not in text and key.hex not in text, f"{name} holds the cluster key"
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
@@ -90,9 +89,7 @@ class ServerInfo:
 def _health(url: str, timeout: float, tls: TlsConfig | None) -> tuple[str, str]:
     context = None
     if url.startswith("https:"):
-        context = ssl.create_default_context(cafile=str(tls.ca_file) if tls and tls.ca_file else None)
-        if tls is not None and tls.cert_file is not None:
-            context.load_cert_chain(str(tls.cert_file), str(tls.key_file) if tls.key_file else None)
+        context = (tls or TlsConfig()).https_context()
     try:
         with urllib.request.urlopen(url, timeout=timeout, context=context) as response:
             body = response.read()

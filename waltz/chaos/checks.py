@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from waltz.chaos.sequence import ChecksumCallbacks, counter_key_for, decode_counter, decode_tag, payload_for
+from waltz.client.config import WaltzClientConfig
 from waltz.client.reading import read_up_to
 from waltz.client.transaction import Transaction
 from waltz.services.storage import format as fmt
@@ -170,8 +171,7 @@ class LogObserver:
 
 
 def read_log(
-    zookeeper: str,
-    cluster_root: str,
+    config: WaltzClientConfig,
     marks: Mapping[int, int],
     seed: int,
     timeout: float = 600.0,
@@ -183,8 +183,7 @@ def read_log(
     """Read every partition from transaction 0 up to ``marks`` with a fresh client.
 
     Args:
-        zookeeper: ZooKeeper connect string.
-        cluster_root: the cluster root znode.
+        config: the client settings that reach the cluster.
         marks: partition -> the high-water mark to read up to (-1: empty partition).
         seed: the run's seed (to re-derive every payload and compare it byte for byte).
         timeout: seconds allowed in all.
@@ -204,7 +203,7 @@ def read_log(
     observer = LogObserver(reading, seed, workload, keys)
 
     callbacks = ChecksumCallbacks(observer if workload in ("raw", "counter") else None)
-    read_up_to(callbacks, zookeeper, cluster_root, marks, timeout=timeout, progress=progress)
+    read_up_to(callbacks, config, marks, timeout=timeout, progress=progress)
     for pid in marks:
         state = callbacks.sequence(pid)
         reading.marks[pid] = state.mark

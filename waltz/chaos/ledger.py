@@ -213,8 +213,7 @@ def ledger_checks(
             engine,
             cluster_name=application.name,
             server_marks=dict(marks),
-            zookeeper=cluster.zookeeper_connect_string,
-            cluster_root=cluster.root,
+            client_config=WaltzClientConfig(**cluster.client_settings()),
             replicas=replicas,
         )
         checks = [ChaosCheck(f"ledger: {c.name}", c.passed, c.detail) for c in found]

@@ -61,9 +61,11 @@ from waltz.chaos.options import ChaosOptions, ChaosResult, database_on_loopback
 from waltz.chaos.proxy import ClusterProxies, forward_database
 from waltz.chaos.schedule import NETWORK_FAULTS, Fault
 from waltz.chaos.worker import WorkerSpec
+from waltz.client.config import WaltzClientConfig
+from waltz.local.certificates import ClusterCertificates
 from waltz.local.cluster import LocalCluster
-from waltz.local.options import NetworkOptions, ProcessOptions, SecurityOptions
-from waltz.local.security import DIGEST_FILE
+from waltz.local.options import NetworkOptions, ProcessOptions
+from waltz.local.security import CERTIFICATES_DIR, DIGEST_FILE
 
 __all__ = ["run_chaos"]
 
@@ -92,7 +94,6 @@ def _make_cluster(options: ChaosOptions, work_dir: Path, proxies: ClusterProxies
             server_args_of=proxies.server_args,
             storage_env=dict(RETENTION_ENV) if options.archive else {},
         ),
-        security=SecurityOptions(zookeeper_auth=True),
         network=NetworkOptions(
             mode="namespaces" if options.network == "namespaces" else "loopback",
             client_hosts=options.clients if options.network == "namespaces" else 0,
@@ -140,7 +141,7 @@ def run_chaos(options: ChaosOptions, say: Say = log.info) -> ChaosResult:
             ClusterProxies(
                 options.servers, options.storages, enabled=any(f.kind in NETWORK_FAULTS for f in schedule)
             ) as proxies,
-            _zookeeper_credential(work_dir / "cluster" / DIGEST_FILE),
+            _client_environment(work_dir / "cluster"),
         ):
             _run(options, schedule, work_dir, proxies, result, say)
     except Exception as exc:
@@ -160,23 +161,29 @@ def run_chaos(options: ChaosOptions, say: Say = log.info) -> ChaosResult:
 
 
 @contextlib.contextmanager
-def _zookeeper_credential(path: Path) -> Iterator[None]:
-    """Name the chaos cluster's ZooKeeper credential file in this process's environment for the run.
+def _client_environment(cluster_dir: Path) -> Iterator[None]:
+    """Name the chaos cluster's ZooKeeper credential and client certificate files in this
+    process's environment for the run.
 
     Every client of the run (the worker processes, spawned with this environment, the readers,
-    the ledger's setup) builds a ``WaltzClientConfig``, which reads ``WALTZ_ZOOKEEPER_*``; the
-    previous value comes back afterwards.
+    the ledger's setup) builds a ``WaltzClientConfig``, which reads ``WALTZ_ZOOKEEPER_*`` and
+    ``WALTZ_CLIENT_TLS_*``; the previous values come back afterwards.
     """
-    name = "WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE"
-    previous = os.environ.get(name)
-    os.environ[name] = str(path)
+    files = ClusterCertificates(cluster_dir / CERTIFICATES_DIR)
+    variables = {
+        "WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE": str(cluster_dir / DIGEST_FILE),
+        **files.client_env(),
+    }
+    previous = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _worker_specs(
@@ -292,8 +299,7 @@ def _run(
         workload = options.workload
         read_started = time.monotonic()
         reading = read_log(
-            cluster.zookeeper_connect_string,
-            cluster.root,
+            WaltzClientConfig(**cluster.client_settings()),
             marks,
             options.seed,
             timeout=_read_timeout(marks),
@@ -333,8 +339,7 @@ def _run(
         owners = again.wait_ready(180.0)
         marks_again = {pid: owner.high_water_mark for pid, owner in sorted(owners.items())}
         reading_again = read_log(
-            again.zookeeper_connect_string,
-            again.root,
+            WaltzClientConfig(**again.client_settings()),
             marks_again,
             options.seed,
             timeout=_read_timeout(marks),

@@ -34,6 +34,7 @@ __all__ = [
     "JsonOption",
     "LocalOption",
     "LocalPartitionsOption",
+    "LocalSecureOption",
     "LocalServersOption",
     "LocalStoragesOption",
     "LogLevelOption",
@@ -242,6 +243,14 @@ LocalStoragesOption = Annotated[
 ]
 LocalServersOption = Annotated[int, typer.Option(min=1, help="--local: servers.")]
 LocalPartitionsOption = Annotated[int, typer.Option(min=1, help="--local: the cluster's partitions.")]
+LocalSecureOption = Annotated[
+    bool,
+    typer.Option(
+        "--secure/--insecure",
+        help="--local: mutual TLS with role certificates and ZooKeeper credentials (the default), "
+        "or plaintext with --insecure (to measure what TLS costs).",
+    ),
+]
 
 # --- performance runs -------------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from waltz.cli.options import (
     JsonOption,
     LocalOption,
     LocalPartitionsOption,
+    LocalSecureOption,
     LocalServersOption,
     LocalStoragesOption,
     RootOption,
@@ -78,13 +79,16 @@ def _target(
     config: Path | None,
     zk: str | None,
     root: str | None,
+    secure: bool = True,
 ) -> Iterator[Any]:
     from waltz.local.processes import ServiceStartError
     from waltz.perf.target import LocalClusterSpec, perf_cluster
 
     if local and (zk or root):
         raise _fail("--local starts its own cluster: drop --zookeeper/--root", 2)
-    spec = LocalClusterSpec(storages, servers, partitions) if local else None
+    if not secure and not local:
+        raise _fail("--insecure is for the cluster --local starts: drop it, or add --local", 2)
+    spec = LocalClusterSpec(storages, servers, partitions, secure=secure) if local else None
     try:
         with perf_cluster(spec, config_file=config, zookeeper=zk, root=root) as target:
             yield target
@@ -144,6 +148,7 @@ def producer(
     storages: LocalStoragesOption = 3,
     servers: LocalServersOption = 1,
     partitions: LocalPartitionsOption = 1,
+    secure: LocalSecureOption = True,
     config: ClientConfigOption = None,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
@@ -169,10 +174,10 @@ def producer(
         )
     except ValueError as exc:
         raise _fail(str(exc), 2) from exc
-    with _target(local, storages, servers, partitions, config, zookeeper, root) as target:
+    with _target(local, storages, servers, partitions, config, zookeeper, root, secure) as target:
         client_config = target.config
         try:
-            stats = run_producer(client_config, settings, target.metrics_urls)
+            stats = run_producer(client_config, settings, target.metrics_urls, target.metrics_tls)
         except ValueError as exc:
             raise _fail(str(exc), 2) from exc
     if as_json:
@@ -216,6 +221,7 @@ def consumer(
     storages: LocalStoragesOption = 3,
     servers: LocalServersOption = 1,
     partitions: LocalPartitionsOption = 1,
+    secure: LocalSecureOption = True,
     config: ClientConfigOption = None,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
@@ -230,10 +236,10 @@ def consumer(
 
     mode = ConsumerMode.LIVE if live else ConsumerMode.CATCH_UP
     settings = ConsumerSettings(transactions, size, producers, in_flight, active_partitions, mode, timeout)
-    with _target(local, storages, servers, partitions, config, zookeeper, root) as target:
+    with _target(local, storages, servers, partitions, config, zookeeper, root, secure) as target:
         client_config = target.config
         try:
-            report = run_consumer(client_config, settings, target.metrics_urls)
+            report = run_consumer(client_config, settings, target.metrics_urls, target.metrics_tls)
         except ValueError as exc:
             raise _fail(str(exc), 2) from exc
     if as_json:
@@ -371,6 +377,7 @@ def smallbank(
             show_default=False,
         ),
     ] = None,
+    secure: LocalSecureOption = True,
     config: ClientConfigOption = None,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
@@ -436,11 +443,16 @@ def smallbank(
             check_database(application, db_url, new_log=local, cluster_name=settings.cluster_name)
         except UnusableDatabaseError as exc:
             raise _fail(str(exc), 2) from exc
-        with _target(local, storages, servers, partitions, config, zookeeper, root) as target:
+        with _target(local, storages, servers, partitions, config, zookeeper, root, secure) as target:
             client_config = target.config
             try:
                 report = run_smallbank(
-                    client_config, settings, db_url, metrics_urls=target.metrics_urls, say=say
+                    client_config,
+                    settings,
+                    db_url,
+                    metrics_urls=target.metrics_urls,
+                    metrics_tls=target.metrics_tls,
+                    say=say,
                 )
             except SQLAlchemyError as exc:
                 raise _fail(f"the database failed: {type(exc).__name__}: {exc}", 1) from exc

@@ -173,6 +173,7 @@ def rebuild_command(
         raise typer.Exit(2) from exc
 
     try:
+        from waltz.metadata.zk_security import security_files_from_environment
         from waltz.spark.drift import verify
         from waltz.spark.rebuild import LogSource, rebuild
         from waltz.spark.session import spark_session
@@ -185,6 +186,8 @@ def rebuild_command(
             replicas=replicas,
             high_water_marks=_marks(high_water_mark) if high_water_mark else None,
             tls=TlsConfig(ssl_ca_file, ssl_cert_file, ssl_key_file) if ssl_ca_file or ssl_cert_file else None,
+            # Spark's Python workers were started with the JVM's environment: name the files.
+            zookeeper_files=security_files_from_environment() if zookeeper else {},
         )
         say(f"starting Spark ({master})")
         spark = spark_session(master, app_name=f"waltz-rebuild-{app}")

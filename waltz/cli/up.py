@@ -91,11 +91,13 @@ def up(
     secure: Annotated[
         bool,
         typer.Option(
-            "--secure",
-            help="Make a CA and role certificates (node, client, operator, admin) in WORK_DIR/tls and "
-            "serve mutual TLS with role checks on every port; the output says which files to use.",
+            "--secure/--insecure",
+            help="Secure (the default): make a CA and role certificates (node, client, operator, admin) "
+            "in WORK_DIR/tls and serve mutual TLS with role checks on every port; the output says which "
+            "files to use. --insecure serves plaintext with no roles: anyone who reaches a port may act "
+            "on the cluster (for speed runs; pair it with --no-zookeeper-auth for open znodes too).",
         ),
-    ] = False,
+    ] = True,
     network: Annotated[
         str,
         typer.Option(
@@ -129,8 +131,9 @@ def up(
     deployment, and the machine reaches them through a bridge (a /24 of 10.77.128.0/17); the network is
     removed at stop, and a crashed run's by the next one.
 
-    With --secure, every port serves mutual TLS and checks the role in each peer's certificate
-    (client, server, operator, admin); the certificates are made in the work directory.
+    Every port serves mutual TLS and checks the role in each peer's certificate (client, server,
+    operator, admin); the certificates are made in the work directory, and the cluster's znodes
+    take a ZooKeeper credential per role. --insecure (and --no-zookeeper-auth) opt out.
     """
     from waltz.local.cluster import LocalCluster
     from waltz.local.options import NetworkOptions, ProcessOptions, SecurityOptions

@@ -24,8 +24,7 @@ PROGRESS_INTERVAL = 30.0
 
 def read_up_to(
     callbacks: WaltzClientCallbacks,
-    zookeeper: str,
-    cluster_root: str,
+    config: WaltzClientConfig,
     marks: Mapping[int, int],
     *,
     timeout: float,
@@ -38,8 +37,9 @@ def read_up_to(
 
     Args:
         callbacks: what the transactions are applied to.
-        zookeeper: ZooKeeper connect string.
-        cluster_root: the cluster root znode.
+        config: the client settings that reach the cluster (connect string, root, ZooKeeper
+            credential, TLS); the reader applies in batches of :data:`READ_APPLY_BATCH` whatever
+            it says.
         marks: partition -> the committed high-water mark to read up to (-1: nothing).
         timeout: seconds allowed per partition.
         progress: called every :data:`PROGRESS_INTERVAL` seconds while the read goes on, with
@@ -50,11 +50,7 @@ def read_up_to(
         TimeoutError: a partition was not applied up to its mark in time (the message says how far).
         WaltzError: the client could not start (ZooKeeper, the cluster).
     """
-    config = WaltzClientConfig(
-        zookeeper_connect_string=zookeeper,
-        cluster_root=cluster_root,
-        client_max_apply_batch_size=READ_APPLY_BATCH,
-    )
+    config = config.model_copy(update={"client_max_apply_batch_size": READ_APPLY_BATCH})
     targets = {pid: mark for pid, mark in sorted(marks.items()) if mark >= 0}
     total = sum(mark + 1 for mark in targets.values())
 

@@ -57,7 +57,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from waltz.errors import ConfigurationError, MetadataError
 from waltz.local.certificates import ClusterCertificates
@@ -90,6 +90,7 @@ from waltz.metadata.zk import ClusterPaths
 from waltz.metadata.zk_roles import Role, RoleCredentials
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.private_files import private_directory
+from waltz.protocol.channels import TlsConfig
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 
 __all__ = ["LocalCluster"]
@@ -306,6 +307,14 @@ class LocalCluster:
         return self._security.certificates
 
     @property
+    def admin_tls(self) -> TlsConfig | None:
+        """The client TLS files the cluster's supervisor uses on its nodes' ports (the ``admin``
+        certificate of a secure cluster, or the caller's ``SecurityOptions.tls``), or None for a
+        plaintext cluster: for admin clients of the nodes (``ServerAdminClient``,
+        ``StorageAdminClient``)."""
+        return self._security.tls
+
+    @property
     def zookeeper_security(self) -> ZooKeeperSecurity:
         """The security of the cluster's ZooKeeper sessions (its credential once :meth:`start` ran)."""
         return self._security.zookeeper_security
@@ -322,7 +331,7 @@ class LocalCluster:
         directory)."""
         return self._security.role_credentials
 
-    def zookeeper_settings(self, role: Role = Role.OPERATOR) -> dict[str, object]:
+    def zookeeper_settings(self, role: Role = Role.OPERATOR) -> dict[str, Any]:
         """Settings fields (``WaltzClientConfig``, ``ClusterAdminConfig``) that reach this cluster.
 
         The connect string, the root and, when set, the role's credential file and ZooKeeper TLS
@@ -340,6 +349,85 @@ class LocalCluster:
     def zookeeper_env(self, role: Role = Role.OPERATOR) -> dict[str, str]:
         """The ``WALTZ_ZOOKEEPER_*`` variables giving a process a role's credential and TLS files."""
         return self._security.zookeeper_env(self._work_dir, role)
+
+    def client_settings(self, certificate: str = "client") -> dict[str, Any]:
+        """``WaltzClientConfig`` fields that reach this cluster as an application does.
+
+        The connect string, the root, the client role's ZooKeeper credential (which cannot read
+        the cluster key) and, in a secure cluster, client TLS presenting ``certificate`` (a role
+        certificate of :attr:`certificates`: ``client`` for applications; docs/design/overview.md,
+        "Roles")::
+
+            WaltzClientConfig(**cluster.client_settings(), client_max_concurrent_transactions=8)
+
+        Args:
+            certificate: the role certificate the client presents (``client``, ``operator``,
+                ``admin``, ``node``); unused in a cluster without certificates.
+
+        Raises:
+            KeyError: no such certificate in this cluster's certificates.
+        """
+        settings: dict[str, Any] = self.zookeeper_settings(Role.CLIENT)
+        files = self._security.certificates
+        if files is not None:
+            tls = files.tls(certificate)
+            settings |= {
+                "client_tls_ca_file": tls.ca_file,
+                "client_tls_cert_file": tls.cert_file,
+                "client_tls_key_file": tls.key_file,
+            }
+        return settings
+
+    def client_env(self, certificate: str = "client") -> dict[str, str]:
+        """The environment giving a process (``waltz client ...``, an application) what
+        :meth:`client_settings` holds: ``WALTZ_ZOOKEEPER_CONNECT_STRING``, ``WALTZ_CLUSTER_ROOT``,
+        the client role's ``WALTZ_ZOOKEEPER_*`` and, in a secure cluster, ``WALTZ_CLIENT_TLS_*``."""
+        env = {
+            "WALTZ_ZOOKEEPER_CONNECT_STRING": self.zookeeper_connect_string,
+            "WALTZ_CLUSTER_ROOT": self.root,
+            **self.zookeeper_env(Role.CLIENT),
+        }
+        files = self._security.certificates
+        if files is not None:
+            env |= files.client_env(certificate)
+        return env
+
+    def admin_settings(self, certificate: str = "operator") -> dict[str, Any]:
+        """``ClusterAdminConfig`` fields of an operator (the default) or admin: the operators'
+        ZooKeeper credential and, in a secure cluster, the storage admin ports' TLS presenting
+        ``certificate`` (``operator`` reads, ``admin`` changes; docs/design/overview.md, "Roles").
+
+        Raises:
+            KeyError: no such certificate in this cluster's certificates.
+        """
+        settings: dict[str, Any] = self.zookeeper_settings(Role.OPERATOR)
+        files = self._security.certificates
+        if files is not None:
+            tls = files.tls(certificate)
+            settings |= {
+                "cluster_ssl_ca_file": tls.ca_file,
+                "cluster_ssl_cert_file": tls.cert_file,
+                "cluster_ssl_key_file": tls.key_file,
+            }
+        return settings
+
+    def admin_env(self, certificate: str = "operator") -> dict[str, str]:
+        """The environment of :meth:`admin_settings` for the ``waltz`` command
+        (``WALTZ_ZOOKEEPER_*``, ``WALTZ_CLUSTER_ROOT`` and ``WALTZ_CLUSTER_SSL_*``)."""
+        env = {
+            "WALTZ_ZOOKEEPER_CONNECT_STRING": self.zookeeper_connect_string,
+            "WALTZ_CLUSTER_ROOT": self.root,
+            **self.zookeeper_env(Role.OPERATOR),
+        }
+        files = self._security.certificates
+        if files is not None:
+            tls = files.tls(certificate)
+            env |= {
+                "WALTZ_CLUSTER_SSL_CA_FILE": str(tls.ca_file),
+                "WALTZ_CLUSTER_SSL_CERT_FILE": str(tls.cert_file),
+                "WALTZ_CLUSTER_SSL_KEY_FILE": str(tls.key_file),
+            }
+        return env
 
     def pids(self) -> dict[str, int]:
         """Process name (``zookeeper``, ``storage-0``, ``server-1``...) -> PID, for running processes."""
@@ -376,6 +464,8 @@ class LocalCluster:
                 self._work_dir = Path(tempfile.mkdtemp(prefix="waltz-local-")).resolve()
             private_directory(self._work_dir)
             layout = self._load_layout()
+            if layout is not None:
+                self._security.check_resumable(self._work_dir)
             if self._hosts is not None:
                 self._hosts.start(layout.subnet if layout is not None else None)
             self._security.start(self._work_dir, self._hosts.addresses() if self._hosts is not None else [])

@@ -3,16 +3,19 @@
 :class:`~waltz.local.cluster.LocalCluster` takes what most callers set as plain keywords (the
 numbers of storage nodes, servers and partitions, the replicas, the name, the root, the work
 directory, an external ZooKeeper) and the rest in three frozen groups, each with defaults that
-make a plaintext cluster on loopback::
+make a secure cluster on loopback (mutual TLS with role certificates made for it, a ZooKeeper
+credential per role)::
 
     LocalCluster(
         storages=3,
         servers=2,
         partitions=4,
         processes=ProcessOptions(metrics=True, session_timeout=2.0),
-        security=SecurityOptions(zookeeper_auth=True),
         network=NetworkOptions(mode="namespaces", client_hosts=1),
     )
+
+A run that measures the protocol alone, or a test of plaintext itself, says so:
+``security=SecurityOptions.plaintext()``.
 
 A group is a value: build one once and hand it to several clusters, or change one field with
 :func:`dataclasses.replace`.
@@ -95,20 +98,23 @@ class ProcessOptions:
 class SecurityOptions:
     """How a local cluster is secured: mutual TLS with role certificates, ZooKeeper credentials.
 
-    The defaults make a plaintext cluster whose znodes are open (docs/design/overview.md, "Roles";
-    docs/design/zookeeper.md, "Security").
+    The defaults make a secure cluster: certificates made for it, mutual TLS with role checks on
+    every port, and a ZooKeeper credential per role (docs/design/overview.md, "Roles";
+    docs/design/zookeeper.md, "Security"). :meth:`plaintext` is the explicit opt-out, for runs
+    that measure the protocol without TLS or that test plaintext itself.
 
     Attributes:
         secure: a secured cluster: a CA and role certificates are made in ``<work dir>/tls``
             (:mod:`waltz.local.certificates`), every port of every node serves mutual TLS and
             checks roles, and the supervisor uses the ``admin`` certificate
-            (:attr:`~waltz.local.cluster.LocalCluster.certificates` gives the files, e.g. the
-            ``client`` certificate's settings for applications). Not with ``tls``, nor with TLS
-            files in the processes' ``storage_env``/``server_env``.
-        zookeeper_auth: protect the cluster's znodes with a digest credential made for this
-            cluster, kept in ``zookeeper-digest`` in the work directory and given to the servers
-            as ``WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE``; clients and tools then need it
-            (:meth:`~waltz.local.cluster.LocalCluster.zookeeper_settings`).
+            (:meth:`~waltz.local.cluster.LocalCluster.client_settings` gives an application's
+            settings, :attr:`~waltz.local.cluster.LocalCluster.certificates` the files). Not with
+            ``tls``, nor with TLS files in the processes' ``storage_env``/``server_env``. None
+            (the default) means True, or False when ``tls`` is given (nodes the caller secures).
+        zookeeper_auth: protect the cluster's znodes with a credential per role made for this
+            cluster (``zookeeper-roles/`` in the work directory), the servers' given to them as
+            ``WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE``; clients and tools then need theirs
+            (:meth:`~waltz.local.cluster.LocalCluster.zookeeper_settings`). On by default.
         zookeeper_security: ZooKeeper TLS files (and a credential) for the supervisor and the
             servers, e.g. for an external ZooKeeper's secure port; with ``zookeeper_auth`` and no
             credential in it, one is made.
@@ -121,8 +127,8 @@ class SecurityOptions:
         ConfigurationError: both ``secure`` and ``tls`` are given.
     """
 
-    secure: bool = False
-    zookeeper_auth: bool = False
+    secure: bool | None = None
+    zookeeper_auth: bool = True
     zookeeper_security: ZooKeeperSecurity | None = None
     tls: TlsConfig | None = None
 
@@ -132,6 +138,14 @@ class SecurityOptions:
                 "a secure local cluster makes its own certificates: give SecurityOptions secure=True "
                 "or tls (with secure=False), not both"
             )
+        if self.secure is None:
+            object.__setattr__(self, "secure", self.tls is None)
+
+    @classmethod
+    def plaintext(cls) -> SecurityOptions:
+        """The explicit opt-out: no TLS, no roles, no ZooKeeper credential (anyone who reaches
+        the ports or ZooKeeper may act on the cluster; for speed runs and tests of plaintext)."""
+        return cls(secure=False, zookeeper_auth=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,13 +16,17 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from waltz.errors import ConfigurationError
 from waltz.local.certificates import ClusterCertificates, make_cluster_certificates
 from waltz.local.options import SecurityOptions
 from waltz.metadata.zk_roles import ROLE_DIGEST_FILES, Role, RoleCredentials
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.protocol.channels import TlsConfig
 
-__all__ = ["DIGEST_FILE", "LEGACY_DIGEST_FILE", "ROLE_DIGEST_DIR", "ClusterSecurity"]
+__all__ = ["CERTIFICATES_DIR", "DIGEST_FILE", "LEGACY_DIGEST_FILE", "ROLE_DIGEST_DIR", "ClusterSecurity"]
+
+#: The directory of a secure cluster's CA and role certificates in the work directory.
+CERTIFICATES_DIR = "tls"
 
 #: The directory of the ZooKeeper credential files per role in the work directory.
 ROLE_DIGEST_DIR = "zookeeper-credentials"
@@ -95,7 +99,7 @@ class ClusterSecurity:
             ConfigurationError: a kept credential file is unreadable.
         """
         if self._options.secure:
-            certificates = make_cluster_certificates(work_dir / "tls", addresses=addresses)
+            certificates = make_cluster_certificates(work_dir / CERTIFICATES_DIR, addresses=addresses)
             self._certificates = certificates
             self._tls = certificates.tls("admin")  # the supervisor acts as ``admin``
         if self._options.zookeeper_auth and self._zookeeper_security.digest is None:
@@ -108,6 +112,24 @@ class ClusterSecurity:
             self._zookeeper_security = dataclasses.replace(self._zookeeper_security, digest=digest)
         if self._zookeeper_security.digest is not None and self._roles is None:
             self._zookeeper_security.write_digest_file(work_dir / LEGACY_DIGEST_FILE)
+
+    def check_resumable(self, work_dir: Path) -> None:
+        """Refuse to resume a kept cluster made without a ZooKeeper credential with one: its znodes
+        are open, and the servers would refuse them (docs/design/zookeeper.md, "Security").
+
+        Raises:
+            ConfigurationError: ``zookeeper_auth`` is asked for, no credential is given, and the
+                work directory holds none (the cluster was made plaintext).
+        """
+        if not self._options.zookeeper_auth or self._zookeeper_security.digest is not None:
+            return
+        if (work_dir / ROLE_DIGEST_DIR).exists() or (work_dir / LEGACY_DIGEST_FILE).exists():
+            return
+        raise ConfigurationError(
+            f"the local cluster kept in {work_dir} was made without ZooKeeper credentials (open "
+            "znodes), and this start asks for them: start it as it was made (waltz up --insecure "
+            "--no-zookeeper-auth, SecurityOptions.plaintext()), or use a new work directory"
+        )
 
     def digest_file(self, work_dir: Path | None, role: Role = Role.OPERATOR) -> Path | None:
         """The file holding a role's ZooKeeper credential (the single credential of a cluster
@@ -154,7 +176,7 @@ class ClusterSecurity:
         if not running:
             return lines
         lines += [
-            "  inspect it with the waltz command:",
+            "  inspect it with the waltz command, and run clients, from a shell with:",
             f"    export {exports}"
             + "".join(f" {name}={value}" for name, value in self.zookeeper_env(work_dir).items()),
         ]
@@ -164,14 +186,13 @@ class ClusterSecurity:
                 f"WALTZ_CLUSTER_SSL_CERT_FILE={files.cert_file('operator')} "
                 f"WALTZ_CLUSTER_SSL_KEY_FILE={files.key_file('operator')}"
             )
-        lines.append("    waltz cluster list; waltz cluster verify")
-        if files is not None:
             client = " ".join(f"{k}={v}" for k, v in files.client_env().items())
-            lines.append(f"  applications connect with: export {client}")
+            lines.append(f"    export {client}")
+        lines.append("    waltz cluster list; waltz cluster verify; waltz client validate")
         if self._roles is not None:
             lines.append(
-                "  applications' ZooKeeper credential: export WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE="
-                f"{self.digest_file(work_dir, Role.CLIENT)}"
+                "  applications take the client role's ZooKeeper credential (it cannot read the "
+                f"cluster key): WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE={self.digest_file(work_dir, Role.CLIENT)}"
             )
         return lines
 

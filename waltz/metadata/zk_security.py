@@ -16,6 +16,7 @@ environment) are shared by every settings class through :class:`ZooKeeperSetting
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -231,3 +232,53 @@ def security_from_environment() -> ZooKeeperSecurity:
     except ValidationError as exc:
         raise ConfigurationError(f"invalid WALTZ_ZOOKEEPER_* environment:\n{exc}") from exc
     return settings.zookeeper_security()
+
+
+#: The settings fields naming ZooKeeper security files (a credential file, TLS files).
+ZOOKEEPER_SECURITY_FILE_FIELDS = (
+    "zookeeper_auth_digest_file",
+    "zookeeper_ssl_ca_file",
+    "zookeeper_ssl_cert_file",
+    "zookeeper_ssl_key_file",
+)
+
+
+def security_from_files(files: Mapping[str, str | Path]) -> ZooKeeperSecurity:
+    """The ZooKeeper security of the files ``files`` names by settings field
+    (:data:`ZOOKEEPER_SECURITY_FILE_FIELDS`), the ``WALTZ_ZOOKEEPER_*`` variables giving the rest
+    (for readers whose settings travel as strings, such as the Spark source's options).
+
+    Raises:
+        ConfigurationError: an unknown field, a malformed value, or an unreadable digest file.
+    """
+    from pydantic import ValidationError
+
+    unknown = sorted(set(files) - set(ZOOKEEPER_SECURITY_FILE_FIELDS))
+    if unknown:
+        raise ConfigurationError(
+            f"unknown ZooKeeper security files {unknown}; expected {list(ZOOKEEPER_SECURITY_FILE_FIELDS)}"
+        )
+    try:
+        given: dict[str, Any] = {k: Path(v) for k, v in files.items() if v}
+        settings = _ZooKeeperEnvironment(**given)
+    except ValidationError as exc:
+        raise ConfigurationError(f"invalid ZooKeeper security files:\n{exc}") from exc
+    return settings.zookeeper_security()
+
+
+def security_files_from_environment() -> dict[str, Path]:
+    """The ZooKeeper security files the ``WALTZ_ZOOKEEPER_*`` variables name, by settings field
+    (:data:`ZOOKEEPER_SECURITY_FILE_FIELDS`), for handing on to processes that do not share this
+    one's environment (Spark's Python workers).
+
+    Raises:
+        ConfigurationError: a value is malformed.
+    """
+    from pydantic import ValidationError
+
+    try:
+        settings = _ZooKeeperEnvironment()
+    except ValidationError as exc:
+        raise ConfigurationError(f"invalid WALTZ_ZOOKEEPER_* environment:\n{exc}") from exc
+    files = {name: getattr(settings, name) for name in ZOOKEEPER_SECURITY_FILE_FIELDS}
+    return {name: path for name, path in files.items() if path is not None}

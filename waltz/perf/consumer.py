@@ -32,6 +32,7 @@ from waltz.perf.producer import (
     run_producer,
 )
 from waltz.perf.stats import RunStats
+from waltz.protocol.channels import TlsConfig
 
 __all__ = ["ConsumerMode", "ConsumerReport", "ConsumerSettings", "run_consumer"]
 
@@ -124,7 +125,10 @@ class _ConsumerCallbacks(PerfCallbacks):
 
 
 def run_consumer(
-    config: WaltzClientConfig, settings: ConsumerSettings, metrics_urls: Mapping[str, str] | None = None
+    config: WaltzClientConfig,
+    settings: ConsumerSettings,
+    metrics_urls: Mapping[str, str] | None = None,
+    metrics_tls: TlsConfig | None = None,
 ) -> ConsumerReport:
     """Write ``settings.transactions`` transactions, read them with a fresh client, and measure.
 
@@ -177,14 +181,14 @@ def run_consumer(
         with WaltzClient(callbacks, reader_config) as reader:
             reader.set_partitions(partitions)
             reader.wait_mounted(MOUNT_TIMEOUT, partitions)
-            produced = run_producer(config, producer_settings, metrics_urls)
+            produced = run_producer(config, producer_settings, metrics_urls, metrics_tls)
             targets = {p: m for p, m in current_high_water_marks(config).items() if p in partitions}
             read(targets)
     else:
-        produced = run_producer(config, producer_settings, metrics_urls)
+        produced = run_producer(config, producer_settings, metrics_urls, metrics_tls)
         targets = {p: m for p, m in current_high_water_marks(config).items() if p in partitions}
         cpu_started = time.process_time()
-        with measure_nodes(metrics_urls or {}) as usage:
+        with measure_nodes(metrics_urls or {}, metrics_tls) as usage:
             with WaltzClient(callbacks, reader_config) as reader:
                 reader.set_partitions(partitions)
                 read(targets)

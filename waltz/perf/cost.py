@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from waltz.protocol.channels import TlsConfig
+
 __all__ = [
     "COMMIT_METRIC",
     "CPU_METRIC",
@@ -99,12 +101,17 @@ class NodeReading:
     lock_failures: float | None = None
 
 
-def read_nodes(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, NodeReading]:
+def read_nodes(
+    urls: Mapping[str, str], timeout: float = 5.0, *, tls: TlsConfig | None = None
+) -> dict[str, NodeReading]:
     """Read each node's ``/metrics`` endpoint.
 
     Args:
         urls: ``/metrics`` URL of each node, by name (``LocalCluster.metrics_urls()``).
         timeout: seconds to wait for each node.
+        tls: the client TLS files of ``https`` URLs (a secure cluster's nodes answer only the
+            operator, admin and server roles; docs/operations.md, "Who may read /metrics and
+            /health"), or None.
 
     Returns:
         The reading of each node that answered with Prometheus text; a node that does not answer,
@@ -113,7 +120,8 @@ def read_nodes(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, NodeR
     readings: dict[str, NodeReading] = {}
     for name, url in urls.items():
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
+            context = (tls or TlsConfig()).https_context() if url.startswith("https:") else None
+            with urllib.request.urlopen(url, timeout=timeout, context=context) as response:
                 text = response.read().decode("utf-8")
         except OSError as exc:
             log.warning("cannot read the metrics of %s at %s: %s", name, url, exc)
@@ -201,16 +209,17 @@ class NodeUsage:
 
 
 @contextmanager
-def measure_nodes(urls: Mapping[str, str]) -> Iterator[NodeUsage]:
-    """Yield a :class:`NodeUsage` that holds, once the block ends, what each node spent during it.
+def measure_nodes(urls: Mapping[str, str], tls: TlsConfig | None = None) -> Iterator[NodeUsage]:
+    """Yield a :class:`NodeUsage` that holds, once the block ends, what each node spent during it
+    (``tls``: as :func:`read_nodes` takes it).
 
     Nodes missing from either reading (unreachable, restarted in between: a counter went down)
     are left out.
     """
     usage = NodeUsage()
-    before = read_nodes(urls)
+    before = read_nodes(urls, tls=tls)
     yield usage
-    after = read_nodes(urls)
+    after = read_nodes(urls, tls=tls)
     for name, reading in after.items():
         earlier = before.get(name)
         if earlier is None:

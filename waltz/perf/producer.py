@@ -33,6 +33,7 @@ from waltz.client import (
 from waltz.perf.cost import measure_nodes
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
 from waltz.perf.stats import RunStats
+from waltz.protocol.channels import TlsConfig
 from waltz.tuning import tuned_garbage_collector
 
 __all__ = [
@@ -285,7 +286,10 @@ def _client_process(
 
 
 def run_producer(
-    config: WaltzClientConfig, settings: ProducerSettings, metrics_urls: Mapping[str, str] | None = None
+    config: WaltzClientConfig,
+    settings: ProducerSettings,
+    metrics_urls: Mapping[str, str] | None = None,
+    metrics_tls: TlsConfig | None = None,
 ) -> RunStats:
     """Run the producer clients against a cluster and merge their stats.
 
@@ -301,6 +305,7 @@ def run_producer(
             (``RunStats.storage_batches``), the servers' receipt-to-commit time
             (``RunStats.server_commits``) and records per store batch
             (``RunStats.server_batches``); None or empty: the client's CPU alone.
+        metrics_tls: the client TLS files that read ``https`` metrics URLs (an operator's), or None.
 
     Returns:
         The merged stats of the measured phase (warm-up excluded); throughput is the committed
@@ -314,7 +319,7 @@ def run_producer(
     """
     if config.client_max_concurrent_transactions < settings.load.max_in_flight:
         config = config.model_copy(update={"client_max_concurrent_transactions": settings.load.max_in_flight})
-    with measure_nodes(metrics_urls or {}) as usage:
+    with measure_nodes(metrics_urls or {}, metrics_tls) as usage:
         stats = _run_clients(config, settings)
     stats.node_cpu_seconds = usage.cpu_seconds
     stats.storage_batches = usage.storage_batches

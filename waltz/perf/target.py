@@ -9,6 +9,7 @@ from pathlib import Path
 
 from waltz.client import WaltzClientConfig
 from waltz.config import load_settings
+from waltz.protocol.channels import TlsConfig
 
 __all__ = ["LocalClusterSpec", "PerfTarget", "perf_cluster"]
 
@@ -22,12 +23,15 @@ class LocalClusterSpec:
         servers: servers.
         partitions: partitions.
         server_env: ``WALTZ_*`` settings of the servers (batch and linger settings, for instance).
+        secure: mutual TLS with role certificates and ZooKeeper credentials (the default of a
+            local cluster); False serves plaintext, to measure what TLS costs.
     """
 
     storages: int = 3
     servers: int = 1
     partitions: int = 1
     server_env: Mapping[str, str] = field(default_factory=dict)
+    secure: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +42,13 @@ class PerfTarget:
         config: the client configuration that reaches it.
         metrics_urls: ``/metrics`` URL of each server and storage node by name, for their CPU per
             transaction; empty for an existing cluster (its nodes are not known to the run).
+        metrics_tls: the client TLS files that read those URLs (the operator's certificate of a
+            secure local cluster), or None.
     """
 
     config: WaltzClientConfig
     metrics_urls: Mapping[str, str] = field(default_factory=dict)
+    metrics_tls: TlsConfig | None = None
 
 
 @contextmanager
@@ -72,7 +79,7 @@ def perf_cluster(
         yield PerfTarget(config)
         return
     from waltz.local.cluster import LocalCluster
-    from waltz.local.options import ProcessOptions
+    from waltz.local.options import ProcessOptions, SecurityOptions
 
     with LocalCluster(
         storages=local.storages,
@@ -83,9 +90,11 @@ def perf_cluster(
             metrics=True,  # for the nodes' CPU per transaction (process_cpu_seconds_total)
             start_timeout=120.0,
         ),
+        security=SecurityOptions() if local.secure else SecurityOptions.plaintext(),
     ) as cluster:
-        overrides = {
-            "zookeeper_connect_string": cluster.zookeeper_connect_string,
-            "cluster_root": cluster.root,
-        }
-        yield PerfTarget(load_settings(WaltzClientConfig, config_file, **overrides), cluster.metrics_urls())
+        files = cluster.certificates
+        yield PerfTarget(
+            load_settings(WaltzClientConfig, config_file, **cluster.client_settings()),
+            cluster.metrics_urls(),
+            None if files is None else files.tls("operator"),
+        )

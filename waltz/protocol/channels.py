@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,18 @@ class TlsConfig:
             private_key=self.key_file.read_bytes() if self.key_file else None,
             certificate_chain=self.cert_file.read_bytes() if self.cert_file else None,
         )
+
+    def https_context(self) -> ssl.SSLContext:
+        """A TLS context for HTTPS requests to the nodes' ``/metrics`` and ``/health``: verifying
+        them with ``ca_file`` (the system's CAs without one), presenting the certificate if set.
+
+        Raises:
+            OSError, ssl.SSLError: a file is missing or not PEM.
+        """
+        context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+        if self.cert_file is not None:
+            context.load_cert_chain(str(self.cert_file), str(self.key_file) if self.key_file else None)
+        return context
 
 
 def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:

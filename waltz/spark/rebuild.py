@@ -16,9 +16,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from waltz.committed.plan import CommittedPartition, plan_live, plan_offline
+from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_FILE_FIELDS, security_from_files
 from waltz.protocol.channels import TlsConfig
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import CommittedReadError, RebuildError
@@ -45,6 +47,10 @@ class LogSource:
         replicas: replicas per partition in the cluster (offline majority mode).
         high_water_marks: partition -> a high-water mark the user vouches for (offline).
         tls: client TLS files for the storage nodes' admin ports (live), or None.
+        zookeeper_files: the ZooKeeper credential and TLS files (live), by settings field
+            (``zookeeper_auth_digest_file``, ``zookeeper_ssl_ca_file``, ...; what
+            ``LocalCluster.zookeeper_settings()`` holds besides the connect string and root);
+            those not given come from the ``WALTZ_ZOOKEEPER_*`` environment.
     """
 
     zookeeper: str | None = None
@@ -53,6 +59,31 @@ class LogSource:
     replicas: int | None = None
     high_water_marks: Mapping[int, int] | None = None
     tls: TlsConfig | None = None
+    zookeeper_files: Mapping[str, str | Path] = field(default_factory=dict)
+
+    @classmethod
+    def live(cls, settings: Mapping[str, Any]) -> LogSource:
+        """A live cluster's log, from the fields of an operator's ``ClusterAdminConfig``:
+        ``zookeeper_connect_string``, ``cluster_root``, ``cluster_ssl_*`` (the admin ports' TLS)
+        and the ``zookeeper_*`` credential and TLS files, e.g. ``LocalCluster.admin_settings()``
+        (docs/design/spark.md, "Live reads through admin ports").
+
+        Raises:
+            RebuildError: no connect string or root.
+        """
+        zookeeper, root = settings.get("zookeeper_connect_string"), settings.get("cluster_root")
+        if not zookeeper or not root:
+            raise RebuildError("a live log source needs zookeeper_connect_string and cluster_root")
+        tls_files = [settings.get(f"cluster_ssl_{name}_file") for name in ("ca", "cert", "key")]
+        ca, cert, key = (None if f is None else Path(f) for f in tls_files)
+        return cls(
+            zookeeper=str(zookeeper),
+            cluster_root=str(root),
+            tls=TlsConfig(ca, cert, key) if ca or cert else None,
+            zookeeper_files={
+                k: settings[k] for k in ZOOKEEPER_SECURITY_FILE_FIELDS if settings.get(k) is not None
+            },
+        )
 
     def plan(self) -> list[CommittedPartition]:
         """The committed high-water mark of every partition (see :mod:`waltz.committed.plan`).
@@ -62,7 +93,8 @@ class LogSource:
             CommittedReadError: a partition cannot be proven.
         """
         if self.zookeeper and self.cluster_root and not self.storage_dirs:
-            return plan_live(self.zookeeper, self.cluster_root, tls=self.tls)
+            security = security_from_files(self.zookeeper_files) if self.zookeeper_files else None
+            return plan_live(self.zookeeper, self.cluster_root, tls=self.tls, security=security)
         if self.storage_dirs and not self.zookeeper:
             return plan_offline(
                 list(self.storage_dirs), replicas=self.replicas, high_water_marks=self.high_water_marks
@@ -83,6 +115,7 @@ class LogSource:
                 ):
                     if path is not None:
                         options[name] = str(path)
+            options |= {name: str(path) for name, path in self.zookeeper_files.items() if path}
             return options
         options = {"storage_dirs": ",".join(self.storage_dirs)}
         if self.replicas is not None:

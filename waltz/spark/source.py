@@ -57,6 +57,7 @@ from waltz.archive.layout import ArchiveFiles
 from waltz.committed.plan import CommittedPartition, LiveSource, OfflineSource, plan_live, plan_offline
 from waltz.committed.reads import DEFAULT_BATCH_RECORDS, read_committed
 from waltz.errors import ConfigurationError
+from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_FILE_FIELDS, security_from_files
 from waltz.protocol.channels import TlsConfig
 from waltz.services.storage import inspect
 from waltz.spark.archived import ARCHIVE_OFF, ArchivedRange, plan_archived, read_archived_range
@@ -219,7 +220,11 @@ class WaltzLogReader(DataSourceReader):
             if not root:
                 raise ConfigurationError("option cluster_root is required with zookeeper")
             timeout = float(options.get("timeout", "30"))
-            return plan_live(zookeeper, root, partitions, timeout=timeout, tls=tls_option(options))
+            files = {k: options[k] for k in ZOOKEEPER_SECURITY_FILE_FIELDS if options.get(k)}
+            security = security_from_files(files) if files else None
+            return plan_live(
+                zookeeper, root, partitions, timeout=timeout, tls=tls_option(options), security=security
+            )
         directories = [d.strip() for d in (dirs or "").split(",") if d.strip()]
         explicit: dict[int, int] | None = None
         raw = options.get("high_water_mark")

@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from waltz import WaltzClientCallbacks
+from waltz.client.config import WaltzClientConfig
 from waltz.client.reading import read_up_to
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style import CHANGE_SET_HEADER, ChangeSet
@@ -84,8 +85,7 @@ class _Reader(WaltzClientCallbacks):
 
 
 def read_log(
-    zookeeper: str,
-    cluster_root: str,
+    config: WaltzClientConfig,
     high_water_marks: dict[int, int],
     *,
     observe: Callable[[Mapping[str, Any]], None] | None = None,
@@ -94,8 +94,7 @@ def read_log(
     """Read every transaction from the start with a fresh client (no database) and tally it.
 
     Args:
-        zookeeper: ZooKeeper connect string of the cluster.
-        cluster_root: the cluster's root znode.
+        config: the client settings that reach the cluster.
         high_water_marks: partition -> the mark to read up to.
         observe: called with the ``meta`` of each transaction (empty unless a change-set), one call
             at a time, in log order within a partition.
@@ -105,7 +104,7 @@ def read_log(
         The number of transactions of each partition.
     """
     tally = LogTally()
-    read_up_to(_Reader(tally, observe), zookeeper, cluster_root, high_water_marks, timeout=timeout)
+    read_up_to(_Reader(tally, observe), config, high_water_marks, timeout=timeout)
     return tally
 
 
@@ -115,8 +114,7 @@ def check_application(
     *,
     cluster_name: str,
     server_marks: dict[int, int],
-    zookeeper: str,
-    cluster_root: str,
+    client_config: WaltzClientConfig,
     replicas: Mapping[int, Collection[int]] | None = None,
     schema_versions: Mapping[str, int] | None = None,
 ) -> list[Check]:
@@ -127,8 +125,7 @@ def check_application(
         engine: its database, which applied the log up to ``server_marks``.
         cluster_name: the log's name in the database's mark rows.
         server_marks: partition -> the servers' high-water mark.
-        zookeeper: ZooKeeper connect string of the cluster (the log is read again).
-        cluster_root: the cluster's root znode.
+        client_config: the client settings that reach the cluster (the log is read again).
         replicas: partition -> the distinct digests of its replicas' records up to the mark
             (``LocalCluster.replica_digests``); None: not compared.
         schema_versions: entity -> its model's schema version, when the run changed the models
@@ -139,7 +136,7 @@ def check_application(
         The checks, in the order of the module docstring.
     """
     invariants = application.invariants()
-    tally = read_log(zookeeper, cluster_root, server_marks, observe=invariants.observe)
+    tally = read_log(client_config, server_marks, observe=invariants.observe)
     checks = [
         _marks_check(server_marks, _database_marks(engine, cluster_name)),
         _applied_once_check(server_marks, application.applied_transactions(engine)),

@@ -172,8 +172,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
         cluster.wait_ready(60)
         say(f"  ready in {time.monotonic() - started:.1f}s (work directory {options.work_dir})")
         engine = create_framework_engine(db_url)
-        zk, root = cluster.zookeeper_connect_string, cluster.root
-        config = WaltzClientConfig(zookeeper_connect_string=zk, cluster_root=root)
+        config = WaltzClientConfig(**cluster.client_settings())
         rollout: Rollout | None = None
         services: list[SmallBankInstance] = []
         migrated = ""
@@ -262,8 +261,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 engine,
                 cluster_name=app.name,
                 server_marks=server_marks,
-                zookeeper=zk,
-                cluster_root=root,
+                client_config=config,
                 replicas=replicas,
                 schema_versions=None if rollout is None else rollout.app.schema_versions(),
             )
@@ -271,8 +269,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 checks.append(
                     spark_rebuild_check(
                         app,
-                        zk,
-                        root,
+                        cluster,
                         db_url,
                         f"sqlite:///{options.work_dir / f'{app.name}-rebuilt.db'}",
                         app.name,
@@ -307,8 +304,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
 
 def spark_rebuild_check(
     app: SmallBankApplication,
-    zookeeper: str,
-    cluster_root: str,
+    cluster: LocalCluster,
     live_url: str,
     rebuilt_url: str,
     cluster_name: str,
@@ -319,7 +315,8 @@ def spark_rebuild_check(
     """Rebuild an application's tables from the log with Spark and compare them with the live database.
 
     The live database is read in one snapshot with its marks, the log up to exactly those marks
-    (``waltz.spark.drift.verify``) through the application's views; the views are also written to
+    (``waltz.spark.drift.verify``, from ``cluster``'s storage nodes with the operator's
+    certificate and ZooKeeper credential) through the application's views; the views are also written to
     ``rebuilt_url``.
 
     Returns:
@@ -349,7 +346,7 @@ def spark_rebuild_check(
         report = verify(
             spark,
             app.views(),
-            LogSource(zookeeper=zookeeper, cluster_root=cluster_root),
+            LogSource.live(cluster.admin_settings("operator")),
             live_url,
             db_url=rebuilt_url,
             cluster_name=cluster_name,

@@ -198,7 +198,15 @@ def local(
         )
         typer.echo(cluster.describe())
         url = db or f"sqlite:///{directory / 'counter.db'}"
-        service = stack.enter_context(CounterService(url, cluster.zookeeper_connect_string, cluster.root))
+        settings = cluster.client_settings()
+        service = stack.enter_context(
+            CounterService(
+                url,
+                settings.pop("zookeeper_connect_string"),
+                settings.pop("cluster_root"),
+                client_config=settings,
+            )
+        )
         api = stack.enter_context(CounterHttpServer(service, "127.0.0.1", port))
         typer.echo(f"database {service.engine.url.render_as_string(hide_password=True)}")
         typer.echo(_usage(api.url))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import support
 from support.feed import FeedEntry, feed_entries
 from support.storage import run
 
@@ -23,6 +24,7 @@ DATA_CACHE_SIZE = 8
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
     with LocalCluster(
+        security=support.PLAINTEXT,
         storages=3,
         servers=1,
         partitions=1,
@@ -499,6 +501,7 @@ def test_the_feed_window_bounds_a_mount_and_grants_resume_it(cluster: LocalClust
 
 def test_a_stale_append_is_still_refused_after_the_owner_is_killed(tmp_path: Path, zookeeper: object) -> None:
     with LocalCluster(
+        security=support.PLAINTEXT,
         storages=3,
         servers=2,
         partitions=1,
@@ -548,6 +551,7 @@ def test_appends_wait_while_the_store_holds_the_byte_budget(tmp_path: Path, zook
     import urllib.request
 
     with LocalCluster(
+        security=support.PLAINTEXT,
         storages=3,
         servers=1,
         partitions=1,

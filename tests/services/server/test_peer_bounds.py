@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import support
 from support.storage import run
 
 from tests.services.server.test_client_protocol import RawClient, generation_of
@@ -26,6 +27,7 @@ PER_MESSAGE = 200
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
     with LocalCluster(
+        security=support.PLAINTEXT,
         storages=1,
         servers=1,
         partitions=1,

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import support
 from kazoo.client import KazooClient
 from typer.testing import CliRunner
 
@@ -27,6 +28,7 @@ RECLAIM_DELAY = 2.0
 @pytest.fixture
 def cluster(tmp_path: Path, zookeeper: object) -> Iterator[LocalCluster]:
     with LocalCluster(
+        security=support.PLAINTEXT,
         storages=1,
         servers=2,
         partitions=2,

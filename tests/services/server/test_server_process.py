@@ -296,6 +296,7 @@ def test_kill_9_of_a_storage_node_under_server_processes(tmp_path: Path, zookeep
     from waltz.protocol.storage_client import StorageAdminClient
 
     with LocalCluster(
+        security=support.PLAINTEXT,
         storages=3,
         servers=2,
         partitions=1,

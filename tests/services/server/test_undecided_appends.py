@@ -64,6 +64,7 @@ def fenced_cluster(
     """Three storage nodes behind fault proxies, two servers, one partition."""
     with ClusterProxies(2, 3, enabled=True) as proxies:
         cluster = LocalCluster(
+            security=support.PLAINTEXT,
             storages=3,
             servers=2,
             partitions=1,
@@ -129,8 +130,7 @@ def test_an_undecided_append_is_learnt_from_the_new_owner_and_never_run_twice(
     start = cluster.wait_ready(30)[0].high_water_mark
     store = MemoryStore({0: start})
     config = WaltzClientConfig(
-        zookeeper_connect_string=cluster.zookeeper_connect_string,
-        cluster_root=cluster.root,
+        **cluster.client_settings(),
         zookeeper_session_timeout=10.0,
     )
     undecided = Append(0, b"undecided, and without locks")

@@ -18,6 +18,7 @@ from waltz import WaltzClientConfig
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.processes import wait_until
 from waltz.perf.cost import measure_nodes
+from waltz.protocol.channels import TlsConfig
 from waltz.workloads.application import SmallBankApplication, load_application
 from waltz.workloads.checks import Check, check_application
 from waltz.workloads.perf.database import render_url
@@ -147,6 +148,7 @@ def run_smallbank(
     db_url: str,
     *,
     metrics_urls: Mapping[str, str] | None = None,
+    metrics_tls: TlsConfig | None = None,
     say: Say | None = None,
 ) -> SmallBankPerfReport:
     """Run the SmallBank mix from ``settings.instances`` processes and check the application.
@@ -208,7 +210,7 @@ def run_smallbank(
                     warnings.append(_unsettled_warm_up(index, count))
                     tell(f"warning: {warnings[-1]}")
             tell(f"running {settings.transactions:,} draws")
-            with measure_nodes(metrics_urls or {}) as usage:
+            with measure_nodes(metrics_urls or {}, metrics_tls) as usage:
                 instances.start.set()
                 wires = instances.gather("result", settings.timeout + APPLIED_TIMEOUT + 30, "through the mix")
             figures = [InstanceFigures.from_wire(wires[i]) for i in sorted(wires)]
@@ -304,7 +306,6 @@ def _check_application(
         engine,
         cluster_name=cluster_name,
         server_marks=marks,
-        zookeeper=config.zookeeper_connect_string,
-        cluster_root=config.cluster_root,
+        client_config=config,
     )
     return checks, uncaught

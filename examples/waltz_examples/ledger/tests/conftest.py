@@ -40,9 +40,7 @@ def ledger_config(ledger_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch)
     """
     for name, value in ledger_cluster.zookeeper_env().items():
         monkeypatch.setenv(name, value)
-    return WaltzClientConfig(
-        zookeeper_connect_string=ledger_cluster.zookeeper_connect_string, cluster_root=ledger_cluster.root
-    )
+    return WaltzClientConfig(**ledger_cluster.client_settings())
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

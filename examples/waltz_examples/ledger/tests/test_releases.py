@@ -146,9 +146,7 @@ def releases_cluster(
     try:
         yield (
             cluster,
-            WaltzClientConfig(
-                zookeeper_connect_string=cluster.zookeeper_connect_string, cluster_root=cluster.root
-            ),
+            WaltzClientConfig(**cluster.client_settings()),
         )
     finally:
         cluster.close()

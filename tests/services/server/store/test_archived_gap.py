@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+import support
 from kazoo.client import KazooClient
 from support.storage import run
 
@@ -149,6 +150,7 @@ def local_cluster(
     request: pytest.FixtureRequest, zookeeper: object, tmp_path: Path
 ) -> Iterator[LocalCluster]:
     with LocalCluster(
+        security=support.PLAINTEXT,
         storages=3,
         servers=1,
         partitions=PARTITIONS,
