@@ -77,6 +77,7 @@ def figures(summary: dict[str, Any]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the pairs, print each and the medians; 0, or 1 when a run failed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="pairs of runs (secure, plaintext)")
     parser.add_argument("--transactions", type=int, default=60000, help="transactions per client")
