@@ -51,9 +51,7 @@ def tls_cluster(
 
 
 def config(cluster: LocalCluster, **tls: Path) -> WaltzClientConfig:
-    return WaltzClientConfig(
-        zookeeper_connect_string=cluster.zookeeper_connect_string, cluster_root=cluster.root, **tls
-    )
+    return WaltzClientConfig(**cluster.client_settings(), **tls)
 
 
 def test_mutual_tls(tls_cluster: tuple[LocalCluster, dict[str, Path]]) -> None:

@@ -144,8 +144,7 @@ def _app(cluster: LocalCluster, url: str, entity_cache: bool = True) -> Iterator
             entity_cache=entity_cache,
         )
         config = WaltzClientConfig(
-            zookeeper_connect_string=cluster.zookeeper_connect_string,
-            cluster_root=cluster.root,
+            **cluster.client_settings(),
             zookeeper_session_timeout=10.0,
         )
         yield App(engine, callbacks, config, random.Random())

@@ -48,14 +48,7 @@ def certificates(cluster: LocalCluster) -> ClusterCertificates:
 
 
 def client_config(cluster: LocalCluster) -> WaltzClientConfig:
-    files = certificates(cluster)
-    return WaltzClientConfig(
-        zookeeper_connect_string=cluster.zookeeper_connect_string,
-        cluster_root=cluster.root,
-        client_tls_ca_file=files.ca_file,
-        client_tls_cert_file=files.cert_file("client"),
-        client_tls_key_file=files.key_file("client"),
-    )
+    return WaltzClientConfig(**cluster.client_settings())
 
 
 async def logs(cluster: LocalCluster) -> list[tuple[int, int, int]]:

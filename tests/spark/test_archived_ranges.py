@@ -96,6 +96,7 @@ def _local_starts(cluster: LocalCluster) -> list[int]:
 def before(spark: Any, tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[Before]:
     work = tmp_path_factory.mktemp("spark-archived")
     with LocalCluster(
+        security=support.PLAINTEXT,  # the archiver and raw admin reads of the protocol tests
         storages=3,
         servers=1,
         partitions=1,

@@ -55,7 +55,9 @@ def dirty_cluster(
     tmp_path_factory: pytest.TempPathFactory, zookeeper: object
 ) -> Iterator[tuple[LocalCluster, int]]:
     """A one-partition cluster whose storage node 0 holds a dirty record at the returned ID."""
-    with support.session_cluster(tmp_path_factory, zookeeper, name="dirty", partitions=1) as cluster:
+    with support.session_cluster(  # raw admin appends and reads make the dirty record
+        tmp_path_factory, zookeeper, name="dirty", partitions=1, security=support.PLAINTEXT
+    ) as cluster:
         cluster.wait_ready(60)
         for seq in range(3):
             assert asyncio.run(_append(cluster.owner(0), b"base %d" % seq, seq, 30)) == [seq]
