@@ -70,9 +70,10 @@ def test_a_server_certificate_cannot_truncate_committed_transactions_and_an_admi
     files = certificates(cluster)
     store = MemoryStore({0: -1})
     with WaltzClient(store, client_config(cluster)) as client:
-        ids = [client.submit(Append(0, f"committed {i}".encode())).result(60) for i in range(COMMITTED)]
-    assert all(isinstance(i, int) for i in ids)
-    mark = max(i for i in ids if i is not None)
+        outcomes = [client.submit(Append(0, f"committed {i}".encode())).result(60) for i in range(COMMITTED)]
+    assert all(o.committed for o in outcomes), outcomes
+    ids = [o.transaction_id for o in outcomes]
+    mark = max(ids)
     first = mark - COMMITTED + 1
     # A new store session's recovery records on every replica that everything up to the mark is
     # committed (its low-water mark); then the writes stop, as the operator's procedure says.
@@ -115,7 +116,7 @@ def test_a_server_certificate_cannot_truncate_committed_transactions_and_an_admi
     after = MemoryStore({0: -1})
     with WaltzClient(after, client_config(cluster)) as client:
         assert client.get_high_water_mark(0) == kept
-        assert client.submit(Append(0, b"after the truncation")).result(60) == kept + 1
+        assert client.submit(Append(0, b"after the truncation")).result(60).transaction_id == kept + 1
         assert client.wait_applied(0, kept + 1, 60)
     assert [a.data for a in after.applied[0]][-1] == b"after the truncation"
     assert len(cluster.replica_digests({0: kept + 1})[0]) == 1

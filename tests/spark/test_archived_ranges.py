@@ -108,7 +108,8 @@ def before(spark: Any, tmp_path_factory: pytest.TempPathFactory, zookeeper: obje
     ) as cluster:
         cluster.wait_ready(60)
         live_url = f"sqlite:///{work / 'counter.db'}"
-        with CounterService(live_url, *support.client_parts(cluster)) as service:
+        zookeeper, root, settings = support.client_parts(cluster)
+        with CounterService(live_url, zookeeper, root, client_config=settings) as service:
             for i in range(OPERATIONS):
                 service.increment(i % 7, 1 + i)
         log_rows = _log_rows(spark, cluster)
