@@ -31,11 +31,16 @@ from typing import Any
 
 from waltz.archive.archiver import Archiver, ChunkPolicy
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import SecurityOptions
 from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_session import connect_zookeeper
 from waltz.perf.cost import process_cpu_seconds
 from waltz.protocol.records import ReqId
 from waltz.protocol.server_client import ServerAdminClient
+
+#: The protocol's figures, comparable with the earlier runs: plaintext, on purpose (what TLS
+#: costs: benchmarks/tls_cost.py; decision 0065).
+PLAINTEXT = SecurityOptions.plaintext()
 
 
 async def commit(endpoint: str, records: int, size: int, batch: int) -> None:
@@ -105,7 +110,9 @@ def main() -> None:
     policy = ChunkPolicy(chunk_transactions=args.chunk_transactions, seal_after=0)
     with (
         tempfile.TemporaryDirectory(prefix="waltz-bench-archive-") as tmp,
-        LocalCluster(storages=3, servers=1, partitions=1, work_dir=Path(tmp) / "cluster") as cluster,
+        LocalCluster(
+            security=PLAINTEXT, storages=3, servers=1, partitions=1, work_dir=Path(tmp) / "cluster"
+        ) as cluster,
     ):
         cluster.wait_ready(120)
         started = time.monotonic()

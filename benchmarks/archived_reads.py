@@ -30,10 +30,15 @@ from typing import Any
 from benchmarks.archive_throughput import commit
 from waltz.archive.archiver import Archiver, ChunkPolicy
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import SecurityOptions
 from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_session import connect_zookeeper
 from waltz.spark.archived import ArchivedRange
 from waltz.spark.source import WaltzLogReader
+
+#: The protocol's figures, comparable with the earlier runs: plaintext, on purpose (what TLS
+#: costs: benchmarks/tls_cost.py; decision 0065).
+PLAINTEXT = SecurityOptions.plaintext()
 
 
 def read_range(cluster: LocalCluster, last: int, archive: str | None) -> dict[str, Any]:
@@ -78,7 +83,9 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with (
         tempfile.TemporaryDirectory(prefix="waltz-bench-archived-reads-") as tmp,
-        LocalCluster(storages=3, servers=1, partitions=1, work_dir=Path(tmp) / "cluster") as cluster,
+        LocalCluster(
+            security=PLAINTEXT, storages=3, servers=1, partitions=1, work_dir=Path(tmp) / "cluster"
+        ) as cluster,
     ):
         cluster.wait_ready(120)
         started = time.monotonic()

@@ -42,6 +42,11 @@ from waltz.jdbc_style import (
     migrations_api,
 )
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import SecurityOptions
+
+#: The protocol's figures, comparable with the earlier runs: plaintext, on purpose (what TLS
+#: costs: benchmarks/tls_cost.py; decision 0065).
+PLAINTEXT = SecurityOptions.plaintext()
 
 
 class Base(DeclarativeBase):
@@ -183,7 +188,7 @@ def main() -> None:
     for accounts in (int(a) for a in args.accounts.split(",")):
         # A cluster and a database per run: the next run's client does not replay this one's log.
         with (
-            LocalCluster(storages=3, servers=1, partitions=args.partitions) as cluster,
+            LocalCluster(security=PLAINTEXT, storages=3, servers=1, partitions=args.partitions) as cluster,
             fresh_database(args.db) as db,
         ):
             results.append(run(db, accounts, args.n, cluster))

@@ -46,9 +46,14 @@ from typing import Any
 import grpc
 
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import SecurityOptions
 from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
 from waltz.protocol.channels import channel_options
 from waltz.protocol.records import crc32
+
+#: The protocol's figures, comparable with the earlier runs: plaintext, on purpose (what TLS
+#: costs: benchmarks/tls_cost.py; decision 0065).
+PLAINTEXT = SecurityOptions.plaintext()
 
 
 def resident_mib(pid: int) -> float:
@@ -338,7 +343,7 @@ def main() -> None:
     )
     with (
         tempfile.TemporaryDirectory(prefix="waltz-bench-flood-") as tmp,
-        LocalCluster(storages=3, servers=1, partitions=2, work_dir=Path(tmp)) as cluster,
+        LocalCluster(security=PLAINTEXT, storages=3, servers=1, partitions=2, work_dir=Path(tmp)) as cluster,
     ):
         owners = cluster.wait_ready(120)
         generation = owners[0].generation

@@ -48,7 +48,7 @@ from waltz.archive.manifests import read_partition_manifest
 from waltz.client import Transaction, TransactionBuilder, TransactionContext, WaltzClient, WaltzClientConfig
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.local.cluster import LocalCluster
-from waltz.local.options import ProcessOptions
+from waltz.local.options import ProcessOptions, SecurityOptions
 from waltz.protocol.storage_client import StorageAdminClient
 
 #: Bytes of a segment record besides its data (docs/format.md "Transaction record (40 bytes + data)").
@@ -61,6 +61,10 @@ SEGMENT_HEADERS = 256
 #: partition's own small files, a segment header each), with room to spare.
 SLACK_BYTES = 1 << 20
 DATA_PREFIX = b"retention:"
+
+#: The protocol's figures, comparable with the earlier runs: plaintext, on purpose (what TLS
+#: costs: benchmarks/tls_cost.py; decision 0065).
+PLAINTEXT = SecurityOptions.plaintext()
 
 
 def data_of(sequence: int) -> bytes:
@@ -322,6 +326,7 @@ def main() -> None:
     with (
         tempfile.TemporaryDirectory(prefix="waltz-bench-retention-") as tmp,
         LocalCluster(
+            security=PLAINTEXT,
             storages=3,
             servers=1,
             partitions=1,

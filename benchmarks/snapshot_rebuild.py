@@ -33,6 +33,11 @@ from pathlib import Path
 from benchmarks.databases import fresh_database
 from benchmarks.spark_rebuild import CLUSTER_NAME, append_all, generate, table_rows
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import SecurityOptions
+
+#: The protocol's figures, comparable with the earlier runs: plaintext, on purpose (what TLS
+#: costs: benchmarks/tls_cost.py; decision 0065).
+PLAINTEXT = SecurityOptions.plaintext()
 
 
 def main() -> None:
@@ -65,7 +70,9 @@ def main() -> None:
 
     with (
         tempfile.TemporaryDirectory(prefix="waltz-bench-snapshot-") as tmp,
-        LocalCluster(storages=3, servers=1, partitions=args.partitions, work_dir=Path(tmp)) as cluster,
+        LocalCluster(
+            security=PLAINTEXT, storages=3, servers=1, partitions=args.partitions, work_dir=Path(tmp)
+        ) as cluster,
     ):
         cluster.wait_ready(120)
         logs = generate(args.partitions, args.transactions, args.customers)

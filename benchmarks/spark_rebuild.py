@@ -46,6 +46,7 @@ from benchmarks.databases import fresh_database
 from waltz.jdbc_style import ChangeSet, Operation, RowChange
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER
 from waltz.local.cluster import LocalCluster
+from waltz.local.options import SecurityOptions
 from waltz.local.processes import wait_until
 from waltz.local.spark import LocalSparkCluster
 from waltz.protocol.records import ReqId
@@ -55,6 +56,10 @@ from waltz_examples.ledger.service import LedgerService
 from waltz_examples.ledger.views import VIEWS
 
 CLUSTER_NAME = "ledger"
+
+#: The protocol's figures, comparable with the earlier runs: plaintext, on purpose (what TLS
+#: costs: benchmarks/tls_cost.py; decision 0065).
+PLAINTEXT = SecurityOptions.plaintext()
 
 
 def _open(custid: int) -> bytes:
@@ -166,7 +171,9 @@ def main() -> None:
 
     with (
         tempfile.TemporaryDirectory(prefix="waltz-bench-spark-") as tmp,
-        LocalCluster(storages=3, servers=1, partitions=args.partitions, work_dir=Path(tmp)) as cluster,
+        LocalCluster(
+            security=PLAINTEXT, storages=3, servers=1, partitions=args.partitions, work_dir=Path(tmp)
+        ) as cluster,
         ExitStack() as stack,
     ):
         if args.master == "standalone":

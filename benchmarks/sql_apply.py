@@ -474,6 +474,7 @@ def run_through_cluster(
         WaltzClientConfig,
     )
     from waltz.local.cluster import LocalCluster
+    from waltz.local.options import SecurityOptions
 
     class MemoryMarks(WaltzClientCallbacks):
         def __init__(self) -> None:
@@ -506,7 +507,11 @@ def run_through_cluster(
     partitions = args.partitions
     results = []
     print(f"starting a LocalCluster (3 storage nodes, 1 server, {partitions} partitions) ...", flush=True)
-    with LocalCluster(storages=3, servers=1, partitions=partitions) as cluster:
+    # The protocol's figures, comparable with the earlier runs: plaintext, on purpose (what TLS
+    # costs: benchmarks/tls_cost.py; decision 0065).
+    with LocalCluster(
+        storages=3, servers=1, partitions=partitions, security=SecurityOptions.plaintext()
+    ) as cluster:
         base: dict[str, Any] = {
             "zookeeper_connect_string": cluster.zookeeper_connect_string,
             "cluster_root": cluster.root,

@@ -34,11 +34,12 @@ def ledger_cluster(waltz_cluster_factory: Callable[..., LocalCluster]) -> LocalC
 def ledger_config(ledger_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> WaltzClientConfig:
     """The client configuration of ``ledger_cluster``.
 
-    Its ZooKeeper credential is in the ``WALTZ_ZOOKEEPER_*`` variables for the test, as a deployed
-    instance reads it: every client the test starts (its services, the log reader of the checks,
-    a child process) finds it there.
+    What reaches the cluster as an application (the client role's ZooKeeper credential and
+    certificate) is also in the ``WALTZ_*`` variables for the test, as a deployed instance reads
+    it: every client the test starts (its services, the log reader of the checks, a child
+    process) finds it there.
     """
-    for name, value in ledger_cluster.zookeeper_env().items():
+    for name, value in ledger_cluster.client_env().items():
         monkeypatch.setenv(name, value)
     return WaltzClientConfig(**ledger_cluster.client_settings())
 

@@ -61,8 +61,7 @@ def failed_checks(ledger: LedgerService, cluster: LocalCluster, cluster_name: st
         ledger.engine,
         cluster_name=cluster_name,
         server_marks=marks,
-        zookeeper=cluster.zookeeper_connect_string,
-        cluster_root=cluster.root,
+        client_config=WaltzClientConfig(**cluster.client_settings()),
     )
     return [c for c in checks if not c.passed]
 

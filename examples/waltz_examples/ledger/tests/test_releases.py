@@ -217,8 +217,9 @@ def _rebuild_equals(cluster: LocalCluster, live_url: str, cluster_name: str) -> 
     """A Spark rebuild of the ledger from the log, at the live database's marks, equals it.
 
     Run as an operator runs it, ``waltz rebuild --verify-against`` in a process of its own: its
-    Spark session (and the Python workers that read the log) get this cluster's ZooKeeper
-    credential from the environment, whatever Spark session this test process holds already.
+    Spark session (and the Python workers that read the log) get this cluster's operator
+    credential and certificate from the environment, whatever Spark session this test process
+    holds already.
     """
     pytest.importorskip("pyspark", reason="the rebuild needs the spark extra (pip install -e '.[spark]')")
     command = [
@@ -226,7 +227,7 @@ def _rebuild_equals(cluster: LocalCluster, live_url: str, cluster_name: str) -> 
         "--zookeeper", cluster.zookeeper_connect_string, "--cluster-root", cluster.root,
         "--cluster-name", cluster_name, "--master", "local[2]",
     ]  # fmt: skip
-    env = {**os.environ, **cluster.zookeeper_env(), "WALTZ_REBUILD_VERIFY_AGAINST": live_url}
+    env = {**os.environ, **cluster.admin_env(), "WALTZ_REBUILD_VERIFY_AGAINST": live_url}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=840, check=False)
     assert result.returncode == 0, (
         f"waltz rebuild --verify-against exited {result.returncode}:\n"
