@@ -7,7 +7,7 @@ This runs the same producer load against a fresh local cluster of each kind, alt
 and reports per pair and as medians: transactions/s, submit-to-commit latency (p50, p99) and
 CPU per transaction (client, servers, storage nodes, all).
 
-    .venv/bin/python -m benchmarks.tls_cost --rounds 3 --transactions 20000 --partitions 4 --clients 2
+    .venv/bin/python -m benchmarks.tls_cost --rounds 3 --transactions 60000 --partitions 1 --clients 1
 
 Writes the runs as JSON with ``--out``. Exits with 1 when a run fails.
 """
@@ -36,8 +36,14 @@ def run_once(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "producer",
         "--local",
         f"--{mode}",
+        "--servers",
+        str(args.servers),
         "--partitions",
         str(args.partitions),
+        "--in-flight",
+        str(args.in_flight),
+        "--lock-pool-size",
+        str(args.lock_pool_size),
         "--clients",
         str(args.clients),
         "-n",
@@ -74,9 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     """Run the pairs, print each and the medians; 0, or 1 when a run failed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="pairs of runs (secure, plaintext)")
-    parser.add_argument("--transactions", type=int, default=20000, help="transactions per client")
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument("--transactions", type=int, default=60000, help="transactions per client")
+    parser.add_argument("--servers", type=int, default=1)
+    parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument("--clients", type=int, default=1)
+    parser.add_argument("--in-flight", type=int, default=200, help="transactions in flight per client")
+    parser.add_argument("--lock-pool-size", type=int, default=1000, help="one write lock drawn from N")
     parser.add_argument("--size", type=int, default=200, help="payload bytes")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per run")
     parser.add_argument("--out", type=Path, help="write the runs here as JSON")

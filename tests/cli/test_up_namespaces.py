@@ -43,11 +43,11 @@ def test_up_in_namespaces_serves_a_tool_on_a_client_host_and_cleans_up(tmp_path:
         text = output.read_text()
         assert up.poll() is None, text
         client = re.search(r"^\s+client-0\s+(\S+)\s+(\S+)$", text, re.MULTILINE)
-        exports = re.search(r"export (WALTZ_ZOOKEEPER_CONNECT_STRING=.*)$", text, re.MULTILINE)
+        exports = re.findall(r"^\s+export (WALTZ_.*)$", text, re.MULTILINE)
         assert client and exports, text
         address, namespace = client.groups()
         assert namespace in _namespaces()
-        env = {**os.environ, **dict(item.split("=", 1) for item in exports.group(1).split())}
+        env = {**os.environ, **dict(item.split("=", 1) for line in exports for item in line.split())}
         check = subprocess.run(
             ["ip", "netns", "exec", namespace, sys.executable, "-m", "waltz", "client", "check-connectivity"],
             capture_output=True,

@@ -1,0 +1,90 @@
+"""``waltz up`` with no flags: a secure cluster (mutual TLS with role certificates made for it,
+ZooKeeper credentials per role), reached with the variables it prints and by nobody without them;
+``--insecure --no-zookeeper-auth`` is the explicit opt-out (docs/local-cluster.md, "waltz up")."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from waltz.local.processes import wait_until
+
+pytestmark = pytest.mark.security
+
+
+@contextmanager
+def waltz_up(tmp_path: Path, *flags: str) -> Iterator[str]:
+    """``waltz up`` with one storage node, one server and one partition, plus ``flags``; yields
+    its output once it says it is ready, and stops it with SIGTERM at the end."""
+    output = tmp_path / "up.out"
+    argv = [sys.executable, "-m", "waltz", "up", "--storages", "1", "--servers", "1", "--partitions", "1"]
+    with output.open("w") as out:
+        up = subprocess.Popen([*argv, *flags], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(
+            lambda: "ready in" in output.read_text() or up.poll() is not None,
+            timeout=120,
+            what="waltz up to print 'ready in'",
+        )
+        assert up.poll() is None, output.read_text()
+        yield output.read_text()
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGTERM)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait(10)
+    assert up.returncode == 0, output.read_text()
+
+
+def exported(text: str) -> dict[str, str]:
+    """Every ``WALTZ_*`` variable of the ``export`` lines ``waltz up`` printed."""
+    lines = re.findall(r"^\s+export (WALTZ_.*)$", text, re.MULTILINE)
+    return dict(item.split("=", 1) for line in lines for item in line.split())
+
+
+def check_connectivity(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``waltz client check-connectivity`` (ZooKeeper, then every server) with ``env``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("WALTZ_")}
+    return subprocess.run(
+        [sys.executable, "-m", "waltz", "client", "check-connectivity"],
+        capture_output=True,
+        text=True,
+        env={**clean, **env},
+        timeout=120,
+        check=False,
+    )
+
+
+def test_waltz_up_with_no_flags_is_secure_and_reached_only_with_what_it_prints(tmp_path: Path) -> None:
+    with waltz_up(tmp_path) as text:
+        assert "mutual TLS" in text, text
+        env = exported(text)
+        assert {"WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE", "WALTZ_CLIENT_TLS_CERT_FILE"} <= set(env), text
+        assert {"WALTZ_CLUSTER_SSL_CERT_FILE", "WALTZ_CLUSTER_SSL_KEY_FILE"} <= set(env), text
+        reached = check_connectivity(env)
+        assert reached.returncode == 0, reached.stdout + reached.stderr
+        where = {k: env[k] for k in ("WALTZ_ZOOKEEPER_CONNECT_STRING", "WALTZ_CLUSTER_ROOT")}
+        anonymous = check_connectivity(where)  # no ZooKeeper credential, no certificate
+        assert anonymous.returncode != 0, anonymous.stdout
+        no_certificate = check_connectivity({**where, **{k: v for k, v in env.items() if "TLS" not in k}})
+        assert no_certificate.returncode != 0, no_certificate.stdout  # the servers want a certificate
+
+
+def test_waltz_up_insecure_is_plaintext_with_open_znodes(tmp_path: Path) -> None:
+    with waltz_up(tmp_path, "--insecure", "--no-zookeeper-auth") as text:
+        assert "mutual TLS" not in text, text
+        env = exported(text)
+        assert set(env) == {"WALTZ_ZOOKEEPER_CONNECT_STRING", "WALTZ_CLUSTER_ROOT"}, text
+        reached = check_connectivity(env)
+        assert reached.returncode == 0, reached.stdout + reached.stderr
