@@ -76,6 +76,7 @@ import os
 import uuid
 from collections.abc import Callable, Generator, Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -84,20 +85,28 @@ from waltz.local.containers import DatabaseKind, NoTestServiceError, database_se
 from waltz.local.options import NetworkOptions, ProcessOptions, SecurityOptions
 
 if TYPE_CHECKING:
+    from waltz.client.config import WaltzClientConfig
     from waltz.local.cluster import LocalCluster
 
 __all__ = [
     "pytest_addoption",
     "pytest_configure",
     "pytest_runtest_makereport",
+    "waltz_client_config",
+    "waltz_client_env",
     "waltz_cluster",
     "waltz_cluster_factory",
     "waltz_cluster_options",
+    "waltz_database",
     "waltz_log_start",
     "waltz_mariadb_database",
     "waltz_mariadb_url",
+    "waltz_migrated_database",
+    "waltz_module_database",
+    "waltz_module_migrated_database",
     "waltz_postgres_database",
     "waltz_postgres_url",
+    "waltz_sqlite_database",
 ]
 
 
@@ -206,14 +215,22 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[PORT_RANGE_ENV] = f"{first}-{first + size - 1}"
 
 
+def _no_service(missing: NoTestServiceError, hint: str = "") -> BaseException:
+    """The failure of a fixture that found no service: its message once, without the chained
+    traceback of the error it replaces (raise it ``from None``)."""
+    return pytest.fail.Exception(f"{missing}{hint}", pytrace=False)
+
+
 def _database_url(pytestconfig: pytest.Config, name: str) -> Iterator[str]:
     kind, option = _DATABASES[name]
     given = pytestconfig.getoption(name) or str(pytestconfig.getini(name)).strip() or None
-    try:
-        with database_server(kind, given, option=option) as url:
-            yield url
-    except NoTestServiceError as missing:
-        pytest.fail(str(missing), pytrace=False)
+    with ExitStack() as stack:
+        try:
+            url = stack.enter_context(database_server(kind, given, option=option))
+        except NoTestServiceError as missing:
+            hint = f"; in a configuration file, the ini option {name} = URL gives it too"
+            raise _no_service(missing, hint) from None
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -300,6 +317,121 @@ def waltz_mariadb_database(waltz_mariadb_url: str) -> Iterator[str]:
         yield url
 
 
+#: The kinds of database ``waltz_database`` (``waltz_module_database``) is parametrized with, and
+#: the fixture of the server each needs (none: a file of the test's own).
+_DATABASE_KINDS: dict[str, str | None] = {
+    "postgresql": "waltz_postgres_url",
+    "mariadb": "waltz_mariadb_url",
+    "sqlite": None,
+}
+
+
+@contextmanager
+def _sqlite_database(directory: Path) -> Iterator[str]:
+    """An empty SQLite database, a file ``waltz_test_<8 hex>.db`` in ``directory``: its URL, then
+    the file (and its journal) deleted."""
+    path = directory / f"waltz_test_{uuid.uuid4().hex[:8]}.db"
+    try:
+        yield f"sqlite:///{path}"
+    finally:
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
+
+
+@contextmanager
+def _parametrized_database(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The database of the kind ``request.param`` names (``sqlite`` when unparametrized)."""
+    kind = getattr(request, "param", "sqlite")
+    if kind not in _DATABASE_KINDS:
+        raise pytest.UsageError(
+            f"{request.fixturename} is parametrized with {kind!r}; "
+            f"use one of {', '.join(_DATABASE_KINDS)} (with indirect=True)"
+        )
+    server_fixture = _DATABASE_KINDS[kind]
+    if server_fixture is None:
+        factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+        with _sqlite_database(factory.mktemp("waltz-sqlite")) as url:
+            yield url
+    else:
+        with _fresh_database(request.getfixturevalue(server_fixture)) as url:
+            yield url
+
+
+def _migrate(request: pytest.FixtureRequest, database: str, parametrize: str) -> str:
+    """Create the SQL framework's tables in ``database`` (docs/design/sql.md, "Migrations")."""
+    if hasattr(request, "param"):
+        raise pytest.UsageError(
+            f"{request.fixturename} takes its database from {parametrize}: parametrize "
+            f'{parametrize} instead (@pytest.mark.parametrize("{parametrize}", [...], indirect=True))'
+        )
+    from waltz.jdbc_style import migrations_api
+
+    migrations_api.upgrade(database)
+    return database
+
+
+@pytest.fixture
+def waltz_sqlite_database(tmp_path: Path) -> Iterator[str]:
+    """The URL of an empty SQLite database made for this test, a file in its ``tmp_path``, e.g.
+    ``sqlite:////tmp/pytest-of-me/pytest-7/test_it0/waltz_test_1a2b3c4d.db``; deleted afterwards."""
+    with _sqlite_database(tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def waltz_database(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The URL of an empty database made for this test and dropped after it.
+
+    Its kind is the test's parameter, ``@pytest.mark.parametrize("waltz_database", ["postgresql",
+    "mariadb", "sqlite"], indirect=True)``: a database on the session's ``waltz_postgres_url`` or
+    ``waltz_mariadb_url`` server (as ``waltz_postgres_database``), or a SQLite file (as
+    ``waltz_sqlite_database``). Unparametrized, it is SQLite.
+
+    Raises:
+        pytest.UsageError: the parameter is not one of the three kinds.
+        pytest.fail.Exception: no server of that kind given, and no container possible.
+        sqlalchemy.exc.DBAPIError: the server refused the connection or the ``CREATE DATABASE``.
+    """
+    with _parametrized_database(request) as url:
+        yield url
+
+
+@pytest.fixture
+def waltz_migrated_database(request: pytest.FixtureRequest, waltz_database: str) -> str:
+    """``waltz_database`` with the SQL framework's tables at their newest revision, as ``waltz db
+    upgrade`` makes them (docs/design/sql.md, "Migrations"); parametrize ``waltz_database`` to
+    choose its kind.
+
+    Raises:
+        pytest.UsageError: the test parametrized this fixture rather than ``waltz_database``.
+        sqlalchemy.exc.DBAPIError: the database refused the DDL.
+    """
+    return _migrate(request, waltz_database, "waltz_database")
+
+
+@pytest.fixture(scope="module")
+def waltz_module_database(request: pytest.FixtureRequest) -> Iterator[str]:
+    """``waltz_database`` shared by the tests of a module: made before its first test that asks
+    for it, dropped after its last; parametrize it the same way (in ``pytestmark``, or per test).
+
+    Raises:
+        pytest.UsageError: the parameter is not one of ``postgresql``, ``mariadb``, ``sqlite``.
+        pytest.fail.Exception: no server of that kind given, and no container possible.
+    """
+    with _parametrized_database(request) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def waltz_module_migrated_database(request: pytest.FixtureRequest, waltz_module_database: str) -> str:
+    """``waltz_module_database`` with the SQL framework's tables (as ``waltz_migrated_database``).
+
+    Raises:
+        pytest.UsageError: the test parametrized this fixture rather than ``waltz_module_database``.
+    """
+    return _migrate(request, waltz_module_database, "waltz_module_database")
+
+
 @pytest.fixture(scope="session")
 def waltz_cluster_options(pytestconfig: pytest.Config) -> dict[str, Any]:
     """Keyword arguments of the session's :class:`LocalCluster`, from the ini options.
@@ -351,7 +483,7 @@ def _start_cluster(stack: ExitStack, options: dict[str, Any], given: dict[str, A
         if not namespaces:  # that mode starts ZooKeeper on a host of its own
             zookeeper = stack.enter_context(zookeeper_server(options.get("zookeeper")))
     except NoTestServiceError as missing:
-        pytest.fail(str(missing), pytrace=False)
+        raise _no_service(missing) from None
     if zookeeper is not None:
         options["zookeeper"] = zookeeper
     try:
@@ -427,6 +559,28 @@ def waltz_cluster_factory(
             yield start
         finally:
             del pytestconfig.stash[_FACTORY_KEY]
+
+
+@pytest.fixture(scope="session")
+def waltz_client_config(waltz_cluster: LocalCluster) -> WaltzClientConfig:
+    """A :class:`~waltz.client.config.WaltzClientConfig` reaching the session's cluster as an
+    application does: ``WaltzClientConfig(**waltz_cluster.client_settings())`` (the connect
+    string, the root, the client role's ZooKeeper credential and the ``client`` certificate).
+    Change a field with ``waltz_client_config.model_copy(update={...})``."""
+    from waltz.client.config import WaltzClientConfig
+
+    return WaltzClientConfig(**waltz_cluster.client_settings())
+
+
+@pytest.fixture(scope="session")
+def waltz_client_env(waltz_cluster: LocalCluster) -> dict[str, str]:
+    """The environment a subprocess needs to reach the session's cluster as an application:
+    ``waltz_cluster.client_env()``, every ``WALTZ_*`` variable of ``waltz_client_config``
+    (``WALTZ_ZOOKEEPER_CONNECT_STRING``, ``WALTZ_CLUSTER_ROOT``, the client role's
+    ``WALTZ_ZOOKEEPER_*`` credential and ``WALTZ_CLIENT_TLS_*``). Pass it on top of the test's
+    own, ``subprocess.run(..., env={**os.environ, **waltz_client_env})``; it is shared by the
+    session, so copy it rather than change it."""
+    return waltz_cluster.client_env()
 
 
 @pytest.fixture
