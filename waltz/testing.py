@@ -51,10 +51,30 @@ a container. Nothing happens until a test asks for one of its fixtures:
     container started for the session. Otherwise the test errors, saying how to give a URL
     (:mod:`waltz.local.containers`).
 
-``waltz_postgres_database``, ``waltz_mariadb_database`` (function)
+``waltz_client_config``, ``waltz_client_env`` (session)
+    What reaches ``waltz_cluster`` as an application: a
+    :class:`~waltz.client.config.WaltzClientConfig` (``waltz_cluster.client_settings()``), and
+    the same as the environment of a subprocess (``waltz_cluster.client_env()``: the connect
+    string, the root, the client role's ZooKeeper credential and TLS files). Not
+    ``zookeeper_env()``, which holds only the credential and TLS variables.
+
+``waltz_postgres_database``, ``waltz_mariadb_database``, ``waltz_sqlite_database`` (function)
     The URL of an empty database created for the test on the session's server
     (``waltz_postgres_url``, ``waltz_mariadb_url``), named ``waltz_test_<8 hex digits>``, and
-    dropped after the test, its connections closed first. They need the ``sql`` extra.
+    dropped after the test, its connections closed first; or a SQLite file of that name in the
+    test's ``tmp_path``, deleted after it.
+
+``waltz_database``, ``waltz_migrated_database`` (function)
+    A database of the kind the test parametrizes ``waltz_database`` with,
+    ``@pytest.mark.parametrize("waltz_database", ["postgresql", "mariadb", "sqlite"],
+    indirect=True)``, SQLite when unparametrized; the migrated one holds the SQL framework's
+    tables at their newest revision (:func:`waltz.jdbc_style.migrations_api.upgrade`).
+
+``waltz_module_database``, ``waltz_module_migrated_database`` (module)
+    The same, shared by a module's tests and dropped after its last; parametrize
+    ``waltz_module_database`` (in the module's ``pytestmark``).
+
+The database fixtures use the ``sql`` extra, which the ``testing`` extra brings.
 
 Ini options (``[tool.pytest.ini_options]``, ``pytest.ini``, or ``-o name=value``):
 ``waltz_storages`` (3), ``waltz_servers`` (2), ``waltz_partitions`` (2), ``waltz_replicas``

@@ -334,7 +334,7 @@ def test_a_subprocess_commits_with_the_client_environment(waltz_client_env, walt
     )
     run = subprocess.run(
         [sys.executable, "-c", APPLICATION],
-        env={**os.environ, **waltz_client_env},
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("WALTZ_")}, **waltz_client_env},
         capture_output=True,
         text=True,
         timeout=120,
