@@ -93,7 +93,6 @@ The command-line option ``--waltz-zookeeper HOST:PORT`` overrides ``waltz_zookee
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable, Generator, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -102,6 +101,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from waltz.local.containers import DatabaseKind, NoTestServiceError, database_server, zookeeper_server
+from waltz.local.databases import server_database, sqlite_database
 from waltz.local.options import NetworkOptions, ProcessOptions, SecurityOptions
 
 if TYPE_CHECKING:
@@ -273,46 +273,6 @@ def waltz_mariadb_url(pytestconfig: pytest.Config) -> Iterator[str]:
     yield from _database_url(pytestconfig, "waltz_mariadb_url")
 
 
-@contextmanager
-def _fresh_database(server_url: str) -> Iterator[str]:
-    """Create an empty database ``waltz_test_<8 hex>`` on a PostgreSQL or MariaDB server, yield its
-    URL, then drop it (its other connections closed first)."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import OperationalError
-    from sqlalchemy.pool import NullPool
-
-    server = make_url(server_url)
-    name = f"waltz_test_{uuid.uuid4().hex[:8]}"
-    postgres = server.get_backend_name() == "postgresql"
-    quoted = f'"{name}"' if postgres else f"`{name}`"
-    admin = create_engine(server, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f"CREATE DATABASE {quoted}"))
-        try:
-            yield server.set(database=name).render_as_string(hide_password=False)
-        finally:
-            with admin.connect() as conn:
-                if postgres:
-                    others = (
-                        "SELECT pid FROM pg_stat_activity WHERE datname = :name AND pid <> pg_backend_pid()"
-                    )
-                    kill = "SELECT pg_terminate_backend(:id)"
-                else:
-                    others = "SELECT id FROM information_schema.processlist WHERE db = :name"
-                    kill = "KILL CONNECTION :id"
-                for (connection_id,) in conn.execute(text(others), {"name": name}).all():
-                    try:
-                        conn.execute(text(kill), {"id": int(connection_id)})
-                    except OperationalError as error:
-                        if "Unknown thread id" not in str(error):  # MariaDB: else it ended meanwhile
-                            raise
-                conn.execute(text(f"DROP DATABASE IF EXISTS {quoted}"))
-    finally:
-        admin.dispose()
-
-
 @pytest.fixture
 def waltz_postgres_database(waltz_postgres_url: str) -> Iterator[str]:
     """The URL of an empty PostgreSQL database made for this test on the session's server, e.g.
@@ -321,7 +281,7 @@ def waltz_postgres_database(waltz_postgres_url: str) -> Iterator[str]:
     Raises:
         sqlalchemy.exc.DBAPIError: the server refused the connection or the ``CREATE DATABASE``.
     """
-    with _fresh_database(waltz_postgres_url) as url:
+    with server_database(waltz_postgres_url) as url:
         yield url
 
 
@@ -333,7 +293,7 @@ def waltz_mariadb_database(waltz_mariadb_url: str) -> Iterator[str]:
     Raises:
         sqlalchemy.exc.DBAPIError: the server refused the connection or the ``CREATE DATABASE``.
     """
-    with _fresh_database(waltz_mariadb_url) as url:
+    with server_database(waltz_mariadb_url) as url:
         yield url
 
 
@@ -344,18 +304,6 @@ _DATABASE_KINDS: dict[str, str | None] = {
     "mariadb": "waltz_mariadb_url",
     "sqlite": None,
 }
-
-
-@contextmanager
-def _sqlite_database(directory: Path) -> Iterator[str]:
-    """An empty SQLite database, a file ``waltz_test_<8 hex>.db`` in ``directory``: its URL, then
-    the file (and its journal) deleted."""
-    path = directory / f"waltz_test_{uuid.uuid4().hex[:8]}.db"
-    try:
-        yield f"sqlite:///{path}"
-    finally:
-        for suffix in ("", "-journal", "-wal", "-shm"):
-            path.with_name(path.name + suffix).unlink(missing_ok=True)
 
 
 @contextmanager
@@ -370,10 +318,10 @@ def _parametrized_database(request: pytest.FixtureRequest) -> Iterator[str]:
     server_fixture = _DATABASE_KINDS[kind]
     if server_fixture is None:
         factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
-        with _sqlite_database(factory.mktemp("waltz-sqlite")) as url:
+        with sqlite_database(factory.mktemp("waltz-sqlite")) as url:
             yield url
     else:
-        with _fresh_database(request.getfixturevalue(server_fixture)) as url:
+        with server_database(request.getfixturevalue(server_fixture)) as url:
             yield url
 
 
@@ -394,7 +342,7 @@ def _migrate(request: pytest.FixtureRequest, database: str, parametrize: str) ->
 def waltz_sqlite_database(tmp_path: Path) -> Iterator[str]:
     """The URL of an empty SQLite database made for this test, a file in its ``tmp_path``, e.g.
     ``sqlite:////tmp/pytest-of-me/pytest-7/test_it0/waltz_test_1a2b3c4d.db``; deleted afterwards."""
-    with _sqlite_database(tmp_path) as url:
+    with sqlite_database(tmp_path) as url:
         yield url
 
 
