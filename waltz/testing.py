@@ -51,10 +51,30 @@ a container. Nothing happens until a test asks for one of its fixtures:
     container started for the session. Otherwise the test errors, saying how to give a URL
     (:mod:`waltz.local.containers`).
 
-``waltz_postgres_database``, ``waltz_mariadb_database`` (function)
+``waltz_client_config``, ``waltz_client_env`` (session)
+    What reaches ``waltz_cluster`` as an application: a
+    :class:`~waltz.client.config.WaltzClientConfig` (``waltz_cluster.client_settings()``), and
+    the same as the environment of a subprocess (``waltz_cluster.client_env()``: the connect
+    string, the root, the client role's ZooKeeper credential and TLS files). Not
+    ``zookeeper_env()``, which holds only the credential and TLS variables.
+
+``waltz_postgres_database``, ``waltz_mariadb_database``, ``waltz_sqlite_database`` (function)
     The URL of an empty database created for the test on the session's server
     (``waltz_postgres_url``, ``waltz_mariadb_url``), named ``waltz_test_<8 hex digits>``, and
-    dropped after the test, its connections closed first. They need the ``sql`` extra.
+    dropped after the test, its connections closed first; or a SQLite file of that name in the
+    test's ``tmp_path``, deleted after it.
+
+``waltz_database``, ``waltz_migrated_database`` (function)
+    A database of the kind the test parametrizes ``waltz_database`` with,
+    ``@pytest.mark.parametrize("waltz_database", ["postgresql", "mariadb", "sqlite"],
+    indirect=True)``, SQLite when unparametrized; the migrated one holds the SQL framework's
+    tables at their newest revision (:func:`waltz.jdbc_style.migrations_api.upgrade`).
+
+``waltz_module_database``, ``waltz_module_migrated_database`` (module)
+    The same, shared by a module's tests and dropped after its last; parametrize
+    ``waltz_module_database`` (in the module's ``pytestmark``).
+
+The database fixtures use the ``sql`` extra, which the ``testing`` extra brings.
 
 Ini options (``[tool.pytest.ini_options]``, ``pytest.ini``, or ``-o name=value``):
 ``waltz_storages`` (3), ``waltz_servers`` (2), ``waltz_partitions`` (2), ``waltz_replicas``
@@ -73,31 +93,40 @@ The command-line option ``--waltz-zookeeper HOST:PORT`` overrides ``waltz_zookee
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable, Generator, Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from waltz.local.containers import DatabaseKind, NoTestServiceError, database_server, zookeeper_server
+from waltz.local.databases import server_database, sqlite_database
 from waltz.local.options import NetworkOptions, ProcessOptions, SecurityOptions
 
 if TYPE_CHECKING:
+    from waltz.client.config import WaltzClientConfig
     from waltz.local.cluster import LocalCluster
 
 __all__ = [
     "pytest_addoption",
     "pytest_configure",
     "pytest_runtest_makereport",
+    "waltz_client_config",
+    "waltz_client_env",
     "waltz_cluster",
     "waltz_cluster_factory",
     "waltz_cluster_options",
+    "waltz_database",
     "waltz_log_start",
     "waltz_mariadb_database",
     "waltz_mariadb_url",
+    "waltz_migrated_database",
+    "waltz_module_database",
+    "waltz_module_migrated_database",
     "waltz_postgres_database",
     "waltz_postgres_url",
+    "waltz_sqlite_database",
 ]
 
 
@@ -206,14 +235,22 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[PORT_RANGE_ENV] = f"{first}-{first + size - 1}"
 
 
+def _no_service(missing: NoTestServiceError, hint: str = "") -> BaseException:
+    """The failure of a fixture that found no service: its message once, without the chained
+    traceback of the error it replaces (raise it ``from None``)."""
+    return pytest.fail.Exception(f"{missing}{hint}", pytrace=False)
+
+
 def _database_url(pytestconfig: pytest.Config, name: str) -> Iterator[str]:
     kind, option = _DATABASES[name]
     given = pytestconfig.getoption(name) or str(pytestconfig.getini(name)).strip() or None
-    try:
-        with database_server(kind, given, option=option) as url:
-            yield url
-    except NoTestServiceError as missing:
-        pytest.fail(str(missing), pytrace=False)
+    with ExitStack() as stack:
+        try:
+            url = stack.enter_context(database_server(kind, given, option=option))
+        except NoTestServiceError as missing:
+            hint = f"; in a configuration file, the ini option {name} = URL gives it too"
+            raise _no_service(missing, hint) from None
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -236,46 +273,6 @@ def waltz_mariadb_url(pytestconfig: pytest.Config) -> Iterator[str]:
     yield from _database_url(pytestconfig, "waltz_mariadb_url")
 
 
-@contextmanager
-def _fresh_database(server_url: str) -> Iterator[str]:
-    """Create an empty database ``waltz_test_<8 hex>`` on a PostgreSQL or MariaDB server, yield its
-    URL, then drop it (its other connections closed first)."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import OperationalError
-    from sqlalchemy.pool import NullPool
-
-    server = make_url(server_url)
-    name = f"waltz_test_{uuid.uuid4().hex[:8]}"
-    postgres = server.get_backend_name() == "postgresql"
-    quoted = f'"{name}"' if postgres else f"`{name}`"
-    admin = create_engine(server, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f"CREATE DATABASE {quoted}"))
-        try:
-            yield server.set(database=name).render_as_string(hide_password=False)
-        finally:
-            with admin.connect() as conn:
-                if postgres:
-                    others = (
-                        "SELECT pid FROM pg_stat_activity WHERE datname = :name AND pid <> pg_backend_pid()"
-                    )
-                    kill = "SELECT pg_terminate_backend(:id)"
-                else:
-                    others = "SELECT id FROM information_schema.processlist WHERE db = :name"
-                    kill = "KILL CONNECTION :id"
-                for (connection_id,) in conn.execute(text(others), {"name": name}).all():
-                    try:
-                        conn.execute(text(kill), {"id": int(connection_id)})
-                    except OperationalError as error:
-                        if "Unknown thread id" not in str(error):  # MariaDB: else it ended meanwhile
-                            raise
-                conn.execute(text(f"DROP DATABASE IF EXISTS {quoted}"))
-    finally:
-        admin.dispose()
-
-
 @pytest.fixture
 def waltz_postgres_database(waltz_postgres_url: str) -> Iterator[str]:
     """The URL of an empty PostgreSQL database made for this test on the session's server, e.g.
@@ -284,7 +281,7 @@ def waltz_postgres_database(waltz_postgres_url: str) -> Iterator[str]:
     Raises:
         sqlalchemy.exc.DBAPIError: the server refused the connection or the ``CREATE DATABASE``.
     """
-    with _fresh_database(waltz_postgres_url) as url:
+    with server_database(waltz_postgres_url) as url:
         yield url
 
 
@@ -296,8 +293,111 @@ def waltz_mariadb_database(waltz_mariadb_url: str) -> Iterator[str]:
     Raises:
         sqlalchemy.exc.DBAPIError: the server refused the connection or the ``CREATE DATABASE``.
     """
-    with _fresh_database(waltz_mariadb_url) as url:
+    with server_database(waltz_mariadb_url) as url:
         yield url
+
+
+#: The kinds of database ``waltz_database`` (``waltz_module_database``) is parametrized with, and
+#: the fixture of the server each needs (none: a file of the test's own).
+_DATABASE_KINDS: dict[str, str | None] = {
+    "postgresql": "waltz_postgres_url",
+    "mariadb": "waltz_mariadb_url",
+    "sqlite": None,
+}
+
+
+@contextmanager
+def _parametrized_database(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The database of the kind ``request.param`` names (``sqlite`` when unparametrized)."""
+    kind = getattr(request, "param", "sqlite")
+    if kind not in _DATABASE_KINDS:
+        raise pytest.UsageError(
+            f"{request.fixturename} is parametrized with {kind!r}; "
+            f"use one of {', '.join(_DATABASE_KINDS)} (with indirect=True)"
+        )
+    server_fixture = _DATABASE_KINDS[kind]
+    if server_fixture is None:
+        factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+        with sqlite_database(factory.mktemp("waltz-sqlite")) as url:
+            yield url
+    else:
+        with server_database(request.getfixturevalue(server_fixture)) as url:
+            yield url
+
+
+def _migrate(request: pytest.FixtureRequest, database: str, parametrize: str) -> str:
+    """Create the SQL framework's tables in ``database`` (docs/design/sql.md, "Migrations")."""
+    if hasattr(request, "param"):
+        raise pytest.UsageError(
+            f"{request.fixturename} takes its database from {parametrize}: parametrize "
+            f'{parametrize} instead (@pytest.mark.parametrize("{parametrize}", [...], indirect=True))'
+        )
+    from waltz.jdbc_style import migrations_api
+
+    migrations_api.upgrade(database)
+    return database
+
+
+@pytest.fixture
+def waltz_sqlite_database(tmp_path: Path) -> Iterator[str]:
+    """The URL of an empty SQLite database made for this test, a file in its ``tmp_path``, e.g.
+    ``sqlite:////tmp/pytest-of-me/pytest-7/test_it0/waltz_test_1a2b3c4d.db``; deleted afterwards."""
+    with sqlite_database(tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def waltz_database(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The URL of an empty database made for this test and dropped after it.
+
+    Its kind is the test's parameter, ``@pytest.mark.parametrize("waltz_database", ["postgresql",
+    "mariadb", "sqlite"], indirect=True)``: a database on the session's ``waltz_postgres_url`` or
+    ``waltz_mariadb_url`` server (as ``waltz_postgres_database``), or a SQLite file (as
+    ``waltz_sqlite_database``). Unparametrized, it is SQLite.
+
+    Raises:
+        pytest.UsageError: the parameter is not one of the three kinds.
+        pytest.fail.Exception: no server of that kind given, and no container possible.
+        sqlalchemy.exc.DBAPIError: the server refused the connection or the ``CREATE DATABASE``.
+    """
+    with _parametrized_database(request) as url:
+        yield url
+
+
+@pytest.fixture
+def waltz_migrated_database(request: pytest.FixtureRequest, waltz_database: str) -> str:
+    """``waltz_database`` with the SQL framework's tables at their newest revision, as ``waltz db
+    upgrade`` makes them (docs/design/sql.md, "Migrations"); parametrize ``waltz_database`` to
+    choose its kind.
+
+    Raises:
+        pytest.UsageError: the test parametrized this fixture rather than ``waltz_database``.
+        sqlalchemy.exc.DBAPIError: the database refused the DDL.
+    """
+    return _migrate(request, waltz_database, "waltz_database")
+
+
+@pytest.fixture(scope="module")
+def waltz_module_database(request: pytest.FixtureRequest) -> Iterator[str]:
+    """``waltz_database`` shared by the tests of a module: made before its first test that asks
+    for it, dropped after its last; parametrize it the same way (in ``pytestmark``, or per test).
+
+    Raises:
+        pytest.UsageError: the parameter is not one of ``postgresql``, ``mariadb``, ``sqlite``.
+        pytest.fail.Exception: no server of that kind given, and no container possible.
+    """
+    with _parametrized_database(request) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def waltz_module_migrated_database(request: pytest.FixtureRequest, waltz_module_database: str) -> str:
+    """``waltz_module_database`` with the SQL framework's tables (as ``waltz_migrated_database``).
+
+    Raises:
+        pytest.UsageError: the test parametrized this fixture rather than ``waltz_module_database``.
+    """
+    return _migrate(request, waltz_module_database, "waltz_module_database")
 
 
 @pytest.fixture(scope="session")
@@ -351,7 +451,7 @@ def _start_cluster(stack: ExitStack, options: dict[str, Any], given: dict[str, A
         if not namespaces:  # that mode starts ZooKeeper on a host of its own
             zookeeper = stack.enter_context(zookeeper_server(options.get("zookeeper")))
     except NoTestServiceError as missing:
-        pytest.fail(str(missing), pytrace=False)
+        raise _no_service(missing) from None
     if zookeeper is not None:
         options["zookeeper"] = zookeeper
     try:
@@ -427,6 +527,28 @@ def waltz_cluster_factory(
             yield start
         finally:
             del pytestconfig.stash[_FACTORY_KEY]
+
+
+@pytest.fixture(scope="session")
+def waltz_client_config(waltz_cluster: LocalCluster) -> WaltzClientConfig:
+    """A :class:`~waltz.client.config.WaltzClientConfig` reaching the session's cluster as an
+    application does: ``WaltzClientConfig(**waltz_cluster.client_settings())`` (the connect
+    string, the root, the client role's ZooKeeper credential and the ``client`` certificate).
+    Change a field with ``waltz_client_config.model_copy(update={...})``."""
+    from waltz.client.config import WaltzClientConfig
+
+    return WaltzClientConfig(**waltz_cluster.client_settings())
+
+
+@pytest.fixture(scope="session")
+def waltz_client_env(waltz_cluster: LocalCluster) -> dict[str, str]:
+    """The environment a subprocess needs to reach the session's cluster as an application:
+    ``waltz_cluster.client_env()``, every ``WALTZ_*`` variable of ``waltz_client_config``
+    (``WALTZ_ZOOKEEPER_CONNECT_STRING``, ``WALTZ_CLUSTER_ROOT``, the client role's
+    ``WALTZ_ZOOKEEPER_*`` credential and ``WALTZ_CLIENT_TLS_*``). Pass it on top of the test's
+    own, ``subprocess.run(..., env={**os.environ, **waltz_client_env})``; it is shared by the
+    session, so copy it rather than change it."""
+    return waltz_cluster.client_env()
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@
   database applies the log from its start, so each gets a log of its own (about 1.5 s to start).
 - ``waltz_log_start``: the pytest plugin's own fixture (:mod:`waltz.testing`), here over that
   cluster, for the ``test_*`` functions an example of the plugin defines.
+- ``waltz_client_config``, ``waltz_client_env``: the plugin's, of that cluster (here per example,
+  as the cluster is).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from collections.abc import Iterator
 import pytest
 import support
 
+from waltz.client.config import WaltzClientConfig
 from waltz.local.cluster import LocalCluster
 from waltz.testing import waltz_log_start
 
-__all__ = ["waltz_cluster", "waltz_log_start"]
+__all__ = ["waltz_client_config", "waltz_client_env", "waltz_cluster", "waltz_log_start"]
 
 
 @pytest.fixture
@@ -38,3 +41,15 @@ def waltz_cluster(
         for name, value in {**cluster.client_env(), **cluster.admin_env()}.items():
             monkeypatch.setenv(name, value)
         yield cluster
+
+
+@pytest.fixture
+def waltz_client_config(waltz_cluster: LocalCluster) -> WaltzClientConfig:
+    """The plugin's ``waltz_client_config``, of this example's cluster."""
+    return WaltzClientConfig(**waltz_cluster.client_settings())
+
+
+@pytest.fixture
+def waltz_client_env(waltz_cluster: LocalCluster) -> dict[str, str]:
+    """The plugin's ``waltz_client_env``, of this example's cluster."""
+    return waltz_cluster.client_env()

@@ -100,6 +100,9 @@ def test_the_plugin_gives_the_url_given_and_explains_the_missing_one(
     result.stdout.fnmatch_lines(
         ["*no mariadb server for this test suite: give its URL with --waltz-mariadb-url*"]
     )
+    told = [line for line in result.outlines if "the ini option waltz_mariadb_url = URL gives it too" in line]
+    assert len(told) == 1, "the message is printed once, and names the ini option:\n" + result.stdout.str()
+    assert "During handling of the above exception" not in result.stdout.str()
 
 
 def test_the_container_modules_import() -> None:

@@ -347,7 +347,12 @@ class LocalCluster:
         }
 
     def zookeeper_env(self, role: Role = Role.OPERATOR) -> dict[str, str]:
-        """The ``WALTZ_ZOOKEEPER_*`` variables giving a process a role's credential and TLS files."""
+        """The ``WALTZ_ZOOKEEPER_*`` variables giving a process a role's credential and TLS files.
+
+        Only those: not the connect string nor the root, which a process also needs (settings
+        built from these alone fail with ``zookeeper_connect_string Field required``). Give an
+        application's process :meth:`client_env`, an operator's :meth:`admin_env`: each holds
+        everything."""
         return self._security.zookeeper_env(self._work_dir, role)
 
     def client_settings(self, certificate: str = "client") -> dict[str, Any]:
