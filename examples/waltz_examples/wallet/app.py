@@ -1,0 +1,195 @@
+"""The wallet's HTTP API: a FastAPI app on ``AsyncWaltzClient`` (docs/asyncio-service.md).
+
+- ``POST /wallets/{wallet_id}/deposits`` and ``POST /wallets/{wallet_id}/withdrawals`` take
+  ``{"amount": cents, "request_id": "..."}`` and answer the request's :class:`~waltz.Outcome`:
+  committed, 201 with the new transaction; dropped, 409 with the reason; already applied (the
+  request ID was applied before), 200 with the earlier transaction.
+- ``GET /wallets/{wallet_id}`` answers the balance; ``?after=<transaction ID>`` waits until that
+  transaction is applied first, so that a caller reads its own write.
+
+The app's lifespan opens a :class:`Wallets` (the database, the callbacks, the client), awaits
+``ready()`` (the instance caught up with the log) before serving, and closes it on shutdown. Run it
+with ``uvicorn --factory waltz_examples.wallet.app:create_app``; :class:`WalletSettings` come from
+``WALLET_*`` variables, the client's from ``WALTZ_*`` (docs/configuration.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import FastAPI, HTTPException, Path, Request, Response, status
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy import Engine
+
+from waltz import AsyncWaltzClient, Outcome, WaltzClientConfig
+from waltz.jdbc_style import ChangeSetCallbacks, EntityRegistry, create_framework_engine, migrations_api
+from waltz_examples.wallet.models import Base, Deposit, Wallet, Withdraw
+
+__all__ = ["Balance", "Movement", "Receipt", "WalletSettings", "Wallets", "create_app", "prepare_database"]
+
+#: Wallet IDs are 63-bit: PostgreSQL's BIGINT.
+WalletId = Annotated[int, Path(ge=0, lt=1 << 63)]
+
+
+class WalletSettings(BaseSettings):
+    """The service's settings, from ``WALLET_DATABASE_URL``, ``WALLET_CLUSTER_NAME``,
+    ``WALLET_READY_TIMEOUT``.
+
+    Attributes:
+        database_url: the instance's database, a synchronous SQLAlchemy URL (``sqlite:///...`` or
+            ``postgresql+psycopg://...``; asyncio URLs are refused, docs/sql.md "On asyncio").
+        cluster_name: the name this service's marks are kept under in the database.
+        ready_timeout: seconds the startup waits for the instance to catch up with the log.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="WALLET_")
+
+    database_url: str = "sqlite:///wallet.db"
+    cluster_name: str = "wallet"
+    ready_timeout: float = 120.0
+
+
+class Movement(BaseModel):
+    """A deposit's or a withdrawal's body."""
+
+    amount: int = Field(gt=0, lt=1 << 62, description="cents")
+    request_id: str = Field(min_length=1, max_length=200, description="the caller's ID of the request")
+
+
+class Receipt(BaseModel):
+    """The answer to an applied movement: the transaction that carries it."""
+
+    partition_id: int
+    transaction_id: int
+    already_applied: bool = False
+
+
+class Balance(BaseModel):
+    """A wallet's balance, as of its partition's ``high_water_mark`` in this instance's database."""
+
+    wallet_id: int
+    balance: int
+    high_water_mark: int
+
+
+def prepare_database(url: str) -> None:
+    """Create or upgrade the framework's tables and create the wallet's (idempotent)."""
+    engine = create_framework_engine(url)
+    try:
+        migrations_api.upgrade(engine)
+        Base.metadata.create_all(engine)
+    finally:
+        engine.dispose()
+
+
+@dataclass
+class Wallets:
+    """One instance of the service: its database engine, callbacks and started client."""
+
+    engine: Engine
+    callbacks: ChangeSetCallbacks
+    client: AsyncWaltzClient
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, settings: WalletSettings, config: WaltzClientConfig) -> AsyncIterator[Wallets]:
+        """Prepare the database, start the client, and return once the instance caught up with
+        the log (``ready``); close everything on exit.
+
+        Raises:
+            WaltzTimeoutError: not caught up within ``settings.ready_timeout`` seconds.
+        """
+        prepare_database(settings.database_url)
+        engine = create_framework_engine(settings.database_url)
+        try:
+            callbacks = ChangeSetCallbacks(
+                engine, cluster_name=settings.cluster_name, registry=EntityRegistry.from_base(Base)
+            )
+            async with AsyncWaltzClient(callbacks, config) as client:
+                await client.ready(settings.ready_timeout)
+                yield cls(engine, callbacks, client)
+        finally:
+            engine.dispose()
+
+    async def deposit(self, wallet_id: int, movement: Movement) -> Outcome:
+        """Submit a deposit; its outcome."""
+        return await self.client.submit_async(
+            Deposit(self.callbacks, wallet_id, movement.amount, movement.request_id)
+        )
+
+    async def withdraw(self, wallet_id: int, movement: Movement) -> Outcome:
+        """Submit a withdrawal; its outcome."""
+        return await self.client.submit_async(
+            Withdraw(self.callbacks, wallet_id, movement.amount, movement.request_id)
+        )
+
+    async def balance(self, wallet_id: int, after: int | None = None) -> Balance | None:
+        """The wallet's balance (None: no such wallet), once transaction ``after`` of its partition
+        is applied here when given."""
+        read = await self.callbacks.read_entities_async(
+            [(Wallet, wallet_id)], num_partitions=self.client.num_partitions, after=after
+        )
+        wallet = read.entities[0]
+        if wallet is None:
+            return None
+        return Balance(wallet_id=wallet_id, balance=wallet.balance, high_water_mark=read.high_water_mark)
+
+
+def answer(outcome: Outcome, response: Response) -> Receipt:
+    """The HTTP answer of an outcome: 201 committed, 200 already applied, 409 dropped (raised)."""
+    if outcome.dropped or outcome.transaction_id is None:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=outcome.reason or "dropped")
+    response.status_code = status.HTTP_200_OK if outcome.already_applied else status.HTTP_201_CREATED
+    return Receipt(
+        partition_id=outcome.partition_id,
+        transaction_id=outcome.transaction_id,
+        already_applied=outcome.already_applied,
+    )
+
+
+def create_app(settings: WalletSettings | None = None, config: WaltzClientConfig | None = None) -> FastAPI:
+    """The wallet's app.
+
+    Args:
+        settings: the service's settings; default: from the ``WALLET_*`` variables.
+        config: the Waltz client's configuration; default: from the ``WALTZ_*`` variables.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # WaltzClientConfig() reads its required fields from the WALTZ_* variables.
+        client_config = config or WaltzClientConfig()  # type: ignore[call-arg]
+        async with Wallets.open(settings or WalletSettings(), client_config) as wallets:
+            app.state.wallets = wallets
+            yield
+
+    app = FastAPI(title="wallet", lifespan=lifespan)
+
+    def wallets(request: Request) -> Wallets:
+        found: Wallets = request.app.state.wallets
+        return found
+
+    @app.post("/wallets/{wallet_id}/deposits", status_code=201)
+    async def deposit(
+        wallet_id: WalletId, movement: Movement, request: Request, response: Response
+    ) -> Receipt:
+        return answer(await wallets(request).deposit(wallet_id, movement), response)
+
+    @app.post("/wallets/{wallet_id}/withdrawals", status_code=201)
+    async def withdraw(
+        wallet_id: WalletId, movement: Movement, request: Request, response: Response
+    ) -> Receipt:
+        return answer(await wallets(request).withdraw(wallet_id, movement), response)
+
+    @app.get("/wallets/{wallet_id}")
+    async def balance(wallet_id: WalletId, request: Request, after: int | None = None) -> Balance:
+        found = await wallets(request).balance(wallet_id, after)
+        if found is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no wallet {wallet_id}")
+        return found
+
+    return app

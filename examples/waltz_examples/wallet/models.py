@@ -1,0 +1,94 @@
+"""The wallet's one entity and the two requests that change it (docs/sql.md, "Entities").
+
+A wallet is a row keyed by its ID, locked by the framework under the lock name ``wallet``; its
+partition is the default one of its key. A deposit opens the wallet on its first call; a withdrawal
+is dropped, with a reason, when it would take the balance below zero. Both record the caller's
+request ID as the transaction's idempotency key, so a retried request is applied once.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from waltz.jdbc_style import ChangeSetCallbacks, EntityTransaction, EntityTransactionContext, WaltzEntity
+
+__all__ = ["Base", "Deposit", "Wallet", "Withdraw"]
+
+
+class Base(DeclarativeBase):
+    """The wallet's tables (``Base.metadata``)."""
+
+
+class Wallet(Base):
+    """A wallet and its balance, in cents."""
+
+    __tablename__ = "wallets"
+    __waltz__ = WaltzEntity("wallet")
+
+    wallet_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    balance: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class Deposit(EntityTransactionContext):
+    """Add ``amount`` cents to a wallet, opening it if it does not exist.
+
+    Args:
+        callbacks: the instance's callbacks.
+        wallet_id: the wallet's ID.
+        amount: cents, above zero.
+        request_id: the caller's ID of the request, recorded as the idempotency key.
+    """
+
+    def __init__(self, callbacks: ChangeSetCallbacks, wallet_id: int, amount: int, request_id: str) -> None:
+        super().__init__(callbacks, (Wallet, wallet_id))
+        self.wallet_id, self.amount, self.request_id = wallet_id, amount, request_id
+
+    def run(self, tx: EntityTransaction) -> bool:
+        """Write the new balance (a new row on the wallet's first deposit)."""
+        tx.idempotency_key = self.request_id
+        wallet = tx.get(Wallet, self.wallet_id)
+        if wallet is None:
+            tx.insert(Wallet, wallet_id=self.wallet_id, balance=self.amount)
+        else:
+            tx.update(wallet, balance=wallet.balance + self.amount)
+        return True
+
+
+class Withdraw(EntityTransactionContext):
+    """Take ``amount`` cents from a wallet; dropped when the wallet is missing or holds less.
+
+    The balance read here is the one the append is checked against: if another transaction wrote
+    the wallet since, the append is refused and ``run`` runs again on the newer balance, so
+    concurrent withdrawals never take the balance below zero (docs/design/sql.md).
+
+    Args:
+        callbacks: the instance's callbacks.
+        wallet_id: the wallet's ID.
+        amount: cents, above zero.
+        request_id: the caller's ID of the request, recorded as the idempotency key.
+    """
+
+    def __init__(self, callbacks: ChangeSetCallbacks, wallet_id: int, amount: int, request_id: str) -> None:
+        super().__init__(callbacks, (Wallet, wallet_id))
+        self.wallet_id, self.amount, self.request_id = wallet_id, amount, request_id
+
+    def run(self, tx: EntityTransaction) -> bool:
+        """Write the lower balance, or drop the request with the reason.
+
+        A dropped request appends nothing, so the framework's own check of the idempotency key
+        (before an append) never sees it: a request that would be dropped reads the key first, so
+        that a retry of a withdrawal that emptied the wallet is answered as already applied.
+        """
+        tx.idempotency_key = self.request_id
+        wallet = tx.get(Wallet, self.wallet_id)
+        if wallet is None or wallet.balance < self.amount:
+            if tx.already_applied(self.request_id) is not None:
+                # A retry of a withdrawal applied before (which may have emptied the wallet):
+                # returning True lets the framework answer it as already applied, appending nothing.
+                return True
+            if wallet is None:
+                return tx.drop(f"no wallet {self.wallet_id}")
+            return tx.drop(f"insufficient funds: wallet {self.wallet_id} holds {wallet.balance}")
+        tx.update(wallet, balance=wallet.balance - self.amount)
+        return True

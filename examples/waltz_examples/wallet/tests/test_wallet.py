@@ -1,0 +1,119 @@
+"""The wallet's HTTP API against a real local cluster and database, through httpx's ASGI transport."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+
+from waltz import WaltzClientConfig
+from waltz_examples.wallet.app import WalletSettings, create_app
+
+
+@asynccontextmanager
+async def serving(db_url: str, config: WaltzClientConfig) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client of a wallet instance on ``db_url``, served once the instance is ready (the
+    app's lifespan, as a server runs it) and shut down on exit."""
+    app = create_app(WalletSettings(database_url=db_url), config)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://wallet") as http,
+    ):
+        yield http
+
+
+def new_wallet() -> int:
+    """A wallet ID no other test uses (the tests share the cluster's log)."""
+    return random.randrange(1, 1 << 62)
+
+
+async def move(
+    http: httpx.AsyncClient, wallet: int, kind: str, amount: int, request_id: str
+) -> httpx.Response:
+    return await http.post(f"/wallets/{wallet}/{kind}", json={"amount": amount, "request_id": request_id})
+
+
+def test_concurrent_withdrawals_never_overdraw(wallet_db: str, wallet_config: WaltzClientConfig) -> None:
+    wallet = new_wallet()
+
+    async def main() -> None:
+        async with serving(wallet_db, wallet_config) as http:
+            opened = await move(http, wallet, "deposits", 100, f"open-{wallet}")
+            assert opened.status_code == 201, opened.text
+            answers = await asyncio.gather(
+                *(move(http, wallet, "withdrawals", 10, f"take-{wallet}-{n}") for n in range(25))
+            )
+            codes = Counter(a.status_code for a in answers)
+            assert codes == {201: 10, 409: 15}, [a.text for a in answers if a.status_code not in (201, 409)]
+            refused = [a.json()["detail"] for a in answers if a.status_code == 409]
+            assert all(r.startswith(f"insufficient funds: wallet {wallet} holds") for r in refused), refused
+            last = max(a.json()["transaction_id"] for a in answers if a.status_code == 201)
+            read = await http.get(f"/wallets/{wallet}", params={"after": last})
+            assert read.status_code == 200 and read.json()["balance"] == 0, read.text
+
+    asyncio.run(main())
+
+
+def test_a_retried_request_is_applied_once(wallet_db: str, wallet_config: WaltzClientConfig) -> None:
+    wallet = new_wallet()
+
+    async def main() -> None:
+        async with serving(wallet_db, wallet_config) as http:
+            first = await move(http, wallet, "deposits", 50, f"dep-{wallet}")
+            assert first.status_code == 201, first.text
+            receipt = first.json()
+            await http.get(f"/wallets/{wallet}", params={"after": receipt["transaction_id"]})
+            retried = await move(http, wallet, "deposits", 50, f"dep-{wallet}")
+            assert retried.status_code == 200, retried.text
+            assert retried.json() == {**receipt, "already_applied": True}
+
+            # A withdrawal that emptied the wallet, retried: the earlier transaction, not a 409.
+            taken = await move(http, wallet, "withdrawals", 50, f"wd-{wallet}")
+            assert taken.status_code == 201, taken.text
+            await http.get(f"/wallets/{wallet}", params={"after": taken.json()["transaction_id"]})
+            again = await move(http, wallet, "withdrawals", 50, f"wd-{wallet}")
+            assert again.status_code == 200 and again.json() == {**taken.json(), "already_applied": True}
+
+            # Copies of one request sent at once: whatever each is answered, one is applied.
+            copies = await asyncio.gather(
+                *(move(http, wallet, "deposits", 7, f"dup-{wallet}") for _ in range(8))
+            )
+            assert {c.status_code for c in copies} <= {200, 201}, [c.text for c in copies]
+            last = max(c.json()["transaction_id"] for c in copies)
+            read = await http.get(f"/wallets/{wallet}", params={"after": last})
+            assert read.json()["balance"] == 7, read.text
+
+            missing = await http.get(f"/wallets/{new_wallet()}")
+            assert missing.status_code == 404
+            nothing = await move(http, new_wallet(), "withdrawals", 1, f"none-{wallet}")
+            assert nothing.status_code == 409 and nothing.json()["detail"].startswith("no wallet")
+            invalid = await move(http, wallet, "deposits", 0, f"zero-{wallet}")
+            assert invalid.status_code == 422
+
+    asyncio.run(main())
+
+
+def test_a_restarted_instance_catches_up_before_serving(
+    wallet_db: str, wallet_config: WaltzClientConfig, tmp_path: Path
+) -> None:
+    """An instance stopped while another one keeps serving answers, once restarted, with what the
+    other committed meanwhile: its startup waited for ``ready()``."""
+    wallet = new_wallet()
+    other_db = f"sqlite:///{tmp_path / 'other.db'}"
+
+    async def main() -> None:
+        async with serving(wallet_db, wallet_config) as http:
+            assert (await move(http, wallet, "deposits", 30, f"first-{wallet}")).status_code == 201
+        async with serving(other_db, wallet_config) as other:
+            answers = [await move(other, wallet, "deposits", 1, f"more-{wallet}-{n}") for n in range(40)]
+            assert all(a.status_code == 201 for a in answers), [a.text for a in answers]
+        async with serving(wallet_db, wallet_config) as http:
+            read = await http.get(f"/wallets/{wallet}")  # no `after`: the instance caught up first
+            assert read.status_code == 200 and read.json()["balance"] == 70, read.text
+
+    asyncio.run(main())
