@@ -10,6 +10,7 @@ with a client of its own.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import sys
@@ -122,7 +123,9 @@ class Instances:
         ]
         if kill_at is not None:
             args += ["--kill-at", f"{kill_at[0]}:{kill_at[1]}"]
-        process = self.process_factory(args, name=name)
+        # An application host's environment: the client role's credential and certificate.
+        env = {**os.environ, **self.cluster.client_env()}
+        process = self.process_factory(args, name=name, env=env)
         process.start()
         self.processes[name] = process
         return process

@@ -47,7 +47,8 @@ def secured(zookeeper: object) -> Iterator[LocalCluster]:
         servers=1,
         partitions=1,
         zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
-        security=SecurityOptions(secure=True),
+        # The nodes' roles alone (ZooKeeper's: tests/local/test_local_cluster_auth.py).
+        security=SecurityOptions(secure=True, zookeeper_auth=False),
     ) as cluster:
         yield cluster
 

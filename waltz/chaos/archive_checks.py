@@ -82,7 +82,7 @@ def check_archive_verified(cluster: LocalCluster, location: Path, timeout: float
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, **cluster.zookeeper_env()},
+        env={**os.environ, **cluster.admin_env()},
         check=False,
     )
     name = "waltz archive verify passes (every chunk against its manifest, the manifests against ZooKeeper)"
@@ -306,7 +306,7 @@ async def _local_starts(cluster: LocalCluster) -> dict[int, dict[str, int]]:
     starts: dict[int, dict[str, int]] = {}
     for index, node in enumerate(cluster.storages):
         async with StorageAdminClient(
-            node.admin_address, str(cluster.cluster_key), cluster.num_partitions
+            node.admin_address, str(cluster.cluster_key), cluster.num_partitions, tls=cluster.admin_tls
         ) as admin:
             for found in (await admin.partition_status(-1)).partitions:
                 starts.setdefault(found.partition_id, {})[f"storage-{index}"] = found.local_start

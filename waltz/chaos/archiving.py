@@ -97,7 +97,7 @@ class ChaosArchiver:
             command,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **self._cluster.zookeeper_env()},
+            env={**os.environ, **self._cluster.admin_env("admin")},  # archived-through is an admin write
         )
         self._starts += 1
         assert self._process.stdout is not None

@@ -359,9 +359,10 @@ class LocalCluster:
         """``WaltzClientConfig`` fields that reach this cluster as an application does.
 
         The connect string, the root, the client role's ZooKeeper credential (which cannot read
-        the cluster key) and, in a secure cluster, client TLS presenting ``certificate`` (a role
-        certificate of :attr:`certificates`: ``client`` for applications; docs/design/overview.md,
-        "Roles")::
+        the cluster key; the operators' with the ``operator`` or ``admin`` certificate, whose
+        tools read the storage nodes' assignments) and, in a secure cluster, client TLS presenting
+        ``certificate`` (a role certificate of :attr:`certificates`: ``client`` for applications;
+        docs/design/overview.md, "Roles")::
 
             WaltzClientConfig(**cluster.client_settings(), client_max_concurrent_transactions=8)
 
@@ -372,7 +373,7 @@ class LocalCluster:
         Raises:
             KeyError: no such certificate in this cluster's certificates.
         """
-        settings: dict[str, Any] = self.zookeeper_settings(Role.CLIENT)
+        settings: dict[str, Any] = self.zookeeper_settings(_zookeeper_role(certificate))
         files = self._security.certificates
         if files is not None:
             tls = files.tls(certificate)
@@ -390,7 +391,7 @@ class LocalCluster:
         env = {
             "WALTZ_ZOOKEEPER_CONNECT_STRING": self.zookeeper_connect_string,
             "WALTZ_CLUSTER_ROOT": self.root,
-            **self.zookeeper_env(Role.CLIENT),
+            **self.zookeeper_env(_zookeeper_role(certificate)),
         }
         files = self._security.certificates
         if files is not None:
@@ -832,3 +833,9 @@ class LocalCluster:
             network=self.network,
             subnet=self._hosts.subnet if self._hosts is not None else None,
         )
+
+
+def _zookeeper_role(certificate: str) -> Role:
+    """The ZooKeeper credential that goes with a role certificate: the operators' for the
+    ``operator`` and ``admin`` certificates, the clients' for the others."""
+    return Role.OPERATOR if certificate in ("operator", "admin") else Role.CLIENT

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from waltz.app_modules import find_app_object
-from waltz.client.outcome import Outcome
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
     from waltz.client import WaltzClient, WaltzClientConfig
+    from waltz.client.outcome import Outcome
     from waltz.jdbc_style import ChangeSetCallbacks
     from waltz.spark.views import AppViews
 

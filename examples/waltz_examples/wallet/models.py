@@ -1,4 +1,5 @@
-"""The wallet's one entity and the two requests that change it (docs/sql.md, "Entities").
+"""The wallet's one entity and the two requests that change it (docs/sql.md, "Entities: declarative
+locks and partitions").
 
 A wallet is a row keyed by its ID, locked by the framework under the lock name ``wallet``; its
 partition is the default one of its key. A deposit opens the wallet on its first call; a withdrawal

@@ -198,7 +198,7 @@ def test_an_undecided_append_is_learnt_from_the_new_owner_and_never_run_twice(
             await asyncio.to_thread(move_partition, zk_client, paths, member, new.endpoint, generation + 1)
             c.set_delay(0.0)
             c.unblock()
-            committed = await asyncio.wait_for(asyncio.wrap_future(future), 60)
+            committed = (await asyncio.wait_for(asyncio.wrap_future(future), 60)).transaction_id
             assert committed is not None
             b.set_delay(0.0)
             b.unblock()

@@ -134,7 +134,7 @@ def test_lowering_the_low_water_mark_rewrites_both_structs_and_a_half_done_one_k
 ) -> None:
     """The operator's truncation below the committed transactions: the highest struct wins on load,
     so both are rewritten with the lower marks and the same session; a crash after the first write
-    leaves the old marks in force (docs/format.md, "Which struct is current")."""
+    leaves the old marks in force (docs/format.md, "Which struct is current, and how updates are written")."""
     with ControlFile.create(tmp_path, uuid.uuid4(), 2) as control:
         control.set_partition_info(0, fmt.PartitionInfo(5, 30, 30))
         control.set_partition_info(0, fmt.PartitionInfo(6, 40, 38))

@@ -51,7 +51,7 @@ KILL_AFTER = 100
 def start_services(cluster: LocalCluster, db_url: str, count: int) -> list[CounterService]:
     """``count`` instances on one database, started one after the other (the first creates the
     tables). The session's log is shared with other tests: their transactions are passed over."""
-    settings = cluster.zookeeper_settings()  # the connect string, the root and the credential
+    settings = cluster.client_settings()  # the connect string, the root, the credential, the certificate
     zookeeper, root = str(settings.pop("zookeeper_connect_string")), str(settings.pop("cluster_root"))
     services: list[CounterService] = []
     try:
