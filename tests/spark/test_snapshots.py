@@ -6,7 +6,9 @@ written.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,11 +17,12 @@ from typing import Any
 
 import pytest
 import support
-from sqlalchemy import select
+from sqlalchemy import BigInteger, Boolean, Column, MetaData, String, Table, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from typer.testing import CliRunner
 
 from waltz.cli.main import app as waltz_app
-from waltz.jdbc_style import create_framework_engine
+from waltz.jdbc_style import EntityRegistry, WaltzEntity, create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.jdbc_style.schema import idempotency_keys
 from waltz.local.cluster import LocalCluster
@@ -30,6 +33,8 @@ from waltz.spark.rebuild import LogSource, compute_views, rebuild
 from waltz.spark.snapshot import (
     MANIFEST_NAME,
     SnapshotError,
+    SnapshotFile,
+    SnapshotSeed,
     load_snapshot,
     read_manifest,
     rows_as_changes,
@@ -39,7 +44,7 @@ from waltz.spark.snapshot import (
 )
 from waltz.spark.target import marks_text
 from waltz.workloads.smallbank import SmallBankConfig, SmallBankWorkload
-from waltz_examples.ledger.models import Account
+from waltz_examples.ledger.models import Account, Checking, TransferIn, TransferOut, by_customer
 from waltz_examples.ledger.service import LedgerService, prepare_database
 from waltz_examples.ledger.smallbank import LedgerInstance
 from waltz_examples.ledger.transfers import pending_transfers
@@ -391,3 +396,75 @@ def test_a_snapshot_ahead_of_the_marks_asked_is_refused(spark: Any, history: His
 def test_a_second_snapshot_never_overwrites_the_first(history: History) -> None:
     with pytest.raises(SnapshotError, match="holds a snapshot already"):
         write_snapshot(LEDGER_VIEWS, history.live, str(history.snapshot), cluster_name=NAME)
+
+
+class _NarrowBase(DeclarativeBase):
+    pass
+
+
+class _NarrowSavings(_NarrowBase):
+    """The ledger's savings entity without its balance: the log's deposits set an attribute this
+    model does not have."""
+
+    __tablename__ = "ledger_savings"
+    __waltz__ = WaltzEntity("ledger.savings", partition_by=by_customer)
+
+    custid: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+
+
+def test_a_change_after_the_snapshot_that_the_models_cannot_take_is_refused(
+    spark: Any, history: History
+) -> None:
+    """The model check runs in the decoding pass on the log after the snapshot's marks too."""
+    entities = EntityRegistry([Account, _NarrowSavings, Checking, TransferOut, TransferIn])
+    narrow = dataclasses.replace(LEDGER_VIEWS, entities=entities)
+    with pytest.raises(RebuildError, match="do not fit the application's current models") as refused:
+        compute_views(
+            spark, narrow, _source(history.cluster), cluster_name=NAME, snapshot=str(history.snapshot)
+        )
+    message = str(refused.value)
+    assert "which are not column attributes of _NarrowSavings" in message, message
+    named = re.findall(r"partition (\d+) transaction (\d+): ", message)
+    assert named, message
+    assert all(int(t) > history.snapshot_marks[int(p)] for p, t in named), (named, history.snapshot_marks)
+
+
+def test_text_null_quotes_and_newlines_survive_the_copy_into_postgresql(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """A seed of integer, boolean and text columns goes to PostgreSQL as CSV that pyarrow writes:
+    NULL stays NULL, an empty text stays empty, quotes, commas and newlines stay in the text."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [None, "", "plain", 'a "quoted", text\nover two lines', "\\N", "NULL"]
+    flags = [None, True, False, True, False, None]
+    pq.write_table(
+        pa.table(
+            {
+                "id": pa.array(range(len(texts)), pa.int64()),
+                "label": pa.array(texts, pa.string()),
+                "flag": pa.array(flags, pa.bool_()),
+            }
+        ),
+        tmp_path / "seeded.parquet",
+    )
+    metadata = MetaData()
+    table = Table(
+        "seeded",
+        metadata,
+        Column("id", BigInteger, primary_key=True, autoincrement=False),
+        Column("label", String(64)),
+        Column("flag", Boolean),
+    )
+    entry = SnapshotFile(table="seeded", file="seeded.parquet", rows=len(texts), sha256="")
+    engine = create_framework_engine(postgres_url)
+    try:
+        metadata.create_all(engine)
+        with engine.begin() as conn:
+            assert SnapshotSeed(str(tmp_path), entry).copy_into(conn, table, "seeded") == len(texts)
+        with engine.connect() as conn:
+            rows = [tuple(r) for r in conn.execute(select(table).order_by(table.c.id))]
+    finally:
+        engine.dispose()
+    assert rows == list(zip(range(len(texts)), texts, flags, strict=True))

@@ -22,7 +22,9 @@ from waltz.spark.source import LOG_SCHEMA
 from waltz.spark.target import jdbc_target, write_views
 from waltz.spark.views import (
     caching_replays,
+    change_check,
     change_problems,
+    checked_problems,
     idempotency_key_rows,
     partial_row_problem,
     replay,
@@ -274,6 +276,8 @@ def test_changes_that_do_not_fit_their_model_are_found_as_the_live_apply_finds_t
     ]
     assert row_change_problem(moved_key, **shape) == problems[2].split(": ", 1)[1].replace("'4'", "4")
     assert "sets ['password'], which are not column attributes of Counter" in problems[1]
+    # The rebuild's check runs in the decoding pass and finds the same.
+    assert _checked_while_decoding(log, registry) == problems
     assert (
         change_problems(decode_changes(log.where("transaction_id = 0 AND partition_id = 0"), None), registry)
         == []
@@ -306,6 +310,14 @@ def test_changes_that_leave_out_what_the_live_apply_fills_are_found(spark: Any) 
         "['updated_tx', 'value'], which the live apply gives their default values and a rebuild "
         "cannot (give them values in the insert)",
     ]
+    assert _checked_while_decoding(log, registry) == problems
+
+
+def _checked_while_decoding(log: Any, registry: Any) -> list[str]:
+    checked = decode_changes(log, COUNTER_VIEWS.decoders, check=change_check(registry))
+    # The check's column comes after the changes' own.
+    assert checked.columns == [*decode_changes(log, COUNTER_VIEWS.decoders).columns, "problem"]
+    return checked_problems(checked)
 
 
 def test_an_insert_may_leave_out_attributes_without_defaults() -> None:

@@ -122,9 +122,10 @@ def _decode_one(
     header: int,
     data: bytes,
     chains: SchemaChains | None = None,
+    check: Callable[[RowChange], str | None] | None = None,
 ) -> list[tuple[Any, ...]]:
     """The row changes of one transaction as tuples of the struct fields after ``transaction_id``,
-    upcast by ``chains`` when given."""
+    upcast by ``chains`` when given; with ``check``, each tuple ends with its problem (or None)."""
     try:
         change_set = registry.decode(header, bytes(data))
         if chains is not None:
@@ -135,26 +136,36 @@ def _decode_one(
     rows: list[tuple[Any, ...]] = []
     for index, change in enumerate(change_set.changes):
         key_values = _render_map(change.key)
-        rows.append(
-            (
-                index,
-                change.entity,
-                change.operation.value,
-                json.dumps(key_values, sort_keys=True, separators=(",", ":")),
-                key_values,
-                _render_map(change.values),
-                meta,
-                change_set.idempotency_key,
-            )
+        values = _render_map(change.values)
+        row: tuple[Any, ...] = (
+            index,
+            change.entity,
+            change.operation.value,
+            json.dumps(key_values, sort_keys=True, separators=(",", ":")),
+            key_values,
+            values,
+            meta,
+            change_set.idempotency_key,
         )
+        if check is not None:
+            # Checked as rendered, as change_problems checks the decoded columns.
+            row += (check(RowChange(change.operation, change.entity, key_values, values)),)
+        rows.append(row)
     if not rows:
         # A transaction without row changes still carries its meta (applications may count it).
-        rows.append((-1, None, None, None, None, None, meta, change_set.idempotency_key))
+        rows.append(
+            (-1, None, None, None, None, None, meta, change_set.idempotency_key)
+            + ((None,) if check is not None else ())
+        )
     return rows
 
 
 def decode_changes(
-    log: Any, registry: DecoderRegistry | None = None, chains: SchemaChains | None = None
+    log: Any,
+    registry: DecoderRegistry | None = None,
+    chains: SchemaChains | None = None,
+    *,
+    check: Callable[[RowChange], str | None] | None = None,
 ) -> Any:
     """Decode a log DataFrame (the ``waltz`` source's columns) into row changes.
 
@@ -164,10 +175,14 @@ def decode_changes(
         chains: the application's schema chains (``EntityRegistry.schema_chains()``): every row
             change is upcast to its entity's current model. None: changes keep the attributes
             they were written with.
+        check: run on every row change as it is decoded (values rendered as text), e.g.
+            :func:`waltz.spark.views.change_check`: its answer is the row's ``problem`` column
+            (docs/design/spark.md "Computing views": the model check in the decoding pass).
 
     Returns:
-        A DataFrame of :data:`CHANGES_SCHEMA`; a transaction without row changes gives one row
-        with ``op_index`` -1 and null entity (so its ``meta`` is kept).
+        A DataFrame of :data:`CHANGES_SCHEMA`, then ``problem STRING`` when ``check`` is given; a
+        transaction without row changes gives one row with ``op_index`` -1 and null entity (so
+        its ``meta`` is kept).
 
     Raises:
         ChangeSetFormatError: (when the job runs) a transaction could not be decoded.
@@ -178,10 +193,10 @@ def decode_changes(
     struct = (
         "op_index INT, entity STRING, operation STRING, key STRING, key_values MAP<STRING, STRING>, "
         "`values` MAP<STRING, STRING>, meta STRING, idempotency_key STRING"
-    )
+    ) + (", problem STRING" if check is not None else "")
 
     def decode(pid: int, txid: int, header: int, data: bytes) -> list[tuple[Any, ...]]:
-        return _decode_one(chosen, pid, txid, header, data, chains)
+        return _decode_one(chosen, pid, txid, header, data, chains, check)
 
     # A plain Python UDF (not Arrow-optimized): it needs neither pandas nor a schema per batch.
     udf = func.udf(decode, f"ARRAY<STRUCT<{struct}>>", useArrow=False)

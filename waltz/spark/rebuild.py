@@ -25,7 +25,7 @@ from waltz.protocol.channels import TlsConfig
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import CommittedReadError, RebuildError
 from waltz.spark.target import check_target, marks_text, write_views
-from waltz.spark.views import AppViews, caching_replays, change_problems, idempotency_key_rows
+from waltz.spark.views import AppViews, caching_replays, change_check, checked_problems, idempotency_key_rows
 
 __all__ = ["ComputedViews", "LogSource", "RebuildResult", "compute_views", "rebuild"]
 
@@ -151,7 +151,9 @@ class ComputedViews:
         marks: partition -> the transaction ID read up to (-1: nothing).
         tables: table name -> DataFrame.
         idempotency_keys: the log's ``waltz_idempotency_keys`` rows (a DataFrame).
-        changes: the decoded row changes (cached while the views are used).
+        changes: the decoded row changes (cached while the views are used), with the model
+            check's ``problem`` column when the application has entities
+            (:func:`waltz.spark.views.change_check`).
         cached: other DataFrames cached while the views are used: the replays the views share
             (:func:`waltz.spark.views.caching_replays`) and, from a snapshot, the log's changes
             after its marks and the snapshot's entity rows with their touched flags.
@@ -231,7 +233,9 @@ def compute_views(
     if not marks or all(m < 0 for m in marks.values()):
         log_df = log_df.limit(0)
     chains = app.entities.schema_chains() if app.entities is not None else None
-    changes = decode_changes(log_df, app.decoders, chains)
+    # The model check runs in the decoding pass: its answers are a column of the cached changes.
+    check = change_check(app.entities) if app.entities is not None else None
+    changes = decode_changes(log_df, app.decoders, chains, check=check)
     cached: tuple[Any, ...] = ()
     untouched: Mapping[str, Any] = {}
     if base is not None:
@@ -242,8 +246,8 @@ def compute_views(
         f"read and decoded the log: {decoded} row changes"
         + (", upcast to the current models" if chains is not None and chains.upcasts else "")
     )
-    if app.entities is not None:
-        problems = change_problems(changes, app.entities)
+    if check is not None:
+        problems = checked_problems(changes)
         if problems:
             _unpersist(changes, *cached)
             raise RebuildError(
@@ -254,8 +258,10 @@ def compute_views(
                 '(docs/sql.md, "Changing a model")'
             )
         progress("every row change fits its entity's current model")
+    # The views read the cached changes without the check's column.
+    decoded_changes = changes.drop("problem") if check is not None else changes
     with caching_replays() as replays:
-        views = dict(app.build(changes, log_df))
+        views = dict(app.build(decoded_changes, log_df))
     cached = (*cached, *replays)
     for replayed in replays:
         # Computed here, once: the tables' writes run at once and would each compute it again.
@@ -264,7 +270,7 @@ def compute_views(
     if missing:
         _unpersist(changes, *cached)
         raise RebuildError(f"the application's views lack tables {missing}")
-    keys = idempotency_key_rows(changes, cluster_name or app.cluster_name)
+    keys = idempotency_key_rows(decoded_changes, cluster_name or app.cluster_name)
     seeded: dict[str, tuple[Any, Any]] = {}
     if base is not None:
         own = dict(views)
@@ -336,7 +342,11 @@ def _on_snapshot(
         after = changes.join(known, changes["idempotency_key"] == known["_known_key"], "left_anti")
     after = after.cache()
     entity_rows = snapshot_entity_rows(spark, base.location, base.manifest, app, after)
-    return (after, *entity_rows.cached), entity_rows.changes.unionByName(after), entity_rows.untouched
+    before = entity_rows.changes
+    if "problem" in after.columns:
+        # The snapshot's rows as whole-row inserts of their own key: nothing for the check.
+        before = before.withColumn("problem", F.lit(None).cast("string"))
+    return (after, *entity_rows.cached), before.unionByName(after), entity_rows.untouched
 
 
 def _with_snapshot_rows(

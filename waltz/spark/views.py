@@ -31,7 +31,9 @@ __all__ = [
     "AppViews",
     "apply_idempotency",
     "caching_replays",
+    "change_check",
     "change_problems",
+    "checked_problems",
     "entity_table",
     "idempotency_key_rows",
     "partial_row_problem",
@@ -162,9 +164,47 @@ def change_problems(changes: Any, registry: EntityRegistry, limit: int = 5) -> l
     """
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
+    check_change = change_check(registry)
+
+    def problem(
+        entity: str | None, operation: str | None, key: dict[str, str] | None, values: dict[str, str] | None
+    ) -> str | None:
+        if entity is None or operation is None:
+            return None
+        return check_change(RowChange(Operation(operation), entity, key or {}, values or {}))
+
+    check = F.udf(problem, "STRING", useArrow=False)
+    found = (
+        changes.select(
+            "partition_id",
+            "transaction_id",
+            check("entity", "operation", "key_values", "values").alias("problem"),
+        )
+        .where(F.col("problem").isNotNull())
+        .orderBy("partition_id", "transaction_id")
+        .limit(limit)
+        .collect()
+    )
+    return [f"partition {r.partition_id} transaction {r.transaction_id}: {r.problem}" for r in found]
+
+
+def change_check(registry: EntityRegistry) -> Callable[[RowChange], str | None]:
+    """The check of :func:`change_problems` for one row change, as a function the executors run
+    (it holds plain values only: names, never SQLAlchemy objects).
+
+    :func:`waltz.spark.decoders.decode_changes` runs it in the decoding pass (its ``check``), so
+    that the rebuild finds the problems in the decoded changes without another pass through
+    Python (:func:`checked_problems`; docs/design/spark.md "Computing views").
+
+    Args:
+        registry: the application's entities.
+
+    Returns:
+        A function of a row change (values as decoded, or rendered as text) that gives the
+        sentence naming its problem, or None when it fits (or is not of a registered entity).
+    """
     from waltz.jdbc_style.changeset_callbacks import row_change_problem
 
-    # Plain values only go to the executors: names, never SQLAlchemy objects.
     shapes = {
         info.spec.lock_name: (
             tuple(info.key),
@@ -176,25 +216,35 @@ def change_problems(changes: Any, registry: EntityRegistry, limit: int = 5) -> l
         for info in registry
     }
 
-    def problem(
-        entity: str | None, operation: str | None, key: dict[str, str] | None, values: dict[str, str] | None
-    ) -> str | None:
-        if entity is None or operation is None or entity not in shapes:
+    def check(change: RowChange) -> str | None:
+        shape = shapes.get(change.entity)
+        if shape is None:
             return None
-        key_names, primary_key, attributes, model_name, defaulted = shapes[entity]
-        change = RowChange(Operation(operation), entity, key or {}, values or {})
+        key_names, primary_key, attributes, model_name, defaulted = shape
         return row_change_problem(
             change, key=key_names, primary_key=primary_key, attributes=attributes, model_name=model_name
         ) or partial_row_problem(change, attributes, defaulted)
 
-    check = F.udf(problem, "STRING", useArrow=False)
+    return check
+
+
+def checked_problems(changes: Any, limit: int = 5) -> list[str]:
+    """The first problems found by the decoding pass's check (:func:`change_check`).
+
+    Args:
+        changes: decoded row changes with the ``problem`` column that
+            :func:`~waltz.spark.decoders.decode_changes` adds when given a ``check``.
+        limit: how many problems to return at most.
+
+    Returns:
+        Up to ``limit`` sentences, each naming the partition, the transaction and the problem, in
+        the order of :func:`change_problems`; empty when every change fits.
+    """
+    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+
     found = (
-        changes.select(
-            "partition_id",
-            "transaction_id",
-            check("entity", "operation", "key_values", "values").alias("problem"),
-        )
-        .where(F.col("problem").isNotNull())
+        changes.where(F.col("problem").isNotNull())
+        .select("partition_id", "transaction_id", "problem")
         .orderBy("partition_id", "transaction_id")
         .limit(limit)
         .collect()
