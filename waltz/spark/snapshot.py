@@ -602,7 +602,9 @@ class SnapshotSeed:
 
     def copy_into(self, conn: Connection, table: Table, staging: str) -> int:
         """Copy the rows into ``staging`` (a table with ``table``'s columns), in ``conn``'s
-        transaction: PostgreSQL's ``COPY`` (psycopg), a batched ``INSERT`` elsewhere.
+        transaction: PostgreSQL's ``COPY`` (psycopg), a batched ``INSERT`` elsewhere. When every
+        column is an integer, boolean or text column, the ``COPY`` reads CSV that pyarrow writes
+        from the Parquet batches, without a Python object per value.
 
         Returns:
             The rows copied.
@@ -619,6 +621,8 @@ class SnapshotSeed:
             )
         driver = conn.connection.driver_connection
         if conn.dialect.name == "postgresql" and hasattr(driver, "cursor") and hasattr(driver, "pgconn"):
+            if all(_csv_native(c.type) for c in table.columns):
+                return _copy_csv(driver, conn, table, staging, self.location, self.entry)
             return _copy_rows(driver, conn, table, staging, _rows(self.location, self.entry))
         return _insert_rows(conn, _renamed_table(table, staging), _rows(self.location, self.entry), table)
 
@@ -651,6 +655,44 @@ def _copy_rows(
                 [v if f is None else f(v) for v, f in zip((row[n] for n in names), convert, strict=True)]
             )
             count += 1
+    return count
+
+
+def _csv_native(column_type: types.TypeEngine[Any]) -> bool:
+    """Whether pyarrow's CSV of a column's snapshot values is what PostgreSQL's ``COPY`` takes as
+    they are (digits, ``true``/``false``, quoted text; NULL unquoted and empty)."""
+    return isinstance(column_type, types.Integer | types.Boolean) or (
+        isinstance(column_type, types.String) and not isinstance(column_type, types.JSON)
+    )
+
+
+def _copy_csv(
+    driver: Any, conn: Connection, table: Table, staging: str, location: str, entry: SnapshotFile
+) -> int:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    preparer = conn.dialect.identifier_preparer
+    names = [c.name for c in table.columns]
+    statement = (
+        f"COPY {preparer.quote(staging)} ({', '.join(preparer.quote(n) for n in names)}) "
+        "FROM STDIN WITH (FORMAT csv)"
+    )
+    # Text always quoted (so "" is an empty text), NULL as nothing: PostgreSQL's CSV.
+    options = pacsv.WriteOptions(include_header=False, quoting_style="needed")
+    count = 0
+    filesystem, root = open_location(location)
+    with (
+        filesystem.open_input_file(posixpath.join(root, entry.file)) as stream,
+        driver.cursor() as cursor,
+        cursor.copy(statement) as copy,
+    ):
+        for batch in pq.ParquetFile(stream).iter_batches(batch_size=BATCH_ROWS, columns=names):
+            sink = pa.BufferOutputStream()
+            pacsv.write_csv(batch.select(names), sink, write_options=options)
+            copy.write(sink.getvalue())
+            count += batch.num_rows
     return count
 
 
