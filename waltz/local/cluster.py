@@ -373,30 +373,13 @@ class LocalCluster:
         Raises:
             KeyError: no such certificate in this cluster's certificates.
         """
-        settings: dict[str, Any] = self.zookeeper_settings(_zookeeper_role(certificate))
-        files = self._security.certificates
-        if files is not None:
-            tls = files.tls(certificate)
-            settings |= {
-                "client_tls_ca_file": tls.ca_file,
-                "client_tls_cert_file": tls.cert_file,
-                "client_tls_key_file": tls.key_file,
-            }
-        return settings
+        return self._settings_with_tls(_zookeeper_role(certificate), "client_tls", certificate)
 
     def client_env(self, certificate: str = "client") -> dict[str, str]:
         """The environment giving a process (``waltz client ...``, an application) what
         :meth:`client_settings` holds: ``WALTZ_ZOOKEEPER_CONNECT_STRING``, ``WALTZ_CLUSTER_ROOT``,
         the client role's ``WALTZ_ZOOKEEPER_*`` and, in a secure cluster, ``WALTZ_CLIENT_TLS_*``."""
-        env = {
-            "WALTZ_ZOOKEEPER_CONNECT_STRING": self.zookeeper_connect_string,
-            "WALTZ_CLUSTER_ROOT": self.root,
-            **self.zookeeper_env(_zookeeper_role(certificate)),
-        }
-        files = self._security.certificates
-        if files is not None:
-            env |= files.client_env(certificate)
-        return env
+        return _as_env(self.client_settings(certificate))
 
     def admin_settings(self, certificate: str = "operator") -> dict[str, Any]:
         """``ClusterAdminConfig`` fields of an operator (the default) or admin: the operators'
@@ -406,34 +389,26 @@ class LocalCluster:
         Raises:
             KeyError: no such certificate in this cluster's certificates.
         """
-        settings: dict[str, Any] = self.zookeeper_settings(Role.OPERATOR)
-        files = self._security.certificates
-        if files is not None:
-            tls = files.tls(certificate)
-            settings |= {
-                "cluster_ssl_ca_file": tls.ca_file,
-                "cluster_ssl_cert_file": tls.cert_file,
-                "cluster_ssl_key_file": tls.key_file,
-            }
-        return settings
+        return self._settings_with_tls(Role.OPERATOR, "cluster_ssl", certificate)
 
     def admin_env(self, certificate: str = "operator") -> dict[str, str]:
         """The environment of :meth:`admin_settings` for the ``waltz`` command
         (``WALTZ_ZOOKEEPER_*``, ``WALTZ_CLUSTER_ROOT`` and ``WALTZ_CLUSTER_SSL_*``)."""
-        env = {
-            "WALTZ_ZOOKEEPER_CONNECT_STRING": self.zookeeper_connect_string,
-            "WALTZ_CLUSTER_ROOT": self.root,
-            **self.zookeeper_env(Role.OPERATOR),
-        }
+        return _as_env(self.admin_settings(certificate))
+
+    def _settings_with_tls(self, role: Role, prefix: str, certificate: str) -> dict[str, Any]:
+        """:meth:`zookeeper_settings` of ``role``, and in a secure cluster the TLS files presenting
+        ``certificate`` as the settings fields ``<prefix>_ca_file``, ``_cert_file``, ``_key_file``."""
+        settings: dict[str, Any] = self.zookeeper_settings(role)
         files = self._security.certificates
         if files is not None:
             tls = files.tls(certificate)
-            env |= {
-                "WALTZ_CLUSTER_SSL_CA_FILE": str(tls.ca_file),
-                "WALTZ_CLUSTER_SSL_CERT_FILE": str(tls.cert_file),
-                "WALTZ_CLUSTER_SSL_KEY_FILE": str(tls.key_file),
+            settings |= {
+                f"{prefix}_ca_file": tls.ca_file,
+                f"{prefix}_cert_file": tls.cert_file,
+                f"{prefix}_key_file": tls.key_file,
             }
-        return env
+        return settings
 
     def pids(self) -> dict[str, int]:
         """Process name (``zookeeper``, ``storage-0``, ``server-1``...) -> PID, for running processes."""
@@ -839,3 +814,9 @@ def _zookeeper_role(certificate: str) -> Role:
     """The ZooKeeper credential that goes with a role certificate: the operators' for the
     ``operator`` and ``admin`` certificates, the clients' for the others."""
     return Role.OPERATOR if certificate in ("operator", "admin") else Role.CLIENT
+
+
+def _as_env(settings: dict[str, Any]) -> dict[str, str]:
+    """Settings fields as the ``WALTZ_*`` variables the settings classes read (``env_prefix``
+    ``WALTZ_``: ``cluster_root`` is ``WALTZ_CLUSTER_ROOT``)."""
+    return {f"WALTZ_{name.upper()}": str(value) for name, value in settings.items()}

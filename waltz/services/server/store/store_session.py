@@ -207,16 +207,7 @@ class StoreSession:
             self.acked[storage] = max(self.acked.get(storage, -1), last)
             self._advance()
         except ReplicaError as exc:
-            if storage in self.writers:
-                log.warning(
-                    "partition %d: replica on %s leaves session %d: %s",
-                    self.partition_id,
-                    storage,
-                    self.session_id,
-                    exc,
-                )
-                del self.writers[storage]
-                self.end(f"replica on {storage} failed")
+            self._drop_writer(storage, exc, f"replica on {storage} failed")
         finally:
             if remaining is not None:  # None: a batch sent again to a joining replica
                 remaining["replicas"] -= 1
@@ -282,18 +273,23 @@ class StoreSession:
             try:
                 await connection.set_low_water_mark(committed)
             except ReplicaError as exc:
-                if storage in self.writers:
-                    log.warning(
-                        "partition %d: replica on %s leaves session %d: %s",
-                        self.partition_id,
-                        storage,
-                        self.session_id,
-                        exc,
-                    )
-                    del self.writers[storage]
-                    self.end(f"replica on {storage} failed: {exc}")
+                self._drop_writer(storage, exc, f"replica on {storage} failed: {exc}")
                 return False
         return True
+
+    def _drop_writer(self, storage: str, exc: ReplicaError, reason: str) -> None:
+        """A writer failed a request: it leaves the session, which ends with ``reason`` (once: a
+        writer already dropped by another failed request is left alone)."""
+        if storage in self.writers:
+            log.warning(
+                "partition %d: replica on %s leaves session %d: %s",
+                self.partition_id,
+                storage,
+                self.session_id,
+                exc,
+            )
+            del self.writers[storage]
+            self.end(reason)
 
     # ---- catching replicas up (docs/design/recovery.md "Catching up in the background") ----
 
