@@ -7,6 +7,7 @@ Source: ``docs/spark.md`` ("``waltz rebuild``": ``local[*]`` by default, any mas
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -72,9 +73,12 @@ def spark_session(
         A ``pyspark.sql.SparkSession``.
 
     Raises:
-        SparkUnavailableError: PySpark or pyarrow is missing.
+        SparkUnavailableError: PySpark or pyarrow is missing, or Spark's JVM exited before it
+            started (no ``java`` on ``PATH`` nor in ``JAVA_HOME``, or the JVM could not start: its
+            own output, on this process's standard error, says why).
     """
     require_spark()
+    from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
 
     master = master or "local[*]"
@@ -98,7 +102,17 @@ def spark_session(
         builder = builder.config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
     if jars:
         builder = builder.config("spark.jars", jars)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except PySparkRuntimeError as e:
+        if e.getErrorClass() != "JAVA_GATEWAY_EXITED":
+            raise
+        java_home = os.environ.get("JAVA_HOME")
+        raise SparkUnavailableError(
+            "Spark's JVM exited before it started; its own output, above on standard error, says "
+            f"why (java: {shutil.which('java') or 'not on PATH'}, "
+            f"JAVA_HOME: {java_home or 'not set'})"
+        ) from e
     register(spark)
     return spark
 
