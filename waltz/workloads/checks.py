@@ -36,7 +36,14 @@ from waltz.jdbc_style import CHANGE_SET_HEADER, ChangeSet
 from waltz.jdbc_style.schema import high_water_marks
 from waltz.workloads.application import Check, SmallBankApplication
 
-__all__ = ["Check", "LogTally", "check_application", "read_log", "schema_versions_check"]
+__all__ = [
+    "Check",
+    "LogTally",
+    "check_application",
+    "database_marks_check",
+    "read_log",
+    "schema_versions_check",
+]
 
 
 @dataclass
@@ -175,6 +182,12 @@ def schema_versions_check(models: Mapping[str, int], written: Mapping[str, Count
         not wrong,
         listed if not wrong else "; ".join(wrong) + f" ({listed})",
     )
+
+
+def database_marks_check(engine: Engine, cluster_name: str, server_marks: Mapping[int, int]) -> Check:
+    """Whether the database's mark rows of ``cluster_name`` equal the servers' high-water marks
+    (``server_marks``: partition -> mark), the first check of :func:`check_application`."""
+    return _marks_check(server_marks, _database_marks(engine, cluster_name))
 
 
 def _database_marks(engine: Engine, cluster_name: str) -> dict[int, int]:

@@ -1,4 +1,5 @@
-"""The database of a ``waltz perf smallbank`` run: checked before anything starts, or a temporary one.
+"""The database of a ``waltz perf smallbank`` or ``inventory`` run: checked before anything starts,
+or a temporary one.
 
 Part of :mod:`waltz.workloads.perf` (its module docstring describes the run).
 """
@@ -9,6 +10,7 @@ import contextlib
 import shutil
 import tempfile
 from collections.abc import Iterator
+from typing import Protocol
 
 from sqlalchemy import inspect, select
 from sqlalchemy.engine import make_url
@@ -18,13 +20,35 @@ from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style import migrations_api as framework_migrations
 from waltz.jdbc_style.schema import high_water_marks
 from waltz.jdbc_style.schema import metadata as framework_metadata
-from waltz.workloads.application import SmallBankApplication
 
-__all__ = ["FRAMEWORK_TABLES", "UnusableDatabaseError", "check_database", "perf_database", "render_url"]
+__all__ = [
+    "FRAMEWORK_TABLES",
+    "PerfApplication",
+    "UnusableDatabaseError",
+    "check_database",
+    "perf_database",
+    "render_url",
+]
 
 #: The SQL framework's tables, with its alembic version table: a database may hold them and the
-#: application's (``SmallBankApplication.tables``), and nothing else.
+#: application's (``PerfApplication.tables``), and nothing else.
 FRAMEWORK_TABLES = frozenset(framework_metadata.tables) | {framework_migrations.VERSION_TABLE}
+
+
+class PerfApplication(Protocol):
+    """What the database checks need of an application a run drives (a SmallBank application,
+    an inventory application).
+
+    Attributes:
+        name: its short name (its SQLite file's, and its default log name in the mark rows).
+        tables: the tables its own migrations make, their version table included.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def tables(self) -> frozenset[str]: ...
 
 
 class UnusableDatabaseError(ValueError):
@@ -40,13 +64,13 @@ def render_url(url: str) -> str:
 
 
 @contextlib.contextmanager
-def perf_database(application: SmallBankApplication, db_url: str | None) -> Iterator[str]:
+def perf_database(application: PerfApplication, db_url: str | None) -> Iterator[str]:
     """Yield ``db_url``, or without one the URL of a SQLite file named after the application in a
     temporary directory that is removed when the block ends."""
     if db_url is not None:
         yield db_url
         return
-    directory = tempfile.mkdtemp(prefix="waltz-perf-smallbank-")
+    directory = tempfile.mkdtemp(prefix="waltz-perf-")
     try:
         yield f"sqlite:///{directory}/{application.name}.db"
     finally:
@@ -54,7 +78,7 @@ def perf_database(application: SmallBankApplication, db_url: str | None) -> Iter
 
 
 def check_database(
-    application: SmallBankApplication, db_url: str, *, new_log: bool, cluster_name: str | None = None
+    application: PerfApplication, db_url: str, *, new_log: bool, cluster_name: str | None = None
 ) -> None:
     """Check that the run may use the database, before anything starts.
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from waltz import WaltzClientConfig, tune_garbage_collector
 from waltz.perf.producer import client_stage_totals
-from waltz.workloads.application import SmallBankInstance, load_application
+from waltz.workloads.application import load_application
+from waltz.workloads.perf.processes import entity_cache_counts
 from waltz.workloads.perf.settings import (
     APPLIED_TIMEOUT,
     ERROR_SAMPLES,
@@ -106,9 +107,9 @@ def _run_instance(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> No
             started = time.time()
             cpu_started = time.process_time()
             stages_started = client_stage_totals(service.client)
-            cache_started = _cache_counts(service)
+            cache_started = entity_cache_counts(service.callbacks)
             stats = workload.run(spec.draws)
-            cache_counts = _cache_counts(service)
+            cache_counts = entity_cache_counts(service.callbacks)
             ended = time.time()
             cpu_seconds = time.process_time() - cpu_started
             stages = client_stage_totals(service.client)
@@ -140,12 +141,6 @@ def _run_instance(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> No
         uncaught = service.callbacks.uncaught_count
         service.close()
     results.put(("closed", spec.index, {"uncaught": uncaught}))
-
-
-def _cache_counts(service: SmallBankInstance) -> tuple[int, int]:
-    """The instance's entity cache hits and misses so far ((0, 0) when it has none)."""
-    cache = service.callbacks.entity_cache
-    return (0, 0) if cache is None else (cache.hits, cache.misses)
 
 
 def instance_process(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> None:

@@ -6,11 +6,7 @@ Part of :mod:`waltz.workloads.perf` (its module docstring describes the run).
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
-import queue
-import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from sqlalchemy import Engine
 
@@ -23,6 +19,7 @@ from waltz.workloads.application import SmallBankApplication, load_application
 from waltz.workloads.checks import Check, check_application
 from waltz.workloads.perf.database import render_url
 from waltz.workloads.perf.instance import InstanceSpec, instance_process
+from waltz.workloads.perf.processes import InstanceProcesses, PerfRunError
 from waltz.workloads.perf.report import InstanceFigures, SmallBankPerfReport
 from waltz.workloads.perf.settings import (
     APPLIED_TIMEOUT,
@@ -40,7 +37,7 @@ __all__ = ["SmallBankRunError", "run_smallbank"]
 Say = Callable[[str], None]
 
 
-class SmallBankRunError(RuntimeError):
+class SmallBankRunError(PerfRunError):
     """The run could not complete: an instance process failed, or a phase timed out."""
 
 
@@ -73,73 +70,6 @@ def _open_accounts(
         if workload.stats.errors:
             raise SmallBankRunError(f"opening the accounts failed: {workload.stats.errors[:3]}")
         return opener.callbacks.uncaught_count, opener.client.num_partitions
-
-
-class _Instances:
-    """The instance processes and their messages; kills and reaps them on :meth:`close`."""
-
-    def __init__(self, specs: Sequence[InstanceSpec]) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.start = context.Event()
-        self.stop = context.Event()
-        self.results = context.Queue()
-        self.processes = [
-            context.Process(
-                target=instance_process,
-                args=(spec, self.start, self.stop, self.results),
-                name=f"waltz-perf-smallbank-{spec.index}",
-                daemon=True,
-            )
-            for spec in specs
-        ]
-        for process in self.processes:
-            process.start()
-
-    def gather(self, kind: str, timeout: float, what: str) -> dict[int, Any]:
-        """One ``kind`` message from every instance, within ``timeout`` seconds.
-
-        Raises:
-            SmallBankRunError: an instance reported an error or died, or the time ran out.
-        """
-        received: dict[int, Any] = {}
-        deadline = time.monotonic() + timeout
-        while len(received) < len(self.processes):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                missing = sorted(set(range(len(self.processes))) - set(received))
-                raise SmallBankRunError(f"instance(s) {missing}: not {what} within {timeout:g}s")
-            try:
-                message, index, payload = self.results.get(timeout=min(1.0, remaining))
-            except queue.Empty:
-                for i, process in enumerate(self.processes):
-                    if i not in received and process.exitcode not in (None, 0):
-                        raise SmallBankRunError(
-                            f"instance {i}: its process exited with code {process.exitcode}"
-                        ) from None
-                continue
-            if message == "error":
-                raise SmallBankRunError(f"instance {index} failed: {payload}")
-            if message != kind:
-                raise SmallBankRunError(f"instance {index}: expected {kind!r}, got {message!r}")
-            received[index] = payload
-        return received
-
-    def close(self) -> None:
-        """Let stopped processes end (10 s at most), then terminate, kill and reap the rest."""
-        stopping = self.stop.is_set()  # else an error or Ctrl-C: no use waiting
-        self.stop.set()
-        deadline = time.monotonic() + (10.0 if stopping else 0.5)
-        for process in self.processes:
-            process.join(max(0.1, deadline - time.monotonic()))
-        for process in self.processes:
-            if process.is_alive():
-                process.terminate()
-                process.join(5)
-            if process.is_alive():
-                process.kill()
-                process.join(5)
-        self.results.close()
-        self.results.cancel_join_thread()
 
 
 def run_smallbank(
@@ -202,7 +132,7 @@ def run_smallbank(
             warnings.append(_unequal_shares(num_partitions, counts))
             tell(f"warning: {warnings[-1]}")
         tell(f"starting {settings.instances} instance process(es)")
-        instances = _Instances(specs)
+        instances = InstanceProcesses(specs, instance_process, "waltz-perf-smallbank", SmallBankRunError)
         try:
             unsettled = instances.gather("ready", START_TIMEOUT, "ready")
             for index, count in sorted(unsettled.items()):
