@@ -1,6 +1,7 @@
 """``waltz perf``: producer and consumer performance runs (upstream Waltz's ProducerPerf/ConsumerPerf),
-and the SmallBank mix from application instances (``waltz perf smallbank``, the ledger example's
-by default).
+the SmallBank mix from application instances (``waltz perf smallbank``, the ledger example's
+by default), and reservations of hot SKUs under idempotency keys (``waltz perf inventory``,
+:mod:`waltz.cli.perf_inventory`).
 
 The logic lives in :mod:`waltz.perf` and, for ``smallbank``, in :mod:`waltz.workloads.perf`
 (imported inside the command); this module parses options and prints the figures. Exit codes: 0
@@ -14,10 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -37,7 +35,10 @@ from waltz.cli.options import (
     SizeOption,
     ZookeeperOption,
 )
-from waltz.errors import ConfigurationError, WaltzError, WaltzTimeoutError
+from waltz.cli.output import fail
+from waltz.cli.perf_inventory import inventory
+from waltz.cli.perf_target import describe_target, perf_target
+from waltz.errors import ConfigurationError
 from waltz.logs import configure_logging
 from waltz.workloads.application import DEFAULT_APPLICATION
 
@@ -46,11 +47,12 @@ app = typer.Typer(
         "Measure a Waltz cluster: producers (transactions/s, MB/s, retries per transaction, "
         "submit-to-commit latency percentiles from an HdrHistogram), consumers (read throughput), and "
         "the ledger example's SmallBank mix from application instances sharing one database "
-        "(committed/s, submit-to-commit and submit-to-applied latencies). "
+        "(committed/s, submit-to-commit and submit-to-applied latencies), and the inventory "
+        "example's reservations of hot SKUs under idempotency keys. "
         "Target an existing cluster with --zookeeper/--root (or --config, or `WALTZ_*` variables), or "
         "start a local one with --local and --storages/--servers/--partitions."
     ),
-    short_help="Measure throughput and latency: producers, consumers, SmallBank.",
+    short_help="Measure throughput and latency: producers, consumers, SmallBank, inventory.",
     no_args_is_help=True,
     rich_markup_mode=MARKUP,
 )
@@ -63,55 +65,6 @@ DEFAULT_SMALLBANK_PARTITIONS = 4
 def _logging() -> None:
     """Log warnings and errors only (WALTZ_LOG_LEVEL overrides): the commands print their figures."""
     configure_logging(os.environ.get("WALTZ_LOG_LEVEL", "WARNING"))
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    return typer.Exit(code)
-
-
-@contextmanager
-def _target(
-    local: bool,
-    storages: int,
-    servers: int,
-    partitions: int,
-    config: Path | None,
-    zk: str | None,
-    root: str | None,
-    secure: bool = True,
-) -> Iterator[Any]:
-    from waltz.local.processes import ServiceStartError
-    from waltz.perf.target import LocalClusterSpec, perf_cluster
-
-    if local and (zk or root):
-        raise _fail("--local starts its own cluster: drop --zookeeper/--root", 2)
-    if not secure and not local:
-        raise _fail("--insecure is for the cluster --local starts: drop it, or add --local", 2)
-    spec = LocalClusterSpec(storages, servers, partitions, secure=secure) if local else None
-    try:
-        with perf_cluster(spec, config_file=config, zookeeper=zk, root=root) as target:
-            yield target
-    except typer.Exit:
-        raise
-    except WaltzTimeoutError as exc:
-        raise _fail(str(exc), 1) from exc
-    except (ConfigurationError, ServiceStartError, TimeoutError) as exc:
-        raise _fail(str(exc), 2) from exc
-    except RuntimeError as exc:
-        raise _fail(str(exc), 1) from exc
-    except WaltzError as exc:
-        raise _fail(str(exc), 2) from exc
-
-
-def _describe(local: bool, storages: int, servers: int, partitions: int, root: str) -> str:
-    where = (
-        f"local cluster: {storages} storage node(s), RF {min(3, storages)}, {servers} server(s), "
-        f"{partitions} partition(s)"
-        if local
-        else f"cluster {root}"
-    )
-    return where
 
 
 def producer(
@@ -173,13 +126,13 @@ def producer(
             active_partitions,
         )
     except ValueError as exc:
-        raise _fail(str(exc), 2) from exc
-    with _target(local, storages, servers, partitions, config, zookeeper, root, secure) as target:
+        raise fail(str(exc), 2) from exc
+    with perf_target(local, storages, servers, partitions, config, zookeeper, root, secure) as target:
         client_config = target.config
         try:
             stats = run_producer(client_config, settings, target.metrics_urls, target.metrics_tls)
         except ValueError as exc:
-            raise _fail(str(exc), 2) from exc
+            raise fail(str(exc), 2) from exc
     if as_json:
         summary = stats.summary()
         summary["settings"] = {
@@ -195,7 +148,7 @@ def producer(
         return
     typer.echo(
         f"producer: {clients} client(s) x {transactions:,} transactions; {settings.load.describe()}; "
-        f"{_describe(local, storages, servers, partitions, client_config.cluster_root)}"
+        f"{describe_target(local, storages, servers, partitions, client_config.cluster_root)}"
     )
     typer.echo(stats.text("appended"))
 
@@ -236,12 +189,12 @@ def consumer(
 
     mode = ConsumerMode.LIVE if live else ConsumerMode.CATCH_UP
     settings = ConsumerSettings(transactions, size, producers, in_flight, active_partitions, mode, timeout)
-    with _target(local, storages, servers, partitions, config, zookeeper, root, secure) as target:
+    with perf_target(local, storages, servers, partitions, config, zookeeper, root, secure) as target:
         client_config = target.config
         try:
             report = run_consumer(client_config, settings, target.metrics_urls, target.metrics_tls)
         except ValueError as exc:
-            raise _fail(str(exc), 2) from exc
+            raise fail(str(exc), 2) from exc
     if as_json:
         typer.echo(
             json.dumps(
@@ -255,7 +208,7 @@ def consumer(
         return
     typer.echo(
         f"consumer ({mode.value}): {transactions:,} transactions of {size} B written by {producers} "
-        f"producer(s); {_describe(local, storages, servers, partitions, client_config.cluster_root)}"
+        f"producer(s); {describe_target(local, storages, servers, partitions, client_config.cluster_root)}"
     )
     typer.echo(report.consumer.text("read", "submit->read"))
     typer.echo(f"(producers: {report.producers.transactions_per_second:,.1f} transactions/s)")
@@ -415,7 +368,7 @@ def smallbank(
     try:
         application = load_application(app_module)
     except ConfigurationError as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
     try:
         settings = SmallBankPerfSettings(
             instances=instances,
@@ -432,9 +385,9 @@ def smallbank(
             app=app_module,
         )
     except ValueError as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
     if local and (zookeeper or root):
-        raise _fail("--local starts its own cluster: drop --zookeeper/--root", 2)
+        raise fail("--local starts its own cluster: drop --zookeeper/--root", 2)
     if partitions is None:
         partitions = instances if partition_routing else DEFAULT_SMALLBANK_PARTITIONS
     say = None if as_json else lambda line: typer.echo(line, err=True)
@@ -442,8 +395,8 @@ def smallbank(
         try:
             check_database(application, db_url, new_log=local, cluster_name=settings.cluster_name)
         except UnusableDatabaseError as exc:
-            raise _fail(str(exc), 2) from exc
-        with _target(local, storages, servers, partitions, config, zookeeper, root, secure) as target:
+            raise fail(str(exc), 2) from exc
+        with perf_target(local, storages, servers, partitions, config, zookeeper, root, secure) as target:
             client_config = target.config
             try:
                 report = run_smallbank(
@@ -455,11 +408,11 @@ def smallbank(
                     say=say,
                 )
             except SQLAlchemyError as exc:
-                raise _fail(f"the database failed: {type(exc).__name__}: {exc}", 1) from exc
+                raise fail(f"the database failed: {type(exc).__name__}: {exc}", 1) from exc
     if as_json:
         typer.echo(json.dumps(report.summary()))
     else:
-        where = _describe(local, storages, servers, partitions, client_config.cluster_root)
+        where = describe_target(local, storages, servers, partitions, client_config.cluster_root)
         typer.echo(f"smallbank: {settings.describe()}; database {report.database}; {where}")
         typer.echo(report.text())
     if not report.passed:
@@ -469,3 +422,4 @@ def smallbank(
 app.command("producer")(producer)
 app.command("consumer")(consumer)
 app.command("smallbank")(smallbank)
+app.command("inventory")(inventory)

@@ -1,0 +1,417 @@
+"""``waltz perf inventory``: reservations of a few hot SKUs from N instance processes on one database.
+
+Part of :mod:`waltz.workloads.perf` (its module docstring describes the machinery it shares with
+``smallbank``). The run, against an inventory application (:mod:`waltz.workloads.inventory`, the
+inventory example's by default):
+
+1. the database is prepared and every SKU given ``stock`` units, through one instance in this
+   process, applied before anything else starts;
+2. ``instances`` processes (``spawn``) each start an instance, mount, send their warm-up
+   reservations (counted nowhere), report ready and wait for the start event; then each sends its
+   share of the requests (:class:`~waltz.workloads.inventory_workload.InventoryWorkload`: a share
+   re-sent under the same idempotency key) and reports its figures, histograms encoded;
+3. the instances stop; an instance in this process applies the log up to the servers' high-water
+   marks, another replays the log into an empty SQLite database, and the run is checked: the
+   database's marks equal the servers', no SKU oversold, reserved = the sum of the reservations,
+   each idempotency key applied at most once, one reservation per request committed first, the
+   replay holds the same rows, no apply failed.
+
+Every wait is bounded; on an error, a timeout or Ctrl-C the instance processes are killed and
+reaped (:class:`~waltz.workloads.perf.processes.InstanceProcesses`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+
+from waltz import WaltzClientConfig, tune_garbage_collector
+from waltz.jdbc_style import create_framework_engine
+from waltz.perf.cost import measure_nodes
+from waltz.protocol.channels import TlsConfig
+from waltz.workloads.application import Check
+from waltz.workloads.checks import database_marks_check
+from waltz.workloads.inventory import (
+    DEFAULT_INVENTORY_APPLICATION,
+    InventoryApplication,
+    InventoryInstance,
+    inventory_checks,
+    load_inventory_application,
+    replay_check,
+)
+from waltz.workloads.inventory_workload import InventoryConfig, InventoryWorkload
+from waltz.workloads.perf.database import render_url
+from waltz.workloads.perf.inventory_report import InventoryInstanceFigures, InventoryPerfReport
+from waltz.workloads.perf.processes import InstanceProcesses, PerfRunError, entity_cache_counts
+from waltz.workloads.perf.settings import APPLIED_TIMEOUT, POPULATE_TIMEOUT, START_TIMEOUT, STOP_TIMEOUT
+
+__all__ = ["InventoryPerfSettings", "InventoryRunError", "run_inventory"]
+
+Say = Callable[[str], None]
+
+
+class InventoryRunError(PerfRunError):
+    """The inventory run could not complete: an instance process failed, or a phase timed out."""
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryPerfSettings:
+    """A ``waltz perf inventory`` run.
+
+    Attributes:
+        instances: instance processes, each with an instance of the application of its own.
+        transactions: reservation requests in all (retries not counted), split across the
+            instances (the first ones take one more when it does not divide).
+        skus: the hot SKUs every request draws from.
+        stock: units of each SKU on hand at the start.
+        max_quantity: each request reserves 1 to this many units.
+        retry_fraction: share of requests sent again under the same idempotency key.
+        in_flight: requests each instance keeps submitted and unresolved (retries besides).
+        submitters: threads per instance that submit.
+        seed: instance ``i`` draws with ``seed + 1 + i``.
+        timeout: seconds the measured phase may take.
+        entity_cache: the instances keep entity rows as their applies leave them.
+        warm_up: requests each instance sends before the measured phase, counted nowhere.
+        cluster_name: the log's name in the mark rows (None: the application's name).
+        app: the inventory application's module (:func:`load_inventory_application`).
+
+    Raises:
+        ValueError: a count below its minimum, a fraction outside 0..1, a timeout not above 0.
+    """
+
+    instances: int = 2
+    transactions: int = 3000
+    skus: int = 4
+    stock: int = 1000
+    max_quantity: int = 3
+    retry_fraction: float = 0.1
+    in_flight: int = 21
+    submitters: int = 4
+    seed: int = 7
+    timeout: float = 600.0
+    entity_cache: bool = True
+    warm_up: int = 50
+    cluster_name: str | None = None
+    app: str = DEFAULT_INVENTORY_APPLICATION
+
+    def __post_init__(self) -> None:
+        minimums = {
+            "instances": 1,
+            "transactions": 0,
+            "skus": 1,
+            "stock": 0,
+            "max_quantity": 1,
+            "in_flight": 1,
+            "submitters": 1,
+            "warm_up": 0,
+        }
+        for name, minimum in minimums.items():
+            if getattr(self, name) < minimum:
+                raise ValueError(f"{name} must be at least {minimum}, got {getattr(self, name)}")
+        if not 0.0 <= self.retry_fraction <= 1.0:
+            raise ValueError(f"retry_fraction must be within 0..1, got {self.retry_fraction}")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be above 0 seconds, got {self.timeout}")
+
+    def shares(self) -> list[int]:
+        """Each instance's requests (they add up to :attr:`transactions`)."""
+        base, extra = divmod(self.transactions, self.instances)
+        return [base + (1 if i < extra else 0) for i in range(self.instances)]
+
+    def workload(self, index: int, run: str) -> InventoryConfig:
+        """Instance ``index``'s workload parameters in run ``run`` (a token of the run): its keys
+        are its own, ``<run>-i<index>-<n>``."""
+        return InventoryConfig(
+            skus=self.skus,
+            max_quantity=self.max_quantity,
+            retry_fraction=self.retry_fraction,
+            in_flight=self.in_flight,
+            submitters=self.submitters,
+            seed=self.seed + 1 + index,
+            key_prefix=f"{run}-i{index}",
+        )
+
+    def describe(self) -> str:
+        """One line: instances, requests, SKUs and stock, retries, concurrency."""
+        return (
+            f"{self.instances} instance process(es), {self.transactions:,} requests in all, "
+            f"{self.skus} SKU(s) of {self.stock:,} units, 1-{self.max_quantity} units each, "
+            f"{self.retry_fraction:.0%} re-sent, {self.in_flight} in flight and {self.submitters} "
+            f"submitter(s) per instance, seed {self.seed}, {self.warm_up:,} warm-up requests per instance"
+            + ("" if self.entity_cache else ", no entity cache")
+            + ("" if self.app == DEFAULT_INVENTORY_APPLICATION else f", application {self.app}")
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The settings as a JSON-ready dict."""
+        return {
+            name: getattr(self, name)
+            for name in (
+                "instances",
+                "transactions",
+                "skus",
+                "stock",
+                "max_quantity",
+                "retry_fraction",
+                "in_flight",
+                "submitters",
+                "seed",
+                "timeout",
+                "entity_cache",
+                "warm_up",
+                "app",
+            )
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryInstanceSpec:
+    """What an instance process runs (pickled to it): its index, requests, the shared database,
+    its client's configuration, the run's settings, the log's name in the mark rows and the run's
+    token (in its requests' keys)."""
+
+    index: int
+    requests: int
+    db_url: str
+    config: WaltzClientConfig
+    settings: InventoryPerfSettings
+    cluster_name: str
+    run: str
+
+
+def _run_instance(spec: InventoryInstanceSpec, start: Any, stop: Any, results: Any) -> None:
+    """One instance: mount, warm up, report ready, send its requests at the start event, report
+    its figures, then close at the stop event and report its apply failures."""
+    settings = spec.settings
+    app = load_inventory_application(settings.app)
+    service = app.instance(
+        spec.db_url, spec.config, cluster_name=spec.cluster_name, entity_cache=settings.entity_cache
+    )
+    try:
+        service.client.wait_mounted(START_TIMEOUT)
+        tune_garbage_collector()
+        workload = InventoryWorkload(service, settings.workload(spec.index, spec.run))
+        try:
+            workload.run(settings.warm_up, APPLIED_TIMEOUT)
+            workload.wait_applied(APPLIED_TIMEOUT)
+            results.put(("ready", spec.index, workload.unapplied))
+            if not start.wait(START_TIMEOUT + 30):
+                raise TimeoutError(f"no start within {START_TIMEOUT + 30:g}s")
+            started, cpu_started = time.time(), time.process_time()
+            cache_started = entity_cache_counts(service.callbacks)
+            stats = workload.run(spec.requests, settings.timeout)
+            cache = entity_cache_counts(service.callbacks)
+            ended, cpu_seconds = time.time(), time.process_time() - cpu_started
+            workload.wait_applied(APPLIED_TIMEOUT)
+            unapplied, first_commits = workload.unapplied, workload.first_commits
+        finally:
+            workload.close()
+        wire = stats.to_wire()
+        wire.update(
+            index=spec.index,
+            requests=spec.requests,
+            seed=settings.seed + 1 + spec.index,
+            started=started,
+            ended=ended,
+            cpu_seconds=cpu_seconds,
+            unapplied=unapplied,
+            first_commits=first_commits,
+            entity_cache=[cache[0] - cache_started[0], cache[1] - cache_started[1]],
+        )
+        results.put(("result", spec.index, wire))
+        if not stop.wait(STOP_TIMEOUT + 30):
+            raise TimeoutError("no stop from the coordinator")
+        service.client.flush(STOP_TIMEOUT)
+    finally:
+        uncaught = service.callbacks.uncaught_count
+        service.close()
+    results.put(("closed", spec.index, {"uncaught": uncaught}))
+
+
+def inventory_instance_process(spec: InventoryInstanceSpec, start: Any, stop: Any, results: Any) -> None:
+    """The target of an instance process: runs it, and reports an error on ``results`` instead of
+    raising it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the coordinator stops the instances
+    try:
+        _run_instance(spec, start, stop, results)
+    except BaseException as exc:
+        results.put(("error", spec.index, f"{type(exc).__name__}: {exc}"))
+
+
+def run_inventory(
+    config: WaltzClientConfig,
+    settings: InventoryPerfSettings,
+    db_url: str,
+    *,
+    metrics_urls: Mapping[str, str] | None = None,
+    metrics_tls: TlsConfig | None = None,
+    say: Say | None = None,
+) -> InventoryPerfReport:
+    """Run the reservations from ``settings.instances`` processes and check the inventory.
+
+    Call :func:`~waltz.workloads.perf.check_database` first (before starting a cluster).
+
+    Args:
+        config: the client configuration of the cluster (its explicitly set ``client_*`` fields go
+            to every instance's client).
+        settings: what the run does.
+        db_url: the shared database (prepared here).
+        metrics_urls: ``/metrics`` URL of each cluster process by name, for their CPU; None or
+            empty: the instances' CPU alone.
+        say: called with a line at each stage (progress), if given.
+
+    Returns:
+        The merged figures of the measured phase and the checks.
+
+    Raises:
+        ConfigurationError: ``settings.app`` names no inventory application.
+        WaltzError: the cluster could not be reached.
+        InventoryRunError: an instance failed or a phase did not finish in time.
+        SQLAlchemyError: the database failed.
+    """
+    tell = say or (lambda line: None)
+    app = load_inventory_application(settings.app)
+    cluster_name = settings.cluster_name or app.name
+    engine = create_framework_engine(db_url)
+    try:
+        app.prepare_database(engine)
+        tell(f"stocking {settings.skus} SKU(s) with {settings.stock:,} units (prepared {render_url(db_url)})")
+        uncaught, partitions = _stock(app, db_url, config, cluster_name, settings)
+        before = app.state(engine).reservations  # an earlier run's, on a database given with --db
+        run = uuid.uuid4().hex[:8]
+        specs = [
+            InventoryInstanceSpec(i, requests, db_url, config, settings, cluster_name, run)
+            for i, requests in enumerate(settings.shares())
+        ]
+        tell(f"starting {settings.instances} instance process(es)")
+        instances = InstanceProcesses(
+            specs, inventory_instance_process, "waltz-perf-inventory", InventoryRunError
+        )
+        warnings: list[str] = []
+        try:
+            unsettled = instances.gather("ready", START_TIMEOUT + 2 * APPLIED_TIMEOUT, "ready")
+            warnings += [
+                f"instance {i} began the measured phase with {n:,} warm-up reservation(s) not applied"
+                for i, n in sorted(unsettled.items())
+                if n
+            ]
+            tell(f"running {settings.transactions:,} requests")
+            with measure_nodes(metrics_urls or {}, metrics_tls) as usage:
+                instances.start.set()
+                wires = instances.gather(
+                    "result", settings.timeout + APPLIED_TIMEOUT + 30, "through the requests"
+                )
+            figures = [InventoryInstanceFigures.from_wire(wires[i]) for i in sorted(wires)]
+            instances.stop.set()
+            closed = instances.gather("closed", STOP_TIMEOUT + 30, "stopped")
+            for f in figures:
+                f.uncaught = int(closed[f.index]["uncaught"])
+        finally:
+            instances.close()
+        tell("applying the log up to the servers' marks, replaying it into an empty database, checking")
+        first_commits = before + sum(f.first_commits for f in figures)
+        checks, last = _check(app, engine, config, db_url, cluster_name, first_commits)
+        uncaught += last + sum(f.uncaught for f in figures)
+        checks.append(Check("no apply ever failed", uncaught == 0, f"uncaught_exception calls: {uncaught}"))
+    finally:
+        engine.dispose()
+    return InventoryPerfReport(
+        settings,
+        render_url(db_url),
+        figures,
+        checks=checks,
+        node_cpu_seconds=dict(usage.cpu_seconds),
+        partitions=partitions,
+        warnings=warnings,
+    )
+
+
+def _stock(
+    app: InventoryApplication,
+    db_url: str,
+    config: WaltzClientConfig,
+    cluster_name: str,
+    settings: InventoryPerfSettings,
+) -> tuple[int, int]:
+    """Give every SKU its stock through one instance in this process, and wait until applied.
+
+    Returns:
+        Its failed applies, and the log's number of partitions.
+    """
+    instance = app.instance(db_url, config, cluster_name=cluster_name, entity_cache=False)
+    with contextlib.closing(instance) as stocker:
+        stocker.client.wait_mounted(START_TIMEOUT)
+        futures = [stocker.submit(stocker.set_stock(sku, settings.stock)) for sku in range(settings.skus)]
+        for sku, future in enumerate(futures):
+            try:
+                outcome = future.result(POPULATE_TIMEOUT)
+            except Exception as exc:
+                raise InventoryRunError(f"stocking SKU {sku}: {exc!r}") from exc
+            if not outcome.committed:
+                raise InventoryRunError(f"stocking SKU {sku} was refused: {outcome.reason}")
+        _apply_all(stocker, POPULATE_TIMEOUT)
+        return stocker.callbacks.uncaught_count, stocker.client.num_partitions
+
+
+def _apply_all(instance: InventoryInstance, timeout: float) -> dict[int, int]:
+    """Wait until ``instance`` applied every partition up to the servers' marks; returns them."""
+    marks = {p: instance.client.get_high_water_mark(p) for p in range(instance.client.num_partitions)}
+    for pid, mark in marks.items():
+        if mark >= 0 and not instance.callbacks.wait_for(pid, mark, timeout):
+            raise InventoryRunError(f"partition {pid} not applied up to {mark} within {timeout:g}s")
+    return marks
+
+
+def _check(
+    app: InventoryApplication,
+    engine: Engine,
+    config: WaltzClientConfig,
+    db_url: str,
+    cluster_name: str,
+    first_commits: int,
+) -> tuple[list[Check], int]:
+    """Apply the log up to the servers' marks, replay it into an empty SQLite database, and check.
+
+    Returns:
+        The checks (marks, the inventory's, the replay's), and the failed applies of the two
+        instances this runs.
+    """
+    checker = app.instance(db_url, config, cluster_name=cluster_name, entity_cache=False)
+    with contextlib.closing(checker):
+        checker.client.wait_mounted(START_TIMEOUT)
+        marks = _apply_all(checker, STOP_TIMEOUT)
+        uncaught = checker.callbacks.uncaught_count
+    state = app.state(engine)
+    directory = tempfile.mkdtemp(prefix="waltz-perf-replay-")
+    try:
+        replay_url = f"sqlite:///{directory}/{app.name}.db"
+        replay_engine = create_framework_engine(replay_url)
+        try:
+            app.prepare_database(replay_engine)
+            replayer = app.instance(replay_url, config, cluster_name=cluster_name, entity_cache=False)
+            with contextlib.closing(replayer):
+                replayer.client.wait_mounted(START_TIMEOUT)
+                for pid, mark in marks.items():
+                    if mark >= 0 and not replayer.callbacks.wait_for(pid, mark, START_TIMEOUT):
+                        raise InventoryRunError(f"the replay: partition {pid} not applied up to {mark}")
+                uncaught += replayer.callbacks.uncaught_count
+            replayed = app.state(replay_engine)
+        finally:
+            replay_engine.dispose()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    checks = [
+        database_marks_check(engine, cluster_name, marks),
+        *inventory_checks(state, first_commits),
+        replay_check(state, replayed),
+    ]
+    return checks, uncaught
