@@ -52,7 +52,7 @@ def inventory(
         ),
     ] = 3000,
     skus: Annotated[int, typer.Option(min=1, help="Hot SKUs every request draws from (uniformly).")] = 4,
-    stock: Annotated[int, typer.Option(min=0, help="Units of each SKU on hand at the start.")] = 1000,
+    stock: Annotated[int, typer.Option(min=0, help="Units of each SKU on hand at the start.")] = 1500,
     max_quantity: Annotated[
         int, typer.Option("--max-quantity", min=1, help="Each request reserves 1 to this many units.")
     ] = 3,

@@ -91,7 +91,7 @@ class InventoryPerfSettings:
     instances: int = 2
     transactions: int = 3000
     skus: int = 4
-    stock: int = 1000
+    stock: int = 1500
     max_quantity: int = 3
     retry_fraction: float = 0.1
     in_flight: int = 21
