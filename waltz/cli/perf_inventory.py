@@ -137,7 +137,8 @@ def inventory(
 
     from waltz.workloads.inventory import load_inventory_application
     from waltz.workloads.perf import UnusableDatabaseError, check_database, perf_database
-    from waltz.workloads.perf.inventory_run import InventoryPerfSettings, run_inventory
+    from waltz.workloads.perf.inventory_run import run_inventory
+    from waltz.workloads.perf.settings import InventoryPerfSettings
 
     try:
         application = load_inventory_application(app_module)

@@ -1,4 +1,6 @@
-"""``waltz perf smallbank``: the SmallBank mix from N instance processes of an application on one database.
+"""``waltz perf smallbank``: the SmallBank mix from N instance processes of an application on one
+database; and ``waltz perf inventory``, reservations of hot SKUs under idempotency keys, on the same
+machinery (:mod:`~waltz.workloads.perf.inventory_run`).
 
 It measures the application path as a user sees it (docs/design/overview.md, "Workloads"): an
 instance of the SmallBank application (the ledger example's by default: a ``LedgerService``, with
@@ -25,7 +27,9 @@ database.
    without the replica comparison: the run does not know the cluster's nodes).
 
 The modules: :mod:`~waltz.workloads.perf.settings` (what a run does), ``database`` (step 1),
-``runner`` (the coordinator), ``instance`` (an instance process), ``report`` (the figures).
+``processes`` (the instance processes and their messages, shared by both runs), ``runner`` (the
+coordinator), ``instance`` (an instance process), ``report`` (the figures); for ``inventory``,
+``inventory_run`` (its coordinator and instance process) and ``inventory_report``.
 
 Every wait is bounded; on an error, a timeout or Ctrl-C the instance processes are killed and
 reaped. Figures are reported, never asserted.
@@ -34,17 +38,25 @@ reaped. Figures are reported, never asserted.
 from __future__ import annotations
 
 from waltz.workloads.perf.database import UnusableDatabaseError, check_database, perf_database
+from waltz.workloads.perf.inventory_report import InventoryPerfReport
+from waltz.workloads.perf.inventory_run import InventoryRunError, run_inventory
+from waltz.workloads.perf.processes import PerfRunError
 from waltz.workloads.perf.report import InstanceFigures, SmallBankPerfReport
 from waltz.workloads.perf.runner import SmallBankRunError, run_smallbank
-from waltz.workloads.perf.settings import SmallBankPerfSettings
+from waltz.workloads.perf.settings import InventoryPerfSettings, SmallBankPerfSettings
 
 __all__ = [
     "InstanceFigures",
+    "InventoryPerfReport",
+    "InventoryPerfSettings",
+    "InventoryRunError",
+    "PerfRunError",
     "SmallBankPerfReport",
     "SmallBankPerfSettings",
     "SmallBankRunError",
     "UnusableDatabaseError",
     "check_database",
     "perf_database",
+    "run_inventory",
     "run_smallbank",
 ]

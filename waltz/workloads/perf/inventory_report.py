@@ -7,13 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from waltz.workloads.application import Check
 from waltz.workloads.inventory_workload import InventoryStats
-
-if TYPE_CHECKING:
-    from waltz.workloads.perf.inventory_run import InventoryPerfSettings
+from waltz.workloads.perf.settings import InventoryPerfSettings
 
 __all__ = ["InventoryInstanceFigures", "InventoryPerfReport"]
 

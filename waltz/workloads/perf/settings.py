@@ -1,4 +1,4 @@
-"""The settings of a ``waltz perf smallbank`` run, and the bounds of its phases.
+"""The settings of a ``waltz perf smallbank`` or ``inventory`` run, and the bounds of their phases.
 
 Part of :mod:`waltz.workloads.perf` (its module docstring describes the run).
 """
@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz.workloads.application import DEFAULT_APPLICATION
+from waltz.workloads.inventory import DEFAULT_INVENTORY_APPLICATION
+from waltz.workloads.inventory_workload import InventoryConfig
 from waltz.workloads.smallbank import SmallBankConfig
 
 __all__ = [
@@ -19,6 +21,7 @@ __all__ = [
     "START_TIMEOUT",
     "STOP_TIMEOUT",
     "SWEEP_INTERVAL",
+    "InventoryPerfSettings",
     "SmallBankPerfSettings",
 ]
 
@@ -138,4 +141,114 @@ class SmallBankPerfSettings:
             "entity_cache": self.entity_cache,
             "rate": self.rate,
             "app": self.app,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryPerfSettings:
+    """A ``waltz perf inventory`` run.
+
+    Attributes:
+        instances: instance processes, each with an instance of the application of its own.
+        transactions: reservation requests in all (retries not counted), split across the
+            instances (the first ones take one more when it does not divide).
+        skus: the hot SKUs every request draws from.
+        stock: units of each SKU on hand at the start.
+        max_quantity: each request reserves 1 to this many units.
+        retry_fraction: share of requests sent again under the same idempotency key.
+        in_flight: requests each instance keeps submitted and unresolved (retries besides).
+        submitters: threads per instance that submit.
+        seed: instance ``i`` draws with ``seed + 1 + i``.
+        timeout: seconds the measured phase may take.
+        entity_cache: the instances keep entity rows as their applies leave them.
+        warm_up: requests each instance sends before the measured phase, counted nowhere.
+        cluster_name: the log's name in the mark rows (None: the application's name).
+        app: the inventory application's module (:func:`load_inventory_application`).
+
+    Raises:
+        ValueError: a count below its minimum, a fraction outside 0..1, a timeout not above 0.
+    """
+
+    instances: int = 2
+    transactions: int = 3000
+    skus: int = 4
+    stock: int = 1500
+    max_quantity: int = 3
+    retry_fraction: float = 0.1
+    in_flight: int = 21
+    submitters: int = 4
+    seed: int = 7
+    timeout: float = 600.0
+    entity_cache: bool = True
+    warm_up: int = 50
+    cluster_name: str | None = None
+    app: str = DEFAULT_INVENTORY_APPLICATION
+
+    def __post_init__(self) -> None:
+        minimums = {
+            "instances": 1,
+            "transactions": 0,
+            "skus": 1,
+            "stock": 0,
+            "max_quantity": 1,
+            "in_flight": 1,
+            "submitters": 1,
+            "warm_up": 0,
+        }
+        for name, minimum in minimums.items():
+            if getattr(self, name) < minimum:
+                raise ValueError(f"{name} must be at least {minimum}, got {getattr(self, name)}")
+        if not 0.0 <= self.retry_fraction <= 1.0:
+            raise ValueError(f"retry_fraction must be within 0..1, got {self.retry_fraction}")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be above 0 seconds, got {self.timeout}")
+
+    def shares(self) -> list[int]:
+        """Each instance's requests (they add up to :attr:`transactions`)."""
+        base, extra = divmod(self.transactions, self.instances)
+        return [base + (1 if i < extra else 0) for i in range(self.instances)]
+
+    def workload(self, index: int, run: str) -> InventoryConfig:
+        """Instance ``index``'s workload parameters in run ``run`` (a token of the run): its keys
+        are its own, ``<run>-i<index>-<n>``."""
+        return InventoryConfig(
+            skus=self.skus,
+            max_quantity=self.max_quantity,
+            retry_fraction=self.retry_fraction,
+            in_flight=self.in_flight,
+            submitters=self.submitters,
+            seed=self.seed + 1 + index,
+            key_prefix=f"{run}-i{index}",
+        )
+
+    def describe(self) -> str:
+        """One line: instances, requests, SKUs and stock, retries, concurrency."""
+        return (
+            f"{self.instances} instance process(es), {self.transactions:,} requests in all, "
+            f"{self.skus} SKU(s) of {self.stock:,} units, 1-{self.max_quantity} units each, "
+            f"{self.retry_fraction:.0%} re-sent, {self.in_flight} in flight and {self.submitters} "
+            f"submitter(s) per instance, seed {self.seed}, {self.warm_up:,} warm-up requests per instance"
+            + ("" if self.entity_cache else ", no entity cache")
+            + ("" if self.app == DEFAULT_INVENTORY_APPLICATION else f", application {self.app}")
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The settings as a JSON-ready dict."""
+        return {
+            name: getattr(self, name)
+            for name in (
+                "instances",
+                "transactions",
+                "skus",
+                "stock",
+                "max_quantity",
+                "retry_fraction",
+                "in_flight",
+                "submitters",
+                "seed",
+                "timeout",
+                "entity_cache",
+                "warm_up",
+                "app",
+            )
         }
