@@ -314,24 +314,101 @@ def test_a_command_style_transaction_resets_the_cache(engine: Engine, callbacks:
     assert after.seen == [40]  # from the database, not the cached 2
 
 
-def test_an_idempotency_keyed_change_set_drops_what_it_touched(
+class Keyed(Add):
+    """:class:`Add` as a request carrying an idempotency key (``request-<tally>`` unless given);
+    the key is not checked before appending, so a repeated request commits and its apply skips
+    its changes."""
+
+    checks_idempotency_key = False
+
+    def __init__(self, callbacks: ChangeSetCallbacks, tally_id: int, amount: int = 1, *, key: str = ""):
+        super().__init__(callbacks, tally_id, amount)
+        self.key = key or f"request-{tally_id}"
+
+    def run(self, tx: EntityTransaction) -> bool:
+        tx.idempotency_key = self.key
+        return super().run(tx)
+
+
+def test_an_idempotency_keyed_change_set_is_kept_once_its_apply_recorded_the_key(
     engine: Engine, callbacks: CommandCallbacks
 ) -> None:
-    class Keyed(Add):
-        checks_idempotency_key = False  # the repeated request commits: its apply skips it
-
-        def run(self, tx: EntityTransaction) -> bool:
-            tx.idempotency_key = "request-1"
-            return super().run(tx)
-
-    _cached_at_one(callbacks, 9)
+    """A keyed change-set's rows are kept once its apply says it recorded the key first; a
+    repeated request, whose apply skipped its changes, leaves them to the database."""
+    pid = _cached_at_one(callbacks, 9)  # tally 9 = 2, cached
     statements = Statements(engine)
-    _commit(callbacks, Keyed(callbacks, 9), 2)  # tally 9 = 3, applied at most once per key
-    assert _commit(callbacks, Keyed(callbacks, 9), 3) == 2  # the same key: its change is skipped
+    _commit(callbacks, Keyed(callbacks, 9), 2)  # tally 9 = 3: the key's first request
+    first = Add(callbacks, 9)
+    assert statements.during(lambda: _attempt(first)) == 0  # from the cache, at 2
+    assert first.seen == [3]
+    cache = callbacks.entity_cache
+    assert cache is not None and cache.resets == 0
+    assert _commit(callbacks, Keyed(callbacks, 9), 3) == 2  # the same key again: its change is skipped
     assert _read(engine, 9) == 3
     after = Add(callbacks, 9)
-    assert statements.during(lambda: _attempt(after)) > 0  # the cache was dropped: read again
+    assert statements.during(lambda: _attempt(after)) > 0  # the cache does not hold the row: read
     assert after.seen == [3]
+    assert _attempt(Add(callbacks, 9)).build().client_high_water_mark == 3
+    assert cache.resets == 0 and cache.position(pid) == 3
+
+
+def test_an_absorbed_keyed_change_set_is_read_only_once_its_apply_recorded_the_key(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    """Absorbed before its apply, a keyed change-set leaves its rows pending: no attempt reads
+    them from the cache until the apply says whether it recorded the key first."""
+    pid = _cached_at_one(callbacks, 21)  # tally 21 = 2, cached at 1
+    info = callbacks.registry.info(Tally)
+    cache = callbacks.entity_cache
+    assert cache is not None
+    first = _payload_transaction(Keyed(callbacks, 21, amount=5), 2)
+    callbacks.absorb_transactions([first])
+    assert cache.position(pid) == 2 and cache.view(pid, [(info, (21,))]) is None  # pending
+    callbacks.apply_transaction(first)
+    assert _read(engine, 21) == 7
+    assert cache.view(pid, [(info, (21,))]) == (2, {(info, (21,)): (21, 7, "", True)})
+    # The same request again, absorbed then skipped by its apply; then an unkeyed change of
+    # another tally in the same partition, which stays cached.
+    again = _payload_transaction(Keyed(callbacks, 21, amount=5), 3)
+    other = _payload_transaction(Add(callbacks, 25), 4)
+    callbacks.absorb_transactions([again, other])
+    assert cache.view(pid, [(info, (21,))]) is None
+    callbacks.apply_transaction(again)
+    callbacks.apply_transaction(other)
+    assert _read(engine, 21) == 7
+    assert cache.view(pid, [(info, (21,))]) is None  # skipped: left to the database
+    assert cache.view(pid, [(info, (25,))]) == (4, {(info, (25,)): (25, 1, "", True)})
+    read = Add(callbacks, 21)
+    assert _attempt(read).build().client_high_water_mark == 4 and read.seen == [7]
+    # A later unkeyed change of the row carries it whole: kept at once, whatever came before.
+    callbacks.apply_transaction(_payload_transaction(Add(callbacks, 21), 5))
+    assert cache.view(pid, [(info, (21,))]) == (5, {(info, (21,)): (21, 8, "", True)})
+    assert cache.resets == 0
+
+
+def test_settling_a_keyed_change_set_leaves_later_changes_of_its_rows_alone() -> None:
+    """The entry a keyed change-set left is settled only while it is still that change-set's:
+    a later change of the key (keyed or not) replaced it."""
+    registry = EntityRegistry.from_base(Base)
+    info = registry.info(Tally)
+    cache = EntityCache(registry)
+    cache.floor(0, 0)
+
+    def change(tally: int, value: int, key: str | None) -> ChangeSet:
+        values = {"tally_id": tally, "value": value, "label": "", "open": True}
+        return ChangeSet([RowChange(Operation.INSERT, "cache.tally", {"tally_id": tally}, values)], key)
+
+    cache.absorb(0, 1, [change(4, 1, "a"), change(4, 2, "b"), change(8, 3, "c"), change(8, 4, None)])
+    assert cache.read(0, [(info, (4,))]) is None
+    assert cache.read(0, [(info, (8,))]) == (4, {(info, (8,)): (8, 4, "", True)})
+    cache.settle(0, {1: True, 3: False})  # "a" (replaced by "b") and "c" (replaced) change nothing
+    assert cache.read(0, [(info, (4,))]) is None
+    assert cache.read(0, [(info, (8,))]) == (4, {(info, (8,)): (8, 4, "", True)})
+    cache.settle(0, {2: True})
+    assert cache.read(0, [(info, (4,))]) == (4, {(info, (4,)): (4, 2, "", True)})
+    cache.absorb(0, 5, [change(4, 9, "d")])
+    cache.settle(0, {5: False})
+    assert cache.read(0, [(info, (4,))]) is None and cache.resets == 0
 
 
 def test_a_delete_is_cached_as_no_row(engine: Engine, callbacks: CommandCallbacks) -> None:

@@ -145,6 +145,10 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         )
         # Change-sets decoded by apply, by partition and transaction, for the entity cache.
         self._decoded: dict[int, dict[int, ChangeSet]] = {}
+        # With the entity cache, by partition and transaction: whether the apply in progress
+        # recorded a change-set's idempotency key first (its changes applied), for the cache to
+        # settle the entries the change-set left pending once the apply commits.
+        self._key_outcomes: dict[int, dict[int, bool]] = {}
         # Statements of staged row changes, built once per (model, operation, attribute names).
         self._statements: dict[tuple[Any, ...], Any] = {}
         self.registry = registry
@@ -305,18 +309,26 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         if cache is None:
             return
         decoded = self._decoded.pop(partition_id, None) or {}
+        noted = self._key_outcomes.pop(partition_id, None) or {}
         if not applied:
             cache.drop_rows(partition_id)
             cache.floor(partition_id, mark)
             return
-        cache.absorb(
-            partition_id, applied[0].transaction_id, [decoded.get(t.transaction_id) for t in applied]
-        )
+        change_sets = [decoded.get(t.transaction_id) for t in applied]
+        cache.absorb(partition_id, applied[0].transaction_id, change_sets)
+        outcomes = {
+            t.transaction_id: noted.get(t.transaction_id, False)  # not noted: not known, not kept
+            for t, change_set in zip(applied, change_sets, strict=True)
+            if change_set is not None and change_set.idempotency_key is not None
+        }
+        if outcomes:
+            cache.settle(partition_id, outcomes)
 
     def _apply_failed(self, partition_id: int) -> None:
         """An apply failed: the entity cache drops its rows (an operator may skip the transaction
         it absorbed); rows come back from the database."""
         self._decoded.pop(partition_id, None)
+        self._key_outcomes.pop(partition_id, None)
         if self.entity_cache is not None:
             self.entity_cache.drop_rows(partition_id)
 
@@ -328,9 +340,16 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         Raises:
             ChangeSetApplyError: an update or delete found no row.
         """
-        if change_set.idempotency_key is not None and not self.record_idempotency_key(
-            session, change_set.idempotency_key, transaction
-        ):
+        key = change_set.idempotency_key
+        if key is None:
+            recorded = True
+        else:
+            recorded = self.record_idempotency_key(session, key, transaction)
+            if self.entity_cache is not None:  # settles what the change-set left in the cache
+                self._key_outcomes.setdefault(transaction.partition_id, {})[transaction.transaction_id] = (
+                    recorded
+                )
+        if not recorded:
             log.info(
                 "partition %d transaction %d: request %r was applied before; its changes are skipped",
                 transaction.partition_id,

@@ -30,8 +30,13 @@ How the rows stay exact:
   (MariaDB's default collations equate them) such models are never kept.
 - Anything the cache cannot follow exactly resets it to an empty cache at the new mark: a group
   that does not start at P + 1, a floor (transactions found applied at a mount), a transaction
-  that is not a change-set, a change-set with an idempotency key (its changes may be skipped at
-  apply time), a change the cache cannot place by its entity key.
+  that is not a change-set, a change the cache cannot place by its entity key.
+- A change-set with an idempotency key is followed too, but its apply may skip its changes (an
+  earlier transaction carried the key): each entry it leaves is *pending* on its transaction,
+  unknown to attempts, until the apply of that transaction tells whether it recorded the key
+  first (:meth:`EntityCache.settle`): then the entry is the row it carried, else "changed, row
+  unknown". A later change of the same key replaces the entry as usual (a whole row does not
+  depend on whether the keyed change before it was applied).
 - What the database may not hold as absorbed drops the rows: an apply that failed (an operator
   may skip the transaction; P stays), a group another instance applied, whole or in part (P
   moves up to the database's mark when that is ahead, :meth:`EntityCache.floor`).
@@ -151,8 +156,27 @@ class _Changed:
 _CHANGED: Any = _Changed()
 
 
+class _Pending:
+    """The entry of a key last changed by a change-set with an idempotency key whose apply has
+    not said yet whether it recorded the key first: ``row`` (a row or None) if it did."""
+
+    __slots__ = ("row", "transaction_id")
+
+    def __init__(self, transaction_id: int, row: tuple[Any, ...] | None) -> None:
+        self.transaction_id = transaction_id
+        self.row = row
+
+    def __repr__(self) -> str:
+        return f"PENDING({self.transaction_id}, {self.row!r})"
+
+
+def _unknown(entry: Any) -> bool:
+    """Whether an entry gives no row to an attempt: changed without a whole row, or pending."""
+    return entry is _CHANGED or type(entry) is _Pending
+
+
 class _Partition:
-    __slots__ = ("complete_from", "hits", "lock", "misses", "position", "resets", "rows")
+    __slots__ = ("complete_from", "hits", "lock", "misses", "pending", "position", "resets", "rows")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -161,12 +185,15 @@ class _Partition:
         # absorbed after it left an entry in ``rows``. None while not started.
         self.complete_from: int | None = None
         self.rows: dict[Key, tuple[Any, ...] | None] = {}
+        # Transaction ID -> the keys it left pending (a change-set with an idempotency key).
+        self.pending: dict[int, list[Key]] = {}
         self.hits = self.misses = self.resets = 0  # counted under the lock
 
     def empty(self, position: int | None) -> None:
         """Drop the rows at ``position`` (where the partition is, or starts again), counted as a
         reset when there were any (under the lock)."""
         self.complete_from = position
+        self.pending = {}
         if self.rows:
             self.resets += 1
             self.rows = {}
@@ -292,7 +319,7 @@ class EntityCache:
             if not self._kept_key(key[0], key[1]):
                 continue  # never kept: read from the database if the attempt reads it
             row = rows.get(key, MISSING)
-            if row is MISSING or row is _CHANGED:
+            if row is MISSING or _unknown(row):
                 return None
             found[key] = row
         if not found:
@@ -307,7 +334,7 @@ class EntityCache:
             if partition.position != position:
                 return MISSING
             row = partition.rows.get(key, MISSING)
-            return MISSING if row is _CHANGED else row
+            return MISSING if _unknown(row) else row
 
     def fill(self, partition_id: int, mark: int, rows: Iterable[tuple[Key, Any]]) -> None:
         """Keep rows read from the database in a snapshot at ``mark``, if the partition is at that
@@ -329,7 +356,7 @@ class EntityCache:
             if row is not None and not _exact(kinds, tuple(row)):
                 continue
             entry = kept.get(key, MISSING)
-            if entry is MISSING or entry is _CHANGED:
+            if entry is MISSING or _unknown(entry):  # the database's row at the position
                 kept[key] = None if row is None else tuple(row)
         if len(kept) > self.max_entries:
             partition.empty(partition.position)
@@ -363,7 +390,7 @@ class EntityCache:
                 if not self._kept_key(key[0], key[1]):
                     return None
                 entry = held.get(key, MISSING)
-                if entry is _CHANGED:
+                if _unknown(entry):
                     return None
                 if entry is MISSING:
                     read.append((key, row))
@@ -417,18 +444,52 @@ class EntityCache:
                     return
                 change_sets = change_sets[position + 1 - first :]
                 first = position + 1
-            followed = partition.position == first - 1 and not any(
-                cs is None or cs.idempotency_key is not None for cs in change_sets
-            )
-            rows = partition.rows
-            if not (followed and all(cs is not None and self._follow(rows, cs) for cs in change_sets)):
+            followed = partition.position == first - 1 and all(cs is not None for cs in change_sets)
+            if not (
+                followed
+                and all(
+                    cs is not None and self._follow(partition, cs, first + offset)
+                    for offset, cs in enumerate(change_sets)
+                )
+            ):
                 partition.empty(last)
             partition.position = last
             if len(partition.rows) > self.max_entries:
                 partition.empty(last)
 
-    def _follow(self, rows: dict[Key, Any], change_set: ChangeSet) -> bool:
-        """Apply one change-set's row changes to ``rows``; False when one cannot be placed."""
+    def settle(self, partition_id: int, outcomes: dict[int, bool]) -> None:
+        """The applies of change-sets with an idempotency key committed: ``outcomes`` maps each
+        transaction ID to whether its apply recorded the key first (its changes applied) or not
+        (skipped, or not known). The entries each left pending become the rows it carried, or
+        "changed, row unknown" (see the module docstring)."""
+        partition = self._partition(partition_id)
+        with partition.lock:
+            rows, pending = partition.rows, partition.pending
+            for transaction_id, applied in outcomes.items():
+                for key in pending.pop(transaction_id, ()):
+                    entry = rows.get(key, MISSING)
+                    if type(entry) is _Pending and entry.transaction_id == transaction_id:
+                        rows[key] = entry.row if applied else _CHANGED
+
+    def _follow(self, partition: _Partition, change_set: ChangeSet, transaction_id: int) -> bool:
+        """Apply one change-set's row changes to the partition's rows (pending on
+        ``transaction_id`` when it carries an idempotency key); False when one cannot be placed."""
+        rows: dict[Key, Any] = partition.rows
+        if change_set.idempotency_key is not None:
+            touched: list[Key] = []
+            placed = self._follow_rows(rows, change_set, touched)
+            keys = list(dict.fromkeys(touched))  # a key changed twice is pending once
+            partition.pending[transaction_id] = keys
+            for key in keys:
+                entry = rows[key]
+                if entry is not _CHANGED:
+                    rows[key] = _Pending(transaction_id, entry)
+            return placed
+        return self._follow_rows(rows, change_set, None)
+
+    def _follow_rows(self, rows: dict[Key, Any], change_set: ChangeSet, touched: list[Key] | None) -> bool:
+        """Apply one change-set's row changes to ``rows``, noting the keys changed in
+        ``touched`` (when given); False when one cannot be placed."""
         by_name = self.registry.by_name
         for change in change_set.changes:
             try:
@@ -449,6 +510,8 @@ class EntityCache:
                 if named is None:
                     return False
                 rows[(info, named)] = None
+                if touched is not None:
+                    touched.append((info, named))
                 continue
             values = change.values
             try:
@@ -464,6 +527,8 @@ class EntityCache:
             if change.operation is Operation.UPDATE and named != key:
                 return False  # the row it changed may have been cached under another key
             rows[(info, key)] = row if _exact(kinds, row) else _CHANGED
+            if touched is not None:
+                touched.append((info, key))
         return True
 
 
