@@ -11,6 +11,7 @@ import grpc
 import pytest
 import support
 from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 from support.storage import run
 
 from tests.services.server.conftest import StoreCluster, make_store_cluster
@@ -86,7 +87,13 @@ async def wait_writable_owner(
 ) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        endpoint, _ = owner(cluster)
+        try:
+            endpoint, _ = owner(cluster)
+        except (ConnectionLoss, SessionExpiredError):
+            # The test's own ZooKeeper session was lost while ZooKeeper was down (a test that
+            # stops and starts it): kazoo opens a new one; read again.
+            await asyncio.sleep(0.1)
+            continue
         if endpoint is not None and endpoint != exclude:
             try:
                 async with ServerAdminClient(endpoint, timeout=2) as client:
