@@ -15,8 +15,8 @@ then ``-m immediate``, then SIGKILL of a postmaster that is still there) and rem
 directory. A postmaster runs in a session of its own (``pg_ctl`` starts it so): a signal to the
 benchmark's process group does not reach it, the context manager does.
 
-The server binaries (``initdb``, ``pg_ctl``, ``pg_basebackup``) are taken from ``WALTZ_PG_BIN``,
-else from where ``pg_ctl`` on ``PATH`` really lives, else from the newest
+The server binaries (``initdb``, ``pg_ctl``, ``pg_basebackup``) are taken from ``WALTZ_PG_BIN``
+when set, else from where ``pg_ctl`` on ``PATH`` really lives, else from the newest
 ``/usr/lib/postgresql/*/bin`` (Debian's). PostgreSQL refuses to run as root: as root, the servers
 run as the OS user ``postgres``. Usage::
 
@@ -72,15 +72,17 @@ def find_bindir() -> Path:
     """The directory of PostgreSQL's server binaries.
 
     Returns:
-        ``$WALTZ_PG_BIN``, else the real directory of ``pg_ctl`` on ``PATH``, else the newest
-        ``/usr/lib/postgresql/*/bin``; one that holds ``initdb``, ``pg_ctl`` and ``pg_basebackup``.
+        ``$WALTZ_PG_BIN`` when set; else the real directory of ``pg_ctl`` on ``PATH``, else the
+        newest ``/usr/lib/postgresql/*/bin``: the first that holds ``initdb``, ``pg_ctl`` and
+        ``pg_basebackup``.
 
     Raises:
-        PgQuorumError: no such directory.
+        PgQuorumError: ``$WALTZ_PG_BIN`` lacks them, or no such directory was found.
     """
+    chosen = os.environ.get(PG_BIN_ENV)
+    if chosen:
+        return check_bindir(Path(chosen), f"{PG_BIN_ENV}={chosen}")
     candidates: list[Path] = []
-    if os.environ.get(PG_BIN_ENV):
-        candidates.append(Path(os.environ[PG_BIN_ENV]))
     on_path = shutil.which("pg_ctl")
     if on_path:
         candidates.append(Path(on_path).resolve().parent)
@@ -90,13 +92,41 @@ def find_bindir() -> Path:
 
     candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=version, reverse=True)
     for directory in candidates:
-        if all(os.access(directory / name, os.X_OK) for name in _BINARIES):
+        if not _missing(directory):
             return directory
     raise PgQuorumError(
-        f"PostgreSQL's server binaries ({', '.join(_BINARIES)}) were not found in "
-        f"{[str(c) for c in candidates] or 'any of $WALTZ_PG_BIN, PATH, /usr/lib/postgresql/*/bin'}: "
-        f"install the server (Debian: apt-get install postgresql) or set {PG_BIN_ENV} to their directory"
+        f"PostgreSQL's server binaries ({', '.join(_BINARIES)}) were not found on PATH or in "
+        f"/usr/lib/postgresql/*/bin: install the server (Debian: apt-get install postgresql) or "
+        f"set {PG_BIN_ENV} to their directory"
     )
+
+
+def check_bindir(directory: Path, what: str | None = None) -> Path:
+    """Check that a directory holds the server binaries this module runs.
+
+    Args:
+        directory: the directory.
+        what: how the caller named it, for the message; the path by default.
+
+    Returns:
+        ``directory``.
+
+    Raises:
+        PgQuorumError: some of ``initdb``, ``pg_ctl``, ``pg_basebackup`` are missing or not
+            executable there.
+    """
+    missing = _missing(directory)
+    if missing:
+        raise PgQuorumError(
+            f"{what or directory}: no executable {', '.join(missing)} there; point it at the "
+            f"directory of PostgreSQL's server binaries (e.g. /usr/lib/postgresql/15/bin)"
+        )
+    return directory
+
+
+def _missing(directory: Path) -> list[str]:
+    """The server binaries that are not executable files in ``directory``."""
+    return [name for name in _BINARIES if not os.access(directory / name, os.X_OK)]
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -161,7 +191,7 @@ class PgQuorum:
         """
         if self.root is not None:
             raise RuntimeError("this PgQuorum is already started; make another one")
-        bindir = self.bindir or find_bindir()
+        bindir = check_bindir(self.bindir) if self.bindir else find_bindir()
         self.bindir = bindir
         self._run_as = self._os_user()
         self.root = Path(tempfile.mkdtemp(prefix="waltz-pg-quorum-"))
