@@ -125,8 +125,9 @@ def run(options: Options, quorum: bool = False) -> dict[str, Any]:
     if not quorum:
         return run_on(LOCAL, options)
     with PgQuorum() as servers:
-        names = ("synchronous_standby_names", *DURABILITY_SETTINGS)
-        replication: dict[str, Any] = show(servers.primary, names[:2]) | {
+        replication: dict[str, Any] = show(
+            servers.primary, ("synchronous_standby_names", "synchronous_commit")
+        ) | {
             "standbys": [
                 {"application_name": name, "state": state, "sync_state": sync}
                 for name, state, sync in servers.replication()
@@ -137,7 +138,7 @@ def run(options: Options, quorum: bool = False) -> dict[str, Any]:
             options,
             system="PostgreSQL, 2 synchronous standbys (ANY 1) (SmallBank)",
             config="3 {version}: a primary + 2 synchronous standbys, ANY 1 (2 of 3 copies per commit)",
-            settings_names=names,
+            settings_names=("synchronous_standby_names", *DURABILITY_SETTINGS),
             replication=replication,
         )
 
