@@ -37,7 +37,7 @@ from eventsourcing.projection import Projection, ProjectionRunner
 from psycopg.sql import SQL, Composed
 
 from benchmarks.peers.common import MAX_RETRIES, TooManyRetriesError, result
-from benchmarks.peers.pg_server import HOST, PORT, USER, dsn, scratch_database
+from benchmarks.peers.pg_server import LOCAL, PgServer, dsn, scratch_database
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, run_load
 
 NAMESPACE = uuid.UUID("6f1d3c1e-9a7b-4e53-9c51-1c1b4a5f0b21")
@@ -151,12 +151,13 @@ class LockProjection(Projection[LockView]):
         self.view.record_write(domain_event.originator_id, len(domain_event.data), tracking)
 
 
-def env_for(dbname: str, pool: int) -> dict[str, str]:
+def env_for(dbname: str, pool: int, server: PgServer = LOCAL) -> dict[str, str]:
     """The applications' PostgreSQL settings, as their environment.
 
     Args:
         dbname: the run's database.
         pool: connections in the pool (4 more may overflow).
+        server: the server the database is on; the local one by default.
 
     Returns:
         The settings, for the application and (prefixed ``LOCKVIEW_``) for the view.
@@ -164,9 +165,9 @@ def env_for(dbname: str, pool: int) -> dict[str, str]:
     base = {
         "PERSISTENCE_MODULE": "eventsourcing.postgres",
         "POSTGRES_DBNAME": dbname,
-        "POSTGRES_HOST": HOST,
-        "POSTGRES_PORT": str(PORT),
-        "POSTGRES_USER": USER,
+        "POSTGRES_HOST": server.host,
+        "POSTGRES_PORT": str(server.port),
+        "POSTGRES_USER": server.user,
         "POSTGRES_PASSWORD": "trust",
         "POSTGRES_POOL_SIZE": str(pool),
         "POSTGRES_MAX_OVERFLOW": "4",

@@ -44,7 +44,7 @@ from eventsourcing.persistence import RecordConflictError
 
 from benchmarks.peers.bench_eventsourcing import env_for
 from benchmarks.peers.common import MAX_RETRIES, TooManyRetriesError
-from benchmarks.peers.pg_server import scratch_database, server_settings
+from benchmarks.peers.pg_server import LOCAL, Database, scratch_database, server_settings
 from benchmarks.peers.smallbank_bank import Backend, Bank, Outcome
 from benchmarks.peers.smallbank_report import money_check, report
 from benchmarks.peers.smallbank_rules import OPEN, Decision, State, decide
@@ -136,11 +136,13 @@ class SmallBank(Application[uuid.UUID]):
     """The application: saves ``Customer`` aggregates."""
 
 
-def app_env(dbname: str, pool: int, accounts: int, cache: bool, create_table: bool = False) -> dict[str, str]:
+def app_env(
+    database: Database, pool: int, accounts: int, cache: bool, create_table: bool = False
+) -> dict[str, str]:
     """The application's settings, as its environment.
 
     Args:
-        dbname: the run's database.
+        database: the run's database.
         pool: connections in the application's pool (4 more may overflow).
         accounts: customers (the aggregate cache's size).
         cache: keep an aggregate cache with fast-forward.
@@ -150,7 +152,7 @@ def app_env(dbname: str, pool: int, accounts: int, cache: bool, create_table: bo
     Returns:
         PostgreSQL's settings (``bench_eventsourcing.env_for``), the cache's and the tables'.
     """
-    env = env_for(dbname, pool) | {"CREATE_TABLE": "y" if create_table else "n"}
+    env = env_for(database.name, pool, database.server) | {"CREATE_TABLE": "y" if create_table else "n"}
     if cache:
         env |= {"AGGREGATE_CACHE_MAXSIZE": str(accounts), "AGGREGATE_CACHE_FASTFORWARD": "y"}
     return env
@@ -267,30 +269,30 @@ class EventSourcedBackend:
         self.app.close()
 
 
-def cached_backend(dbname: str, options: Options) -> Backend:
+def cached_backend(database: Database, options: Options) -> Backend:
     """A worker process's backend with the aggregate cache (a connection per thread in its pool).
 
     Args:
-        dbname: the run's database.
+        database: the run's database.
         options: the run (its threads and customers).
 
     Returns:
         An :class:`EventSourcedBackend`.
     """
-    return EventSourcedBackend(app_env(dbname, options.threads, options.accounts, cache=True))
+    return EventSourcedBackend(app_env(database, options.threads, options.accounts, cache=True))
 
 
-def uncached_backend(dbname: str, options: Options) -> Backend:
+def uncached_backend(database: Database, options: Options) -> Backend:
     """A worker process's backend without the cache (every load replays the customer's events).
 
     Args:
-        dbname: the run's database.
+        database: the run's database.
         options: the run (its threads and customers).
 
     Returns:
         An :class:`EventSourcedBackend`.
     """
-    return EventSourcedBackend(app_env(dbname, options.threads, options.accounts, cache=False))
+    return EventSourcedBackend(app_env(database, options.threads, options.accounts, cache=False))
 
 
 def run(options: Options, cache: bool = True) -> dict[str, Any]:
@@ -309,7 +311,8 @@ def run(options: Options, cache: bool = True) -> dict[str, Any]:
     server, durability = server_settings()
     opening = opening_balances(options)
     with scratch_database("waltz_peer_sb_es") as dbname:
-        app = SmallBank(env=app_env(dbname, 2, options.accounts, cache=False, create_table=True))
+        database = Database(dbname, LOCAL)
+        app = SmallBank(env=app_env(database, 2, options.accounts, cache=False, create_table=True))
         try:
             app.save(
                 *[
@@ -317,7 +320,7 @@ def run(options: Options, cache: bool = True) -> dict[str, Any]:
                     for custid, (savings, checking) in enumerate(opening)
                 ]
             )
-            harvest = run_workers(cached_backend if cache else uncached_backend, dbname, options)
+            harvest = run_workers(cached_backend if cache else uncached_backend, database, options)
             customers: list[Customer] = [
                 app.repository.get(customer_id(custid)) for custid in range(options.accounts)
             ]

@@ -1,43 +1,98 @@
-"""The PostgreSQL server the peers run against (127.0.0.1:5432, user postgres): connection
-strings, a database for a run, the server's settings, and the CPU its backends spent.
+"""The PostgreSQL servers the peers run against: where a server listens, connection strings, a
+database for a run, the server's settings, and the CPU its backends spent.
 
 The peers that run on PostgreSQL (``bench_eventsourcing``, ``bench_smallbank_pg``,
 ``bench_smallbank_es``) each get a database of their own, created for the run and dropped
-afterwards, on the server ``scripts/setup`` and ``benchmarks/peers/setup.sh`` expect.
+afterwards, by default on the local server ``scripts/setup`` and ``benchmarks/peers/setup.sh``
+expect (:data:`LOCAL`, 127.0.0.1:5432, user postgres); ``bench_smallbank_pg --quorum`` runs on a
+primary with two synchronous standbys of its own (``pg_quorum``), described by a
+:class:`PgServer` like the local one.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import psycopg
 
 from waltz.perf.cost import process_cpu_seconds
 
-HOST, PORT, USER = "127.0.0.1", 5432, "postgres"
-ADMIN_DSN = f"host={HOST} port={PORT} user={USER} dbname=postgres"
+
+@dataclass(frozen=True, slots=True)
+class PgServer:
+    """Where a PostgreSQL server listens and whom the peers connect as (no password: trust).
+
+    Attributes:
+        host: its address.
+        port: its TCP port.
+        user: a superuser (the peers create and drop databases).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 5432
+    user: str = "postgres"
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        """The connection string of database ``dbname`` on this server.
+
+        Args:
+            dbname: a database name; ``postgres`` (the maintenance database) by default.
+
+        Returns:
+            A libpq connection string.
+        """
+        return f"host={self.host} port={self.port} user={self.user} dbname={dbname}"
 
 
-def dsn(dbname: str) -> str:
-    """The connection string of database ``dbname`` on the local server.
+@dataclass(frozen=True, slots=True)
+class Database:
+    """A database of a run on a server: what the SmallBank peers' worker processes connect to.
+
+    Attributes:
+        name: the database's name.
+        server: the server it is on.
+    """
+
+    name: str
+    server: PgServer
+
+    @property
+    def dsn(self) -> str:
+        """The database's libpq connection string."""
+        return self.server.dsn(self.name)
+
+
+#: The local server of ``scripts/setup``: 127.0.0.1:5432, user postgres.
+LOCAL = PgServer()
+HOST, PORT, USER = LOCAL.host, LOCAL.port, LOCAL.user
+ADMIN_DSN = LOCAL.dsn()
+#: The settings every result row of a PostgreSQL peer reports (:func:`server_settings`).
+DURABILITY_SETTINGS = ("synchronous_commit", "fsync", "wal_sync_method")
+
+
+def dsn(dbname: str, server: PgServer = LOCAL) -> str:
+    """The connection string of database ``dbname`` on ``server``.
 
     Args:
         dbname: a database name.
+        server: the server; the local one by default.
 
     Returns:
         A libpq connection string.
     """
-    return f"host={HOST} port={PORT} user={USER} dbname={dbname}"
+    return server.dsn(dbname)
 
 
 @contextmanager
-def scratch_database(prefix: str) -> Iterator[str]:
+def scratch_database(prefix: str, server: PgServer = LOCAL) -> Iterator[str]:
     """A database created for the run, dropped afterwards (its connections closed by force).
 
     Args:
         prefix: the start of its name; a random suffix follows.
+        server: the server; the local one by default.
 
     Yields:
         The database's name.
@@ -46,29 +101,50 @@ def scratch_database(prefix: str) -> Iterator[str]:
         psycopg.OperationalError: the server is not reachable.
     """
     dbname = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{dbname}"')
     try:
         yield dbname
     finally:
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 
 
-def server_settings() -> tuple[str, str]:
+def show(server: PgServer, names: Sequence[str]) -> dict[str, str]:
+    """Settings of a server, as ``SHOW`` gives them.
+
+    Args:
+        server: the server.
+        names: the settings' names.
+
+    Returns:
+        Each setting's value by name, in the order of ``names``.
+
+    Raises:
+        psycopg.OperationalError: the server is not reachable.
+    """
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        return {name: str(conn.execute(f"SHOW {name}").fetchone()[0]) for name in names}  # type: ignore[index]
+
+
+def server_settings(server: PgServer = LOCAL, names: Sequence[str] = DURABILITY_SETTINGS) -> tuple[str, str]:
     """The server's major version and its durability settings, for the result row.
+
+    Args:
+        server: the server; the local one by default.
+        names: the settings to report, in this order.
 
     Returns:
         ``("PostgreSQL 15", "synchronous_commit=on, fsync=on, wal_sync_method=fdatasync")``, as the
         server says.
+
+    Raises:
+        psycopg.OperationalError: the server is not reachable.
     """
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
         version = conn.info.server_version // 10000
-        values = [
-            f"{name}={conn.execute(f'SHOW {name}').fetchone()[0]}"  # type: ignore[index]
-            for name in ("synchronous_commit", "fsync", "wal_sync_method")
-        ]
-    return f"PostgreSQL {version}", ", ".join(values)
+    values = ", ".join(f"{name}={value}" for name, value in show(server, names).items())
+    return f"PostgreSQL {version}", values
 
 
 def _process_cpu_seconds(pid: int) -> float | None:
@@ -79,16 +155,17 @@ def _process_cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def backend_cpu(dbname: str) -> dict[int, float]:
+def backend_cpu(dbname: str, server: PgServer = LOCAL) -> dict[int, float]:
     """CPU seconds of each server process (backend) connected to ``dbname``, by pid.
 
     Args:
         dbname: the run's database.
+        server: the server it is on; the local one by default.
 
     Returns:
         The seconds by pid: readable when PostgreSQL runs on this machine, empty otherwise.
     """
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (dbname,)
         ).fetchall()

@@ -12,7 +12,10 @@ Systems:
 - SmallBank without waltz-py, the ledger example's workload (BenchBase's mix on 200 customers with
   a hotspot; its own load, not the one above): straight on PostgreSQL, an operation one transaction
   with ``SELECT ... FOR UPDATE`` in customer order (``smallbank-pg``, ``bench_smallbank_pg.py``),
-  and on eventsourcing with an aggregate per customer (``smallbank-es``, ``bench_smallbank_es.py``);
+  the same on a primary with two synchronous standbys in quorum started for the case (ANY 1: 2 of
+  3 copies per commit, a Waltz partition's durability at RF 3; ``smallbank-pg-quorum``,
+  ``bench_smallbank_pg.py --quorum``, ``pg_quorum.py``), and on eventsourcing with an aggregate per
+  customer (``smallbank-es``, ``bench_smallbank_es.py``);
   ``--smallbank-processes`` x ``--smallbank-threads`` connections in a closed loop, the money
   check in the row;
 - the machine: fsyncs/s, and records/s through one gRPC stream with batching (``bench_limits.py``);
@@ -29,7 +32,7 @@ peers first with ``benchmarks/peers/setup.sh``. Usage::
     .venv/bin/python -m benchmarks.peers.run_all                  # the full run
     .venv/bin/python -m benchmarks.peers.run_all --only etcd,waltz-p4-s2 --json results.json
     .venv/bin/python -m benchmarks.peers.run_all --repeat 3        # median of 3 runs per case
-    .venv/bin/python -m benchmarks.peers.run_all --only smallbank-pg,smallbank-es
+    .venv/bin/python -m benchmarks.peers.run_all --only smallbank-pg,smallbank-pg-quorum,smallbank-es
 
 Figures are printed, never asserted. Decisions that rest on them cite them, e.g.
 docs/decisions/0001-group-commit-on-storage-nodes.md and docs/decisions/0007-store-linger.md.
@@ -98,6 +101,7 @@ CASES = [f"waltz-p{p}-s{s}" for p, s in WALTZ_CASES] + [
     "eventsourcing",
     "etcd",
     "smallbank-pg",
+    "smallbank-pg-quorum",
     "smallbank-es",
     "fsync-1",
     "fsync-100",
@@ -157,17 +161,17 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
         options = Options(
             transactions=args.transactions
-            or (sizes.smallbank_pg if name == "smallbank-pg" else sizes.smallbank_es),
+            or (sizes.smallbank_es if name == "smallbank-es" else sizes.smallbank_pg),
             processes=args.smallbank_processes,
             threads=args.smallbank_threads,
             accounts=args.smallbank_accounts,
             seed=args.seed,
             time_limit=args.case_timeout,
         )
-        if name == "smallbank-pg":
+        if name in ("smallbank-pg", "smallbank-pg-quorum"):
             from benchmarks.peers import bench_smallbank_pg
 
-            return bench_smallbank_pg.run(options)
+            return bench_smallbank_pg.run(options, quorum=name == "smallbank-pg-quorum")
         from benchmarks.peers import bench_smallbank_es
 
         return bench_smallbank_es.run(options)
@@ -210,6 +214,13 @@ def unavailable(name: str) -> str | None:
             import eventsourcing  # noqa: F401
         except ImportError:
             return "eventsourcing not installed (run benchmarks/peers/setup.sh)"
+    if name == "smallbank-pg-quorum":
+        from benchmarks.peers.pg_quorum import PgQuorumError, find_bindir
+
+        try:
+            find_bindir()
+        except PgQuorumError as exc:
+            return str(exc)
     if name in ("eventsourcing", "smallbank-pg", "smallbank-es"):
         try:
             socket.create_connection(("127.0.0.1", 5432), timeout=2).close()

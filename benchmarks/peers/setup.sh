@@ -4,6 +4,8 @@
 #     package starts no daemon here (no systemd); run_all.py starts its own members on loopback.
 #   - .venv: eventsourcing[postgres], hdrhistogram, py-spy (profiling).
 # PostgreSQL must listen on 127.0.0.1:5432 (user postgres, trust) for the eventsourcing case.
+# smallbank-pg-quorum starts servers of its own from PostgreSQL's server binaries (initdb, pg_ctl,
+# pg_basebackup; Debian's postgresql package, which also makes the OS user postgres they run as).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"

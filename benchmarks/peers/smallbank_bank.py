@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
+from benchmarks.peers.pg_server import Database
 from benchmarks.peers.smallbank_workload import Op, Options
 
 
@@ -63,6 +64,6 @@ class Backend(Protocol):
         """Release what the process's backend holds, after its banks are closed."""
 
 
-#: Makes a worker process's backend from the run's database name and options (a module-level
-#: function: it is pickled by reference into the worker processes).
-BackendFactory = Callable[[str, Options], Backend]
+#: Makes a worker process's backend from the run's database (its name and server) and options (a
+#: module-level function: it is pickled by reference into the worker processes).
+BackendFactory = Callable[[Database, Options], Backend]

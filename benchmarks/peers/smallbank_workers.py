@@ -19,7 +19,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.peers.pg_server import backend_cpu
+from benchmarks.peers.pg_server import Database, backend_cpu
 from benchmarks.peers.smallbank_bank import BackendFactory, Bank
 from benchmarks.peers.smallbank_tally import Tally
 from benchmarks.peers.smallbank_workload import Mix, Options
@@ -47,14 +47,20 @@ def _run_draws(bank: Bank, mix: Mix, draws: int, tally: Tally, deadline: float) 
 
 
 def _worker_process(
-    factory: BackendFactory, dbname: str, options: Options, index: int, go: Any, results: Any, close: Any
+    factory: BackendFactory,
+    database: Database,
+    options: Options,
+    index: int,
+    go: Any,
+    results: Any,
+    close: Any,
 ) -> None:
     """One worker process: ``options.threads`` threads, each with its bank. They warm up; the
     process puts ``ready`` (or the setup's error) on ``results``, runs the measured draws once
     ``go`` is set, puts its tallies (measured and warm-up) on ``results``, and closes its
     connections once ``close`` is set."""
     try:
-        backend = factory(dbname, options)
+        backend = factory(database, options)
     except Exception:
         results.put({"index": index, "error": traceback.format_exc()})
         return
@@ -178,12 +184,12 @@ def _collect(results: Any, processes: list[Any], timeout: float) -> list[dict[st
     return messages
 
 
-def run_workers(factory: BackendFactory, dbname: str, options: Options) -> Harvest:
-    """Run the worker processes (``spawn``) against ``dbname``; their merged tallies.
+def run_workers(factory: BackendFactory, database: Database, options: Options) -> Harvest:
+    """Run the worker processes (``spawn``) against ``database``; their merged tallies.
 
     Args:
         factory: makes each process's backend; a module-level function.
-        dbname: the run's database, opened (every customer's accounts exist).
+        database: the run's database and its server, opened (every customer's accounts exist).
         options: the run.
 
     Returns:
@@ -198,7 +204,7 @@ def run_workers(factory: BackendFactory, dbname: str, options: Options) -> Harve
     processes = [
         context.Process(
             target=_worker_process,
-            args=(factory, dbname, options, index, go, results, close),
+            args=(factory, database, options, index, go, results, close),
             name=f"smallbank-worker-{index}",
             daemon=True,
         )
@@ -208,10 +214,10 @@ def run_workers(factory: BackendFactory, dbname: str, options: Options) -> Harve
         for process in processes:
             process.start()
         _collect(results, processes, SETUP_TIMEOUT)  # every process ready
-        before = backend_cpu(dbname)
+        before = backend_cpu(database.name, database.server)
         go.set()
         wires = _collect(results, processes, options.time_limit + REPORT_GRACE)
-        after = backend_cpu(dbname)
+        after = backend_cpu(database.name, database.server)
     finally:
         close.set()
         for process in processes:

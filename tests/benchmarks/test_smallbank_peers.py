@@ -1,5 +1,6 @@
-"""The SmallBank peers of the peer benchmarks (benchmarks/peers/bench_smallbank_pg.py and
-bench_smallbank_es.py): a short run of each on the real PostgreSQL must commit, keep the money
+"""The SmallBank peers of the peer benchmarks (benchmarks/peers/bench_smallbank_pg.py, with and
+without ``--quorum``, and bench_smallbank_es.py): a short run of each on the real PostgreSQL (for
+``--quorum`` a primary and two synchronous standbys of the run's own) must commit, keep the money
 (balances = opening balances + deposits − withdrawals) and follow the ledger example's mix and
 rules, and the two, run one operation at a time, must decide every operation alike, for their
 figures to stand beside the ledger's."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,6 +19,7 @@ import pytest
 import support
 
 from benchmarks.peers import smallbank_rules, smallbank_workload
+from benchmarks.peers.pg_quorum import PgQuorumError, find_bindir
 from waltz.workloads.smallbank import MIX
 
 #: The repository's root: the peers run as modules of the ``benchmarks`` package from there.
@@ -37,12 +40,12 @@ def _eventsourcing() -> None:
         support.unavailable("eventsourcing is not installed (benchmarks/peers/setup.sh)")
 
 
-def _run(peer: str, threads: int = 4, draws: int = _DRAWS) -> dict[str, Any]:
-    """Run a peer briefly (``python -m benchmarks.peers.<peer>``, 1 process x ``threads``) and
-    parse the JSON line it prints."""
+def _run(peer: str, threads: int = 4, draws: int = _DRAWS, *options: str) -> dict[str, Any]:
+    """Run a peer briefly (``python -m benchmarks.peers.<peer> [options]``, 1 process x
+    ``threads``) and parse the JSON line it prints."""
     command = [
         sys.executable,
-        *("-m", f"benchmarks.peers.{peer}"),
+        *("-m", f"benchmarks.peers.{peer}", *options),
         *("--transactions", str(draws), "--processes", "1", "--threads", str(threads)),
         *("--warmup", "20", "--time-limit", "60"),
     ]
@@ -109,6 +112,42 @@ def test_smallbank_on_postgresql_commits_and_keeps_the_money(postgres_server: su
     _check(row)
     assert row["system"] == "PostgreSQL (SmallBank)"
     assert set(row["retry_reasons"]) <= {"DeadlockDetected", "SerializationFailure"}
+
+
+def _quorum_leftovers() -> tuple[set[Path], set[int]]:
+    """The quorum servers' directories (``pg_quorum``'s prefix) and the processes running in them."""
+    prefix = "waltz-pg-quorum-"
+    directories = set(Path(tempfile.gettempdir()).glob(f"{prefix}*"))
+    pids = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if prefix.encode() in cmdline.read_bytes():
+                pids.add(int(cmdline.parent.name))
+        except OSError:  # the process ended meanwhile
+            continue
+    return directories, pids
+
+
+def test_smallbank_on_postgresql_with_two_synchronous_standbys_keeps_the_money_and_cleans_up() -> None:
+    try:
+        find_bindir()
+    except PgQuorumError as exc:
+        support.unavailable(str(exc))
+    before = _quorum_leftovers()
+    row = _run("bench_smallbank_pg", 4, _DRAWS, "--quorum")
+    _check(row)
+    assert row["system"] == "PostgreSQL, 2 synchronous standbys (ANY 1) (SmallBank)"
+    assert row["config"].startswith("3 PostgreSQL ")
+    assert "synchronous_standby_names=ANY 1 (s1, s2), synchronous_commit=on" in row["settings"]
+    assert row["replication"] == {
+        "synchronous_standby_names": "ANY 1 (s1, s2)",
+        "synchronous_commit": "on",
+        "standbys": [
+            {"application_name": name, "state": "streaming", "sync_state": "quorum"} for name in ("s1", "s2")
+        ],
+    }
+    assert set(row["retry_reasons"]) <= {"DeadlockDetected", "SerializationFailure"}
+    assert _quorum_leftovers() == before
 
 
 def test_smallbank_on_eventsourcing_commits_and_keeps_the_money(
