@@ -386,6 +386,39 @@ def test_an_absorbed_keyed_change_set_is_read_only_once_its_apply_recorded_the_k
     assert cache.resets == 0
 
 
+def test_an_attempt_on_pending_rows_waits_for_their_apply_and_reads_the_cache(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    """An attempt whose rows are pending on a keyed change-set's apply waits for that apply on
+    this instance, then reads the settled rows from the cache: no statement of its own."""
+    pid = _cached_at_one(callbacks, 29)  # tally 29 = 2, cached at 1
+    cache = callbacks.entity_cache
+    assert cache is not None
+    first = _payload_transaction(Keyed(callbacks, 29, amount=5), 2)
+    callbacks.absorb_transactions([first])
+    attempt_thread = threading.get_ident()
+    on_attempt_thread: list[str] = []
+
+    def statement(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
+        if threading.get_ident() == attempt_thread:
+            on_attempt_thread.append(sql[:60])
+
+    hits, misses = cache.hits, cache.misses
+    apply = threading.Timer(0.2, callbacks.apply_transaction, [first])
+    event.listen(engine, "before_cursor_execute", statement)
+    try:
+        apply.start()
+        waited = Add(callbacks, 29)
+        assert _attempt(waited).build().client_high_water_mark == 2
+    finally:
+        apply.join(10)
+        event.remove(engine, "before_cursor_execute", statement)
+    assert waited.seen == [7] and _read(engine, 29) == 7
+    assert on_attempt_thread == []
+    assert (cache.hits - hits, cache.misses - misses) == (1, 0)
+    assert pid == 29 % NUM_PARTITIONS
+
+
 def test_settling_a_keyed_change_set_leaves_later_changes_of_its_rows_alone() -> None:
     """The entry a keyed change-set left is settled only while it is still that change-set's:
     a later change of the key (keyed or not) replaced it."""

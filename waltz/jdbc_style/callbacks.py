@@ -499,8 +499,9 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             raise
         self._appliers.give_back(conn)
         self._failing.discard(partition_id)
-        self._note_applied(partition_id, new_mark)
+        # The entity cache follows first, so that whoever waits for the mark finds it settled.
         self._after_apply(partition_id, applied, new_mark)
+        self._note_applied(partition_id, new_mark)
 
     def _after_apply(self, partition_id: int, applied: Sequence[Transaction], mark: int) -> None:
         """Called on the apply thread after a group is known applied and the database's mark is

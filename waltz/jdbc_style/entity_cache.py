@@ -36,7 +36,9 @@ How the rows stay exact:
   unknown to attempts, until the apply of that transaction tells whether it recorded the key
   first (:meth:`EntityCache.settle`): then the entry is the row it carried, else "changed, row
   unknown". A later change of the same key replaces the entry as usual (a whole row does not
-  depend on whether the keyed change before it was applied).
+  depend on whether the keyed change before it was applied). An attempt whose entities are all
+  cached but for pending entries waits (bounded) for this instance's applies to reach the
+  position, which settles them, and then reads the cache (:meth:`EntityCache.pending`).
 - What the database may not hold as absorbed drops the rows: an apply that failed (an operator
   may skip the transaction; P stays), a group another instance applied, whole or in part (P
   moves up to the database's mark when that is ahead, :meth:`EntityCache.floor`).
@@ -300,6 +302,26 @@ class EntityCache:
                 return None
             partition.hits += 1
             return found
+
+    def pending(self, partition_id: int, entities: Sequence[Key]) -> bool:
+        """Whether :meth:`view` would answer but for entries pending on the apply of a
+        change-set with an idempotency key (every one of ``entities`` whose model is kept is
+        cached or pending, and one is pending): an attempt may wait for this instance's applies
+        to reach the position, and then find them settled (see the module docstring)."""
+        partition = self._partition(partition_id)
+        with partition.lock:
+            if partition.position is None or not partition.pending:
+                return False
+            rows = partition.rows
+            waiting = False
+            for key in entities:
+                if not self._kept_key(key[0], key[1]):
+                    continue
+                row = rows.get(key, MISSING)
+                if row is MISSING or row is _CHANGED:
+                    return False
+                waiting = waiting or type(row) is _Pending
+            return waiting
 
     def read(self, partition_id: int, entities: Sequence[Key]) -> tuple[int, dict[Key, Any]] | None:
         """:meth:`view` for a read outside a transaction (not counted as an attempt's hit or

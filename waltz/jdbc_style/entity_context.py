@@ -628,6 +628,9 @@ class EntityTransactionContext(TransactionContext):
                     continue
                 entities.append((info, values))
         cache = self.callbacks.entity_cache
+        if cache is not None and cache.pending(self._partition_id, entities):
+            # Rows of a keyed change-set not yet applied here: its apply settles them.
+            self.callbacks.catch_up_to_cache(self._partition_id)
         view = None if cache is None else cache.view(self._partition_id, entities)
         snapshot: MarkSnapshot | CachedSnapshot
         with contextlib.ExitStack() as stack:
