@@ -214,11 +214,14 @@ class PgQuorum:
             return
         try:
             for data_dir in reversed(self._data_dirs):
-                self._stop(data_dir)
+                try:
+                    self._stop(data_dir)
+                except Exception:  # the next server is stopped all the same
+                    logger.exception("stopping the PostgreSQL server in %s failed", data_dir)
         finally:
             self.root = None
             self._data_dirs.clear()
-            shutil.rmtree(root)
+            shutil.rmtree(root, onerror=_log_removal_error)
 
     # --- the servers --------------------------------------------------------------------------
 
@@ -365,13 +368,19 @@ class PgQuorum:
             try:
                 self._run([*command, "-t", f"{STOP_TIMEOUT:.0f}", "stop"], STOP_TIMEOUT + 15)
                 return
-            except PgQuorumError as exc:
+            except (PgQuorumError, OSError) as exc:  # OSError: pg_ctl could not be run at all
                 logger.warning("stopping the PostgreSQL server in %s (-m %s) failed: %s", data_dir, mode, exc)
         pid = _postmaster_pid(data_dir)
         if pid is not None:
             logger.warning("killing the PostgreSQL postmaster %d of %s", pid, data_dir)
             with contextlib.suppress(ProcessLookupError):  # it ended meanwhile: what we wanted
                 os.kill(pid, signal.SIGKILL)
+
+
+def _log_removal_error(function: Any, path: str, exc_info: Any) -> None:
+    """``shutil.rmtree``'s error handler: log what could not be removed and go on (a failure to
+    remove must not hide the error that ended the run)."""
+    logger.warning("could not remove %s (%s): %s", path, getattr(function, "__name__", function), exc_info[1])
 
 
 def _append(path: Path, settings: dict[str, str]) -> None:

@@ -164,14 +164,10 @@ def failing_bindir() -> Iterator[Path]:
         yield fake
 
 
-def _quorum_dirs() -> set[Path]:
-    return set(Path(tempfile.gettempdir()).glob("waltz-pg-quorum-*"))
-
-
 def test_a_server_that_does_not_start_is_an_error_with_its_log_and_leaves_nothing(
-    failing_bindir: Path,
+    failing_bindir: Path, quorum_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    before = _quorum_dirs()
+    monkeypatch.setattr(tempfile, "tempdir", str(quorum_tmp))  # the quorum's directory goes there
     quorum = PgQuorum(bindir=failing_bindir, start_timeout=20)
     with pytest.raises(PgQuorumError) as raised:
         quorum.start()
@@ -179,4 +175,4 @@ def test_a_server_that_does_not_start_is_an_error_with_its_log_and_leaves_nothin
     assert "pg_ctl" in message and "start" in message
     assert 'unrecognized configuration parameter "no_such_setting"' in message  # the server's log
     assert quorum.root is None
-    assert _quorum_dirs() == before
+    assert list(quorum_tmp.iterdir()) == []

@@ -8,9 +8,9 @@ figures to stand beside the ledger's."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -40,16 +40,20 @@ def _eventsourcing() -> None:
         support.unavailable("eventsourcing is not installed (benchmarks/peers/setup.sh)")
 
 
-def _run(peer: str, threads: int = 4, draws: int = _DRAWS, *options: str) -> dict[str, Any]:
+def _run(
+    peer: str, threads: int = 4, draws: int = _DRAWS, *options: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Run a peer briefly (``python -m benchmarks.peers.<peer> [options]``, 1 process x
-    ``threads``) and parse the JSON line it prints."""
+    ``threads``, in ``env`` when given) and parse the JSON line it prints."""
     command = [
         sys.executable,
         *("-m", f"benchmarks.peers.{peer}", *options),
         *("--transactions", str(draws), "--processes", "1", "--threads", str(threads)),
         *("--warmup", "20", "--time-limit", "60"),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, cwd=_ROOT)
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, check=False, cwd=_ROOT, env=env
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return row
@@ -114,27 +118,28 @@ def test_smallbank_on_postgresql_commits_and_keeps_the_money(postgres_server: su
     assert set(row["retry_reasons"]) <= {"DeadlockDetected", "SerializationFailure"}
 
 
-def _quorum_leftovers() -> tuple[set[Path], set[int]]:
-    """The quorum servers' directories (``pg_quorum``'s prefix) and the processes running in them."""
-    prefix = "waltz-pg-quorum-"
-    directories = set(Path(tempfile.gettempdir()).glob(f"{prefix}*"))
-    pids = set()
+def _quorum_leftovers(root: Path) -> tuple[list[Path], list[int]]:
+    """What is left under ``root`` (the benchmark's ``TMPDIR``): directories, and the processes
+    running in them."""
+    pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if prefix.encode() in cmdline.read_bytes():
-                pids.add(int(cmdline.parent.name))
+            if str(root).encode() in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
         except OSError:  # the process ended meanwhile
             continue
-    return directories, pids
+    return sorted(root.iterdir()), pids
 
 
-def test_smallbank_on_postgresql_with_two_synchronous_standbys_keeps_the_money_and_cleans_up() -> None:
+def test_smallbank_on_postgresql_with_two_synchronous_standbys_keeps_the_money_and_cleans_up(
+    quorum_tmp: Path,
+) -> None:
     try:
         find_bindir()
     except PgQuorumError as exc:
         support.unavailable(str(exc))
-    before = _quorum_leftovers()
-    row = _run("bench_smallbank_pg", 4, _DRAWS, "--quorum")
+    env = {**os.environ, "TMPDIR": str(quorum_tmp)}
+    row = _run("bench_smallbank_pg", 4, _DRAWS, "--quorum", env=env)
     _check(row)
     assert row["system"] == "PostgreSQL, 2 synchronous standbys (ANY 1) (SmallBank)"
     assert row["config"].startswith("3 PostgreSQL ")
@@ -147,7 +152,7 @@ def test_smallbank_on_postgresql_with_two_synchronous_standbys_keeps_the_money_a
         ],
     }
     assert set(row["retry_reasons"]) <= {"DeadlockDetected", "SerializationFailure"}
-    assert _quorum_leftovers() == before
+    assert _quorum_leftovers(quorum_tmp) == ([], [])
 
 
 def test_smallbank_on_eventsourcing_commits_and_keeps_the_money(

@@ -79,9 +79,9 @@ def inventory(
         typer.Option(
             "--entity-cache/--no-entity-cache",
             help=(
-                "The instances keep entity rows as their applies leave them (docs/sql.md); a "
-                "change-set with an idempotency key empties it. --no-entity-cache: every attempt "
-                "reads a snapshot (to compare)."
+                "The instances keep entity rows as their applies leave them (docs/sql.md), a "
+                "keyed change-set's once its apply recorded the key first. --no-entity-cache: "
+                "every attempt reads a snapshot (to compare)."
             ),
         ),
     ] = True,

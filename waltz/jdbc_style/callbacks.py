@@ -480,8 +480,10 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             # read found the batch applied in one case of five under the live SmallBank mix).
             mark = self._reads.read_mark(partition_id)
             if mark >= last:
-                self._note_applied(partition_id, mark)
-                self._after_apply(partition_id, (), mark)
+                try:
+                    self._after_apply(partition_id, (), mark)
+                finally:
+                    self._note_applied(partition_id, mark)
                 return
         conn = self._appliers.take()
         try:
@@ -499,9 +501,12 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             raise
         self._appliers.give_back(conn)
         self._failing.discard(partition_id)
-        # The entity cache follows first, so that whoever waits for the mark finds it settled.
-        self._after_apply(partition_id, applied, new_mark)
-        self._note_applied(partition_id, new_mark)
+        # The entity cache follows first, so that whoever waits for the mark finds it settled; the
+        # mark is announced whatever happens there (the database holds it).
+        try:
+            self._after_apply(partition_id, applied, new_mark)
+        finally:
+            self._note_applied(partition_id, new_mark)
 
     def _after_apply(self, partition_id: int, applied: Sequence[Transaction], mark: int) -> None:
         """Called on the apply thread after a group is known applied and the database's mark is

@@ -105,7 +105,7 @@ def spark_session(
     try:
         spark = builder.getOrCreate()
     except PySparkRuntimeError as e:
-        if e.getErrorClass() != "JAVA_GATEWAY_EXITED":
+        if e.getCondition() != "JAVA_GATEWAY_EXITED":
             raise
         java_home = os.environ.get("JAVA_HOME")
         raise SparkUnavailableError(

@@ -185,6 +185,7 @@ class InventoryWorkload:
         """
         self.stats = stats = InventoryStats()
         started = time.monotonic()
+        stats_offset = self._drawn
         for _ in range(requests):
             n = self._drawn
             self._drawn += 1
@@ -194,7 +195,11 @@ class InventoryWorkload:
                 key=f"{self.config.key_prefix}-{n}",
                 retried=self._random.random() < self.config.retry_fraction,
             )
-            self._slots.acquire()
+            if not self._slots.acquire(timeout=max(0.0, timeout - (time.monotonic() - started))):
+                raise TimeoutError(
+                    f"{requests - n + stats_offset} reservations not submitted after {timeout:g}s: "
+                    f"{self.config.in_flight} still unresolved"
+                )
             self._submit(request, stats)
         self.drain(max(0.0, timeout - (time.monotonic() - started)))
         stats.seconds = time.monotonic() - started
@@ -288,8 +293,8 @@ class InventoryWorkload:
                     stats.committed += 1
                     self.first_commits += 1
                     stats.commit_latency.record(time.perf_counter() - started)
-                    self._applied_pending += 1
-                    timed = True
+                    timed = outcome.transaction_id is not None  # its apply is waited for and timed
+                    self._applied_pending += int(timed)
                 elif kind is OutcomeKind.DROPPED:
                     stats.refused += 1
                 else:

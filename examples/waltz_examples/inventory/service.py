@@ -43,7 +43,8 @@ class InventoryService:
         config: its Waltz client's configuration.
         cluster_name: the log's name in the database's mark rows.
         entity_cache: keep entity rows as the applies leave them (docs/sql.md); a change-set with
-            an idempotency key empties it (docs/design/sql.md, "The entity cache").
+            an idempotency key's rows are kept once its apply recorded the key first
+            (docs/design/sql.md, "The entity cache").
     """
 
     def __init__(

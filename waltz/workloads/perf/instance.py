@@ -8,7 +8,6 @@ messages: ``ready``, ``result`` (its figures on the wire), ``closed``, or ``erro
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 from waltz import WaltzClientConfig, tune_garbage_collector
 from waltz.perf.producer import client_stage_totals
 from waltz.workloads.application import load_application
-from waltz.workloads.perf.processes import entity_cache_counts
+from waltz.workloads.perf.processes import entity_cache_counts, run_reporting_errors
 from waltz.workloads.perf.settings import (
     APPLIED_TIMEOUT,
     ERROR_SAMPLES,
@@ -146,9 +145,4 @@ def _run_instance(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> No
 def instance_process(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> None:
     """The target of an instance process: runs it, and reports an error on ``results`` instead of
     raising it."""
-    # Ctrl-C reaches the whole process group: the coordinator stops the instances.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        _run_instance(spec, start, stop, results)
-    except BaseException as exc:
-        results.put(("error", spec.index, f"{type(exc).__name__}: {exc}"))
+    run_reporting_errors(_run_instance, spec, start, stop, results)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
 import tempfile
 import time
 import uuid
@@ -50,7 +49,12 @@ from waltz.workloads.inventory import (
 from waltz.workloads.inventory_workload import InventoryWorkload
 from waltz.workloads.perf.database import render_url
 from waltz.workloads.perf.inventory_report import InventoryInstanceFigures, InventoryPerfReport
-from waltz.workloads.perf.processes import InstanceProcesses, PerfRunError, entity_cache_counts
+from waltz.workloads.perf.processes import (
+    InstanceProcesses,
+    PerfRunError,
+    entity_cache_counts,
+    run_reporting_errors,
+)
 from waltz.workloads.perf.settings import (
     APPLIED_TIMEOUT,
     POPULATE_TIMEOUT,
@@ -135,11 +139,7 @@ def _run_instance(spec: InventoryInstanceSpec, start: Any, stop: Any, results: A
 def inventory_instance_process(spec: InventoryInstanceSpec, start: Any, stop: Any, results: Any) -> None:
     """The target of an instance process: runs it, and reports an error on ``results`` instead of
     raising it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the coordinator stops the instances
-    try:
-        _run_instance(spec, start, stop, results)
-    except BaseException as exc:
-        results.put(("error", spec.index, f"{type(exc).__name__}: {exc}"))
+    run_reporting_errors(_run_instance, spec, start, stop, results)
 
 
 def run_inventory(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+import signal
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from waltz.jdbc_style import ChangeSetCallbacks
 
-__all__ = ["InstanceProcesses", "PerfRunError", "entity_cache_counts"]
+__all__ = ["InstanceProcesses", "PerfRunError", "entity_cache_counts", "run_reporting_errors"]
 
 
 class PerfRunError(RuntimeError):
@@ -27,7 +28,8 @@ class PerfRunError(RuntimeError):
 
 
 class InstanceProcesses:
-    """The instance processes of a run and their messages; kills and reaps them on :meth:`close`.
+    """The instance processes of a run and their messages; kills and reaps them on :meth:`close`
+    (a context manager: ``with InstanceProcesses(...) as processes``).
 
     Args:
         specs: what each process runs (picklable; ``spec.index`` numbers them from 0).
@@ -58,8 +60,18 @@ class InstanceProcesses:
             )
             for spec in specs
         ]
-        for process in self.processes:
-            process.start()
+        try:
+            for process in self.processes:
+                process.start()
+        except BaseException:  # those started are stopped, not left behind
+            self.close()
+            raise
+
+    def __enter__(self) -> InstanceProcesses:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def gather(self, kind: str, timeout: float, what: str) -> dict[int, Any]:
         """One ``kind`` message from every instance, within ``timeout`` seconds.
@@ -97,9 +109,10 @@ class InstanceProcesses:
         stopping = self.stop.is_set()  # else an error or Ctrl-C: no use waiting
         self.stop.set()
         deadline = time.monotonic() + (10.0 if stopping else 0.5)
-        for process in self.processes:
+        started = [process for process in self.processes if process.pid is not None]
+        for process in started:
             process.join(max(0.1, deadline - time.monotonic()))
-        for process in self.processes:
+        for process in started:
             if process.is_alive():
                 process.terminate()
                 process.join(5)
@@ -114,3 +127,16 @@ def entity_cache_counts(callbacks: ChangeSetCallbacks) -> tuple[int, int]:
     """An instance's entity cache hits and misses so far ((0, 0) when it has none)."""
     cache = callbacks.entity_cache
     return (0, 0) if cache is None else (cache.hits, cache.misses)
+
+
+def run_reporting_errors(
+    run: Callable[[Any, Any, Any, Any], None], spec: Any, start: Any, stop: Any, results: Any
+) -> None:
+    """The body of an instance process's target: ``run(spec, start, stop, results)``, with an
+    ``("error", spec.index, description)`` message on ``results`` instead of an exception. Ctrl-C
+    reaches the whole process group and is ignored here: the coordinator stops the instances."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        run(spec, start, stop, results)
+    except BaseException as exc:
+        results.put(("error", spec.index, f"{type(exc).__name__}: {exc}"))
