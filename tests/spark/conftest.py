@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +23,7 @@ LAUNCH_ATTEMPTS = 3
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The test run's Spark session (one: a session costs 10 to 25 s to start)."""
     try:
         import pyarrow  # noqa: F401
@@ -32,23 +33,37 @@ def spark() -> Iterator[Any]:
     from waltz.spark.errors import SparkUnavailableError
     from waltz.spark.session import spark_session
 
+    jvm_output = tmp_path_factory.mktemp("spark") / "jvm-stderr.log"
+
+    def launch() -> Any:
+        """One launch, the JVM's standard error (inherited from this process's) going to a file
+        of the run's: a failure's warning quotes its end."""
+        with jvm_output.open("ab") as output:
+            saved = os.dup(2)
+            os.dup2(output.fileno(), 2)
+            try:
+                return spark_session("local[2]", app_name="waltz-tests", shuffle_partitions=2)
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+
     def launch_failed(state: tenacity.RetryCallState) -> None:
+        said = jvm_output.read_bytes()[-1500:].decode(errors="replace")
         warnings.warn(
             f"Spark's JVM did not start (attempt {state.attempt_number} of {LAUNCH_ATTEMPTS}): "
-            f"{state.outcome.exception() if state.outcome else ''}",
+            f"{state.outcome.exception() if state.outcome else ''}; its output ends: {said!r}",
             stacklevel=1,
         )
 
     # A JVM that exits while it starts is the machine's trouble, not the code's: launched again,
-    # a bounded number of times, each failure reported as a warning (the JVM's own output is in
-    # the first failing test's captured standard error).
+    # a bounded number of times, each failure reported as a warning with the JVM's own words.
     session = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(LAUNCH_ATTEMPTS),
         wait=tenacity.wait_fixed(5),
         retry=tenacity.retry_if_exception_type(SparkUnavailableError),
         before_sleep=launch_failed,
         reraise=True,
-    )(spark_session, "local[2]", app_name="waltz-tests", shuffle_partitions=2)
+    )(launch)
     session.sparkContext.setLogLevel("ERROR")
     try:
         yield session
