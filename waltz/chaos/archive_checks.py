@@ -98,7 +98,9 @@ def check_archive_verified(cluster: LocalCluster, location: Path, timeout: float
     ]
     passed = done.returncode == 0 and bool(report.get("passed")) and not problems
     detail = f"{chunks} chunks, {records} records checked" + (
-        "" if passed else f"; exit {done.returncode}; {problems[:3]}"
+        ""
+        if passed
+        else f"; exit {done.returncode}; {problems[:3]}; its standard error ends: {done.stderr[-800:]!r}"
     )
     return ChaosCheck(name, passed, detail)
 
