@@ -37,7 +37,7 @@ from waltz.cli.options import (
 )
 from waltz.cli.output import fail
 from waltz.cli.perf_inventory import inventory
-from waltz.cli.perf_target import describe_target, perf_target
+from waltz.cli.perf_target import describe_target, perf_target, run_application_perf
 from waltz.errors import ConfigurationError
 from waltz.logs import configure_logging
 from waltz.workloads.application import DEFAULT_APPLICATION
@@ -353,14 +353,9 @@ def smallbank(
 
     Example: waltz perf smallbank --local --db postgresql+psycopg://postgres@127.0.0.1/bench
     """
-    from sqlalchemy.exc import SQLAlchemyError
-
     from waltz.workloads.application import load_application
     from waltz.workloads.perf import (
         SmallBankPerfSettings,
-        UnusableDatabaseError,
-        check_database,
-        perf_database,
         run_smallbank,
     )
     from waltz.workloads.smallbank import SmallBankConfig
@@ -386,37 +381,24 @@ def smallbank(
         )
     except ValueError as exc:
         raise fail(str(exc), 2) from exc
-    if local and (zookeeper or root):
-        raise fail("--local starts its own cluster: drop --zookeeper/--root", 2)
     if partitions is None:
         partitions = instances if partition_routing else DEFAULT_SMALLBANK_PARTITIONS
-    say = None if as_json else lambda line: typer.echo(line, err=True)
-    with perf_database(application, db) as db_url:
-        try:
-            check_database(application, db_url, new_log=local, cluster_name=settings.cluster_name)
-        except UnusableDatabaseError as exc:
-            raise fail(str(exc), 2) from exc
-        with perf_target(local, storages, servers, partitions, config, zookeeper, root, secure) as target:
-            client_config = target.config
-            try:
-                report = run_smallbank(
-                    client_config,
-                    settings,
-                    db_url,
-                    metrics_urls=target.metrics_urls,
-                    metrics_tls=target.metrics_tls,
-                    say=say,
-                )
-            except SQLAlchemyError as exc:
-                raise fail(f"the database failed: {type(exc).__name__}: {exc}", 1) from exc
-    if as_json:
-        typer.echo(json.dumps(report.summary()))
-    else:
-        where = describe_target(local, storages, servers, partitions, client_config.cluster_root)
-        typer.echo(f"smallbank: {settings.describe()}; database {report.database}; {where}")
-        typer.echo(report.text())
-    if not report.passed:
-        raise typer.Exit(1)
+    run_application_perf(
+        "smallbank",
+        application,
+        settings,
+        run_smallbank,
+        db=db,
+        local=local,
+        storages=storages,
+        servers=servers,
+        partitions=partitions,
+        config=config,
+        zookeeper=zookeeper,
+        root=root,
+        secure=secure,
+        as_json=as_json,
+    )
 
 
 app.command("producer")(producer)

@@ -11,7 +11,6 @@ not be reached or started.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
@@ -28,7 +27,7 @@ from waltz.cli.options import (
     ZookeeperOption,
 )
 from waltz.cli.output import fail
-from waltz.cli.perf_target import describe_target, perf_target
+from waltz.cli.perf_target import run_application_perf
 from waltz.errors import ConfigurationError
 from waltz.workloads.inventory import DEFAULT_INVENTORY_APPLICATION
 
@@ -133,10 +132,8 @@ def inventory(
 
     Example: waltz perf inventory --local --instances 2 -n 3000
     """
-    from sqlalchemy.exc import SQLAlchemyError
 
     from waltz.workloads.inventory import load_inventory_application
-    from waltz.workloads.perf import UnusableDatabaseError, check_database, perf_database
     from waltz.workloads.perf.inventory_run import run_inventory
     from waltz.workloads.perf.settings import InventoryPerfSettings
 
@@ -162,32 +159,19 @@ def inventory(
         )
     except ValueError as exc:
         raise fail(str(exc), 2) from exc
-    if local and (zookeeper or root):
-        raise fail("--local starts its own cluster: drop --zookeeper/--root", 2)
-    say = None if as_json else lambda line: typer.echo(line, err=True)
-    with perf_database(application, db) as db_url:
-        try:
-            check_database(application, db_url, new_log=local, cluster_name=settings.cluster_name)
-        except UnusableDatabaseError as exc:
-            raise fail(str(exc), 2) from exc
-        with perf_target(local, storages, servers, partitions, config, zookeeper, root, secure) as target:
-            client_config = target.config
-            try:
-                report = run_inventory(
-                    client_config,
-                    settings,
-                    db_url,
-                    metrics_urls=target.metrics_urls,
-                    metrics_tls=target.metrics_tls,
-                    say=say,
-                )
-            except SQLAlchemyError as exc:
-                raise fail(f"the database failed: {type(exc).__name__}: {exc}", 1) from exc
-    if as_json:
-        typer.echo(json.dumps(report.summary()))
-    else:
-        where = describe_target(local, storages, servers, partitions, client_config.cluster_root)
-        typer.echo(f"inventory: {settings.describe()}; database {report.database}; {where}")
-        typer.echo(report.text())
-    if not report.passed:
-        raise typer.Exit(1)
+    run_application_perf(
+        "inventory",
+        application,
+        settings,
+        run_inventory,
+        db=db,
+        local=local,
+        storages=storages,
+        servers=servers,
+        partitions=partitions,
+        config=config,
+        zookeeper=zookeeper,
+        root=root,
+        secure=secure,
+        as_json=as_json,
+    )

@@ -9,7 +9,8 @@ started).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import typer
 from waltz.cli.output import fail
 from waltz.errors import ConfigurationError, WaltzError, WaltzTimeoutError
 
-__all__ = ["describe_target", "perf_target"]
+__all__ = ["describe_target", "perf_target", "run_application_perf"]
 
 
 @contextmanager
@@ -71,3 +72,65 @@ def describe_target(local: bool, storages: int, servers: int, partitions: int, r
             f"{partitions} partition(s)"
         )
     return f"cluster {root}"
+
+
+def run_application_perf(
+    name: str,
+    application: Any,
+    settings: Any,
+    run: Callable[..., Any],
+    *,
+    db: str | None,
+    local: bool,
+    storages: int,
+    servers: int,
+    partitions: int,
+    config: Path | None,
+    zookeeper: str | None,
+    root: str | None,
+    secure: bool,
+    as_json: bool,
+) -> None:
+    """The body of an application run of ``waltz perf`` (``smallbank``, ``inventory``): check the
+    database (a temporary SQLite one when ``db`` is None), reach or start the cluster, call
+    ``run(client_config, settings, db_url, metrics_urls=, metrics_tls=, say=)``, and print its
+    report (``summary()`` as JSON, or ``text()`` after a line naming ``name``, the settings, the
+    database and the cluster).
+
+    Raises:
+        typer.Exit: 2 for conflicting options or an unusable database (and as :func:`perf_target`);
+            1 when the database failed during the run or a check of the report failed.
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from waltz.workloads.perf import UnusableDatabaseError, check_database, perf_database
+
+    if local and (zookeeper or root):
+        raise fail("--local starts its own cluster: drop --zookeeper/--root", 2)
+    say = None if as_json else lambda line: typer.echo(line, err=True)
+    with perf_database(application, db) as db_url:
+        try:
+            check_database(application, db_url, new_log=local, cluster_name=settings.cluster_name)
+        except UnusableDatabaseError as exc:
+            raise fail(str(exc), 2) from exc
+        with perf_target(local, storages, servers, partitions, config, zookeeper, root, secure) as target:
+            client_config = target.config
+            try:
+                report = run(
+                    client_config,
+                    settings,
+                    db_url,
+                    metrics_urls=target.metrics_urls,
+                    metrics_tls=target.metrics_tls,
+                    say=say,
+                )
+            except SQLAlchemyError as exc:
+                raise fail(f"the database failed: {type(exc).__name__}: {exc}", 1) from exc
+    if as_json:
+        typer.echo(json.dumps(report.summary()))
+    else:
+        where = describe_target(local, storages, servers, partitions, client_config.cluster_root)
+        typer.echo(f"{name}: {settings.describe()}; database {report.database}; {where}")
+        typer.echo(report.text())
+    if not report.passed:
+        raise typer.Exit(1)
