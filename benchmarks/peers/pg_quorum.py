@@ -36,6 +36,7 @@ import signal
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -61,6 +62,19 @@ STOP_TIMEOUT = 30.0
 #: Lines of a server's log quoted in an error.
 LOG_TAIL_LINES = 30
 _BINARIES = ("initdb", "pg_ctl", "pg_basebackup")
+
+
+@dataclass(frozen=True)
+class _OsUser:
+    """The OS user the servers run as, and the ``setpriv`` that switches to it."""
+
+    uid: int
+    gid: int
+    setpriv: str
+
+    def prefix(self) -> list[str]:
+        """The command prefix that runs the rest as this user, with no supplementary groups."""
+        return [self.setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--"]
 
 
 class PgQuorumError(RuntimeError):
@@ -162,7 +176,7 @@ class PgQuorum:
         self.standbys: tuple[PgServer, ...] = ()
         self.root: Path | None = None
         self._data_dirs: list[Path] = []
-        self._run_as: dict[str, Any] = {}
+        self._run_as: _OsUser | None = None
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -196,8 +210,8 @@ class PgQuorum:
         self._run_as = self._os_user()
         self.root = Path(tempfile.mkdtemp(prefix="waltz-pg-quorum-"))
         try:
-            if "user" in self._run_as:
-                os.chown(self.root, self._run_as["user"], self._run_as["group"])
+            if self._run_as is not None:
+                os.chown(self.root, self._run_as.uid, self._run_as.gid)
             self._start_primary(bindir)
             self.standbys = tuple(self._start_standby(bindir, name) for name in STANDBY_NAMES)
             self._wait_for_quorum()
@@ -226,10 +240,10 @@ class PgQuorum:
     # --- the servers --------------------------------------------------------------------------
 
     @staticmethod
-    def _os_user() -> dict[str, Any]:
-        """``subprocess`` arguments to run the servers as ``postgres`` when we are root."""
+    def _os_user() -> _OsUser | None:
+        """The OS user to run the servers as when we are root (PostgreSQL refuses root)."""
         if os.geteuid() != 0:
-            return {}
+            return None
         try:
             entry = pwd.getpwnam("postgres")
         except KeyError:
@@ -237,23 +251,35 @@ class PgQuorum:
                 "running as root, and PostgreSQL refuses to: there is no OS user 'postgres' to run "
                 "the servers as (Debian's postgresql package creates it)"
             ) from None
-        return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            raise PgQuorumError(
+                "running as root, the servers run as 'postgres' through setpriv, which is not on "
+                "PATH (Debian's util-linux package has it)"
+            )
+        return _OsUser(uid=entry.pw_uid, gid=entry.pw_gid, setpriv=setpriv)
 
     def _run(self, command: Sequence[str], timeout: float, log: Path | None = None) -> None:
-        """Run a server command as the servers' OS user; raise with its output if it fails."""
+        """Run a server command as the servers' OS user; raise with its output if it fails.
+
+        The user is switched by ``setpriv`` in the child, not by ``subprocess``'s ``user=``:
+        with ``user=`` Python forks instead of using vfork, and a fork in a process whose gRPC
+        threads are running (a test worker, the benchmark) runs gRPC's fork handlers, which
+        can crash the child before it executes the command (exit code -11).
+        """
         assert self.root is not None
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env |= {"HOME": str(self.root), "LC_ALL": "C.UTF-8"}
+        argv = [*self._run_as.prefix(), *command] if self._run_as is not None else list(command)
         try:
             done = subprocess.run(
-                list(command),
+                argv,
                 capture_output=True,
                 text=True,
                 timeout=timeout,
                 check=False,
                 cwd=self.root,
                 env=env,
-                **self._run_as,
             )
         except subprocess.TimeoutExpired as exc:
             logs = f"\n--- {log}:\n{_tail(log)}" if log else ""

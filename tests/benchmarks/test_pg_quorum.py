@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ import support
 
 from benchmarks.peers.pg_quorum import STANDBY_NAMES, PgQuorum, PgQuorumError, find_bindir
 from benchmarks.peers.pg_server import PgServer, show
-from waltz.local.processes import wait_until
+from waltz.local.processes import free_port, wait_until
 
 
 @pytest.fixture
@@ -175,4 +177,34 @@ def test_a_server_that_does_not_start_is_an_error_with_its_log_and_leaves_nothin
     assert "pg_ctl" in message and "start" in message
     assert 'unrecognized configuration parameter "no_such_setting"' in message  # the server's log
     assert quorum.root is None
+    assert list(quorum_tmp.iterdir()) == []
+
+
+_QUORUM_BESIDE_GRPC = """
+import grpc
+from benchmarks.peers.pg_quorum import PgQuorum
+
+channel = grpc.insecure_channel("127.0.0.1:{port}")  # nothing listens: gRPC keeps reconnecting
+grpc.channel_ready_future(channel)  # its threads run while the servers are made
+with PgQuorum(start_timeout=60) as quorum:
+    print(quorum.replication())
+channel.close()
+"""
+
+
+def test_servers_are_made_without_running_grpc_fork_handlers_in_a_grpc_process(quorum_tmp: Path) -> None:
+    """A test worker or the benchmark has gRPC threads running. Switching to the servers' OS
+    user in ``subprocess`` makes Python fork rather than vfork, and gRPC's fork handlers then
+    run in the child, which can die of them before it runs ``initdb`` (exit code -11). gRPC
+    traces each fork it handles: there must be none."""
+    _binaries()
+    env = {**os.environ, "TMPDIR": str(quorum_tmp), "GRPC_VERBOSITY": "debug", "GRPC_TRACE": "fork"}
+    code = _QUORUM_BESIDE_GRPC.format(port=free_port())
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "'streaming', 'quorum'" in done.stdout
+    forks = [line for line in done.stderr.splitlines() if "fork_posix" in line]
+    assert forks == [], forks
     assert list(quorum_tmp.iterdir()) == []
