@@ -13,7 +13,7 @@ import support
 from kazoo.client import KazooClient, KazooState
 
 from waltz.errors import ConfigurationError
-from waltz.local.processes import ServiceStartError, wait_until
+from waltz.local.processes import ServiceStartError, group_running_threads, wait_until
 from waltz.local.zookeeper import (
     DockerZooKeeper,
     LocalZooKeeper,
@@ -102,6 +102,8 @@ def test_stop_is_graceful_and_restart_after_stop_works(private_zookeeper: LocalZ
 
 def test_pause_makes_the_server_unresponsive_until_resumed(private_zookeeper: LocalZooKeeper) -> None:
     private_zookeeper.pause()
+    assert private_zookeeper.process.pid is not None
+    assert group_running_threads(private_zookeeper.process.pid) == 0  # pause returns once all stopped
     with pytest.raises(OSError):
         private_zookeeper.four_letter_word("ruok", timeout=0.3)
     private_zookeeper.resume()

@@ -249,6 +249,36 @@ _registry_lock = threading.Lock()
 _registry: set[ManagedProcess] = set()
 
 
+#: Seconds :meth:`ManagedProcess.pause` waits for every thread of the group to stop.
+PAUSE_TIMEOUT = 10.0
+
+#: Thread states of ``/proc/<pid>/task/<tid>/stat`` that run no code: stopped, traced, zombie, dead.
+_NOT_RUNNING_STATES = frozenset("TtZXx")
+
+
+def group_running_threads(pgid: int) -> int:
+    """The number of threads of process group ``pgid`` that are not stopped (Linux ``/proc``).
+
+    A process or thread that exits while it is read counts as stopped.
+    """
+    running = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[2]) != pgid:  # state, ppid, pgrp, ...
+            continue
+        for task in (stat.parent / "task").glob("[0-9]*/stat"):
+            try:
+                state = task.read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in _NOT_RUNNING_STATES:
+                running += 1
+    return running
+
+
 def _register(process: ManagedProcess) -> None:
     with _registry_lock:
         _registry.add(process)
@@ -533,16 +563,30 @@ class ManagedProcess:
                 f"its log ({self._log_path}) ends with:\n{self.log_tail()}"
             ) from timeout_error
 
-    def pause(self) -> None:
+    def pause(self, timeout: float = PAUSE_TIMEOUT) -> None:
         """Freeze the process group with SIGSTOP (a "stop the world" pause, e.g. a long GC).
+
+        Returns once every thread of the group is stopped: a signal is only queued by ``kill``,
+        and on a loaded machine a JVM's threads can go on serving for a moment after it.
+
+        Args:
+            timeout: seconds to wait for every thread to stop.
 
         Raises:
             RuntimeError: the process is not running.
+            TimeoutError: a thread of the group was still running after ``timeout`` seconds.
         """
         with self._lock:
             if not self.is_running():
                 raise RuntimeError(f"cannot pause {self._name}: it is not running")
             self._signal_group(signal.SIGSTOP)
+            assert self._popen is not None
+            pgid = self._popen.pid
+            wait_until(
+                lambda: group_running_threads(pgid) == 0,
+                timeout=timeout,
+                what=f"every thread of {self._name} (process group {pgid}) to stop",
+            )
 
     def resume(self) -> None:
         """Let a paused process group continue (SIGCONT). Does nothing if it is not running."""
