@@ -434,13 +434,13 @@ def test_settling_a_keyed_change_set_leaves_later_changes_of_its_rows_alone() ->
     cache.absorb(0, 1, [change(4, 1, "a"), change(4, 2, "b"), change(8, 3, "c"), change(8, 4, None)])
     assert cache.read(0, [(info, (4,))]) is None
     assert cache.read(0, [(info, (8,))]) == (4, {(info, (8,)): (8, 4, "", True)})
-    cache.settle(0, {1: True, 3: False})  # "a" (replaced by "b") and "c" (replaced) change nothing
+    cache.settle(0, {(1, 0): True, (3, 0): False})  # "a" (replaced by "b") and "c" (replaced) change nothing
     assert cache.read(0, [(info, (4,))]) is None
     assert cache.read(0, [(info, (8,))]) == (4, {(info, (8,)): (8, 4, "", True)})
-    cache.settle(0, {2: True})
+    cache.settle(0, {(2, 0): True})
     assert cache.read(0, [(info, (4,))]) == (4, {(info, (4,)): (4, 2, "", True)})
     cache.absorb(0, 5, [change(4, 9, "d")])
-    cache.settle(0, {5: False})
+    cache.settle(0, {(5, 0): False})
     assert cache.read(0, [(info, (4,))]) is None and cache.resets == 0
 
 

@@ -223,8 +223,8 @@ def test_a_change_set_of_current_changes_is_not_copied() -> None:
 
 
 def test_a_newer_form_waits_for_an_upgrade_and_an_unknown_one_is_refused() -> None:
-    with pytest.raises(ChangeSetVersionError, match="form 3 is newer than this waltz-py reads") as raised:
-        ChangeSet.decode(b'{"v": 3, "ops": []}')
+    with pytest.raises(ChangeSetVersionError, match="form 4 is newer than this waltz-py reads") as raised:
+        ChangeSet.decode(b'{"v": 4, "ops": []}')
     assert isinstance(raised.value, ApplyPausedError)
     with pytest.raises(ChangeSetFormatError) as refused:
         ChangeSet.decode(b'{"v": 0, "ops": []}')

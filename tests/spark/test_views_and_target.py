@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, inspect, select, text
 
+from waltz.client.transaction import Transaction
 from waltz.jdbc_style import create_framework_engine
-from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, RowChange
+from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, ChangeSetBatch, Operation, RowChange
 from waltz.jdbc_style.changeset_callbacks import row_change_problem
 from waltz.jdbc_style.schema import high_water_marks, idempotency_keys
+from waltz.protocol.records import ReqId
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import RebuildError
 from waltz.spark.source import LOG_SCHEMA
@@ -30,6 +32,7 @@ from waltz.spark.views import (
     replay,
 )
 from waltz_examples.counter.models import Counter
+from waltz_examples.counter.transactions import CounterCallbacks
 from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
 
 OTHER = "another-log"
@@ -327,3 +330,57 @@ def test_an_insert_may_leave_out_attributes_without_defaults() -> None:
     assert partial_row_problem(insert_, attributes=("id", "text"), defaulted=("text",)) is not None
     update = RowChange(Operation.UPDATE, "note", {"id": 1}, {"id": 1})
     assert partial_row_problem(update, attributes=("id", "text"), defaulted=()) is not None
+
+
+def _counter_set(counter_id: int, value: int, key: str | None = None) -> ChangeSet:
+    return ChangeSet.decode(_set(counter_id, value, key))
+
+
+def test_a_log_of_batches_is_rebuilt_as_the_live_apply_applies_it(spark: Any, tmp_path: Any) -> None:
+    """Forms 1 and 3 (docs/design/sql.md "Batched change-sets"): each member on its own, in order,
+    a member whose request an earlier transaction or an earlier member carried skipped; the
+    rebuild and the live apply give the same rows and keys."""
+    entries = [
+        (0, 0, _set(1, 0)),
+        (0, 1, _set(1, 5, "req-1")),
+        (
+            0,
+            2,
+            ChangeSetBatch(
+                [
+                    _counter_set(1, 50, "req-1"),  # applied in transaction 1: skipped
+                    _counter_set(2, 0),
+                    _counter_set(1, 6, "req-2"),
+                    _counter_set(1, 60, "req-2"),  # the member before's request: skipped
+                ]
+            ).encode(),
+        ),
+        (0, 3, ChangeSetBatch([_counter_set(2, 7, "req-3"), _counter_set(3, 0)]).encode()),
+    ]
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    engine = create_framework_engine(url)
+    COUNTER_VIEWS.prepare(engine)
+    live = CounterCallbacks(engine, cluster_name="counter")
+    for p, t, data in entries:
+        live.apply_transaction(Transaction(p, t, ReqId(7, 1, p, t), CHANGE_SET_HEADER, None, data))
+    with engine.connect() as conn:
+        applied = {tuple(r) for r in conn.execute(select(*Counter.__table__.columns))}
+        applied_keys = {tuple(r) for r in conn.execute(select(*list(idempotency_keys.c)[1:4]))}
+    engine.dispose()
+    assert applied == {(1, 6, 2), (2, 7, 3), (3, 0, 3)}
+
+    log = spark.createDataFrame([(p, t, CHANGE_SET_HEADER, 7, 1, p, t, d) for p, t, d in entries], LOG_SCHEMA)
+    changes = decode_changes(log, COUNTER_VIEWS.decoders)
+    rebuilt = {
+        (r.counter_id, r.value, r.updated_tx)
+        for r in COUNTER_VIEWS.build(changes, log)[Counter.__tablename__].collect()
+    }
+    keys = {
+        (r.idempotency_key, r.partition_id, r.transaction_id)
+        for r in idempotency_key_rows(changes, "counter").collect()
+    }
+    assert rebuilt == applied
+    assert keys == applied_keys == {("req-1", 0, 1), ("req-2", 0, 2), ("req-3", 0, 3)}
+    # The row changes of a batch are numbered on across its members, in order.
+    indices = [(r.transaction_id, r.op_index) for r in changes.where("transaction_id = 2").collect()]
+    assert sorted(indices) == [(2, 0), (2, 1), (2, 2)]

@@ -29,9 +29,12 @@ from waltz.jdbc_style.callbacks import AbstractClientCallbacksForSQL
 from waltz.jdbc_style.changeset import (
     CHANGE_SET_HEADER,
     ChangeSet,
+    ChangeSetBatch,
     ChangeSetFormatError,
     Operation,
     RowChange,
+    decode_members,
+    encode_members,
 )
 from waltz.jdbc_style.changeset_callbacks import ChangeSetApplyError, ChangeSetCallbacks
 from waltz.jdbc_style.engine import create_framework_engine, is_transient, prepare_engine
@@ -67,6 +70,7 @@ __all__ = [
     "ApplySession",
     "ChangeSet",
     "ChangeSetApplyError",
+    "ChangeSetBatch",
     "ChangeSetCallbacks",
     "ChangeSetFormatError",
     "DropAttribute",
@@ -86,7 +90,9 @@ __all__ = [
     "WaltzEntity",
     "check_partition_mapping",
     "create_framework_engine",
+    "decode_members",
     "default_partition",
+    "encode_members",
     "is_transient",
     "lock_id_of",
     "partition_of",

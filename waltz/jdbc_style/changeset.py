@@ -21,6 +21,11 @@ is written in form 1 (``"v": 1``, no ``"sv"``), the form every waltz-py reads; o
 ``"sv"`` in form 2, which a waltz-py that knows no schema versions refuses (its partition waits)
 instead of applying it as if it were version 1. Both forms are read.
 
+A batch (form 3, :class:`ChangeSetBatch`) holds several change-sets in one log transaction:
+``{"v": 3, "members": [{"ops": [...], "idempotency_key": ..., "meta": ...}, ...]}``, each member a
+change-set of form 2 without its ``"v"`` (docs/design/sql.md "Batched change-sets").
+:func:`decode_members` reads every form as the transaction's list of change-sets.
+
 ``insert`` and ``update`` carry the whole new row (attribute name → value), so replaying a log
 keeps the last write per key; ``delete`` carries the key. Values that JSON cannot hold exactly are
 tagged: ``{"$decimal": "1.10"}``, ``{"$datetime": "2026-01-02T03:04:05+00:00"}``, ``{"$date":
@@ -46,11 +51,14 @@ from waltz.errors import ApplyPausedError, SqlFrameworkError
 __all__ = [
     "CHANGE_SET_HEADER",
     "ChangeSet",
+    "ChangeSetBatch",
     "ChangeSetFormatError",
     "ChangeSetVersionError",
     "Operation",
     "RowChange",
+    "decode_members",
     "decode_value",
+    "encode_members",
     "encode_value",
 ]
 
@@ -60,8 +68,12 @@ CHANGE_SET_HEADER = 0x57435331
 FORMAT_VERSION = 1
 #: The form written when an op carries a schema version above 1 (``"sv"``).
 FORMAT_VERSION_SCHEMAS = 2
+#: The form of a batch: several change-sets (members) in one log transaction.
+FORMAT_VERSION_BATCH = 3
 #: Every form this code reads.
-READABLE_FORMATS = (FORMAT_VERSION, FORMAT_VERSION_SCHEMAS)
+READABLE_FORMATS = (FORMAT_VERSION, FORMAT_VERSION_SCHEMAS, FORMAT_VERSION_BATCH)
+#: The newest form this code reads (a record of a higher integer form waits for an upgrade).
+NEWEST_FORMAT = FORMAT_VERSION_BATCH
 
 
 class ChangeSetFormatError(SqlFrameworkError):
@@ -125,11 +137,19 @@ class ChangeSet:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        """The transaction data (see the module docstring).
+        """The transaction data (see the module docstring): form 1 when every op is of schema
+        version 1, else form 2.
 
         Raises:
-            ChangeSetFormatError: a value cannot be encoded (unsupported type, non-finite float).
+            ChangeSetFormatError: a value cannot be encoded (unsupported type, non-finite float),
+                or a schema version is not an integer of at least 1.
         """
+        document, form = self._document()
+        return _dumps({"v": form, **document})
+
+    def _document(self) -> tuple[dict[str, Any], int]:
+        """This change-set's fields (``ops``, ``idempotency_key``, ``meta``) as JSON, and the
+        lowest single-change-set form that holds them (1, or 2 with a schema version above 1)."""
         ops: list[dict[str, Any]] = []
         form = FORMAT_VERSION
         for change in self.changes:
@@ -150,71 +170,164 @@ class ChangeSet:
                 op["sv"] = version
                 form = FORMAT_VERSION_SCHEMAS
             ops.append(op)
-        document: dict[str, Any] = {"v": form, "ops": ops}
+        document: dict[str, Any] = {"ops": ops}
         if self.idempotency_key is not None:
             document["idempotency_key"] = self.idempotency_key
         if self.meta:
             document["meta"] = dict(self.meta)
-        try:
-            return json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False).encode(
-                "utf-8"
-            )
-        except (TypeError, ValueError) as exc:
-            raise ChangeSetFormatError(f"change-set cannot be encoded as JSON: {exc}") from exc
+        return document, form
 
     @staticmethod
     def decode(data: bytes) -> ChangeSet:
-        """Parse transaction data written by :meth:`encode`.
+        """Parse transaction data written by :meth:`encode` (forms 1 and 2).
 
         The row changes keep the schema version they were written with (1 for form 1): the
         decoding step that upcasts them to the current models is
-        :meth:`waltz.jdbc_style.upcasting.SchemaChains.upcast`.
+        :meth:`waltz.jdbc_style.upcasting.SchemaChains.upcast`. A batch (form 3) holds several
+        change-sets: :func:`decode_members` reads every form.
 
         Raises:
             ChangeSetVersionError: a form newer than this code reads (an integer ``"v"`` above
                 :data:`READABLE_FORMATS`): the partition waits for an upgrade.
-            ChangeSetFormatError: not UTF-8 JSON, no form, an unknown operation, a missing field,
-                or a schema version that is not an integer of at least 1.
+            ChangeSetFormatError: not UTF-8 JSON, no form, a batch, an unknown operation, a
+                missing field, or a schema version that is not an integer of at least 1.
         """
-        try:
-            document = json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            # ValueError: not UTF-8 or not JSON (JSONDecodeError), or an integer literal longer than
-            # Python's digit limit; RecursionError: nesting deeper than the interpreter's stack.
-            raise ChangeSetFormatError(f"change-set data is not UTF-8 JSON: {exc}") from exc
-        form = document.get("v") if isinstance(document, dict) else None
-        if form not in READABLE_FORMATS:
-            if type(form) is int and form > FORMAT_VERSION_SCHEMAS:
-                raise ChangeSetVersionError(
-                    f"change-set form {form} is newer than this waltz-py reads (forms "
-                    f"{', '.join(map(str, READABLE_FORMATS))}); upgrade waltz-py on this instance",
-                    form,
-                )
+        form, members = _decode(data)
+        if form == FORMAT_VERSION_BATCH:
             raise ChangeSetFormatError(
-                f"change-set format version {form!r} is not supported (this waltz-py reads forms "
-                f"{', '.join(map(str, READABLE_FORMATS))})"
+                f"the data is a batch of {len(members)} change-sets (form {FORMAT_VERSION_BATCH}); "
+                "decode_members reads it"
             )
-        assert isinstance(document, dict)
-        changes: list[RowChange] = []
+        return members[0]
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeSetBatch:
+    """Several change-sets in one log transaction (form 3): applied in order, in one database
+    transaction, each member with its own idempotency key and ``meta`` (docs/design/sql.md
+    "Batched change-sets").
+
+    Attributes:
+        members: the change-sets, in the order they apply; at least two (one change-set is
+            written in its own form, which every older reader reads).
+    """
+
+    members: Sequence[ChangeSet]
+
+    def encode(self) -> bytes:
+        """The transaction data: ``{"v": 3, "members": [{"ops": ..., "idempotency_key": ...,
+        "meta": ...}, ...]}`` (each member as a change-set of form 1 or 2 has it, without ``"v"``;
+        an op of a schema version above 1 carries its ``"sv"``).
+
+        Raises:
+            ChangeSetFormatError: fewer than two members, or a member that cannot be encoded.
+        """
+        if len(self.members) < 2:
+            raise ChangeSetFormatError(
+                f"a batch holds at least two change-sets, not {len(self.members)} (write one "
+                "change-set with ChangeSet.encode, in the form every reader reads)"
+            )
+        documents = [member._document()[0] for member in self.members]
+        return _dumps({"v": FORMAT_VERSION_BATCH, "members": documents})
+
+
+def encode_members(members: Sequence[ChangeSet]) -> bytes:
+    """The transaction data of one change-set (its own form, 1 or 2) or of several (a batch,
+    form 3).
+
+    Raises:
+        ChangeSetFormatError: no member, or a member that cannot be encoded.
+    """
+    if not members:
+        raise ChangeSetFormatError("a transaction holds at least one change-set")
+    return members[0].encode() if len(members) == 1 else ChangeSetBatch(tuple(members)).encode()
+
+
+def decode_members(data: bytes) -> tuple[ChangeSet, ...]:
+    """The change-sets of a transaction's data, in order: one for forms 1 and 2, the members of a
+    batch (form 3). Row changes keep the schema version they were written with.
+
+    Raises:
+        ChangeSetVersionError: a form newer than this code reads (an integer ``"v"`` above
+            :data:`NEWEST_FORMAT`): the partition waits for an upgrade.
+        ChangeSetFormatError: not UTF-8 JSON, no form, an unknown operation, a missing field, a
+            schema version that is not an integer of at least 2 in a form that carries one, or a
+            batch whose ``members`` is not a list of at least two JSON objects.
+    """
+    return _decode(data)[1]
+
+
+def _decode(data: bytes) -> tuple[int, tuple[ChangeSet, ...]]:
+    """The form of a transaction's data and its change-sets (see :func:`decode_members`)."""
+    try:
+        document = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        # ValueError: not UTF-8 or not JSON (JSONDecodeError), or an integer literal longer than
+        # Python's digit limit; RecursionError: nesting deeper than the interpreter's stack.
+        raise ChangeSetFormatError(f"change-set data is not UTF-8 JSON: {exc}") from exc
+    form = document.get("v") if isinstance(document, dict) else None
+    if form not in READABLE_FORMATS or type(form) is not int:
+        if type(form) is int and form > NEWEST_FORMAT:
+            raise ChangeSetVersionError(
+                f"change-set form {form} is newer than this waltz-py reads (forms "
+                f"{', '.join(map(str, READABLE_FORMATS))}); upgrade waltz-py on this instance",
+                form,
+            )
+        raise ChangeSetFormatError(
+            f"change-set format version {form!r} is not supported (this waltz-py reads forms "
+            f"{', '.join(map(str, READABLE_FORMATS))})"
+        )
+    assert isinstance(document, dict)
+    if form != FORMAT_VERSION_BATCH:
+        if "members" in document:
+            raise ChangeSetFormatError(f"a change-set of form {form} has no members (only form 3 does)")
+        return form, (_decode_member(document, form),)
+    members = document.get("members")
+    if "ops" in document or not isinstance(members, list) or len(members) < 2:
+        raise ChangeSetFormatError(
+            "a batch (form 3) has a list of at least two members and no ops of its own, got "
+            f"members {type(members).__name__}" + (f" of {len(members)}" if isinstance(members, list) else "")
+        )
+    decoded = []
+    for index, member in enumerate(members):
+        if not isinstance(member, dict) or "v" in member or "members" in member:
+            raise ChangeSetFormatError(
+                f"member {index} of the batch is not a change-set object without a form of its own"
+            )
         try:
-            for op in document["ops"]:
-                operation = Operation(op["op"])
-                values = {} if operation is Operation.DELETE else _decode_map(op["values"])
-                version = op.get("sv", 1)
-                if "sv" in op and (form == FORMAT_VERSION or type(version) is not int or version < 2):
-                    raise ValueError(f"schema version {version!r} in a change-set of form {form}")
-                changes.append(
-                    RowChange(operation, str(op["entity"]), _decode_map(op["key"]), values, version)
-                )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ChangeSetFormatError(f"malformed change-set operation: {exc!r}") from exc
-        key = document.get("idempotency_key")
-        meta = document.get("meta") or {}
-        if key is not None and not isinstance(key, str):
-            raise ChangeSetFormatError(f"idempotency_key must be a string, got {key!r}")
-        if not isinstance(meta, dict):
-            raise ChangeSetFormatError(f"meta must be a JSON object, got {type(meta).__name__}")
-        return ChangeSet(changes, key, meta)
+            decoded.append(_decode_member(member, form))
+        except ChangeSetFormatError as exc:
+            raise ChangeSetFormatError(f"member {index} of the batch: {exc}") from exc
+    return form, tuple(decoded)
+
+
+def _decode_member(document: dict[str, Any], form: int) -> ChangeSet:
+    """One change-set's fields (``ops``, ``idempotency_key``, ``meta``) in a record of ``form``."""
+    changes: list[RowChange] = []
+    try:
+        for op in document["ops"]:
+            operation = Operation(op["op"])
+            values = {} if operation is Operation.DELETE else _decode_map(op["values"])
+            version = op.get("sv", 1)
+            if "sv" in op and (form == FORMAT_VERSION or type(version) is not int or version < 2):
+                raise ValueError(f"schema version {version!r} in a change-set of form {form}")
+            changes.append(RowChange(operation, str(op["entity"]), _decode_map(op["key"]), values, version))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ChangeSetFormatError(f"malformed change-set operation: {exc!r}") from exc
+    key = document.get("idempotency_key")
+    meta = document.get("meta") or {}
+    if key is not None and not isinstance(key, str):
+        raise ChangeSetFormatError(f"idempotency_key must be a string, got {key!r}")
+    if not isinstance(meta, dict):
+        raise ChangeSetFormatError(f"meta must be a JSON object, got {type(meta).__name__}")
+    return ChangeSet(changes, key, meta)
+
+
+def _dumps(document: dict[str, Any]) -> bytes:
+    try:
+        return json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise ChangeSetFormatError(f"change-set cannot be encoded as JSON: {exc}") from exc
 
 
 def _decode_map(raw: Any) -> dict[str, Any]:

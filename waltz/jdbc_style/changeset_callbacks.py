@@ -29,6 +29,7 @@ from waltz.jdbc_style.changeset import (
     ChangeSetFormatError,
     Operation,
     RowChange,
+    decode_members,
 )
 from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.entities import EntityInfo, EntityRegistry
@@ -143,12 +144,15 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         self.entity_cache: EntityCache | None = (
             EntityCache(registry, exact_string_keys=exact_strings) if entity_cache else None
         )
-        # Change-sets decoded by apply, by partition and transaction, for the entity cache.
-        self._decoded: dict[int, dict[int, ChangeSet]] = {}
-        # With the entity cache, by partition and transaction: whether the apply in progress
-        # recorded a change-set's idempotency key first (its changes applied), for the cache to
-        # settle the entries the change-set left pending once the apply commits.
-        self._key_outcomes: dict[int, dict[int, bool]] = {}
+        # Change-sets decoded by apply (the members of each transaction), by partition and
+        # transaction, for the entity cache.
+        self._decoded: dict[int, dict[int, tuple[ChangeSet, ...]]] = {}
+        # With the entity cache, by partition and (transaction, member): whether the apply in
+        # progress recorded a change-set's idempotency key first (its changes applied), for the
+        # cache to settle the entries the change-set left pending once the apply commits.
+        self._key_outcomes: dict[int, dict[tuple[int, int], bool]] = {}
+        # By partition: the member of the transaction being applied (one apply thread each).
+        self._members: dict[int, int] = {}
         # Statements of staged row changes, built once per (model, operation, attribute names).
         self._statements: dict[tuple[Any, ...], Any] = {}
         self.registry = registry
@@ -157,7 +161,8 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         self._uncaught_lock = threading.Lock()
 
     def apply(self, transaction: Transaction, session: Session) -> None:
-        """Apply a change-set transaction; hand others to :meth:`apply_command`.
+        """Apply a change-set transaction, each of a batch's members in order through
+        :meth:`apply_change_set`; hand others to :meth:`apply_command`.
 
         Raises:
             ChangeSetFormatError: the data is not a valid change-set.
@@ -167,12 +172,52 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         if transaction.header != CHANGE_SET_HEADER:
             self.apply_command(transaction, session)
             return
-        self.apply_change_set(self._change_set_of(transaction), transaction, session)
+        pid = transaction.partition_id
+        members = self._members_of(transaction)
+        if len(members) == 1:
+            self.apply_change_set(members[0], transaction, session)
+            return
+        keys: set[str] = set()
+        try:
+            for index, member in enumerate(members):
+                self._members[pid] = index
+                key = member.idempotency_key
+                if key is not None and key in keys:
+                    # The key is recorded for this transaction already: a second copy of the
+                    # request in one batch changes nothing, as a copy in a later transaction.
+                    self._skip_repeated(member, transaction, index)
+                    continue
+                if key is not None:
+                    keys.add(key)
+                self.apply_change_set(member, transaction, session)
+        finally:
+            self._members.pop(pid, None)
 
-    def _change_set_of(self, transaction: Transaction) -> ChangeSet:
-        """The transaction's change-set, decoded and upcast to the current models (with the entity
-        cache, once for the absorb and the apply, and kept until the apply ends): the one decoding
-        step of the live apply and the cache (docs/design/sql.md "Schema versions and upcasting").
+    def _skip_repeated(self, member: ChangeSet, transaction: Transaction, index: int) -> None:
+        if self.entity_cache is not None:
+            self._key_outcomes.setdefault(transaction.partition_id, {})[transaction.transaction_id, index] = (
+                False
+            )
+        log.info(
+            "partition %d transaction %d member %d: request %r is an earlier member's; changes skipped",
+            transaction.partition_id,
+            transaction.transaction_id,
+            index,
+            member.idempotency_key,
+        )
+
+    def member_index(self, transaction: Transaction) -> int:
+        """Which change-set of ``transaction`` is being applied: 0 for a transaction of one
+        change-set, the member's place in a batch (docs/design/sql.md "Batched change-sets").
+        For an override of :meth:`apply_change_set` that keeps rows per change-set, keyed by
+        transaction and member."""
+        return self._members.get(transaction.partition_id, 0)
+
+    def _members_of(self, transaction: Transaction) -> tuple[ChangeSet, ...]:
+        """The transaction's change-sets (one, or a batch's members), decoded and upcast to the
+        current models (with the entity cache, once for the absorb and the apply, and kept until
+        the apply ends): the one decoding step of the live apply and the cache
+        (docs/design/sql.md "Schema versions and upcasting").
 
         Raises:
             ChangeSetFormatError: the data is not a valid change-set.
@@ -181,13 +226,17 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
                 partition waits for an upgrade).
         """
         if self.entity_cache is None:
-            return self.registry.schema_chains().upcast(ChangeSet.decode(transaction.get_raw_data()))
+            return self._decode(transaction)
         decoded = self._decoded.setdefault(transaction.partition_id, {})
-        change_set = decoded.get(transaction.transaction_id)
-        if change_set is None:
-            change_set = self.registry.schema_chains().upcast(ChangeSet.decode(transaction.get_raw_data()))
-            decoded[transaction.transaction_id] = change_set
-        return change_set
+        members = decoded.get(transaction.transaction_id)
+        if members is None:
+            members = self._decode(transaction)
+            decoded[transaction.transaction_id] = members
+        return members
+
+    def _decode(self, transaction: Transaction) -> tuple[ChangeSet, ...]:
+        upcast = self.registry.schema_chains().upcast
+        return tuple(upcast(member) for member in decode_members(transaction.get_raw_data()))
 
     def read_entities(
         self,
@@ -279,15 +328,15 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         cache = self.entity_cache
         if cache is None or not transactions:
             return
-        change_sets: list[ChangeSet | None] = []
+        change_sets: list[tuple[ChangeSet, ...] | None] = []
         for transaction in transactions:
-            change_set = None
+            members = None
             if transaction.header == CHANGE_SET_HEADER:
                 try:
-                    change_set = self._change_set_of(transaction)
+                    members = self._members_of(transaction)
                 except Exception:  # the apply raises it where it is reported and retried
-                    change_set = None
-            change_sets.append(change_set)
+                    members = None
+            change_sets.append(members)
         cache.absorb(transactions[0].partition_id, transactions[0].transaction_id, change_sets)
 
     def absorb_floor(self, partition_id: int, mark: int) -> None:
@@ -317,9 +366,10 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         change_sets = [decoded.get(t.transaction_id) for t in applied]
         cache.absorb(partition_id, applied[0].transaction_id, change_sets)
         outcomes = {
-            t.transaction_id: noted.get(t.transaction_id, False)  # not noted: not known, not kept
-            for t, change_set in zip(applied, change_sets, strict=True)
-            if change_set is not None and change_set.idempotency_key is not None
+            (t.transaction_id, index): noted.get((t.transaction_id, index), False)  # not noted: not kept
+            for t, members in zip(applied, change_sets, strict=True)
+            for index, member in enumerate(members or ())
+            if member.idempotency_key is not None
         }
         if outcomes:
             cache.settle(partition_id, outcomes)
@@ -334,8 +384,9 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
 
     def apply_change_set(self, change_set: ChangeSet, transaction: Transaction, session: Session) -> None:
         """Apply a decoded change-set: record its idempotency key (skipping a repeated request's
-        changes), then each row change in order. Override to add to it (e.g. an audit row from
-        ``change_set.meta``) and call ``super()``.
+        changes), then each row change in order. Called once per change-set, for each member of a
+        batch in order (:meth:`member_index` says which). Override to add to it (e.g. an audit row
+        from ``change_set.meta``) and call ``super()``.
 
         Raises:
             ChangeSetApplyError: an update or delete found no row.
@@ -346,9 +397,8 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         else:
             recorded = self.record_idempotency_key(session, key, transaction)
             if self.entity_cache is not None:  # settles what the change-set left in the cache
-                self._key_outcomes.setdefault(transaction.partition_id, {})[transaction.transaction_id] = (
-                    recorded
-                )
+                noted = self._key_outcomes.setdefault(transaction.partition_id, {})
+                noted[transaction.transaction_id, self.member_index(transaction)] = recorded
         if not recorded:
             log.info(
                 "partition %d transaction %d: request %r was applied before; its changes are skipped",
@@ -367,7 +417,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             ChangeSetApplyError: an update or delete found no row.
         """
         info = self.registry.by_name(change.entity)
-        self._check_change(info, change, transaction)
+        self._check_change(info, change, self._where(transaction))
         model = info.model
         if isinstance(session, ApplySession) and self._stageable(info, change):
             statement, parameters = self._shaped(model, change)
@@ -401,14 +451,20 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         if rowcount != 1:
             found = "no row" if rowcount == 0 else f"{rowcount} rows"
             raise ChangeSetApplyError(
-                f"partition {transaction.partition_id} transaction {transaction.transaction_id}: "
-                f"{change.operation.value} of {change.entity} {dict(change.key)} found {found}, not "
-                "one; the database has diverged from the log, or the entity's key does not identify "
+                f"{self._where(transaction)}: {change.operation.value} of {change.entity} "
+                f"{dict(change.key)} found {found}, not one; the database has diverged from the log, "
+                "or the entity's key does not identify "
                 "a row (restore the database or rebuild it from the log; nothing was changed)"
             )
 
+    def _where(self, transaction: Transaction) -> str:
+        """The transaction, and the member of a batch being applied, for an error message."""
+        where = f"partition {transaction.partition_id} transaction {transaction.transaction_id}"
+        member = self._members.get(transaction.partition_id)
+        return where if member is None else f"{where} member {member}"
+
     @staticmethod
-    def _check_change(info: EntityInfo, change: RowChange, transaction: Transaction) -> None:
+    def _check_change(info: EntityInfo, change: RowChange, where: str) -> None:
         """Refuse a row change that does not fit its model before it reaches the database: its key
         must name exactly the entity's key attributes (or its primary key's, which identify one row
         too), its values only column attributes, and the key values in an insert's or update's row
@@ -425,7 +481,6 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             model_name=info.model.__name__,
         )
         if problem is not None:
-            where = f"partition {transaction.partition_id} transaction {transaction.transaction_id}"
             raise ChangeSetFormatError(f"{where}: {problem}; refused")
 
     @staticmethod

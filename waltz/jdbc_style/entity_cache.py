@@ -32,8 +32,9 @@ How the rows stay exact:
   that does not start at P + 1, a floor (transactions found applied at a mount), a transaction
   that is not a change-set, a change the cache cannot place by its entity key.
 - A change-set with an idempotency key is followed too, but its apply may skip its changes (an
-  earlier transaction carried the key): each entry it leaves is *pending* on its transaction,
-  unknown to attempts, until the apply of that transaction tells whether it recorded the key
+  earlier transaction carried the key): each entry it leaves is *pending* on the change-set (its
+  transaction, and its member in a batch: docs/design/sql.md "Batched change-sets"), unknown to
+  attempts, until the apply of that change-set tells whether it recorded the key
   first (:meth:`EntityCache.settle`): then the entry is the row it carried, else "changed, row
   unknown". A later change of the same key replaces the entry as usual (a whole row does not
   depend on whether the keyed change before it was applied). An attempt whose entities are all
@@ -59,7 +60,7 @@ Bounded: at most ``max_entries`` rows per partition; past that the partition's r
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Boolean, Enum, Integer, String
@@ -158,18 +159,23 @@ class _Changed:
 _CHANGED: Any = _Changed()
 
 
+#: A change-set of the log: its transaction ID and its place among the transaction's members (0
+#: for a transaction of one change-set).
+Member = tuple[int, int]
+
+
 class _Pending:
     """The entry of a key last changed by a change-set with an idempotency key whose apply has
     not said yet whether it recorded the key first: ``row`` (a row or None) if it did."""
 
-    __slots__ = ("row", "transaction_id")
+    __slots__ = ("member", "row")
 
-    def __init__(self, transaction_id: int, row: tuple[Any, ...] | None) -> None:
-        self.transaction_id = transaction_id
+    def __init__(self, member: Member, row: tuple[Any, ...] | None) -> None:
+        self.member = member
         self.row = row
 
     def __repr__(self) -> str:
-        return f"PENDING({self.transaction_id}, {self.row!r})"
+        return f"PENDING({self.member}, {self.row!r})"
 
 
 def _unknown(entry: Any) -> bool:
@@ -187,8 +193,8 @@ class _Partition:
         # absorbed after it left an entry in ``rows``. None while not started.
         self.complete_from: int | None = None
         self.rows: dict[Key, tuple[Any, ...] | None] = {}
-        # Transaction ID -> the keys it left pending (a change-set with an idempotency key).
-        self.pending: dict[int, list[Key]] = {}
+        # Change-set -> the keys it left pending (a change-set with an idempotency key).
+        self.pending: dict[Member, list[Key]] = {}
         self.hits = self.misses = self.resets = 0  # counted under the lock
 
     def empty(self, position: int | None) -> None:
@@ -451,12 +457,14 @@ class EntityCache:
             partition.empty(mark)
             partition.position = mark
 
-    def absorb(self, partition_id: int, first: int, change_sets: Sequence[ChangeSet | None]) -> None:
-        """Move the partition on by the committed transactions ``first``, ``first + 1``, ...: their
-        decoded change-sets in order (None: a transaction that is not a change-set). Those at or
-        below the position are absorbed already and passed over. Resets it when they do not
-        follow its position or hold something the cache cannot follow (see the module
-        docstring)."""
+    def absorb(
+        self, partition_id: int, first: int, change_sets: Sequence[ChangeSet | Sequence[ChangeSet] | None]
+    ) -> None:
+        """Move the partition on by the committed transactions ``first``, ``first + 1``, ...: the
+        decoded change-sets of each, in order (one change-set, or a batch's members; None: a
+        transaction that is not a change-set). Those at or below the position are absorbed
+        already and passed over. Resets it when they do not follow its position or hold
+        something the cache cannot follow (see the module docstring)."""
         last = first + len(change_sets) - 1
         partition = self._partition(partition_id)
         with partition.lock:
@@ -470,7 +478,7 @@ class EntityCache:
             if not (
                 followed
                 and all(
-                    cs is not None and self._follow(partition, cs, first + offset)
+                    cs is not None and self._follow_members(partition, cs, first + offset)
                     for offset, cs in enumerate(change_sets)
                 )
             ):
@@ -479,33 +487,41 @@ class EntityCache:
             if len(partition.rows) > self.max_entries:
                 partition.empty(last)
 
-    def settle(self, partition_id: int, outcomes: dict[int, bool]) -> None:
+    def settle(self, partition_id: int, outcomes: Mapping[Member, bool]) -> None:
         """The applies of change-sets with an idempotency key committed: ``outcomes`` maps each
-        transaction ID to whether its apply recorded the key first (its changes applied) or not
-        (skipped, or not known). The entries each left pending become the rows it carried, or
-        "changed, row unknown" (see the module docstring)."""
+        change-set (transaction ID, member) to whether its apply recorded the key first (its
+        changes applied) or not (skipped, or not known). The entries each left pending become the
+        rows it carried, or "changed, row unknown" (see the module docstring)."""
         partition = self._partition(partition_id)
         with partition.lock:
             rows, pending = partition.rows, partition.pending
-            for transaction_id, applied in outcomes.items():
-                for key in pending.pop(transaction_id, ()):
+            for member, applied in outcomes.items():
+                for key in pending.pop(member, ()):
                     entry = rows.get(key, MISSING)
-                    if type(entry) is _Pending and entry.transaction_id == transaction_id:
+                    if type(entry) is _Pending and entry.member == member:
                         rows[key] = entry.row if applied else _CHANGED
 
-    def _follow(self, partition: _Partition, change_set: ChangeSet, transaction_id: int) -> bool:
-        """Apply one change-set's row changes to the partition's rows (pending on
-        ``transaction_id`` when it carries an idempotency key); False when one cannot be placed."""
+    def _follow_members(
+        self, partition: _Partition, change_sets: ChangeSet | Sequence[ChangeSet], transaction_id: int
+    ) -> bool:
+        """Apply one transaction's change-sets, in order (see :meth:`_follow`)."""
+        if isinstance(change_sets, ChangeSet):
+            return self._follow(partition, change_sets, (transaction_id, 0))
+        return all(self._follow(partition, cs, (transaction_id, i)) for i, cs in enumerate(change_sets))
+
+    def _follow(self, partition: _Partition, change_set: ChangeSet, member: Member) -> bool:
+        """Apply one change-set's row changes to the partition's rows (pending on ``member`` when
+        it carries an idempotency key); False when one cannot be placed."""
         rows: dict[Key, Any] = partition.rows
         if change_set.idempotency_key is not None:
             touched: list[Key] = []
             placed = self._follow_rows(rows, change_set, touched)
             keys = list(dict.fromkeys(touched))  # a key changed twice is pending once
-            partition.pending[transaction_id] = keys
+            partition.pending[member] = keys
             for key in keys:
                 entry = rows[key]
                 if entry is not _CHANGED:
-                    rows[key] = _Pending(transaction_id, entry)
+                    rows[key] = _Pending(member, entry)
             return placed
         return self._follow_rows(rows, change_set, None)
 

@@ -28,7 +28,13 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, ChangeSetFormatError, RowChange
+from waltz.jdbc_style.changeset import (
+    CHANGE_SET_HEADER,
+    ChangeSet,
+    ChangeSetFormatError,
+    RowChange,
+    decode_members,
+)
 from waltz.jdbc_style.upcasting import SchemaChains
 
 __all__ = ["CHANGES_SCHEMA", "CommandDecoder", "DecoderRegistry", "decode_changes", "render_value"]
@@ -110,6 +116,17 @@ class DecoderRegistry:
             )
         return ChangeSet(tuple(decoder(data)))
 
+    def decode_members(self, header: int, data: bytes) -> tuple[ChangeSet, ...]:
+        """Decode one transaction into its change-sets: a batch's members (docs/design/sql.md
+        "Batched change-sets"), or the one change-set of any other transaction.
+
+        Raises:
+            ChangeSetFormatError: malformed change-set data, or an unknown header with ``"fail"``.
+        """
+        if header == CHANGE_SET_HEADER:
+            return decode_members(data)
+        return (self.decode(header, data),)
+
 
 def _render_map(values: Mapping[str, Any]) -> dict[str, str | None]:
     return {k: render_value(v) for k, v in values.items()}
@@ -127,36 +144,44 @@ def _decode_one(
     """The row changes of one transaction as tuples of the struct fields after ``transaction_id``,
     upcast by ``chains`` when given; with ``check``, each tuple ends with its problem (or None)."""
     try:
-        change_set = registry.decode(header, bytes(data))
+        members = registry.decode_members(header, bytes(data))
         if chains is not None:
-            change_set = chains.upcast(change_set)
+            members = tuple(chains.upcast(member) for member in members)
     except ChangeSetFormatError as exc:
         raise ChangeSetFormatError(f"partition {pid} transaction {txid}: {exc}") from exc
-    meta = json.dumps(dict(change_set.meta), sort_keys=True) if change_set.meta else None
     rows: list[tuple[Any, ...]] = []
-    for index, change in enumerate(change_set.changes):
-        key_values = _render_map(change.key)
-        values = _render_map(change.values)
-        row: tuple[Any, ...] = (
-            index,
-            change.entity,
-            change.operation.value,
-            json.dumps(key_values, sort_keys=True, separators=(",", ":")),
-            key_values,
-            values,
-            meta,
-            change_set.idempotency_key,
-        )
-        if check is not None:
-            # Checked as rendered, as change_problems checks the decoded columns.
-            row += (check(RowChange(change.operation, change.entity, key_values, values)),)
-        rows.append(row)
-    if not rows:
-        # A transaction without row changes still carries its meta (applications may count it).
-        rows.append(
-            (-1, None, None, None, None, None, meta, change_set.idempotency_key)
-            + ((None,) if check is not None else ())
-        )
+    index = 0  # the row changes of a batch's members are numbered on, in order
+    keys: set[str] = set()
+    for change_set in members:
+        key = change_set.idempotency_key
+        if key is not None:
+            if key in keys:
+                # A second copy of a request in one batch: the live apply skips it, so do we.
+                continue
+            keys.add(key)
+        meta = json.dumps(dict(change_set.meta), sort_keys=True) if change_set.meta else None
+        if not change_set.changes:
+            # A change-set without row changes still carries its meta (applications may count it).
+            empty: tuple[Any, ...] = (-1, None, None, None, None, None, meta, key)
+            rows.append(empty + ((None,) if check is not None else ()))
+        for change in change_set.changes:
+            key_values = _render_map(change.key)
+            values = _render_map(change.values)
+            row: tuple[Any, ...] = (
+                index,
+                change.entity,
+                change.operation.value,
+                json.dumps(key_values, sort_keys=True, separators=(",", ":")),
+                key_values,
+                values,
+                meta,
+                key,
+            )
+            index += 1
+            if check is not None:
+                # Checked as rendered, as change_problems checks the decoded columns.
+                row += (check(RowChange(change.operation, change.entity, key_values, values)),)
+            rows.append(row)
     return rows
 
 

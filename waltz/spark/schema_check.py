@@ -86,24 +86,30 @@ def _check_one(
     """One transaction's rows: ``(entity, written version, problem)`` per row change, or one row
     with the problem when it does not decode or upcast."""
     try:
-        written = decoders.decode(header, bytes(data))
-        upcast = chains.upcast(written)
+        members = decoders.decode_members(header, bytes(data))
+        pairs = [(written, chains.upcast(written)) for written in members]
     except ChangeSetFormatError as exc:
         return [(None, None, str(exc))]
     rows: list[tuple[str | None, int | None, str | None]] = []
-    for before, change in zip(written.changes, upcast.changes, strict=True):
-        problem = None
-        shape = shapes.get(change.entity)
-        if shape is not None:
-            key_names, primary_key, attributes, model_name, defaulted = shape
-            problem = row_change_problem(
-                change, key=key_names, primary_key=primary_key, attributes=attributes, model_name=model_name
-            ) or partial_row_problem(change, attributes, defaulted)
-            if problem is not None and before.schema_version != change.schema_version:
-                problem += (
-                    f" (written at schema version {before.schema_version}, upcast to {change.schema_version})"
-                )
-        rows.append((change.entity, before.schema_version, problem))
+    for written, upcast in pairs:
+        for before, change in zip(written.changes, upcast.changes, strict=True):
+            problem = None
+            shape = shapes.get(change.entity)
+            if shape is not None:
+                key_names, primary_key, attributes, model_name, defaulted = shape
+                problem = row_change_problem(
+                    change,
+                    key=key_names,
+                    primary_key=primary_key,
+                    attributes=attributes,
+                    model_name=model_name,
+                ) or partial_row_problem(change, attributes, defaulted)
+                if problem is not None and before.schema_version != change.schema_version:
+                    problem += (
+                        f" (written at schema version {before.schema_version}, "
+                        f"upcast to {change.schema_version})"
+                    )
+            rows.append((change.entity, before.schema_version, problem))
     return rows
 
 

@@ -32,7 +32,7 @@ from waltz import WaltzClientCallbacks
 from waltz.client.config import WaltzClientConfig
 from waltz.client.reading import read_up_to
 from waltz.client.transaction import Transaction
-from waltz.jdbc_style import CHANGE_SET_HEADER, ChangeSet
+from waltz.jdbc_style import CHANGE_SET_HEADER, decode_members
 from waltz.jdbc_style.schema import high_water_marks
 from waltz.workloads.application import Check, SmallBankApplication
 
@@ -73,18 +73,19 @@ class _Reader(WaltzClientCallbacks):
 
     def apply_transactions(self, transactions: Sequence[Transaction]) -> None:
         for t in transactions:
-            meta: dict[str, Any] = {}
+            metas: list[dict[str, Any]] = [{}]
             changes: tuple[tuple[str, int], ...] = ()
             if t.header == CHANGE_SET_HEADER:
-                change_set = ChangeSet.decode(t.get_raw_data())
-                meta = dict(change_set.meta)
-                changes = tuple((c.entity, c.schema_version) for c in change_set.changes)
+                members = decode_members(t.get_raw_data())
+                metas = [dict(member.meta) for member in members]  # a batch: each member's
+                changes = tuple((c.entity, c.schema_version) for m in members for c in m.changes)
             with self.lock:
                 for entity, version in changes:
                     self.tally.schema_versions.setdefault(entity, Counter())[version] += 1
                 self.tally.transactions[t.partition_id] = self.tally.transactions.get(t.partition_id, 0) + 1
                 if self.observe is not None:
-                    self.observe(meta)
+                    for meta in metas:
+                        self.observe(meta)
                 self.marks[t.partition_id] = t.transaction_id
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
@@ -103,8 +104,9 @@ def read_log(
     Args:
         config: the client settings that reach the cluster.
         high_water_marks: partition -> the mark to read up to.
-        observe: called with the ``meta`` of each transaction (empty unless a change-set), one call
-            at a time, in log order within a partition.
+        observe: called with the ``meta`` of each change-set (each member of a batch; an empty
+            one for a transaction that is not a change-set), one call at a time, in log order
+            within a partition.
         timeout: seconds the read may take.
 
     Returns:

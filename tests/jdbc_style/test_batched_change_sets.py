@@ -1,0 +1,264 @@
+"""Batched change-sets (form 3): several change-sets in one log transaction, read by the live
+apply, group apply and the entity cache as each member on its own, in order, each with its own
+idempotency key (docs/design/sql.md "Batched change-sets")."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy import Engine, select, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from waltz.client.transaction import Transaction
+from waltz.jdbc_style import (
+    CHANGE_SET_HEADER,
+    ChangeSet,
+    ChangeSetApplyError,
+    ChangeSetBatch,
+    ChangeSetCallbacks,
+    ChangeSetFormatError,
+    EntityRegistry,
+    Operation,
+    RowChange,
+    WaltzEntity,
+    create_framework_engine,
+    decode_members,
+    encode_members,
+)
+from waltz.jdbc_style.changeset import ChangeSetVersionError
+from waltz.protocol.records import ReqId
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Stock(Base):
+    __tablename__ = "batch_stock"
+    __waltz__ = WaltzEntity("batch.stock", partition_by=lambda key, n: 0)
+    sku: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    units: Mapped[int] = mapped_column(default=0)
+
+
+def _put(sku: int, units: int, operation: Operation = Operation.UPDATE) -> RowChange:
+    return RowChange(operation, "batch.stock", {"sku": sku}, {"sku": sku, "units": units})
+
+
+def _txn(transaction_id: int, data: bytes) -> Transaction:
+    return Transaction(0, transaction_id, ReqId(3, 1, 0, transaction_id), CHANGE_SET_HEADER, None, data)
+
+
+# --- the record form ------------------------------------------------------------------------------
+
+
+def test_a_batch_is_written_field_by_field_as_documented() -> None:
+    batch = ChangeSetBatch(
+        [
+            ChangeSet([_put(1, 5, Operation.INSERT)], "req-a", {"op": "open"}),
+            ChangeSet([RowChange(Operation.DELETE, "batch.stock", {"sku": 2}, schema_version=2)]),
+        ]
+    )
+    assert batch.encode() == (
+        b'{"members":[{"idempotency_key":"req-a","meta":{"op":"open"},'
+        b'"ops":[{"entity":"batch.stock","key":{"sku":1},"op":"insert","values":{"sku":1,"units":5}}]},'
+        b'{"ops":[{"entity":"batch.stock","key":{"sku":2},"op":"delete","sv":2}]}],"v":3}'
+    )
+    first, second = decode_members(batch.encode())
+    assert (first.idempotency_key, dict(first.meta), list(first.changes)) == (
+        "req-a",
+        {"op": "open"},
+        [_put(1, 5, Operation.INSERT)],
+    )
+    assert second.changes[0].schema_version == 2 and second.idempotency_key is None
+
+
+def test_one_change_set_is_written_in_its_own_form_which_every_older_reader_reads() -> None:
+    alone = ChangeSet([_put(1, 5)], "req-a")
+    assert encode_members([alone]) == alone.encode()
+    assert json.loads(alone.encode())["v"] == 1
+    assert decode_members(alone.encode()) == (alone,)
+    with pytest.raises(ChangeSetFormatError, match="at least two change-sets"):
+        ChangeSetBatch([alone]).encode()
+    with pytest.raises(ChangeSetFormatError, match="at least one change-set"):
+        encode_members([])
+    with pytest.raises(ChangeSetFormatError, match="decode_members reads it"):
+        ChangeSet.decode(ChangeSetBatch([alone, alone]).encode())
+
+
+members = st.lists(
+    st.builds(
+        lambda units, key, version: ChangeSet(
+            [RowChange(Operation.UPDATE, "batch.stock", {"sku": 1}, {"sku": 1, "units": units}, version)],
+            key,
+        ),
+        st.integers(-(1 << 40), 1 << 40),
+        st.none() | st.text(min_size=1, max_size=8),
+        st.integers(1, 3),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@given(members)
+def test_every_batch_survives_encoding(written: list[ChangeSet]) -> None:
+    assert list(decode_members(encode_members(written))) == written
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b'{"v":3,"members":[]}', "at least two members"),
+        (b'{"v":3,"members":{"a":1}}', "members dict"),
+        (b'{"v":3}', "members NoneType"),
+        (b'{"v":3,"members":[{"ops":[]},{"ops":[]}],"ops":[]}', "no ops of its own"),
+        (b'{"v":3,"members":[{"ops":[]},{"v":1,"ops":[]}]}', "member 1 of the batch"),
+        (b'{"v":3,"members":[{"ops":[]},[]]}', "member 1 of the batch"),
+        (b'{"v":3,"members":[{"ops":[]},{"ops":[],"members":[]}]}', "member 1 of the batch"),
+        (b'{"v":3,"members":[{"ops":[{"op":"upsert"}]},{"ops":[]}]}', "member 0 of the batch: malformed"),
+        (b'{"v":3,"members":[{"ops":[]},{"ops":[],"idempotency_key":7}]}', "member 1 .*idempotency_key"),
+        (
+            b'{"v":3,"members":[{"ops":[{"op":"delete","entity":"e","key":{},"sv":1}]},{"ops":[]}]}',
+            "sv|schema",
+        ),
+        (b'{"v":1,"ops":[],"members":[]}', "has no members"),
+        (b'{"v":true,"ops":[]}', "not supported"),
+    ],
+)
+def test_malformed_batches_are_refused_clearly(data: bytes, message: str) -> None:
+    with pytest.raises(ChangeSetFormatError, match=message) as raised:
+        decode_members(data)
+    assert not isinstance(raised.value, ChangeSetVersionError)
+
+
+def test_a_form_newer_than_batches_waits_for_an_upgrade() -> None:
+    with pytest.raises(ChangeSetVersionError, match="form 4 is newer"):
+        decode_members(b'{"v":4,"members":[]}')
+
+
+# --- the live apply and the entity cache ----------------------------------------------------------
+
+
+@pytest.fixture
+def engine(app_db_url: str) -> Iterator[Engine]:
+    engine = create_framework_engine(app_db_url)
+    Base.metadata.create_all(engine)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+class Audited(ChangeSetCallbacks):
+    """Notes each change-set its apply is handed, with the member it is."""
+
+    def __init__(self, engine: Engine, **kwargs: Any) -> None:
+        kwargs.setdefault("entity_cache", True)
+        super().__init__(engine, cluster_name="batches", registry=EntityRegistry([Stock]), **kwargs)
+        self.seen: list[tuple[int, int, str | None]] = []
+
+    def apply_change_set(self, change_set: ChangeSet, transaction: Transaction, session: Session) -> None:
+        self.seen.append(
+            (transaction.transaction_id, self.member_index(transaction), change_set.idempotency_key)
+        )
+        super().apply_change_set(change_set, transaction, session)
+
+
+def _log() -> list[Transaction]:
+    """A log of every form: form 1, form 2, then batches (form 3) whose members repeat a request
+    of an earlier transaction (skipped), repeat one of an earlier member of the same batch
+    (skipped), and carry no key."""
+    return [
+        _txn(0, ChangeSet([_put(1, 10, Operation.INSERT), _put(2, 20, Operation.INSERT)]).encode()),
+        _txn(
+            1,
+            ChangeSet(
+                [RowChange(Operation.UPDATE, "batch.stock", {"sku": 1}, {"sku": 1, "units": 9}, 1)], "r1"
+            ).encode(),
+        ),
+        _txn(
+            2,
+            ChangeSetBatch(
+                [
+                    ChangeSet([_put(1, 100)], "r1"),  # applied in transaction 1: skipped
+                    ChangeSet([_put(2, 19)], "r2"),
+                    ChangeSet([_put(2, 200)], "r2"),  # member 1's request again: skipped
+                    ChangeSet([_put(3, 30, Operation.INSERT)]),
+                ]
+            ).encode(),
+        ),
+        _txn(3, ChangeSetBatch([ChangeSet([_put(3, 29)], "r3"), ChangeSet([_put(1, 8)])]).encode()),
+    ]
+
+
+EXPECTED = {1: 8, 2: 19, 3: 29}
+
+
+def _stock(engine: Engine) -> dict[int, int]:
+    with engine.connect() as conn:
+        return {int(s): int(u) for s, u in conn.execute(select(Stock.sku, Stock.units))}
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["one-by-one", "group"])
+def test_a_log_of_every_form_applies_each_member_once_in_order(engine: Engine, grouped: bool) -> None:
+    callbacks = Audited(engine)
+    log = _log()
+    cache = callbacks.entity_cache
+    assert cache is not None
+    cache.floor(0, -1)
+    if grouped:
+        callbacks.absorb_transactions(log)  # as the client does before it applies a batch
+        callbacks.apply_transactions(log)
+    else:
+        for transaction in log:
+            callbacks.absorb_transactions([transaction])
+            callbacks.apply_transaction(transaction)
+    assert callbacks.uncaught_count == 0
+    assert _stock(engine) == EXPECTED
+    assert [s for s in callbacks.seen if s[0] >= 2] == [
+        (2, 0, "r1"),
+        (2, 1, "r2"),
+        (2, 3, None),
+        (3, 0, "r3"),
+        (3, 1, None),
+    ]
+    for key, where in (("r1", 1), ("r2", 2), ("r3", 3)):
+        found = callbacks.find_idempotency_key(key)
+        assert found is not None and (found.partition_id, found.transaction_id) == (0, where)
+    assert callbacks.high_water_marks() == {0: 3}
+    # The cache: the rows of every applied member, the skipped members' rows left to the database.
+    info = callbacks.registry.info(Stock)
+    assert cache.position(0) == 3
+    assert cache.read(0, [(info, (1,)), (info, (3,))]) == (3, {(info, (1,)): (1, 8), (info, (3,)): (3, 29)})
+    assert cache.read(0, [(info, (2,))]) is None  # last changed by the skipped copy of r2
+    assert cache.resets == 0
+
+
+def test_a_database_replaying_the_log_makes_the_same_choices(engine: Engine) -> None:
+    first = Audited(engine, entity_cache=False)
+    first.apply_transactions(_log())
+    with engine.begin() as conn:
+        for table in ("batch_stock", "waltz_idempotency_keys", "waltz_high_water_marks"):
+            conn.execute(text(f"DELETE FROM {table}"))
+    replay = Audited(engine, entity_cache=False)
+    for transaction in _log():
+        replay.apply_transaction(transaction)
+    assert _stock(engine) == EXPECTED and replay.uncaught_count == 0
+
+
+def test_a_batch_that_does_not_fit_rolls_back_every_member(engine: Engine) -> None:
+    callbacks = Audited(engine)
+    callbacks.apply_transaction(_txn(0, ChangeSet([_put(1, 10, Operation.INSERT)]).encode()))
+    broken = ChangeSetBatch([ChangeSet([_put(1, 11)], "r9"), ChangeSet([_put(7, 70)])])  # no row 7
+    with pytest.raises(
+        ChangeSetApplyError, match=r"partition 0 transaction 1 member 1: update .* found no row"
+    ):
+        callbacks.apply_transactions([_txn(1, broken.encode())])
+    assert _stock(engine) == {1: 10}
+    assert callbacks.find_idempotency_key("r9") is None
+    assert callbacks.high_water_marks() == {0: 0}
