@@ -37,6 +37,7 @@ from waltz.jdbc_style import (
     WaltzEntity,
     create_framework_engine,
 )
+from waltz.jdbc_style.entity_batches import EntityBatcher
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
 
@@ -344,3 +345,66 @@ def test_one_instance_s_hot_counter_reads_the_entity_cache_and_loses_no_update(s
     service.wait_caught_up()
     assert service.counter_value(counter_id) == 100, "an increment was lost"
     assert cache.hits > hits_before, (cache.hits, cache.misses, cache.resets)
+
+
+class CappedIncrement(Increment):
+    """:class:`Increment` that drops itself (with a reason) once the counter reached ``cap``."""
+
+    def __init__(
+        self, callbacks: ChangeSetCallbacks, counter_id: int, cap: int, request_key: str | None = None
+    ):
+        super().__init__(callbacks, counter_id, request_key=request_key)
+        self.cap = cap
+        self.completions: list[bool] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        counter = tx.get(ClusterCounter, self.counter_id)
+        if counter is not None and counter.value >= self.cap:
+            return tx.drop(f"counter at its cap {self.cap}")
+        return super().run(tx)
+
+    def on_completion(self, result: bool) -> None:
+        self.completions.append(result)
+
+
+def test_batched_increments_from_two_instances_share_log_transactions_and_lose_no_update(
+    service: Service,
+) -> None:
+    """Each instance submits through an EntityBatcher: contexts ready while the counter's last
+    log transaction is in flight go together as a batch (form 3), each run on what the ones before
+    it left; every member has its own outcome and callbacks, none is lost, and the cap holds
+    (docs/design/sql.md "Batched entity transactions")."""
+    counter_id = service.create_counter()
+    cap = 150
+    batchers = [EntityBatcher(instance.client) for instance in service.instances]
+    try:
+        submitted: list[tuple[CappedIncrement, Any]] = []
+        for _ in range(100):  # 200 submissions for a cap of 150: 50 are dropped
+            for instance, batcher in zip(service.instances, batchers, strict=True):
+                context = CappedIncrement(instance.callbacks, counter_id, cap, f"inc-{uuid.uuid4()}")
+                submitted.append((context, batcher.submit(context)))
+        outcomes = [future.result(TIMEOUT) for _, future in submitted]
+    finally:
+        for batcher in batchers:
+            batcher.close()
+    committed = [o for o in outcomes if o.committed]
+    dropped = [o for o in outcomes if o.dropped]
+    assert len(committed) == cap and len(dropped) == 200 - cap, (len(committed), len(dropped))
+    assert {o.reason for o in dropped} == {f"counter at its cap {cap}"}
+    ids = [o.transaction_id for o in committed]
+    assert len(set(ids)) < cap, "no two increments shared a log transaction"
+    assert sum(b.batched for b in batchers) >= len(ids) - len(set(ids)) > 0
+    assert all(
+        context.completions == [outcome.committed]
+        for (context, _), outcome in zip(submitted, outcomes, strict=True)
+    )
+
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == cap, "an increment was lost or applied twice"
+    pid = service.partition_of(counter_id)
+    for (context, _), outcome in zip(submitted, outcomes, strict=True):
+        found = service.first.callbacks.find_idempotency_key(context.request_key or "")
+        if outcome.committed:
+            assert found == AppliedRequest(pid, outcome.transaction_id)
+        else:
+            assert found is None

@@ -84,6 +84,17 @@ def inventory(
             ),
         ),
     ] = True,
+    batch: Annotated[
+        bool,
+        typer.Option(
+            "--batch/--no-batch",
+            help=(
+                "The instances submit through an EntityBatcher: requests ready for a partition while "
+                "its last log transaction is in flight go together as one (docs/sql.md, "
+                '"Batching entity transactions"). --no-batch: one log transaction per request.'
+            ),
+        ),
+    ] = False,
     warm_up: Annotated[
         int,
         typer.Option("--warm-up", min=0, help="Requests each instance sends before the measured phase."),
@@ -154,6 +165,7 @@ def inventory(
             seed=seed,
             timeout=timeout,
             entity_cache=entity_cache,
+            batch=batch,
             warm_up=warm_up,
             app=app_module,
         )

@@ -46,6 +46,7 @@ from waltz.jdbc_style.entities import (
     lock_id_of,
     partition_of,
 )
+from waltz.jdbc_style.entity_batches import EntityBatcher
 from waltz.jdbc_style.entity_context import EntityTransaction, EntityTransactionContext
 from waltz.jdbc_style.entity_reads import EntityRead
 from waltz.jdbc_style.idempotency import AppliedRequest
@@ -74,6 +75,7 @@ __all__ = [
     "ChangeSetCallbacks",
     "ChangeSetFormatError",
     "DropAttribute",
+    "EntityBatcher",
     "EntityRead",
     "EntityRegistry",
     "EntityTransaction",

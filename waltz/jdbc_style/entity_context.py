@@ -51,11 +51,21 @@ from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key
 from waltz.jdbc_style.mark_snapshot import MarkSnapshot
 from waltz.jdbc_style.prefetch import Prefetched
 
-__all__ = ["CachedSnapshot", "EntityTransaction", "EntityTransactionContext"]
+__all__ = ["CachedSnapshot", "EntityTransaction", "EntityTransactionContext", "NotBatchableError"]
 
 E = TypeVar("E")
 
 _NOT_READ = object()  # a key the snapshot did not read with the mark
+
+#: In a batch's overlay: an entity an earlier member changed without leaving its whole row.
+CHANGED_IN_BATCH: Any = object()
+
+
+class NotBatchableError(Exception):
+    """A member of a batch read what the batch cannot show it as the members before it left it
+    (a query on :attr:`EntityTransaction.session`, a row an earlier member changed only in part):
+    the batch leaves it out, and it runs on its own after the batch (docs/design/sql.md
+    "Batched entity transactions")."""
 
 
 class EntityTransaction:
@@ -72,10 +82,18 @@ class EntityTransaction:
     """
 
     def __init__(
-        self, callbacks: ChangeSetCallbacks, snapshot: MarkSnapshot | CachedSnapshot, num_partitions: int
+        self,
+        callbacks: ChangeSetCallbacks,
+        snapshot: MarkSnapshot | CachedSnapshot,
+        num_partitions: int,
+        *,
+        overlay: dict[tuple[EntityInfo, tuple[Any, ...]], Any] | None = None,
     ) -> None:
         self._callbacks = callbacks
         self._snapshot = snapshot
+        # In a batch after its first member: the rows the members before this one left
+        # (row, None for a delete, or CHANGED_IN_BATCH), read before the snapshot's.
+        self._overlay = overlay
         self._num_partitions = num_partitions
         self.partition_id = snapshot.partition_id
         self.idempotency_key: str | None = None
@@ -136,7 +154,20 @@ class EntityTransaction:
 
     def _known_row(self, info: EntityInfo, values: tuple[Any, ...]) -> Any:
         """An entity's row read with the mark or held by the entity cache at the snapshot's
-        position: the row, None (no row), or ``_NOT_READ`` (read it by key)."""
+        position: the row, None (no row), or ``_NOT_READ`` (read it by key); in a batch, the
+        row an earlier member left first."""
+        overlay = self._overlay
+        if overlay:
+            try:
+                row = overlay.get((info, values), _NOT_READ)
+            except TypeError:  # an unhashable key value: no member changed it
+                row = _NOT_READ
+            if row is CHANGED_IN_BATCH:
+                raise NotBatchableError(
+                    f"{info.model.__name__} {values!r} was changed in part by an earlier member"
+                )
+            if row is not _NOT_READ:
+                return row
         snapshot = self._snapshot
         prefetched = snapshot.prefetched
         if prefetched:
@@ -154,7 +185,15 @@ class EntityTransaction:
 
     @property
     def session(self) -> Session:
-        """An ORM session on the snapshot (see the class docstring)."""
+        """An ORM session on the snapshot (see the class docstring).
+
+        Raises:
+            NotBatchableError: in a batch after its first member (the session shows the state
+                before the batch, not what the members before this one left): the batch runs
+                this context on its own instead.
+        """
+        if self._overlay is not None:
+            raise NotBatchableError("a query on tx.session does not see the earlier members' changes")
         return self._snapshot.session
 
     def get_many(self, model: type[E], keys: Iterable[Any]) -> dict[tuple[Any, ...], E | None]:
@@ -618,6 +657,36 @@ class EntityTransactionContext(TransactionContext):
         changes nothing (docs/design/sql.md "Idempotency keys")."""
         if self._num_partitions == 0:
             raise RuntimeError("partition_id() must be called before execute()")
+        with contextlib.ExitStack() as stack:
+            snapshot = self.open_attempt_state(stack, self.attempt_entities())
+            tx = EntityTransaction(self.callbacks, snapshot, self._num_partitions)
+            self.last_transaction = tx
+            dropped = self.run_attempt(tx, builder)
+            if dropped is not None:
+                return dropped
+        builder.set_client_high_water_mark(snapshot.high_water_mark)
+        builder.set_header(CHANGE_SET_HEADER)
+        builder.set_raw_data(tx.change_set().encode())
+        builder.set_write_locks(tx.write_locks)
+        builder.set_read_locks(tx.read_locks)
+        return True
+
+    def run_attempt(self, tx: EntityTransaction, builder: TransactionBuilder) -> bool | None:
+        """Call :meth:`run` on ``tx``, then check its idempotency key as of the state read: None
+        when the change-set is to be appended, else what :meth:`execute` returns to drop it (the
+        reason or the earlier transaction noted on ``builder``)."""
+        if not self.run(tx):
+            return False if tx.drop_reason is None else builder.drop(tx.drop_reason)
+        key = tx.idempotency_key
+        if key is not None and self.checks_idempotency_key:  # applied before, as of the state read
+            earlier = tx.already_applied(key)
+            if earlier is not None:
+                return builder.drop_as_applied(earlier.partition_id, earlier.transaction_id)
+        return None
+
+    def attempt_entities(self) -> list[tuple[EntityInfo, tuple[Any, ...]]]:
+        """The entities an attempt reads with the mark (:meth:`prefetch_entities`, when
+        :attr:`prefetch` is on), normalized."""
         entities: list[tuple[EntityInfo, tuple[Any, ...]]] = []
         if self.prefetch:
             for info, values in self._prefetch_keys():
@@ -627,34 +696,23 @@ class EntityTransactionContext(TransactionContext):
                     # compare an integer column with text); left to a read by key, if run reads it.
                     continue
                 entities.append((info, values))
+        return entities
+
+    def open_attempt_state(
+        self, stack: contextlib.ExitStack, entities: list[tuple[EntityInfo, tuple[Any, ...]]]
+    ) -> MarkSnapshot | CachedSnapshot:
+        """The state an attempt reads, closed with ``stack``: the entity cache's rows at its
+        position when it holds ``entities``, else a snapshot (:meth:`_read_database`)."""
         cache = self.callbacks.entity_cache
         if cache is not None and cache.pending(self._partition_id, entities):
             # Rows of a keyed change-set not yet applied here: its apply settles them.
             self.callbacks.catch_up_to_cache(self._partition_id)
         view = None if cache is None else cache.view(self._partition_id, entities)
-        snapshot: MarkSnapshot | CachedSnapshot
-        with contextlib.ExitStack() as stack:
-            if view is not None and cache is not None:
-                snapshot = stack.enter_context(
-                    CachedSnapshot(self.callbacks, cache, self._partition_id, view[0], view[1])
-                )
-            else:
-                snapshot = self._read_database(stack, cache, entities)
-            tx = EntityTransaction(self.callbacks, snapshot, self._num_partitions)
-            self.last_transaction = tx
-            if not self.run(tx):
-                return False if tx.drop_reason is None else builder.drop(tx.drop_reason)
-            key = tx.idempotency_key
-            if key is not None and self.checks_idempotency_key:  # applied before, as of the state read
-                earlier = tx.already_applied(key)
-                if earlier is not None:
-                    return builder.drop_as_applied(earlier.partition_id, earlier.transaction_id)
-        builder.set_client_high_water_mark(snapshot.high_water_mark)
-        builder.set_header(CHANGE_SET_HEADER)
-        builder.set_raw_data(tx.change_set().encode())
-        builder.set_write_locks(tx.write_locks)
-        builder.set_read_locks(tx.read_locks)
-        return True
+        if view is not None and cache is not None:
+            return stack.enter_context(
+                CachedSnapshot(self.callbacks, cache, self._partition_id, view[0], view[1])
+            )
+        return self._read_database(stack, cache, entities)
 
     def _read_database(
         self,

@@ -97,6 +97,11 @@ class InventoryInstance(Protocol):
         :class:`~waltz.client.outcome.Outcome`."""
         ...
 
+    def batch_counts(self) -> tuple[int, int]:
+        """``(batches, members)``: log transactions of more than one operation this instance
+        committed, and the operations they carried (``(0, 0)`` when it does not batch)."""
+        ...
+
     def close(self) -> None:
         """Stop the instance: its client and everything it started. Idempotent."""
         ...
@@ -142,7 +147,13 @@ class InventoryApplication(Protocol):
         ...
 
     def instance(
-        self, db_url: str, config: WaltzClientConfig, *, cluster_name: str, entity_cache: bool = True
+        self,
+        db_url: str,
+        config: WaltzClientConfig,
+        *,
+        cluster_name: str,
+        entity_cache: bool = True,
+        batch: bool = False,
     ) -> InventoryInstance:
         """Start an instance on a prepared database.
 
@@ -151,6 +162,9 @@ class InventoryApplication(Protocol):
             config: its Waltz client's configuration (the cluster, and client settings).
             cluster_name: the log's name in the database's mark rows.
             entity_cache: keep entity rows as the applies leave them (docs/sql.md).
+            batch: submit through an ``EntityBatcher`` (docs/sql.md, "Batching entity
+                transactions"); passed only when true, so an application that does not batch
+                may leave it out.
         """
         ...
 

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from sqlalchemy import Engine, select
 
 from waltz import Outcome, WaltzClient, WaltzClientConfig
-from waltz.jdbc_style import ChangeSetCallbacks, EntityRegistry, create_framework_engine
+from waltz.jdbc_style import ChangeSetCallbacks, EntityBatcher, EntityRegistry, create_framework_engine
 from waltz.jdbc_style import migrations_api as framework_migrations
 from waltz.workloads.inventory import InventoryApplication, InventoryState
 from waltz_examples.inventory.models import Base, InventoryContext, Reservation, Reserve, SetStock, Sku
@@ -45,6 +45,9 @@ class InventoryService:
         entity_cache: keep entity rows as the applies leave them (docs/sql.md); a change-set with
             an idempotency key's rows are kept once its apply recorded the key first
             (docs/design/sql.md, "The entity cache").
+        batch: submit through an :class:`~waltz.jdbc_style.EntityBatcher`: reservations ready for
+            a SKU's partition while its last log transaction is in flight go together as one
+            (docs/sql.md, "Batching entity transactions").
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class InventoryService:
         *,
         cluster_name: str = "inventory",
         entity_cache: bool = True,
+        batch: bool = False,
     ) -> None:
         self.engine = create_framework_engine(db_url)
         self.callbacks = ChangeSetCallbacks(
@@ -67,6 +71,7 @@ class InventoryService:
         except BaseException:
             self.engine.dispose()
             raise
+        self.batcher = EntityBatcher(self.client) if batch else None
 
     def __enter__(self) -> InventoryService:
         return self
@@ -75,7 +80,9 @@ class InventoryService:
         self.close()
 
     def close(self) -> None:
-        """Close the client and dispose of the engine. Idempotent."""
+        """Close the batcher and the client and dispose of the engine. Idempotent."""
+        if self.batcher is not None:
+            self.batcher.close()
         self.client.close()
         self.engine.dispose()
 
@@ -90,7 +97,14 @@ class InventoryService:
     def submit(self, operation: InventoryContext) -> Future[Outcome]:
         """Submit an operation; its future gives the outcome: committed, dropped with the rule's
         reason (``outcome.reason``), or already applied with the earlier transaction."""
+        if self.batcher is not None:
+            return self.batcher.submit(operation)
         return self.client.submit(operation)
+
+    def batch_counts(self) -> tuple[int, int]:
+        """``(batches, members)`` its batcher committed (``(0, 0)`` without one)."""
+        batcher = self.batcher
+        return (0, 0) if batcher is None else (batcher.batches, batcher.batched)
 
     def reserve(self, sku_id: int, quantity: int, idempotency_key: str, timeout: float = 60.0) -> Outcome:
         """Reserve units of a SKU and wait for the outcome (see :class:`Reserve`)."""
@@ -153,10 +167,18 @@ class InventoryApp:
         prepare_database(engine)
 
     def instance(
-        self, db_url: str, config: WaltzClientConfig, *, cluster_name: str, entity_cache: bool = True
+        self,
+        db_url: str,
+        config: WaltzClientConfig,
+        *,
+        cluster_name: str,
+        entity_cache: bool = True,
+        batch: bool = False,
     ) -> InventoryService:
         """An :class:`InventoryService`."""
-        return InventoryService(db_url, config, cluster_name=cluster_name, entity_cache=entity_cache)
+        return InventoryService(
+            db_url, config, cluster_name=cluster_name, entity_cache=entity_cache, batch=batch
+        )
 
     def state(self, engine: Engine) -> InventoryState:
         """:func:`inventory_state`."""

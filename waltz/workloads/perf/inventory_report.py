@@ -30,6 +30,8 @@ class InventoryInstanceFigures:
         first_commits: its requests whose first submission committed, warm-up included.
         cpu_seconds: CPU seconds the process spent in the phase.
         entity_cache: ``(hits, misses)`` of its entity cache over the phase.
+        batches: ``(batches, members)``: log transactions of more than one request its batcher
+            committed over the phase, and the requests they carried.
         uncaught: ``uncaught_exception`` calls of its callbacks (failed applies).
     """
 
@@ -43,6 +45,7 @@ class InventoryInstanceFigures:
     first_commits: int = 0
     cpu_seconds: float = 0.0
     entity_cache: tuple[int, int] = (0, 0)
+    batches: tuple[int, int] = (0, 0)
     uncaught: int = 0
 
     @classmethod
@@ -59,6 +62,7 @@ class InventoryInstanceFigures:
             first_commits=int(wire["first_commits"]),
             cpu_seconds=float(wire["cpu_seconds"]),
             entity_cache=(int(wire["entity_cache"][0]), int(wire["entity_cache"][1])),
+            batches=(int(wire.get("batches", (0, 0))[0]), int(wire.get("batches", (0, 0))[1])),
         )
 
     @property
@@ -82,6 +86,7 @@ class InventoryInstanceFigures:
             "unapplied": self.unapplied,
             "cpu_seconds": round(self.cpu_seconds, 3),
             "entity_cache": {"hits": self.entity_cache[0], "misses": self.entity_cache[1]},
+            "batches": {"batches": self.batches[0], "members": self.batches[1]},
         }
 
 
@@ -163,7 +168,8 @@ class InventoryPerfReport:
         ``retries_committed``, ``retries_refused``, ``lock_failures``, ``errors``),
         ``error_samples``, ``unapplied``, ``latency_ms`` (``submit_to_commit``,
         ``submit_to_applied``: ``p50`` .. ``max``, ``mean``, ``count``), ``entity_cache``
-        (``hits``, ``misses``, ``hit_rate``), ``cpu_us_per_committed``, ``per_instance``,
+        (``hits``, ``misses``, ``hit_rate``), ``batches`` (``batches``, ``members``),
+        ``cpu_us_per_committed``, ``per_instance``,
         ``checks``, ``passed``, ``database``, ``partitions``, ``settings``, ``warnings``."""
         total = self.total
         hits, misses = self.entity_cache_counts()
@@ -183,6 +189,10 @@ class InventoryPerfReport:
                 "hits": hits,
                 "misses": misses,
                 "hit_rate": None if rate is None else round(rate, 4),
+            },
+            "batches": {
+                "batches": sum(f.batches[0] for f in self.instances),
+                "members": sum(f.batches[1] for f in self.instances),
             },
             "cpu_us_per_committed": {
                 k: round(v, 1) for k, v in self.cpu_microseconds_per_committed().items()
@@ -218,6 +228,11 @@ class InventoryPerfReport:
             lines.append("entity cache: no hit or miss counted")
         else:
             lines.append("entity cache: off")
+        if self.settings.batch:
+            batches = sum(f.batches[0] for f in self.instances)
+            members = sum(f.batches[1] for f in self.instances)
+            mean = f", {members / batches:.1f} per batch" if batches else ""
+            lines.append(f"batches: {batches:,} log transaction(s) carried {members:,} request(s){mean}")
         lines.append(t.commit_latency.text("submit->commit"))
         lines.append(t.applied_latency.text("submit->applied"))
         if self.unapplied:

@@ -87,13 +87,26 @@ class InventoryInstanceSpec:
     run: str
 
 
+def _batch_counts(service: Any) -> tuple[int, int]:
+    """The instance's ``(batches, members)``; ``(0, 0)`` for an application written before
+    batching, which has no ``batch_counts``."""
+    counts = getattr(service, "batch_counts", None)
+    return (0, 0) if counts is None else counts()
+
+
 def _run_instance(spec: InventoryInstanceSpec, start: Any, stop: Any, results: Any) -> None:
     """One instance: mount, warm up, report ready, send its requests at the start event, report
     its figures, then close at the stop event and report its apply failures."""
     settings = spec.settings
     app = load_inventory_application(settings.app)
+    # ``batch`` only when asked: an application written before batching takes no such argument.
+    batching = {"batch": True} if settings.batch else {}
     service = app.instance(
-        spec.db_url, spec.config, cluster_name=spec.cluster_name, entity_cache=settings.entity_cache
+        spec.db_url,
+        spec.config,
+        cluster_name=spec.cluster_name,
+        entity_cache=settings.entity_cache,
+        **batching,
     )
     try:
         service.client.wait_mounted(START_TIMEOUT)
@@ -107,8 +120,10 @@ def _run_instance(spec: InventoryInstanceSpec, start: Any, stop: Any, results: A
                 raise TimeoutError(f"no start within {START_TIMEOUT + 30:g}s")
             started, cpu_started = time.time(), time.process_time()
             cache_started = entity_cache_counts(service.callbacks)
+            batches_started = _batch_counts(service)
             stats = workload.run(spec.requests, settings.timeout)
             cache = entity_cache_counts(service.callbacks)
+            batches = _batch_counts(service)
             ended, cpu_seconds = time.time(), time.process_time() - cpu_started
             workload.wait_applied(APPLIED_TIMEOUT)
             unapplied, first_commits = workload.unapplied, workload.first_commits
@@ -125,6 +140,7 @@ def _run_instance(spec: InventoryInstanceSpec, start: Any, stop: Any, results: A
             unapplied=unapplied,
             first_commits=first_commits,
             entity_cache=[cache[0] - cache_started[0], cache[1] - cache_started[1]],
+            batches=[batches[0] - batches_started[0], batches[1] - batches_started[1]],
         )
         results.put(("result", spec.index, wire))
         if not stop.wait(STOP_TIMEOUT + 30):

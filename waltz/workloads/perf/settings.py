@@ -161,6 +161,9 @@ class InventoryPerfSettings:
         seed: instance ``i`` draws with ``seed + 1 + i``.
         timeout: seconds the measured phase may take.
         entity_cache: the instances keep entity rows as their applies leave them.
+        batch: the instances submit through an ``EntityBatcher``: requests ready for a partition
+            while its last log transaction is in flight go as one batch (docs/design/sql.md
+            "Batched entity transactions").
         warm_up: requests each instance sends before the measured phase, counted nowhere.
         cluster_name: the log's name in the mark rows (None: the application's name).
         app: the inventory application's module (:func:`load_inventory_application`).
@@ -180,6 +183,7 @@ class InventoryPerfSettings:
     seed: int = 7
     timeout: float = 600.0
     entity_cache: bool = True
+    batch: bool = False
     warm_up: int = 50
     cluster_name: str | None = None
     app: str = DEFAULT_INVENTORY_APPLICATION
@@ -229,6 +233,7 @@ class InventoryPerfSettings:
             f"{self.retry_fraction:.0%} re-sent, {self.in_flight} in flight and {self.submitters} "
             f"submitter(s) per instance, seed {self.seed}, {self.warm_up:,} warm-up requests per instance"
             + ("" if self.entity_cache else ", no entity cache")
+            + (", batched" if self.batch else "")
             + ("" if self.app == DEFAULT_INVENTORY_APPLICATION else f", application {self.app}")
         )
 
@@ -248,6 +253,7 @@ class InventoryPerfSettings:
                 "seed",
                 "timeout",
                 "entity_cache",
+                "batch",
                 "warm_up",
                 "app",
             )

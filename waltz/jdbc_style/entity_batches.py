@@ -1,0 +1,400 @@
+"""Batched entity transactions: the entity contexts an instance has ready for one partition, run
+one after the other on one state and appended as one log transaction.
+
+Source: docs/design/sql.md "Batched entity transactions" (the writer) and "Batched change-sets"
+(the record form, form 3). An :class:`EntityBatcher` keeps, per partition, at most
+``max_in_flight`` log transactions of its own in flight; a context submitted while none is in
+flight goes at once, on its own, exactly as ``client.submit`` sends it (nothing waits for a batch at
+low load). Contexts submitted while the partition's limit is reached queue, and when a log
+transaction of the partition ends, the queue goes as the next batch, bounded by
+``max_members`` contexts and ``max_bytes`` of change-set data.
+
+A batch is one :class:`~waltz.client.context.TransactionContext` to the client. Each attempt opens
+one state (the entity cache's rows, or one database snapshot, with the mark) for every member's
+entities, runs each member's :meth:`~waltz.jdbc_style.EntityTransactionContext.run` in order on
+what the members before it left (their rows, read before the state's), and appends their
+change-sets as one log transaction with the union of their locks and the state's mark. A member
+that drops its transaction, raises, or finds its idempotency key applied ends there, with its own
+outcome, and leaves the batch; the others commit or fail as one. A lock failure runs every member
+left again. Each member keeps its own future, callbacks and idempotency key; a committed member's
+outcome carries the batch's transaction ID.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from waltz.client.context import TransactionBuilder, TransactionContext
+from waltz.client.locks import PartitionLocalLock
+from waltz.client.outcome import Outcome, OutcomeKind
+from waltz.errors import ClientClosedError
+from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, encode_members
+from waltz.jdbc_style.entities import EntityInfo
+from waltz.jdbc_style.entity_context import (
+    CHANGED_IN_BATCH,
+    EntityTransaction,
+    EntityTransactionContext,
+    NotBatchableError,
+)
+
+if TYPE_CHECKING:
+    from waltz.client.client import WaltzClient
+
+__all__ = ["DEFAULT_MAX_BATCH_BYTES", "DEFAULT_MAX_BATCH_MEMBERS", "EntityBatcher"]
+
+log = logging.getLogger(__name__)
+
+#: Contexts in one batch at most.
+DEFAULT_MAX_BATCH_MEMBERS = 64
+#: Bytes of change-set data in one batch at most (a member alone may be larger: it goes alone).
+DEFAULT_MAX_BATCH_BYTES = 256 * 1024
+
+_Key = tuple[EntityInfo, tuple[Any, ...]]
+
+
+@dataclass(eq=False)
+class _Member:
+    """A submitted context and its own future."""
+
+    context: EntityTransactionContext
+    future: concurrent.futures.Future[Outcome]
+    alone: bool = False
+    """Runs on its own (it read what a batch cannot show it, or it has a timeout)."""
+
+
+class _Batch(TransactionContext):
+    """Several members of one partition as one client transaction (see the module docstring)."""
+
+    sets_client_high_water_mark = True
+    execute_blocks = True
+
+    def __init__(self, batcher: EntityBatcher, partition_id: int, members: list[_Member]) -> None:
+        super().__init__()
+        self._batcher = batcher
+        self._partition_id = partition_id
+        self.members = members  # those not ended yet
+        self.appended: list[_Member] = []  # those the last attempt appended
+        self.deferred: list[_Member] = []  # those left for after this batch
+        first = members[0].context
+        self.reads_absorbed_state = first.reads_absorbed_state
+        self._num_partitions = batcher.client.num_partitions
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self._partition_id
+
+    def expected_locks(self) -> Sequence[PartitionLocalLock]:
+        locks: dict[PartitionLocalLock, None] = {}
+        for member in self.members:
+            locks.update(dict.fromkeys(member.context.expected_locks()))
+        return list(locks)
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        members, self.appended = self.members, []
+        first = members[0].context
+        entities: dict[_Key, None] = {}
+        for member in members:
+            entities.update(dict.fromkeys(member.context.attempt_entities()))
+        overlay: dict[_Key, Any] = {}
+        change_sets: list[ChangeSet] = []
+        keys: set[str] = set()
+        size = 0
+        read_locks: dict[PartitionLocalLock, None] = {}
+        write_locks: dict[PartitionLocalLock, None] = {}
+        limits = self._batcher
+        with contextlib.ExitStack() as stack:
+            snapshot = first.open_attempt_state(stack, list(entities))
+            for index, member in enumerate(members):
+                context = member.context
+                if context.callbacks is not first.callbacks:  # another database: on its own
+                    member.alone = True
+                    self._defer(member)
+                    continue
+                tx = EntityTransaction(
+                    context.callbacks, snapshot, self._num_partitions, overlay=overlay if index else None
+                )
+                context.last_transaction = tx
+                own = TransactionBuilder(-1)
+                try:
+                    dropped = context.run_attempt(tx, own)
+                except NotBatchableError as exc:
+                    log.debug("%s leaves the batch and runs on its own: %s", type(context).__name__, exc)
+                    member.alone = True
+                    self._defer(member)
+                    continue
+                except Exception as exc:
+                    self._end(member, exc)
+                    continue
+                if dropped is not None:
+                    self._end(member, own.dropped_outcome(self._partition_id))
+                    continue
+                change_set = tx.change_set()
+                key = change_set.idempotency_key
+                if key is not None and key in keys:
+                    # A request twice in one batch: once the batch is applied, its check finds it.
+                    self._defer(member)
+                    continue
+                data = len(change_set.encode())
+                if change_sets and size + data > limits.max_bytes:
+                    self._defer(member)
+                    continue
+                size += data
+                if key is not None:
+                    keys.add(key)
+                change_sets.append(change_set)
+                self.appended.append(member)
+                for lock in tx.write_locks:
+                    write_locks[lock] = None
+                read_locks.update(dict.fromkeys(tx.read_locks))
+                _follow(overlay, context, tx)
+            mark = snapshot.high_water_mark
+        self.members = list(self.appended)
+        if not change_sets:
+            return False
+        builder.set_client_high_water_mark(mark)
+        builder.set_header(CHANGE_SET_HEADER)
+        builder.set_raw_data(encode_members(change_sets))
+        builder.set_write_locks(list(write_locks))
+        builder.set_read_locks([lock for lock in read_locks if lock not in write_locks])
+        return True
+
+    def _defer(self, member: _Member) -> None:
+        if member not in self.deferred:
+            self.deferred.append(member)
+
+    def _end(self, member: _Member, result: Outcome | BaseException) -> None:
+        """End a member in an attempt: dropped, already applied, or failed (``run`` raised)."""
+        context = member.context
+        try:
+            if isinstance(result, BaseException):
+                context.on_exception(result)
+            else:
+                context.on_completion(False)
+        except Exception:
+            log.exception("%s: a callback raised", type(context).__name__)
+        _settle(member.future, result)
+
+    # --- the client's callbacks, for every member appended ------------------------------------------
+
+    def on_completion(self, result: bool) -> None:
+        for member in self.appended:
+            _call(member.context.on_completion, result)
+
+    def on_application(self) -> None:
+        for member in self.appended:
+            _call(member.context.on_application)
+
+    def on_exception(self, exception: BaseException) -> None:
+        for member in self.appended:
+            _call(member.context.on_exception, exception)
+
+    def on_lock_failure(self) -> None:
+        for member in self.appended:
+            _call(member.context.on_lock_failure)
+
+
+def _follow(overlay: dict[_Key, Any], context: EntityTransactionContext, tx: EntityTransaction) -> None:
+    """Put a member's changes in the batch's overlay: each entity's whole new row, None for a
+    delete, or :data:`CHANGED_IN_BATCH` when the change does not carry the whole row."""
+    registry = context.callbacks.registry
+    for change in tx.changes:
+        info = registry.by_name(change.entity)
+        key = tuple(change.key[name] for name in info.key) if set(change.key) == set(info.key) else None
+        if change.operation is Operation.DELETE:
+            if key is not None:
+                overlay[(info, key)] = None
+            continue
+        values = change.values
+        if key is None:
+            key = tuple(values.get(name) for name in info.key)
+        try:
+            overlay[(info, key)] = tuple(values[name] for name in info.attributes)
+        except KeyError:
+            overlay[(info, key)] = CHANGED_IN_BATCH
+
+
+def _call(callback: Callable[..., None], *args: Any) -> None:
+    try:
+        callback(*args)
+    except Exception:
+        log.exception("a member's callback raised")
+
+
+def _settle(future: concurrent.futures.Future[Outcome], result: Outcome | BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+
+
+class EntityBatcher:
+    """Submits entity transaction contexts through ``client``, batching those that are ready for
+    the same partition while its earlier log transactions are in flight (see the module docstring;
+    docs/design/sql.md "Batched entity transactions").
+
+    Args:
+        client: the instance's client (its callbacks a :class:`ChangeSetCallbacks`).
+        max_members: contexts in one batch at most.
+        max_bytes: bytes of change-set data in one batch at most (a member is never cut: one
+            larger alone goes alone).
+        max_in_flight: log transactions of this batcher in flight per partition (a transaction
+            alone or a batch); contexts submitted beyond it wait for the next batch.
+
+    Raises:
+        ValueError: a limit below 1.
+    """
+
+    def __init__(
+        self,
+        client: WaltzClient,
+        *,
+        max_members: int = DEFAULT_MAX_BATCH_MEMBERS,
+        max_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        max_in_flight: int = 1,
+    ) -> None:
+        for name, value in (
+            ("max_members", max_members),
+            ("max_bytes", max_bytes),
+            ("max_in_flight", max_in_flight),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        self.client = client
+        self.max_members = max_members
+        self.max_bytes = max_bytes
+        self.max_in_flight = max_in_flight
+        self._lock = threading.Lock()
+        self._queues: dict[int, collections.deque[_Member]] = {}
+        self._in_flight: dict[int, int] = {}
+        self._closed = False
+        # Next batches are submitted off the completion thread, which must not wait on a first
+        # attempt's database reads.
+        self._sender = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, min(8, client.num_partitions)), thread_name_prefix="waltz-batcher"
+        )
+        self.batches = 0
+        """Log transactions of more than one member sent (attempts not counted)."""
+        self.batched = 0
+        """Members those batches appended (counted per batch sent)."""
+
+    def submit(self, context: EntityTransactionContext) -> concurrent.futures.Future[Outcome]:
+        """Submit a context: at once on its own when its partition has room in flight, else in
+        the partition's next batch.
+
+        Returns:
+            A future of the context's :class:`~waltz.client.outcome.Outcome`, as
+            ``client.submit``'s: committed (with the ID of the log transaction that carried it,
+            which it may share), dropped, or already applied; it raises what ``run`` raised, or
+            :class:`~waltz.errors.ClientClosedError`.
+
+        Raises:
+            CrossPartitionError: the context's entities map to different partitions.
+            ClientClosedError: the batcher is closed.
+        """
+        partition = context.partition_id(self.client.num_partitions)
+        member = _Member(context, concurrent.futures.Future(), alone=context.timeout is not None)
+        with self._lock:
+            if self._closed:
+                raise ClientClosedError("the entity batcher is closed")
+            queue = self._queues.setdefault(partition, collections.deque())
+            queue.append(member)
+            members = self._take(partition)
+        if members:
+            self._send(partition, members)
+        return member.future
+
+    def close(self) -> None:
+        """Stop taking contexts; those queued end with :class:`~waltz.errors.ClientClosedError`
+        (those in flight end as the client ends them). Idempotent."""
+        with self._lock:
+            self._closed = True
+            queued = [m for queue in self._queues.values() for m in queue]
+            self._queues.clear()
+        for member in queued:
+            _settle(member.future, ClientClosedError("the entity batcher is closed"))
+        self._sender.shutdown(wait=True)
+
+    def __enter__(self) -> EntityBatcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _take(self, partition: int) -> list[_Member]:
+        """Under the lock: the members of the partition's next log transaction, when it has room
+        in flight (counted taken), else none."""
+        queue = self._queues.get(partition)
+        if not queue or self._in_flight.get(partition, 0) >= self.max_in_flight:
+            return []
+        self._in_flight[partition] = self._in_flight.get(partition, 0) + 1
+        if queue[0].alone:
+            return [queue.popleft()]
+        members: list[_Member] = []
+        while queue and len(members) < self.max_members and not queue[0].alone:
+            members.append(queue.popleft())
+        return members
+
+    def _send(self, partition: int, members: list[_Member]) -> None:
+        """Submit one log transaction: the context itself when it is alone, else a batch."""
+        try:
+            if len(members) == 1:
+                future = self.client.submit(members[0].context)
+                future.add_done_callback(lambda f: self._ended(partition, f, members, [], alone=True))
+                return
+            batch = _Batch(self, partition, members)
+            future = self.client.submit(batch)
+            future.add_done_callback(lambda f: self._ended(partition, f, batch.appended, batch.deferred))
+        except Exception as exc:  # the client closed, or the partition is not mounted
+            for member in members:
+                _settle(member.future, exc)
+            self._ended(partition, None, [], [])
+
+    def _ended(
+        self,
+        partition: int,
+        future: concurrent.futures.Future[Outcome] | None,
+        appended: list[_Member],
+        deferred: list[_Member],
+        *,
+        alone: bool = False,
+    ) -> None:
+        """A log transaction of the partition ended: settle its members (the outcome of a context
+        alone as the client gave it; a batch's committed members each committed with its ID),
+        put the members it left for later back in front of the queue, and send the next."""
+        if future is not None and appended:
+            error = future.exception()
+            if error is not None:
+                for member in appended:
+                    _settle(member.future, error)
+            elif alone:
+                _settle(appended[0].future, future.result())
+            else:
+                outcome = future.result()
+                with self._lock:
+                    self.batches += 1
+                    self.batched += len(appended)
+                for member in appended:
+                    _settle(
+                        member.future,
+                        Outcome(OutcomeKind.COMMITTED, outcome.partition_id, outcome.transaction_id),
+                    )
+        with self._lock:
+            self._in_flight[partition] -= 1
+            if deferred:
+                queue = self._queues.setdefault(partition, collections.deque())
+                queue.extendleft(reversed(deferred))
+            members = [] if self._closed else self._take(partition)
+        if members:
+            try:
+                self._sender.submit(self._send, partition, members)
+            except RuntimeError:  # shut down meanwhile
+                for member in members:
+                    _settle(member.future, ClientClosedError("the entity batcher is closed"))
