@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from benchmarks.peers.hot_row_pg import create_and_stock, run_in, server_of, sta
 from benchmarks.peers.hot_row_workers import Answer, HotRowOptions, connect, reserve
 from benchmarks.peers.pg_quorum import PgQuorumError, find_bindir
 from benchmarks.peers.pg_server import Database
+from waltz.local.processes import wait_until
 from waltz.workloads.perf.settings import InventoryPerfSettings
 
 #: The repository's root: the peer runs as a module of the ``benchmarks`` package from there.
@@ -120,6 +122,32 @@ def test_a_reservation_takes_units_once_per_key_and_the_checks_catch_an_oversold
         conn.execute("UPDATE stock SET units = -1 WHERE sku_id = 1")  # one unit more than there was
         failed = [check.name for check in state_checks(conn, options, first_commits=3) if not check.passed]
     assert failed == [_CHECKS[0], _CHECKS[1], _CHECKS[3]]
+
+
+def test_a_reservation_waits_for_the_rows_lock_and_decides_on_the_units_left(postgres_url: str) -> None:
+    # Another transaction takes the last units meanwhile: the reservation must wait for its lock
+    # and be refused on the units it left, not take them again from the units it read before.
+    database = _database(postgres_url)
+    with connect(database) as holder, connect(database) as conn, ThreadPoolExecutor(1) as pool:
+        create_and_stock(holder, HotRowOptions(stock=5))
+        pid = conn.info.backend_pid
+        with holder.transaction():
+            holder.execute("UPDATE stock SET units = 0 WHERE sku_id = 0")
+            answer = pool.submit(reserve, conn, 0, 3, "late")
+            wait_until(
+                lambda: (
+                    holder.execute(
+                        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
+                    ).fetchone()
+                    == (True,)
+                ),
+                timeout=30,
+                what="the reservation to wait for the SKU's row lock",
+            )
+            assert not answer.done()
+        assert answer.result(timeout=30) is Answer.REFUSED
+        assert conn.execute("SELECT units FROM stock").fetchall() == [(0,)]
+        assert conn.execute("SELECT count(*) FROM reservations").fetchall() == [(0,)]
 
 
 def _run_command(*options: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
