@@ -10,13 +10,17 @@ reservation of the inventory example (``examples/waltz_examples/inventory``: no 
 request applied once; docs/design/sql.md, "Idempotency keys"), with the row lock of PostgreSQL where
 Waltz has its optimistic lock check (docs/design/sql.md, "Entity transactions").
 
-Load (:mod:`~benchmarks.peers.hot_row_workers`): ``--processes`` worker processes x
+Load (:mod:`~benchmarks.peers.hot_row_workers`, the worker processes; the figures and the row:
+:mod:`~benchmarks.peers.hot_row_report`): ``--processes`` worker processes x
 ``--threads`` threads, a connection and one request in flight each, closed loop: 3 x 21 by
 default, the 63 requests ``waltz perf inventory --instances 3`` keeps in flight (21 per instance).
 ``-n`` requests in all (retries not counted), ``--retry-fraction`` of them re-sent under the same
 key once their answer came back, after ``--warm-up`` requests per process that are measured
 nowhere (they take stock: the checks count them). The database is created for the run on the
 server of ``--db`` and dropped afterwards; ``synchronous_commit`` is the server's (on by default).
+The defaults' stock (1,500 units, about 2 taken per request) runs out after some 750 requests, in
+this peer as in ``waltz perf inventory``: the rest are refused, so the window holds both; give both
+the same larger ``--stock`` to compare committed reservations alone.
 
 With ``--quorum`` it runs on a server of its own instead (``pg_quorum``): a primary and two
 synchronous standbys, ``ANY 1 (s1, s2)``, so a commit returns once 2 of 3 copies are flushed, as a
@@ -52,14 +56,14 @@ import argparse
 import json
 import sys
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from sqlalchemy.engine import make_url
 
-from benchmarks.peers.hot_row_workers import SCHEMA, Harvest, HotRowOptions, run_workers
+from benchmarks.peers.hot_row_report import HotRowReport
+from benchmarks.peers.hot_row_workers import SCHEMA, HotRowOptions, run_workers
 from benchmarks.peers.pg_quorum import PgQuorum
 from benchmarks.peers.pg_server import (
     DURABILITY_SETTINGS,
@@ -72,10 +76,7 @@ from benchmarks.peers.pg_server import (
 )
 from waltz.workloads.application import Check
 from waltz.workloads.inventory import InventoryState, inventory_checks
-from waltz.workloads.inventory_workload import InventoryStats
 
-#: The row's ``system``.
-SYSTEM = "postgresql"
 #: The start of the run database's name.
 DATABASE_PREFIX = "waltz_peer_hot_row"
 
@@ -135,147 +136,6 @@ def state_checks(conn: psycopg.Connection[Any], options: HotRowOptions, first_co
         repeated_keys={str(key): int(n) for key, n in repeated.items()},
     )
     return inventory_checks(state, first_commits)
-
-
-@dataclass
-class HotRowReport:
-    """A run's figures, merged over the worker processes, and the checks.
-
-    Attributes:
-        options: what ran.
-        config: the server: ``1 PostgreSQL 15 (no replication)``, or the quorum's.
-        server_settings: its durability settings, e.g. ``synchronous_commit=on, fsync=on, ...``.
-        database: the run database's name and server, ``127.0.0.1:5432/waltz_peer_hot_row_1a2b3c4d``.
-        harvest: the worker processes' figures and the database's CPU.
-        checks: the checks of the database after the run.
-        total: the processes' counts and histograms merged; ``seconds`` is the common window (the
-            first start to the last end).
-        extra: more keys of the row (``replication`` on the quorum).
-    """
-
-    options: HotRowOptions
-    config: str
-    server_settings: str
-    database: str
-    harvest: Harvest
-    checks: list[Check] = field(default_factory=list)
-    total: InventoryStats = field(default_factory=InventoryStats)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        total = InventoryStats()
-        processes = self.harvest.processes
-        for figures in processes:
-            total.add(figures.stats)
-        if processes:
-            total.seconds = max(1e-6, max(f.ended for f in processes) - min(f.started for f in processes))
-        self.total = total
-
-    @property
-    def passed(self) -> bool:
-        """Every check passed (and there were checks)."""
-        return bool(self.checks) and all(c.passed for c in self.checks)
-
-    @property
-    def committed_per_second(self) -> float:
-        """Reservations committed per second of the common window."""
-        return self.total.committed / self.total.seconds if self.total.seconds else 0.0
-
-    @property
-    def requests_per_second(self) -> float:
-        """Requests answered (committed, refused, already applied, failed) per second of the window."""
-        return self.total.requests / self.total.seconds if self.total.seconds else 0.0
-
-    @property
-    def unsent(self) -> int:
-        """Requests the threads did not send before the timeout."""
-        return sum(f.unsent for f in self.harvest.processes)
-
-    def cpu_microseconds_per_committed(self) -> dict[str, float]:
-        """CPU µs per committed reservation: ``workers`` (the client processes), then ``postgres``
-        (the run database's backends, when the server runs on this machine)."""
-        if not self.total.committed:
-            return {}
-        spent = {"workers": sum(f.cpu_seconds for f in self.harvest.processes)}
-        if self.harvest.database_cpu_seconds is not None:
-            spent["postgres"] = self.harvest.database_cpu_seconds
-        return {name: seconds * 1e6 / self.total.committed for name, seconds in spent.items()}
-
-    def warnings(self) -> list[str]:
-        """What makes the figures hard to compare: requests left unsent at the timeout."""
-        if not self.unsent:
-            return []
-        return [f"{self.unsent:,} request(s) not sent within the {self.options.timeout:g} s timeout"]
-
-    def summary(self) -> dict[str, Any]:
-        """The run as one JSON-ready row.
-
-        Keys of ``waltz perf inventory --json`` that mean the same here: ``seconds`` (the common
-        window), ``committed_per_second``, ``requests_per_second``, ``requests``, ``committed``,
-        ``refused``, ``already_applied``, ``retries``, ``retries_already_applied``,
-        ``retries_committed``, ``retries_refused``, ``errors``, ``error_samples``, ``latency_ms``
-        (``submit_to_commit``, ``submit_to_applied``: ``p50`` .. ``p99.9``, ``max``, ``mean`` in
-        ms, ``count``), ``cpu_us_per_committed``, ``checks``, ``passed``, ``database``,
-        ``settings`` (this peer's options), ``warnings``. Its own: ``system`` (``postgresql``),
-        ``config``, ``server_settings``, ``load``, ``unsent``, ``warm_up`` (its ``committed`` and
-        ``refused``), ``per_process`` (in place of ``per_instance``) and ``extra``'s keys.
-        """
-        total = self.total
-        warm = InventoryStats()
-        for figures in self.harvest.processes:
-            warm.add(figures.warm_up)
-        return {
-            "system": SYSTEM,
-            "config": self.config,
-            "server_settings": self.server_settings,
-            "load": self.options.describe(),
-            "seconds": round(total.seconds, 3),
-            "committed_per_second": round(self.committed_per_second, 1),
-            "requests_per_second": round(self.requests_per_second, 1),
-            **{name: getattr(total, name) for name in InventoryStats.COUNTS if name != "lock_failures"},
-            "error_samples": list(total.error_samples),
-            "unsent": self.unsent,
-            "latency_ms": {
-                "submit_to_commit": total.commit_latency.summary(),
-                "submit_to_applied": total.applied_latency.summary(),
-            },
-            "cpu_us_per_committed": {
-                k: round(v, 1) for k, v in self.cpu_microseconds_per_committed().items()
-            },
-            "warm_up": {"committed": warm.committed, "refused": warm.refused, "errors": warm.errors},
-            "per_process": [f.summary() for f in self.harvest.processes],
-            "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in self.checks],
-            "passed": self.passed,
-            "database": self.database,
-            "settings": self.options.summary(),
-            "warnings": self.warnings(),
-            **self.extra,
-        }
-
-    def text(self) -> str:
-        """The figures and the checks as ``waltz perf inventory`` prints its own."""
-        t = self.total
-        lines = [
-            f"{SYSTEM}: {self.config}; {self.server_settings}",
-            f"load: {self.options.describe()}",
-            f"reservations committed {t.committed:,} in {t.seconds:.2f} s: "
-            f"{self.committed_per_second:,.1f}/s (all processes, one window; "
-            f"{self.requests_per_second:,.1f} requests/s)",
-            f"requests {t.requests:,}: committed {t.committed:,}, refused for stock {t.refused:,}, "
-            f"already applied {t.already_applied:,}, errors {t.errors:,}",
-            f"retries (same idempotency key) {t.retries:,}: already applied {t.retries_already_applied:,}, "
-            f"committed again {t.retries_committed:,}, refused {t.retries_refused:,}",
-            t.commit_latency.text("submit->commit"),
-        ]
-        cpu = self.cpu_microseconds_per_committed()
-        if cpu:
-            lines.append(
-                "CPU per committed reservation (µs): " + ", ".join(f"{k} {v:,.0f}" for k, v in cpu.items())
-            )
-        lines += [f"{'PASS' if c.passed else 'FAIL'}  {c.name}: {c.detail}" for c in self.checks]
-        lines += [f"error: {e}" for e in t.error_samples]
-        lines += [f"warning: {w}" for w in self.warnings()]
-        return "\n".join(lines)
 
 
 def run_in(
@@ -391,40 +251,6 @@ def run(options: HotRowOptions, server: PgServer = LOCAL, quorum: bool = False) 
             settings_names=("synchronous_standby_names", *DURABILITY_SETTINGS),
             replication=replication,
         )
-
-
-def peer_row(row: dict[str, Any]) -> dict[str, Any]:
-    """The row as ``run_all``'s table reads a peer's (``common.result``'s keys): ``transactions``
-    and ``transactions_per_second`` are the reservations committed and committed/s,
-    ``latency_ms`` is ``submit_to_commit`` (the row's two latencies move to
-    ``latency_ms_by_stage``), ``settings`` the server's durability settings, ``mb_per_second`` and
-    ``retries_per_transaction`` None (no payload; no retries of a conflict), ``cpu_us_per_transaction``
-    the CPU per committed reservation of the ``client`` (the worker processes) and of ``postgres``.
-
-    Args:
-        row: :meth:`HotRowReport.summary`.
-
-    Returns:
-        A new row.
-    """
-    return {
-        **row,
-        "config": f"{row['config']}; {row['settings']['skus']} hot row(s)",
-        "settings": f"{row['server_settings']}; one transaction per request at READ COMMITTED, "
-        f"SELECT ... FOR UPDATE of the SKU; psycopg {psycopg.__version__}, a connection per thread",
-        "options": row["settings"],
-        "transactions": row["committed"],
-        "failed": row["errors"],
-        "transactions_per_second": row["committed_per_second"],
-        "mb_per_second": None,
-        "retries_per_transaction": None,
-        "latency_ms": row["latency_ms"]["submit_to_commit"],
-        "latency_ms_by_stage": row["latency_ms"],
-        "cpu_us_per_transaction": {
-            ("client" if name == "workers" else name): us for name, us in row["cpu_us_per_committed"].items()
-        },
-        "errors": row["error_samples"],
-    }
 
 
 def server_of(url: str) -> PgServer:

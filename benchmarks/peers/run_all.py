@@ -188,7 +188,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
         return bench_smallbank_es.run(options)
     if name.startswith("hot-row-"):
-        from benchmarks.peers import hot_row_pg
+        from benchmarks.peers import hot_row_pg, hot_row_report
         from benchmarks.peers.hot_row_workers import HotRowOptions
 
         hot_row = HotRowOptions(
@@ -200,7 +200,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
             timeout=args.case_timeout,
         )
         report = hot_row_pg.run(hot_row, quorum=name == "hot-row-pg-quorum")
-        return hot_row_pg.peer_row(report.summary())
+        return hot_row_report.peer_row(report.summary())
     if name.startswith("skeleton"):
         from benchmarks.peers import bench_skeleton
 
