@@ -18,6 +18,12 @@ Systems:
   customer (``smallbank-es``, ``bench_smallbank_es.py``);
   ``--smallbank-processes`` x ``--smallbank-threads`` connections in a closed loop, the money
   check in the row;
+- one hot row straight on PostgreSQL, the peer of ``waltz perf inventory --instances 3 --skus 1``
+  (its own load too): every request reserves units of the same SKU under an idempotency key, one
+  transaction with ``SELECT ... FOR UPDATE`` of the row (``hot-row-pg``, ``hot_row_pg.py``), and
+  the same on the quorum server (``hot-row-pg-quorum``); ``--hot-row-processes`` x
+  ``--hot-row-threads`` connections, ``--hot-row-skus`` rows; tx/s is reservations committed/s
+  and the inventory checks are in the row;
 - the machine: fsyncs/s, and records/s through one gRPC stream with batching (``bench_limits.py``);
 - the machine's limit for this design in CPython: a skeleton of waltz-py's data path (client,
   server and 3 storage processes, raw bytes, quorum writes with fdatasync, the lock check), alone
@@ -33,6 +39,7 @@ peers first with ``benchmarks/peers/setup.sh``. Usage::
     .venv/bin/python -m benchmarks.peers.run_all --only etcd,waltz-p4-s2 --json results.json
     .venv/bin/python -m benchmarks.peers.run_all --repeat 3        # median of 3 runs per case
     .venv/bin/python -m benchmarks.peers.run_all --only smallbank-pg,smallbank-pg-quorum,smallbank-es
+    .venv/bin/python -m benchmarks.peers.run_all --only hot-row-pg,hot-row-pg-quorum
 
 Figures are printed, never asserted. Decisions that rest on them cite them, e.g.
 docs/decisions/0001-group-commit-on-storage-nodes.md and docs/decisions/0007-store-linger.md.
@@ -69,6 +76,7 @@ class Sizes:
     skeleton: int
     smallbank_pg: int
     smallbank_es: int
+    hot_row_pg: int
 
 
 QUICK = Sizes(
@@ -82,6 +90,7 @@ QUICK = Sizes(
     skeleton=4_000,
     smallbank_pg=2_000,
     smallbank_es=2_000,
+    hot_row_pg=2_000,
 )
 FULL = Sizes(
     waltz=40_000,
@@ -94,6 +103,7 @@ FULL = Sizes(
     skeleton=100_000,
     smallbank_pg=6_000,
     smallbank_es=6_000,
+    hot_row_pg=3_000,
 )
 
 WALTZ_CASES = [(p, s) for s in (1, 2) for p in (1, 4)]
@@ -103,6 +113,8 @@ CASES = [f"waltz-p{p}-s{s}" for p, s in WALTZ_CASES] + [
     "smallbank-pg",
     "smallbank-pg-quorum",
     "smallbank-es",
+    "hot-row-pg",
+    "hot-row-pg-quorum",
     "fsync-1",
     "fsync-100",
     "grpc-1",
@@ -175,6 +187,20 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
         from benchmarks.peers import bench_smallbank_es
 
         return bench_smallbank_es.run(options)
+    if name.startswith("hot-row-"):
+        from benchmarks.peers import hot_row_pg, hot_row_report
+        from benchmarks.peers.hot_row_workers import HotRowOptions
+
+        hot_row = HotRowOptions(
+            transactions=args.transactions or sizes.hot_row_pg,
+            processes=args.hot_row_processes,
+            threads=args.hot_row_threads,
+            skus=args.hot_row_skus,
+            seed=args.seed,
+            timeout=args.case_timeout,
+        )
+        report = hot_row_pg.run(hot_row, quorum=name == "hot-row-pg-quorum")
+        return hot_row_report.peer_row(report.summary())
     if name.startswith("skeleton"):
         from benchmarks.peers import bench_skeleton
 
@@ -214,14 +240,14 @@ def unavailable(name: str) -> str | None:
             import eventsourcing  # noqa: F401
         except ImportError:
             return "eventsourcing not installed (run benchmarks/peers/setup.sh)"
-    if name == "smallbank-pg-quorum":
+    if name in ("smallbank-pg-quorum", "hot-row-pg-quorum"):
         from benchmarks.peers.pg_quorum import PgQuorumError, find_bindir
 
         try:
             find_bindir()
         except PgQuorumError as exc:
             return str(exc)
-    if name in ("eventsourcing", "smallbank-pg", "smallbank-es"):
+    if name in ("eventsourcing", "smallbank-pg", "smallbank-es", "hot-row-pg"):
         try:
             socket.create_connection(("127.0.0.1", 5432), timeout=2).close()
         except OSError:
@@ -422,6 +448,16 @@ def main() -> None:
     )
     parser.add_argument("--smallbank-accounts", type=int, default=200, help="SmallBank peers: customers")
     parser.add_argument(
+        "--hot-row-processes",
+        type=int,
+        default=3,
+        help="hot-row peers: worker processes (inventory instances)",
+    )
+    parser.add_argument(
+        "--hot-row-threads", type=int, default=21, help="hot-row peers: threads (connections) per process"
+    )
+    parser.add_argument("--hot-row-skus", type=int, default=1, help="hot-row peers: hot rows (SKUs)")
+    parser.add_argument(
         "--waltz-env",
         action="append",
         default=[],
@@ -456,6 +492,8 @@ def main() -> None:
         *("--smallbank-processes", str(args.smallbank_processes)),
         *("--smallbank-threads", str(args.smallbank_threads)),
         *("--smallbank-accounts", str(args.smallbank_accounts)),
+        *("--hot-row-processes", str(args.hot_row_processes)),
+        *("--hot-row-threads", str(args.hot_row_threads), "--hot-row-skus", str(args.hot_row_skus)),
         *("--case-timeout", str(args.case_timeout)),
         *(x for kv in args.waltz_env for x in ("--waltz-env", kv)),
     ]
