@@ -174,3 +174,52 @@ def test_a_parked_client_mounts_again_elsewhere_and_loses_nothing(
         last = max(last, write(writer, 100, "after"))
         slow.gate.set()
         check_applied_once_in_order(slow, log_start[0], last)
+
+
+class AbsorbingGatedStore(GatedStore):
+    """A :class:`GatedStore` that absorbs what it is about to apply (as the entity cache does)."""
+
+    @property
+    def absorbs_transactions(self) -> bool:
+        return True
+
+    def absorb_transactions(self, transactions: object) -> None:
+        return None
+
+
+class AbsorbedAppend(Append):
+    """An :class:`Append` whose attempts read absorbed state (``reads_absorbed_state``)."""
+
+    reads_absorbed_state = True
+
+
+def test_a_first_attempt_that_reads_absorbed_state_waits_for_its_own_commit_absorbed_not_applied(
+    cluster: LocalCluster, client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """Read your writes waits on the mark the context reads (docs/design/client.md, "From submit
+    to the outcome"): absorbed for a context that reads absorbed state, applied otherwise."""
+    store = AbsorbingGatedStore(log_start)
+    config = client_config.model_copy(update={"client_read_your_writes_timeout": 30.0})
+    with WaltzClient(store, config) as client:
+        client.wait_mounted(TIMEOUT)
+        first = client.submit(Append(0, b"own first")).result(TIMEOUT)
+        assert first.transaction_id is not None
+        # The commit is absorbed (fed) but not applied: the gate holds the apply.
+        submitter = threading.Thread(
+            target=lambda: results.append(client.submit(AbsorbedAppend(0, b"reads absorbed")).result(TIMEOUT))
+        )
+        results: list[Outcome] = []
+        submitter.start()
+        submitter.join(TIMEOUT / 2)
+        assert results and results[0].committed, "the first attempt waited for the apply"
+        assert store.get_client_high_water_mark(0) < first.transaction_id, "the gate leaked"
+        plain: list[Outcome] = []
+        waiting = threading.Thread(
+            target=lambda: plain.append(client.submit(Append(0, b"reads applied")).result(TIMEOUT))
+        )
+        waiting.start()
+        waiting.join(2.0)
+        assert plain == [], "a context reading applied state ran before its own commit was applied"
+        store.gate.set()
+        waiting.join(TIMEOUT)
+        assert plain and plain[0].committed

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import random
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -408,3 +409,72 @@ def test_batched_increments_from_two_instances_share_log_transactions_and_lose_n
             assert found == AppliedRequest(pid, outcome.transaction_id)
         else:
             assert found is None
+
+
+class Gated(Increment):
+    """Completes only once ``gate`` is set: contexts submitted meanwhile queue for one batch."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int) -> None:
+        super().__init__(callbacks, counter_id)
+        self.gate = threading.Event()
+
+    def on_completion(self, result: bool) -> None:
+        assert self.gate.wait(TIMEOUT), "the test never opened the gate"
+
+
+class Failing(Increment):
+    """Raises in ``run``: its own future fails, the batch goes on."""
+
+    def run(self, tx: EntityTransaction) -> bool:
+        raise ValueError("this request is refused by its own rule")
+
+
+class QueriesSession(Increment):
+    """Reads its counter with a query on ``tx.session`` (not batchable after the first member)."""
+
+    def run(self, tx: EntityTransaction) -> bool:
+        value = tx.session.execute(
+            select(ClusterCounter.value).where(ClusterCounter.counter_id == self.counter_id)
+        ).scalar_one()
+        counter = tx.get(ClusterCounter, self.counter_id)
+        assert counter is not None and counter.value == value
+        tx.lock_write(ClusterCounter, self.counter_id)
+        tx.update(counter, value=value + self.by)
+        return True
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+def test_batch_members_that_fail_query_the_session_or_repeat_a_key_end_on_their_own(service: Service) -> None:
+    """In a batch: a member that raises fails alone; one that queries ``tx.session`` runs on its
+    own after the batch; a key twice in one batch commits once, the second copy answered as
+    already applied; the others commit together (docs/design/sql.md "Batched entity
+    transactions")."""
+    counter_id = service.create_counter()
+    instance = service.first
+    repeated = f"twice-{uuid.uuid4()}"
+    with EntityBatcher(instance.client) as batcher:
+        gated = Gated(instance.callbacks, counter_id)
+        first = batcher.submit(gated)  # alone: nothing in flight; the others queue behind it
+        contexts: list[Increment] = [
+            Increment(instance.callbacks, counter_id, request_key=repeated),
+            Failing(instance.callbacks, counter_id),
+            Increment(instance.callbacks, counter_id),
+            QueriesSession(instance.callbacks, counter_id, by=10),
+            Increment(instance.callbacks, counter_id, request_key=repeated),
+            Increment(instance.callbacks, counter_id),
+        ]
+        futures = [batcher.submit(context) for context in contexts]
+        gated.gate.set()
+        assert first.result(TIMEOUT).committed
+        with pytest.raises(ValueError, match="refused by its own rule"):
+            futures[1].result(TIMEOUT)
+        outcomes = [None if i == 1 else futures[i].result(TIMEOUT) for i in range(len(futures))]
+    assert batcher.batches >= 1
+    keyed, _, plain, session, again, last = outcomes
+    assert keyed is not None and keyed.committed and plain is not None and plain.committed
+    assert last is not None and last.committed and session is not None and session.committed
+    assert keyed.transaction_id == plain.transaction_id == last.transaction_id, "not one batch"
+    assert session.transaction_id != keyed.transaction_id, "the session's query ran in the batch"
+    assert again is not None and again.already_applied and again.transaction_id == keyed.transaction_id
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 1 + 3 + 10

@@ -90,8 +90,8 @@ def inventory(
             "--batch/--no-batch",
             help=(
                 "The instances submit through an EntityBatcher: requests ready for a partition while "
-                "its last log transaction is in flight go together as one (docs/sql.md, "
-                '"Batching entity transactions"). --no-batch: one log transaction per request.'
+                "its last log transaction is in flight go together as one "
+                '(docs/sql.md "Batching entity transactions"). --no-batch: one log transaction per request.'
             ),
         ),
     ] = False,

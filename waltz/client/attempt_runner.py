@@ -127,7 +127,7 @@ class AttemptRunner:
                 self._nudge([partition.partition_id])
         wait = self._read_your_writes_wait(partition, submission)
         if wait is not None:
-            partition.applied.wait(*wait)
+            _waited_mark(partition, submission).wait(*wait)
         self._first_attempt(partition, submission)
         return submission
 
@@ -144,7 +144,7 @@ class AttemptRunner:
             self._nudge([partition.partition_id])
         wait = self._read_your_writes_wait(partition, submission)
         if wait is not None:
-            await partition.applied.wait_async(*wait)
+            await _waited_mark(partition, submission).wait_async(*wait)
         if not context.execute_blocks:
             self._first_attempt(partition, submission)
             return submission
@@ -198,11 +198,13 @@ class AttemptRunner:
     def _read_your_writes_wait(
         self, partition: ClientPartition, submission: Submission
     ) -> tuple[int, float] | None:
-        """What a first attempt waits for: (the applied mark to reach, seconds at most), or None
-        when there is nothing to wait for (the partition applied this client's own last commit
-        already, checked first as the common case; or no time is left to wait)."""
+        """What a first attempt waits for: (the mark to reach, seconds at most) on
+        :func:`_waited_mark` (the absorbed mark for a context that reads absorbed state, as its
+        retries wait, else the applied mark), or None when there is nothing to wait for (the
+        partition reached this client's own last commit already, checked first as the common
+        case; or no time is left to wait)."""
         target = partition.own_committed_mark
-        if partition.applied.value >= target:
+        if _waited_mark(partition, submission).value >= target:
             return None
         if partition.on_apply_thread():
             return None  # called from apply_transaction: waiting for ourselves would only time out
