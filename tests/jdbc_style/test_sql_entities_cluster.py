@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import support
-from sqlalchemy import BigInteger, Engine, select
+from sqlalchemy import BigInteger, Engine, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from waltz import Transaction, WaltzClient, WaltzClientConfig
@@ -58,6 +58,15 @@ class ClusterCounter(Base):
 
     counter_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     value: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class Ghost(Base):
+    """A model whose table a test drops: reading it fails in the database."""
+
+    __tablename__ = "cluster_ghosts"
+    __waltz__ = WaltzEntity("cluster_ghost")
+
+    ghost_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
 
 
 class SharedLogCallbacks(ChangeSetCallbacks):
@@ -478,3 +487,40 @@ def test_batch_members_that_fail_query_the_session_or_repeat_a_key_end_on_their_
     assert again is not None and again.already_applied and again.transaction_id == keyed.transaction_id
     service.wait_caught_up()
     assert service.counter_value(counter_id) == 1 + 3 + 10
+
+
+class Haunt(EntityTransactionContext):
+    """Reads a :class:`Ghost` (same key, so same partition, as a counter)."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, ghost_id: int) -> None:
+        super().__init__(callbacks, (Ghost, ghost_id))
+        self.ghost_id = ghost_id
+        self.exceptions: list[BaseException] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        tx.get(Ghost, self.ghost_id)
+        return True
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.exceptions.append(exception)
+
+
+@pytest.mark.parametrize("entity_cache", [False], ids=["no-entity-cache"])
+def test_a_batch_whose_state_cannot_be_read_ends_every_member_with_the_error(service: Service) -> None:
+    """The batch's one state fails to open (a table gone): each member's future and
+    ``on_exception`` get the error; none is left waiting."""
+    counter_id = service.create_counter()
+    instance = service.first
+    with instance.engine.begin() as conn:
+        conn.execute(text(f"DROP TABLE {Ghost.__tablename__}"))
+    with EntityBatcher(instance.client) as batcher:
+        gated = Gated(instance.callbacks, counter_id)
+        first = batcher.submit(gated)
+        haunts = [Haunt(instance.callbacks, counter_id) for _ in range(3)]
+        futures = [batcher.submit(haunt) for haunt in haunts]
+        gated.gate.set()
+        assert first.result(TIMEOUT).committed
+        errors = [future.exception(TIMEOUT) for future in futures]
+    assert all(error is not None for error in errors), errors
+    assert [len(haunt.exceptions) for haunt in haunts] == [1, 1, 1]
+    assert batcher.batches == 0

@@ -97,6 +97,14 @@ class _Batch(TransactionContext):
 
     def execute(self, builder: TransactionBuilder) -> bool:
         members, self.appended = self.members, []
+        try:
+            return self._execute(members, builder)
+        except BaseException:
+            # The client ends the batch with this error: every member still in it ends so too.
+            self.appended = [m for m in members if not m.future.done() and m not in self.deferred]
+            raise
+
+    def _execute(self, members: list[_Member], builder: TransactionBuilder) -> bool:
         first = members[0].context
         entities: dict[_Key, None] = {}
         for member in members:
@@ -110,14 +118,18 @@ class _Batch(TransactionContext):
         limits = self._batcher
         with contextlib.ExitStack() as stack:
             snapshot = first.open_attempt_state(stack, list(entities))
-            for index, member in enumerate(members):
+            for member in members:
                 context = member.context
                 if context.callbacks is not first.callbacks:  # another database: on its own
                     member.alone = True
                     self._defer(member)
                     continue
+                # The first member appended reads the state as it is (tx.session too).
                 tx = EntityTransaction(
-                    context.callbacks, snapshot, self._num_partitions, overlay=overlay if index else None
+                    context.callbacks,
+                    snapshot,
+                    self._num_partitions,
+                    overlay=overlay if self.appended else None,
                 )
                 context.last_transaction = tx
                 own = TransactionBuilder(-1)
