@@ -456,11 +456,16 @@ class QueriesSession(Increment):
 def test_batch_members_that_fail_query_the_session_or_repeat_a_key_end_on_their_own(service: Service) -> None:
     """In a batch: a member that raises fails alone; one that queries ``tx.session`` runs on its
     own after the batch; a key twice in one batch commits once, the second copy answered as
-    already applied; the others commit together (docs/design/sql.md "Batched entity
-    transactions")."""
+    already applied; a key applied before is answered so; the others commit together
+    (docs/design/sql.md "Batched entity transactions")."""
     counter_id = service.create_counter()
     instance = service.first
     repeated = f"twice-{uuid.uuid4()}"
+    earlier_key = f"earlier-{uuid.uuid4()}"
+    earlier = instance.client.submit(Increment(instance.callbacks, counter_id, request_key=earlier_key))
+    earlier_id = earlier.result(TIMEOUT).transaction_id
+    assert earlier_id is not None
+    assert instance.callbacks.wait_for(service.partition_of(counter_id), earlier_id, timeout=TIMEOUT)
     with EntityBatcher(instance.client) as batcher:
         gated = Gated(instance.callbacks, counter_id)
         first = batcher.submit(gated)  # alone: nothing in flight; the others queue behind it
@@ -471,6 +476,7 @@ def test_batch_members_that_fail_query_the_session_or_repeat_a_key_end_on_their_
             QueriesSession(instance.callbacks, counter_id, by=10),
             Increment(instance.callbacks, counter_id, request_key=repeated),
             Increment(instance.callbacks, counter_id),
+            Increment(instance.callbacks, counter_id, request_key=earlier_key),  # applied before
         ]
         futures = [batcher.submit(context) for context in contexts]
         gated.gate.set()
@@ -479,14 +485,15 @@ def test_batch_members_that_fail_query_the_session_or_repeat_a_key_end_on_their_
             futures[1].result(TIMEOUT)
         outcomes = [None if i == 1 else futures[i].result(TIMEOUT) for i in range(len(futures))]
     assert batcher.batches >= 1
-    keyed, _, plain, session, again, last = outcomes
+    keyed, _, plain, session, again, last, sent_again = outcomes
+    assert sent_again is not None and sent_again.already_applied and sent_again.transaction_id == earlier_id
     assert keyed is not None and keyed.committed and plain is not None and plain.committed
     assert last is not None and last.committed and session is not None and session.committed
     assert keyed.transaction_id == plain.transaction_id == last.transaction_id, "not one batch"
     assert session.transaction_id != keyed.transaction_id, "the session's query ran in the batch"
     assert again is not None and again.already_applied and again.transaction_id == keyed.transaction_id
     service.wait_caught_up()
-    assert service.counter_value(counter_id) == 1 + 3 + 10
+    assert service.counter_value(counter_id) == 1 + 1 + 3 + 10
 
 
 class Haunt(EntityTransactionContext):

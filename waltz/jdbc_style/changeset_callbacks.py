@@ -40,6 +40,7 @@ from waltz.jdbc_style.entity_reads import (
     read_entities,
     read_entities_from_cache,
 )
+from waltz.jdbc_style.idempotency import record_idempotency_keys
 
 __all__ = ["ChangeSetApplyError", "ChangeSetCallbacks", "row_change_problem"]
 
@@ -153,6 +154,9 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         self._key_outcomes: dict[int, dict[tuple[int, int], bool]] = {}
         # By partition: the member of the transaction being applied (one apply thread each).
         self._members: dict[int, int] = {}
+        # By partition, while a batch is applied: its members' keys, recorded up front in two
+        # statements, and whether the batch's transaction recorded each first.
+        self._recorded: dict[int, dict[str, bool]] = {}
         # Statements of staged row changes, built once per (model, operation, attribute names).
         self._statements: dict[tuple[Any, ...], Any] = {}
         self.registry = registry
@@ -178,6 +182,16 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             self.apply_change_set(members[0], transaction, session)
             return
         keys: set[str] = set()
+        if type(self).record_idempotency_key is AbstractClientCallbacksForSQL.record_idempotency_key:
+            batch_keys = [m.idempotency_key for m in members if m.idempotency_key is not None]
+            if batch_keys:  # the members' keys in two statements, not two per member
+                self._recorded[pid] = record_idempotency_keys(
+                    session.connection(),
+                    cluster_name=self.cluster_name,
+                    keys=batch_keys,
+                    partition_id=pid,
+                    transaction_id=transaction.transaction_id,
+                )
         try:
             for index, member in enumerate(members):
                 self._members[pid] = index
@@ -192,6 +206,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
                 self.apply_change_set(member, transaction, session)
         finally:
             self._members.pop(pid, None)
+            self._recorded.pop(pid, None)
 
     def _skip_repeated(self, member: ChangeSet, transaction: Transaction, index: int) -> None:
         if self.entity_cache is not None:
@@ -395,7 +410,11 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         if key is None:
             recorded = True
         else:
-            recorded = self.record_idempotency_key(session, key, transaction)
+            known = self._recorded.get(transaction.partition_id)
+            if known is not None and key in known:  # recorded with the batch's other keys
+                recorded = known[key]
+            else:
+                recorded = self.record_idempotency_key(session, key, transaction)
             if self.entity_cache is not None:  # settles what the change-set left in the cache
                 noted = self._key_outcomes.setdefault(transaction.partition_id, {})
                 noted[transaction.transaction_id, self.member_index(transaction)] = recorded

@@ -43,6 +43,7 @@ from waltz.jdbc_style.entity_context import (
     EntityTransactionContext,
     NotBatchableError,
 )
+from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_keys
 
 if TYPE_CHECKING:
     from waltz.client.client import WaltzClient
@@ -82,6 +83,7 @@ class _Batch(TransactionContext):
         self.members = members  # those not ended yet
         self.appended: list[_Member] = []  # those the last attempt appended
         self.deferred: list[_Member] = []  # those left for after this batch
+        self._keyed: list[tuple[_Member, str]] = []  # the last pass's members with a key to check
         first = members[0].context
         self.reads_absorbed_state = first.reads_absorbed_state
         self._num_partitions = batcher.client.num_partitions
@@ -109,62 +111,21 @@ class _Batch(TransactionContext):
         entities: dict[_Key, None] = {}
         for member in members:
             entities.update(dict.fromkeys(member.context.attempt_entities()))
-        overlay: dict[_Key, Any] = {}
-        change_sets: list[ChangeSet] = []
-        keys: set[str] = set()
-        size = 0
-        read_locks: dict[PartitionLocalLock, None] = {}
-        write_locks: dict[PartitionLocalLock, None] = {}
-        limits = self._batcher
         with contextlib.ExitStack() as stack:
             snapshot = first.open_attempt_state(stack, list(entities))
-            for member in members:
-                context = member.context
-                if context.callbacks is not first.callbacks:  # another database: on its own
-                    member.alone = True
-                    self._defer(member)
-                    continue
-                # The first member appended reads the state as it is (tx.session too).
-                tx = EntityTransaction(
-                    context.callbacks,
-                    snapshot,
-                    self._num_partitions,
-                    overlay=overlay if self.appended else None,
-                )
-                context.last_transaction = tx
-                own = TransactionBuilder(-1)
-                try:
-                    dropped = context.run_attempt(tx, own)
-                except NotBatchableError as exc:
-                    log.debug("%s leaves the batch and runs on its own: %s", type(context).__name__, exc)
-                    member.alone = True
-                    self._defer(member)
-                    continue
-                except Exception as exc:
-                    self._end(member, exc)
-                    continue
-                if dropped is not None:
+            # The members' keys are checked together after a pass; a pass that finds one applied
+            # before ends that member and runs the others again on the same state (rare: a
+            # request sent again), at most once per member.
+            for _ in range(len(members) + 1):
+                change_sets, read_locks, write_locks = self._run_members(members, snapshot)
+                applied = self._applied_before(snapshot)
+                if not applied:
+                    break
+                for member, earlier in applied:
+                    own = TransactionBuilder(-1)
+                    own.drop_as_applied(earlier.partition_id, earlier.transaction_id)
                     self._end(member, own.dropped_outcome(self._partition_id))
-                    continue
-                change_set = tx.change_set()
-                key = change_set.idempotency_key
-                if key is not None and key in keys:
-                    # A request twice in one batch: once the batch is applied, its check finds it.
-                    self._defer(member)
-                    continue
-                data = len(change_set.encode())
-                if change_sets and size + data > limits.max_bytes:
-                    self._defer(member)
-                    continue
-                size += data
-                if key is not None:
-                    keys.add(key)
-                change_sets.append(change_set)
-                self.appended.append(member)
-                for lock in tx.write_locks:
-                    write_locks[lock] = None
-                read_locks.update(dict.fromkeys(tx.read_locks))
-                _follow(overlay, context, tx)
+                members = [m for m in self.appended if m not in {a for a, _ in applied}]
             mark = snapshot.high_water_mark
         self.members = list(self.appended)
         if not change_sets:
@@ -175,6 +136,79 @@ class _Batch(TransactionContext):
         builder.set_write_locks(list(write_locks))
         builder.set_read_locks([lock for lock in read_locks if lock not in write_locks])
         return True
+
+    def _run_members(
+        self, members: list[_Member], snapshot: Any
+    ) -> tuple[list[ChangeSet], dict[PartitionLocalLock, None], dict[PartitionLocalLock, None]]:
+        """One pass: run each member in order on the state and what the ones before it left;
+        :attr:`appended` becomes those whose change-sets the pass returns, with their locks."""
+        self.appended = []
+        first = members[0].context if members else None
+        overlay: dict[_Key, Any] = {}
+        change_sets: list[ChangeSet] = []
+        keys: set[str] = set()
+        size = 0
+        read_locks: dict[PartitionLocalLock, None] = {}
+        write_locks: dict[PartitionLocalLock, None] = {}
+        self._keyed = []
+        for member in members:
+            context = member.context
+            if first is None or context.callbacks is not first.callbacks:  # another database
+                member.alone = True
+                self._defer(member)
+                continue
+            # The first member appended reads the state as it is (tx.session too).
+            tx = EntityTransaction(
+                context.callbacks, snapshot, self._num_partitions, overlay=overlay if self.appended else None
+            )
+            context.last_transaction = tx
+            own = TransactionBuilder(-1)
+            try:
+                dropped = context.run_attempt(tx, own, check_key=False)
+            except NotBatchableError as exc:
+                log.debug("%s leaves the batch and runs on its own: %s", type(context).__name__, exc)
+                member.alone = True
+                self._defer(member)
+                continue
+            except Exception as exc:
+                self._end(member, exc)
+                continue
+            if dropped is not None:
+                self._end(member, own.dropped_outcome(self._partition_id))
+                continue
+            change_set = tx.change_set()
+            key = change_set.idempotency_key
+            if key is not None and key in keys:
+                # A request twice in one batch: once the batch is applied, its check finds it.
+                self._defer(member)
+                continue
+            data = len(change_set.encode())
+            if change_sets and size + data > self._batcher.max_bytes:
+                self._defer(member)
+                continue
+            size += data
+            if key is not None:
+                keys.add(key)
+                if context.checks_idempotency_key:
+                    self._keyed.append((member, key))
+            change_sets.append(change_set)
+            self.appended.append(member)
+            for lock in tx.write_locks:
+                write_locks[lock] = None
+            read_locks.update(dict.fromkeys(tx.read_locks))
+            _follow(overlay, context, tx)
+        return change_sets, read_locks, write_locks
+
+    def _applied_before(self, snapshot: Any) -> list[tuple[_Member, AppliedRequest]]:
+        """The members of the last pass whose key was applied before, as of the state (one read
+        of every key, :func:`~waltz.jdbc_style.idempotency.find_idempotency_keys`)."""
+        if not self._keyed:
+            return []
+        callbacks = self._keyed[0][0].context.callbacks
+        found = find_idempotency_keys(
+            snapshot.connection, cluster_name=callbacks.cluster_name, keys=[key for _, key in self._keyed]
+        )
+        return [(member, found[key]) for member, key in self._keyed if key in found]
 
     def _defer(self, member: _Member) -> None:
         if member not in self.deferred:

@@ -671,14 +671,19 @@ class EntityTransactionContext(TransactionContext):
         builder.set_read_locks(tx.read_locks)
         return True
 
-    def run_attempt(self, tx: EntityTransaction, builder: TransactionBuilder) -> bool | None:
-        """Call :meth:`run` on ``tx``, then check its idempotency key as of the state read: None
-        when the change-set is to be appended, else what :meth:`execute` returns to drop it (the
-        reason or the earlier transaction noted on ``builder``)."""
+    def run_attempt(
+        self, tx: EntityTransaction, builder: TransactionBuilder, *, check_key: bool = True
+    ) -> bool | None:
+        """Call :meth:`run` on ``tx``, then (with ``check_key``) check its idempotency key as of
+        the state read: None when the change-set is to be appended, else what :meth:`execute`
+        returns to drop it (the reason or the earlier transaction noted on ``builder``). A batch
+        checks its members' keys together, after running them all."""
         if not self.run(tx):
             return False if tx.drop_reason is None else builder.drop(tx.drop_reason)
         key = tx.idempotency_key
-        if key is not None and self.checks_idempotency_key:  # applied before, as of the state read
+        if (
+            key is not None and self.checks_idempotency_key and check_key
+        ):  # applied before, as of the state read
             earlier = tx.already_applied(key)
             if earlier is not None:
                 return builder.drop_as_applied(earlier.partition_id, earlier.transaction_id)

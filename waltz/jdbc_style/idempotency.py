@@ -12,15 +12,22 @@ are ordered by apply timing, which can differ between databases: keep a request'
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from waltz.jdbc_style.marks import insert_if_absent
+from waltz.jdbc_style.marks import insert_if_absent, insert_rows_if_absent
 from waltz.jdbc_style.schema import IDEMPOTENCY_KEY_LENGTH, idempotency_keys
 
-__all__ = ["AppliedRequest", "find_idempotency_key", "record_idempotency_key"]
+__all__ = [
+    "AppliedRequest",
+    "find_idempotency_key",
+    "find_idempotency_keys",
+    "record_idempotency_key",
+    "record_idempotency_keys",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +74,68 @@ def record_idempotency_key(
     )
     found = find_idempotency_key(conn, cluster_name=cluster_name, key=key)
     return found == AppliedRequest(partition_id, transaction_id)
+
+
+def record_idempotency_keys(
+    conn: Connection, *, cluster_name: str, keys: Sequence[str], partition_id: int, transaction_id: int
+) -> dict[str, bool]:
+    """:func:`record_idempotency_key` for several keys of one transaction (the members of a
+    batch, docs/design/sql.md "Batched change-sets") in two statements: one insert of every key
+    not recorded yet, one read of where each is recorded.
+
+    Returns:
+        Key -> True when this transaction is the first to carry it, False when an earlier one did.
+
+    Raises:
+        ValueError: a key is empty or longer than the column allows.
+    """
+    distinct = list(dict.fromkeys(keys))
+    for key in distinct:
+        _check(key)
+    if not distinct:
+        return {}
+    now = dt.datetime.now(dt.UTC)
+    insert_rows_if_absent(
+        conn,
+        idempotency_keys,
+        [
+            {
+                "cluster_name": cluster_name,
+                "idempotency_key": key,
+                "partition_id": partition_id,
+                "transaction_id": transaction_id,
+                "applied_at": now,
+            }
+            for key in distinct
+        ],
+    )
+    c = idempotency_keys.c
+    rows = conn.execute(
+        select(c.idempotency_key, c.partition_id, c.transaction_id).where(
+            (c.cluster_name == cluster_name) & c.idempotency_key.in_(distinct)
+        )
+    )
+    where = {str(key): (int(pid), int(tid)) for key, pid, tid in rows}
+    return {key: where.get(key) == (partition_id, transaction_id) for key in distinct}
+
+
+def find_idempotency_keys(
+    conn: Connection, *, cluster_name: str, keys: Sequence[str]
+) -> dict[str, AppliedRequest]:
+    """:func:`find_idempotency_key` for several keys in one statement: key -> where it was
+    applied, for the keys applied (the others are absent)."""
+    distinct = list(dict.fromkeys(keys))
+    for key in distinct:
+        _check(key)
+    if not distinct:
+        return {}
+    c = idempotency_keys.c
+    rows = conn.execute(
+        select(c.idempotency_key, c.partition_id, c.transaction_id).where(
+            (c.cluster_name == cluster_name) & c.idempotency_key.in_(distinct)
+        )
+    )
+    return {str(key): AppliedRequest(int(pid), int(tid)) for key, pid, tid in rows}
 
 
 def find_idempotency_key(conn: Connection, *, cluster_name: str, key: str) -> AppliedRequest | None:

@@ -8,7 +8,7 @@ transaction ID it has applied). Rows live in ``waltz_high_water_marks`` keyed by
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Table, bindparam, select, update
@@ -47,6 +47,26 @@ def insert_if_absent(conn: Connection, table: Table, values: Mapping[str, Any]) 
             savepoint.rollback()
         else:
             savepoint.commit()
+
+
+def insert_rows_if_absent(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+    """:func:`insert_if_absent` for several rows in one statement (PostgreSQL, SQLite, MySQL and
+    MariaDB; other backends: one savepoint per row). Nothing for no rows."""
+    if not rows:
+        return
+    name = conn.dialect.name
+    values = [dict(row) for row in rows]
+    if name == "postgresql":
+        conn.execute(postgresql.insert(table).values(values).on_conflict_do_nothing())
+    elif name == "sqlite":
+        conn.execute(sqlite.insert(table).values(values).on_conflict_do_nothing())
+    elif name in ("mysql", "mariadb"):
+        first_key = table.primary_key.columns.values()[0].name
+        stmt = mysql.insert(table).values(values)
+        conn.execute(stmt.on_duplicate_key_update({first_key: stmt.inserted[first_key]}))
+    else:
+        for row in values:
+            insert_if_absent(conn, table, row)
 
 
 class HighWaterMarks:
