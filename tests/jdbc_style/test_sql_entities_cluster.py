@@ -14,6 +14,7 @@ applies their transactions too: :class:`SharedLogCallbacks` ignores what is not 
 from __future__ import annotations
 
 import concurrent.futures
+import decimal
 import random
 import threading
 import uuid
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 import support
-from sqlalchemy import BigInteger, Engine, select, text
+from sqlalchemy import BigInteger, Engine, Numeric, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from waltz import Transaction, WaltzClient, WaltzClientConfig
@@ -67,6 +68,16 @@ class Ghost(Base):
     __waltz__ = WaltzEntity("cluster_ghost")
 
     ghost_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+
+
+class Priced(Base):
+    """A Numeric column: the database rounds what it is given to two places."""
+
+    __tablename__ = "cluster_priced"
+    __waltz__ = WaltzEntity("cluster_priced")
+
+    priced_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    price: Mapped[decimal.Decimal] = mapped_column(Numeric(10, 2), nullable=False)
 
 
 class SharedLogCallbacks(ChangeSetCallbacks):
@@ -531,3 +542,45 @@ def test_a_batch_whose_state_cannot_be_read_ends_every_member_with_the_error(ser
     assert all(error is not None for error in errors), errors
     assert [len(haunt.exceptions) for haunt in haunts] == [1, 1, 1]
     assert batcher.batches == 0
+
+
+class SetPrice(EntityTransactionContext):
+    """Inserts or updates a price, as given (the database rounds it to two places)."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, priced_id: int, price: decimal.Decimal) -> None:
+        super().__init__(callbacks, (Priced, priced_id))
+        self.priced_id, self.price = priced_id, price
+        self.seen: list[decimal.Decimal | None] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        row = tx.get(Priced, self.priced_id)
+        self.seen.append(None if row is None else row.price)
+        if row is None:
+            tx.insert(Priced, priced_id=self.priced_id, price=self.price)
+        else:
+            tx.update(row, price=self.price)
+        return True
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+def test_a_member_never_reads_a_value_of_an_earlier_member_the_database_would_store_otherwise(
+    service: Service,
+) -> None:
+    """A Numeric value written by an earlier member is not handed to a later one (the database
+    rounds it): the later member runs on its own after the batch and reads the stored value."""
+    counter_id = service.create_counter()
+    instance = service.first
+    with EntityBatcher(instance.client) as batcher:
+        gated = Gated(instance.callbacks, counter_id)
+        first = batcher.submit(gated)
+        setting = SetPrice(instance.callbacks, counter_id, decimal.Decimal("1.005"))
+        reading = SetPrice(instance.callbacks, counter_id, decimal.Decimal("2.00"))
+        futures = [batcher.submit(setting), batcher.submit(reading)]
+        gated.gate.set()
+        assert first.result(TIMEOUT).committed
+        set_outcome, read_outcome = (future.result(TIMEOUT) for future in futures)
+    assert set_outcome.committed and read_outcome.committed
+    assert read_outcome.transaction_id != set_outcome.transaction_id, (
+        "it read the unstored value in the batch"
+    )
+    assert reading.seen[-1] is not None  # the stored row, read once the batch was applied

@@ -102,6 +102,11 @@ class WaltzClient:
         return self._core.client_id
 
     @property
+    def config(self) -> WaltzClientConfig:
+        """The configuration this client was made with."""
+        return self._core.config
+
+    @property
     def num_partitions(self) -> int:
         """The cluster's number of partitions."""
         return self._core.num_partitions

@@ -34,9 +34,12 @@ from typing import TYPE_CHECKING, Any
 from waltz.client.context import TransactionBuilder, TransactionContext
 from waltz.client.locks import PartitionLocalLock
 from waltz.client.outcome import Outcome, OutcomeKind
+from waltz.client.submission import APPEND_OVERHEAD_BYTES, LOCK_HASH_BYTES
 from waltz.errors import ClientClosedError
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, encode_members
+from waltz.jdbc_style.changeset_callbacks import EXACT_STRING_DIALECTS, ChangeSetCallbacks
 from waltz.jdbc_style.entities import EntityInfo
+from waltz.jdbc_style.entity_cache import Kinds, column_kinds, exact_row
 from waltz.jdbc_style.entity_context import (
     CHANGED_IN_BATCH,
     EntityTransaction,
@@ -44,6 +47,7 @@ from waltz.jdbc_style.entity_context import (
     NotBatchableError,
 )
 from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_keys
+from waltz.jdbc_style.schema import IDEMPOTENCY_KEY_LENGTH
 
 if TYPE_CHECKING:
     from waltz.client.client import WaltzClient
@@ -81,7 +85,9 @@ class _Batch(TransactionContext):
         self._batcher = batcher
         self._partition_id = partition_id
         self.members = members  # those not ended yet
-        self.appended: list[_Member] = []  # those the last attempt appended
+        # Those the last attempt appended; every member until an attempt ran, so that a batch the
+        # client ends before its first attempt (a closed client, a failing hint) ends them all.
+        self.appended: list[_Member] = list(members)
         self.deferred: list[_Member] = []  # those left for after this batch
         self._keyed: list[tuple[_Member, str]] = []  # the last pass's members with a key to check
         first = members[0].context
@@ -94,7 +100,10 @@ class _Batch(TransactionContext):
     def expected_locks(self) -> Sequence[PartitionLocalLock]:
         locks: dict[PartitionLocalLock, None] = {}
         for member in self.members:
-            locks.update(dict.fromkeys(member.context.expected_locks()))
+            try:
+                locks.update(dict.fromkeys(member.context.expected_locks()))
+            except Exception:  # a hint only: its run still runs, and fails it if it must
+                log.debug("%s: expected_locks raised; no hint", type(member.context).__name__, exc_info=True)
         return list(locks)
 
     def execute(self, builder: TransactionBuilder) -> bool:
@@ -182,8 +191,22 @@ class _Batch(TransactionContext):
                 # A request twice in one batch: once the batch is applied, its check finds it.
                 self._defer(member)
                 continue
-            data = len(change_set.encode())
-            if change_sets and size + data > self._batcher.max_bytes:
+            try:
+                data = len(change_set.encode()) + LOCK_HASH_BYTES * (len(tx.write_locks) + len(tx.read_locks))
+                if key is not None and not 0 < len(key) <= IDEMPOTENCY_KEY_LENGTH:
+                    raise ValueError(
+                        f"an idempotency key has 1..{IDEMPOTENCY_KEY_LENGTH} characters, got {len(key)}"
+                    )
+            except Exception as exc:  # this member's own error (a value JSON cannot hold, its key)
+                self._end(member, exc)
+                continue
+            if change_sets and size + data > self._batcher.data_limit:
+                self._defer(member)
+                continue
+            try:
+                _follow(overlay, context, tx, self._batcher)
+            except TypeError:  # a key value no row can be named by: on its own
+                member.alone = True
                 self._defer(member)
                 continue
             size += data
@@ -196,7 +219,6 @@ class _Batch(TransactionContext):
             for lock in tx.write_locks:
                 write_locks[lock] = None
             read_locks.update(dict.fromkeys(tx.read_locks))
-            _follow(overlay, context, tx)
         return change_sets, read_locks, write_locks
 
     def _applied_before(self, snapshot: Any) -> list[tuple[_Member, AppliedRequest]]:
@@ -245,24 +267,40 @@ class _Batch(TransactionContext):
             _call(member.context.on_lock_failure)
 
 
-def _follow(overlay: dict[_Key, Any], context: EntityTransactionContext, tx: EntityTransaction) -> None:
+def _follow(
+    overlay: dict[_Key, Any], context: EntityTransactionContext, tx: EntityTransaction, batcher: EntityBatcher
+) -> None:
     """Put a member's changes in the batch's overlay: each entity's whole new row, None for a
-    delete, or :data:`CHANGED_IN_BATCH` when the change does not carry the whole row."""
+    delete, or :data:`CHANGED_IN_BATCH` when the change does not carry the whole row or a value
+    the database may store otherwise (a model the entity cache would not keep, a value not of its
+    column's kind, :func:`~waltz.jdbc_style.entity_cache.exact_row`): a later member reading it
+    runs on its own.
+
+    Raises:
+        TypeError: a key value that cannot name a row (unhashable).
+    """
     registry = context.callbacks.registry
+    staged: dict[_Key, Any] = {}
     for change in tx.changes:
         info = registry.by_name(change.entity)
         key = tuple(change.key[name] for name in info.key) if set(change.key) == set(info.key) else None
         if change.operation is Operation.DELETE:
             if key is not None:
-                overlay[(info, key)] = None
+                hash(key)
+                staged[(info, key)] = None
             continue
         values = change.values
         if key is None:
             key = tuple(values.get(name) for name in info.key)
+        hash(key)
+        kinds = batcher.kinds(info, context.callbacks)
         try:
-            overlay[(info, key)] = tuple(values[name] for name in info.attributes)
+            row = tuple(values[name] for name in info.attributes)
         except KeyError:
-            overlay[(info, key)] = CHANGED_IN_BATCH
+            staged[(info, key)] = CHANGED_IN_BATCH
+            continue
+        staged[(info, key)] = row if kinds is not None and exact_row(info, kinds, row) else CHANGED_IN_BATCH
+    overlay.update(staged)
 
 
 def _call(callback: Callable[..., None], *args: Any) -> None:
@@ -326,10 +364,22 @@ class EntityBatcher:
         self._sender = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, min(8, client.num_partitions)), thread_name_prefix="waltz-batcher"
         )
+        #: Bytes of a batch's data and lock hashes at most: ``max_bytes``, within the client's
+        #: largest message (``client.maxMessageBytes``) less an append's own bytes.
+        self.data_limit = min(max_bytes, client.config.client_max_message_bytes - APPEND_OVERHEAD_BYTES)
+        self._kinds: dict[EntityInfo, Kinds | None] = {}
         self.batches = 0
-        """Log transactions of more than one member sent (attempts not counted)."""
+        """Batches committed (log transactions of more than one member)."""
         self.batched = 0
-        """Members those batches appended (counted per batch sent)."""
+        """Members those batches carried."""
+
+    def kinds(self, info: EntityInfo, callbacks: ChangeSetCallbacks) -> Kinds | None:
+        """The column kinds of a model whose rows a batch's overlay may hand to later members
+        (:func:`~waltz.jdbc_style.entity_cache.column_kinds`), or None; decided once per model."""
+        if info not in self._kinds:
+            exact_strings = callbacks.engine.dialect.name in EXACT_STRING_DIALECTS
+            self._kinds[info] = column_kinds(info, exact_strings)
+        return self._kinds[info]
 
     def submit(self, context: EntityTransactionContext) -> concurrent.futures.Future[Outcome]:
         """Submit a context: at once on its own when its partition has room in flight, else in
@@ -346,7 +396,9 @@ class EntityBatcher:
             ClientClosedError: the batcher is closed.
         """
         partition = context.partition_id(self.client.num_partitions)
-        member = _Member(context, concurrent.futures.Future(), alone=context.timeout is not None)
+        future: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()  # as the client's: a commit cannot be recalled
+        member = _Member(context, future, alone=context.timeout is not None)
         with self._lock:
             if self._closed:
                 raise ClientClosedError("the entity batcher is closed")
@@ -415,32 +467,48 @@ class EntityBatcher:
         """A log transaction of the partition ended: settle its members (the outcome of a context
         alone as the client gave it; a batch's committed members each committed with its ID),
         put the members it left for later back in front of the queue, and send the next."""
-        if future is not None and appended:
-            error = future.exception()
-            if error is not None:
-                for member in appended:
-                    _settle(member.future, error)
-            elif alone:
-                _settle(appended[0].future, future.result())
-            else:
-                outcome = future.result()
+        try:
+            if future is not None and appended:
+                self._settle_members(future, appended, alone)
+        finally:
+            self._next(partition, deferred)
+
+    def _settle_members(
+        self, future: concurrent.futures.Future[Outcome], appended: list[_Member], alone: bool
+    ) -> None:
+        error = future.exception()
+        if error is not None:
+            for member in appended:
+                _settle(member.future, error)
+        elif alone:
+            _settle(appended[0].future, future.result())
+        else:
+            outcome = future.result()
+            if outcome.committed and len(appended) > 1:
                 with self._lock:
                     self.batches += 1
                     self.batched += len(appended)
-                for member in appended:
-                    _settle(
-                        member.future,
-                        Outcome(OutcomeKind.COMMITTED, outcome.partition_id, outcome.transaction_id),
-                    )
+            committed = Outcome(OutcomeKind.COMMITTED, outcome.partition_id, outcome.transaction_id)
+            for member in appended:
+                _settle(member.future, committed)
+
+    def _next(self, partition: int, deferred: list[_Member]) -> None:
+        """The partition's transaction ended: put back what it left for later, send the next."""
         with self._lock:
             self._in_flight[partition] -= 1
-            if deferred:
+            closed = self._closed
+            if deferred and not closed:
                 queue = self._queues.setdefault(partition, collections.deque())
                 queue.extendleft(reversed(deferred))
-            members = [] if self._closed else self._take(partition)
+            members = [] if closed else self._take(partition)
+        if closed:  # what this transaction left for later has no later
+            for member in deferred:
+                _settle(member.future, ClientClosedError("the entity batcher is closed"))
         if members:
             try:
                 self._sender.submit(self._send, partition, members)
             except RuntimeError:  # shut down meanwhile
+                with self._lock:
+                    self._in_flight[partition] -= 1
                 for member in members:
                     _settle(member.future, ClientClosedError("the entity batcher is closed"))

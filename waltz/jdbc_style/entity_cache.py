@@ -115,6 +115,18 @@ def column_kinds(info: EntityInfo, exact_string_keys: bool = False) -> Kinds | N
     return tuple(kinds)
 
 
+def exact_row(info: EntityInfo, kinds: Kinds, row: tuple[Any, ...]) -> bool:
+    """Whether a whole row (values in ``info.attributes`` order) is of its columns' kinds
+    (:func:`column_kinds`), its key values too: a row the database stores as given, so the row it
+    gives back (what a batch's later members may read before the database has it,
+    docs/design/sql.md "Batched entity transactions")."""
+    if len(row) != len(kinds) or not _exact(kinds, row):
+        return False
+    positions = [info.attributes.index(name) for name in info.key]
+    key_kinds = tuple((kinds[i][0], kinds[i][1]) for i in positions)
+    return _exact_key(key_kinds, tuple(row[i] for i in positions))
+
+
 def _exact_key(key_kinds: KeyKinds, values: tuple[Any, ...]) -> bool:
     """Whether every key value is of its column's kind: an ``int`` (not a ``bool``, not a string
     of digits) for an integer column, a ``str`` within the length (not a number) for a string

@@ -61,11 +61,12 @@ _NOT_READ = object()  # a key the snapshot did not read with the mark
 CHANGED_IN_BATCH: Any = object()
 
 
-class NotBatchableError(Exception):
+class NotBatchableError(BaseException):
     """A member of a batch read what the batch cannot show it as the members before it left it
     (a query on :attr:`EntityTransaction.session`, a row an earlier member changed only in part):
     the batch leaves it out, and it runs on its own after the batch (docs/design/sql.md
-    "Batched entity transactions")."""
+    "Batched entity transactions"). A ``BaseException``, so that a ``run`` that catches
+    ``Exception`` to drop its transaction does not turn "run me alone" into a drop."""
 
 
 class EntityTransaction:
