@@ -970,3 +970,32 @@ def test_entities_read_outside_a_transaction_without_the_cache_come_from_the_dat
         _read_entities(plain, [(Undeclared, 1)])
     with pytest.raises(CrossPartitionError, match=r"on partitions \[2, 3\]"):
         _read_entities(plain, [(Tally, 38), (Tally, 39)])
+
+
+def test_a_key_carried_by_an_absorbed_change_set_is_found_without_waiting_for_its_apply(
+    engine: Engine, callbacks: CommandCallbacks
+) -> None:
+    """A request's key carried by a change-set this instance absorbed but has not applied yet is
+    found already applied from the cache's state, with no wait for the apply; a key absorbed
+    before the database's mark is the database's to tell (docs/design/sql.md "Idempotency keys")."""
+    pid = _cached_at_one(callbacks, 33)  # tally 33 = 2, cached at 1; tally 37 in the same partition
+    cache = callbacks.entity_cache
+    assert cache is not None
+    _commit(callbacks, Add(callbacks, 37), 2)  # tally 37 cached too
+    first = _payload_transaction(Keyed(callbacks, 33, key="order-1"), 3)
+    callbacks.absorb_transactions([first])  # absorbed, not applied
+    assert cache.keys_carried(pid, ["order-1", "order-2"], after=2) == {"order-1": 3}
+    assert cache.keys_carried(pid, ["order-1"], after=3) == {}  # at or before the mark: the database's
+    again = Keyed(callbacks, 37, key="order-1")
+    again.checks_idempotency_key = True
+    statements = Statements(engine)
+    builder = TransactionBuilder(-1)
+    again.partition_id(NUM_PARTITIONS)
+    assert statements.during(lambda: again.execute(builder)) > 0  # one snapshot: the mark and the key
+    assert builder.dropped_outcome(pid).already_applied
+    assert builder.dropped_outcome(pid).transaction_id == 3
+    assert callbacks.high_water_marks()[pid] == 2, "the attempt waited for the apply"
+    callbacks.apply_transaction(first)
+    assert _read(engine, 33) == 3
+    cache.drop_rows(pid)  # emptied (a failed apply, say): the cache no longer vouches for its keys
+    assert cache.keys_carried(pid, ["order-1"], after=2) is None

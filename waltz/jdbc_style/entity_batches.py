@@ -42,6 +42,7 @@ from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.entity_cache import Kinds, column_kinds, exact_row
 from waltz.jdbc_style.entity_context import (
     CHANGED_IN_BATCH,
+    CachedSnapshot,
     EntityTransaction,
     EntityTransactionContext,
     NotBatchableError,
@@ -226,10 +227,12 @@ class _Batch(TransactionContext):
         of every key, :func:`~waltz.jdbc_style.idempotency.find_idempotency_keys`)."""
         if not self._keyed:
             return []
-        callbacks = self._keyed[0][0].context.callbacks
-        found = find_idempotency_keys(
-            snapshot.connection, cluster_name=callbacks.cluster_name, keys=[key for _, key in self._keyed]
-        )
+        keys = [key for _, key in self._keyed]
+        if isinstance(snapshot, CachedSnapshot):  # the cache's keys: no wait for the applies
+            found = snapshot.applied_keys(keys)
+        else:
+            callbacks = self._keyed[0][0].context.callbacks
+            found = find_idempotency_keys(snapshot.connection, cluster_name=callbacks.cluster_name, keys=keys)
         return [(member, found[key]) for member, key in self._keyed if key in found]
 
     def _defer(self, member: _Member) -> None:

@@ -196,7 +196,7 @@ def _unknown(entry: Any) -> bool:
 
 
 class _Partition:
-    __slots__ = ("complete_from", "hits", "lock", "misses", "pending", "position", "resets", "rows")
+    __slots__ = ("complete_from", "hits", "keys", "lock", "misses", "pending", "position", "resets", "rows")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -207,6 +207,8 @@ class _Partition:
         self.rows: dict[Key, tuple[Any, ...] | None] = {}
         # Change-set -> the keys it left pending (a change-set with an idempotency key).
         self.pending: dict[Member, list[Key]] = {}
+        # Idempotency key -> the first transaction since ``complete_from`` that carried it.
+        self.keys: dict[str, int] = {}
         self.hits = self.misses = self.resets = 0  # counted under the lock
 
     def empty(self, position: int | None) -> None:
@@ -214,6 +216,7 @@ class _Partition:
         reset when there were any (under the lock)."""
         self.complete_from = position
         self.pending = {}
+        self.keys = {}
         if self.rows:
             self.resets += 1
             self.rows = {}
@@ -496,8 +499,29 @@ class EntityCache:
             ):
                 partition.empty(last)
             partition.position = last
-            if len(partition.rows) > self.max_entries:
+            if len(partition.rows) > self.max_entries or len(partition.keys) > self.max_entries:
                 partition.empty(last)
+
+    def keys_carried(self, partition_id: int, keys: Iterable[str], after: int) -> dict[str, int] | None:
+        """The idempotency keys among ``keys`` that a change-set absorbed after transaction
+        ``after`` carried: key -> the first such transaction. None when the cache cannot say (it
+        has not followed every change-set after ``after``: not started, or emptied since).
+
+        A read of ``waltz_idempotency_keys`` at the partition's mark ``after`` and these keys
+        together tell which keys are recorded as of the cache's position, without waiting for
+        this instance's applies to reach it (docs/design/sql.md "The entity cache")."""
+        partition = self._partition(partition_id)
+        with partition.lock:
+            since = partition.complete_from
+            if partition.position is None or since is None or after < since:
+                return None
+            carried = partition.keys
+            found: dict[str, int] = {}
+            for key in keys:
+                transaction_id = carried.get(key)
+                if transaction_id is not None and transaction_id > after:
+                    found[key] = transaction_id
+            return found
 
     def settle(self, partition_id: int, outcomes: Mapping[Member, bool]) -> None:
         """The applies of change-sets with an idempotency key committed: ``outcomes`` maps each
@@ -526,6 +550,7 @@ class EntityCache:
         it carries an idempotency key); False when one cannot be placed."""
         rows: dict[Key, Any] = partition.rows
         if change_set.idempotency_key is not None:
+            partition.keys.setdefault(change_set.idempotency_key, member[0])
             touched: list[Key] = []
             placed = self._follow_rows(rows, change_set, touched)
             keys = list(dict.fromkeys(touched))  # a key changed twice is pending once

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar, overload
 
 from sqlalchemy import Connection
@@ -47,7 +47,7 @@ from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, 
 from waltz.jdbc_style.changeset_callbacks import ChangeSetCallbacks
 from waltz.jdbc_style.entities import EntityInfo, rows_by_model
 from waltz.jdbc_style.entity_cache import MISSING, EntityCache
-from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key
+from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key, find_idempotency_keys
 from waltz.jdbc_style.mark_snapshot import MarkSnapshot
 from waltz.jdbc_style.prefetch import Prefetched
 
@@ -248,8 +248,12 @@ class EntityTransaction:
         """Where a request key was applied, as of the snapshot (None: not applied at the mark).
 
         A request may still be in flight (submitted, not yet applied): setting
-        :attr:`idempotency_key` covers that case at apply time.
+        :attr:`idempotency_key` covers that case at apply time. Read from the entity cache's
+        state, it needs no wait for this instance's applies (:meth:`CachedSnapshot.applied_keys`).
         """
+        snapshot = self._snapshot
+        if isinstance(snapshot, CachedSnapshot):
+            return snapshot.applied_keys([idempotency_key]).get(idempotency_key)
         return find_idempotency_key(
             self._snapshot.connection, cluster_name=self._callbacks.cluster_name, key=idempotency_key
         )
@@ -485,6 +489,29 @@ class CachedSnapshot:
             rows = overlaid[1]
         self.prefetched.update(rows)
         return rows
+
+    def applied_keys(self, keys: Sequence[str]) -> dict[str, AppliedRequest]:
+        """Where each of ``keys`` was applied, as of :attr:`high_water_mark` (the keys not
+        applied are absent), without waiting for this instance's applies to reach it when the
+        entity cache can say which keys the change-sets it absorbed since the database's mark
+        carried (``EntityCache.keys_carried``): one snapshot reads the partition's mark and the
+        keys, and a key carried after that mark was applied by its carrier, or before it
+        (docs/design/sql.md "Idempotency keys"). Otherwise, through :attr:`connection`.
+
+        Raises:
+            ValueError: a key is empty or longer than the column allows.
+        """
+        cluster = self._callbacks.cluster_name
+        if self._snapshot is None:
+            with self._callbacks.snapshot(self.partition_id) as database:
+                mark = database.high_water_mark
+                found = find_idempotency_keys(database.connection, cluster_name=cluster, keys=keys)
+            carried = self._cache.keys_carried(self.partition_id, keys, mark)
+            if carried is not None:
+                for key, transaction_id in carried.items():
+                    found.setdefault(key, AppliedRequest(self.partition_id, transaction_id))
+                return found
+        return find_idempotency_keys(self.connection, cluster_name=cluster, keys=keys)
 
     def _database(self) -> MarkSnapshot:
         if self._snapshot is None:
