@@ -14,6 +14,7 @@ import ast
 from pathlib import Path
 
 import pytest
+import support
 
 PACKAGE = Path(__file__).resolve().parents[1] / "waltz"
 
@@ -34,7 +35,7 @@ ALLOWED = {
 
 def private_reads(source: str) -> list[tuple[int, str, str]]:
     """``(line, attribute, expression)`` of each read of a private attribute defined elsewhere."""
-    tree = ast.parse(source)
+    tree = support.parse_python(source)
     defined: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import support
 
 from waltz_examples.wallet import models
 
@@ -51,8 +52,8 @@ def test_the_guide_s_rules_are_the_example_s() -> None:
     blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.DOTALL)
     page = [block for block in blocks if "class Withdraw(EntityTransactionContext)" in block]
     assert len(page) == 1, "the page's block of the entities and their rules"
-    shown = _members(ast.parse(page[0]))
-    example = _members(ast.parse(inspect.getsource(models)))
+    shown = _members(support.parse_python(page[0]))
+    example = _members(support.parse_python(inspect.getsource(models)))
     compared = ["Wallet.columns", "Deposit.__init__", "Deposit.run", "Withdraw.__init__", "Withdraw.run"]
     for name in compared:
         assert shown.get(name) == example.get(name), f"{name} differs between {GUIDE.name} and models.py"

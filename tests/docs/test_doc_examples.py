@@ -29,7 +29,6 @@ a closing line of the same character, at least as long, with nothing after it.
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import inspect
 import re
@@ -136,7 +135,7 @@ def run_example(example: DocExample, config: pytest.Config) -> dict[str, object]
     name is the page's path, so tracebacks show the page.
     """
     source = "\n" * example.line + example.source
-    tree = ast.parse(source, filename=str(example.path))
+    tree = support.parse_python(source, filename=str(example.path))
     rewrite_asserts(tree, source.encode(), str(example.path), config)
     code = compile(tree, str(example.path), "exec", dont_inherit=True)
     stem = re.sub(r"\W", "_", example.path.stem)

@@ -9,10 +9,12 @@ Import as ``import support`` (``tests`` is on ``pythonpath`` in pyproject.toml).
   all killed at teardown.
 - :func:`add_failure_logs`: attach log tails to a failing test's report.
 - :func:`pid_is_alive`: whether a PID is a live (not zombie) process.
+- :func:`parse_python`: ``ast.parse``, past CPython 3.11's spurious "recursion depth mismatch".
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import os
 import re
@@ -28,6 +30,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import NullPool
+from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from waltz.local.cluster import LocalCluster
 from waltz.local.options import ProcessOptions, SecurityOptions
@@ -42,6 +45,7 @@ __all__ = [
     "add_failure_logs",
     "healed_cluster",
     "in_ci",
+    "parse_python",
     "pid_is_alive",
     "pid_state",
     "safe_name",
@@ -72,6 +76,27 @@ async def settle(condition: Callable[[], bool], what: str, timeout: float = 1.0)
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.001)
+
+
+def _ast_state_race(exc: BaseException) -> bool:
+    return isinstance(exc, SystemError) and "recursion depth mismatch" in str(exc)
+
+
+def parse_python(source: str, filename: str = "<unknown>") -> ast.Module:
+    """``ast.parse(source, filename)``, tried up to three times when it raises CPython 3.11's
+    spurious ``SystemError: AST constructor recursion depth mismatch`` (the interpreter's AST
+    state is shared by its threads and a failed construction left it off, CPython gh-106905,
+    fixed in 3.12): the source is not at fault, and a second parse succeeds.
+
+    Raises:
+        SyntaxError: the source does not parse.
+    """
+    for attempt in Retrying(
+        retry=retry_if_exception(_ast_state_race), stop=stop_after_attempt(3), reraise=True
+    ):
+        with attempt:
+            return ast.parse(source, filename=filename)
+    raise AssertionError("unreachable: Retrying re-raises the last error")
 
 
 def unique_suffix() -> str:
