@@ -27,7 +27,7 @@ from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.jdbc_style.schema import idempotency_keys
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
-from waltz.spark.decoders import decode_changes
+from waltz.spark.decoders import CHANGES_SCHEMA, decode_changes
 from waltz.spark.errors import RebuildError
 from waltz.spark.rebuild import LogSource, compute_views, rebuild
 from waltz.spark.snapshot import (
@@ -39,6 +39,8 @@ from waltz.spark.snapshot import (
     read_manifest,
     rows_as_changes,
     snapshot_entity_rows,
+    snapshot_keys,
+    snapshot_table,
     verify_snapshot,
     write_snapshot,
 )
@@ -281,6 +283,37 @@ def test_spark_renders_snapshot_rows_as_the_decoders_do(spark: Any, history: His
         native = _change_rows(rows_as_changes(rows, info))
         assert native == _change_rows(rows_as_changes(rows, info, python=True)), info.name
         assert len(native) == entry.rows
+
+
+def test_the_snapshot_files_are_read_without_a_spark_job_for_their_schema(
+    spark: Any, history: History
+) -> None:
+    """The files' footers give Spark their schemas, the ones its own inference gives, without
+    the inference's Spark job per file (a fixed cost of every rebuild from a snapshot)."""
+    location = str(history.snapshot)
+    manifest = read_manifest(location)
+    context = spark.sparkContext
+    group = "snapshot-file-schemas"
+    context.setJobGroup(group, "reading a snapshot's files")
+    try:
+        frames = {
+            table.name: snapshot_table(spark, location, manifest, table) for table in LEDGER_VIEWS.tables
+        }
+        frames["waltz_idempotency_keys"] = snapshot_keys(spark, location, manifest)
+        split = snapshot_entity_rows(
+            spark, location, manifest, LEDGER_VIEWS, spark.createDataFrame([], CHANGES_SCHEMA)
+        )
+        jobs = context.statusTracker().getJobIdsForGroup(group)
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    assert jobs == [], f"{len(jobs)} Spark jobs ran before any row was asked for"
+    assert split.untouched, "no entity file was read"
+    for name, frame in frames.items():
+        entry = manifest.table(name) or manifest.idempotency_keys
+        assert frame is not None, name
+        assert frame.schema == spark.read.parquet(str(history.snapshot / entry.file)).schema, name
+    for frame in split.cached:
+        frame.unpersist()
 
 
 def test_a_loaded_snapshot_lets_a_new_instance_resume_from_its_marks(

@@ -61,6 +61,7 @@ __all__ = [
     "load_snapshot",
     "open_location",
     "read_manifest",
+    "read_snapshot_file",
     "rows_as_changes",
     "snapshot_entity_rows",
     "verify_snapshot",
@@ -713,6 +714,57 @@ def spark_path(location: str, file: str) -> str:
     return str(Path(location).expanduser().resolve() / file)
 
 
+def _inferred_alike(arrow: pa.DataType) -> bool:
+    """Whether Spark's Parquet schema inference reads an Arrow type of a snapshot file as
+    ``from_arrow_schema`` converts it (times and nanosecond timestamps are left to the inference)."""
+    import pyarrow as pa
+
+    return (
+        (pa.types.is_timestamp(arrow) and arrow.unit in ("ms", "us"))
+        or pa.types.is_int64(arrow)
+        or pa.types.is_boolean(arrow)
+        or pa.types.is_string(arrow)
+        or pa.types.is_float64(arrow)
+        or pa.types.is_binary(arrow)
+        or pa.types.is_date32(arrow)
+        or pa.types.is_decimal128(arrow)
+    )
+
+
+def read_snapshot_file(spark: Any, location: str, file: str) -> Any:
+    """A snapshot's Parquet file as a DataFrame, its schema read from the file's footer here.
+
+    Spark's own schema inference runs a Spark job per file read; the footer, read with pyarrow
+    where the driver runs, gives the same schema without one (docs/design/spark.md "Snapshots").
+    A file with a column type the inference could read otherwise (times, nanosecond timestamps)
+    is left to the inference.
+
+    Args:
+        spark: the Spark session.
+        location: the snapshot (a directory or a URL ``pyarrow.fs`` opens).
+        file: the file's name in the snapshot (``SnapshotFile.file``).
+
+    Returns:
+        A DataFrame of the file's columns.
+
+    Raises:
+        SnapshotError: the location cannot be opened.
+        OSError: the file cannot be read.
+    """
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    filesystem, root = open_location(location)
+    with filesystem.open_input_file(posixpath.join(root, file)) as stream:
+        schema = pq.ParquetFile(stream).schema_arrow
+    reader = spark.read
+    if all(_inferred_alike(f.type) for f in schema):
+        # A timestamp without a time zone is read as TIMESTAMP_NTZ unless the session says not.
+        ntz = str(spark.conf.get("spark.sql.parquet.inferTimestampNTZ.enabled", "true")).lower() == "true"
+        reader = reader.schema(from_arrow_schema(schema, prefer_timestamp_ntz=ntz))
+    return reader.parquet(spark_path(location, file))
+
+
 @dataclass(frozen=True)
 class SnapshotEntityRows:
     """A snapshot's entity rows, split by whether the log after its marks touches them.
@@ -779,7 +831,7 @@ def snapshot_entity_rows(
             continue
         by_column = {prop.columns[0].name: prop.key for prop in info.mapper.column_attrs}
         column_of = {attribute: name for name, attribute in by_column.items()}
-        rows = spark.read.parquet(spark_path(location, entry.file))
+        rows = read_snapshot_file(spark, location, entry.file)
         ours = after.where(F.col("entity") == info.name)
         flags = []
         for index, key in enumerate(dict.fromkeys([tuple(info.key), tuple(info.primary_key)])):
@@ -901,10 +953,10 @@ def rows_as_changes(rows: Any, info: EntityInfo, *, python: bool = False) -> Any
 
 def snapshot_keys(spark: Any, location: str, manifest: SnapshotManifest) -> Any:
     """The snapshot's idempotency key rows (``waltz_idempotency_keys`` columns)."""
-    return spark.read.parquet(spark_path(location, manifest.idempotency_keys.file))
+    return read_snapshot_file(spark, location, manifest.idempotency_keys.file)
 
 
 def snapshot_table(spark: Any, location: str, manifest: SnapshotManifest, table: Table) -> Any | None:
     """A table of the snapshot as a DataFrame, or None when the snapshot lacks it."""
     entry = manifest.table(table.name)
-    return None if entry is None else spark.read.parquet(spark_path(location, entry.file))
+    return None if entry is None else read_snapshot_file(spark, location, entry.file)
