@@ -56,10 +56,12 @@ __all__ = [
     "ChangeSetVersionError",
     "Operation",
     "RowChange",
+    "batch_data",
     "decode_members",
     "decode_value",
     "encode_members",
     "encode_value",
+    "member_data",
 ]
 
 #: Transaction header of change-set transactions ("WCS1" as a big-endian 32-bit integer).
@@ -227,8 +229,24 @@ class ChangeSetBatch:
                 f"a batch holds at least two change-sets, not {len(self.members)} (write one "
                 "change-set with ChangeSet.encode, in the form every reader reads)"
             )
-        documents = [member._document()[0] for member in self.members]
-        return _dumps({"v": FORMAT_VERSION_BATCH, "members": documents})
+        return batch_data([member_data(member) for member in self.members])
+
+
+def member_data(change_set: ChangeSet) -> bytes:
+    """A change-set as a member of a batch: its fields (``ops``, ``idempotency_key``, ``meta``)
+    without ``"v"``, as :func:`batch_data` joins them.
+
+    Raises:
+        ChangeSetFormatError: a value cannot be encoded.
+    """
+    return _dumps(change_set._document()[0])
+
+
+def batch_data(members: Sequence[bytes]) -> bytes:
+    """The transaction data of a batch (form 3) from its members' :func:`member_data`, in order:
+    the JSON ``{"members": [...], "v": 3}`` with sorted keys, joined without encoding any member
+    again."""
+    return b'{"members":[' + b",".join(members) + b'],"v":' + str(FORMAT_VERSION_BATCH).encode() + b"}"
 
 
 def encode_members(members: Sequence[ChangeSet]) -> bytes:

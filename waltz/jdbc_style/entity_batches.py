@@ -36,7 +36,7 @@ from waltz.client.locks import PartitionLocalLock
 from waltz.client.outcome import Outcome, OutcomeKind
 from waltz.client.submission import APPEND_OVERHEAD_BYTES, LOCK_HASH_BYTES
 from waltz.errors import ClientClosedError
-from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, encode_members
+from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, batch_data, member_data
 from waltz.jdbc_style.changeset_callbacks import EXACT_STRING_DIALECTS, ChangeSetCallbacks
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.entity_cache import Kinds, column_kinds, exact_row
@@ -91,6 +91,7 @@ class _Batch(TransactionContext):
         self.appended: list[_Member] = list(members)
         self.deferred: list[_Member] = []  # those left for after this batch
         self._keyed: list[tuple[_Member, str]] = []  # the last pass's members with a key to check
+        self._member_data: list[bytes] = []  # the last pass's members, encoded (member_data)
         first = members[0].context
         self.reads_absorbed_state = first.reads_absorbed_state
         self._num_partitions = batcher.client.num_partitions
@@ -142,7 +143,9 @@ class _Batch(TransactionContext):
             return False
         builder.set_client_high_water_mark(mark)
         builder.set_header(CHANGE_SET_HEADER)
-        builder.set_raw_data(encode_members(change_sets))
+        # Each member was encoded once, while its size was counted: the batch joins those bytes.
+        data = change_sets[0].encode() if len(change_sets) == 1 else batch_data(self._member_data)
+        builder.set_raw_data(data)
         builder.set_write_locks(list(write_locks))
         builder.set_read_locks([lock for lock in read_locks if lock not in write_locks])
         return True
@@ -161,6 +164,7 @@ class _Batch(TransactionContext):
         read_locks: dict[PartitionLocalLock, None] = {}
         write_locks: dict[PartitionLocalLock, None] = {}
         self._keyed = []
+        self._member_data = []
         for member in members:
             context = member.context
             if first is None or context.callbacks is not first.callbacks:  # another database
@@ -193,7 +197,8 @@ class _Batch(TransactionContext):
                 self._defer(member)
                 continue
             try:
-                data = len(change_set.encode()) + LOCK_HASH_BYTES * (len(tx.write_locks) + len(tx.read_locks))
+                encoded = member_data(change_set)
+                data = len(encoded) + LOCK_HASH_BYTES * (len(tx.write_locks) + len(tx.read_locks))
                 if key is not None and not 0 < len(key) <= IDEMPOTENCY_KEY_LENGTH:
                     raise ValueError(
                         f"an idempotency key has 1..{IDEMPOTENCY_KEY_LENGTH} characters, got {len(key)}"
@@ -211,6 +216,7 @@ class _Batch(TransactionContext):
                 self._defer(member)
                 continue
             size += data
+            self._member_data.append(encoded)
             if key is not None:
                 keys.add(key)
                 if context.checks_idempotency_key:

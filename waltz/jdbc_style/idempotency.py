@@ -109,14 +109,9 @@ def record_idempotency_keys(
             for key in distinct
         ],
     )
-    c = idempotency_keys.c
-    rows = conn.execute(
-        select(c.idempotency_key, c.partition_id, c.transaction_id).where(
-            (c.cluster_name == cluster_name) & c.idempotency_key.in_(distinct)
-        )
-    )
-    where = {str(key): (int(pid), int(tid)) for key, pid, tid in rows}
-    return {key: where.get(key) == (partition_id, transaction_id) for key in distinct}
+    where = find_idempotency_keys(conn, cluster_name=cluster_name, keys=distinct)
+    this = AppliedRequest(partition_id, transaction_id)
+    return {key: where.get(key) == this for key in distinct}
 
 
 def find_idempotency_keys(
