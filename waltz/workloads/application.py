@@ -232,9 +232,9 @@ class SmallBankApplication(Protocol):
     def applied_transactions(self, engine: Engine) -> Mapping[int, Collection[int | tuple[int, int]]]:
         """The log transactions the database applied, by partition, from the application's own
         record of each apply (for the check that each was applied exactly once): a transaction
-        ID per apply, or a ``(transaction ID, member)`` pair per applied change-set when the
-        application records the members of a batch (docs/design/sql.md "Batched change-sets";
-        a bare ID counts as member 0)."""
+        ID per applied transaction, or a ``(transaction ID, member)`` pair per applied
+        change-set when the application records the members of a batch (docs/design/sql.md
+        "Batched change-sets"; the check then compares them with the log's members)."""
         ...
 
     def invariants(self) -> Invariants:

@@ -246,8 +246,10 @@ def applied_once_check(
     Args:
         server_marks: partition -> the servers' high-water mark.
         applied: partition -> the applies recorded
-            (:meth:`~waltz.workloads.application.SmallBankApplication.applied_transactions`): a
-            transaction ID (member 0) or a ``(transaction ID, member)`` pair per apply.
+            (:meth:`~waltz.workloads.application.SmallBankApplication.applied_transactions`):
+            ``(transaction ID, member)`` pairs, one per applied change-set, compared with the
+            log's members; or, from an application that records its applies by transaction,
+            bare transaction IDs, one per transaction whatever members it carries.
         members: partition -> {transaction ID: the member indexes the live apply applies}, for
             the transactions where that is not ``(0,)`` (:attr:`LogTally.members`).
 
@@ -255,10 +257,11 @@ def applied_once_check(
         The check; its detail names, per partition that differs, the first pairs missing and
         the first applied too often or never in the log.
     """
+    by_member = any(isinstance(a, tuple) for records in applied.values() for a in records)
     wrong: dict[int, str] = {}
     total = batched = 0
     for p, mark in sorted(server_marks.items()):
-        batches = members.get(p, {})
+        batches = members.get(p, {}) if by_member else {}
         expected = Counter((t, member) for t in range(mark + 1) for member in batches.get(t, (0,)))
         total += sum(expected.values())
         batched += len(batches)
