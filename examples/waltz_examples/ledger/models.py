@@ -164,7 +164,9 @@ applied_transactions = Table(
     Column("transaction_id", BigInteger, nullable=False),
     Column("op", String(24), nullable=False),
     Column("delta", BigInteger, nullable=False),
-    Column("member", Integer, nullable=False, default=0, server_default="0"),  # migration ledger_0004
+    # Added by ledger_0004; no Python default, so that an insert without it leaves it out (an
+    # earlier release's table has no such column) and the server fills it.
+    Column("member", Integer, nullable=False, server_default="0"),
     PrimaryKeyConstraint("partition_id", "transaction_id", "member", name="pk_ledger_applied_transactions"),
 )
 

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, insert
+from sqlalchemy import Engine, column, insert, table
 from sqlalchemy.orm import Session
 
 from waltz import Outcome as SubmitOutcome
@@ -52,8 +52,13 @@ __all__ = ["LedgerCallbacks", "LedgerService", "Outcome", "prepare_database"]
 
 log = logging.getLogger(__name__)
 
-#: The record of an applied transaction, built once: staged, a group's records go in one INSERT.
+#: The record of an applied change-set, built once: staged, a group's records go in one INSERT.
 RECORD_APPLIED = insert(applied_transactions)
+#: The record of an earlier release, whose table has no ``member`` (``releases.py``): the columns
+#: it has, and nothing the server fills read back.
+RECORD_APPLIED_BY_TRANSACTION = insert(
+    table(applied_transactions.name, *(column(c) for c in ("partition_id", "transaction_id", "op", "delta")))
+)
 
 
 class LedgerCallbacks(ChangeSetCallbacks):
@@ -75,6 +80,7 @@ class LedgerCallbacks(ChangeSetCallbacks):
         kwargs.setdefault("entity_cache", True)
         super().__init__(engine, **kwargs)
         self.records_members = records_members
+        self._record = RECORD_APPLIED if records_members else RECORD_APPLIED_BY_TRANSACTION
 
     def apply_change_set(self, change_set: ChangeSet, transaction: Transaction, session: Session) -> None:
         super().apply_change_set(change_set, transaction, session)
@@ -87,9 +93,9 @@ class LedgerCallbacks(ChangeSetCallbacks):
         if self.records_members:
             record["member"] = self.member_index(transaction)
         if isinstance(session, ApplySession):  # with the group's other writes (docs/sql.md)
-            session.stage(RECORD_APPLIED, record)
+            session.stage(self._record, record)
         else:
-            session.execute(RECORD_APPLIED, record)
+            session.execute(self._record, record)
 
 
 def prepare_database(url_or_engine: str | Engine, release: LedgerRelease = CURRENT) -> Engine:
