@@ -258,3 +258,21 @@ def test_a_workload_over_partition_routed_instances_submits_each_transaction_to_
         wait_until(lambda: pending_transfers(first.engine) == 0, timeout=60, what="every transfer to end")
     with pytest.raises(ValueError, match=r"partitions \[5\] do not exist"):
         LedgerService(url, prepare=False, partitions=[5], **where)
+
+
+def test_smallbank_batched_applies_each_member_once(postgres_url: str) -> None:
+    """``--batch``: the instances' SmallBank transactions on a few hot accounts go as batched log
+    transactions (docs/sql.md "Batching entity transactions"); the report counts the batches and
+    what they carried, and every check passes, each (transaction, member) applied once among them."""
+    args = ["--local", "--instances", "2", "--transactions", "300", "--accounts", "4", "--json"]
+    result = run_cli(*args, "--batch", "--db", postgres_url)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    report = json.loads(result.stdout)
+    assert_report(report, instances=2, draws=300)
+    assert report["settings"]["batch"] is True
+    batches = report["batches"]
+    assert batches["batches"] > 0 and batches["members"] > batches["batches"], batches
+    assert sum(f["batches"]["batches"] for f in report["per_instance"]) == batches["batches"]
+    name = "every (transaction, member) applied exactly once"
+    once = next(c for c in report["checks"] if c["name"] == name)
+    assert "batches)" in once["detail"], once

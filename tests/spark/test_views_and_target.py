@@ -384,3 +384,79 @@ def test_a_log_of_batches_is_rebuilt_as_the_live_apply_applies_it(spark: Any, tm
     # The row changes of a batch are numbered on across its members, in order.
     indices = [(r.transaction_id, r.op_index) for r in changes.where("transaction_id = 2").collect()]
     assert sorted(indices) == [(2, 0), (2, 1), (2, 2)]
+
+
+def _ledger_set(custid: int, balance: int, delta: int, insert: bool = False) -> ChangeSet:
+    """A ledger change-set: custid's checking set to ``balance``, ``delta`` in its meta."""
+    change = RowChange(
+        Operation.INSERT if insert else Operation.UPDATE,
+        "ledger.checking",
+        {"custid": custid},
+        {"custid": custid, "balance": balance},
+    )
+    return ChangeSet([change], meta={"op": "deposit", "delta": delta})
+
+
+def test_a_ledger_log_of_batches_is_rebuilt_as_the_live_apply_records_it(spark: Any, tmp_path: Any) -> None:
+    """Forms 1 and 3 (docs/design/sql.md "Batched change-sets"): ``ledger_applied_transactions``
+    rebuilt from the change rows holds one row per (transaction, member), as
+    ``LedgerCallbacks`` records it live; a member without row changes keeps its row."""
+    from waltz_examples.ledger.models import Checking, applied_transactions
+    from waltz_examples.ledger.service import LedgerCallbacks
+    from waltz_examples.ledger.views import VIEWS as LEDGER_VIEWS
+
+    entries = [
+        (0, 0, _ledger_set(1, 100, 100, insert=True).encode()),
+        (0, 1, ChangeSetBatch([_ledger_set(1, 110, 10), _ledger_set(1, 130, 20)]).encode()),
+        (
+            0,
+            2,
+            ChangeSetBatch(
+                [
+                    _ledger_set(1, 131, 1),
+                    ChangeSet([], meta={"op": "noop", "delta": 0}),
+                    _ledger_set(1, 134, 3),
+                ]
+            ).encode(),
+        ),
+        (1, 0, _ledger_set(2, 5, 5, insert=True).encode()),
+    ]
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    engine = create_framework_engine(url)
+    LEDGER_VIEWS.prepare(engine)
+    live = LedgerCallbacks(engine, cluster_name="ledger", registry=LEDGER_VIEWS.entities)
+    for p, t, data in entries:
+        live.apply_transaction(Transaction(p, t, ReqId(7, 1, p, t), CHANGE_SET_HEADER, None, data))
+    with engine.connect() as conn:
+        applied = {tuple(r) for r in conn.execute(select(*applied_transactions.columns))}
+        balances = {tuple(r) for r in conn.execute(select(Checking.custid, Checking.balance))}
+    engine.dispose()
+    assert applied == {
+        (0, 0, "deposit", 100, 0),
+        (0, 1, "deposit", 10, 0),
+        (0, 1, "deposit", 20, 1),
+        (0, 2, "deposit", 1, 0),
+        (0, 2, "noop", 0, 1),
+        (0, 2, "deposit", 3, 2),
+        (1, 0, "deposit", 5, 0),
+    }
+    assert balances == {(1, 134), (2, 5)}
+
+    log = spark.createDataFrame([(p, t, CHANGE_SET_HEADER, 7, 1, p, t, d) for p, t, d in entries], LOG_SCHEMA)
+    changes = decode_changes(log, LEDGER_VIEWS.decoders)
+    tables = LEDGER_VIEWS.build(changes, log)
+    rebuilt = {tuple(r) for r in tables[applied_transactions.name].collect()}
+    assert [c.name for c in applied_transactions.columns] == tables[applied_transactions.name].columns
+    assert rebuilt == applied
+    assert {(r.custid, r.balance) for r in tables[Checking.__tablename__].collect()} == balances
+    # Each change row carries its member's place; forms 1 and 2 give member 0.
+    members = {(r.partition_id, r.transaction_id, r.op_index, r.member) for r in changes.collect()}
+    assert members == {
+        (0, 0, 0, 0),
+        (0, 1, 0, 0),
+        (0, 1, 1, 1),
+        (0, 2, 0, 0),
+        (0, 2, -1, 1),
+        (0, 2, 1, 2),
+        (1, 0, 0, 0),
+    }

@@ -268,6 +268,17 @@ def smallbank(
             ),
         ),
     ] = True,
+    batch: Annotated[
+        bool,
+        typer.Option(
+            "--batch/--no-batch",
+            help=(
+                "The instances submit through an EntityBatcher: SmallBank transactions ready for a "
+                "partition while its last log transaction is in flight go together as one "
+                '(docs/sql.md "Batching entity transactions"). --no-batch: one log transaction each.'
+            ),
+        ),
+    ] = False,
     rate: Annotated[
         float | None,
         typer.Option(
@@ -375,6 +386,7 @@ def smallbank(
             timeout=timeout,
             partition_routing=partition_routing,
             entity_cache=entity_cache,
+            batch=batch,
             rate=rate,
             warm_up=warm_up,
             app=app_module,

@@ -3,7 +3,8 @@
 Source: docs/design/spark.md "Computing views"; ``docs/sql.md`` ("Change-set format"), decoded with
 :class:`waltz.jdbc_style.ChangeSet`. A row change becomes one row of :data:`CHANGES_SCHEMA`:
 
-``partition_id, transaction_id, op_index`` (position in the log), ``header``, ``entity``, ``operation``
+``partition_id, transaction_id, op_index`` (position in the log), ``member`` (the change-set's place in
+a batch, 0 outside one), ``header``, ``entity``, ``operation``
 (``insert``/``update``/``delete``), ``key`` (canonical JSON text of the key, for grouping),
 ``key_values`` and ``values`` (``map<string,string>``: every value rendered as text, see
 :func:`render_value`, cast to the column's type by :mod:`waltz.spark.views`), ``meta`` (the
@@ -41,7 +42,8 @@ __all__ = ["CHANGES_SCHEMA", "CommandDecoder", "DecoderRegistry", "decode_change
 
 #: The schema of decoded row changes (Spark DDL).
 CHANGES_SCHEMA = (
-    "partition_id INT, transaction_id BIGINT, header INT, op_index INT, entity STRING, operation STRING, "
+    "partition_id INT, transaction_id BIGINT, header INT, op_index INT, member INT, entity STRING, "
+    "operation STRING, "
     "key STRING, "
     "key_values MAP<STRING, STRING>, `values` MAP<STRING, STRING>, meta STRING, idempotency_key STRING"
 )
@@ -152,7 +154,7 @@ def _decode_one(
     rows: list[tuple[Any, ...]] = []
     index = 0  # the row changes of a batch's members are numbered on, in order
     keys: set[str] = set()
-    for change_set in members:
+    for member, change_set in enumerate(members):  # member: as ChangeSetCallbacks.member_index
         key = change_set.idempotency_key
         if key is not None:
             if key in keys:
@@ -162,13 +164,14 @@ def _decode_one(
         meta = json.dumps(dict(change_set.meta), sort_keys=True) if change_set.meta else None
         if not change_set.changes:
             # A change-set without row changes still carries its meta (applications may count it).
-            empty: tuple[Any, ...] = (-1, None, None, None, None, None, meta, key)
+            empty: tuple[Any, ...] = (-1, member, None, None, None, None, None, meta, key)
             rows.append(empty + ((None,) if check is not None else ()))
         for change in change_set.changes:
             key_values = _render_map(change.key)
             values = _render_map(change.values)
             row: tuple[Any, ...] = (
                 index,
+                member,
                 change.entity,
                 change.operation.value,
                 json.dumps(key_values, sort_keys=True, separators=(",", ":")),
@@ -206,8 +209,8 @@ def decode_changes(
 
     Returns:
         A DataFrame of :data:`CHANGES_SCHEMA`, then ``problem STRING`` when ``check`` is given; a
-        transaction without row changes gives one row with ``op_index`` -1 and null entity (so
-        its ``meta`` is kept).
+        change-set without row changes (a transaction, or a member of a batch) gives one row with
+        ``op_index`` -1 and null entity (so its ``meta`` is kept).
 
     Raises:
         ChangeSetFormatError: (when the job runs) a transaction could not be decoded.
@@ -216,8 +219,8 @@ def decode_changes(
 
     chosen = registry or DecoderRegistry()
     struct = (
-        "op_index INT, entity STRING, operation STRING, key STRING, key_values MAP<STRING, STRING>, "
-        "`values` MAP<STRING, STRING>, meta STRING, idempotency_key STRING"
+        "op_index INT, member INT, entity STRING, operation STRING, key STRING, "
+        "key_values MAP<STRING, STRING>, `values` MAP<STRING, STRING>, meta STRING, idempotency_key STRING"
     ) + (", problem STRING" if check is not None else "")
 
     def decode(pid: int, txid: int, header: int, data: bytes) -> list[tuple[Any, ...]]:

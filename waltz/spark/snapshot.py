@@ -926,6 +926,7 @@ def rows_as_changes(rows: Any, info: EntityInfo, *, python: bool = False) -> Any
         return rows.select(
             *position,
             F.lit(0).cast("int").alias("op_index"),
+            F.lit(0).cast("int").alias("member"),
             F.lit(entity).alias("entity"),
             F.lit("insert").alias("operation"),
             F.concat(*parts).alias("key"),
@@ -935,15 +936,15 @@ def rows_as_changes(rows: Any, info: EntityInfo, *, python: bool = False) -> Any
             F.lit(None).cast("string").alias("idempotency_key"),
         )
     struct = (
-        "op_index INT, entity STRING, operation STRING, key STRING, key_values MAP<STRING, STRING>, "
-        "`values` MAP<STRING, STRING>, meta STRING, idempotency_key STRING"
+        "op_index INT, member INT, entity STRING, operation STRING, key STRING, "
+        "key_values MAP<STRING, STRING>, `values` MAP<STRING, STRING>, meta STRING, idempotency_key STRING"
     )
 
     def change(row: Any) -> tuple[Any, ...]:
         values = {a: render_value(v) for a, v in zip(attributes, row, strict=True)}
         key_values = {k: values[k] for k in key_names}
         key = json.dumps(key_values, sort_keys=True, separators=(",", ":"))
-        return (0, entity, "insert", key, key_values, values, None, None)
+        return (0, 0, entity, "insert", key, key_values, values, None, None)
 
     udf = F.udf(change, f"STRUCT<{struct}>", useArrow=False)
     return rows.select(*position, udf(F.struct(*[F.col(c) for c in columns])).alias("c")).select(

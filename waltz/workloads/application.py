@@ -207,6 +207,7 @@ class SmallBankApplication(Protocol):
         sweep_interval: float | None,
         partitions: Collection[int] | None = None,
         entity_cache: bool = True,
+        batch: bool = False,
     ) -> SmallBankInstance:
         """Start an instance on a prepared database.
 
@@ -218,6 +219,9 @@ class SmallBankApplication(Protocol):
                 then moves on; None: it moves none.
             partitions: mount only these partitions (a partition-routed instance); None: all.
             entity_cache: keep entity rows as the applies leave them (docs/sql.md).
+            batch: submit through an ``EntityBatcher`` (docs/sql.md, "Batching entity
+                transactions"); passed only when true, so an application that does not batch
+                may leave it out.
         """
         ...
 
@@ -225,9 +229,12 @@ class SmallBankApplication(Protocol):
         """Cross-partition steps not finished yet (0: every transfer completed)."""
         ...
 
-    def applied_transactions(self, engine: Engine) -> Mapping[int, Collection[int]]:
+    def applied_transactions(self, engine: Engine) -> Mapping[int, Collection[int | tuple[int, int]]]:
         """The log transactions the database applied, by partition, from the application's own
-        record of each apply (for the check that each was applied exactly once)."""
+        record of each apply (for the check that each was applied exactly once): a transaction
+        ID per applied transaction, or a ``(transaction ID, member)`` pair per applied
+        change-set when the application records the members of a batch (docs/design/sql.md
+        "Batched change-sets"; the check then compares them with the log's members)."""
         ...
 
     def invariants(self) -> Invariants:

@@ -4,8 +4,10 @@ What the demo, ``waltz perf smallbank`` and ``waltz chaos --workload ledger`` ch
 transaction is applied (docs/design/overview.md, "Workloads"), in this order:
 
 - **database marks = server high-water marks**, per partition (the SQL framework's mark rows);
-- **every transaction applied exactly once**: the application's record of its applies holds
-  exactly the IDs 0..mark of each partition;
+- **every (transaction, member) applied exactly once**: the application's record of its applies
+  holds exactly the IDs 0..mark of each partition, a batched transaction's once per member it
+  carries as the log holds it (docs/design/sql.md "Batched change-sets": a member that repeats an
+  earlier member's idempotency key is skipped, and not counted);
 - **the log read from the start holds the same transactions**: a fresh client (no database)
   reads every partition up to the marks and counts them;
 - the application's own :class:`~waltz.workloads.application.Invariants`, which saw the
@@ -32,13 +34,14 @@ from waltz import WaltzClientCallbacks
 from waltz.client.config import WaltzClientConfig
 from waltz.client.reading import read_up_to
 from waltz.client.transaction import Transaction
-from waltz.jdbc_style import CHANGE_SET_HEADER, decode_members
+from waltz.jdbc_style import CHANGE_SET_HEADER, ChangeSet, decode_members
 from waltz.jdbc_style.schema import high_water_marks
 from waltz.workloads.application import Check, SmallBankApplication
 
 __all__ = [
     "Check",
     "LogTally",
+    "applied_once_check",
     "check_application",
     "database_marks_check",
     "read_log",
@@ -48,11 +51,14 @@ __all__ = [
 
 @dataclass
 class LogTally:
-    """What the log says: the number of transactions of each partition, and the number of row
-    changes of each entity written at each schema version (``{entity: {version: count}}``)."""
+    """What the log says: the number of transactions of each partition, the number of row
+    changes of each entity written at each schema version (``{entity: {version: count}}``), and
+    the members applied of each batched transaction (``{partition: {transaction ID: member
+    indexes}}``, only where they are not just ``(0,)``)."""
 
     transactions: dict[int, int] = field(default_factory=dict)
     schema_versions: dict[str, Counter[int]] = field(default_factory=dict)
+    members: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)
 
 
 class _Reader(WaltzClientCallbacks):
@@ -75,11 +81,15 @@ class _Reader(WaltzClientCallbacks):
         for t in transactions:
             metas: list[dict[str, Any]] = [{}]
             changes: tuple[tuple[str, int], ...] = ()
+            applied: tuple[int, ...] = (0,)
             if t.header == CHANGE_SET_HEADER:
                 members = decode_members(t.get_raw_data())
                 metas = [dict(member.meta) for member in members]  # a batch: each member's
                 changes = tuple((c.entity, c.schema_version) for m in members for c in m.changes)
+                applied = _applied_members(members)
             with self.lock:
+                if applied != (0,):
+                    self.tally.members.setdefault(t.partition_id, {})[t.transaction_id] = applied
                 for entity, version in changes:
                     self.tally.schema_versions.setdefault(entity, Counter())[version] += 1
                 self.tally.transactions[t.partition_id] = self.tally.transactions.get(t.partition_id, 0) + 1
@@ -90,6 +100,21 @@ class _Reader(WaltzClientCallbacks):
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
         raise RuntimeError(f"reading the log failed at {partition_id}:{transaction_id}") from exception
+
+
+def _applied_members(members: Sequence[ChangeSet]) -> tuple[int, ...]:
+    """The indexes of a transaction's members that the live apply applies: all but one that
+    repeats an earlier member's idempotency key (docs/design/sql.md "Batched change-sets")."""
+    keys: set[str] = set()
+    applied = []
+    for index, member in enumerate(members):
+        key = member.idempotency_key
+        if key is not None and key in keys:
+            continue
+        if key is not None:
+            keys.add(key)
+        applied.append(index)
+    return tuple(applied)
 
 
 def read_log(
@@ -110,7 +135,8 @@ def read_log(
         timeout: seconds the read may take.
 
     Returns:
-        The number of transactions of each partition.
+        The number of transactions of each partition, the row changes by entity and schema
+        version, and the members of each batched transaction.
     """
     tally = LogTally()
     read_up_to(_Reader(tally, observe), config, high_water_marks, timeout=timeout)
@@ -148,7 +174,7 @@ def check_application(
     tally = read_log(client_config, server_marks, observe=invariants.observe)
     checks = [
         _marks_check(server_marks, _database_marks(engine, cluster_name)),
-        _applied_once_check(server_marks, application.applied_transactions(engine)),
+        applied_once_check(server_marks, application.applied_transactions(engine), tally.members),
         _log_check(server_marks, tally),
         *invariants.checks(engine),
     ]
@@ -208,17 +234,50 @@ def _marks_check(server_marks: Mapping[int, int], db_marks: Mapping[int, int]) -
     )
 
 
-def _applied_once_check(server_marks: Mapping[int, int], applied: Mapping[int, Collection[int]]) -> Check:
-    not_once = {
-        p: len(applied.get(p, ()))
-        for p, m in server_marks.items()
-        if sorted(applied.get(p, ())) != list(range(m + 1))
-    }
-    total = sum(m + 1 for m in server_marks.values())
+def applied_once_check(
+    server_marks: Mapping[int, int],
+    applied: Mapping[int, Collection[int | tuple[int, int]]],
+    members: Mapping[int, Mapping[int, tuple[int, ...]]],
+) -> Check:
+    """Whether the applies recorded are exactly the log's: each transaction 0..mark of each
+    partition once, a batched one once per member it carries (docs/design/sql.md "Batched
+    change-sets"), the second check of :func:`check_application`.
+
+    Args:
+        server_marks: partition -> the servers' high-water mark.
+        applied: partition -> the applies recorded
+            (:meth:`~waltz.workloads.application.SmallBankApplication.applied_transactions`):
+            ``(transaction ID, member)`` pairs, one per applied change-set, compared with the
+            log's members; or, from an application that records its applies by transaction,
+            bare transaction IDs, one per transaction whatever members it carries.
+        members: partition -> {transaction ID: the member indexes the live apply applies}, for
+            the transactions where that is not ``(0,)`` (:attr:`LogTally.members`).
+
+    Returns:
+        The check; its detail names, per partition that differs, the first pairs missing and
+        the first applied too often or never in the log.
+    """
+    by_member = any(isinstance(a, tuple) for records in applied.values() for a in records)
+    wrong: dict[int, str] = {}
+    total = batched = 0
+    for p, mark in sorted(server_marks.items()):
+        batches = members.get(p, {}) if by_member else {}
+        expected = Counter((t, member) for t in range(mark + 1) for member in batches.get(t, (0,)))
+        total += sum(expected.values())
+        batched += len(batches)
+        seen = Counter(a if isinstance(a, tuple) else (a, 0) for a in applied.get(p, ()))
+        missing = sorted((expected - seen).elements())
+        extra = sorted((seen - expected).elements())
+        if missing or extra:
+            wrong[p] = (
+                f"partition {p}: missing {missing[:5]} ({len(missing)}), extra {extra[:5]} ({len(extra)})"
+            )
+    transactions = sum(m + 1 for m in server_marks.values())
+    done = f"{transactions} transactions" + (f", {total} change-sets ({batched} batches)" if batched else "")
     return Check(
-        "every transaction applied exactly once",
-        not not_once,
-        f"{total} transactions" if not not_once else f"partitions with wrong apply sets: {not_once}",
+        "every (transaction, member) applied exactly once",
+        not wrong,
+        done if not wrong else "; ".join(wrong.values()),
     )
 
 

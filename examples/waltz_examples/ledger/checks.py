@@ -1,8 +1,9 @@
 """The ledger's own invariants, checked against the log and the database once a run is quiet.
 
-The workloads check what holds for any application first (database marks, each transaction
-applied exactly once, the log read back, replicas: :mod:`waltz.workloads.checks`), with the
-ledger's record of its applies (:func:`applied_transactions`); then :class:`LedgerInvariants`:
+The workloads check what holds for any application first (database marks, each transaction and
+each member of a batched one applied exactly once, the log read back, replicas:
+:mod:`waltz.workloads.checks`), with the ledger's record of its applies
+(:func:`applied_transaction_ids`); then :class:`LedgerInvariants`:
 
 - **money conserved**: savings + checking + money in flight == the sum of the ``delta`` of every
   transaction *as recorded in the log* (read back by a fresh client from the start), which also
@@ -36,14 +37,15 @@ from waltz_examples.ledger.transfers import money_in_flight, pending_transfers
 __all__ = ["LedgerInvariants", "applied_transaction_ids"]
 
 
-def applied_transaction_ids(engine: Engine) -> dict[int, list[int]]:
-    """The IDs of the log transactions the database applied, by partition
-    (``ledger_applied_transactions``, one row per apply)."""
-    applied: dict[int, list[int]] = defaultdict(list)
-    query = select(applied_transactions.c.partition_id, applied_transactions.c.transaction_id)
+def applied_transaction_ids(engine: Engine) -> dict[int, list[tuple[int, int]]]:
+    """The ``(transaction ID, member)`` pairs the database applied, by partition
+    (``ledger_applied_transactions``, one row per applied change-set; ``member`` is 0 but for the
+    members of a batch after the first, docs/design/sql.md "Batched change-sets")."""
+    applied: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    t = applied_transactions.c
     with engine.connect() as conn:
-        for p, t in conn.execute(query):
-            applied[int(p)].append(int(t))
+        for p, tid, member in conn.execute(select(t.partition_id, t.transaction_id, t.member)):
+            applied[int(p)].append((int(tid), int(member)))
     return applied
 
 

@@ -153,8 +153,10 @@ class TransferIn(Base):
     status: Mapped[str] = mapped_column(String(8))
 
 
-#: One row per applied log transaction (written by ``LedgerCallbacks``), so that "every
-#: transaction applied exactly once" can be checked: the primary key refuses a second apply.
+#: One row per applied change-set (written by ``LedgerCallbacks``): per log transaction, and per
+#: member of a batched one (``member``: its place in the batch, 0 for a transaction of one
+#: change-set), so that "every (transaction, member) applied exactly once" can be checked: the
+#: primary key refuses a second apply.
 applied_transactions = Table(
     "ledger_applied_transactions",
     Base.metadata,
@@ -162,7 +164,10 @@ applied_transactions = Table(
     Column("transaction_id", BigInteger, nullable=False),
     Column("op", String(24), nullable=False),
     Column("delta", BigInteger, nullable=False),
-    PrimaryKeyConstraint("partition_id", "transaction_id", name="pk_ledger_applied_transactions"),
+    # Added by ledger_0004; no Python default, so that an insert without it leaves it out (an
+    # earlier release's table has no such column) and the server fills it.
+    Column("member", Integer, nullable=False, server_default="0"),
+    PrimaryKeyConstraint("partition_id", "transaction_id", "member", name="pk_ledger_applied_transactions"),
 )
 
 

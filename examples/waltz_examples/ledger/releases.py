@@ -9,12 +9,15 @@ on release 1 and rolls forward while transfers keep committing:
 | 1 | custid, name, status | 1 | ``ledger_0001`` | |
 | 2 | + currency (``USD``) | 2 | ``ledger_0002`` adds the column | migrated, then one by one |
 | 3 | name renamed holder, on the column ``name`` | 3 | ``ledger_0002`` | one by one |
-| 4 | holder on its column (``models.Account``) | 3 | ``ledger_0003`` renames the column | all stop for it |
+| 4 | holder on its column (``models.Account``) | 3 | ``ledger_0004`` (0003 renames it) | all stop |
 
 Release 3 renames what the log carries and keeps the column, so that it runs beside release 2 on
 one database; release 4 renames the column, which no instance of release 3 could use any more,
 so the instances stop for it (the demo does it once the mix is over). The log holds no trace of
-release 4: schema version 3 is the same in both.
+release 4: schema version 3 is the same in both. Release 4 also records each member of a batched
+log transaction in ``ledger_applied_transactions`` (its column ``member``, which ``ledger_0004``
+adds): only its instances may batch (``LedgerRelease.records_members``); the earlier releases'
+tables have no such column, and their instances record one row per transaction.
 
 The operations are today's (``operations.py``); they take the ``Account`` model from their
 instance's callbacks (:func:`~waltz_examples.ledger.models.account_model`) and the holder's
@@ -104,6 +107,8 @@ class LedgerRelease:
         rolls: True when its instances replace the previous release's one by one (its
             migration, if any, runs first and leaves the previous release working); False when
             every instance stops for its migration.
+        records_members: its ``ledger_applied_transactions`` has the column ``member``, which
+            its callbacks fill (a batch's members; docs/design/sql.md "Batched change-sets").
     """
 
     number: int
@@ -111,6 +116,7 @@ class LedgerRelease:
     revision: str
     change: str = ""
     rolls: bool = True
+    records_members: bool = False
 
 
 #: Every release, oldest first.
@@ -118,7 +124,14 @@ RELEASES: tuple[LedgerRelease, ...] = (
     LedgerRelease(1, AccountV1, "ledger_0001"),
     LedgerRelease(2, AccountV2, "ledger_0002", "Account gets currency (schema version 2)"),
     LedgerRelease(3, AccountV3, "ledger_0002", "Account's name becomes holder (schema version 3)"),
-    LedgerRelease(4, Account, "ledger_0003", "the column name becomes holder", rolls=False),
+    LedgerRelease(
+        4,
+        Account,
+        "ledger_0004",
+        "the column name becomes holder; a batch's members are recorded",
+        rolls=False,
+        records_members=True,
+    ),
 )
 
 #: The release of this code (``models.Account``).

@@ -2,8 +2,11 @@
 
 Several instances share one database; each mounts every partition and applies every transaction
 through :class:`LedgerCallbacks` (the SQL framework's change-set callbacks plus one row per applied
-transaction in ``ledger_applied_transactions``, for the exactly-once check). Operations are
-submitted as transaction contexts; those between customers of different partitions become two-step
+change-set in ``ledger_applied_transactions``, for the exactly-once check: one per transaction,
+one per member of a batched one). Operations are submitted as transaction contexts, one log
+transaction each, or through an :class:`~waltz.jdbc_style.EntityBatcher` (``batch=True``: those
+ready for a partition while its last log transaction is in flight go as one, docs/sql.md
+"Batching entity transactions"); those between customers of different partitions become two-step
 transfers (``transfers.py``) that every instance's sweeper moves forward.
 """
 
@@ -15,13 +18,19 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, insert
+from sqlalchemy import Engine, column, insert, table
 from sqlalchemy.orm import Session
 
 from waltz import Outcome as SubmitOutcome
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.client.transaction import Transaction
-from waltz.jdbc_style import ApplySession, ChangeSet, ChangeSetCallbacks, create_framework_engine
+from waltz.jdbc_style import (
+    ApplySession,
+    ChangeSet,
+    ChangeSetCallbacks,
+    EntityBatcher,
+    create_framework_engine,
+)
 from waltz.jdbc_style import migrations_api as framework_migrations
 from waltz_examples.ledger import migrations_api
 from waltz_examples.ledger.models import Checking, Savings, applied_transactions, by_customer, registry
@@ -43,20 +52,35 @@ __all__ = ["LedgerCallbacks", "LedgerService", "Outcome", "prepare_database"]
 
 log = logging.getLogger(__name__)
 
-#: The record of an applied transaction, built once: staged, a group's records go in one INSERT.
+#: The record of an applied change-set, built once: staged, a group's records go in one INSERT.
 RECORD_APPLIED = insert(applied_transactions)
+#: The record of an earlier release, whose table has no ``member`` (``releases.py``): the columns
+#: it has, and nothing the server fills read back.
+RECORD_APPLIED_BY_TRANSACTION = insert(
+    table(applied_transactions.name, *(column(c) for c in ("partition_id", "transaction_id", "op", "delta")))
+)
 
 
 class LedgerCallbacks(ChangeSetCallbacks):
-    """Change-set callbacks that also record each applied transaction (op and delta from its meta).
+    """Change-set callbacks that also record each applied change-set (op and delta from its meta):
+    one row per transaction, one per member of a batched transaction (docs/design/sql.md
+    "Batched change-sets"), keyed by ``(partition_id, transaction_id, member)``.
 
     The override writes only ``applied_transactions``, no entity's table: the entity cache stays
     on (``entity_cache=True`` unless the caller says otherwise).
+
+    Args:
+        engine: the application database.
+        records_members: write the column ``member`` (release 4 on; an earlier release's table
+            has no such column, ``releases.py``).
+        kwargs: the other arguments of :class:`~waltz.jdbc_style.ChangeSetCallbacks`.
     """
 
-    def __init__(self, engine: Engine, **kwargs: Any) -> None:
+    def __init__(self, engine: Engine, *, records_members: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("entity_cache", True)
         super().__init__(engine, **kwargs)
+        self.records_members = records_members
+        self._record = RECORD_APPLIED if records_members else RECORD_APPLIED_BY_TRANSACTION
 
     def apply_change_set(self, change_set: ChangeSet, transaction: Transaction, session: Session) -> None:
         super().apply_change_set(change_set, transaction, session)
@@ -66,10 +90,12 @@ class LedgerCallbacks(ChangeSetCallbacks):
             "op": str(change_set.meta.get("op", "?"))[:24],
             "delta": int(change_set.meta.get("delta", 0)),
         }
+        if self.records_members:
+            record["member"] = self.member_index(transaction)
         if isinstance(session, ApplySession):  # with the group's other writes (docs/sql.md)
-            session.stage(RECORD_APPLIED, record)
+            session.stage(self._record, record)
         else:
-            session.execute(RECORD_APPLIED, record)
+            session.execute(self._record, record)
 
 
 def prepare_database(url_or_engine: str | Engine, release: LedgerRelease = CURRENT) -> Engine:
@@ -122,6 +148,13 @@ class LedgerService:
             without a database snapshot (``ChangeSetCallbacks``' ``entity_cache``).
         release: the ledger release it runs (``releases.py``; default: this code's): its
             ``Account`` model. Its database must be at that release's revision.
+        batch: submit through an :class:`~waltz.jdbc_style.EntityBatcher` (docs/sql.md,
+            "Batching entity transactions"): operations ready for a partition while its last log
+            transaction is in flight go together as one. Only a release that records members.
+
+    Raises:
+        ValueError: ``batch`` with a release that does not record a batch's members, or
+            ``partitions`` that do not exist.
     """
 
     def __init__(
@@ -137,7 +170,10 @@ class LedgerService:
         partitions: Collection[int] | None = None,
         entity_cache: bool = True,
         release: LedgerRelease = CURRENT,
+        batch: bool = False,
     ) -> None:
+        if batch and not release.records_members:
+            raise ValueError(f"ledger release {release.number} cannot batch: it records no batch members")
         self.engine = create_framework_engine(db_url)
         self.release = release
         if prepare:
@@ -147,6 +183,7 @@ class LedgerService:
             cluster_name=cluster_name,
             registry=registry(release.account),
             entity_cache=entity_cache,
+            records_members=release.records_members,
         )
         settings: dict[str, Any] = {"client_max_apply_batch_size": 50, **(client_settings or {})}
         self.partitions: frozenset[int] | None = None if partitions is None else frozenset(partitions)
@@ -160,6 +197,7 @@ class LedgerService:
                 self.client.close()
                 raise ValueError(f"partitions {outside} do not exist (0..{self.client.num_partitions - 1})")
             self.client.set_partitions(self.partitions)
+        self.batcher = EntityBatcher(self.client) if batch else None
         self.sweeper: Sweeper | None = None
         if sweep_interval is not None:
             owns = None if self.partitions is None else self.owns_customer
@@ -181,7 +219,8 @@ class LedgerService:
             config: the client's configuration (its explicitly set fields; the ledger's default
                 ``client_max_apply_batch_size`` of 50 stands unless it sets one).
             options: the other keyword arguments of :class:`LedgerService` (``cluster_name``,
-                ``sweep_interval``, ``prepare``, ``partitions``, ``entity_cache``, ``release``).
+                ``sweep_interval``, ``prepare``, ``partitions``, ``entity_cache``, ``release``,
+                ``batch``).
         """
         settings = config.model_dump(exclude_unset=True)
         settings.pop("zookeeper_connect_string", None)
@@ -201,9 +240,11 @@ class LedgerService:
         self.close()
 
     def close(self) -> None:
-        """Stop the sweeper, close the client, dispose of the engine. Idempotent."""
+        """Stop the sweeper, close the batcher and the client, dispose of the engine. Idempotent."""
         if self.sweeper is not None:
             self.sweeper.close()
+        if self.batcher is not None:
+            self.batcher.close()
         self.client.close()
         self.engine.dispose()
 
@@ -223,9 +264,18 @@ class LedgerService:
     # --- submitting --------------------------------------------------------------------------------
 
     def submit(self, operation: LedgerOperation) -> Future[SubmitOutcome]:
-        """Submit an operation; the future gives its outcome (committed with its transaction ID,
-        or dropped with the rule's reason)."""
+        """Submit an operation, through the batcher when the service batches; the future gives
+        its outcome (committed with its transaction ID, a batch's for a member of one, or
+        dropped with the rule's reason)."""
+        if self.batcher is not None:
+            return self.batcher.submit(operation)
         return self.client.submit(operation)
+
+    def batch_counts(self) -> tuple[int, int]:
+        """``(batches, members)``: log transactions of more than one operation its batcher
+        committed, and the operations they carried (``(0, 0)`` without a batcher)."""
+        batcher = self.batcher
+        return (0, 0) if batcher is None else (batcher.batches, batcher.batched)
 
     def run(
         self, operation: LedgerOperation, timeout: float = 60.0, transfer_id: str | None = None

@@ -100,6 +100,10 @@ class LedgerInstance:
         """Submit an operation to the service."""
         return self.service.submit(operation)
 
+    def batch_counts(self) -> tuple[int, int]:
+        """``(batches, members)`` the service's batcher committed (``(0, 0)`` without one)."""
+        return self.service.batch_counts()
+
     def close(self) -> None:
         """Close the service."""
         self.service.close()
@@ -124,9 +128,11 @@ class LedgerApplication:
         sweep_interval: float | None,
         partitions: Collection[int] | None = None,
         entity_cache: bool = True,
+        batch: bool = False,
     ) -> LedgerInstance:
         """A :class:`LedgerService` with the configuration's client settings; its sweeper scans
-        every ``sweep_interval`` seconds (None: no sweeper)."""
+        every ``sweep_interval`` seconds (None: no sweeper); with ``batch``, it submits through
+        an ``EntityBatcher`` (docs/sql.md, "Batching entity transactions")."""
         service = LedgerService.from_config(
             db_url,
             config,
@@ -135,6 +141,7 @@ class LedgerApplication:
             prepare=False,
             partitions=partitions,
             entity_cache=entity_cache,
+            batch=batch,
         )
         return LedgerInstance(service)
 
@@ -174,8 +181,8 @@ class LedgerApplication:
         """Transfers whose outbox row is still pending."""
         return pending_transfers(engine)
 
-    def applied_transactions(self, engine: Engine) -> dict[int, list[int]]:
-        """The applied transactions the ledger recorded."""
+    def applied_transactions(self, engine: Engine) -> dict[int, list[tuple[int, int]]]:
+        """The applied ``(transaction, member)`` pairs the ledger recorded, by partition."""
         return applied_transaction_ids(engine)
 
     def invariants(self) -> LedgerInvariants:

@@ -2,7 +2,8 @@
 
 Source: docs/design/spark.md "Computing views"; ``docs/spark.md`` ("Views"). The five entity tables replay
 generically (last write per key wins, deletes remove); ``ledger_applied_transactions`` gets one row
-per change-set transaction with the ``op`` and ``delta`` of its ``meta``, as
+per change-set, with the ``op`` and ``delta`` of its ``meta`` and its ``member`` (its place in a
+batched transaction, 0 outside one: docs/design/sql.md "Batched change-sets"), as
 ``LedgerCallbacks.apply_change_set`` writes it.
 """
 
@@ -39,14 +40,21 @@ def build(changes: Any, log: Any) -> Mapping[str, Any]:
     entities = registry()
     rows = replay(apply_idempotency(changes))
     tables = {model.__tablename__: entity_table(rows, entities, model) for model in _ENTITIES}
-    first_change = (F.col("header") == CHANGE_SET_HEADER) & F.col("op_index").isin(0, -1)
-    applied = changes.where(first_change).select(
+    # One row per change-set: its row changes share its (transaction, member) and its meta; a
+    # change-set without any is one row of its own (op_index -1).
+    change_sets = (
+        changes.where(F.col("header") == CHANGE_SET_HEADER)
+        .select("partition_id", "transaction_id", "member", "meta")
+        .dropDuplicates(["partition_id", "transaction_id", "member"])
+    )
+    applied = change_sets.select(
         F.col("partition_id").cast("int").alias("partition_id"),
         F.col("transaction_id").cast("bigint").alias("transaction_id"),
         F.substring(F.coalesce(F.get_json_object("meta", "$.op"), F.lit("?")), 1, 24).alias("op"),
         F.coalesce(F.get_json_object("meta", "$.delta").cast("bigint"), F.lit(0))
         .cast("bigint")
         .alias("delta"),
+        F.col("member").cast("int").alias("member"),
     )
     tables[applied_transactions.name] = applied
     return tables

@@ -71,10 +71,19 @@ def stats_to_wire(stats: SmallBankStats) -> dict[str, Any]:
     }
 
 
+def _batch_counts(service: Any) -> tuple[int, int]:
+    """The instance's ``(batches, members)``; ``(0, 0)`` for an application written before
+    batching, which has no ``batch_counts``."""
+    counts = getattr(service, "batch_counts", None)
+    return (0, 0) if counts is None else counts()
+
+
 def _run_instance(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> None:
     """One instance: mount, warm up, report ready, run the mix at the start event, report its
     figures, sweep until told to stop, then close and report its apply failures."""
     settings = spec.settings
+    # ``batch`` only when asked: an application written before batching takes no such argument.
+    batching = {"batch": True} if settings.batch else {}
     service = load_application(settings.app).instance(
         spec.db_url,
         spec.config,
@@ -82,6 +91,7 @@ def _run_instance(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> No
         sweep_interval=SWEEP_INTERVAL,
         partitions=spec.partitions,
         entity_cache=settings.entity_cache,
+        **batching,
     )
     try:
         service.client.wait_mounted(START_TIMEOUT)
@@ -107,8 +117,10 @@ def _run_instance(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> No
             cpu_started = time.process_time()
             stages_started = client_stage_totals(service.client)
             cache_started = entity_cache_counts(service.callbacks)
+            batches_started = _batch_counts(service)
             stats = workload.run(spec.draws)
             cache_counts = entity_cache_counts(service.callbacks)
+            batches = _batch_counts(service)
             ended = time.time()
             cpu_seconds = time.process_time() - cpu_started
             stages = client_stage_totals(service.client)
@@ -130,6 +142,7 @@ def _run_instance(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> No
                 for stage, (seconds, count) in stages.items()
             },
             entity_cache=[now - then for now, then in zip(cache_counts, cache_started, strict=True)],
+            batches=[batches[0] - batches_started[0], batches[1] - batches_started[1]],
         )
         results.put(("result", spec.index, wire))
         # The sweeper keeps finishing transfers (of every instance) until the coordinator says stop.

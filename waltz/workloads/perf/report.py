@@ -37,6 +37,9 @@ class InstanceFigures:
         uncaught: ``uncaught_exception`` calls of its callbacks (failed applies).
         entity_cache: attempts whose entities its entity cache held, and attempts that read a
             database snapshot, over the phase (``(0, 0)`` without a cache).
+        batches: ``(batches, members)``: log transactions of more than one SmallBank transaction
+            its batcher committed over the phase, and the transactions they carried (``(0, 0)``
+            when it does not batch).
     """
 
     index: int
@@ -51,6 +54,7 @@ class InstanceFigures:
     client_stages: dict[str, tuple[float, float]] = field(default_factory=dict)
     uncaught: int = 0
     entity_cache: tuple[int, int] = (0, 0)
+    batches: tuple[int, int] = (0, 0)
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any]) -> InstanceFigures:
@@ -80,6 +84,7 @@ class InstanceFigures:
             cpu_seconds=float(wire["cpu_seconds"]),
             client_stages={k: (float(s), float(c)) for k, (s, c) in wire["client_stages"].items()},
             entity_cache=(int(wire["entity_cache"][0]), int(wire["entity_cache"][1])),
+            batches=(int(wire.get("batches", (0, 0))[0]), int(wire.get("batches", (0, 0))[1])),
         )
 
     @property
@@ -95,7 +100,8 @@ class InstanceFigures:
     def summary(self) -> dict[str, Any]:
         """JSON-ready: ``instance``, ``draws``, ``seed``, ``seconds``, ``committed``,
         ``committed_per_second``, ``submitted``, ``dropped``, ``balances_read``,
-        ``lock_failures``, ``errors`` (a count), ``unapplied``, ``cpu_seconds``."""
+        ``lock_failures``, ``errors`` (a count), ``unapplied``, ``cpu_seconds``, ``batches``
+        (``batches``, ``members``)."""
         return {
             "instance": self.index,
             "draws": self.draws,
@@ -110,6 +116,7 @@ class InstanceFigures:
             "errors": self.error_count,
             "unapplied": self.unapplied,
             "cpu_seconds": round(self.cpu_seconds, 3),
+            "batches": {"batches": self.batches[0], "members": self.batches[1]},
         }
 
 
@@ -179,6 +186,13 @@ class SmallBankPerfReport:
             sum(f.entity_cache[1] for f in self.instances),
         )
 
+    def batch_counts(self) -> tuple[int, int]:
+        """``(batches, members)`` of the instances' batchers over their phases."""
+        return (
+            sum(f.batches[0] for f in self.instances),
+            sum(f.batches[1] for f in self.instances),
+        )
+
     @property
     def lock_failures_per_committed(self) -> float:
         """Lock failures (each a re-executed attempt) per committed log transaction."""
@@ -213,7 +227,9 @@ class SmallBankPerfReport:
         Keys: ``seconds`` (the common window), ``committed_per_second``, ``draws``,
         ``submitted``, ``committed``, ``dropped``, ``drop_reasons`` (reason with numbers as
         ``N`` -> count), ``balances_read``, ``lock_failures``, ``lock_failures_per_committed``,
-        ``errors`` (a count), ``error_samples``, ``unapplied``, ``latency_ms``
+        ``entity_cache`` (``hits``, ``misses``), ``batches`` (``batches``, ``members``: log
+        transactions of several SmallBank transactions, and those they carried), ``errors`` (a
+        count), ``error_samples``, ``unapplied``, ``latency_ms``
         (``submit_to_commit`` and ``submit_to_applied``: ``p50``, ``p90``, ``p99``, ``p99.9``,
         ``max``, ``mean`` in ms, None when empty, and ``count``), ``cpu_us_per_transaction``,
         ``client_stage_ms``, ``per_instance`` (:meth:`InstanceFigures.summary` each),
@@ -233,6 +249,7 @@ class SmallBankPerfReport:
             "lock_failures": total.lock_failures,
             "lock_failures_per_committed": round(self.lock_failures_per_committed, 4),
             "entity_cache": dict(zip(("hits", "misses"), self.entity_cache_counts(), strict=True)),
+            "batches": dict(zip(("batches", "members"), self.batch_counts(), strict=True)),
             "errors": self.error_count,
             "error_samples": list(total.errors),
             "unapplied": self.unapplied,
@@ -257,8 +274,10 @@ class SmallBankPerfReport:
     def text(self) -> str:
         """The figures and the checks as the lines the CLI prints."""
         total = self.total
+        # Batched, a log transaction carries several SmallBank transactions: the counts are theirs.
+        what = "SmallBank transactions" if self.settings.batch else "log transactions"
         lines = [
-            f"committed {total.committed:,} log transactions in {total.seconds:.2f} s: "
+            f"committed {total.committed:,} {what} in {total.seconds:.2f} s: "
             f"{total.transactions_per_second:,.1f} committed/s (all instances, one window)",
             f"submitted {total.submitted:,}, dropped by the rules {total.dropped:,}, balances read "
             f"{total.balances_read:,}, errors {self.error_count:,}",
@@ -276,6 +295,12 @@ class SmallBankPerfReport:
             lines.append(
                 f"entity cache: {hits:,} attempt(s) read no database snapshot, {misses:,} read one "
                 f"({100 * hits / (hits + misses):.1f} % from the cache)"
+            )
+        if self.settings.batch:
+            batches, members = self.batch_counts()
+            mean = f", {members / batches:.1f} per batch" if batches else ""
+            lines.append(
+                f"batches: {batches:,} log transaction(s) carried {members:,} SmallBank transaction(s){mean}"
             )
         lines.append(total.commit_latency.text("submit->commit"))
         lines.append(total.applied_latency.text("submit->applied"))

@@ -62,6 +62,9 @@ class SmallBankPerfSettings:
             and submits for any customer (requests spread round-robin).
         entity_cache: the instances keep entity rows as their applies leave them (operations on
             cached entities read no database snapshot); off: every attempt reads a snapshot.
+        batch: the instances submit through an ``EntityBatcher``: transactions ready for a
+            partition while its last log transaction is in flight go as one batch
+            (docs/design/sql.md "Batched entity transactions"); off: one log transaction each.
         rate: draws per second in all (Balance reads included), split evenly across the
             instances, each on a fixed schedule whose start times the latencies count from;
             None: as fast as ``in_flight`` allows.
@@ -85,6 +88,7 @@ class SmallBankPerfSettings:
     cluster_name: str | None = None
     partition_routing: bool = False
     entity_cache: bool = True
+    batch: bool = False
     rate: float | None = None
     warm_up: int = 100
     app: str = DEFAULT_APPLICATION
@@ -122,6 +126,7 @@ class SmallBankPerfSettings:
             f"per instance, seed {self.seed}"
             + (", partition-routed" if self.partition_routing else "")
             + ("" if self.entity_cache else ", no entity cache")
+            + (", batched" if self.batch else "")
             + ("" if self.rate is None else f", {self.rate:,g} draws/s scheduled")
             + f", {self.warm_up:,} warm-up draws per instance"
             + ("" if self.app == DEFAULT_APPLICATION else f", application {self.app}")
@@ -139,6 +144,7 @@ class SmallBankPerfSettings:
             "timeout": self.timeout,
             "partition_routing": self.partition_routing,
             "entity_cache": self.entity_cache,
+            "batch": self.batch,
             "rate": self.rate,
             "app": self.app,
         }

@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import delete, func, insert, select
 
 from waltz import Outcome, OutcomeKind, WaltzClientConfig
 from waltz.errors import CrossPartitionError
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
 from waltz.workloads.checks import Check, check_application
-from waltz_examples.ledger.models import TransferIn, TransferOut
+from waltz_examples.ledger.models import TransferIn, TransferOut, applied_transactions
+from waltz_examples.ledger.operations import DepositChecking
 from waltz_examples.ledger.service import LedgerService, prepare_database
 from waltz_examples.ledger.smallbank import SMALLBANK
 from waltz_examples.ledger.transfers import (
@@ -27,6 +28,7 @@ from waltz_examples.ledger.transfers import (
     RefundTransfers,
     SettleTransfers,
     money_in_flight,
+    pending_transfers,
 )
 
 
@@ -108,6 +110,70 @@ def test_the_bank_operations_keep_their_rules(
         wait_until(lambda: money_in_flight(ledger.engine) == 0, timeout=30, what="no money in flight")
         assert failed_checks(ledger, ledger_cluster, name) == []
         assert ledger.callbacks.uncaught_count == 0
+
+
+def test_a_batched_run_on_a_hot_customer_passes_every_check(
+    ledger_cluster: LocalCluster, ledger_config: WaltzClientConfig, ledger_db: str
+) -> None:
+    """Deposits, payments and transfers on one hot customer, submitted together through the
+    service's ``EntityBatcher`` (docs/sql.md "Batching entity transactions"): they go as batched
+    log transactions, each member recorded once in ``ledger_applied_transactions`` under its
+    place, and every check passes; a member's row missing, or one too many, fails the check of
+    each (transaction, member) applied exactly once, naming it."""
+    name = f"batch-{os.urandom(4).hex()}"
+    b = random.randrange(1, 10**9) * ledger_cluster.num_partitions
+    hot, near, far = b + 1, b + 5, b + 2  # near shares hot's partition, far is in another
+    with service(ledger_config, ledger_db, name, batch=True) as ledger:
+        for custid in (hot, near, far):
+            assert ledger.open_account(custid, f"c{custid}", savings=1000, checking=1000).committed
+        operations: list[Any] = []
+        for i in range(60):
+            if i % 3 == 0:
+                operations.append(DepositChecking(ledger.callbacks, hot, 10 + i))
+            elif i % 3 == 1:
+                operations.append(ledger.payment(hot, near, 1))  # one transaction
+            else:
+                operations.append(ledger.payment(hot, far, 2))  # a transfer: debit, then credit
+        futures = [ledger.submit(operation) for operation in operations]
+        outcomes = [future.result(60) for future in futures]
+        assert all(outcome.committed for outcome in outcomes), [o for o in outcomes if not o.committed]
+        batches, members = ledger.batch_counts()
+        assert batches > 0 and members > batches, (batches, members)
+
+        for outcome in outcomes:  # every debit applied: its outbox row is there
+            assert outcome.transaction_id is not None
+            assert ledger.callbacks.wait_for(outcome.partition_id, outcome.transaction_id, 30)
+        wait_until(lambda: pending_transfers(ledger.engine) == 0, timeout=60, what="no transfer pending")
+        failed = failed_checks(ledger, ledger_cluster, name)
+        assert failed == [], "\n".join(map(str, failed))
+        assert ledger.balance(hot) == (1000, 1000 + sum(10 + i for i in range(0, 60, 3)) - 20 - 40)
+        assert ledger.callbacks.uncaught_count == 0
+
+        t = applied_transactions.c
+        with ledger.engine.connect() as conn:
+            p, tid, last = conn.execute(
+                select(t.partition_id, t.transaction_id, func.max(t.member))
+                .group_by(t.partition_id, t.transaction_id)
+                .having(func.max(t.member) > 0)
+                .limit(1)
+            ).one()
+            op = conn.execute(select(t.op).where(t.partition_id == p, t.transaction_id == tid)).scalar()
+        with ledger.engine.begin() as conn:  # a member applied twice: one row too many
+            conn.execute(insert(applied_transactions).values(
+                partition_id=p, transaction_id=tid, member=last + 1, op=op, delta=0
+            ))  # fmt: skip
+        failed = failed_checks(ledger, ledger_cluster, name)
+        assert [c.name for c in failed] == ["every (transaction, member) applied exactly once"], failed
+        assert f"extra [({tid}, {last + 1})] (1)" in failed[0].detail, failed[0].detail
+        with ledger.engine.begin() as conn:  # a member never applied: its row missing
+            conn.execute(
+                delete(applied_transactions).where(
+                    t.partition_id == p, t.transaction_id == tid, t.member.in_([1, last + 1])
+                )
+            )
+        failed = failed_checks(ledger, ledger_cluster, name)  # money conserved fails too: a delta lost
+        once = [c for c in failed if c.name == "every (transaction, member) applied exactly once"]
+        assert once and f"missing [({tid}, 1)] (1), extra [] (0)" in once[0].detail, failed
 
 
 def test_one_step_transaction_moves_several_transfers_each_once(
