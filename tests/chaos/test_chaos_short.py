@@ -348,6 +348,10 @@ def test_options_replay_and_duration() -> None:
     ledger = ChaosOptions(workload="ledger", accounts=50, app="bank_of_the_test").replay_command()
     assert "--accounts 50" in ledger and "--app bank_of_the_test" in ledger, ledger
     assert "--app" not in ChaosOptions(workload="ledger").replay_command()  # the default
+    assert "--batch" in ChaosOptions(workload="ledger", batch=True).replay_command()
+    assert "--batch" not in ChaosOptions(workload="ledger").replay_command()
+    with pytest.raises(ValueError, match="--batch is for the ledger workload, not --workload counter"):
+        ChaosOptions(workload="counter", batch=True).validate()
     with pytest.raises(ValueError, match="storages must be 3 or 5"):
         ChaosOptions(storages=4).validate()
     with pytest.raises(ValueError, match="at least clients"):
@@ -399,9 +403,10 @@ def test_full_chaos_run_with_random_faults(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workload", ["counter", "ledger"])
-def test_short_chaos_run_of_the_other_workloads(tmp_path: Path, workload: str) -> None:
-    """The counter (no lost update) and ledger (money conserved) workloads under the fixed faults."""
+@pytest.mark.parametrize(("workload", "batch"), [("counter", False), ("ledger", False), ("ledger", True)])
+def test_short_chaos_run_of_the_other_workloads(tmp_path: Path, workload: str, batch: bool) -> None:
+    """The counter (no lost update) and ledger (money conserved) workloads under the fixed faults;
+    the ledger also with its instances batching (each member applied exactly once)."""
     _require_zookeeper()
     lines: list[str] = []
     options = ChaosOptions(
@@ -409,6 +414,7 @@ def test_short_chaos_run_of_the_other_workloads(tmp_path: Path, workload: str) -
         seed=3,
         schedule="fixed",
         workload=workload,
+        batch=batch,
         lock_pool=40,
         work_dir=tmp_path / "chaos",
     )
@@ -419,6 +425,7 @@ def test_short_chaos_run_of_the_other_workloads(tmp_path: Path, workload: str) -
         assert "counter: every increment read its key's latest value (no lost update)" in names
     else:
         assert "ledger: money conserved" in names
+        assert "every (transaction, member) applied exactly once" in names, names
 
 
 @pytest.mark.slow

@@ -40,9 +40,14 @@ __all__ = ["ledger_checks", "prepare_ledger", "run_ledger_worker", "wait_transfe
 SWEEP_INTERVAL = 0.5
 
 
-def _instance(app: SmallBankApplication, db_url: str, zookeeper: str, cluster_root: str) -> SmallBankInstance:
-    """An instance of the application on the run's cluster; the log's name is the application's."""
+def _instance(
+    app: SmallBankApplication, db_url: str, zookeeper: str, cluster_root: str, batch: bool = False
+) -> SmallBankInstance:
+    """An instance of the application on the run's cluster; the log's name is the application's.
+    ``batch`` is passed only when true, so an application that does not batch may leave it out."""
     config = WaltzClientConfig(zookeeper_connect_string=zookeeper, cluster_root=cluster_root)
+    if batch:
+        return app.instance(db_url, config, cluster_name=app.name, sweep_interval=SWEEP_INTERVAL, batch=True)
     return app.instance(db_url, config, cluster_name=app.name, sweep_interval=SWEEP_INTERVAL)
 
 
@@ -95,6 +100,7 @@ def run_ledger_worker(
     seed: int,
     transactions: int,
     in_flight: int,
+    batch: bool = False,
     conn: Connection,
     stop: Event,
     gate: Synchronized[float],
@@ -105,7 +111,8 @@ def run_ledger_worker(
 
     Messages on ``conn`` as :mod:`waltz.chaos.worker`: ``ready``, ``progress`` (draws done, 0),
     ``submitted``; it then waits for ``("marks", {partition: mark})``. The instance runs the
-    application of the module ``app``.
+    application of the module ``app``, through an ``EntityBatcher`` when ``batch`` is true
+    (docs/design/sql.md "Batched entity transactions").
 
     Returns:
         The worker's result: ``ledger`` holds the SmallBank counts and errors.
@@ -113,7 +120,7 @@ def run_ledger_worker(
     Raises:
         TimeoutError: the marks never came, or were not applied within ``apply_timeout`` seconds.
     """
-    instance = _instance(load_application(app), db_url, zookeeper, cluster_root)
+    instance = _instance(load_application(app), db_url, zookeeper, cluster_root, batch)
     with contextlib.closing(instance) as service:
         service.client.wait_mounted(120)
         conn.send(("ready", service.client.client_id))

@@ -65,6 +65,9 @@ class ChaosOptions:
         accounts: SmallBank customers of the ledger workload.
         app: the ledger workload's SmallBank application, by module name
             (:func:`~waltz.workloads.application.load_application`).
+        batch: the ledger workload's instances submit through an ``EntityBatcher``: operations
+            ready for a partition while its last log transaction is in flight go as one batch
+            (docs/design/sql.md "Batched entity transactions"), and the checks count each member.
         storages: storage nodes (3 or 5); every partition has a replica on each, so a fault on a
             minority of the nodes hits a minority of every partition's replicas.
         servers: servers.
@@ -102,6 +105,7 @@ class ChaosOptions:
     db_url: str | None = None
     accounts: int = 200
     app: str = DEFAULT_APPLICATION
+    batch: bool = False
     storages: int = 3
     servers: int = 3
     partitions: int = 4
@@ -144,6 +148,8 @@ class ChaosOptions:
             raise ValueError(f"storages must be 3 or 5, got {self.storages}")
         if self.workload not in ("raw", "counter", "ledger"):
             raise ValueError(f"unknown workload {self.workload!r}: use raw, counter or ledger")
+        if self.batch and self.workload != "ledger":
+            raise ValueError(f"--batch is for the ledger workload, not --workload {self.workload}")
         if self.schedule not in ("random", "fixed"):
             raise ValueError(f"unknown schedule {self.schedule!r}: use random or fixed")
         if self.transaction_bound < self.clients:
@@ -236,6 +242,8 @@ class ChaosOptions:
             parts.append(f"--accounts {self.accounts}")
             if self.app != DEFAULT_APPLICATION:
                 parts.append(f"--app {self.app}")
+            if self.batch:
+                parts.append("--batch")
         if not self.restart_check:
             parts.append("--no-restart-check")
         if self.network != "loopback":

@@ -210,6 +210,7 @@ def _worker_specs(
             db_url=db_url,
             accounts=options.accounts,
             app=options.app,
+            batch=options.batch,
             namespace=cluster.host(f"client-{index}").namespace if cluster.network_lab else None,
         )
         for index in range(options.clients)

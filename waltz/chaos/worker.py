@@ -83,6 +83,7 @@ class WorkerSpec:
         db_url: the shared application database (ledger).
         accounts: SmallBank customers (ledger).
         app: the SmallBank application's module (ledger).
+        batch: the instance submits through an ``EntityBatcher`` (ledger).
         namespace: the network namespace of the worker's host in namespace mode (joined before
             anything else), or None to stay in the machine's own.
     """
@@ -102,6 +103,7 @@ class WorkerSpec:
     db_url: str | None = None
     accounts: int = 200
     app: str = DEFAULT_APPLICATION
+    batch: bool = False
     namespace: str | None = None
 
 
@@ -362,6 +364,7 @@ def _ledger_main(spec: WorkerSpec, conn: Connection, stop: Event, gate: Synchron
         seed=spec.seed,
         transactions=spec.transactions,
         in_flight=spec.in_flight,
+        batch=spec.batch,
         conn=conn,
         stop=stop,
         gate=gate,

@@ -95,6 +95,15 @@ def chaos(
             "MODULE.smallbank or MODULE."
         ),
     ] = DEFAULT_APPLICATION,
+    batch: Annotated[
+        bool,
+        typer.Option(
+            "--batch/--no-batch",
+            help="The ledger workload's instances submit through an EntityBatcher: operations ready "
+            "for a partition while its last log transaction is in flight go as one log transaction "
+            '(docs/sql.md "Batching entity transactions"); the checks count each member.',
+        ),
+    ] = False,
     storages: Annotated[int, typer.Option(help="Storage nodes: 3 or 5.")] = 3,
     servers: Annotated[int, typer.Option(help="Servers.", min=1)] = 3,
     partitions: Annotated[int, typer.Option(help="Partitions.", min=1)] = 4,
@@ -180,6 +189,7 @@ def chaos(
         db_url=db_url,
         accounts=accounts,
         app=app,
+        batch=batch,
         storages=storages,
         servers=servers,
         partitions=partitions,
