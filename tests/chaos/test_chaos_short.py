@@ -425,7 +425,7 @@ def test_short_chaos_run_of_the_other_workloads(tmp_path: Path, workload: str, b
         assert "counter: every increment read its key's latest value (no lost update)" in names
     else:
         assert "ledger: money conserved" in names
-        assert "every (transaction, member) applied exactly once" in names, names
+        assert "ledger: every (transaction, member) applied exactly once" in names, names
 
 
 @pytest.mark.slow
