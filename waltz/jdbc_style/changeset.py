@@ -62,6 +62,7 @@ __all__ = [
     "encode_members",
     "encode_value",
     "member_data",
+    "repeated_key_members",
 ]
 
 #: Transaction header of change-set transactions ("WCS1" as a big-endian 32-bit integer).
@@ -273,6 +274,26 @@ def decode_members(data: bytes) -> tuple[ChangeSet, ...]:
             batch whose ``members`` is not a list of at least two JSON objects.
     """
     return _decode(data)[1]
+
+
+def repeated_key_members(members: Sequence[ChangeSet]) -> frozenset[int]:
+    """The indexes of a transaction's members whose idempotency key an earlier member of the same
+    transaction carried: the live apply skips them, and so do Spark and the workload checks
+    (docs/design/sql.md "Batched change-sets").
+
+    Returns:
+        The indexes (0-based) to pass over; empty for a transaction of one change-set.
+    """
+    seen: set[str] = set()
+    repeated: set[int] = set()
+    for index, member in enumerate(members):
+        key = member.idempotency_key
+        if key is None:
+            continue
+        if key in seen:
+            repeated.add(index)
+        seen.add(key)
+    return frozenset(repeated)
 
 
 def _decode(data: bytes) -> tuple[int, tuple[ChangeSet, ...]]:

@@ -30,6 +30,7 @@ from waltz.jdbc_style.changeset import (
     Operation,
     RowChange,
     decode_members,
+    repeated_key_members,
 )
 from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.entities import EntityInfo, EntityRegistry
@@ -181,7 +182,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         if len(members) == 1:
             self.apply_change_set(members[0], transaction, session)
             return
-        keys: set[str] = set()
+        repeated = repeated_key_members(members)
         if type(self).record_idempotency_key is AbstractClientCallbacksForSQL.record_idempotency_key:
             batch_keys = [m.idempotency_key for m in members if m.idempotency_key is not None]
             if batch_keys:  # the members' keys in two statements, not two per member
@@ -195,14 +196,11 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         try:
             for index, member in enumerate(members):
                 self._members[pid] = index
-                key = member.idempotency_key
-                if key is not None and key in keys:
+                if index in repeated:
                     # The key is recorded for this transaction already: a second copy of the
                     # request in one batch changes nothing, as a copy in a later transaction.
                     self._skip_repeated(member, transaction, index)
                     continue
-                if key is not None:
-                    keys.add(key)
                 self.apply_change_set(member, transaction, session)
         finally:
             self._members.pop(pid, None)

@@ -35,6 +35,7 @@ from waltz.jdbc_style.changeset import (
     ChangeSetFormatError,
     RowChange,
     decode_members,
+    repeated_key_members,
 )
 from waltz.jdbc_style.upcasting import SchemaChains
 
@@ -153,14 +154,12 @@ def _decode_one(
         raise ChangeSetFormatError(f"partition {pid} transaction {txid}: {exc}") from exc
     rows: list[tuple[Any, ...]] = []
     index = 0  # the row changes of a batch's members are numbered on, in order
-    keys: set[str] = set()
+    repeated = repeated_key_members(members)
     for member, change_set in enumerate(members):  # member: as ChangeSetCallbacks.member_index
         key = change_set.idempotency_key
-        if key is not None:
-            if key in keys:
-                # A second copy of a request in one batch: the live apply skips it, so do we.
-                continue
-            keys.add(key)
+        if member in repeated:
+            # A second copy of a request in one batch: the live apply skips it, so do we.
+            continue
         meta = json.dumps(dict(change_set.meta), sort_keys=True) if change_set.meta else None
         if not change_set.changes:
             # A change-set without row changes still carries its meta (applications may count it).

@@ -34,7 +34,8 @@ from waltz import WaltzClientCallbacks
 from waltz.client.config import WaltzClientConfig
 from waltz.client.reading import read_up_to
 from waltz.client.transaction import Transaction
-from waltz.jdbc_style import CHANGE_SET_HEADER, ChangeSet, decode_members
+from waltz.jdbc_style import CHANGE_SET_HEADER, decode_members
+from waltz.jdbc_style.changeset import repeated_key_members
 from waltz.jdbc_style.schema import high_water_marks
 from waltz.workloads.application import Check, SmallBankApplication
 
@@ -86,7 +87,8 @@ class _Reader(WaltzClientCallbacks):
                 members = decode_members(t.get_raw_data())
                 metas = [dict(member.meta) for member in members]  # a batch: each member's
                 changes = tuple((c.entity, c.schema_version) for m in members for c in m.changes)
-                applied = _applied_members(members)
+                repeated = repeated_key_members(members)
+                applied = tuple(i for i in range(len(members)) if i not in repeated)
             with self.lock:
                 if applied != (0,):
                     self.tally.members.setdefault(t.partition_id, {})[t.transaction_id] = applied
@@ -100,21 +102,6 @@ class _Reader(WaltzClientCallbacks):
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
         raise RuntimeError(f"reading the log failed at {partition_id}:{transaction_id}") from exception
-
-
-def _applied_members(members: Sequence[ChangeSet]) -> tuple[int, ...]:
-    """The indexes of a transaction's members that the live apply applies: all but one that
-    repeats an earlier member's idempotency key (docs/design/sql.md "Batched change-sets")."""
-    keys: set[str] = set()
-    applied = []
-    for index, member in enumerate(members):
-        key = member.idempotency_key
-        if key is not None and key in keys:
-            continue
-        if key is not None:
-            keys.add(key)
-        applied.append(index)
-    return tuple(applied)
 
 
 def read_log(
