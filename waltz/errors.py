@@ -31,6 +31,8 @@ __all__ = [
     "SessionFencedError",
     "SessionJumpTooLargeError",
     "SessionNotOpenError",
+    "SplitRecordFormatError",
+    "SplitRecordVersionError",
     "SqlFrameworkError",
     "StagedRowCountError",
     "StaleMetadataError",
@@ -429,6 +431,26 @@ class ApplyPausedError(WaltzError):
     the reason, and the instance's other partitions go on. Restarting the instance on the new
     code resumes it.
     """
+
+
+class SplitRecordFormatError(WaltzError):
+    """Transaction data under the split records' header (``0x57505348``) that is not a barrier or
+    a genesis as this code reads them: not UTF-8 JSON, a field missing, of the wrong type or not
+    in the form, an unknown kind (docs/design/splits.md "Record forms"). The record is never
+    skipped: its partition's apply retries it and reports the error."""
+
+
+class SplitRecordVersionError(SplitRecordFormatError, ApplyPausedError):
+    """A split record of a form newer than this code reads: its partition's apply waits for this
+    instance's upgrade (docs/design/splits.md "Record forms").
+
+    Attributes:
+        form: the form the record declares (its ``"v"``).
+    """
+
+    def __init__(self, message: str, form: int) -> None:
+        super().__init__(message)
+        self.form = form
 
 
 class SqlFrameworkError(WaltzError):
