@@ -1,6 +1,8 @@
 """Batched change-sets (form 3): several change-sets in one log transaction, read by the live
 apply, group apply and the entity cache as each member on its own, in order, each with its own
-idempotency key (docs/design/sql.md "Batched change-sets")."""
+idempotency key (docs/design/sql.md "Batched change-sets"). The same log with the records of a
+partition split among its change-sets changes the same rows (docs/design/splits.md "Record
+forms")."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from waltz.client.apply_worker import ApplyWorker
 from waltz.client.transaction import Transaction
+from waltz.client.waiting import Watermark
 from waltz.jdbc_style import (
     CHANGE_SET_HEADER,
     ChangeSet,
@@ -31,7 +35,15 @@ from waltz.jdbc_style import (
     encode_members,
 )
 from waltz.jdbc_style.changeset import ChangeSetVersionError
+from waltz.local.processes import wait_until
 from waltz.protocol.records import ReqId
+from waltz.protocol.split_records import (
+    SPLIT_RECORD_HEADER,
+    SplitBarrier,
+    SplitGenesis,
+    SplitRecordFormatError,
+    SplitRecordVersionError,
+)
 
 
 class Base(DeclarativeBase):
@@ -49,8 +61,8 @@ def _put(sku: int, units: int, operation: Operation = Operation.UPDATE) -> RowCh
     return RowChange(operation, "batch.stock", {"sku": sku}, {"sku": sku, "units": units})
 
 
-def _txn(transaction_id: int, data: bytes) -> Transaction:
-    return Transaction(0, transaction_id, ReqId(3, 1, 0, transaction_id), CHANGE_SET_HEADER, None, data)
+def _txn(transaction_id: int, data: bytes, header: int = CHANGE_SET_HEADER) -> Transaction:
+    return Transaction(0, transaction_id, ReqId(3, 1, 0, transaction_id), header, None, data)
 
 
 # --- the record form ------------------------------------------------------------------------------
@@ -155,18 +167,23 @@ def engine(app_db_url: str) -> Iterator[Engine]:
 
 
 class Audited(ChangeSetCallbacks):
-    """Notes each change-set its apply is handed, with the member it is."""
+    """Notes each change-set its apply is handed, with the member it is, and each transaction
+    handed to ``apply_command`` (applied as changing nothing)."""
 
     def __init__(self, engine: Engine, **kwargs: Any) -> None:
         kwargs.setdefault("entity_cache", True)
         super().__init__(engine, cluster_name="batches", registry=EntityRegistry([Stock]), **kwargs)
         self.seen: list[tuple[int, int, str | None]] = []
+        self.commands: list[int] = []
 
     def apply_change_set(self, change_set: ChangeSet, transaction: Transaction, session: Session) -> None:
         self.seen.append(
             (transaction.transaction_id, self.member_index(transaction), change_set.idempotency_key)
         )
         super().apply_change_set(change_set, transaction, session)
+
+    def apply_command(self, transaction: Transaction, session: Session) -> None:
+        self.commands.append(transaction.transaction_id)
 
 
 def _log() -> list[Transaction]:
@@ -262,3 +279,106 @@ def test_a_batch_that_does_not_fit_rolls_back_every_member(engine: Engine) -> No
     assert _stock(engine) == {1: 10}
     assert callbacks.find_idempotency_key("r9") is None
     assert callbacks.high_water_marks() == {0: 0}
+
+
+# --- the records of a split among the forms -------------------------------------------------------
+
+BARRIER = SplitBarrier(epoch=1, count=2, previous_count=1, parent=0)
+GENESIS = SplitGenesis(epoch=1, count=2, previous_count=1, parent=0, barrier=2)
+
+
+def _split_log(records: str) -> list[Transaction]:
+    """:func:`_log` with a barrier after transaction 1 and, with ``"barrier and genesis"``, a genesis
+    after the next, numbered on."""
+    data = [t.get_raw_data() for t in _log()]
+    entries = [(CHANGE_SET_HEADER, d) for d in data[:2]] + [(SPLIT_RECORD_HEADER, BARRIER.encode())]
+    entries.append((CHANGE_SET_HEADER, data[2]))
+    if records == "barrier and genesis":
+        entries.append((SPLIT_RECORD_HEADER, GENESIS.encode()))
+    entries.append((CHANGE_SET_HEADER, data[3]))
+    return [_txn(i, d, header) for i, (header, d) in enumerate(entries)]
+
+
+@pytest.mark.parametrize("records", ["barrier", "barrier and genesis"])
+@pytest.mark.parametrize("grouped", [False, True], ids=["one-by-one", "group"])
+def test_split_records_among_the_forms_change_no_row_and_are_applied_once(
+    engine: Engine, grouped: bool, records: str
+) -> None:
+    """docs/design/splits.md "The SQL framework across a split": each record is one transaction of
+    its partition, applied once, changing no row and never handed to ``apply_command``; the
+    barrier leaves the entity cache as it was, the genesis empties it."""
+    callbacks = Audited(engine)
+    log = _split_log(records)
+    last = log[-1].transaction_id
+    cache = callbacks.entity_cache
+    assert cache is not None
+    cache.floor(0, -1)
+    if grouped:
+        callbacks.absorb_transactions(log)
+        callbacks.apply_transactions(log)
+    else:
+        for transaction in log:
+            callbacks.absorb_transactions([transaction])
+            callbacks.apply_transaction(transaction)
+    assert callbacks.uncaught_count == 0 and callbacks.commands == []
+    assert _stock(engine) == EXPECTED
+    assert callbacks.high_water_marks() == {0: last}
+    assert [s for s in callbacks.seen if s[0] >= 3] == [
+        (3, 0, "r1"),
+        (3, 1, "r2"),
+        (3, 3, None),
+        (last, 0, "r3"),
+        (last, 1, None),
+    ]
+    info = callbacks.registry.info(Stock)
+    assert cache.position(0) == last
+    rows = cache.read(0, [(info, (1,)), (info, (3,))])
+    if records == "barrier":
+        assert rows == (last, {(info, (1,)): (1, 8), (info, (3,)): (3, 29)})
+        assert cache.resets == 0  # the barrier is followed, changing nothing
+    elif not grouped:
+        # The genesis emptied the rows the cache held; it follows the transactions after it.
+        assert rows == (last, {(info, (1,)): (1, 8), (info, (3,)): (3, 29)})
+        assert cache.resets == 1
+    else:
+        assert rows is None  # a group holding the genesis leaves the cache empty at its end
+
+    # Another instance sharing the database finds every record applied: nothing twice.
+    other = Audited(engine)
+    other.apply_transactions(log)
+    for transaction in log:
+        other.apply_transaction(transaction)
+    assert other.seen == other.commands == [] and other.uncaught_count == 0
+    assert _stock(engine) == EXPECTED and callbacks.high_water_marks() == {0: last}
+
+
+def test_a_split_record_of_a_newer_form_stops_its_partition_naming_the_form(engine: Engine) -> None:
+    """As a change-set of a newer form does (docs/design/sql.md "Schema versions and upcasting"):
+    the partition waits, unhealthy with the error as its reason, applying nothing of it."""
+    callbacks = Audited(engine)
+    worker = ApplyWorker(0, callbacks, Watermark(-1), initial_backoff=0.01, absorbed=Watermark(-1))
+    newer = {**json.loads(GENESIS.encode()), "v": 2, "kind": "merge"}
+    worker.start()
+    try:
+        worker.enqueue(_txn(0, ChangeSet([_put(1, 10, Operation.INSERT)]).encode()))
+        worker.enqueue(_txn(1, json.dumps(newer).encode(), SPLIT_RECORD_HEADER))
+        paused = wait_until(
+            lambda: worker.paused, timeout=10, what="partition 0 to wait at the split record of form 2"
+        )
+        assert not worker.healthy
+    finally:
+        worker.close()
+    assert isinstance(paused, SplitRecordVersionError) and paused.form == 2
+    assert "of form 2 is newer than this waltz-py reads" in str(paused)
+    assert [(p, t, e) for p, t, e in callbacks.uncaught] == [(0, 1, paused)]
+    assert callbacks.high_water_marks() == {0: 0} and callbacks.commands == []
+
+
+def test_a_damaged_split_record_is_refused_and_never_passed_over(engine: Engine) -> None:
+    callbacks = Audited(engine)
+    callbacks.apply_transaction(_txn(0, ChangeSet([_put(1, 10, Operation.INSERT)]).encode()))
+    damaged = {**json.loads(BARRIER.encode()), "previous_count": 3}
+    with pytest.raises(SplitRecordFormatError, match="count 2 is not a multiple") as raised:
+        callbacks.apply_transaction(_txn(1, json.dumps(damaged).encode(), SPLIT_RECORD_HEADER))
+    assert not isinstance(raised.value, SplitRecordVersionError)
+    assert callbacks.high_water_marks() == {0: 0} and callbacks.commands == []

@@ -3,7 +3,9 @@
 Source: docs/design/sql.md "Change-sets" (one message maps to several DML statements in one SQL
 transaction). A service built from declared entities (:mod:`waltz.jdbc_style.entities`) and entity
 transaction contexts (:mod:`waltz.jdbc_style.entity_context`) needs no hand-written ``apply``;
-command-style transactions (any other header) go to :meth:`ChangeSetCallbacks.apply_command`.
+the records of a partition split (:mod:`waltz.protocol.split_records`) are applied as changing no
+row (docs/design/splits.md "Record forms"); command-style transactions (any other header) go to
+:meth:`ChangeSetCallbacks.apply_command`.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from waltz.jdbc_style.entity_reads import (
     read_entities_from_cache,
 )
 from waltz.jdbc_style.idempotency import record_idempotency_keys
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitBarrier, decode_split_record
 
 __all__ = ["ChangeSetApplyError", "ChangeSetCallbacks", "row_change_problem"]
 
@@ -167,13 +170,20 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
 
     def apply(self, transaction: Transaction, session: Session) -> None:
         """Apply a change-set transaction, each of a batch's members in order through
-        :meth:`apply_change_set`; hand others to :meth:`apply_command`.
+        :meth:`apply_change_set`; pass a split record (a barrier or a genesis) over, changing no
+        row (its partition's mark moves past it); hand others to :meth:`apply_command`.
 
         Raises:
             ChangeSetFormatError: the data is not a valid change-set.
             ChangeSetApplyError: an update or delete found no row.
             UnknownEntityError: the change-set names an entity the registry does not know.
+            SplitRecordVersionError: a split record of a form newer than this code reads (an
+                :class:`~waltz.errors.ApplyPausedError`: the partition waits for an upgrade).
+            SplitRecordFormatError: a split record that is not one of the form it declares.
         """
+        if transaction.header == SPLIT_RECORD_HEADER:
+            self._split_record_members(transaction)
+            return
         if transaction.header != CHANGE_SET_HEADER:
             self.apply_command(transaction, session)
             return
@@ -246,6 +256,24 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             members = self._decode(transaction)
             decoded[transaction.transaction_id] = members
         return members
+
+    def _split_record_members(self, transaction: Transaction) -> tuple[ChangeSet, ...] | None:
+        """Read a split record (docs/design/splits.md "Record forms"): the change-sets the entity
+        cache follows for it, none for a barrier (kept, with the cache, until the apply ends, as
+        :meth:`_members_of` keeps a change-set's), None for a genesis, which starts a new child's
+        log: the cache starts that partition again, empty (docs/design/splits.md "The SQL
+        framework across a split").
+
+        Raises:
+            SplitRecordVersionError: a form newer than this code reads.
+            SplitRecordFormatError: not a barrier or a genesis of form 1.
+        """
+        record = decode_split_record(transaction.get_raw_data())
+        if not isinstance(record, SplitBarrier):
+            return None
+        if self.entity_cache is not None:
+            self._decoded.setdefault(transaction.partition_id, {})[transaction.transaction_id] = ()
+        return ()
 
     def _decode(self, transaction: Transaction) -> tuple[ChangeSet, ...]:
         upcast = self.registry.schema_chains().upcast
@@ -336,19 +364,21 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
 
     def absorb_transactions(self, transactions: Sequence[Transaction]) -> None:
         """Move the entity cache by a batch the client is about to apply (docs/design/sql.md
-        "The entity cache"); a transaction that is not a valid change-set resets it (its apply
-        reports the error)."""
+        "The entity cache"): a split barrier changes no row; a genesis, a transaction that is not
+        a change-set and one that is not valid reset it (its apply reports the error)."""
         cache = self.entity_cache
         if cache is None or not transactions:
             return
         change_sets: list[tuple[ChangeSet, ...] | None] = []
         for transaction in transactions:
             members = None
-            if transaction.header == CHANGE_SET_HEADER:
-                try:
+            try:
+                if transaction.header == CHANGE_SET_HEADER:
                     members = self._members_of(transaction)
-                except Exception:  # the apply raises it where it is reported and retried
-                    members = None
+                elif transaction.header == SPLIT_RECORD_HEADER:
+                    members = self._split_record_members(transaction)
+            except Exception:  # the apply raises it where it is reported and retried
+                members = None
             change_sets.append(members)
         cache.absorb(transactions[0].partition_id, transactions[0].transaction_id, change_sets)
 
@@ -543,7 +573,8 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         return statement, parameters
 
     def apply_command(self, transaction: Transaction, session: Session) -> None:
-        """Apply a transaction that is not a change-set (override for command-style data).
+        """Apply a transaction that is neither a change-set nor a split record (override for
+        command-style data).
 
         Raises:
             NotImplementedError: by default, naming the header.

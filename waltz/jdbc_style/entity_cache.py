@@ -30,7 +30,9 @@ How the rows stay exact:
   (MariaDB's default collations equate them) such models are never kept.
 - Anything the cache cannot follow exactly resets it to an empty cache at the new mark: a group
   that does not start at P + 1, a floor (transactions found applied at a mount), a transaction
-  that is not a change-set, a change the cache cannot place by its entity key.
+  that is not a change-set, a change the cache cannot place by its entity key. A split's barrier
+  changes no row and is followed as a transaction without change-sets; its genesis starts a new
+  child's log and resets the child (docs/design/splits.md "The SQL framework across a split").
 - A change-set with an idempotency key is followed too, but its apply may skip its changes (an
   earlier transaction carried the key): each entry it leaves is *pending* on the change-set (its
   transaction, and its member in a batch: docs/design/sql.md "Batched change-sets"), unknown to
@@ -476,8 +478,9 @@ class EntityCache:
         self, partition_id: int, first: int, change_sets: Sequence[ChangeSet | Sequence[ChangeSet] | None]
     ) -> None:
         """Move the partition on by the committed transactions ``first``, ``first + 1``, ...: the
-        decoded change-sets of each, in order (one change-set, or a batch's members; None: a
-        transaction that is not a change-set). Those at or below the position are absorbed
+        decoded change-sets of each, in order (one change-set, or a batch's members; empty: a
+        transaction that changes no row, a split's barrier; None: a transaction the cache cannot
+        follow, one that is not a change-set). Those at or below the position are absorbed
         already and passed over. Resets it when they do not follow its position or hold
         something the cache cannot follow (see the module docstring)."""
         last = first + len(change_sets) - 1
