@@ -2,11 +2,14 @@
 
 The log is a DataFrame of the data source's schema holding change-sets of the counter example, two
 of them carrying the same idempotency key; the target databases already hold another log's marks
-and keys, which a rebuild must leave as they are.
+and keys, which a rebuild must leave as they are. Logs of every change-set form, and one with the
+records of a partition split among them, are rebuilt as the live apply applies them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -14,11 +17,19 @@ from sqlalchemy import insert, inspect, select, text
 
 from waltz.client.transaction import Transaction
 from waltz.jdbc_style import create_framework_engine
-from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, ChangeSetBatch, Operation, RowChange
+from waltz.jdbc_style.changeset import (
+    CHANGE_SET_HEADER,
+    ChangeSet,
+    ChangeSetBatch,
+    ChangeSetFormatError,
+    Operation,
+    RowChange,
+)
 from waltz.jdbc_style.changeset_callbacks import row_change_problem
 from waltz.jdbc_style.schema import high_water_marks, idempotency_keys
 from waltz.protocol.records import ReqId
-from waltz.spark.decoders import decode_changes
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitBarrier, SplitGenesis
+from waltz.spark.decoders import DecoderRegistry, decode_changes
 from waltz.spark.errors import RebuildError
 from waltz.spark.source import LOG_SCHEMA
 from waltz.spark.target import jdbc_target, write_views
@@ -460,3 +471,126 @@ def test_a_ledger_log_of_batches_is_rebuilt_as_the_live_apply_records_it(spark: 
         (0, 2, 1, 2),
         (1, 0, 0, 0),
     }
+
+
+BARRIER = SplitBarrier(epoch=1, count=2, previous_count=1, parent=0).encode()
+GENESIS = SplitGenesis(epoch=1, count=2, previous_count=1, parent=0, barrier=2).encode()
+
+
+@pytest.mark.parametrize("on_unknown", ["fail", "skip"])
+def test_split_records_decode_to_no_row_changes_whatever_on_unknown_says(on_unknown: str) -> None:
+    """docs/design/splits.md "Spark across a split": barrier and genesis records carry no row
+    changes; their form is read, and a form this release does not read fails the job naming it."""
+    decoders = DecoderRegistry(on_unknown=on_unknown)
+    assert decoders.decode_members(SPLIT_RECORD_HEADER, BARRIER) == ()
+    assert decoders.decode_members(SPLIT_RECORD_HEADER, GENESIS) == ()
+    assert decoders.decode(SPLIT_RECORD_HEADER, GENESIS) == ChangeSet(())
+    newer = json.dumps({**json.loads(GENESIS), "v": 2}).encode()
+    for decode in (decoders.decode, decoders.decode_members):
+        with pytest.raises(ChangeSetFormatError, match="split record of form 2 is newer"):
+            decode(SPLIT_RECORD_HEADER, newer)
+        with pytest.raises(ChangeSetFormatError, match="kind 'merge' is unknown"):
+            decode(SPLIT_RECORD_HEADER, json.dumps({**json.loads(BARRIER), "kind": "merge"}).encode())
+    with pytest.raises(ValueError, match="decoded by the framework"):
+        decoders.register(SPLIT_RECORD_HEADER, lambda data: ())
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_ledger_log_with_split_records_is_applied_cached_and_rebuilt_as_without_them(
+    spark: Any, tmp_path: Any, request: pytest.FixtureRequest, backend: str
+) -> None:
+    """docs/design/splits.md "Record forms": a barrier and a genesis among change-sets of forms 1
+    and 3 change no row in the live apply, leave the entity cache following the log (the barrier
+    changes nothing; the genesis starts its partition's rows again), and give no row change to the
+    rebuild, whose tables equal those of the same log without them. The records stand among the
+    change-sets: this release reads them wherever they are."""
+    from waltz_examples.ledger.models import Checking, applied_transactions
+    from waltz_examples.ledger.service import LedgerCallbacks
+    from waltz_examples.ledger.views import VIEWS as LEDGER_VIEWS
+
+    entries = [
+        (0, 0, CHANGE_SET_HEADER, _ledger_set(1, 100, 100, insert=True).encode()),
+        (
+            0,
+            1,
+            CHANGE_SET_HEADER,
+            ChangeSetBatch([_ledger_set(1, 110, 10), _ledger_set(1, 130, 20)]).encode(),
+        ),
+        (0, 2, SPLIT_RECORD_HEADER, BARRIER),
+        (
+            0,
+            3,
+            CHANGE_SET_HEADER,
+            ChangeSetBatch(
+                [
+                    _ledger_set(1, 131, 1),
+                    ChangeSet([], meta={"op": "noop", "delta": 0}),
+                    _ledger_set(1, 134, 3),
+                ]
+            ).encode(),
+        ),
+        (1, 0, CHANGE_SET_HEADER, _ledger_set(2, 5, 5, insert=True).encode()),
+        (1, 1, SPLIT_RECORD_HEADER, GENESIS),
+        (
+            1,
+            2,
+            CHANGE_SET_HEADER,
+            dataclasses.replace(_ledger_set(2, 7, 2), idempotency_key="req-1").encode(),
+        ),
+        (
+            1,
+            3,
+            CHANGE_SET_HEADER,
+            dataclasses.replace(_ledger_set(2, 9, 2), idempotency_key="req-2").encode(),
+        ),
+    ]
+    url = (
+        f"sqlite:///{tmp_path / 'live.db'}"
+        if backend == "sqlite"
+        else request.getfixturevalue("postgres_url")
+    )
+    engine = create_framework_engine(url)
+    try:
+        LEDGER_VIEWS.prepare(engine)
+        live = LedgerCallbacks(engine, cluster_name="ledger", registry=LEDGER_VIEWS.entities)
+        for p in (0, 1):
+            live.absorb_floor(p, -1)  # as the client does at a mount
+        for p, t, header, data in entries:
+            transaction = Transaction(p, t, ReqId(7, 1, p, t), header, None, data)
+            live.absorb_transactions([transaction])  # as the client does before it applies
+            live.apply_transaction(transaction)
+        with engine.connect() as conn:
+            applied = {tuple(r) for r in conn.execute(select(*applied_transactions.columns))}
+            balances = {tuple(r) for r in conn.execute(select(Checking.custid, Checking.balance))}
+            applied_keys = {tuple(r) for r in conn.execute(select(*list(idempotency_keys.c)[1:4]))}
+        assert live.high_water_marks() == {0: 3, 1: 3} and live.uncaught_count == 0
+        cache = live.entity_cache
+        assert cache is not None
+        info = live.registry.info(Checking)
+        assert cache.read(0, [(info, (1,))]) == (3, {(info, (1,)): (1, 134)})
+        assert cache.read(1, [(info, (2,))]) == (3, {(info, (2,)): (2, 9)})
+        assert cache.resets == 1  # the genesis: partition 1's row of customer 2
+    finally:
+        engine.dispose()
+    assert balances == {(1, 134), (2, 9)}
+    assert {(p, t) for p, t, *_ in applied} == {(0, 0), (0, 1), (0, 3), (1, 0), (1, 2), (1, 3)}
+
+    def rebuilt(rows: list[tuple[int, int, int, bytes]]) -> tuple[dict[str, set[tuple[Any, ...]]], Any]:
+        log = spark.createDataFrame([(p, t, h, 7, 1, p, t, d) for p, t, h, d in rows], LOG_SCHEMA)
+        changes = decode_changes(log, LEDGER_VIEWS.decoders)
+        tables = {
+            name: {tuple(r) for r in df.collect()} for name, df in LEDGER_VIEWS.build(changes, log).items()
+        }
+        keys = {
+            (r.idempotency_key, r.partition_id, r.transaction_id)
+            for r in idempotency_key_rows(changes, "ledger").collect()
+        }
+        return tables, (keys, changes.where(f"header = {SPLIT_RECORD_HEADER}").count())
+
+    with_records, (keys, split_rows) = rebuilt(entries)
+    without_records, (keys_without, _) = rebuilt([e for e in entries if e[2] != SPLIT_RECORD_HEADER])
+    assert split_rows == 0
+    assert with_records == without_records
+    assert keys == keys_without == applied_keys == {("req-1", 1, 2), ("req-2", 1, 3)}
+    assert with_records[applied_transactions.name] == applied
+    assert {(c, b) for c, b in with_records[Checking.__tablename__]} == balances

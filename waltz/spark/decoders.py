@@ -10,8 +10,11 @@ a batch, 0 outside one), ``header``, ``entity``, ``operation``
 :func:`render_value`, cast to the column's type by :mod:`waltz.spark.views`), ``meta`` (the
 change-set's ``meta`` as JSON text) and ``idempotency_key``.
 
-Command-style transactions (any other header) go to a decoder the application registers for
-their header: ``decoders.register(header, fn)`` with ``fn(data: bytes) -> Sequence[RowChange]``.
+The records of a partition split (a barrier or a genesis, :mod:`waltz.protocol.split_records`)
+carry no row changes: their form is checked and they give none (docs/design/splits.md "Spark
+across a split"). Command-style transactions (any other header) go to a decoder the application
+registers for their header: ``decoders.register(header, fn)`` with ``fn(data: bytes) ->
+Sequence[RowChange]``.
 
 Given the application's schema chains, every row change is upcast to its entity's current model in
 the same step, with the live apply's own code (docs/design/sql.md "Schema versions and upcasting"):
@@ -38,6 +41,7 @@ from waltz.jdbc_style.changeset import (
     repeated_key_members,
 )
 from waltz.jdbc_style.upcasting import SchemaChains
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitRecordFormatError, decode_split_record
 
 __all__ = ["CHANGES_SCHEMA", "CommandDecoder", "DecoderRegistry", "decode_changes", "render_value"]
 
@@ -82,7 +86,8 @@ class DecoderRegistry:
 
     Args:
         on_unknown: ``"fail"`` (default): a transaction with a header nobody decodes fails the
-            job; ``"skip"``: it yields no row change (its mark still counts as read).
+            job; ``"skip"``: it yields no row change (its mark still counts as read). Change-sets
+            and split records are the framework's, whatever this says.
     """
 
     def __init__(self, on_unknown: str = "fail") -> None:
@@ -95,20 +100,27 @@ class DecoderRegistry:
         """Decode transactions with ``header`` with ``decoder`` (must be picklable by cloudpickle).
 
         Raises:
-            ValueError: ``header`` is the change-set header (decoded by the framework).
+            ValueError: ``header`` is the change-set or the split records' header (decoded by the
+                framework).
         """
-        if header == CHANGE_SET_HEADER:
-            raise ValueError("change-sets are decoded by the framework; register command headers only")
+        if header in (CHANGE_SET_HEADER, SPLIT_RECORD_HEADER):
+            raise ValueError(
+                "change-sets and split records are decoded by the framework; register command headers only"
+            )
         self._decoders[header] = decoder
 
     def decode(self, header: int, data: bytes) -> ChangeSet:
-        """Decode one transaction.
+        """Decode one transaction (a split record: a change-set without row changes).
 
         Raises:
-            ChangeSetFormatError: malformed change-set data, or an unknown header with ``"fail"``.
+            ChangeSetFormatError: malformed change-set data, a split record of a form this code
+                does not read (named), or an unknown header with ``"fail"``.
         """
         if header == CHANGE_SET_HEADER:
             return ChangeSet.decode(data)
+        if header == SPLIT_RECORD_HEADER:
+            _check_split_record(data)
+            return ChangeSet(())
         decoder = self._decoders.get(header)
         if decoder is None:
             if self.on_unknown == "skip":
@@ -121,14 +133,33 @@ class DecoderRegistry:
 
     def decode_members(self, header: int, data: bytes) -> tuple[ChangeSet, ...]:
         """Decode one transaction into its change-sets: a batch's members (docs/design/sql.md
-        "Batched change-sets"), or the one change-set of any other transaction.
+        "Batched change-sets"), none for a split record (docs/design/splits.md "Spark across a
+        split"), or the one change-set of any other transaction.
 
         Raises:
-            ChangeSetFormatError: malformed change-set data, or an unknown header with ``"fail"``.
+            ChangeSetFormatError: malformed change-set data, a split record of a form this code
+                does not read (named), or an unknown header with ``"fail"``.
         """
         if header == CHANGE_SET_HEADER:
             return decode_members(data)
+        if header == SPLIT_RECORD_HEADER:
+            _check_split_record(data)
+            return ()
         return (self.decode(header, data),)
+
+
+def _check_split_record(data: bytes) -> None:
+    """Read a split record's form and fields (docs/design/splits.md "Record forms"), as the live
+    apply does before it passes the record over.
+
+    Raises:
+        ChangeSetFormatError: the record is of a form this code does not read, or not a barrier or
+            a genesis of its form (the split record's own error chained).
+    """
+    try:
+        decode_split_record(data)
+    except SplitRecordFormatError as exc:
+        raise ChangeSetFormatError(str(exc)) from exc
 
 
 def _render_map(values: Mapping[str, Any]) -> dict[str, str | None]:
