@@ -1,6 +1,7 @@
 """An entity's partition (``partition_of``, ``default_partition``) and the check that contexts keep
 their entities in one partition (``check_partition_mapping``); docs/design/sql.md "Entity
-transactions". Nothing is submitted or read: the callbacks only lend their registry."""
+transactions", and what a split of the log would break (docs/design/splits.md, "The routing
+rule"). Nothing is submitted or read: the callbacks only lend their registry."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from waltz.jdbc_style import (
     EntityRegistry,
     EntityTransaction,
     EntityTransactionContext,
+    SplitEntity,
+    SplitFinding,
+    SplitFindingKind,
     UnknownEntityError,
     WaltzEntity,
     check_partition_mapping,
@@ -35,6 +39,15 @@ def with_customer(key: tuple[Any, ...], num_partitions: int) -> int:
 def customer_mod(key: tuple[Any, ...], num_partitions: int) -> int:
     """A mapping of its own, not the customers': it splits some customers from their rows."""
     return int(key[0]) % num_partitions
+
+
+ACCOUNTS = 1000
+
+
+def account_range(key: tuple[Any, ...], num_partitions: int) -> int:
+    """A range table: accounts 0..999 in equal runs, one run per partition. Not divisible: at 2
+    partitions account 250 is in partition 0, at 4 in partition 1."""
+    return int(key[0]) * num_partitions // ACCOUNTS
 
 
 class Base(DeclarativeBase):
@@ -74,6 +87,12 @@ class Overflowing(Base):
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
 
 
+class RangedAccount(Base):
+    __tablename__ = "pm_ranged_accounts"
+    __waltz__ = WaltzEntity("pm.ranged_account", partition_by=account_range)
+    account_id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+
+
 class Plain(Base):
     __tablename__ = "pm_plain"
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
@@ -103,6 +122,14 @@ class Pay(EntityTransactionContext):
         return False
 
 
+class Deposit(EntityTransactionContext):
+    def __init__(self, callbacks: ChangeSetCallbacks, account_id: int) -> None:
+        super().__init__(callbacks, (RangedAccount, account_id))
+
+    def run(self, tx: EntityTransaction) -> bool:
+        return False
+
+
 @pytest.fixture(scope="module")
 def callbacks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChangeSetCallbacks]:
     """Callbacks on a SQLite file without the framework's tables: contexts only use the registry."""
@@ -111,7 +138,7 @@ def callbacks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChangeSetCal
         yield ChangeSetCallbacks(
             engine,
             cluster_name="partitions",
-            registry=EntityRegistry([Customer, Order, StrayOrder, Wallet]),
+            registry=EntityRegistry([Customer, Order, StrayOrder, Wallet, RangedAccount]),
             check_schema=False,
         )
     finally:
@@ -153,8 +180,8 @@ def test_a_mapping_that_keeps_each_transaction_together_passes(callbacks: Change
     checked = check_partition_mapping(
         lambda sample: PlaceOrder(callbacks, *sample), samples, num_partitions=range(1, 33)
     )
-    assert checked == len(samples) * 32
-    assert check_partition_mapping(lambda c: Pay(callbacks, c), [1], num_partitions=1) == 1
+    assert checked.checked == len(samples) * 32
+    assert check_partition_mapping(lambda c: Pay(callbacks, c), [1], num_partitions=1).checked == 1
 
 
 def test_a_mapping_that_splits_a_transaction_is_named_by_its_first_counter_example(
@@ -175,7 +202,7 @@ def test_a_mapping_that_splits_a_transaction_is_named_by_its_first_counter_examp
     def make(sample: tuple[int, int]) -> PlaceStrayOrder:
         return PlaceStrayOrder(callbacks, *sample)
 
-    assert check_partition_mapping(make, [(agreeing, 1)], num_partitions=4) == 1
+    assert check_partition_mapping(make, [(agreeing, 1)], num_partitions=4).checked == 1
 
     with pytest.raises(CrossPartitionError) as caught:
         check_partition_mapping(make, samples, num_partitions=counts)
@@ -224,6 +251,119 @@ def test_orders_stay_with_their_customers_for_any_keys(
     callbacks: ChangeSetCallbacks, customer: int, order: int, num_partitions: int
 ) -> None:
     checked = check_partition_mapping(
-        lambda sample: PlaceOrder(callbacks, *sample), [(customer, order)], num_partitions=num_partitions
+        lambda sample: PlaceOrder(callbacks, *sample),
+        [(customer, order)],
+        num_partitions=num_partitions,
+        split_factors=(2, 3, 4),
     )
-    assert checked == 1
+    assert checked.checked == 1
+    # The default mapping, alone or applied to part of the key, is divisible: any split keeps
+    # an order with its customer (docs/design/splits.md, "The routing rule").
+    assert checked.split_findings == ()
+    assert checked.splittable
+
+
+def test_the_default_mapping_survives_a_split(callbacks: ChangeSetCallbacks) -> None:
+    """Orders mapped by the default mapping of their customer stay with the customer, and in
+    their partition's children, at twice and three times every count."""
+    samples = [(customer, order) for customer in range(100) for order in (1, 77)]
+    checked = check_partition_mapping(
+        lambda sample: PlaceOrder(callbacks, *sample),
+        samples,
+        num_partitions=range(1, 17),
+        split_factors=(2, 3),
+    )
+    assert (checked.checked, checked.split_factors, checked.split_findings) == (len(samples) * 16, (2, 3), ())
+    # A split to twice the count is checked unless asked otherwise.
+    assert check_partition_mapping(lambda c: Pay(callbacks, c), [1], num_partitions=1).split_factors == (2,)
+
+
+def test_a_mapping_that_is_not_divisible_is_named_by_its_first_key(
+    callbacks: ChangeSetCallbacks, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A range table keeps each transaction in one partition at every count, but a split moves
+    keys to partitions that are not their partition's children."""
+    samples = range(ACCOUNTS)
+    counts = range(1, 5)
+    # The first (account, count) whose partition at twice the count is not a child of its
+    # partition at the count, computed here.
+    account, count = next(
+        (a, n) for a in samples for n in counts if account_range((a,), 2 * n) % n != account_range((a,), n)
+    )
+    before, after = account_range((account,), count), account_range((account,), 2 * count)
+
+    with caplog.at_level("WARNING", logger="waltz.jdbc_style.partition_check"):
+        checked = check_partition_mapping(lambda a: Deposit(callbacks, a), samples, num_partitions=counts)
+
+    assert checked.checked == ACCOUNTS * len(counts)
+    assert not checked.splittable
+    assert checked.split_findings == (
+        SplitFinding(
+            SplitFindingKind.NOT_DIVISIBLE,
+            "Deposit",
+            account,
+            count,
+            2 * count,
+            (SplitEntity("RangedAccount", (account,), "declared", before, after),),
+        ),
+    )
+    message = str(checked.split_findings[0])
+    assert (
+        f"Deposit from the sample {account}: RangedAccount({account},) is in partition {before} of {count} "
+        f"but in partition {after} of {2 * count}, not one of partition {before}'s children"
+    ) in message
+    assert (
+        f"not divisible, so a log that uses it cannot be split from {count} to {2 * count} partitions"
+        in message
+    )
+    assert [record.getMessage() for record in caplog.records] == [f"check_partition_mapping: {message}"]
+
+
+def test_a_context_whose_entities_part_after_a_split_is_reported_not_raised(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    """With one partition every context is whole; a customer and its wallet, each mapped
+    divisibly but by different mappings, part at two or four."""
+    samples = list(range(50))
+
+    def first_parting(factor: int) -> int:
+        return next(c for c in samples if partition_of(Customer, c, factor) != c % factor)
+
+    checked = check_partition_mapping(
+        lambda c: Pay(callbacks, c), samples, num_partitions=1, split_factors=(2, 4)
+    )
+    assert checked.checked == len(samples)
+    assert {finding.split_to: finding.kind for finding in checked.split_findings} == {
+        2: SplitFindingKind.CONTEXT_PARTS,
+        4: SplitFindingKind.CONTEXT_PARTS,
+    }
+    for finding in checked.split_findings:
+        customer, split_to = first_parting(finding.split_to), finding.split_to
+        assert (finding.context, finding.sample, finding.num_partitions) == ("Pay", customer, 1)
+        assert finding.entities == (
+            SplitEntity("Customer", (customer,), "declared", 0, partition_of(Customer, customer, split_to)),
+            SplitEntity("Wallet", (customer,), "expected", 0, customer % split_to),
+        )
+        assert str(finding) == (
+            f"Pay from the sample {customer} would be refused after a split from 1 to {split_to} "
+            f"partitions: its entities span 2 of {split_to} partitions: Customer({customer},) (declared) "
+            f"-> partition {partition_of(Customer, customer, split_to)} (0 of 1); Wallet({customer},) "
+            f"(expected) -> partition {customer % split_to} (0 of 1). Map them together (e.g. a "
+            "partition_by that gives default_partition of the shared part of their keys) before "
+            "splitting, or split the transaction"
+        )
+    # What the finding foretells: at the count after the split, the context is refused.
+    customer = first_parting(2)
+    with pytest.raises(CrossPartitionError, match=rf"Pay from the sample {customer} spans 2 of 2"):
+        check_partition_mapping(lambda c: Pay(callbacks, c), [customer], num_partitions=2)
+    # Without a split factor, nothing is checked beyond the counts given.
+    unsplit = check_partition_mapping(
+        lambda c: Pay(callbacks, c), samples, num_partitions=1, split_factors=()
+    )
+    assert (unsplit.split_factors, unsplit.split_findings) == ((), ())
+
+
+def test_a_split_factor_below_two_is_refused(callbacks: ChangeSetCallbacks) -> None:
+    for factors in (1, (2, 1), (0,)):
+        with pytest.raises(ValueError, match="split_factors must be whole factors of at least 2"):
+            check_partition_mapping(lambda c: Pay(callbacks, c), [1], num_partitions=4, split_factors=factors)

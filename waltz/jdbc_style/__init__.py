@@ -15,7 +15,8 @@ Public API:
 - :class:`WaltzEntity`, :class:`EntityRegistry`: a model's lock name, key and partition mapping;
   :func:`partition_of` (an entity's partition) and :func:`default_partition` (the default mapping).
 - :func:`check_partition_mapping`: checks, in a test or at start-up, that contexts made from sample
-  inputs keep their entities in one partition.
+  inputs keep their entities in one partition, and reports what a split of the log would break
+  (:class:`PartitionMappingCheck`, :class:`SplitFinding`).
 - :class:`EntityTransactionContext`, :class:`EntityTransaction`: read-modify-write of entities with
   READ/WRITE locks and an exact lock check.
 - :class:`ChangeSet`, :data:`CHANGE_SET_HEADER`: the change-set format.
@@ -51,7 +52,13 @@ from waltz.jdbc_style.entity_context import EntityTransaction, EntityTransaction
 from waltz.jdbc_style.entity_reads import EntityRead
 from waltz.jdbc_style.idempotency import AppliedRequest
 from waltz.jdbc_style.mark_snapshot import MarkSnapshot
-from waltz.jdbc_style.partition_check import check_partition_mapping
+from waltz.jdbc_style.partition_check import (
+    PartitionMappingCheck,
+    SplitEntity,
+    SplitFinding,
+    SplitFindingKind,
+    check_partition_mapping,
+)
 from waltz.jdbc_style.upcasting import (
     AddAttribute,
     DropAttribute,
@@ -82,11 +89,15 @@ __all__ = [
     "EntityTransactionContext",
     "MarkSnapshot",
     "Operation",
+    "PartitionMappingCheck",
     "RenameAttribute",
     "RowChange",
     "RowUpcaster",
     "ScaleAttribute",
     "SchemaVersionAheadError",
+    "SplitEntity",
+    "SplitFinding",
+    "SplitFindingKind",
     "UnknownEntityError",
     "UpcastError",
     "WaltzEntity",
