@@ -19,19 +19,44 @@ state and mounts), ``feed_window`` (apply flow control), ``pending_appends`` (ap
 ``callbacks``, ``config``, ``waiting``, ``outcome`` (what ``submit`` resolves to).
 """
 
-from waltz.client.callbacks import WaltzClientCallbacks
-from waltz.client.client import AsyncWaltzClient, WaltzClient
-from waltz.client.config import WaltzClientConfig
-from waltz.client.context import (
-    BytesSerializer,
-    JsonSerializer,
-    Serializer,
-    TransactionBuilder,
-    TransactionContext,
-)
-from waltz.client.locks import LockMode, PartitionLocalLock, lock_hash
-from waltz.client.outcome import Outcome, OutcomeKind
-from waltz.client.transaction import Transaction
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from waltz.client.callbacks import WaltzClientCallbacks
+    from waltz.client.client import AsyncWaltzClient, WaltzClient
+    from waltz.client.config import WaltzClientConfig
+    from waltz.client.context import (
+        BytesSerializer,
+        JsonSerializer,
+        Serializer,
+        TransactionBuilder,
+        TransactionContext,
+    )
+    from waltz.client.locks import LockMode, PartitionLocalLock, lock_hash
+    from waltz.client.outcome import Outcome, OutcomeKind
+    from waltz.client.transaction import Transaction
+
+#: Public name -> the module that defines it. The package imports a module when one of its names
+#: is first used, so a process that needs one small part (``locks``'s lock hashes, in a Spark task
+#: or the SQL framework's entity declarations) does not load the client (gRPC, kazoo, pydantic).
+_EXPORTS: dict[str, str] = {
+    "AsyncWaltzClient": "waltz.client.client",
+    "BytesSerializer": "waltz.client.context",
+    "JsonSerializer": "waltz.client.context",
+    "LockMode": "waltz.client.locks",
+    "Outcome": "waltz.client.outcome",
+    "OutcomeKind": "waltz.client.outcome",
+    "PartitionLocalLock": "waltz.client.locks",
+    "Serializer": "waltz.client.context",
+    "Transaction": "waltz.client.transaction",
+    "TransactionBuilder": "waltz.client.context",
+    "TransactionContext": "waltz.client.context",
+    "WaltzClient": "waltz.client.client",
+    "WaltzClientCallbacks": "waltz.client.callbacks",
+    "WaltzClientConfig": "waltz.client.config",
+    "lock_hash": "waltz.client.locks",
+}
 
 __all__ = [
     "AsyncWaltzClient",
@@ -50,3 +75,17 @@ __all__ = [
     "WaltzClientConfig",
     "lock_hash",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The public name ``name``, imported from its module on first use (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

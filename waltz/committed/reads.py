@@ -16,7 +16,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 
 from waltz.committed.errors import CommittedReadError, CorruptRecordError, StorageDirectoryNotVisibleError
-from waltz.committed.plan import LiveReplica, LiveSource, OfflineReplica, OfflineSource
+from waltz.committed.sources import LiveReplica, LiveSource, OfflineReplica, OfflineSource
 from waltz.errors import WaltzError
 from waltz.protocol.records import Record
 from waltz.protocol.storage_client import StorageAdminClient

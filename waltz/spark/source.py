@@ -54,10 +54,9 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from waltz.archive.layout import ArchiveFiles
-from waltz.committed.plan import CommittedPartition, LiveSource, OfflineSource, plan_live, plan_offline
 from waltz.committed.reads import DEFAULT_BATCH_RECORDS, read_committed
+from waltz.committed.sources import CommittedPartition, LiveSource, OfflineSource
 from waltz.errors import ConfigurationError
-from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_FILE_FIELDS, security_from_files
 from waltz.protocol.channels import TlsConfig
 from waltz.services.storage import inspect
 from waltz.spark.archived import ARCHIVE_OFF, ArchivedRange, plan_archived, read_archived_range
@@ -204,6 +203,11 @@ class WaltzLogReader(DataSourceReader):
             ConfigurationError: neither or both of a live cluster and storage directories given.
             CommittedReadError: a partition's committed records cannot be proven.
         """
+        # The planning's modules (ZooKeeper, the storage nodes' admin calls) are imported here, on
+        # the driver, not where the tasks only read: a Spark task imports this module to read.
+        from waltz.committed.plan import plan_live, plan_offline
+        from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_FILE_FIELDS, security_from_files
+
         options = self.options
         partitions: Sequence[int] | None = None
         if options.get("partitions"):

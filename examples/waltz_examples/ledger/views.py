@@ -26,7 +26,6 @@ from waltz_examples.ledger.models import (
     applied_transactions,
     registry,
 )
-from waltz_examples.ledger.service import prepare_database
 
 __all__ = ["VIEWS", "build"]
 
@@ -61,6 +60,10 @@ def build(changes: Any, log: Any) -> Mapping[str, Any]:
 
 
 def _prepare(engine: Engine) -> None:
+    # Imported here: the service's modules (the client, alembic) are the driver's, not the Spark
+    # tasks' that compute these views.
+    from waltz_examples.ledger.service import prepare_database
+
     prepare_database(engine)
 
 
