@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from waltz import BytesSerializer, JsonSerializer, LockMode, PartitionLocalLock, TransactionBuilder
 from waltz.client.locks import lock_hash
 from waltz.protocol.records import crc32
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER
 
 #: The values documented in waltz/client/locks.py: they must never change (the server's lock
 #: table and every running client agree on them).
@@ -96,6 +97,14 @@ def test_builder_high_water_mark_override() -> None:
 def test_builder_header_is_32_bits(header: int) -> None:
     with pytest.raises(ValueError, match="32-bit"):
         TransactionBuilder(0).set_header(header)
+
+
+def test_builder_refuses_the_split_records_header() -> None:
+    """docs/design/splits.md "Why no update is lost": only a partition's owner writes a split record."""
+    builder = TransactionBuilder(0)
+    with pytest.raises(ValueError, match="header 0x57505348 is reserved for partition split records"):
+        builder.set_header(SPLIT_RECORD_HEADER)
+    assert builder.header == 0
 
 
 def test_serializers_round_trip() -> None:

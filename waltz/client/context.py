@@ -22,6 +22,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from waltz.client.locks import LockMode, PartitionLocalLock
 from waltz.client.outcome import Outcome, OutcomeKind
 from waltz.protocol.records import crc32
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER
 
 __all__ = [
     "AppendPayload",
@@ -151,10 +152,18 @@ class TransactionBuilder:
         """Set the application-defined 32-bit transaction header.
 
         Raises:
-            ValueError: ``header`` does not fit in a signed 32-bit integer.
+            ValueError: ``header`` does not fit in a signed 32-bit integer, or it is the header of
+                partition split records, which only a partition's owner writes (servers refuse a
+                client's append with it: docs/design/splits.md "Why no update is lost"). Raised in
+                ``execute``, it fails the context at once, before anything is sent.
         """
         if not _INT32_MIN <= header <= _INT32_MAX:
             raise ValueError(f"transaction header {header} does not fit in a signed 32-bit integer")
+        if header == SPLIT_RECORD_HEADER:
+            raise ValueError(
+                f"the header 0x{SPLIT_RECORD_HEADER:08X} is reserved for partition split records, which "
+                "only a partition's owner writes: a client's append may not carry it; choose another header"
+            )
         self._header = header
 
     def set_transaction_data(self, data: T, serializer: Serializer[T]) -> None:

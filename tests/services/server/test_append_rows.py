@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId
-from waltz.services.server.appends import AppendRow, LockHashLimits, append_rows
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER
+from waltz.services.server.appends import AppendRow, LockHashLimits, append_rows, reserved_header_refusal
 
 I32 = st.integers(-(2**31), 2**31 - 1)
 LOCKS = st.lists(I32, max_size=3).map(tuple)
@@ -98,6 +99,18 @@ def test_an_append_with_too_many_lock_hashes_is_refused_alone() -> None:
     ((row, reason),) = refused
     assert row.req_id.seq_num == 2
     assert "4 lock hashes, more than the 3" in reason and "server.maxLockHashesPerAppend" in reason
+
+
+def test_an_append_with_the_split_records_header_is_refused_alone() -> None:
+    """docs/design/splits.md "Why no update is lost": no client can forge a barrier or a genesis."""
+    rows: list[Row] = [(1, -1, (1,), (), (), 7, b"a"), (2, -1, (), (), (), SPLIT_RECORD_HEADER, b"b")]
+    rows.append((3, -1, tuple(range(5)), (), (), 7, b"c"))
+    kept, refused = append_rows(columns(rows), LockHashLimits(per_append=3, per_message=100))
+    assert [row.req_id.seq_num for row in kept] == [1]
+    assert [row.req_id.seq_num for row, _ in refused] == [2, 3]
+    assert "the header 0x57505348 is reserved for partition split records" in refused[0][1]
+    assert "5 lock hashes, more than the 3" in refused[1][1]
+    assert reserved_header_refusal(7) is None and reserved_header_refusal(SPLIT_RECORD_HEADER + 1) is None
 
 
 def test_a_message_with_too_many_lock_hashes_is_refused_whole() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -97,8 +97,13 @@ class RawClient:
         return req_id
 
     def append(
-        self, high_water_mark: int, data: bytes, write: list[int] = (), read: list[int] = ()
-    ) -> common_pb2.ReqId:  # type: ignore[assignment]
+        self,
+        high_water_mark: int,
+        data: bytes,
+        write: Sequence[int] = (),
+        read: Sequence[int] = (),
+        header: int = 7,
+    ) -> common_pb2.ReqId:
         req_id = self.req_id()
         self.outgoing.put_nowait(
             client_pb2.ClientMessage(
@@ -107,7 +112,7 @@ class RawClient:
                     client_high_water_mark=high_water_mark,
                     write_lock_hashes=list(write),
                     read_lock_hashes=list(read),
-                    header=7,
+                    header=header,
                     data=data,
                     checksum=crc32(data),
                 )

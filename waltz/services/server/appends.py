@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId, unequal_columns
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER
 
 __all__ = [
     "DEFAULT_MAX_LOCK_HASHES_PER_APPEND",
@@ -22,6 +23,7 @@ __all__ = [
     "AppendRow",
     "LockHashLimits",
     "append_rows",
+    "reserved_header_refusal",
 ]
 
 #: Lock hashes (WRITE, READ and APPEND together) one append may carry by default
@@ -52,6 +54,28 @@ class LockHashLimits(NamedTuple):
             f"(server.maxLockHashesPerAppend {self.per_append}, server.maxLockHashesPerMessage "
             f"{self.per_message}): lock fewer, coarser things"
         )
+
+
+def reserved_header_refusal(header: int) -> str | None:
+    """Why a client may not append a transaction with this header, or None when it may.
+
+    The records of a partition split carry :data:`~waltz.protocol.split_records.SPLIT_RECORD_HEADER`
+    and are written by a partition's owner only, so a client's append with that header is refused
+    before the lock table is touched: no client can forge a barrier or a genesis
+    (docs/design/splits.md "Why no update is lost").
+
+    Args:
+        header: the 32-bit transaction header of a client's append.
+
+    Returns:
+        The reason to tell the client under the append's ReqId, or None.
+    """
+    if header != SPLIT_RECORD_HEADER:
+        return None
+    return (
+        f"the header 0x{SPLIT_RECORD_HEADER:08X} is reserved for partition split records, which only "
+        "a partition's owner writes: a client's append may not carry it; choose another header"
+    )
 
 
 class AppendRow(NamedTuple):
@@ -97,7 +121,8 @@ def append_rows(
 
     Returns:
         The rows to append, in order, and the rows refused for carrying more lock hashes than
-        ``limits.per_append``, each with the reason (to tell the client under its ReqId).
+        ``limits.per_append`` or a header reserved for split records (:func:`reserved_header_refusal`),
+        each with the reason (to tell the client under its ReqId).
 
     Raises:
         ValueError: the columns are empty or differ in length, a kind of lock hashes does not
@@ -160,13 +185,17 @@ def append_rows(
             strict=False,  # the lengths are checked above; repeat() has no length
         )
     ]
-    if hash_count <= limits.per_append or _most_per_row(message) <= limits.per_append:
-        return rows, []  # no row can be over the limit (the common case: one check per message)
+    reserved = SPLIT_RECORD_HEADER in message.headers
+    if not reserved and (hash_count <= limits.per_append or _most_per_row(message) <= limits.per_append):
+        return rows, []  # no row can be refused (the common case: two checks per message)
     kept: list[AppendRow] = []
     refused: list[tuple[AppendRow, str]] = []
     for row in rows:
         locks = len(row.write_hashes) + len(row.read_hashes) + len(row.append_hashes)
-        if locks > limits.per_append:
+        header_refusal = reserved_header_refusal(row.header) if reserved else None
+        if header_refusal is not None:
+            refused.append((row, header_refusal))
+        elif locks > limits.per_append:
             reason = (
                 f"the append carries {locks} lock hashes, more than the {limits.per_append} a server "
                 "takes (server.maxLockHashesPerAppend): lock fewer, coarser things"

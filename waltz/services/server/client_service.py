@@ -18,7 +18,7 @@ import grpc
 
 from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
 from waltz.protocol.roles import CLIENT_ROLES, authorize
-from waltz.services.server.appends import AppendRow, LockHashLimits, append_rows
+from waltz.services.server.appends import AppendRow, LockHashLimits, append_rows, reserved_header_refusal
 from waltz.services.server.server_partition import FeedColumns, Partition
 
 __all__ = ["WaltzServerServicer"]
@@ -250,7 +250,7 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
             return None  # appends, unmounts, ... for a partition not here are dropped (docs/protocol.md)
         seq = connection.network_seq.get(req_id.partition_id, -1)
         if kind == "append":
-            refusal = self._limits.refusal(body)
+            refusal = reserved_header_refusal(body.header) or self._limits.refusal(body)
             if refusal is not None:
                 connection.send(_error(req_id, refusal))
                 return None
