@@ -11,6 +11,8 @@ operator's audited skip.
 from __future__ import annotations
 
 import gc
+import json
+import logging
 import sqlite3
 import threading
 import time
@@ -39,6 +41,7 @@ from waltz.jdbc_style.engine import prepare_engine
 from waltz.jdbc_style.migrations_api import upgrade
 from waltz.jdbc_style.skips import request_skip
 from waltz.protocol.records import ReqId
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitBarrier, SplitGenesis
 
 BACKENDS = ["sqlite", "postgresql", "mariadb"]
 
@@ -548,3 +551,65 @@ def test_an_operator_skip_passes_over_a_stuck_transaction_and_is_audited(engine:
             )
         ).one()
     assert row[0] == "bad data, ticket 42" and row[1] == "ops" and row[2] is not None
+
+
+GENESIS = SplitGenesis(epoch=1, count=2, previous_count=1, parent=0, barrier=40).encode()
+#: A genesis this release does not read (a field no form 1 genesis has): still a genesis.
+DAMAGED_GENESIS = json.dumps({**json.loads(GENESIS), "barrier": "forty"}).encode()
+BARRIER = SplitBarrier(epoch=1, count=2, previous_count=1, parent=0).encode()
+
+
+@pytest.mark.parametrize("data", [GENESIS, DAMAGED_GENESIS], ids=["genesis", "damaged genesis"])
+def test_an_operator_skip_of_a_split_genesis_is_refused_and_the_genesis_applied_as_usual(
+    engine: Engine, db_url: str, data: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/design/splits.md "The SQL framework across a split": `waltz db skip` refuses a genesis.
+    The request names only a transaction ID; the instance that would act on it holds the record."""
+    failing = [True]
+
+    def stuck(transaction: Transaction, session: Session, attempt: int) -> None:
+        if transaction.transaction_id == 1 and failing[0]:
+            raise ValueError("cannot apply transaction 1")
+
+    callbacks = Recorder(engine, stuck)
+    callbacks.apply_transaction(txn(0, 0))
+    with pytest.raises(ValueError):
+        callbacks.apply_transaction(txn(0, 1, data, SPLIT_RECORD_HEADER))
+    request_skip(
+        engine, cluster_name="test-cluster", partition_id=0, transaction_id=1, reason="r", operator="ops"
+    )
+    with (
+        caplog.at_level(logging.WARNING, logger="waltz.jdbc_style.callbacks"),
+        pytest.raises(ValueError, match="cannot apply transaction 1"),  # applied, not skipped
+    ):
+        callbacks.apply_transaction(txn(0, 1, data, SPLIT_RECORD_HEADER))
+    assert callbacks.high_water_marks() == {0: 0} and callbacks.skipped == []
+    (refusal,) = [r.getMessage() for r in caplog.records if "is refused" in r.getMessage()]
+    assert "the operator's skip of transaction 1 (waltz db skip) is refused: it is a split genesis" in refusal
+    failing[0] = False
+    callbacks.apply_transaction(txn(0, 1, data, SPLIT_RECORD_HEADER))
+    assert callbacks.high_water_marks() == {0: 1} and callbacks.applied[-1] == (0, 1)
+    with engine.connect() as conn:
+        pending = conn.execute(
+            text("SELECT skipped_at FROM waltz_skipped_transactions WHERE transaction_id = 1")
+        ).scalar_one()
+    assert pending is None  # the request stays pending: nothing was skipped
+
+
+def test_an_operator_skip_of_a_split_barrier_passes_over_it(engine: Engine, db_url: str) -> None:
+    """The design refuses a skip of a genesis only (docs/design/splits.md "The SQL framework across a
+    split"); a barrier is skipped like any transaction."""
+
+    def stuck(transaction: Transaction, session: Session, attempt: int) -> None:
+        if transaction.transaction_id == 1:
+            raise ValueError("cannot apply transaction 1")
+
+    callbacks = Recorder(engine, stuck)
+    callbacks.apply_transaction(txn(0, 0))
+    with pytest.raises(ValueError):
+        callbacks.apply_transaction(txn(0, 1, BARRIER, SPLIT_RECORD_HEADER))
+    request_skip(
+        engine, cluster_name="test-cluster", partition_id=0, transaction_id=1, reason="r", operator="ops"
+    )
+    callbacks.apply_transaction(txn(0, 1, BARRIER, SPLIT_RECORD_HEADER))
+    assert callbacks.high_water_marks() == {0: 1} and callbacks.skipped == [(0, 1)]

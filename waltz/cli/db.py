@@ -267,7 +267,9 @@ def skip(
     failed moves the high-water mark past it at its next attempt, without applying it, and records
     when (`waltz db skips`). The transaction stays in the log: other databases following the log are
     not affected. Refused (exit 1, nothing recorded) when the transaction is already applied, is
-    not the next one, or was already requested.
+    not the next one, or was already requested. A partition split's genesis is never skipped: this
+    command sees only the database, so the instance that would act on the request refuses it, logs
+    why and applies the genesis as usual (docs/design/splits.md "The SQL framework across a split").
     """
     who = operator if operator is not None else _default_operator()
     with _database_errors(url):

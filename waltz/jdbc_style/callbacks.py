@@ -18,7 +18,9 @@ Deadlocks, serialization failures, lock wait timeouts and lost connections are r
 exponential backoff (tenacity); any other error rolls the transaction back and is raised to the
 client, which reports it to :meth:`uncaught_exception` and retries the same transaction later
 without moving the mark. A transaction whose apply keeps failing can be skipped only by an
-operator (``waltz db skip``), audited in ``waltz_skipped_transactions``.
+operator (``waltz db skip``), audited in ``waltz_skipped_transactions``, but never a partition
+split's genesis (docs/design/splits.md "The SQL framework across a split"): the instance that would
+act on the request holds the transaction, refuses the skip and applies it as usual.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import datetime as dt
+import json
 import logging
 import threading
 import time
@@ -43,7 +46,13 @@ from sqlalchemy.orm import Session
 
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.transaction import Transaction
-from waltz.errors import ApplyContractError, HighWaterMarkGapError, StagedRowCountError, TransactionApplyError
+from waltz.errors import (
+    ApplyContractError,
+    HighWaterMarkGapError,
+    SplitRecordFormatError,
+    StagedRowCountError,
+    TransactionApplyError,
+)
 from waltz.jdbc_style.apply_session import ApplySession
 from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.engine import SQLITE_BEGIN, apply_guard, is_transient, prepare_engine
@@ -53,6 +62,7 @@ from waltz.jdbc_style.kept_connections import IdleBudget, KeptConnections
 from waltz.jdbc_style.mark_snapshot import MarkReader, MarkSnapshot
 from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.jdbc_style.schema import skipped_transactions
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitGenesis, decode_split_record
 
 __all__ = ["AbstractClientCallbacksForSQL", "ApplySession", "MarkSnapshot"]
 
@@ -629,8 +639,11 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             with apply_guard(conn):
                 for transaction in pending:
                     if transaction.transaction_id in skips:
-                        self._record_skip(conn, transaction)
-                        continue
+                        refusal = _skip_refusal(transaction)
+                        if refusal is None:
+                            self._record_skip(conn, transaction)
+                            continue
+                        log.warning("cluster %r: %s", self.cluster_name, refusal)
                     self.apply(transaction, session)
                 session.flush()  # the staged writes too
                 if mark is not None and not session.lead_moved:
@@ -682,6 +695,39 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             transaction.partition_id,
             transaction.transaction_id,
         )
+
+
+def _skip_refusal(transaction: Transaction) -> str | None:
+    """Why an operator's skip of ``transaction`` is refused, or None when it is not: a partition
+    split's genesis is never skipped (docs/design/splits.md "The SQL framework across a split").
+
+    A record under the split records' header whose data does not decode (damaged, or of a newer
+    form) counts as a genesis when its ``kind`` says so.
+
+    Raises:
+        TransactionDataError: a split record's data could not be fetched (the skip waits).
+    """
+    if transaction.header != SPLIT_RECORD_HEADER:
+        return None
+    data = transaction.get_raw_data()
+    try:
+        genesis = isinstance(decode_split_record(data), SplitGenesis)
+    except SplitRecordFormatError:
+        try:
+            document = json.loads(data)
+        except (ValueError, RecursionError):  # not JSON: nothing says what it is
+            document = None
+        genesis = isinstance(document, dict) and document.get("kind") == "genesis"
+    if not genesis:
+        return None
+    return (
+        f"partition {transaction.partition_id}: the operator's skip of transaction "
+        f"{transaction.transaction_id} (waltz db skip) is refused: it is a split genesis, which opens "
+        "the partition's log after a split, and skipping it would move the partition's mark past it "
+        "without the check that its parent is applied up to the barrier, so updates of a moved key "
+        "could be lost; it is applied as usual and the request stays pending (fix what makes its "
+        "apply fail)"
+    )
 
 
 def _log_retry(state: tenacity.RetryCallState) -> None:

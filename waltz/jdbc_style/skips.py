@@ -90,7 +90,10 @@ def request_skip(
     partition's high-water mark. The request is a row in ``waltz_skipped_transactions``
     (``skipped_at`` NULL); an application instance whose apply of that transaction failed moves
     the mark past it at its next attempt, without applying it, and sets ``skipped_at``. The
-    transaction stays in the log: other databases that follow the log are not affected.
+    transaction stays in the log: other databases that follow the log are not affected. The
+    request names a transaction ID only (this function sees the database, not the log): an
+    instance refuses to act on a request for a partition split's genesis and applies it as usual
+    (docs/design/splits.md "The SQL framework across a split").
 
     The partition's mark row is locked (``SELECT ... FOR UPDATE``) while the request is checked
     and recorded, so it cannot race with an apply.
