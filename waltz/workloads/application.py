@@ -48,6 +48,7 @@ __all__ = [
     "SmallBankApplication",
     "SmallBankInstance",
     "SmallBankOperation",
+    "instance_batch_counts",
     "load_application",
 ]
 
@@ -296,6 +297,25 @@ class EvolvingApplication(Protocol):
     def schema_versions(self) -> Mapping[str, int]:
         """The current schema version of each of its entities (entity name -> version)."""
         ...
+
+
+def instance_batch_counts(instance: object) -> tuple[int, int]:
+    """What an instance's ``EntityBatcher`` committed (docs/design/sql.md "Batched entity transactions").
+
+    Args:
+        instance: a running instance (a :class:`SmallBankInstance`, or an inventory one) that
+            may offer ``batch_counts()``.
+
+    Returns:
+        ``(batches, members)``: its log transactions of more than one operation, and the
+        operations they carried; ``(0, 0)`` when it does not batch, or for an application
+        written before batching, whose instances have no ``batch_counts``.
+    """
+    counts = getattr(instance, "batch_counts", None)
+    if counts is None:
+        return (0, 0)
+    batches, members = counts()
+    return (int(batches), int(members))
 
 
 def load_application(module: str) -> SmallBankApplication:

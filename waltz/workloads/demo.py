@@ -13,7 +13,10 @@ example by default (docs/design/overview.md, "Workloads"):
 4. unless ``evolve`` is off, for an application that keeps its earlier releases (the ledger's
    ``Account`` changed twice): the instances start on its first release, and its later releases
    are deployed while the mix runs, as docs/sql.md ("Changing a model") says a rolling deploy
-   goes (:mod:`waltz.workloads.rollout`), so that the log holds every schema version;
+   goes (:mod:`waltz.workloads.rollout`), so that the log holds every schema version; with
+   ``batch`` every instance runs the current release from the start instead (a rolling deploy
+   starts instances of earlier releases, and ``EvolvingApplication.release_instance`` does not
+   batch);
 5. waits for the sweepers to finish every transfer, then checks the invariants
    (:func:`~waltz.workloads.checks.check_application`: the ledger's include money conserved; after
    a deploy, the schema versions the log holds per entity) and prints them;
@@ -22,6 +25,12 @@ example by default (docs/design/overview.md, "Workloads"):
    checks that the live database has no drift from it (``docs/spark.md``); without PySpark this
    check fails and says what to install;
 7. returns whether every check passed (the command's exit code).
+
+With ``batch`` the instances submit through an ``EntityBatcher`` (docs/design/sql.md "Batched
+entity transactions"): operations ready for a partition while its last log transaction is in
+flight go as one log transaction, whose members the checks count one by one (each applied
+exactly once); the run prints how many batches the instances committed and the operations they
+carried.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine
 
@@ -44,6 +54,7 @@ from waltz.workloads.application import (
     EvolvingApplication,
     SmallBankApplication,
     SmallBankInstance,
+    instance_batch_counts,
     load_application,
 )
 from waltz.workloads.checks import Check, check_application
@@ -63,7 +74,9 @@ Progress = Callable[[str, int], Callable[[int], None]]
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """What the demo runs (the ``waltz demo`` options; ``app``: the application's module)."""
+    """What the demo runs (the ``waltz demo`` options; ``app``: the application's module;
+    ``batch``: the instances submit through an ``EntityBatcher``, and run the current release
+    from the start, whatever ``evolve`` says)."""
 
     work_dir: Path
     db_url: str | None = None
@@ -78,16 +91,20 @@ class DemoOptions:
     spark_master: str | None = None
     app: str = DEFAULT_APPLICATION
     evolve: bool = True
+    batch: bool = False
 
 
 @dataclass
 class DemoResult:
-    """What happened."""
+    """What happened (``batches``: ``(batches, members)``, the log transactions of more than one
+    operation the instances' batchers committed and the operations they carried, ``(0, 0)``
+    without ``batch``)."""
 
     stats: SmallBankStats
     checks: list[Check] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
     deploys: list[str] = field(default_factory=list)
+    batches: tuple[int, int] = (0, 0)
 
     @property
     def passed(self) -> bool:
@@ -176,7 +193,13 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
         rollout: Rollout | None = None
         services: list[SmallBankInstance] = []
         migrated = ""
-        if options.evolve and isinstance(app, EvolvingApplication) and len(app.releases()) > 1:
+        evolves = options.evolve and isinstance(app, EvolvingApplication) and len(app.releases()) > 1
+        if evolves and options.batch:
+            say(
+                f"batches on: every {app.name} instance runs its current release from the start "
+                "(no deploy mid-run: a deploy starts instances of earlier releases, which do not batch)"
+            )
+        if evolves and not options.batch and isinstance(app, EvolvingApplication):
             evolving = app
             rollout = Rollout(
                 evolving,
@@ -201,8 +224,12 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
             if rollout is not None:
                 services = rollout.start_first()
             else:
+                # ``batch`` only when asked: an application written before batching takes no such argument.
+                batching: dict[str, Any] = {"batch": True} if options.batch else {}
                 services = [
-                    app.instance(db_url, config, cluster_name=app.name, sweep_interval=SWEEP_INTERVAL)
+                    app.instance(
+                        db_url, config, cluster_name=app.name, sweep_interval=SWEEP_INTERVAL, **batching
+                    )
                     for _ in range(options.instances)
                 ]
             workload = SmallBankWorkload(
@@ -212,8 +239,9 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
             if rollout is not None:
                 rollout.workload = workload
             say(
-                f"{options.instances} {app.name} instances share the database; "
-                f"opening {options.accounts} accounts"
+                f"{options.instances} {app.name} instances share the database"
+                + (", each submitting through an EntityBatcher" if options.batch else "")
+                + f"; opening {options.accounts} accounts"
             )
             workload.populate(progress("opening accounts", options.accounts))
             faults = _Faults(cluster, options.transactions, say) if options.faults else None
@@ -254,6 +282,9 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 for pid, mark in server_marks.items():
                     if mark >= 0 and not service.callbacks.wait_for(pid, mark, 60):
                         raise TimeoutError(f"partition {pid} not applied up to {mark} within 60s")
+            batches = _batch_totals(services)
+            if options.batch:
+                say(f"  {_batches_line(batches)}")
             say("reading the whole log back with a fresh client, and every replica from the storage nodes")
             replicas = cluster.replica_digests(server_marks)
             checks = check_application(
@@ -287,6 +318,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 checks,
                 faults.events if faults is not None else [],
                 [] if rollout is None else rollout.events,
+                batches,
             )
         finally:
             if rollout is not None:
@@ -298,8 +330,24 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
         say(f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.detail}")
     for error in result.stats.errors[:5]:
         say(f"ERROR {error}")
-    say(f"{'PASSED' if result.passed else 'FAILED'} in {time.monotonic() - started:.0f}s")
+    summary = f"{'PASSED' if result.passed else 'FAILED'} in {time.monotonic() - started:.0f}s"
+    if options.batch:
+        summary += f" (batches on: {_batches_line(result.batches)})"
+    say(summary)
     return result
+
+
+def _batch_totals(services: list[SmallBankInstance]) -> tuple[int, int]:
+    """``(batches, members)`` of every instance's batcher since it started."""
+    counts = [instance_batch_counts(service) for service in services]
+    return (sum(b for b, _ in counts), sum(m for _, m in counts))
+
+
+def _batches_line(batches: tuple[int, int]) -> str:
+    """``12 batches carried 80 operations (6.7 per batch)``: what the instances' batchers committed."""
+    count, members = batches
+    mean = f" ({members / count:.1f} per batch)" if count else ""
+    return f"{count:,} batches carried {members:,} operations{mean}"
 
 
 def spark_rebuild_check(

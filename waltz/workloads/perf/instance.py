@@ -14,7 +14,7 @@ from typing import Any
 
 from waltz import WaltzClientConfig, tune_garbage_collector
 from waltz.perf.producer import client_stage_totals
-from waltz.workloads.application import load_application
+from waltz.workloads.application import instance_batch_counts, load_application
 from waltz.workloads.perf.processes import entity_cache_counts, run_reporting_errors
 from waltz.workloads.perf.settings import (
     APPLIED_TIMEOUT,
@@ -71,13 +71,6 @@ def stats_to_wire(stats: SmallBankStats) -> dict[str, Any]:
     }
 
 
-def _batch_counts(service: Any) -> tuple[int, int]:
-    """The instance's ``(batches, members)``; ``(0, 0)`` for an application written before
-    batching, which has no ``batch_counts``."""
-    counts = getattr(service, "batch_counts", None)
-    return (0, 0) if counts is None else counts()
-
-
 def _run_instance(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> None:
     """One instance: mount, warm up, report ready, run the mix at the start event, report its
     figures, sweep until told to stop, then close and report its apply failures."""
@@ -117,10 +110,10 @@ def _run_instance(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> No
             cpu_started = time.process_time()
             stages_started = client_stage_totals(service.client)
             cache_started = entity_cache_counts(service.callbacks)
-            batches_started = _batch_counts(service)
+            batches_started = instance_batch_counts(service)
             stats = workload.run(spec.draws)
             cache_counts = entity_cache_counts(service.callbacks)
-            batches = _batch_counts(service)
+            batches = instance_batch_counts(service)
             ended = time.time()
             cpu_seconds = time.process_time() - cpu_started
             stages = client_stage_totals(service.client)

@@ -37,7 +37,7 @@ from waltz import WaltzClientConfig, tune_garbage_collector
 from waltz.jdbc_style import create_framework_engine
 from waltz.perf.cost import measure_nodes
 from waltz.protocol.channels import TlsConfig
-from waltz.workloads.application import Check
+from waltz.workloads.application import Check, instance_batch_counts
 from waltz.workloads.checks import database_marks_check
 from waltz.workloads.inventory import (
     InventoryApplication,
@@ -87,13 +87,6 @@ class InventoryInstanceSpec:
     run: str
 
 
-def _batch_counts(service: Any) -> tuple[int, int]:
-    """The instance's ``(batches, members)``; ``(0, 0)`` for an application written before
-    batching, which has no ``batch_counts``."""
-    counts = getattr(service, "batch_counts", None)
-    return (0, 0) if counts is None else counts()
-
-
 def _run_instance(spec: InventoryInstanceSpec, start: Any, stop: Any, results: Any) -> None:
     """One instance: mount, warm up, report ready, send its requests at the start event, report
     its figures, then close at the stop event and report its apply failures."""
@@ -120,10 +113,10 @@ def _run_instance(spec: InventoryInstanceSpec, start: Any, stop: Any, results: A
                 raise TimeoutError(f"no start within {START_TIMEOUT + 30:g}s")
             started, cpu_started = time.time(), time.process_time()
             cache_started = entity_cache_counts(service.callbacks)
-            batches_started = _batch_counts(service)
+            batches_started = instance_batch_counts(service)
             stats = workload.run(spec.requests, settings.timeout)
             cache = entity_cache_counts(service.callbacks)
-            batches = _batch_counts(service)
+            batches = instance_batch_counts(service)
             ended, cpu_seconds = time.time(), time.process_time() - cpu_started
             workload.wait_applied(APPLIED_TIMEOUT)
             unapplied, first_commits = workload.unapplied, workload.first_commits
