@@ -14,14 +14,7 @@ from typing import Any
 
 from waltz.spark.errors import SparkUnavailableError
 
-__all__ = [
-    "JDBC_JARS",
-    "WORKER_DAEMON_MODULE",
-    "is_local_master",
-    "register",
-    "require_spark",
-    "spark_session",
-]
+__all__ = ["JDBC_JARS", "is_local_master", "register", "require_spark", "spark_session"]
 
 #: JDBC drivers from Debian (``libpostgresql-jdbc-java``, ``libmariadb-java``), used when present.
 JDBC_JARS = ("/usr/share/java/postgresql.jar", "/usr/share/java/mariadb-java-client.jar")
@@ -58,10 +51,6 @@ def require_spark() -> None:
         )
 
 
-#: The daemon Spark forks Python workers from (``spark.python.daemon.module``).
-WORKER_DAEMON_MODULE = "waltz.spark.worker_daemon"
-
-
 def spark_session(
     master: str | None = None, *, app_name: str = "waltz", shuffle_partitions: int | None = None
 ) -> Any:
@@ -72,10 +61,8 @@ def spark_session(
     ``SPARK_LOCAL_IP`` is set), and ``PYSPARK_PYTHON`` set to this interpreter so workers import
     waltz. For any other master it sets none of these: the cluster's executors must reach the
     driver, and run a Python with waltz-py installed (``PYSPARK_PYTHON`` on the executors, as
-    Spark documents). Always: no UI, Python data source filter pushdown, the Debian JDBC jars
-    that exist (``spark.jars``, shipped to the executors), and Python workers forked from
-    :mod:`waltz.spark.worker_daemon` (``spark.python.daemon.module``), which imports the
-    rebuild's modules once per executor instead of once per worker.
+    Spark documents). Always: no UI, Python data source filter pushdown, and the Debian JDBC jars
+    that exist (``spark.jars``, shipped to the executors).
 
     Args:
         master: the Spark master URL (default ``local[*]``).
@@ -110,8 +97,6 @@ def spark_session(
         .config("spark.sql.python.filterPushdown.enabled", "true")
         .config("spark.sql.shuffle.partitions", str(shuffle))
         .config("spark.sql.session.timeZone", "UTC")
-        # Workers forked with the rebuild's modules imported (waltz.spark.worker_daemon).
-        .config("spark.python.daemon.module", WORKER_DAEMON_MODULE)
     )
     if local:
         builder = builder.config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
