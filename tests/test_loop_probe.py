@@ -37,7 +37,11 @@ def test_the_probe_tells_work_from_waiting_and_counts_its_loop_only() -> None:
         asyncio.run(main())
     assert other_loop_ran.is_set()
     slow = [s.name.split(" at ")[0] for s in report.slow]
-    assert sorted(slow) == ["<Handle _spin(0.02)", "<Handle sleep(0.02)>"], report.slow
+    assert {"<Handle _spin(0.02)", "<Handle sleep(0.02)>"} <= set(slow), report.slow
+    # By wall time, this loop's own steps may also wait for the GIL on a loaded machine; nothing
+    # of the other thread's loop is counted (its busy step spins 20 ms of CPU).
+    assert set(slow) <= {"<Handle _spin(0.02)", "<Handle sleep(0.02)>", f"{main.__qualname__}"}, report.slow
+    # By CPU time only the spin is work: the sleep waits, and the other loop's spin is not ours.
     assert [s.name.split(" at ")[0] for s in report.working()] == ["<Handle _spin(0.02)"], report.summary()
     assert report.longest_cpu >= 0.02
     assert report.callbacks >= 3
