@@ -234,6 +234,8 @@ def test_an_undecided_append_is_learnt_from_the_new_owner_and_never_run_twice(
     with WaltzClient(store, config) as client:
         client.wait_mounted(30)
         seen, committed = run(scenario(client))
+        # A context completes when the feed shows its commit; the apply follows on the worker.
+        assert client.wait_applied(0, committed, 30), f"transaction {committed} not applied in 30 s"
         applied = list(store.applied[0])
     mine = [t.transaction_id for t in applied if t.data == undecided.data]
     assert mine == [committed] and undecided.outcomes.executions == 1, (
