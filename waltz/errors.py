@@ -33,6 +33,7 @@ __all__ = [
     "SessionNotOpenError",
     "SplitRecordFormatError",
     "SplitRecordVersionError",
+    "SplitStateError",
     "SqlFrameworkError",
     "StagedRowCountError",
     "StaleMetadataError",
@@ -85,6 +86,14 @@ class GenerationFencedError(MetadataError):
         self.partition_id = partition_id
         self.generation = generation
         self.current_generation = current_generation
+
+
+class SplitStateError(MetadataError):
+    """A change of ``<root>/partitions/epochs`` that the split's state refuses: a count that is not
+    a whole multiple of at least 2 of the current one, another split unfinished, a barrier that
+    differs from the one written, a genesis before its parent's barrier, an abort after a parent
+    started sealing (docs/design/splits.md "What ZooKeeper holds", "The handover"). The znode is
+    left as it was."""
 
 
 class ProtocolError(WaltzError):

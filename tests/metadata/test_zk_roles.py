@@ -21,12 +21,18 @@ def test_clients_never_read_the_cluster_key_nor_write_the_store() -> None:
     assert grants_for("client/id")[Role.CLIENT] == Permissions.READ
     assert grants_for("client/ids")[Role.CLIENT] == Permissions.READ | Permissions.CREATE
     assert grants_for("client/ids/id-0000000007")[Role.CLIENT] == Permissions.READ
+    # Clients route by the splits' epochs: they read them and never write them.
+    assert grants_for("partitions")[Role.CLIENT] == Permissions.READ
+    assert grants_for("partitions/epochs")[Role.CLIENT] == Permissions.READ
 
 
 def test_servers_write_partition_metadata_and_their_subtree_but_not_the_replica_assignment() -> None:
     assert grants_for("store/assignment")[Role.SERVER] == Permissions.READ
     assert grants_for("store/partition/3")[Role.SERVER] == Permissions.READ | Permissions.WRITE
     assert grants_for("server/members/member-0000000001")[Role.SERVER] == Permissions.ALL
+    # A parent's owner writes its barrier, a child's owner its genesis; operators create the znode.
+    assert grants_for("partitions/epochs")[Role.SERVER] == Permissions.READ | Permissions.WRITE
+    assert grants_for("partitions")[Role.SERVER] == Permissions.READ
     assert all(grants_for(path)[Role.OPERATOR] == Permissions.ALL for path in ("", "cluster", "client/id"))
 
 

@@ -107,6 +107,18 @@ class ClusterPaths:
         return f"{self.root}/client/ids"
 
     @property
+    def partitions_parent(self) -> str:
+        """``<root>/partitions``, the parent of :attr:`epochs` (empty; not :attr:`partitions`,
+        which is ``store/partition``)."""
+        return f"{self.root}/partitions"
+
+    @property
+    def epochs(self) -> str:
+        """The partition epochs of the cluster's splits (absent until the first split starts;
+        docs/design/splits.md "What ZooKeeper holds")."""
+        return f"{self.root}/partitions/epochs"
+
+    @property
     def archive(self) -> str:
         """The archive's summary, written by the archiver (absent until its first run)."""
         return f"{self.root}/archive"

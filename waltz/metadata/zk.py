@@ -11,6 +11,7 @@ Layout under the cluster root (``docs/zookeeper.md``)::
     <root>/store/partition/<id>     PartitionMetadata (generation, session ID, replica states)
     <root>/server/...               server membership and partition assignment (cluster manager)
     <root>/archive                  ArchiveSummary (the archive's location, per partition what it holds)
+    <root>/partitions/epochs        PartitionEpochs (the splits' epochs: waltz.metadata.epochs)
 
 A cluster created with role credentials gives every znode an ACL per role
 (:mod:`waltz.metadata.zk_roles`); one created with a single credential gives every znode all

@@ -3,9 +3,10 @@
 A cluster created with role credentials (``waltz cluster create --digest-dir``, or a local cluster
 with ``zookeeper_auth``) gives each znode an ACL per role (docs/design/zookeeper.md, "Security",
 "Roles"): operators hold every right everywhere, servers write what they own (their members,
-the election, the partition assignment, the partition metadata), and clients read only what
-discovery needs (``discovery``, ``server/assignment``) and take an ID by creating a sequential
-znode under ``client/ids``, which they can neither rewrite nor delete. No role but
+the election, the partition assignment, the partition metadata, a split's barriers and geneses in
+``partitions/epochs``), and clients read only what discovery and routing need (``discovery``,
+``server/assignment``, ``partitions/epochs``) and take an ID by creating a sequential znode under
+``client/ids``, which they can neither rewrite nor delete. No role but
 the operators and the servers can read ``cluster``, which holds the cluster key.
 
 The identities (``user:base64(sha1(user:password))``, as ZooKeeper's digest scheme shows them in
@@ -260,6 +261,10 @@ _GRANTS: dict[str, dict[Role, int]] = {
     # A client takes its ID by creating a sequential child: it may create, never write or delete.
     "client/ids": {Role.OPERATOR: _ALL, Role.CLIENT: _READ | Permissions.CREATE},
     "archive": _OPERATED,
+    # The splits' epochs: operators prepare, seal and complete a split, a parent's owner writes its
+    # barrier and a child's owner its genesis; clients route by them (docs/design/splits.md).
+    "partitions": {Role.OPERATOR: _ALL, Role.SERVER: _READ, Role.CLIENT: _READ},
+    "partitions/epochs": {Role.OPERATOR: _ALL, Role.SERVER: _READ_WRITE, Role.CLIENT: _READ},
 }
 
 _DEFAULT_GRANTS: dict[Role, dict[Role, int]] = {
