@@ -10,6 +10,7 @@ import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -116,6 +117,15 @@ def test_every_field_round_trips_and_the_znode_holds_the_documented_form() -> No
     }
     assert value["epochs"][1]["parents"]["1"] == {"high_water_mark": 50, "sealing": True, "barrier": None}
     assert value["epochs"][1]["children"]["5"] == {"opened": False, "genesis": None}
+
+
+def test_the_documented_example_is_a_value_the_code_writes() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs/design/splits.md").read_text()
+    section = page.split("### The epochs znode's record form", 1)[1]
+    example = section.split("```json\n", 1)[1].split("```", 1)[0]
+    value = PartitionEpochs.decode(example.encode(), PATH)
+    assert json.loads(value.encode()) == json.loads(example)
+    assert value.unfinished is not None and value.unfinished.parents[0].barrier == 45
 
 
 def test_the_helpers_name_the_current_epoch_its_parents_and_children() -> None:

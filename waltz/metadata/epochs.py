@@ -1,7 +1,8 @@
 """The partition epochs of a cluster's splits: the ``<root>/partitions/epochs`` znode.
 
 Design: docs/design/splits.md "Terms" (epochs, parents and children, barrier, genesis), "What
-ZooKeeper holds" (the znode and its record form), "The handover" (the steps that change it);
+ZooKeeper holds", "The epochs znode's record form" (every field, the steps and their refusals),
+"The handover" (the steps in a split);
 docs/design/zookeeper.md "Compare-and-set everywhere", "Roles" (servers and operators write it,
 clients read it).
 
@@ -408,7 +409,7 @@ class PartitionEpochs:
     # ---- the record form ----
 
     def encode(self) -> bytes:
-        """The znode's JSON (docs/design/splits.md "What ZooKeeper holds")."""
+        """The znode's JSON (docs/design/splits.md "The epochs znode's record form")."""
         return _dump(
             {
                 "initial_count": self.initial_count,
