@@ -120,7 +120,7 @@ def test_every_field_round_trips_and_the_znode_holds_the_documented_form() -> No
 
 
 def test_the_documented_example_is_a_value_the_code_writes() -> None:
-    page = (Path(__file__).resolve().parents[2] / "docs/design/splits.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "design" / "splits.md").read_text()
     section = page.split("### The epochs znode's record form", 1)[1]
     example = section.split("```json\n", 1)[1].split("```", 1)[0]
     value = PartitionEpochs.decode(example.encode(), PATH)
