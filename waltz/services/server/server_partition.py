@@ -373,12 +373,13 @@ class Partition:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning(
-                    "partition %d: cannot read partitions/epochs (attempt %d; appends wait): %s",
-                    self.partition_id,
-                    attempt,
-                    exc,
-                )
+                if attempt == 1 or attempt % 20 == 0:  # a ZooKeeper away for long: a line per 10 s
+                    log.warning(
+                        "partition %d: cannot read partitions/epochs (attempt %d; appends wait): %s",
+                        self.partition_id,
+                        attempt,
+                        exc,
+                    )
             await asyncio.sleep(EPOCHS_RETRY_DELAY)
 
     def epochs_changed(self, epochs: Versioned[PartitionEpochs]) -> None:
