@@ -24,6 +24,7 @@ __all__ = [
     "MetadataError",
     "PartitionNotAssignedError",
     "PartitionNotMountedError",
+    "PartitionNotOpenError",
     "PartitionUnavailableError",
     "ProtocolError",
     "RecordsArchivedError",
@@ -37,6 +38,7 @@ __all__ = [
     "SqlFrameworkError",
     "StagedRowCountError",
     "StaleMetadataError",
+    "StalePartitionEpochError",
     "StorageError",
     "StorageNotInitializedError",
     "StorageRpcError",
@@ -375,6 +377,43 @@ class PartitionNotMountedError(WaltzClientError):
             "set_partitions(...) or enable client.autoMount"
         )
         self.partition_id = partition_id
+
+
+class StalePartitionEpochError(WaltzClientError):
+    """A server refused an append routed by an epoch below its partition's (``STALE_PARTITION_EPOCH``):
+    the partition is a parent sealing, or sealed, in a split (docs/design/splits.md "The handover",
+    step 3). Nothing of the append was kept; routed by ``epoch`` its key may now belong to
+    another partition.
+
+    Attributes:
+        partition_id: the partition that refused it.
+        epoch: the lowest epoch the partition takes.
+        partition_count: that epoch's partition count.
+    """
+
+    def __init__(self, partition_id: int, epoch: int, partition_count: int, message: str) -> None:
+        super().__init__(f"stale partition epoch: {message}")
+        self.partition_id = partition_id
+        self.epoch = epoch
+        self.partition_count = partition_count
+
+
+class PartitionNotOpenError(WaltzClientError):
+    """A server refused an append to a new partition of a split that has no genesis yet
+    (``PARTITION_NOT_OPEN``; docs/design/splits.md "The handover", step 4). Nothing of the append
+    was kept; the partition takes appends once its genesis commits.
+
+    Attributes:
+        partition_id: the new partition.
+        epoch: the split that makes it.
+        partition_count: that epoch's partition count.
+    """
+
+    def __init__(self, partition_id: int, epoch: int, partition_count: int, message: str) -> None:
+        super().__init__(f"partition not open: {message}")
+        self.partition_id = partition_id
+        self.epoch = epoch
+        self.partition_count = partition_count
 
 
 class TransactionExpiredError(WaltzClientError):

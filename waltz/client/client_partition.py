@@ -41,7 +41,7 @@ from waltz.client.pending_appends import AttemptOutcomes, PendingAppends, Reques
 from waltz.client.submission import Submission
 from waltz.client.transaction import Transaction, TransactionDataSource
 from waltz.client.waiting import Watermark
-from waltz.errors import ProtocolError
+from waltz.errors import PartitionNotOpenError, ProtocolError, StalePartitionEpochError, WaltzError
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId, unequal_columns
 
@@ -453,6 +453,17 @@ class ClientPartition:
         log.warning("partition %d: server error for %s: %s", self.partition_id, req_id, error.message)
         if self._mount.on_error(req_id, error.message):
             return
-        self._appends.on_rejected(
-            req_id, ProtocolError(f"server {self.endpoint} rejected the append {req_id}: {error.message}")
-        )
+        self._appends.on_rejected(req_id, self._refusal(req_id, error))
+
+    def _refusal(self, req_id: ReqId, error: client_pb2.ServerError) -> WaltzError:
+        """The failure a server's refusal of an append is (docs/protocol.md "Partition epochs"):
+        the epoch refusals by their code, any other as a :class:`ProtocolError`. Re-routing on an
+        epoch refusal is not built: the context fails with it."""
+        code = error.code
+        if code == client_pb2.STALE_PARTITION_EPOCH:
+            return StalePartitionEpochError(
+                self.partition_id, error.epoch, error.partition_count, error.message
+            )
+        if code == client_pb2.PARTITION_NOT_OPEN:
+            return PartitionNotOpenError(self.partition_id, error.epoch, error.partition_count, error.message)
+        return ProtocolError(f"server {self.endpoint} rejected the append {req_id}: {error.message}")

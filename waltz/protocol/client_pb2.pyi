@@ -10,6 +10,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from waltz.protocol import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -21,6 +22,38 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _ServerErrorCode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ServerErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ServerErrorCode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SERVER_ERROR_UNSPECIFIED: _ServerErrorCode.ValueType  # 0
+    """Every other error: malformed, past a bound, a reserved header, ... (message says what)."""
+    STALE_PARTITION_EPOCH: _ServerErrorCode.ValueType  # 1
+    """The append was routed by an epoch below the partition's: epoch and partition_count name the
+    epoch to route it by (docs/design/splits.md "The handover", step 3).
+    """
+    PARTITION_NOT_OPEN: _ServerErrorCode.ValueType  # 2
+    """The partition is a new child of a split that has no genesis yet: epoch names the split
+    (docs/design/splits.md "The handover", step 4).
+    """
+
+class ServerErrorCode(_ServerErrorCode, metaclass=_ServerErrorCodeEnumTypeWrapper):
+    """What a ServerError refuses, when a client acts on it (docs/protocol.md "Partition epochs")."""
+
+SERVER_ERROR_UNSPECIFIED: ServerErrorCode.ValueType  # 0
+"""Every other error: malformed, past a bound, a reserved header, ... (message says what)."""
+STALE_PARTITION_EPOCH: ServerErrorCode.ValueType  # 1
+"""The append was routed by an epoch below the partition's: epoch and partition_count name the
+epoch to route it by (docs/design/splits.md "The handover", step 3).
+"""
+PARTITION_NOT_OPEN: ServerErrorCode.ValueType  # 2
+"""The partition is a new child of a split that has no genesis yet: epoch names the split
+(docs/design/splits.md "The handover", step 4).
+"""
+Global___ServerErrorCode: _TypeAlias = ServerErrorCode  # noqa: Y015
 
 @_typing.final
 class ClientMessages(_message.Message):
@@ -284,6 +317,7 @@ class AppendRequest(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     CHECKSUM_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     client_high_water_mark: _builtins.int
     header: _builtins.int
     """application defined 32-bit metadata"""
@@ -293,6 +327,10 @@ class AppendRequest(_message.Message):
     """CRC-32 of the transaction data"""
     traceparent: _builtins.str
     """W3C trace context of the transaction (docs/protocol.md "Trace context"); empty: not traced."""
+    epoch: _builtins.int
+    """The partition epoch the client routed the append by (docs/protocol.md "Partition epochs"):
+    0 is the count the cluster was created with, what every client sends before a split.
+    """
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId: ...
     @_builtins.property
@@ -319,10 +357,11 @@ class AppendRequest(_message.Message):
         data: _builtins.bytes = ...,
         checksum: _builtins.int = ...,
         traceparent: _builtins.str = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append_lock_hashes", b"append_lock_hashes", "checksum", b"checksum", "client_high_water_mark", b"client_high_water_mark", "data", b"data", "header", b"header", "read_lock_hashes", b"read_lock_hashes", "req_id", b"req_id", "traceparent", b"traceparent", "write_lock_hashes", b"write_lock_hashes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append_lock_hashes", b"append_lock_hashes", "checksum", b"checksum", "client_high_water_mark", b"client_high_water_mark", "data", b"data", "epoch", b"epoch", "header", b"header", "read_lock_hashes", b"read_lock_hashes", "req_id", b"req_id", "traceparent", b"traceparent", "write_lock_hashes", b"write_lock_hashes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -337,6 +376,8 @@ class AppendRequests(_message.Message):
     row i having *_lock_counts[i] of them; an empty count list means no such locks in any row.
     The five row lists have the same length, at least 1. traceparents is empty when no row is traced,
     else one W3C traceparent per row, "" for a row not traced (docs/protocol.md "Trace context").
+    epoch is the partition epoch every row was routed by (one per message: its rows are one
+    client's appends of one partition; docs/protocol.md "Partition epochs").
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -356,9 +397,11 @@ class AppendRequests(_message.Message):
     APPEND_LOCK_COUNTS_FIELD_NUMBER: _builtins.int
     APPEND_LOCK_HASHES_FIELD_NUMBER: _builtins.int
     TRACEPARENTS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     client_id: _builtins.int
     generation: _builtins.int
     partition_id: _builtins.int
+    epoch: _builtins.int
     @_builtins.property
     def seq_nums(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -401,10 +444,11 @@ class AppendRequests(_message.Message):
         append_lock_counts: _abc.Iterable[_builtins.int] | None = ...,
         append_lock_hashes: _abc.Iterable[_builtins.int] | None = ...,
         traceparents: _abc.Iterable[_builtins.str] | None = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append_lock_counts", b"append_lock_counts", "append_lock_hashes", b"append_lock_hashes", "checksums", b"checksums", "client_high_water_marks", b"client_high_water_marks", "client_id", b"client_id", "data", b"data", "generation", b"generation", "headers", b"headers", "partition_id", b"partition_id", "read_lock_counts", b"read_lock_counts", "read_lock_hashes", b"read_lock_hashes", "seq_nums", b"seq_nums", "traceparents", b"traceparents", "write_lock_counts", b"write_lock_counts", "write_lock_hashes", b"write_lock_hashes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append_lock_counts", b"append_lock_counts", "append_lock_hashes", b"append_lock_hashes", "checksums", b"checksums", "client_high_water_marks", b"client_high_water_marks", "client_id", b"client_id", "data", b"data", "epoch", b"epoch", "generation", b"generation", "headers", b"headers", "partition_id", b"partition_id", "read_lock_counts", b"read_lock_counts", "read_lock_hashes", b"read_lock_hashes", "seq_nums", b"seq_nums", "traceparents", b"traceparents", "write_lock_counts", b"write_lock_counts", "write_lock_hashes", b"write_lock_hashes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -755,7 +799,15 @@ class ServerError(_message.Message):
 
     REQ_ID_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    PARTITION_COUNT_FIELD_NUMBER: _builtins.int
     message: _builtins.str
+    code: Global___ServerErrorCode.ValueType
+    epoch: _builtins.int
+    """with STALE_PARTITION_EPOCH and PARTITION_NOT_OPEN: the epoch"""
+    partition_count: _builtins.int
+    """with them: that epoch's partition count"""
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId: ...
     def __init__(
@@ -763,10 +815,13 @@ class ServerError(_message.Message):
         *,
         req_id: _common_pb2.ReqId | None = ...,
         message: _builtins.str = ...,
+        code: Global___ServerErrorCode.ValueType = ...,
+        epoch: _builtins.int = ...,
+        partition_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "req_id", b"req_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "epoch", b"epoch", "message", b"message", "partition_count", b"partition_count", "req_id", b"req_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -24,7 +24,8 @@ from kazoo.retry import KazooRetry
 
 from waltz import tracing
 from waltz.errors import WaltzError
-from waltz.metadata.zk import ClusterZk
+from waltz.metadata.epochs import PartitionEpochs, PartitionEpochsZk
+from waltz.metadata.zk import ClusterZk, Versioned
 from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol import client_pb2_grpc, server_pb2, server_pb2_grpc
 from waltz.protocol.channels import bind_port, server_credentials, server_options
@@ -54,6 +55,9 @@ MANAGER_STOP_TIMEOUT = 1.0
 ZOOKEEPER_STOP_TIMEOUT = 2.0
 #: Seconds a stopping server waits for its partitions to close (appends in flight to settle).
 PARTITIONS_CLOSE_TIMEOUT = 2.0
+#: Seconds between attempts to read ``partitions/epochs`` again after its watch fired and a read
+#: failed (ZooKeeper away): the watch is set again by the read that succeeds.
+EPOCHS_REREAD_DELAY = 1.0
 
 
 def reconnect_policy(session_timeout: float) -> KazooRetry:
@@ -85,6 +89,9 @@ class ServerApp:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._zk: KazooClient | None = None
         self._cluster: ClusterZk | None = None
+        self._epochs_zk: PartitionEpochsZk | None = None
+        self._epochs_lock: asyncio.Lock | None = None
+        self._epochs: Versioned[PartitionEpochs] | None = None
         self._archived: ArchivedReads | None = None
         self._membership: ServerMembership | None = None
         self._manager: ClusterManager | None = None
@@ -137,6 +144,8 @@ class ServerApp:
         self._zk = zk
         self._cluster = ClusterZk(zk, config.cluster_root, timeout=config.zookeeper_session_timeout)
         self._archived = ArchivedReads(self._cluster)
+        self._epochs_zk = PartitionEpochsZk(zk, self._cluster.paths, timeout=config.zookeeper_session_timeout)
+        self._epochs_lock = asyncio.Lock()
         await asyncio.to_thread(self._cluster.check_security)  # docs/design/zookeeper.md, "Checking the root"
         params = await asyncio.to_thread(self._cluster.params)
         self.cluster_key = str(params.cluster_key)
@@ -310,6 +319,61 @@ class ServerApp:
             await asyncio.to_thread(self._manager.stop)
         self._manager = ClusterManager(self._zk, self._cluster.paths, self.num_partitions, member)
         self._manager.start()
+        self._reread_epochs()  # a new session holds no watch: set it again
+
+    # ---- the partitions' epochs (docs/design/splits.md "The handover") ----
+
+    def _epochs_watch(self, event: object) -> None:
+        """The watch on ``partitions/epochs`` fired (a kazoo thread): read it again on the loop."""
+        loop = self._loop
+        if loop is not None and not self._stopping:
+            loop.call_soon_threadsafe(self._reread_epochs)
+
+    def _reread_epochs(self) -> None:
+        if not self._stopping:
+            asyncio.get_running_loop().create_task(self._reread_epochs_until_read())
+
+    async def _reread_epochs_until_read(self) -> None:
+        """Read ``partitions/epochs`` again after a change, until a read succeeds (it sets the
+        watch again) or the server stops."""
+        while not self._stopping:
+            try:
+                await self.read_epochs()
+                return
+            except Exception as exc:
+                log.warning("cannot read partitions/epochs after it changed (trying again): %s", exc)
+            await asyncio.sleep(EPOCHS_REREAD_DELAY)
+
+    async def read_epochs(self) -> Versioned[PartitionEpochs]:
+        """Read ``partitions/epochs`` afresh (after a ZooKeeper sync, with the server's watch on it)
+        and hand it to every partition (:meth:`Partition.epochs_changed`).
+
+        Reads are one at a time, so each partition sees the znode's versions in order. A partition
+        awaits this after its recovery and before its first append (docs/design/splits.md "The
+        handover", step 3), and the watch keeps every partition's gate current after that.
+
+        Raises:
+            MetadataError: the znode does not decode.
+            ZooKeeperUnavailableError: ZooKeeper did not answer in time.
+        """
+        epochs_zk, lock = self._epochs_zk, self._epochs_lock
+        if epochs_zk is None or lock is None:
+            raise WaltzError("the server has not started")
+
+        def read() -> Versioned[PartitionEpochs]:
+            # A sync first: what the recovery found (a barrier, say) was written after the
+            # sealing mark, so a read from a lagging ZooKeeper server must not miss the mark.
+            epochs_zk.zk.sync_async(epochs_zk.paths.root).get(timeout=self.config.zookeeper_session_timeout)
+            return epochs_zk.read(watch=self._epochs_watch)
+
+        async with lock:
+            epochs = await asyncio.to_thread(read)
+            if self._epochs is None or epochs != self._epochs:
+                log.info("partitions/epochs read at version %d", epochs.version)
+            self._epochs = epochs
+            for partition in list(self.partitions.values()):
+                partition.epochs_changed(epochs)
+        return epochs
 
     def _assignment_changed(self, partitions: dict[int, int]) -> None:
         if self._loop is not None and not self._session_lost:
@@ -372,6 +436,7 @@ class ServerApp:
                 self.partition_config,
                 observe_commits=self.metrics.commit_seconds.observe_all,
                 archived=self._archived,
+                read_epochs=self.read_epochs,
             )
             self.partitions[partition_id] = partition
             partition.start()

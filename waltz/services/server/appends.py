@@ -80,9 +80,10 @@ def reserved_header_refusal(header: int) -> str | None:
 
 class AppendRow(NamedTuple):
     """One append: its ReqId, the client's high-water mark, its lock hashes by kind (32-bit), the
-    transaction header, the transaction data and its CRC-32 as the client sent it, and the W3C
+    transaction header, the transaction data and its CRC-32 as the client sent it, the W3C
     ``traceparent`` of a traced transaction ("" when not traced; ``docs/protocol.md`` "Trace
-    context")."""
+    context"), and the partition epoch the client routed it by (0: the count at creation;
+    ``docs/protocol.md`` "Partition epochs")."""
 
     req_id: ReqId
     client_high_water_mark: int
@@ -93,6 +94,7 @@ class AppendRow(NamedTuple):
     data: bytes
     checksum: int
     traceparent: str = ""
+    epoch: int = 0
 
     @classmethod
     def from_proto(cls, request: client_pb2.AppendRequest) -> AppendRow:
@@ -107,6 +109,7 @@ class AppendRow(NamedTuple):
             request.data,
             request.checksum,
             request.traceparent,
+            request.epoch,
         )
 
 
@@ -160,6 +163,7 @@ def append_rows(
         raise ValueError(f"it has {len(sent)} traceparents for {count} rows")
     traceparents: Sequence[str] | repeat[str] = sent if sent else repeat("", count)
     client_id, generation, partition_id = message.client_id, message.generation, message.partition_id
+    epoch = message.epoch  # one per message: every row was routed by it
     rows = [
         AppendRow(
             ReqId(client_id, generation, partition_id, seq),
@@ -171,6 +175,7 @@ def append_rows(
             data,
             crc,
             trace,
+            epoch,
         )
         for seq, mark, write, read, append, header, data, crc, trace in zip(
             seq_nums,

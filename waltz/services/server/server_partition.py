@@ -15,22 +15,29 @@ import logging
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Collection, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from waltz import tracing
 from waltz.errors import ArchivedReadError, RecordsArchivedError, WaltzError
+from waltz.metadata.epochs import PartitionEpochs
+from waltz.metadata.zk import Versioned
 from waltz.protocol import client_pb2, common_pb2
 from waltz.protocol.records import Record, ReqId
 from waltz.services.server.appends import AppendRow
 from waltz.services.server.archived_reads import ArchivedReads
+from waltz.services.server.epoch_gate import EpochGate, epoch_gate
 from waltz.services.server.lock_table import DEFAULT_HASH_COUNT, DEFAULT_SIZE, LockTable, PendingLocks
 from waltz.services.server.store.store_partition import StorePartition
 
 __all__ = ["ClientConnection", "Partition", "PartitionConfig"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds between attempts to read ``partitions/epochs`` when opening a partition fails (the
+#: partition takes no append until it has read it: docs/design/splits.md "The handover", step 3).
+EPOCHS_RETRY_DELAY = 0.5
 
 
 #: A run of feed entries in columns: client IDs, generations, sequence numbers, headers.
@@ -212,6 +219,11 @@ class Partition:
             worth at a time (the ``waltz_server_commit_seconds`` histogram).
         archived: reads of the ranges below the replicas' local start, from the archive (None: a
             read below it fails with :class:`~waltz.errors.ArchivedReadError`).
+        read_epochs: reads ``<root>/partitions/epochs`` afresh (with the server's watch on it), and
+            hands the value to every partition's :meth:`epochs_changed`; awaited once after the
+            recovery and before the first append (docs/design/splits.md "The handover", step 3).
+            None: no epochs (every append is taken whatever its epoch), for a partition without a
+            cluster around it.
     """
 
     def __init__(
@@ -222,6 +234,7 @@ class Partition:
         config: PartitionConfig | None = None,
         observe_commits: Callable[[Iterable[float]], None] | None = None,
         archived: ArchivedReads | None = None,
+        read_epochs: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self.partition_id = partition_id
         self._archived = archived
@@ -237,6 +250,13 @@ class Partition:
         # when the commit's records reach _committed (one clock read and one histogram lock).
         self._committed_received: list[float] = []
         self._lock_table: LockTable | None = None
+        self._read_epochs = read_epochs
+        self._opening: asyncio.Task[LockTable] | None = None  # recovery, then the epochs read
+        # The epoch gate (docs/design/splits.md "The handover"): None takes every epoch. Worked out
+        # when partitions/epochs changes, consulted by each append: no ZooKeeper read per append.
+        self._epoch_gate: EpochGate | None = None
+        self._epochs_version = -2  # the znode version the gate is from (-1: no znode; -2: none read)
+        self.epoch_refusals = 0
         self._pending_locks: PendingLocks[_InFlight] = PendingLocks()  # locks of unresolved appends
         self._feed: deque[FeedEntry] = deque(maxlen=self.config.feed_cache_size)
         self._data = TransactionDataCache(
@@ -270,6 +290,8 @@ class Partition:
     async def close(self, reason: str) -> None:
         """Suspend every feed (clients mount elsewhere) and close the store partition."""
         self._store_closing(reason)
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()
         await self.store.close(reason)
 
     def _store_closing(self, reason: str) -> None:
@@ -307,16 +329,82 @@ class Partition:
         """The committed high-water mark."""
         return self.store.high_water_mark
 
-    async def _ready(self) -> LockTable:
-        if self._lock_table is None:
-            await self.store.recovered.wait()
-            if self._lock_table is None:
-                # Every slot starts at the recovered high-water mark, never below
-                # (docs/design/locks.md "The lock table").
-                self._lock_table = LockTable(
-                    self.store.high_water_mark, self.config.lock_table_size, self.config.lock_table_hash_count
-                )
+    async def _ready(self) -> LockTable | None:
+        """The lock table once the partition is open (recovered, epochs read); None when the
+        partition closed first."""
+        table = self._lock_table
+        if table is not None:
+            return table
+        opening = self._opening
+        if opening is None:
+            opening = self._opening = asyncio.get_running_loop().create_task(self._open())
+        try:
+            # Shielded: an append that stops waiting (its connection closed) does not stop it.
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if opening.cancelled() and (current is None or not current.cancelling()):
+                return None  # the partition closed while opening (close() cancels it)
+            raise
+
+    async def _open(self) -> LockTable:
+        """Wait for the recovery, read the epochs, then make the lock table: appends go from then on."""
+        await self.store.recovered.wait()
+        if self._read_epochs is not None:
+            await self._load_epochs()
+        # Every slot starts at the recovered high-water mark, never below (docs/design/locks.md
+        # "The lock table"). Nothing appended since the recovery: no append passes before this.
+        self._lock_table = LockTable(
+            self.store.high_water_mark, self.config.lock_table_size, self.config.lock_table_hash_count
+        )
         return self._lock_table
+
+    async def _load_epochs(self) -> None:
+        """Read ``partitions/epochs`` after the recovery and before the first append
+        (docs/design/splits.md "The handover", step 3): a parent marked sealing refuses stale
+        appends from its first append on. Tried again until it succeeds or the partition closes."""
+        assert self._read_epochs is not None
+        attempt = 0
+        while not self.store.closed:
+            attempt += 1
+            try:
+                await self._read_epochs()  # hands the value to epochs_changed
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if attempt == 1 or attempt % 20 == 0:  # a ZooKeeper away for long: a line per 10 s
+                    log.warning(
+                        "partition %d: cannot read partitions/epochs (attempt %d; appends wait): %s",
+                        self.partition_id,
+                        attempt,
+                        exc,
+                    )
+            await asyncio.sleep(EPOCHS_RETRY_DELAY)
+
+    def epochs_changed(self, epochs: Versioned[PartitionEpochs]) -> None:
+        """Take the value of ``partitions/epochs`` (read after a change of it): the partition's
+        epoch gate follows it (:func:`~waltz.services.server.epoch_gate.epoch_gate`). A value
+        older than the one held is ignored.
+
+        Called on the event loop between appends, so an append checked before the gate closes is
+        ordered before every append it refuses (docs/design/splits.md "The handover", step 3).
+        """
+        if epochs.version < self._epochs_version:
+            return
+        self._epochs_version = epochs.version
+        gate = epoch_gate(epochs.value, self.partition_id)
+        if gate != self._epoch_gate:
+            log.info("partition %d: epoch gate %s", self.partition_id, gate)
+        self._epoch_gate = gate
+        # The barrier goes here (not built yet): when the gate starts refusing an epoch as a
+        # sealing parent, the owner appends the barrier as one more append of this order, before
+        # any append checked after this point (docs/design/splits.md "The handover", step 3).
+
+    @property
+    def epoch_gate(self) -> EpochGate | None:
+        """The partition's epoch gate now (None: it takes every epoch)."""
+        return self._epoch_gate
 
     def _client(self, client_id: int, connection: ClientConnection) -> _ClientState:
         """The state of a client ID, made on its first message; it stays while ``connection`` (or
@@ -364,6 +452,8 @@ class Partition:
         :meth:`append_now` is the same without the waits.
         """
         table = await self._ready()
+        if table is None:
+            return  # closed before it opened: dropped, as appends for a partition not here are
         # Back pressure first: from the checks below to marking the pending locks nothing may
         # await, or two appends on the same lock could both pass, or a mount could slip between.
         while self._full() and not self.store.closed:
@@ -391,10 +481,21 @@ class Partition:
         row: AppendRow,
         network_seq: int,
     ) -> None:
-        req_id, mark, write_hashes, read_hashes, append_hashes, header, data, checksum, traceparent = row
+        req_id, mark, write_hashes, read_hashes, append_hashes, header, data, checksum, traceparent, epoch = (
+            row
+        )
         state = self._sender(connection, req_id, network_seq)
         if state is None:
             return
+        gate = self._epoch_gate
+        if gate is not None:
+            # The epoch check, in the append order and before the lock check: every append alike,
+            # with locks or without (docs/design/splits.md "Why no update is lost").
+            refusal = gate.refusal(epoch)
+            if refusal is not None:
+                self.epoch_refusals += 1
+                connection.send(refusal.to_proto(req_id.to_proto()))
+                return
         if zlib.crc32(data) != checksum:
             connection.send(_error(req_id.to_proto(), "append data does not match its checksum: resend it"))
             return

@@ -1,0 +1,102 @@
+"""The epoch gate's decision: which appends a partition's owner refuses for the epoch they were
+routed by, in every state of ``partitions/epochs`` (docs/design/splits.md "The handover", steps 3
+and 4). New children are not created as partitions yet, so ``PARTITION_NOT_OPEN`` is reachable
+only here, not on a running cluster."""
+
+from __future__ import annotations
+
+from waltz.metadata.epochs import ChildProgress, Epoch, EpochState, ParentProgress, PartitionEpochs
+from waltz.protocol import client_pb2, common_pb2
+from waltz.services.server.epoch_gate import EpochGate, epoch_gate
+
+NEVER_SPLIT = PartitionEpochs(2)
+PREPARED = NEVER_SPLIT.prepare(4, {0: 10, 1: 20})
+SEALING_0 = PREPARED.mark_sealing(1, 0)
+BARRIER_0 = SEALING_0.set_barrier(1, 0, 11).mark_opened(1, 2)
+GENESIS_2 = BARRIER_0.set_genesis(1, 2, 12)
+#: Epoch 1 (2 -> 4) complete, epoch 2 (4 -> 8) sealing parent 1 only.
+SPLIT_TWICE = PartitionEpochs(
+    2,
+    (
+        Epoch(
+            1,
+            4,
+            2,
+            EpochState.COMPLETE,
+            {0: ParentProgress(10, True, 11), 1: ParentProgress(20, True, 21)},
+            {2: ChildProgress(True, 12), 3: ChildProgress(True, 22)},
+        ),
+        Epoch(
+            2,
+            8,
+            4,
+            EpochState.SEALING,
+            {p: ParentProgress(30, p == 1, None) for p in range(4)},
+            {c: ChildProgress() for c in range(4, 8)},
+        ),
+    ),
+)
+
+
+def test_no_split_and_a_prepared_split_take_every_epoch() -> None:
+    for epochs in (NEVER_SPLIT, PREPARED):
+        for partition in (0, 1):
+            assert epoch_gate(epochs, partition) is None
+    # A parent not sealing while another is: untouched.
+    assert epoch_gate(SEALING_0, 1) is None
+
+
+def test_a_sealing_parent_refuses_older_epochs_naming_the_epoch_and_its_count() -> None:
+    gate = epoch_gate(SEALING_0, 0)
+    assert gate == EpochGate(0, 1, 4)
+    refusal = gate.refusal(0)
+    assert refusal is not None
+    assert (refusal.code, refusal.epoch, refusal.partition_count) == (client_pb2.STALE_PARTITION_EPOCH, 1, 4)
+    assert "epoch 1 (4 partitions)" in refusal.message and "routed by epoch 0" in refusal.message
+    assert gate.refusal(1) is None and gate.refusal(2) is None
+    # On the wire: a ServerError under the append's ReqId, with its code, epoch and count.
+    req_id = common_pb2.ReqId(client_id=3, generation=4, partition_id=0, seq_num=5)
+    error = refusal.to_proto(req_id).error
+    assert (error.req_id, error.code, error.epoch, error.partition_count, error.message) == (
+        req_id,
+        client_pb2.STALE_PARTITION_EPOCH,
+        1,
+        4,
+        refusal.message,
+    )
+
+
+def test_a_new_child_without_its_genesis_is_not_open_to_any_epoch() -> None:
+    for epochs in (PREPARED, SEALING_0, BARRIER_0):  # not yet opened, opened without a genesis
+        gate = epoch_gate(epochs, 2)
+        assert gate is not None and gate.min_epoch == 1
+        for epoch in (0, 1, 2):
+            refusal = gate.refusal(epoch)
+            assert refusal is not None
+            assert (refusal.code, refusal.epoch, refusal.partition_count) == (
+                client_pb2.PARTITION_NOT_OPEN,
+                1,
+                4,
+            )
+            assert "partition 2 is a new partition of epoch 1 (4 partitions)" in refusal.message
+    # Its genesis committed: open to epoch 1 and later, stale below.
+    opened = epoch_gate(GENESIS_2, 2)
+    assert opened == EpochGate(2, 1, 4)
+    assert opened.refusal(1) is None
+    stale = opened.refusal(0)
+    assert stale is not None and stale.code == client_pb2.STALE_PARTITION_EPOCH
+    # A sibling still without its genesis stays closed.
+    sibling = epoch_gate(GENESIS_2, 3)
+    assert sibling is not None and sibling.not_open is not None
+
+
+def test_a_complete_epoch_binds_every_parent_and_the_newest_sealing_epoch_wins() -> None:
+    assert epoch_gate(SPLIT_TWICE, 0) == EpochGate(0, 1, 4)  # sealed in epoch 1, not sealing in 2
+    assert epoch_gate(SPLIT_TWICE, 1) == EpochGate(1, 2, 8)  # sealing in epoch 2
+    assert epoch_gate(SPLIT_TWICE, 2) == EpochGate(2, 1, 4)  # a child of epoch 1, a parent of 2
+    child = epoch_gate(SPLIT_TWICE, 5)
+    assert child is not None and child.not_open is not None and child.not_open.epoch == 2
+    stale = epoch_gate(SPLIT_TWICE, 1)
+    assert stale is not None
+    refused = stale.refusal(1)
+    assert refused is not None and (refused.epoch, refused.partition_count) == (2, 8)
