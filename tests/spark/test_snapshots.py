@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import support
-from sqlalchemy import BigInteger, Boolean, Column, MetaData, String, Table, inspect, select, text
+from sqlalchemy import BigInteger, Boolean, Column, MetaData, String, Table, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from typer.testing import CliRunner
 
@@ -44,7 +44,7 @@ from waltz.spark.snapshot import (
     verify_snapshot,
     write_snapshot,
 )
-from waltz.spark.target import STAGING_SUFFIX, EarlyStaging, check_target, marks_text
+from waltz.spark.target import marks_text
 from waltz.workloads.smallbank import SmallBankConfig, SmallBankWorkload
 from waltz_examples.ledger.models import Account, Checking, TransferIn, TransferOut, by_customer
 from waltz_examples.ledger.service import LedgerService, prepare_database
@@ -424,75 +424,6 @@ def test_a_snapshot_ahead_of_the_marks_asked_is_refused(spark: Any, history: His
             snapshot=str(history.snapshot),
         )
     assert not (tmp_path / "behind.db").exists() or not _marks(url)
-
-
-def _staging_tables(url: str) -> list[str]:
-    engine = create_framework_engine(url)
-    try:
-        return sorted(n for n in inspect(engine).get_table_names() if n.endswith(STAGING_SUFFIX))
-    finally:
-        engine.dispose()
-
-
-def test_a_refused_rebuild_from_a_snapshot_leaves_no_staging_table_in_postgresql(
-    spark: Any, history: History, postgres_url: str
-) -> None:
-    """On a database server the staging tables are made, and the snapshot's rows copied, while
-    Spark reads; a rebuild refused meanwhile drops them and leaves the database as it was."""
-    behind = {p: -1 for p in history.marks}
-    with pytest.raises(RebuildError, match="beyond the log's marks"):
-        rebuild(
-            spark,
-            LEDGER_VIEWS,
-            _source(history.cluster),
-            postgres_url,
-            cluster_name=NAME,
-            up_to=behind,
-            snapshot=str(history.snapshot),
-        )
-    assert _staging_tables(postgres_url) == []
-    assert not _marks(postgres_url)
-
-
-def test_early_staging_makes_and_seeds_the_tables_and_drops_them_unless_taken_over(
-    history: History, postgres_url: str
-) -> None:
-    manifest = verify_snapshot(str(history.snapshot))
-    table = next(t for t in LEDGER_VIEWS.tables if t.name == "ledger_applied_transactions")
-    entry = manifest.table(table.name)
-    assert entry is not None and entry.rows > 0
-    seeds = {table.name: SnapshotSeed(str(history.snapshot), entry)}
-    check_target(LEDGER_VIEWS, postgres_url)
-    expected = sorted(t.name + STAGING_SUFFIX for t in [*LEDGER_VIEWS.tables, idempotency_keys])
-
-    with EarlyStaging(LEDGER_VIEWS, postgres_url, seeds) as early:
-        early.start()
-        assert early.started
-        early.copies[table.name].result(60)
-    assert _staging_tables(postgres_url) == [], "left behind by a rebuild that never wrote"
-
-    with EarlyStaging(LEDGER_VIEWS, postgres_url, seeds) as early:
-        early.start()
-        assert sorted(early.take_over()) == expected
-        copied = early.copies[table.name].result(60)
-    assert copied == entry.rows
-    assert _staging_tables(postgres_url) == expected, "taken over: the writer drops or swaps them"
-    engine = create_framework_engine(postgres_url)
-    try:
-        with engine.connect() as conn:
-            staged = conn.execute(text(f'SELECT COUNT(*) FROM "{table.name}{STAGING_SUFFIX}"')).scalar()
-    finally:
-        engine.dispose()
-    assert staged == entry.rows
-
-
-def test_early_staging_leaves_sqlite_to_the_writer(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'single-writer.db'}"
-    check_target(LEDGER_VIEWS, url)
-    with EarlyStaging(LEDGER_VIEWS, url, {}) as early:
-        early.start()
-        assert not early.started
-    assert _staging_tables(url) == []
 
 
 def test_a_second_snapshot_never_overwrites_the_first(history: History) -> None:

@@ -24,7 +24,7 @@ from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_FILE_FIELDS, security_
 from waltz.protocol.channels import TlsConfig
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import CommittedReadError, RebuildError
-from waltz.spark.target import EarlyStaging, check_target, marks_text, write_views
+from waltz.spark.target import check_target, marks_text, write_views
 from waltz.spark.views import AppViews, caching_replays, change_check, checked_problems, idempotency_key_rows
 
 __all__ = ["ComputedViews", "LogSource", "RebuildResult", "compute_views", "rebuild"]
@@ -213,28 +213,11 @@ def compute_views(
             of what ``up_to`` asks for.
         SnapshotError: the snapshot does not verify against its manifest.
     """
-    return _compute_views(
-        spark, app, source, up_to=up_to, cluster_name=cluster_name, snapshot=snapshot, progress=progress
-    )
-
-
-def _compute_views(
-    spark: Any,
-    app: AppViews,
-    source: LogSource,
-    *,
-    up_to: Mapping[int, int] | None,
-    cluster_name: str | None,
-    snapshot: str | None,
-    progress: Progress,
-    manifest: Any = None,
-) -> ComputedViews:
-    """:func:`compute_views`; ``manifest``: the snapshot's, verified already (None: verify it here)."""
     plans = source.plan()
     marks = {p.partition_id: p.high_water_mark for p in plans}
     for plan in plans:
         progress(f"partition {plan.partition_id}: committed up to {plan.high_water_mark} ({plan.proof})")
-    base = _snapshot_base(snapshot, marks, up_to, app, progress, manifest) if snapshot is not None else None
+    base = _snapshot_base(snapshot, marks, up_to, app, progress) if snapshot is not None else None
     if up_to is not None:
         for pid, mark in up_to.items():
             if mark > marks.get(pid, -1):
@@ -311,13 +294,11 @@ def _snapshot_base(
     up_to: Mapping[int, int] | None,
     app: AppViews,
     progress: Progress,
-    manifest: Any = None,
 ) -> _SnapshotBase:
     """The verified snapshot a rebuild starts from; its marks must not be ahead of what is read."""
     from waltz.spark.snapshot import verify_snapshot
 
-    if manifest is None:
-        manifest = verify_snapshot(location)
+    manifest = verify_snapshot(location)
     wanted = dict(up_to) if up_to is not None else marks
     ahead = {p: m for p, m in manifest.marks.items() if m > wanted.get(p, -1)}
     if ahead:
@@ -383,16 +364,19 @@ def _with_snapshot_rows(
     writer; the idempotency keys, those of the snapshot and the new ones."""
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
-    from waltz.spark.snapshot import snapshot_keys, snapshot_table
+    from waltz.spark.snapshot import SnapshotSeed, snapshot_keys, snapshot_table
 
     entity_tables = {info.model.__table__.name for info in app.entities or ()}
     merged = dict(views)
-    seeds = _snapshot_seeds(base.location, base.manifest, app)
+    seeds: dict[str, Any] = {}
     for table in app.tables:
         if table.name in entity_tables:
             before = untouched.get(table.name)
         else:
             before = snapshot_table(spark, base.location, base.manifest, table)
+            entry = base.manifest.table(table.name)
+            if entry is not None:
+                seeds[table.name] = SnapshotSeed(base.location, entry)
         if before is None:
             continue
         built = views[table.name]
@@ -407,20 +391,6 @@ def _with_snapshot_rows(
         F.col("applied_at").cast("timestamp").alias("applied_at"),
     )
     return merged, old_keys.unionByName(keys.select(*old_keys.columns)), seeds
-
-
-def _snapshot_seeds(location: str, manifest: Any, app: AppViews) -> dict[str, Any]:
-    """Table name -> the snapshot's rows a rebuild copies as they are into its staging table: those
-    of the tables that are not entity tables (docs/design/spark.md "Snapshots")."""
-    from waltz.spark.snapshot import SnapshotSeed
-
-    entity_tables = {info.model.__table__.name for info in app.entities or ()}
-    seeds: dict[str, Any] = {}
-    for table in app.tables:
-        entry = manifest.table(table.name)
-        if table.name not in entity_tables and entry is not None:
-            seeds[table.name] = SnapshotSeed(location, entry)
-    return seeds
 
 
 def rebuild(
@@ -460,40 +430,22 @@ def rebuild(
     """
     started = time.monotonic()
     check_target(app, db_url)
-    manifest = None
-    seeds: dict[str, Any] = {}
-    if snapshot is not None:
-        from waltz.spark.snapshot import verify_snapshot
-
-        manifest = verify_snapshot(snapshot)
-        seeds = _snapshot_seeds(snapshot, manifest, app)
-    # The staging tables are made, and the snapshot's rows copied into them, while Spark reads.
-    with EarlyStaging(app, db_url, seeds) as early:
-        early.start()
-        computed = _compute_views(
-            spark,
+    computed = compute_views(
+        spark, app, source, up_to=up_to, cluster_name=cluster_name, snapshot=snapshot, progress=progress
+    )
+    tables = dict(computed.tables)
+    tables.update({name: own for name, (_, own) in computed.seeded.items()})
+    try:
+        rows = write_views(
+            tables,
             app,
-            source,
-            up_to=up_to,
+            db_url,
+            computed.marks,
+            idempotency_keys_df=computed.idempotency_keys,
             cluster_name=cluster_name,
-            snapshot=snapshot,
+            seeds={name: seed for name, (seed, _) in computed.seeded.items()},
             progress=progress,
-            manifest=manifest,
         )
-        tables = dict(computed.tables)
-        tables.update({name: own for name, (_, own) in computed.seeded.items()})
-        try:
-            rows = write_views(
-                tables,
-                app,
-                db_url,
-                computed.marks,
-                idempotency_keys_df=computed.idempotency_keys,
-                cluster_name=cluster_name,
-                seeds={name: seed for name, (seed, _) in computed.seeded.items()},
-                early=early,
-                progress=progress,
-            )
-        finally:
-            computed.release()
+    finally:
+        computed.release()
     return RebuildResult(computed.marks, rows, time.monotonic() - started)

@@ -39,7 +39,6 @@ __all__ = [
     "STAGING_SUFFIX",
     "WRITE_BATCH",
     "WRITE_JOBS",
-    "EarlyStaging",
     "StagingSeed",
     "backend_of",
     "check_target",
@@ -239,109 +238,6 @@ def check_target(app: AppViews, db_url: str) -> None:
         engine.dispose()
 
 
-class EarlyStaging:
-    """Staging tables created, and seeds copied into them, while the views are still computed
-    (docs/design/spark.md "Swapping tables with the marks").
-
-    A rebuild from a snapshot knows its tables and its seeds (the snapshot's rows of the tables
-    that are not entity tables) before Spark has read the log: :meth:`start` creates every staging
-    table and copies each seed on one driver thread, while Spark reads and decodes;
-    :func:`write_views` then writes the views' own rows into those tables. On SQLite, whose single
-    writer would block Spark's reads of it, nothing starts early and :func:`write_views` does
-    everything itself.
-
-    Use it as a context manager around the computation and the write: leaving it waits for the
-    thread and, unless :func:`write_views` took the tables over, drops what it created.
-
-    Args:
-        app: the application (its tables exist: :func:`check_target` made them).
-        db_url: the target database (SQLAlchemy URL).
-        seeds: table name -> rows copied into its staging table first.
-        with_keys: also create the staging table of ``waltz_idempotency_keys``.
-    """
-
-    def __init__(
-        self,
-        app: AppViews,
-        db_url: str,
-        seeds: Mapping[str, StagingSeed],
-        *,
-        with_keys: bool = True,
-    ) -> None:
-        self._seeds = dict(seeds)
-        self._engine = create_framework_engine(db_url)
-        self._tables = [*app.tables, *([idempotency_keys] if with_keys else [])]
-        self._pool: ThreadPoolExecutor | None = None
-        self._created: list[str] = []
-        self._ready: Future[None] | None = None
-        #: table name -> its seed's copy (rows copied), once started.
-        self.copies: dict[str, Future[int]] = {}
-        self._handed_over = False
-
-    @property
-    def started(self) -> bool:
-        """Whether the staging tables are being made here (False on SQLite, or before :meth:`start`)."""
-        return self._ready is not None
-
-    @property
-    def tables(self) -> list[str]:
-        """The names of the tables whose staging tables this makes."""
-        return [t.name for t in self._tables]
-
-    def start(self) -> None:
-        """Create the staging tables (the seeded ones first) and start the seeds' copies, on a
-        driver thread; returns at once. Does nothing on SQLite."""
-        if self._ready is not None or backend_of(self._engine) == "sqlite":
-            return
-        pool = self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="waltz-rebuild-seed")
-        ordered = sorted(self._tables, key=lambda t: t.name not in self._seeds)
-        self._ready = pool.submit(self._create, ordered)
-        for table in ordered:
-            if table.name in self._seeds:
-                self.copies[table.name] = pool.submit(self._copy, table)
-
-    def _create(self, tables: Sequence[Table]) -> None:
-        backend = backend_of(self._engine)
-        for table in tables:
-            staging = table.name + STAGING_SUFFIX
-            with self._engine.begin() as conn:
-                self._created.append(staging)
-                _create_staging(conn, backend, table, staging)
-
-    def _copy(self, table: Table) -> int:
-        assert self._ready is not None
-        self._ready.result()  # the thread runs in order: the tables exist (or this raises)
-        staging = table.name + STAGING_SUFFIX
-        with self._engine.begin() as conn:
-            return self._seeds[table.name].copy_into(conn, table, staging)
-
-    def take_over(self) -> list[str]:
-        """Hand the staging tables to :func:`write_views`: waits until they exist and returns
-        their names (it drops them if its own write fails).
-
-        Raises:
-            sqlalchemy.exc.DBAPIError: the database refused to create one.
-        """
-        assert self._ready is not None, "take_over() before start()"
-        self._ready.result()
-        self._handed_over = True
-        return list(self._created)
-
-    def __enter__(self) -> EarlyStaging:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        try:
-            for future in self.copies.values():
-                future.cancel()
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-            if not self._handed_over and self._created:
-                _drop_staging(self._engine, self._created)
-        finally:
-            self._engine.dispose()
-
-
 def write_views(
     views: Mapping[str, Any],
     app: AppViews,
@@ -351,7 +247,6 @@ def write_views(
     idempotency_keys_df: Any = None,
     cluster_name: str | None = None,
     seeds: Mapping[str, StagingSeed] | None = None,
-    early: EarlyStaging | None = None,
     progress: Progress = _quiet,
 ) -> dict[str, int]:
     """Write the views into fresh tables, swap them in when all are complete, and set the marks.
@@ -371,9 +266,6 @@ def write_views(
         seeds: table name -> rows copied into its staging table before the view's own rows
             (a snapshot's, :class:`waltz.spark.snapshot.SnapshotSeed`; docs/design/spark.md
             "Snapshots"); the view's DataFrame then holds only the rows that follow them.
-        early: staging tables made, and seeds being copied, while the views were computed
-            (:class:`EarlyStaging`, started); its tables and copies are used instead of making
-            them here, and ``seeds`` is then ignored for the tables it seeds.
         progress: called with a line per step.
 
     Returns:
@@ -443,17 +335,7 @@ def write_views(
             ) as writers,
         ):
             try:
-                made_early: set[str] = set()
-                if early is not None and early.started:
-                    created.extend(early.take_over())
-                    made_early = set(early.tables)
-                    copies.update(early.copies)
                 for table, _ in staged:
-                    if table.name in made_early:
-                        if backend == "postgresql" and table is not idempotency_keys:
-                            with engine.connect() as conn:
-                                pg_names[table.name] = _pg_index_names(conn, table.name)
-                        continue
                     create(table)
                     if concurrent and table.name in chosen:
                         # The seeded tables' copies run while Spark writes the other tables.
@@ -462,11 +344,7 @@ def write_views(
                 if concurrent:
                     # Each table's write is its own Spark job; several at once keep the executors
                     # busy through one job's driver-side steps (planning, connections, the count).
-                    # The tables that are not entity tables go first: their rows grow with the log
-                    # and are computed as they are written, while an entity table's rows grow with
-                    # its keys and are read from the persisted replay.
-                    entity_tables = {info.model.__table__.name for info in app.entities or ()}
-                    for table, frame in sorted(staged, key=lambda staged: staged[0].name in entity_tables):
+                    for table, frame in staged:
                         writes[table.name] = writers.submit(write, table, frame, copies.get(table.name))
                     for table, _ in staged:
                         rows[table.name] = writes[table.name].result()
