@@ -41,6 +41,11 @@ class PartitionClient(RawClient):
     def __init__(self, endpoint: str, client_id: int, generation: int, partition_id: int) -> None:
         super().__init__(endpoint, client_id, generation)
         self.partition_id = partition_id
+        self.mark = -1  # the client high-water mark its appends carry: the last mount's
+
+    async def mount_at_high_water_mark(self) -> int:
+        self.mark = await super().mount_at_high_water_mark()
+        return self.mark
 
     def req_id(self, generation: int | None = None) -> common_pb2.ReqId:
         req_id = super().req_id(generation)
@@ -50,13 +55,14 @@ class PartitionClient(RawClient):
     def append_by(
         self, epoch: int, data: bytes, write: Sequence[int] = (), append: Sequence[int] = ()
     ) -> common_pb2.ReqId:
-        """An ``AppendRequest`` routed by ``epoch`` (no READ lock: the mark does not matter)."""
+        """An ``AppendRequest`` routed by ``epoch``, with the high-water mark of the last mount (a
+        sealing parent's log holds its barrier: a WRITE lock is checked against it)."""
         req_id = self.req_id()
         self.outgoing.put_nowait(
             client_pb2.ClientMessage(
                 append=client_pb2.AppendRequest(
                     req_id=req_id,
-                    client_high_water_mark=-1,
+                    client_high_water_mark=self.mark,
                     write_lock_hashes=list(write),
                     append_lock_hashes=list(append),
                     header=7,

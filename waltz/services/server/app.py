@@ -20,13 +20,14 @@ from typing import Any
 
 import grpc
 from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException
 from kazoo.retry import KazooRetry
 
 from waltz import tracing
-from waltz.errors import WaltzError
+from waltz.errors import SplitStateError, StaleMetadataError, WaltzError
 from waltz.metadata.epochs import PartitionEpochs, PartitionEpochsZk
 from waltz.metadata.zk import ClusterZk, Versioned
-from waltz.metadata.zk_session import connect_zookeeper
+from waltz.metadata.zk_session import ZooKeeperUnavailableError, connect_zookeeper
 from waltz.protocol import client_pb2_grpc, server_pb2, server_pb2_grpc
 from waltz.protocol.channels import bind_port, server_credentials, server_options
 from waltz.protocol.records import Record, ReqId
@@ -58,6 +59,11 @@ PARTITIONS_CLOSE_TIMEOUT = 2.0
 #: Seconds between attempts to read ``partitions/epochs`` again after its watch fired and a read
 #: failed (ZooKeeper away): the watch is set again by the read that succeeds.
 EPOCHS_REREAD_DELAY = 1.0
+#: Attempts to write a barrier's ``B(p)`` into ``partitions/epochs`` while ZooKeeper is away
+#: (docs/design/splits.md "The handover", step 3), :data:`BARRIER_WRITE_DELAY` seconds apart; after
+#: them the partition writes it again on the znode's next change, or its next owner does.
+BARRIER_WRITE_ATTEMPTS = 20
+BARRIER_WRITE_DELAY = 1.0
 
 
 def reconnect_policy(session_timeout: float) -> KazooRetry:
@@ -375,6 +381,66 @@ class ServerApp:
                 partition.epochs_changed(epochs)
         return epochs
 
+    async def write_barrier(self, epoch: int, parent: int, transaction_id: int) -> bool:
+        """Write a parent's barrier ``B(p)`` into ``partitions/epochs`` once it committed
+        (docs/design/splits.md "The handover", step 3; ``PartitionEpochsZk.set_barrier``).
+
+        Tried again while ZooKeeper is away or the znode keeps changing, at most
+        :data:`BARRIER_WRITE_ATTEMPTS` times. A refusal (another ``B(p)`` written, the parent no
+        longer sealing) is logged as an error: the log then holds a barrier the znode does not name,
+        which only a bug or a hand-edited znode can cause; the server goes on. Never raises.
+
+        Args:
+            epoch: the epoch the barrier starts.
+            parent: the parent partition.
+            transaction_id: the barrier's transaction ID.
+
+        Returns:
+            True once ``B(p)`` holds ``transaction_id`` (written now or before), False otherwise.
+        """
+        epochs_zk = self._epochs_zk
+        if epochs_zk is None:
+            return False
+        for attempt in range(1, BARRIER_WRITE_ATTEMPTS + 1):
+            if self._stopping:
+                return False
+            try:
+                await asyncio.to_thread(epochs_zk.set_barrier, epoch, parent, transaction_id)
+            except SplitStateError as exc:
+                log.error(
+                    "partition %d: B(p) of epoch %d cannot be written as %d, the barrier this owner "
+                    "committed or found: %s. Check partitions/epochs and the partition's log "
+                    '(docs/design/splits.md, "The handover")',
+                    parent,
+                    epoch,
+                    transaction_id,
+                    exc,
+                )
+                return False
+            except (ZooKeeperUnavailableError, StaleMetadataError, KazooException) as exc:
+                log.warning(
+                    "partition %d: cannot write B(p) = %d of epoch %d (attempt %d of %d): %s",
+                    parent,
+                    transaction_id,
+                    epoch,
+                    attempt,
+                    BARRIER_WRITE_ATTEMPTS,
+                    exc,
+                )
+                await asyncio.sleep(BARRIER_WRITE_DELAY)
+                continue
+            log.info("partition %d: B(p) of epoch %d is %d", parent, epoch, transaction_id)
+            return True
+        log.error(
+            "partition %d: gave up writing B(p) = %d of epoch %d after %d attempts: written again "
+            "when partitions/epochs next changes, or by the partition's next owner",
+            parent,
+            transaction_id,
+            epoch,
+            BARRIER_WRITE_ATTEMPTS,
+        )
+        return False
+
     def _assignment_changed(self, partitions: dict[int, int]) -> None:
         if self._loop is not None and not self._session_lost:
             self._loop.call_soon_threadsafe(self._reconcile, partitions)
@@ -437,6 +503,7 @@ class ServerApp:
                 observe_commits=self.metrics.commit_seconds.observe_all,
                 archived=self._archived,
                 read_epochs=self.read_epochs,
+                write_barrier=self.write_barrier,
             )
             self.partitions[partition_id] = partition
             partition.start()

@@ -25,10 +25,13 @@ from waltz.metadata.epochs import PartitionEpochs
 from waltz.metadata.zk import Versioned
 from waltz.protocol import client_pb2, common_pb2
 from waltz.protocol.records import Record, ReqId
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER
 from waltz.services.server.appends import AppendRow
 from waltz.services.server.archived_reads import ArchivedReads
 from waltz.services.server.epoch_gate import EpochGate, epoch_gate
 from waltz.services.server.lock_table import DEFAULT_HASH_COUNT, DEFAULT_SIZE, LockTable, PendingLocks
+from waltz.services.server.split_barrier import BarrierDue, barrier_due, is_barrier_of
+from waltz.services.server.store.append_queue import AppendFailedError
 from waltz.services.server.store.store_partition import StorePartition
 
 __all__ = ["ClientConnection", "Partition", "PartitionConfig"]
@@ -38,6 +41,8 @@ log = logging.getLogger(__name__)
 #: Seconds between attempts to read ``partitions/epochs`` when opening a partition fails (the
 #: partition takes no append until it has read it: docs/design/splits.md "The handover", step 3).
 EPOCHS_RETRY_DELAY = 0.5
+#: Records read per request while an opening partition looks for its barrier above ``H(p)``.
+BARRIER_SCAN_PAGE = 1000
 
 
 #: A run of feed entries in columns: client IDs, generations, sequence numbers, headers.
@@ -224,6 +229,9 @@ class Partition:
             recovery and before the first append (docs/design/splits.md "The handover", step 3).
             None: no epochs (every append is taken whatever its epoch), for a partition without a
             cluster around it.
+        write_barrier: writes ``B(p)`` into ``<root>/partitions/epochs``, given the epoch, the
+            parent and the barrier's transaction ID; handles its own errors (it never raises but
+            cancelled). None: the barrier is appended and ``B(p)`` is not written.
     """
 
     def __init__(
@@ -235,6 +243,7 @@ class Partition:
         observe_commits: Callable[[Iterable[float]], None] | None = None,
         archived: ArchivedReads | None = None,
         read_epochs: Callable[[], Awaitable[object]] | None = None,
+        write_barrier: Callable[[int, int, int], Awaitable[object]] | None = None,
     ) -> None:
         self.partition_id = partition_id
         self._archived = archived
@@ -256,6 +265,13 @@ class Partition:
         # when partitions/epochs changes, consulted by each append: no ZooKeeper read per append.
         self._epoch_gate: EpochGate | None = None
         self._epochs_version = -2  # the znode version the gate is from (-1: no znode; -2: none read)
+        self._epochs: PartitionEpochs | None = None  # the value the gate is from
+        # The barriers of this owner (docs/design/splits.md "The handover", step 3), by epoch: the
+        # transaction ID of the barrier it appended or found in its recovered log, None while its
+        # own is in the store. One per epoch: the log holds one barrier per epoch.
+        self._barriers: dict[int, int | None] = {}
+        self._write_barrier = write_barrier
+        self._barrier_writes: dict[int, asyncio.Task[None]] = {}  # epoch -> its B(p) write
         self.epoch_refusals = 0
         self._pending_locks: PendingLocks[_InFlight] = PendingLocks()  # locks of unresolved appends
         self._feed: deque[FeedEntry] = deque(maxlen=self.config.feed_cache_size)
@@ -348,15 +364,18 @@ class Partition:
             raise
 
     async def _open(self) -> LockTable:
-        """Wait for the recovery, read the epochs, then make the lock table: appends go from then on."""
+        """Wait for the recovery, read the epochs, seal a sealing parent, then make the lock table:
+        appends go from then on."""
         await self.store.recovered.wait()
         if self._read_epochs is not None:
             await self._load_epochs()
-        # Every slot starts at the recovered high-water mark, never below (docs/design/locks.md
-        # "The lock table"). Nothing appended since the recovery: no append passes before this.
+            await self._seal_at_open()
+        # Every slot starts at the high-water mark, never below (docs/design/locks.md "The lock
+        # table"). Nothing but a barrier appended since the recovery: no append passes before this.
         self._lock_table = LockTable(
             self.store.high_water_mark, self.config.lock_table_size, self.config.lock_table_hash_count
         )
+        self._seal()  # a sealing mark the watch brought during the open: before the first append
         return self._lock_table
 
     async def _load_epochs(self) -> None:
@@ -393,13 +412,176 @@ class Partition:
         if epochs.version < self._epochs_version:
             return
         self._epochs_version = epochs.version
+        self._epochs = epochs.value
         gate = epoch_gate(epochs.value, self.partition_id)
         if gate != self._epoch_gate:
             log.info("partition %d: epoch gate %s", self.partition_id, gate)
         self._epoch_gate = gate
-        # The barrier goes here (not built yet): when the gate starts refusing an epoch as a
-        # sealing parent, the owner appends the barrier as one more append of this order, before
-        # any append checked after this point (docs/design/splits.md "The handover", step 3).
+        if self._lock_table is not None:  # open (an opening partition seals in _open)
+            self._seal()
+
+    # ---- the barrier (docs/design/splits.md "The handover", step 3) ----
+
+    def _seal(self) -> None:
+        """Append the barrier the partition owes now, if any, as the next append of its order.
+
+        Called on the event loop with no await since the gate was set: every append checked
+        before is queued before the barrier, and the gate refuses every stale append after it. A
+        barrier of the epoch this owner appended or found already is not appended again; if its
+        ``B(p)`` is still not in the znode, it is written again (a write that gave up).
+        """
+        epochs = self._epochs
+        if epochs is None or self.store.closed:
+            return
+        due = barrier_due(epochs, self.partition_id)
+        if due is None:
+            return  # no parent sealing here, or its B(p) is written: nothing is appended
+        if due.epoch not in self._barriers:
+            self._append_barrier(due)
+            return
+        transaction_id = self._barriers[due.epoch]
+        if transaction_id is not None:
+            self._write_barrier_id(due, transaction_id)
+
+    def _append_barrier(self, due: BarrierDue, future: asyncio.Future[int] | None = None) -> None:
+        """Queue the barrier ``due`` in the store (no locks, no back pressure: one record).
+
+        When it commits, ``B(p)`` is written. When a recovery of the store dropped it
+        (:class:`AppendFailedError`), it is appended again, unless ``future`` is given: then the
+        future gets the transaction ID or the error, and its awaiter decides.
+        """
+        epoch = due.epoch
+        self._barriers[epoch] = None
+        data = due.barrier.encode()
+
+        def done(transaction_id: int, error: BaseException | None) -> None:
+            if error is None:
+                self._barriers[epoch] = transaction_id
+                log.info(
+                    "partition %d: the barrier of epoch %d committed at %d",
+                    self.partition_id,
+                    epoch,
+                    transaction_id,
+                )
+                self._write_barrier_id(due, transaction_id)
+                if future is not None and not future.done():
+                    future.set_result(transaction_id)
+                return
+            if epoch in self._barriers and self._barriers[epoch] is None:
+                del self._barriers[epoch]
+            if future is not None:
+                if not future.done():
+                    future.set_exception(error)
+            elif isinstance(error, AppendFailedError) and not self.store.closed:
+                log.warning(
+                    "partition %d: the barrier of epoch %d was not committed (%s): appending it again",
+                    self.partition_id,
+                    epoch,
+                    error,
+                )
+                asyncio.get_running_loop().call_soon(self._seal)
+            else:
+                log.info(
+                    "partition %d: the barrier of epoch %d is undecided (%s): the next owner looks "
+                    "for it in its recovered log",
+                    self.partition_id,
+                    epoch,
+                    error,
+                )
+
+        log.info("partition %d: appending the barrier of epoch %d", self.partition_id, epoch)
+        self.store.enqueue(due.req_id(self.generation), SPLIT_RECORD_HEADER, data, zlib.crc32(data), done)
+
+    async def _seal_at_open(self) -> None:
+        """Before the first append of a sealing parent: find the barrier of the epoch in the
+        recovered log above ``H(p)``, or append one and wait for its commit; then write ``B(p)``
+        (the first one's ID). Nothing when ``B(p)`` is in the znode already. Tried again until it
+        succeeds or the partition closes (appends wait, as for the recovery)."""
+        attempt = 0
+        while not self.store.closed:
+            epochs = self._epochs
+            due = None if epochs is None else barrier_due(epochs, self.partition_id)
+            if due is None or due.epoch in self._barriers:
+                return
+            attempt += 1
+            try:
+                found = await self._find_barrier(due)
+                if found is not None:
+                    log.info(
+                        "partition %d: the recovered log holds the barrier of epoch %d at %d: none appended",
+                        self.partition_id,
+                        due.epoch,
+                        found,
+                    )
+                    self._barriers[due.epoch] = found
+                    self._write_barrier_id(due, found)
+                    return
+                committed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+                self._append_barrier(due, committed)
+                await committed
+                return
+            except asyncio.CancelledError:
+                raise
+            except (WaltzError, TimeoutError) as exc:
+                if self.store.closed:
+                    return
+                log.warning(
+                    "partition %d: cannot seal for epoch %d at open (attempt %d; appends wait): %s",
+                    self.partition_id,
+                    due.epoch,
+                    attempt,
+                    exc,
+                )
+            await asyncio.sleep(EPOCHS_RETRY_DELAY)
+
+    async def _find_barrier(self, due: BarrierDue) -> int | None:
+        """The transaction ID of the first barrier of ``due``'s epoch in the committed log above
+        ``H(p)``, or None (read in pages of :data:`BARRIER_SCAN_PAGE`).
+
+        Raises:
+            ArchivedReadError: part of the range is archived and the archive cannot give it.
+            StoreClosedError: the partition closed.
+            TimeoutError: no replica answered a read.
+            WaltzError: a read came back empty below the high-water mark.
+        """
+        next_id = due.high_water_mark + 1
+        last = self.store.high_water_mark
+        while next_id <= last:
+            records = await self.read_records(next_id, min(BARRIER_SCAN_PAGE, last - next_id + 1))
+            if not records:
+                raise WaltzError(
+                    f"partition {self.partition_id}: no record read at {next_id} (the log ends at {last})"
+                )
+            for record in records:
+                if is_barrier_of(record, due):
+                    return record.transaction_id
+            next_id = records[-1].transaction_id + 1
+        return None
+
+    def _write_barrier_id(self, due: BarrierDue, transaction_id: int) -> None:
+        """Write ``B(p)`` in the background (one write per epoch at a time)."""
+        if self._write_barrier is None:
+            return
+        running = self._barrier_writes.get(due.epoch)
+        if running is not None and not running.done():
+            return
+        self._barrier_writes[due.epoch] = asyncio.get_running_loop().create_task(
+            self._write_barrier_logged(due, transaction_id)
+        )
+
+    async def _write_barrier_logged(self, due: BarrierDue, transaction_id: int) -> None:
+        assert self._write_barrier is not None
+        try:
+            await self._write_barrier(due.epoch, due.parent, transaction_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(
+                "partition %d: writing B(p) = %d of epoch %d failed",
+                self.partition_id,
+                transaction_id,
+                due.epoch,
+            )
 
     @property
     def epoch_gate(self) -> EpochGate | None:
