@@ -420,7 +420,7 @@ class Partition:
         if self._lock_table is not None:  # open (an opening partition seals in _open)
             self._seal()
 
-    # ---- the barrier (docs/design/splits.md "The handover", step 3) ----
+    # ---- the barrier (docs/design/splits.md "The owner's barrier"; "The handover", step 3) ----
 
     def _seal(self) -> None:
         """Append the barrier the partition owes now, if any, as the next append of its order.

@@ -1,11 +1,12 @@
 """The barrier a sealing parent's owner appends: which one a partition owes, its ReqId, and how a
 recovered log's record is recognised as one.
 
-Design: docs/design/splits.md "The handover" (step 3: once a parent is marked sealing, its owner
-appends the barrier as one more append of its append order, and writes its ID as ``B(p)`` once it
-commits; an owner that opens a sealing parent first looks for a barrier of the epoch in its
-recovered log above ``H(p)``), "Record forms" (the barrier's header and data), "Terms" (``B(p)``
-is the first barrier of the epoch in the parent's log).
+Design: docs/design/splits.md "The owner's barrier" (how an owner does it), "The handover" (step
+3: once a parent is marked sealing, its owner appends the barrier as one more append of its append
+order, and writes its ID as ``B(p)`` once it commits; an owner that opens a sealing parent first
+looks for a barrier of the epoch in its recovered log above ``H(p)``), "Record forms" (the
+barrier's header and data), "Terms" (``B(p)`` is the first barrier of the epoch in the parent's
+log).
 
 The partition (:class:`~waltz.services.server.server_partition.Partition`) does the appending and
 the scan; this module holds the decisions, free of I/O.
