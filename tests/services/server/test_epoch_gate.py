@@ -1,13 +1,17 @@
 """The epoch gate's decision: which appends a partition's owner refuses for the epoch they were
 routed by, in every state of ``partitions/epochs`` (docs/design/splits.md "The handover", steps 3
 and 4). New children are not created as partitions yet, so ``PARTITION_NOT_OPEN`` is reachable
-only here, not on a running cluster."""
+only here, not on a running cluster. Also which barrier a sealing parent owes, and which record of
+its log is one (docs/design/splits.md "The owner's barrier")."""
 
 from __future__ import annotations
 
 from waltz.metadata.epochs import ChildProgress, Epoch, EpochState, ParentProgress, PartitionEpochs
 from waltz.protocol import client_pb2, common_pb2
+from waltz.protocol.records import Record, ReqId
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitBarrier, SplitGenesis
 from waltz.services.server.epoch_gate import EpochGate, epoch_gate
+from waltz.services.server.split_barrier import SPLIT_CLIENT_ID, BarrierDue, barrier_due, is_barrier_of
 
 NEVER_SPLIT = PartitionEpochs(2)
 PREPARED = NEVER_SPLIT.prepare(4, {0: 10, 1: 20})
@@ -100,3 +104,44 @@ def test_a_complete_epoch_binds_every_parent_and_the_newest_sealing_epoch_wins()
     assert stale is not None
     refused = stale.refusal(1)
     assert refused is not None and (refused.epoch, refused.partition_count) == (2, 8)
+
+
+def test_a_barrier_is_owed_by_a_sealing_parent_until_its_barrier_is_written() -> None:
+    # Nothing before the mark, nothing for a parent not sealing, nothing once B(p) is written.
+    for epochs, partition in (
+        (NEVER_SPLIT, 0),
+        (PREPARED, 0),
+        (SEALING_0, 1),
+        (BARRIER_0, 0),
+        (GENESIS_2, 0),
+    ):
+        assert barrier_due(epochs, partition) is None
+    due = barrier_due(SEALING_0, 0)
+    assert due == BarrierDue(SplitBarrier(epoch=1, count=4, previous_count=2, parent=0), 10)
+    assert due.req_id(7) == ReqId(SPLIT_CLIENT_ID, 7, 0, 1) and SPLIT_CLIENT_ID == 0
+    # Split twice: parent 1 of epoch 2 (4 -> 8) owes its barrier; the others of epoch 2 do not,
+    # and the new children of epoch 1 are parents of epoch 2 like the others.
+    assert barrier_due(SPLIT_TWICE, 1) == BarrierDue(SplitBarrier(2, 8, 4, 1), 30)
+    for partition in (0, 2, 3, 4):
+        assert barrier_due(SPLIT_TWICE, partition) is None
+
+
+def test_a_barrier_is_recognised_by_its_header_epoch_and_parent() -> None:
+    due = barrier_due(SEALING_0, 0)
+    assert due is not None
+
+    def record(header: int, data: bytes) -> Record:
+        return Record.create(11, ReqId(0, 1, 0, 1), header, data)
+
+    assert is_barrier_of(record(SPLIT_RECORD_HEADER, SplitBarrier(1, 4, 2, 0).encode()), due)
+    others = (
+        SplitBarrier(2, 8, 4, 0).encode(),  # another epoch
+        SplitBarrier(1, 4, 2, 1).encode(),  # another parent
+        SplitGenesis(1, 4, 2, 0, 11).encode(),  # not a barrier
+        b'{"v": 2, "kind": "barrier"}',  # a newer form: logged, not taken
+        b"not json",
+    )
+    for data in others:
+        assert not is_barrier_of(record(SPLIT_RECORD_HEADER, data), due)
+    # The same bytes under another header are an application's record.
+    assert not is_barrier_of(record(7, SplitBarrier(1, 4, 2, 0).encode()), due)

@@ -408,6 +408,9 @@ class Partition:
 
         Called on the event loop between appends, so an append checked before the gate closes is
         ordered before every append it refuses (docs/design/splits.md "The handover", step 3).
+        An open partition that now owes a barrier (a parent marked sealing, ``B(p)`` unknown)
+        queues it in the same step, before any append checked later (docs/design/splits.md "The
+        owner's barrier"); an opening one does it before its first append.
         """
         if epochs.version < self._epochs_version:
             return
