@@ -35,8 +35,9 @@ from waltz.protocol.records import Record
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitBarrier, decode_split_record
 
-#: Batches of epoch-0 appends sent at most while the parent is marked sealing (5 rows each).
-STREAM_ROUNDS = 400
+#: Batches of epoch-0 appends sent at most while the parent is marked sealing (5 rows each), at
+#: least 0.01 s apart once the mark is under way.
+STREAM_ROUNDS = 1000
 ROWS = 5
 #: Reads of the znode at most, 0.1 s apart, while waiting for an owner to write ``B(p)``.
 BARRIER_POLLS = 300
@@ -190,12 +191,10 @@ def sealed(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Itera
                     if round_ == 2:
                         marking = asyncio.to_thread(with_epochs, cluster, "mark_sealing", 1, 0)
                         mark = asyncio.create_task(marking)
-                    if (
-                        mark is not None
-                        and mark.done()
-                        and any(not isinstance(o, FeedEntry) for o in outcomes.values())
-                    ):
-                        break
+                    if mark is not None:
+                        if mark.done() and any(not isinstance(o, FeedEntry) for o in outcomes.values()):
+                            break
+                        await asyncio.sleep(0.01)  # the watch's turn
                 await collect(peer, previous, outcomes)
                 assert mark is not None
                 await mark
