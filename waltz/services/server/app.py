@@ -383,7 +383,8 @@ class ServerApp:
 
     async def write_barrier(self, epoch: int, parent: int, transaction_id: int) -> bool:
         """Write a parent's barrier ``B(p)`` into ``partitions/epochs`` once it committed
-        (docs/design/splits.md "The handover", step 3; ``PartitionEpochsZk.set_barrier``).
+        (docs/design/splits.md "The owner's barrier", "The handover" step 3;
+        ``PartitionEpochsZk.set_barrier``).
 
         Tried again while ZooKeeper is away or the znode keeps changing, at most
         :data:`BARRIER_WRITE_ATTEMPTS` times. A refusal (another ``B(p)`` written, the parent no
