@@ -559,6 +559,30 @@ DAMAGED_GENESIS = json.dumps({**json.loads(GENESIS), "barrier": "forty"}).encode
 BARRIER = SplitBarrier(epoch=1, count=2, previous_count=1, parent=0).encode()
 
 
+class SplitTakingRecorder(Recorder):
+    """A Recorder whose ``apply`` is given split records, as the change-set callbacks' is."""
+
+    applies_split_records = True
+
+
+def test_a_hand_written_apply_is_never_given_a_split_record_and_the_mark_moves_past_it(
+    engine: Engine, db_url: str
+) -> None:
+    """docs/design/splits.md "The SQL framework across a split": a barrier and a genesis change no
+    row; an application's ``apply`` that reads its own data format never sees them."""
+    callbacks = Recorder(engine)
+    callbacks.apply_transaction(txn(0, 0))
+    callbacks.apply_transaction(txn(0, 1, BARRIER, SPLIT_RECORD_HEADER))
+    callbacks.apply_transactions([txn(0, 2), txn(0, 3, GENESIS, SPLIT_RECORD_HEADER), txn(0, 4)])
+    assert callbacks.high_water_marks() == {0: 4}
+    assert sorted(callbacks.attempts) == [(0, 0), (0, 2), (0, 4)]
+    assert callbacks.applied == [(0, 0), (0, 2), (0, 4)]
+    assert item(engine) == 3  # one per application transaction
+    taking = SplitTakingRecorder(engine)
+    taking.apply_transaction(txn(0, 5, BARRIER, SPLIT_RECORD_HEADER))
+    assert taking.applied == [(0, 5)] and taking.high_water_marks() == {0: 5}
+
+
 @pytest.mark.parametrize("data", [GENESIS, DAMAGED_GENESIS], ids=["genesis", "damaged genesis"])
 def test_an_operator_skip_of_a_split_genesis_is_refused_and_the_genesis_applied_as_usual(
     engine: Engine, db_url: str, data: bytes, caplog: pytest.LogCaptureFixture
@@ -571,7 +595,7 @@ def test_an_operator_skip_of_a_split_genesis_is_refused_and_the_genesis_applied_
         if transaction.transaction_id == 1 and failing[0]:
             raise ValueError("cannot apply transaction 1")
 
-    callbacks = Recorder(engine, stuck)
+    callbacks = SplitTakingRecorder(engine, stuck)
     callbacks.apply_transaction(txn(0, 0))
     with pytest.raises(ValueError):
         callbacks.apply_transaction(txn(0, 1, data, SPLIT_RECORD_HEADER))
@@ -604,7 +628,7 @@ def test_an_operator_skip_of_a_split_barrier_passes_over_it(engine: Engine, db_u
         if transaction.transaction_id == 1:
             raise ValueError("cannot apply transaction 1")
 
-    callbacks = Recorder(engine, stuck)
+    callbacks = SplitTakingRecorder(engine, stuck)
     callbacks.apply_transaction(txn(0, 0))
     with pytest.raises(ValueError):
         callbacks.apply_transaction(txn(0, 1, BARRIER, SPLIT_RECORD_HEADER))

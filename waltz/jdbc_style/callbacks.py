@@ -100,6 +100,14 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
     #: Nearly every apply reads its transaction's data: fetch a batch's data at once.
     prefetch_transaction_data = True
 
+    #: Whether :meth:`apply` is given the records of a partition split (header
+    #: :data:`~waltz.protocol.split_records.SPLIT_RECORD_HEADER`). False: the framework passes
+    #: them over, and the partition's mark moves past them in the same database transaction, as
+    #: for any transaction (docs/design/splits.md "The SQL framework across a split"); an
+    #: application's own data never carries that header, since servers refuse it from clients.
+    #: The change-set callbacks take them (their entity cache follows a barrier and a genesis).
+    applies_split_records: bool = False
+
     #: Threads the ``await`` twins (``find_idempotency_key_async``, ``read_entities_async``, the
     #: database reads of ``wait_for_async``) run their database work on, at most: the framework's
     #: own bounded executor (docs/design/sql.md "The SQL framework on asyncio").
@@ -644,6 +652,8 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                             self._record_skip(conn, transaction)
                             continue
                         log.warning("cluster %r: %s", self.cluster_name, refusal)
+                    if transaction.header == SPLIT_RECORD_HEADER and not self.applies_split_records:
+                        continue  # changes no row of the application; the mark moves past it
                     self.apply(transaction, session)
                 session.flush()  # the staged writes too
                 if mark is not None and not session.lead_moved:

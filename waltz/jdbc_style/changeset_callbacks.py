@@ -127,6 +127,9 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         entity_cache: the :class:`~waltz.jdbc_style.entity_cache.EntityCache`, or None (off).
     """
 
+    #: A barrier or a genesis reaches :meth:`apply`: the entity cache follows them.
+    applies_split_records = True
+
     def __init__(
         self,
         engine: Engine,
