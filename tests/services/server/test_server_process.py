@@ -420,3 +420,37 @@ def test_admin_appends_are_refused_unless_an_operator_turned_them_on(
                 assert await client.read(0, 0, 10) == []
 
         run(scenario())
+
+
+@pytest.mark.security
+def test_an_admin_append_never_writes_a_split_record(
+    cluster: StoreCluster, start_server: Callable[[], LocalServer]
+) -> None:
+    """Admin appends skip the lock checks, not the owners' hold on split records
+    (docs/design/splits.md "Why no update is lost"): a request with one transaction under the split
+    header is refused whole, and nothing of it is appended."""
+    from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitBarrier
+
+    start_server()
+    endpoint = run(wait_writable_owner(cluster))
+    generation = owner(cluster)[1]
+    forged = SplitBarrier(epoch=1, count=2, previous_count=1, parent=0).encode()
+
+    async def scenario() -> None:
+        async with ServerAdminClient(endpoint, timeout=10) as client:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await client.append(
+                    0,
+                    [
+                        (ReqId(5, generation, 0, 1), 0, payload(1)),
+                        (ReqId(5, generation, 0, 2), SPLIT_RECORD_HEADER, forged),
+                    ],
+                )
+            assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            details = info.value.details() or ""
+            assert "index 1" in details and "split" in details and "nothing was appended" in details
+            assert await client.read(0, 0, 10) == []
+            (outcome,) = await client.append(0, [(ReqId(5, generation, 0, 3), 0, payload(3))])
+            assert outcome == 0, "the refusal appended something"
+
+    run(scenario())

@@ -35,6 +35,7 @@ from waltz.protocol.roles import ADMIN_ROLES, OPERATOR_ROLES, authorize
 from waltz.services.exposure import is_loopback
 from waltz.services.http import HealthHttpServer, server_ssl_context
 from waltz.services.runtime import call_in_daemon_thread, run_until_signalled
+from waltz.services.server.appends import reserved_header_refusal
 from waltz.services.server.archived_reads import ArchivedReads
 from waltz.services.server.client_service import WaltzServerServicer
 from waltz.services.server.cluster_manager import ClusterManager, ServerMembership
@@ -587,6 +588,21 @@ class ServerAdminServicer(server_pb2_grpc.ServerAdminServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"{len(strays)} transaction(s) carry a ReqId of partition {strays[0]}, "
                 f"not of partition {request.partition_id} they are appended to",
+            )
+            raise AssertionError("unreachable")  # abort raises
+        reserved = [
+            (index, refusal)
+            for index, t in enumerate(request.transactions)
+            if (refusal := reserved_header_refusal(t.header)) is not None
+        ]
+        if reserved:
+            # Split records are the owners' (docs/design/splits.md "Why no update is lost"): an
+            # operator's append without locks must not forge a barrier or a genesis either.
+            index, refusal = reserved[0]
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{len(reserved)} transaction(s) of this admin append are refused, the first at "
+                f"index {index}: {refusal}; nothing was appended",
             )
             raise AssertionError("unreachable")  # abort raises
         started = time.perf_counter()
