@@ -2,16 +2,28 @@
 routed by, in every state of ``partitions/epochs`` (docs/design/splits.md "The handover", steps 3
 and 4). New children are not created as partitions yet, so ``PARTITION_NOT_OPEN`` is reachable
 only here, not on a running cluster. Also which barrier a sealing parent owes, and which record of
-its log is one (docs/design/splits.md "The owner's barrier")."""
+its log is one (docs/design/splits.md "The owner's barrier"); and which genesis an opened child
+owes, what its recovered high-water mark tells its owner to do, and which record is its genesis
+(docs/design/splits.md "The handover", step 4)."""
 
 from __future__ import annotations
 
+import pytest
+
+from waltz.errors import WaltzError
 from waltz.metadata.epochs import ChildProgress, Epoch, EpochState, ParentProgress, PartitionEpochs
 from waltz.protocol import client_pb2, common_pb2
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitBarrier, SplitGenesis
 from waltz.services.server.epoch_gate import EpochGate, epoch_gate
 from waltz.services.server.split_barrier import SPLIT_CLIENT_ID, BarrierDue, barrier_due, is_barrier_of
+from waltz.services.server.split_genesis import (
+    GenesisDue,
+    GenesisStep,
+    genesis_due,
+    genesis_step,
+    is_genesis_of,
+)
 
 NEVER_SPLIT = PartitionEpochs(2)
 PREPARED = NEVER_SPLIT.prepare(4, {0: 10, 1: 20})
@@ -145,3 +157,58 @@ def test_a_barrier_is_recognised_by_its_header_epoch_and_parent() -> None:
         assert not is_barrier_of(record(SPLIT_RECORD_HEADER, data), due)
     # The same bytes under another header are an application's record.
     assert not is_barrier_of(record(7, SplitBarrier(1, 4, 2, 0).encode()), due)
+
+
+def test_a_genesis_is_owed_by_an_opened_child_until_its_genesis_is_written() -> None:
+    # Nothing before the child is opened, nothing for a parent, nothing once the genesis is written.
+    for epochs, partition in (
+        (NEVER_SPLIT, 2),
+        (PREPARED, 2),
+        (SEALING_0, 2),
+        (SEALING_0.set_barrier(1, 0, 11), 2),
+        (BARRIER_0, 0),
+        (BARRIER_0, 3),
+        (GENESIS_2, 2),
+        (SPLIT_TWICE, 2),
+        (SPLIT_TWICE, 4),
+    ):
+        assert genesis_due(epochs, partition) is None
+    due = genesis_due(BARRIER_0, 2)
+    assert due == GenesisDue(SplitGenesis(epoch=1, count=4, previous_count=2, parent=0, barrier=11), 2)
+    assert (due.epoch, due.barrier, due.transaction_id) == (1, 11, 12)
+    assert due.req_id(7) == ReqId(SPLIT_CLIENT_ID, 7, 2, 1)
+    # Epoch 2 (4 -> 8): child 5 of parent 1 opened after B(1) of epoch 2.
+    twice = SPLIT_TWICE.set_barrier(2, 1, 31).mark_opened(2, 5)
+    assert genesis_due(twice, 5) == GenesisDue(SplitGenesis(2, 8, 4, 1, 31), 5)
+
+
+def test_a_child_appends_its_genesis_on_an_empty_log_and_finds_it_on_one_that_holds_it() -> None:
+    due = genesis_due(BARRIER_0, 2)
+    assert due is not None
+    assert genesis_step(due, 11) is GenesisStep.APPEND
+    assert genesis_step(due, 12) is GenesisStep.FIND
+    with pytest.raises(WaltzError, match="high-water mark 10 is below its parent 0's barrier 11"):
+        genesis_step(due, 10)
+
+
+def test_a_genesis_is_recognised_by_its_place_header_and_every_field() -> None:
+    due = genesis_due(BARRIER_0, 2)
+    assert due is not None
+
+    def record(data: bytes, transaction_id: int = 12, header: int = SPLIT_RECORD_HEADER) -> Record:
+        return Record.create(transaction_id, ReqId(0, 1, 2, 1), header, data)
+
+    genesis = SplitGenesis(1, 4, 2, 0, 11).encode()
+    assert is_genesis_of(record(genesis), due)
+    assert not is_genesis_of(record(genesis, transaction_id=13), due)  # not the log's first
+    assert not is_genesis_of(record(genesis, header=7), due)  # an application's record
+    others = (
+        SplitGenesis(2, 8, 4, 0, 11).encode(),  # another epoch
+        SplitGenesis(1, 4, 2, 0, 10).encode(),  # another barrier
+        SplitGenesis(1, 4, 2, 1, 11).encode(),  # another parent
+        SplitBarrier(1, 4, 2, 0).encode(),  # not a genesis
+        b'{"v": 2, "kind": "genesis"}',  # a newer form: logged, not taken
+        b"not json",
+    )
+    for data in others:
+        assert not is_genesis_of(record(data), due)

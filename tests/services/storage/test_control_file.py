@@ -1,7 +1,9 @@
-"""The control file: creation, alternating partition-info structs, torn structs, fences."""
+"""The control file: creation, alternating partition-info structs, torn structs, fences, growing to a
+higher partition count."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from pathlib import Path
 
@@ -168,3 +170,41 @@ def test_truncated_or_garbage_file_is_refused(tmp_path: Path) -> None:
     path.write_bytes(b"\x00" * 10)
     with pytest.raises(CorruptDataError, match="expected 128"):
         ControlFile.open(tmp_path)
+
+
+def test_growing_keeps_every_partition_byte_for_byte_and_adds_new_ones(tmp_path: Path) -> None:
+    key = uuid.uuid4()
+    path = ControlFile.path_in(tmp_path)
+    with ControlFile.create(tmp_path, key, 2) as control:
+        control.set_partition_info(0, fmt.PartitionInfo(5, 10, 9))
+        control.set_partition_info(1, fmt.PartitionInfo(3, 4, 4))
+        control.set_fence(1, 8)
+        before = path.read_bytes()
+        assert control.grow(4) is True
+        assert control.num_partitions == 4
+        # What each partition held is the same; the new ones are as a new node's.
+        assert control.partition_info(0) == fmt.PartitionInfo(5, 10, 9)
+        assert (control.partition_info(1), control.fence(1)) == (fmt.PartitionInfo(3, 4, 4), 8)
+        for pid in (2, 3):
+            assert (control.partition_info(pid), control.fence(pid)) == (fmt.PartitionInfo(-1, -1, -1), -1)
+        # Writes after the growth go to the new file, at the new layout's offsets.
+        control.set_partition_info(3, fmt.PartitionInfo(9, 46, 46))
+        control.set_fence(1, 11)
+        control.set_fence(2, 12)
+        assert control.grow(4) is False
+        with pytest.raises(ValueError, match="cannot become 3"):
+            control.grow(3)
+    after = path.read_bytes()
+    assert (len(before), len(after)) == (fmt.control_file_size(2), fmt.control_file_size(4))
+    # Partitions 0 and 1's entries (their structs), untouched since, are the same bytes.
+    entries = slice(fmt.HEADER_SIZE, fmt.HEADER_SIZE + 2 * fmt.PARTITION_INFO_SIZE)
+    assert after[entries] == before[entries]
+    old_header = fmt.ControlFileHeader.decode(before, str(path))
+    assert fmt.ControlFileHeader.decode(after, str(path)) == dataclasses.replace(old_header, num_partitions=4)
+    with ControlFile.open(tmp_path) as control:
+        assert (control.cluster_key, control.num_partitions) == (key, 4)
+        assert control.partition_info(0) == fmt.PartitionInfo(5, 10, 9)
+        assert (control.partition_info(1), control.fence(1)) == (fmt.PartitionInfo(3, 4, 4), 11)
+        assert (control.partition_info(2), control.fence(2)) == (fmt.PartitionInfo(-1, -1, -1), 12)
+        assert (control.partition_info(3), control.fence(3)) == (fmt.PartitionInfo(9, 46, 46), 9)
+    assert not path.with_suffix(".ctl.tmp").exists()

@@ -19,6 +19,7 @@ from pathlib import Path
 from waltz.errors import CorruptDataError, PartitionNotAssignedError
 from waltz.private_files import PRIVATE_FILE_MODE, open_private
 from waltz.protocol.cluster_key import cluster_key_fingerprint
+from waltz.protocol.records import MAX_PARTITIONS
 from waltz.services.storage import format as fmt
 from waltz.services.storage.fsutil import fsync_directory
 
@@ -187,6 +188,75 @@ class ControlFile:
                 current,
             )
         return _PartitionEntry(info, current, fence, fence_slot)
+
+    def grow(self, num_partitions: int) -> bool:
+        """Make room for ``num_partitions`` partitions, keeping every existing partition's structs
+        and fence slots byte for byte: the count a split raises (docs/design/splits.md "The
+        handover", step 4; the layout is unchanged, docs/design/storage.md "Control file").
+
+        The whole file is written again for the new count, as :meth:`create` writes one (a temp
+        file, fsync, rename, fsync of the directory): a crash leaves the old file or the new one,
+        never a mix. The new partitions start as a new node's do (no session, no fence). Nothing
+        calls this yet on a running node: its admin and session opens still check the count they
+        are given against the file's.
+
+        Args:
+            num_partitions: the new count, at least the current one, at most
+                :data:`~waltz.protocol.records.MAX_PARTITIONS`.
+
+        Returns:
+            True when the file grew, False when it holds that count already.
+
+        Raises:
+            ValueError: ``num_partitions`` is below the current count or above the maximum.
+            OSError: the new file cannot be written (the old one stays in force).
+        """
+        with self._lock:
+            before = self._header.num_partitions
+            if num_partitions == before:
+                return False
+            if not before < num_partitions <= MAX_PARTITIONS:
+                raise ValueError(
+                    f"control file {self._path}: {before} partitions cannot become {num_partitions} "
+                    f"(a count only grows, up to {MAX_PARTITIONS})"
+                )
+            if self._fd is None:
+                raise ValueError(f"control file {self._path} is closed")
+            old = os.pread(self._fd, fmt.control_file_size(before), 0)
+            if len(old) != fmt.control_file_size(before):
+                raise OSError(f"short read of {self._path}: {len(old)} bytes")
+            header = fmt.ControlFileHeader(
+                self._header.version, self._header.creation_time_ms, self._header.cluster_key, num_partitions
+            )
+            added = range(before, num_partitions)
+            entries = bytearray()
+            fences = bytearray()
+            for pid in added:
+                struct_bytes = fmt.encode_partition_info_struct(pid, fmt.INITIAL_PARTITION_INFO)
+                entries += fmt.encode_partition_id(pid) + struct_bytes + struct_bytes
+                slot = fmt.encode_fence_slot(pid, -1)
+                fences += slot + slot
+            body_end = fmt.fence_slot_offset(before, 0, 0)
+            data = header.encode() + old[fmt.HEADER_SIZE : body_end] + entries + old[body_end:] + fences
+            tmp = self._path.with_suffix(".ctl.tmp")
+            with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._path)
+            fsync_directory(self._path.parent)
+            os.close(self._fd)
+            self._fd = os.open(self._path, os.O_RDWR)
+            self._header = header
+            _, decoded = fmt.decode_control_file(data, str(self._path))
+            self._entries.extend(
+                self._entry(
+                    e.partition_id, e.stored_partition_id, list(e.structs), list(e.fences), str(self._path)
+                )
+                for e in decoded[before:]
+            )
+            log.info("control file %s: grew from %d to %d partitions", self._path, before, num_partitions)
+            return True
 
     def close(self) -> None:
         """Close the file. Idempotent."""
