@@ -25,6 +25,7 @@ from tests.services.server.test_epoch_refusals import (
     PartitionClient,
     is_stale_refusal,
     owner,
+    seal_partition_0,
     start_cluster,
 )
 from waltz.local.cluster import LocalCluster
@@ -289,3 +290,19 @@ def is_stale_refusal_of(outcome: Outcome, partition_count: int) -> bool:
         and outcome.code == client_pb2.STALE_PARTITION_EPOCH
         and (outcome.epoch, outcome.partition_count) == (1, partition_count)
     )
+
+
+def test_a_parent_marked_sealing_gets_its_barrier_with_no_client_about(
+    tmp_path_factory: pytest.TempPathFactory, zookeeper: object
+) -> None:
+    """A split waits for every parent's ``B(p)`` (docs/design/splits.md "The handover", step 3): an
+    owner whose parent no client has mounted or appended to opens it when the parent is marked
+    sealing, and appends the barrier."""
+    with start_cluster(tmp_path_factory.mktemp("untouched"), zookeeper) as cluster:
+        cluster.wait_ready(60)
+        seal_partition_0(cluster)
+        barrier = wait_for_barrier(cluster, 0)
+        assert barrier is not None, "no owner wrote B(0): the parent waited for a client"
+        records = run(records_above(cluster, 0, -1))
+        assert [(r.transaction_id, r.req_id.client_id) for r in split_records(records)] == [(barrier, 0)]
+        assert with_epochs(cluster, "read").epoch(1).parents[1].barrier is None

@@ -198,6 +198,9 @@ class ServerApp:
             reclaim_delay=config.server_preferred_partitions_reclaim_delay,
         )
         self._manager.start()
+        # The epochs, and the watch on them, before any partition is opened by a client: a parent
+        # marked sealing gets its barrier from its owner with no client about (Partition.epochs_changed).
+        self._reread_epochs()
         log.info(
             "server ready: %s as %s, cluster %r (%d partitions) under %s%s",
             self.endpoint,
@@ -509,6 +512,8 @@ class ServerApp:
             )
             self.partitions[partition_id] = partition
             partition.start()
+            if self._epochs is not None:
+                partition.epochs_changed(self._epochs)  # a sealing parent opens at once
             log.info("partition %d opened with generation %d", partition_id, generation)
 
 

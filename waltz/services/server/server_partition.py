@@ -351,9 +351,7 @@ class Partition:
         table = self._lock_table
         if table is not None:
             return table
-        opening = self._opening
-        if opening is None:
-            opening = self._opening = asyncio.get_running_loop().create_task(self._open())
+        opening = self._begin_opening()
         try:
             # Shielded: an append that stops waiting (its connection closed) does not stop it.
             return await asyncio.shield(opening)
@@ -362,6 +360,18 @@ class Partition:
             if opening.cancelled() and (current is None or not current.cancelling()):
                 return None  # the partition closed while opening (close() cancels it)
             raise
+
+    def _begin_opening(self) -> asyncio.Task[LockTable]:
+        """The partition's opening (recovery, epochs, barrier, lock table), started on first need."""
+        opening = self._opening
+        if opening is None:
+            opening = self._opening = asyncio.get_running_loop().create_task(self._open())
+            opening.add_done_callback(self._opened)
+        return opening
+
+    def _opened(self, opening: asyncio.Task[LockTable]) -> None:
+        if not opening.cancelled() and (error := opening.exception()) is not None:
+            log.error("partition %d: opening failed: %r", self.partition_id, error, exc_info=error)
 
     async def _open(self) -> LockTable:
         """Wait for the recovery, read the epochs, seal a sealing parent, then make the lock table:
@@ -422,6 +432,14 @@ class Partition:
         self._epoch_gate = gate
         if self._lock_table is not None:  # open (an opening partition seals in _open)
             self._seal()
+        elif (
+            self._read_epochs is not None
+            and not self.store.closed
+            and barrier_due(epochs.value, self.partition_id) is not None
+        ):
+            # A sealing parent that no client has opened yet opens now: its barrier (and B(p),
+            # which the split waits for) does not wait for a client's mount or append.
+            self._begin_opening()
 
     # ---- the barrier (docs/design/splits.md "The owner's barrier"; "The handover", step 3) ----
 
