@@ -454,7 +454,11 @@ class AttemptRunner:
             return
         view = self._routing.view
         if view.serial <= submission.route_serial:  # the epochs did not move in time
-            submission.fail(error)
+            deadline, bound = submission.deadline, submission.route_deadline
+            if deadline is not None and (bound is None or deadline <= bound):
+                submission.expire()  # its own timeout bounded the wait
+            else:
+                submission.fail(error)
             return
         try:
             pid, epoch = self._route(submission.context, view)
