@@ -11,6 +11,7 @@ is not sealing), hash 2 to the new partition 2 (not open: nothing opens children
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +23,14 @@ import support
 from kazoo.client import KazooClient
 
 from tests.client.client_helpers import MemoryStore
-from waltz import PartitionLocalLock, TransactionBuilder, TransactionContext, WaltzClient, WaltzClientConfig
+from waltz import (
+    AsyncWaltzClient,
+    PartitionLocalLock,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClient,
+    WaltzClientConfig,
+)
 from waltz.client.outcome import Outcome, OutcomeKind
 from waltz.errors import TransactionExpiredError
 from waltz.local.cluster import LocalCluster
@@ -186,6 +194,23 @@ def test_a_context_routed_to_a_new_partition_not_open_waits_instead_of_failing(s
         committed_in(client.submit(Keyed(0, b"partition 0 meanwhile")), 0)
     assert waits.executions == 0 and not waits.completions
     assert waits.counts == [4]
+
+
+def test_the_asyncio_client_routes_by_the_epochs_too(sealed: LocalCluster) -> None:
+    store = start_store(sealed)
+
+    async def scenario() -> tuple[Outcome, BaseException | None]:
+        async with AsyncWaltzClient(store, client_config(sealed)) as client:
+            outcome = await client.submit_async(Keyed(12, b"asyncio, partition 0, epoch 1"))
+            try:
+                await client.submit_async(Keyed(6, b"asyncio, for partition 2", timeout=1.0))
+            except TransactionExpiredError as expired:
+                return outcome, expired
+            return outcome, None
+
+    outcome, expired = asyncio.run(scenario())
+    assert (outcome.kind, outcome.partition_id) == (OutcomeKind.COMMITTED, 0)
+    assert isinstance(expired, TransactionExpiredError)
 
 
 def test_the_client_follows_the_epochs_by_watch_and_runs_refused_contexts_again(
