@@ -193,6 +193,10 @@ class ServerDiscovery:
         ``discovery``, and ``version`` is -1 (as ``PartitionEpochsZk.read`` answers; docs/design/
         splits.md "The epochs znode's record form"). A znode that does not decode is logged and
         skipped: the previous value stays in force.
+
+        Raises:
+            ZooKeeperAuthError: the session may not read the znode.
+            ZooKeeperUnavailableError: ZooKeeper did not answer.
         """
         path = self.paths.epochs
 
@@ -210,7 +214,8 @@ class ServerDiscovery:
             on_change(epochs, int(getattr(stat, "version", 0)))
             return True
 
-        self._zk.DataWatch(path, changed)
+        with zookeeper_access(self._zk, f"watching {path}"):
+            self._zk.DataWatch(path, changed)
 
     def close(self) -> None:
         """Stop watching and close the ZooKeeper session. Idempotent."""
