@@ -194,7 +194,7 @@ class AttemptRunner:
         """
         count = view.count
         pid = context.partition_id(count)
-        if type(pid) is not int or not 0 <= pid < count:
+        if not 0 <= pid < count:
             raise ValueError(f"{type(context).__name__}.partition_id returned {pid}, outside 0..{count - 1}")
         return view.route(pid)
 
