@@ -383,7 +383,9 @@ class StalePartitionEpochError(WaltzClientError):
     """A server refused an append routed by an epoch below its partition's (``STALE_PARTITION_EPOCH``):
     the partition is a parent sealing, or sealed, in a split (docs/design/splits.md "The handover",
     step 3). Nothing of the append was kept; routed by ``epoch`` its key may now belong to
-    another partition.
+    another partition. The client routes such a context again once its watch of the epochs moves
+    (docs/design/splits.md "Clients across a split"): the context ends with this error only when
+    the epochs do not move in time.
 
     Attributes:
         partition_id: the partition that refused it.
@@ -401,7 +403,10 @@ class StalePartitionEpochError(WaltzClientError):
 class PartitionNotOpenError(WaltzClientError):
     """A server refused an append to a new partition of a split that has no genesis yet
     (``PARTITION_NOT_OPEN``; docs/design/splits.md "The handover", step 4). Nothing of the append
-    was kept; the partition takes appends once its genesis commits.
+    was kept; the partition takes appends once its genesis commits. The client waits for its
+    watch of the epochs to move, as for :class:`StalePartitionEpochError`; a context routed to a
+    new partition this client does not mount ends with this error too when the epochs do not move
+    in time (docs/design/splits.md "Clients across a split").
 
     Attributes:
         partition_id: the new partition.

@@ -138,6 +138,23 @@ def test_appends_go_in_columns_per_partition_in_the_order_queued() -> None:
     with_connection(scenario)
 
 
+def test_each_appends_message_carries_the_epoch_its_rows_were_routed_by() -> None:
+    """docs/protocol.md "Partition epochs": the rows of one AppendRequests share its epoch, so an
+    append routed by another epoch starts a new one (docs/design/splits.md "Clients across a
+    split")."""
+
+    async def scenario(connection: ServerConnection, recorder: Recorder) -> None:
+        connection.send_append(rid(1), payload(b"e1"), epoch=1)
+        connection.send_append(rid(2), payload(b"e1 too"), epoch=1)
+        connection.send_append(rid(3), payload(b"e0"))
+        connection.send_append(rid(4), payload(b"e2"), epoch=2)
+        await received(recorder, 1)
+        bodies = [m.appends for m in recorder.bodies[0]]
+        assert [(m.epoch, list(m.seq_nums)) for m in bodies] == [(1, [1, 2]), (0, [3]), (2, [4])]
+
+    with_connection(scenario)
+
+
 def test_a_stream_message_ends_before_its_lock_hashes_pass_the_servers_default_limit() -> None:
     """docs/design/server.md "Bounds on what a peer costs": a server refuses a message of appends
     with more than 16,384 lock hashes by default, so the client never sends one."""

@@ -66,7 +66,12 @@ class Connection:
         self.sent.append(message)
 
     def send_append(
-        self, req_id: ReqId, payload: AppendPayload, linger: float = 0.0, traceparent: str = ""
+        self,
+        req_id: ReqId,
+        payload: AppendPayload,
+        linger: float = 0.0,
+        traceparent: str = "",
+        epoch: int = 0,
     ) -> None:
         self.sent.append((req_id, payload, linger))
 

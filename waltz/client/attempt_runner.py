@@ -7,9 +7,12 @@ runs its first attempt on the submitting thread (claims, or a place in the queue
 pending append, then ``execute``), hands the append to the client's event loop, where its
 :class:`~waltz.client.client_partition.ClientPartition` sends it, and hears from the partition how
 it ended: committed (completed on the completion thread), failed (run again on a retry thread,
-once what it waits for is applied), or rejected. The partition and the
-:class:`~waltz.client.submission.Submission` are its parts: the partition sends, holds back and
-resolves appends, the submission runs one attempt and ends once.
+once what it waits for is applied), refused for its partition epoch (routed again once the epochs
+move and run again from its first attempt, docs/design/splits.md "Clients across a split"), or
+rejected. A context is routed by the client's view of the partition epochs
+(:class:`~waltz.client.routing.EpochRouting`): its partition and the epoch its appends carry.
+The partition and the :class:`~waltz.client.submission.Submission` are its parts: the partition
+sends, holds back and resolves appends, the submission runs one attempt and ends once.
 """
 
 from __future__ import annotations
@@ -31,9 +34,15 @@ from waltz.client.config import WaltzClientConfig
 from waltz.client.context import AppendPayload, TransactionContext
 from waltz.client.in_flight import InFlight
 from waltz.client.metrics import ClientMetrics
+from waltz.client.routing import EPOCH_WAIT_SECONDS, EpochRouting, Route, RoutingView
 from waltz.client.submission import Submission
 from waltz.client.waiting import Watermark
-from waltz.errors import ClientClosedError, PartitionNotMountedError, WaltzClientError
+from waltz.errors import (
+    ClientClosedError,
+    PartitionNotMountedError,
+    PartitionNotOpenError,
+    WaltzClientError,
+)
 
 if TYPE_CHECKING:
     from waltz.tracing import ClientTracing
@@ -57,6 +66,8 @@ class AttemptRunner:
         spawn: runs a coroutine as a task on the loop that the client cancels when it closes.
         nudge: sends flush requests to partitions with appends pending (thread-safe).
         tracing: the client's traces, or None when tracing is off.
+        routing: the client's view of the partition epochs (default: a view of its partitions'
+            count with no epoch, never moved).
     """
 
     def __init__(
@@ -71,8 +82,10 @@ class AttemptRunner:
         spawn: Callable[[Coroutine[Any, Any, Any]], None],
         nudge: Callable[[Iterable[int]], None],
         tracing: ClientTracing | None = None,
+        routing: EpochRouting | None = None,
     ) -> None:
         self._client_id = client_id
+        self._routing = routing if routing is not None else EpochRouting(len(partitions))
         self._config = config
         self._callbacks = callbacks
         self._metrics = metrics
@@ -103,10 +116,14 @@ class AttemptRunner:
         """Admit a context (blocking at the concurrency limit), then run its first attempt on the
         calling thread (``WaltzClient.submit`` and ``WaltzClient.execute``).
 
+        A context routed to a partition this client does not have (a new partition of a split, not
+        open yet) is admitted on its ancestor's slot and waits for the partition epochs to move,
+        as a context refused for its epoch does (:meth:`route_again`).
+
         Raises:
             ClientClosedError: the client is closed.
             PartitionNotMountedError: the partition is not mounted (auto-mount off).
-            ValueError: ``partition_id`` returned a partition that does not exist.
+            ValueError: ``partition_id`` returned a partition outside the current count.
             WaltzClientError: called on the completion thread while the partition is at its limit.
         """
         partition, submission = self._new_submission(context, with_future)
@@ -125,6 +142,9 @@ class AttemptRunner:
             while not in_flight.admit(submission, long_wait):
                 self.check_open()
                 self._nudge([partition.partition_id])
+        if partition.partition_id != submission.partition_id:  # a partition not open yet
+            self._call_on_loop(self._wait_for_route, submission, self._not_open(submission))
+            return submission
         wait = self._read_your_writes_wait(partition, submission)
         if wait is not None:
             _waited_mark(partition, submission).wait(*wait)
@@ -142,6 +162,9 @@ class AttemptRunner:
         while not await self._in_flight.admit_async(submission, long_wait):
             self.check_open()
             self._nudge([partition.partition_id])
+        if partition.partition_id != submission.partition_id:  # a partition not open yet
+            self._call_on_loop(self._wait_for_route, submission, self._not_open(submission))
+            return submission
         wait = self._read_your_writes_wait(partition, submission)
         if wait is not None:
             await _waited_mark(partition, submission).wait_async(*wait)
@@ -161,28 +184,47 @@ class AttemptRunner:
         if self._closed:
             raise ClientClosedError(f"Waltz client {self._client_id} is closed; create a new one")
 
+    def _route(self, context: TransactionContext, view: RoutingView) -> Route:
+        """Route a context by ``view`` (docs/design/splits.md "Clients across a split"):
+        ``partition_id`` is asked with the newest count, and the route goes down to the count
+        before while the key's parent there is not sealing.
+
+        Raises:
+            ValueError: the context chose a partition outside ``0 .. count - 1``.
+        """
+        count = view.count
+        pid = context.partition_id(count)
+        if not 0 <= pid < count:
+            raise ValueError(f"{type(context).__name__}.partition_id returned {pid}, outside 0..{count - 1}")
+        return view.route(pid)
+
     def _new_submission(
         self, context: TransactionContext, with_future: bool = True
     ) -> tuple[ClientPartition, Submission]:
-        """Choose the partition of a context and make its submission (not yet admitted; with a
-        future, or without one for ``WaltzClient.execute``).
+        """Route a context and make its submission (not yet admitted; with a future, or without
+        one for ``WaltzClient.execute``).
+
+        Returns:
+            The partition whose concurrency slot it takes, and the submission. The partition is
+            the one it is routed to, or, when this client does not have that one (a new partition
+            of a split), its ancestor among the client's partitions (the submission's
+            ``partition_id`` then names the new one).
 
         Raises:
             ClientClosedError: the client is closed.
-            ValueError: the context chose a partition outside ``0 .. num_partitions - 1``.
+            ValueError: the context chose a partition outside ``0 .. count - 1``.
             PartitionNotMountedError: the partition is not mounted (auto-mount off).
         """
         self.check_open()
         partitions = self._partitions
-        pid = context.partition_id(len(partitions))
+        view = self._routing.view
+        pid, epoch = self._route(context, view)
         partition = partitions.get(pid)
-        if partition is None:
-            raise ValueError(
-                f"{type(context).__name__}.partition_id returned {pid}, outside 0..{len(partitions) - 1}"
-            )
+        if partition is None:  # a new partition of a split: it holds its ancestor's slot
+            partition = partitions[pid % len(partitions)]
         if not partition.wanted:
             mounted = sorted(p.partition_id for p in partitions.values() if p.wanted)
-            raise PartitionNotMountedError(pid, mounted)
+            raise PartitionNotMountedError(partition.partition_id, mounted)
         submission = Submission(
             context,
             pid,
@@ -190,6 +232,9 @@ class AttemptRunner:
             self._config.client_max_message_bytes,
             on_finished=self._finished,
             with_future=with_future,
+            epoch=epoch,
+            route_serial=view.serial,
+            slot_partition=partition.partition_id,
         )
         if self._tracing is not None:
             submission.trace = self._tracing.begin(pid, context)
@@ -359,6 +404,124 @@ class AttemptRunner:
             self._submit_attempt(partition, submission, False)
         else:
             self._spawn(self._retry(partition, submission, None, target, 0.0))
+
+    # --- routed again: a refusal of the epoch, a partition not open yet ---------------------------
+
+    def route_again(self, submission: Submission, error: BaseException) -> None:
+        """A server refused the append of ``submission`` for the epoch it was routed by (on the
+        loop; its locks and followers are released already): once the client's view of the
+        partition epochs moves past the one it was routed by, it is routed again and runs again
+        from its first attempt, with the same future and callbacks (docs/design/splits.md "Clients
+        across a split"). The wait is bounded by the context's timeout (it then expires) and by
+        :data:`~waltz.client.routing.EPOCH_WAIT_SECONDS` (it then fails with ``error``)."""
+        if self._closed:
+            return
+        if submission.trace is not None:
+            submission.trace.retry(None)
+        self._wait_for_route(submission, error)
+
+    def _wait_for_route(self, submission: Submission, error: BaseException) -> None:
+        """Wait (a task on the loop) until the routing view moves past the one ``submission`` was
+        routed by, then route it again on a retry thread (on the loop)."""
+        if self._closed:
+            return
+        if submission.route_deadline is None:
+            submission.route_deadline = time.monotonic() + EPOCH_WAIT_SECONDS
+        self._spawn(self._route_when_moved(submission, error))
+
+    async def _route_when_moved(self, submission: Submission, error: BaseException) -> None:
+        deadline = submission.route_deadline
+        timeout = EPOCH_WAIT_SECONDS if deadline is None else deadline - time.monotonic()
+        remaining = submission.remaining()
+        if remaining is not None:
+            timeout = min(timeout, remaining)
+        await self._routing.wait_newer(submission.route_serial, timeout)
+        if self._closed:
+            return
+        try:
+            self._executor.submit(self._run_routed_again, submission, error)
+        except RuntimeError:  # the executor shut down: the client closed under us
+            submission.fail(ClientClosedError(f"Waltz client {self._client_id} is closed"))
+
+    def _run_routed_again(self, submission: Submission, error: BaseException) -> None:
+        """On a retry thread: route ``submission`` by the view now and run its first attempt
+        again; or, when it goes to a partition this client does not have (not open yet), wait
+        again; or end it: expired, or ``error`` when the view did not move in time."""
+        if submission.finished:
+            return
+        if submission.expired():
+            submission.expire()
+            return
+        view = self._routing.view
+        if view.serial <= submission.route_serial:  # the epochs did not move in time
+            deadline, bound = submission.deadline, submission.route_deadline
+            if deadline is not None and (bound is None or deadline <= bound):
+                submission.expire()  # its own timeout bounded the wait
+            else:
+                submission.fail(error)
+            return
+        try:
+            pid, epoch = self._route(submission.context, view)
+        except Exception as exc:  # the application's partition_id: its error ends the context
+            submission.fail(exc)
+            return
+        submission.route(pid, epoch, view.serial)
+        partition = self._partitions.get(pid)
+        if partition is None:
+            self._call_on_loop(self._wait_for_route, submission, self._not_open(submission))
+            return
+        if not partition.wanted:
+            mounted = sorted(p.partition_id for p in self._partitions.values() if p.wanted)
+            submission.fail(PartitionNotMountedError(pid, mounted))
+            return
+        submission.route_deadline = None
+        wait = self._read_your_writes_wait(partition, submission)
+        if wait is None:
+            self._first_attempt(partition, submission)
+        else:
+            self._call_on_loop(self._first_attempt_after_wait, partition, submission, *wait)
+
+    def _first_attempt_after_wait(
+        self, partition: ClientPartition, submission: Submission, target: int, timeout: float
+    ) -> None:
+        """Spawn :meth:`_first_attempt_when_applied` (on the loop)."""
+        if not self._closed:
+            self._spawn(self._first_attempt_when_applied(partition, submission, target, timeout))
+
+    async def _first_attempt_when_applied(
+        self, partition: ClientPartition, submission: Submission, target: int, timeout: float
+    ) -> None:
+        """Read your writes on the partition a context was routed to again, then its first
+        attempt on a retry thread."""
+        await _waited_mark(partition, submission).wait_async(target, timeout)
+        if self._closed:
+            return
+        try:
+            self._executor.submit(self._first_attempt, partition, submission)
+        except RuntimeError:
+            submission.fail(ClientClosedError(f"Waltz client {self._client_id} is closed"))
+
+    def _not_open(self, submission: Submission) -> PartitionNotOpenError:
+        """The error of a context routed to a partition this client does not have."""
+        view = self._routing.view
+        return PartitionNotOpenError(
+            submission.partition_id,
+            submission.epoch,
+            view.count,
+            f"partition {submission.partition_id} is a new partition of epoch {submission.epoch} "
+            f"({view.count} partitions) that this client has not mounted: it is not open yet "
+            '(docs/design/splits.md, "Clients across a split")',
+        )
+
+    def _call_on_loop(self, function: Callable[..., Any], *args: Any) -> None:
+        """Call ``function(*args)`` on the client's loop (any thread); when the loop is closed,
+        the client is: the submission among ``args`` fails."""
+        try:
+            self._loop.call_soon_threadsafe(function, *args)
+        except RuntimeError:
+            for arg in args:
+                if isinstance(arg, Submission):
+                    arg.fail(ClientClosedError(f"Waltz client {self._client_id} is closed"))
 
     # --- the next attempt -------------------------------------------------------------------------
 

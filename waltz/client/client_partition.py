@@ -453,12 +453,17 @@ class ClientPartition:
         log.warning("partition %d: server error for %s: %s", self.partition_id, req_id, error.message)
         if self._mount.on_error(req_id, error.message):
             return
-        self._appends.on_rejected(req_id, self._refusal(req_id, error))
+        refusal = self._refusal(req_id, error)
+        if isinstance(refusal, StalePartitionEpochError | PartitionNotOpenError):
+            self._appends.on_refused_epoch(req_id, refusal)
+        else:
+            self._appends.on_rejected(req_id, refusal)
 
     def _refusal(self, req_id: ReqId, error: client_pb2.ServerError) -> WaltzError:
         """The failure a server's refusal of an append is (docs/protocol.md "Partition epochs"):
-        the epoch refusals by their code, any other as a :class:`ProtocolError`. Re-routing on an
-        epoch refusal is not built: the context fails with it."""
+        the epoch refusals by their code (their context runs again, routed anew, docs/design/
+        splits.md "Clients across a split"; the error ends it only when the epochs do not move in
+        time), any other as a :class:`ProtocolError`."""
         code = error.code
         if code == client_pb2.STALE_PARTITION_EPOCH:
             return StalePartitionEpochError(

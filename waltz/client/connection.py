@@ -184,7 +184,12 @@ class ServerConnection:
         self._batch.messages.add().CopyFrom(message)
 
     def send_append(
-        self, req_id: ReqId, payload: AppendPayload, linger: float = 0.0, traceparent: str = ""
+        self,
+        req_id: ReqId,
+        payload: AppendPayload,
+        linger: float = 0.0,
+        traceparent: str = "",
+        epoch: int = 0,
     ) -> None:
         """Queue an append request, written straight into the next stream message.
 
@@ -196,6 +201,9 @@ class ServerConnection:
                 or a full stream message, wakes it sooner.
             traceparent: the W3C trace context of a traced transaction ("" when not traced;
                 ``docs/protocol.md`` "Trace context").
+            epoch: the partition epoch the append was routed by (``docs/protocol.md``
+                "Partition epochs"): one per ``AppendRequests``, so an append of another epoch
+                starts new columns.
 
         Raises:
             ConnectionError: the connection is closed.
@@ -205,8 +213,8 @@ class ServerConnection:
         locks = len(payload.write_locks) + len(payload.read_locks) + len(payload.append_locks)
         self._count(len(payload.data), linger, locks)
         columns = self._open_columns.get(req_id.partition_id)
-        if columns is None or not columns.takes(req_id):
-            columns = _AppendColumns(self._batch.messages.add().appends, req_id)
+        if columns is None or not columns.takes(req_id, epoch):
+            columns = _AppendColumns(self._batch.messages.add().appends, req_id, epoch)
             self._columns.append(columns)
             self._open_columns[req_id.partition_id] = columns
         columns.add(req_id.seq_num, payload)
@@ -319,6 +327,7 @@ class _AppendColumns:
     Args:
         message: the ``AppendRequests`` in the stream message (at the place of the first append).
         req_id: the first append's ReqId (the client ID, generation and partition of them all).
+        epoch: the partition epoch they were all routed by.
     """
 
     __slots__ = (
@@ -326,6 +335,7 @@ class _AppendColumns:
         "append_hashes",
         "checksums",
         "data",
+        "epoch",
         "headers",
         "marks",
         "message",
@@ -338,9 +348,10 @@ class _AppendColumns:
         "write_hashes",
     )
 
-    def __init__(self, message: client_pb2.AppendRequests, req_id: ReqId) -> None:
+    def __init__(self, message: client_pb2.AppendRequests, req_id: ReqId, epoch: int = 0) -> None:
         self.message = message
         self.req_id = req_id
+        self.epoch = epoch
         self.seq_nums: list[int] = []
         self.marks: list[int] = []
         self.headers: list[int] = []
@@ -354,10 +365,15 @@ class _AppendColumns:
         self.append_hashes: list[int] = []
         self.traceparents: list[tuple[int, str]] | None = None  # (row, traceparent) of traced rows
 
-    def takes(self, req_id: ReqId) -> bool:
-        """Whether an append with ``req_id`` belongs here (same client ID and generation)."""
+    def takes(self, req_id: ReqId, epoch: int = 0) -> bool:
+        """Whether an append with ``req_id`` routed by ``epoch`` belongs here (same client ID,
+        generation and epoch)."""
         first = self.req_id
-        return req_id.generation == first.generation and req_id.client_id == first.client_id
+        return (
+            req_id.generation == first.generation
+            and req_id.client_id == first.client_id
+            and epoch == self.epoch
+        )
 
     def add(self, seq_num: int, payload: AppendPayload) -> None:
         """Add an append as the next row."""
@@ -392,6 +408,8 @@ class _AppendColumns:
         message.client_id = req_id.client_id
         message.generation = req_id.generation
         message.partition_id = req_id.partition_id
+        if self.epoch:
+            message.epoch = self.epoch
         message.seq_nums.extend(self.seq_nums)
         message.client_high_water_marks.extend(self.marks)
         message.headers.extend(self.headers)

@@ -31,6 +31,7 @@ from waltz.client.event_loop import shared_event_loop
 from waltz.client.in_flight import InFlight
 from waltz.client.metrics import ClientMetrics, PartitionGauges
 from waltz.client.mount_procedure import PartitionState
+from waltz.client.routing import EpochRouting
 from waltz.client.transaction import TransactionDataSource
 from waltz.client.transaction_data import REQUEST_TIMEOUT, TransactionDataClient
 from waltz.client.waiting import Watermark
@@ -40,6 +41,7 @@ from waltz.errors import (
     WaltzTimeoutError,
 )
 from waltz.metadata.assignment import PartitionAssignment
+from waltz.metadata.epochs import PartitionEpochs
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId
 from waltz.tracing import client_tracing
@@ -103,6 +105,9 @@ class ClientCore:
             if config.client_tracing:  # OpenTelemetry is imported only then (docs/tracing.md)
                 self._tracing = client_tracing(self.client_id, config.client_tracing_sample_ratio)
             self.num_partitions = self._discovery.num_partitions
+            self.routing = EpochRouting(self.num_partitions)
+            """The client's view of ``partitions/epochs``, by which contexts are routed
+            (docs/design/splits.md "Clients across a split")."""
             self._loop, self._thread = shared_event_loop()
             self.partitions: dict[int, ClientPartition] = {}
             self.data_client = TransactionDataClient(
@@ -128,9 +133,11 @@ class ClientCore:
                 self._spawn,
                 self.nudge,
                 self._tracing,
+                self.routing,
             )
             """The attempt path of the contexts submitted to this client."""
             self.partitions.update(self._call(self._create_partitions()))
+            self._discovery.watch_epochs(self._epochs_changed)  # read once before any submit
             self._discovery.watch_assignment(self._assignment_changed)
             if config.client_auto_mount:
                 self._call(self._mount(range(self.num_partitions)))
@@ -207,6 +214,17 @@ class ClientCore:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 self._loop.call_soon_threadsafe(self._apply_assignment, assignment)
 
+    def _epochs_changed(self, epochs: PartitionEpochs, version: int) -> None:
+        """The epochs' watch fired (on a kazoo thread): a new routing view."""
+        if self.routing.update(epochs, version):
+            log.info(
+                "Waltz client %s: partitions/epochs at version %d (epoch %d, %d partitions)",
+                getattr(self, "client_id", "?"),
+                version,
+                epochs.current_number,
+                epochs.current_count,
+            )
+
     def _apply_assignment(self, assignment: PartitionAssignment) -> None:
         for pid, placement in assignment.placements.items():
             partition = self.partitions.get(pid)
@@ -274,7 +292,9 @@ class ClientCore:
 
         def send() -> None:
             for pid in ids:
-                self.partitions[pid].send_flush()
+                partition = self.partitions.get(pid)  # not a new partition of a split, not open here
+                if partition is not None:
+                    partition.send_flush()
 
         if not self._closed:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile

@@ -11,7 +11,9 @@ ZooKeeper), "Discovery through ZooKeeper" (the assignment's generations); ``docs
 - ``<root>/client/ids``: in a cluster made with role credentials, each client creates an
   ephemeral sequential znode there and takes its ID from its sequence number;
 - ``<root>/client/id``: a kazoo ``Counter``; elsewhere each client takes the next value as its ID;
-- ``<root>/server/assignment``: partition -> server endpoint and generation, watched.
+- ``<root>/server/assignment``: partition -> server endpoint and generation, watched;
+- ``<root>/partitions/epochs``: the partition epochs of the cluster's splits, watched
+  (docs/design/splits.md "Clients across a split"; absent in a cluster that never split).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from kazoo.recipe.counter import Counter
 
 from waltz.errors import MetadataError
 from waltz.metadata.assignment import PartitionAssignment, read_assignment
+from waltz.metadata.epochs import PartitionEpochs
 from waltz.metadata.zk import ClusterPaths, ClusterZk
 from waltz.metadata.zk_roles import ClusterRoles
 from waltz.metadata.zk_security import ZooKeeperSecurity
@@ -180,6 +183,39 @@ class ServerDiscovery:
             return True
 
         self._zk.DataWatch(self.paths.server_assignment, changed)
+
+    def watch_epochs(self, on_change: Callable[[PartitionEpochs, int], None]) -> None:
+        """Call ``on_change(epochs, version)`` with ``<root>/partitions/epochs`` now (before this
+        returns) and after every change, in the znode's order (on a kazoo thread; the watch is set
+        again across reconnections and session losses).
+
+        Without the znode (a cluster that never split) ``epochs`` holds no epoch and the count of
+        ``discovery``, and ``version`` is -1 (as ``PartitionEpochsZk.read`` answers; docs/design/
+        splits.md "The epochs znode's record form"). A znode that does not decode is logged and
+        skipped: the previous value stays in force.
+
+        Raises:
+            ZooKeeperAuthError: the session may not read the znode.
+            ZooKeeperUnavailableError: ZooKeeper did not answer.
+        """
+        path = self.paths.epochs
+
+        def changed(data: bytes | None, stat: object, event: object = None) -> bool:
+            if self._closed:
+                return False
+            if stat is None:
+                on_change(PartitionEpochs(self.num_partitions), -1)
+                return True
+            try:
+                epochs = PartitionEpochs.decode(data or b"", path)
+            except MetadataError:
+                log.exception("cannot read the partition epochs; keeping the previous ones")
+                return True
+            on_change(epochs, int(getattr(stat, "version", 0)))
+            return True
+
+        with zookeeper_access(self._zk, f"watching {path}"):
+            self._zk.DataWatch(path, changed)
 
     def close(self) -> None:
         """Stop watching and close the ZooKeeper session. Idempotent."""

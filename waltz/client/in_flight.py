@@ -3,8 +3,10 @@
 Source: docs/design/client.md "Back pressure" (transactions in flight). Each partition admits at
 most ``client.maxConcurrentTransactions`` contexts that have not ended; a context is admitted with
 a slot (:class:`~waltz.client.waiting.ConcurrencyLimit`, handed over in FIFO order) and gives it
-back when it ends. Thread-safe: contexts are admitted on the submitting threads and end on the
-client's retry and completion threads.
+back when it ends. A context routed again after a refusal of its epoch keeps the slot it was
+admitted with (``Submission.slot_partition``); it is counted in flight on the partition it goes
+to now (docs/design/splits.md "Clients across a split"). Thread-safe: contexts are admitted on
+the submitting threads and end on the client's retry and completion threads.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class InFlight:
     def try_admit(self, submission: Submission) -> bool:
         """Admit a submission if its partition has a slot free now (and nobody waits for one);
         never blocks."""
-        if not self._limits[submission.partition_id].try_acquire():
+        if not self._limits[submission.slot_partition].try_acquire():
             return False
         self._add(submission)
         return True
@@ -49,14 +51,14 @@ class InFlight:
     def admit(self, submission: Submission, timeout: float | None) -> bool:
         """Admit a submission, waiting at most ``timeout`` seconds (None: forever) for a slot of
         its partition; False when none came in time."""
-        if not self._limits[submission.partition_id].acquire(timeout):
+        if not self._limits[submission.slot_partition].acquire(timeout):
             return False
         self._add(submission)
         return True
 
     async def admit_async(self, submission: Submission, timeout: float | None) -> bool:
         """As :meth:`admit`, from a coroutine (cancellation admits nothing)."""
-        if not await self._limits[submission.partition_id].acquire_async(timeout):
+        if not await self._limits[submission.slot_partition].acquire_async(timeout):
             return False
         self._add(submission)
         return True
@@ -64,7 +66,7 @@ class InFlight:
     def _add(self, submission: Submission) -> None:
         with self._lock:
             self._in_flight.add(submission)
-            self._submitted[submission.partition_id] += 1
+            self._submitted[submission.slot_partition] += 1
 
     def finished(self, submissions: Iterable[Submission]) -> None:
         """Take ended submissions out of flight and give their slots back (those not in flight
@@ -75,7 +77,7 @@ class InFlight:
             for submission in submissions:
                 if submission in in_flight:
                     in_flight.discard(submission)
-                    limits[submission.partition_id].release()
+                    limits[submission.slot_partition].release()
             self._changed.notify_all()
 
     def count(self, partition_id: int | None = None) -> int:

@@ -69,6 +69,13 @@ class AttemptOutcomes(Protocol):
         partition closed)."""
         ...
 
+    def route_again(self, submission: Submission, error: BaseException) -> None:
+        """Run a submission again from its first attempt, routed anew once the partition epochs
+        moved: the server refused its append for the epoch it was routed by (``error``: a
+        :class:`~waltz.errors.StalePartitionEpochError` or
+        :class:`~waltz.errors.PartitionNotOpenError`)."""
+        ...
+
 
 class PendingAppends:
     """One partition's appends of this client between an attempt and its outcome.
@@ -175,6 +182,7 @@ class PendingAppends:
             payload,
             self._retry_linger if submission.attempts > 1 else 0.0,
             "" if trace is None else trace.traceparent,
+            submission.epoch,
         )
 
     def on_mounted(self) -> tuple[int, int]:
@@ -247,6 +255,17 @@ class PendingAppends:
         if pending is not None:
             self._outcomes.rejected(pending.submission, error)
             self._resolved(pending, None)
+
+    def on_refused_epoch(self, req_id: ReqId, error: BaseException) -> None:
+        """The server refused an append for the epoch it was routed by (``STALE_PARTITION_EPOCH``,
+        ``PARTITION_NOT_OPEN``; nothing of it was kept): its locks and the contexts held back
+        behind it, or following it, are released as for a context that ended without an append
+        (docs/design/locks.md "Locks of appends in flight"), and its context runs again from its
+        first attempt, routed anew (docs/design/splits.md "Clients across a split")."""
+        pending = self.monitor.remove(req_id)
+        if pending is not None:
+            self._resolved(pending, None)
+            self._outcomes.route_again(pending.submission, error)
 
     def leader_ended(self, leader: Submission) -> None:
         """``leader`` ended without another append (on the loop): release those following it."""

@@ -63,6 +63,11 @@ class Submission:
             release its concurrency slot.
         with_future: False for a submission without a future (``WaltzClient.execute``): only the
             context's callbacks tell how it ended; :attr:`future` is then None.
+        epoch: the partition epoch it was routed by (docs/design/splits.md "Clients across a split").
+        route_serial: the serial of the client's routing view it was routed by
+            (:class:`~waltz.client.routing.RoutingView`).
+        slot_partition: the partition whose concurrency slot it holds until it ends (default
+            ``partition_id``; it keeps it when it is routed again).
     """
 
     __slots__ = (
@@ -73,6 +78,7 @@ class Submission:
         "attempts",
         "context",
         "deadline",
+        "epoch",
         "followers",
         "future",
         "last_lock_target",
@@ -81,6 +87,9 @@ class Submission:
         "partition_id",
         "posted",
         "repeated_lock_failures",
+        "route_deadline",
+        "route_serial",
+        "slot_partition",
         "submitted_at",
         "timeout",
         "trace",
@@ -94,9 +103,20 @@ class Submission:
         max_message_bytes: int,
         on_finished: Callable[[Submission], None] | None = None,
         with_future: bool = True,
+        epoch: int = 0,
+        route_serial: int = 0,
+        slot_partition: int | None = None,
     ) -> None:
         self.context = context
         self.partition_id = partition_id
+        self.epoch = epoch
+        """The partition epoch its appends carry: the one it was routed by."""
+        self.route_serial = route_serial
+        """The serial of the routing view it was routed by."""
+        self.route_deadline: float | None = None
+        """While it waits for the epochs to move (``time.monotonic()``): when waiting fails it."""
+        self.slot_partition = partition_id if slot_partition is None else slot_partition
+        """The partition whose concurrency slot it holds (``InFlight``)."""
         self.future: concurrent.futures.Future[Outcome] | None = _SubmissionFuture() if with_future else None
         self.attempts = 0
         self.lock_failures = 0
@@ -272,6 +292,18 @@ class Submission:
             self.trace.failed(error, "expired")
         future = self.future
         self._resolve(None if future is None else lambda: future.set_exception(error))
+
+    def route(self, partition_id: int, epoch: int, route_serial: int) -> None:
+        """Route the context again, before it runs again from its first attempt (after a refusal
+        of its epoch; docs/design/splits.md "Clients across a split"): its partition, epoch and
+        routing view change, the pacing of its failures starts afresh; its future, callbacks,
+        attempts and concurrency slot stay."""
+        self.partition_id = partition_id
+        self.epoch = epoch
+        self.route_serial = route_serial
+        self.last_lock_target = -2
+        self.repeated_lock_failures = 0
+        self.lost_appends = 0
 
     def lock_failed(self) -> None:
         """Note a lock failure of the last attempt and tell the context."""

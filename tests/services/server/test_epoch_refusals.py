@@ -22,7 +22,6 @@ from support.storage import run
 from tests.client.client_helpers import Append, MemoryStore
 from tests.services.server.test_client_protocol import RawClient, kind_of
 from waltz import WaltzClient, WaltzClientConfig
-from waltz.errors import StalePartitionEpochError
 from waltz.local.cluster import LocalCluster
 from waltz.metadata.epochs import PartitionEpochsZk
 from waltz.metadata.paths import ClusterPaths
@@ -223,17 +222,17 @@ def test_a_parent_not_sealing_takes_appends_of_epoch_0(sealed: LocalCluster) -> 
     run(scenario())
 
 
-def test_the_client_fails_a_context_refused_for_its_epoch(sealed: LocalCluster) -> None:
+def test_the_client_routes_a_context_of_a_sealing_parent_by_its_epoch(sealed: LocalCluster) -> None:
+    # The client reads the epochs too (docs/design/splits.md "Clients across a split"): a
+    # context of parent 0 goes with epoch 1 and is taken at once, one of parent 1 with epoch 0.
     owners = sealed.wait_ready(60)
     store = MemoryStore({pid: found.high_water_mark for pid, found in owners.items()})
     config = WaltzClientConfig(**sealed.client_settings(), zookeeper_session_timeout=10.0)
     with WaltzClient(store, config) as client:
-        stale = Append(0, b"routed by epoch 0", once=True)
-        with pytest.raises(StalePartitionEpochError) as raised:
-            client.submit(stale).result(30)
-        assert (raised.value.partition_id, raised.value.epoch, raised.value.partition_count) == (0, 1, 4)
-        assert STALE in str(raised.value)
+        routed = Append(0, b"routed by epoch 1", once=True)
+        assert client.submit(routed).result(30).partition_id == 0
         committed = client.submit(Append(1, b"partition 1 is not sealing")).result(30)
+    assert routed.outcomes.executions == 1 and routed.outcomes.completions == [True]
     assert committed.transaction_id == owners[1].high_water_mark + 1
 
 
