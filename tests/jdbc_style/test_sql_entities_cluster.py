@@ -584,3 +584,40 @@ def test_a_member_never_reads_a_value_of_an_earlier_member_the_database_would_st
         "it read the unstored value in the batch"
     )
     assert reading.seen[-1] is not None  # the stored row, read once the batch was applied
+
+
+def test_a_batch_routes_by_its_members_at_a_newer_count_and_is_refused_when_they_part(
+    service: Service,
+) -> None:
+    """docs/design/splits.md "Clients across a split": the client asks a context its partition at
+    the newest count of its view of the epochs. A batch answers where every member goes at that
+    count, and refuses (``CrossPartitionError``) when a split would part its members, instead of
+    appending moved keys to the parent."""
+    from waltz.jdbc_style.entity_batches import _Batch, _Member
+
+    callbacks = service.first.callbacks
+    count = service.num_partitions
+    by_route: dict[tuple[int, int], list[Increment]] = {}
+    for _ in range(2000):  # bounded draws: each key has one partition at each count
+        context = Increment(callbacks, service.rng.randrange(1, 1 << 62))
+        route = (context.partition_id(count), context.partition_id(2 * count))
+        by_route.setdefault(route, []).append(context)
+    partition = next(p for p, _ in by_route)
+    stay = by_route[(partition, partition)][:2]
+    move = by_route[(partition, partition + count)][:1]
+    assert len(stay) == 2 and len(move) == 1, sorted(by_route)
+
+    def batch(contexts: list[Increment]) -> _Batch:
+        members = [_Member(c, concurrent.futures.Future()) for c in contexts]
+        with EntityBatcher(service.first.client) as batcher:
+            return _Batch(batcher, partition, members)
+
+    together = batch(stay)
+    assert together.partition_id(count) == partition
+    assert together.partition_id(2 * count) == partition
+    moved = batch(move + move)
+    assert moved.partition_id(2 * count) == partition + count
+    parting = batch(stay + move)
+    assert parting.partition_id(count) == partition  # no split in view: the batcher's partition
+    with pytest.raises(CrossPartitionError, match="parts at"):
+        parting.partition_id(2 * count)

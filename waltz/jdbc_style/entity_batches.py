@@ -35,7 +35,7 @@ from waltz.client.context import TransactionBuilder, TransactionContext
 from waltz.client.locks import PartitionLocalLock
 from waltz.client.outcome import Outcome, OutcomeKind
 from waltz.client.submission import APPEND_OVERHEAD_BYTES, LOCK_HASH_BYTES
-from waltz.errors import ClientClosedError
+from waltz.errors import ClientClosedError, CrossPartitionError
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, batch_data, member_data
 from waltz.jdbc_style.changeset_callbacks import EXACT_STRING_DIALECTS, ChangeSetCallbacks
 from waltz.jdbc_style.entities import EntityInfo
@@ -97,7 +97,26 @@ class _Batch(TransactionContext):
         self._num_partitions = batcher.client.num_partitions
 
     def partition_id(self, num_partitions: int) -> int:
-        return self._partition_id
+        """The batch's partition at ``num_partitions``: the batcher's at the discovery count; at
+        a newer count (a split in the client's view of the partition epochs, docs/design/splits.md
+        "Clients across a split") the one every member routes to at it.
+
+        Raises:
+            CrossPartitionError: the members part at ``num_partitions`` (a split moves some of
+                their keys to a new partition): the batch is refused, not regrouped; each member
+                ends with the error.
+        """
+        if num_partitions == self._num_partitions:
+            return self._partition_id
+        routes = {member.context.partition_id(num_partitions) for member in self.members}
+        if len(routes) != 1:
+            raise CrossPartitionError(
+                f"a batch of {len(self.members)} entity transactions of partition {self._partition_id} "
+                f"parts at {num_partitions} partitions (partitions {sorted(routes)}): a split moves some "
+                "of its members' keys, and batches are not regrouped across a split yet; submit them "
+                'again (docs/design/splits.md, "Clients across a split")'
+            )
+        return routes.pop()
 
     def expected_locks(self) -> Sequence[PartitionLocalLock]:
         locks: dict[PartitionLocalLock, None] = {}
