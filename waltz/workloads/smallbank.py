@@ -294,8 +294,11 @@ class SmallBankWorkload:
     def populate(self, progress: Callable[[int], None] | None = None, timeout: float = 120.0) -> None:
         """Open every customer's account (skips customers that exist already).
 
-        Returns once the openings are applied to the database, not merely committed to the log:
-        the mix reads balances at once, and a failover can hold applies back for seconds.
+        Returns once the openings are applied to the database, not merely committed to the log,
+        and every instance's client has taken them in from its feed: the mix reads balances at
+        once, on any instance, and an instance whose entity cache is behind its feed would read a
+        customer as absent (a Balance read is answered from the cache when it holds the rows,
+        docs/design/sql.md); a failover can hold applies back for seconds.
 
         Raises:
             TimeoutError: the openings were not committed and applied within ``timeout`` seconds.
@@ -309,10 +312,18 @@ class SmallBankWorkload:
                 progress(1)
         self.drain(timeout)
         service = self.services[0]  # the instances share one database: one of them is enough
-        for pid in range(service.client.num_partitions):
-            mark = service.client.get_high_water_mark(pid)
+        marks = {pid: service.client.get_high_water_mark(pid) for pid in range(service.client.num_partitions)}
+        for pid, mark in marks.items():
             if mark >= 0 and not service.callbacks.wait_for(pid, mark, timeout):
                 raise TimeoutError(f"partition {pid}: the accounts' openings not applied within {timeout}s")
+        for instance, other in enumerate(self.services):
+            for pid in other.client.mounted_partitions():  # with partition routing, its own
+                mark = marks[pid]
+                if mark >= 0 and not other.client.wait_applied(pid, mark, timeout):
+                    raise TimeoutError(
+                        f"instance {instance}, partition {pid}: the accounts' openings not taken in from "
+                        f"its feed within {timeout}s"
+                    )
 
     def run(self, transactions: int, progress: Callable[[int], None] | None = None) -> SmallBankStats:
         """Run ``transactions`` draws of the mix (Balance reads included), then wait for the rest."""
