@@ -16,13 +16,12 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
-from pathlib import Path
 
 import pytest
-import support
 from kazoo.client import KazooClient
 
 from tests.client.client_helpers import MemoryStore
+from tests.services.server.test_epoch_refusals import start_cluster
 from waltz import (
     AsyncWaltzClient,
     PartitionLocalLock,
@@ -92,22 +91,10 @@ class Keyed(TransactionContext):
         self.exceptions.append(exception)
 
 
-def start_cluster(work_dir: Path, zookeeper: object) -> LocalCluster:
-    return LocalCluster(
-        security=support.PLAINTEXT,
-        storages=1,
-        servers=1,
-        partitions=2,
-        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
-        work_dir=work_dir,
-        delete_root=True,
-    )
-
-
 def seal_partition_0(cluster: LocalCluster, *, wait_for_barrier: bool = True) -> PartitionEpochs:
-    """Prepare epoch 1 (2 -> 4 partitions), mark parent 0 sealing, and (``wait_for_barrier``,
-    for a parent open on its owner: a client mounted it) wait until its owner wrote ``B(0)``: its
-    gate is closed then (docs/design/splits.md "The owner's barrier")."""
+    """Prepare epoch 1 (2 -> 4 partitions), mark parent 0 sealing, and (``wait_for_barrier``)
+    wait until its owner wrote ``B(0)``: its gate is closed then (docs/design/splits.md "The
+    owner's barrier")."""
     zk = KazooClient(hosts=cluster.zookeeper_connect_string)
     zk.start(30)
     try:
@@ -158,7 +145,7 @@ def sealed(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Itera
     starts."""
     with start_cluster(tmp_path_factory.mktemp("epoch-routing-sealed"), zookeeper) as local:
         local.wait_ready(60)
-        seal_partition_0(local, wait_for_barrier=False)  # its owner seals it at its first mount
+        seal_partition_0(local, wait_for_barrier=False)  # its owner seals it at once
         yield local
 
 

@@ -107,8 +107,7 @@ def plan_child_open(cluster: ClusterZk, epoch: int, child: int) -> ChildOpenPlan
     """
     value = PartitionEpochsZk(cluster.zk, cluster.paths, timeout=cluster.timeout).read().value
     split = value.epoch(epoch)
-    parent = split.parent_of(child)
-    barrier = split.parents[parent].barrier
+    parent, barrier = split.parent_barrier(child)
     if barrier is None:
         raise SplitStateError(
             f"epoch {epoch}: child {child} opens after its parent {parent}'s barrier, which is not "

@@ -150,6 +150,15 @@ class Epoch:
         self._child(child)
         return child % self.previous_count
 
+    def parent_barrier(self, child: int) -> tuple[int, int | None]:
+        """A new child's parent and the parent's ``B(p)`` (None while not known).
+
+        Raises:
+            SplitStateError: ``child`` is not a new partition of the epoch.
+        """
+        parent = self.parent_of(child)
+        return parent, self.parents[parent].barrier
+
     def _parent(self, parent: int) -> ParentProgress:
         progress = self.parents.get(parent)
         if progress is None:
@@ -333,8 +342,8 @@ class PartitionEpochs:
         progress = epoch._child(child)
         if progress.opened:
             return self
-        parent = epoch.parent_of(child)
-        if epoch.parents[parent].barrier is None:
+        parent, barrier = epoch.parent_barrier(child)
+        if barrier is None:
             raise SplitStateError(
                 f"epoch {number}: child {child} opens after its parent {parent}'s barrier, "
                 "which is not known yet"
@@ -352,8 +361,7 @@ class PartitionEpochs:
         progress = epoch._child(child)
         if progress.genesis == transaction_id:
             return self
-        parent = epoch.parent_of(child)
-        barrier = epoch.parents[parent].barrier
+        parent, barrier = epoch.parent_barrier(child)
         if barrier is None:
             raise SplitStateError(
                 f"epoch {number}: child {child}'s genesis follows its parent {parent}'s barrier, "

@@ -26,9 +26,9 @@ from typing import NamedTuple
 from waltz.errors import SplitRecordFormatError
 from waltz.metadata.epochs import PartitionEpochs
 from waltz.protocol.records import Record, ReqId
-from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitBarrier, decode_split_record
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitBarrier, SplitRecord, decode_split_record
 
-__all__ = ["SPLIT_CLIENT_ID", "BarrierDue", "barrier_due", "is_barrier_of"]
+__all__ = ["SPLIT_CLIENT_ID", "BarrierDue", "barrier_due", "is_barrier_of", "owned_split_record"]
 
 log = logging.getLogger(__name__)
 
@@ -88,25 +88,35 @@ def barrier_due(epochs: PartitionEpochs, partition_id: int) -> BarrierDue | None
     return None
 
 
+def owned_split_record(record: Record, partition_id: int, sought: str) -> SplitRecord | None:
+    """``record`` decoded as a split record, or None when it carries another header.
+
+    A record under the split header that does not decode (a form this release does not read, or
+    data no split writes) is logged as an error naming ``sought`` (what the owner looked for, e.g.
+    ``"the barrier of epoch 1"``) and is None: an owner never takes it for its own record.
+    """
+    if record.header != SPLIT_RECORD_HEADER:
+        return None
+    try:
+        return decode_split_record(record.data)
+    except SplitRecordFormatError as exc:  # SplitRecordVersionError too
+        log.error(
+            "partition %d: transaction %d has the split records' header but is no record this "
+            "server reads (%s): it is not taken for %s",
+            partition_id,
+            record.transaction_id,
+            exc,
+            sought,
+        )
+        return None
+
+
 def is_barrier_of(record: Record, due: BarrierDue) -> bool:
     """True when ``record`` is a barrier of ``due``'s epoch and parent (docs/design/splits.md
     "Record forms": the split records' header, a ``"barrier"`` of that ``epoch`` and ``parent``).
 
-    A record under the split header that does not decode (a form this release does not read, or
-    data no split writes) is logged as an error and is not taken for the barrier.
+    A record under the split header that does not decode is logged as an error and is not taken
+    for the barrier (:func:`owned_split_record`).
     """
-    if record.header != SPLIT_RECORD_HEADER:
-        return False
-    try:
-        decoded = decode_split_record(record.data)
-    except SplitRecordFormatError as exc:  # SplitRecordVersionError too
-        log.error(
-            "partition %d: transaction %d has the split records' header but is no record this "
-            "server reads (%s): it is not taken for the barrier of epoch %d",
-            due.parent,
-            record.transaction_id,
-            exc,
-            due.epoch,
-        )
-        return False
+    decoded = owned_split_record(record, due.parent, f"the barrier of epoch {due.epoch}")
     return isinstance(decoded, SplitBarrier) and decoded.epoch == due.epoch and decoded.parent == due.parent

@@ -19,18 +19,15 @@ docs/design/locks.md "The lock table"): that is the raise step 4 asks for.
 from __future__ import annotations
 
 import enum
-import logging
 from typing import NamedTuple
 
-from waltz.errors import SplitRecordFormatError, WaltzError
+from waltz.errors import WaltzError
 from waltz.metadata.epochs import PartitionEpochs
 from waltz.protocol.records import Record, ReqId
-from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitGenesis, decode_split_record
-from waltz.services.server.split_barrier import SPLIT_CLIENT_ID
+from waltz.protocol.split_records import SplitGenesis
+from waltz.services.server.split_barrier import SPLIT_CLIENT_ID, owned_split_record
 
 __all__ = ["GenesisDue", "GenesisStep", "genesis_due", "genesis_step", "is_genesis_of"]
-
-log = logging.getLogger(__name__)
 
 
 class GenesisDue(NamedTuple):
@@ -85,8 +82,7 @@ def genesis_due(epochs: PartitionEpochs, partition_id: int) -> GenesisDue | None
         child = epoch.children.get(partition_id)
         if child is None or not child.opened or child.genesis is not None:
             continue
-        parent = epoch.parent_of(partition_id)
-        barrier = epoch.parents[parent].barrier
+        parent, barrier = epoch.parent_barrier(partition_id)
         if barrier is None:  # no reader lets an opened child's parent lack B(p)
             continue
         genesis = SplitGenesis(epoch.number, epoch.count, epoch.previous_count, parent, barrier)
@@ -127,20 +123,8 @@ def is_genesis_of(record: Record, due: GenesisDue) -> bool:
     decoding as a genesis equal to ``due.genesis`` (docs/design/splits.md "Record forms").
 
     A record under the split header that does not decode is logged as an error and is not taken
-    for the genesis.
+    for the genesis (:func:`~waltz.services.server.split_barrier.owned_split_record`).
     """
-    if record.header != SPLIT_RECORD_HEADER or record.transaction_id != due.transaction_id:
+    if record.transaction_id != due.transaction_id:
         return False
-    try:
-        decoded = decode_split_record(record.data)
-    except SplitRecordFormatError as exc:  # SplitRecordVersionError too
-        log.error(
-            "partition %d: transaction %d has the split records' header but is no record this "
-            "server reads (%s): it is not taken for the genesis of epoch %d",
-            due.child,
-            record.transaction_id,
-            exc,
-            due.epoch,
-        )
-        return False
-    return decoded == due.genesis
+    return owned_split_record(record, due.child, f"the genesis of epoch {due.epoch}") == due.genesis
