@@ -544,6 +544,57 @@ def test_a_batch_whose_state_cannot_be_read_ends_every_member_with_the_error(ser
     assert batcher.batches == 0
 
 
+class HeldInRun(Increment):
+    """Blocks in ``run`` until ``gate`` is set, so that it stays in flight as long as the test wants."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int) -> None:
+        super().__init__(callbacks, counter_id)
+        self.running = threading.Event()
+        self.gate = threading.Event()
+
+    def run(self, tx: EntityTransaction) -> bool:
+        self.running.set()
+        assert self.gate.wait(TIMEOUT), "the test never opened the gate"
+        return super().run(tx)
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@pytest.mark.parametrize("alone", [3, 0], ids=["alone-beyond-the-limit", "none-alone"])
+def test_a_context_whose_locks_nothing_in_flight_holds_goes_at_once(service: Service, alone: int) -> None:
+    """With the partition's one transaction in flight, a context on another entity of the same
+    partition, submitted with nothing queued, goes at once, alone (``max_in_flight_alone``); one on
+    the entity in flight waits for the next batch. With ``max_in_flight_alone=0`` both wait
+    (docs/design/sql.md "Batched entity transactions")."""
+    held_id = service.create_counter()
+    other_id = service.create_counter(service.partition_of(held_id))
+    instance = service.first
+    with EntityBatcher(instance.client, max_in_flight_alone=alone) as batcher:
+        held = HeldInRun(instance.callbacks, held_id)
+        # A first attempt runs on the submitting thread: this one blocks in run, so on its own.
+        submitting = concurrent.futures.ThreadPoolExecutor(1)
+        submitted = submitting.submit(batcher.submit, held)
+        assert held.running.wait(TIMEOUT), "the first context never ran"
+        other = batcher.submit(Increment(instance.callbacks, other_id))
+        if alone:
+            outcome = other.result(TIMEOUT)
+            assert outcome.committed and not submitted.done(), (
+                "the other entity's context waited for the first"
+            )
+        same = batcher.submit(Increment(instance.callbacks, held_id))
+        done, _ = concurrent.futures.wait([same, *([] if alone else [other])], timeout=2.0)
+        assert not done, "a context went while the partition's transaction holding its lock was in flight"
+        held.gate.set()
+        first = submitted.result(TIMEOUT)
+        submitting.shutdown()
+        outcomes = [f.result(TIMEOUT) for f in (first, other, same)]
+    assert all(o.committed for o in outcomes), outcomes
+    assert outcomes[2].transaction_id > outcomes[0].transaction_id
+    if alone:
+        assert outcomes[1].transaction_id < outcomes[0].transaction_id
+    service.wait_caught_up()
+    assert service.counter_value(held_id) == 2 and service.counter_value(other_id) == 1
+
+
 class SetPrice(EntityTransactionContext):
     """Inserts or updates a price, as given (the database rounds it to two places)."""
 
