@@ -406,26 +406,65 @@ class ServerApp:
         epochs_zk = self._epochs_zk
         if epochs_zk is None:
             return False
+        return await self._write_split_step(
+            epochs_zk.set_barrier, epoch, parent, transaction_id, "B(p)", "barrier"
+        )
+
+    async def write_genesis(self, epoch: int, child: int, transaction_id: int) -> bool:
+        """Write a new child's genesis ID into ``partitions/epochs`` once it committed
+        (docs/design/splits.md "The handover", step 4; ``PartitionEpochsZk.set_genesis``): from
+        then on the child's gate takes appends routed by the epoch. Tried again and logged as
+        :meth:`write_barrier`. Never raises.
+
+        Args:
+            epoch: the epoch the genesis starts.
+            child: the new child partition.
+            transaction_id: the genesis's transaction ID (``B(p) + 1``).
+
+        Returns:
+            True once the znode holds ``transaction_id`` as the child's genesis, False otherwise.
+        """
+        epochs_zk = self._epochs_zk
+        if epochs_zk is None:
+            return False
+        return await self._write_split_step(
+            epochs_zk.set_genesis, epoch, child, transaction_id, "the genesis ID", "genesis"
+        )
+
+    async def _write_split_step(
+        self,
+        step: Callable[[int, int, int], object],
+        epoch: int,
+        partition_id: int,
+        transaction_id: int,
+        what: str,
+        record: str,
+    ) -> bool:
+        """Run one compare-and-set step of ``partitions/epochs`` for a split record this owner
+        committed or found, with :data:`BARRIER_WRITE_ATTEMPTS` attempts (see :meth:`write_barrier`)."""
         for attempt in range(1, BARRIER_WRITE_ATTEMPTS + 1):
             if self._stopping:
                 return False
             try:
-                await asyncio.to_thread(epochs_zk.set_barrier, epoch, parent, transaction_id)
+                await asyncio.to_thread(step, epoch, partition_id, transaction_id)
             except SplitStateError as exc:
                 log.error(
-                    "partition %d: B(p) of epoch %d cannot be written as %d, the barrier this owner "
+                    "partition %d: %s of epoch %d cannot be written as %d, the %s this owner "
                     "committed or found: %s. Check partitions/epochs and the partition's log "
                     '(docs/design/splits.md, "The handover")',
-                    parent,
+                    partition_id,
+                    what,
                     epoch,
                     transaction_id,
+                    record,
                     exc,
                 )
                 return False
             except (ZooKeeperUnavailableError, StaleMetadataError, KazooException) as exc:
                 log.warning(
-                    "partition %d: cannot write B(p) = %d of epoch %d (attempt %d of %d): %s",
-                    parent,
+                    "partition %d: cannot write %s = %d of epoch %d (attempt %d of %d): %s",
+                    partition_id,
+                    what,
                     transaction_id,
                     epoch,
                     attempt,
@@ -434,12 +473,13 @@ class ServerApp:
                 )
                 await asyncio.sleep(BARRIER_WRITE_DELAY)
                 continue
-            log.info("partition %d: B(p) of epoch %d is %d", parent, epoch, transaction_id)
+            log.info("partition %d: %s of epoch %d is %d", partition_id, what, epoch, transaction_id)
             return True
         log.error(
-            "partition %d: gave up writing B(p) = %d of epoch %d after %d attempts: written again "
+            "partition %d: gave up writing %s = %d of epoch %d after %d attempts: written again "
             "when partitions/epochs next changes, or by the partition's next owner",
-            parent,
+            partition_id,
+            what,
             transaction_id,
             epoch,
             BARRIER_WRITE_ATTEMPTS,
@@ -509,11 +549,12 @@ class ServerApp:
                 archived=self._archived,
                 read_epochs=self.read_epochs,
                 write_barrier=self.write_barrier,
+                write_genesis=self.write_genesis,
             )
             self.partitions[partition_id] = partition
             partition.start()
             if self._epochs is not None:
-                partition.epochs_changed(self._epochs)  # a sealing parent opens at once
+                partition.epochs_changed(self._epochs)  # a sealing parent or a new child opens at once
             log.info("partition %d opened with generation %d", partition_id, generation)
 
 

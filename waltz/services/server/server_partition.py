@@ -31,6 +31,13 @@ from waltz.services.server.archived_reads import ArchivedReads
 from waltz.services.server.epoch_gate import EpochGate, epoch_gate
 from waltz.services.server.lock_table import DEFAULT_HASH_COUNT, DEFAULT_SIZE, LockTable, PendingLocks
 from waltz.services.server.split_barrier import BarrierDue, barrier_due, is_barrier_of
+from waltz.services.server.split_genesis import (
+    GenesisDue,
+    GenesisStep,
+    genesis_due,
+    genesis_step,
+    is_genesis_of,
+)
 from waltz.services.server.store.append_queue import AppendFailedError
 from waltz.services.server.store.store_partition import StorePartition
 
@@ -232,6 +239,9 @@ class Partition:
         write_barrier: writes ``B(p)`` into ``<root>/partitions/epochs``, given the epoch, the
             parent and the barrier's transaction ID; handles its own errors (it never raises but
             cancelled). None: the barrier is appended and ``B(p)`` is not written.
+        write_genesis: writes a new child's genesis ID into ``<root>/partitions/epochs``, given
+            the epoch, the child and the genesis's transaction ID; handles its own errors as
+            ``write_barrier``. None: the genesis is appended and its ID is not written.
     """
 
     def __init__(
@@ -244,6 +254,7 @@ class Partition:
         archived: ArchivedReads | None = None,
         read_epochs: Callable[[], Awaitable[object]] | None = None,
         write_barrier: Callable[[int, int, int], Awaitable[object]] | None = None,
+        write_genesis: Callable[[int, int, int], Awaitable[object]] | None = None,
     ) -> None:
         self.partition_id = partition_id
         self._archived = archived
@@ -272,6 +283,12 @@ class Partition:
         self._barriers: dict[int, int | None] = {}
         self._write_barrier = write_barrier
         self._barrier_writes: dict[int, asyncio.Task[None]] = {}  # epoch -> its B(p) write
+        # The genesis of this new child (docs/design/splits.md "The handover", step 4), by epoch:
+        # the transaction ID of the genesis it appended or found at B(p) + 1.
+        self._geneses: dict[int, int] = {}
+        self._write_genesis = write_genesis
+        self._genesis_writes: dict[int, asyncio.Task[None]] = {}  # epoch -> its genesis ID write
+        self._genesis_task: asyncio.Task[None] | None = None  # an open partition's genesis
         self.epoch_refusals = 0
         self._pending_locks: PendingLocks[_InFlight] = PendingLocks()  # locks of unresolved appends
         self._feed: deque[FeedEntry] = deque(maxlen=self.config.feed_cache_size)
@@ -374,14 +391,16 @@ class Partition:
             log.error("partition %d: opening failed: %r", self.partition_id, error, exc_info=error)
 
     async def _open(self) -> LockTable:
-        """Wait for the recovery, read the epochs, seal a sealing parent, then make the lock table:
-        appends go from then on."""
+        """Wait for the recovery, read the epochs, seal a sealing parent, append or find a new
+        child's genesis, then make the lock table: appends go from then on."""
         await self.store.recovered.wait()
         if self._read_epochs is not None:
             await self._load_epochs()
             await self._seal_at_open()
+            await self._genesis_at_open()
         # Every slot starts at the high-water mark, never below (docs/design/locks.md "The lock
-        # table"). Nothing but a barrier appended since the recovery: no append passes before this.
+        # table"): a new child's at B(p) + 1, its genesis. Nothing but a barrier or a genesis
+        # appended since the recovery: no append passes before this.
         self._lock_table = LockTable(
             self.store.high_water_mark, self.config.lock_table_size, self.config.lock_table_hash_count
         )
@@ -420,7 +439,9 @@ class Partition:
         ordered before every append it refuses (docs/design/splits.md "The handover", step 3).
         An open partition that now owes a barrier (a parent marked sealing, ``B(p)`` unknown)
         queues it in the same step, before any append checked later (docs/design/splits.md "The
-        owner's barrier"); an opening one does it before its first append.
+        owner's barrier"); an opening one does it before its first append. A new child that owes
+        its genesis opens (or, open already, appends it: its gate refuses every append until the
+        genesis is in the znode).
         """
         if epochs.version < self._epochs_version:
             return
@@ -432,13 +453,18 @@ class Partition:
         self._epoch_gate = gate
         if self._lock_table is not None:  # open (an opening partition seals in _open)
             self._seal()
+            self._genesis_when_open()
         elif (
             self._read_epochs is not None
             and not self.store.closed
-            and barrier_due(epochs.value, self.partition_id) is not None
+            and (
+                barrier_due(epochs.value, self.partition_id) is not None
+                or genesis_due(epochs.value, self.partition_id) is not None
+            )
         ):
-            # A sealing parent that no client has opened yet opens now: its barrier (and B(p),
-            # which the split waits for) does not wait for a client's mount or append.
+            # A sealing parent, or a new child, that no client has opened yet opens now: its
+            # barrier (and B(p), which the split waits for) or its genesis (which its clients
+            # wait for) does not wait for a client's mount or append.
             self._begin_opening()
 
     # ---- the barrier (docs/design/splits.md "The owner's barrier"; "The handover", step 3) ----
@@ -603,6 +629,146 @@ class Partition:
                 transaction_id,
                 due.epoch,
             )
+
+    # ---- the genesis (docs/design/splits.md "The handover", step 4) ----
+
+    async def _genesis_at_open(self) -> None:
+        """Before the first append of a new child that owes its genesis: append it at ``B(p) + 1``
+        (a log recovered at ``B(p)``) or find it there (a log above: an earlier owner's), and wait
+        for its commit; then write its ID into the znode in the background. Nothing when no
+        genesis is owed. Tried again until it succeeds or the partition closes (appends wait, as
+        for the recovery); a record at ``B(p) + 1`` that is not the genesis is logged as an error
+        each time, and the partition takes no append."""
+        attempt = 0
+        while not self.store.closed:
+            epochs = self._epochs
+            due = None if epochs is None else genesis_due(epochs, self.partition_id)
+            if due is None:
+                return
+            found = self._geneses.get(due.epoch)
+            if found is not None:
+                self._write_genesis_id(due, found)
+                return
+            attempt += 1
+            try:
+                transaction_id = await self._genesis(due)
+            except asyncio.CancelledError:
+                raise
+            except (WaltzError, TimeoutError) as exc:
+                if self.store.closed:
+                    return
+                if attempt == 1 or attempt % 20 == 0:
+                    log.error(
+                        "partition %d: cannot start with the genesis of epoch %d (attempt %d; appends "
+                        "wait): %s",
+                        self.partition_id,
+                        due.epoch,
+                        attempt,
+                        exc,
+                    )
+                await asyncio.sleep(EPOCHS_RETRY_DELAY)
+                continue
+            self._geneses[due.epoch] = transaction_id
+            self._write_genesis_id(due, transaction_id)
+            return
+
+    async def _genesis(self, due: GenesisDue) -> int:
+        """Append the genesis ``due`` or find it at ``B(p) + 1``; its transaction ID once committed.
+
+        Raises:
+            WaltzError: the log is below ``B(p)``, the record at ``B(p) + 1`` is not the genesis,
+                the genesis committed elsewhere than ``B(p) + 1``, or a read came back empty.
+            AppendFailedError: a recovery of the store dropped the append (its high-water mark
+                then says what the next attempt does).
+            TimeoutError: no replica answered a read.
+        """
+        step = genesis_step(due, self.store.high_water_mark)
+        if step is GenesisStep.FIND:
+            records = await self.read_records(due.transaction_id, 1)
+            if not records or not is_genesis_of(records[0], due):
+                raise WaltzError(
+                    f"partition {self.partition_id}: the record at {due.transaction_id} is not the "
+                    f"genesis of epoch {due.epoch}: a new child's log starts with its genesis "
+                    '(docs/design/splits.md, "The handover", step 4)'
+                )
+            log.info(
+                "partition %d: the recovered log holds the genesis of epoch %d at %d: none appended",
+                self.partition_id,
+                due.epoch,
+                due.transaction_id,
+            )
+            return due.transaction_id
+        committed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def done(transaction_id: int, error: BaseException | None) -> None:
+            if committed.done():
+                return
+            if error is not None:
+                committed.set_exception(error)
+            else:
+                committed.set_result(transaction_id)
+
+        data = due.genesis.encode()
+        log.info("partition %d: appending the genesis of epoch %d", self.partition_id, due.epoch)
+        self.store.enqueue(due.req_id(self.generation), SPLIT_RECORD_HEADER, data, zlib.crc32(data), done)
+        transaction_id = await committed
+        if transaction_id != due.transaction_id:  # nothing is appended before it: a bug if so
+            raise WaltzError(
+                f"partition {self.partition_id}: the genesis of epoch {due.epoch} committed at "
+                f"{transaction_id}, not at {due.transaction_id}"
+            )
+        log.info(
+            "partition %d: the genesis of epoch %d committed at %d",
+            self.partition_id,
+            due.epoch,
+            transaction_id,
+        )
+        return transaction_id
+
+    def _genesis_when_open(self) -> None:
+        """An open partition that owes a genesis (opened before the znode marked it opened, which
+        the split does not do): append it in the background, then start the lock table again at
+        ``B(p) + 1``. The gate refuses every append until the genesis is in the znode, so none is
+        checked against the table before."""
+        epochs = self._epochs
+        if epochs is None or self.store.closed or genesis_due(epochs, self.partition_id) is None:
+            return
+        if self._genesis_task is not None and not self._genesis_task.done():
+            return
+
+        async def run() -> None:
+            await self._genesis_at_open()
+            table = self._lock_table
+            if table is not None and not self.store.closed:
+                self._lock_table = LockTable(
+                    self.store.high_water_mark, self.config.lock_table_size, self.config.lock_table_hash_count
+                )
+
+        self._genesis_task = asyncio.get_running_loop().create_task(run())
+
+    def _write_genesis_id(self, due: GenesisDue, transaction_id: int) -> None:
+        """Write the genesis's ID in the background (one write per epoch at a time)."""
+        if self._write_genesis is None:
+            return
+        running = self._genesis_writes.get(due.epoch)
+        if running is not None and not running.done():
+            return
+
+        async def write() -> None:
+            assert self._write_genesis is not None
+            try:
+                await self._write_genesis(due.epoch, due.child, transaction_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(
+                    "partition %d: writing the genesis %d of epoch %d failed",
+                    self.partition_id,
+                    transaction_id,
+                    due.epoch,
+                )
+
+        self._genesis_writes[due.epoch] = asyncio.get_running_loop().create_task(write())
 
     @property
     def epoch_gate(self) -> EpochGate | None:

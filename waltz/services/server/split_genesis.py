@@ -8,8 +8,9 @@ lock table starts at ``B(p) + 1``), "Record forms" (the genesis's header and dat
 barrier" (the ReqId of a split record, client ID 0).
 
 This module holds the decisions, free of I/O, as :mod:`waltz.services.server.split_barrier` does
-for the barrier. The partition does not call them yet: no new child can be created as a partition
-of a running cluster (``waltz.admin.split_open``), so a partition never owes a genesis there.
+for the barrier; the partition (``Partition._genesis_at_open``) carries them out after its
+recovery and its read of the epochs, before it makes its lock table, and the server writes the
+genesis's ID into the epochs znode (``ServerApp.write_genesis``).
 
 Once the genesis commits, the committed high-water mark is ``B(p) + 1``, and a lock table made
 then starts every slot there (a lock table starts at the high-water mark,
