@@ -19,6 +19,7 @@ __all__ = [
     "CrossPartitionError",
     "DiskFullError",
     "GenerationFencedError",
+    "GenesisHeldError",
     "HighWaterMarkGapError",
     "MessageTooLargeError",
     "MetadataError",
@@ -561,6 +562,33 @@ class ApplyContractError(SqlFrameworkError):
     may read, write, flush and use savepoints (``begin_nested``), but must not commit, roll back,
     begin, or change the isolation level.
     """
+
+
+class GenesisHeldError(SqlFrameworkError):
+    """A new child's genesis waits: its parent's mark in the same database is below the parent's
+    barrier ``B(p)`` (docs/design/splits.md "The SQL framework across a split"). Nothing was
+    applied; the apply is tried again, and goes on once the parent's applies reach ``B(p)``.
+
+    Attributes:
+        partition_id: the new child.
+        parent: its parent partition.
+        barrier: the parent's ``B(p)``.
+        parent_mark: the parent's mark the apply read (-1: no row).
+    """
+
+    def __init__(
+        self, cluster_name: str, partition_id: int, parent: int, barrier: int, parent_mark: int
+    ) -> None:
+        super().__init__(
+            f"cluster {cluster_name!r} partition {partition_id}: its genesis waits for partition {parent} "
+            f"to be applied up to its barrier {barrier} in this database (its mark is {parent_mark}): "
+            "the instance that mounts the parent applies it; the child goes on after it "
+            '(docs/design/splits.md, "The SQL framework across a split")'
+        )
+        self.partition_id = partition_id
+        self.parent = parent
+        self.barrier = barrier
+        self.parent_mark = parent_mark
 
 
 class HighWaterMarkGapError(SqlFrameworkError):

@@ -26,7 +26,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from waltz.client.transaction import Transaction
-from waltz.errors import ApplyContractError, HighWaterMarkGapError, TransactionApplyError
+from waltz.errors import ApplyContractError, GenesisHeldError, HighWaterMarkGapError, TransactionApplyError
 from waltz.jdbc_style import (
     AbstractClientCallbacksForSQL,
     ChangeSet,
@@ -637,3 +637,46 @@ def test_an_operator_skip_of_a_split_barrier_passes_over_it(engine: Engine, db_u
     )
     callbacks.apply_transaction(txn(0, 1, BARRIER, SPLIT_RECORD_HEADER))
     assert callbacks.high_water_marks() == {0: 1} and callbacks.skipped == [(0, 1)]
+
+
+#: The genesis of partition 1, a new child of partition 0 whose barrier is at 40: at 41.
+CHILD_GENESIS = SplitGenesis(epoch=1, count=2, previous_count=1, parent=0, barrier=40).encode()
+
+
+def test_a_new_child_s_genesis_waits_for_its_parent_s_mark_to_reach_the_barrier(
+    engine: Engine, db_url: str
+) -> None:
+    """docs/design/splits.md "The SQL framework across a split": the genesis at B(p) + 1 is applied
+    in the database transaction that reads the parent's mark, only once it is at least B(p); until
+    then nothing changes (the child's mark stays, the apply is held). Then the child's mark goes
+    from its floor (no row yet) to B(p) + 1, and its next transactions follow as usual."""
+    callbacks = SplitTakingRecorder(engine)
+    for tid in range(39):
+        callbacks.apply_transaction(txn(0, tid))
+    with pytest.raises(GenesisHeldError) as held:
+        callbacks.apply_transaction(txn(1, 41, CHILD_GENESIS, SPLIT_RECORD_HEADER))
+    assert (held.value.parent, held.value.barrier, held.value.parent_mark) == (0, 40, 38)
+    assert callbacks.high_water_marks().get(1, -1) == -1 and (1, 41) not in callbacks.applied
+    callbacks.apply_transactions([txn(0, 39), txn(0, 40, BARRIER, SPLIT_RECORD_HEADER)])
+    callbacks.apply_transactions([txn(1, 41, CHILD_GENESIS, SPLIT_RECORD_HEADER), txn(1, 42), txn(1, 43)])
+    assert callbacks.high_water_marks() == {0: 40, 1: 43}
+    assert [a for a in callbacks.applied if a[0] == 1] == [(1, 41), (1, 42), (1, 43)]
+    # Applied once: another instance's copy of the genesis (or this one's, again) passes.
+    other = SplitTakingRecorder(engine)
+    other.apply_transaction(txn(1, 41, CHILD_GENESIS, SPLIT_RECORD_HEADER))
+    assert other.applied == [] and other.high_water_marks()[1] == 43
+
+
+def test_a_genesis_whose_child_s_mark_is_neither_absent_nor_at_the_floor_is_a_gap(
+    engine: Engine, db_url: str
+) -> None:
+    """A child's mark below the genesis is either its floor, B(p), or absent (-1): any other value
+    means transactions are missing, as for any partition."""
+    callbacks = SplitTakingRecorder(engine)
+    for tid in range(41):
+        callbacks.apply_transaction(txn(0, tid))
+    with engine.begin() as conn:
+        callbacks.marks.ensure(conn, 1)
+        callbacks.marks.advance(conn, 1, -1, 30)
+    with pytest.raises(HighWaterMarkGapError):
+        callbacks.apply_transaction(txn(1, 41, CHILD_GENESIS, SPLIT_RECORD_HEADER))

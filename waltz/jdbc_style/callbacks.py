@@ -48,6 +48,7 @@ from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.transaction import Transaction
 from waltz.errors import (
     ApplyContractError,
+    GenesisHeldError,
     HighWaterMarkGapError,
     SplitRecordFormatError,
     StagedRowCountError,
@@ -484,6 +485,14 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             # Create a missing mark row in a transaction of its own: locking a row that does not
             # exist takes gap locks on MySQL/MariaDB, which would serialise unrelated partitions.
             self.get_client_high_water_mark(partition_id)
+        genesis = _genesis_opening(transactions[0])
+        if genesis is not None:
+            # A new child's log starts with its genesis: applied in a database transaction of its
+            # own, with the parent's condition; the rest as usual.
+            self._apply_genesis(transactions[0], genesis)
+            if len(transactions) > 1:
+                self._apply_batch(transactions[1:], alone=alone)
+            return
         last = transactions[-1].transaction_id
         with self._applied_changed:
             known = self._applied.get(partition_id, -1)
@@ -521,6 +530,64 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self._failing.discard(partition_id)
         # The entity cache follows first, so that whoever waits for the mark finds it settled; the
         # mark is announced whatever happens there (the database holds it).
+        try:
+            self._after_apply(partition_id, applied, new_mark)
+        finally:
+            self._note_applied(partition_id, new_mark)
+
+    def _apply_genesis(self, transaction: Transaction, genesis: SplitGenesis) -> None:
+        """Apply a new child's genesis (docs/design/splits.md "The SQL framework across a split"):
+        in one database transaction, lock the child's mark row (at -1, no row yet, or at the
+        floor ``B(p)``), read the parent's mark, and only if it is at least ``B(p)`` apply the
+        genesis and move the child's mark to ``B(p) + 1``. A mark at or past the genesis: another
+        instance applied it.
+
+        Raises:
+            GenesisHeldError: the parent's mark is below ``B(p)``; nothing changed.
+            HighWaterMarkGapError: the child's mark is neither -1, ``B(p)`` nor past the genesis.
+        """
+        partition_id, transaction_id = transaction.partition_id, transaction.transaction_id
+        conn = self._appliers.take()
+        try:
+            conn.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
+            with conn.begin():
+                mark = self.marks.lock(conn, partition_id)
+                if mark >= transaction_id:
+                    applied: Sequence[Transaction] = ()
+                    new_mark = mark
+                else:
+                    if mark not in (-1, genesis.barrier):
+                        raise HighWaterMarkGapError(self.cluster_name, partition_id, mark, transaction_id)
+                    parent_mark = self.marks.read(conn, genesis.parent)
+                    parent_mark = -1 if parent_mark is None else parent_mark
+                    if parent_mark < genesis.barrier:
+                        raise GenesisHeldError(
+                            self.cluster_name, partition_id, genesis.parent, genesis.barrier, parent_mark
+                        )
+                    self._run_apply(conn, [transaction], set(), True)
+                    self.marks.advance(conn, partition_id, mark, transaction_id)
+                    applied, new_mark = (transaction,), transaction_id
+        except ApplyContractError:
+            conn.invalidate()
+            conn.close()
+            self._apply_failed(partition_id)
+            raise
+        except BaseException:
+            conn.close()
+            self._apply_failed(partition_id)
+            raise
+        self._appliers.give_back(conn)
+        self._failing.discard(partition_id)
+        if applied:
+            log.info(
+                "cluster %r partition %d: applied its genesis at %d (partition %d applied up to its "
+                "barrier %d here)",
+                self.cluster_name,
+                partition_id,
+                transaction_id,
+                genesis.parent,
+                genesis.barrier,
+            )
         try:
             self._after_apply(partition_id, applied, new_mark)
         finally:
@@ -705,6 +772,21 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             transaction.partition_id,
             transaction.transaction_id,
         )
+
+
+def _genesis_opening(transaction: Transaction) -> SplitGenesis | None:
+    """The genesis ``transaction`` is, when it opens its partition's log: a split record that
+    decodes as a genesis at its barrier plus one (docs/design/splits.md "Record forms"); else None.
+    A split record that does not decode is left to the usual apply, which reports it."""
+    if transaction.header != SPLIT_RECORD_HEADER:
+        return None
+    try:
+        record = decode_split_record(transaction.get_raw_data())
+    except SplitRecordFormatError:
+        return None
+    if isinstance(record, SplitGenesis) and transaction.transaction_id == record.barrier + 1:
+        return record
+    return None
 
 
 def _skip_refusal(transaction: Transaction) -> str | None:
