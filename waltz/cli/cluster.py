@@ -480,6 +480,5 @@ def _print_split(report: SplitReport) -> None:
     if report.complete:
         typer.echo(f"the split is complete: {report.count} partitions")
     elif report.waiting is not None and not report.dry_run and report.state is not SplitPhase.ABORTED:
-        typer.secho(
-            f"not complete: {report.waiting}; run the same command again to resume", fg=typer.colors.YELLOW
-        )
+        typer.secho(f"not complete: {report.waiting}", fg=typer.colors.YELLOW)
+        typer.echo("the same command resumes the split from where it stands")
