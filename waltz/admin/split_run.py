@@ -61,7 +61,7 @@ from waltz.metadata.epochs import Epoch, EpochState, PartitionEpochs, PartitionE
 from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_roles import Role as ZooKeeperRole
 from waltz.metadata.zk_roles import session_identities
-from waltz.metadata.zk_session import zookeeper_errors
+from waltz.metadata.zk_session import ZooKeeperUnavailableError, zookeeper_errors
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.roles import Role, role_uri, roles_of_certificate
 
@@ -256,9 +256,16 @@ class SplitRun:
     def _owners(self, count: int) -> dict[int, str]:
         """Partition -> the endpoint of its owner, for the partitions below ``count`` that a live
         server holds in ``server/assignment``."""
-        zk, paths = self.cluster.zk, self.cluster.paths
-        live = {m.name for m in read_members(zk, paths)} if zk.exists(paths.members) is not None else set()
-        assignment, _ = read_assignment(zk, paths)
+        zk, paths, timeout = self.cluster.zk, self.cluster.paths, self.cluster.timeout
+        # read_members makes the members' parent when missing: a cluster no server joined has none.
+        try:
+            joined = zk.exists_async(paths.members).get(timeout=timeout) is not None
+        except zk.handler.timeout_exception:
+            raise ZooKeeperUnavailableError(
+                f"ZooKeeper did not answer whether {paths.members} exists within {timeout:g}s"
+            ) from None
+        live = {m.name for m in read_members(zk, paths, timeout=timeout)} if joined else set()
+        assignment, _ = read_assignment(zk, paths, timeout=timeout)
         return {
             p: placement.endpoint or placement.member or ""
             for p, placement in assignment.placements.items()
