@@ -1,14 +1,15 @@
-"""``waltz cluster``: create, list, verify and delete a cluster; ``waltz cluster storage`` manages its
-storage nodes (:mod:`waltz.cli.cluster_storage`).
+"""``waltz cluster``: create, list, verify, split and delete a cluster; ``waltz cluster storage``
+manages its storage nodes (:mod:`waltz.cli.cluster_storage`).
 
-The logic lives in :mod:`waltz.admin.cluster_admin` and
-:mod:`waltz.admin.storage_admin`; this module parses options and prints results.
+The logic lives in :mod:`waltz.admin.cluster_admin`, :mod:`waltz.admin.storage_admin` and
+:mod:`waltz.admin.split_run` (``split``); this module parses options and prints results.
 ``docs/zookeeper.md`` documents the znodes and the replica-change safety rules.
 
 Exit codes: 0 success; 1 a check failed (``verify`` found a FAILED check, a safety rule refused a
 replica change, a storage node refused or failed part of the operation); 2 the command could not
 run (bad usage or configuration, ZooKeeper or a storage node unreachable, no cluster under the
-root, unknown storage node).
+root, unknown storage node); ``split`` also 3: the split stands unfinished, and the same command
+resumes it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import typer
 
 from waltz.admin.cluster_admin import ClusterAdmin, CreateResult, StorageSpec
 from waltz.admin.description import ClusterDescription
+from waltz.admin.split_report import SplitPhase, SplitReport
+from waltz.admin.split_run import SplitNotAuthorisedError, SplitRun
 from waltz.admin.verify import CheckStatus, VerifyReport
 from waltz.cli import cluster_storage
 from waltz.cli.admin_session import connected_admin
@@ -35,11 +38,12 @@ from waltz.cli.options import (
     YesOption,
     ZookeeperOption,
 )
-from waltz.cli.output import echo_json
+from waltz.cli.output import echo_json, fail
 from waltz.cli.partition_ids import format_partitions
-from waltz.errors import WaltzError
+from waltz.errors import SplitStateError, WaltzError
 from waltz.logs import configure_logging
 from waltz.metadata.zk_roles import ROLE_DIGEST_FILES, RoleCredentials
+from waltz.metadata.zk_session import ZooKeeperUnavailableError
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.records import MAX_PARTITIONS
 
@@ -360,3 +364,121 @@ def secure(
         count = admin.secure(credentials)
     how = f"the role credentials of {digest_dir}" if digest_dir is not None else "the configured credential"
     typer.echo(f"protected {count} znodes under {admin.root} with {how}")
+
+
+@app.command("split")
+def split(
+    to: Annotated[
+        int,
+        typer.Option(
+            "--to",
+            min=2,
+            max=MAX_PARTITIONS,
+            help="The partition count to split to: a whole multiple of at least 2 of the current count.",
+            show_default=False,
+        ),
+    ],
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Check, and print the plan (parents, H(p), children); write nothing."),
+    ] = False,
+    abort: Annotated[
+        bool,
+        typer.Option(
+            "--abort",
+            help="Roll back the split to --to while no parent is sealing: delete its epoch and write "
+            "discovery back. After the first parent is sealing, a split only goes forward.",
+        ),
+    ] = False,
+    wait: Annotated[
+        float,
+        typer.Option(
+            "--wait",
+            min=0.0,
+            help="Seconds to wait, in all, for the parents' owners to write their barriers; the split "
+            "then stays where it stands, and the same command resumes it.",
+        ),
+    ] = 60.0,
+    json_output: JsonOption = False,
+    zookeeper: ZookeeperOption = None,
+    root: RootOption = None,
+    config: AdminConfigOption = None,
+    timeout: TimeoutOption = None,
+) -> None:
+    """Split the cluster's partitions, each into several, to --to partitions in all.
+
+    An operator action (docs/design/splits.md, "The handover"): in a cluster with ZooKeeper
+    credentials per role it needs the operators' credential, and with mutual TLS a certificate of
+    the admin role.
+
+    Checks the count, that no other split is unfinished and that every parent has an owner; writes
+    the new epoch with each parent's committed high-water mark H(p) and raises discovery's format
+    (clients that predate splits refuse the cluster); then, parent by parent, marks it sealing and
+    waits for its owner to append the barrier and write B(p). Opening the new children is not built
+    yet: they are reported "waiting to be opened", and the split is not complete until every child
+    has its genesis. Every step already taken is skipped, so the same command resumes a split that
+    stopped (a wait that ran out, ZooKeeper away).
+
+    Exit codes: 0 the split is complete (or --dry-run, or --abort done); 1 refused (the count, another
+    split unfinished, a partition without an owner, an abort after sealing, a caller without the
+    role), nothing written; 2 the command could not run (ZooKeeper away: run it again to resume);
+    3 the split stands unfinished (barriers not written within --wait, children waiting to be
+    opened): run the same command again.
+    """
+
+    def progress(line: str) -> None:
+        typer.echo(line, err=json_output)
+
+    with connected_admin(config, zookeeper, root, timeout) as admin:
+        run = SplitRun(
+            admin.cluster, tls=admin.tls, storage_timeout=admin.storage_timeout, wait=wait, progress=progress
+        )
+        report: SplitReport
+        try:
+            if abort:
+                report = run.abort(to, dry_run=dry_run)
+            elif dry_run:
+                report = run.plan(to)
+            else:
+                report = run.run(to)
+        except (SplitNotAuthorisedError, SplitStateError) as exc:
+            raise fail(str(exc), 1) from exc
+        except ZooKeeperUnavailableError as exc:
+            where = "the abort" if abort else "the split"
+            raise fail(
+                f"{exc}. {where.capitalize()} stands where it stopped: run the same command again", 2
+            ) from exc
+    if json_output:
+        echo_json(report.to_json())
+    else:
+        _print_split(report)
+    if not (report.complete or report.dry_run or abort):
+        raise typer.Exit(3)
+
+
+def _print_split(report: SplitReport) -> None:
+    """The human summary of ``waltz cluster split`` after its progress lines."""
+    for note in report.notes:
+        typer.echo(f"note: {note}")
+    what = f"split {report.previous_count} -> {report.count} partitions (epoch {report.epoch})"
+    if report.dry_run:
+        typer.echo(f"plan: {what}, {report.state.value}; nothing was written")
+    else:
+        typer.echo(f"{what}: {report.state.value}")
+    for parent in report.parents:
+        barrier = "no barrier yet" if parent.barrier is None else f"barrier {parent.barrier}"
+        sealing = ", sealing" if parent.sealing else ""
+        owner = f", owner {parent.owner}" if parent.owner else ""
+        children = ", ".join(str(c) for c in parent.children)
+        typer.echo(
+            f"  parent {parent.parent}: H({parent.parent}) = {parent.high_water_mark}{sealing}, {barrier}, "
+            f"children {children}{owner}"
+        )
+    for child in report.children:
+        genesis = f" (genesis {child.genesis})" if child.genesis is not None else ""
+        typer.echo(f"  child {child.child} (parent {child.parent}): {child.state}{genesis}")
+    if report.complete:
+        typer.echo(f"the split is complete: {report.count} partitions")
+    elif report.waiting is not None and not report.dry_run and report.state is not SplitPhase.ABORTED:
+        typer.secho(f"not complete: {report.waiting}", fg=typer.colors.YELLOW)
+        typer.echo("the same command resumes the split from where it stands")

@@ -21,6 +21,7 @@ from kazoo.exceptions import NoNodeError
 from waltz.errors import MetadataError
 from waltz.metadata.values import _dump, _field, _load
 from waltz.metadata.zk import ClusterPaths
+from waltz.metadata.zk_session import ZooKeeperUnavailableError, get_within
 
 __all__ = [
     "Member",
@@ -209,27 +210,54 @@ def compute_assignment(
 
 
 def read_members(
-    zk: KazooClient, paths: ClusterPaths, watch: Callable[..., None] | None = None
+    zk: KazooClient,
+    paths: ClusterPaths,
+    watch: Callable[..., None] | None = None,
+    *,
+    timeout: float | None = None,
 ) -> list[Member]:
-    """The live servers (their member znodes), sorted by name."""
+    """The live servers (their member znodes), sorted by name.
+
+    Args:
+        timeout: seconds each ZooKeeper read waits for its answer; None waits as long as kazoo
+            does. The members' parent is made when missing, as kazoo waits.
+
+    Raises:
+        ZooKeeperUnavailableError: ZooKeeper did not answer within ``timeout``.
+    """
     zk.ensure_path(paths.members)
+    try:
+        names = zk.get_children_async(paths.members, watch=watch).get(timeout=timeout)
+    except zk.handler.timeout_exception:
+        raise ZooKeeperUnavailableError(
+            f"ZooKeeper did not list {paths.members} within {timeout:g}s"
+        ) from None
     members = []
-    for name in sorted(zk.get_children(paths.members, watch=watch)):
+    for name in sorted(names):
         if not name.startswith(MEMBER_PREFIX):
             continue
         path = f"{paths.members}/{name}"
         try:
-            data, _ = zk.get(path)
+            data, _ = get_within(zk, path, timeout)
         except NoNodeError:
             continue  # it left while we listed
         members.append(Member.decode(name, data, path))
     return members
 
 
-def read_assignment(zk: KazooClient, paths: ClusterPaths) -> tuple[PartitionAssignment, int]:
-    """The current partition assignment and its znode version (-1: not written yet)."""
+def read_assignment(
+    zk: KazooClient, paths: ClusterPaths, *, timeout: float | None = None
+) -> tuple[PartitionAssignment, int]:
+    """The current partition assignment and its znode version (-1: not written yet).
+
+    Args:
+        timeout: seconds the read waits for ZooKeeper's answer; None waits as long as kazoo does.
+
+    Raises:
+        ZooKeeperUnavailableError: ZooKeeper did not answer within ``timeout``.
+    """
     try:
-        data, stat = zk.get(paths.server_assignment)
+        data, stat = get_within(zk, paths.server_assignment, timeout)
     except NoNodeError:
         return PartitionAssignment(), -1
     return PartitionAssignment.decode(data, paths.server_assignment), stat.version

@@ -18,6 +18,7 @@ from typing import Any, Self
 from waltz.errors import MetadataError
 
 __all__ = [
+    "DISCOVERY_SPLIT_FORMAT",
     "FORMAT_VERSION",
     "ArchiveSummary",
     "ArchivedPartition",
@@ -33,7 +34,8 @@ __all__ = [
 FORMAT_VERSION = 1
 
 
-def _load(data: bytes, path: str) -> dict[str, Any]:
+def _load(data: bytes, path: str, formats: tuple[int, ...] = (FORMAT_VERSION,)) -> dict[str, Any]:
+    """The znode's JSON object, refusing a ``format_version`` not in ``formats`` (absent: 1)."""
     try:
         value = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:
@@ -43,10 +45,9 @@ def _load(data: bytes, path: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise MetadataError(f"znode {path} holds {type(value).__name__}, expected an object")
     version = value.get("format_version", FORMAT_VERSION)
-    if version != FORMAT_VERSION:
-        raise MetadataError(
-            f"znode {path} has format version {version}; this waltz-py reads {FORMAT_VERSION}"
-        )
+    if version not in formats or isinstance(version, bool):
+        reads = " or ".join(str(f) for f in formats)
+        raise MetadataError(f"znode {path} has format version {version}; this waltz-py reads {reads}")
     return value
 
 
@@ -104,29 +105,62 @@ class ClusterParams:
         return cls(_field(value, "name", str, path), _field(value, "num_partitions", int, path), key)
 
 
+#: The format of ``<root>/discovery`` once a cluster's first split started: it adds ``epoch``, so
+#: that a client that reads format 1 only refuses the cluster instead of routing by a count that
+#: is no longer the cluster's (docs/design/splits.md "What ZooKeeper holds").
+DISCOVERY_SPLIT_FORMAT = 2
+
+
 @dataclass(frozen=True, slots=True)
 class DiscoveryParams:
     """What a client needs of the cluster parameters: the name and the number of partitions.
 
     Kept in ``<root>/discovery``, which clients may read, apart from ``<root>/cluster``, which
     holds the cluster key and which they may not (docs/design/zookeeper.md, "Security").
+
+    Attributes:
+        name: the cluster's name.
+        num_partitions: the partition count the cluster was created with (epoch 0); a split
+            leaves it as it is (the counts of later epochs are in ``partitions/epochs``).
+        epoch: the newest epoch of ``partitions/epochs``, finished or not (0: no split started).
+            With 0 the znode has format 1, as before splits existed; from 1 on it has format
+            :data:`DISCOVERY_SPLIT_FORMAT` and an ``epoch`` field (docs/design/splits.md "What
+            ZooKeeper holds", "The handover" step 2).
     """
 
     name: str
     num_partitions: int
+    epoch: int = 0
 
     @classmethod
     def of(cls, params: ClusterParams) -> Self:
-        """The discovery part of the cluster parameters."""
+        """The discovery part of the cluster parameters (epoch 0)."""
         return cls(params.name, params.num_partitions)
 
     def encode(self) -> bytes:
-        return _dump({"name": self.name, "num_partitions": self.num_partitions})
+        value: dict[str, Any] = {"name": self.name, "num_partitions": self.num_partitions}
+        if self.epoch == 0:
+            return _dump(value)
+        return json.dumps(
+            {**value, "format_version": DISCOVERY_SPLIT_FORMAT, "epoch": self.epoch}, sort_keys=True
+        ).encode("utf-8")
 
     @classmethod
     def decode(cls, data: bytes, path: str) -> Self:
-        value = _load(data, path)
-        return cls(_field(value, "name", str, path), _field(value, "num_partitions", int, path))
+        """Read format 1 (no split started) or :data:`DISCOVERY_SPLIT_FORMAT` (with ``epoch``).
+
+        Raises:
+            MetadataError: another format, a field missing or of the wrong type, or an epoch
+                below 1 in format 2.
+        """
+        value = _load(data, path, (FORMAT_VERSION, DISCOVERY_SPLIT_FORMAT))
+        name, count = _field(value, "name", str, path), _field(value, "num_partitions", int, path)
+        if value.get("format_version", FORMAT_VERSION) == FORMAT_VERSION:
+            return cls(name, count)
+        epoch = _field(value, "epoch", int, path)
+        if epoch < 1:
+            raise MetadataError(f"znode {path}: field 'epoch' is {epoch}, expected 1 or more in format 2")
+        return cls(name, count, epoch)
 
 
 @dataclass(frozen=True, slots=True)

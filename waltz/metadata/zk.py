@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
 from kazoo.client import KazooClient
@@ -270,6 +270,59 @@ class ClusterZk:
         except NoNodeError:
             return DiscoveryParams.of(self.params())
         return DiscoveryParams.decode(data, self.paths.discovery)
+
+    def set_discovery_epoch(self, epoch: int) -> DiscoveryParams:
+        """Write the newest epoch of ``partitions/epochs`` into ``<root>/discovery`` by
+        compare-and-set (docs/design/splits.md "What ZooKeeper holds", "The handover" step 2).
+
+        From epoch 1 on the znode has a raised format (:data:`~waltz.metadata.values.
+        DISCOVERY_SPLIT_FORMAT`), which a client that reads format 1 only refuses; epoch 0 writes
+        format 1 again, the same bytes as before any split (an aborted first split). A cluster
+        made before ``discovery`` existed gets the znode, with the ACL of its role table.
+
+        Args:
+            epoch: the newest epoch, finished or not (0: none).
+
+        Returns:
+            The znode's value after the write (the same when it held ``epoch`` already).
+
+        Raises:
+            ClusterNotFoundError: no cluster exists under the root.
+            StaleMetadataError: the znode kept changing.
+            ZooKeeperAuthError: the session may not write it (only operators may).
+            ZooKeeperUnavailableError: ZooKeeper did not answer within :attr:`timeout`.
+        """
+        path = self.paths.discovery
+        for _ in range(MAX_CAS_ATTEMPTS):
+            try:
+                with zookeeper_access(self.zk, f"reading {path}"):
+                    data, stat = self._get(path)
+            except NoNodeError:
+                current, version = DiscoveryParams.of(self.params()), -1
+            else:
+                current, version = DiscoveryParams.decode(data, path), stat.version
+            if current.epoch == epoch:
+                return current
+            new = replace(current, epoch=epoch)
+            try:
+                if version >= 0:
+                    self._write(path, new, version)
+                else:
+                    roles = self.access.roles()
+                    acl = roles.acl_for(self.paths.relative(path)) if roles is not None else None
+                    with zookeeper_access(self.zk, f"creating {path}"):
+                        created = self.zk.create_async(path, new.encode(), acl=acl)
+                        try:
+                            created.get(timeout=self.timeout)
+                        except self.zk.handler.timeout_exception:
+                            raise ZooKeeperUnavailableError(
+                                f"ZooKeeper did not answer a create of {path} within {self.timeout:g}s"
+                            ) from None
+            except (StaleMetadataError, NodeExistsError):
+                continue
+            log.info("%s: epoch %d", path, epoch)
+            return new
+        raise StaleMetadataError(f"znode {path} kept changing: gave up after {MAX_CAS_ATTEMPTS} attempts")
 
     def delete(self) -> None:
         """Delete the cluster's znodes (everything under the root, and the root).
