@@ -8,7 +8,8 @@ and writes ``B(p)``. A child whose parent has no ``B(p)`` is refused with nothin
 it has one, ``open_child`` grows the storage node from the 2 partitions the cluster was created
 with to 4 and creates the child there as an empty log after the barrier, then writes ZooKeeper.
 A second call writes nothing; a storage node that does not answer stops it before ZooKeeper is
-written, and a run cut short before the opened mark is finished by the next.
+written, and a run cut short before the opened mark is finished by the next. The cluster's
+description (``waltz cluster list``, ``verify``) then names the children.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from support.storage import run
 
 from tests.services.server.test_epoch_refusals import start_cluster
 from tests.services.server.test_split_barrier import opened_high_water_mark, wait_for_barrier, with_epochs
+from waltz.admin.description import describe_cluster
 from waltz.admin.split_open import ChildOpenPlan, open_child, plan_child_open
+from waltz.admin.verify import CheckStatus, metadata_checks
 from waltz.errors import ParentNotSealedError, SplitStateError, SplitStorageError
 from waltz.local.cluster import LocalCluster
 from waltz.metadata.epochs import PartitionEpochs, PartitionEpochsZk
@@ -181,6 +184,12 @@ def test_an_unreachable_storage_node_writes_nothing_and_a_run_cut_short_is_finis
     count, held = node_partitions(cluster)
     assert count == 4 and (held[3].local_start, held[3].max_transaction_id) == (barrier + 1, barrier)
     assert cluster_zk.assignments().value.storages_of(3) == [storage]
+    # The cluster's description names the opened children, and ZooKeeper's checks pass with them.
+    description = describe_cluster(cluster_zk)
+    assert [p.partition_id for p in description.partitions] == [0, 1, 2, 3]
+    checks = metadata_checks(description)
+    assert all(c.status is CheckStatus.PASSED for c in checks), checks
+    assert "2 partitions at creation, 4 now" in checks[0].detail
 
 
 def test_a_plan_starts_the_child_after_the_barrier_with_each_replica_closed_there() -> None:
