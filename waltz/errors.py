@@ -23,6 +23,7 @@ __all__ = [
     "HighWaterMarkGapError",
     "MessageTooLargeError",
     "MetadataError",
+    "ParentNotSealedError",
     "PartitionNotAssignedError",
     "PartitionNotMountedError",
     "PartitionNotOpenError",
@@ -36,6 +37,7 @@ __all__ = [
     "SplitRecordFormatError",
     "SplitRecordVersionError",
     "SplitStateError",
+    "SplitStorageError",
     "SqlFrameworkError",
     "StagedRowCountError",
     "StaleMetadataError",
@@ -97,6 +99,64 @@ class SplitStateError(MetadataError):
     differs from the one written, a genesis before its parent's barrier, an abort after a parent
     started sealing (docs/design/splits.md "What ZooKeeper holds", "The handover"). The znode is
     left as it was."""
+
+
+class ParentNotSealedError(SplitStateError):
+    """A new child cannot open yet: its parent has no barrier ``B(p)`` in ``partitions/epochs``
+    (docs/design/splits.md "The handover", step 4: a child opens once its own parent has sealed).
+    Nothing was written.
+
+    Attributes:
+        epoch: the epoch of the split.
+        child: the new child.
+        parent: its parent.
+        sealing: whether the parent is marked sealing (its owner then appends the barrier and
+            writes ``B(p)``: wait for it); False: mark it sealing first (step 3).
+    """
+
+    def __init__(self, epoch: int, child: int, parent: int, sealing: bool) -> None:
+        what = (
+            "its owner has not written B(p) yet (wait for it: the owner appends the barrier and writes it)"
+            if sealing
+            else "the parent is not marked sealing (step 3 first)"
+        )
+        super().__init__(
+            f"epoch {epoch}: child {child} opens after its parent {parent}'s barrier, which is not "
+            f"known yet: {what}; nothing was written"
+        )
+        self.epoch = epoch
+        self.child = child
+        self.parent = parent
+        self.sealing = sealing
+
+
+class SplitStorageError(SplitStateError):
+    """A new child's replicas could not be made on every one of its parent's storage nodes
+    (docs/design/splits.md "The handover", step 4): a node did not answer, or refused. Nothing was
+    written to ZooKeeper; the nodes that answered are grown and hold the child's empty replica,
+    which the step's next run finds as it left it: start or fix the nodes named, and run it again.
+
+    Attributes:
+        epoch: the epoch of the split.
+        child: the new child.
+        failures: storage connect string -> what went wrong there, for each node that failed.
+        unreachable: the connect strings of the nodes that did not answer (a subset of
+            ``failures``' keys; the others refused).
+    """
+
+    def __init__(
+        self, epoch: int, child: int, failures: dict[str, str], unreachable: tuple[str, ...]
+    ) -> None:
+        named = "; ".join(f"{storage}: {why}" for storage, why in sorted(failures.items()))
+        super().__init__(
+            f"epoch {epoch}: child {child}'s replicas could not be made on every storage node of its "
+            f"parent ({named}); nothing was written to ZooKeeper: start or fix those nodes and run the "
+            "step again"
+        )
+        self.epoch = epoch
+        self.child = child
+        self.failures = dict(failures)
+        self.unreachable = unreachable
 
 
 class ProtocolError(WaltzError):

@@ -117,6 +117,30 @@ def test_preferred_partitions_beyond_the_fair_share_stay() -> None:
     assert compute_assignment(4, [a, b], new, {a.name, b.name}) == new
 
 
+@given(
+    st.integers(min_value=1, max_value=6),
+    st.sampled_from([2, 3, 4]),
+    st.lists(st.integers(min_value=0, max_value=8), unique=True, min_size=1, max_size=5),
+)
+def test_a_split_s_children_are_placed_and_every_partition_there_keeps_its_owner(
+    count: int, factor: int, ids: list[int]
+) -> None:
+    # docs/design/server.md "Cluster manager": the partitions that exist grow by a split's opened
+    # children; the ones placed before keep their member and generation.
+    members = [member(i) for i in ids]
+    first = compute_assignment(range(count), members, PartitionAssignment())
+    assert compute_assignment(count, members, first) == first  # a count is 0 .. count - 1
+    opened = [count + c for c in range(0, (factor - 1) * count, 2)]  # some children opened, not all
+    grown = compute_assignment([*range(count), *opened], members, first)
+    assert set(grown.placements) == {*range(count), *opened}
+    for pid in range(count):
+        assert grown.placements[pid] == first.placements[pid]
+    share = math.ceil((count + len(opened)) / len(members))
+    assert all(len(grown.partitions_of(m.name)) <= share for m in members)
+    assert all(grown.placements[c].generation == 1 for c in opened)
+    assert compute_assignment([*opened, *range(count)], members, grown) == grown
+
+
 def test_codecs_round_trip() -> None:
     m = member(7, (1, 2))
     assert Member.decode(m.name, m.encode(), "/x") == m

@@ -138,6 +138,8 @@ def test_the_helpers_name_the_current_epoch_its_parents_and_children() -> None:
     assert SPLIT_TWICE.epoch(1).children_of(0) == (2,) and not SPLIT_TWICE.epoch(1).unfinished
     never = PartitionEpochs(3)
     assert (never.current, never.current_number, never.current_count, never.unfinished) == (None, 0, 3, None)
+    # The partitions that exist: those at creation and every child marked opened.
+    assert SPLIT_TWICE.partition_ids == (0, 1, 2, 3, 4, 7, 8) and never.partition_ids == (0, 1, 2)
     with pytest.raises(SplitStateError, match="there is no epoch 3"):
         SPLIT_TWICE.epoch(3)
     with pytest.raises(SplitStateError, match="partition 4 is not a parent of epoch 2"):

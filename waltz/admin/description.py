@@ -3,21 +3,26 @@
 Design: docs/design/zookeeper.md "Partition metadata", "Replica assignments and groups".
 :func:`describe_cluster` reads every znode of the cluster once (not atomically: each znode is
 consistent, the set may straddle a concurrent change) and joins them per storage node and per
-partition.
+partition. The partitions are those that exist: the count at creation and every child a split
+opened (docs/design/splits.md "What ZooKeeper holds").
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from waltz.errors import ClusterNotFoundError, MetadataError
+from waltz.metadata.epochs import PartitionEpochsZk
 from waltz.metadata.values import ClusterParams, PartitionMetadata, ReplicaState
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 
 __all__ = ["ClusterDescription", "PartitionInfo", "StorageNodeInfo", "describe_cluster", "replica_states"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +76,8 @@ class ClusterDescription:
         params: name, number of partitions, cluster key.
         storage_nodes: every storage node named in the assignment, group or connection znode,
             sorted by connect string.
-        partitions: partitions ``0 .. num_partitions - 1``, in order.
+        partitions: the partitions that exist, in order: ``0 .. num_partitions - 1`` (the count at
+            creation) and every new child a split opened (``PartitionEpochs.partition_ids``).
     """
 
     root: str
@@ -165,7 +171,7 @@ def describe_cluster(zk: ClusterZk) -> ClusterDescription:
         for name in names
     )
     partitions = []
-    for partition_id in range(params.num_partitions):
+    for partition_id in _partition_ids(zk, params):
         assigned = tuple(assignments.storages_of(partition_id))
         try:
             metadata = zk.partition_metadata(partition_id).value
@@ -176,3 +182,16 @@ def describe_cluster(zk: ClusterZk) -> ClusterDescription:
             continue
         partitions.append(PartitionInfo(partition_id, metadata, assigned))
     return ClusterDescription(zk.paths.root, params, nodes, tuple(partitions))
+
+
+def _partition_ids(zk: ClusterZk, params: ClusterParams) -> tuple[int, ...]:
+    """The partitions that exist (``PartitionEpochs.partition_ids``); those of the count at creation
+    when ``partitions/epochs`` does not decode (logged: ``waltz cluster verify`` then names the
+    children's replicas as unknown partitions)."""
+    try:
+        return PartitionEpochsZk(zk.zk, zk.paths, timeout=zk.timeout).read().value.partition_ids
+    except ClusterNotFoundError:
+        raise
+    except MetadataError as exc:
+        log.warning("describing the partitions at creation only: %s", exc)
+        return tuple(range(params.num_partitions))

@@ -251,11 +251,13 @@ def _ids(ids: Iterable[int]) -> str:
 def metadata_checks(description: ClusterDescription) -> list[CheckResult]:
     """Checks of ZooKeeper alone: storage nodes fully described, every partition replicated."""
     params = description.params
+    known = [p.partition_id for p in description.partitions]
+    split = f" at creation, {len(known)} now" if len(known) != params.num_partitions else ""
     checks = [
         CheckResult(
             "zookeeper: cluster metadata",
             CheckStatus.PASSED,
-            f"cluster {params.name!r} under {description.root}: {params.num_partitions} partitions, "
+            f"cluster {params.name!r} under {description.root}: {params.num_partitions} partitions{split}, "
             f"key {cluster_key_fingerprint(params.cluster_key)}, {len(description.storage_nodes)} "
             "storage node(s)",
         )
@@ -265,7 +267,7 @@ def metadata_checks(description: ClusterDescription) -> list[CheckResult]:
         lacks = [
             what for what, value in (("admin port", node.admin_port), ("group", node.group)) if value is None
         ]
-        out_of_range = [p for p in node.partitions if not 0 <= p < params.num_partitions]
+        out_of_range = [p for p in node.partitions if p not in known]
         if lacks:
             incomplete.append(f"{node.connect_string} has no {' and no '.join(lacks)}")
         if out_of_range:
@@ -284,7 +286,11 @@ def metadata_checks(description: ClusterDescription) -> list[CheckResult]:
             "zookeeper: partition metadata",
             status_of(bool(bad)),
             "; ".join(f"partition {p.partition_id}: {p.error}" for p in bad)
-            or f"store/partition/0..{params.num_partitions - 1} all decode",
+            or (
+                f"store/partition/0..{params.num_partitions - 1} all decode"
+                if known == list(range(params.num_partitions))
+                else f"store/partition/<id> of partitions {_ids(known)} all decode"
+            ),
         )
     )
     counts = [len(p.assigned) for p in description.partitions]

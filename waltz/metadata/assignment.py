@@ -137,7 +137,7 @@ class PartitionAssignment:
 
 
 def compute_assignment(
-    num_partitions: int,
+    partitions: int | Collection[int],
     members: Sequence[Member],
     current: PartitionAssignment,
     settled: Collection[str] = (),
@@ -159,7 +159,9 @@ def compute_assignment(
     is unplaced. Recomputing from the result changes nothing.
 
     Args:
-        num_partitions: the cluster's number of partitions.
+        partitions: the IDs of the partitions that exist (the count at creation and the new
+            children a split opened: ``PartitionEpochs.partition_ids``), or a count ``n`` for
+            ``0 .. n - 1``. A placement in ``current`` of a partition not among them is dropped.
         members: the live servers, with their effective preferred partitions.
         current: the assignment now in ZooKeeper (may be empty).
         settled: names of the members allowed to take their preferred partitions back from a
@@ -168,11 +170,12 @@ def compute_assignment(
     Returns:
         The new assignment (equal to ``current`` when nothing needs to move).
     """
+    ids = sorted(range(partitions) if isinstance(partitions, int) else set(partitions))
     by_name = {m.name: m for m in members}
-    previous = {pid: current.placements.get(pid, Placement(None, None, 0)) for pid in range(num_partitions)}
+    previous = {pid: current.placements.get(pid, Placement(None, None, 0)) for pid in ids}
     if not members:
         return PartitionAssignment({pid: Placement(None, None, p.generation) for pid, p in previous.items()})
-    share = math.ceil(num_partitions / len(members))
+    share = math.ceil(len(ids) / len(members))
     prefers = {m.name: frozenset(m.preferred_partitions) for m in members}
     load = dict.fromkeys(by_name, 0)
     owner: dict[int, str] = {}
@@ -184,7 +187,7 @@ def compute_assignment(
     for pid, placement in previous.items():
         if placement.member in by_name and pid in prefers[placement.member]:
             place(pid, placement.member)
-    for pid in range(num_partitions):
+    for pid in ids:
         claimants = [m for m in sorted(by_name) if m in settled and pid in prefers[m]]
         if pid not in owner and claimants:
             place(pid, min(claimants, key=lambda m: (load[m], m)))
@@ -193,7 +196,7 @@ def compute_assignment(
             place(pid, placement.member)
     # Unplaced partitions go first to members that prefer them, then to the least loaded.
     for preferred_only in (True, False):
-        for pid in range(num_partitions):
+        for pid in ids:
             if pid in owner:
                 continue
             candidates = [

@@ -217,6 +217,17 @@ class PartitionEpochs:
         current = self.current
         return current if current is not None and current.unfinished else None
 
+    @property
+    def partition_ids(self) -> tuple[int, ...]:
+        """The partitions that exist, in order: those of the count at creation, and every new
+        child marked opened (its replicas and ``store/partition/<id>`` are made,
+        docs/design/splits.md "The handover", step 4). These are the partitions servers are
+        assigned (docs/design/server.md "Cluster manager"); a child not opened yet is none's."""
+        ids = list(range(self.initial_count))
+        for epoch in self.epochs:
+            ids += [child for child, progress in sorted(epoch.children.items()) if progress.opened]
+        return tuple(ids)
+
     def epoch(self, number: int) -> Epoch:
         """Epoch ``number`` (1 or more).
 

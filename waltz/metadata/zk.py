@@ -412,6 +412,45 @@ class ClusterZk:
         """
         return self._write(self.paths.partition(partition_id), value, version)
 
+    def create_partition_metadata(self, partition_id: int, value: PartitionMetadata) -> int:
+        """Create ``store/partition/<partition_id>`` for a partition made after the cluster (a
+        split's new child, docs/design/splits.md "The handover", step 4), with the ACL of the role
+        table in a cluster made with roles, else the session's default ACL; returns its version, 0.
+
+        Raises:
+            StaleMetadataError: the znode exists already (read it and decide again).
+            ClusterNotFoundError: no cluster exists under the root.
+        """
+        path = self.paths.partition(partition_id)
+        if not self.exists():
+            raise ClusterNotFoundError(f"no cluster under {self.paths.root}")
+        with zookeeper_access(self.zk, f"creating {path}"):
+            roles = self.access.roles()
+            acl = roles.acl_for(self.paths.relative(path)) if roles is not None else None
+            try:
+                self.zk.create(path, value.encode(), acl=acl)
+            except NodeExistsError:
+                raise StaleMetadataError(f"znode {path} was created by another writer") from None
+        return 0
+
+    def partition_metadata_if_any(self, partition_id: int) -> Versioned[PartitionMetadata] | None:
+        """A partition's metadata and its znode version, or None when the znode does not exist (a
+        split's new child before it is opened).
+
+        Raises:
+            ClusterNotFoundError: no cluster exists under the root.
+            MetadataError: the znode does not decode.
+        """
+        path = self.paths.partition(partition_id)
+        try:
+            with zookeeper_access(self.zk, f"reading {path}"):
+                data, stat = self._get(path)
+        except NoNodeError:
+            if not self.exists():
+                raise ClusterNotFoundError(f"no cluster under {self.paths.root}") from None
+            return None
+        return Versioned(PartitionMetadata.decode(data, path), stat.version)
+
     def archive_summary(self) -> Versioned[ArchiveSummary] | None:
         """The archive's summary and its znode version, or None before the archiver's first run.
 

@@ -769,6 +769,27 @@ class StorageAdminClient:
             ),
         )
 
+    async def grow_partitions(self, num_partitions: int, *, operator: str = "") -> tuple[int, int]:
+        """Grow the node's partition count to ``num_partitions`` (docs/design/storage.md,
+        "Partition count"): every partition kept, the new ones unassigned. The node logs an audit
+        line when it grew; with mutual TLS it needs the ``admin`` role.
+
+        Args:
+            num_partitions: the node's count (nothing changes) or a whole multiple of it.
+            operator: who asks (logged as stated).
+
+        Returns:
+            The node's count before and now.
+
+        Raises:
+            StorageRpcError: ``INVALID_REQUEST`` for a lower count or one that is not a whole
+                multiple of the node's (the node is left as it was).
+            StorageStreamError: ``PERMISSION_DENIED`` without the ``admin`` role over mutual TLS.
+        """
+        request = storage_pb2.GrowPartitionsRequest(num_partitions=num_partitions, operator=operator)
+        grown = (await self._call(-1, grow_partitions=request)).grow_partitions
+        return grown.previous_num_partitions, grown.num_partitions
+
     async def partition_status(self, partition_id: int = -1) -> storage_pb2.PartitionStatusResponse:
         """Return the state of one partition, or of every assigned partition (-1)."""
         response = await self._call(partition_id, partition_status=storage_pb2.PartitionStatusRequest())

@@ -276,7 +276,9 @@ Global___StorageResponse: _TypeAlias = StorageResponse  # noqa: Y015
 
 @_typing.final
 class OpenRequest(_message.Message):
-    """The first request on a stream: the cluster key must match the storage's control file."""
+    """The first request on a stream: the cluster key must match the storage's control file, and the
+    number of partitions must divide the node's count (docs/design/storage.md, "Partition count").
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -285,6 +287,7 @@ class OpenRequest(_message.Message):
     cluster_key: _builtins.str
     """the cluster key, a UUID in its canonical text form"""
     num_partitions: _builtins.int
+    """the cluster's count at creation (ZooKeeper's cluster parameters)"""
     def __init__(
         self,
         *,
@@ -873,6 +876,7 @@ class AdminRequest(_message.Message):
     SET_FENCE_FIELD_NUMBER: _builtins.int
     SET_ARCHIVED_THROUGH_FIELD_NUMBER: _builtins.int
     TRUNCATE_BELOW_COMMITTED_FIELD_NUMBER: _builtins.int
+    GROW_PARTITIONS_FIELD_NUMBER: _builtins.int
     seq_num: _builtins.int
     """the message sequence number (-1 in an open request)"""
     partition_id: _builtins.int
@@ -901,6 +905,8 @@ class AdminRequest(_message.Message):
     def set_archived_through(self) -> Global___SetArchivedThroughRequest: ...
     @_builtins.property
     def truncate_below_committed(self) -> Global___TruncateBelowCommittedRequest: ...
+    @_builtins.property
+    def grow_partitions(self) -> Global___GrowPartitionsRequest: ...
     def __init__(
         self,
         *,
@@ -918,12 +924,13 @@ class AdminRequest(_message.Message):
         set_fence: Global___SetFenceRequest | None = ...,
         set_archived_through: Global___SetArchivedThroughRequest | None = ...,
         truncate_below_committed: Global___TruncateBelowCommittedRequest | None = ...,
+        grow_partitions: Global___GrowPartitionsRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list", "set_archived_through", b"set_archived_through", "set_fence", b"set_fence", "truncate_below_committed", b"truncate_below_committed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "grow_partitions", b"grow_partitions", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list", "set_archived_through", b"set_archived_through", "set_fence", b"set_fence", "truncate_below_committed", b"truncate_below_committed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_id", b"partition_id", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list", "seq_num", b"seq_num", "set_archived_through", b"set_archived_through", "set_fence", b"set_fence", "truncate_below_committed", b"truncate_below_committed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "grow_partitions", b"grow_partitions", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "open", b"open", "partition_assignment", b"partition_assignment", "partition_id", b"partition_id", "partition_read", b"partition_read", "partition_status", b"partition_status", "partition_write", b"partition_write", "record_list", b"record_list", "seq_num", b"seq_num", "set_archived_through", b"set_archived_through", "set_fence", b"set_fence", "truncate_below_committed", b"truncate_below_committed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["open", "partition_assignment", "partition_read", "partition_write", "record_list", "last_session_info", "max_transaction_id", "metrics", "partition_status", "set_fence", "set_archived_through", "truncate_below_committed"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["open", "partition_assignment", "partition_read", "partition_write", "record_list", "last_session_info", "max_transaction_id", "metrics", "partition_status", "set_fence", "set_archived_through", "truncate_below_committed", "grow_partitions"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -944,6 +951,7 @@ class AdminResponse(_message.Message):
     PARTITION_STATUS_FIELD_NUMBER: _builtins.int
     SET_FENCE_FIELD_NUMBER: _builtins.int
     TRUNCATE_BELOW_COMMITTED_FIELD_NUMBER: _builtins.int
+    GROW_PARTITIONS_FIELD_NUMBER: _builtins.int
     seq_num: _builtins.int
     partition_id: _builtins.int
     @_builtins.property
@@ -964,6 +972,8 @@ class AdminResponse(_message.Message):
     def set_fence(self) -> Global___SetFenceResponse: ...
     @_builtins.property
     def truncate_below_committed(self) -> Global___TruncateBelowCommittedResponse: ...
+    @_builtins.property
+    def grow_partitions(self) -> Global___GrowPartitionsResponse: ...
     def __init__(
         self,
         *,
@@ -978,12 +988,13 @@ class AdminResponse(_message.Message):
         partition_status: Global___PartitionStatusResponse | None = ...,
         set_fence: Global___SetFenceResponse | None = ...,
         truncate_below_committed: Global___TruncateBelowCommittedResponse | None = ...,
+        grow_partitions: Global___GrowPartitionsResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "failure", b"failure", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "partition_status", b"partition_status", "record_list", b"record_list", "set_fence", b"set_fence", "success", b"success", "truncate_below_committed", b"truncate_below_committed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "failure", b"failure", "grow_partitions", b"grow_partitions", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "partition_status", b"partition_status", "record_list", b"record_list", "set_fence", b"set_fence", "success", b"success", "truncate_below_committed", b"truncate_below_committed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "failure", b"failure", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "partition_id", b"partition_id", "partition_status", b"partition_status", "record_list", b"record_list", "seq_num", b"seq_num", "set_fence", b"set_fence", "success", b"success", "truncate_below_committed", b"truncate_below_committed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "failure", b"failure", "grow_partitions", b"grow_partitions", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "metrics", b"metrics", "partition_id", b"partition_id", "partition_status", b"partition_status", "record_list", b"record_list", "seq_num", b"seq_num", "set_fence", b"set_fence", "success", b"success", "truncate_below_committed", b"truncate_below_committed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["success", "failure", "record_list", "last_session_info", "max_transaction_id", "metrics", "partition_status", "set_fence", "truncate_below_committed"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["success", "failure", "record_list", "last_session_info", "max_transaction_id", "metrics", "partition_status", "set_fence", "truncate_below_committed", "grow_partitions"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -992,7 +1003,9 @@ Global___AdminResponse: _TypeAlias = AdminResponse  # noqa: Y015
 @_typing.final
 class AdminOpenRequest(_message.Message):
     """Admin open: the first request on an admin stream. On a storage node without a control file it
-    creates one with this cluster key and number of partitions; otherwise both must match.
+    creates one with this cluster key and number of partitions; otherwise the key must match and the
+    number must divide the node's partition count (the count the cluster was created with, which a
+    split's growth multiplies: docs/design/storage.md, "Partition count").
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1045,6 +1058,61 @@ class PartitionAssignmentRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PartitionAssignmentRequest: _TypeAlias = PartitionAssignmentRequest  # noqa: Y015
+
+@_typing.final
+class GrowPartitionsRequest(_message.Message):
+    """Grow the node's partition count to num_partitions (a split: docs/design/splits.md "The handover",
+    step 4): the control file is written again for the new count, every existing partition kept as
+    it was; the new partitions exist but are not assigned. The same count again changes nothing; a
+    lower count, or one that is not a whole multiple of the node's, is refused (INVALID_REQUEST).
+    An admin request: with mutual TLS only the admin role may make it. The node logs an audit line.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NUM_PARTITIONS_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    num_partitions: _builtins.int
+    """the new count: the node's count, or a whole multiple of it"""
+    operator: _builtins.str
+    """who asks, as the tool states it"""
+    def __init__(
+        self,
+        *,
+        num_partitions: _builtins.int = ...,
+        operator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_partitions", b"num_partitions", "operator", b"operator"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrowPartitionsRequest: _TypeAlias = GrowPartitionsRequest  # noqa: Y015
+
+@_typing.final
+class GrowPartitionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREVIOUS_NUM_PARTITIONS_FIELD_NUMBER: _builtins.int
+    NUM_PARTITIONS_FIELD_NUMBER: _builtins.int
+    previous_num_partitions: _builtins.int
+    """the node's count before the request"""
+    num_partitions: _builtins.int
+    """and now"""
+    def __init__(
+        self,
+        *,
+        previous_num_partitions: _builtins.int = ...,
+        num_partitions: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_partitions", b"num_partitions", "previous_num_partitions", b"previous_num_partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrowPartitionsResponse: _TypeAlias = GrowPartitionsResponse  # noqa: Y015
 
 @_typing.final
 class PartitionAvailabilityRequest(_message.Message):

@@ -12,6 +12,12 @@ Preferred partitions (docs/design/server.md "Preferred partitions"): the manager
 ``server/preferred`` (run-time preferences, :mod:`waltz.metadata.preferred`) and lets a member take
 its preferred partitions back from another live server once the manager has seen it registered
 for ``reclaim_delay`` seconds without a break (a restarted server is a new member and waits again).
+
+Partitions a split adds (docs/design/splits.md "The handover", step 4): the manager places the
+partitions that exist, those of the count at creation and each new child marked opened in
+``partitions/epochs`` (``PartitionEpochs.partition_ids``), which it watches as it watches the
+members. A new child goes to the least loaded member (or one that prefers it); the partitions that
+were there keep their owner, since the fair share only grows with the count.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from waltz.metadata.assignment import (
     read_assignment,
     read_members,
 )
+from waltz.metadata.epochs import PartitionEpochsZk
 from waltz.metadata.preferred import read_preferred
 from waltz.metadata.zk import ClusterPaths
 
@@ -153,7 +160,8 @@ class ClusterManager:
     Args:
         zk: a started kazoo client (owned by the caller).
         paths: the cluster's znode paths.
-        num_partitions: the cluster's number of partitions.
+        num_partitions: the cluster's number of partitions at creation: the partitions placed while
+            ``partitions/epochs`` names no opened child (or cannot be read yet).
         identifier: this server's name in the election (for logs).
         reclaim_delay: seconds a member must have been seen registered, without a break, before
             it takes its preferred partitions back from another live server
@@ -176,7 +184,9 @@ class ClusterManager:
     ) -> None:
         self._zk = zk
         self._paths = paths
-        self._num_partitions = num_partitions
+        # The partitions that exist, from the last good read of partitions/epochs.
+        self._partition_ids: tuple[int, ...] = tuple(range(num_partitions))
+        self._epochs = PartitionEpochsZk(zk, paths)
         self._reclaim_delay = reclaim_delay
         self._clock = clock
         # Member name -> when this manager first saw it (reset each time it is elected).
@@ -282,14 +292,33 @@ class ClusterManager:
     def _members_changed(self, event: object) -> None:
         self._changed.set()
 
+    def partition_ids(self) -> tuple[int, ...]:
+        """The partitions that exist (module docstring), read from ``partitions/epochs`` with the
+        manager's watch on it. A znode that does not decode keeps the last good answer, with an
+        error logged: a bad znode must never stop failover."""
+        try:
+            epochs = self._epochs.read(watch=self._members_changed).value
+        except MetadataError:
+            log.exception(
+                "cannot read partitions/epochs: placing the partitions of its last good read, %s",
+                list(self._partition_ids),
+            )
+            return self._partition_ids
+        if epochs.partition_ids != self._partition_ids:
+            log.info("partitions to place: %s", list(epochs.partition_ids))
+        self._partition_ids = epochs.partition_ids
+        return self._partition_ids
+
     def rebalance(self) -> PartitionAssignment:
-        """Recompute the assignment from the live members and write it if it changed."""
+        """Recompute the assignment from the live members and the partitions that exist, and write
+        it if it changed."""
         for _ in range(20):
             members = self.effective_members(
                 read_members(self._zk, self._paths, watch=self._members_changed), watch=True
             )
+            partitions = self.partition_ids()
             current, version = read_assignment(self._zk, self._paths)
-            new = compute_assignment(self._num_partitions, members, current, self._settled(members))
+            new = compute_assignment(partitions, members, current, self._settled(members))
             if new == current and version >= 0:
                 return current
             try:

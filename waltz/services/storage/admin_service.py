@@ -49,7 +49,8 @@ audit_log = logging.getLogger("waltz.services.storage.audit")
 FailureCode = storage_pb2.FailureCode
 
 #: Admin requests that change the node (assignment and file deletion, read and write switches,
-#: fences, archived-through): with mutual TLS only the ``admin`` role may make them.
+#: fences, archived-through, the partition count): with mutual TLS only the ``admin`` role may
+#: make them.
 CHANGING_ADMIN_REQUESTS: Final = frozenset(
     {
         "partition_assignment",
@@ -58,6 +59,7 @@ CHANGING_ADMIN_REQUESTS: Final = frozenset(
         "set_fence",
         "set_archived_through",
         "truncate_below_committed",
+        "grow_partitions",
     }
 )
 #: Admin requests that need an ``admin`` certificate even where the port has no mutual TLS (no
@@ -157,6 +159,8 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
             return _admin_response(
                 request, truncate_below_committed=await self._truncate_below_committed(request, context)
             )
+        if kind == "grow_partitions":
+            return _admin_response(request, grow_partitions=await self._grow(request, context))
         if kind == "set_archived_through":
             await self._set_archived_through(request, context)
             return _admin_response(request, success=storage_pb2.SuccessResponse())
@@ -276,6 +280,30 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
             previous_last_session_id=reset.previous_last_session_id,
             last_session_id=reset.last_session_id,
         )
+
+    async def _grow(
+        self, request: storage_pb2.AdminRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> storage_pb2.GrowPartitionsResponse:
+        """Grow the node's partition count (docs/design/storage.md, "Partition count") and log the
+        audit line when it grew. The caller checked the ``admin`` role.
+
+        Raises:
+            ProtocolError: a shrink, or a count that is not a whole multiple of the node's.
+            OSError: the control file could not be written again (the old count stays).
+        """
+        body = request.grow_partitions
+        before, after = await asyncio.to_thread(self._node.grow, body.num_partitions)
+        if after != before:
+            audit_log.warning(
+                "AUDIT grow-partitions: partition count %d -> %d; by operator %r (as the tool states it) "
+                "from %s%s",
+                before,
+                after,
+                body.operator or "(not given)",
+                context.peer(),
+                _peer_identity(context),
+            )
+        return storage_pb2.GrowPartitionsResponse(previous_num_partitions=before, num_partitions=after)
 
     async def _truncate_below_committed(
         self, request: storage_pb2.AdminRequest, context: grpc.aio.ServicerContext[Any, Any]

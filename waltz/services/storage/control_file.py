@@ -196,9 +196,10 @@ class ControlFile:
 
         The whole file is written again for the new count, as :meth:`create` writes one (a temp
         file, fsync, rename, fsync of the directory): a crash leaves the old file or the new one,
-        never a mix. The new partitions start as a new node's do (no session, no fence). Nothing
-        calls this yet on a running node: its admin and session opens still check the count they
-        are given against the file's.
+        never a mix (a temp file a crash leaves behind is written over by the next growth). The
+        new partitions start as a new node's do (no session, no fence). A running node grows by
+        an admin request (:meth:`StorageNode.grow <waltz.services.storage.node.StorageNode.grow>`,
+        docs/design/storage.md "Partition count"), which holds the count's rules.
 
         Args:
             num_partitions: the new count, at least the current one, at most

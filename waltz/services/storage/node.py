@@ -37,7 +37,7 @@ from waltz.services.storage.storage_partition import (
     StoragePartition,
 )
 
-__all__ = ["StorageNode"]
+__all__ = ["StorageNode", "accepts_count"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,19 @@ DEFAULT_INLINE_APPEND_STREAMS = 2
 #: Bytes of records above which an append runs on its partition's I/O thread, not on the event loop
 #: (writing and flushing them would hold up the node's other streams for longer).
 INLINE_MAX_BYTES = 1 << 20
+
+
+def accepts_count(node_count: int, num_partitions: int) -> bool:
+    """Whether a node holding ``node_count`` partitions takes an open (admin or store session)
+    that gives ``num_partitions`` (docs/design/storage.md, "Partition count").
+
+    An open gives the cluster's count at creation, from ZooKeeper's cluster parameters; a split
+    grows a node to a whole multiple of it, so the node takes every count that divides its own:
+    the count at creation and each epoch's count up to the node's. A count above the node's, or
+    one that does not divide it, belongs to another cluster or to a split the node has not grown
+    for.
+    """
+    return 0 < num_partitions <= node_count and node_count % num_partitions == 0
 
 
 def _is_partition_directory_name(name: str) -> bool:
@@ -233,11 +246,13 @@ class StorageNode:
         return self._require_control()
 
     def check_open(self, cluster_key: str, num_partitions: int) -> None:
-        """Check an open request against the control file (docs/design/storage.md "Storage requests").
+        """Check an open request against the control file (docs/design/storage.md "Storage
+        requests", "Partition count").
 
         Raises:
             StorageNotInitializedError: the node has no control file yet.
-            ClusterKeyMismatchError: the cluster key or the number of partitions differ.
+            ClusterKeyMismatchError: the cluster key differs, or the number of partitions does not
+                divide the node's (:func:`accepts_count`).
         """
         control = self._require_control()
         self._check_identity(control, cluster_key, num_partitions)
@@ -263,10 +278,11 @@ class StorageNode:
                 "storage node's: the server or tool is "
                 "configured for another cluster (the node's log says which)"
             )
-        if num_partitions != control.num_partitions:
+        if not accepts_count(control.num_partitions, num_partitions):
             raise ClusterKeyMismatchError(
                 f"number of partitions {num_partitions} does not match this storage node's "
-                f"{control.num_partitions}"
+                f"{control.num_partitions}: an open gives the cluster's count at creation, which "
+                'divides the node\'s (docs/design/storage.md, "Partition count")'
             )
 
     def admin_open(self, cluster_key: str, num_partitions: int, *, initialise: bool = True) -> None:
@@ -281,7 +297,8 @@ class StorageNode:
                 (with mutual TLS, only a peer with the ``admin`` role may).
 
         Raises:
-            ClusterKeyMismatchError: the node belongs to another cluster or partition count.
+            ClusterKeyMismatchError: the node belongs to another cluster, or ``num_partitions``
+                does not divide its partition count (:func:`accepts_count`).
             StorageNotInitializedError: the node has no control file and ``initialise`` is False.
         """
         with self._lock:
@@ -302,6 +319,48 @@ class StorageNode:
                 self._control = ControlFile.create(self.directory, key, num_partitions)
                 return
             self._check_identity(self._control, cluster_key, num_partitions)
+
+    def grow(self, num_partitions: int) -> tuple[int, int]:
+        """Grow the node's partition count to ``num_partitions`` (docs/design/storage.md,
+        "Partition count"; a split's step 4, docs/design/splits.md "The handover").
+
+        The control file is written again for the new count (:meth:`ControlFile.grow`: a temp
+        file, fsync, rename, so a crash leaves the old file or the new one); every partition keeps
+        its structs, fences and segments; the new partitions exist, unassigned. Opens then take
+        any count that divides the new one (:func:`accepts_count`), the cluster's count at
+        creation among them.
+
+        Args:
+            num_partitions: the new count: the node's count (nothing changes: a repeated request),
+                or a whole multiple of it, at most
+                :data:`~waltz.protocol.records.MAX_PARTITIONS`.
+
+        Returns:
+            The count before and the count now.
+
+        Raises:
+            StorageNotInitializedError: the node has no control file yet.
+            ProtocolError: ``num_partitions`` is below the node's count (a node never shrinks),
+                not a whole multiple of it, or above the maximum; nothing changed.
+            OSError: the new control file could not be written (the old one stays in force).
+        """
+        with self._lock:
+            control = self._require_control()
+            before = control.num_partitions
+            if num_partitions == before:
+                return before, before
+            if num_partitions < before:
+                raise ProtocolError(
+                    f"this storage node holds {before} partitions: it cannot shrink to {num_partitions} "
+                    "(a node's partition count only grows)"
+                )
+            if num_partitions % before or num_partitions > MAX_PARTITIONS:
+                raise ProtocolError(
+                    f"this storage node holds {before} partitions: it grows only to a whole multiple "
+                    f"of that, at most {MAX_PARTITIONS}, not to {num_partitions}"
+                )
+            control.grow(num_partitions)
+            return before, num_partitions
 
     def partition(self, partition_id: int) -> StoragePartition:
         """Return an assigned, open partition.
