@@ -623,12 +623,18 @@ class LocalCluster:
         Right after a failure the owner may not be writable yet: call :meth:`wait_ready` first.
 
         Raises:
-            ValueError: no such partition.
+            ValueError: no such partition (below 0, or above the count at creation and placed by
+                no split).
             ClusterNotReadyError: no server owns the partition right now.
         """
-        if not 0 <= partition_id < self._partitions:
+        if partition_id < 0:
             raise ValueError(f"partition {partition_id} does not exist (0..{self._partitions - 1})")
         endpoint = self._metadata.owner(partition_id)
+        if endpoint is None and partition_id >= self._partitions:
+            raise ValueError(
+                f"partition {partition_id} does not exist (0..{self._partitions - 1} at creation, and "
+                "no split placed it)"
+            )
         if endpoint is None:
             raise ClusterNotReadyError(
                 f"partition {partition_id} of {self.root} has no owner right now (no live server, or "

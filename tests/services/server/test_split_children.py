@@ -1,6 +1,7 @@
 """The new children of a split become partitions: placed on servers, opened at their parents'
-barriers, refusing appends until their genesis (docs/design/splits.md "The handover", step 4;
-docs/design/server.md "Cluster manager"; docs/design/storage.md "Partition count").
+barriers, started by their owners' genesis at ``B(p) + 1``, with a lock table that only a client
+that applied the genesis passes (docs/design/splits.md "The handover", step 4, "Why no update is
+lost"; docs/design/server.md "Cluster manager"; docs/design/storage.md "Partition count").
 
 Real ZooKeeper, a storage node and two servers over loopback. Both partitions of a 2-partition
 cluster get records; the test writes ``partitions/epochs`` as a split's steps do (prepare 2 -> 4,
@@ -8,8 +9,11 @@ mark both parents sealing), the owners append their barriers and write ``B(p)``,
 ``open_child`` opens children 2 and 3. The cluster manager then places the children on the
 servers while partitions 0 and 1 keep their owner and generation; each child's owner opens its
 store partition (store sessions opened with the count at creation, on a storage node grown to 4),
-whose high-water mark is its parent's ``B(p)``; an append to a child is refused with
-``PARTITION_NOT_OPEN`` (no genesis yet); the parents' records are as they were written. The
+whose recovered high-water mark is its parent's ``B(p)``, appends the genesis there and writes its
+ID into the znode. Then an append to a child routed by epoch 0 is refused
+(``STALE_PARTITION_EPOCH``), one with a WRITE lock checked against the parent's barrier (a client
+that has not applied the genesis) fails its lock check, and one checked against the genesis
+commits; the parents' records are as they were written. The
 cluster manager's read of the partitions that exist keeps its last good value when the znode does
 not decode.
 """
@@ -34,7 +38,7 @@ from waltz.metadata.paths import ClusterPaths
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol import client_pb2
 from waltz.protocol.server_client import ServerAdminClient
-from waltz.protocol.split_records import SPLIT_RECORD_HEADER
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitGenesis, decode_split_record
 from waltz.services.server.cluster_manager import ClusterManager
 
 ROWS = 4
@@ -67,22 +71,23 @@ async def partition_states(endpoint: str) -> dict[int, tuple[int, int]]:
     return {p.partition_id: (p.generation, p.high_water_mark) for p in status.partitions}
 
 
-async def refusal_before_genesis(
-    endpoint: str, generation: int, child: int, barrier: int
+async def append_to_child(
+    endpoint: str, generation: int, child: int, mark: int, epoch: int
 ) -> FeedEntry | client_pb2.ServerError | client_pb2.LockFailure:
-    """The outcome of an append routed by epoch 1 to ``child``, mounted at its parent's barrier."""
-    peer = PartitionClient(endpoint, 900 + child, generation, child)
+    """The outcome of an append routed by ``epoch`` to ``child`` with a WRITE lock, checked against
+    the client high-water mark ``mark`` (the child mounted from its parent's barrier)."""
+    peer = PartitionClient(endpoint, 900 + child * 10 + epoch, generation, child)
     try:
-        peer.mount(barrier)
+        peer.mount(mark)
         assert (await peer.next("mount")).mount.partition_ready
-        peer.mark = barrier
-        sent = peer.append_by(1, b"a moved key before the genesis", write=[5])
+        peer.mark = mark
+        sent = peer.append_by(epoch, b"a moved key at %d" % mark, write=[5])
         return await peer.outcome(sent.seq_num)
     finally:
         await peer.close()
 
 
-def test_opened_children_are_placed_and_open_at_their_parents_barrier_and_refuse_appends(
+def test_opened_children_are_placed_start_with_their_genesis_and_take_only_appends_that_saw_it(
     tmp_path: Path, zookeeper: object
 ) -> None:
     with LocalCluster(
@@ -111,21 +116,25 @@ def test_opened_children_are_placed_and_open_at_their_parents_barrier_and_refuse
                 assert open_child(cluster_zk, 1, child).opened
 
             def children_open() -> PartitionAssignment | None:
-                """The assignment once both children's owners report them at their parents' B(p)."""
+                """The assignment once both children's owners report them at their genesis,
+                B(p) + 1, and the znode names both geneses."""
                 assignment, _ = read_assignment(zk, cluster_zk.paths)
                 for child in (2, 3):
                     placed = assignment.placements.get(child)
                     if placed is None or placed.endpoint is None:
                         return None
                     state = run(partition_states(placed.endpoint)).get(child)
-                    if state != (placed.generation, barriers[child - 2]):
+                    if state != (placed.generation, barriers[child - 2] + 1):
                         return None
+                epoch = PartitionEpochs.decode(zk.get(cluster_zk.paths.epochs)[0], "epochs").epoch(1)
+                if any(epoch.children[child].genesis != barriers[child - 2] + 1 for child in (2, 3)):
+                    return None
                 return assignment
 
             after = wait_until(
                 children_open,
                 timeout=60,
-                what="both children placed, their store partitions open at their parents' B(p)",
+                what="both children placed, started with their genesis at B(p) + 1, named in the znode",
                 interval=0.2,
             )
         finally:
@@ -139,14 +148,24 @@ def test_opened_children_are_placed_and_open_at_their_parents_barrier_and_refuse
             assert placed.endpoint is not None
             barrier = barriers[child - 2]
             assert barrier is not None
-            outcome = run(refusal_before_genesis(placed.endpoint, placed.generation, child, barrier))
-            assert isinstance(outcome, client_pb2.ServerError), outcome
-            assert (outcome.code, outcome.epoch, outcome.partition_count) == (
-                client_pb2.PARTITION_NOT_OPEN,
+            (genesis,) = run(records_above(cluster, child, barrier))
+            assert genesis.transaction_id == barrier + 1 and genesis.header == SPLIT_RECORD_HEADER
+            assert decode_split_record(genesis.data) == SplitGenesis(1, 4, 2, child - 2, barrier)
+            stale = run(append_to_child(placed.endpoint, placed.generation, child, barrier + 1, epoch=0))
+            assert isinstance(stale, client_pb2.ServerError), stale
+            assert (stale.code, stale.epoch, stale.partition_count) == (
+                client_pb2.STALE_PARTITION_EPOCH,
                 1,
                 4,
             )
-            assert "has no genesis yet" in outcome.message
+            # Checked against the parent's barrier: its client has not applied the genesis.
+            before_genesis = run(append_to_child(placed.endpoint, placed.generation, child, barrier, epoch=1))
+            assert isinstance(before_genesis, client_pb2.LockFailure), before_genesis
+            after_genesis = run(
+                append_to_child(placed.endpoint, placed.generation, child, barrier + 1, epoch=1)
+            )
+            assert isinstance(after_genesis, FeedEntry), after_genesis
+            assert after_genesis.transaction_id == barrier + 2
         # The parents' logs: the records written, then the barrier, nothing lost.
         for parent in (0, 1):
             records = run(records_above(cluster, parent, -1))
