@@ -1,10 +1,11 @@
-"""The operator's split, steps 1, 2, 3 and 5 of the handover, on real clusters (docs/design/splits.md
+"""The operator's split, the five steps of the handover, on real clusters (docs/design/splits.md
 "The handover", "What ZooKeeper holds").
 
 Real storage and server processes and a real ZooKeeper: :class:`SplitRun` checks, prepares the
 epoch with each parent's committed high-water mark, raises ``discovery``'s format and marks the
-parents sealing; the parents' owners append their barriers and write ``B(p)`` by themselves.
-Opening the children is not built, so every run ends with the children waiting to be opened. A
+parents sealing; the parents' owners append their barriers and write ``B(p)`` by themselves; the
+run opens each child on its parent's storage nodes, and the child's owner appends its genesis and
+writes its ID, which completes the split. A
 ZooKeeper cut through a TCP proxy stops a run half-way, and the same run resumes it; an abort
 works only before the first parent is sealing. A cluster with ZooKeeper credentials per role
 refuses every caller but the operators', and a certificate without the admin role, before
@@ -28,7 +29,7 @@ from tests.services.server.test_epoch_refusals import start_cluster
 from tests.services.server.test_split_barrier import records_above, split_records
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.admin.cluster_admin import ClusterAdmin
-from waltz.admin.split_report import WAITING_TO_BE_OPENED, SplitPhase
+from waltz.admin.split_report import OPEN, SplitPhase
 from waltz.admin.split_run import SplitNotAuthorisedError, SplitRun, check_authority
 from waltz.chaos.proxy import FaultProxy
 from waltz.cli.main import app
@@ -171,26 +172,29 @@ def test_a_split_cut_from_zookeeper_resumes_and_aborts_only_before_a_parent_is_s
             SplitRun(admin.cluster).run(8)
         assert snapshot(admin) == before
 
-        # The same command resumes: every parent sealed by its owner, the children waiting to be opened.
+        # The same command resumes: every parent sealed by its owner, every child opened and
+        # started by its owner's genesis, the split complete.
         lines = []
         report = SplitRun(admin.cluster, wait=60, progress=lines.append).run(4)
-        assert report.resumed and report.state is SplitPhase.SEALING and not report.complete
+        assert report.resumed and report.state is SplitPhase.COMPLETE and report.complete
         barriers = {p.parent: p.barrier for p in report.parents}
         assert barriers[0] is not None and barriers[0] > 0 and barriers[1] is not None and barriers[1] >= 0
-        assert [(c.child, c.state) for c in report.children] == [
-            (2, WAITING_TO_BE_OPENED),
-            (3, WAITING_TO_BE_OPENED),
+        assert [(c.child, c.state, c.genesis) for c in report.children] == [
+            (2, OPEN, barriers[0] + 1),
+            (3, OPEN, barriers[1] + 1),
         ]
-        assert report.waiting is not None and "children [2, 3] are waiting to be opened" in report.waiting
-        assert "child 2 (parent 0): waiting to be opened" in lines
+        assert any(line.startswith("child 2 (parent 0): opened, its log starting at") for line in lines)
         assert epochs_of(admin).epoch(1).parents[0].high_water_mark == 0  # H(p) as first written
+        assert epochs_of(admin).epoch(1).state is EpochState.COMPLETE
 
-        # Once more: nothing changes, and each parent's log holds one barrier.
+        # Once more: nothing changes; each parent's log holds one barrier, each child's one genesis.
         again = SplitRun(admin.cluster, wait=60).run(4)
-        assert {p.parent: p.barrier for p in again.parents} == barriers
+        assert again.complete and {p.parent: p.barrier for p in again.parents} == barriers
         for parent, barrier in barriers.items():
             records = run_async(records_above(cluster, parent, -1))
             assert [r.transaction_id for r in split_records(records)] == [barrier]
+            child_records = run_async(records_above(cluster, parent + 2, barrier))
+            assert [r.transaction_id for r in split_records(child_records)] == [barrier + 1]
 
 
 # ---- a cluster with ZooKeeper credentials per role ----
@@ -260,12 +264,12 @@ def test_only_the_operators_with_an_admin_certificate_may_split_and_every_parent
         assert stopped.waiting is not None and "parents [0, 1] have no barrier yet" in stopped.waiting
         assert epochs_of(operator).epoch(1).parents[1].sealing is False
 
-        # The same run again: the servers, with their role's credential, write B(p).
-        report = SplitRun(operator.cluster, wait=60).run(4)
-        assert report.resumed and report.state is SplitPhase.SEALING
+        # The same run again: the servers, with their role's credential, write B(p) and the
+        # children's geneses.
+        report = SplitRun(operator.cluster, tls=operator.tls, wait=60).run(4)
+        assert report.resumed and report.state is SplitPhase.COMPLETE
         assert all(p.barrier is not None for p in report.parents), report
-        assert [c.state for c in report.children] == [WAITING_TO_BE_OPENED] * 2
-        assert report.waiting is not None and "children [2, 3] are waiting to be opened" in report.waiting
+        assert [c.state for c in report.children] == [OPEN] * 2
         # Clients read the epochs and discovery.
         with connect(with_roles, Role.CLIENT) as client:
             assert epochs_of(client).epoch(1).parents[0].barrier == report.parents[0].barrier

@@ -2,10 +2,11 @@
 docs/zookeeper.md "`waltz cluster split`").
 
 One test walks a split on a real local cluster, since each step stands on the one before: a
-refused count and a dry run write nothing; the split runs to where it is built (every parent
-sealed by its owner, the children waiting to be opened: exit code 3); the same command resumes it
-with the same barriers; another count and an abort after sealing are refused with nothing
-changed. A ZooKeeper that does not answer stops the command before anything.
+refused count and a dry run write nothing; the split runs to its end (every parent sealed by its
+owner, every child opened and started by its owner's genesis: exit code 0); the same command then
+changes nothing; a count that is not a multiple of the new one and an abort of the complete split
+are refused with nothing changed. A ZooKeeper that does not answer stops the command before
+anything.
 """
 
 from __future__ import annotations
@@ -92,41 +93,43 @@ def test_a_split_is_planned_run_resumed_and_refused_what_it_cannot_do(cluster: L
     assert "  parent 0: H(0) = -1, no barrier yet, children 2" in human
     assert znodes(cluster) == before
 
-    # The split: every parent sealed by its owner, the children waiting to be opened.
-    ran = waltz(cluster, "--to", "4", expect=3).stdout
+    # The split: every parent sealed by its owner, every child opened and given its genesis.
+    ran = waltz(cluster, "--to", "4", expect=0).stdout
     for line in (
         "prepared epoch 1: 2 -> 4 partitions (H(0) = -1, H(1) = -1)",
         "discovery: epoch 1, raised format",
         "parent 0: marked sealing; its owner appends the barrier",
         "parent 1: marked sealing; its owner appends the barrier",
-        "child 2 (parent 0): waiting to be opened",
-        "child 3 (parent 1): waiting to be opened",
-        "split 2 -> 4 partitions (epoch 1): sealing",
-        "not complete: children [2, 3] are waiting to be opened",
+        "child 2 (parent 0): opened, its log starting at",
+        "child 3 (parent 1): open (genesis at",
+        "split 2 -> 4 partitions (epoch 1): complete",
+        "the split is complete: 4 partitions",
     ):
         assert line in ran, f"{line!r} not in:\n{ran}"
     epochs, discovery = znodes(cluster)
     assert epochs is not None and json.loads(discovery)["epoch"] == 1
-    barriers = [p["barrier"] for p in json.loads(epochs)["epochs"][0]["parents"].values()]
+    (epoch,) = json.loads(epochs)["epochs"]
+    barriers = [p["barrier"] for p in epoch["parents"].values()]
     assert all(isinstance(b, int) for b in barriers), barriers
+    geneses = [c["genesis"] for c in epoch["children"].values()]
+    assert geneses == [b + 1 for b in barriers]
 
-    # The same command resumes it: nothing written, the same barriers; exit code 3 again.
-    state = as_json(waltz(cluster, "--to", "4", "--json", expect=3))
-    assert (state["state"], state["resumed"], state["complete"]) == ("sealing", True, False)
+    # The same command again: the split is complete, nothing written.
+    state = as_json(waltz(cluster, "--to", "4", "--json", expect=0))
+    assert (state["state"], state["resumed"], state["complete"]) == ("complete", True, True)
     assert [p["barrier"] for p in state["parents"]] == barriers
-    assert [(c["child"], c["state"]) for c in state["children"]] == [
-        (2, "waiting to be opened"),
-        (3, "waiting to be opened"),
+    assert [(c["child"], c["state"], c["genesis"]) for c in state["children"]] == [
+        (2, "open", geneses[0]),
+        (3, "open", geneses[1]),
     ]
     assert znodes(cluster) == (epochs, discovery)
 
-    # Another count, and an abort once a parent is sealing: refused, nothing changed.
+    # A count that is not a multiple of the new one, and an abort of the complete split: refused.
     before = znodes(cluster)
-    other = waltz(cluster, "--to", "8", expect=1)
-    assert "the split to epoch 1 (2 -> 4 partitions) is unfinished (sealing)" in other.output
-    assert "waltz cluster split --to 4" in other.output
+    other = waltz(cluster, "--to", "6", expect=1)
+    assert "a split goes from 4 partitions to a whole multiple of at least 2 of it, not 6" in other.output
     aborted = waltz(cluster, "--to", "4", "--abort", expect=1)
-    assert "cannot be aborted: parents [0, 1] are sealing, so it only goes forward" in aborted.output
+    assert "is complete: it cannot be aborted" in aborted.output
     assert znodes(cluster) == before
 
 

@@ -186,8 +186,8 @@ def waiting_reason(epoch: Epoch) -> str:
     unopened = [c for c, progress in sorted(epoch.children.items()) if not progress.opened]
     if unopened:
         return (
-            f"children {unopened} are waiting to be opened, and opening a child is not built: the "
-            "storage nodes hold only the partitions the cluster was created with"
+            f"children {unopened} are waiting to be opened (a storage node of their parent did not "
+            "answer, or the run stopped before): run the same command again"
         )
     waiting = [c for c, progress in sorted(epoch.children.items()) if progress.genesis is None]
     return f"children {waiting} are waiting for their genesis"

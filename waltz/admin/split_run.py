@@ -18,10 +18,11 @@ docs/design/overview.md "Roles" (a split is an operator action that needs the ad
    epoch and raised format.
 3. :meth:`SplitRun.seal`: parent by parent, mark it sealing and wait, within the run's bound, for
    its owner to write ``B(p)``. A wait that runs out leaves the split where it stands.
-4. :meth:`SplitRun.open_children`: opens no child. Opening one is not built (a storage node holds
-   only the partitions of the count the cluster was created with, ``waltz.admin.split_open``), so
-   this step reports each child's state from the znode: waiting for its parent's barrier, waiting
-   to be opened, opened and waiting for its genesis, or open.
+4. :meth:`SplitRun.open_children`: each child whose parent has ``B(p)`` is opened
+   (``waltz.admin.split_open.open_child``: its parent's storage nodes grown, its replicas there
+   from ``B(p) + 1``, ``store/partition/<child>``, the opened mark); the cluster manager places
+   it and its owner appends its genesis and writes its ID; the step waits for the geneses within
+   the run's bound, and reports each child's state.
 5. :meth:`SplitRun.complete`: the epoch is complete once every child has its genesis; until then
    nothing is written and the report names the children without one.
 
@@ -43,6 +44,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from waltz.admin.split_open import open_child
 from waltz.admin.split_report import (
     DRY_RUN,
     WAITING_FOR_BARRIER,
@@ -367,24 +369,64 @@ class SplitRun:
 
     # ---- step 4 ----
 
-    def open_children(self, epoch: int) -> tuple[ChildStatus, ...]:
-        """Step 4 as far as it is built: each new child's state, read from the znode; opens none.
-
-        Opening a child (its replicas on its parent's storage nodes from ``B(p) + 1``, its
-        ``store/partition/<child>``, then ``mark_opened``) is not built: the storage nodes hold
-        only the partitions of the count the cluster was created with (``waltz.admin.split_open``,
-        docs/design/splits.md "The handover", step 4). A child whose parent has ``B(p)`` is
-        therefore reported :data:`WAITING_TO_BE_OPENED`, and the split waits there.
+    def open_children(self, epoch: int, deadline: float) -> tuple[ChildStatus, ...]:
+        """Step 4: open each new child whose parent has ``B(p)`` and that is not opened yet
+        (:func:`waltz.admin.split_open.open_child`: its replicas on its parent's storage nodes from
+        ``B(p) + 1``, its ``store/partition/<child>``, then ``mark_opened``), then wait until every
+        opened child's owner has written its genesis, or ``deadline``.
 
         Returns:
-            One status per new child, in order.
+            One status per new child, in order, as the znode holds them at the end.
+
+        Raises:
+            SplitStorageError: a storage node of a parent did not answer or refused; the children
+                before it are opened, the rest are left for the next run.
+            ZooKeeperUnavailableError, ZooKeeperAuthError, StaleMetadataError: as the writes.
         """
         current = self.epochs.read().value.epoch(epoch)
+        for child in current.new_partitions:
+            parent, barrier = current.parent_barrier(child)
+            if barrier is None or current.children[child].opened:
+                continue
+            plan = open_child(
+                self.cluster,
+                epoch,
+                child,
+                tls=self.tls,
+                storage_timeout=self.storage_timeout,
+                operator="split",
+            )
+            self._say(
+                f"child {child} (parent {parent}): opened, its log starting at {plan.start} on "
+                f"{len(plan.storages)} storage node(s); its owner appends its genesis"
+            )
+        current = self._wait_for_geneses(epoch, deadline)
         statuses = tuple(child_status(current, child) for child in current.new_partitions)
         for status in statuses:
             genesis = f" (genesis at {status.genesis})" if status.genesis is not None else ""
             self._say(f"child {status.child} (parent {status.parent}): {status.state}{genesis}")
         return statuses
+
+    def _wait_for_geneses(self, epoch: int, deadline: float) -> Epoch:
+        """The epoch once every opened child has its genesis, or at ``deadline`` (polls as
+        :meth:`_wait_for_barrier`)."""
+        started = time.monotonic()
+        next_line = started + PROGRESS_INTERVAL
+        polls = int(max(0.0, deadline - started) / BARRIER_POLL_INTERVAL) + 2
+        current = self.epochs.read().value.epoch(epoch)
+        for _ in range(polls):
+            waiting = [c for c, p in sorted(current.children.items()) if p.opened and p.genesis is None]
+            if not waiting:
+                return current
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            if now >= next_line:
+                self._say(f"children {waiting}: waiting for their owners' genesis ({now - started:.0f} s)")
+                next_line = now + PROGRESS_INTERVAL
+            time.sleep(min(BARRIER_POLL_INTERVAL, max(0.0, deadline - now)))
+            current = self.epochs.read().value.epoch(epoch)
+        return current
 
     # ---- step 5 ----
 
@@ -461,8 +503,9 @@ class SplitRun:
             self.cluster.set_discovery_epoch(check.existing.number)
             return self._report(check, check.existing, resumed=True)
         epoch = self.prepare(check)
-        epoch = self.seal(epoch.number, time.monotonic() + self.wait)
-        self.open_children(epoch.number)
+        deadline = time.monotonic() + self.wait
+        epoch = self.seal(epoch.number, deadline)
+        self.open_children(epoch.number, deadline)
         epoch = self.complete(epoch.number)
         return self._report(check, epoch, resumed=resumed)
 

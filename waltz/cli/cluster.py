@@ -40,7 +40,7 @@ from waltz.cli.options import (
 )
 from waltz.cli.output import echo_json, fail
 from waltz.cli.partition_ids import format_partitions
-from waltz.errors import SplitStateError, WaltzError
+from waltz.errors import SplitStateError, SplitStorageError, WaltzError
 from waltz.logs import configure_logging
 from waltz.metadata.zk_roles import ROLE_DIGEST_FILES, RoleCredentials
 from waltz.metadata.zk_session import ZooKeeperUnavailableError
@@ -414,16 +414,17 @@ def split(
     Checks the count, that no other split is unfinished and that every parent has an owner; writes
     the new epoch with each parent's committed high-water mark H(p) and raises discovery's format
     (clients that predate splits refuse the cluster); then, parent by parent, marks it sealing and
-    waits for its owner to append the barrier and write B(p). Opening the new children is not built
-    yet: they are reported "waiting to be opened", and the split is not complete until every child
+    waits for its owner to append the barrier and write B(p); then opens each new child on its
+    parent's storage nodes (grown to the new count, the child's log starting after the barrier),
+    and waits for the child's owner to append its genesis. The split is complete when every child
     has its genesis. Every step already taken is skipped, so the same command resumes a split that
-    stopped (a wait that ran out, ZooKeeper away).
+    stopped (a wait that ran out, a storage node away, ZooKeeper away).
 
     Exit codes: 0 the split is complete (or --dry-run, or --abort done); 1 refused (the count, another
     split unfinished, a partition without an owner, an abort after sealing, a caller without the
-    role), nothing written; 2 the command could not run (ZooKeeper away: run it again to resume);
-    3 the split stands unfinished (barriers not written within --wait, children waiting to be
-    opened): run the same command again.
+    role), nothing written; 2 the command could not run (ZooKeeper away, a parent's storage node
+    away while opening a child: run it again to resume); 3 the split stands unfinished (barriers or
+    geneses not written within --wait): run the same command again.
     """
 
     def progress(line: str) -> None:
@@ -441,6 +442,8 @@ def split(
                 report = run.plan(to)
             else:
                 report = run.run(to)
+        except SplitStorageError as exc:  # a node away: the split stands where it stopped
+            raise fail(f"{exc}. The split stands where it stopped: run the same command again", 2) from exc
         except (SplitNotAuthorisedError, SplitStateError) as exc:
             raise fail(str(exc), 1) from exc
         except ZooKeeperUnavailableError as exc:
