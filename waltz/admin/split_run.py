@@ -348,20 +348,36 @@ class SplitRun:
         return current
 
     def _wait_for_barrier(self, epoch: int, parent: int, deadline: float) -> Epoch:
-        """The epoch once ``B(parent)`` is written, or at ``deadline``; reads every
-        :data:`BARRIER_POLL_INTERVAL` seconds, a progress line every :data:`PROGRESS_INTERVAL`."""
+        """The epoch once ``B(parent)`` is written, or at ``deadline``."""
+        return self._wait_for(
+            epoch,
+            lambda e: [] if e.parents[parent].barrier is not None else [parent],
+            lambda waiting, seconds: f"parent {parent}: waiting for its owner's barrier ({seconds:.0f} s)",
+            deadline,
+        )
+
+    def _wait_for(
+        self,
+        epoch: int,
+        waiting_in: Callable[[Epoch], list[int]],
+        line: Callable[[list[int], float], str],
+        deadline: float,
+    ) -> Epoch:
+        """The epoch once ``waiting_in`` of it is empty, or at ``deadline``: reads the znode every
+        :data:`BARRIER_POLL_INTERVAL` seconds, and says ``line`` every :data:`PROGRESS_INTERVAL`."""
         started = time.monotonic()
         next_line = started + PROGRESS_INTERVAL
         polls = int(max(0.0, deadline - started) / BARRIER_POLL_INTERVAL) + 2
         current = self.epochs.read().value.epoch(epoch)
         for _ in range(polls):
-            if current.parents[parent].barrier is not None:
+            waiting = waiting_in(current)
+            if not waiting:
                 return current
             now = time.monotonic()
             if now >= deadline:
                 break
             if now >= next_line:
-                self._say(f"parent {parent}: waiting for its owner's barrier ({now - started:.0f} s)")
+                self._say(line(waiting, now - started))
                 next_line = now + PROGRESS_INTERVAL
             time.sleep(min(BARRIER_POLL_INTERVAL, max(0.0, deadline - now)))
             current = self.epochs.read().value.epoch(epoch)
@@ -408,25 +424,15 @@ class SplitRun:
         return statuses
 
     def _wait_for_geneses(self, epoch: int, deadline: float) -> Epoch:
-        """The epoch once every opened child has its genesis, or at ``deadline`` (polls as
-        :meth:`_wait_for_barrier`)."""
-        started = time.monotonic()
-        next_line = started + PROGRESS_INTERVAL
-        polls = int(max(0.0, deadline - started) / BARRIER_POLL_INTERVAL) + 2
-        current = self.epochs.read().value.epoch(epoch)
-        for _ in range(polls):
-            waiting = [c for c, p in sorted(current.children.items()) if p.opened and p.genesis is None]
-            if not waiting:
-                return current
-            now = time.monotonic()
-            if now >= deadline:
-                break
-            if now >= next_line:
-                self._say(f"children {waiting}: waiting for their owners' genesis ({now - started:.0f} s)")
-                next_line = now + PROGRESS_INTERVAL
-            time.sleep(min(BARRIER_POLL_INTERVAL, max(0.0, deadline - now)))
-            current = self.epochs.read().value.epoch(epoch)
-        return current
+        """The epoch once every opened child has its genesis, or at ``deadline``."""
+        return self._wait_for(
+            epoch,
+            lambda e: [c for c, p in sorted(e.children.items()) if p.opened and p.genesis is None],
+            lambda waiting, seconds: f"children {waiting}: waiting for their genesis ({seconds:.0f} s)",
+                f"children {waiting}: waiting for their owners' genesis ({seconds:.0f} s)"
+            ),
+            deadline,
+        )
 
     # ---- step 5 ----
 

@@ -512,10 +512,20 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 finally:
                     self._note_applied(partition_id, mark)
                 return
+        new_mark, applied = self._on_applier(
+            partition_id, lambda conn: self._apply_locked(conn, partition_id, transactions, alone)
+        )
+        self._announce(partition_id, applied, new_mark)
+
+    def _on_applier(
+        self, partition_id: int, apply: Callable[[Connection], tuple[int, Sequence[Transaction]]]
+    ) -> tuple[int, Sequence[Transaction]]:
+        """``apply`` on an apply connection (SQLite: ``BEGIN IMMEDIATE``), given back when it
+        returns, closed (and invalidated after an :class:`ApplyContractError`) when it raises."""
         conn = self._appliers.take()
         try:
             conn.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
-            new_mark, applied = self._apply_locked(conn, partition_id, transactions, alone)
+            result = apply(conn)
         except ApplyContractError:
             # The guard may have interrupted a commit half-way: never reuse that DBAPI connection.
             conn.invalidate()
@@ -528,8 +538,11 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             raise
         self._appliers.give_back(conn)
         self._failing.discard(partition_id)
-        # The entity cache follows first, so that whoever waits for the mark finds it settled; the
-        # mark is announced whatever happens there (the database holds it).
+        return result
+
+    def _announce(self, partition_id: int, applied: Sequence[Transaction], new_mark: int) -> None:
+        """The entity cache follows first, so that whoever waits for the mark finds it settled; the
+        mark is announced whatever happens there (the database holds it)."""
         try:
             self._after_apply(partition_id, applied, new_mark)
         finally:
@@ -547,37 +560,25 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             HighWaterMarkGapError: the child's mark is neither -1, ``B(p)`` nor past the genesis.
         """
         partition_id, transaction_id = transaction.partition_id, transaction.transaction_id
-        conn = self._appliers.take()
-        try:
-            conn.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
+
+        def apply(conn: Connection) -> tuple[int, Sequence[Transaction]]:
             with conn.begin():
                 mark = self.marks.lock(conn, partition_id)
                 if mark >= transaction_id:
-                    applied: Sequence[Transaction] = ()
-                    new_mark = mark
-                else:
-                    if mark not in (-1, genesis.barrier):
-                        raise HighWaterMarkGapError(self.cluster_name, partition_id, mark, transaction_id)
-                    parent_mark = self.marks.read(conn, genesis.parent)
-                    parent_mark = -1 if parent_mark is None else parent_mark
-                    if parent_mark < genesis.barrier:
-                        raise GenesisHeldError(
-                            self.cluster_name, partition_id, genesis.parent, genesis.barrier, parent_mark
-                        )
-                    self._run_apply(conn, [transaction], set(), True)
-                    self.marks.advance(conn, partition_id, mark, transaction_id)
-                    applied, new_mark = (transaction,), transaction_id
-        except ApplyContractError:
-            conn.invalidate()
-            conn.close()
-            self._apply_failed(partition_id)
-            raise
-        except BaseException:
-            conn.close()
-            self._apply_failed(partition_id)
-            raise
-        self._appliers.give_back(conn)
-        self._failing.discard(partition_id)
+                    return mark, ()
+                if mark not in (-1, genesis.barrier):
+                    raise HighWaterMarkGapError(self.cluster_name, partition_id, mark, transaction_id)
+                parent_mark = self.marks.read(conn, genesis.parent)
+                parent_mark = -1 if parent_mark is None else parent_mark
+                if parent_mark < genesis.barrier:
+                    raise GenesisHeldError(
+                        self.cluster_name, partition_id, genesis.parent, genesis.barrier, parent_mark
+                    )
+                self._run_apply(conn, [transaction], set(), True)
+                self.marks.advance(conn, partition_id, mark, transaction_id)
+                return transaction_id, (transaction,)
+
+        new_mark, applied = self._on_applier(partition_id, apply)
         if applied:
             log.info(
                 "cluster %r partition %d: applied its genesis at %d (partition %d applied up to its "
@@ -588,10 +589,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 genesis.parent,
                 genesis.barrier,
             )
-        try:
-            self._after_apply(partition_id, applied, new_mark)
-        finally:
-            self._note_applied(partition_id, new_mark)
+        self._announce(partition_id, applied, new_mark)
 
     def _after_apply(self, partition_id: int, applied: Sequence[Transaction], mark: int) -> None:
         """Called on the apply thread after a group is known applied and the database's mark is
