@@ -429,8 +429,6 @@ class SplitRun:
             epoch,
             lambda e: [c for c, p in sorted(e.children.items()) if p.opened and p.genesis is None],
             lambda waiting, seconds: f"children {waiting}: waiting for their genesis ({seconds:.0f} s)",
-                f"children {waiting}: waiting for their owners' genesis ({seconds:.0f} s)"
-            ),
             deadline,
         )
 
