@@ -33,6 +33,7 @@ from waltz.admin.split_report import OPEN, SplitPhase
 from waltz.admin.split_run import SplitNotAuthorisedError, SplitRun, check_authority
 from waltz.chaos.proxy import FaultProxy
 from waltz.cli.main import app
+from waltz.committed.plan import plan_live_on
 from waltz.errors import SplitStateError
 from waltz.local.certificates import make_cluster_certificates
 from waltz.local.cluster import LocalCluster
@@ -42,6 +43,7 @@ from waltz.metadata.values import DiscoveryParams
 from waltz.metadata.zk_roles import Role
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.metadata.zk_session import ZooKeeperUnavailableError
+from waltz.spark.rebuild import LogSource
 
 #: What the split's znodes held: ``partitions/epochs`` (None: absent) and ``discovery``'s bytes.
 Snapshot = tuple[bytes | None, bytes]
@@ -195,6 +197,24 @@ def test_a_split_cut_from_zookeeper_resumes_and_aborts_only_before_a_parent_is_s
             assert [r.transaction_id for r in split_records(records)] == [barrier]
             child_records = run_async(records_above(cluster, parent + 2, barrier))
             assert [r.transaction_id for r in split_records(child_records)] == [barrier + 1]
+
+        # Every committed reader (Spark's source, the rebuild) reads the children too, and a cut
+        # that reads a child past its genesis with its parent below the barrier is refused.
+        plans = plan_live_on(admin.cluster)
+        assert [(p.partition_id, p.high_water_mark) for p in plans] == [
+            (0, barriers[0]),
+            (1, barriers[1]),
+            (2, barriers[0] + 1),
+            (3, barriers[1] + 1),
+        ]
+        value = LogSource(
+            zookeeper=cluster.zookeeper_connect_string, cluster_root=cluster.root
+        ).partition_epochs()
+        assert value == epochs_of(admin)
+        assert value.cut_problems({p.partition_id: p.high_water_mark for p in plans}) == []
+        assert value.cut_problems({0: -1, 1: -1}) == []  # the children not read: a cut before the split
+        (problem,) = value.cut_problems({0: barriers[0] - 1, 1: barriers[1], 2: barriers[0] + 1, 3: -1})
+        assert problem.startswith(f"partition 2 is read up to {barriers[0] + 1}, beyond its genesis")
 
 
 # ---- a cluster with ZooKeeper credentials per role ----

@@ -549,3 +549,28 @@ def test_secure_gives_the_epochs_the_role_tables_acl(
             assert set(single.get_acls(path)[0]) == set(roles.acl_for(paths.relative(path)))
     with session(zookeeper, credentials.client) as client:
         assert PartitionEpochsZk(client, paths).read().value.epoch(1).count == 4
+
+
+def test_a_cut_reading_a_child_past_its_genesis_needs_its_parent_at_its_barrier() -> None:
+    """docs/design/splits.md "Spark across a split": a child read beyond its genesis needs its
+    parent read at least to B(p); a child read only to its barrier (nothing of it) needs nothing."""
+    value = (
+        PartitionEpochs(2)
+        .prepare(4, {0: 5, 1: 3})
+        .mark_sealing(1, 0)
+        .set_barrier(1, 0, 9)
+        .mark_sealing(1, 1)
+        .set_barrier(1, 1, 7)
+        .mark_opened(1, 2)
+        .set_genesis(1, 2, 10)
+    )
+    assert value.cut_problems({0: 9, 1: 7, 2: 10, 3: 8}) == []
+    assert value.cut_problems({0: 3, 1: 3, 2: 9, 3: 7}) == []  # the children's logs not read
+    assert value.cut_problems({0: 9, 1: 6}) == []  # child 3 not read at all
+    problems = value.cut_problems({0: 8, 1: 6, 2: 10, 3: 8})
+    assert problems == [
+        "partition 2 is read up to 10, beyond its genesis at 10, but its parent 0 only up to 8, "
+        "below its barrier 9",
+        "partition 3 is read up to 8, beyond its genesis at 8, but its parent 1 only up to 6, "
+        "below its barrier 7",
+    ]

@@ -39,6 +39,7 @@ from waltz.committed.sources import (
     OfflineSource,
 )
 from waltz.errors import ConfigurationError, WaltzError
+from waltz.metadata.epochs import PartitionEpochsZk
 from waltz.metadata.replicas import quorum_of
 from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_security import ZooKeeperSecurity, security_from_environment
@@ -132,7 +133,10 @@ def plan_live_on(
     loop = asyncio.new_event_loop()
     try:
         params = cluster.params()
-        ids = _partition_ids(partitions, params.num_partitions)
+        # Every partition that exists: those at creation, and every child a split opened
+        # (docs/design/splits.md "Spark across a split").
+        existing = PartitionEpochsZk(cluster.zk, cluster.paths, timeout=cluster.timeout).read().value
+        ids = _partition_ids(partitions, existing.partition_ids)
         summary = cluster.archive_summary()
         archive = None if summary is None else summary.value.location
         return [
@@ -147,16 +151,28 @@ def plan_live_on(
         loop.close()
 
 
-def _partition_ids(partitions: Iterable[int] | None, num_partitions: int) -> list[int]:
+def _partition_ids(partitions: Iterable[int] | None, existing: int | Sequence[int]) -> list[int]:
+    """The partitions asked for (default: every one that exists), checked against ``existing``
+    (a count: ``0 .. count - 1``; or the partition IDs that exist).
+
+    Raises:
+        ConfigurationError: a partition asked for does not exist.
+    """
+    ids_there = list(range(existing)) if isinstance(existing, int) else list(existing)
     if partitions is None:
-        return list(range(num_partitions))
+        return ids_there
     ids = sorted(set(partitions))
-    bad = [p for p in ids if not 0 <= p < num_partitions]
+    bad = [p for p in ids if p not in set(ids_there)]
     if bad:
         raise ConfigurationError(
-            f"partitions {bad} do not exist: the log has partitions 0..{num_partitions - 1}"
+            f"partitions {bad} do not exist: the log has partitions {_ranges(ids_there)}"
         )
     return ids
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    """``0..3`` for consecutive IDs from 0, else the list."""
+    return f"0..{len(ids) - 1}" if list(ids) == list(range(len(ids))) else str(list(ids))
 
 
 def _plan_live_partition(

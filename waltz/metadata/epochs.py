@@ -427,6 +427,26 @@ class PartitionEpochs:
 
     # ---- the record form ----
 
+    def cut_problems(self, marks: Mapping[int, int]) -> list[str]:
+        """Why ``marks`` (partition -> the transaction ID read up to, -1: nothing) is not a
+        consistent cut of the log across its splits, or nothing: a new child read beyond its
+        genesis (``B(p) + 1`` or more) needs its parent read at least to ``B(p)``
+        (docs/design/splits.md "Spark across a split"). A partition not in ``marks`` is not read.
+        """
+        problems = []
+        for epoch in self.epochs:
+            for child in sorted(epoch.children):
+                parent, barrier = epoch.parent_barrier(child)
+                if barrier is None or marks.get(child, -1) <= barrier:
+                    continue
+                if marks.get(parent, -1) < barrier:
+                    problems.append(
+                        f"partition {child} is read up to {marks[child]}, beyond its genesis at "
+                        f"{barrier + 1}, but its parent {parent} only up to {marks.get(parent, -1)}, "
+                        f"below its barrier {barrier}"
+                    )
+        return problems
+
     def encode(self) -> bytes:
         """The znode's JSON (docs/design/splits.md "The epochs znode's record form")."""
         return _dump(

@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from waltz.committed.plan import CommittedPartition, plan_live, plan_offline
-from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_FILE_FIELDS, security_from_files
+from waltz.metadata.epochs import PartitionEpochs, PartitionEpochsZk
+from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_security import (
+    ZOOKEEPER_SECURITY_FILE_FIELDS,
+    security_from_environment,
+    security_from_files,
+)
+from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol.channels import TlsConfig
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import CommittedReadError, RebuildError
@@ -102,6 +109,24 @@ class LogSource:
         raise RebuildError(
             "read the log from a live cluster (zookeeper and cluster root) or from storage directories"
         )
+
+    def partition_epochs(self) -> PartitionEpochs | None:
+        """The live cluster's partition epochs (``partitions/epochs``), or None for storage
+        directories, which carry none (docs/design/splits.md "What ZooKeeper holds").
+
+        Raises:
+            ZooKeeperUnavailableError, ClusterNotFoundError, MetadataError: as the read.
+        """
+        if not (self.zookeeper and self.cluster_root) or self.storage_dirs:
+            return None
+        security = security_from_files(self.zookeeper_files) if self.zookeeper_files else None
+        zk = connect_zookeeper(self.zookeeper, security=security or security_from_environment())
+        try:
+            cluster = ClusterZk(zk, self.cluster_root)
+            return PartitionEpochsZk(zk, cluster.paths, timeout=cluster.timeout).read().value
+        finally:
+            zk.stop()
+            zk.close()
 
     def options(self) -> dict[str, str]:
         """The ``waltz`` data source options of this source."""
@@ -226,6 +251,15 @@ def compute_views(
                     "committed"
                 )
         marks = {pid: up_to.get(pid, -1) for pid in marks}
+        epochs = source.partition_epochs()
+        problems = [] if epochs is None else epochs.cut_problems(marks)
+        if problems:
+            raise CommittedReadError(
+                "the marks asked for are not a consistent cut of the log across its splits: "
+                + "; ".join(problems)
+                + ' (docs/design/splits.md, "Spark across a split"): read the parents up to their '
+                "barriers at least"
+            )
     reader = spark.read.format("waltz").options(**source.options())
     if base is not None:
         reader = reader.option("after", marks_text(base.marks))
