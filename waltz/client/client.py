@@ -108,7 +108,12 @@ class WaltzClient:
 
     @property
     def num_partitions(self) -> int:
-        """The cluster's number of partitions."""
+        """The cluster's number of partitions: the newest count in this client's view of the
+        partition epochs, finished or not (the count of ``discovery`` when the cluster never
+        split), the count ``TransactionContext.partition_id`` is asked with and the one to route
+        keys by (``partition_of``, ``read_entities``; docs/design/splits.md "Clients across a
+        split"). A split under way raises it before its new partitions are open: a context routed
+        to one waits for it."""
         return self._core.num_partitions
 
     def submit(self, context: TransactionContext) -> concurrent.futures.Future[Outcome]:
@@ -231,7 +236,7 @@ class WaltzClient:
 
     def mounted_partitions(self) -> list[int]:
         """The partitions this client mounts (or is mounting)."""
-        return sorted(pid for pid, p in self._core.partitions.items() if p.wanted)
+        return sorted(pid for pid, p in list(self._core.partitions.items()) if p.wanted)
 
     def wait_mounted(
         self, timeout: float = DEFAULT_REQUEST_TIMEOUT, partition_ids: Iterable[int] | None = None
@@ -250,6 +255,12 @@ class WaltzClient:
     def unhealthy_partitions(self) -> dict[int, BaseException | None]:
         """Partitions whose ``apply_transaction`` keeps failing -> the last exception."""
         return self._core.unhealthy_partitions()
+
+    def held_partitions(self) -> dict[int, int]:
+        """New partitions of a split whose apply holds their genesis until their parent is applied
+        up to its barrier -> that parent (docs/design/splits.md "Clients across a split"). A pause,
+        not a failure: they are not among :meth:`unhealthy_partitions`."""
+        return self._core.held_partitions()
 
     def apply_backlogs(self) -> dict[int, int]:
         """Partition -> committed transactions queued for ``apply_transaction``: about
@@ -324,7 +335,12 @@ class AsyncWaltzClient:
 
     @property
     def num_partitions(self) -> int:
-        """The cluster's number of partitions."""
+        """The cluster's number of partitions: the newest count in this client's view of the
+        partition epochs, finished or not (the count of ``discovery`` when the cluster never
+        split), the count ``TransactionContext.partition_id`` is asked with and the one to route
+        keys by (``partition_of``, ``read_entities``; docs/design/splits.md "Clients across a
+        split"). A split under way raises it before its new partitions are open: a context routed
+        to one waits for it."""
         return self._core.num_partitions
 
     async def submit(self, context: TransactionContext) -> asyncio.Future[Outcome]:
