@@ -200,7 +200,8 @@ class AttemptRunner:
     def _route(self, context: TransactionContext, view: RoutingView) -> Route:
         """Route a context by ``view`` (docs/design/splits.md "Clients across a split"):
         ``partition_id`` is asked with the newest count, and the route goes down to the count
-        before while the key's parent there is not sealing.
+        before while the key's parent there is not sealing. The context is told its route
+        (``TransactionContext.routed``).
 
         Raises:
             ValueError: the context chose a partition outside ``0 .. count - 1``.
@@ -209,7 +210,9 @@ class AttemptRunner:
         pid = context.partition_id(count)
         if not 0 <= pid < count:
             raise ValueError(f"{type(context).__name__}.partition_id returned {pid}, outside 0..{count - 1}")
-        return view.route(pid)
+        route = view.route(pid)
+        context.routed(route.partition_id, count if route.partition_id == pid else view.count_of(route.epoch))
+        return route
 
     def _new_submission(
         self, context: TransactionContext, with_future: bool = True
