@@ -8,7 +8,8 @@ partition 0 at 2 partitions and in the new child 2 at 4 is created and increment
 prepared (the client's count is 4, but no parent is sealing, so the counter's route is still
 partition 0 at epoch 0) and the counter incremented again; then the split runs to its end and the
 counter, now routed to child 2, is incremented once more, after the instance applied the child's
-genesis (its parent's mark in the same database at the barrier).
+genesis (its parent's mark in the same database at the barrier). Given the client, ``partition_of``
+and ``read_entities`` route the counter's key as its transactions are routed.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from waltz.jdbc_style import (
     EntityTransactionContext,
     WaltzEntity,
     create_framework_engine,
+    partition_of,
 )
 from waltz.jdbc_style.migrations_api import upgrade
 from waltz.local.processes import wait_until
@@ -127,6 +129,14 @@ def test_entity_transactions_commit_on_their_route_before_during_and_after_a_spl
                 wait_until(lambda: client.num_partitions == 4, timeout=TIMEOUT, what="the count of 4")
                 context, partition, transaction_id = bump()
                 assert partition == 0 and context.read_at[0] >= marks[0], context.read_at
+                # Given the client, partition_of and read_entities route as the context did; given
+                # the newest count, partition_of answers the key's partition at that count.
+                assert partition_of(SplitCounter, counter_id, client) == 0
+                assert partition_of(SplitCounter, counter_id, client.num_partitions) == 2
+                read = callbacks.read_entities(
+                    [(SplitCounter, counter_id)], num_partitions=client, after=transaction_id
+                )
+                assert read.partition_id == 0 and read.entities[0].value == 2
                 # The split to its end: the counter's route is child 2, once its genesis is applied.
                 with connect(cluster) as admin:
                     report = SplitRun(admin.cluster, wait=60).run(4)
@@ -135,6 +145,11 @@ def test_entity_transactions_commit_on_their_route_before_during_and_after_a_spl
                 assert barrier is not None and barrier > transaction_id
                 context, partition, transaction_id = bump()
                 assert partition == 2 and transaction_id > barrier + 1
+                assert partition_of(SplitCounter, counter_id, client) == 2
+                read = callbacks.read_entities(
+                    [(SplitCounter, counter_id)], num_partitions=client, after=transaction_id
+                )
+                assert read.partition_id == 2 and read.entities[0].value == 3
                 assert context.read_at[-1] >= barrier + 1, context.read_at
                 assert callbacks.high_water_marks()[0] >= barrier
         finally:

@@ -116,6 +116,17 @@ class WaltzClient:
         to one waits for it."""
         return self._core.num_partitions
 
+    def partition_for(self, choose: Callable[[int], int]) -> int:
+        """The partition a key goes to now, as a context's: ``choose(count)`` at the newest count
+        of this client's view of the partition epochs, routed down to the count before while the
+        key's parent there is not sealing (docs/design/splits.md "Clients across a split"). Pass
+        the client where a count is taken (``partition_of``, ``read_entities``).
+
+        Raises:
+            ValueError: ``choose`` gave a partition outside ``0 .. count - 1``.
+        """
+        return self._core.routing.view.partition_for(choose)
+
     def submit(self, context: TransactionContext) -> concurrent.futures.Future[Outcome]:
         """Submit a transaction context; runs its first attempt on this thread.
 
@@ -342,6 +353,10 @@ class AsyncWaltzClient:
         split"). A split under way raises it before its new partitions are open: a context routed
         to one waits for it."""
         return self._core.num_partitions
+
+    def partition_for(self, choose: Callable[[int], int]) -> int:
+        """The partition a key goes to now (see :meth:`WaltzClient.partition_for`; memory only)."""
+        return self._core.routing.view.partition_for(choose)
 
     async def submit(self, context: TransactionContext) -> asyncio.Future[Outcome]:
         """Submit a context; waits only while its partition is at the concurrency limit (and,

@@ -16,14 +16,16 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from waltz.metadata.epochs import EpochState, PartitionEpochs
 
 __all__ = [
     "EPOCH_WAIT_SECONDS",
     "EpochRouting",
+    "PartitionRouter",
     "Route",
     "RoutingView",
     "SplitOrigin",
@@ -85,6 +87,17 @@ def opened_children(epochs: PartitionEpochs) -> dict[int, SplitOrigin]:
             if barrier is not None:  # always known once opened; a hand-written znode is skipped
                 children[child] = SplitOrigin(child, epoch.number, parent, barrier)
     return children
+
+
+class PartitionRouter(Protocol):
+    """What routes a key by the client's view of the partition epochs (``WaltzClient``): taken
+    where a partition count was (``partition_of``, ``read_entities``; docs/design/splits.md
+    "Clients across a split")."""
+
+    def partition_for(self, choose: Callable[[int], int]) -> int:
+        """The partition a key goes to now: ``choose(count)`` at the newest count, routed down
+        while the key's parent is not sealing (see :meth:`RoutingView.partition_for`)."""
+        ...
 
 
 #: One epoch as routing reads it, newest first: (its number, its previous count, the parents that
@@ -159,6 +172,15 @@ class RoutingView:
     def count_of(self, epoch: int) -> int:
         """The partition count of ``epoch`` (0: the count at creation) in this view."""
         return self.epochs.count_of(epoch)
+
+    def partition_for(self, choose: Callable[[int], int]) -> int:
+        """The partition a key goes to by this view: ``choose(count)`` (the key's partition at
+        :attr:`count`, the partition function's), routed (:meth:`route`).
+
+        Raises:
+            ValueError: ``choose`` gave a partition outside ``0 .. count - 1``.
+        """
+        return self.route(choose(self.count)).partition_id
 
     def route(self, partition_id: int) -> Route:
         """Route a key whose partition at :attr:`count` is ``partition_id`` (see
