@@ -5,9 +5,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+import pytest
+
 from waltz import Transaction, WaltzClientCallbacks
 from waltz.client.apply_worker import ApplyWorker
+from waltz.client.genesis_hold import GenesisHold
+from waltz.client.routing import SplitOrigin
 from waltz.client.waiting import Watermark
+from waltz.errors import GenesisHeldError
 from waltz.local.processes import wait_until
 from waltz.protocol.records import ReqId
 
@@ -285,3 +290,71 @@ def test_callbacks_that_do_not_absorb_move_the_absorbed_mark_with_the_applies() 
     finally:
         worker.close()
     assert absorbed.value == 2
+
+
+class HeldCallbacks(Callbacks):
+    """Callbacks whose own check holds transaction 3 (a genesis) until ``parent_applied`` is set,
+    as the SQL framework's does (``GenesisHeldError``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parent_applied = threading.Event()
+        self.held = 0
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        if transaction.transaction_id == 3 and not self.parent_applied.is_set():
+            self.held += 1
+            raise GenesisHeldError("test", 4, 0, 2, 1)
+        super().apply_transaction(transaction)
+
+
+def test_a_genesis_the_callbacks_hold_is_a_pause_not_a_failure() -> None:
+    callbacks = HeldCallbacks()
+    mark = Watermark(-1)
+    worker = ApplyWorker(4, callbacks, mark, initial_backoff=0.01)
+    worker.start()
+    try:
+        worker.set_floor(2)
+        worker.enqueue(txn(3))
+        worker.enqueue(txn(4))
+        wait_until(lambda: callbacks.held >= 3, timeout=10, what="the genesis tried three times")
+        assert worker.holding and worker.healthy and worker.failures == 0
+        assert callbacks.errors == [] and mark.value == 2
+        callbacks.parent_applied.set()
+        assert mark.wait(4, 10)
+        assert not worker.holding and worker.healthy
+    finally:
+        worker.close()
+    assert callbacks.applied == [3, 4] and callbacks.errors == []
+
+
+@pytest.mark.parametrize("mounts_parent", [True, False], ids=["own-parent-mark", "callbacks-parent-mark"])
+def test_a_childs_genesis_waits_for_its_parents_applied_mark(mounts_parent: bool) -> None:
+    # Partition 4, a child of partition 0 whose barrier is 2: its log starts with the genesis at 3.
+    callbacks = Callbacks()
+    parent = Watermark(1)
+    database_mark = [1]  # the parent's mark in the callbacks' database (another instance's)
+    hold = GenesisHold(
+        SplitOrigin(child=4, epoch=1, parent=0, barrier=2),
+        lambda pid: parent if mounts_parent else None,
+        lambda pid: database_mark[0],
+    )
+    mark = Watermark(-1)
+    worker = ApplyWorker(4, callbacks, mark, initial_backoff=0.01, hold=hold)
+    worker.start()
+    try:
+        worker.set_floor(2)
+        worker.enqueue(txn(3))
+        worker.enqueue(txn(4))
+        wait_until(lambda: worker.holding, timeout=10, what="the genesis held")
+        assert callbacks.applied == [] and mark.value == 2 and worker.healthy
+        assert callbacks.errors == [] and hold.last_parent_mark == 1
+        if mounts_parent:
+            parent.advance(2)
+        else:
+            database_mark[0] = 2
+        assert mark.wait(4, 10)
+        assert not worker.holding
+    finally:
+        worker.close()
+    assert callbacks.applied == [3, 4] and callbacks.errors == []

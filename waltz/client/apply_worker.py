@@ -5,6 +5,12 @@ for the feed), "The client's parts" (a worker thread per partition, strictly in 
 code allowed). The partition hands over feed entries in ID order, each ID once; an exception goes to
 ``uncaught_exception`` and the same transaction is applied again after a backoff, for as long as it
 takes: a transaction is never skipped. While it retries the worker reports itself unhealthy.
+
+A new child of a split holds its genesis until its parent's applied mark reaches ``B(p)``
+(docs/design/splits.md "Clients across a split"; :class:`~waltz.client.genesis_hold.GenesisHold`):
+a pause of the partition's apply, not a failure, so the worker stays healthy and reports nothing.
+A :class:`~waltz.errors.GenesisHeldError` from the callbacks (the SQL framework's own check of the
+parent's mark) is the same pause: tried again with a backoff, never reported as a failure.
 """
 
 from __future__ import annotations
@@ -19,11 +25,12 @@ from typing import NamedTuple
 
 from waltz import tracing
 from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.genesis_hold import MAX_HOLD_POLL, GenesisHold
 from waltz.client.metrics import PartitionMetrics
 from waltz.client.submission import Submission
 from waltz.client.transaction import Transaction
 from waltz.client.waiting import Watermark
-from waltz.errors import ApplyPausedError, ClientClosedError, TransactionApplyError
+from waltz.errors import ApplyPausedError, ClientClosedError, GenesisHeldError, TransactionApplyError
 
 __all__ = ["APPLY_THREAD_PREFIX", "ApplyWorker", "on_apply_thread"]
 
@@ -76,6 +83,8 @@ class ApplyWorker:
         absorbed: the partition's absorbed high-water mark (``WaltzClientCallbacks.absorb_transactions``);
             the worker advances it before each apply when the callbacks absorb, else with
             ``applied``. None: not kept.
+        hold: the genesis hold of a new child of a split (None: not a child, or its genesis is
+            behind the floor already).
     """
 
     def __init__(
@@ -90,8 +99,13 @@ class ApplyWorker:
         max_backoff: float = 5.0,
         metrics: PartitionMetrics | None = None,
         absorbed: Watermark | None = None,
+        hold: GenesisHold | None = None,
     ) -> None:
         self.partition_id = partition_id
+        self._hold = hold
+        self.callbacks_hold: GenesisHeldError | None = None
+        """Set while the callbacks refuse the genesis for their own check of the parent's mark
+        (:class:`~waltz.errors.GenesisHeldError`): a hold, not a failure."""
         self._callbacks = callbacks
         self._applied = applied
         self._absorbed = absorbed
@@ -133,6 +147,13 @@ class ApplyWorker:
     def is_current_thread(self) -> bool:
         """True when called from this worker's thread (inside ``apply_transaction``)."""
         return threading.current_thread() is self._thread
+
+    @property
+    def holding(self) -> bool:
+        """True while the partition's genesis is held (docs/design/splits.md "Clients across a
+        split"): by the client, for its parent's applied mark, or by the callbacks' own check."""
+        hold = self._hold
+        return (hold is not None and hold.holding) or self.callbacks_hold is not None
 
     @property
     def backlog(self) -> int:
@@ -228,6 +249,13 @@ class ApplyWorker:
             batch = self._take()
             if batch is None:
                 return
+            hold = self._hold
+            if hold is not None and batch[0].transaction.transaction_id >= hold.genesis:
+                # The genesis opens the child's log, so it is first in its batch: held, before
+                # it is loaded, absorbed or applied, until the parent's mark reaches B(p).
+                if batch[0].transaction.transaction_id == hold.genesis and not hold.wait(self._closed):
+                    return
+                self._hold = None
             if tracing.client_tracing_on:
                 tracing.apply_taken(batch)
             started = time.monotonic()
@@ -347,14 +375,22 @@ class ApplyWorker:
                 else:
                     self.healthy = True
                     self.paused = None
+                    if self.callbacks_hold is not None:
+                        self._callbacks_hold_ended()
                     return True
-            self.healthy = False
-            self.last_error = error
             failing = transactions or prefetch
             first_id = failing[0].transaction_id if failing else -1
             reported: BaseException = error
             if isinstance(error, TransactionApplyError):  # a batch names its failing transaction
                 first_id, reported = error.transaction_id, error.cause
+            if isinstance(reported, GenesisHeldError):  # a pause, not a failure
+                if not self._callbacks_held(first_id, reported, backoff):
+                    return False
+                backoff = min(MAX_HOLD_POLL, backoff * 2)
+                error = None
+                continue
+            self.healthy = False
+            self.last_error = error
             if isinstance(reported, ApplyPausedError):
                 if not self._pause(first_id, reported):
                     return False
@@ -380,6 +416,36 @@ class ApplyWorker:
             backoff = min(self._max_backoff, backoff * 2)
             error = None
         return False
+
+    def _callbacks_held(self, transaction_id: int, error: GenesisHeldError, pause: float) -> bool:
+        """The callbacks held the genesis ``transaction_id`` for their own check of the parent's
+        mark (docs/design/splits.md "The SQL framework across a split"): log the hold's start
+        once, wait ``pause`` seconds (the caller doubles it up to :data:`MAX_HOLD_POLL`), and let
+        the caller try again. The partition stays healthy and nothing is reported. False when the
+        worker closed meanwhile."""
+        if self.callbacks_hold is None:
+            log.info(
+                "partition %d: its callbacks hold the genesis at %d until partition %d is applied up to "
+                "%d in their database (%d now); the partition's apply pauses",
+                self.partition_id,
+                transaction_id,
+                error.parent,
+                error.barrier,
+                error.parent_mark,
+            )
+        self.callbacks_hold = error
+        return not self._closed.wait(pause)
+
+    def _callbacks_hold_ended(self) -> None:
+        held = self.callbacks_hold
+        self.callbacks_hold = None
+        if held is not None:
+            log.info(
+                "partition %d: its callbacks applied the genesis after partition %d reached %d",
+                self.partition_id,
+                held.parent,
+                held.barrier,
+            )
 
     def _pause(self, transaction_id: int, error: ApplyPausedError) -> bool:
         """Wait before trying a transaction this instance's code cannot read yet: the first time

@@ -96,6 +96,7 @@ class AttemptRunner:
         self._nudge = nudge
         self._tracing = tracing
         self._closed = False
+        self._floors: dict[int, int] = {}  # a new child of a split -> its floor, B(p)
         self._completions: list[tuple[Submission, int]] = []
         self._inbox: deque[tuple[ClientPartition, Submission, AppendPayload, float]] = deque()
         self._inbox_lock = threading.Lock()
@@ -179,6 +180,18 @@ class AttemptRunner:
         await asyncio.wrap_future(attempt)
         return submission
 
+    def set_floor(self, partition_id: int, floor: int) -> None:
+        """A new child of a split: its mark is never read below ``floor``, its parent's ``B(p)``
+        (docs/design/splits.md "Clients across a split")."""
+        self._floors[partition_id] = floor
+
+    def client_high_water_mark(self, partition_id: int) -> int:
+        """The callbacks' ``get_client_high_water_mark``, read as a new child's floor when below
+        it (what an attempt builds at)."""
+        mark = self._callbacks.get_client_high_water_mark(partition_id)
+        floor = self._floors.get(partition_id)
+        return mark if floor is None or mark >= floor else floor
+
     def check_open(self) -> None:
         """Raise :class:`ClientClosedError` once the client is closing."""
         if self._closed:
@@ -187,7 +200,8 @@ class AttemptRunner:
     def _route(self, context: TransactionContext, view: RoutingView) -> Route:
         """Route a context by ``view`` (docs/design/splits.md "Clients across a split"):
         ``partition_id`` is asked with the newest count, and the route goes down to the count
-        before while the key's parent there is not sealing.
+        before while the key's parent there is not sealing. The context is told its route
+        (``TransactionContext.routed``).
 
         Raises:
             ValueError: the context chose a partition outside ``0 .. count - 1``.
@@ -196,7 +210,9 @@ class AttemptRunner:
         pid = context.partition_id(count)
         if not 0 <= pid < count:
             raise ValueError(f"{type(context).__name__}.partition_id returned {pid}, outside 0..{count - 1}")
-        return view.route(pid)
+        route = view.route(pid)
+        context.routed(route.partition_id, count if route.partition_id == pid else view.count_of(route.epoch))
+        return route
 
     def _new_submission(
         self, context: TransactionContext, with_future: bool = True
@@ -221,14 +237,14 @@ class AttemptRunner:
         pid, epoch = self._route(context, view)
         partition = partitions.get(pid)
         if partition is None:  # a new partition of a split: it holds its ancestor's slot
-            partition = partitions[pid % len(partitions)]
+            partition = partitions[_ancestor_among(view, pid, partitions)]
         if not partition.wanted:
-            mounted = sorted(p.partition_id for p in partitions.values() if p.wanted)
+            mounted = sorted(p.partition_id for p in list(partitions.values()) if p.wanted)
             raise PartitionNotMountedError(partition.partition_id, mounted)
         submission = Submission(
             context,
             pid,
-            self._callbacks.get_client_high_water_mark,
+            self.client_high_water_mark,
             self._config.client_max_message_bytes,
             on_finished=self._finished,
             with_future=with_future,
@@ -471,7 +487,7 @@ class AttemptRunner:
             self._call_on_loop(self._wait_for_route, submission, self._not_open(submission))
             return
         if not partition.wanted:
-            mounted = sorted(p.partition_id for p in self._partitions.values() if p.wanted)
+            mounted = sorted(p.partition_id for p in list(self._partitions.values()) if p.wanted)
             submission.fail(PartitionNotMountedError(pid, mounted))
             return
         submission.route_deadline = None
@@ -615,6 +631,18 @@ class AttemptRunner:
             submission.fail(error)
         self._completer.shutdown(wait=True, cancel_futures=False)
         self._executor.shutdown(wait=True, cancel_futures=False)
+
+
+def _ancestor_among(view: RoutingView, partition_id: int, partitions: Mapping[int, ClientPartition]) -> int:
+    """The nearest ancestor of ``partition_id`` that this client has: a step down per epoch, from
+    the newest (``c mod C(n)``), down to the count at creation, whose partitions it always has."""
+    c = partition_id
+    for epoch in reversed(view.epochs.epochs):
+        if c in partitions:
+            return c
+        if c >= epoch.previous_count:
+            c %= epoch.previous_count
+    return c % view.epochs.initial_count
 
 
 def _waited_mark(partition: ClientPartition, submission: Submission) -> Watermark:

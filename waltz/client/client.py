@@ -108,8 +108,24 @@ class WaltzClient:
 
     @property
     def num_partitions(self) -> int:
-        """The cluster's number of partitions."""
+        """The cluster's number of partitions: the newest count in this client's view of the
+        partition epochs, finished or not (the count of ``discovery`` when the cluster never
+        split), the count ``TransactionContext.partition_id`` is asked with and the one to route
+        keys by (``partition_of``, ``read_entities``; docs/design/splits.md "Clients across a
+        split"). A split under way raises it before its new partitions are open: a context routed
+        to one waits for it."""
         return self._core.num_partitions
+
+    def partition_for(self, choose: Callable[[int], int]) -> int:
+        """The partition a key goes to now, as a context's: ``choose(count)`` at the newest count
+        of this client's view of the partition epochs, routed down to the count before while the
+        key's parent there is not sealing (docs/design/splits.md "Clients across a split"). Pass
+        the client where a count is taken (``partition_of``, ``read_entities``).
+
+        Raises:
+            ValueError: ``choose`` gave a partition outside ``0 .. count - 1``.
+        """
+        return self._core.routing.view.partition_for(choose)
 
     def submit(self, context: TransactionContext) -> concurrent.futures.Future[Outcome]:
         """Submit a transaction context; runs its first attempt on this thread.
@@ -231,7 +247,7 @@ class WaltzClient:
 
     def mounted_partitions(self) -> list[int]:
         """The partitions this client mounts (or is mounting)."""
-        return sorted(pid for pid, p in self._core.partitions.items() if p.wanted)
+        return sorted(pid for pid, p in list(self._core.partitions.items()) if p.wanted)
 
     def wait_mounted(
         self, timeout: float = DEFAULT_REQUEST_TIMEOUT, partition_ids: Iterable[int] | None = None
@@ -250,6 +266,12 @@ class WaltzClient:
     def unhealthy_partitions(self) -> dict[int, BaseException | None]:
         """Partitions whose ``apply_transaction`` keeps failing -> the last exception."""
         return self._core.unhealthy_partitions()
+
+    def held_partitions(self) -> dict[int, int]:
+        """New partitions of a split whose apply holds their genesis until their parent is applied
+        up to its barrier -> that parent (docs/design/splits.md "Clients across a split"). A pause,
+        not a failure: they are not among :meth:`unhealthy_partitions`."""
+        return self._core.held_partitions()
 
     def apply_backlogs(self) -> dict[int, int]:
         """Partition -> committed transactions queued for ``apply_transaction``: about
@@ -324,8 +346,17 @@ class AsyncWaltzClient:
 
     @property
     def num_partitions(self) -> int:
-        """The cluster's number of partitions."""
+        """The cluster's number of partitions: the newest count in this client's view of the
+        partition epochs, finished or not (the count of ``discovery`` when the cluster never
+        split), the count ``TransactionContext.partition_id`` is asked with and the one to route
+        keys by (``partition_of``, ``read_entities``; docs/design/splits.md "Clients across a
+        split"). A split under way raises it before its new partitions are open: a context routed
+        to one waits for it."""
         return self._core.num_partitions
+
+    def partition_for(self, choose: Callable[[int], int]) -> int:
+        """The partition a key goes to now (see :meth:`WaltzClient.partition_for`; memory only)."""
+        return self._core.routing.view.partition_for(choose)
 
     async def submit(self, context: TransactionContext) -> asyncio.Future[Outcome]:
         """Submit a context; waits only while its partition is at the concurrency limit (and,

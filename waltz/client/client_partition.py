@@ -32,12 +32,14 @@ from waltz.client.apply_worker import ApplyWorker
 from waltz.client.connection import ServerConnection
 from waltz.client.context import AppendPayload
 from waltz.client.feed_window import FeedWindow
+from waltz.client.genesis_hold import GenesisHold
 from waltz.client.lock_claims import ClaimWaiter, LockClaims
 from waltz.client.lock_holds import LockHolds, PendingAppend
 from waltz.client.metrics import ClientMetrics, PartitionMetrics
 from waltz.client.monitor import TransactionMonitor
 from waltz.client.mount_procedure import MountHost, MountProcedure, PartitionState
 from waltz.client.pending_appends import AttemptOutcomes, PendingAppends, RequestIds
+from waltz.client.routing import SplitOrigin
 from waltz.client.submission import Submission
 from waltz.client.transaction import Transaction, TransactionDataSource
 from waltz.client.waiting import Watermark
@@ -59,6 +61,11 @@ class PartitionHost(MountHost, RequestIds, Protocol):
 
     data_source: TransactionDataSource
 
+    def own_applied_mark(self, partition_id: int) -> Watermark | None:
+        """This client's applied mark of a partition it mounts (None: it does not mount it); any
+        thread."""
+        ...
+
 
 class ClientPartition:
     """One partition as this client sees it.
@@ -77,6 +84,9 @@ class ClientPartition:
             :meth:`PendingAppends.send`).
         retry_linger: seconds a re-attempt's append may wait for the next first attempt's append
             to share its stream message (``client.retryLinger``; see :meth:`PendingAppends.send`).
+        origin: for a new child of a split, its parent and the parent's ``B(p)``, its floor
+            (docs/design/splits.md "Clients across a split"); None for a partition of the count at
+            creation.
     """
 
     def __init__(
@@ -91,8 +101,14 @@ class ClientPartition:
         max_apply_backlog: int = 0,
         hold_conflicting_appends: bool = True,
         retry_linger: float = 0.0,
+        origin: SplitOrigin | None = None,
     ) -> None:
         self.partition_id = partition_id
+        self.origin = origin
+        """A new child's parent and ``B(p)`` (None: a partition of the count at creation)."""
+        self.floor = -1 if origin is None else origin.barrier
+        """The lowest mark the partition is mounted from and read at: a new child's ``B(p)``, its
+        log starting with the genesis after it; -1 otherwise."""
         self.metrics = metrics if metrics is not None else ClientMetrics().partition(partition_id)
         self._host = host
         self._outcomes = outcomes
@@ -190,9 +206,24 @@ class ClientPartition:
                 linger=self._apply_linger,
                 metrics=self.metrics,
                 absorbed=self.absorbed,
+                hold=self._genesis_hold(),
             )
             self.worker.start()
         mount.start()
+
+    def _genesis_hold(self) -> GenesisHold | None:
+        """A new child's genesis hold, for its next apply worker (docs/design/splits.md "Clients
+        across a split"); None for a partition of the count at creation."""
+        if self.origin is None:
+            return None
+        host = self._host
+        return GenesisHold(self.origin, host.own_applied_mark, host.callbacks.get_client_high_water_mark)
+
+    @property
+    def holding_genesis(self) -> bool:
+        """True while the partition's apply holds its genesis for its parent's mark."""
+        worker = self.worker
+        return worker is not None and worker.holding
 
     def remount(self, reason: str) -> None:
         """Run the reconnect procedure: block appends, mount again (docs/design/client.md "Reconnect")."""
@@ -237,9 +268,12 @@ class ClientPartition:
         mark", step 3): the callbacks' mark on a first mount; with appends pending, the lower of
         the callbacks' mark and the last transaction this client saw in its own feed, so that the
         fate of each pending append shows in the feed even when another instance sharing the
-        database is ahead; otherwise the higher of the two. The feed restarts after it."""
+        database is ahead; otherwise the higher of the two. The feed restarts after it. A new
+        child's callbacks' mark is read as its floor ``B(p)`` when below it (docs/design/splits.md
+        "Clients across a split"), so its feed starts with the genesis."""
         worker = self.worker
         assert worker is not None
+        callbacks_mark = max(callbacks_mark, self.floor)  # a new child: its feed starts with the genesis
         mark = self._mount_mark(callbacks_mark, worker)
         self._feed_mark = mark
         return mark

@@ -325,6 +325,17 @@ class TransactionContext(abc.ABC):
         """
         return ()
 
+    def routed(self, partition_id: int, num_partitions: int) -> None:  # noqa: B027 (optional hook)
+        """Called when the client routed the context, after :meth:`partition_id` and before its
+        first attempt (again when it is routed anew after a refusal of its epoch): the partition
+        its appends go to and the count of the epoch it was routed by (docs/design/splits.md
+        "Clients across a split"). During a split the partition may be the key's partition at an
+        older count (its parent there is not sealing yet), ``partition_id(num_partitions)`` for a
+        divisible partition function. A context that reads state by its partition (the SQL
+        framework's entity contexts read their partition's mark) reads that one's. The default
+        does nothing.
+        """
+
     def on_completion(self, result: bool) -> None:  # noqa: B027 (optional hook)
         """Called once when the context ends without error or expiry.
 

@@ -31,7 +31,7 @@ from waltz.client.event_loop import shared_event_loop
 from waltz.client.in_flight import InFlight
 from waltz.client.metrics import ClientMetrics, PartitionGauges
 from waltz.client.mount_procedure import PartitionState
-from waltz.client.routing import EpochRouting
+from waltz.client.routing import EpochRouting, SplitOrigin, opened_children
 from waltz.client.transaction import TransactionDataSource
 from waltz.client.transaction_data import REQUEST_TIMEOUT, TransactionDataClient
 from waltz.client.waiting import Watermark
@@ -63,6 +63,8 @@ class ClientCore:
 
     Construction blocks: it connects to ZooKeeper, takes a client ID, reads the number of
     partitions, starts the event loop thread and (with auto-mount) starts mounting every partition.
+    The new children of splits become partitions of the client as the epochs' watch shows them
+    opened (docs/design/splits.md "Clients across a split"), mounted at once with auto-mount.
 
     Args:
         callbacks: the application's callbacks.
@@ -104,8 +106,9 @@ class ClientCore:
             self.client_id = self._discovery.next_client_id()
             if config.client_tracing:  # OpenTelemetry is imported only then (docs/tracing.md)
                 self._tracing = client_tracing(self.client_id, config.client_tracing_sample_ratio)
-            self.num_partitions = self._discovery.num_partitions
-            self.routing = EpochRouting(self.num_partitions)
+            self.initial_count = self._discovery.num_partitions
+            """The partition count of ``discovery``: the count the cluster was created with."""
+            self.routing = EpochRouting(self.initial_count)
             """The client's view of ``partitions/epochs``, by which contexts are routed
             (docs/design/splits.md "Clients across a split")."""
             self._loop, self._thread = shared_event_loop()
@@ -120,7 +123,7 @@ class ClientCore:
                 config.client_transaction_data_timeout,
             )
             self.data_source: TransactionDataSource = self.data_client
-            self.in_flight = InFlight(range(self.num_partitions), config.client_max_concurrent_transactions)
+            self.in_flight = InFlight(range(self.initial_count), config.client_max_concurrent_transactions)
             """The submitted contexts that have not ended, with their partitions' concurrency slots."""
             self.attempts = AttemptRunner(
                 self.client_id,
@@ -139,8 +142,9 @@ class ClientCore:
             self.partitions.update(self._call(self._create_partitions()))
             self._discovery.watch_epochs(self._epochs_changed)  # read once before any submit
             self._discovery.watch_assignment(self._assignment_changed)
-            if config.client_auto_mount:
-                self._call(self._mount(range(self.num_partitions)))
+            # With auto-mount, mount every partition; either way, once this returns the client
+            # has the partitions of the children its first read of the epochs showed opened.
+            self._call(self._mount(range(self.initial_count) if config.client_auto_mount else ()))
         except BaseException:
             self.close()
             raise
@@ -168,21 +172,72 @@ class ClientCore:
         if not task.cancelled() and task.exception() is not None:
             log.error("client task failed", exc_info=task.exception())
 
+    @property
+    def num_partitions(self) -> int:
+        """The newest count in the client's view of the partition epochs, finished or not: what
+        ``TransactionContext.partition_id`` is asked with (docs/design/splits.md "Clients across a
+        split"); the count of ``discovery`` when the cluster never split."""
+        routing: EpochRouting | None = getattr(self, "routing", None)
+        return routing.view.count if routing is not None else self._discovery.num_partitions
+
     async def _create_partitions(self) -> dict[int, ClientPartition]:
-        return {
-            pid: ClientPartition(
-                pid,
-                self,
-                self.attempts,
-                self.config.client_max_apply_batch_size,
-                self.metrics.partition(pid),
-                apply_linger=self.config.client_apply_linger,
-                max_apply_backlog=self.config.client_max_apply_backlog,
-                hold_conflicting_appends=self.config.client_hold_conflicting_appends,
-                retry_linger=self.config.client_retry_linger,
+        return {pid: self._new_partition(pid) for pid in range(self.initial_count)}
+
+    def _new_partition(self, pid: int, origin: SplitOrigin | None = None) -> ClientPartition:
+        return ClientPartition(
+            pid,
+            self,
+            self.attempts,
+            self.config.client_max_apply_batch_size,
+            self.metrics.partition(pid),
+            apply_linger=self.config.client_apply_linger,
+            max_apply_backlog=self.config.client_max_apply_backlog,
+            hold_conflicting_appends=self.config.client_hold_conflicting_appends,
+            retry_linger=self.config.client_retry_linger,
+            origin=origin,
+        )
+
+    def _add_children(self, epochs: PartitionEpochs) -> None:
+        """Make a partition of every new child the epochs show opened that the client does not
+        have yet (on the loop; docs/design/splits.md "Clients across a split"): its slots, its
+        floor ``B(p)``, its metrics; with auto-mount it starts mounting. Contexts waiting for a
+        partition the client did not have then route again."""
+        if self._closed:
+            return
+        added: list[SplitOrigin] = []
+        for child, origin in opened_children(epochs).items():
+            if child in self.partitions:
+                continue
+            self.in_flight.add_partition(child)
+            self.attempts.set_floor(child, origin.barrier)
+            partition = self._new_partition(child, origin)
+            self.partitions[child] = partition
+            if self.config.client_auto_mount:
+                partition.mount()
+            added.append(origin)
+        if not added:
+            return
+        for origin in added:
+            log.info(
+                "Waltz client %d: partition %d, a child of partition %d in epoch %d, opened at its floor "
+                "%d (%s)",
+                self.client_id,
+                origin.child,
+                origin.parent,
+                origin.epoch,
+                origin.barrier,
+                "mounting it" if self.config.client_auto_mount else "set_partitions may mount it",
             )
-            for pid in range(self.num_partitions)
-        }
+        self._spawn(self._refresh_assignment())
+        self.routing.wake()
+
+    def own_applied_mark(self, partition_id: int) -> Watermark | None:
+        """This client's applied mark of a partition it mounts (None: it does not mount it); any
+        thread (a child's genesis hold reads its parent's)."""
+        partition = self.partitions.get(partition_id)
+        if partition is None or not partition.wanted:
+            return None
+        return partition.applied
 
     # --- PartitionHost ----------------------------------------------------------------------------
 
@@ -215,7 +270,11 @@ class ClientCore:
                 self._loop.call_soon_threadsafe(self._apply_assignment, assignment)
 
     def _epochs_changed(self, epochs: PartitionEpochs, version: int) -> None:
-        """The epochs' watch fired (on a kazoo thread): a new routing view."""
+        """The epochs' watch fired (on a kazoo thread): a new routing view, and the partitions of
+        the children opened since (made on the loop)."""
+        if not self._closed:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._add_children, epochs)
         if self.routing.update(epochs, version):
             log.info(
                 "Waltz client %s: partitions/epochs at version %d (epoch %d, %d partitions)",
@@ -283,7 +342,9 @@ class ClientCore:
         """
         partition = self.partitions.get(partition_id)
         if partition is None:
-            raise ValueError(f"partition {partition_id} does not exist (0..{self.num_partitions - 1})")
+            raise ValueError(
+                f"partition {partition_id} does not exist (this client has {sorted(self.partitions)})"
+            )
         return partition.applied
 
     def nudge(self, partition_ids: Iterable[int] | None = None) -> None:
@@ -328,8 +389,8 @@ class ClientCore:
         wanted = set(partition_ids)
         bad = sorted(p for p in wanted if p not in self.partitions)
         if bad:
-            raise ValueError(f"partitions {bad} do not exist (0..{self.num_partitions - 1})")
-        for pid, partition in self.partitions.items():
+            raise ValueError(f"partitions {bad} do not exist (this client has {sorted(self.partitions)})")
+        for pid, partition in list(self.partitions.items()):
             in_flight = self.in_flight.count(pid) if pid not in wanted and partition.wanted else 0
             if in_flight:
                 raise WaltzClientError(
@@ -349,7 +410,7 @@ class ClientCore:
             WaltzTimeoutError: not mounted within ``timeout`` seconds.
         """
         ids = (
-            [p.partition_id for p in self.partitions.values() if p.wanted]
+            [p.partition_id for p in list(self.partitions.values()) if p.wanted]
             if partition_ids is None
             else list(partition_ids)
         )
@@ -370,7 +431,7 @@ class ClientCore:
             WaltzTimeoutError: not caught up within ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
-        ids = [p.partition_id for p in self.partitions.values() if p.wanted]
+        ids = [p.partition_id for p in list(self.partitions.values()) if p.wanted]
         self.wait_until_mounted(timeout, ids)
         marks = {pid: self.get_high_water_mark(pid, max(0.0, deadline - time.monotonic())) for pid in ids}
         behind: dict[int, tuple[int, int]] = {}
@@ -436,7 +497,9 @@ class ClientCore:
         """Blocking :meth:`high_water_mark`."""
         self.check_open()
         if partition_id not in self.partitions:
-            raise ValueError(f"partition {partition_id} does not exist (0..{self.num_partitions - 1})")
+            raise ValueError(
+                f"partition {partition_id} does not exist (this client has {sorted(self.partitions)})"
+            )
         return self._call(self.high_water_mark(partition_id, timeout))
 
     # --- closing ----------------------------------------------------------------------------------
@@ -469,7 +532,7 @@ class ClientCore:
             attempts.closing()
         self._discovery.close()
         # Stop the apply workers first: an apply in progress may still fetch data over the loop.
-        workers = [p.worker for p in getattr(self, "partitions", {}).values() if p.worker is not None]
+        workers = [p.worker for p in list(getattr(self, "partitions", {}).values()) if p.worker is not None]
         for worker in workers:
             worker.close(timeout)
         thread = getattr(self, "_thread", None)
@@ -512,13 +575,23 @@ class ClientCore:
 
     def partition_states(self) -> dict[int, PartitionState]:
         """Partition ID -> its state."""
-        return {pid: p.state for pid, p in self.partitions.items()}
+        return {pid: p.state for pid, p in list(self.partitions.items())}
+
+    def held_partitions(self) -> dict[int, int]:
+        """New children of a split whose apply holds their genesis (docs/design/splits.md "Clients
+        across a split") -> the parent they wait for. A pause, not a failure: they are not among
+        :meth:`unhealthy_partitions`."""
+        return {
+            pid: p.origin.parent
+            for pid, p in list(getattr(self, "partitions", {}).items())
+            if p.origin is not None and p.holding_genesis
+        }
 
     def unhealthy_partitions(self) -> dict[int, BaseException | None]:
         """Partitions whose ``apply_transaction`` keeps failing -> the last exception."""
         return {
             pid: p.worker.last_error
-            for pid, p in getattr(self, "partitions", {}).items()
+            for pid, p in list(getattr(self, "partitions", {}).items())
             if p.worker is not None and not p.worker.healthy
         }
 
@@ -526,7 +599,7 @@ class ClientCore:
         """Partition -> committed transactions queued for ``apply_transaction`` (mounted ones)."""
         return {
             pid: p.worker.backlog
-            for pid, p in getattr(self, "partitions", {}).items()
+            for pid, p in list(getattr(self, "partitions", {}).items())
             if p.worker is not None
         }
 

@@ -34,11 +34,20 @@ class InFlight:
     """
 
     def __init__(self, partition_ids: Iterable[int], limit: int) -> None:
+        self._limit = limit
         self._limits = {pid: ConcurrencyLimit(limit) for pid in partition_ids}
         self._submitted = dict.fromkeys(self._limits, 0)  # contexts admitted, read when scraped
         self._in_flight: set[Submission] = set()
         self._lock = threading.Lock()  # taken alone on the per-transaction paths
         self._changed = threading.Condition(self._lock)
+
+    def add_partition(self, partition_id: int) -> None:
+        """Give a partition the client made later (a new child of a split, docs/design/splits.md
+        "Clients across a split") its slots; nothing when it has them."""
+        with self._lock:
+            if partition_id not in self._limits:
+                self._limits[partition_id] = ConcurrencyLimit(self._limit)
+                self._submitted[partition_id] = 0
 
     def try_admit(self, submission: Submission) -> bool:
         """Admit a submission if its partition has a slot free now (and nobody waits for one);

@@ -16,12 +16,22 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from waltz.metadata.epochs import EpochState, PartitionEpochs
 
-__all__ = ["EPOCH_WAIT_SECONDS", "EpochRouting", "Route", "RoutingView", "route_by_epochs"]
+__all__ = [
+    "EPOCH_WAIT_SECONDS",
+    "EpochRouting",
+    "PartitionRouter",
+    "Route",
+    "RoutingView",
+    "SplitOrigin",
+    "opened_children",
+    "route_by_epochs",
+]
 
 #: Seconds at most a context without a timeout of its own waits for the epochs to move after a
 #: refusal of its epoch, or for its new partition to be open (the client's default request
@@ -39,6 +49,55 @@ class Route(NamedTuple):
 
     partition_id: int
     epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class SplitOrigin:
+    """Where a new child of a split starts (docs/design/splits.md "Clients across a split").
+
+    Attributes:
+        child: the new partition.
+        epoch: the epoch it belongs to.
+        parent: its parent, ``child mod previous_count``.
+        barrier: the parent's ``B(p)``: the child's **floor** (its log starts after it, with the
+            genesis at ``B(p) + 1``; the client mounts it from there and never reads its mark below).
+    """
+
+    child: int
+    epoch: int
+    parent: int
+    barrier: int
+
+    @property
+    def genesis(self) -> int:
+        """The transaction ID of the child's genesis, ``B(p) + 1``."""
+        return self.barrier + 1
+
+
+def opened_children(epochs: PartitionEpochs) -> dict[int, SplitOrigin]:
+    """Every new child of every epoch that is marked opened (its parent's ``B(p)`` is then known,
+    "The epochs znode's record form"), by partition ID: the partitions a client makes beside those
+    of the count at creation (docs/design/splits.md "Clients across a split")."""
+    children: dict[int, SplitOrigin] = {}
+    for epoch in epochs.epochs:
+        for child, progress in sorted(epoch.children.items()):
+            if not progress.opened:
+                continue
+            parent, barrier = epoch.parent_barrier(child)
+            if barrier is not None:  # always known once opened; a hand-written znode is skipped
+                children[child] = SplitOrigin(child, epoch.number, parent, barrier)
+    return children
+
+
+class PartitionRouter(Protocol):
+    """What routes a key by the client's view of the partition epochs (``WaltzClient``): taken
+    where a partition count was (``partition_of``, ``read_entities``; docs/design/splits.md
+    "Clients across a split")."""
+
+    def partition_for(self, choose: Callable[[int], int]) -> int:
+        """The partition a key goes to now: ``choose(count)`` at the newest count, routed down
+        while the key's parent is not sealing (see :meth:`RoutingView.partition_for`)."""
+        ...
 
 
 #: One epoch as routing reads it, newest first: (its number, its previous count, the parents that
@@ -110,6 +169,19 @@ class RoutingView:
         """The newest epoch's number, finished or not (0: the cluster never split)."""
         return self.epochs.current_number
 
+    def count_of(self, epoch: int) -> int:
+        """The partition count of ``epoch`` (0: the count at creation) in this view."""
+        return self.epochs.count_of(epoch)
+
+    def partition_for(self, choose: Callable[[int], int]) -> int:
+        """The partition a key goes to by this view: ``choose(count)`` (the key's partition at
+        :attr:`count`, the partition function's), routed (:meth:`route`).
+
+        Raises:
+            ValueError: ``choose`` gave a partition outside ``0 .. count - 1``.
+        """
+        return self.route(choose(self.count)).partition_id
+
     def route(self, partition_id: int) -> Route:
         """Route a key whose partition at :attr:`count` is ``partition_id`` (see
         :func:`route_by_epochs`).
@@ -146,6 +218,18 @@ class EpochRouting:
     def view(self) -> RoutingView:
         """The view now (one attribute read: the hot path's)."""
         return self._view
+
+    def wake(self) -> None:
+        """Take the same value again as a new view (a higher serial) and wake the waiters: the
+        client made the partitions of children it did not have, and contexts waiting for them
+        route again (any thread)."""
+        with self._lock:
+            current = self._view
+            self._view = RoutingView.of(current.epochs, current.version, current.serial + 1)
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop closed
+                loop.call_soon_threadsafe(_wake, future)
 
     def update(self, epochs: PartitionEpochs, version: int) -> bool:
         """Take a new value of the znode (any thread; the watch calls it in the znode's order).

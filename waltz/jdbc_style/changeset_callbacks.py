@@ -21,6 +21,7 @@ from sqlalchemy import Engine, and_, bindparam, delete, insert, update
 from sqlalchemy.orm import Session
 
 from waltz.client.apply_worker import on_apply_thread
+from waltz.client.routing import PartitionRouter
 from waltz.client.transaction import Transaction
 from waltz.errors import ApplyPausedError
 from waltz.jdbc_style.apply_session import ApplySession
@@ -286,7 +287,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         self,
         entities: Sequence[tuple[type[Any], Any]],
         *,
-        num_partitions: int,
+        num_partitions: int | PartitionRouter,
         after: int | None = None,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> EntityRead:
@@ -298,8 +299,11 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         Args:
             entities: ``(model, key)`` pairs, all of one partition; a key as ``tx.get`` takes it
                 (a scalar, a tuple or a mapping of the key attributes).
-            num_partitions: the log's partitions (``client.num_partitions``): the entities'
-                partition is computed as a transaction's is.
+            num_partitions: the client (a :class:`~waltz.client.routing.PartitionRouter`): the
+                entities' partition is the one their transactions go to now, routed by the
+                client's view of the partition epochs, during a split too (docs/design/splits.md
+                "Clients across a split"); or a count: their partition at that count, computed as
+                a transaction's is.
             after: a transaction ID of that partition the read must include (read-your-writes:
                 the ID a submission's future returned); None: whatever position the read finds.
                 Not on that partition's apply thread (it would wait for its own apply).
@@ -326,7 +330,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         self,
         entities: Sequence[tuple[type[Any], Any]],
         *,
-        num_partitions: int,
+        num_partitions: int | PartitionRouter,
         after: int | None = None,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> EntityRead:

@@ -25,6 +25,7 @@ one transaction). :func:`partition_of` gives an entity's partition, by its model
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import zlib
@@ -39,6 +40,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapper, Session, make_transient_to_d
 from sqlalchemy.orm.attributes import instance_dict
 
 from waltz.client.locks import PartitionLocalLock
+from waltz.client.routing import PartitionRouter
 from waltz.errors import SqlFrameworkError
 from waltz.jdbc_style.upcasting import SchemaChain, SchemaChains, Upcaster
 
@@ -140,7 +142,7 @@ def default_partition(key: tuple[Any, ...], num_partitions: int) -> int:
     return zlib.crc32(lock_id_of(key).to_bytes(8, "big", signed=True)) % num_partitions
 
 
-def partition_of(model: type[Any], key: Any, num_partitions: int) -> int:
+def partition_of(model: type[Any], key: Any, num_partitions: int | PartitionRouter) -> int:
     """The partition of a declared entity, as a transaction's is chosen: the model's
     ``partition_by``, or :func:`default_partition` (docs/design/sql.md "Entity transactions").
     Use it to route a request to the instance that mounts the entity's partition, or to name the
@@ -150,7 +152,10 @@ def partition_of(model: type[Any], key: Any, num_partitions: int) -> int:
         model: a model with ``__waltz__``.
         key: the entity's key as ``tx.get`` takes it: a scalar, a tuple or a mapping of the key
             attributes.
-        num_partitions: the log's partitions (``client.num_partitions``), at least 1.
+        num_partitions: the client (a :class:`~waltz.client.routing.PartitionRouter`): the
+            partition the entity's transactions go to now, by the client's view of the
+            partition epochs, during a split too (docs/design/splits.md "Clients across a
+            split"); or a count, at least 1: the entity's partition at that count.
 
     Returns:
         The partition, ``0 .. num_partitions - 1``.
@@ -160,10 +165,13 @@ def partition_of(model: type[Any], key: Any, num_partitions: int) -> int:
         ValueError: the key has the wrong number of values, ``num_partitions`` is below 1, or
             ``partition_by`` gave a partition outside ``0 .. num_partitions - 1``.
     """
+    info = _info_of(model)
+    values = info.normalize_key(key)
+    if not isinstance(num_partitions, int):
+        return num_partitions.partition_for(functools.partial(info.partition_of, values))
     if num_partitions < 1:
         raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
-    info = _info_of(model)
-    return info.partition_of(info.normalize_key(key), num_partitions)
+    return info.partition_of(values, num_partitions)
 
 
 def _info_of(model: type[Any]) -> EntityInfo:

@@ -108,6 +108,7 @@ class _Batch(TransactionContext):
         first = members[0].context
         self.reads_absorbed_state = first.reads_absorbed_state
         self._num_partitions = batcher.client.num_partitions
+        self._grouped = (partition_id, self._num_partitions)  # the batcher's grouping
 
     def partition_id(self, num_partitions: int) -> int:
         """The batch's partition at ``num_partitions``: the batcher's at the discovery count; at
@@ -119,8 +120,9 @@ class _Batch(TransactionContext):
                 their keys to a new partition): the batch is refused, not regrouped; each member
                 ends with the error.
         """
-        if num_partitions == self._num_partitions:
-            return self._partition_id
+        grouped, count = self._grouped
+        if num_partitions == count:
+            return grouped
         routes = {member.context.partition_id(num_partitions) for member in self.members}
         if len(routes) != 1:
             raise CrossPartitionError(
@@ -130,6 +132,14 @@ class _Batch(TransactionContext):
                 'again (docs/design/splits.md, "Clients across a split")'
             )
         return routes.pop()
+
+    def routed(self, partition_id: int, num_partitions: int) -> None:
+        """The client routed the batch (docs/design/splits.md "Clients across a split"): it and its
+        members read that partition's state and check their entities at that count."""
+        self._partition_id = partition_id
+        self._num_partitions = num_partitions
+        for member in self.members:
+            member.context.routed(partition_id, num_partitions)
 
     def expected_locks(self) -> Sequence[PartitionLocalLock]:
         locks: dict[PartitionLocalLock, None] = {}

@@ -636,6 +636,14 @@ class EntityTransactionContext(TransactionContext):
         self._partition_id = next(iter(partitions))
         return self._partition_id
 
+    def routed(self, partition_id: int, num_partitions: int) -> None:
+        """The client routed the context to ``partition_id`` at ``num_partitions``: during a split
+        the key's partition at the count before while its parent is not sealing yet
+        (docs/design/splits.md "Clients across a split"). Its attempts read that partition's mark
+        and state, and check their entities at that count."""
+        self._num_partitions = num_partitions
+        self._partition_id = partition_id
+
     def expected_locks(self) -> list[PartitionLocalLock]:
         """The locks of the entities :meth:`prefetch_entities` names (by default the declared
         entities and those of :attr:`expected_models` with the declared keys): while an append of

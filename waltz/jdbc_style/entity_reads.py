@@ -15,11 +15,13 @@ cache unless the applies are that far behind.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, Protocol
 
 from waltz.client.apply_worker import on_apply_thread
+from waltz.client.routing import PartitionRouter
 from waltz.errors import CrossPartitionError
 from waltz.jdbc_style.entities import EntityInfo, EntityRegistry, rows_by_model
 from waltz.jdbc_style.entity_cache import EntityCache
@@ -83,7 +85,7 @@ def read_entities(
     source: EntityReadSource,
     entities: Sequence[tuple[type[Any], Any]],
     *,
-    num_partitions: int,
+    num_partitions: int | PartitionRouter,
     after: int | None = None,
     timeout: float = DEFAULT_TIMEOUT,
 ) -> EntityRead:
@@ -116,7 +118,7 @@ def read_entities_from_cache(
     source: EntityReadSource,
     entities: Sequence[tuple[type[Any], Any]],
     *,
-    num_partitions: int,
+    num_partitions: int | PartitionRouter,
     after: int | None = None,
 ) -> EntityRead | None:
     """What :func:`read_entities` answers from the entity cache alone (no database, no wait: fit
@@ -127,26 +129,42 @@ def read_entities_from_cache(
 
 
 def _locate(
-    source: EntityReadSource, entities: Sequence[tuple[type[Any], Any]], num_partitions: int
+    source: EntityReadSource,
+    entities: Sequence[tuple[type[Any], Any]],
+    num_partitions: int | PartitionRouter,
 ) -> tuple[int, list[_Key], bool]:
-    """The entities' partition, their keys, and whether the entity cache may hold them all."""
+    """The entities' partition (at a count, or routed by the client's view of the partition
+    epochs, docs/design/splits.md "Clients across a split"), their keys, and whether the entity
+    cache may hold them all."""
     if not entities:
         raise ValueError("read_entities needs at least one (model, key) pair")
     registry = source.registry
     keys: list[_Key] = []
-    partitions: set[int] = set()
     for model, key in entities:
         info = registry.info(model)
-        values = info.normalize_key(key)
-        keys.append((info, values))
-        partitions.add(info.partition_of(values, num_partitions))
+        keys.append((info, info.normalize_key(key)))
+    choose = functools.partial(_shared_partition, keys)
+    if isinstance(num_partitions, int):
+        partition_id = choose(num_partitions)
+    else:
+        partition_id = num_partitions.partition_for(choose)
+    cache = source.entity_cache
+    return partition_id, keys, cache is not None and cache.kept(keys)
+
+
+def _shared_partition(keys: list[_Key], num_partitions: int) -> int:
+    """The one partition of ``keys`` at ``num_partitions``.
+
+    Raises:
+        CrossPartitionError: they are on more than one.
+    """
+    partitions = {info.partition_of(values, num_partitions) for info, values in keys}
     if len(partitions) > 1:
         raise CrossPartitionError(
             f"entities read together must share a partition; these are on partitions {sorted(partitions)} "
             "(read each partition's on its own)"
         )
-    cache = source.entity_cache
-    return partitions.pop(), keys, cache is not None and cache.kept(keys)
+    return partitions.pop()
 
 
 def _from_cache(
