@@ -29,6 +29,7 @@ from waltz.admin.split_open import ChildOpenPlan, open_child, plan_child_open
 from waltz.admin.verify import CheckStatus, metadata_checks
 from waltz.errors import ParentNotSealedError, SplitStateError, SplitStorageError
 from waltz.local.cluster import LocalCluster
+from waltz.local.processes import wait_until
 from waltz.metadata.epochs import PartitionEpochs, PartitionEpochsZk
 from waltz.metadata.values import PartitionMetadata, ReplicaState
 from waltz.metadata.zk import ClusterZk
@@ -136,9 +137,17 @@ def test_a_child_of_a_sealed_parent_opens_on_its_parents_storage_nodes_after_the
     assert set(metadata.replicas) == {storage}
     assert metadata == plan.metadata or metadata.session_id >= 0, metadata
     assert with_epochs(cluster, "read").epoch(1).children[2].opened
+    # The child's owner appends its genesis and writes its ID: after that, nothing moves.
+    genesis = wait_until(
+        lambda: with_epochs(cluster, "read").epoch(1).children[2].genesis,
+        timeout=60,
+        what="child 2's genesis in partitions/epochs",
+        interval=0.1,
+    )
+    assert genesis == barrier + 1
     # Done: a second call writes nothing and answers the same plan.
     before = versions(cluster_zk)
-    assert open_child(cluster_zk, 1, 2) == plan
+    assert open_child(cluster_zk, 1, 2) == dataclasses.replace(plan, genesis=genesis)
     assert versions(cluster_zk) == before
     assert node_partitions(cluster)[0] == 4
     # Child 3's parent is not sealing: its refusal says so, and nothing of it is written.
