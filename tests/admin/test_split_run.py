@@ -201,11 +201,11 @@ def test_a_split_cut_from_zookeeper_resumes_and_aborts_only_before_a_parent_is_s
         # Every committed reader (Spark's source, the rebuild) reads the children too, and a cut
         # that reads a child past its genesis with its parent below the barrier is refused.
         plans = plan_live_on(admin.cluster)
-        assert [(p.partition_id, p.high_water_mark) for p in plans] == [
-            (0, barriers[0]),
-            (1, barriers[1]),
-            (2, barriers[0] + 1),
-            (3, barriers[1] + 1),
+        assert [(p.partition_id, p.high_water_mark, p.first_transaction_id) for p in plans] == [
+            (0, barriers[0], 0),
+            (1, barriers[1], 0),
+            (2, barriers[0] + 1, barriers[0] + 1),  # a child's log starts at its genesis
+            (3, barriers[1] + 1, barriers[1] + 1),
         ]
         value = LogSource(
             zookeeper=cluster.zookeeper_connect_string, cluster_root=cluster.root

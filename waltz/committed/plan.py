@@ -24,6 +24,7 @@ itself:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,7 +40,7 @@ from waltz.committed.sources import (
     OfflineSource,
 )
 from waltz.errors import ConfigurationError, WaltzError
-from waltz.metadata.epochs import PartitionEpochsZk
+from waltz.metadata.epochs import PartitionEpochs, PartitionEpochsZk
 from waltz.metadata.replicas import quorum_of
 from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_security import ZooKeeperSecurity, security_from_environment
@@ -139,9 +140,13 @@ def plan_live_on(
         ids = _partition_ids(partitions, existing.partition_ids)
         summary = cluster.archive_summary()
         archive = None if summary is None else summary.value.location
+        firsts = _first_transaction_ids(existing)
         return [
-            _plan_live_partition(
-                loop, cluster, pid, str(params.cluster_key), params.num_partitions, timeout, tls, archive
+            dataclasses.replace(
+                _plan_live_partition(
+                    loop, cluster, pid, str(params.cluster_key), params.num_partitions, timeout, tls, archive
+                ),
+                first_transaction_id=firsts.get(pid, 0),
             )
             for pid in ids
         ]
@@ -149,6 +154,18 @@ def plan_live_on(
         # Let gRPC's poller deliver its last events before the loop closes.
         loop.run_until_complete(asyncio.sleep(0.05))
         loop.close()
+
+
+def _first_transaction_ids(epochs: PartitionEpochs) -> dict[int, int]:
+    """Each split child's first transaction ID, its genesis ``B(p) + 1``: its log starts there
+    (docs/design/splits.md "The handover", step 4); a partition not named starts at 0."""
+    firsts = {}
+    for epoch in epochs.epochs:
+        for child in epoch.children:
+            _, barrier = epoch.parent_barrier(child)
+            if barrier is not None:
+                firsts[child] = barrier + 1
+    return firsts
 
 
 def _partition_ids(partitions: Iterable[int] | None, existing: int | Sequence[int]) -> list[int]:

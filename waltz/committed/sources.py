@@ -99,9 +99,12 @@ class CommittedPartition:
         high_water_mark: every record up to it is committed and readable (-1: empty).
         source: :class:`LiveSource` or :class:`OfflineSource`.
         proof: one line on how the mark was established (logged, shown by ``waltz rebuild``).
+        first_transaction_id: the lowest ID its log holds: 0, or for a new partition of a split
+            its genesis, ``B(p) + 1`` (docs/design/splits.md "Spark across a split").
     """
 
     partition_id: int
     high_water_mark: int
     source: LiveSource | OfflineSource
     proof: str
+    first_transaction_id: int = 0

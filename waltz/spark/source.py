@@ -273,7 +273,7 @@ class WaltzLogReader(DataSourceReader):
                 last = up_to[pid]
             if high is not None:
                 last = min(last, high)
-            start = max(low, after.get(pid, -1) + 1)
+            start = max(low, after.get(pid, -1) + 1, committed.first_transaction_id)
             log.info("partition %d: reading %d..%d (%s)", pid, start, last, committed.proof)
             location = self._archive(committed)
             archived: list[ArchivedRange] = []
