@@ -101,3 +101,33 @@ def test_the_demo_refuses_a_module_that_is_no_smallbank_application(tmp_path: Pa
     assert result.exit_code == 2, result.output
     assert "the demo could not run" in result.stderr and "defines SMALLBANK" in result.stderr
     assert not (tmp_path / "cluster").exists()  # refused before a cluster started
+
+
+def test_the_demo_with_a_split_in_the_middle_passes_its_checks_on_every_partition(tmp_path: Path) -> None:
+    """``waltz demo --split-to``: the log's partitions split while the mix runs
+    (docs/design/splits.md "The handover"); every check then covers the partitions of both counts
+    (each transaction applied once, from a new partition's genesis on and but the split records;
+    every replica; the Spark rebuild at every partition's mark), money is conserved, and an
+    operation decided at the old count that parts at the new one is drawn again, not failed."""
+    from waltz.cli.main import app
+
+    args = ["demo", "--split-to", "4", "--transactions", "300", "--accounts", "40", "--partitions", "2"]
+    args += ["--no-faults", "--no-evolve", "--work-dir", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    output = result.output
+    assert result.exit_code == 0, output + result.stderr
+    assert not [line for line in output.splitlines() if line.startswith("FAIL")], output
+
+    def passed(check: str) -> str:
+        """The detail of the check ``check``, which passed."""
+        found = re.search(rf"^PASS  {re.escape(check)}: (.*)$", output, re.M)
+        assert found is not None, f"{check!r} did not pass:\n{output}"
+        return found.group(1)
+
+    assert passed("the log split to 4 partitions under the mix").startswith("split to 4 partitions complete")
+    marks = passed("database marks = server high-water marks")
+    assert re.match(r"server \{0: \d+, 1: \d+, 2: \d+, 3: \d+\}, database", marks), marks
+    assert passed("replicas hold identical record sequences") == "4 partitions compared"
+    rebuilt = passed("Spark rebuild from the log equals the live database")
+    assert re.search(r"at marks \{0: \d+, 1: \d+, 2: \d+, 3: \d+\}$", rebuilt), rebuilt
+    assert passed("money conserved")

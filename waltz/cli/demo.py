@@ -65,6 +65,18 @@ def demo(
             ),
         ),
     ] = False,
+    split_to: Annotated[
+        int | None,
+        typer.Option(
+            "--split-to",
+            help=(
+                "Split the log's partitions to this count (a multiple of --partitions) at 60 % of "
+                "the mix, while it runs (waltz cluster split; docs/design/splits.md); the checks "
+                "then cover every partition of both counts."
+            ),
+            min=2,
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Random seed of the workload.")] = 7,
     spark: Annotated[
         bool,
@@ -142,6 +154,7 @@ def demo(
             faults=faults,
             evolve=evolve,
             batch=batch,
+            split_to=split_to,
             seed=seed,
             spark=spark,
             spark_master=spark_master,

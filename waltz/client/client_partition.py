@@ -484,7 +484,12 @@ class ClientPartition:
 
     def _on_server_error(self, error: client_pb2.ServerError) -> None:
         req_id = ReqId.from_proto(error.req_id)
-        log.warning("partition %d: server error for %s: %s", self.partition_id, req_id, error.message)
+        if error.code in (client_pb2.STALE_PARTITION_EPOCH, client_pb2.PARTITION_NOT_OPEN):
+            # Expected while a split runs: the context is routed again, and ends with the error
+            # only when the epochs do not move in time (an append each: no line of its own).
+            log.debug("partition %d: %s refused for its epoch: %s", self.partition_id, req_id, error.message)
+        else:
+            log.warning("partition %d: server error for %s: %s", self.partition_id, req_id, error.message)
         if self._mount.on_error(req_id, error.message):
             return
         refusal = self._refusal(req_id, error)

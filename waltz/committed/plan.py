@@ -40,7 +40,7 @@ from waltz.committed.sources import (
     OfflineSource,
 )
 from waltz.errors import ConfigurationError, WaltzError
-from waltz.metadata.epochs import PartitionEpochs, PartitionEpochsZk
+from waltz.metadata.epochs import PartitionEpochsZk
 from waltz.metadata.replicas import quorum_of
 from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_security import ZooKeeperSecurity, security_from_environment
@@ -140,7 +140,7 @@ def plan_live_on(
         ids = _partition_ids(partitions, existing.partition_ids)
         summary = cluster.archive_summary()
         archive = None if summary is None else summary.value.location
-        firsts = _first_transaction_ids(existing)
+        firsts = existing.first_transaction_ids
         return [
             dataclasses.replace(
                 _plan_live_partition(
@@ -154,18 +154,6 @@ def plan_live_on(
         # Let gRPC's poller deliver its last events before the loop closes.
         loop.run_until_complete(asyncio.sleep(0.05))
         loop.close()
-
-
-def _first_transaction_ids(epochs: PartitionEpochs) -> dict[int, int]:
-    """Each split child's first transaction ID, its genesis ``B(p) + 1``: its log starts there
-    (docs/design/splits.md "The handover", step 4); a partition not named starts at 0."""
-    firsts = {}
-    for epoch in epochs.epochs:
-        for child in epoch.children:
-            _, barrier = epoch.parent_barrier(child)
-            if barrier is not None:
-                firsts[child] = barrier + 1
-    return firsts
 
 
 def _partition_ids(partitions: Iterable[int] | None, existing: int | Sequence[int]) -> list[int]:

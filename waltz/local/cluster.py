@@ -549,7 +549,8 @@ class LocalCluster:
     ) -> dict[int, set[int]]:
         """Per partition, the digests of every storage node's records ``first..mark`` (one: identical).
 
-        ``first_ids`` gives each partition's first transaction to read (default 0).
+        ``first_ids`` gives each partition's first transaction to read (default 0, or for a new
+        partition of a split its genesis, ``B(p) + 1``, where its log starts).
 
         See :func:`waltz.admin.replica_digests.replica_digests` (admin ports only).
 
@@ -557,7 +558,12 @@ class LocalCluster:
             TimeoutError: a replica lacked records up to the mark for ``timeout`` seconds.
         """
         from waltz.admin.replica_digests import replica_digests
+        from waltz.metadata.epochs import PartitionEpochsZk
 
+        if first_ids is None:
+            metadata = self._metadata
+            epochs = PartitionEpochsZk(metadata.client, metadata.paths, timeout=timeout).read().value
+            first_ids = epochs.first_transaction_ids
         return replica_digests(
             [node.admin_address for node in self._nodes.storages],
             str(self.cluster_key),

@@ -427,6 +427,19 @@ class PartitionEpochs:
 
     # ---- the record form ----
 
+    @property
+    def first_transaction_ids(self) -> dict[int, int]:
+        """Each new child's first transaction ID, its genesis ``B(p) + 1``, once its parent has
+        ``B(p)``: its log starts there (docs/design/splits.md "The handover", step 4). A
+        partition not named starts at 0."""
+        firsts = {}
+        for epoch in self.epochs:
+            for child in epoch.children:
+                _, barrier = epoch.parent_barrier(child)
+                if barrier is not None:
+                    firsts[child] = barrier + 1
+        return firsts
+
     def cut_problems(self, marks: Mapping[int, int]) -> list[str]:
         """Why ``marks`` (partition -> the transaction ID read up to, -1: nothing) is not a
         consistent cut of the log across its splits, or nothing: a new child read beyond its

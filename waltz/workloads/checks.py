@@ -37,6 +37,7 @@ from waltz.client.transaction import Transaction
 from waltz.jdbc_style import CHANGE_SET_HEADER, decode_members
 from waltz.jdbc_style.changeset import repeated_key_members
 from waltz.jdbc_style.schema import high_water_marks
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER
 from waltz.workloads.application import Check, SmallBankApplication
 
 __all__ = [
@@ -60,6 +61,10 @@ class LogTally:
     transactions: dict[int, int] = field(default_factory=dict)
     schema_versions: dict[str, Counter[int]] = field(default_factory=dict)
     members: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)
+    split_records: dict[int, set[int]] = field(default_factory=dict)
+    """Partition -> the IDs of its split records (a barrier, a genesis): no application's."""
+    firsts: dict[int, int] = field(default_factory=dict)
+    """Partition -> the first ID read (0, or a split's new partition's genesis)."""
 
 
 class _Reader(WaltzClientCallbacks):
@@ -90,6 +95,9 @@ class _Reader(WaltzClientCallbacks):
                 repeated = repeated_key_members(members)
                 applied = tuple(i for i in range(len(members)) if i not in repeated)
             with self.lock:
+                self.tally.firsts.setdefault(t.partition_id, t.transaction_id)
+                if t.header == SPLIT_RECORD_HEADER:
+                    self.tally.split_records.setdefault(t.partition_id, set()).add(t.transaction_id)
                 if applied != (0,):
                     self.tally.members.setdefault(t.partition_id, {})[t.transaction_id] = applied
                 for entity, version in changes:
@@ -161,7 +169,13 @@ def check_application(
     tally = read_log(client_config, server_marks, observe=invariants.observe)
     checks = [
         _marks_check(server_marks, _database_marks(engine, cluster_name)),
-        applied_once_check(server_marks, application.applied_transactions(engine), tally.members),
+        applied_once_check(
+            server_marks,
+            application.applied_transactions(engine),
+            tally.members,
+            split_records=tally.split_records,
+            firsts=tally.firsts,
+        ),
         _log_check(server_marks, tally),
         *invariants.checks(engine),
     ]
@@ -225,10 +239,15 @@ def applied_once_check(
     server_marks: Mapping[int, int],
     applied: Mapping[int, Collection[int | tuple[int, int]]],
     members: Mapping[int, Mapping[int, tuple[int, ...]]],
+    *,
+    split_records: Mapping[int, Collection[int]] | None = None,
+    firsts: Mapping[int, int] | None = None,
 ) -> Check:
     """Whether the applies recorded are exactly the log's: each transaction 0..mark of each
-    partition once, a batched one once per member it carries (docs/design/sql.md "Batched
-    change-sets"), the second check of :func:`check_application`.
+    partition once (from a split's new partition's genesis on, and but the split records, which
+    are no application's: docs/design/splits.md "Record forms"), a batched one once per member it
+    carries (docs/design/sql.md "Batched change-sets"), the second check of
+    :func:`check_application`.
 
     Args:
         server_marks: partition -> the servers' high-water mark.
@@ -240,6 +259,9 @@ def applied_once_check(
         members: partition -> {transaction ID: the member indexes the live apply applies}, for
             the transactions where that is not ``(0,)`` (:attr:`LogTally.members`).
 
+        split_records: partition -> the IDs of its split records (:attr:`LogTally.split_records`).
+        firsts: partition -> its first ID (:attr:`LogTally.firsts`; absent: 0).
+
     Returns:
         The check; its detail names, per partition that differs, the first pairs missing and
         the first applied too often or never in the log.
@@ -249,7 +271,11 @@ def applied_once_check(
     total = batched = 0
     for p, mark in sorted(server_marks.items()):
         batches = members.get(p, {}) if by_member else {}
-        expected = Counter((t, member) for t in range(mark + 1) for member in batches.get(t, (0,)))
+        skipped = (split_records or {}).get(p, ())
+        first = (firsts or {}).get(p, 0)
+        expected = Counter(
+            (t, member) for t in range(first, mark + 1) if t not in skipped for member in batches.get(t, (0,))
+        )
         total += sum(expected.values())
         batched += len(batches)
         seen = Counter(a if isinstance(a, tuple) else (a, 0) for a in applied.get(p, ()))
@@ -259,7 +285,7 @@ def applied_once_check(
             wrong[p] = (
                 f"partition {p}: missing {missing[:5]} ({len(missing)}), extra {extra[:5]} ({len(extra)})"
             )
-    transactions = sum(m + 1 for m in server_marks.values())
+    transactions = sum(m + 1 - (firsts or {}).get(p, 0) for p, m in server_marks.items())
     done = f"{transactions} transactions" + (f", {total} change-sets ({batched} batches)" if batched else "")
     return Check(
         "every (transaction, member) applied exactly once",
@@ -270,7 +296,7 @@ def applied_once_check(
 
 def _log_check(server_marks: Mapping[int, int], tally: LogTally) -> Check:
     log_total = sum(tally.transactions.values())
-    total = sum(m + 1 for m in server_marks.values())
+    total = sum(m + 1 - tally.firsts.get(p, 0) for p, m in server_marks.items())
     return Check(
         "the log read from the start holds the same transactions",
         log_total == total,

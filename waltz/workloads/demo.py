@@ -92,6 +92,7 @@ class DemoOptions:
     app: str = DEFAULT_APPLICATION
     evolve: bool = True
     batch: bool = False
+    split_to: int | None = None
 
 
 @dataclass
@@ -160,6 +161,60 @@ class _Faults:
     def finish(self) -> None:
         for timer in self._timers:
             timer.join(30)
+
+
+class _Split:
+    """Splits the log's partitions to ``to`` at 60 % of the run (``waltz cluster split``), on a
+    thread of its own while the mix goes on (docs/design/splits.md "The handover")."""
+
+    def __init__(self, cluster: LocalCluster, total: int, to: int, say: Say) -> None:
+        self.cluster, self.total, self.to, self.say = cluster, total, to, say
+        self.done = 0
+        self.events: list[str] = []
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def progress(self, n: int) -> None:
+        with self._lock:
+            before, self.done = self.done, self.done + n
+            start = before < self.total * 3 // 5 <= self.done and self._thread is None
+            if start:
+                self._thread = threading.Thread(target=self._run, name="waltz-demo-split", daemon=True)
+        if start and self._thread is not None:
+            self._thread.start()
+
+    def _run(self) -> None:
+        from waltz.admin.cluster_admin import ClusterAdmin
+        from waltz.admin.config import ClusterAdminConfig
+        from waltz.admin.split_run import SplitRun
+
+        started = time.monotonic()
+        self.say(f"  split: {self.to} partitions, under the mix")
+        try:
+            settings = ClusterAdminConfig(**self.cluster.admin_settings("admin"))
+            connect_string, root = settings.require()
+            with ClusterAdmin.connect(
+                connect_string,
+                root,
+                connect_timeout=30,
+                tls=settings.tls(),
+                security=settings.zookeeper_security(),
+            ) as admin:
+                report = SplitRun(admin.cluster, tls=admin.tls, wait=120).run(self.to)
+        except BaseException as exc:
+            self.error = exc
+            self.events.append(f"split to {self.to} failed: {exc!r}")
+            self.say(f"  split: failed: {exc!r}")
+            return
+        state = "complete" if report.complete else "not complete"
+        line = f"split to {self.to} partitions {state} in {time.monotonic() - started:.1f}s"
+        self.events.append(line)
+        self.say(f"  split: {line}")
+
+    def finish(self) -> None:
+        if self._thread is not None:
+            self._thread.join(180)
 
 
 def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
@@ -245,6 +300,7 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
             )
             workload.populate(progress("opening accounts", options.accounts))
             faults = _Faults(cluster, options.transactions, say) if options.faults else None
+            split = _Split(cluster, options.transactions, options.split_to, say) if options.split_to else None
             bar = progress("SmallBank mix", options.transactions)
 
             def step(n: int) -> None:
@@ -253,6 +309,8 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                     faults.progress(n)
                 if rollout is not None:
                     rollout.progress(n)
+                if split is not None:
+                    split.progress(n)
 
             try:
                 stats = workload.run(options.transactions, step)
@@ -263,6 +321,8 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 workload.close()
             if faults is not None:
                 faults.finish()
+            if split is not None:
+                split.finish()
             say(
                 f"ran {stats.submitted} transactions and {stats.balances_read} balance reads in "
                 f"{stats.seconds:.1f}s: {stats.committed} committed "
@@ -277,7 +337,9 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
             if rollout is not None:
                 rollout.finish()
                 services = list(rollout.instances)
-            server_marks = {p: services[0].client.get_high_water_mark(p) for p in range(options.partitions)}
+            # Every partition there is, a split's new ones too (the client's newest count).
+            count = services[0].client.num_partitions
+            server_marks = {p: services[0].client.get_high_water_mark(p) for p in range(count)}
             for service in services:
                 for pid, mark in server_marks.items():
                     if mark >= 0 and not service.callbacks.wait_for(pid, mark, 60):
@@ -313,10 +375,21 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
             checks.append(
                 Check("no apply ever failed", uncaught == 0, f"uncaught_exception calls: {uncaught}")
             )
+            if split is not None:
+                checks.append(
+                    Check(
+                        f"the log split to {options.split_to} partitions under the mix",
+                        split.error is None and any("complete in" in e for e in split.events),
+                        "; ".join(split.events) or "the split never started",
+                    )
+                )
             result = DemoResult(
                 stats,
                 checks,
-                faults.events if faults is not None else [],
+                [
+                    *(faults.events if faults is not None else []),
+                    *(split.events if split is not None else []),
+                ],
                 [] if rollout is None else rollout.events,
                 batches,
             )

@@ -30,6 +30,7 @@ is resolved and applied, :meth:`SmallBankWorkload.add` puts one in.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import re
@@ -41,6 +42,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from waltz.client.outcome import Outcome
+from waltz.errors import CrossPartitionError
 from waltz.perf.stats import LatencyHistogram
 from waltz.workloads.application import SmallBankInstance, SmallBankOperation
 
@@ -121,6 +123,8 @@ class SmallBankStats:
         balances_read: Balance reads.
         lock_failures: attempts refused by the lock check, summed over the resolved transactions.
         errors: descriptions of the transactions and reads that failed.
+        redrawn: transactions decided at a partition count a split replaced, refused
+            (``CrossPartitionError``) and drawn again at the count in force.
         by_op: resolved transactions and reads per SmallBank operation.
         seconds: the run's wall-clock seconds, from its first draw to its last resolution.
         commit_latency: per committed transaction, seconds from the instance's ``submit`` to its
@@ -136,6 +140,7 @@ class SmallBankStats:
     balances_read: int = 0
     lock_failures: int = 0
     errors: list[str] = field(default_factory=list)
+    redrawn: int = 0
     by_op: Counter[str] = field(default_factory=Counter)
     drop_reasons: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
@@ -437,13 +442,15 @@ class SmallBankWorkload:
             finally:
                 self._over(reader)
             return
+        remake: Callable[[], SmallBankOperation] | None = None
         if name in ("amalgamate", "send_payment"):
             source, target = self._two_customers()
             service = self._service(source)
             if name == "amalgamate":
-                operation = service.amalgamate(source, target)
+                remake = functools.partial(service.amalgamate, source, target)
             else:
-                operation = service.send_payment(source, target, SEND_PAYMENT)
+                remake = functools.partial(service.send_payment, source, target, SEND_PAYMENT)
+            operation = remake()
         else:
             custid = self._own_customer()
             service = self._service(custid)
@@ -454,7 +461,7 @@ class SmallBankWorkload:
                 operation = service.transact_savings(custid, amount)
             else:
                 operation = service.write_check(custid, WRITE_CHECK)
-        self._submit(service, operation, name, scheduled)
+        self._submit(service, operation, name, scheduled, remake)
 
     def _submit(
         self,
@@ -462,14 +469,20 @@ class SmallBankWorkload:
         operation: SmallBankOperation,
         name: str | None = None,
         scheduled: float | None = None,
+        remake: Callable[[], SmallBankOperation] | None = None,
     ) -> None:
+        """Submit ``operation``; ``remake`` draws it again (one step or two, by the partition
+        count in force) when it was decided at a count a split has replaced since: the client
+        refuses it with ``CrossPartitionError`` (docs/design/splits.md "Why no update is lost")."""
         self._slots.acquire()
         stats = self.stats  # this run's (a later run starts new stats)
         with self._lock:
             stats.submitted += 1
         # submit() runs the first attempt (a database snapshot, unless the entity cache holds its
         # rows) on the calling thread: a few submitters let those reads overlap.
-        self._submitters.submit(self._submit_now, service, operation, name or operation.op, stats, scheduled)
+        self._submitters.submit(
+            self._submit_now, service, operation, name or operation.op, stats, scheduled, remake
+        )
 
     def _submit_now(
         self,
@@ -478,18 +491,26 @@ class SmallBankWorkload:
         name: str,
         stats: SmallBankStats,
         scheduled: float | None = None,
+        remake: Callable[[], SmallBankOperation] | None = None,
     ) -> None:
         # The latencies start at the application's submit call, or at the schedule's start time.
         started = time.perf_counter() if scheduled is None else min(scheduled, time.perf_counter())
         try:
             future = service.submit(operation)
         except Exception as exc:
+            if remake is not None and isinstance(exc, CrossPartitionError):
+                with self._lock:
+                    stats.redrawn += 1
+                self._submit_now(service, remake(), name, stats, scheduled)  # the same slot
+                return
             self._slots.release()
             with self._applied_changed:
                 stats.errors.append(f"{operation.op}: {exc!r}")
                 self._over_locked(service)
             return
-        future.add_done_callback(lambda f: self._resolved(f, service, operation, name, stats, started))
+        future.add_done_callback(
+            lambda f: self._resolved(f, service, operation, name, stats, started, remake)
+        )
 
     def _resolved(
         self,
@@ -499,10 +520,18 @@ class SmallBankWorkload:
         name: str,
         stats: SmallBankStats,
         started: float,
+        remake: Callable[[], SmallBankOperation] | None = None,
     ) -> None:
         transaction_id: int | None = None
+        exc = future.exception()
+        if remake is not None and isinstance(exc, CrossPartitionError):
+            # Routed again after a split and parted: drawn again at the count in force, on a
+            # submitter thread (never the client's completion thread), in the same slot.
+            with self._lock:
+                stats.redrawn += 1
+            self._submitters.submit(self._submit_now, service, remake(), name, stats, None)
+            return
         try:
-            exc = future.exception()
             with self._lock:
                 stats.lock_failures += operation.lock_failures
                 stats.by_op[name] += 1
