@@ -129,7 +129,8 @@ def test_a_child_of_a_sealed_parent_opens_on_its_parents_storage_nodes_after_the
     # The node grew to the epoch's count and holds the child as an empty log after the barrier.
     count, held = node_partitions(cluster)
     assert count == 4 and sorted(held) == [0, 1, 2]
-    assert (held[2].local_start, held[2].max_transaction_id) == (barrier + 1, barrier)
+    assert held[2].local_start == barrier + 1, held[2]
+    assert held[2].max_transaction_id in (barrier, barrier + 1), held[2]  # the genesis may be there
     # ZooKeeper: the child's replica, its metadata closed at B(0), and the opened mark.
     assert cluster_zk.assignments().value.storages_of(2) == [storage]
     # (Opened, the child is placed on the server at once, whose store session may have begun.)
@@ -191,7 +192,9 @@ def test_an_unreachable_storage_node_writes_nothing_and_a_run_cut_short_is_finis
     assert opened == dataclasses.replace(plan, opened=True)
     assert with_epochs(cluster, "read").epoch(1).children[3].opened
     count, held = node_partitions(cluster)
-    assert count == 4 and (held[3].local_start, held[3].max_transaction_id) == (barrier + 1, barrier)
+    # Opened, the child is placed at once, and its owner may have appended its genesis already.
+    assert count == 4 and held[3].local_start == barrier + 1, held[3]
+    assert held[3].max_transaction_id in (barrier, barrier + 1), held[3]
     assert cluster_zk.assignments().value.storages_of(3) == [storage]
     # The cluster's description names the opened children, and ZooKeeper's checks pass with them.
     description = describe_cluster(cluster_zk)
