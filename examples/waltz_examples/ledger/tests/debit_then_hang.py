@@ -26,6 +26,9 @@ def main() -> None:
         sweep_interval=None,
         prepare=False,
     )
+    # Ready to serve: the accounts the test opened through another instance are applied to the
+    # shared database before this one reads them (a read before would find no account and drop).
+    service.client.ready(30)
     outcome = service.transfer(int(source), int(target), int(amount))
     assert outcome.committed and outcome.transaction_id is not None, outcome
     assert service.callbacks.wait_for(outcome.partition_id, outcome.transaction_id, 30)

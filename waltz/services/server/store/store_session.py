@@ -375,13 +375,33 @@ class StoreSession:
         return True
 
     async def read(self, transaction_id: int, max_records: int) -> list[Record]:
-        """Read records from a replica that has flushed them."""
+        """Read records from a replica that has flushed them: the first that answers, in the
+        session's order (one that fails, a node just restarted or cut off, passes the read on to
+        the next).
+
+        Raises:
+            RecordsArchivedError: the replica read holds nothing below its local start.
+            ReplicaError: no replica in the session holds the records, or every one that does
+                failed (the last one's error).
+        """
         candidates = [s for s in self.writers if self.acked.get(s, -1) >= transaction_id]
         if not candidates:
             raise ReplicaError(
                 "-", self.partition_id, "UNAVAILABLE", "no replica in the session holds the records"
             )
-        return await self.writers[candidates[0]].records(transaction_id, max_records)
+        failure: ReplicaError | None = None
+        for storage in candidates:
+            connection = self.writers.get(storage)
+            if connection is None:  # left the session while another was read
+                continue
+            try:
+                return await connection.records(transaction_id, max_records)
+            except ReplicaError as exc:
+                log.info("partition %d: read from %s failed: %s", self.partition_id, storage, exc)
+                failure = exc
+        raise failure or ReplicaError(
+            "-", self.partition_id, "UNAVAILABLE", "the replicas that held the records left the session"
+        )
 
     async def close(self) -> None:
         tasks = list(self._tasks)
