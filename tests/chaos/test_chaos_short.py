@@ -36,6 +36,7 @@ from waltz.chaos.schedule import (
     NAMESPACE_FAULTS,
     NETWORK_FAULTS,
     OWNER_PAUSE_MARGIN,
+    SPLIT_FAULTS,
     random_schedule,
 )
 from waltz.chaos.sequence import ChecksumCallbacks, counter_key_for, counter_payload, payload_for
@@ -149,7 +150,7 @@ def test_random_schedule_is_seeded_and_hits_only_a_minority() -> None:
     assert first == random_schedule(42, kinds, count=200, storages=5, servers=3)
     assert first != random_schedule(43, kinds, count=200, storages=5, servers=3)
     assert [f.at for f in first] == sorted(f.at for f in first)
-    assert {f.kind for f in first} == set(kinds)
+    assert {f.kind for f in first} == set(kinds) - SPLIT_FAULTS  # a split is scheduled by --split-to
     for fault in first:
         if "storage" in fault.kind.value:
             assert 1 <= len(fault.targets) <= 2 and all(0 <= t < 5 for t in fault.targets)
@@ -175,7 +176,10 @@ def test_pause_owner_faults_target_a_partition_and_outlast_the_session_timeout()
 def test_fault_kinds_parse() -> None:
     assert parse_fault_kinds("all") == DEFAULT_FAULTS
     assert not set(DEFAULT_FAULTS) & NAMESPACE_FAULTS
-    assert set(parse_fault_kinds("all", "namespaces")) == set(FaultKind) - NETWORK_FAULTS - ARCHIVE_FAULTS
+    assert (
+        set(parse_fault_kinds("all", "namespaces"))
+        == set(FaultKind) - NETWORK_FAULTS - ARCHIVE_FAULTS - SPLIT_FAULTS
+    )
     assert set(parse_fault_kinds("all", archive=True)) == set(DEFAULT_FAULTS) | ARCHIVE_FAULTS
     assert parse_fault_kinds("none") == ()
     assert parse_fault_kinds("kill-storage, cut-clients") == (FaultKind.KILL_STORAGE, FaultKind.CUT_CLIENTS)

@@ -22,6 +22,7 @@ from waltz.chaos.sequence import ChecksumCallbacks, counter_key_for, decode_coun
 from waltz.client.config import WaltzClientConfig
 from waltz.client.reading import read_up_to
 from waltz.client.transaction import Transaction
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitRecordFormatError, decode_split_record
 from waltz.services.storage import format as fmt
 from waltz.services.storage.inspect.reader import SegmentFile, StopKind
 
@@ -97,6 +98,9 @@ class LogReading:
         generations: partition -> (the first, the latest) generation of the ReqIds read.
         generation_errors: transactions whose generation is older than that of a transaction
             before them in the partition (a stale owner committed after a takeover).
+        split_records: ``(partition, transaction ID)`` of every split barrier and genesis read.
+        first_ids: partition -> the first transaction ID of its log (0, or a split's new
+            partition's genesis, ``B(p) + 1``); partitions not named start at 0.
     """
 
     marks: dict[int, int] = field(default_factory=dict)
@@ -109,6 +113,8 @@ class LogReading:
     counter_keys: int = 0
     generations: dict[int, tuple[int, int]] = field(default_factory=dict)
     generation_errors: list[str] = field(default_factory=list)
+    split_records: list[tuple[int, int]] = field(default_factory=list)
+    first_ids: dict[int, int] = field(default_factory=dict)
 
     def summary(self) -> dict[int, tuple[int, int]]:
         """partition -> (mark, checksum), what two readings must agree on."""
@@ -135,7 +141,7 @@ class LogObserver:
         self.seed = seed
         self.workload = workload
         self.keys = keys
-        self.values: dict[tuple[int, int], int] = {}
+        self.values: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def __call__(self, transaction: Transaction, data: bytes) -> None:
@@ -147,6 +153,18 @@ class LogObserver:
             if generation < latest:
                 reading.generation_errors.append(f"{where}: generation {generation} after {latest}")
             reading.generations[where[0]] = (first, max(latest, generation))
+        if transaction.header == SPLIT_RECORD_HEADER:
+            # A split's barrier or genesis (docs/design/splits.md "Record forms"): the servers'
+            # record, no client's payload; a damaged one fails the readers' apply.
+            try:
+                decode_split_record(data)
+            except SplitRecordFormatError as exc:
+                with self._lock:
+                    reading.bad_payloads.append(f"{where}: a split record that does not decode: {exc}")
+                return
+            with self._lock:
+                reading.split_records.append(where)
+            return
         if self.workload == "counter":
             counter = decode_counter(data)
             with self._lock:
@@ -155,12 +173,15 @@ class LogObserver:
                     return
                 writer, sequence, key, value = counter
                 reading.places[(writer, sequence)].append(where)
-                previous = self.values.get((transaction.partition_id, key), 0)
+                # The key's value, whichever partition wrote it: after a split its increments go on
+                # in its new partition, whose genesis this reader applies only once the parent is
+                # applied to the barrier.
+                previous = self.values.get(key, 0)
                 if value != previous + 1:
                     reading.counter_errors.append(
                         f"{where}: key {key} set to {value} by writer {writer} #{sequence}, after {previous}"
                     )
-                self.values[(transaction.partition_id, key)] = value
+                self.values[key] = value
             return
         tag = decode_tag(data)
         with self._lock:
@@ -179,8 +200,9 @@ def read_log(
     workload: str = "raw",
     keys: int = 1000,
     progress: Callable[[int, int], None] | None = None,
+    first_ids: Mapping[int, int] | None = None,
 ) -> LogReading:
-    """Read every partition from transaction 0 up to ``marks`` with a fresh client.
+    """Read every partition from the start of its log up to ``marks`` with a fresh client.
 
     Args:
         config: the client settings that reach the cluster.
@@ -191,6 +213,8 @@ def read_log(
             increment must have read the key's latest value), or ``ledger`` (only checksums).
         keys: the counter workload's number of keys.
         progress: called now and then with ``(transactions read, transactions to read)``.
+        first_ids: partition -> where its log starts, for a split's new partitions (their
+            genesis, ``PartitionEpochs.first_transaction_ids``); others start at 0.
 
     Returns:
         What was read.
@@ -198,7 +222,7 @@ def read_log(
     Raises:
         TimeoutError: a partition was not read up to its mark in time.
     """
-    reading = LogReading()
+    reading = LogReading(first_ids=dict(first_ids or {}))
 
     observer = LogObserver(reading, seed, workload, keys)
 
@@ -282,23 +306,31 @@ def segment_digests(storage_dirs: Mapping[str, Path]) -> dict[int, dict[str, Rep
 
 
 def check_replicas_on_disk(
-    digests: Mapping[int, Mapping[str, ReplicaDigest]], marks: Mapping[int, int], replicas: int
+    digests: Mapping[int, Mapping[str, ReplicaDigest]],
+    marks: Mapping[int, int],
+    replicas: int,
+    first_ids: Mapping[int, int] | None = None,
 ) -> ChaosCheck:
     """All replicas of every partition byte-identical: same segments, same body CRCs, every record.
 
     Args:
         digests: from :func:`segment_digests`.
-        marks: partition -> its high-water mark (each replica must hold records 0..mark, no more).
+        marks: partition -> its high-water mark (each replica must hold records first..mark, no
+            more).
         replicas: replicas per partition (each partition must have that many).
+        first_ids: partition -> its first transaction ID (a split's new partition starts at its
+            genesis, ``B(p) + 1``); others start at 0.
     """
     wrong: list[str] = []
+    firsts = first_ids or {}
     for pid, mark in sorted(marks.items()):
         held = digests.get(pid, {})
         if len(held) != replicas:
             wrong.append(f"partition {pid}: {len(held)} replicas on disk, expected {replicas}")
+        expected = mark + 1 - firsts.get(pid, 0)
         for name, digest in held.items():
-            if digest.records != mark + 1:
-                wrong.append(f"partition {pid} on {name}: {digest.records} records, expected {mark + 1}")
+            if digest.records != expected:
+                wrong.append(f"partition {pid} on {name}: {digest.records} records, expected {expected}")
             wrong += [f"partition {pid} on {name}: {p}" for p in digest.problems]
         if len({(d.segments, d.stream_crc) for d in held.values()}) > 1:
             lines = "; ".join(
@@ -355,7 +387,8 @@ def check_run(
             f"{sum(len(v) for v in reading.places.values())} tagged transactions; repeated {len(repeated)} "
             f"{list(repeated.items())[:3]}; never submitted {len(foreign)}; "
             f"damaged {len(reading.bad_payloads)} {reading.bad_payloads[:3]}; {failed_in_log} of "
-            f"{sum(len(w.failed) for w in workers)} failed submissions committed anyway",
+            f"{sum(len(w.failed) for w in workers)} failed submissions committed anyway"
+            + (f"; {len(reading.split_records)} split records" if reading.split_records else ""),
         )
     )
     checks.append(check_gaps(marks, reading, workers))
@@ -409,23 +442,28 @@ def check_run(
 def check_gaps(
     marks: Mapping[int, int], reading: LogReading, workers: Sequence[WorkerResult] = ()
 ) -> ChaosCheck:
-    """No gaps: transaction IDs 0..mark on every partition, each read (and applied) once.
+    """No gaps: transaction IDs first..mark on every partition (0, or a split's new partition's
+    genesis: ``reading.first_ids``), each read (and applied) once.
 
     Args:
         marks: partition -> the servers' high-water mark.
         reading: what a fresh client read.
         workers: the clients' results (their own gap and repeat errors count too).
     """
+    firsts = reading.first_ids
+    sizes = {pid: mark + 1 - firsts.get(pid, 0) for pid, mark in marks.items()}
     gaps = [
         f"partition {pid}: read {reading.counts.get(pid, 0)} up to {reading.marks.get(pid)}, mark {mark}"
+        + (f" from {firsts[pid]}" if pid in firsts else "")
         for pid, mark in sorted(marks.items())
-        if reading.counts.get(pid, 0) != mark + 1 or reading.marks.get(pid) != mark
+        if reading.counts.get(pid, 0) != sizes[pid] or reading.marks.get(pid) != mark
     ]
     worker_errors = [e for w in workers for _, _, _, errors in w.partitions.values() for e in errors]
+    split = f", {len(firsts)} of them from a split's genesis on" if firsts else ""
     return ChaosCheck(
         "no gaps in transaction IDs, nothing applied twice",
         not gaps and not reading.errors and not worker_errors,
-        f"{sum(m + 1 for m in marks.values())} transactions in {len(marks)} partitions"
+        f"{sum(sizes.values())} transactions in {len(marks)} partitions{split}"
         if not (gaps or reading.errors or worker_errors)
         else f"{gaps[:3]} {reading.errors[:3]} {worker_errors[:3]}",
     )

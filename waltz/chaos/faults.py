@@ -12,12 +12,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import tenacity
 
 from waltz.chaos.archiving import ChaosArchiver
 from waltz.chaos.proxy import FaultProxy
-from waltz.chaos.schedule import ARCHIVE_FAULTS, NAMESPACE_FAULTS, Fault, FaultKind
+from waltz.chaos.schedule import ARCHIVE_FAULTS, NAMESPACE_FAULTS, SPLIT_FAULTS, Fault, FaultKind
 from waltz.local.cluster import LocalCluster
 from waltz.local.netns import Direction
+
+if TYPE_CHECKING:
+    from waltz.admin.split_report import SplitReport
 
 __all__ = ["FaultInjector"]
 
@@ -27,6 +33,10 @@ log = logging.getLogger(__name__)
 _READY_TIMEOUT = 90.0
 #: Seconds an archiving fault waits for the archiver to report a chunk before it strikes anyway.
 _CHUNK_WAIT = 60.0
+#: Seconds ``kill-server-splitting`` waits for its parent to be marked sealing before it gives up.
+_SEALING_WAIT = 60.0
+#: Seconds, after its heal, that ``kill-server-splitting`` allows the split to complete in.
+_SPLIT_WAIT = 300.0
 
 
 def _for_each(action: Callable[[int], object], targets: Sequence[int]) -> Callable[[], None]:
@@ -54,6 +64,7 @@ class FaultInjector:
             that it lasts its whole duration under load), 1.0 once it is healed; None lets them
             run free.
         archiver: the archiver of a ``--archive`` run (the archiving kinds need it).
+        split_to: the count of a ``--split-to`` run (``kill-server-splitting`` needs it).
     """
 
     def __init__(
@@ -66,9 +77,11 @@ class FaultInjector:
         say: Callable[[str], None],
         gate: Callable[[float], None] | None = None,
         archiver: ChaosArchiver | None = None,
+        split_to: int | None = None,
     ) -> None:
         self._cluster = cluster
         self._archiver = archiver
+        self._split_to = split_to
         self._schedule = list(schedule)
         self._progress = progress
         self._client_proxies = client_proxies
@@ -83,6 +96,8 @@ class FaultInjector:
         """Faults that could not be struck or healed (the run fails on them)."""
         self.not_ready: list[str] = []
         """Faults after whose healing the cluster was not writable in time (information)."""
+        self.splits: list[str] = []
+        """What the split of ``kill-server-splitting`` did: each run's outcome, one line each."""
         self._healing: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._run, name="chaos-faults", daemon=True)
 
@@ -167,6 +182,8 @@ class FaultInjector:
         kind, targets = fault.kind, fault.targets
         if kind in ARCHIVE_FAULTS:
             return self._strike_archiving(cluster, fault)
+        if kind in SPLIT_FAULTS:
+            return self._strike_split(cluster, fault)
         if kind is FaultKind.KILL_STORAGE:
             _for_each(cluster.kill_storage, targets)()
             return _for_each(cluster.restart_storage, targets)
@@ -240,6 +257,54 @@ class FaultInjector:
             return _for_each(cluster.restart_storage, fault.targets)
         raise ValueError(f"unknown fault kind {fault.kind}")
 
+    def _strike_split(self, cluster: LocalCluster, fault: Fault) -> Callable[[], None]:
+        """Start the split to ``split_to`` on a thread of its own, then ``kill -9`` the server owning
+        parent ``fault.targets[0]`` as soon as ZooKeeper shows that parent sealing (its barrier
+        maybe written already: either is the middle of the handover). The heal restarts the server
+        and waits, at most :data:`_SPLIT_WAIT` seconds, for the split to complete.
+
+        Raises:
+            RuntimeError: no ``split_to``; the split ended (or failed) before the parent sealed.
+        """
+        if self._split_to is None:
+            raise RuntimeError(f"{fault.kind.value} needs the count to split to: run with --split-to")
+        parent = fault.targets[0]
+        split = _SplitThread(cluster, self._split_to, self._note, self.splits)
+        split.start()
+        deadline = time.monotonic() + _SEALING_WAIT
+        stage: str | None = None
+        while stage is None and split.is_alive() and time.monotonic() < deadline:
+            current = cluster.partition_epochs().unfinished
+            progress = current.parents.get(parent) if current is not None else None
+            if progress is not None and progress.barrier is not None:
+                stage = f"its barrier written at {progress.barrier}"
+            elif progress is not None and progress.sealing:
+                stage = "marked sealing, its barrier not written yet"
+            else:
+                self._stop.wait(0.02)
+        if stage is None:
+            split.join(_SPLIT_WAIT)
+            raise RuntimeError(
+                f"parent partition {parent} was not seen sealing within {_SEALING_WAIT:g}s "
+                f"(split: {'; '.join(self.splits) or 'no outcome'}): no server was killed during the handover"
+            )
+        index = self._owner_index(cluster, parent)
+        cluster.kill_server(index)
+        self._note(
+            f"parent partition {parent} {stage}: killed server-{index}, its owner, during the handover"
+        )
+
+        def heal() -> None:
+            cluster.restart_server(index)
+            split.join(_SPLIT_WAIT)
+            if not split.complete:
+                raise RuntimeError(
+                    f"the split to {self._split_to} did not complete within {_SPLIT_WAIT:g}s of the "
+                    f"restart: {'; '.join(self.splits) or 'no outcome'}"
+                )
+
+        return heal
+
     def _cut_hosts(self, cluster: LocalCluster, fault: Fault) -> Callable[[], None]:
         """Strike a fault of namespace mode (real cuts between hosts); return what heals it."""
         lab = cluster.network_lab
@@ -278,6 +343,55 @@ class FaultInjector:
 
             return _strike_hosts(storages, cut_from_servers, lab.uncut)
         raise ValueError(f"unknown fault kind {kind}")
+
+
+class _SplitThread(threading.Thread):
+    """Runs ``waltz cluster split --to`` on a local cluster, again while it does not complete
+    (each run resumes where the last stopped: a killed owner leaves a parent without its barrier
+    until its next owner writes it), at most :data:`_SPLIT_RUNS` times (docs/design/splits.md
+    "The handover")."""
+
+    def __init__(
+        self, cluster: LocalCluster, to: int, note: Callable[[str], None], events: list[str]
+    ) -> None:
+        super().__init__(name="chaos-split", daemon=True)
+        self._cluster, self._to, self._note, self._events = cluster, to, note, events
+        self.complete = False
+
+    def run(self) -> None:
+        started = time.monotonic()
+
+        def resumed(state: tenacity.RetryCallState) -> None:  # a run that did not complete
+            outcome = state.outcome
+            if outcome is None:
+                return
+            error = outcome.exception()
+            if error is not None:  # ZooKeeper away, say: the next run resumes the split
+                log.warning("split to %d, run %d: %r", self._to, state.attempt_number, error)
+                self._events.append(f"run {state.attempt_number}: {type(error).__name__}: {error}")
+            else:
+                self._events.append(f"run {state.attempt_number}: {outcome.result().state.value}, resumed")
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(_SPLIT_RUNS),
+            wait=tenacity.wait_fixed(1.0),
+            retry=tenacity.retry_if_exception_type(Exception)
+            | tenacity.retry_if_result(lambda report: not report.complete),
+            before_sleep=resumed,
+            retry_error_callback=resumed,
+        )
+        report: SplitReport | None = retrying(self._cluster.split, self._to, wait=60.0)
+        seconds = time.monotonic() - started
+        if report is not None and report.complete:
+            self.complete = True
+            self._events.append(f"complete: {self._to} partitions, {seconds:.1f}s after it started")
+            self._note(f"the split to {self._to} partitions completed in {seconds:.1f}s")
+        else:
+            self._note(f"the split to {self._to} partitions did not complete in {_SPLIT_RUNS} runs")
+
+
+#: Runs of ``waltz cluster split`` a ``kill-server-splitting`` fault makes at most.
+_SPLIT_RUNS = 5
 
 
 def _strike_hosts(

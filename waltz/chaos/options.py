@@ -17,6 +17,7 @@ from waltz.chaos.schedule import (
     DEFAULT_FAULTS,
     NAMESPACE_FAULTS,
     NETWORK_FAULTS,
+    SPLIT_FAULTS,
     Fault,
     FaultKind,
     fixed_schedule,
@@ -92,6 +93,12 @@ class ChaosOptions:
             while an archive round is in progress, and the archiver itself
             (:data:`~waltz.chaos.schedule.ARCHIVE_FAULTS`), and the checks add the archive's
             (docs/chaos.md "Archiving under faults"). Loopback only.
+        split_to: split the log to this many partitions (a multiple of ``partitions``, at least
+            twice) while the clients write, with the owner of parent partition 0 killed during the
+            handover (:attr:`~waltz.chaos.schedule.FaultKind.KILL_SERVER_SPLITTING`); the checks
+            then cover every partition of both counts (docs/chaos.md "A split under faults"). The
+            raw and counter workloads only. None: no split.
+        split_at: the fraction of the run (0..1) at which the split starts.
     """
 
     transactions: int | None = None
@@ -120,6 +127,8 @@ class ChaosOptions:
     session_timeout: float = 4.0
     network: str = "loopback"
     archive: bool = False
+    split_to: int | None = None
+    split_at: float = 0.5
 
     @property
     def transaction_bound(self) -> int:
@@ -142,7 +151,8 @@ class ChaosOptions:
 
         Raises:
             ValueError: storages not 3 or 5, an unknown workload or schedule, fewer transactions
-                than clients, a duration that is not positive.
+                than clients, a duration that is not positive, a ``split_to`` that is no split of
+                ``partitions`` (or with the ledger workload or the archiver).
         """
         if self.storages not in (3, 5):
             raise ValueError(f"storages must be 3 or 5, got {self.storages}")
@@ -162,6 +172,28 @@ class ChaosOptions:
             raise ValueError(f"unknown network {self.network!r}: use loopback or namespaces")
         if self.archive and self.network != "loopback":
             raise ValueError("--archive runs on loopback only: leave out --network namespaces")
+        if self.split_to is not None:
+            if self.split_to < 2 * self.partitions or self.split_to % self.partitions:
+                raise ValueError(
+                    f"--split-to {self.split_to} is no split of {self.partitions} partitions: give a "
+                    f"multiple of {self.partitions} by at least 2 (e.g. {2 * self.partitions})"
+                )
+            if self.workload == "ledger":
+                raise ValueError(
+                    "--split-to runs the raw and counter workloads; the ledger's checks follow a split "
+                    "in waltz demo --split-to"
+                )
+            if self.archive:
+                raise ValueError(
+                    "--split-to and --archive together: the archiver does not follow a split yet"
+                )
+            if not 0.0 < self.split_at < 1.0:
+                raise ValueError(
+                    f"--split-at is a fraction of the run between 0 and 1, got {self.split_at:g}"
+                )
+        splitting = [k.value for k in self.faults if k in SPLIT_FAULTS]
+        if splitting and self.split_to is None:
+            raise ValueError(f"fault kind(s) {', '.join(splitting)} need a split: add --split-to")
         archiving = [k.value for k in self.faults if k in ARCHIVE_FAULTS]
         if archiving and not self.archive:
             raise ValueError(f"fault kind(s) {', '.join(archiving)} need the archiver: add --archive")
@@ -179,11 +211,19 @@ class ChaosOptions:
             )
 
     def make_schedule(self) -> list[Fault]:
-        """The run's fault schedule.
+        """The run's fault schedule, with the split's fault at ``split_at`` when ``split_to`` is
+        given (never drawn at random: a log splits once to a count).
 
         Raises:
             ValueError: an unknown ``schedule``.
         """
+        faults = self._fault_schedule()
+        if self.split_to is None:
+            return faults
+        split = Fault(self.split_at, FaultKind.KILL_SERVER_SPLITTING, (0,), 3.0)
+        return sorted([f for f in faults if f.kind not in SPLIT_FAULTS] + [split], key=lambda f: f.at)
+
+    def _fault_schedule(self) -> list[Fault]:
         if self.schedule == "fixed":
             return fixed_schedule(
                 self.faults,
@@ -250,6 +290,8 @@ class ChaosOptions:
             parts.append(f"--network {self.network}")
         if self.archive:
             parts.append("--archive")
+        if self.split_to is not None:
+            parts.append(f"--split-to {self.split_to} --split-at {self.split_at:g}")
         return " ".join(parts)
 
 

@@ -129,7 +129,9 @@ def run_chaos(options: ChaosOptions, say: Say = log.info) -> ChaosResult:
     )
     say(
         f"waltz chaos: seed {options.seed}, {bound} by {options.clients} client processes, "
-        f"{options.storages} storage nodes, {options.servers} servers, {options.partitions} partitions, "
+        f"{options.storages} storage nodes, {options.servers} servers, {options.partitions} partitions"
+        + (f" split to {options.split_to} at {options.split_at:.0%}" if options.split_to else "")
+        + ", "
         f"workload {options.workload}, network {options.network}; work dir {work_dir}"
     )
     say(f"fault schedule ({options.schedule}, {len(schedule)} faults):")
@@ -298,6 +300,10 @@ def _run(
             "reading the whole log with a fresh client"
         )
         workload = options.workload
+        # Where each partition's log starts: a split's new partitions at their genesis.
+        first_ids = cluster.partition_epochs().first_transaction_ids if options.split_to else {}
+        if options.split_to:
+            result.checks.append(_split_check(options.partitions, options.split_to, marks, first_ids))
         read_started = time.monotonic()
         reading = read_log(
             WaltzClientConfig(**cluster.client_settings()),
@@ -307,6 +313,7 @@ def _run(
             workload=workload,
             keys=options.lock_pool,
             progress=_read_progress(say),
+            first_ids=first_ids,
         )
         say(
             f"read {sum(reading.counts.values()):,} transactions in "
@@ -330,7 +337,7 @@ def _run(
         ranges = local_ranges(storage_dirs)
         result.checks += check_local_ranges(ranges, marks, archived_through, cluster.replicas)
     else:
-        result.checks.append(check_replicas_on_disk(digests, marks, cluster.replicas))
+        result.checks.append(check_replicas_on_disk(digests, marks, cluster.replicas, first_ids))
     if not options.restart_check:
         return
     say("stopped everything cleanly; starting it again on the same directories")
@@ -347,6 +354,7 @@ def _run(
             workload=workload,
             keys=options.lock_pool,
             progress=_read_progress(say),
+            first_ids=first_ids,
         )
         say(f"restarted and read the whole log again in {time.monotonic() - restart_started:.0f}s")
     check = compare_readings(
@@ -427,6 +435,7 @@ def _submit_phase(
         say,
         gate=set_gate,
         archiver=archiver,
+        split_to=options.split_to,
     )
     injector.start()
     last = started
@@ -480,6 +489,24 @@ def _submit_phase(
         )
     )
     return seconds
+
+
+def _split_check(
+    previous: int, to: int, marks: Mapping[int, int], first_ids: Mapping[int, int]
+) -> ChaosCheck:
+    """The split of ``--split-to`` completed: every partition of the new count has a writable
+    owner, and every new one a genesis where its log starts (docs/design/splits.md "The handover")."""
+    missing = sorted(set(range(to)) - set(marks))
+    no_genesis = [pid for pid in range(previous, to) if pid not in first_ids]
+    starts = ", ".join(f"{pid}: {first}" for pid, first in sorted(first_ids.items()))
+    return ChaosCheck(
+        f"the log split from {previous} to {to} partitions under the faults (a parent's owner "
+        "killed during the handover)",
+        not missing and not no_genesis,
+        f"{len(marks)} partitions writable; the new ones start at {starts or 'nothing'}"
+        + (f"; no writable owner for {missing}" if missing else "")
+        + (f"; no genesis for {no_genesis}" if no_genesis else ""),
+    )
 
 
 def _archive_checks(

@@ -22,6 +22,7 @@ __all__ = [
     "NETWORK_FAULTS",
     "OWNER_FAULTS",
     "OWNER_PAUSE_MARGIN",
+    "SPLIT_FAULTS",
     "Fault",
     "FaultKind",
     "fixed_schedule",
@@ -85,6 +86,12 @@ class FaultKind(enum.Enum):
     KILL_ARCHIVER = "kill-archiver"
     """``--archive``: ``kill -9`` the archiver right after it reports a chunk (between writing it
     and raising the archived-through), start it again after the duration."""
+    KILL_SERVER_SPLITTING = "kill-server-splitting"
+    """``--split-to``: split the log to that count while the clients write (``waltz cluster
+    split``), and ``kill -9`` the server owning a parent partition as soon as that parent is
+    marked sealing, in the middle of the handover; restart it after the duration. The split is
+    run again, resuming where it stopped, until it completes. Scheduled once by ``--split-to``
+    (at ``--split-at``), never drawn at random."""
 
 
 #: Seconds a ``pause-owner`` fault lasts beyond the servers' ZooKeeper session timeout (at least):
@@ -111,17 +118,19 @@ NAMESPACE_FAULTS = frozenset(
 ARCHIVE_FAULTS = frozenset(
     {FaultKind.KILL_SERVER_ARCHIVING, FaultKind.KILL_STORAGE_ARCHIVING, FaultKind.KILL_ARCHIVER}
 )
+#: Kinds that need ``--split-to``: the schedule holds one, at ``--split-at``.
+SPLIT_FAULTS = frozenset({FaultKind.KILL_SERVER_SPLITTING})
 #: Kinds aimed at the owner of a partition (found when they strike), which last longer than the
 #: servers' session timeout so that the partition moves while they last.
 OWNER_FAULTS = frozenset({FaultKind.PAUSE_OWNER, FaultKind.SPLIT_OWNER, FaultKind.ONE_WAY_OWNER})
 #: Kinds of the random schedule on loopback when ``--faults`` is ``all`` (or not given).
 DEFAULT_FAULTS: tuple[FaultKind, ...] = tuple(
-    k for k in FaultKind if k not in NAMESPACE_FAULTS and k not in ARCHIVE_FAULTS
+    k for k in FaultKind if k not in NAMESPACE_FAULTS and k not in ARCHIVE_FAULTS and k not in SPLIT_FAULTS
 )
 #: Kinds of the random schedule in namespace mode when ``--faults`` is ``all``: real cuts instead
 #: of the proxies.
 NAMESPACE_DEFAULT_FAULTS: tuple[FaultKind, ...] = tuple(
-    k for k in FaultKind if k not in NETWORK_FAULTS and k not in ARCHIVE_FAULTS
+    k for k in FaultKind if k not in NETWORK_FAULTS and k not in ARCHIVE_FAULTS and k not in SPLIT_FAULTS
 )
 
 
@@ -133,8 +142,8 @@ class Fault:
         at: the fraction (0..1) of the run's transactions acknowledged when it strikes.
         kind: what it does.
         targets: indexes of the storage nodes or servers it hits (empty for ZooKeeper; for
-            ``pause-owner``, ``split-owner`` and ``one-way-owner`` the partition whose owner it
-            hits, found when it strikes).
+            ``pause-owner``, ``split-owner``, ``one-way-owner`` and ``kill-server-splitting`` the
+            partition whose owner it hits, found when it strikes).
         duration: seconds until it is healed (restart, resume, unblock, no more delay).
         delay: seconds of added latency (delay kinds only).
     """
@@ -147,7 +156,7 @@ class Fault:
 
     def describe(self) -> str:
         """One line for people, e.g. ``at 25%: kill-storage [1] for 3.0s``."""
-        if self.kind in OWNER_FAULTS:
+        if self.kind in OWNER_FAULTS or self.kind in SPLIT_FAULTS:
             targets = "".join(f" of partition {t}" for t in self.targets)
         else:
             targets = f" {list(self.targets)}" if self.targets else ""
@@ -206,7 +215,7 @@ def random_schedule(
 
     Args:
         seed: the run's seed.
-        kinds: the kinds to draw from (empty: no fault).
+        kinds: the kinds to draw from (empty: no fault; :data:`SPLIT_FAULTS` are never drawn).
         count: how many faults.
         storages: the number of storage nodes (a minority of them may be hit at once).
         servers: the number of servers.
@@ -219,13 +228,14 @@ def random_schedule(
     Returns:
         The faults by increasing ``at``, between 5% and 85% of the run.
     """
+    kinds = [k for k in kinds if k not in SPLIT_FAULTS]  # scheduled by --split-to, never drawn
     if not kinds or count <= 0:
         return []
     rng = random.Random(f"chaos-schedule-{seed}")
     points = sorted(rng.uniform(0.05, 0.85) for _ in range(count))
     faults: list[Fault] = []
     for at in points:
-        kind = rng.choice(list(kinds))
+        kind = rng.choice(kinds)
         targets: tuple[int, ...] = ()
         if kind in (
             FaultKind.KILL_STORAGE,

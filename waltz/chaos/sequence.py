@@ -23,6 +23,12 @@ from dataclasses import dataclass, field
 
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.transaction import Transaction
+from waltz.protocol.split_records import (
+    SPLIT_RECORD_HEADER,
+    SplitGenesis,
+    SplitRecordFormatError,
+    decode_split_record,
+)
 
 __all__ = [
     "ChecksumCallbacks",
@@ -32,6 +38,7 @@ __all__ = [
     "decode_counter",
     "decode_tag",
     "payload_for",
+    "split_genesis_start",
 ]
 
 _TAG = struct.Struct(">IQ")
@@ -85,22 +92,37 @@ class PartitionSequence:
         checksum: CRC-32 over ``(transaction ID, header, data)`` of transactions 0..mark, in order.
         count: transactions applied.
         errors: what was wrong (a gap, a transaction applied twice); empty when all is well.
-        values: counter key -> value (the counter workload).
     """
 
     mark: int = -1
     checksum: int = 0
     count: int = 0
     errors: list[str] = field(default_factory=list)
-    values: dict[int, int] = field(default_factory=dict)
+
+
+def split_genesis_start(transaction: Transaction) -> int | None:
+    """The mark before ``transaction`` when it is the genesis that opens a new partition of a split
+    (``B(p)``, its log starts after it: docs/design/splits.md "Record forms"), else None."""
+    if transaction.header != SPLIT_RECORD_HEADER or transaction.transaction_id <= 0:
+        return None
+    try:
+        record = decode_split_record(transaction.get_raw_data())
+    except SplitRecordFormatError:
+        return None
+    if isinstance(record, SplitGenesis) and transaction.transaction_id == record.barrier + 1:
+        return record.barrier
+    return None
 
 
 class ChecksumCallbacks(WaltzClientCallbacks):
     """Client callbacks that keep a :class:`PartitionSequence` per partition, in memory.
 
-    Every client of a chaos run starts from nothing (mark -1), so it applies the whole log. A
-    transaction that does not follow the mark (a gap, or one applied twice) is recorded as an
-    error and not folded in; the client's guarantee is that this never happens.
+    Every client of a chaos run starts from nothing (mark -1), so it applies the whole log: a new
+    partition of a split from its genesis, ``B(p) + 1``, where its log starts. A transaction that
+    does not follow the mark (a gap, or one applied twice) is recorded as an error and not folded
+    in; the client's guarantee is that this never happens. The counters are the keys' (a key's
+    increments go to its parent, then after a split to its new partition; the client applies a
+    new partition's genesis only once the parent is applied to the barrier).
 
     Args:
         observe: called with every applied transaction and its data, on the partition's apply
@@ -117,6 +139,8 @@ class ChecksumCallbacks(WaltzClientCallbacks):
         self._lock = threading.Lock()
         self._observe = observe
         self.partitions: dict[int, PartitionSequence] = {}
+        self.values: dict[int, int] = {}
+        """Counter key -> its value (the counter workload)."""
         self.uncaught: list[str] = []
 
     def sequence(self, partition_id: int) -> PartitionSequence:
@@ -128,7 +152,7 @@ class ChecksumCallbacks(WaltzClientCallbacks):
         """The partition's mark and a counter's value (0 if never written), read together."""
         state = self.sequence(partition_id)
         with self._lock:
-            return state.mark, state.values.get(key, 0)
+            return state.mark, self.values.get(key, 0)
 
     def get_client_high_water_mark(self, partition_id: int) -> int:
         return self.sequence(partition_id).mark
@@ -140,7 +164,10 @@ class ChecksumCallbacks(WaltzClientCallbacks):
         for t in transactions:
             data = t.get_raw_data()
             state = self.sequence(t.partition_id)
+            start = split_genesis_start(t) if state.mark == -1 and state.count == 0 else None
             with self._lock:
+                if start is not None:
+                    state.mark = start  # a new partition's log starts with its genesis
                 if t.transaction_id != state.mark + 1:
                     what = "applied twice" if t.transaction_id <= state.mark else "a gap"
                     state.errors.append(
@@ -153,7 +180,7 @@ class ChecksumCallbacks(WaltzClientCallbacks):
                 state.mark = t.transaction_id
                 state.count += 1
                 if self._counters and (counter := decode_counter(data)) is not None:
-                    state.values[counter[2]] = counter[3]
+                    self.values[counter[2]] = counter[3]
             if self._observe is not None:
                 self._observe(t, data)
 

@@ -126,6 +126,11 @@ class ChaosAppend(TransactionContext):
     def partition_id(self, num_partitions: int) -> int:
         return self.partition
 
+    def routed(self, partition_id: int, num_partitions: int) -> None:
+        # During a split, a new partition's context goes to its parent until the parent seals:
+        # the acknowledgement names the partition that committed it.
+        self.partition = partition_id
+
     def execute(self, builder: TransactionBuilder) -> bool:
         builder.set_header(self.header)
         builder.set_write_locks([self.lock])
@@ -159,7 +164,12 @@ class CounterIncrement(TransactionContext):
         self.lock_failures = 0
 
     def partition_id(self, num_partitions: int) -> int:
-        return self.partition
+        # The key's partition at the count the client routes by: a split moves the key to its new
+        # partition (docs/design/splits.md "Clients across a split").
+        return self.key % num_partitions
+
+    def routed(self, partition_id: int, num_partitions: int) -> None:
+        self.partition = partition_id  # the mark read with the value is this partition's
 
     def execute(self, builder: TransactionBuilder) -> bool:
         mark, value = self.callbacks.snapshot(self.partition, self.key)
@@ -217,7 +227,6 @@ def _submit_all(
 ) -> _Outcomes:
     rng = random.Random(f"chaos-worker-{spec.seed}-{spec.index}")
     outcomes = _Outcomes(spec.in_flight)
-    partitions = client.num_partitions
     last_report = 0.0
 
     def report() -> None:
@@ -257,11 +266,12 @@ def _submit_all(
         context: ChaosAppend | CounterIncrement
         if spec.workload == "counter":
             key = counter_key_for(spec.seed, spec.index, sequence, spec.lock_pool)
-            context = CounterIncrement(callbacks, key % partitions, key, spec.index, sequence)
+            context = CounterIncrement(callbacks, key % client.num_partitions, key, spec.index, sequence)
         else:
             payload = payload_for(spec.seed, spec.index, sequence)
+            # Drawn among the partitions there are now: a split's new ones too, once opened.
             context = ChaosAppend(
-                rng.randrange(partitions), rng.randrange(spec.lock_pool), payload, spec.index
+                rng.randrange(client.num_partitions), rng.randrange(spec.lock_pool), payload, spec.index
             )
         future = client.submit(context)
         future.add_done_callback(functools.partial(record, sequence, context))

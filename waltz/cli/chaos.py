@@ -144,6 +144,24 @@ def chaos(
             ),
         ),
     ] = False,
+    split_to: Annotated[
+        int | None,
+        typer.Option(
+            "--split-to",
+            min=2,
+            help=(
+                "Split the log to this many partitions (a multiple of --partitions) while the clients "
+                "write, and kill -9 the server owning parent partition 0 as soon as it is marked "
+                "sealing, in the middle of the handover (fault kill-server-splitting, at --split-at); "
+                "the split resumes until complete and the checks cover every partition of both "
+                "counts. Workloads raw and counter (counter checks that no update is lost across it)."
+            ),
+        ),
+    ] = None,
+    split_at: Annotated[
+        float,
+        typer.Option("--split-at", min=0.0, max=1.0, help="Fraction of the run at which --split-to starts."),
+    ] = 0.5,
     log_level: LogLevelOption = "WARNING",
 ) -> None:
     """Run a local cluster and client processes under faults, then check every invariant.
@@ -157,7 +175,8 @@ def chaos(
     replicas are byte-identical, and that a clean restart of everything shows the same log; with
     the ledger workload, also that money is conserved and every transfer completed once; with
     --archive, that the archive verifies, holds every range once, and with the replicas' local
-    ranges holds every committed record.
+    ranges holds every committed record; with --split-to, that the split completed and every check
+    holds on every partition of both counts.
     Exits 1 if any check fails; the work directory with every node's log is kept then.
     """
     from waltz.chaos import ChaosOptions, parse_fault_kinds, run_chaos
@@ -201,6 +220,8 @@ def chaos(
         restart_check=restart_check,
         network=network,
         archive=archive,
+        split_to=split_to,
+        split_at=split_at,
     )
     started = time.monotonic()
     try:

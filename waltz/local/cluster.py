@@ -54,10 +54,10 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from waltz.errors import ConfigurationError, MetadataError
 from waltz.local.certificates import ClusterCertificates
@@ -92,6 +92,10 @@ from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.private_files import private_directory
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.cluster_key import cluster_key_fingerprint
+
+if TYPE_CHECKING:
+    from waltz.admin.split_report import SplitReport
+    from waltz.metadata.epochs import PartitionEpochs
 
 __all__ = ["LocalCluster"]
 
@@ -558,12 +562,9 @@ class LocalCluster:
             TimeoutError: a replica lacked records up to the mark for ``timeout`` seconds.
         """
         from waltz.admin.replica_digests import replica_digests
-        from waltz.metadata.epochs import PartitionEpochsZk
 
         if first_ids is None:
-            metadata = self._metadata
-            epochs = PartitionEpochsZk(metadata.client, metadata.paths, timeout=timeout).read().value
-            first_ids = epochs.first_transaction_ids
+            first_ids = self.partition_epochs(timeout).first_transaction_ids
         return replica_digests(
             [node.admin_address for node in self._nodes.storages],
             str(self.cluster_key),
@@ -573,6 +574,55 @@ class LocalCluster:
             tls=self._security.tls,
             first_ids=first_ids,
         )
+
+    # --- partition splits ---------------------------------------------------------------------------
+
+    def partition_epochs(self, timeout: float = 30.0) -> PartitionEpochs:
+        """The cluster's partition epochs as ZooKeeper holds them now: the partitions that exist
+        (``partition_ids``), each new child's first transaction ID (``first_transaction_ids``), a
+        split under way (docs/design/splits.md "What ZooKeeper holds").
+
+        Raises:
+            ZooKeeperUnavailableError: ZooKeeper did not answer within ``timeout`` seconds.
+        """
+        from waltz.metadata.epochs import PartitionEpochsZk
+
+        metadata = self._metadata
+        return PartitionEpochsZk(metadata.client, metadata.paths, timeout=timeout).read().value
+
+    def split(
+        self, to: int, *, wait: float = 120.0, progress: Callable[[str], None] | None = None
+    ) -> SplitReport:
+        """Split the log to ``to`` partitions as its admin would, ``waltz cluster split --to``
+        (docs/design/splits.md "The handover"): from wherever a split to ``to`` stands, over a
+        ZooKeeper session of its own with the admin's credential and certificate.
+
+        Args:
+            to: the new count, a multiple of the current one.
+            wait: seconds the run waits, in all, for the parents' owners to write their barriers.
+            progress: receives one line per step taken.
+
+        Returns:
+            Where the split stands: complete, or why not (run it again to resume it).
+
+        Raises:
+            SplitStateError: ``to`` is no split of the current count, or another split runs.
+            ZooKeeperUnavailableError: ZooKeeper went away; the split stands where it stopped.
+        """
+        from waltz.admin.cluster_admin import ClusterAdmin
+        from waltz.admin.config import ClusterAdminConfig
+        from waltz.admin.split_run import SplitRun
+
+        settings = ClusterAdminConfig(**self.admin_settings("admin"))
+        connect_string, root = settings.require()
+        with ClusterAdmin.connect(
+            connect_string,
+            root,
+            connect_timeout=30,
+            tls=settings.tls(),
+            security=settings.zookeeper_security(),
+        ) as admin:
+            return SplitRun(admin.cluster, tls=admin.tls, wait=wait, progress=progress).run(to)
 
     # --- readiness and owners ---------------------------------------------------------------------
 

@@ -124,7 +124,8 @@ def probe_partitions(
     Args:
         zk: a started kazoo client of the cluster's ZooKeeper.
         paths: the cluster's znode paths.
-        partitions: the cluster's number of partitions.
+        partitions: the cluster's number of partitions at creation (a split's new partitions are
+            probed once placed).
         replicas: replicas per partition (the message of :attr:`Problem.NO_QUORUM` names it).
         servers: the cluster's servers (to name an owner by its process, and count the running).
         tls: client TLS files for the servers' ports; None: plaintext.
@@ -136,7 +137,10 @@ def probe_partitions(
     names = {server.endpoint: server.process.name for server in servers}
     problems: list[PartitionProblem] = []
     placed: dict[Member, list[tuple[int, int]]] = {}
-    for pid in range(partitions):
+    # The partitions at creation, and every new partition of a split once the cluster manager
+    # placed it (it is placed once opened: docs/design/splits.md "The handover", step 4).
+    opened = {pid for pid in assignment.placements if pid >= partitions}
+    for pid in sorted(set(range(partitions)) | opened):
         placement = assignment.placements.get(pid)
         if placement is None or placement.endpoint is None:
             running = sum(s.process.is_running() for s in servers)

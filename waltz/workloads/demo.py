@@ -185,23 +185,10 @@ class _Split:
             self._thread.start()
 
     def _run(self) -> None:
-        from waltz.admin.cluster_admin import ClusterAdmin
-        from waltz.admin.config import ClusterAdminConfig
-        from waltz.admin.split_run import SplitRun
-
         started = time.monotonic()
         self.say(f"  split: {self.to} partitions, under the mix")
         try:
-            settings = ClusterAdminConfig(**self.cluster.admin_settings("admin"))
-            connect_string, root = settings.require()
-            with ClusterAdmin.connect(
-                connect_string,
-                root,
-                connect_timeout=30,
-                tls=settings.tls(),
-                security=settings.zookeeper_security(),
-            ) as admin:
-                report = SplitRun(admin.cluster, tls=admin.tls, wait=120).run(self.to)
+            report = self.cluster.split(self.to, wait=120)
         except BaseException as exc:
             self.error = exc
             self.events.append(f"split to {self.to} failed: {exc!r}")
