@@ -1,7 +1,7 @@
 """``waltz perf``: producer and consumer performance runs (upstream Waltz's ProducerPerf/ConsumerPerf),
 the SmallBank mix from application instances (``waltz perf smallbank``, the ledger example's
-by default), and reservations of hot SKUs under idempotency keys (``waltz perf inventory``,
-:mod:`waltz.cli.perf_inventory`).
+by default), reservations of hot SKUs under idempotency keys (``waltz perf inventory``,
+:mod:`waltz.cli.perf_inventory`), and throughput across a live split (``waltz perf split``).
 
 The logic lives in :mod:`waltz.perf` and, for ``smallbank``, in :mod:`waltz.workloads.perf`
 (imported inside the command); this module parses options and prints the figures. Exit codes: 0
@@ -48,11 +48,12 @@ app = typer.Typer(
         "submit-to-commit latency percentiles from an HdrHistogram), consumers (read throughput), and "
         "the ledger example's SmallBank mix from application instances sharing one database "
         "(committed/s, submit-to-commit and submit-to-applied latencies), and the inventory "
-        "example's reservations of hot SKUs under idempotency keys. "
+        "example's reservations of hot SKUs under idempotency keys, and a local cluster's throughput "
+        "before and after a live split (with the longest write pause of a key). "
         "Target an existing cluster with --zookeeper/--root (or --config, or `WALTZ_*` variables), or "
         "start a local one with --local and --storages/--servers/--partitions."
     ),
-    short_help="Measure throughput and latency: producers, consumers, SmallBank, inventory.",
+    short_help="Measure throughput and latency: producers, consumers, SmallBank, inventory, splits.",
     no_args_is_help=True,
     rich_markup_mode=MARKUP,
 )
@@ -413,7 +414,66 @@ def smallbank(
     )
 
 
+def split(
+    partitions: Annotated[int, typer.Option("--partitions", min=1, help="Partitions at creation.")] = 2,
+    to: Annotated[
+        int, typer.Option("--to", min=2, help="Partitions after the split (a multiple of --partitions).")
+    ] = 4,
+    producers: Annotated[
+        int, typer.Option("--producers", min=1, help="Client threads, each with its own store.")
+    ] = 4,
+    keys: Annotated[int, typer.Option("--keys", min=1, help="Counters the producers bump.")] = 64,
+    in_flight: Annotated[
+        int, typer.Option("--in-flight", min=1, help="Bumps each producer keeps in flight.")
+    ] = 8,
+    before: Annotated[
+        float, typer.Option("--before", min=0.1, help="Seconds of bumps before the split.")
+    ] = 15.0,
+    after: Annotated[float, typer.Option("--after", min=0.1, help="Seconds of bumps after it.")] = 15.0,
+    storages: LocalStoragesOption = 3,
+    servers: LocalServersOption = 2,
+    secure: LocalSecureOption = True,
+    as_json: JsonOption = False,
+) -> None:
+    """Split a local cluster's log under load: committed/s before and after, the split's seconds,
+    and the longest write pause of a key that stays and of one that moves.
+
+    Starts a local cluster of --partitions, then --producers clients bump --keys counters (a
+    read-modify-write under the key's write lock, routed by key mod count) for --before seconds;
+    the cluster's admin then splits it to --to partitions (as waltz cluster split), and the bumps
+    go on for --after seconds. Upstream Waltz's validate closes the run: each key's values in the
+    log are exactly 1..n for its n commits (exit 1 otherwise).
+
+    Example: waltz perf split --partitions 2 --to 4 --before 10 --after 10
+    """
+    from waltz.perf.split import SplitPerfSettings, run_split
+
+    try:
+        settings = SplitPerfSettings(
+            partitions=partitions,
+            to=to,
+            producers=producers,
+            keys=keys,
+            in_flight=in_flight,
+            before=before,
+            after=after,
+            storages=storages,
+            servers=servers,
+            secure=secure,
+        )
+    except ValueError as exc:
+        raise fail(str(exc), 2) from exc
+    figures = run_split(settings, None if as_json else typer.echo)
+    if as_json:
+        typer.echo(json.dumps(figures.summary()))
+    else:
+        typer.echo(figures.text())
+    if not figures.validate or not figures.split_complete:
+        raise typer.Exit(1)
+
+
 app.command("producer")(producer)
+app.command("split")(split)
 app.command("consumer")(consumer)
 app.command("smallbank")(smallbank)
 app.command("inventory")(inventory)
