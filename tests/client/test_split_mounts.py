@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
 
+import pytest
 from kazoo.client import KazooClient
 
 from tests.admin.test_split_run import connect
@@ -137,7 +138,7 @@ def test_a_client_commits_through_a_live_split_and_applies_each_genesis_after_it
                 stop.set()
                 thread.join(300)
             assert not thread.is_alive() and not failures, failures
-            assert client.num_partitions == 4
+            assert client.num_partitions == 4 and client.partition_ids == (0, 1, 2, 3)
 
             outcomes = [(context, committed(future)) for context, future in submitted]
             for context, outcome in outcomes:
@@ -227,6 +228,13 @@ def test_a_context_routed_to_a_child_before_it_is_opened_waits_and_commits_in_it
         assert barrier is not None
         with WaltzClient(store, client_config(cluster)) as client:
             assert client.num_partitions == 4 and 2 not in client.partition_states()
+            # The partitions there are: a tool reads every mark over these, while the count
+            # already names new partitions that are not open (their marks cannot be asked).
+            assert client.partition_ids == (0, 1)
+            marks = {pid: client.get_high_water_mark(pid) for pid in client.partition_ids}
+            assert marks[0] >= barrier
+            with pytest.raises(ValueError):
+                client.get_high_water_mark(2)
             context = Keyed(2, b"key 2, for partition 2", lock=PartitionLocalLock("key", 2))
             future = client.submit(context)
             assert not future.done()

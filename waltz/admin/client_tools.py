@@ -194,7 +194,7 @@ def high_water_marks(config: WaltzClientConfig, partitions: Sequence[int] | None
     """
     quiet = config.model_copy(update={"client_auto_mount": False})
     with WaltzClient(_MarkCallbacks({}), quiet) as client:
-        ids = range(client.num_partitions) if partitions is None else partitions
+        ids = client.partition_ids if partitions is None else partitions
         return {pid: client.get_high_water_mark(pid) for pid in ids}
 
 

@@ -451,7 +451,12 @@ class AttemptRunner:
         remaining = submission.remaining()
         if remaining is not None:
             timeout = min(timeout, remaining)
-        await self._routing.wait_newer(submission.route_serial, timeout)
+        if _server_behind(self._routing.view, submission, error):
+            # The owner refused a new partition whose genesis this client's view names already:
+            # its own view lags (its watch fires later); ask again shortly, within the same bound.
+            await asyncio.sleep(max(0.0, min(_NOT_OPEN_PAUSE, timeout)))
+        else:
+            await self._routing.wait_newer(submission.route_serial, timeout)
         if self._closed:
             return
         try:
@@ -469,8 +474,12 @@ class AttemptRunner:
             submission.expire()
             return
         view = self._routing.view
-        if view.serial <= submission.route_serial:  # the epochs did not move in time
-            deadline, bound = submission.deadline, submission.route_deadline
+        behind = _server_behind(view, submission, error)
+        bound = submission.route_deadline
+        if (view.serial <= submission.route_serial and not behind) or (
+            behind and bound is not None and time.monotonic() >= bound
+        ):  # the epochs did not move in time, or the owner did not learn the genesis in time
+            deadline = submission.deadline
             if deadline is not None and (bound is None or deadline <= bound):
                 submission.expire()  # its own timeout bounded the wait
             else:
@@ -490,7 +499,8 @@ class AttemptRunner:
             mounted = sorted(p.partition_id for p in list(self._partitions.values()) if p.wanted)
             submission.fail(PartitionNotMountedError(pid, mounted))
             return
-        submission.route_deadline = None
+        if not behind:  # a refusal of an owner that lags keeps the bound of the first
+            submission.route_deadline = None
         wait = self._read_your_writes_wait(partition, submission)
         if wait is None:
             self._first_attempt(partition, submission)
@@ -631,6 +641,24 @@ class AttemptRunner:
             submission.fail(error)
         self._completer.shutdown(wait=True, cancel_futures=False)
         self._executor.shutdown(wait=True, cancel_futures=False)
+
+
+#: Seconds between the attempts of a context refused ``PARTITION_NOT_OPEN`` by an owner whose
+#: view of the partition epochs lags the client's (the client's names the genesis already).
+_NOT_OPEN_PAUSE = 0.1
+
+
+def _server_behind(view: RoutingView, submission: Submission, error: BaseException) -> bool:
+    """Whether ``error`` is an owner's ``PARTITION_NOT_OPEN`` for a new partition whose genesis
+    ``view`` names already: the owner's view of the partition epochs lags the client's, and no
+    newer view of the client's is to come (docs/design/splits.md "Clients across a split")."""
+    if not isinstance(error, PartitionNotOpenError):
+        return False
+    for epoch in view.epochs.epochs:
+        child = epoch.children.get(submission.partition_id)
+        if child is not None and child.genesis is not None:
+            return True
+    return False
 
 
 def _ancestor_among(view: RoutingView, partition_id: int, partitions: Mapping[int, ClientPartition]) -> int:

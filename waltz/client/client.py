@@ -116,6 +116,14 @@ class WaltzClient:
         to one waits for it."""
         return self._core.num_partitions
 
+    @property
+    def partition_ids(self) -> tuple[int, ...]:
+        """The partitions that exist now, in order: those at the cluster's creation and every
+        new partition of a split once opened (docs/design/splits.md "Clients across a split").
+        Walk these, not ``range(num_partitions)``, to read every partition's mark: while a split
+        is under way ``num_partitions`` counts new partitions that are not open yet."""
+        return self._core.partition_ids
+
     def partition_for(self, choose: Callable[[int], int]) -> int:
         """The partition a key goes to now, as a context's: ``choose(count)`` at the newest count
         of this client's view of the partition epochs, routed down to the count before while the
@@ -353,6 +361,11 @@ class AsyncWaltzClient:
         split"). A split under way raises it before its new partitions are open: a context routed
         to one waits for it."""
         return self._core.num_partitions
+
+    @property
+    def partition_ids(self) -> tuple[int, ...]:
+        """As :attr:`WaltzClient.partition_ids`."""
+        return self._core.partition_ids
 
     def partition_for(self, choose: Callable[[int], int]) -> int:
         """The partition a key goes to now (see :meth:`WaltzClient.partition_for`; memory only)."""

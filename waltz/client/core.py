@@ -180,6 +180,16 @@ class ClientCore:
         routing: EpochRouting | None = getattr(self, "routing", None)
         return routing.view.count if routing is not None else self._discovery.num_partitions
 
+    @property
+    def partition_ids(self) -> tuple[int, ...]:
+        """The partitions that exist in the client's view of the partition epochs: those at
+        creation and every new partition of a split once opened (docs/design/splits.md "Clients
+        across a split")."""
+        routing: EpochRouting | None = getattr(self, "routing", None)
+        if routing is None:
+            return tuple(range(self._discovery.num_partitions))
+        return routing.view.epochs.partition_ids
+
     async def _create_partitions(self) -> dict[int, ClientPartition]:
         return {pid: self._new_partition(pid) for pid in range(self.initial_count)}
 

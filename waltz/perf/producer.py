@@ -212,7 +212,7 @@ def current_high_water_marks(config: WaltzClientConfig) -> dict[int, int]:
     """
     quiet = config.model_copy(update={"client_auto_mount": False})
     with WaltzClient(PerfCallbacks(), quiet) as client:
-        return {pid: client.get_high_water_mark(pid) for pid in range(client.num_partitions)}
+        return {pid: client.get_high_water_mark(pid) for pid in client.partition_ids}
 
 
 def _run_client(

@@ -324,9 +324,9 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
             if rollout is not None:
                 rollout.finish()
                 services = list(rollout.instances)
-            # Every partition there is, a split's new ones too (the client's newest count).
-            count = services[0].client.num_partitions
-            server_marks = {p: services[0].client.get_high_water_mark(p) for p in range(count)}
+            # Every partition there is, a split's new ones too once opened.
+            client = services[0].client
+            server_marks = {p: client.get_high_water_mark(p) for p in client.partition_ids}
             for service in services:
                 for pid, mark in server_marks.items():
                     if mark >= 0 and not service.callbacks.wait_for(pid, mark, 60):

@@ -317,7 +317,7 @@ class SmallBankWorkload:
                 progress(1)
         self.drain(timeout)
         service = self.services[0]  # the instances share one database: one of them is enough
-        marks = {pid: service.client.get_high_water_mark(pid) for pid in range(service.client.num_partitions)}
+        marks = {pid: service.client.get_high_water_mark(pid) for pid in service.client.partition_ids}
         for pid, mark in marks.items():
             if mark >= 0 and not service.callbacks.wait_for(pid, mark, timeout):
                 raise TimeoutError(f"partition {pid}: the accounts' openings not applied within {timeout}s")

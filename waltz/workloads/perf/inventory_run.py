@@ -268,7 +268,7 @@ def _stock(
 
 def _apply_all(instance: InventoryInstance, timeout: float) -> dict[int, int]:
     """Wait until ``instance`` applied every partition up to the servers' marks; returns them."""
-    marks = {p: instance.client.get_high_water_mark(p) for p in range(instance.client.num_partitions)}
+    marks = {p: instance.client.get_high_water_mark(p) for p in instance.client.partition_ids}
     for pid, mark in marks.items():
         if mark >= 0 and not instance.callbacks.wait_for(pid, mark, timeout):
             raise InventoryRunError(f"partition {pid} not applied up to {mark} within {timeout:g}s")

@@ -226,7 +226,7 @@ def _check_application(
     with contextlib.closing(instance) as checker:
         checker.client.wait_mounted(START_TIMEOUT)
         _wait_quiet(app, engine)
-        marks = {p: checker.client.get_high_water_mark(p) for p in range(checker.client.num_partitions)}
+        marks = {p: checker.client.get_high_water_mark(p) for p in checker.client.partition_ids}
         for pid, mark in marks.items():
             if mark >= 0 and not checker.callbacks.wait_for(pid, mark, STOP_TIMEOUT):
                 raise SmallBankRunError(f"partition {pid} not applied up to {mark} within {STOP_TIMEOUT:g}s")
