@@ -25,9 +25,10 @@ from support.storage import run
 from tests.services.server.test_epoch_refusals import start_cluster
 from tests.services.server.test_split_barrier import opened_high_water_mark, wait_for_barrier, with_epochs
 from waltz.admin.description import describe_cluster
+from waltz.admin.fences import read_fence
 from waltz.admin.split_open import ChildOpenPlan, open_child, plan_child_open
 from waltz.admin.verify import CheckStatus, metadata_checks
-from waltz.errors import ParentNotSealedError, SplitStateError, SplitStorageError
+from waltz.errors import MetadataError, ParentNotSealedError, SplitStateError, SplitStorageError
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
 from waltz.metadata.epochs import PartitionEpochs, PartitionEpochsZk
@@ -156,6 +157,13 @@ def test_a_child_of_a_sealed_parent_opens_on_its_parents_storage_nodes_after_the
         open_child(cluster_zk, 1, 3)
     assert not refused.value.sealing and "not marked sealing" in str(refused.value)
     assert snapshot(cluster_zk, 3)[1] is None
+    # The operator's tools take the opened child as a partition of the cluster, not child 3.
+    fence = read_fence(cluster_zk, storage, 2, tls=cluster.admin_tls)
+    assert fence.partition_id == 2 and fence.fence >= 0 and fence.zookeeper_session_id >= 0, fence
+    with pytest.raises(
+        MetadataError, match=r"partition 3 does not exist: .*0\.\.1 and, opened by a split, 2$"
+    ):
+        read_fence(cluster_zk, storage, 3, tls=cluster.admin_tls)
 
 
 def test_an_unreachable_storage_node_writes_nothing_and_a_run_cut_short_is_finished_by_the_next(

@@ -171,7 +171,7 @@ def describe_cluster(zk: ClusterZk) -> ClusterDescription:
         for name in names
     )
     partitions = []
-    for partition_id in _partition_ids(zk, params):
+    for partition_id in partition_ids(zk, params):
         assigned = tuple(assignments.storages_of(partition_id))
         try:
             metadata = zk.partition_metadata(partition_id).value
@@ -184,7 +184,7 @@ def describe_cluster(zk: ClusterZk) -> ClusterDescription:
     return ClusterDescription(zk.paths.root, params, nodes, tuple(partitions))
 
 
-def _partition_ids(zk: ClusterZk, params: ClusterParams) -> tuple[int, ...]:
+def partition_ids(zk: ClusterZk, params: ClusterParams) -> tuple[int, ...]:
     """The partitions that exist (``PartitionEpochs.partition_ids``); those of the count at creation
     when ``partitions/epochs`` does not decode (logged: ``waltz cluster verify`` then names the
     children's replicas as unknown partitions)."""

@@ -21,6 +21,7 @@ import logging
 import socket
 from dataclasses import dataclass
 
+from waltz.admin.description import partition_ids
 from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, run_admin
 from waltz.errors import MetadataError
 from waltz.metadata.zk import ClusterZk
@@ -104,15 +105,20 @@ def storage_admin_address(cluster: ClusterZk, storage: str) -> str:
 
 
 def check_partition_id(cluster: ClusterZk, partition_id: int) -> None:
-    """Check that ``partition_id`` is a partition of the cluster.
+    """Check that ``partition_id`` is a partition of the cluster: one of the count at creation,
+    or a new partition of a split once opened (docs/design/splits.md "The handover", step 4).
 
     Raises:
         MetadataError: it is not.
     """
-    num_partitions = cluster.params().num_partitions
-    if not 0 <= partition_id < num_partitions:
+    params = cluster.params()
+    ids = partition_ids(cluster, params)
+    if partition_id not in ids:
+        opened = ids[params.num_partitions :]
+        split = f" and, opened by a split, {', '.join(map(str, opened))}" if opened else ""
         raise MetadataError(
-            f"partition {partition_id} does not exist: the cluster has partitions 0..{num_partitions - 1}"
+            f"partition {partition_id} does not exist: the cluster has partitions "
+            f"0..{params.num_partitions - 1}{split}"
         )
 
 
