@@ -26,9 +26,16 @@ from tests.services.server.test_epoch_refusals import start_cluster
 from tests.services.server.test_split_barrier import opened_high_water_mark, wait_for_barrier, with_epochs
 from waltz.admin.description import describe_cluster
 from waltz.admin.fences import read_fence
+from waltz.admin.servers import change_preferred
 from waltz.admin.split_open import ChildOpenPlan, open_child, plan_child_open
 from waltz.admin.verify import CheckStatus, metadata_checks
-from waltz.errors import MetadataError, ParentNotSealedError, SplitStateError, SplitStorageError
+from waltz.errors import (
+    ConfigurationError,
+    MetadataError,
+    ParentNotSealedError,
+    SplitStateError,
+    SplitStorageError,
+)
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
 from waltz.metadata.epochs import PartitionEpochs, PartitionEpochsZk
@@ -164,6 +171,12 @@ def test_a_child_of_a_sealed_parent_opens_on_its_parents_storage_nodes_after_the
         MetadataError, match=r"partition 3 does not exist: .*0\.\.1 and, opened by a split, 2$"
     ):
         read_fence(cluster_zk, storage, 3, tls=cluster.admin_tls)
+    server = cluster.owner(0)
+    _, _, after = change_preferred(cluster_zk.zk, cluster.root, server, add=[2])
+    assert 2 in after
+    change_preferred(cluster_zk.zk, cluster.root, server, remove=[2])
+    with pytest.raises(ConfigurationError, match="partitions \\[3, 5\\] do not exist"):
+        change_preferred(cluster_zk.zk, cluster.root, server, add=[3, 5])
 
 
 def test_an_unreachable_storage_node_writes_nothing_and_a_run_cut_short_is_finished_by_the_next(

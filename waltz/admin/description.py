@@ -10,7 +10,7 @@ opened (docs/design/splits.md "What ZooKeeper holds").
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,3 +195,17 @@ def partition_ids(zk: ClusterZk, params: ClusterParams) -> tuple[int, ...]:
     except MetadataError as exc:
         log.warning("describing the partitions at creation only: %s", exc)
         return tuple(range(params.num_partitions))
+
+
+def unknown_partitions(zk: ClusterZk, params: ClusterParams, ids: Iterable[int]) -> str | None:
+    """Why some of ``ids`` are not partitions of the cluster (those at creation, and a split's
+    new ones once opened: :func:`partition_ids`), as one sentence for an error; None when all are.
+    """
+    existing = partition_ids(zk, params)
+    bad = sorted(set(ids) - set(existing))
+    if not bad:
+        return None
+    opened = existing[params.num_partitions :]
+    split = f" and, opened by a split, {', '.join(map(str, opened))}" if opened else ""
+    which = f"partition {bad[0]} does not exist" if len(bad) == 1 else f"partitions {bad} do not exist"
+    return f"{which}: the cluster has partitions 0..{params.num_partitions - 1}{split}"

@@ -21,7 +21,7 @@ import logging
 import socket
 from dataclasses import dataclass
 
-from waltz.admin.description import partition_ids
+from waltz.admin.description import unknown_partitions
 from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, run_admin
 from waltz.errors import MetadataError
 from waltz.metadata.zk import ClusterZk
@@ -111,15 +111,9 @@ def check_partition_id(cluster: ClusterZk, partition_id: int) -> None:
     Raises:
         MetadataError: it is not.
     """
-    params = cluster.params()
-    ids = partition_ids(cluster, params)
-    if partition_id not in ids:
-        opened = ids[params.num_partitions :]
-        split = f" and, opened by a split, {', '.join(map(str, opened))}" if opened else ""
-        raise MetadataError(
-            f"partition {partition_id} does not exist: the cluster has partitions "
-            f"0..{params.num_partitions - 1}{split}"
-        )
+    problem = unknown_partitions(cluster, cluster.params(), [partition_id])
+    if problem is not None:
+        raise MetadataError(problem)
 
 
 def read_fence(

@@ -19,6 +19,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
+from waltz.admin.description import unknown_partitions
 from waltz.admin.verify_servers import probe_servers
 from waltz.errors import ConfigurationError
 from waltz.metadata.assignment import Member, read_assignment, read_members
@@ -204,11 +205,9 @@ def change_preferred(
     """
     cluster = ClusterZk(zk, root)
     params = cluster.params()
-    bad = sorted(p for p in {*add, *remove} if not 0 <= p < params.num_partitions)
-    if bad:
-        raise ConfigurationError(
-            f"partitions {bad} do not exist: the cluster has partitions 0..{params.num_partitions - 1}"
-        )
+    problem = unknown_partitions(cluster, params, {*add, *remove})
+    if problem is not None:
+        raise ConfigurationError(problem)
     endpoint, configured = resolve_server(read_members(zk, cluster.paths), server)
     before, after = update_preferred(zk, cluster.paths, endpoint, configured, add=add, remove=remove)
     return endpoint, before, after
