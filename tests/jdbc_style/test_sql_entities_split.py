@@ -14,6 +14,7 @@ and ``read_entities`` route the counter's key as its transactions are routed.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from waltz.admin.split_run import SplitRun
 from waltz.client.outcome import OutcomeKind
 from waltz.jdbc_style import (
     ChangeSetCallbacks,
+    EntityBatcher,
     EntityRegistry,
     EntityTransaction,
     EntityTransactionContext,
@@ -164,3 +166,83 @@ def test_entity_transactions_commit_on_their_route_before_during_and_after_a_spl
     finally:
         check.dispose()
     assert value == 3
+
+
+class GatedBump(Bump):
+    """A bump whose completion waits for ``gate``: its partition's batcher slot stays taken, so
+    contexts submitted meanwhile queue for one batch."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int) -> None:
+        super().__init__(callbacks, counter_id)
+        self.gate = threading.Event()
+
+    def on_completion(self, result: bool) -> None:
+        assert self.gate.wait(TIMEOUT), "the test never opened the gate"
+
+
+class BatchedBump(Bump):
+    """A bump without a timeout (a context with one goes alone, never in a batch)."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int) -> None:
+        EntityTransactionContext.__init__(self, callbacks, (SplitCounter, counter_id))
+        self.counter_id = counter_id
+        self.read_at = []
+
+
+def test_a_batch_queued_before_a_split_that_parts_its_members_is_regrouped_at_the_new_count(
+    tmp_path: Path, zookeeper: object, database: str
+) -> None:
+    """docs/design/splits.md "Clients across a split": two bumps queued in partition 0's batch at 2
+    partitions, one of a counter that stays there and one of a counter that moves to child 2 at 4;
+    the split completes before the batch goes. The batch parts, and each member commits in its
+    partition at 4, once, where a batch sent to partition 0 would write the moved counter beside
+    its new partition."""
+    registry = EntityRegistry.from_base(Base)
+    info = registry.info(SplitCounter)
+    stays, moves, gated_id = (
+        next(
+            c
+            for c in range(start, 100_000)
+            if info.partition_of((c,), 2) == 0 and info.partition_of((c,), 4) == to
+        )
+        for start, to in ((1, 0), (1, 2), (50_000, 0))
+    )
+    engine = create_framework_engine(database)
+    with start_cluster(tmp_path / "cluster", zookeeper) as cluster:
+        cluster.wait_ready(60)
+        callbacks = ChangeSetCallbacks(
+            engine, cluster_name=f"regroup-{support.unique_suffix()}", registry=registry
+        )
+        config = WaltzClientConfig(**cluster.client_settings(), zookeeper_session_timeout=10.0)
+        try:
+            with (
+                WaltzClient(callbacks, config) as client,
+                EntityBatcher(client, max_in_flight=1, max_in_flight_alone=0) as batcher,
+            ):
+                gated = GatedBump(callbacks, gated_id)
+                first = batcher.submit(gated)
+                bumps = [BatchedBump(callbacks, stays), BatchedBump(callbacks, moves)]
+                futures = [batcher.submit(bump) for bump in bumps]
+                with connect(cluster) as admin:
+                    assert SplitRun(admin.cluster, wait=60).run(4).complete
+                wait_until(lambda: client.num_partitions == 4, timeout=TIMEOUT, what="the count of 4")
+                assert not any(future.done() for future in futures)  # queued behind the gate
+                gated.gate.set()
+                assert first.result(TIMEOUT).committed
+                outcomes = [future.result(TIMEOUT) for future in futures]
+                assert [o.kind for o in outcomes] == [OutcomeKind.COMMITTED] * 2, outcomes
+                assert [o.partition_id for o in outcomes] == [0, 2], outcomes
+                for outcome in outcomes:
+                    assert outcome.transaction_id is not None
+                    assert callbacks.wait_for(outcome.partition_id, outcome.transaction_id, TIMEOUT)
+                assert all(len(bump.read_at) >= 1 for bump in bumps)
+        finally:
+            engine.dispose()
+        assert callbacks.uncaught_count == 0, list(callbacks.uncaught)
+    check = create_framework_engine(database)
+    try:
+        with check.connect() as conn:
+            values = dict(conn.execute(select(SplitCounter.counter_id, SplitCounter.value)).all())
+    finally:
+        check.dispose()
+    assert values == {gated_id: 1, stays: 1, moves: 1}

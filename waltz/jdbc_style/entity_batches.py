@@ -60,6 +60,7 @@ __all__ = [
     "DEFAULT_MAX_BATCH_BYTES",
     "DEFAULT_MAX_BATCH_MEMBERS",
     "DEFAULT_MAX_IN_FLIGHT_ALONE",
+    "BatchPartedError",
     "EntityBatcher",
 ]
 
@@ -86,6 +87,14 @@ class _Member:
     """Runs on its own (it read what a batch cannot show it, or it has a timeout)."""
     locks: tuple[PartitionLocalLock, ...] | None = None
     """Its expected locks, once asked (None: not asked yet, or the hint raised)."""
+    count: int = 0
+    """The partition count its queue's partition was chosen at (0: unknown)."""
+
+
+class BatchPartedError(CrossPartitionError):
+    """A batch's members map to different partitions at a newer count (a split moved some of
+    their keys): never a member's outcome, the batcher queues each member again at its partition
+    at that count (docs/design/splits.md "Clients across a split")."""
 
 
 class _Batch(TransactionContext):
@@ -108,28 +117,31 @@ class _Batch(TransactionContext):
         first = members[0].context
         self.reads_absorbed_state = first.reads_absorbed_state
         self._num_partitions = batcher.client.num_partitions
-        self._grouped = (partition_id, self._num_partitions)  # the batcher's grouping
+        # The batcher's grouping: the partition its members were queued for, at the count they
+        # were queued at (-1 when they were queued at different counts, or it is not known).
+        counts = {member.count for member in members}
+        grouped_at = counts.pop() if len(counts) == 1 else -1
+        self._grouped = (partition_id, grouped_at if grouped_at > 0 else -1)
 
     def partition_id(self, num_partitions: int) -> int:
-        """The batch's partition at ``num_partitions``: the batcher's at the discovery count; at
-        a newer count (a split in the client's view of the partition epochs, docs/design/splits.md
-        "Clients across a split") the one every member routes to at it.
+        """The batch's partition at ``num_partitions``: the batcher's at the count its members were
+        queued at; at a newer count (a split in the client's view of the partition epochs,
+        docs/design/splits.md "Clients across a split") the one every member routes to at it.
 
         Raises:
-            CrossPartitionError: the members part at ``num_partitions`` (a split moves some of
-                their keys to a new partition): the batch is refused, not regrouped; each member
-                ends with the error.
+            BatchPartedError: the members part at ``num_partitions`` (a split moves some of their
+                keys to a new partition): the batch ends, and the batcher queues each member again
+                at its partition there (:meth:`EntityBatcher.regroup`).
         """
         grouped, count = self._grouped
         if num_partitions == count:
             return grouped
         routes = {member.context.partition_id(num_partitions) for member in self.members}
         if len(routes) != 1:
-            raise CrossPartitionError(
+            raise BatchPartedError(
                 f"a batch of {len(self.members)} entity transactions of partition {self._partition_id} "
                 f"parts at {num_partitions} partitions (partitions {sorted(routes)}): a split moves some "
-                "of its members' keys, and batches are not regrouped across a split yet; submit them "
-                'again (docs/design/splits.md, "Clients across a split")'
+                'of its members\' keys (docs/design/splits.md, "Clients across a split")'
             )
         return routes.pop()
 
@@ -307,6 +319,8 @@ class _Batch(TransactionContext):
             _call(member.context.on_application)
 
     def on_exception(self, exception: BaseException) -> None:
+        if isinstance(exception, BatchPartedError):
+            return  # not the members' end: the batcher queues each again at its new partition
         for member in self.appended:
             _call(member.context.on_exception, exception)
 
@@ -472,10 +486,13 @@ class EntityBatcher:
             CrossPartitionError: the context's entities map to different partitions.
             ClientClosedError: the batcher is closed.
         """
-        partition = context.partition_id(self.client.num_partitions)
+        count = self.client.num_partitions
+        partition = context.partition_id(count)
         future: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()  # as the client's: a commit cannot be recalled
-        member = _Member(context, future, alone=context.timeout is not None, locks=_expected_locks(context))
+        member = _Member(
+            context, future, alone=context.timeout is not None, locks=_expected_locks(context), count=count
+        )
         with self._lock:
             if self._closed:
                 raise ClientClosedError("the entity batcher is closed")
@@ -550,6 +567,9 @@ class EntityBatcher:
             future.add_done_callback(
                 lambda f: self._ended(partition, f, batch.appended, batch.deferred, members)
             )
+        except BatchPartedError:  # routed at a newer count, its members part: each goes again
+            self._ended(partition, None, [], [], members)
+            self.regroup(members)
         except Exception as exc:  # the client closed, or the partition is not mounted
             for member in members:
                 _settle(member.future, exc)
@@ -568,11 +588,14 @@ class EntityBatcher:
         """A log transaction of the partition ended: settle its members (the outcome of a context
         alone as the client gave it; a batch's committed members each committed with its ID),
         put the members it left for later back in front of the queue, and send the next."""
+        parted = future is not None and not alone and isinstance(future.exception(), BatchPartedError)
         try:
-            if future is not None and appended:
+            if future is not None and appended and not parted:
                 self._settle_members(future, appended, alone)
         finally:
             self._next(partition, deferred, sent)
+        if parted:  # routed again at a newer count, its members part: each goes again
+            self.regroup(appended)
 
     def _settle_members(
         self, future: concurrent.futures.Future[Outcome], appended: list[_Member], alone: bool
@@ -592,6 +615,44 @@ class EntityBatcher:
             committed = Outcome(OutcomeKind.COMMITTED, outcome.partition_id, outcome.transaction_id)
             for member in appended:
                 _settle(member.future, committed)
+
+    def regroup(self, members: list[_Member]) -> None:
+        """Queue the members of a batch that a split parted again, each in front of the queue of
+        its partition at the client's count now, in their order, and send what has room
+        (docs/design/splits.md "Clients across a split"). A member whose own entities part ends
+        with its :class:`~waltz.errors.CrossPartitionError`; with the batcher closed, each ends
+        with :class:`~waltz.errors.ClientClosedError`."""
+        count = self.client.num_partitions
+        by_partition: dict[int, list[_Member]] = {}
+        for member in members:
+            try:
+                by_partition.setdefault(member.context.partition_id(count), []).append(member)
+            except Exception as exc:  # the member's own entities part: its end
+                _settle(member.future, exc)
+            else:
+                member.count = count
+        log.debug("a batch parted at %d partitions: its members go to %s", count, sorted(by_partition))
+        sends: list[tuple[int, list[_Member]]] = []
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                for partition, regrouped in by_partition.items():
+                    self._queues.setdefault(partition, collections.deque()).extendleft(reversed(regrouped))
+                    taken = self._take(partition)
+                    if taken:
+                        sends.append((partition, taken))
+        if closed:
+            for regrouped in by_partition.values():
+                for member in regrouped:
+                    _settle(member.future, ClientClosedError("the entity batcher is closed"))
+            return
+        for partition, taken in sends:
+            try:
+                self._sender.submit(self._send, partition, taken)
+            except RuntimeError:  # shut down meanwhile
+                self._next(partition, [], taken)
+                for member in taken:
+                    _settle(member.future, ClientClosedError("the entity batcher is closed"))
 
     def _next(self, partition: int, deferred: list[_Member], sent: list[_Member]) -> None:
         """The partition's transaction ended: release the locks it held, put back what it left
