@@ -231,6 +231,7 @@ def test_a_context_routed_to_a_child_before_it_is_opened_waits_and_commits_in_it
             # The partitions there are: a tool reads every mark over these, while the count
             # already names new partitions that are not open (their marks cannot be asked).
             assert client.partition_ids == (0, 1)
+            assert client.first_transaction_id(0) == 0 and client.first_transaction_id(2) == barrier + 1
             marks = {pid: client.get_high_water_mark(pid) for pid in client.partition_ids}
             assert marks[0] >= barrier
             with pytest.raises(ValueError):

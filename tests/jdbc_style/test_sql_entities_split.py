@@ -15,7 +15,7 @@ and ``read_entities`` route the counter's key as its transactions are routed.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -246,3 +246,27 @@ def test_a_batch_queued_before_a_split_that_parts_its_members_is_regrouped_at_th
     finally:
         check.dispose()
     assert values == {gated_id: 1, stays: 1, moves: 1}
+
+
+class _Router:
+    """A client's routing as ``read_entities`` asks it: every key in partition 2, a new partition
+    whose log starts at 42."""
+
+    def partition_for(self, choose: Callable[[int], int]) -> int:
+        return 2
+
+    def first_transaction_id(self, partition_id: int) -> int:
+        return 42 if partition_id == 2 else 0
+
+
+def test_a_read_routed_to_a_new_partition_waits_for_its_genesis() -> None:
+    """docs/design/splits.md "The SQL framework across a split", Entities: a read routed by the
+    client to a new partition includes its genesis at least; a count routes without a wait."""
+    from waltz.jdbc_style.entity_reads import _after_genesis
+
+    router = _Router()
+    assert _after_genesis(router, 2, None) == 42
+    assert _after_genesis(router, 2, 41) == 42
+    assert _after_genesis(router, 2, 50) == 50
+    assert _after_genesis(router, 0, None) is None
+    assert _after_genesis(4, 2, None) is None

@@ -124,6 +124,13 @@ class WaltzClient:
         is under way ``num_partitions`` counts new partitions that are not open yet."""
         return self._core.partition_ids
 
+    def first_transaction_id(self, partition_id: int) -> int:
+        """Where the partition's log starts, in this client's view of the partition epochs: 0, or
+        for a new partition of a split its genesis, ``B(p) + 1`` (docs/design/splits.md "The
+        handover", step 4). A read of a new partition's state waits for its genesis
+        (``ChangeSetCallbacks.read_entities`` given the client)."""
+        return self._core.first_transaction_id(partition_id)
+
     def partition_for(self, choose: Callable[[int], int]) -> int:
         """The partition a key goes to now, as a context's: ``choose(count)`` at the newest count
         of this client's view of the partition epochs, routed down to the count before while the
@@ -366,6 +373,10 @@ class AsyncWaltzClient:
     def partition_ids(self) -> tuple[int, ...]:
         """As :attr:`WaltzClient.partition_ids`."""
         return self._core.partition_ids
+
+    def first_transaction_id(self, partition_id: int) -> int:
+        """As :meth:`WaltzClient.first_transaction_id`."""
+        return self._core.first_transaction_id(partition_id)
 
     def partition_for(self, choose: Callable[[int], int]) -> int:
         """The partition a key goes to now (see :meth:`WaltzClient.partition_for`; memory only)."""

@@ -190,6 +190,14 @@ class ClientCore:
             return tuple(range(self._discovery.num_partitions))
         return routing.view.epochs.partition_ids
 
+    def first_transaction_id(self, partition_id: int) -> int:
+        """Where the partition's log starts in the client's view of the partition epochs: 0, or a
+        new partition's genesis, ``B(p) + 1`` (docs/design/splits.md "The handover", step 4)."""
+        routing: EpochRouting | None = getattr(self, "routing", None)
+        if routing is None:
+            return 0
+        return routing.view.epochs.first_transaction_ids.get(partition_id, 0)
+
     async def _create_partitions(self) -> dict[int, ClientPartition]:
         return {pid: self._new_partition(pid) for pid in range(self.initial_count)}
 

@@ -99,6 +99,11 @@ class PartitionRouter(Protocol):
         while the key's parent is not sealing (see :meth:`RoutingView.partition_for`)."""
         ...
 
+    def first_transaction_id(self, partition_id: int) -> int:
+        """Where the partition's log starts: 0, or for a new partition of a split its genesis,
+        ``B(p) + 1`` (docs/design/splits.md "The handover", step 4)."""
+        ...
+
 
 #: One epoch as routing reads it, newest first: (its number, its previous count, the parents that
 #: route to the epoch, or None when every parent does: a complete epoch).

@@ -302,8 +302,10 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             num_partitions: the client (a :class:`~waltz.client.routing.PartitionRouter`): the
                 entities' partition is the one their transactions go to now, routed by the
                 client's view of the partition epochs, during a split too (docs/design/splits.md
-                "Clients across a split"); or a count: their partition at that count, computed as
-                a transaction's is.
+                "Clients across a split"), and a new partition of a split is read once its
+                genesis, ``B(p) + 1``, is applied (before it, the rows of its keys may miss their
+                parent's last changes; ``after`` is raised to it, ``timeout`` bounds the wait); or
+                a count: their partition at that count, computed as a transaction's is.
             after: a transaction ID of that partition the read must include (read-your-writes:
                 the ID a submission's future returned); None: whatever position the read finds.
                 Not on that partition's apply thread (it would wait for its own apply).
@@ -320,7 +322,8 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             CrossPartitionError: the entities belong to different partitions.
             ValueError: a key has the wrong number of values, ``entities`` is empty, or a model's
                 ``partition_by`` gives a partition outside ``0 .. num_partitions - 1``.
-            TimeoutError: ``after`` was not applied within ``timeout``.
+            TimeoutError: ``after`` (or a new partition's genesis) was not applied within
+                ``timeout``.
             RuntimeError: ``after`` is not applied yet and this is the partition's apply thread.
             sqlalchemy.exc.DBAPIError: the database failed beyond the callbacks' retries.
         """
