@@ -20,8 +20,11 @@ from waltz.chaos.checks import LogObserver, LogReading, check_gaps, check_replic
 from waltz.chaos.schedule import DEFAULT_FAULTS, NAMESPACE_DEFAULT_FAULTS
 from waltz.chaos.sequence import ChecksumCallbacks, counter_key_for, counter_payload
 from waltz.client.transaction import Transaction
+from waltz.committed.plan import plan_offline
+from waltz.committed.reads import read_committed
+from waltz.errors import ConfigurationError
 from waltz.protocol.records import ReqId
-from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitBarrier, SplitGenesis
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitBarrier, SplitGenesis, decode_split_record
 
 from .test_chaos_short import _require_zookeeper
 
@@ -168,6 +171,30 @@ def test_a_chaos_run_with_a_split_and_its_parents_owner_killed_keeps_every_invar
     moved = {k for k, parts in where.items() if parts == {k % 2, k % 4} and k % 2 != k % 4}
     assert moved, where
     assert all(parts <= {k % 2, k % 4} for k, parts in where.items()), where
+
+    # Offline, from the storage directories alone (docs/design/spark.md "Offline reads from
+    # replica directories"): each new partition starts at the genesis its log begins with.
+    directories = [str(d) for d in sorted((tmp_path / "chaos" / "cluster").glob("storage-*"))]
+    plans = {plan.partition_id: plan for plan in plan_offline(directories, replicas=3)}
+    assert sorted(plans) == [0, 1, 2, 3]
+    assert [plans[p].first_transaction_id for p in (0, 1)] == [0, 0]
+    for child in (2, 3):
+        plan = plans[child]
+        first = plan.first_transaction_id
+        assert first > 0, plan
+        records = list(read_committed(child, first, plan.high_water_mark, plan.source))
+        assert records[0].header == SPLIT_RECORD_HEADER and len(records) == plan.high_water_mark - first + 1
+        genesis = decode_split_record(bytes(records[0].data))
+        assert (
+            isinstance(genesis, SplitGenesis) and genesis.barrier == first - 1 and genesis.parent == child - 2
+        )
+    # Marks that read a new partition from its genesis while its parent stops below its barrier
+    # are no consistent cut: refused.
+    child = plans[2]
+    cut = {0: child.first_transaction_id - 3, 2: child.high_water_mark}
+    with pytest.raises(ConfigurationError, match="not a consistent cut of the log across its split"):
+        plan_offline(directories, partitions=[0, 2], high_water_marks=cut)
+    assert len(plan_offline(directories, partitions=[2], high_water_marks={2: child.high_water_mark})) == 1
 
 
 def test_the_replica_check_counts_records_from_a_new_partitions_genesis(tmp_path: Path) -> None:

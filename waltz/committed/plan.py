@@ -48,6 +48,12 @@ from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol import storage_pb2
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.cluster_key import cluster_key_fingerprint
+from waltz.protocol.split_records import (
+    SPLIT_RECORD_HEADER,
+    SplitGenesis,
+    SplitRecordFormatError,
+    decode_split_record,
+)
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
@@ -317,6 +323,29 @@ def last_transaction_id(partition_dir: Path) -> int:
     return -1
 
 
+def split_genesis(partition_dir: Path) -> SplitGenesis | None:
+    """The genesis a replica directory's log starts with, when it is a new partition of a split
+    (its first record, at ``B(p) + 1``: docs/design/splits.md "Record forms"); else None.
+
+    Raises:
+        OSError: a segment file cannot be read.
+    """
+    for path in sorted(partition_dir.glob("*" + fmt.SEGMENT_SUFFIX), key=lambda p: int(p.stem)):
+        with inspect.SegmentFile(path) as segment:
+            for scanned in segment.scan():
+                record = scanned.record
+                if record.header != SPLIT_RECORD_HEADER:
+                    return None
+                try:
+                    found = decode_split_record(bytes(record.data))
+                except SplitRecordFormatError:
+                    return None
+                if isinstance(found, SplitGenesis) and record.transaction_id == found.barrier + 1:
+                    return found
+                return None
+    return None
+
+
 def plan_offline(
     directories: Sequence[str | Path],
     partitions: Iterable[int] | None = None,
@@ -341,12 +370,16 @@ def plan_offline(
             (explicit mode for those partitions: no quorum needed).
 
     Returns:
-        One :class:`CommittedPartition` per partition held by at least one directory.
+        One :class:`CommittedPartition` per partition held by at least one directory; a new
+        partition of a split starts at the genesis its directories' log starts with
+        (``first_transaction_id``, docs/design/splits.md "Spark across a split").
 
     Raises:
         ConfigurationError: no directory, directories of different clusters, unknown partitions,
             ``replicas`` missing (or fewer than the directories holding a partition) for a
-            partition without an explicit high-water mark.
+            partition without an explicit high-water mark; marks that read a new partition from
+            its genesis on while its parent, planned too, is read below its barrier (not a
+            consistent cut of the log across the split).
         StorageNotInitializedError, CorruptDataError, OSError: a control file is unusable.
     """
     if not directories:
@@ -363,6 +396,7 @@ def plan_offline(
     ids = _partition_ids(partitions, num_partitions)
     explicit = dict(high_water_marks or {})
     plans: list[CommittedPartition] = []
+    geneses: dict[int, SplitGenesis] = {}
     for pid in ids:
         holders: list[OfflineReplica] = []
         for directory, dump in zip(directories, dumps, strict=True):
@@ -380,6 +414,11 @@ def plan_offline(
                 )
             continue
         holders.sort(key=lambda r: (-r.session_id, -r.max_transaction_id, r.directory))
+        genesis = next(
+            (g for r in holders if (g := split_genesis(Path(r.directory) / str(pid))) is not None), None
+        )
+        if genesis is not None:
+            geneses[pid] = genesis
         if pid in explicit:
             mark = explicit[pid]
             plans.append(
@@ -417,4 +456,38 @@ def plan_offline(
                 f"quorum {quorum} up to {maxima[quorum - 1]}"
             )
         plans.append(CommittedPartition(pid, mark, OfflineSource(tuple(holders), quorum), proof))
+    plans = [
+        dataclasses.replace(plan, first_transaction_id=geneses[plan.partition_id].barrier + 1)
+        if plan.partition_id in geneses
+        else plan
+        for plan in plans
+    ]
+    _check_offline_cut(plans, geneses)
     return plans
+
+
+def _check_offline_cut(plans: Sequence[CommittedPartition], geneses: Mapping[int, SplitGenesis]) -> None:
+    """Refuse marks that are no consistent cut across a split: a new partition read from its
+    genesis, ``B(p) + 1``, on while its parent, planned too, is read below its barrier
+    (docs/design/splits.md "Why no update is lost": a key's changes before the barrier are the
+    parent's).
+
+    Raises:
+        ConfigurationError: naming each such pair.
+    """
+    marks = {plan.partition_id: plan.high_water_mark for plan in plans}
+    problems = []
+    for child, genesis in sorted(geneses.items()):
+        parent, barrier = genesis.parent, genesis.barrier
+        if parent in marks and marks[child] > barrier and marks[parent] < barrier:
+            problems.append(
+                f"partition {child} is read up to {marks[child]}, from its genesis at {barrier + 1}, "
+                f"but its parent {parent} only up to {marks[parent]}, below its barrier {barrier}"
+            )
+    if problems:
+        raise ConfigurationError(
+            "the marks are not a consistent cut of the log across its split: "
+            + "; ".join(problems)
+            + " (give more of the parent's directories, or high-water marks that stop the new "
+            "partition before its genesis)"
+        )
