@@ -29,6 +29,7 @@ from waltz.admin.fences import read_fence
 from waltz.admin.servers import change_preferred
 from waltz.admin.split_open import ChildOpenPlan, open_child, plan_child_open
 from waltz.admin.verify import CheckStatus, metadata_checks
+from waltz.archive.status import archive_status
 from waltz.errors import (
     ConfigurationError,
     MetadataError,
@@ -171,6 +172,10 @@ def test_a_child_of_a_sealed_parent_opens_on_its_parents_storage_nodes_after_the
         MetadataError, match=r"partition 3 does not exist: .*0\.\.1 and, opened by a split, 2$"
     ):
         read_fence(cluster_zk, storage, 3, tls=cluster.admin_tls)
+    # The archive does not follow a split yet: its status says which partitions it leaves out.
+    status = archive_status(cluster_zk, None, tls=cluster.admin_tls)
+    assert status.not_archived == [2] and [line.partition_id for line in status.partitions] == [0, 1]
+    assert status.to_json()["not_archived"] == [2]
     server = cluster.owner(0)
     _, _, after = change_preferred(cluster_zk.zk, cluster.root, server, add=[2])
     assert 2 in after

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from waltz.admin.description import partition_ids
 from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT
 from waltz.archive.chunks import adopt_chunk, read_chunk, read_unlisted_chunk, write_chunk
 from waltz.archive.errors import ArchiveCheckError, ArchiveError, ArchiveFormTooNewError
@@ -198,6 +199,7 @@ class Archiver:
         self._progress = progress or (lambda _: None)
         self._clock = clock
         self._params: ClusterParams | None = None
+        self._warned: set[int] = set()  # new partitions of a split said to be not archived
         self._quiet: dict[int, _Quiet] = {}
         self._owed: set[int] = set()
         self._unaware: set[str] = set()
@@ -256,6 +258,7 @@ class Archiver:
         """
         params = self._claimed()
         ids = self._partitions if self._partitions is not None else range(params.num_partitions)
+        self._warn_of_split(params)
         results: list[PartitionRound] = []
         for pid in ids:
             if results and self._stop.is_set():
@@ -264,6 +267,20 @@ class Archiver:
         if self._metrics is not None:
             self._metrics.round_done(results)
         return results
+
+    def _warn_of_split(self, params: ClusterParams) -> None:
+        """Say once per new partition that a split opened that it is not archived: the archive
+        does not follow a split yet (docs/design/archive.md "Partitions a split opened")."""
+        opened = [pid for pid in partition_ids(self._cluster, params) if pid >= params.num_partitions]
+        new = [pid for pid in opened if pid not in self._warned]
+        if new:
+            self._warned.update(new)
+            log.warning(
+                "partition(s) %s, opened by a split, are not archived: the archive does not follow a "
+                "split yet (their records stay on the storage nodes, which delete archived segments "
+                "only; a restore from the archive would not hold them)",
+                ", ".join(map(str, new)),
+            )
 
     def _claimed(self) -> ClusterParams:
         """The cluster's parameters, once the archive is claimed (on the first round)."""

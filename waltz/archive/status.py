@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from waltz.admin.description import partition_ids
 from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, call_admin_on_nodes
 from waltz.archive.errors import ArchiveError
 from waltz.archive.layout import ArchiveFiles
@@ -123,15 +124,22 @@ class ArchiveStatus:
 
     Attributes:
         location: the archive (None: the cluster has none yet).
-        partitions: one line per partition, in partition order.
+        partitions: one line per partition of the count at creation, in partition order.
     """
 
     location: str | None
     partitions: list[PartitionArchiveStatus] = field(default_factory=list)
+    not_archived: list[int] = field(default_factory=list)
+    """Partitions a split opened, which the archive does not follow yet (their records stay on
+    the storage nodes: retention deletes archived segments only)."""
 
     def to_json(self) -> dict[str, Any]:
         """The status in ``--json`` output."""
-        return {"location": self.location, "partitions": [p.to_json() for p in self.partitions]}
+        return {
+            "location": self.location,
+            "partitions": [p.to_json() for p in self.partitions],
+            "not_archived": self.not_archived,
+        }
 
 
 def archive_status(
@@ -160,6 +168,7 @@ def archive_status(
     statuses = _replica_statuses(cluster, str(params.cluster_key), params.num_partitions, timeout, tls)
     assignments = cluster.assignments().value
     report = ArchiveStatus(None if files is None else files.location)
+    report.not_archived = [pid for pid in partition_ids(cluster, params) if pid >= params.num_partitions]
     for pid in ids:
         line = PartitionArchiveStatus(pid)
         if summary is not None:

@@ -349,6 +349,12 @@ def status(
                     f"  {replica.storage}: local {replica.local_start}..{replica.max_transaction_id}, "
                     f"archived through {replica.archived_through} as it was told"
                 )
+    if report.not_archived:
+        typer.echo(
+            f"not archived: partition(s) {', '.join(map(str, report.not_archived))}, opened by a split: "
+            "the archive does not follow a split yet (their records stay on the storage nodes, which "
+            "delete archived segments only; a restore from the archive would not hold them)"
+        )
 
 
 @app.command("verify")
