@@ -38,6 +38,7 @@ from waltz.errors import SplitStateError
 from waltz.local.certificates import make_cluster_certificates
 from waltz.local.cluster import LocalCluster
 from waltz.local.options import ProcessOptions, SecurityOptions
+from waltz.metadata.assignment import MEMBER_PREFIX, PARTITION_EPOCHS_FEATURE, Member, read_members
 from waltz.metadata.epochs import EpochState, PartitionEpochs, PartitionEpochsZk
 from waltz.metadata.values import DiscoveryParams
 from waltz.metadata.zk_roles import Role
@@ -121,6 +122,23 @@ def test_a_split_cut_from_zookeeper_resumes_and_aborts_only_before_a_parent_is_s
         ]
         assert [c.child for c in plan.children] == [2, 3]
         assert snapshot(admin) == untouched
+
+        # A live server of a release before splits (its member znode names no feature) would
+        # take appends the split must refuse: refused, naming it, nothing written.
+        older = admin.cluster.zk.create(
+            f"{admin.cluster.paths.members}/{MEMBER_PREFIX}",
+            Member("", "127.0.0.1:1", server_name="old-server").encode(),
+            ephemeral=True,
+            sequence=True,
+        )
+        try:
+            with pytest.raises(SplitStateError, match=r"server\(s\) old-server predate partition splits"):
+                SplitRun(admin.cluster).run(4)
+            assert snapshot(admin) == untouched
+        finally:
+            admin.cluster.zk.delete(older)
+        members = read_members(admin.cluster.zk, admin.cluster.paths)
+        assert members and all(PARTITION_EPOCHS_FEATURE in m.features for m in members)
 
         # ZooKeeper cut once discovery is raised: the split stands prepared.
         def cut_after(prefix: str) -> list[str]:

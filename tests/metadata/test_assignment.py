@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from waltz.metadata.assignment import Member, PartitionAssignment, Placement, compute_assignment
+from waltz.errors import MetadataError
+from waltz.metadata.assignment import (
+    SERVER_FEATURES,
+    Member,
+    PartitionAssignment,
+    Placement,
+    compute_assignment,
+)
 
 
 def member(i: int, preferred: tuple[int, ...] = ()) -> Member:
@@ -147,5 +155,12 @@ def test_codecs_round_trip() -> None:
     with_health = Member(m.name, m.endpoint, (), "http://127.0.0.1:9/health")
     assert Member.decode(m.name, with_health.encode(), "/x") == with_health
     assert m.server_id == 7
+    # A member's features: absent (a release before them) reads as none; a wrong type is refused.
+    featured = Member(m.name, m.endpoint, (), None, "s1", SERVER_FEATURES)
+    assert Member.decode(m.name, featured.encode(), "/x") == featured
+    assert b'"features":["partition-epochs"]' in featured.encode().replace(b" ", b"")
+    assert Member.decode(m.name, m.encode(), "/x").features == ()
+    with pytest.raises(MetadataError, match="features is"):
+        Member.decode(m.name, b'{"endpoint": "127.0.0.1:1", "features": "partition-epochs"}', "/x")
     assignment = compute_assignment(3, [m], PartitionAssignment())
     assert PartitionAssignment.decode(assignment.encode(), "/x") == assignment

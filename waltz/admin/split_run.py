@@ -11,8 +11,8 @@ docs/design/overview.md "Roles" (a split is an operator action that needs the ad
 
 1. :meth:`SplitRun.check`: the caller's authority (:func:`check_authority`), the count, no other
    split unfinished (the same count resumes it), an owner for every parent that still owes a
-   barrier. Servers' member znodes carry no version, so that every server knows epochs is not
-   checked (the report says so).
+   barrier, every live server of a release that follows ``partitions/epochs`` (its member znode
+   names :data:`~waltz.metadata.assignment.PARTITION_EPOCHS_FEATURE`).
 2. :meth:`SplitRun.prepare`: the epoch with each parent's committed high-water mark ``H(p)``
    (read through the storage nodes' admin ports, as ``waltz rebuild`` does), then ``discovery``'s
    epoch and raised format.
@@ -58,7 +58,7 @@ from waltz.admin.split_report import (
 from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT
 from waltz.committed.plan import plan_live_on
 from waltz.errors import SplitStateError, WaltzError
-from waltz.metadata.assignment import read_assignment, read_members
+from waltz.metadata.assignment import PARTITION_EPOCHS_FEATURE, read_assignment, read_members
 from waltz.metadata.epochs import Epoch, EpochState, PartitionEpochs, PartitionEpochsZk
 from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_roles import Role as ZooKeeperRole
@@ -209,7 +209,9 @@ class SplitRun:
             SplitNotAuthorisedError: as :func:`check_authority`.
             SplitStateError: ``count`` is not a whole multiple of at least 2 of the current count;
                 another split, to another count, is unfinished (the message names it); a parent
-                that still owes a barrier has no owner among the live servers.
+                that still owes a barrier has no owner among the live servers; a live server's
+                release predates splits (its member znode does not name
+                :data:`~waltz.metadata.assignment.PARTITION_EPOCHS_FEATURE`).
             ZooKeeperUnavailableError, ZooKeeperAuthError, MetadataError: ZooKeeper away, a
                 refused read, a znode that does not decode.
         """
@@ -232,10 +234,17 @@ class SplitRun:
                 "and a parent's owner writes its barrier. Start the servers (or wait for the cluster "
                 "manager to place the partitions), then run the command again. Nothing was written"
             )
-        notes.append(
-            "the servers' member znodes carry no version: that every server reads partitions/epochs "
-            "(refuses stale appends, writes its barrier) is not checked"
-        )
+        older = [
+            m.display_name
+            for m in read_members(self.cluster.zk, self.cluster.paths, timeout=self.cluster.timeout)
+            if PARTITION_EPOCHS_FEATURE not in m.features
+        ]
+        if older:
+            raise SplitStateError(
+                f"server(s) {', '.join(older)} predate partition splits (their member znodes do not "
+                f"name {PARTITION_EPOCHS_FEATURE!r}): such a server would take appends the split "
+                "must refuse. Upgrade every server, then run the command again. Nothing was written"
+            )
         return SplitCheck(number, count, previous, existing, owners, tuple(notes))
 
     @staticmethod

@@ -24,6 +24,8 @@ from waltz.metadata.zk import ClusterPaths
 from waltz.metadata.zk_session import ZooKeeperUnavailableError, get_within
 
 __all__ = [
+    "PARTITION_EPOCHS_FEATURE",
+    "SERVER_FEATURES",
     "Member",
     "PartitionAssignment",
     "Placement",
@@ -33,6 +35,14 @@ __all__ = [
 ]
 
 MEMBER_PREFIX = "member-"
+
+
+#: The feature of a server that follows ``<root>/partitions/epochs``: it refuses appends routed
+#: by an older epoch, writes its barrier when a parent it owns seals, and opens a split's new
+#: partitions at their genesis (docs/design/splits.md "The handover").
+PARTITION_EPOCHS_FEATURE = "partition-epochs"
+#: What a server of this release writes in its member znode.
+SERVER_FEATURES: tuple[str, ...] = (PARTITION_EPOCHS_FEATURE,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +57,10 @@ class Member:
         health_url: the server's ``/health`` URL when it serves one, else None.
         server_name: the name the operator gave the server (``server.name``), the same across
             its restarts, or None (tools then show its endpoint).
+        features: what the server's release does that older releases do not (docs/zookeeper.md
+            "``<root>/server/members/member-<n>``: a live server"):
+            :data:`PARTITION_EPOCHS_FEATURE` for one that follows ``partitions/epochs``; empty
+            for a release before features were listed.
     """
 
     name: str
@@ -54,6 +68,7 @@ class Member:
     preferred_partitions: tuple[int, ...] = ()
     health_url: str | None = None
     server_name: str | None = None
+    features: tuple[str, ...] = ()
 
     @property
     def display_name(self) -> str:
@@ -74,6 +89,8 @@ class Member:
             value["health_url"] = self.health_url
         if self.server_name is not None:
             value["server_name"] = self.server_name
+        if self.features:
+            value["features"] = list(self.features)
         return _dump(value)
 
     @classmethod
@@ -88,7 +105,17 @@ class Member:
         server_name = value.get("server_name")
         if server_name is not None and not isinstance(server_name, str):
             raise MetadataError(f"znode {path}: server_name is {server_name!r}")
-        return cls(name, _field(value, "endpoint", str, path), tuple(preferred), health_url, server_name)
+        features = value.get("features", [])
+        if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
+            raise MetadataError(f"znode {path}: features is {features!r}")
+        return cls(
+            name,
+            _field(value, "endpoint", str, path),
+            tuple(preferred),
+            health_url,
+            server_name,
+            tuple(features),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from kazoo.recipe.election import Election
 from waltz.errors import MetadataError
 from waltz.metadata.assignment import (
     MEMBER_PREFIX,
+    SERVER_FEATURES,
     Member,
     PartitionAssignment,
     compute_assignment,
@@ -92,7 +93,9 @@ class ServerMembership:
         """
         path = self._zk.create(
             f"{self._paths.members}/{MEMBER_PREFIX}",
-            Member("", self._endpoint, self._preferred, self._health_url, self._server_name).encode(),
+            Member(
+                "", self._endpoint, self._preferred, self._health_url, self._server_name, SERVER_FEATURES
+            ).encode(),
             ephemeral=True,
             sequence=True,
             makepath=True,
