@@ -23,12 +23,7 @@ from dataclasses import dataclass, field
 
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.transaction import Transaction
-from waltz.protocol.split_records import (
-    SPLIT_RECORD_HEADER,
-    SplitGenesis,
-    SplitRecordFormatError,
-    decode_split_record,
-)
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER, opening_genesis
 
 __all__ = [
     "ChecksumCallbacks",
@@ -105,13 +100,8 @@ def split_genesis_start(transaction: Transaction) -> int | None:
     (``B(p)``, its log starts after it: docs/design/splits.md "Record forms"), else None."""
     if transaction.header != SPLIT_RECORD_HEADER or transaction.transaction_id <= 0:
         return None
-    try:
-        record = decode_split_record(transaction.get_raw_data())
-    except SplitRecordFormatError:
-        return None
-    if isinstance(record, SplitGenesis) and transaction.transaction_id == record.barrier + 1:
-        return record.barrier
-    return None
+    genesis = opening_genesis(transaction.transaction_id, transaction.get_raw_data())
+    return None if genesis is None else genesis.barrier
 
 
 class ChecksumCallbacks(WaltzClientCallbacks):

@@ -48,12 +48,7 @@ from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol import storage_pb2
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.cluster_key import cluster_key_fingerprint
-from waltz.protocol.split_records import (
-    SPLIT_RECORD_HEADER,
-    SplitGenesis,
-    SplitRecordFormatError,
-    decode_split_record,
-)
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitGenesis, opening_genesis
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
@@ -336,13 +331,7 @@ def split_genesis(partition_dir: Path) -> SplitGenesis | None:
                 record = scanned.record
                 if record.header != SPLIT_RECORD_HEADER:
                     return None
-                try:
-                    found = decode_split_record(bytes(record.data))
-                except SplitRecordFormatError:
-                    return None
-                if isinstance(found, SplitGenesis) and record.transaction_id == found.barrier + 1:
-                    return found
-                return None
+                return opening_genesis(record.transaction_id, bytes(record.data))
     return None
 
 

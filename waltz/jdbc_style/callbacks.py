@@ -63,7 +63,12 @@ from waltz.jdbc_style.kept_connections import IdleBudget, KeptConnections
 from waltz.jdbc_style.mark_snapshot import MarkReader, MarkSnapshot
 from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.jdbc_style.schema import skipped_transactions
-from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitGenesis, decode_split_record
+from waltz.protocol.split_records import (
+    SPLIT_RECORD_HEADER,
+    SplitGenesis,
+    decode_split_record,
+    opening_genesis,
+)
 
 __all__ = ["AbstractClientCallbacksForSQL", "ApplySession", "MarkSnapshot"]
 
@@ -778,13 +783,7 @@ def _genesis_opening(transaction: Transaction) -> SplitGenesis | None:
     A split record that does not decode is left to the usual apply, which reports it."""
     if transaction.header != SPLIT_RECORD_HEADER:
         return None
-    try:
-        record = decode_split_record(transaction.get_raw_data())
-    except SplitRecordFormatError:
-        return None
-    if isinstance(record, SplitGenesis) and transaction.transaction_id == record.barrier + 1:
-        return record
-    return None
+    return opening_genesis(transaction.transaction_id, transaction.get_raw_data())
 
 
 def _skip_refusal(transaction: Transaction) -> str | None:

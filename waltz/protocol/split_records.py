@@ -33,6 +33,7 @@ __all__ = [
     "SplitRecordVersionError",
     "decode_split_record",
     "encode_split_record",
+    "opening_genesis",
 ]
 
 #: Transaction header of the barrier and the genesis ("WPSH" as a big-endian 32-bit integer).
@@ -225,3 +226,22 @@ def decode_split_record(data: bytes) -> SplitRecord:
     if extra:
         raise SplitRecordFormatError(f"a split {kind} of form {form} has no {', '.join(extra)}")
     return cls(**{name: document[name] for name in fields[2:]})
+
+
+def opening_genesis(transaction_id: int, data: bytes) -> SplitGenesis | None:
+    """The genesis a record with :data:`SPLIT_RECORD_HEADER` is when it opens its partition's
+    log: one that decodes as a genesis at its barrier plus one (docs/design/splits.md "Record
+    forms"); else None, also for data that does not decode (damaged, or of a newer form): the
+    reader's own apply reports that.
+
+    Args:
+        transaction_id: the record's transaction ID.
+        data: its transaction data.
+    """
+    try:
+        record = decode_split_record(data)
+    except SplitRecordFormatError:  # SplitRecordVersionError too
+        return None
+    if isinstance(record, SplitGenesis) and transaction_id == record.barrier + 1:
+        return record
+    return None
