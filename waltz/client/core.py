@@ -229,9 +229,11 @@ class ClientCore:
             self.in_flight.add_partition(child)
             self.attempts.set_floor(child, origin.barrier)
             partition = self._new_partition(child, origin)
-            self.partitions[child] = partition
             if self.config.client_auto_mount:
                 partition.mount()
+            # Published once mounting: a submitting thread that finds it must not see it unwanted
+            # (it would refuse the context as routed to a partition the client does not mount).
+            self.partitions[child] = partition
             added.append(origin)
         if not added:
             return
