@@ -260,7 +260,8 @@ class CounterService:
         )
         future = self.client.submit(context)
         try:
-            transaction_id = future.result(max(0.0, deadline - time.monotonic())).transaction_id
+            outcome = future.result(max(0.0, deadline - time.monotonic()))
+            transaction_id = outcome.transaction_id
         except CounterOverflowError:
             self._count("refused")
             raise
@@ -282,7 +283,7 @@ class CounterService:
             self._count("refused")
             current = context.refused_at if context.refused_at is not None else 0
             raise InsufficientCountError(counter_id, current, -delta)
-        partition_id = self.partition_of(counter_id)
+        partition_id = outcome.partition_id  # where it committed (during a split, maybe the parent)
         if not self.callbacks.wait_for(partition_id, transaction_id, max(0.0, deadline - time.monotonic())):
             self._count("timeouts")
             raise CounterRequestTimeoutError(
@@ -340,8 +341,9 @@ class CounterService:
         return None if row is None else CounterState(counter_id, int(row.value), int(row.updated_tx))
 
     def partition_of(self, counter_id: int) -> int:
-        """The partition of a counter (a stable hash of its ID)."""
-        return self._info.partition_of((counter_id,), self.client.num_partitions)
+        """The partition of a counter now (a stable hash of its ID, routed as its transactions
+        are: during a split of the log, its partition at the count before until that one seals)."""
+        return self.client.partition_for(lambda count: self._info.partition_of((counter_id,), count))
 
     # --- statistics and health ----------------------------------------------------------------------
 
