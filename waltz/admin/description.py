@@ -197,6 +197,11 @@ def partition_ids(zk: ClusterZk, params: ClusterParams) -> tuple[int, ...]:
         return tuple(range(params.num_partitions))
 
 
+def opened_partitions(zk: ClusterZk, params: ClusterParams) -> tuple[int, ...]:
+    """The partitions splits opened: :func:`partition_ids` above the count at creation."""
+    return partition_ids(zk, params)[params.num_partitions :]
+
+
 def unknown_partitions(zk: ClusterZk, params: ClusterParams, ids: Iterable[int]) -> str | None:
     """Why some of ``ids`` are not partitions of the cluster (those at creation, and a split's
     new ones once opened: :func:`partition_ids`), as one sentence for an error; None when all are.
@@ -205,7 +210,7 @@ def unknown_partitions(zk: ClusterZk, params: ClusterParams, ids: Iterable[int])
     bad = sorted(set(ids) - set(existing))
     if not bad:
         return None
-    opened = existing[params.num_partitions :]
+    opened = existing[params.num_partitions :]  # opened_partitions, from the same read
     split = f" and, opened by a split, {', '.join(map(str, opened))}" if opened else ""
     which = f"partition {bad[0]} does not exist" if len(bad) == 1 else f"partitions {bad} do not exist"
     return f"{which}: the cluster has partitions 0..{params.num_partitions - 1}{split}"

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from waltz.admin.description import partition_ids
+from waltz.admin.description import opened_partitions
 from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT
 from waltz.archive.chunks import adopt_chunk, read_chunk, read_unlisted_chunk, write_chunk
 from waltz.archive.errors import ArchiveCheckError, ArchiveError, ArchiveFormTooNewError
@@ -271,8 +271,7 @@ class Archiver:
     def _warn_of_split(self, params: ClusterParams) -> None:
         """Say once per new partition that a split opened that it is not archived: the archive
         does not follow a split yet (docs/design/archive.md "Partitions a split opened")."""
-        opened = [pid for pid in partition_ids(self._cluster, params) if pid >= params.num_partitions]
-        new = [pid for pid in opened if pid not in self._warned]
+        new = [pid for pid in opened_partitions(self._cluster, params) if pid not in self._warned]
         if new:
             self._warned.update(new)
             log.warning(

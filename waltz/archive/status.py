@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from waltz.admin.description import partition_ids
+from waltz.admin.description import opened_partitions
 from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, call_admin_on_nodes
 from waltz.archive.errors import ArchiveError
 from waltz.archive.layout import ArchiveFiles
@@ -168,7 +168,7 @@ def archive_status(
     statuses = _replica_statuses(cluster, str(params.cluster_key), params.num_partitions, timeout, tls)
     assignments = cluster.assignments().value
     report = ArchiveStatus(None if files is None else files.location)
-    report.not_archived = [pid for pid in partition_ids(cluster, params) if pid >= params.num_partitions]
+    report.not_archived = list(opened_partitions(cluster, params))
     for pid in ids:
         line = PartitionArchiveStatus(pid)
         if summary is not None:

@@ -188,7 +188,7 @@ class ClientCore:
         routing: EpochRouting | None = getattr(self, "routing", None)
         if routing is None:
             return tuple(range(self._discovery.num_partitions))
-        return routing.view.epochs.partition_ids
+        return routing.view.partition_ids
 
     def first_transaction_id(self, partition_id: int) -> int:
         """Where the partition's log starts in the client's view of the partition epochs: 0, or a
@@ -196,7 +196,7 @@ class ClientCore:
         routing: EpochRouting | None = getattr(self, "routing", None)
         if routing is None:
             return 0
-        return routing.view.epochs.first_transaction_ids.get(partition_id, 0)
+        return routing.view.first_ids.get(partition_id, 0)
 
     async def _create_partitions(self) -> dict[int, ClientPartition]:
         return {pid: self._new_partition(pid) for pid in range(self.initial_count)}

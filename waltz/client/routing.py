@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -156,6 +156,9 @@ class RoutingView:
             waits for a higher serial.
         count: the newest count, finished or not: what ``TransactionContext.partition_id`` is
             asked with.
+        partition_ids: the partitions that exist (``PartitionEpochs.partition_ids``).
+        first_ids: each new partition's first transaction ID, its genesis ``B(p) + 1``
+            (``PartitionEpochs.first_transaction_ids``); a partition not named starts at 0.
     """
 
     epochs: PartitionEpochs
@@ -163,11 +166,22 @@ class RoutingView:
     serial: int
     count: int
     _steps: tuple[_Step, ...]
+    partition_ids: tuple[int, ...]
+    first_ids: Mapping[int, int]
 
     @classmethod
     def of(cls, epochs: PartitionEpochs, version: int, serial: int) -> RoutingView:
-        """The view of ``epochs`` read at ``version``, the client's ``serial``-th."""
-        return cls(epochs, version, serial, epochs.current_count, _steps(epochs))
+        """The view of ``epochs`` read at ``version``, the client's ``serial``-th (what the
+        clients read of it is derived once, here)."""
+        return cls(
+            epochs,
+            version,
+            serial,
+            epochs.current_count,
+            _steps(epochs),
+            epochs.partition_ids,
+            epochs.first_transaction_ids,
+        )
 
     @property
     def epoch(self) -> int:

@@ -40,7 +40,7 @@ from waltz import (
     WaltzClientCallbacks,
     WaltzClientConfig,
 )
-from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitGenesis, decode_split_record
+from waltz.protocol.split_records import SPLIT_RECORD_HEADER, opening_genesis
 
 __all__ = ["SplitPerfFigures", "SplitPerfSettings", "run_split"]
 
@@ -183,9 +183,9 @@ class CounterStore(WaltzClientCallbacks):
             if tid <= mark:
                 return
             if transaction.header == SPLIT_RECORD_HEADER:
-                record = decode_split_record(data)
-                if isinstance(record, SplitGenesis) and mark in (-1, record.barrier):
-                    mark = record.barrier
+                genesis = opening_genesis(tid, data)
+                if genesis is not None and mark in (-1, genesis.barrier):
+                    mark = genesis.barrier  # a new partition's log starts after B(p)
             if tid != mark + 1:
                 self.errors.append(f"partition {pid}: transaction {tid} after {mark}")
                 raise AssertionError(self.errors[-1])
