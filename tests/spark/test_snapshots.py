@@ -27,6 +27,7 @@ from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.jdbc_style.schema import idempotency_keys
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
+from waltz.spark import snapshot as snapshot_module
 from waltz.spark.decoders import CHANGES_SCHEMA, decode_changes
 from waltz.spark.errors import RebuildError
 from waltz.spark.rebuild import LogSource, compute_views, rebuild
@@ -37,6 +38,7 @@ from waltz.spark.snapshot import (
     SnapshotSeed,
     load_snapshot,
     read_manifest,
+    replays_every_row,
     rows_as_changes,
     snapshot_entity_rows,
     snapshot_keys,
@@ -161,8 +163,22 @@ def _same_database(url: str, other: str) -> None:
     ]
 
 
+#: The two ways a rebuild from a snapshot takes an entity file's rows (``replays_every_row``):
+#: every row replayed (the fixture's files are small beside the log after them), or the file
+#: joined with the log's keys and its untouched rows passed through (no file replayed whole).
+MODES = {"every-row-replayed": None, "joined-with-the-log": 0.0}
+
+
+@pytest.fixture(params=sorted(MODES))
+def snapshot_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    rows_per_transaction = MODES[request.param]
+    if rows_per_transaction is not None:
+        monkeypatch.setattr(snapshot_module, "REPLAY_EVERY_ROW_PER_TRANSACTION", rows_per_transaction)
+    return str(request.param)
+
+
 def test_a_rebuild_from_a_snapshot_equals_the_full_rebuild_and_the_live_database(
-    spark: Any, history: History, postgres_url: str, tmp_path: Path
+    spark: Any, history: History, postgres_url: str, tmp_path: Path, snapshot_mode: str
 ) -> None:
     assert history.marks != history.snapshot_marks, "nothing was committed after the snapshot"
     full = f"sqlite:///{tmp_path / 'full.db'}"
@@ -216,9 +232,45 @@ def test_only_the_snapshot_rows_the_log_after_it_names_are_replayed(spark: Any, 
     assert untouched > 0, "every snapshot row was touched: the pass-through is not exercised"
 
 
-def test_the_snapshot_rows_and_the_replay_are_read_once_and_released(spark: Any, history: History) -> None:
-    """Each entity file's rows with their touched flag and the replay the entity tables share are
-    persisted while the views are written (each is read by several Spark jobs), and released."""
+def test_small_entity_files_are_replayed_whole_and_large_ones_joined() -> None:
+    """At most one row per transaction after the marks: the file is replayed whole."""
+    assert replays_every_row(0, 0)
+    assert replays_every_row(120, 120)
+    assert not replays_every_row(121, 120)
+    assert not replays_every_row(1, 0)
+
+
+def test_a_file_replayed_whole_becomes_changes_row_for_row(spark: Any, history: History) -> None:
+    """Every row of a small file enters the row changes, the touched and the untouched alike;
+    nothing passes through and nothing is joined or persisted."""
+    manifest = read_manifest(str(history.snapshot))
+    tail = sum(m - history.snapshot_marks.get(p, -1) for p, m in history.marks.items())
+    files = {
+        info.name: entry.rows
+        for info in LEDGER_VIEWS.entities or ()
+        if (entry := manifest.table(info.model.__table__.name)) is not None and entry.rows > 0
+    }
+    assert files and all(replays_every_row(rows, tail) for rows in files.values()), (files, tail)
+    split = snapshot_entity_rows(
+        spark,
+        str(history.snapshot),
+        manifest,
+        LEDGER_VIEWS,
+        spark.createDataFrame([], CHANGES_SCHEMA),
+        tail_transactions=tail,
+    )
+    replayed = split.changes.collect()
+    assert {e: sum(1 for r in replayed if r.entity == e) for e in files} == files
+    assert all(r.operation == "insert" and r.transaction_id == -1 for r in replayed)
+    assert not split.untouched and not split.cached
+
+
+def test_the_snapshot_rows_and_the_replay_are_read_once_and_released(
+    spark: Any, history: History, snapshot_mode: str
+) -> None:
+    """Each joined entity file's rows with their touched flag, the changes after the marks the
+    joins read, and the replay the entity tables share are persisted while the views are written
+    (each is read by several Spark jobs), and released; files replayed whole persist nothing."""
     computed = compute_views(
         spark, LEDGER_VIEWS, _source(history.cluster), cluster_name=NAME, snapshot=str(history.snapshot)
     )
@@ -230,8 +282,11 @@ def test_the_snapshot_rows_and_the_replay_are_read_once_and_released(spark: Any,
     ]
     frames = (computed.changes, *computed.cached)
     try:
-        # The log's changes, those after the marks, one frame per entity file, the ledger's replay.
-        assert len(frames) == 2 + len(files) + 1, len(frames)
+        if snapshot_mode == "joined-with-the-log":
+            # The log's changes, those after the marks, one frame per entity file, the replay.
+            assert len(frames) == 2 + len(files) + 1, len(frames)
+        else:
+            assert len(frames) == 2, len(frames)  # the log's changes, the replay
         assert all(frame.is_cached for frame in frames)
     finally:
         computed.release()

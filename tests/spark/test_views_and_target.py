@@ -187,6 +187,53 @@ def test_a_rebuild_never_moves_a_live_mark_backwards(
     engine.dispose()
 
 
+def _pg_shape(conn: Any, table: str) -> tuple[set[tuple[str, str]], set[tuple[str, str, str]]]:
+    """A PostgreSQL table's indexes (name, definition) and constraints (name, kind, definition)."""
+    indexes = conn.execute(
+        text(
+            "SELECT indexname, indexdef FROM pg_indexes "
+            "WHERE tablename = :t AND schemaname = current_schema()"
+        ),
+        {"t": table},
+    )
+    constraints = conn.execute(
+        text(
+            "SELECT conname, contype::text, pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conrelid = CAST(:t AS regclass)"
+        ),
+        {"t": table},
+    )
+    return {tuple(r) for r in indexes}, {tuple(r) for r in constraints}
+
+
+def test_a_rebuilt_postgresql_table_has_the_indexes_and_constraints_it_had(
+    spark: Any, postgres_url: str
+) -> None:
+    """The staging table's indexes are built after its rows are in: the swapped-in table ends with
+    the same indexes and constraints, under the same names, as the table it replaced; the rows of a
+    unique index are checked (a duplicate is refused, below)."""
+    engine = create_framework_engine(postgres_url)
+    COUNTER_VIEWS.prepare(engine)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE INDEX counters_by_value ON counters (value DESC) WHERE value > 0"))
+        conn.execute(text("ALTER TABLE counters ADD CONSTRAINT counters_one_row_per_tx UNIQUE (updated_tx)"))
+        conn.execute(text("ALTER TABLE counters ADD CONSTRAINT counters_value_sane CHECK (value >= 0)"))
+        before = _pg_shape(conn, "counters")
+    assert len(before[0]) == 3  # the primary key's, the unique constraint's, the partial index
+    assert {"counters_pkey", "counters_one_row_per_tx", "counters_value_sane"} <= {c[0] for c in before[1]}
+    log = _log(spark)
+    changes = decode_changes(log, COUNTER_VIEWS.decoders)
+    write_views(COUNTER_VIEWS.build(changes, log), COUNTER_VIEWS, postgres_url, {0: 2, 1: 1})
+    with engine.connect() as conn:
+        assert _pg_shape(conn, "counters") == before
+        counters = {tuple(r) for r in conn.execute(select(*Counter.__table__.columns))}
+    assert counters == {(1, 9, 2), (2, 4, 1)}
+    # The rebuilt constraints hold: the unique one refuses a second row of transaction 2.
+    with pytest.raises(Exception, match="counters_one_row_per_tx"), engine.begin() as conn:
+        conn.execute(insert(Counter.__table__), [{"counter_id": 3, "value": 1, "updated_tx": 2}])
+    engine.dispose()
+
+
 @pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
 def test_a_refused_write_among_concurrent_ones_leaves_no_staging_table(
     spark: Any, request: pytest.FixtureRequest, tmp_path: Any, backend: str

@@ -273,7 +273,7 @@ def compute_views(
     cached: tuple[Any, ...] = ()
     untouched: Mapping[str, Any] = {}
     if base is not None:
-        cached, changes, untouched = _on_snapshot(spark, changes, base, app)
+        cached, changes, untouched = _on_snapshot(spark, changes, base, app, marks)
     changes = changes.cache()
     decoded = changes.count()
     progress(
@@ -357,13 +357,14 @@ def _snapshot_base(
 
 
 def _on_snapshot(
-    spark: Any, changes: Any, base: _SnapshotBase, app: AppViews
+    spark: Any, changes: Any, base: _SnapshotBase, app: AppViews, marks: Mapping[int, int]
 ) -> tuple[tuple[Any, ...], Any, Any]:
-    """The frames cached for the views (the log's changes after the snapshot, the snapshot's
-    entity rows with their touched flags), the log's changes on top of the snapshot's entity rows
-    that they touch, and the untouched rows per entity table; a change-set whose idempotency key
-    the snapshot holds already was applied before it, and is dropped (no join when the snapshot
-    holds no key)."""
+    """The frames cached for the views (when an entity file is joined with the log's keys: the
+    log's changes after the snapshot and the file's rows with their touched flags), the log's
+    changes on top of the snapshot's entity rows replayed (every row of a small file, the
+    touched rows of a joined one), and the untouched rows per joined entity table; a change-set
+    whose idempotency key the snapshot holds already was applied before it, and is dropped (no
+    join when the snapshot holds no key)."""
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
     from waltz.spark.snapshot import snapshot_entity_rows, snapshot_keys
@@ -374,13 +375,20 @@ def _on_snapshot(
             F.col("idempotency_key").alias("_known_key")
         )
         after = changes.join(known, changes["idempotency_key"] == known["_known_key"], "left_anti")
-    after = after.cache()
-    entity_rows = snapshot_entity_rows(spark, base.location, base.manifest, app, after)
+    tail = sum(max(0, mark - base.marks.get(pid, -1)) for pid, mark in marks.items())
+    entity_rows = snapshot_entity_rows(
+        spark, base.location, base.manifest, app, after, tail_transactions=tail
+    )
+    cached: tuple[Any, ...] = ()
+    if entity_rows.cached:
+        # The joins with the log's keys read the changes after the marks too: once, from memory.
+        after = after.cache()
+        cached = (after, *entity_rows.cached)
     before = entity_rows.changes
     if "problem" in after.columns:
         # The snapshot's rows as whole-row inserts of their own key: nothing for the check.
         before = before.withColumn("problem", F.lit(None).cast("string"))
-    return (after, *entity_rows.cached), before.unionByName(after), entity_rows.untouched
+    return cached, before.unionByName(after), entity_rows.untouched
 
 
 def _with_snapshot_rows(

@@ -62,6 +62,7 @@ __all__ = [
     "open_location",
     "read_manifest",
     "read_snapshot_file",
+    "replays_every_row",
     "rows_as_changes",
     "snapshot_entity_rows",
     "verify_snapshot",
@@ -78,6 +79,10 @@ MANIFEST_NAME = "manifest.json"
 SNAPSHOT_KIND = "waltz-snapshot"
 #: Rows per Parquet row group and per read from the database.
 BATCH_ROWS = 50_000
+#: A rebuild from a snapshot replays every row of an entity file, without joining the file with
+#: the log's keys, when the file holds at most this many rows per transaction of the log after
+#: the snapshot's marks (:func:`replays_every_row`; decision 0076).
+REPLAY_EVERY_ROW_PER_TRANSACTION = 1.0
 
 Progress = Callable[[str], None]
 
@@ -767,16 +772,18 @@ def read_snapshot_file(spark: Any, location: str, file: str) -> Any:
 
 @dataclass(frozen=True)
 class SnapshotEntityRows:
-    """A snapshot's entity rows, split by whether the log after its marks touches them.
+    """A snapshot's entity rows: those the rebuild replays, and those that pass through.
 
     Attributes:
-        changes: the rows whose key a change after the marks names, as row changes that come
-            before every change of the log (a DataFrame of
-            :data:`~waltz.spark.decoders.CHANGES_SCHEMA`); the replay decides what they become.
-        untouched: entity table name -> the rows no change after the marks names (the snapshot's
-            columns as read from its Parquet file): they are the full replay's rows as they are.
-        cached: the persisted DataFrames both come from (each entity's rows with its touched
-            flag), to unpersist when the rebuild is done.
+        changes: the rows replayed, as row changes that come before every change of the log (a
+            DataFrame of :data:`~waltz.spark.decoders.CHANGES_SCHEMA`): every row of a file that
+            :func:`replays_every_row`, else the rows whose key a change after the marks names;
+            the replay decides what they become.
+        untouched: entity table name -> the rows of a joined file that no change after the marks
+            names (the snapshot's columns as read from its Parquet file): they are the full
+            replay's rows as they are. No entry for a file replayed whole.
+        cached: the persisted DataFrames both come from (each joined file's rows with its
+            touched flag), to unpersist when the rebuild is done; empty when no file was joined.
     """
 
     changes: Any
@@ -791,16 +798,39 @@ def _natively_rendered(column_type: types.TypeEngine[Any]) -> bool:
     )
 
 
-def snapshot_entity_rows(
-    spark: Any, location: str, manifest: SnapshotManifest, app: AppViews, after: Any
-) -> SnapshotEntityRows:
-    """The snapshot's entity rows, those that the log after its marks touches as row changes.
+def replays_every_row(rows: int, tail_transactions: int) -> bool:
+    """Whether a rebuild from a snapshot replays every row of an entity file of ``rows`` rows,
+    rather than joining the file with the keys of the ``tail_transactions`` transactions after
+    the snapshot's marks (docs/design/spark.md "Snapshots"; decision 0076).
 
-    A row is touched when a change of its entity after the marks names its key (the entity's key
-    or its primary key, docs/design/sql.md "Change-sets"); the key values are compared as the
-    column's type (``values`` cast as :func:`waltz.spark.views.entity_table` casts them). An
-    untouched row is the row a full replay gives, and passes through as read. A touched row
-    becomes an ``insert`` of the whole row, with ``partition_id`` and ``transaction_id`` -1 and no
+    A small file, at most :data:`REPLAY_EVERY_ROW_PER_TRANSACTION` rows per transaction after
+    the marks, is replayed whole: the replay then handles at most one more row per row change
+    of the log, and the rebuild saves the join's Spark jobs and plans, its fixed cost. A larger
+    file is joined, so that a long history with a short log after it replays only what that log
+    touches.
+    """
+    return rows <= REPLAY_EVERY_ROW_PER_TRANSACTION * tail_transactions
+
+
+def snapshot_entity_rows(
+    spark: Any,
+    location: str,
+    manifest: SnapshotManifest,
+    app: AppViews,
+    after: Any,
+    *,
+    tail_transactions: int = 0,
+) -> SnapshotEntityRows:
+    """The snapshot's entity rows: as row changes those the rebuild replays, apart those that
+    pass through.
+
+    A file that :func:`replays_every_row` for ``tail_transactions`` becomes row changes whole.
+    Another is joined with the log's keys: a row is touched when a change of its entity after
+    the marks names its key (the entity's key or its primary key, docs/design/sql.md
+    "Change-sets"); the key values are compared as the column's type (``values`` cast as
+    :func:`waltz.spark.views.entity_table` casts them). An untouched row is the row a full
+    replay gives, and passes through as read. A replayed row becomes an ``insert`` of the whole
+    row, with ``partition_id`` and ``transaction_id`` -1 and no
     header (so that views that read the changes' headers or meta, such as audit rows, pass over
     it), its values rendered as the decoders render a change-set's
     (:func:`waltz.spark.decoders.render_value`): by Spark's own casts for integer, boolean and text
@@ -812,9 +842,12 @@ def snapshot_entity_rows(
         manifest: its verified manifest.
         app: the application's views; its ``entities`` say which tables are entity tables.
         after: the log's row changes after the snapshot's marks (:data:`CHANGES_SCHEMA`).
+        tail_transactions: how many transactions the log after the marks holds (at most); 0,
+            the default, joins every file.
 
     Returns:
-        The touched rows as changes (empty without entities) and the untouched rows per table.
+        The replayed rows as changes (empty without entities) and the untouched rows per
+        joined file.
     """
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
@@ -832,6 +865,9 @@ def snapshot_entity_rows(
         by_column = {prop.columns[0].name: prop.key for prop in info.mapper.column_attrs}
         column_of = {attribute: name for name, attribute in by_column.items()}
         rows = read_snapshot_file(spark, location, entry.file)
+        if replays_every_row(entry.rows, tail_transactions):
+            frames.append(rows_as_changes(rows, info))
+            continue
         ours = after.where(F.col("entity") == info.name)
         flags = []
         for index, key in enumerate(dict.fromkeys([tuple(info.key), tuple(info.primary_key)])):

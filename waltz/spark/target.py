@@ -10,7 +10,8 @@ its ``waltz_idempotency_keys`` rows replaced by the keys of the log. On PostgreS
 is one transaction; on MariaDB, where DDL commits, the mark and key tables are staged too (their
 rows of other logs copied over) and everything is renamed in one atomic ``RENAME TABLE``. A
 table may start with seeded rows (a snapshot's, :class:`StagingSeed`), copied into its staging
-table by the driver while Spark writes. On PostgreSQL and MariaDB up to :data:`WRITE_JOBS`
+table by the driver while Spark writes. On PostgreSQL a staging table's indexes are built once
+its rows are in. On PostgreSQL and MariaDB up to :data:`WRITE_JOBS`
 tables are written at once, each by its own Spark job. A failure before the swap leaves the old
 tables; a rerun gives the same tables.
 """
@@ -164,6 +165,41 @@ def _create_staging(conn: Connection, backend: str, table: Table, staging: str) 
     return [str(s) for s in indexes]
 
 
+def _defer_pg_indexes(conn: Connection, staging: str) -> list[str]:
+    """Drop a fresh PostgreSQL staging table's indexes (its primary key, unique and exclusion
+    constraints among them) and return the statements that build them again, under the same
+    names, once its rows are in: one sort per index instead of one B-tree insert per row
+    (docs/design/spark.md "Swapping tables with the marks")."""
+    preparer = conn.dialect.identifier_preparer
+    quoted = preparer.quote(staging)
+    relation = {"t": quoted}
+    constraints = conn.execute(
+        text(
+            "SELECT conname, pg_get_constraintdef(oid), conindid FROM pg_constraint "
+            "WHERE conrelid = CAST(:t AS regclass) AND contype IN ('p', 'u', 'x') ORDER BY conname"
+        ),
+        relation,
+    ).all()
+    backing = {int(row[2]) for row in constraints}
+    indexes = conn.execute(
+        text(
+            "SELECT c.relname, pg_get_indexdef(i.indexrelid), i.indexrelid FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = CAST(:t AS regclass) "
+            "ORDER BY c.relname"
+        ),
+        relation,
+    ).all()
+    build: list[str] = []
+    for name, definition, _ in constraints:
+        conn.execute(text(f"ALTER TABLE {quoted} DROP CONSTRAINT {preparer.quote(name)}"))
+        build.append(f"ALTER TABLE {quoted} ADD CONSTRAINT {preparer.quote(name)} {definition}")
+    for name, definition, oid in indexes:
+        if int(oid) not in backing:
+            conn.execute(text(f"DROP INDEX {preparer.quote(name)}"))
+            build.append(str(definition))
+    return build
+
+
 def _pg_index_names(conn: Connection, table: str) -> dict[str, str]:
     """Index definition with names blanked -> index name, of a PostgreSQL table."""
     rows = conn.execute(
@@ -290,17 +326,33 @@ def write_views(
         pg_names: dict[str, dict[str, str]] = {}
         rows: dict[str, int] = {}
         created: list[str] = []
+        deferred: dict[str, list[str]] = {}
 
         def create(table: Table) -> str:
             staging = table.name + STAGING_SUFFIX
             with engine.begin() as conn:
                 created.append(staging)
                 index_statements = _create_staging(conn, backend, table, staging)
+                if backend == "postgresql":
+                    # Built once the rows are in; the key table's are never built, since its
+                    # rows are inserted into the live table, whose own indexes check them.
+                    build = _defer_pg_indexes(conn, staging)
+                    if table is not idempotency_keys:
+                        deferred[table.name] = build
                 if table is not idempotency_keys:  # its rows are copied over, the table stays
                     after_swap.extend(index_statements)
                     if backend == "postgresql":
                         pg_names[table.name] = _pg_index_names(conn, table.name)
             return staging
+
+        def build_indexes(table: Table, staging: str) -> None:
+            statements = deferred.get(table.name, [])
+            if not statements:
+                return
+            with engine.begin() as conn:
+                for statement in statements:
+                    conn.execute(text(statement))
+            progress(f"  {table.name}: built {len(statements)} indexes of {staging}")
 
         def copy(seed: StagingSeed, table: Table, staging: str) -> int:
             with engine.begin() as conn:
@@ -321,6 +373,8 @@ def write_views(
             if seeding is not None:
                 seeded = seeding.result()
                 progress(f"copied {seeded} rows of {table.name} into {staging}")
+            # A duplicate key is refused here (the unique index's build), before any swap.
+            build_indexes(table, staging)
             # The JDBC backends count the staging table's rows, the seeded ones among them.
             count = _staged_rows(engine, staging) if concurrent else seeded + written
             progress(f"  {table.name}: {count} rows")
