@@ -191,8 +191,8 @@ def _pg_shape(conn: Any, table: str) -> tuple[set[tuple[str, str]], set[tuple[st
     """A PostgreSQL table's indexes (name, definition) and constraints (name, kind, definition)."""
     indexes = conn.execute(
         text(
-            "SELECT indexname, indexdef FROM pg_indexes "
-            "WHERE tablename = :t AND schemaname = current_schema()"
+            "SELECT indexname, indexdef || coalesce(' -- ' || obj_description(to_regclass(indexname), "
+            "'pg_class'), '') FROM pg_indexes WHERE tablename = :t AND schemaname = current_schema()"
         ),
         {"t": table},
     )
@@ -218,8 +218,10 @@ def test_a_rebuilt_postgresql_table_has_the_indexes_and_constraints_it_had(
         conn.execute(text("CREATE INDEX counters_by_value ON counters (value DESC) WHERE value > 0"))
         conn.execute(text("ALTER TABLE counters ADD CONSTRAINT counters_one_row_per_tx UNIQUE (updated_tx)"))
         conn.execute(text("ALTER TABLE counters ADD CONSTRAINT counters_value_sane CHECK (value >= 0)"))
+        conn.execute(text("COMMENT ON INDEX counters_by_value IS 'the busiest first, it''s said'"))
         before = _pg_shape(conn, "counters")
     assert len(before[0]) == 3  # the primary key's, the unique constraint's, the partial index
+    assert any(d.endswith("it's said") for _, d in before[0])
     assert {"counters_pkey", "counters_one_row_per_tx", "counters_value_sane"} <= {c[0] for c in before[1]}
     log = _log(spark)
     changes = decode_changes(log, COUNTER_VIEWS.decoders)

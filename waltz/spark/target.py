@@ -168,8 +168,8 @@ def _create_staging(conn: Connection, backend: str, table: Table, staging: str) 
 def _defer_pg_indexes(conn: Connection, staging: str) -> list[str]:
     """Drop a fresh PostgreSQL staging table's indexes (its primary key, unique and exclusion
     constraints among them) and return the statements that build them again, under the same
-    names, once its rows are in: one sort per index instead of one B-tree insert per row
-    (docs/design/spark.md "Swapping tables with the marks")."""
+    names and with their indexes' comments, once its rows are in: one sort per index instead of one
+    B-tree insert per row (docs/design/spark.md "Swapping tables with the marks")."""
     preparer = conn.dialect.identifier_preparer
     quoted = preparer.quote(staging)
     relation = {"t": quoted}
@@ -183,21 +183,25 @@ def _defer_pg_indexes(conn: Connection, staging: str) -> list[str]:
     backing = {int(row[2]) for row in constraints}
     indexes = conn.execute(
         text(
-            "SELECT c.relname, pg_get_indexdef(i.indexrelid), i.indexrelid FROM pg_index i "
-            "JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = CAST(:t AS regclass) "
-            "ORDER BY c.relname"
+            "SELECT c.relname, pg_get_indexdef(i.indexrelid), i.indexrelid, "
+            "CASE WHEN obj_description(i.indexrelid, 'pg_class') IS NOT NULL THEN "
+            "format('COMMENT ON INDEX %I IS %L', c.relname, obj_description(i.indexrelid, 'pg_class')) END "
+            "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE i.indrelid = CAST(:t AS regclass) ORDER BY c.relname"
         ),
         relation,
     ).all()
     build: list[str] = []
+    # (The LIKE copies the comments of indexes, not of the constraints they back.)
+    comments = [str(row[3]) for row in indexes if row[3] is not None]
     for name, definition, _ in constraints:
         conn.execute(text(f"ALTER TABLE {quoted} DROP CONSTRAINT {preparer.quote(name)}"))
         build.append(f"ALTER TABLE {quoted} ADD CONSTRAINT {preparer.quote(name)} {definition}")
-    for name, definition, oid in indexes:
+    for name, definition, oid, _ in indexes:
         if int(oid) not in backing:
             conn.execute(text(f"DROP INDEX {preparer.quote(name)}"))
             build.append(str(definition))
-    return build
+    return build + comments
 
 
 def _pg_index_names(conn: Connection, table: str) -> dict[str, str]:
@@ -352,7 +356,7 @@ def write_views(
             with engine.begin() as conn:
                 for statement in statements:
                     conn.execute(text(statement))
-            progress(f"  {table.name}: built {len(statements)} indexes of {staging}")
+            progress(f"  {table.name}: built the indexes of {staging} ({len(statements)})")
 
         def copy(seed: StagingSeed, table: Table, staging: str) -> int:
             with engine.begin() as conn:
