@@ -179,16 +179,14 @@ def _same_database(url: str, other: str) -> None:
 
 
 #: The two ways a rebuild from a snapshot takes an entity file's rows (``replays_every_row``):
-#: every row replayed (the fixture's files are small beside the log after them), or the file
-#: joined with the log's keys and its untouched rows passed through (no file replayed whole).
-MODES = {"every-row-replayed": None, "joined-with-the-log": 0.0}
+#: every row replayed, or the file joined with the log's keys and its untouched rows passed
+#: through (the threshold's two ends, so that neither depends on the fixture's sizes).
+MODES = {"every-row-replayed": float("inf"), "joined-with-the-log": 0.0}
 
 
 @pytest.fixture(params=sorted(MODES))
 def snapshot_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    rows_per_transaction = MODES[request.param]
-    if rows_per_transaction is not None:
-        monkeypatch.setattr(snapshot_module, "REPLAY_EVERY_ROW_PER_TRANSACTION", rows_per_transaction)
+    monkeypatch.setattr(snapshot_module, "REPLAY_EVERY_ROW_PER_TRANSACTION", MODES[request.param])
     return str(request.param)
 
 
@@ -247,6 +245,16 @@ def test_only_the_snapshot_rows_the_log_after_it_names_are_replayed(spark: Any, 
     assert untouched > 0, "every snapshot row was touched: the pass-through is not exercised"
 
 
+def test_the_log_after_the_marks_is_counted_from_each_partitions_start() -> None:
+    """From the snapshot's mark; a partition the snapshot lacks from its first ID (a split's new
+    partition from its genesis, not from 0); a partition read no further than the snapshot: 0."""
+    from waltz.spark.rebuild import tail_transactions
+
+    marks = {0: 999, 1: 499, 2: 1_000_120, 3: -1}
+    assert tail_transactions(marks, {0: 899, 1: 499}, {2: 1_000_001}) == 100 + 0 + 120 + 0
+    assert tail_transactions({0: 9}, {}, {}) == 10
+
+
 def test_small_entity_files_are_replayed_whole_and_large_ones_joined() -> None:
     """At most one row per transaction after the marks: the file is replayed whole."""
     assert replays_every_row(0, 0)
@@ -300,6 +308,11 @@ def test_the_snapshot_rows_and_the_replay_are_read_once_and_released(
         if snapshot_mode == "joined-with-the-log":
             # The log's changes, those after the marks, one frame per entity file, the replay.
             assert len(frames) == 2 + len(files) + 1, len(frames)
+            # Each file's persisted rows read the changes after the marks from memory (cached
+            # before the first join), not the log again.
+            for rows in computed.cached[1 : 1 + len(files)]:
+                plan = rows._jdf.queryExecution().withCachedData().toString()
+                assert plan.count("InMemoryTableScan") >= 1, plan
         else:
             assert len(frames) == 2, len(frames)  # the log's changes, the replay
         assert all(frame.is_cached for frame in frames)

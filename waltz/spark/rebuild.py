@@ -34,7 +34,7 @@ from waltz.spark.errors import CommittedReadError, RebuildError
 from waltz.spark.target import check_target, marks_text, write_views
 from waltz.spark.views import AppViews, caching_replays, change_check, checked_problems, idempotency_key_rows
 
-__all__ = ["ComputedViews", "LogSource", "RebuildResult", "compute_views", "rebuild"]
+__all__ = ["ComputedViews", "LogSource", "RebuildResult", "compute_views", "rebuild", "tail_transactions"]
 
 Progress = Callable[[str], None]
 
@@ -180,8 +180,9 @@ class ComputedViews:
             check's ``problem`` column when the application has entities
             (:func:`waltz.spark.views.change_check`).
         cached: other DataFrames cached while the views are used: the replays the views share
-            (:func:`waltz.spark.views.caching_replays`) and, from a snapshot, the log's changes
-            after its marks and the snapshot's entity rows with their touched flags.
+            (:func:`waltz.spark.views.caching_replays`) and, from a snapshot with an entity file
+            joined with the log's keys, the log's changes after its marks and each joined
+            file's rows with their touched flags.
         seeded: from a snapshot, table name -> ``(seed, own rows)`` for each table that is not
             an entity table: its ``tables`` DataFrame is the snapshot's rows then the views'
             own; :func:`rebuild` copies the seed's rows into the database as they are
@@ -273,7 +274,8 @@ def compute_views(
     cached: tuple[Any, ...] = ()
     untouched: Mapping[str, Any] = {}
     if base is not None:
-        cached, changes, untouched = _on_snapshot(spark, changes, base, app, marks)
+        first_ids = {p.partition_id: p.first_transaction_id for p in plans}
+        cached, changes, untouched = _on_snapshot(spark, changes, base, app, marks, first_ids)
     changes = changes.cache()
     decoded = changes.count()
     progress(
@@ -356,8 +358,32 @@ def _snapshot_base(
     return _SnapshotBase(location, manifest, {int(p): int(m) for p, m in manifest.marks.items()})
 
 
+def tail_transactions(
+    marks: Mapping[int, int], snapshot_marks: Mapping[int, int], first_ids: Mapping[int, int]
+) -> int:
+    """How many transactions a rebuild from a snapshot reads after the snapshot's marks, at most
+    (docs/design/spark.md "Snapshots"): per partition, from the snapshot's mark, or from the
+    partition's first transaction ID when the snapshot does not hold it (a partition a split
+    opened starts at its genesis, not at 0), up to the rebuild's mark.
+
+    Args:
+        marks: partition -> the transaction ID the rebuild reads up to (-1: nothing).
+        snapshot_marks: partition -> the snapshot's mark.
+        first_ids: partition -> its first transaction ID (0, or a split's genesis).
+    """
+    return sum(
+        max(0, mark - max(snapshot_marks.get(pid, -1), first_ids.get(pid, 0) - 1))
+        for pid, mark in marks.items()
+    )
+
+
 def _on_snapshot(
-    spark: Any, changes: Any, base: _SnapshotBase, app: AppViews, marks: Mapping[int, int]
+    spark: Any,
+    changes: Any,
+    base: _SnapshotBase,
+    app: AppViews,
+    marks: Mapping[int, int],
+    first_ids: Mapping[int, int],
 ) -> tuple[tuple[Any, ...], Any, Any]:
     """The frames cached for the views (when an entity file is joined with the log's keys: the
     log's changes after the snapshot and the file's rows with their touched flags), the log's
@@ -375,20 +401,15 @@ def _on_snapshot(
             F.col("idempotency_key").alias("_known_key")
         )
         after = changes.join(known, changes["idempotency_key"] == known["_known_key"], "left_anti")
-    tail = sum(max(0, mark - base.marks.get(pid, -1)) for pid, mark in marks.items())
+    tail = tail_transactions(marks, base.marks, first_ids)
     entity_rows = snapshot_entity_rows(
         spark, base.location, base.manifest, app, after, tail_transactions=tail
     )
-    cached: tuple[Any, ...] = ()
-    if entity_rows.cached:
-        # The joins with the log's keys read the changes after the marks too: once, from memory.
-        after = after.cache()
-        cached = (after, *entity_rows.cached)
     before = entity_rows.changes
     if "problem" in after.columns:
         # The snapshot's rows as whole-row inserts of their own key: nothing for the check.
         before = before.withColumn("problem", F.lit(None).cast("string"))
-    return cached, before.unionByName(after), entity_rows.untouched
+    return entity_rows.cached, before.unionByName(after), entity_rows.untouched
 
 
 def _with_snapshot_rows(
@@ -400,7 +421,8 @@ def _with_snapshot_rows(
     cluster_name: str,
     untouched: Mapping[str, Any],
 ) -> tuple[dict[str, Any], Any, dict[str, Any]]:
-    """The entity tables get the snapshot's rows that no change after its marks touches; the
+    """The entity tables of joined files get the snapshot's rows that no change after its
+    marks touches (a file replayed whole is in the views already); the
     tables that are not entity tables get the snapshot's rows before the views' own (the views
     computed them from the log after the snapshot only), and a seed of those rows for the
     writer; the idempotency keys, those of the snapshot and the new ones."""

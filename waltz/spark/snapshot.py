@@ -782,8 +782,9 @@ class SnapshotEntityRows:
         untouched: entity table name -> the rows of a joined file that no change after the marks
             names (the snapshot's columns as read from its Parquet file): they are the full
             replay's rows as they are. No entry for a file replayed whole.
-        cached: the persisted DataFrames both come from (each joined file's rows with its
-            touched flag), to unpersist when the rebuild is done; empty when no file was joined.
+        cached: the persisted DataFrames they come from (``after``, then each joined file's
+            rows with its touched flag), to unpersist when the rebuild is done; empty when no
+            file was joined.
     """
 
     changes: Any
@@ -804,8 +805,9 @@ def replays_every_row(rows: int, tail_transactions: int) -> bool:
     the snapshot's marks (docs/design/spark.md "Snapshots"; decision 0076).
 
     A small file, at most :data:`REPLAY_EVERY_ROW_PER_TRANSACTION` rows per transaction after
-    the marks, is replayed whole: the replay then handles at most one more row per row change
-    of the log, and the rebuild saves the join's Spark jobs and plans, its fixed cost. A larger
+    the marks, is replayed whole: each such file adds at most one row to the replay per
+    transaction after the marks, and the rebuild saves the join's Spark jobs and plans, its
+    fixed cost. A larger
     file is joined, so that a long history with a short log after it replays only what that log
     touches.
     """
@@ -843,7 +845,8 @@ def snapshot_entity_rows(
         app: the application's views; its ``entities`` say which tables are entity tables.
         after: the log's row changes after the snapshot's marks (:data:`CHANGES_SCHEMA`).
         tail_transactions: how many transactions the log after the marks holds (at most); 0,
-            the default, joins every file.
+            the default, joins every file. When a file is joined, ``after`` is cached (it is
+            among ``cached``).
 
     Returns:
         The replayed rows as changes (empty without entities) and the untouched rows per
@@ -868,6 +871,12 @@ def snapshot_entity_rows(
         if replays_every_row(entry.rows, tail_transactions):
             frames.append(rows_as_changes(rows, info))
             continue
+        if not cached:
+            # The joins and the union with the snapshot's rows all read the changes after the
+            # marks: cached before the first join's rows are persisted, or those would read
+            # and decode the log again.
+            after.cache()
+            cached.append(after)
         ours = after.where(F.col("entity") == info.name)
         flags = []
         for index, key in enumerate(dict.fromkeys([tuple(info.key), tuple(info.primary_key)])):
@@ -923,6 +932,7 @@ def rows_as_changes(rows: Any, info: EntityInfo, *, python: bool = False) -> Any
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
     from waltz.spark.decoders import render_value
+    from waltz.spark.views import SNAPSHOT_TRANSACTION_ID
 
     table: Table = info.model.__table__
     by_column = {prop.columns[0].name: prop.key for prop in info.mapper.column_attrs}
@@ -932,8 +942,8 @@ def rows_as_changes(rows: Any, info: EntityInfo, *, python: bool = False) -> Any
     column_of = dict(zip(attributes, columns, strict=True))
     entity = info.name
     position = [
-        F.lit(-1).cast("int").alias("partition_id"),
-        F.lit(-1).cast("bigint").alias("transaction_id"),
+        F.lit(SNAPSHOT_TRANSACTION_ID).cast("int").alias("partition_id"),
+        F.lit(SNAPSHOT_TRANSACTION_ID).cast("bigint").alias("transaction_id"),
         F.lit(None).cast("int").alias("header"),
     ]
     native = (

@@ -157,7 +157,7 @@ def _create_staging(conn: Connection, backend: str, table: Table, staging: str) 
         count=1,
         flags=re.IGNORECASE,
     )
-    conn.execute(text(created))
+    _run_ddl(conn, created)
     indexes = conn.execute(
         text("SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = :name AND sql IS NOT NULL"),
         {"name": table.name},
@@ -195,13 +195,20 @@ def _defer_pg_indexes(conn: Connection, staging: str) -> list[str]:
     # (The LIKE copies the comments of indexes, not of the constraints they back.)
     comments = [str(row[3]) for row in indexes if row[3] is not None]
     for name, definition, _ in constraints:
-        conn.execute(text(f"ALTER TABLE {quoted} DROP CONSTRAINT {preparer.quote(name)}"))
+        _run_ddl(conn, f"ALTER TABLE {quoted} DROP CONSTRAINT {preparer.quote(name)}")
         build.append(f"ALTER TABLE {quoted} ADD CONSTRAINT {preparer.quote(name)} {definition}")
     for name, definition, oid, _ in indexes:
         if int(oid) not in backing:
-            conn.execute(text(f"DROP INDEX {preparer.quote(name)}"))
+            _run_ddl(conn, f"DROP INDEX {preparer.quote(name)}")
             build.append(str(definition))
     return build + comments
+
+
+def _run_ddl(conn: Connection, statement: str) -> None:
+    """Run a statement the database wrote (a table's or an index's definition, a comment) as it
+    is: no bind parameters, so a ``:name`` or ``%`` in a predicate, a default or a comment stays
+    text."""
+    conn.execution_options(no_parameters=True).exec_driver_sql(statement)
 
 
 def _pg_index_names(conn: Connection, table: str) -> dict[str, str]:
@@ -338,11 +345,7 @@ def write_views(
                 created.append(staging)
                 index_statements = _create_staging(conn, backend, table, staging)
                 if backend == "postgresql":
-                    # Built once the rows are in; the key table's are never built, since its
-                    # rows are inserted into the live table, whose own indexes check them.
-                    build = _defer_pg_indexes(conn, staging)
-                    if table is not idempotency_keys:
-                        deferred[table.name] = build
+                    deferred[table.name] = _defer_pg_indexes(conn, staging)  # built once the rows are in
                 if table is not idempotency_keys:  # its rows are copied over, the table stays
                     after_swap.extend(index_statements)
                     if backend == "postgresql":
@@ -355,7 +358,7 @@ def write_views(
                 return
             with engine.begin() as conn:
                 for statement in statements:
-                    conn.execute(text(statement))
+                    _run_ddl(conn, statement)
             progress(f"  {table.name}: built the indexes of {staging} ({len(statements)})")
 
         def copy(seed: StagingSeed, table: Table, staging: str) -> int:
@@ -488,7 +491,7 @@ class _Swap:
                     if original and original != staged:
                         conn.execute(text(f"ALTER INDEX {quote(staged)} RENAME TO {quote(original)}"))
         for statement in after_swap:
-            conn.execute(text(statement))
+            _run_ddl(conn, statement)
         conn.execute(delete(high_water_marks).where(high_water_marks.c.cluster_name == self.cluster_name))
         if self.marks:
             conn.execute(insert(high_water_marks), self._mark_rows())

@@ -28,6 +28,7 @@ from waltz.jdbc_style.entities import EntityRegistry
 from waltz.spark.decoders import DecoderRegistry
 
 __all__ = [
+    "SNAPSHOT_TRANSACTION_ID",
     "AppViews",
     "apply_idempotency",
     "caching_replays",
@@ -40,6 +41,10 @@ __all__ = [
     "replay",
     "spark_type",
 ]
+
+#: The ``partition_id`` and ``transaction_id`` of a snapshot's row entering the row changes of a
+#: rebuild from a snapshot (docs/design/spark.md "Snapshots"): before every change of the log.
+SNAPSHOT_TRANSACTION_ID = -1
 
 
 @dataclass(frozen=True)
@@ -359,7 +364,11 @@ def entity_table(
             ``updated_tx`` from ``transaction_id``).
 
     Returns:
-        A DataFrame with the table's columns, in table order.
+        A DataFrame with the table's columns, in table order. A row whose last change is a
+        snapshot's row (``transaction_id`` :data:`SNAPSHOT_TRANSACTION_ID`, docs/design/spark.md
+        "Snapshots") keeps the snapshot's values in the overridden columns too: they are what
+        the overrides gave when the rows were applied, and a snapshot row has no position of
+        its own in the log.
     """
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
@@ -370,10 +379,13 @@ def entity_table(
     selected = []
     for column in table.columns:
         target = spark_type(column.type)
+        raw = F.col("values").getItem(by_column.get(column.name, column.name))
+        logged = F.unbase64(raw) if target == "binary" else raw
         if column.name in chosen:
-            expression = chosen[column.name]
+            from_snapshot = F.col("transaction_id") == F.lit(SNAPSHOT_TRANSACTION_ID)
+            overridden = chosen[column.name].cast(target)
+            expression = F.when(from_snapshot, logged.cast(target)).otherwise(overridden)
         else:
-            raw = F.col("values").getItem(by_column.get(column.name, column.name))
-            expression = F.unbase64(raw) if target == "binary" else raw
+            expression = logged
         selected.append(expression.cast(target).alias(column.name))
     return rows.where(F.col("entity") == info.spec.lock_name).select(*selected)
