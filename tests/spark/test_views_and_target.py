@@ -246,8 +246,12 @@ def test_a_rebuilt_postgresql_table_has_the_indexes_and_constraints_it_had(
     changes = decode_changes(log, COUNTER_VIEWS.decoders)
     lines: list[str] = []
     views = COUNTER_VIEWS.build(changes, log)
-    write_views(views, COUNTER_VIEWS, postgres_url, {0: 2, 1: 1}, progress=lines.append)
+    keys = idempotency_key_rows(changes, "counter")
+    write_views(
+        views, COUNTER_VIEWS, postgres_url, {0: 2, 1: 1}, idempotency_keys_df=keys, progress=lines.append
+    )
     assert "  counters: built the indexes of counters__rebuild (4)" in lines, lines  # and the comment
+    assert any(line.startswith("  waltz_idempotency_keys: built the indexes of") for line in lines), lines
     with engine.connect() as conn:
         assert _pg_shape(conn, "counters") == before
         counters = {tuple(r) for r in conn.execute(select(*Counter.__table__.columns))}
@@ -255,6 +259,32 @@ def test_a_rebuilt_postgresql_table_has_the_indexes_and_constraints_it_had(
     # The rebuilt constraints hold: the unique one refuses a second row of transaction 2.
     with pytest.raises(Exception, match="counters_one_row_per_tx"), engine.begin() as conn:
         conn.execute(insert(Counter.__table__), [{"counter_id": 3, "value": 1, "updated_tx": 2}])
+    engine.dispose()
+
+
+def test_a_sqlite_table_whose_sql_holds_colons_is_rebuilt(spark: Any, tmp_path: Any) -> None:
+    """SQLite's own SQL of the table (a default) and of an index (its predicate) is run as it is
+    for the staging table and after the swap: a ``:name`` in it is text, not a bind parameter."""
+    url = f"sqlite:///{tmp_path / 'colons.db'}"
+    engine = create_framework_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE counters (counter_id BIGINT NOT NULL PRIMARY KEY, value BIGINT NOT NULL, "
+            "updated_tx BIGINT NOT NULL, note TEXT DEFAULT ':x', "
+            "CONSTRAINT counters_value_not_negative CHECK (value >= 0))"
+        )
+        conn.exec_driver_sql("CREATE INDEX counters_noted ON counters (value) WHERE note <> ':y'")
+    COUNTER_VIEWS.prepare(engine)
+    log = _log(spark)
+    changes = decode_changes(log, COUNTER_VIEWS.decoders)
+    write_views(COUNTER_VIEWS.build(changes, log), COUNTER_VIEWS, url, {0: 2, 1: 1})
+    with engine.connect() as conn:
+        rows = {
+            tuple(r) for r in conn.exec_driver_sql("SELECT counter_id, value, updated_tx, note FROM counters")
+        }
+        indexes = {r[0] for r in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert rows == {(1, 9, 2, ":x"), (2, 4, 1, ":x")}
+    assert "counters_noted" in indexes
     engine.dispose()
 
 

@@ -860,54 +860,61 @@ def snapshot_entity_rows(
     frames = []
     cached: list[Any] = []
     untouched: dict[str, Any] = {}
-    for info in app.entities or ():
-        table: Table = info.model.__table__
-        entry = manifest.table(table.name)
-        if entry is None or entry.rows == 0:
-            continue
-        by_column = {prop.columns[0].name: prop.key for prop in info.mapper.column_attrs}
-        column_of = {attribute: name for name, attribute in by_column.items()}
-        rows = read_snapshot_file(spark, location, entry.file)
-        if replays_every_row(entry.rows, tail_transactions):
-            frames.append(rows_as_changes(rows, info))
-            continue
-        if not cached:
-            # The joins and the union with the snapshot's rows all read the changes after the
-            # marks: cached before the first join's rows are persisted, or those would read
-            # and decode the log again.
-            after.cache()
-            cached.append(after)
-        ours = after.where(F.col("entity") == info.name)
-        flags = []
-        for index, key in enumerate(dict.fromkeys([tuple(info.key), tuple(info.primary_key)])):
-            names = [column_of[a] for a in key]
-            typed = {n: spark_type(table.c[n].type) for n in names}
-            flag = f"_touched_{index}"
-            touched = (
-                ours.select(
-                    *[
-                        F.coalesce(F.col("key_values").getItem(a), F.col("values").getItem(a))
-                        .cast(typed[n])
-                        .alias(f"_key_{n}")
-                        for a, n in zip(key, names, strict=True)
-                    ]
+    try:
+        for info in app.entities or ():
+            table: Table = info.model.__table__
+            entry = manifest.table(table.name)
+            if entry is None or entry.rows == 0:
+                continue
+            by_column = {prop.columns[0].name: prop.key for prop in info.mapper.column_attrs}
+            column_of = {attribute: name for name, attribute in by_column.items()}
+            rows = read_snapshot_file(spark, location, entry.file)
+            if replays_every_row(entry.rows, tail_transactions):
+                frames.append(rows_as_changes(rows, info))
+                continue
+            if not cached:
+                # The joins and the union with the snapshot's rows all read the changes after the
+                # marks: cached before the first join's rows are persisted, or those would read
+                # and decode the log again.
+                after.cache()
+                cached.append(after)
+            ours = after.where(F.col("entity") == info.name)
+            flags = []
+            for index, key in enumerate(dict.fromkeys([tuple(info.key), tuple(info.primary_key)])):
+                names = [column_of[a] for a in key]
+                typed = {n: spark_type(table.c[n].type) for n in names}
+                flag = f"_touched_{index}"
+                touched = (
+                    ours.select(
+                        *[
+                            F.coalesce(F.col("key_values").getItem(a), F.col("values").getItem(a))
+                            .cast(typed[n])
+                            .alias(f"_key_{n}")
+                            for a, n in zip(key, names, strict=True)
+                        ]
+                    )
+                    .dropna()
+                    .distinct()
+                    .withColumn(flag, F.lit(True))
                 )
-                .dropna()
-                .distinct()
-                .withColumn(flag, F.lit(True))
+                condition = [rows[n].cast(typed[n]) == touched[f"_key_{n}"] for n in names]
+                rows = rows.join(touched, condition, "left").drop(*[f"_key_{n}" for n in names])
+                flags.append(F.col(flag).isNotNull())
+            hit = flags[0]
+            for flag_column in flags[1:]:
+                hit = hit | flag_column
+            # Persisted: the touched rows become changes (cached with the log's) and the untouched
+            # ones are written later; without it, each use would read and join the file again.
+            rows = (
+                rows.withColumn("_touched", hit).drop(*[f"_touched_{i}" for i in range(len(flags))]).persist()
             )
-            condition = [rows[n].cast(typed[n]) == touched[f"_key_{n}"] for n in names]
-            rows = rows.join(touched, condition, "left").drop(*[f"_key_{n}" for n in names])
-            flags.append(F.col(flag).isNotNull())
-        hit = flags[0]
-        for flag_column in flags[1:]:
-            hit = hit | flag_column
-        # Persisted: the touched rows become changes (cached with the log's) and the untouched
-        # ones are written later; without it, each use would read and join the file again.
-        rows = rows.withColumn("_touched", hit).drop(*[f"_touched_{i}" for i in range(len(flags))]).persist()
-        cached.append(rows)
-        untouched[table.name] = rows.where(~F.col("_touched")).drop("_touched")
-        frames.append(rows_as_changes(rows.where(F.col("_touched")), info))
+            cached.append(rows)
+            untouched[table.name] = rows.where(~F.col("_touched")).drop("_touched")
+            frames.append(rows_as_changes(rows.where(F.col("_touched")), info))
+    except BaseException:
+        for frame in cached:  # nothing stays cached for a rebuild that cannot go on
+            frame.unpersist()
+        raise
     if not frames:
         return SnapshotEntityRows(spark.createDataFrame([], CHANGES_SCHEMA), untouched, tuple(cached))
     result = frames[0]

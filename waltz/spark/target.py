@@ -208,7 +208,7 @@ def _run_ddl(conn: Connection, statement: str) -> None:
     """Run a statement the database wrote (a table's or an index's definition, a comment) as it
     is: no bind parameters, so a ``:name`` or ``%`` in a predicate, a default or a comment stays
     text."""
-    conn.execution_options(no_parameters=True).exec_driver_sql(statement)
+    conn.exec_driver_sql(statement, execution_options={"no_parameters": True})
 
 
 def _pg_index_names(conn: Connection, table: str) -> dict[str, str]:

@@ -381,10 +381,12 @@ def entity_table(
         target = spark_type(column.type)
         raw = F.col("values").getItem(by_column.get(column.name, column.name))
         logged = F.unbase64(raw) if target == "binary" else raw
-        if column.name in chosen:
+        if column.name in chosen and column.name in by_column:
             from_snapshot = F.col("transaction_id") == F.lit(SNAPSHOT_TRANSACTION_ID)
             overridden = chosen[column.name].cast(target)
             expression = F.when(from_snapshot, logged.cast(target)).otherwise(overridden)
+        elif column.name in chosen:  # not an attribute: a snapshot's rows do not carry it
+            expression = chosen[column.name]
         else:
             expression = logged
         selected.append(expression.cast(target).alias(column.name))
