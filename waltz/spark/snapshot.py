@@ -807,9 +807,8 @@ def replays_every_row(rows: int, tail_transactions: int) -> bool:
     A small file, at most :data:`REPLAY_EVERY_ROW_PER_TRANSACTION` rows per transaction after
     the marks, is replayed whole: each such file adds at most one row to the replay per
     transaction after the marks, and the rebuild saves the join's Spark jobs and plans, its
-    fixed cost. A larger
-    file is joined, so that a long history with a short log after it replays only what that log
-    touches.
+    fixed cost. A larger file is joined, so that a long history with a short log after it
+    replays only what that log touches.
     """
     return rows <= REPLAY_EVERY_ROW_PER_TRANSACTION * tail_transactions
 
@@ -832,11 +831,12 @@ def snapshot_entity_rows(
     "Change-sets"); the key values are compared as the column's type (``values`` cast as
     :func:`waltz.spark.views.entity_table` casts them). An untouched row is the row a full
     replay gives, and passes through as read. A replayed row becomes an ``insert`` of the whole
-    row, with ``partition_id`` and ``transaction_id`` -1 and no
-    header (so that views that read the changes' headers or meta, such as audit rows, pass over
-    it), its values rendered as the decoders render a change-set's
-    (:func:`waltz.spark.decoders.render_value`): by Spark's own casts for integer, boolean and text
-    columns with integer keys, by a Python function otherwise.
+    row, with ``partition_id`` and ``transaction_id`` -1
+    (:data:`waltz.spark.views.SNAPSHOT_TRANSACTION_ID`) and no header (so that views that read
+    the changes' headers or meta, such as audit rows, pass over it), its values rendered as the
+    decoders render a change-set's (:func:`waltz.spark.decoders.render_value`): by Spark's own
+    casts for integer, boolean and text columns with integer keys, by a Python function
+    otherwise.
 
     Args:
         spark: the Spark session.
@@ -866,12 +866,12 @@ def snapshot_entity_rows(
             entry = manifest.table(table.name)
             if entry is None or entry.rows == 0:
                 continue
-            by_column = {prop.columns[0].name: prop.key for prop in info.mapper.column_attrs}
-            column_of = {attribute: name for name, attribute in by_column.items()}
             rows = read_snapshot_file(spark, location, entry.file)
             if replays_every_row(entry.rows, tail_transactions):
                 frames.append(rows_as_changes(rows, info))
                 continue
+            by_column = {prop.columns[0].name: prop.key for prop in info.mapper.column_attrs}
+            column_of = {attribute: name for name, attribute in by_column.items()}
             if not cached:
                 # The joins and the union with the snapshot's rows all read the changes after the
                 # marks: cached before the first join's rows are persisted, or those would read

@@ -11,8 +11,8 @@ is one transaction; on MariaDB, where DDL commits, the mark and key tables are s
 rows of other logs copied over) and everything is renamed in one atomic ``RENAME TABLE``. A
 table may start with seeded rows (a snapshot's, :class:`StagingSeed`), copied into its staging
 table by the driver while Spark writes. On PostgreSQL a staging table's indexes are built once
-its rows are in. On PostgreSQL and MariaDB up to :data:`WRITE_JOBS`
-tables are written at once, each by its own Spark job. A failure before the swap leaves the old
+its rows are in. On PostgreSQL and MariaDB up to :data:`WRITE_JOBS` tables are written at once,
+each by its own Spark job. A failure before the swap leaves the old
 tables; a rerun gives the same tables.
 """
 
@@ -168,8 +168,8 @@ def _create_staging(conn: Connection, backend: str, table: Table, staging: str) 
 def _defer_pg_indexes(conn: Connection, staging: str) -> list[str]:
     """Drop a fresh PostgreSQL staging table's indexes (its primary key, unique and exclusion
     constraints among them) and return the statements that build them again, under the same
-    names and with their indexes' comments, once its rows are in: one sort per index instead of one
-    B-tree insert per row (docs/design/spark.md "Swapping tables with the marks")."""
+    names and with the indexes' comments, once its rows are in: one sort per index instead of
+    one B-tree insert per row (docs/design/spark.md "Swapping tables with the marks")."""
     preparer = conn.dialect.identifier_preparer
     quoted = preparer.quote(staging)
     relation = {"t": quoted}
