@@ -507,6 +507,63 @@ def test_batch_members_that_fail_query_the_session_or_repeat_a_key_end_on_their_
     assert service.counter_value(counter_id) == 1 + 1 + 3 + 10
 
 
+def test_a_member_dropped_on_what_a_member_taken_out_of_the_batch_left_runs_again(service: Service) -> None:
+    """A member that drops on what an earlier member of its batch left waits for the batch: when
+    that earlier member is taken out (its key was applied before), the member runs again on the
+    state without it and commits; its drop never reaches its caller (docs/design/sql.md "Batched
+    entity transactions", "Members that leave")."""
+    counter_id = service.create_counter()
+    instance = service.first
+    earlier_key = f"earlier-{uuid.uuid4()}"
+    earlier = instance.client.submit(Increment(instance.callbacks, counter_id, request_key=earlier_key))
+    earlier_id = earlier.result(TIMEOUT).transaction_id
+    assert earlier_id is not None
+    assert instance.callbacks.wait_for(service.partition_of(counter_id), earlier_id, timeout=TIMEOUT)
+    with EntityBatcher(instance.client, max_in_flight_alone=0) as batcher:
+        gated = Gated(instance.callbacks, counter_id)  # counter 1 -> 2
+        first = batcher.submit(gated)  # alone: nothing in flight; the others queue behind it
+        # On 2: the request sent again would make 3 (the cap) and the capped one would drop; but
+        # the request was applied before, so the capped one takes the counter from 2 to 3.
+        sent_again = Increment(instance.callbacks, counter_id, request_key=earlier_key)
+        capped = CappedIncrement(instance.callbacks, counter_id, cap=3)
+        futures = [batcher.submit(sent_again), batcher.submit(capped)]
+        gated.gate.set()
+        assert first.result(TIMEOUT).committed
+        again, last = (future.result(TIMEOUT) for future in futures)
+    assert again.already_applied and again.transaction_id == earlier_id
+    assert last.committed, f"dropped on a change that never reached the log: {last.reason}"
+    assert capped.completions == [True]
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 3
+
+
+def test_a_member_dropped_on_what_a_batch_refused_by_its_lock_check_left_runs_again(service: Service) -> None:
+    """A member that drops on what an earlier member of its batch left waits for the batch: when
+    the batch fails its lock check (another instance wrote the counter after its state), the
+    member runs again with the others on the newer state and commits."""
+    counter_id = service.create_counter()
+    instance, other = service.first, service.second
+    with EntityBatcher(instance.client, max_in_flight_alone=0) as batcher:
+        gated = Gated(instance.callbacks, counter_id)  # counter 0 -> 1
+        first = batcher.submit(gated)  # alone; the two below queue behind it as one batch
+        held = HeldInRun(instance.callbacks, counter_id)  # 1 -> 2 on the batch's first state
+        capped = CappedIncrement(instance.callbacks, counter_id, cap=2)  # drops there: at its cap
+        futures = [batcher.submit(held), batcher.submit(capped)]
+        gated.gate.set()
+        assert first.result(TIMEOUT).committed
+        assert held.running.wait(TIMEOUT), "the batch never ran"
+        # Another instance takes the counter back to 0 while the batch's first attempt runs.
+        assert other.client.submit(Increment(other.callbacks, counter_id, by=-1)).result(TIMEOUT).committed
+        held.gate.set()
+        outcomes = [future.result(TIMEOUT) for future in futures]
+    assert held.lock_failures >= 1, "the batch's first attempt passed its lock check"
+    assert all(o.committed for o in outcomes), [o.reason for o in outcomes]
+    assert outcomes[0].transaction_id == outcomes[1].transaction_id
+    assert capped.completions == [True]
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 2
+
+
 class Haunt(EntityTransactionContext):
     """Reads a :class:`Ghost` (same key, so same partition, as a counter)."""
 

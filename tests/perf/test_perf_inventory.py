@@ -1,6 +1,6 @@
 """``waltz perf inventory``: a short run passes its checks and reports its figures; the checks fail
 on an oversold inventory, in a database altered after a run and in a run of an application that
-oversells (exit 1).
+oversells (exit 1); partition-routed instances take the requests of their partitions' SKUs.
 
 Never timings: the figures depend on the machine. The runs use ``--local`` (a cluster of their own).
 """
@@ -17,7 +17,9 @@ from typer.testing import CliRunner
 
 from waltz.jdbc_style import create_framework_engine
 from waltz.workloads.inventory import inventory_checks
-from waltz_examples.inventory.models import Sku
+from waltz.workloads.inventory_workload import InventoryConfig
+from waltz.workloads.perf.settings import InventoryPerfSettings
+from waltz_examples.inventory.models import Sku, by_sku
 from waltz_examples.inventory.service import INVENTORY
 
 #: An inventory whose reservations take units whatever is left: the oversell the checks catch.
@@ -110,3 +112,63 @@ def test_a_run_of_an_application_that_oversells_fails_its_check_and_exits_1(
     assert result.exit_code == 1, result.output + repr(result.exception)
     assert "FAIL  no SKU oversold (reserved <= stock): oversold:" in result.stdout
     assert "PASS  each idempotency key applied at most once" in result.stdout
+
+
+def test_routed_shares_follow_the_skus_each_instance_owns() -> None:
+    settings = InventoryPerfSettings(
+        instances=3, transactions=1000, skus=4, in_flight=21, partition_routing=True
+    )
+    # Instance 0 owns three SKUs, instance 1 one, instance 2 none.
+    shares = settings.routed_shares([(0, 1, 3), (2,), ()])
+    assert shares == [(750, 47), (250, 16), (0, 0)]
+    assert sum(r for r, _ in shares) == 1000 and sum(f for _, f in shares) == 63
+    # Remainders go to the largest fractions; an owner always keeps one request in flight.
+    uneven = InventoryPerfSettings(instances=3, transactions=10, skus=3, in_flight=1, partition_routing=True)
+    assert uneven.routed_shares([(0,), (1,), (2,)]) == [(4, 1), (3, 1), (3, 1)]
+    assert settings.mounted(0, 4) == (0, 3) and settings.mounted(2, 4) == (2,)
+    assert InventoryPerfSettings(instances=3).mounted(0, 4) is None
+    with pytest.raises(ValueError, match="no instance owns a SKU"):
+        settings.routed_shares([(), (), ()])
+    with pytest.raises(ValueError, match="entries for 3 instances"):
+        settings.routed_shares([(0,)])
+    with pytest.raises(ValueError, match=r"sku_ids must be distinct SKUs within 0\.\.3"):
+        InventoryConfig(skus=4, sku_ids=(1, 4))
+    with pytest.raises(ValueError, match="sku_ids must be distinct"):
+        InventoryConfig(skus=4, sku_ids=(1, 1))
+
+
+def test_a_partition_routed_run_sends_each_sku_to_the_instance_of_its_partition(tmp_path: Path) -> None:
+    db_url = f"sqlite:///{tmp_path / 'inventory.db'}"
+    # 4 SKUs over 4 partitions: the inventory puts SKUs 0 and 2 on partition 1, 1 and 3 on partition
+    # 3; with 3 routed instances, instance 0 mounts 0 and 3, instance 1 mounts 1, instance 2 mounts 2.
+    assert [by_sku((sku,), 4) for sku in range(4)] == [1, 3, 1, 3]
+    args = ["--instances", "3", "--partitions", "4", "--partition-routing", "--batch", "-n", "300"]
+    result = run_cli(*args, "--stock", "60", "--warm-up", "5", "--db", db_url, "--json")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    report = json.loads(result.stdout)
+    assert report["settings"]["partition_routing"] is True
+    assert report["requests"] == 300 and report["errors"] == 0, report["error_samples"]
+    # 300 requests of 1-3 units against 4 x 60 units: the stock runs out and none is oversold.
+    assert report["refused"] > 0 and report["committed"] > 0, report
+    assert all(c["passed"] for c in report["checks"]), report["checks"]
+    routed = {f["instance"]: f for f in report["per_instance"]}
+    assert [routed[i]["partitions"] for i in range(3)] == [[0, 3], [1], [2]]
+    assert [routed[i]["sku_ids"] for i in range(3)] == [[1, 3], [0, 2], []]
+    assert [routed[i]["requests"] for i in range(3)] == [150, 150, 0]
+    assert [routed[i]["in_flight"] for i in range(3)] == [32, 31, 0]
+    assert routed[2]["committed"] == 0
+    assert report["warnings"] == [
+        "instance 2 mounts partitions [2], which hold no SKU: it applies them and serves no request"
+    ]
+    assert routed[0]["committed"] + routed[1]["committed"] == report["committed"]
+
+
+def test_partition_routing_refuses_more_instances_than_partitions(tmp_path: Path) -> None:
+    db_url = f"sqlite:///{tmp_path / 'inventory.db'}"
+    result = run_cli(
+        "--instances", "3", "--partitions", "2", "--partition-routing", "-n", "10", "--db", db_url
+    )
+    assert result.exit_code == 1, result.output + repr(result.exception)
+    assert "partition routing needs at most one instance per partition: 3 instances, 2 partitions" in (
+        result.output
+    )

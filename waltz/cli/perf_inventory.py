@@ -95,6 +95,20 @@ def inventory(
             ),
         ),
     ] = False,
+    partition_routing: Annotated[
+        bool,
+        typer.Option(
+            "--partition-routing",
+            help=(
+                "Partition-routed instances: instance i of N mounts the partitions p with p mod N = i "
+                "and takes the requests of the SKUs of those partitions, as behind a router that "
+                "sends each request to the instance of its SKU's partition (docs/sql.md \"Several "
+                'instances"). The requests and the requests in flight (instances x --in-flight) '
+                "are shared by the SKUs each instance owns; one that owns none serves nothing. "
+                "Needs at most one instance per partition."
+            ),
+        ),
+    ] = False,
     warm_up: Annotated[
         int,
         typer.Option("--warm-up", min=0, help="Requests each instance sends before the measured phase."),
@@ -168,6 +182,7 @@ def inventory(
             batch=batch,
             warm_up=warm_up,
             app=app_module,
+            partition_routing=partition_routing,
         )
     except ValueError as exc:
         raise fail(str(exc), 2) from exc

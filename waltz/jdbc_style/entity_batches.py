@@ -14,13 +14,16 @@ transaction of the partition ends, the queue goes as the next batch, bounded by
 
 A batch is one :class:`~waltz.client.context.TransactionContext` to the client. Each attempt opens
 one state (the entity cache's rows, or one database snapshot, with the mark) for every member's
-entities, runs each member's :meth:`~waltz.jdbc_style.EntityTransactionContext.run` in order on
-what the members before it left (their rows, read before the state's), and appends their
-change-sets as one log transaction with the union of their locks and the state's mark. A member
-that drops its transaction, raises, or finds its idempotency key applied ends there, with its own
-outcome, and leaves the batch; the others commit or fail as one. A lock failure runs every member
-left again. Each member keeps its own future, callbacks and idempotency key; a committed member's
-outcome carries the batch's transaction ID.
+entities, runs each member's :meth:`~waltz.jdbc_style.EntityTransactionContext.run` in order on what
+the members before it left (their rows, read before the state's), and appends their change-sets as
+one log transaction with the union of their locks and the state's mark. A member that finds its
+idempotency key applied as of the state leaves the batch at once, with its own outcome; so does one
+that drops its transaction or raises on the state alone. One that drops or raises on changes of
+members before it, which the log may still refuse, leaves with its outcome when the batch commits,
+and runs again when the batch does (a lock failure, or a member before it taken out); the others
+commit or fail as one. A lock failure runs every member left again. Each member keeps its own
+future, callbacks and idempotency key; a committed member's outcome carries the batch's transaction
+ID.
 """
 
 from __future__ import annotations
@@ -112,6 +115,9 @@ class _Batch(TransactionContext):
         # client ends before its first attempt (a closed client, a failing hint) ends them all.
         self.appended: list[_Member] = list(members)
         self.deferred: list[_Member] = []  # those left for after this batch
+        # The last pass's members that dropped or raised after members appended before them: they
+        # read those members' changes, so their outcome stands only when the batch commits.
+        self.provisional: list[tuple[_Member, Outcome | BaseException]] = []
         self._keyed: list[tuple[_Member, str]] = []  # the last pass's members with a key to check
         self._member_data: list[bytes] = []  # the last pass's members, encoded (member_data)
         first = members[0].context
@@ -166,6 +172,7 @@ class _Batch(TransactionContext):
         except BaseException:
             # The client ends the batch with this error: every member still in it ends so too.
             self.appended = [m for m in members if not m.future.done() and m not in self.deferred]
+            self.provisional = []
             raise
 
     def _execute(self, members: list[_Member], builder: TransactionBuilder) -> bool:
@@ -187,9 +194,13 @@ class _Batch(TransactionContext):
                     own = TransactionBuilder(-1)
                     own.drop_as_applied(earlier.partition_id, earlier.transaction_id)
                     self._end(member, own.dropped_outcome(self._partition_id))
-                members = [m for m in self.appended if m not in {a for a, _ in applied}]
+                # The others run again, those whose outcome waits for the batch among them: a
+                # member before them is gone.
+                ended = {a for a, _ in applied}
+                members = [m for m in self._still_in(members) if m not in ended]
             mark = snapshot.high_water_mark
-        self.members = list(self.appended)
+        # A lock failure runs again every member appended and every one whose outcome waited.
+        self.members = self._still_in(members)
         if not change_sets:
             return False
         builder.set_client_high_water_mark(mark)
@@ -201,12 +212,22 @@ class _Batch(TransactionContext):
         builder.set_read_locks([lock for lock in read_locks if lock not in write_locks])
         return True
 
+    def _still_in(self, members: list[_Member]) -> list[_Member]:
+        """Of ``members``, in their order, those the last pass appended or whose outcome waits
+        for the batch (:attr:`provisional`)."""
+        waiting = {member for member, _ in self.provisional}
+        appended = set(self.appended)
+        return [m for m in members if m in appended or m in waiting]
+
     def _run_members(
         self, members: list[_Member], snapshot: Any
     ) -> tuple[list[ChangeSet], dict[PartitionLocalLock, None], dict[PartitionLocalLock, None]]:
         """One pass: run each member in order on the state and what the ones before it left;
-        :attr:`appended` becomes those whose change-sets the pass returns, with their locks."""
+        :attr:`appended` becomes those whose change-sets the pass returns, with their locks, and
+        :attr:`provisional` those that dropped or raised on what members appended before them
+        left (their outcome waits for the batch's)."""
         self.appended = []
+        self.provisional = []
         first = members[0].context if members else None
         overlay: dict[_Key, Any] = {}
         change_sets: list[ChangeSet] = []
@@ -236,10 +257,10 @@ class _Batch(TransactionContext):
                 self._defer(member)
                 continue
             except Exception as exc:
-                self._end(member, exc)
+                self._end_or_wait(member, exc)
                 continue
             if dropped is not None:
-                self._end(member, own.dropped_outcome(self._partition_id))
+                self._end_or_wait(member, own.dropped_outcome(self._partition_id))
                 continue
             change_set = tx.change_set()
             key = change_set.idempotency_key
@@ -291,6 +312,26 @@ class _Batch(TransactionContext):
             callbacks = self._keyed[0][0].context.callbacks
             found = find_idempotency_keys(snapshot.connection, cluster_name=callbacks.cluster_name, keys=keys)
         return [(member, found[key]) for member, key in self._keyed if key in found]
+
+    def _end_or_wait(self, member: _Member, result: Outcome | BaseException) -> None:
+        """A member dropped or raised in a pass: it ends at once when it read the state alone (no
+        member appended before it); else it read those members' changes, which the log may still
+        refuse, and its outcome waits for the batch (:meth:`end_provisional`)."""
+        if self.appended:
+            self.provisional.append((member, result))
+        else:
+            self._end(member, result)
+
+    def end_provisional(self, committed: bool, error: BaseException | None = None) -> None:
+        """The batch ended: the members whose outcome waited for it end with it when it
+        committed (the state they read, members before them included, is the log's), or with
+        ``error`` when it failed. Called once; a batch that a split parted regroups them instead."""
+        waiting, self.provisional = self.provisional, []
+        for member, result in waiting:
+            if committed:
+                self._end(member, result)
+            else:
+                self._end(member, error or ClientClosedError("the batch ended without committing"))
 
     def _defer(self, member: _Member) -> None:
         if member not in self.deferred:
@@ -565,7 +606,7 @@ class EntityBatcher:
             batch = _Batch(self, partition, members)
             future = self.client.submit(batch)
             future.add_done_callback(
-                lambda f: self._ended(partition, f, batch.appended, batch.deferred, members)
+                lambda f: self._ended(partition, f, batch.appended, batch.deferred, members, batch=batch)
             )
         except BatchPartedError:  # routed at a newer count, its members part: each goes again
             self._ended(partition, None, [], [], members)
@@ -584,18 +625,26 @@ class EntityBatcher:
         sent: list[_Member],
         *,
         alone: bool = False,
+        batch: _Batch | None = None,
     ) -> None:
         """A log transaction of the partition ended: settle its members (the outcome of a context
-        alone as the client gave it; a batch's committed members each committed with its ID),
-        put the members it left for later back in front of the queue, and send the next."""
+        alone as the client gave it; a batch's committed members each committed with its ID, and
+        those whose outcome waited for it with theirs), put the members it left for later back
+        in front of the queue, and send the next."""
         parted = future is not None and not alone and isinstance(future.exception(), BatchPartedError)
+        regrouped = appended
         try:
+            if batch is not None and parted:
+                regrouped, batch.provisional = list(batch.members), []
             if future is not None and appended and not parted:
                 self._settle_members(future, appended, alone)
+            if batch is not None and future is not None and not parted:
+                error = future.exception()
+                batch.end_provisional(error is None and future.result().committed, error)
         finally:
             self._next(partition, deferred, sent)
         if parted:  # routed again at a newer count, its members part: each goes again
-            self.regroup(appended)
+            self.regroup(regrouped)
 
     def _settle_members(
         self, future: concurrent.futures.Future[Outcome], appended: list[_Member], alone: bool

@@ -22,7 +22,7 @@ database holding the same SKUs and reservations.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -154,6 +154,7 @@ class InventoryApplication(Protocol):
         cluster_name: str,
         entity_cache: bool = True,
         batch: bool = False,
+        partitions: Collection[int] | None = None,
     ) -> InventoryInstance:
         """Start an instance on a prepared database.
 
@@ -165,6 +166,9 @@ class InventoryApplication(Protocol):
             batch: submit through an ``EntityBatcher`` (docs/sql.md, "Batching entity
                 transactions"); passed only when true, so an application that does not batch
                 may leave it out.
+            partitions: mount only these partitions (a partition-routed instance, docs/sql.md
+                "Several instances"); passed only for ``waltz perf inventory
+                --partition-routing``, so an application that is never routed may leave it out.
         """
         ...
 

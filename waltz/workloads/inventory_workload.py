@@ -1,13 +1,13 @@
 """The inventory workload: reservations of a few hot SKUs, each under an idempotency key, some retried.
 
-The driver of ``waltz perf inventory`` (:mod:`waltz.workloads.inventory` describes the
-application's interface; docs/design/overview.md, "Workloads"). Each request reserves 1 to
-``max_quantity`` units of a SKU drawn uniformly from ``skus`` (every SKU is hot: all requests
-contend on them) under a key of its own. A share ``retry_fraction`` of the requests is sent a
-second time with the same key once the first answer came back, as a client whose answer was lost
-retries: the retry must come back ``ALREADY_APPLIED`` (or, when it raced the first copy's apply,
-commit a copy whose apply changes nothing; the checks count the reservations), or be refused as
-the first was.
+The driver of ``waltz perf inventory`` (:mod:`waltz.workloads.inventory` describes the application's
+interface; docs/design/overview.md, "Workloads"). Each request reserves 1 to ``max_quantity`` units
+of a SKU drawn uniformly from ``skus`` (every SKU is hot: all requests contend on them), or from
+``sku_ids`` (a partition-routed instance's own), under a key of its own. A share ``retry_fraction``
+of the requests is sent a second time with the same key once the first answer came back, as a client
+whose answer was lost retries: the retry must come back ``ALREADY_APPLIED`` (or, when it raced the
+first copy's apply, commit a copy whose apply changes nothing; the checks count the reservations),
+or be refused as the first was.
 
 Requests are kept ``in_flight`` at a time (retries besides). Each request that committed first is
 timed twice (HdrHistograms): submit -> commit (the submit future gives the transaction ID) and
@@ -39,16 +39,19 @@ class InventoryConfig:
     """Workload parameters.
 
     Attributes:
-        skus: SKUs ``0 .. skus-1`` the requests draw from, uniformly.
+        skus: SKUs ``0 .. skus-1`` the requests draw from, uniformly (unless ``sku_ids``).
         max_quantity: each request reserves 1 to this many units.
         retry_fraction: share of requests sent again with the same key (0 to 1).
         in_flight: first submissions outstanding at most (retries come on top).
         submitters: threads that submit (each runs a first attempt's database reads).
         seed: the random seed.
         key_prefix: the requests' keys are ``<key_prefix>-<n>``: unique per workload.
+        sku_ids: the SKUs the requests draw from, uniformly, when not empty: those of the
+            partitions a partition-routed instance mounts (each within ``0 .. skus-1``).
 
     Raises:
-        ValueError: a count below 1, or ``retry_fraction`` outside 0..1.
+        ValueError: a count below 1, ``retry_fraction`` outside 0..1, or a SKU of ``sku_ids``
+            outside ``0 .. skus-1`` or given twice.
     """
 
     skus: int = 4
@@ -58,6 +61,7 @@ class InventoryConfig:
     submitters: int = 4
     seed: int = 7
     key_prefix: str = "request"
+    sku_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("skus", "max_quantity", "in_flight", "submitters"):
@@ -65,6 +69,11 @@ class InventoryConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 0.0 <= self.retry_fraction <= 1.0:
             raise ValueError(f"retry_fraction must be within 0..1, got {self.retry_fraction}")
+        outside = [sku for sku in self.sku_ids if not 0 <= sku < self.skus]
+        if outside or len(set(self.sku_ids)) != len(self.sku_ids):
+            raise ValueError(
+                f"sku_ids must be distinct SKUs within 0..{self.skus - 1}, got {list(self.sku_ids)}"
+            )
 
 
 @dataclass
@@ -189,8 +198,9 @@ class InventoryWorkload:
         for _ in range(requests):
             n = self._drawn
             self._drawn += 1
+            sku_ids = self.config.sku_ids
             request = _Request(
-                sku_id=self._random.randrange(self.config.skus),
+                sku_id=self._random.choice(sku_ids) if sku_ids else self._random.randrange(self.config.skus),
                 quantity=self._random.randint(1, self.config.max_quantity),
                 key=f"{self.config.key_prefix}-{n}",
                 retried=self._random.random() < self.config.retry_fraction,

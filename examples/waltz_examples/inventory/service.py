@@ -4,7 +4,10 @@
 Several instances share one database; each mounts every partition and applies every transaction
 through the SQL framework's change-set callbacks. A request reserves units of a SKU under the
 caller's idempotency key (:class:`~waltz_examples.inventory.models.Reserve`): submit it to any
-instance, and submit it again with the same key when its answer was lost.
+instance, and submit it again with the same key when its answer was lost. Partition-routed
+instances (``partitions``) each mount a share of the partitions instead; a router then sends a
+SKU's requests to the instance of its partition (:meth:`InventoryService.partition_of`), where
+they queue behind each other instead of failing other instances' lock checks.
 
 ``INVENTORY`` maps the interface of :mod:`waltz.workloads.inventory` (docs/design/overview.md,
 "Workloads") onto this service: its instances, and the state the checks read.
@@ -13,6 +16,7 @@ instance, and submit it again with the same key when its answer was lost.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection
 from concurrent.futures import Future
 
 from sqlalchemy import Engine, select
@@ -21,7 +25,15 @@ from waltz import Outcome, WaltzClient, WaltzClientConfig
 from waltz.jdbc_style import ChangeSetCallbacks, EntityBatcher, EntityRegistry, create_framework_engine
 from waltz.jdbc_style import migrations_api as framework_migrations
 from waltz.workloads.inventory import InventoryApplication, InventoryState
-from waltz_examples.inventory.models import Base, InventoryContext, Reservation, Reserve, SetStock, Sku
+from waltz_examples.inventory.models import (
+    Base,
+    InventoryContext,
+    Reservation,
+    Reserve,
+    SetStock,
+    Sku,
+    by_sku,
+)
 
 __all__ = ["INVENTORY", "InventoryApp", "InventoryService", "inventory_state", "prepare_database"]
 
@@ -48,6 +60,12 @@ class InventoryService:
         batch: submit through an :class:`~waltz.jdbc_style.EntityBatcher`: reservations ready for
             a SKU's partition while its last log transaction is in flight go together as one
             (docs/sql.md, "Batching entity transactions").
+        partitions: mount only these partitions (``client.autoMount`` off): a partition-routed
+            instance, sent only the requests of SKUs of these partitions by a router in front of
+            the service (docs/sql.md, "Several instances"). None: every partition.
+
+    Raises:
+        ValueError: a partition of ``partitions`` does not exist.
     """
 
     def __init__(
@@ -58,6 +76,7 @@ class InventoryService:
         cluster_name: str = "inventory",
         entity_cache: bool = True,
         batch: bool = False,
+        partitions: Collection[int] | None = None,
     ) -> None:
         self.engine = create_framework_engine(db_url)
         self.callbacks = ChangeSetCallbacks(
@@ -66,12 +85,25 @@ class InventoryService:
             registry=EntityRegistry.from_base(Base),
             entity_cache=entity_cache,
         )
+        if partitions is not None:
+            config = config.model_copy(update={"client_auto_mount": False})
         try:
             self.client = WaltzClient(self.callbacks, config)
         except BaseException:
             self.engine.dispose()
             raise
+        if partitions is not None:
+            outside = sorted(p for p in partitions if not 0 <= p < self.client.num_partitions)
+            if outside:
+                self.close()
+                raise ValueError(f"partitions {outside} do not exist (0..{self.client.num_partitions - 1})")
+            self.client.set_partitions(partitions)
         self.batcher = EntityBatcher(self.client) if batch else None
+
+    def partition_of(self, sku_id: int) -> int:
+        """The partition of a SKU's entities (its row and its reservations): the instance a
+        router sends the SKU's requests to, when the instances are partition-routed."""
+        return by_sku((sku_id,), self.client.num_partitions)
 
     def __enter__(self) -> InventoryService:
         return self
@@ -174,10 +206,16 @@ class InventoryApp:
         cluster_name: str,
         entity_cache: bool = True,
         batch: bool = False,
+        partitions: Collection[int] | None = None,
     ) -> InventoryService:
         """An :class:`InventoryService`."""
         return InventoryService(
-            db_url, config, cluster_name=cluster_name, entity_cache=entity_cache, batch=batch
+            db_url,
+            config,
+            cluster_name=cluster_name,
+            entity_cache=entity_cache,
+            batch=batch,
+            partitions=partitions,
         )
 
     def state(self, engine: Engine) -> InventoryState:

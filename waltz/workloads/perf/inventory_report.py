@@ -33,6 +33,9 @@ class InventoryInstanceFigures:
         batches: ``(batches, members)``: log transactions of more than one request its batcher
             committed over the phase, and the requests they carried.
         uncaught: ``uncaught_exception`` calls of its callbacks (failed applies).
+        partitions: the partitions it mounted (None: all).
+        sku_ids: the SKUs its requests drew from (empty: all).
+        in_flight: its requests in flight (0: not reported).
     """
 
     index: int
@@ -47,6 +50,9 @@ class InventoryInstanceFigures:
     entity_cache: tuple[int, int] = (0, 0)
     batches: tuple[int, int] = (0, 0)
     uncaught: int = 0
+    partitions: tuple[int, ...] | None = None
+    sku_ids: tuple[int, ...] = ()
+    in_flight: int = 0
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any]) -> InventoryInstanceFigures:
@@ -63,6 +69,9 @@ class InventoryInstanceFigures:
             cpu_seconds=float(wire["cpu_seconds"]),
             entity_cache=(int(wire["entity_cache"][0]), int(wire["entity_cache"][1])),
             batches=(int(wire.get("batches", (0, 0))[0]), int(wire.get("batches", (0, 0))[1])),
+            partitions=None if wire.get("partitions") is None else tuple(wire["partitions"]),
+            sku_ids=tuple(wire.get("sku_ids", ())),
+            in_flight=int(wire.get("in_flight", 0)),
         )
 
     @property
@@ -73,7 +82,8 @@ class InventoryInstanceFigures:
     def summary(self) -> dict[str, Any]:
         """JSON-ready: ``instance``, ``requests``, ``seed``, ``seconds``, ``committed``,
         ``committed_per_second``, ``refused``, ``errors``, ``unapplied``, ``cpu_seconds``,
-        ``entity_cache`` (``hits``, ``misses``)."""
+        ``entity_cache`` (``hits``, ``misses``), ``batches``, ``partitions`` (None: all),
+        ``sku_ids`` (empty: all), ``in_flight``."""
         return {
             "instance": self.index,
             "requests": self.requests,
@@ -87,6 +97,9 @@ class InventoryInstanceFigures:
             "cpu_seconds": round(self.cpu_seconds, 3),
             "entity_cache": {"hits": self.entity_cache[0], "misses": self.entity_cache[1]},
             "batches": {"batches": self.batches[0], "members": self.batches[1]},
+            "partitions": None if self.partitions is None else list(self.partitions),
+            "sku_ids": list(self.sku_ids),
+            "in_flight": self.in_flight,
         }
 
 

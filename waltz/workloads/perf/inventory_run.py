@@ -9,7 +9,10 @@ inventory example's by default):
 2. ``instances`` processes (``spawn``) each start an instance, mount, send their warm-up
    reservations (counted nowhere), report ready and wait for the start event; then each sends its
    share of the requests (:class:`~waltz.workloads.inventory_workload.InventoryWorkload`: a share
-   re-sent under the same idempotency key) and reports its figures, histograms encoded;
+   re-sent under the same idempotency key) and reports its figures, histograms encoded. Partition
+   routed (``settings.partition_routing``), instance ``i`` of ``N`` mounts the partitions ``p``
+   with ``p mod N == i`` and sends the requests of the SKUs whose stock went to them, its share
+   of the requests and of the requests in flight in proportion to those SKUs;
 3. the instances stop; an instance in this process applies the log up to the servers' high-water
    marks, another replays the log into an empty SQLite database, and the run is checked: the
    database's marks equal the servers', no SKU oversold, reserved = the sum of the reservations,
@@ -74,9 +77,21 @@ class InventoryRunError(PerfRunError):
 
 @dataclass(frozen=True, slots=True)
 class InventoryInstanceSpec:
-    """What an instance process runs (pickled to it): its index, requests, the shared database,
-    its client's configuration, the run's settings, the log's name in the mark rows and the run's
-    token (in its requests' keys)."""
+    """What an instance process runs (pickled to it).
+
+    Attributes:
+        index: the instance (0-based).
+        requests: its requests (retries not counted).
+        db_url: the shared database.
+        config: its Waltz client's configuration.
+        settings: the run's settings.
+        cluster_name: the log's name in the mark rows.
+        run: the run's token (in its requests' keys).
+        partitions: the partitions it mounts (None: all; partition routing).
+        sku_ids: the SKUs its requests draw from (empty: all, or none when ``partitions`` is
+            given: a routed instance that owns no SKU sends nothing, warm-up included).
+        in_flight: its requests in flight (None: the settings').
+    """
 
     index: int
     requests: int
@@ -85,6 +100,14 @@ class InventoryInstanceSpec:
     settings: InventoryPerfSettings
     cluster_name: str
     run: str
+    partitions: tuple[int, ...] | None = None
+    sku_ids: tuple[int, ...] = ()
+    in_flight: int | None = None
+
+    @property
+    def idle(self) -> bool:
+        """A partition-routed instance that owns no SKU: it mounts and applies, and sends nothing."""
+        return self.partitions is not None and not self.sku_ids
 
 
 def _run_instance(spec: InventoryInstanceSpec, start: Any, stop: Any, results: Any) -> None:
@@ -92,21 +115,25 @@ def _run_instance(spec: InventoryInstanceSpec, start: Any, stop: Any, results: A
     its figures, then close at the stop event and report its apply failures."""
     settings = spec.settings
     app = load_inventory_application(settings.app)
-    # ``batch`` only when asked: an application written before batching takes no such argument.
-    batching = {"batch": True} if settings.batch else {}
+    # ``batch`` and ``partitions`` only when asked: an application written before batching or
+    # routing takes no such argument.
+    options: dict[str, Any] = {"batch": True} if settings.batch else {}
+    if spec.partitions is not None:
+        options["partitions"] = spec.partitions
     service = app.instance(
         spec.db_url,
         spec.config,
         cluster_name=spec.cluster_name,
         entity_cache=settings.entity_cache,
-        **batching,
+        **options,
     )
     try:
         service.client.wait_mounted(START_TIMEOUT)
         tune_garbage_collector()
-        workload = InventoryWorkload(service, settings.workload(spec.index, spec.run))
+        config = settings.workload(spec.index, spec.run, spec.sku_ids, spec.in_flight or None)
+        workload = InventoryWorkload(service, config)
         try:
-            workload.run(settings.warm_up, APPLIED_TIMEOUT)
+            workload.run(0 if spec.idle else settings.warm_up, APPLIED_TIMEOUT)
             workload.wait_applied(APPLIED_TIMEOUT)
             results.put(("ready", spec.index, workload.unapplied))
             if not start.wait(START_TIMEOUT + 30):
@@ -134,6 +161,9 @@ def _run_instance(spec: InventoryInstanceSpec, start: Any, stop: Any, results: A
             first_commits=first_commits,
             entity_cache=[cache[0] - cache_started[0], cache[1] - cache_started[1]],
             batches=[batches[0] - batches_started[0], batches[1] - batches_started[1]],
+            partitions=None if spec.partitions is None else list(spec.partitions),
+            sku_ids=list(spec.sku_ids),
+            in_flight=0 if spec.idle else config.in_flight,
         )
         results.put(("result", spec.index, wire))
         if not stop.wait(STOP_TIMEOUT + 30):
@@ -189,18 +219,31 @@ def run_inventory(
     try:
         app.prepare_database(engine)
         tell(f"stocking {settings.skus} SKU(s) with {settings.stock:,} units (prepared {render_url(db_url)})")
-        uncaught, partitions = _stock(app, db_url, config, cluster_name, settings)
+        uncaught, partitions, sku_partitions = _stock(app, db_url, config, cluster_name, settings)
         before = app.state(engine).reservations  # an earlier run's, on a database given with --db
         run = uuid.uuid4().hex[:8]
-        specs = [
-            InventoryInstanceSpec(i, requests, db_url, config, settings, cluster_name, run)
-            for i, requests in enumerate(settings.shares())
-        ]
+        warnings: list[str] = []
+        specs = _specs(settings, db_url, config, cluster_name, run, partitions, sku_partitions)
+        for spec in specs:
+            if spec.idle:
+                warnings.append(
+                    f"instance {spec.index} mounts partitions {list(spec.partitions or ())}, which hold "
+                    "no SKU: it applies them and serves no request"
+                )
+                tell(f"warning: {warnings[-1]}")
+        if settings.partition_routing:
+            tell(
+                "routed: "
+                + "; ".join(
+                    f"instance {s.index} partitions {list(s.partitions or ())} SKUs {list(s.sku_ids)} "
+                    f"{s.requests:,} requests, {s.in_flight or 0} in flight"
+                    for s in specs
+                )
+            )
         tell(f"starting {settings.instances} instance process(es)")
         instances = InstanceProcesses(
             specs, inventory_instance_process, "waltz-perf-inventory", InventoryRunError
         )
-        warnings: list[str] = []
         try:
             unsettled = instances.gather("ready", START_TIMEOUT + 2 * APPLIED_TIMEOUT, "ready")
             warnings += [
@@ -239,22 +282,60 @@ def run_inventory(
     )
 
 
+def _specs(
+    settings: InventoryPerfSettings,
+    db_url: str,
+    config: WaltzClientConfig,
+    cluster_name: str,
+    run: str,
+    num_partitions: int,
+    sku_partitions: Mapping[int, int],
+) -> list[InventoryInstanceSpec]:
+    """Each instance process's spec: an equal share of the requests each, or, partition-routed,
+    the partitions it mounts, the SKUs of those partitions and its share of the requests and of
+    the requests in flight (:meth:`InventoryPerfSettings.routed_shares`).
+
+    Raises:
+        InventoryRunError: partition routing with more instances than partitions.
+    """
+    if not settings.partition_routing:
+        return [
+            InventoryInstanceSpec(i, requests, db_url, config, settings, cluster_name, run)
+            for i, requests in enumerate(settings.shares())
+        ]
+    if settings.instances > num_partitions:
+        raise InventoryRunError(
+            f"partition routing needs at most one instance per partition: {settings.instances} "
+            f"instances, {num_partitions} partitions"
+        )
+    mounted = [settings.mounted(i, num_partitions) or () for i in range(settings.instances)]
+    owned = [tuple(sku for sku, p in sorted(sku_partitions.items()) if p in parts) for parts in mounted]
+    return [
+        InventoryInstanceSpec(
+            i, requests, db_url, config, settings, cluster_name, run, mounted[i], owned[i], in_flight
+        )
+        for i, (requests, in_flight) in enumerate(settings.routed_shares(owned))
+    ]
+
+
 def _stock(
     app: InventoryApplication,
     db_url: str,
     config: WaltzClientConfig,
     cluster_name: str,
     settings: InventoryPerfSettings,
-) -> tuple[int, int]:
+) -> tuple[int, int, dict[int, int]]:
     """Give every SKU its stock through one instance in this process, and wait until applied.
 
     Returns:
-        Its failed applies, and the log's number of partitions.
+        Its failed applies, the log's number of partitions, and each SKU's partition (the one
+        its stock was submitted to).
     """
     instance = app.instance(db_url, config, cluster_name=cluster_name, entity_cache=False)
     with contextlib.closing(instance) as stocker:
         stocker.client.wait_mounted(START_TIMEOUT)
-        futures = [stocker.submit(stocker.set_stock(sku, settings.stock)) for sku in range(settings.skus)]
+        operations = [stocker.set_stock(sku, settings.stock) for sku in range(settings.skus)]
+        futures = [stocker.submit(operation) for operation in operations]
         for sku, future in enumerate(futures):
             try:
                 outcome = future.result(POPULATE_TIMEOUT)
@@ -263,7 +344,8 @@ def _stock(
             if not outcome.committed:
                 raise InventoryRunError(f"stocking SKU {sku} was refused: {outcome.reason}")
         _apply_all(stocker, POPULATE_TIMEOUT)
-        return stocker.callbacks.uncaught_count, stocker.client.num_partitions
+        sku_partitions = {sku: operation.chosen_partition for sku, operation in enumerate(operations)}
+        return stocker.callbacks.uncaught_count, stocker.client.num_partitions, sku_partitions
 
 
 def _apply_all(instance: InventoryInstance, timeout: float) -> dict[int, int]:

@@ -173,6 +173,14 @@ class InventoryPerfSettings:
         warm_up: requests each instance sends before the measured phase, counted nowhere.
         cluster_name: the log's name in the mark rows (None: the application's name).
         app: the inventory application's module (:func:`load_inventory_application`).
+        partition_routing: partition-routed instances: instance ``i`` of ``N`` mounts the
+            partitions ``p`` with ``p mod N == i`` and takes the requests of their SKUs (a router
+            in front of the service sends each request to the instance of its SKU's partition),
+            so a hot SKU's requests queue in one client instead of failing the other instances'
+            lock checks. The requests (:attr:`transactions`) and the requests in flight
+            (``instances x in_flight``) are shared among the instances by the SKUs they own
+            (:meth:`routed_shares`). Off: every instance mounts every partition and takes
+            requests for any SKU.
 
     Raises:
         ValueError: a count below its minimum, a fraction outside 0..1, a timeout not above 0.
@@ -193,6 +201,7 @@ class InventoryPerfSettings:
     warm_up: int = 50
     cluster_name: str | None = None
     app: str = DEFAULT_INVENTORY_APPLICATION
+    partition_routing: bool = False
 
     def __post_init__(self) -> None:
         minimums = {
@@ -218,17 +227,57 @@ class InventoryPerfSettings:
         base, extra = divmod(self.transactions, self.instances)
         return [base + (1 if i < extra else 0) for i in range(self.instances)]
 
-    def workload(self, index: int, run: str) -> InventoryConfig:
+    def mounted(self, index: int, num_partitions: int) -> tuple[int, ...] | None:
+        """The partitions instance ``index`` mounts: with :attr:`partition_routing` those ``p``
+        with ``p mod instances == index``; None (every partition) without."""
+        if not self.partition_routing:
+            return None
+        return tuple(p for p in range(num_partitions) if p % self.instances == index)
+
+    def routed_shares(self, owned: list[tuple[int, ...]]) -> list[tuple[int, int]]:
+        """Each instance's ``(requests, in_flight)`` when instance ``i`` owns the SKUs ``owned[i]``
+        (:attr:`partition_routing`): both shared in proportion to the SKUs owned, since every
+        request draws its SKU uniformly. Requests add up to :attr:`transactions` (largest
+        remainders), requests in flight to ``instances x in_flight``, at least 1 for an instance
+        that owns a SKU; an instance that owns none gets ``(0, 0)``.
+
+        Raises:
+            ValueError: ``owned`` has not one entry per instance, or no instance owns a SKU.
+        """
+        if len(owned) != self.instances:
+            raise ValueError(f"owned: {len(owned)} entries for {self.instances} instances")
+        counts = [len(skus) for skus in owned]
+        total = sum(counts)
+        if not total:
+            raise ValueError("no instance owns a SKU")
+
+        def share(amount: int) -> list[int]:
+            exact = [amount * n / total for n in counts]
+            parts = [int(x) for x in exact]
+            order = sorted(range(len(exact)), key=lambda i: (parts[i] - exact[i], i))
+            for i in order[: amount - sum(parts)]:
+                parts[i] += 1
+            return parts
+
+        requests = share(self.transactions)
+        in_flight = share(self.instances * self.in_flight)
+        return [(r, max(1, f) if n else 0) for r, f, n in zip(requests, in_flight, counts, strict=True)]
+
+    def workload(
+        self, index: int, run: str, sku_ids: tuple[int, ...] = (), in_flight: int | None = None
+    ) -> InventoryConfig:
         """Instance ``index``'s workload parameters in run ``run`` (a token of the run): its keys
-        are its own, ``<run>-i<index>-<n>``."""
+        are its own, ``<run>-i<index>-<n>``; a partition-routed instance draws among ``sku_ids``
+        with ``in_flight`` requests in flight (its :meth:`routed_shares`)."""
         return InventoryConfig(
             skus=self.skus,
             max_quantity=self.max_quantity,
             retry_fraction=self.retry_fraction,
-            in_flight=self.in_flight,
+            in_flight=self.in_flight if in_flight is None else in_flight,
             submitters=self.submitters,
             seed=self.seed + 1 + index,
             key_prefix=f"{run}-i{index}",
+            sku_ids=sku_ids,
         )
 
     def describe(self) -> str:
@@ -240,6 +289,7 @@ class InventoryPerfSettings:
             f"submitter(s) per instance, seed {self.seed}, {self.warm_up:,} warm-up requests per instance"
             + ("" if self.entity_cache else ", no entity cache")
             + (", batched" if self.batch else "")
+            + (", partition-routed" if self.partition_routing else "")
             + ("" if self.app == DEFAULT_INVENTORY_APPLICATION else f", application {self.app}")
         )
 
@@ -262,5 +312,6 @@ class InventoryPerfSettings:
                 "batch",
                 "warm_up",
                 "app",
+                "partition_routing",
             )
         }
