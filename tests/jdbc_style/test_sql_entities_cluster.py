@@ -557,6 +557,7 @@ def test_a_member_dropped_on_what_a_batch_refused_by_its_lock_check_left_runs_ag
         held.gate.set()
         outcomes = [future.result(TIMEOUT) for future in futures]
     assert held.lock_failures >= 1, "the batch's first attempt passed its lock check"
+    assert capped.lock_failures == held.lock_failures, "the member that waited was not told"
     assert all(o.committed for o in outcomes), [o.reason for o in outcomes]
     assert outcomes[0].transaction_id == outcomes[1].transaction_id
     assert capped.completions == [True]

@@ -125,6 +125,9 @@ def test_routed_shares_follow_the_skus_each_instance_owns() -> None:
     # Remainders go to the largest fractions; an owner always keeps one request in flight.
     uneven = InventoryPerfSettings(instances=3, transactions=10, skus=3, in_flight=1, partition_routing=True)
     assert uneven.routed_shares([(0,), (1,), (2,)]) == [(4, 1), (3, 1), (3, 1)]
+    # One in flight for each owner first: the clients' requests in flight stay the same in all.
+    few = InventoryPerfSettings(instances=3, skus=6, in_flight=1, partition_routing=True)
+    assert few.routed_shares([(0, 1, 2, 3, 4), (5,), ()]) == [(2500, 2), (500, 1), (0, 0)]
     assert settings.mounted(0, 4) == (0, 3) and settings.mounted(2, 4) == (2,)
     assert InventoryPerfSettings(instances=3).mounted(0, 4) is None
     with pytest.raises(ValueError, match="no instance owns a SKU"):

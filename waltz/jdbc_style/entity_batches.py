@@ -366,7 +366,8 @@ class _Batch(TransactionContext):
             _call(member.context.on_exception, exception)
 
     def on_lock_failure(self) -> None:
-        for member in self.appended:
+        # Every member the next attempt runs again: those whose outcome waited for the batch too.
+        for member in self.members:
             _call(member.context.on_lock_failure)
 
 

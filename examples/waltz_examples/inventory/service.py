@@ -85,6 +85,7 @@ class InventoryService:
             registry=EntityRegistry.from_base(Base),
             entity_cache=entity_cache,
         )
+        self.batcher: EntityBatcher | None = None
         if partitions is not None:
             config = config.model_copy(update={"client_auto_mount": False})
         try:
@@ -93,11 +94,15 @@ class InventoryService:
             self.engine.dispose()
             raise
         if partitions is not None:
-            outside = sorted(p for p in partitions if not 0 <= p < self.client.num_partitions)
-            if outside:
+            try:
+                count = self.client.num_partitions
+                outside = sorted(p for p in partitions if not 0 <= p < count)
+                if outside:
+                    raise ValueError(f"partitions {outside} do not exist (0..{count - 1})")
+                self.client.set_partitions(partitions)
+            except BaseException:
                 self.close()
-                raise ValueError(f"partitions {outside} do not exist (0..{self.client.num_partitions - 1})")
-            self.client.set_partitions(partitions)
+                raise
         self.batcher = EntityBatcher(self.client) if batch else None
 
     def partition_of(self, sku_id: int) -> int:

@@ -34,8 +34,9 @@ class InventoryInstanceFigures:
             committed over the phase, and the requests they carried.
         uncaught: ``uncaught_exception`` calls of its callbacks (failed applies).
         partitions: the partitions it mounted (None: all).
-        sku_ids: the SKUs its requests drew from (empty: all).
-        in_flight: its requests in flight (0: not reported).
+        sku_ids: the SKUs its requests drew from (None: all; empty: none, a routed instance that
+            owns no SKU).
+        in_flight: its requests in flight (0: none, or not reported).
     """
 
     index: int
@@ -51,7 +52,7 @@ class InventoryInstanceFigures:
     batches: tuple[int, int] = (0, 0)
     uncaught: int = 0
     partitions: tuple[int, ...] | None = None
-    sku_ids: tuple[int, ...] = ()
+    sku_ids: tuple[int, ...] | None = None
     in_flight: int = 0
 
     @classmethod
@@ -70,7 +71,7 @@ class InventoryInstanceFigures:
             entity_cache=(int(wire["entity_cache"][0]), int(wire["entity_cache"][1])),
             batches=(int(wire.get("batches", (0, 0))[0]), int(wire.get("batches", (0, 0))[1])),
             partitions=None if wire.get("partitions") is None else tuple(wire["partitions"]),
-            sku_ids=tuple(wire.get("sku_ids", ())),
+            sku_ids=None if wire.get("sku_ids") is None else tuple(wire["sku_ids"]),
             in_flight=int(wire.get("in_flight", 0)),
         )
 
@@ -83,7 +84,7 @@ class InventoryInstanceFigures:
         """JSON-ready: ``instance``, ``requests``, ``seed``, ``seconds``, ``committed``,
         ``committed_per_second``, ``refused``, ``errors``, ``unapplied``, ``cpu_seconds``,
         ``entity_cache`` (``hits``, ``misses``), ``batches``, ``partitions`` (None: all),
-        ``sku_ids`` (empty: all), ``in_flight``."""
+        ``sku_ids`` (None: all), ``in_flight``."""
         return {
             "instance": self.index,
             "requests": self.requests,
@@ -98,7 +99,7 @@ class InventoryInstanceFigures:
             "entity_cache": {"hits": self.entity_cache[0], "misses": self.entity_cache[1]},
             "batches": {"batches": self.batches[0], "members": self.batches[1]},
             "partitions": None if self.partitions is None else list(self.partitions),
-            "sku_ids": list(self.sku_ids),
+            "sku_ids": None if self.sku_ids is None else list(self.sku_ids),
             "in_flight": self.in_flight,
         }
 

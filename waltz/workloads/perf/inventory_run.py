@@ -162,7 +162,7 @@ def _run_instance(spec: InventoryInstanceSpec, start: Any, stop: Any, results: A
             entity_cache=[cache[0] - cache_started[0], cache[1] - cache_started[1]],
             batches=[batches[0] - batches_started[0], batches[1] - batches_started[1]],
             partitions=None if spec.partitions is None else list(spec.partitions),
-            sku_ids=list(spec.sku_ids),
+            sku_ids=None if spec.partitions is None else list(spec.sku_ids),
             in_flight=0 if spec.idle else config.in_flight,
         )
         results.put(("result", spec.index, wire))

@@ -238,8 +238,9 @@ class InventoryPerfSettings:
         """Each instance's ``(requests, in_flight)`` when instance ``i`` owns the SKUs ``owned[i]``
         (:attr:`partition_routing`): both shared in proportion to the SKUs owned, since every
         request draws its SKU uniformly. Requests add up to :attr:`transactions` (largest
-        remainders), requests in flight to ``instances x in_flight``, at least 1 for an instance
-        that owns a SKU; an instance that owns none gets ``(0, 0)``.
+        remainders); requests in flight to ``instances x in_flight``, one to each instance that
+        owns a SKU first and the rest in proportion (never fewer than the owners); an instance
+        that owns none gets ``(0, 0)``.
 
         Raises:
             ValueError: ``owned`` has not one entry per instance, or no instance owns a SKU.
@@ -259,9 +260,11 @@ class InventoryPerfSettings:
                 parts[i] += 1
             return parts
 
+        owners = [1 if n else 0 for n in counts]
         requests = share(self.transactions)
-        in_flight = share(self.instances * self.in_flight)
-        return [(r, max(1, f) if n else 0) for r, f, n in zip(requests, in_flight, counts, strict=True)]
+        rest = share(max(0, self.instances * self.in_flight - sum(owners)))
+        in_flight = [o + r for o, r in zip(owners, rest, strict=True)]
+        return list(zip(requests, in_flight, strict=True))
 
     def workload(
         self, index: int, run: str, sku_ids: tuple[int, ...] = (), in_flight: int | None = None
