@@ -511,7 +511,7 @@ def test_a_member_dropped_on_what_a_member_taken_out_of_the_batch_left_runs_agai
     """A member that drops on what an earlier member of its batch left waits for the batch: when
     that earlier member is taken out (its key was applied before), the member runs again on the
     state without it and commits; its drop never reaches its caller (docs/design/sql.md "Batched
-    entity transactions", "Members that leave")."""
+    entity transactions": members that leave)."""
     counter_id = service.create_counter()
     instance = service.first
     earlier_key = f"earlier-{uuid.uuid4()}"

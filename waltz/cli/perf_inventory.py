@@ -102,8 +102,8 @@ def inventory(
             help=(
                 "Partition-routed instances: instance i of N mounts the partitions p with p mod N = i "
                 "and takes the requests of the SKUs of those partitions, as behind a router that "
-                "sends each request to the instance of its SKU's partition (docs/sql.md \"Several "
-                'instances"). The requests and the requests in flight (instances x --in-flight) '
+                "sends each request to the instance of its SKU's partition (docs/sql.md, \"Applying "
+                'the log exactly once"). The requests and the requests in flight (instances x --in-flight) '
                 "are shared by the SKUs each instance owns; one that owns none serves nothing. "
                 "Needs at most one instance per partition."
             ),

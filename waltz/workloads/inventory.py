@@ -166,8 +166,8 @@ class InventoryApplication(Protocol):
             batch: submit through an ``EntityBatcher`` (docs/sql.md, "Batching entity
                 transactions"); passed only when true, so an application that does not batch
                 may leave it out.
-            partitions: mount only these partitions (a partition-routed instance, docs/sql.md
-                "Several instances"); passed only for ``waltz perf inventory
+            partitions: mount only these partitions (a partition-routed instance: docs/sql.md
+                "Applying the log exactly once", several instances); passed only for ``waltz perf inventory
                 --partition-routing``, so an application that is never routed may leave it out.
         """
         ...

@@ -62,7 +62,8 @@ class InventoryService:
             (docs/sql.md, "Batching entity transactions").
         partitions: mount only these partitions (``client.autoMount`` off): a partition-routed
             instance, sent only the requests of SKUs of these partitions by a router in front of
-            the service (docs/sql.md, "Several instances"). None: every partition.
+            the service (docs/sql.md, "Applying the log exactly once": several instances). None:
+            every partition.
 
     Raises:
         ValueError: a partition of ``partitions`` does not exist.
