@@ -255,6 +255,19 @@ LocalSecureOption = Annotated[
 # --- performance runs -------------------------------------------------------------------------------
 
 RunTimeoutOption = Annotated[float, typer.Option(min=1.0, help="Seconds the measured phase may take.")]
+PartitionRoutingOption = Annotated[
+    bool,
+    typer.Option(
+        "--partition-routing",
+        help=(
+            "Partition-routed instances: instance i of N mounts the partitions p with p mod N = i and "
+            "takes only the requests of their entities (customers, SKUs), as behind a router that sends "
+            "each request to the instance of its entity's partition (docs/sql.md, \"Applying the log "
+            'exactly once"), so each partition is applied by one instance. At most one instance per '
+            "partition. Default: every instance mounts every partition and takes any request."
+        ),
+    ),
+]
 SizeOption = Annotated[int, typer.Option("--size", "-s", min=0, help="Payload bytes per transaction.")]
 InFlightOption = Annotated[
     int, typer.Option("--in-flight", min=1, help="Transactions each client keeps in flight at most.")

@@ -30,6 +30,7 @@ from waltz.cli.options import (
     LocalSecureOption,
     LocalServersOption,
     LocalStoragesOption,
+    PartitionRoutingOption,
     RootOption,
     RunTimeoutOption,
     SizeOption,
@@ -246,18 +247,7 @@ def smallbank(
     seed: Annotated[
         int, typer.Option(help="Seed of the opening balances; instance i draws with seed + 1 + i.")
     ] = 7,
-    partition_routing: Annotated[
-        bool,
-        typer.Option(
-            "--partition-routing",
-            help=(
-                "Partition-routed instances: instance i of N mounts the partitions p with p mod N = i "
-                "and submits for their customers only (requests routed by the customer's partition), "
-                "so each partition is applied by one instance. Default: every instance mounts every "
-                "partition and takes any request."
-            ),
-        ),
-    ] = False,
+    partition_routing: PartitionRoutingOption = False,
     entity_cache: Annotated[
         bool,
         typer.Option(

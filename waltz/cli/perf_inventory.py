@@ -22,6 +22,7 @@ from waltz.cli.options import (
     LocalSecureOption,
     LocalServersOption,
     LocalStoragesOption,
+    PartitionRoutingOption,
     RootOption,
     RunTimeoutOption,
     ZookeeperOption,
@@ -95,20 +96,7 @@ def inventory(
             ),
         ),
     ] = False,
-    partition_routing: Annotated[
-        bool,
-        typer.Option(
-            "--partition-routing",
-            help=(
-                "Partition-routed instances: instance i of N mounts the partitions p with p mod N = i "
-                "and takes the requests of the SKUs of those partitions, as behind a router that "
-                "sends each request to the instance of its SKU's partition (docs/sql.md, \"Applying "
-                'the log exactly once"). The requests and the requests in flight (instances x --in-flight) '
-                "are shared by the SKUs each instance owns; one that owns none serves nothing. "
-                "Needs at most one instance per partition."
-            ),
-        ),
-    ] = False,
+    partition_routing: PartitionRoutingOption = False,
     warm_up: Annotated[
         int,
         typer.Option("--warm-up", min=0, help="Requests each instance sends before the measured phase."),
@@ -154,6 +142,10 @@ def inventory(
     oversold, reserved = the sum of the reservations, each idempotency key applied at most once,
     one reservation per request committed, a replay of the log into an empty database holds the
     same rows, no apply failed; a failed check exits 1.
+
+    With --partition-routing the requests and the requests in flight (instances x --in-flight) are
+    shared among the instances by the SKUs each owns (those whose stock went to its partitions);
+    one that owns none serves nothing.
 
     Example: waltz perf inventory --local --instances 2 -n 3000
     """
