@@ -1,4 +1,5 @@
-"""The inventory against a real local cluster and database: no oversell, a retried request applied once."""
+"""The inventory against a real local cluster and database: no oversell, a retried request applied
+once, partition-routed instances each serving the SKUs of their partition."""
 
 from __future__ import annotations
 
@@ -88,3 +89,29 @@ def test_a_retried_request_is_applied_once_even_after_the_stock_ran_out(
     assert state.skus[sku] == (3, 3)
     assert state.reserved_by_sku[sku] == 3
     assert not state.repeated_keys
+
+
+def test_partition_routed_instances_each_serve_the_skus_of_their_partition(
+    inventory_db: str, inventory_config: WaltzClientConfig
+) -> None:
+    with pytest.raises(ValueError, match=r"partitions \[5\] do not exist \(0\.\.1\)"):
+        InventoryService(inventory_db, inventory_config, partitions=[5])
+    with ExitStack() as stack:
+        routed = [
+            stack.enter_context(InventoryService(inventory_db, inventory_config, partitions=[partition]))
+            for partition in (0, 1)
+        ]
+        for service in routed:
+            service.client.wait_mounted(TIMEOUT)
+        assert [service.client.mounted_partitions() for service in routed] == [[0], [1]]
+        drawn = [new_sku() for _ in range(200)]  # each lands in either partition: 2**-200 to miss one
+        skus = {p: next(s for s in drawn if routed[0].partition_of(s) == p) for p in (0, 1)}
+        for p, sku in skus.items():
+            owner = routed[p]  # the router sends a SKU's requests to the instance of its partition
+            assert owner.submit(owner.set_stock(sku, 5)).result(TIMEOUT).committed
+            outcome = owner.reserve(sku, 2, f"order-{sku}")
+            assert outcome.committed and outcome.partition_id == p
+            assert owner.available(sku, after=outcome.transaction_id) == 3
+        # Each instance applied only its own partition; the other's rows are in the shared database.
+        for p, service in enumerate(routed):
+            assert service.available(skus[1 - p]) == 3
