@@ -254,3 +254,16 @@ def test_fewer_than_a_quorum_of_replicas_stops_the_partition_until_they_are_back
     (result,) = archiver(archive_zk, location, partitions=[1]).run()
     assert result.error is None
     check_archive(cluster, archive_zk, location, 1, result.high_water_mark)
+
+
+def test_appends_a_store_recovery_dropped_are_run_again(cluster: LocalCluster, archive_zk: ClusterZk) -> None:
+    """Two storage nodes stopped and healed: the server finds the streams to them dead only at the
+    next append, whose store session then ends and whose recovery drops it. The client is told
+    (a lock failure) and runs it again; every append commits (docs/design/server.md "Appends and
+    the lock check")."""
+    append_bulk(cluster, 1, 20)
+    for index in (1, 2):
+        cluster.stop_storage(index)
+    cluster.heal(timeout=60)
+    assert len(write_with_client(cluster, 0, 20)) == 20
+    assert len(write_with_client(cluster, 1, 5)) == 5

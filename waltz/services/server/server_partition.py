@@ -197,7 +197,7 @@ class _InFlight:
     """An append in the store, not yet resolved: the lock table slots it holds pending, and the
     lock failures that wait to name its transaction (``_defer_lock_failure``)."""
 
-    __slots__ = ("hashes", "partition", "received", "slots", "span", "state", "waiters")
+    __slots__ = ("appender", "hashes", "partition", "received", "slots", "span", "state", "waiters")
 
     def __init__(
         self,
@@ -214,9 +214,11 @@ class _InFlight:
         self.received = received
         self.waiters: list[tuple[ClientConnection, ReqId]] | None = None
         self.span: Any = None  # its waltz.server.append span when traced (docs/tracing.md)
+        # The connection and ReqId of the append itself: told when a recovery dropped it.
+        self.appender: tuple[ClientConnection, ReqId] | None = None
 
     def resolved(self, transaction_id: int, error: BaseException | None) -> None:
-        self.partition._resolved(self, None if error is not None else transaction_id)
+        self.partition._resolved(self, None if error is not None else transaction_id, error)
 
 
 class Partition:
@@ -909,10 +911,17 @@ class Partition:
         # Resolved within the commit (no future, no loop round per append): the lock table is
         # raised, and the lock failures waiting for this append are sent, in the same step that
         # hands the transaction to the feed, just before it.
+        entry.appender = (connection, req_id)
         self.store.enqueue(req_id, header, data, checksum, entry.resolved, entry.span)
 
-    def _resolved(self, entry: _InFlight, transaction_id: int | None) -> None:
-        """An append left the store: committed as ``transaction_id``, or failed (None)."""
+    def _resolved(
+        self, entry: _InFlight, transaction_id: int | None, error: BaseException | None = None
+    ) -> None:
+        """An append left the store: committed as ``transaction_id``, or failed (None). One that a
+        recovery of the store dropped (:class:`AppendFailedError`: above the recovered high-water
+        mark, never to commit) is refused to its client as a lock failure naming the high-water
+        mark, so that the context runs again (docs/design/server.md "Appends and the lock
+        check"); one whose fate is undecided is not answered (the next owner decides)."""
         if entry.span is not None and tracing.server is not None:
             tracing.server.append_resolved(entry.span, transaction_id)
         slots = entry.slots
@@ -927,6 +936,9 @@ class Partition:
             named = self.high_water_mark if transaction_id is None else transaction_id
             for connection, req_id in entry.waiters:
                 connection.send(_lock_failure(req_id, named))
+        if isinstance(error, AppendFailedError) and entry.appender is not None:
+            appender, appended = entry.appender
+            appender.send(_lock_failure(appended, self.high_water_mark))
         state = entry.state
         state.pending -= 1
         if state.pending == 0:
