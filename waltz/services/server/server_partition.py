@@ -194,10 +194,21 @@ class _ClientState:
 
 
 class _InFlight:
-    """An append in the store, not yet resolved: the lock table slots it holds pending, and the
-    lock failures that wait to name its transaction (``_defer_lock_failure``)."""
+    """An append in the store, not yet resolved: the lock table slots it holds pending, the lock
+    failures that wait to name its transaction (``_defer_lock_failure``), and its own connection
+    and ReqId (refused there when a recovery of the store drops it)."""
 
-    __slots__ = ("appender", "hashes", "partition", "received", "slots", "span", "state", "waiters")
+    __slots__ = (
+        "connection",
+        "hashes",
+        "partition",
+        "received",
+        "req_id",
+        "slots",
+        "span",
+        "state",
+        "waiters",
+    )
 
     def __init__(
         self,
@@ -206,16 +217,18 @@ class _InFlight:
         slots: Collection[int],
         hashes: Sequence[int],
         received: float,
+        connection: ClientConnection,
+        req_id: ReqId,
     ) -> None:
         self.partition = partition
         self.state = state
         self.slots = slots  # lock table slots of its WRITE and APPEND locks (raised on commit)
         self.hashes = hashes  # its WRITE and APPEND lock hashes (held in flight until resolved)
         self.received = received
+        self.connection = connection  # the append's own, told when a recovery dropped it
+        self.req_id = req_id
         self.waiters: list[tuple[ClientConnection, ReqId]] | None = None
         self.span: Any = None  # its waltz.server.append span when traced (docs/tracing.md)
-        # The connection and ReqId of the append itself: told when a recovery dropped it.
-        self.appender: tuple[ClientConnection, ReqId] | None = None
 
     def resolved(self, transaction_id: int, error: BaseException | None) -> None:
         self.partition._resolved(self, None if error is not None else transaction_id, error)
@@ -902,7 +915,7 @@ class Partition:
         else:
             slots = {slot for indexes in written_slots for slot in indexes}
         hashes = write_hashes + append_hashes
-        entry = _InFlight(self, state, slots, hashes, time.perf_counter())
+        entry = _InFlight(self, state, slots, hashes, time.perf_counter(), connection, req_id)
         if hashes:
             pending.hold(hashes, entry)
         self.appends += 1
@@ -911,7 +924,6 @@ class Partition:
         # Resolved within the commit (no future, no loop round per append): the lock table is
         # raised, and the lock failures waiting for this append are sent, in the same step that
         # hands the transaction to the feed, just before it.
-        entry.appender = (connection, req_id)
         self.store.enqueue(req_id, header, data, checksum, entry.resolved, entry.span)
 
     def _resolved(
@@ -936,9 +948,8 @@ class Partition:
             named = self.high_water_mark if transaction_id is None else transaction_id
             for connection, req_id in entry.waiters:
                 connection.send(_lock_failure(req_id, named))
-        if isinstance(error, AppendFailedError) and entry.appender is not None:
-            appender, appended = entry.appender
-            appender.send(_lock_failure(appended, self.high_water_mark))
+        if isinstance(error, AppendFailedError):
+            entry.connection.send(_lock_failure(entry.req_id, self.high_water_mark))
         state = entry.state
         state.pending -= 1
         if state.pending == 0:

@@ -64,6 +64,7 @@ from waltz.workloads.perf.settings import (
     START_TIMEOUT,
     STOP_TIMEOUT,
     InventoryPerfSettings,
+    routing_refusal,
 )
 
 __all__ = ["InventoryInstanceSpec", "InventoryRunError", "inventory_instance_process", "run_inventory"]
@@ -303,11 +304,9 @@ def _specs(
             InventoryInstanceSpec(i, requests, db_url, config, settings, cluster_name, run)
             for i, requests in enumerate(settings.shares())
         ]
-    if settings.instances > num_partitions:
-        raise InventoryRunError(
-            f"partition routing needs at most one instance per partition: {settings.instances} "
-            f"instances, {num_partitions} partitions"
-        )
+    refusal = routing_refusal(settings.instances, num_partitions)
+    if refusal is not None:
+        raise InventoryRunError(refusal)
     mounted = [settings.mounted(i, num_partitions) or () for i in range(settings.instances)]
     owned = [tuple(sku for sku, p in sorted(sku_partitions.items()) if p in parts) for parts in mounted]
     return [

@@ -29,6 +29,8 @@ from waltz.workloads.perf.settings import (
     STOP_TIMEOUT,
     SWEEP_INTERVAL,
     SmallBankPerfSettings,
+    routed_partitions,
+    routing_refusal,
 )
 from waltz.workloads.smallbank import SmallBankConfig, SmallBankWorkload
 
@@ -111,16 +113,14 @@ def run_smallbank(
         app.prepare_database(engine)
         tell(f"opening {settings.accounts} accounts (migrated {render_url(db_url)})")
         uncaught, num_partitions = _open_accounts(app, db_url, config, cluster_name, settings)
-        if settings.partition_routing and settings.instances > num_partitions:
-            raise SmallBankRunError(
-                f"partition routing needs at most one instance per partition: {settings.instances} "
-                f"instances, {num_partitions} partitions"
-            )
+        refusal = routing_refusal(settings.instances, num_partitions)
+        if settings.partition_routing and refusal is not None:
+            raise SmallBankRunError(refusal)
 
         def mounted(index: int) -> tuple[int, ...] | None:
             if not settings.partition_routing:
                 return None
-            return tuple(p for p in range(num_partitions) if p % settings.instances == index)
+            return routed_partitions(index, settings.instances, num_partitions)
 
         specs = [
             InstanceSpec(i, draws, db_url, config, settings, cluster_name, mounted(i))

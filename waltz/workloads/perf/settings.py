@@ -23,6 +23,8 @@ __all__ = [
     "SWEEP_INTERVAL",
     "InventoryPerfSettings",
     "SmallBankPerfSettings",
+    "routed_partitions",
+    "routing_refusal",
 ]
 
 #: Seconds an instance may take to start, mount every partition and warm up.
@@ -150,6 +152,23 @@ class SmallBankPerfSettings:
         }
 
 
+def routed_partitions(index: int, instances: int, num_partitions: int) -> tuple[int, ...]:
+    """The partitions partition-routed instance ``index`` of ``instances`` mounts: those ``p``
+    with ``p mod instances == index`` (``waltz perf smallbank`` and ``inventory`` alike)."""
+    return tuple(p for p in range(num_partitions) if p % instances == index)
+
+
+def routing_refusal(instances: int, num_partitions: int) -> str | None:
+    """Why partition routing cannot run ``instances`` instances on ``num_partitions`` partitions
+    (more instances than partitions), or None."""
+    if instances <= num_partitions:
+        return None
+    return (
+        f"partition routing needs at most one instance per partition: {instances} instances, "
+        f"{num_partitions} partitions"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class InventoryPerfSettings:
     """A ``waltz perf inventory`` run.
@@ -232,7 +251,7 @@ class InventoryPerfSettings:
         with ``p mod instances == index``; None (every partition) without."""
         if not self.partition_routing:
             return None
-        return tuple(p for p in range(num_partitions) if p % self.instances == index)
+        return routed_partitions(index, self.instances, num_partitions)
 
     def routed_shares(self, owned: list[tuple[int, ...]]) -> list[tuple[int, int]]:
         """Each instance's ``(requests, in_flight)`` when instance ``i`` owns the SKUs ``owned[i]``
