@@ -168,5 +168,28 @@ def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S
     try:
         settings = loader(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
-        raise ConfigurationError(f"invalid configuration{f' in {path}' if path else ''}:\n{exc}") from exc
+        raise ConfigurationError(
+            f"invalid configuration{f' in {path}' if path else ''}:\n{_explained(cls, exc)}"
+        ) from exc
     return cls.model_validate(settings.model_dump())
+
+
+def _explained(cls: type[S], exc: ValidationError) -> str:
+    """One line per problem of ``exc``, each naming the setting's field, its key in a file and its
+    environment variable (a missing setting says where to set it), never its value."""
+    prefix = str(cls.model_config.get("env_prefix") or "")
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False):
+        location = error.get("loc") or ()
+        field = str(location[0]) if location else ""
+        keys = [key for key, name in cls.KEYS.items() if name == field]
+        ways = [f"{keys[0]} in a --config file"] if keys else []
+        if field in cls.model_fields:
+            ways.append(f"the environment variable {(prefix + field).upper()}")
+        where = ", ".join(ways)
+        if error.get("type") == "missing":
+            lines.append(f"- {field} is not set: give {where or 'it'}, or the command's option for it")
+        else:
+            named = f"{field} ({where})" if where else (field or cls.__name__)
+            lines.append(f"- {named}: {error.get('msg', 'invalid')}")
+    return "\n".join(lines) if lines else str(exc)

@@ -51,3 +51,14 @@ def test_waltz_up_insecure_is_plaintext_with_open_znodes(tmp_path: Path) -> None
         assert set(env) == {"WALTZ_ZOOKEEPER_CONNECT_STRING", "WALTZ_CLUSTER_ROOT"}, text
         reached = check_connectivity(env)
         assert reached.returncode == 0, reached.stdout + reached.stderr
+
+
+def test_waltz_up_describes_the_partitions_spread_over_every_server(tmp_path: Path) -> None:
+    """The description waits until each server owns a partition: the first server to start owns
+    them all at first, and the second takes its share moments later (docs/local-cluster.md,
+    "waltz up")."""
+    flags = ("--storages", "3", "--servers", "2", "--partitions", "4")
+    with waltz_up(tmp_path, *flags) as text:
+        lines = [line.strip() for line in text.splitlines()]
+        owning = [line for line in lines if line.startswith("server-") and " owns " in line]
+        assert len(owning) == 2, text

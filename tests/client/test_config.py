@@ -65,6 +65,25 @@ def test_bad_values_are_refused(tmp_path: Path) -> None:
                       client_tls_cert_file=tmp_path / "c.pem")  # fmt: skip
 
 
+def test_missing_settings_are_named_with_where_to_set_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No connect string and no root: one line each, naming the file key and the environment
+    variable, and no dump of the validator's internals."""
+    for name in ("WALTZ_ZOOKEEPER_CONNECT_STRING", "WALTZ_CLUSTER_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings(WaltzClientConfig)
+    message = str(raised.value)
+    assert (
+        "- zookeeper_connect_string is not set: give zookeeper.connectString in a --config file, "
+        "the environment variable WALTZ_ZOOKEEPER_CONNECT_STRING" in message
+    ), message
+    assert (
+        "- cluster_root is not set: give cluster.root in a --config file, "
+        "the environment variable WALTZ_CLUSTER_ROOT" in message
+    ), message
+    assert "errors.pydantic.dev" not in message and "type=missing" not in message
+
+
 @pytest.mark.parametrize("name", ["auto_mount", "client.autoMount", "autoMount"])
 def test_a_wrong_name_in_code_is_refused_naming_the_field_and_its_key(name: str) -> None:
     hint = r"no setting .*did you mean client_auto_mount \(the key client\.autoMount"

@@ -76,6 +76,31 @@ def test_each_outcome_on_the_synchronous_client(
     assert refused_context.completions == [False]
 
 
+def test_waiting_for_an_outcome_that_did_not_commit_says_so(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """A dropped outcome has no transaction ID: waiting for its None is refused with a message
+    that says to check the outcome, on both client APIs (not a comparison error from deep
+    inside)."""
+    store = MemoryStore(log_start)
+    with WaltzClient(store, client_config) as client:
+        dropped = client.submit(Refused(0, "insufficient funds")).result(TIMEOUT)
+        assert dropped.transaction_id is None
+        with pytest.raises(TypeError, match="only a committed outcome has a transaction ID"):
+            client.wait_applied(0, dropped.transaction_id, timeout=1)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="only a committed outcome has a transaction ID"):
+            client.when_applied(0, dropped.transaction_id, lambda: None)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="must be an int"):
+            client.wait_applied(0, "3", timeout=1)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        async with AsyncWaltzClient(store, client_config) as aio:
+            with pytest.raises(TypeError, match="only a committed outcome has a transaction ID"):
+                await aio.wait_applied(0, None, timeout=1)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+
+
 def test_each_outcome_on_the_asyncio_client(
     client_config: WaltzClientConfig, log_start: dict[int, int]
 ) -> None:

@@ -10,6 +10,7 @@ operator's audited skip.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import logging
@@ -406,6 +407,20 @@ def test_wait_for_sees_applies_of_this_and_of_other_instances(engine: Engine) ->
     assert result == [True]
     reader.apply_transaction(txn(0, 2))
     assert reader.wait_for(0, 2, timeout=0) is True
+
+
+def test_wait_for_refuses_the_none_of_an_outcome_that_did_not_commit(engine: Engine) -> None:
+    """``wait_for(partition, outcome.transaction_id)`` on a dropped outcome (None) says to check
+    the outcome, on both the blocking and the asyncio form."""
+    callbacks = Recorder(engine)
+    with pytest.raises(TypeError, match="only a committed outcome has a transaction ID"):
+        callbacks.wait_for(0, None, timeout=0)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        with pytest.raises(TypeError, match="only a committed outcome has a transaction ID"):
+            await callbacks.wait_for_async(0, None, timeout=0)  # type: ignore[arg-type]
+
+    asyncio.run(main())
 
 
 class Base(DeclarativeBase):

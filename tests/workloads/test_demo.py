@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from waltz.local.processes import free_port
 from waltz.services.storage import format as fmt
 from waltz.services.storage.inspect.reader import read_control_file
 from waltz.workloads.demo import DemoOptions, run_demo
@@ -101,6 +102,20 @@ def test_the_demo_refuses_a_module_that_is_no_smallbank_application(tmp_path: Pa
     assert result.exit_code == 2, result.output
     assert "the demo could not run" in result.stderr and "defines SMALLBANK" in result.stderr
     assert not (tmp_path / "cluster").exists()  # refused before a cluster started
+
+
+def test_the_demo_refuses_an_unreachable_database_before_starting_a_cluster(tmp_path: Path) -> None:
+    """``--db`` on a port nothing listens on: one line naming the database and the refusal, exit
+    2 ("could not run"), and no cluster started for it."""
+    from waltz.cli.main import app
+
+    port = free_port()
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/nowhere"
+    result = CliRunner().invoke(app, ["demo", "--db", url, "--no-spark", "--work-dir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert f"the demo could not run: cannot use the database {url}: OperationalError" in result.stderr
+    assert "Traceback" not in result.output + result.stderr
+    assert not (tmp_path / "cluster").exists()
 
 
 def test_the_demo_with_a_split_in_the_middle_passes_its_checks_on_every_partition(tmp_path: Path) -> None:

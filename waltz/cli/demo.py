@@ -112,6 +112,7 @@ def demo(
     and the operations they carried.
     """
     from waltz.workloads.demo import DemoOptions, run_demo
+    from waltz.workloads.perf.database import UnusableDatabaseError
 
     configure_logging(log_level)
 
@@ -173,7 +174,7 @@ def demo(
         else:
             with tempfile.TemporaryDirectory(prefix="waltz-demo-") as tmp:
                 passed = run(Path(tmp))
-    except (OSError, TimeoutError, ConfigurationError) as exc:
+    except (OSError, TimeoutError, ConfigurationError, UnusableDatabaseError) as exc:
         typer.echo(f"the demo could not run: {exc}", err=True)
         raise typer.Exit(2) from exc
     raise typer.Exit(0 if passed else 1)

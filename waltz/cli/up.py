@@ -8,6 +8,7 @@ interrupted while starting.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import signal
@@ -188,6 +189,7 @@ def up(
             typer.secho(f"error: the local cluster could not start: {exc}", err=True, fg=typer.colors.RED)
             code = 1
         if code == 0:
+            _wait_spread(cluster)
             typer.echo(cluster.describe())
             typer.echo(
                 f"ready in {cluster.startup_seconds or 0.0:.1f}s. Press Ctrl-C (or run `kill {os.getpid()}`) "
@@ -214,6 +216,27 @@ def up(
 
 # typer keeps the single line breaks of a docstring paragraph: join them so that the help wraps.
 up.__doc__ = "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(up.__doc__ or "").split("\n\n"))
+
+
+def _wait_spread(cluster: LocalCluster, timeout: float = 15.0) -> None:
+    """Wait, ``timeout`` seconds at most, until every server owns a partition (when there are as
+    many partitions as servers): the cluster is ready as soon as the first server owns them all,
+    and the others take their share moments later, so the description then shows the spread the
+    cluster keeps. Past the timeout the description shows what it finds."""
+    from waltz.local.processes import wait_until
+
+    if len(cluster.servers) < 2 or cluster.num_partitions < len(cluster.servers):
+        return
+
+    def spread() -> bool:
+        try:
+            owners = {cluster.owner_index(pid) for pid in range(cluster.num_partitions)}
+        except WaltzError:
+            return False
+        return len(owners) == len(cluster.servers)
+
+    with contextlib.suppress(TimeoutError):
+        wait_until(spread, timeout=timeout, what="every server to own a partition", interval=0.2)
 
 
 def _watch(cluster: LocalCluster) -> None:

@@ -49,7 +49,7 @@ from waltz.client.context import TransactionContext
 from waltz.client.core import ClientCore
 from waltz.client.metrics import ClientMetrics
 from waltz.client.mount_procedure import PartitionState
-from waltz.client.outcome import Outcome
+from waltz.client.outcome import Outcome, waited_transaction_id
 from waltz.errors import WaltzTimeoutError
 
 __all__ = ["AsyncWaltzClient", "WaltzClient"]
@@ -221,8 +221,9 @@ class WaltzClient:
 
         Raises:
             ValueError: no such partition.
+            TypeError: ``transaction_id`` is not an ``int`` (None: the outcome did not commit).
         """
-        return self._core.applied_mark(partition_id).wait(transaction_id, timeout)
+        return self._core.applied_mark(partition_id).wait(waited_transaction_id(transaction_id), timeout)
 
     def when_applied(self, partition_id: int, transaction_id: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` once this client has applied ``transaction_id`` (as :meth:`wait_applied`
@@ -234,8 +235,9 @@ class WaltzClient:
 
         Raises:
             ValueError: no such partition.
+            TypeError: ``transaction_id`` is not an ``int`` (None: the outcome did not commit).
         """
-        self._core.applied_mark(partition_id).call_when(transaction_id, callback)
+        self._core.applied_mark(partition_id).call_when(waited_transaction_id(transaction_id), callback)
 
     def ready(self, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> dict[int, int]:
         """Block until every partition this client mounts is mounted and applied up to the log's
@@ -431,7 +433,8 @@ class AsyncWaltzClient:
         self, partition_id: int, transaction_id: int, timeout: float | None = None
     ) -> bool:
         """As :meth:`WaltzClient.wait_applied`."""
-        return await self._core.applied_mark(partition_id).wait_async(transaction_id, timeout)
+        checked = waited_transaction_id(transaction_id)
+        return await self._core.applied_mark(partition_id).wait_async(checked, timeout)
 
     async def ready(self, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> dict[int, int]:
         """As :meth:`WaltzClient.ready`: return once every mounted partition has applied the

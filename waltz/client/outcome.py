@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["Outcome", "OutcomeKind"]
+__all__ = ["Outcome", "OutcomeKind", "waited_transaction_id"]
 
 
 class OutcomeKind(enum.Enum):
@@ -64,3 +64,23 @@ class Outcome:
     def already_applied(self) -> bool:
         """True when the request was applied before, by :attr:`transaction_id`."""
         return self.kind is OutcomeKind.ALREADY_APPLIED
+
+
+def waited_transaction_id(transaction_id: object) -> int:
+    """The transaction ID a read-your-writes wait was given, checked: a committed outcome's
+    ``transaction_id``.
+
+    Raises:
+        TypeError: not an ``int``; None is what an outcome that did not commit (dropped, already
+            applied) carries, so the message says to check the outcome first.
+    """
+    if isinstance(transaction_id, int) and not isinstance(transaction_id, bool):
+        return transaction_id
+    if transaction_id is None:
+        raise TypeError(
+            "transaction_id is None: only a committed outcome has a transaction ID to wait for "
+            "(a dropped or already-applied one has none); check the outcome first, e.g. "
+            "`if outcome: wait_for(partition, outcome.transaction_id)`"
+        )
+    kind = type(transaction_id).__name__
+    raise TypeError(f"transaction_id must be an int (a committed outcome's), got {kind}")

@@ -45,6 +45,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.outcome import waited_transaction_id
 from waltz.client.transaction import Transaction
 from waltz.errors import (
     ApplyContractError,
@@ -288,7 +289,11 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
 
         Returns:
             True once applied, False when ``timeout`` passed first.
+
+        Raises:
+            TypeError: ``transaction_id`` is not an ``int`` (None: the outcome did not commit).
         """
+        transaction_id = waited_transaction_id(transaction_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.01
         next_poll = time.monotonic()
@@ -322,7 +327,11 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
 
         Returns:
             True once applied, False when ``timeout`` seconds passed first.
+
+        Raises:
+            TypeError: ``transaction_id`` is not an ``int`` (None: the outcome did not commit).
         """
+        transaction_id = waited_transaction_id(transaction_id)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         pause = 0.01

@@ -58,6 +58,7 @@ from waltz.workloads.application import (
     load_application,
 )
 from waltz.workloads.checks import Check, check_application
+from waltz.workloads.perf.database import check_database
 from waltz.workloads.rollout import Rollout
 from waltz.workloads.smallbank import SmallBankConfig, SmallBankStats, SmallBankWorkload
 
@@ -217,8 +218,13 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
 
     Raises:
         ConfigurationError: ``options.app`` names no SmallBank application.
+        UnusableDatabaseError: ``options.db_url`` is not a usable URL, cannot be reached, holds
+            tables that are not the application's, or holds another log's marks (the demo's
+            cluster has a new log); checked before anything starts.
     """
     app = load_application(options.app)
+    if options.db_url:
+        check_database(app, options.db_url, new_log=True, cluster_name=app.name)
     db_url = options.db_url or f"sqlite:///{options.work_dir / f'{app.name}.db'}"
     started = time.monotonic()
     say(
