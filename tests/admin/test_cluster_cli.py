@@ -326,6 +326,11 @@ def test_assign_and_unassign_follow_the_safety_rules(
     set_metadata(cluster, 0, 3, {a.address: ReplicaState(3), b.address: ReplicaState(3)})
     # Partition 1: c's session 4 closed at 17 while the current one is 5: c is behind.
     set_metadata(cluster, 1, 5, {b.address: ReplicaState(5), c.address: ReplicaState(4, 17)})
+    # The listing tells a replica of the open session from one whose session closed.
+    text = cli("list").output
+    assert len(lines_with(text, "session 3, the current store session (open)")) == 2, text
+    assert lines_with(text, "session 4, closing high-water mark 17"), text
+    assert "UNRESOLVED" not in text, text
 
     result = cli("storage", "assign", c.address, "--partition", "0")
     assert "assigned partitions 0" in result.output
