@@ -511,9 +511,17 @@ def test_short_chaos_run_with_the_archiver_keeps_every_invariant(tmp_path: Path)
     lost = check_local_ranges(ranges, marks, lower, 3)[0]
     assert not lost.passed and "lost" in lost.detail, lost.detail
     # ... and a record of the common local range that differs on one replica (its CRCs right).
-    segment = sorted((storage_dirs["storage-1"] / "0").glob("*.seg"))[-1]
-    with SegmentFile(segment) as opened:
-        *_, last = opened.scan()  # the partition's last record: in every replica's local range
+    # The partition's last record, in every replica's local range: in the newest segment that
+    # holds one (a segment rolled at the end of the run holds none yet).
+    segments = sorted((storage_dirs["storage-1"] / "0").glob("*.seg"), reverse=True)
+    for segment in segments:
+        with SegmentFile(segment) as opened:
+            scanned = list(opened.scan())
+        if scanned:
+            last = scanned[-1]
+            break
+    else:
+        pytest.fail(f"no record in storage-1's segments of partition 0: {segments}")
     original = segment.read_bytes()
     record = last.record
     other = Record.create(record.transaction_id, record.req_id, record.header, bytes(len(record.data)))

@@ -76,26 +76,41 @@ def test_each_outcome_on_the_synchronous_client(
     assert refused_context.completions == [False]
 
 
+class Index:
+    """An integer that is not an ``int``, as numpy's are (``operator.index`` gives its value)."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
 def test_waiting_for_an_outcome_that_did_not_commit_says_so(
     client_config: WaltzClientConfig, log_start: dict[int, int]
 ) -> None:
     """A dropped outcome has no transaction ID: waiting for its None is refused with a message
     that says to check the outcome, on both client APIs (not a comparison error from deep
-    inside)."""
+    inside); a string is refused, an integer of another type is taken."""
     store = MemoryStore(log_start)
     with WaltzClient(store, client_config) as client:
+        committed = client.submit(Append(0, b"waited for")).result(TIMEOUT)
+        assert committed.transaction_id is not None
         dropped = client.submit(Refused(0, "insufficient funds")).result(TIMEOUT)
         assert dropped.transaction_id is None
-        with pytest.raises(TypeError, match="only a committed outcome has a transaction ID"):
+        with pytest.raises(TypeError, match="a dropped outcome has no transaction to wait for"):
             client.wait_applied(0, dropped.transaction_id, timeout=1)  # type: ignore[arg-type]
-        with pytest.raises(TypeError, match="only a committed outcome has a transaction ID"):
+        with pytest.raises(TypeError, match="a dropped outcome has no transaction to wait for"):
             client.when_applied(0, dropped.transaction_id, lambda: None)  # type: ignore[arg-type]
-        with pytest.raises(TypeError, match="must be an int"):
+        with pytest.raises(TypeError, match="must be an integer"):
             client.wait_applied(0, "3", timeout=1)  # type: ignore[arg-type]
+        # Any integer type is an ID (numpy's, for instance): what the wait compares is its value.
+        waited = Index(committed.transaction_id)
+        assert client.wait_applied(committed.partition_id, waited, timeout=TIMEOUT)  # type: ignore[arg-type]
 
     async def main() -> None:
         async with AsyncWaltzClient(store, client_config) as aio:
-            with pytest.raises(TypeError, match="only a committed outcome has a transaction ID"):
+            with pytest.raises(TypeError, match="a dropped outcome has no transaction to wait for"):
                 await aio.wait_applied(0, None, timeout=1)  # type: ignore[arg-type]
 
     asyncio.run(main())

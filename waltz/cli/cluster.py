@@ -181,8 +181,8 @@ def list_cluster(
 ) -> None:
     """Show the cluster's parameters, storage nodes (admin port, group, partitions) and, per
     partition, its generation, store session ID and replica states (session ID and closing
-    high-water mark; a replica of the current store session shows "open", one of an earlier
-    session whose recovery did not reach it yet UNRESOLVED). Reads ZooKeeper only.
+    high-water mark; a replica of the current store session says so, one of an earlier session
+    whose closing mark no recovery has set yet shows UNRESOLVED). Reads ZooKeeper only.
 
     The cluster key is shown by its fingerprint; --show-key prints the key itself (for instance
     for `waltz archive restore --cluster-key`): keep it out of logs and shared terminals."""
@@ -226,7 +226,7 @@ def _print_description(description: ClusterDescription, show_key: bool) -> None:
             if state is None:
                 text = "no replica state yet"
             elif state.unresolved and state.session_id == metadata.session_id:
-                text = f"session {state.session_id}, the current store session (open)"
+                text = f"session {state.session_id}, the current store session"
             else:
                 mark = "UNRESOLVED" if state.unresolved else str(state.closing_high_water_mark)
                 text = f"session {state.session_id}, closing high-water mark {mark}"

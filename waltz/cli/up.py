@@ -189,13 +189,13 @@ def up(
             typer.secho(f"error: the local cluster could not start: {exc}", err=True, fg=typer.colors.RED)
             code = 1
         if code == 0:
-            _wait_spread(cluster)
-            typer.echo(cluster.describe())
-            typer.echo(
-                f"ready in {cluster.startup_seconds or 0.0:.1f}s. Press Ctrl-C (or run `kill {os.getpid()}`) "
-                "to stop the cluster."
-            )
             try:
+                _wait_spread(cluster)
+                typer.echo(cluster.describe())
+                typer.echo(
+                    f"ready in {cluster.startup_seconds or 0.0:.1f}s. Press Ctrl-C (or run "
+                    f"`kill {os.getpid()}`) to stop the cluster."
+                )
                 _watch(cluster)
             except KeyboardInterrupt:
                 typer.echo(f"\n{received[-1] if received else 'interrupted'}: stopping the cluster...")

@@ -9,6 +9,7 @@ futures resolve to an :class:`Outcome` that tells the three apart; errors and ex
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import dataclass
 
 __all__ = ["Outcome", "OutcomeKind", "waited_transaction_id"]
@@ -67,20 +68,23 @@ class Outcome:
 
 
 def waited_transaction_id(transaction_id: object) -> int:
-    """The transaction ID a read-your-writes wait was given, checked: a committed outcome's
-    ``transaction_id``.
+    """The transaction ID a read-your-writes wait was given, checked: an outcome's
+    ``transaction_id`` (a committed one's own, an already-applied one's earlier transaction).
 
     Raises:
-        TypeError: not an ``int``; None is what an outcome that did not commit (dropped, already
-            applied) carries, so the message says to check the outcome first.
+        TypeError: None, which is what a dropped outcome carries (the message says to check the
+            outcome first), or a value that is not an integer (a ``bool``, a float, a string).
     """
-    if isinstance(transaction_id, int) and not isinstance(transaction_id, bool):
-        return transaction_id
     if transaction_id is None:
         raise TypeError(
-            "transaction_id is None: only a committed outcome has a transaction ID to wait for "
-            "(a dropped or already-applied one has none); check the outcome first, e.g. "
-            "`if outcome: wait_for(partition, outcome.transaction_id)`"
+            "transaction_id is None: a dropped outcome has no transaction to wait for; check it "
+            "first, e.g. `if outcome.transaction_id is not None: "
+            "wait_applied(outcome.partition_id, outcome.transaction_id)`"
         )
-    kind = type(transaction_id).__name__
-    raise TypeError(f"transaction_id must be an int (a committed outcome's), got {kind}")
+    if isinstance(transaction_id, bool):
+        raise TypeError("transaction_id must be an integer, got a bool")
+    try:
+        return operator.index(transaction_id)  # type: ignore[arg-type]
+    except TypeError:
+        kind = type(transaction_id).__name__
+        raise TypeError(f"transaction_id must be an integer (an outcome's), got {kind}") from None

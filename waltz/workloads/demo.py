@@ -48,6 +48,7 @@ from sqlalchemy import Engine
 from waltz.client import WaltzClientConfig
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
+from waltz.local.layout import LAYOUT_FILE
 from waltz.local.processes import wait_until
 from waltz.workloads.application import (
     DEFAULT_APPLICATION,
@@ -219,12 +220,15 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
     Raises:
         ConfigurationError: ``options.app`` names no SmallBank application.
         UnusableDatabaseError: ``options.db_url`` is not a usable URL, cannot be reached, holds
-            tables that are not the application's, or holds another log's marks (the demo's
-            cluster has a new log); checked before anything starts.
+            tables that are not the application's, or holds another log's marks (when the demo's
+            cluster is a new one, not resumed from a kept work directory); checked before
+            anything starts.
     """
     app = load_application(options.app)
     if options.db_url:
-        check_database(app, options.db_url, new_log=True, cluster_name=app.name)
+        # A kept work directory resumes its cluster, and with it the same log.
+        resumed = (options.work_dir / "cluster" / LAYOUT_FILE).exists()
+        check_database(app, options.db_url, new_log=not resumed, cluster_name=app.name)
     db_url = options.db_url or f"sqlite:///{options.work_dir / f'{app.name}.db'}"
     started = time.monotonic()
     say(
