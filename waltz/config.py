@@ -112,6 +112,11 @@ class WaltzSettings(BaseSettings):
         return data
 
     @classmethod
+    def file_key(cls, field: str) -> str | None:
+        """The dotted key of ``field`` in a YAML file (``KEYS``), or None when it has none."""
+        return next((key for key, name in cls.KEYS.items() if name == field), None)
+
+    @classmethod
     def _hint(cls, name: str) -> str:
         field = cls.KEYS.get(name)
         if field is None:
@@ -123,8 +128,8 @@ class WaltzSettings(BaseSettings):
                 return f"{cls.__name__} has no setting {name!r}; did you mean one of {', '.join(close)}?"
         if field is None:
             return f"{cls.__name__} has no setting {name!r}; docs/configuration.md lists its fields"
-        keys = [key for key, value in cls.KEYS.items() if value == field]
-        known_as = f" (the key {keys[0]} in a file)" if keys else ""
+        key = cls.file_key(field)
+        known_as = f" (the key {key} in a file)" if key else ""
         return f"{cls.__name__} has no setting {name!r}; did you mean {field}{known_as}?"
 
 
@@ -182,8 +187,8 @@ def _explained(cls: type[S], exc: ValidationError) -> str:
     for error in exc.errors(include_url=False, include_input=False):
         location = error.get("loc") or ()
         field = str(location[0]) if location else ""
-        keys = [key for key, name in cls.KEYS.items() if name == field]
-        ways = [f"{keys[0]} in a --config file"] if keys else []
+        key = cls.file_key(field)
+        ways = [f"{key} in a --config file"] if key else []
         if field in cls.model_fields:
             ways.append(f"the environment variable {(prefix + field).upper()}")
         where = ", ".join(ways)

@@ -228,12 +228,10 @@ def _wait_spread(cluster: LocalCluster, timeout: float = 15.0) -> None:
     if len(cluster.servers) < 2 or cluster.num_partitions < len(cluster.servers):
         return
 
-    def spread() -> bool:
-        try:
-            owners = {cluster.owner_index(pid) for pid in range(cluster.num_partitions)}
-        except WaltzError:
-            return False
-        return len(owners) == len(cluster.servers)
+    endpoints = {server.endpoint for server in cluster.servers}
+
+    def spread() -> bool:  # one read of the assignment per look
+        return endpoints <= set(cluster.owned_partitions())
 
     with contextlib.suppress(TimeoutError):
         wait_until(spread, timeout=timeout, what="every server to own a partition", interval=0.2)

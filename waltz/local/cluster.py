@@ -698,6 +698,11 @@ class LocalCluster:
             )
         return endpoint
 
+    def owned_partitions(self) -> dict[str, list[int]]:
+        """The partitions each server owns right now, by endpoint (one read of the assignment);
+        empty when ZooKeeper cannot tell."""
+        return self._metadata.owned_partitions()
+
     def owner_index(self, partition_id: int) -> int:
         """The index in :attr:`servers` of the owner of ``partition_id`` (for :meth:`kill_server`).
 
@@ -803,7 +808,7 @@ class LocalCluster:
             placement = spread_replicas(storages, self._partitions, self._replicas)
         lines += self._nodes.describe_nodes(
             self.metrics_urls(),
-            self._metadata.owned_partitions(),
+            self.owned_partitions(),
             lambda node: placement.get(self._connect_string(node), ()),
         )
         if self._work_dir is not None:
