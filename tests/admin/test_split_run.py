@@ -137,6 +137,9 @@ def test_a_split_cut_from_zookeeper_resumes_and_aborts_only_before_a_parent_is_s
             assert snapshot(admin) == untouched
         finally:
             admin.cluster.zk.delete(older)
+        # The cluster manager may have placed a partition on the stand-in while it was a member:
+        # the split needs every parent owned by a live server again.
+        cluster.wait_ready(60)
         members = read_members(admin.cluster.zk, admin.cluster.paths)
         assert members and all(PARTITION_EPOCHS_FEATURE in m.features for m in members)
 
