@@ -23,9 +23,17 @@ the server of ``--db`` (dropped at the end):
 Prints both times, the transactions per second and the ratio, and checks that both databases hold
 the same rows (a mismatch is reported, not asserted).
 
+``--replays`` runs the replay once per way listed, each into a fresh database, in order:
+``arrays`` (the default: a group's row changes of one shape as one statement over arrays,
+docs/design/sql.md "Rows of one shape in one statement") or ``one-by-one``
+(``ChangeSetCallbacks.rows_at_once`` off); every replay's rows are compared with the first
+database's. ``--no-spark`` skips the rebuild: the replays then wait for the log's own marks.
+
     .venv/bin/python -m benchmarks.spark_rebuild                       # 1,000,000 transactions
     .venv/bin/python -m benchmarks.spark_rebuild --transactions 50000 --partitions 4
     .venv/bin/python -m benchmarks.spark_rebuild --transactions 50000 --master standalone
+    .venv/bin/python -m benchmarks.spark_rebuild --transactions 200000 --no-spark \
+        --replays arrays,one-by-one,one-by-one,arrays
 """
 
 from __future__ import annotations
@@ -52,10 +60,12 @@ from waltz.local.spark import LocalSparkCluster
 from waltz.protocol.records import ReqId
 from waltz.protocol.server_client import ServerAdminClient
 from waltz_examples.ledger.models import Account, Checking, Savings
-from waltz_examples.ledger.service import LedgerService
+from waltz_examples.ledger.service import LedgerCallbacks, LedgerService
 from waltz_examples.ledger.views import VIEWS
 
 CLUSTER_NAME = "ledger"
+
+REPLAY_WAYS = ("arrays", "one-by-one")
 
 #: The protocol's figures, comparable with the earlier runs: plaintext, on purpose (what TLS
 #: costs: benchmarks/tls_cost.py; decision 0065).
@@ -164,10 +174,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="workers of --master standalone")
     parser.add_argument("--append-batch", type=int, default=500)
     parser.add_argument("--apply-batch", type=int, default=500)
+    parser.add_argument(
+        "--replays",
+        default="arrays",
+        help=f"replays through the client, in order, comma-separated, each of {', '.join(REPLAY_WAYS)}",
+    )
+    parser.add_argument("--no-spark", action="store_true", help="skip the Spark rebuild")
     args = parser.parse_args()
+    replays = [way.strip() for way in args.replays.split(",") if way.strip()]
+    unknown = sorted(set(replays) - set(REPLAY_WAYS))
+    if unknown or not replays:
+        parser.error(f"--replays takes {', '.join(REPLAY_WAYS)}; got {args.replays!r}")
     logging.basicConfig(level=logging.WARNING)
-    from waltz.spark.rebuild import LogSource, rebuild
-    from waltz.spark.session import spark_session
 
     with (
         tempfile.TemporaryDirectory(prefix="waltz-bench-spark-") as tmp,
@@ -176,7 +194,7 @@ def main() -> None:
         ) as cluster,
         ExitStack() as stack,
     ):
-        if args.master == "standalone":
+        if args.master == "standalone" and not args.no_spark:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver, on loopback too
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             standalone = stack.enter_context(LocalSparkCluster(Path(tmp) / "spark", workers=args.workers))
@@ -190,59 +208,86 @@ def main() -> None:
             f"written in {time.monotonic() - started:.1f}s",
             flush=True,
         )
-        source = LogSource(zookeeper=cluster.zookeeper_connect_string, cluster_root=cluster.root)
-
-        with fresh_database(args.db) as spark_db, fresh_database(args.db) as replay_db:
-            started = time.monotonic()
-            spark = spark_session(args.master, app_name="waltz-bench-rebuild")
-            spark.sparkContext.setLogLevel("ERROR")
-            session_seconds = time.monotonic() - started
-            result = rebuild(spark, VIEWS, source, spark_db, cluster_name=CLUSTER_NAME)
-            spark_seconds = result.seconds
-            spark.stop()
+        marks = {pid: len(items) - 1 for pid, items in logs.items()}
+        spark_seconds = session_seconds = None
+        first_db: str | None = None
+        if not args.no_spark:
+            spark_db = stack.enter_context(fresh_database(args.db))
+            spark_seconds, session_seconds, marks = run_spark(args.master, cluster, spark_db)
+            first_db = spark_db
+        for way in replays:
+            replay_db = stack.enter_context(fresh_database(args.db))
+            replay_seconds = replay(cluster, replay_db, marks, args.apply_batch, rows_at_once=way == "arrays")
             print(
-                f"spark rebuild ({args.master}, {os.cpu_count()} cores): {spark_seconds:.1f}s "
-                f"({args.transactions / spark_seconds:,.0f} transactions/s), session start "
-                f"{session_seconds:.1f}s apart; rows {dict(result.rows)}",
+                f"replay through client + SQL callbacks ({way}, apply batch {args.apply_batch}): "
+                f"{replay_seconds:.1f}s ({args.transactions / replay_seconds:,.0f} transactions/s)",
                 flush=True,
             )
-
-            started = time.monotonic()
-            service = LedgerService(
-                replay_db,
-                zookeeper=cluster.zookeeper_connect_string,
-                cluster_root=cluster.root,
-                cluster_name=CLUSTER_NAME,
-                client_settings={"client_max_apply_batch_size": args.apply_batch},
-                sweep_interval=None,
-            )
-            try:
-                for pid, mark in result.marks.items():
-
-                    def applied(p: int = pid, m: int = mark) -> bool:
-                        return m < 0 or service.callbacks.wait_for(p, m, 5)
-
-                    wait_until(
-                        applied,
-                        timeout=24 * 3600,
-                        what=f"partition {pid} applied up to {mark}",
-                    )
-                replay_seconds = time.monotonic() - started
-            finally:
-                service.close()
-            print(
-                f"replay through client + SQL callbacks (apply batch {args.apply_batch}): "
-                f"{replay_seconds:.1f}s ({args.transactions / replay_seconds:,.0f} transactions/s)"
-            )
-            print(
-                f"ratio replay / spark rebuild: {replay_seconds / spark_seconds:.2f}x "
-                "(with the Spark session start: "
-                f"{replay_seconds / (spark_seconds + session_seconds):.2f}x)"
-            )
-            same = table_rows(spark_db) == table_rows(replay_db)
-            print(f"both databases hold the same account, savings and checking rows: {same}")
+            if spark_seconds is not None and session_seconds is not None:
+                print(
+                    f"ratio replay / spark rebuild: {replay_seconds / spark_seconds:.2f}x "
+                    "(with the Spark session start: "
+                    f"{replay_seconds / (spark_seconds + session_seconds):.2f}x)"
+                )
+            if first_db is None:
+                first_db = replay_db
+                continue
+            same = table_rows(first_db) == table_rows(replay_db)
+            print(f"the database holds the same account, savings and checking rows as the first: {same}")
             if not same:
                 sys.exit(1)
+
+
+def run_spark(master: str, cluster: LocalCluster, spark_db: str) -> tuple[float, float, dict[int, int]]:
+    """Rebuild the ledger into ``spark_db`` with Spark; print and return its time, the Spark
+    session's start (seconds) and the marks it rebuilt to (partition -> transaction ID)."""
+    from waltz.spark.rebuild import LogSource, rebuild
+    from waltz.spark.session import spark_session
+
+    source = LogSource(zookeeper=cluster.zookeeper_connect_string, cluster_root=cluster.root)
+    started = time.monotonic()
+    spark = spark_session(master, app_name="waltz-bench-rebuild")
+    spark.sparkContext.setLogLevel("ERROR")
+    session_seconds = time.monotonic() - started
+    result = rebuild(spark, VIEWS, source, spark_db, cluster_name=CLUSTER_NAME)
+    spark.stop()
+    print(
+        f"spark rebuild ({master}, {os.cpu_count()} cores): {result.seconds:.1f}s "
+        f"({sum(m + 1 for m in result.marks.values()):,} transactions, "
+        f"{sum(m + 1 for m in result.marks.values()) / result.seconds:,.0f}/s), session start "
+        f"{session_seconds:.1f}s apart; rows {dict(result.rows)}",
+        flush=True,
+    )
+    return result.seconds, session_seconds, dict(result.marks)
+
+
+def replay(
+    cluster: LocalCluster, replay_db: str, marks: dict[int, int], apply_batch: int, *, rows_at_once: bool
+) -> float:
+    """Apply the log from the start into ``replay_db`` through a ``LedgerService`` until each
+    partition's mark is reached; the seconds it took."""
+    kept = LedgerCallbacks.rows_at_once
+    LedgerCallbacks.rows_at_once = rows_at_once  # read when a statement shape is first built
+    started = time.monotonic()
+    service = LedgerService(
+        replay_db,
+        zookeeper=cluster.zookeeper_connect_string,
+        cluster_root=cluster.root,
+        cluster_name=CLUSTER_NAME,
+        client_settings={"client_max_apply_batch_size": apply_batch},
+        sweep_interval=None,
+    )
+    try:
+        for pid, mark in marks.items():
+
+            def applied(p: int = pid, m: int = mark) -> bool:
+                return m < 0 or service.callbacks.wait_for(p, m, 5)
+
+            wait_until(applied, timeout=24 * 3600, what=f"partition {pid} applied up to {mark}")
+        return time.monotonic() - started
+    finally:
+        service.close()
+        LedgerCallbacks.rows_at_once = kept
 
 
 if __name__ == "__main__":

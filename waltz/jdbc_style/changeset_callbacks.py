@@ -45,6 +45,7 @@ from waltz.jdbc_style.entity_reads import (
     read_entities_from_cache,
 )
 from waltz.jdbc_style.idempotency import record_idempotency_keys
+from waltz.jdbc_style.rows_at_once import RowsShape, describe_rows
 from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitBarrier, decode_split_record
 
 __all__ = ["ChangeSetApplyError", "ChangeSetCallbacks", "row_change_problem"]
@@ -130,6 +131,12 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
 
     #: A barrier or a genesis reaches :meth:`apply`: the entity cache follows them.
     applies_split_records = True
+
+    #: On PostgreSQL with psycopg, an apply's staged row changes of one shape (model, operation,
+    #: attribute names), five or more, run as one statement over arrays of their values
+    #: (docs/design/sql.md "Rows of one shape in one statement"); False runs them one parameter
+    #: set at a time, as a statement-level trigger that should fire once per row change needs.
+    rows_at_once = True
 
     def __init__(
         self,
@@ -576,6 +583,8 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
                     )
                 else:
                     statement = delete(model).where(where)
+            if self.rows_at_once:
+                describe_rows(statement, RowsShape(model, operation.value, keys, values))
             self._statements[shape] = statement
         parameters = {f"k_{name}": change.key[name] for name in keys}
         if operation is not Operation.DELETE:

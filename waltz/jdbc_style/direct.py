@@ -11,9 +11,10 @@ compiles such a statement once per set of parameter keys and, when what SQLAlche
 driver is exactly the parameter set (no bind processors, no Python-side defaults, no expanding or
 renamed parameters, no ``RETURNING``), runs the compiled SQL on the DBAPI cursor of the same
 connection, in the same database transaction; on psycopg several statements (a group's staged
-writes) go in one pipeline, sent together with one wait for all their results. Errors go through
-SQLAlchemy's own handling of driver errors, so they are the same ``DBAPIError`` subclasses (and a
-lost connection is invalidated) as on the ordinary path.
+writes) go in one pipeline, sent together with one wait for all their results, and a change-set
+statement with several parameter sets may go once over arrays of them (``rows_at_once.py``).
+Errors go through SQLAlchemy's own handling of driver errors, so they are the same ``DBAPIError``
+subclasses (and a lost connection is invalidated) as on the ordinary path.
 
 On psycopg a transaction's ``BEGIN`` can go in the pipeline of its first statement instead of in a
 round trip of its own: an apply's (:meth:`DirectStatements.execute_led`) and an entity snapshot's,
@@ -45,6 +46,7 @@ from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from waltz.jdbc_style.engine import is_prepared
+from waltz.jdbc_style.rows_at_once import MIN_ROWS, rows_form
 
 __all__ = ["DIRECT_DRIVERS", "DirectStatements", "LeadMissedError", "direct_statements"]
 
@@ -103,6 +105,9 @@ class DirectStatements:
         self._dialect = dialect
         self._sql: dict[tuple[Executable, frozenset[str]], str] = {}
         self._selects: dict[tuple[Executable, frozenset[str]], _Select | str] = {}
+        self.statements_over_arrays = 0
+        """How many statements ran as one statement over arrays of a group's parameter sets
+        (rows_at_once.py), since this instance was made."""
         # Drivers in autocommit since execute_led or read_begun sent their transaction's BEGIN in
         # a pipeline.
         self._begun: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -163,6 +168,10 @@ class DirectStatements:
             begin: (psycopg, see :meth:`execute_led`) the transaction's ``BEGIN``, sent first in
                 the pipeline, ahead of the statements.
 
+        A statement ``ChangeSetCallbacks`` described (rows_at_once.py) with enough parameter
+        sets runs once over arrays of them instead (docs/design/sql.md "Rows of one shape in one
+        statement"); its row count is then what the parameter sets one by one would have changed.
+
         Returns:
             The rows each statement changed in all, in order; or None when one of them does not
             qualify, and then none ran: run them with ``connection.execute`` instead.
@@ -174,11 +183,22 @@ class DirectStatements:
         if not (self.enabled and batches and connection.in_transaction() and self._plain(connection)):
             return None
         statements: list[str] = []
+        runs: list[Sequence[Mapping[str, Any]]] = []  # the parameter sets each statement runs with
+        # Where a statement runs once over arrays: its place -> (rows sent, updates left out).
+        at_once: dict[int, tuple[int, int]] = {}
         for statement, parameters in batches:
             sql = self._sql_for(statement, parameters)
             if sql is None:
                 return None
+            run = parameters
+            if self._pipelines and len(parameters) >= MIN_ROWS:
+                over_arrays = self._over_arrays(statement, parameters)
+                if over_arrays is not None:
+                    sql, arrays, collapsed = over_arrays
+                    at_once[len(runs)] = (len(parameters) - collapsed, collapsed)
+                    run = (arrays,)
             statements.append(sql)
+            runs.append(run)
         driver = connection.connection.dbapi_connection
         cursors: list[Any] = []
         opened: list[Any] = []  # the cursor of ``begin``
@@ -190,23 +210,45 @@ class DirectStatements:
                         opener = driver.cursor()  # type: ignore[union-attr]
                         opened.append(opener)
                         opener.execute(begin)
-                    for cursor, sql, (_, parameters) in zip(cursors, statements, batches, strict=True):
+                    for cursor, sql, parameters in zip(cursors, statements, runs, strict=True):
                         _run(cursor, sql, parameters)
             else:
-                for cursor, sql, (_, parameters) in zip(cursors, statements, batches, strict=True):
+                for cursor, sql, parameters in zip(cursors, statements, runs, strict=True):
                     _run(cursor, sql, parameters)
-            return [int(cursor.rowcount) for cursor in cursors]
+            counts = [int(cursor.rowcount) for cursor in cursors]
         except self._dialect.loaded_dbapi.Error as exc:
             if first_rows is not None and cursors and cursors[0].pgresult is not None:
                 first_rows.append(int(cursors[0].rowcount))
             # SQLAlchemy private (2.0, 2.1): its own wrapping of a driver error, a lost connection
             # invalidated; test_database_errors_are_sqlalchemys_and_a_lost_connection_is_invalidated.
             connection._handle_dbapi_exception(
-                exc, ";\n".join(statements), [p for _, parameters in batches for p in parameters], None, None
+                exc, ";\n".join(statements), [p for parameters in runs for p in parameters], None, None
             )
         finally:
             for cursor in (*opened, *cursors):
                 cursor.close()
+        self.statements_over_arrays += len(at_once)
+        for index, (sent, collapsed) in at_once.items():
+            # Each update left out found its row when every row sent was found (the rows sent
+            # are distinct, and each one left out was updated again by this statement).
+            if collapsed and counts[index] == sent:
+                counts[index] += collapsed
+        return counts
+
+    def _over_arrays(
+        self, statement: Executable, parameters: Sequence[Mapping[str, Any]]
+    ) -> tuple[str, dict[str, list[Any]], int] | None:
+        """The SQL, arrays and updates left out to run ``statement``'s parameter sets as one
+        statement over arrays (rows_at_once.py), or None to run them one by one."""
+        form = rows_form(statement)
+        if form is None:
+            return None
+        bound = form.bind(parameters)
+        if bound is None:
+            return None
+        arrays, collapsed = bound
+        sql = self._sql_for(form.statement, (arrays,))
+        return None if sql is None else (sql, arrays, collapsed)
 
     def execute_led(
         self,

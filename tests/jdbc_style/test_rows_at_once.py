@@ -1,0 +1,276 @@
+"""A group's row changes of one shape as one statement over arrays, on PostgreSQL with psycopg.
+
+``ChangeSetCallbacks`` stages each row change with a statement built once per shape; with more
+than one parameter set, the direct path runs it as one statement whose rows come from arrays
+(``unnest``), and what each row ends as is what the changes one by one leave: the last update of
+a row wins, a missing row or a repeated delete fails the group (which is then applied one
+transaction at a time and names the change), an over-long value is refused, never cut, and
+values of several Python types in one column run one by one (docs/design/sql.md "Group apply").
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from waltz.client.transaction import Transaction
+from waltz.errors import TransactionApplyError
+from waltz.jdbc_style import (
+    ChangeSet,
+    ChangeSetApplyError,
+    ChangeSetCallbacks,
+    EntityRegistry,
+    WaltzEntity,
+    create_framework_engine,
+)
+from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, Operation, RowChange
+from waltz.jdbc_style.direct import direct_statements
+from waltz.jdbc_style.migrations_api import upgrade
+from waltz.jdbc_style.rows_at_once import MIN_ROWS, array_element_type, rows_form
+from waltz.protocol.records import ReqId
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Item(Base):
+    __tablename__ = "arrays_items"
+    __waltz__ = WaltzEntity("item")
+    item_id: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
+    code: Mapped[str] = mapped_column(sa.String(8))
+    price: Mapped[Decimal | None] = mapped_column(sa.Numeric(10, 2), nullable=True)
+    seen_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
+    stock: Mapped[int] = mapped_column(sa.SmallInteger)
+
+
+class OneByOne(ChangeSetCallbacks):
+    rows_at_once = False
+
+
+T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+
+
+@pytest.fixture
+def engine(postgres_url: str) -> Iterator[Engine]:
+    engine = create_framework_engine(postgres_url)
+    upgrade(engine)  # the framework's tables
+    Base.metadata.drop_all(engine)
+    Base.metadata.create_all(engine)
+    try:
+        yield engine
+    finally:
+        Base.metadata.drop_all(engine)
+        engine.dispose()
+
+
+def callbacks(engine: Engine, kind: type[ChangeSetCallbacks] = ChangeSetCallbacks) -> ChangeSetCallbacks:
+    name = "arrays" if kind.rows_at_once else "one-by-one"  # marks of their own
+    made = kind(engine, cluster_name=name, registry=EntityRegistry.from_base(Base))
+    assert made.get_client_high_water_mark(0) == -1
+    return made
+
+
+def group(first: int, *changes: list[RowChange]) -> list[Transaction]:
+    """Change-set transactions of partition 0 from ID ``first`` on, one per list of changes."""
+    return [
+        Transaction(0, tid, ReqId(1, 1, 0, tid), CHANGE_SET_HEADER, None, ChangeSet(rows).encode())
+        for tid, rows in enumerate(changes, start=first)
+    ]
+
+
+def insert(item_id: int, code: str, price: Any = None, seen_at: dt.datetime | None = None) -> RowChange:
+    values = {"item_id": item_id, "code": code, "price": price, "seen_at": seen_at, "stock": 0}
+    return RowChange(Operation.INSERT, "item", {"item_id": item_id}, values)
+
+
+def update(
+    item_id: int,
+    code: str,
+    price: Decimal | int | None = None,
+    seen_at: dt.datetime | None = None,
+    stock: int = 0,
+) -> RowChange:
+    """An update of the whole row: every update of this module is of one shape."""
+    values = {"item_id": item_id, "code": code, "price": price, "seen_at": seen_at, "stock": stock}
+    return RowChange(Operation.UPDATE, "item", {"item_id": item_id}, values)
+
+
+def delete(item_id: int) -> RowChange:
+    return RowChange(Operation.DELETE, "item", {"item_id": item_id}, {})
+
+
+def items(engine: Engine) -> dict[int, tuple[Any, ...]]:
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(Item.item_id, Item.code, Item.price, Item.seen_at, Item.stock))
+        return {int(row[0]): tuple(row[1:]) for row in rows}
+
+
+def test_a_group_s_changes_of_one_shape_run_over_arrays_and_leave_what_one_by_one_leaves(
+    engine: Engine,
+) -> None:
+    changes = (
+        [insert(1, "a", Decimal("1.50"), T0), insert(2, "b"), insert(3, "c", Decimal(7)), insert(4, "d")],
+        [insert(5, "e"), insert(6, "f")],
+        [update(1, "a2", Decimal("2.25"), None, 1), update(2, "b2", stock=2)],
+        [update(3, "c2", None, T0), update(4, "d2", stock=4), delete(6)],
+        [update(1, "a3", Decimal("3.333"), T0, 1), update(5, "e2", stock=5)],
+        [insert(7, "g"), insert(8, "h"), insert(9, "i")],
+        [delete(7), delete(8), delete(9), delete(5)],
+    )
+    arrays = callbacks(engine)
+    direct = direct_statements(engine)
+    before = direct.statements_over_arrays
+    arrays.apply_transactions(group(0, *changes))
+    assert arrays.uncaught_count == 0 and arrays.get_client_high_water_mark(0) == 6
+    # the inserts, the updates (of row 1 only the last sent) and the deletes: one statement each
+    assert direct.statements_over_arrays - before == 3
+    expected = {
+        1: ("a3", Decimal("3.33"), T0, 1),  # rounded to the column's scale
+        2: ("b2", None, None, 2),
+        3: ("c2", None, T0, 0),
+        4: ("d2", None, None, 4),
+    }
+    assert items(engine) == expected
+
+    # The same group one change at a time leaves the same rows.
+    Base.metadata.drop_all(engine)
+    Base.metadata.create_all(engine)
+    one_by_one = callbacks(engine, OneByOne)
+    before = direct.statements_over_arrays
+    one_by_one.apply_transactions(group(0, *changes))
+    assert direct.statements_over_arrays == before
+    assert items(engine) == expected
+
+
+def test_an_over_long_value_is_refused_not_cut(engine: Engine) -> None:
+    arrays = callbacks(engine)
+    arrays.apply_transactions(group(0, [insert(k, "x") for k in range(1, 6)]))
+    with pytest.raises(TransactionApplyError) as raised:
+        arrays.apply_transactions(
+            group(
+                1, [update(k, code="12345678", stock=k) for k in range(1, 5)], [update(5, code="123456789")]
+            )
+        )
+    assert raised.value.transaction_id == 2  # named by the one-by-one retry
+    codes = {k: row[0] for k, row in items(engine).items()}
+    assert codes == {1: "12345678", 2: "12345678", 3: "12345678", 4: "12345678", 5: "x"}
+    assert arrays.get_client_high_water_mark(0) == 1
+
+
+def test_a_missing_row_among_updates_of_one_row_fails_the_group_and_names_the_change(engine: Engine) -> None:
+    arrays = callbacks(engine)
+    arrays.apply_transactions(group(0, [insert(1, "a")]))
+    with pytest.raises(TransactionApplyError) as raised:
+        arrays.apply_transactions(
+            group(1, *([update(1, code=code, stock=0)] for code in "wxyz"), [update(9, code="q", stock=0)])
+        )
+    assert raised.value.transaction_id == 5
+    assert isinstance(raised.value.__cause__, ChangeSetApplyError)
+    assert items(engine)[1][0] == "z"
+    assert arrays.get_client_high_water_mark(0) == 4
+
+
+def test_a_row_deleted_twice_in_a_group_fails_as_one_by_one(engine: Engine) -> None:
+    arrays = callbacks(engine)
+    arrays.apply_transactions(group(0, [insert(k, "x") for k in range(1, 6)]))
+    with pytest.raises(TransactionApplyError) as raised:
+        arrays.apply_transactions(group(1, [delete(k) for k in range(1, 5)], [delete(1)]))
+    assert raised.value.transaction_id == 2
+    assert isinstance(raised.value.__cause__, ChangeSetApplyError)
+    assert set(items(engine)) == {5}
+    assert arrays.get_client_high_water_mark(0) == 1
+
+
+def test_values_of_several_types_in_one_column_run_one_by_one(engine: Engine) -> None:
+    arrays = callbacks(engine)
+    arrays.apply_transactions(group(0, [insert(k, "x") for k in range(1, 6)]))
+    direct = direct_statements(engine)
+    before = direct.statements_over_arrays
+    prices = {1: 5, 2: Decimal("1.5"), 3: Decimal(2), 4: None, 5: Decimal("0.25")}
+    arrays.apply_transactions(group(1, [update(k, code="y", price=p, stock=0) for k, p in prices.items()]))
+    assert direct.statements_over_arrays == before  # an int and Decimals: not one array
+    assert {k: row[1] for k, row in items(engine).items()} == {
+        1: Decimal("5.00"),
+        2: Decimal("1.50"),
+        3: Decimal("2.00"),
+        4: None,
+        5: Decimal("0.25"),
+    }
+    assert arrays.uncaught_count == 0
+
+
+def test_fewer_row_changes_than_the_threshold_run_one_by_one(engine: Engine) -> None:
+    arrays = callbacks(engine)
+    direct = direct_statements(engine)
+    before = direct.statements_over_arrays
+    arrays.apply_transactions(group(0, [insert(k, "x") for k in range(1, MIN_ROWS)]))
+    assert direct.statements_over_arrays == before
+    arrays.apply_transactions(group(1, [insert(k, "x") for k in range(MIN_ROWS, 2 * MIN_ROWS)]))
+    assert direct.statements_over_arrays == before + 1
+    assert set(items(engine)) == set(range(1, 2 * MIN_ROWS))
+
+
+class Shouting(sa.types.TypeDecorator[str]):
+    impl = sa.String(8)
+    cache_ok = True
+
+
+@pytest.mark.parametrize(
+    ("column_type", "element"),
+    [
+        (sa.String(8), sa.Text),
+        (sa.Unicode(20), sa.Text),
+        (sa.CHAR(2), None),
+        (sa.String(8, collation="C"), None),
+        (sa.Numeric(10, 2), sa.Numeric),
+        (sa.BigInteger(), sa.BigInteger),
+        (sa.Integer(), sa.Integer),
+        (sa.Boolean(), sa.Boolean),
+        (sa.DateTime(timezone=True), sa.DateTime),
+        (sa.Enum("a", "b", name="ab"), None),
+        (sa.Float(), None),
+        (sa.JSON(), None),
+        (Shouting(), None),
+    ],
+)
+def test_arrays_are_cast_to_the_column_s_type_without_its_length_or_precision(
+    column_type: sa.types.TypeEngine[Any], element: type | None
+) -> None:
+    got = array_element_type(column_type)
+    if element is None:
+        assert got is None
+    else:
+        assert type(got) is element
+        assert getattr(got, "length", None) is None and getattr(got, "precision", None) is None
+
+
+def test_updates_of_one_row_send_only_the_last_and_count_the_others_as_found(engine: Engine) -> None:
+    arrays = callbacks(engine)
+    arrays.apply_transactions(group(0, [insert(1, "a"), insert(2, "b")]))
+    shaped = update(1, "v")  # the statement ChangeSetCallbacks built for this shape
+    statement = arrays._shaped(Item, shaped)[0]
+    form = rows_form(statement)
+    assert form is not None
+    sets = [
+        {"k_item_id": k, "v_item_id": k, "v_code": c, "v_price": None, "v_seen_at": None, "v_stock": 0}
+        for k, c in ((1, "v1"), (2, "w1"), (1, "v2"), (1, "v3"), (2, "w2"))
+    ]
+    bound = form.bind(sets)
+    assert bound is not None
+    values, collapsed = bound
+    assert collapsed == 3
+    assert values["k_item_id"] == [1, 2] and values["v_code"] == ["v3", "w2"]  # each row's last
+    # Through the apply: one statement, each row as the last update left it.
+    arrays.apply_transactions(
+        group(1, *([update(k, c)] for k, c in ((1, "v1"), (2, "w1"), (1, "v2"), (1, "v3"), (2, "w2"))))
+    )
+    assert {k: row[0] for k, row in items(engine).items()} == {1: "v3", 2: "w2"}
+    assert arrays.get_client_high_water_mark(0) == 5
