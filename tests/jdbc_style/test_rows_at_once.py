@@ -1,23 +1,27 @@
-"""A group's row changes of one shape as one statement over arrays, on PostgreSQL with psycopg.
+"""A group's row changes of one shape as statements over arrays, on PostgreSQL with psycopg.
 
-``ChangeSetCallbacks`` stages each row change with a statement built once per shape; with more
-than one parameter set, the direct path runs it as one statement whose rows come from arrays
-(``unnest``), and what each row ends as is what the changes one by one leave: the last update of
-a row wins, a missing row or a repeated delete fails the group (which is then applied one
-transaction at a time and names the change), an over-long value is refused, never cut, and
-values of several Python types in one column run one by one (docs/design/sql.md "Group apply").
+``ChangeSetCallbacks`` stages each row change with a statement built once per shape; with
+``MIN_ROWS`` parameter sets or more, the direct path runs them in rounds that each write a row at
+most once, a large enough round as one statement whose rows come from arrays (``unnest``). What
+each row ends as, and which transaction fails, is what the changes one by one give: every change
+runs (an over-long value is refused, never cut, also when a later change of the group writes the
+row again), a missing row or a repeated delete fails the group (then applied one transaction at a
+time, naming the change), and values of several Python types in one column run one by one
+(docs/design/sql.md "Rows of one shape in one statement").
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Iterator
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import Engine
+from sqlalchemy.dialects.postgresql import CITEXT
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from waltz.client.transaction import Transaction
@@ -33,7 +37,7 @@ from waltz.jdbc_style import (
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, Operation, RowChange
 from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.migrations_api import upgrade
-from waltz.jdbc_style.rows_at_once import MIN_ROWS, array_element_type, rows_form
+from waltz.jdbc_style.rows_at_once import MIN_ROWS, RowsShape, array_element_type, describe_rows, rows_form
 from waltz.protocol.records import ReqId
 
 
@@ -107,6 +111,11 @@ def delete(item_id: int) -> RowChange:
     return RowChange(Operation.DELETE, "item", {"item_id": item_id}, {})
 
 
+def fell_back(caplog: pytest.LogCaptureFixture) -> bool:
+    """Whether a group apply failed and was applied again one transaction at a time."""
+    return any("applying them one by one" in record.getMessage() for record in caplog.records)
+
+
 def items(engine: Engine) -> dict[int, tuple[Any, ...]]:
     with engine.connect() as conn:
         rows = conn.execute(sa.select(Item.item_id, Item.code, Item.price, Item.seen_at, Item.stock))
@@ -114,7 +123,7 @@ def items(engine: Engine) -> dict[int, tuple[Any, ...]]:
 
 
 def test_a_group_s_changes_of_one_shape_run_over_arrays_and_leave_what_one_by_one_leaves(
-    engine: Engine,
+    engine: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
     changes = (
         [insert(1, "a", Decimal("1.50"), T0), insert(2, "b"), insert(3, "c", Decimal(7)), insert(4, "d")],
@@ -128,9 +137,12 @@ def test_a_group_s_changes_of_one_shape_run_over_arrays_and_leave_what_one_by_on
     arrays = callbacks(engine)
     direct = direct_statements(engine)
     before = direct.statements_over_arrays
-    arrays.apply_transactions(group(0, *changes))
+    with caplog.at_level(logging.INFO, logger="waltz.jdbc_style.callbacks"):
+        arrays.apply_transactions(group(0, *changes))
+    assert not fell_back(caplog)
     assert arrays.uncaught_count == 0 and arrays.get_client_high_water_mark(0) == 6
-    # the inserts, the updates (of row 1 only the last sent) and the deletes: one statement each
+    # over arrays: the inserts, the first update of each row (row 1's second after them, on its
+    # own) and the deletes
     assert direct.statements_over_arrays - before == 3
     expected = {
         1: ("a3", Decimal("3.33"), T0, 1),  # rounded to the column's scale
@@ -165,27 +177,49 @@ def test_an_over_long_value_is_refused_not_cut(engine: Engine) -> None:
     assert arrays.get_client_high_water_mark(0) == 1
 
 
-def test_a_missing_row_among_updates_of_one_row_fails_the_group_and_names_the_change(engine: Engine) -> None:
+def test_a_missing_row_among_updates_fails_the_group_and_names_the_change(engine: Engine) -> None:
     arrays = callbacks(engine)
-    arrays.apply_transactions(group(0, [insert(1, "a")]))
+    arrays.apply_transactions(group(0, [insert(k, "a") for k in range(1, 5)]))
+    before = direct_statements(engine).statements_over_arrays
     with pytest.raises(TransactionApplyError) as raised:
         arrays.apply_transactions(
-            group(1, *([update(1, code=code, stock=0)] for code in "wxyz"), [update(9, code="q", stock=0)])
+            group(1, *([update(k, code="u")] for k in range(1, 5)), [update(9, code="q")])
         )
+    assert direct_statements(engine).statements_over_arrays > before  # the group's try went so
     assert raised.value.transaction_id == 5
     assert isinstance(raised.value.__cause__, ChangeSetApplyError)
-    assert items(engine)[1][0] == "z"
+    assert {k: row[0] for k, row in items(engine).items()} == {1: "u", 2: "u", 3: "u", 4: "u"}
     assert arrays.get_client_high_water_mark(0) == 4
+
+
+def test_an_over_long_value_written_over_later_in_the_group_still_fails_its_transaction(
+    engine: Engine,
+) -> None:
+    """Every change runs: a later update of the same row does not hide an earlier one's error."""
+    arrays = callbacks(engine)
+    arrays.apply_transactions(group(0, [insert(k, "x") for k in range(1, 6)]))
+    with pytest.raises(TransactionApplyError) as raised:
+        arrays.apply_transactions(
+            group(
+                1,
+                [update(k, code="ok") for k in range(1, 6)],
+                [update(1, code="123456789")],
+                [update(1, "fine")],
+            )
+        )
+    assert raised.value.transaction_id == 2
+    assert {k: row[0] for k, row in items(engine).items()} == dict.fromkeys(range(1, 6), "ok")
+    assert arrays.get_client_high_water_mark(0) == 1
 
 
 def test_a_row_deleted_twice_in_a_group_fails_as_one_by_one(engine: Engine) -> None:
     arrays = callbacks(engine)
-    arrays.apply_transactions(group(0, [insert(k, "x") for k in range(1, 6)]))
+    arrays.apply_transactions(group(0, [insert(k, "x") for k in range(1, 7)]))
     with pytest.raises(TransactionApplyError) as raised:
-        arrays.apply_transactions(group(1, [delete(k) for k in range(1, 5)], [delete(1)]))
+        arrays.apply_transactions(group(1, [delete(k) for k in range(1, 6)], [delete(1)]))
     assert raised.value.transaction_id == 2
     assert isinstance(raised.value.__cause__, ChangeSetApplyError)
-    assert set(items(engine)) == {5}
+    assert set(items(engine)) == {6}
     assert arrays.get_client_high_water_mark(0) == 1
 
 
@@ -233,7 +267,8 @@ class Shouting(sa.types.TypeDecorator[str]):
         (sa.Numeric(10, 2), sa.Numeric),
         (sa.BigInteger(), sa.BigInteger),
         (sa.Integer(), sa.Integer),
-        (sa.Boolean(), sa.Boolean),
+        (sa.Boolean(), None),
+        (CITEXT(), None),
         (sa.DateTime(timezone=True), sa.DateTime),
         (sa.Enum("a", "b", name="ab"), None),
         (sa.Float(), None),
@@ -250,27 +285,75 @@ def test_arrays_are_cast_to_the_column_s_type_without_its_length_or_precision(
     else:
         assert type(got) is element
         assert getattr(got, "length", None) is None and getattr(got, "precision", None) is None
+        assert getattr(got, "timezone", None) == getattr(column_type, "timezone", None)
 
 
-def test_updates_of_one_row_send_only_the_last_and_count_the_others_as_found(engine: Engine) -> None:
+def test_writes_of_one_row_go_in_rounds_in_their_order(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
     arrays = callbacks(engine)
-    arrays.apply_transactions(group(0, [insert(1, "a"), insert(2, "b")]))
-    shaped = update(1, "v")  # the statement ChangeSetCallbacks built for this shape
-    statement = arrays._shaped(Item, shaped)[0]
+    arrays.apply_transactions(group(0, [insert(k, "x") for k in range(1, 6)]))
+    statement = arrays._shaped(Item, update(1, "v"))[0]  # the statement built for this shape
     form = rows_form(statement)
     assert form is not None
+    writes = [(1, "v1"), (2, "w1"), (1, "v2"), (3, "c"), (1, "v3"), (2, "w2"), (4, "d"), (5, "e")]
     sets = [
         {"k_item_id": k, "v_item_id": k, "v_code": c, "v_price": None, "v_seen_at": None, "v_stock": 0}
-        for k, c in ((1, "v1"), (2, "w1"), (1, "v2"), (1, "v3"), (2, "w2"))
+        for k, c in writes
     ]
-    bound = form.bind(sets)
-    assert bound is not None
-    values, collapsed = bound
-    assert collapsed == 3
-    assert values["k_item_id"] == [1, 2] and values["v_code"] == ["v3", "w2"]  # each row's last
-    # Through the apply: one statement, each row as the last update left it.
-    arrays.apply_transactions(
-        group(1, *([update(k, c)] for k, c in ((1, "v1"), (2, "w1"), (1, "v2"), (1, "v3"), (2, "w2"))))
-    )
-    assert {k: row[0] for k, row in items(engine).items()} == {1: "v3", 2: "w2"}
-    assert arrays.get_client_high_water_mark(0) == 5
+    rounds = form.rounds(sets)
+    assert rounds is not None
+    assert [[(p["k_item_id"], p["v_code"]) for p in r] for r in rounds] == [
+        [(1, "v1"), (2, "w1"), (3, "c"), (4, "d"), (5, "e")],
+        [(1, "v2"), (2, "w2")],
+        [(1, "v3")],
+    ]
+    direct = direct_statements(engine)
+    before = direct.statements_over_arrays
+    with caplog.at_level(logging.INFO, logger="waltz.jdbc_style.callbacks"):
+        arrays.apply_transactions(group(1, *([update(k, c)] for k, c in writes)))
+    assert not fell_back(caplog)
+    assert direct.statements_over_arrays == before + 1  # the first round; the others one by one
+    assert {k: row[0] for k, row in items(engine).items()} == {1: "v3", 2: "w2", 3: "c", 4: "d", 5: "e"}
+    assert arrays.get_client_high_water_mark(0) == len(writes)
+
+
+class Tag(Base):
+    """A unique column besides the key: its updates and inserts go one by one."""
+
+    __tablename__ = "arrays_tags"
+    __waltz__ = WaltzEntity("tag")
+    tag_id: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
+    label: Mapped[str] = mapped_column(sa.String(8), unique=True)
+
+
+class Node(Base):
+    """A reference to its own table: its writes go one by one."""
+
+    __tablename__ = "arrays_nodes"
+    __waltz__ = WaltzEntity("node")
+    node_id: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
+    parent_id: Mapped[int | None] = mapped_column(sa.ForeignKey("arrays_nodes.node_id"), nullable=True)
+
+
+@pytest.mark.parametrize(
+    ("model", "operation", "over_arrays"),
+    [
+        (Tag, "update", False),
+        (Tag, "insert", False),
+        (Tag, "delete", True),
+        (Node, "update", False),
+        (Node, "delete", False),
+        (Item, "update", True),
+    ],
+)
+def test_constraints_checked_per_statement_keep_a_model_s_writes_one_by_one(
+    model: type[Any], operation: Literal["insert", "update", "delete"], over_arrays: bool
+) -> None:
+    key = sa.inspect(model).primary_key[0].key
+    others = tuple(sorted(c.key for c in sa.inspect(model).columns if c.key != key))
+    keys = () if operation == "insert" else (key,)
+    values = () if operation == "delete" else (key, *others)
+    statement = sa.delete(model.__table__)  # any statement object: only its description counts
+    describe_rows(statement, RowsShape(model, operation, keys, values))
+    assert (rows_form(statement) is not None) is over_arrays

@@ -12,7 +12,7 @@ driver is exactly the parameter set (no bind processors, no Python-side defaults
 renamed parameters, no ``RETURNING``), runs the compiled SQL on the DBAPI cursor of the same
 connection, in the same database transaction; on psycopg several statements (a group's staged
 writes) go in one pipeline, sent together with one wait for all their results, and a change-set
-statement with several parameter sets may go once over arrays of them (``rows_at_once.py``).
+statement with many parameter sets may go over arrays of them (``rows_at_once.py``).
 Errors go through SQLAlchemy's own handling of driver errors, so they are the same ``DBAPIError``
 subclasses (and a lost connection is invalidated) as on the ordinary path.
 
@@ -105,6 +105,7 @@ class DirectStatements:
         self._dialect = dialect
         self._sql: dict[tuple[Executable, frozenset[str]], str] = {}
         self._selects: dict[tuple[Executable, frozenset[str]], _Select | str] = {}
+        self._counting = threading.Lock()
         self.statements_over_arrays = 0
         """How many statements ran as one statement over arrays of a group's parameter sets
         (rows_at_once.py), since this instance was made."""
@@ -169,8 +170,9 @@ class DirectStatements:
                 the pipeline, ahead of the statements.
 
         A statement ``ChangeSetCallbacks`` described (rows_at_once.py) with enough parameter
-        sets runs once over arrays of them instead (docs/design/sql.md "Rows of one shape in one
-        statement"); its row count is then what the parameter sets one by one would have changed.
+        sets runs in rounds that each write a row at most once, a round of enough sets once over
+        arrays of them (docs/design/sql.md "Rows of one shape in one statement"); its row count
+        is then the rounds' together.
 
         Returns:
             The rows each statement changed in all, in order; or None when one of them does not
@@ -184,21 +186,21 @@ class DirectStatements:
             return None
         statements: list[str] = []
         runs: list[Sequence[Mapping[str, Any]]] = []  # the parameter sets each statement runs with
-        # Where a statement runs once over arrays: its place -> (rows sent, updates left out).
-        at_once: dict[int, tuple[int, int]] = {}
+        pieces: list[int] = []  # per batch, the statements it runs as (more than one: in rounds)
+        arrays_run = 0
         for statement, parameters in batches:
             sql = self._sql_for(statement, parameters)
             if sql is None:
                 return None
-            run = parameters
-            if self._pipelines and len(parameters) >= MIN_ROWS:
-                over_arrays = self._over_arrays(statement, parameters)
-                if over_arrays is not None:
-                    sql, arrays, collapsed = over_arrays
-                    at_once[len(runs)] = (len(parameters) - collapsed, collapsed)
-                    run = (arrays,)
-            statements.append(sql)
-            runs.append(run)
+            split = self._over_arrays(sql, statement, parameters) if self._pipelines else None
+            if split is None:
+                split = [(sql, parameters)]
+            else:
+                arrays_run += sum(1 for piece_sql, _ in split if piece_sql != sql)
+            for piece_sql, piece_parameters in split:
+                statements.append(piece_sql)
+                runs.append(piece_parameters)
+            pieces.append(len(split))
         driver = connection.connection.dbapi_connection
         cursors: list[Any] = []
         opened: list[Any] = []  # the cursor of ``begin``
@@ -227,28 +229,43 @@ class DirectStatements:
         finally:
             for cursor in (*opened, *cursors):
                 cursor.close()
-        self.statements_over_arrays += len(at_once)
-        for index, (sent, collapsed) in at_once.items():
-            # Each update left out found its row when every row sent was found (the rows sent
-            # are distinct, and each one left out was updated again by this statement).
-            if collapsed and counts[index] == sent:
-                counts[index] += collapsed
-        return counts
+        if arrays_run:
+            with self._counting:
+                self.statements_over_arrays += arrays_run
+        totals: list[int] = []
+        at = 0
+        for count in pieces:  # a batch run in rounds changed the rows its rounds changed
+            rows = counts[at : at + count]
+            totals.append(-1 if any(r < 0 for r in rows) else sum(rows))
+            at += count
+        return totals
 
     def _over_arrays(
-        self, statement: Executable, parameters: Sequence[Mapping[str, Any]]
-    ) -> tuple[str, dict[str, list[Any]], int] | None:
-        """The SQL, arrays and updates left out to run ``statement``'s parameter sets as one
-        statement over arrays (rows_at_once.py), or None to run them one by one."""
+        self, sql: str, statement: Executable, parameters: Sequence[Mapping[str, Any]]
+    ) -> list[tuple[str, Sequence[Mapping[str, Any]]]] | None:
+        """``statement``'s parameter sets as the statements to run in their place (SQL and
+        parameter sets, in order): rounds that each write a row at most once, a round of
+        ``MIN_ROWS`` sets or more as one statement over arrays (rows_at_once.py), a smaller one
+        as ``sql`` with its sets; or None to run ``sql`` with them all, one by one."""
+        if len(parameters) < MIN_ROWS:
+            return None
         form = rows_form(statement)
         if form is None:
             return None
-        bound = form.bind(parameters)
-        if bound is None:
+        rounds = form.rounds(parameters)
+        if rounds is None:
             return None
-        arrays, collapsed = bound
-        sql = self._sql_for(form.statement, (arrays,))
-        return None if sql is None else (sql, arrays, collapsed)
+        split: list[tuple[str, Sequence[Mapping[str, Any]]]] = []
+        for round_parameters in rounds:
+            arrays = form.arrays(round_parameters) if len(round_parameters) >= MIN_ROWS else None
+            over_arrays = None if arrays is None else self._sql_for(form.statement, (arrays,))
+            if arrays is None or over_arrays is None:
+                split.append((sql, round_parameters))
+            else:
+                split.append((over_arrays, (arrays,)))
+        if all(piece_sql == sql for piece_sql, _ in split):
+            return None  # no round goes as arrays: the sets in their own order, as before
+        return split
 
     def execute_led(
         self,

@@ -1,36 +1,38 @@
 """A staged row-change statement's parameter sets as one statement over arrays (PostgreSQL).
 
-Source: docs/design/sql.md "Group apply" (rows of one shape in one statement).
+Source: docs/design/sql.md "Rows of one shape in one statement".
 
 ``ChangeSetCallbacks`` stages each row change of a group with a statement built once per shape
 (model, operation, key and value attributes), so a group's changes of one shape share a statement
-and its parameter sets. On PostgreSQL with psycopg the direct path (``direct.py``) runs such a
-statement, when it has :data:`MIN_ROWS` parameter sets or more, as one statement whose rows come
-from arrays, one array per attribute::
+and its parameter sets. On PostgreSQL with psycopg the direct path (``direct.py``) runs them in
+rounds that each write a row at most once (:meth:`RowsForm.rounds`), and a round of
+:data:`MIN_ROWS` parameter sets or more as one statement whose rows come from arrays, one array
+per attribute::
 
     UPDATE t SET c = waltz_rows.v_c FROM unnest(CAST(%(k_id)s AS BIGINT[]), CAST(%(v_c)s AS TEXT[]))
         AS waltz_rows(k_id, v_c) WHERE t.id = waltz_rows.k_id
 
 instead of one execution per parameter set: the database plans and runs one statement, and the
-driver sends one. What each row ends as is the same:
+driver sends one. Every row change still runs, and each row's changes in their order:
 
-- an update's rows are distinct: of several updates of one row (the same statement, so the same
-  columns, and no other statement's write of the row between them, which ``ApplySession.stage``
-  sees to) only the last is sent; the row count the caller gets counts each collapsed update as
-  having found its row when every distinct row was found, so the check of one row per update
-  holds as before;
-- a delete or insert of the same row twice fails as before (a short row count, a unique key);
+- the rounds run one after the other, the first write of each row in the first, its second in the
+  second, and so on; no write is left out, so each one fails as it would alone (a row count one
+  short, a unique key, a value too long) and fires its row-level triggers;
 - each array is cast to the column's type without its length, precision or scale (``TEXT[]`` for
   a ``VARCHAR(8)``), so that the assignment to the column refuses an over-long value as a
   single-row statement does (an explicit cast to ``VARCHAR(8)`` would cut it silently);
 - an insert must carry every primary key column (no key is generated, so the order rows are
   inserted in changes nothing).
 
-A statement goes this way only where each of its attributes is a plain column of the model's one
-table of a type listed in :func:`array_element_type`, and, per run, only when each attribute's
-values (None aside) are of one Python type (psycopg dumps a list of one type); otherwise the
-parameter sets run one by one, as before. A statement-level trigger fires once for the statement
-over arrays, where it fired once per parameter set.
+Within a round the rows are written by one statement, so what the database checks once per
+statement sees them together: a table with a foreign key to itself goes one by one, as does an
+insert or update of a table with a unique key besides its primary key (both as its model
+declares them; constraints only the database knows are not seen). A statement goes this way only
+where each of its attributes is a plain column of the model's one table of a type listed in
+:func:`array_element_type`, and, per round, only when each attribute's values (None aside) are of
+one Python type (psycopg dumps a list of one type); otherwise the parameter sets run one by one,
+as before. A statement-level trigger fires once per statement over arrays, where it fired once
+per parameter set, and ``AFTER`` row triggers at the end of that statement.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, CITEXT
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.types import TypeEngine
 
@@ -84,13 +86,11 @@ def describe_rows(statement: Executable, shape: RowsShape) -> None:
 def array_element_type(column_type: TypeEngine[Any]) -> TypeEngine[Any] | None:
     """The type an array of a column's values is cast to: the column's type without length,
     precision or scale, so that the assignment to the column checks and rounds a value as it
-    does for a single row; None for a type not listed (enums, JSON, arrays, decorated types, and
-    any other, and fixed-length or collated strings), whose statements run one parameter set at
-    a time."""
-    if isinstance(column_type, sa.types.TypeDecorator | sa.Enum | sa.Interval):
-        return None
-    if isinstance(column_type, sa.Boolean):
-        return sa.Boolean()
+    does for a single row; None for a type not listed (enums, JSON, arrays, decorated types,
+    ``CITEXT``, fixed-length or collated strings, and any other), whose statements run one
+    parameter set at a time."""
+    if isinstance(column_type, sa.types.TypeDecorator | sa.Enum | sa.Interval | CITEXT):
+        return None  # CITEXT compared as TEXT would tell apart keys that differ in case
     if isinstance(column_type, sa.BigInteger):
         return sa.BigInteger()
     if isinstance(column_type, sa.SmallInteger):
@@ -117,8 +117,9 @@ def array_element_type(column_type: TypeEngine[Any]) -> TypeEngine[Any] | None:
 
 
 class RowsForm:
-    """A described statement as one statement over arrays, and how to bind a group's parameter
-    sets to it (:meth:`bind`).
+    """A described statement as one statement over arrays, and how to take a group's parameter
+    sets to it: in rounds that each write a row at most once (:meth:`rounds`), each round's sets
+    as arrays (:meth:`arrays`).
 
     Attributes:
         statement: the statement over arrays (its bind parameters named as the original's).
@@ -133,11 +134,34 @@ class RowsForm:
         self._key_names = tuple(f"k_{name}" for name in shape.keys)
         self._names = (*self._key_names, *(f"v_{name}" for name in shape.values))
 
-    def bind(self, parameters: Sequence[Mapping[str, Any]]) -> tuple[dict[str, list[Any]], int] | None:
-        """The arrays to run :attr:`statement` with in place of ``parameters`` (the original's
-        parameter sets, in order), and how many updates were left out as an earlier update of a
-        row updated again; or None when these parameter sets cannot go as arrays (a set with
-        other names, an attribute whose values are of several types, an unhashable key)."""
+    def rounds(self, parameters: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]] | None:
+        """``parameters`` (the original's parameter sets, in order) in rounds that each write a
+        row at most once: the first write of each row in the first round, its second in the
+        second, and so on, each round in the order of the sets. Run one after the other, the
+        rounds write each row in the order of its writes, and every write runs (none is left out,
+        so each one's errors and row-level triggers are its own). None when a key value cannot
+        be told apart from another in Python (unhashable)."""
+        key_names = self._key_names
+        if not key_names:  # an insert: its rows are told apart by the database (a unique key)
+            return [list(parameters)]
+        rounds: list[list[Mapping[str, Any]]] = []
+        seen: dict[tuple[Any, ...], int] = {}
+        try:
+            for parameter_set in parameters:
+                key = tuple(parameter_set[name] for name in key_names)
+                index = seen.get(key, 0)
+                seen[key] = index + 1
+                if index == len(rounds):
+                    rounds.append([])
+                rounds[index].append(parameter_set)
+        except (KeyError, TypeError):  # other names, an unhashable key
+            return None
+        return rounds
+
+    def arrays(self, parameters: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]] | None:
+        """The arrays to run :attr:`statement` with in place of ``parameters`` (parameter sets of
+        the original that write each row at most once, see :meth:`rounds`); None when they cannot
+        go as arrays (a set with other names, an attribute whose values are of several types)."""
         names = self._names
         arrays: dict[str, list[Any]] = {name: [] for name in names}
         try:
@@ -152,31 +176,17 @@ class RowsForm:
             kinds = {_kind(value) for value in values if value is not None}
             if len(kinds) > 1:
                 return None
-        if self.shape.operation != "update":
-            return arrays, 0
-        # The last update of each row: an update of a row sets the same columns as any other of
-        # this statement, so the last one's values are the row's.
-        try:
-            last: dict[tuple[Any, ...], int] = {}
-            columns = [arrays[name] for name in self._key_names]
-            for index, key in enumerate(zip(*columns, strict=True)):
-                last[key] = index
-        except TypeError:  # an unhashable key value
-            return None
-        collapsed = len(parameters) - len(last)
-        if collapsed:
-            kept = sorted(last.values())
-            arrays = {name: [values[i] for i in kept] for name, values in arrays.items()}
-        return arrays, collapsed
+        return arrays
 
 
 def _kind(value: Any) -> Any:
-    """What psycopg dumps a list element as: its type, and for a date-time whether it has a
-    time zone (naive and aware values are different types to the database)."""
-    kind = type(value)
-    if kind is dt.datetime or kind is dt.time:
-        return kind, value.tzinfo is None
-    return kind
+    """What psycopg dumps a list element as: its type, and for a date-time (of any subclass)
+    whether it has a time zone (naive and aware values are different types to the database)."""
+    if isinstance(value, dt.datetime):
+        return dt.datetime, value.tzinfo is None
+    if isinstance(value, dt.time):
+        return dt.time, value.tzinfo is None
+    return type(value)
 
 
 # Shape -> its form (None: the shape cannot go as arrays), built once per shape.
@@ -197,6 +207,15 @@ def rows_form(statement: Executable) -> RowsForm | None:
     return form
 
 
+def _unique_besides_primary_key(table: sa.Table) -> bool:
+    """Whether the model's table declares a unique key other than its primary key."""
+    if any(column.unique for column in table.columns):
+        return True
+    if any(isinstance(c, sa.UniqueConstraint) for c in table.constraints):
+        return True
+    return any(index.unique for index in table.indexes)
+
+
 def _build(shape: RowsShape) -> RowsForm | None:
     mapper = sa.inspect(shape.model, raiseerr=False)
     if mapper is None:
@@ -204,6 +223,13 @@ def _build(shape: RowsShape) -> RowsForm | None:
     table = mapper.local_table
     if mapper.persist_selectable is not table or not isinstance(table, sa.Table):
         return None  # inheritance across tables: one statement would not do
+    try:
+        if any(key.references(table) for key in table.foreign_keys):
+            return None  # a reference to the table itself is checked once per statement
+    except sa.exc.SQLAlchemyError:  # a reference SQLAlchemy cannot resolve: go one by one
+        return None
+    if shape.operation != "delete" and _unique_besides_primary_key(table):
+        return None  # a unique key is checked row by row in the plan's order, not the log's
     names: list[str] = []
     elements: list[TypeEngine[Any]] = []
     for prefix, attributes in (("k_", shape.keys), ("v_", shape.values)):
