@@ -133,11 +133,11 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
     applies_split_records = True
 
     #: On PostgreSQL with psycopg, an apply's staged row changes of one shape (model, operation,
-    #: attribute names), five or more, run in rounds that write each row once, a round of five
-    #: or more as one statement over arrays of their values (docs/design/sql.md "Rows of one
-    #: shape in one statement"); False runs them one parameter set at a time, as a statement-level
-    #: trigger that should fire once per row change (or an AFTER row trigger that must see each
-    #: change at once) needs.
+    #: attribute names), five or more, run in rounds that each write a row at most once, a round
+    #: of five or more as one statement over arrays of their values (docs/design/sql.md
+    #: "Rows of one shape in one statement"); False runs them one parameter set at a time, as a
+    #: statement-level trigger that should fire once per row change (or an AFTER row trigger that
+    #: must see each change at once) needs.
     rows_at_once = True
 
     def __init__(

@@ -107,8 +107,8 @@ class DirectStatements:
         self._selects: dict[tuple[Executable, frozenset[str]], _Select | str] = {}
         self._counting = threading.Lock()
         self.statements_over_arrays = 0
-        """How many statements ran as one statement over arrays of a group's parameter sets
-        (rows_at_once.py), since this instance was made."""
+        """How many statements were sent as one statement over arrays of a group's parameter sets
+        (rows_at_once.py), since this instance was made (also those the database then refused)."""
         # Drivers in autocommit since execute_led or read_begun sent their transaction's BEGIN in
         # a pipeline.
         self._begun: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -201,6 +201,9 @@ class DirectStatements:
                 statements.append(piece_sql)
                 runs.append(piece_parameters)
             pieces.append(len(split))
+        if arrays_run:
+            with self._counting:
+                self.statements_over_arrays += arrays_run
         driver = connection.connection.dbapi_connection
         cursors: list[Any] = []
         opened: list[Any] = []  # the cursor of ``begin``
@@ -229,9 +232,6 @@ class DirectStatements:
         finally:
             for cursor in (*opened, *cursors):
                 cursor.close()
-        if arrays_run:
-            with self._counting:
-                self.statements_over_arrays += arrays_run
         totals: list[int] = []
         at = 0
         for count in pieces:  # a batch run in rounds changed the rows its rounds changed

@@ -25,14 +25,17 @@ driver sends one. Every row change still runs, and each row's changes in their o
   inserted in changes nothing).
 
 Within a round the rows are written by one statement, so what the database checks once per
-statement sees them together: a table with a foreign key to itself goes one by one, as does an
-insert or update of a table with a unique key besides its primary key (both as its model
-declares them; constraints only the database knows are not seen). A statement goes this way only
-where each of its attributes is a plain column of the model's one table of a type listed in
-:func:`array_element_type`, and, per round, only when each attribute's values (None aside) are of
-one Python type (psycopg dumps a list of one type); otherwise the parameter sets run one by one,
-as before. A statement-level trigger fires once per statement over arrays, where it fired once
-per parameter set, and ``AFTER`` row triggers at the end of that statement.
+statement sees them together, and it visits them in its plan's order: a table with a foreign key
+to itself goes one by one, as do the inserts and updates of a table with a key checked across
+rows besides its primary key (unique, exclusion; as its model declares them: constraints only the
+database knows are not seen). A statement goes this way only where each of its attributes is a
+plain column of the model's one table of a type listed in :func:`array_element_type`, and, per
+round, only when each attribute's values (None aside) are of one Python type (psycopg dumps a
+list of one type); otherwise the parameter sets run one by one, as before. The single-row
+statements cast their parameters to the column's type too (SQLAlchemy renders the casts for
+psycopg), so the arrays' casts read each value as they do.
+A statement-level trigger fires once per statement over arrays, where it fired once per
+parameter set, and ``AFTER`` row triggers at the end of that statement.
 """
 
 from __future__ import annotations
@@ -48,7 +51,14 @@ from sqlalchemy.dialects.postgresql import ARRAY, CITEXT
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.types import TypeEngine
 
-__all__ = ["MIN_ROWS", "RowsForm", "RowsShape", "array_element_type", "describe_rows", "rows_form"]
+__all__ = [
+    "MIN_ROWS",
+    "RowsForm",
+    "RowsShape",
+    "array_element_type",
+    "describe_rows",
+    "rows_form",
+]
 
 #: The derived table the arrays are unnested as.
 ROWS_ALIAS = "waltz_rows"
@@ -137,7 +147,8 @@ class RowsForm:
     def rounds(self, parameters: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]] | None:
         """``parameters`` (the original's parameter sets, in order) in rounds that each write a
         row at most once: the first write of each row in the first round, its second in the
-        second, and so on, each round in the order of the sets. Run one after the other, the
+        second, and so on, each round's sets in their order (the database then visits a round's
+        rows in its plan's order). Run one after the other, the
         rounds write each row in the order of its writes, and every write runs (none is left out,
         so each one's errors and row-level triggers are its own). None when a key value cannot
         be told apart from another in Python (unhashable)."""
@@ -208,10 +219,13 @@ def rows_form(statement: Executable) -> RowsForm | None:
 
 
 def _unique_besides_primary_key(table: sa.Table) -> bool:
-    """Whether the model's table declares a unique key other than its primary key."""
+    """Whether the model's table declares a key checked across rows other than its primary key
+    (a unique column, constraint or index, an exclusion constraint, any constraint but a check
+    or a foreign key)."""
     if any(column.unique for column in table.columns):
         return True
-    if any(isinstance(c, sa.UniqueConstraint) for c in table.constraints):
+    row_by_row = (sa.PrimaryKeyConstraint, sa.ForeignKeyConstraint, sa.CheckConstraint)
+    if any(not isinstance(c, row_by_row) for c in table.constraints):
         return True
     return any(index.unique for index in table.indexes)
 
