@@ -41,6 +41,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from benchmarks.databases import fresh_database
 from waltz.jdbc_style import create_framework_engine
+from waltz.jdbc_style.changeset import Operation
 from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.rows_at_once import RowsShape, describe_rows
 
@@ -122,7 +123,7 @@ def run(url: str, row_counts: list[int], groups: int, repeat: int) -> None:
     statements = [shaped(model) for model in models]
     described = [shaped(model) for model in models]  # the same, run over arrays
     for statement, model in zip(described, models, strict=True):
-        describe_rows(statement, RowsShape(model, "update", ("id",), ("v",)))
+        describe_rows(statement, RowsShape(model, Operation.UPDATE, ("id",), ("v",)))
     direct = direct_statements(engine)
     print(f"{'rows':>4} {'way':<11} {'CPU µs/group':>13} {'database CPU µs/group':>22} {'wall µs/group':>14}")
     with engine.connect() as conn:

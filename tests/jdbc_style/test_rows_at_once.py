@@ -412,5 +412,5 @@ def test_constraints_checked_per_statement_keep_a_model_s_writes_one_by_one(
     keys = () if operation == "insert" else (key,)
     values = () if operation == "delete" else (key, *others)
     statement = sa.delete(model.__table__)  # any statement object: only its description counts
-    describe_rows(statement, RowsShape(model, operation, keys, values))
+    describe_rows(statement, RowsShape(model, Operation(operation), keys, values))
     assert (rows_form(statement) is not None) is over_arrays

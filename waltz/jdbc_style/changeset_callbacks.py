@@ -175,7 +175,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         # statements, and whether the batch's transaction recorded each first.
         self._recorded: dict[int, dict[str, bool]] = {}
         # Statements of staged row changes, built once per (model, operation, attribute names).
-        self._statements: dict[tuple[Any, ...], Any] = {}
+        self._statements: dict[RowsShape, Any] = {}
         self.registry = registry
         self.uncaught: deque[tuple[int, int, BaseException]] = deque(maxlen=100)
         self.uncaught_count = 0
@@ -570,7 +570,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         operation = change.operation
         keys = tuple(sorted(change.key)) if operation is not Operation.INSERT else ()
         values = tuple(sorted(change.values)) if operation is not Operation.DELETE else ()
-        shape = (model, operation, keys, values)
+        shape = RowsShape(model, operation, keys, values)
         statement = self._statements.get(shape)
         if statement is None:
             if operation is Operation.INSERT:
@@ -586,7 +586,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
                 else:
                     statement = delete(model).where(where)
             if self.rows_at_once:
-                describe_rows(statement, RowsShape(model, operation.value, keys, values))
+                describe_rows(statement, shape)
             self._statements[shape] = statement
         parameters = {f"k_{name}": change.key[name] for name in keys}
         if operation is not Operation.DELETE:

@@ -44,12 +44,14 @@ import datetime as dt
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, CITEXT
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.types import TypeEngine
+
+from waltz.jdbc_style.changeset import Operation
 
 __all__ = [
     "MIN_ROWS",
@@ -67,15 +69,13 @@ ROWS_ALIAS = "waltz_rows"
 #: docs/decisions/0079-rows-of-one-shape-in-one-statement.md).
 MIN_ROWS = 5
 
-Operation = Literal["insert", "update", "delete"]
-
 
 @dataclass(frozen=True)
 class RowsShape:
-    """What a staged statement does, as ``ChangeSetCallbacks`` built it: ``operation`` on
-    ``model``, its rows named by the ``keys`` attributes (bound as ``k_<name>``; none for an
-    insert) and written with the ``values`` attributes (bound as ``v_<name>``; none for a
-    delete)."""
+    """What a staged statement does, as ``ChangeSetCallbacks`` built it (and the key it keeps the
+    statement under): ``operation`` on ``model``, its rows named by the ``keys`` attributes
+    (bound as ``k_<name>``; none for an insert) and written with the ``values`` attributes
+    (bound as ``v_<name>``; none for a delete)."""
 
     model: type[Any]
     operation: Operation
@@ -242,7 +242,7 @@ def _build(shape: RowsShape) -> RowsForm | None:
             return None  # a reference to the table itself is checked once per statement
     except sa.exc.SQLAlchemyError:  # a reference SQLAlchemy cannot resolve: go one by one
         return None
-    if shape.operation != "delete" and _unique_besides_primary_key(table):
+    if shape.operation is not Operation.DELETE and _unique_besides_primary_key(table):
         return None  # a unique key is checked row by row in the plan's order, not the log's
     names: list[str] = []
     elements: list[TypeEngine[Any]] = []
@@ -271,12 +271,12 @@ def _build(shape: RowsShape) -> RowsForm | None:
     model = shape.model
     where = [getattr(model, name) == rows.c[f"k_{name}"] for name in shape.keys]
     statement: Executable
-    if shape.operation == "update":
+    if shape.operation is Operation.UPDATE:
         if not where or not shape.values:
             return None
         written = {name: rows.c[f"v_{name}"] for name in shape.values}
         statement = sa.update(model).where(*where).values(written)
-    elif shape.operation == "delete":
+    elif shape.operation is Operation.DELETE:
         if not where:
             return None
         statement = sa.delete(model).where(*where)
