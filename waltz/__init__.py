@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from waltz import errors
 from waltz.errors import WaltzError
-from waltz.tuning import tune_garbage_collector
+from waltz.tuning import tune_garbage_collector, tune_grpc_transport
 
 if TYPE_CHECKING:
     from waltz.client import (
@@ -54,11 +54,18 @@ __all__ = [
     "__version__",
     "errors",
     "tune_garbage_collector",
+    "tune_grpc_transport",
 ]
 
 __version__ = "0.1.0"
 
-_CLIENT_API = frozenset(__all__) - {"WaltzError", "__version__", "errors", "tune_garbage_collector"}
+_CLIENT_API = frozenset(__all__) - {
+    "WaltzError",
+    "__version__",
+    "errors",
+    "tune_garbage_collector",
+    "tune_grpc_transport",
+}
 
 
 def __getattr__(name: str) -> object:

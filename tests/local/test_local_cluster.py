@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from waltz.local.processes import ServiceStartError
 from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.server_client import ServerAdminClient
+from waltz.tuning import GRPC_EXPERIMENTS
 
 SESSION_TIMEOUT = 3.0
 
@@ -98,6 +100,23 @@ def test_describe_names_zookeeper_the_root_and_every_port(cluster: LocalCluster)
     assert None not in ports
     for port in ports:
         assert re.search(rf"127\.0\.0\.1:{port}\b", text), f"port {port} missing from:\n{text}"
+
+
+def test_every_node_logs_the_grpc_experiments_it_runs_with(cluster: LocalCluster) -> None:
+    # Started as `python -m waltz.services.<node>`, which sets them unless the environment does.
+    if "GRPC_EXPERIMENTS" in os.environ:
+        expected = os.environ["GRPC_EXPERIMENTS"] or "(gRPC's defaults)"
+    else:
+        expected = GRPC_EXPERIMENTS
+    for node in (*cluster.storages, *cluster.servers):
+        assert node.process.log_path is not None
+        lines = [
+            line
+            for line in node.process.log_path.read_text(errors="replace").splitlines()
+            if "gRPC core experiments:" in line
+        ]
+        assert lines, f"{node.process.name} logged no gRPC experiments:\n{node.process.log_tail()}"
+        assert lines[-1].endswith(f"gRPC core experiments: {expected}"), lines[-1]
 
 
 def test_kill_9_of_the_owner_moves_the_partition_to_another_writable_server(cluster: LocalCluster) -> None:

@@ -14,7 +14,7 @@ from typing import Protocol, TypeVar
 
 import typer
 
-from waltz.tuning import tune_garbage_collector
+from waltz.tuning import grpc_experiments_in_effect, tune_garbage_collector
 
 __all__ = [
     "STOP_BOUND",
@@ -145,6 +145,7 @@ def run_until_signalled(service: Service, stop_bound: float = STOP_BOUND) -> Non
                 log.exception("could not stop what a failed start had opened")
             raise
         tune_garbage_collector()
+        log.info("gRPC core experiments: %s", grpc_experiments_in_effect())
         try:
             await stop.wait()
             log.info("stopping on signal")

@@ -2,8 +2,11 @@
 
 import sys
 
-from waltz.services.runtime import run_command
-from waltz.services.server.command import start
+from waltz.tuning import tune_grpc_transport
 
 if __name__ == "__main__":
+    tune_grpc_transport()  # before the first import of grpc: waltz.tuning, tune_grpc_transport
+    from waltz.services.runtime import run_command
+    from waltz.services.server.command import start
+
     run_command(start, sys.argv[1:], "waltz server start")

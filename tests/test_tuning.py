@@ -1,0 +1,120 @@
+"""waltz.tuning's gRPC setting: known to the pinned grpcio, set only where it takes effect.
+
+gRPC core reads ``GRPC_EXPERIMENTS`` once, when ``grpc`` is imported, so each case runs in a
+fresh interpreter of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from waltz.tuning import GRPC_EXPERIMENTS
+
+#: A channel and a listener, each carrying one stream message: the code paths both experiments
+#: switch (client channels, listeners).
+_ECHO = """
+import asyncio
+import grpc
+from grpc import aio
+
+async def main():
+    async def echo(requests, context):
+        async for message in requests:
+            yield message
+
+    handler = grpc.stream_stream_rpc_method_handler(echo)
+    server = aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.Echo", {"S": handler}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.stream_stream("/t.Echo/S")()
+        await call.write(b"ping")
+        assert await call.read() == b"ping"
+        await call.done_writing()
+    await server.stop(None)
+    print("echoed")
+
+asyncio.run(main())
+"""
+
+
+def _python(code: str, env: dict[str, str | None]) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    environment.update({k: v for k, v in env.items() if v is not None})
+    return subprocess.run(
+        [sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_the_pinned_grpcio_knows_both_experiments_and_carries_a_stream_without_them() -> None:
+    result = _python(_ECHO, {"GRPC_EXPERIMENTS": GRPC_EXPERIMENTS})
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "echoed"
+    assert "Unknown experiment" not in result.stderr, result.stderr
+
+
+def test_an_experiment_grpcio_does_not_know_is_reported() -> None:
+    # What the check above would see after an upgrade that dropped an experiment.
+    result = _python(_ECHO, {"GRPC_EXPERIMENTS": "-no_such_waltz_experiment"})
+
+    assert result.returncode == 0, result.stderr
+    assert "Unknown experiment: no_such_waltz_experiment" in result.stderr
+
+
+_TUNE = """
+import os, sys
+{before}
+from waltz.tuning import tune_grpc_transport, grpc_experiments_in_effect
+print(tune_grpc_transport(), repr(os.environ.get("GRPC_EXPERIMENTS")), grpc_experiments_in_effect(), sep="|")
+"""
+
+
+@pytest.mark.parametrize(
+    ("before", "env", "expected"),
+    [
+        ("", None, f"True|'{GRPC_EXPERIMENTS}'|{GRPC_EXPERIMENTS}"),
+        ("", "-event_engine_dns", "False|'-event_engine_dns'|-event_engine_dns"),
+        ("", "", "False|''|(gRPC's defaults)"),
+        ("import grpc", None, "False|None|(gRPC's defaults)"),
+    ],
+    ids=["unset", "the operator's own", "empty: gRPC's defaults", "grpc already imported"],
+)
+def test_tune_grpc_transport_sets_the_variable_only_before_grpc_and_never_over_the_operators(
+    before: str, env: str | None, expected: str
+) -> None:
+    result = _python(_TUNE.format(before=before), {"GRPC_EXPERIMENTS": env})
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == expected
+
+
+@pytest.mark.parametrize("entry", ["waltz.services.storage", "waltz.services.server", "waltz"])
+def test_each_entry_point_tunes_grpc_before_importing_it(entry: str) -> None:
+    # What `python -m <entry>` runs first, with the import of grpc recorded: the variable must be
+    # set by the time grpc is imported.
+    code = f"""
+import builtins, os, runpy, sys
+seen = []
+real_import = builtins.__import__
+def spy(name, *args, **kwargs):
+    if name.split(".")[0] == "grpc" and not seen:
+        seen.append(os.environ.get("GRPC_EXPERIMENTS"))
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = spy
+sys.argv = ["{entry}", "--help"]
+try:
+    runpy.run_module("{entry}", run_name="__main__", alter_sys=True)
+except SystemExit:
+    pass
+print(seen)
+"""
+    result = _python(code, {"GRPC_EXPERIMENTS": None, "COLUMNS": "200"})
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == repr([GRPC_EXPERIMENTS])

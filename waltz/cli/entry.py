@@ -1,0 +1,23 @@
+"""The ``waltz`` console script and ``python -m waltz``: process settings, then the command line.
+
+Importing :mod:`waltz.cli.main` imports gRPC (through the commands it lists), and gRPC core reads
+its experiments at that import, so :func:`waltz.tuning.tune_grpc_transport` runs here, before it
+(docs/decisions/0080-grpc-core-without-the-event-engine.md). Every process a command starts (the
+nodes of a local cluster, the instances of ``waltz perf``) inherits the setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from waltz.tuning import tune_grpc_transport
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the ``waltz`` command line (:func:`waltz.cli.main.main`) with gRPC tuned first."""
+    tune_grpc_transport()
+    from waltz.cli.main import main as run_command_line
+
+    run_command_line(argv)
