@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +120,9 @@ print(seen)
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == repr([GRPC_EXPERIMENTS])
+
+
+def test_the_waltz_console_script_is_the_entry_point_that_tunes_first() -> None:
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+
+    assert pyproject["project"]["scripts"]["waltz"] == "waltz.cli.entry:main"

@@ -61,6 +61,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from waltz.tuning import GRPC_EXPERIMENTS
+
 
 @dataclass(frozen=True)
 class Sizes:
@@ -271,10 +273,15 @@ def spawn_case(name: str, args: argparse.Namespace, forwarded: list[str]) -> dic
         when it failed or timed out.
     """
     command = [sys.executable, "-m", "benchmarks.peers.run_all", "--case", name, *forwarded]
+    env = dict(os.environ)
+    if name.startswith("waltz-") and "GRPC_EXPERIMENTS" not in env:
+        # The client as Waltz's own processes run it (waltz.tuning.tune_grpc_transport; decision
+        # 0080), not the other systems' gRPC clients (etcd's).
+        env["GRPC_EXPERIMENTS"] = GRPC_EXPERIMENTS
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     child = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
     )
     try:
         out, err = child.communicate(timeout=args.case_timeout + 180)

@@ -16,7 +16,14 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the ``waltz`` command line (:func:`waltz.cli.main.main`) with gRPC tuned first."""
+    """Run the ``waltz`` command line (:func:`waltz.cli.main.main`) with gRPC tuned first.
+
+    Args:
+        argv: the arguments after ``waltz``; ``None`` takes ``sys.argv``.
+
+    Raises:
+        SystemExit: always, with the command's exit status (as every Typer program exits).
+    """
     tune_grpc_transport()
     from waltz.cli.main import main as run_command_line
 

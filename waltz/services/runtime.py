@@ -135,6 +135,7 @@ def run_until_signalled(service: Service, stop_bound: float = STOP_BOUND) -> Non
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, signalled)
+        log.info("gRPC core experiments: %s", grpc_experiments_in_effect())
         try:
             await service.start()
         except BaseException:
@@ -145,7 +146,6 @@ def run_until_signalled(service: Service, stop_bound: float = STOP_BOUND) -> Non
                 log.exception("could not stop what a failed start had opened")
             raise
         tune_garbage_collector()
-        log.info("gRPC core experiments: %s", grpc_experiments_in_effect())
         try:
             await stop.wait()
             log.info("stopping on signal")

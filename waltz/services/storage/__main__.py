@@ -5,7 +5,8 @@ import sys
 from waltz.tuning import tune_grpc_transport
 
 if __name__ == "__main__":
-    tune_grpc_transport()  # before the first import of grpc: waltz.tuning, tune_grpc_transport
+    # Before anything imports grpc: docs/decisions/0080-grpc-core-without-the-event-engine.md.
+    tune_grpc_transport()
     from waltz.services.runtime import run_command
     from waltz.services.storage.command import start
 
