@@ -274,10 +274,10 @@ def spawn_case(name: str, args: argparse.Namespace, forwarded: list[str]) -> dic
     """
     command = [sys.executable, "-m", "benchmarks.peers.run_all", "--case", name, *forwarded]
     env = dict(os.environ)
-    if name.startswith("waltz-") and "GRPC_EXPERIMENTS" not in env:
+    if name.startswith("waltz-"):
         # The client as Waltz's own processes run it (waltz.tuning.tune_grpc_transport; decision
         # 0080), not the other systems' gRPC clients (etcd's).
-        env["GRPC_EXPERIMENTS"] = GRPC_EXPERIMENTS
+        env.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     child = subprocess.Popen(

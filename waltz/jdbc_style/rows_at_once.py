@@ -210,12 +210,9 @@ def rows_form(statement: Executable) -> RowsForm | None:
     shape = _SHAPES.get(statement)
     if shape is None:
         return None
-    try:
-        return _FORMS[shape]
-    except KeyError:
-        pass
-    form = _FORMS[shape] = _build(shape)
-    return form
+    if shape not in _FORMS:
+        _FORMS[shape] = _build(shape)
+    return _FORMS[shape]
 
 
 def _unique_besides_primary_key(table: sa.Table) -> bool:
