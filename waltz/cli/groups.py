@@ -20,10 +20,12 @@ import typer.core
 
 __all__ = ["HELP", "MARKUP", "SHORT_HELP", "LazyGroup", "first_sentence", "shorten_listings"]
 
-#: How every ``waltz`` command renders its help (``typer.Typer(rich_markup_mode=MARKUP)``):
-#: Markdown joins the hard-wrapped lines of a docstring paragraph and wraps them to the terminal,
-#: where Typer's "rich" mode keeps every line break (ragged at 80 columns, and when piped).
-MARKUP: Final = "markdown"
+#: How every ``waltz`` command renders its help (``typer.Typer(rich_markup_mode=MARKUP)``): None is
+#: Click's own formatter, which joins the hard-wrapped lines of a docstring paragraph, wraps every
+#: text to the terminal and puts an option's help under its name when the name is long. Typer's
+#: Rich panels cut option names and long words short with "…" at 80 columns, the width of a piped
+#: help (docs/decisions/0081-help-in-click-s-own-format.md).
+MARKUP: Final = None
 
 #: The help of each lazily imported group (its module's ``app`` uses the same text).
 HELP = {
@@ -80,8 +82,8 @@ SHORT_HELP = {
     "cluster": "Create, inspect and verify a cluster; manage its storage nodes.",
     "db": "The SQL framework's tables: create, upgrade, show marks, skip.",
     "client": "Client checks: validate, high-water marks, connectivity.",
-    "snapshot": "An application's tables at one set of marks: create, show, verify, load.",
-    "archive": "The log's archive: run the archiver, show its status, verify it, restore a cluster from it.",
+    "snapshot": "Tables as of one set of marks: create, show, verify, load.",
+    "archive": "The log's archive: archiver, status, verify, restore a cluster.",
 }
 
 #: The module whose ``app`` is each lazily imported group.

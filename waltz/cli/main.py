@@ -26,9 +26,7 @@ app.add_typer(
     storage.app, name="storage", short_help="Run a storage node; list and sync a node's partitions."
 )
 app.add_typer(perf.app, name="perf")
-app.command("demo", short_help="Run the ledger demo on a local cluster under faults, then check it.")(
-    demo.demo
-)
+app.command("demo", short_help="Run the ledger demo on a local cluster under faults; check it.")(demo.demo)
 app.command("up", short_help="Run a local cluster (loopback or network namespaces) until Ctrl-C.")(up.up)
 app.command("rebuild", short_help="Rebuild an application's tables from the log with Spark.")(
     rebuild.rebuild_command
