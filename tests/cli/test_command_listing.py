@@ -4,20 +4,16 @@ other group the first sentence of each command's help (the whole text stays in i
 from __future__ import annotations
 
 import typer
-from typer.testing import CliRunner
 
+from tests.cli.terminal import help_output
 from waltz.cli.groups import first_sentence
 from waltz.cli.main import app
-
-ENV = {"COLUMNS": "80", "TERM": "dumb"}
 
 
 def _listing(args: list[str]) -> list[str]:
     """The lines of the Commands section of ``waltz <args> --help``, without their indent: one per
     command, and a wrapped description's further lines."""
-    result = CliRunner().invoke(app, [*args, "--help"], env=ENV)
-    assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()
+    lines = help_output(args, 80).splitlines()
     start = lines.index("Commands:")
     end = next((i for i in range(start + 1, len(lines)) if not lines[i].strip()), len(lines))
     return [line.strip() for line in lines[start + 1 : end]]
@@ -47,8 +43,8 @@ def test_waltz_help_lists_every_command_on_one_line() -> None:
 def test_a_group_lists_the_first_sentence_of_each_command() -> None:
     rows = {row.split()[0]: row for row in _listing(["cluster", "storage"])}
     assert rows["add"].split(None, 1)[1] == "Add a storage node to the cluster, with no partition."
-    result = CliRunner().invoke(app, ["cluster", "storage", "add", "--help"], env=ENV)
-    assert "Add a storage node to the cluster, with no partition." in result.output
+    add = help_output(["cluster", "storage", "add"])
+    assert "Add a storage node to the cluster, with no partition." in add
 
 
 def test_the_first_sentence_ends_at_the_first_full_stop_of_the_first_paragraph() -> None:

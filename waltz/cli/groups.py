@@ -22,9 +22,10 @@ __all__ = ["HELP", "MARKUP", "SHORT_HELP", "LazyGroup", "first_sentence", "short
 
 #: How every ``waltz`` command renders its help (``typer.Typer(rich_markup_mode=MARKUP)``): None is
 #: Click's own formatter, which joins the hard-wrapped lines of a docstring paragraph, wraps every
-#: text to the terminal and puts an option's help under its name when the name is long. Typer's
-#: Rich panels cut option names and long words short with "…" at 80 columns, the width of a piped
-#: help (docs/decisions/0081-help-in-click-s-own-format.md).
+#: text to the terminal (at most 78 columns), breaking a word too long for its column rather than
+#: cutting it, and puts an option's help under its name when the name is long. Typer's Rich panels
+#: cut option names and long words short with "…" at 80 columns, the width of a piped help
+#: (docs/decisions/0081-help-in-click-s-own-format.md).
 MARKUP: Final = None
 
 #: The help of each lazily imported group (its module's ``app`` uses the same text).
@@ -82,8 +83,8 @@ SHORT_HELP = {
     "cluster": "Create, inspect and verify a cluster; manage its storage nodes.",
     "db": "The SQL framework's tables: create, upgrade, show marks, skip.",
     "client": "Client checks: validate, high-water marks, connectivity.",
-    "snapshot": "Tables as of one set of marks: create, show, verify, load.",
-    "archive": "The log's archive: archiver, status, verify, restore a cluster.",
+    "snapshot": "An application's tables at one set of marks: create, verify, load.",
+    "archive": "The log's archive: run the archiver, status, verify, restore.",
 }
 
 #: The module whose ``app`` is each lazily imported group.

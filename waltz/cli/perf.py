@@ -54,7 +54,7 @@ app = typer.Typer(
         "Target an existing cluster with --zookeeper/--root (or --config, or `WALTZ_*` variables), or "
         "start a local one with --local and --storages/--servers/--partitions."
     ),
-    short_help="Measure producers, consumers, SmallBank, inventory and splits.",
+    short_help="Measure throughput and latency: producers, SmallBank, inventory.",
     no_args_is_help=True,
     rich_markup_mode=MARKUP,
 )
