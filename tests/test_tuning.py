@@ -1,7 +1,7 @@
-"""waltz.tuning's gRPC setting: known to the pinned grpcio, set only where it takes effect.
+"""waltz.tuning's gRPC settings: known to the pinned grpcio, set only where they take effect.
 
-gRPC core reads ``GRPC_EXPERIMENTS`` once, when ``grpc`` is imported, so each case runs in a
-fresh interpreter of its own.
+gRPC core reads ``GRPC_EXPERIMENTS`` and ``GRPC_ENABLE_FORK_SUPPORT`` once, when ``grpc`` is
+imported, so each case runs in a fresh interpreter of its own.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from waltz.tuning import GRPC_EXPERIMENTS
+from waltz.local.processes import free_port
+from waltz.tuning import GRPC_EXPERIMENTS, GRPC_FORK_SUPPORT
 
 #: A channel and a listener, each carrying one stream message: the code paths both experiments
 #: switch (client channels, listeners).
@@ -45,8 +46,12 @@ asyncio.run(main())
 """
 
 
+#: The variables waltz.tuning sets: the tests start from an environment without them.
+_SETTINGS = ("GRPC_EXPERIMENTS", "GRPC_ENABLE_FORK_SUPPORT")
+
+
 def _python(code: str, env: dict[str, str | None]) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    environment = {k: v for k, v in os.environ.items() if k not in _SETTINGS}
     environment.update({k: v for k, v in env.items() if v is not None})
     return subprocess.run(
         [sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=60, check=False
@@ -106,7 +111,7 @@ seen = []
 real_import = builtins.__import__
 def spy(name, *args, **kwargs):
     if name.split(".")[0] == "grpc" and not seen:
-        seen.append(os.environ.get("GRPC_EXPERIMENTS"))
+        seen.append((os.environ.get("GRPC_EXPERIMENTS"), os.environ.get("GRPC_ENABLE_FORK_SUPPORT")))
     return real_import(name, *args, **kwargs)
 builtins.__import__ = spy
 sys.argv = ["{entry}", "--help"]
@@ -116,13 +121,69 @@ except SystemExit:
     pass
 print(seen)
 """
-    result = _python(code, {"GRPC_EXPERIMENTS": None, "COLUMNS": "200"})
+    result = _python(code, {"COLUMNS": "200"})
 
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == repr([GRPC_EXPERIMENTS])
+    assert result.stdout.strip().splitlines()[-1] == repr([(GRPC_EXPERIMENTS, GRPC_FORK_SUPPORT)])
 
 
 def test_the_waltz_console_script_is_the_entry_point_that_tunes_first() -> None:
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
 
     assert pyproject["project"]["scripts"]["waltz"] == "waltz.cli.entry:main"
+
+
+_TUNE_FORK = """
+import os, sys
+{before}
+from waltz.tuning import tune_grpc_fork_support, grpc_fork_support_in_effect
+tuned = tune_grpc_fork_support()
+print(tuned, repr(os.environ.get("GRPC_ENABLE_FORK_SUPPORT")), grpc_fork_support_in_effect(), sep="|")
+"""
+
+
+@pytest.mark.parametrize(
+    ("before", "env", "expected"),
+    [
+        ("", None, f"True|'{GRPC_FORK_SUPPORT}'|{GRPC_FORK_SUPPORT}"),
+        ("", "true", "False|'true'|true"),
+        ("import grpc", None, "False|None|(gRPC's default)"),
+    ],
+    ids=["unset", "the operator's own", "grpc already imported"],
+)
+def test_tune_grpc_fork_support_sets_the_variable_only_before_grpc_and_never_over_the_operators(
+    before: str, env: str | None, expected: str
+) -> None:
+    result = _python(_TUNE_FORK.format(before=before), {"GRPC_ENABLE_FORK_SUPPORT": env})
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == expected
+
+
+#: A process with gRPC threads at work that runs another program the way Spark's launcher does:
+#: ``subprocess`` with ``preexec_fn``, which forks rather than vforks.
+_FORK_BESIDE_GRPC = """
+import subprocess, time
+from waltz.tuning import tune_grpc_fork_support
+{tune}
+import grpc
+channel = grpc.insecure_channel("127.0.0.1:{port}")  # nothing listens: gRPC keeps reconnecting
+grpc.channel_ready_future(channel)
+time.sleep(0.3)
+for _ in range(3):
+    subprocess.run(["true"], preexec_fn=lambda: None, check=True)
+channel.close()
+print("ran")
+"""
+
+
+@pytest.mark.parametrize("tuned", [True, False], ids=["tuned", "gRPC's default"])
+def test_a_fork_to_run_a_program_prints_nothing_with_the_handlers_off(tuned: bool) -> None:
+    # The control, gRPC's default, shows that the line this keeps out of `waltz demo` is real.
+    code = _FORK_BESIDE_GRPC.format(port=free_port(), tune="tune_grpc_fork_support()" if tuned else "")
+    result = _python(code, {})
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ran"
+    forks = [line for line in result.stderr.splitlines() if "fork_posix" in line]
+    assert bool(forks) != tuned, result.stderr

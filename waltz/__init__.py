@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from waltz import errors
 from waltz.errors import WaltzError
-from waltz.tuning import tune_garbage_collector, tune_grpc_transport
+from waltz.tuning import tune_garbage_collector, tune_grpc_fork_support, tune_grpc_transport
 
 if TYPE_CHECKING:
     from waltz.client import (
@@ -54,6 +54,7 @@ __all__ = [
     "__version__",
     "errors",
     "tune_garbage_collector",
+    "tune_grpc_fork_support",
     "tune_grpc_transport",
 ]
 
@@ -64,6 +65,7 @@ _CLIENT_API = frozenset(__all__) - {
     "__version__",
     "errors",
     "tune_garbage_collector",
+    "tune_grpc_fork_support",
     "tune_grpc_transport",
 }
 

@@ -9,7 +9,10 @@ therefore collect less often (docs/decisions/0015-garbage-collector-tuning.md).
 Every hop of a commit is a gRPC stream message, and at low load every message wakes a process;
 gRPC core's EventEngine costs more per message than its older I/O manager, so Waltz's own processes
 start with the EventEngine's client and listener turned off
-(docs/decisions/0080-grpc-core-without-the-event-engine.md).
+(docs/decisions/0080-grpc-core-without-the-event-engine.md). They fork only to run another program
+(Spark's JVM, PostgreSQL's tools), so gRPC core's fork handlers are off as well: with other threads
+in gRPC they only print a line on every such fork
+(docs/decisions/0082-grpc-fork-handlers-off.md).
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ from typing import Final
 
 __all__ = [
     "GRPC_EXPERIMENTS",
+    "GRPC_FORK_SUPPORT",
     "grpc_experiments_in_effect",
+    "grpc_fork_support_in_effect",
     "tune_garbage_collector",
+    "tune_grpc_fork_support",
     "tune_grpc_transport",
     "tuned_garbage_collector",
 ]
@@ -101,13 +107,7 @@ def tune_grpc_transport() -> bool:
         or when ``grpc`` is already imported (too late for this process: its children would differ
         from it).
     """
-    if _VARIABLE in os.environ:
-        return False
-    if "grpc" in sys.modules:
-        log.debug("grpc is already imported: its experiments stay as they are")
-        return False
-    os.environ[_VARIABLE] = GRPC_EXPERIMENTS
-    return True
+    return _set_before_grpc(_VARIABLE, GRPC_EXPERIMENTS)
 
 
 def grpc_experiments_in_effect() -> str:
@@ -119,3 +119,49 @@ def grpc_experiments_in_effect() -> str:
         or empty.
     """
     return os.environ.get(_VARIABLE) or _DEFAULTS
+
+
+#: The value of gRPC core's ``GRPC_ENABLE_FORK_SUPPORT`` environment variable that
+#: :func:`tune_grpc_fork_support` sets: no fork handlers.
+GRPC_FORK_SUPPORT: Final = "false"
+
+#: The environment variable gRPC core reads its fork support from, once, when ``grpc`` is imported.
+_FORK_VARIABLE: Final = "GRPC_ENABLE_FORK_SUPPORT"
+
+
+def tune_grpc_fork_support() -> bool:
+    """Turn gRPC core's fork handlers off in this process and the processes it starts.
+
+    Sets the environment variable ``GRPC_ENABLE_FORK_SUPPORT`` to :data:`GRPC_FORK_SUPPORT`.
+    gRPC's fork handlers prepare a child that goes on using gRPC after ``fork()`` without ``exec``;
+    Waltz's processes never make one: they start processes with ``spawn`` or run another program
+    (Spark's JVM, whose launcher forks because it passes ``preexec_fn``; PostgreSQL's tools). With
+    the handlers on, every such fork while other threads are in gRPC printed
+    ``fork_posix.cc:71] Other threads are currently calling into gRPC, skipping fork() handlers``,
+    at times with an ``epoll_wait error: Bad file descriptor`` line after it, into the output of
+    ``waltz demo`` and ``waltz rebuild``. The same rules and callers as
+    :func:`tune_grpc_transport` (docs/decisions/0082-grpc-fork-handlers-off.md).
+
+    Returns:
+        True if it set the variable; False, changing nothing, when ``GRPC_ENABLE_FORK_SUPPORT`` is
+        already in the environment (the operator's choice) or when ``grpc`` is already imported.
+    """
+    return _set_before_grpc(_FORK_VARIABLE, GRPC_FORK_SUPPORT)
+
+
+def grpc_fork_support_in_effect() -> str:
+    """The value of ``GRPC_ENABLE_FORK_SUPPORT`` now, as a node logs it at start-up, or
+    ``"(gRPC's default)"`` when it is unset or empty."""
+    return os.environ.get(_FORK_VARIABLE) or "(gRPC's default)"
+
+
+def _set_before_grpc(variable: str, value: str) -> bool:
+    """Set the environment ``variable`` that gRPC core reads when it is imported, unless it is
+    already set or ``grpc`` is already imported; True if it was set."""
+    if variable in os.environ:
+        return False
+    if "grpc" in sys.modules:
+        log.debug("grpc is already imported: %s stays as it is", variable)
+        return False
+    os.environ[variable] = value
+    return True

@@ -19,7 +19,7 @@ from waltz.local.processes import ServiceStartError
 from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.server_client import ServerAdminClient
-from waltz.tuning import GRPC_EXPERIMENTS
+from waltz.tuning import GRPC_EXPERIMENTS, GRPC_FORK_SUPPORT
 
 SESSION_TIMEOUT = 3.0
 
@@ -102,12 +102,17 @@ def test_describe_names_zookeeper_the_root_and_every_port(cluster: LocalCluster)
         assert re.search(rf"127\.0\.0\.1:{port}\b", text), f"port {port} missing from:\n{text}"
 
 
-def test_every_node_logs_the_grpc_experiments_it_runs_with(cluster: LocalCluster) -> None:
+def test_every_node_logs_the_grpc_settings_it_runs_with(cluster: LocalCluster) -> None:
     # Started as `python -m waltz.services.<node>`, which sets them unless the environment does.
     if "GRPC_EXPERIMENTS" in os.environ:
-        expected = os.environ["GRPC_EXPERIMENTS"] or "(gRPC's defaults)"
+        experiments = os.environ["GRPC_EXPERIMENTS"] or "(gRPC's defaults)"
     else:
-        expected = GRPC_EXPERIMENTS
+        experiments = GRPC_EXPERIMENTS
+    if "GRPC_ENABLE_FORK_SUPPORT" in os.environ:
+        fork_support = os.environ["GRPC_ENABLE_FORK_SUPPORT"] or "(gRPC's default)"
+    else:
+        fork_support = GRPC_FORK_SUPPORT
+    expected = f"{experiments}; fork support: {fork_support}"
     for node in (*cluster.storages, *cluster.servers):
         assert node.process.log_path is not None
         lines = [

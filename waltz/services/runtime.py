@@ -14,7 +14,7 @@ from typing import Protocol, TypeVar
 
 import typer
 
-from waltz.tuning import grpc_experiments_in_effect, tune_garbage_collector
+from waltz.tuning import grpc_experiments_in_effect, grpc_fork_support_in_effect, tune_garbage_collector
 
 __all__ = [
     "STOP_BOUND",
@@ -135,7 +135,11 @@ def run_until_signalled(service: Service, stop_bound: float = STOP_BOUND) -> Non
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, signalled)
-        log.info("gRPC core experiments: %s", grpc_experiments_in_effect())
+        log.info(
+            "gRPC core experiments: %s; fork support: %s",
+            grpc_experiments_in_effect(),
+            grpc_fork_support_in_effect(),
+        )
         try:
             await service.start()
         except BaseException:
