@@ -11,8 +11,8 @@ gRPC core's EventEngine costs more per message than its older I/O manager, so Wa
 start with the EventEngine's client and listener turned off
 (docs/decisions/0080-grpc-core-without-the-event-engine.md). They fork only to run another program
 (Spark's JVM, PostgreSQL's tools), so gRPC core's fork handlers are off as well: with other threads
-in gRPC they only print a line on every such fork
-(docs/decisions/0082-grpc-fork-handlers-off.md).
+in gRPC they print a line on every such fork, and they have made a child die before it ran its
+program (docs/decisions/0082-grpc-fork-handlers-off.md).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def tune_grpc_fork_support() -> bool:
     gRPC's fork handlers prepare a child that goes on using gRPC after ``fork()`` without ``exec``;
     Waltz's processes never make one: they start processes with ``spawn`` or run another program
     (Spark's JVM, whose launcher forks because it passes ``preexec_fn``; PostgreSQL's tools). With
-    the handlers on, every such fork while other threads are in gRPC printed
+    gRPC's default, every such fork while other threads are in gRPC printed
     ``fork_posix.cc:71] Other threads are currently calling into gRPC, skipping fork() handlers``,
     at times with an ``epoll_wait error: Bad file descriptor`` line after it, into the output of
     ``waltz demo`` and ``waltz rebuild``. The same rules and callers as

@@ -52,7 +52,11 @@ def require_spark() -> None:
 
 
 def spark_session(
-    master: str | None = None, *, app_name: str = "waltz", shuffle_partitions: int | None = None
+    master: str | None = None,
+    *,
+    app_name: str = "waltz",
+    shuffle_partitions: int | None = None,
+    console_progress: bool = True,
 ) -> Any:
     """Get or create a Spark session with the ``waltz`` data source registered.
 
@@ -68,6 +72,10 @@ def spark_session(
         master: the Spark master URL (default ``local[*]``).
         app_name: the application name.
         shuffle_partitions: ``spark.sql.shuffle.partitions`` (default: 2 x the local cores).
+        console_progress: ``spark.ui.showConsoleProgress``: Spark draws each stage's progress bar
+            on standard error. Off for a caller that prints progress lines of its own, which the
+            bar would be drawn over (``waltz demo``). Like every setting here, it applies only
+            when this call creates the session.
 
     Returns:
         A ``pyspark.sql.SparkSession``.
@@ -93,7 +101,7 @@ def spark_session(
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "true")
+        .config("spark.ui.showConsoleProgress", "true" if console_progress else "false")
         .config("spark.sql.python.filterPushdown.enabled", "true")
         .config("spark.sql.shuffle.partitions", str(shuffle))
         .config("spark.sql.session.timeZone", "UTC")

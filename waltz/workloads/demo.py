@@ -458,7 +458,8 @@ def spark_rebuild_check(
 
     say(f"rebuilding the {app.name} from the log with Spark ({master or 'local[*]'}) and checking for drift")
     shared = SparkSession.getActiveSession() is not None  # a caller's session (tests) is left running
-    spark = spark_session(master, app_name="waltz-demo-rebuild")
+    # The demo prints its own progress lines; Spark's stage bars would be drawn over them.
+    spark = spark_session(master, app_name="waltz-demo-rebuild", console_progress=False)
     try:
         spark.sparkContext.setLogLevel("ERROR")
         report = verify(
