@@ -24,9 +24,20 @@ tests run) draw ping jitter and host order from the global ``random`` on every l
 takes a change of the global state during a draw for a strategy using ``random`` (a
 ``HypothesisDeprecationWarning`` now, an error in later versions). They get a generator of their
 own here.
+
+The run starts with gRPC's fork handlers off (``GRPC_ENABLE_FORK_SUPPORT=false`` unless the
+environment sets it), as Waltz's own processes do.
 """
 
 from __future__ import annotations
+
+import os
+
+from waltz.tuning import GRPC_FORK_SUPPORT
+
+# As in Waltz's own processes, before anything imports grpc: the tests' Spark sessions start their
+# JVM by a fork, whose child gRPC's fork handlers can kill (docs/decisions/0082-grpc-fork-handlers-off.md).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", GRPC_FORK_SUPPORT)
 
 import random
 from collections.abc import Generator, Iterator
