@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from waltz.local.processes import free_port
-from waltz.tuning import GRPC_EXPERIMENTS, GRPC_FORK_SUPPORT
+from waltz.tuning import GRPC_ENVIRONMENT, GRPC_EXPERIMENTS, GRPC_FORK_SUPPORT
 
 #: A channel and a listener, each carrying one stream message: the code paths both experiments
 #: switch (client channels, listeners).
@@ -47,7 +47,7 @@ asyncio.run(main())
 
 
 #: The variables waltz.tuning sets: the tests start from an environment without them.
-_SETTINGS = ("GRPC_EXPERIMENTS", "GRPC_ENABLE_FORK_SUPPORT")
+_SETTINGS = tuple(GRPC_ENVIRONMENT)
 
 
 def _python(code: str, env: dict[str, str | None]) -> subprocess.CompletedProcess[str]:
@@ -77,25 +77,42 @@ def test_an_experiment_grpcio_does_not_know_is_reported() -> None:
 _TUNE = """
 import os, sys
 {before}
-from waltz.tuning import tune_grpc_transport, grpc_experiments_in_effect
-print(tune_grpc_transport(), repr(os.environ.get("GRPC_EXPERIMENTS")), grpc_experiments_in_effect(), sep="|")
+from waltz.tuning import {tune}, {in_effect}
+tuned = {tune}()
+print(tuned, repr(os.environ.get("{variable}")), {in_effect}(), sep="|")
 """
+
+_TRANSPORT = ("tune_grpc_transport", "grpc_experiments_in_effect", "GRPC_EXPERIMENTS")
+_FORK = ("tune_grpc_fork_support", "grpc_fork_support_in_effect", "GRPC_ENABLE_FORK_SUPPORT")
 
 
 @pytest.mark.parametrize(
-    ("before", "env", "expected"),
+    ("function", "before", "env", "expected"),
     [
-        ("", None, f"True|'{GRPC_EXPERIMENTS}'|{GRPC_EXPERIMENTS}"),
-        ("", "-event_engine_dns", "False|'-event_engine_dns'|-event_engine_dns"),
-        ("", "", "False|''|(gRPC's defaults)"),
-        ("import grpc", None, "False|None|(gRPC's defaults)"),
+        (_TRANSPORT, "", None, f"True|'{GRPC_EXPERIMENTS}'|{GRPC_EXPERIMENTS}"),
+        (_TRANSPORT, "", "-event_engine_dns", "False|'-event_engine_dns'|-event_engine_dns"),
+        (_TRANSPORT, "", "", "False|''|(gRPC's defaults)"),
+        (_TRANSPORT, "import grpc", None, "False|None|(gRPC's defaults)"),
+        (_FORK, "", None, f"True|'{GRPC_FORK_SUPPORT}'|{GRPC_FORK_SUPPORT}"),
+        (_FORK, "", "true", "False|'true'|true"),
+        (_FORK, "import grpc", None, "False|None|(gRPC's default)"),
     ],
-    ids=["unset", "the operator's own", "empty: gRPC's defaults", "grpc already imported"],
+    ids=[
+        "transport: unset",
+        "transport: the operator's own",
+        "transport: empty, gRPC's defaults",
+        "transport: grpc already imported",
+        "fork support: unset",
+        "fork support: the operator's own",
+        "fork support: grpc already imported",
+    ],
 )
-def test_tune_grpc_transport_sets_the_variable_only_before_grpc_and_never_over_the_operators(
-    before: str, env: str | None, expected: str
+def test_each_setting_is_set_only_before_grpc_and_never_over_the_operators(
+    function: tuple[str, str, str], before: str, env: str | None, expected: str
 ) -> None:
-    result = _python(_TUNE.format(before=before), {"GRPC_EXPERIMENTS": env})
+    tune, in_effect, variable = function
+    code = _TUNE.format(before=before, tune=tune, in_effect=in_effect, variable=variable)
+    result = _python(code, {variable: env})
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == expected
@@ -131,33 +148,6 @@ def test_the_waltz_console_script_is_the_entry_point_that_tunes_first() -> None:
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
 
     assert pyproject["project"]["scripts"]["waltz"] == "waltz.cli.entry:main"
-
-
-_TUNE_FORK = """
-import os, sys
-{before}
-from waltz.tuning import tune_grpc_fork_support, grpc_fork_support_in_effect
-tuned = tune_grpc_fork_support()
-print(tuned, repr(os.environ.get("GRPC_ENABLE_FORK_SUPPORT")), grpc_fork_support_in_effect(), sep="|")
-"""
-
-
-@pytest.mark.parametrize(
-    ("before", "env", "expected"),
-    [
-        ("", None, f"True|'{GRPC_FORK_SUPPORT}'|{GRPC_FORK_SUPPORT}"),
-        ("", "true", "False|'true'|true"),
-        ("import grpc", None, "False|None|(gRPC's default)"),
-    ],
-    ids=["unset", "the operator's own", "grpc already imported"],
-)
-def test_tune_grpc_fork_support_sets_the_variable_only_before_grpc_and_never_over_the_operators(
-    before: str, env: str | None, expected: str
-) -> None:
-    result = _python(_TUNE_FORK.format(before=before), {"GRPC_ENABLE_FORK_SUPPORT": env})
-
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == expected
 
 
 #: A process with gRPC threads at work that runs another program the way Spark's launcher does:

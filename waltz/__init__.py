@@ -60,14 +60,8 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-_CLIENT_API = frozenset(__all__) - {
-    "WaltzError",
-    "__version__",
-    "errors",
-    "tune_garbage_collector",
-    "tune_grpc_fork_support",
-    "tune_grpc_transport",
-}
+#: The names of ``__all__`` that this module does not define itself: the client's, imported on use.
+_CLIENT_API = frozenset(__all__) - set(globals())
 
 
 def __getattr__(name: str) -> object:

@@ -23,9 +23,11 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import Final
 
 __all__ = [
+    "GRPC_ENVIRONMENT",
     "GRPC_EXPERIMENTS",
     "GRPC_FORK_SUPPORT",
     "grpc_experiments_in_effect",
@@ -149,6 +151,11 @@ def tune_grpc_fork_support() -> bool:
         already in the environment (the operator's choice) or when ``grpc`` is already imported.
     """
     return _set_before_grpc(_FORK_VARIABLE, GRPC_FORK_SUPPORT)
+
+
+#: Every variable :func:`tune_grpc_transport` and :func:`tune_grpc_fork_support` set, with its value:
+#: for a process started with an environment of its own (``env.setdefault`` keeps the operator's).
+GRPC_ENVIRONMENT: Final = MappingProxyType({_VARIABLE: GRPC_EXPERIMENTS, _FORK_VARIABLE: GRPC_FORK_SUPPORT})
 
 
 def grpc_fork_support_in_effect() -> str:

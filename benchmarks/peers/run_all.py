@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from waltz.tuning import GRPC_EXPERIMENTS, GRPC_FORK_SUPPORT
+from waltz.tuning import GRPC_ENVIRONMENT
 
 
 @dataclass(frozen=True)
@@ -277,8 +277,8 @@ def spawn_case(name: str, args: argparse.Namespace, forwarded: list[str]) -> dic
     if name.startswith("waltz-"):
         # The client as Waltz's own processes run it (waltz.tuning.tune_grpc_transport and
         # tune_grpc_fork_support; decisions 0080, 0082), not the other systems' gRPC clients (etcd's).
-        env.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
-        env.setdefault("GRPC_ENABLE_FORK_SUPPORT", GRPC_FORK_SUPPORT)
+        for variable, value in GRPC_ENVIRONMENT.items():
+            env.setdefault(variable, value)
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     child = subprocess.Popen(
