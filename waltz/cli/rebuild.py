@@ -190,7 +190,7 @@ def rebuild_command(
             zookeeper_files=security_files_from_environment() if zookeeper else {},
         )
         say(f"starting Spark ({master})")
-        spark = spark_session(master, app_name=f"waltz-rebuild-{app}")
+        spark = spark_session(master, app_name=f"waltz-rebuild-{app}", quiet_start=True)
         if check:
             from waltz.spark.schema_check import check_log
 

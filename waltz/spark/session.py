@@ -6,18 +6,28 @@ Source: ``docs/spark.md`` ("``waltz rebuild``": ``local[*]`` by default, any mas
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from waltz.spark.errors import SparkUnavailableError
 
-__all__ = ["JDBC_JARS", "is_local_master", "register", "require_spark", "spark_session"]
+__all__ = ["JDBC_JARS", "QUIET_LOG4J", "is_local_master", "register", "require_spark", "spark_session"]
 
 #: JDBC drivers from Debian (``libpostgresql-jdbc-java``, ``libmariadb-java``), used when present.
 JDBC_JARS = ("/usr/share/java/postgresql.jar", "/usr/share/java/mariadb-java-client.jar")
+
+#: The log4j 2 configuration of ``quiet_start``: Spark's warnings and errors, without its start-up
+#: notices and Hadoop's native-library warning.
+QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
+
+#: The environment variable log4j 2 reads its configuration file from (a ``-Dlog4j2.configurationFile``
+#: system property, as in ``spark.driver.extraJavaOptions``, takes precedence over it).
+_LOG4J_ENV = "LOG4J_CONFIGURATION_FILE"
 
 
 def register(spark: Any) -> None:
@@ -57,6 +67,7 @@ def spark_session(
     app_name: str = "waltz",
     shuffle_partitions: int | None = None,
     console_progress: bool = True,
+    quiet_start: bool = False,
 ) -> Any:
     """Get or create a Spark session with the ``waltz`` data source registered.
 
@@ -76,6 +87,15 @@ def spark_session(
             on standard error. Off for a caller that prints progress lines of its own, which the
             bar would be drawn over (``waltz demo``). Like every setting here, it applies only
             when this call creates the session.
+        quiet_start: start Spark's JVM with :data:`QUIET_LOG4J` as its log4j configuration, so that
+            standard error gets Spark's warnings and errors but not the lines it prints on every
+            start (its default log4j profile, the default level and how to change it, Hadoop's
+            missing native library): for commands whose own lines they would interrupt
+            (``waltz demo``, ``waltz rebuild``). Only when nothing else configures log4j: the
+            ``LOG4J_CONFIGURATION_FILE`` environment variable, or a ``log4j2.*`` file in Spark's
+            configuration directory (``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``); a
+            ``-Dlog4j2.configurationFile`` in ``spark.driver.extraJavaOptions`` wins over it. The
+            JVM's own ``WARNING: Using incubator modules`` line stays.
 
     Returns:
         A ``pyspark.sql.SparkSession``.
@@ -111,7 +131,8 @@ def spark_session(
     if jars:
         builder = builder.config("spark.jars", jars)
     try:
-        spark = builder.getOrCreate()
+        with _log4j_for_start(quiet_start):
+            spark = builder.getOrCreate()
     except PySparkRuntimeError as e:
         if e.getCondition() != "JAVA_GATEWAY_EXITED":
             raise
@@ -123,6 +144,31 @@ def spark_session(
         ) from e
     register(spark)
     return spark
+
+
+@contextlib.contextmanager
+def _log4j_for_start(quiet: bool) -> Iterator[None]:
+    """While Spark's JVM starts: ``LOG4J_CONFIGURATION_FILE`` naming :data:`QUIET_LOG4J` when
+    ``quiet`` and nothing else configures log4j (see ``spark_session``), then the environment as
+    it was (the JVM is the only process that needs it)."""
+    if not quiet or _LOG4J_ENV in os.environ or _spark_conf_configures_log4j():
+        yield
+        return
+    os.environ[_LOG4J_ENV] = str(QUIET_LOG4J)
+    try:
+        yield
+    finally:
+        os.environ.pop(_LOG4J_ENV, None)
+
+
+def _spark_conf_configures_log4j() -> bool:
+    """Whether Spark's configuration directory holds a log4j 2 file of the operator's."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if not conf_dir and os.environ.get("SPARK_HOME"):
+        conf_dir = os.path.join(os.environ["SPARK_HOME"], "conf")
+    if not conf_dir:
+        return False
+    return any(Path(conf_dir).glob("log4j2.*"))
 
 
 def is_local_master(master: str) -> bool:

@@ -458,8 +458,9 @@ def spark_rebuild_check(
 
     say(f"rebuilding the {app.name} from the log with Spark ({master or 'local[*]'}) and checking for drift")
     shared = SparkSession.getActiveSession() is not None  # a caller's session (tests) is left running
-    # The demo prints its own progress lines; Spark's stage bars would be drawn over them.
-    spark = spark_session(master, app_name="waltz-demo-rebuild", console_progress=False)
+    # The demo prints its own progress lines; Spark's stage bars would be drawn over them, and its
+    # start-up notices printed between them.
+    spark = spark_session(master, app_name="waltz-demo-rebuild", console_progress=False, quiet_start=True)
     try:
         spark.sparkContext.setLogLevel("ERROR")
         report = verify(
