@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -74,13 +75,14 @@ print("ENV:", os.environ.get("LOG4J_CONFIGURATION_FILE"))
 spark.stop()
 """
 
-#: What Spark and Hadoop print on standard error when the JVM starts with Spark's default profile.
-START_NOTICES = (
+#: What Spark prints on standard error when its JVM starts with Spark's default profile.
+SPARK_NOTICES = (
     "Using Spark's default log4j profile",
     'Setting default log level to "WARN"',
     "To adjust logging level use sc.setLogLevel",
-    "NativeCodeLoader",
 )
+#: Hadoop's warning that its native library is missing (absent where the library is installed).
+NATIVE_LOADER = "NativeCodeLoader"
 
 
 def _start(quiet: bool, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -99,9 +101,11 @@ def _start(quiet: bool, env: dict[str, str] | None = None) -> subprocess.Complet
 
 def test_a_quiet_start_leaves_out_sparks_start_up_notices() -> None:
     loud = _start(quiet=False)
-    assert "Using Spark's default log4j profile" in loud.stderr, loud.stderr  # what the option removes
+    assert [n for n in SPARK_NOTICES if n not in loud.stderr] == [], loud.stderr  # what it removes
     quiet = _start(quiet=True)
-    assert [n for n in START_NOTICES if n in quiet.stderr] == [], quiet.stderr
+    assert [n for n in SPARK_NOTICES if n in quiet.stderr] == [], quiet.stderr
+    if NATIVE_LOADER in loud.stderr:
+        assert NATIVE_LOADER not in quiet.stderr, quiet.stderr
     # The file is handed to the JVM only: the caller's environment is as it was.
     assert "ENV: None" in quiet.stdout
 
@@ -126,29 +130,95 @@ def test_a_quiet_start_leaves_the_operators_log4j_file(tmp_path: Path) -> None:
     assert f"ENV: {own}" in run.stdout
 
 
+def _quiet_file_set() -> bool:
+    with session._log4j_for_start(quiet=True):
+        value = os.environ.get("LOG4J_CONFIGURATION_FILE")
+    assert "LOG4J_CONFIGURATION_FILE" not in os.environ  # as it was
+    assert value in (None, str(session.QUIET_LOG4J))
+    return value is not None
+
+
+@pytest.fixture
+def no_log4j_settings(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in ("LOG4J_CONFIGURATION_FILE", "SPARK_CONF_DIR", "SPARK_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
 def test_a_log4j_file_in_sparks_configuration_directory_is_the_operators(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, no_log4j_settings: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("LOG4J_CONFIGURATION_FILE", raising=False)
-    monkeypatch.delenv("SPARK_HOME", raising=False)
-    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
-    with session._log4j_for_start(quiet=True):
-        assert os.environ["LOG4J_CONFIGURATION_FILE"] == str(session.QUIET_LOG4J)
-    assert "LOG4J_CONFIGURATION_FILE" not in os.environ
-    (tmp_path / "log4j2.properties").write_text("rootLogger.level = info\n")
-    with session._log4j_for_start(quiet=True):
-        assert "LOG4J_CONFIGURATION_FILE" not in os.environ
-    monkeypatch.delenv("SPARK_CONF_DIR")
-    monkeypatch.setenv("SPARK_HOME", str(tmp_path.parent))
-    (tmp_path.parent / "conf").mkdir(exist_ok=True)
-    (tmp_path.parent / "conf" / "log4j2.xml").write_text("<Configuration/>\n")
-    with session._log4j_for_start(quiet=True):
-        assert "LOG4J_CONFIGURATION_FILE" not in os.environ
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    no_log4j_settings.setenv("SPARK_CONF_DIR", str(conf))
+    (conf / "log4j2.properties.template").write_text("rootLogger.level = info\n")  # as Spark ships
+    assert _quiet_file_set()
+    (conf / "log4j2-test.xml").write_text("<Configuration/>\n")
+    assert not _quiet_file_set()
     with session._log4j_for_start(quiet=False):
         assert "LOG4J_CONFIGURATION_FILE" not in os.environ
 
 
-def test_the_quiet_configuration_is_installed_with_the_package() -> None:
-    text = session.QUIET_LOG4J.read_text()
-    assert "rootLogger.level = warn" in text
-    assert "logger.nativeloader.level = error" in text
+def test_sparks_configuration_directory_is_found_as_its_scripts_find_it(
+    tmp_path: Path, no_log4j_settings: pytest.MonkeyPatch
+) -> None:
+    import pyspark
+
+    installed = Path(pyspark.__file__).parent / "conf"
+    # No SPARK_HOME: the installed PySpark's conf; as shipped, no log4j file.
+    assert _quiet_file_set() == (not any((installed / n).is_file() for n in session._LOG4J_FILES))
+    package = tmp_path / "site-packages" / "pyspark"
+    (package / "conf").mkdir(parents=True)
+    (package / "conf" / "log4j2.properties").write_text("rootLogger.level = info\n")
+    no_log4j_settings.setattr(pyspark, "__file__", str(package / "__init__.py"))
+    assert not _quiet_file_set()
+    home = tmp_path / "spark-home"
+    (home / "conf").mkdir(parents=True)
+    no_log4j_settings.setenv("SPARK_HOME", str(home))
+    assert _quiet_file_set()
+    (home / "conf" / "log4j2.yaml").write_text("Configuration: {}\n")
+    assert not _quiet_file_set()
+    # SPARK_CONF_DIR, when set, is the directory, in place of SPARK_HOME/conf.
+    empty = tmp_path / "conf"
+    empty.mkdir()
+    no_log4j_settings.setenv("SPARK_CONF_DIR", str(empty))
+    assert _quiet_file_set()
+
+
+def test_the_environment_is_restored_when_the_start_fails(no_log4j_settings: pytest.MonkeyPatch) -> None:
+    no_log4j_settings.setenv("SPARK_CONF_DIR", "/nonexistent")
+    with pytest.raises(RuntimeError), session._log4j_for_start(quiet=True):
+        assert os.environ["LOG4J_CONFIGURATION_FILE"] == str(session.QUIET_LOG4J)
+        raise RuntimeError("the JVM did not start")
+    assert "LOG4J_CONFIGURATION_FILE" not in os.environ
+
+
+def test_the_quiet_configuration_keeps_what_sparks_default_profile_quiets() -> None:
+    """Every logger Spark's own default profile sets is set alike in ``QUIET_LOG4J`` (or quieter,
+    as the shell's ``repl`` loggers, which the root level covers), and the file is package data."""
+    import zipfile
+
+    import pyspark
+
+    jars = sorted((Path(pyspark.__file__).parent / "jars").glob("spark-common-utils*.jar"))
+    assert jars, "no spark-common-utils jar in the installed PySpark"
+    with zipfile.ZipFile(jars[0]) as jar:
+        defaults = jar.read("org/apache/spark/log4j2-defaults.properties").decode()
+
+    def loggers(text: str) -> dict[str, str]:
+        pairs = dict(
+            line.split("=", 1) for line in text.splitlines() if line.startswith("logger.") and "=" in line
+        )
+        pairs = {k.strip(): v.strip() for k, v in pairs.items()}
+        return {
+            pairs[f"{key[: -len('.name')]}.name"]: pairs[f"{key[: -len('.name')]}.level"]
+            for key in pairs
+            if key.endswith(".name")
+        }
+
+    ours = loggers(session.QUIET_LOG4J.read_text())
+    theirs = {name: level for name, level in loggers(defaults).items() if ".repl." not in name}
+    assert {name: ours.get(name) for name in theirs} == theirs
+    assert ours["org.apache.hadoop.util.NativeCodeLoader"] == "error"
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert "spark/log4j2-quiet.properties" in pyproject["tool"]["setuptools"]["package-data"]["waltz"]

@@ -29,6 +29,13 @@ QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 #: system property, as in ``spark.driver.extraJavaOptions``, takes precedence over it).
 _LOG4J_ENV = "LOG4J_CONFIGURATION_FILE"
 
+#: The files log4j 2 finds on the classpath by itself, which the environment variable would override.
+_LOG4J_FILES = tuple(
+    f"{stem}.{extension}"
+    for stem in ("log4j2-test", "log4j2")
+    for extension in ("properties", "yaml", "yml", "json", "jsn", "xml")
+)
+
 
 def register(spark: Any) -> None:
     """Register the ``waltz`` data source with ``spark`` (a ``pyspark.sql.SparkSession``).
@@ -91,10 +98,16 @@ def spark_session(
             standard error gets Spark's warnings and errors but not the lines it prints on every
             start (its default log4j profile, the default level and how to change it, Hadoop's
             missing native library): for commands whose own lines they would interrupt
-            (``waltz demo``, ``waltz rebuild``). Only when nothing else configures log4j: the
-            ``LOG4J_CONFIGURATION_FILE`` environment variable, or a ``log4j2.*`` file in Spark's
-            configuration directory (``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``); a
-            ``-Dlog4j2.configurationFile`` in ``spark.driver.extraJavaOptions`` wins over it. The
+            (``waltz demo``, ``waltz rebuild``). Only when this call launches the JVM (the
+            process's first session; not under ``PYSPARK_GATEWAY_PORT``), and only when nothing
+            else configures log4j: the ``LOG4J_CONFIGURATION_FILE`` environment variable, or a
+            ``log4j2.*`` or ``log4j2-test.*`` file in Spark's configuration directory
+            (``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``, else the ``conf`` directory of the
+            installed PySpark); a ``-Dlog4j2.configurationFile`` in
+            ``spark.driver.extraJavaOptions`` wins over it. A log4j file elsewhere on Spark's
+            classpath (``HADOOP_CONF_DIR``, ``spark.driver.extraClassPath``) is not looked for:
+            name it in ``LOG4J_CONFIGURATION_FILE``. The variable is in this process's environment
+            while the JVM starts, so a subprocess another thread starts then inherits it. The
             JVM's own ``WARNING: Using incubator modules`` line stays.
 
     Returns:
@@ -162,13 +175,18 @@ def _log4j_for_start(quiet: bool) -> Iterator[None]:
 
 
 def _spark_conf_configures_log4j() -> bool:
-    """Whether Spark's configuration directory holds a log4j 2 file of the operator's."""
+    """Whether Spark's configuration directory (on the JVM's classpath) holds a log4j 2 file of
+    the operator's: ``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``, else the installed PySpark's
+    ``conf``, as Spark's launch scripts choose it (its ``*.template`` files are not)."""
     conf_dir = os.environ.get("SPARK_CONF_DIR")
-    if not conf_dir and os.environ.get("SPARK_HOME"):
-        conf_dir = os.path.join(os.environ["SPARK_HOME"], "conf")
     if not conf_dir:
-        return False
-    return any(Path(conf_dir).glob("log4j2.*"))
+        home = os.environ.get("SPARK_HOME")
+        if not home:
+            import pyspark
+
+            home = os.path.dirname(pyspark.__file__)
+        conf_dir = os.path.join(home, "conf")
+    return any((Path(conf_dir) / name).is_file() for name in _LOG4J_FILES)
 
 
 def is_local_master(master: str) -> bool:
