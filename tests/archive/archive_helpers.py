@@ -33,10 +33,11 @@ SESSION_ENDED = "the store session ended"
 def append_bulk(cluster: LocalCluster, partition: int, count: int, size: int = 200) -> None:
     """Commit ``count`` transactions to a partition in batches through its server's admin append.
 
-    A store session may end under a batch: a test before this one stopped storage nodes, and the
-    server finds a stream to one of them dead only at the next append. The admin append does not
-    run what the session's end dropped again (the client does), so this sends those transactions
-    again, up to twice; any other failure fails the test.
+    A store session may end under a batch: a test before this one stopped and restarted storage
+    nodes, and the server finds a stream to one of them dead at the next append, or at the idle
+    session's probe (every 2 s or more) if that comes first. The admin append does not run what the
+    session's end dropped again (the client does), so this sends those transactions again, up to
+    twice; any other failure fails the test.
     """
 
     async def run() -> None:

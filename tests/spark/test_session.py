@@ -43,51 +43,23 @@ def test_a_java_home_without_java_is_a_clear_error(tmp_path: Path) -> None:
     assert f"JAVA_HOME: {missing}" in run.stdout
 
 
-PROGRESS = """
-from waltz.spark.session import spark_session
-spark = spark_session("local[1]", console_progress={progress})
-print("PROGRESS:", spark.sparkContext.getConf().get("spark.ui.showConsoleProgress"))
-spark.stop()
-"""
-
-
-def test_the_console_progress_bar_is_on_unless_turned_off() -> None:
-    shown = {}
-    for progress in (True, False):
-        run = subprocess.run(
-            [sys.executable, "-c", PROGRESS.format(progress=progress)],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
-        shown[progress] = next(line for line in run.stdout.splitlines() if line.startswith("PROGRESS:"))
-    assert shown == {True: "PROGRESS: true", False: "PROGRESS: false"}
-
-
-QUIET = """
+#: A session started as ``spark_session`` starts it, in a process of its own; what it shows.
+SESSION = """
 import os
 from waltz.spark.session import spark_session
-spark = spark_session("local[1]", console_progress=False, quiet_start={quiet})
+spark = spark_session("local[1]", console_progress={progress}, quiet_start={quiet})
 print("COUNT:", spark.range(5).count())
+print("PROGRESS:", spark.sparkContext.getConf().get("spark.ui.showConsoleProgress"))
 print("ENV:", os.environ.get("LOG4J_CONFIGURATION_FILE"))
 spark.stop()
 """
 
-#: What Spark prints on standard error when its JVM starts with Spark's default profile.
-SPARK_NOTICES = (
-    "Using Spark's default log4j profile",
-    'Setting default log level to "WARN"',
-    "To adjust logging level use sc.setLogLevel",
-)
-#: Hadoop's warning that its native library is missing (absent where the library is installed).
-NATIVE_LOADER = "NativeCodeLoader"
 
-
-def _start(quiet: bool, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _start(
+    quiet: bool, env: dict[str, str] | None = None, *, progress: bool = False
+) -> subprocess.CompletedProcess[str]:
     run = subprocess.run(
-        [sys.executable, "-c", QUIET.format(quiet=quiet)],
+        [sys.executable, "-c", SESSION.format(progress=progress, quiet=quiet)],
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
@@ -97,6 +69,24 @@ def _start(quiet: bool, env: dict[str, str] | None = None) -> subprocess.Complet
     assert run.returncode == 0, run.stderr[-3000:]
     assert "COUNT: 5" in run.stdout
     return run
+
+
+def test_the_console_progress_bar_is_on_unless_turned_off() -> None:
+    shown = {}
+    for progress in (True, False):
+        run = _start(quiet=False, progress=progress)
+        shown[progress] = next(line for line in run.stdout.splitlines() if line.startswith("PROGRESS:"))
+    assert shown == {True: "PROGRESS: true", False: "PROGRESS: false"}
+
+
+#: What Spark prints on standard error when its JVM starts with Spark's default profile.
+SPARK_NOTICES = (
+    "Using Spark's default log4j profile",
+    'Setting default log level to "WARN"',
+    "To adjust logging level use sc.setLogLevel",
+)
+#: Hadoop's warning that its native library is missing (absent where the library is installed).
+NATIVE_LOADER = "NativeCodeLoader"
 
 
 def test_a_quiet_start_leaves_out_sparks_start_up_notices() -> None:
@@ -206,13 +196,15 @@ def test_the_quiet_configuration_keeps_what_sparks_default_profile_quiets() -> N
         defaults = jar.read("org/apache/spark/log4j2-defaults.properties").decode()
 
     def loggers(text: str) -> dict[str, str]:
-        pairs = dict(
-            line.split("=", 1) for line in text.splitlines() if line.startswith("logger.") and "=" in line
-        )
-        pairs = {k.strip(): v.strip() for k, v in pairs.items()}
+        """Logger name -> level, from the ``logger.<id>.name`` and ``logger.<id>.level`` lines."""
+        pairs = {
+            key.strip(): value.strip()
+            for key, _, value in (line.partition("=") for line in text.splitlines())
+            if key.startswith("logger.")
+        }
         return {
-            pairs[f"{key[: -len('.name')]}.name"]: pairs[f"{key[: -len('.name')]}.level"]
-            for key in pairs
+            name: pairs[key.removesuffix(".name") + ".level"]
+            for key, name in pairs.items()
             if key.endswith(".name")
         }
 
