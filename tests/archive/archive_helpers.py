@@ -25,20 +25,9 @@ def write_with_client(cluster: LocalCluster, partition: int, count: int, size: i
     return sorted(i for i in ids if i is not None)
 
 
-#: How an admin append reports a transaction that a store session's end dropped: the log is as it
-#: was, so the transaction can be sent again.
-SESSION_ENDED = "the store session ended"
-
-
 def append_bulk(cluster: LocalCluster, partition: int, count: int, size: int = 200) -> None:
-    """Commit ``count`` transactions to a partition in batches through its server's admin append.
-
-    A store session may end under a batch: a test before this one stopped and restarted storage
-    nodes, and the server finds a stream to one of them dead at the next append, or at the idle
-    session's probe (every 2 s or more) if that comes first. The admin append does not run what the
-    session's end dropped again (the client does), so this sends those transactions again, up to
-    twice; any other failure fails the test.
-    """
+    """Commit ``count`` transactions to a partition in batches through its server's admin append
+    (which sends nothing again: every transaction must commit the first time)."""
 
     async def run() -> None:
         async with ServerAdminClient(cluster.owner(partition), timeout=60) as admin:
@@ -48,12 +37,6 @@ def append_bulk(cluster: LocalCluster, partition: int, count: int, size: int = 2
                     for i in range(min(500, count - start))
                 ]
                 outcomes = await admin.append(partition, batch)
-                for _ in range(2):
-                    failed = [(t, o) for t, o in zip(batch, outcomes, strict=True) if not isinstance(o, int)]
-                    if not failed or not all(SESSION_ENDED in str(o) for _, o in failed):
-                        break
-                    batch = [t for t, _ in failed]
-                    outcomes = await admin.append(partition, batch)
                 assert all(isinstance(o, int) for o in outcomes), outcomes
 
     asyncio.run(run())

@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import logging
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
@@ -108,6 +108,7 @@ class _OrderedStream(Generic[Req, Resp]):
         self._call: Any = None
         self._error: BaseException | None = None
         self._closed = False
+        self._failure_listeners: list[Callable[[BaseException], None]] = []
 
     def start(self) -> None:
         # The generated stub's method, with requests that are already bytes (see _requests).
@@ -182,6 +183,34 @@ class _OrderedStream(Generic[Req, Resp]):
         for future in waiting.values():
             if not future.done():
                 future.set_exception(exc)
+        if self._closed:
+            return  # closed here: nobody is told of its own close
+        listeners, self._failure_listeners = self._failure_listeners, []
+        for listener in listeners:
+            try:
+                listener(exc)
+            except Exception:
+                log.exception("a listener of the stream to %s failed", self.address)
+
+    def on_failure(self, listener: Callable[[BaseException], None]) -> Callable[[], None]:
+        """Call ``listener(error)`` once, on the event loop, when the stream fails (the peer
+        closed it, or its RPC failed), not when it is closed here; at once (soon, on the loop)
+        when it failed already.
+
+        Returns:
+            A function that removes the listener (idempotent).
+        """
+        if self._error is not None:
+            error = self._error
+            asyncio.get_running_loop().call_soon(listener, error)
+            return lambda: None
+        self._failure_listeners.append(listener)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._failure_listeners.remove(listener)
+
+        return remove
 
     def submit(self, request: Req) -> asyncio.Future[Resp]:
         """Queue a request (its ``seq_num`` already set) and return the future of its response."""
@@ -401,6 +430,17 @@ class StorageSessionClient:
     def broken(self) -> bool:
         """True once the stream failed or was closed (every request then raises)."""
         return self._stream.broken
+
+    def on_failure(self, listener: Callable[[BaseException], None]) -> Callable[[], None]:
+        """Call ``listener(error)`` once when the stream fails (the storage node closed it, or the
+        RPC failed: a node that stopped or restarted), not when it is closed here; soon, on the
+        event loop, when it failed already. A store session learns so of a dead writer at once,
+        not at its next request (docs/design/server.md "Store sessions").
+
+        Returns:
+            A function that removes the listener (idempotent).
+        """
+        return self._stream.on_failure(listener)
 
     def _request(self, partition_id: int, session_id: int | None, **body: Any) -> storage_pb2.StorageRequest:
         return storage_pb2.StorageRequest(

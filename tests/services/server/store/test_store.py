@@ -236,6 +236,47 @@ def test_shared_streams_refuse_a_wrong_cluster_key_and_replace_a_broken_stream(
     run(scenario())
 
 
+def test_replica_connections_are_told_when_their_stream_fails_not_when_they_close(
+    store_cluster: StoreCluster,
+) -> None:
+    """A stream that fails (its storage node was killed) tells every open replica connection on it
+    once, shared or its own; a connection closed before is not told, and one that listens after
+    the failure is told at once (docs/design/server.md "Store sessions")."""
+    n = store_cluster.params.num_partitions
+    key = store_cluster.cluster_key
+    node = store_cluster.storages[0]
+
+    async def scenario() -> None:
+        streams = StorageStreams(key, n, FAST)
+        shared = [ReplicaConnection(node.address, p, 1, key, n, FAST, streams) for p in (0, 1)]
+        own = ReplicaConnection(node.address, 0, 1, key, n, FAST)
+        told: list[tuple[str, int, str]] = []
+        for name, connection in (("shared-0", shared[0]), ("shared-1", shared[1]), ("own", own)):
+            await connection.open()
+            connection.on_failure(lambda e, name=name: told.append((name, e.partition_id, e.code)))
+        await shared[1].close()  # closed here: never told
+        await own.max_transaction_id()
+        assert told == []
+        await asyncio.to_thread(node.kill)
+        for _ in range(250):  # bounded: 5 s
+            if len(told) == 2:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)  # nobody is told twice
+        assert sorted(told) == [("own", 0, "UNAVAILABLE"), ("shared-0", 0, "UNAVAILABLE")]
+        late: list[ReplicaError] = []
+        shared[0].on_failure(late.append)
+        await asyncio.sleep(0)
+        assert [e.code for e in late] == ["UNAVAILABLE"]
+        for connection in (shared[0], own):
+            await connection.close()
+        await streams.close()
+        assert len(told) == 2
+        await asyncio.to_thread(node.start)
+
+    run(scenario())
+
+
 @pytest.mark.parametrize("max_batch_bytes", [4 << 20, 16 << 20])
 def test_large_transactions_in_flight_stay_under_the_message_limit(
     store_cluster: StoreCluster, max_batch_bytes: int
@@ -364,6 +405,42 @@ def test_two_storages_down_stops_writes_until_one_returns(store_cluster: StoreCl
             if isinstance(outcome, int):
                 assert records[outcome].req_id.seq_num == 100 + i
         assert [r.req_id.seq_num for r in records[:20]] == list(range(20))
+
+    run(scenario())
+
+
+@SHARED
+def test_storage_nodes_that_restart_while_the_session_is_idle_end_it_at_once(
+    store_cluster: StoreCluster, shared: bool
+) -> None:
+    """Two storage nodes restart while the session is idle: their streams fail, and the session
+    ends at once (a recovery then waits for a quorum), not at its next probe, which comes every
+    20 s here, nor at the next append, which a recovery with a quorum of dead streams would drop.
+    The appends made once the nodes are back all commit (docs/design/server.md "Store sessions")."""
+    config = StoreConfig(connect_timeout=2.0, request_timeout=5.0, retry_interval=5.0)  # probe: 20 s
+
+    async def scenario() -> None:
+        streams = StorageStreams(store_cluster.cluster_key, store_cluster.params.num_partitions, config)
+        partition = store(store_cluster, config=config, streams=streams if shared else None)
+        partition.start()
+        assert await append_many(partition, 0, 20) == list(range(20))
+        sessions = partition.sessions_started
+        a, b = store_cluster.storages[1], store_cluster.storages[2]
+        a.kill()
+        b.kill()
+        deadline = time.monotonic() + 3.0  # well inside the 20 s of the probe
+        while partition.writable and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert not partition.writable, "the session went on writing on dead streams"
+        await asyncio.gather(asyncio.to_thread(a.start), asyncio.to_thread(b.start))
+        await partition.wait_writable(30)
+        assert partition.sessions_started > sessions
+        assert await append_many(partition, 20, 10) == list(range(20, 30))
+        await partition.close()
+        await streams.close()
+        first = store_cluster.storages[0]
+        records = (await replica_records(store_cluster, 0, [first]))[first.address]
+        assert [r.req_id.seq_num for r in records] == list(range(30))
 
     run(scenario())
 

@@ -42,6 +42,7 @@ class ReplicaError(WaltzError):
 
     Attributes:
         storage: the storage node's connect string.
+        partition_id: the partition of the replica.
         code: the storage failure code (e.g. ``"SESSION_FENCED"``), ``"UNAVAILABLE"``, or
             ``"BAD_RESPONSE"`` (the node's answer broke the protocol).
     """
@@ -49,6 +50,7 @@ class ReplicaError(WaltzError):
     def __init__(self, storage: str, partition_id: int, code: str, message: str) -> None:
         super().__init__(f"replica of partition {partition_id} on {storage}: {code}: {message}")
         self.storage = storage
+        self.partition_id = partition_id
         self.code = code
 
 
@@ -195,6 +197,27 @@ class ReplicaConnection:
             else None
         )
         self._closed = False
+        self._unlisten: list[Callable[[], None]] = []
+
+    def on_failure(self, listener: Callable[[ReplicaError], None]) -> None:
+        """Call ``listener(error)`` once when this connection's stream fails (the storage node
+        stopped, restarted or closed it), as a :class:`ReplicaError` with the code
+        ``UNAVAILABLE``; soon, on the event loop, when it failed already. A shared stream tells
+        every replica connection on it. Removed when the connection closes.
+
+        Raises:
+            ConnectionError: the connection is not open.
+        """
+
+        def failed(exc: BaseException) -> None:
+            if not self._closed:
+                listener(
+                    ReplicaError(
+                        self.storage, self.partition_id, "UNAVAILABLE", str(exc) or type(exc).__name__
+                    )
+                )
+
+        self._unlisten.append(self._session.on_failure(failed))
 
     async def _on_stream(self, call: Callable[[StorageSessionClient], Awaitable[T]]) -> T:
         """Await ``call`` on the stream client (``ConnectionError`` when not open, or closed)."""
@@ -255,6 +278,9 @@ class ReplicaConnection:
         if self._closed:
             return
         self._closed = True
+        for unlisten in self._unlisten:
+            unlisten()
+        self._unlisten.clear()
         if self._own is not None:
             await self._own.close()
         elif self._shared is not None and self._streams is not None:

@@ -143,6 +143,8 @@ class StoreSession:
         """Write until the session ends (see :meth:`end`) and its batches in flight are answered."""
         queue = self._queue
         probe_interval = max(2.0, 4 * self.config.retry_interval)
+        for storage, connection in list(self.writers.items()):
+            self._watch(storage, connection)
         for storage, lagging in self._lagging.items():
             self._catch_up(storage, lagging)
         self._lagging.clear()
@@ -176,6 +178,17 @@ class StoreSession:
                 next_probe = self._last_probe + probe_interval - now
                 wait = next_probe if wait is None else min(wait, next_probe)
             await queue.wait(wait)
+
+    def _watch(self, storage: str, connection: ReplicaConnection) -> None:
+        """Drop the writer as soon as its stream fails (its storage node stopped or restarted),
+        idle or not: the session ends then, not at the next append, which a recovery with a
+        quorum of dead streams would drop (docs/design/server.md "Store sessions")."""
+
+        def failed(exc: ReplicaError) -> None:
+            if self.writers.get(storage) is connection:
+                self._drop_writer(storage, exc, f"replica on {storage} failed: {exc}")
+
+        connection.on_failure(failed)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -369,6 +382,7 @@ class StoreSession:
         self.writers[storage] = connection
         self._connections.append(connection)
         self.acked[storage] = last
+        self._watch(storage, connection)
         for append, batch_last in resend:
             self._spawn(self._acknowledged(storage, connection.start_append(append), batch_last, None))
         self._queue.wake()
