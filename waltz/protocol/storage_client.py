@@ -131,6 +131,11 @@ class _OrderedStream(Generic[Req, Resp]):
         """True once the stream failed or was closed."""
         return self._error is not None or self._closed
 
+    @property
+    def failure_listeners(self) -> int:
+        """Listeners waiting for the stream's failure (for tests and metrics)."""
+        return len(self._failure_listeners)
+
     async def _requests(self) -> AsyncIterator[bytes]:
         """The stream's messages: queued requests merged, at most MAX_BATCH and MAX_BATCH_BYTES
         (a larger request alone), framed as a serialized ``StorageRequests``/``AdminRequests``."""
@@ -198,12 +203,12 @@ class _OrderedStream(Generic[Req, Resp]):
         when it failed already.
 
         Returns:
-            A function that removes the listener (idempotent).
+            A function that removes the listener (idempotent; it also stops a call not made yet).
         """
+        if self._closed:
+            return lambda: None  # closed here: never a failure to tell
         if self._error is not None:
-            error = self._error
-            asyncio.get_running_loop().call_soon(listener, error)
-            return lambda: None
+            return asyncio.get_running_loop().call_soon(listener, self._error).cancel
         self._failure_listeners.append(listener)
 
         def remove() -> None:
@@ -231,6 +236,7 @@ class _OrderedStream(Generic[Req, Resp]):
         if self._closed:
             return
         self._closed = True
+        self._failure_listeners.clear()  # closed here: nobody is told
         self._outgoing.put_nowait(None)
         if self._reader is not None:
             self._reader.cancel()
@@ -441,6 +447,11 @@ class StorageSessionClient:
             A function that removes the listener (idempotent).
         """
         return self._stream.on_failure(listener)
+
+    @property
+    def failure_listeners(self) -> int:
+        """Listeners waiting for the stream's failure (for tests and metrics)."""
+        return self._stream.failure_listeners
 
     def _request(self, partition_id: int, session_id: int | None, **body: Any) -> storage_pb2.StorageRequest:
         return storage_pb2.StorageRequest(

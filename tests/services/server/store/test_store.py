@@ -21,6 +21,7 @@ from waltz.protocol.records import Record, ReqId, crc32
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
 from waltz.services.server.store.append_queue import RECORD_OVERHEAD_BYTES, AppendQueue, PendingAppend
 from waltz.services.server.store.config import StoreConfig
+from waltz.services.server.store.recovery import RecoveryResult
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError, StorageStreams
 from waltz.services.server.store.store_partition import (
     AppendFailedError,
@@ -28,6 +29,7 @@ from waltz.services.server.store.store_partition import (
     StoreClosedError,
     StorePartition,
 )
+from waltz.services.server.store.store_session import StoreSession
 
 SHARED = pytest.mark.parametrize("shared", [False, True], ids=["own-streams", "shared-streams"])
 
@@ -254,9 +256,14 @@ def test_replica_connections_are_told_when_their_stream_fails_not_when_they_clos
         for name, connection in (("shared-0", shared[0]), ("shared-1", shared[1]), ("own", own)):
             await connection.open()
             connection.on_failure(lambda e, name=name: told.append((name, e.partition_id, e.code)))
-        await shared[1].close()  # closed here: never told
+        stream = shared[0]._session
+        assert stream.failure_listeners == 2
+        await shared[1].close()  # closed here: never told, and no longer listening
+        assert stream.failure_listeners == 1
+        shared[1].on_failure(lambda e: told.append(("closed", e.partition_id, e.code)))
+        assert stream.failure_listeners == 1
         await own.max_transaction_id()
-        assert told == []
+        assert told == [] and not shared[0].broken and not own.broken
         await asyncio.to_thread(node.kill)
         for _ in range(250):  # bounded: 5 s
             if len(told) == 2:
@@ -264,6 +271,7 @@ def test_replica_connections_are_told_when_their_stream_fails_not_when_they_clos
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.1)  # nobody is told twice
         assert sorted(told) == [("own", 0, "UNAVAILABLE"), ("shared-0", 0, "UNAVAILABLE")]
+        assert shared[0].broken and own.broken and stream.failure_listeners == 0
         late: list[ReplicaError] = []
         shared[0].on_failure(late.append)
         await asyncio.sleep(0)
@@ -273,6 +281,77 @@ def test_replica_connections_are_told_when_their_stream_fails_not_when_they_clos
         await streams.close()
         assert len(told) == 2
         await asyncio.to_thread(node.start)
+
+    run(scenario())
+
+
+def test_a_stream_closed_here_tells_nobody(store_cluster: StoreCluster) -> None:
+    """Closing a live stream is no failure: a listener added before the close, or after it, is
+    never called (docs/design/server.md "Store sessions")."""
+    node = store_cluster.storages[1]
+
+    async def scenario() -> None:
+        told: list[BaseException] = []
+        client = StorageSessionClient(
+            node.address, store_cluster.cluster_key, store_cluster.params.num_partitions
+        )
+        await client.open()
+        client.on_failure(told.append)
+        await client.close()
+        remove = client.on_failure(told.append)
+        remove()
+        await asyncio.sleep(0.1)
+        assert told == [] and client.failure_listeners == 0 and client.broken
+
+    run(scenario())
+
+
+def test_writers_whose_streams_failed_before_the_session_started_get_no_batch(
+    store_cluster: StoreCluster,
+) -> None:
+    """Two of three writers' storage nodes die between the recovery and the session's start: the
+    session drops them as it starts, before its first batch, and ends (below a quorum); the queued
+    appends stay queued for the next session instead of going out on dead streams, where the next
+    recovery would drop them (docs/design/server.md "Store sessions")."""
+    n = store_cluster.params.num_partitions
+    key = store_cluster.cluster_key
+
+    async def scenario() -> None:
+        writers = {
+            s.address: ReplicaConnection(s.address, 0, 1, key, n, FAST) for s in store_cluster.storages
+        }
+        for connection in writers.values():
+            await connection.open()
+        dead = store_cluster.storages[1:]
+        for node in dead:
+            await asyncio.to_thread(node.kill)
+        for _ in range(250):  # bounded: 5 s for the streams to see it
+            if all(writers[node.address].broken for node in dead):
+                break
+            await asyncio.sleep(0.02)
+        assert all(writers[node.address].broken for node in dead)
+        queue = AppendQueue(0)
+        queue.settle(-1)
+        outcomes: list[tuple[int, BaseException | None]] = []
+        for i in range(3):
+            data = payload(i)
+            queue.put(
+                PendingAppend(ReqId(1, 1, 0, i), 0, data, crc32(data), lambda t, e: outcomes.append((t, e)))
+            )
+        session = StoreSession(
+            queue,
+            partition_id=0,
+            session_id=1,
+            recovery=RecoveryResult(-1, dict(writers), store_cluster.zk.partition_metadata(0)),
+            assigned=list(writers),
+            config=FAST,
+            connect=lambda storage: ReplicaConnection(storage, 0, 1, key, n, FAST),
+            zk=store_cluster.zk,
+        )
+        await asyncio.wait_for(session.run(), 10)
+        assert session.ending and list(session.writers) == [store_cluster.storages[0].address]
+        assert queue.batches_taken == 0 and queue.queued == 3 and outcomes == []
+        await session.close()
 
     run(scenario())
 

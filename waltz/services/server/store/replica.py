@@ -202,12 +202,16 @@ class ReplicaConnection:
     def on_failure(self, listener: Callable[[ReplicaError], None]) -> None:
         """Call ``listener(error)`` once when this connection's stream fails (the storage node
         stopped, restarted or closed it), as a :class:`ReplicaError` with the code
-        ``UNAVAILABLE``; soon, on the event loop, when it failed already. A shared stream tells
-        every replica connection on it. Removed when the connection closes.
+        ``UNAVAILABLE``; soon, on the event loop, when it failed already (check :attr:`broken`
+        first to act at once). A shared stream tells every replica connection on it. Removed when
+        the connection closes; a connection closed already is never told.
 
         Raises:
-            ConnectionError: the connection is not open.
+            ConnectionError: a connection on a shared stream that is not open yet, or closed.
         """
+
+        if self._closed:
+            return
 
         def failed(exc: BaseException) -> None:
             if not self._closed:
@@ -218,6 +222,17 @@ class ReplicaConnection:
                 )
 
         self._unlisten.append(self._session.on_failure(failed))
+
+    @property
+    def broken(self) -> bool:
+        """True once the connection's stream failed or was closed, or the connection closed
+        (every request then raises :class:`ReplicaError`)."""
+        if self._closed:
+            return True
+        try:
+            return self._session.broken
+        except ConnectionError:  # a shared stream not taken yet
+            return True
 
     async def _on_stream(self, call: Callable[[StorageSessionClient], Awaitable[T]]) -> T:
         """Await ``call`` on the stream client (``ConnectionError`` when not open, or closed)."""

@@ -182,12 +182,17 @@ class StoreSession:
     def _watch(self, storage: str, connection: ReplicaConnection) -> None:
         """Drop the writer as soon as its stream fails (its storage node stopped or restarted),
         idle or not: the session ends then, not at the next append, which a recovery with a
-        quorum of dead streams would drop (docs/design/server.md "Store sessions")."""
+        quorum of dead streams would drop (docs/design/server.md "Store sessions"). A stream that
+        failed already (between the recovery's last request and the session's start) drops the
+        writer here, before any batch goes to it."""
 
         def failed(exc: ReplicaError) -> None:
             if self.writers.get(storage) is connection:
                 self._drop_writer(storage, exc, f"replica on {storage} failed: {exc}")
 
+        if connection.broken:
+            failed(ReplicaError(storage, self.partition_id, "UNAVAILABLE", "its stream failed"))
+            return
         connection.on_failure(failed)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
@@ -366,9 +371,17 @@ class StoreSession:
 
         Returns:
             True when it joined; False when it must copy more first, or the session is ending.
+
+        Raises:
+            ReplicaError: the replica holds more than the session sent (``MISMATCH``), or its
+                stream failed (``UNAVAILABLE``): its catch-up ends, and the probe tries it again.
         """
         if self._ending is not None:
             return False
+        if connection.broken:
+            raise ReplicaError(
+                storage, self.partition_id, "UNAVAILABLE", "its stream failed before it joined"
+            )
         sent = self.next_transaction_id - 1
         if last > sent:
             raise ReplicaError(
