@@ -444,7 +444,7 @@ class StorageSessionClient:
         not at its next request (docs/design/server.md "Store sessions").
 
         Returns:
-            A function that removes the listener (idempotent).
+            A function that removes the listener (idempotent; it also stops a call not made yet).
         """
         return self._stream.on_failure(listener)
 

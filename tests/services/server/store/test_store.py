@@ -256,12 +256,11 @@ def test_replica_connections_are_told_when_their_stream_fails_not_when_they_clos
         for name, connection in (("shared-0", shared[0]), ("shared-1", shared[1]), ("own", own)):
             await connection.open()
             connection.on_failure(lambda e, name=name: told.append((name, e.partition_id, e.code)))
-        stream = shared[0]._session
-        assert stream.failure_listeners == 2
+        assert streams.failure_listeners(node.address) == 2
         await shared[1].close()  # closed here: never told, and no longer listening
-        assert stream.failure_listeners == 1
+        assert streams.failure_listeners(node.address) == 1
         shared[1].on_failure(lambda e: told.append(("closed", e.partition_id, e.code)))
-        assert stream.failure_listeners == 1
+        assert streams.failure_listeners(node.address) == 1
         await own.max_transaction_id()
         assert told == [] and not shared[0].broken and not own.broken
         await asyncio.to_thread(node.kill)
@@ -271,7 +270,7 @@ def test_replica_connections_are_told_when_their_stream_fails_not_when_they_clos
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.1)  # nobody is told twice
         assert sorted(told) == [("own", 0, "UNAVAILABLE"), ("shared-0", 0, "UNAVAILABLE")]
-        assert shared[0].broken and own.broken and stream.failure_listeners == 0
+        assert shared[0].broken and own.broken and streams.failure_listeners(node.address) == 0
         late: list[ReplicaError] = []
         shared[0].on_failure(late.append)
         await asyncio.sleep(0)

@@ -93,6 +93,12 @@ class StorageStreams:
         """Storage nodes with a stream in the pool (for tests and metrics)."""
         return len(self._streams)
 
+    def failure_listeners(self, storage: str) -> int:
+        """Replica connections listening for the failure of the pool's stream to ``storage``
+        (0: none, or no stream; for tests and metrics)."""
+        shared = self._streams.get(storage)
+        return 0 if shared is None else shared.client.failure_listeners
+
     async def acquire(self, storage: str) -> _SharedStream:
         """The open stream to ``storage``, opened first if need be.
 
@@ -207,9 +213,8 @@ class ReplicaConnection:
         the connection closes; a connection closed already is never told.
 
         Raises:
-            ConnectionError: a connection on a shared stream that is not open yet, or closed.
+            ConnectionError: a connection on a shared stream that is not open yet.
         """
-
         if self._closed:
             return
 
