@@ -264,10 +264,7 @@ def test_replica_connections_are_told_when_their_stream_fails_not_when_they_clos
         await own.max_transaction_id()
         assert told == [] and not shared[0].broken and not own.broken
         await asyncio.to_thread(node.kill)
-        for _ in range(250):  # bounded: 5 s
-            if len(told) == 2:
-                break
-            await asyncio.sleep(0.02)
+        await settle(lambda: len(told) >= 2, "both listening connections told", 5.0)
         await asyncio.sleep(0.1)  # nobody is told twice
         assert sorted(told) == [("own", 0, "UNAVAILABLE"), ("shared-0", 0, "UNAVAILABLE")]
         assert shared[0].broken and own.broken and streams.failure_listeners(node.address) == 0
@@ -324,11 +321,7 @@ def test_writers_whose_streams_failed_before_the_session_started_get_no_batch(
         dead = store_cluster.storages[1:]
         for node in dead:
             await asyncio.to_thread(node.kill)
-        for _ in range(250):  # bounded: 5 s for the streams to see it
-            if all(writers[node.address].broken for node in dead):
-                break
-            await asyncio.sleep(0.02)
-        assert all(writers[node.address].broken for node in dead)
+        await settle(lambda: all(writers[node.address].broken for node in dead), "the dead streams seen", 5.0)
         queue = AppendQueue(0)
         queue.settle(-1)
         outcomes: list[tuple[int, BaseException | None]] = []
@@ -506,10 +499,10 @@ def test_storage_nodes_that_restart_while_the_session_is_idle_end_it_at_once(
         a, b = store_cluster.storages[1], store_cluster.storages[2]
         a.kill()
         b.kill()
-        deadline = time.monotonic() + 3.0  # well inside the 20 s of the probe
-        while partition.writable and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        assert not partition.writable, "the session went on writing on dead streams"
+        # Well inside the 20 s of the probe.
+        await settle(
+            lambda: not partition.writable, "the session to end, not go on writing on dead streams", 3.0
+        )
         await asyncio.gather(asyncio.to_thread(a.start), asyncio.to_thread(b.start))
         await partition.wait_writable(30)
         assert partition.sessions_started > sessions

@@ -218,13 +218,10 @@ class ReplicaConnection:
         if self._closed:
             return
 
-        def failed(exc: BaseException) -> None:
-            if not self._closed:
-                listener(
-                    ReplicaError(
-                        self.storage, self.partition_id, "UNAVAILABLE", str(exc) or type(exc).__name__
-                    )
-                )
+        def failed(exc: BaseException) -> None:  # close() removes it first: never after a close
+            listener(
+                ReplicaError(self.storage, self.partition_id, "UNAVAILABLE", str(exc) or type(exc).__name__)
+            )
 
         self._unlisten.append(self._session.on_failure(failed))
 
