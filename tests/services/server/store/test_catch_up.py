@@ -8,13 +8,23 @@ from support import settle
 from support.storage import run
 
 from tests.services.server.conftest import StoreCluster
-from tests.services.server.store.test_store import append_many, append_until, replica_records, store
+from tests.services.server.store.test_store import (
+    FAST,
+    append_many,
+    append_until,
+    payload,
+    replica_records,
+    store,
+)
 from waltz.protocol import storage_pb2
 from waltz.protocol.records import Record, ReqId, crc32
 from waltz.protocol.storage_client import columns_append
+from waltz.services.server.store.append_queue import AppendQueue, PendingAppend
 from waltz.services.server.store.config import StoreConfig
+from waltz.services.server.store.recovery import LaggingReplica, RecoveryResult
+from waltz.services.server.store.replica import ReplicaConnection
 from waltz.services.server.store.store_partition import StorePartition
-from waltz.services.server.store.store_session import _SentBatch, _tail_of
+from waltz.services.server.store.store_session import StoreSession, _SentBatch, _tail_of
 
 # A slow copy (about 6,000 records of ~85 bytes per second, in pages of 500) keeps a replica a few
 # thousand records behind catching up for a second or more while the writer keeps appending.
@@ -146,3 +156,67 @@ def test_a_kept_batch_is_cut_to_start_at_the_joining_replicas_next_record() -> N
     assert list(tail.headers) == [2, 3, 4] and list(tail.data) == [b"xx", b"xxx", b"xxxx"]
     assert list(tail.checksums) == [r.checksum for r in records[2:]]
     assert list(tail.generations) == [3, 3, 3]
+
+
+def test_a_session_that_ends_as_a_replica_joins_waits_for_what_it_sent_that_replica(
+    store_cluster: StoreCluster,
+) -> None:
+    """A lagging replica joins with the kept batches sent again to it, and the session ends before
+    that replica answers them (its storage node is paused): the session's end waits for those
+    answers as for its own batches, so the replica holds what it was sent when the session is over
+    (docs/design/server.md "Store sessions")."""
+    n = store_cluster.params.num_partitions
+    key = store_cluster.cluster_key
+    lagging_node = store_cluster.storages[2]
+
+    async def scenario() -> None:
+        connections = {
+            s.address: ReplicaConnection(s.address, 0, 1, key, n, FAST) for s in store_cluster.storages
+        }
+        for connection in connections.values():
+            await connection.open()
+        lagging = connections.pop(lagging_node.address)
+        queue = AppendQueue(0)
+        queue.settle(-1)
+        outcomes: list[tuple[int, BaseException | None]] = []
+        for i in range(5):
+            data = payload(i)
+            queue.put(
+                PendingAppend(ReqId(1, 1, 0, i), 0, data, crc32(data), lambda t, e: outcomes.append((t, e)))
+            )
+        session = StoreSession(
+            queue,
+            partition_id=0,
+            session_id=1,
+            recovery=RecoveryResult(
+                -1,
+                dict(connections),
+                store_cluster.zk.partition_metadata(0),
+                {lagging_node.address: LaggingReplica(lagging, -1)},
+            ),
+            assigned=[s.address for s in store_cluster.storages],
+            config=StoreConfig(connect_timeout=2.0, request_timeout=10.0, retry_interval=0.2, linger=0.0),
+            connect=lambda storage: ReplicaConnection(storage, 0, 1, key, n, FAST),
+            zk=store_cluster.zk,
+        )
+        await asyncio.to_thread(lagging_node.pause)
+        try:
+            running = asyncio.create_task(session.run())
+            # The first batch goes out to the two writers before the catch-up's first step, which
+            # finds the replica at -1 and joins it with that batch sent again.
+            await settle(lambda: len(outcomes) == 5, "the two writers commit the appends", 10)
+            assert sorted(outcomes) == [(i, None) for i in range(5)]
+            assert lagging_node.address in session.writers and session.acked[lagging_node.address] == -1
+            assert session.resends_in_flight == 1  # the first batch, sent again to the joined replica
+            session.end("test: ending while the joined replica has not answered")
+            await asyncio.sleep(0.3)
+            assert not running.done(), "the session ended before the joined replica answered"
+        finally:
+            await asyncio.to_thread(lagging_node.resume)
+        await asyncio.wait_for(running, 10)
+        assert session.acked[lagging_node.address] == 4
+        await session.close()
+        replicas = await replica_records(store_cluster, 0)
+        assert all([r.transaction_id for r in records] == list(range(5)) for records in replicas.values())
+
+    run(scenario())

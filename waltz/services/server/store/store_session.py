@@ -116,6 +116,9 @@ class StoreSession:
         # The highest transaction each replica has flushed in this session (kept after it leaves).
         self.acked: dict[str, int] = {s: recovery.high_water_mark for s in self.writers}
         self.batches_in_flight = 0
+        # Kept batches sent again to replicas that joined (join), not yet answered: the session's
+        # end waits for them as for its own batches, so a replica that joined holds what it was sent.
+        self.resends_in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._ending: str | None = None
         self._absent = [s for s in assigned if s not in self.writers]
@@ -140,7 +143,8 @@ class StoreSession:
         return self._ending is not None
 
     async def run(self) -> None:
-        """Write until the session ends (see :meth:`end`) and its batches in flight are answered."""
+        """Write until the session ends (see :meth:`end`) and its batches in flight, and the kept
+        batches sent again to replicas that joined, are answered."""
         queue = self._queue
         probe_interval = max(2.0, 4 * self.config.retry_interval)
         for storage, connection in list(self.writers.items()):
@@ -154,7 +158,7 @@ class StoreSession:
             if queue.closed and self._ending is None:
                 self.end("partition closing")
             if self._ending is not None:
-                if self.batches_in_flight == 0:
+                if self.batches_in_flight == 0 and self.resends_in_flight == 0:
                     return
             elif self.next_transaction_id - self.start_high_water_mark > self.config.checkpoint_interval:
                 self.end(f"checkpoint interval of {self.config.checkpoint_interval} transactions reached")
@@ -227,11 +231,14 @@ class StoreSession:
         except ReplicaError as exc:
             self._drop_writer(storage, exc, f"replica on {storage} failed")
         finally:
-            if remaining is not None:  # None: a batch sent again to a joining replica
-                remaining["replicas"] -= 1
-            if remaining is not None and remaining["replicas"] == 0:
-                self.batches_in_flight -= 1
+            if remaining is None:  # a kept batch sent again to a joining replica
+                self.resends_in_flight -= 1
                 self._queue.wake()
+            else:
+                remaining["replicas"] -= 1
+                if remaining["replicas"] == 0:
+                    self.batches_in_flight -= 1
+                    self._queue.wake()
 
     def _advance(self) -> None:
         self._acknowledgements.set()
@@ -397,6 +404,7 @@ class StoreSession:
         self.acked[storage] = last
         self._watch(storage, connection)
         for append, batch_last in resend:
+            self.resends_in_flight += 1
             self._spawn(self._acknowledged(storage, connection.start_append(append), batch_last, None))
         self._queue.wake()
         return True
