@@ -12,14 +12,14 @@ from tests.services.server.store.test_store import (
     FAST,
     append_many,
     append_until,
-    payload,
+    open_replicas,
+    queued_appends,
     replica_records,
     store,
 )
 from waltz.protocol import storage_pb2
 from waltz.protocol.records import Record, ReqId, crc32
 from waltz.protocol.storage_client import columns_append
-from waltz.services.server.store.append_queue import AppendQueue, PendingAppend
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.recovery import LaggingReplica, RecoveryResult
 from waltz.services.server.store.replica import ReplicaConnection
@@ -170,20 +170,9 @@ def test_a_session_that_ends_as_a_replica_joins_waits_for_what_it_sent_that_repl
     lagging_node = store_cluster.storages[2]
 
     async def scenario() -> None:
-        connections = {
-            s.address: ReplicaConnection(s.address, 0, 1, key, n, FAST) for s in store_cluster.storages
-        }
-        for connection in connections.values():
-            await connection.open()
+        connections = await open_replicas(store_cluster)
         lagging = connections.pop(lagging_node.address)
-        queue = AppendQueue(0)
-        queue.settle(-1)
-        outcomes: list[tuple[int, BaseException | None]] = []
-        for i in range(5):
-            data = payload(i)
-            queue.put(
-                PendingAppend(ReqId(1, 1, 0, i), 0, data, crc32(data), lambda t, e: outcomes.append((t, e)))
-            )
+        queue, outcomes = queued_appends(5)
         session = StoreSession(
             queue,
             partition_id=0,

@@ -94,6 +94,29 @@ async def replica_records(
     return result
 
 
+async def open_replicas(cluster: StoreCluster) -> dict[str, ReplicaConnection]:
+    """Replica connections of partition 0 under store session 1, one per storage node, opened."""
+    n, key = cluster.params.num_partitions, cluster.cluster_key
+    connections = {s.address: ReplicaConnection(s.address, 0, 1, key, n, FAST) for s in cluster.storages}
+    for connection in connections.values():
+        await connection.open()
+    return connections
+
+
+def queued_appends(count: int) -> tuple[AppendQueue, list[tuple[int, BaseException | None]]]:
+    """An append queue of partition 0 (high-water mark -1) holding ``count`` appends, and the list
+    their outcomes go to, ``(transaction ID, error)`` as each is settled."""
+    queue = AppendQueue(0)
+    queue.settle(-1)
+    outcomes: list[tuple[int, BaseException | None]] = []
+    for i in range(count):
+        data = payload(i)
+        queue.put(
+            PendingAppend(ReqId(1, 1, 0, i), 0, data, crc32(data), lambda t, e: outcomes.append((t, e)))
+        )
+    return queue, outcomes
+
+
 def test_appends_are_committed_in_order_and_replicated(store_cluster: StoreCluster) -> None:
     async def scenario() -> None:
         partition = store(store_cluster)
@@ -313,23 +336,12 @@ def test_writers_whose_streams_failed_before_the_session_started_get_no_batch(
     key = store_cluster.cluster_key
 
     async def scenario() -> None:
-        writers = {
-            s.address: ReplicaConnection(s.address, 0, 1, key, n, FAST) for s in store_cluster.storages
-        }
-        for connection in writers.values():
-            await connection.open()
+        writers = await open_replicas(store_cluster)
         dead = store_cluster.storages[1:]
         for node in dead:
             await asyncio.to_thread(node.kill)
         await settle(lambda: all(writers[node.address].broken for node in dead), "the dead streams seen", 5.0)
-        queue = AppendQueue(0)
-        queue.settle(-1)
-        outcomes: list[tuple[int, BaseException | None]] = []
-        for i in range(3):
-            data = payload(i)
-            queue.put(
-                PendingAppend(ReqId(1, 1, 0, i), 0, data, crc32(data), lambda t, e: outcomes.append((t, e)))
-            )
+        queue, outcomes = queued_appends(3)
         session = StoreSession(
             queue,
             partition_id=0,
