@@ -52,7 +52,9 @@ __all__ = ["LedgerCallbacks", "LedgerService", "Outcome", "prepare_database"]
 
 log = logging.getLogger(__name__)
 
-#: The record of an applied change-set, built once: staged, a group's records go in one INSERT.
+#: The record of an applied change-set, built once: staged, a group's records are sent with its
+#: other writes, one execution per record (only the framework's own change-set statements go as
+#: one statement over arrays: docs/design/sql.md "Rows of one shape in one statement").
 RECORD_APPLIED = insert(applied_transactions)
 #: The record of an earlier release, whose table has no ``member`` (``releases.py``): the columns
 #: it has, and nothing the server fills read back.

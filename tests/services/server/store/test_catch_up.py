@@ -205,6 +205,7 @@ def test_a_session_that_ends_as_a_replica_joins_waits_for_what_it_sent_that_repl
         await asyncio.wait_for(running, 10)
         assert session.acked[lagging_node.address] == 4
         await session.close()
+        # What the replicas hold once it is over (the waiting is what the lines above check).
         replicas = await replica_records(store_cluster, 0)
         assert all([r.transaction_id for r in records] == list(range(5)) for records in replicas.values())
 

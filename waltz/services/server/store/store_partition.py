@@ -123,9 +123,10 @@ class StorePartition:
     async def close(self, reason: str = "closed") -> None:
         """Stop writing, settle every record not yet committed, and close the replica sessions.
 
-        The batches in flight may still be answered (for at most the request timeout); then the
-        records still in flight are undecided (:class:`AppendUndecidedError`) and the queued ones,
-        never sent to a replica, fail (:class:`StoreClosedError`).
+        The batches in flight (and those sent again to a replica that just joined) may still be
+        answered, for at most the request timeout; then the records still in flight are undecided
+        (:class:`AppendUndecidedError`) and the queued ones, never sent to a replica, fail
+        (:class:`StoreClosedError`).
         """
         if not self._queue.close(reason):
             return

@@ -131,7 +131,8 @@ class StoreSession:
         self._acknowledgements = asyncio.Event()
 
     def end(self, reason: str) -> None:
-        """Stop taking new records; the session ends once its batches in flight are answered."""
+        """Stop taking new records; the session ends once its batches in flight, and the kept
+        batches sent again to replicas that joined, are answered."""
         if self._ending is None:
             self._ending = reason
             log.info("partition %d: ending store session %d: %s", self.partition_id, self.session_id, reason)
