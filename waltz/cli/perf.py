@@ -233,7 +233,11 @@ def smallbank(
     in_flight: Annotated[
         int,
         typer.Option(
-            "--in-flight", min=1, help="Log transactions each instance keeps submitted and unresolved."
+            "--in-flight",
+            min=1,
+            help="SmallBank transactions each instance keeps submitted and unresolved (with --batch "
+            "several may share one log transaction; Balance reads are not counted). The default is "
+            "the SmallBank peers' threads per process (benchmarks/peers).",
         ),
     ] = 21,
     submitters: Annotated[

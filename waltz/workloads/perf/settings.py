@@ -52,7 +52,8 @@ class SmallBankPerfSettings:
         transactions: measured SmallBank draws in all (Balance reads included), split across the
             instances (the first ones take one more when it does not divide).
         accounts: SmallBank customers (at least 2), opened once before the measured phase.
-        in_flight: log transactions each instance keeps submitted and unresolved at most.
+        in_flight: SmallBank transactions each instance keeps submitted and unresolved at most
+            (with ``batch`` several may share one log transaction; Balance reads not counted).
         submitters: threads per instance that submit (each runs a first attempt's reads).
         seed: the accounts' opening balances use it; instance ``i`` draws with ``seed + 1 + i``.
         timeout: seconds the measured phase may take.
