@@ -269,15 +269,14 @@ class StoreSession:
         if not await self._record_committed():
             return
         if self.batches_in_flight == 0:
-            # Idle: check that the writers are still there, so that a dead storage node is
-            # noticed (and the session replaced) before the next append needs it.
+            # Idle: check that the writers still answer, so that a node that hangs or is cut off
+            # with its stream open (a failed stream is heard at once, _watch) is noticed, and the
+            # session replaced, before the next append needs it.
             for storage, connection in list(self.writers.items()):
                 try:
                     await connection.max_transaction_id()
                 except ReplicaError as exc:
-                    if storage in self.writers:
-                        del self.writers[storage]
-                        self.end(f"replica on {storage} failed: {exc}")
+                    self._drop_writer(storage, exc, f"replica on {storage} failed: {exc}")
                     return
         for storage in self._absent:
             if storage not in self.writers and storage not in self.catch_ups and self._ending is None:
