@@ -188,23 +188,29 @@ def test_a_session_that_ends_as_a_replica_joins_waits_for_what_it_sent_that_repl
             connect=lambda storage: ReplicaConnection(storage, 0, 1, key, n, FAST),
             zk=store_cluster.zk,
         )
-        await asyncio.to_thread(lagging_node.pause)
+        running: asyncio.Task[None] | None = None
         try:
-            running = asyncio.create_task(session.run())
-            # The first batch goes out to the two writers before the catch-up's first step, which
-            # finds the replica at -1 and joins it with that batch sent again.
-            await settle(lambda: len(outcomes) == 5, "the two writers commit the appends", 10)
-            assert sorted(outcomes) == [(i, None) for i in range(5)]
-            assert lagging_node.address in session.writers and session.acked[lagging_node.address] == -1
-            assert session.resends_in_flight == 1  # the first batch, sent again to the joined replica
-            session.end("test: ending while the joined replica has not answered")
-            await asyncio.sleep(0.3)
-            assert not running.done(), "the session ended before the joined replica answered"
-        finally:
-            await asyncio.to_thread(lagging_node.resume)
-        await asyncio.wait_for(running, 10)
-        assert session.acked[lagging_node.address] == 4
-        await session.close()
+            await asyncio.to_thread(lagging_node.pause)
+            try:
+                running = asyncio.create_task(session.run())
+                # The first batch goes out to the two writers before the catch-up's first step,
+                # which finds the replica at -1 and joins it with that batch sent again.
+                await settle(lambda: len(outcomes) == 5, "the two writers commit the appends", 10)
+                assert sorted(outcomes) == [(i, None) for i in range(5)]
+                assert lagging_node.address in session.writers and session.acked[lagging_node.address] == -1
+                assert session.resends_in_flight == 1  # the first batch, sent again to the joined replica
+                session.end("test: ending while the joined replica has not answered")
+                await asyncio.sleep(0.3)
+                assert not running.done(), "the session ended before the joined replica answered"
+            finally:
+                await asyncio.to_thread(lagging_node.resume)
+            await asyncio.wait_for(running, 10)
+            assert session.acked[lagging_node.address] == 4
+        finally:  # a failed check leaves no task or stream behind
+            if running is not None:
+                running.cancel()
+                await asyncio.gather(running, return_exceptions=True)
+            await session.close()
         # What the replicas hold once it is over (the waiting is what the lines above check).
         replicas = await replica_records(store_cluster, 0)
         assert all([r.transaction_id for r in records] == list(range(5)) for records in replicas.values())

@@ -352,10 +352,12 @@ def test_writers_whose_streams_failed_before_the_session_started_get_no_batch(
             connect=lambda storage: ReplicaConnection(storage, 0, 1, key, n, FAST),
             zk=store_cluster.zk,
         )
-        await asyncio.wait_for(session.run(), 10)
-        assert session.ending and list(session.writers) == [store_cluster.storages[0].address]
-        assert queue.batches_taken == 0 and queue.queued == 3 and outcomes == []
-        await session.close()
+        try:
+            await asyncio.wait_for(session.run(), 10)
+            assert session.ending and list(session.writers) == [store_cluster.storages[0].address]
+            assert queue.batches_taken == 0 and queue.queued == 3 and outcomes == []
+        finally:  # a failed check leaves no stream behind
+            await session.close()
 
     run(scenario())
 
