@@ -1,5 +1,6 @@
 """The CPU one stream message costs: a gRPC (grpcio asyncio) bidirectional stream against a plain
-asyncio TCP connection, back to back and paced.
+asyncio TCP connection, back to back and paced, and what grpcio's threaded (sync) server spends on
+the same stream.
 
 Every hop of a Waltz commit is a stream message (client -> server -> storage nodes and back, then
 the feed), so what one message costs a process bounds what a commit costs once batching has
@@ -7,7 +8,10 @@ nothing left to merge: at low load every transaction travels alone (docs/design/
 "Quorum writes and batching"). This measures that floor on the machine at hand, with nothing of
 Waltz in the way.
 
-An echo server process serves both transports on loopback ports of its own. The client sends
+An echo server process serves the three on loopback ports of its own: a grpcio asyncio server, a
+grpcio threaded server (a handler thread per stream, as ``grpc.server`` runs it) and an asyncio TCP
+server; the client is the same grpcio asyncio stream for both gRPC servers, so their rows differ in
+the server's column. The client sends
 ``--messages`` messages of ``--size`` bytes one at a time, each answered before the next leaves
 (a ping-pong), waiting ``gap`` milliseconds between them for each of ``--gaps``; it prints, per
 transport and gap, the CPU time (user + system) the client process and the server process spent
@@ -70,8 +74,40 @@ async def _serve(ports: Any) -> None:
     await server.wait_for_termination()
 
 
+def _serve_threaded() -> tuple[grpc.Server, int]:
+    """A grpcio threaded server of the same echo stream, started: (server, port)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def echo(requests: Any, context: Any) -> Any:
+        yield from requests
+
+    handler = grpc.stream_stream_rpc_method_handler(
+        echo, request_deserializer=_identity, response_serializer=_identity
+    )
+    server = grpc.server(ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {METHOD: handler}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, port
+
+
 def _server_main(ports: Any) -> None:
-    asyncio.run(_serve(ports))
+    threaded, port = _serve_threaded()
+    try:
+        asyncio.run(_serve(_WithThreadedPort(ports, port)))
+    finally:
+        threaded.stop(None)
+
+
+class _WithThreadedPort:
+    """The pipe end the asyncio server sends its ports through, with the threaded server's added."""
+
+    def __init__(self, ports: Any, threaded_port: int) -> None:
+        self._ports = ports
+        self._threaded_port = threaded_port
+
+    def send(self, ports: tuple[int, int]) -> None:
+        self._ports.send((*ports, self._threaded_port))
 
 
 def _cpu_seconds(pid: int | None = None) -> float:
@@ -168,12 +204,13 @@ async def _timed(
     return client / messages * 1e6, server / messages * 1e6, statistics.median(trips) * 1e6
 
 
-async def _measure(args: argparse.Namespace, ports: tuple[int, int], server_pid: int) -> None:
-    grpc_port, tcp_port = ports
+async def _measure(args: argparse.Namespace, ports: tuple[int, int, int], server_pid: int) -> None:
+    grpc_port, tcp_port, threaded_port = ports
     print(f"{'transport':<22}{'gap ms':>8}{'client µs':>12}{'server µs':>12}{'round trip µs':>16}")
     for gap_ms in args.gaps:
         for name, peer in (
             ("gRPC asyncio stream", _GrpcPeer(grpc_port)),
+            ("gRPC threaded server", _GrpcPeer(threaded_port)),
             ("asyncio TCP", _TcpPeer(tcp_port)),
         ):
             client, server, trip = await _series(peer, args.messages, args.size, gap_ms / 1e3, server_pid)
