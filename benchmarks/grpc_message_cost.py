@@ -8,10 +8,10 @@ nothing left to merge: at low load every transaction travels alone (docs/design/
 "Quorum writes and batching"). This measures that floor on the machine at hand, with nothing of
 Waltz in the way.
 
-An echo server process serves the three on loopback ports of its own: a grpcio asyncio server, a
-grpcio threaded server (a handler thread per stream, as ``grpc.server`` runs it) and an asyncio TCP
-server; the client is the same grpcio asyncio stream for both gRPC servers, so their rows differ in
-the server's column. The client sends
+Two echo server processes listen on loopback ports of their own: one runs a grpcio asyncio server
+and an asyncio TCP server on one event loop, the other a grpcio threaded server (``grpc.server``, a
+handler thread per stream). The client is the same grpcio asyncio stream for both gRPC servers, so
+the two gRPC rows differ only in the server they talk to. The client sends
 ``--messages`` messages of ``--size`` bytes one at a time, each answered before the next leaves
 (a ping-pong), waiting ``gap`` milliseconds between them for each of ``--gaps``; it prints, per
 transport and gap, the CPU time (user + system) the client process and the server process spent
@@ -74,8 +74,9 @@ async def _serve(ports: Any) -> None:
     await server.wait_for_termination()
 
 
-def _serve_threaded() -> tuple[grpc.Server, int]:
-    """A grpcio threaded server of the same echo stream, started: (server, port)."""
+def _serve_threaded(ports: Any) -> None:
+    """A grpcio threaded server of the same echo stream: its port goes to ``ports``; it serves
+    until the process is terminated."""
     from concurrent.futures import ThreadPoolExecutor
 
     def echo(requests: Any, context: Any) -> Any:
@@ -88,26 +89,12 @@ def _serve_threaded() -> tuple[grpc.Server, int]:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {METHOD: handler}),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    return server, port
+    ports.send(port)
+    server.wait_for_termination()
 
 
 def _server_main(ports: Any) -> None:
-    threaded, port = _serve_threaded()
-    try:
-        asyncio.run(_serve(_WithThreadedPort(ports, port)))
-    finally:
-        threaded.stop(None)
-
-
-class _WithThreadedPort:
-    """The pipe end the asyncio server sends its ports through, with the threaded server's added."""
-
-    def __init__(self, ports: Any, threaded_port: int) -> None:
-        self._ports = ports
-        self._threaded_port = threaded_port
-
-    def send(self, ports: tuple[int, int]) -> None:
-        self._ports.send((*ports, self._threaded_port))
+    asyncio.run(_serve(ports))
 
 
 def _cpu_seconds(pid: int | None = None) -> float:
@@ -204,14 +191,17 @@ async def _timed(
     return client / messages * 1e6, server / messages * 1e6, statistics.median(trips) * 1e6
 
 
-async def _measure(args: argparse.Namespace, ports: tuple[int, int, int], server_pid: int) -> None:
+async def _measure(
+    args: argparse.Namespace, ports: tuple[int, int, int], server_pids: tuple[int, int]
+) -> None:
     grpc_port, tcp_port, threaded_port = ports
+    asyncio_pid, threaded_pid = server_pids
     print(f"{'transport':<22}{'gap ms':>8}{'client µs':>12}{'server µs':>12}{'round trip µs':>16}")
     for gap_ms in args.gaps:
-        for name, peer in (
-            ("gRPC asyncio stream", _GrpcPeer(grpc_port)),
-            ("gRPC threaded server", _GrpcPeer(threaded_port)),
-            ("asyncio TCP", _TcpPeer(tcp_port)),
+        for name, peer, server_pid in (
+            ("gRPC asyncio stream", _GrpcPeer(grpc_port), asyncio_pid),
+            ("gRPC threaded server", _GrpcPeer(threaded_port), threaded_pid),
+            ("asyncio TCP", _TcpPeer(tcp_port), asyncio_pid),
         ):
             client, server, trip = await _series(peer, args.messages, args.size, gap_ms / 1e3, server_pid)
             print(f"{name:<22}{gap_ms:>8g}{client:>12,.0f}{server:>12,.0f}{trip:>16,.0f}")
@@ -232,18 +222,25 @@ def main() -> None:
     if args.messages < 1 or args.size < 1 or any(gap < 0 for gap in args.gaps):
         parser.error("--messages and --size must be positive and --gaps not negative")
     context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    server = context.Process(target=_server_main, args=(send,), daemon=True)
-    server.start()
+    servers = []
     try:
-        if not receive.poll(30):
-            raise SystemExit("the echo server did not start within 30 s")
-        ports = receive.recv()
-        assert server.pid is not None
-        asyncio.run(_measure(args, ports, server.pid))
+        ports: list[Any] = []
+        for target in (_server_main, _serve_threaded):
+            receive, send = context.Pipe(duplex=False)
+            server = context.Process(target=target, args=(send,), daemon=True)
+            server.start()
+            servers.append(server)
+            if not receive.poll(30):
+                raise SystemExit("an echo server did not start within 30 s")
+            ports.append(receive.recv())
+        (grpc_port, tcp_port), threaded_port = ports
+        pids = (servers[0].pid, servers[1].pid)
+        assert pids[0] is not None and pids[1] is not None
+        asyncio.run(_measure(args, (grpc_port, tcp_port, threaded_port), (pids[0], pids[1])))
     finally:
-        server.terminate()
-        server.join(10)
+        for server in servers:
+            server.terminate()
+            server.join(10)
 
 
 if __name__ == "__main__":
