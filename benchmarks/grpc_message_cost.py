@@ -20,6 +20,9 @@ milliseconds are the half-loaded services of a cluster, where each message wakes
 
     .venv/bin/python -m benchmarks.grpc_message_cost [--messages 2000] [--size 300] [--gaps 0,1,5,15]
 
+gRPC runs on the transport Waltz's processes use (``GRPC_EXPERIMENTS`` as ``waltz.tuning`` sets it,
+printed first); export ``GRPC_EXPERIMENTS`` to measure another (empty: gRPC's defaults).
+
 Prints a table; asserts nothing.
 """
 
@@ -35,8 +38,16 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc
-from grpc import aio
+from waltz.tuning import grpc_experiments_in_effect, tune_grpc_transport
+
+# Before grpc is imported, here and in the echo processes (which import this module again and
+# inherit the variable): the transport Waltz's own processes run on
+# (docs/decisions/0080-grpc-core-without-the-event-engine.md). An exported GRPC_EXPERIMENTS is kept
+# (empty: gRPC's own defaults).
+tune_grpc_transport()
+
+import grpc  # noqa: E402 - after the transport is chosen
+from grpc import aio  # noqa: E402
 
 SERVICE = "bench.Echo"
 METHOD = "Session"
@@ -196,20 +207,22 @@ async def _measure(
 ) -> None:
     grpc_port, tcp_port, threaded_port = ports
     asyncio_pid, threaded_pid = server_pids
+    print(f"GRPC_EXPERIMENTS: {grpc_experiments_in_effect()}")
     print(f"{'transport':<22}{'gap ms':>8}{'client µs':>12}{'server µs':>12}{'round trip µs':>16}")
     for gap_ms in args.gaps:
-        for name, peer, server_pid in (
-            ("gRPC asyncio stream", _GrpcPeer(grpc_port), asyncio_pid),
-            ("gRPC threaded server", _GrpcPeer(threaded_port), threaded_pid),
-            ("asyncio TCP", _TcpPeer(tcp_port), asyncio_pid),
+        for name, make_peer, server_pid in (
+            ("gRPC asyncio stream", lambda: _GrpcPeer(grpc_port), asyncio_pid),
+            ("gRPC threaded server", lambda: _GrpcPeer(threaded_port), threaded_pid),
+            ("asyncio TCP", lambda: _TcpPeer(tcp_port), asyncio_pid),
         ):
+            peer = make_peer()
             client, server, trip = await _series(peer, args.messages, args.size, gap_ms / 1e3, server_pid)
             print(f"{name:<22}{gap_ms:>8g}{client:>12,.0f}{server:>12,.0f}{trip:>16,.0f}")
 
 
 def main() -> None:
     """Parse the command line (``--help``), run the benchmark and print its figures."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--messages", type=int, default=2000, help="Measured round trips per series.")
     parser.add_argument("--size", type=int, default=300, help="Bytes per message.")
     parser.add_argument(
@@ -229,10 +242,16 @@ def main() -> None:
             receive, send = context.Pipe(duplex=False)
             server = context.Process(target=target, args=(send,), daemon=True)
             server.start()
+            send.close()  # the child's copy is the only writer: a server that dies ends the wait
             servers.append(server)
-            if not receive.poll(30):
+            try:
+                started = receive.poll(30)
+                port = receive.recv() if started else None
+            except EOFError:  # it exited before sending its port
+                port = None
+            if port is None:
                 raise SystemExit("an echo server did not start within 30 s")
-            ports.append(receive.recv())
+            ports.append(port)
         (grpc_port, tcp_port), threaded_port = ports
         pids = (servers[0].pid, servers[1].pid)
         assert pids[0] is not None and pids[1] is not None
