@@ -61,16 +61,22 @@ def _identity(message: bytes) -> bytes:
     return message
 
 
+def _echo_handlers(echo: Any) -> tuple[grpc.GenericRpcHandler[bytes, bytes], ...]:
+    """The echo stream's handlers for a server of either kind, ``echo`` its behaviour (an async
+    generator for the asyncio server, a generator for the threaded one)."""
+    handler = grpc.stream_stream_rpc_method_handler(
+        echo, request_deserializer=_identity, response_serializer=_identity
+    )
+    return (grpc.method_handlers_generic_handler(SERVICE, {METHOD: handler}),)
+
+
 async def _serve(ports: Any) -> None:
     async def echo(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         async for message in requests:
             yield message
 
-    handler = grpc.stream_stream_rpc_method_handler(
-        echo, request_deserializer=_identity, response_serializer=_identity
-    )
     server = aio.server()
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {METHOD: handler}),))
+    server.add_generic_rpc_handlers(_echo_handlers(echo))
     grpc_port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
 
@@ -93,11 +99,8 @@ def _serve_threaded(ports: Any) -> None:
     def echo(requests: Any, context: Any) -> Any:
         yield from requests
 
-    handler = grpc.stream_stream_rpc_method_handler(
-        echo, request_deserializer=_identity, response_serializer=_identity
-    )
     server = grpc.server(ThreadPoolExecutor(max_workers=4))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {METHOD: handler}),))
+    server.add_generic_rpc_handlers(_echo_handlers(echo))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     ports.send(port)
@@ -250,7 +253,7 @@ def main() -> None:
             except EOFError:  # it exited before sending its port
                 port = None
             if port is None:
-                raise SystemExit("an echo server did not start within 30 s")
+                raise SystemExit("an echo server did not start: it exited, or sent no port within 30 s")
             ports.append(port)
         (grpc_port, tcp_port), threaded_port = ports
         pids = (servers[0].pid, servers[1].pid)
