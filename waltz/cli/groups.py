@@ -28,6 +28,40 @@ __all__ = ["HELP", "MARKUP", "SHORT_HELP", "LazyGroup", "first_sentence", "short
 #: (docs/decisions/0081-help-in-click-s-own-format.md).
 MARKUP: Final = None
 
+
+def _whole_hyphenated_words() -> None:
+    """Make Click's help wrapper keep a hyphenated word on one line.
+
+    Click wraps help with :class:`textwrap.TextWrapper`, which by default may end a line after a
+    hyphen: an option or a fault named in a help text came out as ``--in-`` / ``flight`` or
+    ``pause-`` / ``server``, which a user cannot copy. Click builds its wrapper afresh for every
+    text from its ``_textwrap`` module (Typer bundles that Click as ``typer._click``; older Typers
+    use ``click``), so the wrapper there is replaced, once, by one that breaks only at spaces. A
+    word longer than its column is still broken rather than cut
+    (docs/decisions/0081-help-in-click-s-own-format.md).
+    """
+    for name in ("typer._click._textwrap", "click._textwrap"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        wrapper = module.TextWrapper
+        if getattr(wrapper, "keeps_hyphenated_words", False):
+            return
+
+        class WholeWords(wrapper):  # type: ignore[misc,valid-type]
+            keeps_hyphenated_words = True
+
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                kwargs.setdefault("break_on_hyphens", False)
+                super().__init__(*args, **kwargs)
+
+        setattr(module, "TextWrapper", WholeWords)  # noqa: B010 (mypy cannot see into the module)
+        return
+
+
+_whole_hyphenated_words()
+
 #: The help of each lazily imported group (its module's ``app`` uses the same text).
 HELP = {
     "disk": (
