@@ -29,6 +29,23 @@ def test_yaml_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert config.tls() is None
 
 
+def test_the_entity_batcher_s_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "client.yaml"
+    path.write_text(
+        "zookeeper.connectString: 127.0.0.1:2181\ncluster.root: /waltz/c1\n"
+        "client:\n  batchLinger: 0.004\n  batchMaxInFlightAlone: 1\n"
+    )
+    config = load_settings(WaltzClientConfig, path)
+    assert (config.client_batch_linger, config.client_batch_max_in_flight_alone) == (0.004, 1)
+    monkeypatch.setenv("WALTZ_CLIENT_BATCH_LINGER", "0.01")
+    monkeypatch.setenv("WALTZ_CLIENT_BATCH_MAX_IN_FLIGHT_ALONE", "0")
+    config = load_settings(WaltzClientConfig, path)
+    assert (config.client_batch_linger, config.client_batch_max_in_flight_alone) == (0.01, 0)
+    monkeypatch.setenv("WALTZ_CLIENT_BATCH_LINGER", "2")  # a second between batches: a mistake
+    with pytest.raises(ConfigurationError, match="WALTZ_CLIENT_BATCH_LINGER"):
+        load_settings(WaltzClientConfig, path)
+
+
 def test_defaults_from_code() -> None:
     config = WaltzClientConfig(zookeeper_connect_string="zk:2181", cluster_root="/w")
     assert config.client_auto_mount is True

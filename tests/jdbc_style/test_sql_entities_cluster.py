@@ -17,6 +17,7 @@ import concurrent.futures
 import decimal
 import random
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from sqlalchemy import BigInteger, Engine, Numeric, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from waltz import Transaction, WaltzClient, WaltzClientConfig
-from waltz.errors import CrossPartitionError
+from waltz.errors import ClientClosedError, CrossPartitionError
 from waltz.jdbc_style import (
     AppliedRequest,
     ChangeSetCallbacks,
@@ -651,6 +652,98 @@ def test_a_context_whose_locks_nothing_in_flight_holds_goes_at_once(service: Ser
         assert outcomes[1].transaction_id < outcomes[0].transaction_id
     service.wait_caught_up()
     assert service.counter_value(held_id) == 2 and service.counter_value(other_id) == 1
+
+
+#: Seconds of the linger in the tests that wait it out: far longer than a commit takes here, so
+#: that what is submitted after a commit is certain to find it still running.
+LINGER = 3.0
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+def test_a_batch_waits_out_the_linger_and_takes_what_is_submitted_meanwhile(service: Service) -> None:
+    """With a linger, a context submitted less than ``linger`` after its partition's last log
+    transaction went does not go at once, alone: it waits out the rest, and a context submitted
+    meanwhile joins it in one log transaction (docs/design/sql.md "Batched entity transactions")."""
+    counter_id = service.create_counter()
+    instance = service.first
+    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=LINGER) as batcher:
+        assert batcher.linger == LINGER
+        started = time.monotonic()
+        first = batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT)
+        assert time.monotonic() - started < LINGER / 2, "a commit took too long for this test to tell"
+        futures = [batcher.submit(Increment(instance.callbacks, counter_id)) for _ in range(2)]
+        outcomes = [future.result(TIMEOUT) for future in futures]
+        ended = time.monotonic()
+    assert first.committed and all(o.committed for o in outcomes), outcomes
+    assert outcomes[0].transaction_id == outcomes[1].transaction_id, "the two went apart"
+    assert ended - started >= LINGER, "the batch went before the linger had passed"
+    assert (batcher.lingered, batcher.batches, batcher.batched) == (1, 1, 2)
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 3
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+def test_a_full_batch_does_not_wait_for_the_linger(service: Service) -> None:
+    """A batch of ``max_members`` goes at once, whatever is left of the linger."""
+    counter_id = service.create_counter()
+    instance = service.first
+    with EntityBatcher(instance.client, max_members=2, max_in_flight_alone=0, linger=10 * LINGER) as batcher:
+        assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
+        futures = [batcher.submit(Increment(instance.callbacks, counter_id)) for _ in range(2)]
+        # Well within the linger: a batch that waited for it would time out here.
+        outcomes = [future.result(3 * LINGER) for future in futures]
+        assert all(o.committed for o in outcomes) and outcomes[0].transaction_id == outcomes[1].transaction_id
+        assert batcher.lingered == 0
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 3
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+def test_nothing_waits_when_the_partition_s_last_transaction_went_longer_ago_than_the_linger(
+    service: Service,
+) -> None:
+    """At low load (the partition's last log transaction went longer ago than the linger), a context
+    goes at once, alone, as without a linger."""
+    counter_id = service.create_counter()
+    instance = service.first
+    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=0.2) as batcher:
+        for _ in range(2):
+            assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
+            time.sleep(0.3)
+        assert batcher.lingered == 0
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 2
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+def test_closing_the_batcher_ends_what_waits_for_the_linger(service: Service) -> None:
+    """A context waiting for the linger when the batcher closes ends with ClientClosedError at once;
+    the linger's call, when it comes, finds nothing to send."""
+    counter_id = service.create_counter()
+    instance = service.first
+    batcher = EntityBatcher(instance.client, max_in_flight_alone=0, linger=10 * LINGER)
+    try:
+        assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
+        waiting = batcher.submit(Increment(instance.callbacks, counter_id))
+        assert not waiting.done()
+    finally:
+        batcher.close()
+    assert isinstance(waiting.exception(LINGER), ClientClosedError)
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 1
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+def test_the_batcher_takes_its_linger_and_sends_alone_from_the_client_s_settings(service: Service) -> None:
+    """Left out, ``linger`` and ``max_in_flight_alone`` are the client's ``client.batchLinger``
+    and ``client.batchMaxInFlightAlone``; a negative or NaN linger is refused."""
+    client = service.first.client
+    with EntityBatcher(client) as batcher:
+        assert batcher.linger == client.config.client_batch_linger == 0.0
+        assert batcher.max_in_flight_alone == client.config.client_batch_max_in_flight_alone == 3
+    for linger in (-0.001, float("nan")):
+        with pytest.raises(ValueError, match="linger must be at least 0"):
+            EntityBatcher(client, linger=linger)
 
 
 class SetPrice(EntityTransactionContext):

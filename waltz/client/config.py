@@ -56,6 +56,14 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
     - ``client.retryLinger`` (``client_retry_linger``): seconds the append of a re-attempt (after
       a lock failure or a lost append) may wait for a first attempt's append to share its stream
       message, when nothing else is being sent (``docs/protocol.md`` "Append"); 0: sent at once.
+    - ``client.batchLinger`` (``client_batch_linger``): seconds at least between two log
+      transactions of one partition sent by an
+      :class:`~waltz.jdbc_style.entity_batches.EntityBatcher`: a batch that finds the partition's
+      last one sent less than this ago waits out the rest, and what is submitted meanwhile joins
+      it; a full batch goes at once (docs/design/sql.md "Batched entity transactions"); 0: no wait.
+    - ``client.batchMaxInFlightAlone`` (``client_batch_max_in_flight_alone``): contexts an
+      ``EntityBatcher`` sends at once, alone, beyond its log transactions in flight per partition
+      (nothing queued, no expected lock held in flight); 0: every one waits for the next batch.
     - ``client.transactionDataTimeout`` (``client_transaction_data_timeout``): seconds a
       ``Transaction.get_data`` keeps retrying.
     - ``client.readYourWritesTimeout`` (``client_read_your_writes_timeout``): seconds a new
@@ -88,6 +96,8 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
         "client.maxApplyBacklog": "client_max_apply_backlog",
         "client.holdConflictingAppends": "client_hold_conflicting_appends",
         "client.retryLinger": "client_retry_linger",
+        "client.batchLinger": "client_batch_linger",
+        "client.batchMaxInFlightAlone": "client_batch_max_in_flight_alone",
         "client.transactionDataTimeout": "client_transaction_data_timeout",
         "client.readYourWritesTimeout": "client_read_your_writes_timeout",
         "client.maxMessageBytes": "client_max_message_bytes",
@@ -147,6 +157,20 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
         le=1,
         description="Seconds a re-attempt's append may wait to share the stream message of the next "
         "first attempt's append (0: sent at once).",
+    )
+    client_batch_linger: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Seconds at least between two log transactions of a partition sent by an "
+        "EntityBatcher; a batch sent sooner waits out the rest, gathering what is submitted "
+        "meanwhile, unless full (0: no wait).",
+    )
+    client_batch_max_in_flight_alone: int = Field(
+        default=3,
+        ge=0,
+        description="Contexts an EntityBatcher sends at once, alone, beyond its log transactions in "
+        "flight per partition, when nothing is queued and no expected lock is held in flight (0: none).",
     )
     client_transaction_data_timeout: float = Field(
         default=60.0, gt=0, description="Seconds Transaction.get_data retries before giving up."

@@ -10,7 +10,10 @@ flight holds a lock it expects to take, up to ``max_in_flight_alone`` more in fl
 be batched with what is in flight anyway, and at low load it would otherwise wait a round trip for
 nothing. Contexts submitted while the partition's limit is reached queue, and when a log
 transaction of the partition ends, the queue goes as the next batch, bounded by
-``max_members`` contexts and ``max_bytes`` of change-set data.
+``max_members`` contexts and ``max_bytes`` of change-set data. With a ``linger``, a batch that
+would go less than ``linger`` after the partition's last log transaction was sent waits out the
+rest, and what is submitted meanwhile joins it; a full batch goes at once, and at loads where a
+partition's log transactions go further apart than the linger nothing waits.
 
 A batch is one :class:`~waltz.client.context.TransactionContext` to the client. Each attempt opens
 one state (the entity cache's rows, or one database snapshot, with the mark) for every member's
@@ -33,11 +36,13 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from waltz.client.context import TransactionBuilder, TransactionContext
+from waltz.client.event_loop import shared_event_loop
 from waltz.client.locks import PartitionLocalLock
 from waltz.client.outcome import Outcome, OutcomeKind
 from waltz.client.submission import APPEND_OVERHEAD_BYTES, LOCK_HASH_BYTES
@@ -456,10 +461,17 @@ class EntityBatcher:
         max_in_flight_alone: contexts that go at once, alone, beyond ``max_in_flight``: each
             submitted while nothing is queued for its partition, with expected locks
             (``TransactionContext.expected_locks``) that no transaction in flight holds; 0 makes
-            every context beyond ``max_in_flight`` wait for the next batch.
+            every context beyond ``max_in_flight`` wait for the next batch. None: the client's
+            ``client.batchMaxInFlightAlone`` (3 by default).
+        linger: seconds at least between two log transactions of a partition: a batch that
+            would go sooner after the partition's last one was sent waits out the rest, and
+            contexts submitted meanwhile join it (up to ``max_members``: a full batch goes at
+            once). A context sent alone beyond ``max_in_flight`` does not wait; one with a
+            timeout goes alone, without waiting. 0: no wait. None: the client's
+            ``client.batchLinger`` (0 by default).
 
     Raises:
-        ValueError: a limit below 1 (below 0 for ``max_in_flight_alone``).
+        ValueError: a limit below 1 (below 0 for ``max_in_flight_alone`` and ``linger``).
     """
 
     def __init__(
@@ -469,8 +481,13 @@ class EntityBatcher:
         max_members: int = DEFAULT_MAX_BATCH_MEMBERS,
         max_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         max_in_flight: int = 1,
-        max_in_flight_alone: int = DEFAULT_MAX_IN_FLIGHT_ALONE,
+        max_in_flight_alone: int | None = None,
+        linger: float | None = None,
     ) -> None:
+        if max_in_flight_alone is None:
+            max_in_flight_alone = client.config.client_batch_max_in_flight_alone
+        if linger is None:
+            linger = client.config.client_batch_linger
         for name, value in (
             ("max_members", max_members),
             ("max_bytes", max_bytes),
@@ -480,12 +497,19 @@ class EntityBatcher:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if max_in_flight_alone < 0:
             raise ValueError(f"max_in_flight_alone must be at least 0, got {max_in_flight_alone}")
+        if not linger >= 0:  # NaN too
+            raise ValueError(f"linger must be at least 0 seconds, got {linger}")
         self.client = client
         self.max_members = max_members
         self.max_bytes = max_bytes
         self.max_in_flight = max_in_flight
         self.max_in_flight_alone = max_in_flight_alone
+        self.linger = linger
         self._lock = threading.Lock()
+        # Per partition, when its last log transaction was taken to be sent (time.monotonic()),
+        # and the partitions whose next batch waits for the linger to pass (a call is scheduled).
+        self._last_sent: dict[int, float] = {}
+        self._lingering: set[int] = set()
         self._queues: dict[int, collections.deque[_Member]] = {}
         self._in_flight: dict[int, int] = {}
         # Per partition, the expected locks of its transactions in flight, counted: a context
@@ -505,6 +529,8 @@ class EntityBatcher:
         """Batches committed (log transactions of more than one member)."""
         self.batched = 0
         """Members those batches carried."""
+        self.lingered = 0
+        """Log transactions that waited for the linger before they were sent."""
 
     def kinds(self, info: EntityInfo, callbacks: ChangeSetCallbacks) -> Kinds | None:
         """The column kinds of a model whose rows a batch's overlay may hand to later members
@@ -515,8 +541,8 @@ class EntityBatcher:
         return self._kinds[info]
 
     def submit(self, context: EntityTransactionContext) -> concurrent.futures.Future[Outcome]:
-        """Submit a context: at once on its own when its partition has room in flight, else in
-        the partition's next batch.
+        """Submit a context: at once on its own when its partition has room in flight (and its
+        ``linger`` has passed), else in the partition's next batch.
 
         Returns:
             A future of the context's :class:`~waltz.client.outcome.Outcome`, as
@@ -562,9 +588,10 @@ class EntityBatcher:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _take(self, partition: int) -> list[_Member]:
+    def _take(self, partition: int, *, lingered: bool = False) -> list[_Member]:
         """Under the lock: the members of the partition's next log transaction, when it has room
-        in flight (counted taken, their expected locks held), else none."""
+        in flight (counted taken, their expected locks held), else none. ``lingered``: the
+        partition's linger has passed (the call it scheduled)."""
         queue = self._queues.get(partition)
         if not queue:
             return []
@@ -576,12 +603,46 @@ class EntityBatcher:
         elif queue[0].alone:
             members = [queue.popleft()]
         else:
+            if not lingered and self._lingers(partition, queue):
+                return []
             members = []
             while queue and len(members) < self.max_members and not queue[0].alone:
                 members.append(queue.popleft())
+            if lingered:
+                self.lingered += 1
+        if self.linger:
+            self._last_sent[partition] = time.monotonic()
         self._in_flight[partition] = in_flight + 1
         self._held.setdefault(partition, collections.Counter()).update(_held_locks(members))
         return members
+
+    def _lingers(self, partition: int, queue: collections.deque[_Member]) -> bool:
+        """Under the lock, with room in flight: whether the partition's next batch waits for the
+        linger (its last log transaction went less than ``linger`` ago and the batch is not full),
+        scheduling the call that sends it when the linger has passed."""
+        if not self.linger or len(queue) >= self.max_members:
+            return False
+        if partition in self._lingering:
+            return True  # the scheduled call takes it
+        last = self._last_sent.get(partition)
+        if last is None:
+            return False
+        delay = last + self.linger - time.monotonic()
+        if delay <= 0:
+            return False
+        self._lingering.add(partition)
+        loop, _ = shared_event_loop()
+        loop.call_soon_threadsafe(loop.call_later, delay, self._linger_passed, partition)
+        return True
+
+    def _linger_passed(self, partition: int) -> None:
+        """On the client's event loop: the partition's linger has passed; send its next batch
+        (off the loop, on a sender thread)."""
+        with self._lock:
+            self._lingering.discard(partition)
+            members = [] if self._closed else self._take(partition, lingered=True)
+        if members:
+            self._submit_send(partition, members)
 
     def _goes_alone(self, partition: int, queue: collections.deque[_Member], in_flight: int) -> bool:
         """Under the lock, with the partition's ``max_in_flight`` reached: whether the one context
@@ -720,12 +781,17 @@ class EntityBatcher:
             for member in deferred:
                 _settle(member.future, ClientClosedError("the entity batcher is closed"))
         if members:
-            try:
-                self._sender.submit(self._send, partition, members)
-            except RuntimeError:  # shut down meanwhile
-                with self._lock:
-                    self._in_flight[partition] -= 1
-                    self._held[partition].subtract(_held_locks(members))
-                    self._held[partition] += collections.Counter()
-                for member in members:
-                    _settle(member.future, ClientClosedError("the entity batcher is closed"))
+            self._submit_send(partition, members)
+
+    def _submit_send(self, partition: int, members: list[_Member]) -> None:
+        """Send taken members on a sender thread; with the batcher shut down meanwhile they end
+        with :class:`~waltz.errors.ClientClosedError`."""
+        try:
+            self._sender.submit(self._send, partition, members)
+        except RuntimeError:  # shut down meanwhile
+            with self._lock:
+                self._in_flight[partition] -= 1
+                self._held[partition].subtract(_held_locks(members))
+                self._held[partition] += collections.Counter()
+            for member in members:
+                _settle(member.future, ClientClosedError("the entity batcher is closed"))
