@@ -627,7 +627,9 @@ def test_a_context_whose_locks_nothing_in_flight_holds_goes_at_once(service: Ser
     held_id = service.create_counter()
     other_id = service.create_counter(service.partition_of(held_id))
     instance = service.first
-    with EntityBatcher(instance.client, max_in_flight_alone=alone) as batcher:
+    # No linger: the two contexts come within a few milliseconds, which a linger would take for a
+    # busy partition, where nothing goes beside the batch.
+    with EntityBatcher(instance.client, max_in_flight_alone=alone, linger=0) as batcher:
         held = HeldInRun(instance.callbacks, held_id)
         # A first attempt runs on the submitting thread: this one blocks in run, so on its own.
         submitting = concurrent.futures.ThreadPoolExecutor(1)
@@ -683,6 +685,32 @@ def test_a_batch_waits_out_the_linger_and_takes_what_is_submitted_meanwhile(serv
 
 
 @pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+def test_while_contexts_come_fast_none_goes_beside_the_batch(service: Service) -> None:
+    """With a linger, a context whose locks nothing in flight holds still waits for the next batch
+    while its partition's contexts come three or more per linger: sent beside, it would take a
+    member from the batch that lingers for it (docs/design/sql.md "Batched entity transactions")."""
+    held_id = service.create_counter()
+    other_id = service.create_counter(service.partition_of(held_id))
+    instance = service.first
+    with EntityBatcher(instance.client, max_in_flight_alone=3, linger=LINGER) as batcher:
+        held = HeldInRun(instance.callbacks, held_id)
+        submitting = concurrent.futures.ThreadPoolExecutor(1)
+        submitted = submitting.submit(batcher.submit, held)
+        assert held.running.wait(TIMEOUT), "the first context never ran"
+        other = batcher.submit(Increment(instance.callbacks, other_id))  # milliseconds later
+        done, _ = concurrent.futures.wait([other], timeout=1.0)
+        assert not done, "a context went beside the batch while its partition was busy"
+        held.gate.set()
+        first = submitted.result(TIMEOUT).result(TIMEOUT)
+        submitting.shutdown()
+        outcome = other.result(TIMEOUT)
+    assert first.committed and outcome.committed
+    assert outcome.transaction_id > first.transaction_id
+    service.wait_caught_up()
+    assert service.counter_value(held_id) == 1 and service.counter_value(other_id) == 1
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
 def test_a_full_batch_does_not_wait_for_the_linger(service: Service) -> None:
     """A batch of ``max_members`` goes at once, whatever is left of the linger."""
     counter_id = service.create_counter()
@@ -716,6 +744,29 @@ def test_nothing_waits_when_the_partition_s_last_transaction_went_longer_ago_tha
 
 
 @pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+def test_nothing_waits_while_contexts_come_less_often_than_three_per_linger(service: Service) -> None:
+    """A context that follows its partition's last log transaction within the linger still goes at
+    once while the partition's contexts have come less often than three per linger (their running
+    mean, ``LINGER_MIN_JOINING``): too few would join it. Once they come faster, the next one
+    waits."""
+    counter_id = service.create_counter()
+    instance = service.first
+    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=0.5) as batcher:
+        assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
+        time.sleep(0.35)  # the mean: 0.35 s, above a third of the linger
+        assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
+        # Each within the linger of the one before: the mean falls by about a 16th each time.
+        for _ in range(2):
+            assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
+        assert batcher.lingered == 0
+        for _ in range(16):  # below a third of the linger after about 10
+            assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
+        assert batcher.lingered >= 1
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 20
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
 def test_closing_the_batcher_ends_what_waits_for_the_linger(service: Service) -> None:
     """A context waiting for the linger when the batcher closes ends with ClientClosedError at once;
     the linger's call, when it comes, finds nothing to send."""
@@ -739,7 +790,7 @@ def test_the_batcher_takes_its_linger_and_sends_alone_from_the_client_s_settings
     and ``client.batchMaxInFlightAlone``; a negative or NaN linger is refused."""
     client = service.first.client
     with EntityBatcher(client) as batcher:
-        assert batcher.linger == client.config.client_batch_linger == 0.0
+        assert batcher.linger == client.config.client_batch_linger == 0.02
         assert batcher.max_in_flight_alone == client.config.client_batch_max_in_flight_alone == 3
     for linger in (-0.001, float("nan")):
         with pytest.raises(ValueError, match="linger must be at least 0"):

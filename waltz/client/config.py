@@ -60,10 +60,13 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
       transactions of one partition sent by an
       :class:`~waltz.jdbc_style.entity_batches.EntityBatcher`: a batch that finds the partition's
       last one sent less than this ago waits out the rest, and what is submitted meanwhile joins
-      it; a full batch goes at once (docs/design/sql.md "Batched entity transactions"); 0: no wait.
+      it; a full batch goes at once, and nothing waits while the partition's contexts come less
+      often than three per linger (docs/design/sql.md "Batched entity transactions"); 0: no wait.
+      20 ms by default (docs/decisions/0083-a-linger-between-a-partition-s-batches.md).
     - ``client.batchMaxInFlightAlone`` (``client_batch_max_in_flight_alone``): contexts an
       ``EntityBatcher`` sends at once, alone, beyond its log transactions in flight per partition
-      (nothing queued, no expected lock held in flight); 0: every one waits for the next batch.
+      (nothing queued, no expected lock held in flight; with a linger, only while the partition's
+      contexts come less often than three per linger); 0: every one waits for the next batch.
     - ``client.transactionDataTimeout`` (``client_transaction_data_timeout``): seconds a
       ``Transaction.get_data`` keeps retrying.
     - ``client.readYourWritesTimeout`` (``client_read_your_writes_timeout``): seconds a new
@@ -159,7 +162,7 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
         "first attempt's append (0: sent at once).",
     )
     client_batch_linger: float = Field(
-        default=0.0,
+        default=0.02,
         ge=0,
         le=1,
         description="Seconds at least between two log transactions of a partition sent by an "

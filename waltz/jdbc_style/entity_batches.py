@@ -12,8 +12,9 @@ nothing. Contexts submitted while the partition's limit is reached queue, and wh
 transaction of the partition ends, the queue goes as the next batch, bounded by
 ``max_members`` contexts and ``max_bytes`` of change-set data. With a ``linger``, a batch that
 would go less than ``linger`` after the partition's last log transaction was sent waits out the
-rest, and what is submitted meanwhile joins it; a full batch goes at once, and at loads where a
-partition's log transactions go further apart than the linger nothing waits.
+rest, and what is submitted meanwhile joins it; a full batch goes at once, and a partition whose
+contexts come less often than three per linger (on a running mean) sends each at once: at low load
+nothing waits.
 
 A batch is one :class:`~waltz.client.context.TransactionContext` to the client. Each attempt opens
 one state (the entity cache's rows, or one database snapshot, with the mark) for every member's
@@ -35,6 +36,7 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -78,6 +80,12 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH_MEMBERS = 64
 #: Bytes of change-set data in one batch at most (a member alone may be larger: it goes alone).
 DEFAULT_MAX_BATCH_BYTES = 256 * 1024
+#: The weight of the newest gap in a partition's mean time between submits, which decides whether
+#: its batches linger (contexts submitted more often than LINGER_MIN_JOINING per linger).
+LINGER_INTERVAL_WEIGHT = 0.0625
+#: Contexts per linger, on that mean, from which a partition's batches linger (and none goes beside
+#: the batch): below it too few would join a batch for the wait to pay.
+LINGER_MIN_JOINING = 3
 #: Contexts sent at once, alone, beyond ``max_in_flight`` per partition (lock-disjoint, nothing
 #: queued): what keeps p99 at low load from waiting a round trip behind an unrelated transaction.
 DEFAULT_MAX_IN_FLIGHT_ALONE = 3
@@ -461,14 +469,16 @@ class EntityBatcher:
         max_in_flight_alone: contexts that go at once, alone, beyond ``max_in_flight``: each
             submitted while nothing is queued for its partition, with expected locks
             (``TransactionContext.expected_locks``) that no transaction in flight holds; 0 makes
-            every context beyond ``max_in_flight`` wait for the next batch. None: the client's
-            ``client.batchMaxInFlightAlone`` (3 by default).
+            every context beyond ``max_in_flight`` wait for the next batch. With a linger, only
+            while the partition's contexts come less often than three per linger (below). None:
+            the client's ``client.batchMaxInFlightAlone`` (3 by default).
         linger: seconds at least between two log transactions of a partition: a batch that
             would go sooner after the partition's last one was sent waits out the rest, and
             contexts submitted meanwhile join it (up to ``max_members``: a full batch goes at
-            once). A context sent alone beyond ``max_in_flight`` does not wait; one with a
-            timeout goes alone, without waiting. 0: no wait. None: the client's
-            ``client.batchLinger`` (0 by default).
+            once). Nothing waits while the partition's contexts come less often than three per
+            linger (a running mean of the time between submits). A context sent alone beyond
+            ``max_in_flight`` does not wait; one with a timeout goes alone, without waiting. 0:
+            no wait. None: the client's ``client.batchLinger`` (0.02 by default).
 
     Raises:
         ValueError: a limit below 1 (below 0 for ``max_in_flight_alone`` and ``linger``).
@@ -507,9 +517,13 @@ class EntityBatcher:
         self.linger = linger
         self._lock = threading.Lock()
         # Per partition, when its last log transaction was taken to be sent (time.monotonic()),
-        # and the partitions whose next batch waits for the linger to pass (a call is scheduled).
+        # the partitions whose next batch waits for the linger to pass (a call is scheduled), when
+        # its last context was submitted, and the mean time between its submits (exponentially
+        # weighted, LINGER_INTERVAL_WEIGHT to the newest).
         self._last_sent: dict[int, float] = {}
         self._lingering: set[int] = set()
+        self._last_submit: dict[int, float] = {}
+        self._interval: dict[int, float] = {}
         self._queues: dict[int, collections.deque[_Member]] = {}
         self._in_flight: dict[int, int] = {}
         # Per partition, the expected locks of its transactions in flight, counted: a context
@@ -566,10 +580,22 @@ class EntityBatcher:
                 raise ClientClosedError("the entity batcher is closed")
             queue = self._queues.setdefault(partition, collections.deque())
             queue.append(member)
+            if self.linger:
+                self._count_submit(partition)
             members = self._take(partition)
         if members:
             self._send(partition, members)
         return member.future
+
+    def _count_submit(self, partition: int) -> None:
+        """Under the lock: fold the time since the partition's last submit into its mean."""
+        now = time.monotonic()
+        last = self._last_submit.get(partition)
+        self._last_submit[partition] = now
+        if last is not None:
+            mean = self._interval.get(partition)
+            gap = now - last
+            self._interval[partition] = gap if mean is None else mean + LINGER_INTERVAL_WEIGHT * (gap - mean)
 
     def close(self) -> None:
         """Stop taking contexts; those queued end with :class:`~waltz.errors.ClientClosedError`
@@ -618,12 +644,15 @@ class EntityBatcher:
 
     def _lingers(self, partition: int, queue: collections.deque[_Member]) -> bool:
         """Under the lock, with room in flight: whether the partition's next batch waits for the
-        linger (its last log transaction went less than ``linger`` ago and the batch is not full),
-        scheduling the call that sends it when the linger has passed."""
+        linger (its last log transaction went less than ``linger`` ago, its contexts have been
+        submitted more often than three per linger, and the batch is not full), scheduling the call
+        that sends it when the linger has passed."""
         if not self.linger or len(queue) >= self.max_members:
             return False
         if partition in self._lingering:
             return True  # the scheduled call takes it
+        if not self._busy(partition):
+            return False  # fewer than three contexts per linger: too few would join
         last = self._last_sent.get(partition)
         if last is None:
             return False
@@ -634,6 +663,11 @@ class EntityBatcher:
         loop, _ = shared_event_loop()
         loop.call_soon_threadsafe(loop.call_later, delay, self._linger_passed, partition)
         return True
+
+    def _busy(self, partition: int) -> bool:
+        """Under the lock, with a linger: whether the partition's contexts have come more often than
+        three per linger (the running mean of the time between its submits)."""
+        return self._interval.get(partition, math.inf) * LINGER_MIN_JOINING < self.linger
 
     def _linger_passed(self, partition: int) -> None:
         """On the client's event loop: the partition's linger has passed; send its next batch
@@ -646,10 +680,13 @@ class EntityBatcher:
 
     def _goes_alone(self, partition: int, queue: collections.deque[_Member], in_flight: int) -> bool:
         """Under the lock, with the partition's ``max_in_flight`` reached: whether the one context
-        queued goes at once, alone (nothing else queued, room beyond the limit, and expected locks
-        that no transaction in flight holds; a context without them waits)."""
+        queued goes at once, alone (nothing else queued, room beyond the limit, expected locks that
+        no transaction in flight holds, a context without them waits; and, with a linger, the
+        partition's contexts coming less often than three per linger)."""
         if len(queue) != 1 or in_flight >= self.max_in_flight + self.max_in_flight_alone:
             return False
+        if self.linger and self._busy(partition):
+            return False  # it would take a member from the batch that lingers for it
         locks = queue[0].locks
         if not locks:
             return False
