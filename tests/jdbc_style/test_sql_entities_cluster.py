@@ -40,7 +40,7 @@ from waltz.jdbc_style import (
     WaltzEntity,
     create_framework_engine,
 )
-from waltz.jdbc_style.entity_batches import EntityBatcher
+from waltz.jdbc_style.entity_batches import LINGER_MIN_JOINING, EntityBatcher
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
 
@@ -672,7 +672,10 @@ def test_a_batch_waits_out_the_linger_and_takes_what_is_submitted_meanwhile(serv
         assert batcher.linger == LINGER
         started = time.monotonic()
         first = batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT)
-        assert time.monotonic() - started < LINGER / 2, "a commit took too long for this test to tell"
+        # The gap to the next submit must leave the partition busy: below a third of the linger.
+        assert time.monotonic() - started < LINGER / LINGER_MIN_JOINING, (
+            "a commit took too long for this test"
+        )
         futures = [batcher.submit(Increment(instance.callbacks, counter_id)) for _ in range(2)]
         outcomes = [future.result(TIMEOUT) for future in futures]
         ended = time.monotonic()
@@ -730,40 +733,42 @@ def test_a_full_batch_does_not_wait_for_the_linger(service: Service) -> None:
 def test_nothing_waits_when_the_partition_s_last_transaction_went_longer_ago_than_the_linger(
     service: Service,
 ) -> None:
-    """At low load (the partition's last log transaction went longer ago than the linger), a context
-    goes at once, alone, as without a linger."""
+    """On a busy partition (a burst made its mean gap between submits tiny), a context submitted
+    longer than the linger after the partition's last log transaction went still goes at once."""
     counter_id = service.create_counter()
     instance = service.first
     with EntityBatcher(instance.client, max_in_flight_alone=0, linger=0.2) as batcher:
-        for _ in range(2):
-            assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
-            time.sleep(0.3)
-        assert batcher.lingered == 0
+        burst = [batcher.submit(Increment(instance.callbacks, counter_id)) for _ in range(12)]
+        assert all(future.result(TIMEOUT).committed for future in burst)
+        lingered = batcher.lingered
+        assert lingered >= 1, "the burst never made the partition busy"
+        time.sleep(0.3)  # longer than the linger; the mean gap grows by about 0.3 s / 16 only
+        assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
+        assert batcher.lingered == lingered
     service.wait_caught_up()
-    assert service.counter_value(counter_id) == 2
+    assert service.counter_value(counter_id) == 13
 
 
 @pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
 def test_nothing_waits_while_contexts_come_less_often_than_three_per_linger(service: Service) -> None:
     """A context that follows its partition's last log transaction within the linger still goes at
     once while the partition's contexts have come less often than three per linger (their running
-    mean, ``LINGER_MIN_JOINING``): too few would join it. Once they come faster, the next one
-    waits."""
+    mean, ``LINGER_MIN_JOINING``): too few would join it. Once they come faster, batches wait."""
     counter_id = service.create_counter()
     instance = service.first
     with EntityBatcher(instance.client, max_in_flight_alone=0, linger=0.5) as batcher:
         assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
         time.sleep(0.35)  # the mean: 0.35 s, above a third of the linger
         assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
-        # Each within the linger of the one before: the mean falls by about a 16th each time.
-        for _ in range(2):
-            assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
+        # Within the linger of the one before, each lowers the mean by a 16th of the difference.
+        assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
         assert batcher.lingered == 0
-        for _ in range(16):  # below a third of the linger after about 10
-            assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
+        # A burst: the mean falls below a third of the linger after about 11 of these.
+        burst = [batcher.submit(Increment(instance.callbacks, counter_id)) for _ in range(24)]
+        assert all(future.result(TIMEOUT).committed for future in burst)
         assert batcher.lingered >= 1
     service.wait_caught_up()
-    assert service.counter_value(counter_id) == 20
+    assert service.counter_value(counter_id) == 27
 
 
 @pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
@@ -792,7 +797,7 @@ def test_the_batcher_takes_its_linger_and_sends_alone_from_the_client_s_settings
     with EntityBatcher(client) as batcher:
         assert batcher.linger == client.config.client_batch_linger == 0.02
         assert batcher.max_in_flight_alone == client.config.client_batch_max_in_flight_alone == 3
-    for linger in (-0.001, float("nan")):
+    for linger in (-0.001, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="linger must be at least 0"):
             EntityBatcher(client, linger=linger)
 

@@ -166,14 +166,15 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
         ge=0,
         le=1,
         description="Seconds at least between two log transactions of a partition sent by an "
-        "EntityBatcher; a batch sent sooner waits out the rest, gathering what is submitted "
-        "meanwhile, unless full (0: no wait).",
+        "EntityBatcher while its contexts come three or more per linger; a batch sent sooner waits "
+        "out the rest, gathering what is submitted meanwhile, unless full (0: no wait).",
     )
     client_batch_max_in_flight_alone: int = Field(
         default=3,
         ge=0,
         description="Contexts an EntityBatcher sends at once, alone, beyond its log transactions in "
-        "flight per partition, when nothing is queued and no expected lock is held in flight (0: none).",
+        "flight per partition, when nothing is queued, no expected lock is held in flight and the "
+        "partition's linger does not act (0: none).",
     )
     client_transaction_data_timeout: float = Field(
         default=60.0, gt=0, description="Seconds Transaction.get_data retries before giving up."

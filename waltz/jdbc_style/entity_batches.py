@@ -477,8 +477,8 @@ class EntityBatcher:
             contexts submitted meanwhile join it (up to ``max_members``: a full batch goes at
             once). Nothing waits while the partition's contexts come less often than three per
             linger (a running mean of the time between submits). A context sent alone beyond
-            ``max_in_flight`` does not wait; one with a timeout goes alone, without waiting. 0:
-            no wait. None: the client's ``client.batchLinger`` (0.02 by default).
+            ``max_in_flight`` does not wait, nor does one with a timeout (it goes alone) next in
+            the queue. 0: no wait. None: the client's ``client.batchLinger`` (0.02 by default).
 
     Raises:
         ValueError: a limit below 1 (below 0 for ``max_in_flight_alone`` and ``linger``).
@@ -507,8 +507,8 @@ class EntityBatcher:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if max_in_flight_alone < 0:
             raise ValueError(f"max_in_flight_alone must be at least 0, got {max_in_flight_alone}")
-        if not linger >= 0:  # NaN too
-            raise ValueError(f"linger must be at least 0 seconds, got {linger}")
+        if not (linger >= 0 and math.isfinite(linger)):  # NaN too
+            raise ValueError(f"linger must be at least 0 seconds and finite, got {linger}")
         self.client = client
         self.max_members = max_members
         self.max_bytes = max_bytes
