@@ -481,7 +481,8 @@ class EntityBatcher:
             the queue. 0: no wait. None: the client's ``client.batchLinger`` (0.02 by default).
 
     Raises:
-        ValueError: a limit below 1 (below 0 for ``max_in_flight_alone`` and ``linger``).
+        ValueError: a limit below 1 (below 0 for ``max_in_flight_alone``; for ``linger``, below
+            0 or not finite).
     """
 
     def __init__(
