@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from waltz.client.config import WaltzClientConfig
 from waltz.client.context import TransactionBuilder, TransactionContext
 from waltz.client.event_loop import shared_event_loop
 from waltz.client.locks import PartitionLocalLock
@@ -88,7 +89,8 @@ LINGER_INTERVAL_WEIGHT = 0.0625
 LINGER_MIN_JOINING = 3
 #: Contexts sent at once, alone, beyond ``max_in_flight`` per partition (lock-disjoint, nothing
 #: queued): what keeps p99 at low load from waiting a round trip behind an unrelated transaction.
-DEFAULT_MAX_IN_FLIGHT_ALONE = 3
+#: The default of the client's ``client.batchMaxInFlightAlone``, which the batcher takes.
+DEFAULT_MAX_IN_FLIGHT_ALONE: int = WaltzClientConfig.model_fields["client_batch_max_in_flight_alone"].default
 
 _Key = tuple[EntityInfo, tuple[Any, ...]]
 
@@ -796,12 +798,7 @@ class EntityBatcher:
                     _settle(member.future, ClientClosedError("the entity batcher is closed"))
             return
         for partition, taken in sends:
-            try:
-                self._sender.submit(self._send, partition, taken)
-            except RuntimeError:  # shut down meanwhile
-                self._next(partition, [], taken)
-                for member in taken:
-                    _settle(member.future, ClientClosedError("the entity batcher is closed"))
+            self._submit_send(partition, taken)
 
     def _next(self, partition: int, deferred: list[_Member], sent: list[_Member]) -> None:
         """The partition's transaction ended: release the locks it held, put back what it left
