@@ -737,12 +737,14 @@ def test_nothing_waits_when_the_partition_s_last_transaction_went_longer_ago_tha
     longer than the linger after the partition's last log transaction went still goes at once."""
     counter_id = service.create_counter()
     instance = service.first
-    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=0.2) as batcher:
+    # A linger well above a commit's time on a loaded machine: the burst's first log transaction
+    # must end within it for the next batch to wait.
+    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=1.0) as batcher:
         burst = [batcher.submit(Increment(instance.callbacks, counter_id)) for _ in range(12)]
         assert all(future.result(TIMEOUT).committed for future in burst)
         lingered = batcher.lingered
         assert lingered >= 1, "the burst never made the partition busy"
-        time.sleep(0.3)  # longer than the linger; the mean gap grows by about 0.3 s / 16 only
+        time.sleep(1.2)  # longer than the linger; the mean gap grows by about 1.2 s / 16 only
         assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
         assert batcher.lingered == lingered
     service.wait_caught_up()
@@ -756,9 +758,11 @@ def test_nothing_waits_while_contexts_come_less_often_than_three_per_linger(serv
     mean, ``LINGER_MIN_JOINING``): too few would join it. Once they come faster, batches wait."""
     counter_id = service.create_counter()
     instance = service.first
-    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=0.5) as batcher:
+    # A linger well above a commit's time on a loaded machine: the burst's first log transaction
+    # must end within it for the next batch to wait.
+    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=2.0) as batcher:
         assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
-        time.sleep(0.35)  # the mean: 0.35 s, above a third of the linger
+        time.sleep(1.4)  # the mean: 1.4 s, above a third of the linger
         assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
         # Within the linger of the one before, each lowers the mean by a 16th of the difference.
         assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
@@ -766,7 +770,7 @@ def test_nothing_waits_while_contexts_come_less_often_than_three_per_linger(serv
         # A burst: the mean falls below a third of the linger after about 11 of these.
         burst = [batcher.submit(Increment(instance.callbacks, counter_id)) for _ in range(24)]
         assert all(future.result(TIMEOUT).committed for future in burst)
-        assert batcher.lingered >= 1
+        assert batcher.lingered >= 1, "the burst never made the partition busy"
     service.wait_caught_up()
     assert service.counter_value(counter_id) == 27
 
