@@ -8,6 +8,7 @@ Run in a process of its own: the test run's Spark gateway, once launched, is reu
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -71,10 +72,17 @@ def _start(
     return run
 
 
+@functools.cache
+def _started(quiet: bool, progress: bool) -> subprocess.CompletedProcess[str]:
+    """``_start`` in the caller's environment, once per test run for each ``quiet`` and
+    ``progress`` (a JVM's start takes seconds; two tests read the loud start without progress)."""
+    return _start(quiet, progress=progress)
+
+
 def test_the_console_progress_bar_is_on_unless_turned_off() -> None:
     shown = {}
     for progress in (True, False):
-        run = _start(quiet=False, progress=progress)
+        run = _started(quiet=False, progress=progress)
         shown[progress] = next(line for line in run.stdout.splitlines() if line.startswith("PROGRESS:"))
     assert shown == {True: "PROGRESS: true", False: "PROGRESS: false"}
 
@@ -90,9 +98,9 @@ NATIVE_LOADER = "NativeCodeLoader"
 
 
 def test_a_quiet_start_leaves_out_sparks_start_up_notices() -> None:
-    loud = _start(quiet=False)
+    loud = _started(quiet=False, progress=False)
     assert [n for n in SPARK_NOTICES if n not in loud.stderr] == [], loud.stderr  # what it removes
-    quiet = _start(quiet=True)
+    quiet = _started(quiet=True, progress=False)
     assert [n for n in SPARK_NOTICES if n in quiet.stderr] == [], quiet.stderr
     if NATIVE_LOADER in loud.stderr:
         assert NATIVE_LOADER not in quiet.stderr, quiet.stderr
