@@ -656,12 +656,16 @@ def test_a_context_whose_locks_nothing_in_flight_holds_goes_at_once(service: Ser
     assert service.counter_value(held_id) == 2 and service.counter_value(other_id) == 1
 
 
+#: The linger tests time the batcher, which is the same on every database: they run on one.
+LINGER_DATABASE = pytest.mark.parametrize("app_db_url", ["postgresql"], indirect=True)
+
 #: Seconds of the linger in the tests that wait it out: far longer than a commit takes here, so
 #: that what is submitted after a commit is certain to find it still running.
 LINGER = 3.0
 
 
 @pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@LINGER_DATABASE
 def test_a_batch_waits_out_the_linger_and_takes_what_is_submitted_meanwhile(service: Service) -> None:
     """With a linger, a context submitted less than ``linger`` after its partition's last log
     transaction went does not go at once, alone: it waits out the rest, and a context submitted
@@ -688,6 +692,7 @@ def test_a_batch_waits_out_the_linger_and_takes_what_is_submitted_meanwhile(serv
 
 
 @pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@LINGER_DATABASE
 def test_while_contexts_come_fast_none_goes_beside_the_batch(service: Service) -> None:
     """With a linger, a context whose locks nothing in flight holds still waits for the next batch
     while its partition's contexts come three or more per linger: sent beside, it would take a
@@ -714,6 +719,7 @@ def test_while_contexts_come_fast_none_goes_beside_the_batch(service: Service) -
 
 
 @pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@LINGER_DATABASE
 def test_a_full_batch_does_not_wait_for_the_linger(service: Service) -> None:
     """A batch of ``max_members`` goes at once, whatever is left of the linger."""
     counter_id = service.create_counter()
@@ -730,6 +736,7 @@ def test_a_full_batch_does_not_wait_for_the_linger(service: Service) -> None:
 
 
 @pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@LINGER_DATABASE
 def test_nothing_waits_when_the_partition_s_last_transaction_went_longer_ago_than_the_linger(
     service: Service,
 ) -> None:
@@ -752,6 +759,7 @@ def test_nothing_waits_when_the_partition_s_last_transaction_went_longer_ago_tha
 
 
 @pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@LINGER_DATABASE
 def test_nothing_waits_while_contexts_come_less_often_than_three_per_linger(service: Service) -> None:
     """A context that follows its partition's last log transaction within the linger still goes at
     once while the partition's contexts have come less often than three per linger (their running
@@ -776,6 +784,7 @@ def test_nothing_waits_while_contexts_come_less_often_than_three_per_linger(serv
 
 
 @pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@LINGER_DATABASE
 def test_closing_the_batcher_ends_what_waits_for_the_linger(service: Service) -> None:
     """A context waiting for the linger when the batcher closes ends with ClientClosedError at once;
     the linger's call, when it comes, finds nothing to send."""
@@ -794,6 +803,7 @@ def test_closing_the_batcher_ends_what_waits_for_the_linger(service: Service) ->
 
 
 @pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@LINGER_DATABASE
 def test_the_batcher_takes_its_linger_and_sends_alone_from_the_client_s_settings(service: Service) -> None:
     """Left out, ``linger`` and ``max_in_flight_alone`` are the client's ``client.batchLinger``
     and ``client.batchMaxInFlightAlone``; a negative or NaN linger is refused."""
