@@ -74,7 +74,7 @@ def _start(
 
 @functools.cache
 def _started(quiet: bool, progress: bool) -> subprocess.CompletedProcess[str]:
-    """``_start`` in the caller's environment, once per test run for each ``quiet`` and
+    """``_start`` in the environment of its first call, once per test run for each ``quiet`` and
     ``progress`` (a JVM's start takes seconds; two tests read the loud start without progress)."""
     return _start(quiet, progress=progress)
 
