@@ -175,3 +175,4 @@ def test_partition_routing_refuses_more_instances_than_partitions(tmp_path: Path
     assert "partition routing needs at most one instance per partition: 3 instances, 2 partitions" in (
         result.output
     )
+    assert "raise --partitions or lower --instances" in result.output  # refused before the cluster

@@ -220,13 +220,36 @@ def test_partition_routed_instances_of_unequal_shares_are_warned_about() -> None
     assert "3 partitions over 2 partition-routed instances" in result.stderr  # said before the run
 
 
+ROUTING_REFUSAL = "partition routing needs at most one instance per partition: 3 instances, 2 partitions"
+
+
 def test_partition_routing_needs_a_partition_per_instance() -> None:
+    """With ``--local`` the partitions are known from the options: refused before a cluster
+    starts or the database is touched."""
     args = ["--local", "--partitions", "2", "--instances", "3", "--transactions", "30", "--partition-routing"]
     result = run_cli(*args)
     assert result.exit_code == 1, result.output
-    assert "partition routing needs at most one instance per partition: 3 instances, 2 partitions" in (
-        result.stderr
-    )
+    assert ROUTING_REFUSAL in result.stderr
+    assert "raise --partitions or lower --instances" in result.stderr
+    assert "opening" not in result.stderr, "the run started before it was refused"
+
+
+def test_partition_routing_on_a_reached_cluster_needs_a_partition_per_instance(
+    tmp_path_factory: pytest.TempPathFactory, zookeeper: object, tmp_path: Path
+) -> None:
+    """A reached cluster's partitions are known once its client connects: the run is refused
+    then, before any instance starts."""
+    from waltz.cli.main import app
+
+    made = support.session_cluster(tmp_path_factory, zookeeper, name="routing", partitions=2, servers=1)
+    with made as cluster:
+        target = ["--zookeeper", cluster.zookeeper_connect_string, "--root", cluster.root]
+        args = ["--instances", "3", "--transactions", "30", "--accounts", "4", "--partition-routing"]
+        db = ["--db", f"sqlite:///{tmp_path / 'ledger.db'}"]
+        result = CliRunner().invoke(app, ["perf", "smallbank", *args, *db, *target], env=cluster.client_env())
+    assert result.exit_code == 1, result.output
+    assert ROUTING_REFUSAL in result.stderr
+    assert "opening 4 accounts" in result.stderr  # refused by the run, after it reached the cluster
 
 
 def test_a_workload_over_partition_routed_instances_submits_each_transaction_to_its_partition(

@@ -99,14 +99,22 @@ def run_application_perf(
 
     Raises:
         typer.Exit: 2 for conflicting options or an unusable database (and as :func:`perf_target`);
-            1 when the database failed during the run or a check of the report failed.
+            1 for partition routing with more instances than ``--local``'s partitions (before
+            the cluster starts), when the database failed during the run or a check of the
+            report failed.
     """
     from sqlalchemy.exc import SQLAlchemyError
 
     from waltz.workloads.perf import UnusableDatabaseError, check_database, perf_database
+    from waltz.workloads.perf.settings import routing_refusal
 
     if local and (zookeeper or root):
         raise fail("--local starts its own cluster: drop --zookeeper/--root", 2)
+    if local and settings.partition_routing:
+        # Known from the options: refused before a cluster starts, as a run refuses it later.
+        refusal = routing_refusal(settings.instances, partitions)
+        if refusal is not None:
+            raise fail(f"{refusal} (raise --partitions or lower --instances)", 1)
     say = None if as_json else lambda line: typer.echo(line, err=True)
     with perf_database(application, db) as db_url:
         try:
