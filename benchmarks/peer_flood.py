@@ -170,7 +170,14 @@ async def probe(endpoint: str, generation: int, interval: float, stop: Any) -> l
         stream = Stream(channel)
         reader = asyncio.ensure_future(stream.read_into([Phase("probe")], 1))
         try:
-            await mount(stream, 1, generation, 1)
+            try:
+                await mount(stream, 1, generation, 1)
+            except TimeoutError as exc:
+                # Which side stalled: a channel still connecting is this process's, a ready one the
+                # server's.
+                state = channel.get_state(try_to_connect=False).name
+                message = f"the prober's mount of partition 1 was not answered (channel {state})"
+                raise RuntimeError(message) from exc
             seq = 1
             while not stop.is_set():
                 seq += 1
@@ -219,10 +226,22 @@ async def flood(args: argparse.Namespace, endpoint: str, generation: int, server
     current = [phases[0]]
     stop = asyncio.Event()
     baseline = resident_mib(server_pid)
+    phases[0].peak_mib = baseline
+
+    def begin(phase: Phase) -> None:
+        # Sampled once at once: a phase shorter than the sampler's 0.1 s still has a peak.
+        phase.began = time.monotonic()
+        phase.peak_mib = resident_mib(server_pid)
+        current[0] = phase
+
     sampler = asyncio.ensure_future(sample_memory(server_pid, current, stop))
-    probes_wanted, probes_sent = multiprocessing.Pipe(duplex=False)
-    stop_probing = multiprocessing.Event()
-    prober = multiprocessing.Process(
+    # Spawned, not forked: this process already ran gRPC (the cluster's readiness probes), and a
+    # child forked from it may hang on its first call (gRPC Python supports fork only with its
+    # fork support turned on), so the prober's mount would never be answered.
+    context = multiprocessing.get_context("spawn")
+    probes_wanted, probes_sent = context.Pipe(duplex=False)
+    stop_probing = context.Event()
+    prober = context.Process(
         target=probe_process,
         args=(endpoint, generation, args.probe_interval, stop_probing, probes_sent),
         name="prober",
@@ -236,8 +255,7 @@ async def flood(args: argparse.Namespace, endpoint: str, generation: int, server
         await mount(stream, peer_id, generation, 0)
         sent_in_all = stream.received  # the mount's answer
         for phase in phases[1:3]:
-            phase.began = time.monotonic()
-            current[0] = phase
+            begin(phase)
             started = time.monotonic()
             for first in range(0, args.flushes, args.per_message):
                 count = min(args.per_message, args.flushes - first)
@@ -261,8 +279,7 @@ async def flood(args: argparse.Namespace, endpoint: str, generation: int, server
                 flush=True,
             )
         phase = phases[3]
-        phase.began = time.monotonic()
-        current[0] = phase
+        begin(phase)
         started = time.monotonic()
         seq += 1
         data = b"an append with many lock hashes"
@@ -292,8 +309,7 @@ async def flood(args: argparse.Namespace, endpoint: str, generation: int, server
             f"({refusal.error.message})",
             flush=True,
         )
-        phases[4].began = time.monotonic()
-        current[0] = phases[4]
+        begin(phases[4])
         await stream.close()
         reader.cancel()
     await asyncio.sleep(args.settle)
