@@ -735,6 +735,72 @@ def test_a_full_batch_does_not_wait_for_the_linger(service: Service) -> None:
     assert service.counter_value(counter_id) == 3
 
 
+class Timed(Increment):
+    """Notes when each attempt's ``run`` began (a first attempt runs as its transaction is sent)."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int) -> None:
+        super().__init__(callbacks, counter_id)
+        self.runs: list[float] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        self.runs.append(time.monotonic())
+        return super().run(tx)
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@LINGER_DATABASE
+def test_the_batch_after_a_full_one_waits_a_linger_from_the_full_one(service: Service) -> None:
+    """A batch that fills while the linger's call is scheduled goes at once and makes that call
+    stale: the next batch waits a whole linger from the full one, not until the stale call comes
+    (docs/design/sql.md "Batched entity transactions")."""
+    counter_id = service.create_counter()
+    instance = service.first
+    with EntityBatcher(instance.client, max_members=2, max_in_flight_alone=0, linger=LINGER) as batcher:
+        started = time.monotonic()
+        assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
+        took = time.monotonic() - started
+        assert took < LINGER / LINGER_MIN_JOINING, "a commit took too long for this test"
+        waiting = batcher.submit(Increment(instance.callbacks, counter_id))  # the call is scheduled
+        time.sleep(1.0)
+        full_at = time.monotonic()
+        joining = batcher.submit(Increment(instance.callbacks, counter_id))  # full: both go at once
+        # Well within the linger: a batch that waited for the call would time out here.
+        outcomes = [future.result(LINGER) for future in (waiting, joining)]
+        assert all(o.committed for o in outcomes) and outcomes[0].transaction_id == outcomes[1].transaction_id
+        assert batcher.lingered == 0
+        after = Timed(instance.callbacks, counter_id)
+        assert batcher.submit(after).result(TIMEOUT).committed
+    assert after.runs[0] - full_at >= LINGER, (
+        f"the batch after the full one went {after.runs[0] - full_at:.2f} s after it, with the stale call"
+    )
+    assert batcher.lingered == 1
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 4
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@LINGER_DATABASE
+def test_a_batch_with_a_context_that_has_a_timeout_behind_it_goes_at_once(service: Service) -> None:
+    """A context with a timeout goes alone, and no context submitted after it can pass it: the
+    lingering batch in front of it can no longer grow, so it goes at once, whatever is left of
+    the linger (docs/design/sql.md "Batched entity transactions")."""
+    counter_id = service.create_counter()
+    instance = service.first
+    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=10 * LINGER) as batcher:
+        assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
+        waiting = batcher.submit(Increment(instance.callbacks, counter_id))  # lingers
+        timed = Increment(instance.callbacks, counter_id)
+        timed.timeout = TIMEOUT
+        behind = batcher.submit(timed)
+        # Well within the linger: a batch that waited for it would time out here.
+        outcomes = [future.result(3 * LINGER) for future in (waiting, behind)]
+        assert all(o.committed for o in outcomes), outcomes
+        assert outcomes[0].transaction_id < outcomes[1].transaction_id
+        assert batcher.lingered == 0
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 3
+
+
 @pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
 @LINGER_DATABASE
 def test_nothing_waits_when_the_partition_s_last_transaction_went_longer_ago_than_the_linger(

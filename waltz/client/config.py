@@ -60,8 +60,9 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
       transactions of one partition sent by an
       :class:`~waltz.jdbc_style.entity_batches.EntityBatcher`: a batch that finds the partition's
       last one sent less than this ago waits out the rest, and what is submitted meanwhile joins
-      it; a full batch goes at once, and nothing waits while the partition's contexts come less
-      often than three per linger (docs/design/sql.md "Batched entity transactions"); 0: no wait.
+      it; a batch that cannot grow (full, or with a context that has a timeout queued behind it)
+      goes at once, and nothing waits while the partition's contexts come less often than three
+      per linger (docs/design/sql.md "Batched entity transactions"); 0: no wait.
       20 ms by default (docs/decisions/0083-a-linger-between-a-partition-s-batches.md).
     - ``client.batchMaxInFlightAlone`` (``client_batch_max_in_flight_alone``): contexts an
       ``EntityBatcher`` sends at once, alone, beyond its log transactions in flight per partition
@@ -167,7 +168,7 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
         le=1,
         description="Seconds at least between two log transactions of a partition sent by an "
         "EntityBatcher while its contexts come three or more per linger; a batch sent sooner waits "
-        "out the rest, gathering what is submitted meanwhile, unless full (0: no wait).",
+        "out the rest, gathering what is submitted meanwhile, unless it cannot grow (0: no wait).",
     )
     client_batch_max_in_flight_alone: int = Field(
         default=3,

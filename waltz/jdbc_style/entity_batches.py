@@ -12,9 +12,9 @@ nothing. Contexts submitted while the partition's limit is reached queue, and wh
 transaction of the partition ends, the queue goes as the next batch, bounded by
 ``max_members`` contexts and ``max_bytes`` of change-set data. With a ``linger``, a batch that
 would go less than ``linger`` after the partition's last log transaction was sent waits out the
-rest, and what is submitted meanwhile joins it; a full batch goes at once, and a partition whose
-contexts come less often than three per linger (on a running mean) sends each at once: at low load
-nothing waits.
+rest, and what is submitted meanwhile joins it; a batch that cannot grow (full, or with a context
+that has a timeout queued behind it) goes at once, and a partition whose contexts come less often
+than three per linger (on a running mean) sends each at once: at low load nothing waits.
 
 A batch is one :class:`~waltz.client.context.TransactionContext` to the client. Each attempt opens
 one state (the entity cache's rows, or one database snapshot, with the mark) for every member's
@@ -476,11 +476,13 @@ class EntityBatcher:
             the client's ``client.batchMaxInFlightAlone`` (3 by default).
         linger: seconds at least between two log transactions of a partition: a batch that
             would go sooner after the partition's last one was sent waits out the rest, and
-            contexts submitted meanwhile join it (up to ``max_members``: a full batch goes at
-            once). Nothing waits while the partition's contexts come less often than three per
-            linger (a running mean of the time between submits). A context sent alone beyond
-            ``max_in_flight`` does not wait, nor does one with a timeout (it goes alone) next in
-            the queue. 0: no wait. None: the client's ``client.batchLinger`` (0.02 by default).
+            contexts submitted meanwhile join it (up to ``max_members``). A batch that cannot
+            grow goes at once: a full one, or one with a context that has a timeout (it goes
+            alone, and no later context passes it) queued behind it. Nothing waits while the
+            partition's contexts come less often than three per linger (a running mean of the
+            time between submits). A context sent alone beyond ``max_in_flight`` does not wait,
+            nor does one with a timeout next in the queue. 0: no wait. None: the client's
+            ``client.batchLinger`` (0.02 by default).
 
     Raises:
         ValueError: a limit below 1 (below 0 for ``max_in_flight_alone``; for ``linger``, below
@@ -520,11 +522,12 @@ class EntityBatcher:
         self.linger = linger
         self._lock = threading.Lock()
         # Per partition, when its last log transaction was taken to be sent (time.monotonic()),
-        # the partitions whose next batch waits for the linger to pass (a call is scheduled), when
-        # its last context was submitted, and the mean time between its submits (exponentially
-        # weighted, LINGER_INTERVAL_WEIGHT to the newest).
+        # the token of the call scheduled for when its linger passes (while its next batch waits
+        # for it; a batch taken before the call comes makes the call stale), when its last context
+        # was submitted, and the mean time between its submits (exponentially weighted,
+        # LINGER_INTERVAL_WEIGHT to the newest).
         self._last_sent: dict[int, float] = {}
-        self._lingering: set[int] = set()
+        self._lingering: dict[int, object] = {}
         self._last_submit: dict[int, float] = {}
         self._interval: dict[int, float] = {}
         self._queues: dict[int, collections.deque[_Member]] = {}
@@ -639,6 +642,8 @@ class EntityBatcher:
                 members.append(queue.popleft())
             if lingered:
                 self.lingered += 1
+            else:  # taken before the linger's call came (it could not grow): that call is stale
+                self._lingering.pop(partition, None)
         if self.linger:
             self._last_sent[partition] = time.monotonic()
         self._in_flight[partition] = in_flight + 1
@@ -646,11 +651,12 @@ class EntityBatcher:
         return members
 
     def _lingers(self, partition: int, queue: collections.deque[_Member]) -> bool:
-        """Under the lock, with room in flight: whether the partition's next batch waits for the
-        linger (its last log transaction went less than ``linger`` ago, its contexts have been
-        submitted more often than three per linger, and the batch is not full), scheduling the call
-        that sends it when the linger has passed."""
-        if not self.linger or len(queue) >= self.max_members:
+        """Under the lock, with room in flight and a context that may join a batch next in the
+        queue: whether the partition's next batch waits for the linger (its last log transaction
+        went less than ``linger`` ago, its contexts have been submitted more often than three per
+        linger, and the batch can still grow), scheduling the call that sends it when the linger
+        has passed."""
+        if not self.linger or self._cannot_grow(queue):
             return False
         if partition in self._lingering:
             return True  # the scheduled call takes it
@@ -662,21 +668,32 @@ class EntityBatcher:
         delay = last + self.linger - time.monotonic()
         if delay <= 0:
             return False
-        self._lingering.add(partition)
+        token = self._lingering[partition] = object()
         loop, _ = shared_event_loop()
-        loop.call_soon_threadsafe(loop.call_later, delay, self._linger_passed, partition)
+        loop.call_soon_threadsafe(loop.call_later, delay, self._linger_passed, partition, token)
         return True
+
+    def _cannot_grow(self, queue: collections.deque[_Member]) -> bool:
+        """Under the lock: whether the batch at the head of ``queue`` is as large as it can get:
+        ``max_members`` are queued for it, or a context that goes alone (one with a timeout) is
+        queued behind it, which no later context can pass."""
+        if len(queue) >= self.max_members:
+            return True
+        return any(member.alone for member in queue)
 
     def _busy(self, partition: int) -> bool:
         """Under the lock, with a linger: whether the partition's contexts have come more often than
         three per linger (the running mean of the time between its submits)."""
         return self._interval.get(partition, math.inf) * LINGER_MIN_JOINING < self.linger
 
-    def _linger_passed(self, partition: int) -> None:
+    def _linger_passed(self, partition: int, token: object) -> None:
         """On the client's event loop: the partition's linger has passed; send its next batch
-        (off the loop, on a sender thread)."""
+        (off the loop, on a sender thread), unless a batch that could not grow went meanwhile
+        (the call is stale: ``token`` is no longer the partition's)."""
         with self._lock:
-            self._lingering.discard(partition)
+            if self._lingering.get(partition) is not token:
+                return
+            del self._lingering[partition]
             members = [] if self._closed else self._take(partition, lingered=True)
         if members:
             self._submit_send(partition, members)
