@@ -7,13 +7,16 @@ must lose no update under contention (the lock check refuses stale attempts, whi
 must stay within one partition, and a request carrying an idempotency key must change the database
 once however often it is committed.
 
-The session's log is shared with other tests, and each database is fresh (marks at -1), so it
-applies their transactions too: :class:`SharedLogCallbacks` ignores what is not this module's.
+The session's log is shared with other tests, and each database starts fresh (marks at -1), so it
+applies their transactions too: :class:`SharedLogCallbacks` ignores what is not this module's. A
+service (its database and two instances) is shared by the module's tests of the same database kind
+and entity cache setting (``shared_service``); each test works on counters of its own.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import decimal
 import random
 import threading
@@ -41,6 +44,7 @@ from waltz.jdbc_style import (
     create_framework_engine,
 )
 from waltz.jdbc_style.entity_batches import LINGER_MIN_JOINING, EntityBatcher
+from waltz.jdbc_style.migrations_api import upgrade
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
 
@@ -243,31 +247,36 @@ class Service:
         return server
 
 
-@pytest.fixture(params=[True, False], ids=["entity-cache", "no-entity-cache"])
+@pytest.fixture(scope="module", params=[True, False], ids=["entity-cache", "no-entity-cache"])
 def entity_cache(request: pytest.FixtureRequest) -> bool:
     """Whether the instances keep the entity cache (their apply_change override only passes over
     other tests' entities, so the cache may be on)."""
     return bool(request.param)
 
 
-@pytest.fixture
-def service(sql_cluster_ready: LocalCluster, app_db_url: str, entity_cache: bool) -> Iterator[Service]:
-    """Two instances (engine, ChangeSetCallbacks, client) on one fresh database; closed afterwards."""
-    setup = create_framework_engine(app_db_url)
+@pytest.fixture(scope="module", params=["sqlite", "postgresql", "mariadb"])
+def app_db(request: pytest.FixtureRequest) -> str:
+    """The kind of the instances' database: ``sqlite``, ``postgresql`` or ``mariadb``."""
+    return str(request.param)
+
+
+@contextlib.contextmanager
+def open_service(cluster: LocalCluster, url: str, entity_cache: bool) -> Iterator[Service]:
+    """Two instances (engine, ChangeSetCallbacks, client) on the database at ``url`` (the
+    framework's tables upgraded, this module's created), mounted; closed afterwards."""
+    setup = create_framework_engine(url)
     try:
+        upgrade(setup)
         Base.metadata.create_all(setup)
     finally:
         setup.dispose()
-    config = WaltzClientConfig(
-        **sql_cluster_ready.client_settings(),
-        zookeeper_session_timeout=10.0,
-    )
+    config = WaltzClientConfig(**cluster.client_settings(), zookeeper_session_timeout=10.0)
     cluster_name = f"entities-{support.unique_suffix()}"
     registry = EntityRegistry.from_base(Base)
     made: list[Instance] = []
     try:
         for _ in range(2):
-            engine = create_framework_engine(app_db_url)
+            engine = create_framework_engine(url)
             try:
                 callbacks = SharedLogCallbacks(
                     engine, cluster_name=cluster_name, registry=registry, entity_cache=entity_cache
@@ -280,12 +289,58 @@ def service(sql_cluster_ready: LocalCluster, app_db_url: str, entity_cache: bool
         for instance in made:
             instance.client.wait_mounted(TIMEOUT)
         yield Service(made[0], made[1], made[0].client.num_partitions, random.Random())
-        for instance in made:
-            assert instance.callbacks.uncaught_count == 0, list(instance.callbacks.uncaught)
     finally:
         for instance in made:
             instance.client.close()
             instance.engine.dispose()
+
+
+#: The session fixture of each database server (checked reachable: skipped, or failed under CI).
+SERVER_FIXTURES = {"postgresql": "postgres_server", "mariadb": "mariadb_server"}
+
+
+@pytest.fixture(scope="module")
+def shared_service(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    sql_cluster: LocalCluster,
+    app_db: str,
+    entity_cache: bool,
+) -> Iterator[Service]:
+    """The service of the module's tests of one database kind and entity cache setting, which
+    pytest runs together: its setup (a database migrated, two clients mounted, the session's shared
+    log applied from -1) costs seconds, and each test works on counters of its own. One is open at
+    a time (every open one would apply every transaction); closed, and its database dropped, when
+    the tests of the next setting start."""
+    with contextlib.ExitStack() as stack:
+        if app_db == "sqlite":
+            url = f"sqlite:///{tmp_path_factory.mktemp('entities') / 'app.db'}"
+        else:
+            server: support.DatabaseServer = request.getfixturevalue(SERVER_FIXTURES[app_db])
+            url = stack.enter_context(server.fresh_database())
+        yield stack.enter_context(open_service(sql_cluster, url, entity_cache))
+
+
+@pytest.fixture
+def service(sql_cluster_ready: LocalCluster, shared_service: Service) -> Iterator[Service]:
+    """Two instances (engine, ChangeSetCallbacks, client) sharing one database (``shared_service``),
+    mounted again if the cluster was healed since the last test; no exception of an apply is left
+    uncaught during the test."""
+    for instance in shared_service.instances:
+        instance.client.wait_mounted(TIMEOUT)
+    uncaught = [instance.callbacks.uncaught_count for instance in shared_service.instances]
+    yield shared_service
+    for before, instance in zip(uncaught, shared_service.instances, strict=True):
+        assert instance.callbacks.uncaught_count == before, list(instance.callbacks.uncaught)
+
+
+@pytest.fixture
+def fresh_service(sql_cluster_ready: LocalCluster, app_db_url: str, entity_cache: bool) -> Iterator[Service]:
+    """As ``service``, on a database of this test's own (for a test that changes its schema)."""
+    with open_service(sql_cluster_ready, app_db_url, entity_cache) as made:
+        yield made
+        for instance in made.instances:
+            assert instance.callbacks.uncaught_count == 0, list(instance.callbacks.uncaught)
 
 
 def submit_increments(instance: Instance, counter_id: int, count: int) -> list[tuple[Increment, Any]]:
@@ -351,7 +406,7 @@ def test_a_request_committed_twice_changes_the_database_once(service: Service) -
     assert service.first.callbacks.find_idempotency_key(key) == AppliedRequest(pid, ids[0])
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
 def test_one_instance_s_hot_counter_reads_the_entity_cache_and_loses_no_update(service: Service) -> None:
     """One instance submitting on a counter: its attempts after the first read the entity cache
     (the rows its applies absorbed), contexts queued behind the counter's lock run once the
@@ -464,7 +519,7 @@ class QueriesSession(Increment):
         return True
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
 def test_batch_members_that_fail_query_the_session_or_repeat_a_key_end_on_their_own(service: Service) -> None:
     """In a batch: a member that raises fails alone; one that queries ``tx.session`` runs on its
     own after the batch; a key twice in one batch commits once, the second copy answered as
@@ -582,10 +637,11 @@ class Haunt(EntityTransactionContext):
         self.exceptions.append(exception)
 
 
-@pytest.mark.parametrize("entity_cache", [False], ids=["no-entity-cache"])
-def test_a_batch_whose_state_cannot_be_read_ends_every_member_with_the_error(service: Service) -> None:
+@pytest.mark.parametrize("entity_cache", [False], ids=["no-entity-cache"], scope="module")
+def test_a_batch_whose_state_cannot_be_read_ends_every_member_with_the_error(fresh_service: Service) -> None:
     """The batch's one state fails to open (a table gone): each member's future and
     ``on_exception`` get the error; none is left waiting."""
+    service = fresh_service
     counter_id = service.create_counter()
     instance = service.first
     with instance.engine.begin() as conn:
@@ -617,7 +673,7 @@ class HeldInRun(Increment):
         return super().run(tx)
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
 @pytest.mark.parametrize("alone", [3, 0], ids=["alone-beyond-the-limit", "none-alone"])
 def test_a_context_whose_locks_nothing_in_flight_holds_goes_at_once(service: Service, alone: int) -> None:
     """With the partition's one transaction in flight, a context on another entity of the same
@@ -657,14 +713,14 @@ def test_a_context_whose_locks_nothing_in_flight_holds_goes_at_once(service: Ser
 
 
 #: The linger tests time the batcher, which is the same on every database: they run on one.
-LINGER_DATABASE = pytest.mark.parametrize("app_db_url", ["postgresql"], indirect=True)
+LINGER_DATABASE = pytest.mark.parametrize("app_db", ["postgresql"], scope="module")
 
 #: Seconds of the linger in the tests that wait it out: far longer than a commit takes here, so
 #: that what is submitted after a commit is certain to find it still running.
 LINGER = 3.0
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
 @LINGER_DATABASE
 def test_a_batch_waits_out_the_linger_and_takes_what_is_submitted_meanwhile(service: Service) -> None:
     """With a linger, a context submitted less than ``linger`` after its partition's last log
@@ -691,7 +747,7 @@ def test_a_batch_waits_out_the_linger_and_takes_what_is_submitted_meanwhile(serv
     assert service.counter_value(counter_id) == 3
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
 @LINGER_DATABASE
 def test_while_contexts_come_fast_none_goes_beside_the_batch(service: Service) -> None:
     """With a linger, a context whose locks nothing in flight holds still waits for the next batch
@@ -718,7 +774,7 @@ def test_while_contexts_come_fast_none_goes_beside_the_batch(service: Service) -
     assert service.counter_value(held_id) == 1 and service.counter_value(other_id) == 1
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
 @LINGER_DATABASE
 def test_a_full_batch_does_not_wait_for_the_linger(service: Service) -> None:
     """A batch of ``max_members`` goes at once, whatever is left of the linger."""
@@ -747,7 +803,7 @@ class Timed(Increment):
         return super().run(tx)
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
 @LINGER_DATABASE
 def test_the_batch_after_a_full_one_waits_a_linger_from_the_full_one(service: Service) -> None:
     """A batch that fills while the linger's call is scheduled goes at once and makes that call
@@ -778,7 +834,7 @@ def test_the_batch_after_a_full_one_waits_a_linger_from_the_full_one(service: Se
     assert service.counter_value(counter_id) == 4
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
 @LINGER_DATABASE
 def test_a_batch_with_a_context_that_has_a_timeout_behind_it_goes_at_once(service: Service) -> None:
     """A context with a timeout goes alone, and no context submitted after it can pass it: the
@@ -801,7 +857,7 @@ def test_a_batch_with_a_context_that_has_a_timeout_behind_it_goes_at_once(servic
     assert service.counter_value(counter_id) == 3
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
 @LINGER_DATABASE
 def test_nothing_waits_when_the_partition_s_last_transaction_went_longer_ago_than_the_linger(
     service: Service,
@@ -825,7 +881,7 @@ def test_nothing_waits_when_the_partition_s_last_transaction_went_longer_ago_tha
     assert service.counter_value(counter_id) == 25
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
 @LINGER_DATABASE
 def test_nothing_waits_while_contexts_come_less_often_than_three_per_linger(service: Service) -> None:
     """A context that follows its partition's last log transaction within the linger still goes at
@@ -850,7 +906,7 @@ def test_nothing_waits_while_contexts_come_less_often_than_three_per_linger(serv
     assert service.counter_value(counter_id) == 27
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
 @LINGER_DATABASE
 def test_closing_the_batcher_ends_what_waits_for_the_linger(service: Service) -> None:
     """A context waiting for the linger when the batcher closes ends with ClientClosedError at once;
@@ -869,7 +925,7 @@ def test_closing_the_batcher_ends_what_waits_for_the_linger(service: Service) ->
     assert service.counter_value(counter_id) == 1
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
 @LINGER_DATABASE
 def test_the_batcher_takes_its_linger_and_sends_alone_from_the_client_s_settings(service: Service) -> None:
     """Left out, ``linger`` and ``max_in_flight_alone`` are the client's ``client.batchLinger``
@@ -901,7 +957,7 @@ class SetPrice(EntityTransactionContext):
         return True
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"])
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
 def test_a_member_never_reads_a_value_of_an_earlier_member_the_database_would_store_otherwise(
     service: Service,
 ) -> None:
