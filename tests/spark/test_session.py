@@ -73,16 +73,17 @@ def _start(
 
 
 @functools.cache
-def _started(quiet: bool, progress: bool) -> subprocess.CompletedProcess[str]:
-    """``_start`` in the environment of its first call, once per test run for each ``quiet`` and
-    ``progress`` (a JVM's start takes seconds; two tests read the loud start without progress)."""
-    return _start(quiet, progress=progress)
+def _started(quiet: bool) -> subprocess.CompletedProcess[str]:
+    """``_start`` in the environment of its first call, once per test run for each ``quiet``: the
+    loud start without the progress bar, the quiet one with it (a JVM's start takes seconds, and
+    each setting is independent of the other; two tests read both starts)."""
+    return _start(quiet, progress=quiet)
 
 
 def test_the_console_progress_bar_is_on_unless_turned_off() -> None:
     shown = {}
     for progress in (True, False):
-        run = _started(quiet=False, progress=progress)
+        run = _started(quiet=progress)
         shown[progress] = next(line for line in run.stdout.splitlines() if line.startswith("PROGRESS:"))
     assert shown == {True: "PROGRESS: true", False: "PROGRESS: false"}
 
@@ -98,9 +99,9 @@ NATIVE_LOADER = "NativeCodeLoader"
 
 
 def test_a_quiet_start_leaves_out_sparks_start_up_notices() -> None:
-    loud = _started(quiet=False, progress=False)
+    loud = _started(quiet=False)
     assert [n for n in SPARK_NOTICES if n not in loud.stderr] == [], loud.stderr  # what it removes
-    quiet = _started(quiet=True, progress=False)
+    quiet = _started(quiet=True)
     assert [n for n in SPARK_NOTICES if n in quiet.stderr] == [], quiet.stderr
     if NATIVE_LOADER in loud.stderr:
         assert NATIVE_LOADER not in quiet.stderr, quiet.stderr
