@@ -158,8 +158,8 @@ def test_a_log_written_by_release_1_is_read_by_the_current_release(
 ) -> None:
     """Release 1 writes accounts into one database, release 2 one more; the database migrates to
     the current release; a fresh database applies the whole log with the current release. Both
-    hold the same accounts, ``read_entities`` reads them in the current model, and a rebuild of
-    the log equals the migrated database."""
+    hold the same accounts, ``read_entities`` reads them in the current model, and (on
+    PostgreSQL) a rebuild of the log equals the migrated database."""
     ledger_cluster, ledger_config = releases_cluster
     _, migrated_url, fresh_url = two_databases
     first_customer = FIRST_CUSTOMER[two_databases.kind]
@@ -210,7 +210,11 @@ def test_a_log_written_by_release_1_is_read_by_the_current_release(
         assert [(a.custid, a.holder, a.status, a.currency) for a in read] == expected
         assert _accounts(current.engine, "holder", customers) == expected
 
-    _rebuild_equals(ledger_cluster, migrated_url, name)
+    # Spark reads the log alike whatever the live database, and a Spark job costs a minute here:
+    # the rebuild runs once, against PostgreSQL (tests/spark/test_rebuild.py verifies against
+    # SQLite).
+    if two_databases.kind == "postgresql":
+        _rebuild_equals(ledger_cluster, migrated_url, name)
 
 
 def _rebuild_equals(cluster: LocalCluster, live_url: str, cluster_name: str) -> None:
