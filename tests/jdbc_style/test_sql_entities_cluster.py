@@ -190,10 +190,22 @@ class Service:
     second: Instance
     num_partitions: int
     rng: random.Random
+    #: (database kind, entity cache on) of a shared service; None for a test's own
+    setting: tuple[str, bool] | None = None
+    #: each instance's ``uncaught_count`` when the last test on the service ended
+    checked_uncaught: tuple[int, int] = (0, 0)
 
     @property
     def instances(self) -> tuple[Instance, Instance]:
         return (self.first, self.second)
+
+    def uncaught_counts(self) -> tuple[int, int]:
+        """Each instance's count of exceptions its apply left uncaught, so far."""
+        return (self.first.callbacks.uncaught_count, self.second.callbacks.uncaught_count)
+
+    def uncaught(self) -> list[list[tuple[int, int, BaseException]]]:
+        """Each instance's last uncaught exceptions: (partition, transaction ID, exception)."""
+        return [list(instance.callbacks.uncaught) for instance in self.instances]
 
     def partition_of(self, counter_id: int) -> int:
         info = self.first.callbacks.registry.info(ClusterCounter)
@@ -311,27 +323,44 @@ def shared_service(
     pytest runs together: its setup (a database migrated, two clients mounted, the session's shared
     log applied from -1) costs seconds, and each test works on counters of its own. One is open at
     a time (every open one would apply every transaction); closed, and its database dropped, when
-    the tests of the next setting start."""
+    the tests of the next setting start.
+
+    A test that narrows ``app_db`` or ``entity_cache`` does so indirectly, at module scope
+    (``parametrize(..., indirect=True, scope="module")``): a direct parameter would not reach this
+    fixture, which would hand the test the service of another setting (``service`` checks)."""
+    sql_cluster.heal(timeout=60)  # module fixtures come before the test's sql_cluster_ready
     with contextlib.ExitStack() as stack:
         if app_db == "sqlite":
             url = f"sqlite:///{tmp_path_factory.mktemp('entities') / 'app.db'}"
         else:
             server: support.DatabaseServer = request.getfixturevalue(SERVER_FIXTURES[app_db])
             url = stack.enter_context(server.fresh_database())
-        yield stack.enter_context(open_service(sql_cluster, url, entity_cache))
+        shared = stack.enter_context(open_service(sql_cluster, url, entity_cache))
+        shared.setting = (app_db, entity_cache)
+        yield shared
+        # An apply that failed after the last test on the service.
+        assert shared.uncaught_counts() == shared.checked_uncaught, shared.uncaught()
 
 
 @pytest.fixture
-def service(sql_cluster_ready: LocalCluster, shared_service: Service) -> Iterator[Service]:
-    """Two instances (engine, ChangeSetCallbacks, client) sharing one database (``shared_service``),
-    mounted again if the cluster was healed since the last test; no exception of an apply is left
-    uncaught during the test."""
+def service(
+    sql_cluster_ready: LocalCluster, shared_service: Service, app_db: str, entity_cache: bool
+) -> Iterator[Service]:
+    """Two instances (engine, ChangeSetCallbacks, client) sharing one database (``shared_service``,
+    of this test's setting), mounted again if the cluster was healed since the last test; no
+    exception of an apply is left uncaught, during the test or since the last one on the service."""
+    assert shared_service.setting == (app_db, entity_cache), (
+        f"the test of {(app_db, entity_cache)} was handed the service of {shared_service.setting}"
+    )
     for instance in shared_service.instances:
         instance.client.wait_mounted(TIMEOUT)
-    uncaught = [instance.callbacks.uncaught_count for instance in shared_service.instances]
+    before = shared_service.uncaught_counts()
+    if before != shared_service.checked_uncaught:
+        shared_service.checked_uncaught = before
+        pytest.fail(f"an apply failed after the last test on this service: {shared_service.uncaught()}")
     yield shared_service
-    for before, instance in zip(uncaught, shared_service.instances, strict=True):
-        assert instance.callbacks.uncaught_count == before, list(instance.callbacks.uncaught)
+    after = shared_service.checked_uncaught = shared_service.uncaught_counts()
+    assert after == before, shared_service.uncaught()
 
 
 @pytest.fixture
@@ -339,8 +368,7 @@ def fresh_service(sql_cluster_ready: LocalCluster, app_db_url: str, entity_cache
     """As ``service``, on a database of this test's own (for a test that changes its schema)."""
     with open_service(sql_cluster_ready, app_db_url, entity_cache) as made:
         yield made
-        for instance in made.instances:
-            assert instance.callbacks.uncaught_count == 0, list(instance.callbacks.uncaught)
+        assert made.uncaught_counts() == (0, 0), made.uncaught()
 
 
 def submit_increments(instance: Instance, counter_id: int, count: int) -> list[tuple[Increment, Any]]:
@@ -406,7 +434,7 @@ def test_a_request_committed_twice_changes_the_database_once(service: Service) -
     assert service.first.callbacks.find_idempotency_key(key) == AppliedRequest(pid, ids[0])
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 def test_one_instance_s_hot_counter_reads_the_entity_cache_and_loses_no_update(service: Service) -> None:
     """One instance submitting on a counter: its attempts after the first read the entity cache
     (the rows its applies absorbed), contexts queued behind the counter's lock run once the
@@ -519,7 +547,7 @@ class QueriesSession(Increment):
         return True
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 def test_batch_members_that_fail_query_the_session_or_repeat_a_key_end_on_their_own(service: Service) -> None:
     """In a batch: a member that raises fails alone; one that queries ``tx.session`` runs on its
     own after the batch; a key twice in one batch commits once, the second copy answered as
@@ -637,7 +665,7 @@ class Haunt(EntityTransactionContext):
         self.exceptions.append(exception)
 
 
-@pytest.mark.parametrize("entity_cache", [False], ids=["no-entity-cache"], scope="module")
+@pytest.mark.parametrize("entity_cache", [False], ids=["no-entity-cache"], indirect=True, scope="module")
 def test_a_batch_whose_state_cannot_be_read_ends_every_member_with_the_error(fresh_service: Service) -> None:
     """The batch's one state fails to open (a table gone): each member's future and
     ``on_exception`` get the error; none is left waiting."""
@@ -673,7 +701,7 @@ class HeldInRun(Increment):
         return super().run(tx)
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 @pytest.mark.parametrize("alone", [3, 0], ids=["alone-beyond-the-limit", "none-alone"])
 def test_a_context_whose_locks_nothing_in_flight_holds_goes_at_once(service: Service, alone: int) -> None:
     """With the partition's one transaction in flight, a context on another entity of the same
@@ -713,14 +741,14 @@ def test_a_context_whose_locks_nothing_in_flight_holds_goes_at_once(service: Ser
 
 
 #: The linger tests time the batcher, which is the same on every database: they run on one.
-LINGER_DATABASE = pytest.mark.parametrize("app_db", ["postgresql"], scope="module")
+LINGER_DATABASE = pytest.mark.parametrize("app_db", ["postgresql"], indirect=True, scope="module")
 
 #: Seconds of the linger in the tests that wait it out: far longer than a commit takes here, so
 #: that what is submitted after a commit is certain to find it still running.
 LINGER = 3.0
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 @LINGER_DATABASE
 def test_a_batch_waits_out_the_linger_and_takes_what_is_submitted_meanwhile(service: Service) -> None:
     """With a linger, a context submitted less than ``linger`` after its partition's last log
@@ -747,7 +775,7 @@ def test_a_batch_waits_out_the_linger_and_takes_what_is_submitted_meanwhile(serv
     assert service.counter_value(counter_id) == 3
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 @LINGER_DATABASE
 def test_while_contexts_come_fast_none_goes_beside_the_batch(service: Service) -> None:
     """With a linger, a context whose locks nothing in flight holds still waits for the next batch
@@ -774,7 +802,7 @@ def test_while_contexts_come_fast_none_goes_beside_the_batch(service: Service) -
     assert service.counter_value(held_id) == 1 and service.counter_value(other_id) == 1
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 @LINGER_DATABASE
 def test_a_full_batch_does_not_wait_for_the_linger(service: Service) -> None:
     """A batch of ``max_members`` goes at once, whatever is left of the linger."""
@@ -803,7 +831,7 @@ class Timed(Increment):
         return super().run(tx)
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 @LINGER_DATABASE
 def test_the_batch_after_a_full_one_waits_a_linger_from_the_full_one(service: Service) -> None:
     """A batch that fills while the linger's call is scheduled goes at once and makes that call
@@ -820,7 +848,6 @@ def test_the_batch_after_a_full_one_waits_a_linger_from_the_full_one(service: Se
         time.sleep(1.0)
         full_at = time.monotonic()
         joining = batcher.submit(Increment(instance.callbacks, counter_id))  # full: both go at once
-        # Well within the linger: a batch that waited for the call would time out here.
         outcomes = [future.result(LINGER) for future in (waiting, joining)]
         assert all(o.committed for o in outcomes) and outcomes[0].transaction_id == outcomes[1].transaction_id
         assert batcher.lingered == 0
@@ -834,7 +861,7 @@ def test_the_batch_after_a_full_one_waits_a_linger_from_the_full_one(service: Se
     assert service.counter_value(counter_id) == 4
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 @LINGER_DATABASE
 def test_a_batch_with_a_context_that_has_a_timeout_behind_it_goes_at_once(service: Service) -> None:
     """A context with a timeout goes alone, and no context submitted after it can pass it: the
@@ -857,7 +884,7 @@ def test_a_batch_with_a_context_that_has_a_timeout_behind_it_goes_at_once(servic
     assert service.counter_value(counter_id) == 3
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 @LINGER_DATABASE
 def test_nothing_waits_when_the_partition_s_last_transaction_went_longer_ago_than_the_linger(
     service: Service,
@@ -881,7 +908,7 @@ def test_nothing_waits_when_the_partition_s_last_transaction_went_longer_ago_tha
     assert service.counter_value(counter_id) == 25
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 @LINGER_DATABASE
 def test_nothing_waits_while_contexts_come_less_often_than_three_per_linger(service: Service) -> None:
     """A context that follows its partition's last log transaction within the linger still goes at
@@ -906,7 +933,7 @@ def test_nothing_waits_while_contexts_come_less_often_than_three_per_linger(serv
     assert service.counter_value(counter_id) == 27
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 @LINGER_DATABASE
 def test_closing_the_batcher_ends_what_waits_for_the_linger(service: Service) -> None:
     """A context waiting for the linger when the batcher closes ends with ClientClosedError at once;
@@ -925,7 +952,7 @@ def test_closing_the_batcher_ends_what_waits_for_the_linger(service: Service) ->
     assert service.counter_value(counter_id) == 1
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 @LINGER_DATABASE
 def test_the_batcher_takes_its_linger_and_sends_alone_from_the_client_s_settings(service: Service) -> None:
     """Left out, ``linger`` and ``max_in_flight_alone`` are the client's ``client.batchLinger``
@@ -957,7 +984,7 @@ class SetPrice(EntityTransactionContext):
         return True
 
 
-@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], scope="module")
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 def test_a_member_never_reads_a_value_of_an_earlier_member_the_database_would_store_otherwise(
     service: Service,
 ) -> None:
