@@ -16,6 +16,8 @@ import pytest
 import support
 from typer.testing import CliRunner
 
+from tests.client.client_helpers import MemoryStore
+from waltz import WaltzClient, WaltzClientConfig
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
 from waltz.workloads.smallbank import SmallBankConfig, SmallBankWorkload
@@ -237,19 +239,36 @@ def test_partition_routing_needs_a_partition_per_instance() -> None:
 def test_partition_routing_on_a_reached_cluster_needs_a_partition_per_instance(
     tmp_path_factory: pytest.TempPathFactory, zookeeper: object, tmp_path: Path
 ) -> None:
-    """A reached cluster's partitions are known once its client connects: the run is refused
-    then, before any instance starts."""
+    """A reached cluster's partitions are known once its client has mounted: the run is refused
+    then, before it writes an account (SmallBank) or a SKU's stock (inventory) to the log."""
     from waltz.cli.main import app
 
     made = support.session_cluster(tmp_path_factory, zookeeper, name="routing", partitions=2, servers=1)
+    args = ["--instances", "3", "--transactions", "30", "--partition-routing"]
     with made as cluster:
         target = ["--zookeeper", cluster.zookeeper_connect_string, "--root", cluster.root]
-        args = ["--instances", "3", "--transactions", "30", "--accounts", "4", "--partition-routing"]
-        db = ["--db", f"sqlite:///{tmp_path / 'ledger.db'}"]
-        result = CliRunner().invoke(app, ["perf", "smallbank", *args, *db, *target], env=cluster.client_env())
-    assert result.exit_code == 1, result.output
-    assert ROUTING_REFUSAL in result.stderr
-    assert "opening 4 accounts" in result.stderr  # refused by the run, after it reached the cluster
+        ledger_db, inventory_db = tmp_path / "ledger.db", tmp_path / "inventory.db"
+        runs = {
+            "smallbank": [*args, "--accounts", "4", "--db", f"sqlite:///{ledger_db}"],
+            "inventory": [*args, "--skus", "2", "--db", f"sqlite:///{inventory_db}"],
+        }
+        results = {
+            name: CliRunner().invoke(app, ["perf", name, *options, *target], env=cluster.client_env())
+            for name, options in runs.items()
+        }
+        config = WaltzClientConfig(**cluster.client_settings())
+        with WaltzClient(MemoryStore({0: -1, 1: -1}), config) as client:
+            marks = [client.get_high_water_mark(p) for p in range(2)]
+    for name, result in results.items():
+        assert result.exit_code == 1, (name, result.output)
+        assert ROUTING_REFUSAL in result.stderr, name
+        assert "mounting the log's partitions" in result.stderr, name  # refused after it reached the cluster
+    assert "opening 4 accounts" not in results["smallbank"].stderr
+    assert "stocking" not in results["inventory"].stderr
+    assert marks == [-1, -1], "a refused run wrote to the log"
+    for db, table in ((ledger_db, "ledger_accounts"), (inventory_db, "inventory_skus")):
+        with sqlite3.connect(db) as connection:
+            assert connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone() == (0,), table
 
 
 def test_a_workload_over_partition_routed_instances_submits_each_transaction_to_its_partition(

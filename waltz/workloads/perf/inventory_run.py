@@ -219,8 +219,8 @@ def run_inventory(
     engine = create_framework_engine(db_url)
     try:
         app.prepare_database(engine)
-        tell(f"stocking {settings.skus} SKU(s) with {settings.stock:,} units (prepared {render_url(db_url)})")
-        uncaught, partitions, sku_partitions = _stock(app, db_url, config, cluster_name, settings)
+        tell(f"prepared {render_url(db_url)}; mounting the log's partitions")
+        uncaught, partitions, sku_partitions = _stock(app, db_url, config, cluster_name, settings, tell)
         before = app.state(engine).reservations  # an earlier run's, on a database given with --db
         run = uuid.uuid4().hex[:8]
         warnings: list[str] = []
@@ -294,19 +294,14 @@ def _specs(
 ) -> list[InventoryInstanceSpec]:
     """Each instance process's spec: an equal share of the requests each, or, partition-routed,
     the partitions it mounts, the SKUs of those partitions and its share of the requests and of
-    the requests in flight (:meth:`InventoryPerfSettings.routed_shares`).
-
-    Raises:
-        InventoryRunError: partition routing with more instances than partitions.
+    the requests in flight (:meth:`InventoryPerfSettings.routed_shares`). Partition routing with
+    more instances than partitions is refused before this, by :func:`_stock`.
     """
     if not settings.partition_routing:
         return [
             InventoryInstanceSpec(i, requests, db_url, config, settings, cluster_name, run)
             for i, requests in enumerate(settings.shares())
         ]
-    refusal = routing_refusal(settings.instances, num_partitions)
-    if refusal is not None:
-        raise InventoryRunError(refusal)
     mounted = [settings.mounted(i, num_partitions) or () for i in range(settings.instances)]
     owned = [tuple(sku for sku, p in sorted(sku_partitions.items()) if p in parts) for parts in mounted]
     return [
@@ -323,16 +318,26 @@ def _stock(
     config: WaltzClientConfig,
     cluster_name: str,
     settings: InventoryPerfSettings,
+    tell: Say,
 ) -> tuple[int, int, dict[int, int]]:
     """Give every SKU its stock through one instance in this process, and wait until applied.
 
     Returns:
         Its failed applies, the log's number of partitions, and each SKU's partition (the one
         its stock was submitted to).
+
+    Raises:
+        InventoryRunError: partition routing with more instances than the log's partitions
+            (refused once the instance has mounted, before any stock is written), or a SKU's
+            stock was not committed.
     """
     instance = app.instance(db_url, config, cluster_name=cluster_name, entity_cache=False)
     with contextlib.closing(instance) as stocker:
         stocker.client.wait_mounted(START_TIMEOUT)
+        refusal = routing_refusal(settings.instances, stocker.client.num_partitions)
+        if settings.partition_routing and refusal is not None:
+            raise InventoryRunError(refusal)
+        tell(f"stocking {settings.skus} SKU(s) with {settings.stock:,} units")
         operations = [stocker.set_stock(sku, settings.stock) for sku in range(settings.skus)]
         futures = [stocker.submit(operation) for operation in operations]
         for sku, future in enumerate(futures):

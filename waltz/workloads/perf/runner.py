@@ -49,12 +49,23 @@ def _open_accounts(
     config: WaltzClientConfig,
     cluster_name: str,
     settings: SmallBankPerfSettings,
+    tell: Say,
 ) -> tuple[int, int]:
     """Open every account through one instance in this process; returns its failed applies and
-    the log's number of partitions."""
+    the log's number of partitions.
+
+    Raises:
+        SmallBankRunError: partition routing with more instances than the log's partitions
+            (refused once the instance has mounted, before any account is opened), or the
+            accounts could not be opened.
+    """
     instance = app.instance(db_url, config, cluster_name=cluster_name, sweep_interval=None)
     with contextlib.closing(instance) as opener:
         opener.client.wait_mounted(START_TIMEOUT)
+        refusal = routing_refusal(settings.instances, opener.client.num_partitions)
+        if settings.partition_routing and refusal is not None:
+            raise SmallBankRunError(refusal)
+        tell(f"opening {settings.accounts} accounts")
         mix = SmallBankConfig(
             accounts=settings.accounts,
             in_flight=max(settings.in_flight, 64),
@@ -111,11 +122,8 @@ def run_smallbank(
     engine = create_framework_engine(db_url)
     try:
         app.prepare_database(engine)
-        tell(f"opening {settings.accounts} accounts (migrated {render_url(db_url)})")
-        uncaught, num_partitions = _open_accounts(app, db_url, config, cluster_name, settings)
-        refusal = routing_refusal(settings.instances, num_partitions)
-        if settings.partition_routing and refusal is not None:
-            raise SmallBankRunError(refusal)
+        tell(f"migrated {render_url(db_url)}; mounting the log's partitions")
+        uncaught, num_partitions = _open_accounts(app, db_url, config, cluster_name, settings, tell)
 
         def mounted(index: int) -> tuple[int, ...] | None:
             if not settings.partition_routing:
