@@ -39,6 +39,7 @@ from waltz.jdbc_style import (
 )
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, Operation, RowChange
 from waltz.jdbc_style.engine import prepare_engine
+from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_keys, record_idempotency_keys
 from waltz.jdbc_style.migrations_api import upgrade
 from waltz.jdbc_style.skips import request_skip
 from waltz.protocol.records import ReqId
@@ -466,6 +467,36 @@ def test_an_idempotency_key_applies_a_request_once(engine: Engine) -> None:
     with engine.connect() as conn:
         assert conn.execute(sa.select(Account.balance)).scalar_one() == 40
     assert replay.uncaught_count == 0
+
+
+def test_a_batch_s_keys_are_recorded_once_each_whatever_their_number(engine: Engine) -> None:
+    """record_idempotency_keys: one execution inserts the keys not recorded yet, however many (the
+    statement is the same for any number of rows), and says which this transaction is first to
+    carry; a key recorded earlier keeps its first transaction."""
+    cluster = "test-cluster"
+    first = [f"req-{i}" for i in range(40)]
+    with engine.begin() as conn:
+        assert record_idempotency_keys(
+            conn, cluster_name=cluster, keys=first, partition_id=1, transaction_id=7
+        ) == (dict.fromkeys(first, True))
+    with engine.begin() as conn:  # one key again, one new, the new one twice in the batch
+        again = record_idempotency_keys(
+            conn, cluster_name=cluster, keys=["req-3", "req-40", "req-40"], partition_id=2, transaction_id=9
+        )
+    assert again == {"req-3": False, "req-40": True}
+    with engine.begin() as conn:  # a single key: a third number of rows
+        assert record_idempotency_keys(
+            conn, cluster_name=cluster, keys=["req-41"], partition_id=1, transaction_id=8
+        ) == {"req-41": True}
+    with engine.connect() as conn:
+        found = find_idempotency_keys(conn, cluster_name=cluster, keys=[*first, "req-40", "req-41", "req-42"])
+        other = find_idempotency_keys(conn, cluster_name="other-cluster", keys=first)
+    assert found == {
+        **{key: AppliedRequest(1, 7) for key in first},
+        "req-40": AppliedRequest(2, 9),
+        "req-41": AppliedRequest(1, 8),
+    }
+    assert other == {}
 
 
 def test_an_update_of_a_missing_row_is_an_error_not_a_skip(engine: Engine) -> None:

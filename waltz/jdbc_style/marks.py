@@ -50,20 +50,25 @@ def insert_if_absent(conn: Connection, table: Table, values: Mapping[str, Any]) 
 
 
 def insert_rows_if_absent(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
-    """:func:`insert_if_absent` for several rows in one statement (PostgreSQL, SQLite, MySQL and
-    MariaDB; other backends: one savepoint per row). Nothing for no rows."""
+    """:func:`insert_if_absent` for several rows in one execution (PostgreSQL, SQLite, MySQL and
+    MariaDB; other backends: one savepoint per row). Nothing for no rows.
+
+    The rows go as the parameters of one statement executed for many (SQLAlchemy's
+    "insertmanyvalues", batched into multi-row ``VALUES`` by the driver's dialect), so the
+    statement is compiled once per table, not once per number of rows.
+    """
     if not rows:
         return
     name = conn.dialect.name
     values = [dict(row) for row in rows]
     if name == "postgresql":
-        conn.execute(postgresql.insert(table).values(values).on_conflict_do_nothing())
+        conn.execute(postgresql.insert(table).on_conflict_do_nothing(), values)
     elif name == "sqlite":
-        conn.execute(sqlite.insert(table).values(values).on_conflict_do_nothing())
+        conn.execute(sqlite.insert(table).on_conflict_do_nothing(), values)
     elif name in ("mysql", "mariadb"):
         first_key = table.primary_key.columns.values()[0].name
-        stmt = mysql.insert(table).values(values)
-        conn.execute(stmt.on_duplicate_key_update({first_key: stmt.inserted[first_key]}))
+        stmt = mysql.insert(table)
+        conn.execute(stmt.on_duplicate_key_update({first_key: stmt.inserted[first_key]}), values)
     else:
         for row in values:
             insert_if_absent(conn, table, row)
