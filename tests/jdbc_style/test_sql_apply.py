@@ -478,7 +478,7 @@ def test_a_batch_s_keys_are_recorded_once_each_whatever_their_number(engine: Eng
     with engine.begin() as conn:
         assert record_idempotency_keys(
             conn, cluster_name=cluster, keys=first, partition_id=1, transaction_id=7
-        ) == (dict.fromkeys(first, True))
+        ) == dict.fromkeys(first, True)
     with engine.begin() as conn:  # one key again, one new, the new one twice in the batch
         again = record_idempotency_keys(
             conn, cluster_name=cluster, keys=["req-3", "req-40", "req-40"], partition_id=2, transaction_id=9
