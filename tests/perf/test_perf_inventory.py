@@ -85,6 +85,10 @@ def test_a_short_run_with_retries_passes_its_checks_and_reports_the_figures(tmp_
     assert "a replay of the log into an empty database holds the same SKUs and reservations" in names
     assert all(c["passed"] for c in report["checks"]) and report["passed"] is True, report["checks"]
     assert [f["instance"] for f in report["per_instance"]] == [0, 1]
+    # Both instances' client stages arrive and merge: where a reservation's time goes.
+    stages = report["client_stage_ms"]
+    assert {"first attempt", "log round trip", "submit->commit", "apply"} <= set(stages), stages
+    assert all(ms > 0 for ms in stages.values()), stages
 
     # The same checks on the run's database, altered afterwards to hold an oversold SKU.
     engine = create_framework_engine(db_url)
@@ -112,6 +116,7 @@ def test_a_run_of_an_application_that_oversells_fails_its_check_and_exits_1(
     assert result.exit_code == 1, result.output + repr(result.exception)
     assert "FAIL  no SKU oversold (reserved <= stock): oversold:" in result.stdout
     assert "PASS  each idempotency key applied at most once" in result.stdout
+    assert "client stages, mean (ms): first attempt " in result.stdout  # the text report has them too
 
 
 def test_routed_shares_follow_the_skus_each_instance_owns() -> None:

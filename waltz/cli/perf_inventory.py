@@ -138,7 +138,9 @@ def inventory(
     Printed: reservations committed/s over the common window; requests committed, refused for
     stock, already applied, errors; the retries' outcomes; lock failures; the entity cache's hits,
     misses and hit rate; p50 .. p99.9 (HdrHistogram) of submit -> commit and submit -> applied
-    over the requests committed first. Then the checks: database marks = the servers', no SKU
+    over the requests committed first; the CPU per committed reservation of each process; the
+    mean of each stage the instances' clients time (first attempt, log round trip, apply...; a
+    batch counts once). Then the checks: database marks = the servers', no SKU
     oversold, reserved = the sum of the reservations, each idempotency key applied at most once,
     one reservation per request committed, a replay of the log into an empty database holds the
     same rows, no apply failed; a failed check exits 1.

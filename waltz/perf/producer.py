@@ -43,6 +43,7 @@ __all__ = [
     "PerfContext",
     "ProducerSettings",
     "client_stage_totals",
+    "client_stages_since",
     "current_high_water_marks",
     "run_producer",
     "waltz_submitter",
@@ -202,6 +203,17 @@ def client_stage_totals(client: WaltzClient) -> dict[str, tuple[float, float]]:
     return totals
 
 
+def client_stages_since(
+    client: WaltzClient, started: Mapping[str, tuple[float, float]]
+) -> dict[str, tuple[float, float]]:
+    """The client's stage metrics since ``started`` (what :func:`client_stage_totals` returned
+    then): stage -> (seconds, count)."""
+    return {
+        stage: (seconds - started[stage][0], count - started[stage][1])
+        for stage, (seconds, count) in client_stage_totals(client).items()
+    }
+
+
 def current_high_water_marks(config: WaltzClientConfig) -> dict[int, int]:
     """Every partition's committed high-water mark, asked of the owning servers.
 
@@ -260,11 +272,7 @@ def _run_client(
             stats = run_load(submit, load)
         client.flush(settings.load.timeout)
         stats.client_cpu_seconds = time.process_time() - cpu_started
-        stages = client_stage_totals(client)
-        stats.client_stages = {
-            stage: (seconds - stages_started[stage][0], count - stages_started[stage][1])
-            for stage, (seconds, count) in stages.items()
-        }
+        stats.client_stages = client_stages_since(client, stages_started)
         return stats
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz import WaltzClientConfig, tune_garbage_collector
-from waltz.perf.producer import client_stage_totals
+from waltz.perf.producer import client_stage_totals, client_stages_since
 from waltz.workloads.application import instance_batch_counts, load_application
 from waltz.workloads.perf.processes import entity_cache_counts, run_reporting_errors
 from waltz.workloads.perf.settings import (
@@ -116,7 +116,7 @@ def _run_instance(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> No
             batches = instance_batch_counts(service)
             ended = time.time()
             cpu_seconds = time.process_time() - cpu_started
-            stages = client_stage_totals(service.client)
+            stages = client_stages_since(service.client, stages_started)
             workload.wait_applied(APPLIED_TIMEOUT)
             unapplied = workload.unapplied
         finally:
@@ -130,10 +130,7 @@ def _run_instance(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> No
             ended=ended,
             cpu_seconds=cpu_seconds,
             unapplied=unapplied,
-            client_stages={
-                stage: [seconds - stages_started[stage][0], count - stages_started[stage][1]]
-                for stage, (seconds, count) in stages.items()
-            },
+            client_stages={stage: list(pair) for stage, pair in stages.items()},
             entity_cache=[now - then for now, then in zip(cache_counts, cache_started, strict=True)],
             batches=[batches[0] - batches_started[0], batches[1] - batches_started[1]],
         )

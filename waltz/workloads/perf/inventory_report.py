@@ -11,6 +11,7 @@ from typing import Any
 
 from waltz.workloads.application import Check
 from waltz.workloads.inventory_workload import InventoryStats
+from waltz.workloads.perf.report import stage_means_ms
 from waltz.workloads.perf.settings import InventoryPerfSettings
 
 __all__ = ["InventoryInstanceFigures", "InventoryPerfReport"]
@@ -37,6 +38,8 @@ class InventoryInstanceFigures:
         sku_ids: the SKUs its requests drew from (None: all; empty: none, a routed instance that
             owns no SKU).
         in_flight: its requests in flight (0: none, or not reported).
+        client_stages: its client's stage metrics over the phase, ``stage -> (seconds, count)``
+            (``waltz.perf.producer.CLIENT_STAGES``; empty: not reported).
     """
 
     index: int
@@ -54,6 +57,7 @@ class InventoryInstanceFigures:
     partitions: tuple[int, ...] | None = None
     sku_ids: tuple[int, ...] | None = None
     in_flight: int = 0
+    client_stages: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any]) -> InventoryInstanceFigures:
@@ -73,6 +77,7 @@ class InventoryInstanceFigures:
             partitions=None if wire.get("partitions") is None else tuple(wire["partitions"]),
             sku_ids=None if wire.get("sku_ids") is None else tuple(wire["sku_ids"]),
             in_flight=int(wire.get("in_flight", 0)),
+            client_stages={k: (float(s), float(c)) for k, (s, c) in wire.get("client_stages", {}).items()},
         )
 
     @property
@@ -175,6 +180,11 @@ class InventoryPerfReport:
         spent = {"instances": sum(f.cpu_seconds for f in self.instances), **self.node_cpu_seconds}
         return {name: seconds * 1e6 / self.total.committed for name, seconds in spent.items()}
 
+    def client_stage_ms(self) -> dict[str, float]:
+        """Mean milliseconds of each stage the instances' clients timed, over every log
+        transaction they submitted (a batch counts once)."""
+        return stage_means_ms(figures.client_stages for figures in self.instances)
+
     def summary(self) -> dict[str, Any]:
         """The figures as one JSON-ready dict: ``seconds``, ``committed_per_second``,
         ``requests_per_second``, the counts of :class:`InventoryStats` (``requests``,
@@ -183,7 +193,7 @@ class InventoryPerfReport:
         ``error_samples``, ``unapplied``, ``latency_ms`` (``submit_to_commit``,
         ``submit_to_applied``: ``p50`` .. ``max``, ``mean``, ``count``), ``entity_cache``
         (``hits``, ``misses``, ``hit_rate``), ``batches`` (``batches``, ``members``),
-        ``cpu_us_per_committed``, ``per_instance``,
+        ``cpu_us_per_committed``, ``client_stage_ms`` (:meth:`client_stage_ms`), ``per_instance``,
         ``checks``, ``passed``, ``database``, ``partitions``, ``settings``, ``warnings``."""
         total = self.total
         hits, misses = self.entity_cache_counts()
@@ -211,6 +221,7 @@ class InventoryPerfReport:
             "cpu_us_per_committed": {
                 k: round(v, 1) for k, v in self.cpu_microseconds_per_committed().items()
             },
+            "client_stage_ms": {stage: round(ms, 3) for stage, ms in self.client_stage_ms().items()},
             "per_instance": [f.summary() for f in self.instances],
             "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in self.checks],
             "passed": self.passed,
@@ -256,6 +267,10 @@ class InventoryPerfReport:
             lines.append(
                 "CPU per committed reservation (µs): " + ", ".join(f"{k} {v:,.0f}" for k, v in cpu.items())
             )
+        stages = self.client_stage_ms()
+        if stages:
+            parts = ", ".join(f"{stage} {ms:,.2f}" for stage, ms in stages.items())
+            lines.append(f"client stages, mean (ms): {parts}")
         lines += [f"{'PASS' if c.passed else 'FAIL'}  {c.name}: {c.detail}" for c in self.checks]
         lines += [f"error: {e}" for e in t.error_samples]
         lines += [f"warning: {w}" for w in self.warnings]

@@ -39,6 +39,7 @@ from sqlalchemy import Engine
 from waltz import WaltzClientConfig, tune_garbage_collector
 from waltz.jdbc_style import create_framework_engine
 from waltz.perf.cost import measure_nodes
+from waltz.perf.producer import client_stage_totals, client_stages_since
 from waltz.protocol.channels import TlsConfig
 from waltz.workloads.application import Check, instance_batch_counts
 from waltz.workloads.checks import database_marks_check
@@ -142,10 +143,12 @@ def _run_instance(spec: InventoryInstanceSpec, start: Any, stop: Any, results: A
             started, cpu_started = time.time(), time.process_time()
             cache_started = entity_cache_counts(service.callbacks)
             batches_started = instance_batch_counts(service)
+            stages_started = client_stage_totals(service.client)
             stats = workload.run(spec.requests, settings.timeout)
             cache = entity_cache_counts(service.callbacks)
             batches = instance_batch_counts(service)
             ended, cpu_seconds = time.time(), time.process_time() - cpu_started
+            stages = client_stages_since(service.client, stages_started)
             workload.wait_applied(APPLIED_TIMEOUT)
             unapplied, first_commits = workload.unapplied, workload.first_commits
         finally:
@@ -162,6 +165,7 @@ def _run_instance(spec: InventoryInstanceSpec, start: Any, stop: Any, results: A
             first_commits=first_commits,
             entity_cache=[cache[0] - cache_started[0], cache[1] - cache_started[1]],
             batches=[batches[0] - batches_started[0], batches[1] - batches_started[1]],
+            client_stages={stage: list(pair) for stage, pair in stages.items()},
             partitions=None if spec.partitions is None else list(spec.partitions),
             sku_ids=None if spec.partitions is None else list(spec.sku_ids),
             in_flight=0 if spec.idle else config.in_flight,
