@@ -472,7 +472,8 @@ def test_an_idempotency_key_applies_a_request_once(engine: Engine) -> None:
 def test_a_batch_s_keys_are_recorded_once_each_whatever_their_number(engine: Engine) -> None:
     """record_idempotency_keys: one execution inserts the keys not recorded yet, however many (the
     statement is the same for any number of rows), and says which this transaction is first to
-    carry; a key recorded earlier keeps its first transaction."""
+    carry, whether it inserted them now or recorded them before; a key recorded earlier keeps its
+    first transaction."""
     cluster = "test-cluster"
     first = [f"req-{i}" for i in range(40)]
     with engine.begin() as conn:
@@ -484,6 +485,10 @@ def test_a_batch_s_keys_are_recorded_once_each_whatever_their_number(engine: Eng
             conn, cluster_name=cluster, keys=["req-3", "req-40", "req-40"], partition_id=2, transaction_id=9
         )
     assert again == {"req-3": False, "req-40": True}
+    with engine.begin() as conn:  # the first transaction again: what it recorded stays its own
+        assert record_idempotency_keys(
+            conn, cluster_name=cluster, keys=["req-0", "req-40"], partition_id=1, transaction_id=7
+        ) == {"req-0": True, "req-40": False}
     with engine.begin() as conn:  # a single key: a third number of rows
         assert record_idempotency_keys(
             conn, cluster_name=cluster, keys=["req-41"], partition_id=1, transaction_id=8

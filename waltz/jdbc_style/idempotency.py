@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from waltz.jdbc_style.marks import insert_if_absent, insert_rows_if_absent
+from waltz.jdbc_style.marks import insert_if_absent, inserted_rows_if_absent
 from waltz.jdbc_style.schema import IDEMPOTENCY_KEY_LENGTH, idempotency_keys
 
 __all__ = [
@@ -80,8 +80,9 @@ def record_idempotency_keys(
     conn: Connection, *, cluster_name: str, keys: Sequence[str], partition_id: int, transaction_id: int
 ) -> dict[str, bool]:
     """:func:`record_idempotency_key` for several keys of one transaction (the members of a
-    batch, docs/design/sql.md "Batched change-sets") in two statements: one insert of every key
-    not recorded yet, one read of where each is recorded.
+    batch, docs/design/sql.md "Batched change-sets"): one insert of every key not recorded yet
+    and, for the keys it did not insert (all of them where the backend cannot tell which it
+    inserted: MySQL and MariaDB), one read of where each is recorded.
 
     Returns:
         Key -> True when this transaction is the first to carry it, False when an earlier one did.
@@ -95,7 +96,7 @@ def record_idempotency_keys(
     if not distinct:
         return {}
     now = dt.datetime.now(dt.UTC)
-    insert_rows_if_absent(
+    inserted = inserted_rows_if_absent(
         conn,
         idempotency_keys,
         [
@@ -108,10 +109,13 @@ def record_idempotency_keys(
             }
             for key in distinct
         ],
+        idempotency_keys.c.idempotency_key,
     )
-    where = find_idempotency_keys(conn, cluster_name=cluster_name, keys=distinct)
+    rest = distinct if inserted is None else [key for key in distinct if key not in inserted]
+    # A key this very transaction recorded already counts as recorded first.
+    where = find_idempotency_keys(conn, cluster_name=cluster_name, keys=rest) if rest else {}
     this = AppliedRequest(partition_id, transaction_id)
-    return {key: where.get(key) == this for key in distinct}
+    return {key: (inserted is not None and key in inserted) or where.get(key) == this for key in distinct}
 
 
 def find_idempotency_keys(

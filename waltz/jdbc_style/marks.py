@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import Column, Table, bindparam, select, update
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
@@ -72,6 +72,25 @@ def insert_rows_if_absent(conn: Connection, table: Table, rows: Sequence[Mapping
     else:
         for row in values:
             insert_if_absent(conn, table, row)
+
+
+def inserted_rows_if_absent(
+    conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]], column: Column[Any]
+) -> set[Any] | None:
+    """:func:`insert_rows_if_absent`, and the values of ``column`` of the rows this execution
+    inserted: on PostgreSQL and SQLite, where ``ON CONFLICT DO NOTHING RETURNING`` returns only
+    those. None on other backends, which insert as :func:`insert_rows_if_absent` does but cannot
+    tell (MySQL has no ``RETURNING``; MariaDB's ``ON DUPLICATE KEY UPDATE`` would return the rows
+    that were there too): the caller reads the table. An empty set for no rows."""
+    if not rows:
+        return set()
+    name = conn.dialect.name
+    if name not in ("postgresql", "sqlite"):
+        insert_rows_if_absent(conn, table, rows)
+        return None
+    insert = postgresql.insert(table) if name == "postgresql" else sqlite.insert(table)
+    result = conn.execute(insert.on_conflict_do_nothing().returning(column), [dict(row) for row in rows])
+    return {row[0] for row in result}
 
 
 class HighWaterMarks:
