@@ -78,14 +78,15 @@ def inserted_rows_if_absent(
     conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]], column: Column[Any]
 ) -> set[Any] | None:
     """:func:`insert_rows_if_absent`, and the values of ``column`` of the rows this execution
-    inserted: on PostgreSQL and SQLite, where ``ON CONFLICT DO NOTHING RETURNING`` returns only
-    those. None on other backends, which insert as :func:`insert_rows_if_absent` does but cannot
-    tell (MySQL has no ``RETURNING``; MariaDB's ``ON DUPLICATE KEY UPDATE`` would return the rows
-    that were there too): the caller reads the table. An empty set for no rows."""
+    inserted: on PostgreSQL and SQLite (3.35 or later), where ``ON CONFLICT DO NOTHING RETURNING``
+    returns only those. None on other backends, which insert as :func:`insert_rows_if_absent`
+    does but cannot tell (an older SQLite and MySQL have no ``RETURNING``; MariaDB's ``ON
+    DUPLICATE KEY UPDATE`` would return the rows that were there too): the caller reads the
+    table. An empty set for no rows."""
     if not rows:
         return set()
     name = conn.dialect.name
-    if name not in ("postgresql", "sqlite"):
+    if name not in ("postgresql", "sqlite") or not conn.dialect.insert_executemany_returning:
         insert_rows_if_absent(conn, table, rows)
         return None
     insert = postgresql.insert(table) if name == "postgresql" else sqlite.insert(table)
