@@ -39,7 +39,12 @@ from waltz.jdbc_style import (
 )
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, Operation, RowChange
 from waltz.jdbc_style.engine import prepare_engine
-from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_keys, record_idempotency_keys
+from waltz.jdbc_style.idempotency import (
+    AppliedRequest,
+    find_idempotency_keys,
+    record_idempotency_key,
+    record_idempotency_keys,
+)
 from waltz.jdbc_style.migrations_api import upgrade
 from waltz.jdbc_style.skips import request_skip
 from waltz.protocol.records import ReqId
@@ -502,6 +507,14 @@ def test_a_batch_s_keys_are_recorded_once_each_whatever_their_number(engine: Eng
         "req-41": AppliedRequest(1, 8),
     }
     assert other == {}
+    # One key, as a hand-written apply records it: the first carrier, the same one again, another.
+    carriers = [("req-50", 3, 1), ("req-50", 3, 1), ("req-50", 0, 2), ("req-0", 3, 1)]
+    with engine.begin() as conn:
+        one = [
+            record_idempotency_key(conn, cluster_name=cluster, key=key, partition_id=pid, transaction_id=tid)
+            for key, pid, tid in carriers
+        ]
+    assert one == [True, True, False, False]
 
 
 def test_an_update_of_a_missing_row_is_an_error_not_a_skip(engine: Engine) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from waltz.jdbc_style.marks import insert_if_absent, inserted_rows_if_absent
+from waltz.jdbc_style.marks import inserted_rows_if_absent
 from waltz.jdbc_style.schema import IDEMPOTENCY_KEY_LENGTH, idempotency_keys
 
 __all__ = [
@@ -60,20 +60,10 @@ def record_idempotency_key(
     Raises:
         ValueError: the key is empty or longer than the column allows.
     """
-    _check(key)
-    insert_if_absent(
-        conn,
-        idempotency_keys,
-        {
-            "cluster_name": cluster_name,
-            "idempotency_key": key,
-            "partition_id": partition_id,
-            "transaction_id": transaction_id,
-            "applied_at": dt.datetime.now(dt.UTC),
-        },
+    recorded = record_idempotency_keys(
+        conn, cluster_name=cluster_name, keys=[key], partition_id=partition_id, transaction_id=transaction_id
     )
-    found = find_idempotency_key(conn, cluster_name=cluster_name, key=key)
-    return found == AppliedRequest(partition_id, transaction_id)
+    return recorded[key]
 
 
 def record_idempotency_keys(
