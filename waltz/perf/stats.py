@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
-__all__ = ["PERCENTILES", "LatencyHistogram", "RunStats"]
+__all__ = ["PERCENTILES", "LatencyHistogram", "RunStats", "add_stages", "stage_means_ms"]
 
 #: The percentiles every report prints.
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -122,6 +122,22 @@ class LatencyHistogram:
         return histogram
 
 
+def add_stages(totals: dict[str, tuple[float, float]], stages: Mapping[str, tuple[float, float]]) -> None:
+    """Add one client's stage metrics, ``stage -> (seconds, count)``, into ``totals``, in place."""
+    for stage, (seconds, count) in stages.items():
+        mine = totals.get(stage, (0.0, 0.0))
+        totals[stage] = (mine[0] + seconds, mine[1] + count)
+
+
+def stage_means_ms(per_client: Iterable[Mapping[str, tuple[float, float]]]) -> dict[str, float]:
+    """Mean milliseconds of each client stage over several clients' ``stage -> (seconds, count)``
+    (the stages with observations), in the order the stages first appear."""
+    totals: dict[str, tuple[float, float]] = {}
+    for stages in per_client:
+        add_stages(totals, stages)
+    return {stage: seconds * 1e3 / count for stage, (seconds, count) in totals.items() if count}
+
+
 @dataclass(slots=True)
 class RunStats:
     """What a load run measured (one client, or several merged with :meth:`merge`).
@@ -219,8 +235,7 @@ class RunStats:
     def client_stage_ms(self) -> dict[str, float]:
         """Mean milliseconds of each stage the clients timed (stages with observations), in the
         order they were recorded: where a transaction's latency goes inside the client."""
-        stages = self.client_stages.items()
-        return {stage: seconds * 1e3 / count for stage, (seconds, count) in stages if count}
+        return stage_means_ms([self.client_stages])
 
     def merge(self, other: RunStats) -> None:
         """Add another client's figures: counts add up, the phase spans both, histograms merge."""
@@ -235,9 +250,7 @@ class RunStats:
         self.payload_bytes += other.payload_bytes
         self.latency.add(other.latency)
         self.client_cpu_seconds += other.client_cpu_seconds
-        for stage, (seconds, count) in other.client_stages.items():
-            mine = self.client_stages.get(stage, (0.0, 0.0))
-            self.client_stages[stage] = (mine[0] + seconds, mine[1] + count)
+        add_stages(self.client_stages, other.client_stages)
         self.errors.extend(e for e in other.errors if e not in self.errors)
         del self.errors[10:]
 

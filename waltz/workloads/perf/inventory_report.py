@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from waltz.perf.stats import stage_means_ms
 from waltz.workloads.application import Check
 from waltz.workloads.inventory_workload import InventoryStats
-from waltz.workloads.perf.report import stage_means_ms
 from waltz.workloads.perf.settings import InventoryPerfSettings
 
 __all__ = ["InventoryInstanceFigures", "InventoryPerfReport"]

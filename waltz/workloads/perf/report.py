@@ -6,27 +6,16 @@ Part of :mod:`waltz.workloads.perf` (its module docstring describes the run).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from waltz.perf.stats import LatencyHistogram
+from waltz.perf.stats import LatencyHistogram, stage_means_ms
 from waltz.workloads.checks import Check
 from waltz.workloads.perf.settings import ERROR_SAMPLES, SmallBankPerfSettings
 from waltz.workloads.smallbank import SmallBankStats
 
-__all__ = ["InstanceFigures", "SmallBankPerfReport", "stage_means_ms"]
-
-
-def stage_means_ms(per_instance: Iterable[Mapping[str, tuple[float, float]]]) -> dict[str, float]:
-    """Mean milliseconds of each client stage over several instances' ``stage -> (seconds,
-    count)`` (the stages with observations), in the order the stages first appear."""
-    totals: dict[str, tuple[float, float]] = {}
-    for stages in per_instance:
-        for stage, (seconds, count) in stages.items():
-            mine = totals.get(stage, (0.0, 0.0))
-            totals[stage] = (mine[0] + seconds, mine[1] + count)
-    return {stage: seconds * 1e3 / count for stage, (seconds, count) in totals.items() if count}
+__all__ = ["InstanceFigures", "SmallBankPerfReport"]
 
 
 @dataclass
