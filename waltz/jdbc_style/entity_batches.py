@@ -10,7 +10,8 @@ flight holds a lock it expects to take, up to ``max_in_flight_alone`` more in fl
 be batched with what is in flight anyway, and at low load it would otherwise wait a round trip for
 nothing. Contexts submitted while the partition's limit is reached queue, and when a log
 transaction of the partition ends, the queue goes as the next batch, bounded by
-``max_members`` contexts and ``max_bytes`` of change-set data. With a ``linger``, a batch that
+``max_members`` contexts and ``max_bytes`` of change-set data, and while room in flight is left,
+what that batch left queued goes as the batches after it. With a ``linger``, a batch that
 would go less than ``linger`` after the partition's last log transaction was sent waits out the
 rest, and what is submitted meanwhile joins it; a batch that cannot grow (full, or with a context
 that has a timeout queued behind it) goes at once, and a partition whose contexts come less often
@@ -588,9 +589,12 @@ class EntityBatcher:
             queue.append(member)
             if self.linger:
                 self._count_submit(partition)
-            members = self._take(partition)
-        if members:
-            self._send(partition, members)
+            taken = self._take_ready(partition)
+        if taken:
+            first, *rest = taken
+            for members in rest:  # room for more: from a sender thread, not behind the first's run
+                self._submit_send(partition, members)
+            self._send(partition, first)
         return member.future
 
     def _count_submit(self, partition: int) -> None:
@@ -619,6 +623,18 @@ class EntityBatcher:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _take_ready(self, partition: int, *, lingered: bool = False) -> list[list[_Member]]:
+        """Under the lock: the members of every log transaction the partition can send now, in
+        queue order: the next batch, then, while room in flight is left (``max_in_flight`` above 1,
+        or a context that may go alone), those after it. Each :meth:`_take` fills a place in
+        flight, so this ends within ``max_in_flight + max_in_flight_alone`` takes."""
+        taken: list[list[_Member]] = []
+        members = self._take(partition, lingered=lingered)
+        while members:
+            taken.append(members)
+            members = self._take(partition)
+        return taken
 
     def _take(self, partition: int, *, lingered: bool = False) -> list[_Member]:
         """Under the lock: the members of the partition's next log transaction, when it has room
@@ -694,8 +710,8 @@ class EntityBatcher:
             if self._lingering.get(partition) is not token:
                 return
             del self._lingering[partition]
-            members = [] if self._closed else self._take(partition, lingered=True)
-        if members:
+            taken = [] if self._closed else self._take_ready(partition, lingered=True)
+        for members in taken:
             self._submit_send(partition, members)
 
     def _goes_alone(self, partition: int, queue: collections.deque[_Member], in_flight: int) -> bool:
@@ -806,9 +822,7 @@ class EntityBatcher:
             if not closed:
                 for partition, regrouped in by_partition.items():
                     self._queues.setdefault(partition, collections.deque()).extendleft(reversed(regrouped))
-                    taken = self._take(partition)
-                    if taken:
-                        sends.append((partition, taken))
+                    sends.extend((partition, taken) for taken in self._take_ready(partition))
         if closed:
             for regrouped in by_partition.values():
                 for member in regrouped:
@@ -828,11 +842,11 @@ class EntityBatcher:
             if deferred and not closed:
                 queue = self._queues.setdefault(partition, collections.deque())
                 queue.extendleft(reversed(deferred))
-            members = [] if closed else self._take(partition)
+            taken = [] if closed else self._take_ready(partition)
         if closed:  # what this transaction left for later has no later
             for member in deferred:
                 _settle(member.future, ClientClosedError("the entity batcher is closed"))
-        if members:
+        for members in taken:
             self._submit_send(partition, members)
 
     def _submit_send(self, partition: int, members: list[_Member]) -> None:
