@@ -740,6 +740,17 @@ def test_a_context_whose_locks_nothing_in_flight_holds_goes_at_once(service: Ser
     assert service.counter_value(held_id) == 2 and service.counter_value(other_id) == 1
 
 
+def batch_samples(client: WaltzClient, partition: int) -> tuple[float, float, float]:
+    """The client's registry's batches, batch members and lingered log transactions of a partition
+    (docs/design/sql.md "Batched entity transactions"), 0 before any."""
+    labels = {"partition": str(partition)}
+    batches, members, lingered = (
+        client.metrics.get_sample_value(f"waltz_client_entity_{name}_total", labels) or 0.0
+        for name in ("batches", "batch_members", "batches_lingered")
+    )
+    return batches, members, lingered
+
+
 #: The linger tests time the batcher, which is the same on every database: they run on one.
 LINGER_DATABASE = pytest.mark.parametrize("app_db", ["postgresql"], indirect=True, scope="module")
 
@@ -756,6 +767,8 @@ def test_a_batch_waits_out_the_linger_and_takes_what_is_submitted_meanwhile(serv
     meanwhile joins it in one log transaction (docs/design/sql.md "Batched entity transactions")."""
     counter_id = service.create_counter()
     instance = service.first
+    partition = service.partition_of(counter_id)
+    counted = batch_samples(instance.client, partition)
     with EntityBatcher(instance.client, max_in_flight_alone=0, linger=LINGER) as batcher:
         assert batcher.linger == LINGER
         started = time.monotonic()
@@ -771,6 +784,10 @@ def test_a_batch_waits_out_the_linger_and_takes_what_is_submitted_meanwhile(serv
     assert outcomes[0].transaction_id == outcomes[1].transaction_id, "the two went apart"
     assert ended - started >= LINGER, "the batch went before the linger had passed"
     assert (batcher.lingered, batcher.batches, batcher.batched) == (1, 1, 2)
+    after = batch_samples(instance.client, partition)
+    assert tuple(a - b for a, b in zip(after, counted, strict=True)) == (1, 2, 1), (
+        "the client's registry did not count the batch, its members and its linger"
+    )
     service.wait_caught_up()
     assert service.counter_value(counter_id) == 3
 

@@ -169,6 +169,11 @@ def test_a_partition_routed_run_sends_each_sku_to_the_instance_of_its_partition(
         "instance 2 mounts partitions [2], which hold no SKU: it applies them and serves no request"
     ]
     assert routed[0]["committed"] + routed[1]["committed"] == report["committed"]
+    # The batch counts, the log transactions that waited for the linger among them.
+    assert set(report["batches"]) == {"batches", "members", "lingered"}, report["batches"]
+    for count in ("batches", "members", "lingered"):
+        assert sum(routed[i]["batches"][count] for i in range(3)) == report["batches"][count]
+    assert routed[2]["batches"] == {"batches": 0, "members": 0, "lingered": 0}
 
 
 def test_partition_routing_refuses_more_instances_than_partitions(tmp_path: Path) -> None:

@@ -315,6 +315,9 @@ def test_smallbank_batched_applies_each_member_once(postgres_url: str) -> None:
     batches = report["batches"]
     assert batches["batches"] > 0 and batches["members"] > batches["batches"], batches
     assert sum(f["batches"]["batches"] for f in report["per_instance"]) == batches["batches"]
+    # The log transactions that waited for the linger, from the instances' client registries.
+    assert isinstance(batches["lingered"], int) and batches["lingered"] >= 0, batches
+    assert sum(f["batches"]["lingered"] for f in report["per_instance"]) == batches["lingered"]
     name = "every (transaction, member) applied exactly once"
     once = next(c for c in report["checks"] if c["name"] == name)
     assert "batches)" in once["detail"], once

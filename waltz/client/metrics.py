@@ -70,6 +70,9 @@ Metric names (``partition`` label on all but the histogram and the summaries):
 - ``waltz_client_partition_unhealthy``: 1 while ``apply_transaction`` keeps failing.
 - ``waltz_client_partition_apply_backlog``: committed transactions queued for
   ``apply_transaction`` (bounded by ``client.maxApplyBacklog``).
+
+An ``EntityBatcher`` of the SQL framework adds its batches, their members and the log transactions
+that waited for its linger to the same registry (:mod:`waltz.jdbc_style.batch_metrics`).
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ from waltz.client.locks import PartitionLocalLock
 from waltz.client.outcome import Outcome, OutcomeKind
 from waltz.client.submission import APPEND_OVERHEAD_BYTES, LOCK_HASH_BYTES
 from waltz.errors import ClientClosedError, CrossPartitionError
+from waltz.jdbc_style.batch_metrics import batcher_counts
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, batch_data, member_data
 from waltz.jdbc_style.changeset_callbacks import EXACT_STRING_DIALECTS, ChangeSetCallbacks
 from waltz.jdbc_style.entities import EntityInfo
@@ -552,6 +553,9 @@ class EntityBatcher:
         """Members those batches carried."""
         self.lingered = 0
         """Log transactions that waited for the linger before they were sent."""
+        #: The same counts by partition, with those of the client's other batchers, in the
+        #: client's registry (:mod:`waltz.jdbc_style.batch_metrics`).
+        self._counts = batcher_counts(client.metrics)
 
     def kinds(self, info: EntityInfo, callbacks: ChangeSetCallbacks) -> Kinds | None:
         """The column kinds of a model whose rows a batch's overlay may hand to later members
@@ -658,6 +662,7 @@ class EntityBatcher:
                 members.append(queue.popleft())
             if lingered:
                 self.lingered += 1
+                self._counts.lingered(partition)
             else:  # taken before the linger's call came (it could not grow): that call is stale
                 self._lingering.pop(partition, None)
         if self.linger:
@@ -796,6 +801,7 @@ class EntityBatcher:
                 with self._lock:
                     self.batches += 1
                     self.batched += len(appended)
+                self._counts.committed(outcome.partition_id, len(appended))
             committed = Outcome(OutcomeKind.COMMITTED, outcome.partition_id, outcome.transaction_id)
             for member in appended:
                 _settle(member.future, committed)

@@ -15,7 +15,21 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
-__all__ = ["PERCENTILES", "LatencyHistogram", "RunStats", "add_stages", "stage_means_ms"]
+__all__ = [
+    "BATCH_COUNTS",
+    "PERCENTILES",
+    "LatencyHistogram",
+    "RunStats",
+    "add_batch_counts",
+    "add_stages",
+    "batch_counts_of",
+    "stage_means_ms",
+]
+
+#: The names of an instance's batch counts, in their order: log transactions of more than one
+#: request its ``EntityBatcher`` committed, the requests they carried, and its log transactions
+#: that waited for the batch linger (docs/design/sql.md "Batched entity transactions").
+BATCH_COUNTS = ("batches", "members", "lingered")
 
 #: The percentiles every report prints.
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -127,6 +141,23 @@ def add_stages(totals: dict[str, tuple[float, float]], stages: Mapping[str, tupl
     for stage, (seconds, count) in stages.items():
         mine = totals.get(stage, (0.0, 0.0))
         totals[stage] = (mine[0] + seconds, mine[1] + count)
+
+
+def batch_counts_of(wire: Mapping[str, Any]) -> tuple[int, int, int]:
+    """An instance process's ``batches`` (:data:`BATCH_COUNTS`, in order) from its message; ``0``
+    for a count it does not carry."""
+    counts = [int(count) for count in wire.get("batches", ())]
+    counts += [0] * (len(BATCH_COUNTS) - len(counts))
+    batches, members, lingered = counts[: len(BATCH_COUNTS)]
+    return batches, members, lingered
+
+
+def add_batch_counts(per_instance: Iterable[tuple[int, int, int]]) -> tuple[int, int, int]:
+    """The instances' batch counts (:data:`BATCH_COUNTS`, in order), added."""
+    batches = members = lingered = 0
+    for b, m, lg in per_instance:
+        batches, members, lingered = batches + b, members + m, lingered + lg
+    return batches, members, lingered
 
 
 def stage_means_ms(per_client: Iterable[Mapping[str, tuple[float, float]]]) -> dict[str, float]:

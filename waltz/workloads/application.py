@@ -299,23 +299,29 @@ class EvolvingApplication(Protocol):
         ...
 
 
-def instance_batch_counts(instance: object) -> tuple[int, int]:
+def instance_batch_counts(instance: object) -> tuple[int, int, int]:
     """What an instance's ``EntityBatcher`` committed (docs/design/sql.md "Batched entity transactions").
 
     Args:
         instance: a running instance (a :class:`SmallBankInstance`, or an inventory one) that
-            may offer ``batch_counts()``.
+            may offer ``batch_counts()``, and a ``client`` (a ``WaltzClient``).
 
     Returns:
-        ``(batches, members)``: its log transactions of more than one operation, and the
-        operations they carried; ``(0, 0)`` when it does not batch, or for an application
-        written before batching, whose instances have no ``batch_counts``.
+        ``(batches, members, lingered)``: its log transactions of more than one operation, the
+        operations they carried, and its log transactions that waited for the batch linger (its
+        client's ``waltz_client_entity_batches_lingered_total``); ``(0, 0, 0)`` when it does not
+        batch, or for an application written before batching, whose instances have no
+        ``batch_counts`` (``lingered`` 0 for an instance without a ``client``).
     """
     counts = getattr(instance, "batch_counts", None)
     if counts is None:
-        return (0, 0)
+        return (0, 0, 0)
     batches, members = counts()
-    return (int(batches), int(members))
+    from waltz.jdbc_style.batch_metrics import batcher_counts  # an application that batches has it
+
+    client = getattr(instance, "client", None)
+    lingered = 0 if client is None else batcher_counts(client.metrics).totals()[2]
+    return (int(batches), int(members), lingered)
 
 
 def load_application(module: str) -> SmallBankApplication:

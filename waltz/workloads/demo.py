@@ -50,6 +50,7 @@ from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.layout import LAYOUT_FILE
 from waltz.local.processes import wait_until
+from waltz.perf.stats import add_batch_counts
 from waltz.workloads.application import (
     DEFAULT_APPLICATION,
     EvolvingApplication,
@@ -409,8 +410,8 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
 
 def _batch_totals(services: list[SmallBankInstance]) -> tuple[int, int]:
     """``(batches, members)`` of every instance's batcher since it started."""
-    counts = [instance_batch_counts(service) for service in services]
-    return (sum(b for b, _ in counts), sum(m for _, m in counts))
+    batches, members, _ = add_batch_counts(instance_batch_counts(service) for service in services)
+    return (batches, members)
 
 
 def _batches_line(batches: tuple[int, int]) -> str:

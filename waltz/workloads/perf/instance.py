@@ -132,7 +132,7 @@ def _run_instance(spec: InstanceSpec, start: Any, stop: Any, results: Any) -> No
             unapplied=unapplied,
             client_stages={stage: list(pair) for stage, pair in stages.items()},
             entity_cache=[now - then for now, then in zip(cache_counts, cache_started, strict=True)],
-            batches=[batches[0] - batches_started[0], batches[1] - batches_started[1]],
+            batches=[now - then for now, then in zip(batches, batches_started, strict=True)],
         )
         results.put(("result", spec.index, wire))
         # The sweeper keeps finishing transfers (of every instance) until the coordinator says stop.

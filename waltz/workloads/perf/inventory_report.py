@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from waltz.perf.stats import stage_means_ms
+from waltz.perf.stats import BATCH_COUNTS, add_batch_counts, batch_counts_of, stage_means_ms
 from waltz.workloads.application import Check
 from waltz.workloads.inventory_workload import InventoryStats
 from waltz.workloads.perf.settings import InventoryPerfSettings
@@ -31,8 +31,9 @@ class InventoryInstanceFigures:
         first_commits: its requests whose first submission committed, warm-up included.
         cpu_seconds: CPU seconds the process spent in the phase.
         entity_cache: ``(hits, misses)`` of its entity cache over the phase.
-        batches: ``(batches, members)``: log transactions of more than one request its batcher
-            committed over the phase, and the requests they carried.
+        batches: ``(batches, members, lingered)``: log transactions of more than one request its
+            batcher committed over the phase, the requests they carried, and its log
+            transactions that waited for the batch linger.
         uncaught: ``uncaught_exception`` calls of its callbacks (failed applies).
         partitions: the partitions it mounted (None: all).
         sku_ids: the SKUs its requests drew from (None: all; empty: none, a routed instance that
@@ -52,7 +53,7 @@ class InventoryInstanceFigures:
     first_commits: int = 0
     cpu_seconds: float = 0.0
     entity_cache: tuple[int, int] = (0, 0)
-    batches: tuple[int, int] = (0, 0)
+    batches: tuple[int, int, int] = (0, 0, 0)
     uncaught: int = 0
     partitions: tuple[int, ...] | None = None
     sku_ids: tuple[int, ...] | None = None
@@ -73,7 +74,7 @@ class InventoryInstanceFigures:
             first_commits=int(wire["first_commits"]),
             cpu_seconds=float(wire["cpu_seconds"]),
             entity_cache=(int(wire["entity_cache"][0]), int(wire["entity_cache"][1])),
-            batches=(int(wire.get("batches", (0, 0))[0]), int(wire.get("batches", (0, 0))[1])),
+            batches=batch_counts_of(wire),
             partitions=None if wire.get("partitions") is None else tuple(wire["partitions"]),
             sku_ids=None if wire.get("sku_ids") is None else tuple(wire["sku_ids"]),
             in_flight=int(wire.get("in_flight", 0)),
@@ -102,7 +103,7 @@ class InventoryInstanceFigures:
             "unapplied": self.unapplied,
             "cpu_seconds": round(self.cpu_seconds, 3),
             "entity_cache": {"hits": self.entity_cache[0], "misses": self.entity_cache[1]},
-            "batches": {"batches": self.batches[0], "members": self.batches[1]},
+            "batches": dict(zip(BATCH_COUNTS, self.batches, strict=True)),
             "partitions": None if self.partitions is None else list(self.partitions),
             "sku_ids": None if self.sku_ids is None else list(self.sku_ids),
             "in_flight": self.in_flight,
@@ -180,6 +181,10 @@ class InventoryPerfReport:
         spent = {"instances": sum(f.cpu_seconds for f in self.instances), **self.node_cpu_seconds}
         return {name: seconds * 1e6 / self.total.committed for name, seconds in spent.items()}
 
+    def batch_counts(self) -> tuple[int, int, int]:
+        """``(batches, members, lingered)`` of the instances' batchers over their phases."""
+        return add_batch_counts(f.batches for f in self.instances)
+
     def client_stage_ms(self) -> dict[str, float]:
         """Mean milliseconds of each stage the instances' clients timed, over every log
         transaction they submitted (a batch counts once)."""
@@ -192,9 +197,9 @@ class InventoryPerfReport:
         ``retries_committed``, ``retries_refused``, ``lock_failures``, ``errors``),
         ``error_samples``, ``unapplied``, ``latency_ms`` (``submit_to_commit``,
         ``submit_to_applied``: ``p50`` .. ``max``, ``mean``, ``count``), ``entity_cache``
-        (``hits``, ``misses``, ``hit_rate``), ``batches`` (``batches``, ``members``),
-        ``cpu_us_per_committed``, ``client_stage_ms`` (:meth:`client_stage_ms`), ``per_instance``,
-        ``checks``, ``passed``, ``database``, ``partitions``, ``settings``, ``warnings``."""
+        (``hits``, ``misses``, ``hit_rate``), ``batches`` (``batches``, ``members``,
+        ``lingered``), ``cpu_us_per_committed``, ``client_stage_ms`` (:meth:`client_stage_ms`),
+        ``per_instance``, ``checks``, ``passed``, ``database``, ``partitions``, ``settings``, ``warnings``."""
         total = self.total
         hits, misses = self.entity_cache_counts()
         rate = self.entity_cache_hit_rate()
@@ -214,10 +219,7 @@ class InventoryPerfReport:
                 "misses": misses,
                 "hit_rate": None if rate is None else round(rate, 4),
             },
-            "batches": {
-                "batches": sum(f.batches[0] for f in self.instances),
-                "members": sum(f.batches[1] for f in self.instances),
-            },
+            "batches": dict(zip(BATCH_COUNTS, self.batch_counts(), strict=True)),
             "cpu_us_per_committed": {
                 k: round(v, 1) for k, v in self.cpu_microseconds_per_committed().items()
             },
@@ -254,10 +256,12 @@ class InventoryPerfReport:
         else:
             lines.append("entity cache: off")
         if self.settings.batch:
-            batches = sum(f.batches[0] for f in self.instances)
-            members = sum(f.batches[1] for f in self.instances)
+            batches, members, lingered = self.batch_counts()
             mean = f", {members / batches:.1f} per batch" if batches else ""
-            lines.append(f"batches: {batches:,} log transaction(s) carried {members:,} request(s){mean}")
+            lines.append(
+                f"batches: {batches:,} log transaction(s) carried {members:,} request(s){mean}; "
+                f"{lingered:,} log transaction(s) waited for the linger"
+            )
         lines.append(t.commit_latency.text("submit->commit"))
         lines.append(t.applied_latency.text("submit->applied"))
         if self.unapplied:

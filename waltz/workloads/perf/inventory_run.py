@@ -164,7 +164,7 @@ def _run_instance(spec: InventoryInstanceSpec, start: Any, stop: Any, results: A
             unapplied=unapplied,
             first_commits=first_commits,
             entity_cache=[cache[0] - cache_started[0], cache[1] - cache_started[1]],
-            batches=[batches[0] - batches_started[0], batches[1] - batches_started[1]],
+            batches=[now - then for now, then in zip(batches, batches_started, strict=True)],
             client_stages={stage: list(pair) for stage, pair in stages.items()},
             partitions=None if spec.partitions is None else list(spec.partitions),
             sku_ids=None if spec.partitions is None else list(spec.sku_ids),

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from waltz.perf.stats import LatencyHistogram, stage_means_ms
+from waltz.perf.stats import BATCH_COUNTS, LatencyHistogram, add_batch_counts, batch_counts_of, stage_means_ms
 from waltz.workloads.checks import Check
 from waltz.workloads.perf.settings import ERROR_SAMPLES, SmallBankPerfSettings
 from waltz.workloads.smallbank import SmallBankStats
@@ -37,9 +37,10 @@ class InstanceFigures:
         uncaught: ``uncaught_exception`` calls of its callbacks (failed applies).
         entity_cache: attempts whose entities its entity cache held, and attempts that read a
             database snapshot, over the phase (``(0, 0)`` without a cache).
-        batches: ``(batches, members)``: log transactions of more than one SmallBank transaction
-            its batcher committed over the phase, and the transactions they carried (``(0, 0)``
-            when it does not batch).
+        batches: ``(batches, members, lingered)``: log transactions of more than one SmallBank
+            transaction its batcher committed over the phase, the transactions they carried, and
+            its log transactions that waited for the batch linger (``(0, 0, 0)`` when it does
+            not batch).
     """
 
     index: int
@@ -54,7 +55,7 @@ class InstanceFigures:
     client_stages: dict[str, tuple[float, float]] = field(default_factory=dict)
     uncaught: int = 0
     entity_cache: tuple[int, int] = (0, 0)
-    batches: tuple[int, int] = (0, 0)
+    batches: tuple[int, int, int] = (0, 0, 0)
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any]) -> InstanceFigures:
@@ -84,7 +85,7 @@ class InstanceFigures:
             cpu_seconds=float(wire["cpu_seconds"]),
             client_stages={k: (float(s), float(c)) for k, (s, c) in wire["client_stages"].items()},
             entity_cache=(int(wire["entity_cache"][0]), int(wire["entity_cache"][1])),
-            batches=(int(wire.get("batches", (0, 0))[0]), int(wire.get("batches", (0, 0))[1])),
+            batches=batch_counts_of(wire),
         )
 
     @property
@@ -101,7 +102,7 @@ class InstanceFigures:
         """JSON-ready: ``instance``, ``draws``, ``seed``, ``seconds``, ``committed``,
         ``committed_per_second``, ``submitted``, ``dropped``, ``balances_read``,
         ``lock_failures``, ``errors`` (a count), ``unapplied``, ``cpu_seconds``, ``batches``
-        (``batches``, ``members``)."""
+        (``batches``, ``members``, ``lingered``)."""
         return {
             "instance": self.index,
             "draws": self.draws,
@@ -116,7 +117,7 @@ class InstanceFigures:
             "errors": self.error_count,
             "unapplied": self.unapplied,
             "cpu_seconds": round(self.cpu_seconds, 3),
-            "batches": {"batches": self.batches[0], "members": self.batches[1]},
+            "batches": dict(zip(BATCH_COUNTS, self.batches, strict=True)),
         }
 
 
@@ -186,12 +187,9 @@ class SmallBankPerfReport:
             sum(f.entity_cache[1] for f in self.instances),
         )
 
-    def batch_counts(self) -> tuple[int, int]:
-        """``(batches, members)`` of the instances' batchers over their phases."""
-        return (
-            sum(f.batches[0] for f in self.instances),
-            sum(f.batches[1] for f in self.instances),
-        )
+    def batch_counts(self) -> tuple[int, int, int]:
+        """``(batches, members, lingered)`` of the instances' batchers over their phases."""
+        return add_batch_counts(f.batches for f in self.instances)
 
     @property
     def lock_failures_per_committed(self) -> float:
@@ -222,8 +220,9 @@ class SmallBankPerfReport:
         Keys: ``seconds`` (the common window), ``committed_per_second``, ``draws``,
         ``submitted``, ``committed``, ``dropped``, ``drop_reasons`` (reason with numbers as
         ``N`` -> count), ``balances_read``, ``lock_failures``, ``lock_failures_per_committed``,
-        ``entity_cache`` (``hits``, ``misses``), ``batches`` (``batches``, ``members``: log
-        transactions of several SmallBank transactions, and those they carried), ``errors`` (a
+        ``entity_cache`` (``hits``, ``misses``), ``batches`` (``batches``, ``members``,
+        ``lingered``: log transactions of several SmallBank transactions, those they carried, and
+        log transactions that waited for the batch linger), ``errors`` (a
         count), ``error_samples``, ``unapplied``, ``latency_ms``
         (``submit_to_commit`` and ``submit_to_applied``: ``p50``, ``p90``, ``p99``, ``p99.9``,
         ``max``, ``mean`` in ms, None when empty, and ``count``), ``cpu_us_per_transaction``,
@@ -244,7 +243,7 @@ class SmallBankPerfReport:
             "lock_failures": total.lock_failures,
             "lock_failures_per_committed": round(self.lock_failures_per_committed, 4),
             "entity_cache": dict(zip(("hits", "misses"), self.entity_cache_counts(), strict=True)),
-            "batches": dict(zip(("batches", "members"), self.batch_counts(), strict=True)),
+            "batches": dict(zip(BATCH_COUNTS, self.batch_counts(), strict=True)),
             "errors": self.error_count,
             "error_samples": list(total.errors),
             "unapplied": self.unapplied,
@@ -292,10 +291,11 @@ class SmallBankPerfReport:
                 f"({100 * hits / (hits + misses):.1f} % from the cache)"
             )
         if self.settings.batch:
-            batches, members = self.batch_counts()
+            batches, members, lingered = self.batch_counts()
             mean = f", {members / batches:.1f} per batch" if batches else ""
             lines.append(
-                f"batches: {batches:,} log transaction(s) carried {members:,} SmallBank transaction(s){mean}"
+                f"batches: {batches:,} log transaction(s) carried {members:,} SmallBank "
+                f"transaction(s){mean}; {lingered:,} log transaction(s) waited for the linger"
             )
         lines.append(total.commit_latency.text("submit->commit"))
         lines.append(total.applied_latency.text("submit->applied"))
