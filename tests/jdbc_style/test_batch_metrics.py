@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from waltz.jdbc_style.batch_metrics import batcher_counts
+from waltz.jdbc_style.batch_metrics import batcher_counts, counts_in
 
 
 def sample(registry: CollectorRegistry, name: str, partition: int) -> float | None:
@@ -40,3 +40,11 @@ def test_each_client_s_registry_has_its_own_counts() -> None:
     assert sample(one, "batches", 1) == 1
     assert sample(other, "batches", 1) is None
     assert batcher_counts(other).totals() == (0, 0, 0)
+
+
+def test_reading_a_client_s_counts_registers_nothing() -> None:
+    registry = CollectorRegistry()
+    assert counts_in(registry) is None
+    assert generate_latest(registry) == b"", "a client without batchers exports no batch counters"
+    counts = batcher_counts(registry)
+    assert counts_in(registry) is counts

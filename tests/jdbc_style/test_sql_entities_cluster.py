@@ -837,14 +837,17 @@ def test_a_full_batch_does_not_wait_for_the_linger(service: Service) -> None:
 
 
 class Timed(Increment):
-    """Notes when each attempt's ``run`` began (a first attempt runs as its transaction is sent)."""
+    """Notes when each attempt's ``run`` began (a first attempt runs as its transaction is sent),
+    and on which thread."""
 
     def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int) -> None:
         super().__init__(callbacks, counter_id)
         self.runs: list[float] = []
+        self.threads: list[int] = []
 
     def run(self, tx: EntityTransaction) -> bool:
         self.runs.append(time.monotonic())
+        self.threads.append(threading.get_ident())
         return super().run(tx)
 
 
@@ -905,36 +908,28 @@ def test_a_batch_with_a_context_that_has_a_timeout_behind_it_goes_at_once(servic
 @LINGER_DATABASE
 def test_with_room_in_flight_a_context_left_behind_a_batch_goes_beside_it(service: Service) -> None:
     """With ``max_in_flight`` 2, the lingering batch in front of a context with a timeout goes at
-    once, and that context, left queued, takes the second place in flight at once: it does not wait
-    for the batch's end or the next submit (docs/design/sql.md "Batched entity transactions")."""
+    once, and that context, left queued, takes the second place in flight right after it, in queue
+    order: it does not wait for the batch's end or the next submit (docs/design/sql.md "Batched
+    entity transactions")."""
     counter_id = service.create_counter()
     other_id = service.create_counter(service.partition_of(counter_id))
     instance = service.first
     batcher = EntityBatcher(instance.client, max_in_flight=2, max_in_flight_alone=0, linger=10 * LINGER)
     with batcher:
         assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
-        held = HeldInRun(instance.callbacks, counter_id)
-        waiting = batcher.submit(held)  # lingers: the partition's last transaction went just now
-        timed = Increment(instance.callbacks, other_id)
+        waiting = batcher.submit(Increment(instance.callbacks, counter_id))  # lingers
+        timed = Timed(instance.callbacks, other_id)
         timed.timeout = TIMEOUT
-        # The batch in front can no longer grow: it goes at once, from this submit's thread, and
-        # blocks in run until the gate opens.
-        submitting = concurrent.futures.ThreadPoolExecutor(1)
-        submitted = submitting.submit(batcher.submit, timed)
-        try:
-            assert held.running.wait(TIMEOUT), "the batch in front did not go when it could no longer grow"
-            wait_until(
-                lambda: service.counter_value(other_id) == 1,
-                timeout=TIMEOUT,
-                what="the context left queued to commit while the batch in front is in flight",
-            )
-        finally:
-            held.gate.set()
-        behind = submitted.result(TIMEOUT).result(TIMEOUT)
-        submitting.shutdown()
-        front = waiting.result(TIMEOUT)
-    assert front.committed and behind.committed
-    assert behind.transaction_id < front.transaction_id
+        # The batch in front can no longer grow: it goes at once, and the context behind it right
+        # after it, from this submit's thread; waiting for that batch's end, it would go from a
+        # sender thread once the commit came back.
+        behind = batcher.submit(timed)
+        assert timed.threads[:1] == [threading.get_ident()], (
+            "the context left queued did not go right after the batch in front of it"
+        )
+        outcomes = [future.result(TIMEOUT) for future in (waiting, behind)]
+    assert all(o.committed for o in outcomes), outcomes
+    assert outcomes[0].transaction_id < outcomes[1].transaction_id
     assert batcher.lingered == 0
     service.wait_caught_up()
     assert service.counter_value(counter_id) == 2 and service.counter_value(other_id) == 1

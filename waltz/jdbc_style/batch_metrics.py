@@ -11,8 +11,8 @@ Metric names (``partition`` label: the partition of the log transaction):
 
 - ``waltz_client_entity_batches_total``: log transactions of more than one context that a batcher
   sent and saw committed.
-- ``waltz_client_entity_batch_members_total``: the contexts those log transactions carried
-  (committed, or ended with their own outcome as the batch committed).
+- ``waltz_client_entity_batch_members_total``: the contexts those log transactions carried that
+  committed with them (not those that left a batch with an outcome of their own).
 - ``waltz_client_entity_batches_lingered_total``: log transactions that waited for the linger
   (``client.batchLinger``) before they were sent: zero while the partition's contexts come less
   often than three per linger.
@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["BatcherCounts", "batcher_counts"]
+__all__ = ["BatcherCounts", "batcher_counts", "counts_in"]
 
 _BATCHES, _MEMBERS, _LINGERED = range(3)
 
@@ -98,6 +98,13 @@ class BatcherCounts(Collector):
             for index, family in enumerate(families):
                 family.add_metric([str(partition)], rows[partition][index])
         yield from families
+
+
+def counts_in(registry: CollectorRegistry) -> BatcherCounts | None:
+    """The batchers' counts of the client whose registry is ``registry``; None when no batcher
+    of that client has counted (nothing is registered)."""
+    with _COUNTS_LOCK:
+        return _COUNTS.get(registry)
 
 
 def batcher_counts(registry: CollectorRegistry) -> BatcherCounts:

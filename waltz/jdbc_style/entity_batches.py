@@ -5,13 +5,14 @@ Source: docs/design/sql.md "Batched entity transactions" (the writer) and "Batch
 (the record form, form 3). An :class:`EntityBatcher` keeps, per partition, at most
 ``max_in_flight`` log transactions of its own in flight; a context submitted while none is in
 flight goes at once, on its own, exactly as ``client.submit`` sends it (nothing waits for a batch at
-low load). So does one submitted while nothing is queued for its partition and no transaction in
+low load). So does one that is the only context queued for its partition, when no transaction in
 flight holds a lock it expects to take, up to ``max_in_flight_alone`` more in flight: it could not
 be batched with what is in flight anyway, and at low load it would otherwise wait a round trip for
 nothing. Contexts submitted while the partition's limit is reached queue, and when a log
 transaction of the partition ends, the queue goes as the next batch, bounded by
 ``max_members`` contexts and ``max_bytes`` of change-set data, and while room in flight is left,
-what that batch left queued goes as the batches after it. With a ``linger``, a batch that
+what that batch left queued goes as the batches after it, sent one after the other in queue order
+(one that can still grow waits for the linger as any batch). With a ``linger``, a batch that
 would go less than ``linger`` after the partition's last log transaction was sent waits out the
 rest, and what is submitted meanwhile joins it; a batch that cannot grow (full, or with a context
 that has a timeout queued behind it) goes at once, and a partition whose contexts come less often
@@ -471,7 +472,7 @@ class EntityBatcher:
         max_in_flight: log transactions of this batcher in flight per partition (a transaction
             alone or a batch); contexts submitted beyond it wait for the next batch.
         max_in_flight_alone: contexts that go at once, alone, beyond ``max_in_flight``: each
-            submitted while nothing is queued for its partition, with expected locks
+            the only context queued for its partition, with expected locks
             (``TransactionContext.expected_locks``) that no transaction in flight holds; 0 makes
             every context beyond ``max_in_flight`` wait for the next batch. With a linger, only
             while the partition's contexts come less often than three per linger (below). None:
@@ -594,11 +595,8 @@ class EntityBatcher:
             if self.linger:
                 self._count_submit(partition)
             taken = self._take_ready(partition)
-        if taken:
-            first, *rest = taken
-            for members in rest:  # room for more: from a sender thread, not behind the first's run
-                self._submit_send(partition, members)
-            self._send(partition, first)
+        for members in taken:  # in queue order, as the batches after the first were taken
+            self._send(partition, members)
         return member.future
 
     def _count_submit(self, partition: int) -> None:
@@ -632,12 +630,18 @@ class EntityBatcher:
         """Under the lock: the members of every log transaction the partition can send now, in
         queue order: the next batch, then, while room in flight is left (``max_in_flight`` above 1,
         or a context that may go alone), those after it. Each :meth:`_take` fills a place in
-        flight, so this ends within ``max_in_flight + max_in_flight_alone`` takes."""
-        taken: list[list[_Member]] = []
+        flight, so this ends within ``max_in_flight + max_in_flight_alone`` takes. Taken members
+        are counted in flight and must be sent: should a later take fail (scheduling the linger's
+        call on a closed event loop), those taken are returned and the rest stays queued."""
         members = self._take(partition, lingered=lingered)
+        taken: list[list[_Member]] = []
         while members:
             taken.append(members)
-            members = self._take(partition)
+            try:
+                members = self._take(partition)
+            except Exception:
+                log.exception("partition %d: taking the batch after one failed; it stays queued", partition)
+                break
         return taken
 
     def _take(self, partition: int, *, lingered: bool = False) -> list[_Member]:
@@ -716,8 +720,7 @@ class EntityBatcher:
                 return
             del self._lingering[partition]
             taken = [] if self._closed else self._take_ready(partition, lingered=True)
-        for members in taken:
-            self._submit_send(partition, members)
+        self._submit_send(partition, taken)
 
     def _goes_alone(self, partition: int, queue: collections.deque[_Member], in_flight: int) -> bool:
         """Under the lock, with the partition's ``max_in_flight`` reached: whether the one context
@@ -822,13 +825,13 @@ class EntityBatcher:
             else:
                 member.count = count
         log.debug("a batch parted at %d partitions: its members go to %s", count, sorted(by_partition))
-        sends: list[tuple[int, list[_Member]]] = []
+        sends: list[tuple[int, list[list[_Member]]]] = []
         with self._lock:
             closed = self._closed
             if not closed:
                 for partition, regrouped in by_partition.items():
                     self._queues.setdefault(partition, collections.deque()).extendleft(reversed(regrouped))
-                    sends.extend((partition, taken) for taken in self._take_ready(partition))
+                    sends.append((partition, self._take_ready(partition)))
         if closed:
             for regrouped in by_partition.values():
                 for member in regrouped:
@@ -852,18 +855,27 @@ class EntityBatcher:
         if closed:  # what this transaction left for later has no later
             for member in deferred:
                 _settle(member.future, ClientClosedError("the entity batcher is closed"))
-        for members in taken:
-            self._submit_send(partition, members)
+        self._submit_send(partition, taken)
 
-    def _submit_send(self, partition: int, members: list[_Member]) -> None:
-        """Send taken members on a sender thread; with the batcher shut down meanwhile they end
-        with :class:`~waltz.errors.ClientClosedError`."""
+    def _submit_send(self, partition: int, taken: list[list[_Member]]) -> None:
+        """Send the log transactions taken for a partition (:meth:`_take_ready`) one after the
+        other, in their order, on a sender thread; with the batcher shut down meanwhile their
+        members end with :class:`~waltz.errors.ClientClosedError`."""
+        if not taken:
+            return
         try:
-            self._sender.submit(self._send, partition, members)
+            self._sender.submit(self._send_all, partition, taken)
         except RuntimeError:  # shut down meanwhile
             with self._lock:
-                self._in_flight[partition] -= 1
-                self._held[partition].subtract(_held_locks(members))
+                for members in taken:
+                    self._in_flight[partition] -= 1
+                    self._held[partition].subtract(_held_locks(members))
                 self._held[partition] += collections.Counter()
-            for member in members:
-                _settle(member.future, ClientClosedError("the entity batcher is closed"))
+            for members in taken:
+                for member in members:
+                    _settle(member.future, ClientClosedError("the entity batcher is closed"))
+
+    def _send_all(self, partition: int, taken: list[list[_Member]]) -> None:
+        """On a sender thread: send the partition's taken log transactions in their order."""
+        for members in taken:
+            self._send(partition, members)

@@ -308,8 +308,9 @@ def instance_batch_counts(instance: object) -> tuple[int, int, int]:
 
     Returns:
         ``(batches, members, lingered)``: its log transactions of more than one operation, the
-        operations they carried, and its log transactions that waited for the batch linger (its
-        client's ``waltz_client_entity_batches_lingered_total``); ``(0, 0, 0)`` when it does not
+        operations they carried, and the log transactions of its client's batchers that waited
+        for the batch linger (the client's ``waltz_client_entity_batches_lingered_total``, read
+        without registering it); ``(0, 0, 0)`` when it does not
         batch, or for an application written before batching, whose instances have no
         ``batch_counts`` (``lingered`` 0 for an instance without a ``client``).
     """
@@ -317,10 +318,11 @@ def instance_batch_counts(instance: object) -> tuple[int, int, int]:
     if counts is None:
         return (0, 0, 0)
     batches, members = counts()
-    from waltz.jdbc_style.batch_metrics import batcher_counts  # an application that batches has it
+    from waltz.jdbc_style.batch_metrics import counts_in  # an application that batches has it
 
     client = getattr(instance, "client", None)
-    lingered = 0 if client is None else batcher_counts(client.metrics).totals()[2]
+    counted = None if client is None else counts_in(client.metrics)
+    lingered = 0 if counted is None else counted.totals()[2]
     return (int(batches), int(members), lingered)
 
 
