@@ -310,9 +310,9 @@ def instance_batch_counts(instance: object) -> tuple[int, int, int]:
         ``(batches, members, lingered)``: its log transactions of more than one operation, the
         operations they carried, and the log transactions of its client's batchers that waited
         for the batch linger (the client's ``waltz_client_entity_batches_lingered_total``, read
-        without registering it); ``(0, 0, 0)`` when it does not
-        batch, or for an application written before batching, whose instances have no
-        ``batch_counts`` (``lingered`` 0 for an instance without a ``client``).
+        without registering it); ``(0, 0, 0)`` when it does not batch, or for an application
+        written before batching, whose instances have no ``batch_counts`` (``lingered`` 0 for an
+        instance without a ``client``).
     """
     counts = getattr(instance, "batch_counts", None)
     if counts is None:
