@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Column, Table, bindparam, select, update
+from sqlalchemy import Column, Insert, Table, bindparam, select, update
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
@@ -23,6 +23,22 @@ from waltz.jdbc_style.schema import high_water_marks as _marks
 __all__ = ["HighWaterMarks", "insert_if_absent"]
 
 
+def _insert_skipping_present(conn: Connection, table: Table) -> Insert | None:
+    """The backend's insert into ``table`` that skips a row whose primary key is present, without
+    failing on a race: ``ON CONFLICT DO NOTHING`` on PostgreSQL and SQLite, ``ON DUPLICATE KEY
+    UPDATE`` of a key column to itself (a no-op) on MySQL and MariaDB; None on other backends."""
+    name = conn.dialect.name
+    if name == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing()
+    if name == "sqlite":
+        return sqlite.insert(table).on_conflict_do_nothing()
+    if name in ("mysql", "mariadb"):
+        first_key = table.primary_key.columns.values()[0].name
+        stmt = mysql.insert(table)
+        return stmt.on_duplicate_key_update({first_key: stmt.inserted[first_key]})
+    return None
+
+
 def insert_if_absent(conn: Connection, table: Table, values: Mapping[str, Any]) -> None:
     """Insert a row unless one with the same primary key exists, without failing on a race.
 
@@ -30,23 +46,17 @@ def insert_if_absent(conn: Connection, table: Table, values: Mapping[str, Any]) 
     CONFLICT DO NOTHING``, MySQL/MariaDB ``ON DUPLICATE KEY UPDATE`` of a key column to itself
     (a no-op), other backends a savepoint that swallows the duplicate-key error.
     """
-    name = conn.dialect.name
-    if name == "postgresql":
-        conn.execute(postgresql.insert(table).values(**values).on_conflict_do_nothing())
-    elif name == "sqlite":
-        conn.execute(sqlite.insert(table).values(**values).on_conflict_do_nothing())
-    elif name in ("mysql", "mariadb"):
-        first_key = table.primary_key.columns.values()[0].name
-        stmt = mysql.insert(table).values(**values)
-        conn.execute(stmt.on_duplicate_key_update({first_key: stmt.inserted[first_key]}))
+    insert = _insert_skipping_present(conn, table)
+    if insert is not None:
+        conn.execute(insert, dict(values))
+        return
+    savepoint = conn.begin_nested()
+    try:
+        conn.execute(table.insert(), dict(values))
+    except IntegrityError:
+        savepoint.rollback()
     else:
-        savepoint = conn.begin_nested()
-        try:
-            conn.execute(table.insert().values(**values))
-        except IntegrityError:
-            savepoint.rollback()
-        else:
-            savepoint.commit()
+        savepoint.commit()
 
 
 def insert_rows_if_absent(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -59,19 +69,12 @@ def insert_rows_if_absent(conn: Connection, table: Table, rows: Sequence[Mapping
     """
     if not rows:
         return
-    name = conn.dialect.name
-    values = [dict(row) for row in rows]
-    if name == "postgresql":
-        conn.execute(postgresql.insert(table).on_conflict_do_nothing(), values)
-    elif name == "sqlite":
-        conn.execute(sqlite.insert(table).on_conflict_do_nothing(), values)
-    elif name in ("mysql", "mariadb"):
-        first_key = table.primary_key.columns.values()[0].name
-        stmt = mysql.insert(table)
-        conn.execute(stmt.on_duplicate_key_update({first_key: stmt.inserted[first_key]}), values)
-    else:
-        for row in values:
-            insert_if_absent(conn, table, row)
+    insert = _insert_skipping_present(conn, table)
+    if insert is not None:
+        conn.execute(insert, [dict(row) for row in rows])
+        return
+    for row in rows:
+        insert_if_absent(conn, table, row)
 
 
 def inserted_rows_if_absent(
@@ -85,13 +88,13 @@ def inserted_rows_if_absent(
     table. An empty set for no rows."""
     if not rows:
         return set()
-    name = conn.dialect.name
-    if name not in ("postgresql", "sqlite") or not conn.dialect.insert_executemany_returning:
-        insert_rows_if_absent(conn, table, rows)
-        return None
-    insert = postgresql.insert(table) if name == "postgresql" else sqlite.insert(table)
-    result = conn.execute(insert.on_conflict_do_nothing().returning(column), [dict(row) for row in rows])
-    return {row[0] for row in result}
+    if conn.dialect.name in ("postgresql", "sqlite") and conn.dialect.insert_executemany_returning:
+        insert = _insert_skipping_present(conn, table)
+        if insert is not None:
+            result = conn.execute(insert.returning(column), [dict(row) for row in rows])
+            return {row[0] for row in result}
+    insert_rows_if_absent(conn, table, rows)
+    return None
 
 
 class HighWaterMarks:

@@ -144,11 +144,9 @@ def add_stages(totals: dict[str, tuple[float, float]], stages: Mapping[str, tupl
 
 
 def batch_counts_of(wire: Mapping[str, Any]) -> tuple[int, int, int]:
-    """An instance process's ``batches`` (:data:`BATCH_COUNTS`, in order) from its message; ``0``
-    for a count it does not carry."""
-    counts = [int(count) for count in wire.get("batches", ())]
-    counts += [0] * (len(BATCH_COUNTS) - len(counts))
-    batches, members, lingered = counts[: len(BATCH_COUNTS)]
+    """An instance process's ``batches`` (:data:`BATCH_COUNTS`, in order) from its message; zeros
+    when it carries none."""
+    batches, members, lingered = (int(count) for count in wire.get("batches", (0, 0, 0)))
     return batches, members, lingered
 
 
