@@ -70,6 +70,8 @@ def test_every_partition_has_a_writable_owner_among_the_servers(cluster: LocalCl
     owners = cluster.wait_ready(timeout=10)
 
     assert sorted(owners) == [0, 1]
+    # Ready means settled: each server holds its share, so the owners read now stay the owners.
+    assert sorted(map(len, cluster.owned_partitions().values())) == [1, 1]
     for pid, owner in owners.items():
         assert owner.endpoint == cluster.owner(pid)
         assert owner.endpoint in cluster.server_endpoints

@@ -18,7 +18,6 @@ import pytest
 from support.storage import run
 
 from waltz.local.cluster import LocalCluster
-from waltz.local.processes import wait_until
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.records import ReqId
 from waltz.protocol.server_client import ServerAdminClient
@@ -34,28 +33,14 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A default local cluster (its own ZooKeeper), kept in a work directory, with transactions."""
     with LocalCluster(work_dir=tmp_path_factory.mktemp("files") / "cluster") as cluster:
         for partition_id in range(cluster.num_partitions):
-            appended = 0
 
-            async def append(pid: int = partition_id) -> bool:
-                nonlocal appended
+            async def append(pid: int = partition_id) -> None:
                 async with ServerAdminClient(cluster.owner(pid), tls=cluster.admin_tls, timeout=20) as client:
-                    while appended < TRANSACTIONS:
-                        record = (ReqId(9, 0, pid, appended), 0, b"private")
-                        [outcome] = await client.append(pid, [record])
+                    for seq in range(TRANSACTIONS):
+                        [outcome] = await client.append(pid, [(ReqId(9, 0, pid, seq), 0, b"private")])
                         assert isinstance(outcome, int), outcome
-                        appended += 1
-                return True
 
-            # A server that registers after the first one took every partition takes its share once
-            # the cluster is ready: an append may meet a partition its new owner has not opened yet
-            # (FAILED_PRECONDITION), and goes on from where it stopped once it has.
-            wait_until(
-                lambda: run(append()),
-                timeout=60,
-                what=f"{TRANSACTIONS} appends to partition {partition_id}",
-                interval=0.2,
-                abort_on=(AssertionError,),
-            )
+            run(append())
         yield cluster
 
 

@@ -8,7 +8,6 @@ interrupted while starting.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
 import signal
@@ -190,7 +189,6 @@ def up(
             code = 1
         if code == 0:
             try:
-                _wait_spread(cluster)
                 typer.echo(cluster.describe())
                 typer.echo(
                     f"ready in {cluster.startup_seconds or 0.0:.1f}s. Press Ctrl-C (or run "
@@ -216,25 +214,6 @@ def up(
 
 # typer keeps the single line breaks of a docstring paragraph: join them so that the help wraps.
 up.__doc__ = "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(up.__doc__ or "").split("\n\n"))
-
-
-def _wait_spread(cluster: LocalCluster, timeout: float = 15.0) -> None:
-    """Wait, ``timeout`` seconds at most, until every server owns a partition (when there are as
-    many partitions as servers): the cluster is ready as soon as the first server owns them all,
-    and the others take their share moments later, so the description then shows the spread the
-    cluster keeps. Past the timeout the description shows what it finds."""
-    from waltz.local.processes import wait_until
-
-    if len(cluster.servers) < 2 or cluster.num_partitions < len(cluster.servers):
-        return
-
-    endpoints = {server.endpoint for server in cluster.servers}
-
-    def spread() -> bool:  # one read of the assignment per look
-        return endpoints <= set(cluster.owned_partitions())
-
-    with contextlib.suppress(TimeoutError):
-        wait_until(spread, timeout=timeout, what="every server to own a partition", interval=0.2)
 
 
 def _watch(cluster: LocalCluster) -> None:

@@ -627,10 +627,14 @@ class LocalCluster:
     # --- readiness and owners ---------------------------------------------------------------------
 
     def wait_ready(self, timeout: float | None = None) -> dict[int, PartitionOwner]:
-        """Wait until every partition has an owner that reports it writable under its generation.
+        """Wait until every partition has an owner that reports it writable under its generation,
+        and the owners are the ones the cluster manager keeps.
 
         The owners come from the assignment in ZooKeeper; each one's ``Status`` (server admin
-        protocol) must list the partition as writable with the assigned generation.
+        protocol) must list the partition as writable with the assigned generation. Every server
+        of the cluster that runs and is not paused must have joined, and no partition may be
+        waiting to move to a server's share: once this returns, :meth:`owner` names the server
+        that holds the partition until a fault or an operator moves it.
 
         Args:
             timeout: seconds to wait; None means ``start_timeout``.
@@ -654,6 +658,7 @@ class LocalCluster:
                     self._replicas,
                     self._nodes.servers,
                     self._security.tls,
+                    active=self._nodes.active_servers(),
                 )
             except Exception as exc:  # ZooKeeper unreachable, say: report it, and keep trying
                 owners, found = {}, [PartitionProblem(Problem.ZOOKEEPER_UNREADABLE, detail=repr(exc))]

@@ -88,6 +88,14 @@ class ClusterNodes:
         """The servers, ``server-0`` first (empty before :meth:`build`)."""
         return tuple(self._servers)
 
+    def active_servers(self) -> tuple[LocalServer, ...]:
+        """The servers that run and are not paused: each should be a member of the cluster."""
+        return tuple(
+            server
+            for index, server in enumerate(self._servers)
+            if ("server", index) not in self._paused and server.process.is_running()
+        )
+
     def metrics_urls(self, scheme: str) -> dict[str, str]:
         """The ``/metrics`` URL of each server and storage node that serves metrics, by process name.
 

@@ -1,8 +1,14 @@
 """Whether a local cluster can write: each partition's owner, or what keeps it from writing.
 
-A partition is ready when the assignment in ZooKeeper places it on a server, and that server's
-``Status`` (server admin protocol) lists it as writable under the assigned generation. Each
-partition that is not ready yields a :class:`PartitionProblem`: a record of what is missing and
+A partition is ready when the assignment in ZooKeeper places it on a server, that server's
+``Status`` (server admin protocol) lists it as writable under the assigned generation, and the
+placement is the one the cluster manager keeps: every running server of the cluster has joined
+(its member znode is there), and placing the partitions again over the members would move none
+(docs/design/server.md "Preferred partitions"). Without the last two, a server that registers a
+moment after the others is ready to take its share just as the cluster says it is ready, and the
+owner a caller reads may be about to hand the partition over.
+
+Each partition that is not ready yields a :class:`PartitionProblem`: a record of what is missing and
 which process it concerns, from which :func:`not_ready_message` chooses the logs worth showing.
 """
 
@@ -18,11 +24,18 @@ from typing import Any, TypeVar
 from kazoo.client import KazooClient
 
 from waltz.admin.verify_servers import probe_servers
-from waltz.errors import WaltzError
+from waltz.errors import MetadataError, WaltzError
 from waltz.local.nodes import LocalServer, LocalStorageNode
 from waltz.local.processes import ManagedProcess
 from waltz.local.zookeeper import LocalZooKeeper
-from waltz.metadata.assignment import Member, read_assignment
+from waltz.metadata.assignment import (
+    Member,
+    PartitionAssignment,
+    compute_assignment,
+    read_assignment,
+    read_members,
+)
+from waltz.metadata.preferred import read_preferred, with_preferences
 from waltz.metadata.zk import ClusterPaths
 from waltz.protocol.channels import TlsConfig
 
@@ -32,6 +45,7 @@ __all__ = [
     "PartitionProblem",
     "Problem",
     "not_ready_message",
+    "pending_moves",
     "probe_partitions",
 ]
 
@@ -72,7 +86,9 @@ class Problem(enum.Enum):
     """What keeps a partition from being written, from the first step to the last."""
 
     ZOOKEEPER_UNREADABLE = "the cluster's state could not be read from ZooKeeper"
+    NOT_JOINED = "a running server has not joined the cluster yet"
     UNASSIGNED = "no server owns the partition yet"
+    MOVING = "the cluster manager has yet to move the partition to its share"
     OWNER_SILENT = "the owner does not answer"
     NOT_OPENED = "the owner has not opened the partition yet"
     STALE_GENERATION = "the owner has another generation than the assigned one"
@@ -111,6 +127,36 @@ def _run_async(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return pool.submit(lambda: asyncio.run(make())).result()
 
 
+def pending_moves(
+    zk: KazooClient, paths: ClusterPaths, partitions: int, assignment: PartitionAssignment
+) -> tuple[list[Member], dict[int, Member]]:
+    """The live members, and the partitions the cluster manager would place elsewhere now.
+
+    The placement is computed again as the cluster manager computes it, with no member allowed
+    to reclaim its preferred partitions early (that waits for its settling delay by design); on
+    an assignment the manager wrote, and the members it wrote it for, this moves nothing.
+
+    Returns:
+        The members (their run-time preferred partitions applied), and partition ID -> the member
+        it would move to, for each partition whose member would change.
+    """
+    members = read_members(zk, paths) if zk.exists(paths.members) else []
+    try:
+        preferred, _ = read_preferred(zk, paths)
+        members = with_preferences(members, preferred)
+    except MetadataError:
+        pass  # the manager places by the configured preferences then too
+    ids = set(range(partitions)) | set(assignment.placements)
+    again = compute_assignment(ids, members, assignment)
+    by_name = {m.name: m for m in members}
+    moves = {}
+    for pid, placement in again.placements.items():
+        now = assignment.placements.get(pid)
+        if placement.member is not None and (now is None or now.member != placement.member):
+            moves[pid] = by_name[placement.member]
+    return members, moves
+
+
 def probe_partitions(
     zk: KazooClient,
     paths: ClusterPaths,
@@ -118,6 +164,8 @@ def probe_partitions(
     replicas: int,
     servers: Sequence[LocalServer],
     tls: TlsConfig | None,
+    *,
+    active: Sequence[LocalServer] = (),
 ) -> tuple[dict[int, PartitionOwner], list[PartitionProblem]]:
     """The writable owners found now, and what is wrong with the other partitions.
 
@@ -129,13 +177,27 @@ def probe_partitions(
         replicas: replicas per partition (the message of :attr:`Problem.NO_QUORUM` names it).
         servers: the cluster's servers (to name an owner by its process, and count the running).
         tls: client TLS files for the servers' ports; None: plaintext.
+        active: the servers that run and are not paused: each must have joined (matched by its
+            ``server.name``, the process name) before the cluster is ready.
 
     Returns:
-        Partition ID -> its writable owner, and one problem per partition that is not ready.
+        Partition ID -> its writable owner, and one problem per partition that is not ready
+        (:attr:`Problem.NOT_JOINED` once per server that has not joined, for the whole cluster).
+
+    Raises:
+        ZooKeeperUnavailableError, kazoo errors: ZooKeeper could not be read.
+        MetadataError: a znode of the cluster does not decode.
     """
     assignment, _ = read_assignment(zk, paths)
+    members, moves = pending_moves(zk, paths, partitions, assignment)
+    joined = {m.server_name or m.endpoint for m in members}
     names = {server.endpoint: server.process.name for server in servers}
-    problems: list[PartitionProblem] = []
+    names.update({m.endpoint: m.server_name for m in members if m.server_name})
+    problems: list[PartitionProblem] = [
+        PartitionProblem(Problem.NOT_JOINED, None, s.process.name, f"{s.process.name} at {s.endpoint}")
+        for s in active
+        if s.process.name not in joined and s.endpoint not in joined
+    ]
     placed: dict[Member, list[tuple[int, int]]] = {}
     # The partitions at creation, and every new partition of a split once the cluster manager
     # placed it (it is placed once opened: docs/design/splits.md "The handover", step 4).
@@ -191,6 +253,16 @@ def probe_partitions(
                         f"a majority of its {replicas} replicas is needed",
                     )
                 )
+            elif pid in moves:
+                to = moves[pid]
+                problems.append(
+                    PartitionProblem(
+                        Problem.MOVING,
+                        pid,
+                        name,
+                        f"{who} holds it; {to.server_name or to.endpoint} at {to.endpoint} is to take it",
+                    )
+                )
             else:
                 owners[pid] = PartitionOwner(pid, endpoint, generation, state.high_water_mark)
     return owners, problems
@@ -223,7 +295,9 @@ def not_ready_message(
     relevant = [
         s.process
         for s in servers
-        if s.process.name in owners or Problem.UNASSIGNED in kinds or not s.process.is_running()
+        if s.process.name in owners
+        or kinds & {Problem.UNASSIGNED, Problem.MOVING}
+        or not s.process.is_running()
     ]
     relevant += [n.process for n in storages if Problem.NO_QUORUM in kinds or not n.process.is_running()]
     if zookeeper is not None and not zookeeper.is_running():

@@ -11,6 +11,7 @@ znode and applies it at once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Self
@@ -19,10 +20,17 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from waltz.errors import MetadataError, StaleMetadataError
+from waltz.metadata.assignment import Member
 from waltz.metadata.values import _dump, _field, _load
 from waltz.metadata.zk import ClusterPaths
 
-__all__ = ["PreferredPartitions", "preferred_path", "read_preferred", "update_preferred"]
+__all__ = [
+    "PreferredPartitions",
+    "preferred_path",
+    "read_preferred",
+    "update_preferred",
+    "with_preferences",
+]
 
 #: Attempts of the compare-and-set loop of :func:`update_preferred`.
 MAX_CAS_ATTEMPTS = 20
@@ -62,6 +70,16 @@ class PreferredPartitions:
         """The partitions the server at ``endpoint`` prefers: its entry, else ``configured``."""
         entry = self.servers.get(endpoint)
         return tuple(sorted(set(configured))) if entry is None else entry
+
+
+def with_preferences(members: Sequence[Member], preferred: PreferredPartitions) -> list[Member]:
+    """The members with their effective preferred partitions: the znode's entry for a member's
+    endpoint where there is one, its configured list otherwise (what the cluster manager places
+    by: docs/design/server.md "Preferred partitions")."""
+    return [
+        dataclasses.replace(m, preferred_partitions=preferred.of(m.endpoint, m.preferred_partitions))
+        for m in members
+    ]
 
 
 def read_preferred(

@@ -22,7 +22,6 @@ were there keep their owner, since the fair share only grows with the count.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -43,7 +42,7 @@ from waltz.metadata.assignment import (
     read_members,
 )
 from waltz.metadata.epochs import PartitionEpochsZk
-from waltz.metadata.preferred import read_preferred
+from waltz.metadata.preferred import read_preferred, with_preferences
 from waltz.metadata.zk import ClusterPaths
 
 __all__ = ["ClusterManager", "ServerMembership"]
@@ -287,10 +286,7 @@ class ClusterManager:
                 "ignoring the run-time preferred partitions: fix the znode with waltz server preferred"
             )
             return list(members)
-        return [
-            dataclasses.replace(m, preferred_partitions=preferred.of(m.endpoint, m.preferred_partitions))
-            for m in members
-        ]
+        return with_preferences(members, preferred)
 
     def _members_changed(self, event: object) -> None:
         self._changed.set()
