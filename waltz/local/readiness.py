@@ -83,16 +83,17 @@ class PartitionOwner:
 
 
 class Problem(enum.Enum):
-    """What keeps a partition from being written, from the first step to the last."""
+    """What keeps the cluster from being ready, from the first step to the last (the last one: a
+    partition its owner can write, but which the cluster manager is about to move)."""
 
     ZOOKEEPER_UNREADABLE = "the cluster's state could not be read from ZooKeeper"
     NOT_JOINED = "a running server has not joined the cluster yet"
     UNASSIGNED = "no server owns the partition yet"
-    MOVING = "the cluster manager has yet to move the partition to its share"
     OWNER_SILENT = "the owner does not answer"
     NOT_OPENED = "the owner has not opened the partition yet"
     STALE_GENERATION = "the owner has another generation than the assigned one"
     NO_QUORUM = "the owner's store session has no quorum of replicas yet"
+    MOVING = "the cluster manager has yet to move the partition to its share"
 
 
 @dataclass(frozen=True, slots=True)
