@@ -108,15 +108,13 @@ def test_a_stopped_process_is_shown_whatever_the_problems(
 
 A = Member("member-0000000000", "127.0.0.1:1", server_name="server-0")
 B = Member("member-0000000001", "127.0.0.1:2", server_name="server-1")
+#: Four partitions, every one on server-0: what the manager writes before server-1 joins.
+ALL_ON_A = PartitionAssignment({pid: Placement(A.name, A.endpoint, 1) for pid in range(4)})
 
 
 def _join(zk: KazooClient, paths: ClusterPaths, *members: Member) -> None:
     for member in members:
         zk.create(f"{paths.members}/{member.name}", member.encode(), makepath=True)
-
-
-def _assign(zk: KazooClient, paths: ClusterPaths, assignment: PartitionAssignment) -> None:
-    zk.create(paths.server_assignment, assignment.encode(), makepath=True)
 
 
 def test_a_running_server_that_has_not_joined_keeps_the_cluster_not_ready(
@@ -141,17 +139,16 @@ def test_a_share_still_to_move_to_a_new_member_is_a_pending_move(
     zk_client: KazooClient, zk_root: str
 ) -> None:
     paths = ClusterPaths.of(zk_root)
-    all_on_a = PartitionAssignment({pid: Placement(A.name, A.endpoint, 1) for pid in range(4)})
     _join(zk_client, paths, A, B)
-    _assign(zk_client, paths, all_on_a)
+    zk_client.create(paths.server_assignment, ALL_ON_A.encode(), makepath=True)
 
-    members, moves = pending_moves(zk_client, paths, 4, all_on_a)
+    members, moves = pending_moves(zk_client, paths, 4, ALL_ON_A)
 
     assert members == [A, B]
     assert sorted(moves) == [2, 3]
     assert set(moves.values()) == {B}
     # What the cluster manager writes for these members is stable: nothing left to move.
-    placed = compute_assignment(4, [A, B], all_on_a)
+    placed = compute_assignment(4, [A, B], ALL_ON_A)
     assert pending_moves(zk_client, paths, 4, placed) == ([A, B], {})
 
 
@@ -159,13 +156,12 @@ def test_a_pending_move_follows_the_run_time_preferred_partitions(
     zk_client: KazooClient, zk_root: str
 ) -> None:
     paths = ClusterPaths.of(zk_root)
-    all_on_a = PartitionAssignment({pid: Placement(A.name, A.endpoint, 1) for pid in range(4)})
     _join(zk_client, paths, A, B)
     zk_client.create(
         preferred_path(paths), PreferredPartitions({A.endpoint: (0, 1, 2, 3)}).encode(), makepath=True
     )
 
-    members, moves = pending_moves(zk_client, paths, 4, all_on_a)
+    members, moves = pending_moves(zk_client, paths, 4, ALL_ON_A)
 
     # server-0 prefers every partition: the cluster manager leaves them all there.
     assert moves == {}
