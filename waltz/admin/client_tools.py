@@ -42,6 +42,7 @@ from waltz.client import (
     WaltzClientCallbacks,
     WaltzClientConfig,
 )
+from waltz.client.event_loop import run_on_shared_loop
 from waltz.errors import StorageRpcError, WaltzError, WaltzTimeoutError
 from waltz.metadata.assignment import read_members
 from waltz.metadata.zk import ClusterZk
@@ -488,4 +489,4 @@ def check_connectivity(
             results.append(NodeCheck("storage", "-", "-", None, hidden))
         return results
 
-    return asyncio.run(run())
+    return run_on_shared_loop(run())

@@ -39,6 +39,7 @@ from waltz.admin.storage_nodes import (
 from waltz.admin.verify import VerifyReport, probe_storage_nodes, verify_cluster
 from waltz.admin.verify_acls import acl_checks
 from waltz.admin.verify_servers import probe_servers, server_checks
+from waltz.client.event_loop import run_on_shared_loop
 from waltz.errors import ConfigurationError, MetadataError
 from waltz.metadata.assignment import read_assignment, read_members
 from waltz.metadata.replicas import spread_replicas
@@ -335,7 +336,9 @@ class ClusterAdmin:
             return await asyncio.gather(*(probe_tcp(s.admin_address, self.storage_timeout) for s in storages))
 
         unreachable = [
-            (s, why) for s, why in zip(storages, asyncio.run(probe_all()), strict=True) if why is not None
+            (s, why)
+            for s, why in zip(storages, run_on_shared_loop(probe_all()), strict=True)
+            if why is not None
         ]
         if unreachable:
             raise StorageUnreachableError(
@@ -357,7 +360,7 @@ class ClusterAdmin:
             for partition_id in placement[storage]:
                 await admin.assign_partition(partition_id, True)
 
-        outcomes = asyncio.run(
+        outcomes = run_on_shared_loop(
             call_admin_on_nodes(
                 {s.connect_string: s.admin_address for s in storages},
                 str(params.cluster_key),
@@ -415,11 +418,13 @@ class ClusterAdmin:
             MetadataError: the cluster, assignment, group or connection znode is malformed.
         """
         description = self.describe()
-        probes = asyncio.run(probe_storage_nodes(description, timeout=self.storage_timeout, tls=self.tls))
+        probes = run_on_shared_loop(
+            probe_storage_nodes(description, timeout=self.storage_timeout, tls=self.tls)
+        )
         report = verify_cluster(description, probes)
         members = read_members(self.cluster.zk, self.cluster.paths)
         assignment, _ = read_assignment(self.cluster.zk, self.cluster.paths)
-        servers = asyncio.run(probe_servers(members, timeout=self.storage_timeout, tls=self.tls))
+        servers = run_on_shared_loop(probe_servers(members, timeout=self.storage_timeout, tls=self.tls))
         checks = report.checks + tuple(server_checks(description, assignment, servers))
         return VerifyReport(checks + tuple(acl_checks(self.cluster)))
 
@@ -458,7 +463,7 @@ class ClusterAdmin:
                     )
 
             addresses = {s: n.admin_address for s, n in targets.items() if n.admin_address is not None}
-            outcomes = asyncio.run(
+            outcomes = run_on_shared_loop(
                 call_admin_on_nodes(
                     addresses,
                     str(description.params.cluster_key),

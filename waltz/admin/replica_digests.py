@@ -14,6 +14,7 @@ import asyncio
 import zlib
 from collections.abc import Mapping, Sequence
 
+from waltz.client.event_loop import run_on_shared_loop
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.storage_client import StorageAdminClient
 
@@ -88,4 +89,4 @@ def replica_digests(
                     result[pid].add(found)
         return result
 
-    return asyncio.run(all_digests())
+    return run_on_shared_loop(all_digests())

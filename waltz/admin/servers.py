@@ -9,7 +9,6 @@ preferred partitions in ``<root>/server/preferred``; the cluster manager applies
 
 from __future__ import annotations
 
-import asyncio
 import json
 import urllib.error
 import urllib.request
@@ -21,6 +20,7 @@ from kazoo.client import KazooClient
 
 from waltz.admin.description import unknown_partitions
 from waltz.admin.verify_servers import probe_servers
+from waltz.client.event_loop import run_on_shared_loop
 from waltz.errors import ConfigurationError
 from waltz.metadata.assignment import Member, read_assignment, read_members
 from waltz.metadata.preferred import read_preferred, update_preferred
@@ -128,7 +128,7 @@ def list_servers(
     members = read_members(zk, cluster.paths)
     assignment, _ = read_assignment(zk, cluster.paths)
     preferred, _ = read_preferred(zk, cluster.paths)
-    probes = asyncio.run(probe_servers(members, timeout=timeout, tls=tls))
+    probes = run_on_shared_loop(probe_servers(members, timeout=timeout, tls=tls))
     servers = []
     for member, probe in zip(members, probes, strict=True):
         health, detail = (None, "") if member.health_url is None else _health(member.health_url, timeout, tls)

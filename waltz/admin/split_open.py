@@ -35,12 +35,12 @@ answered are grown and hold the empty replica, which the next run takes as it is
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass
 
 from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, call_admin_on_nodes
+from waltz.client.event_loop import run_on_shared_loop
 from waltz.errors import MetadataError, ParentNotSealedError, SplitStorageError, StaleMetadataError
 from waltz.metadata.epochs import MAX_CAS_ATTEMPTS, Epoch, PartitionEpochsZk
 from waltz.metadata.values import PartitionMetadata, ReplicaState
@@ -213,7 +213,7 @@ def _make_replicas(
         await admin.assign_partition(plan.child, True, first_transaction_id=plan.start)
         return node_count
 
-    outcomes = asyncio.run(
+    outcomes = run_on_shared_loop(
         call_admin_on_nodes(
             addresses, str(params.cluster_key), params.num_partitions, make, timeout=timeout, tls=tls
         )

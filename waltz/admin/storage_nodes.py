@@ -21,6 +21,7 @@ from typing import Generic, TypeVar
 
 import grpc
 
+from waltz.client.event_loop import run_on_shared_loop
 from waltz.errors import StorageRpcError, WaltzError
 from waltz.metadata.values import ClusterParams
 from waltz.protocol.channels import TlsConfig
@@ -145,7 +146,7 @@ def run_admin(
     Raises:
         StorageUnreachableError, StorageRpcError: as :func:`call_admin`.
     """
-    return asyncio.run(
+    return run_on_shared_loop(
         call_admin(
             admin_address, str(params.cluster_key), params.num_partitions, work, timeout=timeout, tls=tls
         )

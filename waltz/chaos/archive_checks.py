@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 from waltz.archive.layout import ArchiveFiles, parse_chunk_name, partition_directory
 from waltz.archive.manifests import read_partition_manifest
 from waltz.chaos.checks import ChaosCheck
+from waltz.client.event_loop import run_on_shared_loop
 from waltz.errors import RecordsArchivedError
 from waltz.local.cluster import LocalCluster
 from waltz.protocol.storage_client import StorageAdminClient
@@ -292,7 +292,7 @@ def check_online_local_ranges(
     problem = ""
     for _ in range(attempts):
         try:
-            starts = asyncio.run(_local_starts(cluster))
+            starts = run_on_shared_loop(_local_starts(cluster))
             firsts = {pid: max(starts[pid].values()) for pid in marks}
             digests = cluster.replica_digests(marks, timeout=120.0, first_ids=firsts)
         except RecordsArchivedError as exc:

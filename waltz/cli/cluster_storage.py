@@ -29,6 +29,7 @@ from waltz.cli.options import (
 )
 from waltz.cli.output import echo_json, fail, warn
 from waltz.cli.partition_ids import format_partitions, parse_partitions
+from waltz.client.event_loop import run_on_shared_loop
 
 app = typer.Typer(
     help=(
@@ -248,7 +249,6 @@ def storage_recover_partition(
     (the source's low-water mark). The destination must be assigned the partitions and must not be
     a caught-up replica of the current store session; it is truncated to its own low-water mark
     first. The next store session then catches it up only from there."""
-    import asyncio
 
     from waltz.admin.recover import recover_partition
 
@@ -256,7 +256,7 @@ def storage_recover_partition(
     with connected_admin(config, zookeeper, root, timeout) as admin:
         for partition_id in ids:
             try:
-                result = asyncio.run(
+                result = run_on_shared_loop(
                     recover_partition(
                         admin.cluster,
                         source,

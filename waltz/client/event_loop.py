@@ -5,7 +5,9 @@ gRPC's asyncio layer binds its completion queue to each event loop that ever use
 loop closed while still bound makes later callbacks fail ("Bad file descriptor"); one loop that
 lives as long as the process avoids that, and costs one thread however many clients the process
 opens. The loop is started on first use and never stopped (its thread is a daemon); each client
-cleans up its own tasks and connections when it closes.
+cleans up its own tasks and connections when it closes. The synchronous tools that call gRPC's
+asyncio layer (admin probes, replica digests, recovery) run their coroutines on it too
+(:func:`run_on_shared_loop`), not on loops of their own that ``asyncio.run`` would open and close.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
-__all__ = ["shared_event_loop"]
+__all__ = ["run_on_shared_loop", "shared_event_loop"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -50,3 +55,27 @@ def shared_event_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
             _thread = threading.Thread(target=_run, args=(_loop,), name="waltz-client-loop", daemon=True)
             _thread.start()
         return _loop, _thread
+
+
+def run_on_shared_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on the process's shared event loop and return its result (or raise its error);
+    the caller's thread waits. For synchronous code that calls gRPC's asyncio layer: a loop of its
+    own, closed once the coroutine ends, leaves gRPC's completion queue bound to a closed loop, and
+    the events still due to it then fail in whichever loop reads the queue next ("Event loop is
+    closed"), delaying that loop's own events (docs/design/client.md, "The client's parts").
+
+    An interrupt of the waiting thread (``KeyboardInterrupt``) cancels the coroutine.
+
+    Raises:
+        RuntimeError: called on the shared loop's own thread (it would wait for itself).
+    """
+    loop, thread = shared_event_loop()
+    if threading.current_thread() is thread:
+        coro.close()
+        raise RuntimeError("run_on_shared_loop called on the shared event loop's own thread")
+    future = asyncio.run_coroutine_threadsafe(coro, loop)
+    try:
+        return future.result()
+    except BaseException:
+        future.cancel()
+        raise

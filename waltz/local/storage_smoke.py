@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from waltz.client.event_loop import run_on_shared_loop
 from waltz.errors import StorageRpcError
 from waltz.local.nodes import LocalStorageNode
 from waltz.protocol.cluster_key import cluster_key_fingerprint
@@ -149,18 +150,18 @@ def run_storage_smoke(
                 for pid in range(partitions):
                     await admin.assign_partition(pid, True)
 
-        asyncio.run(setup())
+        run_on_shared_loop(setup())
         say(
             f"cluster key {cluster_key_fingerprint(key)}: {partitions} partitions assigned; "
             f"appending {per_partition * partitions} records"
         )
         started = time.perf_counter()
-        asyncio.run(_append_all(node, key, partitions, per_partition, size, progress))
+        run_on_shared_loop(_append_all(node, key, partitions, per_partition, size, progress))
         elapsed = time.perf_counter() - started
         say(f"killing the storage node with SIGKILL (pid {node.process.pid}) and restarting it")
         node.kill()
         node.start()
-        result = asyncio.run(_verify(node, key, partitions, per_partition, size))
+        result = run_on_shared_loop(_verify(node, key, partitions, per_partition, size))
         result.appended = per_partition * partitions
         result.append_seconds = elapsed
         node.stop()
