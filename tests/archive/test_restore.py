@@ -43,6 +43,7 @@ from waltz.cli.main import app
 from waltz.local.cluster import LocalCluster
 from waltz.local.nodes import LocalServer, LocalStorageNode
 from waltz.metadata.zk import ClusterZk
+from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz_examples.counter.service import CounterService
@@ -344,9 +345,9 @@ def test_a_root_that_holds_a_cluster_and_nodes_that_are_not_empty_are_refused(
 
 
 def _run(coroutine: Any) -> Any:
-    import asyncio
-
-    return asyncio.run(coroutine)
+    # The process's one loop for gRPC's asyncio layer, as the restore in this process uses
+    # (docs/design/client.md, "The client's parts").
+    return run_on_shared_loop(coroutine)
 
 
 def test_a_location_without_an_archive_is_refused(zookeeper: Any, zk_root: str, tmp_path: Path) -> None:

@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
-from waltz.client.event_loop import run_on_shared_loop, shared_event_loop
+from waltz.admin.storage_nodes import call_admin_on_nodes
 from waltz.local.cluster import LocalCluster
+from waltz.local.nodes import LocalStorageNode
+from waltz.protocol.event_loop import run_on_shared_loop, shared_event_loop
+from waltz.protocol.storage_client import StorageAdminClient
 
 
-def test_replica_reads_on_loops_of_their_own_beside_a_client_log_no_error(
+def test_replica_reads_beside_a_client_log_no_event_loop_error(
     cluster: LocalCluster,
     client_config: WaltzClientConfig,
     log_start: dict[int, int],
@@ -62,3 +68,45 @@ def test_run_on_shared_loop_refuses_the_loops_own_thread() -> None:
 
     outcome = asyncio.run_coroutine_threadsafe(nested(), loop).result(10)
     assert outcome == "run_on_shared_loop called on the shared event loop's own thread"
+
+
+#: The tasks a storage stream runs on the loop: its reader, and gRPC's request and status tasks.
+STREAM_TASKS = (
+    "_OrderedStream._read",
+    "_StreamRequestMixin._consume_request_iterator",
+    "_AioCall._handle_status_once_received",
+)
+
+
+def _stream_tasks() -> set[asyncio.Task[Any]]:
+    async def pending() -> set[asyncio.Task[Any]]:
+        await asyncio.sleep(0.3)  # what a close sets going has ended by then
+        return {t for t in asyncio.all_tasks() if any(name in repr(t.get_coro()) for name in STREAM_TASKS)}
+
+    return run_on_shared_loop(pending())
+
+
+def test_an_admin_open_the_node_refuses_leaves_no_stream_behind(tmp_path: Path) -> None:
+    """A refused admin open (``CLUSTER_KEY_MISMATCH``) closes its stream: on the process's one
+    loop, nothing of it stays pending."""
+    node = LocalStorageNode(tmp_path / "storage", name="storage", log_path=tmp_path / "storage.log")
+    with node:
+
+        async def take(storage: str, admin: StorageAdminClient) -> None:
+            await admin.assign_partition(0, True)
+
+        taken = run_on_shared_loop(
+            call_admin_on_nodes({node.address: node.admin_address}, str(uuid.uuid4()), 2, take)
+        )
+        assert taken[node.address].failure is None
+        before = _stream_tasks()
+
+        async def nothing(storage: str, admin: StorageAdminClient) -> None:
+            return None
+
+        for _ in range(3):
+            refused = run_on_shared_loop(
+                call_admin_on_nodes({node.address: node.admin_address}, str(uuid.uuid4()), 2, nothing)
+            )
+            assert "CLUSTER_KEY_MISMATCH" in str(refused[node.address].failure)
+        assert _stream_tasks() - before == set()

@@ -42,13 +42,13 @@ from waltz.client import (
     WaltzClientCallbacks,
     WaltzClientConfig,
 )
-from waltz.client.event_loop import run_on_shared_loop
 from waltz.errors import StorageRpcError, WaltzError, WaltzTimeoutError
 from waltz.metadata.assignment import read_members
 from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_session import ZooKeeperAuthError, connect_zookeeper
 from waltz.protocol import client_pb2, client_pb2_grpc
 from waltz.protocol.channels import TlsConfig, open_channel
+from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient
 

@@ -39,7 +39,6 @@ from waltz.admin.storage_nodes import (
 from waltz.admin.verify import VerifyReport, probe_storage_nodes, verify_cluster
 from waltz.admin.verify_acls import acl_checks
 from waltz.admin.verify_servers import probe_servers, server_checks
-from waltz.client.event_loop import run_on_shared_loop
 from waltz.errors import ConfigurationError, MetadataError
 from waltz.metadata.assignment import read_assignment, read_members
 from waltz.metadata.replicas import spread_replicas
@@ -60,6 +59,7 @@ from waltz.metadata.zk_session import (
     zookeeper_errors,
 )
 from waltz.protocol.channels import TlsConfig
+from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.storage_client import StorageAdminClient
 
 __all__ = [

@@ -14,8 +14,8 @@ import asyncio
 import zlib
 from collections.abc import Mapping, Sequence
 
-from waltz.client.event_loop import run_on_shared_loop
 from waltz.protocol.channels import TlsConfig
+from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.storage_client import StorageAdminClient
 
 __all__ = ["RECORDS_PER_READ", "replica_digests"]

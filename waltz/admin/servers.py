@@ -20,12 +20,12 @@ from kazoo.client import KazooClient
 
 from waltz.admin.description import unknown_partitions
 from waltz.admin.verify_servers import probe_servers
-from waltz.client.event_loop import run_on_shared_loop
 from waltz.errors import ConfigurationError
 from waltz.metadata.assignment import Member, read_assignment, read_members
 from waltz.metadata.preferred import read_preferred, update_preferred
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol.channels import TlsConfig
+from waltz.protocol.event_loop import run_on_shared_loop
 
 __all__ = ["ServerInfo", "change_preferred", "list_servers", "resolve_server"]
 

@@ -40,12 +40,12 @@ import logging
 from dataclasses import dataclass
 
 from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, call_admin_on_nodes
-from waltz.client.event_loop import run_on_shared_loop
 from waltz.errors import MetadataError, ParentNotSealedError, SplitStorageError, StaleMetadataError
 from waltz.metadata.epochs import MAX_CAS_ATTEMPTS, Epoch, PartitionEpochsZk
 from waltz.metadata.values import PartitionMetadata, ReplicaState
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol.channels import TlsConfig
+from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.storage_client import StorageAdminClient
 
 __all__ = ["ChildOpenPlan", "open_child", "plan_child_open"]

@@ -21,10 +21,10 @@ from typing import Generic, TypeVar
 
 import grpc
 
-from waltz.client.event_loop import run_on_shared_loop
 from waltz.errors import StorageRpcError, WaltzError
 from waltz.metadata.values import ClusterParams
 from waltz.protocol.channels import TlsConfig
+from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.storage_client import StorageAdminClient, StorageStreamError
 
 __all__ = [

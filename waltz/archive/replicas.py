@@ -10,7 +10,6 @@ different records stop the partition (:class:`~waltz.archive.errors.ReplicaMisma
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator, Mapping
@@ -24,6 +23,7 @@ from waltz.errors import StorageRpcError, WaltzError
 from waltz.metadata.values import ClusterParams
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol.channels import TlsConfig
+from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.records import Record
 from waltz.protocol.storage_client import StorageAdminClient
 
@@ -235,7 +235,7 @@ def tell_replicas(
             return UNKNOWN_REQUEST
         return TOLD
 
-    outcomes = asyncio.run(
+    outcomes = run_on_shared_loop(
         call_admin_on_nodes(
             addresses, str(params.cluster_key), params.num_partitions, tell, timeout=timeout, tls=tls
         )

@@ -58,6 +58,7 @@ from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_roles import RoleCredentials
 from waltz.metadata.zk_session import zookeeper_access
 from waltz.protocol.channels import TlsConfig
+from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.storage_client import StorageAdminClient
 
 __all__ = ["RestoreRefusedError", "RestoreResult", "RestoredPartition", "restore_cluster"]
@@ -268,7 +269,7 @@ def restore_cluster(
             await admin.assign_partition(pid, True, first_transaction_id=through + 1)
             await admin.set_archived_through(pid, through, archive=files.location, operator=operator)
 
-    outcomes = asyncio.run(
+    outcomes = run_on_shared_loop(
         call_admin_on_nodes(
             addresses, str(params.cluster_key), top.num_partitions, setup, timeout=storage_timeout, tls=tls
         )
@@ -311,7 +312,7 @@ def _check_storage_nodes(
         return await asyncio.gather(*(probe_tcp(a, timeout) for a in addresses.values()))
 
     unreachable = {
-        s: why for s, why in zip(addresses, asyncio.run(probe_all()), strict=True) if why is not None
+        s: why for s, why in zip(addresses, run_on_shared_loop(probe_all()), strict=True) if why is not None
     }
     if unreachable:
         raise RestoreRefusedError(
@@ -324,7 +325,7 @@ def _check_storage_nodes(
         status = await admin.partition_status(-1)
         return sorted(p.partition_id for p in status.partitions)
 
-    outcomes = asyncio.run(
+    outcomes = run_on_shared_loop(
         call_admin_on_nodes(
             addresses, str(params.cluster_key), params.num_partitions, held, timeout=timeout, tls=tls
         )

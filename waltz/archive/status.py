@@ -10,7 +10,6 @@ live plan (:func:`~waltz.committed.plan.plan_live_on`). Nothing is changed.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +25,7 @@ from waltz.metadata.values import ArchivedPartition
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol import storage_pb2
 from waltz.protocol.channels import TlsConfig
+from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.storage_client import StorageAdminClient
 
 __all__ = ["ArchiveStatus", "PartitionArchiveStatus", "ReplicaRange", "archive_status"]
@@ -214,7 +214,7 @@ def _replica_statuses(
     async def status(storage: str, admin: StorageAdminClient) -> storage_pb2.PartitionStatusResponse:
         return await admin.partition_status(-1)
 
-    outcomes = asyncio.run(
+    outcomes = run_on_shared_loop(
         call_admin_on_nodes(addresses, cluster_key, num_partitions, status, timeout=timeout, tls=tls)
     )
     return {s: o.value if o.value is not None else (o.failure or "failed") for s, o in outcomes.items()}

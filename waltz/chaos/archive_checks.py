@@ -29,9 +29,9 @@ from pathlib import Path
 from waltz.archive.layout import ArchiveFiles, parse_chunk_name, partition_directory
 from waltz.archive.manifests import read_partition_manifest
 from waltz.chaos.checks import ChaosCheck
-from waltz.client.event_loop import run_on_shared_loop
 from waltz.errors import RecordsArchivedError
 from waltz.local.cluster import LocalCluster
+from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.storage import format as fmt
 from waltz.services.storage.inspect.reader import SegmentFile, StopKind

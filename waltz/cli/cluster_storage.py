@@ -29,7 +29,7 @@ from waltz.cli.options import (
 )
 from waltz.cli.output import echo_json, fail, warn
 from waltz.cli.partition_ids import format_partitions, parse_partitions
-from waltz.client.event_loop import run_on_shared_loop
+from waltz.protocol.event_loop import run_on_shared_loop
 
 app = typer.Typer(
     help=(

@@ -27,7 +27,6 @@ from waltz.client.config import WaltzClientConfig
 from waltz.client.connection import ServerConnection
 from waltz.client.connection_pool import ConnectionPool
 from waltz.client.discovery import ServerDiscovery
-from waltz.client.event_loop import shared_event_loop
 from waltz.client.in_flight import InFlight
 from waltz.client.metrics import ClientMetrics, PartitionGauges
 from waltz.client.mount_procedure import PartitionState
@@ -43,6 +42,7 @@ from waltz.errors import (
 from waltz.metadata.assignment import PartitionAssignment
 from waltz.metadata.epochs import PartitionEpochs
 from waltz.protocol import client_pb2
+from waltz.protocol.event_loop import shared_event_loop
 from waltz.protocol.records import ReqId
 from waltz.tracing import client_tracing
 

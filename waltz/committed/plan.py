@@ -48,6 +48,7 @@ from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol import storage_pb2
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.cluster_key import cluster_key_fingerprint
+from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitGenesis, opening_genesis
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.storage import format as fmt
@@ -132,29 +133,23 @@ def plan_live_on(
     Raises:
         ClusterNotFoundError, ConfigurationError, CommittedReadError: as :func:`plan_live`.
     """
-    loop = asyncio.new_event_loop()
-    try:
-        params = cluster.params()
-        # Every partition that exists: those at creation, and every child a split opened
-        # (docs/design/splits.md "Spark across a split").
-        existing = PartitionEpochsZk(cluster.zk, cluster.paths, timeout=cluster.timeout).read().value
-        ids = _partition_ids(partitions, existing.partition_ids)
-        summary = cluster.archive_summary()
-        archive = None if summary is None else summary.value.location
-        firsts = existing.first_transaction_ids
-        return [
-            dataclasses.replace(
-                _plan_live_partition(
-                    loop, cluster, pid, str(params.cluster_key), params.num_partitions, timeout, tls, archive
-                ),
-                first_transaction_id=firsts.get(pid, 0),
-            )
-            for pid in ids
-        ]
-    finally:
-        # Let gRPC's poller deliver its last events before the loop closes.
-        loop.run_until_complete(asyncio.sleep(0.05))
-        loop.close()
+    params = cluster.params()
+    # Every partition that exists: those at creation, and every child a split opened
+    # (docs/design/splits.md "Spark across a split").
+    existing = PartitionEpochsZk(cluster.zk, cluster.paths, timeout=cluster.timeout).read().value
+    ids = _partition_ids(partitions, existing.partition_ids)
+    summary = cluster.archive_summary()
+    archive = None if summary is None else summary.value.location
+    firsts = existing.first_transaction_ids
+    return [
+        dataclasses.replace(
+            _plan_live_partition(
+                cluster, pid, str(params.cluster_key), params.num_partitions, timeout, tls, archive
+            ),
+            first_transaction_id=firsts.get(pid, 0),
+        )
+        for pid in ids
+    ]
 
 
 def _partition_ids(partitions: Iterable[int] | None, existing: int | Sequence[int]) -> list[int]:
@@ -182,7 +177,6 @@ def _ranges(ids: Sequence[int]) -> str:
 
 
 def _plan_live_partition(
-    loop: asyncio.AbstractEventLoop,
     cluster: ClusterZk,
     partition_id: int,
     cluster_key: str,
@@ -211,7 +205,7 @@ def _plan_live_partition(
         replica_set = assigned | set(metadata.replicas)
         quorum = quorum_of(len(replica_set))
         addresses = {s: connection.admin_address(s) for s in in_session if s in connection.admin_ports}
-        statuses = loop.run_until_complete(
+        statuses = run_on_shared_loop(
             _statuses(addresses, partition_id, cluster_key, num_partitions, timeout, tls)
         )
         proven: list[LiveReplica] = []

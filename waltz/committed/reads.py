@@ -18,6 +18,7 @@ from pathlib import Path
 from waltz.committed.errors import CommittedReadError, CorruptRecordError, StorageDirectoryNotVisibleError
 from waltz.committed.sources import LiveReplica, LiveSource, OfflineReplica, OfflineSource
 from waltz.errors import WaltzError
+from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.records import Record
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz.services.storage import format as fmt
@@ -91,28 +92,21 @@ def _read_live(
     ordered = candidates[start:] + candidates[:start]
     next_id = first
     failures: list[str] = []
-    loop = asyncio.new_event_loop()
-    try:
-        for replica in ordered:
-            try:
-                for record in _read_replica(
-                    loop, partition_id, next_id, last, replica, source, batch_records, timeout
-                ):
-                    yield record
-                    next_id = record.transaction_id + 1
-                return
-            except (WaltzError, ConnectionError, OSError, TimeoutError) as exc:
-                failures.append(f"{replica.admin_address}: {exc!r}")
-                log.warning(
-                    "partition %d: reading from %s failed at %d (%r); trying the next replica",
-                    partition_id,
-                    replica.admin_address,
-                    next_id,
-                    exc,
-                )
-    finally:
-        loop.run_until_complete(asyncio.sleep(0.05))  # gRPC's poller delivers its last events
-        loop.close()
+    for replica in ordered:
+        try:
+            for record in _read_replica(partition_id, next_id, last, replica, source, batch_records, timeout):
+                yield record
+                next_id = record.transaction_id + 1
+            return
+        except (WaltzError, ConnectionError, OSError, TimeoutError) as exc:
+            failures.append(f"{replica.admin_address}: {exc!r}")
+            log.warning(
+                "partition %d: reading from %s failed at %d (%r); trying the next replica",
+                partition_id,
+                replica.admin_address,
+                next_id,
+                exc,
+            )
     raise CommittedReadError(
         f"partition {partition_id}: transactions {next_id}..{last} could not be read from any replica of "
         f"session {source.session_id}: {'; '.join(failures)}"
@@ -149,16 +143,10 @@ def read_replica(
         CorruptRecordError: a record failed its CRC or came with another transaction ID.
         WaltzError, ConnectionError, OSError, TimeoutError: the replica failed or did not answer.
     """
-    loop = asyncio.new_event_loop()
-    try:
-        yield from _read_replica(loop, partition_id, first, last, replica, source, batch_records, timeout)
-    finally:
-        loop.run_until_complete(asyncio.sleep(0.05))  # gRPC's poller delivers its last events
-        loop.close()
+    yield from _read_replica(partition_id, first, last, replica, source, batch_records, timeout)
 
 
 def _read_replica(
-    loop: asyncio.AbstractEventLoop,
     partition_id: int,
     first: int,
     last: int,
@@ -168,7 +156,7 @@ def _read_replica(
     timeout: float,
 ) -> Iterator[Record]:
     async def connect() -> StorageAdminClient:
-        # gRPC aio channels belong to the loop running when they are made: make it on ``loop``.
+        # gRPC aio channels belong to the loop running when they are made: the shared one.
         client = StorageAdminClient(
             replica.admin_address, source.cluster_key, source.num_partitions, tls=source.tls
         )
@@ -179,11 +167,11 @@ def _read_replica(
             raise
         return client
 
-    admin = loop.run_until_complete(connect())
+    admin = run_on_shared_loop(connect())
     try:
         next_id = first
         while next_id <= last:
-            batch = loop.run_until_complete(
+            batch = run_on_shared_loop(
                 asyncio.wait_for(
                     admin.records(partition_id, next_id, min(batch_records, last - next_id + 1)), timeout
                 )
@@ -199,7 +187,7 @@ def _read_replica(
                 yield record
                 next_id += 1
     finally:
-        loop.run_until_complete(admin.close())
+        run_on_shared_loop(admin.close())
 
 
 # ---- offline ----

@@ -12,7 +12,6 @@ another site from making the browser post an action: it never sees the confirmat
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import secrets
 import time
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from waltz.admin.cluster_admin import ClusterAdmin
 from waltz.admin.recover import recover_partition
 from waltz.errors import ConfigurationError
+from waltz.protocol.event_loop import run_on_shared_loop
 
 __all__ = ["Action", "ActionKind", "Confirmations", "run_action"]
 
@@ -133,7 +133,7 @@ def run_action(admin: ClusterAdmin, action: Action) -> str:
             )
         return message
     assert action.source is not None
-    recovered = asyncio.run(
+    recovered = run_on_shared_loop(
         recover_partition(
             admin.cluster, action.source, action.storage, pid, timeout=admin.storage_timeout, tls=admin.tls
         )

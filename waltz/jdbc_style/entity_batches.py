@@ -47,7 +47,6 @@ from typing import TYPE_CHECKING, Any
 
 from waltz.client.config import WaltzClientConfig
 from waltz.client.context import TransactionBuilder, TransactionContext
-from waltz.client.event_loop import shared_event_loop
 from waltz.client.locks import PartitionLocalLock
 from waltz.client.outcome import Outcome, OutcomeKind
 from waltz.client.submission import APPEND_OVERHEAD_BYTES, LOCK_HASH_BYTES
@@ -66,6 +65,7 @@ from waltz.jdbc_style.entity_context import (
 )
 from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_keys
 from waltz.jdbc_style.schema import IDEMPOTENCY_KEY_LENGTH
+from waltz.protocol.event_loop import shared_event_loop
 
 if TYPE_CHECKING:
     from waltz.client.client import WaltzClient

@@ -14,12 +14,9 @@ which process it concerns, from which :func:`not_ready_message` chooses the logs
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import enum
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 
@@ -38,6 +35,7 @@ from waltz.metadata.assignment import (
 from waltz.metadata.preferred import read_preferred, with_preferences
 from waltz.metadata.zk import ClusterPaths
 from waltz.protocol.channels import TlsConfig
+from waltz.protocol.event_loop import run_on_shared_loop
 
 __all__ = [
     "ClusterNotReadyError",
@@ -49,7 +47,6 @@ __all__ = [
     "probe_partitions",
 ]
 
-T = TypeVar("T")
 
 #: Seconds allowed for one server status call while polling.
 STATUS_TIMEOUT = 2.0
@@ -116,16 +113,6 @@ class PartitionProblem:
     def __str__(self) -> str:
         where = "the cluster" if self.partition_id is None else f"partition {self.partition_id}"
         return f"{where}: {self.problem.value}" + (f" ({self.detail})" if self.detail else "")
-
-
-def _run_async(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine to completion from synchronous code, even under a running event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make())
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="local-cluster") as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()
 
 
 def pending_moves(
@@ -214,7 +201,7 @@ def probe_partitions(
             owner = Member(placement.member or "", placement.endpoint)
             placed.setdefault(owner, []).append((pid, placement.generation))
     probes = (
-        _run_async(lambda: probe_servers(list(placed), timeout=STATUS_TIMEOUT, tls=tls)) if placed else []
+        run_on_shared_loop(probe_servers(list(placed), timeout=STATUS_TIMEOUT, tls=tls)) if placed else []
     )
     owners: dict[int, PartitionOwner] = {}
     for probe in probes:

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from waltz.client.event_loop import run_on_shared_loop
 from waltz.errors import StorageRpcError
 from waltz.local.nodes import LocalStorageNode
 from waltz.protocol.cluster_key import cluster_key_fingerprint
+from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
 

@@ -402,7 +402,11 @@ class StorageSessionClient:
         )
 
     async def __aenter__(self) -> StorageSessionClient:
-        await self.open()
+        try:
+            await self.open()
+        except BaseException:
+            await self.close()  # a refused or failed open leaves no stream, channel or task behind
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -645,7 +649,11 @@ class StorageAdminClient:
         )
 
     async def __aenter__(self) -> StorageAdminClient:
-        await self.open()
+        try:
+            await self.open()
+        except BaseException:
+            await self.close()  # a refused or failed open leaves no stream, channel or task behind
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

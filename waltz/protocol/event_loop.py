@@ -1,13 +1,15 @@
-"""The event loop thread of the client core, one per process, shared by every client in it.
+"""The process's one event loop for gRPC's asyncio layer, on a thread of its own, shared by every
+client in the process and by the synchronous tools that call gRPC's asyncio layer.
 
 docs/design/client.md "The client's parts": the client's asyncio core runs on a thread of its own.
 gRPC's asyncio layer binds its completion queue to each event loop that ever used it, and an event
-loop closed while still bound makes later callbacks fail ("Bad file descriptor"); one loop that
-lives as long as the process avoids that, and costs one thread however many clients the process
-opens. The loop is started on first use and never stopped (its thread is a daemon); each client
-cleans up its own tasks and connections when it closes. The synchronous tools that call gRPC's
-asyncio layer (admin probes, replica digests, recovery) run their coroutines on it too
+loop closed while still bound makes later callbacks fail ("Bad file descriptor", "Event loop is
+closed"); one loop that lives as long as the process avoids that, and costs one thread however many
+clients the process opens. The loop is started on first use and never stopped (its thread is a
+daemon); each client cleans up its own tasks and connections when it closes. The admin tools, the
+committed reads, the archiver's and the local cluster's probes run their coroutines on it too
 (:func:`run_on_shared_loop`), not on loops of their own that ``asyncio.run`` would open and close.
+It stands in ``waltz.protocol`` so that every layer above the wire protocol may use it.
 """
 
 from __future__ import annotations
