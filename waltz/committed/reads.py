@@ -160,11 +160,7 @@ def _read_replica(
         client = StorageAdminClient(
             replica.admin_address, source.cluster_key, source.num_partitions, tls=source.tls
         )
-        try:
-            await asyncio.wait_for(client.open(), timeout)
-        except BaseException:
-            await client.close()
-            raise
+        await asyncio.wait_for(client.open(), timeout)  # a failed open closes its own stream
         return client
 
     admin = run_on_shared_loop(connect())

@@ -402,11 +402,7 @@ class StorageSessionClient:
         )
 
     async def __aenter__(self) -> StorageSessionClient:
-        try:
-            await self.open()
-        except BaseException:
-            await self.close()  # a refused or failed open leaves no stream, channel or task behind
-            raise
+        await self.open()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -415,17 +411,26 @@ class StorageSessionClient:
     async def open(self) -> None:
         """Start the stream and send the open request.
 
+        A refused, failed or cancelled open closes the stream before it raises: it leaves no stream,
+        channel or task behind (a stream is never restarted).
+
         Raises:
             StorageRpcError: e.g. ``CLUSTER_KEY_MISMATCH`` or ``NOT_INITIALIZED``.
         """
         self._stream.start()
-        request = storage_pb2.StorageRequest(
-            session_id=-1,
-            seq_num=self._stream.next_seq(),
-            partition_id=-1,
-            open=storage_pb2.OpenRequest(cluster_key=self.cluster_key, num_partitions=self.num_partitions),
-        )
-        check_response(await self._stream.submit(request), self._stream.address, "open")
+        try:
+            request = storage_pb2.StorageRequest(
+                session_id=-1,
+                seq_num=self._stream.next_seq(),
+                partition_id=-1,
+                open=storage_pb2.OpenRequest(
+                    cluster_key=self.cluster_key, num_partitions=self.num_partitions
+                ),
+            )
+            check_response(await self._stream.submit(request), self._stream.address, "open")
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         """Close the stream and the channel. Idempotent."""
@@ -649,25 +654,32 @@ class StorageAdminClient:
         )
 
     async def __aenter__(self) -> StorageAdminClient:
-        try:
-            await self.open()
-        except BaseException:
-            await self.close()  # a refused or failed open leaves no stream, channel or task behind
-            raise
+        await self.open()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def open(self) -> None:
-        """Start the stream and send the admin open request."""
+        """Start the stream and send the admin open request.
+
+        A refused, failed or cancelled open closes the stream before it raises: it leaves no stream,
+        channel or task behind (a stream is never restarted).
+
+        Raises:
+            StorageRpcError: e.g. ``CLUSTER_KEY_MISMATCH`` or ``NOT_INITIALIZED``.
+        """
         self._stream.start()
-        await self._call(
-            -1,
-            open=storage_pb2.AdminOpenRequest(
-                cluster_key=self.cluster_key, num_partitions=self.num_partitions
-            ),
-        )
+        try:
+            await self._call(
+                -1,
+                open=storage_pb2.AdminOpenRequest(
+                    cluster_key=self.cluster_key, num_partitions=self.num_partitions
+                ),
+            )
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         """Close the stream. Idempotent."""
