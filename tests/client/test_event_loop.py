@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,11 @@ import pytest
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.admin.storage_nodes import call_admin_on_nodes
+from waltz.errors import StorageRpcError
 from waltz.local.cluster import LocalCluster
 from waltz.local.nodes import LocalStorageNode
 from waltz.protocol.event_loop import run_on_shared_loop, shared_event_loop
-from waltz.protocol.storage_client import StorageAdminClient
+from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
 
 
 def test_replica_reads_beside_a_client_log_no_event_loop_error(
@@ -86,9 +88,10 @@ def _stream_tasks() -> set[asyncio.Task[Any]]:
     return run_on_shared_loop(pending())
 
 
-def test_an_admin_open_the_node_refuses_leaves_no_stream_behind(tmp_path: Path) -> None:
-    """A refused admin open (``CLUSTER_KEY_MISMATCH``) closes its stream: on the process's one
-    loop, nothing of it stays pending."""
+@pytest.fixture
+def keyed_node(tmp_path: Path) -> Iterator[LocalStorageNode]:
+    """A started storage node that an admin open with a cluster key of its own initialised (so
+    that any other key is refused with ``CLUSTER_KEY_MISMATCH``)."""
     node = LocalStorageNode(tmp_path / "storage", name="storage", log_path=tmp_path / "storage.log")
     with node:
 
@@ -99,14 +102,45 @@ def test_an_admin_open_the_node_refuses_leaves_no_stream_behind(tmp_path: Path) 
             call_admin_on_nodes({node.address: node.admin_address}, str(uuid.uuid4()), 2, take)
         )
         assert taken[node.address].failure is None
-        before = _stream_tasks()
+        yield node
 
-        async def nothing(storage: str, admin: StorageAdminClient) -> None:
-            return None
 
+def test_an_admin_open_the_node_refuses_leaves_no_stream_behind(keyed_node: LocalStorageNode) -> None:
+    """A refused admin open (``CLUSTER_KEY_MISMATCH``) closes its stream: on the process's one
+    loop, nothing of it stays pending."""
+    before = _stream_tasks()
+
+    async def nothing(storage: str, admin: StorageAdminClient) -> None:
+        return None
+
+    for _ in range(3):
+        refused = run_on_shared_loop(
+            call_admin_on_nodes({keyed_node.address: keyed_node.admin_address}, str(uuid.uuid4()), 2, nothing)
+        )
+        assert "CLUSTER_KEY_MISMATCH" in str(refused[keyed_node.address].failure)
+    assert _stream_tasks() - before == set()
+
+
+def test_a_refused_open_closes_its_own_stream_without_a_context_manager(keyed_node: LocalStorageNode) -> None:
+    """``open()`` called on its own (as the server's stream pool and the committed reads call it),
+    refused with ``CLUSTER_KEY_MISMATCH``, closes the stream before it raises: nothing of it stays
+    pending on the loop, and the client refuses any further request as closed."""
+    before = _stream_tasks()
+
+    async def refused() -> list[str]:
+        outcomes = []
         for _ in range(3):
-            refused = run_on_shared_loop(
-                call_admin_on_nodes({node.address: node.admin_address}, str(uuid.uuid4()), 2, nothing)
-            )
-            assert "CLUSTER_KEY_MISMATCH" in str(refused[node.address].failure)
-        assert _stream_tasks() - before == set()
+            session = StorageSessionClient(keyed_node.address, str(uuid.uuid4()), 2, 1)
+            admin = StorageAdminClient(keyed_node.admin_address, str(uuid.uuid4()), 2)
+            for opening in (session.open(), admin.open()):
+                with pytest.raises(StorageRpcError) as refusal:
+                    await opening
+                outcomes.append(refusal.value.code)
+            with pytest.raises(ConnectionError, match="closed"):
+                await session.open_session(0)
+            with pytest.raises(ConnectionError, match="closed"):
+                await admin.assign_partition(0, True)
+        return outcomes
+
+    assert run_on_shared_loop(refused()) == ["CLUSTER_KEY_MISMATCH"] * 6
+    assert _stream_tasks() - before == set()
