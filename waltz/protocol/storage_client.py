@@ -123,6 +123,17 @@ class _OrderedStream(Generic[Req, Resp]):
         self._call = session(self._requests())
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
+    async def open(self, request: Req, check: Callable[[Resp], object]) -> None:
+        """Start the stream and send its open request (``seq_num`` set), ``check`` judging the
+        answer (raising to refuse it). A refused, failed or cancelled open closes the stream before
+        it raises: it leaves no call, channel or task behind (a stream is never restarted)."""
+        self.start()
+        try:
+            check(await self.submit(request))
+        except BaseException:
+            await self.close()
+            raise
+
     def next_seq(self) -> int:
         return next(self._seq)
 
@@ -417,20 +428,13 @@ class StorageSessionClient:
         Raises:
             StorageRpcError: e.g. ``CLUSTER_KEY_MISMATCH`` or ``NOT_INITIALIZED``.
         """
-        self._stream.start()
-        try:
-            request = storage_pb2.StorageRequest(
-                session_id=-1,
-                seq_num=self._stream.next_seq(),
-                partition_id=-1,
-                open=storage_pb2.OpenRequest(
-                    cluster_key=self.cluster_key, num_partitions=self.num_partitions
-                ),
-            )
-            check_response(await self._stream.submit(request), self._stream.address, "open")
-        except BaseException:
-            await self.close()
-            raise
+        request = storage_pb2.StorageRequest(
+            session_id=-1,
+            seq_num=self._stream.next_seq(),
+            partition_id=-1,
+            open=storage_pb2.OpenRequest(cluster_key=self.cluster_key, num_partitions=self.num_partitions),
+        )
+        await self._stream.open(request, lambda response: check_response(response, self.address, "open"))
 
     async def close(self) -> None:
         """Close the stream and the channel. Idempotent."""
@@ -669,17 +673,14 @@ class StorageAdminClient:
         Raises:
             StorageRpcError: e.g. ``CLUSTER_KEY_MISMATCH`` or ``NOT_INITIALIZED``.
         """
-        self._stream.start()
-        try:
-            await self._call(
-                -1,
-                open=storage_pb2.AdminOpenRequest(
-                    cluster_key=self.cluster_key, num_partitions=self.num_partitions
-                ),
-            )
-        except BaseException:
-            await self.close()
-            raise
+        request = storage_pb2.AdminRequest(
+            seq_num=self._stream.next_seq(),
+            partition_id=-1,
+            open=storage_pb2.AdminOpenRequest(
+                cluster_key=self.cluster_key, num_partitions=self.num_partitions
+            ),
+        )
+        await self._stream.open(request, lambda response: check_response(response, self._stream.address))
 
     async def close(self) -> None:
         """Close the stream. Idempotent."""
