@@ -16,6 +16,7 @@ import itertools
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
@@ -428,13 +429,9 @@ class StorageSessionClient:
         Raises:
             StorageRpcError: e.g. ``CLUSTER_KEY_MISMATCH`` or ``NOT_INITIALIZED``.
         """
-        request = storage_pb2.StorageRequest(
-            session_id=-1,
-            seq_num=self._stream.next_seq(),
-            partition_id=-1,
-            open=storage_pb2.OpenRequest(cluster_key=self.cluster_key, num_partitions=self.num_partitions),
-        )
-        await self._stream.open(request, lambda response: check_response(response, self.address, "open"))
+        opening = storage_pb2.OpenRequest(cluster_key=self.cluster_key, num_partitions=self.num_partitions)
+        request = self._request(-1, -1, open=opening)
+        await self._stream.open(request, partial(self._checked, request))
 
     async def close(self) -> None:
         """Close the stream and the channel. Idempotent."""
@@ -488,11 +485,16 @@ class StorageSessionClient:
         session = self.session_id if session_id is None else session_id
         return self._stream.submit_serialized(seq_num, append_request(session, seq_num, partition_id, append))
 
-    async def _call(self, request: storage_pb2.StorageRequest) -> storage_pb2.StorageResponse:
-        response: storage_pb2.StorageResponse = check_response(
-            await self._stream.submit(request), self._stream.address, request.WhichOneof("body")
+    def _checked(
+        self, request: storage_pb2.StorageRequest, response: storage_pb2.StorageResponse
+    ) -> storage_pb2.StorageResponse:
+        checked: storage_pb2.StorageResponse = check_response(
+            response, self._stream.address, request.WhichOneof("body")
         )
-        return response
+        return checked
+
+    async def _call(self, request: storage_pb2.StorageRequest) -> storage_pb2.StorageResponse:
+        return self._checked(request, await self._stream.submit(request))
 
     async def open_session(self, partition_id: int, *, session_id: int | None = None) -> None:
         """Open the store session's replica session on a partition: raise its fence to the session.
@@ -673,25 +675,25 @@ class StorageAdminClient:
         Raises:
             StorageRpcError: e.g. ``CLUSTER_KEY_MISMATCH`` or ``NOT_INITIALIZED``.
         """
-        request = storage_pb2.AdminRequest(
-            seq_num=self._stream.next_seq(),
-            partition_id=-1,
-            open=storage_pb2.AdminOpenRequest(
-                cluster_key=self.cluster_key, num_partitions=self.num_partitions
-            ),
+        opening = storage_pb2.AdminOpenRequest(
+            cluster_key=self.cluster_key, num_partitions=self.num_partitions
         )
-        await self._stream.open(request, lambda response: check_response(response, self._stream.address))
+        request = self._request(-1, open=opening)
+        await self._stream.open(request, self._checked)
 
     async def close(self) -> None:
         """Close the stream. Idempotent."""
         await self._stream.close()
 
+    def _request(self, partition_id: int, **body: Any) -> storage_pb2.AdminRequest:
+        return storage_pb2.AdminRequest(seq_num=self._stream.next_seq(), partition_id=partition_id, **body)
+
+    def _checked(self, response: storage_pb2.AdminResponse) -> storage_pb2.AdminResponse:
+        checked: storage_pb2.AdminResponse = check_response(response, self._stream.address)
+        return checked
+
     async def _call(self, partition_id: int, **body: Any) -> storage_pb2.AdminResponse:
-        request = storage_pb2.AdminRequest(seq_num=self._stream.next_seq(), partition_id=partition_id, **body)
-        response: storage_pb2.AdminResponse = check_response(
-            await self._stream.submit(request), self._stream.address
-        )
-        return response
+        return self._checked(await self._stream.submit(self._request(partition_id, **body)))
 
     async def assign_partition(
         self,
