@@ -20,6 +20,7 @@ from tests.client.client_helpers import MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
+from waltz.workloads.perf import SmallBankPerfSettings
 from waltz.workloads.smallbank import SmallBankConfig, SmallBankWorkload
 from waltz_examples.ledger.service import LedgerService, prepare_database
 from waltz_examples.ledger.smallbank import LedgerInstance
@@ -105,6 +106,33 @@ def test_smallbank_on_a_schedule_takes_the_schedule_s_length() -> None:
     assert_report(report, instances=2, draws=200)
     assert report["settings"]["rate"] == 100
     assert all(f["seconds"] >= 1.98 for f in report["per_instance"]), report["per_instance"]
+
+
+@pytest.mark.parametrize(
+    ("rate", "instances", "given", "expected"),
+    [
+        (None, 3, 0, 21),  # unpaced: the peers' threads per process
+        (1620.0, 3, 0, 54),  # paced: a tenth of a second of each instance's draws
+        (1621.0, 3, 0, 55),  # rounded up
+        (325.0, 3, 0, 21),  # never fewer than an unpaced run's
+        (1620.0, 3, 21, 21),  # what the run says wins
+        (None, 3, 64, 64),
+    ],
+)
+def test_a_paced_run_keeps_a_tenth_of_a_second_of_draws_in_flight(
+    rate: float | None, instances: int, given: int, expected: int
+) -> None:
+    """A cap below what a schedule needs holds draws back, and their wait counts as the system's
+    latency: a paced run's default grows with its rate."""
+    settings = SmallBankPerfSettings(instances=instances, rate=rate, in_flight=given)
+    assert settings.in_flight == expected
+    assert settings.summary()["in_flight"] == expected
+    assert f"{expected} in flight" in settings.describe()
+
+
+def test_a_negative_in_flight_is_refused() -> None:
+    with pytest.raises(ValueError, match="in_flight must be at least 1"):
+        SmallBankPerfSettings(in_flight=-1)
 
 
 def test_a_rate_not_above_zero_is_refused() -> None:

@@ -231,15 +231,17 @@ def smallbank(
     ] = 6000,
     accounts: Annotated[int, typer.Option(min=2, help="SmallBank customers, opened before the run.")] = 200,
     in_flight: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--in-flight",
             min=1,
             help="SmallBank transactions each instance keeps submitted and unresolved (with --batch "
-            "several may share one log transaction; Balance reads are not counted). The default is "
-            "the SmallBank peers' threads per process (benchmarks/peers).",
+            "several may share one log transaction; Balance reads are not counted). Default: 21, "
+            "the SmallBank peers' threads per process (benchmarks/peers); with --rate, a tenth of a "
+            "second of each instance's scheduled draws, at least 21 (docs/benchmarks.md).",
+            show_default=False,
         ),
-    ] = 21,
+    ] = None,
     submitters: Annotated[
         int | None,
         typer.Option(
@@ -375,7 +377,7 @@ def smallbank(
             instances=instances,
             transactions=transactions,
             accounts=accounts,
-            in_flight=in_flight,
+            in_flight=in_flight or 0,  # 0: the run's default (default_in_flight)
             submitters=submitters if submitters is not None else SmallBankConfig.submitters,
             seed=seed,
             timeout=timeout,

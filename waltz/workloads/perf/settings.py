@@ -5,6 +5,7 @@ Part of :mod:`waltz.workloads.perf` (its module docstring describes the run).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,13 +17,16 @@ from waltz.workloads.smallbank import SmallBankConfig
 __all__ = [
     "APPLIED_TIMEOUT",
     "ERROR_SAMPLES",
+    "PACED_IN_FLIGHT_SECONDS",
     "POPULATE_TIMEOUT",
     "QUIET_TIMEOUT",
     "START_TIMEOUT",
     "STOP_TIMEOUT",
     "SWEEP_INTERVAL",
+    "UNPACED_IN_FLIGHT",
     "InventoryPerfSettings",
     "SmallBankPerfSettings",
+    "default_in_flight",
     "routed_partitions",
     "routing_refusal",
 ]
@@ -41,6 +45,32 @@ STOP_TIMEOUT = 60.0
 SWEEP_INTERVAL = 0.5
 #: Error descriptions kept per instance and in the report.
 ERROR_SAMPLES = 10
+#: SmallBank transactions an unpaced run's instance keeps in flight by default: the SmallBank
+#: peers' threads per process (benchmarks/peers), so that both are measured at one concurrency.
+UNPACED_IN_FLIGHT = 21
+#: Seconds of an instance's scheduled draws a paced run keeps in flight at most by default
+#: (docs/decisions/0089-a-paced-run-keeps-a-tenth-of-a-second-of-draws-in-flight.md).
+PACED_IN_FLIGHT_SECONDS = 0.1
+
+
+def default_in_flight(rate: float | None, instances: int) -> int:
+    """The SmallBank transactions each instance keeps in flight at most when the run does not say.
+
+    Args:
+        rate: the run's draws per second in all (None: unpaced, as fast as the cap allows).
+        instances: the instance processes sharing ``rate`` (at least 1).
+
+    Returns:
+        :data:`UNPACED_IN_FLIGHT` for an unpaced run; for a paced one, a tenth of a second of each
+        instance's draws (:data:`PACED_IN_FLIGHT_SECONDS`), rounded up, and never fewer than
+        :data:`UNPACED_IN_FLIGHT`. The cap is the instance's admission control: below the
+        schedule's need the driver holds draws back, which the run then counts as latency (and
+        can fall behind its schedule for good); far above it, a stall's backlog is submitted at
+        once into the stalled processes.
+    """
+    if rate is None:
+        return UNPACED_IN_FLIGHT
+    return max(UNPACED_IN_FLIGHT, math.ceil(rate / max(1, instances) * PACED_IN_FLIGHT_SECONDS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +83,9 @@ class SmallBankPerfSettings:
             instances (the first ones take one more when it does not divide).
         accounts: SmallBank customers (at least 2), opened once before the measured phase.
         in_flight: SmallBank transactions each instance keeps submitted and unresolved at most
-            (with ``batch`` several may share one log transaction; Balance reads not counted).
+            (with ``batch`` several may share one log transaction; Balance reads not counted);
+            0 (the default) is :func:`default_in_flight` of ``rate`` and ``instances``, which the
+            settings then hold.
         submitters: threads per instance that submit (each runs a first attempt's reads).
         seed: the accounts' opening balances use it; instance ``i`` draws with ``seed + 1 + i``.
         timeout: seconds the measured phase may take.
@@ -84,7 +116,7 @@ class SmallBankPerfSettings:
     instances: int = 3
     transactions: int = 6000
     accounts: int = 200
-    in_flight: int = 21
+    in_flight: int = 0
     submitters: int = SmallBankConfig.submitters
     seed: int = 7
     timeout: float = 600.0
@@ -99,6 +131,8 @@ class SmallBankPerfSettings:
     def __post_init__(self) -> None:
         if self.rate is not None and not self.rate > 0:
             raise ValueError(f"rate must be above 0 draws per second, got {self.rate}")
+        if self.in_flight == 0:  # the run's default; a frozen dataclass sets it this way
+            object.__setattr__(self, "in_flight", default_in_flight(self.rate, self.instances))
         minimums = {
             "instances": 1,
             "transactions": 0,
