@@ -45,8 +45,9 @@ STOP_TIMEOUT = 60.0
 SWEEP_INTERVAL = 0.5
 #: Error descriptions kept per instance and in the report.
 ERROR_SAMPLES = 10
-#: SmallBank transactions an unpaced run's instance keeps in flight by default: the SmallBank
-#: peers' threads per process (benchmarks/peers), so that both are measured at one concurrency.
+#: Transactions an unpaced run's instance keeps in flight by default (SmallBank, and inventory,
+#: which is never paced): the peers' threads per process (benchmarks/peers, SmallBank and the hot
+#: row), so that both are measured at one concurrency.
 UNPACED_IN_FLIGHT = 21
 #: Seconds of an instance's scheduled draws a paced run keeps in flight at most by default
 #: (docs/decisions/0089-a-paced-run-keeps-a-tenth-of-a-second-of-draws-in-flight.md).
@@ -246,7 +247,7 @@ class InventoryPerfSettings:
     stock: int = 1500
     max_quantity: int = 3
     retry_fraction: float = 0.1
-    in_flight: int = 21
+    in_flight: int = UNPACED_IN_FLIGHT
     submitters: int = 4
     seed: int = 7
     timeout: float = 600.0
