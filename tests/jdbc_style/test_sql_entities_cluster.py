@@ -1010,7 +1010,7 @@ def test_the_batcher_takes_its_linger_and_sends_alone_from_the_client_s_settings
     and ``client.batchMaxInFlightAlone``; a negative or NaN linger is refused."""
     client = service.first.client
     with EntityBatcher(client) as batcher:
-        assert batcher.linger == client.config.client_batch_linger == 0.02
+        assert batcher.linger == client.config.client_batch_linger == 0.015
         assert batcher.max_in_flight_alone == client.config.client_batch_max_in_flight_alone == 3
     for linger in (-0.001, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="linger must be at least 0"):

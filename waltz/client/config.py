@@ -63,7 +63,8 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
       it; a batch that cannot grow (full, or with a context that has a timeout queued behind it)
       goes at once, and nothing waits while the partition's contexts come less often than three
       per linger (docs/design/sql.md "Batched entity transactions"); 0: no wait.
-      20 ms by default (docs/decisions/0083-a-linger-between-a-partition-s-batches.md).
+      15 ms by default (docs/decisions/0083-a-linger-between-a-partition-s-batches.md, and
+      docs/decisions/0090-a-batch-linger-of-15-ms.md for the default).
     - ``client.batchMaxInFlightAlone`` (``client_batch_max_in_flight_alone``): contexts an
       ``EntityBatcher`` sends at once, alone, beyond its log transactions in flight per partition
       (nothing queued, no expected lock held in flight; with a linger, only while the partition's
@@ -163,7 +164,7 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
         "first attempt's append (0: sent at once).",
     )
     client_batch_linger: float = Field(
-        default=0.02,
+        default=0.015,
         ge=0,
         le=1,
         description="Seconds at least between two log transactions of a partition sent by an "
