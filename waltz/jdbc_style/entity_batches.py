@@ -485,7 +485,7 @@ class EntityBatcher:
             partition's contexts come less often than three per linger (a running mean of the
             time between submits). A context sent alone beyond ``max_in_flight`` does not wait,
             nor does one with a timeout next in the queue. 0: no wait. None: the client's
-            ``client.batchLinger`` (0.015 by default).
+            ``client.batchLinger`` (its default: ``WaltzClientConfig.client_batch_linger``).
 
     Raises:
         ValueError: a limit below 1 (below 0 for ``max_in_flight_alone``; for ``linger``, below
