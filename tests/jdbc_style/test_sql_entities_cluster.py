@@ -986,6 +986,48 @@ def test_nothing_waits_while_contexts_come_less_often_than_three_per_linger(serv
 
 @pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 @LINGER_DATABASE
+def test_after_a_batch_that_outlasted_the_linger_its_members_submitters_are_waited_for(
+    service: Service,
+) -> None:
+    """A log transaction of four that outlasts the linger ends with one context queued behind it:
+    fewer than a third of its members' count, so that context waits a linger from the end, and
+    what the four's submitters send next joins it in one log transaction, instead of waiting a
+    round behind it (docs/design/sql.md "Batched entity transactions")."""
+    counter_id = service.create_counter()
+    instance = service.first
+    linger = 1.0
+    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=linger) as batcher:
+        # Contexts a few milliseconds apart: the partition's contexts come fast.
+        burst = [batcher.submit(Increment(instance.callbacks, counter_id)) for _ in range(6)]
+        assert all(future.result(TIMEOUT).committed for future in burst)
+        held = HeldInRun(instance.callbacks, counter_id)
+        # Queued behind the burst's last log transaction, the four go as one batch when the
+        # linger passes, and its attempt runs on a sender thread, where ``held`` blocks.
+        four = [
+            batcher.submit(context)
+            for context in (held, *(Increment(instance.callbacks, counter_id) for _ in range(3)))
+        ]
+        assert held.running.wait(TIMEOUT), "the batch of four never ran"
+        sent_at = time.monotonic()
+        queued = batcher.submit(Increment(instance.callbacks, counter_id))
+        time.sleep(1.5 * linger)  # the batch outlasts the linger
+        held.gate.set()
+        outcomes = [future.result(TIMEOUT) for future in four]
+        assert time.monotonic() - sent_at > linger
+        # The four's submitters again, within the linger from the batch's end.
+        returning = [batcher.submit(Increment(instance.callbacks, counter_id)) for _ in range(2)]
+        after = [future.result(TIMEOUT) for future in (queued, *returning)]
+    assert all(o.committed for o in outcomes) and len({o.transaction_id for o in outcomes}) == 1
+    assert all(o.committed for o in after)
+    assert len({o.transaction_id for o in after}) == 1, (
+        "the context queued behind the long batch went without the submitters coming back"
+    )
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 13
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
+@LINGER_DATABASE
 def test_closing_the_batcher_ends_what_waits_for_the_linger(service: Service) -> None:
     """A context waiting for the linger when the batcher closes ends with ClientClosedError at once;
     the linger's call, when it comes, finds nothing to send."""

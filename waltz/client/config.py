@@ -60,9 +60,11 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
       transactions of one partition sent by an
       :class:`~waltz.jdbc_style.entity_batches.EntityBatcher`: a batch that finds the partition's
       last one sent less than this ago waits out the rest, and what is submitted meanwhile joins
-      it; a batch that cannot grow (full, or with a context that has a timeout queued behind it)
-      goes at once, and nothing waits while the partition's contexts come less often than three
-      per linger (docs/design/sql.md "Batched entity transactions"); 0: no wait.
+      it (a linger from that one's end, when it outlasted the linger and fewer than a third of its
+      members' count are queued); a batch that cannot grow (full, or with a context that has a
+      timeout queued behind it) goes at once, and nothing waits while the partition's contexts
+      come less often than three per linger (docs/design/sql.md "Batched entity transactions");
+      0: no wait.
       15 ms by default (docs/decisions/0083-a-linger-between-a-partition-s-batches.md, and
       docs/decisions/0090-a-batch-linger-of-15-ms.md for the default).
     - ``client.batchMaxInFlightAlone`` (``client_batch_max_in_flight_alone``): contexts an

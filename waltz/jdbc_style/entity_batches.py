@@ -14,9 +14,12 @@ transaction of the partition ends, the queue goes as the next batch, bounded by
 what that batch left queued goes as the batches after it, sent one after the other in queue order
 (one that can still grow waits for the linger as any batch). With a ``linger``, a batch that
 would go less than ``linger`` after the partition's last log transaction was sent waits out the
-rest, and what is submitted meanwhile joins it; a batch that cannot grow (full, or with a context
-that has a timeout queued behind it) goes at once, and a partition whose contexts come less often
-than three per linger (on a running mean) sends each at once: at low load nothing waits.
+rest, and what is submitted meanwhile joins it; so does one that would go less than ``linger``
+after that transaction ended, when it outlasted the linger and fewer than a third of its
+members' count are queued (their submitters are about to submit again); a batch that cannot
+grow (full, or with a context that has a timeout queued behind it) goes at once, and a partition
+whose contexts come less often than three per linger (on a running mean) sends each at once: at
+low load nothing waits.
 
 A batch is one :class:`~waltz.client.context.TransactionContext` to the client. Each attempt opens
 one state (the entity cache's rows, or one database snapshot, with the mark) for every member's
@@ -90,6 +93,11 @@ LINGER_INTERVAL_WEIGHT = 0.0625
 #: Contexts per linger, on that mean, from which a partition's batches linger (and none goes beside
 #: the batch): below it too few would join a batch for the wait to pay.
 LINGER_MIN_JOINING = 3
+#: A batch whose partition's last log transaction outlasted the linger waits a linger from that
+#: transaction's end while fewer than one in LINGER_RETURNING of its members' count is queued: its
+#: members' submitters (a closed loop) are about to submit again, and would otherwise wait a round
+#: behind a batch of the few queued.
+LINGER_RETURNING = 3
 #: Contexts sent at once, alone, beyond ``max_in_flight`` per partition (lock-disjoint, nothing
 #: queued): what keeps p99 at low load from waiting a round trip behind an unrelated transaction.
 #: The default of the client's ``client.batchMaxInFlightAlone``, which the batcher takes.
@@ -479,13 +487,17 @@ class EntityBatcher:
             the client's ``client.batchMaxInFlightAlone`` (3 by default).
         linger: seconds at least between two log transactions of a partition: a batch that
             would go sooner after the partition's last one was sent waits out the rest, and
-            contexts submitted meanwhile join it (up to ``max_members``). A batch that cannot
-            grow goes at once: a full one, or one with a context that has a timeout (it goes
-            alone, and no later context passes it) queued behind it. Nothing waits while the
-            partition's contexts come less often than three per linger (a running mean of the
-            time between submits). A context sent alone beyond ``max_in_flight`` does not wait,
-            nor does one with a timeout next in the queue. 0: no wait. None: the client's
-            ``client.batchLinger`` (its default: ``WaltzClientConfig.client_batch_linger``).
+            contexts submitted meanwhile join it (up to ``max_members``). When that last one
+            outlasted the linger and fewer than a third of its members' count are queued, the
+            batch waits a linger from its end instead: its members' submitters are about to
+            submit again (a closed loop), and would otherwise wait a round behind the few
+            queued. A batch that cannot grow goes at once: a full one, or one with a context
+            that has a timeout (it goes alone, and no later context passes it) queued behind it.
+            Nothing waits while the partition's contexts come less often than three per linger
+            (a running mean of the time between submits). A context sent alone beyond
+            ``max_in_flight`` does not wait, nor does one with a timeout next in the queue. 0: no
+            wait. None: the client's ``client.batchLinger`` (its default:
+            ``WaltzClientConfig.client_batch_linger``).
 
     Raises:
         ValueError: a limit below 1 (below 0 for ``max_in_flight_alone``; for ``linger``, below
@@ -533,6 +545,10 @@ class EntityBatcher:
         self._lingering: dict[int, object] = {}
         self._last_submit: dict[int, float] = {}
         self._interval: dict[int, float] = {}
+        # Per partition, with a linger: when its last log transaction ended, and how many members
+        # it carried.
+        self._last_end: dict[int, float] = {}
+        self._last_members: dict[int, int] = {}
         self._queues: dict[int, collections.deque[_Member]] = {}
         self._in_flight: dict[int, int] = {}
         # Per partition, the expected locks of its transactions in flight, counted: a context
@@ -678,9 +694,10 @@ class EntityBatcher:
     def _lingers(self, partition: int, queue: collections.deque[_Member]) -> bool:
         """Under the lock, with room in flight and a context that may join a batch next in the
         queue: whether the partition's next batch waits for the linger (its last log transaction
-        went less than ``linger`` ago, its contexts have been submitted more often than three per
-        linger, and the batch can still grow), scheduling the call that sends it when the linger
-        has passed."""
+        went less than ``linger`` ago, or ended less than ``linger`` ago with fewer than one in
+        ``LINGER_RETURNING`` of its members' count queued; its contexts have been submitted more
+        often than three per linger, and the batch can still grow), scheduling the call that
+        sends it when the linger has passed."""
         if not self.linger or self._cannot_grow(queue):
             return False
         if partition in self._lingering:
@@ -690,7 +707,10 @@ class EntityBatcher:
         last = self._last_sent.get(partition)
         if last is None:
             return False
-        delay = last + self.linger - time.monotonic()
+        now = time.monotonic()
+        delay = last + self.linger - now
+        if delay <= 0 and len(queue) * LINGER_RETURNING < self._last_members.get(partition, 0):
+            delay = self._last_end[partition] + self.linger - now  # its members come back
         if delay <= 0:
             return False
         token = self._lingering[partition] = object()
@@ -845,6 +865,9 @@ class EntityBatcher:
         for later, send the next."""
         with self._lock:
             self._in_flight[partition] -= 1
+            if self.linger:
+                self._last_end[partition] = time.monotonic()
+                self._last_members[partition] = len(sent)
             self._held[partition].subtract(_held_locks(sent))
             self._held[partition] += collections.Counter()  # drops the counts that reached 0
             closed = self._closed
