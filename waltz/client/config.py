@@ -60,7 +60,7 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
       transactions of one partition sent by an
       :class:`~waltz.jdbc_style.entity_batches.EntityBatcher`: a batch that finds the partition's
       last one sent less than this ago waits out the rest, and what is submitted meanwhile joins
-      it (a linger from that one's end, when it outlasted the linger and fewer than a third of its
+      it (once that has passed, until a linger from that one's end while fewer than a third of its
       members' count are queued); a batch that cannot grow (full, or with a context that has a
       timeout queued behind it) goes at once, and nothing waits while the partition's contexts
       come less often than three per linger (docs/design/sql.md "Batched entity transactions");

@@ -14,8 +14,8 @@ transaction of the partition ends, the queue goes as the next batch, bounded by
 what that batch left queued goes as the batches after it, sent one after the other in queue order
 (one that can still grow waits for the linger as any batch). With a ``linger``, a batch that
 would go less than ``linger`` after the partition's last log transaction was sent waits out the
-rest, and what is submitted meanwhile joins it; so does one that would go less than ``linger``
-after that transaction ended, when it outlasted the linger and fewer than a third of its
+rest, and what is submitted meanwhile joins it; once that has passed, one that would go less
+than ``linger`` after that transaction ended still waits while fewer than a third of its
 members' count are queued (their submitters are about to submit again); a batch that cannot
 grow (full, or with a context that has a timeout queued behind it) goes at once, and a partition
 whose contexts come less often than three per linger (on a running mean) sends each at once: at
@@ -93,10 +93,10 @@ LINGER_INTERVAL_WEIGHT = 0.0625
 #: Contexts per linger, on that mean, from which a partition's batches linger (and none goes beside
 #: the batch): below it too few would join a batch for the wait to pay.
 LINGER_MIN_JOINING = 3
-#: A batch whose partition's last log transaction outlasted the linger waits a linger from that
-#: transaction's end while fewer than one in LINGER_RETURNING of its members' count is queued: its
-#: members' submitters (a closed loop) are about to submit again, and would otherwise wait a round
-#: behind a batch of the few queued.
+#: Once a linger has passed since a partition's last log transaction was sent, a batch still waits
+#: until a linger from that transaction's end while fewer than one in LINGER_RETURNING of its
+#: members' count is queued: its members' submitters (a closed loop) are about to submit again, and
+#: would otherwise wait a round behind a batch of the few queued.
 LINGER_RETURNING = 3
 #: Contexts sent at once, alone, beyond ``max_in_flight`` per partition (lock-disjoint, nothing
 #: queued): what keeps p99 at low load from waiting a round trip behind an unrelated transaction.
@@ -487,9 +487,9 @@ class EntityBatcher:
             the client's ``client.batchMaxInFlightAlone`` (3 by default).
         linger: seconds at least between two log transactions of a partition: a batch that
             would go sooner after the partition's last one was sent waits out the rest, and
-            contexts submitted meanwhile join it (up to ``max_members``). When that last one
-            outlasted the linger and fewer than a third of its members' count are queued, the
-            batch waits a linger from its end instead: its members' submitters are about to
+            contexts submitted meanwhile join it (up to ``max_members``). Once that has passed,
+            while fewer than a third of that last one's members' count are queued, the batch
+            waits until a linger from its end: its members' submitters are about to
             submit again (a closed loop), and would otherwise wait a round behind the few
             queued. A batch that cannot grow goes at once: a full one, or one with a context
             that has a timeout (it goes alone, and no later context passes it) queued behind it.
