@@ -489,12 +489,12 @@ class EntityBatcher:
             would go sooner after the partition's last one was sent waits out the rest, and
             contexts submitted meanwhile join it (up to ``max_members``). Once that has passed,
             while fewer than a third of that last one's members' count are queued, the batch
-            waits until a linger from its end: its members' submitters are about to
-            submit again (a closed loop), and would otherwise wait a round behind the few
-            queued. A batch that cannot grow goes at once: a full one, or one with a context
-            that has a timeout (it goes alone, and no later context passes it) queued behind it.
-            Nothing waits while the partition's contexts come less often than three per linger
-            (a running mean of the time between submits). A context sent alone beyond
+            waits until a linger from its end: its members' submitters are about to submit
+            again (a closed loop), and would otherwise wait a round behind the few queued. A
+            batch that cannot grow goes at once: a full one, or one with a context that has a
+            timeout (it goes alone, and no later context passes it) queued behind it. Nothing
+            waits while the partition's contexts come less often than three per linger (a
+            running mean of the time between submits). A context sent alone beyond
             ``max_in_flight`` does not wait, nor does one with a timeout next in the queue. 0: no
             wait. None: the client's ``client.batchLinger`` (its default:
             ``WaltzClientConfig.client_batch_linger``).
@@ -545,10 +545,9 @@ class EntityBatcher:
         self._lingering: dict[int, object] = {}
         self._last_submit: dict[int, float] = {}
         self._interval: dict[int, float] = {}
-        # Per partition, with a linger: when its last log transaction ended, and how many members
-        # it carried.
-        self._last_end: dict[int, float] = {}
-        self._last_members: dict[int, int] = {}
+        # Per partition, with a linger: when its last log transaction ended (time.monotonic()),
+        # and how many members it carried.
+        self._last_end: dict[int, tuple[float, int]] = {}
         self._queues: dict[int, collections.deque[_Member]] = {}
         self._in_flight: dict[int, int] = {}
         # Per partition, the expected locks of its transactions in flight, counted: a context
@@ -709,8 +708,9 @@ class EntityBatcher:
             return False
         now = time.monotonic()
         delay = last + self.linger - now
-        if delay <= 0 and len(queue) * LINGER_RETURNING < self._last_members.get(partition, 0):
-            delay = self._last_end[partition] + self.linger - now  # its members come back
+        ended, members = self._last_end.get(partition, (now, 0))
+        if delay <= 0 and len(queue) * LINGER_RETURNING < members:
+            delay = ended + self.linger - now  # its members come back
         if delay <= 0:
             return False
         token = self._lingering[partition] = object()
@@ -866,8 +866,7 @@ class EntityBatcher:
         with self._lock:
             self._in_flight[partition] -= 1
             if self.linger:
-                self._last_end[partition] = time.monotonic()
-                self._last_members[partition] = len(sent)
+                self._last_end[partition] = (time.monotonic(), len(sent))
             self._held[partition].subtract(_held_locks(sent))
             self._held[partition] += collections.Counter()  # drops the counts that reached 0
             closed = self._closed
