@@ -9,6 +9,9 @@ Systems:
 - waltz-py: 1 and 4 partitions x 1 and 2 servers, 3 storage nodes, RF 3 (``bench_waltz.py``);
 - eventsourcing on PostgreSQL, with a tracking-record projection into SQL (``bench_eventsourcing.py``);
 - etcd, 3 nodes on loopback, Txn comparing the key's mod revision (``bench_etcd.py``);
+- SmallBank on waltz-py: ``waltz perf smallbank`` with 3 ledger instances, partition-routed and
+  batched, on a local cluster and a PostgreSQL database of the run's own, counted as the peers below
+  count (``smallbank-waltz``, ``bench_smallbank_waltz.py``; ``--smallbank-rate`` paces it);
 - SmallBank without waltz-py, the ledger example's workload (BenchBase's mix on 200 customers with
   a hotspot; its own load, not the one above): straight on PostgreSQL, an operation one transaction
   with ``SELECT ... FOR UPDATE`` in customer order (``smallbank-pg``, ``bench_smallbank_pg.py``),
@@ -39,9 +42,16 @@ peers first with ``benchmarks/peers/setup.sh``. Usage::
     .venv/bin/python -m benchmarks.peers.run_all --only etcd,waltz-p4-s2 --json results.json
     .venv/bin/python -m benchmarks.peers.run_all --repeat 3        # median of 3 runs per case
     .venv/bin/python -m benchmarks.peers.run_all --only smallbank-pg,smallbank-pg-quorum,smallbank-es
+    .venv/bin/python -m benchmarks.peers.run_all --only smallbank-waltz,smallbank-pg,smallbank-pg-quorum \
+        --transactions 60000 --repeat 3 --json sitting.json   # SmallBank's sitting of record
+    .venv/bin/python -m benchmarks.peers.run_all --only smallbank-waltz --smallbank-rate 325 \
+        --transactions 9750 --repeat 3     # latency at a tenth of the target (2,000 committed/s)
     .venv/bin/python -m benchmarks.peers.run_all --only hot-row-pg,hot-row-pg-quorum
 
-Figures are printed, never asserted. Decisions that rest on them cite them, e.g.
+Before each run the parent times an empty loop of 10 million iterations in a new interpreter
+(``empty_loop_s`` in the row): the machine's speed at that moment, by which runs of different
+sittings are compared (``benchmarks/RESULTS.md`` names spells by it). Figures are printed, never
+asserted. Decisions that rest on them cite them, e.g.
 docs/decisions/0001-group-commit-on-storage-nodes.md and docs/decisions/0007-store-linger.md.
 """
 
@@ -112,6 +122,7 @@ WALTZ_CASES = [(p, s) for s in (1, 2) for p in (1, 4)]
 CASES = [f"waltz-p{p}-s{s}" for p, s in WALTZ_CASES] + [
     "eventsourcing",
     "etcd",
+    "smallbank-waltz",
     "smallbank-pg",
     "smallbank-pg-quorum",
     "smallbank-es",
@@ -182,6 +193,10 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
             seed=args.seed,
             time_limit=args.case_timeout,
         )
+        if name == "smallbank-waltz":
+            from benchmarks.peers import bench_smallbank_waltz
+
+            return bench_smallbank_waltz.run(options, args.smallbank_rate)
         if name in ("smallbank-pg", "smallbank-pg-quorum"):
             from benchmarks.peers import bench_smallbank_pg
 
@@ -249,7 +264,15 @@ def unavailable(name: str) -> str | None:
             find_bindir()
         except PgQuorumError as exc:
             return str(exc)
-    if name in ("eventsourcing", "smallbank-pg", "smallbank-es", "hot-row-pg"):
+    if name == "smallbank-waltz":
+        from waltz.errors import ConfigurationError
+        from waltz.local.zookeeper import find_zookeeper_classpath
+
+        try:
+            find_zookeeper_classpath()
+        except ConfigurationError as exc:
+            return str(exc)
+    if name in ("eventsourcing", "smallbank-pg", "smallbank-es", "smallbank-waltz", "hot-row-pg"):
         try:
             socket.create_connection(("127.0.0.1", 5432), timeout=2).close()
         except OSError:
@@ -279,6 +302,7 @@ def spawn_case(name: str, args: argparse.Namespace, forwarded: list[str]) -> dic
         # tune_grpc_fork_support; decisions 0080, 0082), not the other systems' gRPC clients (etcd's).
         for variable, value in GRPC_ENVIRONMENT.items():
             env.setdefault(variable, value)
+    loop_seconds = empty_loop_seconds()
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     child = subprocess.Popen(
@@ -297,6 +321,7 @@ def spawn_case(name: str, args: argparse.Namespace, forwarded: list[str]) -> dic
             out, err = child.communicate()
         return {
             "system": name,
+            "empty_loop_s": loop_seconds,
             "error": f"timed out after {time.monotonic() - started:.0f}s",
             "stderr": err[-2000:],
         }
@@ -310,8 +335,33 @@ def spawn_case(name: str, args: argparse.Namespace, forwarded: list[str]) -> dic
             row["case"] = name
             row["wall_s"] = round(time.monotonic() - started, 1)
             row["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            row["empty_loop_s"] = loop_seconds
             return row
-    return {"system": name, "case": name, "error": f"exit code {child.returncode}", "stderr": err[-2000:]}
+    return {
+        "system": name,
+        "case": name,
+        "empty_loop_s": loop_seconds,
+        "error": f"exit code {child.returncode}",
+        "stderr": err[-2000:],
+    }
+
+
+#: The empty loop by which ``benchmarks/RESULTS.md`` names the machine's spells, run as a command of
+#: its own (module level, interpreter start included), as the results were timed.
+EMPTY_LOOP = "for i in range(10_000_000): pass"
+
+
+def empty_loop_seconds() -> float:
+    """Time :data:`EMPTY_LOOP` in a new interpreter: the machine's speed just before a run (on the
+    2-core VMs of ``benchmarks/RESULTS.md`` 0.17 to 0.24 s in a fast spell, 0.43 s or more in a slow
+    one).
+
+    Returns:
+        Its wall-clock seconds, to the hundredth.
+    """
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", EMPTY_LOOP], check=True)
+    return round(time.perf_counter() - started, 2)
 
 
 def fmt(value: Any, digits: int = 1) -> str:
@@ -359,18 +409,41 @@ def _spread(row: dict[str, Any]) -> str:
     return f"{len(runs)}: {fmt(min(runs), 0)} to {fmt(max(runs), 0)}{failed}"
 
 
+#: The processes of a row's CPU figures that are the client side: a peer's or the log benchmark's
+#: client processes, or ``waltz perf smallbank``'s ledger instances.
+CLIENT_CPU = ("client", "instances")
+
+
 def _cpu(row: dict[str, Any]) -> str:
     """CPU microseconds per transaction of the run's processes (waltz-py rows: the client's and
     the cluster's, summed over the nodes whose CPU could be read), or ``-``."""
     cpu = row.get("cpu_us_per_transaction") or {}
     if not cpu:
         return "-"
-    nodes = sum(us for name, us in cpu.items() if name != "client")
-    return f"{sum(cpu.values()):,.0f} (client {cpu.get('client', 0):,.0f}, cluster {nodes:,.0f})"
+    client = sum(us for name, us in cpu.items() if name in CLIENT_CPU)
+    nodes = sum(us for name, us in cpu.items() if name not in CLIENT_CPU)
+    return f"{sum(cpu.values()):,.0f} (client {client:,.0f}, cluster {nodes:,.0f})"
+
+
+def workload(system: str) -> str:
+    """The workload a row's system name names: its last parenthesis (``SmallBank`` of
+    ``PostgreSQL, 2 synchronous standbys (ANY 1) (SmallBank)``), or ``""`` (the log's own load).
+
+    Args:
+        system: the row's ``system``.
+
+    Returns:
+        The workload's name.
+    """
+    if not system.endswith(")") or "(" not in system:
+        return ""
+    return system[system.rindex("(") + 1 : -1]
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """A Markdown table of the rows, with each row's throughput over the best waltz-py row's.
+    """A Markdown table of the rows, with each row's throughput over the best waltz-py row's of the
+    same workload (the system name's last parenthesis: ``waltz-py (SmallBank)`` for
+    ``PostgreSQL (SmallBank)``; none for the log's own rows, ``waltz-py``), or ``-`` without one.
 
     Args:
         rows: one per case, see :func:`summarize`.
@@ -378,8 +451,11 @@ def table(rows: list[dict[str, Any]]) -> str:
     Returns:
         The table.
     """
-    waltz = [r["transactions_per_second"] for r in rows if r.get("system") == "waltz-py" and "error" not in r]
-    best = max(waltz) if waltz else None
+    best: dict[str, float] = {}
+    for r in rows:
+        if "error" not in r and r["system"].startswith("waltz-py"):
+            kind = workload(r["system"])
+            best[kind] = max(best.get(kind, 0.0), r["transactions_per_second"])
     lines = [
         "| system | configuration | tx/s | runs: tx/s min to max | ratio to best waltz-py | MB/s "
         "| retries/tx | p50 ms | p90 ms | p99 ms | p99.9 ms | CPU µs/tx | load "
@@ -392,7 +468,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             lines.append(f"| {r.get('case', r['system'])} | {dashes} | {r['error']} |")
             continue
         lat = r["latency_ms"]
-        ratio = f"{r['transactions_per_second'] / best:.2f}" if best else "-"
+        top = best.get(workload(r["system"]))
+        ratio = f"{r['transactions_per_second'] / top:.2f}" if top else "-"
         lines.append(
             f"| {r['system']} | {r['config']} | {fmt(r['transactions_per_second'])} | {_spread(r)} | "
             f"{ratio} | "
@@ -456,6 +533,13 @@ def main() -> None:
     )
     parser.add_argument("--smallbank-accounts", type=int, default=200, help="SmallBank peers: customers")
     parser.add_argument(
+        "--smallbank-rate",
+        type=float,
+        default=None,
+        help="smallbank-waltz: draws per second in all, on a fixed schedule, for latency at a share of "
+        "the load (default: closed loop, as the SmallBank peers always run)",
+    )
+    parser.add_argument(
         "--hot-row-processes",
         type=int,
         default=3,
@@ -500,6 +584,7 @@ def main() -> None:
         *("--smallbank-processes", str(args.smallbank_processes)),
         *("--smallbank-threads", str(args.smallbank_threads)),
         *("--smallbank-accounts", str(args.smallbank_accounts)),
+        *(("--smallbank-rate", str(args.smallbank_rate)) if args.smallbank_rate is not None else ()),
         *("--hot-row-processes", str(args.hot_row_processes)),
         *("--hot-row-threads", str(args.hot_row_threads), "--hot-row-skus", str(args.hot_row_skus)),
         *("--case-timeout", str(args.case_timeout)),
@@ -519,6 +604,8 @@ def main() -> None:
     )
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if args.smallbank_rate is not None and args.smallbank_rate <= 0:
+        parser.error(f"--smallbank-rate must be above 0, got {args.smallbank_rate}")
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
     for round_number in range(1, args.repeat + 1):
         if args.repeat > 1:
@@ -534,6 +621,8 @@ def main() -> None:
             if "error" in row:
                 print(f"{name}: {row['error']}\n{row.get('stderr', '')}", file=sys.stderr, flush=True)
             else:
+                if row.get("passed") is False:
+                    print(f"{name}: a check failed: {row.get('checks')}", file=sys.stderr, flush=True)
                 print(
                     f"{name}: {row['transactions_per_second']:,.1f} tx/s, p50 {row['latency_ms']['p50']} ms, "
                     f"p99 {row['latency_ms']['p99']} ms ({row['wall_s']} s; 1-min load average "
@@ -543,6 +632,9 @@ def main() -> None:
     rows = [summarize(runs[name]) for name in cases]
     print()
     print(table(rows))
+    loops = [row["empty_loop_s"] for name in cases for row in runs[name] if "empty_loop_s" in row]
+    if loops:
+        print(f"\nthe empty loop ({EMPTY_LOOP!r}) before each run: {min(loops)} to {max(loops)} s")
     print(f"\n(total {time.time() - started:.0f} s)")
     if args.json:
         args.json.write_text(

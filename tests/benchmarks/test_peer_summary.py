@@ -44,3 +44,33 @@ def test_a_single_run_shows_one_run_and_the_cpu_per_transaction_when_measured() 
     assert "| 1.00 | 1.00 | - | l |" in run_all.table([row])  # no CPU figures: a peer's row
     row["cpu_us_per_transaction"] = {"client": 140.0, "server-0": 90.0, "storage-0": 30.0}
     assert "| 260 (client 140, cluster 120) | l |" in run_all.table([row])
+
+
+def test_a_row_s_ratio_is_to_the_best_waltz_py_row_of_its_own_workload() -> None:
+    log = _run(400.0)
+    smallbank = {**_run(150.0), "system": "waltz-py (SmallBank)"}
+    plain = {**_run(120.0), "system": "PostgreSQL (SmallBank)"}
+    quorum = {**_run(90.0), "system": "PostgreSQL, 2 synchronous standbys (ANY 1) (SmallBank)"}
+    hot_row = {**_run(50.0), "system": "PostgreSQL (one hot row)"}
+    lines = run_all.table([log, smallbank, plain, quorum, hot_row]).splitlines()[2:]
+    assert "| 400.0 | 1 | 1.00 |" in lines[0]
+    assert "| 150.0 | 1 | 1.00 |" in lines[1]
+    assert "| 120.0 | 1 | 0.80 |" in lines[2]  # against waltz-py (SmallBank), not the log's row
+    assert "| 90.0 | 1 | 0.60 |" in lines[3]
+    assert "| 50.0 | 1 | - |" in lines[4]  # no waltz-py row of its workload in the table
+    assert run_all.workload("PostgreSQL, 2 synchronous standbys (ANY 1) (SmallBank)") == "SmallBank"
+    assert run_all.workload("waltz-py") == ""
+
+
+def test_the_instances_cpu_counts_as_the_client_side() -> None:
+    row = {
+        **_run(100.0),
+        "cpu_us_per_transaction": {"instances": 500.0, "server-0": 300.0, "storage-0": 200.0},
+    }
+    assert "| 1,000 (client 500, cluster 500) |" in run_all.table([row])
+
+
+def test_the_empty_loop_is_timed_in_a_new_interpreter() -> None:
+    seconds = run_all.empty_loop_seconds()
+    assert 0.01 < seconds < 60.0
+    assert run_all.EMPTY_LOOP == "for i in range(10_000_000): pass"

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import psycopg
 import pytest
 import support
 
@@ -178,3 +179,50 @@ def test_run_one_after_the_other_both_peers_decide_every_operation_alike(
         outcomes = ("draws", "committed", "dropped")
         assert [plain["by_op"][name][k] for k in outcomes] == [events["by_op"][name][k] for k in outcomes]
     assert plain["retries"] == events["retries"] == 0
+
+
+def test_smallbank_on_waltz_py_gives_a_row_the_peers_rows_stand_beside(
+    postgres_server: support.DatabaseServer,
+) -> None:
+    """``bench_smallbank_waltz`` runs ``waltz perf smallbank`` (one instance here, on a local
+    cluster and a database of its own, dropped afterwards) and counts as the peers count."""
+    row = _run("bench_smallbank_waltz", 4, 300)
+    assert row["system"] == "waltz-py (SmallBank)"
+    assert row["passed"] is True, row["checks"]
+    assert {check["name"] for check in row["checks"]} >= {
+        "money conserved",
+        "every (transaction, member) applied exactly once",
+    }
+    assert row["errors"] == [] and row["failed"] == 0
+    assert row["transactions"] == row["committed"] == row["latency_ms"]["count"] > 0
+    assert row["transactions_per_second"] == row["waltz"]["committed_per_second"] > 0
+    assert row["balances_read"] > 0 and row["dropped"] >= 0 and row["draws"] == 300
+    assert row["latency_ms"]["p50"] <= row["latency_ms"]["p99"] <= row["latency_ms"]["max"]
+    # submit -> applied, the peers' commit: never before the log's acknowledgement
+    assert row["latency_ms"]["max"] >= row["latency_ms_submit_to_commit"]["p50"]
+    assert (row["processes"], row["threads"]) == (1, 4)
+    assert row["config"].startswith("1 ledger instances, partition-routed, batched, 1 partitions, 2 servers")
+    assert {"instances", "server-0", "storage-0", "storage-2"} <= set(row["cpu_us_per_transaction"])
+    assert "closed loop" in row["load"]
+    database = row["waltz"]["database"].rsplit("/", 1)[-1]
+    with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres") as conn:
+        left = conn.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (database,)).fetchone()
+    assert left == (0,), f"{database} was not dropped"
+
+
+def test_a_rate_not_above_zero_is_refused_by_the_row_and_by_the_sitting() -> None:
+    commands = (
+        ("bench_smallbank_waltz", "--rate", "0"),
+        ("run_all", "--only", "smallbank-waltz", "--smallbank-rate", "0"),
+    )
+    for module, *options in commands:
+        done = subprocess.run(
+            [sys.executable, "-m", f"benchmarks.peers.{module}", *options],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=_ROOT,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "must be above 0, got 0.0" in done.stderr
