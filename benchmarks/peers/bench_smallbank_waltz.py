@@ -40,6 +40,7 @@ from typing import Any
 
 from benchmarks.peers.pg_server import LOCAL, PgServer, scratch_database
 from benchmarks.peers.smallbank_workload import Options, options_of, parser
+from waltz.client.config import WaltzClientConfig
 
 #: The system's name in the row, beside ``PostgreSQL (SmallBank)``.
 SYSTEM = "waltz-py (SmallBank)"
@@ -83,11 +84,25 @@ def command(url: str, options: Options, rate: float | None = None) -> list[str]:
     return arguments
 
 
-def row(summary: dict[str, Any]) -> dict[str, Any]:
+def batch_linger() -> float:
+    """The batch linger the instances run with: ``client.batchLinger`` as this environment sets it
+    (``WALTZ_CLIENT_BATCH_LINGER``, inherited by the command), or its default.
+
+    Returns:
+        Seconds.
+    """
+    # The cluster's address is the command's own (--local); any will do to read the setting.
+    config = WaltzClientConfig(zookeeper_connect_string="127.0.0.1:2181", cluster_root="/waltz")
+    return config.client_batch_linger
+
+
+def row(summary: dict[str, Any], linger: float | None = None) -> dict[str, Any]:
     """The result row of a ``waltz perf smallbank --json`` summary.
 
     Args:
         summary: the JSON object the command printed.
+        linger: the instances' batch linger in seconds (:func:`batch_linger`), named in the row's
+            ``settings``; None: not named.
 
     Returns:
         The row: ``common.result``'s keys (``system``, ``config``, ``settings``, ``load``,
@@ -113,7 +128,8 @@ def row(summary: dict[str, Any]) -> dict[str, Any]:
             f"{settings['instances']} ledger instances{routing}{batched}, {summary['partitions']} "
             f"partitions, {servers} servers, {storages} storage nodes (RF {min(3, storages)}), PostgreSQL"
         ),
-        "settings": "waltz perf smallbank --local's defaults (mutual TLS)",
+        "settings": "waltz perf smallbank --local's defaults (mutual TLS)"
+        + (f", batch linger {linger * 1000:g} ms" if linger is not None else ""),
         "load": (
             f"{settings['transactions']:,} draws, "
             + (f"{rate:,.1f}/s on a schedule" if rate else "closed loop")
@@ -175,7 +191,7 @@ def run(options: Options, rate: float | None = None, server: PgServer = LOCAL) -
         raise SmallBankRunError(
             f"waltz perf smallbank exited {done.returncode} without a summary: {done.stderr[-2000:]}"
         )
-    return row(json.loads(lines[-1]))
+    return row(json.loads(lines[-1]), batch_linger())
 
 
 def main() -> None:

@@ -48,8 +48,8 @@ peers first with ``benchmarks/peers/setup.sh``. Usage::
         --transactions 9750 --repeat 3     # latency at a tenth of the target (2,000 committed/s)
     .venv/bin/python -m benchmarks.peers.run_all --only hot-row-pg,hot-row-pg-quorum
 
-Before each run the parent times an empty loop of 10 million iterations in a new interpreter
-(``empty_loop_s`` in the row): the machine's speed at that moment, by which runs of different
+Before each run the parent times an empty loop of 10 million iterations, ``python3 -c`` from
+``PATH`` (``empty_loop_s`` in the row): the machine's speed at that moment, by which runs of different
 sittings are compared (``benchmarks/RESULTS.md`` names spells by it). Figures are printed, never
 asserted. Decisions that rest on them cite them, e.g.
 docs/decisions/0001-group-commit-on-storage-nodes.md and docs/decisions/0007-store-linger.md.
@@ -352,15 +352,17 @@ EMPTY_LOOP = "for i in range(10_000_000): pass"
 
 
 def empty_loop_seconds() -> float:
-    """Time :data:`EMPTY_LOOP` in a new interpreter: the machine's speed just before a run (on the
-    2-core VMs of ``benchmarks/RESULTS.md`` 0.17 to 0.24 s in a fast spell, 0.43 s or more in a slow
-    one).
+    """Time :data:`EMPTY_LOOP` as ``benchmarks/RESULTS.md``'s spells were timed: ``python3 -c``, the
+    ``python3`` found on ``PATH`` (this interpreter when there is none), its start included: the
+    machine's speed just before a run (on the 2-core VMs of ``RESULTS.md`` 0.17 to 0.24 s in a fast
+    spell, 0.43 s or more in a slow one). The start counts: on those VMs ``python3`` was pyenv's
+    shim, which adds about 0.1 s to the loop run by the project's virtual environment.
 
     Returns:
         Its wall-clock seconds, to the hundredth.
     """
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", EMPTY_LOOP], check=True)
+    subprocess.run([shutil.which("python3") or sys.executable, "-c", EMPTY_LOOP], check=True)
     return round(time.perf_counter() - started, 2)
 
 

@@ -204,6 +204,7 @@ def test_smallbank_on_waltz_py_gives_a_row_the_peers_rows_stand_beside(
     assert row["config"].startswith("1 ledger instances, partition-routed, batched, 1 partitions, 2 servers")
     assert {"instances", "server-0", "storage-0", "storage-2"} <= set(row["cpu_us_per_transaction"])
     assert "closed loop" in row["load"]
+    assert row["settings"].endswith(", batch linger 15 ms")  # client.batchLinger's default
     database = row["waltz"]["database"].rsplit("/", 1)[-1]
     with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres") as conn:
         left = conn.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (database,)).fetchone()
