@@ -49,6 +49,10 @@ SYSTEM = "waltz-py (SmallBank)"
 #: migrating and opening the accounts, the warm-up, the checks and stopping.
 SETUP_SECONDS = 300.0
 
+#: Seconds the command is given to stop the local cluster it started once it was sent SIGTERM (as
+#: Ctrl-C, waltz's commands unwind on it), before it is killed.
+STOP_SECONDS = 60.0
+
 
 class SmallBankRunError(RuntimeError):
     """``waltz perf smallbank`` failed before it printed a summary (bad options, no cluster, no
@@ -160,13 +164,17 @@ def row(summary: dict[str, Any], linger: float | None = None) -> dict[str, Any]:
     }
 
 
-def run(options: Options, rate: float | None = None, server: PgServer = LOCAL) -> dict[str, Any]:
+def run(
+    options: Options, rate: float | None = None, server: PgServer = LOCAL, timeout: float | None = None
+) -> dict[str, Any]:
     """Run ``waltz perf smallbank`` on a database created on ``server`` and dropped afterwards.
 
     Args:
         options: the peers' options (see :func:`command`).
         rate: draws per second in all, on a fixed schedule; None for the closed loop.
         server: the PostgreSQL server of the run's database.
+        timeout: seconds the command may take in all; None: its measured phase's time limit
+            (``options.time_limit``) and :data:`SETUP_SECONDS`.
 
     Returns:
         The row (:func:`row`). A run whose ledger checks failed still gives its row, with
@@ -174,22 +182,34 @@ def run(options: Options, rate: float | None = None, server: PgServer = LOCAL) -
 
     Raises:
         SmallBankRunError: the command printed no summary.
-        subprocess.TimeoutExpired: it ran past its time limit and :data:`SETUP_SECONDS`.
+        subprocess.TimeoutExpired: it ran past ``timeout``; it was stopped (SIGTERM, then SIGKILL
+            after :data:`STOP_SECONDS`), as it is when this raises otherwise while it runs.
         psycopg.OperationalError: the server is not reachable.
     """
     with scratch_database("waltz_peer_sb_waltz", server) as dbname:
         url = f"postgresql+psycopg://{server.user}@{server.host}:{server.port}/{dbname}"
-        done = subprocess.run(
-            command(url, options, rate),
-            capture_output=True,
-            text=True,
-            timeout=options.time_limit + SETUP_SECONDS,
-            check=False,
+        child = subprocess.Popen(
+            command(url, options, rate), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        try:
+            out, err = child.communicate(
+                timeout=options.time_limit + SETUP_SECONDS if timeout is None else timeout
+            )
+        except BaseException:
+            # SIGTERM first, so that the command stops the local cluster it started (its nodes
+            # run in sessions of their own: a SIGKILL to the command would leave them running,
+            # holding its output open).
+            child.terminate()
+            try:
+                child.communicate(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.communicate(timeout=STOP_SECONDS)
+            raise
+    lines = [line for line in out.splitlines() if line.startswith("{")]
     if not lines:
         raise SmallBankRunError(
-            f"waltz perf smallbank exited {done.returncode} without a summary: {done.stderr[-2000:]}"
+            f"waltz perf smallbank exited {child.returncode} without a summary: {err[-2000:]}"
         )
     return row(json.loads(lines[-1]), batch_linger())
 
