@@ -100,6 +100,11 @@ def batch_linger() -> float:
     return config.client_batch_linger
 
 
+def _count(number: int, noun: str) -> str:
+    """``1 partition``, ``3 partitions``."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def row(summary: dict[str, Any], linger: float | None = None) -> dict[str, Any]:
     """The result row of a ``waltz perf smallbank --json`` summary.
 
@@ -129,8 +134,9 @@ def row(summary: dict[str, Any], linger: float | None = None) -> dict[str, Any]:
     return {
         "system": SYSTEM,
         "config": (
-            f"{settings['instances']} ledger instances{routing}{batched}, {summary['partitions']} "
-            f"partitions, {servers} servers, {storages} storage nodes (RF {min(3, storages)}), PostgreSQL"
+            f"{_count(settings['instances'], 'ledger instance')}{routing}{batched}, "
+            f"{_count(summary['partitions'], 'partition')}, {_count(servers, 'server')}, "
+            f"{_count(storages, 'storage node')} (RF {min(3, storages)}), PostgreSQL"
         ),
         "settings": "waltz perf smallbank --local's defaults (mutual TLS)"
         + (f", batch linger {linger * 1000:g} ms" if linger is not None else ""),

@@ -202,7 +202,7 @@ def test_smallbank_on_waltz_py_gives_a_row_the_peers_rows_stand_beside(
     # submit -> applied, the peers' commit: never before the log's acknowledgement
     assert row["latency_ms"]["max"] >= row["latency_ms_submit_to_commit"]["p50"]
     assert (row["processes"], row["threads"]) == (1, 4)
-    assert row["config"].startswith("1 ledger instances, partition-routed, batched, 1 partitions, 2 servers")
+    assert row["config"].startswith("1 ledger instance, partition-routed, batched, 1 partition, 2 servers")
     assert {"instances", "server-0", "storage-0", "storage-2"} <= set(row["cpu_us_per_transaction"])
     assert "closed loop" in row["load"]
     assert row["settings"].endswith(", batch linger 15 ms")  # client.batchLinger's default
