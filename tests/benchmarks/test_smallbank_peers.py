@@ -230,42 +230,14 @@ def test_a_rate_not_above_zero_is_refused_by_the_row_and_by_the_sitting() -> Non
         assert "must be above 0, got 0.0" in done.stderr
 
 
-def _descendants(root: int) -> set[int]:
-    """The processes under ``root`` now (children, their children, ...), whatever their session."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    found: set[int] = set()
-    frontier = {root}
-    while frontier:
-        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def _command_tree(root: int, command: bytes) -> set[int]:
+def _command_tree(root: int, command: str) -> set[int]:
     """The processes under ``root`` whose command line holds ``command``, and the processes under
     them."""
     found: set[int] = set()
-    for pid in _descendants(root):
-        try:
-            if command in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found |= {pid, *_descendants(pid)}
-        except OSError:  # ended meanwhile
-            continue
+    for pid, line in support.descendants(root).items():
+        if command in line:
+            found |= {pid, *support.descendants(pid)}
     return found
-
-
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_a_waltz_run_past_its_timeout_stops_the_cluster_it_started(
@@ -281,7 +253,7 @@ def test_a_waltz_run_past_its_timeout_stops_the_cluster_it_started(
 
     def watch() -> None:
         while not stop.wait(0.2):
-            seen.update(_command_tree(os.getpid(), b"waltz\0perf\0smallbank"))
+            seen.update(_command_tree(os.getpid(), "waltz perf smallbank"))
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -292,4 +264,4 @@ def test_a_waltz_run_past_its_timeout_stops_the_cluster_it_started(
         stop.set()
         watcher.join(timeout=10)
     assert len(seen) >= 5, f"the command and its cluster's nodes were not seen: {seen}"
-    assert [pid for pid in seen if _running(pid)] == []
+    assert [pid for pid in seen if support.pid_is_alive(pid)] == []

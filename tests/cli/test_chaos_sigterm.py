@@ -25,38 +25,9 @@ START_TIMEOUT = 120.0
 STOP_TIMEOUT = 60.0
 
 
-def _descendants(root: int) -> dict[int, str]:
-    """Process ID -> command line of every running descendant of ``root``."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue  # gone meanwhile
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found: set[int] = set()
-    frontier = [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in found]
-        found.update(children)
-        frontier += children
-    return {pid: _cmdline(pid) for pid in sorted(found)}
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return (
-            (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        )
-    except OSError:
-        return ""
-
-
 def _alive(pid: int, cmdline: str) -> bool:
     """Whether ``pid`` still runs the same program (not a reused process ID, not a zombie)."""
-    return support.pid_is_alive(pid) and _cmdline(pid) == cmdline
+    return support.pid_is_alive(pid) and support.cmdline(pid) == cmdline
 
 
 @pytest.mark.timeout(300)
@@ -75,7 +46,7 @@ def test_sigterm_stops_the_cluster_the_run_started(tmp_path: Path) -> None:
             if "submitting" in line or time.monotonic() > deadline:
                 break
         assert any("submitting" in line for line in seen), "\n".join(seen[-30:])
-        started = _descendants(run.pid)
+        started = support.descendants(run.pid)
         kinds = " ".join(started.values())
         for kind in ("waltz.services.storage", "waltz.services.server", "ZooKeeperServerMain"):
             assert kind in kinds, f"no {kind} process among {started}"

@@ -120,6 +120,37 @@ def pid_is_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def descendants(root: int) -> dict[int, str]:
+    """Process ID -> command line (arguments joined by spaces) of every process under ``root`` now:
+    its children, theirs, and so on, whatever session they run in."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in found]
+        found.update(children)
+        frontier += children
+    return {pid: cmdline(pid) for pid in sorted(found)}
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid``, arguments joined by spaces; ``""`` once it is gone."""
+    try:
+        return (
+            (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
 def pid_state(pid: int) -> str:
     """The one-letter state of ``pid`` in ``/proc`` (``R``, ``S``, ``T`` stopped, ``Z``...), or ``""``."""
     try:
