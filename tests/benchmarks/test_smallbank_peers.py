@@ -197,10 +197,14 @@ def test_smallbank_on_waltz_py_gives_a_row_the_peers_rows_stand_beside(
     assert row["errors"] == [] and row["failed"] == 0
     assert row["transactions"] == row["committed"] == row["latency_ms"]["count"] > 0
     assert row["transactions_per_second"] == row["waltz"]["committed_per_second"] > 0
-    assert row["balances_read"] > 0 and row["dropped"] >= 0 and row["draws"] == 300
+    assert row["balances_read"] > 0 and row["draws"] == 300
+    assert row["dropped"] == row["waltz"]["dropped"] == sum(row["waltz"]["drop_reasons"].values())
     assert row["latency_ms"]["p50"] <= row["latency_ms"]["p99"] <= row["latency_ms"]["max"]
-    # submit -> applied, the peers' commit: never before the log's acknowledgement
-    assert row["latency_ms"]["max"] >= row["latency_ms_submit_to_commit"]["p50"]
+    # submit -> applied, the peers' commit: each transaction's is timed once its submit -> commit
+    # was (when the instance had applied it by then, at once), so every percentile is at least as long.
+    applied, committed = row["latency_ms"], row["latency_ms_submit_to_commit"]
+    for percentile in ("p50", "p99", "max"):
+        assert applied[percentile] >= committed[percentile], (percentile, applied, committed)
     assert (row["processes"], row["threads"]) == (1, 4)
     assert row["config"].startswith("1 ledger instance, partition-routed, batched, 1 partition, 2 servers")
     assert {"instances", "server-0", "storage-0", "storage-2"} <= set(row["cpu_us_per_transaction"])

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sqlalchemy import Engine, select, text
+from sqlalchemy import Engine, String, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from waltz.client.apply_worker import ApplyWorker
@@ -21,6 +21,7 @@ from waltz.client.transaction import Transaction
 from waltz.client.waiting import Watermark
 from waltz.jdbc_style import (
     CHANGE_SET_HEADER,
+    AddAttribute,
     ChangeSet,
     ChangeSetApplyError,
     ChangeSetBatch,
@@ -51,10 +52,19 @@ class Base(DeclarativeBase):
 
 
 class Stock(Base):
+    """Of schema version 2: ``label`` came with it, and a row change of version 1 reads as one of
+    version 2 with the label ``"-"``."""
+
     __tablename__ = "batch_stock"
-    __waltz__ = WaltzEntity("batch.stock", partition_by=lambda key, n: 0)
+    __waltz__ = WaltzEntity(
+        "batch.stock",
+        partition_by=lambda key, n: 0,
+        schema_version=2,
+        upcasters=[AddAttribute(1, "label", "-")],
+    )
     sku: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
     units: Mapped[int] = mapped_column(default=0)
+    label: Mapped[str] = mapped_column(String(32), default="-")
 
 
 def _put(sku: int, units: int, operation: Operation = Operation.UPDATE) -> RowChange:
@@ -186,39 +196,51 @@ class Audited(ChangeSetCallbacks):
         self.commands.append(transaction.transaction_id)
 
 
+#: A log of every form, kept as written (docs/design/sql.md "Change-sets", "Batched change-sets"):
+#: form 1 (row changes of schema version 1, which the upcaster takes to version 2), form 2 (a row
+#: change of version 2), then batches (form 3) whose members repeat a request of an earlier
+#: transaction (skipped), repeat one of an earlier member of the same batch (skipped), carry no
+#: key, and (the last) carry a row change of version 2.
+LOG_OF_EVERY_FORM = (
+    b'{"ops":[{"entity":"batch.stock","key":{"sku":1},"op":"insert","values":{"sku":1,"units":10}},'
+    b'{"entity":"batch.stock","key":{"sku":2},"op":"insert","values":{"sku":2,"units":20}}],"v":1}',
+    b'{"idempotency_key":"r1","ops":[{"entity":"batch.stock","key":{"sku":1},"op":"update","sv":2,'
+    b'"values":{"label":"v2","sku":1,"units":9}}],"v":2}',
+    b'{"members":[{"idempotency_key":"r1","ops":[{"entity":"batch.stock","key":{"sku":1},"op":"update",'
+    b'"values":{"sku":1,"units":100}}]},{"idempotency_key":"r2","ops":[{"entity":"batch.stock",'
+    b'"key":{"sku":2},"op":"update","values":{"sku":2,"units":19}}]},{"idempotency_key":"r2",'
+    b'"ops":[{"entity":"batch.stock","key":{"sku":2},"op":"update","values":{"sku":2,"units":200}}]},'
+    b'{"ops":[{"entity":"batch.stock","key":{"sku":3},"op":"insert","values":{"sku":3,"units":30}}]}],"v":3}',
+    b'{"members":[{"idempotency_key":"r3","ops":[{"entity":"batch.stock","key":{"sku":3},"op":"update",'
+    b'"values":{"sku":3,"units":29}}]},{"ops":[{"entity":"batch.stock","key":{"sku":1},"op":"update",'
+    b'"sv":2,"values":{"label":"batched v2","sku":1,"units":8}}]}],"v":3}',
+)
+
+
 def _log() -> list[Transaction]:
-    """A log of every form: form 1, form 2, then batches (form 3) whose members repeat a request
-    of an earlier transaction (skipped), repeat one of an earlier member of the same batch
-    (skipped), and carry no key."""
-    return [
-        _txn(0, ChangeSet([_put(1, 10, Operation.INSERT), _put(2, 20, Operation.INSERT)]).encode()),
-        _txn(
-            1,
-            ChangeSet(
-                [RowChange(Operation.UPDATE, "batch.stock", {"sku": 1}, {"sku": 1, "units": 9}, 1)], "r1"
-            ).encode(),
-        ),
-        _txn(
-            2,
-            ChangeSetBatch(
-                [
-                    ChangeSet([_put(1, 100)], "r1"),  # applied in transaction 1: skipped
-                    ChangeSet([_put(2, 19)], "r2"),
-                    ChangeSet([_put(2, 200)], "r2"),  # member 1's request again: skipped
-                    ChangeSet([_put(3, 30, Operation.INSERT)]),
-                ]
-            ).encode(),
-        ),
-        _txn(3, ChangeSetBatch([ChangeSet([_put(3, 29)], "r3"), ChangeSet([_put(1, 8)])]).encode()),
-    ]
+    """:data:`LOG_OF_EVERY_FORM` as transactions 0 to 3 of partition 0."""
+    return [_txn(i, data) for i, data in enumerate(LOG_OF_EVERY_FORM)]
 
 
 EXPECTED = {1: 8, 2: 19, 3: 29}
+#: Each row's label after the log: the last change of sku 1 was of version 2, the others' of 1.
+EXPECTED_LABELS = {1: "batched v2", 2: "-", 3: "-"}
+
+
+def test_the_kept_log_holds_every_form() -> None:
+    assert [json.loads(data)["v"] for data in LOG_OF_EVERY_FORM] == [1, 2, 3, 3]
+    versions = [[c.schema_version for m in decode_members(d) for c in m.changes] for d in LOG_OF_EVERY_FORM]
+    assert versions == [[1, 1], [2], [1, 1, 1, 1], [1, 2]]
 
 
 def _stock(engine: Engine) -> dict[int, int]:
     with engine.connect() as conn:
         return {int(s): int(u) for s, u in conn.execute(select(Stock.sku, Stock.units))}
+
+
+def _labels(engine: Engine) -> dict[int, str]:
+    with engine.connect() as conn:
+        return {int(s): str(label) for s, label in conn.execute(select(Stock.sku, Stock.label))}
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["one-by-one", "group"])
@@ -237,6 +259,7 @@ def test_a_log_of_every_form_applies_each_member_once_in_order(engine: Engine, g
             callbacks.apply_transaction(transaction)
     assert callbacks.uncaught_count == 0
     assert _stock(engine) == EXPECTED
+    assert _labels(engine) == EXPECTED_LABELS
     assert [s for s in callbacks.seen if s[0] >= 2] == [
         (2, 0, "r1"),
         (2, 1, "r2"),
@@ -251,7 +274,10 @@ def test_a_log_of_every_form_applies_each_member_once_in_order(engine: Engine, g
     # The cache: the rows of every applied member, the skipped members' rows left to the database.
     info = callbacks.registry.info(Stock)
     assert cache.position(0) == 3
-    assert cache.read(0, [(info, (1,)), (info, (3,))]) == (3, {(info, (1,)): (1, 8), (info, (3,)): (3, 29)})
+    assert cache.read(0, [(info, (1,)), (info, (3,))]) == (
+        3,
+        {(info, (1,)): (1, 8, "batched v2"), (info, (3,)): (3, 29, "-")},
+    )
     assert cache.read(0, [(info, (2,))]) is None  # last changed by the skipped copy of r2
     assert cache.resets == 0
 
@@ -266,6 +292,7 @@ def test_a_database_replaying_the_log_makes_the_same_choices(engine: Engine) -> 
     for transaction in _log():
         replay.apply_transaction(transaction)
     assert _stock(engine) == EXPECTED and replay.uncaught_count == 0
+    assert _labels(engine) == EXPECTED_LABELS
 
 
 def test_a_batch_that_does_not_fit_rolls_back_every_member(engine: Engine) -> None:
@@ -334,11 +361,11 @@ def test_split_records_among_the_forms_change_no_row_and_are_applied_once(
     assert cache.position(0) == last
     rows = cache.read(0, [(info, (1,)), (info, (3,))])
     if records == "barrier":
-        assert rows == (last, {(info, (1,)): (1, 8), (info, (3,)): (3, 29)})
+        assert rows == (last, {(info, (1,)): (1, 8, "batched v2"), (info, (3,)): (3, 29, "-")})
         assert cache.resets == 0  # the barrier is followed, changing nothing
     elif not grouped:
         # The genesis emptied the rows the cache held; it follows the transactions after it.
-        assert rows == (last, {(info, (1,)): (1, 8), (info, (3,)): (3, 29)})
+        assert rows == (last, {(info, (1,)): (1, 8, "batched v2"), (info, (3,)): (3, 29, "-")})
         assert cache.resets == 1
     else:
         assert rows is None  # a group holding the genesis leaves the cache empty at its end

@@ -171,6 +171,8 @@ def test_a_partition_routed_run_sends_each_sku_to_the_instance_of_its_partition(
     assert routed[0]["committed"] + routed[1]["committed"] == report["committed"]
     # The batch counts, the log transactions that waited for the linger among them.
     assert set(report["batches"]) == {"batches", "members", "lingered"}, report["batches"]
+    # --batch took effect: 32 requests in flight on an instance's two SKUs went in batches.
+    assert 0 < report["batches"]["batches"] < report["batches"]["members"], report["batches"]
     for count in ("batches", "members", "lingered"):
         assert sum(routed[i]["batches"][count] for i in range(3)) == report["batches"][count]
     assert routed[2]["batches"] == {"batches": 0, "members": 0, "lingered": 0}

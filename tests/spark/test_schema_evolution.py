@@ -10,8 +10,9 @@ back three ways that must agree (docs/design/sql.md "Schema versions and upcasti
 
 One upcaster kind per model: an attribute added with a constant, renamed, dropped, scaled (a unit
 change), and split in two by a function (a row-wise upcaster). The log is written once for the
-module: changes of version 1, then (by writers on the new models) changes of version 2; the three
-databases are made on SQLite, PostgreSQL and MariaDB.
+module: changes of version 1, then (by writers on the new models, through an entity batcher)
+changes of version 2, most of them members of batches (docs/design/sql.md "Batched change-sets");
+the three databases are made on SQLite, PostgreSQL and MariaDB.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from waltz.jdbc_style import (
     AddAttribute,
     ChangeSetCallbacks,
     DropAttribute,
+    EntityBatcher,
     EntityRegistry,
     EntityTransaction,
     EntityTransactionContext,
@@ -316,9 +318,17 @@ def start(cluster: LocalCluster, url: str, models: dict[str, type[Any]]) -> Inst
 
 
 def write(
-    instance: Instance, models: dict[str, type[Any]], writes: Sequence[tuple[str, int, int]], v2: bool
+    instance: Instance,
+    models: dict[str, type[Any]],
+    writes: Sequence[tuple[str, int, int]],
+    v2: bool,
+    batcher: EntityBatcher | None = None,
 ) -> None:
+    """Each write for every kind, one log transaction each; with ``batcher``, a write's contexts
+    (one per kind, all of the row's partition) submitted together, so that all but the first go
+    as one batch."""
     for op, row_id, seed in writes:
+        futures = []
         for kind, model in models.items():
             context: EntityTransactionContext
             if op == "remove":
@@ -326,7 +336,11 @@ def write(
             else:
                 values = _v2_values(kind, seed) if v2 else _v1_values(kind, seed)
                 context = Put(instance.callbacks, model, row_id, values)
-            assert instance.client.submit(context).result(TIMEOUT).committed
+            if batcher is None:
+                assert instance.client.submit(context).result(TIMEOUT).committed
+            else:
+                futures.append(batcher.submit(context))
+        assert all(future.result(TIMEOUT).committed for future in futures)
 
 
 def prepared(url: str, base: type[DeclarativeBase]) -> str:
@@ -369,7 +383,11 @@ def evolution_log(spark_cluster: LocalCluster, tmp_path_factory: pytest.TempPath
     migrate(create_framework_engine(migrate_url))
     writer = start(spark_cluster, migrate_url, MODELS_V2)
     try:
-        write(writer, MODELS_V2, WRITES_V2, v2=True)
+        # Nothing goes beside a log transaction in flight, nothing lingers: a write's contexts
+        # after the first wait for it, and go as one batch.
+        with EntityBatcher(writer.client, max_in_flight_alone=0, linger=0) as batcher:
+            write(writer, MODELS_V2, WRITES_V2, v2=True, batcher=batcher)
+        assert batcher.batches > 0 and batcher.batched > batcher.batches, "no batch of version 2 was written"
         writer.client.flush(TIMEOUT)
         marks = {p: writer.client.get_high_water_mark(p) for p in range(writer.client.num_partitions)}
         wait_applied(writer, marks)
