@@ -31,10 +31,11 @@ import support
 from sqlalchemy import BigInteger, Engine, Numeric, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from waltz import Transaction, WaltzClient, WaltzClientConfig
+from waltz import Outcome, Transaction, WaltzClient, WaltzClientConfig
 from waltz.errors import ClientClosedError, CrossPartitionError
 from waltz.jdbc_style import (
     AppliedRequest,
+    ChangeSet,
     ChangeSetCallbacks,
     EntityRegistry,
     EntityTransaction,
@@ -92,8 +93,18 @@ class SharedLogCallbacks(ChangeSetCallbacks):
     by other tests: they are passed over (the mark still moves past them).
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: (partition, transaction) -> bytes of the log transaction's data, for each this applied
+        self.data_bytes: dict[tuple[int, int], int] = {}
+
     def apply_command(self, transaction: Transaction, session: Session) -> None:
         return None
+
+    def apply_change_set(self, change_set: ChangeSet, transaction: Transaction, session: Session) -> None:
+        key = (transaction.partition_id, transaction.transaction_id)
+        self.data_bytes[key] = len(transaction.get_raw_data())
+        super().apply_change_set(change_set, transaction, session)
 
     def apply_change(self, change: RowChange, session: Session, transaction: Transaction) -> None:
         if change.entity in {info.name for info in self.registry}:
@@ -685,6 +696,63 @@ def test_a_batch_whose_state_cannot_be_read_ends_every_member_with_the_error(fre
     assert all(error is not None for error in errors), errors
     assert [len(haunt.exceptions) for haunt in haunts] == [1, 1, 1]
     assert batcher.batches == 0
+
+
+class Padded(Increment):
+    """An increment whose change-set carries ``pad`` bytes of meta."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int, pad: int) -> None:
+        super().__init__(callbacks, counter_id)
+        self.pad = pad
+
+    def run(self, tx: EntityTransaction) -> bool:
+        tx.meta["pad"] = "x" * self.pad
+        return super().run(tx)
+
+
+def _padded_batches(service: Service, counter_id: int, max_bytes: int, count: int) -> list[Outcome]:
+    """``count`` padded increments queued behind a gated one, through a batcher of ``max_bytes``."""
+    instance = service.first
+    with EntityBatcher(instance.client, max_bytes=max_bytes, max_in_flight_alone=0, linger=0) as batcher:
+        gated = Gated(instance.callbacks, counter_id)
+        first = batcher.submit(gated)
+        futures = [batcher.submit(Padded(instance.callbacks, counter_id, 1_000)) for _ in range(count)]
+        gated.gate.set()
+        assert first.result(TIMEOUT).committed
+        outcomes = [future.result(TIMEOUT) for future in futures]
+    assert all(o.committed for o in outcomes), outcomes
+    return outcomes
+
+
+def _data_bytes(service: Service, partition: int, transaction_ids: set[int]) -> dict[int, int]:
+    service.wait_caught_up()
+    sizes: dict[int, int] = {}
+    for instance in service.instances:
+        sizes.update((t, n) for (p, t), n in instance.callbacks.data_bytes.items() if p == partition)
+    return {t: sizes[t] for t in transaction_ids}
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
+def test_a_batch_s_data_stays_within_max_bytes_and_what_does_not_fit_goes_next(service: Service) -> None:
+    """docs/design/sql.md "Batched entity transactions": a batch is bounded by bytes; its data, the
+    batch's own framing included, stays within ``max_bytes``, and the members that would pass it go
+    in the batches after it, in order, none lost."""
+    counter_id = service.create_counter()
+    partition = service.partition_of(counter_id)
+    # Members of about 1,050 bytes: two fit in 2,500, three do not.
+    outcomes = _padded_batches(service, counter_id, 2_500, 5)
+    ids = [o.transaction_id for o in outcomes]
+    assert [ids.count(t) for t in dict.fromkeys(ids)] == [2, 2, 1], ids
+    sizes = _data_bytes(service, partition, set(ids))
+    assert all(n <= 2_500 for n in sizes.values()), sizes
+    # A limit one byte below the data of those batches of two: two members' own bytes and lock
+    # hashes still fit in it, the batch's framing does not, so each goes alone.
+    two = max(n for t, n in sizes.items() if ids.count(t) == 2)
+    again = _padded_batches(service, counter_id, two - 1, 2)
+    assert again[0].transaction_id != again[1].transaction_id, "a batch went past max_bytes"
+    alone = _data_bytes(service, partition, {o.transaction_id for o in again})
+    assert all(n <= two - 1 for n in alone.values()), alone
+    assert service.counter_value(counter_id) == 9
 
 
 class HeldInRun(Increment):

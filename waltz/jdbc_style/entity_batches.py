@@ -98,6 +98,9 @@ LINGER_MIN_JOINING = 3
 #: members' count is queued: its members' submitters (a closed loop) are about to submit again, and
 #: would otherwise wait a round behind a batch of the few queued.
 LINGER_RETURNING = 3
+#: Bytes of a batch's data besides its members' (``{"members":[``, ``],"v":3}``): counted against
+#: ``max_bytes`` with them, so that a full batch stays within it and within the client's message.
+BATCH_FRAMING_BYTES = len(batch_data([]))
 #: Contexts sent at once, alone, beyond ``max_in_flight`` per partition (lock-disjoint, nothing
 #: queued): what keeps p99 at low load from waiting a round trip behind an unrelated transaction.
 #: The default of the client's ``client.batchMaxInFlightAlone``, which the batcher takes.
@@ -258,7 +261,7 @@ class _Batch(TransactionContext):
         overlay: dict[_Key, Any] = {}
         change_sets: list[ChangeSet] = []
         keys: set[str] = set()
-        size = 0
+        size = BATCH_FRAMING_BYTES
         read_locks: dict[PartitionLocalLock, None] = {}
         write_locks: dict[PartitionLocalLock, None] = {}
         self._keyed = []
@@ -296,7 +299,9 @@ class _Batch(TransactionContext):
                 continue
             try:
                 encoded = member_data(change_set)
-                data = len(encoded) + LOCK_HASH_BYTES * (len(tx.write_locks) + len(tx.read_locks))
+                # Its bytes in the batch's data: itself and the comma before it (or, for a change-set
+                # alone, its ``"v"``, which the framing covers), and its lock hashes.
+                data = len(encoded) + 1 + LOCK_HASH_BYTES * (len(tx.write_locks) + len(tx.read_locks))
                 if key is not None and not 0 < len(key) <= IDEMPOTENCY_KEY_LENGTH:
                     raise ValueError(
                         f"an idempotency key has 1..{IDEMPOTENCY_KEY_LENGTH} characters, got {len(key)}"
