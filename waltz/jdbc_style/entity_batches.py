@@ -10,7 +10,7 @@ flight holds a lock it expects to take, up to ``max_in_flight_alone`` more in fl
 be batched with what is in flight anyway, and at low load it would otherwise wait a round trip for
 nothing. Contexts submitted while the partition's limit is reached queue, and when a log
 transaction of the partition ends, the queue goes as the next batch, bounded by
-``max_members`` contexts and ``max_bytes`` of change-set data, and while room in flight is left,
+``max_members`` contexts and ``max_bytes`` of data (its framing counted), and while room in flight is left,
 what that batch left queued goes as the batches after it, sent one after the other in queue order
 (one that can still grow waits for the linger as any batch). With a ``linger``, a batch that
 would go less than ``linger`` after the partition's last log transaction was sent waits out the
@@ -480,8 +480,8 @@ class EntityBatcher:
     Args:
         client: the instance's client (its callbacks a :class:`ChangeSetCallbacks`).
         max_members: contexts in one batch at most.
-        max_bytes: bytes of change-set data in one batch at most (a member is never cut: one
-            larger alone goes alone).
+        max_bytes: bytes of a batch's data and lock hashes at most, its framing counted (a
+            member is never cut: one larger alone goes alone).
         max_in_flight: log transactions of this batcher in flight per partition (a transaction
             alone or a batch); contexts submitted beyond it wait for the next batch.
         max_in_flight_alone: contexts that go at once, alone, beyond ``max_in_flight``: each
