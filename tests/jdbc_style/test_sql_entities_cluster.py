@@ -676,6 +676,73 @@ class Haunt(EntityTransactionContext):
         self.exceptions.append(exception)
 
 
+class RecordsExceptions(Increment):
+    """An increment that notes what its ``on_exception`` was given."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int) -> None:
+        super().__init__(callbacks, counter_id)
+        self.exceptions: list[BaseException] = []
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.exceptions.append(exception)
+
+
+class ClosesOnItsRetry(RecordsExceptions):
+    """A batch's first member: its first run has another instance commit a write of the counter
+    (the batch's lock check fails); its second, the batch's next attempt, closes the client from
+    another thread and waits (bounded) until its own future ended, as the close fails the batch
+    while this attempt runs."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int, service: Service) -> None:
+        super().__init__(callbacks, counter_id)
+        self.service = service
+        self.runs = 0
+        self.future: concurrent.futures.Future[Outcome] | None = None
+        self.ended_in_run = False
+
+    def run(self, tx: EntityTransaction) -> bool:
+        self.runs += 1
+        if self.runs == 1:
+            other = self.service.second
+            assert other.client.submit(Increment(other.callbacks, self.counter_id)).result(TIMEOUT).committed
+        elif self.runs == 2:
+            threading.Thread(target=self.service.first.client.close, name="test-close", daemon=True).start()
+            assert self.future is not None
+            self.ended_in_run = concurrent.futures.wait([self.future], timeout=10).not_done == set()
+        return super().run(tx)
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
+@pytest.mark.parametrize("app_db_url", ["postgresql"], indirect=True)
+def test_a_client_closed_during_a_batch_s_next_attempt_ends_every_member(fresh_service: Service) -> None:
+    """The client closes while a batch's next attempt runs (after a lock failure), before the
+    attempt reached its later members: the close fails the batch, and every member ends with
+    ``ClientClosedError``, those the attempt had not reached too, each with its ``on_exception``;
+    none is left waiting."""
+    service = fresh_service
+    counter_id = service.create_counter()
+    instance = service.first
+    batcher = EntityBatcher(instance.client, max_in_flight_alone=0, linger=0)
+    try:
+        gated = Gated(instance.callbacks, counter_id)
+        first = batcher.submit(gated)
+        closing = ClosesOnItsRetry(instance.callbacks, counter_id, service)
+        later = RecordsExceptions(instance.callbacks, counter_id)
+        closing.future = batcher.submit(closing)
+        futures = [closing.future, batcher.submit(later)]
+        gated.gate.set()
+        assert first.result(TIMEOUT).committed
+        waiting = concurrent.futures.wait(futures, timeout=TIMEOUT).not_done
+    finally:
+        batcher.close()
+    assert closing.runs == 2, "the batch's lock check did not fail"
+    assert not waiting, "a member of the batch the client failed was never ended"
+    errors = [f.exception() for f in futures]
+    assert all(isinstance(e, ClientClosedError) for e in errors), errors
+    assert closing.ended_in_run
+    assert [type(e) for e in later.exceptions] == [ClientClosedError]
+
+
 @pytest.mark.parametrize("entity_cache", [False], ids=["no-entity-cache"], indirect=True, scope="module")
 def test_a_batch_whose_state_cannot_be_read_ends_every_member_with_the_error(fresh_service: Service) -> None:
     """The batch's one state fails to open (a table gone): each member's future and

@@ -368,6 +368,11 @@ class _Batch(TransactionContext):
         if member not in self.deferred:
             self.deferred.append(member)
 
+    def end_member(self, member: _Member, result: Outcome | BaseException) -> None:
+        """End a member with ``result`` (its callback, then its future): one the client's failure of
+        the batch did not reach."""
+        self._end(member, result)
+
     def _end(self, member: _Member, result: Outcome | BaseException) -> None:
         """End a member in an attempt: dropped, already applied, or failed (``run`` raised)."""
         context = member.context
@@ -809,6 +814,12 @@ class EntityBatcher:
             if batch is not None and future is not None and not parted:
                 error = future.exception()
                 batch.end_provisional(error is None and future.result().committed, error)
+                if error is not None:
+                    # Failed by the client while an attempt was running (closed under it): the
+                    # members that attempt had not reached end with the batch too.
+                    for member in sent:
+                        if not member.future.done() and member not in deferred:
+                            batch.end_member(member, error)
         finally:
             self._next(partition, deferred, sent)
         if parted:  # routed again at a newer count, its members part: each goes again
