@@ -1174,13 +1174,15 @@ def test_closing_the_batcher_ends_what_waits_for_the_linger(service: Service) ->
     batcher = EntityBatcher(instance.client, max_in_flight_alone=0, linger=LINGER)
     try:
         sent = batcher.submit(Increment(instance.callbacks, counter_id))
-        waiting = batcher.submit(Increment(instance.callbacks, counter_id))  # behind it, lingering
+        closed = RecordsExceptions(instance.callbacks, counter_id)
+        waiting = batcher.submit(closed)  # behind it, lingering
         committed = sent.result(TIMEOUT)
         assert committed.committed and not waiting.done()
     finally:
         closed_at = time.monotonic()
         batcher.close()
     assert isinstance(waiting.exception(1.0), ClientClosedError)
+    assert [type(e) for e in closed.exceptions] == [ClientClosedError], "its on_exception was not called"
     # The linger's call comes a linger after the first was sent, before ``closed_at``: wait past it.
     time.sleep(max(0.0, closed_at + LINGER + 0.5 - time.monotonic()))
     instance.client.flush(TIMEOUT)

@@ -29,6 +29,7 @@ from tests.services.server.test_split_barrier import with_epochs
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.admin.split_run import SplitRun
 from waltz.client.outcome import OutcomeKind
+from waltz.errors import CrossPartitionError
 from waltz.jdbc_style import (
     ChangeSetCallbacks,
     EntityBatcher,
@@ -39,6 +40,7 @@ from waltz.jdbc_style import (
     create_framework_engine,
     partition_of,
 )
+from waltz.jdbc_style.entity_batches import BatchPartedError
 from waltz.jdbc_style.migrations_api import upgrade
 from waltz.local.processes import wait_until
 
@@ -189,14 +191,35 @@ class BatchedBump(Bump):
         self.read_at = []
 
 
+class BatchedPair(EntityTransactionContext):
+    """Bumps two counters in one transaction (both of its partition when it is queued); notes what
+    its ``on_exception`` was given."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, first: int, second: int) -> None:
+        super().__init__(callbacks, (SplitCounter, first), (SplitCounter, second))
+        self.ids = (first, second)
+        self.exceptions: list[BaseException] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        for counter_id in self.ids:
+            counter = tx.get(SplitCounter, counter_id)
+            if counter is not None:
+                tx.update(counter, value=counter.value + 1)
+        return True
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.exceptions.append(exception)
+
+
 def test_a_batch_queued_before_a_split_that_parts_its_members_is_regrouped_at_the_new_count(
     tmp_path: Path, zookeeper: object, database: str
 ) -> None:
     """docs/design/splits.md "Clients across a split": two bumps queued in partition 0's batch at 2
-    partitions, one of a counter that stays there and one of a counter that moves to child 2 at 4;
-    the split completes before the batch goes. The batch parts, and each member commits in its
-    partition at 4, once, where a batch sent to partition 0 would write the moved counter beside
-    its new partition."""
+    partitions, one of a counter that stays there and one of a counter that moves to child 2 at 4,
+    and a transaction of both counters; the split completes before the batch goes. The batch parts,
+    and each bump commits in its partition at 4, once, where a batch sent to partition 0 would write
+    the moved counter beside its new partition; the transaction of both, whose own entities part at
+    4, ends alone with its ``CrossPartitionError``, not the others with it."""
     registry = EntityRegistry.from_base(Base)
     info = registry.info(SplitCounter)
     stays, moves, gated_id = (
@@ -222,15 +245,20 @@ def test_a_batch_queued_before_a_split_that_parts_its_members_is_regrouped_at_th
                 gated = GatedBump(callbacks, gated_id)
                 first = batcher.submit(gated)
                 bumps = [BatchedBump(callbacks, stays), BatchedBump(callbacks, moves)]
+                pair = BatchedPair(callbacks, stays, moves)
                 futures = [batcher.submit(bump) for bump in bumps]
+                parted = batcher.submit(pair)
                 with connect(cluster) as admin:
                     assert SplitRun(admin.cluster, wait=60).run(4).complete
                 wait_until(lambda: client.num_partitions == 4, timeout=TIMEOUT, what="the count of 4")
-                assert not any(future.done() for future in futures)  # queued behind the gate
+                assert not any(future.done() for future in (*futures, parted))  # behind the gate
                 gated.gate.set()
                 assert first.result(TIMEOUT).committed
                 outcomes = [future.result(TIMEOUT) for future in futures]
                 assert [o.kind for o in outcomes] == [OutcomeKind.COMMITTED] * 2, outcomes
+                error = parted.exception(TIMEOUT)
+                assert isinstance(error, CrossPartitionError) and not isinstance(error, BatchPartedError)
+                assert pair.exceptions == [error]
                 assert [o.partition_id for o in outcomes] == [0, 2], outcomes
                 for outcome in outcomes:
                     assert outcome.transaction_id is not None

@@ -165,13 +165,22 @@ class _Batch(TransactionContext):
 
         Raises:
             BatchPartedError: the members part at ``num_partitions`` (a split moves some of their
-                keys to a new partition): the batch ends, and the batcher queues each member again
-                at its partition there (:meth:`EntityBatcher.regroup`).
+                keys to a new partition), or a member's own entities do: the batch ends, and the
+                batcher queues each member again at its partition there, a member whose own
+                entities part ending with its ``CrossPartitionError`` (:meth:`EntityBatcher.regroup`).
         """
         grouped, count = self._grouped
         if num_partitions == count:
             return grouped
-        routes = {member.context.partition_id(num_partitions) for member in self.members}
+        routes: set[int] = set()
+        for member in self.members:
+            try:
+                routes.add(member.context.partition_id(num_partitions))
+            except CrossPartitionError as exc:  # its own entities part: the batch parts, it ends
+                raise BatchPartedError(
+                    f"a member of a batch of {len(self.members)} entity transactions of partition "
+                    f"{self._partition_id} parts at {num_partitions} partitions: {exc}"
+                ) from exc
         if len(routes) != 1:
             raise BatchPartedError(
                 f"a batch of {len(self.members)} entity transactions of partition {self._partition_id} "
@@ -468,6 +477,15 @@ def _call(callback: Callable[..., None], *args: Any) -> None:
         log.exception("a member's callback raised")
 
 
+def _fail(member: _Member, error: BaseException) -> None:
+    """End a member that the batcher fails (closed, the client's refusal, its own entities parting):
+    its ``on_exception``, then its future; nothing when it ended already."""
+    if member.future.done():
+        return
+    _call(member.context.on_exception, error)
+    _settle(member.future, error)
+
+
 def _settle(future: concurrent.futures.Future[Outcome], result: Outcome | BaseException) -> None:
     if future.done():
         return
@@ -642,7 +660,7 @@ class EntityBatcher:
             queued = [m for queue in self._queues.values() for m in queue]
             self._queues.clear()
         for member in queued:
-            _settle(member.future, ClientClosedError("the entity batcher is closed"))
+            _fail(member, ClientClosedError("the entity batcher is closed"))
         self._sender.shutdown(wait=True)
 
     def __enter__(self) -> EntityBatcher:
@@ -786,7 +804,7 @@ class EntityBatcher:
             self.regroup(members)
         except Exception as exc:  # the client closed, or the partition is not mounted
             for member in members:
-                _settle(member.future, exc)
+                _fail(member, exc)
             self._ended(partition, None, [], [], members)
 
     def _ended(
@@ -857,7 +875,7 @@ class EntityBatcher:
             try:
                 by_partition.setdefault(member.context.partition_id(count), []).append(member)
             except Exception as exc:  # the member's own entities part: its end
-                _settle(member.future, exc)
+                _fail(member, exc)
             else:
                 member.count = count
         log.debug("a batch parted at %d partitions: its members go to %s", count, sorted(by_partition))
@@ -871,7 +889,7 @@ class EntityBatcher:
         if closed:
             for regrouped in by_partition.values():
                 for member in regrouped:
-                    _settle(member.future, ClientClosedError("the entity batcher is closed"))
+                    _fail(member, ClientClosedError("the entity batcher is closed"))
             return
         for partition, taken in sends:
             self._submit_send(partition, taken)
@@ -892,7 +910,7 @@ class EntityBatcher:
             taken = [] if closed else self._take_ready(partition)
         if closed:  # what this transaction left for later has no later
             for member in deferred:
-                _settle(member.future, ClientClosedError("the entity batcher is closed"))
+                _fail(member, ClientClosedError("the entity batcher is closed"))
         self._submit_send(partition, taken)
 
     def _submit_send(self, partition: int, taken: list[list[_Member]]) -> None:
@@ -911,7 +929,7 @@ class EntityBatcher:
                 self._held[partition] += collections.Counter()
             for members in taken:
                 for member in members:
-                    _settle(member.future, ClientClosedError("the entity batcher is closed"))
+                    _fail(member, ClientClosedError("the entity batcher is closed"))
 
     def _send_all(self, partition: int, taken: list[list[_Member]]) -> None:
         """On a sender thread: send the partition's taken log transactions in their order."""
