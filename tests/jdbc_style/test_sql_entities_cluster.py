@@ -743,6 +743,83 @@ def test_a_client_closed_during_a_batch_s_next_attempt_ends_every_member(fresh_s
     assert [type(e) for e in later.exceptions] == [ClientClosedError]
 
 
+class Noting(Increment):
+    """An increment that notes its callbacks (``on_completion``, ``on_application``,
+    ``on_exception``), dropping itself when ``drops``, raising in ``run`` when ``raises``."""
+
+    def __init__(
+        self, callbacks: ChangeSetCallbacks, counter_id: int, *, drops: bool = False, raises: bool = False
+    ) -> None:
+        super().__init__(callbacks, counter_id)
+        self.drops, self.raises = drops, raises
+        self.completions: list[bool] = []
+        self.applications = 0
+        self.exceptions: list[BaseException] = []
+
+    def run(self, tx: EntityTransaction) -> bool:
+        if self.raises:
+            raise ValueError("this request is refused by its own rule")
+        if self.drops:
+            return tx.drop("this request changes nothing")
+        return super().run(tx)
+
+    def on_completion(self, result: bool) -> None:
+        self.completions.append(result)
+
+    def on_application(self) -> None:
+        self.applications += 1
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.exceptions.append(exception)
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
+def test_each_member_keeps_its_own_callbacks_and_one_that_drops_on_the_state_alone_ends_at_once(
+    service: Service,
+) -> None:
+    """docs/design/sql.md "Batched entity transactions": a member that drops its transaction or
+    raises on the state alone (no member appended before it) leaves the batch at once, with its own
+    outcome and callback, while the members after it still run; the members that commit each get
+    ``on_completion(True)`` and, once applied here, ``on_application``; none gets another's."""
+    counter_id = service.create_counter()
+    instance = service.first
+    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=0) as batcher:
+        gated = Gated(instance.callbacks, counter_id)
+        first = batcher.submit(gated)
+        dropping = Noting(instance.callbacks, counter_id, drops=True)
+        raising = Noting(instance.callbacks, counter_id, raises=True)
+        held = HeldInRun(instance.callbacks, counter_id)
+        committing = [Noting(instance.callbacks, counter_id) for _ in range(2)]
+        contexts = [dropping, raising, held, *committing]
+        futures = [batcher.submit(context) for context in contexts]
+        gated.gate.set()
+        assert first.result(TIMEOUT).committed
+        try:
+            assert held.running.wait(TIMEOUT), "the batch never reached the held member"
+            # The members before it ended while it is still running, before the batch is sent.
+            dropped = futures[0].result(0)
+            assert not dropped.committed and dropping.completions == [False]
+            assert isinstance(futures[1].exception(0), ValueError)
+            assert [type(e) for e in raising.exceptions] == [ValueError] and raising.completions == []
+            assert not any(future.done() for future in futures[2:])
+        finally:
+            held.gate.set()
+        outcomes = [future.result(TIMEOUT) for future in futures[2:]]
+    assert all(o.committed for o in outcomes) and len({o.transaction_id for o in outcomes}) == 1, outcomes
+    last = outcomes[0].transaction_id
+    assert last is not None
+    assert instance.client.wait_applied(service.partition_of(counter_id), last, TIMEOUT)
+    wait_until(
+        lambda: all(c.applications == 1 for c in committing),
+        timeout=TIMEOUT,
+        what="each member's on_application",
+    )
+    assert [(c.completions, c.exceptions) for c in committing] == [([True], [])] * 2
+    assert dropping.applications == raising.applications == 0 and dropping.exceptions == []
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 4
+
+
 @pytest.mark.parametrize("entity_cache", [False], ids=["no-entity-cache"], indirect=True, scope="module")
 def test_a_batch_whose_state_cannot_be_read_ends_every_member_with_the_error(fresh_service: Service) -> None:
     """The batch's one state fails to open (a table gone): each member's future and
@@ -1111,10 +1188,14 @@ def test_nothing_waits_while_contexts_come_less_often_than_three_per_linger(serv
     with EntityBatcher(instance.client, max_in_flight_alone=0, linger=2.0) as batcher:
         assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
         time.sleep(1.4)  # the mean: at least 1.4 s, above a third of the linger
-        assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
+        second = Timed(instance.callbacks, counter_id)
+        assert batcher.submit(second).result(TIMEOUT).committed
         # Within the linger of the one before, each lowers the mean by a 16th of the difference.
-        assert batcher.submit(Increment(instance.callbacks, counter_id)).result(TIMEOUT).committed
+        third = Timed(instance.callbacks, counter_id)
+        assert batcher.submit(third).result(TIMEOUT).committed
         assert batcher.lingered == 0
+        # Each went at once: its first attempt ran in the submit, on this thread.
+        assert second.threads[:1] == third.threads[:1] == [threading.get_ident()]
         # A burst: the mean falls below a third of the linger after about 11 of these.
         burst = [batcher.submit(Increment(instance.callbacks, counter_id)) for _ in range(24)]
         assert all(future.result(TIMEOUT).committed for future in burst)
