@@ -67,11 +67,12 @@ def test_the_full_demo(tmp_path: Path) -> None:
 def test_the_demo_with_batch_commits_batches_and_passes_its_checks(tmp_path: Path) -> None:
     """``waltz demo --batch``: the instances submit through an EntityBatcher, batches of several
     operations commit, and every check passes, each member counted as applied exactly once
-    (docs/design/sql.md "Batched entity transactions")."""
+    (docs/design/sql.md "Batched entity transactions"), and the tables Spark rebuilds from the log
+    of batches equal the live database (docs/design/spark.md)."""
     from waltz.cli.main import app
 
     args = ["demo", "--batch", "--transactions", "200", "--accounts", "40", "--partitions", "2"]
-    args += ["--no-faults", "--no-spark", "--work-dir", str(tmp_path)]
+    args += ["--no-faults", "--work-dir", str(tmp_path)]
     result = CliRunner().invoke(app, args)
     output = result.output
     assert result.exit_code == 0, output + result.stderr
@@ -93,6 +94,7 @@ def test_the_demo_with_batch_commits_batches_and_passes_its_checks(tmp_path: Pat
     assert once is not None, output
     transactions, change_sets, logged = (int(g) for g in once.groups())
     assert logged > 0 and change_sets > transactions, output
+    assert re.search(r"^PASS  Spark rebuild from the log equals the live database", output, re.M), output
 
 
 def test_the_demo_refuses_a_module_that_is_no_smallbank_application(tmp_path: Path) -> None:
