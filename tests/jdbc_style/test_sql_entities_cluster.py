@@ -284,16 +284,17 @@ def app_db(request: pytest.FixtureRequest) -> str:
 
 
 @contextlib.contextmanager
-def open_service(cluster: LocalCluster, url: str, entity_cache: bool) -> Iterator[Service]:
+def open_service(cluster: LocalCluster, url: str, entity_cache: bool, **settings: Any) -> Iterator[Service]:
     """Two instances (engine, ChangeSetCallbacks, client) on the database at ``url`` (the
-    framework's tables upgraded, this module's created), mounted; closed afterwards."""
+    framework's tables upgraded, this module's created), mounted; closed afterwards. ``settings``:
+    fields of the clients' ``WaltzClientConfig`` besides the cluster's."""
     setup = create_framework_engine(url)
     try:
         upgrade(setup)
         Base.metadata.create_all(setup)
     finally:
         setup.dispose()
-    config = WaltzClientConfig(**cluster.client_settings(), zookeeper_session_timeout=10.0)
+    config = WaltzClientConfig(**{**cluster.client_settings(), "zookeeper_session_timeout": 10.0, **settings})
     cluster_name = f"entities-{support.unique_suffix()}"
     registry = EntityRegistry.from_base(Base)
     made: list[Instance] = []
@@ -741,6 +742,73 @@ def test_a_client_closed_during_a_batch_s_next_attempt_ends_every_member(fresh_s
     assert all(isinstance(e, ClientClosedError) for e in errors), errors
     assert closing.ended_in_run
     assert [type(e) for e in later.exceptions] == [ClientClosedError]
+
+
+class ClosesTheBatcher(Increment):
+    """Closes ``batcher`` from its ``on_completion``, on the client's completion thread, where
+    its concurrency slot is still held: the client frees it only after that callback returns."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int, batcher: EntityBatcher) -> None:
+        super().__init__(callbacks, counter_id)
+        self.batcher = batcher
+        self.closed = threading.Event()
+
+    def on_completion(self, result: bool) -> None:
+        self.batcher.close()
+        self.closed.set()
+
+
+def _slot_waiters(client: WaltzClient, partition: int) -> int:
+    """Threads waiting for a concurrency slot of the partition (the client's FIFO hand-over)."""
+    limit = client._core.attempts._in_flight._limits[partition]
+    with limit._lock:
+        return len(limit._waiters)
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
+@pytest.mark.parametrize("app_db_url", ["postgresql"], indirect=True)
+def test_closing_the_batcher_from_a_completion_callback_while_its_sender_waits_for_a_slot_returns(
+    sql_cluster_ready: LocalCluster, app_db_url: str, entity_cache: bool
+) -> None:
+    """One transaction in flight per partition. The batcher's first member holds the slot, its
+    second queues behind it, and a context submitted straight to the client waits for the slot.
+    When the first ends, the slot passes to that context (FIFO) and the second member's sender
+    thread waits for it; that context's ``on_completion``, on the completion thread, which frees
+    the slot only after it returns, closes the batcher. The close returns without waiting for the
+    sender, and the member taken before it is still sent and commits, after that context."""
+    with open_service(
+        sql_cluster_ready, app_db_url, entity_cache, client_max_concurrent_transactions=1
+    ) as service:
+        counter_id = service.create_counter()
+        partition = service.partition_of(counter_id)
+        instance = service.first
+        batcher = EntityBatcher(instance.client, max_in_flight_alone=0, linger=0)
+        closer = ClosesTheBatcher(instance.callbacks, counter_id, batcher)
+        gated = Gated(instance.callbacks, counter_id)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="test-direct") as direct:
+            try:
+                first = batcher.submit(gated)  # sent at once: it holds the slot
+                queued = batcher.submit(Increment(instance.callbacks, counter_id))  # behind it
+                submitted = direct.submit(instance.client.submit, closer)  # waits for the slot
+                wait_until(
+                    lambda: _slot_waiters(instance.client, partition) == 1,
+                    timeout=TIMEOUT,
+                    what="the direct submit to wait for the partition's slot",
+                )
+                gated.gate.set()
+                assert closer.closed.wait(TIMEOUT / 2), "the close on the completion thread never returned"
+                closed = submitted.result(TIMEOUT).result(TIMEOUT)
+                assert first.result(TIMEOUT).committed and closed.committed
+                sent = queued.result(TIMEOUT)
+                assert sent.committed, "the member taken before the close was not sent"
+            finally:
+                gated.gate.set()
+                batcher.close()
+        assert sent.transaction_id > closed.transaction_id, "the member's sender did not wait for the slot"
+        with pytest.raises(ClientClosedError):
+            batcher.submit(Increment(instance.callbacks, counter_id))
+        service.wait_caught_up()
+        assert service.counter_value(counter_id) == 3
 
 
 class Noting(Increment):

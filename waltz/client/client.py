@@ -296,6 +296,13 @@ class WaltzClient:
         window")."""
         return self._core.apply_backlogs()
 
+    def on_completion_thread(self) -> bool:
+        """Whether the calling thread is the client's completion thread, where the callbacks of
+        committed contexts and their futures' done-callbacks run (docs/design/client.md, "The
+        client's parts"): code there must not wait for another context to end, since only this
+        thread ends them and frees their concurrency slots."""
+        return self._core.attempts.on_completion_thread()
+
     def close(self) -> None:
         """Close the client (connections, threads, the ZooKeeper session). Idempotent.
 
@@ -424,6 +431,10 @@ class AsyncWaltzClient:
     def has_pending_transactions(self) -> bool:
         """True while a submitted context has not ended."""
         return self._core.attempts.in_flight() > 0
+
+    def on_completion_thread(self) -> bool:
+        """As :meth:`WaltzClient.on_completion_thread`."""
+        return self._core.attempts.on_completion_thread()
 
     async def get_high_water_mark(self, partition_id: int, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> int:
         """As :meth:`WaltzClient.get_high_water_mark`."""

@@ -584,8 +584,11 @@ class EntityBatcher:
         self._closed = False
         # Next batches are submitted off the completion thread, which must not wait on a first
         # attempt's database reads.
+        self._sender_idents: set[int] = set()
         self._sender = concurrent.futures.ThreadPoolExecutor(
-            max_workers=max(1, min(8, client.num_partitions)), thread_name_prefix="waltz-batcher"
+            max_workers=max(1, min(8, client.num_partitions)),
+            thread_name_prefix="waltz-batcher",
+            initializer=self._note_sender,
         )
         #: Bytes of a batch's data and lock hashes at most: ``max_bytes``, within the client's
         #: largest message (``client.maxMessageBytes``) less an append's own bytes.
@@ -654,14 +657,26 @@ class EntityBatcher:
 
     def close(self) -> None:
         """Stop taking contexts; those queued end with :class:`~waltz.errors.ClientClosedError`
-        (those in flight end as the client ends them). Idempotent."""
+        (those in flight end as the client ends them). Idempotent.
+
+        Waits until the sender threads have sent the log transactions taken before the close,
+        except when called from the client's completion thread (a context's callback, a future's
+        done-callback) or from a sender thread: a sender may be waiting there for a concurrency
+        slot that only the completion thread frees, so the close returns at once and those
+        transactions are still sent (docs/design/sql.md "Batched entity transactions")."""
         with self._lock:
             self._closed = True
             queued = [m for queue in self._queues.values() for m in queue]
             self._queues.clear()
         for member in queued:
             _fail(member, ClientClosedError("the entity batcher is closed"))
-        self._sender.shutdown(wait=True)
+        on_sender = threading.get_ident() in self._sender_idents
+        self._sender.shutdown(wait=not (on_sender or self.client.on_completion_thread()))
+
+    def _note_sender(self) -> None:
+        """On each new sender thread, before its first send: note it (``close`` from it must not
+        wait for the senders)."""
+        self._sender_idents.add(threading.get_ident())
 
     def __enter__(self) -> EntityBatcher:
         return self
