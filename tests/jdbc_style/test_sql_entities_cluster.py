@@ -811,6 +811,48 @@ def test_closing_the_batcher_from_a_completion_callback_while_its_sender_waits_f
         assert service.counter_value(counter_id) == 3
 
 
+class ClosesInRun(Increment):
+    """Closes ``batcher`` from its ``run`` when that runs on one of the batcher's sender threads."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int, batcher: EntityBatcher) -> None:
+        super().__init__(callbacks, counter_id)
+        self.batcher = batcher
+        self.closed_on_sender = False
+
+    def run(self, tx: EntityTransaction) -> bool:
+        if threading.current_thread().name.startswith("waltz-batcher"):
+            self.batcher.close()
+            self.closed_on_sender = True
+        return super().run(tx)
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
+@pytest.mark.parametrize("app_db", ["postgresql"], indirect=True, scope="module")
+def test_closing_the_batcher_from_its_own_sender_thread_returns_and_the_batch_commits(
+    service: Service,
+) -> None:
+    """A member sent by a sender thread (queued behind a transaction in flight) closes the batcher
+    in its ``run``: the close does not wait for the sender threads, its own among them, and the
+    member's batch, taken before the close, commits."""
+    counter_id = service.create_counter()
+    instance = service.first
+    batcher = EntityBatcher(instance.client, max_in_flight_alone=0, linger=0)
+    try:
+        gated = Gated(instance.callbacks, counter_id)
+        first = batcher.submit(gated)
+        closing = ClosesInRun(instance.callbacks, counter_id, batcher)
+        second = batcher.submit(closing)  # queued: sent by a sender thread when the first ends
+        gated.gate.set()
+        assert first.result(TIMEOUT).committed
+        assert second.result(TIMEOUT).committed
+    finally:
+        gated.gate.set()
+        batcher.close()
+    assert closing.closed_on_sender, "the member did not run on a sender thread"
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 2
+
+
 class Noting(Increment):
     """An increment that notes its callbacks (``on_completion``, ``on_application``,
     ``on_exception``), dropping itself when ``drops``, raising in ``run`` when ``raises``."""
