@@ -700,6 +700,9 @@ class ClosesOnItsRetry(RecordsExceptions):
         self.runs = 0
         self.future: concurrent.futures.Future[Outcome] | None = None
         self.ended_in_run = False
+        #: Set once the second run has checked its future (after its future ended, which may be
+        #: seen by the test first).
+        self.checked = threading.Event()
 
     def run(self, tx: EntityTransaction) -> bool:
         self.runs += 1
@@ -710,6 +713,7 @@ class ClosesOnItsRetry(RecordsExceptions):
             threading.Thread(target=self.service.first.client.close, name="test-close", daemon=True).start()
             assert self.future is not None
             self.ended_in_run = concurrent.futures.wait([self.future], timeout=10).not_done == set()
+            self.checked.set()
         return super().run(tx)
 
 
@@ -740,6 +744,7 @@ def test_a_client_closed_during_a_batch_s_next_attempt_ends_every_member(fresh_s
     assert not waiting, "a member of the batch the client failed was never ended"
     errors = [f.exception() for f in futures]
     assert all(isinstance(e, ClientClosedError) for e in errors), errors
+    assert closing.checked.wait(TIMEOUT), "the second run never checked its future"
     assert closing.ended_in_run
     assert [type(e) for e in later.exceptions] == [ClientClosedError]
 
