@@ -35,7 +35,8 @@ Systems:
 
 Each case runs in a child process of its own (own session; killed with its children after its
 time limit), on 127.0.0.1 only, with free ports and temporary directories it removes. Install the
-peers first with ``benchmarks/peers/setup.sh``. Usage::
+peers first with ``benchmarks/peers/setup.sh``; a case whose peer is missing is named before the
+first run and skipped in every round. Run it as a module from the repository's root. Usage::
 
     .venv/bin/python -m benchmarks.peers.run_all --quick          # a few minutes
     .venv/bin/python -m benchmarks.peers.run_all                  # the full run
@@ -592,6 +593,10 @@ def main() -> None:
         *("--case-timeout", str(args.case_timeout)),
         *(x for kv in args.waltz_env for x in ("--waltz-env", kv)),
     ]
+    if __spec__ is None:  # run by its path: ``benchmarks`` is not importable, nor are the cases
+        parser.error(
+            "run it as a module, from the repository's root: .venv/bin/python -m benchmarks.peers.run_all ..."
+        )
     cases = [c.strip() for c in args.only.split(",") if c.strip()] or CASES
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
@@ -608,12 +613,18 @@ def main() -> None:
         parser.error("--repeat must be at least 1")
     if args.smallbank_rate is not None and args.smallbank_rate <= 0:
         parser.error(f"--smallbank-rate must be above 0, got {args.smallbank_rate}")
+    # Asked once, before the first run: a case that cannot run is said at the start of a sitting,
+    # not after the runs before it.
+    reasons = {name: unavailable(name) for name in cases}
+    for name, why in reasons.items():
+        if why:
+            print(f"{name}: skipped in every round: {why}", file=sys.stderr, flush=True)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
     for round_number in range(1, args.repeat + 1):
         if args.repeat > 1:
             print(f"round {round_number} of {args.repeat}", flush=True)
         for name in cases:
-            reason = unavailable(name)
+            reason = reasons[name]
             row: dict[str, Any] = (
                 {"system": name, "case": name, "error": f"skipped: {reason}"}
                 if reason

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from benchmarks.peers import run_all
@@ -74,3 +78,43 @@ def test_the_empty_loop_is_timed_in_a_new_interpreter() -> None:
     seconds = run_all.empty_loop_seconds()
     assert 0.01 < seconds < 60.0
     assert run_all.EMPTY_LOOP == "for i in range(10_000_000): pass"
+
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_run_by_its_path_it_says_to_run_it_as_a_module_before_any_run(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(_ROOT / "benchmarks" / "peers" / "run_all.py"), "--only", "smallbank-pg-quorum"],
+        cwd=_ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done
+    assert "-m benchmarks.peers.run_all" in done.stderr
+    assert "round" not in done.stdout and "tx/s" not in done.stdout
+
+
+def test_a_case_that_cannot_run_is_said_before_the_first_round(tmp_path: Path) -> None:
+    # An empty PATH: etcd cannot be found, whatever the machine has installed.
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.peers.run_all", "--only", "etcd", "--repeat", "2"],
+        cwd=_ROOT,
+        check=False,
+        env={**os.environ, "PATH": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout
+    lines = done.stdout.splitlines()
+    skipped = [
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("etcd: skipped in every round: etcd not installed")
+    ]
+    assert len(skipped) == 1, done.stdout
+    assert skipped[0] < lines.index("round 1 of 2"), done.stdout
