@@ -580,6 +580,11 @@ def main() -> None:
         print("RESULT " + json.dumps(run_case(args.case, args)), flush=True)
         return
 
+    if __spec__ is None:  # run by its path: ``benchmarks`` is not importable, nor are the cases
+        parser.error(
+            "run it as a module, from the repository's root: .venv/bin/python -m benchmarks.peers.run_all ..."
+        )
+
     forwarded = [
         *(["--quick"] if args.quick else []),
         *("--transactions", str(args.transactions), "--in-flight", str(args.in_flight)),
@@ -593,10 +598,6 @@ def main() -> None:
         *("--case-timeout", str(args.case_timeout)),
         *(x for kv in args.waltz_env for x in ("--waltz-env", kv)),
     ]
-    if __spec__ is None:  # run by its path: ``benchmarks`` is not importable, nor are the cases
-        parser.error(
-            "run it as a module, from the repository's root: .venv/bin/python -m benchmarks.peers.run_all ..."
-        )
     cases = [c.strip() for c in args.only.split(",") if c.strip()] or CASES
     unknown = sorted(set(cases) - set(CASES))
     if unknown:

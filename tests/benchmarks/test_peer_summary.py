@@ -83,7 +83,7 @@ def test_the_empty_loop_is_timed_in_a_new_interpreter() -> None:
 _ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_run_by_its_path_it_says_to_run_it_as_a_module_before_any_run(tmp_path: Path) -> None:
+def test_run_by_its_path_it_says_to_run_it_as_a_module_before_any_run() -> None:
     done = subprocess.run(
         [sys.executable, str(_ROOT / "benchmarks" / "peers" / "run_all.py"), "--only", "smallbank-pg-quorum"],
         cwd=_ROOT,
