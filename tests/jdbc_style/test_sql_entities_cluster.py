@@ -447,6 +447,44 @@ def test_a_request_committed_twice_changes_the_database_once(service: Service) -
 
 
 @pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
+def test_a_key_the_keys_table_cannot_hold_is_refused_before_the_append(service: Service) -> None:
+    """An idempotency key of more than 190 characters (or none) fails its own submit with a
+    ValueError and never reaches the log, alone with the key's read off, with it answered by the
+    entity cache, and in a batch: in the log its apply would fail for ever and stop the partition."""
+    counter_id = service.create_counter()
+    pid = service.partition_of(counter_id)
+    instance = service.first
+    before = service.wait_caught_up()[pid]
+    long_key = "k" * 191
+    unchecked = Increment(instance.callbacks, counter_id, request_key=long_key)
+    unchecked.checks_idempotency_key = False
+    contexts = [
+        unchecked,
+        Increment(instance.callbacks, counter_id, request_key=long_key),
+        Increment(instance.callbacks, counter_id, request_key=""),
+    ]
+    for context in contexts:
+        exception = instance.client.submit(context).exception(TIMEOUT)
+        assert isinstance(exception, ValueError) and "1..190 characters" in str(exception), exception
+    with EntityBatcher(instance.client) as batcher:
+        gated = Gated(instance.callbacks, counter_id)
+        first = batcher.submit(gated)  # alone; the next ones queue behind it and go as a batch
+        queued = [
+            batcher.submit(Increment(instance.callbacks, counter_id, request_key=long_key)),
+            batcher.submit(Increment(instance.callbacks, counter_id)),
+        ]
+        gated.gate.set()
+        assert first.result(TIMEOUT).committed
+        with pytest.raises(ValueError, match=r"1\.\.190 characters"):
+            queued[0].result(TIMEOUT)
+        assert queued[1].result(TIMEOUT).committed
+    server = service.wait_caught_up()
+    assert server[pid] == before + 2, f"a refused key reached the log: {before} -> {server[pid]}"
+    assert service.counter_value(counter_id) == 2
+    assert instance.callbacks.uncaught_count == 0, list(instance.callbacks.uncaught)
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 def test_one_instance_s_hot_counter_reads_the_entity_cache_and_loses_no_update(service: Service) -> None:
     """One instance submitting on a counter: its attempts after the first read the entity cache
     (the rows its applies absorbed), contexts queued behind the counter's lock run once the

@@ -66,8 +66,7 @@ from waltz.jdbc_style.entity_context import (
     EntityTransactionContext,
     NotBatchableError,
 )
-from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_keys
-from waltz.jdbc_style.schema import IDEMPOTENCY_KEY_LENGTH
+from waltz.jdbc_style.idempotency import AppliedRequest, check_idempotency_key, find_idempotency_keys
 from waltz.protocol.event_loop import shared_event_loop
 
 if TYPE_CHECKING:
@@ -311,10 +310,8 @@ class _Batch(TransactionContext):
                 # Its bytes in the batch's data: itself and the comma before it (or, for a change-set
                 # alone, its ``"v"``, which the framing covers), and its lock hashes.
                 data = len(encoded) + 1 + LOCK_HASH_BYTES * (len(tx.write_locks) + len(tx.read_locks))
-                if key is not None and not 0 < len(key) <= IDEMPOTENCY_KEY_LENGTH:
-                    raise ValueError(
-                        f"an idempotency key has 1..{IDEMPOTENCY_KEY_LENGTH} characters, got {len(key)}"
-                    )
+                if key is not None:
+                    check_idempotency_key(key)
             except Exception as exc:  # this member's own error (a value JSON cannot hold, its key)
                 self._end(member, exc)
                 continue

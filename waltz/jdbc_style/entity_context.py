@@ -47,7 +47,12 @@ from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, 
 from waltz.jdbc_style.changeset_callbacks import ChangeSetCallbacks
 from waltz.jdbc_style.entities import EntityInfo, rows_by_model
 from waltz.jdbc_style.entity_cache import MISSING, EntityCache
-from waltz.jdbc_style.idempotency import AppliedRequest, find_idempotency_key, find_idempotency_keys
+from waltz.jdbc_style.idempotency import (
+    AppliedRequest,
+    check_idempotency_key,
+    find_idempotency_key,
+    find_idempotency_keys,
+)
 from waltz.jdbc_style.mark_snapshot import MarkSnapshot
 from waltz.jdbc_style.prefetch import Prefetched
 
@@ -690,7 +695,12 @@ class EntityTransactionContext(TransactionContext):
         A transaction whose :attr:`EntityTransaction.idempotency_key` was applied before, as of
         the state the attempt read, is dropped as already applied (the submitter's ``Outcome``
         names the earlier transaction); a copy still in flight is not seen here, and its apply
-        changes nothing (docs/design/sql.md "Idempotency keys")."""
+        changes nothing (docs/design/sql.md "Idempotency keys").
+
+        Raises:
+            ValueError: the idempotency key is empty or longer than 190 characters (refused
+                before the append, whether or not :attr:`checks_idempotency_key` is on).
+        """
         if self._num_partitions == 0:
             raise RuntimeError("partition_id() must be called before execute()")
         with contextlib.ExitStack() as stack:
@@ -700,6 +710,10 @@ class EntityTransactionContext(TransactionContext):
             dropped = self.run_attempt(tx, builder)
             if dropped is not None:
                 return dropped
+        if tx.idempotency_key is not None:
+            # Checked here too: without the key's read (checks_idempotency_key off, or the entity
+            # cache answering it) a key the table cannot hold would reach the log and fail its apply.
+            check_idempotency_key(tx.idempotency_key)
         builder.set_client_high_water_mark(snapshot.high_water_mark)
         builder.set_header(CHANGE_SET_HEADER)
         builder.set_raw_data(tx.change_set().encode())

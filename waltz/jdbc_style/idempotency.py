@@ -23,6 +23,7 @@ from waltz.jdbc_style.schema import IDEMPOTENCY_KEY_LENGTH, idempotency_keys
 
 __all__ = [
     "AppliedRequest",
+    "check_idempotency_key",
     "find_idempotency_key",
     "find_idempotency_keys",
     "record_idempotency_key",
@@ -43,7 +44,12 @@ class AppliedRequest:
     transaction_id: int
 
 
-def _check(key: str) -> None:
+def check_idempotency_key(key: str) -> None:
+    """Refuse a key the keys' table cannot hold, before anything is appended or read.
+
+    Raises:
+        ValueError: ``key`` is empty or longer than ``IDEMPOTENCY_KEY_LENGTH`` (190) characters.
+    """
     if not key or len(key) > IDEMPOTENCY_KEY_LENGTH:
         raise ValueError(f"an idempotency key has 1..{IDEMPOTENCY_KEY_LENGTH} characters, got {len(key)}")
 
@@ -82,7 +88,7 @@ def record_idempotency_keys(
     """
     distinct = list(dict.fromkeys(keys))
     for key in distinct:
-        _check(key)
+        check_idempotency_key(key)
     if not distinct:
         return {}
     now = dt.datetime.now(dt.UTC)
@@ -115,7 +121,7 @@ def find_idempotency_keys(
     applied, for the keys applied (the others are absent)."""
     distinct = list(dict.fromkeys(keys))
     for key in distinct:
-        _check(key)
+        check_idempotency_key(key)
     if not distinct:
         return {}
     c = idempotency_keys.c
@@ -129,7 +135,7 @@ def find_idempotency_keys(
 
 def find_idempotency_key(conn: Connection, *, cluster_name: str, key: str) -> AppliedRequest | None:
     """Where ``key`` was applied in this database, or None (not applied, perhaps not yet)."""
-    _check(key)
+    check_idempotency_key(key)
     row = conn.execute(
         select(idempotency_keys.c.partition_id, idempotency_keys.c.transaction_id).where(
             (idempotency_keys.c.cluster_name == cluster_name) & (idempotency_keys.c.idempotency_key == key)
