@@ -133,12 +133,12 @@ class WaltzSettings(BaseSettings):
         return f"{cls.__name__} has no setting {name!r}; did you mean {field}{known_as}?"
 
 
-def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S:
+def load_settings(cls: type[S], path: Path | str | None = None, **overrides: Any) -> S:
     """Load settings from an optional YAML file, the environment and explicit overrides.
 
     Args:
         cls: the settings class.
-        path: a YAML file with Waltz dotted keys, or None.
+        path: a YAML file with Waltz dotted keys (a path or a string), or None.
         overrides: field values that win over everything else (e.g. from command-line options);
             None values are ignored.
 
@@ -147,6 +147,7 @@ def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S
     """
     file_values: dict[str, Any] = {}
     if path is not None:
+        path = Path(path)
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: not UTF-8

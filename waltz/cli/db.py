@@ -236,7 +236,9 @@ def skip(
     cluster: Annotated[
         str,
         typer.Option(
-            "--cluster", help="The Waltz cluster (log) the application follows.", show_default=False
+            "--cluster",
+            help="The cluster_name the application gave its callbacks (its name for the log it follows).",
+            show_default=False,
         ),
     ],
     partition: Annotated[int, typer.Option("--partition", min=0, help="The partition.", show_default=False)],

@@ -383,7 +383,9 @@ def secret_value(value: str | None, file: Path | None, option: str, *, required:
 ClusterFilterOption = Annotated[
     str | None,
     typer.Option(
-        "--cluster", help="Only this Waltz cluster's rows (default: every cluster).", show_default=False
+        "--cluster",
+        help="Only the rows of this cluster_name (the name the callbacks were given; default: all).",
+        show_default=False,
     ),
 ]
 

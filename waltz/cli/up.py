@@ -64,8 +64,9 @@ def up(
         bool,
         typer.Option(
             "--zookeeper-auth/--no-zookeeper-auth",
-            help="Protect the cluster's znodes with a ZooKeeper digest credential made for it, kept in "
-            "WORK_DIR/zookeeper-digest (the printed exports name it for clients and tools).",
+            help="Protect the cluster's znodes with a ZooKeeper digest credential per role made for it, "
+            "kept in WORK_DIR/zookeeper-credentials/ROLE.digest (the printed exports name the operator's "
+            "for tools, and client.digest for applications).",
         ),
     ] = True,
     name: Annotated[str, typer.Option(help="The cluster's name.")] = "local",

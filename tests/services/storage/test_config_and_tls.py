@@ -32,6 +32,7 @@ def test_yaml_flat_and_nested_keys_and_environment_override(
     assert settings.segment_size_threshold == 4096
     assert settings.admin_port == 7002  # the environment wins over the file
     assert load_settings(StorageConfig, config, admin_port=7003).admin_port == 7003  # options win
+    assert load_settings(StorageConfig, str(config)) == settings  # a path given as a string
     assert settings.inline_append_streams == 2
     monkeypatch.setenv("WALTZ_STORAGE_INLINE_APPEND_STREAMS", "1")
     assert load_settings(StorageConfig, config).inline_append_streams == 1
