@@ -45,7 +45,8 @@ class AppliedRequest:
 
 
 def check_idempotency_key(key: str) -> None:
-    """Refuse a key the keys' table cannot hold, before anything is appended or read.
+    """Refuse a key the keys' table cannot hold, before anything is appended or read
+    (docs/design/sql.md "Idempotency keys").
 
     Raises:
         ValueError: ``key`` is empty or longer than ``IDEMPOTENCY_KEY_LENGTH`` (190) characters.
