@@ -448,9 +448,9 @@ def test_a_request_committed_twice_changes_the_database_once(service: Service) -
 
 @pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
 def test_a_key_the_keys_table_cannot_hold_is_refused_before_the_append(service: Service) -> None:
-    """An idempotency key of more than 190 characters (or none) fails its own submit with a
-    ValueError and never reaches the log, alone with the key's read off, with it answered by the
-    entity cache, and in a batch: in the log its apply would fail for ever and stop the partition."""
+    """An idempotency key of more than 190 characters (or an empty one) fails its own submit with
+    a ValueError and never reaches the log: alone with the key's read off or on (the entity cache
+    on), and in a batch. In the log its apply would fail on every try and stop the partition."""
     counter_id = service.create_counter()
     pid = service.partition_of(counter_id)
     instance = service.first
