@@ -711,8 +711,8 @@ class EntityTransactionContext(TransactionContext):
             if dropped is not None:
                 return dropped
         if tx.idempotency_key is not None:
-            # Checked here too: without the key's read (checks_idempotency_key off, or the entity
-            # cache answering it) a key the table cannot hold would reach the log and fail its apply.
+            # Checked here too: without the key's read (checks_idempotency_key off), a key the
+            # table cannot hold would reach the log and fail its apply on every try.
             check_idempotency_key(tx.idempotency_key)
         builder.set_client_high_water_mark(snapshot.high_water_mark)
         builder.set_header(CHANGE_SET_HEADER)
