@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from waltz.cli.options import LogLevelOption
+from waltz.cli.options import NodesLogLevelOption
 from waltz.errors import ConfigurationError
 from waltz.logs import configure_logging
 from waltz.workloads.application import DEFAULT_APPLICATION, load_application
@@ -162,7 +162,7 @@ def chaos(
         float,
         typer.Option("--split-at", min=0.0, max=1.0, help="Fraction of the run at which --split-to starts."),
     ] = 0.5,
-    log_level: LogLevelOption = "WARNING",
+    log_level: NodesLogLevelOption = "WARNING",
 ) -> None:
     """Run a local cluster and client processes under faults, then check every invariant.
 

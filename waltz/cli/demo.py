@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from waltz.cli.options import LogLevelOption
+from waltz.cli.options import NodesLogLevelOption
 from waltz.errors import ConfigurationError
 from waltz.logs import configure_logging
 from waltz.workloads.application import DEFAULT_APPLICATION
@@ -88,7 +88,7 @@ def demo(
     work_dir: Annotated[
         Path | None, typer.Option(help="Keep the cluster's data, logs and the SQLite database here.")
     ] = None,
-    log_level: LogLevelOption = "WARNING",
+    log_level: NodesLogLevelOption = "WARNING",
     app: Annotated[
         str,
         typer.Option(

@@ -38,6 +38,7 @@ __all__ = [
     "LocalServersOption",
     "LocalStoragesOption",
     "LogLevelOption",
+    "NodesLogLevelOption",
     "OptionalDatabaseUrlOption",
     "PartitionsOption",
     "ReplicasOption",
@@ -68,7 +69,8 @@ def quiet_logging() -> None:
 # --- what every command prints ----------------------------------------------------------------------
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of text.")]
-LogLevelOption = Annotated[
+LogLevelOption = Annotated[str, typer.Option(help="Log level of this process.")]
+NodesLogLevelOption = Annotated[
     str,
     typer.Option(help="Log level of this process (the nodes it starts log to files in the work directory)."),
 ]

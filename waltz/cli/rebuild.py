@@ -17,10 +17,13 @@ import typer
 if TYPE_CHECKING:
     from waltz.spark.views import AppViews
 
-from waltz.cli.options import LogLevelOption, secret_value
+from waltz.cli.options import AdminConfigOption, LogLevelOption, ZookeeperOption, secret_value
 from waltz.errors import ConfigurationError, WaltzError
 from waltz.logs import configure_logging
 from waltz.protocol.channels import TlsConfig
+
+if TYPE_CHECKING:
+    from waltz.spark.rebuild import LogSource
 
 __all__ = ["load_app", "rebuild_command"]
 
@@ -48,6 +51,71 @@ def _marks(items: list[str]) -> dict[int, int]:
     return parse_marks(",".join(items), "--high-water-mark")
 
 
+def log_source(
+    *,
+    config: Path | None = None,
+    zookeeper: str | None = None,
+    root: str | None = None,
+    storage_dirs: list[Path] | None = None,
+    replicas: int | None = None,
+    high_water_marks: dict[int, int] | None = None,
+    tls: TlsConfig | None = None,
+) -> LogSource:
+    """Where ``waltz rebuild`` reads the log: the replica directories when given, else the live
+    cluster that the options, the ``WALTZ_*`` variables and ``--config`` name, as for every
+    command that reaches a cluster (docs/spark.md "Rebuilding a database").
+
+    Args:
+        config: a YAML file with ``zookeeper.*`` and ``cluster.*`` keys (live only).
+        zookeeper: the ZooKeeper connect string, over the file's and the environment's.
+        root: the cluster root znode, over the file's and the environment's.
+        storage_dirs: replica directories to read offline instead.
+        replicas: offline, the replicas per partition.
+        high_water_marks: offline, partition -> a mark known committed.
+        tls: the storage nodes' admin ports' TLS files given as options, over the settings'.
+
+    Raises:
+        ConfigurationError: neither source is named, both are, a setting is invalid, or the
+            ZooKeeper credential is given inline (``zookeeper.auth.digest``): Spark's Python
+            workers are handed files, so it must be a file (``zookeeper.auth.digestFile``).
+    """
+    from waltz.admin.config import ClusterAdminConfig
+    from waltz.config import load_settings
+    from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_FILE_FIELDS
+    from waltz.spark.rebuild import LogSource
+
+    if storage_dirs:
+        if zookeeper or root or config is not None:
+            raise ConfigurationError(
+                "read the log either from a live cluster (--zookeeper, --root, --config) or from "
+                "--storage-dir, not both"
+            )
+        return LogSource(
+            storage_dirs=[str(d) for d in storage_dirs], replicas=replicas, high_water_marks=high_water_marks
+        )
+    settings = load_settings(
+        ClusterAdminConfig, config, zookeeper_connect_string=zookeeper, cluster_root=root
+    )
+    try:
+        connect_string, cluster_root = settings.require()
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{exc}; or read replica directories with --storage-dir") from exc
+    if settings.zookeeper_auth_digest is not None:
+        raise ConfigurationError(
+            "waltz rebuild hands the ZooKeeper credential to Spark's workers as a file: set "
+            "zookeeper.auth.digestFile (WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE), not zookeeper.auth.digest"
+        )
+    files = {name: getattr(settings, name) for name in ZOOKEEPER_SECURITY_FILE_FIELDS}
+    return LogSource(
+        zookeeper=connect_string,
+        cluster_root=cluster_root,
+        replicas=replicas,
+        high_water_marks=high_water_marks,
+        tls=tls or settings.tls(),
+        zookeeper_files={name: path for name, path in files.items() if path is not None},
+    )
+
+
 def rebuild_command(
     app: Annotated[
         str,
@@ -72,10 +140,19 @@ def rebuild_command(
             show_default=False,
         ),
     ] = None,
-    zookeeper: Annotated[str | None, typer.Option(help="ZooKeeper connect string of a live cluster.")] = None,
-    cluster_root: Annotated[
-        str | None, typer.Option(help="The cluster root znode of a live cluster.")
+    zookeeper: ZookeeperOption = None,
+    root: Annotated[
+        str | None,
+        typer.Option(
+            "--root",
+            "-r",
+            "--cluster-root",
+            help="Cluster root znode of a live cluster, e.g. /waltz/cluster1 (cluster.root, "
+            "WALTZ_CLUSTER_ROOT).",
+            show_default=False,
+        ),
     ] = None,
+    config: AdminConfigOption = None,
     storage_dir: Annotated[
         list[Path] | None,
         typer.Option(help="Read storage directories on disk instead (repeat for each replica)."),
@@ -145,7 +222,8 @@ def rebuild_command(
 ) -> None:
     """Rebuild an application's tables from the committed Waltz log with Spark (docs/spark.md).
 
-    Reads the log from a live cluster (admin ports, never a store session) or from replica
+    Reads the log from a live cluster (admin ports, never a store session; named as for every
+    command: --zookeeper and --root, the WALTZ_* variables, or --config) or from replica
     directories, computes the application's views, writes them into fresh tables that replace
     the old ones when complete, and sets the high-water-mark rows so that an instance started on
     the database resumes from the log. With --verify-against, compares the views at the live
@@ -168,26 +246,28 @@ def rebuild_command(
         raise typer.BadParameter("give --db, --verify-against, --check, or a combination")
     try:  # here, not at the top: every `waltz` command would import SQLAlchemy
         from sqlalchemy.exc import SQLAlchemyError
+
+        from waltz.jdbc_style.changeset import ChangeSetFormatError
     except ImportError as exc:
         typer.echo(f"error: {exc}: install waltz-py[sql,spark] for waltz rebuild", err=True)
         raise typer.Exit(2) from exc
 
     try:
-        from waltz.metadata.zk_security import security_files_from_environment
         from waltz.spark.drift import verify
-        from waltz.spark.rebuild import LogSource, rebuild
+        from waltz.spark.rebuild import rebuild
         from waltz.spark.session import spark_session
 
         views = load_app(app)
-        source = LogSource(
+        # Named before Spark starts. Spark's Python workers were started with the JVM's
+        # environment: the source names the ZooKeeper credential's and TLS files itself.
+        source = log_source(
+            config=config,
             zookeeper=zookeeper,
-            cluster_root=cluster_root,
-            storage_dirs=[str(d) for d in storage_dir or []],
+            root=root,
+            storage_dirs=storage_dir,
             replicas=replicas,
             high_water_marks=_marks(high_water_mark) if high_water_mark else None,
             tls=TlsConfig(ssl_ca_file, ssl_cert_file, ssl_key_file) if ssl_ca_file or ssl_cert_file else None,
-            # Spark's Python workers were started with the JVM's environment: name the files.
-            zookeeper_files=security_files_from_environment() if zookeeper else {},
         )
         say(f"starting Spark ({master})")
         spark = spark_session(master, app_name=f"waltz-rebuild-{app}", quiet_start=True)
@@ -222,6 +302,14 @@ def rebuild_command(
             spark, views, source, db, cluster_name=cluster_name, snapshot=from_snapshot, progress=say
         )
         say(f"rebuilt {sum(result.rows.values())} rows in {len(result.rows)} tables in {result.seconds:.1f}s")
+    except ChangeSetFormatError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        typer.echo(
+            f"hint: the log holds a transaction that {app}'s views cannot decode: check that --root "
+            f"names the cluster {app} writes to",
+            err=True,
+        )
+        raise typer.Exit(2) from exc
     except (WaltzError, ImportError, OSError, SQLAlchemyError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

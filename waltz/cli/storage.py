@@ -19,7 +19,7 @@ from waltz.cli.groups import MARKUP
 from waltz.cli.options import (
     AdminConfigOption,
     JsonOption,
-    LogLevelOption,
+    NodesLogLevelOption,
     RootOption,
     StorageArgument,
     TimeoutOption,
@@ -49,7 +49,7 @@ def smoke(
     work_dir: Annotated[
         Path | None, typer.Option(help="Keep the storage directory and logs here (default: a temp dir).")
     ] = None,
-    log_level: LogLevelOption = "WARNING",
+    log_level: NodesLogLevelOption = "WARNING",
 ) -> None:
     """Smoke-test a storage node: append, kill -9, restart, read back, compare.
 

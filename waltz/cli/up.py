@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from waltz.cli.options import LogLevelOption
+from waltz.cli.options import NodesLogLevelOption
 from waltz.errors import ConfigurationError, WaltzError
 from waltz.logs import configure_logging
 
@@ -88,7 +88,7 @@ def up(
     timeout: Annotated[
         float, typer.Option(min=1.0, help="Seconds allowed for starting, until every partition is writable.")
     ] = 120.0,
-    log_level: LogLevelOption = "WARNING",
+    log_level: NodesLogLevelOption = "WARNING",
     secure: Annotated[
         bool,
         typer.Option(

@@ -1,0 +1,96 @@
+"""``waltz rebuild`` names its log source as every command that reaches a cluster does, and a
+source it cannot use is refused before Spark starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from waltz.cli.main import app
+from waltz.cli.rebuild import log_source
+from waltz.errors import ConfigurationError
+
+#: Wide: rich wraps errors at the terminal width. Each test empties the cluster variables first.
+_ENV = {"COLUMNS": "300"}
+_CLUSTER_VARIABLES = (
+    "WALTZ_ZOOKEEPER_CONNECT_STRING",
+    "WALTZ_CLUSTER_ROOT",
+    "WALTZ_ZOOKEEPER_AUTH_DIGEST",
+    "WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE",
+    "WALTZ_CLUSTER_SSL_CA_FILE",
+    "WALTZ_CLUSTER_SSL_CERT_FILE",
+    "WALTZ_CLUSTER_SSL_KEY_FILE",
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_cluster_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in _CLUSTER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def _rebuild(*arguments: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(
+        app, ["rebuild", "--app", "waltz_examples.ledger", "--check", *arguments], env={**_ENV, **(env or {})}
+    )
+    return result.exit_code, result.output
+
+
+def test_the_cluster_comes_from_the_environment_or_a_configuration_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    digest = tmp_path / "client.digest"
+    digest.write_text("client:secret\n")
+    monkeypatch.setenv("WALTZ_ZOOKEEPER_CONNECT_STRING", "127.0.0.1:2181")
+    monkeypatch.setenv("WALTZ_CLUSTER_ROOT", "/waltz/c1")
+    monkeypatch.setenv("WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE", str(digest))
+    source = log_source()
+    assert (source.zookeeper, source.cluster_root) == ("127.0.0.1:2181", "/waltz/c1")
+    assert source.zookeeper_files == {"zookeeper_auth_digest_file": digest}
+    assert not source.storage_dirs
+    # The options win over the variables; a file names what neither gives.
+    assert log_source(zookeeper="127.0.0.2:2181", root="/waltz/c2").cluster_root == "/waltz/c2"
+    monkeypatch.delenv("WALTZ_CLUSTER_ROOT")
+    config = tmp_path / "admin.yaml"
+    config.write_text("cluster:\n  root: /waltz/c3\n")
+    assert log_source(config=config).cluster_root == "/waltz/c3"
+    # Replica directories are read offline, whatever the variables say.
+    offline = log_source(storage_dirs=[tmp_path / "s0"], replicas=1)
+    assert (offline.zookeeper, list(offline.storage_dirs)) == (None, [str(tmp_path / "s0")])
+
+
+def test_a_missing_source_is_named_before_spark_starts() -> None:
+    code, output = _rebuild()
+    assert code == 2, output
+    assert "--zookeeper, WALTZ_ZOOKEEPER_CONNECT_STRING" in output, output
+    assert "--root, WALTZ_CLUSTER_ROOT" in output, output
+    assert "--storage-dir" in output, output
+    assert "starting Spark" not in output, output
+
+
+def test_both_sources_or_an_inline_credential_are_refused(tmp_path: Path) -> None:
+    code, output = _rebuild("--zookeeper", "127.0.0.1:2181", "--storage-dir", str(tmp_path))
+    assert code == 2, output
+    assert "not both" in output, output
+    code, output = _rebuild(
+        "-z", "127.0.0.1:2181", "-r", "/waltz/c1", env={"WALTZ_ZOOKEEPER_AUTH_DIGEST": "client:secret"}
+    )
+    assert code == 2, output
+    assert "zookeeper.auth.digestFile" in output, output
+    assert "client:secret" not in output, output
+    assert "starting Spark" not in output, output
+
+
+def test_the_old_spelling_of_the_root_still_works() -> None:
+    with pytest.raises(ConfigurationError, match="not both"):
+        log_source(root="/waltz/c1", storage_dirs=[Path("/nonexistent")])
+    code, output = _rebuild(
+        "--zookeeper",
+        "127.0.0.1:2181",
+        "--cluster-root",
+        "/waltz/c1",
+        env={"WALTZ_ZOOKEEPER_AUTH_DIGEST": "x:y"},
+    )
+    assert code == 2 and "zookeeper.auth.digestFile" in output, output
