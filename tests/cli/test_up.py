@@ -5,6 +5,8 @@ ZooKeeper credentials per role), reached with the variables it prints and by nob
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.cli.waltz_up import exported, waltz_up
+from waltz.local.processes import wait_until
+from waltz.local.zookeeper import LocalZooKeeper
 
 pytestmark = pytest.mark.security
 
@@ -62,3 +66,37 @@ def test_waltz_up_describes_the_partitions_spread_over_every_server(tmp_path: Pa
         lines = [line.strip() for line in text.splitlines()]
         owning = [line for line in lines if line.startswith("server-") and " owns " in line]
         assert len(owning) == 2, text
+
+
+def _server_pid(root: str, name: str) -> int:
+    """The PID of the server process ``name`` of the cluster under ``root`` (from /proc)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # exited meanwhile
+        words = [word.decode(errors="replace") for word in argv]
+        if "waltz.services.server" in words and root in words and name in words:
+            return int(entry.name)
+    raise AssertionError(f"no process of {name} under {root}")
+
+
+def test_waltz_up_on_an_external_zookeeper_says_so_and_names_an_exited_node_s_log(
+    tmp_path: Path, zookeeper: LocalZooKeeper
+) -> None:
+    work = tmp_path / "work"
+    output = tmp_path / "up.out"
+    with waltz_up(tmp_path, "--zookeeper", zookeeper.connect_string, "--work-dir", str(work)) as text:
+        assert f"on ZooKeeper {zookeeper.connect_string}..." in text, text
+        assert "starting ZooKeeper" not in text, text
+        found = re.search(r"/waltz-local/local-[0-9a-f]{8}", text)
+        assert found is not None, text
+        os.kill(_server_pid(found.group(), "server-0"), signal.SIGKILL)
+        wait_until(lambda: "server-0 exited" in output.read_text(), timeout=30, what="the exit reported")
+        assert (
+            f"warning: server-0 exited; see its log {work / 'logs' / 'server-0.log'} (" in output.read_text()
+        )
+    said = output.read_text()
+    assert "stopped the servers, the storage nodes; data and logs kept in" in said, said

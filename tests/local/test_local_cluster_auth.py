@@ -118,6 +118,12 @@ def test_the_client_credential_reads_what_discovery_needs_and_not_the_cluster_ke
 ) -> None:
     with cluster_with_roles(tmp_path, zookeeper) as cluster:
         append_and_apply(cluster, b"found through discovery", Role.CLIENT)  # a real client, a real server
+        # A role by its name, as the docs give it, is the same role; an unknown name is refused.
+        assert cluster.zookeeper_settings("client") == cluster.zookeeper_settings(Role.CLIENT)
+        assert cluster.zookeeper_env("client") == cluster.zookeeper_env(Role.CLIENT)
+        assert cluster.zookeeper_env("client") != cluster.zookeeper_env("operator")
+        with pytest.raises(ValueError, match="no ZooKeeper role 'admin': the roles are 'server'"):
+            cluster.zookeeper_settings("admin")
         credentials = cluster.zookeeper_role_credentials
         assert credentials is not None
         paths = ClusterPaths.of(cluster.root)

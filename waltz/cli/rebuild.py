@@ -63,7 +63,7 @@ def log_source(
 ) -> LogSource:
     """Where ``waltz rebuild`` reads the log: the replica directories when given, else the live
     cluster that the options, the ``WALTZ_*`` variables and ``--config`` name, as for every
-    command that reaches a cluster (docs/spark.md "Rebuilding a database").
+    command that reaches a cluster (docs/spark.md, the `waltz rebuild` section).
 
     Args:
         config: a YAML file with ``zookeeper.*`` and ``cluster.*`` keys (live only).

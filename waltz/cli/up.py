@@ -177,8 +177,12 @@ def up(
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     code = 0
     try:
-        where = f"ZooKeeper {zookeeper}" if zookeeper else "ZooKeeper"
-        typer.echo(f"starting {where}, {storages} storage node(s) and {servers} server(s)...")
+        nodes = f"{storages} storage node(s) and {servers} server(s)"
+        typer.echo(
+            f"starting {nodes} on ZooKeeper {zookeeper}..."
+            if zookeeper
+            else f"starting ZooKeeper, {nodes}..."
+        )
         try:
             cluster.start()
         except KeyboardInterrupt:
@@ -209,7 +213,8 @@ def up(
                 signal.signal(sig, handler)
     if code == 0:
         kept = f"data and logs kept in {work_dir}" if work_dir else "its temporary directory was removed"
-        typer.echo(f"stopped the servers, the storage nodes and ZooKeeper; {kept}")
+        ours = "" if zookeeper else " and ZooKeeper"
+        typer.echo(f"stopped the servers, the storage nodes{ours}; {kept}")
     raise typer.Exit(code)
 
 
@@ -224,10 +229,13 @@ def _watch(cluster: LocalCluster) -> None:
     while True:
         tick.wait(_WATCH_INTERVAL)
         running = set(cluster.pids())
+        logs = cluster.log_paths()
         for name in sorted(expected - running):
+            log = logs.get(name)
             typer.secho(
-                f"warning: {name} exited; see its log in {cluster.work_dir} "
-                "(the cluster keeps running without it)",
+                f"warning: {name} exited; "
+                + (f"see its log {log} " if log is not None else "")
+                + "(the cluster keeps running without it)",
                 err=True,
                 fg=typer.colors.YELLOW,
             )

@@ -335,29 +335,41 @@ class LocalCluster:
         directory)."""
         return self._security.role_credentials
 
-    def zookeeper_settings(self, role: Role = Role.OPERATOR) -> dict[str, Any]:
+    def zookeeper_settings(self, role: Role | str = Role.OPERATOR) -> dict[str, Any]:
         """Settings fields (``WaltzClientConfig``, ``ClusterAdminConfig``) that reach this cluster.
 
         The connect string, the root and, when set, the role's credential file and ZooKeeper TLS
         files. The operator's credential (the default) may do everything; an application's client
         takes the client's, which cannot read the cluster key::
 
-            WaltzClientConfig(**cluster.zookeeper_settings(Role.CLIENT), client_max_concurrent_transactions=8)
+            WaltzClientConfig(**cluster.zookeeper_settings("client"), client_max_concurrent_transactions=8)
+
+        Args:
+            role: a :class:`~waltz.metadata.zk_roles.Role` or its name (``"server"``,
+                ``"operator"``, ``"client"``).
+
+        Raises:
+            ValueError: no such role.
         """
         return {
             "zookeeper_connect_string": self.zookeeper_connect_string,
             "cluster_root": self.root,
-            **self._security.zookeeper_settings(self._work_dir, role),
+            **self._security.zookeeper_settings(self._work_dir, _role(role)),
         }
 
-    def zookeeper_env(self, role: Role = Role.OPERATOR) -> dict[str, str]:
-        """The ``WALTZ_ZOOKEEPER_*`` variables giving a process a role's credential and TLS files.
+    def zookeeper_env(self, role: Role | str = Role.OPERATOR) -> dict[str, str]:
+        """The ``WALTZ_ZOOKEEPER_*`` variables giving a process a role's credential and TLS files
+        (``role`` as for :meth:`zookeeper_settings`).
 
         Only those: not the connect string nor the root, which a process also needs (settings
         built from these alone fail with ``zookeeper_connect_string Field required``). Give an
         application's process :meth:`client_env`, an operator's :meth:`admin_env`: each holds
-        everything."""
-        return self._security.zookeeper_env(self._work_dir, role)
+        everything.
+
+        Raises:
+            ValueError: no such role.
+        """
+        return self._security.zookeeper_env(self._work_dir, _role(role))
 
     def client_settings(self, certificate: str = "client") -> dict[str, Any]:
         """``WaltzClientConfig`` fields that reach this cluster as an application does.
@@ -417,6 +429,11 @@ class LocalCluster:
     def pids(self) -> dict[str, int]:
         """Process name (``zookeeper``, ``storage-0``, ``server-1``...) -> PID, for running processes."""
         return self._nodes.pids()
+
+    def log_paths(self) -> dict[str, Path]:
+        """Process name (as in :meth:`pids`) -> its log file, for every process this cluster
+        started whose output is kept (an external ZooKeeper has none here)."""
+        return self._nodes.log_paths()
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -892,3 +909,18 @@ def _as_env(settings: dict[str, Any]) -> dict[str, str]:
     """Settings fields as the ``WALTZ_*`` variables the settings classes read (``env_prefix``
     ``WALTZ_``: ``cluster_root`` is ``WALTZ_CLUSTER_ROOT``)."""
     return {f"WALTZ_{name.upper()}": str(value) for name, value in settings.items()}
+
+
+def _role(role: Role | str) -> Role:
+    """``role`` as a :class:`Role`, given as one or by its name.
+
+    Raises:
+        ValueError: no role has that name.
+    """
+    if isinstance(role, Role):
+        return role
+    try:
+        return Role(role)
+    except ValueError:
+        names = ", ".join(repr(r.value) for r in Role)
+        raise ValueError(f"no ZooKeeper role {role!r}: the roles are {names}") from None

@@ -159,6 +159,10 @@ class ClusterNodes:
         """Process name (``zookeeper``, ``storage-0``, ``server-1``...) -> PID, for running processes."""
         return {p.name: p.pid for p in self.processes() if p.is_running() and p.pid is not None}
 
+    def log_paths(self) -> dict[str, Path]:
+        """Process name -> its log file, for every process whose output is kept."""
+        return {p.name: p.log_path for p in self.processes() if p.log_path is not None}
+
     def build(
         self,
         work_dir: Path,

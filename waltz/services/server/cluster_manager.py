@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.recipe.election import Election
 
 from waltz.errors import MetadataError
@@ -44,10 +44,15 @@ from waltz.metadata.assignment import (
 from waltz.metadata.epochs import PartitionEpochsZk
 from waltz.metadata.preferred import read_preferred, with_preferences
 from waltz.metadata.zk import ClusterPaths
+from waltz.metadata.zk_session import auth_error
 
-__all__ = ["ClusterManager", "ServerMembership"]
+__all__ = ["REPEATED_FAILURE_LOG_INTERVAL", "ClusterManager", "ServerMembership"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds between two log lines of the same failure of the elected manager, which retries every
+#: half second.
+REPEATED_FAILURE_LOG_INTERVAL = 30.0
 
 
 class ServerMembership:
@@ -239,13 +244,34 @@ class ClusterManager:
         self.leading = True
         self._first_seen.clear()
         log.info("elected cluster manager")
+        # The failure last logged and when: the same failure is logged again only every
+        # REPEATED_FAILURE_LOG_INTERVAL seconds while the manager retries every half second.
+        logged: tuple[str, float] | None = None
         try:
             while not self._stopping.is_set() and self._zk.connected:
                 self._changed.clear()
                 try:
                     self.rebalance()
-                except Exception:
-                    log.exception("cluster manager could not update the assignment; retrying")
+                    logged = None
+                except Exception as exc:
+                    failure: BaseException = exc
+                    if isinstance(exc, NoAuthError):  # name the setting to check
+                        failure = auth_error(
+                            self._zk, "the cluster manager's update of the partition assignment", exc
+                        )
+                    what, now = f"{type(failure).__name__}: {failure}", time.monotonic()
+                    if (
+                        logged is None
+                        or logged[0] != what
+                        or now - logged[1] >= REPEATED_FAILURE_LOG_INTERVAL
+                    ):
+                        log.error(
+                            "cluster manager could not update the assignment; retrying every 0.5 s "
+                            "(the same failure is logged again every %.0f s while it lasts)",
+                            REPEATED_FAILURE_LOG_INTERVAL,
+                            exc_info=failure,
+                        )
+                        logged = (what, now)
                     self._stopping.wait(0.5)
                     continue
                 # Wake up on member or preference changes (the watches), when a member settles,
