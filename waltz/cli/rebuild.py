@@ -304,11 +304,7 @@ def rebuild_command(
         say(f"rebuilt {sum(result.rows.values())} rows in {len(result.rows)} tables in {result.seconds:.1f}s")
     except ChangeSetFormatError as exc:
         typer.echo(f"error: {exc}", err=True)
-        typer.echo(
-            f"hint: the log holds a transaction that {app}'s views cannot decode: check that --root "
-            f"names the cluster {app} writes to",
-            err=True,
-        )
+        _hint_undecodable(app)
         raise typer.Exit(2) from exc
     except (WaltzError, ImportError, OSError, SQLAlchemyError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -317,5 +313,16 @@ def rebuild_command(
         # A failed Spark job (e.g. a read that could not be proven committed, raised in a task).
         if type(exc).__module__.startswith(("pyspark", "py4j")):
             typer.echo(f"error: the Spark job failed: {exc}", err=True)
+            if ChangeSetFormatError.__name__ in str(exc):  # raised in a task: only its text is here
+                _hint_undecodable(app)
             raise typer.Exit(2) from exc
         raise
+
+
+def _hint_undecodable(app: str) -> None:
+    """The hint after a transaction the application's views cannot decode."""
+    typer.echo(
+        f"hint: the log holds a transaction that {app}'s views cannot decode: check that --root "
+        f"names the cluster {app} writes to",
+        err=True,
+    )
