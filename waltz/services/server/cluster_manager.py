@@ -231,47 +231,29 @@ class ClusterManager:
         return True
 
     def _run(self) -> None:
+        failures = _RepeatedFailures(self._zk, "the cluster manager's election")
         while not self._stopping.is_set():
             try:
                 self._election.run(self._lead)
-            except Exception:
+            except Exception as exc:
                 if self._stopping.is_set():
                     return
-                log.exception("cluster manager election failed; rejoining")
+                failures.log(exc, "cluster manager election failed; rejoining every 1 s")
                 self._stopping.wait(1.0)
 
     def _lead(self) -> None:
         self.leading = True
         self._first_seen.clear()
         log.info("elected cluster manager")
-        # The failure last logged and when: the same failure is logged again only every
-        # REPEATED_FAILURE_LOG_INTERVAL seconds while the manager retries every half second.
-        logged: tuple[str, float] | None = None
+        failures = _RepeatedFailures(self._zk, "the cluster manager's update of the partition assignment")
         try:
             while not self._stopping.is_set() and self._zk.connected:
                 self._changed.clear()
                 try:
                     self.rebalance()
-                    logged = None
+                    failures.clear()
                 except Exception as exc:
-                    failure: BaseException = exc
-                    if isinstance(exc, NoAuthError):  # name the setting to check
-                        failure = auth_error(
-                            self._zk, "the cluster manager's update of the partition assignment", exc
-                        )
-                    what, now = f"{type(failure).__name__}: {failure}", time.monotonic()
-                    if (
-                        logged is None
-                        or logged[0] != what
-                        or now - logged[1] >= REPEATED_FAILURE_LOG_INTERVAL
-                    ):
-                        log.error(
-                            "cluster manager could not update the assignment; retrying every 0.5 s "
-                            "(the same failure is logged again every %.0f s while it lasts)",
-                            REPEATED_FAILURE_LOG_INTERVAL,
-                            exc_info=failure,
-                        )
-                        logged = (what, now)
+                    failures.log(exc, "cluster manager could not update the assignment; retrying every 0.5 s")
                     self._stopping.wait(0.5)
                     continue
                 # Wake up on member or preference changes (the watches), when a member settles,
@@ -365,3 +347,40 @@ class ClusterManager:
             )
             return new
         raise MetadataError("the partition assignment kept changing under the cluster manager")
+
+
+class _RepeatedFailures:
+    """The log of a loop that retries a failing step: a failure is logged when it first happens
+    and, while the same failure lasts, again every :data:`REPEATED_FAILURE_LOG_INTERVAL` seconds;
+    ZooKeeper's refusal (``NoAuth``) names the credential setting to check.
+
+    Args:
+        zk: the session that may be refused (whether it holds a credential changes the advice).
+        what: the step, for the refusal's message, e.g. ``"the cluster manager's election"``.
+    """
+
+    def __init__(self, zk: KazooClient, what: str) -> None:
+        self._zk = zk
+        self._what = what
+        self._logged: tuple[str, float] | None = None  # the failure last logged, and when
+
+    def clear(self) -> None:
+        """The step succeeded: its next failure is logged at once."""
+        self._logged = None
+
+    def log(self, exc: Exception, message: str) -> None:
+        """Log ``exc`` with ``message`` (an error, with the exception) unless it was just logged."""
+        failure: BaseException = (
+            auth_error(self._zk, self._what, exc) if isinstance(exc, NoAuthError) else exc
+        )
+        what, now = f"{type(failure).__name__}: {failure}", time.monotonic()
+        logged = self._logged
+        if logged is not None and logged[0] == what and now - logged[1] < REPEATED_FAILURE_LOG_INTERVAL:
+            return
+        log.error(
+            "%s (the same failure is logged again every %.0f s while it lasts)",
+            message,
+            REPEATED_FAILURE_LOG_INTERVAL,
+            exc_info=failure,
+        )
+        self._logged = (what, now)
