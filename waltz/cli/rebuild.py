@@ -15,15 +15,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
+    from waltz.spark.rebuild import LogSource
     from waltz.spark.views import AppViews
 
 from waltz.cli.options import AdminConfigOption, LogLevelOption, ZookeeperOption, secret_value
 from waltz.errors import ConfigurationError, WaltzError
 from waltz.logs import configure_logging
 from waltz.protocol.channels import TlsConfig
-
-if TYPE_CHECKING:
-    from waltz.spark.rebuild import LogSource
 
 __all__ = ["load_app", "rebuild_command"]
 
