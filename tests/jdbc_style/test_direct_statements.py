@@ -10,6 +10,7 @@ invalidated (docs/design/sql.md "Group apply").
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,9 @@ def test_runs_qualifying_statements_on_the_cursor_with_their_row_counts(engine: 
         assert stored[1] == stored[2] and stored[1].replace(tzinfo=None) == noted.replace(tzinfo=None)
 
 
-def test_several_statements_run_together_or_not_at_all(engine: Engine) -> None:
+def test_several_statements_run_together_or_not_at_all(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
     direct = direct_statements(engine)
     with engine.connect() as conn, conn.begin():
         counts = direct.execute_all(
@@ -102,11 +105,22 @@ def test_several_statements_run_together_or_not_at_all(engine: Engine) -> None:
         with_default_left_out = (INSERT, [{"id": 5, "amount": 5}])
         assert direct.execute_all(conn, [(ADD, [{"k": 1, "d": 100}]), with_default_left_out]) is None
     assert amounts(engine) == {1: 1, 2: 2, 3: 0, 4: 14}
+    caplog.set_level(logging.WARNING)
     with engine.connect() as conn, pytest.raises(IntegrityError), conn.begin():
         direct.execute_all(
-            conn, [(ADD, [{"k": 1, "d": 100}]), (INSERT, [{"id": 1, "amount": 1, "kind": "x"}])]
+            conn,
+            [
+                (ADD, [{"k": 1, "d": 100}]),
+                (INSERT, [{"id": 1, "amount": 1, "kind": "x"}]),
+                # Statements after the failing one: psycopg may learn of the failure while it
+                # still sends them, inside the pipeline's block.
+                *((NOTE, [{"k": 2, "at": None}]) for _ in range(200)),
+            ],
         )
     assert amounts(engine) == {1: 1, 2: 2, 3: 0, 4: 14}  # rolled back together
+    # The error is raised, and only it: not psycopg's warning that its aborted pipeline then
+    # failed to end too (a second report of the same failure).
+    assert not [r for r in caplog.records if r.name.startswith("psycopg")], caplog.text
 
 
 class _UndoError(Exception):

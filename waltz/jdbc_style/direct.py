@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeGuard
 
 from sqlalchemy.engine import Connection, Engine
@@ -210,7 +211,7 @@ class DirectStatements:
         try:
             cursors.extend(driver.cursor() for _ in statements)  # type: ignore[union-attr]
             if (len(statements) > 1 or begin is not None) and self._pipelines:
-                with driver.pipeline():  # type: ignore[union-attr]
+                with _pipeline(driver, self._dialect.loaded_dbapi.Error):
                     if begin is not None:
                         opener = driver.cursor()  # type: ignore[union-attr]
                         opened.append(opener)
@@ -357,7 +358,7 @@ class DirectStatements:
         opener = driver.cursor()
         cursor = driver.cursor()
         try:
-            with driver.pipeline():  # one Sync, when the block ends: the results of both
+            with _pipeline(driver, self._dialect.loaded_dbapi.Error):  # one Sync: both results
                 opener.execute(begin)
                 cursor.execute(sql, parameters)
             rows = cursor.fetchall()
@@ -521,6 +522,33 @@ def _binds_as_given(compiled: Any) -> TypeGuard[SQLCompiler]:
         # test_what_sqlalchemy_would_change_goes_the_ordinary_way.
         or compiled._bind_processors
     )
+
+
+@contextmanager
+def _pipeline(driver: Any, error: type[Exception]) -> Iterator[None]:
+    """psycopg's ``driver.pipeline()``, a statement's error in it raised once the pipeline ended.
+
+    psycopg learns of a failed statement when it reads the results, at the pipeline's end or, with
+    more to send, while the block still runs. In the second case its exit fails too (the pipeline
+    is aborted), and it logs that second failure as a warning ("error ignored terminating ...:
+    pipeline aborted") while the first propagates. Caught in the block and raised after it, the
+    first error is the only report of the failure.
+
+    Raises:
+        error: the first error of the block's statements, or of the pipeline's end.
+    """
+    failed: list[Exception] = []
+    try:
+        with driver.pipeline():
+            try:
+                yield
+            except error as exc:
+                failed.append(exc)
+    except error:
+        if not failed:
+            raise  # the block ran; the pipeline's end found the failure
+    if failed:
+        raise failed[0]
 
 
 def _run(cursor: Any, sql: str, parameters: Sequence[Mapping[str, Any]]) -> None:
