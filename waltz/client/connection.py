@@ -28,7 +28,15 @@ from waltz.protocol import client_pb2, client_pb2_grpc
 from waltz.protocol.channels import TlsConfig, open_channel
 from waltz.protocol.records import ReqId
 
-__all__ = ["ServerConnection"]
+__all__ = ["PLAINTEXT_HINT", "ServerConnection"]
+
+#: Said when a plaintext connection is not accepted: a server that requires TLS never accepts one
+#: (docs/configuration.md, the client's settings).
+PLAINTEXT_HINT = (
+    "this client connects without TLS, which a server that requires it (a secure cluster, as "
+    "`waltz up` starts by default) never accepts: set client.ssl.caFile, certFile and keyFile "
+    "(WALTZ_CLIENT_TLS_CA_FILE, WALTZ_CLIENT_TLS_CERT_FILE, WALTZ_CLIENT_TLS_KEY_FILE)"
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +78,7 @@ class ServerConnection:
     ) -> None:
         self.endpoint = endpoint
         self.seq_num = seq_num
+        self._plaintext = tls is None
         self._on_messages = on_messages
         self._on_closed = on_closed
         self._channel = open_channel(
@@ -123,6 +132,7 @@ class ServerConnection:
             self._closed = True
             raise ConnectionError(
                 f"server {self.endpoint} did not accept a connection within {timeout:g}s"
+                + (f"; {PLAINTEXT_HINT}" if self._plaintext else "")
             ) from None
         self._call = self._stub.Stream()
         loop = asyncio.get_running_loop()
