@@ -129,8 +129,9 @@ def serve(
     cluster, waits until every partition is mounted, then listens. Several instances may share one
     database; start the first one alone on a new database.
 
-    Example: python -m waltz_examples.counter serve --db sqlite:///counter.db --zookeeper 127.0.0.1:2181
-    --root /waltz/local --port 8080
+    Example, in a shell where the export lines `waltz up` printed were run (the cluster's address,
+    its root, the client's credential and certificate): python -m waltz_examples.counter serve --db
+    sqlite:///counter.db --port 8080
     """
     from waltz_examples.counter.http_api import CounterHttpServer
     from waltz_examples.counter.service import CounterService

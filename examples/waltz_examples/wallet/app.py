@@ -9,7 +9,7 @@
 
 The app's lifespan opens a :class:`Wallets` (the database, the callbacks, the client), awaits
 ``ready()`` (the instance caught up with the log) before serving, and closes it on shutdown. Run it
-with ``uvicorn --factory waltz_examples.wallet.app:create_app``; :class:`WalletSettings` come from
+with ``.venv/bin/uvicorn --factory waltz_examples.wallet.app:create_app``; :class:`WalletSettings` come from
 ``WALLET_*`` variables, the client's from ``WALTZ_*`` (docs/configuration.md).
 """
 
