@@ -34,12 +34,29 @@ _thread: threading.Thread | None = None
 def _exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     # gRPC wakes every event loop bound to its completion queue; all but one then find nothing to
     # read and raise from PollerCompletionQueue._handle_events (grpc/grpc#25364): harmless noise.
-    if isinstance(context.get("exception"), OSError) and "PollerCompletionQueue" in repr(
-        context.get("handle")
+    # At the process's exit gRPC's shutdown, on the main thread, closes the queue's socket and
+    # cancels the reader while this loop may be running it: the handle then names no callback
+    # ("Exception in callback None()"), and only the traceback says where the error came from.
+    exception = context.get("exception")
+    if isinstance(exception, OSError) and (
+        "PollerCompletionQueue" in repr(context.get("handle")) or _raised_by_grpc_poller(exception)
     ):
-        log.debug("ignored a spurious gRPC poller wake-up: %s", context.get("exception"))
+        log.debug("ignored a spurious gRPC poller wake-up: %s", exception)
         return
     loop.default_exception_handler(context)
+
+
+def _raised_by_grpc_poller(exception: BaseException) -> bool:
+    """Whether ``exception`` was raised in gRPC's completion queue poller: a frame of its
+    traceback is ``PollerCompletionQueue``'s (Cython names the frames of gRPC's compiled code
+    ``grpc._cython.cygrpc.<class>.<method>``, in ``.../aio/completion_queue.pyx.pxi``)."""
+    frame = exception.__traceback__
+    while frame is not None:
+        code = frame.tb_frame.f_code
+        if "PollerCompletionQueue" in code.co_name or code.co_filename.endswith("completion_queue.pyx.pxi"):
+            return True
+        frame = frame.tb_next
+    return False
 
 
 def _run(loop: asyncio.AbstractEventLoop) -> None:
