@@ -83,7 +83,7 @@ def spark_session(
     ``SPARK_LOCAL_IP`` is set), and ``PYSPARK_PYTHON`` set to this interpreter so workers import
     waltz. For any other master it sets none of these: the cluster's executors must reach the
     driver, and run a Python with waltz-py installed (``PYSPARK_PYTHON`` on the executors, as
-    Spark documents). Always: no UI, Python data source filter pushdown, and the Debian JDBC jars
+    Spark documents). Always: no UI, no Python data source filter pushdown, and the Debian JDBC jars
     that exist (``spark.jars``, shipped to the executors).
 
     Args:
@@ -135,7 +135,9 @@ def spark_session(
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "true" if console_progress else "false")
-        .config("spark.sql.python.filterPushdown.enabled", "true")
+        # The waltz source pushes no filters down (decision 0097): PySpark 4.3 reuses a pushed
+        # plan for the next query of the same DataFrame that pushes none.
+        .config("spark.sql.python.filterPushdown.enabled", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle))
         .config("spark.sql.session.timeZone", "UTC")
     )

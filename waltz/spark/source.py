@@ -6,9 +6,9 @@ Source: docs/design/spark.md "What the rebuild is for", "Reading committed recor
 Columns (:data:`LOG_SCHEMA`): ``partition_id`` (int), ``transaction_id`` (bigint), ``header``
 (int), the ReqId fields ``req_client_id``, ``req_generation``, ``req_partition_id``,
 ``req_seq_num`` (int) and ``data`` (binary). Each partition's committed range is split into
-ranges of ``range_size`` transactions, one Spark partition each. Filters on ``partition_id``
-(``=``, ``IN``) and ``transaction_id`` (``=``, ``<``, ``<=``, ``>``, ``>=``) prune the ranges;
-Spark still evaluates them on the rows.
+ranges of ``range_size`` transactions, one Spark partition each. The options ``partitions``,
+``from_transaction_id`` and ``to_transaction_id`` prune the ranges; Spark applies filters to the
+rows only: none is pushed down (docs/decisions/0097-the-log-source-pushes-no-filters-down.md).
 
 Options (all strings, as Spark passes them):
 
@@ -39,18 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    InputPartition,
-    LessThan,
-    LessThanOrEqual,
-)
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from waltz.archive.layout import ArchiveFiles
@@ -159,40 +148,11 @@ class WaltzLogReader(DataSourceReader):
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.options = {k.lower(): v for k, v in options.items()}
-        self.partition_filter: set[int] | None = None
-        self.low = 0
-        self.high: int | None = None
 
-    # ---- filters ----
-
-    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:  # noqa: N802 - Spark's name
-        for item in filters:
-            path: tuple[str, ...] = getattr(item, "attribute", ())
-            column = path[0] if len(path) == 1 else None
-            if column == "partition_id":
-                if isinstance(item, EqualTo):
-                    self._restrict_partitions({int(item.value)})
-                elif isinstance(item, In):
-                    self._restrict_partitions({int(v) for v in item.value})
-            elif column == "transaction_id":
-                if isinstance(item, EqualTo):
-                    self.low = max(self.low, int(item.value))
-                    self._cap(int(item.value))
-                elif isinstance(item, GreaterThan):
-                    self.low = max(self.low, int(item.value) + 1)
-                elif isinstance(item, GreaterThanOrEqual):
-                    self.low = max(self.low, int(item.value))
-                elif isinstance(item, LessThan):
-                    self._cap(int(item.value) - 1)
-                elif isinstance(item, LessThanOrEqual):
-                    self._cap(int(item.value))
-            yield item  # Spark evaluates every filter on the rows as well
-
-    def _restrict_partitions(self, ids: set[int]) -> None:
-        self.partition_filter = ids if self.partition_filter is None else self.partition_filter & ids
-
-    def _cap(self, value: int) -> None:
-        self.high = value if self.high is None else min(self.high, value)
+    # No ``pushFilters``: PySpark 4.3 keeps the plan of a query whose filters were pushed down for
+    # the next query on the same DataFrame that pushes none, which then read only the first
+    # query's ranges (docs/decisions/0097-the-log-source-pushes-no-filters-down.md). The options
+    # ``partitions``, ``from_transaction_id`` and ``to_transaction_id`` prune the plan instead.
 
     # ---- planning ----
 
@@ -249,19 +209,14 @@ class WaltzLogReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
         range_size = _int_option(options, "range_size", DEFAULT_RANGE_SIZE) or DEFAULT_RANGE_SIZE
-        low = max(self.low, _int_option(options, "from_transaction_id", 0) or 0)
-        high = self.high
-        to_option = _int_option(options, "to_transaction_id", None)
-        if to_option is not None:
-            high = to_option if high is None else min(high, to_option)
+        low = _int_option(options, "from_transaction_id", 0) or 0
+        high = _int_option(options, "to_transaction_id", None)
         up_to = parse_marks(options.get("up_to", ""), "up_to")
         after = parse_marks(options.get("after", ""), "after")
         ranges: list[InputPartition] = []
         archives: dict[str, ArchiveFiles] = {}
         for committed in self.plan():
             pid = committed.partition_id
-            if self.partition_filter is not None and pid not in self.partition_filter:
-                continue
             last = committed.high_water_mark
             if pid in up_to:
                 if up_to[pid] > committed.high_water_mark:
