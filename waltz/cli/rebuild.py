@@ -8,6 +8,7 @@ that does not upcast to the current models (``--check``); 2 the rebuild could no
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -79,7 +80,6 @@ def log_source(
     """
     from waltz.admin.config import ClusterAdminConfig
     from waltz.config import load_settings
-    from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_FILE_FIELDS
     from waltz.spark.rebuild import LogSource
 
     if storage_dirs:
@@ -95,7 +95,7 @@ def log_source(
         ClusterAdminConfig, config, zookeeper_connect_string=zookeeper, cluster_root=root
     )
     try:
-        connect_string, cluster_root = settings.require()
+        settings.require()
     except ConfigurationError as exc:
         raise ConfigurationError(f"{exc}; or read replica directories with --storage-dir") from exc
     if settings.zookeeper_auth_digest is not None:
@@ -103,14 +103,9 @@ def log_source(
             "waltz rebuild hands the ZooKeeper credential to Spark's workers as a file: set "
             "zookeeper.auth.digestFile (WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE), not zookeeper.auth.digest"
         )
-    files = {name: getattr(settings, name) for name in ZOOKEEPER_SECURITY_FILE_FIELDS}
-    return LogSource(
-        zookeeper=connect_string,
-        cluster_root=cluster_root,
-        replicas=replicas,
-        high_water_marks=high_water_marks,
-        tls=tls or settings.tls(),
-        zookeeper_files={name: path for name, path in files.items() if path is not None},
+    source = LogSource.live(settings.model_dump())
+    return dataclasses.replace(
+        source, replicas=replicas, high_water_marks=high_water_marks, tls=tls or source.tls
     )
 
 

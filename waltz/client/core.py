@@ -92,11 +92,12 @@ class ClientCore:
         )
         self._closed = False
         self._seq = 0
-        self._plaintext = config.tls() is None
+        tls = config.tls()
+        self._plaintext = tls is None
         self._pool = ConnectionPool(
             on_messages=self._on_messages,
             on_lost=self._connection_lost,
-            tls=config.tls(),
+            tls=tls,
             max_message_bytes=config.client_max_message_bytes,
         )
         self._hwm_requests: dict[int, asyncio.Future[int]] = {}

@@ -231,7 +231,7 @@ class ClusterManager:
         return True
 
     def _run(self) -> None:
-        failures = _RepeatedFailures(self._zk, "the cluster manager's election")
+        failures = _RepeatedFailures(self._zk, "the cluster manager's election", self._clock)
         while not self._stopping.is_set():
             try:
                 self._election.run(self._lead)
@@ -245,7 +245,9 @@ class ClusterManager:
         self.leading = True
         self._first_seen.clear()
         log.info("elected cluster manager")
-        failures = _RepeatedFailures(self._zk, "the cluster manager's update of the partition assignment")
+        failures = _RepeatedFailures(
+            self._zk, "the cluster manager's update of the partition assignment", self._clock
+        )
         try:
             while not self._stopping.is_set() and self._zk.connected:
                 self._changed.clear()
@@ -357,11 +359,13 @@ class _RepeatedFailures:
     Args:
         zk: the session that may be refused (whether it holds a credential changes the advice).
         what: the step, for the refusal's message, e.g. ``"the cluster manager's election"``.
+        clock: monotonic seconds, the manager's.
     """
 
-    def __init__(self, zk: KazooClient, what: str) -> None:
+    def __init__(self, zk: KazooClient, what: str, clock: Callable[[], float]) -> None:
         self._zk = zk
         self._what = what
+        self._clock = clock
         self._logged: tuple[str, float] | None = None  # the failure last logged, and when
 
     def clear(self) -> None:
@@ -373,7 +377,7 @@ class _RepeatedFailures:
         failure: BaseException = (
             auth_error(self._zk, self._what, exc) if isinstance(exc, NoAuthError) else exc
         )
-        what, now = f"{type(failure).__name__}: {failure}", time.monotonic()
+        what, now = f"{type(failure).__name__}: {failure}", self._clock()
         logged = self._logged
         if logged is not None and logged[0] == what and now - logged[1] < REPEATED_FAILURE_LOG_INTERVAL:
             return
