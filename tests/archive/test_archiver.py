@@ -242,6 +242,40 @@ async def _archived_through(cluster: LocalCluster, admin_address: str, partition
         return status.archived_through
 
 
+def test_a_replica_left_untold_is_told_by_a_later_run_with_nothing_new_to_archive(
+    cluster: LocalCluster, archive_zk: ClusterZk, location: Path
+) -> None:
+    """A replica down when the archive was raised is named in the round, and a later run (a new
+    process, nothing new committed) tells it; so does one told another value since."""
+    append_bulk(cluster, 0, 130)
+    down = cluster.storages[2]
+    cluster.stop_storage(2)
+    (result,) = archiver(archive_zk, location, partitions=[0], storage_timeout=3.0).run()
+    through = result.high_water_mark
+    assert result.error is None and result.archived_through == through
+    assert list(result.untold) == [down.address], result.untold
+    cluster.heal(timeout=60)
+    assert asyncio.run(_archived_through(cluster, down.admin_address, 0)) != through
+
+    (again,) = archiver(archive_zk, location, partitions=[0]).run()
+    assert again.error is None and again.chunks_added == 0 and again.untold == {}
+    for node in cluster.storages:
+        assert asyncio.run(_archived_through(cluster, node.admin_address, 0)) == through, node.address
+
+    # A replica told less than the archive holds (as by a tool of its own) is told again; a run
+    # that finds every replica at ZooKeeper's mark tells none.
+    told = tell_replicas(archive_zk, archive_zk.params(), 0, through - 50, "/elsewhere", operator="test")
+    assert set(told.values()) == {TOLD}
+    events: list[ArchiveEvent] = []
+    archiver(archive_zk, location, events.append, partitions=[0]).run()
+    assert [(e.step, e.last) for e in events] == [(Step.REPLICAS_TOLD, through)]
+    for node in cluster.storages:
+        assert asyncio.run(_archived_through(cluster, node.admin_address, 0)) == through, node.address
+    events.clear()
+    archiver(archive_zk, location, events.append, partitions=[0]).run()
+    assert events == []
+
+
 def test_fewer_than_a_quorum_of_replicas_stops_the_partition_until_they_are_back(
     cluster: LocalCluster, archive_zk: ClusterZk, location: Path
 ) -> None:

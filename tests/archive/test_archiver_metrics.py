@@ -32,7 +32,7 @@ def test_chunks_and_rounds_set_the_counters_and_each_partitions_lag() -> None:
     metrics.chunk_added(0, _entry(100, 149, 2500))
     metrics.round_done(
         [
-            PartitionRound(0, high_water_mark=180, archived_through=149),
+            PartitionRound(0, high_water_mark=180, archived_through=149, untold={"a:1": "refused"}),
             PartitionRound(1, high_water_mark=-1, archived_through=-1),
         ]
     )
@@ -44,6 +44,8 @@ def test_chunks_and_rounds_set_the_counters_and_each_partitions_lag() -> None:
     assert value("waltz_archive_lag_transactions", {"partition": "0"}) == 31
     assert value("waltz_archive_lag_transactions", {"partition": "1"}) == 0
     assert value("waltz_archive_rounds_total") == 1
+    assert value("waltz_archive_replicas_not_told", {"partition": "0"}) == 1
+    assert value("waltz_archive_replicas_not_told", {"partition": "1"}) == 0
     assert metrics.stopped_partitions() == []
     # A stopped partition keeps its last marks and is named until a round goes through.
     metrics.round_done([PartitionRound(0, error="replicas disagree")])
@@ -51,6 +53,7 @@ def test_chunks_and_rounds_set_the_counters_and_each_partitions_lag() -> None:
     assert value("waltz_archive_archived_through", {"partition": "0"}) == 149
     metrics.round_done([PartitionRound(0, high_water_mark=200, archived_through=200)])
     assert metrics.stopped_partitions() == []
+    assert value("waltz_archive_replicas_not_told", {"partition": "0"}) == 0
     assert value("waltz_archive_lag_transactions", {"partition": "0"}) == 0
 
 

@@ -166,6 +166,44 @@ def test_admin_appends_need_the_admin_role(secured: LocalCluster) -> None:
     assert isinstance(outcome, int) and outcome >= 0
 
 
+def test_the_archiver_tells_the_replicas_only_with_the_admin_role(
+    secured: LocalCluster, tmp_path: Path
+) -> None:
+    """``waltz archive run`` with the operator's certificate writes the archive but exits 1 naming
+    the replica it could not tell and the certificate it needs; a run with the admin's, with nothing
+    new to archive, tells it (docs/operations.md, "Archive")."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from waltz.cli.main import app
+
+    async def commit() -> None:
+        async with ServerAdminClient(
+            secured.servers[0].endpoint, tls=certificates(secured).tls("admin")
+        ) as admin:
+            batch = [(ReqId(98, 0, 0, i), 0, b"to archive %d" % i) for i in range(20)]
+            assert all(isinstance(o, int) for o in await admin.append(0, batch))
+
+    asyncio.run(commit())
+    node = secured.storages[0].address
+    run = ["archive", "run", "--to", str(tmp_path / "archive"), "--seal-after", "0"]
+    as_operator = CliRunner().invoke(app, run, env=secured.admin_env("operator"))
+    assert as_operator.exit_code == 1, as_operator.output
+    assert f"replicas NOT TOLD: {node}" in as_operator.output and "PERMISSION_DENIED" in as_operator.output
+    assert "tls/admin.pem" in as_operator.output
+    status = CliRunner().invoke(app, ["archive", "status", "--json"], env=secured.admin_env("operator"))
+    (line,) = json.loads(status.stdout)["partitions"]
+    through = line["zookeeper"]["archived_through"]
+    assert through >= 19 and line["archive"]["archived_through"] == through
+    assert line["replicas_not_told"] == [node] and line["replicas"][0]["archived_through"] != through
+    as_admin = CliRunner().invoke(app, run, env=secured.admin_env("admin"))
+    assert as_admin.exit_code == 0, as_admin.output
+    status = CliRunner().invoke(app, ["archive", "status", "--json"], env=secured.admin_env("operator"))
+    (line,) = json.loads(status.stdout)["partitions"]
+    assert line["replicas_not_told"] == [] and line["replicas"][0]["archived_through"] == through
+
+
 def test_check_connectivity_with_a_client_and_an_operator_certificate(secured: LocalCluster) -> None:
     """``waltz client check-connectivity`` on a secured cluster: the client certificate reaches the
     servers' client service, the operator certificate the storage admin ports."""

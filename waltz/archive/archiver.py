@@ -12,6 +12,11 @@ archived-through + 1:
 4. raise the partition's archived-through in ZooKeeper and tell the replicas
    (:func:`~waltz.archive.replicas.tell_replicas`).
 
+Each round also asks every storage node what it was told (one status call per node) and tells again
+each replica whose archived-through differs from ZooKeeper's: one a run could not tell (down, or a
+certificate without the admin role), one that joined the partition since, one told more than the
+archive holds. A replica that is still not told is named in its :class:`PartitionRound`.
+
 A chunk is written when it is full (``chunk_transactions`` records or ``chunk_bytes`` of data) or
 when the partition has been quiet (its committed high-water mark unchanged) for ``seal_after``
 seconds. Restarted after a stop at any step, it archives nothing twice and skips nothing: the
@@ -48,13 +53,21 @@ from waltz.archive.manifests import (
     write_partition_manifest,
 )
 from waltz.archive.metrics import ArchiverMetrics
-from waltz.archive.replicas import TOLD, UNKNOWN_REQUEST, QuorumRead, read_quorum, tell_replicas
+from waltz.archive.replicas import (
+    TOLD,
+    UNKNOWN_REQUEST,
+    QuorumRead,
+    read_quorum,
+    replica_partition_statuses,
+    tell_replicas,
+)
 from waltz.archive.summary import claim_archive, entry_of, record_partition
 from waltz.committed.errors import CommittedReadError
 from waltz.committed.plan import CommittedPartition, plan_live_on
 from waltz.errors import MetadataError
 from waltz.metadata.values import ClusterParams
 from waltz.metadata.zk import ClusterZk
+from waltz.protocol import storage_pb2
 from waltz.protocol.channels import TlsConfig
 
 __all__ = ["ArchiveEvent", "Archiver", "ChunkPolicy", "PartitionRound", "Step"]
@@ -126,6 +139,8 @@ class PartitionRound:
         waiting: committed transactions left for a full chunk or quiet.
         seal_at: ``time.monotonic()`` at which those are written if the partition stays quiet.
         error: why the partition stopped, or None.
+        untold: replicas (storage connect string -> why) that were not told the archived-through
+            in this round: they keep their archived segments until a later round tells them.
     """
 
     partition_id: int
@@ -137,6 +152,7 @@ class PartitionRound:
     waiting: int = 0
     seal_at: float | None = None
     error: str | None = None
+    untold: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -202,6 +218,8 @@ class Archiver:
         self._warned: set[int] = set()  # new partitions of a split said to be not archived
         self._quiet: dict[int, _Quiet] = {}
         self._owed: set[int] = set()
+        self._untold: dict[int, dict[str, str]] = {}
+        self._statuses: dict[str, storage_pb2.PartitionStatusResponse | str] = {}
         self._unaware: set[str] = set()
         self._stop = threading.Event()
 
@@ -259,6 +277,9 @@ class Archiver:
         params = self._claimed()
         ids = self._partitions if self._partitions is not None else range(params.num_partitions)
         self._warn_of_split(params)
+        self._statuses = replica_partition_statuses(
+            self._cluster, params, timeout=self._timeout, tls=self._tls
+        )
         results: list[PartitionRound] = []
         for pid in ids:
             if results and self._stop.is_set():
@@ -292,6 +313,7 @@ class Archiver:
 
     def _round(self, partition_id: int) -> PartitionRound:
         result = PartitionRound(partition_id)
+        self._untold.pop(partition_id, None)
         try:
             (plan,) = plan_live_on(self._cluster, [partition_id], timeout=self._timeout, tls=self._tls)
             result.high_water_mark = plan.high_water_mark
@@ -301,6 +323,7 @@ class Archiver:
         except (ArchiveError, CommittedReadError, MetadataError, OSError) as exc:
             result.error = str(exc)
             log.error("partition %d: %s", partition_id, exc)
+        result.untold = self._untold.get(partition_id, {})
         return result
 
     def _archive(self, plan: CommittedPartition, result: PartitionRound) -> None:
@@ -317,7 +340,7 @@ class Archiver:
             )
         if manifest.archived_through > recorded:
             manifest = self._confirm(plan, manifest, recorded)
-        elif pid in self._owed:
+        elif pid in self._owed or self._told_otherwise(pid, manifest.archived_through):
             self._tell(pid, manifest.archived_through)
         result.archived_through = manifest.archived_through
         self._remove_temporaries(pid)
@@ -338,6 +361,18 @@ class Archiver:
             result.chunks_added += 1
             result.records += entry.rows
             result.size_bytes += entry.size_bytes
+
+    def _told_otherwise(self, partition_id: int, archived_through: int) -> bool:
+        """Whether a replica of the partition was told another archived-through than ``archived_through``
+        (ZooKeeper's), or did not say in this round's statuses."""
+        for storage in self._cluster.assignments().value.storages_of(partition_id):
+            status = self._statuses.get(storage)
+            if not isinstance(status, storage_pb2.PartitionStatusResponse):
+                return True
+            told = [p.archived_through for p in status.partitions if p.partition_id == partition_id]
+            if told != [archived_through]:
+                return True
+        return False
 
     def _observe(self, partition_id: int, mark: int) -> _Quiet:
         now = self._clock()
@@ -461,7 +496,8 @@ class Archiver:
                 "archived, and keeps every segment (upgrade it)",
                 storage,
             )
-        unreached = sorted(s for s, o in outcomes.items() if o not in (TOLD, UNKNOWN_REQUEST))
+        unreached = {s: o for s, o in sorted(outcomes.items()) if o not in (TOLD, UNKNOWN_REQUEST)}
+        self._untold[partition_id] = unreached
         if unreached:
             self._owed.add(partition_id)
         else:

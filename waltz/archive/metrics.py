@@ -26,6 +26,7 @@ class RoundOutcome(Protocol):
     high_water_mark: int
     archived_through: int
     error: str | None
+    untold: dict[str, str]
 
 
 class ArchiverMetrics:
@@ -80,6 +81,13 @@ class ArchiverMetrics:
             ["partition"],
             registry=self.registry,
         )
+        self.untold = Gauge(
+            "waltz_archive_replicas_not_told",
+            "Replicas the partition's last round could not tell its archived-through (a node down, a "
+            "certificate without the admin role): they keep their archived segments, by partition.",
+            ["partition"],
+            registry=self.registry,
+        )
         self.rounds = Counter("waltz_archive_rounds", "Rounds over the partitions.", registry=self.registry)
         self.last_round = Gauge(
             "waltz_archive_last_round_timestamp_seconds",
@@ -99,6 +107,7 @@ class ArchiverMetrics:
         for result in results:
             label = str(result.partition_id)
             self.stopped.labels(label).set(0 if result.error is None else 1)
+            self.untold.labels(label).set(len(result.untold))
             if result.error is not None:
                 continue  # its marks were not all read: the last good values stay
             self.archived_through.labels(label).set(result.archived_through)

@@ -22,12 +22,21 @@ from waltz.committed.reads import DEFAULT_BATCH_RECORDS, read_replica
 from waltz.errors import StorageRpcError, WaltzError
 from waltz.metadata.values import ClusterParams
 from waltz.metadata.zk import ClusterZk
+from waltz.protocol import storage_pb2
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.records import Record
 from waltz.protocol.storage_client import StorageAdminClient
 
-__all__ = ["TOLD", "UNKNOWN_REQUEST", "QuorumRead", "QuorumUnavailableError", "read_quorum", "tell_replicas"]
+__all__ = [
+    "TOLD",
+    "UNKNOWN_REQUEST",
+    "QuorumRead",
+    "QuorumUnavailableError",
+    "read_quorum",
+    "replica_partition_statuses",
+    "tell_replicas",
+]
 
 log = logging.getLogger(__name__)
 
@@ -256,3 +265,33 @@ def tell_replicas(
                 outcome,
             )
     return told
+
+
+def replica_partition_statuses(
+    cluster: ClusterZk, params: ClusterParams, *, timeout: float = 10.0, tls: TlsConfig | None = None
+) -> dict[str, storage_pb2.PartitionStatusResponse | str]:
+    """Every storage node's status of all its partitions (local start, last transaction, and the
+    archived-through it was told), one admin call per node, all at once.
+
+    Args:
+        cluster: the cluster's znodes (the nodes' admin ports).
+        params: the cluster's parameters (the admin open's key and partition count).
+        timeout: seconds for each node.
+        tls: client TLS files for the admin ports.
+
+    Returns:
+        Storage connect string -> its status, or why it did not answer (a node with no admin
+        port on record is absent).
+    """
+    connection = cluster.connection().value
+    addresses = {s: connection.admin_address(s) for s in connection.admin_ports}
+
+    async def status(storage: str, admin: StorageAdminClient) -> storage_pb2.PartitionStatusResponse:
+        return await admin.partition_status(-1)
+
+    outcomes = run_on_shared_loop(
+        call_admin_on_nodes(
+            addresses, str(params.cluster_key), params.num_partitions, status, timeout=timeout, tls=tls
+        )
+    )
+    return {s: o.value if o.value is not None else (o.failure or "failed") for s, o in outcomes.items()}

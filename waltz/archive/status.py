@@ -15,18 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from waltz.admin.description import opened_partitions
-from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, call_admin_on_nodes
+from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT
 from waltz.archive.errors import ArchiveError
 from waltz.archive.layout import ArchiveFiles
 from waltz.archive.manifests import read_partition_manifest
+from waltz.archive.replicas import replica_partition_statuses
 from waltz.committed.errors import CommittedReadError
 from waltz.committed.plan import plan_live_on
 from waltz.metadata.values import ArchivedPartition
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol import storage_pb2
 from waltz.protocol.channels import TlsConfig
-from waltz.protocol.event_loop import run_on_shared_loop
-from waltz.protocol.storage_client import StorageAdminClient
 
 __all__ = ["ArchiveStatus", "PartitionArchiveStatus", "ReplicaRange", "archive_status"]
 
@@ -96,6 +95,17 @@ class PartitionArchiveStatus:
             return None
         return max(0, self.high_water_mark - self.zookeeper.archived_through)
 
+    @property
+    def replicas_not_told(self) -> list[str]:
+        """The replicas that answered with an archived-through other than ZooKeeper's: not told
+        (they keep segments the archive holds) or told more than it holds; the next
+        ``waltz archive run`` tells them."""
+        return [
+            r.storage
+            for r in self.replicas
+            if r.error is None and r.archived_through != self.zookeeper.archived_through
+        ]
+
     def to_json(self) -> dict[str, Any]:
         """The partition in ``--json`` output."""
         return {
@@ -115,6 +125,7 @@ class PartitionArchiveStatus:
             "high_water_mark": self.high_water_mark,
             "lag": self.lag,
             "replicas": [r.to_json() for r in self.replicas],
+            "replicas_not_told": self.replicas_not_told,
         }
 
 
@@ -165,7 +176,7 @@ def archive_status(
     params = cluster.params()
     summary = cluster.archive_summary()
     ids = list(partitions) if partitions is not None else list(range(params.num_partitions))
-    statuses = _replica_statuses(cluster, str(params.cluster_key), params.num_partitions, timeout, tls)
+    statuses = replica_partition_statuses(cluster, params, timeout=timeout, tls=tls)
     assignments = cluster.assignments().value
     report = ArchiveStatus(None if files is None else files.location)
     report.not_archived = list(opened_partitions(cluster, params))
@@ -203,18 +214,3 @@ def _replica_range(
         if entry.partition_id == partition_id:
             return ReplicaRange(storage, entry.local_start, entry.max_transaction_id, entry.archived_through)
     return ReplicaRange(storage, error="the node does not hold the partition")
-
-
-def _replica_statuses(
-    cluster: ClusterZk, cluster_key: str, num_partitions: int, timeout: float, tls: TlsConfig | None
-) -> dict[str, storage_pb2.PartitionStatusResponse | str]:
-    connection = cluster.connection().value
-    addresses = {s: connection.admin_address(s) for s in connection.admin_ports}
-
-    async def status(storage: str, admin: StorageAdminClient) -> storage_pb2.PartitionStatusResponse:
-        return await admin.partition_status(-1)
-
-    outcomes = run_on_shared_loop(
-        call_admin_on_nodes(addresses, cluster_key, num_partitions, status, timeout=timeout, tls=tls)
-    )
-    return {s: o.value if o.value is not None else (o.failure or "failed") for s, o in outcomes.items()}

@@ -8,11 +8,13 @@ names one; ``restore`` makes a new cluster under the root from ``--from``.
 
 Exit codes: 0 done (``run`` also when stopped by SIGTERM or Ctrl-C after the chunk in progress);
 1 a partition stopped (``run``: replicas that disagree, fewer than a quorum of replicas, a chunk
-that fails its check, ZooKeeper ahead of the archive), a problem found (``verify``), or a restore
-refused (an archive that fails verification, a root that holds a cluster, storage nodes not empty
-or not answering; nothing written) or a storage node that failed after ZooKeeper was written; 2 the
-command could not run (options, settings, ZooKeeper, no cluster, a location that cannot be opened,
-an archive of a newer form, another location on record without ``--relocate``).
+that fails its check, ZooKeeper ahead of the archive) or, with ``--once``, a replica was not told
+what is archived (a node down, or a certificate without the admin role), a problem found
+(``verify``), or a restore refused (an archive that fails verification, a root that holds a
+cluster, storage nodes not empty or not answering; nothing written) or a storage node that failed
+after ZooKeeper was written; 2 the command could not run (options, settings, ZooKeeper, no
+cluster, a location that cannot be opened, an archive of a newer form, another location on record
+without ``--relocate``).
 """
 
 from __future__ import annotations
@@ -173,7 +175,10 @@ def run(
     by record, written, read back and checked, then added to the partition's manifest; then
     ZooKeeper's archived-through is raised and the replicas are told. A chunk is written when it
     is full or the partition has been quiet for --seal-after seconds. Stopped at any point, the
-    next run goes on where this one stopped: nothing is archived twice, nothing skipped. With
+    next run goes on where this one stopped: nothing is archived twice, nothing skipped. Each
+    round also tells every replica whose archived-through differs from ZooKeeper's; a replica left
+    untold (a node down, a certificate without the admin role) is named, and --once exits 1
+    (--follow tells it in a later round; /metrics counts it). With
     --metrics-port, /metrics shows the chunks and bytes written and each partition's lag (the
     committed high-water mark minus the archived-through); /health answers 503 while a
     partition is stopped.
@@ -215,8 +220,31 @@ def run(
             say(_round_line(result, seal_after))
         if stop.is_set():
             say("stopped by a signal after the chunk in progress")
-        if any(r.error is not None for r in results):
+        untold = sorted({s for r in results for s in r.untold})
+        if untold:
+            typer.echo(_untold_message(untold, results), err=True)
+        if any(r.error is not None for r in results) or (untold and not follow):
             raise typer.Exit(1)
+
+
+def _untold_message(untold: list[str], results: list[PartitionRound]) -> str:
+    """Why the run exits 1 when the archive is written but replicas were not told it."""
+    why = {storage: reason for r in results for storage, reason in r.untold.items()}
+    lines = [
+        f"{len(untold)} storage node(s) were not told what is archived: they keep their archived "
+        "segments (retention deletes nothing there) until a run tells them; the archive itself is "
+        "written and recorded. The next waltz archive run tells every replica whose archived-through "
+        "differs from ZooKeeper's.",
+        *(f"  {storage}: {why[storage]}" for storage in untold),
+    ]
+    if any("PERMISSION_DENIED" in why for r in results for why in r.untold.values()):
+        lines.append(
+            "A node refused with PERMISSION_DENIED: telling a node what is archived needs a certificate "
+            'with the admin role (docs/operations.md, "Roles"). On a cluster of waltz up, set '
+            "WALTZ_CLUSTER_SSL_CERT_FILE and WALTZ_CLUSTER_SSL_KEY_FILE to tls/admin.pem and "
+            "tls/admin-key.pem of its work directory."
+        )
+    return "\n".join(lines)
 
 
 @contextmanager
@@ -270,6 +298,8 @@ def _round_line(result: PartitionRound, seal_after: float) -> str:
         line += f"; {result.chunks_added} chunks ({added}) added"
     if result.waiting:
         line += f"; {result.waiting} wait for a full chunk or {seal_after:g}s of quiet"
+    if result.untold:
+        line += f"; replicas NOT TOLD: {', '.join(result.untold)}"
     return line
 
 
@@ -312,7 +342,8 @@ def status(
 
     The archived range and its chunks come from the partition's manifest and from ZooKeeper; each
     replica's local start and last transaction from its admin port (a node that does not report its
-    local start shows 0); the lag is the committed high-water mark minus the archived-through.
+    local start shows 0); the lag is the committed high-water mark minus the archived-through. A
+    replica told another archived-through than ZooKeeper's is flagged (the next run tells it).
     """
     from waltz.archive.status import archive_status
 
@@ -341,14 +372,21 @@ def status(
             f"partition {line.partition_id}: {held}; ZooKeeper through {line.zookeeper.archived_through}; "
             f"committed through {mark}{lag}"
         )
+        not_told = line.replicas_not_told
         for replica in line.replicas:
             if replica.error is not None:
                 typer.echo(f"  {replica.storage}: {replica.error}")
-            else:
-                typer.echo(
-                    f"  {replica.storage}: local {replica.local_start}..{replica.max_transaction_id}, "
-                    f"archived through {replica.archived_through} as it was told"
+                continue
+            told = (
+                f"  {replica.storage}: local {replica.local_start}..{replica.max_transaction_id}, "
+                f"archived through {replica.archived_through} as it was told"
+            )
+            if replica.storage in not_told:
+                told += (
+                    f" (NOT ZooKeeper's {line.zookeeper.archived_through}: the next waltz archive run "
+                    "tells it)"
                 )
+            typer.echo(told)
     if report.not_archived:
         typer.echo(
             f"not archived: partition(s) {', '.join(map(str, report.not_archived))}, opened by a split: "
