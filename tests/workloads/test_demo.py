@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from waltz.local.processes import free_port
 from waltz.services.storage import format as fmt
 from waltz.services.storage.inspect.reader import read_control_file
-from waltz.workloads.demo import DemoOptions, run_demo
+from waltz.workloads.demo import DemoOptions, DemoResult, run_demo
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
@@ -55,6 +55,35 @@ def _assert_secure_and_key_never_shown(work_dir: Path, report: str) -> None:
         (str(p), p.read_text(errors="replace")) for p in logs
     ]:
         assert str(key) not in text and key.hex not in text, f"{name} holds the cluster key"
+
+
+def test_a_demo_run_again_on_its_work_directory_goes_on_with_the_same_log(tmp_path: Path) -> None:
+    """``waltz demo --work-dir`` kept: a second run resumes the cluster, its log and the SQLite
+    database the first one migrated through the releases, and goes on with the current release."""
+    options = DemoOptions(
+        work_dir=tmp_path, transactions=150, accounts=30, partitions=2, instances=2, spark=False
+    )
+    first: list[str] = []
+    result = run_demo(options, first.append, lambda label, total: lambda n: None)
+    assert result.passed, "\n".join(first)
+    assert not any(line.startswith("resuming") for line in first)
+    assert len([e for e in result.deploys if e.endswith("every instance runs it")]) == 2, first
+    before = _applied(result)
+    again: list[str] = []
+    result = run_demo(options, again.append, lambda label, total: lambda n: None)
+    report = "\n".join(again)
+    assert result.passed, report
+    assert f"resuming the log of {tmp_path}" in report
+    assert [e for e in result.deploys if e.endswith("every instance runs it")] == [], report
+    assert _applied(result) > before, report  # the same log, longer
+
+
+def _applied(result: DemoResult) -> int:
+    """The log transactions the exactly-once check counted."""
+    check = next(c for c in result.checks if c.name.startswith("every (transaction, member) applied"))
+    found = re.search(r"(\d+) transactions", check.detail)
+    assert found is not None, check.detail
+    return int(found.group(1))
 
 
 @pytest.mark.slow

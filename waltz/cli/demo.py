@@ -86,7 +86,11 @@ def demo(
         str | None, typer.Option(help="Spark master URL of the rebuild (default `local[*]`).")
     ] = None,
     work_dir: Annotated[
-        Path | None, typer.Option(help="Keep the cluster's data, logs and the SQLite database here.")
+        Path | None,
+        typer.Option(
+            help="Keep the cluster's data, logs and the SQLite database here. Run again with it, the "
+            "demo goes on with the same cluster and log, every instance on the current release."
+        ),
     ] = None,
     log_level: NodesLogLevelOption = "WARNING",
     app: Annotated[

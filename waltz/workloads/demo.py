@@ -226,9 +226,9 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
             anything starts.
     """
     app = load_application(options.app)
+    # A kept work directory resumes its cluster, and with it the same log.
+    resumed = (options.work_dir / "cluster" / LAYOUT_FILE).exists()
     if options.db_url:
-        # A kept work directory resumes its cluster, and with it the same log.
-        resumed = (options.work_dir / "cluster" / LAYOUT_FILE).exists()
         check_database(app, options.db_url, new_log=not resumed, cluster_name=app.name)
     db_url = options.db_url or f"sqlite:///{options.work_dir / f'{app.name}.db'}"
     started = time.monotonic()
@@ -247,6 +247,15 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
         services: list[SmallBankInstance] = []
         migrated = ""
         evolves = options.evolve and isinstance(app, EvolvingApplication) and len(app.releases()) > 1
+        if evolves and resumed:
+            # The log (and the work directory's database) already hold the later releases' records:
+            # instances of the first release could not read them, nor use a database migrated past it.
+            evolves = False
+            say(
+                f"resuming the log of {options.work_dir}: the {app.name}'s releases were deployed on it "
+                "before, so every instance runs the current release from the start (a new --work-dir "
+                "shows the deploys mid-run)"
+            )
         if evolves and options.batch:
             say(
                 f"batches on: every {app.name} instance runs its current release from the start "
