@@ -327,6 +327,9 @@ def test_live_reads_never_fence_the_owner_and_options_prune_the_plan(
     assert _sessions(spark_cluster) == before
     assert services[0].deposit(0, 1).committed
     assert _sessions(spark_cluster) == before
+    # A DataFrame reads the marks planned at its first query (docs/spark.md); a new load, the commit.
+    assert log.count() == everything
+    assert spark.read.format("waltz").options(**options).load().count() > everything
 
 
 def test_a_corrupt_record_is_never_returned(
