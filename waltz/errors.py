@@ -655,8 +655,11 @@ class HighWaterMarkGapError(SqlFrameworkError):
     """The database's high-water mark is below ``transaction_id - 1``: transactions are missing.
 
     A gap is never skipped: applying past it would make the database diverge from the log. It
-    means the database was restored from an old backup or edited by hand; restore a consistent
-    copy (or rebuild it from the log) and restart the application.
+    means the database went back while the instances ran (restored from a backup, a failover to a
+    standby that missed commits: its tables and marks went back together), and the instances,
+    which never ask again about what they applied, must be restarted to catch up from its marks;
+    or its marks were edited by hand, and it must be rebuilt from the log (docs/sql.md, "A database
+    that loses commits").
 
     Attributes:
         cluster_name: the log the mark belongs to.
@@ -671,8 +674,11 @@ class HighWaterMarkGapError(SqlFrameworkError):
         super().__init__(
             f"cluster {cluster_name!r} partition {partition_id}: the database's high-water mark is "
             f"{high_water_mark} but the next transaction to apply is {transaction_id}; transactions "
-            f"{high_water_mark + 1}..{transaction_id - 1} are missing (database restored from an old "
-            "backup or edited by hand?). Restore a consistent copy or rebuild it from the log."
+            f"{high_water_mark + 1}..{transaction_id - 1} are missing. If the database went back while "
+            "the application ran (restored from a backup, a failover to a standby that missed commits), "
+            "restart the application's instances: they read the database's marks and apply the log "
+            "again from there. If its marks were edited by hand, rebuild it from the log (waltz "
+            "rebuild)."
         )
         self.cluster_name = cluster_name
         self.partition_id = partition_id

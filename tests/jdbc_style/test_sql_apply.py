@@ -179,8 +179,9 @@ def test_apply_moves_the_mark_skips_what_is_applied_and_refuses_gaps(engine: Eng
     assert item(engine) == 2
 
     # Transaction 3 without 2: a gap, never a skip.
-    with pytest.raises(HighWaterMarkGapError, match=r"transactions 2\.\.2 are missing"):
+    with pytest.raises(HighWaterMarkGapError, match=r"transactions 2\.\.2 are missing") as gap:
         callbacks.apply_transaction(txn(0, 3))
+    assert "restart the application's instances" in str(gap.value) and "waltz rebuild" in str(gap.value)
     assert callbacks.high_water_marks() == {0: 1}
     assert item(engine) == 2
     # Partitions are independent; another cluster name is another log.
