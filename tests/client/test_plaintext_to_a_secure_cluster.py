@@ -11,7 +11,7 @@ import pytest
 
 from tests.client.client_helpers import MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
-from waltz.client.connection import PLAINTEXT_HINT
+from waltz.client.connection import NO_CERTIFICATE_HINT, PLAINTEXT_HINT
 from waltz.errors import WaltzTimeoutError
 from waltz.local.cluster import LocalCluster
 from waltz.local.zookeeper import LocalZooKeeper
@@ -32,13 +32,34 @@ def test_a_plaintext_client_of_a_secure_cluster_is_told_to_set_its_tls_files(
         caplog.set_level(logging.INFO, logger="waltz.client")
         with (
             WaltzClient(MemoryStore({0: -1}), WaltzClientConfig(**settings)) as client,
-            pytest.raises(WaltzTimeoutError, match="partitions not mounted within 5s") as caught,
+            pytest.raises(WaltzTimeoutError, match="partitions not mounted within 7s") as caught,
         ):
-            client.wait_mounted(5)
+            client.wait_mounted(7)
         assert f"if no server accepted a connection, {PLAINTEXT_HINT}" in str(caught.value)
         assert "WALTZ_CLIENT_TLS_CA_FILE" in PLAINTEXT_HINT
-        # Each failed attempt's log line says it too.
+        # Each failed attempt's log line says it too; after MOUNT_WARNING_AFTER seconds, as a warning.
         assert any(PLAINTEXT_HINT in record.getMessage() for record in caplog.records), caplog.text
+        warned = [
+            r for r in caplog.records if r.levelno == logging.WARNING and PLAINTEXT_HINT in r.getMessage()
+        ]
+        assert len(warned) == 1, caplog.text  # one partition, once in 7 s
+        assert "cannot mount on" in warned[0].getMessage()
+        # A client with the CA but no certificate of its own is told what it lacks.
+        caplog.clear()
+        without_certificate = {
+            k: v
+            for k, v in cluster.client_settings().items()
+            if k not in ("client_tls_cert_file", "client_tls_key_file")
+        }
+        with (
+            WaltzClient(MemoryStore({0: -1}), WaltzClientConfig(**without_certificate)) as client,
+            pytest.raises(WaltzTimeoutError, match="partitions not mounted within 7s") as caught,
+        ):
+            client.wait_mounted(7)
+        assert NO_CERTIFICATE_HINT in str(caught.value)
+        assert any(
+            r.levelno == logging.WARNING and NO_CERTIFICATE_HINT in r.getMessage() for r in caplog.records
+        ), caplog.text
         # With the TLS files the same client mounts.
         with WaltzClient(MemoryStore({0: -1}), WaltzClientConfig(**cluster.client_settings())) as client:
             client.wait_mounted(30)

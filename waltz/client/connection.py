@@ -28,7 +28,7 @@ from waltz.protocol import client_pb2, client_pb2_grpc
 from waltz.protocol.channels import TlsConfig, open_channel
 from waltz.protocol.records import ReqId
 
-__all__ = ["PLAINTEXT_HINT", "ServerConnection"]
+__all__ = ["NO_CERTIFICATE_HINT", "PLAINTEXT_HINT", "ServerConnection"]
 
 #: Said when a plaintext connection is not accepted: a server that requires TLS never accepts one
 #: (docs/configuration.md, the client's settings).
@@ -36,6 +36,13 @@ PLAINTEXT_HINT = (
     "this client connects without TLS, which a server that requires it (a secure cluster, as "
     "`waltz up` starts by default) never accepts: set client.ssl.caFile, certFile and keyFile "
     "(WALTZ_CLIENT_TLS_CA_FILE, WALTZ_CLIENT_TLS_CERT_FILE, WALTZ_CLIENT_TLS_KEY_FILE)"
+)
+#: Said when a TLS connection without a client certificate is not accepted: a secure cluster's
+#: servers take mutual TLS only (docs/design/overview.md, "Roles").
+NO_CERTIFICATE_HINT = (
+    "this client presents no certificate, and a secure cluster's servers accept mutual TLS only: "
+    "set client.ssl.certFile and keyFile (WALTZ_CLIENT_TLS_CERT_FILE, WALTZ_CLIENT_TLS_KEY_FILE) "
+    "to a certificate of the client role"
 )
 
 log = logging.getLogger(__name__)
@@ -78,7 +85,7 @@ class ServerConnection:
     ) -> None:
         self.endpoint = endpoint
         self.seq_num = seq_num
-        self._plaintext = tls is None
+        self._hint = PLAINTEXT_HINT if tls is None else NO_CERTIFICATE_HINT if tls.cert_file is None else ""
         self._on_messages = on_messages
         self._on_closed = on_closed
         self._channel = open_channel(
@@ -132,7 +139,7 @@ class ServerConnection:
             self._closed = True
             raise ConnectionError(
                 f"server {self.endpoint} did not accept a connection within {timeout:g}s"
-                + (f"; {PLAINTEXT_HINT}" if self._plaintext else "")
+                + (f"; {self._hint}" if self._hint else "")
             ) from None
         self._call = self._stub.Stream()
         loop = asyncio.get_running_loop()

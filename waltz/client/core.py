@@ -24,7 +24,7 @@ from waltz.client.attempt_runner import AttemptRunner
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.client_partition import ClientPartition
 from waltz.client.config import WaltzClientConfig
-from waltz.client.connection import PLAINTEXT_HINT, ServerConnection
+from waltz.client.connection import NO_CERTIFICATE_HINT, PLAINTEXT_HINT, ServerConnection
 from waltz.client.connection_pool import ConnectionPool
 from waltz.client.discovery import ServerDiscovery
 from waltz.client.in_flight import InFlight
@@ -93,7 +93,9 @@ class ClientCore:
         self._closed = False
         self._seq = 0
         tls = config.tls()
-        self._plaintext = tls is None
+        self._tls_hint = (
+            PLAINTEXT_HINT if tls is None else NO_CERTIFICATE_HINT if tls.cert_file is None else ""
+        )
         self._pool = ConnectionPool(
             on_messages=self._on_messages,
             on_lost=self._connection_lost,
@@ -440,7 +442,7 @@ class ClientCore:
             self._call(asyncio.wait_for(self.wait_mounted(ids), timeout))
         except (TimeoutError, concurrent.futures.TimeoutError):
             states = {pid: repr(self.partitions[pid]) for pid in ids}
-            hint = f"; if no server accepted a connection, {PLAINTEXT_HINT}" if self._plaintext else ""
+            hint = f"; if no server accepted a connection, {self._tls_hint}" if self._tls_hint else ""
             raise WaltzTimeoutError(f"partitions not mounted within {timeout:g}s: {states}{hint}") from None
 
     def wait_ready(self, timeout: float) -> dict[int, int]:

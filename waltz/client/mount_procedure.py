@@ -45,6 +45,10 @@ T = TypeVar("T")
 
 #: Longest pause between mount attempts, in seconds.
 MAX_MOUNT_BACKOFF = 1.0
+#: Seconds a partition may fail to reach its server before it is logged as a warning (a server's
+#: restart or a move of the partition takes less); then again every ``MOUNT_WARNING_INTERVAL``.
+MOUNT_WARNING_AFTER = 5.0
+MOUNT_WARNING_INTERVAL = 30.0
 
 
 class PartitionState(enum.Enum):
@@ -136,6 +140,8 @@ class MountProcedure:
         self._task: asyncio.Task[None] | None = None
         self._request: ReqId | None = None
         self._response: asyncio.Future[bool] | None = None
+        self._unreached_since: float | None = None
+        self._warned_at: float | None = None
 
     @property
     def wanted(self) -> bool:
@@ -255,6 +261,21 @@ class MountProcedure:
             future.set_result(False)
         return True
 
+    def _cannot_connect(self, endpoint: str, exc: Exception, tried_at: float, now: float) -> None:
+        """Log a failed connection: at INFO until the partition has tried for
+        ``MOUNT_WARNING_AFTER`` seconds, then as a warning, again every ``MOUNT_WARNING_INTERVAL``."""
+        if self._unreached_since is None:
+            self._unreached_since = tried_at
+        failing = now - self._unreached_since
+        due = self._warned_at is None or now - self._warned_at >= MOUNT_WARNING_INTERVAL
+        if failing >= MOUNT_WARNING_AFTER and due:
+            self._warned_at = now
+            log.warning(
+                "partition %d: cannot mount on %s for %.0fs: %s", self._partition_id, endpoint, failing, exc
+            )
+        else:
+            log.info("partition %d: cannot mount on %s yet: %s", self._partition_id, endpoint, exc)
+
     async def _mount_loop(self) -> None:
         backoff = 0.05
         loop = asyncio.get_running_loop()
@@ -264,16 +285,18 @@ class MountProcedure:
             if endpoint is None:
                 await self._wakeup.wait()
                 continue
+            tried_at = loop.time()
             try:
                 # A connection to a dead server takes a while to fail: a new assignment wins.
                 connection = await self._unless_woken(self._host.connection(endpoint))
             except Exception as exc:
-                log.info("partition %d: cannot mount on %s yet: %s", self._partition_id, endpoint, exc)
+                self._cannot_connect(endpoint, exc, tried_at, loop.time())
                 await self._pause(backoff)
                 backoff = min(MAX_MOUNT_BACKOFF, backoff * 2)
                 continue
             if connection is None:
                 continue
+            self._unreached_since = self._warned_at = None
             try:
                 high_water_mark = await asyncio.to_thread(
                     self._host.callbacks.get_client_high_water_mark, self._partition_id
