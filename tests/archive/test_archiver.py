@@ -13,10 +13,15 @@ import pytest
 
 from tests.archive.archive_helpers import append_bulk, read_log, write_with_client
 from waltz.archive.archiver import ArchiveEvent, Archiver, ChunkPolicy, PartitionRound, Step
-from waltz.archive.chunks import encode_chunk
+from waltz.archive.chunks import encode_chunk, write_chunk
 from waltz.archive.errors import ArchiveRefusedError
 from waltz.archive.layout import ArchiveFiles, chunk_name, partition_directory
-from waltz.archive.manifests import cluster_key_fingerprint, read_archive_manifest, read_partition_manifest
+from waltz.archive.manifests import (
+    cluster_key_fingerprint,
+    read_archive_manifest,
+    read_partition_manifest,
+    write_partition_manifest,
+)
 from waltz.archive.reader import read_archived
 from waltz.archive.replicas import TOLD, tell_replicas
 from waltz.local.cluster import LocalCluster
@@ -274,6 +279,54 @@ def test_a_replica_left_untold_is_told_by_a_later_run_with_nothing_new_to_archiv
     events.clear()
     archiver(archive_zk, location, events.append, partitions=[0]).run()
     assert events == []
+
+
+def test_chunks_of_another_log_above_zookeeper_s_mark_stop_the_partition(
+    cluster: LocalCluster, archive_zk: ClusterZk, location: Path
+) -> None:
+    """A chunk the manifest lists above ZooKeeper's archived-through is checked against the
+    replicas: one of another log (a cluster restored from this archive archiving to it too), or one
+    past the committed high-water mark, stops the partition and raises nothing."""
+    append_bulk(cluster, 0, 150)
+    (result,) = archiver(archive_zk, location, partitions=[0]).run()
+    through = result.archived_through
+    append_bulk(cluster, 0, 100)
+    files = ArchiveFiles.open(str(location))
+    ours = read_partition_manifest(files, 0)
+    theirs = [r._replace(header=r.header + 1) for r in read_log(cluster, 0, through + 1, through + 50)]
+    written = write_chunk(files, 0, theirs, ("elsewhere:1",))
+    write_partition_manifest(files, ours.with_chunk(written))
+    (result,) = archiver(archive_zk, location, partitions=[0]).run()
+    assert result.error is not None, result
+    assert "another cluster archives to this location" in result.error
+    assert f"at transaction {through + 1}" in result.error
+    assert _zookeeper_through(archive_zk, 0) == through
+
+    # Past what this cluster committed: stopped too, before any read.
+    (location / partition_directory(0) / written.file).unlink()
+    mark = result.high_water_mark
+    beyond = read_log(cluster, 0, through + 1, mark) + [
+        r._replace(transaction_id=mark + 1 + i) for i, r in enumerate(read_log(cluster, 0, 0, 9))
+    ]
+    written = write_chunk(files, 0, beyond, ("elsewhere:1",))
+    write_partition_manifest(files, ours.with_chunk(written))
+    (result,) = archiver(archive_zk, location, partitions=[0]).run()
+    assert result.error is not None
+    assert f"past the committed high-water mark this run proved ({mark})" in result.error
+    assert _zookeeper_through(archive_zk, 0) == through
+
+    # The archive put back as this cluster left it: the next run goes on.
+    (location / partition_directory(0) / written.file).unlink()
+    write_partition_manifest(files, ours)
+    (result,) = archiver(archive_zk, location, partitions=[0]).run()
+    assert result.error is None
+    check_archive(cluster, archive_zk, location, 0, result.high_water_mark)
+
+
+def _zookeeper_through(zk: ClusterZk, partition: int) -> int:
+    summary = zk.archive_summary()
+    assert summary is not None
+    return summary.value.of(partition).archived_through
 
 
 def test_fewer_than_a_quorum_of_replicas_stops_the_partition_until_they_are_back(

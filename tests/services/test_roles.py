@@ -203,6 +203,19 @@ def test_the_archiver_tells_the_replicas_only_with_the_admin_role(
     (line,) = json.loads(status.stdout)["partitions"]
     assert line["replicas_not_told"] == [] and line["replicas"][0]["archived_through"] == through
 
+    # verify --hold of a damaged chunk: the operator's certificate lowers ZooKeeper only, and says so.
+    (chunk,) = (tmp_path / "archive" / "partition_id=0").glob("*.parquet")
+    chunk.write_bytes(chunk.read_bytes()[:-10] + b"damaged!!!")
+    hold = ["archive", "verify", "--hold"]
+    as_operator = CliRunner().invoke(app, hold, env=secured.admin_env("operator"))
+    assert as_operator.exit_code == 1, as_operator.output
+    assert "NOT HELD on every replica: partition 0 is archived through -1 in ZooKeeper" in as_operator.output
+    assert f"  {node}: " in as_operator.output and "PERMISSION_DENIED" in as_operator.output
+    assert "held: partition 0" not in as_operator.output
+    as_admin = CliRunner().invoke(app, hold, env=secured.admin_env("admin"))
+    assert as_admin.exit_code == 1, as_admin.output  # the damage is still there
+    assert "held: partition 0 is archived through -1 in ZooKeeper and on its replicas" in as_admin.output
+
 
 def test_check_connectivity_with_a_client_and_an_operator_certificate(secured: LocalCluster) -> None:
     """``waltz client check-connectivity`` on a secured cluster: the client certificate reaches the

@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from kazoo.exceptions import KazooException
+
 from waltz.admin.description import opened_partitions
 from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT
 from waltz.archive.chunks import adopt_chunk, read_chunk, read_unlisted_chunk, write_chunk
@@ -67,8 +69,10 @@ from waltz.committed.plan import CommittedPartition, plan_live_on
 from waltz.errors import MetadataError
 from waltz.metadata.values import ClusterParams
 from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_session import ZooKeeperUnavailableError
 from waltz.protocol import storage_pb2
 from waltz.protocol.channels import TlsConfig
+from waltz.protocol.records import Record
 
 __all__ = ["ArchiveEvent", "Archiver", "ChunkPolicy", "PartitionRound", "Step"]
 
@@ -249,19 +253,34 @@ class Archiver:
             ArchiveFormTooNewError: a manifest of a form newer than this code reads.
             LocationError, OSError: the location cannot be used.
             ZooKeeperUnavailableError, ClusterNotFoundError, ConfigurationError: ZooKeeper, the
-                cluster or the partitions asked for are not there.
+                cluster or the partitions asked for are not there (with ``follow``, a round that
+                ZooKeeper fails is logged and the next one tries again).
         """
         if stop is not None:
             self._stop = stop
-        results = self.run_round()
         if not follow:
+            results = self.run_round()
             waiting = [r.seal_at for r in results if r.seal_at is not None and r.error is None]
             if waiting and not self._stop.wait(max(0.0, max(waiting) - self._clock())):
                 results = self.run_round()
             return results
+        results = self._following_round([], interval)
         while not self._stop.wait(interval):
-            results = self.run_round()
+            results = self._following_round(results, interval)
         return results
+
+    def _following_round(self, last: list[PartitionRound], interval: float) -> list[PartitionRound]:
+        """A round of ``--follow``: a round that ZooKeeper failed (a lost connection, a stall) is
+        logged and left for the next one; the last round's outcome stays."""
+        try:
+            return self.run_round()
+        except (KazooException, ZooKeeperUnavailableError) as exc:
+            log.error(
+                "a round failed on ZooKeeper (%r): nothing is lost; the next round, in %gs, tries again",
+                exc,
+                interval,
+            )
+            return last
 
     def run_round(self) -> list[PartitionRound]:
         """One pass over the partitions: archive every chunk that is ready.
@@ -338,10 +357,12 @@ class Archiver:
                 f"transactions through {recorded}, the manifest through {manifest.archived_through}: chunks "
                 "were lost, or this is not the archive ZooKeeper names; run waltz archive verify",
             )
+        if pid in self._owed or self._told_otherwise(pid, recorded):
+            # First, so that a replica told more than ZooKeeper holds (after verify --hold) is
+            # lowered even when the rest of the round stops.
+            self._tell(pid, recorded)
         if manifest.archived_through > recorded:
             manifest = self._confirm(plan, manifest, recorded)
-        elif pid in self._owed or self._told_otherwise(pid, manifest.archived_through):
-            self._tell(pid, manifest.archived_through)
         result.archived_through = manifest.archived_through
         self._remove_temporaries(pid)
         quiet = self._observe(pid, plan.high_water_mark)
@@ -443,23 +464,54 @@ class Archiver:
     def _confirm(
         self, plan: CommittedPartition, manifest: PartitionManifest, recorded: int
     ) -> PartitionManifest:
-        """Check the chunks the manifest lists above ZooKeeper's archived-through, writing again any
-        that fails, then raise ZooKeeper to the manifest."""
+        """Check the chunks the manifest lists above ZooKeeper's archived-through against a quorum
+        of the replicas, writing again any that fails its own check, then raise ZooKeeper to the
+        manifest.
+
+        Raises:
+            ArchiveCheckError: a chunk lists transactions past the committed high-water mark, or
+                holds other records than the replicas: not this cluster's (another cluster, one
+                restored from this archive, archives to this location); nothing is raised.
+        """
         pid = plan.partition_id
         for entry in manifest.chunks:
             if entry.last <= recorded:
                 continue
+            where = self._files.name(f"{partition_directory(pid)}/{entry.file}")
+            if entry.last > plan.high_water_mark:
+                raise ArchiveCheckError(
+                    where,
+                    f"partition {pid}: the manifest lists transactions through {entry.last}, past the "
+                    f"committed high-water mark this run proved ({plan.high_water_mark}) and above "
+                    f"ZooKeeper's archived-through ({recorded}): if replicas are down, the partition "
+                    "waits for them; otherwise another cluster archives to this location (a cluster "
+                    "restored from this archive?): give each cluster an archive of its own",
+                    entry.first,
+                    entry.last,
+                )
             try:
-                read_chunk(self._files, pid, entry)
+                held: list[Record] | None = read_chunk(self._files, pid, entry)
             except ArchiveCheckError as problem:
-                if entry.last > plan.high_water_mark:
-                    raise
                 log.warning("partition %d: %s; writing it again from the replicas", pid, problem)
-                read = self._read(plan, entry.first, entry.last)
+                held = None
+            read = self._read(plan, entry.first, entry.last)
+            if held is None:
                 replaced = write_chunk(self._files, pid, read.records, read.replicas)
                 manifest = manifest.with_chunk_replaced(replaced)
                 write_partition_manifest(self._files, manifest)
-                self._say(Step.CHUNK_REPLACED, pid, replaced, f"it failed its check ({problem})")
+                self._say(Step.CHUNK_REPLACED, pid, replaced, "it failed its check")
+            elif held != read.records:
+                differs = next(a.transaction_id for a, b in zip(held, read.records, strict=True) if a != b)
+                raise ArchiveCheckError(
+                    where,
+                    f"partition {pid}: the chunk, above ZooKeeper's archived-through ({recorded}), holds "
+                    f"another record than this cluster's replicas ({', '.join(read.replicas)}) at "
+                    f"transaction {differs}: another cluster archives to this location (a cluster "
+                    "restored from this archive?); nothing is raised: give each cluster an archive of "
+                    "its own",
+                    entry.first,
+                    entry.last,
+                )
         self._raise(manifest)
         return manifest
 

@@ -239,6 +239,12 @@ def restore_cluster(
             dataclasses.replace(top, cluster_key_fingerprints=(*top.cluster_key_fingerprints, fingerprint)),
         )
     say(f"added the new cluster key's fingerprint {fingerprint} to {files.name(ARCHIVE_MANIFEST)}")
+    say(
+        "one cluster archives to an archive: if the cluster this archive came from still runs (a "
+        "restore to try the backup), archive the restored one to a copy (copy the location, then "
+        "waltz archive run --relocate --to COPY with the new root); a second cluster's chunks stop "
+        "the other's archiver"
+    )
 
     holders: dict[int, list[str]] = {p: [] for p in range(top.num_partitions)}
     for storage, pids in placement.items():

@@ -25,7 +25,7 @@ from waltz.archive.layout import (
     partition_directory,
 )
 from waltz.archive.manifests import PartitionManifest, parse_partition_manifest, read_archive_manifest
-from waltz.archive.replicas import tell_replicas
+from waltz.archive.replicas import TOLD, UNKNOWN_REQUEST, tell_replicas
 from waltz.archive.summary import entry_of, record_partition
 from waltz.metadata.values import ArchivedPartition, ArchiveSummary, ClusterParams
 from waltz.metadata.zk import ClusterZk
@@ -82,6 +82,8 @@ class PartitionCheck:
         notes: what is not wrong but worth saying (ZooKeeper behind the manifest, files no
             manifest lists).
         held_to: the archived-through ``--hold`` set (None: not held).
+        hold_untold: replicas (storage connect string -> why) ``--hold`` could not tell: they may
+            still delete segments up to what they were told before.
     """
 
     partition_id: int
@@ -93,6 +95,7 @@ class PartitionCheck:
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     held_to: int | None = None
+    hold_untold: dict[str, str] = field(default_factory=dict)
 
     @property
     def good_through(self) -> int:
@@ -112,6 +115,7 @@ class PartitionCheck:
             "problems": [p.to_json() for p in self.problems],
             "notes": list(self.notes),
             "held_to": self.held_to,
+            "hold_untold": dict(self.hold_untold),
         }
 
 
@@ -293,7 +297,9 @@ def hold_archived_through(
     tls: TlsConfig | None = None,
 ) -> None:
     """Lower the archived-through of every partition with a problem to its last good chunk, in
-    ZooKeeper and on its replicas (``waltz archive verify --hold``); sets each ``held_to``.
+    ZooKeeper and on its replicas (``waltz archive verify --hold``); sets each ``held_to``, and
+    ``hold_untold`` to the replicas that were not told (down, or a certificate without the admin
+    role).
 
     Raises:
         ArchiveRefusedError: ZooKeeper names another archive (hold the one it names).
@@ -305,7 +311,7 @@ def hold_archived_through(
         good = check.good or PartitionManifest(check.partition_id)
         if check.zookeeper is not None and check.zookeeper.archived_through > good.archived_through:
             record_partition(cluster, files.location, check.partition_id, entry_of(good))
-        tell_replicas(
+        outcomes = tell_replicas(
             cluster,
             params,
             check.partition_id,
@@ -316,3 +322,4 @@ def hold_archived_through(
             tls=tls,
         )
         check.held_to = good.archived_through
+        check.hold_untold = {s: o for s, o in sorted(outcomes.items()) if o not in (TOLD, UNKNOWN_REQUEST)}

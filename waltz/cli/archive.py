@@ -466,11 +466,20 @@ def verify(
                 typer.echo(f"note: partition {check.partition_id}: {note}")
             for problem in check.problems:
                 typer.echo(f"FAILED: {problem.message}")
-            if check.held_to is not None:
+            if check.held_to is not None and not check.hold_untold:
                 typer.echo(
                     f"held: partition {check.partition_id} is archived through {check.held_to} in ZooKeeper "
                     "and on its replicas"
                 )
+            elif check.held_to is not None:
+                typer.echo(
+                    f"NOT HELD on every replica: partition {check.partition_id} is archived through "
+                    f"{check.held_to} in ZooKeeper, but these replicas were not told, and may still delete "
+                    "segments up to what they were told before (run verify --hold again, with a certificate "
+                    "of the admin role, once they answer):"
+                )
+                for storage, why in check.hold_untold.items():
+                    typer.echo(f"  {storage}: {why}")
         chunks = sum(c.chunks_checked for c in report.partitions)
         records = sum(c.records_checked for c in report.partitions)
         verdict = "OK" if report.passed else "FAILED"
