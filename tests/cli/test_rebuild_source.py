@@ -94,3 +94,20 @@ def test_the_old_spelling_of_the_root_still_works() -> None:
         env={"WALTZ_ZOOKEEPER_AUTH_DIGEST": "x:y"},
     )
     assert code == 2 and "zookeeper.auth.digestFile" in output, output
+
+
+def test_a_database_that_cannot_work_is_refused_before_spark_starts(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """An absent database, or a URL SQLAlchemy does not take, fails at once, saying what to do."""
+    from sqlalchemy.engine import make_url
+
+    absent = make_url(postgres_url).set(database="waltz_test_absent_database").render_as_string(False)
+    where = ("--storage-dir", str(tmp_path), "--replicas", "1")
+    code, output = _rebuild("--db", absent, *where)
+    assert code == 2, output
+    assert "--db " in output and "does not exist (create it first, e.g. createdb)" in output
+    assert "starting Spark" not in output
+    code, output = _rebuild("--verify-against", "postgres://postgres@127.0.0.1/ledger", *where)
+    assert code == 2, output
+    assert "postgresql+psycopg://" in output and "starting Spark" not in output

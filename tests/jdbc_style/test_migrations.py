@@ -462,5 +462,8 @@ def test_cli_unreachable_or_unusable_database_exits_2_without_the_password() -> 
 
     result = waltz_db("upgrade", "--url", "not a url", expect=2)
     assert "cannot use the database URL" in result.output
+    # A spelling other tools take: the one SQLAlchemy takes is named.
+    result = waltz_db("upgrade", "--url", "postgres://postgres:hunter2@127.0.0.1/x", expect=2)
+    assert "postgresql+psycopg://" in result.output and "hunter2" not in result.output
 
     assert "Missing option '--url'" in waltz_db("marks", expect=2, env={"WALTZ_DB_URL": ""}).output

@@ -22,9 +22,9 @@ from typing import Annotated
 
 import typer
 from alembic.util.exc import CommandError
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
+from waltz.cli.database_urls import first_line, safe_url, url_hint
 from waltz.cli.groups import HELP, MARKUP
 from waltz.cli.options import ClusterFilterOption, DatabaseUrlOption, JsonOption
 from waltz.cli.output import echo_json, fail
@@ -46,23 +46,10 @@ def _logging() -> None:
     configure_logging(os.environ.get("WALTZ_LOG_LEVEL", "ERROR"))
 
 
-def _safe_url(url: str) -> str:
-    """The URL with its password hidden, for messages."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "(the URL given)"
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 @contextmanager
 def _database_errors(url: str) -> Iterator[None]:
     """Turn refusals and database errors into one-line messages and exit codes (no traceback)."""
-    safe = _safe_url(url)
+    safe = safe_url(url)
     try:
         yield
     except skip_records.SkipRefusedError as exc:
@@ -71,15 +58,15 @@ def _database_errors(url: str) -> Iterator[None]:
         raise fail(str(exc), 2) from exc
     except ArgumentError as exc:
         raise fail(
-            f"cannot use the database URL {safe}: {_first_line(exc)} (expected "
-            "dialect+driver://user:password@host:port/database)",
+            f"cannot use the database URL {safe}: {first_line(exc)}"
+            + (url_hint(url) or " (expected dialect+driver://user:password@host:port/database)"),
             2,
         ) from exc
     except DBAPIError as exc:
         cause = exc.orig if exc.orig is not None else exc
-        raise fail(f"cannot use the database at {safe}: {_first_line(cause)}", 2) from exc
+        raise fail(f"cannot use the database at {safe}: {first_line(cause)}", 2) from exc
     except SQLAlchemyError as exc:
-        raise fail(f"database {safe}: {_first_line(exc)}", 2) from exc
+        raise fail(f"database {safe}: {first_line(exc)}", 2) from exc
     except CommandError as exc:
         raise fail(f"alembic: {exc}", 2) from exc
     except ModuleNotFoundError as exc:
@@ -143,7 +130,7 @@ def upgrade(
             return
         api.upgrade(url, revision)
         reached = api.current(url)
-    typer.echo(f"waltz framework tables on {_safe_url(url)}: {_revision_text(reached, api.head())}")
+    typer.echo(f"waltz framework tables on {safe_url(url)}: {_revision_text(reached, api.head())}")
 
 
 @app.command("downgrade")
@@ -167,7 +154,7 @@ def downgrade(
     with _database_errors(url):
         api.downgrade(url, revision)
         reached = api.current(url)
-    typer.echo(f"waltz framework tables on {_safe_url(url)}: {_revision_text(reached, api.head())}")
+    typer.echo(f"waltz framework tables on {safe_url(url)}: {_revision_text(reached, api.head())}")
 
 
 @app.command("current")

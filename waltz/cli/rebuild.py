@@ -246,6 +246,7 @@ def rebuild_command(
         raise typer.Exit(2) from exc
 
     try:
+        from waltz.cli.database_urls import require_reachable
         from waltz.spark.drift import verify
         from waltz.spark.rebuild import rebuild
         from waltz.spark.session import spark_session
@@ -262,6 +263,10 @@ def rebuild_command(
             high_water_marks=_marks(high_water_mark) if high_water_mark else None,
             tls=TlsConfig(ssl_ca_file, ssl_cert_file, ssl_key_file) if ssl_ca_file or ssl_cert_file else None,
         )
+        # Before Spark starts, which takes seconds: a database that cannot work fails at once.
+        for option, url in (("--db", db), ("--verify-against", verify_against)):
+            if url is not None:
+                require_reachable(url, option)
         say(f"starting Spark ({master})")
         spark = spark_session(master, app_name=f"waltz-rebuild-{app}", quiet_start=True)
         if check:

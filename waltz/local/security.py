@@ -188,7 +188,8 @@ class ClusterSecurity:
             )
             client = " ".join(f"{k}={v}" for k, v in files.client_env().items())
             lines.append(f"    export {client}")
-        lines.append("    waltz cluster list; waltz cluster verify; waltz client validate")
+        # Not `waltz client validate`: its test transactions would go into the applications' log.
+        lines.append("    waltz cluster list; waltz cluster verify; waltz client check-connectivity")
         if self._roles is not None:
             lines.append(
                 "  applications take the client role's ZooKeeper credential (it cannot read the "

@@ -1,0 +1,73 @@
+"""Database URLs in the commands' messages: the password hidden, the first line of an error, and
+a check that a database answers before a long command starts.
+
+SQLAlchemy is imported when a function runs, not with the module, so that ``waltz --help`` stays
+fast.
+"""
+
+from __future__ import annotations
+
+__all__ = ["first_line", "require_reachable", "safe_url", "url_hint"]
+
+
+def safe_url(url: str) -> str:
+    """The URL with its password hidden, for messages ("(the URL given)" if it does not parse)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(the URL given)"
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's text (its type's name when it has none)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def url_hint(url: str) -> str:
+    """What to write instead of a URL SQLAlchemy does not take, or "" (e.g. ``postgres://``)."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in ("postgres", "postgresql+psycopg2", "postgres+psycopg") or scheme.startswith("postgres+"):
+        return " (SQLAlchemy names PostgreSQL with psycopg postgresql+psycopg://user@host/database)"
+    if scheme in ("mysql", "mariadb"):
+        return " (with PyMySQL: mysql+pymysql://user@host/database)"
+    return ""
+
+
+def require_reachable(url: str, option: str) -> None:
+    """Connect to the database of ``option`` once, so that a command that starts Spark or a cluster
+    first fails at once, and clearly, on a URL that cannot work.
+
+    Raises:
+        ConfigurationError: the URL does not parse, names a driver that is not installed, or the database
+            does not answer or does not exist (the message names the option, the URL without its
+            password, the first line of the cause and what to do).
+    """
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
+
+    from waltz.errors import ConfigurationError
+
+    shown = safe_url(url)
+    try:
+        engine = create_engine(url)
+    except (ArgumentError, ImportError) as exc:
+        raise ConfigurationError(f"{option} {shown}: {first_line(exc)}{url_hint(url)}") from exc
+    try:
+        with engine.connect():
+            pass
+    except DBAPIError as exc:
+        cause = first_line(exc.orig if exc.orig is not None else exc)
+        missing = (
+            " (create it first, e.g. createdb)"
+            if "does not exist" in cause or "Unknown database" in cause
+            else ""
+        )
+        raise ConfigurationError(f"{option} {shown}: cannot connect: {cause}{missing}") from exc
+    except SQLAlchemyError as exc:
+        raise ConfigurationError(f"{option} {shown}: {first_line(exc)}") from exc
+    finally:
+        engine.dispose()
