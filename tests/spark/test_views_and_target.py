@@ -420,10 +420,14 @@ def test_changes_that_leave_out_what_the_live_apply_fills_are_found(spark: Any) 
     assert problems == [
         "partition 0 transaction 1: update of counter {'counter_id': '1'} leaves out "
         "['counter_id', 'updated_tx'], which the live apply gives their old values and a rebuild "
-        "cannot (carry the whole row, as the entity transactions' updates do)",
+        "cannot (carry the whole row, as the entity transactions' updates do; if the model gained "
+        "them after this change was written, raise its schema_version and give the older version an "
+        'AddAttribute upcaster: docs/sql.md, "Changing a model")',
         "partition 1 transaction 0: insert of counter {'counter_id': '2'} leaves out "
         "['updated_tx', 'value'], which the live apply gives their default values and a rebuild "
-        "cannot (give them values in the insert)",
+        "cannot (give them values in the insert; if the model gained them after this change was "
+        "written, raise its schema_version and give the older version an AddAttribute upcaster: "
+        'docs/sql.md, "Changing a model")',
     ]
     assert _checked_while_decoding(log, registry) == problems
 

@@ -289,7 +289,9 @@ def partial_row_problem(
         kept, remedy = "default", "give them values in the insert"
     return (
         f"{change.operation.value} of {change.entity} {dict(change.key)} leaves out {missing}, which "
-        f"the live apply gives their {kept} values and a rebuild cannot ({remedy})"
+        f"the live apply gives their {kept} values and a rebuild cannot ({remedy}; if the model gained "
+        "them after this change was written, raise its schema_version and give the older version an "
+        'AddAttribute upcaster: docs/sql.md, "Changing a model")'
     )
 
 
