@@ -10,10 +10,13 @@ from typing import Any
 
 import grpc
 
+from waltz.errors import ConfigurationError
+
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "BindError",
     "TlsConfig",
+    "TlsFilesError",
     "bind_port",
     "channel_options",
     "open_channel",
@@ -88,15 +91,58 @@ def open_channel(
     return grpc.aio.secure_channel(address, tls.credentials(), options=options)
 
 
+class TlsFilesError(ConfigurationError):
+    """A TLS file of a node cannot be used: missing, unreadable, not PEM, or a key that is not the
+    certificate's."""
+
+
+def check_server_tls_files(cert_file: Path, key_file: Path, ca_file: Path | None, settings: str) -> None:
+    """Check that a node's TLS files can be used, before gRPC is given them (gRPC says only that
+    the port cannot be bound, or raises on a missing file).
+
+    Args:
+        cert_file: the certificate chain (PEM).
+        key_file: its private key (PEM).
+        ca_file: the CA bundle of the peers' certificates (PEM), or None.
+        settings: the settings' prefix, for the message (``storage.ssl``, ``server.ssl``).
+
+    Raises:
+        TlsFilesError: which file, which setting, and what is wrong with it.
+    """
+    for name, path in (("certFile", cert_file), ("keyFile", key_file), ("caFile", ca_file)):
+        if path is not None and not path.is_file():
+            raise TlsFilesError(f"{settings}.{name} {path}: no such file")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(str(cert_file), str(key_file))
+    except ssl.SSLError as exc:
+        raise TlsFilesError(
+            f"{settings}.certFile {cert_file} and {settings}.keyFile {key_file} cannot be used together "
+            f"({exc.reason or exc}): the key must be the certificate's, both PEM"
+        ) from exc
+    except OSError as exc:
+        raise TlsFilesError(f"{settings}.certFile or keyFile cannot be read: {exc}") from exc
+    if ca_file is not None:
+        try:
+            context.load_verify_locations(str(ca_file))
+        except (ssl.SSLError, OSError) as exc:
+            raise TlsFilesError(f"{settings}.caFile {ca_file} is not a PEM CA bundle ({exc})") from exc
+
+
 def server_credentials(
-    cert_file: Path | None, key_file: Path | None, ca_file: Path | None
+    cert_file: Path | None, key_file: Path | None, ca_file: Path | None, settings: str = "ssl"
 ) -> grpc.ServerCredentials | None:
     """Server TLS credentials from PEM files, or None without a certificate (plaintext).
 
     With a CA bundle, clients must present a certificate signed by it (mutual TLS).
+
+    Raises:
+        TlsFilesError: a file cannot be used (:func:`check_server_tls_files`; ``settings`` names
+            the settings in the message).
     """
     if cert_file is None or key_file is None:
         return None
+    check_server_tls_files(cert_file, key_file, ca_file, settings)
     ca = ca_file.read_bytes() if ca_file else None
     return grpc.ssl_server_credentials(
         [(key_file.read_bytes(), cert_file.read_bytes())],

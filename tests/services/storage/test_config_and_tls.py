@@ -102,3 +102,36 @@ def test_tls_on_both_ports_with_client_certificates(
             ).open()
 
     run(scenario())
+
+
+def test_tls_files_that_cannot_work_are_named_at_start(tmp_path: Path) -> None:
+    """A key that is not the certificate's, or a certificate file that is not there: the node says
+    which setting and which file, without a traceback (gRPC alone said the port could not be bound)."""
+    import os
+    import subprocess
+    import sys
+
+    files = make_certificates(tmp_path)
+    cases = {
+        "cannot be used together": (files["server"], files["client-key"]),
+        "no such file": (tmp_path / "absent.pem", files["server-key"]),
+    }
+    for expected, (cert, key) in cases.items():
+        env = {
+            **os.environ,
+            "WALTZ_STORAGE_TLS_CERT_FILE": str(cert),
+            "WALTZ_STORAGE_TLS_KEY_FILE": str(key),
+            "WALTZ_STORAGE_TLS_CA_FILE": str(files["ca"]),
+        }
+        command = [sys.executable, "-m", "waltz", "storage", "start", "--directory", str(tmp_path / "node")]
+        done = subprocess.run(
+            [*command, "--host", "127.0.0.1", "--port", "0", "--admin-port", "0"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 1, done.stderr
+        assert f"error: storage.ssl.certFile {cert}" in done.stderr and expected in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr

@@ -220,7 +220,7 @@ class ServerApp:
         )
         address = f"{config.server_host}:{config.server_port}"
         credentials = server_credentials(
-            config.server_tls_cert_file, config.server_tls_key_file, config.server_tls_ca_file
+            config.server_tls_cert_file, config.server_tls_key_file, config.server_tls_ca_file, "server.ssl"
         )
         self.port = bind_port(server, address, credentials)
         if config.server_insecure and not config.mutual_tls:

@@ -60,7 +60,9 @@ class StorageApp:
         storage = StorageServicer(self.node, self.metrics, self.config.max_response_bytes)
         admin = StorageAdminServicer(self.node, self.metrics, storage)
         config = self.config
-        credentials = server_credentials(config.tls_cert_file, config.tls_key_file, config.tls_ca_file)
+        credentials = server_credentials(
+            config.tls_cert_file, config.tls_key_file, config.tls_ca_file, "storage.ssl"
+        )
         if config.insecure and not config.mutual_tls:
             log.warning(
                 "storage.insecure is set: the ports on %s serve without mutual TLS%s",

@@ -66,6 +66,6 @@ def start(
         raise typer.Exit(2) from exc
     try:
         run_storage(settings)
-    except BindError as exc:
+    except (BindError, ConfigurationError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
