@@ -264,14 +264,20 @@ def test_an_operator_cannot_initialise_an_empty_storage_node(
     node stays free for the admin of its real cluster (the control)."""
     claimed = str(uuid.uuid4())
 
-    async def open_as(role: str, key: str) -> None:
+    async def open_as(role: str, key: str, *, initialise: bool = True) -> None:
         async with StorageAdminClient(
-            empty_storage.admin_address, key, 1, tls=certificates(secured).tls(role)
+            empty_storage.admin_address, key, 1, tls=certificates(secured).tls(role), initialise=initialise
         ) as admin:
             await admin.partition_status(-1)
 
     with pytest.raises(StorageStreamError, match=r"PERMISSION_DENIED.*initialising.*urn:waltz:role:admin"):
         asyncio.run(open_as("operator", claimed))
+    assert not (empty_storage.directory / fmt.CONTROL_FILE_NAME).exists()
+    # A reading tool's open (existing_only) initialises nothing, even the admin's: it is told why.
+    for role in ("operator", "admin"):
+        with pytest.raises(StorageRpcError, match=r"not initialised .* storage\.directory") as refused:
+            asyncio.run(open_as(role, claimed, initialise=False))
+        assert refused.value.code == "NOT_INITIALIZED"
     assert not (empty_storage.directory / fmt.CONTROL_FILE_NAME).exists()
     real = str(uuid.uuid4())
     asyncio.run(open_as("admin", real))  # the control: the admin role initialises it

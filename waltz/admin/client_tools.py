@@ -439,7 +439,13 @@ async def _check_storage_admin(
 
     try:
         held = await call_admin(
-            address, targets.cluster_key, targets.num_partitions, status, timeout=timeout, tls=tls
+            address,
+            targets.cluster_key,
+            targets.num_partitions,
+            status,
+            timeout=timeout,
+            tls=tls,
+            initialise=False,
         )
     except StorageAccessDeniedError:  # reached over TLS; the certificate is not an operator's
         return NodeCheck("storage-admin", name, address, None, "answers (its status needs the operator role)")

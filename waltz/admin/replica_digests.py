@@ -78,7 +78,9 @@ def replica_digests(
         deadline = loop.time() + timeout
         result: dict[int, set[int]] = {pid: set() for pid in high_water_marks}
         for address in admin_addresses:
-            async with StorageAdminClient(address, cluster_key, num_partitions, tls=tls) as admin:
+            async with StorageAdminClient(
+                address, cluster_key, num_partitions, tls=tls, initialise=False
+            ) as admin:
                 for pid, mark in high_water_marks.items():
                     while (found := await _digest(admin, pid, mark, (first_ids or {}).get(pid, 0))) is None:
                         if loop.time() > deadline:

@@ -93,6 +93,7 @@ async def call_admin(
     *,
     timeout: float = DEFAULT_STORAGE_TIMEOUT,
     tls: TlsConfig | None = None,
+    initialise: bool = True,
 ) -> T:
     """Open an admin stream to a storage node, run ``work`` on it, and close it, within ``timeout``.
 
@@ -103,6 +104,8 @@ async def call_admin(
         work: a coroutine function receiving the opened client.
         timeout: seconds for the whole call.
         tls: client TLS files, or None for plaintext.
+        initialise: the admin open may initialise a node without a control file (False for a
+            caller that only reads: such a node then answers ``NOT_INITIALIZED``).
 
     Returns:
         What ``work`` returned.
@@ -116,7 +119,9 @@ async def call_admin(
     """
 
     async def run() -> T:
-        async with StorageAdminClient(admin_address, cluster_key, num_partitions, tls=tls) as admin:
+        async with StorageAdminClient(
+            admin_address, cluster_key, num_partitions, tls=tls, initialise=initialise
+        ) as admin:
             return await work(admin)
 
     try:
@@ -140,6 +145,7 @@ def run_admin(
     *,
     timeout: float = DEFAULT_STORAGE_TIMEOUT,
     tls: TlsConfig | None = None,
+    initialise: bool = True,
 ) -> T:
     """:func:`call_admin` for synchronous callers (on an event loop of its own).
 
@@ -148,7 +154,13 @@ def run_admin(
     """
     return run_on_shared_loop(
         call_admin(
-            admin_address, str(params.cluster_key), params.num_partitions, work, timeout=timeout, tls=tls
+            admin_address,
+            str(params.cluster_key),
+            params.num_partitions,
+            work,
+            timeout=timeout,
+            tls=tls,
+            initialise=initialise,
         )
     )
 
@@ -189,8 +201,10 @@ async def call_admin_on_nodes(
     *,
     timeout: float = DEFAULT_STORAGE_TIMEOUT,
     tls: TlsConfig | None = None,
+    initialise: bool = True,
 ) -> dict[str, NodeOutcome[T]]:
-    """Run :func:`call_admin` on several storage nodes at once; one node's failure stops no other.
+    """Run :func:`call_admin` on several storage nodes at once; one node's failure stops no other
+    (``initialise`` as for :func:`call_admin`).
 
     Args:
         admin_addresses: storage connect string -> ``host:admin_port``.
@@ -209,7 +223,9 @@ async def call_admin_on_nodes(
             return await work(storage, admin)
 
         try:
-            value = await call_admin(address, cluster_key, num_partitions, bound, timeout=timeout, tls=tls)
+            value = await call_admin(
+                address, cluster_key, num_partitions, bound, timeout=timeout, tls=tls, initialise=initialise
+            )
         except (StorageUnreachableError, StorageRpcError) as exc:
             log.warning("storage node %s (admin %s): %s", storage, address, exc)
             return NodeOutcome(error=exc)

@@ -111,7 +111,9 @@ def node_partitions(admin: ClusterAdmin, storage: str) -> NodePartitions:
         return await client.partition_status(-1)
 
     params = admin.cluster.params()
-    response = run_admin(address, params, status, timeout=admin.storage_timeout, tls=admin.tls)
+    response = run_admin(
+        address, params, status, timeout=admin.storage_timeout, tls=admin.tls, initialise=False
+    )
     return NodePartitions(storage, address, node.partitions, {p.partition_id: p for p in response.partitions})
 
 

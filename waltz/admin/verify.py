@@ -218,6 +218,7 @@ async def probe_storage_nodes(
         status,
         timeout=timeout,
         tls=tls,
+        initialise=False,  # a node on a mistyped directory is reported, never initialised
     )
     probes: dict[str, StorageProbe] = {}
     for node in description.storage_nodes:

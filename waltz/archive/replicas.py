@@ -246,7 +246,13 @@ def tell_replicas(
 
     outcomes = run_on_shared_loop(
         call_admin_on_nodes(
-            addresses, str(params.cluster_key), params.num_partitions, tell, timeout=timeout, tls=tls
+            addresses,
+            str(params.cluster_key),
+            params.num_partitions,
+            tell,
+            timeout=timeout,
+            tls=tls,
+            initialise=False,
         )
     )
     told = {s: (o.value or "") if o.ok else (o.failure or "failed") for s, o in outcomes.items()}
@@ -291,7 +297,13 @@ def replica_partition_statuses(
 
     outcomes = run_on_shared_loop(
         call_admin_on_nodes(
-            addresses, str(params.cluster_key), params.num_partitions, status, timeout=timeout, tls=tls
+            addresses,
+            str(params.cluster_key),
+            params.num_partitions,
+            status,
+            timeout=timeout,
+            tls=tls,
+            initialise=False,
         )
     )
     return {s: o.value if o.value is not None else (o.failure or "failed") for s, o in outcomes.items()}

@@ -270,7 +270,7 @@ async def _statuses(
 
         try:
             response = await call_admin(
-                address, cluster_key, num_partitions, status, timeout=timeout, tls=tls
+                address, cluster_key, num_partitions, status, timeout=timeout, tls=tls, initialise=False
             )
         except WaltzError as exc:
             return str(exc)

@@ -158,7 +158,7 @@ def _read_replica(
     async def connect() -> StorageAdminClient:
         # gRPC aio channels belong to the loop running when they are made: the shared one.
         client = StorageAdminClient(
-            replica.admin_address, source.cluster_key, source.num_partitions, tls=source.tls
+            replica.admin_address, source.cluster_key, source.num_partitions, tls=source.tls, initialise=False
         )
         await asyncio.wait_for(client.open(), timeout)  # a failed open closes its own stream
         return client

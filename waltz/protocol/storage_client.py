@@ -640,7 +640,9 @@ class StorageAdminClient:
     """An admin stream to a storage node (docs/design/storage.md "Admin port").
 
     Use as ``async with StorageAdminClient(address, cluster_key, num_partitions) as admin``; the
-    admin open initialises a new storage node for the cluster. Failures raise
+    admin open initialises a new storage node for the cluster, unless ``initialise`` is False (a
+    tool that only reads: the open of a node without a control file then fails with
+    ``NOT_INITIALIZED`` and leaves it as it is). Failures raise
     :class:`~waltz.errors.StorageRpcError`.
     """
 
@@ -652,9 +654,11 @@ class StorageAdminClient:
         *,
         tls: TlsConfig | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        initialise: bool = True,
     ) -> None:
         self.cluster_key = cluster_key
         self.num_partitions = num_partitions
+        self.initialise = initialise
         self._stream: _OrderedStream[storage_pb2.AdminRequest, storage_pb2.AdminResponse] = _OrderedStream(
             address, tls, max_message_bytes, admin=True
         )
@@ -676,7 +680,9 @@ class StorageAdminClient:
             StorageRpcError: e.g. ``CLUSTER_KEY_MISMATCH`` or ``NOT_INITIALIZED``.
         """
         opening = storage_pb2.AdminOpenRequest(
-            cluster_key=self.cluster_key, num_partitions=self.num_partitions
+            cluster_key=self.cluster_key,
+            num_partitions=self.num_partitions,
+            existing_only=not self.initialise,
         )
         request = self._request(-1, open=opening)
         await self._stream.open(request, self._checked)

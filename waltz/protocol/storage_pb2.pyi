@@ -1005,24 +1005,30 @@ class AdminOpenRequest(_message.Message):
     """Admin open: the first request on an admin stream. On a storage node without a control file it
     creates one with this cluster key and number of partitions; otherwise the key must match and the
     number must divide the node's partition count (the count the cluster was created with, which a
-    split's growth multiplies: docs/design/storage.md, "Partition count").
+    split's growth multiplies: docs/design/storage.md, "Partition count"). With existing_only, the
+    caller only reads (status, records): a node without a control file answers NOT_INITIALIZED and
+    stays as it is (a tool run on a mistyped directory never initialises it). A caller that does not
+    send the field (false) may initialise, as before it existed.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     CLUSTER_KEY_FIELD_NUMBER: _builtins.int
     NUM_PARTITIONS_FIELD_NUMBER: _builtins.int
+    EXISTING_ONLY_FIELD_NUMBER: _builtins.int
     cluster_key: _builtins.str
     num_partitions: _builtins.int
+    existing_only: _builtins.bool
     def __init__(
         self,
         *,
         cluster_key: _builtins.str = ...,
         num_partitions: _builtins.int = ...,
+        existing_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_key", b"cluster_key", "num_partitions", b"num_partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_key", b"cluster_key", "existing_only", b"existing_only", "num_partitions", b"num_partitions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

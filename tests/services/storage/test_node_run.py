@@ -239,3 +239,33 @@ def test_an_admin_open_with_an_absurd_partition_count_is_refused_before_anything
         node.admin_open(str(uuid.uuid4()), MAX_PARTITIONS)  # the limit itself is accepted
     finally:
         node.close()
+
+
+def test_an_unassigned_partition_with_kept_files_stays_unassigned_after_a_restart(tmp_path: Path) -> None:
+    """Unassigning keeps the files but marks them, so that the next start does not open the
+    partition again (it is another node's now); assigning it again takes the files back."""
+    from waltz.services.storage import format as fmt
+
+    path = tmp_path / "storage"
+    node = _open_node(path, 2)
+    node.set_assignment(0, False)
+    assert node.assigned_partitions() == [1]
+    node.close()
+    assert (path / "0" / fmt.UNASSIGNED_MARKER).exists()
+    restarted = StorageNode(path)
+    restarted.start()
+    try:
+        assert restarted.assigned_partitions() == [1]
+        restarted.set_assignment(0, True)
+        assert restarted.assigned_partitions() == [0, 1]
+        assert not (path / "0" / fmt.UNASSIGNED_MARKER).exists()
+    finally:
+        restarted.close()
+    again = StorageNode(path)
+    again.start()
+    try:
+        assert again.assigned_partitions() == [0, 1]
+        again.set_assignment(1, False, delete_files=True)  # deleted: nothing left to mark
+        assert not (path / "1").exists()
+    finally:
+        again.close()

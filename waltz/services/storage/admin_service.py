@@ -114,7 +114,7 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
                     )
                     log.warning("admin stream from %s: %s", context.peer(), refused)
                     await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
-                if kind == "open" and not self._node.initialized:
+                if kind == "open" and not self._node.initialized and not request.open.existing_only:
                     refused = denial(roles, INITIALISE_ROLES, "initialising an empty storage node")
                     if refused is not None:
                         log.warning("admin stream from %s: %s", context.peer(), refused)
@@ -125,7 +125,9 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
                             self._node.admin_open,
                             request.open.cluster_key,
                             request.open.num_partitions,
-                            initialise=denial(roles, INITIALISE_ROLES, "") is None,
+                            initialise=(
+                                not request.open.existing_only and denial(roles, INITIALISE_ROLES, "") is None
+                            ),
                         )
                         opened = True
                         response = _admin_response(request, success=storage_pb2.SuccessResponse())

@@ -48,6 +48,7 @@ __all__ = [
     "RECORD_HEADER_SIZE",
     "RESYNC_REACH",
     "SEGMENT_SUFFIX",
+    "UNASSIGNED_MARKER",
     "ControlEntry",
     "ControlFileHeader",
     "PartitionInfo",
@@ -82,6 +83,9 @@ __all__ = [
 FORMAT_VERSION: Final = 1
 HEADER_SIZE: Final = 128
 CONTROL_FILE_NAME: Final = "waltz-storage.ctl"
+#: An empty file in a partition's directory: the partition was unassigned with its files kept; the
+#: node does not open it at start-up until it is assigned again (docs/design/storage.md "Admin port").
+UNASSIGNED_MARKER: Final = "unassigned"
 SEGMENT_SUFFIX: Final = ".seg"
 INDEX_SUFFIX: Final = ".idx"
 INDEX_ENTRY_SIZE: Final = 8

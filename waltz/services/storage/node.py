@@ -29,6 +29,7 @@ from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.records import MAX_PARTITIONS
 from waltz.services.storage import format as fmt
 from waltz.services.storage.control_file import ControlFile
+from waltz.services.storage.fsutil import fsync_directory
 from waltz.services.storage.retention import RetentionSettings
 from waltz.services.storage.storage_partition import (
     DEFAULT_CHECKPOINT_INTERVAL,
@@ -157,8 +158,17 @@ class StorageNode:
         if ControlFile.path_in(self.directory).exists():
             self._control = ControlFile.open(self.directory)
             for child in sorted(self.directory.iterdir()):
-                if child.is_dir() and _is_partition_directory_name(child.name):
-                    self._open_partition(int(child.name))
+                if not (child.is_dir() and _is_partition_directory_name(child.name)):
+                    continue
+                if (child / fmt.UNASSIGNED_MARKER).exists():
+                    log.info(
+                        "partition %s: unassigned from this node with its files kept in %s: not opened "
+                        "(assigning it again reuses them)",
+                        child.name,
+                        child,
+                    )
+                    continue
+                self._open_partition(int(child.name))
             log.info(
                 "storage node %s: cluster key fingerprint %s, %d partitions, %d assigned here",
                 self.directory,
@@ -294,7 +304,8 @@ class StorageNode:
             cluster_key: the cluster key, a UUID's text.
             num_partitions: the cluster's number of partitions.
             initialise: whether the caller may initialise a node that has no control file yet
-                (with mutual TLS, only a peer with the ``admin`` role may).
+                (with mutual TLS, only a peer with the ``admin`` role may, and only with an admin
+                open that is not ``existing_only``).
 
         Raises:
             ClusterKeyMismatchError: the node belongs to another cluster, or ``num_partitions``
@@ -305,8 +316,10 @@ class StorageNode:
             if self._control is None:
                 if not initialise:
                     raise StorageNotInitializedError(
-                        "this storage node is not initialised, and this peer may not initialise it: "
-                        "an admin open with the admin role does"
+                        "this storage node is not initialised (its directory holds no control file): a "
+                        "reading tool does not initialise it; waltz cluster create, or "
+                        "waltz cluster storage add and assign, with the admin role, do (if the node "
+                        "should hold a cluster's partitions already, check its storage.directory)"
                     )
                 try:
                     key = uuid.UUID(cluster_key)
@@ -400,8 +413,10 @@ class StorageNode:
     ) -> None:
         """Create (assign) or remove (unassign) a partition on this node.
 
-        Unassigning keeps the files unless ``delete_files`` is set (docs/design/storage.md "Admin
-        port"). Assigning an assigned partition changes nothing.
+        Unassigning keeps the files unless ``delete_files`` is set, with an ``unassigned`` marker
+        file so that a restart does not open the partition again; assigning it again removes the
+        marker and reuses them (docs/design/storage.md "Admin port"). Assigning an assigned
+        partition changes nothing.
 
         Args:
             partition_id: the partition.
@@ -428,6 +443,10 @@ class StorageNode:
                 if first_transaction_id != 0:
                     self._check_new_start(partition_id, first_transaction_id)
                 if partition_id not in self._partitions:
+                    marker = self.directory / str(partition_id) / fmt.UNASSIGNED_MARKER
+                    if marker.exists():  # its kept files are used again
+                        marker.unlink()
+                        fsync_directory(marker.parent)
                     self._open_partition(partition_id, first_transaction_id)
                     if partition_id in self._broken:
                         raise self._broken[partition_id]
@@ -444,15 +463,18 @@ class StorageNode:
             executor = self._executors.pop(partition_id, None)
             if executor is not None:
                 executor.shutdown(wait=True)
+            directory = self.directory / str(partition_id)
             if partition is not None:
                 if delete_files:
                     partition.delete_files()
                 else:
                     partition.close()
-            elif delete_files:
-                directory = self.directory / str(partition_id)
-                if directory.exists():
-                    shutil.rmtree(directory)
+            elif delete_files and directory.exists():
+                shutil.rmtree(directory)
+            if not delete_files and directory.is_dir():
+                # Kept, but not opened again at the next start: it is no longer this node's.
+                (directory / fmt.UNASSIGNED_MARKER).touch()
+                fsync_directory(directory)
             log.info(
                 "partition %d unassigned from this storage node%s",
                 partition_id,
