@@ -5,6 +5,7 @@ skips nothing (docs/design/archive.md, "The archiver")."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -248,17 +249,21 @@ async def _archived_through(cluster: LocalCluster, admin_address: str, partition
 
 
 def test_a_replica_left_untold_is_told_by_a_later_run_with_nothing_new_to_archive(
-    cluster: LocalCluster, archive_zk: ClusterZk, location: Path
+    cluster: LocalCluster, archive_zk: ClusterZk, location: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A replica down when the archive was raised is named in the round, and a later run (a new
-    process, nothing new committed) tells it; so does one told another value since."""
-    append_bulk(cluster, 0, 130)
+    """A replica down when the archive was raised is named in the round (its failure logged once,
+    not once per chunk), and a later run (a new process, nothing new committed) tells it; so does
+    one told another value since."""
+    append_bulk(cluster, 0, 330)
     down = cluster.storages[2]
     cluster.stop_storage(2)
+    caplog.set_level(logging.WARNING)
     (result,) = archiver(archive_zk, location, partitions=[0], storage_timeout=3.0).run()
     through = result.high_water_mark
-    assert result.error is None and result.archived_through == through
+    assert result.error is None and result.archived_through == through and result.chunks_added == 4
     assert list(result.untold) == [down.address], result.untold
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING and down.address in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
     cluster.heal(timeout=60)
     assert asyncio.run(_archived_through(cluster, down.admin_address, 0)) != through
 

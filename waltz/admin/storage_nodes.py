@@ -202,9 +202,11 @@ async def call_admin_on_nodes(
     timeout: float = DEFAULT_STORAGE_TIMEOUT,
     tls: TlsConfig | None = None,
     initialise: bool = True,
+    log_failures: bool = True,
 ) -> dict[str, NodeOutcome[T]]:
     """Run :func:`call_admin` on several storage nodes at once; one node's failure stops no other
-    (``initialise`` as for :func:`call_admin`).
+    (``initialise`` as for :func:`call_admin`; ``log_failures`` False: a caller that reports the
+    failures itself, logged here at DEBUG only).
 
     Args:
         admin_addresses: storage connect string -> ``host:admin_port``.
@@ -227,7 +229,13 @@ async def call_admin_on_nodes(
                 address, cluster_key, num_partitions, bound, timeout=timeout, tls=tls, initialise=initialise
             )
         except (StorageUnreachableError, StorageRpcError) as exc:
-            log.warning("storage node %s (admin %s): %s", storage, address, exc)
+            log.log(
+                logging.WARNING if log_failures else logging.DEBUG,
+                "storage node %s (admin %s): %s",
+                storage,
+                address,
+                exc,
+            )
             return NodeOutcome(error=exc)
         return NodeOutcome(value=value)
 

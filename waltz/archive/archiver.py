@@ -223,6 +223,7 @@ class Archiver:
         self._quiet: dict[int, _Quiet] = {}
         self._owed: set[int] = set()
         self._untold: dict[int, dict[str, str]] = {}
+        self._said: dict[str, str] = {}  # storage -> the failure to tell it last logged
         self._statuses: dict[str, storage_pb2.PartitionStatusResponse | str] = {}
         self._unaware: set[str] = set()
         self._stop = threading.Event()
@@ -538,6 +539,7 @@ class Archiver:
             operator=self._operator,
             timeout=self._timeout,
             tls=self._tls,
+            said=self._said,
         )
         for storage in sorted(
             s for s, o in outcomes.items() if o == UNKNOWN_REQUEST and s not in self._unaware

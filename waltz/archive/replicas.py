@@ -206,6 +206,7 @@ def tell_replicas(
     operator: str = "",
     timeout: float = 10.0,
     tls: TlsConfig | None = None,
+    said: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Tell every replica of a partition its archived-through (``set archived through``).
 
@@ -222,6 +223,9 @@ def tell_replicas(
         operator: who asks, as the tool states it.
         timeout: seconds for each node.
         tls: client TLS files for the admin ports.
+        said: storage connect string -> the failure last logged for it, kept by a caller that
+            tells often (the archiver, once per chunk): the same failure again is logged at DEBUG,
+            a new one at WARNING (and recorded here).
 
     Returns:
         Storage connect string -> ``"told"``, ``"does not know set-archived-through"`` or why it
@@ -253,16 +257,29 @@ def tell_replicas(
             timeout=timeout,
             tls=tls,
             initialise=False,
+            log_failures=False,  # each is logged below, with the partition
         )
     )
     told = {s: (o.value or "") if o.ok else (o.failure or "failed") for s, o in outcomes.items()}
     told.update({s: "no admin port on record" for s in storages if s not in addresses})
     for storage, outcome in sorted(told.items()):
         if outcome in (TOLD, UNKNOWN_REQUEST):
+            if said is not None:
+                said.pop(storage, None)
             log.info(
                 "partition %d: %s archived through %d: %s", partition_id, storage, archived_through, outcome
             )
+        elif said is not None and said.get(storage) == outcome:
+            log.debug(
+                "partition %d: %s was not told it is archived through %d: %s (as before)",
+                partition_id,
+                storage,
+                archived_through,
+                outcome,
+            )
         else:
+            if said is not None:
+                said[storage] = outcome
             log.warning(
                 "partition %d: %s was not told it is archived through %d: %s",
                 partition_id,
@@ -304,6 +321,7 @@ def replica_partition_statuses(
             timeout=timeout,
             tls=tls,
             initialise=False,
+            log_failures=False,  # the caller reports a node that did not answer
         )
     )
     return {s: o.value if o.value is not None else (o.failure or "failed") for s, o in outcomes.items()}
