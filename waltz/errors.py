@@ -658,8 +658,8 @@ class HighWaterMarkGapError(SqlFrameworkError):
     means the database went back while the instances ran (restored from a backup, a failover to a
     standby that missed commits: its tables and marks went back together), and the instances,
     which never ask again about what they applied, must be restarted to catch up from its marks;
-    or its marks were edited by hand, and it must be rebuilt from the log (docs/sql.md, "A database
-    that loses commits").
+    or its marks were edited by hand, and it must be rebuilt from the log (docs/sql.md, "Applying
+    the log exactly once").
 
     Attributes:
         cluster_name: the log the mark belongs to.

@@ -23,7 +23,7 @@ import grpc
 
 from waltz.errors import StorageRpcError, WaltzError
 from waltz.metadata.values import ClusterParams
-from waltz.protocol.channels import TlsConfig
+from waltz.protocol.channels import TlsConfig, probe_tcp
 from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.storage_client import StorageAdminClient, StorageStreamError
 
@@ -242,30 +242,6 @@ async def call_admin_on_nodes(
     storages = list(admin_addresses)
     results = await asyncio.gather(*(one(s, admin_addresses[s]) for s in storages))
     return dict(zip(storages, results, strict=True))
-
-
-async def probe_tcp(address: str, timeout: float = DEFAULT_STORAGE_TIMEOUT) -> str | None:
-    """Check that something accepts TCP connections on ``host:port``, without sending anything.
-
-    Used before a cluster is created: it has no side effect on the node (an admin open would
-    initialise it).
-
-    Returns:
-        None when a connection was accepted, otherwise why not (e.g. ``"connection refused"``).
-    """
-    host, _, port = address.rpartition(":")
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout)
-    except TimeoutError:
-        return f"no answer within {timeout:g}s"
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    writer.close()
-    try:
-        await writer.wait_closed()
-    except OSError as exc:
-        log.debug("closing the probe connection to %s: %s", address, exc)
-    return None
 
 
 def describe_failure(error: BaseException) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,9 +22,12 @@ __all__ = [
     "bind_port",
     "channel_options",
     "open_channel",
+    "probe_tcp",
     "server_credentials",
     "server_options",
 ]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 32 << 20
 
@@ -176,3 +181,27 @@ def bind_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCre
             "address of this host (check the host and port settings)"
         )
     return bound
+
+
+async def probe_tcp(address: str, timeout: float = 10.0) -> str | None:
+    """Check that something accepts TCP connections on ``host:port``, without sending anything.
+
+    Used before a cluster is created, and by a server before it joins one: it has no side effect
+    on the node (an admin open would initialise it).
+
+    Returns:
+        None when a connection was accepted, otherwise why not (e.g. ``"connection refused"``).
+    """
+    host, _, port = address.rpartition(":")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout)
+    except TimeoutError:
+        return f"no answer within {timeout:g}s"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError as exc:
+        log.debug("closing the probe connection to %s: %s", address, exc)
+    return None

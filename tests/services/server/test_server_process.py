@@ -454,3 +454,46 @@ def test_an_admin_append_never_writes_a_split_record(
             assert outcome == 0, "the refusal appended something"
 
     run(scenario())
+
+
+def test_a_server_whose_storage_tls_does_not_match_the_nodes_does_not_join(
+    cluster: StoreCluster,
+    tmp_path: Path,
+    zookeeper: object,
+    zk_root: str,
+    zk_client: KazooClient,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Storage nodes that accept TCP but complete no connection with the server's storage.ssl.*
+    settings (here TLS against plaintext nodes): the server refuses to start, naming the settings,
+    and never registers, so no partition is given to it (docs/design/server.md "What a server does")."""
+    from support.tls import make_certificates
+
+    (tmp_path / "tls").mkdir()
+    files = make_certificates(tmp_path / "tls")
+    env = {
+        **DEFAULT_SERVER_ENV,
+        "WALTZ_STORE_TLS_CA_FILE": str(files["ca"]),
+        "WALTZ_STORE_TLS_CERT_FILE": str(files["client"]),
+        "WALTZ_STORE_TLS_KEY_FILE": str(files["client-key"]),
+    }
+    members = f"{zk_root}/server/members"
+    members_before = zk_client.get_children(members) if zk_client.exists(members) else []
+    server = LocalServer(
+        zookeeper.connect_string,  # type: ignore[attr-defined]
+        zk_root,
+        name="server-mismatched",
+        log_path=tmp_path / "server-mismatched.log",
+        session_timeout=SESSION_TIMEOUT,
+        env=env,
+    )
+    support.add_failure_logs(request.node, "server log", server.process.log_tail)
+    server.process.start()
+    try:
+        assert server.process.wait(60) == 1
+    finally:
+        server.close()
+    text = (tmp_path / "server-mismatched.log").read_text()
+    assert "accept TCP connections but none completed a connection" in text, text[-3000:]
+    assert "check storage.ssl.caFile" in text and "Traceback" not in text
+    assert (zk_client.get_children(members) if zk_client.exists(members) else []) == members_before

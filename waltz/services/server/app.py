@@ -42,6 +42,7 @@ from waltz.services.server.cluster_manager import ClusterManager, ServerMembersh
 from waltz.services.server.config import ServerConfig
 from waltz.services.server.metrics import ServerMetrics
 from waltz.services.server.server_partition import Partition
+from waltz.services.server.storage_probe import check_storage_connections
 from waltz.services.server.store.replica import StorageStreams
 from waltz.services.server.store.store_partition import StorePartition
 
@@ -137,6 +138,8 @@ class ServerApp:
             ZooKeeperAuthError: ZooKeeper refused the credential.
             ZnodeAclError: the cluster's root or a child of it lets in anyone or an unknown identity.
             BindError: the port cannot be bound.
+            StorageUnusableError: the storage nodes accept TCP connections but none a connection
+                with this server's ``storage.ssl.*`` settings (the server does not register).
         """
         self._loop = asyncio.get_running_loop()
         config = self.config
@@ -189,6 +192,8 @@ class ServerApp:
             health_url,
             config.server_name,
         )
+        connection = await asyncio.to_thread(self._cluster.connection)
+        await check_storage_connections(connection.value.admin_ports, self.store_config.tls)
         member = await asyncio.to_thread(self._membership.register)
         self._manager = ClusterManager(
             zk,

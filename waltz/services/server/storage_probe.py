@@ -1,0 +1,85 @@
+"""Before a server joins its cluster: can it open a connection to the storage nodes at all?
+
+Source: docs/design/server.md "What a server does" (the check before the membership). A server whose
+``storage.ssl.*`` settings do not match the storage nodes' (plaintext against mutual TLS, another
+CA) would otherwise register, be given partitions by the cluster manager and hold them unwritable:
+its store sessions never open. The check tells such a misconfiguration from nodes that are merely
+down: a node that accepts TCP connections but completes no gRPC connection with these settings
+counts against the server; a node that refuses TCP (stopped, starting) counts for nothing. Only
+when some nodes accept TCP and none of them completes a connection does the server refuse to
+start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+from waltz.errors import ConfigurationError
+from waltz.protocol.channels import TlsConfig, open_channel, probe_tcp
+
+__all__ = ["StorageUnusableError", "check_storage_connections"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds each storage node has to accept the TCP connection, then the gRPC one.
+PROBE_TIMEOUT = 5.0
+
+
+class StorageUnusableError(ConfigurationError):
+    """Storage nodes accept TCP connections, but none completes a connection with the server's
+    ``storage.ssl.*`` settings."""
+
+
+async def _connects(address: str, tls: TlsConfig | None, timeout: float) -> bool:
+    channel = open_channel(address, tls)
+    try:
+        await asyncio.wait_for(channel.channel_ready(), timeout)
+    except TimeoutError:
+        return False
+    finally:
+        await channel.close(None)
+    return True
+
+
+async def check_storage_connections(
+    storages: Iterable[str], tls: TlsConfig | None, *, timeout: float = PROBE_TIMEOUT
+) -> None:
+    """Refuse to start when the storage nodes are up but take no connection of this server.
+
+    Args:
+        storages: the storage nodes' connect strings (``host:port`` of their storage port).
+        tls: the server's TLS files for storage connections (``storage.ssl.*``), or None.
+        timeout: seconds for each node's TCP connection, then for its gRPC connection.
+
+    Raises:
+        StorageUnusableError: at least one node accepts TCP connections and none of those completes
+            a connection (the message names the nodes and the settings to check).
+    """
+    addresses = sorted(set(storages))
+    refusals = await asyncio.gather(*(probe_tcp(a, timeout) for a in addresses))
+    up = [a for a, refused in zip(addresses, refusals, strict=True) if refused is None]
+    if not up:
+        if addresses:
+            log.info("no storage node accepts connections yet (%s): starting anyway", ", ".join(addresses))
+        return
+    connected = await asyncio.gather(*(_connects(a, tls, timeout) for a in up))
+    if any(connected):
+        return
+    if tls is None:
+        settings = (
+            "this server connects to them without TLS (storage.ssl.* unset); storage nodes that serve "
+            "mutual TLS take a certificate of the server role: set storage.ssl.caFile, certFile and "
+            "keyFile (WALTZ_STORE_TLS_CA_FILE, WALTZ_STORE_TLS_CERT_FILE, WALTZ_STORE_TLS_KEY_FILE)"
+        )
+    else:
+        settings = (
+            "check storage.ssl.caFile (the CA of the nodes' certificates), certFile and keyFile (a "
+            "certificate of the server role), and that the nodes serve TLS"
+        )
+    raise StorageUnusableError(
+        f"the storage nodes {', '.join(up)} accept TCP connections but none completed a connection "
+        f"within {timeout:g}s: {settings}. The server does not join the cluster, where it would be "
+        "given partitions it could not write"
+    )
