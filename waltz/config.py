@@ -9,6 +9,8 @@ Precedence: explicit keyword arguments > environment > file > defaults.
 from __future__ import annotations
 
 import difflib
+import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -21,6 +23,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from waltz.errors import ConfigurationError
 
 __all__ = ["WaltzSettings", "flatten_keys", "load_settings"]
+
+log = logging.getLogger(__name__)
 
 S = TypeVar("S", bound="WaltzSettings")
 
@@ -82,6 +86,9 @@ class WaltzSettings(BaseSettings):
     model_config = SettingsConfigDict(hide_input_in_errors=True)
 
     KEYS: ClassVar[dict[str, str]] = {}
+    #: Prefixes of the environment variables that belong to this class alone (``WALTZ_STORAGE_``):
+    #: a variable under one of them that names no field, but nearly one, is said to be ignored.
+    ENV_GROUPS: ClassVar[tuple[str, ...]] = ()
     _file_values: ClassVar[dict[str, Any]] = {}
 
     @classmethod
@@ -170,6 +177,7 @@ def load_settings(cls: type[S], path: Path | str | None = None, **overrides: Any
                 f"unknown keys in {path}: {', '.join(sorted(unknown))}; "
                 f"known keys: {', '.join(sorted(cls.KEYS))}"
             )
+    _warn_of_misspelt_variables(cls, os.environ)
     loader = type(cls.__name__, (cls,), {"_file_values": file_values})
     try:
         settings = loader(**{k: v for k, v in overrides.items() if v is not None})
@@ -178,6 +186,28 @@ def load_settings(cls: type[S], path: Path | str | None = None, **overrides: Any
             f"invalid configuration{f' in {path}' if path else ''}:\n{_explained(cls, exc)}"
         ) from exc
     return cls.model_validate(settings.model_dump())
+
+
+def _warn_of_misspelt_variables(cls: type[WaltzSettings], environ: Mapping[str, str]) -> None:
+    """Log a warning for each variable under the class's :attr:`~WaltzSettings.ENV_GROUPS` that
+    names no setting but nearly names one (``WALTZ_STORAGE_SSL_CERT_FILE`` for
+    ``WALTZ_STORAGE_TLS_CERT_FILE``): it is ignored, and a TLS file ignored may mean plaintext."""
+    if not cls.ENV_GROUPS:
+        return
+    prefix = str(cls.model_config.get("env_prefix") or "")
+    known = [(prefix + field).upper() for field in cls.model_fields]
+    for name in sorted(environ):
+        if not name.startswith(cls.ENV_GROUPS) or name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        if close:
+            log.warning(
+                "the environment variable %s is no setting of %s and is ignored; did you mean %s? "
+                "(docs/configuration.md lists them)",
+                name,
+                cls.__name__,
+                close[0],
+            )
 
 
 def _explained(cls: type[S], exc: ValidationError) -> str:

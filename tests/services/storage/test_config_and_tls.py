@@ -135,3 +135,20 @@ def test_tls_files_that_cannot_work_are_named_at_start(tmp_path: Path) -> None:
         assert done.returncode == 1, done.stderr
         assert f"error: storage.ssl.certFile {cert}" in done.stderr and expected in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_a_misspelt_variable_of_a_setting_is_said_to_be_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``WALTZ_STORAGE_SSL_CERT_FILE`` (the key storage.ssl.certFile suggests it) sets nothing: the
+    node says so and names ``WALTZ_STORAGE_TLS_CERT_FILE``, since a TLS file ignored can mean a
+    node that serves plaintext. A variable far from every setting is left alone."""
+    monkeypatch.setenv("WALTZ_STORAGE_SSL_CERT_FILE", str(tmp_path / "node.pem"))
+    monkeypatch.setenv("WALTZ_STORAGE_WHOLLY_UNRELATED_THING", "1")
+    caplog.set_level("WARNING", logger="waltz.config")
+    settings = load_settings(StorageConfig, directory=tmp_path / "node")
+    assert settings.tls_cert_file is None
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1, warned
+    assert "WALTZ_STORAGE_SSL_CERT_FILE is no setting of StorageConfig and is ignored" in warned[0]
+    assert "did you mean WALTZ_STORAGE_TLS_CERT_FILE?" in warned[0]

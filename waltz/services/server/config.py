@@ -27,6 +27,7 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
     """Settings of a server; ``docs/configuration.md`` lists keys and variables."""
 
     model_config = SettingsConfigDict(env_prefix="WALTZ_", extra="forbid")
+    ENV_GROUPS: ClassVar[tuple[str, ...]] = ("WALTZ_SERVER_", "WALTZ_STORE_")
 
     KEYS: ClassVar[dict[str, str]] = {
         "zookeeper.connectString": "zookeeper_connect_string",

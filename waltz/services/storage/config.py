@@ -27,6 +27,7 @@ class StorageConfig(WaltzSettings):
     """Settings of a storage node; ``docs/configuration.md`` lists keys and variables."""
 
     model_config = SettingsConfigDict(env_prefix="WALTZ_STORAGE_", extra="forbid")
+    ENV_GROUPS: ClassVar[tuple[str, ...]] = ("WALTZ_STORAGE_",)
 
     KEYS: ClassVar[dict[str, str]] = {
         "storage.directory": "directory",
