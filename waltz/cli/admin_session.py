@@ -21,6 +21,7 @@ from waltz.cli.output import fail
 from waltz.config import load_settings
 from waltz.errors import StorageRpcError, WaltzError
 from waltz.metadata.replicas import ReplicaChangeRefusedError
+from waltz.services.certificate_expiry import expired_certificates
 
 __all__ = ["connected_admin"]
 
@@ -63,6 +64,18 @@ def connected_admin(
             cluster_storage_timeout=timeout,
         )
         connect_string, cluster_root = settings.require()
+        expired = expired_certificates(
+            {
+                "cluster.ssl.certFile": settings.cluster_ssl_cert_file,
+                "zookeeper.ssl.certFile": settings.zookeeper_ssl_cert_file,
+            }
+        )
+        if expired:
+            raise fail(
+                f"{'; '.join(expired)}: the nodes and ZooKeeper refuse an expired certificate; give "
+                'this tool a current one (docs/operations.md, "Certificates")',
+                2,
+            )
         admin = ClusterAdmin.connect(
             connect_string,
             cluster_root,

@@ -32,6 +32,7 @@ from waltz.protocol import client_pb2_grpc, server_pb2, server_pb2_grpc
 from waltz.protocol.channels import bind_port, server_credentials, server_options
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.roles import ADMIN_ROLES, OPERATOR_ROLES, authorize
+from waltz.services.certificate_expiry import watch_certificates
 from waltz.services.exposure import is_loopback
 from waltz.services.http import HealthHttpServer, server_ssl_context
 from waltz.services.runtime import call_in_daemon_thread, run_until_signalled
@@ -226,6 +227,10 @@ class ServerApp:
         address = f"{config.server_host}:{config.server_port}"
         credentials = server_credentials(
             config.server_tls_cert_file, config.server_tls_key_file, config.server_tls_ca_file, "server.ssl"
+        )
+        watch_certificates(
+            self.metrics.registry,
+            {"server": config.server_tls_cert_file, "storage client": config.store_tls_cert_file},
         )
         self.port = bind_port(server, address, credentials)
         if config.server_insecure and not config.mutual_tls:

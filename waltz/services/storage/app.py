@@ -13,6 +13,7 @@ import grpc
 
 from waltz.protocol import storage_pb2_grpc
 from waltz.protocol.channels import bind_port, server_credentials, server_options
+from waltz.services.certificate_expiry import watch_certificates
 from waltz.services.exposure import is_loopback
 from waltz.services.http import HealthHttpServer, server_ssl_context
 from waltz.services.runtime import run_until_signalled
@@ -63,6 +64,7 @@ class StorageApp:
         credentials = server_credentials(
             config.tls_cert_file, config.tls_key_file, config.tls_ca_file, "storage.ssl"
         )
+        watch_certificates(self.metrics.registry, {"storage": config.tls_cert_file})
         if config.insecure and not config.mutual_tls:
             log.warning(
                 "storage.insecure is set: the ports on %s serve without mutual TLS%s",
