@@ -124,6 +124,18 @@ def test_the_client_credential_reads_what_discovery_needs_and_not_the_cluster_ke
         assert cluster.zookeeper_env("client") != cluster.zookeeper_env("operator")
         with pytest.raises(ValueError, match="no ZooKeeper role 'admin': the roles are 'server'"):
             cluster.zookeeper_settings("admin")
+        # check-connectivity with the client's credential cannot list the storage nodes: it says
+        # they were not checked, rather than OK.
+        from typer.testing import CliRunner
+
+        from waltz.cli.main import app
+
+        checked = CliRunner().invoke(
+            app, ["client", "check-connectivity"], env={**cluster.client_env(), "COLUMNS": "300"}
+        )
+        assert checked.exit_code == 0, checked.output
+        assert "SKIPPED storage" in checked.output and "waltz cluster verify checks them" in checked.output
+        assert "OK      storage" not in checked.output
         credentials = cluster.zookeeper_role_credentials
         assert credentials is not None
         paths = ClusterPaths.of(cluster.root)

@@ -346,7 +346,8 @@ class NodeCheck:
         name: the server's member name, or the storage node's connect string.
         address: ``host:port`` tried.
         error: what failed, or None when it answered.
-        detail: what it answered (e.g. its partitions), when it did.
+        detail: what it answered (e.g. its partitions), when it did; why it was not checked.
+        skipped: not checked (the storage nodes, when the ZooKeeper credential cannot list them).
     """
 
     kind: str
@@ -354,6 +355,7 @@ class NodeCheck:
     address: str
     error: str | None = None
     detail: str = ""
+    skipped: bool = False
 
     @property
     def ok(self) -> bool:
@@ -491,8 +493,11 @@ def check_connectivity(
             checks.append(_check_storage_admin(name, admin, targets, timeout, storage_tls))
         results = list(await asyncio.gather(*checks))
         if targets.storages_hidden:
-            hidden = "not listed: the storage nodes need the operator's ZooKeeper credential"
-            results.append(NodeCheck("storage", "-", "-", None, hidden))
+            hidden = (
+                "not checked: listing the storage nodes needs the operator's ZooKeeper credential (an "
+                "application's cannot read them); waltz cluster verify checks them"
+            )
+            results.append(NodeCheck("storage", "-", "-", None, hidden, skipped=True))
         return results
 
     return run_on_shared_loop(run())

@@ -236,6 +236,7 @@ def check_connectivity(
                             "ok": c.ok,
                             "error": c.error,
                             "detail": c.detail,
+                            "skipped": c.skipped,
                         }
                         for c in checks
                     ],
@@ -248,7 +249,9 @@ def check_connectivity(
             label = (
                 f"{c.kind:<13} {c.name} ({c.address})" if c.name != c.address else f"{c.kind:<13} {c.address}"
             )
-            if c.ok:
+            if c.skipped:
+                typer.echo(f"SKIPPED {label}: {c.detail}")
+            elif c.ok:
                 typer.echo(f"OK      {label}: {c.detail}")
             else:
                 typer.secho(f"FAILED  {label}: {c.error}", fg=typer.colors.RED)
