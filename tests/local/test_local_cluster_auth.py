@@ -159,6 +159,15 @@ def test_the_client_credential_reads_what_discovery_needs_and_not_the_cluster_ke
                 client.set(paths.partition(0), b"{}")
             with pytest.raises(NoAuthError):
                 server.set(paths.assignment, emptied)  # servers read the replica assignments only
+            # A tool given the server's credential is told it holds another role's credential.
+            from waltz.admin.storage_admin import StorageNodeAdmin, _Write
+
+            current = ClusterZk(server, cluster.root).assignments()
+            refused = r"ZooKeeper refused writing under .* another role's"
+            with pytest.raises(ZooKeeperAuthError, match=refused):
+                StorageNodeAdmin(ClusterZk(server, cluster.root))._commit(
+                    [_Write(paths.assignment, emptied, current.version)]
+                )
             with pytest.raises(NoAuthError):
                 anonymous.delete(paths.cluster)  # the root is not open: nobody replaces the key
             assert ClusterZk(client, cluster.root).discovery().num_partitions == 1

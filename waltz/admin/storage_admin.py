@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from kazoo.exceptions import BadVersionError, RolledBackError
+from kazoo.exceptions import BadVersionError, NoAuthError, RolledBackError
 
 from waltz.admin.description import describe_cluster
 from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, describe_failure, run_admin
@@ -40,7 +40,7 @@ from waltz.metadata.values import (
     check_connect_string,
 )
 from waltz.metadata.zk import ClusterZk
-from waltz.metadata.zk_session import ZooKeeperUnavailableError, zookeeper_errors
+from waltz.metadata.zk_session import ZooKeeperUnavailableError, auth_error, zookeeper_errors
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.storage_client import StorageAdminClient
 
@@ -147,6 +147,9 @@ class StorageNodeAdmin:
             return True
         if all(isinstance(r, BadVersionError | RolledBackError) for r in failures):
             return False
+        refused = next((r for r in failures if isinstance(r, NoAuthError)), None)
+        if refused is not None:
+            raise auth_error(self.cluster.zk, f"writing under {self.cluster.paths.root}", refused)
         raise MetadataError(f"a ZooKeeper transaction under {self.cluster.paths.root} failed: {failures!r}")
 
     def _admin_address(self, storage: str) -> str:

@@ -72,8 +72,9 @@ def auth_error(zk: KazooClient, what: str, cause: Exception | None = None) -> Zo
     reason = f" ({type(cause).__name__})" if cause is not None else ""
     if zk.auth_data:
         advice = (
-            "the session's digest credential is not the one the cluster's znodes were created with: "
-            f"check {DIGEST_SETTINGS_HINT}"
+            "the session's digest credential is not one the cluster's znodes were created with, or "
+            "is another role's (with a credential per role, servers take the server's, the cluster "
+            f"tools the operator's, applications the client's): check {DIGEST_SETTINGS_HINT}"
         )
     else:
         advice = (
