@@ -107,7 +107,8 @@ def test_a_wrong_or_missing_credential_fails_with_the_setting_to_check(
 ) -> None:
     create(zookeeper, zk_root, storage, DIGEST)
     wrong = cluster_cli(zookeeper, zk_root, "list", digest=WRONG, expect=2)
-    assert "ZooKeeper refused" in wrong.output and "not the one" in wrong.output
+    assert "ZooKeeper refused" in wrong.output
+    assert "not one the cluster's znodes were created with" in wrong.output
     assert "WALTZ_ZOOKEEPER_AUTH_DIGEST" in wrong.output
     missing = cluster_cli(zookeeper, zk_root, "list", digest=None, expect=2)
     assert "has none" in missing.output and "zookeeper.auth.digestFile" in missing.output

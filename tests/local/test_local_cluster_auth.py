@@ -106,7 +106,7 @@ def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_gives_every_zno
             env={"WALTZ_ZOOKEEPER_AUTH_DIGEST": "waltz:not-the-password"},
         )
         try:
-            with pytest.raises(ServiceStartError, match=r"ZooKeeper refused reading .*not the one"):
+            with pytest.raises(ServiceStartError, match=r"ZooKeeper refused reading .*not one the cluster"):
                 intruder.start()
         finally:
             intruder.close()
