@@ -30,7 +30,7 @@ from waltz.archive.archiver import Archiver, ChunkPolicy
 from waltz.archive.layout import ArchiveFiles, partition_directory
 from waltz.archive.manifests import read_partition_manifest
 from waltz.archive.reader import read_archived
-from waltz.errors import ArchivedReadError
+from waltz.errors import ArchivedReadError, WaltzTimeoutError
 from waltz.local.cluster import LocalCluster
 from waltz.local.options import ProcessOptions
 from waltz.metadata.zk import ClusterZk
@@ -184,6 +184,14 @@ def test_a_damaged_chunk_stops_the_feed_with_an_error_naming_the_file_and_range(
     # Nothing was deleted further, in the archive or on the replicas.
     assert sorted((p.name, p.stat().st_size) for p in chunk.parent.iterdir()) == archive_before
     assert local_starts(cluster) == starts_before
+    # waltz client validate --since -1 names the file too, not only that it could not mount.
+    chunk.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))
+    try:
+        with pytest.raises(WaltzTimeoutError, match=r"not mounted within 8s.*last error reported") as failed:
+            run_validation(client_config(cluster), producers=1, transactions=1, since=-1, timeout=8)
+        assert first_chunk.file in str(failed.value)
+    finally:
+        chunk.write_bytes(original)
 
 
 def test_no_archive_in_zookeeper_is_an_error_naming_the_partition_and_range(archived: Archived) -> None:

@@ -200,12 +200,21 @@ def high_water_marks(config: WaltzClientConfig, partitions: Sequence[int] | None
 
 
 def _mounted_client(
-    config: WaltzClientConfig, callbacks: WaltzClientCallbacks, partitions: Sequence[int]
+    config: WaltzClientConfig,
+    callbacks: WaltzClientCallbacks,
+    partitions: Sequence[int],
+    timeout: float = MOUNT_TIMEOUT,
 ) -> WaltzClient:
     client = WaltzClient(callbacks, config.model_copy(update={"client_auto_mount": False}))
     try:
         client.set_partitions(partitions)
-        client.wait_mounted(MOUNT_TIMEOUT, partitions)
+        client.wait_mounted(timeout, partitions)
+    except WaltzTimeoutError as exc:
+        client.close()
+        errors = callbacks.errors if isinstance(callbacks, _MarkCallbacks) else []
+        if errors:  # what the servers said while the client tried (a feed that could not be read)
+            raise WaltzTimeoutError(f"{exc}; the last error reported: {errors[-1]}") from exc
+        raise
     except BaseException:
         client.close()
         raise
@@ -266,7 +275,9 @@ def run_validation(
 
     try:
         for _ in range(producers):
-            clients.append(_mounted_client(config, _MarkCallbacks(start_marks), ids))
+            clients.append(
+                _mounted_client(config, _MarkCallbacks(start_marks), ids, min(MOUNT_TIMEOUT, timeout))
+            )
 
         def produce(client: WaltzClient, index: int) -> None:
             try:
@@ -306,7 +317,7 @@ def run_validation(
     checked = {pid: (first[pid], end_marks[pid]) for pid in ids if end_marks[pid] >= first[pid]}
     mismatches: list[Mismatch] = []
     reader = _MarkCallbacks({pid: first[pid] - 1 for pid in ids}, keep_data=True)
-    with _mounted_client(config, reader, ids) as client:
+    with _mounted_client(config, reader, ids, min(MOUNT_TIMEOUT, timeout)) as client:
         for pid, (_, last) in checked.items():
             if not client.wait_applied(pid, last, timeout):
                 raise WaltzTimeoutError(
