@@ -214,3 +214,33 @@ def test_no_archive_in_zookeeper_is_an_error_naming_the_partition_and_range(arch
     with pytest.raises(ArchivedReadError, match=r"the archive holds transactions 0\.\.") as beyond:
         asyncio.run(reads.read(0, 0, 10_000, 10_000))
     assert beyond.value.location == str(archived.location)
+
+
+def test_zookeeper_behind_the_manifest_after_retention_is_caught_up_on_the_chunks_own_checks(
+    archived: Archived,
+) -> None:
+    """ZooKeeper's archive summary lost (a restored ZooKeeper, a deleted znode) after the replicas
+    deleted the archived segments: the chunks above its mark cannot be compared with the replicas
+    any more, so each is taken on its own check and ZooKeeper is raised to the manifest again
+    (docs/design/archive.md, "The archiver"); the replicas are told it again."""
+    zk = archived.zk
+    summary = zk.archive_summary()
+    assert summary is not None
+    through = summary.value.of(0).archived_through
+    zk.zk.delete(zk.paths.archive)
+    (result,) = Archiver(zk, str(archived.location), policy=CHUNKS).run()
+    assert result.error is None, result.error
+    assert result.archived_through >= through  # the tests before wrote more
+    through = result.archived_through
+    restored = zk.archive_summary()
+    assert restored is not None and restored.value.of(0).archived_through == through
+
+    async def told() -> list[int]:
+        marks = []
+        for node in archived.cluster.storages:
+            async with StorageAdminClient(node.admin_address, archived.cluster.cluster_key, 1) as admin:
+                (found,) = (await admin.partition_status(0)).partitions
+                marks.append(found.archived_through)
+        return marks
+
+    assert asyncio.run(told()) == [through] * len(archived.cluster.storages)

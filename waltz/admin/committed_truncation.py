@@ -95,7 +95,7 @@ def read_replica_log(
             partition.local_start,
         )
 
-    return run_admin(address, cluster.params(), status, timeout=timeout, tls=tls)
+    return run_admin(address, cluster.params(), status, timeout=timeout, tls=tls, initialise=False)
 
 
 def truncate_committed(
@@ -144,7 +144,7 @@ def truncate_committed(
             answer.low_water_mark,
         )
 
-    result = run_admin(address, cluster.params(), truncate, timeout=timeout, tls=tls)
+    result = run_admin(address, cluster.params(), truncate, timeout=timeout, tls=tls, initialise=False)
     log.warning(
         "storage node %s: partition %d truncated from transaction %d to %d (low-water mark %d -> %d) "
         "by %s: %s",

@@ -139,7 +139,9 @@ def read_fence(
         (partition,) = (await admin.partition_status(partition_id)).partitions
         return partition.session_id, partition.last_session_id
 
-    fence, last_session_id = run_admin(address, cluster.params(), status, timeout=timeout, tls=tls)
+    fence, last_session_id = run_admin(
+        address, cluster.params(), status, timeout=timeout, tls=tls, initialise=False
+    )
     return FenceState(storage, partition_id, fence, last_session_id, zookeeper_session_id)
 
 
@@ -218,7 +220,7 @@ def set_fence(
             answer.last_session_id,
         )
 
-    result = run_admin(address, cluster.params(), change, timeout=timeout, tls=tls)
+    result = run_admin(address, cluster.params(), change, timeout=timeout, tls=tls, initialise=False)
     log.warning(
         "storage node %s: partition %d fence set %d -> %d by %s: %s",
         storage,

@@ -94,7 +94,9 @@ async def recover_partition(
             ]
         )
     key, n = str(params.cluster_key), params.num_partitions
-    async with StorageAdminClient(connection.admin_address(source), key, n, tls=tls) as reader:
+    async with StorageAdminClient(
+        connection.admin_address(source), key, n, tls=tls, initialise=False
+    ) as reader:
         _, committed = await asyncio.wait_for(reader.last_session_info(partition_id), timeout)
         # The destination joins the current session ID: it fences no live writer.
         async with StorageSessionClient(destination, key, n, metadata.session_id, tls=tls) as writer:

@@ -127,9 +127,18 @@ class StorageNodeAdmin:
     # ---- helpers ----
 
     def _on_node(
-        self, admin_address: str, params: ClusterParams, work: Callable[[StorageAdminClient], Awaitable[T]]
+        self,
+        admin_address: str,
+        params: ClusterParams,
+        work: Callable[[StorageAdminClient], Awaitable[T]],
+        *,
+        initialise: bool = True,
     ) -> T:
-        return run_admin(admin_address, params, work, timeout=self.storage_timeout, tls=self.tls)
+        """Run ``work`` on a node's admin stream (``initialise`` False: a node without a control
+        file answers ``NOT_INITIALIZED`` instead of being initialised)."""
+        return run_admin(
+            admin_address, params, work, timeout=self.storage_timeout, tls=self.tls, initialise=initialise
+        )
 
     def _commit(self, writes: Sequence[_Write], checks: Sequence[tuple[str, int]] = ()) -> bool:
         """Commit version checks and writes in one ZooKeeper transaction.
@@ -426,7 +435,7 @@ class StorageNodeAdmin:
 
         storage_error = None
         try:
-            self._on_node(self._admin_address(storage), params, remove)
+            self._on_node(self._admin_address(storage), params, remove, initialise=False)
         except WaltzError as exc:
             storage_error = describe_failure(exc)
             log.warning("storage node %s: partitions %s stay on the node: %s", storage, ids, storage_error)
@@ -521,7 +530,7 @@ class StorageNodeAdmin:
                 if writable is not None:
                     await admin.set_writable(partition_id, writable)
 
-        self._on_node(self._admin_address(storage), params, toggle)
+        self._on_node(self._admin_address(storage), params, toggle, initialise=False)
         log.info("storage node %s: partitions %s readable=%s writable=%s", storage, ids, readable, writable)
 
     @zookeeper_errors
@@ -539,4 +548,4 @@ class StorageNodeAdmin:
         async def read(admin: StorageAdminClient) -> dict[int, int]:
             return {p: await admin.max_transaction_id(p) for p in ids}
 
-        return self._on_node(self._admin_address(storage), params, read)
+        return self._on_node(self._admin_address(storage), params, read, initialise=False)

@@ -37,7 +37,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from kazoo.exceptions import KazooException
@@ -65,7 +65,7 @@ from waltz.archive.replicas import (
 )
 from waltz.archive.summary import claim_archive, entry_of, record_partition
 from waltz.committed.errors import CommittedReadError
-from waltz.committed.plan import CommittedPartition, plan_live_on
+from waltz.committed.plan import CommittedPartition, LiveSource, plan_live_on
 from waltz.errors import MetadataError
 from waltz.metadata.values import ClusterParams
 from waltz.metadata.zk import ClusterZk
@@ -221,10 +221,15 @@ class Archiver:
         self._params: ClusterParams | None = None
         self._warned: set[int] = set()  # new partitions of a split said to be not archived
         self._quiet: dict[int, _Quiet] = {}
-        self._owed: set[int] = set()
-        self._untold: dict[int, dict[str, str]] = {}
+        self._untold: dict[int, dict[str, str]] = {}  # this round's replicas not told, and why
         self._said: dict[str, str] = {}  # storage -> the failure to tell it last logged
+        self._silent: dict[str, str] = {}  # storage -> why it did not answer, as last logged
         self._statuses: dict[str, storage_pb2.PartitionStatusResponse | str] = {}
+        # This round's view of each replica: what it was told, where its disk starts (its status,
+        # updated as the round tells it), or why it did not answer.
+        self._told: dict[int, dict[str, int]] = {}
+        self._local_starts: dict[int, dict[str, int]] = {}
+        self._unanswered: dict[str, str] = {}
         self._unaware: set[str] = set()
         self._stop = threading.Event()
 
@@ -297,9 +302,8 @@ class Archiver:
         params = self._claimed()
         ids = self._partitions if self._partitions is not None else range(params.num_partitions)
         self._warn_of_split(params)
-        self._statuses = replica_partition_statuses(
-            self._cluster, params, timeout=self._timeout, tls=self._tls
-        )
+        self._take_statuses(params)
+        self._lower_first(ids)
         results: list[PartitionRound] = []
         for pid in ids:
             if results and self._stop.is_set():
@@ -333,7 +337,6 @@ class Archiver:
 
     def _round(self, partition_id: int) -> PartitionRound:
         result = PartitionRound(partition_id)
-        self._untold.pop(partition_id, None)
         try:
             (plan,) = plan_live_on(self._cluster, [partition_id], timeout=self._timeout, tls=self._tls)
             result.high_water_mark = plan.high_water_mark
@@ -343,8 +346,46 @@ class Archiver:
         except (ArchiveError, CommittedReadError, MetadataError, OSError) as exc:
             result.error = str(exc)
             log.error("partition %d: %s", partition_id, exc)
-        result.untold = self._untold.get(partition_id, {})
+        result.untold = dict(self._untold.get(partition_id, {}))
         return result
+
+    def _take_statuses(self, params: ClusterParams) -> None:
+        """Ask every storage node for its partitions' status (one request per node) and keep, per
+        partition, what each replica was told and where its disk starts."""
+        self._statuses = replica_partition_statuses(
+            self._cluster, params, timeout=self._timeout, tls=self._tls
+        )
+        self._told, self._local_starts, self._untold = {}, {}, {}
+        self._unanswered = {s: st for s, st in self._statuses.items() if isinstance(st, str)}
+        for storage in self._statuses:
+            if storage not in self._unanswered:
+                self._silent.pop(storage, None)
+        for storage, why in sorted(self._unanswered.items()):
+            if self._silent.get(storage) != why:  # once per failure, not once per round
+                self._silent[storage] = why
+                log.warning(
+                    "storage node %s did not answer: its replicas are not told what is archived "
+                    "(they keep their segments) until it does: %s",
+                    storage,
+                    why,
+                )
+        for storage, status in self._statuses.items():
+            if isinstance(status, str):
+                continue
+            for entry in status.partitions:
+                self._told.setdefault(entry.partition_id, {})[storage] = entry.archived_through
+                self._local_starts.setdefault(entry.partition_id, {})[storage] = entry.local_start
+
+    def _lower_first(self, ids: Sequence[int]) -> None:
+        """Before any partition's round: tell ZooKeeper's archived-through to every replica told
+        more (after ``verify --hold`` could not tell it), so that it deletes nothing the archive
+        may not give back, whatever stops a partition's round later."""
+        summary = self._cluster.archive_summary()
+        for pid in ids:
+            recorded = -1 if summary is None else summary.value.of(pid).archived_through
+            ahead = {s for s, told in self._told.get(pid, {}).items() if told > recorded}
+            if ahead:
+                self._tell(pid, recorded, only=ahead)
 
     def _archive(self, plan: CommittedPartition, result: PartitionRound) -> None:
         pid = plan.partition_id
@@ -358,10 +399,9 @@ class Archiver:
                 f"transactions through {recorded}, the manifest through {manifest.archived_through}: chunks "
                 "were lost, or this is not the archive ZooKeeper names; run waltz archive verify",
             )
-        if pid in self._owed or self._told_otherwise(pid, recorded):
-            # First, so that a replica told more than ZooKeeper holds (after verify --hold) is
-            # lowered even when the rest of the round stops.
-            self._tell(pid, recorded)
+        differing = self._told_otherwise(pid, recorded)
+        if differing:
+            self._tell(pid, recorded, only=differing)
         if manifest.archived_through > recorded:
             manifest = self._confirm(plan, manifest, recorded)
         result.archived_through = manifest.archived_through
@@ -384,17 +424,23 @@ class Archiver:
             result.records += entry.rows
             result.size_bytes += entry.size_bytes
 
-    def _told_otherwise(self, partition_id: int, archived_through: int) -> bool:
-        """Whether a replica of the partition was told another archived-through than ``archived_through``
-        (ZooKeeper's), or did not say in this round's statuses."""
-        for storage in self._cluster.assignments().value.storages_of(partition_id):
-            status = self._statuses.get(storage)
-            if not isinstance(status, storage_pb2.PartitionStatusResponse):
-                return True
-            told = [p.archived_through for p in status.partitions if p.partition_id == partition_id]
-            if told != [archived_through]:
-                return True
-        return False
+    def _told_otherwise(self, partition_id: int, archived_through: int) -> set[str]:
+        """The replicas of the partition that answered this round's status and were told another
+        archived-through than ``archived_through`` (ZooKeeper's), or do not hold the partition."""
+        told = self._told.get(partition_id, {})
+        return {
+            storage
+            for storage in self._cluster.assignments().value.storages_of(partition_id)
+            if storage not in self._unanswered and told.get(storage) != archived_through
+        }
+
+    def _replicas_hold(self, plan: CommittedPartition, first: int) -> bool:
+        """Whether a quorum of the partition's replicas still holds transaction ``first`` on disk
+        (retention deletes what the replicas were told is archived)."""
+        starts = self._local_starts.get(plan.partition_id, {})
+        source = plan.source
+        quorum = source.quorum if isinstance(source, LiveSource) else len(starts) // 2 + 1
+        return sum(1 for start in starts.values() if start <= first) >= quorum
 
     def _observe(self, partition_id: int, mark: int) -> _Quiet:
         now = self._clock()
@@ -467,7 +513,8 @@ class Archiver:
     ) -> PartitionManifest:
         """Check the chunks the manifest lists above ZooKeeper's archived-through against a quorum
         of the replicas, writing again any that fails its own check, then raise ZooKeeper to the
-        manifest.
+        manifest. A chunk the replicas no longer hold (ZooKeeper's mark went back after they were
+        told) is taken on its own check.
 
         Raises:
             ArchiveCheckError: a chunk lists transactions past the committed high-water mark, or
@@ -490,11 +537,32 @@ class Archiver:
                     entry.first,
                     entry.last,
                 )
+            holding = self._replicas_hold(plan, entry.first)
             try:
                 held: list[Record] | None = read_chunk(self._files, pid, entry)
             except ArchiveCheckError as problem:
+                if not holding:
+                    raise ArchiveCheckError(
+                        where,
+                        f"{problem}; the replicas no longer hold these transactions (retention deleted "
+                        "them), so it cannot be written again from them: copy the chunk back from a "
+                        "copy of the archive (waltz archive verify --archive COPY checks one)",
+                        entry.first,
+                        entry.last,
+                    ) from problem
                 log.warning("partition %d: %s; writing it again from the replicas", pid, problem)
                 held = None
+            if not holding:
+                # ZooKeeper's mark went back (restored, or its archive znode deleted) after the
+                # replicas were told: the chunk passed its own check, which is all there is left.
+                log.warning(
+                    "partition %d: %s: above ZooKeeper's archived-through (%d), and no longer on a "
+                    "quorum of the replicas (retention deleted it): taken on its own check",
+                    pid,
+                    where,
+                    recorded,
+                )
+                continue
             read = self._read(plan, entry.first, entry.last)
             if held is None:
                 replaced = write_chunk(self._files, pid, read.records, read.replicas)
@@ -529,7 +597,18 @@ class Archiver:
         self._progress(ArchiveEvent(Step.SUMMARY_RAISED, pid, manifest.start or 0, through))
         self._tell(pid, through)
 
-    def _tell(self, partition_id: int, archived_through: int) -> None:
+    def _tell(self, partition_id: int, archived_through: int, only: Collection[str] | None = None) -> None:
+        """Tell the replicas (``only`` those; by default every one that answered this round's
+        status) the archived-through, and keep which were not told, and why (a replica that did
+        not answer the status is not tried: it counts as not told)."""
+        replicas = self._cluster.assignments().value.storages_of(partition_id)
+        untold = self._untold.setdefault(partition_id, {})
+        for storage in replicas:
+            if storage in self._unanswered:
+                untold[storage] = self._unanswered[storage]
+        targets = [s for s in (replicas if only is None else only) if s not in self._unanswered]
+        if not targets:
+            return
         outcomes = tell_replicas(
             self._cluster,
             self._claimed(),
@@ -540,6 +619,7 @@ class Archiver:
             timeout=self._timeout,
             tls=self._tls,
             said=self._said,
+            only=targets,
         )
         for storage in sorted(
             s for s, o in outcomes.items() if o == UNKNOWN_REQUEST and s not in self._unaware
@@ -550,12 +630,12 @@ class Archiver:
                 "archived, and keeps every segment (upgrade it)",
                 storage,
             )
-        unreached = {s: o for s, o in sorted(outcomes.items()) if o not in (TOLD, UNKNOWN_REQUEST)}
-        self._untold[partition_id] = unreached
-        if unreached:
-            self._owed.add(partition_id)
-        else:
-            self._owed.discard(partition_id)
+        for storage, outcome in outcomes.items():
+            if outcome in (TOLD, UNKNOWN_REQUEST):
+                untold.pop(storage, None)
+                self._told.setdefault(partition_id, {})[storage] = archived_through
+            else:
+                untold[storage] = outcome
         detail = "; ".join(f"{s}: {o}" for s, o in sorted(outcomes.items()))
         self._progress(
             ArchiveEvent(Step.REPLICAS_TOLD, partition_id, archived_through, archived_through, detail)

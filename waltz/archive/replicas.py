@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 
 from waltz.admin.storage_nodes import call_admin_on_nodes
@@ -207,6 +207,7 @@ def tell_replicas(
     timeout: float = 10.0,
     tls: TlsConfig | None = None,
     said: dict[str, str] | None = None,
+    only: Collection[str] | None = None,
 ) -> dict[str, str]:
     """Tell every replica of a partition its archived-through (``set archived through``).
 
@@ -226,6 +227,7 @@ def tell_replicas(
         said: storage connect string -> the failure last logged for it, kept by a caller that
             tells often (the archiver, once per chunk): the same failure again is logged at DEBUG,
             a new one at WARNING (and recorded here).
+        only: tell these replicas of the partition only (None: every one).
 
     Returns:
         Storage connect string -> ``"told"``, ``"does not know set-archived-through"`` or why it
@@ -233,6 +235,8 @@ def tell_replicas(
     """
     connection = cluster.connection().value
     storages = cluster.assignments().value.storages_of(partition_id)
+    if only is not None:
+        storages = [s for s in storages if s in only]
     addresses: Mapping[str, str] = {
         s: connection.admin_address(s) for s in storages if s in connection.admin_ports
     }

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds each storage node has to accept the TCP connection, then the gRPC one.
 PROBE_TIMEOUT = 5.0
+#: Seconds the check tries again (a proxy that accepts TCP while its node starts) before it refuses.
+PROBE_PERIOD = 20.0
 
 
 class StorageUnusableError(ConfigurationError):
@@ -44,7 +46,11 @@ async def _connects(address: str, tls: TlsConfig | None, timeout: float) -> bool
 
 
 async def check_storage_connections(
-    storages: Iterable[str], tls: TlsConfig | None, *, timeout: float = PROBE_TIMEOUT
+    storages: Iterable[str],
+    tls: TlsConfig | None,
+    *,
+    timeout: float = PROBE_TIMEOUT,
+    period: float = PROBE_PERIOD,
 ) -> None:
     """Refuse to start when the storage nodes are up but take no connection of this server.
 
@@ -52,21 +58,41 @@ async def check_storage_connections(
         storages: the storage nodes' connect strings (``host:port`` of their storage port).
         tls: the server's TLS files for storage connections (``storage.ssl.*``), or None.
         timeout: seconds for each node's TCP connection, then for its gRPC connection.
+        period: seconds to try again while nodes accept TCP but no connection completes.
 
     Raises:
-        StorageUnusableError: at least one node accepts TCP connections and none of those completes
-            a connection (the message names the nodes and the settings to check).
+        StorageUnusableError: a ``storage.ssl.*`` file is missing; or, for ``period`` seconds, at
+            least one node accepted TCP connections and none of those completed a connection (the
+            message names the nodes and the settings to check).
     """
+    if tls is not None:
+        for name, path in (("caFile", tls.ca_file), ("certFile", tls.cert_file), ("keyFile", tls.key_file)):
+            if path is not None and not path.is_file():
+                raise StorageUnusableError(f"storage.ssl.{name} {path}: no such file")
     addresses = sorted(set(storages))
-    refusals = await asyncio.gather(*(probe_tcp(a, timeout) for a in addresses))
-    up = [a for a, refused in zip(addresses, refusals, strict=True) if refused is None]
-    if not up:
-        if addresses:
-            log.info("no storage node accepts connections yet (%s): starting anyway", ", ".join(addresses))
-        return
-    connected = await asyncio.gather(*(_connects(a, tls, timeout) for a in up))
-    if any(connected):
-        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + period
+    while True:
+        refusals = await asyncio.gather(*(probe_tcp(a, timeout) for a in addresses))
+        up = [a for a, refused in zip(addresses, refusals, strict=True) if refused is None]
+        if not up:
+            if addresses:
+                log.info(
+                    "no storage node accepts connections yet (%s): starting anyway", ", ".join(addresses)
+                )
+            return
+        connected = await asyncio.gather(*(_connects(a, tls, timeout) for a in up))
+        if any(connected):
+            return
+        if loop.time() >= deadline:
+            break
+        log.warning(
+            "the storage nodes %s accept TCP connections but none completed a connection: trying again "
+            "for up to %.0fs",
+            ", ".join(up),
+            max(0.0, deadline - loop.time()),
+        )
+        await asyncio.sleep(1.0)
     if tls is None:
         settings = (
             "this server connects to them without TLS (storage.ssl.* unset); storage nodes that serve "
@@ -80,6 +106,6 @@ async def check_storage_connections(
         )
     raise StorageUnusableError(
         f"the storage nodes {', '.join(up)} accept TCP connections but none completed a connection "
-        f"within {timeout:g}s: {settings}. The server does not join the cluster, where it would be "
+        f"in {period:g}s: {settings}. The server does not join the cluster, where it would be "
         "given partitions it could not write"
     )

@@ -527,12 +527,15 @@ def _partition_directories(storage_dir: Path) -> dict[int, Path]:
     """Return the partition directories a storage node opens, by partition ID.
 
     As ``StorageNode.start``: directories named by a partition ID in canonical decimal form
-    (``7``, not ``07``); other names are ignored.
+    (``7``, not ``07``), without the ``unassigned`` marker of a partition unassigned with its files
+    kept; other names are ignored.
     """
     present: dict[int, Path] = {}
     for child in sorted(storage_dir.iterdir()):
         name = child.name
         if child.is_dir() and name.isascii() and name.isdigit() and str(int(name)) == name:
+            if (child / fmt.UNASSIGNED_MARKER).exists():
+                continue
             present[int(name)] = child
     return present
 
