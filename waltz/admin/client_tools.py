@@ -201,7 +201,7 @@ def high_water_marks(config: WaltzClientConfig, partitions: Sequence[int] | None
 
 def _mounted_client(
     config: WaltzClientConfig,
-    callbacks: WaltzClientCallbacks,
+    callbacks: _MarkCallbacks,
     partitions: Sequence[int],
     timeout: float = MOUNT_TIMEOUT,
 ) -> WaltzClient:
@@ -211,9 +211,8 @@ def _mounted_client(
         client.wait_mounted(timeout, partitions)
     except WaltzTimeoutError as exc:
         client.close()
-        errors = callbacks.errors if isinstance(callbacks, _MarkCallbacks) else []
-        if errors:  # what the servers said while the client tried (a feed that could not be read)
-            raise WaltzTimeoutError(f"{exc}; the last error reported: {errors[-1]}") from exc
+        if callbacks.errors:  # what the servers said while it tried (a feed that could not be read)
+            raise WaltzTimeoutError(f"{exc}; the last error reported: {callbacks.errors[-1]}") from exc
         raise
     except BaseException:
         client.close()

@@ -12,10 +12,11 @@ archived-through + 1:
 4. raise the partition's archived-through in ZooKeeper and tell the replicas
    (:func:`~waltz.archive.replicas.tell_replicas`).
 
-Each round also asks every storage node what it was told (one status call per node) and tells again
-each replica whose archived-through differs from ZooKeeper's: one a run could not tell (down, or a
-certificate without the admin role), one that joined the partition since, one told more than the
-archive holds. A replica that is still not told is named in its :class:`PartitionRound`.
+Each round also asks every storage node what it was told (one status call per node): before any
+partition's work it lowers every replica told more than ZooKeeper's archived-through, and each
+partition's round tells the replicas whose archived-through differs from ZooKeeper's (one a run
+could not tell: down, or a certificate without the admin role; one that joined the partition
+since). A replica that is still not told is named in its :class:`PartitionRound`.
 
 A chunk is written when it is full (``chunk_transactions`` records or ``chunk_bytes`` of data) or
 when the partition has been quiet (its committed high-water mark unchanged) for ``seal_after``
@@ -56,21 +57,20 @@ from waltz.archive.manifests import (
 )
 from waltz.archive.metrics import ArchiverMetrics
 from waltz.archive.replicas import (
-    TOLD,
     UNKNOWN_REQUEST,
     QuorumRead,
     read_quorum,
     replica_partition_statuses,
     tell_replicas,
+    was_told,
 )
 from waltz.archive.summary import claim_archive, entry_of, record_partition
 from waltz.committed.errors import CommittedReadError
 from waltz.committed.plan import CommittedPartition, LiveSource, plan_live_on
 from waltz.errors import MetadataError
-from waltz.metadata.values import ClusterParams
+from waltz.metadata.values import ClusterParams, ReplicaAssignments
 from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_session import ZooKeeperUnavailableError
-from waltz.protocol import storage_pb2
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.records import Record
 
@@ -224,9 +224,10 @@ class Archiver:
         self._untold: dict[int, dict[str, str]] = {}  # this round's replicas not told, and why
         self._said: dict[str, str] = {}  # storage -> the failure to tell it last logged
         self._silent: dict[str, str] = {}  # storage -> why it did not answer, as last logged
-        self._statuses: dict[str, storage_pb2.PartitionStatusResponse | str] = {}
-        # This round's view of each replica: what it was told, where its disk starts (its status,
-        # updated as the round tells it), or why it did not answer.
+        # This round's view of each replica: the partition's replicas (ZooKeeper's assignment), what
+        # each was told and where its disk starts (its status, updated as the round tells it), or
+        # why it did not answer.
+        self._replicas: ReplicaAssignments = ReplicaAssignments({})
         self._told: dict[int, dict[str, int]] = {}
         self._local_starts: dict[int, dict[str, int]] = {}
         self._unanswered: dict[str, str] = {}
@@ -352,12 +353,11 @@ class Archiver:
     def _take_statuses(self, params: ClusterParams) -> None:
         """Ask every storage node for its partitions' status (one request per node) and keep, per
         partition, what each replica was told and where its disk starts."""
-        self._statuses = replica_partition_statuses(
-            self._cluster, params, timeout=self._timeout, tls=self._tls
-        )
+        statuses = replica_partition_statuses(self._cluster, params, timeout=self._timeout, tls=self._tls)
+        self._replicas = self._cluster.assignments().value
         self._told, self._local_starts, self._untold = {}, {}, {}
-        self._unanswered = {s: st for s, st in self._statuses.items() if isinstance(st, str)}
-        for storage in self._statuses:
+        self._unanswered = {s: st for s, st in statuses.items() if isinstance(st, str)}
+        for storage in statuses:
             if storage not in self._unanswered:
                 self._silent.pop(storage, None)
         for storage, why in sorted(self._unanswered.items()):
@@ -369,7 +369,7 @@ class Archiver:
                     storage,
                     why,
                 )
-        for storage, status in self._statuses.items():
+        for storage, status in statuses.items():
             if isinstance(status, str):
                 continue
             for entry in status.partitions:
@@ -430,7 +430,7 @@ class Archiver:
         told = self._told.get(partition_id, {})
         return {
             storage
-            for storage in self._cluster.assignments().value.storages_of(partition_id)
+            for storage in self._replicas.storages_of(partition_id)
             if storage not in self._unanswered and told.get(storage) != archived_through
         }
 
@@ -601,7 +601,7 @@ class Archiver:
         """Tell the replicas (``only`` those; by default every one that answered this round's
         status) the archived-through, and keep which were not told, and why (a replica that did
         not answer the status is not tried: it counts as not told)."""
-        replicas = self._cluster.assignments().value.storages_of(partition_id)
+        replicas = self._replicas.storages_of(partition_id)
         untold = self._untold.setdefault(partition_id, {})
         for storage in replicas:
             if storage in self._unanswered:
@@ -631,7 +631,7 @@ class Archiver:
                 storage,
             )
         for storage, outcome in outcomes.items():
-            if outcome in (TOLD, UNKNOWN_REQUEST):
+            if was_told(outcome):
                 untold.pop(storage, None)
                 self._told.setdefault(partition_id, {})[storage] = archived_through
             else:

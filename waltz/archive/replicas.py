@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
-from waltz.admin.storage_nodes import call_admin_on_nodes
+from waltz.admin.storage_nodes import NodeOutcome, call_admin_on_nodes
 from waltz.archive.errors import ArchiveError, ReplicaMismatchError
 from waltz.committed.plan import CommittedPartition, LiveReplica, LiveSource
 from waltz.committed.reads import DEFAULT_BATCH_RECORDS, read_replica
@@ -36,14 +37,24 @@ __all__ = [
     "read_quorum",
     "replica_partition_statuses",
     "tell_replicas",
+    "was_told",
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: What a replica that answered "told" says in :func:`tell_replicas`'s outcome.
 TOLD = "told"
 #: What a replica that does not know the request yet says in :func:`tell_replicas`'s outcome.
 UNKNOWN_REQUEST = "does not know set-archived-through"
+
+
+def was_told(outcome: str) -> bool:
+    """Whether a replica's outcome in :func:`tell_replicas` leaves nothing to tell it again: told,
+    or a node that does not know the request (it keeps every segment: telling it again changes
+    nothing)."""
+    return outcome in (TOLD, UNKNOWN_REQUEST)
 
 
 class QuorumUnavailableError(ArchiveError):
@@ -252,22 +263,12 @@ def tell_replicas(
             return UNKNOWN_REQUEST
         return TOLD
 
-    outcomes = run_on_shared_loop(
-        call_admin_on_nodes(
-            addresses,
-            str(params.cluster_key),
-            params.num_partitions,
-            tell,
-            timeout=timeout,
-            tls=tls,
-            initialise=False,
-            log_failures=False,  # each is logged below, with the partition
-        )
-    )
+    # Each failure is logged below, with the partition.
+    outcomes = _on_nodes_quietly(addresses, params, tell, timeout, tls)
     told = {s: (o.value or "") if o.ok else (o.failure or "failed") for s, o in outcomes.items()}
     told.update({s: "no admin port on record" for s in storages if s not in addresses})
     for storage, outcome in sorted(told.items()):
-        if outcome in (TOLD, UNKNOWN_REQUEST):
+        if was_told(outcome):
             if said is not None:
                 said.pop(storage, None)
             log.info(
@@ -316,16 +317,29 @@ def replica_partition_statuses(
     async def status(storage: str, admin: StorageAdminClient) -> storage_pb2.PartitionStatusResponse:
         return await admin.partition_status(-1)
 
-    outcomes = run_on_shared_loop(
+    # The caller reports a node that did not answer.
+    outcomes = _on_nodes_quietly(addresses, params, status, timeout, tls)
+    return {s: o.value if o.value is not None else (o.failure or "failed") for s, o in outcomes.items()}
+
+
+def _on_nodes_quietly(
+    addresses: Mapping[str, str],
+    params: ClusterParams,
+    work: Callable[[str, StorageAdminClient], Awaitable[T]],
+    timeout: float,
+    tls: TlsConfig | None,
+) -> dict[str, NodeOutcome[T]]:
+    """:func:`call_admin_on_nodes` for the archive's requests to the replicas: never initialising a
+    node, each failure left to the caller to report."""
+    return run_on_shared_loop(
         call_admin_on_nodes(
             addresses,
             str(params.cluster_key),
             params.num_partitions,
-            status,
+            work,
             timeout=timeout,
             tls=tls,
             initialise=False,
-            log_failures=False,  # the caller reports a node that did not answer
+            log_failures=False,
         )
     )
-    return {s: o.value if o.value is not None else (o.failure or "failed") for s, o in outcomes.items()}

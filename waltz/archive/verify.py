@@ -25,7 +25,7 @@ from waltz.archive.layout import (
     partition_directory,
 )
 from waltz.archive.manifests import PartitionManifest, parse_partition_manifest, read_archive_manifest
-from waltz.archive.replicas import TOLD, UNKNOWN_REQUEST, tell_replicas
+from waltz.archive.replicas import tell_replicas, was_told
 from waltz.archive.summary import entry_of, record_partition
 from waltz.metadata.values import ArchivedPartition, ArchiveSummary, ClusterParams
 from waltz.metadata.zk import ClusterZk
@@ -322,4 +322,4 @@ def hold_archived_through(
             tls=tls,
         )
         check.held_to = good.archived_through
-        check.hold_untold = {s: o for s, o in sorted(outcomes.items()) if o not in (TOLD, UNKNOWN_REQUEST)}
+        check.hold_untold = {s: o for s, o in sorted(outcomes.items()) if not was_told(o)}

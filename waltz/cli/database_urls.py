@@ -1,5 +1,6 @@
-"""Database URLs in the commands' messages: the password hidden, the first line of an error, and
-a check that a database answers before a long command starts.
+"""Database URLs in the commands' messages: the first line of an error, the spelling SQLAlchemy
+takes, and a check that a database answers before a long command starts (the password is hidden
+by :func:`waltz.jdbc_style.binding.url_text`).
 
 SQLAlchemy is imported when a function runs, not with the module, so that ``waltz --help`` stays
 fast.
@@ -7,18 +8,7 @@ fast.
 
 from __future__ import annotations
 
-__all__ = ["first_line", "require_reachable", "safe_url", "url_hint"]
-
-
-def safe_url(url: str) -> str:
-    """The URL with its password hidden, for messages ("(the URL given)" if it does not parse)."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "(the URL given)"
+__all__ = ["first_line", "require_reachable", "url_hint"]
 
 
 def first_line(error: BaseException) -> str:
@@ -30,7 +20,7 @@ def first_line(error: BaseException) -> str:
 def url_hint(url: str) -> str:
     """What to write instead of a URL SQLAlchemy does not take, or "" (e.g. ``postgres://``)."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme in ("postgres", "postgresql+psycopg2", "postgres+psycopg") or scheme.startswith("postgres+"):
+    if scheme in ("postgres", "postgresql+psycopg2") or scheme.startswith("postgres+"):
         return " (SQLAlchemy names PostgreSQL with psycopg postgresql+psycopg://user@host/database)"
     if scheme in ("mysql", "mariadb"):
         return " (with PyMySQL: mysql+pymysql://user@host/database)"
@@ -50,8 +40,9 @@ def require_reachable(url: str, option: str) -> None:
     from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
     from waltz.errors import ConfigurationError
+    from waltz.jdbc_style.binding import url_text
 
-    shown = safe_url(url)
+    shown = url_text(url, hide_password=True)
     try:
         engine = create_engine(url)
     except (ArgumentError, ImportError) as exc:

@@ -24,13 +24,14 @@ import typer
 from alembic.util.exc import CommandError
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
-from waltz.cli.database_urls import first_line, safe_url, url_hint
+from waltz.cli.database_urls import first_line, url_hint
 from waltz.cli.groups import HELP, MARKUP
 from waltz.cli.options import ClusterFilterOption, DatabaseUrlOption, JsonOption
 from waltz.cli.output import echo_json, fail
 from waltz.errors import SqlFrameworkError
 from waltz.jdbc_style import migrations_api as api
 from waltz.jdbc_style import skips as skip_records
+from waltz.jdbc_style.binding import url_text
 from waltz.logs import configure_logging
 
 app = typer.Typer(
@@ -49,7 +50,7 @@ def _logging() -> None:
 @contextmanager
 def _database_errors(url: str) -> Iterator[None]:
     """Turn refusals and database errors into one-line messages and exit codes (no traceback)."""
-    safe = safe_url(url)
+    safe = url_text(url, hide_password=True)
     try:
         yield
     except skip_records.SkipRefusedError as exc:
@@ -130,7 +131,8 @@ def upgrade(
             return
         api.upgrade(url, revision)
         reached = api.current(url)
-    typer.echo(f"waltz framework tables on {safe_url(url)}: {_revision_text(reached, api.head())}")
+    shown = url_text(url, hide_password=True)
+    typer.echo(f"waltz framework tables on {shown}: {_revision_text(reached, api.head())}")
 
 
 @app.command("downgrade")
@@ -154,7 +156,8 @@ def downgrade(
     with _database_errors(url):
         api.downgrade(url, revision)
         reached = api.current(url)
-    typer.echo(f"waltz framework tables on {safe_url(url)}: {_revision_text(reached, api.head())}")
+    shown = url_text(url, hide_password=True)
+    typer.echo(f"waltz framework tables on {shown}: {_revision_text(reached, api.head())}")
 
 
 @app.command("current")

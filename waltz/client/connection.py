@@ -28,7 +28,7 @@ from waltz.protocol import client_pb2, client_pb2_grpc
 from waltz.protocol.channels import TlsConfig, open_channel
 from waltz.protocol.records import ReqId
 
-__all__ = ["NO_CERTIFICATE_HINT", "PLAINTEXT_HINT", "ServerConnection"]
+__all__ = ["NO_CERTIFICATE_HINT", "PLAINTEXT_HINT", "ServerConnection", "tls_hint"]
 
 #: Said when a plaintext connection is not accepted: a server that requires TLS never accepts one
 #: (docs/configuration.md, the client's settings).
@@ -44,6 +44,15 @@ NO_CERTIFICATE_HINT = (
     "set client.ssl.certFile and keyFile (WALTZ_CLIENT_TLS_CERT_FILE, WALTZ_CLIENT_TLS_KEY_FILE) "
     "to a certificate of the client role"
 )
+
+
+def tls_hint(tls: TlsConfig | None) -> str:
+    """What a connection that is not accepted should say of its TLS files: no TLS at all, or no
+    certificate of its own ("" when it presents one)."""
+    if tls is None:
+        return PLAINTEXT_HINT
+    return NO_CERTIFICATE_HINT if tls.cert_file is None else ""
+
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +94,7 @@ class ServerConnection:
     ) -> None:
         self.endpoint = endpoint
         self.seq_num = seq_num
-        self._hint = PLAINTEXT_HINT if tls is None else NO_CERTIFICATE_HINT if tls.cert_file is None else ""
+        self._hint = tls_hint(tls)
         self._on_messages = on_messages
         self._on_closed = on_closed
         self._channel = open_channel(

@@ -24,7 +24,7 @@ from waltz.client.attempt_runner import AttemptRunner
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.client_partition import ClientPartition
 from waltz.client.config import WaltzClientConfig
-from waltz.client.connection import NO_CERTIFICATE_HINT, PLAINTEXT_HINT, ServerConnection
+from waltz.client.connection import ServerConnection, tls_hint
 from waltz.client.connection_pool import ConnectionPool
 from waltz.client.discovery import ServerDiscovery
 from waltz.client.in_flight import InFlight
@@ -93,9 +93,7 @@ class ClientCore:
         self._closed = False
         self._seq = 0
         tls = config.tls()
-        self._tls_hint = (
-            PLAINTEXT_HINT if tls is None else NO_CERTIFICATE_HINT if tls.cert_file is None else ""
-        )
+        self._tls_hint = tls_hint(tls)
         self._pool = ConnectionPool(
             on_messages=self._on_messages,
             on_lost=self._connection_lost,

@@ -384,7 +384,7 @@ def plan_offline(
         holders: list[OfflineReplica] = []
         for directory, dump in zip(directories, dumps, strict=True):
             partition_dir = Path(directory) / str(pid)
-            if not partition_dir.is_dir() or (partition_dir / fmt.UNASSIGNED_MARKER).exists():
+            if not partition_dir.is_dir() or fmt.kept_unassigned(partition_dir):
                 continue  # absent, or kept files of a partition unassigned from that node
             info = dump.partitions[pid].info if pid < len(dump.partitions) else None
             session, low = (info.session_id, info.low_water_mark) if info is not None else (-1, -1)

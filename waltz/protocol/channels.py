@@ -21,6 +21,7 @@ __all__ = [
     "TlsFilesError",
     "bind_port",
     "channel_options",
+    "missing_tls_file",
     "open_channel",
     "probe_tcp",
     "server_credentials",
@@ -101,6 +102,15 @@ class TlsFilesError(ConfigurationError):
     certificate's."""
 
 
+def missing_tls_file(settings: str, files: dict[str, Path | None]) -> str | None:
+    """The first of ``files`` (setting name -> path, None: not set) that is not a file, as
+    ``<settings>.<name> <path>: no such file``; None when every one given is there."""
+    for name, path in files.items():
+        if path is not None and not path.is_file():
+            return f"{settings}.{name} {path}: no such file"
+    return None
+
+
 def check_server_tls_files(cert_file: Path, key_file: Path, ca_file: Path | None, settings: str) -> None:
     """Check that a node's TLS files can be used, before gRPC is given them (gRPC says only that
     the port cannot be bound, or raises on a missing file).
@@ -114,9 +124,9 @@ def check_server_tls_files(cert_file: Path, key_file: Path, ca_file: Path | None
     Raises:
         TlsFilesError: which file, which setting, and what is wrong with it.
     """
-    for name, path in (("certFile", cert_file), ("keyFile", key_file), ("caFile", ca_file)):
-        if path is not None and not path.is_file():
-            raise TlsFilesError(f"{settings}.{name} {path}: no such file")
+    missing = missing_tls_file(settings, {"certFile": cert_file, "keyFile": key_file, "caFile": ca_file})
+    if missing is not None:
+        raise TlsFilesError(missing)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         context.load_cert_chain(str(cert_file), str(key_file))

@@ -33,6 +33,27 @@ def cluster(
     yield from make_store_cluster(request, tmp_path, zk_client, zk_root, partitions=1)
 
 
+def _server(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    zookeeper: object,
+    zk_root: str,
+    name: str,
+    env: dict[str, str],
+) -> LocalServer:
+    """A server process of the test (not started), its log shown when the test fails."""
+    server = LocalServer(
+        zookeeper.connect_string,  # type: ignore[attr-defined]
+        zk_root,
+        name=name,
+        log_path=tmp_path / f"{name}.log",
+        session_timeout=SESSION_TIMEOUT,
+        env=env,
+    )
+    support.add_failure_logs(request.node, f"{name} log", server.process.log_tail)
+    return server
+
+
 @pytest.fixture
 def start_server(
     request: pytest.FixtureRequest, tmp_path: Path, zookeeper: object, zk_root: str
@@ -40,17 +61,10 @@ def start_server(
     servers: list[LocalServer] = []
 
     def start() -> LocalServer:
-        name = f"server-{len(servers)}"
-        server = LocalServer(
-            zookeeper.connect_string,  # type: ignore[attr-defined]
-            zk_root,
-            name=name,
-            log_path=tmp_path / f"{name}.log",
-            session_timeout=SESSION_TIMEOUT,
-            env=dict(DEFAULT_SERVER_ENV),
+        server = _server(
+            request, tmp_path, zookeeper, zk_root, f"server-{len(servers)}", dict(DEFAULT_SERVER_ENV)
         )
         servers.append(server)
-        support.add_failure_logs(request.node, f"{name} log", server.process.log_tail)
         server.start()
         return server
 
@@ -398,15 +412,7 @@ def test_admin_appends_are_refused_unless_an_operator_turned_them_on(
     """AppendRecords writes with caller-chosen ReqIds and no lock checks: a server refuses it by
     default (a deployment's), while status and reads still answer."""
     env = {k: v for k, v in DEFAULT_SERVER_ENV.items() if k != "WALTZ_SERVER_ADMIN_APPENDS"}
-    server = LocalServer(
-        zookeeper.connect_string,  # type: ignore[attr-defined]
-        zk_root,
-        name="server-defaults",
-        log_path=tmp_path / "server-defaults.log",
-        session_timeout=SESSION_TIMEOUT,
-        env=env,
-    )
-    support.add_failure_logs(request.node, "server log", server.process.log_tail)
+    server = _server(request, tmp_path, zookeeper, zk_root, "server-defaults", env)
     with server:
         endpoint = run(wait_writable_owner(cluster))
 
@@ -479,15 +485,7 @@ def test_a_server_whose_storage_tls_does_not_match_the_nodes_does_not_join(
     }
     members = f"{zk_root}/server/members"
     members_before = zk_client.get_children(members) if zk_client.exists(members) else []
-    server = LocalServer(
-        zookeeper.connect_string,  # type: ignore[attr-defined]
-        zk_root,
-        name="server-mismatched",
-        log_path=tmp_path / "server-mismatched.log",
-        session_timeout=SESSION_TIMEOUT,
-        env=env,
-    )
-    support.add_failure_logs(request.node, "server log", server.process.log_tail)
+    server = _server(request, tmp_path, zookeeper, zk_root, "server-mismatched", env)
     server.process.start()
     try:
         assert server.process.wait(60) == 1

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterable
 
 from waltz.errors import ConfigurationError
-from waltz.protocol.channels import TlsConfig, open_channel, probe_tcp
+from waltz.protocol.channels import TlsConfig, missing_tls_file, open_channel, probe_tcp
 
 __all__ = ["StorageUnusableError", "check_storage_connections"]
 
@@ -66,9 +66,10 @@ async def check_storage_connections(
             message names the nodes and the settings to check).
     """
     if tls is not None:
-        for name, path in (("caFile", tls.ca_file), ("certFile", tls.cert_file), ("keyFile", tls.key_file)):
-            if path is not None and not path.is_file():
-                raise StorageUnusableError(f"storage.ssl.{name} {path}: no such file")
+        files = {"caFile": tls.ca_file, "certFile": tls.cert_file, "keyFile": tls.key_file}
+        missing = missing_tls_file("storage.ssl", files)
+        if missing is not None:
+            raise StorageUnusableError(missing)
     addresses = sorted(set(storages))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + period

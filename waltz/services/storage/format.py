@@ -28,6 +28,7 @@ import uuid
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 from waltz.errors import CorruptDataError
@@ -70,7 +71,9 @@ __all__ = [
     "encode_wire_rows",
     "fence_slot_offset",
     "iter_records",
+    "kept_unassigned",
     "now_ms",
+    "partition_directories",
     "partition_entry_offset",
     "partition_info_struct_offset",
     "record_follows",
@@ -86,6 +89,33 @@ CONTROL_FILE_NAME: Final = "waltz-storage.ctl"
 #: An empty file in a partition's directory: the partition was unassigned with its files kept; the
 #: node does not open it at start-up until it is assigned again (docs/design/storage.md "Admin port").
 UNASSIGNED_MARKER: Final = "unassigned"
+
+
+def kept_unassigned(partition_dir: Path) -> bool:
+    """Whether a partition directory holds the files of a partition unassigned with its files kept
+    (its :data:`UNASSIGNED_MARKER`): no reader takes it for one of the node's replicas."""
+    return (partition_dir / UNASSIGNED_MARKER).exists()
+
+
+def partition_directories(storage_dir: Path, kept: list[Path] | None = None) -> dict[int, Path]:
+    """The partition directories a storage node opens, by partition ID (docs/format.md,
+    "Directory layout"): named by the partition ID in canonical decimal form (``7``, not ``07``),
+    and not :func:`kept_unassigned` (those are appended to ``kept`` when it is given). Other names
+    are ignored.
+    """
+    found: dict[int, Path] = {}
+    for child in sorted(storage_dir.iterdir()):
+        name = child.name
+        if not (name.isascii() and name.isdigit() and str(int(name)) == name and child.is_dir()):
+            continue
+        if kept_unassigned(child):
+            if kept is not None:
+                kept.append(child)
+        else:
+            found[int(name)] = child
+    return found
+
+
 SEGMENT_SUFFIX: Final = ".seg"
 INDEX_SUFFIX: Final = ".idx"
 INDEX_ENTRY_SIZE: Final = 8

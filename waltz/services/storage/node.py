@@ -70,11 +70,6 @@ def accepts_count(node_count: int, num_partitions: int) -> bool:
     return 0 < num_partitions <= node_count and node_count % num_partitions == 0
 
 
-def _is_partition_directory_name(name: str) -> bool:
-    """Partition directories are named by the partition ID in canonical decimal form."""
-    return name.isascii() and name.isdigit() and str(int(name)) == name
-
-
 class StorageNode:
     """All partitions of one storage directory.
 
@@ -157,18 +152,16 @@ class StorageNode:
             )
         if ControlFile.path_in(self.directory).exists():
             self._control = ControlFile.open(self.directory)
-            for child in sorted(self.directory.iterdir()):
-                if not (child.is_dir() and _is_partition_directory_name(child.name)):
-                    continue
-                if (child / fmt.UNASSIGNED_MARKER).exists():
-                    log.info(
-                        "partition %s: unassigned from this node with its files kept in %s: not opened "
-                        "(assigning it again reuses them)",
-                        child.name,
-                        child,
-                    )
-                    continue
-                self._open_partition(int(child.name))
+            kept: list[Path] = []
+            for partition_id in fmt.partition_directories(self.directory, kept):
+                self._open_partition(partition_id)
+            for child in kept:
+                log.info(
+                    "partition %s: unassigned from this node with its files kept in %s: not opened "
+                    "(assigning it again reuses them)",
+                    child.name,
+                    child,
+                )
             log.info(
                 "storage node %s: cluster key fingerprint %s, %d partitions, %d assigned here",
                 self.directory,

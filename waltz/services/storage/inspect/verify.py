@@ -523,23 +523,6 @@ def _retention(directory: Path, partition_id: int, out: list[Problem]) -> Retent
 # ---- storage directory ----
 
 
-def _partition_directories(storage_dir: Path) -> dict[int, Path]:
-    """Return the partition directories a storage node opens, by partition ID.
-
-    As ``StorageNode.start``: directories named by a partition ID in canonical decimal form
-    (``7``, not ``07``), without the ``unassigned`` marker of a partition unassigned with its files
-    kept; other names are ignored.
-    """
-    present: dict[int, Path] = {}
-    for child in sorted(storage_dir.iterdir()):
-        name = child.name
-        if child.is_dir() and name.isascii() and name.isdigit() and str(int(name)) == name:
-            if (child / fmt.UNASSIGNED_MARKER).exists():
-                continue
-            present[int(name)] = child
-    return present
-
-
 def verify_storage(
     storage_dir: Path,
     partitions: Sequence[int] | None = None,
@@ -569,7 +552,7 @@ def verify_storage(
         outside.append(
             Problem(Severity.WARNING, message, control.path, -1, control.size - control.trailing_bytes)
         )
-    present = _partition_directories(storage_dir)
+    present = fmt.partition_directories(storage_dir)  # as StorageNode.start opens them
     n = control.header.num_partitions
     selected = sorted(set(partitions)) if partitions is not None else sorted(present)
     reports: list[PartitionReport] = []
