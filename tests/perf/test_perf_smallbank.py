@@ -156,6 +156,17 @@ def test_a_bad_db_url_is_refused_before_anything_starts() -> None:
     assert "not a usable database URL" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql+psycopg://app:s3cret-word@127.0.0.1:notaport/bench", "postgres:s3cret-word@127.0.0.1/bench"],
+)
+def test_a_url_that_does_not_parse_is_refused_without_showing_its_password(url: str) -> None:
+    result = run_cli("--local", "--db", url)
+    assert result.exit_code == 2, result.output
+    assert "not a usable database URL" in result.stderr
+    assert "s3cret-word" not in result.output + result.stderr
+
+
 def test_an_unreachable_database_is_refused() -> None:
     result = run_cli("--local", "--db", "postgresql+psycopg://postgres@127.0.0.1:1/nothing")
     assert result.exit_code == 2, result.output

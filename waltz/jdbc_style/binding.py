@@ -31,7 +31,11 @@ def utc(value: dt.datetime | None) -> dt.datetime | None:
 
 
 def url_text(url: str | URL, *, hide_password: bool) -> str:
-    """A URL as text, with its password or with ``***`` in its place."""
+    """A URL as text, with its password or with ``***`` in its place.
+
+    A string that does not parse as a URL (bad syntax, a port that is not a number) is shown as
+    ``(unparsable URL)`` when the password is to be hidden, since it may hold one.
+    """
     if isinstance(url, URL):
         return url.render_as_string(hide_password=hide_password)
     if not hide_password:
@@ -41,7 +45,7 @@ def url_text(url: str | URL, *, hide_password: bool) -> str:
 
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return "(unparsable URL)"
 
 

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from sqlalchemy import inspect, select
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style import migrations_api as framework_migrations
+from waltz.jdbc_style.binding import url_text
 from waltz.jdbc_style.schema import high_water_marks
 from waltz.jdbc_style.schema import metadata as framework_metadata
 
@@ -27,7 +27,6 @@ __all__ = [
     "UnusableDatabaseError",
     "check_database",
     "perf_database",
-    "render_url",
 ]
 
 #: The SQL framework's tables, with its alembic version table: a database may hold them and the
@@ -53,14 +52,6 @@ class PerfApplication(Protocol):
 
 class UnusableDatabaseError(ValueError):
     """The ``--db`` database cannot be used: a bad URL, unreachable, or holding other tables."""
-
-
-def render_url(url: str) -> str:
-    """The URL with its password hidden (as given when it does not parse)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
 
 
 @contextlib.contextmanager
@@ -96,7 +87,7 @@ def check_database(
     """
     name = application.name
     cluster_name = cluster_name or name
-    shown = render_url(db_url)
+    shown = url_text(db_url, hide_password=True)
     try:
         engine = create_framework_engine(db_url)
     except (ArgumentError, NoSuchModuleError, ImportError, ValueError) as exc:

@@ -38,6 +38,7 @@ from sqlalchemy import Engine
 
 from waltz import WaltzClientConfig, tune_garbage_collector
 from waltz.jdbc_style import create_framework_engine
+from waltz.jdbc_style.binding import url_text
 from waltz.perf.cost import measure_nodes
 from waltz.perf.producer import client_stage_totals, client_stages_since
 from waltz.protocol.channels import TlsConfig
@@ -51,7 +52,6 @@ from waltz.workloads.inventory import (
     replay_check,
 )
 from waltz.workloads.inventory_workload import InventoryWorkload
-from waltz.workloads.perf.database import render_url
 from waltz.workloads.perf.inventory_report import InventoryInstanceFigures, InventoryPerfReport
 from waltz.workloads.perf.processes import (
     InstanceProcesses,
@@ -223,7 +223,7 @@ def run_inventory(
     engine = create_framework_engine(db_url)
     try:
         app.prepare_database(engine)
-        tell(f"prepared {render_url(db_url)}; mounting the log's partitions")
+        tell(f"prepared {url_text(db_url, hide_password=True)}; mounting the log's partitions")
         uncaught, partitions, sku_partitions = _stock(app, db_url, config, cluster_name, settings, tell)
         before = app.state(engine).reservations  # an earlier run's, on a database given with --db
         run = uuid.uuid4().hex[:8]
@@ -278,7 +278,7 @@ def run_inventory(
         engine.dispose()
     return InventoryPerfReport(
         settings,
-        render_url(db_url),
+        url_text(db_url, hide_password=True),
         figures,
         checks=checks,
         node_cpu_seconds=dict(usage.cpu_seconds),

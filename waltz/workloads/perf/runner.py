@@ -12,12 +12,12 @@ from sqlalchemy import Engine
 
 from waltz import WaltzClientConfig
 from waltz.jdbc_style import create_framework_engine
+from waltz.jdbc_style.binding import url_text
 from waltz.local.processes import wait_until
 from waltz.perf.cost import measure_nodes
 from waltz.protocol.channels import TlsConfig
 from waltz.workloads.application import SmallBankApplication, load_application
 from waltz.workloads.checks import Check, check_application
-from waltz.workloads.perf.database import render_url
 from waltz.workloads.perf.instance import InstanceSpec, instance_process
 from waltz.workloads.perf.processes import InstanceProcesses, PerfRunError
 from waltz.workloads.perf.report import InstanceFigures, SmallBankPerfReport
@@ -122,7 +122,7 @@ def run_smallbank(
     engine = create_framework_engine(db_url)
     try:
         app.prepare_database(engine)
-        tell(f"migrated {render_url(db_url)}; mounting the log's partitions")
+        tell(f"migrated {url_text(db_url, hide_password=True)}; mounting the log's partitions")
         uncaught, num_partitions = _open_accounts(app, db_url, config, cluster_name, settings, tell)
 
         def mounted(index: int) -> tuple[int, ...] | None:
@@ -168,7 +168,7 @@ def run_smallbank(
         engine.dispose()
     return SmallBankPerfReport(
         settings,
-        render_url(db_url),
+        url_text(db_url, hide_password=True),
         figures,
         checks=checks,
         node_cpu_seconds=dict(usage.cpu_seconds),
