@@ -356,10 +356,30 @@ def test_options_replay_and_duration() -> None:
     assert "--batch" not in ChaosOptions(workload="ledger").replay_command()
     with pytest.raises(ValueError, match="--batch is for the ledger workload, not --workload counter"):
         ChaosOptions(workload="counter", batch=True).validate()
+    with pytest.raises(ValueError, match="--db-url is the ledger workload's database, not --workload raw's"):
+        ChaosOptions(db_url="postgresql+psycopg://postgres@127.0.0.1/test").validate()
     with pytest.raises(ValueError, match="storages must be 3 or 5"):
         ChaosOptions(storages=4).validate()
     with pytest.raises(ValueError, match="at least clients"):
         ChaosOptions(transactions=2, clients=3).validate()
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("postgresql+psycopg://app:s3cret-word@127.0.0.1:notaport/ledger", "invalid literal"),
+        ("postgresql+psycopg://postgres@127.0.0.1:1/ledger", "cannot connect"),
+    ],
+)
+def test_a_ledger_database_that_cannot_work_is_refused_before_the_cluster_starts(url: str, said: str) -> None:
+    from typer.testing import CliRunner
+
+    from waltz.cli.main import app
+
+    result = CliRunner().invoke(app, ["chaos", "--workload", "ledger", "--db-url", url])
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr and "cluster ready" not in result.output
+    assert "s3cret-word" not in result.output + result.stderr
 
 
 def test_archive_options_and_schedule() -> None:

@@ -150,7 +150,8 @@ class ChaosOptions:
         """Check the options that cannot be checked one at a time.
 
         Raises:
-            ValueError: storages not 3 or 5, an unknown workload or schedule, fewer transactions
+            ValueError: storages not 3 or 5, an unknown workload or schedule, ``batch`` or ``db_url``
+                with a workload other than the ledger, fewer transactions
                 than clients, a duration that is not positive, a ``split_to`` that is no split of
                 ``partitions`` (or with the ledger workload or the archiver).
         """
@@ -160,6 +161,8 @@ class ChaosOptions:
             raise ValueError(f"unknown workload {self.workload!r}: use raw, counter or ledger")
         if self.batch and self.workload != "ledger":
             raise ValueError(f"--batch is for the ledger workload, not --workload {self.workload}")
+        if self.db_url is not None and self.workload != "ledger":
+            raise ValueError(f"--db-url is the ledger workload's database, not --workload {self.workload}'s")
         if self.schedule not in ("random", "fixed"):
             raise ValueError(f"unknown schedule {self.schedule!r}: use random or fixed")
         if self.transaction_bound < self.clients:

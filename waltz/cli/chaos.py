@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from waltz.cli.database_urls import require_reachable
 from waltz.cli.options import NodesLogLevelOption
 from waltz.errors import ConfigurationError
 from waltz.logs import configure_logging
@@ -196,6 +197,12 @@ def chaos(
         except ConfigurationError as exc:
             typer.echo(f"--app: {exc}", err=True)
             raise typer.Exit(2) from exc
+        if db_url is not None:  # with another workload, ChaosOptions.validate refuses it
+            try:
+                require_reachable(db_url, "--db-url")  # before the cluster starts
+            except ConfigurationError as exc:
+                typer.echo(str(exc), err=True)
+                raise typer.Exit(2) from exc
     options = ChaosOptions(
         transactions=transactions,
         duration=duration,

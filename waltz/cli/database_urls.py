@@ -45,7 +45,7 @@ def require_reachable(url: str, option: str) -> None:
     shown = url_text(url, hide_password=True)
     try:
         engine = create_engine(url)
-    except (ArgumentError, ImportError) as exc:
+    except (ArgumentError, ImportError, ValueError) as exc:  # ValueError: a port that is not a number
         raise ConfigurationError(f"{option} {shown}: {first_line(exc)}{url_hint(url)}") from exc
     try:
         with engine.connect():
