@@ -105,12 +105,14 @@ class WaltzSettings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _only_known_names(cls, data: Any) -> Any:
-        """Refuse a name that is no field, saying which field was meant.
+        """Refuse a name that is no field, saying which field was meant (and warn of environment
+        variables that nearly name one: :func:`_warn_of_misspelt_variables`).
 
         Python code names a setting by its field (``client_auto_mount``), a file by its dotted key
         (``client.autoMount``): docs/configuration.md lists both. A keyword given as the key, or
         without the field's prefix, gets the field named in the error.
         """
+        _warn_of_misspelt_variables(cls, os.environ)
         if not isinstance(data, Mapping):
             return data
         unknown = [name for name in data if name not in cls.model_fields]
@@ -173,11 +175,10 @@ def load_settings(cls: type[S], path: Path | str | None = None, **overrides: Any
             else:
                 file_values[field] = value
         if unknown:
+            named = ", ".join(_with_a_guess(key, cls.KEYS) for key in sorted(unknown))
             raise ConfigurationError(
-                f"unknown keys in {path}: {', '.join(sorted(unknown))}; "
-                f"known keys: {', '.join(sorted(cls.KEYS))}"
+                f"unknown keys in {path}: {named}; known keys: {', '.join(sorted(cls.KEYS))}"
             )
-    _warn_of_misspelt_variables(cls, os.environ)
     loader = type(cls.__name__, (cls,), {"_file_values": file_values})
     try:
         settings = loader(**{k: v for k, v in overrides.items() if v is not None})
@@ -188,19 +189,34 @@ def load_settings(cls: type[S], path: Path | str | None = None, **overrides: Any
     return cls.model_validate(settings.model_dump())
 
 
+def _with_a_guess(key: str, known: Mapping[str, str]) -> str:
+    """``key``, followed by the known key it nearly names, if one (``client.ssl.cafile (did you
+    mean client.ssl.caFile?)``)."""
+    by_lower = {name.lower(): name for name in known}
+    close = difflib.get_close_matches(key.lower(), list(by_lower), n=1, cutoff=0.8)
+    return f"{key} (did you mean {by_lower[close[0]]}?)" if close else key
+
+
+#: (settings class name, variable) pairs already warned of: once per process, however many times
+#: the settings are built.
+_warned_variables: set[tuple[str, str]] = set()
+
+
 def _warn_of_misspelt_variables(cls: type[WaltzSettings], environ: Mapping[str, str]) -> None:
-    """Log a warning for each variable under the class's :attr:`~WaltzSettings.ENV_GROUPS` that
-    names no setting but nearly names one (``WALTZ_STORAGE_SSL_CERT_FILE`` for
-    ``WALTZ_STORAGE_TLS_CERT_FILE``): it is ignored, and a TLS file ignored may mean plaintext."""
+    """Log a warning, once per process, for each variable under the class's
+    :attr:`~WaltzSettings.ENV_GROUPS` that names no setting but nearly names one
+    (``WALTZ_STORAGE_SSL_CERT_FILE`` for ``WALTZ_STORAGE_TLS_CERT_FILE``): it is ignored, and a
+    TLS file ignored may mean plaintext."""
     if not cls.ENV_GROUPS:
         return
     prefix = str(cls.model_config.get("env_prefix") or "")
     known = [(prefix + field).upper() for field in cls.model_fields]
     for name in sorted(environ):
-        if not name.startswith(cls.ENV_GROUPS) or name in known:
+        if not name.startswith(cls.ENV_GROUPS) or name in known or (cls.__name__, name) in _warned_variables:
             continue
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
         if close:
+            _warned_variables.add((cls.__name__, name))
             log.warning(
                 "the environment variable %s is no setting of %s and is ignored; did you mean %s? "
                 "(docs/configuration.md lists them)",

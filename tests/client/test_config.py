@@ -77,6 +77,11 @@ def test_bad_values_are_refused(tmp_path: Path) -> None:
     path.write_text("zookeeper.connectString: z\ncluster.root: /w\nclient.bogus: 1\n")
     with pytest.raises(ConfigurationError, match=r"unknown keys.*client\.bogus"):
         load_settings(WaltzClientConfig, path)
+    path.write_text("zookeeper.connectString: z\ncluster.root: /w\nclient.tls.cafile: ca.pem\n")
+    with pytest.raises(
+        ConfigurationError, match=r"client\.tls\.cafile \(did you mean client\.ssl\.caFile\?\)"
+    ):
+        load_settings(WaltzClientConfig, path)
     with pytest.raises(ConfigurationError, match="set together"):
         load_settings(WaltzClientConfig, None, zookeeper_connect_string="z", cluster_root="/w",
                       client_tls_cert_file=tmp_path / "c.pem")  # fmt: skip
@@ -119,3 +124,22 @@ def test_an_invalid_value_is_not_echoed_in_the_error() -> None:
         )
     assert "client_max_apply_batch_size" in str(raised.value)
     assert "s3cret-value" not in str(raised.value)
+
+
+def test_a_misspelt_variable_of_a_setting_is_said_to_be_ignored_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``WALTZ_CLIENT_SSL_CA_FILE`` (the key client.ssl.caFile suggests it) sets nothing, and a CA
+    file ignored means a client that speaks plaintext: building the settings in code, as an
+    application does, says so once and names ``WALTZ_CLIENT_TLS_CA_FILE``. A variable far from
+    every setting is left alone."""
+    monkeypatch.setenv("WALTZ_CLIENT_SSL_CA_FILE", "/etc/waltz/ca.pem")
+    monkeypatch.setenv("WALTZ_CLIENT_WHOLLY_UNRELATED_THING", "1")
+    caplog.set_level("WARNING", logger="waltz.config")
+    for _ in range(2):
+        config = WaltzClientConfig(zookeeper_connect_string="127.0.0.1:2181", cluster_root="/w")
+        assert config.tls() is None
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1, warned
+    assert "WALTZ_CLIENT_SSL_CA_FILE is no setting of WaltzClientConfig and is ignored" in warned[0]
+    assert "did you mean WALTZ_CLIENT_TLS_CA_FILE?" in warned[0]

@@ -88,6 +88,7 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
     """
 
     model_config = SettingsConfigDict(env_prefix="WALTZ_", extra="forbid")
+    ENV_GROUPS: ClassVar[tuple[str, ...]] = ("WALTZ_CLIENT_",)
 
     KEYS: ClassVar[dict[str, str]] = {
         "zookeeper.connectString": "zookeeper_connect_string",
