@@ -168,3 +168,16 @@ def test_validate_local_starts_its_own_cluster() -> None:
     result = CliRunner().invoke(app, ["client", "validate", "--local", "--transactions", "10", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["passed"] is True
+
+
+def test_a_server_is_headed_by_its_name_and_endpoint_or_by_its_endpoint_alone() -> None:
+    from waltz.admin.servers import ServerInfo
+
+    def info(name: str) -> ServerInfo:
+        return ServerInfo(
+            "member-0000000001", 1, "10.0.0.5:55290", (), (), {}, None, {}, None, None, name=name
+        )
+
+    assert info("server-a").heading == "server-a: 10.0.0.5:55290"
+    assert info("10.0.0.5:55290").heading == "10.0.0.5:55290"  # unnamed: the listing names it by endpoint
+    assert info("").heading == "10.0.0.5:55290"

@@ -62,6 +62,11 @@ class ServerInfo:
     health_detail: str = ""
     name: str = ""
 
+    @property
+    def heading(self) -> str:
+        """``name: endpoint``, or the endpoint alone for a server without a ``server.name``."""
+        return self.endpoint if self.name in ("", self.endpoint) else f"{self.name}: {self.endpoint}"
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (``waltz server list --json``)."""
         return {

@@ -76,9 +76,7 @@ def list_servers(
     for server in servers:
         role = ", cluster manager" if server.cluster_manager else ""
         health = f", health: {server.health}" if server.health is not None else ""
-        typer.echo(
-            f"{server.name}: {server.endpoint}, {server.member} (server ID {server.server_id}){role}{health}"
-        )
+        typer.echo(f"{server.heading}, {server.member} (server ID {server.server_id}){role}{health}")
         if server.status_error is not None:
             typer.secho(f"  status: UNREACHABLE: {server.status_error}", fg=typer.colors.RED)
         for pid, generation in sorted(server.assigned.items()):
