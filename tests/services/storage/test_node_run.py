@@ -252,6 +252,10 @@ def test_an_unassigned_partition_with_kept_files_stays_unassigned_after_a_restar
     assert node.assigned_partitions() == [1]
     node.close()
     assert (path / "0" / fmt.UNASSIGNED_MARKER).exists()
+    # An offline reader (waltz rebuild --storage-dir, the Spark source) passes over them too.
+    from waltz.committed.plan import plan_offline
+
+    assert [plan.partition_id for plan in plan_offline([str(path)], replicas=1)] == [1]
     restarted = StorageNode(path)
     restarted.start()
     try:
