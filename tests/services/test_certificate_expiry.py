@@ -81,3 +81,25 @@ def test_a_tool_with_an_expired_certificate_says_so_before_connecting(tmp_path: 
     assert result.exit_code == 2, result.output
     assert f"cluster.ssl.certFile {cert} expired on" in result.output
     assert "no ZooKeeper server" not in result.output
+
+
+def test_a_server_watches_every_certificate_it_presents_zookeeper_s_included(tmp_path: Path) -> None:
+    from waltz.services.server.config import ServerConfig
+
+    files = make_certificates(tmp_path)
+    config = ServerConfig(
+        zookeeper_connect_string="127.0.0.1:2181",
+        cluster_root="/w",
+        zookeeper_ssl_ca_file=files["ca"],
+        zookeeper_ssl_cert_file=files["server"],
+        zookeeper_ssl_key_file=files["server-key"],
+    )
+    registry = CollectorRegistry()
+    found = watch_certificates(registry, config.presented_certificates())
+    assert set(found) == {"zookeeper client"}
+    assert (
+        registry.get_sample_value(
+            "waltz_tls_certificate_expiry_timestamp_seconds", {"certificate": "zookeeper client"}
+        )
+        == certificate_not_after(files["server"]).timestamp()
+    )

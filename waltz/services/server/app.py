@@ -228,10 +228,7 @@ class ServerApp:
         credentials = server_credentials(
             config.server_tls_cert_file, config.server_tls_key_file, config.server_tls_ca_file, "server.ssl"
         )
-        watch_certificates(
-            self.metrics.registry,
-            {"server": config.server_tls_cert_file, "storage client": config.store_tls_cert_file},
-        )
+        watch_certificates(self.metrics.registry, config.presented_certificates())
         self.port = bind_port(server, address, credentials)
         if config.server_insecure and not config.mutual_tls:
             log.warning(

@@ -217,6 +217,16 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
         """Certificate, key and CA file of the server port are all set: every client presents one."""
         return None not in (self.server_tls_cert_file, self.server_tls_key_file, self.server_tls_ca_file)
 
+    def presented_certificates(self) -> dict[str, Path | None]:
+        """The certificates the server presents, by the name its expiry gauge gives each
+        (docs/operations.md, "Certificates"): to its clients (``server``), to the storage nodes
+        (``storage client``) and to ZooKeeper (``zookeeper client``); None where there is none."""
+        return {
+            "server": self.server_tls_cert_file,
+            "storage client": self.store_tls_cert_file,
+            "zookeeper client": self.zookeeper_ssl_cert_file,
+        }
+
     def partition_config(self) -> PartitionConfig:
         """The partition object settings derived from the ``server.*`` keys."""
         return PartitionConfig(
