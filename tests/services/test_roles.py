@@ -150,6 +150,23 @@ def test_only_a_server_or_admin_certificate_opens_a_store_session(secured: Local
             asyncio.run(session(role))
 
 
+def test_a_server_with_a_certificate_of_another_role_for_its_store_sessions_does_not_start(
+    secured: LocalCluster,
+) -> None:
+    """The check a server makes before it joins (docs/design/server.md "What a server does"):
+    the node completes the TLS connection of any certificate of the cluster's CA, so only an empty
+    store session stream tells that this one's role may open none; the node's own certificate
+    passes the same check (the control)."""
+    from waltz.services.server.storage_probe import StorageUnusableError, check_storage_connections
+
+    node = secured.storages[0]
+    files = certificates(secured)
+    asyncio.run(check_storage_connections([node.address], files.tls("node"), timeout=10, period=10))
+    with pytest.raises(StorageUnusableError, match=r"refuse this server's store sessions.*role") as refused:
+        asyncio.run(check_storage_connections([node.address], files.tls("client"), timeout=10, period=10))
+    assert "Give the server a certificate of the server role" in str(refused.value)
+
+
 def test_admin_appends_need_the_admin_role(secured: LocalCluster) -> None:
     endpoint = secured.servers[0].endpoint
     files = certificates(secured)

@@ -7,16 +7,21 @@ its store sessions never open. The check tells such a misconfiguration from node
 down: a node that accepts TCP connections but completes no gRPC connection with these settings
 counts against the server; a node that refuses TCP (stopped, starting) counts for nothing. Only
 when some nodes accept TCP and none of them completes a connection does the server refuse to
-start.
+start. A node that completes the connection is then asked, with an empty store session stream,
+whether the server's certificate may open store sessions (the server role): when every node that
+answered refuses it, the server refuses to start at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+
+import grpc
 
 from waltz.errors import ConfigurationError
+from waltz.protocol import storage_pb2, storage_pb2_grpc
 from waltz.protocol.channels import TlsConfig, missing_tls_file, open_channel, probe_tcp
 
 __all__ = ["StorageUnusableError", "check_storage_connections"]
@@ -34,15 +39,33 @@ class StorageUnusableError(ConfigurationError):
     ``storage.ssl.*`` settings."""
 
 
-async def _connects(address: str, tls: TlsConfig | None, timeout: float) -> bool:
+async def _no_requests() -> AsyncIterator[storage_pb2.StorageRequests]:
+    return
+    yield  # an async generator that yields nothing
+
+
+async def _connects(address: str, tls: TlsConfig | None, timeout: float) -> bool | str:
+    """Whether a connection to the node completes (False: not within ``timeout``); once it does,
+    an empty store session stream asks the node whether this server's certificate may open store
+    sessions at all: the node's refusal (its PERMISSION_DENIED text) is returned in place of True.
+    Anything else the empty stream ends with leaves the connection counted as complete."""
     channel = open_channel(address, tls)
     try:
-        await asyncio.wait_for(channel.channel_ready(), timeout)
-    except TimeoutError:
-        return False
+        try:
+            await asyncio.wait_for(channel.channel_ready(), timeout)
+        except TimeoutError:
+            return False
+        # No open request: an allowed peer's stream just ends.
+        call = storage_pb2_grpc.StorageServiceStub(channel).Session(_no_requests(), timeout=timeout)
+        try:
+            async for _ in call:
+                pass
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.PERMISSION_DENIED:
+                return exc.details() or "PERMISSION_DENIED"
+        return True
     finally:
         await channel.close(None)
-    return True
 
 
 async def check_storage_connections(
@@ -61,9 +84,10 @@ async def check_storage_connections(
         period: seconds to try again while nodes accept TCP but no connection completes.
 
     Raises:
-        StorageUnusableError: a ``storage.ssl.*`` file is missing; or, for ``period`` seconds, at
-            least one node accepted TCP connections and none of those completed a connection (the
-            message names the nodes and the settings to check).
+        StorageUnusableError: a ``storage.ssl.*`` file is missing; or every node that completed a
+            connection refused the certificate's role for store sessions; or, for ``period``
+            seconds, at least one node accepted TCP connections and none of those completed a
+            connection (the message names the nodes and the settings to check).
     """
     if tls is not None:
         files = {"caFile": tls.ca_file, "certFile": tls.cert_file, "keyFile": tls.key_file}
@@ -83,8 +107,18 @@ async def check_storage_connections(
                 )
             return
         connected = await asyncio.gather(*(_connects(a, tls, timeout) for a in up))
-        if any(connected):
+        if any(verdict is True for verdict in connected):
             return
+        refused = {a: verdict for a, verdict in zip(up, connected, strict=True) if isinstance(verdict, str)}
+        if refused:
+            # Definitive: the nodes took the connection and refused the certificate's role.
+            address, reason = sorted(refused.items())[0]
+            raise StorageUnusableError(
+                f"the storage nodes {', '.join(sorted(refused))} refuse this server's store sessions "
+                f"(storage.ssl.certFile, WALTZ_STORE_TLS_CERT_FILE): {address} says: {reason}. Give the "
+                "server a certificate of the server role. The server does not join the cluster, where it "
+                "would be given partitions it could not write"
+            )
         if loop.time() >= deadline:
             break
         log.warning(
