@@ -115,6 +115,9 @@ class FakeHost:
     def rejected(self, submission: Submission, error: BaseException) -> None:
         raise AssertionError(f"rejected {error!r}")
 
+    def expired_unsent(self, submission: Submission) -> None:
+        raise AssertionError("expired while waiting for the mount")
+
     def refresh_assignment(self) -> None:
         pass
 

@@ -384,6 +384,22 @@ class AttemptRunner:
         """End a submission with an error (on a retry thread)."""
         self._executor.submit(submission.fail, error)
 
+    def expired_unsent(self, submission: Submission) -> None:
+        """End as expired a submission whose append waited for its partition's mount past the
+        context's timeout (never sent; on a retry thread): what followed it goes on."""
+        partition = self._partitions.get(submission.partition_id)
+
+        def expire() -> None:
+            submission.expire()
+            if partition is not None and submission.followers is not None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: closing fails them
+                    self._loop.call_soon_threadsafe(partition.leader_ended, submission)
+
+        try:
+            self._executor.submit(expire)
+        except RuntimeError:  # the executor shut down: the client closed under us
+            submission.fail(ClientClosedError(f"Waltz client {self._client_id} is closed"))
+
     def retry(self, submission: Submission, lock_target: int | None) -> None:
         """Re-execute a failed attempt; after a lock failure, once ``lock_target`` is applied.
 

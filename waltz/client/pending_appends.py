@@ -5,7 +5,8 @@ and lock failures"; docs/design/locks.md "Locks of appends in flight" (client si
 append is sent on the partition's connection and enters the transaction monitor; or it is held
 back behind an own pending append holding one of its locks (:class:`~waltz.client.lock_holds.
 LockHolds`); or it is found stale against an own commit it did not see; or, while the partition is
-not mounted, it is blocked until the mount succeeds. The feed, lock failures, flush answers, server
+not mounted, it is blocked until the mount succeeds, or until its context's timeout passes (it
+then ends as expired: nothing was sent). The feed, lock failures, flush answers, server
 errors and mounts resolve what was sent, and the outcome goes to the attempt path
 (:class:`AttemptOutcomes`). Runs on the client's event loop, but for
 the claims (:class:`~waltz.client.lock_claims.LockClaims`), which any thread takes and releases.
@@ -13,6 +14,7 @@ the claims (:class:`~waltz.client.lock_claims.LockClaims`), which any thread tak
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -67,6 +69,11 @@ class AttemptOutcomes(Protocol):
     def rejected(self, submission: Submission, error: BaseException) -> None:
         """End a submission whose append cannot be sent (the server rejected it for good, or the
         partition closed)."""
+        ...
+
+    def expired_unsent(self, submission: Submission) -> None:
+        """End as expired a submission whose append waited for the partition's mount past the
+        context's timeout: never sent, so it cannot commit (its callbacks run on a retry thread)."""
         ...
 
     def route_again(self, submission: Submission, error: BaseException) -> None:
@@ -151,6 +158,9 @@ class PendingAppends:
         connection = mount.connection
         if state is not _MOUNTED or connection is None or connection.closed:
             self._blocked.append((submission, payload))
+            remaining = submission.remaining()
+            if remaining is not None:  # the context's timeout bounds the wait for the mount too
+                asyncio.get_running_loop().call_later(remaining, self._expire_blocked, submission)
             if state is _MOUNTED:
                 mount.remount("connection lost")
             return
@@ -184,6 +194,16 @@ class PendingAppends:
             "" if trace is None else trace.traceparent,
             submission.epoch,
         )
+
+    def _expire_blocked(self, submission: Submission) -> None:
+        """The timeout of a context whose append still waits for the mount has passed (on the
+        loop): it leaves the blocked appends and ends as expired. Nothing was sent, so nothing
+        can commit; an append sent before, whose outcome only a mount tells, waits for it."""
+        for index, (blocked, _) in enumerate(self._blocked):
+            if blocked is submission:
+                del self._blocked[index]
+                self._outcomes.expired_unsent(submission)
+                return
 
     def on_mounted(self) -> tuple[int, int]:
         """The partition is mounted: every append still pending failed (re-executed, and what it

@@ -3,7 +3,8 @@
 Source: docs/design/client.md "Retries and lock failures" (execute, append, retry queue),
 "Transaction contexts and callbacks" (``TransactionContext`` callbacks). A :class:`Submission` runs
 attempts (``execute`` with a fresh builder at the current client high-water mark) until one is
-committed, ``execute`` drops the transaction, raises, or the context expires between attempts. It
+committed, ``execute`` drops the transaction, raises, or the context expires between attempts (or
+while its append waits for the partition's mount, unsent). It
 does no networking: the client sends what :meth:`Submission.attempt` returns and reports back what
 the feed says.
 """
@@ -280,7 +281,8 @@ class Submission:
         self._resolve(None if future is None else lambda: future.set_exception(exception))
 
     def expire(self) -> None:
-        """End the context as expired (only ever between attempts)."""
+        """End the context as expired: between attempts, or while its append waited for the
+        partition's mount (never sent)."""
         if not self._finish():
             return
         try:

@@ -6,6 +6,9 @@
   request ID was applied before), 200 with the earlier transaction.
 - ``GET /wallets/{wallet_id}`` answers the balance; ``?after=<transaction ID>`` waits until that
   transaction is applied first, so that a caller reads its own write.
+- Every request has an answer within ``WALLET_REQUEST_TIMEOUT`` seconds: a movement whose outcome
+  is not known by then (the cluster cannot be reached) and a read whose ``after`` is not applied
+  here by then are answered 503, to be sent again (a movement with the same ``request_id``).
 
 The app's lifespan opens a :class:`Wallets` (the database, the callbacks, the client), awaits
 ``ready()`` (the instance caught up with the log) before serving, and closes it on shutdown. Run it
@@ -15,6 +18,7 @@ with ``.venv/bin/uvicorn --factory waltz_examples.wallet.app:create_app``; :clas
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,10 +30,20 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import Engine
 
 from waltz import AsyncWaltzClient, Outcome, WaltzClientConfig
+from waltz.errors import TransactionExpiredError
 from waltz.jdbc_style import ChangeSetCallbacks, EntityRegistry, create_framework_engine, migrations_api
 from waltz_examples.wallet.models import Base, Deposit, Wallet, Withdraw
 
-__all__ = ["Balance", "Movement", "Receipt", "WalletSettings", "Wallets", "create_app", "prepare_database"]
+__all__ = [
+    "Balance",
+    "Movement",
+    "Receipt",
+    "WalletSettings",
+    "Wallets",
+    "create_app",
+    "prepare_database",
+    "unavailable",
+]
 
 #: Wallet IDs are 63-bit: PostgreSQL's BIGINT.
 WalletId = Annotated[int, Path(ge=0, lt=1 << 63)]
@@ -44,6 +58,8 @@ class WalletSettings(BaseSettings):
             ``postgresql+psycopg://...``; asyncio URLs are refused, docs/sql.md "On asyncio").
         cluster_name: the name this service's marks are kept under in the database.
         ready_timeout: seconds the startup waits for the instance to catch up with the log.
+        request_timeout: seconds a request waits for its outcome, or for ``after`` to be applied
+            here, before it is answered 503 (``WALLET_REQUEST_TIMEOUT``).
     """
 
     model_config = SettingsConfigDict(env_prefix="WALLET_")
@@ -51,6 +67,7 @@ class WalletSettings(BaseSettings):
     database_url: str = "sqlite:///wallet.db"
     cluster_name: str = "wallet"
     ready_timeout: float = 120.0
+    request_timeout: float = Field(default=10.0, gt=0)
 
 
 class Movement(BaseModel):
@@ -93,6 +110,7 @@ class Wallets:
     engine: Engine
     callbacks: ChangeSetCallbacks
     client: AsyncWaltzClient
+    request_timeout: float = 10.0
 
     @classmethod
     @asynccontextmanager
@@ -111,27 +129,49 @@ class Wallets:
             )
             async with AsyncWaltzClient(callbacks, config) as client:
                 await client.ready(settings.ready_timeout)
-                yield cls(engine, callbacks, client)
+                yield cls(engine, callbacks, client, settings.request_timeout)
         finally:
             engine.dispose()
 
+    async def _submit(self, context: Deposit | Withdraw) -> Outcome:
+        """Submit a movement; its outcome within ``request_timeout`` seconds.
+
+        Raises:
+            TransactionExpiredError: the context's timeout passed before its append could be sent
+                (nothing was appended).
+            TimeoutError: no outcome in time: the append may still commit (the submission goes
+                on); a retry with the same request ID is answered as already applied if it did.
+        """
+        return await asyncio.wait_for(self.client.submit_async(context), self.request_timeout)
+
     async def deposit(self, wallet_id: int, movement: Movement) -> Outcome:
-        """Submit a deposit; its outcome."""
-        return await self.client.submit_async(
-            Deposit(self.callbacks, wallet_id, movement.amount, movement.request_id)
+        """Submit a deposit; its outcome (raises as :meth:`_submit`)."""
+        return await self._submit(
+            Deposit(
+                self.callbacks, wallet_id, movement.amount, movement.request_id, timeout=self.request_timeout
+            )
         )
 
     async def withdraw(self, wallet_id: int, movement: Movement) -> Outcome:
-        """Submit a withdrawal; its outcome."""
-        return await self.client.submit_async(
-            Withdraw(self.callbacks, wallet_id, movement.amount, movement.request_id)
+        """Submit a withdrawal; its outcome (raises as :meth:`_submit`)."""
+        return await self._submit(
+            Withdraw(
+                self.callbacks, wallet_id, movement.amount, movement.request_id, timeout=self.request_timeout
+            )
         )
 
     async def balance(self, wallet_id: int, after: int | None = None) -> Balance | None:
         """The wallet's balance (None: no such wallet), once transaction ``after`` of its partition
-        is applied here when given."""
+        is applied here when given.
+
+        Raises:
+            TimeoutError: ``after`` was not applied here within ``request_timeout`` seconds.
+        """
         read = await self.callbacks.read_entities_async(
-            [(Wallet, wallet_id)], num_partitions=self.client.num_partitions, after=after
+            [(Wallet, wallet_id)],
+            num_partitions=self.client.num_partitions,
+            after=after,
+            timeout=self.request_timeout,
         )
         wallet = read.entities[0]
         if wallet is None:
@@ -149,6 +189,15 @@ def answer(outcome: Outcome, response: Response) -> Receipt:
         transaction_id=outcome.transaction_id,
         already_applied=outcome.already_applied,
     )
+
+
+def unavailable(error: Exception) -> HTTPException:
+    """The 503 of a request without an outcome in time, saying what to do."""
+    if isinstance(error, TransactionExpiredError):
+        detail = "the log could not be reached in time and nothing was appended: send the request again"
+    else:
+        detail = f"no answer in time ({error}): send the request again, with the same request_id"
+    return HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail=detail, headers={"Retry-After": "1"})
 
 
 def create_app(settings: WalletSettings | None = None, config: WaltzClientConfig | None = None) -> FastAPI:
@@ -177,17 +226,28 @@ def create_app(settings: WalletSettings | None = None, config: WaltzClientConfig
     async def deposit(
         wallet_id: WalletId, movement: Movement, request: Request, response: Response
     ) -> Receipt:
-        return answer(await wallets(request).deposit(wallet_id, movement), response)
+        try:
+            outcome = await wallets(request).deposit(wallet_id, movement)
+        except (TimeoutError, TransactionExpiredError) as error:
+            raise unavailable(error) from error
+        return answer(outcome, response)
 
     @app.post("/wallets/{wallet_id}/withdrawals", status_code=201)
     async def withdraw(
         wallet_id: WalletId, movement: Movement, request: Request, response: Response
     ) -> Receipt:
-        return answer(await wallets(request).withdraw(wallet_id, movement), response)
+        try:
+            outcome = await wallets(request).withdraw(wallet_id, movement)
+        except (TimeoutError, TransactionExpiredError) as error:
+            raise unavailable(error) from error
+        return answer(outcome, response)
 
     @app.get("/wallets/{wallet_id}")
     async def balance(wallet_id: WalletId, request: Request, after: int | None = None) -> Balance:
-        found = await wallets(request).balance(wallet_id, after)
+        try:
+            found = await wallets(request).balance(wallet_id, after)
+        except TimeoutError as error:
+            raise unavailable(error) from error
         if found is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no wallet {wallet_id}")
         return found

@@ -39,10 +39,18 @@ class Deposit(EntityTransactionContext):
         wallet_id: the wallet's ID.
         amount: cents, above zero.
         request_id: the caller's ID of the request, recorded as the idempotency key.
+        timeout: seconds until the context expires, or None (docs/design/client.md).
     """
 
-    def __init__(self, callbacks: ChangeSetCallbacks, wallet_id: int, amount: int, request_id: str) -> None:
-        super().__init__(callbacks, (Wallet, wallet_id))
+    def __init__(
+        self,
+        callbacks: ChangeSetCallbacks,
+        wallet_id: int,
+        amount: int,
+        request_id: str,
+        timeout: float | None = None,
+    ) -> None:
+        super().__init__(callbacks, (Wallet, wallet_id), timeout=timeout)
         self.wallet_id, self.amount, self.request_id = wallet_id, amount, request_id
 
     def run(self, tx: EntityTransaction) -> bool:
@@ -68,10 +76,18 @@ class Withdraw(EntityTransactionContext):
         wallet_id: the wallet's ID.
         amount: cents, above zero.
         request_id: the caller's ID of the request, recorded as the idempotency key.
+        timeout: seconds until the context expires, or None (docs/design/client.md).
     """
 
-    def __init__(self, callbacks: ChangeSetCallbacks, wallet_id: int, amount: int, request_id: str) -> None:
-        super().__init__(callbacks, (Wallet, wallet_id))
+    def __init__(
+        self,
+        callbacks: ChangeSetCallbacks,
+        wallet_id: int,
+        amount: int,
+        request_id: str,
+        timeout: float | None = None,
+    ) -> None:
+        super().__init__(callbacks, (Wallet, wallet_id), timeout=timeout)
         self.wallet_id, self.amount, self.request_id = wallet_id, amount, request_id
 
     def run(self, tx: EntityTransaction) -> bool:

@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
 
 from waltz import WaltzClientConfig
+from waltz.local.cluster import LocalCluster
 from waltz_examples.wallet.app import WalletSettings, create_app
 
 
 @asynccontextmanager
-async def serving(db_url: str, config: WaltzClientConfig) -> AsyncIterator[httpx.AsyncClient]:
+async def serving(
+    db_url: str, config: WaltzClientConfig, request_timeout: float = 10.0
+) -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP client of a wallet instance on ``db_url``, served once the instance is ready (the
     app's lifespan, as a server runs it) and shut down on exit."""
-    app = create_app(WalletSettings(database_url=db_url), config)
+    app = create_app(WalletSettings(database_url=db_url, request_timeout=request_timeout), config)
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://wallet") as http,
@@ -115,5 +119,42 @@ def test_a_restarted_instance_catches_up_before_serving(
         async with serving(wallet_db, wallet_config) as http:
             read = await http.get(f"/wallets/{wallet}")  # no `after`: the instance caught up first
             assert read.status_code == 200 and read.json()["balance"] == 70, read.text
+
+    asyncio.run(main())
+
+
+def test_requests_are_answered_503_in_time_when_the_log_cannot_be_reached(
+    waltz_cluster_factory: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    """A cluster of the test's own loses its only server: a movement is answered 503 within the
+    request timeout, nothing appended (its append waited unsent for the mount), and so is a read
+    whose ``after`` is not applied here; once the server is back, the same request commits once."""
+    cluster = waltz_cluster_factory(name="wallet-unreachable", partitions=1, servers=1)
+    config = WaltzClientConfig(**cluster.client_settings())
+    wallet = new_wallet()
+
+    async def main() -> None:
+        async with serving(f"sqlite:///{tmp_path / 'wallet.db'}", config, request_timeout=2.0) as http:
+            opened = await move(http, wallet, "deposits", 100, f"open-{wallet}")
+            assert opened.status_code == 201, opened.text
+            first = opened.json()["transaction_id"]
+            cluster.stop_server(0)
+            started = time.monotonic()
+            answers = [await move(http, wallet, "deposits", 5, f"more-{wallet}") for _ in range(2)]
+            assert [a.status_code for a in answers] == [503, 503], [a.text for a in answers]
+            assert time.monotonic() - started < 20, "the request timeout did not bound the answers"
+            assert answers[0].headers["retry-after"] == "1" and "send the request again" in answers[0].text
+            read = await http.get(f"/wallets/{wallet}", params={"after": first + 1_000})
+            assert read.status_code == 503, read.text
+            cluster.restart_server(0)
+            for _ in range(60):  # bounded: the client mounts the partition again within seconds
+                again = await move(http, wallet, "deposits", 5, f"more-{wallet}")
+                if again.status_code != 503:
+                    break
+                await asyncio.sleep(0.5)
+            assert again.status_code == 201, again.text
+            assert again.json()["transaction_id"] == first + 1, "an expired request was appended after all"
+            read = await http.get(f"/wallets/{wallet}", params={"after": first + 1})
+            assert read.status_code == 200 and read.json()["balance"] == 105, read.text
 
     asyncio.run(main())
