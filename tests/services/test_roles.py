@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -24,7 +25,7 @@ import pytest
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.admin.storage_nodes import StorageAccessDeniedError, call_admin
-from waltz.errors import StorageRpcError
+from waltz.errors import StorageRpcError, WaltzTimeoutError
 from waltz.local.certificates import ClusterCertificates
 from waltz.local.cluster import LocalCluster
 from waltz.local.nodes import LocalStorageNode
@@ -104,6 +105,21 @@ def test_a_client_certificate_commits_but_cannot_open_an_admin_session(secured: 
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         asyncio.run(server_status_as_client())
     assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_client_with_another_role_s_certificate_is_told_why_it_cannot_mount_and_backs_off(
+    secured: LocalCluster,
+) -> None:
+    """The server ends the stream of a certificate without the client role at once: the client
+    says so when its mount times out (not a bare timeout), and mounts again with its backoff, not
+    in a tight loop of new connections."""
+    with WaltzClient(MemoryStore({0: -1}), client_config(secured, "operator")) as client:
+        started = time.monotonic()
+        with pytest.raises(WaltzTimeoutError, match=r"PERMISSION_DENIED.*urn:waltz:role:client"):
+            client.ready(4)
+        seconds = time.monotonic() - started
+        remounts = client.metrics.get_sample_value("waltz_client_remounts_total", {"partition": "0"})
+    assert remounts is not None and remounts <= 10 * seconds, f"{remounts} remounts in {seconds:.1f}s"
 
 
 def test_an_operator_reads_but_cannot_change_a_storage_node(secured: LocalCluster) -> None:

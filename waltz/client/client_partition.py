@@ -142,9 +142,11 @@ class ClientPartition:
         The parts' own method, bound once: it runs for every append."""
 
     def __repr__(self) -> str:
+        failure = self._mount.last_failure
         return (
             f"ClientPartition({self.partition_id}, {self.state.value}, {self.endpoint} "
-            f"generation {self.generation}, pending {len(self.monitor)}, blocked {self._appends.blocked})"
+            f"generation {self.generation}, pending {len(self.monitor)}, blocked {self._appends.blocked}"
+            f"{'' if failure is None else f', last failure: {failure}'})"
         )
 
     def _new_req_id(self, generation: int) -> ReqId:

@@ -142,6 +142,9 @@ class MountProcedure:
         self._response: asyncio.Future[bool] | None = None
         self._unreached_since: float | None = None
         self._warned_at: float | None = None
+        self.last_failure: str | None = None
+        """Why the latest try to mount failed (a connection refused or broken before the mount was
+        answered), until the partition is mounted; for the errors of a mount that times out."""
 
     @property
     def wanted(self) -> bool:
@@ -261,9 +264,10 @@ class MountProcedure:
             future.set_result(False)
         return True
 
-    def _cannot_connect(self, endpoint: str, exc: Exception, tried_at: float, now: float) -> None:
+    def _cannot_connect(self, endpoint: str, exc: BaseException, tried_at: float, now: float) -> None:
         """Log a failed connection: at INFO until the partition has tried for
         ``MOUNT_WARNING_AFTER`` seconds, then as a warning, again every ``MOUNT_WARNING_INTERVAL``."""
+        self.last_failure = str(exc)
         if self._unreached_since is None:
             self._unreached_since = tried_at
         failing = now - self._unreached_since
@@ -296,7 +300,6 @@ class MountProcedure:
                 continue
             if connection is None:
                 continue
-            self._unreached_since = self._warned_at = None
             try:
                 high_water_mark = await asyncio.to_thread(
                     self._host.callbacks.get_client_high_water_mark, self._partition_id
@@ -342,6 +345,15 @@ class MountProcedure:
                 wakeup.cancel()
             changed = self._wakeup.is_set() or connection is not self.connection or connection.closed
             if changed or not response.done() or self.state is not _MOUNTING:
+                if connection.closed and not response.done() and self.state is _MOUNTING:
+                    # The connection broke before the mount was answered: a server that refuses
+                    # this client (a certificate of another role) ends every stream at once. Say
+                    # why, and back off (its loss woke this loop: that is no news to hurry for).
+                    lost = connection.error or ConnectionError(f"connection to {endpoint} closed")
+                    self._cannot_connect(endpoint, lost, tried_at, loop.time())
+                    self._wakeup.clear()
+                    await self._pause(backoff)
+                    backoff = min(MAX_MOUNT_BACKOFF, backoff * 2)
                 continue  # something changed (connection, assignment): start over
             if response.result():
                 if self._ready(mount_mark):
@@ -361,6 +373,7 @@ class MountProcedure:
         """The mount succeeded: the partition's steps 5 and 6; False when the partition was lost
         meanwhile (it mounts again)."""
         self.mounts += 1
+        self._unreached_since = self._warned_at = self.last_failure = None
         self._request = self._response = None
         self.state = PartitionState.MOUNTED
         self._mounted.set()
