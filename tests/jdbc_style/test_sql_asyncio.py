@@ -271,6 +271,14 @@ def test_an_async_engine_is_refused_with_the_synchronous_url() -> None:
         assert raised.value.sync_url == "postgresql+psycopg://app:***@127.0.0.1:5432/app"
         with pytest.raises(AsyncEngineError, match="asyncio driver postgresql\\+psycopg_async"):
             prepare_engine(async_engine.sync_engine)  # its sync_engine would need greenlet for every call
+        # The migrations too (a lifespan's first call), not a TypeError from alembic's set-up.
+        from waltz.jdbc_style import migrations_api
+
+        for bind in (async_engine, "sqlite+aiosqlite:///app.db"):
+            with pytest.raises(AsyncEngineError, match="synchronous"):
+                migrations_api.upgrade(bind)  # type: ignore[arg-type]
+            with pytest.raises(AsyncEngineError, match="synchronous"):
+                migrations_api.current(bind)  # type: ignore[arg-type]
     finally:
         async_engine.sync_engine.dispose()
 

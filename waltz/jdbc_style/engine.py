@@ -195,6 +195,25 @@ def refuse_async(engine: object) -> None:
         )
 
 
+def refuse_async_bind(bind: object) -> None:
+    """Refuse an asyncio database where the framework works synchronously (its migrations): an
+    ``AsyncEngine``, an asyncio driver's engine or connection, or a URL naming an asyncio driver
+    (docs/design/sql.md "The SQL framework on asyncio").
+
+    Raises:
+        AsyncEngineError: an asyncio database; the message names the synchronous URL to use.
+        sqlalchemy.exc.ArgumentError: a URL that does not parse, or names an unknown driver.
+    """
+    if isinstance(bind, str | URL):
+        parsed = make_url(bind)
+        if parsed.get_dialect().is_async:
+            raise AsyncEngineError(
+                f"the asyncio URL {parsed.render_as_string(hide_password=True)!r}", _sync_url(parsed)
+            )
+        return
+    refuse_async(bind.engine if isinstance(bind, Connection) else bind)
+
+
 def is_prepared(engine: Engine) -> bool:
     """Whether :func:`prepare_engine` installed the framework's hooks on ``engine``."""
     return bool(getattr(engine, _PREPARED, False))
@@ -252,11 +271,7 @@ def create_framework_engine(url: str, **kwargs: Any) -> Engine:
         AsyncEngineError: ``url`` names an asyncio driver (``+psycopg_async``, ``+asyncpg``,
             ``+aiosqlite``, ...): the message gives the synchronous URL to pass instead.
     """
-    parsed = make_url(url)
-    if parsed.get_dialect().is_async:
-        raise AsyncEngineError(
-            f"the asyncio URL {parsed.render_as_string(hide_password=True)!r}", _sync_url(parsed)
-        )
+    refuse_async_bind(url)
     if not url.startswith("sqlite"):
         kwargs.setdefault("pool_pre_ping", True)  # a server may have closed pooled connections
         # Room for the framework's threads of one instance: an apply worker per partition,

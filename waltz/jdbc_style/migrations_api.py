@@ -63,6 +63,7 @@ from sqlalchemy.schema import SchemaItem
 
 from waltz.errors import SqlFrameworkError
 from waltz.jdbc_style.binding import Bind, connection_for, describe, url_text
+from waltz.jdbc_style.engine import refuse_async_bind
 from waltz.jdbc_style.schema import metadata
 
 __all__ = [
@@ -151,7 +152,12 @@ def alembic_config(url_or_connection: Bind | None = None) -> Config:
 
     Returns:
         The configuration, for :mod:`alembic.command` functions.
+
+    Raises:
+        AsyncEngineError: an asyncio engine, connection or URL.
     """
+    if url_or_connection is not None:
+        refuse_async_bind(url_or_connection)
     config = Config()
     config.set_main_option("script_location", str(script_location()))
     if isinstance(url_or_connection, str | URL):
@@ -189,6 +195,8 @@ def upgrade(bind: Bind, revision: str = "heads") -> None:
         revision: the target revision (``heads``, ``waltz@head``, a revision ID, ``+1``).
 
     Raises:
+        AsyncEngineError: an asyncio engine, connection or URL (the message names the synchronous
+            URL to give instead).
         sqlalchemy.exc.DBAPIError: the database could not be reached or refused the DDL.
         alembic.util.exc.CommandError: ``revision`` is unknown.
     """
@@ -296,8 +304,11 @@ def current(bind: Bind, *, version_table: str = VERSION_TABLE) -> str | None:
 
     Raises:
         SqlFrameworkError: the version table holds several framework revisions.
+        AsyncEngineError: an asyncio engine, connection or URL (the message names the synchronous
+            URL to give instead).
         sqlalchemy.exc.DBAPIError: the database could not be reached.
     """
+    refuse_async_bind(bind)
     with connection_for(bind) as connection:
         heads = _heads(connection, version_table)
     if version_table != VERSION_TABLE:
