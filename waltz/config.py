@@ -18,6 +18,7 @@ from typing import Any, ClassVar, TypeVar
 import yaml
 from pydantic import ValidationError, model_validator
 from pydantic.fields import FieldInfo
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from waltz.errors import ConfigurationError
@@ -101,6 +102,32 @@ class WaltzSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, _MappingSource(settings_cls, dict(cls._file_values))
+
+    def __init__(self, **values: Any) -> None:
+        """Validate the settings; a setting that is missing is named with where to give it.
+
+        Raises:
+            pydantic.ValidationError: a value is invalid or missing. A missing one's message names
+                its environment variable and file key, and a set variable that nearly spells it.
+        """
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False, include_input=False)
+            if not errors or any(error.get("type") != "missing" for error in errors):
+                raise
+            cls = type(self)
+            details = [
+                InitErrorDetails(
+                    type=PydanticCustomError(
+                        "missing", "{hint}", {"hint": _where_to_set(cls, str(error["loc"][0]), os.environ)}
+                    ),
+                    loc=error["loc"],
+                    input={},
+                )
+                for error in errors
+            ]
+            raise ValidationError.from_exception_data(cls.__name__, details, hide_input=True) from None
 
     @model_validator(mode="before")
     @classmethod
@@ -224,6 +251,24 @@ def _warn_of_misspelt_variables(cls: type[WaltzSettings], environ: Mapping[str, 
                 cls.__name__,
                 close[0],
             )
+
+
+def _where_to_set(cls: type[WaltzSettings], field: str, environ: Mapping[str, str]) -> str:
+    """Where a missing setting is given: its environment variable, its key in a file, and a set
+    variable that nearly spells the first (``WALTZ_ZOOKEPER_CONNECT_STRING``)."""
+    prefix = str(cls.model_config.get("env_prefix") or "")
+    variable = (prefix + field).upper()
+    key = cls.file_key(field)
+    ways = [f"the environment variable {variable}"] + ([f"{key} in a configuration file"] if key else [])
+    text = f"not set: give {' or '.join(ways)}, or the argument {field}="
+    close = difflib.get_close_matches(
+        variable, [name for name in environ if name.startswith("WALTZ_")], n=1, cutoff=0.85
+    )
+    if close and close[0] != variable:
+        text += f" ({close[0]} is set: a misspelling of {variable}?)"
+    if field in ("zookeeper_connect_string", "cluster_root"):
+        text += "; `waltz up` prints both variables of a local cluster"
+    return text
 
 
 def _explained(cls: type[S], exc: ValidationError) -> str:

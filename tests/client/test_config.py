@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from waltz import WaltzClientConfig
 from waltz.config import load_settings
@@ -85,6 +86,31 @@ def test_bad_values_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="set together"):
         load_settings(WaltzClientConfig, None, zookeeper_connect_string="z", cluster_root="/w",
                       client_tls_cert_file=tmp_path / "c.pem")  # fmt: skip
+
+
+def test_settings_built_in_code_name_a_missing_one_s_variable_and_a_near_miss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``WaltzClientConfig()`` as an application builds it, with the connect string's variable
+    misspelt: the error names the variable, the file key, and the variable that is set instead
+    (still a pydantic ValidationError, as before)."""
+    for name in ("WALTZ_ZOOKEEPER_CONNECT_STRING", "WALTZ_CLUSTER_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WALTZ_ZOOKEPER_CONNECT_STRING", "127.0.0.1:2181")
+    with pytest.raises(ValidationError) as raised:
+        WaltzClientConfig(cluster_root="/w")
+    message = str(raised.value)
+    assert (
+        "zookeeper_connect_string\n  not set: give the environment variable WALTZ_ZOOKEEPER_CONNECT_STRING"
+        in message
+    )
+    assert "zookeeper.connectString in a configuration file" in message
+    assert "WALTZ_ZOOKEPER_CONNECT_STRING is set: a misspelling of WALTZ_ZOOKEEPER_CONNECT_STRING?" in message
+    assert "127.0.0.1:2181" not in message and "cluster_root" not in message
+    with pytest.raises(ValidationError, match=r"client_max_concurrent_transactions"):  # others as before
+        WaltzClientConfig(
+            zookeeper_connect_string="z", cluster_root="/w", client_max_concurrent_transactions=0
+        )
 
 
 def test_missing_settings_are_named_with_where_to_set_them(monkeypatch: pytest.MonkeyPatch) -> None:
