@@ -362,7 +362,7 @@ class LocalCluster:
         (``role`` as for :meth:`zookeeper_settings`).
 
         Only those: not the connect string nor the root, which a process also needs (settings
-        built from these alone fail with ``zookeeper_connect_string Field required``). Give an
+        built from these alone fail: ``zookeeper_connect_string not set``). Give an
         application's process :meth:`client_env`, an operator's :meth:`admin_env`: each holds
         everything.
 
