@@ -745,3 +745,24 @@ def test_a_genesis_whose_child_s_mark_is_neither_absent_nor_at_the_floor_is_a_ga
         callbacks.marks.advance(conn, 1, -1, 30)
     with pytest.raises(HighWaterMarkGapError):
         callbacks.apply_transaction(txn(1, 41, CHILD_GENESIS, SPLIT_RECORD_HEADER))
+
+
+def test_a_failure_retried_again_and_again_is_logged_with_its_traceback_once(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client retries a failing apply with a backoff and logs each retry in a line; the
+    callbacks log the failure's traceback once per (partition, transaction, error), not at every
+    retry, and still keep and count each one."""
+    if True:
+        callbacks = ChangeSetCallbacks(
+            engine, cluster_name="test-cluster", registry=EntityRegistry([Account])
+        )
+        caplog.set_level(logging.ERROR, logger="waltz.jdbc_style.changeset_callbacks")
+        for _ in range(3):
+            callbacks.uncaught_exception(0, 5, ValueError("no such entity"))
+        callbacks.uncaught_exception(1, 5, ValueError("no such entity"))  # another partition
+        callbacks.uncaught_exception(0, 5, ValueError("another error"))
+        callbacks.uncaught_exception(0, 6, ValueError("another error"))  # the next transaction
+        logged = [(r.getMessage(), r.exc_info is not None) for r in caplog.records]
+        assert len(logged) == 4 and all(with_traceback for _, with_traceback in logged), logged
+        assert callbacks.uncaught_count == 6 and len(callbacks.uncaught) == 6

@@ -180,6 +180,8 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         self.uncaught: deque[tuple[int, int, BaseException]] = deque(maxlen=100)
         self.uncaught_count = 0
         self._uncaught_lock = threading.Lock()
+        # Per partition, the failure last logged with its traceback: (transaction ID, error text).
+        self._uncaught_logged: dict[int, tuple[int, str]] = {}
 
     def apply(self, transaction: Transaction, session: Session) -> None:
         """Apply a change-set transaction, each of a batch's members in order through
@@ -609,10 +611,17 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
         """Log the failure (ERROR, with traceback) and keep it in :attr:`uncaught`; a transaction
         that waits for this instance's upgrade (:class:`~waltz.errors.ApplyPausedError`) is logged
-        as a WARNING, without traceback and without the advice to skip it."""
+        as a WARNING, without traceback and without the advice to skip it. The same failure again
+        (the same transaction of the partition, the same error), at the client's retries, is kept
+        and counted but not logged again: the client logs each retry in a line of its own."""
+        key = (transaction_id, f"{type(exception).__name__}: {exception}")
         with self._uncaught_lock:
             self.uncaught.append((partition_id, transaction_id, exception))
             self.uncaught_count += 1
+            again = self._uncaught_logged.get(partition_id) == key
+            self._uncaught_logged[partition_id] = key
+        if again:
+            return
         if isinstance(exception, ApplyPausedError):
             log.warning(
                 "cluster %r partition %d waits at transaction %d for this instance's upgrade: %s",
