@@ -406,6 +406,11 @@ class AsyncWaltzClient:
     async def submit_async(self, context: TransactionContext) -> Outcome:
         """Submit a context and wait for its outcome.
 
+        Cancelling the await (``asyncio.wait_for``, a client that hung up) stops the waiting, not
+        the submission: an append may already be on its way and commit. Bound a request with
+        ``asyncio.wait_for`` and the context's ``timeout``, and retry with the same idempotency
+        key (docs/asyncio-service.md, "Answers in bounded time").
+
         Returns:
             The context's :class:`~waltz.client.outcome.Outcome`: committed (with the transaction
             ID), dropped (with the reason) or already applied (with the earlier transaction's ID).
