@@ -27,12 +27,19 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from waltz.client.transaction import Transaction
-from waltz.errors import ApplyContractError, GenesisHeldError, HighWaterMarkGapError, TransactionApplyError
+from waltz.errors import (
+    ApplyContractError,
+    ApplyPausedError,
+    GenesisHeldError,
+    HighWaterMarkGapError,
+    TransactionApplyError,
+)
 from waltz.jdbc_style import (
     AbstractClientCallbacksForSQL,
     ChangeSet,
     ChangeSetApplyError,
     ChangeSetCallbacks,
+    EntityNotDeclaredError,
     EntityRegistry,
     WaltzEntity,
     create_framework_engine,
@@ -766,3 +773,27 @@ def test_a_failure_retried_again_and_again_is_logged_with_its_traceback_once(
         logged = [(r.getMessage(), r.exc_info is not None) for r in caplog.records]
         assert len(logged) == 4 and all(with_traceback for _, with_traceback in logged), logged
         assert callbacks.uncaught_count == 6 and len(callbacks.uncaught) == 6
+
+
+def test_an_undeclared_entity_pauses_the_partition_and_a_retired_one_is_passed_over(
+    engine: Engine,
+) -> None:
+    """An application dropped a model (docs/sql.md "Retiring an entity"): a new instance meets its
+    row changes in the log. Undeclared, the apply waits (ApplyPausedError: never skipped, nothing
+    applied); retired, its changes are passed over and the rest of the change-set applies."""
+    Base.metadata.create_all(engine)
+    dropped = RowChange(Operation.INSERT, "note", {"note_id": 1}, {"note_id": 1, "text": "gone"})
+    opened = RowChange(Operation.INSERT, "account", {"account_id": 1}, {"account_id": 1, "balance": 10})
+    transaction = txn(0, 0, ChangeSet([dropped, opened]).encode(), header=CHANGE_SET_HEADER)
+    undeclared = ChangeSetCallbacks(engine, cluster_name="test-cluster", registry=EntityRegistry([Account]))
+    with pytest.raises(EntityNotDeclaredError, match=r"'note'.*retired=\['note'\]") as raised:
+        undeclared.apply_transaction(transaction)
+    assert isinstance(raised.value, ApplyPausedError)
+    assert undeclared.get_client_high_water_mark(0) == -1
+    retiring = ChangeSetCallbacks(
+        engine, cluster_name="test-cluster", registry=EntityRegistry([Account], retired=["note"])
+    )
+    retiring.apply_transaction(transaction)
+    assert retiring.get_client_high_water_mark(0) == 0
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(Account.balance)).scalar_one() == 10

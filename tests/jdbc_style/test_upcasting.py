@@ -29,6 +29,7 @@ from waltz.jdbc_style import (
     RowUpcaster,
     ScaleAttribute,
     SchemaVersionAheadError,
+    UnknownEntityError,
     UpcastError,
     WaltzEntity,
     upcaster,
@@ -214,6 +215,32 @@ def test_the_registry_gives_picklable_chains_of_every_model() -> None:
     # A change of an entity the application lacks is left for the apply to refuse.
     unknown = ChangeSet([insert({"widget_id": 1}, 5, entity="elsewhere")])
     assert shipped.upcast(unknown) is unknown
+
+
+def test_a_retired_entity_s_changes_are_passed_over_by_every_reader() -> None:
+    """docs/design/sql.md "Retiring an entity": the chains every reader decodes with drop the row
+    changes of a retired entity, shipped to Spark's executors too; a model cannot take its name."""
+    registry = EntityRegistry([Widget], retired=["gadget"])
+    assert registry.retired == frozenset({"gadget"})
+    chains = pickle.loads(pickle.dumps(registry.schema_chains()))
+    written = ChangeSet(
+        [
+            RowChange(Operation.DELETE, "gadget", {"gadget_id": 1}),
+            insert({"widget_id": 1}),
+            RowChange(Operation.INSERT, "gadget", {"gadget_id": 2}, {"gadget_id": 2}),
+        ],
+        idempotency_key="request-7",
+    )
+    read = chains.upcast(written)
+    assert [c.entity for c in read.changes] == ["widget"] and read.idempotency_key == "request-7"
+    assert read.changes[0].values == {"widget_id": 1, "label": "-"}
+    only_retired = chains.upcast(
+        ChangeSet([RowChange(Operation.INSERT, "gadget", {"gadget_id": 3}, {"gadget_id": 3})])
+    )
+    assert only_retired.changes == ()
+    with pytest.raises(UnknownEntityError, match="'gadget', which this registry retires"):
+        EntityRegistry([Widget, Gadget], retired=["gadget"])
+    assert EntityRegistry.from_base(Base, retired=["old"]).retired == frozenset({"old"})
 
 
 def test_a_change_set_of_current_changes_is_not_copied() -> None:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from waltz.jdbc_style.changeset_callbacks import ChangeSetApplyError, ChangeSetCallbacks
     from waltz.jdbc_style.engine import create_framework_engine, is_transient, prepare_engine
     from waltz.jdbc_style.entities import (
+        EntityNotDeclaredError,
         EntityRegistry,
         UnknownEntityError,
         WaltzEntity,
@@ -90,6 +91,7 @@ _EXPORTS: dict[str, str] = {
     "ChangeSetFormatError": "waltz.jdbc_style.changeset",
     "DropAttribute": "waltz.jdbc_style.upcasting",
     "EntityBatcher": "waltz.jdbc_style.entity_batches",
+    "EntityNotDeclaredError": "waltz.jdbc_style.entities",
     "EntityRead": "waltz.jdbc_style.entity_reads",
     "EntityRegistry": "waltz.jdbc_style.entities",
     "EntityTransaction": "waltz.jdbc_style.entity_context",
@@ -133,6 +135,7 @@ __all__ = [
     "ChangeSetFormatError",
     "DropAttribute",
     "EntityBatcher",
+    "EntityNotDeclaredError",
     "EntityRead",
     "EntityRegistry",
     "EntityTransaction",

@@ -36,7 +36,7 @@ from waltz.jdbc_style.changeset import (
     repeated_key_members,
 )
 from waltz.jdbc_style.direct import direct_statements
-from waltz.jdbc_style.entities import EntityInfo, EntityRegistry
+from waltz.jdbc_style.entities import EntityInfo, EntityNotDeclaredError, EntityRegistry, UnknownEntityError
 from waltz.jdbc_style.entity_cache import EntityCache
 from waltz.jdbc_style.entity_reads import (
     DEFAULT_TIMEOUT,
@@ -483,8 +483,20 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
 
         Raises:
             ChangeSetApplyError: an update or delete found no row.
+            EntityNotDeclaredError: the registry neither declares nor retires the entity (the
+                partition waits for this instance's upgrade, or for the entity to be retired).
         """
-        info = self.registry.by_name(change.entity)
+        try:
+            info = self.registry.by_name(change.entity)
+        except UnknownEntityError as exc:
+            declared = sorted(info.spec.lock_name for info in self.registry)
+            raise EntityNotDeclaredError(
+                f"{self._where(transaction)}: {change.operation.value} of {change.entity!r}, an entity this "
+                f"instance's registry does not declare (declared: {declared}): "
+                "a newer release may declare it (this partition waits until this instance runs it), or the "
+                "application dropped its model: then retire it, EntityRegistry(..., retired=["
+                f'{change.entity!r}]) (docs/sql.md, "Retiring an entity")'
+            ) from exc
         self._check_change(info, change, self._where(transaction))
         model = info.model
         if isinstance(session, ApplySession) and self._stageable(info, change):

@@ -41,7 +41,7 @@ from sqlalchemy.orm.attributes import instance_dict
 
 from waltz.client.locks import PartitionLocalLock
 from waltz.client.routing import PartitionRouter
-from waltz.errors import SqlFrameworkError
+from waltz.errors import ApplyPausedError, SqlFrameworkError
 from waltz.jdbc_style.upcasting import SchemaChain, SchemaChains, Upcaster
 
 __all__ = [
@@ -67,6 +67,13 @@ _INFOS: dict[type[Any], EntityInfo] = {}  # partition_of's entity infos, by mode
 
 class UnknownEntityError(SqlFrameworkError):
     """A model without ``__waltz__``, or an entity name no registered model has."""
+
+
+class EntityNotDeclaredError(UnknownEntityError, ApplyPausedError):
+    """The live apply met a row change of an entity this instance's registry neither declares nor
+    retires: a newer release may declare it (a rolling deploy under way), or an older one dropped
+    it without retiring it. The partition waits, as for a newer schema version, and is never
+    skipped (docs/design/sql.md "Retiring an entity")."""
 
 
 @dataclass(frozen=True)
@@ -449,27 +456,37 @@ class EntityRegistry:
 
     Args:
         models: mapped classes with a ``__waltz__`` attribute.
+        retired: entity names (lock names) of models the application dropped: the log keeps their
+            row changes, and every reader (the live apply, the entity cache, a rebuild's views)
+            passes over them (docs/design/sql.md "Retiring an entity").
 
     Raises:
-        UnknownEntityError: a model lacks ``__waltz__``, or two share a lock name.
+        UnknownEntityError: a model lacks ``__waltz__``, two share a lock name, or a model has a
+            retired name.
     """
 
-    def __init__(self, models: Iterable[type[Any]] = ()) -> None:
+    def __init__(self, models: Iterable[type[Any]] = (), retired: Iterable[str] = ()) -> None:
         self._by_model: dict[type[Any], EntityInfo] = {}
         self._by_name: dict[str, EntityInfo] = {}
         self._chains: SchemaChains | None = None
+        self._retired = frozenset(retired)
         for model in models:
             self.register(model)
 
     @classmethod
-    def from_base(cls, base: type[DeclarativeBase]) -> EntityRegistry:
-        """Every model of a declarative base that has ``__waltz__``."""
+    def from_base(cls, base: type[DeclarativeBase], retired: Iterable[str] = ()) -> EntityRegistry:
+        """Every model of a declarative base that has ``__waltz__`` (and the ``retired`` names)."""
         models = [
             m.class_
             for m in base.registry.mappers
             if isinstance(getattr(m.class_, "__waltz__", None), WaltzEntity)
         ]
-        return cls(sorted(models, key=lambda m: m.__name__))
+        return cls(sorted(models, key=lambda m: m.__name__), retired)
+
+    @property
+    def retired(self) -> frozenset[str]:
+        """The entity names every reader passes over."""
+        return self._retired
 
     def register(self, model: type[Any]) -> EntityInfo:
         """Add a model.
@@ -478,6 +495,11 @@ class EntityRegistry:
             UnknownEntityError: no ``__waltz__``, or its lock name is taken by another model.
         """
         spec = _spec_of(model)
+        if spec.lock_name in self._retired:
+            raise UnknownEntityError(
+                f"{model.__name__} declares the lock name {spec.lock_name!r}, which this registry retires: "
+                "a retired entity's changes are passed over by every reader; give the new model another name"
+            )
         existing = self._by_name.get(spec.lock_name)
         if existing is not None and existing.model is not model:
             raise UnknownEntityError(
@@ -518,7 +540,9 @@ class EntityRegistry:
         log (:class:`~waltz.jdbc_style.upcasting.SchemaChains`; plain values, picklable)."""
         chains = self._chains
         if chains is None:
-            chains = self._chains = SchemaChains(info.schema for info in self._by_model.values())
+            chains = self._chains = SchemaChains(
+                (info.schema for info in self._by_model.values()), self._retired
+            )
         return chains
 
     def __iter__(self) -> Any:

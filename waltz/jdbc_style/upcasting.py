@@ -416,19 +416,27 @@ class SchemaChains:
 
     Args:
         chains: one per entity of the application (an entity of version 1 has an empty chain).
+        retired: entity names the application retired (docs/design/sql.md "Retiring an entity"):
+            every reader passes over their row changes.
     """
 
-    __slots__ = ("_chains", "_upcasts")
+    __slots__ = ("_chains", "_retired", "_upcasts")
 
-    def __init__(self, chains: Iterable[SchemaChain] = ()) -> None:
+    def __init__(self, chains: Iterable[SchemaChain] = (), retired: Iterable[str] = ()) -> None:
         self._chains: dict[str, SchemaChain] = {chain.entity: chain for chain in chains}
+        self._retired = frozenset(retired)
         self._upcasts = any(chain.version > 1 for chain in self._chains.values())
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"chains": list(self._chains.values())}
+        return {"chains": list(self._chains.values()), "retired": sorted(self._retired)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["chains"])  # type: ignore[misc]
+        self.__init__(state["chains"], state.get("retired", ()))  # type: ignore[misc]
+
+    @property
+    def retired(self) -> frozenset[str]:
+        """The entity names every reader passes over."""
+        return self._retired
 
     @property
     def upcasts(self) -> bool:
@@ -456,14 +464,19 @@ class SchemaChains:
         return change if chain is None else chain.upcast(change)
 
     def upcast(self, change_set: ChangeSet) -> ChangeSet:
-        """A decoded change-set with every row change as the current models have it (the same
-        object when nothing is older or newer than the models).
+        """A decoded change-set with every row change as the current models have it, without
+        the row changes of retired entities (the same object when nothing is older or newer than
+        the models, nor retired).
 
         Raises:
             SchemaVersionAheadError: a change is of a newer version than its model.
             UpcastError: an upcaster failed.
         """
         changes = change_set.changes
+        retired = self._retired
+        if retired and any(c.entity in retired for c in changes):
+            changes = tuple(c for c in changes if c.entity not in retired)
+            change_set = dataclasses.replace(change_set, changes=changes)
         if not self._upcasts and all(c.schema_version == 1 for c in changes):
             return change_set
         upcast = [self.upcast_change(c) for c in changes]
