@@ -50,3 +50,34 @@ def test_a_retired_entity_is_counted_and_passes_the_check() -> None:
     plain = EntityRegistry([Book])
     rows = _check_one(DecoderRegistry(), plain.schema_chains(), _shapes(plain), CHANGE_SET_HEADER, data)
     assert sorted(rows, key=str) == [("book", 1, None), ("reservation", 1, None)]
+
+
+def test_a_record_of_a_newer_release_is_named_for_a_rebuild_not_for_a_live_instance() -> None:
+    """A live instance waits for its upgrade; a rebuild or its check must be run with the newer
+    release's code, and says so (from the check's row, and from a Spark task's failure text)."""
+    from waltz.cli.rebuild import _newer_release, task_error_line
+
+    data = ChangeSet(
+        [RowChange(Operation.INSERT, "book", {"book_id": 1}, {"book_id": 1, "title": "Emma"}, 9)]
+    ).encode()
+    registry = EntityRegistry([Book])
+    ((entity, version, problem),) = _check_one(
+        DecoderRegistry(), registry.schema_chains(), _shapes(registry), CHANGE_SET_HEADER, data
+    )
+    assert (entity, version) == ("book", 9)
+    assert problem is not None and "newer than the models here (version 1)" in problem
+    assert "run the rebuild with that release's code" in problem and "this instance" not in problem
+    failure = (
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "decoders.py", line 183, in decode\n'
+        "waltz.jdbc_style.upcasting.SchemaVersionAheadError: book row change of schema version 9, but "
+        "this instance's model of book is version 1: the partition waits until this instance runs the "
+        "newer model (a rolling deploy under way; nothing is applied or skipped meanwhile)\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner..."
+    )
+    found = task_error_line(failure, "SchemaVersionAheadError")
+    assert found is not None and found.startswith("book row change of schema version 9")
+    said = _newer_release(found)
+    assert "book row change of schema version 9, newer than the models here (version 1)" in said
+    assert "this instance" not in said
+    assert task_error_line("no such error here", "SchemaVersionAheadError") is None

@@ -241,6 +241,8 @@ def rebuild_command(
         from sqlalchemy.exc import SQLAlchemyError
 
         from waltz.jdbc_style.changeset import ChangeSetFormatError
+        from waltz.jdbc_style.upcasting import SchemaVersionAheadError
+        from waltz.spark.schema_check import newer_than_the_models
     except ImportError as exc:
         typer.echo(f"error: {exc}: install waltz-py[sql,spark] for waltz rebuild", err=True)
         raise typer.Exit(2) from exc
@@ -304,17 +306,54 @@ def rebuild_command(
         typer.echo(f"error: {exc}", err=True)
         _hint_undecodable(app)
         raise typer.Exit(2) from exc
+    except SchemaVersionAheadError as exc:
+        typer.echo(f"error: the log holds {newer_than_the_models(exc)}", err=True)
+        raise typer.Exit(2) from exc
     except (WaltzError, ImportError, OSError, SQLAlchemyError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     except Exception as exc:
         # A failed Spark job (e.g. a read that could not be proven committed, raised in a task).
         if type(exc).__module__.startswith(("pyspark", "py4j")):
+            newer = task_error_line(str(exc), "SchemaVersionAheadError")
+            if newer is not None:  # raised in a task: only its text is here
+                typer.echo(f"error: {_newer_release(newer)}", err=True)
+                raise typer.Exit(2) from exc
             typer.echo(f"error: the Spark job failed: {exc}", err=True)
-            if ChangeSetFormatError.__name__ in str(exc):  # raised in a task: only its text is here
+            if ChangeSetFormatError.__name__ in str(exc):
                 _hint_undecodable(app)
             raise typer.Exit(2) from exc
         raise
+
+
+def task_error_line(text: str, error: str) -> str | None:
+    """The message of an error named ``error`` that a Spark task raised, from the job failure's
+    text (a Python traceback among the JVM's lines), or None when it holds none."""
+    marker = f"{error}: "
+    for line in text.splitlines():
+        found = line.find(marker)
+        if found >= 0:
+            return line[found + len(marker) :].strip()
+    return None
+
+
+def _newer_release(message: str) -> str:
+    """A rebuild's words for a :class:`~waltz.jdbc_style.upcasting.SchemaVersionAheadError`'s
+    message (written for a live instance, which waits for its upgrade)."""
+    import re
+
+    found = re.match(
+        r"(\S+) row change of schema version (\d+), but this instance's model of \S+ is version (\d+)",
+        message,
+    )
+    if found is None:
+        return f"the log holds a record newer than the models here: {message}"
+    entity, version, known = found.groups()
+    return (
+        f"the log holds a {entity} row change of schema version {version}, newer than the models here "
+        f"(version {known}): a newer release of the application wrote it; run the rebuild with that "
+        "release's code"
+    )
 
 
 def _hint_undecodable(app: str) -> None:

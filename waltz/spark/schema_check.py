@@ -16,6 +16,7 @@ from typing import Any
 
 from waltz.jdbc_style.changeset import ChangeSetFormatError
 from waltz.jdbc_style.changeset_callbacks import row_change_problem
+from waltz.jdbc_style.upcasting import SchemaVersionAheadError, UpcastError
 from waltz.spark.decoders import DecoderRegistry
 from waltz.spark.target import marks_text
 from waltz.spark.views import AppViews, partial_row_problem
@@ -76,6 +77,16 @@ def _shapes(app: AppViews) -> dict[str, Shape]:
     }
 
 
+def newer_than_the_models(error: SchemaVersionAheadError) -> str:
+    """What a record of a newer schema version means to a rebuild or its check (not to a live
+    instance, which waits for its upgrade): the log was written by a newer release."""
+    return (
+        f"a {error.entity} row change of schema version {error.version}, newer than the models here "
+        f"(version {error.known}): a newer release of the application wrote it; run the rebuild with "
+        "that release's code"
+    )
+
+
 def _check_one(
     decoders: DecoderRegistry,
     chains: Any,
@@ -88,7 +99,9 @@ def _check_one(
     try:
         members = decoders.decode_members(header, bytes(data))
         pairs = [(written, chains.upcast(written)) for written in members]
-    except ChangeSetFormatError as exc:
+    except SchemaVersionAheadError as exc:
+        return [(exc.entity, exc.version, newer_than_the_models(exc))]
+    except (ChangeSetFormatError, UpcastError) as exc:
         return [(None, None, str(exc))]
     rows: list[tuple[str | None, int | None, str | None]] = []
     retired = chains.retired
