@@ -509,6 +509,25 @@ def test_a_snapshot_ahead_of_the_marks_asked_is_refused(spark: Any, history: His
     assert not (tmp_path / "behind.db").exists() or not _marks(url)
 
 
+def test_a_snapshot_of_an_older_model_is_refused_before_spark_reads_it(
+    spark: Any, history: History, damaged: Path, tmp_path: Path
+) -> None:
+    """A snapshot taken when an entity was at an older schema version holds the older model's
+    columns, and its rows are not upcast: the rebuild refuses it and says what to do, instead of
+    failing in Spark on a column the snapshot lacks."""
+    manifest_path = damaged / MANIFEST_NAME
+    manifest = json.loads(manifest_path.read_text())
+    (entity,) = [
+        name for name, recorded in manifest["entities"].items() if int(recorded["schema_version"]) > 1
+    ]
+    manifest["entities"][entity]["schema_version"] = 1
+    manifest_path.write_text(json.dumps(manifest))
+    url = f"sqlite:///{tmp_path / 'older.db'}"
+    with pytest.raises(RebuildError, match=rf"holds {entity} at schema version 1.*without --from-snapshot"):
+        rebuild(spark, LEDGER_VIEWS, _source(history.cluster), url, cluster_name=NAME, snapshot=str(damaged))
+    assert not (tmp_path / "older.db").exists() or not _marks(url)
+
+
 def test_a_second_snapshot_never_overwrites_the_first(history: History) -> None:
     with pytest.raises(SnapshotError, match="holds a snapshot already"):
         write_snapshot(LEDGER_VIEWS, history.live, str(history.snapshot), cluster_name=NAME)

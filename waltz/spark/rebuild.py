@@ -331,7 +331,8 @@ def _snapshot_base(
     app: AppViews,
     progress: Progress,
 ) -> _SnapshotBase:
-    """The verified snapshot a rebuild starts from; its marks must not be ahead of what is read."""
+    """The verified snapshot a rebuild starts from; its marks must not be ahead of what is read,
+    and its entities must be at the models' schema versions (docs/design/spark.md "Snapshots")."""
     from waltz.spark.snapshot import verify_snapshot
 
     manifest = verify_snapshot(location)
@@ -350,6 +351,15 @@ def _snapshot_base(
                 raise RebuildError(
                     f"the snapshot at {location} holds {info.name} at schema version {recorded}, the "
                     f"application's model is at {info.schema_version}: rebuild with the newer model"
+                )
+            if info.name in manifest.entities and recorded < info.schema_version:
+                # Its rows have the older model's columns, and a snapshot's rows are not upcast.
+                raise RebuildError(
+                    f"the snapshot at {location} holds {info.name} at schema version {recorded}, the "
+                    f"application's model is at {info.schema_version}: a rebuild starts only from a "
+                    "snapshot of the current models. Rebuild from the log alone (without "
+                    "--from-snapshot), or load the snapshot with the release that wrote it (waltz "
+                    "snapshot load), migrate that database and take a new snapshot of it"
                 )
     progress(
         f"starting from the snapshot at {location}, marks {dict(sorted(manifest.marks.items()))} "
