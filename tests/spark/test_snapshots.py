@@ -528,6 +528,19 @@ def test_a_snapshot_of_an_older_model_is_refused_before_spark_reads_it(
     assert not (tmp_path / "older.db").exists() or not _marks(url)
 
 
+def test_another_application_s_log_is_refused_before_anything_is_written(
+    spark: Any, history: History, tmp_path: Path
+) -> None:
+    """The counter's views given the ledger's log (a wrong --app): none of the log's entities is
+    the counter's, so nothing is written and the error says to check --app and --root."""
+    from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
+
+    url = f"sqlite:///{tmp_path / 'wrong-app.db'}"
+    with pytest.raises(RebuildError, match=r"none of which the application 'counter' declares.*--app"):
+        rebuild(spark, COUNTER_VIEWS, _source(history.cluster), url, cluster_name="counter")
+    assert not (tmp_path / "wrong-app.db").exists() or not _marks(url)
+
+
 def test_a_second_snapshot_never_overwrites_the_first(history: History) -> None:
     with pytest.raises(SnapshotError, match="holds a snapshot already"):
         write_snapshot(LEDGER_VIEWS, history.live, str(history.snapshot), cluster_name=NAME)

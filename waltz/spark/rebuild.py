@@ -282,6 +282,8 @@ def compute_views(
         f"read and decoded the log: {decoded} row changes"
         + (", upcast to the current models" if chains is not None and chains.upcasts else "")
     )
+    if app.entities is not None and len(app.entities) and decoded:
+        _require_own_entities(changes, app, cached)
     if check is not None:
         problems = checked_problems(changes)
         if problems:
@@ -315,6 +317,26 @@ def compute_views(
         )
         seeded = {name: (seed, own[name]) for name, seed in seeds.items()}
     return ComputedViews(marks, views, keys, changes, cached, seeded)
+
+
+def _require_own_entities(changes: Any, app: AppViews, cached: tuple[Any, ...]) -> None:
+    """Refuse a log none of whose row changes is of an entity the application declares (or
+    retires): another application's log (a wrong ``--app`` or ``--root``), whose changes its views
+    would turn into rows of nothing, or into rows of the wrong application.
+
+    Raises:
+        RebuildError: the log's entities and the application's have none in common.
+    """
+    assert app.entities is not None
+    found = {r.entity for r in changes.select("entity").where("entity IS NOT NULL").distinct().collect()}
+    declared = {info.name for info in app.entities} | set(app.entities.retired)
+    if found and not found & declared:
+        _unpersist(changes, *cached)
+        raise RebuildError(
+            f"the log's row changes are of the entities {sorted(found)}, none of which the application "
+            f"{app.cluster_name!r} declares ({sorted(declared)}): check that --app names the application "
+            "that writes this log, and --root (or --storage-dir) its cluster; nothing was written"
+        )
 
 
 @dataclass(frozen=True, slots=True)
