@@ -45,6 +45,7 @@ from waltz.jdbc_style import (
     create_framework_engine,
 )
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, Operation, RowChange
+from waltz.jdbc_style.changeset_callbacks import ModelTablesBehindError
 from waltz.jdbc_style.engine import prepare_engine
 from waltz.jdbc_style.idempotency import (
     AppliedRequest,
@@ -797,3 +798,31 @@ def test_an_undeclared_entity_pauses_the_partition_and_a_retired_one_is_passed_o
     assert retiring.get_client_high_water_mark(0) == 0
     with engine.connect() as conn:
         assert conn.execute(sa.select(Account.balance)).scalar_one() == 10
+
+
+def test_a_model_whose_table_lacks_its_columns_is_named_at_construction(engine: Engine) -> None:
+    """A release started before its application's migration: its model maps a column the table
+    lacks. The callbacks say so when they are made, naming the table, the column and what to run,
+    instead of a raw "no such column" at the first attempt; a table not created yet is left alone."""
+
+    class Later(DeclarativeBase):
+        pass
+
+    class Tagged(Later):
+        __tablename__ = "accounts"  # Account's table, as the next release maps it
+        __waltz__ = WaltzEntity("account")
+        account_id: Mapped[int] = mapped_column(primary_key=True)
+        balance: Mapped[int] = mapped_column(default=0)
+        tier: Mapped[str] = mapped_column(default="basic")
+
+    ChangeSetCallbacks(engine, cluster_name="test-cluster", registry=EntityRegistry([Tagged]))  # no table yet
+    Base.metadata.create_all(engine)  # the table as the release before made it
+    with pytest.raises(
+        ModelTablesBehindError, match=r"table accounts lacks \['tier'\], which Tagged maps"
+    ) as raised:
+        ChangeSetCallbacks(engine, cluster_name="test-cluster", registry=EntityRegistry([Tagged]))
+    assert "alembic upgrade head" in str(raised.value)
+    ChangeSetCallbacks(
+        engine, cluster_name="test-cluster", registry=EntityRegistry([Tagged]), check_schema=False
+    )
+    ChangeSetCallbacks(engine, cluster_name="test-cluster", registry=EntityRegistry([Account]))

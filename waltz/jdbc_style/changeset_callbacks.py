@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from waltz.client.apply_worker import on_apply_thread
 from waltz.client.routing import PartitionRouter
 from waltz.client.transaction import Transaction
-from waltz.errors import ApplyPausedError
+from waltz.errors import ApplyPausedError, SqlFrameworkError
 from waltz.jdbc_style.apply_session import ApplySession
 from waltz.jdbc_style.callbacks import AbstractClientCallbacksForSQL
 from waltz.jdbc_style.changeset import (
@@ -150,6 +150,8 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         **kwargs: Any,
     ) -> None:
         super().__init__(engine, cluster_name=cluster_name, **kwargs)
+        if kwargs.get("check_schema", True):
+            check_model_tables(self.engine, registry)
         if entity_cache is None:
             cls = type(self)
             entity_cache = (
@@ -650,6 +652,40 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             partition_id,
             transaction_id,
             exc_info=exception,
+        )
+
+
+class ModelTablesBehindError(SqlFrameworkError):
+    """A registered model maps columns its table in the database lacks: the application's own
+    migrations have not been run for this release (docs/sql.md, "Changing a model")."""
+
+
+def check_model_tables(engine: Engine, registry: EntityRegistry) -> None:
+    """Check that every registered model's table, where it exists, has the columns the model maps
+    (a table not created yet is left to the application).
+
+    Raises:
+        ModelTablesBehindError: a table lacks columns of its model; the message names them and the
+            migrations to run.
+    """
+    from sqlalchemy import inspect as inspect_database
+
+    with engine.connect() as conn:
+        inspector = inspect_database(conn)
+        behind = []
+        for info in registry:
+            table = info.model.__table__
+            if not inspector.has_table(table.name, schema=table.schema):
+                continue
+            present = {column["name"] for column in inspector.get_columns(table.name, schema=table.schema)}
+            missing = sorted(column.name for column in table.columns if column.name not in present)
+            if missing:
+                behind.append(f"table {table.name} lacks {missing}, which {info.model.__name__} maps")
+    if behind:
+        raise ModelTablesBehindError(
+            f"{'; '.join(behind)} on {engine.url.render_as_string(hide_password=True)}: run the "
+            "application's migrations for this release (e.g. `alembic upgrade head`) before it starts, "
+            "or pass check_schema=False"
         )
 
 
