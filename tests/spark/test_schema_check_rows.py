@@ -9,7 +9,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from waltz.jdbc_style import ChangeSet, EntityRegistry, Operation, RowChange, WaltzEntity
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER
 from waltz.spark.decoders import DecoderRegistry
-from waltz.spark.schema_check import Shape, _check_one
+from waltz.spark.schema_check import _check_one
+from waltz.spark.views import entity_shapes
 
 
 class Base(DeclarativeBase):
@@ -23,19 +24,6 @@ class Book(Base):
     title: Mapped[str]
 
 
-def _shapes(registry: EntityRegistry) -> dict[str, Shape]:
-    return {
-        info.spec.lock_name: (
-            tuple(info.key),
-            tuple(info.primary_key),
-            tuple(info.attributes),
-            info.model.__name__,
-            info.defaulted,
-        )
-        for info in registry
-    }
-
-
 def test_a_retired_entity_is_counted_and_passes_the_check() -> None:
     data = ChangeSet(
         [
@@ -44,11 +32,13 @@ def test_a_retired_entity_is_counted_and_passes_the_check() -> None:
         ]
     ).encode()
     retiring = EntityRegistry([Book], retired=["reservation"])
-    rows = _check_one(DecoderRegistry(), retiring.schema_chains(), _shapes(retiring), CHANGE_SET_HEADER, data)
+    rows = _check_one(
+        DecoderRegistry(), retiring.schema_chains(), entity_shapes(retiring), CHANGE_SET_HEADER, data
+    )
     assert sorted(rows, key=str) == [("book", 1, None), ("reservation", 1, None)]
     # Undeclared and not retired: counted too (the views may take it), with no problem either.
     plain = EntityRegistry([Book])
-    rows = _check_one(DecoderRegistry(), plain.schema_chains(), _shapes(plain), CHANGE_SET_HEADER, data)
+    rows = _check_one(DecoderRegistry(), plain.schema_chains(), entity_shapes(plain), CHANGE_SET_HEADER, data)
     assert sorted(rows, key=str) == [("book", 1, None), ("reservation", 1, None)]
 
 
@@ -62,7 +52,7 @@ def test_a_record_of_a_newer_release_is_named_for_a_rebuild_not_for_a_live_insta
     ).encode()
     registry = EntityRegistry([Book])
     ((entity, version, problem),) = _check_one(
-        DecoderRegistry(), registry.schema_chains(), _shapes(registry), CHANGE_SET_HEADER, data
+        DecoderRegistry(), registry.schema_chains(), entity_shapes(registry), CHANGE_SET_HEADER, data
     )
     assert (entity, version) == ("book", 9)
     assert problem is not None and "newer than the models here (version 1)" in problem

@@ -19,7 +19,7 @@ from waltz.jdbc_style.changeset_callbacks import row_change_problem
 from waltz.jdbc_style.upcasting import SchemaVersionAheadError, UpcastError
 from waltz.spark.decoders import DecoderRegistry
 from waltz.spark.target import marks_text
-from waltz.spark.views import AppViews, partial_row_problem
+from waltz.spark.views import AppViews, Shape, entity_shapes, partial_row_problem
 
 __all__ = ["LogCheck", "check_log"]
 
@@ -56,25 +56,6 @@ class LogCheck:
     def ok(self) -> bool:
         """True when every record upcasts to the current models and fits them."""
         return self.first_problem is None
-
-
-#: An entity's shape, plain values for the executors: key, primary key, attributes, model name,
-#: attributes with defaults.
-Shape = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], str, tuple[str, ...]]
-
-
-def _shapes(app: AppViews) -> dict[str, Shape]:
-    assert app.entities is not None
-    return {
-        info.spec.lock_name: (
-            tuple(info.key),
-            tuple(info.primary_key),
-            tuple(info.attributes),
-            info.model.__name__,
-            info.defaulted,
-        )
-        for info in app.entities
-    }
 
 
 def newer_than_the_models(error: SchemaVersionAheadError) -> str:
@@ -162,7 +143,7 @@ def check_log(spark: Any, app: AppViews, source: Any, progress: Progress | None 
     chains = app.entities.schema_chains()
     current = {info.spec.lock_name: info.schema_version for info in app.entities}
     decoders = app.decoders
-    shapes = _shapes(app)
+    shapes = entity_shapes(app.entities)
 
     def check(header: int, data: bytes) -> list[tuple[str | None, int | None, str | None]]:
         return _check_one(decoders, chains, shapes, header, data)
