@@ -791,11 +791,13 @@ def test_an_undeclared_entity_pauses_the_partition_and_a_retired_one_is_passed_o
         undeclared.apply_transaction(transaction)
     assert isinstance(raised.value, ApplyPausedError)
     assert undeclared.get_client_high_water_mark(0) == -1
+    undeclared.release_connections()
     retiring = ChangeSetCallbacks(
         engine, cluster_name="test-cluster", registry=EntityRegistry([Account], retired=["note"])
     )
     retiring.apply_transaction(transaction)
     assert retiring.get_client_high_water_mark(0) == 0
+    retiring.release_connections()
     with engine.connect() as conn:
         assert conn.execute(sa.select(Account.balance)).scalar_one() == 10
 
