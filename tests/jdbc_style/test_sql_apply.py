@@ -779,7 +779,7 @@ def test_a_failure_retried_again_and_again_is_logged_with_its_traceback_once(
 def test_an_undeclared_entity_pauses_the_partition_and_a_retired_one_is_passed_over(
     engine: Engine,
 ) -> None:
-    """An application dropped a model (docs/sql.md "Retiring an entity"): a new instance meets its
+    """An application dropped a model (docs/design/sql.md "Retiring an entity"): a new instance meets its
     row changes in the log. Undeclared, the apply waits (ApplyPausedError: never skipped, nothing
     applied); retired, its changes are passed over and the rest of the change-set applies."""
     Base.metadata.create_all(engine)

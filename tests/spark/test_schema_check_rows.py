@@ -1,5 +1,5 @@
-"""The rebuild's check of one transaction (``waltz rebuild --check``, docs/sql.md "Adding and
-retiring an entity"), without Spark: a retired entity's row changes are counted and raise no
+"""The rebuild's check of one transaction (``waltz rebuild --check``, docs/design/sql.md "Retiring
+an entity"), without Spark: a retired entity's row changes are counted and raise no
 problem, and the entity is no model the live apply would wait on."""
 
 from __future__ import annotations

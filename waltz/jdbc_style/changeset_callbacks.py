@@ -497,7 +497,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
                 f"instance's registry does not declare (declared: {declared}): "
                 "a newer release may declare it (this partition waits until this instance runs it), or the "
                 "application dropped its model: then retire it, EntityRegistry(..., retired=["
-                f'{change.entity!r}]) (docs/sql.md, "Adding and retiring an entity")'
+                f'{change.entity!r}]) (docs/sql.md, "Changing a model")'
             ) from exc
         self._check_change(info, change, self._where(transaction))
         model = info.model

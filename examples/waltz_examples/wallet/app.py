@@ -32,7 +32,7 @@ from sqlalchemy import Engine
 from waltz import AsyncWaltzClient, Outcome, WaltzClientConfig
 from waltz.errors import TransactionExpiredError
 from waltz.jdbc_style import ChangeSetCallbacks, EntityRegistry, create_framework_engine, migrations_api
-from waltz_examples.wallet.models import Base, Deposit, Wallet, WalletRequest, Withdraw
+from waltz_examples.wallet.models import Base, Deposit, Wallet, Withdraw
 
 __all__ = [
     "Balance",
@@ -133,7 +133,7 @@ class Wallets:
         finally:
             engine.dispose()
 
-    async def _submit(self, context: WalletRequest) -> Outcome:
+    async def _submit(self, context: Deposit | Withdraw) -> Outcome:
         """Submit a movement; its outcome within ``request_timeout`` seconds.
 
         Raises:

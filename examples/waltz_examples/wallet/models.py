@@ -14,7 +14,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from waltz.jdbc_style import ChangeSetCallbacks, EntityTransaction, EntityTransactionContext, WaltzEntity
 
-__all__ = ["Base", "Deposit", "Wallet", "WalletRequest", "Withdraw"]
+__all__ = ["Base", "Deposit", "Wallet", "Withdraw"]
 
 
 class Base(DeclarativeBase):
@@ -31,8 +31,8 @@ class Wallet(Base):
     balance: Mapped[int] = mapped_column(BigInteger, nullable=False)
 
 
-class WalletRequest(EntityTransactionContext):
-    """A request that moves ``amount`` cents in or out of one wallet.
+class Deposit(EntityTransactionContext):
+    """Add ``amount`` cents to a wallet, opening it if it does not exist.
 
     Args:
         callbacks: the instance's callbacks.
@@ -53,13 +53,6 @@ class WalletRequest(EntityTransactionContext):
         super().__init__(callbacks, (Wallet, wallet_id), timeout=timeout)
         self.wallet_id, self.amount, self.request_id = wallet_id, amount, request_id
 
-
-class Deposit(WalletRequest):
-    """Add ``amount`` cents to a wallet, opening it if it does not exist.
-
-    Args: as :class:`WalletRequest`.
-    """
-
     def run(self, tx: EntityTransaction) -> bool:
         """Write the new balance (a new row on the wallet's first deposit)."""
         tx.idempotency_key = self.request_id
@@ -71,15 +64,31 @@ class Deposit(WalletRequest):
         return True
 
 
-class Withdraw(WalletRequest):
+class Withdraw(EntityTransactionContext):
     """Take ``amount`` cents from a wallet; dropped when the wallet is missing or holds less.
 
     The balance read here is the one the append is checked against: if another transaction wrote
     the wallet since, the append is refused and ``run`` runs again on the newer balance, so
     concurrent withdrawals never take the balance below zero (docs/design/sql.md).
 
-    Args: as :class:`WalletRequest`.
+    Args:
+        callbacks: the instance's callbacks.
+        wallet_id: the wallet's ID.
+        amount: cents, above zero.
+        request_id: the caller's ID of the request, recorded as the idempotency key.
+        timeout: seconds until the context expires, or None (docs/design/client.md).
     """
+
+    def __init__(
+        self,
+        callbacks: ChangeSetCallbacks,
+        wallet_id: int,
+        amount: int,
+        request_id: str,
+        timeout: float | None = None,
+    ) -> None:
+        super().__init__(callbacks, (Wallet, wallet_id), timeout=timeout)
+        self.wallet_id, self.amount, self.request_id = wallet_id, amount, request_id
 
     def run(self, tx: EntityTransaction) -> bool:
         """Write the lower balance, or drop the request with the reason.
