@@ -236,8 +236,7 @@ def _warn_of_misspelt_variables(cls: type[WaltzSettings], environ: Mapping[str, 
     TLS file ignored may mean plaintext."""
     if not cls.ENV_GROUPS:
         return
-    prefix = str(cls.model_config.get("env_prefix") or "")
-    known = [(prefix + field).upper() for field in cls.model_fields]
+    known = [_variable_of(cls, field) for field in cls.model_fields]
     for name in sorted(environ):
         if not name.startswith(cls.ENV_GROUPS) or name in known or (cls.__name__, name) in _warned_variables:
             continue
@@ -253,11 +252,15 @@ def _warn_of_misspelt_variables(cls: type[WaltzSettings], environ: Mapping[str, 
             )
 
 
+def _variable_of(cls: type[WaltzSettings], field: str) -> str:
+    """The environment variable of a setting (``WALTZ_CLIENT_AUTO_MOUNT``)."""
+    return (str(cls.model_config.get("env_prefix") or "") + field).upper()
+
+
 def _where_to_set(cls: type[WaltzSettings], field: str, environ: Mapping[str, str]) -> str:
     """Where a missing setting is given: its environment variable, its key in a file, and a set
     variable that nearly spells the first (``WALTZ_ZOOKEPER_CONNECT_STRING``)."""
-    prefix = str(cls.model_config.get("env_prefix") or "")
-    variable = (prefix + field).upper()
+    variable = _variable_of(cls, field)
     key = cls.file_key(field)
     ways = [f"the environment variable {variable}"] + ([f"{key} in a configuration file"] if key else [])
     text = f"not set: give {' or '.join(ways)}, or the argument {field}="
@@ -274,7 +277,6 @@ def _where_to_set(cls: type[WaltzSettings], field: str, environ: Mapping[str, st
 def _explained(cls: type[S], exc: ValidationError) -> str:
     """One line per problem of ``exc``, each naming the setting's field, its key in a file and its
     environment variable (a missing setting says where to set it), never its value."""
-    prefix = str(cls.model_config.get("env_prefix") or "")
     lines = []
     for error in exc.errors(include_url=False, include_input=False):
         location = error.get("loc") or ()
@@ -282,7 +284,7 @@ def _explained(cls: type[S], exc: ValidationError) -> str:
         key = cls.file_key(field)
         ways = [f"{key} in a --config file"] if key else []
         if field in cls.model_fields:
-            ways.append(f"the environment variable {(prefix + field).upper()}")
+            ways.append(f"the environment variable {_variable_of(cls, field)}")
         where = ", ".join(ways)
         if error.get("type") == "missing":
             lines.append(f"- {field} is not set: give {where or 'it'}, or the command's option for it")

@@ -10,7 +10,7 @@ from waltz.jdbc_style import ChangeSet, EntityRegistry, Operation, RowChange, Wa
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER
 from waltz.spark.decoders import DecoderRegistry
 from waltz.spark.schema_check import _check_one
-from waltz.spark.views import entity_shapes
+from waltz.spark.views import change_check
 
 
 class Base(DeclarativeBase):
@@ -33,12 +33,12 @@ def test_a_retired_entity_is_counted_and_passes_the_check() -> None:
     ).encode()
     retiring = EntityRegistry([Book], retired=["reservation"])
     rows = _check_one(
-        DecoderRegistry(), retiring.schema_chains(), entity_shapes(retiring), CHANGE_SET_HEADER, data
+        DecoderRegistry(), retiring.schema_chains(), change_check(retiring), CHANGE_SET_HEADER, data
     )
     assert sorted(rows, key=str) == [("book", 1, None), ("reservation", 1, None)]
     # Undeclared and not retired: counted too (the views may take it), with no problem either.
     plain = EntityRegistry([Book])
-    rows = _check_one(DecoderRegistry(), plain.schema_chains(), entity_shapes(plain), CHANGE_SET_HEADER, data)
+    rows = _check_one(DecoderRegistry(), plain.schema_chains(), change_check(plain), CHANGE_SET_HEADER, data)
     assert sorted(rows, key=str) == [("book", 1, None), ("reservation", 1, None)]
 
 
@@ -52,7 +52,7 @@ def test_a_record_of_a_newer_release_is_named_for_a_rebuild_not_for_a_live_insta
     ).encode()
     registry = EntityRegistry([Book])
     ((entity, version, problem),) = _check_one(
-        DecoderRegistry(), registry.schema_chains(), entity_shapes(registry), CHANGE_SET_HEADER, data
+        DecoderRegistry(), registry.schema_chains(), change_check(registry), CHANGE_SET_HEADER, data
     )
     assert (entity, version) == ("book", 9)
     assert problem is not None and "newer than the models here (version 1)" in problem

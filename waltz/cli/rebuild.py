@@ -338,9 +338,13 @@ def task_error_line(text: str, error: str) -> str | None:
 
 
 def _newer_release(message: str) -> str:
-    """A rebuild's words for a :class:`~waltz.jdbc_style.upcasting.SchemaVersionAheadError`'s
-    message (written for a live instance, which waits for its upgrade)."""
+    """A rebuild's words for a :class:`~waltz.jdbc_style.upcasting.SchemaVersionAheadError` a
+    Spark task raised, from its message (written for a live instance, which waits for its upgrade):
+    :func:`~waltz.spark.schema_check.newer_than_the_models`."""
     import re
+
+    from waltz.jdbc_style.upcasting import SchemaVersionAheadError
+    from waltz.spark.schema_check import newer_than_the_models
 
     found = re.match(
         r"(\S+) row change of schema version (\d+), but this instance's model of \S+ is version (\d+)",
@@ -349,11 +353,7 @@ def _newer_release(message: str) -> str:
     if found is None:
         return f"the log holds a record newer than the models here: {message}"
     entity, version, known = found.groups()
-    return (
-        f"the log holds a {entity} row change of schema version {version}, newer than the models here "
-        f"(version {known}): a newer release of the application wrote it; run the rebuild with that "
-        "release's code"
-    )
+    return f"the log holds {newer_than_the_models(SchemaVersionAheadError(entity, int(version), int(known)))}"
 
 
 def _hint_undecodable(app: str) -> None:

@@ -387,13 +387,11 @@ class AttemptRunner:
     def expired_unsent(self, submission: Submission) -> None:
         """End as expired a submission whose append waited for its partition's mount past the
         context's timeout (never sent; on a retry thread): what followed it goes on."""
-        partition = self._partitions.get(submission.partition_id)
+        partition = self._partitions[submission.partition_id]
 
         def expire() -> None:
             submission.expire()
-            if partition is not None and submission.followers is not None:
-                with contextlib.suppress(RuntimeError):  # the loop closed: closing fails them
-                    self._loop.call_soon_threadsafe(partition.leader_ended, submission)
+            self._ended_unsent(partition, submission)
 
         try:
             self._executor.submit(expire)
@@ -611,8 +609,13 @@ class AttemptRunner:
         if payload is not None:
             self._post(partition, submission, payload)
             return
-        self._release_claims(partition, submission)  # a queued first attempt that ended here
-        if submission.followers is not None:  # it ended: those waiting behind it go on
+        self._ended_unsent(partition, submission)
+
+    def _ended_unsent(self, partition: ClientPartition, submission: Submission) -> None:
+        """A context ended without sending another append (any thread): its claims end (a queued
+        first attempt's) and the contexts following it go on."""
+        self._release_claims(partition, submission)
+        if submission.followers is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed: closing fails them
                 self._loop.call_soon_threadsafe(partition.leader_ended, submission)
 

@@ -14,12 +14,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from waltz.jdbc_style.changeset import ChangeSetFormatError
-from waltz.jdbc_style.changeset_callbacks import row_change_problem
+from waltz.jdbc_style.changeset import ChangeSetFormatError, RowChange
 from waltz.jdbc_style.upcasting import SchemaVersionAheadError, UpcastError
 from waltz.spark.decoders import DecoderRegistry
 from waltz.spark.target import marks_text
-from waltz.spark.views import AppViews, Shape, entity_shapes, partial_row_problem
+from waltz.spark.views import AppViews, change_check
 
 __all__ = ["LogCheck", "check_log"]
 
@@ -71,12 +70,13 @@ def newer_than_the_models(error: SchemaVersionAheadError) -> str:
 def _check_one(
     decoders: DecoderRegistry,
     chains: Any,
-    shapes: Mapping[str, Shape],
+    check: Callable[[RowChange], str | None],
     header: int,
     data: bytes,
 ) -> list[tuple[str | None, int | None, str | None]]:
     """One transaction's rows: ``(entity, written version, problem)`` per row change, or one row
-    with the problem when it does not decode or upcast."""
+    with the problem when it does not decode or upcast; ``check`` is the rebuild's own check of a
+    row change (:func:`waltz.spark.views.change_check`)."""
     try:
         members = decoders.decode_members(header, bytes(data))
         pairs = [(written, chains.upcast(written)) for written in members]
@@ -91,22 +91,11 @@ def _check_one(
         rows.extend((c.entity, c.schema_version, None) for c in written.changes if c.entity in retired)
         kept = [c for c in written.changes if c.entity not in retired]
         for before, change in zip(kept, upcast.changes, strict=True):
-            problem = None
-            shape = shapes.get(change.entity)
-            if shape is not None:
-                key_names, primary_key, attributes, model_name, defaulted = shape
-                problem = row_change_problem(
-                    change,
-                    key=key_names,
-                    primary_key=primary_key,
-                    attributes=attributes,
-                    model_name=model_name,
-                ) or partial_row_problem(change, attributes, defaulted)
-                if problem is not None and before.schema_version != change.schema_version:
-                    problem += (
-                        f" (written at schema version {before.schema_version}, "
-                        f"upcast to {change.schema_version})"
-                    )
+            problem = check(change)
+            if problem is not None and before.schema_version != change.schema_version:
+                problem += (
+                    f" (written at schema version {before.schema_version}, upcast to {change.schema_version})"
+                )
             rows.append((change.entity, before.schema_version, problem))
     return rows
 
@@ -143,10 +132,10 @@ def check_log(spark: Any, app: AppViews, source: Any, progress: Progress | None 
     chains = app.entities.schema_chains()
     current = {info.spec.lock_name: info.schema_version for info in app.entities}
     decoders = app.decoders
-    shapes = entity_shapes(app.entities)
+    row_check = change_check(app.entities)
 
     def check(header: int, data: bytes) -> list[tuple[str | None, int | None, str | None]]:
-        return _check_one(decoders, chains, shapes, header, data)
+        return _check_one(decoders, chains, row_check, header, data)
 
     udf = F.udf(check, f"ARRAY<STRUCT<{_CHECK_STRUCT}>>", useArrow=False)
     log_df = spark.read.format("waltz").options(**source.options()).option("up_to", marks_text(marks)).load()

@@ -193,26 +193,6 @@ def change_problems(changes: Any, registry: EntityRegistry, limit: int = 5) -> l
     return [f"partition {r.partition_id} transaction {r.transaction_id}: {r.problem}" for r in found]
 
 
-#: An entity's shape, plain values for the executors: key, primary key, attributes, model name,
-#: attributes with defaults.
-Shape = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], str, tuple[str, ...]]
-
-
-def entity_shapes(registry: EntityRegistry) -> dict[str, Shape]:
-    """Each registered entity's :data:`Shape`, by entity name: what the checks of a row change
-    need, as plain values Spark ships to its executors."""
-    return {
-        info.spec.lock_name: (
-            tuple(info.key),
-            tuple(info.primary_key),
-            tuple(info.attributes),
-            info.model.__name__,
-            info.defaulted,
-        )
-        for info in registry
-    }
-
-
 def change_check(registry: EntityRegistry) -> Callable[[RowChange], str | None]:
     """The check of :func:`change_problems` for one row change, as a function the executors run
     (it holds plain values only: names, never SQLAlchemy objects).
@@ -230,7 +210,16 @@ def change_check(registry: EntityRegistry) -> Callable[[RowChange], str | None]:
     """
     from waltz.jdbc_style.changeset_callbacks import row_change_problem
 
-    shapes = entity_shapes(registry)
+    shapes = {  # plain values: key, primary key, attributes, model name, attributes with defaults
+        info.spec.lock_name: (
+            tuple(info.key),
+            tuple(info.primary_key),
+            tuple(info.attributes),
+            info.model.__name__,
+            info.defaulted,
+        )
+        for info in registry
+    }
 
     def check(change: RowChange) -> str | None:
         shape = shapes.get(change.entity)
