@@ -268,6 +268,12 @@ def test_admin_port(start_storage: Callable[..., LocalStorageNode], cluster_key:
                 await admin.assign_partition(NUM_PARTITIONS, True)
 
     run(scenario())
+    # The deletion, and only the one that happened, is on the audit trail with who asked.
+    assert node.process.log_path is not None
+    audit = [line for line in node.process.log_path.read_text().splitlines() if "AUDIT unassign" in line]
+    assert len(audit) == 1, audit
+    assert " WARNING " in audit[0] and "waltz.services.storage.audit" in audit[0]
+    assert "partition 0" in audit[0] and "127.0.0.1" in audit[0]
     with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/health", timeout=5) as response:
         health = json.load(response)
     assert health["healthy"] is True and health["initialized"] is True

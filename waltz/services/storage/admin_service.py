@@ -7,7 +7,8 @@ cluster CLI, the Spark reader, the archiver, live disk checks) use it. With mutu
 needs the ``operator`` or ``admin`` role, and the requests that change the node the ``admin`` role
 (docs/design/overview.md, "Roles"). The changes an operator makes to what fences store sessions or
 to what retention may delete (set-fence, set archived-through) are logged at WARNING on the
-``waltz.services.storage.audit`` logger, and so is a truncation below the committed transactions,
+``waltz.services.storage.audit`` logger, and so are an unassignment that deletes a partition's
+files and a truncation below the committed transactions,
 which only an ``admin`` certificate over mutual TLS may ask for (docs/design/storage.md, "The
 committed floor").
 """
@@ -177,6 +178,13 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
             )
             if not body.toggled:
                 self._metrics.forget_partition(pid)
+                if body.delete_storage_files:
+                    audit_log.warning(
+                        "AUDIT unassign with files deleted: partition %d; from %s%s",
+                        pid,
+                        context.peer(),
+                        _peer_identity(context),
+                    )
             return _admin_response(request, success=storage_pb2.SuccessResponse())
         if kind in ("partition_read", "partition_write"):
             partition = node.partition(pid)
