@@ -11,6 +11,7 @@ too. This module imports nothing of ours: every layer may use it.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "open_private",
     "open_to_others",
     "private_directory",
+    "replaceable_by_others",
     "tighten",
     "write_private",
 ]
@@ -67,6 +69,54 @@ def private_directory(path: Path, *, narrow: bool = False) -> Path:
     if narrow:
         tighten(path)
     return path
+
+
+def replaceable_by_others(path: Path, *, within: tuple[str, ...] = ()) -> str | None:
+    """Why another user could have put, or could replace, what a directory holds; None when none can.
+
+    A directory whose contents the project trusts (a local cluster's work directory, with its keys,
+    certificates and ZooKeeper credentials; a storage node's data) must be its user's own: owned
+    by the process's user and writable by no one else, and each of its parents owned by that user
+    or root and writable by others only with the sticky bit (as ``/tmp`` is), so that no one else
+    can rename it away and put another in its place. The entries directly inside it, and
+    everything under the subdirectories named in ``within``, must be the user's own as well
+    (``lstat``: a link counts as what it is, not what it points to). Like OpenSSH's checks of its
+    key files. Design: docs/design/storage.md, "File modes".
+
+    Args:
+        path: an existing directory.
+        within: subdirectories of ``path`` whose whole trees are checked too (small ones: keys).
+
+    Returns:
+        The first reason found (naming the path, its owner and mode), or None.
+    """
+    uid = os.geteuid()
+
+    def problem(entry: Path, info: os.stat_result, *, parent: bool) -> str | None:
+        mode = info.st_mode & 0o7777
+        owners = (uid, 0) if parent else (uid,)
+        if info.st_uid not in owners:
+            return f"{entry} belongs to user {info.st_uid}, not to this process's user {uid}"
+        if mode & 0o022 and not (parent and mode & 0o1000) and not stat.S_ISLNK(info.st_mode):
+            return f"{entry} may be written by other users (mode {mode:o})"
+        return None
+
+    resolved = path.resolve()
+    for ancestor in reversed(resolved.parents):
+        found = problem(ancestor, os.stat(ancestor), parent=True)
+        if found is not None:
+            return found
+    entries = [resolved]
+    entries += sorted(resolved.iterdir())
+    for name in within:
+        tree = resolved / name
+        if tree.is_dir() and not tree.is_symlink():
+            entries += sorted(tree.rglob("*"))
+    for entry in entries:
+        found = problem(entry, os.lstat(entry), parent=False)
+        if found is not None:
+            return found
+    return None
 
 
 def open_to_others(path: Path) -> bool:

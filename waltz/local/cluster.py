@@ -465,6 +465,7 @@ class LocalCluster:
             if self._work_dir is None:
                 self._work_dir = Path(tempfile.mkdtemp(prefix="waltz-local-")).resolve()
             private_directory(self._work_dir)
+            self._security.check_own(self._work_dir)
             layout = self._load_layout()
             if layout is not None:
                 self._security.check_resumable(self._work_dir)

@@ -21,6 +21,7 @@ from waltz.local.certificates import ClusterCertificates, make_cluster_certifica
 from waltz.local.options import SecurityOptions
 from waltz.metadata.zk_roles import ROLE_DIGEST_FILES, Role, RoleCredentials
 from waltz.metadata.zk_security import ZooKeeperSecurity
+from waltz.private_files import replaceable_by_others
 from waltz.protocol.channels import TlsConfig
 
 __all__ = ["CERTIFICATES_DIR", "DIGEST_FILE", "LEGACY_DIGEST_FILE", "ROLE_DIGEST_DIR", "ClusterSecurity"]
@@ -112,6 +113,27 @@ class ClusterSecurity:
             self._zookeeper_security = dataclasses.replace(self._zookeeper_security, digest=digest)
         if self._zookeeper_security.digest is not None and self._roles is None:
             self._zookeeper_security.write_digest_file(work_dir / LEGACY_DIGEST_FILE)
+
+    @staticmethod
+    def check_own(work_dir: Path) -> None:
+        """Refuse a work directory another user could have filled or could swap: its certificates,
+        keys and ZooKeeper credentials would then be ones that user holds (docs/design/storage.md,
+        "File modes").
+
+        Raises:
+            ConfigurationError: the directory, an entry in it, anything under ``tls/`` or
+                ``zookeeper-credentials/``, or one of its parents is not this user's own
+                (:func:`waltz.private_files.replaceable_by_others` says which and why).
+        """
+        reason = replaceable_by_others(work_dir, within=(CERTIFICATES_DIR, ROLE_DIGEST_DIR))
+        if reason is None:
+            return
+        raise ConfigurationError(
+            f"the work directory {work_dir} is not safe to use: {reason}. Another user could have "
+            "put the cluster's certificates, keys and ZooKeeper credentials there, or could "
+            "replace them. Use a directory of your own that only you can write (a new one, e.g. "
+            "under your home directory), or fix the owner and mode (chown, chmod go-w)"
+        )
 
     def check_resumable(self, work_dir: Path) -> None:
         """Refuse to resume a kept cluster made without a ZooKeeper credential with one: its znodes

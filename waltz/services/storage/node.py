@@ -19,12 +19,13 @@ from typing import TypeVar
 
 from waltz.errors import (
     ClusterKeyMismatchError,
+    ConfigurationError,
     CorruptDataError,
     PartitionNotAssignedError,
     ProtocolError,
     StorageNotInitializedError,
 )
-from waltz.private_files import open_to_others, private_directory
+from waltz.private_files import open_to_others, private_directory, replaceable_by_others
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.records import MAX_PARTITIONS
 from waltz.services.storage import format as fmt
@@ -139,8 +140,18 @@ class StorageNode:
 
         Raises:
             CorruptDataError: the control file header is invalid.
+            ConfigurationError: the directory, an entry in it or a parent is not the node's user's
+                own (another user could replace what it holds).
         """
         private_directory(self.directory)
+        replaceable = replaceable_by_others(self.directory)
+        if replaceable is not None:
+            raise ConfigurationError(
+                f"storage directory {self.directory} is not safe to serve from: {replaceable}. "
+                "Another user could have put its control file or segments there, or could "
+                "replace or delete them; give it to this node's user alone (chown, chmod go-w) "
+                '(docs/design/storage.md, "File modes")'
+            )
         if open_to_others(self.directory):
             log.warning(
                 "storage directory %s may be read by other users (mode %o): its partitions' "
