@@ -39,7 +39,7 @@ def start_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[St
 
     def start() -> LocalStorageNode:
         name = f"storage-{len(nodes)}"
-        node = LocalStorageNode(tmp_path / name, name=name, log_path=tmp_path / f"{name}.log")
+        node = LocalStorageNode(tmp_path / name, name=name, log_path=tmp_path / f"{name}.log", insecure=True)
         nodes.append(node)
         support.add_failure_logs(request.node, f"{name} log", node.process.log_tail)
         node.start()
@@ -114,7 +114,10 @@ def create(
     expect: int = 0,
     env: dict[str, str] | None = None,
 ) -> Result:
+    # Open znodes on purpose (these tests read them anonymously) unless a credential is given.
     args = ["create", "--name", "test", "--partitions", str(partitions)]
+    if not env:
+        args.append("--insecure")
     for node in nodes:
         args += ["--storage", spec(node)]
     return cli(*args, *extra, expect=expect, env=env)
@@ -182,7 +185,11 @@ def test_create_then_list_and_verify_pass(
     assert from_file.exit_code == 0, from_file.output
     report = json.loads(from_file.stdout)
     assert report["passed"] is True
-    acl_checks = {c["name"]: c["status"] for c in report["checks"] if c["name"].startswith("zookeeper: root")}
+    acl_checks = {
+        c["name"]: c["status"]
+        for c in report["checks"]
+        if c["name"].startswith("zookeeper: root") and c["name"] != "zookeeper: root's parents"
+    }
     # Created without a credential: its znodes are open to anyone, a warning (not a failure).
     assert acl_checks == {
         "zookeeper: root and children ACLs": "WARNING",
@@ -217,9 +224,25 @@ def test_create_writes_nothing_when_a_storage_node_is_unreachable(
     node = start_storage()
     missing = f"127.0.0.1:{free_port()}={free_port()}"
     args = ["create", "--name", "x", "--partitions", "2", "--storage", spec(node), "--storage", missing]
-    result = cli(*args, expect=2)
+    result = cli(*args, "--insecure", expect=2)
     assert "unreachable" in result.output and "nothing was written to ZooKeeper" in result.output
     assert not ClusterZk(zk_client, zk_root).exists()
+
+
+@pytest.mark.security
+def test_create_without_a_credential_refuses_open_znodes_unless_told(
+    cli: Cli, start_storage: StartStorage, zk_client: KazooClient, zk_root: str
+) -> None:
+    node = start_storage()
+    args = ["create", "--name", "x", "--partitions", "1", "--storage", spec(node)]
+    refused = cli(*args, expect=2)
+    assert "no ZooKeeper credential: the cluster's znodes would be open to anyone" in refused.output
+    assert "--digest-dir DIR" in refused.output and "--insecure" in refused.output
+    assert "Nothing was written" in refused.output
+    assert not ClusterZk(zk_client, zk_root).exists()
+    created = cli(*args, "--insecure", expect=0)
+    assert "warning: --insecure: the cluster's znodes are open to anyone" in created.output
+    assert ClusterZk(zk_client, zk_root).exists()
 
 
 def test_node_of_another_cluster_is_reported_by_create_and_fails_verify(

@@ -14,10 +14,13 @@ import pytest
 import support
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.security import make_acl, make_digest_acl
 from typer.testing import CliRunner, Result
 
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
+from waltz.admin.verify import CheckStatus
+from waltz.admin.verify_acls import acl_checks
 from waltz.cli.main import app
 from waltz.client.discovery import ServerDiscovery
 from waltz.local.nodes import LocalServer, LocalStorageNode
@@ -69,7 +72,13 @@ def start_server(
 ) -> LocalServer:
     """A server (not started yet) with ``env``, its log shown when the test fails."""
     server = LocalServer(
-        zookeeper.connect_string, root, name=log.stem, log_path=log, env=env, session_timeout=4.0
+        zookeeper.connect_string,
+        root,
+        name=log.stem,
+        log_path=log,
+        env=env,
+        session_timeout=4.0,
+        insecure=True,
     )
     support.add_failure_logs(request.node, f"{log.stem} log", server.process.log_tail)
     return server
@@ -213,3 +222,55 @@ def test_a_cluster_made_with_one_credential_still_starts_then_moves_to_role_cred
         expect=None,
     )
     assert acl_check(verified)["status"] == "PASSED", verified.output
+
+
+@pytest.mark.security
+def test_verify_warns_of_a_parent_of_the_root_anyone_may_take_over(
+    zookeeper: LocalZooKeeper | DockerZooKeeper,
+) -> None:
+    """Parents that ``create`` makes may be listed, created in and deleted from by anyone, never
+    changed; an open parent (ZooKeeper's default, older versions') or one another identity took
+    over is a warning of ``verify``."""
+    top = f"/waltz-parents-{uuid.uuid4().hex[:8]}"
+    root = f"{top}/shared/cluster"
+    zk = connect_zookeeper(zookeeper.connect_string)
+    intruder = connect_zookeeper(zookeeper.connect_string)
+    intruder.add_auth("digest", "intruder:pw")
+    intruder_acl = make_digest_acl("intruder", "pw", all=True)
+    try:
+        cluster = ClusterZk(zk, root)
+        cluster.create(
+            ClusterParams("parents", 1, uuid.uuid4()),
+            ReplicaAssignments({"127.0.0.1:1": (0,)}),
+            GroupDescriptor({"127.0.0.1:1": 0}),
+            ConnectionMetadata({"127.0.0.1:1": 2}),
+        )
+        parents = {c.name: c for c in acl_checks(cluster)}["zookeeper: root's parents"]
+        assert parents.status is CheckStatus.PASSED, parents
+        assert parents.detail == f"{top}, {top}/shared: nobody else may change them"
+        for path in (top, f"{top}/shared"):
+            with pytest.raises(NoAuthError):  # nobody may take a parent over
+                intruder.set_acls(path, [make_digest_acl("intruder", "pw", all=True)])
+        # A parent made open, then taken over.
+        zk.create(f"{top}/open", b"")  # ZooKeeper's default: world:anyone:cdrwa
+        open_cluster = ClusterZk(zk, f"{top}/open/cluster")
+        warned = {c.name: c for c in acl_checks(open_cluster)}["zookeeper: root's parents"]
+        assert warned.status is CheckStatus.WARNING
+        assert f"{top}/open: anyone may change it (world:anyone:ALL)" in warned.detail
+        assert "setAcl <parent> world:anyone:crd" in warned.detail
+        intruder.set_acls(f"{top}/open", [make_acl("world", "anyone", read=True), intruder_acl])
+        taken = {c.name: c for c in acl_checks(open_cluster)}["zookeeper: root's parents"]
+        assert taken.status is CheckStatus.WARNING
+        assert "digest:intruder:" in taken.detail and "none of the cluster's identities" in taken.detail
+        intruder.set_acls(f"{top}/open", [intruder_acl])
+        hidden = {c.name: c for c in acl_checks(open_cluster)}["zookeeper: root's parents"]
+        assert hidden.status is CheckStatus.WARNING
+        assert "may not even read its ACL (another identity holds it)" in hidden.detail
+    finally:
+        with contextlib.suppress(NoNodeError, NoAuthError):
+            intruder.delete(f"{top}/open", recursive=True)
+        with contextlib.suppress(NoNodeError):
+            zk.delete(top, recursive=True)
+        for client in (zk, intruder):
+            client.stop()
+            client.close()

@@ -70,7 +70,10 @@ def storage_nodes(directory: Path, count: int) -> Iterator[list[LocalStorageNode
     """``count`` storage nodes with empty directories, running until the block ends."""
     nodes = [
         LocalStorageNode(
-            directory / f"storage-{i}", name=f"storage-{i}", log_path=directory / "logs" / f"storage-{i}.log"
+            directory / f"storage-{i}",
+            name=f"storage-{i}",
+            log_path=directory / "logs" / f"storage-{i}.log",
+            insecure=True,
         )
         for i in range(count)
     ]

@@ -92,7 +92,9 @@ def _stream_tasks() -> set[asyncio.Task[Any]]:
 def keyed_node(tmp_path: Path) -> Iterator[LocalStorageNode]:
     """A started storage node that an admin open with a cluster key of its own initialised (so
     that any other key is refused with ``CLUSTER_KEY_MISMATCH``)."""
-    node = LocalStorageNode(tmp_path / "storage", name="storage", log_path=tmp_path / "storage.log")
+    node = LocalStorageNode(
+        tmp_path / "storage", name="storage", log_path=tmp_path / "storage.log", insecure=True
+    )
     with node:
 
         async def take(storage: str, admin: StorageAdminClient) -> None:

@@ -104,6 +104,7 @@ def test_a_local_cluster_with_zookeeper_auth_serves_a_client_and_gives_every_zno
             name="wrong-credential",
             log_path=tmp_path / "wrong-credential.log",
             env={"WALTZ_ZOOKEEPER_AUTH_DIGEST": "waltz:not-the-password"},
+            insecure=True,
         )
         try:
             with pytest.raises(ServiceStartError, match=r"ZooKeeper refused reading .*not one the cluster"):

@@ -9,14 +9,20 @@ credentials, the nodes' settings, the logs) is checked.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+from kazoo.security import make_digest_acl
 from support.storage import run
+from typer.testing import CliRunner
 
+from waltz.cli.main import app as waltz_app
 from waltz.local.cluster import LocalCluster
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.records import ReqId
@@ -89,3 +95,28 @@ def test_no_log_and_no_description_holds_the_cluster_key(written: LocalCluster) 
     assert storage_logs and all(fingerprint in path.read_text() for path in storage_logs)
     description = written.describe()
     assert key not in description and fingerprint in description
+
+
+def test_on_its_own_zookeeper_anonymous_sessions_create_nothing(written: LocalCluster) -> None:
+    """ZooKeeper holds every znode in memory: anyone creating znodes where they may could exhaust
+    it. A local cluster's own ZooKeeper lets anyone only read ``/`` and the root's parents, and
+    ``waltz cluster verify`` finds no parent anyone else may change."""
+    anonymous = KazooClient(hosts=written.zookeeper_connect_string)
+    anonymous.start(timeout=10)
+    try:
+        parts = written.root.strip("/").split("/")[:-1]
+        parents = ["/", *("/" + "/".join(parts[: i + 1]) for i in range(len(parts)))]
+        assert len(parents) >= 2, written.root
+        for parent in parents:
+            with pytest.raises(NoAuthError):
+                anonymous.create(f"{parent.rstrip('/')}/filler", b"x" * 1000)
+            with pytest.raises(NoAuthError):
+                anonymous.set_acls(parent, [make_digest_acl("intruder", "pw", all=True)])
+        assert anonymous.get_children("/")  # reading stays open
+    finally:
+        anonymous.stop()
+        anonymous.close()
+    env = {**os.environ, **written.admin_env()}
+    report = CliRunner().invoke(waltz_app, ["cluster", "verify", "--json"], env=env)
+    checks = {c["name"]: c for c in json.loads(report.stdout)["checks"]}
+    assert checks["zookeeper: root's parents"]["status"] == "PASSED", checks["zookeeper: root's parents"]

@@ -1,4 +1,4 @@
-"""A node off loopback serves only with mutual TLS, unless told on purpose (docs/operations.md,
+"""A node serves only with mutual TLS, unless told on purpose, on loopback too (docs/operations.md,
 "Roles"): the rule, the settings of both nodes, and a storage node and a server really started."""
 
 from __future__ import annotations
@@ -49,9 +49,12 @@ def test_the_refusal_names_the_settings_that_lift_it() -> None:
     assert "storage.ssl.caFile" in message and "WALTZ_STORAGE_INSECURE=true" in message
     assert plaintext_refusal("storage", "WALTZ_STORAGE_", "10.0.0.5", mutual_tls=True, insecure=False) is None
     assert plaintext_refusal("storage", "WALTZ_STORAGE_", "10.0.0.5", mutual_tls=False, insecure=True) is None
-    assert (
-        plaintext_refusal("storage", "WALTZ_STORAGE_", "127.0.0.1", mutual_tls=False, insecure=False) is None
-    )
+    # Loopback is reachable by every local user: no exception.
+    local = plaintext_refusal("server", "WALTZ_SERVER_", "127.0.0.1", mutual_tls=False, insecure=False)
+    assert local is not None
+    assert "server.host '127.0.0.1' is a loopback address, reachable by every user of this host" in local
+    assert "delete the node's partitions" in local and "WALTZ_SERVER_INSECURE=true, --insecure" in local
+    assert plaintext_refusal("server", "WALTZ_SERVER_", "::1", mutual_tls=False, insecure=True) is None
 
 
 def test_storage_settings_off_loopback_need_mutual_tls_or_insecure(tmp_path: Path) -> None:
@@ -65,12 +68,16 @@ def test_storage_settings_off_loopback_need_mutual_tls_or_insecure(tmp_path: Pat
     assert StorageConfig(
         directory=tmp_path, host="10.1.2.3", tls_cert_file=cert, tls_key_file=key, tls_ca_file=ca
     ).mutual_tls
-    assert not StorageConfig(directory=tmp_path).mutual_tls  # loopback by default: allowed
+    with pytest.raises(ValidationError, match=re.escape("storage.host '127.0.0.1' is a loopback address")):
+        StorageConfig(directory=tmp_path)  # loopback by default: refused all the same
+    assert not StorageConfig(directory=tmp_path, insecure=True).mutual_tls
 
 
 def test_server_settings_off_loopback_need_mutual_tls_or_insecure(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match=re.escape("server.host '10.1.2.3' is not a loopback address")):
         ServerConfig(server_host="10.1.2.3", **ZK)
+    with pytest.raises(ValidationError, match=re.escape("server.host '127.0.0.1' is a loopback address")):
+        ServerConfig(**ZK)
     assert ServerConfig(server_host="10.1.2.3", server_insecure=True, **ZK).server_insecure
     cert, key, ca = (tmp_path / name for name in ("cert.pem", "key.pem", "ca.pem"))
     assert ServerConfig(
@@ -78,7 +85,9 @@ def test_server_settings_off_loopback_need_mutual_tls_or_insecure(tmp_path: Path
     ).mutual_tls
 
 
-def storage_process(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+def storage_process(
+    tmp_path: Path, env: dict[str, str], host: str = "0.0.0.0", *flags: str
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             sys.executable,
@@ -87,11 +96,12 @@ def storage_process(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[str
             "--directory",
             str(tmp_path / "storage"),
             "--host",
-            "0.0.0.0",
+            host,
             "--port",
             str(free_port()),
             "--admin-port",
             str(free_port()),
+            *flags,
         ],
         env={**env, "PATH": "/usr/bin:/bin"},
         stdout=subprocess.PIPE,
@@ -123,6 +133,31 @@ def test_a_storage_node_told_insecure_starts_and_says_so(tmp_path: Path) -> None
                 break
         said = "".join(lines)
         assert "storage.insecure is set: the ports on 0.0.0.0 serve without mutual TLS, to every host" in said
+        assert process.poll() is None, said
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def test_a_storage_node_started_with_no_flags_refuses_and_starts_with_insecure(tmp_path: Path) -> None:
+    process = storage_process(tmp_path, {}, "127.0.0.1")
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 2, output
+    assert "storage.host '127.0.0.1' is a loopback address, reachable by every user" in output
+    assert not (tmp_path / "storage").exists()
+    process = storage_process(tmp_path, {}, "127.0.0.1", "--insecure")
+    try:
+        lines: list[str] = []
+        assert process.stdout is not None
+        for _ in range(200):  # bounded: the start-up lines come within a few seconds
+            line = process.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "storage.insecure is set" in line:
+                break
+        said = "".join(lines)
+        assert "the ports on 127.0.0.1 serve without mutual TLS, to every user of this host" in said
         assert process.poll() is None, said
     finally:
         process.terminate()

@@ -70,7 +70,7 @@ def nodes(
 ) -> Iterator[Nodes]:
     directory = tmp_path_factory.mktemp("fuzz-network")
     storage = LocalStorageNode(
-        directory / "storage", name="fuzzed-storage", log_path=directory / "storage.log"
+        directory / "storage", name="fuzzed-storage", log_path=directory / "storage.log", insecure=True
     )
     key = str(uuid.uuid4())
     with (

@@ -6,10 +6,16 @@ credential in a cluster made with one), lets someone else replace the cluster pa
 cluster key, the partition count) or read the key: FAILED when the session holds a credential
 (the cluster is meant to be protected), WARNING when it holds none (a cluster made open on
 purpose, still worth a line). A child of the root that no cluster makes is a WARNING: a squatter's
-znode, or a wrong ``--root``.
+znode, or a wrong ``--root``. A parent of the root that anyone may write or change the ACL of
+(ZooKeeper's default, ``world:anyone:cdrwa``, as older versions made them), or whose ACL another
+identity holds, is a WARNING: anyone could take it over, after which no root under it can be
+deleted (docs/design/zookeeper.md, "Roles").
 """
 
 from __future__ import annotations
+
+from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.security import Permissions
 
 from waltz.admin.verify import CheckResult, CheckStatus
 from waltz.metadata.zk import ClusterZk
@@ -26,7 +32,8 @@ def acl_checks(cluster: ClusterZk) -> list[CheckResult]:
         cluster: the cluster's znodes, through the verifying session.
 
     Returns:
-        ``zookeeper: root and children ACLs`` and ``zookeeper: root children`` results.
+        ``zookeeper: root and children ACLs``, ``zookeeper: root children`` and ``zookeeper:
+        root's parents`` results.
     """
     own = session_identities(cluster.zk)
     roles: ClusterRoles | None = None
@@ -61,4 +68,38 @@ def acl_checks(cluster: ClusterZk) -> list[CheckResult]:
         if unknown
         else "only the cluster's own znodes",
     )
-    return [acl, children]
+    return [acl, children, _parent_check(cluster, known)]
+
+
+def _parent_check(cluster: ClusterZk, known: set[str] | None) -> CheckResult:
+    """Whether anyone could take over a parent of the root (change its ACL or data)."""
+    name = "zookeeper: root's parents"
+    parts = cluster.paths.root.strip("/").split("/")[:-1]
+    parents = ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+    problems = []
+    for path in parents:
+        try:
+            acl, _ = cluster.zk.get_acls(path)
+        except NoNodeError:
+            continue
+        except NoAuthError:
+            problems.append(f"{path}: this session may not even read its ACL (another identity holds it)")
+            continue
+        for entry in acl:
+            taking = entry.perms & (Permissions.WRITE | Permissions.ADMIN)
+            if not taking:
+                continue
+            identity = f"{entry.id.scheme}:{entry.id.id}"
+            if entry.id.scheme == "world":
+                problems.append(f"{path}: anyone may change it ({identity}:{','.join(entry.acl_list)})")
+            elif known is None or entry.id.id not in known:
+                problems.append(f"{path}: {identity}, none of the cluster's identities, may change it")
+    if not problems:
+        listed = ", ".join(parents) or "none"
+        return CheckResult(name, CheckStatus.PASSED, f"{listed}: nobody else may change them")
+    fix = (
+        "whoever takes a parent over (sets its ACL) can keep every root under it from being "
+        "deleted and others from being created; give each parent world:anyone:crd (ZooKeeper's "
+        "zkCli.sh: setAcl <parent> world:anyone:crd) or the operators' credential"
+    )
+    return CheckResult(name, CheckStatus.WARNING, f"{'; '.join(problems)}: {fix}")

@@ -87,12 +87,25 @@ def create(
     replicas: ReplicasOption = None,
     show_key: ShowKeyOption = False,
     digest_dir: DigestDirOption = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Create the znodes open to anyone, on purpose, when no ZooKeeper credential is "
+            "given (refused otherwise: anyone reaching ZooKeeper could read the cluster key and "
+            "erase the cluster).",
+        ),
+    ] = False,
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
     config: AdminConfigOption = None,
     timeout: TimeoutOption = None,
 ) -> None:
     """Create a cluster: its znodes under the root, then set up every storage node.
+
+    The znodes are protected by ZooKeeper credentials: per role with --digest-dir (made when
+    absent), or the one credential of the settings (zookeeper.auth.digestFile). With neither,
+    the command refuses, unless --insecure says to create them open on purpose.
 
     A new cluster key (UUID) is made (printed by its fingerprint only: the key is a secret, see
     --show-key); the cluster parameters, replica assignments, group
@@ -116,16 +129,28 @@ def create(
         except WaltzError as exc:
             raise typer.BadParameter(str(exc), param_hint="--storage") from exc
     with connected_admin(config, zookeeper, root, timeout) as admin:
+        open_znodes = digest_dir is None and not admin.cluster.zk.auth_data
+        if open_znodes and not insecure:
+            typer.secho(
+                "error: no ZooKeeper credential: the cluster's znodes would be open to anyone who "
+                "reaches ZooKeeper, who could read its cluster key and erase the cluster. Give "
+                "--digest-dir DIR (a credential per role, made when absent; docs/deploy.md, "
+                '"ZooKeeper credentials"), or --insecure to create them open on purpose. Nothing '
+                "was written.",
+                err=True,
+                fg=typer.colors.RED,
+            )
+            raise typer.Exit(2)
         credentials = RoleCredentials.load_or_generate(digest_dir) if digest_dir is not None else None
         result = admin.create(name, partitions, specs, replicas, credentials=credentials)
         if digest_dir is not None:
             files = ", ".join(ROLE_DIGEST_FILES.values())
             typer.echo(f"ZooKeeper credentials per role in {digest_dir}: {files}")
-        elif not admin.cluster.zk.auth_data:
+        elif open_znodes:
             typer.secho(
-                "warning: no ZooKeeper credential: the cluster's znodes are open to anyone, who can "
-                "read its cluster key and rewrite its metadata; create it with --digest-dir DIR "
-                '(docs/deploy.md, "ZooKeeper credentials") or protect it with `waltz cluster secure`',
+                "warning: --insecure: the cluster's znodes are open to anyone, who can read its "
+                "cluster key and rewrite its metadata; protect them later with `waltz cluster "
+                'secure --digest-dir DIR` (docs/operations.md, "Protecting a cluster\'s znodes")',
                 err=True,
                 fg=typer.colors.YELLOW,
             )

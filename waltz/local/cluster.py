@@ -477,13 +477,9 @@ class LocalCluster:
                 self.root,
                 layout,
                 self._hosts,
-                storage_env=self._security.storage_env(
-                    self._processes.storage_env, off_loopback=self._hosts is not None
-                ),
+                storage_env=self._security.storage_env(self._processes.storage_env),
                 server_env=self._security.server_env(
-                    {**DEFAULT_SERVER_ENV, **self._processes.server_env},
-                    self._work_dir,
-                    off_loopback=self._hosts is not None,
+                    {**DEFAULT_SERVER_ENV, **self._processes.server_env}, self._work_dir
                 ),
             )
             for node in self._nodes.storages:
@@ -498,6 +494,8 @@ class LocalCluster:
                 timeout=remaining(),
                 security=self._security.zookeeper_security,
             )
+            if self._nodes.zookeeper is not None and self._security.role_credentials is not None:
+                self._metadata.close_above_root(self._security.role_credentials)
             self._cluster_key = self._metadata.create(
                 self._name,
                 self._partitions,

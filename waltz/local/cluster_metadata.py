@@ -149,6 +149,13 @@ class ClusterMetadata:
             raise ServiceStartError(f"storage node(s) refused the new cluster{hint}:\n{details}")
         return str(result.params.cluster_key)
 
+    def close_above_root(self, credentials: RoleCredentials) -> None:
+        """On a ZooKeeper of the cluster's own, let anyone only read ``/`` and the root's parents
+        (:meth:`ClusterZk.close_above_root <waltz.metadata.zk.ClusterZk.close_above_root>`)."""
+        changed = ClusterZk(self.client, self.paths.root).close_above_root(credentials.identities())
+        if changed:
+            log.info("ZooKeeper's %s: read-only to anyone, the operator role does all", ", ".join(changed))
+
     def owner(self, partition_id: int) -> str | None:
         """``host:port`` of the server the assignment places ``partition_id`` on, or None.
 

@@ -149,6 +149,8 @@ class LocalStorageNode(_LocalProcess):
         config_file: write the node's settings (directory, host, ports) to this YAML file and
             start it as a deployment does, ``waltz storage start --config <file>``; None passes
             them as options.
+        insecure: serve without mutual TLS on purpose (``storage.insecure``); without it the
+            node must be given its TLS files (``env``), or it refuses to start.
     """
 
     kind = "storage node"
@@ -169,6 +171,7 @@ class LocalStorageNode(_LocalProcess):
         host: str | None = None,
         command_prefix: Sequence[str] = (),
         config_file: Path | None = None,
+        insecure: bool = False,
     ) -> None:
         if host is not None:
             self.host = host
@@ -189,6 +192,9 @@ class LocalStorageNode(_LocalProcess):
         if self.metrics_port is not None:
             settings["storage.metrics.port"] = self.metrics_port
             flags += ["--metrics-port", str(self.metrics_port)]
+        if insecure:
+            settings["storage.insecure"] = True
+            flags += ["--insecure"]
         args = _command("storage", "waltz.services.storage", settings, flags, config_file)
         args += extra_args or []
         self.process = ManagedProcess(
@@ -231,6 +237,8 @@ class LocalServer(_LocalProcess):
         config_file: write the server's settings (ZooKeeper, root, host, ports, session timeout)
             to this YAML file and start it as a deployment does, ``waltz server start --config
             <file>``; None passes them as options.
+        insecure: serve without mutual TLS on purpose (``server.insecure``); without it the
+            server must be given its TLS files (``env``), or it refuses to start.
     """
 
     kind = "server"
@@ -253,6 +261,7 @@ class LocalServer(_LocalProcess):
         host: str | None = None,
         command_prefix: Sequence[str] = (),
         config_file: Path | None = None,
+        insecure: bool = False,
     ) -> None:
         if host is not None:
             self.host = host
@@ -273,6 +282,9 @@ class LocalServer(_LocalProcess):
         if self.metrics_port is not None:
             settings["server.metrics.port"] = self.metrics_port
             flags += ["--metrics-port", str(self.metrics_port)]
+        if insecure:
+            settings["server.insecure"] = True
+            flags += ["--insecure"]
         args = _command("server", "waltz.services.server", settings, flags, config_file)
         args += extra_args or []
         self.process = ManagedProcess(

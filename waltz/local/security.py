@@ -219,23 +219,20 @@ class ClusterSecurity:
             )
         return lines
 
-    def server_env(
-        self, env: Mapping[str, str], work_dir: Path, *, off_loopback: bool = False
-    ) -> dict[str, str]:
+    def server_env(self, env: Mapping[str, str], work_dir: Path) -> dict[str, str]:
         """The servers' environment: the ZooKeeper variables, then ``env``, then the TLS files of a
         secure cluster (mutual TLS on their ports, the node certificate for store sessions).
 
-        With ``off_loopback`` (servers on network-namespace hosts) and no certificates, the
-        servers are told they serve without mutual TLS on purpose (``WALTZ_SERVER_INSECURE``),
-        which a node off loopback otherwise refuses (docs/operations.md, "Roles").
+        A plaintext cluster's servers are told that they serve without mutual TLS on purpose
+        (``WALTZ_SERVER_INSECURE``), which a node otherwise refuses (docs/operations.md, "Roles").
         """
         certificates = self._certificates.server_env() if self._certificates is not None else {}
-        insecure = {"WALTZ_SERVER_INSECURE": "true"} if off_loopback and not certificates else {}
+        insecure = {} if certificates else {"WALTZ_SERVER_INSECURE": "true"}
         return {**self.zookeeper_env(work_dir, Role.SERVER), **insecure, **env, **certificates}
 
-    def storage_env(self, env: Mapping[str, str], *, off_loopback: bool = False) -> dict[str, str]:
+    def storage_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """The storage nodes' environment: ``env``, then the TLS files of a secure cluster
-        (``WALTZ_STORAGE_INSECURE`` as for :meth:`server_env` with ``off_loopback``)."""
+        (``WALTZ_STORAGE_INSECURE`` on a plaintext cluster, as for :meth:`server_env`)."""
         certificates = self._certificates.storage_env() if self._certificates is not None else {}
-        insecure = {"WALTZ_STORAGE_INSECURE": "true"} if off_loopback and not certificates else {}
+        insecure = {} if certificates else {"WALTZ_STORAGE_INSECURE": "true"}
         return {**insecure, **env, **certificates}

@@ -142,7 +142,7 @@ def run_storage_smoke(
     key = str(uuid.uuid4())
     per_partition = max(1, transactions // partitions)
     log_path = directory / "storage.log"
-    with LocalStorageNode(directory / "storage", name="storage", log_path=log_path) as node:
+    with LocalStorageNode(directory / "storage", name="storage", log_path=log_path, insecure=True) as node:
         say(f"storage node started (pid {node.process.pid}, port {node.port}, admin port {node.admin_port})")
 
         async def setup() -> None:

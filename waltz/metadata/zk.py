@@ -32,9 +32,9 @@ from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.protocol.states import ZnodeStat
-from kazoo.security import ACL, OPEN_ACL_UNSAFE
+from kazoo.security import ACL, Id, Permissions
 
 from waltz.errors import ClusterNotFoundError, GenerationFencedError, MetadataError, StaleMetadataError
 from waltz.metadata.paths import ClusterPaths
@@ -51,12 +51,17 @@ from waltz.metadata.zk_access import ClusterAccess
 from waltz.metadata.zk_roles import ClusterRoles, Role, session_identities
 from waltz.metadata.zk_session import ZooKeeperUnavailableError, get_within, zookeeper_access
 
-__all__ = ["ClusterPaths", "ClusterZk", "Versioned"]
+__all__ = ["PARENT_ACL", "ClusterPaths", "ClusterZk", "Versioned"]
 
 log = logging.getLogger(__name__)
 
 #: Attempts of a compare-and-set loop before giving up (each attempt re-reads the znode).
 MAX_CAS_ATTEMPTS = 50
+
+#: The ACL of the parents of a root that ``create`` makes (docs/design/zookeeper.md, "Roles"):
+#: anyone may list, create and delete children (clusters with other credentials share them; a
+#: protected root holding znodes cannot be deleted), no one may write or change the ACL.
+PARENT_ACL = [ACL(Permissions.CREATE | Permissions.READ | Permissions.DELETE, Id("world", "anyone"))]
 
 
 class _Codec(Protocol):
@@ -223,10 +228,11 @@ class ClusterZk:
         log.info("created cluster %r under %s", params.name, self.paths.root)
 
     def _ensure_root(self, roles: ClusterRoles | None) -> None:
-        """Create the root with its ACL; its parents, holding nothing, open to all.
+        """Create the root with its ACL; its missing parents, holding nothing, with :data:`PARENT_ACL`.
 
-        Open parents let clusters with different credentials share one (``/waltz``); nobody can
-        delete a protected root holding znodes through them. A root that exists already (made by
+        Parents anyone may create in let clusters with different credentials share one
+        (``/waltz``); nobody can delete a protected root holding znodes through them, nor take a
+        parent over (no one holds ``ADMIN`` or ``WRITE`` on it). A root that exists already (made by
         an operator, or left by an older version) and holds nothing gets the root's ACL; one
         holding znodes must pass :meth:`ClusterAccess.check_root` (a squatter's root is refused).
 
@@ -235,7 +241,7 @@ class ClusterZk:
         """
         parent = self.paths.root.rsplit("/", 1)[0]
         if parent:
-            self.zk.ensure_path(parent, acl=OPEN_ACL_UNSAFE)
+            self.zk.ensure_path(parent, acl=PARENT_ACL)
         root_acl = roles.acl_for("") if roles is not None else self.zk.default_acl
         try:
             self.zk.create(self.paths.root, b"", acl=root_acl)
@@ -245,6 +251,38 @@ class ClusterZk:
         if root_acl and not self.zk.get_children(self.paths.root):
             self.zk.set_acls(self.paths.root, root_acl)
         self.access.check_root(roles)
+
+    def close_above_root(self, roles: ClusterRoles) -> list[str]:
+        """Let anyone only read ``/`` and the root's parents; the operator role does all. Call it
+        before :meth:`create`, which would make missing parents with :data:`PARENT_ACL`.
+
+        For an ensemble the cluster has to itself (a local cluster's own ZooKeeper), which
+        nothing else writes to: ZooKeeper holds every znode in memory, and an anonymous session
+        creating znodes where it may would exhaust it (docs/design/zookeeper.md, "Roles").
+        Idempotent.
+
+        Returns:
+            The znodes whose ACL changed.
+        """
+        acl = [ACL(Permissions.READ, Id("world", "anyone")), *roles.acl({Role.OPERATOR: Permissions.ALL})]
+        parts = self.paths.root.strip("/").split("/")[:-1]
+        changed = []
+        for path in ["/", *("/" + "/".join(parts[: i + 1]) for i in range(len(parts)))]:
+            try:
+                self.zk.create(path, b"", acl=acl)
+                changed.append(path)
+                continue
+            except NodeExistsError:
+                pass
+            current, _ = self.zk.get_acls(path)
+            if sorted(map(str, current)) == sorted(map(str, acl)):
+                continue
+            try:
+                self.zk.set_acls(path, acl)
+                changed.append(path)
+            except NoAuthError:
+                log.warning("ZooKeeper's %s keeps its ACL %s: this session may not change it", path, current)
+        return changed
 
     def check_security(self) -> ClusterRoles | None:
         """Check the root before using the cluster and adopt the session's role ACL

@@ -1,12 +1,12 @@
 """Where a node may serve without mutual TLS (docs/operations.md, "Roles"; docs/design/overview.md,
 "Roles").
 
-A storage node or server bound to a loopback address (``127.0.0.0/8``, ``::1``, ``localhost``) is
-reachable from this host only, and may serve without client certificates, with a warning. Bound
-to any other address (a routable one, ``0.0.0.0``, ``::``, a host name) it refuses to start
-unless mutual TLS is configured (certificate, key and CA file: every peer then presents a
-certificate naming its roles), or the node's ``insecure`` setting says, on purpose, that it
-serves without; that node then logs so at every start.
+A storage node or server serves with mutual TLS (certificate, key and CA file: every peer then
+presents a certificate naming its roles), or refuses to start, unless the node's ``insecure``
+setting says, on purpose, that it serves without; that node then logs so at every start. A node
+bound to a loopback address is reachable from this host only, but by every user of it: without
+client certificates any of them could delete its partitions, fence or truncate the log, so
+loopback is no exception (docs/decisions/0098-plaintext-on-loopback-is-an-explicit-opt-out.md).
 """
 
 from __future__ import annotations
@@ -43,15 +43,26 @@ def plaintext_refusal(
         insecure: the ``<prefix>.insecure`` setting.
 
     Returns:
-        The refusal's message, naming the settings that lift it; None when ``host`` is loopback,
-        mutual TLS is on, or ``insecure`` is set.
+        The refusal's message, naming the settings that lift it; None when mutual TLS is on or
+        ``insecure`` is set.
     """
-    if mutual_tls or insecure or is_loopback(host):
+    if mutual_tls or insecure:
         return None
     settings = f"{prefix}.ssl.certFile, {prefix}.ssl.keyFile and {prefix}.ssl.caFile"
+    if is_loopback(host):
+        reach = (
+            f"{prefix}.host {host!r} is a loopback address, reachable by every user of this host, and "
+            "mutual TLS is not configured: without client certificates any of them could delete "
+            "the node's partitions, fence or truncate the log."
+        )
+    else:
+        reach = (
+            f"{prefix}.host {host!r} is not a loopback address, and mutual TLS is not configured: a "
+            "node other hosts can reach serves only with client certificates and roles."
+        )
     return (
-        f"{prefix}.host {host!r} is not a loopback address, and mutual TLS is not configured: a node "
-        f"other hosts can reach serves only with client certificates and roles. Set {settings} "
+        f"{reach} Set {settings} "
         '(docs/operations.md, "Roles"), '
-        f"or {prefix}.insecure=true ({env_prefix}INSECURE=true) to serve without them on purpose"
+        f"or {prefix}.insecure=true ({env_prefix}INSECURE=true, --insecure) to serve without them "
+        "on purpose (a trial on a machine of your own)"
     )

@@ -54,6 +54,7 @@ def make_store_cluster(
             name=f"storage-{i}",
             log_path=tmp_path / f"storage-{i}.log",
             env=storage_env,
+            insecure=True,
         )
         for i in range(storages)
     ]

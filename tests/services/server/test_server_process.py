@@ -49,6 +49,7 @@ def _server(
         log_path=tmp_path / f"{name}.log",
         session_timeout=SESSION_TIMEOUT,
         env=env,
+        insecure=True,
     )
     support.add_failure_logs(request.node, f"{name} log", server.process.log_tail)
     return server
@@ -275,6 +276,7 @@ def test_verify_health_and_metrics_with_servers(
         metrics=True,
         session_timeout=SESSION_TIMEOUT,
         env=dict(DEFAULT_SERVER_ENV),
+        insecure=True,
     )
     support.add_failure_logs(request.node, "server log", server.process.log_tail)
     with server:
@@ -388,6 +390,7 @@ def test_sigterm_while_zookeeper_is_unreachable_still_stops_the_server(
             log_path=tmp_path / "server-cut-off.log",
             session_timeout=SESSION_TIMEOUT,
             env=dict(DEFAULT_SERVER_ENV),
+            insecure=True,
         )
         support.add_failure_logs(request.node, "server log", server.process.log_tail)
         server.start()

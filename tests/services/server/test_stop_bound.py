@@ -84,6 +84,7 @@ def test_a_server_exits_within_the_bound_when_zookeeper_stops_with_it(
             log_path=tmp_path / f"{name}.log",
             session_timeout=SESSION_TIMEOUT,
             env=dict(DEFAULT_SERVER_ENV),
+            insecure=True,
         )
         support.add_failure_logs(request.node, f"{name} log", server.process.log_tail)
         with server:
@@ -107,6 +108,7 @@ def test_a_server_cut_off_from_zookeeper_exits_within_the_bound(
         log_path=tmp_path / "server.log",
         session_timeout=SESSION_TIMEOUT,
         env=dict(DEFAULT_SERVER_ENV),
+        insecure=True,
     )
     support.add_failure_logs(request.node, "server log", server.process.log_tail)
     with server:

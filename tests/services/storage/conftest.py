@@ -36,6 +36,7 @@ def start_storage(
             name=name,
             log_path=tmp_path / f"{name}-{len(nodes)}.log",
             **kwargs,
+            insecure=True,
         )
         nodes.append(node)
         support.add_failure_logs(request.node, f"{name} log", node.process.log_tail)

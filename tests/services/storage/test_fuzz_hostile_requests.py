@@ -89,7 +89,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     directory = tmp_path_factory.mktemp("fuzz-hostile")
     key = str(uuid.uuid4())
     with LocalStorageNode(
-        directory / "storage", name="hostile", log_path=directory / "storage.log"
+        directory / "storage", name="hostile", log_path=directory / "storage.log", insecure=True
     ) as storage:
 
         async def init() -> None:

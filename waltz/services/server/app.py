@@ -235,7 +235,9 @@ class ServerApp:
                 "server.insecure is set: port %d on %s serves without mutual TLS%s",
                 self.port,
                 config.server_host,
-                "" if is_loopback(config.server_host) else ", to every host that reaches this address",
+                ", to every user of this host"
+                if is_loopback(config.server_host)
+                else ", to every host that reaches this address",
             )
         if config.server_tls_ca_file is None or credentials is None:
             log.warning(

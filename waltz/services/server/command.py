@@ -48,6 +48,14 @@ def start(
     session_timeout: Annotated[
         float | None, typer.Option(help="ZooKeeper session timeout in seconds (zookeeper.sessionTimeout).")
     ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Serve without mutual TLS, on purpose: anyone who reaches the ports may make every "
+            "request, delete partitions included (server.insecure; refused otherwise, on loopback too).",
+        ),
+    ] = False,
     log_level: Annotated[
         str | None, typer.Option(help="Log level (default: WALTZ_LOG_LEVEL or INFO).")
     ] = None,
@@ -73,6 +81,7 @@ def start(
             server_metrics_port=metrics_port,
             server_advertised_endpoint=advertised_endpoint,
             zookeeper_session_timeout=session_timeout,
+            server_insecure=True if insecure else None,
         )
     except ConfigurationError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -111,8 +111,8 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
     )
     server_insecure: bool = Field(
         False,
-        description="Serve without mutual TLS on an address that is not loopback (refused otherwise); "
-        "logged at every start.",
+        description="Serve without mutual TLS, on purpose (refused otherwise, on loopback too: every local "
+        "user could delete partitions); logged at every start.",
     )
     server_lock_table_size: int = Field(1 << 16, gt=0, description="Slots of each partition's lock table.")
     server_lock_table_hash_count: int = Field(3, gt=0, description="Lock table slots per lock.")

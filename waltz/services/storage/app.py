@@ -69,7 +69,9 @@ class StorageApp:
             log.warning(
                 "storage.insecure is set: the ports on %s serve without mutual TLS%s",
                 config.host,
-                "" if is_loopback(config.host) else ", to every host that reaches this address",
+                ", to every user of this host"
+                if is_loopback(config.host)
+                else ", to every host that reaches this address",
             )
         if credentials is None or config.tls_ca_file is None:
             log.warning(

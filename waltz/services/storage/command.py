@@ -38,6 +38,14 @@ def start(
         int | None,
         typer.Option(help="Bytes after which a new segment starts (storage.segment.size.threshold)."),
     ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Serve without mutual TLS, on purpose: anyone who reaches the ports may make every "
+            "request, delete partitions included (storage.insecure; refused otherwise, on loopback too).",
+        ),
+    ] = False,
     log_level: Annotated[
         str | None, typer.Option(help="Log level (default: WALTZ_LOG_LEVEL or INFO).")
     ] = None,
@@ -60,6 +68,7 @@ def start(
             admin_port=admin_port,
             metrics_port=metrics_port,
             segment_size_threshold=segment_size_threshold,
+            insecure=True if insecure else None,
         )
     except ConfigurationError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -119,8 +119,8 @@ class StorageConfig(WaltzSettings):
     )
     insecure: bool = Field(
         False,
-        description="Serve without mutual TLS on an address that is not loopback (refused otherwise); "
-        "logged at every start.",
+        description="Serve without mutual TLS, on purpose (refused otherwise, on loopback too: every local "
+        "user could delete partitions); logged at every start.",
     )
 
     def retention(self) -> RetentionSettings:

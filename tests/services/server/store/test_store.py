@@ -665,7 +665,7 @@ def test_add_a_replica_catch_up_then_remove_another(store_cluster: StoreCluster,
 
     admin = StorageNodeAdmin(store_cluster.zk, storage_timeout=10)
     newcomer = LocalStorageNode(
-        tmp_path / "storage-new", name="storage-new", log_path=tmp_path / "storage-new.log"
+        tmp_path / "storage-new", name="storage-new", log_path=tmp_path / "storage-new.log", insecure=True
     )
     leaving = store_cluster.storages[0]
 
@@ -717,7 +717,7 @@ def test_recover_partition_seeds_a_new_replica_with_committed_records(
 
     admin = StorageNodeAdmin(store_cluster.zk, storage_timeout=10)
     newcomer = LocalStorageNode(
-        tmp_path / "storage-new", name="storage-new", log_path=tmp_path / "storage-new.log"
+        tmp_path / "storage-new", name="storage-new", log_path=tmp_path / "storage-new.log", insecure=True
     )
     source = store_cluster.storages[0]
 
