@@ -79,3 +79,11 @@ def test_a_storage_node_whose_metrics_port_is_taken_says_so(tmp_path: Path) -> N
     assert done.returncode == 1, done.stderr
     assert f"error: cannot listen on 127.0.0.1:{port} for /metrics" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_storage_directory_that_cannot_be_made_says_so(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("not a directory")
+    done = _start("storage", "start", "--directory", str(tmp_path / "afile" / "data"), "--port", "0")
+    assert done.returncode == 1, done.stderr
+    assert f"error: storage.directory {tmp_path / 'afile' / 'data'}:" in done.stderr
+    assert "Traceback" not in done.stderr

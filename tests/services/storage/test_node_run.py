@@ -273,3 +273,18 @@ def test_an_unassigned_partition_with_kept_files_stays_unassigned_after_a_restar
         assert not (path / "1").exists()
     finally:
         again.close()
+
+
+def test_one_directory_serves_one_node(tmp_path: Path) -> None:
+    """A second node on the same files would count as another replica of the same partitions."""
+    from waltz.errors import ConfigurationError
+
+    path = tmp_path / "storage"
+    first = _open_node(path, 2)
+    try:
+        with pytest.raises(ConfigurationError, match="is in use by another storage node"):
+            StorageNode(path).start()
+    finally:
+        first.close()
+    with StorageNode(path) as second:  # the first one let it go
+        assert second.assigned_partitions() == [0, 1]

@@ -78,3 +78,6 @@ def start(
     except (BindError, ConfigurationError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
+    except OSError as exc:  # the directory cannot be made or used (a file in its path, no rights)
+        typer.echo(f"error: storage.directory {settings.directory}: {exc}", err=True)
+        raise typer.Exit(1) from exc

@@ -7,7 +7,9 @@ never talks to ZooKeeper; servers and the admin tools drive it over gRPC.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
 import shutil
 import threading
 import time
@@ -130,6 +132,7 @@ class StorageNode:
         self._executors: dict[int, ThreadPoolExecutor] = {}
         self._lock = threading.RLock()
         self._closed = False
+        self._directory_fd: int | None = None
 
     # ---- life cycle ----
 
@@ -141,7 +144,7 @@ class StorageNode:
         Raises:
             CorruptDataError: the control file header is invalid.
             ConfigurationError: the directory, an entry in it or a parent is not the node's user's
-                own (another user could replace what it holds).
+                own (another user could replace what it holds), or another storage node holds it.
         """
         private_directory(self.directory)
         replaceable = replaceable_by_others(self.directory)
@@ -152,6 +155,44 @@ class StorageNode:
                 "replace or delete them; give it to this node's user alone (chown, chmod go-w) "
                 '(docs/design/storage.md, "File modes")'
             )
+        self._hold_directory()
+        try:
+            self._open_files()
+        except BaseException:
+            self._release_directory()
+            raise
+
+    def _hold_directory(self) -> None:
+        """Take the directory for this node alone: an exclusive ``flock`` on it, held until
+        :meth:`close` (or the process ends). A second node on the same files would be taken by
+        the cluster for another replica of the same partitions (docs/design/storage.md, "File
+        modes").
+
+        Raises:
+            ConfigurationError: another storage node (process or object) holds the directory.
+        """
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigurationError(
+                f"storage directory {self.directory} is in use by another storage node: one "
+                "directory serves one node (a second one on the same files would count as another "
+                "replica of the same partitions); give this node a directory of its own, or stop "
+                "the other one first"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._directory_fd = fd
+
+    def _release_directory(self) -> None:
+        if self._directory_fd is not None:
+            os.close(self._directory_fd)  # closing the descriptor releases the flock
+            self._directory_fd = None
+
+    def _open_files(self) -> None:
         if open_to_others(self.directory):
             log.warning(
                 "storage directory %s may be read by other users (mode %o): its partitions' "
@@ -227,6 +268,7 @@ class StorageNode:
             self._partitions.clear()
             if self._control is not None:
                 self._control.close()
+            self._release_directory()
 
     def __enter__(self) -> StorageNode:
         self.start()
