@@ -111,3 +111,20 @@ def test_a_database_that_cannot_work_is_refused_before_spark_starts(
     code, output = _rebuild("--verify-against", "postgres://postgres@127.0.0.1/ledger", *where)
     assert code == 2, output
     assert "postgresql+psycopg://" in output and "starting Spark" not in output
+
+
+def test_a_snapshot_and_a_drift_check_are_refused_together(tmp_path: Path) -> None:
+    """The drift check reads the whole log: a snapshot given beside it would be passed over."""
+    code, output = _rebuild(
+        "--from-snapshot",
+        str(tmp_path / "snapshot"),
+        "--verify-against",
+        "sqlite:///live.db",
+        "--storage-dir",
+        str(tmp_path),
+        "--replicas",
+        "1",
+    )
+    assert code == 2, output
+    assert "--from-snapshot and --verify-against do not go together" in output
+    assert "starting Spark" not in output

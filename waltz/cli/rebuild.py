@@ -237,6 +237,13 @@ def rebuild_command(
     verify_against = secret_value(verify_against, verify_against_file, "--verify-against", required=False)
     if db is None and verify_against is None and not check:
         raise typer.BadParameter("give --db, --verify-against, --check, or a combination")
+    if from_snapshot is not None and verify_against is not None:
+        raise typer.BadParameter(
+            "--from-snapshot and --verify-against do not go together: the drift check reads the "
+            "whole log up to the live database's own marks, which no snapshot starts from. Rebuild "
+            "from the snapshot with --db, then check for drift with --verify-against alone",
+            param_hint="--from-snapshot",
+        )
     try:  # here, not at the top: every `waltz` command would import SQLAlchemy
         from sqlalchemy.exc import SQLAlchemyError
 
