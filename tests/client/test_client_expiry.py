@@ -42,7 +42,13 @@ def test_a_context_expires_at_its_timeout_while_its_partition_cannot_be_mounted(
         with WaltzClient(store, config) as client:
             first = client.submit(Append(0, b"first")).result(TIMEOUT).transaction_id
             assert first is not None
-            cluster.stop_server(0)
+            assert cluster.stop_server(0) == 0
+            # A graceful stop with a client connected ends its stream; gRPC logs no ERROR.
+            log_path = cluster.servers[0].process.log_path
+            assert log_path is not None
+            stop_log = log_path.read_text()
+            assert "server stopped" in stop_log
+            assert "Exception not handled" not in stop_log and "CancelledError" not in stop_log, stop_log
             wait_until(
                 lambda: client.partition_states()[0] is not PartitionState.MOUNTED,
                 timeout=TIMEOUT,

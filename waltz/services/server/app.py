@@ -105,6 +105,7 @@ class ServerApp:
         self._membership: ServerMembership | None = None
         self._manager: ClusterManager | None = None
         self._grpc: grpc.aio.Server | None = None
+        self._client_service: WaltzServerServicer | None = None
         self._http: HealthHttpServer | None = None
         self._session_lost = False
         self._streams: StorageStreams | None = None
@@ -221,9 +222,8 @@ class ServerApp:
         config = self.config
         server = grpc.aio.server(options=server_options())
         server_pb2_grpc.add_ServerAdminServiceServicer_to_server(ServerAdminServicer(self), server)
-        client_pb2_grpc.add_WaltzServerServiceServicer_to_server(
-            WaltzServerServicer(lambda: self.partitions, config.lock_hash_limits()), server
-        )
+        self._client_service = WaltzServerServicer(lambda: self.partitions, config.lock_hash_limits())
+        client_pb2_grpc.add_WaltzServerServiceServicer_to_server(self._client_service, server)
         address = f"{config.server_host}:{config.server_port}"
         credentials = server_credentials(
             config.server_tls_cert_file, config.server_tls_key_file, config.server_tls_ca_file, "server.ssl"
@@ -296,6 +296,8 @@ class ServerApp:
             await self._streams.close()
         if zk is not None:
             await _stop_step(zk.close, 1.0, "closing the ZooKeeper client")
+        if self._client_service is not None:
+            await self._client_service.end_streams(1.0)
         if self._grpc is not None:
             await self._grpc.stop(1.0)
         if self._http is not None:

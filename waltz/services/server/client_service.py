@@ -107,6 +107,12 @@ class _Connection:
             self._drained.clear()
             await self._drained.wait()
 
+    def end(self) -> None:
+        """End :meth:`batches` (the server stops): what is queued is not sent."""
+        self.closed = True
+        self._ready.set()
+        self._drained.set()
+
     async def batches(self) -> AsyncIterator[client_pb2.ServerMessages]:
         while not self.closed:
             await self._ready.wait()
@@ -142,6 +148,24 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
     ) -> None:
         self._partitions = partitions
         self._limits = lock_hash_limits or LockHashLimits()
+        self._connections: set[_Connection] = set()
+
+    async def end_streams(self, timeout: float) -> None:
+        """End every client stream as a stop does, before gRPC's own stop cancels them.
+
+        Each stream returns (status OK; the client reconnects, as after any lost connection)
+        rather than being cancelled inside the servicer, which gRPC logs at ERROR with a
+        traceback: an alert at every rolling restart (docs/design/server.md, "Stopping within a
+        bound").
+
+        Args:
+            timeout: seconds to wait for the streams to return.
+        """
+        for connection in list(self._connections):
+            connection.end()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._connections and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
 
     async def Stream(  # noqa: N802 - gRPC method name
         self,
@@ -151,6 +175,7 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         """Serve one client connection."""
         await authorize(context, CLIENT_ROLES, "the client service", request_iterator)
         connection = _Connection()
+        self._connections.add(connection)
         tasks: set[asyncio.Task[None]] = set()
         reader = asyncio.get_running_loop().create_task(
             self._read(connection, request_iterator, tasks, context.peer())
@@ -162,6 +187,7 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
                 # Bytes that do not parse, say: the client learns it from the status, not silence.
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, connection.error)
         finally:
+            self._connections.discard(connection)
             connection.closed = True
             reader.cancel()
             for task in list(tasks):
