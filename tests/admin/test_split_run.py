@@ -34,9 +34,10 @@ from waltz.admin.split_run import SplitNotAuthorisedError, SplitRun, check_autho
 from waltz.chaos.proxy import FaultProxy
 from waltz.cli.main import app
 from waltz.committed.plan import plan_live_on
-from waltz.errors import SplitStateError
+from waltz.errors import ConfigurationError, SplitStateError
 from waltz.local.certificates import make_cluster_certificates
 from waltz.local.cluster import LocalCluster
+from waltz.local.nodes import LocalStorageNode
 from waltz.local.options import ProcessOptions, SecurityOptions
 from waltz.metadata.assignment import MEMBER_PREFIX, PARTITION_EPOCHS_FEATURE, Member, read_members
 from waltz.metadata.epochs import EpochState, PartitionEpochs, PartitionEpochsZk
@@ -236,6 +237,22 @@ def test_a_split_cut_from_zookeeper_resumes_and_aborts_only_before_a_parent_is_s
         assert value.cut_problems({0: -1, 1: -1}) == []  # the children not read: a cut before the split
         (problem,) = value.cut_problems({0: barriers[0] - 1, 1: barriers[1], 2: barriers[0] + 1, 3: -1})
         assert problem.startswith(f"partition 2 is read up to {barriers[0] + 1}, beyond its genesis")
+
+        # The replica commands take the children: read their marks, and give a child a replica
+        # on a node added after the split (it holds the count at creation: it is grown first).
+        (storage,) = cluster.storages
+        marks = admin.storage.max_transaction_ids(storage.address, [2, 3])
+        assert marks == {2: barriers[0] + 1, 3: barriers[1] + 1}
+        with pytest.raises(ConfigurationError, match=r"partition 4 does not exist: .* by a split, 2, 3"):
+            admin.storage.max_transaction_ids(storage.address, [4])
+        directory = cluster.work_dir / "storage-added"
+        with LocalStorageNode(directory, name="storage-added", insecure=True) as added:
+            admin.storage.add(added.address, added.admin_port)
+            assigned = admin.storage.assign(added.address, [3], force=True)
+            assert assigned.changed == (3,)
+            assert admin.storage.max_transaction_ids(added.address, [3]) == {3: -1}  # caught up later
+            admin.storage.unassign(added.address, [3], force=True, delete_storage_files=True)
+            admin.storage.remove(added.address)
 
 
 # ---- a cluster with ZooKeeper credentials per role ----

@@ -28,7 +28,8 @@ from typing import TypeVar
 
 from kazoo.exceptions import BadVersionError, NoAuthError, RolledBackError
 
-from waltz.admin.description import describe_cluster
+from waltz.admin.description import describe_cluster, unknown_partitions
+from waltz.admin.description import partition_ids as existing_partitions
 from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, describe_failure, run_admin
 from waltz.errors import ConfigurationError, MetadataError, StaleMetadataError, WaltzError
 from waltz.metadata.replicas import ReplicaChangeRefusedError, assign_refusal, unassign_refusal
@@ -171,17 +172,19 @@ class StorageNodeAdmin:
             )
         return connection.admin_address(storage)
 
-    @staticmethod
-    def _check_partitions(params: ClusterParams, partitions: Iterable[int]) -> list[int]:
+    def _check_partitions(self, params: ClusterParams, partitions: Iterable[int]) -> list[int]:
+        """The partitions sorted, each one of the cluster's: those at creation and those a split
+        opened (docs/design/splits.md, "What ZooKeeper holds").
+
+        Raises:
+            ConfigurationError: none given, or one that does not exist.
+        """
         ids = sorted(set(partitions))
         if not ids:
             raise ConfigurationError("give at least one partition (--partition)")
-        bad = [p for p in ids if not 0 <= p < params.num_partitions]
-        if bad:
-            raise ConfigurationError(
-                f"partitions {_ids(bad)} do not exist: the cluster has partitions "
-                f"0..{params.num_partitions - 1}"
-            )
+        unknown = unknown_partitions(self.cluster, params, ids)
+        if unknown is not None:
+            raise ConfigurationError(unknown)
         return ids
 
     # ---- membership ----
@@ -390,7 +393,12 @@ class StorageNodeAdmin:
             if reasons:
                 raise ReplicaChangeRefusedError(reasons)
 
+        count = len(existing_partitions(self.cluster, params))
+        opened = count > params.num_partitions and ids[-1] >= params.num_partitions
+
         async def create(admin: StorageAdminClient) -> None:
+            if opened:  # a node added after a split holds the count at creation: grow it first
+                await admin.grow_partitions(count, operator="waltz cluster storage assign")
             for partition_id in ids:
                 await admin.assign_partition(partition_id, True)
 
