@@ -222,6 +222,17 @@ def test_a_cluster_made_with_one_credential_still_starts_then_moves_to_role_cred
         expect=None,
     )
     assert acl_check(verified)["status"] == "PASSED", verified.output
+    # `create` again by mistake, with the operator's credential: the cluster is there, and its own
+    # roles' znodes are not taken for a squatter's.
+    again = cluster_cli(
+        zookeeper,
+        zk_root,
+        *create,
+        env={"WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE": str(files[Role.OPERATOR])},
+        expect=2,
+    )
+    assert f"a cluster already exists under {zk_root}" in again.output, again.output
+    assert "tampered" not in again.output
 
 
 @pytest.mark.security

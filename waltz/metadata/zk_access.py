@@ -29,7 +29,7 @@ from waltz.metadata.zk_roles import (
     grants_for,
     session_identities,
 )
-from waltz.metadata.zk_session import auth_error, get_within, zookeeper_access
+from waltz.metadata.zk_session import ZooKeeperAuthError, auth_error, get_within, zookeeper_access
 
 __all__ = ["ClusterAccess"]
 
@@ -69,8 +69,20 @@ class ClusterAccess:
         """
         own = session_identities(self.zk)
         if own:
+            if roles is None:
+                roles = self._own_roles(own)
             known = roles.all() if roles is not None else own
             self._refuse(self.acl_problems(known), "creating the cluster")
+
+    def _own_roles(self, own: set[str]) -> ClusterRoles | None:
+        """The identities of ``<root>/roles`` when the session is one of them: a cluster made with
+        roles exists under the root, and a second ``create`` is told so ("already exists")
+        rather than taking the cluster's own server and client identities for a squatter's."""
+        try:
+            roles = self.roles()
+        except (ZooKeeperAuthError, MetadataError):
+            return None
+        return roles if roles is not None and roles.role_of(own) is not None else None
 
     def roles(self) -> ClusterRoles | None:
         """The identities of ``<root>/roles``, or None (a cluster made with a single credential).
