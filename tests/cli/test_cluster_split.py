@@ -25,6 +25,8 @@ from waltz.cli.main import app
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import free_port
 from waltz.metadata.paths import ClusterPaths
+from waltz.metadata.values import ArchiveSummary
+from waltz.metadata.zk import ClusterZk
 
 #: ``partitions/epochs`` (None: absent) and ``discovery``, as bytes.
 Znodes = tuple[bytes | None, bytes]
@@ -72,6 +74,20 @@ def test_a_split_is_planned_run_resumed_and_refused_what_it_cannot_do(cluster: L
             refused.output
         )
     assert znodes(cluster) == before and before[0] is None
+
+    # On an archived cluster the command warns that the archive does not follow a split.
+    assert "archive" not in waltz(cluster, "--to", "4", "--dry-run", expect=0).stderr
+    zk = KazooClient(hosts=cluster.zookeeper_connect_string)
+    zk.start(30)
+    try:
+        archived = ClusterZk(zk, cluster.root)
+        archived.set_archive_summary(ArchiveSummary(str(cluster.work_dir / "archive")), -1)
+        warned = waltz(cluster, "--to", "4", "--dry-run", expect=0)
+        assert "warning: this cluster is archived, and the archive does not follow a split" in warned.stderr
+        zk.delete(ClusterPaths.of(cluster.root).archive)
+    finally:
+        zk.stop()
+        zk.close()
 
     # The dry run: the plan, nothing written.
     plan = as_json(waltz(cluster, "--to", "4", "--dry-run", "--json", expect=0))

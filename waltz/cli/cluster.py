@@ -459,6 +459,15 @@ def split(
         typer.echo(line, err=json_output)
 
     with connected_admin(config, zookeeper, root, timeout) as admin:
+        if not abort and admin.cluster.archive_summary() is not None:
+            typer.secho(
+                "warning: this cluster is archived, and the archive does not follow a split: the "
+                "partitions it opens stay on their storage nodes (retention keeps them), but a "
+                "restore from the archive would not hold them "
+                '(docs/design/archive.md, "Partitions a split opened")',
+                err=True,
+                fg=typer.colors.YELLOW,
+            )
         run = SplitRun(
             admin.cluster, tls=admin.tls, storage_timeout=admin.storage_timeout, wait=wait, progress=progress
         )
