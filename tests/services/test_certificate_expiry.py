@@ -83,6 +83,25 @@ def test_a_tool_with_an_expired_certificate_says_so_before_connecting(tmp_path: 
     assert "no ZooKeeper server" not in result.output
 
 
+@pytest.mark.parametrize("command", [["high-water-mark"], ["check-connectivity"]])
+def test_a_client_command_with_an_expired_certificate_says_so_before_connecting(
+    tmp_path: Path, command: list[str]
+) -> None:
+    cert, key = _expired_certificate(tmp_path)
+    env = {
+        "WALTZ_ZOOKEEPER_CONNECT_STRING": "127.0.0.1:9",  # never reached
+        "WALTZ_CLUSTER_ROOT": "/waltz/none",
+        "WALTZ_CLIENT_TLS_CA_FILE": str(cert),
+        "WALTZ_CLIENT_TLS_CERT_FILE": str(cert),
+        "WALTZ_CLIENT_TLS_KEY_FILE": str(key),
+        "COLUMNS": "300",
+    }
+    result = CliRunner().invoke(app, ["client", *command], env=env)
+    assert result.exit_code == 2, result.output
+    assert f"client.ssl.certFile {cert} expired on" in result.output
+    assert "no ZooKeeper server" not in result.output
+
+
 def test_a_server_watches_every_certificate_it_presents_zookeeper_s_included(tmp_path: Path) -> None:
     from waltz.services.server.config import ServerConfig
 
@@ -93,6 +112,7 @@ def test_a_server_watches_every_certificate_it_presents_zookeeper_s_included(tmp
         zookeeper_ssl_ca_file=files["ca"],
         zookeeper_ssl_cert_file=files["server"],
         zookeeper_ssl_key_file=files["server-key"],
+        server_insecure=True,  # its own port's certificates are not the point here
     )
     registry = CollectorRegistry()
     found = watch_certificates(registry, config.presented_certificates())
