@@ -143,7 +143,9 @@ def test_a_lost_cluster_comes_back_from_the_archive_and_the_application_goes_on(
             summary = ClusterZk(client, zk_root).archive_summary()
             assert summary is not None and summary.value.location == str(archive)
             assert {p: summary.value.of(p).archived_through for p in (0, 1)} == marks_a
-        server = LocalServer(connect, zk_root, name="server-b", log_path=b_dir / "logs" / "server.log")
+        server = LocalServer(
+            connect, zk_root, name="server-b", log_path=b_dir / "logs" / "server.log", insecure=True
+        )
         with server:
             with CounterService(waltz_postgres_database, connect, zk_root) as service:
                 assert marks_of(service, 2) == marks_a, "the database's marks are A's, and B starts there"

@@ -23,6 +23,7 @@ def test_the_credential_comes_from_a_file_named_in_the_yaml_file_and_never_shows
     yaml = tmp_path / "server.yaml"
     yaml.write_text(
         f"zookeeper: {{connectString: 'zk:2181', auth: {{digestFile: '{secret}'}}}}\ncluster.root: /w\n"
+        "server.insecure: true\n"
     )
     config = load_settings(ServerConfig, yaml)
     security = config.zookeeper_security()

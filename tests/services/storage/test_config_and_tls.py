@@ -25,6 +25,7 @@ def test_yaml_flat_and_nested_keys_and_environment_override(
     config = tmp_path / "storage.yaml"
     config.write_text(
         "storage:\n  directory: /data/w\n  admin.port: 7001\nstorage.segment.size.threshold: 4096\n"
+        "storage.insecure: true\n"
     )
     monkeypatch.setenv("WALTZ_STORAGE_ADMIN_PORT", "7002")
     settings = load_settings(StorageConfig, config)
@@ -146,7 +147,7 @@ def test_a_misspelt_variable_of_a_setting_is_said_to_be_ignored(
     monkeypatch.setenv("WALTZ_STORAGE_SSL_CERT_FILE", str(tmp_path / "node.pem"))
     monkeypatch.setenv("WALTZ_STORAGE_WHOLLY_UNRELATED_THING", "1")
     caplog.set_level("WARNING", logger="waltz.config")
-    settings = load_settings(StorageConfig, directory=tmp_path / "node")
+    settings = load_settings(StorageConfig, directory=tmp_path / "node", insecure=True)
     assert settings.tls_cert_file is None
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 1, warned

@@ -40,7 +40,9 @@ async def storage_app(
     (``inline_appends`` off, so that a test can hold a thread until ``gate`` opens), open with
     ``key`` and assigned ``partitions``; at the end the gate opens and the node stops."""
     app = StorageApp(
-        StorageConfig(directory=tmp_path / "storage", port=0, admin_port=0, inline_appends=False)
+        StorageConfig(
+            directory=tmp_path / "storage", port=0, admin_port=0, inline_appends=False, insecure=True
+        )
     )
     await app.start()
     try:
