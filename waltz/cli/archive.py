@@ -161,8 +161,13 @@ def run(
         ),
     ] = None,
     metrics_host: Annotated[
-        str, typer.Option("--metrics-host", help="The address --metrics-port binds.")
-    ] = "0.0.0.0",
+        str,
+        typer.Option(
+            "--metrics-host",
+            help="The address --metrics-port binds: loopback by default, as the nodes' own; give "
+            "the host's address (or 0.0.0.0) for a Prometheus on another host.",
+        ),
+    ] = "127.0.0.1",
     zookeeper: ZookeeperOption = None,
     root: RootOption = None,
     config: AdminConfigOption = None,
