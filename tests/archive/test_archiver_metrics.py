@@ -75,7 +75,7 @@ def test_follow_serves_the_metrics_as_the_log_grows(
     port = free_port()
     command = [sys.executable, "-m", "waltz", "archive", "run", "--follow", "--to", str(location)]
     command += ["--interval", "0.5", "--chunk-transactions", "50", "--seal-after", "0"]
-    command += ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"]
+    command += ["--metrics-port", str(port)]  # on loopback by default
     command += ["--zookeeper", cluster.zookeeper_connect_string, "--root", cluster.root]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
