@@ -686,6 +686,8 @@ def test_missing_settings_and_unreachable_zookeeper_exit_with_2(tmp_path: Path) 
 
     result = runner.invoke(app, ["cluster", "list", "-z", nobody, "-r", "relative/root"])
     assert result.exit_code == 2 and "absolute znode path" in result.output
+    result = runner.invoke(app, ["cluster", "list", "-z", nobody, "-r", "/"])
+    assert result.exit_code == 2 and "is ZooKeeper's own root" in result.output
     result = runner.invoke(
         app, ["cluster", "create", "-n", "x", "--partitions", "1", "-s", "nonsense", "-z", nobody, "-r", "/w"]
     )

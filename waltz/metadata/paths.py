@@ -24,9 +24,14 @@ class ClusterPaths:
             MetadataError: the root is not an absolute path, or is ``/``.
         """
         normalised = "/" + root.strip("/")
-        if not root.startswith("/") or normalised == "/":
+        if not root.startswith("/"):
             raise MetadataError(
                 f"cluster root {root!r} must be an absolute znode path such as /waltz/cluster1"
+            )
+        if normalised == "/":
+            raise MetadataError(
+                f"cluster root {root!r} is ZooKeeper's own root, which every other user of the "
+                "ensemble shares: give a znode below it, such as /waltz/cluster1"
             )
         return cls(normalised)
 
