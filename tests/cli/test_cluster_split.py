@@ -128,6 +128,11 @@ def test_a_split_is_planned_run_resumed_and_refused_what_it_cannot_do(cluster: L
     assert all(isinstance(b, int) for b in barriers), barriers
     geneses = [c["genesis"] for c in epoch["children"].values()]
     assert geneses == [b + 1 for b in barriers]
+    where = ["--zookeeper", cluster.zookeeper_connect_string, "--root", cluster.root]
+    listed = CliRunner().invoke(app, ["cluster", "list", *where])
+    assert "  partitions:  4 (2 at creation, the others opened by splits)" in listed.stdout, listed.output
+    listed_json = json.loads(CliRunner().invoke(app, ["cluster", "list", "--json", *where]).stdout)
+    assert (listed_json["num_partitions"], listed_json["partition_count"]) == (2, 4)
 
     # The same command again: the split is complete, nothing written.
     state = as_json(waltz(cluster, "--to", "4", "--json", expect=0))

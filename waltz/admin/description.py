@@ -103,6 +103,7 @@ class ClusterDescription:
             "root": self.root,
             "name": self.params.name,
             "num_partitions": self.params.num_partitions,
+            "partition_count": len(self.partitions),
             "cluster_key_fingerprint": cluster_key_fingerprint(self.params.cluster_key),
             **key,
             "storage_nodes": [

@@ -222,7 +222,13 @@ def list_cluster(
 def _print_description(description: ClusterDescription, show_key: bool) -> None:
     params = description.params
     typer.echo(f"cluster {params.name!r} under {description.root}")
-    typer.echo(f"  partitions:  {params.num_partitions}")
+    count = len(description.partitions)
+    split = (
+        f" ({params.num_partitions} at creation, the others opened by splits)"
+        if count != params.num_partitions
+        else ""
+    )
+    typer.echo(f"  partitions:  {count}{split}")
     typer.echo(f"  cluster key: {_key_text(params.cluster_key, show_key)}")
     typer.echo("storage nodes:")
     if not description.storage_nodes:
