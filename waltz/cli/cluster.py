@@ -134,9 +134,9 @@ def create(
             typer.secho(
                 "error: no ZooKeeper credential: the cluster's znodes would be open to anyone who "
                 "reaches ZooKeeper, who could read its cluster key and erase the cluster. Give "
-                "--digest-dir DIR (a credential per role, made when absent; docs/deploy.md, "
-                '"ZooKeeper credentials"), or --insecure to create them open on purpose. Nothing '
-                "was written.",
+                "--digest-dir DIR (a credential per role, made when absent; "
+                'docs/deploy.md, "ZooKeeper credentials"), or --insecure to create them open on '
+                "purpose. Nothing was written.",
                 err=True,
                 fg=typer.colors.RED,
             )
@@ -150,7 +150,7 @@ def create(
             typer.secho(
                 "warning: --insecure: the cluster's znodes are open to anyone, who can read its "
                 "cluster key and rewrite its metadata; protect them later with `waltz cluster "
-                'secure --digest-dir DIR` (docs/operations.md, "Protecting a cluster\'s znodes")',
+                """secure --digest-dir DIR` (docs/operations.md, "Protecting a cluster's znodes")""",
                 err=True,
                 fg=typer.colors.YELLOW,
             )
