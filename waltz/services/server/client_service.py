@@ -149,22 +149,25 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         self._partitions = partitions
         self._limits = lock_hash_limits or LockHashLimits()
         self._connections: set[_Connection] = set()
+        self._stopping = False
 
     async def end_streams(self, timeout: float) -> None:
         """End every client stream as a stop does, before gRPC's own stop cancels them.
 
-        Each stream returns (status OK; the client reconnects, as after any lost connection)
-        rather than being cancelled inside the servicer, which gRPC logs at ERROR with a
+        Each stream returns (status OK; the client reconnects, as after any lost connection, and
+        a stream opened from now on is refused with ``UNAVAILABLE``) rather than being cancelled
+        inside the servicer, which gRPC logs at ERROR with a
         traceback: an alert at every rolling restart (docs/design/server.md, "Stopping within a
         bound").
 
         Args:
             timeout: seconds to wait for the streams to return.
         """
-        for connection in list(self._connections):
-            connection.end()
+        self._stopping = True  # a client reconnecting at once is refused, not served
         deadline = asyncio.get_running_loop().time() + timeout
         while self._connections and asyncio.get_running_loop().time() < deadline:
+            for connection in list(self._connections):
+                connection.end()
             await asyncio.sleep(0.01)
 
     async def Stream(  # noqa: N802 - gRPC method name
@@ -174,6 +177,8 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
     ) -> AsyncIterator[client_pb2.ServerMessages]:
         """Serve one client connection."""
         await authorize(context, CLIENT_ROLES, "the client service", request_iterator)
+        if self._stopping:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
         connection = _Connection()
         self._connections.add(connection)
         tasks: set[asyncio.Task[None]] = set()
