@@ -76,16 +76,9 @@ def _start(
 def _started(quiet: bool) -> subprocess.CompletedProcess[str]:
     """``_start`` in the environment of its first call, once per test run for each ``quiet``: the
     loud start without the progress bar, the quiet one with it (a JVM's start takes seconds, and
-    each setting is independent of the other; two tests read both starts)."""
+    each setting is independent of the other; one test reads both starts, so that two test
+    processes never start them twice)."""
     return _start(quiet, progress=quiet)
-
-
-def test_the_console_progress_bar_is_on_unless_turned_off() -> None:
-    shown = {}
-    for progress in (True, False):
-        run = _started(quiet=progress)
-        shown[progress] = next(line for line in run.stdout.splitlines() if line.startswith("PROGRESS:"))
-    assert shown == {True: "PROGRESS: true", False: "PROGRESS: false"}
 
 
 #: What Spark prints on standard error when its JVM starts with Spark's default profile.
@@ -98,7 +91,7 @@ SPARK_NOTICES = (
 NATIVE_LOADER = "NativeCodeLoader"
 
 
-def test_a_quiet_start_leaves_out_sparks_start_up_notices() -> None:
+def test_a_quiet_start_leaves_out_sparks_notices_and_the_progress_bar_is_on_unless_turned_off() -> None:
     loud = _started(quiet=False)
     assert [n for n in SPARK_NOTICES if n not in loud.stderr] == [], loud.stderr  # what it removes
     quiet = _started(quiet=True)
@@ -107,6 +100,11 @@ def test_a_quiet_start_leaves_out_sparks_start_up_notices() -> None:
         assert NATIVE_LOADER not in quiet.stderr, quiet.stderr
     # The file is handed to the JVM only: the caller's environment is as it was.
     assert "ENV: None" in quiet.stdout
+    shown = {
+        progress: next(line for line in run.stdout.splitlines() if line.startswith("PROGRESS:"))
+        for progress, run in ((True, quiet), (False, loud))
+    }
+    assert shown == {True: "PROGRESS: true", False: "PROGRESS: false"}
 
 
 def test_a_quiet_start_leaves_the_operators_log4j_file(tmp_path: Path) -> None:
