@@ -9,7 +9,7 @@ purpose, still worth a line). A child of the root that no cluster makes is a WAR
 znode, or a wrong ``--root``. A parent of the root that anyone may write or change the ACL of
 (ZooKeeper's default, ``world:anyone:cdrwa``, as older versions made them), or whose ACL another
 identity holds, is a WARNING: anyone could take it over, after which no root under it can be
-deleted (docs/design/zookeeper.md, "Roles").
+deleted (docs/design/zookeeper.md, "Security").
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 #: Attempts of a compare-and-set loop before giving up (each attempt re-reads the znode).
 MAX_CAS_ATTEMPTS = 50
 
-#: The ACL of the parents of a root that ``create`` makes (docs/design/zookeeper.md, "Roles"):
+#: The ACL of the parents of a root that ``create`` makes (docs/design/zookeeper.md, "Security"):
 #: anyone may list, create and delete children (clusters with other credentials share them; a
 #: protected root holding znodes cannot be deleted), no one may write or change the ACL.
 PARENT_ACL = [ACL(Permissions.CREATE | Permissions.READ | Permissions.DELETE, Id("world", "anyone"))]
@@ -258,7 +258,7 @@ class ClusterZk:
 
         For an ensemble the cluster has to itself (a local cluster's own ZooKeeper), which
         nothing else writes to: ZooKeeper holds every znode in memory, and an anonymous session
-        creating znodes where it may would exhaust it (docs/design/zookeeper.md, "Roles").
+        creating znodes where it may would exhaust it (docs/design/zookeeper.md, "Security").
         Idempotent.
 
         Returns:
