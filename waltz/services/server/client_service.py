@@ -156,9 +156,8 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
 
         Each stream returns (status OK; the client reconnects, as after any lost connection, and
         a stream opened from now on is refused with ``UNAVAILABLE``) rather than being cancelled
-        inside the servicer, which gRPC logs at ERROR with a
-        traceback: an alert at every rolling restart (docs/design/server.md, "Stopping within a
-        bound").
+        inside the servicer, which gRPC logs at ERROR with a traceback: an alert at every rolling
+        restart (docs/design/server.md, "Stopping within a bound").
 
         Args:
             timeout: seconds to wait for the streams to return.
