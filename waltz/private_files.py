@@ -78,7 +78,8 @@ def replaceable_by_others(path: Path, *, within: tuple[str, ...] = ()) -> str | 
     certificates and ZooKeeper credentials; a storage node's data) must be its user's own: owned
     by the process's user and writable by no one else, and each of its parents owned by that user
     or root and writable by others only with the sticky bit (as ``/tmp`` is), so that no one else
-    can rename it away and put another in its place. The entries directly inside it, and
+    can rename it away and put another in its place; no link on the way as given may belong to
+    another user either (they could point it elsewhere). The entries directly inside it, and
     everything under the subdirectories named in ``within``, must be the user's own as well
     (``lstat``: a link counts as what it is, not what it points to). Like OpenSSH's checks of its
     key files. Design: docs/design/storage.md, "File modes".
@@ -101,6 +102,11 @@ def replaceable_by_others(path: Path, *, within: tuple[str, ...] = ()) -> str | 
             return f"{entry} may be written by other users (mode {mode:o})"
         return None
 
+    given = path.absolute()
+    for component in [*reversed(given.parents), given]:  # a link on the way, as it was given
+        info = os.lstat(component)
+        if stat.S_ISLNK(info.st_mode) and info.st_uid not in (uid, 0):
+            return f"{component} is a link that user {info.st_uid} may point elsewhere"
     resolved = path.resolve()
     for ancestor in reversed(resolved.parents):
         found = problem(ancestor, os.stat(ancestor), parent=True)

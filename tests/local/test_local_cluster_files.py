@@ -107,6 +107,8 @@ def test_on_its_own_zookeeper_anonymous_sessions_create_nothing(written: LocalCl
         parts = written.root.strip("/").split("/")[:-1]
         parents = ["/", *("/" + "/".join(parts[: i + 1]) for i in range(len(parts)))]
         assert len(parents) >= 2, written.root
+        # ZooKeeper's own znodes too: /zookeeper/quota is open to all by default.
+        parents += ["/zookeeper", "/zookeeper/quota"]
         for parent in parents:
             with pytest.raises(NoAuthError):
                 anonymous.create(f"{parent.rstrip('/')}/filler", b"x" * 1000)

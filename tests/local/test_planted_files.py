@@ -82,6 +82,18 @@ def test_each_way_another_user_could_replace_the_contents_is_named(tmp_path: Pat
     reason = replaceable_by_others(deep, within=("tls",))
     assert reason is not None and "node.pem belongs to user" in reason
     assert replaceable_by_others(deep) is None
+    # A link on the way that another user owns: they could point it at another directory.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    shared = tmp_path / "sticky"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    (shared / "their-link").symlink_to(mine)
+    os.chown(shared / "their-link", OTHER_USER, OTHER_USER, follow_symlinks=False)
+    reason = replaceable_by_others(shared / "their-link")
+    assert reason == f"{shared / 'their-link'} is a link that user {OTHER_USER} may point elsewhere"
+    (shared / "my-link").symlink_to(mine)
+    assert replaceable_by_others(shared / "my-link") is None
     # A link another user made in it counts as theirs, whatever it points to.
     linked = tmp_path / "linked"
     linked.mkdir()

@@ -253,8 +253,9 @@ class ClusterZk:
         self.access.check_root(roles)
 
     def close_above_root(self, roles: ClusterRoles) -> list[str]:
-        """Let anyone only read ``/`` and the root's parents; the operator role does all. Call it
-        before :meth:`create`, which would make missing parents with :data:`PARENT_ACL`.
+        """Let anyone only read ``/``, the root's parents and ZooKeeper's own ``/zookeeper`` (its
+        ``quota``, open to all by default); the operator role does all. Call it before
+        :meth:`create`, which would make missing parents with :data:`PARENT_ACL`.
 
         For an ensemble the cluster has to itself (a local cluster's own ZooKeeper), which
         nothing else writes to: ZooKeeper holds every znode in memory, and an anonymous session
@@ -266,22 +267,27 @@ class ClusterZk:
         """
         acl = [ACL(Permissions.READ, Id("world", "anyone")), *roles.acl({Role.OPERATOR: Permissions.ALL})]
         parts = self.paths.root.strip("/").split("/")[:-1]
-        changed = []
-        for path in ["/", *("/" + "/".join(parts[: i + 1]) for i in range(len(parts)))]:
-            try:
-                self.zk.create(path, b"", acl=acl)
-                changed.append(path)
-                continue
-            except NodeExistsError:
-                pass
-            current, _ = self.zk.get_acls(path)
+        changed: list[str] = []
+
+        def close(path: str, current: list[ACL]) -> None:
             if sorted(map(str, current)) == sorted(map(str, acl)):
-                continue
+                return
             try:
                 self.zk.set_acls(path, acl)
                 changed.append(path)
             except NoAuthError:
                 log.warning("ZooKeeper's %s keeps its ACL %s: this session may not change it", path, current)
+
+        for path in ["/", *("/" + "/".join(parts[: i + 1]) for i in range(len(parts)))]:
+            try:
+                self.zk.create(path, b"", acl=acl)
+                changed.append(path)
+            except NodeExistsError:
+                close(path, self.zk.get_acls(path)[0])
+        for path in ["/zookeeper", *(f"/zookeeper/{child}" for child in self.zk.get_children("/zookeeper"))]:
+            current = self.zk.get_acls(path)[0]
+            if any(entry.id.scheme == "world" and entry.perms & ~Permissions.READ for entry in current):
+                close(path, current)  # its read-only znodes (/zookeeper/config) stay as they are
         return changed
 
     def check_security(self) -> ClusterRoles | None:

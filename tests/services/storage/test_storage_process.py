@@ -8,6 +8,7 @@ import subprocess
 import urllib.request
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from support.storage import NUM_PARTITIONS, run
@@ -216,6 +217,7 @@ def test_truncate_and_low_water_marks_survive_restarts(
 
 
 def test_admin_port(start_storage: Callable[..., LocalStorageNode], cluster_key: str) -> None:
+    refused_deletions: list[Path] = []  # a deletion refused by an immutable file, where chattr works
     node = start_storage(metrics=True)
     batch = records(0, 20)
 
@@ -256,6 +258,7 @@ def test_admin_port(start_storage: Callable[..., LocalStorageNode], cluster_key:
                 subprocess.run(["chattr", "+i", str(immutable)], check=False, capture_output=True).returncode
                 == 0
             ):
+                refused_deletions.append(immutable)
                 try:
                     with pytest.raises(StorageRpcError, match="Operation not permitted"):
                         await admin.assign_partition(0, False, delete_storage_files=True)
@@ -268,12 +271,16 @@ def test_admin_port(start_storage: Callable[..., LocalStorageNode], cluster_key:
                 await admin.assign_partition(NUM_PARTITIONS, True)
 
     run(scenario())
-    # The deletion, and only the one that happened, is on the audit trail with who asked.
+    # The deletion is on the audit trail with who asked, and so is the one that failed.
     assert node.process.log_path is not None
-    audit = [line for line in node.process.log_path.read_text().splitlines() if "AUDIT unassign" in line]
+    lines = node.process.log_path.read_text().splitlines()
+    audit = [line for line in lines if "AUDIT unassign with files deleted: " in line]
     assert len(audit) == 1, audit
     assert " WARNING " in audit[0] and "waltz.services.storage.audit" in audit[0]
     assert "partition 0" in audit[0] and "127.0.0.1" in audit[0]
+    failed = [line for line in lines if "AUDIT unassign with files deleted FAILED" in line]
+    assert len(failed) == len(refused_deletions), failed
+    assert all("Operation not permitted" in line for line in failed), failed
     with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/health", timeout=5) as response:
         health = json.load(response)
     assert health["healthy"] is True and health["initialized"] is True

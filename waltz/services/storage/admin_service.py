@@ -169,22 +169,34 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
             return _admin_response(request, success=storage_pb2.SuccessResponse())
         if kind == "partition_assignment":
             body = request.partition_assignment
-            await asyncio.to_thread(
-                node.set_assignment,
-                pid,
-                body.toggled,
-                delete_files=body.delete_storage_files,
-                first_transaction_id=body.first_transaction_id,
-            )
-            if not body.toggled:
-                self._metrics.forget_partition(pid)
-                if body.delete_storage_files:
+            deleting = not body.toggled and body.delete_storage_files
+            try:
+                await asyncio.to_thread(
+                    node.set_assignment,
+                    pid,
+                    body.toggled,
+                    delete_files=body.delete_storage_files,
+                    first_transaction_id=body.first_transaction_id,
+                )
+            except Exception as exc:
+                if deleting:  # some files may be gone: on the trail too
                     audit_log.warning(
-                        "AUDIT unassign with files deleted: partition %d; from %s%s",
+                        "AUDIT unassign with files deleted FAILED: partition %d; from %s%s: %s",
                         pid,
                         context.peer(),
                         _peer_identity(context),
+                        exc,
                     )
+                raise
+            if not body.toggled:
+                self._metrics.forget_partition(pid)
+            if deleting:
+                audit_log.warning(
+                    "AUDIT unassign with files deleted: partition %d; from %s%s",
+                    pid,
+                    context.peer(),
+                    _peer_identity(context),
+                )
             return _admin_response(request, success=storage_pb2.SuccessResponse())
         if kind in ("partition_read", "partition_write"):
             partition = node.partition(pid)
