@@ -67,38 +67,29 @@ def _expired_certificate(directory: Path) -> tuple[Path, Path]:
     return cert, key_file
 
 
-def test_a_tool_with_an_expired_certificate_says_so_before_connecting(tmp_path: Path) -> None:
-    cert, key = _expired_certificate(tmp_path)
-    env = {
-        "WALTZ_ZOOKEEPER_CONNECT_STRING": "127.0.0.1:9",  # never reached
-        "WALTZ_CLUSTER_ROOT": "/waltz/none",
-        "WALTZ_CLUSTER_SSL_CA_FILE": str(cert),
-        "WALTZ_CLUSTER_SSL_CERT_FILE": str(cert),
-        "WALTZ_CLUSTER_SSL_KEY_FILE": str(key),
-        "COLUMNS": "300",
-    }
-    result = CliRunner().invoke(app, ["cluster", "list"], env=env)
-    assert result.exit_code == 2, result.output
-    assert f"cluster.ssl.certFile {cert} expired on" in result.output
-    assert "no ZooKeeper server" not in result.output
-
-
-@pytest.mark.parametrize("command", [["high-water-mark"], ["check-connectivity"]])
-def test_a_client_command_with_an_expired_certificate_says_so_before_connecting(
-    tmp_path: Path, command: list[str]
+@pytest.mark.parametrize(
+    ("command", "variables", "setting"),
+    [
+        (["cluster", "list"], "WALTZ_CLUSTER_SSL", "cluster.ssl.certFile"),
+        (["client", "high-water-mark"], "WALTZ_CLIENT_TLS", "client.ssl.certFile"),
+        (["client", "check-connectivity"], "WALTZ_CLIENT_TLS", "client.ssl.certFile"),
+    ],
+)
+def test_a_command_with_an_expired_certificate_says_so_before_connecting(
+    tmp_path: Path, command: list[str], variables: str, setting: str
 ) -> None:
     cert, key = _expired_certificate(tmp_path)
     env = {
         "WALTZ_ZOOKEEPER_CONNECT_STRING": "127.0.0.1:9",  # never reached
         "WALTZ_CLUSTER_ROOT": "/waltz/none",
-        "WALTZ_CLIENT_TLS_CA_FILE": str(cert),
-        "WALTZ_CLIENT_TLS_CERT_FILE": str(cert),
-        "WALTZ_CLIENT_TLS_KEY_FILE": str(key),
+        f"{variables}_CA_FILE": str(cert),
+        f"{variables}_CERT_FILE": str(cert),
+        f"{variables}_KEY_FILE": str(key),
         "COLUMNS": "300",
     }
-    result = CliRunner().invoke(app, ["client", *command], env=env)
+    result = CliRunner().invoke(app, command, env=env)
     assert result.exit_code == 2, result.output
-    assert f"client.ssl.certFile {cert} expired on" in result.output
+    assert f"{setting} {cert} expired on" in result.output
     assert "no ZooKeeper server" not in result.output
 
 

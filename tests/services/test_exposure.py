@@ -119,8 +119,9 @@ def test_a_storage_node_on_every_address_without_tls_refuses_to_start(tmp_path: 
     assert not (tmp_path / "storage").exists() or not any((tmp_path / "storage").iterdir())
 
 
-def test_a_storage_node_told_insecure_starts_and_says_so(tmp_path: Path) -> None:
-    process = storage_process(tmp_path, {"WALTZ_STORAGE_INSECURE": "true"})
+def said_until_insecure(process: subprocess.Popen[str]) -> str:
+    """What a started node printed up to its line saying it serves without mutual TLS; the node
+    still runs (it is terminated after)."""
     try:
         lines: list[str] = []
         assert process.stdout is not None
@@ -132,11 +133,16 @@ def test_a_storage_node_told_insecure_starts_and_says_so(tmp_path: Path) -> None
             if "storage.insecure is set" in line:
                 break
         said = "".join(lines)
-        assert "storage.insecure is set: the ports on 0.0.0.0 serve without mutual TLS, to every host" in said
         assert process.poll() is None, said
+        return said
     finally:
         process.terminate()
         process.wait(30)
+
+
+def test_a_storage_node_told_insecure_starts_and_says_so(tmp_path: Path) -> None:
+    said = said_until_insecure(storage_process(tmp_path, {"WALTZ_STORAGE_INSECURE": "true"}))
+    assert "storage.insecure is set: the ports on 0.0.0.0 serve without mutual TLS, to every host" in said
 
 
 def test_a_storage_node_started_with_no_flags_refuses_and_starts_with_insecure(tmp_path: Path) -> None:
@@ -145,20 +151,5 @@ def test_a_storage_node_started_with_no_flags_refuses_and_starts_with_insecure(t
     assert process.returncode == 2, output
     assert "storage.host '127.0.0.1' is a loopback address, reachable by every user" in output
     assert not (tmp_path / "storage").exists()
-    process = storage_process(tmp_path, {}, "127.0.0.1", "--insecure")
-    try:
-        lines: list[str] = []
-        assert process.stdout is not None
-        for _ in range(200):  # bounded: the start-up lines come within a few seconds
-            line = process.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "storage.insecure is set" in line:
-                break
-        said = "".join(lines)
-        assert "the ports on 127.0.0.1 serve without mutual TLS, to every user of this host" in said
-        assert process.poll() is None, said
-    finally:
-        process.terminate()
-        process.wait(30)
+    said = said_until_insecure(storage_process(tmp_path, {}, "127.0.0.1", "--insecure"))
+    assert "the ports on 127.0.0.1 serve without mutual TLS, to every user of this host" in said
