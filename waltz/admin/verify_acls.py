@@ -19,6 +19,7 @@ from kazoo.security import Permissions
 
 from waltz.admin.verify import CheckResult, CheckStatus
 from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_access import digest_user
 from waltz.metadata.zk_roles import ClusterRoles, session_identities
 from waltz.metadata.zk_session import ZooKeeperAuthError
 
@@ -74,8 +75,7 @@ def acl_checks(cluster: ClusterZk) -> list[CheckResult]:
 def _parent_check(cluster: ClusterZk, known: set[str] | None) -> CheckResult:
     """Whether anyone could take over a parent of the root (change its ACL or data)."""
     name = "zookeeper: root's parents"
-    parts = cluster.paths.root.strip("/").split("/")[:-1]
-    parents = ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+    parents = cluster.paths.parents
     problems = []
     for path in parents:
         try:
@@ -92,7 +92,7 @@ def _parent_check(cluster: ClusterZk, known: set[str] | None) -> CheckResult:
             identity = f"{entry.id.scheme}:{entry.id.id}"
             if entry.id.scheme == "world":
                 problems.append(f"{path}: anyone may change it ({identity}:{','.join(entry.acl_list)})")
-            elif known is None or _user(entry.id.id) not in {_user(k) for k in known}:
+            elif known is None or digest_user(entry.id.id) not in {digest_user(k) for k in known}:
                 problems.append(f"{path}: {identity}, none of the cluster's identities, may change it")
     if not problems:
         listed = ", ".join(parents) or "none"
@@ -103,8 +103,3 @@ def _parent_check(cluster: ClusterZk, known: set[str] | None) -> CheckResult:
         "zkCli.sh: setAcl <parent> world:anyone:crd) or the operators' credential"
     )
     return CheckResult(name, CheckStatus.WARNING, f"{'; '.join(problems)}: {fix}")
-
-
-def _user(identity: str) -> str:
-    """The user of a digest identity: ZooKeeper may show the hash as ``x``, so users compare."""
-    return identity.split(":", 1)[0]

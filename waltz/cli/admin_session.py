@@ -9,7 +9,7 @@ could not run (configuration, ZooKeeper, no cluster under the root).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,6 +24,24 @@ from waltz.metadata.replicas import ReplicaChangeRefusedError
 from waltz.services.certificate_expiry import expired_certificates
 
 __all__ = ["connected_admin"]
+
+
+def refuse_expired_certificates(files: Mapping[str, Path | None], peers: str, holder: str) -> None:
+    """Exit 2 before connecting when a certificate a command presents has expired, naming the
+    setting, the file and the date (its peers would close the connection, saying nothing of it).
+
+    Args:
+        files: the setting (``cluster.ssl.certFile``) -> its PEM file, or None.
+        peers: who refuses it, for the message (``the nodes and ZooKeeper``).
+        holder: who should get a current one (``this tool``).
+    """
+    expired = expired_certificates(files)
+    if expired:
+        raise fail(
+            f"{'; '.join(expired)}: {peers} refuse an expired certificate; give {holder} a current "
+            'one (docs/operations.md, "Certificates")',
+            2,
+        )
 
 
 @contextmanager
@@ -64,18 +82,14 @@ def connected_admin(
             cluster_storage_timeout=timeout,
         )
         connect_string, cluster_root = settings.require()
-        expired = expired_certificates(
+        refuse_expired_certificates(
             {
                 "cluster.ssl.certFile": settings.cluster_ssl_cert_file,
                 "zookeeper.ssl.certFile": settings.zookeeper_ssl_cert_file,
-            }
+            },
+            "the nodes and ZooKeeper",
+            "this tool",
         )
-        if expired:
-            raise fail(
-                f"{'; '.join(expired)}: the nodes and ZooKeeper refuse an expired certificate; give "
-                'this tool a current one (docs/operations.md, "Certificates")',
-                2,
-            )
         admin = ClusterAdmin.connect(
             connect_string,
             cluster_root,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from waltz.cli.admin_session import refuse_expired_certificates
 from waltz.cli.groups import HELP, MARKUP
 from waltz.cli.options import (
     ClientConfigOption,
@@ -36,7 +37,6 @@ from waltz.cli.options import (
 from waltz.cli.output import fail
 from waltz.cli.partition_ids import parse_partitions
 from waltz.errors import ConfigurationError, WaltzError
-from waltz.services.certificate_expiry import expired_certificates
 
 if TYPE_CHECKING:
     from waltz.client import WaltzClientConfig
@@ -71,18 +71,14 @@ def _client_config(
         with perf_cluster(spec, config_file=config, zookeeper=zookeeper, root=root) as target:
             overrides = {k: v for k, v in tls.items() if v is not None}
             client_config = target.config.model_copy(update=overrides) if overrides else target.config
-            expired = expired_certificates(
+            refuse_expired_certificates(
                 {
                     "client.ssl.certFile": client_config.client_tls_cert_file,
                     "zookeeper.ssl.certFile": client_config.zookeeper_ssl_cert_file,
-                }
+                },
+                "the servers and ZooKeeper",
+                "the client",
             )
-            if expired:  # the servers would close the connection, saying nothing of the date
-                raise fail(
-                    f"{'; '.join(expired)}: the servers and ZooKeeper refuse an expired certificate; "
-                    'give the client a current one (docs/operations.md, "Certificates")',
-                    2,
-                )
             yield client_config
     except typer.Exit:
         raise

@@ -36,6 +36,13 @@ class ClusterPaths:
         return cls(normalised)
 
     @property
+    def parents(self) -> tuple[str, ...]:
+        """The znodes above the root, ``/`` left out, the highest first (``/waltz`` for
+        ``/waltz/cluster1``)."""
+        parts = self.root.strip("/").split("/")[:-1]
+        return tuple("/" + "/".join(parts[: i + 1]) for i in range(len(parts)))
+
+    @property
     def cluster(self) -> str:
         return f"{self.root}/cluster"
 

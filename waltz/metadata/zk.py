@@ -266,7 +266,6 @@ class ClusterZk:
             The znodes whose ACL changed.
         """
         acl = [ACL(Permissions.READ, Id("world", "anyone")), *roles.acl({Role.OPERATOR: Permissions.ALL})]
-        parts = self.paths.root.strip("/").split("/")[:-1]
         changed: list[str] = []
 
         def close(path: str, current: list[ACL]) -> None:
@@ -278,7 +277,7 @@ class ClusterZk:
             except NoAuthError:
                 log.warning("ZooKeeper's %s keeps its ACL %s: this session may not change it", path, current)
 
-        for path in ["/", *("/" + "/".join(parts[: i + 1]) for i in range(len(parts)))]:
+        for path in ["/", *self.paths.parents]:
             try:
                 self.zk.create(path, b"", acl=acl)
                 changed.append(path)

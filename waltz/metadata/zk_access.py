@@ -31,12 +31,12 @@ from waltz.metadata.zk_roles import (
 )
 from waltz.metadata.zk_session import ZooKeeperAuthError, auth_error, get_within, zookeeper_access
 
-__all__ = ["ClusterAccess"]
+__all__ = ["ClusterAccess", "digest_user"]
 
 log = logging.getLogger(__name__)
 
 
-def _user(identity: str) -> str:
+def digest_user(identity: str) -> str:
     """The user of a digest identity: ZooKeeper shows ``user:x`` in ACLs, hiding the hash."""
     return identity.partition(":")[0]
 
@@ -144,7 +144,7 @@ class ClusterAccess:
                 entry
                 for entry in acls
                 if entry.id.scheme != "digest"
-                or (known is not None and _user(entry.id.id) not in {_user(k) for k in known})
+                or (known is not None and digest_user(entry.id.id) not in {digest_user(k) for k in known})
             ]
             if bad:
                 why = (
