@@ -660,8 +660,12 @@ def test_a_storage_restored_from_an_old_backup_is_truncated_and_caught_up(
     run(third_part())
 
 
-def test_add_a_replica_catch_up_then_remove_another(store_cluster: StoreCluster, tmp_path: Path) -> None:
+def test_add_a_replica_catch_up_then_remove_another(
+    store_cluster: StoreCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from waltz.admin.storage_admin import StorageNodeAdmin
+
+    caplog.set_level(logging.INFO, logger="waltz.services.server.store")
 
     admin = StorageNodeAdmin(store_cluster.zk, storage_timeout=10)
     newcomer = LocalStorageNode(
@@ -705,6 +709,14 @@ def test_add_a_replica_catch_up_then_remove_another(store_cluster: StoreCluster,
         run(scenario())
     finally:
         newcomer.close()
+    # An unassignment is an operator's routine: the writer on the node leaves without a warning,
+    # whether the session's probe or an append refused by the node noticed it first.
+    warned = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and leaving.address in r.getMessage()
+    ]
+    assert not warned, warned
 
 
 def test_recover_partition_seeds_a_new_replica_with_committed_records(

@@ -304,17 +304,25 @@ class StoreSession:
 
     def _drop_writer(self, storage: str, exc: ReplicaError, reason: str) -> None:
         """A writer failed a request: it leaves the session, which ends with ``reason`` (once: a
-        writer already dropped by another failed request is left alone)."""
+        writer already dropped by another failed request is left alone).
+
+        A node that answers ``PARTITION_NOT_ASSIGNED`` had the replica unassigned by an operator
+        (``waltz cluster storage unassign`` changes ZooKeeper, then the node, before this session's
+        next probe reads the change): the writer leaves the same way, logged at INFO, since nothing
+        failed (docs/design/server.md, "Store sessions").
+        """
         if storage in self.writers:
-            log.warning(
+            unassigned = exc.code == "PARTITION_NOT_ASSIGNED"
+            log.log(
+                logging.INFO if unassigned else logging.WARNING,
                 "partition %d: replica on %s leaves session %d: %s",
                 self.partition_id,
                 storage,
                 self.session_id,
-                exc,
+                "the replica was unassigned from the node" if unassigned else exc,
             )
             del self.writers[storage]
-            self.end(reason)
+            self.end(f"replica on {storage} was unassigned" if unassigned else reason)
 
     # ---- catching replicas up (docs/design/recovery.md "Catching up in the background") ----
 
