@@ -73,11 +73,23 @@ def test_every_partition_on_one_live_member_with_fair_shares(
             for pid in m.preferred_partitions if m.name in settled else ():
                 holder = new.placements[pid].member
                 assert holder is not None and pid in prefers[holder]
-        # Without preferences, partitions whose member is alive stay unless it was over its share.
+        # Without preferences, partitions whose member is alive stay unless it was over its share,
+        # or a settled member below the floor took them, leaving it at the floor or above.
+        floor = partitions // len(members)
         for m in members:
             kept_before = [pid for pid, p in current.placements.items() if p.member == m.name]
             if not any(x.preferred_partitions for x in members) and len(kept_before) <= share:
-                assert all(new.placements[pid].member == m.name for pid in kept_before)
+                for pid in kept_before:
+                    if new.placements[pid].member != m.name:
+                        assert new.placements[pid].member in settled
+                        assert len(new.partitions_of(m.name)) >= floor
+        # Balanced: no settled member under the floor while another holds more than the floor
+        # with a partition it does not prefer.
+        for m in members:
+            if m.name in settled and len(new.partitions_of(m.name)) < floor:
+                for x in members:
+                    owned = new.partitions_of(x.name)
+                    assert len(owned) <= floor or all(pid in x.preferred_partitions for pid in owned)
     # Recomputing changes nothing.
     assert compute_assignment(partitions, members, new, settled) == new
 
@@ -109,6 +121,25 @@ def test_a_settled_preferred_member_reclaims_its_partitions_and_nothing_flaps() 
     assert [settled.placements[p].member for p in range(4)] == [a.name, a.name, b.name, b.name]
     assert settled.placements[0].generation == back.placements[0].generation + 1
     assert compute_assignment(4, [a, b], settled, {a.name, b.name}) == settled
+
+
+def test_a_member_that_joined_within_the_others_share_takes_its_share_once_settled() -> None:
+    a, b, c = member(1), member(2), member(3)
+    # The last server of a rolling restart comes back: a and b hold two each, within the share.
+    current = compute_assignment(4, [a, b], PartitionAssignment())
+    assert sorted(len(current.partitions_of(m.name)) for m in (a, b)) == [2, 2]
+    back = compute_assignment(4, [a, b, c], current)
+    assert back == current  # not settled yet: nothing moves
+    settled = compute_assignment(4, [a, b, c], back, {a.name, b.name, c.name})
+    assert sorted(len(settled.partitions_of(m.name)) for m in (a, b, c)) == [1, 1, 2]
+    moved = [pid for pid in range(4) if settled.placements[pid].member != back.placements[pid].member]
+    assert len(moved) == 1 and settled.placements[moved[0]].member == c.name
+    assert settled.placements[moved[0]].generation == back.placements[moved[0]].generation + 1
+    assert compute_assignment(4, [a, b, c], settled, {a.name, b.name, c.name}) == settled
+    # Nine partitions, two members holding 5 and 4: the newcomer takes 2 and 1, to 3 each.
+    nine = compute_assignment(9, [a, b], PartitionAssignment())
+    grown = compute_assignment(9, [a, b, c], nine, {c.name})
+    assert sorted(len(grown.partitions_of(m.name)) for m in (a, b, c)) == [3, 3, 3]
 
 
 def test_two_members_preferring_a_partition_do_not_take_it_from_each_other() -> None:

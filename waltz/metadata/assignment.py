@@ -179,7 +179,12 @@ def compute_assignment(
     3. any other partition stays where it is while its member is alive and holds no more than
        its fair share (``ceil(partitions / members)``);
     4. the rest go first to a member that prefers them, then to the least loaded member, each
-       below its fair share.
+       below its fair share;
+    5. a *settled* member that holds fewer than ``floor(partitions / members)`` takes partitions,
+       one at a time, from the most loaded member holding more than that (a partition that member
+       does not prefer, one the taker prefers first): a server that joined while the others were
+       within their fair share, or the last one of a rolling restart, gets its share once settled
+       (docs/design/server.md, "Cluster manager").
 
     Only preferred partitions take a member past its fair share. A partition's generation goes up
     by one every time its member changes, and is kept otherwise. Without members every partition
@@ -191,8 +196,9 @@ def compute_assignment(
             ``0 .. n - 1``. A placement in ``current`` of a partition not among them is dropped.
         members: the live servers, with their effective preferred partitions.
         current: the assignment now in ZooKeeper (may be empty).
-        settled: names of the members allowed to take their preferred partitions back from a
-            live member (the cluster manager's hysteresis); empty: none may.
+        settled: names of the members allowed to take partitions from a live member, their
+            preferred partitions (step 2) or their share (step 5): the cluster manager's
+            hysteresis; empty: none may.
 
     Returns:
         The new assignment (equal to ``current`` when nothing needs to move).
@@ -231,6 +237,21 @@ def compute_assignment(
             ]
             if candidates:
                 place(pid, min(candidates, key=lambda m: (load[m], m)))
+    floor = len(ids) // len(members)
+    for taker in sorted(m for m in by_name if m in settled):
+        while load[taker] < floor:
+            donors = [
+                m
+                for m in by_name
+                if load[m] > floor and any(o == m and p not in prefers[m] for p, o in owner.items())
+            ]
+            if not donors:
+                break
+            donor = max(donors, key=lambda m: (load[m], m))
+            movable = [p for p, o in owner.items() if o == donor and p not in prefers[donor]]
+            pid = max(movable, key=lambda p: (p in prefers[taker], p))
+            load[donor] -= 1
+            place(pid, taker)
     placements = {}
     for pid, placement in previous.items():
         member = owner[pid]

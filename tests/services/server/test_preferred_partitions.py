@@ -128,3 +128,39 @@ def test_a_malformed_preferences_znode_falls_back_to_the_configured_ones(
     assert manager.effective_members([a]) == [Member(a.name, a.endpoint, (0, 1))]
     zk_client.set(preferred_path(paths), b"not json")
     assert manager.effective_members([a]) == [a]
+
+
+def test_the_last_server_of_a_rolling_restart_takes_its_share_once_settled(
+    tmp_path: Path, zookeeper: object
+) -> None:
+    # docs/design/server.md "Cluster manager": with 4 partitions on 3 servers, the one restarted
+    # last finds the others within their fair share (2 each); once settled, it takes one.
+    with LocalCluster(
+        security=support.PLAINTEXT,
+        storages=1,
+        servers=3,
+        partitions=4,
+        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
+        work_dir=tmp_path / "cluster",
+        delete_root=True,
+        processes=ProcessOptions(
+            server_env={"WALTZ_SERVER_PREFERRED_PARTITIONS_RECLAIM_DELAY": str(RECLAIM_DELAY)}
+        ),
+    ) as cluster:
+
+        def owned(index: int) -> int:
+            endpoint = cluster.servers[index].endpoint
+            try:
+                return sum(cluster.owner(pid) == endpoint for pid in range(4))
+            except Exception:
+                return -1
+
+        for index in range(3):
+            # A graceful stop moves its partitions at once, so the others hold all 4 when it
+            # comes back (a kill would leave them on its old member until its session expired).
+            cluster.stop_server(index)
+            wait_until(lambda i=index: owned(i) == 0, timeout=60, what=f"server {index}'s partitions to move")
+            cluster.restart_server(index)
+            wait_until(lambda i=index: owned(i) >= 1, timeout=60, what=f"server {index} to take a partition")
+        cluster.wait_ready(timeout=60)
+        assert sorted(owned(i) for i in range(3)) == [1, 1, 2]

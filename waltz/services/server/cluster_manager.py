@@ -12,12 +12,15 @@ Preferred partitions (docs/design/server.md "Preferred partitions"): the manager
 ``server/preferred`` (run-time preferences, :mod:`waltz.metadata.preferred`) and lets a member take
 its preferred partitions back from another live server once the manager has seen it registered
 for ``reclaim_delay`` seconds without a break (a restarted server is a new member and waits again).
+The same delay holds a member that joined below its share (``floor(partitions / members)``) from
+taking partitions from the most loaded members.
 
 Partitions a split adds (docs/design/splits.md "The handover", step 4): the manager places the
 partitions that exist, those of the count at creation and each new child marked opened in
 ``partitions/epochs`` (``PartitionEpochs.partition_ids``), which it watches as it watches the
 members. A new child goes to the least loaded member (or one that prefers it); the partitions that
-were there keep their owner, since the fair share only grows with the count.
+were there keep their owner, since the fair share only grows with the count (a settled member
+below its share takes partitions from the most loaded, with or without a split).
 """
 
 from __future__ import annotations

@@ -101,7 +101,8 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
         30.0,
         ge=0,
         description="Seconds a server must have been a live member, without a break, before the cluster "
-        "manager gives it back its preferred partitions from another live server (applied by the elected "
+        "manager gives it back its preferred partitions from another live server, or moves partitions to "
+        "it from the most loaded servers when it holds fewer than its share (applied by the elected "
         "cluster manager).",
     )
     server_tls_cert_file: Path | None = Field(None, description="PEM certificate: TLS on the server port.")
