@@ -297,6 +297,10 @@ def test_only_the_operators_with_an_admin_certificate_may_split_and_every_parent
         # The operators' credential with a certificate of the operator role: refused too.
         with pytest.raises(SplitNotAuthorisedError, match="urn:waltz:role:admin"):
             SplitRun(operator.cluster, tls=certificates.tls("operator")).run(4)
+        # Planning it (the dry run's step 1) is not refused: the plan's notes say what a run needs.
+        check = SplitRun(operator.cluster, tls=certificates.tls("operator")).check(4, planning=True)
+        assert any("urn:waltz:role:admin" in note for note in check.notes), check.notes
+        assert snapshot(operator) == untouched
         assert check_authority(operator.cluster, certificates.tls("admin")) == ()
         assert snapshot(operator) == untouched
 

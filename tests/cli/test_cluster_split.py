@@ -121,6 +121,9 @@ def test_a_split_is_planned_run_resumed_and_refused_what_it_cannot_do(cluster: L
         "the split is complete: 4 partitions",
     ):
         assert line in ran, f"{line!r} not in:\n{ran}"
+    # A parent whose barrier is in is sealed, not still sealing.
+    assert "  parent 0: H(0) = -1, sealed, barrier " in ran, ran
+    assert ", sealing," not in ran, ran
     epochs, discovery = znodes(cluster)
     assert epochs is not None and json.loads(discovery)["epoch"] == 1
     (epoch,) = json.loads(epochs)["epochs"]

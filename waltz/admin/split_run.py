@@ -105,7 +105,7 @@ class SplitCheck:
     notes: tuple[str, ...] = ()
 
 
-def check_authority(cluster: ClusterZk, tls: TlsConfig | None) -> tuple[str, ...]:
+def check_authority(cluster: ClusterZk, tls: TlsConfig | None, *, planning: bool = False) -> tuple[str, ...]:
     """Refuse a caller that may not split the cluster, before anything is written.
 
     A split is an operator action that needs the admin role (docs/design/splits.md "The
@@ -115,11 +115,14 @@ def check_authority(cluster: ClusterZk, tls: TlsConfig | None) -> tuple[str, ...
     the role ``admin``, which ZooKeeper cannot tell from ``operator`` (both hold the operators'
     credential). A cluster made with one credential lets its holder do everything. A session
     without a credential on a cluster open to anyone is let through, as every other tool is, with
-    a warning.
+    a warning. A plan (``--dry-run``) writes nothing and only reads the storage nodes' admin
+    ports, as the operator role may: a certificate without the admin role is a warning there, not
+    a refusal.
 
     Args:
         cluster: the cluster's znodes, over the caller's session.
         tls: the caller's TLS files for the storage admin ports (``cluster.ssl.*``), or None.
+        planning: the caller only plans the split (a dry run).
 
     Returns:
         Warnings to show (empty when none).
@@ -152,6 +155,12 @@ def check_authority(cluster: ClusterZk, tls: TlsConfig | None) -> tuple[str, ...
         held_roles = roles_of_certificate(tls.cert_file.read_bytes())
         if Role.ADMIN not in held_roles:
             names = ", ".join(sorted(r.value for r in held_roles)) or "none"
+            if planning:
+                warnings.append(
+                    f"the split itself needs a certificate with the role {role_uri(Role.ADMIN)} "
+                    f"(cluster.ssl.certFile {tls.cert_file}; this certificate's roles: {names})"
+                )
+                return tuple(warnings)
             raise SplitNotAuthorisedError(
                 f"a split needs a certificate with the role {role_uri(Role.ADMIN)} "
                 f"(cluster.ssl.certFile {tls.cert_file}; this certificate's roles: {names}): it "
@@ -195,11 +204,12 @@ class SplitRun:
 
     # ---- step 1 ----
 
-    def check(self, count: int) -> SplitCheck:
+    def check(self, count: int, *, planning: bool = False) -> SplitCheck:
         """Step 1: may this split run, and is it new or resumed? Writes nothing.
 
         Args:
             count: ``M``, the partition count to split to.
+            planning: for a dry run (:func:`check_authority`'s ``planning``).
 
         Returns:
             The findings: the epoch, the counts, the epoch as it stands when it was started
@@ -215,7 +225,7 @@ class SplitRun:
             ZooKeeperUnavailableError, ZooKeeperAuthError, MetadataError: ZooKeeper away, a
                 refused read, a znode that does not decode.
         """
-        notes = list(check_authority(self.cluster, self.tls))
+        notes = list(check_authority(self.cluster, self.tls, planning=planning))
         value = self.epochs.read().value
         existing = self._existing(value, count)
         if existing is None:
@@ -468,7 +478,7 @@ class SplitRun:
         Raises:
             As :meth:`check` and :meth:`committed_high_water_marks`.
         """
-        check = self.check(count)
+        check = self.check(count, planning=True)
         if check.existing is not None:
             return self._report(check, check.existing, resumed=True, dry_run=True)
         marks = self.committed_high_water_marks(check.previous_count)

@@ -513,7 +513,8 @@ def _print_split(report: SplitReport) -> None:
         typer.echo(f"{what}: {report.state.value}")
     for parent in report.parents:
         barrier = "no barrier yet" if parent.barrier is None else f"barrier {parent.barrier}"
-        sealing = ", sealing" if parent.sealing else ""
+        # Marked sealing, the parent stays so; once its barrier is in, it is sealed.
+        sealing = "" if not parent.sealing else ", sealing" if parent.barrier is None else ", sealed"
         owner = f", owner {parent.owner}" if parent.owner else ""
         children = ", ".join(str(c) for c in parent.children)
         typer.echo(
