@@ -244,6 +244,7 @@ def _command_tree(root: int, command: str) -> set[int]:
     return found
 
 
+@pytest.mark.slow  # waits out a run's timeout
 def test_a_waltz_run_past_its_timeout_stops_the_cluster_it_started(
     postgres_server: support.DatabaseServer,
 ) -> None:

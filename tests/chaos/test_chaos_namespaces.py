@@ -66,6 +66,8 @@ def test_namespace_schedules_hit_a_minority_and_owner_cuts_outlast_the_session()
             assert len(fault.targets) == 1  # one of 3 storage nodes, or one server
 
 
+# A chaos run: tests/local/test_netns_split_brain.py cuts an owner from ZooKeeper by default.
+@pytest.mark.slow
 def test_short_namespace_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     """3,000 transactions by 3 client hosts; one cut of each kind, the split-brain cut first."""
     _require_namespaces()

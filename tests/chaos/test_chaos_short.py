@@ -473,6 +473,7 @@ def test_chaos_run_with_paused_owners(tmp_path: Path, workload: str) -> None:
     assert len(result.faults) == 3 and all("pause-owner" in f for f in result.faults), result.faults
 
 
+@pytest.mark.slow  # a chaos run; tests/archive covers each archiver failure on its own
 def test_short_chaos_run_with_the_archiver_keeps_every_invariant(tmp_path: Path) -> None:
     """3,000 transactions, seed 1, the fixed schedule of ``--archive``: a server, a storage node and
     the archiver killed while an archive round is in progress; the archive verifies, holds every

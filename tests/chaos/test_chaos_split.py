@@ -130,6 +130,7 @@ def test_gap_and_replica_checks_count_a_new_partition_from_its_genesis() -> None
 # --- the run ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a chaos run; the demo with a split in the middle runs by default
 def test_a_chaos_run_with_a_split_and_its_parents_owner_killed_keeps_every_invariant(tmp_path: Path) -> None:
     """2 -> 4 at half the run, the counter workload on 32 keys: the split completes, every check
     passes on the four partitions, and keys committed on both sides of it (a lost update there

@@ -91,6 +91,7 @@ SPARK_NOTICES = (
 NATIVE_LOADER = "NativeCodeLoader"
 
 
+@pytest.mark.slow  # two JVM starts; the static tests below check the file that quiets them
 def test_a_quiet_start_leaves_out_sparks_notices_and_the_progress_bar_is_on_unless_turned_off() -> None:
     loud = _started(quiet=False)
     assert [n for n in SPARK_NOTICES if n not in loud.stderr] == [], loud.stderr  # what it removes
@@ -107,6 +108,8 @@ def test_a_quiet_start_leaves_out_sparks_notices_and_the_progress_bar_is_on_unle
     assert shown == {True: "PROGRESS: true", False: "PROGRESS: false"}
 
 
+# A JVM start: test_a_log4j_file_in_sparks_configuration_directory_is_the_operators checks the choice.
+@pytest.mark.slow
 def test_a_quiet_start_leaves_the_operators_log4j_file(tmp_path: Path) -> None:
     own = tmp_path / "log4j2.properties"
     own.write_text(

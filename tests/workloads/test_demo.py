@@ -14,7 +14,8 @@ from waltz.services.storage.inspect.reader import read_control_file
 from waltz.workloads.demo import DemoOptions, DemoResult, run_demo
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+# PostgreSQL under faults with -m slow: the faults are the log's, and the other demo tests run on it.
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def test_the_demo_passes_its_checks_under_faults(
     request: pytest.FixtureRequest, tmp_path: Path, backend: str
 ) -> None:

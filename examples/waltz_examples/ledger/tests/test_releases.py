@@ -153,6 +153,11 @@ def releases_cluster(
 
 
 @pytest.mark.timeout(900)  # a Spark session and job: a minute alone, many more on a busy machine
+# On PostgreSQL, with its Spark rebuild, with -m slow (tests/spark/test_schema_evolution.py rebuilds
+# older records by default).
+@pytest.mark.parametrize(
+    "two_databases", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)], indirect=True
+)
 def test_a_log_written_by_release_1_is_read_by_the_current_release(
     releases_cluster: tuple[LocalCluster, WaltzClientConfig], two_databases: Databases
 ) -> None:
