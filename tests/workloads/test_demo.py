@@ -58,6 +58,8 @@ def _assert_secure_and_key_never_shown(work_dir: Path, report: str) -> None:
         assert str(key) not in text and key.hex not in text, f"{name} holds the cluster key"
 
 
+# Two demo runs: a kept cluster starting again is tests/local/test_local_cluster.py's by default.
+@pytest.mark.slow
 def test_a_demo_run_again_on_its_work_directory_goes_on_with_the_same_log(tmp_path: Path) -> None:
     """``waltz demo --work-dir`` kept: a second run resumes the cluster, its log and the SQLite
     database the first one migrated through the releases, and goes on with the current release."""
@@ -94,6 +96,9 @@ def test_the_full_demo(tmp_path: Path) -> None:
     assert result.passed, "\n".join(lines)
 
 
+# Batches run by default in tests/jdbc_style/test_batch_crash.py, tests/perf/test_perf_smallbank.py
+# and tests/spark/test_views_and_target.py (a log of batches rebuilt).
+@pytest.mark.slow
 def test_the_demo_with_batch_commits_batches_and_passes_its_checks(tmp_path: Path) -> None:
     """``waltz demo --batch``: the instances submit through an EntityBatcher, batches of several
     operations commit, and every check passes, each member counted as applied exactly once
