@@ -25,20 +25,25 @@ from waltz.services.server.cluster_manager import ClusterManager
 RECLAIM_DELAY = 2.0
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, zookeeper: object) -> Iterator[LocalCluster]:
-    with LocalCluster(
+def _local_cluster(tmp_path: Path, zookeeper: object, servers: int, partitions: int) -> LocalCluster:
+    """A plaintext cluster of one storage node whose managers settle after :data:`RECLAIM_DELAY`."""
+    return LocalCluster(
         security=support.PLAINTEXT,
         storages=1,
-        servers=2,
-        partitions=2,
+        servers=servers,
+        partitions=partitions,
         zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
         work_dir=tmp_path / "cluster",
         delete_root=True,
         processes=ProcessOptions(
             server_env={"WALTZ_SERVER_PREFERRED_PARTITIONS_RECLAIM_DELAY": str(RECLAIM_DELAY)}
         ),
-    ) as local:
+    )
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, zookeeper: object) -> Iterator[LocalCluster]:
+    with _local_cluster(tmp_path, zookeeper, servers=2, partitions=2) as local:
         yield local
 
 
@@ -135,18 +140,7 @@ def test_the_last_server_of_a_rolling_restart_takes_its_share_once_settled(
 ) -> None:
     # docs/design/server.md "Cluster manager": with 4 partitions on 3 servers, the one restarted
     # last finds the others within their fair share (2 each); once settled, it takes one.
-    with LocalCluster(
-        security=support.PLAINTEXT,
-        storages=1,
-        servers=3,
-        partitions=4,
-        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
-        work_dir=tmp_path / "cluster",
-        delete_root=True,
-        processes=ProcessOptions(
-            server_env={"WALTZ_SERVER_PREFERRED_PARTITIONS_RECLAIM_DELAY": str(RECLAIM_DELAY)}
-        ),
-    ) as cluster:
+    with _local_cluster(tmp_path, zookeeper, servers=3, partitions=4) as cluster:
 
         def owned(index: int) -> int:
             endpoint = cluster.servers[index].endpoint
