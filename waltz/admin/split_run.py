@@ -155,17 +155,16 @@ def check_authority(cluster: ClusterZk, tls: TlsConfig | None, *, planning: bool
         held_roles = roles_of_certificate(tls.cert_file.read_bytes())
         if Role.ADMIN not in held_roles:
             names = ", ".join(sorted(r.value for r in held_roles)) or "none"
-            if planning:
-                warnings.append(
-                    f"the split itself needs a certificate with the role {role_uri(Role.ADMIN)} "
-                    f"(cluster.ssl.certFile {tls.cert_file}; this certificate's roles: {names})"
-                )
-                return tuple(warnings)
-            raise SplitNotAuthorisedError(
-                f"a split needs a certificate with the role {role_uri(Role.ADMIN)} "
-                f"(cluster.ssl.certFile {tls.cert_file}; this certificate's roles: {names}): it "
-                "changes what every partition's owner accepts. Nothing was written"
+            needed = (
+                f"a certificate with the role {role_uri(Role.ADMIN)} "
+                f"(cluster.ssl.certFile {tls.cert_file}; this certificate's roles: {names})"
             )
+            if not planning:
+                raise SplitNotAuthorisedError(
+                    f"a split needs {needed}: it changes what every partition's owner accepts. "
+                    "Nothing was written"
+                )
+            warnings.append(f"the split itself needs {needed}")
     return tuple(warnings)
 
 

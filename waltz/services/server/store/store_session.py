@@ -193,7 +193,7 @@ class StoreSession:
 
         def failed(exc: ReplicaError) -> None:
             if self.writers.get(storage) is connection:
-                self._drop_writer(storage, exc, f"replica on {storage} failed: {exc}")
+                self._drop_writer(storage, exc)
 
         if connection.broken:
             failed(ReplicaError(storage, self.partition_id, "UNAVAILABLE", "its stream failed"))
@@ -230,7 +230,7 @@ class StoreSession:
             self.acked[storage] = max(self.acked.get(storage, -1), last)
             self._advance()
         except ReplicaError as exc:
-            self._drop_writer(storage, exc, f"replica on {storage} failed")
+            self._drop_writer(storage, exc)
         finally:
             if remaining is None:  # a kept batch sent again to a joining replica
                 self.resends_in_flight -= 1
@@ -276,7 +276,7 @@ class StoreSession:
                 try:
                     await connection.max_transaction_id()
                 except ReplicaError as exc:
-                    self._drop_writer(storage, exc, f"replica on {storage} failed: {exc}")
+                    self._drop_writer(storage, exc)
                     return
         for storage in self._absent:
             if storage not in self.writers and storage not in self.catch_ups and self._ending is None:
@@ -298,13 +298,13 @@ class StoreSession:
             try:
                 await connection.set_low_water_mark(committed)
             except ReplicaError as exc:
-                self._drop_writer(storage, exc, f"replica on {storage} failed: {exc}")
+                self._drop_writer(storage, exc)
                 return False
         return True
 
-    def _drop_writer(self, storage: str, exc: ReplicaError, reason: str) -> None:
-        """A writer failed a request: it leaves the session, which ends with ``reason`` (once: a
-        writer already dropped by another failed request is left alone).
+    def _drop_writer(self, storage: str, exc: ReplicaError) -> None:
+        """A writer failed a request: it leaves the session, which ends saying so (once: a writer
+        already dropped by another failed request is left alone).
 
         A node that answers ``PARTITION_NOT_ASSIGNED`` had the replica unassigned by an operator
         (``waltz cluster storage unassign`` changes ZooKeeper, then the node, before this session's
@@ -322,7 +322,7 @@ class StoreSession:
                 "the replica was unassigned from the node" if unassigned else exc,
             )
             del self.writers[storage]
-            self.end(f"replica on {storage} was unassigned" if unassigned else reason)
+            self.end(f"replica on {storage} " + ("was unassigned" if unassigned else f"failed: {exc}"))
 
     # ---- catching replicas up (docs/design/recovery.md "Catching up in the background") ----
 
