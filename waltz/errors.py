@@ -18,6 +18,7 @@ __all__ = [
     "CorruptDataError",
     "CrossPartitionError",
     "DiskFullError",
+    "ExpiredCertificateError",
     "GenerationFencedError",
     "GenesisHeldError",
     "HighWaterMarkGapError",
@@ -60,6 +61,11 @@ class WaltzError(Exception):
 
 class ConfigurationError(WaltzError):
     """A configuration file, environment variable or command-line value is invalid."""
+
+
+class ExpiredCertificateError(ConfigurationError):
+    """A certificate about to be presented has expired: every peer would refuse it
+    (docs/operations.md, "Certificates")."""
 
 
 class MetadataError(WaltzError):

@@ -17,7 +17,8 @@ from support.tls import make_certificates
 from typer.testing import CliRunner
 
 from waltz.cli.main import app
-from waltz.services.certificate_expiry import certificate_not_after, watch_certificates
+from waltz.protocol.certificates import certificate_not_after
+from waltz.services.certificate_expiry import watch_certificates
 
 
 def test_the_gauge_and_the_log_line_follow_the_days_left(

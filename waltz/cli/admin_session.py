@@ -19,9 +19,9 @@ from waltz.admin.cluster_admin import ClusterAdmin
 from waltz.admin.config import ClusterAdminConfig
 from waltz.cli.output import fail
 from waltz.config import load_settings
-from waltz.errors import StorageRpcError, WaltzError
+from waltz.errors import ExpiredCertificateError, StorageRpcError, WaltzError
 from waltz.metadata.replicas import ReplicaChangeRefusedError
-from waltz.services.certificate_expiry import expired_certificates
+from waltz.protocol.certificates import refuse_expired_certificates as refuse_expired
 
 __all__ = ["connected_admin"]
 
@@ -35,13 +35,10 @@ def refuse_expired_certificates(files: Mapping[str, Path | None], peers: str, ho
         peers: who refuses it, for the message (``the nodes and ZooKeeper``).
         holder: who should get a current one (``this tool``).
     """
-    expired = expired_certificates(files)
-    if expired:
-        raise fail(
-            f"{'; '.join(expired)}: {peers} refuse an expired certificate; give {holder} a current "
-            'one (docs/operations.md, "Certificates")',
-            2,
-        )
+    try:
+        refuse_expired(files, peers=peers, holder=holder)
+    except ExpiredCertificateError as exc:
+        raise fail(str(exc), 2) from exc
 
 
 @contextmanager

@@ -72,12 +72,7 @@ def _client_config(
             overrides = {k: v for k, v in tls.items() if v is not None}
             client_config = target.config.model_copy(update=overrides) if overrides else target.config
             refuse_expired_certificates(
-                {
-                    "client.ssl.certFile": client_config.client_tls_cert_file,
-                    "zookeeper.ssl.certFile": client_config.zookeeper_ssl_cert_file,
-                },
-                "the servers and ZooKeeper",
-                "the client",
+                client_config.presented_certificates(), "the servers and ZooKeeper", "the client"
             )
             yield client_config
     except typer.Exit:

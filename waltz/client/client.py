@@ -76,6 +76,8 @@ class WaltzClient:
         config: the client configuration.
 
     Raises:
+        ExpiredCertificateError: ``client.ssl.certFile`` or ``zookeeper.ssl.certFile`` has expired
+            (nothing is contacted; docs/operations.md, "Certificates").
         ZooKeeperUnavailableError: ZooKeeper did not answer within the session timeout.
         ClusterNotFoundError: no cluster under ``config.cluster_root``.
     """

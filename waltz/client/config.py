@@ -218,6 +218,15 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
             raise ValueError("client.ssl.certFile and client.ssl.keyFile must be set together")
         return self
 
+    def presented_certificates(self) -> dict[str, Path | None]:
+        """The certificates the client presents, by setting: to the servers
+        (``client.ssl.certFile``) and to ZooKeeper (``zookeeper.ssl.certFile``); None where there
+        is none (docs/operations.md, "Certificates")."""
+        return {
+            "client.ssl.certFile": self.client_tls_cert_file,
+            "zookeeper.ssl.certFile": self.zookeeper_ssl_cert_file,
+        }
+
     def tls(self) -> TlsConfig | None:
         """The TLS files for server connections, or None for plaintext."""
         if self.client_tls_ca_file is None and self.client_tls_cert_file is None:

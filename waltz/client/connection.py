@@ -25,10 +25,11 @@ import grpc
 
 from waltz.client.context import AppendPayload
 from waltz.protocol import client_pb2, client_pb2_grpc
+from waltz.protocol.certificates import expired_certificates
 from waltz.protocol.channels import TlsConfig, open_channel
 from waltz.protocol.records import ReqId
 
-__all__ = ["NO_CERTIFICATE_HINT", "PLAINTEXT_HINT", "ServerConnection", "tls_hint"]
+__all__ = ["CERTIFICATE_PEERS", "NO_CERTIFICATE_HINT", "PLAINTEXT_HINT", "ServerConnection", "tls_hint"]
 
 #: Said when a plaintext connection is not accepted: a server that requires TLS never accepts one
 #: (docs/configuration.md, the client's settings).
@@ -46,12 +47,20 @@ NO_CERTIFICATE_HINT = (
 )
 
 
+#: Who refuses a client's expired certificate, for the message that says so.
+CERTIFICATE_PEERS = "the servers and ZooKeeper"
+
+
 def tls_hint(tls: TlsConfig | None) -> str:
-    """What a connection that is not accepted should say of its TLS files: no TLS at all, or no
-    certificate of its own ("" when it presents one)."""
+    """What a connection that is not accepted should say of its TLS files, read when it is said: no
+    TLS at all, no certificate of its own, or a certificate that has expired since the client
+    started ("" when none of these)."""
     if tls is None:
         return PLAINTEXT_HINT
-    return NO_CERTIFICATE_HINT if tls.cert_file is None else ""
+    if tls.cert_file is None:
+        return NO_CERTIFICATE_HINT
+    expired = expired_certificates({"client.ssl.certFile": tls.cert_file})
+    return f"{'; '.join(expired)}: a server refuses an expired certificate" if expired else ""
 
 
 log = logging.getLogger(__name__)
@@ -94,7 +103,7 @@ class ServerConnection:
     ) -> None:
         self.endpoint = endpoint
         self.seq_num = seq_num
-        self._hint = tls_hint(tls)
+        self._tls = tls
         self._on_messages = on_messages
         self._on_closed = on_closed
         self._channel = open_channel(
@@ -146,9 +155,10 @@ class ServerConnection:
         except TimeoutError:
             await self._channel.close(None)
             self._closed = True
+            hint = tls_hint(self._tls)
             raise ConnectionError(
                 f"server {self.endpoint} did not accept a connection within {timeout:g}s"
-                + (f"; {self._hint}" if self._hint else "")
+                + (f"; {hint}" if hint else "")
             ) from None
         self._call = self._stub.Stream()
         loop = asyncio.get_running_loop()

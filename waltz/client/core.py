@@ -24,7 +24,7 @@ from waltz.client.attempt_runner import AttemptRunner
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.client_partition import ClientPartition
 from waltz.client.config import WaltzClientConfig
-from waltz.client.connection import ServerConnection, tls_hint
+from waltz.client.connection import CERTIFICATE_PEERS, ServerConnection, tls_hint
 from waltz.client.connection_pool import ConnectionPool
 from waltz.client.discovery import ServerDiscovery
 from waltz.client.in_flight import InFlight
@@ -42,6 +42,7 @@ from waltz.errors import (
 from waltz.metadata.assignment import PartitionAssignment
 from waltz.metadata.epochs import PartitionEpochs
 from waltz.protocol import client_pb2
+from waltz.protocol.certificates import refuse_expired_certificates
 from waltz.protocol.event_loop import shared_event_loop
 from waltz.protocol.records import ReqId
 from waltz.tracing import client_tracing
@@ -73,6 +74,9 @@ class ClientCore:
             partitions.
 
     Raises:
+        ExpiredCertificateError: ``client.ssl.certFile`` or ``zookeeper.ssl.certFile`` has
+            expired (the servers and ZooKeeper would refuse it, saying nothing of dates); nothing
+            is contacted (docs/operations.md, "Certificates").
         ZooKeeperUnavailableError: ZooKeeper did not answer.
         ClusterNotFoundError: no cluster under ``config.cluster_root``.
     """
@@ -83,6 +87,9 @@ class ClientCore:
         self.callbacks = callbacks
         self.config = config
         self.metrics = metrics if metrics is not None else ClientMetrics()
+        refuse_expired_certificates(
+            config.presented_certificates(), peers=CERTIFICATE_PEERS, holder="the client"
+        )
         self._discovery = ServerDiscovery(
             config.zookeeper_connect_string,
             config.cluster_root,
@@ -93,7 +100,7 @@ class ClientCore:
         self._closed = False
         self._seq = 0
         tls = config.tls()
-        self._tls_hint = tls_hint(tls)
+        self._tls = tls
         self._pool = ConnectionPool(
             on_messages=self._on_messages,
             on_lost=self._connection_lost,
@@ -440,7 +447,8 @@ class ClientCore:
             self._call(asyncio.wait_for(self.wait_mounted(ids), timeout))
         except (TimeoutError, concurrent.futures.TimeoutError):
             states = {pid: repr(self.partitions[pid]) for pid in ids}
-            hint = f"; if no server accepted a connection, {self._tls_hint}" if self._tls_hint else ""
+            said = tls_hint(self._tls)
+            hint = f"; if no server accepted a connection, {said}" if said else ""
             raise WaltzTimeoutError(f"partitions not mounted within {timeout:g}s: {states}{hint}") from None
 
     def wait_ready(self, timeout: float) -> dict[int, int]:

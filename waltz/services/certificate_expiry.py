@@ -14,50 +14,14 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge
 
-__all__ = ["EXPIRY_WARNING_DAYS", "certificate_not_after", "expired_certificates", "watch_certificates"]
+from waltz.protocol.certificates import certificate_not_after
+
+__all__ = ["EXPIRY_WARNING_DAYS", "watch_certificates"]
 
 log = logging.getLogger(__name__)
 
 #: A certificate that expires within this many days is warned about at start-up.
 EXPIRY_WARNING_DAYS = 14
-
-
-def certificate_not_after(path: Path) -> datetime.datetime:
-    """The expiry (``notAfter``, UTC) of the first certificate of a PEM file.
-
-    Raises:
-        OSError: the file cannot be read.
-        ValueError: it holds no PEM certificate.
-    """
-    from cryptography import x509
-
-    certificate = x509.load_pem_x509_certificate(path.read_bytes())
-    return certificate.not_valid_after_utc
-
-
-def expired_certificates(
-    files: Mapping[str, Path | None], *, now: datetime.datetime | None = None
-) -> list[str]:
-    """For a tool about to connect: each of its certificates that has expired, as a sentence
-    naming the setting, the file and the date (a peer refuses it, and the TLS error says nothing
-    of dates). A file that cannot be read is left to the TLS set-up to report.
-
-    Args:
-        files: the setting (``cluster.ssl.certFile``) -> its PEM file, or None.
-        now: the current time (UTC; ``datetime.now``).
-    """
-    now = now or datetime.datetime.now(datetime.UTC)
-    found = []
-    for setting, path in files.items():
-        if path is None:
-            continue
-        try:
-            expiry = certificate_not_after(path)
-        except (OSError, ValueError):
-            continue
-        if expiry <= now:
-            found.append(f"{setting} {path} expired on {expiry.isoformat(timespec='seconds')}")
-    return found
 
 
 def watch_certificates(
