@@ -67,6 +67,16 @@ kazoo.retry.random = random.Random()
 TEST_TICK_TIME_MS = 500
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """With ``--dist loadgroup`` (``scripts/test``), the tests of ``tests/spark`` go to one worker
+    (``support/scheduling.py``); any other ``--dist`` is xdist's own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from support.scheduling import SparkGroupScheduling
+
+    return SparkGroupScheduling(config, log)  # type: ignore[arg-type]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]

@@ -74,6 +74,8 @@ ADDRESSES = {
     "waltz-3": "10.77.0.13",
     "waltz-4": "10.77.0.14",
 }
+#: The network of the guide's addresses (NetworkLab's default subnet).
+GUIDE_SUBNET = "10.77.0.0/24"
 MAPPED = (
     "/etc/systemd/system",
     "/etc/waltz",
@@ -411,12 +413,14 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
     if reason is not None:
         pytest.skip(reason)
     NetworkLab.cleanup_stale()
-    if unused_subnet() != "10.77.0.0/24":  # the first free /24 of 10.77.0.0/16 is another one
+    try:
+        unused_subnet(within=GUIDE_SUBNET)
+    except ConfigurationError:
         pytest.fail(
             "10.77.0.0/24, the network of the guide's addresses, is in use on this machine (another "
             "lab: a `waltz up --network namespaces` or a test run beside this one?); stop it first"
         )
-    with NetworkLab(list(ADDRESSES), addresses=ADDRESSES) as lab:
+    with NetworkLab(list(ADDRESSES), subnet=GUIDE_SUBNET, addresses=ADDRESSES) as lab:
         hosts = Deployment(lab, tmp_path)
         try:
             yield hosts

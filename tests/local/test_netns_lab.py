@@ -47,7 +47,7 @@ def test_unused_subnet_reads_blackhole_and_multipath_routes() -> None:
             "ip route add 10.77.2.0/24 nexthop via 10.99.0.2 dev d0 nexthop via 10.99.0.3 dev d0",
         ):
             subprocess.run(command.split(), check=True)
-        print(unused_subnet())
+        print(unused_subnet(within="10.77.0.0/16"))
         """
     )
     done = subprocess.run(

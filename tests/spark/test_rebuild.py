@@ -223,8 +223,13 @@ def test_instance_resumes_from_rebuilt_database_and_converges(
 
 
 def test_counter_rebuilt_into_mariadb_equals_live_db(
-    spark: Any, spark_cluster: LocalCluster, tmp_path: Path, mariadb_url: str
+    spark: Any,
+    spark_cluster: LocalCluster,
+    ledger_live: tuple[str, list[LedgerService]],
+    tmp_path: Path,
+    mariadb_url: str,
 ) -> None:
+    # ledger_live first: the ledger's instances apply every transaction of the log, the counter's not.
     live_url = f"sqlite:///{tmp_path / 'counter.db'}"
     zookeeper, root, settings = support.client_parts(spark_cluster)
     with CounterService(

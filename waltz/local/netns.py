@@ -158,9 +158,12 @@ def _networks_in_use() -> list[tuple[ipaddress.IPv4Network, str]]:
     return used
 
 
-def unused_subnet(within: str = "10.77.0.0/16", prefixlen: int = 24) -> str:
+def unused_subnet(within: str = "10.77.128.0/17", prefixlen: int = 24) -> str:
     """The first ``/prefixlen`` network of ``within`` that no address or route of this machine's
-    root namespace overlaps (a running lab's bridge address counts), for a lab of its own.
+    root namespace overlaps (a running lab's bridge address counts), for a lab of its own. By
+    default from the upper half of ``10.77.0.0/16``: the lower half is left to labs with fixed
+    addresses (``10.77.0.0/24``, the deployment guide's), which a lab that takes any free network
+    must never hold.
 
     Two processes choosing at the same instant may pick the same one: :meth:`NetworkLab.start`
     then refuses the second (the check and the bridge's address happen under one lock), and the
