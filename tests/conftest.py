@@ -67,6 +67,7 @@ kazoo.retry.random = random.Random()
 TEST_TICK_TIME_MS = 500
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without pytest-xdist (-p no:xdist) has no such hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """With ``--dist loadgroup`` (``scripts/test``), the tests of ``tests/spark`` go to one worker
     (``support/scheduling.py``); any other ``--dist`` is xdist's own."""
