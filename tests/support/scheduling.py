@@ -9,7 +9,7 @@ the test time of one.
 
 The group is decided from the test's node ID, which the controller has, and not from an
 ``xdist_group`` mark: xdist tells the controller a mark's group by rewriting the node ID in the
-worker, which pytest's structured node IDs no longer let it do (pytest-xdist issue 1386), so
+worker, which pytest's structured node IDs no longer let it do (pytest 9.2 with xdist 3.8), so
 marks set no group with the pytest this suite installs.
 """
 
