@@ -579,9 +579,24 @@ def test_a_fenced_store_tells_its_owner_first_and_leaves_its_records_in_flight_u
         assert await append_many(partition, 0, 5) == list(range(5))
         # A newer owner takes the next store session ID; the old store writes on meanwhile.
         await asyncio.to_thread(store_cluster.zk.begin_store_session, 0, 2)
-        for node in store_cluster.storages[1:]:
-            node.kill()
-        in_flight = partition.submit(ReqId(1, 1, 0, 100), 0, payload(100))
+        first, frozen = store_cluster.storages[0], store_cluster.storages[1:]
+        # Two replicas frozen, not yet dead: their streams stay up, so the record is sent (in
+        # flight) and reaches the first replica only. Killed before that, the session could
+        # notice the dead streams first, close on the fence and refuse the record unsent.
+        for node in frozen:
+            node.process.pause()
+        try:
+            in_flight = partition.submit(ReqId(1, 1, 0, 100), 0, payload(100))
+            for _ in range(200):  # bounded: 20 s
+                on_first = (await replica_records(store_cluster, 0, [first]))[first.address]
+                if len(on_first) == 6:
+                    break
+                await asyncio.sleep(0.1)
+            assert [r.req_id.seq_num for r in on_first] == [0, 1, 2, 3, 4, 100]
+            assert not in_flight.done()
+        finally:
+            for node in frozen:
+                node.kill()
         with pytest.raises(AppendUndecidedError, match="next store session"):
             await asyncio.wait_for(in_flight, 30)
         assert partition.closed and "generation 1 is fenced by generation 2" in partition.close_reason
@@ -590,7 +605,6 @@ def test_a_fenced_store_tells_its_owner_first_and_leaves_its_records_in_flight_u
             await partition.append(ReqId(1, 1, 0, 101), 0, b"after the close")
         assert not isinstance(refused.value, AppendUndecidedError)
         await partition.close()
-        first = store_cluster.storages[0]
         records = (await replica_records(store_cluster, 0, [first]))[first.address]
         assert [r.req_id.seq_num for r in records] == [0, 1, 2, 3, 4, 100]
 
