@@ -633,6 +633,11 @@ class AttemptRunner:
         step = self._config.client_long_wait_threshold
         return self._in_flight.wait_idle(timeout, step, self.check_open, self._nudge)
 
+    async def wait_idle_async(self, timeout: float | None) -> bool:
+        """As :meth:`wait_idle`, awaited on the caller's loop (cancellable; no thread waits)."""
+        step = self._config.client_long_wait_threshold
+        return await self._in_flight.wait_idle_async(timeout, step, self.check_open, self._nudge)
+
     def _note_completer(self) -> None:
         self._completer_ident = threading.get_ident()
 

@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -53,6 +54,8 @@ from waltz.client.outcome import Outcome, waited_transaction_id
 from waltz.errors import WaltzTimeoutError
 
 __all__ = ["AsyncWaltzClient", "WaltzClient"]
+
+T = TypeVar("T")
 
 #: Seconds ``get_high_water_mark`` waits for an answer by default.
 DEFAULT_REQUEST_TIMEOUT = 30.0
@@ -209,6 +212,7 @@ class WaltzClient:
         Raises:
             WaltzTimeoutError: no answer within ``timeout`` seconds.
             ValueError: no such partition.
+            ClientClosedError: the client closed meanwhile (or before).
         """
         return self._core.get_high_water_mark(partition_id, timeout)
 
@@ -252,6 +256,7 @@ class WaltzClient:
         Raises:
             WaltzTimeoutError: not caught up within ``timeout`` seconds (the message names the
                 partitions behind, with their marks).
+            ClientClosedError: the client closed meanwhile (or before).
         """
         return self._core.wait_ready(timeout)
 
@@ -275,6 +280,7 @@ class WaltzClient:
 
         Raises:
             WaltzTimeoutError: not all mounted within ``timeout`` seconds.
+            ClientClosedError: the client closed meanwhile (or before).
         """
         self._core.wait_until_mounted(timeout, partition_ids)
 
@@ -339,10 +345,14 @@ class AsyncWaltzClient:
         self._core_or_none: ClientCore | None = None
 
     async def start(self) -> Self:
-        """Connect to ZooKeeper and start the core (see :class:`WaltzClient`). Idempotent."""
+        """Connect to ZooKeeper and start the core (see :class:`WaltzClient`). Idempotent.
+
+        The core is made on a thread (connecting blocks). Cancelling the await does not leave a
+        started client behind: the one being made is closed once made, and this client stays
+        unstarted."""
         if self._core_or_none is None:
-            self._core_or_none = await asyncio.to_thread(
-                ClientCore, self._callbacks, self._config, self._metrics
+            self._core_or_none = await _made_on_a_thread(
+                lambda: ClientCore(self._callbacks, self._config, self._metrics), ClientCore.close
             )
         return self
 
@@ -425,7 +435,7 @@ class AsyncWaltzClient:
     async def flush(self, timeout: float | None = None) -> None:
         """As :meth:`WaltzClient.flush`."""
         attempts = self._core.attempts
-        if not await asyncio.to_thread(attempts.wait_idle, timeout):
+        if not await attempts.wait_idle_async(timeout):
             raise WaltzTimeoutError(
                 f"{attempts.in_flight()} transaction(s) still in flight after {timeout:g}s of flush()"
             )
@@ -445,7 +455,7 @@ class AsyncWaltzClient:
 
     async def get_high_water_mark(self, partition_id: int, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> int:
         """As :meth:`WaltzClient.get_high_water_mark`."""
-        return await asyncio.to_thread(self._core.get_high_water_mark, partition_id, timeout)
+        return await self._core.get_high_water_mark_async(partition_id, timeout)
 
     async def wait_applied(
         self, partition_id: int, transaction_id: int, timeout: float | None = None
@@ -456,8 +466,9 @@ class AsyncWaltzClient:
 
     async def ready(self, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> dict[int, int]:
         """As :meth:`WaltzClient.ready`: return once every mounted partition has applied the
-        log's high-water mark taken at the call (on a thread: the loop does not wait)."""
-        return await asyncio.to_thread(self._core.wait_ready, timeout)
+        log's high-water mark taken at the call (the loop does not wait; cancelling the await ends
+        the wait)."""
+        return await self._core.wait_ready_async(timeout)
 
     async def set_partitions(self, partition_ids: Iterable[int]) -> None:
         """As :meth:`WaltzClient.set_partitions`."""
@@ -468,9 +479,42 @@ class AsyncWaltzClient:
     ) -> None:
         """As :meth:`WaltzClient.wait_mounted`."""
         ids = None if partition_ids is None else list(partition_ids)
-        await asyncio.to_thread(self._core.wait_until_mounted, timeout, ids)
+        await self._core.wait_until_mounted_async(timeout, ids)
 
     async def close(self) -> None:
         """As :meth:`WaltzClient.close`. Idempotent."""
         if self._core_or_none is not None:
             await asyncio.to_thread(self._core_or_none.close)
+
+
+async def _made_on_a_thread(make: Callable[[], T], discard: Callable[[T], object]) -> T:
+    """``make()`` on a thread of the loop's default executor, awaited; if the await is cancelled,
+    what ``make`` returns is given to ``discard`` (on that thread, or on one of its own when it was
+    made already), never dropped running."""
+    lock = threading.Lock()
+    abandoned = False
+    made: list[T] = []
+
+    def run() -> T | None:
+        thing = make()
+        with lock:
+            if not abandoned:
+                made.append(thing)
+                return thing
+        discard(thing)
+        return None
+
+    making = asyncio.get_running_loop().run_in_executor(None, run)
+    # An exception raised once nobody awaits is retrieved here, not reported as never retrieved.
+    making.add_done_callback(lambda f: f.cancelled() or f.exception())
+    try:
+        result = await asyncio.shield(making)
+    except asyncio.CancelledError:
+        with lock:
+            abandoned = True
+            orphan = made.pop() if made else None
+        if orphan is not None:
+            threading.Thread(target=discard, args=(orphan,), name="waltz-discard-unclaimed").start()
+        raise
+    assert result is not None
+    return result

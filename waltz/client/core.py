@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -109,6 +110,8 @@ class ClientCore:
         )
         self._hwm_requests: dict[int, asyncio.Future[int]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._waits: set[concurrent.futures.Future[Any]] = set()  # _wait_on_loop's, until done
+        self._waits_lock = threading.Lock()
         self.metrics.watch(self.partition_gauges)
         self._tracing: ClientTracing | None = None
         try:
@@ -170,6 +173,61 @@ class ClientCore:
     def _call(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run a coroutine on the core loop from another thread and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    def _wait_on_loop(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start a wait on the core loop for a caller on another thread or loop.
+
+        Cancelling the returned future cancels the wait (an ``asyncio`` caller's cancelled await
+        leaves nothing running); :meth:`close` cancels every wait still running, and
+        :meth:`_block` and :meth:`_await` then raise :class:`ClientClosedError`.
+
+        Raises:
+            ClientClosedError: the client is closed.
+        """
+        if self._closed:
+            coroutine.close()
+            self.check_open()
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        with self._waits_lock:
+            self._waits.add(future)
+            closed = self._closed  # set before close() cancels the waits it holds
+        future.add_done_callback(self._wait_done)
+        if closed:
+            future.cancel()
+        return future
+
+    def _wait_done(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._waits_lock:
+            self._waits.discard(future)
+
+    def _cancel_waits(self) -> None:
+        with self._waits_lock:
+            waits = list(self._waits)
+        for future in waits:
+            future.cancel()
+
+    def _closed_while(self, what: str) -> ClientClosedError:
+        return ClientClosedError(f"Waltz client {self.client_id} closed while {what}")
+
+    def _block(self, future: concurrent.futures.Future[T], what: str) -> T:
+        """The result of a wait from :meth:`_wait_on_loop`, on a thread that may block."""
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            if self._closed:
+                raise self._closed_while(what) from None
+            raise
+
+    async def _await(self, future: concurrent.futures.Future[T], what: str) -> T:
+        """The result of a wait from :meth:`_wait_on_loop`, awaited on the caller's loop;
+        cancelling the await cancels the wait."""
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._closed and (task is None or task.cancelling() == 0):
+                raise self._closed_while(what) from None
+            raise
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         task = self._loop.create_task(coroutine)
@@ -432,43 +490,51 @@ class ClientCore:
         for pid in partition_ids:
             await self.partitions[pid].wait_mounted()
 
-    def wait_until_mounted(self, timeout: float, partition_ids: Iterable[int] | None = None) -> None:
-        """Block until the partitions (default: every wanted one) are mounted.
+    def _wanted_or(self, partition_ids: Iterable[int] | None) -> list[int]:
+        if partition_ids is None:
+            return [p.partition_id for p in list(self.partitions.values()) if p.wanted]
+        return list(partition_ids)
 
-        Raises:
-            WaltzTimeoutError: not mounted within ``timeout`` seconds.
-        """
-        ids = (
-            [p.partition_id for p in list(self.partitions.values()) if p.wanted]
-            if partition_ids is None
-            else list(partition_ids)
-        )
+    async def _mounted_within(self, ids: list[int], timeout: float) -> None:
+        """Wait (on the loop) until the partitions are mounted; WaltzTimeoutError after ``timeout``
+        seconds, with each partition's state and what a failed TLS handshake suggests."""
         try:
-            self._call(asyncio.wait_for(self.wait_mounted(ids), timeout))
-        except (TimeoutError, concurrent.futures.TimeoutError):
+            await asyncio.wait_for(self.wait_mounted(ids), timeout)
+        except TimeoutError:
             states = {pid: repr(self.partitions[pid]) for pid in ids}
             said = tls_hint(self._tls)
             hint = f"; if no server accepted a connection, {said}" if said else ""
             raise WaltzTimeoutError(f"partitions not mounted within {timeout:g}s: {states}{hint}") from None
 
-    def wait_ready(self, timeout: float) -> dict[int, int]:
-        """Block until every wanted partition is mounted and applied up to its committed
-        high-water mark asked of its server now (``WaltzClient.ready``).
-
-        Returns:
-            Partition ID -> the mark it caught up to.
+    def wait_until_mounted(self, timeout: float, partition_ids: Iterable[int] | None = None) -> None:
+        """Block until the partitions (default: every wanted one) are mounted.
 
         Raises:
-            WaltzTimeoutError: not caught up within ``timeout`` seconds.
+            WaltzTimeoutError: not mounted within ``timeout`` seconds.
+            ClientClosedError: the client closed meanwhile.
         """
+        ids = self._wanted_or(partition_ids)
+        self._block(self._wait_on_loop(self._mounted_within(ids, timeout)), "waiting for a mount")
+
+    async def wait_until_mounted_async(
+        self, timeout: float, partition_ids: Iterable[int] | None = None
+    ) -> None:
+        """As :meth:`wait_until_mounted`, awaited on the caller's loop; cancelling the await ends
+        the wait on the core loop too."""
+        ids = self._wanted_or(partition_ids)
+        await self._await(self._wait_on_loop(self._mounted_within(ids, timeout)), "waiting for a mount")
+
+    async def _caught_up(self, timeout: float) -> dict[int, int]:
+        """On the loop: every wanted partition mounted, then applied up to the committed high-water
+        mark its server gives now (``WaltzClient.ready``), all within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        ids = [p.partition_id for p in list(self.partitions.values()) if p.wanted]
-        self.wait_until_mounted(timeout, ids)
-        marks = {pid: self.get_high_water_mark(pid, max(0.0, deadline - time.monotonic())) for pid in ids}
+        ids = self._wanted_or(None)
+        await self._mounted_within(ids, timeout)
+        marks = {pid: await self.high_water_mark(pid, max(0.0, deadline - time.monotonic())) for pid in ids}
         behind: dict[int, tuple[int, int]] = {}
         for pid, mark in marks.items():
             applied = self.partitions[pid].applied
-            if not applied.wait(mark, max(0.0, deadline - time.monotonic())):
+            if not await applied.wait_async(mark, max(0.0, deadline - time.monotonic())):
                 behind[pid] = (applied.value, mark)
         if behind:
             detail = ", ".join(
@@ -479,6 +545,24 @@ class ClientCore:
                 "apply_transaction: see unhealthy_partitions())"
             )
         return marks
+
+    def wait_ready(self, timeout: float) -> dict[int, int]:
+        """Block until every wanted partition is mounted and applied up to its committed
+        high-water mark asked of its server now (``WaltzClient.ready``).
+
+        Returns:
+            Partition ID -> the mark it caught up to.
+
+        Raises:
+            WaltzTimeoutError: not caught up within ``timeout`` seconds.
+            ClientClosedError: the client closed meanwhile.
+        """
+        return self._block(self._wait_on_loop(self._caught_up(timeout)), "waiting until it is ready")
+
+    async def wait_ready_async(self, timeout: float) -> dict[int, int]:
+        """As :meth:`wait_ready`, awaited on the caller's loop; cancelling the await ends the wait
+        on the core loop too."""
+        return await self._await(self._wait_on_loop(self._caught_up(timeout)), "waiting until it is ready")
 
     # --- requests ---------------------------------------------------------------------------------
 
@@ -524,14 +608,25 @@ class ClientCore:
             finally:
                 self._hwm_requests.pop(req_id.seq_num, None)
 
-    def get_high_water_mark(self, partition_id: int, timeout: float) -> int:
-        """Blocking :meth:`high_water_mark`."""
+    def _known_partition(self, partition_id: int) -> None:
         self.check_open()
         if partition_id not in self.partitions:
             raise ValueError(
                 f"partition {partition_id} does not exist (this client has {sorted(self.partitions)})"
             )
-        return self._call(self.high_water_mark(partition_id, timeout))
+
+    def get_high_water_mark(self, partition_id: int, timeout: float) -> int:
+        """Blocking :meth:`high_water_mark` (ClientClosedError if the client closes meanwhile)."""
+        self._known_partition(partition_id)
+        future = self._wait_on_loop(self.high_water_mark(partition_id, timeout))
+        return self._block(future, "asking for a high-water mark")
+
+    async def get_high_water_mark_async(self, partition_id: int, timeout: float) -> int:
+        """:meth:`high_water_mark` awaited on the caller's loop; cancelling the await cancels the
+        request."""
+        self._known_partition(partition_id)
+        future = self._wait_on_loop(self.high_water_mark(partition_id, timeout))
+        return await self._await(future, "asking for a high-water mark")
 
     # --- closing ----------------------------------------------------------------------------------
 
@@ -567,6 +662,7 @@ class ClientCore:
         for worker in workers:
             worker.close(timeout)
         thread = getattr(self, "_thread", None)
+        self._cancel_waits()
         if thread is not None and thread.is_alive():
             try:
                 self._call(self._shutdown(), timeout)

@@ -11,6 +11,8 @@ the submitting threads and end on the client's retry and completion threads.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -40,6 +42,8 @@ class InFlight:
         self._in_flight: set[Submission] = set()
         self._lock = threading.Lock()  # taken alone on the per-transaction paths
         self._changed = threading.Condition(self._lock)
+        # wait_idle_async's waiters, woken (each on its own loop) whenever the condition is
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     def add_partition(self, partition_id: int) -> None:
         """Give a partition the client made later (a new child of a split, docs/design/splits.md
@@ -88,6 +92,8 @@ class InFlight:
                     in_flight.discard(submission)
                     limits[submission.slot_partition].release()
             self._changed.notify_all()
+            if self._async_waiters:
+                self._wake_async_waiters()
 
     def count(self, partition_id: int | None = None) -> int:
         """Submissions in flight (of one partition, or all)."""
@@ -114,7 +120,8 @@ class InFlight:
         Args:
             timeout: seconds at most.
             step: seconds between two calls of ``nudge`` while nothing ends.
-            check_open: raises when the client closed (checked at every wake-up).
+            check_open: raises when the client closed (checked at every wake-up, so a client
+                that closes while the wait has submissions in flight ends it with the error).
             nudge: called with the partitions of the submissions still in flight.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -126,11 +133,60 @@ class InFlight:
                     return False
                 if not self._changed.wait(step if remaining is None else min(step, remaining)):
                     nudge({s.partition_id for s in self._in_flight})
+                check_open()  # woken by a close: what was in flight ended failed, not committed
         return True
+
+    async def wait_idle_async(
+        self,
+        timeout: float | None,
+        step: float,
+        check_open: Callable[[], None],
+        nudge: Callable[[set[int]], None],
+    ) -> bool:
+        """As :meth:`wait_idle`, awaited on the caller's loop: no thread waits, and cancelling the
+        await leaves nothing behind."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._changed:
+                if not self._in_flight:
+                    return True
+                waiter: asyncio.Future[None] = loop.create_future()
+                self._async_waiters.append((loop, waiter))
+            try:
+                check_open()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(waiter, step if remaining is None else min(step, remaining))
+                except TimeoutError:
+                    with self._changed:
+                        partitions = {s.partition_id for s in self._in_flight}
+                    if partitions:
+                        nudge(partitions)
+                check_open()  # woken by a close: what was in flight ended failed, not committed
+            finally:
+                with self._changed:
+                    if (loop, waiter) in self._async_waiters:
+                        self._async_waiters.remove((loop, waiter))
+
+    def _wake_async_waiters(self) -> None:
+        """Wake every :meth:`wait_idle_async` (the lock held): each looks again."""
+        for loop, waiter in self._async_waiters:
+            with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits any more
+                loop.call_soon_threadsafe(_wake, waiter)
+        self._async_waiters.clear()
 
     def close(self) -> list[Submission]:
         """The submissions still in flight (the client closes; their waiters wake up)."""
         with self._changed:
             in_flight = list(self._in_flight)
             self._changed.notify_all()
+            self._wake_async_waiters()
         return in_flight
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
