@@ -2,8 +2,8 @@
 thread still waiting out the timeout, no started client nobody holds (docs/asyncio-service.md,
 "Answers in bounded time"; docs/design/client.md "WaltzClient and AsyncWaltzClient").
 
-The client here is plaintext against a secure cluster, so its partition never mounts: every wait
-on the partition would last its whole timeout."""
+The first test's client is plaintext against the session's cluster, which requires TLS, so its
+partitions never mount: every wait on them would last its whole timeout."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +21,6 @@ from tests.client.client_helpers import Append, MemoryStore
 from waltz import AsyncWaltzClient, WaltzClient, WaltzClientConfig
 from waltz.errors import ClientClosedError
 from waltz.local.cluster import LocalCluster
-from waltz.local.zookeeper import LocalZooKeeper
 
 #: Far longer than the test: a wait still running after its cancellation would hold the run.
 LONG = 600.0
@@ -52,105 +50,89 @@ def _run_bounded(main: Callable[[], Awaitable[None]], bound: float) -> None:
 
 
 def test_cancelled_waits_of_the_async_client_end_at_once_and_leave_no_thread_waiting(
-    tmp_path: Path, zookeeper: LocalZooKeeper
+    cluster: LocalCluster, log_start: dict[int, int]
 ) -> None:
-    with LocalCluster(
-        storages=1,
-        servers=1,
-        partitions=1,
-        zookeeper=zookeeper.connect_string,
-        work_dir=tmp_path / "cluster",
-        delete_root=True,
-    ) as cluster:
-        settings = {k: v for k, v in cluster.client_settings().items() if not k.startswith("client_tls_")}
-        config = WaltzClientConfig(**settings)
-        waits: dict[str, float] = {}
+    settings = {k: v for k, v in cluster.client_settings().items() if not k.startswith("client_tls_")}
+    config = WaltzClientConfig(**settings)
+    waits: dict[str, float] = {}
 
-        async def main() -> None:
-            client = await AsyncWaltzClient(MemoryStore({0: -1}), config).start()
-            try:
-                never = await client.submit(Append(0, b"never mounted"))  # in flight for good
-                calls: dict[str, Callable[[], Coroutine[Any, Any, object]]] = {
-                    "wait_mounted": lambda: client.wait_mounted(LONG),
-                    "ready": lambda: client.ready(LONG),
-                    "get_high_water_mark": lambda: client.get_high_water_mark(0, LONG),
-                    "flush": lambda: client.flush(None),
-                }
-                for name, call in calls.items():
-                    task = asyncio.create_task(call())
-                    await asyncio.sleep(0.5)
-                    assert not task.done(), f"{name} ended on an unmountable partition: {task}"
-                    task.cancel()
-                    started = time.monotonic()
-                    with pytest.raises(asyncio.CancelledError):
-                        await asyncio.wait_for(task, 10)
-                    waits[name] = time.monotonic() - started
-                assert not never.done()
-                # A close while another task waits ends that wait with ClientClosedError.
-                waiting = asyncio.create_task(client.ready(LONG))
-                flushing = asyncio.create_task(client.flush(None))
+    async def main() -> None:
+        client = await AsyncWaltzClient(MemoryStore(log_start), config).start()
+        try:
+            never = await client.submit(Append(0, b"never mounted"))  # in flight for good
+            calls: dict[str, Callable[[], Coroutine[Any, Any, object]]] = {
+                "wait_mounted": lambda: client.wait_mounted(LONG),
+                "ready": lambda: client.ready(LONG),
+                "get_high_water_mark": lambda: client.get_high_water_mark(0, LONG),
+                "flush": lambda: client.flush(None),
+            }
+            for name, call in calls.items():
+                task = asyncio.create_task(call())
                 await asyncio.sleep(0.5)
-            finally:
-                await client.close()
-            for task in (waiting, flushing):
-                with pytest.raises(ClientClosedError, match="closed"):
+                assert not task.done(), f"{name} ended on an unmountable partition: {task}"
+                task.cancel()
+                started = time.monotonic()
+                with pytest.raises(asyncio.CancelledError):
                     await asyncio.wait_for(task, 10)
-            with pytest.raises(ClientClosedError):
-                await never
+                waits[name] = time.monotonic() - started
+            assert not never.done()
+            # A close while another task waits ends that wait with ClientClosedError.
+            waiting = asyncio.create_task(client.ready(LONG))
+            flushing = asyncio.create_task(client.flush(None))
+            await asyncio.sleep(0.5)
+        finally:
+            await client.close()
+        for task in (waiting, flushing):
+            with pytest.raises(ClientClosedError, match="closed"):
+                await asyncio.wait_for(task, 10)
+        with pytest.raises(ClientClosedError):
+            await never
 
-        _run_bounded(main, 60)
-        assert set(waits) == {"wait_mounted", "ready", "get_high_water_mark", "flush"}
+    _run_bounded(main, 60)
+    assert set(waits) == {"wait_mounted", "ready", "get_high_water_mark", "flush"}
 
-        # The blocking client alike: a thread waiting for a mount hears of the close at once.
-        errors: list[BaseException] = []
-        with WaltzClient(MemoryStore({0: -1}), config) as client:
+    # The blocking client alike: a thread waiting for a mount hears of the close at once.
+    errors: list[BaseException] = []
+    with WaltzClient(MemoryStore(log_start), config) as client:
 
-            def wait() -> None:
-                try:
-                    client.wait_mounted(LONG)
-                except BaseException as error:  # handed to the test's thread
-                    errors.append(error)
+        def wait() -> None:
+            try:
+                client.wait_mounted(LONG)
+            except BaseException as error:  # handed to the test's thread
+                errors.append(error)
 
-            waiter = threading.Thread(target=wait, name="waiting-for-a-mount", daemon=True)
-            waiter.start()
-            time.sleep(0.5)
-            assert waiter.is_alive() and not errors
-        waiter.join(10)
-        assert not waiter.is_alive(), "wait_mounted still waits after the close"
-        assert len(errors) == 1 and isinstance(errors[0], ClientClosedError), errors
-        assert "closed while waiting for a mount" in str(errors[0])
+        waiter = threading.Thread(target=wait, name="waiting-for-a-mount", daemon=True)
+        waiter.start()
+        time.sleep(0.5)
+        assert waiter.is_alive() and not errors
+    waiter.join(10)
+    assert not waiter.is_alive(), "wait_mounted still waits after the close"
+    assert len(errors) == 1 and isinstance(errors[0], ClientClosedError), errors
+    assert "closed while waiting for a mount" in str(errors[0])
 
 
 def test_a_start_cancelled_while_it_connects_closes_the_client_it_was_making(
-    tmp_path: Path, zookeeper: LocalZooKeeper, caplog: pytest.LogCaptureFixture
+    cluster: LocalCluster, log_start: dict[int, int], caplog: pytest.LogCaptureFixture
 ) -> None:
-    with LocalCluster(
-        storages=1,
-        servers=1,
-        partitions=1,
-        zookeeper=zookeeper.connect_string,
-        work_dir=tmp_path / "cluster",
-        delete_root=True,
-    ) as cluster:
-        config = WaltzClientConfig(**cluster.client_settings())
-        unstarted: list[AsyncWaltzClient] = []
-        caplog.set_level(logging.INFO, logger="waltz.client.core")
+    config = WaltzClientConfig(**cluster.client_settings())
+    unstarted: list[AsyncWaltzClient] = []
+    caplog.set_level(logging.INFO, logger="waltz.client.core")
 
-        async def main() -> None:
-            client = AsyncWaltzClient(MemoryStore({0: -1}), config)
-            task = asyncio.create_task(client.start())
-            await asyncio.sleep(0)  # the client is being made on a thread
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await asyncio.wait_for(task, 30)
-            unstarted.append(client)
+    async def main() -> None:
+        client = AsyncWaltzClient(MemoryStore(log_start), config)
+        task = asyncio.create_task(client.start())
+        await asyncio.sleep(0)  # the client is being made on a thread
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 30)
+        unstarted.append(client)
 
-        _run_bounded(main, 60)
-        # The client made for the cancelled start was made all the same, and closed.
-        said = [r.getMessage() for r in caplog.records if r.name == "waltz.client.core"]
-        started = {m.split()[2] for m in said if re.match(r"Waltz client \d+ started", m)}
-        closed = {m.split()[2] for m in said if re.match(r"Waltz client \d+ closed", m)}
-        assert len(started) == 1, said
-        assert closed == started, said
-        with pytest.raises(RuntimeError, match="not started"):
-            _ = unstarted[0].client_id
+    _run_bounded(main, 60)
+    # The client made for the cancelled start was made all the same, and closed.
+    said = [r.getMessage() for r in caplog.records if r.name == "waltz.client.core"]
+    started = {m.split()[2] for m in said if re.match(r"Waltz client \d+ started", m)}
+    closed = {m.split()[2] for m in said if re.match(r"Waltz client \d+ closed", m)}
+    assert len(started) == 1, said
+    assert closed == started, said
+    with pytest.raises(RuntimeError, match="not started"):
+        _ = unstarted[0].client_id
