@@ -79,10 +79,11 @@ def test_cancelled_waits_of_the_async_client_end_at_once_and_leave_no_thread_wai
             # A close while another task waits ends that wait with ClientClosedError.
             waiting = asyncio.create_task(client.ready(LONG))
             flushing = asyncio.create_task(client.flush(None))
+            applying = asyncio.create_task(client.wait_applied(0, log_start[0] + 1, None))
             await asyncio.sleep(0.5)
         finally:
             await client.close()
-        for task in (waiting, flushing):
+        for task in (waiting, flushing, applying):
             with pytest.raises(ClientClosedError, match="closed"):
                 await asyncio.wait_for(task, 10)
         with pytest.raises(ClientClosedError):
@@ -91,24 +92,32 @@ def test_cancelled_waits_of_the_async_client_end_at_once_and_leave_no_thread_wai
     _run_bounded(main, 60)
     assert set(waits) == {"wait_mounted", "ready", "get_high_water_mark", "flush"}
 
-    # The blocking client alike: a thread waiting for a mount hears of the close at once.
-    errors: list[BaseException] = []
+    # The blocking client alike: threads waiting for a mount, or for an apply with no time limit,
+    # hear of the close at once.
+    errors: dict[str, BaseException] = {}
     with WaltzClient(MemoryStore(log_start), config) as client:
+        blocking: dict[str, Callable[[], object]] = {
+            "wait_mounted": lambda: client.wait_mounted(LONG),
+            "wait_applied": lambda: client.wait_applied(0, log_start[0] + 1, None),
+        }
 
-        def wait() -> None:
+        def wait(name: str) -> None:
             try:
-                client.wait_mounted(LONG)
+                blocking[name]()
             except BaseException as error:  # handed to the test's thread
-                errors.append(error)
+                errors[name] = error
 
-        waiter = threading.Thread(target=wait, name="waiting-for-a-mount", daemon=True)
-        waiter.start()
+        waiters = [threading.Thread(target=wait, args=(n,), name=n, daemon=True) for n in blocking]
+        for waiter in waiters:
+            waiter.start()
         time.sleep(0.5)
-        assert waiter.is_alive() and not errors
-    waiter.join(10)
-    assert not waiter.is_alive(), "wait_mounted still waits after the close"
-    assert len(errors) == 1 and isinstance(errors[0], ClientClosedError), errors
-    assert "closed while waiting for a mount" in str(errors[0])
+        assert all(w.is_alive() for w in waiters) and not errors
+    for waiter in waiters:
+        waiter.join(10)
+        assert not waiter.is_alive(), f"{waiter.name} still waits after the close"
+    assert all(isinstance(e, ClientClosedError) for e in errors.values()) and len(errors) == 2, errors
+    assert "closed while waiting for a mount" in str(errors["wait_mounted"])
+    assert "closed before the transaction was applied" in str(errors["wait_applied"])
 
 
 def test_a_start_cancelled_while_it_connects_closes_the_client_it_was_making(

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
+from support import settle
 
 from waltz.client.waiting import ConcurrencyLimit, Watermark
 from waltz.local.processes import wait_until
@@ -153,3 +154,41 @@ def test_call_when_calls_now_or_on_the_thread_that_advances_the_mark(
     assert calls[2:] == [("eight", threading.current_thread().name)]
     mark.advance(11)
     assert len(calls) == 3  # each callback once
+
+
+def test_a_closed_watermark_ends_the_waits_below_it_with_the_close_s_error() -> None:
+    mark = Watermark(5)
+    errors: list[BaseException] = []
+    called: list[int] = []
+
+    def wait() -> None:
+        try:
+            mark.wait(10, None)
+        except RuntimeError as error:
+            errors.append(error)
+
+    async def wait_async() -> None:
+        with pytest.raises(RuntimeError, match="closed"):
+            await mark.wait_async(10, None)
+
+    async def scenario() -> None:
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        task = asyncio.create_task(wait_async())
+        mark.call_when(10, lambda: called.append(10))
+        await settle(lambda: len(mark._waiters) == 3, "three waiters", 5)
+        mark.close(lambda: RuntimeError("closed"))
+        await asyncio.wait_for(task, 5)
+        await asyncio.to_thread(waiter.join, 5)
+        assert not waiter.is_alive() and len(errors) == 1
+
+    asyncio.run(scenario())
+    assert called == []  # dropped, never called
+    assert mark.wait(5, 0) and mark.wait(3, None)  # reached before the close: still True
+    with pytest.raises(RuntimeError, match="closed"):
+        mark.wait(6, 0)  # and any later wait above it raises at once
+    mark.advance(10)  # a late advance is taken, and reached targets hold
+    assert mark.wait(10, None)
+    mark.close(lambda: ValueError("second close"))  # idempotent: the first error stays
+    with pytest.raises(RuntimeError):
+        mark.wait(11, 0)

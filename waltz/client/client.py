@@ -228,6 +228,7 @@ class WaltzClient:
         Raises:
             ValueError: no such partition.
             TypeError: ``transaction_id`` is not an ``int`` (None: the outcome did not commit).
+            ClientClosedError: the client closed before applying it.
         """
         return self._core.applied_mark(partition_id).wait(waited_transaction_id(transaction_id), timeout)
 

@@ -670,6 +670,9 @@ class ClientCore:
                 log.exception(
                     "Waltz client %s: shutting down its connections failed", getattr(self, "client_id", "?")
                 )
+        closed = f"Waltz client {getattr(self, 'client_id', '?')} closed before the transaction was applied"
+        for partition in list(getattr(self, "partitions", {}).values()):
+            partition.applied.close(lambda: ClientClosedError(closed))
         data_client = getattr(self, "data_client", None)
         if data_client is not None:
             data_client.open = False

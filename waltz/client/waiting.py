@@ -156,6 +156,7 @@ class Watermark:
         self._lock = threading.Lock()
         self._value = value
         self._waiters: list[_MarkWaiter] = []
+        self._closed: Callable[[], BaseException] | None = None
 
     @property
     def value(self) -> int:
@@ -194,6 +195,34 @@ class Watermark:
             with contextlib.suppress(RuntimeError):  # that loop closed
                 loop.call_soon_threadsafe(_wake_all, futures)
 
+    def close(self, error: Callable[[], BaseException]) -> None:
+        """Nothing will advance the mark any more (its client closed): every thread and coroutine
+        waiting for a target above it raises ``error()`` now, and so does every later wait for
+        one; ``call_when`` callbacks still waiting are dropped, never called. Idempotent."""
+        with self._lock:
+            if self._closed is not None:
+                return
+            self._closed = error
+            waiters, self._waiters = self._waiters, []
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+        for waiter in waiters:
+            if waiter.event is not None:
+                waiter.event.set()
+            elif waiter.loop is not None and waiter.future is not None:
+                by_loop.setdefault(waiter.loop, []).append(waiter.future)
+        for loop, futures in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # that loop closed
+                loop.call_soon_threadsafe(_wake_all, futures)
+
+    def _reached(self, target: int) -> bool:
+        """Whether the mark is at ``target``; raises the close's error when it is not and never
+        will be."""
+        if self._value >= target:
+            return True
+        if self._closed is not None:
+            raise self._closed()
+        return False
+
     def call_when(self, target: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the mark is at least ``target``: now (on this thread) when it is
         already, else on the thread that advances the mark that far, right after it does.
@@ -209,25 +238,33 @@ class Watermark:
         callback()
 
     def wait(self, target: int, timeout: float | None = None) -> bool:
-        """Block until the mark is at least ``target``; False after ``timeout`` seconds."""
+        """Block until the mark is at least ``target``; False after ``timeout`` seconds.
+
+        Raises:
+            BaseException: the error :meth:`close` was given, once closed below ``target``.
+        """
         with self._lock:
-            if self._value >= target:
+            if self._reached(target):
                 return True
             waiter = _MarkWaiter(target, event=threading.Event())
             self._waiters.append(waiter)
         assert waiter.event is not None
         deadline = None if timeout is None else time.monotonic() + timeout
-        reached = waiter.event.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        if not reached:
+        woken = waiter.event.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if not woken:
             with self._lock:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
-        return reached or self._value >= target
+        return self._reached(target)
 
     async def wait_async(self, target: int, timeout: float | None = None) -> bool:
-        """Wait from a coroutine until the mark is at least ``target``; False after ``timeout``."""
+        """Wait from a coroutine until the mark is at least ``target``; False after ``timeout``.
+
+        Raises:
+            BaseException: the error :meth:`close` was given, once closed below ``target``.
+        """
         with self._lock:
-            if self._value >= target:
+            if self._reached(target):
                 return True
             loop = asyncio.get_running_loop()
             waiter = _MarkWaiter(target, loop=loop, future=loop.create_future())
@@ -236,9 +273,9 @@ class Watermark:
         try:
             await asyncio.wait_for(waiter.future, timeout)
         except TimeoutError:
-            return self._value >= target
+            pass
         finally:
             with self._lock:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
-        return True
+        return self._reached(target)
