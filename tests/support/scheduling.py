@@ -4,7 +4,7 @@
 :class:`SparkGroupScheduling`: xdist's own load-group scheduling, but with every test of
 ``tests/spark`` in one group, so one worker runs them all, in one JVM and in the order of their
 modules, and the tests of a module that holds a fixed address in one group too, while every other
-test goes to whichever worker is free. Several Spark JVMs on the run's two cores took 3.8 times
+test goes to whichever worker is free. Several Spark JVMs on the run's two cores took 3.9 times
 the test time of one.
 
 The group is decided from the test's node ID, which the controller has, and not from an
