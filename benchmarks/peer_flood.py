@@ -161,10 +161,13 @@ async def mount(stream: Stream, client_id: int, generation: int, partition_id: i
         raise RuntimeError(f"mount of partition {partition_id} refused: {answer}")
 
 
-async def probe(endpoint: str, generation: int, interval: float, stop: Any) -> list[tuple[float, float]]:
+async def probe(
+    endpoint: str, generation: int, interval: float, stop: Any, last_sent: Any
+) -> list[tuple[float, float]]:
     """Ask for partition 1's high-water mark every ``interval`` seconds until ``stop`` (a
     :class:`multiprocessing.Event`) is set; returns (``time.monotonic()`` when sent, round trip
-    ms) of each probe."""
+    ms) of each probe. ``last_sent`` (a shared double) holds when the last answered probe was
+    sent, for the flood to wait on."""
     probes: list[tuple[float, float]] = []
     async with grpc.aio.insecure_channel(endpoint, options=channel_options()) as channel:
         stream = Stream(channel)
@@ -191,6 +194,7 @@ async def probe(endpoint: str, generation: int, interval: float, stop: Any) -> l
                 if answer.WhichOneof("body") != "high_water_mark":
                     raise RuntimeError(f"the prober got {answer}")
                 probes.append((sent, (time.monotonic() - sent) * 1000))
+                last_sent.value = sent
                 await asyncio.sleep(interval)
         finally:
             await stream.close()
@@ -198,10 +202,23 @@ async def probe(endpoint: str, generation: int, interval: float, stop: Any) -> l
     return probes
 
 
-def probe_process(endpoint: str, generation: int, interval: float, stop: Any, results: Any) -> None:
+def probe_process(
+    endpoint: str, generation: int, interval: float, stop: Any, last_sent: Any, results: Any
+) -> None:
     """The prober, in a process of its own (the flooding peer's work must not delay its probes):
     sends its probes through ``results`` (a pipe's end) when ``stop`` is set."""
-    results.send(asyncio.run(probe(endpoint, generation, interval, stop)))
+    results.send(asyncio.run(probe(endpoint, generation, interval, stop, last_sent)))
+
+
+async def probed_since(last_sent: Any, since: float, timeout: float) -> None:
+    """Wait until the prober has had a probe answered that it sent at ``since`` or later, so that
+    a phase holds at least one probe however slowly a loaded machine starts or schedules the
+    prober; RuntimeError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while last_sent.value < since:
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"the prober had no probe answered within {timeout:g} s")
+        await asyncio.sleep(0.02)
 
 
 async def sample_memory(pid: int, phase_of: list[Phase], stop: asyncio.Event) -> None:
@@ -241,13 +258,15 @@ async def flood(args: argparse.Namespace, endpoint: str, generation: int, server
     context = multiprocessing.get_context("spawn")
     probes_wanted, probes_sent = context.Pipe(duplex=False)
     stop_probing = context.Event()
+    last_probe_sent = context.Value("d", 0.0)
     prober = context.Process(
         target=probe_process,
-        args=(endpoint, generation, args.probe_interval, stop_probing, probes_sent),
+        args=(endpoint, generation, args.probe_interval, stop_probing, last_probe_sent, probes_sent),
         name="prober",
     )
     prober.start()
     await asyncio.sleep(2)
+    await probed_since(last_probe_sent, phases[0].began, args.timeout)  # the idle phase has its probes
     peer_id, seq = 10, 1
     async with grpc.aio.insecure_channel(endpoint, options=channel_options()) as channel:
         stream = Stream(channel)
@@ -313,6 +332,7 @@ async def flood(args: argparse.Namespace, endpoint: str, generation: int, server
         await stream.close()
         reader.cancel()
     await asyncio.sleep(args.settle)
+    await probed_since(last_probe_sent, phases[-1].began, args.timeout)  # and so has the closed one
     settled = resident_mib(server_pid)
     for phase, following in itertools.pairwise(phases):
         phase.ended = following.began
