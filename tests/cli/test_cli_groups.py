@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -76,3 +77,45 @@ def test_an_unknown_command_is_still_a_usage_error() -> None:
     result = CliRunner().invoke(app, ["dbb"])
     assert result.exit_code == 2
     assert "db" in result.output
+
+
+def _waltz_without(modules: tuple[str, ...], args: list[str]) -> subprocess.CompletedProcess[str]:
+    """``waltz ARGS`` (the console script's own entry, :func:`waltz.cli.main.main`) in a fresh
+    interpreter where ``modules`` cannot be imported, as if their extra were not installed."""
+    code = (
+        "import sys\n"
+        f"for name in {modules!r}:\n"
+        "    sys.modules[name] = None\n"
+        "from waltz.cli.main import main\n"
+        f"main({args!r})\n"
+    )
+    command = [sys.executable, "-c", code]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_commands_that_import_an_extra_as_they_run_say_which_extra_to_install(tmp_path: Path) -> None:
+    """Commands listed with waltz-py's own (demo, perf, snapshot's sub-commands) import SQLAlchemy
+    as they run: without the sql extra they end with what to install, not a traceback."""
+    for args in (
+        ["snapshot", "show", str(tmp_path)],
+        ["demo", "--no-spark", "--work-dir", str(tmp_path / "demo")],
+        ["perf", "smallbank", "--local", "-n", "10"],
+    ):
+        run = _waltz_without(("sqlalchemy",), args)
+        said = " ".join(run.stderr.split())
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert f"error: waltz {args[0]} cannot run: SQLAlchemy is not installed here" in said, said
+        assert "pip install 'waltz-py[sql]'" in said and "Traceback" not in said, said
+    assert not (tmp_path / "demo").exists() or not any((tmp_path / "demo").iterdir())
+    # A module missing that no extra brings is a defect: its traceback stays.
+    run = _waltz_without(("waltz.workloads.demo",), ["demo", "--no-spark"])
+    assert run.returncode == 1 and "Traceback" in run.stderr and "ModuleNotFoundError" in run.stderr
+
+
+def test_the_demo_without_spark_says_so_before_it_starts_anything(tmp_path: Path) -> None:
+    run = _waltz_without(("pyspark",), ["demo", "--work-dir", str(tmp_path / "demo")])
+    said = " ".join(run.stderr.split())
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "the demo ends with a Spark rebuild of the ledger, and pyspark is not installed here" in said
+    assert "pip install 'waltz-py[spark]'" in said and "--no-spark" in said, said
+    assert not (tmp_path / "demo").exists()  # refused before the cluster and its directory

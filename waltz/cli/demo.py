@@ -7,6 +7,7 @@ Exit codes: 0 every check passed; 1 a check failed; 2 the demo could not run.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import tempfile
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from waltz.cli.options import NodesLogLevelOption
+from waltz.cli.output import fail
 from waltz.errors import ConfigurationError
 from waltz.logs import configure_logging
 from waltz.workloads.application import DEFAULT_APPLICATION
@@ -115,6 +117,16 @@ def demo(
     With --batch the instances submit through an EntityBatcher and the run prints the batches
     and the operations they carried.
     """
+    if spark:
+        # Its last check needs Spark: say so now, not after the run.
+        missing = [m for m in ("pyspark", "pyarrow") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise fail(
+                f"the demo ends with a Spark rebuild of the ledger, and {' and '.join(missing)} "
+                "is not installed here: pip install 'waltz-py[spark]' (in a clone, "
+                "WALTZ_EXTRAS=dev,sql,spark scripts/setup), or run the demo with --no-spark",
+                2,
+            )
     from waltz.workloads.demo import DemoOptions, run_demo
     from waltz.workloads.perf.database import UnusableDatabaseError
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Sequence
 from types import FrameType
 
@@ -11,6 +12,7 @@ import typer
 from waltz import __version__
 from waltz.cli import chaos, console, demo, perf, rebuild, server, storage, up
 from waltz.cli.groups import MARKUP, LazyGroup
+from waltz.cli.output import missing_extra
 
 app = typer.Typer(
     help="Waltz: a quorum-replicated, partitioned write-ahead log with optimistic locking.",
@@ -57,4 +59,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     """
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    app(args=list(argv) if argv is not None else None, prog_name="waltz")
+    try:
+        app(args=list(argv) if argv is not None else None, prog_name="waltz")
+    except ImportError as exc:
+        # A command whose extra is not installed says what to install, not a traceback.
+        hint = missing_extra(exc)
+        if hint is None:
+            raise
+        words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")][:1]
+        typer.secho(f"error: waltz {' '.join(words)} cannot run: {hint}", err=True, fg=typer.colors.RED)
+        raise SystemExit(2) from exc

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-__all__ = ["echo_json", "fail", "warn"]
+__all__ = ["OPTIONAL_PACKAGES", "echo_json", "fail", "missing_extra", "warn"]
 
 
 def fail(message: str, code: int) -> typer.Exit:
@@ -37,3 +37,35 @@ def warn(lines: Iterable[str]) -> None:
     """Print each line as a bold yellow ``WARNING:`` on stderr."""
     for line in lines:
         typer.secho(f"WARNING: {line}", err=True, fg=typer.colors.YELLOW, bold=True)
+
+
+#: The packages that only an extra of waltz-py installs, by import name, with that extra
+#: (pyproject.toml ``[project.optional-dependencies]``).
+OPTIONAL_PACKAGES = {
+    "sqlalchemy": ("SQLAlchemy", "sql"),
+    "alembic": ("alembic", "sql"),
+    "psycopg": ("psycopg", "sql"),
+    "pymysql": ("PyMySQL", "sql"),
+    "pyspark": ("PySpark", "spark"),
+    "pyarrow": ("pyarrow", "archive"),
+    "starlette": ("Starlette", "console"),
+    "jinja2": ("Jinja2", "console"),
+    "uvicorn": ("uvicorn", "console"),
+    "httpx": ("httpx", "console"),
+    "fastapi": ("FastAPI", "asgi"),
+}
+
+
+def missing_extra(error: ImportError) -> str | None:
+    """What to install for an import that failed because an extra of waltz-py is not installed,
+    as a sentence; None when the missing module is none of theirs (a defect, not a set-up step).
+    """
+    name = (getattr(error, "name", None) or "").split(".")[0]
+    if name not in OPTIONAL_PACKAGES:
+        return None
+    package, extra = OPTIONAL_PACKAGES[name]
+    return (
+        f"{package} is not installed here; it comes with waltz-py's {extra} extra: "
+        f"pip install 'waltz-py[{extra}]' (in a clone, WALTZ_EXTRAS=dev,sql,spark scripts/setup "
+        "installs every extra)"
+    )

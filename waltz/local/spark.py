@@ -76,7 +76,7 @@ def spark_home() -> Path:
         spec = importlib.util.find_spec("pyspark")
         if spec is None or spec.origin is None:
             raise ConfigurationError(
-                "PySpark is not installed: install the spark extra (pip install -e '.[spark]')"
+                "PySpark is not installed: install the spark extra (pip install 'waltz-py[spark]')"
             )
         home = str(Path(spec.origin).parent)
     path = Path(home)

@@ -22,4 +22,5 @@ class RebuildError(WaltzError):
 
 
 class SparkUnavailableError(WaltzError, ImportError):
-    """PySpark (or pyarrow) is not importable: install the ``spark`` extra (``pip install -e '.[spark]'``)."""
+    """PySpark (or pyarrow) is not importable: install the ``spark`` extra
+    (``pip install 'waltz-py[spark]'``)."""

@@ -64,7 +64,7 @@ def require_spark() -> None:
     if missing:
         raise SparkUnavailableError(
             f"{' and '.join(missing)} not importable: install the spark extra "
-            "(pip install -e '.[spark]', or WALTZ_EXTRAS=dev,sql,spark scripts/setup)"
+            "(pip install 'waltz-py[spark]'; in a clone, WALTZ_EXTRAS=dev,sql,spark scripts/setup)"
         )
 
 
