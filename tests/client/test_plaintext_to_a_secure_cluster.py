@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from tests.client.client_helpers import MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.client.connection import NO_CERTIFICATE_HINT, PLAINTEXT_HINT
-from waltz.errors import ExpiredCertificateError, WaltzTimeoutError
+from waltz.errors import ConfigurationError, ExpiredCertificateError, WaltzTimeoutError
 from waltz.local.certificates import ClusterCertificates, make_cluster_certificates
 from waltz.local.cluster import LocalCluster
 from waltz.local.zookeeper import LocalZooKeeper
@@ -53,24 +53,52 @@ def test_a_client_with_an_expired_certificate_is_refused_before_it_connects(tmp_
         ("client.ssl.certFile", {"client_tls_cert_file": expired}),
         ("zookeeper.ssl.certFile", {"zookeeper_ssl_cert_file": expired}),
     ):
-        config = WaltzClientConfig(
-            zookeeper_connect_string="127.0.0.1:9",  # never reached: the refusal comes first
-            cluster_root="/waltz/none",
-            zookeeper_session_timeout=2,
-            **{
-                "client_tls_ca_file": certificates.ca_file,
-                "client_tls_cert_file": certificates.cert_file("client"),
-                "client_tls_key_file": certificates.key_file("client"),
-                "zookeeper_ssl_ca_file": certificates.ca_file,
-                "zookeeper_ssl_cert_file": certificates.cert_file("client"),
-                "zookeeper_ssl_key_file": certificates.key_file("client"),
-                **fields,
-            },
-        )
         with pytest.raises(ExpiredCertificateError) as refused:
-            WaltzClient(MemoryStore({0: -1}), config)
+            WaltzClient(MemoryStore({0: -1}), _unreachable_client_config(certificates, fields))
         assert f"{setting} {expired} expired on" in str(refused.value)
         assert "the servers and ZooKeeper refuse an expired certificate" in str(refused.value)
+
+
+def _unreachable_client_config(
+    certificates: ClusterCertificates, fields: dict[str, Path]
+) -> WaltzClientConfig:
+    """A client configuration with every TLS file of the cluster's client role but ``fields``,
+    whose ZooKeeper is never reached (port 9): a refusal must come before any connection."""
+    return WaltzClientConfig(
+        zookeeper_connect_string="127.0.0.1:9",
+        cluster_root="/waltz/none",
+        zookeeper_session_timeout=2,
+        **{
+            "client_tls_ca_file": certificates.ca_file,
+            "client_tls_cert_file": certificates.cert_file("client"),
+            "client_tls_key_file": certificates.key_file("client"),
+            "zookeeper_ssl_ca_file": certificates.ca_file,
+            "zookeeper_ssl_cert_file": certificates.cert_file("client"),
+            "zookeeper_ssl_key_file": certificates.key_file("client"),
+            **fields,
+        },
+    )
+
+
+def test_a_client_whose_tls_files_cannot_be_used_is_refused_before_it_connects(tmp_path: Path) -> None:
+    """A mistyped path, or a key given where the CA belongs, fails at construction naming the
+    setting and the file, not as connections retried until a submission times out."""
+    certificates = make_cluster_certificates(tmp_path / "certificates")
+    missing = tmp_path / "nope.pem"
+    for fields, said in (
+        ({"client_tls_cert_file": missing}, f"client.ssl.certFile {missing} cannot be read (No such file"),
+        ({"client_tls_ca_file": certificates.key_file("client")}, "client.ssl.caFile"),
+        ({"zookeeper_ssl_key_file": missing}, f"zookeeper.ssl.keyFile {missing} cannot be read"),
+    ):
+        with pytest.raises(ConfigurationError) as refused:
+            WaltzClient(MemoryStore({0: -1}), _unreachable_client_config(certificates, fields))
+        assert type(refused.value) is ConfigurationError
+        assert said in str(refused.value) and "fix the client's TLS settings" in str(refused.value)
+    with pytest.raises(ConfigurationError, match="holds no PEM certificate"):
+        WaltzClient(
+            MemoryStore({0: -1}),
+            _unreachable_client_config(certificates, {"client_tls_ca_file": certificates.key_file("client")}),
+        )
 
 
 def test_a_plaintext_client_of_a_secure_cluster_is_told_to_set_its_tls_files(

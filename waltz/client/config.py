@@ -227,6 +227,18 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
             "zookeeper.ssl.certFile": self.zookeeper_ssl_cert_file,
         }
 
+    def tls_files(self) -> dict[str, Path | None]:
+        """Every TLS file the client reads, by setting: for the servers (``client.ssl.*``) and for
+        ZooKeeper (``zookeeper.ssl.*``); None where unset."""
+        return {
+            "client.ssl.caFile": self.client_tls_ca_file,
+            "client.ssl.certFile": self.client_tls_cert_file,
+            "client.ssl.keyFile": self.client_tls_key_file,
+            "zookeeper.ssl.caFile": self.zookeeper_ssl_ca_file,
+            "zookeeper.ssl.certFile": self.zookeeper_ssl_cert_file,
+            "zookeeper.ssl.keyFile": self.zookeeper_ssl_key_file,
+        }
+
     def tls(self) -> TlsConfig | None:
         """The TLS files for server connections, or None for plaintext."""
         if self.client_tls_ca_file is None and self.client_tls_cert_file is None:

@@ -43,7 +43,7 @@ from waltz.errors import (
 from waltz.metadata.assignment import PartitionAssignment
 from waltz.metadata.epochs import PartitionEpochs
 from waltz.protocol import client_pb2
-from waltz.protocol.certificates import refuse_expired_certificates
+from waltz.protocol.certificates import refuse_expired_certificates, refuse_unreadable_tls_files
 from waltz.protocol.event_loop import shared_event_loop
 from waltz.protocol.records import ReqId
 from waltz.tracing import client_tracing
@@ -88,6 +88,7 @@ class ClientCore:
         self.callbacks = callbacks
         self.config = config
         self.metrics = metrics if metrics is not None else ClientMetrics()
+        refuse_unreadable_tls_files(config.tls_files(), holder="the client")
         refuse_expired_certificates(
             config.presented_certificates(), peers=CERTIFICATE_PEERS, holder="the client"
         )

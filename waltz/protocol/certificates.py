@@ -3,6 +3,8 @@
 Source: docs/operations.md "Certificates". A peer refuses an expired certificate with a TLS error
 that says nothing of dates ("Socket closed", "no ZooKeeper server answered", a connection that
 is never accepted), so the clients, the tools and the nodes read the dates themselves and say it.
+A TLS file that cannot be read fails only when a connection is tried, again and again, so a client
+reads its files once before it connects too.
 """
 
 from __future__ import annotations
@@ -11,9 +13,14 @@ import datetime
 from collections.abc import Mapping
 from pathlib import Path
 
-from waltz.errors import ExpiredCertificateError
+from waltz.errors import ConfigurationError, ExpiredCertificateError
 
-__all__ = ["certificate_not_after", "expired_certificates", "refuse_expired_certificates"]
+__all__ = [
+    "certificate_not_after",
+    "expired_certificates",
+    "refuse_expired_certificates",
+    "refuse_unreadable_tls_files",
+]
 
 
 def certificate_not_after(path: Path) -> datetime.datetime:
@@ -74,3 +81,36 @@ def refuse_expired_certificates(
             f"{'; '.join(expired)}: {peers} refuse an expired certificate; give {holder} a current "
             'one (docs/operations.md, "Certificates")'
         )
+
+
+def refuse_unreadable_tls_files(files: Mapping[str, Path | None], *, holder: str) -> None:
+    """Refuse TLS files that cannot be used, before any peer is tried: each must be a readable
+    file, and a certificate or CA file (a setting ending in ``certFile`` or ``caFile``) must hold
+    a PEM certificate.
+
+    Args:
+        files: the setting (``client.ssl.certFile``) -> its file, or None where unset.
+        holder: whose settings they are, for the message (``the client``).
+
+    Raises:
+        ConfigurationError: one of them cannot be used; the message names each setting, file and
+            why.
+    """
+    from cryptography import x509
+
+    wrong = []
+    for setting, path in files.items():
+        if path is None:
+            continue
+        try:
+            content = path.read_bytes()
+        except OSError as exc:
+            wrong.append(f"{setting} {path} cannot be read ({exc.strerror or exc})")
+            continue
+        if setting.endswith(("certFile", "caFile")):
+            try:
+                x509.load_pem_x509_certificate(content)
+            except ValueError:
+                wrong.append(f"{setting} {path} holds no PEM certificate")
+    if wrong:
+        raise ConfigurationError(f"{'; '.join(wrong)}: fix {holder}'s TLS settings")
