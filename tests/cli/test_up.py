@@ -41,6 +41,16 @@ def test_waltz_up_with_no_flags_is_secure_and_reached_only_with_what_it_prints(t
         assert {"WALTZ_CLUSTER_SSL_CERT_FILE", "WALTZ_CLUSTER_SSL_KEY_FILE"} <= set(env), text
         reached = check_connectivity(env)
         assert reached.returncode == 0, reached.stdout + reached.stderr
+        # After the operator's exports (which keep the operator's credential), the application's
+        # credential as an export to paste in an application's shell.
+        said = r"in an application's shell, after the lines above: export (\S+)=(\S+)$"
+        application = re.search(said, text, re.M)
+        assert application is not None, text
+        assert application.group(1) == "WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE", text
+        assert application.group(2).endswith("client.digest"), text
+        assert env["WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE"].endswith("operator.digest"), text
+        as_application = check_connectivity({**env, application.group(1): application.group(2)})
+        assert as_application.returncode == 0, as_application.stdout + as_application.stderr
         where = {k: env[k] for k in ("WALTZ_ZOOKEEPER_CONNECT_STRING", "WALTZ_CLUSTER_ROOT")}
         anonymous = check_connectivity(where)  # no ZooKeeper credential, no certificate
         assert anonymous.returncode != 0, anonymous.stdout

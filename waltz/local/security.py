@@ -13,6 +13,8 @@ cluster.
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -211,11 +213,13 @@ class ClusterSecurity:
             client = " ".join(f"{k}={v}" for k, v in files.client_env().items())
             lines.append(f"    export {client}")
         # Not `waltz client validate`: its test transactions would go into the applications' log.
-        lines.append("    waltz cluster list; waltz cluster verify; waltz client check-connectivity")
+        waltz = _waltz_command()
+        lines.append(f"    {waltz} cluster list; {waltz} cluster verify; {waltz} client check-connectivity")
         if self._roles is not None:
             lines.append(
                 "  applications take the client role's ZooKeeper credential (it cannot read the "
-                f"cluster key): WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE={self.digest_file(work_dir, Role.CLIENT)}"
+                "cluster key); in an application's shell, after the lines above: export "
+                f"WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE={self.digest_file(work_dir, Role.CLIENT)}"
             )
         return lines
 
@@ -236,3 +240,12 @@ class ClusterSecurity:
         certificates = self._certificates.storage_env() if self._certificates is not None else {}
         insecure = {} if certificates else {"WALTZ_STORAGE_INSECURE": "true"}
         return {**insecure, **env, **certificates}
+
+
+def _waltz_command() -> str:
+    """How a shell runs the ``waltz`` command: ``waltz`` when it is on the PATH, else the script
+    beside this interpreter (``.../.venv/bin/waltz``, a virtual environment not activated)."""
+    if shutil.which("waltz") is not None:
+        return "waltz"
+    beside = Path(sys.executable).parent / "waltz"
+    return str(beside) if beside.exists() else "waltz"
