@@ -387,6 +387,10 @@ def test_operator_commands_reach_every_node_over_tls(secured: Secured) -> None:
     assert plain.exit_code == 1, plain.output
     failed = {line.split()[1] for line in plain.stdout.splitlines() if line.startswith("FAILED")}
     assert failed == {"server", "storage-admin"}, plain.stdout  # the storage port's TCP probe passes
+    # Each failure says what the missing TLS settings may have to do with it.
+    hinted = [line for line in plain.stdout.splitlines() if line.startswith("FAILED")]
+    assert all("this connection had none: set client.ssl.caFile" in line for line in hinted), plain.stdout
+    assert all("WALTZ_CLIENT_TLS_CA_FILE" in line for line in hinted), plain.stdout
     env = {
         "WALTZ_CLUSTER_SSL_CA_FILE": str(files["ca"]),
         "WALTZ_CLUSTER_SSL_CERT_FILE": str(files["client"]),
@@ -396,6 +400,10 @@ def test_operator_commands_reach_every_node_over_tls(secured: Secured) -> None:
     assert listing.exit_code == 0, listing.output
     (server,) = json.loads(listing.stdout)["servers"]
     assert server["status_error"] is None and server["health"] == "healthy", server
+    unlisted = runner.invoke(app, ["server", "list", "--json", *where], env=dict.fromkeys(env))
+    (server,) = json.loads(unlisted.stdout)["servers"]
+    assert "set cluster.ssl.caFile, certFile and keyFile" in server["status_error"], server
+    assert "WALTZ_CLUSTER_SSL_CA_FILE" in server["status_error"], server
 
 
 def test_a_server_of_another_cluster_key_cannot_open_store_sessions(

@@ -47,7 +47,7 @@ from waltz.metadata.assignment import read_members
 from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_session import ZooKeeperAuthError, connect_zookeeper
 from waltz.protocol import client_pb2, client_pb2_grpc
-from waltz.protocol.channels import TlsConfig, open_channel
+from waltz.protocol.channels import CLIENT_TLS_SETTINGS, TlsConfig, open_channel, tls_settings_hint
 from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient
@@ -415,11 +415,21 @@ async def _check_server(name: str, endpoint: str, timeout: float, tls: TlsConfig
     except grpc.aio.AioRpcError as exc:
         if exc.code() is grpc.StatusCode.PERMISSION_DENIED:  # a client certificate: no status
             return await _check_client_service(name, endpoint, timeout, tls)
-        return NodeCheck("server", name, endpoint, f"{exc.code().name}: {exc.details()}")
+        failure = f"{exc.code().name}: {exc.details()}"
+        if exc.code() is grpc.StatusCode.UNAVAILABLE:
+            failure = _with_tls_hint(failure, tls)
+        return NodeCheck("server", name, endpoint, failure)
     except (TimeoutError, OSError) as exc:
-        return NodeCheck("server", name, endpoint, str(exc) or f"no answer within {timeout:g}s")
+        failure = _with_tls_hint(str(exc) or f"no answer within {timeout:g}s", tls)
+        return NodeCheck("server", name, endpoint, failure)
     partitions = ",".join(str(p.partition_id) for p in status.partitions) or "none"
     return NodeCheck("server", name, endpoint, None, f"serves partitions {partitions}")
+
+
+def _with_tls_hint(failure: str, tls: TlsConfig | None) -> str:
+    """A server's failure, with what the client's TLS settings may have to do with it."""
+    hint = tls_settings_hint(tls, CLIENT_TLS_SETTINGS)
+    return f"{failure}; {hint}" if hint else failure
 
 
 async def _check_client_service(name: str, endpoint: str, timeout: float, tls: TlsConfig | None) -> NodeCheck:
@@ -458,6 +468,7 @@ async def _check_storage_admin(
             timeout=timeout,
             tls=tls,
             initialise=False,
+            tls_settings=CLIENT_TLS_SETTINGS,
         )
     except StorageAccessDeniedError:  # reached over TLS; the certificate is not an operator's
         return NodeCheck("storage-admin", name, address, None, "answers (its status needs the operator role)")

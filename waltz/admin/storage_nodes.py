@@ -23,7 +23,7 @@ import grpc
 
 from waltz.errors import StorageRpcError, WaltzError
 from waltz.metadata.values import ClusterParams
-from waltz.protocol.channels import TlsConfig, probe_tcp
+from waltz.protocol.channels import CLUSTER_TLS_SETTINGS, TlsConfig, probe_tcp, tls_settings_hint
 from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.storage_client import StorageAdminClient, StorageStreamError
 
@@ -47,6 +47,10 @@ DEFAULT_STORAGE_TIMEOUT = 10.0
 T = TypeVar("T")
 
 
+#: What a storage node's admin port that does not answer asks of the operator first.
+UNREACHABLE_HINT = "check that the node runs and that its admin port is right (waltz cluster list)"
+
+
 class StorageUnreachableError(WaltzError, ConnectionError):
     """A storage node's admin port did not answer (refused, reset, or no answer in time).
 
@@ -60,7 +64,7 @@ class StorageUnreachableError(WaltzError, ConnectionError):
         self,
         admin_address: str,
         reason: str,
-        hint: str = "check that the node runs and that its admin port is right (waltz cluster list)",
+        hint: str = UNREACHABLE_HINT,
     ) -> None:
         super().__init__(f"storage node admin port {admin_address} {self._what}: {reason}; {hint}")
         self.admin_address = admin_address
@@ -94,6 +98,7 @@ async def call_admin(
     timeout: float = DEFAULT_STORAGE_TIMEOUT,
     tls: TlsConfig | None = None,
     initialise: bool = True,
+    tls_settings: tuple[str, str] = CLUSTER_TLS_SETTINGS,
 ) -> T:
     """Open an admin stream to a storage node, run ``work`` on it, and close it, within ``timeout``.
 
@@ -106,6 +111,8 @@ async def call_admin(
         tls: client TLS files, or None for plaintext.
         initialise: the admin open may initialise a node without a control file (False for a
             caller that only reads: such a node then answers ``NOT_INITIALIZED``).
+        tls_settings: the settings ``tls`` came from, named by a failure's TLS hint
+            (``cluster.ssl``; ``client.ssl`` for a client's tools).
 
     Returns:
         What ``work`` returned.
@@ -124,18 +131,22 @@ async def call_admin(
         ) as admin:
             return await work(admin)
 
+    hint = UNREACHABLE_HINT
+    said = tls_settings_hint(tls, tls_settings)
+    if said:
+        hint = f"{hint}; {said}"
     try:
         return await asyncio.wait_for(run(), timeout)
     except TimeoutError:
-        raise StorageUnreachableError(admin_address, f"no answer within {timeout:g}s") from None
+        raise StorageUnreachableError(admin_address, f"no answer within {timeout:g}s", hint) from None
     except StorageRpcError:
         raise
     except StorageStreamError as exc:
         if exc.status is grpc.StatusCode.PERMISSION_DENIED:
             raise StorageAccessDeniedError(admin_address, str(exc)) from exc
-        raise StorageUnreachableError(admin_address, str(exc)) from exc
+        raise StorageUnreachableError(admin_address, str(exc), hint) from exc
     except (ConnectionError, OSError, grpc.RpcError) as exc:
-        raise StorageUnreachableError(admin_address, str(exc)) from exc
+        raise StorageUnreachableError(admin_address, str(exc), hint) from exc
 
 
 def run_admin(
@@ -146,6 +157,7 @@ def run_admin(
     timeout: float = DEFAULT_STORAGE_TIMEOUT,
     tls: TlsConfig | None = None,
     initialise: bool = True,
+    tls_settings: tuple[str, str] = CLUSTER_TLS_SETTINGS,
 ) -> T:
     """:func:`call_admin` for synchronous callers (on an event loop of its own).
 

@@ -17,7 +17,7 @@ from waltz.admin.description import ClusterDescription
 from waltz.admin.verify import CheckResult, CheckStatus, status_of
 from waltz.metadata.assignment import Member, PartitionAssignment
 from waltz.protocol import server_pb2
-from waltz.protocol.channels import TlsConfig
+from waltz.protocol.channels import TlsConfig, tls_settings_hint
 from waltz.protocol.server_client import ServerAdminClient
 
 __all__ = ["ServerProbe", "probe_servers", "server_checks"]
@@ -37,7 +37,14 @@ async def _probe(member: Member, timeout: float, tls: TlsConfig | None) -> Serve
         async with ServerAdminClient(member.endpoint, tls=tls, timeout=timeout) as client:
             return ServerProbe(member, await asyncio.wait_for(client.status(), timeout))
     except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
-        detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
+        if isinstance(exc, grpc.aio.AioRpcError):
+            detail = f"{exc.code().name}: {exc.details()}"
+            unavailable = exc.code() is grpc.StatusCode.UNAVAILABLE
+        else:
+            detail, unavailable = repr(exc), True  # refused, reset, or no answer in time
+        hint = tls_settings_hint(tls)
+        if hint and unavailable:
+            detail = f"{detail}; {hint}"
         return ServerProbe(member, None, detail)
 
 

@@ -15,6 +15,8 @@ import grpc
 from waltz.errors import ConfigurationError
 
 __all__ = [
+    "CLIENT_TLS_SETTINGS",
+    "CLUSTER_TLS_SETTINGS",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "BindError",
     "TlsConfig",
@@ -26,11 +28,43 @@ __all__ = [
     "probe_tcp",
     "server_credentials",
     "server_options",
+    "tls_settings_hint",
 ]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 32 << 20
+
+
+#: The settings (and their environment variables' prefix) an operator's tool reads its TLS files
+#: from, and an application's client.
+CLUSTER_TLS_SETTINGS = ("cluster.ssl", "WALTZ_CLUSTER_SSL")
+CLIENT_TLS_SETTINGS = ("client.ssl", "WALTZ_CLIENT_TLS")
+
+
+def tls_settings_hint(tls: TlsConfig | None, settings: tuple[str, str] = CLUSTER_TLS_SETTINGS) -> str:
+    """What a node that did not accept a connection may mean of the caller's TLS settings, as a
+    clause to add to the failure: no TLS at all, or no certificate of its own, where a secure
+    cluster's nodes take mutual TLS only ("" when the caller has both; docs/operations.md,
+    "Certificates").
+
+    Args:
+        tls: the caller's TLS files, or None for plaintext.
+        settings: the settings' name and their environment variables' prefix.
+    """
+    name, env = settings
+    if tls is None:
+        return (
+            "if the node requires TLS (a secure cluster, as `waltz up` starts by default), this "
+            f"connection had none: set {name}.caFile, certFile and keyFile ({env}_CA_FILE, "
+            f"{env}_CERT_FILE, {env}_KEY_FILE)"
+        )
+    if tls.cert_file is None:
+        return (
+            "a secure cluster's nodes accept mutual TLS only, and this connection presented no "
+            f"certificate: set {name}.certFile and keyFile ({env}_CERT_FILE, {env}_KEY_FILE)"
+        )
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
