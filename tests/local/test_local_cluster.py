@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from waltz.local.cluster import LocalCluster
 from waltz.local.options import ProcessOptions, SecurityOptions
 from waltz.local.processes import ServiceStartError
 from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper
+from waltz.metadata.zk_session import ZooKeeperUnavailableError
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.tuning import GRPC_EXPERIMENTS, GRPC_FORK_SUPPORT
@@ -245,3 +247,24 @@ def test_a_kept_plaintext_cluster_is_not_resumed_with_credentials_it_never_had(
         make(None).start()
     with make(SecurityOptions.plaintext()) as again:
         assert [r.data for r in read(again, again.owner(0), 0, 0)] == [b"plaintext"]
+
+
+def test_a_zookeeper_given_at_a_wrong_address_fails_the_start_before_any_node_starts(
+    tmp_path: Path,
+) -> None:
+    """With ``zookeeper=`` pointing where nothing answers, the start fails in the external
+    ZooKeeper's short wait (here the start timeout, shorter still), naming the address, and no
+    node was started for nothing."""
+    cluster = LocalCluster(
+        storages=1,
+        servers=1,
+        partitions=1,
+        zookeeper="127.0.0.1:1",
+        work_dir=tmp_path / "cluster",
+        processes=ProcessOptions(start_timeout=3.0),
+    )
+    started = time.monotonic()
+    with pytest.raises(ZooKeeperUnavailableError, match=r"127\.0\.0\.1:1 answered"):
+        cluster.start()
+    assert time.monotonic() - started < 60
+    assert not list((tmp_path / "cluster").glob("storage-*")), list((tmp_path / "cluster").iterdir())

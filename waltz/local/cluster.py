@@ -101,6 +101,10 @@ __all__ = ["LocalCluster"]
 
 log = logging.getLogger(__name__)
 
+#: Seconds a local cluster waits for a running ZooKeeper it was given (``zookeeper=``) to answer,
+#: before it starts any node: a wrong address fails in this long, not in the start timeout.
+EXTERNAL_ZOOKEEPER_WAIT = 20.0
+
 
 class LocalCluster:
     """ZooKeeper, storage nodes and servers as processes on loopback, and a cluster made of them.
@@ -437,6 +441,19 @@ class LocalCluster:
 
     # --- life cycle -------------------------------------------------------------------------------
 
+    def _connect_metadata(self, timeout: float) -> None:
+        """Open the cluster's ZooKeeper session, within ``timeout`` seconds.
+
+        Raises:
+            ZooKeeperUnavailableError: ZooKeeper did not answer in time.
+        """
+        self._metadata.connect(
+            self.zookeeper_connect_string,
+            self._paths,
+            timeout=timeout,
+            security=self._security.zookeeper_security,
+        )
+
     def start(self) -> None:
         """Start ZooKeeper, the storage nodes and the servers, create the cluster, wait until ready.
 
@@ -472,6 +489,11 @@ class LocalCluster:
             if self._hosts is not None:
                 self._hosts.start(layout.subnet if layout is not None else None)
             self._security.start(self._work_dir, self._hosts.addresses() if self._hosts is not None else [])
+            external = self._nodes.zookeeper_is_external
+            if external:
+                # A ZooKeeper of the caller's is asked first, and briefly: a wrong address fails
+                # at once, not after every node started and the whole start timeout ran out.
+                self._connect_metadata(min(remaining(), EXTERNAL_ZOOKEEPER_WAIT))
             self._nodes.build(
                 self._work_dir,
                 self.root,
@@ -488,12 +510,8 @@ class LocalCluster:
                 self._nodes.zookeeper.start()
             for node in self._nodes.storages:
                 node.wait_started(remaining())
-            self._metadata.connect(
-                self.zookeeper_connect_string,
-                self._paths,
-                timeout=remaining(),
-                security=self._security.zookeeper_security,
-            )
+            if not external:
+                self._connect_metadata(remaining())
             if self._nodes.zookeeper is not None and self._security.role_credentials is not None:
                 self._metadata.close_above_root(self._security.role_credentials)
             self._cluster_key = self._metadata.create(

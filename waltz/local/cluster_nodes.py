@@ -56,6 +56,11 @@ class ClusterNodes:
         self._paused: set[tuple[NodeKind, int]] = set()
 
     @property
+    def zookeeper_is_external(self) -> bool:
+        """Whether the cluster uses a running ZooKeeper of the caller's rather than its own."""
+        return self._external_zookeeper is not None
+
+    @property
     def zookeeper(self) -> LocalZooKeeper | None:
         """The cluster's own ZooKeeper, or None when it is external (or not built yet)."""
         return self._zookeeper
