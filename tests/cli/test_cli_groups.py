@@ -119,3 +119,17 @@ def test_the_demo_without_spark_says_so_before_it_starts_anything(tmp_path: Path
     assert "the demo ends with a Spark rebuild of the ledger, and pyspark is not installed here" in said
     assert "pip install 'waltz-py[spark]'" in said and "--no-spark" in said, said
     assert not (tmp_path / "demo").exists()  # refused before the cluster and its directory
+
+
+def test_an_installed_extra_is_never_blamed_for_an_import_that_fails_inside_it() -> None:
+    """SQLAlchemy is installed here: a name it lacks (another version) or a submodule it lacks is
+    a defect to see in full, not an extra to install."""
+    from waltz.cli.output import missing_extra
+
+    for error in (
+        ImportError("cannot import name 'X' from 'sqlalchemy'", name="sqlalchemy"),
+        ModuleNotFoundError("No module named 'sqlalchemy.nope'", name="sqlalchemy.nope"),
+        ModuleNotFoundError("No module named 'sqlalchemy'", name="sqlalchemy"),  # yet it is here
+        ModuleNotFoundError("No module named 'nothing_of_ours'", name="nothing_of_ours"),
+    ):
+        assert missing_extra(error) is None, error

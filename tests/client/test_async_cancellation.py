@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
+from support import settle
 
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import AsyncWaltzClient, WaltzClient, WaltzClientConfig
@@ -66,15 +67,19 @@ def test_cancelled_waits_of_the_async_client_end_at_once_and_leave_no_thread_wai
                 "get_high_water_mark": lambda: client.get_high_water_mark(0, LONG),
                 "flush": lambda: client.flush(None),
             }
+            core = client._core
             for name, call in calls.items():
                 task = asyncio.create_task(call())
                 await asyncio.sleep(0.5)
                 assert not task.done(), f"{name} ended on an unmountable partition: {task}"
+                assert core.pending_waits == (0 if name == "flush" else 1), name
                 task.cancel()
                 started = time.monotonic()
                 with pytest.raises(asyncio.CancelledError):
                     await asyncio.wait_for(task, 10)
                 waits[name] = time.monotonic() - started
+                # The wait on the client's core loop ended too, not only the await.
+                await settle(lambda: core.pending_waits == 0, f"{name}'s wait on the core loop to end", 5)
             assert not never.done()
             # A close while another task waits ends that wait with ClientClosedError.
             waiting = asyncio.create_task(client.ready(LONG))
@@ -98,6 +103,8 @@ def test_cancelled_waits_of_the_async_client_end_at_once_and_leave_no_thread_wai
     with WaltzClient(MemoryStore(log_start), config) as client:
         blocking: dict[str, Callable[[], object]] = {
             "wait_mounted": lambda: client.wait_mounted(LONG),
+            "ready": lambda: client.ready(LONG),
+            "get_high_water_mark": lambda: client.get_high_water_mark(0, LONG),
             "wait_applied": lambda: client.wait_applied(0, log_start[0] + 1, None),
         }
 
@@ -115,8 +122,10 @@ def test_cancelled_waits_of_the_async_client_end_at_once_and_leave_no_thread_wai
     for waiter in waiters:
         waiter.join(10)
         assert not waiter.is_alive(), f"{waiter.name} still waits after the close"
-    assert all(isinstance(e, ClientClosedError) for e in errors.values()) and len(errors) == 2, errors
+    assert all(isinstance(e, ClientClosedError) for e in errors.values()) and len(errors) == 4, errors
     assert "closed while waiting for a mount" in str(errors["wait_mounted"])
+    assert "closed while waiting until it is ready" in str(errors["ready"])
+    assert "closed while asking for a high-water mark" in str(errors["get_high_water_mark"])
     assert "closed before the transaction was applied" in str(errors["wait_applied"])
 
 
@@ -137,8 +146,13 @@ def test_a_start_cancelled_while_it_connects_closes_the_client_it_was_making(
         unstarted.append(client)
 
     _run_bounded(main, 60)
-    # The client made for the cancelled start was made all the same, and closed.
-    said = [r.getMessage() for r in caplog.records if r.name == "waltz.client.core"]
+    # The client made for the cancelled start was made all the same, and closed (on a thread of
+    # its own when the cancellation came once it was made: waited for here).
+    for _ in range(100):  # bounded: 10 s
+        said = [r.getMessage() for r in caplog.records if r.name == "waltz.client.core"]
+        if any(re.match(r"Waltz client \d+ closed", m) for m in said):
+            break
+        time.sleep(0.1)
     started = {m.split()[2] for m in said if re.match(r"Waltz client \d+ started", m)}
     closed = {m.split()[2] for m in said if re.match(r"Waltz client \d+ closed", m)}
     assert len(started) == 1, said

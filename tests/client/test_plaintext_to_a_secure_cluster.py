@@ -23,6 +23,7 @@ from waltz.errors import ConfigurationError, ExpiredCertificateError, WaltzTimeo
 from waltz.local.certificates import ClusterCertificates, make_cluster_certificates
 from waltz.local.cluster import LocalCluster
 from waltz.local.zookeeper import LocalZooKeeper
+from waltz.protocol.certificates import refuse_unreadable_tls_files
 
 
 def _expired_copy(certificates: ClusterCertificates, name: str, path: Path) -> None:
@@ -94,6 +95,13 @@ def test_a_client_whose_tls_files_cannot_be_used_is_refused_before_it_connects(t
             WaltzClient(MemoryStore({0: -1}), _unreachable_client_config(certificates, fields))
         assert type(refused.value) is ConfigurationError
         assert said in str(refused.value) and "fix the client's TLS settings" in str(refused.value)
+    # What a deployment gives is accepted: a CA bundle of several certificates, a path as text.
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(certificates.cert_file("client").read_bytes() + certificates.ca_file.read_bytes())
+    refuse_unreadable_tls_files(
+        {"client.ssl.caFile": bundle, "client.ssl.keyFile": str(certificates.key_file("client"))},  # type: ignore[dict-item]
+        holder="the client",
+    )
     with pytest.raises(ConfigurationError, match="holds no PEM certificate"):
         WaltzClient(
             MemoryStore({0: -1}),

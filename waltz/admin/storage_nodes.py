@@ -173,6 +173,7 @@ def run_admin(
             timeout=timeout,
             tls=tls,
             initialise=initialise,
+            tls_settings=tls_settings,
         )
     )
 

@@ -123,8 +123,9 @@ def demo(
         if missing:
             raise fail(
                 f"the demo ends with a Spark rebuild of the ledger, and {' and '.join(missing)} "
-                "is not installed here: pip install 'waltz-py[spark]' (in a clone, "
-                "WALTZ_EXTRAS=dev,sql,spark scripts/setup), or run the demo with --no-spark",
+                f"{'is' if len(missing) == 1 else 'are'} not installed here: pip install "
+                "'waltz-py[spark]' (in a clone, WALTZ_EXTRAS=dev,sql,spark scripts/setup), or run "
+                "the demo with --no-spark",
                 2,
             )
     from waltz.workloads.demo import DemoOptions, run_demo

@@ -5,6 +5,7 @@ Only typer here, so that every command module may import it without slowing ``wa
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -60,8 +61,12 @@ def missing_extra(error: ImportError) -> str | None:
     """What to install for an import that failed because an extra of waltz-py is not installed,
     as a sentence; None when the missing module is none of theirs (a defect, not a set-up step).
     """
-    name = (getattr(error, "name", None) or "").split(".")[0]
-    if name not in OPTIONAL_PACKAGES:
+    name = getattr(error, "name", None) or ""
+    # Only the package itself missing: a name it lacks (another version) or a submodule of an
+    # installed package is a defect, whose traceback stays.
+    if not isinstance(error, ModuleNotFoundError) or name not in OPTIONAL_PACKAGES:
+        return None
+    if importlib.util.find_spec(name) is not None:
         return None
     package, extra = OPTIONAL_PACKAGES[name]
     return (

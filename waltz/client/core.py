@@ -218,6 +218,9 @@ class ClientCore:
             if self._closed:
                 raise self._closed_while(what) from None
             raise
+        except BaseException:
+            future.cancel()  # interrupted (Ctrl-C): the wait on the loop ends too
+            raise
 
     async def _await(self, future: concurrent.futures.Future[T], what: str) -> T:
         """The result of a wait from :meth:`_wait_on_loop`, awaited on the caller's loop;
@@ -654,6 +657,7 @@ class ClientCore:
         if self._closed:
             return
         self._closed = True
+        self._cancel_waits()  # every wait ends now, not once the apply workers have stopped
         attempts: AttemptRunner | None = getattr(self, "attempts", None)
         if attempts is not None:
             attempts.closing()
@@ -663,7 +667,6 @@ class ClientCore:
         for worker in workers:
             worker.close(timeout)
         thread = getattr(self, "_thread", None)
-        self._cancel_waits()
         if thread is not None and thread.is_alive():
             try:
                 self._call(self._shutdown(), timeout)
@@ -703,6 +706,13 @@ class ClientCore:
                 self._loop.call_soon_threadsafe(self._pool.abort_all, reason)
 
     # --- state for tests and metrics --------------------------------------------------------------
+
+    @property
+    def pending_waits(self) -> int:
+        """Waits started on the core loop for callers (``ready``, ``wait_mounted``,
+        ``get_high_water_mark``) that have not ended: 0 once each was answered or cancelled."""
+        with self._waits_lock:
+            return len(self._waits)
 
     def partition_states(self) -> dict[int, PartitionState]:
         """Partition ID -> its state."""

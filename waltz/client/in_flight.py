@@ -42,7 +42,7 @@ class InFlight:
         self._in_flight: set[Submission] = set()
         self._lock = threading.Lock()  # taken alone on the per-transaction paths
         self._changed = threading.Condition(self._lock)
-        # wait_idle_async's waiters, woken (each on its own loop) whenever the condition is
+        # wait_idle_async's waiters, woken (each on its own loop) whenever the condition is notified
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     def add_partition(self, partition_id: int) -> None:

@@ -229,11 +229,13 @@ class Watermark:
 
         No task, future or event-loop wake-up: what a lock failure's re-attempt waits with. The
         callback must be quick and must not raise (an exception is logged). There is no timeout
-        and no cancel: a callback that is no longer wanted must check that itself.
+        and no cancel: a callback that is no longer wanted must check that itself. Once the mark is
+        closed (:meth:`close`), a callback for a target above it is dropped.
         """
         with self._lock:
             if self._value < target:
-                self._waiters.append(_MarkWaiter(target, callback=callback))
+                if self._closed is None:  # once closed, nothing will call it: dropped
+                    self._waiters.append(_MarkWaiter(target, callback=callback))
                 return
         callback()
 

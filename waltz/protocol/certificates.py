@@ -103,7 +103,7 @@ def refuse_unreadable_tls_files(files: Mapping[str, Path | None], *, holder: str
         if path is None:
             continue
         try:
-            content = path.read_bytes()
+            content = Path(path).read_bytes()
         except OSError as exc:
             wrong.append(f"{setting} {path} cannot be read ({exc.strerror or exc})")
             continue
