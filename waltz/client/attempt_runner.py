@@ -43,6 +43,7 @@ from waltz.errors import (
     PartitionNotOpenError,
     WaltzClientError,
 )
+from waltz.protocol.event_loop import run_on_shared_loop
 
 if TYPE_CHECKING:
     from waltz.tracing import ClientTracing
@@ -629,12 +630,18 @@ class AttemptRunner:
         return self._in_flight.count(partition_id)
 
     def wait_idle(self, timeout: float | None) -> bool:
-        """Block until no submission is in flight, nudging with flushes; False on timeout."""
-        step = self._config.client_long_wait_threshold
-        return self._in_flight.wait_idle(timeout, step, self.check_open, self._nudge)
+        """Block until no submission is in flight, nudging with flushes; False on timeout. The
+        wait is :meth:`wait_idle_async`'s, run on the client's loop (an interrupted caller ends
+        it there too).
+
+        Raises:
+            ClientClosedError: the client closed while submissions were in flight.
+        """
+        return run_on_shared_loop(self.wait_idle_async(timeout))
 
     async def wait_idle_async(self, timeout: float | None) -> bool:
-        """As :meth:`wait_idle`, awaited on the caller's loop (cancellable; no thread waits)."""
+        """Wait, on the calling loop, until no submission is in flight, nudging with flushes;
+        False on timeout (cancellable; no thread waits)."""
         step = self._config.client_long_wait_threshold
         return await self._in_flight.wait_idle_async(timeout, step, self.check_open, self._nudge)
 

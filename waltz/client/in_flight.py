@@ -12,14 +12,13 @@ the submitting threads and end on the client's retry and completion threads.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
 from waltz.client.submission import Submission
-from waltz.client.waiting import ConcurrencyLimit
+from waltz.client.waiting import ConcurrencyLimit, wake_on_their_loops
 
 __all__ = ["InFlight"]
 
@@ -41,8 +40,7 @@ class InFlight:
         self._submitted = dict.fromkeys(self._limits, 0)  # contexts admitted, read when scraped
         self._in_flight: set[Submission] = set()
         self._lock = threading.Lock()  # taken alone on the per-transaction paths
-        self._changed = threading.Condition(self._lock)
-        # wait_idle_async's waiters, woken (each on its own loop) whenever the condition is notified
+        # wait_idle_async's waiters, woken (each on its own loop) when submissions end or at close
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     def add_partition(self, partition_id: int) -> None:
@@ -85,19 +83,18 @@ class InFlight:
         """Take ended submissions out of flight and give their slots back (those not in flight
         are left alone)."""
         limits = self._limits
-        with self._changed:
+        with self._lock:
             in_flight = self._in_flight
             for submission in submissions:
                 if submission in in_flight:
                     in_flight.discard(submission)
                     limits[submission.slot_partition].release()
-            self._changed.notify_all()
             if self._async_waiters:
                 self._wake_async_waiters()
 
     def count(self, partition_id: int | None = None) -> int:
         """Submissions in flight (of one partition, or all)."""
-        with self._changed:
+        with self._lock:
             if partition_id is None:
                 return len(self._in_flight)
             return sum(1 for s in self._in_flight if s.partition_id == partition_id)
@@ -105,36 +102,8 @@ class InFlight:
     def counts(self) -> tuple[Counter[int], dict[int, int]]:
         """Partition ID -> submissions in flight, and -> submissions admitted so far (the
         ``waltz_client_transactions_submitted_total`` counter)."""
-        with self._changed:
+        with self._lock:
             return Counter(s.partition_id for s in self._in_flight), dict(self._submitted)
-
-    def wait_idle(
-        self,
-        timeout: float | None,
-        step: float,
-        check_open: Callable[[], None],
-        nudge: Callable[[set[int]], None],
-    ) -> bool:
-        """Block until no submission is in flight; False after ``timeout`` seconds (None: no limit).
-
-        Args:
-            timeout: seconds at most.
-            step: seconds between two calls of ``nudge`` while nothing ends.
-            check_open: raises when the client closed (checked at every wake-up, so a client
-                that closes while the wait has submissions in flight ends it with the error).
-            nudge: called with the partitions of the submissions still in flight.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._changed:
-            while self._in_flight:
-                check_open()
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                if not self._changed.wait(step if remaining is None else min(step, remaining)):
-                    nudge({s.partition_id for s in self._in_flight})
-                check_open()  # woken by a close: what was in flight ended failed, not committed
-        return True
 
     async def wait_idle_async(
         self,
@@ -143,12 +112,21 @@ class InFlight:
         check_open: Callable[[], None],
         nudge: Callable[[set[int]], None],
     ) -> bool:
-        """As :meth:`wait_idle`, awaited on the caller's loop: no thread waits, and cancelling the
-        await leaves nothing behind."""
+        """Wait until no submission is in flight; False after ``timeout`` seconds (None: no limit).
+        No thread waits: the submissions that end wake the waiter on its own loop, and cancelling
+        the await leaves nothing behind.
+
+        Args:
+            timeout: seconds at most.
+            step: seconds between two calls of ``nudge`` while nothing ends.
+            check_open: raises when the client closed (checked at every wake-up, so a client
+                that closes while the wait has submissions in flight ends it with the error).
+            nudge: called with the partitions of the submissions still in flight.
+        """
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            with self._changed:
+            with self._lock:
                 if not self._in_flight:
                     return True
                 waiter: asyncio.Future[None] = loop.create_future()
@@ -161,32 +139,24 @@ class InFlight:
                 try:
                     await asyncio.wait_for(waiter, step if remaining is None else min(step, remaining))
                 except TimeoutError:
-                    with self._changed:
+                    with self._lock:
                         partitions = {s.partition_id for s in self._in_flight}
                     if partitions:
                         nudge(partitions)
                 check_open()  # woken by a close: what was in flight ended failed, not committed
             finally:
-                with self._changed:
+                with self._lock:
                     if (loop, waiter) in self._async_waiters:
                         self._async_waiters.remove((loop, waiter))
 
     def _wake_async_waiters(self) -> None:
         """Wake every :meth:`wait_idle_async` (the lock held): each looks again."""
-        for loop, waiter in self._async_waiters:
-            with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits any more
-                loop.call_soon_threadsafe(_wake, waiter)
+        wake_on_their_loops(self._async_waiters)
         self._async_waiters.clear()
 
     def close(self) -> list[Submission]:
         """The submissions still in flight (the client closes; their waiters wake up)."""
-        with self._changed:
+        with self._lock:
             in_flight = list(self._in_flight)
-            self._changed.notify_all()
             self._wake_async_waiters()
         return in_flight
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)

@@ -13,10 +13,10 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["ConcurrencyLimit", "Watermark"]
+__all__ = ["ConcurrencyLimit", "Watermark", "wake_on_their_loops"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,18 @@ def _wake(future: asyncio.Future[None]) -> None:
 def _wake_all(futures: list[asyncio.Future[None]]) -> None:
     for future in futures:
         _wake(future)
+
+
+def wake_on_their_loops(waiters: Iterable[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
+    """Resolve each future (with None, unless done) on its own event loop, from any thread: one
+    callback per loop, whatever the number of its futures; a loop that has closed is skipped
+    (nobody waits there any more)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    for loop, future in waiters:
+        by_loop.setdefault(loop, []).append(future)
+    for loop, futures in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # that loop closed
+            loop.call_soon_threadsafe(_wake_all, futures)
 
 
 @dataclass(eq=False, slots=True)
@@ -179,7 +191,7 @@ class Watermark:
             if not ready:
                 return
             self._waiters = [w for w in self._waiters if w.target > value]
-        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+        coroutines = []
         for waiter in ready:
             waiter.done = True
             if waiter.event is not None:
@@ -190,10 +202,8 @@ class Watermark:
                 except Exception:
                     log.exception("a callback waiting for mark %d raised", waiter.target)
             elif waiter.loop is not None and waiter.future is not None:
-                by_loop.setdefault(waiter.loop, []).append(waiter.future)
-        for loop, futures in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # that loop closed
-                loop.call_soon_threadsafe(_wake_all, futures)
+                coroutines.append((waiter.loop, waiter.future))
+        wake_on_their_loops(coroutines)
 
     def close(self, error: Callable[[], BaseException]) -> None:
         """Nothing will advance the mark any more (its client closed): every thread and coroutine
@@ -204,15 +214,12 @@ class Watermark:
                 return
             self._closed = error
             waiters, self._waiters = self._waiters, []
-        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
         for waiter in waiters:
             if waiter.event is not None:
                 waiter.event.set()
-            elif waiter.loop is not None and waiter.future is not None:
-                by_loop.setdefault(waiter.loop, []).append(waiter.future)
-        for loop, futures in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # that loop closed
-                loop.call_soon_threadsafe(_wake_all, futures)
+        wake_on_their_loops(
+            (w.loop, w.future) for w in waiters if w.loop is not None and w.future is not None
+        )
 
     def _reached(self, target: int) -> bool:
         """Whether the mark is at ``target``; raises the close's error when it is not and never
