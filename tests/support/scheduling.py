@@ -17,20 +17,38 @@ from __future__ import annotations
 
 from xdist.scheduler import LoadGroupScheduling
 
-__all__ = ["SHARED_ADDRESS_MODULES", "SPARK_GROUP", "SPARK_TESTS", "SparkGroupScheduling"]
+__all__ = [
+    "SHARED_ADDRESS_GROUP",
+    "SHARED_ADDRESS_MODULES",
+    "SPARK_GROUP",
+    "SPARK_TESTS",
+    "SparkGroupScheduling",
+]
 
 #: The node ID prefix of the tests that go to one worker.
 SPARK_TESTS = "tests/spark/"
 #: Their group's name.
 SPARK_GROUP = "spark"
-#: Modules whose tests hold one fixed resource of the machine in turn, so one worker runs each
-#: module's tests: the deployment guide's hosts on its own addresses, ``10.77.0.0/24``.
-SHARED_ADDRESS_MODULES = ("tests/local/test_deploy_guide.py",)
+#: Modules whose tests make network-namespace hosts on the machine's addresses under
+#: ``10.77.0.0/16`` (the deployment guide's fixed ``10.77.0.0/24``; the labs' free /24s): one worker
+#: runs them all, one after the other, since two labs made side by side may both find the same /24
+#: free before either takes it.
+SHARED_ADDRESS_MODULES = (
+    "tests/local/test_deploy_guide.py",
+    "tests/local/test_netns_lab.py",
+    "tests/local/test_netns_split_brain.py",
+    "tests/local/test_netns_addresses.py",
+    "tests/local/test_local_cluster_namespaces.py",
+    "tests/cli/test_up_namespaces.py",
+    "tests/chaos/test_chaos_namespaces.py",
+)
+#: Their group's name.
+SHARED_ADDRESS_GROUP = "network-namespaces"
 
 
 class SparkGroupScheduling(LoadGroupScheduling):
-    """Load-group scheduling with the tests of ``tests/spark`` in one group and those of each
-    module of :data:`SHARED_ADDRESS_MODULES` in one group of its own; every other test is a scope
+    """Load-group scheduling with the tests of ``tests/spark`` in one group and those of the
+    modules of :data:`SHARED_ADDRESS_MODULES` in another; every other test is a scope
     of its own (or of its ``xdist_group``, where xdist can still mark one)."""
 
     def _split_scope(self, nodeid: str) -> str:
@@ -38,5 +56,5 @@ class SparkGroupScheduling(LoadGroupScheduling):
             return SPARK_GROUP
         module = nodeid.split("::", 1)[0]
         if module in SHARED_ADDRESS_MODULES:
-            return module
+            return SHARED_ADDRESS_GROUP
         return super()._split_scope(nodeid)
