@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -549,3 +551,197 @@ def test_a_rebuild_into_a_database_not_migrated_is_refused_before_it_reads(
         assert not [t for t in inspect_database(engine).get_table_names() if t.endswith("__rebuild")]
     finally:
         engine.dispose()
+
+
+# --- a snapshot of the version 1 models, read by version 2 ------------------------------------------
+
+
+def _prepare_v1(engine: Engine) -> None:
+    upgrade(engine)
+    V1.metadata.create_all(engine)
+
+
+VIEWS_V1 = dataclasses.replace(
+    VIEWS_V2,
+    tables=[model.__table__ for model in MODELS_V1.values()],  # type: ignore[attr-defined]
+    prepare=_prepare_v1,
+    entities=EntityRegistry(MODELS_V1.values()),
+)
+
+
+@dataclass(frozen=True)
+class OlderSnapshots:
+    """A snapshot of a database on the version 1 models at the log's version 1 marks: as written
+    (its manifest naming each entity's attributes and key), and as a manifest written before it
+    named them (the same files)."""
+
+    written: Path
+    unnamed: Path
+
+
+@pytest.fixture(scope="module")
+def older_snapshots(evolution_log: Log, tmp_path_factory: pytest.TempPathFactory) -> OlderSnapshots:
+    from waltz.spark.snapshot import MANIFEST_NAME, write_snapshot
+
+    work = tmp_path_factory.mktemp("evolution-snapshot")
+    url = prepared(f"sqlite:///{work / 'v1.db'}", V1)
+    old = start(evolution_log.cluster, url, MODELS_V1)
+    try:
+        wait_applied(old, evolution_log.v1_marks)
+        written = work / "written"
+        manifest = write_snapshot(VIEWS_V1, old.engine, str(written))
+    finally:
+        old.close()
+    assert manifest.marks == evolution_log.v1_marks
+    assert {name: dict(e)["schema_version"] for name, e in manifest.entities.items()} == dict.fromkeys(
+        (m.__waltz__.lock_name for m in MODELS_V1.values()), 1
+    )
+    unnamed = work / "unnamed"
+    shutil.copytree(written, unnamed)
+    raw = json.loads((unnamed / MANIFEST_NAME).read_text())
+    for entity in raw["entities"].values():
+        del entity["attributes"], entity["key"]
+    (unnamed / MANIFEST_NAME).write_text(json.dumps(raw))
+    return OlderSnapshots(written, unnamed)
+
+
+@pytest.mark.parametrize("form", ["written", "unnamed"])
+def test_a_snapshot_of_the_older_models_is_upcast_by_the_rebuild(
+    evolution_log: Log, older_snapshots: OlderSnapshots, spark: Any, tmp_path: Path, form: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'from-snapshot.db'}"
+    lines: list[str] = []
+    rebuild(
+        spark,
+        VIEWS_V2,
+        LogSource.live(evolution_log.cluster.admin_settings()),
+        url,
+        snapshot=str(getattr(older_snapshots, form)),
+        progress=lines.append,
+    )
+    assert any("upcast: evo_add from schema version 1" in line for line in lines), lines
+    for kind, model in MODELS_V2.items():
+        assert _table(url, model) == expected_rows(kind), kind
+
+
+@pytest.mark.parametrize("form", ["written", "unnamed"])
+def test_a_snapshot_of_the_older_models_loads_upcast_and_the_log_goes_on_from_it(
+    evolution_log: Log, older_snapshots: OlderSnapshots, tmp_path: Path, form: str
+) -> None:
+    from waltz.spark.snapshot import load_snapshot
+
+    url = f"sqlite:///{tmp_path / 'loaded.db'}"
+    lines: list[str] = []
+    load_snapshot(str(getattr(older_snapshots, form)), VIEWS_V2, url, progress=lines.append)
+    assert "evo_scale: 4 rows, upcast from schema version 1" in lines, lines
+    # The rows as of the version 1 marks, in version 2 terms.
+    as_of_v1: dict[str, dict[int, dict[str, Any]]] = {kind: {} for kind in KINDS}
+    for kind in KINDS:
+        for op, row_id, seed in WRITES_V1:
+            if op == "remove":
+                as_of_v1[kind].pop(row_id, None)
+            else:
+                as_of_v1[kind][row_id] = {"id": row_id, **_v1_as_v2(kind, seed)}
+        assert _table(url, MODELS_V2[kind]) == as_of_v1[kind], kind
+    instance = start(evolution_log.cluster, url, MODELS_V2)
+    try:
+        wait_applied(instance, evolution_log.marks)
+        assert instance.callbacks.uncaught_count == 0, list(instance.callbacks.uncaught)
+    finally:
+        instance.close()
+    for kind, model in MODELS_V2.items():
+        assert _table(url, model) == expected_rows(kind), kind
+
+
+def test_a_snapshot_whose_rows_the_upcasters_cannot_make_the_model_s_is_refused_naming_the_file(
+    evolution_log: Log, older_snapshots: OlderSnapshots, spark: Any, tmp_path: Path
+) -> None:
+    """The manifest names an attribute the model never had in place of one it has: the upcast
+    rows lack the model's attribute, and the load and the rebuild are refused before anything is
+    written (the rebuild before a Spark job)."""
+    from waltz.spark.errors import RebuildError
+    from waltz.spark.snapshot import MANIFEST_NAME, SnapshotError, load_snapshot
+
+    location = tmp_path / "renamed"
+    shutil.copytree(older_snapshots.written, location)
+    raw = json.loads((location / MANIFEST_NAME).read_text())
+    raw["entities"]["evo_scale"]["attributes"] = {"id": "id", "cost": "price"}
+    (location / MANIFEST_NAME).write_text(json.dumps(raw))
+    url = f"sqlite:///{tmp_path / 'refused.db'}"
+    with pytest.raises(
+        SnapshotError, match=r"evo_scale\.parquet: .*lacks the model's attributes \['price'\]"
+    ):
+        load_snapshot(str(location), VIEWS_V2, url)
+    assert all(not _table(url, model) for model in MODELS_V2.values())
+    rebuilt = f"sqlite:///{tmp_path / 'rebuilt.db'}"
+    source = LogSource.live(evolution_log.cluster.admin_settings())
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup()
+    with pytest.raises(RebuildError, match=r"evo_scale\.parquet: .*lacks the model's attributes \['price'\]"):
+        rebuild(spark, VIEWS_V2, source, rebuilt, snapshot=str(location))
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs, "a Spark job ran"
+    assert all(not _table(rebuilt, model) for model in MODELS_V2.values()), "the rebuild wrote rows"
+
+
+def test_a_snapshot_of_a_newer_model_is_refused_by_the_load(
+    older_snapshots: OlderSnapshots, tmp_path: Path
+) -> None:
+    from waltz.spark.snapshot import MANIFEST_NAME, SnapshotError, load_snapshot
+
+    location = tmp_path / "newer"
+    shutil.copytree(older_snapshots.written, location)
+    raw = json.loads((location / MANIFEST_NAME).read_text())
+    raw["entities"]["evo_add"]["schema_version"] = 3
+    (location / MANIFEST_NAME).write_text(json.dumps(raw))
+    refusal = r"evo_add is at schema version 3 in the snapshot, newer than the application's model \(2\)"
+    url = f"sqlite:///{tmp_path / 'newer.db'}"
+    with pytest.raises(SnapshotError, match=refusal):
+        load_snapshot(str(location), VIEWS_V2, url)
+
+
+class Rolling(DeclarativeBase):
+    pass
+
+
+class RenameOnItsOldColumn(Rolling):
+    """Version 2 of ``evo_rename`` as the release between the two migrations has it: ``amount``
+    kept on the column ``value`` (docs/sql.md "Changing a model", "Rolling it out")."""
+
+    __tablename__ = "evo_rename_rolling"
+    __waltz__ = WaltzEntity("evo_rename", schema_version=2, upcasters=[RenameAttribute(1, "value", "amount")])
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    amount: Mapped[int] = mapped_column("value", Integer)
+
+
+def test_a_snapshot_of_an_attribute_on_its_old_column_loads_onto_the_new_column(tmp_path: Path) -> None:
+    """Same schema version, another column: the manifest's attribute names carry the rows over."""
+    from sqlalchemy import insert
+
+    from waltz.spark.snapshot import load_snapshot, write_snapshot
+
+    rolling_table = RenameOnItsOldColumn.__table__  # type: ignore[attr-defined]
+    views = dataclasses.replace(
+        VIEWS_V2, tables=[rolling_table], entities=EntityRegistry([RenameOnItsOldColumn])
+    )
+    source = create_framework_engine(f"sqlite:///{tmp_path / 'rolling.db'}")
+    try:
+        upgrade(source)
+        rolling_table.create(source)
+        with source.begin() as conn:
+            conn.execute(insert(rolling_table), [{"id": i, "value": 10 * i} for i in (1, 2, 3)])
+        write_snapshot(views, source, str(tmp_path / "snapshot"))
+    finally:
+        source.dispose()
+    # The same file under the new table's name, as a snapshot of the release before the rename's
+    # migration would be loaded by the release after it.
+    raw = json.loads((tmp_path / "snapshot" / "manifest.json").read_text())
+    raw["entities"]["evo_rename"]["table"] = "evo_rename"
+    raw["tables"][0]["table"] = "evo_rename"
+    (tmp_path / "snapshot" / "manifest.json").write_text(json.dumps(raw))
+    assert raw["entities"]["evo_rename"]["attributes"] == {"id": "id", "amount": "value"}
+
+    rename_only = dataclasses.replace(
+        VIEWS_V2, tables=[RenameV2.__table__], entities=EntityRegistry([RenameV2])
+    )  # type: ignore[attr-defined]
+    url = f"sqlite:///{tmp_path / 'loaded.db'}"
+    load_snapshot(str(tmp_path / "snapshot"), rename_only, url)
+    assert _table(url, RenameV2) == {i: {"id": i, "amount": 10 * i} for i in (1, 2, 3)}

@@ -509,23 +509,29 @@ def test_a_snapshot_ahead_of_the_marks_asked_is_refused(spark: Any, history: His
     assert not (tmp_path / "behind.db").exists() or not _marks(url)
 
 
-def test_a_snapshot_of_an_older_model_is_refused_before_spark_reads_it(
+def test_a_snapshot_of_a_newer_model_is_refused_before_spark_reads_it(
     spark: Any, history: History, damaged: Path, tmp_path: Path
 ) -> None:
-    """A snapshot taken when an entity was at an older schema version holds the older model's
-    columns, and its rows are not upcast: the rebuild refuses it and says what to do, instead of
-    failing in Spark on a column the snapshot lacks."""
+    """A snapshot taken when an entity was at a newer schema version than the application's model
+    (a release rolled back): no upcaster leads back, so the rebuild refuses it and says why,
+    instead of failing in Spark on a column the model lacks. (A snapshot of an older model is
+    upcast: tests/spark/test_schema_evolution.py.)"""
     manifest_path = damaged / MANIFEST_NAME
     manifest = json.loads(manifest_path.read_text())
     (entity,) = [
         name for name, recorded in manifest["entities"].items() if int(recorded["schema_version"]) > 1
     ]
-    manifest["entities"][entity]["schema_version"] = 1
+    current = int(manifest["entities"][entity]["schema_version"])
+    manifest["entities"][entity]["schema_version"] = current + 1
     manifest_path.write_text(json.dumps(manifest))
-    url = f"sqlite:///{tmp_path / 'older.db'}"
-    with pytest.raises(RebuildError, match=rf"holds {entity} at schema version 1.*without --from-snapshot"):
+    url = f"sqlite:///{tmp_path / 'newer.db'}"
+    with pytest.raises(
+        RebuildError,
+        match=rf"{entity} is at schema version {current + 1} in the snapshot, newer than the application's "
+        rf"model \({current}\)",
+    ):
         rebuild(spark, LEDGER_VIEWS, _source(history.cluster), url, cluster_name=NAME, snapshot=str(damaged))
-    assert not (tmp_path / "older.db").exists() or not _marks(url)
+    assert not (tmp_path / "newer.db").exists() or not _marks(url)
 
 
 def test_another_application_s_log_is_refused_before_anything_is_written(

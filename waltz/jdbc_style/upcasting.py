@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol, runtime_checkable
@@ -47,6 +47,7 @@ __all__ = [
     "SchemaChains",
     "SchemaDeclarationError",
     "SchemaVersionAheadError",
+    "StoredRows",
     "UpcastError",
     "Upcaster",
     "upcaster",
@@ -403,6 +404,23 @@ class SchemaChain:
             key, values = dict(result.key), dict(result.values)
         return RowChange(change.operation, change.entity, key, values, self.version)
 
+    def names_at(self, version: int, names: Iterable[str]) -> tuple[str, ...]:
+        """The names that the current version's attributes ``names`` had at ``version``: the
+        renames (:class:`RenameAttribute`) from that version on, undone in reverse order. The other
+        upcasters keep a name (a row upcaster that renames one is not seen).
+
+        Raises:
+            SchemaVersionAheadError: ``version`` is newer than :attr:`version`.
+        """
+        if version > self.version:
+            raise SchemaVersionAheadError(self.entity, version, self.version)
+        result = list(names)
+        for step in reversed(self.steps[version - 1 :]):
+            for item in reversed(step):
+                if isinstance(item, RenameAttribute):
+                    result = [item.old if name == item.new else name for name in result]
+        return tuple(result)
+
     def describe(self) -> list[str]:
         """One line per step: ``"1 -> 2: add label = ''"``."""
         return [
@@ -483,3 +501,49 @@ class SchemaChains:
         if all(new is old for new, old in zip(upcast, changes, strict=True)):
             return change_set
         return dataclasses.replace(change_set, changes=tuple(upcast))
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRows:
+    """Whole rows of one entity stored at an older schema version, such as a snapshot's, made rows
+    of the current model by the entity's chain: each row is upcast as an insert of the whole row
+    at its version (docs/design/spark.md "Snapshots of an older model"). A plain value, so that
+    Spark ships it to its executors.
+
+    Attributes:
+        chain: the entity's chain (its current version and upcasters).
+        version: the schema version the rows were stored at (at most ``chain.version``; at it, the
+            rows are only read by ``attributes``).
+        attributes: ``(attribute at that version, stored column)`` of every stored column.
+        key: the key attributes at that version (a subset of the attributes).
+        current: the current model's attributes, every one of which the upcast rows must give.
+    """
+
+    chain: SchemaChain
+    version: int
+    attributes: tuple[tuple[str, str], ...]
+    key: tuple[str, ...]
+    current: tuple[str, ...]
+
+    def upcast(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """One stored row (column -> value) as the current model's attribute -> value.
+
+        Raises:
+            UpcastError: an upcaster failed, or the upcast row lacks an attribute of the current
+                model or has one it does not know (the upcasters do not lead to the model).
+        """
+        values = {attribute: row[column] for attribute, column in self.attributes}
+        key = {name: values[name] for name in self.key}
+        entity = self.chain.entity
+        change = self.chain.upcast(RowChange(Operation.INSERT, entity, key, values, self.version))
+        result = change.values
+        if len(result) != len(self.current) or any(name not in result for name in self.current):
+            missing = sorted(set(self.current) - set(result))
+            unknown = sorted(set(result) - set(self.current))
+            raise UpcastError(
+                f"{entity} {key}: a row stored at schema version {self.version}, upcast to version "
+                f"{self.chain.version}, lacks the model's attributes {missing} and has {unknown} it does "
+                f"not know: the upcasters ({'; '.join(self.chain.describe())}) do not lead from the "
+                "stored columns to the model"
+            )
+        return dict(result)

@@ -354,8 +354,9 @@ def _snapshot_base(
     progress: Progress,
 ) -> _SnapshotBase:
     """The verified snapshot a rebuild starts from; its marks must not be ahead of what is read,
-    and its entities must be at the models' schema versions (docs/design/spark.md "Snapshots")."""
-    from waltz.spark.snapshot import verify_snapshot
+    and its entities at the models' schema versions or older (docs/design/spark.md "Snapshots of
+    an older model")."""
+    from waltz.spark.snapshot import SnapshotError, check_stored_rows, stored_rows, verify_snapshot
 
     manifest = verify_snapshot(location)
     wanted = dict(up_to) if up_to is not None else marks
@@ -366,23 +367,18 @@ def _snapshot_base(
             f"log's marks {dict(sorted(wanted.items()))} this rebuild reads up to; rebuild from the log "
             "alone, or up to the snapshot's marks or later"
         )
-    if app.entities is not None:
-        for info in app.entities:
-            recorded = int(manifest.entities.get(info.name, {}).get("schema_version", 1))
-            if recorded > info.schema_version:
-                raise RebuildError(
-                    f"the snapshot at {location} holds {info.name} at schema version {recorded}, the "
-                    f"application's model is at {info.schema_version}: rebuild with the newer model"
-                )
-            if info.name in manifest.entities and recorded < info.schema_version:
-                # Its rows have the older model's columns, and a snapshot's rows are not upcast.
-                raise RebuildError(
-                    f"the snapshot at {location} holds {info.name} at schema version {recorded}, the "
-                    f"application's model is at {info.schema_version}: a rebuild starts only from a "
-                    "snapshot of the current models. Rebuild from the log alone (without "
-                    "--from-snapshot), or load the snapshot with the release that wrote it (waltz "
-                    "snapshot load), migrate that database and take a new snapshot of it"
-                )
+    older = []
+    for info in app.entities or ():
+        try:
+            upcast = stored_rows(manifest, info, f"the snapshot at {location}")
+            if upcast is not None:
+                check_stored_rows(location, manifest, info, upcast)
+        except SnapshotError as exc:
+            raise RebuildError(str(exc)) from exc
+        if upcast is not None:
+            older.append(f"{info.name} from schema version {upcast.version}")
+    if older:
+        progress(f"the snapshot's rows of older models are upcast: {', '.join(older)}")
     progress(
         f"starting from the snapshot at {location}, marks {dict(sorted(manifest.marks.items()))} "
         f"({sum(t.rows for t in manifest.tables)} rows, written {manifest.written_at})"

@@ -42,6 +42,7 @@ from waltz.errors import WaltzError
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.jdbc_style.schema import high_water_marks, idempotency_keys
+from waltz.jdbc_style.upcasting import StoredRows, UpcastError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -58,6 +59,7 @@ __all__ = [
     "SnapshotFile",
     "SnapshotManifest",
     "SnapshotSeed",
+    "check_stored_rows",
     "load_snapshot",
     "open_location",
     "read_manifest",
@@ -65,6 +67,8 @@ __all__ = [
     "replays_every_row",
     "rows_as_changes",
     "snapshot_entity_rows",
+    "stored_rows",
+    "upcast_rows",
     "verify_snapshot",
     "write_snapshot",
 ]
@@ -83,6 +87,10 @@ BATCH_ROWS = 50_000
 #: the log's keys, when the file holds at most this many rows per transaction of the log after
 #: the snapshot's marks (:func:`replays_every_row`; decision 0076).
 REPLAY_EVERY_ROW_PER_TRANSACTION = 1.0
+
+#: How many rows of an older model's entity file the driver upcasts before a rebuild's Spark jobs
+#: (:func:`check_stored_rows`).
+CHECKED_ROWS = 100
 
 Progress = Callable[[str], None]
 
@@ -399,7 +407,12 @@ def write_snapshot(
     entities: dict[str, dict[str, Any]] = {}
     if app.entities is not None:
         for info in app.entities:
-            entities[info.name] = {"schema_version": info.schema_version, "table": info.model.__table__.name}
+            entities[info.name] = {
+                "schema_version": info.schema_version,
+                "table": info.model.__table__.name,
+                "attributes": {a: c.name for a, c in zip(info.attributes, info.columns, strict=True)},
+                "key": list(info.key),
+            }
     manifest = SnapshotManifest(
         cluster_name=name,
         marks=marks,
@@ -422,6 +435,107 @@ def write_snapshot(
 
 
 # --- reading ---------------------------------------------------------------------------------------
+
+
+def stored_rows(
+    manifest: SnapshotManifest, info: EntityInfo, where: str = "the snapshot"
+) -> StoredRows | None:
+    """How the rows of an entity file that an older model wrote become rows of ``info``'s model
+    (docs/design/spark.md "Snapshots of an older model"), or None when the snapshot holds the
+    entity at the model's schema version (or not at all), read by the model's own columns. A file
+    of the model's schema version whose manifest gives the model's attributes, one of them on
+    another column (a release that kept a renamed attribute on its old column), is read by the
+    manifest's mapping, without upcasting.
+
+    The manifest's ``attributes`` and ``key`` of the entity name the stored columns' attributes
+    and the key at that version; a manifest written before it recorded them gives each column's
+    name as its attribute, and the model's key attributes with the chain's renames undone.
+
+    Raises:
+        SnapshotError: the entity is at a newer schema version than the model, or its entry
+            names columns the file does not have, or a key attribute it does not store.
+    """
+    recorded = manifest.entities.get(info.name)
+    if recorded is None:
+        return None
+    version = int(recorded.get("schema_version", 1))
+    if version > info.schema_version:
+        raise SnapshotError(
+            f"{where}: {info.name} is at schema version {version} in the snapshot, newer than the "
+            f"application's model ({info.schema_version}): read it with the release of the newer model"
+        )
+    table = str(recorded.get("table", info.model.__table__.name))
+    entry = manifest.table(table)
+    if entry is None:
+        return None
+    stored = [name for name, _ in entry.columns]
+    raw_attributes = recorded.get("attributes")
+    model = tuple((a, c.name) for a, c in zip(info.attributes, info.columns, strict=True))
+    if version == info.schema_version and (
+        not isinstance(raw_attributes, Mapping)
+        or set(raw_attributes) != set(info.attributes)
+        or dict(model) == dict(raw_attributes)
+    ):
+        return None  # read by the model's own columns
+    if isinstance(raw_attributes, Mapping):
+        attributes = tuple((str(a), str(c)) for a, c in raw_attributes.items())
+    else:
+        attributes = tuple((c, c) for c in stored)
+    absent = [c for _, c in attributes if stored and c not in stored]
+    raw_key = recorded.get("key")
+    key = (
+        tuple(str(k) for k in raw_key)
+        if isinstance(raw_key, list)
+        else info.schema.names_at(version, info.key)
+    )
+    names = {a for a, _ in attributes}
+    unknown_key = [k for k in key if k not in names]
+    if absent or unknown_key:
+        raise SnapshotError(
+            f"{where}: {info.name} at schema version {version}: the file {entry.file} has no columns "
+            f"{absent}, and no attributes {unknown_key} of the key {list(key)} (its columns: {stored})"
+        )
+    return StoredRows(info.schema, version, attributes, key, info.attributes)
+
+
+def check_stored_rows(
+    location: str, manifest: SnapshotManifest, info: EntityInfo, upcast: StoredRows
+) -> None:
+    """Upcast the first rows of an older model's entity file where the driver runs, so that a
+    mapping the upcasters do not lead to the model is refused before a Spark job starts (a row
+    upcaster that fails on a later row only still fails the job).
+
+    Raises:
+        SnapshotError: a row does not upcast (naming the file and the upcaster's error).
+    """
+    import pyarrow.parquet as pq
+
+    entry = manifest.table(str(manifest.entities[info.name].get("table", info.model.__table__.name)))
+    if entry is None or entry.rows == 0:
+        return
+    filesystem, root = open_location(location)
+    with filesystem.open_input_file(posixpath.join(root, entry.file)) as stream:
+        first = next(pq.ParquetFile(stream).iter_batches(batch_size=CHECKED_ROWS), None)
+    rows = [] if first is None else first.to_pylist()
+    for _ in upcast_rows(iter(rows), upcast, info, f"{location}: {entry.file}"):
+        pass
+
+
+def upcast_rows(
+    rows: Iterator[dict[str, Any]], upcast: StoredRows, info: EntityInfo, where: str
+) -> Iterator[dict[str, Any]]:
+    """Stored rows of an older model as rows of ``info``'s table (column -> value).
+
+    Raises:
+        SnapshotError: a row does not upcast (naming the file and the upcaster's error).
+    """
+    column_of = {a: c.name for a, c in zip(info.attributes, info.columns, strict=True)}
+    for row in rows:
+        try:
+            values = upcast.upcast(row)
+        except UpcastError as exc:
+            raise SnapshotError(f"{where}: {exc}") from exc
+        yield {column_of[a]: v for a, v in values.items()}
 
 
 def read_manifest(location: str) -> SnapshotManifest:
@@ -523,14 +637,11 @@ def load_snapshot(
     """
     say = progress or (lambda _: None)
     manifest = verify_snapshot(location)
-    if app.entities is not None:
-        for info in app.entities:
-            recorded = manifest.entities.get(info.name, {}).get("schema_version", 1)
-            if int(recorded) > info.schema_version:
-                raise SnapshotError(
-                    f"{location}: {info.name} is at schema version {recorded} in the snapshot, the "
-                    f"application's model at {info.schema_version}; run the newer model"
-                )
+    older: dict[str, tuple[StoredRows, EntityInfo]] = {}
+    for info in app.entities or ():
+        upcast = stored_rows(manifest, info, location)
+        if upcast is not None:
+            older[info.model.__table__.name] = (upcast, info)
     engine = db_url if isinstance(db_url, Engine) else create_framework_engine(db_url)
     try:
         app.prepare(engine)
@@ -546,6 +657,15 @@ def load_snapshot(
                 entry = manifest.table(table.name)
                 if entry is None:
                     raise SnapshotError(f"{location}: the snapshot has no table {table.name}")
+                conn.execute(delete(table))
+                if table.name in older:
+                    upcast, info = older[table.name]
+                    where = f"{location}: {entry.file}"
+                    count = _insert_rows(
+                        conn, table, upcast_rows(_rows(location, entry), upcast, info, where)
+                    )
+                    say(f"{table.name}: {count} rows, upcast from schema version {upcast.version}")
+                    continue
                 names = [c.name for c in table.columns]
                 if entry.columns and [n for n, _ in entry.columns] != names:
                     raise SnapshotError(
@@ -553,7 +673,6 @@ def load_snapshot(
                         f"snapshot and {names} in the application; load it with the application's version "
                         "that wrote it, then migrate"
                     )
-                conn.execute(delete(table))
                 count = _insert_rows(conn, table, _rows(location, entry))
                 say(f"{table.name}: {count} rows")
             conn.execute(delete(idempotency_keys).where(idempotency_keys.c.cluster_name == name))
@@ -867,6 +986,11 @@ def snapshot_entity_rows(
             if entry is None or entry.rows == 0:
                 continue
             rows = read_snapshot_file(spark, location, entry.file)
+            upcast = stored_rows(manifest, info, location)
+            if upcast is not None:
+                # An older model's columns: every row is upcast, so every row is replayed.
+                frames.append(rows_as_changes(rows, info, upcast=upcast))
+                continue
             if replays_every_row(entry.rows, tail_transactions):
                 frames.append(rows_as_changes(rows, info))
                 continue
@@ -923,7 +1047,9 @@ def snapshot_entity_rows(
     return SnapshotEntityRows(result, untouched, tuple(cached))
 
 
-def rows_as_changes(rows: Any, info: EntityInfo, *, python: bool = False) -> Any:
+def rows_as_changes(
+    rows: Any, info: EntityInfo, *, python: bool = False, upcast: StoredRows | None = None
+) -> Any:
     """Snapshot rows of one entity as ``insert`` row changes at partition and transaction -1
     (docs/design/spark.md "Snapshots").
 
@@ -932,6 +1058,10 @@ def rows_as_changes(rows: Any, info: EntityInfo, *, python: bool = False) -> Any
         info: the entity.
         python: render every value with :func:`waltz.spark.decoders.render_value` in a Python
             function, even where Spark's casts give the same text.
+        upcast: the rows are an older model's (:func:`stored_rows`): each is upcast to the
+            model's attributes in a Python function before it is rendered (docs/design/spark.md
+            "Snapshots of an older model"); an upcaster's failure fails the Spark job with the
+            :class:`~waltz.jdbc_style.upcasting.UpcastError`.
 
     Returns:
         A DataFrame of :data:`~waltz.spark.decoders.CHANGES_SCHEMA`.
@@ -955,6 +1085,7 @@ def rows_as_changes(rows: Any, info: EntityInfo, *, python: bool = False) -> Any
     ]
     native = (
         not python
+        and upcast is None
         and all(_natively_rendered(table.c[c].type) for c in columns)
         and all(isinstance(table.c[column_of[k]].type, types.Integer) for k in key_names)
     )
@@ -992,6 +1123,22 @@ def rows_as_changes(rows: Any, info: EntityInfo, *, python: bool = False) -> Any
         "op_index INT, member INT, entity STRING, operation STRING, key STRING, "
         "key_values MAP<STRING, STRING>, `values` MAP<STRING, STRING>, meta STRING, idempotency_key STRING"
     )
+
+    if upcast is not None:
+        stored = [c for _, c in upcast.attributes]
+
+        def upcast_change(row: Any) -> tuple[Any, ...]:
+            values = {
+                a: render_value(v) for a, v in upcast.upcast(dict(zip(stored, row, strict=True))).items()
+            }
+            key_values = {k: values[k] for k in key_names}
+            key = json.dumps(key_values, sort_keys=True, separators=(",", ":"))
+            return (0, 0, entity, "insert", key, key_values, values, None, None)
+
+        udf = F.udf(upcast_change, f"STRUCT<{struct}>", useArrow=False)
+        return rows.select(*position, udf(F.struct(*[F.col(c) for c in stored])).alias("c")).select(
+            "partition_id", "transaction_id", "header", "c.*"
+        )
 
     def change(row: Any) -> tuple[Any, ...]:
         values = {a: render_value(v) for a, v in zip(attributes, row, strict=True)}
