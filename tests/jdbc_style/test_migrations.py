@@ -415,6 +415,8 @@ def test_cli_upgrade_current_marks_and_skip(db_url: str, engine: sa.Engine) -> N
 
     assert "waltz_0001 (head)" in waltz_db("upgrade", "--url", db_url, expect=0).output
     assert waltz_db("current", expect=0, env={"WALTZ_DB_URL": db_url}).output.strip() == "waltz_0001 (head)"
+    # --db, as waltz rebuild, demo and perf name it, is the same option.
+    assert waltz_db("current", "--db", db_url, expect=0).output.strip() == "waltz_0001 (head)"
 
     set_mark(engine, 0, 12)
     set_mark(engine, 1, 3)

@@ -86,7 +86,11 @@ def chaos(
     ] = "raw",
     db_url: Annotated[
         str | None,
-        typer.Option(help="The ledger's database URL (an empty database; default: SQLite in the work dir)."),
+        typer.Option(
+            "--db-url",
+            "--db",
+            help="The ledger's database URL (an empty database; default: SQLite in the work dir).",
+        ),
     ] = None,
     accounts: Annotated[int, typer.Option(help="SmallBank customers of the ledger workload.", min=2)] = 200,
     app: Annotated[

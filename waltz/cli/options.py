@@ -320,18 +320,21 @@ DatabaseUrlOption = Annotated[
     str,
     typer.Option(
         "--url",
+        "--db",
         envvar="WALTZ_DB_URL",
         help="The application database's SQLAlchemy URL, e.g. "
         "`postgresql+psycopg://user:password@host:5432/app` or `mysql+pymysql://user@host/app`.",
         show_default=False,
     ),
 ]
-#: ``--url`` where a file may give it instead (``--url-file``; a URL holding a password on the
-#: command line is visible to every user of the machine in ``ps``).
+#: ``--url`` (or ``--db``, as ``waltz rebuild``, ``demo`` and ``perf`` name it) where a file may
+#: give it instead (``--url-file``; a URL holding a password on the command line is visible to
+#: every user of the machine in ``ps``).
 OptionalDatabaseUrlOption = Annotated[
     str | None,
     typer.Option(
         "--url",
+        "--db",
         envvar="WALTZ_DB_URL",
         help="The application database's SQLAlchemy URL, e.g. "
         "`postgresql+psycopg://user:password@host:5432/app`; with a password, prefer WALTZ_DB_URL or "
@@ -343,6 +346,7 @@ DatabaseUrlFileOption = Annotated[
     Path | None,
     typer.Option(
         "--url-file",
+        "--db-file",
         envvar="WALTZ_DB_URL_FILE",
         help="A file holding the database URL (its first line), instead of --url.",
         show_default=False,
