@@ -77,3 +77,12 @@ def test_every_argument_and_option_is_shown_whole_within_the_width(path: list[st
                 assert name in words, (path, name)
         if getattr(param, "help", None):
             assert _characters(param.help) in everything, (path, param.name)
+
+
+def test_no_placeholder_is_a_python_type() -> None:
+    """A repeatable option's placeholder says what to give (``<dir>``, ``<ids>``), not the
+    parameter's Python annotation (``<list[Path]>``, Typer's default)."""
+    shown = {
+        " ".join(path): re.findall(r"<[a-z]+\[[^>\s]*\]>", help_output(path, WIDTH)) for path, _ in COMMANDS
+    }
+    assert {name: found for name, found in shown.items() if found} == {}

@@ -509,6 +509,7 @@ def restore(
         typer.Option(
             "--storage",
             "-s",
+            metavar="<host:port=admin_port[,group]>",
             help="A storage node of the new cluster, running with an empty directory, as "
             "`host:port=admin_port[,group]`. Repeat it.",
             show_default=False,

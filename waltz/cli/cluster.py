@@ -80,6 +80,7 @@ def create(
         typer.Option(
             "--storage",
             "-s",
+            metavar="<host:port=admin_port[,group]>",
             help="A storage node as `host:port=admin_port[,group]` (group 0 by default). Repeat it.",
             show_default=False,
         ),

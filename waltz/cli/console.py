@@ -67,6 +67,7 @@ def console(
         typer.Option(
             "--metrics",
             "-m",
+            metavar="<[name=]url>",
             help="A `/metrics` URL of a server, storage node or client to chart, `URL` or `NAME=URL`. "
             "Repeat it (console.metrics).",
             show_default=False,

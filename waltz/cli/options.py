@@ -198,6 +198,7 @@ PartitionsOption = Annotated[
     typer.Option(
         "--partition",
         "-p",
+        metavar="<ids>",
         help="Partition IDs: repeat the option, or give a list with ranges such as `0,2,5-7`.",
         show_default=False,
     ),
@@ -302,6 +303,7 @@ DiskPartitionOption = Annotated[
     typer.Option(
         "--partition",
         "-p",
+        metavar="<partition>",
         help="Only this partition (repeatable; default: every partition of the directory).",
     ),
 ]

@@ -148,7 +148,9 @@ def rebuild_command(
     config: AdminConfigOption = None,
     storage_dir: Annotated[
         list[Path] | None,
-        typer.Option(help="Read storage directories on disk instead (repeat for each replica)."),
+        typer.Option(
+            metavar="<dir>", help="Read storage directories on disk instead (repeat for each replica)."
+        ),
     ] = None,
     replicas: Annotated[
         int | None,
@@ -158,7 +160,10 @@ def rebuild_command(
     ] = None,
     high_water_mark: Annotated[
         list[str] | None,
-        typer.Option(help="Offline: PARTITION:MARK known committed (you vouch for it); repeatable."),
+        typer.Option(
+            metavar="<partition:mark>",
+            help="Offline: PARTITION:MARK known committed (you vouch for it); repeatable.",
+        ),
     ] = None,
     verify_against: Annotated[
         str | None,
