@@ -275,3 +275,62 @@ def test_upcasting_after_a_round_trip_gives_current_changes(rows: list[RowChange
     for written, current in zip(rows, read.changes, strict=True):
         expected = "-" if written.schema_version == 1 else written.values["label"]
         assert current.values == {"widget_id": written.values["widget_id"], "label": expected}
+
+
+def test_names_at_undoes_the_renames_back_to_a_version() -> None:
+    """The key attributes an older snapshot's rows were stored under, from the current ones."""
+    chain = SchemaChain(
+        "e",
+        4,
+        [
+            RenameAttribute(1, "a", "b"),  # 1 -> 2
+            AddAttribute(2, "x", 0),  # 2 -> 3
+            RenameAttribute(3, "c", "a"),  # 3 -> 4: a new "a", from "c"
+            RenameAttribute(3, "b", "d"),
+        ],
+    )
+    assert chain.names_at(4, ["a", "d", "x"]) == ("a", "d", "x")
+    assert chain.names_at(3, ["a", "d", "x"]) == ("c", "b", "x")
+    assert chain.names_at(2, ["a", "d", "x"]) == ("c", "b", "x")
+    assert chain.names_at(1, ["a", "d", "x"]) == ("c", "a", "x")
+    with pytest.raises(SchemaVersionAheadError):
+        chain.names_at(5, ["a"])
+    with pytest.raises(ValueError, match="below 1"):
+        chain.names_at(0, ["a"])
+
+
+def test_a_change_of_a_version_below_1_is_refused() -> None:
+    chain = SchemaChain("e", 2, [AddAttribute(1, "x", 0)])
+    with pytest.raises(UpcastError, match="below 1"):
+        chain.upcast(RowChange(Operation.INSERT, "e", {"id": 1}, {"id": 1}, 0))
+
+
+def test_stored_rows_upcast_as_the_log_s_changes_and_must_give_the_model() -> None:
+    import uuid
+
+    from waltz.jdbc_style.upcasting import StoredRows
+
+    seen: list[tuple[type, ...]] = []
+
+    def typed(change: RowChange) -> RowChange:
+        seen.append((type(change.values["token"]), type(change.values["blob"])))
+        return dataclasses.replace(change, values={**change.values, "n": change.key["k"] * 2})
+
+    chain = SchemaChain("e", 2, [RowUpcaster(1, typed)])
+    rows = StoredRows(
+        chain,
+        1,
+        (("k", "k_col"), ("token", "token_col"), ("blob", "blob_col")),
+        ("k",),
+        ("k", "token", "blob", "n"),
+        uuids=("token_col",),
+    )
+    token = uuid.uuid4()
+    got = rows.upcast({"k_col": 3, "token_col": str(token), "blob_col": bytearray(b"ab")})
+    assert got == {"k": 3, "token": token, "blob": b"ab", "n": 6}
+    assert seen == [(uuid.UUID, bytes)]
+    lacking = dataclasses.replace(rows, current=("k", "token", "blob", "n", "m"))
+    with pytest.raises(UpcastError, match=r"lacks the model's attributes \['m'\]: the upcasters"):
+        lacking.upcast({"k_col": 3, "token_col": str(token), "blob_col": b""})
+    with pytest.raises(UpcastError, match="not a UUID"):
+        rows.upcast({"k_col": 3, "token_col": "nope", "blob_col": b""})

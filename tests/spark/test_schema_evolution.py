@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import json
 import shutil
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +31,7 @@ from typing import Any
 import pytest
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
-from sqlalchemy import Column, Engine, Integer, String, select, text
+from sqlalchemy import Column, DateTime, Engine, Integer, LargeBinary, String, Uuid, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from waltz import WaltzClient, WaltzClientConfig
@@ -619,7 +621,7 @@ def test_a_snapshot_of_the_older_models_is_upcast_by_the_rebuild(
         snapshot=str(getattr(older_snapshots, form)),
         progress=lines.append,
     )
-    assert any("upcast: evo_add from schema version 1" in line for line in lines), lines
+    assert any("evo_add, upcast from schema version 1" in line for line in lines), lines
     for kind, model in MODELS_V2.items():
         assert _table(url, model) == expected_rows(kind), kind
 
@@ -745,3 +747,158 @@ def test_a_snapshot_of_an_attribute_on_its_old_column_loads_onto_the_new_column(
     url = f"sqlite:///{tmp_path / 'loaded.db'}"
     load_snapshot(str(tmp_path / "snapshot"), rename_only, url)
     assert _table(url, RenameV2) == {i: {"id": i, "amount": 10 * i} for i in (1, 2, 3)}
+
+
+class Moved(DeclarativeBase):
+    pass
+
+
+class AddMoved(Moved):
+    """``evo_add`` at version 2 on a table of another name."""
+
+    __tablename__ = "evo_add_moved"
+    __waltz__ = WaltzEntity("evo_add", schema_version=2, upcasters=[AddAttribute(1, "label", "none")])
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    n: Mapped[int] = mapped_column(Integer)
+    label: Mapped[str] = mapped_column(String(20), server_default="none")
+
+
+def test_a_snapshot_of_an_entity_since_moved_to_another_table_is_read_from_the_table_it_recorded(
+    older_snapshots: OlderSnapshots, spark: Any, tmp_path: Path
+) -> None:
+    """The manifest says which table held the entity's rows: the load and the rebuild read that
+    file, not one named after the model's table now (which the snapshot does not have)."""
+    from waltz.spark.decoders import CHANGES_SCHEMA
+    from waltz.spark.snapshot import load_snapshot, read_manifest, snapshot_entity_rows
+
+    def _prepare_moved(engine: Engine) -> None:
+        upgrade(engine)
+        Moved.metadata.create_all(engine)
+
+    views = dataclasses.replace(
+        VIEWS_V2,
+        tables=[AddMoved.__table__],  # type: ignore[attr-defined]
+        prepare=_prepare_moved,
+        entities=EntityRegistry([AddMoved]),
+    )
+    as_of_v1: dict[int, dict[str, Any]] = {}
+    for op, row_id, seed in WRITES_V1:
+        if op == "remove":
+            as_of_v1.pop(row_id, None)
+        else:
+            as_of_v1[row_id] = {"id": row_id, **_v1_as_v2("add", seed)}
+    url = f"sqlite:///{tmp_path / 'moved.db'}"
+    load_snapshot(str(older_snapshots.written), views, url)
+    assert _table(url, AddMoved) == as_of_v1
+
+    location = str(older_snapshots.written)
+    empty = spark.createDataFrame([], CHANGES_SCHEMA)
+    replayed = snapshot_entity_rows(spark, location, read_manifest(location), views, empty).changes.collect()
+    assert {int(r["key_values"]["id"]): dict(r["values"]) for r in replayed} == {
+        i: {k: str(v) for k, v in row.items()} for i, row in as_of_v1.items()
+    }
+
+
+class TypedV1(Moved):
+    __tablename__ = "evo_typed"
+    __waltz__ = WaltzEntity("evo_typed")
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    token: Mapped[uuid.UUID] = mapped_column(Uuid)
+    at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+@upcaster(from_version=1, description="day and token text from the typed values")
+def typed_values(change: RowChange) -> RowChange:
+    """Fails unless it gets the values as the log's changes carry them."""
+    values = dict(change.values)
+    token, at, blob = values.pop("token"), values.pop("at"), values.pop("blob")
+    if not isinstance(token, uuid.UUID) or not isinstance(blob, bytes) or at.tzinfo is None:
+        raise TypeError(f"not as the log gives them: {token!r}, {at!r}, {blob!r}")
+    values["token_hex"] = token.hex
+    values["day"] = at.astimezone(dt.UTC).date().isoformat()
+    values["size"] = len(blob)
+    return dataclasses.replace(change, values=values)
+
+
+class Typed(DeclarativeBase):
+    pass
+
+
+class TypedV2(Typed):
+    __tablename__ = "evo_typed"
+    __waltz__ = WaltzEntity("evo_typed", schema_version=2, upcasters=[typed_values])
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    token_hex: Mapped[str] = mapped_column(String(32))
+    day: Mapped[str] = mapped_column(String(10))
+    size: Mapped[int] = mapped_column(Integer)
+
+
+def test_the_upcasters_get_a_snapshot_s_values_as_the_log_gives_them_in_the_load_and_the_rebuild(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A UUID, a timestamp with a time zone and bytes: the load (pyarrow) and the rebuild (Spark
+    rows) hand them to the upcasters alike, as ``uuid.UUID``, an aware datetime and ``bytes``."""
+    from sqlalchemy import insert
+
+    from waltz.spark.decoders import render_value
+    from waltz.spark.snapshot import (
+        load_snapshot,
+        read_manifest,
+        read_snapshot_file,
+        rows_as_changes,
+        stored_rows,
+        write_snapshot,
+    )
+
+    old_views = dataclasses.replace(
+        VIEWS_V2,
+        tables=[TypedV1.__table__],  # type: ignore[attr-defined]
+        entities=EntityRegistry([TypedV1]),
+    )
+    source = create_framework_engine(f"sqlite:///{tmp_path / 'typed.db'}")
+    tokens = {i: uuid.uuid4() for i in (1, 2)}
+    stamps = {
+        1: dt.datetime(2026, 3, 1, 23, 30, tzinfo=dt.UTC),
+        2: dt.datetime(2026, 3, 2, 0, 30, tzinfo=dt.UTC),
+    }
+    try:
+        upgrade(source)
+        TypedV1.__table__.create(source)  # type: ignore[attr-defined]
+        with source.begin() as conn:
+            conn.execute(
+                insert(TypedV1.__table__),  # type: ignore[attr-defined]
+                [{"id": i, "token": tokens[i], "at": stamps[i], "blob": b"x" * i} for i in (1, 2)],
+            )
+        write_snapshot(old_views, source, str(tmp_path / "snapshot"))
+    finally:
+        source.dispose()
+    expected = {
+        i: {"id": i, "token_hex": tokens[i].hex, "day": stamps[i].date().isoformat(), "size": i}
+        for i in (1, 2)
+    }
+
+    def _prepare_typed(engine: Engine) -> None:
+        upgrade(engine)
+        Typed.metadata.create_all(engine)
+
+    new_views = dataclasses.replace(
+        VIEWS_V2,
+        tables=[TypedV2.__table__],  # type: ignore[attr-defined]
+        prepare=_prepare_typed,
+        entities=EntityRegistry([TypedV2]),
+    )
+    url = f"sqlite:///{tmp_path / 'loaded.db'}"
+    load_snapshot(str(tmp_path / "snapshot"), new_views, url)
+    assert _table(url, TypedV2) == expected
+
+    location = str(tmp_path / "snapshot")
+    manifest = read_manifest(location)
+    (info,) = list(new_views.entities or ())
+    upcast = stored_rows(manifest, info)
+    assert upcast is not None
+    rows = read_snapshot_file(spark, location, "evo_typed.parquet")
+    replayed = rows_as_changes(rows, info, upcast=upcast, where="evo_typed.parquet").collect()
+    assert {int(r["key_values"]["id"]): dict(r["values"]) for r in replayed} == {
+        i: {k: render_value(v) for k, v in row.items()} for i, row in expected.items()
+    }

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -376,6 +377,8 @@ class SchemaChain:
             return change
         if from_version > self.version:
             raise SchemaVersionAheadError(self.entity, from_version, self.version)
+        if from_version < 1:
+            raise UpcastError(f"{self.entity}: a change of schema version {from_version}, below 1")
         # The built-in upcasters change one copy of the key and values in place; a row upcaster
         # is given a change and its result checked.
         key, values = dict(change.key), dict(change.values)
@@ -414,6 +417,8 @@ class SchemaChain:
         """
         if version > self.version:
             raise SchemaVersionAheadError(self.entity, version, self.version)
+        if version < 1:
+            raise ValueError(f"{self.entity}: schema version {version} is below 1")
         result = list(names)
         for step in reversed(self.steps[version - 1 :]):
             for item in reversed(step):
@@ -517,6 +522,8 @@ class StoredRows:
         attributes: ``(attribute at that version, stored column)`` of every stored column.
         key: the key attributes at that version (a subset of the attributes).
         current: the current model's attributes, every one of which the upcast rows must give.
+        uuids: the stored columns of UUIDs (kept as text): the upcasters get ``uuid.UUID`` values,
+            as the log's changes give them.
     """
 
     chain: SchemaChain
@@ -524,15 +531,20 @@ class StoredRows:
     attributes: tuple[tuple[str, str], ...]
     key: tuple[str, ...]
     current: tuple[str, ...]
+    uuids: tuple[str, ...] = ()
 
     def upcast(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        """One stored row (column -> value) as the current model's attribute -> value.
+        """One stored row (column -> value) as the current model's attribute -> value. The
+        upcasters get values as a change-set of the log gives them: UUIDs as ``uuid.UUID``,
+        binary values as ``bytes``.
 
         Raises:
             UpcastError: an upcaster failed, or the upcast row lacks an attribute of the current
                 model or has one it does not know (the upcasters do not lead to the model).
         """
-        values = {attribute: row[column] for attribute, column in self.attributes}
+        values = {
+            attribute: _as_logged(row[column], column in self.uuids) for attribute, column in self.attributes
+        }
         key = {name: values[name] for name in self.key}
         entity = self.chain.entity
         change = self.chain.upcast(RowChange(Operation.INSERT, entity, key, values, self.version))
@@ -540,10 +552,24 @@ class StoredRows:
         if len(result) != len(self.current) or any(name not in result for name in self.current):
             missing = sorted(set(self.current) - set(result))
             unknown = sorted(set(result) - set(self.current))
+            problems = [f"lacks the model's attributes {missing}"] if missing else []
+            problems += [f"has attributes {unknown} the model does not know"] if unknown else []
+            steps = "; ".join(self.chain.describe()) or "none"
             raise UpcastError(
                 f"{entity} {key}: a row stored at schema version {self.version}, upcast to version "
-                f"{self.chain.version}, lacks the model's attributes {missing} and has {unknown} it does "
-                f"not know: the upcasters ({'; '.join(self.chain.describe())}) do not lead from the "
-                "stored columns to the model"
+                f"{self.chain.version}, {' and '.join(problems)}: the upcasters ({steps}) do not lead "
+                "from the stored columns to the model"
             )
         return dict(result)
+
+
+def _as_logged(value: Any, is_uuid: bool) -> Any:
+    """A stored value as a change-set of the log carries it (``StoredRows.upcast``)."""
+    if is_uuid and isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError as exc:
+            raise UpcastError(f"{value!r} stored in a UUID column is not a UUID") from exc
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    return value

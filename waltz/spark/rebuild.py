@@ -356,7 +356,13 @@ def _snapshot_base(
     """The verified snapshot a rebuild starts from; its marks must not be ahead of what is read,
     and its entities at the models' schema versions or older (docs/design/spark.md "Snapshots of
     an older model")."""
-    from waltz.spark.snapshot import SnapshotError, check_stored_rows, stored_rows, verify_snapshot
+    from waltz.spark.snapshot import (
+        SnapshotError,
+        check_stored_rows,
+        describe_stored,
+        stored_rows,
+        verify_snapshot,
+    )
 
     manifest = verify_snapshot(location)
     wanted = dict(up_to) if up_to is not None else marks
@@ -376,9 +382,9 @@ def _snapshot_base(
         except SnapshotError as exc:
             raise RebuildError(str(exc)) from exc
         if upcast is not None:
-            older.append(f"{info.name} from schema version {upcast.version}")
+            older.append(f"{info.name}, {describe_stored(upcast)}")
     if older:
-        progress(f"the snapshot's rows of older models are upcast: {', '.join(older)}")
+        progress(f"the snapshot's rows of older models: {'; '.join(older)}")
     progress(
         f"starting from the snapshot at {location}, marks {dict(sorted(manifest.marks.items()))} "
         f"({sum(t.rows for t in manifest.tables)} rows, written {manifest.written_at})"

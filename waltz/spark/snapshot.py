@@ -60,6 +60,8 @@ __all__ = [
     "SnapshotManifest",
     "SnapshotSeed",
     "check_stored_rows",
+    "describe_stored",
+    "entity_file",
     "load_snapshot",
     "open_location",
     "read_manifest",
@@ -148,8 +150,10 @@ class SnapshotManifest:
         cluster_name: the log's name in the database's mark rows.
         marks: ``{partition: high-water mark}``: every table is the state after exactly these
             transactions (-1: none of the partition).
-        entities: ``{entity name: {"schema_version": n, "table": name}}`` of the application's
-            models when the snapshot was written.
+        entities: ``{entity name: {"schema_version": n, "table": name, "attributes": {attribute:
+            column}, "key": [attribute, ...]}}`` of the application's models when the snapshot was
+            written (``attributes`` and ``key`` absent from snapshots written before they were
+            recorded).
         tables: one entry per application table.
         idempotency_keys: this log's rows of ``waltz_idempotency_keys``.
         written_at: when the snapshot's database transaction read the tables (UTC, ISO 8601).
@@ -271,6 +275,13 @@ def arrow_type(column_type: types.TypeEngine[Any]) -> pa.DataType:
     raise SnapshotError(f"no Parquet type for the SQL type {column_type!r}")
 
 
+def sql_type_name(column_type: types.TypeEngine[Any]) -> str:
+    """A column's SQL type as a manifest records it: as SQLAlchemy renders it, but ``UUID`` for a
+    UUID column, which a dialect without one stores as ``CHAR(32)`` (its values are text in the
+    Parquet file either way; a reader that upcasts them gives ``uuid.UUID`` values)."""
+    return "UUID" if isinstance(column_type, types.Uuid) else str(column_type)
+
+
 def _arrow_value(value: Any) -> Any:
     if isinstance(value, uuid.UUID):
         return str(value)
@@ -385,7 +396,7 @@ def write_snapshot(
                             file,
                             count,
                             digest,
-                            tuple((c.name, str(c.type)) for c in table.columns),
+                            tuple((c.name, sql_type_name(c.type)) for c in table.columns),
                         )
                     )
                     say(f"{table.name}: {count} rows")
@@ -437,6 +448,28 @@ def write_snapshot(
 # --- reading ---------------------------------------------------------------------------------------
 
 
+def entity_file(
+    manifest: SnapshotManifest, info: EntityInfo, where: str = "the snapshot"
+) -> SnapshotFile | None:
+    """The file of an entity's rows: the table the manifest records for the entity (a model may
+    have moved to another table since), else the model's table; None when the snapshot has no
+    such table.
+
+    Raises:
+        SnapshotError: the manifest records the entity on a table it has no file for.
+    """
+    recorded = manifest.entities.get(info.name)
+    if recorded is None or "table" not in recorded:
+        return manifest.table(info.model.__table__.name)
+    entry = manifest.table(str(recorded["table"]))
+    if entry is None:
+        raise SnapshotError(
+            f"{where}: the manifest records {info.name} on table {recorded['table']}, but lists no file "
+            "of that table"
+        )
+    return entry
+
+
 def stored_rows(
     manifest: SnapshotManifest, info: EntityInfo, where: str = "the snapshot"
 ) -> StoredRows | None:
@@ -452,20 +485,26 @@ def stored_rows(
     name as its attribute, and the model's key attributes with the chain's renames undone.
 
     Raises:
-        SnapshotError: the entity is at a newer schema version than the model, or its entry
-            names columns the file does not have, or a key attribute it does not store.
+        SnapshotError: the entity's schema version is not an integer of at least 1, or newer than
+            the model's; its entry names a table without a file, columns the file does not have,
+            or a key attribute it does not store.
     """
     recorded = manifest.entities.get(info.name)
     if recorded is None:
         return None
-    version = int(recorded.get("schema_version", 1))
+    raw_version = recorded.get("schema_version", 1)
+    if type(raw_version) is not int or raw_version < 1:
+        raise SnapshotError(
+            f"{where}: the manifest gives {info.name} the schema version {raw_version!r}, not an integer "
+            "of at least 1"
+        )
+    version = raw_version
     if version > info.schema_version:
         raise SnapshotError(
             f"{where}: {info.name} is at schema version {version} in the snapshot, newer than the "
             f"application's model ({info.schema_version}): read it with the release of the newer model"
         )
-    table = str(recorded.get("table", info.model.__table__.name))
-    entry = manifest.table(table)
+    entry = entity_file(manifest, info, where)
     if entry is None:
         return None
     stored = [name for name, _ in entry.columns]
@@ -491,11 +530,26 @@ def stored_rows(
     names = {a for a, _ in attributes}
     unknown_key = [k for k in key if k not in names]
     if absent or unknown_key:
+        problems = []
+        if absent:
+            problems.append(f"the manifest names columns {absent} that the file {entry.file} does not have")
+        if unknown_key:
+            problems.append(
+                f"the key {list(key)} names attributes {unknown_key} that the file does not store"
+            )
         raise SnapshotError(
-            f"{where}: {info.name} at schema version {version}: the file {entry.file} has no columns "
-            f"{absent}, and no attributes {unknown_key} of the key {list(key)} (its columns: {stored})"
+            f"{where}: {info.name} at schema version {version}: {'; '.join(problems)} (its columns: {stored})"
         )
-    return StoredRows(info.schema, version, attributes, key, info.attributes)
+    uuids = tuple(name for name, sql_type in entry.columns if sql_type.upper() == "UUID")
+    return StoredRows(info.schema, version, attributes, key, info.attributes, uuids)
+
+
+def describe_stored(upcast: StoredRows) -> str:
+    """``upcast from schema version N``, or ``read by the snapshot's columns`` when only the
+    attributes' columns differ (for the progress lines)."""
+    if upcast.version == upcast.chain.version:
+        return "its attributes read from the snapshot's columns"
+    return f"upcast from schema version {upcast.version}"
 
 
 def check_stored_rows(
@@ -510,7 +564,7 @@ def check_stored_rows(
     """
     import pyarrow.parquet as pq
 
-    entry = manifest.table(str(manifest.entities[info.name].get("table", info.model.__table__.name)))
+    entry = entity_file(manifest, info, location)
     if entry is None or entry.rows == 0:
         return
     filesystem, root = open_location(location)
@@ -632,16 +686,31 @@ def load_snapshot(
 
     Raises:
         SnapshotError: the snapshot does not verify, a table of the application is missing from it
-            or has other columns, the database is not empty (without ``replace``), or an entity's
-            schema version in the snapshot is newer than the application's model.
+            or has other columns (other than an entity's rows that an older model wrote), the
+            database is not empty (without ``replace``), an entity's schema version in the snapshot
+            is newer than the application's model, or an older model's row does not upcast to the
+            model's attributes (docs/design/spark.md "Snapshots of an older model").
     """
     say = progress or (lambda _: None)
     manifest = verify_snapshot(location)
     older: dict[str, tuple[StoredRows, EntityInfo]] = {}
+    # Each entity table's file: the table the manifest records for the entity (a model may have
+    # moved to another table since it was written).
+    files: dict[str, SnapshotFile] = {}
     for info in app.entities or ():
+        table_name = info.model.__table__.name
+        entry = entity_file(manifest, info, location)
+        if entry is not None:
+            files[table_name] = entry
         upcast = stored_rows(manifest, info, location)
         if upcast is not None:
-            older[info.model.__table__.name] = (upcast, info)
+            if table_name in older:
+                raise SnapshotError(
+                    f"{location}: the entities {older[table_name][1].name} and {info.name} share table "
+                    f"{table_name} and are both stored by an older model: load it with the release that "
+                    "wrote it, then migrate"
+                )
+            older[table_name] = (upcast, info)
     engine = db_url if isinstance(db_url, Engine) else create_framework_engine(db_url)
     try:
         app.prepare(engine)
@@ -654,7 +723,7 @@ def load_snapshot(
                     if conn.execute(select(*table.primary_key.columns).limit(1)).first() is not None:
                         raise SnapshotError(f"table {table.name} is not empty; load with replace")
             for table in app.tables:
-                entry = manifest.table(table.name)
+                entry = files.get(table.name) or manifest.table(table.name)
                 if entry is None:
                     raise SnapshotError(f"{location}: the snapshot has no table {table.name}")
                 conn.execute(delete(table))
@@ -664,7 +733,7 @@ def load_snapshot(
                     count = _insert_rows(
                         conn, table, upcast_rows(_rows(location, entry), upcast, info, where)
                     )
-                    say(f"{table.name}: {count} rows, upcast from schema version {upcast.version}")
+                    say(f"{table.name}: {count} rows, {describe_stored(upcast)}")
                     continue
                 names = [c.name for c in table.columns]
                 if entry.columns and [n for n, _ in entry.columns] != names:
@@ -982,14 +1051,14 @@ def snapshot_entity_rows(
     try:
         for info in app.entities or ():
             table: Table = info.model.__table__
-            entry = manifest.table(table.name)
+            entry = entity_file(manifest, info, location)
             if entry is None or entry.rows == 0:
                 continue
             rows = read_snapshot_file(spark, location, entry.file)
             upcast = stored_rows(manifest, info, location)
             if upcast is not None:
                 # An older model's columns: every row is upcast, so every row is replayed.
-                frames.append(rows_as_changes(rows, info, upcast=upcast))
+                frames.append(rows_as_changes(rows, info, upcast=upcast, where=f"{location}: {entry.file}"))
                 continue
             if replays_every_row(entry.rows, tail_transactions):
                 frames.append(rows_as_changes(rows, info))
@@ -1048,7 +1117,7 @@ def snapshot_entity_rows(
 
 
 def rows_as_changes(
-    rows: Any, info: EntityInfo, *, python: bool = False, upcast: StoredRows | None = None
+    rows: Any, info: EntityInfo, *, python: bool = False, upcast: StoredRows | None = None, where: str = ""
 ) -> Any:
     """Snapshot rows of one entity as ``insert`` row changes at partition and transaction -1
     (docs/design/spark.md "Snapshots").
@@ -1061,7 +1130,7 @@ def rows_as_changes(
         upcast: the rows are an older model's (:func:`stored_rows`): each is upcast to the
             model's attributes in a Python function before it is rendered (docs/design/spark.md
             "Snapshots of an older model"); an upcaster's failure fails the Spark job with the
-            :class:`~waltz.jdbc_style.upcasting.UpcastError`.
+            :class:`~waltz.jdbc_style.upcasting.UpcastError`, prefixed with ``where`` (the file).
 
     Returns:
         A DataFrame of :data:`~waltz.spark.decoders.CHANGES_SCHEMA`.
@@ -1126,11 +1195,20 @@ def rows_as_changes(
 
     if upcast is not None:
         stored = [c for _, c in upcast.attributes]
+        # Spark gives a timestamp with a time zone as a naive datetime in the worker's local time;
+        # the upcasters get it as pyarrow (the load) and the log give it: aware, in UTC.
+        zoned = frozenset(f.name for f in rows.schema.fields if f.dataType.typeName() == "timestamp")
 
         def upcast_change(row: Any) -> tuple[Any, ...]:
-            values = {
-                a: render_value(v) for a, v in upcast.upcast(dict(zip(stored, row, strict=True))).items()
+            stored_row = {
+                c: (v.astimezone(dt.UTC) if c in zoned and isinstance(v, dt.datetime) else v)
+                for c, v in zip(stored, row, strict=True)
             }
+            try:
+                upcast_values = upcast.upcast(stored_row)
+            except UpcastError as exc:
+                raise UpcastError(f"{where}: {exc}") from exc
+            values = {a: render_value(v) for a, v in upcast_values.items()}
             key_values = {k: values[k] for k in key_names}
             key = json.dumps(key_values, sort_keys=True, separators=(",", ":"))
             return (0, 0, entity, "insert", key, key_values, values, None, None)
