@@ -706,7 +706,7 @@ class Rolling(DeclarativeBase):
 
 class RenameOnItsOldColumn(Rolling):
     """Version 2 of ``evo_rename`` as the release between the two migrations has it: ``amount``
-    kept on the column ``value`` (docs/sql.md "Changing a model", "Rolling it out")."""
+    kept on the column ``value`` (docs/sql.md "Changing a model")."""
 
     __tablename__ = "evo_rename_rolling"
     __waltz__ = WaltzEntity("evo_rename", schema_version=2, upcasters=[RenameAttribute(1, "value", "amount")])

@@ -150,6 +150,7 @@ def test_rebuild_and_drift_check_on_a_standalone_cluster(
                     process.wait()
         output = log_path.read_text()
         assert returncode == 1, output
+        assert "[Stage " not in output, "Spark drew its progress bars into a log file"
         assert "live database read over JDBC in one exported snapshot" in output, output
         assert "DRIFT  ledger_checking: 0 missing, 0 extra, 1 different" in output, output
         assert "different: {'custid': 2}" in output, output

@@ -30,6 +30,15 @@ def test_the_demo_passes_its_checks_under_faults(
     assert [c.name for c in result.checks if not c.passed] == []
     assert len(result.faults) == 4, report  # two kills, two restarts
     assert result.stats.committed > 100, report
+    # Every draw is a transaction or a balance read; the run's own closings and payments are named.
+    ran = re.search(
+        r"ran (\d+) transactions \((\d+) of them the run's own account closings and payments to closed "
+        r"accounts\) and (\d+) balance reads",
+        report,
+    )
+    assert ran is not None, report
+    submitted, added, reads = (int(x) for x in ran.groups())
+    assert added > 0 and submitted + reads == options.transactions + added, report
     # The ledger's releases 2 and 3 rolled out while the mix ran, release 4 once it was over.
     assert [e for e in result.deploys if e.endswith("every instance runs it")] == [
         "release 2: every instance runs it",

@@ -9,6 +9,7 @@ that does not upcast to the current models (``--check``); 2 the rebuild could no
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -282,7 +283,11 @@ def rebuild_command(
             if url is not None:
                 require_reachable(url, option)
         say(f"starting Spark ({master})")
-        spark = spark_session(master, app_name=f"waltz-rebuild-{app}", quiet_start=True)
+        # Spark's stage bars redraw one line with carriage returns: in a terminal only, not in a
+        # log file or a pipe, where each redraw would be a line of its own.
+        spark = spark_session(
+            master, app_name=f"waltz-rebuild-{app}", quiet_start=True, console_progress=sys.stderr.isatty()
+        )
         if check:
             from waltz.spark.schema_check import check_log
 

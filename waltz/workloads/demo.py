@@ -330,8 +330,13 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 faults.finish()
             if split is not None:
                 split.finish()
+            added = (
+                f" ({stats.added} of them the run's own account closings and payments to closed accounts)"
+                if stats.added
+                else ""
+            )
             say(
-                f"ran {stats.submitted} transactions and {stats.balances_read} balance reads in "
+                f"ran {stats.submitted} transactions{added} and {stats.balances_read} balance reads in "
                 f"{stats.seconds:.1f}s: {stats.committed} committed "
                 f"({stats.transactions_per_second:,.0f}/s), "
                 f"{stats.dropped} dropped by the rules, {stats.lock_failures} lock failures retried"

@@ -117,6 +117,8 @@ class SmallBankStats:
 
     Attributes:
         submitted: log transactions submitted (Balance reads are not).
+        added: of those, the run's own besides the mix's draws: the account closings halfway
+            through and the payments to closed accounts three quarters through.
         committed: of those, committed (their future gave a transaction ID).
         dropped: dropped by the rules (their future gave None); ``drop_reasons`` says why, with
             numbers replaced by ``N``.
@@ -135,6 +137,7 @@ class SmallBankStats:
     """
 
     submitted: int = 0
+    added: int = 0
     committed: int = 0
     dropped: int = 0
     balances_read: int = 0
@@ -411,6 +414,8 @@ class SmallBankWorkload:
         for custid in self._random.sample(pool, min(self.config.deactivate, len(pool))):
             service = self._service(custid)
             self.closed.append(custid)
+            with self._lock:
+                self.stats.added += 1
             self._submit(service, service.close_account(custid))
 
     def _pay_closed_accounts(self) -> None:
@@ -422,6 +427,8 @@ class SmallBankWorkload:
                 if payer == custid:
                     continue
                 service = self._service(payer)
+                with self._lock:
+                    self.stats.added += 1
                 self._submit(service, service.send_payment(payer, custid, 100), "send_payment")
 
     def _one(self, name: str, scheduled: float | None = None) -> None:
