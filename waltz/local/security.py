@@ -12,7 +12,9 @@ cluster.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -243,9 +245,15 @@ class ClusterSecurity:
 
 
 def _waltz_command() -> str:
-    """How a shell runs the ``waltz`` command: ``waltz`` when it is on the PATH, else the script
-    beside this interpreter (``.../.venv/bin/waltz``, a virtual environment not activated)."""
-    if shutil.which("waltz") is not None:
-        return "waltz"
+    """How a shell runs this installation's ``waltz`` command: ``waltz`` when the PATH finds the
+    script beside this interpreter, else that script's path (``.../.venv/bin/waltz``: a virtual
+    environment not activated, or another installation's ``waltz`` first on the PATH)."""
     beside = Path(sys.executable).parent / "waltz"
-    return str(beside) if beside.exists() else "waltz"
+    found = shutil.which("waltz")
+    if not beside.exists():
+        return "waltz"
+    if found is not None:
+        with contextlib.suppress(OSError):
+            if os.path.samefile(found, beside):
+                return "waltz"
+    return str(beside)
