@@ -630,8 +630,10 @@ def test_a_snapshot_of_the_older_models_is_upcast_by_the_rebuild(
 def test_a_snapshot_of_the_older_models_loads_upcast_and_the_log_goes_on_from_it(
     evolution_log: Log, older_snapshots: OlderSnapshots, tmp_path: Path, form: str
 ) -> None:
-    from waltz.spark.snapshot import load_snapshot
+    from waltz.spark.snapshot import check_snapshot, load_snapshot
 
+    checked = check_snapshot(str(getattr(older_snapshots, form)), VIEWS_V2)
+    assert "evo_scale: 4 rows, upcast from schema version 1" in checked, checked
     url = f"sqlite:///{tmp_path / 'loaded.db'}"
     lines: list[str] = []
     load_snapshot(str(getattr(older_snapshots, form)), VIEWS_V2, url, progress=lines.append)
@@ -669,10 +671,13 @@ def test_a_snapshot_whose_rows_the_upcasters_cannot_make_the_model_s_is_refused_
     raw = json.loads((location / MANIFEST_NAME).read_text())
     raw["entities"]["evo_scale"]["attributes"] = {"id": "id", "cost": "price"}
     (location / MANIFEST_NAME).write_text(json.dumps(raw))
+    from waltz.spark.snapshot import check_snapshot
+
     url = f"sqlite:///{tmp_path / 'refused.db'}"
-    with pytest.raises(
-        SnapshotError, match=r"evo_scale\.parquet: .*lacks the model's attributes \['price'\]"
-    ):
+    refusal = r"evo_scale\.parquet: .*lacks the model's attributes \['price'\]"
+    with pytest.raises(SnapshotError, match=refusal):
+        check_snapshot(str(location), VIEWS_V2)
+    with pytest.raises(SnapshotError, match=refusal):
         load_snapshot(str(location), VIEWS_V2, url)
     assert all(not _table(url, model) for model in MODELS_V2.values())
     rebuilt = f"sqlite:///{tmp_path / 'rebuilt.db'}"

@@ -449,6 +449,28 @@ def test_show_and_verify_describe_the_snapshot(history: History) -> None:
     assert {t["table"] for t in manifest["tables"]} == {t.name for t in LEDGER_VIEWS.tables}
     assert all(len(t["sha256"]) == 64 for t in manifest["tables"])
     assert runner.invoke(waltz_app, ["snapshot", "verify", str(history.snapshot)]).exit_code == 0
+    checked = runner.invoke(
+        waltz_app, ["snapshot", "verify", str(history.snapshot), "--app", "waltz_examples.ledger"]
+    )
+    assert checked.exit_code == 0, checked.output
+    assert "OK: the models of waltz_examples.ledger read it:" in checked.output, checked.output
+    for table in LEDGER_VIEWS.tables:
+        assert f"  {table.name}: " in checked.output, checked.output
+
+
+def test_verify_with_the_app_refuses_what_the_load_would_refuse(damaged: Path) -> None:
+    """A table on other columns than the application's: the files match their manifest, but the
+    current release could not load the snapshot, and verify --app says so before a restore."""
+    manifest_path = damaged / MANIFEST_NAME
+    manifest = json.loads(manifest_path.read_text())
+    table = next(t for t in manifest["tables"] if t["table"] == "ledger_applied_transactions")
+    table["columns"] = [c for c in table["columns"] if c[0] != "member"]
+    manifest_path.write_text(json.dumps(manifest))
+    runner = CliRunner()
+    assert runner.invoke(waltz_app, ["snapshot", "verify", str(damaged)]).exit_code == 0
+    refused = runner.invoke(waltz_app, ["snapshot", "verify", str(damaged), "--app", "waltz_examples.ledger"])
+    assert refused.exit_code == 1, refused.output
+    assert "table ledger_applied_transactions has columns" in refused.output, refused.output
 
 
 @pytest.fixture

@@ -119,18 +119,44 @@ def show(location: LocationArgument, json_output: JsonOption = False) -> None:
 
 
 @app.command("verify")
-def verify(location: LocationArgument) -> None:
-    """Check every file of a snapshot against its manifest (SHA-256 and row count); exit 1 if one differs."""
-    from waltz.spark.snapshot import SnapshotError, verify_snapshot
+def verify(
+    location: LocationArgument,
+    app_module: Annotated[
+        str | None,
+        typer.Option(
+            "--app",
+            help="Also check that this application's current models read the snapshot as `waltz "
+            "snapshot load` does: every table present, every row an older model wrote upcast by the "
+            "models' upcasters, the other tables on the application's columns.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Check every file of a snapshot against its manifest (SHA-256 and row count); exit 1 if one differs.
 
+    With --app, also check that the application's current release can load it or rebuild from
+    it, before a restore needs it: exit 1 naming the table, file or row it would refuse.
+    """
+    from waltz.spark.snapshot import SnapshotError, check_snapshot, verify_snapshot
+
+    views = None
+    if app_module is not None:
+        from waltz.cli.rebuild import load_app
+
+        views = load_app(app_module)
     try:
         manifest = verify_snapshot(location)
+        lines = check_snapshot(location, views, manifest) if views is not None else []
     except SnapshotError as exc:
         typer.echo(f"FAILED: {exc}", err=True)
         raise typer.Exit(1) from exc
     except WaltzError as exc:
         raise _fail(exc) from exc
     typer.echo(f"OK: {len(manifest.tables) + 1} files match the manifest")
+    if views is not None:
+        typer.echo(f"OK: the models of {app_module} read it:")
+        for line in lines:
+            typer.echo(f"  {line}")
 
 
 @app.command("load")

@@ -59,6 +59,7 @@ __all__ = [
     "SnapshotFile",
     "SnapshotManifest",
     "SnapshotSeed",
+    "check_snapshot",
     "check_stored_rows",
     "describe_stored",
     "entity_file",
@@ -573,6 +574,43 @@ def check_stored_rows(
     rows = [] if first is None else first.to_pylist()
     for _ in upcast_rows(iter(rows), upcast, info, f"{location}: {entry.file}"):
         pass
+
+
+def check_snapshot(location: str, app: AppViews, manifest: SnapshotManifest | None = None) -> list[str]:
+    """Whether the application's current models read a verified snapshot as ``load_snapshot``
+    does (docs/design/spark.md "Snapshots of an older model"): each table is in it; an entity
+    file of an older model (or on other columns) upcasts, every row of it; any other file has the
+    table's columns. Reads every row of the older models' files, nothing of the others.
+
+    Returns:
+        One line per table: its rows, and how they are read.
+
+    Raises:
+        SnapshotError: what the load would refuse (naming the table, the file or the row).
+    """
+    manifest = manifest if manifest is not None else verify_snapshot(location)
+    entities = {info.model.__table__.name: info for info in app.entities or ()}
+    lines = []
+    for table in app.tables:
+        info = entities.get(table.name)
+        entry = entity_file(manifest, info, location) if info is not None else manifest.table(table.name)
+        if entry is None:
+            raise SnapshotError(f"{location}: the snapshot has no table {table.name}")
+        upcast = stored_rows(manifest, info, location) if info is not None else None
+        if upcast is not None and info is not None:
+            where = f"{location}: {entry.file}"
+            count = sum(1 for _ in upcast_rows(_rows(location, entry), upcast, info, where))
+            lines.append(f"{table.name}: {count} rows, {describe_stored(upcast)}")
+            continue
+        names = [c.name for c in table.columns]
+        if entry.columns and [n for n, _ in entry.columns] != names:
+            raise SnapshotError(
+                f"{location}: table {table.name} has columns {[n for n, _ in entry.columns]} in the "
+                f"snapshot and {names} in the application; load it with the application's version "
+                "that wrote it, then migrate"
+            )
+        lines.append(f"{table.name}: {entry.rows} rows, the application's columns")
+    return lines
 
 
 def upcast_rows(
