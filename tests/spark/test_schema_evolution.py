@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
+import os
 import shutil
 import uuid
 from collections.abc import Iterator, Sequence
@@ -907,3 +908,22 @@ def test_the_upcasters_get_a_snapshot_s_values_as_the_log_gives_them_in_the_load
     assert {int(r["key_values"]["id"]): dict(r["values"]) for r in replayed} == {
         i: {k: render_value(v) for k, v in row.items()} for i, row in expected.items()
     }
+
+
+def test_a_spark_timestamp_is_taken_as_the_local_time_it_is_given_in() -> None:
+    """A Python UDF gets a ``timestamp`` as a naive datetime in the process's local time: the
+    upcasters get the instant it stands for, in UTC, whatever the machine's zone (here New York)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import datetime as dt, time; time.tzset(); "
+        "from waltz.spark.snapshot import spark_timestamp_as_utc as f; "
+        "print(f(dt.datetime(2026, 3, 1, 18, 30)).isoformat(), f(None), f(7))"
+    )
+    env = {**os.environ, "TZ": "America/New_York"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2026-03-01T23:30:00+00:00", "None", "7"]

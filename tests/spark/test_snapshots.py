@@ -716,3 +716,19 @@ def test_a_snapshot_row_replayed_is_the_row_that_passes_through(spark: Any, tmp_
     passed = rows.select(*[F.col(c.name).cast(spark_type(c.type)).alias(c.name) for c in table.columns])
     assert sorted(replayed.collect()) == sorted(passed.collect())
     assert passed.count() == 3
+
+
+def test_a_uuid_column_of_text_attributes_stays_text() -> None:
+    """Only a UUID column whose attribute holds ``uuid.UUID`` values is recorded as ``UUID`` (its
+    text upcast to ``uuid.UUID``, as the log carries it); one of ``as_uuid=False`` keeps its text,
+    and a ``uuid.UUID`` an upcaster gives it is written back as text."""
+    import uuid
+
+    from sqlalchemy import Uuid
+
+    assert snapshot_module.sql_type_name(Uuid()) == "UUID"
+    assert snapshot_module.sql_type_name(Uuid(as_uuid=False)) == str(Uuid(as_uuid=False))
+    value = uuid.uuid4()
+    assert snapshot_module._python_value(Uuid(as_uuid=False), value) == str(value)
+    assert snapshot_module._python_value(Uuid(as_uuid=False), str(value)) == str(value)
+    assert snapshot_module._python_value(Uuid(), str(value)) == value

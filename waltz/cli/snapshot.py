@@ -134,8 +134,9 @@ def verify(
 ) -> None:
     """Check every file of a snapshot against its manifest (SHA-256 and row count); exit 1 if one differs.
 
-    With --app, also check that the application's current release can load it or rebuild from
-    it, before a restore needs it: exit 1 naming the table, file or row it would refuse.
+    With --app, also check that the application's current release loads it, as `waltz snapshot
+    load` checks it (without a database: values are not held to its types or constraints),
+    before a restore needs it: exit 1 naming the table, file or row the load would refuse.
     """
     from waltz.spark.snapshot import SnapshotError, check_snapshot, verify_snapshot
 

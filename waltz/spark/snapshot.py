@@ -278,9 +278,10 @@ def arrow_type(column_type: types.TypeEngine[Any]) -> pa.DataType:
 
 def sql_type_name(column_type: types.TypeEngine[Any]) -> str:
     """A column's SQL type as a manifest records it: as SQLAlchemy renders it, but ``UUID`` for a
-    UUID column, which a dialect without one stores as ``CHAR(32)`` (its values are text in the
-    Parquet file either way; a reader that upcasts them gives ``uuid.UUID`` values)."""
-    return "UUID" if isinstance(column_type, types.Uuid) else str(column_type)
+    UUID column whose attribute holds ``uuid.UUID`` values (``as_uuid``), which a dialect without
+    one stores as ``CHAR(32)``: its values are text in the Parquet file either way, and a reader
+    that upcasts them gives the upcasters ``uuid.UUID`` values, as the log does."""
+    return "UUID" if isinstance(column_type, types.Uuid) and column_type.as_uuid else str(column_type)
 
 
 def _arrow_value(value: Any) -> Any:
@@ -546,8 +547,8 @@ def stored_rows(
 
 
 def describe_stored(upcast: StoredRows) -> str:
-    """``upcast from schema version N``, or ``read by the snapshot's columns`` when only the
-    attributes' columns differ (for the progress lines)."""
+    """``upcast from schema version N``, or ``its attributes read from the snapshot's columns``
+    when only the attributes' columns differ (for the progress lines)."""
     if upcast.version == upcast.chain.version:
         return "its attributes read from the snapshot's columns"
     return f"upcast from schema version {upcast.version}"
@@ -577,10 +578,11 @@ def check_stored_rows(
 
 
 def check_snapshot(location: str, app: AppViews, manifest: SnapshotManifest | None = None) -> list[str]:
-    """Whether the application's current models read a verified snapshot as ``load_snapshot``
-    does (docs/design/spark.md "Snapshots of an older model"): each table is in it; an entity
-    file of an older model (or on other columns) upcasts, every row of it; any other file has the
-    table's columns. Reads every row of the older models' files, nothing of the others.
+    """Whether the application's current models load a verified snapshot, checked as
+    ``load_snapshot`` checks it, without a database (docs/design/spark.md "Snapshots of an older
+    model"): each table is in it; an entity file of an older model (or on other columns) upcasts,
+    every row of it; any other file has the table's columns. Reads every row of the older models'
+    files, nothing of the others. The values are not held to the database's types or constraints.
 
     Returns:
         One line per table: its rows, and how they are read.
@@ -589,28 +591,81 @@ def check_snapshot(location: str, app: AppViews, manifest: SnapshotManifest | No
         SnapshotError: what the load would refuse (naming the table, the file or the row).
     """
     manifest = manifest if manifest is not None else verify_snapshot(location)
-    entities = {info.model.__table__.name: info for info in app.entities or ()}
     lines = []
-    for table in app.tables:
-        info = entities.get(table.name)
-        entry = entity_file(manifest, info, location) if info is not None else manifest.table(table.name)
+    for table_name, plan in _table_plans(location, manifest, app).items():
+        entry = plan.entry
         if entry is None:
-            raise SnapshotError(f"{location}: the snapshot has no table {table.name}")
-        upcast = stored_rows(manifest, info, location) if info is not None else None
-        if upcast is not None and info is not None:
+            raise SnapshotError(f"{location}: the snapshot has no table {table_name}")
+        if plan.upcast is not None and plan.info is not None:
             where = f"{location}: {entry.file}"
-            count = sum(1 for _ in upcast_rows(_rows(location, entry), upcast, info, where))
-            lines.append(f"{table.name}: {count} rows, {describe_stored(upcast)}")
+            count = sum(1 for _ in upcast_rows(_rows(location, entry), plan.upcast, plan.info, where))
+            lines.append(f"{table_name}: {count} rows, {describe_stored(plan.upcast)}")
             continue
-        names = [c.name for c in table.columns]
-        if entry.columns and [n for n, _ in entry.columns] != names:
-            raise SnapshotError(
-                f"{location}: table {table.name} has columns {[n for n, _ in entry.columns]} in the "
-                f"snapshot and {names} in the application; load it with the application's version "
-                "that wrote it, then migrate"
-            )
-        lines.append(f"{table.name}: {entry.rows} rows, the application's columns")
+        table = next(t for t in app.tables if t.name == table_name)
+        _check_columns(location, table, entry)
+        lines.append(f"{table_name}: {entry.rows} rows, the application's columns")
     return lines
+
+
+@dataclass(frozen=True, slots=True)
+class _TablePlan:
+    """How the load reads one application table from a snapshot: its file (None: missing), and
+    for an older model's entity rows how they upcast."""
+
+    entry: SnapshotFile | None
+    upcast: StoredRows | None = None
+    info: EntityInfo | None = None
+
+
+def _table_plans(location: str, manifest: SnapshotManifest, app: AppViews) -> dict[str, _TablePlan]:
+    """Per table of ``app.tables``, in order: how ``load_snapshot`` and ``check_snapshot`` read it.
+    An entity's file is the one of the table its manifest entry records (a model may have moved to
+    another table since it was written).
+
+    Raises:
+        SnapshotError: as :func:`stored_rows`, or two entities on one table both stored by an
+            older model.
+    """
+    entries: dict[str, SnapshotFile] = {}
+    older: dict[str, tuple[StoredRows, EntityInfo]] = {}
+    for info in app.entities or ():
+        table_name = info.model.__table__.name
+        entry = entity_file(manifest, info, location)
+        if entry is not None:
+            entries.setdefault(table_name, entry)
+        upcast = stored_rows(manifest, info, location)
+        if upcast is None:
+            continue
+        if table_name in older:
+            raise SnapshotError(
+                f"{location}: the entities {older[table_name][1].name} and {info.name} share table "
+                f"{table_name} and are both stored by an older model: load it with the release that "
+                "wrote it, then migrate"
+            )
+        older[table_name] = (upcast, info)
+        if entry is not None:
+            entries[table_name] = entry
+    plans = {}
+    for table in app.tables:
+        entry = entries.get(table.name) or manifest.table(table.name)
+        upcast, info = older.get(table.name, (None, None))
+        plans[table.name] = _TablePlan(entry, upcast, info)
+    return plans
+
+
+def _check_columns(location: str, table: Table, entry: SnapshotFile) -> None:
+    """A file read as it is must have the table's columns.
+
+    Raises:
+        SnapshotError: it has others.
+    """
+    names = [c.name for c in table.columns]
+    if entry.columns and [n for n, _ in entry.columns] != names:
+        raise SnapshotError(
+            f"{location}: table {table.name} has columns {[n for n, _ in entry.columns]} in the "
+            f"snapshot and {names} in the application; load it with the application's version "
+            "that wrote it, then migrate"
+        )
 
 
 def upcast_rows(
@@ -695,6 +750,8 @@ def _python_value(column_type: types.TypeEngine[Any], value: Any) -> Any:
         return None
     if isinstance(column_type, types.Uuid) and isinstance(value, str):
         return uuid.UUID(value) if column_type.as_uuid else value
+    if isinstance(column_type, types.Uuid) and isinstance(value, uuid.UUID) and not column_type.as_uuid:
+        return str(value)
     if isinstance(column_type, types.DateTime) and isinstance(value, dt.datetime):
         return value if column_type.timezone else value.replace(tzinfo=None)
     if isinstance(column_type, types.Numeric) and not isinstance(column_type, types.Float):
@@ -731,24 +788,7 @@ def load_snapshot(
     """
     say = progress or (lambda _: None)
     manifest = verify_snapshot(location)
-    older: dict[str, tuple[StoredRows, EntityInfo]] = {}
-    # Each entity table's file: the table the manifest records for the entity (a model may have
-    # moved to another table since it was written).
-    files: dict[str, SnapshotFile] = {}
-    for info in app.entities or ():
-        table_name = info.model.__table__.name
-        entry = entity_file(manifest, info, location)
-        if entry is not None:
-            files[table_name] = entry
-        upcast = stored_rows(manifest, info, location)
-        if upcast is not None:
-            if table_name in older:
-                raise SnapshotError(
-                    f"{location}: the entities {older[table_name][1].name} and {info.name} share table "
-                    f"{table_name} and are both stored by an older model: load it with the release that "
-                    "wrote it, then migrate"
-                )
-            older[table_name] = (upcast, info)
+    plans = _table_plans(location, manifest, app)
     engine = db_url if isinstance(db_url, Engine) else create_framework_engine(db_url)
     try:
         app.prepare(engine)
@@ -761,25 +801,18 @@ def load_snapshot(
                     if conn.execute(select(*table.primary_key.columns).limit(1)).first() is not None:
                         raise SnapshotError(f"table {table.name} is not empty; load with replace")
             for table in app.tables:
-                entry = files.get(table.name) or manifest.table(table.name)
+                plan = plans[table.name]
+                entry = plan.entry
                 if entry is None:
                     raise SnapshotError(f"{location}: the snapshot has no table {table.name}")
                 conn.execute(delete(table))
-                if table.name in older:
-                    upcast, info = older[table.name]
+                if plan.upcast is not None and plan.info is not None:
                     where = f"{location}: {entry.file}"
-                    count = _insert_rows(
-                        conn, table, upcast_rows(_rows(location, entry), upcast, info, where)
-                    )
-                    say(f"{table.name}: {count} rows, {describe_stored(upcast)}")
+                    rows = upcast_rows(_rows(location, entry), plan.upcast, plan.info, where)
+                    count = _insert_rows(conn, table, rows)
+                    say(f"{table.name}: {count} rows, {describe_stored(plan.upcast)}")
                     continue
-                names = [c.name for c in table.columns]
-                if entry.columns and [n for n, _ in entry.columns] != names:
-                    raise SnapshotError(
-                        f"{location}: table {table.name} has columns {[n for n, _ in entry.columns]} in the "
-                        f"snapshot and {names} in the application; load it with the application's version "
-                        "that wrote it, then migrate"
-                    )
+                _check_columns(location, table, entry)
                 count = _insert_rows(conn, table, _rows(location, entry))
                 say(f"{table.name}: {count} rows")
             conn.execute(delete(idempotency_keys).where(idempotency_keys.c.cluster_name == name))
@@ -1154,6 +1187,14 @@ def snapshot_entity_rows(
     return SnapshotEntityRows(result, untouched, tuple(cached))
 
 
+def spark_timestamp_as_utc(value: Any) -> Any:
+    """A value of a Spark ``timestamp`` column as a Python UDF gets it (a naive datetime in the
+    process's local time) as the aware UTC datetime it stands for; any other value as it is."""
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC)  # a naive datetime is taken as local time
+    return value
+
+
 def rows_as_changes(
     rows: Any, info: EntityInfo, *, python: bool = False, upcast: StoredRows | None = None, where: str = ""
 ) -> Any:
@@ -1239,13 +1280,12 @@ def rows_as_changes(
 
         def upcast_change(row: Any) -> tuple[Any, ...]:
             stored_row = {
-                c: (v.astimezone(dt.UTC) if c in zoned and isinstance(v, dt.datetime) else v)
-                for c, v in zip(stored, row, strict=True)
+                c: (spark_timestamp_as_utc(v) if c in zoned else v) for c, v in zip(stored, row, strict=True)
             }
             try:
                 upcast_values = upcast.upcast(stored_row)
             except UpcastError as exc:
-                raise UpcastError(f"{where}: {exc}") from exc
+                raise UpcastError(f"{where}: {exc}" if where else str(exc)) from exc
             values = {a: render_value(v) for a, v in upcast_values.items()}
             key_values = {k: values[k] for k in key_names}
             key = json.dumps(key_values, sort_keys=True, separators=(",", ":"))

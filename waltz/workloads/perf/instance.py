@@ -57,6 +57,7 @@ def stats_to_wire(stats: SmallBankStats) -> dict[str, Any]:
     """A workload's figures as a picklable dict (its histograms encoded; ``InstanceFigures.from_wire``)."""
     return {
         "submitted": stats.submitted,
+        "added": stats.added,
         "committed": stats.committed,
         "dropped": stats.dropped,
         "balances_read": stats.balances_read,

@@ -62,6 +62,7 @@ class InstanceFigures:
         """The figures of an instance process's message (its histograms decoded)."""
         stats = SmallBankStats(
             submitted=int(wire["submitted"]),
+            added=int(wire.get("added", 0)),
             committed=int(wire["committed"]),
             dropped=int(wire["dropped"]),
             balances_read=int(wire["balances_read"]),
@@ -155,6 +156,7 @@ class SmallBankPerfReport:
         for figures in self.instances:
             stats = figures.stats
             total.submitted += stats.submitted
+            total.added += stats.added
             total.committed += stats.committed
             total.dropped += stats.dropped
             total.balances_read += stats.balances_read
@@ -217,18 +219,19 @@ class SmallBankPerfReport:
     def summary(self) -> dict[str, Any]:
         """The figures as one JSON-ready dict.
 
-        Keys: ``seconds`` (the common window), ``committed_per_second``, ``draws``,
-        ``submitted``, ``committed``, ``dropped``, ``drop_reasons`` (reason with numbers as
+        Keys: ``seconds`` (the common window), ``committed_per_second``, ``draws``, ``submitted``,
+        ``added`` (of those, the instances' own account closings and payments to closed accounts,
+        beside the draws), ``committed``, ``dropped``, ``drop_reasons`` (reason with numbers as
         ``N`` -> count), ``balances_read``, ``lock_failures``, ``lock_failures_per_committed``,
         ``entity_cache`` (``hits``, ``misses``), ``batches`` (``batches``, ``members``,
         ``lingered``: log transactions of several SmallBank transactions, those they carried, and
-        log transactions that waited for the batch linger), ``errors`` (a
-        count), ``error_samples``, ``unapplied``, ``latency_ms``
-        (``submit_to_commit`` and ``submit_to_applied``: ``p50``, ``p90``, ``p99``, ``p99.9``,
-        ``max``, ``mean`` in ms, None when empty, and ``count``), ``cpu_us_per_transaction``,
-        ``client_stage_ms``, ``per_instance`` (:meth:`InstanceFigures.summary` each),
-        ``checks`` (``name``, ``passed``, ``detail``), ``passed``, ``database``, ``settings``,
-        ``partitions``, ``warnings``, ``server_lock_failures`` (None: not read).
+        log transactions that waited for the batch linger), ``errors`` (a count), ``error_samples``,
+        ``unapplied``, ``latency_ms`` (``submit_to_commit`` and ``submit_to_applied``: ``p50``,
+        ``p90``, ``p99``, ``p99.9``, ``max``, ``mean`` in ms, None when empty, and ``count``),
+        ``cpu_us_per_transaction``, ``client_stage_ms``, ``per_instance``
+        (:meth:`InstanceFigures.summary` each), ``checks`` (``name``, ``passed``, ``detail``),
+        ``passed``, ``database``, ``settings``, ``partitions``, ``warnings``,
+        ``server_lock_failures`` (None: not read).
         """
         total = self.total
         return {
@@ -236,6 +239,7 @@ class SmallBankPerfReport:
             "committed_per_second": round(total.transactions_per_second, 1),
             "draws": sum(f.draws for f in self.instances),
             "submitted": total.submitted,
+            "added": total.added,
             "committed": total.committed,
             "dropped": total.dropped,
             "drop_reasons": dict(total.drop_reasons.most_common()),
