@@ -1272,38 +1272,36 @@ def rows_as_changes(
         "key_values MAP<STRING, STRING>, `values` MAP<STRING, STRING>, meta STRING, idempotency_key STRING"
     )
 
+    values_of: Callable[[Any], Mapping[str, Any]]
     if upcast is not None:
-        stored = [c for _, c in upcast.attributes]
+        read = [c for _, c in upcast.attributes]
         # Spark gives a timestamp with a time zone as a naive datetime in the worker's local time;
         # the upcasters get it as pyarrow (the load) and the log give it: aware, in UTC.
         zoned = frozenset(f.name for f in rows.schema.fields if f.dataType.typeName() == "timestamp")
 
-        def upcast_change(row: Any) -> tuple[Any, ...]:
-            stored_row = {
-                c: (spark_timestamp_as_utc(v) if c in zoned else v) for c, v in zip(stored, row, strict=True)
+        def values_of(row: Any) -> Mapping[str, Any]:
+            stored = {
+                c: (spark_timestamp_as_utc(v) if c in zoned else v) for c, v in zip(read, row, strict=True)
             }
             try:
-                upcast_values = upcast.upcast(stored_row)
+                return upcast.upcast(stored)
             except UpcastError as exc:
                 raise UpcastError(f"{where}: {exc}" if where else str(exc)) from exc
-            values = {a: render_value(v) for a, v in upcast_values.items()}
-            key_values = {k: values[k] for k in key_names}
-            key = json.dumps(key_values, sort_keys=True, separators=(",", ":"))
-            return (0, 0, entity, "insert", key, key_values, values, None, None)
 
-        udf = F.udf(upcast_change, f"STRUCT<{struct}>", useArrow=False)
-        return rows.select(*position, udf(F.struct(*[F.col(c) for c in stored])).alias("c")).select(
-            "partition_id", "transaction_id", "header", "c.*"
-        )
+    else:
+        read = columns
+
+        def values_of(row: Any) -> Mapping[str, Any]:
+            return dict(zip(attributes, row, strict=True))
 
     def change(row: Any) -> tuple[Any, ...]:
-        values = {a: render_value(v) for a, v in zip(attributes, row, strict=True)}
+        values = {a: render_value(v) for a, v in values_of(row).items()}
         key_values = {k: values[k] for k in key_names}
         key = json.dumps(key_values, sort_keys=True, separators=(",", ":"))
         return (0, 0, entity, "insert", key, key_values, values, None, None)
 
     udf = F.udf(change, f"STRUCT<{struct}>", useArrow=False)
-    return rows.select(*position, udf(F.struct(*[F.col(c) for c in columns])).alias("c")).select(
+    return rows.select(*position, udf(F.struct(*[F.col(c) for c in read])).alias("c")).select(
         "partition_id", "transaction_id", "header", "c.*"
     )
 
