@@ -927,3 +927,31 @@ def test_a_spark_timestamp_is_taken_as_the_local_time_it_is_given_in() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2026-03-01T23:30:00+00:00", "None", "7"]
+
+
+def test_an_entity_whose_table_the_snapshot_does_not_hold_has_no_rows_in_it(tmp_path: Path) -> None:
+    """The application declares an entity whose table is not among its views' tables: the
+    manifest records it, no file holds it, and the snapshot still loads and checks."""
+    from sqlalchemy import insert
+
+    from waltz.spark.snapshot import check_snapshot, load_snapshot, read_manifest, write_snapshot
+
+    table = RenameV2.__table__  # type: ignore[attr-defined]
+    views = dataclasses.replace(VIEWS_V2, tables=[table], entities=EntityRegistry([RenameV2, AddV2]))
+    source = create_framework_engine(f"sqlite:///{tmp_path / 'source.db'}")
+    try:
+        upgrade(source)
+        table.create(source)
+        with source.begin() as conn:
+            conn.execute(insert(table), [{"id": i, "amount": i} for i in (1, 2)])
+        write_snapshot(views, source, str(tmp_path / "snapshot"))
+    finally:
+        source.dispose()
+    manifest = read_manifest(str(tmp_path / "snapshot"))
+    assert manifest.entities["evo_add"]["table"] == "evo_add" and manifest.table("evo_add") is None
+    assert check_snapshot(str(tmp_path / "snapshot"), views) == [
+        "evo_rename: 2 rows, the application's columns"
+    ]
+    url = f"sqlite:///{tmp_path / 'loaded.db'}"
+    load_snapshot(str(tmp_path / "snapshot"), views, url)
+    assert _table(url, RenameV2) == {i: {"id": i, "amount": i} for i in (1, 2)}

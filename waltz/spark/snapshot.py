@@ -450,26 +450,17 @@ def write_snapshot(
 # --- reading ---------------------------------------------------------------------------------------
 
 
-def entity_file(
-    manifest: SnapshotManifest, info: EntityInfo, where: str = "the snapshot"
-) -> SnapshotFile | None:
+def entity_file(manifest: SnapshotManifest, info: EntityInfo) -> SnapshotFile | None:
     """The file of an entity's rows: the table the manifest records for the entity (a model may
     have moved to another table since), else the model's table; None when the snapshot has no
-    such table.
-
-    Raises:
-        SnapshotError: the manifest records the entity on a table it has no file for.
-    """
+    such file (an entity whose table was not among the application's tables when the snapshot was
+    written has none: a snapshot holds ``AppViews.tables`` only)."""
     recorded = manifest.entities.get(info.name)
-    if recorded is None or "table" not in recorded:
-        return manifest.table(info.model.__table__.name)
-    entry = manifest.table(str(recorded["table"]))
-    if entry is None:
-        raise SnapshotError(
-            f"{where}: the manifest records {info.name} on table {recorded['table']}, but lists no file "
-            "of that table"
-        )
-    return entry
+    if recorded is not None and "table" in recorded:
+        entry = manifest.table(str(recorded["table"]))
+        if entry is not None:
+            return entry
+    return manifest.table(info.model.__table__.name)
 
 
 def stored_rows(
@@ -506,7 +497,7 @@ def stored_rows(
             f"{where}: {info.name} is at schema version {version} in the snapshot, newer than the "
             f"application's model ({info.schema_version}): read it with the release of the newer model"
         )
-    entry = entity_file(manifest, info, where)
+    entry = entity_file(manifest, info)
     if entry is None:
         return None
     stored = [name for name, _ in entry.columns]
@@ -566,7 +557,7 @@ def check_stored_rows(
     """
     import pyarrow.parquet as pq
 
-    entry = entity_file(manifest, info, location)
+    entry = entity_file(manifest, info)
     if entry is None or entry.rows == 0:
         return
     filesystem, root = open_location(location)
@@ -630,7 +621,7 @@ def _table_plans(location: str, manifest: SnapshotManifest, app: AppViews) -> di
     older: dict[str, tuple[StoredRows, EntityInfo]] = {}
     for info in app.entities or ():
         table_name = info.model.__table__.name
-        entry = entity_file(manifest, info, location)
+        entry = entity_file(manifest, info)
         if entry is not None:
             entries.setdefault(table_name, entry)
         upcast = stored_rows(manifest, info, location)
@@ -1122,7 +1113,7 @@ def snapshot_entity_rows(
     try:
         for info in app.entities or ():
             table: Table = info.model.__table__
-            entry = entity_file(manifest, info, location)
+            entry = entity_file(manifest, info)
             if entry is None or entry.rows == 0:
                 continue
             rows = read_snapshot_file(spark, location, entry.file)
