@@ -191,7 +191,7 @@ class Watermark:
             if not ready:
                 return
             self._waiters = [w for w in self._waiters if w.target > value]
-        coroutines = []
+        futures = []
         for waiter in ready:
             waiter.done = True
             if waiter.event is not None:
@@ -202,8 +202,8 @@ class Watermark:
                 except Exception:
                     log.exception("a callback waiting for mark %d raised", waiter.target)
             elif waiter.loop is not None and waiter.future is not None:
-                coroutines.append((waiter.loop, waiter.future))
-        wake_on_their_loops(coroutines)
+                futures.append((waiter.loop, waiter.future))
+        wake_on_their_loops(futures)
 
     def close(self, error: Callable[[], BaseException]) -> None:
         """Nothing will advance the mark any more (its client closed): every thread and coroutine

@@ -15,14 +15,16 @@ before it is used.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import functools
+import itertools
 import json
 import logging
 import posixpath
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -423,7 +425,7 @@ def write_snapshot(
             entities[info.name] = {
                 "schema_version": info.schema_version,
                 "table": info.model.__table__.name,
-                "attributes": {a: c.name for a, c in zip(info.attributes, info.columns, strict=True)},
+                "attributes": _attribute_columns(info),
                 "key": list(info.key),
             }
     manifest = SnapshotManifest(
@@ -502,11 +504,10 @@ def stored_rows(
         return None
     stored = [name for name, _ in entry.columns]
     raw_attributes = recorded.get("attributes")
-    model = tuple((a, c.name) for a, c in zip(info.attributes, info.columns, strict=True))
     if version == info.schema_version and (
         not isinstance(raw_attributes, Mapping)
         or set(raw_attributes) != set(info.attributes)
-        or dict(model) == dict(raw_attributes)
+        or _attribute_columns(info) == dict(raw_attributes)
     ):
         return None  # read by the model's own columns
     if isinstance(raw_attributes, Mapping):
@@ -555,17 +556,13 @@ def check_stored_rows(
     Raises:
         SnapshotError: a row does not upcast (naming the file and the upcaster's error).
     """
-    import pyarrow.parquet as pq
-
     entry = entity_file(manifest, info)
     if entry is None or entry.rows == 0:
         return
-    filesystem, root = open_location(location)
-    with filesystem.open_input_file(posixpath.join(root, entry.file)) as stream:
-        first = next(pq.ParquetFile(stream).iter_batches(batch_size=CHECKED_ROWS), None)
-    rows = [] if first is None else first.to_pylist()
-    for _ in upcast_rows(iter(rows), upcast, info, f"{location}: {entry.file}"):
-        pass
+    with contextlib.closing(_rows(location, entry, CHECKED_ROWS)) as rows:
+        first = itertools.islice(rows, CHECKED_ROWS)
+        for _ in upcast_rows(first, upcast, info, f"{location}: {entry.file}"):
+            pass
 
 
 def check_snapshot(location: str, app: AppViews, manifest: SnapshotManifest | None = None) -> list[str]:
@@ -644,19 +641,28 @@ def _table_plans(location: str, manifest: SnapshotManifest, app: AppViews) -> di
     return plans
 
 
-def _check_columns(location: str, table: Table, entry: SnapshotFile) -> None:
+def _check_columns(
+    location: str,
+    table: Table,
+    entry: SnapshotFile,
+    advice: str = "load it with the application's version that wrote it, then migrate",
+) -> None:
     """A file read as it is must have the table's columns.
 
     Raises:
-        SnapshotError: it has others.
+        SnapshotError: it has others (the message ends with ``advice``).
     """
     names = [c.name for c in table.columns]
     if entry.columns and [n for n, _ in entry.columns] != names:
         raise SnapshotError(
             f"{location}: table {table.name} has columns {[n for n, _ in entry.columns]} in the "
-            f"snapshot and {names} in the application; load it with the application's version "
-            "that wrote it, then migrate"
+            f"snapshot and {names} in the application; {advice}"
         )
+
+
+def _attribute_columns(info: EntityInfo) -> dict[str, str]:
+    """The model's attribute -> column name, in the model's order (a manifest's ``attributes``)."""
+    return {a: c.name for a, c in zip(info.attributes, info.columns, strict=True)}
 
 
 def upcast_rows(
@@ -667,7 +673,7 @@ def upcast_rows(
     Raises:
         SnapshotError: a row does not upcast (naming the file and the upcaster's error).
     """
-    column_of = {a: c.name for a, c in zip(info.attributes, info.columns, strict=True)}
+    column_of = _attribute_columns(info)
     for row in rows:
         try:
             values = upcast.upcast(row)
@@ -726,13 +732,15 @@ def verify_snapshot(location: str, manifest: SnapshotManifest | None = None) -> 
     return manifest
 
 
-def _rows(location: str, entry: SnapshotFile) -> Iterator[dict[str, Any]]:
+def _rows(
+    location: str, entry: SnapshotFile, batch_rows: int = BATCH_ROWS
+) -> Generator[dict[str, Any], None, None]:
     import pyarrow.parquet as pq
 
     filesystem, root = open_location(location)
     with filesystem.open_input_file(posixpath.join(root, entry.file)) as stream:
         parquet = pq.ParquetFile(stream)
-        for batch in parquet.iter_batches(batch_size=BATCH_ROWS):
+        for batch in parquet.iter_batches(batch_size=batch_rows):
             yield from batch.to_pylist()
 
 
@@ -869,12 +877,7 @@ class SnapshotSeed:
             SnapshotError: the file's columns are not the table's.
             sqlalchemy.exc.DBAPIError, psycopg.Error: the database refused a row.
         """
-        names = [c.name for c in table.columns]
-        if self.entry.columns and [n for n, _ in self.entry.columns] != names:
-            raise SnapshotError(
-                f"{self.location}: table {table.name} has columns {[n for n, _ in self.entry.columns]} in "
-                f"the snapshot and {names} in the application; rebuild from the log alone"
-            )
+        _check_columns(self.location, table, self.entry, "rebuild from the log alone")
         driver = conn.connection.driver_connection
         if conn.dialect.name == "postgresql" and hasattr(driver, "cursor") and hasattr(driver, "pgconn"):
             if all(_csv_native(c.type) for c in table.columns):
@@ -1125,8 +1128,7 @@ def snapshot_entity_rows(
             if replays_every_row(entry.rows, tail_transactions):
                 frames.append(rows_as_changes(rows, info))
                 continue
-            by_column = {prop.columns[0].name: prop.key for prop in info.mapper.column_attrs}
-            column_of = {attribute: name for name, attribute in by_column.items()}
+            column_of = _attribute_columns(info)
             if not cached:
                 # The joins and the union with the snapshot's rows all read the changes after the
                 # marks: cached before the first join's rows are persisted, or those would read
