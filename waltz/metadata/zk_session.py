@@ -138,6 +138,29 @@ def make_kazoo_client(
         raise ConfigurationError(f"bad ZooKeeper connect string {connect_string!r}: {exc}") from exc
 
 
+class _QuietWhileStarting(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """kazoo's own logger, its warnings held back (at DEBUG) until the first connection.
+
+    While :func:`connect_zookeeper` waits, kazoo logs a warning at every refused or dropped
+    attempt (eight or more lines in 20 s for a wrong port); the error raised at the end says
+    what failed, with the cause of the last of them. Once connected, kazoo's warnings (a connection dropped,
+    a session expired) go out as before, on the ``kazoo.client`` logger.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger("kazoo.client"), {})
+        self.starting = True
+        self.last_warning = ""
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        if self.starting and level == logging.WARNING:
+            if args:  # "Connection dropped: %s", "Cannot resolve %s: %s": the ones with a cause
+                with contextlib.suppress(TypeError, ValueError):
+                    self.last_warning = str(msg) % args
+            level = logging.DEBUG
+        super().log(level, msg, *args, **kwargs)
+
+
 def connect_zookeeper(
     connect_string: str,
     *,
@@ -160,16 +183,21 @@ def connect_zookeeper(
         ZooKeeperUnavailableError: no ZooKeeper server answered within ``connect_timeout``.
         ZooKeeperAuthError: ZooKeeper refused the credential.
     """
-    client = make_kazoo_client(connect_string, security=security, session_timeout=session_timeout, **options)
+    kazoo_log = options.pop("logger", None) or _QuietWhileStarting()
+    client = make_kazoo_client(
+        connect_string, security=security, session_timeout=session_timeout, logger=kazoo_log, **options
+    )
     try:
         client.start(timeout=connect_timeout)
     except KazooTimeoutError:
         client.close()
         tls = " and zookeeper.ssl.* (TLS needs ZooKeeper's secure client port)" if client.use_ssl else ""
+        last = getattr(kazoo_log, "last_warning", "")
         raise ZooKeeperUnavailableError(
-            f"no ZooKeeper server at {connect_string} answered within {connect_timeout:g}s: check "
-            f"--zookeeper (zookeeper.connectString, WALTZ_ZOOKEEPER_CONNECT_STRING){tls} and that "
-            "ZooKeeper runs"
+            f"no ZooKeeper server at {connect_string} answered within {connect_timeout:g}s"
+            + (f" (the last attempt: {last})" if last else "")
+            + f": check --zookeeper (zookeeper.connectString, WALTZ_ZOOKEEPER_CONNECT_STRING){tls} "
+            "and that ZooKeeper runs"
         ) from None
     except AuthFailedError as exc:
         client.stop()
@@ -178,6 +206,9 @@ def connect_zookeeper(
     except ValueError as exc:  # kazoo parses the host list lazily, in start()
         client.close()
         raise ConfigurationError(f"bad ZooKeeper connect string {connect_string!r}: {exc}") from exc
+    finally:
+        if isinstance(kazoo_log, _QuietWhileStarting):
+            kazoo_log.starting = False
     log.debug("connected to ZooKeeper at %s", connect_string)
     return client
 

@@ -1,0 +1,58 @@
+"""Connecting to ZooKeeper with a time limit: what a wrong address says, and kazoo's own warnings
+held back only while the first connection is awaited (docs/design/zookeeper.md)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from waltz.local.processes import free_port
+from waltz.local.zookeeper import LocalZooKeeper
+from waltz.metadata.zk_session import ZooKeeperUnavailableError, connect_zookeeper
+
+
+def _kazoo_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    records = caplog.records
+    return [r.getMessage() for r in records if r.name.startswith("kazoo") and r.levelno >= logging.WARNING]
+
+
+def test_a_port_where_nothing_listens_fails_with_the_cause_and_without_kazoo_s_warnings(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="kazoo")
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ZooKeeperUnavailableError) as raised:
+        connect_zookeeper(address, connect_timeout=2.0)
+    message = str(raised.value)
+    assert f"no ZooKeeper server at {address} answered within 2s" in message
+    assert "Connection refused" in message and "check --zookeeper" in message
+    assert _kazoo_warnings(caplog) == []
+    # the attempts are still there for whoever turns DEBUG on
+    assert any("Connection dropped" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
+
+
+def test_an_unknown_host_names_the_resolution_failure() -> None:
+    with pytest.raises(ZooKeeperUnavailableError, match=r"Cannot resolve no-such-host\.invalid"):
+        connect_zookeeper("no-such-host.invalid:2181", connect_timeout=1.0)
+
+
+def test_once_connected_a_dropped_connection_is_still_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="kazoo")
+    with LocalZooKeeper(data_dir=tmp_path / "zk", tick_time_ms=500) as zookeeper:
+        client = connect_zookeeper(zookeeper.connect_string, connect_timeout=10.0)
+        try:
+            assert _kazoo_warnings(caplog) == []
+            zookeeper.kill()
+            deadline = time.monotonic() + 10.0
+            while not _kazoo_warnings(caplog) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            warnings = _kazoo_warnings(caplog)
+            assert any("Connection dropped" in m or "Transition to CONNECTING" in m for m in warnings)
+        finally:
+            client.stop()
+            client.close()
