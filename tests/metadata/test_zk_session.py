@@ -1,5 +1,5 @@
 """Connecting to ZooKeeper with a time limit: what a wrong address says, and kazoo's own warnings
-held back only while the first connection is awaited (docs/design/zookeeper.md)."""
+held back only while the first connection is awaited (docs/design/zookeeper.md "Connecting")."""
 
 from __future__ import annotations
 
