@@ -59,6 +59,11 @@ def test_the_cluster_comes_from_the_environment_or_a_configuration_file(
     # Replica directories are read offline, whatever the variables say.
     offline = log_source(storage_dirs=[tmp_path / "s0"], replicas=1)
     assert (offline.zookeeper, list(offline.storage_dirs)) == (None, [str(tmp_path / "s0")])
+    assert "archive" not in offline.options()
+    # --archive reaches the data source, offline and live alike.
+    archived = log_source(storage_dirs=[tmp_path / "s0"], replicas=1, archive="s3://bucket/archive")
+    assert archived.options()["archive"] == "s3://bucket/archive"
+    assert log_source(root="/waltz/c2", archive="off").options()["archive"] == "off"
 
 
 def test_a_missing_source_is_named_before_spark_starts() -> None:

@@ -10,6 +10,7 @@ deleting archived ones at once), written by the counter example, archived by the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -180,3 +181,19 @@ def test_a_damaged_chunk_fails_the_read_naming_the_file_and_range(after: Before)
     finally:
         chunk.write_bytes(original)
     assert sum(b.num_rows for b in reader.read(archived)) == archived.last - archived.first + 1
+
+
+def test_an_offline_rebuild_reads_what_retention_deleted_from_the_archive_it_is_given(
+    spark: Any, after: Before, tmp_path: Path
+) -> None:
+    """The storage directories alone no longer hold the log's start: without the archive the
+    read names what is missing and where it is; with it the rebuild equals the live database."""
+    offline = LogSource(storage_dirs=[str(node.directory) for node in after.cluster.storages], replicas=3)
+    with pytest.raises(Exception, match=r"transactions 0\.\.\d+ are in none of the given replica"):
+        rebuild(spark, COUNTER_VIEWS, offline, f"sqlite:///{tmp_path / 'without.db'}", up_to=after.marks)
+    url = f"sqlite:///{tmp_path / 'offline.db'}"
+    with_archive = dataclasses.replace(offline, archive=str(after.location))
+    assert with_archive.options()["archive"] == str(after.location)
+    result = rebuild(spark, COUNTER_VIEWS, with_archive, url, up_to=after.marks)
+    assert dict(result.marks) == after.marks
+    assert _table_rows(url) == _table_rows(after.live_url)

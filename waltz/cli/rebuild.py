@@ -60,6 +60,7 @@ def log_source(
     replicas: int | None = None,
     high_water_marks: dict[int, int] | None = None,
     tls: TlsConfig | None = None,
+    archive: str | None = None,
 ) -> LogSource:
     """Where ``waltz rebuild`` reads the log: the replica directories when given, else the live
     cluster that the options, the ``WALTZ_*`` variables and ``--config`` name, as for every
@@ -73,6 +74,8 @@ def log_source(
         replicas: offline, the replicas per partition.
         high_water_marks: offline, partition -> a mark known committed.
         tls: the storage nodes' admin ports' TLS files given as options, over the settings'.
+        archive: the archive to read the ranges it holds from (offline: what retention deleted
+            from the directories; live: in place of the one ZooKeeper names; ``off``: none).
 
     Raises:
         ConfigurationError: neither source is named, both are, a setting is invalid, or the
@@ -90,7 +93,10 @@ def log_source(
                 "--storage-dir, not both"
             )
         return LogSource(
-            storage_dirs=[str(d) for d in storage_dirs], replicas=replicas, high_water_marks=high_water_marks
+            storage_dirs=[str(d) for d in storage_dirs],
+            replicas=replicas,
+            high_water_marks=high_water_marks,
+            archive=archive,
         )
     settings = load_settings(
         ClusterAdminConfig, config, zookeeper_connect_string=zookeeper, cluster_root=root
@@ -106,7 +112,7 @@ def log_source(
         )
     source = LogSource.live(settings.model_dump())
     return dataclasses.replace(
-        source, replicas=replicas, high_water_marks=high_water_marks, tls=tls or source.tls
+        source, replicas=replicas, high_water_marks=high_water_marks, tls=tls or source.tls, archive=archive
     )
 
 
@@ -164,6 +170,16 @@ def rebuild_command(
         typer.Option(
             metavar="<partition:mark>",
             help="Offline: PARTITION:MARK known committed (you vouch for it); repeatable.",
+        ),
+    ] = None,
+    archive: Annotated[
+        str | None,
+        typer.Option(
+            metavar="<dir or url>",
+            help="The archive (a directory or a URL pyarrow opens: s3://, gs://, hdfs://): the ranges it "
+            "holds are read there. Offline, the only place of what retention deleted from the storage "
+            "directories; live, in place of the archive ZooKeeper names; 'off': the storage nodes only.",
+            show_default=False,
         ),
     ] = None,
     verify_against: Annotated[
@@ -277,6 +293,7 @@ def rebuild_command(
             replicas=replicas,
             high_water_marks=_marks(high_water_mark) if high_water_mark else None,
             tls=TlsConfig(ssl_ca_file, ssl_cert_file, ssl_key_file) if ssl_ca_file or ssl_cert_file else None,
+            archive=archive,
         )
         # Before Spark starts, which takes seconds: a database that cannot work fails at once.
         for option, url in (("--db", db), ("--verify-against", verify_against)):

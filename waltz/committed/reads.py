@@ -252,9 +252,33 @@ def _same(a: Record, b: Record) -> bool:
     return a.req_id == b.req_id and a.header == b.header and a.checksum == b.checksum and a.data == b.data
 
 
+def _local_start(storage_dir: str | Path, partition_id: int) -> int | None:
+    """The first transaction ID a replica directory holds of a partition: its first segment's
+    (docs/design/archive.md, "Terms"); None when it holds no segment of the partition."""
+    paths = sorted((Path(storage_dir) / str(partition_id)).glob("*" + fmt.SEGMENT_SUFFIX))
+    return int(paths[0].stem) if paths else None
+
+
+def _require_on_disk(partition_id: int, first: int, last: int, replicas: list[OfflineReplica]) -> None:
+    """Refuse a range that begins below every given directory's local start: retention deleted it
+    from each of them, and only the archive holds it (docs/design/archive.md, "Reads below the
+    local start")."""
+    starts = [_local_start(r.directory, partition_id) for r in replicas]
+    held = [s for s in starts if s is not None]
+    if first > last or not held or min(held) <= first:
+        return
+    raise CommittedReadError(
+        f"partition {partition_id}: transactions {first}..{min(last, min(held) - 1)} are in none of the "
+        f"given replica directories (their local starts: {', '.join(str(s) for s in held)}; retention "
+        "deleted what the archive holds): give the archive that holds them (waltz rebuild --archive, the "
+        "data source's archive option)"
+    )
+
+
 def _read_offline(partition_id: int, first: int, last: int, source: OfflineSource) -> Iterator[Record]:
     replicas: list[OfflineReplica] = list(source.replicas)
     check_visible([r.directory for r in replicas])
+    _require_on_disk(partition_id, first, last, replicas)
     iterators = [read_directory(r.directory, partition_id, first, last) for r in replicas]
     current: list[Record | None] = [next(it, None) for it in iterators]
     top_session = max(r.session_id for r in replicas)

@@ -58,6 +58,11 @@ class LogSource:
             (``zookeeper_auth_digest_file``, ``zookeeper_ssl_ca_file``, ...; what
             ``LocalCluster.zookeeper_settings()`` holds besides the connect string and root);
             those not given come from the ``WALTZ_ZOOKEEPER_*`` environment.
+        archive: the archive to read the ranges it holds from (a directory or a URL pyarrow
+            opens; the data source's ``archive`` option): offline, the only place of what
+            retention deleted from the directories; live, in place of the one ZooKeeper names;
+            ``"off"``: the storage nodes only. None: offline none, live ZooKeeper's
+            (docs/design/archive.md, "Reads below the local start").
     """
 
     zookeeper: str | None = None
@@ -67,6 +72,7 @@ class LogSource:
     high_water_marks: Mapping[int, int] | None = None
     tls: TlsConfig | None = None
     zookeeper_files: Mapping[str, str | Path] = field(default_factory=dict)
+    archive: str | None = None
 
     @classmethod
     def live(cls, settings: Mapping[str, Any]) -> LogSource:
@@ -130,6 +136,9 @@ class LogSource:
 
     def options(self) -> dict[str, str]:
         """The ``waltz`` data source options of this source."""
+        return self._where() | ({"archive": self.archive} if self.archive else {})
+
+    def _where(self) -> dict[str, str]:
         if self.zookeeper:
             options = {"zookeeper": self.zookeeper, "cluster_root": self.cluster_root or ""}
             if self.tls is not None:
