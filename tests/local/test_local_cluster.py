@@ -213,6 +213,9 @@ def test_a_kept_work_dir_starts_the_same_cluster_again(
 
     with make() as first:
         root, key, storage_port = first.root, first.cluster_key, first.storages[0].port
+        # One cluster runs on a work directory at a time: a second refuses before it starts anything.
+        with pytest.raises(ConfigurationError, match="is in use by a local cluster that runs now"):
+            make().start()
         assert append(first, first.owner(0), 0, 1, b"kept") == 0
     assert zk_client.exists(root) is not None
 

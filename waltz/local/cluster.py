@@ -49,7 +49,9 @@ chaos`` cut hosts apart with :attr:`LocalCluster.network_lab`.
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -204,6 +206,7 @@ class LocalCluster:
             delete_root=zookeeper is not None and (not self._keep if delete_root is None else delete_root)
         )
         self._work_dir = Path(work_dir).resolve() if work_dir is not None else None
+        self._work_dir_fd: int | None = None  # holds the work directory's flock while started
         self._cluster_key: str | None = None
         self._state = "new"
         self.startup_seconds: float | None = None
@@ -483,6 +486,7 @@ class LocalCluster:
                 self._work_dir = Path(tempfile.mkdtemp(prefix="waltz-local-")).resolve()
             private_directory(self._work_dir)
             self._security.check_own(self._work_dir)
+            self._hold_work_dir()
             layout = self._load_layout()
             if layout is not None:
                 self._security.check_resumable(self._work_dir)
@@ -567,7 +571,34 @@ class LocalCluster:
                 self._hosts.close()
             if not self._keep and self._work_dir is not None:
                 shutil.rmtree(self._work_dir, ignore_errors=True)
+            if self._work_dir_fd is not None:
+                os.close(self._work_dir_fd)  # closing the descriptor releases the flock
+                self._work_dir_fd = None
         log.info("local cluster %r closed", self._name)
+
+    def _hold_work_dir(self) -> None:
+        """Take the work directory for this cluster alone: an exclusive ``flock`` on it, held until
+        :meth:`close` or the process's end, and not inherited by the processes it starts
+        (docs/local-cluster.md, "`waltz up`").
+
+        Raises:
+            ConfigurationError: another local cluster (``waltz up``, ``waltz demo`` or a
+                ``LocalCluster``) runs on the directory.
+        """
+        fd = os.open(self.work_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigurationError(
+                f"work directory {self.work_dir} is in use by a local cluster that runs now (`waltz up`, "
+                "`waltz demo` or a LocalCluster of another process): use that cluster (its `export` "
+                "lines), stop it first (Ctrl-C where it runs), or give another work directory"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._work_dir_fd = fd
 
     def __enter__(self) -> Self:
         if self._state == "new":
