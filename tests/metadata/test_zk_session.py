@@ -1,5 +1,6 @@
-"""Connecting to ZooKeeper with a time limit: what a wrong address says, and kazoo's own warnings
-held back only while the first connection is awaited (docs/design/zookeeper.md "Connecting")."""
+"""Connecting to ZooKeeper with a time limit: what a wrong address or a wrong root says, and kazoo's
+own warnings held back only while the first connection is awaited (docs/design/zookeeper.md
+"Connecting")."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+from kazoo.client import KazooClient
 
+from waltz.errors import ClusterNotFoundError
 from waltz.local.processes import free_port
 from waltz.local.zookeeper import LocalZooKeeper
+from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_session import ZooKeeperUnavailableError, connect_zookeeper
 
 
@@ -56,3 +60,17 @@ def test_once_connected_a_dropped_connection_is_still_a_warning(
         finally:
             client.stop()
             client.close()
+
+
+def test_a_root_with_no_cluster_names_the_clusters_beside_it(zk_client: KazooClient, zk_root: str) -> None:
+    """A typo in the root is the usual cause: the error names the roots beside it that hold a
+    cluster, and where the root is set, rather than only suggesting to create one."""
+    zk_client.create(f"{zk_root}/local/cluster", b"{}", makepath=True)
+    with pytest.raises(ClusterNotFoundError) as raised:
+        ClusterZk(zk_client, f"{zk_root}/locl").params()
+    message = str(raised.value)
+    assert f"no cluster under {zk_root}/locl (clusters beside it: {zk_root}/local)" in message
+    assert "--root, WALTZ_CLUSTER_ROOT, cluster.root" in message
+    with pytest.raises(ClusterNotFoundError) as nothing_near:
+        ClusterZk(zk_client, f"{zk_root}/x/y").params()
+    assert f"no cluster under {zk_root}/x/y (no cluster beside it in {zk_root}/x)" in str(nothing_near.value)

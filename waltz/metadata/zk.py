@@ -387,11 +387,30 @@ class ClusterZk:
                 data, stat = self._get(path)
         except NoNodeError:
             if not self.exists():
-                raise ClusterNotFoundError(
-                    f"no cluster under {self.paths.root}: create one with `waltz cluster create`"
-                ) from None
+                raise ClusterNotFoundError(self._not_found()) from None
             raise MetadataError(f"znode {path} is missing") from None
         return data, stat.version
+
+    #: At most this many znodes beside the root are asked whether they hold a cluster.
+    _NEARBY_LIMIT = 20
+
+    def _not_found(self) -> str:
+        """What a missing cluster's error says: the roots of the clusters beside the one given
+        (a typo in the root is the common cause), then where the root is set."""
+        parent = self.paths.root.rsplit("/", 1)[0] or "/"
+        nearby: list[str] = []
+        try:
+            for child in sorted(self.zk.get_children(parent))[: self._NEARBY_LIMIT]:
+                root = f"{parent.rstrip('/')}/{child}"
+                if root != self.paths.root and self.zk.exists(ClusterPaths.of(root).cluster) is not None:
+                    nearby.append(root)
+        except Exception:  # only a hint: a parent we may not read names none
+            nearby = []
+        beside = f"clusters beside it: {', '.join(nearby)}" if nearby else f"no cluster beside it in {parent}"
+        return (
+            f"no cluster under {self.paths.root} ({beside}): check the cluster root (--root, "
+            "WALTZ_CLUSTER_ROOT, cluster.root), or create a cluster there with `waltz cluster create`"
+        )
 
     def _write(self, path: str, value: _Codec, version: int) -> int:
         try:
