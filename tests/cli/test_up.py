@@ -109,4 +109,4 @@ def test_waltz_up_on_an_external_zookeeper_says_so_and_names_an_exited_node_s_lo
             f"warning: server-0 exited; see its log {work / 'logs' / 'server-0.log'} (" in output.read_text()
         )
     said = output.read_text()
-    assert "stopped the servers, the storage nodes; data and logs kept in" in said, said
+    assert "stopped the servers and the storage nodes; data and logs kept in" in said, said

@@ -32,7 +32,7 @@ def test_a_port_where_nothing_listens_fails_with_the_cause_and_without_kazoo_s_w
         connect_zookeeper(address, connect_timeout=2.0)
     message = str(raised.value)
     assert f"no ZooKeeper server at {address} answered within 2s" in message
-    assert "Connection refused" in message and "check --zookeeper" in message
+    assert "Connection refused" in message and "check the ZooKeeper connect string (--zookeeper" in message
     assert _kazoo_warnings(caplog) == []
     # the attempts are still there for whoever turns DEBUG on
     assert any("Connection dropped" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)

@@ -428,7 +428,7 @@ def test_a_loaded_snapshot_lets_a_new_instance_resume_from_its_marks(
     again = runner.invoke(
         waltz_app, ["snapshot", "load", str(history.snapshot), "--app", "waltz_examples.ledger", "--url", url]
     )
-    assert again.exit_code == 2 and "load with replace" in again.output
+    assert again.exit_code == 2 and "waltz snapshot load --replace" in again.output
     service = _ledger(history.cluster, url)
     try:
         for pid, mark in history.marks.items():

@@ -215,8 +215,9 @@ def up(
                 signal.signal(sig, handler)
     if code == 0:
         kept = f"data and logs kept in {work_dir}" if work_dir else "its temporary directory was removed"
-        ours = "" if zookeeper else " and ZooKeeper"
-        typer.echo(f"stopped the servers, the storage nodes{ours}; {kept}")
+        stopped = "the servers and the storage nodes"
+        stopped = stopped if zookeeper else "the servers, the storage nodes and ZooKeeper"
+        typer.echo(f"stopped {stopped}; {kept}")
     raise typer.Exit(code)
 
 

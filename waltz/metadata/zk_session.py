@@ -196,7 +196,8 @@ def connect_zookeeper(
         raise ZooKeeperUnavailableError(
             f"no ZooKeeper server at {connect_string} answered within {connect_timeout:g}s"
             + (f" (the last attempt: {last})" if last else "")
-            + f": check --zookeeper (zookeeper.connectString, WALTZ_ZOOKEEPER_CONNECT_STRING){tls} "
+            + ": check the ZooKeeper connect string (--zookeeper, zookeeper.connectString, "
+            + f"WALTZ_ZOOKEEPER_CONNECT_STRING){tls} "
             "and that ZooKeeper runs"
         ) from None
     except AuthFailedError as exc:

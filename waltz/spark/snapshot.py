@@ -795,10 +795,16 @@ def load_snapshot(
         with engine.begin() as conn:
             if not replace:
                 if HighWaterMarks(name).read_all(conn):
-                    raise SnapshotError(f"the database has marks of {name!r} already; load with replace")
+                    raise SnapshotError(
+                        f"the database has marks of {name!r} already: load into an empty database, or "
+                        "replace its tables and marks (waltz snapshot load --replace; replace=True)"
+                    )
                 for table in app.tables:
                     if conn.execute(select(*table.primary_key.columns).limit(1)).first() is not None:
-                        raise SnapshotError(f"table {table.name} is not empty; load with replace")
+                        raise SnapshotError(
+                            f"table {table.name} is not empty: load into an empty database, or replace "
+                            "its tables and marks (waltz snapshot load --replace; replace=True)"
+                        )
             for table in app.tables:
                 plan = plans[table.name]
                 entry = plan.entry
