@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,10 +22,12 @@ from typing import Any
 import pytest
 import support
 from sqlalchemy import select
+from typer.testing import CliRunner
 
 from waltz.archive.archiver import Archiver, ChunkPolicy
 from waltz.archive.errors import ArchiveCheckError
 from waltz.archive.layout import partition_directory
+from waltz.cli.main import app as waltz_app
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.options import ProcessOptions
@@ -197,3 +201,33 @@ def test_an_offline_rebuild_reads_what_retention_deleted_from_the_archive_it_is_
     result = rebuild(spark, COUNTER_VIEWS, with_archive, url, up_to=after.marks)
     assert dict(result.marks) == after.marks
     assert _table_rows(url) == _table_rows(after.live_url)
+
+
+def test_hold_says_when_retention_deleted_a_damaged_chunk_s_range_from_every_replica(
+    after: Before, tmp_path: Path
+) -> None:
+    """A chunk damaged after retention deleted its range: the next archive run cannot write it
+    again, and ``verify --hold`` says so from the replicas' local starts (it runs last: the hold
+    lowers the module cluster's archived-through, which the archiver then raises again)."""
+    cluster = after.cluster
+    chunk = sorted((after.location / partition_directory(0)).glob("*.parquet"))[0]
+    original = chunk.read_bytes()
+    chunk.write_bytes(original[: len(original) // 2])
+    where = ["--zookeeper", cluster.zookeeper_connect_string, "--root", cluster.root]
+    try:
+        held = CliRunner().invoke(waltz_app, ["archive", "verify", "--hold", *where])
+        assert held.exit_code == 1, held.output
+        assert "held: partition 0 is archived through -1" in held.output, held.output
+        assert re.search(r"NOT IN THE REPLICAS: partition 0 transactions 0\.\.\d+ are damaged", held.output)
+        assert "copy the damaged chunks back from a copy of the archive" in held.output
+        report = json.loads(CliRunner().invoke(waltz_app, ["archive", "verify", "--json", *where]).stdout)
+        assert report["partitions"][0]["lost_from_replicas"] is False  # only --hold reads the replicas
+    finally:
+        chunk.write_bytes(original)
+        zk_client = connect_zookeeper(cluster.zookeeper_connect_string, security=cluster.zookeeper_security)
+        try:
+            (result,) = Archiver(ClusterZk(zk_client, cluster.root), str(after.location), policy=CHUNKS).run()
+        finally:
+            zk_client.stop()
+            zk_client.close()
+    assert result.error is None and result.archived_through == after.marks[0], result

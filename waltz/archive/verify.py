@@ -25,7 +25,7 @@ from waltz.archive.layout import (
     partition_directory,
 )
 from waltz.archive.manifests import PartitionManifest, parse_partition_manifest, read_archive_manifest
-from waltz.archive.replicas import tell_replicas, was_told
+from waltz.archive.replicas import replica_partition_statuses, tell_replicas, was_told
 from waltz.archive.summary import entry_of, record_partition
 from waltz.metadata.values import ArchivedPartition, ArchiveSummary, ClusterParams
 from waltz.metadata.zk import ClusterZk
@@ -84,6 +84,8 @@ class PartitionCheck:
         held_to: the archived-through ``--hold`` set (None: not held).
         hold_untold: replicas (storage connect string -> why) ``--hold`` could not tell: they may
             still delete segments up to what they were told before.
+        local_starts: ``--hold``: each answering replica's local start (storage connect string ->
+            the first transaction on its disk), read after the hold.
     """
 
     partition_id: int
@@ -96,11 +98,23 @@ class PartitionCheck:
     notes: list[str] = field(default_factory=list)
     held_to: int | None = None
     hold_untold: dict[str, str] = field(default_factory=dict)
+    local_starts: dict[str, int] = field(default_factory=dict)
 
     @property
     def good_through(self) -> int:
         """The last transaction of the last good chunk (-1: none)."""
         return -1 if self.good is None else self.good.archived_through
+
+    @property
+    def lost_from_replicas(self) -> bool:
+        """Whether retention deleted the first damaged transaction from every replica that answered
+        (``--hold``): the next ``waltz archive run`` cannot write the damaged chunks again from
+        them, only a copy of the archive can (docs/design/archive.md, "The archiver")."""
+        return (
+            bool(self.problems)
+            and bool(self.local_starts)
+            and min(self.local_starts.values()) > self.good_through + 1
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The partition in ``--json`` output."""
@@ -116,6 +130,8 @@ class PartitionCheck:
             "notes": list(self.notes),
             "held_to": self.held_to,
             "hold_untold": dict(self.hold_untold),
+            "local_starts": dict(self.local_starts),
+            "lost_from_replicas": self.lost_from_replicas,
         }
 
 
@@ -323,3 +339,22 @@ def hold_archived_through(
         )
         check.held_to = good.archived_through
         check.hold_untold = {s: o for s, o in sorted(outcomes.items()) if not was_told(o)}
+    _read_local_starts(cluster, params, report, timeout=timeout, tls=tls)
+
+
+def _read_local_starts(
+    cluster: ClusterZk, params: ClusterParams, report: VerifyReport, *, timeout: float, tls: TlsConfig | None
+) -> None:
+    """Set each damaged partition's ``local_starts`` from its replicas' partition status (one
+    admin call per node); a node that does not answer is left out."""
+    damaged = {c.partition_id: c for c in report.partitions if c.problems}
+    if not damaged:
+        return
+    replicas = cluster.assignments().value
+    for storage, status in replica_partition_statuses(cluster, params, timeout=timeout, tls=tls).items():
+        if isinstance(status, str):
+            continue
+        for entry in status.partitions:
+            check = damaged.get(entry.partition_id)
+            if check is not None and storage in replicas.storages_of(entry.partition_id):
+                check.local_starts[storage] = entry.local_start

@@ -485,6 +485,16 @@ def verify(
                 )
                 for storage, why in check.hold_untold.items():
                     typer.echo(f"  {storage}: {why}")
+            if check.lost_from_replicas:
+                starts = ", ".join(f"{s} {start}" for s, start in sorted(check.local_starts.items()))
+                damaged = f"{check.good_through + 1}..{check.manifest_through}"
+                typer.echo(
+                    f"NOT IN THE REPLICAS: partition {check.partition_id} transactions {damaged} are damaged "
+                    "in the archive and retention deleted them from every replica that answered (local "
+                    f"starts: {starts}): `waltz archive run` cannot write them again; copy the damaged "
+                    "chunks back from a copy of the archive (`waltz archive verify --archive COPY` checks "
+                    "one)"
+                )
         chunks = sum(c.chunks_checked for c in report.partitions)
         records = sum(c.records_checked for c in report.partitions)
         verdict = "OK" if report.passed else "FAILED"
