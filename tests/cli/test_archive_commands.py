@@ -85,6 +85,21 @@ def archived(cluster: LocalCluster, location: Path) -> Result:
     return waltz(cluster, "run", "--to", str(location), "--chunk-transactions", "100", "--seal-after", "0")
 
 
+def test_a_run_once_says_what_it_waits_for_before_the_tail_s_chunk(
+    cluster: LocalCluster, zk: ClusterZk, tmp_path: Path
+) -> None:
+    """The tail of a partition waits --seal-after seconds of quiet: the run says so, and then
+    writes it."""
+    location = tmp_path / "archive"
+    ran = waltz(cluster, "run", "--to", str(location), "--chunk-transactions", "100", "--seal-after", "2")
+    for partition in (0, 1):
+        waits = f"partition {partition}: waiting 2s for transactions 200..{RECORDS - 1} to stay quiet"
+        assert waits in ran.output, ran.output
+        assert f"partition {partition}: chunk written 200..{RECORDS - 1}" in ran.output, ran.output
+    assert ran.output.index("waiting 2s") < ran.output.index(f"chunk written 200..{RECORDS - 1}")
+    assert "(--seal-after 0 writes it now)" in ran.output
+
+
 def zookeeper_through(zk: ClusterZk, partition: int) -> int:
     summary = zk.archive_summary()
     assert summary is not None
@@ -97,6 +112,7 @@ def test_run_then_status_shows_the_archive_the_replicas_and_no_lag(
     location = tmp_path / "archive"
     output = archived(cluster, location).output
     assert f"archiving to {location} (once)" in output
+    assert "waiting" not in output  # --seal-after 0: the tail's chunk at once
     assert "partition 0: chunk written 0..99 (100 records" in output
     assert f"partition 1: archived through {RECORDS - 1}, committed through {RECORDS - 1}" in output
     status: dict[str, Any] = json.loads(waltz(cluster, "status", "--json").stdout)

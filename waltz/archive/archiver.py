@@ -88,6 +88,7 @@ class Step(enum.Enum):
     MANIFEST_WRITTEN = "manifest written"
     SUMMARY_RAISED = "summary raised"
     REPLICAS_TOLD = "replicas told"
+    WAITING_FOR_QUIET = "waiting for quiet"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +100,10 @@ class ArchiveEvent:
         partition_id: the partition.
         first: the first transaction of the chunk concerned.
         last: its last transaction (for ``SUMMARY_RAISED`` and ``REPLICAS_TOLD``: the new
-            archived-through).
-        detail: one line on it (rows, bytes, replicas).
+            archived-through; for ``WAITING_FOR_QUIET``, a run without ``follow`` about to wait for
+            the partition's last transactions to stay quiet, ``first..last`` are those).
+        detail: one line on it (rows, bytes, replicas; for ``WAITING_FOR_QUIET``, the seconds to
+            wait, as text).
     """
 
     step: Step
@@ -267,8 +270,19 @@ class Archiver:
             self._stop = stop
         if not follow:
             results = self.run_round()
-            waiting = [r.seal_at for r in results if r.seal_at is not None and r.error is None]
-            if waiting and not self._stop.wait(max(0.0, max(waiting) - self._clock())):
+            waiting = [r for r in results if r.seal_at is not None and r.error is None]
+            if not waiting:
+                return results
+            now = self._clock()
+            for r in waiting:
+                seconds = max(0.0, (r.seal_at or now) - now)
+                first = r.archived_through + 1
+                self._progress(
+                    ArchiveEvent(
+                        Step.WAITING_FOR_QUIET, r.partition_id, first, r.high_water_mark, f"{seconds:.0f}"
+                    )
+                )
+            if not self._stop.wait(max(0.0, max(r.seal_at or now for r in waiting) - now)):
                 results = self.run_round()
             return results
         results = self._following_round([], interval)

@@ -291,6 +291,11 @@ def _event_line(say: Callable[[str], None], event: ArchiveEvent) -> None:
         say(
             f"partition {event.partition_id}: {event.step.value} {event.first}..{event.last} ({event.detail})"
         )
+    elif event.step is Step.WAITING_FOR_QUIET:
+        say(
+            f"partition {event.partition_id}: waiting {event.detail}s for transactions {event.first}.."
+            f"{event.last} to stay quiet before writing their chunk (--seal-after 0 writes it now)"
+        )
 
 
 def _round_line(result: PartitionRound, seal_after: float) -> str:
