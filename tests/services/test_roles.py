@@ -235,6 +235,14 @@ def test_the_archiver_tells_the_replicas_only_with_the_admin_role(
     status = CliRunner().invoke(app, ["archive", "status", "--json"], env=secured.admin_env("operator"))
     (line,) = json.loads(status.stdout)["partitions"]
     assert line["replicas_not_told"] == [] and line["replicas"][0]["archived_through"] == through
+    assert status.exit_code == 0, status.output
+    # Without the TLS files the node does not answer: named once, with why, and the status fails.
+    operator_env = secured.admin_env("operator")
+    plaintext = {k: v for k, v in operator_env.items() if not k.startswith("WALTZ_CLUSTER_SSL")}
+    blind = CliRunner().invoke(app, ["archive", "status", "--timeout", "2"], env=plaintext)
+    assert blind.exit_code == 1, blind.output
+    assert blind.output.count(f"storage node {node} did not answer: ") == 1, blind.output
+    assert f"  {node}: did not answer (above)" in blind.output and "committed through unknown" in blind.output
 
     # verify --hold of a damaged chunk: the operator's certificate lowers ZooKeeper only, and says so.
     (chunk,) = (tmp_path / "archive" / "partition_id=0").glob("*.parquet")

@@ -192,13 +192,16 @@ def archive_status(
             else:
                 line.first, line.archived_through = manifest.start, manifest.archived_through
                 line.chunks, line.size_bytes = len(manifest.chunks), manifest.size_bytes
-        try:
-            (plan,) = plan_live_on(cluster, [pid], timeout=timeout, tls=tls)
-            line.high_water_mark = plan.high_water_mark
-        except CommittedReadError:
-            line.high_water_mark = None
         for storage in assignments.storages_of(pid):
             line.replicas.append(_replica_range(storage, pid, statuses.get(storage)))
+        if any(r.error is None for r in line.replicas):
+            try:
+                (plan,) = plan_live_on(cluster, [pid], timeout=timeout, tls=tls)
+                line.high_water_mark = plan.high_water_mark
+            except CommittedReadError:
+                line.high_water_mark = None
+        # else: no replica answered its status, and none would answer the plan's reads (each
+        # would wait out the timeout again): the high-water mark stays unknown.
         report.partitions.append(line)
     return report
 

@@ -354,6 +354,10 @@ def status(
     replica's local start and last transaction from its admin port (a node that does not report its
     local start shows 0); the lag is the committed high-water mark minus the archived-through. A
     replica told another archived-through than ZooKeeper's is flagged (the next run tells it).
+    A storage node that does not answer is named once, with why.
+
+    Exit codes: 0 every replica answered; 1 a storage node did not answer (what it holds is
+    unknown); 2 the command could not run.
     """
     from waltz.archive.status import archive_status
 
@@ -364,10 +368,15 @@ def status(
         report = archive_status(
             admin.cluster, files, partitions, timeout=admin.storage_timeout, tls=admin.tls
         )
+    silent = {r.storage: r.error for line in report.partitions for r in line.replicas if r.error is not None}
     if json_output:
         echo_json(report.to_json())
+        if silent:
+            raise typer.Exit(1)
         return
     typer.echo(f"archive: {report.location or '(none yet: waltz archive run --to LOCATION starts one)'}")
+    for storage, error in sorted(silent.items()):
+        typer.echo(f"storage node {storage} did not answer: {error}")
     for line in report.partitions:
         if line.manifest_error is not None:
             held = f"manifest unreadable: {line.manifest_error}"
@@ -385,7 +394,7 @@ def status(
         not_told = line.replicas_not_told
         for replica in line.replicas:
             if replica.error is not None:
-                typer.echo(f"  {replica.storage}: {replica.error}")
+                typer.echo(f"  {replica.storage}: did not answer (above)")
                 continue
             told = (
                 f"  {replica.storage}: local {replica.local_start}..{replica.max_transaction_id}, "
@@ -403,6 +412,8 @@ def status(
             "the archive does not follow a split yet (their records stay on the storage nodes, which "
             "delete archived segments only; a restore from the archive would not hold them)"
         )
+    if silent:
+        raise typer.Exit(1)
 
 
 @app.command("verify")
