@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import support
 from typer.testing import CliRunner
 
 from waltz.local.processes import free_port
@@ -192,3 +198,48 @@ def test_the_demo_with_a_split_in_the_middle_passes_its_checks_on_every_partitio
     rebuilt = passed("Spark rebuild from the log equals the live database")
     assert re.search(r"at marks \{0: \d+, 1: \d+, 2: \d+, 3: \d+\}$", rebuilt), rebuilt
     assert passed("money conserved")
+
+
+def test_ctrl_c_while_a_release_rolls_out_stops_everything_and_says_so(tmp_path: Path) -> None:
+    """SIGINT in the middle of the mix, while a release rolls out (a retire waits for requests the
+    interrupted run will never resolve): the demo stops its instances and cluster, says so in one
+    line, and exits 130, with no traceback and no process left behind."""
+    work = tmp_path / "work"
+    # Python keeps SIGINT ignored when its parent ignored it (a background job of a script): the
+    # demo's process is given Python's own handler back, as an interactive shell would.
+    start = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"sys.argv = ['waltz', 'demo', '--no-spark', '--work-dir', {str(work)!r}]; "
+        "runpy.run_module('waltz', run_name='__main__')"
+    )
+    command = [sys.executable, "-c", start]
+    demo = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert demo.stdout is not None
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 180
+        for line in demo.stdout:
+            seen.append(line.rstrip())
+            if "migrating, then one instance at a time" in line or time.monotonic() > deadline:
+                break
+        assert any("migrating, then one instance at a time" in s for s in seen), "\n".join(seen)
+        time.sleep(0.5)  # the roll under way: its first instance started, the old one retiring
+        started = support.descendants(demo.pid)  # ZooKeeper, storage nodes, servers
+        assert any("waltz.services" in c for c in started.values()), started
+        demo.send_signal(signal.SIGINT)
+        rest, _ = demo.communicate(timeout=90)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    output = "\n".join(seen) + "\n" + rest
+    assert demo.returncode == 130, output
+    assert f"interrupted: the demo's cluster was stopped; its work directory was kept in {work}" in output
+    assert "Traceback" not in output, output
+    assert not {p: c for p, c in started.items() if support.pid_is_alive(p)}, started

@@ -194,4 +194,8 @@ def demo(
     except (OSError, TimeoutError, ConfigurationError, UnusableDatabaseError) as exc:
         typer.echo(f"the demo could not run: {exc}", err=True)
         raise typer.Exit(2) from exc
+    except KeyboardInterrupt:
+        kept = f"kept in {work_dir}" if work_dir is not None else "removed"
+        typer.echo(f"\ninterrupted: the demo's cluster was stopped; its work directory was {kept}", err=True)
+        raise typer.Exit(130) from None
     raise typer.Exit(0 if passed else 1)

@@ -127,6 +127,7 @@ class _Faults:
         self.events: list[str] = []
         self._timers: list[threading.Timer] = []
         self._lock = threading.Lock()
+        self._cancelled = False
 
     def progress(self, n: int) -> None:
         with self._lock:
@@ -148,7 +149,15 @@ class _Faults:
         self._later(3.0, lambda: self._restart(f"server {index}", lambda: self.cluster.restart_server(index)))
 
     def _restart(self, what: str, restart: Callable[[], None]) -> None:
-        restart()
+        if self._cancelled:
+            return
+        try:
+            restart()
+        except Exception as exc:
+            if self._cancelled:  # the run was interrupted: the cluster stopped under the restart
+                return
+            self._note(f"restarting {what} FAILED: {exc}")  # the checks then fail, naming the losses
+            return
         self._note(f"restarted {what}")
 
     def _note(self, event: str) -> None:
@@ -164,6 +173,13 @@ class _Faults:
     def finish(self) -> None:
         for timer in self._timers:
             timer.join(30)
+
+    def cancel(self) -> None:
+        """The run was interrupted: no restart starts any more, and one under way stops quietly
+        when the cluster stops under it."""
+        self._cancelled = True
+        for timer in self._timers:
+            timer.cancel()
 
 
 class _Split:
@@ -288,12 +304,12 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
             else:
                 # ``batch`` only when asked: an application written before batching takes no such argument.
                 batching: dict[str, Any] = {"batch": True} if options.batch else {}
-                services = [
-                    app.instance(
-                        db_url, config, cluster_name=app.name, sweep_interval=SWEEP_INTERVAL, **batching
+                for _ in range(options.instances):  # one by one: interrupted, those started are closed
+                    services.append(
+                        app.instance(
+                            db_url, config, cluster_name=app.name, sweep_interval=SWEEP_INTERVAL, **batching
+                        )
                     )
-                    for _ in range(options.instances)
-                ]
             workload = SmallBankWorkload(
                 services,
                 SmallBankConfig(accounts=options.accounts, seed=options.seed, in_flight=options.in_flight),
@@ -324,6 +340,10 @@ def run_demo(options: DemoOptions, say: Say, progress: Progress) -> DemoResult:
                 if rollout is not None:
                     rollout.join()
                 workload.wait_applied(60)  # the submit->applied latencies of the last ones
+            except BaseException:
+                if faults is not None:
+                    faults.cancel()  # Ctrl-C: the cluster stops next, under any restart under way
+                raise
             finally:
                 workload.close()
             if faults is not None:

@@ -105,7 +105,9 @@ class Rollout:
 
     def start_first(self) -> list[SmallBankInstance]:
         """Start the instances on the first release (after :meth:`prepare_first`)."""
-        self.instances = [self._start(self._first.number) for _ in range(self._count)]
+        self.instances = []
+        for _ in range(self._count):  # one by one: interrupted, :meth:`close` closes those started
+            self.instances.append(self._start(self._first.number))
         self._note(f"{self._count} instances start on release {self._first.number}")
         return list(self.instances)
 
@@ -150,9 +152,13 @@ class Rollout:
         workload = self.workload
         for index, old in enumerate(list(self.instances)):
             new = self._start(release.number)
-            if workload is not None:
-                workload.add(new)  # before the old one leaves: the rotation is never empty
-                workload.retire(old, STEP_TIMEOUT)
+            try:
+                if workload is not None:
+                    workload.add(new)  # before the old one leaves: the rotation is never empty
+                    workload.retire(old, STEP_TIMEOUT)
+            except BaseException:
+                new.close()  # not yet among self.instances, which close() closes
+                raise
             self._retire(old)
             self.instances[index] = new
         self._note(f"release {release.number}: every instance runs it")

@@ -185,6 +185,7 @@ class SmallBankWorkload:
         self._slots = threading.BoundedSemaphore(self.config.in_flight)
         self._lock = threading.Lock()
         self._applied_changed = threading.Condition(self._lock)
+        self._closed = False  # set by close(): a retire still waiting gives up
         self._applied_pending = 0  # committed transactions whose apply this workload still awaits
         # Per instance (by id): requests given to it and not yet over (resolved, and applied
         # when committed); an instance is retired once it has none.
@@ -206,8 +207,12 @@ class SmallBankWorkload:
         )
 
     def close(self) -> None:
-        """Stop the submitter threads (after :meth:`drain`)."""
+        """Stop the submitter threads (after :meth:`drain`); a :meth:`retire` still waiting (the
+        run was interrupted, with requests it will never resolve) raises."""
         self._submitters.shutdown(wait=True)
+        with self._applied_changed:
+            self._closed = True
+            self._applied_changed.notify_all()
 
     # --- choosing ----------------------------------------------------------------------------------
 
@@ -266,6 +271,7 @@ class SmallBankWorkload:
         Raises:
             ValueError: it is not in the rotation, or it is the last one there.
             TimeoutError: its requests are not over after ``timeout`` seconds.
+            RuntimeError: the workload was closed meanwhile.
         """
         deadline = time.monotonic() + timeout
         with self._applied_changed:
@@ -275,6 +281,8 @@ class SmallBankWorkload:
                 raise ValueError("the workload's last instance cannot be retired: add its successor first")
             self.services = [s for s in self.services if s is not service]
             while self._outstanding[id(service)] > 0:
+                if self._closed:
+                    raise RuntimeError("the workload was closed while an instance was being retired")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(
