@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 import support
-from sqlalchemy import select, text, update
+from sqlalchemy import inspect, select, text, update
 from typer.testing import CliRunner
 
 from waltz.cli.main import app as waltz_app
 from waltz.committed.plan import plan_offline
 from waltz.committed.reads import read_committed
+from waltz.errors import ClusterNotFoundError
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.local.cluster import LocalCluster
@@ -297,6 +298,25 @@ def test_an_offline_read_names_a_storage_directory_its_task_cannot_see(
         StorageDirectoryNotVisibleError, match=f"storage directory {copies[1]} is not visible on host"
     ):
         list(reader.read(ranges[0]))
+
+
+def test_a_rebuild_that_cannot_read_its_log_leaves_the_database_as_it_was(
+    spark: Any, spark_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """A wrong cluster root, or storage directories that hold no replica: the rebuild fails before
+    it makes a table in the target database."""
+    url = f"sqlite:///{tmp_path / 'untouched.db'}"
+    wrong_root = LogSource.live({**spark_cluster.admin_settings(), "cluster_root": "/waltz-no-such-root"})
+    with pytest.raises(ClusterNotFoundError, match="no cluster under /waltz-no-such-root"):
+        rebuild(spark, LEDGER_VIEWS, wrong_root, url)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(Exception, match="empty"):
+        rebuild(spark, LEDGER_VIEWS, LogSource(storage_dirs=[str(tmp_path / "empty")], replicas=1), url)
+    engine = create_framework_engine(url)
+    try:
+        assert inspect(engine).get_table_names() == []
+    finally:
+        engine.dispose()
 
 
 def _sessions(cluster: LocalCluster) -> dict[int, int]:

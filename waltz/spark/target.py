@@ -256,9 +256,12 @@ def _write_rows(spark_df: Any, engine: Engine, backend: str, db_url: str, table:
     return count
 
 
-def check_target(app: AppViews, db_url: str) -> None:
+def check_target(app: AppViews, db_url: str, *, create: bool = True) -> None:
     """Make the application's tables where they are missing (its ``prepare``) and check that
-    every one of them has the columns of the application's model, before a rebuild reads the log.
+    every one of them has the columns of the application's model. A rebuild checks first without
+    creating anything (``create=False``: only the tables already there are checked), before it
+    reads the log, and creates the missing ones once the log was planned: a rebuild that cannot
+    read the log (a wrong cluster root, an empty snapshot location) leaves the database as it was.
 
     Raises:
         RebuildError: a table lacks columns of the model (a database not migrated to the model
@@ -267,10 +270,14 @@ def check_target(app: AppViews, db_url: str) -> None:
     """
     engine = create_framework_engine(db_url)
     try:
-        app.prepare(engine)
+        if create:
+            app.prepare(engine)
         inspector = inspect(engine)
+        existing = set(inspector.get_table_names())
         problems = []
         for table in app.tables:
+            if not create and table.name not in existing:
+                continue
             present = {column["name"] for column in inspector.get_columns(table.name)}
             missing = [c.name for c in table.columns if c.name not in present]
             if missing:
