@@ -31,6 +31,7 @@ from sqlalchemy import (
     Numeric,
     String,
     Table,
+    inspect,
     select,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -164,6 +165,17 @@ def _marks(url: str) -> dict[int, int]:
     try:
         with engine.connect() as conn:
             return HighWaterMarks(NAME).read_all(conn)
+    finally:
+        engine.dispose()
+
+
+def _tables(path: Path) -> list[str]:
+    """The tables of a SQLite database file ([] when there is no file: nothing was made)."""
+    if not path.exists():
+        return []
+    engine = create_framework_engine(f"sqlite:///{path}")
+    try:
+        return sorted(inspect(engine).get_table_names())
     finally:
         engine.dispose()
 
@@ -506,6 +518,19 @@ def test_a_missing_file_is_refused_naming_it(damaged: Path, tmp_path: Path) -> N
     assert not (tmp_path / "never.db").exists() or _marks(url) == {}
 
 
+def test_a_snapshot_of_another_application_s_database_is_refused_before_anything_is_written(
+    history: History, tmp_path: Path
+) -> None:
+    """``waltz snapshot create --app waltz_examples.counter`` on the ledger's database: its table is
+    not there; the error names it, and no snapshot directory is left."""
+    from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
+
+    location = tmp_path / "counter-snapshot"
+    with pytest.raises(SnapshotError, match=r"has no table counters .*is it this application's database"):
+        write_snapshot(COUNTER_VIEWS, history.live, str(location))
+    assert not location.exists()
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -521,10 +546,23 @@ def test_a_wrong_manifest_is_refused(damaged: Path, change: Any, message: str) -
         read_manifest(str(damaged))
 
 
-def test_no_manifest_is_no_snapshot(damaged: Path) -> None:
+def test_no_manifest_is_no_snapshot(damaged: Path, tmp_path: Path) -> None:
     (damaged / MANIFEST_NAME).unlink()
-    with pytest.raises(SnapshotError, match=r"no manifest\.json"):
+    with pytest.raises(SnapshotError, match=r"no manifest\.json: not a complete snapshot"):
         read_manifest(str(damaged))
+    # What the location is instead, as far as a look tells.
+    with pytest.raises(SnapshotError, match="no such location"):
+        read_manifest(str(tmp_path / "nowhere"))
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    (archive / "archive.json").write_text("{}")
+    with pytest.raises(SnapshotError, match=r"an archive \(archive\.json\), not a snapshot"):
+        read_manifest(str(archive))
+    parent = tmp_path / "snapshots"
+    (parent / "monday").mkdir(parents=True)
+    (parent / "monday" / MANIFEST_NAME).write_text("{}")
+    with pytest.raises(SnapshotError, match=r"snapshots below it: .*monday; give one of them"):
+        read_manifest(str(parent))
     (damaged / MANIFEST_NAME).write_text("{not json")
     with pytest.raises(SnapshotError, match="is not JSON"):
         read_manifest(str(damaged))
@@ -543,7 +581,7 @@ def test_a_snapshot_ahead_of_the_marks_asked_is_refused(spark: Any, history: His
             up_to=behind,
             snapshot=str(history.snapshot),
         )
-    assert not (tmp_path / "behind.db").exists() or not _marks(url)
+    assert _tables(tmp_path / "behind.db") == []  # a refused rebuild makes no table
 
 
 def test_a_snapshot_of_a_newer_model_is_refused_before_spark_reads_it(
@@ -568,7 +606,7 @@ def test_a_snapshot_of_a_newer_model_is_refused_before_spark_reads_it(
         rf"model \({current}\)",
     ):
         rebuild(spark, LEDGER_VIEWS, _source(history.cluster), url, cluster_name=NAME, snapshot=str(damaged))
-    assert not (tmp_path / "newer.db").exists() or not _marks(url)
+    assert _tables(tmp_path / "newer.db") == []  # a refused rebuild makes no table
 
 
 def test_another_application_s_log_is_refused_before_anything_is_written(
@@ -581,7 +619,7 @@ def test_another_application_s_log_is_refused_before_anything_is_written(
     url = f"sqlite:///{tmp_path / 'wrong-app.db'}"
     with pytest.raises(RebuildError, match=r"none of which the application 'counter' declares.*--app"):
         rebuild(spark, COUNTER_VIEWS, _source(history.cluster), url, cluster_name="counter")
-    assert not (tmp_path / "wrong-app.db").exists() or not _marks(url)
+    assert _tables(tmp_path / "wrong-app.db") == []  # a refused rebuild makes no table
 
 
 def test_a_second_snapshot_never_overwrites_the_first(history: History) -> None:

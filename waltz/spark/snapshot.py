@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, Table, delete, insert, select, types
 from sqlalchemy.engine import Connection
 
+from waltz.archive.layout import ARCHIVE_MANIFEST
 from waltz.archive.location import (
     LocationError,
     check_form,
@@ -369,9 +370,10 @@ def write_snapshot(
 
     if filesystem.get_file_info(manifest_path).type != pafs.FileType.NotFound:
         raise SnapshotError(f"{location} holds a snapshot already ({MANIFEST_NAME}); choose a new location")
-    create_private_dir(filesystem, root)
     engine = db_url if isinstance(db_url, Engine) else create_framework_engine(db_url)
     try:
+        _require_tables(engine, app, name)
+        create_private_dir(filesystem, root)
         dialect = engine.dialect.name
         connection = engine.connect()
         try:
@@ -694,12 +696,67 @@ def read_manifest(location: str) -> SnapshotManifest:
         with filesystem.open_input_stream(path) as stream:
             data = stream.read()
     except (FileNotFoundError, OSError) as exc:
-        raise SnapshotError(f"{location}: no {MANIFEST_NAME} ({exc}); not a complete snapshot") from exc
+        raise SnapshotError(f"{location}: {_no_manifest(filesystem, root)}") from exc
     try:
         raw = json.loads(data)
     except ValueError as exc:
         raise SnapshotError(f"{location}/{MANIFEST_NAME} is not JSON: {exc}") from exc
     return SnapshotManifest.from_json(raw, f"{location}/{MANIFEST_NAME}")
+
+
+def _require_tables(engine: Engine, app: AppViews, name: str) -> None:
+    """Refuse a database that lacks a table of the application or the framework's before anything
+    is written: another application's database, or one never migrated.
+
+    Raises:
+        SnapshotError: naming the tables missing.
+    """
+    from sqlalchemy import inspect
+
+    present = set(inspect(engine).get_table_names())
+    missing = [t.name for t in (*app.tables, high_water_marks, idempotency_keys) if t.name not in present]
+    if missing:
+        raise SnapshotError(
+            f"the database {engine.url.render_as_string(hide_password=True)} has no table "
+            f"{', '.join(missing)} of the application {name!r} or of the framework: is it this "
+            "application's database (--app, --url)? nothing was written"
+        )
+
+
+def _no_manifest(filesystem: Any, root: str) -> str:
+    """Why a location has no manifest, as far as a look at it tells: it does not exist, it is an
+    archive, snapshots lie one level below it, or it holds none (a snapshot being written, or one
+    that failed, has no manifest yet: it is written last)."""
+    from pyarrow import fs
+
+    try:
+        info = filesystem.get_file_info(root)
+        if info.type == fs.FileType.NotFound:
+            return "no such location"
+        if info.type != fs.FileType.Directory:
+            return "a file, not a snapshot's directory"
+        entries = filesystem.get_file_info(fs.FileSelector(root))
+        names = {posixpath.basename(e.path) for e in entries}
+        if ARCHIVE_MANIFEST in names:
+            return (
+                f"an archive ({ARCHIVE_MANIFEST}), not a snapshot: give a snapshot's location (waltz "
+                "snapshot create writes one)"
+            )
+        below = sorted(
+            e.path
+            for e in entries
+            if e.type == fs.FileType.Directory
+            and filesystem.get_file_info(posixpath.join(e.path, MANIFEST_NAME)).type == fs.FileType.File
+        )
+        if below:
+            shown = ", ".join(below[:5]) + (f" and {len(below) - 5} more" if len(below) > 5 else "")
+            return f"no {MANIFEST_NAME} here, but snapshots below it: {shown}; give one of them"
+    except OSError:
+        pass  # only a hint
+    return (
+        f"no {MANIFEST_NAME}: not a complete snapshot (a snapshot's manifest is written last, so one "
+        "being written or one that failed has none)"
+    )
 
 
 def verify_snapshot(location: str, manifest: SnapshotManifest | None = None) -> SnapshotManifest:
