@@ -96,11 +96,16 @@ def test_server_list_shows_partitions_generations_and_health(healthy: LocalClust
         and ", cluster manager, health: healthy" in text
         and "partition 1: generation" in text
     )
-    waltz(healthy, "server", "preferred", "add", "server-0", "--partition", "1")
+    added = waltz(healthy, "server", "preferred", "add", "server-0", "--partition", "1")
+    assert "note:" not in added.output, added.output
     (server,) = waltz_json(healthy, "server", "list")["servers"]
     assert server["preferred_partitions"] == [1] and server["configured_preferred_partitions"] == []
     result = waltz(healthy, "server", "preferred", "add", "member-9999", "-p", "0", expect=2)
     assert "no live server is 'member-9999'" in result.output
+    # An endpoint no live server has is kept for when one joins, and said so.
+    absent = waltz(healthy, "server", "preferred", "add", "127.0.0.1:1", "-p", "0")
+    assert "note: no live server has the endpoint 127.0.0.1:1 now" in absent.output, absent.output
+    waltz(healthy, "server", "preferred", "remove", "127.0.0.1:1", "-p", "0")
 
 
 def test_storage_list_and_sync_partitions(healthy: LocalCluster) -> None:

@@ -190,7 +190,7 @@ def change_preferred(
     *,
     add: Iterable[int] = (),
     remove: Iterable[int] = (),
-) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+) -> tuple[str, tuple[int, ...], tuple[int, ...], bool]:
     """Add or remove run-time preferred partitions of a server (``<root>/server/preferred``).
 
     Args:
@@ -201,7 +201,8 @@ def change_preferred(
         remove: partitions to remove.
 
     Returns:
-        ``(endpoint, preferred before, preferred after)``.
+        ``(endpoint, preferred before, preferred after, live)``: ``live`` False when no live
+        member has the endpoint (the preferences apply once a server with it joins).
 
     Raises:
         ClusterNotFoundError: no cluster exists under the root.
@@ -213,6 +214,7 @@ def change_preferred(
     problem = unknown_partitions(cluster, params, {*add, *remove})
     if problem is not None:
         raise ConfigurationError(problem)
-    endpoint, configured = resolve_server(read_members(zk, cluster.paths), server)
+    members = read_members(zk, cluster.paths)
+    endpoint, configured = resolve_server(members, server)
     before, after = update_preferred(zk, cluster.paths, endpoint, configured, add=add, remove=remove)
-    return endpoint, before, after
+    return endpoint, before, after, any(m.endpoint == endpoint for m in members)

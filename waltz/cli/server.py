@@ -114,12 +114,18 @@ def _change(
         raise typer.BadParameter("give at least one partition with --partition", param_hint="--partition")
     quiet_logging()
     with connected_admin(config, zookeeper, root, timeout) as admin:
-        endpoint, before, after = change_preferred(
+        endpoint, before, after, live = change_preferred(
             admin.cluster.zk, admin.root, server, add=ids if add else (), remove=() if add else ids
         )
     typer.echo(
         f"server {endpoint}: preferred partitions {format_partitions(before)} -> {format_partitions(after)}"
     )
+    if not live:
+        typer.echo(
+            f"note: no live server has the endpoint {endpoint} now: its preferences apply when a server "
+            "with that endpoint joins (waltz server list shows the live ones; a typo in the address "
+            "leaves a preference no server takes)"
+        )
 
 
 @preferred_app.command("add")
