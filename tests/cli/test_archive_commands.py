@@ -154,6 +154,10 @@ def test_status_before_any_run_and_bad_options(cluster: LocalCluster, zk: Cluste
     assert status["location"] is None
     assert all(p["zookeeper"]["archived_through"] == -1 and p["lag"] == RECORDS for p in status["partitions"])
     assert "the cluster has no archive yet" in waltz(cluster, "verify", expect=2).output
+    (tmp_path / "empty").mkdir()
+    for hold in ([], ["--hold"]):  # a wrong location is not a damaged archive, and nothing is held
+        wrong = waltz(cluster, "verify", "--archive", str(tmp_path / "empty"), *hold, expect=2)
+        assert f"{tmp_path / 'empty'} is not an archive: it holds no archive.json" in wrong.output
     assert "partitions [7] do not exist" in waltz(cluster, "status", "--partition", "7", expect=2).output
     bad = waltz(cluster, "run", "--to", str(tmp_path), "--chunk-transactions", "0", expect=2)
     assert "--chunk-transactions" in bad.output
@@ -245,6 +249,7 @@ def test_verify_names_the_file_and_range_and_hold_lowers_archived_through(
     archived(cluster, location)
     ok = waltz(cluster, "verify")
     assert f"OK: 6 chunks checked, {2 * RECORDS} records verified in {location}" in ok.output
+    assert "OK: 6 chunks checked" in waltz(cluster, "verify", "--archive", str(location)).output
     harm, message = DAMAGE[damage]
     harm(location)
     failed = waltz(cluster, "verify", expect=1)

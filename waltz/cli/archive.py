@@ -313,6 +313,19 @@ def _round_line(result: PartitionRound, seal_after: float) -> str:
     return line
 
 
+def _looks_like_an_archive(files: ArchiveFiles, num_partitions: int) -> bool:
+    """Whether a location given with --archive holds anything of an archive: its archive.json or a
+    partition's directory. One that holds neither is a wrong location, not a damaged archive."""
+    from waltz.archive.layout import ARCHIVE_MANIFEST, partition_directory
+
+    try:
+        return files.exists(ARCHIVE_MANIFEST) or any(
+            files.exists(partition_directory(p)) for p in range(num_partitions)
+        )
+    except OSError:
+        return True  # the location cannot be looked at: verify says why, file by file
+
+
 def _archive_files(admin: ClusterAdmin, archive: str | None) -> ArchiveFiles | None:
     """The archive given, else the one ZooKeeper names (None: neither)."""
     from waltz.archive.layout import ArchiveFiles
@@ -455,6 +468,13 @@ def verify(
             )
         summary = admin.cluster.archive_summary()
         params = admin.cluster.params()
+        if archive is not None and not _looks_like_an_archive(files, params.num_partitions):
+            raise fail(
+                f"{archive} is not an archive: it holds no archive.json and no partition directory "
+                "(an empty or wrong location); give the archive's location (waltz archive status shows "
+                "the one the cluster names)",
+                2,
+            )
         try:
             report = verify_archive(
                 files,
