@@ -10,6 +10,7 @@ too. This module imports nothing of ours: every layer may use it.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 from pathlib import Path
@@ -18,6 +19,7 @@ __all__ = [
     "PRIVATE_DIRECTORY_MODE",
     "PRIVATE_FILE_MODE",
     "PRIVATE_UMASK",
+    "hold_directory",
     "open_private",
     "open_to_others",
     "private_directory",
@@ -178,3 +180,27 @@ def write_private(path: Path, data: bytes | str) -> None:
     payload = data.encode("utf-8") if isinstance(data, str) else data
     with os.fdopen(open_private(path, os.O_WRONLY | os.O_TRUNC), "wb") as out:
         out.write(payload)
+
+
+def hold_directory(path: Path) -> int | None:
+    """Take an exclusive ``flock`` on a directory, for this process alone: one storage node per
+    storage directory, one local cluster per work directory (docs/design/storage.md, "File
+    modes"). The lock lasts until the returned descriptor is closed or the process ends, however
+    it ends; the descriptor is not inherited by the processes it starts.
+
+    Returns:
+        The descriptor holding the lock, or None when another holds the directory.
+
+    Raises:
+        OSError: the directory cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -24,7 +24,7 @@ import support
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from waltz.archive.archiver import Archiver, ChunkPolicy
+from waltz.archive.archiver import Archiver, ChunkPolicy, PartitionRound
 from waltz.archive.errors import ArchiveCheckError
 from waltz.archive.layout import partition_directory
 from waltz.cli.main import app as waltz_app
@@ -85,6 +85,17 @@ def _table_rows(url: str) -> list[tuple[Any, ...]]:
         engine.dispose()
 
 
+def _archive(cluster: LocalCluster, location: Path) -> PartitionRound:
+    """One run of the archiver over the cluster's one partition."""
+    zk_client = connect_zookeeper(cluster.zookeeper_connect_string, security=cluster.zookeeper_security)
+    try:
+        (result,) = Archiver(ClusterZk(zk_client, cluster.root), str(location), policy=CHUNKS).run()
+    finally:
+        zk_client.stop()
+        zk_client.close()
+    return result
+
+
 def _local_starts(cluster: LocalCluster) -> list[int]:
     async def run() -> list[int]:
         starts = []
@@ -127,12 +138,7 @@ def before(spark: Any, tmp_path_factory: pytest.TempPathFactory, zookeeper: obje
 def after(before: Before) -> Before:
     """``before``'s cluster once archived and its replicas' archived segments deleted."""
     cluster = before.cluster
-    zk_client = connect_zookeeper(cluster.zookeeper_connect_string, security=cluster.zookeeper_security)
-    try:
-        (result,) = Archiver(ClusterZk(zk_client, cluster.root), str(before.location), policy=CHUNKS).run()
-    finally:
-        zk_client.stop()
-        zk_client.close()
+    result = _archive(cluster, before.location)
     assert result.error is None and result.archived_through == before.marks[0], result
     deadline = time.monotonic() + 30
     while min(_local_starts(cluster)) < 40:
@@ -224,10 +230,5 @@ def test_hold_says_when_retention_deleted_a_damaged_chunk_s_range_from_every_rep
         assert report["partitions"][0]["lost_from_replicas"] is False  # only --hold reads the replicas
     finally:
         chunk.write_bytes(original)
-        zk_client = connect_zookeeper(cluster.zookeeper_connect_string, security=cluster.zookeeper_security)
-        try:
-            (result,) = Archiver(ClusterZk(zk_client, cluster.root), str(after.location), policy=CHUNKS).run()
-        finally:
-            zk_client.stop()
-            zk_client.close()
+        result = _archive(cluster, after.location)
     assert result.error is None and result.archived_through == after.marks[0], result

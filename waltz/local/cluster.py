@@ -49,7 +49,6 @@ chaos`` cut hosts apart with :attr:`LocalCluster.network_lab`.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shutil
@@ -91,7 +90,7 @@ from waltz.metadata.replicas import spread_replicas
 from waltz.metadata.zk import ClusterPaths
 from waltz.metadata.zk_roles import Role, RoleCredentials
 from waltz.metadata.zk_security import ZooKeeperSecurity
-from waltz.private_files import private_directory
+from waltz.private_files import hold_directory, private_directory
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 
@@ -585,19 +584,13 @@ class LocalCluster:
             ConfigurationError: another local cluster (``waltz up``, ``waltz demo`` or a
                 ``LocalCluster``) runs on the directory.
         """
-        fd = os.open(self.work_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = hold_directory(self.work_dir)
+        if fd is None:
             raise ConfigurationError(
                 f"work directory {self.work_dir} is in use by a local cluster that runs now (`waltz up`, "
                 "`waltz demo` or a LocalCluster of another process): use that cluster (its `export` "
                 "lines), stop it first (Ctrl-C where it runs), or give another work directory"
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
+            )
         self._work_dir_fd = fd
 
     def __enter__(self) -> Self:

@@ -7,7 +7,6 @@ never talks to ZooKeeper; servers and the admin tools drive it over gRPC.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import os
 import shutil
@@ -27,7 +26,7 @@ from waltz.errors import (
     ProtocolError,
     StorageNotInitializedError,
 )
-from waltz.private_files import open_to_others, private_directory, replaceable_by_others
+from waltz.private_files import hold_directory, open_to_others, private_directory, replaceable_by_others
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.protocol.records import MAX_PARTITIONS
 from waltz.services.storage import format as fmt
@@ -171,20 +170,14 @@ class StorageNode:
         Raises:
             ConfigurationError: another storage node (process or object) holds the directory.
         """
-        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = hold_directory(self.directory)
+        if fd is None:
             raise ConfigurationError(
                 f"storage directory {self.directory} is in use by another storage node: one "
                 "directory serves one node (a second one on the same files would count as another "
                 "replica of the same partitions); give this node a directory of its own, or stop "
                 "the other one first"
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
+            )
         self._directory_fd = fd
 
     def _release_directory(self) -> None:
