@@ -309,14 +309,39 @@ def test_a_rebuild_that_cannot_read_its_log_leaves_the_database_as_it_was(
     wrong_root = LogSource.live({**spark_cluster.admin_settings(), "cluster_root": "/waltz-no-such-root"})
     with pytest.raises(ClusterNotFoundError, match="no cluster under /waltz-no-such-root"):
         rebuild(spark, LEDGER_VIEWS, wrong_root, url)
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(Exception, match="empty"):
-        rebuild(spark, LEDGER_VIEWS, LogSource(storage_dirs=[str(tmp_path / "empty")], replicas=1), url)
+    (tmp_path / "no-replica").mkdir()
+    nowhere = LogSource(storage_dirs=[str(tmp_path / "no-replica")], replicas=1)
+    with pytest.raises(Exception, match=r"waltz-storage\.ctl"):
+        rebuild(spark, LEDGER_VIEWS, nowhere, url)
     engine = create_framework_engine(url)
     try:
         assert inspect(engine).get_table_names() == []
     finally:
         engine.dispose()
+
+
+def test_the_check_before_the_log_is_read_still_upgrades_a_database_of_an_earlier_release(
+    tmp_path: Path,
+) -> None:
+    """A ledger database at its first release (a demo stopped mid-rollout): the rebuild's first
+    check, before the log is read, upgrades it to the models as the rebuild always did."""
+    from waltz.spark.target import check_target
+    from waltz_examples.ledger.smallbank import SMALLBANK
+
+    url = f"sqlite:///{tmp_path / 'release-1.db'}"
+    engine = create_framework_engine(url)
+    try:
+        SMALLBANK.prepare_release(engine, 1)  # type: ignore[attr-defined]
+        before = {c["name"] for c in inspect(engine).get_columns("ledger_accounts")}
+    finally:
+        engine.dispose()
+    check_target(LEDGER_VIEWS, url, create=False)
+    engine = create_framework_engine(url)
+    try:
+        after = {c["name"] for c in inspect(engine).get_columns("ledger_accounts")}
+    finally:
+        engine.dispose()
+    assert "currency" not in before and "currency" in after, (before, after)
 
 
 def _sessions(cluster: LocalCluster) -> dict[int, int]:

@@ -27,7 +27,7 @@ from waltz.metadata.zk import ClusterZk
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.event_loop import run_on_shared_loop
 
-__all__ = ["ServerInfo", "change_preferred", "list_servers", "resolve_server"]
+__all__ = ["ServerInfo", "change_preferred", "is_live", "list_servers", "resolve_server"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +190,7 @@ def change_preferred(
     *,
     add: Iterable[int] = (),
     remove: Iterable[int] = (),
-) -> tuple[str, tuple[int, ...], tuple[int, ...], bool]:
+) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
     """Add or remove run-time preferred partitions of a server (``<root>/server/preferred``).
 
     Args:
@@ -201,8 +201,7 @@ def change_preferred(
         remove: partitions to remove.
 
     Returns:
-        ``(endpoint, preferred before, preferred after, live)``: ``live`` False when no live
-        member has the endpoint (the preferences apply once a server with it joins).
+        ``(endpoint, preferred before, preferred after)``.
 
     Raises:
         ClusterNotFoundError: no cluster exists under the root.
@@ -214,7 +213,15 @@ def change_preferred(
     problem = unknown_partitions(cluster, params, {*add, *remove})
     if problem is not None:
         raise ConfigurationError(problem)
-    members = read_members(zk, cluster.paths)
-    endpoint, configured = resolve_server(members, server)
+    endpoint, configured = resolve_server(read_members(zk, cluster.paths), server)
     before, after = update_preferred(zk, cluster.paths, endpoint, configured, add=add, remove=remove)
-    return endpoint, before, after, any(m.endpoint == endpoint for m in members)
+    return endpoint, before, after
+
+
+def is_live(zk: KazooClient, root: str, endpoint: str) -> bool:
+    """Whether a live member of the cluster's servers has ``endpoint`` (``host:port``).
+
+    Raises:
+        ClusterNotFoundError: no cluster exists under the root.
+    """
+    return any(m.endpoint == endpoint for m in read_members(zk, ClusterZk(zk, root).paths))

@@ -106,7 +106,7 @@ def _change(
     *,
     add: bool,
 ) -> None:
-    from waltz.admin.servers import change_preferred
+    from waltz.admin.servers import change_preferred, is_live
     from waltz.cli.admin_session import connected_admin
 
     ids = parse_partitions(partitions)
@@ -114,9 +114,10 @@ def _change(
         raise typer.BadParameter("give at least one partition with --partition", param_hint="--partition")
     quiet_logging()
     with connected_admin(config, zookeeper, root, timeout) as admin:
-        endpoint, before, after, live = change_preferred(
+        endpoint, before, after = change_preferred(
             admin.cluster.zk, admin.root, server, add=ids if add else (), remove=() if add else ids
         )
+        live = is_live(admin.cluster.zk, admin.root, endpoint)
     typer.echo(
         f"server {endpoint}: preferred partitions {format_partitions(before)} -> {format_partitions(after)}"
     )

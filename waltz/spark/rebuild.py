@@ -536,7 +536,7 @@ def rebuild(
         sqlalchemy.exc.DBAPIError: the database refused (the old tables stay as they were).
     """
     started = time.monotonic()
-    check_target(app, db_url, create=False)  # before reading the log, creating nothing
+    check_target(app, db_url, create=False)  # before reading the log; an empty database stays empty
     computed = compute_views(
         spark, app, source, up_to=up_to, cluster_name=cluster_name, snapshot=snapshot, progress=progress
     )

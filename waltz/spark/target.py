@@ -257,11 +257,13 @@ def _write_rows(spark_df: Any, engine: Engine, backend: str, db_url: str, table:
 
 
 def check_target(app: AppViews, db_url: str, *, create: bool = True) -> None:
-    """Make the application's tables where they are missing (its ``prepare``) and check that
-    every one of them has the columns of the application's model. A rebuild checks first without
-    creating anything (``create=False``: only the tables already there are checked), before it
-    reads the log, and creates the missing ones once the log was planned: a rebuild that cannot
-    read the log (a wrong cluster root, an empty snapshot location) leaves the database as it was.
+    """Make or upgrade the application's tables (its ``prepare``) and check that every one of them
+    has the columns of the application's model, before a rebuild reads the log.
+
+    With ``create=False`` (the rebuild's first pass, before the log is planned), a database that
+    holds none of the application's tables is left alone: the rebuild makes them once the log is
+    planned, so one that cannot read its log (a wrong cluster root, an empty snapshot location)
+    makes no table. A database that holds some is prepared and checked at once, as always.
 
     Raises:
         RebuildError: a table lacks columns of the model (a database not migrated to the model
@@ -270,14 +272,12 @@ def check_target(app: AppViews, db_url: str, *, create: bool = True) -> None:
     """
     engine = create_framework_engine(db_url)
     try:
-        if create:
-            app.prepare(engine)
+        if not create and not {t.name for t in app.tables} & set(inspect(engine).get_table_names()):
+            return
+        app.prepare(engine)
         inspector = inspect(engine)
-        existing = set(inspector.get_table_names())
         problems = []
         for table in app.tables:
-            if not create and table.name not in existing:
-                continue
             present = {column["name"] for column in inspector.get_columns(table.name)}
             missing = [c.name for c in table.columns if c.name not in present]
             if missing:
