@@ -116,7 +116,7 @@ def test_run_then_status_shows_the_archive_the_replicas_and_no_lag(
     assert "partition 0: chunk written 0..99 (100 records" in output
     assert f"partition 1: archived through {RECORDS - 1}, committed through {RECORDS - 1}" in output
     status: dict[str, Any] = json.loads(waltz(cluster, "status", "--json").stdout)
-    assert status["location"] == str(location)
+    assert status["location"] == str(location) and status["unanswered"] == {}
     assert [p["partition_id"] for p in status["partitions"]] == [0, 1]
     for line in status["partitions"]:
         assert line["archive"] == {

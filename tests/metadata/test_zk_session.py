@@ -71,6 +71,12 @@ def test_a_root_with_no_cluster_names_the_clusters_beside_it(zk_client: KazooCli
     message = str(raised.value)
     assert f"no cluster under {zk_root}/locl (clusters beside it: {zk_root}/local)" in message
     assert "--root, WALTZ_CLUSTER_ROOT, cluster.root" in message
+    zk_client.delete(f"{zk_root}/local", recursive=True)
+    zk_client.create(f"{zk_root}/other", b"", makepath=True)
+    with pytest.raises(ClusterNotFoundError) as alone:
+        ClusterZk(zk_client, f"{zk_root}/locl").params()
+    assert f"no cluster under {zk_root}/locl (no cluster beside it in {zk_root})" in str(alone.value)
     with pytest.raises(ClusterNotFoundError) as nothing_near:
         ClusterZk(zk_client, f"{zk_root}/x/y").params()
-    assert f"no cluster under {zk_root}/x/y (no cluster beside it in {zk_root}/x)" in str(nothing_near.value)
+    # a parent that does not exist (or may not be read): nothing is said of what is beside it
+    assert f"no cluster under {zk_root}/x/y: check the cluster root" in str(nothing_near.value)

@@ -28,6 +28,9 @@ from waltz.archive.archiver import Archiver, ChunkPolicy, PartitionRound
 from waltz.archive.errors import ArchiveCheckError
 from waltz.archive.layout import partition_directory
 from waltz.cli.main import app as waltz_app
+from waltz.committed import reads
+from waltz.committed.errors import CommittedReadError
+from waltz.committed.sources import OfflineReplica, OfflineSource
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.options import ProcessOptions
@@ -199,7 +202,8 @@ def test_an_offline_rebuild_reads_what_retention_deleted_from_the_archive_it_is_
     """The storage directories alone no longer hold the log's start: without the archive the
     read names what is missing and where it is; with it the rebuild equals the live database."""
     offline = LogSource(storage_dirs=[str(node.directory) for node in after.cluster.storages], replicas=3)
-    with pytest.raises(Exception, match=r"transactions 0\.\.\d+ are in none of the given replica"):
+    missing = r"transactions from 0 \(at least up to \d+\) are in too few of the given"
+    with pytest.raises(Exception, match=missing):
         rebuild(spark, COUNTER_VIEWS, offline, f"sqlite:///{tmp_path / 'without.db'}", up_to=after.marks)
     url = f"sqlite:///{tmp_path / 'offline.db'}"
     with_archive = dataclasses.replace(offline, archive=str(after.location))
@@ -232,3 +236,29 @@ def test_hold_says_when_retention_deleted_a_damaged_chunk_s_range_from_every_rep
         chunk.write_bytes(original)
         result = _archive(cluster, after.location)
     assert result.error is None and result.archived_through == after.marks[0], result
+
+
+def _replica(tmp_path: Path, name: str, first_segment: int | None, low_water_mark: int) -> OfflineReplica:
+    """A replica directory whose partition 0 starts at ``first_segment`` (None: no segment); the
+    offline read's retention check looks at the segments' names only."""
+    partition = tmp_path / name / "0"
+    partition.mkdir(parents=True)
+    if first_segment is not None:
+        (partition / f"{first_segment:019d}.seg").write_bytes(b"")
+    return OfflineReplica(str(tmp_path / name), 1, low_water_mark, 1000)
+
+
+def test_an_offline_read_refuses_what_too_few_directories_still_hold(tmp_path: Path) -> None:
+    """Majority mode: one directory of three still holds transaction 0 (retention ran on the
+    other two) and did not prove it below its low-water mark: it cannot be proven, and the read
+    says to give the archive; below that low-water mark, the one copy proves it."""
+    lagging = _replica(tmp_path, "lagging", 0, -1)
+    others = [_replica(tmp_path, name, 600, 900) for name in ("a", "b")]
+    source = OfflineSource((lagging, *others), quorum=2)
+    with pytest.raises(CommittedReadError, match=r"from 0 \(at least up to 599\) are in too few"):
+        reads._require_on_disk(0, 0, 700, source)
+    proven = OfflineSource((dataclasses.replace(lagging, low_water_mark=700), *others), quorum=2)
+    reads._require_on_disk(0, 0, 700, proven)
+    reads._require_on_disk(0, 600, 700, source)  # from the local starts on, the directories hold it
+    explicit = OfflineSource((lagging,), quorum=None)  # a mark the user vouched for: one copy is read
+    reads._require_on_disk(0, 0, 700, explicit)

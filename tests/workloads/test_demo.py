@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -235,7 +236,10 @@ def test_ctrl_c_while_a_release_rolls_out_stops_everything_and_says_so(tmp_path:
         demo.send_signal(signal.SIGINT)
         rest, _ = demo.communicate(timeout=90)
     finally:
-        if demo.poll() is None:
+        if demo.poll() is None:  # the test failed first: nothing of the demo's is left running
+            for pid in support.descendants(demo.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             demo.kill()
             demo.wait()
     output = "\n".join(seen) + "\n" + rest

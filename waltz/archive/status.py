@@ -143,6 +143,9 @@ class ArchiveStatus:
     not_archived: list[int] = field(default_factory=list)
     """Partitions a split opened, which the archive does not follow yet (their records stay on
     the storage nodes: retention deletes archived segments only)."""
+    unanswered: dict[str, str] = field(default_factory=dict)
+    """Storage nodes that did not answer their status request (storage connect string -> why):
+    what they hold is unknown."""
 
     def to_json(self) -> dict[str, Any]:
         """The status in ``--json`` output."""
@@ -150,6 +153,7 @@ class ArchiveStatus:
             "location": self.location,
             "partitions": [p.to_json() for p in self.partitions],
             "not_archived": self.not_archived,
+            "unanswered": dict(self.unanswered),
         }
 
 
@@ -179,6 +183,7 @@ def archive_status(
     statuses = replica_partition_statuses(cluster, params, timeout=timeout, tls=tls)
     assignments = cluster.assignments().value
     report = ArchiveStatus(None if files is None else files.location)
+    report.unanswered = {s: answer for s, answer in sorted(statuses.items()) if isinstance(answer, str)}
     report.not_archived = list(opened_partitions(cluster, params))
     for pid in ids:
         line = PartitionArchiveStatus(pid)

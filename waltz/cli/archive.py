@@ -381,14 +381,14 @@ def status(
         report = archive_status(
             admin.cluster, files, partitions, timeout=admin.storage_timeout, tls=admin.tls
         )
-    silent = {r.storage: r.error for line in report.partitions for r in line.replicas if r.error is not None}
+    silent = report.unanswered
     if json_output:
         echo_json(report.to_json())
         if silent:
             raise typer.Exit(1)
         return
     typer.echo(f"archive: {report.location or '(none yet: waltz archive run --to LOCATION starts one)'}")
-    for storage, error in sorted(silent.items()):
+    for storage, error in silent.items():
         typer.echo(f"storage node {storage} did not answer: {error}")
     for line in report.partitions:
         if line.manifest_error is not None:
@@ -406,8 +406,11 @@ def status(
         )
         not_told = line.replicas_not_told
         for replica in line.replicas:
-            if replica.error is not None:
+            if replica.storage in silent:
                 typer.echo(f"  {replica.storage}: did not answer (above)")
+                continue
+            if replica.error is not None:
+                typer.echo(f"  {replica.storage}: {replica.error}")
                 continue
             told = (
                 f"  {replica.storage}: local {replica.local_start}..{replica.max_transaction_id}, "
@@ -523,7 +526,9 @@ def verify(
                     typer.echo(f"  {storage}: {why}")
             if check.lost_from_replicas:
                 starts = ", ".join(f"{s} {start}" for s, start in sorted(check.local_starts.items()))
-                damaged = f"{check.good_through + 1}..{check.manifest_through}"
+                # What no replica holds: up to the lowest local start (the rest, they still hold).
+                gone = min(check.manifest_through, min(check.local_starts.values()) - 1)
+                damaged = f"{check.good_through + 1}..{gone}"
                 typer.echo(
                     f"NOT IN THE REPLICAS: partition {check.partition_id} transactions {damaged} are damaged "
                     "in the archive and retention deleted them from every replica that answered (local "

@@ -259,26 +259,35 @@ def _local_start(storage_dir: str | Path, partition_id: int) -> int | None:
     return int(paths[0].stem) if paths else None
 
 
-def _require_on_disk(partition_id: int, first: int, last: int, replicas: list[OfflineReplica]) -> None:
-    """Refuse a range that begins below every given directory's local start: retention deleted it
-    from each of them, and only the archive holds it (docs/design/archive.md, "Reads below the
-    local start")."""
-    starts = [_local_start(r.directory, partition_id) for r in replicas]
-    held = [s for s in starts if s is not None]
-    if first > last or not held or min(held) <= first:
+def _require_on_disk(partition_id: int, first: int, last: int, source: OfflineSource) -> None:
+    """Refuse a range whose first transaction retention deleted from the given directories, so
+    that they cannot prove it: none holds it, or (majority mode) fewer than the majority do and
+    none holds it below its low-water mark. Only the archive holds it then
+    (docs/design/archive.md, "Reads below the local start")."""
+    if first > last:
         return
+    starts = {r.directory: _local_start(r.directory, partition_id) for r in source.replicas}
+    holding = [r for r in source.replicas if (s := starts[r.directory]) is not None and s <= first]
+    if any(first <= r.low_water_mark for r in holding):
+        return  # one copy below its low-water mark proves it
+    if holding and (source.quorum is None or len(holding) >= source.quorum):
+        return
+    later = sorted(s for s in starts.values() if s is not None and s > first)
+    if not later:
+        return  # not retention's doing: the read says what is missing
+    held = ", ".join(f"{d} {s if s is not None else 'none'}" for d, s in starts.items())
     raise CommittedReadError(
-        f"partition {partition_id}: transactions {first}..{min(last, min(held) - 1)} are in none of the "
-        f"given replica directories (their local starts: {', '.join(str(s) for s in held)}; retention "
-        "deleted what the archive holds): give the archive that holds them (waltz rebuild --archive, the "
-        "data source's archive option)"
+        f"partition {partition_id}: the transactions from {first} (at least up to {min(last, later[0] - 1)}) "
+        f"are in too few of the given replica directories to be proven (their local starts: {held}; "
+        "retention deleted what the archive holds): give the archive that holds them (waltz rebuild "
+        "--archive, the data source's archive option)"
     )
 
 
 def _read_offline(partition_id: int, first: int, last: int, source: OfflineSource) -> Iterator[Record]:
     replicas: list[OfflineReplica] = list(source.replicas)
     check_visible([r.directory for r in replicas])
-    _require_on_disk(partition_id, first, last, replicas)
+    _require_on_disk(partition_id, first, last, source)
     iterators = [read_directory(r.directory, partition_id, first, last) for r in replicas]
     current: list[Record | None] = [next(it, None) for it in iterators]
     top_session = max(r.session_id for r in replicas)

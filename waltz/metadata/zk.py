@@ -374,7 +374,7 @@ class ClusterZk:
             ClusterNotFoundError: no cluster exists under the root.
         """
         if not self.exists():
-            raise ClusterNotFoundError(f"no cluster under {self.paths.root}")
+            raise ClusterNotFoundError(self._not_found())
         with zookeeper_access(self.zk, f"deleting the cluster under {self.paths.root}"):
             self.zk.delete(self.paths.root, recursive=True)
         log.info("deleted the cluster under %s", self.paths.root)
@@ -396,19 +396,28 @@ class ClusterZk:
 
     def _not_found(self) -> str:
         """What a missing cluster's error says: the roots of the clusters beside the one given
-        (a typo in the root is the common cause), then where the root is set."""
+        (a typo in the root is the common cause), then where the root is set. Nothing is said of
+        the znodes beside it when they cannot all be looked at (too many, or a parent this
+        session may not read)."""
         parent = self.paths.root.rsplit("/", 1)[0] or "/"
-        nearby: list[str] = []
+        beside = ""
         try:
-            for child in sorted(self.zk.get_children(parent))[: self._NEARBY_LIMIT]:
-                root = f"{parent.rstrip('/')}/{child}"
-                if root != self.paths.root and self.zk.exists(ClusterPaths.of(root).cluster) is not None:
-                    nearby.append(root)
-        except Exception:  # only a hint: a parent we may not read names none
-            nearby = []
-        beside = f"clusters beside it: {', '.join(nearby)}" if nearby else f"no cluster beside it in {parent}"
+            children = sorted(self.zk.get_children(parent))
+            if len(children) <= self._NEARBY_LIMIT:
+                nearby = [
+                    root
+                    for root in (f"{parent.rstrip('/')}/{child}" for child in children)
+                    if root != self.paths.root and self.zk.exists(ClusterPaths.of(root).cluster) is not None
+                ]
+                beside = (
+                    f" (clusters beside it: {', '.join(nearby)})"
+                    if nearby
+                    else f" (no cluster beside it in {parent})"
+                )
+        except Exception:  # only a hint: a parent this session may not read
+            beside = ""
         return (
-            f"no cluster under {self.paths.root} ({beside}): check the cluster root (--root, "
+            f"no cluster under {self.paths.root}{beside}: check the cluster root (--root, "
             "WALTZ_CLUSTER_ROOT, cluster.root), or create a cluster there with `waltz cluster create`"
         )
 
@@ -485,7 +494,7 @@ class ClusterZk:
         """
         path = self.paths.partition(partition_id)
         if not self.exists():
-            raise ClusterNotFoundError(f"no cluster under {self.paths.root}")
+            raise ClusterNotFoundError(self._not_found())
         with zookeeper_access(self.zk, f"creating {path}"):
             roles = self.access.roles()
             acl = roles.acl_for(self.paths.relative(path)) if roles is not None else None
@@ -509,7 +518,7 @@ class ClusterZk:
                 data, stat = self._get(path)
         except NoNodeError:
             if not self.exists():
-                raise ClusterNotFoundError(f"no cluster under {self.paths.root}") from None
+                raise ClusterNotFoundError(self._not_found()) from None
             return None
         return Versioned(PartitionMetadata.decode(data, path), stat.version)
 
@@ -526,7 +535,7 @@ class ClusterZk:
                 data, stat = self._get(path)
         except NoNodeError:
             if not self.exists():
-                raise ClusterNotFoundError(f"no cluster under {self.paths.root}") from None
+                raise ClusterNotFoundError(self._not_found()) from None
             return None
         return Versioned(ArchiveSummary.decode(data, path), stat.version)
 

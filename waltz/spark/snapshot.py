@@ -696,7 +696,7 @@ def read_manifest(location: str) -> SnapshotManifest:
         with filesystem.open_input_stream(path) as stream:
             data = stream.read()
     except (FileNotFoundError, OSError) as exc:
-        raise SnapshotError(f"{location}: {_no_manifest(filesystem, root)}") from exc
+        raise SnapshotError(f"{location}: {_no_manifest(filesystem, root, exc)}") from exc
     try:
         raw = json.loads(data)
     except ValueError as exc:
@@ -723,13 +723,18 @@ def _require_tables(engine: Engine, app: AppViews, name: str) -> None:
         )
 
 
-def _no_manifest(filesystem: Any, root: str) -> str:
-    """Why a location has no manifest, as far as a look at it tells: it does not exist, it is an
-    archive, snapshots lie one level below it, or it holds none (a snapshot being written, or one
-    that failed, has no manifest yet: it is written last)."""
+def _no_manifest(filesystem: Any, root: str, error: OSError) -> str:
+    """Why a location's manifest could not be read, as far as a look at it tells: it does not
+    exist, it is an archive, snapshots lie one level below it, or it holds none (a snapshot being
+    written, or one that failed, has no manifest yet: it is written last). A manifest that is there
+    but unreadable (permissions, the object store refusing), or a location that cannot be looked
+    at, is named with ``error``."""
     from pyarrow import fs
 
+    unreadable = f"{MANIFEST_NAME} could not be read ({error})"
     try:
+        if filesystem.get_file_info(posixpath.join(root, MANIFEST_NAME)).type != fs.FileType.NotFound:
+            return unreadable
         info = filesystem.get_file_info(root)
         if info.type == fs.FileType.NotFound:
             return "no such location"
@@ -752,7 +757,7 @@ def _no_manifest(filesystem: Any, root: str) -> str:
             shown = ", ".join(below[:5]) + (f" and {len(below) - 5} more" if len(below) > 5 else "")
             return f"no {MANIFEST_NAME} here, but snapshots below it: {shown}; give one of them"
     except OSError:
-        pass  # only a hint
+        return unreadable  # the location cannot be looked at: the error says why
     return (
         f"no {MANIFEST_NAME}: not a complete snapshot (a snapshot's manifest is written last, so one "
         "being written or one that failed has none)"
