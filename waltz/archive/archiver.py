@@ -61,6 +61,7 @@ from waltz.archive.replicas import (
     QuorumRead,
     read_quorum,
     replica_partition_statuses,
+    statuses_by_partition,
     tell_replicas,
     was_told,
 )
@@ -383,12 +384,9 @@ class Archiver:
                     storage,
                     why,
                 )
-        for storage, status in statuses.items():
-            if isinstance(status, str):
-                continue
-            for entry in status.partitions:
-                self._told.setdefault(entry.partition_id, {})[storage] = entry.archived_through
-                self._local_starts.setdefault(entry.partition_id, {})[storage] = entry.local_start
+        for pid, entries in statuses_by_partition(statuses).items():
+            self._told.setdefault(pid, {}).update({s: e.archived_through for s, e in entries.items()})
+            self._local_starts.setdefault(pid, {}).update({s: e.local_start for s, e in entries.items()})
 
     def _lower_first(self, ids: Sequence[int]) -> None:
         """Before any partition's round: tell ZooKeeper's archived-through to every replica told

@@ -36,6 +36,7 @@ __all__ = [
     "QuorumUnavailableError",
     "read_quorum",
     "replica_partition_statuses",
+    "statuses_by_partition",
     "tell_replicas",
     "was_told",
 ]
@@ -320,6 +321,20 @@ def replica_partition_statuses(
     # The caller reports a node that did not answer.
     outcomes = _on_nodes_quietly(addresses, params, status, timeout, tls)
     return {s: o.value if o.value is not None else (o.failure or "failed") for s, o in outcomes.items()}
+
+
+def statuses_by_partition(
+    statuses: Mapping[str, storage_pb2.PartitionStatusResponse | str],
+) -> dict[int, dict[str, storage_pb2.PartitionStatus]]:
+    """:func:`replica_partition_statuses`' answers by partition: partition ID -> storage connect
+    string -> that node's status of it (a node that did not answer is left out)."""
+    found: dict[int, dict[str, storage_pb2.PartitionStatus]] = {}
+    for storage, status in statuses.items():
+        if isinstance(status, str):
+            continue
+        for entry in status.partitions:
+            found.setdefault(entry.partition_id, {})[storage] = entry
+    return found
 
 
 def _on_nodes_quietly(

@@ -19,7 +19,7 @@ from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT
 from waltz.archive.errors import ArchiveError
 from waltz.archive.layout import ArchiveFiles
 from waltz.archive.manifests import read_partition_manifest
-from waltz.archive.replicas import replica_partition_statuses
+from waltz.archive.replicas import replica_partition_statuses, statuses_by_partition
 from waltz.committed.errors import CommittedReadError
 from waltz.committed.plan import plan_live_on
 from waltz.metadata.values import ArchivedPartition
@@ -184,6 +184,7 @@ def archive_status(
     assignments = cluster.assignments().value
     report = ArchiveStatus(None if files is None else files.location)
     report.unanswered = {s: answer for s, answer in sorted(statuses.items()) if isinstance(answer, str)}
+    held = statuses_by_partition(statuses)
     report.not_archived = list(opened_partitions(cluster, params))
     for pid in ids:
         line = PartitionArchiveStatus(pid)
@@ -197,8 +198,9 @@ def archive_status(
             else:
                 line.first, line.archived_through = manifest.start, manifest.archived_through
                 line.chunks, line.size_bytes = len(manifest.chunks), manifest.size_bytes
+        entries = held.get(pid, {})
         for storage in assignments.storages_of(pid):
-            line.replicas.append(_replica_range(storage, pid, statuses.get(storage)))
+            line.replicas.append(_replica_range(storage, statuses.get(storage), entries.get(storage)))
         if any(r.error is None for r in line.replicas):
             try:
                 (plan,) = plan_live_on(cluster, [pid], timeout=timeout, tls=tls)
@@ -212,13 +214,14 @@ def archive_status(
 
 
 def _replica_range(
-    storage: str, partition_id: int, answer: storage_pb2.PartitionStatusResponse | str | None
+    storage: str,
+    answer: storage_pb2.PartitionStatusResponse | str | None,
+    entry: storage_pb2.PartitionStatus | None,
 ) -> ReplicaRange:
     if answer is None:
         return ReplicaRange(storage, error="no admin port on record")
     if isinstance(answer, str):
         return ReplicaRange(storage, error=answer)
-    for entry in answer.partitions:
-        if entry.partition_id == partition_id:
-            return ReplicaRange(storage, entry.local_start, entry.max_transaction_id, entry.archived_through)
-    return ReplicaRange(storage, error="the node does not hold the partition")
+    if entry is None:
+        return ReplicaRange(storage, error="the node does not hold the partition")
+    return ReplicaRange(storage, entry.local_start, entry.max_transaction_id, entry.archived_through)

@@ -25,7 +25,7 @@ from waltz.archive.layout import (
     partition_directory,
 )
 from waltz.archive.manifests import PartitionManifest, parse_partition_manifest, read_archive_manifest
-from waltz.archive.replicas import replica_partition_statuses, tell_replicas, was_told
+from waltz.archive.replicas import replica_partition_statuses, statuses_by_partition, tell_replicas, was_told
 from waltz.archive.summary import entry_of, record_partition
 from waltz.metadata.values import ArchivedPartition, ArchiveSummary, ClusterParams
 from waltz.metadata.zk import ClusterZk
@@ -351,10 +351,7 @@ def _read_local_starts(
     if not damaged:
         return
     replicas = cluster.assignments().value
-    for storage, status in replica_partition_statuses(cluster, params, timeout=timeout, tls=tls).items():
-        if isinstance(status, str):
-            continue
-        for entry in status.partitions:
-            check = damaged.get(entry.partition_id)
-            if check is not None and storage in replicas.storages_of(entry.partition_id):
-                check.local_starts[storage] = entry.local_start
+    statuses = statuses_by_partition(replica_partition_statuses(cluster, params, timeout=timeout, tls=tls))
+    for pid, check in damaged.items():
+        assigned = replicas.storages_of(pid)
+        check.local_starts = {s: e.local_start for s, e in statuses.get(pid, {}).items() if s in assigned}

@@ -198,8 +198,7 @@ def read_directory(storage_dir: str | Path, partition_id: int, first: int, last:
     Raises:
         OSError: a segment file cannot be read.
     """
-    partition_dir = Path(storage_dir) / str(partition_id)
-    paths = sorted(partition_dir.glob("*" + fmt.SEGMENT_SUFFIX))
+    paths = inspect.segment_paths(storage_dir, partition_id)
     firsts = [int(p.stem) for p in paths]
     chosen = [p for p, f in zip(paths, firsts, strict=True) if f <= first]
     start_index = paths.index(chosen[-1]) if chosen else 0
@@ -255,7 +254,7 @@ def _same(a: Record, b: Record) -> bool:
 def _local_start(storage_dir: str | Path, partition_id: int) -> int | None:
     """The first transaction ID a replica directory holds of a partition: its first segment's
     (docs/design/archive.md, "Terms"); None when it holds no segment of the partition."""
-    paths = sorted((Path(storage_dir) / str(partition_id)).glob("*" + fmt.SEGMENT_SUFFIX))
+    paths = inspect.segment_paths(storage_dir, partition_id)
     return int(paths[0].stem) if paths else None
 
 

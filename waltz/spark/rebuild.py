@@ -536,15 +536,17 @@ def rebuild(
         sqlalchemy.exc.DBAPIError: the database refused (the old tables stay as they were).
     """
     started = time.monotonic()
-    check_target(app, db_url, create=False)  # before reading the log; an empty database stays empty
+    # Before the log is read; a database without the application's tables is left empty till then.
+    prepared = check_target(app, db_url, create=False)
     computed = compute_views(
         spark, app, source, up_to=up_to, cluster_name=cluster_name, snapshot=snapshot, progress=progress
     )
-    try:
-        check_target(app, db_url)  # the log is planned: the missing tables are made
-    except BaseException:
-        computed.release()
-        raise
+    if not prepared:
+        try:
+            check_target(app, db_url)  # the log is planned: the tables are made
+        except BaseException:
+            computed.release()
+            raise
     tables = dict(computed.tables)
     tables.update({name: own for name, (_, own) in computed.seeded.items()})
     try:

@@ -256,7 +256,7 @@ def _write_rows(spark_df: Any, engine: Engine, backend: str, db_url: str, table:
     return count
 
 
-def check_target(app: AppViews, db_url: str, *, create: bool = True) -> None:
+def check_target(app: AppViews, db_url: str, *, create: bool = True) -> bool:
     """Make or upgrade the application's tables (its ``prepare``) and check that every one of them
     has the columns of the application's model, before a rebuild reads the log.
 
@@ -264,6 +264,9 @@ def check_target(app: AppViews, db_url: str, *, create: bool = True) -> None:
     holds none of the application's tables is left alone: the rebuild makes them once the log is
     planned, so one that cannot read its log (a wrong cluster root, an empty snapshot location)
     makes no table. A database that holds some is prepared and checked at once, as always.
+
+    Returns:
+        Whether the database was prepared and checked (False: left alone, ``create=False``).
 
     Raises:
         RebuildError: a table lacks columns of the model (a database not migrated to the model
@@ -273,7 +276,7 @@ def check_target(app: AppViews, db_url: str, *, create: bool = True) -> None:
     engine = create_framework_engine(db_url)
     try:
         if not create and not {t.name for t in app.tables} & set(inspect(engine).get_table_names()):
-            return
+            return False
         app.prepare(engine)
         inspector = inspect(engine)
         problems = []
@@ -288,6 +291,7 @@ def check_target(app: AppViews, db_url: str, *, create: bool = True) -> None:
                 "it first (alembic upgrade, as the application's instances do) or rebuild into an empty "
                 "database; nothing was read or written"
             )
+        return True
     finally:
         engine.dispose()
 

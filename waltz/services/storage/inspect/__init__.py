@@ -24,6 +24,7 @@ from waltz.services.storage.inspect.dump import (
     PartitionRange,
     dump_records,
     partition_range,
+    segment_paths,
 )
 from waltz.services.storage.inspect.reader import (
     DEFAULT_CHUNK_SIZE,
@@ -83,6 +84,7 @@ __all__ = [
     "partition_range",
     "read_control_file",
     "require_storage_directory",
+    "segment_paths",
     "verify_partition",
     "verify_segment",
     "verify_storage",

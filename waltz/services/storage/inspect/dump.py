@@ -23,7 +23,14 @@ from waltz.protocol.records import Record
 from waltz.services.storage import format as fmt
 from waltz.services.storage.inspect.reader import SegmentFile, find_record_offset
 
-__all__ = ["DumpRangeError", "DumpedRecord", "PartitionRange", "dump_records", "partition_range"]
+__all__ = [
+    "DumpRangeError",
+    "DumpedRecord",
+    "PartitionRange",
+    "dump_records",
+    "partition_range",
+    "segment_paths",
+]
 
 
 class DumpRangeError(WaltzError):
@@ -65,8 +72,10 @@ class PartitionRange:
     archived_through: int
 
 
-def _segments(storage_dir: Path, partition_id: int) -> list[Path]:
-    return sorted((storage_dir / str(partition_id)).glob("*" + fmt.SEGMENT_SUFFIX))
+def segment_paths(storage_dir: Path | str, partition_id: int) -> list[Path]:
+    """A partition's segment files in a storage directory, in transaction order (each is named
+    after its first transaction ID: docs/design/storage.md "Files on disk"); [] when it has none."""
+    return sorted((Path(storage_dir) / str(partition_id)).glob("*" + fmt.SEGMENT_SUFFIX))
 
 
 def partition_range(
@@ -82,7 +91,7 @@ def partition_range(
     local_start: int | None = None
     last = -1
     if storage_dir is not None:
-        paths = _segments(storage_dir, partition_id)
+        paths = segment_paths(storage_dir, partition_id)
         if paths:
             with SegmentFile(paths[0]) as first_segment:
                 local_start = first_segment.header.first_transaction_id
@@ -127,7 +136,7 @@ def dump_records(
     """
     if last < first:
         return
-    paths = [] if storage_dir is None else _segments(storage_dir, partition_id)
+    paths = [] if storage_dir is None else segment_paths(storage_dir, partition_id)
     local_start = None
     if paths:
         with SegmentFile(paths[0]) as head:
