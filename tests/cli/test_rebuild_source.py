@@ -4,6 +4,7 @@ source it cannot use is refused before Spark starts."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -133,3 +134,21 @@ def test_a_snapshot_and_a_drift_check_are_refused_together(tmp_path: Path) -> No
     assert code == 2, output
     assert "--from-snapshot and --verify-against do not go together" in output
     assert "starting Spark" not in output
+
+
+def test_a_wrong_root_or_a_directory_without_a_log_is_refused_before_spark_starts(
+    tmp_path: Path, zookeeper: Any, zk_root: str
+) -> None:
+    """The log is planned before Spark starts, which takes seconds: a typo in the root, or a
+    directory that holds no replica, fails at once (docs/design/spark.md, "Planning before Spark
+    starts")."""
+    code, output = _rebuild("--zookeeper", zookeeper.connect_string, "--root", zk_root)
+    assert code == 2, output
+    assert f"no cluster under {zk_root}" in output, output
+    assert "planning the log" in output, output
+    assert "starting Spark" not in output, output
+    (tmp_path / "empty").mkdir()
+    code, output = _rebuild("--storage-dir", str(tmp_path / "empty"), "--replicas", "1")
+    assert code == 2, output
+    assert "waltz-storage.ctl" in output, output
+    assert "starting Spark" not in output, output

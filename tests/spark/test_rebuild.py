@@ -223,6 +223,32 @@ def test_instance_resumes_from_rebuilt_database_and_converges(
         resumed.close()
 
 
+def test_a_plan_made_before_is_read_to_and_a_drift_check_past_it_plans_again(
+    spark: Any, spark_cluster: LocalCluster, ledger_live: tuple[str, list[LedgerService]], tmp_path: Path
+) -> None:
+    """``waltz rebuild`` plans the log before Spark starts (``LogSource.planned``): a rebuild reads
+    up to that plan although the log moved on, and a drift check whose live database moved past it
+    plans again rather than refuse the database's marks as unproven."""
+    live_url, services = ledger_live
+    said: list[str] = []
+    planned = _live(spark_cluster).planned(progress=said.append)
+    assert planned.plans is not None and len(said) == spark_cluster.num_partitions, said
+    before = {p.partition_id: p.high_water_mark for p in planned.plans}
+    for custid in range(4):
+        assert services[0].deposit(custid, 5).committed
+    marks = _settle(services, spark_cluster.num_partitions)
+    assert any(m > before[p] for p, m in marks.items()), (marks, before)
+    result = rebuild(
+        spark, LEDGER_VIEWS, planned, f"sqlite:///{tmp_path / 'at-plan.db'}", cluster_name=LEDGER_NAME
+    )
+    assert dict(result.marks) == before
+    said.clear()
+    report = verify(spark, LEDGER_VIEWS, planned, live_url, cluster_name=LEDGER_NAME, progress=said.append)
+    assert not report.drift, "\n".join(report.lines())
+    assert any(report.marks[p] > before[p] for p in before), (report.marks, before)
+    assert any("planning it again" in line for line in said), said
+
+
 def test_counter_rebuilt_into_mariadb_equals_live_db(
     spark: Any,
     spark_cluster: LocalCluster,

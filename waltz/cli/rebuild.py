@@ -299,6 +299,11 @@ def rebuild_command(
         for option, url in (("--db", db), ("--verify-against", verify_against)):
             if url is not None:
                 require_reachable(url, option)
+        # Before Spark too: a wrong root, an unreachable cluster or directories that hold no log
+        # fail in a second, not after Spark's start (docs/design/spark.md, "Planning before Spark
+        # starts"). The drift check plans again if the live database is past this plan.
+        say("planning the log: each partition's committed high-water mark")
+        source = source.planned(progress=say)
         say(f"starting Spark ({master})")
         # Spark's stage bars redraw one line with carriage returns: in a terminal only, not in a
         # log file or a pipe, where each redraw would be a line of its own.

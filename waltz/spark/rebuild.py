@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,8 @@ class LogSource:
             retention deleted from the directories; live, in place of the one ZooKeeper names;
             ``"off"``: the storage nodes only. None: offline none, live ZooKeeper's
             (docs/design/archive.md, "Reads below the local start").
+        plans: the plan made already (:meth:`planned`), which :meth:`plan` returns; None: planned
+            when asked (docs/design/spark.md, "Planning before Spark starts").
     """
 
     zookeeper: str | None = None
@@ -73,6 +75,7 @@ class LogSource:
     tls: TlsConfig | None = None
     zookeeper_files: Mapping[str, str | Path] = field(default_factory=dict)
     archive: str | None = None
+    plans: tuple[CommittedPartition, ...] | None = None
 
     @classmethod
     def live(cls, settings: Mapping[str, Any]) -> LogSource:
@@ -99,12 +102,15 @@ class LogSource:
         )
 
     def plan(self) -> list[CommittedPartition]:
-        """The committed high-water mark of every partition (see :mod:`waltz.committed.plan`).
+        """The committed high-water mark of every partition (see :mod:`waltz.committed.plan`): the
+        plan made already if this source carries one (:meth:`planned`), else a new one.
 
         Raises:
             RebuildError: neither or both kinds of source given.
             CommittedReadError: a partition cannot be proven.
         """
+        if self.plans is not None:
+            return list(self.plans)
         if self.zookeeper and self.cluster_root and not self.storage_dirs:
             security = security_from_files(self.zookeeper_files) if self.zookeeper_files else None
             return plan_live(self.zookeeper, self.cluster_root, tls=self.tls, security=security)
@@ -115,6 +121,23 @@ class LogSource:
         raise RebuildError(
             "read the log from a live cluster (zookeeper and cluster root) or from storage directories"
         )
+
+    def planned(self, progress: Progress = _quiet) -> LogSource:
+        """This source with its plan made now, for a command to find a wrong cluster root, an
+        unreachable cluster or a directory that holds no log before it starts Spark, which takes
+        seconds (docs/design/spark.md, "Planning before Spark starts"). A read up to marks above
+        the plan (a live database's, which moved on meanwhile) plans again (:func:`compute_views`).
+
+        Args:
+            progress: called with a line per partition (its committed high-water mark and proof).
+
+        Raises:
+            RebuildError, CommittedReadError: as :meth:`plan`; and what reaching the cluster
+                raises (``ZooKeeperUnavailableError``, ``ClusterNotFoundError``).
+        """
+        plans = replace(self, plans=None).plan()
+        _say_plans(plans, progress)
+        return replace(self, plans=tuple(plans))
 
     def partition_epochs(self) -> PartitionEpochs | None:
         """The live cluster's partition epochs (``partitions/epochs``), or None for storage
@@ -157,6 +180,29 @@ class LogSource:
         if self.high_water_marks:
             options["high_water_mark"] = marks_text(self.high_water_marks)
         return options
+
+
+def _say_plans(plans: Sequence[CommittedPartition], progress: Progress) -> None:
+    for plan in plans:
+        progress(f"partition {plan.partition_id}: committed up to {plan.high_water_mark} ({plan.proof})")
+
+
+def _plan_for(
+    source: LogSource, up_to: Mapping[int, int] | None, progress: Progress
+) -> list[CommittedPartition]:
+    """The plan a read up to ``up_to`` works on: the source's own when it has one that covers
+    ``up_to``, said when made here."""
+    if source.plans is None:
+        plans = source.plan()
+        _say_plans(plans, progress)
+        return plans
+    plans = source.plan()
+    marks = {p.partition_id: p.high_water_mark for p in plans}
+    if up_to is not None and any(mark > marks.get(pid, -1) for pid, mark in up_to.items()):
+        progress("the marks asked for are above the log's plan, made before: planning it again")
+        plans = replace(source, plans=None).plan()
+        _say_plans(plans, progress)
+    return plans
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,10 +294,8 @@ def compute_views(
             of what ``up_to`` asks for.
         SnapshotError: the snapshot does not verify against its manifest.
     """
-    plans = source.plan()
+    plans = _plan_for(source, up_to, progress)
     marks = {p.partition_id: p.high_water_mark for p in plans}
-    for plan in plans:
-        progress(f"partition {plan.partition_id}: committed up to {plan.high_water_mark} ({plan.proof})")
     base = _snapshot_base(snapshot, marks, up_to, app, progress) if snapshot is not None else None
     if up_to is not None:
         for pid, mark in up_to.items():

@@ -127,8 +127,9 @@ def check_log(spark: Any, app: AppViews, source: Any, progress: Progress | None 
         )
     plans = source.plan()
     marks = {p.partition_id: p.high_water_mark for p in plans}
-    for plan in plans:
-        say(f"partition {plan.partition_id}: committed up to {plan.high_water_mark} ({plan.proof})")
+    if source.plans is None:  # a plan made before (LogSource.planned) was said then
+        for plan in plans:
+            say(f"partition {plan.partition_id}: committed up to {plan.high_water_mark} ({plan.proof})")
     chains = app.entities.schema_chains()
     current = {info.spec.lock_name: info.schema_version for info in app.entities}
     decoders = app.decoders
