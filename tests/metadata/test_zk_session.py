@@ -13,8 +13,9 @@ from kazoo.client import KazooClient
 
 from waltz.errors import ClusterNotFoundError
 from waltz.local.processes import free_port
-from waltz.local.zookeeper import LocalZooKeeper
+from waltz.local.zookeeper import DockerZooKeeper, LocalZooKeeper
 from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.metadata.zk_session import ZooKeeperUnavailableError, connect_zookeeper
 
 
@@ -80,3 +81,20 @@ def test_a_root_with_no_cluster_names_the_clusters_beside_it(zk_client: KazooCli
         ClusterZk(zk_client, f"{zk_root}/x/y").params()
     # a parent that does not exist (or may not be read): nothing is said of what is beside it
     assert f"no cluster under {zk_root}/x/y: check the cluster root" in str(nothing_near.value)
+
+
+def test_securing_a_root_with_no_cluster_names_the_clusters_beside_it(
+    zookeeper: LocalZooKeeper | DockerZooKeeper, zk_client: KazooClient, zk_root: str
+) -> None:
+    """``waltz cluster secure`` on a mistyped root gives the same hint as every read of it."""
+    zk_client.create(f"{zk_root}/local/cluster", b"{}", makepath=True)
+    operator = connect_zookeeper(zookeeper.connect_string, security=ZooKeeperSecurity("operator:s3cret"))
+    try:
+        with pytest.raises(ClusterNotFoundError) as raised:
+            ClusterZk(operator, f"{zk_root}/locl").access.secure()
+    finally:
+        operator.stop()
+        operator.close()
+    message = str(raised.value)
+    assert f"no cluster under {zk_root}/locl (clusters beside it: {zk_root}/local)" in message
+    assert "--root, WALTZ_CLUSTER_ROOT, cluster.root" in message

@@ -37,6 +37,7 @@ from kazoo.protocol.states import ZnodeStat
 from kazoo.security import ACL, Id, Permissions
 
 from waltz.errors import ClusterNotFoundError, GenerationFencedError, MetadataError, StaleMetadataError
+from waltz.metadata.missing_cluster import missing_cluster_message
 from waltz.metadata.paths import ClusterPaths
 from waltz.metadata.values import (
     ArchiveSummary,
@@ -374,7 +375,7 @@ class ClusterZk:
             ClusterNotFoundError: no cluster exists under the root.
         """
         if not self.exists():
-            raise ClusterNotFoundError(self._not_found())
+            raise ClusterNotFoundError(missing_cluster_message(self.zk, self.paths))
         with zookeeper_access(self.zk, f"deleting the cluster under {self.paths.root}"):
             self.zk.delete(self.paths.root, recursive=True)
         log.info("deleted the cluster under %s", self.paths.root)
@@ -387,39 +388,9 @@ class ClusterZk:
                 data, stat = self._get(path)
         except NoNodeError:
             if not self.exists():
-                raise ClusterNotFoundError(self._not_found()) from None
+                raise ClusterNotFoundError(missing_cluster_message(self.zk, self.paths)) from None
             raise MetadataError(f"znode {path} is missing") from None
         return data, stat.version
-
-    #: At most this many znodes beside the root are asked whether they hold a cluster.
-    _NEARBY_LIMIT = 20
-
-    def _not_found(self) -> str:
-        """What a missing cluster's error says: the roots of the clusters beside the one given
-        (a typo in the root is the common cause), then where the root is set. Nothing is said of
-        the znodes beside it when they cannot all be looked at (too many, or a parent this
-        session may not read)."""
-        parent = self.paths.root.rsplit("/", 1)[0] or "/"
-        beside = ""
-        try:
-            children = sorted(self.zk.get_children(parent))
-            if len(children) <= self._NEARBY_LIMIT:
-                nearby = [
-                    root
-                    for root in (f"{parent.rstrip('/')}/{child}" for child in children)
-                    if root != self.paths.root and self.zk.exists(ClusterPaths.of(root).cluster) is not None
-                ]
-                beside = (
-                    f" (clusters beside it: {', '.join(nearby)})"
-                    if nearby
-                    else f" (no cluster beside it in {parent})"
-                )
-        except Exception:  # only a hint: a parent this session may not read
-            beside = ""
-        return (
-            f"no cluster under {self.paths.root}{beside}: check the cluster root (--root, "
-            "WALTZ_CLUSTER_ROOT, cluster.root), or create a cluster there with `waltz cluster create`"
-        )
 
     def _write(self, path: str, value: _Codec, version: int) -> int:
         try:
@@ -494,7 +465,7 @@ class ClusterZk:
         """
         path = self.paths.partition(partition_id)
         if not self.exists():
-            raise ClusterNotFoundError(self._not_found())
+            raise ClusterNotFoundError(missing_cluster_message(self.zk, self.paths))
         with zookeeper_access(self.zk, f"creating {path}"):
             roles = self.access.roles()
             acl = roles.acl_for(self.paths.relative(path)) if roles is not None else None
@@ -518,7 +489,7 @@ class ClusterZk:
                 data, stat = self._get(path)
         except NoNodeError:
             if not self.exists():
-                raise ClusterNotFoundError(self._not_found()) from None
+                raise ClusterNotFoundError(missing_cluster_message(self.zk, self.paths)) from None
             return None
         return Versioned(PartitionMetadata.decode(data, path), stat.version)
 
@@ -535,7 +506,7 @@ class ClusterZk:
                 data, stat = self._get(path)
         except NoNodeError:
             if not self.exists():
-                raise ClusterNotFoundError(self._not_found()) from None
+                raise ClusterNotFoundError(missing_cluster_message(self.zk, self.paths)) from None
             return None
         return Versioned(ArchiveSummary.decode(data, path), stat.version)
 

@@ -17,6 +17,7 @@ from kazoo.protocol.states import ZnodeStat
 from kazoo.security import Permissions
 
 from waltz.errors import ClusterNotFoundError, MetadataError
+from waltz.metadata.missing_cluster import missing_cluster_message
 from waltz.metadata.paths import ClusterPaths
 from waltz.metadata.values import ClusterParams, DiscoveryParams
 from waltz.metadata.zk_roles import (
@@ -257,7 +258,7 @@ class ClusterAccess:
         if roles is not None and roles.operator not in session_identities(self.zk):
             raise MetadataError("securing a cluster with role credentials needs the operator's credential")
         if self.zk.exists(self.paths.cluster) is None:
-            raise ClusterNotFoundError(f"no cluster under {self.paths.root}")
+            raise ClusterNotFoundError(missing_cluster_message(self.zk, self.paths))
         count = 0
         pending = [self.paths.root]
         with zookeeper_access(self.zk, f"setting the ACLs under {self.paths.root}"):
