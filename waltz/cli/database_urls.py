@@ -32,19 +32,26 @@ def require_reachable(url: str, option: str) -> None:
     first fails at once, and clearly, on a URL that cannot work.
 
     Raises:
-        ConfigurationError: the URL does not parse, names a driver that is not installed, or the database
-            does not answer or does not exist (the message names the option, the URL without its
-            password, the first line of the cause and what to do).
+        ConfigurationError: the URL does not parse, names a driver that is not installed or an asyncio
+            driver (the message gives the synchronous URL), or the database does not answer or does
+            not exist (the message names the option, the URL without its password, the first line of
+            the cause and what to do).
     """
     from sqlalchemy import create_engine
     from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
-    from waltz.errors import ConfigurationError
+    from waltz.errors import AsyncEngineError, ConfigurationError
     from waltz.jdbc_style.binding import url_text
+    from waltz.jdbc_style.engine import refuse_async_bind
 
     shown = url_text(url, hide_password=True)
     try:
+        refuse_async_bind(url)
         engine = create_engine(url)
+    except AsyncEngineError as exc:
+        raise ConfigurationError(
+            f"{option} {shown}: an asyncio driver; give the synchronous URL {exc.sync_url}"
+        ) from exc
     except (ArgumentError, ImportError, ValueError) as exc:  # ValueError: a port that is not a number
         raise ConfigurationError(f"{option} {shown}: {first_line(exc)}{url_hint(url)}") from exc
     try:

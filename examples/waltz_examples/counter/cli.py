@@ -10,7 +10,8 @@ Commands:
   consistency check of the final values).
 
 Exit codes: 0 success; 1 the service could not start, or the load run found an inconsistency or
-got no answer; 2 bad options.
+got no answer; 2 bad options (a ``--db`` the service cannot use among them: refused in one line
+before anything starts).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Annotated
 
 import typer
 
-from waltz.errors import WaltzError
+from waltz.errors import ConfigurationError, WaltzError
 from waltz.logs import configure_logging
 
 __all__ = ["app", "main"]
@@ -80,6 +81,19 @@ def _run(open_parts: Callable[[contextlib.ExitStack], None]) -> None:
             raise typer.Exit(1) from exc
         raise
     typer.echo("stopped")
+
+
+def _require_database(db: str) -> None:
+    """Exit 2 with one line (the URL's password hidden) when the database of ``--db`` cannot be
+    used: a URL or driver SQLAlchemy does not take, a server that does not answer, a database that
+    does not exist. Checked before a cluster or the service starts."""
+    from waltz.cli.database_urls import require_reachable
+
+    try:
+        require_reachable(db, "--db")
+    except ConfigurationError as exc:
+        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2) from exc
 
 
 def _usage(url: str) -> str:
@@ -137,6 +151,7 @@ def serve(
     from waltz_examples.counter.service import CounterService
 
     configure_logging(log_level)
+    _require_database(db)
 
     def open_parts(stack: contextlib.ExitStack) -> None:
         service = stack.enter_context(
@@ -181,6 +196,8 @@ def local(
     from waltz_examples.counter.service import CounterService
 
     configure_logging(log_level)
+    if db is not None:
+        _require_database(db)
 
     def open_parts(stack: contextlib.ExitStack) -> None:
         directory = work_dir

@@ -13,7 +13,8 @@
 The app's lifespan opens a :class:`Wallets` (the database, the callbacks, the client), awaits
 ``ready()`` (the instance caught up with the log) before serving, and closes it on shutdown. Run it
 with ``.venv/bin/uvicorn --factory waltz_examples.wallet.app:create_app``; :class:`WalletSettings` come from
-``WALLET_*`` variables, the client's from ``WALTZ_*`` (docs/configuration.md).
+``WALLET_*`` variables, the client's from ``WALTZ_*`` (docs/configuration.md). A database the
+service cannot use stops ``create_app`` with one ``error:`` line, before uvicorn starts the app.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import Engine
 
 from waltz import AsyncWaltzClient, Outcome, WaltzClientConfig
-from waltz.errors import TransactionExpiredError
+from waltz.cli.database_urls import require_reachable
+from waltz.errors import ConfigurationError, TransactionExpiredError
 from waltz.jdbc_style import ChangeSetCallbacks, EntityRegistry, create_framework_engine, migrations_api
 from waltz_examples.wallet.models import Base, Deposit, Wallet, Withdraw
 
@@ -201,18 +203,31 @@ def unavailable(error: Exception) -> HTTPException:
 
 
 def create_app(settings: WalletSettings | None = None, config: WaltzClientConfig | None = None) -> FastAPI:
-    """The wallet's app.
+    """The wallet's app, once its database answers (uvicorn's ``--factory``).
 
     Args:
         settings: the service's settings; default: from the ``WALLET_*`` variables.
         config: the Waltz client's configuration; default: from the ``WALTZ_*`` variables.
+
+    Raises:
+        SystemExit: the database of ``settings.database_url`` cannot be used (a URL that does not
+            parse, a driver that is not installed or is an asyncio one, a server that does not
+            answer, a database that does not exist): one ``error:`` line naming
+            ``WALLET_DATABASE_URL``, the URL without its password and what is wrong, and exit
+            status 1. uvicorn would print any other exception, here or in the lifespan, with its
+            traceback.
     """
+    wallet_settings = settings or WalletSettings()
+    try:
+        require_reachable(wallet_settings.database_url, "WALLET_DATABASE_URL")
+    except ConfigurationError as exc:
+        raise SystemExit(f"error: {exc}") from exc
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # WaltzClientConfig() reads its required fields from the WALTZ_* variables.
         client_config = config or WaltzClientConfig()  # type: ignore[call-arg]
-        async with Wallets.open(settings or WalletSettings(), client_config) as wallets:
+        async with Wallets.open(wallet_settings, client_config) as wallets:
             app.state.wallets = wallets
             yield
 

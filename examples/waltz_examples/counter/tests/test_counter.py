@@ -13,7 +13,7 @@ killed with SIGKILL and restarted. What the example promises:
   error; contention shows as lock failures, which the service retries.
 
 The HTTP API is tested through a real ``ThreadingHTTPServer`` on 127.0.0.1, the load generator
-and the ``load`` command against it.
+and the ``load`` command against it; ``serve`` and ``local`` refuse a ``--db`` they cannot use.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ import concurrent.futures
 import functools
 import http.client
 import json
+import os
 import random
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
 from waltz.local.cluster import LocalCluster
-from waltz.local.processes import wait_until
+from waltz.local.processes import free_port, wait_until
 from waltz_examples.counter import CounterHttpServer, CounterService, InsufficientCountError
 from waltz_examples.counter.cli import app
 from waltz_examples.counter.load import run_load
@@ -386,3 +390,34 @@ def test_command_line_help_lists_the_commands() -> None:
         assert command in result.output
     result = CliRunner().invoke(app, ["serve", "--help"])
     assert result.exit_code == 0 and "--zookeeper" in result.output and "--root" in result.output
+
+
+@pytest.mark.parametrize("command", ["serve", "local"])
+def test_a_database_the_service_cannot_use_is_refused_in_one_line_before_anything_starts(
+    command: str, waltz_postgres_url: str, tmp_path: Path
+) -> None:
+    """A database that does not exist, or a driver that is not installed: one ``error:`` line
+    naming --db and the URL without its password, exit 2, and no cluster started (``local``)."""
+    absent = make_url(waltz_postgres_url).set(password="s3cret", database="waltz_test_absent_database")
+    cases = {
+        absent.render_as_string(hide_password=False): 'database "waltz_test_absent_database" does not exist',
+        "mysql+mysqldb://root:s3cret@127.0.0.1/counter": "No module named 'MySQLdb'",
+    }
+    where = (
+        ("--zookeeper", f"127.0.0.1:{free_port()}", "--root", "/waltz/counter") if command == "serve" else ()
+    )
+    for url, cause in cases.items():
+        done = subprocess.run(
+            [sys.executable, "-m", "waltz_examples.counter", command, "--db", url, *where, "--port", "0"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=tmp_path,
+            env={k: v for k, v in os.environ.items() if not k.startswith(("COUNTER_", "WALTZ_"))},
+        )
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: --db "), done.stderr
+        assert cause in lines[0] and "s3cret" not in done.stderr and ":***@" in lines[0], done.stderr
+        assert "starting a local Waltz cluster" not in done.stdout

@@ -1,9 +1,13 @@
-"""The wallet's HTTP API against a real local cluster and database, through httpx's ASGI transport."""
+"""The wallet's HTTP API against a real local cluster and database, through httpx's ASGI transport;
+uvicorn's start on a database the service cannot use."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -11,9 +15,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+import pytest
+from sqlalchemy.engine import make_url
 
 from waltz import WaltzClientConfig
 from waltz.local.cluster import LocalCluster
+from waltz.local.processes import free_port
 from waltz_examples.wallet.app import WalletSettings, create_app
 
 
@@ -158,3 +165,63 @@ def test_requests_are_answered_503_in_time_when_the_log_cannot_be_reached(
             assert read.status_code == 200 and read.json()["balance"] == 105, read.text
 
     asyncio.run(main())
+
+
+#: The database URLs a first start gets wrong, each with what its ``error:`` line says. In each the
+#: password is ``s3cret``; ``{server}`` is the test's PostgreSQL server, as ``host:port``; ``{free}``
+#: a port where nothing listens.
+_UNUSABLE_DATABASES = {
+    "nothing listens": (
+        "postgresql+psycopg://postgres:s3cret@127.0.0.1:{free}/wallet",
+        "postgresql+psycopg://postgres:***@127.0.0.1:{free}/wallet: cannot connect: ",
+    ),
+    "no such database": (
+        "postgresql+psycopg://postgres:s3cret@{server}/waltz_test_absent_database",
+        'database "waltz_test_absent_database" does not exist (create it first, e.g. createdb)',
+    ),
+    "malformed": (
+        "postgresql+psycopg://postgres:s3cret@127.0.0.1:port/wallet",
+        "WALLET_DATABASE_URL (unparsable URL): ",
+    ),
+    "driver not installed": (
+        "mysql+mysqldb://root:s3cret@127.0.0.1/wallet",
+        "mysql+mysqldb://root:***@127.0.0.1/wallet: No module named 'MySQLdb'",
+    ),
+    "asyncio driver": (
+        "postgresql+psycopg_async://postgres:s3cret@{server}/wallet",
+        "an asyncio driver; give the synchronous URL postgresql+psycopg://postgres:***@",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_UNUSABLE_DATABASES))
+def test_uvicorn_refuses_a_database_it_cannot_use_in_one_line(
+    case: str, waltz_postgres_url: str, tmp_path: Path
+) -> None:
+    """``uvicorn --factory ...:create_app`` with an unusable ``WALLET_DATABASE_URL`` prints one
+    ``error:`` line naming the setting, the URL without its password and what is wrong, and exits
+    1, instead of uvicorn's and Starlette's tracebacks."""
+    server = make_url(waltz_postgres_url)
+    places = {"free": free_port(), "server": f"{server.host}:{server.port}"}
+    url, expected = (text.format(**places) for text in _UNUSABLE_DATABASES[case])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WALLET_", "WALTZ_"))}
+    env |= {
+        "WALLET_DATABASE_URL": url,
+        # A client configuration that parses: the database is what is wrong.
+        "WALTZ_ZOOKEEPER_CONNECT_STRING": f"127.0.0.1:{free_port()}",
+        "WALTZ_CLUSTER_ROOT": "/waltz/wallet",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "uvicorn", "--factory", "waltz_examples.wallet.app:create_app", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: WALLET_DATABASE_URL "), done.stderr
+    assert expected in lines[0], done.stderr
+    assert "s3cret" not in done.stderr
