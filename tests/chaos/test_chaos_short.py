@@ -369,6 +369,10 @@ def test_options_replay_and_duration() -> None:
     [
         ("postgresql+psycopg://app:s3cret-word@127.0.0.1:notaport/ledger", "invalid literal"),
         ("postgresql+psycopg://postgres@127.0.0.1:1/ledger", "cannot connect"),
+        (
+            "postgresql+psycopg_async://app:s3cret-word@127.0.0.1/ledger",
+            "an asyncio driver; give the synchronous URL postgresql+psycopg://app:***@127.0.0.1/ledger",
+        ),
     ],
 )
 def test_a_ledger_database_that_cannot_work_is_refused_before_the_cluster_starts(url: str, said: str) -> None:
