@@ -23,10 +23,10 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import FastAPI, HTTPException, Path, Request, Response, status
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import Engine
 
@@ -35,6 +35,8 @@ from waltz.cli.database_urls import require_reachable
 from waltz.errors import ConfigurationError, TransactionExpiredError
 from waltz.jdbc_style import ChangeSetCallbacks, EntityRegistry, create_framework_engine, migrations_api
 from waltz_examples.wallet.models import Base, Deposit, Wallet, Withdraw
+
+_Settings = TypeVar("_Settings", bound=BaseSettings)
 
 __all__ = [
     "Balance",
@@ -202,6 +204,20 @@ def unavailable(error: Exception) -> HTTPException:
     return HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail=detail, headers={"Retry-After": "1"})
 
 
+def _settings(kind: type[_Settings]) -> _Settings:
+    """``kind()`` from its variables, or exit 1 with one ``error:`` line per setting that is
+    missing or invalid (its variable and what to give), in place of pydantic's report."""
+    prefix = str(kind.model_config.get("env_prefix", ""))
+    try:
+        return kind()
+    except ValidationError as exc:
+        lines = [
+            f"error: {prefix}{str(error['loc'][0]).upper() if error['loc'] else ''}: {error['msg']}"
+            for error in exc.errors(include_url=False, include_input=False)
+        ]
+        raise SystemExit("\n".join(lines)) from exc
+
+
 def create_app(settings: WalletSettings | None = None, config: WaltzClientConfig | None = None) -> FastAPI:
     """The wallet's app, once its database answers (uvicorn's ``--factory``).
 
@@ -210,23 +226,25 @@ def create_app(settings: WalletSettings | None = None, config: WaltzClientConfig
         config: the Waltz client's configuration; default: from the ``WALTZ_*`` variables.
 
     Raises:
-        SystemExit: the database of ``settings.database_url`` cannot be used (a URL that does not
-            parse, a driver that is not installed or is an asyncio one, a server that does not
-            answer, a database that does not exist): one ``error:`` line naming
-            ``WALLET_DATABASE_URL``, the URL without its password and what is wrong, and exit
-            status 1. uvicorn would print any other exception, here or in the lifespan, with its
-            traceback.
+        SystemExit: exit status 1, before uvicorn starts the app: a ``WALLET_*`` or ``WALTZ_*``
+            setting is missing or invalid (one ``error:`` line each, naming its variable), or the
+            database of ``settings.database_url`` cannot be used (a URL that does not parse, a
+            driver that is not installed or is an asyncio one, a server that does not answer, a
+            database that does not exist: one ``error:`` line naming ``WALLET_DATABASE_URL``, the
+            URL without its password and what is wrong). uvicorn prints any other exception, here
+            or in the lifespan, with its traceback.
     """
-    wallet_settings = settings or WalletSettings()
+    wallet_settings = settings or _settings(WalletSettings)
     try:
         require_reachable(wallet_settings.database_url, "WALLET_DATABASE_URL")
     except ConfigurationError as exc:
         raise SystemExit(f"error: {exc}") from exc
+    # WaltzClientConfig() reads its required fields from the WALTZ_* variables: read here, before
+    # uvicorn starts the app, so that a variable not set is one line, not the lifespan's traceback.
+    client_config = config or _settings(WaltzClientConfig)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # WaltzClientConfig() reads its required fields from the WALTZ_* variables.
-        client_config = config or WaltzClientConfig()  # type: ignore[call-arg]
         async with Wallets.open(wallet_settings, client_config) as wallets:
             app.state.wallets = wallets
             yield

@@ -225,3 +225,37 @@ def test_uvicorn_refuses_a_database_it_cannot_use_in_one_line(
     assert len(lines) == 1 and lines[0].startswith("error: WALLET_DATABASE_URL "), done.stderr
     assert expected in lines[0], done.stderr
     assert "s3cret" not in done.stderr
+
+
+def test_uvicorn_names_each_setting_missing_or_invalid_in_one_line(tmp_path: Path) -> None:
+    """Started without the ``export`` lines of ``waltz up`` (and with a setting of the wallet's
+    that does not parse), ``uvicorn --factory ...:create_app`` prints one ``error:`` line per
+    setting, naming its variable, and exits 1 before the app starts, instead of the lifespan's
+    traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WALLET_", "WALTZ_"))}
+    env |= {"WALLET_DATABASE_URL": f"sqlite:///{tmp_path / 'wallet.db'}", "WALLET_REQUEST_TIMEOUT": "ten"}
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "waltz_examples.wallet.app:create_app",
+        "--port",
+        "0",
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path, env=env
+    )
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines == [lines[0]] and lines[0].startswith("error: WALLET_REQUEST_TIMEOUT: "), done.stderr
+    env["WALLET_REQUEST_TIMEOUT"] = "10"
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path, env=env
+    )
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2, done.stderr
+    assert lines[0].startswith("error: WALTZ_ZOOKEEPER_CONNECT_STRING: not set"), done.stderr
+    assert lines[1].startswith("error: WALTZ_CLUSTER_ROOT: not set"), done.stderr
+    assert "waltz up" in lines[0], done.stderr
