@@ -614,12 +614,17 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         command-style data).
 
         Raises:
-            NotImplementedError: by default, naming the header.
+            NotImplementedError: by default, naming the header and the usual cause: another
+                program's transactions in the application's partitions (docs/sql.md, "Skipping a
+                transaction whose apply keeps failing").
         """
         raise NotImplementedError(
             f"partition {transaction.partition_id} transaction {transaction.transaction_id} has header "
-            f"{transaction.header}, not a change-set ({CHANGE_SET_HEADER}); override apply_command() "
-            "to apply command-style transactions"
+            f"{transaction.header}, not a change-set ({CHANGE_SET_HEADER}): another program wrote it "
+            "into this application's partitions (a log is one application's: a plain client's, or "
+            "`waltz client validate` run without --local). Give the application a cluster of its own, "
+            "pass over the transaction with `waltz db skip`, or override apply_command() to apply "
+            "command-style transactions"
         )
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
