@@ -483,7 +483,6 @@ def test_an_idempotency_key_applies_a_request_once(engine: Engine) -> None:
     assert replay.uncaught_count == 0
 
 
-
 def test_a_transaction_that_is_not_a_change_set_names_the_usual_cause(engine: Engine) -> None:
     """Another program's transaction in the application's partitions (a plain client's deposit,
     ``waltz client validate``'s number) is refused, the mark kept, and the error says where such
@@ -497,6 +496,7 @@ def test_a_transaction_that_is_not_a_change_set_names_the_usual_cause(engine: En
     assert "waltz client validate" in message and "a cluster of its own" in message, message
     assert "waltz db skip" in message and "apply_command()" in message, message
     assert callbacks.high_water_marks() == {0: -1}
+
 
 def test_a_batch_s_keys_are_recorded_once_each_whatever_their_number(engine: Engine) -> None:
     """record_idempotency_keys: one execution inserts the keys not recorded yet, however many (the
