@@ -30,6 +30,7 @@ __all__ = [
     "PartitionNotOpenError",
     "PartitionUnavailableError",
     "ProtocolError",
+    "ReadOnlySessionError",
     "RecordsArchivedError",
     "ServerFeedError",
     "SessionFencedError",
@@ -627,6 +628,16 @@ class ApplyContractError(SqlFrameworkError):
     mark (docs/design/sql.md "The apply contract": both change together or not at all): ``apply``
     may read, write, flush and use savepoints (``begin_nested``), but must not commit, roll back,
     begin, or change the isolation level.
+    """
+
+
+class ReadOnlySessionError(SqlFrameworkError):
+    """A write through ``tx.session`` in an entity transaction's ``run``: an ``INSERT``,
+    ``UPDATE`` or ``DELETE`` executed on it, an object added or deleted, or an attribute of a
+    loaded object changed. The session reads the attempt's snapshot only, which is rolled back:
+    nothing written through it would reach the log or the database. A change goes through
+    ``tx.insert``, ``tx.update`` and ``tx.delete``, which the log carries (docs/design/sql.md
+    "Entity transactions").
     """
 
 

@@ -28,11 +28,11 @@ from typing import Any
 
 import pytest
 import support
-from sqlalchemy import BigInteger, Engine, Numeric, select, text
+from sqlalchemy import BigInteger, Engine, Numeric, select, text, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from waltz import Outcome, Transaction, WaltzClient, WaltzClientConfig
-from waltz.errors import ClientClosedError, CrossPartitionError
+from waltz.errors import ClientClosedError, CrossPartitionError, ReadOnlySessionError
 from waltz.jdbc_style import (
     AppliedRequest,
     ChangeSet,
@@ -182,6 +182,40 @@ class ReadsAnother(EntityTransactionContext):
 
     def on_exception(self, exception: BaseException) -> None:
         self.exceptions.append(exception)
+
+
+class WritesThroughTheSession(EntityTransactionContext):
+    """Reads a counter, then writes through ``tx.session`` as ``how`` says (or only queries it,
+    ``"query"``), and returns True as if the write were the transaction's."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int, how: str) -> None:
+        super().__init__(callbacks, (ClusterCounter, counter_id))
+        self.counter_id = counter_id
+        self.how = how
+
+    def run(self, tx: EntityTransaction) -> bool:
+        counter = tx.get(ClusterCounter, self.counter_id)
+        assert counter is not None
+        session = tx.session
+        where = ClusterCounter.counter_id == self.counter_id
+        if self.how == "update statement":
+            session.execute(update(ClusterCounter).where(where).values(value=ClusterCounter.value + 1))
+        elif self.how == "textual statement":
+            statement = text("UPDATE cluster_counters SET value = value + 1 WHERE counter_id = :c")
+            session.execute(statement, {"c": self.counter_id})
+        elif self.how == "added":
+            session.add(ClusterCounter(counter_id=-self.counter_id, value=7))
+        elif self.how == "loaded and changed":
+            loaded = session.get(ClusterCounter, self.counter_id)
+            assert loaded is not None
+            loaded.value += 1
+        elif self.how == "added, then a query":
+            session.add(ClusterCounter(counter_id=-self.counter_id, value=7))
+            session.execute(select(ClusterCounter.value).where(where)).scalar_one()
+        else:  # a read through the session, and the change through tx
+            value = session.execute(select(ClusterCounter.value).where(where)).scalar_one()
+            tx.update(counter, value=value + 1)
+        return True
 
 
 @dataclass
@@ -423,6 +457,33 @@ def test_a_transaction_spanning_two_partitions_is_refused(service: Service) -> N
 
     service.wait_caught_up()
     assert (service.counter_value(first), service.counter_value(second)) == (0, 0)
+
+
+def test_a_write_through_tx_session_is_refused_and_nothing_is_appended(service: Service) -> None:
+    """``tx.session`` reads the attempt's snapshot, which is rolled back: a write through it would
+    be lost while the outcome said committed. Each kind of write fails the context with
+    :class:`ReadOnlySessionError` and appends nothing; a query through it still works."""
+    counter_id = service.create_counter()
+    pid = service.partition_of(counter_id)
+    instance = service.first
+    before = instance.client.get_high_water_mark(pid)
+    expected = {
+        "update statement": "update statement executed on it",
+        "textual statement": "textual statement UPDATE executed on it",
+        "added": "objects never flushed: 1 added (ClusterCounter)",
+        "loaded and changed": "objects never flushed: 1 changed (ClusterCounter)",
+        "added, then a query": "objects to flush: 1 added (ClusterCounter)",
+    }
+    for how, words in expected.items():
+        future = instance.client.submit(WritesThroughTheSession(instance.callbacks, counter_id, how))
+        exception = future.exception(TIMEOUT)
+        assert isinstance(exception, ReadOnlySessionError), (how, exception)
+        assert words in str(exception) and "tx.insert, tx.update or tx.delete" in str(exception), how
+    assert instance.client.get_high_water_mark(pid) == before, "a refused context was appended"
+    outcome = instance.client.submit(WritesThroughTheSession(instance.callbacks, counter_id, "query"))
+    assert outcome.result(TIMEOUT).transaction_id is not None
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 1
 
 
 def test_a_request_committed_twice_changes_the_database_once(service: Service) -> None:

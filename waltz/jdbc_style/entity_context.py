@@ -53,7 +53,7 @@ from waltz.jdbc_style.idempotency import (
     find_idempotency_key,
     find_idempotency_keys,
 )
-from waltz.jdbc_style.mark_snapshot import MarkSnapshot
+from waltz.jdbc_style.mark_snapshot import MarkSnapshot, read_only_session_error
 from waltz.jdbc_style.prefetch import Prefetched
 
 __all__ = ["CachedSnapshot", "EntityTransaction", "EntityTransactionContext", "NotBatchableError"]
@@ -201,6 +201,11 @@ class EntityTransaction:
         if self._overlay is not None:
             raise NotBatchableError("a query on tx.session does not see the earlier members' changes")
         return self._snapshot.session
+
+    def pending_session_writes(self) -> str | None:
+        """What :attr:`session` holds that a flush would write (objects added, deleted or
+        changed), in a few words, or None; checked when :meth:`EntityContext.run` returns."""
+        return self._snapshot.pending_writes()
 
     def get_many(self, model: type[E], keys: Iterable[Any]) -> dict[tuple[Any, ...], E | None]:
         """:meth:`get` for several keys: ``{key tuple: entity or None}``, in the order given. The
@@ -466,6 +471,11 @@ class CachedSnapshot:
         """An ORM session on the database snapshot (opened when first used)."""
         return self._database().session
 
+    def pending_writes(self) -> str | None:
+        """What the database snapshot's session holds that a flush would write, or None
+        (:meth:`MarkSnapshot.pending_writes`)."""
+        return None if self._snapshot is None else self._snapshot.pending_writes()
+
     def rows_at_position(self, entities: list[tuple[EntityInfo, tuple[Any, ...]]]) -> Prefetched | None:
         """Rows of ``entities`` (none of them cached) as of :attr:`high_water_mark`, read from
         the database without waiting for the applies: ``{(entity info, key): row or None}``.
@@ -728,7 +738,11 @@ class EntityTransactionContext(TransactionContext):
         the state read: None when the change-set is to be appended, else what :meth:`execute`
         returns to drop it (the reason or the earlier transaction noted on ``builder``). A batch
         checks its members' keys together, after running them all."""
-        if not self.run(tx):
+        ran = self.run(tx)
+        pending = tx.pending_session_writes()
+        if pending is not None:  # never flushed: they would be lost without a word
+            raise read_only_session_error(f"objects never flushed: {pending}")
+        if not ran:
             return False if tx.drop_reason is None else builder.drop(tx.drop_reason)
         key = tx.idempotency_key
         if (

@@ -8,20 +8,23 @@ in one pipeline with its first statement), "Reading entities outside a transacti
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import ORMExecuteState, Session
+from sqlalchemy.sql.elements import TextClause
 
+from waltz.errors import ReadOnlySessionError
 from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.kept_connections import IdleBudget, KeptConnections
 from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.jdbc_style.prefetch import MarkPrefetch, Prefetched
 
-__all__ = ["SNAPSHOT_ISOLATION", "MarkReader", "MarkSnapshot"]
+__all__ = ["SNAPSHOT_ISOLATION", "MarkReader", "MarkSnapshot", "read_only_session_error"]
 
 #: Isolation level of entity reads (mark first, then the entities, in one snapshot).
 SNAPSHOT_ISOLATION = "REPEATABLE READ"
@@ -54,16 +57,71 @@ class MarkSnapshot:
 
     @property
     def session(self) -> Session:
-        """An ORM session on the snapshot's connection and transaction (made when first used)."""
+        """An ORM session on the snapshot's connection and transaction (made when first used),
+        for reads only: a write through it raises :class:`~waltz.errors.ReadOnlySessionError`
+        (an ``INSERT``, ``UPDATE`` or ``DELETE`` executed, or a flush of added, deleted or changed
+        objects); :meth:`pending_writes` names those never flushed (docs/design/sql.md "Entity
+        transactions")."""
         if self._session is None:
-            self._session = Session(bind=self.connection)
+            self._session = Session(bind=self.connection, autoflush=True)
+            event.listen(self._session, "do_orm_execute", _refuse_writes)
+            event.listen(self._session, "before_flush", _refuse_flush)
         return self._session
+
+    def pending_writes(self) -> str | None:
+        """What the session holds that a flush would write (objects added, deleted or changed),
+        in a few words, or None: nothing, or no session made."""
+        return None if self._session is None else _pending(self._session)
 
     def close(self) -> None:
         """Close the session, if one was made (the snapshot's owner ends the transaction)."""
         if self._session is not None:
             self._session.close()
             self._session = None
+
+
+#: The first word of a textual statement that writes (``session.execute(text(...))``).
+_WRITING_TEXT = re.compile(
+    r"\s*(?:insert|update|delete|merge|replace|upsert|truncate|create|alter|drop)\b", re.IGNORECASE
+)
+
+
+def read_only_session_error(what: str) -> ReadOnlySessionError:
+    """The error of a write through ``tx.session``, ``what`` saying which write."""
+    return ReadOnlySessionError(
+        f"tx.session is read-only: {what}. It reads the attempt's snapshot, which is rolled back, "
+        "so the write would reach neither the log nor the database: make the change with "
+        "tx.insert, tx.update or tx.delete, which the log carries"
+    )
+
+
+def _refuse_writes(state: ORMExecuteState) -> None:
+    statement = state.statement
+    if state.is_insert or state.is_update or state.is_delete:
+        raise read_only_session_error(f"{type(statement).__name__.lower()} statement executed on it")
+    if isinstance(statement, TextClause) and _WRITING_TEXT.match(statement.text):
+        raise read_only_session_error(
+            f"textual statement {statement.text.split(None, 1)[0].upper()} executed on it"
+        )
+
+
+def _pending(session: Session) -> str | None:
+    kinds = [
+        f"{len(objects)} {label} ({', '.join(sorted({type(o).__name__ for o in objects}))})"
+        for label, objects in (
+            ("added", list(session.new)),
+            ("deleted", list(session.deleted)),
+            ("changed", [o for o in session.dirty if session.is_modified(o)]),
+        )
+        if objects
+    ]
+    return "; ".join(kinds) if kinds else None
+
+
+def _refuse_flush(session: Session, _context: Any, _instances: Any) -> None:
+    pending = _pending(session)
+    if pending is not None:
+        raise read_only_session_error(f"objects to flush: {pending}")
 
 
 class MarkReader:
