@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import threading
 import time
 import urllib.request
@@ -473,6 +474,31 @@ def test_a_context_that_keeps_failing_its_lock_expires_between_attempts(
         assert context.outcomes.completions == [] and context.outcomes.exceptions == []
         client.flush(10)
         assert client.get_high_water_mark(0) == written  # no attempt of it was ever committed
+
+
+def test_a_context_that_fails_its_lock_again_and_again_is_logged_as_a_warning(
+    client_config: WaltzClientConfig, log_start: dict[int, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A context whose attempts keep sending a mark below a transaction its client applied (one
+    that sets ``sets_client_high_water_mark`` and never sets the mark) is retried until its
+    timeout: the 10th failure in a row on the same transaction says so, naming the context."""
+    store = MemoryStore(log_start)
+    lock = PartitionLocalLock("repeated", 1)
+    caplog.set_level(logging.WARNING, logger="waltz.client.attempt_runner")
+    with WaltzClient(store, client_config) as client:
+        written = client.submit(Append(0, b"first", write_lock=lock)).result(30).transaction_id
+        assert written is not None
+        context = Contended(lock, written - 1, timeout=60)
+        future = client.submit(context)
+
+        def warned() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "lock failures in a row" in r.getMessage()]
+
+        wait_until(lambda: bool(warned()), timeout=60, what="the warning of repeated lock failures")
+        (message,) = warned()
+        assert f"Contended on partition 0: 10 lock failures in a row on transaction {written}" in message
+        assert "sets_client_high_water_mark" in message, message
+        assert not future.done() and context.outcomes.lock_failures >= 10
 
 
 class Counting(Append):

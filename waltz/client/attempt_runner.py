@@ -725,6 +725,19 @@ def _retry_pause(submission: Submission, lock_target: int | None) -> float:
             submission.last_lock_target = lock_target
             submission.repeated_lock_failures = 0
         repeats = submission.repeated_lock_failures
+        if repeats >= 10 and str(repeats).rstrip("0") == "1":  # 10, 100, 1000, ... in a row
+            context = submission.context
+            log.warning(
+                "%s on partition %d: %d lock failures in a row on transaction %d: its attempts keep "
+                "sending a client high-water mark below it, although this client waited until it "
+                "applied it, and are retried until the context's timeout, if any. A context that sets "
+                "sets_client_high_water_mark must give builder.set_client_high_water_mark the mark of "
+                'the state it read (docs/design/client.md, "Retries and lock failures")',
+                type(context).__name__,
+                submission.partition_id,
+                repeats,
+                lock_target,
+            )
         return 0.0 if repeats < 2 else min(0.5, 0.005 * 2 ** (repeats - 2))
     submission.lost_appends += 1
     return 0.0 if submission.lost_appends <= 3 else min(1.0, 0.01 * 2 ** (submission.lost_appends - 3))
