@@ -817,10 +817,13 @@ def test_an_undeclared_entity_pauses_the_partition_and_a_retired_one_is_passed_o
         assert conn.execute(sa.select(Account.balance)).scalar_one() == 10
 
 
-def test_a_model_whose_table_lacks_its_columns_is_named_at_construction(engine: Engine) -> None:
+def test_a_model_whose_table_lacks_its_columns_is_named_at_construction(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
     """A release started before its application's migration: its model maps a column the table
     lacks. The callbacks say so when they are made, naming the table, the column and what to run,
-    instead of a raw "no such column" at the first attempt; a table not created yet is left alone."""
+    instead of a raw "no such column" at the first attempt; a table not created yet is left to
+    the application, with a warning naming it."""
 
     class Later(DeclarativeBase):
         pass
@@ -832,7 +835,11 @@ def test_a_model_whose_table_lacks_its_columns_is_named_at_construction(engine: 
         balance: Mapped[int] = mapped_column(default=0)
         tier: Mapped[str] = mapped_column(default="basic")
 
+    caplog.set_level(logging.WARNING, logger="waltz.jdbc_style.changeset_callbacks")
     ChangeSetCallbacks(engine, cluster_name="test-cluster", registry=EntityRegistry([Tagged]))  # no table yet
+    (warning,) = [r.getMessage() for r in caplog.records if "are not in" in r.getMessage()]
+    assert "tables accounts (Tagged) are not in" in warning and "alembic upgrade head" in warning, warning
+    caplog.clear()
     Base.metadata.create_all(engine)  # the table as the release before made it
     with pytest.raises(
         ModelTablesBehindError, match=r"table accounts lacks \['tier'\], which Tagged maps"

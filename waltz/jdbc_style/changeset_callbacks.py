@@ -667,7 +667,8 @@ class ModelTablesBehindError(SqlFrameworkError):
 
 def check_model_tables(engine: Engine, registry: EntityRegistry) -> None:
     """Check that every registered model's table, where it exists, has the columns the model maps
-    (a table not created yet is left to the application).
+    (a table not created yet is left to the application: a warning names it, since every apply of
+    a change to it fails until the application's migrations create it).
 
     Raises:
         ModelTablesBehindError: a table lacks columns of its model; the message names them and the
@@ -678,14 +679,23 @@ def check_model_tables(engine: Engine, registry: EntityRegistry) -> None:
     with engine.connect() as conn:
         inspector = inspect_database(conn)
         behind = []
+        absent = []
         for info in registry:
             table = info.model.__table__
             if not inspector.has_table(table.name, schema=table.schema):
+                absent.append(f"{table.name} ({info.model.__name__})")
                 continue
             present = {column["name"] for column in inspector.get_columns(table.name, schema=table.schema)}
             missing = sorted(column.name for column in table.columns if column.name not in present)
             if missing:
                 behind.append(f"table {table.name} lacks {missing}, which {info.model.__name__} maps")
+    if absent:
+        log.warning(
+            "tables %s are not in %s yet: every apply of a change to them fails, and is retried, until "
+            "the application's migrations create them (e.g. `alembic upgrade head`)",
+            ", ".join(absent),
+            engine.url.render_as_string(hide_password=True),
+        )
     if behind:
         raise ModelTablesBehindError(
             f"{'; '.join(behind)} on {engine.url.render_as_string(hide_password=True)}: run the "
