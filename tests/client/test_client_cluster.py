@@ -651,3 +651,43 @@ def test_submit_from_a_completion_at_the_limit_fails_instead_of_deadlocking(
         assert isinstance(context.error, WaltzClientError), context.error
         assert "would deadlock" in str(context.error)
         assert client.submit(Append(0, b"later")).result(30).committed  # the client goes on
+
+
+class WaitsOnCompletion(Append):
+    """Submits another context from its own completion and waits for its outcome there."""
+
+    def __init__(self, client: WaltzClient, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.client = client
+        self.error: BaseException | None = None
+        self.follow_up: concurrent.futures.Future[Outcome] | None = None
+        self.done = threading.Event()
+
+    def on_completion(self, result: bool) -> None:
+        super().on_completion(result)
+        try:
+            self.follow_up = self.client.submit(Append(self.partition, b"follow-up"))
+            self.follow_up.result(30)
+        except BaseException as exc:
+            self.error = exc
+        self.done.set()
+
+
+def test_waiting_for_an_outcome_in_a_completion_callback_fails_at_once_instead_of_deadlocking(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """Commits complete on one thread, in order: a completion callback that waits for another
+    submission's outcome would wait for itself (until its timeout, the follow-up committed all
+    along). The wait fails at once, saying so; the follow-up commits; a wait from another thread
+    works."""
+    from waltz.errors import WaltzClientError
+
+    store = MemoryStore(log_start)
+    with WaltzClient(store, client_config) as client:
+        context = WaitsOnCompletion(client, 0, b"first")
+        client.submit(context).result(30)
+        assert context.done.wait(30)
+        # Before, the wait ran out its 30 s with TimeoutError, the follow-up committed meanwhile.
+        assert isinstance(context.error, WaltzClientError), context.error
+        assert "would deadlock" in str(context.error) and "add_done_callback" in str(context.error)
+        assert context.follow_up is not None and context.follow_up.result(30).committed

@@ -35,7 +35,7 @@ from waltz.client.context import AppendPayload, TransactionContext
 from waltz.client.in_flight import InFlight
 from waltz.client.metrics import ClientMetrics
 from waltz.client.routing import EPOCH_WAIT_SECONDS, EpochRouting, Route, RoutingView
-from waltz.client.submission import Submission
+from waltz.client.submission import Submission, SubmissionFuture
 from waltz.client.waiting import Watermark
 from waltz.errors import (
     ClientClosedError,
@@ -253,6 +253,8 @@ class AttemptRunner:
             route_serial=view.serial,
             slot_partition=partition.partition_id,
         )
+        if isinstance(submission.future, SubmissionFuture):
+            submission.future.on_completion_thread = self.on_completion_thread
         if self._tracing is not None:
             submission.trace = self._tracing.begin(pid, context)
         return partition, submission

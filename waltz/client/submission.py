@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 
 from waltz.client.context import AppendPayload, TransactionBuilder, TransactionContext
 from waltz.client.outcome import Outcome, OutcomeKind
-from waltz.errors import MessageTooLargeError, TransactionExpiredError
+from waltz.errors import MessageTooLargeError, TransactionExpiredError, WaltzClientError
 
 if TYPE_CHECKING:
     from waltz.tracing import TransactionTrace
 
-__all__ = ["Submission", "Waiting"]
+__all__ = ["Submission", "SubmissionFuture", "Waiting"]
 
 #: A context waiting for a lock of its partition: its submission, the append of its last attempt
 #: (None: a context queued before its first attempt ran), and the transaction ID that attempt must
@@ -44,11 +44,34 @@ APPEND_OVERHEAD_BYTES = 256
 LOCK_HASH_BYTES = 10
 
 
-class _SubmissionFuture(concurrent.futures.Future[Outcome]):
-    """The future of a submission: an append in flight cannot be recalled, so it cannot be cancelled."""
+class SubmissionFuture(concurrent.futures.Future[Outcome]):
+    """The future of a submission: an append in flight cannot be recalled, so it cannot be
+    cancelled; and its outcome cannot be waited for on the client's completion thread, which
+    completes it (:attr:`on_completion_thread`, set by the client)."""
+
+    #: Whether the calling thread is the client's completion thread; None: never.
+    on_completion_thread: Callable[[], bool] | None = None
 
     def cancel(self) -> bool:
         return False
+
+    def _refuse_a_wait_that_would_deadlock(self) -> None:
+        check = self.on_completion_thread
+        if check is not None and not self.done() and check():
+            raise WaltzClientError(
+                "waiting for a submission's outcome in a completion callback (on_completion, a "
+                "future's done callback) would deadlock: commits complete on this thread, one after "
+                "the other, so this outcome would come only after the callback returned. Wait from "
+                "another thread, or take the outcome in a callback (future.add_done_callback)"
+            )
+
+    def result(self, timeout: float | None = None) -> Outcome:
+        self._refuse_a_wait_that_would_deadlock()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._refuse_a_wait_that_would_deadlock()
+        return super().exception(timeout)
 
 
 class Submission:
@@ -118,7 +141,7 @@ class Submission:
         """While it waits for the epochs to move (``time.monotonic()``): when waiting fails it."""
         self.slot_partition = partition_id if slot_partition is None else slot_partition
         """The partition whose concurrency slot it holds (``InFlight``)."""
-        self.future: concurrent.futures.Future[Outcome] | None = _SubmissionFuture() if with_future else None
+        self.future: concurrent.futures.Future[Outcome] | None = SubmissionFuture() if with_future else None
         self.attempts = 0
         self.lock_failures = 0
         self.lost_appends = 0
