@@ -498,6 +498,30 @@ def test_a_transaction_that_is_not_a_change_set_names_the_usual_cause(engine: En
     assert callbacks.high_water_marks() == {0: -1}
 
 
+def test_another_name_on_a_database_that_follows_a_log_is_warned_of(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A second instance started with another cluster_name on a database that follows a log:
+    its callbacks warn, naming the logs the database follows, that the new name's log is applied
+    from its start onto the rows already there. The same name, or a database with no rows yet,
+    says nothing."""
+    Base.metadata.create_all(engine)
+    registry = EntityRegistry([Account])
+    caplog.set_level(logging.WARNING, logger="waltz.jdbc_style.changeset_callbacks")
+    first = ChangeSetCallbacks(engine, cluster_name="test-cluster", registry=registry)
+    first.apply_transaction(change_set_txn(0, 10, None, insert=True))
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "from its start" in r.getMessage()]
+
+    ChangeSetCallbacks(engine, cluster_name="test-cluster", registry=registry)
+    assert warnings() == []
+    ChangeSetCallbacks(engine, cluster_name="test-cluster-b", registry=registry)
+    (warning,) = warnings()
+    assert "holds the marks of the logs ['test-cluster'], none of 'test-cluster-b'" in warning, warning
+    assert f"rows in {Account.__tablename__}" in warning, warning
+
+
 def test_a_batch_s_keys_are_recorded_once_each_whatever_their_number(engine: Engine) -> None:
     """record_idempotency_keys: one execution inserts the keys not recorded yet, however many (the
     statement is the same for any number of rows), and says which this transaction is first to

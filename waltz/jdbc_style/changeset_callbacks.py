@@ -152,6 +152,7 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         super().__init__(engine, cluster_name=cluster_name, **kwargs)
         if kwargs.get("check_schema", True):
             check_model_tables(self.engine, registry)
+            warn_of_another_name(self.engine, cluster_name, registry)
         if entity_cache is None:
             cls = type(self)
             entity_cache = (
@@ -701,6 +702,40 @@ def check_model_tables(engine: Engine, registry: EntityRegistry) -> None:
             f"{'; '.join(behind)} on {engine.url.render_as_string(hide_password=True)}: run the "
             "application's migrations for this release (e.g. `alembic upgrade head`) before it starts, "
             "or pass check_schema=False"
+        )
+
+
+def warn_of_another_name(engine: Engine, cluster_name: str, registry: EntityRegistry) -> None:
+    """Log a warning when the database holds other logs' marks and none of ``cluster_name``'s,
+    while a registered model's table holds rows: an instance started under a new name applies
+    the log from its start onto them, which is right only for a second log of the database
+    (docs/sql.md, "Applying the log exactly once")."""
+    from sqlalchemy import inspect as inspect_database
+    from sqlalchemy import select
+
+    from waltz.jdbc_style.marks import logs_followed
+
+    with engine.connect() as conn:
+        others = logs_followed(conn)
+        if not others or cluster_name in others:
+            return
+        inspector = inspect_database(conn)
+        held = [
+            info.model.__table__.name
+            for info in registry
+            if inspector.has_table(info.model.__table__.name, schema=info.model.__table__.schema)
+            and conn.execute(select(1).select_from(info.model.__table__).limit(1)).first() is not None
+        ]
+    if held:
+        log.warning(
+            "%s holds the marks of the logs %s, none of %r, and rows in %s: this instance applies the "
+            "log %r from its start onto those rows (an insert of a row already there fails its apply "
+            "for good). If this database follows that log under another name, give that cluster_name",
+            engine.url.render_as_string(hide_password=True),
+            sorted(others),
+            cluster_name,
+            ", ".join(held),
+            cluster_name,
         )
 
 

@@ -20,7 +20,7 @@ from sqlalchemy.sql.base import Executable
 from waltz.jdbc_style.direct import direct_statements
 from waltz.jdbc_style.schema import high_water_marks as _marks
 
-__all__ = ["HighWaterMarks", "insert_if_absent"]
+__all__ = ["HighWaterMarks", "insert_if_absent", "logs_followed"]
 
 
 def _insert_skipping_present(conn: Connection, table: Table) -> Insert | None:
@@ -95,6 +95,11 @@ def inserted_rows_if_absent(
             return {row[0] for row in result}
     insert_rows_if_absent(conn, table, rows)
     return None
+
+
+def logs_followed(conn: Connection) -> set[str]:
+    """The names of the logs (clusters) whose mark rows the database holds."""
+    return {str(name) for name in conn.scalars(select(_marks.c.cluster_name).distinct())}
 
 
 class HighWaterMarks:
