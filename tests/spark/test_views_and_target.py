@@ -391,6 +391,7 @@ def test_changes_that_do_not_fit_their_model_are_found_as_the_live_apply_finds_t
     ]
     assert row_change_problem(moved_key, **shape) == problems[2].split(": ", 1)[1].replace("'4'", "4")
     assert "sets ['password'], which are not column attributes of Counter" in problems[1]
+    assert "without an upcaster" in problems[1] and "RenameAttribute" in problems[1], problems[1]
     # The rebuild's check runs in the decoding pass and finds the same.
     assert _checked_while_decoding(log, registry) == problems
     assert (

@@ -95,7 +95,11 @@ def row_change_problem(
         )
     unknown = sorted(set(change.values) - set(attributes))
     if unknown:
-        return f"{what} sets {unknown}, which are not column attributes of {model_name}"
+        return (
+            f"{what} sets {unknown}, which are not column attributes of {model_name} (a model "
+            "changed without an upcaster for the records written before? declare its schema_version "
+            'and an upcaster, e.g. RenameAttribute: docs/sql.md, "Changing a model")'
+        )
     moved = [n for n in change.key if n in change.values and change.values[n] != change.key[n]]
     if moved:
         return f"{what} {dict(change.key)} changes its key attributes {moved}"
