@@ -520,6 +520,11 @@ def test_another_name_on_a_database_that_follows_a_log_is_warned_of(
     (warning,) = warnings()
     assert "holds the marks of the logs ['test-cluster'], none of 'test-cluster-b'" in warning, warning
     assert f"rows in {Account.__tablename__}" in warning, warning
+    caplog.clear()
+    with engine.begin() as conn:
+        conn.execute(sa.delete(Account))
+    ChangeSetCallbacks(engine, cluster_name="test-cluster-c", registry=registry)
+    assert warnings() == [], "a database whose models' tables hold no rows was warned of"
 
 
 def test_a_batch_s_keys_are_recorded_once_each_whatever_their_number(engine: Engine) -> None:

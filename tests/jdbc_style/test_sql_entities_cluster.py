@@ -212,6 +212,12 @@ class WritesThroughTheSession(EntityTransactionContext):
         elif self.how == "added, then a query":
             session.add(ClusterCounter(counter_id=-self.counter_id, value=7))
             session.execute(select(ClusterCounter.value).where(where)).scalar_one()
+        elif self.how == "loaded, then tx.update":  # the change through tx: not a session write
+            loaded = session.scalars(select(ClusterCounter).where(where)).one()
+            tx.update(loaded, value=loaded.value + 1)
+            # A query after it flushes nothing and reads the state at the mark, as every query does.
+            read = session.execute(select(ClusterCounter.value).where(where)).scalar_one()
+            assert read == loaded.value - 1
         else:  # a read through the session, and the change through tx
             value = session.execute(select(ClusterCounter.value).where(where)).scalar_one()
             tx.update(counter, value=value + 1)
@@ -480,10 +486,31 @@ def test_a_write_through_tx_session_is_refused_and_nothing_is_appended(service: 
         assert isinstance(exception, ReadOnlySessionError), (how, exception)
         assert words in str(exception) and "tx.insert, tx.update or tx.delete" in str(exception), how
     assert instance.client.get_high_water_mark(pid) == before, "a refused context was appended"
-    outcome = instance.client.submit(WritesThroughTheSession(instance.callbacks, counter_id, "query"))
-    assert outcome.result(TIMEOUT).transaction_id is not None
+    for how in ("query", "loaded, then tx.update"):
+        outcome = instance.client.submit(WritesThroughTheSession(instance.callbacks, counter_id, how))
+        assert outcome.result(TIMEOUT).transaction_id is not None, how
     service.wait_caught_up()
-    assert service.counter_value(counter_id) == 1
+    assert service.counter_value(counter_id) == 2
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
+def test_a_batch_member_that_writes_through_tx_session_fails_alone(service: Service) -> None:
+    """The members of a batch's pass share its snapshot and its session: a member whose write
+    through ``tx.session`` is refused leaves nothing there, and the members after it commit."""
+    counter_id = service.create_counter()
+    instance = service.first
+    with EntityBatcher(instance.client) as batcher:
+        gated = Gated(instance.callbacks, counter_id)
+        first = batcher.submit(gated)  # alone: nothing in flight; the others queue behind it
+        writer = batcher.submit(WritesThroughTheSession(instance.callbacks, counter_id, "added"))
+        plain = [batcher.submit(Increment(instance.callbacks, counter_id)) for _ in range(2)]
+        gated.gate.set()
+        assert first.result(TIMEOUT).committed
+        assert isinstance(writer.exception(TIMEOUT), ReadOnlySessionError)
+        outcomes = [future.result(TIMEOUT) for future in plain]
+    assert all(outcome.committed for outcome in outcomes), outcomes
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 1 + 2
 
 
 def test_a_request_committed_twice_changes_the_database_once(service: Service) -> None:

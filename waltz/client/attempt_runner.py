@@ -712,6 +712,30 @@ def _waited_mark(partition: ClientPartition, submission: Submission) -> Watermar
     return partition.absorbed if submission.context.reads_absorbed_state else partition.applied
 
 
+def _warn_of_repeated_lock_failures(submission: Submission, failures: int, lock_target: int) -> None:
+    """Say that a context failed its lock check ``failures`` times in a row on one transaction,
+    with the likely cause (docs/design/client.md, "Retries and lock failures")."""
+    context = submission.context
+    cause = (
+        "a context that sets sets_client_high_water_mark must give builder.set_client_high_water_mark "
+        "the mark of the state it read"
+        if context.sets_client_high_water_mark
+        else "the context may not read the state it waits for (a mark it sets itself), or its lock "
+        "collides in the server's lock table with a lock written at every transaction"
+    )
+    log.warning(
+        "%s on partition %d: %d lock failures in a row on transaction %d: its attempts keep sending a "
+        "client high-water mark below it, although this client waited until it applied it, and are "
+        "retried until the context's timeout, if any; %s (docs/design/client.md, \"Retries and lock "
+        'failures")',
+        type(context).__name__,
+        submission.partition_id,
+        failures,
+        lock_target,
+        cause,
+    )
+
+
 def _retry_pause(submission: Submission, lock_target: int | None) -> float:
     """Seconds to wait before another attempt of a context whose attempt just failed.
 
@@ -727,19 +751,9 @@ def _retry_pause(submission: Submission, lock_target: int | None) -> float:
             submission.last_lock_target = lock_target
             submission.repeated_lock_failures = 0
         repeats = submission.repeated_lock_failures
-        if repeats >= 10 and str(repeats).rstrip("0") == "1":  # 10, 100, 1000, ... in a row
-            context = submission.context
-            log.warning(
-                "%s on partition %d: %d lock failures in a row on transaction %d: its attempts keep "
-                "sending a client high-water mark below it, although this client waited until it "
-                "applied it, and are retried until the context's timeout, if any. A context that sets "
-                "sets_client_high_water_mark must give builder.set_client_high_water_mark the mark of "
-                'the state it read (docs/design/client.md, "Retries and lock failures")',
-                type(context).__name__,
-                submission.partition_id,
-                repeats,
-                lock_target,
-            )
+        failures = repeats + 1  # in a row on this transaction, this one included
+        if failures >= 10 and str(failures).rstrip("0") == "1":  # 10, 100, 1000, ... in a row
+            _warn_of_repeated_lock_failures(submission, failures, lock_target)
         return 0.0 if repeats < 2 else min(0.5, 0.005 * 2 ** (repeats - 2))
     submission.lost_appends += 1
     return 0.0 if submission.lost_appends <= 3 else min(1.0, 0.01 * 2 ** (submission.lost_appends - 3))

@@ -47,7 +47,8 @@ LOCK_HASH_BYTES = 10
 class SubmissionFuture(concurrent.futures.Future[Outcome]):
     """The future of a submission: an append in flight cannot be recalled, so it cannot be
     cancelled; and its outcome cannot be waited for on the client's completion thread, which
-    completes it (:attr:`on_completion_thread`, set by the client)."""
+    completes it (:attr:`on_completion_thread`, set by the client): a wait there raises
+    ``WaltzClientError`` at once, a poll (``timeout=0``) is answered as usual."""
 
     #: Whether the calling thread is the client's completion thread; None: never.
     on_completion_thread: Callable[[], bool] | None = None
@@ -55,9 +56,9 @@ class SubmissionFuture(concurrent.futures.Future[Outcome]):
     def cancel(self) -> bool:
         return False
 
-    def _refuse_a_wait_that_would_deadlock(self) -> None:
+    def _refuse_a_wait_that_would_deadlock(self, timeout: float | None) -> None:
         check = self.on_completion_thread
-        if check is not None and not self.done() and check():
+        if (timeout is None or timeout > 0) and check is not None and not self.done() and check():
             raise WaltzClientError(
                 "waiting for a submission's outcome in a completion callback (on_completion, a "
                 "future's done callback) would deadlock: commits complete on this thread, one after "
@@ -66,11 +67,11 @@ class SubmissionFuture(concurrent.futures.Future[Outcome]):
             )
 
     def result(self, timeout: float | None = None) -> Outcome:
-        self._refuse_a_wait_that_would_deadlock()
+        self._refuse_a_wait_that_would_deadlock(timeout)
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        self._refuse_a_wait_that_would_deadlock()
+        self._refuse_a_wait_that_would_deadlock(timeout)
         return super().exception(timeout)
 
 

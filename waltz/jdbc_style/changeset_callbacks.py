@@ -717,11 +717,15 @@ def warn_of_another_name(engine: Engine, cluster_name: str, registry: EntityRegi
     from sqlalchemy import inspect as inspect_database
     from sqlalchemy import select
 
-    from waltz.jdbc_style.marks import logs_followed
+    from waltz.jdbc_style.marks import HighWaterMarks, logs_followed
 
     with engine.connect() as conn:
+        # Asked of the database, which compares the names as its collation does (MariaDB's
+        # default calls "Ledger" and "ledger" equal: an instance named either resumes the log).
+        if HighWaterMarks(cluster_name).read_all(conn):
+            return
         others = logs_followed(conn)
-        if not others or cluster_name in others:
+        if not others:
             return
         inspector = inspect_database(conn)
         held = [
@@ -734,7 +738,8 @@ def warn_of_another_name(engine: Engine, cluster_name: str, registry: EntityRegi
         log.warning(
             "%s holds the marks of the logs %s, none of %r, and rows in %s: this instance applies the "
             "log %r from its start onto those rows (an insert of a row already there fails its apply "
-            "for good). If this database follows that log under another name, give that cluster_name",
+            "for good). If this database follows that log under another name, give that cluster_name; "
+            "for a second log of the database, nothing is wrong (said until its marks exist)",
             engine.url.render_as_string(hide_password=True),
             sorted(others),
             cluster_name,

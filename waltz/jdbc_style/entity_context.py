@@ -39,6 +39,7 @@ from typing import Any, TypeVar, overload
 
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import instance_state, set_committed_value
 
 from waltz.client.context import TransactionBuilder, TransactionContext
 from waltz.client.locks import PartitionLocalLock
@@ -202,10 +203,11 @@ class EntityTransaction:
             raise NotBatchableError("a query on tx.session does not see the earlier members' changes")
         return self._snapshot.session
 
-    def pending_session_writes(self) -> str | None:
+    def take_session_writes(self) -> str | None:
         """What :attr:`session` holds that a flush would write (objects added, deleted or
-        changed), in a few words, or None; checked when :meth:`EntityContext.run` returns."""
-        return self._snapshot.pending_writes()
+        changed), in a few words, or None; the session is emptied of them (a batch's next member
+        shares it). Checked when :meth:`EntityTransactionContext.run` returns."""
+        return self._snapshot.take_writes()
 
     def get_many(self, model: type[E], keys: Iterable[Any]) -> dict[tuple[Any, ...], E | None]:
         """:meth:`get` for several keys: ``{key tuple: entity or None}``, in the order given. The
@@ -359,8 +361,12 @@ class EntityTransaction:
                 "delete it and insert a new one"
             )
         self.lock_write(type(entity), key)
-        for name, value in changes.items():
-            setattr(entity, name, value)
+        if instance_state(entity).session_id is None:
+            for name, value in changes.items():
+                setattr(entity, name, value)
+        else:  # loaded through tx.session: changed there as read, not as a write to flush
+            for name, value in changes.items():
+                set_committed_value(entity, name, value)
         self._changes.append(
             RowChange(
                 Operation.UPDATE,
@@ -471,10 +477,10 @@ class CachedSnapshot:
         """An ORM session on the database snapshot (opened when first used)."""
         return self._database().session
 
-    def pending_writes(self) -> str | None:
-        """What the database snapshot's session holds that a flush would write, or None
-        (:meth:`MarkSnapshot.pending_writes`)."""
-        return None if self._snapshot is None else self._snapshot.pending_writes()
+    def take_writes(self) -> str | None:
+        """What the database snapshot's session holds that a flush would write, or None; the
+        session is emptied of them (:meth:`MarkSnapshot.take_writes`)."""
+        return None if self._snapshot is None else self._snapshot.take_writes()
 
     def rows_at_position(self, entities: list[tuple[EntityInfo, tuple[Any, ...]]]) -> Prefetched | None:
         """Rows of ``entities`` (none of them cached) as of :attr:`high_water_mark`, read from
@@ -739,7 +745,7 @@ class EntityTransactionContext(TransactionContext):
         returns to drop it (the reason or the earlier transaction noted on ``builder``). A batch
         checks its members' keys together, after running them all."""
         ran = self.run(tx)
-        pending = tx.pending_session_writes()
+        pending = tx.take_session_writes()
         if pending is not None:  # never flushed: they would be lost without a word
             raise read_only_session_error(f"objects never flushed: {pending}")
         if not ran:

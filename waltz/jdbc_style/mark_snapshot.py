@@ -60,7 +60,7 @@ class MarkSnapshot:
         """An ORM session on the snapshot's connection and transaction (made when first used),
         for reads only: a write through it raises :class:`~waltz.errors.ReadOnlySessionError`
         (an ``INSERT``, ``UPDATE`` or ``DELETE`` executed, or a flush of added, deleted or changed
-        objects); :meth:`pending_writes` names those never flushed (docs/design/sql.md "Entity
+        objects); :meth:`take_writes` names those never flushed (docs/design/sql.md "Entity
         transactions")."""
         if self._session is None:
             self._session = Session(bind=self.connection, autoflush=True)
@@ -68,10 +68,12 @@ class MarkSnapshot:
             event.listen(self._session, "before_flush", _refuse_flush)
         return self._session
 
-    def pending_writes(self) -> str | None:
+    def take_writes(self) -> str | None:
         """What the session holds that a flush would write (objects added, deleted or changed),
-        in a few words, or None: nothing, or no session made."""
-        return None if self._session is None else _pending(self._session)
+        in a few words, or None: nothing, or no session made. The session is emptied of its
+        objects when it held such writes: the next reader of the snapshot (a batch's next
+        member) starts clean."""
+        return None if self._session is None else _take_pending(self._session)
 
     def close(self) -> None:
         """Close the session, if one was made (the snapshot's owner ends the transaction)."""
@@ -118,8 +120,15 @@ def _pending(session: Session) -> str | None:
     return "; ".join(kinds) if kinds else None
 
 
-def _refuse_flush(session: Session, _context: Any, _instances: Any) -> None:
+def _take_pending(session: Session) -> str | None:
     pending = _pending(session)
+    if pending is not None:
+        session.expunge_all()
+    return pending
+
+
+def _refuse_flush(session: Session, _context: Any, _instances: Any) -> None:
+    pending = _take_pending(session)
     if pending is not None:
         raise read_only_session_error(f"objects to flush: {pending}")
 

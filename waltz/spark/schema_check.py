@@ -127,7 +127,7 @@ def check_log(spark: Any, app: AppViews, source: Any, progress: Progress | None 
         )
     plans = source.plan()
     marks = {p.partition_id: p.high_water_mark for p in plans}
-    if source.plans is None:  # a plan made before (LogSource.planned) was said then
+    if getattr(source, "plans", None) is None:  # a plan made before (LogSource.planned) was said then
         for plan in plans:
             say(f"partition {plan.partition_id}: committed up to {plan.high_water_mark} ({plan.proof})")
     chains = app.entities.schema_chains()
