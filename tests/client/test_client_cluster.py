@@ -12,7 +12,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.client.client_helpers import Append, Increment, MemoryStore, PrefetchingStore
-from waltz import Outcome, PartitionLocalLock, TransactionBuilder, WaltzClient, WaltzClientConfig
+from waltz import (
+    BytesSerializer,
+    Outcome,
+    PartitionLocalLock,
+    Transaction,
+    TransactionBuilder,
+    WaltzClient,
+    WaltzClientConfig,
+)
 from waltz.errors import PartitionNotMountedError, TransactionExpiredError
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
@@ -723,3 +731,51 @@ def test_a_poll_of_an_outcome_in_a_completion_callback_is_answered_as_usual(
         assert context.done.wait(30)
         # The follow-up cannot have committed yet: its completion comes after this callback.
         assert isinstance(context.error, TimeoutError), context.error
+
+
+class WaitsInApply(MemoryStore):
+    """Applies as :class:`MemoryStore`; on the transaction whose data is ``b"trigger"``, submits a
+    follow-up on the same lock from ``apply_transaction`` and waits for its outcome there."""
+
+    def __init__(self, start: dict[int, int], lock: PartitionLocalLock) -> None:
+        super().__init__(start)
+        self.lock_of_trigger = lock
+        self.client: WaltzClient | None = None
+        self.error: BaseException | None = None
+        self.follow_up: concurrent.futures.Future[Outcome] | None = None
+        self.done = threading.Event()
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        super().apply_transaction(transaction)
+        if transaction.get_data(BytesSerializer()) != b"trigger" or self.done.is_set():
+            return
+        assert self.client is not None
+        try:
+            self.follow_up = self.client.submit(
+                Append(transaction.partition_id, b"follow-up", write_lock=self.lock_of_trigger)
+            )
+            self.follow_up.result(30)
+        except BaseException as exc:
+            self.error = exc
+        self.done.set()
+
+
+def test_waiting_for_an_outcome_in_apply_transaction_fails_at_once_instead_of_holding_the_applies(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """A follow-up that takes the lock of the transaction being applied waits for that apply,
+    which would wait for it (until its timeout): the wait fails at once, saying so and that applies
+    are replayed; the follow-up then commits."""
+    from waltz.errors import WaltzClientError
+
+    lock = PartitionLocalLock("in-apply", 1)
+    store = WaitsInApply(log_start, lock)
+    with WaltzClient(store, client_config) as client:
+        store.client = client
+        assert client.submit(Append(0, b"trigger", write_lock=lock)).result(30).committed
+        assert store.done.wait(30)
+        # Before, the wait ran out its 30 s with TimeoutError, this partition's applies held.
+        assert isinstance(store.error, WaltzClientError), store.error
+        assert "holds back this partition's applies" in str(store.error), store.error
+        assert "replayed" in str(store.error), store.error
+        assert store.follow_up is not None and store.follow_up.result(30).committed

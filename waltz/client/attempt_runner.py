@@ -254,7 +254,7 @@ class AttemptRunner:
             slot_partition=partition.partition_id,
         )
         if isinstance(submission.future, SubmissionFuture):
-            submission.future.on_completion_thread = self.on_completion_thread
+            submission.future.wait_refusal = self._wait_refusal
         if self._tracing is not None:
             submission.trace = self._tracing.begin(pid, context)
         return partition, submission
@@ -649,6 +649,27 @@ class AttemptRunner:
 
     def _note_completer(self) -> None:
         self._completer_ident = threading.get_ident()
+
+    def _wait_refusal(self) -> str | None:
+        """Why a wait for a submission's outcome on the calling thread would hold back that
+        outcome, or None (:class:`~waltz.client.submission.SubmissionFuture`)."""
+        if self.on_completion_thread():
+            return (
+                "waiting for a submission's outcome in a completion callback (on_completion, a "
+                "future's done callback) would deadlock: commits complete on this thread, one after "
+                "the other, so this outcome would come only after the callback returned. Wait from "
+                "another thread, or take the outcome in a callback (future.add_done_callback)"
+            )
+        if any(partition.on_apply_thread() for partition in list(self._partitions.values())):
+            return (
+                "waiting for a submission's outcome in apply_transaction holds back this partition's "
+                "applies: a context that reads what the transaction being applied writes waits for "
+                "this apply, which waits for it, until its timeout. Applies are also replayed (by "
+                "another instance, a rebuild, a restart), and what an apply submits is submitted "
+                "again at each replay: submit from the code that submitted the transaction (its "
+                "on_completion), or from a sweeper that reads the database"
+            )
+        return None
 
     def on_completion_thread(self) -> bool:
         """Whether the calling thread is the one running completions (their callbacks must not

@@ -46,25 +46,24 @@ LOCK_HASH_BYTES = 10
 
 class SubmissionFuture(concurrent.futures.Future[Outcome]):
     """The future of a submission: an append in flight cannot be recalled, so it cannot be
-    cancelled; and its outcome cannot be waited for on the client's completion thread, which
-    completes it (:attr:`on_completion_thread`, set by the client): a wait there raises
-    ``WaltzClientError`` at once, a poll (``timeout=0``) is answered as usual."""
+    cancelled; and its outcome cannot be waited for where the wait would hold back what it waits
+    for (:attr:`wait_refusal`, set by the client: on its completion thread, or in its
+    ``apply_transaction``): a wait there raises ``WaltzClientError`` at once, a poll
+    (``timeout=0``) is answered as usual (docs/design/client.md "WaltzClient and
+    AsyncWaltzClient")."""
 
-    #: Whether the calling thread is the client's completion thread; None: never.
-    on_completion_thread: Callable[[], bool] | None = None
+    #: Why a wait on the calling thread would hold back this outcome, or None; None: never.
+    wait_refusal: Callable[[], str | None] | None = None
 
     def cancel(self) -> bool:
         return False
 
     def _refuse_a_wait_that_would_deadlock(self, timeout: float | None) -> None:
-        check = self.on_completion_thread
-        if (timeout is None or timeout > 0) and check is not None and not self.done() and check():
-            raise WaltzClientError(
-                "waiting for a submission's outcome in a completion callback (on_completion, a "
-                "future's done callback) would deadlock: commits complete on this thread, one after "
-                "the other, so this outcome would come only after the callback returned. Wait from "
-                "another thread, or take the outcome in a callback (future.add_done_callback)"
-            )
+        refusal = self.wait_refusal
+        if (timeout is None or timeout > 0) and refusal is not None and not self.done():
+            why = refusal()
+            if why is not None:
+                raise WaltzClientError(why)
 
     def result(self, timeout: float | None = None) -> Outcome:
         self._refuse_a_wait_that_would_deadlock(timeout)
