@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from waltz.client.apply_worker import on_apply_thread
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.client_partition import ClientPartition
 from waltz.client.config import WaltzClientConfig
@@ -660,7 +661,7 @@ class AttemptRunner:
                 "the other, so this outcome would come only after the callback returned. Wait from "
                 "another thread, or take the outcome in a callback (future.add_done_callback)"
             )
-        if any(partition.on_apply_thread() for partition in list(self._partitions.values())):
+        if on_apply_thread() and any(p.on_apply_thread() for p in list(self._partitions.values())):
             return (
                 "waiting for a submission's outcome in apply_transaction holds back this partition's "
                 "applies: a context that reads what the transaction being applied writes waits for "
