@@ -662,24 +662,37 @@ def test_submit_from_a_completion_at_the_limit_fails_instead_of_deadlocking(
         assert client.submit(Append(0, b"later")).result(30).committed  # the client goes on
 
 
-class WaitsOnCompletion(Append):
-    """Submits another context from its own completion and waits for its outcome there."""
+class FollowUp:
+    """A follow-up submitted where the submitter then waits ``wait`` seconds for its outcome:
+    what the wait raised, and the follow-up's future."""
 
-    def __init__(self, client: WaltzClient, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.client = client
+    def __init__(self, wait: float) -> None:
+        self.wait = wait
         self.error: BaseException | None = None
-        self.follow_up: concurrent.futures.Future[Outcome] | None = None
+        self.future: concurrent.futures.Future[Outcome] | None = None
         self.done = threading.Event()
 
-    def on_completion(self, result: bool) -> None:
-        super().on_completion(result)
+    def submit_and_wait(self, client: WaltzClient, context: Append) -> None:
         try:
-            self.follow_up = self.client.submit(Append(self.partition, b"follow-up"))
-            self.follow_up.result(30)
+            self.future = client.submit(context)
+            self.future.result(self.wait)
         except BaseException as exc:
             self.error = exc
         self.done.set()
+
+
+class WaitsOnCompletion(Append):
+    """Submits another context from its own completion and waits there ``wait`` seconds for its
+    outcome (0: a poll, which cannot block)."""
+
+    def __init__(self, client: WaltzClient, *args: object, wait: float = 30, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.client = client
+        self.follow_up = FollowUp(wait)
+
+    def on_completion(self, result: bool) -> None:
+        super().on_completion(result)
+        self.follow_up.submit_and_wait(self.client, Append(self.partition, b"follow-up"))
 
 
 def test_waiting_for_an_outcome_in_a_completion_callback_fails_at_once_instead_of_deadlocking(
@@ -695,30 +708,12 @@ def test_waiting_for_an_outcome_in_a_completion_callback_fails_at_once_instead_o
     with WaltzClient(store, client_config) as client:
         context = WaitsOnCompletion(client, 0, b"first")
         client.submit(context).result(30)
-        assert context.done.wait(30)
+        follow_up = context.follow_up
+        assert follow_up.done.wait(30)
         # Before, the wait ran out its 30 s with TimeoutError, the follow-up committed meanwhile.
-        assert isinstance(context.error, WaltzClientError), context.error
-        assert "would deadlock" in str(context.error) and "add_done_callback" in str(context.error)
-        assert context.follow_up is not None and context.follow_up.result(30).committed
-
-
-class PollsOnCompletion(Append):
-    """Submits another context from its own completion and polls its outcome there
-    (``timeout=0``), which cannot block."""
-
-    def __init__(self, client: WaltzClient, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.client = client
-        self.error: BaseException | None = None
-        self.done = threading.Event()
-
-    def on_completion(self, result: bool) -> None:
-        super().on_completion(result)
-        try:
-            self.client.submit(Append(self.partition, b"polled")).result(timeout=0)
-        except BaseException as exc:
-            self.error = exc
-        self.done.set()
+        assert isinstance(follow_up.error, WaltzClientError), follow_up.error
+        assert "would deadlock" in str(follow_up.error) and "add_done_callback" in str(follow_up.error)
+        assert follow_up.future is not None and follow_up.future.result(30).committed
 
 
 def test_a_poll_of_an_outcome_in_a_completion_callback_is_answered_as_usual(
@@ -726,11 +721,11 @@ def test_a_poll_of_an_outcome_in_a_completion_callback_is_answered_as_usual(
 ) -> None:
     store = MemoryStore(log_start)
     with WaltzClient(store, client_config) as client:
-        context = PollsOnCompletion(client, 0, b"first")
+        context = WaitsOnCompletion(client, 0, b"first", wait=0)
         client.submit(context).result(30)
-        assert context.done.wait(30)
+        assert context.follow_up.done.wait(30)
         # The follow-up cannot have committed yet: its completion comes after this callback.
-        assert isinstance(context.error, TimeoutError), context.error
+        assert isinstance(context.follow_up.error, TimeoutError), context.follow_up.error
 
 
 class WaitsInApply(MemoryStore):
@@ -741,23 +736,15 @@ class WaitsInApply(MemoryStore):
         super().__init__(start)
         self.lock_of_trigger = lock
         self.client: WaltzClient | None = None
-        self.error: BaseException | None = None
-        self.follow_up: concurrent.futures.Future[Outcome] | None = None
-        self.done = threading.Event()
+        self.follow_up = FollowUp(30)
 
     def apply_transaction(self, transaction: Transaction) -> None:
         super().apply_transaction(transaction)
-        if transaction.get_data(BytesSerializer()) != b"trigger" or self.done.is_set():
+        if transaction.get_data(BytesSerializer()) != b"trigger" or self.follow_up.done.is_set():
             return
         assert self.client is not None
-        try:
-            self.follow_up = self.client.submit(
-                Append(transaction.partition_id, b"follow-up", write_lock=self.lock_of_trigger)
-            )
-            self.follow_up.result(30)
-        except BaseException as exc:
-            self.error = exc
-        self.done.set()
+        follow_up = Append(transaction.partition_id, b"follow-up", write_lock=self.lock_of_trigger)
+        self.follow_up.submit_and_wait(self.client, follow_up)
 
 
 def test_waiting_for_an_outcome_in_apply_transaction_fails_at_once_instead_of_holding_the_applies(
@@ -773,9 +760,10 @@ def test_waiting_for_an_outcome_in_apply_transaction_fails_at_once_instead_of_ho
     with WaltzClient(store, client_config) as client:
         store.client = client
         assert client.submit(Append(0, b"trigger", write_lock=lock)).result(30).committed
-        assert store.done.wait(30)
+        follow_up = store.follow_up
+        assert follow_up.done.wait(30)
         # Before, the wait ran out its 30 s with TimeoutError, this partition's applies held.
-        assert isinstance(store.error, WaltzClientError), store.error
-        assert "holds back this partition's applies" in str(store.error), store.error
-        assert "replayed" in str(store.error), store.error
-        assert store.follow_up is not None and store.follow_up.result(30).committed
+        assert isinstance(follow_up.error, WaltzClientError), follow_up.error
+        assert "holds back this partition's applies" in str(follow_up.error), follow_up.error
+        assert "replayed" in str(follow_up.error), follow_up.error
+        assert follow_up.future is not None and follow_up.future.result(30).committed

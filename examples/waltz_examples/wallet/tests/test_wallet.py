@@ -167,6 +167,20 @@ def test_requests_are_answered_503_in_time_when_the_log_cannot_be_reached(
     asyncio.run(main())
 
 
+def _serve(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``uvicorn --factory waltz_examples.wallet.app:create_app`` with ``env``, run to its end (a
+    start that fails; 60 s at most)."""
+    return subprocess.run(
+        [sys.executable, "-m", "uvicorn", "--factory", "waltz_examples.wallet.app:create_app", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=cwd,
+        env=env,
+    )
+
+
 #: The database URLs a first start gets wrong, each with what its ``error:`` line says. In each the
 #: password is ``s3cret``; ``{server}`` is the test's PostgreSQL server, as ``host:port``; ``{free}``
 #: a port where nothing listens.
@@ -211,15 +225,7 @@ def test_uvicorn_refuses_a_database_it_cannot_use_in_one_line(
         "WALTZ_ZOOKEEPER_CONNECT_STRING": f"127.0.0.1:{free_port()}",
         "WALTZ_CLUSTER_ROOT": "/waltz/wallet",
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "uvicorn", "--factory", "waltz_examples.wallet.app:create_app", "--port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=tmp_path,
-        env=env,
-    )
+    done = _serve(env, tmp_path)
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: WALLET_DATABASE_URL "), done.stderr
@@ -234,25 +240,12 @@ def test_uvicorn_names_each_setting_missing_or_invalid_in_one_line(tmp_path: Pat
     traceback."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WALLET_", "WALTZ_"))}
     env |= {"WALLET_DATABASE_URL": f"sqlite:///{tmp_path / 'wallet.db'}", "WALLET_REQUEST_TIMEOUT": "ten"}
-    command = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "--factory",
-        "waltz_examples.wallet.app:create_app",
-        "--port",
-        "0",
-    ]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path, env=env
-    )
+    done = _serve(env, tmp_path)
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()
     assert lines == [lines[0]] and lines[0].startswith("error: WALLET_REQUEST_TIMEOUT: "), done.stderr
     env["WALLET_REQUEST_TIMEOUT"] = "10"
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path, env=env
-    )
+    done = _serve(env, tmp_path)
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2, done.stderr
