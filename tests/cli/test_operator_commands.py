@@ -13,9 +13,10 @@ import support
 from typer.testing import CliRunner, Result
 
 from waltz.cli.main import app
+from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet
 from waltz.local.cluster import LocalCluster
 from waltz.local.options import ProcessOptions
-from waltz.protocol.records import ReqId
+from waltz.protocol.records import Record, ReqId
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient
 
@@ -79,6 +80,42 @@ def test_validate_fails_naming_a_transaction_whose_data_is_not_its_id(healthy: L
     assert "FAILED" in result.stdout
     # Only this run's transactions (the default) pass: the lock kept them serializable.
     waltz(healthy, "client", "validate", "--transactions", "5", "--partition", "1")
+
+
+def test_validate_reads_back_its_older_form_and_writes_change_sets(healthy: LocalCluster) -> None:
+    """A log validated by an earlier release holds header-0 transactions whose data is their ID
+    in ASCII digits: they are still read back as validation transactions. This release's carry
+    the number in an empty change-set's meta, which the SQL framework applies as changing nothing."""
+    before = waltz_json(healthy, "client", "high-water-mark")["high_water_marks"]["0"]
+
+    async def append_older_form() -> list[int | str]:
+        async with ServerAdminClient(healthy.owner(0), timeout=20) as client:
+            return await client.append(0, [(ReqId(98, 1, 0, 0), 0, str(before + 1).encode())])
+
+    assert asyncio.run(append_older_form()) == [before + 1]
+    report = waltz_json(
+        healthy,
+        "client",
+        "validate",
+        "--producers",
+        "1",
+        "-n",
+        "3",
+        "--partition",
+        "0",
+        "--since",
+        str(before),
+    )
+    assert report["passed"] is True, report
+    assert report["checked"]["0"] == {"first": before + 1, "last": before + 4}
+
+    async def read_new_form() -> list[Record]:
+        async with ServerAdminClient(healthy.owner(0), timeout=20) as admin:
+            return await admin.read(0, before + 2, 1)
+
+    (record,) = asyncio.run(read_new_form())
+    assert record.header == CHANGE_SET_HEADER
+    assert ChangeSet.decode(record.data) == ChangeSet([], meta={"waltz_validate": before + 2})
 
 
 def test_server_list_shows_partitions_generations_and_health(healthy: LocalCluster) -> None:

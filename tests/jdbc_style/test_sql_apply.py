@@ -498,6 +498,23 @@ def test_a_transaction_that_is_not_a_change_set_names_the_usual_cause(engine: En
     assert callbacks.high_water_marks() == {0: -1}
 
 
+def test_a_transaction_of_waltz_client_validate_is_applied_as_changing_nothing(engine: Engine) -> None:
+    """``waltz client validate`` writes an empty change-set carrying its number in ``meta``: an
+    application of the framework that mounts a validated partition applies it as changing no row
+    and moves its mark (its older form, header 0 and ASCII digits, is refused as any transaction
+    that is not a change-set)."""
+    from waltz.admin.client_tools import validation_data
+
+    Base.metadata.create_all(engine)
+    callbacks = ChangeSetCallbacks(engine, cluster_name="test-cluster", registry=EntityRegistry([Account]))
+    callbacks.apply_transaction(txn(0, 0, validation_data(0), header=CHANGE_SET_HEADER))
+    callbacks.apply_transaction(change_set_txn(1, 10, None, insert=True))
+    assert callbacks.high_water_marks() == {0: 1}
+    assert callbacks.uncaught_count == 0
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(Account.balance)).scalar_one() == 10
+
+
 def test_another_name_on_a_database_that_follows_a_log_is_warned_of(
     engine: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:

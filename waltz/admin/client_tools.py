@@ -5,11 +5,17 @@ high-water mark is older than the lock's last writer); docs/design/client.md "Th
 
 :func:`run_validation` is upstream Waltz's client validation: ``producers`` clients in this process
 each submit ``transactions`` transactions to the chosen partitions; every transaction takes the
-same WRITE lock of its partition and carries, as its data, the client's high-water mark plus one
-(ASCII digits). The lock makes a transaction commit only if no other writer committed after the
-client's high-water mark, so each committed transaction's data equals its own transaction ID. A
-separate client then reads the partitions back through its feed and names every transaction whose
-data is not its ID. The partitions checked must have no other writer meanwhile.
+same WRITE lock of its partition and carries the client's high-water mark plus one. The lock makes
+a transaction commit only if no other writer committed after the client's high-water mark, so
+each committed transaction's number equals its own transaction ID. A separate client then reads
+the partitions back through its feed and names every transaction whose number is not its ID. The
+partitions checked must have no other writer meanwhile.
+
+The number is carried as an empty change-set (no row change) whose ``meta`` holds it under
+:data:`VALIDATION_META_KEY`, so that an application of the SQL framework that later mounts the
+partitions applies these transactions as changing nothing; an older form, header 0 and the number
+in ASCII digits, is still read back (:func:`validation_number`; docs/operations.md, "Checking a
+cluster: waltz client validate" and docs/design/sql.md, "Change-sets").
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from waltz.client import (
     WaltzClientConfig,
 )
 from waltz.errors import StorageRpcError, WaltzError, WaltzTimeoutError
+from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet
 from waltz.metadata.assignment import read_members
 from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_session import ZooKeeperAuthError, connect_zookeeper
@@ -54,18 +61,22 @@ from waltz.protocol.storage_client import StorageAdminClient
 
 __all__ = [
     "VALIDATION_LOCK",
+    "VALIDATION_META_KEY",
     "Mismatch",
     "NodeCheck",
     "ValidationReport",
     "check_connectivity",
     "high_water_marks",
     "run_validation",
+    "validation_number",
 ]
 
 log = logging.getLogger(__name__)
 
 #: The name of the validation's WRITE lock (lock ID 0 of each partition).
 VALIDATION_LOCK = "waltz-validate"
+#: The key of a validation transaction's number in its change-set's ``meta``.
+VALIDATION_META_KEY = "waltz_validate"
 #: Seconds a client may take to mount its partitions.
 MOUNT_TIMEOUT = 60.0
 
@@ -76,7 +87,8 @@ class _MarkCallbacks(WaltzClientCallbacks):
     def __init__(self, start_marks: Mapping[int, int], keep_data: bool = False) -> None:
         self._marks = dict(start_marks)
         self._keep_data = keep_data
-        self.data: dict[int, dict[int, bytes]] = {}
+        #: partition -> transaction ID -> (header, data)
+        self.data: dict[int, dict[int, tuple[int, bytes]]] = {}
         self.errors: list[str] = []
 
     def get_client_high_water_mark(self, partition_id: int) -> int:
@@ -85,7 +97,8 @@ class _MarkCallbacks(WaltzClientCallbacks):
     def apply_transaction(self, transaction: Transaction) -> None:
         if self._keep_data:
             self.data.setdefault(transaction.partition_id, {})[transaction.transaction_id] = (
-                transaction.get_raw_data()
+                transaction.header,
+                transaction.get_raw_data(),
             )
         self._marks[transaction.partition_id] = transaction.transaction_id
 
@@ -106,14 +119,40 @@ class _ValidationContext(TransactionContext):
 
     def execute(self, builder: TransactionBuilder) -> bool:
         self.attempts += 1
-        builder.set_raw_data(str(builder.client_high_water_mark + 1).encode("ascii"))
+        builder.set_header(CHANGE_SET_HEADER)
+        builder.set_raw_data(validation_data(builder.client_high_water_mark + 1))
         builder.set_write_locks([PartitionLocalLock(VALIDATION_LOCK, 0)])
         return True
 
 
+def validation_data(number: int) -> bytes:
+    """The data of a validation transaction carrying ``number`` (header ``CHANGE_SET_HEADER``):
+    an empty change-set with ``{"waltz_validate": number}`` as its ``meta``."""
+    return ChangeSet([], meta={VALIDATION_META_KEY: number}).encode()
+
+
+def validation_number(header: int, data: bytes) -> int | None:
+    """The number a validation transaction carries, in either form: an empty change-set whose
+    ``meta`` holds it (:func:`validation_data`), or header 0 and ASCII digits (the older form);
+    None for any other transaction (an application's, a damaged one)."""
+    if header == CHANGE_SET_HEADER:
+        try:
+            change_set = ChangeSet.decode(data)
+        except Exception:  # not a change-set this code reads: not a validation transaction
+            return None
+        number = change_set.meta.get(VALIDATION_META_KEY)
+        if change_set.changes or isinstance(number, bool) or not isinstance(number, int):
+            return None
+        return number
+    if header == 0 and data.isascii() and data.isdigit():
+        return int(data)
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Mismatch:
-    """A committed transaction whose data is not its own transaction ID."""
+    """A committed transaction that carries no validation number, or another than its own
+    transaction ID (:func:`validation_number`)."""
 
     partition_id: int
     transaction_id: int
@@ -327,11 +366,11 @@ def run_validation(
     for pid, (low, last) in sorted(checked.items()):
         data = reader.data.get(pid, {})
         for transaction_id in range(low, last + 1):
-            value = data.get(transaction_id)
-            if value is None:
+            read = data.get(transaction_id)
+            if read is None:
                 errors.append(f"partition {pid} transaction {transaction_id} was not read back")
-            elif value != str(transaction_id).encode("ascii"):
-                mismatches.append(Mismatch(pid, transaction_id, value))
+            elif validation_number(*read) != transaction_id:
+                mismatches.append(Mismatch(pid, transaction_id, read[1]))
     return ValidationReport(
         partitions=ids,
         submitted=len(contexts),

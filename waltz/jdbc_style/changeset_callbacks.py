@@ -626,8 +626,8 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         raise NotImplementedError(
             f"partition {transaction.partition_id} transaction {transaction.transaction_id} has header "
             f"{transaction.header}, not a change-set ({CHANGE_SET_HEADER}): another program wrote it "
-            "into this application's partitions (a log is one application's: a plain client's, or "
-            "`waltz client validate` run without --local). Give the application a cluster of its own, "
+            "into this application's partitions (a log is one application's: a plain client's, or the "
+            "`waltz client validate` of an earlier release). Give the application a cluster of its own, "
             "pass over the transaction with `waltz db skip`, or override apply_command() to apply "
             "command-style transactions"
         )
