@@ -823,6 +823,7 @@ def test_a_failure_retried_again_and_again_is_logged_with_its_traceback_once(
     callbacks log the failure's traceback once per (partition, transaction, error), not at every
     retry, and still keep and count each one."""
     if True:
+        Base.metadata.create_all(engine)  # else the callbacks warn that its table is not there yet
         callbacks = ChangeSetCallbacks(
             engine, cluster_name="test-cluster", registry=EntityRegistry([Account])
         )
