@@ -14,8 +14,7 @@ partitions checked must have no other writer meanwhile.
 The number is carried as an empty change-set (no row change) whose ``meta`` holds it under
 :data:`VALIDATION_META_KEY`, so that an application of the SQL framework that later mounts the
 partitions applies these transactions as changing nothing; an older form, header 0 and the number
-in ASCII digits, is still read back (:func:`validation_number`; docs/operations.md, "Checking a
-cluster: waltz client validate" and docs/design/sql.md, "Change-sets").
+in ASCII digits, is still read back (:func:`validation_number`; docs/design/sql.md, "Change-sets").
 """
 
 from __future__ import annotations
