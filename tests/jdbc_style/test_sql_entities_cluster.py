@@ -610,6 +610,44 @@ class CappedIncrement(Increment):
         self.completions.append(result)
 
 
+class KeyedCappedIncrement(CappedIncrement):
+    """:class:`CappedIncrement` that sets its request's key before anything else, as a service's
+    request handler does: its drop at the cap carries the key."""
+
+    def run(self, tx: EntityTransaction) -> bool:
+        tx.idempotency_key = self.request_key
+        return super().run(tx)
+
+
+def test_a_retry_dropped_on_what_its_first_copy_left_is_answered_as_applied(service: Service) -> None:
+    """A keyed request whose retry ``run`` drops on the state its first copy left (the counter at
+    its cap) ends already applied, with the first copy's transaction, alone or in a batch; a
+    request with another key drops with its reason."""
+    counter_id = service.create_counter()
+    instance = service.first
+    key = f"capped-{uuid.uuid4()}"
+    first = instance.client.submit(
+        KeyedCappedIncrement(instance.callbacks, counter_id, cap=1, request_key=key)
+    )
+    first_id = first.result(TIMEOUT).transaction_id
+    assert first_id is not None
+    assert instance.callbacks.wait_for(service.partition_of(counter_id), first_id, timeout=TIMEOUT)
+    retried = instance.client.submit(
+        KeyedCappedIncrement(instance.callbacks, counter_id, cap=1, request_key=key)
+    )
+    outcome = retried.result(TIMEOUT)
+    assert outcome.already_applied and outcome.transaction_id == first_id, outcome
+    other = KeyedCappedIncrement(instance.callbacks, counter_id, cap=1, request_key=f"other-{uuid.uuid4()}")
+    dropped = instance.client.submit(other).result(TIMEOUT)
+    assert dropped.dropped and dropped.reason == "counter at its cap 1", dropped
+    with EntityBatcher(instance.client) as batcher:
+        batched = batcher.submit(KeyedCappedIncrement(instance.callbacks, counter_id, cap=1, request_key=key))
+        in_batch = batched.result(TIMEOUT)
+    assert in_batch.already_applied and in_batch.transaction_id == first_id, in_batch
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 1
+
+
 def test_batched_increments_from_two_instances_share_log_transactions_and_lose_no_update(
     service: Service,
 ) -> None:

@@ -743,14 +743,21 @@ class EntityTransactionContext(TransactionContext):
         """Call :meth:`run` on ``tx``, then (with ``check_key``) check its idempotency key as of
         the state read: None when the change-set is to be appended, else what :meth:`execute`
         returns to drop it (the reason or the earlier transaction noted on ``builder``). A batch
-        checks its members' keys together, after running them all."""
+        checks its members' keys together, after running them all. A ``run`` that drops with its
+        key set has the key checked here, batch or not: a retry dropped on what its first copy
+        left (a withdrawal that emptied the account) is answered as that copy's
+        (docs/design/sql.md "Idempotency keys")."""
         ran = self.run(tx)
         pending = tx.take_session_writes()
         if pending is not None:  # never flushed: they would be lost without a word
             raise read_only_session_error(f"objects never flushed: {pending}")
-        if not ran:
-            return False if tx.drop_reason is None else builder.drop(tx.drop_reason)
         key = tx.idempotency_key
+        if not ran:
+            if key is not None and self.checks_idempotency_key:
+                earlier = tx.already_applied(key)
+                if earlier is not None:
+                    return builder.drop_as_applied(earlier.partition_id, earlier.transaction_id)
+            return False if tx.drop_reason is None else builder.drop(tx.drop_reason)
         if (
             key is not None and self.checks_idempotency_key and check_key
         ):  # applied before, as of the state read
