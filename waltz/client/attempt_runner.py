@@ -36,7 +36,7 @@ from waltz.client.context import AppendPayload, TransactionContext
 from waltz.client.in_flight import InFlight
 from waltz.client.metrics import ClientMetrics
 from waltz.client.routing import EPOCH_WAIT_SECONDS, EpochRouting, Route, RoutingView
-from waltz.client.submission import Submission, SubmissionFuture
+from waltz.client.submission import Submission
 from waltz.client.waiting import Watermark
 from waltz.errors import (
     ClientClosedError,
@@ -253,9 +253,8 @@ class AttemptRunner:
             epoch=epoch,
             route_serial=view.serial,
             slot_partition=partition.partition_id,
+            wait_refusal=self._wait_refusal,
         )
-        if isinstance(submission.future, SubmissionFuture):
-            submission.future.wait_refusal = self._wait_refusal
         if self._tracing is not None:
             submission.trace = self._tracing.begin(pid, context)
         return partition, submission

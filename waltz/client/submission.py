@@ -47,13 +47,18 @@ LOCK_HASH_BYTES = 10
 class SubmissionFuture(concurrent.futures.Future[Outcome]):
     """The future of a submission: an append in flight cannot be recalled, so it cannot be
     cancelled; and its outcome cannot be waited for where the wait would hold back what it waits
-    for (:attr:`wait_refusal`, set by the client: on its completion thread, or in its
-    ``apply_transaction``): a wait there raises ``WaltzClientError`` at once, a poll
-    (``timeout=0``) is answered as usual (docs/design/client.md "WaltzClient and
-    AsyncWaltzClient")."""
+    for (the client's completion thread, its ``apply_transaction``): a wait there raises
+    ``WaltzClientError`` at once, a poll (``timeout=0``) is answered as usual
+    (docs/design/client.md "WaltzClient and AsyncWaltzClient").
 
-    #: Why a wait on the calling thread would hold back this outcome, or None; None: never.
-    wait_refusal: Callable[[], str | None] | None = None
+    Args:
+        wait_refusal: why a wait on the calling thread would hold back this outcome, or None;
+            None: no wait is refused.
+    """
+
+    def __init__(self, wait_refusal: Callable[[], str | None] | None = None) -> None:
+        super().__init__()
+        self.wait_refusal = wait_refusal
 
     def cancel(self) -> bool:
         return False
@@ -92,6 +97,8 @@ class Submission:
             (:class:`~waltz.client.routing.RoutingView`).
         slot_partition: the partition whose concurrency slot it holds until it ends (default
             ``partition_id``; it keeps it when it is routed again).
+        wait_refusal: why a wait for its future's outcome on the calling thread would hold back
+            that outcome (:class:`SubmissionFuture`), or None.
     """
 
     __slots__ = (
@@ -130,6 +137,7 @@ class Submission:
         epoch: int = 0,
         route_serial: int = 0,
         slot_partition: int | None = None,
+        wait_refusal: Callable[[], str | None] | None = None,
     ) -> None:
         self.context = context
         self.partition_id = partition_id
@@ -141,7 +149,9 @@ class Submission:
         """While it waits for the epochs to move (``time.monotonic()``): when waiting fails it."""
         self.slot_partition = partition_id if slot_partition is None else slot_partition
         """The partition whose concurrency slot it holds (``InFlight``)."""
-        self.future: concurrent.futures.Future[Outcome] | None = SubmissionFuture() if with_future else None
+        self.future: concurrent.futures.Future[Outcome] | None = (
+            SubmissionFuture(wait_refusal) if with_future else None
+        )
         self.attempts = 0
         self.lock_failures = 0
         self.lost_appends = 0

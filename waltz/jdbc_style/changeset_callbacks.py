@@ -155,8 +155,8 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
     ) -> None:
         super().__init__(engine, cluster_name=cluster_name, **kwargs)
         if kwargs.get("check_schema", True):
-            check_model_tables(self.engine, registry)
-            warn_of_another_name(self.engine, cluster_name, registry)
+            present = check_model_tables(self.engine, registry)
+            warn_of_another_name(self.engine, cluster_name, present)
         if entity_cache is None:
             cls = type(self)
             entity_cache = (
@@ -670,10 +670,13 @@ class ModelTablesBehindError(SqlFrameworkError):
     migrations have not been run for this release (docs/sql.md, "Changing a model")."""
 
 
-def check_model_tables(engine: Engine, registry: EntityRegistry) -> None:
+def check_model_tables(engine: Engine, registry: EntityRegistry) -> list[EntityInfo]:
     """Check that every registered model's table, where it exists, has the columns the model maps
     (a table not created yet is left to the application: a warning names it, since every apply of
     a change to it fails until the application's migrations create it).
+
+    Returns:
+        The registered models whose tables exist.
 
     Raises:
         ModelTablesBehindError: a table lacks columns of its model; the message names them and the
@@ -685,11 +688,13 @@ def check_model_tables(engine: Engine, registry: EntityRegistry) -> None:
         inspector = inspect_database(conn)
         behind = []
         absent = []
+        existing: list[EntityInfo] = []
         for info in registry:
             table = info.model.__table__
             if not inspector.has_table(table.name, schema=table.schema):
                 absent.append(f"{table.name} ({info.model.__name__})")
                 continue
+            existing.append(info)
             present = {column["name"] for column in inspector.get_columns(table.name, schema=table.schema)}
             missing = sorted(column.name for column in table.columns if column.name not in present)
             if missing:
@@ -707,14 +712,15 @@ def check_model_tables(engine: Engine, registry: EntityRegistry) -> None:
             "application's migrations for this release (e.g. `alembic upgrade head`) before it starts, "
             "or pass check_schema=False"
         )
+    return existing
 
 
-def warn_of_another_name(engine: Engine, cluster_name: str, registry: EntityRegistry) -> None:
+def warn_of_another_name(engine: Engine, cluster_name: str, models: Sequence[EntityInfo]) -> None:
     """Log a warning when the database holds other logs' marks and none of ``cluster_name``'s,
-    while a registered model's table holds rows: an instance started under a new name applies
-    the log from its start onto them, which is right only for a second log of the database
-    (docs/sql.md, "Applying the log exactly once")."""
-    from sqlalchemy import inspect as inspect_database
+    while a table of ``models`` (registered models whose tables exist, as
+    :func:`check_model_tables` returns them) holds rows: an instance started under a new name
+    applies the log from its start onto them, which is right only for a second log of the
+    database (docs/design/sql.md, "Migrations")."""
     from sqlalchemy import select
 
     from waltz.jdbc_style.marks import HighWaterMarks, logs_followed
@@ -727,12 +733,10 @@ def warn_of_another_name(engine: Engine, cluster_name: str, registry: EntityRegi
         others = logs_followed(conn)
         if not others:
             return
-        inspector = inspect_database(conn)
         held = [
             info.model.__table__.name
-            for info in registry
-            if inspector.has_table(info.model.__table__.name, schema=info.model.__table__.schema)
-            and conn.execute(select(1).select_from(info.model.__table__).limit(1)).first() is not None
+            for info in models
+            if conn.execute(select(1).select_from(info.model.__table__).limit(1)).first() is not None
         ]
     if held:
         log.warning(

@@ -752,18 +752,12 @@ class EntityTransactionContext(TransactionContext):
         if pending is not None:  # never flushed: they would be lost without a word
             raise read_only_session_error(f"objects never flushed: {pending}")
         key = tx.idempotency_key
-        if not ran:
-            if key is not None and self.checks_idempotency_key:
-                earlier = tx.already_applied(key)
-                if earlier is not None:
-                    return builder.drop_as_applied(earlier.partition_id, earlier.transaction_id)
-            return False if tx.drop_reason is None else builder.drop(tx.drop_reason)
-        if (
-            key is not None and self.checks_idempotency_key and check_key
-        ):  # applied before, as of the state read
-            earlier = tx.already_applied(key)
+        if key is not None and self.checks_idempotency_key and (check_key or not ran):
+            earlier = tx.already_applied(key)  # applied before, as of the state read
             if earlier is not None:
                 return builder.drop_as_applied(earlier.partition_id, earlier.transaction_id)
+        if not ran:
+            return False if tx.drop_reason is None else builder.drop(tx.drop_reason)
         return None
 
     def attempt_entities(self) -> list[tuple[EntityInfo, tuple[Any, ...]]]:

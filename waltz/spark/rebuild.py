@@ -135,9 +135,27 @@ class LogSource:
             RebuildError, CommittedReadError: as :meth:`plan`; and what reaching the cluster
                 raises (``ZooKeeperUnavailableError``, ``ClusterNotFoundError``).
         """
+        return replace(self, plans=tuple(replace(self, plans=None).plan_for(None, progress)))
+
+    def plan_for(
+        self, up_to: Mapping[int, int] | None, progress: Progress = _quiet
+    ) -> list[CommittedPartition]:
+        """The plan a read up to ``up_to`` (None: each partition's committed high-water mark) works
+        on: the plan this source carries (:meth:`planned`) when it covers ``up_to``, else one made
+        now and said, a line per partition (docs/design/spark.md, "Planning before Spark starts").
+
+        Raises:
+            RebuildError, CommittedReadError: as :meth:`plan`.
+        """
+        if self.plans is not None:
+            plans = list(self.plans)
+            marks = {p.partition_id: p.high_water_mark for p in plans}
+            if up_to is None or all(mark <= marks.get(pid, -1) for pid, mark in up_to.items()):
+                return plans
+            progress("the marks asked for are above the log's plan, made before: planning it again")
         plans = replace(self, plans=None).plan()
         _say_plans(plans, progress)
-        return replace(self, plans=tuple(plans))
+        return plans
 
     def partition_epochs(self) -> PartitionEpochs | None:
         """The live cluster's partition epochs (``partitions/epochs``), or None for storage
@@ -185,24 +203,6 @@ class LogSource:
 def _say_plans(plans: Sequence[CommittedPartition], progress: Progress) -> None:
     for plan in plans:
         progress(f"partition {plan.partition_id}: committed up to {plan.high_water_mark} ({plan.proof})")
-
-
-def _plan_for(
-    source: LogSource, up_to: Mapping[int, int] | None, progress: Progress
-) -> list[CommittedPartition]:
-    """The plan a read up to ``up_to`` works on: the source's own when it has one that covers
-    ``up_to``, said when made here."""
-    if source.plans is None:
-        plans = source.plan()
-        _say_plans(plans, progress)
-        return plans
-    plans = source.plan()
-    marks = {p.partition_id: p.high_water_mark for p in plans}
-    if up_to is not None and any(mark > marks.get(pid, -1) for pid, mark in up_to.items()):
-        progress("the marks asked for are above the log's plan, made before: planning it again")
-        plans = replace(source, plans=None).plan()
-        _say_plans(plans, progress)
-    return plans
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +294,7 @@ def compute_views(
             of what ``up_to`` asks for.
         SnapshotError: the snapshot does not verify against its manifest.
     """
-    plans = _plan_for(source, up_to, progress)
+    plans = source.plan_for(up_to, progress)
     marks = {p.partition_id: p.high_water_mark for p in plans}
     base = _snapshot_base(snapshot, marks, up_to, app, progress) if snapshot is not None else None
     if up_to is not None:

@@ -125,11 +125,8 @@ def check_log(spark: Any, app: AppViews, source: Any, progress: Progress | None 
         raise RebuildError(
             "the application's VIEWS name no entities (AppViews.entities): nothing to check against"
         )
-    plans = source.plan()
+    plans = source.plan_for(None, say)  # a plan made before (LogSource.planned) was said then
     marks = {p.partition_id: p.high_water_mark for p in plans}
-    if getattr(source, "plans", None) is None:  # a plan made before (LogSource.planned) was said then
-        for plan in plans:
-            say(f"partition {plan.partition_id}: committed up to {plan.high_water_mark} ({plan.proof})")
     chains = app.entities.schema_chains()
     current = {info.spec.lock_name: info.schema_version for info in app.entities}
     decoders = app.decoders
