@@ -71,3 +71,20 @@ def test_a_record_of_a_newer_release_is_named_for_a_rebuild_not_for_a_live_insta
     assert "book row change of schema version 9, newer than the models here (version 1)" in said
     assert "this instance" not in said
     assert task_error_line("no such error here", "SchemaVersionAheadError") is None
+
+
+def test_a_transaction_of_waltz_client_validate_holds_no_row_change_for_a_rebuild() -> None:
+    """``waltz client validate`` writes an empty change-set carrying its number in ``meta``: the
+    rebuild decodes it as no row change, and its check finds nothing to refuse."""
+    from waltz.admin.client_tools import validation_data
+
+    registry = EntityRegistry([Book])
+    data = validation_data(7)
+    (member,) = DecoderRegistry().decode_members(CHANGE_SET_HEADER, data)
+    assert member.changes == [] and member.meta == {"waltz_validate": 7}
+    assert (
+        _check_one(
+            DecoderRegistry(), registry.schema_chains(), change_check(registry), CHANGE_SET_HEADER, data
+        )
+        == []
+    )
