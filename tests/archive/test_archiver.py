@@ -217,6 +217,37 @@ def test_another_location_is_refused_unless_the_archive_moved_there(
     check_archive(cluster, archive_zk, elsewhere, 1, results[1].high_water_mark)
 
 
+def test_a_move_to_an_incomplete_copy_is_refused_and_the_archive_stays_where_it_was(
+    cluster: LocalCluster, archive_zk: ClusterZk, location: Path, tmp_path: Path
+) -> None:
+    """--relocate to a copy that lacks a chunk, or a partition's manifest, changes nothing: a
+    reader below the replicas' local start would otherwise find nothing there."""
+    append_bulk(cluster, 1, 220)
+    archiver(archive_zk, location, partitions=[1]).run()
+    chunks = read_partition_manifest(ArchiveFiles.open(str(location)), 1).chunks
+    assert len(chunks) >= 2
+    short = tmp_path / "short"
+    shutil.copytree(location, short)
+    (short / partition_directory(1) / chunks[0].file).unlink()
+    no_manifest = tmp_path / "no-manifest"
+    shutil.copytree(location, no_manifest)
+    (no_manifest / partition_directory(1) / "manifest.json").unlink()
+    for copy, problem in (
+        (short, f"{short / partition_directory(1) / chunks[0].file} is missing"),
+        (no_manifest, f"manifest.json holds transactions through -1, not {chunks[-1].last}"),
+    ):
+        with pytest.raises(ArchiveRefusedError, match="copy the whole archive there") as refused:
+            archiver(archive_zk, copy, partitions=[1], relocate=True).run()
+        assert problem in str(refused.value), refused.value
+        summary = archive_zk.archive_summary()
+        assert summary is not None and summary.value.location == str(location)
+    whole = tmp_path / "whole"
+    shutil.copytree(location, whole)
+    (result,) = archiver(archive_zk, whole, partitions=[1], relocate=True).run()
+    assert result.error is None
+    check_archive(cluster, archive_zk, whole, 1, result.high_water_mark)
+
+
 def test_zookeeper_ahead_of_the_manifest_stops_the_partition(
     cluster: LocalCluster, archive_zk: ClusterZk, location: Path
 ) -> None:

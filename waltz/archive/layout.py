@@ -147,6 +147,18 @@ class ArchiveFiles:
             if info.type == pafs.FileType.File
         )
 
+    def file_sizes(self, directory: str) -> dict[str, int]:
+        """The files directly in a directory of the archive, by name, with their sizes in bytes
+        (empty when it is missing)."""
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(self.path(directory), allow_not_found=True)
+        return {
+            posixpath.basename(info.path): int(info.size)
+            for info in self.filesystem.get_file_info(selector)
+            if info.type == pafs.FileType.File
+        }
+
     def read_json(self, relative: str) -> Any | None:
         """A JSON document of the archive, or None when the file is missing.
 

@@ -14,19 +14,20 @@ import datetime as dt
 import logging
 
 from waltz.archive.errors import ArchiveRefusedError
-from waltz.archive.layout import ARCHIVE_MANIFEST, ArchiveFiles
+from waltz.archive.layout import ARCHIVE_MANIFEST, PARTITION_MANIFEST, ArchiveFiles, partition_directory
 from waltz.archive.manifests import (
     ArchiveManifest,
     PartitionManifest,
     cluster_key_fingerprint,
     read_archive_manifest,
+    read_partition_manifest,
     write_archive_manifest,
 )
 from waltz.errors import StaleMetadataError
 from waltz.metadata.values import ArchivedPartition, ArchiveSummary
 from waltz.metadata.zk import ClusterZk
 
-__all__ = ["claim_archive", "entry_of", "record_partition"]
+__all__ = ["claim_archive", "entry_of", "record_partition", "relocation_problems"]
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +109,63 @@ def claim_archive(cluster: ClusterZk, files: ArchiveFiles, *, relocate: bool = F
         except StaleMetadataError:
             return claim_archive(cluster, files, relocate=relocate)  # another run created it: check it
     elif recorded != files.location:
+        missing = relocation_problems(files, current.value)
+        if missing:
+            raise ArchiveRefusedError(
+                f"refusing to move the archive from {recorded} to {files.location}: the new location does "
+                f"not hold what {cluster.paths.archive} says is archived ({'; '.join(missing)}); copy the "
+                f"whole archive there, check the copy with `waltz archive verify --archive "
+                f"{files.location}`, then run --relocate again ({cluster.paths.archive} still names "
+                f"{recorded})"
+            )
         cluster.set_archive_summary(ArchiveSummary(files.location, current.value.partitions), current.version)
         log.warning("the cluster's archive moved from %s to %s", recorded, files.location)
     return manifest
+
+
+def relocation_problems(files: ArchiveFiles, summary: ArchiveSummary) -> list[str]:
+    """What a location the archive is said to have moved to lacks of what the summary records
+    (docs/design/archive.md, "The archiver": the new location must hold the archive).
+
+    Each partition the summary says is archived must have a manifest reaching its archived-through,
+    and every chunk that manifest lists must be there with the manifest's size. Reads the manifests
+    and lists the partitions' directories; the chunks' contents are ``waltz archive verify``'s to
+    check.
+
+    Args:
+        files: the new location.
+        summary: the cluster's archive summary, naming the old location.
+
+    Returns:
+        One line per problem (a partition whose manifest falls short, a chunk missing or of
+        another size), in partition order; empty when the location holds the archive.
+
+    Raises:
+        ArchiveFormError, ArchiveCheckError: a manifest is not one this code reads.
+        OSError: the location refused a read.
+    """
+    problems: list[str] = []
+    for partition_id, entry in sorted(summary.partitions.items()):
+        if entry.archived_through < 0:
+            continue
+        directory = partition_directory(partition_id)
+        manifest = read_partition_manifest(files, partition_id)
+        if manifest.archived_through < entry.archived_through:
+            problems.append(
+                f"partition {partition_id}: {files.name(directory + '/' + PARTITION_MANIFEST)} holds "
+                f"transactions through {manifest.archived_through}, not {entry.archived_through}"
+            )
+        sizes = files.file_sizes(directory)
+        for chunk in manifest.chunks:
+            size = sizes.get(chunk.file)
+            if size is None:
+                problems.append(f"{files.name(directory + '/' + chunk.file)} is missing")
+            elif size != chunk.size_bytes:
+                problems.append(
+                    f"{files.name(directory + '/' + chunk.file)} has {size} bytes, its manifest says "
+                    f"{chunk.size_bytes}"
+                )
+    return problems
 
 
 def record_partition(cluster: ClusterZk, location: str, partition_id: int, entry: ArchivedPartition) -> None:
