@@ -40,6 +40,7 @@ from waltz.archive.manifests import (
     write_partition_manifest,
 )
 from waltz.cli.main import app
+from waltz.local.certificates import make_cluster_certificates
 from waltz.local.cluster import LocalCluster
 from waltz.local.nodes import LocalServer, LocalStorageNode
 from waltz.metadata.zk import ClusterZk
@@ -347,6 +348,37 @@ def test_a_root_that_holds_a_cluster_and_nodes_that_are_not_empty_are_refused(
             "--storage", storage_spec(empty), *where, expect=1,
         )  # fmt: skip
         assert f"{zk_root} exists already" in again.output and "waltz cluster delete" in again.output
+
+
+def test_nodes_that_refuse_the_certificate_s_role_are_named_so_not_as_not_empty(
+    zookeeper: Any, zk_root: str, synthetic_archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore with the operator's certificate: the empty nodes refuse to be initialised
+    (PERMISSION_DENIED), and the refusal asks for the admin's certificate, not for empty
+    directories; with it, the same nodes take the restore."""
+    certificates = make_cluster_certificates(tmp_path / "tls")
+    node = LocalStorageNode(
+        tmp_path / "storage-0",
+        name="storage-0",
+        log_path=tmp_path / "logs" / "storage-0.log",
+        env=certificates.storage_env(),
+    )
+    where = ["--zookeeper", zookeeper.connect_string, "--root", zk_root]
+    restore = ["archive", "restore", "--from", str(synthetic_archive), "--name", "restored"]
+    with node:
+        for role in ("operator", "admin"):
+            monkeypatch.setenv("WALTZ_CLUSTER_SSL_CA_FILE", str(certificates.ca_file))
+            monkeypatch.setenv("WALTZ_CLUSTER_SSL_CERT_FILE", str(certificates.cert_file(role)))
+            monkeypatch.setenv("WALTZ_CLUSTER_SSL_KEY_FILE", str(certificates.key_file(role)))
+            if role == "operator":
+                refused = waltz(*restore, "--storage", storage_spec(node), *where, expect=1)
+                assert f"storage nodes {node.address} refused this certificate" in refused.output
+                assert "needs a certificate of the admin role" in refused.output, refused.output
+                assert "not empty" not in refused.output and "--cluster-key-file" not in refused.output
+                with _zk(zookeeper.connect_string) as client:
+                    assert client.exists(zk_root) is None, "nothing written to ZooKeeper"
+            else:
+                waltz(*restore, "--storage", storage_spec(node), *where)
 
 
 def _run(coroutine: Any) -> Any:

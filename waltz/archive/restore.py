@@ -32,7 +32,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz.admin.cluster_admin import StorageSpec
-from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, call_admin_on_nodes, probe_tcp
+from waltz.admin.storage_nodes import (
+    DEFAULT_STORAGE_TIMEOUT,
+    StorageAccessDeniedError,
+    call_admin_on_nodes,
+    probe_tcp,
+)
 from waltz.archive.errors import ArchiveRefusedError
 from waltz.archive.layout import ARCHIVE_MANIFEST, ArchiveFiles
 from waltz.archive.manifests import (
@@ -336,6 +341,17 @@ def _check_storage_nodes(
             addresses, str(params.cluster_key), params.num_partitions, held, timeout=timeout, tls=tls
         )
     )
+    denied = [s for s, o in outcomes.items() if isinstance(o.error, StorageAccessDeniedError)]
+    if denied:
+        # Before "not empty": an empty node that refuses this certificate's role is not the
+        # operator's to empty; the restore needs an admin certificate (docs/design/overview.md "Roles").
+        raise RestoreRefusedError(
+            f"storage nodes {', '.join(denied)} refused this certificate: a restore initialises the "
+            "storage nodes with the new cluster key, which needs a certificate of the admin role "
+            f"({outcomes[denied[0]].failure}); nothing was written to ZooKeeper or the archive: set "
+            "cluster.ssl.certFile and cluster.ssl.keyFile (WALTZ_CLUSTER_SSL_CERT_FILE, "
+            "WALTZ_CLUSTER_SSL_KEY_FILE) to the admin's certificate and key, then restore again"
+        )
     problems = []
     took = []
     for storage, outcome in outcomes.items():
