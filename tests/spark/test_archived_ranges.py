@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from waltz.archive.archiver import Archiver, ChunkPolicy, PartitionRound
 from waltz.archive.errors import ArchiveCheckError
-from waltz.archive.layout import partition_directory
+from waltz.archive.layout import parse_chunk_name, partition_directory
 from waltz.cli.main import app as waltz_app
 from waltz.committed import reads
 from waltz.committed.errors import CommittedReadError
@@ -228,7 +228,16 @@ def test_hold_says_when_retention_deleted_a_damaged_chunk_s_range_from_every_rep
         held = CliRunner().invoke(waltz_app, ["archive", "verify", "--hold", *where])
         assert held.exit_code == 1, held.output
         assert "held: partition 0 is archived through -1" in held.output, held.output
-        assert re.search(r"NOT IN THE REPLICAS: partition 0 transactions 0\.\.\d+ are damaged", held.output)
+        # The damaged chunk's own range, then what retention deleted (which the next chunks of the
+        # archive, intact, also cover).
+        first, last = parse_chunk_name(chunk.name)
+        deleted = re.search(
+            rf"NOT IN THE REPLICAS: partition 0 transactions {first}\.\.{last} are damaged in the archive, "
+            r"and retention deleted 0\.\.(\d+) from every replica",
+            held.output,
+        )
+        assert deleted is not None, held.output
+        assert int(deleted.group(1)) >= last
         assert "copy the damaged chunks back from a copy of the archive" in held.output
         report = json.loads(CliRunner().invoke(waltz_app, ["archive", "verify", "--json", *where]).stdout)
         assert report["partitions"][0]["lost_from_replicas"] is False  # only --hold reads the replicas

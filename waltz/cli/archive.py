@@ -528,13 +528,20 @@ def verify(
                 starts = ", ".join(f"{s} {start}" for s, start in sorted(check.local_starts.items()))
                 # What no replica holds: up to the lowest local start (the rest, they still hold).
                 gone = min(check.manifest_through, min(check.local_starts.values()) - 1)
-                damaged = f"{check.good_through + 1}..{gone}"
+                held = f"{check.good_through + 1}..{gone}"
+                # The damaged chunks' own ranges: the held range also covers the good chunks after
+                # the first damaged one, which the archive still holds intact.
+                damaged = ", ".join(
+                    f"{p.first}..{p.last}"
+                    for p in check.problems
+                    if p.first is not None and p.last is not None and p.first <= gone
+                )
                 typer.echo(
-                    f"NOT IN THE REPLICAS: partition {check.partition_id} transactions {damaged} are damaged "
-                    "in the archive and retention deleted them from every replica that answered (local "
-                    f"starts: {starts}): `waltz archive run` cannot write them again; copy the damaged "
-                    "chunks back from a copy of the archive (`waltz archive verify --archive COPY` checks "
-                    "one)"
+                    f"NOT IN THE REPLICAS: partition {check.partition_id} transactions {damaged or held} are "
+                    f"damaged in the archive, and retention deleted {held} from every replica that answered "
+                    f"(local starts: {starts}): `waltz archive run` cannot write them again; copy the "
+                    "damaged chunks back from a copy of the archive (`waltz archive verify --archive COPY` "
+                    "checks one)"
                 )
         chunks = sum(c.chunks_checked for c in report.partitions)
         records = sum(c.records_checked for c in report.partitions)
