@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import json
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -245,6 +246,38 @@ def test_hold_says_when_retention_deleted_a_damaged_chunk_s_range_from_every_rep
         chunk.write_bytes(original)
         result = _archive(cluster, after.location)
     assert result.error is None and result.archived_through == after.marks[0], result
+
+
+def test_a_rebuild_that_meets_a_damaged_chunk_names_it_in_one_line(after: Before, tmp_path: Path) -> None:
+    """A chunk that fails its check in a Spark task: the rebuild stops, writing nothing, with the
+    task's error (the file, its range, what is wrong) as its one error line, not the worker's
+    traceback."""
+    cluster = after.cluster
+    copy = tmp_path / "archive-copy"
+    shutil.copytree(after.location, copy)
+    chunk = sorted((copy / partition_directory(0)).glob("*.parquet"))[0]
+    chunk.write_bytes(chunk.read_bytes()[:100])
+    database = tmp_path / "rebuilt.db"
+    outcome = CliRunner().invoke(
+        waltz_app,
+        [
+            "rebuild", "--app", "waltz_examples.counter", "--zookeeper", cluster.zookeeper_connect_string,
+            "--root", cluster.root, "--archive", str(copy), "--db", f"sqlite:///{database}",
+        ],
+    )  # fmt: skip
+    assert outcome.exit_code == 2, outcome.output
+    errors = [line for line in outcome.stderr.splitlines() if line.startswith("error:")]
+    first, last = parse_chunk_name(chunk.name)
+    assert errors == [
+        f"error: the Spark job failed: {chunk} (transactions {first}..{last}): 100 bytes, the manifest says "
+        f"{len(_intact_chunk(after.location, chunk.name))} (truncated or replaced)"
+    ], outcome.stderr
+    assert "Traceback" not in outcome.stderr
+
+
+def _intact_chunk(location: Path, file: str) -> bytes:
+    """The bytes of an intact chunk of partition 0."""
+    return (location / partition_directory(0) / file).read_bytes()
 
 
 def _replica(tmp_path: Path, name: str, first_segment: int | None, low_water_mark: int) -> OfflineReplica:

@@ -9,6 +9,7 @@ that does not upcast to the current models (``--check``); 2 the rebuild could no
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import time
 from pathlib import Path
@@ -358,7 +359,10 @@ def rebuild_command(
             if newer is not None:  # raised in a task: only its text is here
                 typer.echo(f"error: {_newer_release(newer)}", err=True)
                 raise typer.Exit(2) from exc
-            typer.echo(f"error: the Spark job failed: {exc}", err=True)
+            raised = task_waltz_error(str(exc))
+            # A task that raised one of waltz's errors (a damaged chunk, a read that could not be
+            # proven) said what to do in its message: that line, not the worker's traceback.
+            typer.echo(f"error: the Spark job failed: {raised or exc}", err=True)
             if ChangeSetFormatError.__name__ in str(exc):
                 _hint_undecodable(app)
             raise typer.Exit(2) from exc
@@ -374,6 +378,22 @@ def task_error_line(text: str, error: str) -> str | None:
         if found >= 0:
             return line[found + len(marker) :].strip()
     return None
+
+
+#: A line of a Spark task's failure text that names an error of waltz and its message.
+_TASK_WALTZ_ERROR = re.compile(r"^waltz(?:\.\w+)+\.(\w+Error): (.+)$")
+
+
+def task_waltz_error(text: str) -> str | None:
+    """The message of the last error of waltz's own (``waltz.<module>.<Error>: <message>``) that a
+    Spark task raised, from the job failure's text (a Python traceback among the JVM's lines), or
+    None when it holds none."""
+    found = None
+    for line in text.splitlines():
+        match = _TASK_WALTZ_ERROR.match(line.strip())
+        if match is not None:
+            found = match.group(2).strip()
+    return found
 
 
 def _newer_release(message: str) -> str:
