@@ -261,3 +261,29 @@ def test_zookeeper_behind_the_manifest_after_retention_is_caught_up_on_the_chunk
         return marks
 
     assert asyncio.run(told()) == [through] * len(archived.cluster.storages)
+
+
+def test_a_damaged_chunk_retention_deleted_from_the_replicas_stops_the_run_naming_it_once(
+    archived: Archived,
+) -> None:
+    """ZooKeeper's summary lost after retention, and the first chunk damaged: the run cannot write
+    it again from the replicas, stops the partition and says so, naming the file and range once;
+    once the chunk is copied back, the next run takes it on its own check."""
+    zk = archived.zk
+    files = ArchiveFiles.open(str(archived.location))
+    entry = read_partition_manifest(files, 0).chunks[0]
+    chunk = archived.location / partition_directory(0) / entry.file
+    original = chunk.read_bytes()
+    chunk.write_bytes(original[: len(original) // 2])
+    try:
+        zk.zk.delete(zk.paths.archive)
+        (stopped,) = Archiver(zk, str(archived.location), policy=CHUNKS).run()
+        assert stopped.error is not None
+        where = f"{chunk} (transactions {entry.first}..{entry.last})"
+        assert stopped.error.startswith(f"{where}: "), stopped.error
+        assert stopped.error.count(str(chunk)) == 1, stopped.error
+        assert "cannot be written again from them: copy the chunk back" in stopped.error
+    finally:
+        chunk.write_bytes(original)
+    (result,) = Archiver(zk, str(archived.location), policy=CHUNKS).run()
+    assert result.error is None, result.error

@@ -556,9 +556,9 @@ class Archiver:
                 if not holding:
                     raise ArchiveCheckError(
                         where,
-                        f"{problem}; the replicas no longer hold these transactions (retention deleted "
-                        "them), so it cannot be written again from them: copy the chunk back from a "
-                        "copy of the archive (waltz archive verify --archive COPY checks one)",
+                        f"{problem.problem}; the replicas no longer hold these transactions (retention "
+                        "deleted them), so it cannot be written again from them: copy the chunk back from "
+                        "a copy of the archive (waltz archive verify --archive COPY checks one)",
                         entry.first,
                         entry.last,
                     ) from problem

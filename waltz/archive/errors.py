@@ -41,11 +41,13 @@ class ArchiveCheckError(ArchiveError):
         file: the file, as the archive's location followed by its path in the archive.
         first: the first transaction of the range concerned (None: the file as a whole).
         last: the last transaction of that range (None: the file as a whole).
+        problem: what is wrong, without the file and range that the message puts first.
     """
 
     def __init__(self, file: str, problem: str, first: int | None = None, last: int | None = None) -> None:
         where = file if first is None or last is None else f"{file} (transactions {first}..{last})"
         super().__init__(f"{where}: {problem}")
+        self.problem = problem
         self.file = file
         self.first = first
         self.last = last
