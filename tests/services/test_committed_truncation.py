@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
+from waltz.cli.main import app as waltz_app
 from waltz.errors import StorageRpcError
 from waltz.local.certificates import ClusterCertificates
 from waltz.local.cluster import LocalCluster
@@ -121,3 +124,61 @@ def test_a_server_certificate_cannot_truncate_committed_transactions_and_an_admi
     assert [a.data for a in after.applied[0]][-1] == b"after the truncation"
     assert len(cluster.replica_digests({0: kept + 1})[0]) == 1
     assert all(m == kept + 1 and lwm >= kept for _, m, lwm in asyncio.run(logs(cluster)))
+
+
+def test_a_truncation_below_what_the_archive_holds_is_refused_by_the_tool_and_the_node(
+    secured: LocalCluster, tmp_path: Path
+) -> None:
+    """Archived transactions stay in the archive: truncating them away on the replicas would have
+    readers below the local start read them back in place of the transactions committed next under
+    their IDs. ``waltz cluster storage truncate-committed`` refuses before touching a node, and the
+    node refuses the admin request itself; nothing changes (docs/design/archive.md, "Reads below the
+    local start")."""
+    cluster = secured
+    files = certificates(cluster)
+    store = MemoryStore({0: -1})
+    with WaltzClient(store, client_config(cluster)) as client:
+        outcomes = [client.submit(Append(0, f"archived {i}".encode())).result(60) for i in range(COMMITTED)]
+    mark = max(o.transaction_id for o in outcomes)
+    env = cluster.admin_env("admin")
+    archived = CliRunner().invoke(
+        waltz_app,
+        ["archive", "run", "--to", str(tmp_path / "archive"), "--once", "--seal-after", "0"],
+        env=env,
+    )
+    assert archived.exit_code == 0, archived.output
+    cluster.stop_server(0)  # as the operator's procedure says
+    before = asyncio.run(logs(cluster))
+    node = cluster.storages[0]
+    refused = CliRunner().invoke(
+        waltz_app,
+        [
+            "cluster",
+            "storage",
+            "truncate-committed",
+            node.address,
+            "-p",
+            "0",
+            "--to",
+            str(mark - KEPT),
+            "--yes",
+        ],
+        env=env,
+    )
+    assert refused.exit_code == 1, refused.output
+    assert (
+        f"archive ({tmp_path / 'archive'}) holds the partition through transaction {mark}" in refused.output
+    )
+    assert "waltz db skip" in refused.output and "nothing was changed" in refused.output
+
+    async def as_the_admin() -> None:
+        async with StorageAdminClient(
+            node.admin_address, cluster.cluster_key, 1, tls=files.tls("admin")
+        ) as admin:
+            with pytest.raises(
+                StorageRpcError, match=f"the archive holds this partition through transaction {mark}"
+            ):
+                await admin.truncate_below_committed(0, mark - KEPT, operator="test", reason="poison")
+
+    asyncio.run(as_the_admin())
+    assert asyncio.run(logs(cluster)) == before

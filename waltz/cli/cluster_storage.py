@@ -406,6 +406,25 @@ def storage_truncate_committed(
                 )
                 continue
             changes.append(replica)
+        summary = admin.cluster.archive_summary() if changes else None
+        for replica in changes:
+            if summary is None:
+                break
+            archived = summary.value.of(replica.partition_id).archived_through
+            if to < archived:
+                # Before any node is touched: the archive keeps what it holds (docs/design/archive.md,
+                # "Reads below the local start"), so the removed transactions would come back.
+                typer.echo(
+                    f"error: partition {replica.partition_id}: refusing to truncate to transaction {to}: the "
+                    f"archive ({summary.value.location}) holds the partition through "
+                    f"transaction {archived} and keeps transactions {to + 1}..{archived} whatever the "
+                    "replicas hold: once retention deleted their segments, readers below the local start "
+                    "(servers, waltz rebuild) would read them from the archive in place of the transactions "
+                    "committed next under their IDs. Pass over a poison transaction in the applications "
+                    f"instead (waltz db skip), or truncate to {archived} or above; nothing was changed",
+                    err=True,
+                )
+                raise typer.Exit(1)
         for replica in changes:
             committed = max(0, replica.committed_floor - to)
             typer.echo(

@@ -490,11 +490,26 @@ class StoragePartition:
         between leaves every record and a lower floor, and the operator runs it again.
 
         Raises:
-            ProtocolError: ``transaction_id`` is below -1, or below ``local_start - 1``.
+            ProtocolError: ``transaction_id`` is below -1, below ``local_start - 1``, or below the
+                archived-through (the archive would keep the removed transactions).
             PartitionUnavailableError: writes are switched off.
         """
         self._require_writable()
         self._check_truncation_bounds(transaction_id)
+        if transaction_id < self._archived_through:
+            # The archive keeps what it holds: the removed transactions would come back to every
+            # reader below the local start in place of the ones committed next under their IDs
+            # (docs/design/archive.md, "Reads below the local start").
+            raise ProtocolError(
+                f"partition {self.partition_id}: cannot truncate to transaction {transaction_id}: the "
+                f"archive holds this partition through transaction {self._archived_through} (as the "
+                f"archiver told this replica) and keeps transactions {transaction_id + 1}.."
+                f"{self._archived_through} whatever the replicas hold: once retention deleted their "
+                "segments, readers below the local start would read them from the archive in place of "
+                "the transactions committed next under their IDs; pass over a poison transaction in "
+                f"the applications instead (waltz db skip), or truncate to {self._archived_through} or "
+                "above"
+            )
         previous_max = self.max_transaction_id
         previous = self._control.partition_info(self.partition_id)
         info = self._control.lower_low_water_mark(self.partition_id, transaction_id)
