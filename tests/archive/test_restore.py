@@ -399,5 +399,14 @@ def test_a_location_without_an_archive_is_refused(zookeeper: Any, zk_root: str, 
 
 def test_help_explains_the_restore() -> None:
     text = waltz("archive", "restore", "--help").output
-    for words in ("--from", "--storage", "archived-through + 1", "verified first", "Nothing is written"):
+    for words in (
+        "--from",
+        "--storage",
+        "archived-through + 1",
+        "verified first",
+        "Nothing is written",
+        "its certificate needs the admin role",
+    ):
         assert words in " ".join(text.split()), words
+    hold = " ".join(waltz("archive", "verify", "--help").output.split())
+    assert "telling the replicas needs a certificate of the admin role" in hold, hold

@@ -441,7 +441,8 @@ def verify(
             "--hold",
             help="For each partition with a problem, lower its archived-through in ZooKeeper and on its "
             "replicas to its last good chunk, so that no storage node deletes what the archive cannot "
-            "give back.",
+            "give back. With mutual TLS, telling the replicas needs a certificate of the admin role "
+            "(cluster.ssl.certFile, cluster.ssl.keyFile).",
         ),
     ] = False,
     partition: PartitionsOption = [],  # noqa: B006 (typer reads the default)
@@ -608,7 +609,9 @@ def restore(
     new key before the refusal, the key is written to a file only you may read, named in the
     message: restore again with --cluster-key-file FILE. Start the servers of the new cluster
     afterwards; applications resume from their own high-water marks. With --digest-dir, the new
-    cluster's znodes get the ACL of each role, as with waltz cluster create.
+    cluster's znodes get the ACL of each role, as with waltz cluster create. With mutual TLS, the
+    restore initialises the storage nodes: its certificate needs the admin role (cluster.ssl.certFile,
+    cluster.ssl.keyFile).
     """
     import uuid
 
