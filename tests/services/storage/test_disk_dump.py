@@ -8,6 +8,7 @@ written and checked as the archiver writes them) holding the range they held.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,13 @@ from typer.testing import CliRunner
 from tests.services.storage.test_retention import ARCHIVED, Disk, filled, records
 from waltz.archive.chunks import write_chunk
 from waltz.archive.layout import ArchiveFiles, partition_directory
-from waltz.archive.manifests import PartitionManifest, write_partition_manifest
+from waltz.archive.manifests import (
+    ArchiveManifest,
+    PartitionManifest,
+    cluster_key_fingerprint,
+    write_archive_manifest,
+    write_partition_manifest,
+)
 from waltz.cli.main import app
 from waltz.services.storage import inspect
 
@@ -42,6 +49,11 @@ def retained(tmp_path: Path) -> Iterator[Retained]:
         partition = filled(disk, 60)
         location = tmp_path / "archive"
         files = ArchiveFiles.open(str(location))
+        # As the archiver starts an archive: archive.json first (docs/design/archive.md, "The
+        # archive's layout and forms").
+        write_archive_manifest(
+            files, ArchiveManifest(2, (cluster_key_fingerprint(str(uuid.uuid4())),), "2026")
+        )
         manifest = PartitionManifest(0)
         for first in (0, 15):
             manifest = manifest.with_chunk(write_chunk(files, 0, records(first, 15), ["test"]))
@@ -96,3 +108,22 @@ def test_a_damaged_chunk_fails_the_dump_naming_the_file_and_range(retained: Reta
     assert result.exit_code == 2
     assert "00000000000000000000-00000000000000000014.parquet (transactions 0..14)" in result.output
     assert "truncated or replaced" in result.output
+
+
+def test_a_location_that_holds_no_archive_or_not_the_partition_is_named(
+    retained: Retained, tmp_path: Path
+) -> None:
+    """A mistyped --archive, or a partition the archive does not have, is an error (exit 2), not an
+    archive that holds nothing (an empty listing, exit 0)."""
+    missing = tmp_path / "archve"
+    for command, words in (
+        (["disk", "dump", "--archive", str(missing), "-p", "0"], f"{missing} holds no archive"),
+        (
+            ["disk", "dump", str(retained.storage_dir), "--archive", str(missing), "-p", "0"],
+            f"{missing} holds no archive",
+        ),
+        (["disk", "dump", "--archive", str(retained.archive), "-p", "7"], "has partitions 0..1"),
+    ):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2, result.output
+        assert words in result.output and "records listed" not in result.output, result.output

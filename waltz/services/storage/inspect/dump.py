@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from waltz.archive.chunks import chunk_path, read_chunk
-from waltz.archive.layout import ArchiveFiles
-from waltz.archive.manifests import read_partition_manifest
+from waltz.archive.layout import ARCHIVE_MANIFEST, ArchiveFiles
+from waltz.archive.manifests import read_archive_manifest, read_partition_manifest
 from waltz.archive.reader import chunks_of
 from waltz.errors import WaltzError
 from waltz.protocol.records import Record
@@ -87,6 +87,7 @@ def partition_range(
         OSError: a segment file cannot be read.
         CorruptDataError: a segment header is unusable.
         ArchiveFormError, ArchiveCheckError: the partition's manifest is not one this code reads.
+        DumpRangeError: ``archive`` holds no archive (no ``archive.json``), or not the partition.
     """
     local_start: int | None = None
     last = -1
@@ -104,9 +105,27 @@ def partition_range(
                     last = segment.header.first_transaction_id - 1
     start, through = None, -1
     if archive is not None:
+        _require_archive(archive, partition_id)
         manifest = read_partition_manifest(archive, partition_id)
         start, through = manifest.start, manifest.archived_through
     return PartitionRange(local_start, last, start, through)
+
+
+def _require_archive(archive: ArchiveFiles, partition_id: int) -> None:
+    """An archive is at the location, and it has the partition (docs/design/archive.md, "The
+    archive's layout and forms": ``archive.json`` names the partition count); a mistyped location
+    would otherwise read as an archive that holds nothing."""
+    top = read_archive_manifest(archive)
+    if top is None:
+        raise DumpRangeError(
+            f"{archive.location} holds no archive (no {archive.name(ARCHIVE_MANIFEST)}): check the location "
+            "given with --archive"
+        )
+    if not 0 <= partition_id < top.num_partitions:
+        raise DumpRangeError(
+            f"partition {partition_id}: the archive at {archive.location} has partitions "
+            f"0..{top.num_partitions - 1}"
+        )
 
 
 def dump_records(
