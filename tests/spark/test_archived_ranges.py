@@ -39,6 +39,7 @@ from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_session import connect_zookeeper
 from waltz.protocol.storage_client import StorageAdminClient
 from waltz.spark.archived import ArchivedRange
+from waltz.spark.errors import RebuildError
 from waltz.spark.rebuild import LogSource, rebuild
 from waltz.spark.source import LogRange, WaltzLogReader
 from waltz_examples.counter.service import CounterService
@@ -212,6 +213,21 @@ def test_an_offline_rebuild_reads_what_retention_deleted_from_the_archive_it_is_
     result = rebuild(spark, COUNTER_VIEWS, with_archive, url, up_to=after.marks)
     assert dict(result.marks) == after.marks
     assert _table_rows(url) == _table_rows(after.live_url)
+
+
+def test_a_location_that_holds_no_archive_is_refused_while_planning(after: Before, tmp_path: Path) -> None:
+    """A mistyped --archive stops the rebuild before Spark starts, naming the location; not in a
+    Spark task asking for the archive it was given (docs/design/spark.md, "Planning before Spark
+    starts")."""
+    typo = tmp_path / "archve"
+    offline = LogSource(storage_dirs=[str(node.directory) for node in after.cluster.storages], replicas=3)
+    for source in (
+        dataclasses.replace(offline, archive=str(typo)),
+        dataclasses.replace(_source(after.cluster), archive=str(typo)),
+    ):
+        with pytest.raises(RebuildError, match=rf"--archive {re.escape(str(typo))} holds no archive"):
+            source.planned()
+    assert dataclasses.replace(offline, archive=str(after.location)).planned().plans
 
 
 def test_hold_says_when_retention_deleted_a_damaged_chunk_s_range_from_every_replica(

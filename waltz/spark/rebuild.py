@@ -106,11 +106,13 @@ class LogSource:
         plan made already if this source carries one (:meth:`planned`), else a new one.
 
         Raises:
-            RebuildError: neither or both kinds of source given.
+            RebuildError: neither or both kinds of source given, or an ``archive`` that holds no
+                archive.
             CommittedReadError: a partition cannot be proven.
         """
         if self.plans is not None:
             return list(self.plans)
+        self._require_archive()
         if self.zookeeper and self.cluster_root and not self.storage_dirs:
             security = security_from_files(self.zookeeper_files) if self.zookeeper_files else None
             return plan_live(self.zookeeper, self.cluster_root, tls=self.tls, security=security)
@@ -121,6 +123,27 @@ class LogSource:
         raise RebuildError(
             "read the log from a live cluster (zookeeper and cluster root) or from storage directories"
         )
+
+    def _require_archive(self) -> None:
+        """The archive given (``archive``, not ``off``) is one: a mistyped location would read as an
+        archive that holds nothing, and the read fail in Spark asking for the archive it was given
+        (docs/design/spark.md, "Planning before Spark starts").
+
+        Raises:
+            RebuildError: the location holds no ``archive.json``.
+            LocationError, ArchiveFormError, OSError: the location cannot be opened or read.
+        """
+        if not self.archive or self.archive == "off":
+            return
+        from waltz.archive.layout import ARCHIVE_MANIFEST, ArchiveFiles
+        from waltz.archive.manifests import read_archive_manifest
+
+        files = ArchiveFiles.open(self.archive)
+        if read_archive_manifest(files) is None:
+            raise RebuildError(
+                f"--archive {self.archive} holds no archive (no {files.name(ARCHIVE_MANIFEST)}): give the "
+                "location the archiver writes to (waltz archive status names it), or a copy of it"
+            )
 
     def planned(self, progress: Progress = _quiet) -> LogSource:
         """This source with its plan made now, for a command to find a wrong cluster root, an
