@@ -52,7 +52,8 @@ def retained(tmp_path: Path) -> Iterator[Retained]:
         # As the archiver starts an archive: archive.json first (docs/design/archive.md, "The
         # archive's layout and forms").
         write_archive_manifest(
-            files, ArchiveManifest(2, (cluster_key_fingerprint(str(uuid.uuid4())),), "2026")
+            files,
+            ArchiveManifest(2, (cluster_key_fingerprint(str(uuid.uuid4())),), "2026-01-01T00:00:00+00:00"),
         )
         manifest = PartitionManifest(0)
         for first in (0, 15):
