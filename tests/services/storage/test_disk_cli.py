@@ -8,6 +8,7 @@ docs/design/storage.md "Files on disk").
 from __future__ import annotations
 
 import json
+import logging
 import struct
 import uuid
 from collections.abc import Callable, Iterator
@@ -194,6 +195,41 @@ def test_a_torn_tail_is_a_warning_and_nothing_is_modified(storage: Path) -> None
     assert "partition 0: PASSED (0 errors, 1 warning)" in result.output
     after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in storage.rglob("*") if p.is_file()}
     assert after == before
+
+
+@pytest.mark.parametrize("cut", [0, RECORD_SIZE // 2], ids=["whole-record", "inside-the-record"])
+def test_records_cut_below_the_local_low_water_mark_are_an_error(
+    one_segment: Path, cut: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A replica that held transactions 0..9, flushed, when a store session set its low-water mark
+    to 9, and whose last record is then gone (a damaged disk, a file copied back): verify fails,
+    naming the lost range, and start-up logs it as an ERROR (before, verify passed with a torn-tail
+    warning, and start-up cut an acknowledged, committed record without a word above WARNING)."""
+    with ControlFile.open(one_segment) as control:
+        partition = StoragePartition.create(one_segment / "0", 0, control)
+        try:
+            partition.set_low_water_mark(4, ONE_SEGMENT_RECORDS - 1)
+        finally:
+            partition.close()
+    data = segment_path(one_segment, 0)
+    last = offset_of(ONE_SEGMENT_RECORDS - 1)
+    with data.open("r+b") as f:
+        f.truncate(last + cut)
+
+    result = waltz("verify", one_segment)
+
+    assert result.exit_code == 1, result.output
+    [error] = problem_lines(result, "ERROR")
+    assert error.startswith(f"ERROR: partition 0, file {data}, offset {last}, transaction 9: "), error
+    assert "below the local low-water mark 9" in error and "transactions 9..9 are lost" in error
+    with (
+        caplog.at_level(logging.ERROR, logger="waltz.services.storage.storage_partition"),
+        started_partition(one_segment) as started,
+    ):
+        assert started.max_transaction_id == ONE_SEGMENT_RECORDS - 2
+    assert [r.getMessage() for r in caplog.records if "are lost on this replica" in r.getMessage()] == [
+        "partition 0: " + error.split("transaction 9: ", 1)[1]
+    ]
 
 
 def test_a_damaged_length_before_valid_records_is_corruption_not_a_torn_tail(storage: Path) -> None:

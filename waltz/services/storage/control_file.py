@@ -23,7 +23,7 @@ from waltz.protocol.records import MAX_PARTITIONS
 from waltz.services.storage import format as fmt
 from waltz.services.storage.fsutil import fsync_directory
 
-__all__ = ["ControlFile", "FenceReset", "current_fence", "current_struct"]
+__all__ = ["ControlFile", "FenceReset", "current_fence", "current_struct", "held_records_lost"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,37 @@ def current_fence(fences: list[int | None], info: fmt.PartitionInfo | None) -> t
     valid = [(fence, slot) for slot, fence in enumerate(fences) if fence is not None]
     fence, slot = max(valid) if valid else (-1, 1)
     return max(fence, info.session_id if info is not None else -1), slot
+
+
+def held_records_lost(max_transaction_id: int, info: fmt.PartitionInfo) -> str | None:
+    """What is wrong when a replica's records end below its local low-water mark, or None.
+
+    The local low-water mark is a transaction this replica held, flushed, when a store session set
+    its low-water mark (docs/design/storage.md "Control file"), and only an operator's
+    truncate-committed lowers it: records that end below it lost acknowledged, committed
+    transactions (damaged or replaced files), which no torn tail of an append explains
+    (docs/design/storage.md "Start-up checks and torn tails").
+
+    Args:
+        max_transaction_id: the last transaction its records hold once start-up has cut a torn
+            tail (-1: none).
+        info: its current partition-info struct.
+
+    Returns:
+        One sentence naming the lost range and what to do (without the partition, which the
+        caller names), or None when nothing is missing.
+    """
+    if max_transaction_id >= info.local_low_water_mark:
+        return None
+    return (
+        f"the records end at transaction {max_transaction_id}, below the "
+        f"local low-water mark {info.local_low_water_mark} (the records it held, flushed, when store "
+        f"session {info.session_id} set the low-water mark {info.low_water_mark}): committed "
+        f"transactions {max_transaction_id + 1}..{info.local_low_water_mark} are lost on this replica "
+        "(damaged or replaced files, or a reset start a crash interrupted); the server's recovery copies "
+        "them back from the other replicas, so check the disk, and that the others hold them "
+        "(waltz cluster storage max-transaction-id)"
+    )
 
 
 @dataclass(frozen=True, slots=True)

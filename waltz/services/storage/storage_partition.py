@@ -35,7 +35,7 @@ from waltz.errors import (
 from waltz.private_files import private_directory
 from waltz.protocol.records import Record, RecordHeader
 from waltz.services.storage import format as fmt
-from waltz.services.storage.control_file import ControlFile, FenceReset
+from waltz.services.storage.control_file import ControlFile, FenceReset, held_records_lost
 from waltz.services.storage.fsutil import fsync_directory
 from waltz.services.storage.retention import (
     DeletedSegment,
@@ -161,7 +161,8 @@ class StoragePartition:
     def open(self) -> None:
         """Open the segments, recover the last one, create the first one if there is none, and
         read the partition's archived-through (docs/design/storage.md "Start-up checks and torn
-        tails"; docs/design/archive.md, "Retention on the storage nodes").
+        tails"; docs/design/archive.md, "Retention on the storage nodes"). Records that end below
+        the local low-water mark are logged as an ERROR (:func:`held_records_lost`).
 
         Raises:
             CorruptDataError: a segment header is invalid, or the segments do not chain.
@@ -179,6 +180,13 @@ class StoragePartition:
             "" if self._archived_through < 0 else f", archived through {self._archived_through}",
             "" if self.corruption is None else f", CORRUPT at transaction {self.corruption.transaction_id}",
         )
+        try:
+            info = self._control.partition_info(self.partition_id)
+        except CorruptDataError:
+            return  # both structs corrupt: the control file's own error says so
+        lost = held_records_lost(self.max_transaction_id, info)
+        if lost is not None:
+            log.error("partition %d: %s", self.partition_id, lost)
 
     def close(self) -> None:
         """Flush and close every segment. Idempotent."""

@@ -23,6 +23,7 @@ from typing import Final
 from waltz.errors import CorruptDataError
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.services.storage import format as fmt
+from waltz.services.storage.control_file import held_records_lost
 from waltz.services.storage.inspect.reader import (
     DEFAULT_CHUNK_SIZE,
     ControlFileDump,
@@ -65,6 +66,24 @@ class _Problems:
 
 
 # ---- control file ----
+
+
+def _held_below_local_low_water_mark(entry: ControlPartition, report: PartitionReport) -> list[Problem]:
+    """An ERROR when the partition's records, once start-up has cut a torn tail, end below the
+    control file's local low-water mark: acknowledged, committed records lost on this replica
+    (:func:`~waltz.services.storage.control_file.held_records_lost`)."""
+    info = entry.info
+    if info is None or not report.segments or report.segments[-1].header is None:
+        return []  # no struct or no readable last segment: reported by their own checks
+    last = report.segments[-1]
+    lost = held_records_lost(last.max_transaction_id, info)
+    if lost is None:
+        return []
+    return [
+        Problem(
+            Severity.ERROR, lost, last.path, entry.partition_id, last.valid_end, last.max_transaction_id + 1
+        )
+    ]
 
 
 def _control_problems(dump: ControlFileDump, entry: ControlPartition) -> list[Problem]:
@@ -575,6 +594,7 @@ def verify_storage(
             chunk_size=chunk_size,
         )
         own = _control_problems(control, control.partitions[pid])
+        own.extend(_held_below_local_low_water_mark(control.partitions[pid], report))
         reports.append(
             PartitionReport(pid, directory, report.segments, (*own, *report.problems), report.retention)
         )
