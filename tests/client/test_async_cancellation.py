@@ -19,7 +19,7 @@ import pytest
 from support import settle
 
 from tests.client.client_helpers import Append, MemoryStore
-from waltz import AsyncWaltzClient, WaltzClient, WaltzClientConfig
+from waltz import AsyncWaltzClient, Transaction, TransactionBuilder, WaltzClient, WaltzClientConfig
 from waltz.errors import ClientClosedError
 from waltz.local.cluster import LocalCluster
 
@@ -159,3 +159,106 @@ def test_a_start_cancelled_while_it_connects_closes_the_client_it_was_making(
     assert closed == started, said
     with pytest.raises(RuntimeError, match="not started"):
         _ = unstarted[0].client_id
+
+
+class _HeldAppend(Append):
+    """An :class:`Append` whose ``execute`` blocks (``execute_blocks``: its first attempt runs on the
+    client's attempt threads), held at each execute until ``go`` is set."""
+
+    execute_blocks = True
+
+    def __init__(self, partition: int, data: bytes, go: threading.Event) -> None:
+        super().__init__(partition, data)
+        self.go = go
+        self.entered = threading.Event()
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        self.entered.set()
+        if not self.go.wait(60):
+            raise TimeoutError("the test never let the attempt go on")
+        return super().execute(builder)
+
+
+class _HeldApplyStore(MemoryStore):
+    """A :class:`MemoryStore` whose ``apply_transaction`` waits until ``go`` is set: this client's
+    commits stay unapplied, so a new context waits to read its own writes."""
+
+    def __init__(self, start: dict[int, int]) -> None:
+        super().__init__(start)
+        self.go = threading.Event()
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        if not self.go.wait(60):
+            raise TimeoutError("the test never let the apply go on")
+        super().apply_transaction(transaction)
+
+
+def _in_flight(client: AsyncWaltzClient, partition_id: int) -> float:
+    """The client's ``waltz_client_partition_transactions_in_flight`` of a partition."""
+    value = client.metrics.get_sample_value(
+        "waltz_client_partition_transactions_in_flight", {"partition": str(partition_id)}
+    )
+    return -1.0 if value is None else value
+
+
+def test_a_submission_whose_await_is_cancelled_before_its_first_attempt_runs_goes_on(
+    cluster: LocalCluster, log_start: dict[int, int]
+) -> None:
+    """A request cancelled while its context's first attempt waits for an attempt thread (a busy
+    service, a caller that hung up) stops waiting, not the submission: the context commits, its
+    slot is freed and ``flush`` returns (before, it stayed in flight for good and ``flush`` never
+    returned)."""
+    config = WaltzClientConfig(**cluster.client_settings(), client_num_transaction_retry_threads=1)
+    store = MemoryStore(log_start)
+    go = threading.Event()
+    holder = _HeldAppend(0, b"holds the only attempt thread", go)
+    queued = _HeldAppend(0, b"cancelled while its first attempt waits for a thread", go)
+
+    async def main() -> None:
+        async with AsyncWaltzClient(store, config) as client:
+            await client.wait_mounted(30)
+            holding = asyncio.create_task(client.submit_async(holder))
+            await settle(holder.entered.is_set, "the first context to hold the only attempt thread", 10)
+            waiting = asyncio.create_task(client.submit_async(queued))
+            await settle(lambda: _in_flight(client, 0) == 2, "the second context to be in flight", 10)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(waiting, 10)
+            go.set()
+            assert (await asyncio.wait_for(holding, 30)).committed
+            await client.flush(20)
+            assert _in_flight(client, 0) == 0
+
+    _run_bounded(main, 120)
+    assert queued.outcomes.completions == [True], queued.outcomes
+    assert [a.data for a in store.applied[0]] == [holder.data, queued.data]
+
+
+def test_a_submission_whose_await_is_cancelled_while_it_waits_to_read_its_writes_goes_on(
+    cluster: LocalCluster, log_start: dict[int, int]
+) -> None:
+    """A request cancelled while its context waits for this client's own earlier commit to be
+    applied (read your writes) goes on once it is: it commits, and ``flush`` returns (before, it
+    stayed in flight for good)."""
+    config = WaltzClientConfig(**cluster.client_settings(), client_read_your_writes_timeout=LONG)
+    store = _HeldApplyStore(log_start)
+    first = Append(0, b"committed, not yet applied here")
+    second = Append(0, b"cancelled while it waits to read the first")
+
+    async def main() -> None:
+        async with AsyncWaltzClient(store, config) as client:
+            await client.wait_mounted(30)
+            assert (await asyncio.wait_for(client.submit_async(first), 30)).committed
+            waiting = asyncio.create_task(client.submit_async(second))
+            await settle(lambda: _in_flight(client, 0) == 1, "the second context to be in flight", 10)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(waiting, 10)
+            assert second.outcomes.executions == 0  # it had not run yet: it waited
+            store.go.set()
+            await client.flush(20)
+            assert _in_flight(client, 0) == 0
+
+    _run_bounded(main, 120)
+    assert second.outcomes.completions == [True], second.outcomes
+    assert [a.data for a in store.applied[0]] == [first.data, second.data]

@@ -159,7 +159,13 @@ class AttemptRunner:
         the concurrency limit or for read your writes (``AsyncWaltzClient.submit``). The first
         attempt runs on the calling loop, or, for a context whose ``execute`` blocks
         (``TransactionContext.execute_blocks``), on a retry thread while the coroutine awaits it:
-        the loop never waits for a database."""
+        the loop never waits for a database.
+
+        Cancelling the await once the context is admitted stops the waiting, not the submission
+        (``AsyncWaltzClient.submit_async``): a context cancelled while it waits to read its writes
+        waits on, on the client's loop, and has its first attempt on a retry thread; one whose
+        first attempt waits for a retry thread keeps its place there. Either way it ends as any
+        other, and its concurrency slot is freed then."""
         partition, submission = self._new_submission(context, True)
         long_wait = self._config.client_long_wait_threshold
         while not await self._in_flight.admit_async(submission, long_wait):
@@ -170,7 +176,14 @@ class AttemptRunner:
             return submission
         wait = self._read_your_writes_wait(partition, submission)
         if wait is not None:
-            await _waited_mark(partition, submission).wait_async(*wait)
+            target, timeout = wait
+            deadline = time.monotonic() + timeout
+            try:
+                await _waited_mark(partition, submission).wait_async(target, timeout)
+            except asyncio.CancelledError:
+                left = max(0.0, deadline - time.monotonic())
+                self._call_on_loop(self._first_attempt_after_wait, partition, submission, target, left)
+                raise
         if not context.execute_blocks:
             self._first_attempt(partition, submission)
             return submission
@@ -179,7 +192,8 @@ class AttemptRunner:
         except RuntimeError:  # the executor shut down: the client closed under us
             submission.fail(ClientClosedError(f"Waltz client {self._client_id} is closed"))
             return submission
-        await asyncio.wrap_future(attempt)
+        # Shielded: a cancelled await must not cancel the attempt still queued for a thread.
+        await asyncio.shield(asyncio.wrap_future(attempt))
         return submission
 
     def set_floor(self, partition_id: int, floor: int) -> None:
