@@ -10,6 +10,7 @@ __all__ = [
     "ApplyContractError",
     "ApplyPausedError",
     "ArchivedReadError",
+    "AsyncClientError",
     "BelowCommittedError",
     "ClientClosedError",
     "ClusterKeyMismatchError",
@@ -595,6 +596,12 @@ class AsyncEngineError(SqlFrameworkError, TypeError):
             "find_idempotency_key_async, wait_for_async), which run on the framework's threads"
         )
         self.sync_url = sync_url
+
+
+class AsyncClientError(SqlFrameworkError, TypeError):
+    """A part of the SQL framework that submits from the caller's thread (``EntityBatcher``) was
+    given an ``AsyncWaltzClient``: it needs a ``WaltzClient``, which an asyncio service drives
+    from threads (docs/design/sql.md "The SQL framework on asyncio")."""
 
 
 class StagedRowCountError(SqlFrameworkError):

@@ -23,10 +23,11 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from support.loop_probe import LoopProbeReport, loop_probe
 
 from waltz import AsyncWaltzClient, Outcome, OutcomeKind, Transaction, WaltzClient, WaltzClientConfig
-from waltz.errors import AsyncEngineError
+from waltz.errors import AsyncClientError, AsyncEngineError
 from waltz.jdbc_style import (
     AppliedRequest,
     ChangeSetCallbacks,
+    EntityBatcher,
     EntityRegistry,
     EntityTransaction,
     EntityTransactionContext,
@@ -281,6 +282,51 @@ def test_an_async_engine_is_refused_with_the_synchronous_url() -> None:
                 migrations_api.current(bind)  # type: ignore[arg-type]
     finally:
         async_engine.sync_engine.dispose()
+
+
+@pytest.mark.parametrize("app_db_url", ["postgresql"], indirect=True)
+def test_an_entity_batcher_refuses_the_asyncio_client_and_says_how_to_batch_on_asyncio(app: App) -> None:
+    """``EntityBatcher(async_client)`` failed deep in its set-up (``AttributeError: ... no
+    attribute 'config'``); it now says to give it a ``WaltzClient`` and submit from a thread, and
+    that way works: concurrent requests on one hot wallet share log transactions, each applied
+    once."""
+    callbacks, wallet = app.callbacks, app.wallet_id()
+
+    async def refused() -> None:
+        async with AsyncWaltzClient(callbacks, app.config) as client:
+            with pytest.raises(
+                AsyncClientError, match="needs a WaltzClient, not an AsyncWaltzClient"
+            ) as raised:
+                EntityBatcher(client)  # type: ignore[arg-type]
+            assert isinstance(raised.value, TypeError)
+            assert "asyncio.to_thread(batcher.submit, context)" in str(raised.value)
+
+    asyncio.run(refused())
+
+    async def batched() -> None:
+        client = await asyncio.to_thread(WaltzClient, callbacks, app.config)
+        try:
+            with EntityBatcher(client) as batcher:
+
+                async def submit(context: EntityTransactionContext) -> Outcome:
+                    return await asyncio.wrap_future(await asyncio.to_thread(batcher.submit, context))
+
+                assert (await submit(Open(callbacks, wallet, 100))).committed
+                spent = await asyncio.gather(
+                    *(submit(Spend(callbacks, wallet, 1, request_key=f"{wallet}-{n}")) for n in range(40))
+                )
+                assert all(outcome.committed for outcome in spent), spent
+                last = max(outcome.transaction_id or 0 for outcome in spent)
+                read = await callbacks.read_entities_async(
+                    [(Wallet, wallet)], num_partitions=client.num_partitions, after=last, timeout=TIMEOUT
+                )
+                assert read.entities[0].balance == 60
+                again = await submit(Spend(callbacks, wallet, 1, request_key=f"{wallet}-0"))
+                assert again.already_applied and again.transaction_id == spent[0].transaction_id
+        finally:
+            await asyncio.to_thread(client.close)
+
+    asyncio.run(batched())
 
 
 @pytest.fixture

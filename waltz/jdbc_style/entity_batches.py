@@ -46,14 +46,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from waltz.client.client import AsyncWaltzClient, WaltzClient
 from waltz.client.config import WaltzClientConfig
 from waltz.client.context import TransactionBuilder, TransactionContext
 from waltz.client.locks import PartitionLocalLock
 from waltz.client.outcome import Outcome, OutcomeKind
 from waltz.client.submission import APPEND_OVERHEAD_BYTES, LOCK_HASH_BYTES
-from waltz.errors import ClientClosedError, CrossPartitionError
+from waltz.errors import AsyncClientError, ClientClosedError, CrossPartitionError
 from waltz.jdbc_style.batch_metrics import batcher_counts
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, batch_data, member_data
 from waltz.jdbc_style.changeset_callbacks import EXACT_STRING_DIALECTS, ChangeSetCallbacks
@@ -68,9 +69,6 @@ from waltz.jdbc_style.entity_context import (
 )
 from waltz.jdbc_style.idempotency import AppliedRequest, check_idempotency_key, find_idempotency_keys
 from waltz.protocol.event_loop import shared_event_loop
-
-if TYPE_CHECKING:
-    from waltz.client.client import WaltzClient
 
 __all__ = [
     "DEFAULT_MAX_BATCH_BYTES",
@@ -527,6 +525,8 @@ class EntityBatcher:
     Raises:
         ValueError: a limit below 1 (below 0 for ``max_in_flight_alone``; for ``linger``, below
             0 or not finite).
+        AsyncClientError: ``client`` is an ``AsyncWaltzClient``; the message says how an asyncio
+            service uses a batcher.
     """
 
     def __init__(
@@ -539,6 +539,15 @@ class EntityBatcher:
         max_in_flight_alone: int | None = None,
         linger: float | None = None,
     ) -> None:
+        if isinstance(client, AsyncWaltzClient):
+            raise AsyncClientError(
+                "EntityBatcher needs a WaltzClient, not an AsyncWaltzClient: it submits from the "
+                "calling thread and threads of its own, and answers with concurrent.futures futures. "
+                "On asyncio, give it a WaltzClient (made with asyncio.to_thread, in place of the "
+                "AsyncWaltzClient) and submit from a thread: outcome = await asyncio.wrap_future("
+                "await asyncio.to_thread(batcher.submit, context)); or submit each context alone "
+                "with await client.submit_async(context)"
+            )
         if max_in_flight_alone is None:
             max_in_flight_alone = client.config.client_batch_max_in_flight_alone
         if linger is None:
