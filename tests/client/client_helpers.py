@@ -160,6 +160,24 @@ class Append(TransactionContext):
         self.outcomes.applications += 1
 
 
+class HeldAppend(Append):
+    """An :class:`Append` whose ``execute`` blocks (``execute_blocks``: its first attempt runs on the
+    client's attempt threads), held at each execute until ``go`` is set."""
+
+    execute_blocks = True
+
+    def __init__(self, partition: int, data: bytes, go: threading.Event) -> None:
+        super().__init__(partition, data)
+        self.go = go
+        self.entered = threading.Event()
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        self.entered.set()
+        if not self.go.wait(60):
+            raise TimeoutError("the test never let the attempt go on")
+        return super().execute(builder)
+
+
 class Increment(TransactionContext):
     """A read-modify-write of the store's counter under a WRITE lock.
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from support import settle
 
-from tests.client.client_helpers import Append, MemoryStore
-from waltz import AsyncWaltzClient, Transaction, TransactionBuilder, WaltzClient, WaltzClientConfig
+from tests.client.client_helpers import Append, HeldAppend, MemoryStore
+from waltz import AsyncWaltzClient, Transaction, WaltzClient, WaltzClientConfig
 from waltz.errors import ClientClosedError
 from waltz.local.cluster import LocalCluster
 
@@ -161,24 +161,6 @@ def test_a_start_cancelled_while_it_connects_closes_the_client_it_was_making(
         _ = unstarted[0].client_id
 
 
-class _HeldAppend(Append):
-    """An :class:`Append` whose ``execute`` blocks (``execute_blocks``: its first attempt runs on the
-    client's attempt threads), held at each execute until ``go`` is set."""
-
-    execute_blocks = True
-
-    def __init__(self, partition: int, data: bytes, go: threading.Event) -> None:
-        super().__init__(partition, data)
-        self.go = go
-        self.entered = threading.Event()
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        self.entered.set()
-        if not self.go.wait(60):
-            raise TimeoutError("the test never let the attempt go on")
-        return super().execute(builder)
-
-
 class _HeldApplyStore(MemoryStore):
     """A :class:`MemoryStore` whose ``apply_transaction`` waits until ``go`` is set: this client's
     commits stay unapplied, so a new context waits to read its own writes."""
@@ -211,8 +193,8 @@ def test_a_submission_whose_await_is_cancelled_before_its_first_attempt_runs_goe
     config = WaltzClientConfig(**cluster.client_settings(), client_num_transaction_retry_threads=1)
     store = MemoryStore(log_start)
     go = threading.Event()
-    holder = _HeldAppend(0, b"holds the only attempt thread", go)
-    queued = _HeldAppend(0, b"cancelled while its first attempt waits for a thread", go)
+    holder = HeldAppend(0, b"holds the only attempt thread", go)
+    queued = HeldAppend(0, b"cancelled while its first attempt waits for a thread", go)
 
     async def main() -> None:
         async with AsyncWaltzClient(store, config) as client:

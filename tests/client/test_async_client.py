@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 
-from tests.client.client_helpers import Append, Increment, MemoryStore
+import pytest
+from support import settle
+
+from tests.client.client_helpers import Append, HeldAppend, Increment, MemoryStore
 from waltz import AsyncWaltzClient, PartitionLocalLock, WaltzClientConfig
+from waltz.local.cluster import LocalCluster
 
 
 def test_async_round_trip_and_the_write_lock_race(
@@ -74,3 +80,43 @@ def test_async_stale_increments_lose_no_update(
     assert all(c.outcomes.completions == [True] for c in contexts)
     assert sum(c.outcomes.lock_failures for c in contexts) > 0, "the race never happened"
     assert stores[0].values[1] == stores[1].values[1] == 100
+
+
+def test_a_first_attempt_held_back_by_a_retry_thread_stuck_in_an_attempt_is_named_in_a_warning(
+    cluster: LocalCluster, log_start: dict[int, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An attempt that waits on its retry thread for something that needs that thread (another
+    transaction's outcome, from an entity context's ``run``) held every later attempt back with no
+    word; the client now warns, naming the context that waits, what holds the threads and for how
+    long, and the likely cause (docs/design/client.md "WaltzClient and AsyncWaltzClient")."""
+    config = WaltzClientConfig(
+        **cluster.client_settings(), client_num_transaction_retry_threads=1, client_long_wait_threshold=0.5
+    )
+    store = MemoryStore(log_start)
+    go = threading.Event()
+    holder = HeldAppend(0, b"holds the only retry thread", go)
+    held_back = HeldAppend(1, b"waits for the retry thread", go)
+    caplog.set_level(logging.WARNING, logger="waltz.client.attempt_runner")
+
+    def warned() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "retry threads" in r.getMessage()]
+
+    async def main() -> None:
+        async with AsyncWaltzClient(store, config) as client:
+            await client.wait_mounted(30)
+            holding = asyncio.create_task(client.submit_async(holder))
+            await settle(holder.entered.is_set, "the first context to hold the only retry thread", 10)
+            waiting = asyncio.create_task(client.submit_async(held_back))
+            await settle(lambda: bool(warned()), "a warning that the retry thread is held", 10)
+            go.set()
+            assert (await asyncio.wait_for(holding, 30)).committed
+            assert (await asyncio.wait_for(waiting, 30)).committed
+
+    asyncio.run(main())
+    [message] = warned()
+    assert message.startswith("HeldAppend on partition 1: its first attempt has waited 0.5s"), message
+    assert (
+        "1 retry threads (client.numTransactionRetryThreads), busy with: HeldAppend (partition 0) for"
+        in message
+    )
+    assert "waits there for another transaction's outcome waits for ever" in message

@@ -29,6 +29,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from waltz.client.apply_worker import on_apply_thread
+from waltz.client.busy_threads import BusyThreads
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.client_partition import ClientPartition
 from waltz.client.config import WaltzClientConfig
@@ -52,6 +53,9 @@ if TYPE_CHECKING:
 __all__ = ["AttemptRunner"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds at least between two warnings of a client that its retry threads are held.
+BUSY_WARNING_INTERVAL = 30.0
 
 
 class AttemptRunner:
@@ -106,6 +110,9 @@ class AttemptRunner:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             config.client_num_transaction_retry_threads, thread_name_prefix="waltz-retry"
         )
+        # What the retry threads run: named when a first attempt waits long for one of them.
+        self._busy = BusyThreads()
+        self._busy_warned_at: float | None = None
         # Completions (futures, on_completion) on a thread of their own, in commit order: behind
         # re-attempts, which read the application's database, they waited tens of milliseconds.
         self._completer_ident: int | None = None
@@ -188,13 +195,53 @@ class AttemptRunner:
             self._first_attempt(partition, submission)
             return submission
         try:
-            attempt = self._executor.submit(self._first_attempt, partition, submission)
+            attempt = self._executor.submit(self._on_retry_thread, self._first_attempt, partition, submission)
         except RuntimeError:  # the executor shut down: the client closed under us
             submission.fail(ClientClosedError(f"Waltz client {self._client_id} is closed"))
             return submission
-        # Shielded: a cancelled await must not cancel the attempt still queued for a thread.
-        await asyncio.shield(asyncio.wrap_future(attempt))
+        # A cancelled await must not cancel the attempt still queued for a thread: asyncio.wait
+        # and shield leave it be.
+        ran = asyncio.wrap_future(attempt)
+        long_wait = self._config.client_long_wait_threshold
+        done, _ = await asyncio.wait({ran}, timeout=long_wait)
+        if not done:
+            if not attempt.running():
+                self._warn_of_busy_retry_threads(submission, long_wait)
+            await asyncio.shield(ran)
+        ran.result()
         return submission
+
+    def _on_retry_thread(self, attempt: Callable[..., None], partition: ClientPartition, *args: Any) -> None:
+        """Run ``attempt(partition, *args)`` (a first or next attempt, on a retry thread), noted
+        as the thread's work while it runs."""
+        submission = args[0]
+        with self._busy.running(f"{type(submission.context).__name__} (partition {partition.partition_id})"):
+            attempt(partition, *args)
+
+    def _warn_of_busy_retry_threads(self, submission: Submission, waited: float) -> None:
+        """Say that a first attempt waited ``waited`` seconds for a retry thread while one of them
+        runs one attempt for as long, naming what they run and the likely cause; at most once per
+        :data:`BUSY_WARNING_INTERVAL` seconds."""
+        busy = self._busy.longest()
+        if not busy or busy[0][1] < waited:
+            return  # many short attempts, not one that holds a thread: a queue, not a stall
+        now = time.monotonic()
+        if self._busy_warned_at is not None and now - self._busy_warned_at < BUSY_WARNING_INTERVAL:
+            return
+        self._busy_warned_at = now
+        log.warning(
+            "%s on partition %d: its first attempt has waited %.1fs for one of the client's %d retry "
+            "threads (client.numTransactionRetryThreads), busy with: %s. An attempt (execute, an "
+            "entity context's run) that waits there for another transaction's outcome waits for "
+            "ever when that transaction's attempt needs one of these threads: take outcomes outside "
+            "the attempt; attempts that are only slow (a database a round trip away) want more "
+            'threads (docs/design/client.md, "WaltzClient and AsyncWaltzClient")',
+            type(submission.context).__name__,
+            submission.partition_id,
+            waited,
+            self._config.client_num_transaction_retry_threads,
+            ", ".join(f"{what} for {seconds:.1f}s" for what, seconds in busy),
+        )
 
     def set_floor(self, partition_id: int, floor: int) -> None:
         """A new child of a split: its mark is never read below ``floor``, its parent's ``B(p)``
@@ -554,7 +601,7 @@ class AttemptRunner:
         if self._closed:
             return
         try:
-            self._executor.submit(self._first_attempt, partition, submission)
+            self._executor.submit(self._on_retry_thread, self._first_attempt, partition, submission)
         except RuntimeError:
             submission.fail(ClientClosedError(f"Waltz client {self._client_id} is closed"))
 
@@ -610,7 +657,9 @@ class AttemptRunner:
 
     def _submit_attempt(self, partition: ClientPartition, submission: Submission, lock_failed: bool) -> None:
         try:
-            self._executor.submit(self._attempt_again, partition, submission, lock_failed)
+            self._executor.submit(
+                self._on_retry_thread, self._attempt_again, partition, submission, lock_failed
+            )
         except RuntimeError:  # the executor shut down: the client closed under us
             submission.fail(ClientClosedError(f"Waltz client {self._client_id} is closed"))
 
