@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 
 import pytest
 from support import settle
@@ -120,3 +121,55 @@ def test_a_first_attempt_held_back_by_a_retry_thread_stuck_in_an_attempt_is_name
         in message
     )
     assert "waits there for another transaction's outcome waits for ever" in message
+
+
+class _SlowCompletion(Append):
+    """An :class:`Append` whose ``on_completion`` blocks until ``go`` is set (a call to another
+    service made there)."""
+
+    def __init__(self, partition: int, data: bytes, go: threading.Event) -> None:
+        super().__init__(partition, data)
+        self.go = go
+        self.completing = threading.Event()
+
+    def on_completion(self, result: bool) -> None:
+        self.completing.set()
+        if not self.go.wait(60):
+            raise TimeoutError("the test never let the completion go on")
+        super().on_completion(result)
+
+
+def test_a_completion_callback_that_holds_the_completion_thread_is_named_in_a_warning(
+    cluster: LocalCluster, log_start: dict[int, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An ``on_completion`` that blocks held back every later outcome of the client with no word;
+    the client now warns, naming the contexts whose completions run and for how long
+    (docs/design/client.md "WaltzClient and AsyncWaltzClient")."""
+    config = WaltzClientConfig(**cluster.client_settings(), client_long_wait_threshold=0.5)
+    store = MemoryStore(log_start)
+    go = threading.Event()
+    slow = _SlowCompletion(0, b"its completion blocks", go)
+    caplog.set_level(logging.WARNING, logger="waltz.client.attempt_runner")
+
+    def warned() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "completion thread" in r.getMessage()]
+
+    async def main() -> None:
+        async with AsyncWaltzClient(store, config) as client:
+            await client.wait_mounted(30)
+            slowly = asyncio.create_task(client.submit_async(slow))
+            await settle(slow.completing.is_set, "the slow completion to start", 10)
+            started = time.monotonic()
+            await settle(lambda: time.monotonic() - started > 0.6, "the completion to run long", 5)
+            behind = asyncio.create_task(client.submit_async(Append(1, b"its outcome waits behind")))
+            await settle(lambda: bool(warned()), "a warning that the completion thread is held", 10)
+            assert not behind.done()
+            go.set()
+            assert (await asyncio.wait_for(slowly, 30)).committed
+            assert (await asyncio.wait_for(behind, 30)).committed
+
+    asyncio.run(main())
+    [message] = warned()
+    assert message.startswith("the client's completion thread has run the completions of 1 context(s) of "
+                              "_SlowCompletion for "), message  # fmt: skip
+    assert "keep them short" in message

@@ -110,9 +110,9 @@ class AttemptRunner:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             config.client_num_transaction_retry_threads, thread_name_prefix="waltz-retry"
         )
-        # What the retry threads run: named when a first attempt waits long for one of them.
+        # What the retry threads and the completion thread run: named when they are held long.
         self._busy = BusyThreads()
-        self._busy_warned_at: float | None = None
+        self._completing = BusyThreads()
         # Completions (futures, on_completion) on a thread of their own, in commit order: behind
         # re-attempts, which read the application's database, they waited tens of milliseconds.
         self._completer_ident: int | None = None
@@ -215,20 +215,18 @@ class AttemptRunner:
         """Run ``attempt(partition, *args)`` (a first or next attempt, on a retry thread), noted
         as the thread's work while it runs."""
         submission = args[0]
-        with self._busy.running(f"{type(submission.context).__name__} (partition {partition.partition_id})"):
+        with self._busy.running(
+            lambda: f"{type(submission.context).__name__} (partition {partition.partition_id})"
+        ):
             attempt(partition, *args)
 
     def _warn_of_busy_retry_threads(self, submission: Submission, waited: float) -> None:
         """Say that a first attempt waited ``waited`` seconds for a retry thread while one of them
         runs one attempt for as long, naming what they run and the likely cause; at most once per
         :data:`BUSY_WARNING_INTERVAL` seconds."""
-        busy = self._busy.longest()
-        if not busy or busy[0][1] < waited:
-            return  # many short attempts, not one that holds a thread: a queue, not a stall
-        now = time.monotonic()
-        if self._busy_warned_at is not None and now - self._busy_warned_at < BUSY_WARNING_INTERVAL:
+        busy = self._busy.held(waited, BUSY_WARNING_INTERVAL)  # not many short attempts: a queue
+        if not busy:
             return
-        self._busy_warned_at = now
         log.warning(
             "%s on partition %d: its first attempt has waited %.1fs for one of the client's %d retry "
             "threads (client.numTransactionRetryThreads), busy with: %s. An attempt (execute, an "
@@ -436,11 +434,15 @@ class AttemptRunner:
         if self._completions:
             completions, self._completions = self._completions, []
             self._completer.submit(self._complete_all, completions, time.monotonic())
+            held = self._completing.held(self._config.client_long_wait_threshold, BUSY_WARNING_INTERVAL)
+            if held:
+                _warn_of_a_held_completion_thread(*held[0])
 
     def _complete_all(self, completions: list[tuple[Submission, int]], fed_at: float) -> None:
         """Complete the submissions committed in one batch of server messages (seen at ``fed_at``,
         ``time.monotonic()``; on the completion thread), adding their completion delay to its metric."""
-        delay, count = Submission.complete_all(completions, self._in_flight.finished, fed_at)
+        with self._completing.running(lambda: _completions_of(completions)):
+            delay, count = Submission.complete_all(completions, self._in_flight.finished, fed_at)
         if count:
             self._metrics.completion_delay_seconds.add(delay, count)
 
@@ -794,6 +796,27 @@ def _waited_mark(partition: ClientPartition, submission: Submission) -> Watermar
     """The mark a next attempt waits on: the absorbed mark for a context that reads absorbed
     state (``TransactionContext.reads_absorbed_state``), else the applied mark."""
     return partition.absorbed if submission.context.reads_absorbed_state else partition.applied
+
+
+def _completions_of(completions: list[tuple[Submission, int]]) -> str:
+    """The name of a batch of completions in messages: how many, of which kinds of context."""
+    kinds = sorted({type(submission.context).__name__ for submission, _ in completions})
+    return f"the completions of {len(completions)} context(s) of {', '.join(kinds)}"
+
+
+def _warn_of_a_held_completion_thread(what: str, seconds: float) -> None:
+    """Say that the completion thread has run one batch of completions for ``seconds``, holding
+    back every later outcome of the client (docs/design/client.md "WaltzClient and
+    AsyncWaltzClient")."""
+    log.warning(
+        "the client's completion thread has run %s for %.1fs: every later outcome (futures, "
+        "submit_async, on_completion) waits behind it. on_completion and the done-callbacks of "
+        "submit's futures run there: keep them short, and hand slow work (a call to another "
+        "service, a wait) to a thread or task of their own "
+        '(docs/design/client.md, "WaltzClient and AsyncWaltzClient")',
+        what,
+        seconds,
+    )
 
 
 def _warn_of_repeated_lock_failures(submission: Submission, failures: int, lock_target: int) -> None:

@@ -39,8 +39,8 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
       flight per partition; ``submit`` blocks at the limit (docs/design/client.md "Back pressure").
     - ``client.longWaitThreshold`` (``client_long_wait_threshold``): seconds a blocked ``submit``
       or ``flush`` waits before nudging the server with a flush request, and a first attempt of
-      ``AsyncWaltzClient`` waits for a retry thread held by one long attempt before the client
-      warns of it.
+      ``AsyncWaltzClient`` waits for a retry thread held by one long attempt, or the completion
+      thread runs one batch of completions, before the client warns of it.
     - ``client.numTransactionRetryThreads`` (``client_num_transaction_retry_threads``): threads
       that re-execute failed contexts and run the contexts' callbacks.
     - ``client.maxApplyBatchSize`` (``client_max_apply_batch_size``): transactions handed at once
