@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from support import settle
 
 from tests.client.client_helpers import Append, HeldAppend, Increment, MemoryStore
 from waltz import AsyncWaltzClient, PartitionLocalLock, WaltzClientConfig
+from waltz.client.exit_hook import EXIT_WAIT
 from waltz.local.cluster import LocalCluster
 
 
@@ -173,3 +179,52 @@ def test_a_completion_callback_that_holds_the_completion_thread_is_named_in_a_wa
     assert message.startswith("the client's completion thread has run the completions of 1 context(s) of "
                               "_SlowCompletion for "), message  # fmt: skip
     assert "keep them short" in message
+
+
+#: A program that submits contexts it never awaits and returns without closing its client.
+_FORGETS_TO_CLOSE = """
+import asyncio, json, logging, sys
+from tests.client.client_helpers import Append, MemoryStore
+from waltz import AsyncWaltzClient, WaltzClientConfig
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+start = {int(pid): mark for pid, mark in json.loads(sys.argv[1]).items()}
+async def main():
+    client = await AsyncWaltzClient(MemoryStore(start), WaltzClientConfig()).start()
+    for n in range(20):
+        asyncio.ensure_future(client.submit_async(Append(n % 2, b"never awaited")))
+    await asyncio.sleep(0)
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("mounted", [True, False], ids=["mounted", "never-mounted"])
+def test_a_client_not_closed_at_exit_is_closed_with_a_warning_after_its_transactions_end(
+    cluster: LocalCluster, log_start: dict[int, int], mounted: bool
+) -> None:
+    """A program that forgot to close its client exited with its transactions in flight dropped
+    without a word, and its client went on reading from the servers while Python's thread pools
+    refused work (a traceback per batch of messages). The client is now closed as the interpreter
+    begins to exit: its transactions in flight get ``EXIT_WAIT`` seconds to end, and a warning
+    says how many did not (docs/design/client.md "WaltzClient and AsyncWaltzClient")."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WALTZ_")}
+    env.update(cluster.client_env())
+    if not mounted:  # plaintext against a cluster that requires TLS: its partitions never mount
+        env = {k: v for k, v in env.items() if not k.startswith("WALTZ_CLIENT_TLS_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    ran = subprocess.run(
+        [sys.executable, "-c", _FORGETS_TO_CLOSE, json.dumps(log_start)],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=EXIT_WAIT + 60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    warnings = [line for line in ran.stderr.splitlines() if "was not closed" in line]
+    assert len(warnings) == 1, ran.stderr
+    if mounted:
+        assert "waited for its 20 transaction(s) in flight to end, and closing it now" in warnings[0]
+        assert "Traceback" not in ran.stderr, ran.stderr
+    else:
+        assert "20 of its 20 transaction(s) in flight had not ended 10s later" in warnings[0]
+    assert "Close a client once its submissions have ended" in warnings[0]

@@ -28,6 +28,7 @@ from waltz.client.config import WaltzClientConfig
 from waltz.client.connection import CERTIFICATE_PEERS, ServerConnection, tls_hint
 from waltz.client.connection_pool import ConnectionPool
 from waltz.client.discovery import ServerDiscovery
+from waltz.client.exit_hook import close_at_exit
 from waltz.client.in_flight import InFlight
 from waltz.client.metrics import ClientMetrics, PartitionGauges
 from waltz.client.mount_procedure import PartitionState
@@ -161,6 +162,7 @@ class ClientCore:
         except BaseException:
             self.close()
             raise
+        close_at_exit(self)
         log.info(
             "Waltz client %d started on %s%s (%d partitions)",
             self.client_id,
@@ -647,6 +649,19 @@ class ClientCore:
         await self._pool.close()
         for future in self._hwm_requests.values():
             future.cancel()
+
+    def in_flight_at_exit(self, wait: float) -> tuple[str, int, int]:
+        """For the exit hook (:mod:`waltz.client.exit_hook`): this client's name in messages, how
+        many transactions it had in flight, and how many still are after waiting up to ``wait``
+        seconds for them to end."""
+        name = f"Waltz client {getattr(self, 'client_id', '?')}"
+        attempts: AttemptRunner | None = getattr(self, "attempts", None)
+        if attempts is None:
+            return name, 0, 0
+        before = attempts.in_flight()
+        if before:
+            attempts.wait_idle(wait)
+        return name, before, attempts.in_flight()
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop everything; submissions still in flight fail with :class:`ClientClosedError`.
