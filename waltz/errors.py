@@ -10,6 +10,7 @@ __all__ = [
     "ApplyContractError",
     "ApplyPausedError",
     "ArchivedReadError",
+    "AsyncCallbackError",
     "AsyncClientError",
     "BelowCommittedError",
     "ClientClosedError",
@@ -425,6 +426,13 @@ class ArchivedReadError(WaltzError):
 
 class WaltzClientError(WaltzError):
     """Base class of errors raised by the Waltz client (docs/design/client.md "The client's parts")."""
+
+
+class AsyncCallbackError(WaltzClientError, TypeError):
+    """A transaction context's ``execute`` (or an entity context's ``run``) returned an awaitable:
+    it is ``async def``, but the client calls it on its own threads and needs its answer at once,
+    so the coroutine would never run (docs/design/client.md "Transaction contexts and callbacks").
+    """
 
 
 class ClientClosedError(WaltzClientError):

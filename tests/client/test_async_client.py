@@ -16,8 +16,9 @@ import pytest
 from support import settle
 
 from tests.client.client_helpers import Append, HeldAppend, Increment, MemoryStore
-from waltz import AsyncWaltzClient, PartitionLocalLock, WaltzClientConfig
+from waltz import AsyncWaltzClient, PartitionLocalLock, TransactionBuilder, WaltzClientConfig
 from waltz.client.exit_hook import EXIT_WAIT
+from waltz.errors import AsyncCallbackError
 from waltz.local.cluster import LocalCluster
 
 
@@ -228,3 +229,30 @@ def test_a_client_not_closed_at_exit_is_closed_with_a_warning_after_its_transact
     else:
         assert "20 of its 20 transaction(s) in flight had not ended 10s later" in warnings[0]
     assert "Close a client once its submissions have ended" in warnings[0]
+
+
+class _AsyncAppend(Append):
+    """:class:`Append` written ``async def execute``: a coroutine the client would never run."""
+
+    async def execute(self, builder: TransactionBuilder) -> bool:  # type: ignore[override]
+        return super().execute(builder)
+
+
+def test_an_async_def_execute_is_refused_naming_it(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """A context written ``async def execute`` returned a coroutine, which counted as True: an
+    empty transaction was appended and answered committed. It now fails with
+    ``AsyncCallbackError`` naming ``execute``; nothing is appended."""
+    store = MemoryStore(log_start)
+
+    async def main() -> None:
+        async with AsyncWaltzClient(store, client_config) as client:
+            with pytest.raises(AsyncCallbackError, match=r"_AsyncAppend\.execute returned coroutine"):
+                await asyncio.wait_for(client.submit_async(_AsyncAppend(0, b"never built")), 30)
+            after = await client.submit_async(Append(0, b"built"))
+            assert after.committed and after.transaction_id == log_start[0] + 1  # nothing before it
+            await client.wait_applied(0, after.transaction_id, 30)
+
+    asyncio.run(main())
+    assert [a.data for a in store.applied[0]] == [b"built"]

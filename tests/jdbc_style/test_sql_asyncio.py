@@ -23,7 +23,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from support.loop_probe import LoopProbeReport, loop_probe
 
 from waltz import AsyncWaltzClient, Outcome, OutcomeKind, Transaction, WaltzClient, WaltzClientConfig
-from waltz.errors import AsyncClientError, AsyncEngineError
+from waltz.errors import AsyncCallbackError, AsyncClientError, AsyncEngineError
 from waltz.jdbc_style import (
     AppliedRequest,
     ChangeSetCallbacks,
@@ -327,6 +327,37 @@ def test_an_entity_batcher_refuses_the_asyncio_client_and_says_how_to_batch_on_a
             await asyncio.to_thread(client.close)
 
     asyncio.run(batched())
+
+
+class _AsyncOpen(Open):
+    """:class:`Open` written ``async def run``: a coroutine the framework would never run."""
+
+    async def run(self, tx: EntityTransaction) -> bool:  # type: ignore[override]
+        return super().run(tx)
+
+
+@pytest.mark.parametrize("app_db_url", ["postgresql"], indirect=True)
+def test_an_async_def_run_is_refused_naming_it_not_committed_as_nothing(app: App) -> None:
+    """An entity context written ``async def run`` returned a coroutine, which counted as True: the
+    request was answered committed, with an empty change-set, and its change was lost. It now
+    fails with ``AsyncCallbackError`` (a ``TypeError``) that names ``run`` and says to make it a
+    plain ``def``; nothing is appended."""
+    callbacks, wallet = app.callbacks, app.wallet_id()
+
+    async def main() -> None:
+        async with AsyncWaltzClient(callbacks, app.config) as client:
+            with pytest.raises(AsyncCallbackError, match=r"_AsyncOpen\.run returned coroutine") as raised:
+                await asyncio.wait_for(client.submit_async(_AsyncOpen(callbacks, wallet, 5)), TIMEOUT)
+            assert isinstance(raised.value, TypeError)
+            assert "make it a plain def" in str(raised.value)
+            opened = await client.submit_async(Open(callbacks, wallet, 7))
+            assert opened.committed  # the wallet did not exist: the refused one appended nothing
+            read = await callbacks.read_entities_async(
+                [(Wallet, wallet)], num_partitions=client.num_partitions, after=opened.transaction_id
+            )
+            assert read.entities[0].balance == 7
+
+    asyncio.run(main())
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ context read must be the state at that mark.
 from __future__ import annotations
 
 import abc
+import inspect
 import json
 import time
 from collections.abc import Iterable, Sequence
@@ -21,6 +22,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from waltz.client.locks import LockMode, PartitionLocalLock
 from waltz.client.outcome import Outcome, OutcomeKind
+from waltz.errors import AsyncCallbackError
 from waltz.protocol.records import crc32
 from waltz.protocol.split_records import SPLIT_RECORD_HEADER
 
@@ -31,12 +33,38 @@ __all__ = [
     "Serializer",
     "TransactionBuilder",
     "TransactionContext",
+    "refuse_awaitable",
 ]
 
 T = TypeVar("T")
 
 _INT32_MIN = -(1 << 31)
 _INT32_MAX = (1 << 31) - 1
+
+
+def refuse_awaitable(result: object, callback: str, answer: str) -> None:
+    """Raise when a context's callback returned an awaitable (an ``async def`` one), closing the
+    coroutine so that it is not reported as never awaited (docs/design/client.md "Transaction
+    contexts and callbacks").
+
+    Args:
+        result: what the callback returned.
+        callback: the callback's name in the message, e.g. ``"Deposit.execute"``.
+        answer: what the callback must return instead, for the message.
+
+    Raises:
+        AsyncCallbackError: ``result`` is awaitable.
+    """
+    if not inspect.isawaitable(result):
+        return
+    if inspect.iscoroutine(result):
+        result.close()
+    raise AsyncCallbackError(
+        f"{callback} returned {type(result).__name__} {getattr(result, '__qualname__', '')!s}: it is "
+        f"async def, but the client calls it on its own threads and needs {answer} at once (a coroutine "
+        f"would never run, and would count as True); make it a plain def (it may block, e.g. read the "
+        "database, as synchronous code does)"
+    )
 
 
 class Serializer(abc.ABC, Generic[T]):

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from waltz.client.context import AppendPayload, TransactionBuilder, TransactionContext
+from waltz.client.context import AppendPayload, TransactionBuilder, TransactionContext, refuse_awaitable
 from waltz.client.outcome import Outcome, OutcomeKind
 from waltz.errors import MessageTooLargeError, TransactionExpiredError, WaltzClientError
 
@@ -212,7 +212,9 @@ class Submission:
             if self.trace is not None:
                 self.trace.attempt(self.attempts, mark)
             builder = TransactionBuilder(mark)
-            if not self.context.execute(builder):
+            executed = context.execute(builder)
+            refuse_awaitable(executed, f"{type(context).__name__}.execute", "True, or builder.drop(reason),")
+            if not executed:
                 self._end(builder.dropped_outcome(self.partition_id))
                 return None
             payload = builder.build()

@@ -41,7 +41,7 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import instance_state, set_committed_value
 
-from waltz.client.context import TransactionBuilder, TransactionContext
+from waltz.client.context import TransactionBuilder, TransactionContext, refuse_awaitable
 from waltz.client.locks import PartitionLocalLock
 from waltz.errors import CrossPartitionError
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, RowChange
@@ -748,6 +748,7 @@ class EntityTransactionContext(TransactionContext):
         left (a withdrawal that emptied the account) is answered as that copy's
         (docs/design/sql.md "Idempotency keys")."""
         ran = self.run(tx)
+        refuse_awaitable(ran, f"{type(self).__name__}.run", "True, or tx.drop(reason),")
         pending = tx.take_session_writes()
         if pending is not None:  # never flushed: they would be lost without a word
             raise read_only_session_error(f"objects never flushed: {pending}")
