@@ -87,6 +87,12 @@ class SchemaVersionAheadError(UpcastError, ApplyPausedError):
         self.known = known
 
 
+#: What to do about an upcaster that fails, said after what it did.
+_FIX_THE_UPCASTER = (
+    "fix the upcaster and run the fixed code (nothing of this change is applied or skipped until it upcasts)"
+)
+
+
 @runtime_checkable
 class Upcaster(Protocol):
     """Turns a row change of schema version ``from_version`` into one of the next version.
@@ -393,7 +399,7 @@ class SchemaChain:
             except Exception as exc:
                 raise UpcastError(
                     f"{change.entity} {dict(change.key)}: the upcaster '{step.describe()}' from version "
-                    f"{version} failed: {exc!r}"
+                    f"{version} failed: {exc!r}; {_FIX_THE_UPCASTER}"
                 ) from exc
             if (
                 not isinstance(result, RowChange)
@@ -402,7 +408,8 @@ class SchemaChain:
             ):
                 raise UpcastError(
                     f"{change.entity} {dict(change.key)}: the upcaster '{step.describe()}' from version "
-                    f"{version} returned {result!r}, not a {change.operation.value} of {change.entity}"
+                    f"{version} returned {result!r}, not a {change.operation.value} of {change.entity}; "
+                    f"{_FIX_THE_UPCASTER}"
                 )
             key, values = dict(result.key), dict(result.values)
         return RowChange(change.operation, change.entity, key, values, self.version)
